@@ -1,0 +1,29 @@
+// The boundary between the program and a compute backend (CPU or CUDA).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "cpu_kernels.h"
+#include "model.h"
+
+namespace barellm {
+
+struct BackendOptions {
+    int context = 0;  // positions to allocate the KV cache for (<= the model's max_context)
+    cpu::KvType kv_type = cpu::KvType::F16;
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    // Runs `token` at position `pos` (0-based, < context) through the model, using the
+    // KV cache of positions 0..pos-1, and returns the logits [vocab_size] in host memory.
+    virtual const float* forward(int token, int pos) = 0;
+    virtual std::string name() const = 0;
+    // Bytes of KV cache a step at `pos` reads (for bandwidth figures).
+    virtual size_t kv_bytes_read(int pos) const = 0;
+};
+
+std::unique_ptr<Backend> make_cpu_backend(const Model& model, const BackendOptions& options);
+
+}  // namespace barellm

@@ -1,0 +1,153 @@
+#include "config.h"
+
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "error.h"
+
+namespace barellm {
+
+namespace {
+
+using nlohmann::json;
+
+// Sanity bounds: anything outside them is a corrupt or hostile file, not a model.
+constexpr int kMaxDim = 1 << 16;
+constexpr int kMaxLayers = 1024;
+constexpr int kMaxVocab = 1 << 22;
+constexpr int kMaxContext = 1 << 24;
+
+int read_int(const json& object, const char* key, const std::string& source, int lowest,
+             int highest) {
+    if (!object.contains(key) || !object[key].is_number_integer())
+        throw Error(source + ": config field '" + key + "' is missing or not an integer");
+    const int64_t value = object[key].get<int64_t>();
+    if (value < lowest || value > highest)
+        throw Error(source + ": config field '" + key + "' = " + std::to_string(value) +
+                    " is outside [" + std::to_string(lowest) + ", " + std::to_string(highest) +
+                    "]");
+    return int(value);
+}
+
+float read_positive_float(const json& object, const char* key, const std::string& source) {
+    if (!object.contains(key) || !object[key].is_number())
+        throw Error(source + ": config field '" + key + "' is missing or not a number");
+    const double value = object[key].get<double>();
+    if (!(value > 0) || !std::isfinite(value))
+        throw Error(source + ": config field '" + key + "' must be a positive number");
+    return float(value);
+}
+
+RopeScaling read_rope_scaling(const json& config, const std::string& source) {
+    RopeScaling scaling;
+    if (!config.contains("rope_scaling") || config["rope_scaling"].is_null()) return scaling;
+    const json& object = config["rope_scaling"];
+    if (!object.is_object()) throw Error(source + ": config field 'rope_scaling' is not an object");
+    std::string type;
+    for (const char* key : {"rope_type", "type"})
+        if (object.contains(key) && object[key].is_string()) type = object[key].get<std::string>();
+    if (type == "default") return scaling;
+    if (type == "linear") {
+        scaling.kind = RopeScaling::Kind::Linear;
+        scaling.factor = read_positive_float(object, "factor", source);
+    } else if (type == "llama3") {
+        scaling.kind = RopeScaling::Kind::Llama3;
+        scaling.factor = read_positive_float(object, "factor", source);
+        scaling.low_freq_factor = read_positive_float(object, "low_freq_factor", source);
+        scaling.high_freq_factor = read_positive_float(object, "high_freq_factor", source);
+        scaling.original_context =
+            read_int(object, "original_max_position_embeddings", source, 1, kMaxContext);
+        if (scaling.high_freq_factor <= scaling.low_freq_factor)
+            throw Error(source + ": rope_scaling needs high_freq_factor > low_freq_factor");
+    } else {
+        throw Error(source + ": rope_scaling type '" + type + "' is not supported");
+    }
+    return scaling;
+}
+
+}  // namespace
+
+Config Config::from_json(const std::string& json_text, const std::string& source) {
+    const json object = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+    if (object.is_discarded() || !object.is_object())
+        throw Error(source + ": metadata barellm.config is not a JSON object");
+    if (!object.contains("architecture") || object["architecture"] != "llama")
+        throw Error(source + ": architecture " +
+                    (object.contains("architecture") ? object["architecture"].dump() : "(missing)") +
+                    " is not supported (barellm runs llama)");
+    Config config;
+    config.dim = read_int(object, "dim", source, 1, kMaxDim);
+    config.hidden_dim = read_int(object, "hidden_dim", source, 1, 4 * kMaxDim);
+    config.layers = read_int(object, "layers", source, 1, kMaxLayers);
+    config.heads = read_int(object, "heads", source, 1, kMaxDim);
+    config.kv_heads = read_int(object, "kv_heads", source, 1, config.heads);
+    config.head_dim = read_int(object, "head_dim", source, 2, kMaxDim);
+    config.vocab_size = read_int(object, "vocab_size", source, 1, kMaxVocab);
+    config.max_context = read_int(object, "max_context", source, 1, kMaxContext);
+    config.rope_theta = read_positive_float(object, "rope_theta", source);
+    config.rope_scaling = read_rope_scaling(object, source);
+    config.norm_eps = read_positive_float(object, "norm_eps", source);
+    if (object.contains("sliding_window") && !object["sliding_window"].is_null())
+        config.sliding_window = read_int(object, "sliding_window", source, 1, kMaxContext);
+    if (!object.contains("tied_embeddings") || !object["tied_embeddings"].is_boolean())
+        throw Error(source + ": config field 'tied_embeddings' is missing or not a boolean");
+    config.tied_embeddings = object["tied_embeddings"].get<bool>();
+    if (object.contains("bos_id") && !object["bos_id"].is_null())
+        config.bos_id = read_int(object, "bos_id", source, 0, config.vocab_size - 1);
+    if (!object.contains("eos_ids") || !object["eos_ids"].is_array())
+        throw Error(source + ": config field 'eos_ids' is missing or not a list");
+    for (const auto& id : object["eos_ids"]) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= config.vocab_size)
+            throw Error(source + ": config field 'eos_ids' holds a bad id " + id.dump());
+        config.eos_ids.push_back(id.get<int>());
+    }
+    if (object.contains("add_bos")) {
+        if (!object["add_bos"].is_boolean())
+            throw Error(source + ": config field 'add_bos' is not a boolean");
+        config.add_bos = object["add_bos"].get<bool>();
+    }
+    if (config.add_bos && config.bos_id < 0)
+        throw Error(source + ": config asks for add_bos but has no bos_id");
+    if (!object.contains("weight_dtype") || !object["weight_dtype"].is_string())
+        throw Error(source + ": config field 'weight_dtype' is missing or not a string");
+    config.weight_dtype = object["weight_dtype"].get<std::string>();
+
+    if (config.heads % config.kv_heads != 0)
+        throw Error(source + ": heads (" + std::to_string(config.heads) +
+                    ") is not a multiple of kv_heads (" + std::to_string(config.kv_heads) + ")");
+    if (config.head_dim % 2 != 0)
+        throw Error(source + ": head_dim " + std::to_string(config.head_dim) +
+                    " is odd; RoPE rotates pairs");
+    if (int64_t(config.heads) * config.head_dim > 4 * kMaxDim)
+        throw Error(source + ": heads * head_dim is too large");
+    return config;
+}
+
+std::vector<float> rope_inverse_frequencies(const Config& config) {
+    const int pairs = config.head_dim / 2;
+    std::vector<float> inverse(pairs);
+    const RopeScaling& scaling = config.rope_scaling;
+    for (int i = 0; i < pairs; ++i) {
+        double frequency = std::pow(double(config.rope_theta), -2.0 * i / config.head_dim);
+        if (scaling.kind == RopeScaling::Kind::Linear) {
+            frequency /= scaling.factor;
+        } else if (scaling.kind == RopeScaling::Kind::Llama3) {
+            // Llama 3.1: keep high frequencies, divide low ones by `factor`, blend between.
+            const double wavelength = 2 * M_PI / frequency;
+            const double low_freq_wavelength = scaling.original_context / scaling.low_freq_factor;
+            const double high_freq_wavelength = scaling.original_context / scaling.high_freq_factor;
+            if (wavelength > low_freq_wavelength) {
+                frequency /= scaling.factor;
+            } else if (wavelength >= high_freq_wavelength) {
+                const double smooth =
+                    (scaling.original_context / wavelength - scaling.low_freq_factor) /
+                    (scaling.high_freq_factor - scaling.low_freq_factor);
+                frequency = (1 - smooth) * frequency / scaling.factor + smooth * frequency;
+            }
+        }
+        inverse[i] = float(frequency);
+    }
+    return inverse;
+}
+
+}  // namespace barellm

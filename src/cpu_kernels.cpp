@@ -1,0 +1,178 @@
+#include "cpu_kernels.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "half.h"
+
+namespace barellm::cpu {
+
+namespace {
+
+SimdLevel active_level = detect_simd_level();
+
+// Weight element `i` of a row stored as `dtype`, as float.
+inline float weight_at(const void* row, size_t i, DType dtype) {
+    switch (dtype) {
+        case DType::F32: return static_cast<const float*>(row)[i];
+        case DType::F16: return half_to_float(static_cast<const uint16_t*>(row)[i]);
+        case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(row)[i]);
+    }
+    return 0.0f;
+}
+
+inline const void* row_pointer(const Matrix& w, int row) {
+    return static_cast<const uint8_t*>(w.data) + size_t(row) * w.cols * dtype_size(w.dtype);
+}
+
+inline float kv_at(const void* cache, int i, KvType type) {
+    return type == KvType::F32 ? static_cast<const float*>(cache)[i]
+                               : half_to_float(static_cast<const uint16_t*>(cache)[i]);
+}
+
+inline size_t kv_size(KvType type) { return type == KvType::F32 ? 4 : 2; }
+
+}  // namespace
+
+SimdLevel detect_simd_level(std::string* missing) {
+    __builtin_cpu_init();
+    std::string lacking;
+    if (!__builtin_cpu_supports("avx2")) lacking += " avx2";
+    if (!__builtin_cpu_supports("fma")) lacking += " fma";
+    // GCC's __builtin_cpu_supports has no "f16c"; every AVX2 CPU made has F16C,
+    // and the check below keeps us honest on emulators that drop it.
+    unsigned eax, ebx, ecx, edx;
+    __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
+    constexpr unsigned kF16cBit = 1u << 29;
+    if (!(ecx & kF16cBit)) lacking += " f16c";
+    if (missing) *missing = lacking;
+    return lacking.empty() ? SimdLevel::Avx2 : SimdLevel::Scalar;
+}
+
+void set_simd_level(SimdLevel level) { active_level = level; }
+SimdLevel simd_level() { return active_level; }
+const char* simd_level_name(SimdLevel level) {
+    return level == SimdLevel::Avx2 ? "avx2" : "scalar";
+}
+
+void scalar::matmul_rows(float* out, const Matrix& w, const float* x, int first_row,
+                         int row_count) {
+    for (int r = first_row; r < first_row + row_count; ++r) {
+        const void* row = row_pointer(w, r);
+        float sum = 0.0f;
+        for (int i = 0; i < w.cols; ++i) sum += weight_at(row, i, w.dtype) * x[i];
+        out[r] = sum;
+    }
+}
+
+float scalar::dot_kv(const float* q, const void* keys, int n, KvType type) {
+    float sum = 0.0f;
+    for (int i = 0; i < n; ++i) sum += q[i] * kv_at(keys, i, type);
+    return sum;
+}
+
+void scalar::add_scaled_kv(float* out, float scale, const void* values, int n, KvType type) {
+    for (int i = 0; i < n; ++i) out[i] += scale * kv_at(values, i, type);
+}
+
+void matmul(float* out, const float* x, const Matrix& w) {
+    const auto rows_kernel =
+        active_level == SimdLevel::Avx2 ? avx2::matmul_rows : scalar::matmul_rows;
+    // Each thread takes one contiguous run of rows, a multiple of the kernel's 4-row step.
+    constexpr int kRowStep = 4;
+#pragma omp parallel
+    {
+        const int threads = omp_get_num_threads();
+        const int steps = (w.rows + kRowStep - 1) / kRowStep;
+        const int thread = omp_get_thread_num();
+        const int first = int(int64_t(steps) * thread / threads) * kRowStep;
+        const int last = std::min(w.rows, int(int64_t(steps) * (thread + 1) / threads) * kRowStep);
+        if (last > first) rows_kernel(out, w, x, first, last - first);
+    }
+}
+
+void rmsnorm(float* out, const float* x, const float* weight, int n, float eps) {
+    double sum_of_squares = 0.0;
+    for (int i = 0; i < n; ++i) sum_of_squares += double(x[i]) * x[i];
+    const float scale = float(1.0 / std::sqrt(sum_of_squares / n + eps));
+    for (int i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
+}
+
+void rope(float* vec, int heads, int head_dim, int pos, const float* inverse_frequencies) {
+    const int half = head_dim / 2;
+    for (int i = 0; i < half; ++i) {
+        // The angle in double: pos * frequency loses digits in float at long context.
+        const double angle = double(pos) * inverse_frequencies[i];
+        const float cos_angle = float(std::cos(angle));
+        const float sin_angle = float(std::sin(angle));
+        for (int h = 0; h < heads; ++h) {
+            float* head = vec + size_t(h) * head_dim;
+            const float a = head[i];
+            const float b = head[i + half];
+            head[i] = a * cos_angle - b * sin_angle;
+            head[i + half] = b * cos_angle + a * sin_angle;
+        }
+    }
+}
+
+void softmax(float* x, int n) {
+    const float max_value = *std::max_element(x, x + n);
+    float sum = 0.0f;
+    for (int i = 0; i < n; ++i) {
+        x[i] = std::exp(x[i] - max_value);
+        sum += x[i];
+    }
+    for (int i = 0; i < n; ++i) x[i] /= sum;
+}
+
+void swiglu(float* gate, const float* up, int n) {
+    for (int i = 0; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void embedding_row(float* out, const Matrix& table, int row) {
+    const void* source = row_pointer(table, row);
+    for (int i = 0; i < table.cols; ++i) out[i] = weight_at(source, i, table.dtype);
+}
+
+void kv_store(void* slot, const float* values, int n, KvType type) {
+    if (type == KvType::F32) {
+        std::copy(values, values + n, static_cast<float*>(slot));
+    } else {
+        uint16_t* halves = static_cast<uint16_t*>(slot);
+        for (int i = 0; i < n; ++i) halves[i] = float_to_half(values[i]);
+    }
+}
+
+void attention(float* out, const float* q, const void* keys, const void* values, float* scores,
+               const AttentionShape& shape, KvType type) {
+    const bool use_avx2 = active_level == SimdLevel::Avx2;
+    const auto dot = use_avx2 ? avx2::dot_kv : scalar::dot_kv;
+    const auto add_scaled = use_avx2 ? avx2::add_scaled_kv : scalar::add_scaled_kv;
+    const int positions = shape.last - shape.first + 1;
+    const int group = shape.heads / shape.kv_heads;  // query heads per KV head
+    const int kv_dim = shape.kv_heads * shape.head_dim;
+    const size_t row_bytes = size_t(kv_dim) * kv_size(type);
+    const float scale = 1.0f / std::sqrt(float(shape.head_dim));
+    const uint8_t* key_bytes = static_cast<const uint8_t*>(keys);
+    const uint8_t* value_bytes = static_cast<const uint8_t*>(values);
+#pragma omp parallel for schedule(static)
+    for (int h = 0; h < shape.heads; ++h) {
+        const float* q_head = q + size_t(h) * shape.head_dim;
+        const size_t kv_offset = size_t(h / group) * shape.head_dim * kv_size(type);
+        float* head_scores = scores + size_t(h) * positions;
+        for (int t = 0; t < positions; ++t)
+            head_scores[t] =
+                dot(q_head, key_bytes + t * row_bytes + kv_offset, shape.head_dim, type) * scale;
+        softmax(head_scores, positions);
+        float* out_head = out + size_t(h) * shape.head_dim;
+        std::fill(out_head, out_head + shape.head_dim, 0.0f);
+        for (int t = 0; t < positions; ++t)
+            add_scaled(out_head, head_scores[t], value_bytes + t * row_bytes + kv_offset,
+                       shape.head_dim, type);
+    }
+}
+
+}  // namespace barellm::cpu

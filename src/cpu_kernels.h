@@ -1,0 +1,71 @@
+// CPU kernels: each has a plain scalar version (the readable reference the tests
+// compare against) and, where it matters for speed, an AVX2/FMA/F16C version in
+// cpu_kernels_avx2.cpp. `matmul` and `attention` pick the path set by set_simd_level.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "model.h"
+
+namespace barellm::cpu {
+
+enum class SimdLevel { Scalar, Avx2 };
+
+// The best level this CPU runs; `missing` (if given) names the features it lacks for AVX2.
+SimdLevel detect_simd_level(std::string* missing = nullptr);
+void set_simd_level(SimdLevel level);
+SimdLevel simd_level();
+const char* simd_level_name(SimdLevel level);
+
+// The KV cache stores keys and values as f32 or as IEEE half (f16, default).
+enum class KvType { F32, F16 };
+
+// out[rows] = W[rows, cols] · x[cols]; rows split across OpenMP threads.
+void matmul(float* out, const float* x, const Matrix& w);
+
+// out[n] = x / rms(x) * weight
+void rmsnorm(float* out, const float* x, const float* weight, int n, float eps);
+
+// Rotates each head of vec[heads * head_dim] for position `pos` (rotate-half pairs i, i+head_dim/2).
+void rope(float* vec, int heads, int head_dim, int pos, const float* inverse_frequencies);
+
+// In place: x = exp(x - max) / sum.
+void softmax(float* x, int n);
+
+// gate[n] = silu(gate) * up
+void swiglu(float* gate, const float* up, int n);
+
+// One embedding row as f32: out[cols] = table[row].
+void embedding_row(float* out, const Matrix& table, int row);
+
+// Stores n floats into a KV-cache slot of type `type`.
+void kv_store(void* slot, const float* values, int n, KvType type);
+
+// Causal attention of one query position over cached keys and values.
+//   out      [heads * head_dim]   result, written
+//   q        [heads * head_dim]   the query (RoPE applied)
+//   keys     [positions, kv_dim]  this layer's key cache rows first..last (inclusive)
+//   values   [positions, kv_dim]  same layout
+//   scores   [heads, positions]   scratch
+// Query head h reads KV head h / (heads / kv_heads). Heads run in parallel.
+struct AttentionShape {
+    int heads, kv_heads, head_dim;
+    int first, last;  // attended positions (inclusive range)
+};
+void attention(float* out, const float* q, const void* keys, const void* values, float* scores,
+               const AttentionShape& shape, KvType type);
+
+// The scalar reference of each SIMD kernel, also used on CPUs without AVX2.
+namespace scalar {
+void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
+float dot_kv(const float* q, const void* keys, int n, KvType type);
+void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);
+}  // namespace scalar
+
+namespace avx2 {
+void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
+float dot_kv(const float* q, const void* keys, int n, KvType type);
+void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);
+}  // namespace avx2
+
+}  // namespace barellm::cpu

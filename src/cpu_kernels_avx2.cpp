@@ -1,0 +1,139 @@
+// AVX2 + FMA + F16C versions of the hot CPU kernels (compiled with -mavx2 -mfma -mf16c;
+// only called after detect_simd_level() found those features).
+#include <immintrin.h>
+
+#include <type_traits>
+
+#include "cpu_kernels.h"
+#include "half.h"
+
+namespace barellm::cpu::avx2 {
+
+namespace {
+
+constexpr int kLanes = 8;  // floats per 256-bit register
+
+// Eight consecutive weights starting at `p`, widened to f32.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p, DType dtype) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if (dtype == DType::F16) return _mm256_cvtph_ps(raw);
+    // bf16 -> f32: the 16 bits become the top half of each 32-bit lane.
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+inline float horizontal_sum(__m256 v) {
+    const __m128 halves = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 pairs = _mm_add_ps(halves, _mm_movehl_ps(halves, halves));
+    return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+}
+
+inline float scalar_weight(const uint16_t* p, DType dtype) {
+    return dtype == DType::F16 ? half_to_float(*p) : bf16_to_float(*p);
+}
+
+// Four rows at a time share each load of x; the tail columns (cols % 8) go scalar.
+template <typename Weight>
+void rows_kernel(float* out, const Weight* w, DType dtype, int cols, const float* x,
+                 int first_row, int row_count) {
+    const int vector_cols = cols - cols % kLanes;
+    int r = first_row;
+    const int end = first_row + row_count;
+    for (; r + 4 <= end; r += 4) {
+        const Weight* row0 = w + size_t(r) * cols;
+        const Weight* row1 = row0 + cols;
+        const Weight* row2 = row1 + cols;
+        const Weight* row3 = row2 + cols;
+        __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
+        __m256 sum2 = _mm256_setzero_ps(), sum3 = _mm256_setzero_ps();
+        for (int i = 0; i < vector_cols; i += kLanes) {
+            const __m256 xv = _mm256_loadu_ps(x + i);
+            if constexpr (std::is_same_v<Weight, float>) {
+                sum0 = _mm256_fmadd_ps(load8(row0 + i), xv, sum0);
+                sum1 = _mm256_fmadd_ps(load8(row1 + i), xv, sum1);
+                sum2 = _mm256_fmadd_ps(load8(row2 + i), xv, sum2);
+                sum3 = _mm256_fmadd_ps(load8(row3 + i), xv, sum3);
+            } else {
+                sum0 = _mm256_fmadd_ps(load8(row0 + i, dtype), xv, sum0);
+                sum1 = _mm256_fmadd_ps(load8(row1 + i, dtype), xv, sum1);
+                sum2 = _mm256_fmadd_ps(load8(row2 + i, dtype), xv, sum2);
+                sum3 = _mm256_fmadd_ps(load8(row3 + i, dtype), xv, sum3);
+            }
+        }
+        float totals[4] = {horizontal_sum(sum0), horizontal_sum(sum1), horizontal_sum(sum2),
+                           horizontal_sum(sum3)};
+        const Weight* rows[4] = {row0, row1, row2, row3};
+        for (int k = 0; k < 4; ++k) {
+            for (int i = vector_cols; i < cols; ++i) {
+                if constexpr (std::is_same_v<Weight, float>) totals[k] += rows[k][i] * x[i];
+                else totals[k] += scalar_weight(rows[k] + i, dtype) * x[i];
+            }
+            out[r + k] = totals[k];
+        }
+    }
+    for (; r < end; ++r) {  // fewer than four rows left
+        const Weight* row = w + size_t(r) * cols;
+        __m256 sum = _mm256_setzero_ps();
+        for (int i = 0; i < vector_cols; i += kLanes) {
+            if constexpr (std::is_same_v<Weight, float>)
+                sum = _mm256_fmadd_ps(load8(row + i), _mm256_loadu_ps(x + i), sum);
+            else
+                sum = _mm256_fmadd_ps(load8(row + i, dtype), _mm256_loadu_ps(x + i), sum);
+        }
+        float total = horizontal_sum(sum);
+        for (int i = vector_cols; i < cols; ++i) {
+            if constexpr (std::is_same_v<Weight, float>) total += row[i] * x[i];
+            else total += scalar_weight(row + i, dtype) * x[i];
+        }
+        out[r] = total;
+    }
+}
+
+}  // namespace
+
+void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count) {
+    if (w.dtype == DType::F32)
+        rows_kernel(out, static_cast<const float*>(w.data), w.dtype, w.cols, x, first_row,
+                    row_count);
+    else
+        rows_kernel(out, static_cast<const uint16_t*>(w.data), w.dtype, w.cols, x, first_row,
+                    row_count);
+}
+
+float dot_kv(const float* q, const void* keys, int n, KvType type) {
+    const int vector_n = n - n % kLanes;
+    __m256 sum = _mm256_setzero_ps();
+    float total = 0.0f;
+    if (type == KvType::F32) {
+        const float* k = static_cast<const float*>(keys);
+        for (int i = 0; i < vector_n; i += kLanes)
+            sum = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(k + i), sum);
+        for (int i = vector_n; i < n; ++i) total += q[i] * k[i];
+    } else {
+        const uint16_t* k = static_cast<const uint16_t*>(keys);
+        for (int i = 0; i < vector_n; i += kLanes)
+            sum = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), load8(k + i, DType::F16), sum);
+        for (int i = vector_n; i < n; ++i) total += q[i] * half_to_float(k[i]);
+    }
+    return total + horizontal_sum(sum);
+}
+
+void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type) {
+    const int vector_n = n - n % kLanes;
+    const __m256 scale_vector = _mm256_set1_ps(scale);
+    if (type == KvType::F32) {
+        const float* v = static_cast<const float*>(values);
+        for (int i = 0; i < vector_n; i += kLanes)
+            _mm256_storeu_ps(out + i, _mm256_fmadd_ps(scale_vector, _mm256_loadu_ps(v + i),
+                                                      _mm256_loadu_ps(out + i)));
+        for (int i = vector_n; i < n; ++i) out[i] += scale * v[i];
+    } else {
+        const uint16_t* v = static_cast<const uint16_t*>(values);
+        for (int i = 0; i < vector_n; i += kLanes)
+            _mm256_storeu_ps(out + i, _mm256_fmadd_ps(scale_vector, load8(v + i, DType::F16),
+                                                      _mm256_loadu_ps(out + i)));
+        for (int i = vector_n; i < n; ++i) out[i] += scale * half_to_float(v[i]);
+    }
+}
+
+}  // namespace barellm::cpu::avx2

@@ -1,0 +1,106 @@
+#include "model.h"
+
+#include "error.h"
+
+namespace barellm {
+
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+    std::string text = "[";
+    for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+    return text + "]";
+}
+
+const TensorView& checked_tensor(const SafetensorsFile& file, const std::string& name,
+                                 const std::vector<int64_t>& shape, DType dtype) {
+    const TensorView& view = file.tensor(name);
+    if (view.shape != shape)
+        throw Error(file.path() + ": tensor '" + name + "' has shape " + shape_text(view.shape) +
+                    ", the config needs " + shape_text(shape));
+    if (view.dtype != dtype)
+        throw Error(file.path() + ": tensor '" + name + "' is " + dtype_name(view.dtype) +
+                    ", expected " + dtype_name(dtype));
+    return view;
+}
+
+Matrix matrix(const SafetensorsFile& file, const std::string& name, int rows, int cols,
+              DType dtype) {
+    const TensorView& view = checked_tensor(file, name, {rows, cols}, dtype);
+    return Matrix{view.data, dtype, rows, cols};
+}
+
+const float* norm_weight(const SafetensorsFile& file, const std::string& name, int dim) {
+    return static_cast<const float*>(checked_tensor(file, name, {dim}, DType::F32).data);
+}
+
+DType weight_dtype(const Config& config, const std::string& path) {
+    if (config.weight_dtype == "F32") return DType::F32;
+    if (config.weight_dtype == "F16") return DType::F16;
+    if (config.weight_dtype == "BF16") return DType::BF16;
+    throw Error(path + ": weight_dtype '" + config.weight_dtype + "' is not supported");
+}
+
+}  // namespace
+
+Model Model::load(const std::string& path) {
+    Model model;
+    model.file = std::make_unique<SafetensorsFile>(path);
+    const SafetensorsFile& file = *model.file;
+    const auto& metadata = file.metadata();
+    auto format = metadata.find("barellm.format");
+    if (format == metadata.end())
+        throw Error(path + ": not a barellm weight file (no barellm.format metadata; convert it "
+                           "with convert/convert.py)");
+    if (format->second != "1")
+        throw Error(path + ": barellm.format " + format->second + " is not supported (expected 1)");
+    model.config = Config::from_json(file.metadata_value("barellm.config"), path);
+    const Config& c = model.config;
+    const DType dtype = weight_dtype(c, path);
+
+    model.token_embedding = matrix(file, "token_embedding", c.vocab_size, c.dim, dtype);
+    for (int l = 0; l < c.layers; ++l) {
+        const std::string prefix = "layers." + std::to_string(l) + ".";
+        LayerWeights layer;
+        layer.attn_norm = norm_weight(file, prefix + "attn_norm", c.dim);
+        layer.wq = matrix(file, prefix + "wq", c.q_dim(), c.dim, dtype);
+        layer.wk = matrix(file, prefix + "wk", c.kv_dim(), c.dim, dtype);
+        layer.wv = matrix(file, prefix + "wv", c.kv_dim(), c.dim, dtype);
+        layer.wo = matrix(file, prefix + "wo", c.dim, c.q_dim(), dtype);
+        layer.ffn_norm = norm_weight(file, prefix + "ffn_norm", c.dim);
+        layer.w1 = matrix(file, prefix + "w1", c.hidden_dim, c.dim, dtype);
+        layer.w3 = matrix(file, prefix + "w3", c.hidden_dim, c.dim, dtype);
+        layer.w2 = matrix(file, prefix + "w2", c.dim, c.hidden_dim, dtype);
+        model.layers.push_back(layer);
+    }
+    model.final_norm = norm_weight(file, "final_norm", c.dim);
+    if (c.tied_embeddings) {
+        if (file.has_tensor("output"))
+            throw Error(path + ": tensor 'output' present but the config says tied_embeddings");
+        model.output = model.token_embedding;
+    } else {
+        model.output = matrix(file, "output", c.vocab_size, c.dim, dtype);
+    }
+    const size_t expected_tensors = 2 + 9 * size_t(c.layers) + (c.tied_embeddings ? 0 : 1);
+    if (file.tensors().size() != expected_tensors)
+        throw Error(path + ": holds " + std::to_string(file.tensors().size()) +
+                    " tensors, the config needs " + std::to_string(expected_tensors));
+    return model;
+}
+
+size_t Model::weight_bytes_per_token() const {
+    size_t bytes = output.bytes() + size_t(config.dim) * sizeof(float);  // + final norm
+    for (const LayerWeights& layer : layers)
+        bytes += layer.wq.bytes() + layer.wk.bytes() + layer.wv.bytes() + layer.wo.bytes() +
+                 layer.w1.bytes() + layer.w3.bytes() + layer.w2.bytes() +
+                 2 * size_t(config.dim) * sizeof(float);
+    return bytes;
+}
+
+size_t Model::parameter_count() const {
+    size_t count = 0;
+    for (const auto& [name, view] : file->tensors()) count += view.bytes / dtype_size(view.dtype);
+    return count;
+}
+
+}  // namespace barellm

@@ -1,0 +1,167 @@
+#include "safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "error.h"
+
+namespace barellm {
+
+namespace {
+
+constexpr size_t kHeaderLengthBytes = 8;
+// The reference safetensors implementation refuses headers above 100 MB.
+constexpr uint64_t kMaxHeaderBytes = 100u * 1000 * 1000;
+constexpr int kMaxDims = 8;
+
+bool parse_dtype(const std::string& name, DType* dtype) {
+    if (name == "F32") *dtype = DType::F32;
+    else if (name == "F16") *dtype = DType::F16;
+    else if (name == "BF16") *dtype = DType::BF16;
+    else return false;
+    return true;
+}
+
+// Element count times element size, or an error when it overflows.
+size_t checked_byte_count(const std::vector<int64_t>& shape, size_t element_size,
+                          const std::string& where) {
+    size_t count = element_size;
+    for (int64_t dim : shape) {
+        if (dim != 0 && count > SIZE_MAX / size_t(dim))
+            throw Error(where + ": shape is too large (size overflows)");
+        count *= size_t(dim);
+    }
+    return count;
+}
+
+}  // namespace
+
+const char* dtype_name(DType dtype) {
+    switch (dtype) {
+        case DType::F32: return "F32";
+        case DType::F16: return "F16";
+        case DType::BF16: return "BF16";
+    }
+    return "?";
+}
+
+size_t dtype_size(DType dtype) { return dtype == DType::F32 ? 4 : 2; }
+
+MappedFile::MappedFile(const std::string& path) {
+    const int fd = open(path.c_str(), O_RDONLY);
+    if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
+    struct stat info;
+    if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+        close(fd);
+        throw Error(path + ": not a regular file");
+    }
+    size_ = size_t(info.st_size);
+    if (size_ > 0) {
+        void* mapping = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (mapping == MAP_FAILED) {
+            close(fd);
+            throw Error(path + ": cannot map: " + std::strerror(errno));
+        }
+        data_ = static_cast<uint8_t*>(mapping);
+    }
+    close(fd);
+}
+
+MappedFile::~MappedFile() {
+    if (data_) munmap(data_, size_);
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), file_(path) {
+    const size_t size = file_.size();
+    if (size < kHeaderLengthBytes)
+        throw Error(path + ": not a safetensors file (shorter than its 8-byte header length)");
+    uint64_t header_bytes;
+    std::memcpy(&header_bytes, file_.data(), sizeof header_bytes);  // little-endian host
+    if (header_bytes < 2 || header_bytes > kMaxHeaderBytes ||
+        header_bytes > size - kHeaderLengthBytes)
+        throw Error(path + ": not a safetensors file (header length " +
+                    std::to_string(header_bytes) + " does not fit the file size " +
+                    std::to_string(size) + ")");
+    const char* header_text = reinterpret_cast<const char*>(file_.data() + kHeaderLengthBytes);
+    nlohmann::json header = nlohmann::json::parse(header_text, header_text + header_bytes,
+                                                  nullptr, /*allow_exceptions=*/false);
+    if (header.is_discarded() || !header.is_object())
+        throw Error(path + ": not a safetensors file (header is not a JSON object)");
+
+    const uint8_t* data_start = file_.data() + kHeaderLengthBytes + header_bytes;
+    const size_t data_bytes = size - kHeaderLengthBytes - header_bytes;
+    std::vector<std::pair<size_t, size_t>> ranges;  // [begin, end) of each tensor
+
+    for (const auto& [name, entry] : header.items()) {
+        if (name == "__metadata__") {
+            if (!entry.is_object()) throw Error(path + ": __metadata__ is not an object");
+            for (const auto& [key, value] : entry.items()) {
+                if (!value.is_string())
+                    throw Error(path + ": metadata '" + key + "' is not a string");
+                metadata_[key] = value.get<std::string>();
+            }
+            continue;
+        }
+        const std::string where = path + ": tensor '" + name + "'";
+        if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
+            !entry.contains("data_offsets"))
+            throw Error(where + ": entry needs dtype, shape and data_offsets");
+        TensorView view;
+        view.name = name;
+        if (!entry["dtype"].is_string() || !parse_dtype(entry["dtype"].get<std::string>(), &view.dtype))
+            throw Error(where + ": unsupported dtype " + entry["dtype"].dump() +
+                        " (barellm reads F32, F16, BF16)");
+        const auto& shape = entry["shape"];
+        if (!shape.is_array() || shape.size() > size_t(kMaxDims))
+            throw Error(where + ": shape is not an array of at most 8 dimensions");
+        for (const auto& dim : shape) {
+            if (!dim.is_number_integer() || dim.get<int64_t>() < 0)
+                throw Error(where + ": shape " + shape.dump() + " has a bad dimension");
+            view.shape.push_back(dim.get<int64_t>());
+        }
+        const auto& offsets = entry["data_offsets"];
+        if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
+            !offsets[1].is_number_unsigned())
+            throw Error(where + ": data_offsets is not two non-negative integers");
+        const uint64_t begin = offsets[0].get<uint64_t>();
+        const uint64_t end = offsets[1].get<uint64_t>();
+        if (begin > end || end > data_bytes)
+            throw Error(where + ": data_offsets [" + std::to_string(begin) + ", " +
+                        std::to_string(end) + "] lie outside the " + std::to_string(data_bytes) +
+                        " data bytes (file truncated?)");
+        view.bytes = checked_byte_count(view.shape, dtype_size(view.dtype), where);
+        if (view.bytes != end - begin)
+            throw Error(where + ": shape " + shape.dump() + " needs " + std::to_string(view.bytes) +
+                        " bytes but data_offsets give " + std::to_string(end - begin));
+        view.data = data_start + begin;
+        ranges.emplace_back(begin, end);
+        tensors_.emplace(name, std::move(view));
+    }
+
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t i = 1; i < ranges.size(); ++i)
+        if (ranges[i].first < ranges[i - 1].second)
+            throw Error(path + ": two tensors overlap at data offset " +
+                        std::to_string(ranges[i].first));
+}
+
+const TensorView& SafetensorsFile::tensor(const std::string& name) const {
+    auto found = tensors_.find(name);
+    if (found == tensors_.end()) throw Error(path_ + ": tensor '" + name + "' is missing");
+    return found->second;
+}
+
+const std::string& SafetensorsFile::metadata_value(const std::string& key) const {
+    auto found = metadata_.find(key);
+    if (found == metadata_.end()) throw Error(path_ + ": metadata '" + key + "' is missing");
+    return found->second;
+}
+
+}  // namespace barellm

@@ -1,0 +1,63 @@
+// Read-only view of a safetensors file: the file is memory-mapped, the JSON
+// header parsed and every tensor entry checked before anyone touches the data.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace barellm {
+
+enum class DType { F32, F16, BF16 };
+
+const char* dtype_name(DType dtype);
+size_t dtype_size(DType dtype);
+
+struct TensorView {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;  // outermost first, as in the file
+    const void* data;            // inside the mapping
+    size_t bytes;
+};
+
+// Owns a read-only mmap of a whole file.
+class MappedFile {
+public:
+    explicit MappedFile(const std::string& path);
+    ~MappedFile();
+    MappedFile(const MappedFile&) = delete;
+    MappedFile& operator=(const MappedFile&) = delete;
+    const uint8_t* data() const { return data_; }
+    size_t size() const { return size_; }
+
+private:
+    uint8_t* data_ = nullptr;
+    size_t size_ = 0;
+};
+
+class SafetensorsFile {
+public:
+    // Throws Error naming the file and the offending field or tensor.
+    explicit SafetensorsFile(const std::string& path);
+
+    const std::string& path() const { return path_; }
+    const std::map<std::string, TensorView>& tensors() const { return tensors_; }
+    const std::map<std::string, std::string>& metadata() const { return metadata_; }
+    size_t file_size() const { return file_.size(); }
+
+    // The tensor named `name`, or an Error saying it is missing.
+    const TensorView& tensor(const std::string& name) const;
+    bool has_tensor(const std::string& name) const { return tensors_.count(name) != 0; }
+    // The metadata string under `key`, or an Error saying it is missing.
+    const std::string& metadata_value(const std::string& key) const;
+
+private:
+    std::string path_;
+    MappedFile file_;
+    std::map<std::string, TensorView> tensors_;
+    std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace barellm
