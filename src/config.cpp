@@ -72,9 +72,10 @@ Config Config::from_json(const std::string& json_text, const std::string& source
     if (object.is_discarded() || !object.is_object())
         throw Error(source + ": metadata barellm.config is not a JSON object");
     if (!object.contains("architecture") || object["architecture"] != "llama")
-        throw Error(source + ": architecture " +
-                    (object.contains("architecture") ? object["architecture"].dump() : "(missing)") +
-                    " is not supported (barellm runs llama)");
+        throw Error(
+            source + ": architecture " +
+            (object.contains("architecture") ? object["architecture"].dump() : "(missing)") +
+            " is not supported (barellm runs llama)");
     Config config;
     config.dim = read_int(object, "dim", source, 1, kMaxDim);
     config.hidden_dim = read_int(object, "hidden_dim", source, 1, 4 * kMaxDim);
@@ -97,7 +98,8 @@ Config Config::from_json(const std::string& json_text, const std::string& source
     if (!object.contains("eos_ids") || !object["eos_ids"].is_array())
         throw Error(source + ": config field 'eos_ids' is missing or not a list");
     for (const auto& id : object["eos_ids"]) {
-        if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= config.vocab_size)
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+            id.get<int64_t>() >= config.vocab_size)
             throw Error(source + ": config field 'eos_ids' holds a bad id " + id.dump());
         config.eos_ids.push_back(id.get<int>());
     }

@@ -11,19 +11,19 @@ namespace {
 
 // Every activation buffer and the KV cache, allocated once.
 struct InferenceState {
-    std::vector<float> x;       // [dim]            residual stream
-    std::vector<float> xb;      // [dim]            normed input of a sub-block
-    std::vector<float> q;       // [heads * head_dim]
-    std::vector<float> k;       // [kv_heads * head_dim]
-    std::vector<float> v;       // [kv_heads * head_dim]
-    std::vector<float> att;     // [heads * head_dim]  attention output
-    std::vector<float> scores;  // [heads, context]
-    std::vector<float> proj;    // [dim]            output of wo or w2
-    std::vector<float> gate;    // [hidden_dim]     w1 x, then silu(w1 x) * w3 x
-    std::vector<float> up;      // [hidden_dim]     w3 x
-    std::vector<float> logits;  // [vocab_size]
-    std::vector<uint8_t> key_cache;    // [layers, context, kv_dim] of kv_type
-    std::vector<uint8_t> value_cache;  // [layers, context, kv_dim] of kv_type
+    std::vector<float> x;                 // [dim]            residual stream
+    std::vector<float> xb;                // [dim]            normed input of a sub-block
+    std::vector<float> q;                 // [heads * head_dim]
+    std::vector<float> k;                 // [kv_heads * head_dim]
+    std::vector<float> v;                 // [kv_heads * head_dim]
+    std::vector<float> att;               // [heads * head_dim]  attention output
+    std::vector<float> scores;            // [heads, context]
+    std::vector<float> proj;              // [dim]            output of wo or w2
+    std::vector<float> gate;              // [hidden_dim]     w1 x, then silu(w1 x) * w3 x
+    std::vector<float> up;                // [hidden_dim]     w3 x
+    std::vector<float> logits;            // [vocab_size]
+    std::vector<uint8_t> key_cache;       // [layers, context, kv_dim] of kv_type
+    std::vector<uint8_t> value_cache;     // [layers, context, kv_dim] of kv_type
     std::vector<float> rope_frequencies;  // [head_dim / 2]
 };
 
@@ -32,8 +32,7 @@ public:
     CpuBackend(const Model& model, const BackendOptions& options)
         : model_(model), context_(options.context), kv_type_(options.kv_type) {
         const Config& c = model.config;
-        const size_t cache_bytes =
-            size_t(c.layers) * context_ * c.kv_dim() * kv_element_bytes();
+        const size_t cache_bytes = size_t(c.layers) * context_ * c.kv_dim() * kv_element_bytes();
         InferenceState& s = state_;
         s.x.resize(c.dim);
         s.xb.resize(c.dim);

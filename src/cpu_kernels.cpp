@@ -17,9 +17,12 @@ SimdLevel active_level = detect_simd_level();
 // Weight element `i` of a row stored as `dtype`, as float.
 inline float weight_at(const void* row, size_t i, DType dtype) {
     switch (dtype) {
-        case DType::F32: return static_cast<const float*>(row)[i];
-        case DType::F16: return half_to_float(static_cast<const uint16_t*>(row)[i]);
-        case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(row)[i]);
+        case DType::F32:
+            return static_cast<const float*>(row)[i];
+        case DType::F16:
+            return half_to_float(static_cast<const uint16_t*>(row)[i]);
+        case DType::BF16:
+            return bf16_to_float(static_cast<const uint16_t*>(row)[i]);
     }
     return 0.0f;
 }

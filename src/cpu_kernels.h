@@ -26,7 +26,8 @@ void matmul(float* out, const float* x, const Matrix& w);
 // out[n] = x / rms(x) * weight
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps);
 
-// Rotates each head of vec[heads * head_dim] for position `pos` (rotate-half pairs i, i+head_dim/2).
+// Rotates each head of vec[heads * head_dim] for position `pos` (rotate-half pairs i,
+// i+head_dim/2).
 void rope(float* vec, int heads, int head_dim, int pos, const float* inverse_frequencies);
 
 // In place: x = exp(x - max) / sum.

@@ -34,8 +34,8 @@ inline float scalar_weight(const uint16_t* p, DType dtype) {
 
 // Four rows at a time share each load of x; the tail columns (cols % 8) go scalar.
 template <typename Weight>
-void rows_kernel(float* out, const Weight* w, DType dtype, int cols, const float* x,
-                 int first_row, int row_count) {
+void rows_kernel(float* out, const Weight* w, DType dtype, int cols, const float* x, int first_row,
+                 int row_count) {
     const int vector_cols = cols - cols % kLanes;
     int r = first_row;
     const int end = first_row + row_count;
@@ -65,8 +65,10 @@ void rows_kernel(float* out, const Weight* w, DType dtype, int cols, const float
         const Weight* rows[4] = {row0, row1, row2, row3};
         for (int k = 0; k < 4; ++k) {
             for (int i = vector_cols; i < cols; ++i) {
-                if constexpr (std::is_same_v<Weight, float>) totals[k] += rows[k][i] * x[i];
-                else totals[k] += scalar_weight(rows[k] + i, dtype) * x[i];
+                if constexpr (std::is_same_v<Weight, float>)
+                    totals[k] += rows[k][i] * x[i];
+                else
+                    totals[k] += scalar_weight(rows[k] + i, dtype) * x[i];
             }
             out[r + k] = totals[k];
         }
@@ -82,8 +84,10 @@ void rows_kernel(float* out, const Weight* w, DType dtype, int cols, const float
         }
         float total = horizontal_sum(sum);
         for (int i = vector_cols; i < cols; ++i) {
-            if constexpr (std::is_same_v<Weight, float>) total += row[i] * x[i];
-            else total += scalar_weight(row + i, dtype) * x[i];
+            if constexpr (std::is_same_v<Weight, float>)
+                total += row[i] * x[i];
+            else
+                total += scalar_weight(row + i, dtype) * x[i];
         }
         out[r] = total;
     }

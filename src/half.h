@@ -41,7 +41,7 @@ inline uint16_t float_to_half(float value) {
     if (magnitude >= 0x7f800000)  // inf or nan (keep nan quiet)
         return sign | 0x7c00 | (magnitude > 0x7f800000 ? 0x200 : 0);
     if (magnitude >= 0x477ff000) return sign | 0x7c00;  // rounds past the largest half
-    if (magnitude < 0x38800000) {                        // below the smallest normal half
+    if (magnitude < 0x38800000) {                       // below the smallest normal half
         // value = m * 2^-24 with m rounded to an integer (ties to even).
         const float scaled = bits_to_float(magnitude) * 16777216.0f;
         const uint32_t whole = uint32_t(scaled);

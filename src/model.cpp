@@ -50,8 +50,9 @@ Model Model::load(const std::string& path) {
     const auto& metadata = file.metadata();
     auto format = metadata.find("barellm.format");
     if (format == metadata.end())
-        throw Error(path + ": not a barellm weight file (no barellm.format metadata; convert it "
-                           "with convert/convert.py)");
+        throw Error(path +
+                    ": not a barellm weight file (no barellm.format metadata; convert it "
+                    "with convert/convert.py)");
     if (format->second != "1")
         throw Error(path + ": barellm.format " + format->second + " is not supported (expected 1)");
     model.config = Config::from_json(file.metadata_value("barellm.config"), path);

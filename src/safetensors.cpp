@@ -22,10 +22,14 @@ constexpr uint64_t kMaxHeaderBytes = 100u * 1000 * 1000;
 constexpr int kMaxDims = 8;
 
 bool parse_dtype(const std::string& name, DType* dtype) {
-    if (name == "F32") *dtype = DType::F32;
-    else if (name == "F16") *dtype = DType::F16;
-    else if (name == "BF16") *dtype = DType::BF16;
-    else return false;
+    if (name == "F32")
+        *dtype = DType::F32;
+    else if (name == "F16")
+        *dtype = DType::F16;
+    else if (name == "BF16")
+        *dtype = DType::BF16;
+    else
+        return false;
     return true;
 }
 
@@ -45,9 +49,12 @@ size_t checked_byte_count(const std::vector<int64_t>& shape, size_t element_size
 
 const char* dtype_name(DType dtype) {
     switch (dtype) {
-        case DType::F32: return "F32";
-        case DType::F16: return "F16";
-        case DType::BF16: return "BF16";
+        case DType::F32:
+            return "F32";
+        case DType::F16:
+            return "F16";
+        case DType::BF16:
+            return "BF16";
     }
     return "?";
 }
@@ -90,8 +97,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), file_(p
                     std::to_string(header_bytes) + " does not fit the file size " +
                     std::to_string(size) + ")");
     const char* header_text = reinterpret_cast<const char*>(file_.data() + kHeaderLengthBytes);
-    nlohmann::json header = nlohmann::json::parse(header_text, header_text + header_bytes,
-                                                  nullptr, /*allow_exceptions=*/false);
+    nlohmann::json header = nlohmann::json::parse(header_text, header_text + header_bytes, nullptr,
+                                                  /*allow_exceptions=*/false);
     if (header.is_discarded() || !header.is_object())
         throw Error(path + ": not a safetensors file (header is not a JSON object)");
 
@@ -115,7 +122,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), file_(p
             throw Error(where + ": entry needs dtype, shape and data_offsets");
         TensorView view;
         view.name = name;
-        if (!entry["dtype"].is_string() || !parse_dtype(entry["dtype"].get<std::string>(), &view.dtype))
+        if (!entry["dtype"].is_string() ||
+            !parse_dtype(entry["dtype"].get<std::string>(), &view.dtype))
             throw Error(where + ": unsupported dtype " + entry["dtype"].dump() +
                         " (barellm reads F32, F16, BF16)");
         const auto& shape = entry["shape"];

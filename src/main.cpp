@@ -1,0 +1,419 @@
+// barellm command line: run, ppl, info, tokenize, detokenize.
+// Every failure arrives here as a barellm::Error and is printed as one line.
+#include <omp.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "backend.h"
+#include "error.h"
+#include "model.h"
+#include "sampler.h"
+#include "tokenizer.h"
+
+using namespace barellm;
+
+namespace {
+
+constexpr int kUsageExit = 2;
+constexpr int kDefaultContextCap = 4096;  // KV cache size when --ctx is not given
+constexpr int kDefaultGenerate = 256;
+
+const char* kUsage = R"(usage: barellm COMMAND MODEL [options]
+
+commands:
+  run MODEL -p PROMPT      complete a prompt, streaming the text to stdout
+      -n N                 tokens to generate (default 256)
+      --temp T             temperature, 0 = greedy (default 0.8)
+      --top-p P            nucleus sampling threshold (default 0.9)
+      --seed S             random seed (default: from the clock)
+  ppl MODEL -f FILE        perplexity, llama.cpp's llama-perplexity convention
+      --chunks K           score at most K chunks of --ctx tokens (default: all)
+  info MODEL               config, tensors, dtypes and bytes
+  tokenize MODEL (-p TEXT | -f FILE) [--bos] [--no-special]
+                           print the token ids as one JSON array
+  detokenize MODEL -p "[ids...]"
+                           print the text of the ids
+
+common options:
+  --ctx C                  context length (default: the model's, at most 4096; ppl: 512)
+  --threads K              CPU threads (default: all cores)
+  --kv f16|f32             KV cache element type (default f16)
+  -h, --help               this text
+)";
+
+// A wrong command line: main prints the message and the usage, and exits with 2.
+struct UsageError : Error {
+    using Error::Error;
+};
+
+struct Options {
+    std::string command, model_path, prompt, file;
+    bool has_prompt = false, has_file = false;
+    int generate = kDefaultGenerate;
+    float temperature = 0.8f, top_p = 0.9f;
+    uint64_t seed = 0;
+    bool has_seed = false;
+    int context = 0;  // 0: the command's default
+    int threads = 0;  // 0: OpenMP's default
+    int chunks = 0;   // 0: all
+    cpu::KvType kv_type = cpu::KvType::F16;
+    bool bos = false, parse_special = true;
+};
+
+long long parse_integer(const std::string& flag, const std::string& text, long long lowest,
+                        long long highest) {
+    size_t used = 0;
+    long long value = 0;
+    try {
+        value = std::stoll(text, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used != text.size() || text.empty())
+        throw UsageError(flag + " needs an integer, got '" + text + "'");
+    if (value < lowest || value > highest)
+        throw UsageError(flag + " must be in [" + std::to_string(lowest) + ", " +
+                         std::to_string(highest) + "], got " + text);
+    return value;
+}
+
+float parse_float(const std::string& flag, const std::string& text, float lowest, float highest) {
+    size_t used = 0;
+    float value = 0;
+    try {
+        value = std::stof(text, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used != text.size() || text.empty() || !(value >= lowest && value <= highest))
+        throw UsageError(flag + " needs a number in [" + std::to_string(lowest) + ", " +
+                         std::to_string(highest) + "], got '" + text + "'");
+    return value;
+}
+
+Options parse_options(int argc, char** argv) {
+    Options options;
+    std::vector<std::string> positional;
+    for (int i = 1; i < argc; ++i) {
+        const std::string arg = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) throw UsageError(arg + " needs a value");
+            return argv[++i];
+        };
+        if (arg == "-h" || arg == "--help") {
+            options.command = "help";
+            return options;
+        } else if (arg == "-p") {
+            options.prompt = value();
+            options.has_prompt = true;
+        } else if (arg == "-f") {
+            options.file = value();
+            options.has_file = true;
+        } else if (arg == "-n") {
+            options.generate = int(parse_integer(arg, value(), 0, 1 << 30));
+        } else if (arg == "--temp") {
+            options.temperature = parse_float(arg, value(), 0.0f, 100.0f);
+        } else if (arg == "--top-p") {
+            options.top_p = parse_float(arg, value(), 0.0f, 1.0f);
+        } else if (arg == "--seed") {
+            options.seed = uint64_t(parse_integer(arg, value(), 0, INT64_MAX));
+            options.has_seed = true;
+        } else if (arg == "--ctx") {
+            options.context = int(parse_integer(arg, value(), 1, 1 << 24));
+        } else if (arg == "--threads") {
+            options.threads = int(parse_integer(arg, value(), 1, 1024));
+        } else if (arg == "--chunks") {
+            options.chunks = int(parse_integer(arg, value(), 1, 1 << 30));
+        } else if (arg == "--kv") {
+            const std::string type = value();
+            if (type != "f16" && type != "f32") throw UsageError("--kv takes f16 or f32");
+            options.kv_type = type == "f16" ? cpu::KvType::F16 : cpu::KvType::F32;
+        } else if (arg == "--bos") {
+            options.bos = true;
+        } else if (arg == "--no-special") {
+            options.parse_special = false;
+        } else if (arg.size() > 1 && arg[0] == '-') {
+            throw UsageError("unknown option " + arg);
+        } else {
+            positional.push_back(arg);
+        }
+    }
+    if (positional.empty()) throw UsageError("no command given");
+    options.command = positional[0];
+    if (positional.size() < 2) throw UsageError(options.command + " needs a MODEL file");
+    if (positional.size() > 2) throw UsageError("unexpected argument '" + positional[2] + "'");
+    options.model_path = positional[1];
+    return options;
+}
+
+std::string read_text_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Error(path + ": cannot open");
+    std::ostringstream text;
+    text << in.rdbuf();
+    if (in.bad()) throw Error(path + ": read error");
+    return text.str();
+}
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point start) {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::atomic<bool> interrupted{false};
+void on_interrupt(int) { interrupted = true; }
+
+// The KV-cache length for a command: --ctx, else the model's own capped at a default.
+int context_length(const Options& options, const Config& config, int default_cap) {
+    if (options.context > config.max_context)
+        throw Error("--ctx " + std::to_string(options.context) +
+                    " exceeds the model's maximum "
+                    "context of " +
+                    std::to_string(config.max_context));
+    return options.context > 0 ? options.context : std::min(config.max_context, default_cap);
+}
+
+void check_finite(const float* logits, int n, int pos) {
+    for (int i = 0; i < n; ++i)
+        if (!std::isfinite(logits[i]))
+            throw Error("logits at position " + std::to_string(pos) +
+                        " are not finite (NaN or Inf): the weights or the computation are broken");
+}
+
+std::vector<int> encode_prompt(const Tokenizer& tokenizer, const Config& config,
+                               const std::string& text, bool add_bos, bool parse_special) {
+    std::vector<int> ids;
+    if (add_bos) ids.push_back(config.bos_id);
+    for (int id : tokenizer.encode(text, parse_special)) ids.push_back(id);
+    return ids;
+}
+
+int command_run(const Options& options) {
+    if (!options.has_prompt) throw UsageError("run needs -p PROMPT");
+    const Model model = Model::load(options.model_path);
+    const Config& config = model.config;
+    const Tokenizer tokenizer =
+        Tokenizer::from_json(model.file->metadata_value("barellm.tokenizer"));
+    const int context = context_length(options, config, kDefaultContextCap);
+    const std::vector<int> prompt =
+        encode_prompt(tokenizer, config, options.prompt, config.add_bos, options.parse_special);
+    if (prompt.empty()) throw Error("the prompt is empty and the model adds no BOS token");
+    if (int(prompt.size()) > context)
+        throw Error("the prompt is " + std::to_string(prompt.size()) +
+                    " tokens, longer than the context of " + std::to_string(context));
+
+    auto backend = make_cpu_backend(model, BackendOptions{context, options.kv_type});
+    const uint64_t seed =
+        options.has_seed ? options.seed : uint64_t(Clock::now().time_since_epoch().count());
+    Sampler sampler(config.vocab_size, options.temperature, options.top_p, seed);
+    StreamDecoder decoder(tokenizer, /*skip_special=*/true);
+    for (int id : prompt) decoder.push(id);  // so the continuation decodes in context
+    std::signal(SIGINT, on_interrupt);
+
+    std::cout << options.prompt << std::flush;
+    const auto prefill_start = Clock::now();
+    const float* logits = nullptr;
+    for (size_t pos = 0; pos < prompt.size() && !interrupted; ++pos)
+        logits = backend->forward(prompt[pos], int(pos));
+    const double prefill_seconds = seconds_since(prefill_start);
+
+    std::vector<float> scratch(config.vocab_size);
+    int generated = 0;
+    int pos = int(prompt.size());
+    std::string stop_reason = "reached -n";
+    const auto decode_start = Clock::now();
+    while (generated < options.generate) {
+        if (interrupted) {
+            stop_reason = "interrupted";
+            break;
+        }
+        check_finite(logits, config.vocab_size, pos - 1);
+        std::copy(logits, logits + config.vocab_size, scratch.begin());
+        const int next = sampler.sample(scratch.data());
+        ++generated;
+        if (std::find(config.eos_ids.begin(), config.eos_ids.end(), next) != config.eos_ids.end()) {
+            stop_reason = "end of text";
+            break;
+        }
+        std::cout << decoder.push(next) << std::flush;
+        if (pos >= context) {
+            stop_reason = "context full (" + std::to_string(context) + " tokens)";
+            break;
+        }
+        if (generated < options.generate) logits = backend->forward(next, pos++);
+    }
+    const double decode_seconds = seconds_since(decode_start);
+    std::cout << decoder.flush() << std::endl;
+    std::fprintf(stderr,
+                 "\nprompt: %zu tokens, %.1f tok/s | generated: %d tokens, %.1f tok/s | "
+                 "stopped: %s\n",
+                 prompt.size(), prompt.size() / prefill_seconds, generated,
+                 generated / std::max(decode_seconds, 1e-9), stop_reason.c_str());
+    constexpr int kInterruptedExit = 130;  // the shell convention for SIGINT
+    return interrupted ? kInterruptedExit : 0;
+}
+
+// Perplexity as llama.cpp's llama-perplexity computes it: the text tokenized once with
+// BOS, cut into non-overlapping chunks of `context` tokens whose first token becomes BOS;
+// only the second half of each chunk is scored.
+int command_ppl(const Options& options) {
+    if (!options.has_file) throw UsageError("ppl needs -f FILE");
+    const Model model = Model::load(options.model_path);
+    const Config& config = model.config;
+    const Tokenizer tokenizer =
+        Tokenizer::from_json(model.file->metadata_value("barellm.tokenizer"));
+    constexpr int kDefaultPplContext = 512;
+    const int context = options.context > 0 ? options.context : kDefaultPplContext;
+    if (context > config.max_context)
+        throw Error("--ctx " + std::to_string(context) +
+                    " exceeds the model's maximum context of " +
+                    std::to_string(config.max_context));
+    if (context < 4) throw Error("ppl needs --ctx of at least 4");
+    const std::vector<int> tokens = encode_prompt(tokenizer, config, read_text_file(options.file),
+                                                  config.add_bos, /*parse_special=*/false);
+    const int available_chunks = int(tokens.size() / context);
+    if (available_chunks < 1)
+        throw Error(options.file + ": " + std::to_string(tokens.size()) +
+                    " tokens are fewer than one chunk of " + std::to_string(context));
+    const int chunks =
+        options.chunks > 0 ? std::min(options.chunks, available_chunks) : available_chunks;
+    auto backend = make_cpu_backend(model, BackendOptions{context, options.kv_type});
+    std::signal(SIGINT, on_interrupt);
+
+    const int first_scored = context / 2;
+    double nll_sum = 0, nll_squared_sum = 0;
+    long scored = 0;
+    std::vector<float> probabilities(config.vocab_size);
+    const auto start = Clock::now();
+    for (int chunk = 0; chunk < chunks && !interrupted; ++chunk) {
+        const int* chunk_tokens = tokens.data() + size_t(chunk) * context;
+        for (int pos = 0; pos < context - 1; ++pos) {
+            const int token = (pos == 0 && config.add_bos) ? config.bos_id : chunk_tokens[pos];
+            const float* logits = backend->forward(token, pos);
+            if (pos < first_scored) continue;
+            check_finite(logits, config.vocab_size, pos);
+            // -log softmax(logits)[next], computed stably in double.
+            const float max_logit = *std::max_element(logits, logits + config.vocab_size);
+            double sum = 0;
+            for (int i = 0; i < config.vocab_size; ++i)
+                sum += std::exp(double(logits[i]) - max_logit);
+            const double nll = std::log(sum) - (double(logits[chunk_tokens[pos + 1]]) - max_logit);
+            nll_sum += nll;
+            nll_squared_sum += nll * nll;
+            ++scored;
+        }
+        std::fprintf(stderr, "[%d/%d] running PPL = %.4f\n", chunk + 1, chunks,
+                     std::exp(nll_sum / scored));
+    }
+    if (scored == 0) throw Error("interrupted before any token was scored");
+    const double mean = nll_sum / scored;
+    const double variance = nll_squared_sum / scored - mean * mean;
+    const double ppl = std::exp(mean);
+    const double ppl_error =
+        variance > 0 && scored > 1 ? std::sqrt(variance / (scored - 1)) * ppl : 0;
+    std::fprintf(stderr, "%ld tokens scored in %.1f s\n", scored, seconds_since(start));
+    std::printf("PPL = %.4f +/- %.5f\n", ppl, ppl_error);
+    return 0;
+}
+
+int command_info(const Options& options) {
+    const Model model = Model::load(options.model_path);
+    const Config& c = model.config;
+    std::map<std::string, size_t> bytes_by_dtype;
+    for (const auto& [name, view] : model.file->tensors())
+        bytes_by_dtype[dtype_name(view.dtype)] += view.bytes;
+    std::printf("file            %s (%zu bytes)\n", options.model_path.c_str(),
+                model.file->file_size());
+    std::printf("architecture    llama\n");
+    std::printf("dim             %d\nhidden_dim      %d\nlayers          %d\n", c.dim, c.hidden_dim,
+                c.layers);
+    std::printf("heads           %d\nkv_heads        %d\nhead_dim        %d\n", c.heads, c.kv_heads,
+                c.head_dim);
+    std::printf("vocab_size      %d\nmax_context     %d\n", c.vocab_size, c.max_context);
+    std::printf("rope_theta      %g\nnorm_eps        %g\n", c.rope_theta, c.norm_eps);
+    std::printf("sliding_window  %d\ntied_embeddings %s\n", c.sliding_window,
+                c.tied_embeddings ? "yes" : "no");
+    std::printf("bos_id          %d\neos_ids        ", c.bos_id);
+    for (int id : c.eos_ids) std::printf(" %d", id);
+    std::printf("\nweight_dtype    %s\n", c.weight_dtype.c_str());
+    std::printf("tensors         %zu\nparameters      %zu\n", model.file->tensors().size(),
+                model.parameter_count());
+    for (const auto& [dtype, bytes] : bytes_by_dtype)
+        std::printf("bytes %-9s %zu\n", dtype.c_str(), bytes);
+    std::printf("weight bytes read per token %zu\n", model.weight_bytes_per_token());
+    return 0;
+}
+
+int command_tokenize(const Options& options) {
+    if (options.has_prompt == options.has_file)
+        throw UsageError("tokenize needs -p TEXT or -f FILE");
+    const Model model = Model::load(options.model_path);
+    const Tokenizer tokenizer =
+        Tokenizer::from_json(model.file->metadata_value("barellm.tokenizer"));
+    const std::string text = options.has_prompt ? options.prompt : read_text_file(options.file);
+    const std::vector<int> ids =
+        encode_prompt(tokenizer, model.config, text, options.bos && model.config.bos_id >= 0,
+                      options.parse_special);
+    std::cout << nlohmann::json(ids).dump() << "\n";
+    return 0;
+}
+
+int command_detokenize(const Options& options) {
+    if (!options.has_prompt) throw UsageError("detokenize needs -p \"[ids...]\"");
+    const Model model = Model::load(options.model_path);
+    const Tokenizer tokenizer =
+        Tokenizer::from_json(model.file->metadata_value("barellm.tokenizer"));
+    const auto ids = nlohmann::json::parse(options.prompt, nullptr, false);
+    if (ids.is_discarded() || !ids.is_array())
+        throw Error("detokenize: -p is not a JSON array of ids");
+    std::vector<int> values;
+    for (const auto& id : ids) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+            id.get<int64_t>() >= tokenizer.vocab_size())
+            throw Error("detokenize: " + id.dump() + " is not a token id of this model");
+        values.push_back(id.get<int>());
+    }
+    std::cout << tokenizer.decode(values) << "\n";
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        const Options options = parse_options(argc, argv);
+        if (options.command == "help") {
+            std::fputs(kUsage, stdout);
+            return 0;
+        }
+        std::string missing;
+        if (cpu::detect_simd_level(&missing) == cpu::SimdLevel::Scalar)
+            std::fprintf(stderr, "barellm: this CPU lacks%s; using the slow scalar kernels\n",
+                         missing.c_str());
+        if (options.threads > 0) omp_set_num_threads(options.threads);
+        if (options.command == "run") return command_run(options);
+        if (options.command == "ppl") return command_ppl(options);
+        if (options.command == "info") return command_info(options);
+        if (options.command == "tokenize") return command_tokenize(options);
+        if (options.command == "detokenize") return command_detokenize(options);
+        throw UsageError("unknown command '" + options.command + "'");
+    } catch (const UsageError& e) {
+        std::fprintf(stderr, "barellm: %s\n\n%s", e.what(), kUsage);
+        return kUsageExit;
+    } catch (const Error& e) {
+        std::fprintf(stderr, "barellm: %s\n", e.what());
+        return 1;
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "barellm: out of memory\n");
+        return 1;
+    }
+}

@@ -1,0 +1,207 @@
+// CPU kernels against plain double-precision references written here, on random
+// non-zero inputs at sizes that are not multiples of the SIMD width.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "cpu_kernels.h"
+#include "half.h"
+
+using namespace barellm;
+
+namespace {
+
+std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale = 1.0f) {
+    std::uniform_real_distribution<float> dist(-scale, scale);
+    std::vector<float> values(n);
+    for (float& v : values) {
+        do v = dist(rng);
+        while (v == 0.0f);
+    }
+    return values;
+}
+
+// A weight matrix in `dtype` plus its exact float values.
+struct TestMatrix {
+    std::vector<uint8_t> storage;
+    std::vector<float> values;  // what the stored weights decode to
+    Matrix matrix;
+};
+
+TestMatrix make_matrix(int rows, int cols, DType dtype, std::mt19937& rng) {
+    TestMatrix m;
+    m.values = random_floats(size_t(rows) * cols, rng);
+    m.storage.resize(m.values.size() * dtype_size(dtype));
+    for (size_t i = 0; i < m.values.size(); ++i) {
+        if (dtype == DType::F32) {
+            reinterpret_cast<float*>(m.storage.data())[i] = m.values[i];
+        } else {
+            const uint16_t bits = dtype == DType::F16 ? float_to_half(m.values[i])
+                                                      : uint16_t(float_to_bits(m.values[i]) >> 16);
+            reinterpret_cast<uint16_t*>(m.storage.data())[i] = bits;
+            m.values[i] = dtype == DType::F16 ? half_to_float(bits) : bf16_to_float(bits);
+        }
+    }
+    m.matrix = Matrix{m.storage.data(), dtype, rows, cols};
+    return m;
+}
+
+double relative_error(const std::vector<float>& got, const std::vector<double>& want) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        diff += (got[i] - want[i]) * (got[i] - want[i]);
+        norm += want[i] * want[i];
+    }
+    return std::sqrt(diff / norm);
+}
+
+}  // namespace
+
+TEST_CASE("half conversion matches hand-checked values") {
+    CHECK(float_to_half(1.0f) == 0x3c00);
+    CHECK(float_to_half(-2.0f) == 0xc000);
+    CHECK(float_to_half(65504.0f) == 0x7bff);
+    CHECK(float_to_half(65520.0f) == 0x7c00);  // rounds to infinity
+    CHECK(float_to_half(0.1f) == 0x2e66);
+    CHECK(float_to_half(std::ldexp(1.0f, -24)) == 0x0001);             // smallest subnormal
+    CHECK(float_to_half(std::ldexp(1.0f, -26)) == 0x0000);             // below half of it
+    CHECK(float_to_half(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);      // tie to even
+    CHECK(float_to_half(1.0f + 3 * std::ldexp(1.0f, -11)) == 0x3c02);  // tie to even, up
+    CHECK(half_to_float(0x3555) == Approx(0.333251953125).epsilon(0));
+    CHECK(bf16_to_float(0x3f80) == 1.0f);
+}
+
+TEST_CASE("every finite half survives a round trip through float") {
+    for (uint32_t bits = 0; bits < 0x10000; ++bits) {
+        const bool is_nan = (bits & 0x7c00) == 0x7c00 && (bits & 0x3ff);
+        if (is_nan) continue;
+        REQUIRE(float_to_half(half_to_float(uint16_t(bits))) == bits);
+    }
+}
+
+TEST_CASE("matmul matches a double-precision reference for every dtype and SIMD level") {
+    std::mt19937 rng(1234);
+    const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16);
+    const auto level = GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2);
+    if (level == cpu::SimdLevel::Avx2 && cpu::detect_simd_level() != cpu::SimdLevel::Avx2) {
+        WARN("skipped: this CPU has no AVX2");
+        return;
+    }
+    for (auto [rows, cols] :
+         {std::pair{1, 1}, {3, 7}, {5, 8}, {13, 67}, {37, 172}, {64, 64}, {101, 257}}) {
+        TestMatrix m = make_matrix(rows, cols, dtype, rng);
+        const std::vector<float> x = random_floats(cols, rng);
+        std::vector<double> want(rows);
+        for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < cols; ++c) want[r] += double(m.values[size_t(r) * cols + c]) * x[c];
+        std::vector<float> got(rows, NAN);
+        cpu::set_simd_level(level);
+        cpu::matmul(got.data(), x.data(), m.matrix);
+        cpu::set_simd_level(cpu::detect_simd_level());
+        INFO(dtype_name(dtype) << " " << cpu::simd_level_name(level) << " " << rows << "x" << cols);
+        CHECK(relative_error(got, want) < 1e-5);
+    }
+}
+
+TEST_CASE("rmsnorm, softmax and swiglu match their formulas") {
+    std::mt19937 rng(7);
+    for (int n : {1, 9, 172}) {
+        const auto x = random_floats(n, rng, 3.0f), weight = random_floats(n, rng);
+        std::vector<float> out(n);
+        cpu::rmsnorm(out.data(), x.data(), weight.data(), n, 1e-5f);
+        double mean_square = 0;
+        for (float v : x) mean_square += double(v) * v / n;
+        std::vector<double> want(n);
+        for (int i = 0; i < n; ++i) want[i] = x[i] / std::sqrt(mean_square + 1e-5) * weight[i];
+        CHECK(relative_error(out, want) < 1e-6);
+
+        std::vector<float> probabilities = x;
+        cpu::softmax(probabilities.data(), n);
+        double total = 0;
+        for (float v : x) total += std::exp(double(v));
+        for (int i = 0; i < n; ++i) want[i] = std::exp(double(x[i])) / total;
+        CHECK(relative_error(probabilities, want) < 1e-6);
+
+        std::vector<float> gate = x;
+        cpu::swiglu(gate.data(), weight.data(), n);
+        for (int i = 0; i < n; ++i) want[i] = x[i] / (1 + std::exp(-double(x[i]))) * weight[i];
+        CHECK(relative_error(gate, want) < 1e-6);
+    }
+}
+
+TEST_CASE("rope rotates pair (i, i + head_dim/2) by pos * theta^(-2i/head_dim)") {
+    std::mt19937 rng(99);
+    const int heads = 3, head_dim = 10, pos = 17;
+    const double theta = 10000;
+    std::vector<float> frequencies(head_dim / 2);
+    for (int i = 0; i < head_dim / 2; ++i)
+        frequencies[i] = float(std::pow(theta, -2.0 * i / head_dim));
+    const auto vec = random_floats(heads * head_dim, rng);
+    std::vector<float> got = vec;
+    cpu::rope(got.data(), heads, head_dim, pos, frequencies.data());
+    std::vector<double> want(vec.size());
+    for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < head_dim / 2; ++i) {
+            const double angle = pos * std::pow(theta, -2.0 * i / head_dim);
+            const double a = vec[h * head_dim + i], b = vec[h * head_dim + i + head_dim / 2];
+            want[h * head_dim + i] = a * std::cos(angle) - b * std::sin(angle);
+            want[h * head_dim + i + head_dim / 2] = b * std::cos(angle) + a * std::sin(angle);
+        }
+    CHECK(relative_error(got, want) < 1e-6);
+}
+
+TEST_CASE("attention with GQA matches a direct softmax-weighted sum") {
+    std::mt19937 rng(42);
+    const auto type = GENERATE(cpu::KvType::F32, cpu::KvType::F16);
+    const auto level = GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2);
+    if (level == cpu::SimdLevel::Avx2 && cpu::detect_simd_level() != cpu::SimdLevel::Avx2) return;
+    const int heads = 6, kv_heads = 2, head_dim = 12, kv_dim = kv_heads * head_dim;
+    for (int positions : {1, 7, 300}) {
+        const auto q = random_floats(heads * head_dim, rng);
+        const auto keys = random_floats(size_t(positions) * kv_dim, rng);
+        const auto values = random_floats(size_t(positions) * kv_dim, rng);
+        // Store the cache in `type`; the reference uses the stored (rounded) values.
+        const size_t element = type == cpu::KvType::F32 ? 4 : 2;
+        std::vector<uint8_t> key_cache(keys.size() * element), value_cache(values.size() * element);
+        std::vector<float> stored_keys(keys.size()), stored_values(values.size());
+        for (int t = 0; t < positions; ++t) {
+            cpu::kv_store(key_cache.data() + size_t(t) * kv_dim * element,
+                          &keys[size_t(t) * kv_dim], kv_dim, type);
+            cpu::kv_store(value_cache.data() + size_t(t) * kv_dim * element,
+                          &values[size_t(t) * kv_dim], kv_dim, type);
+        }
+        for (size_t i = 0; i < keys.size(); ++i) {
+            stored_keys[i] =
+                type == cpu::KvType::F32 ? keys[i] : half_to_float(float_to_half(keys[i]));
+            stored_values[i] =
+                type == cpu::KvType::F32 ? values[i] : half_to_float(float_to_half(values[i]));
+        }
+        std::vector<double> want(heads * head_dim, 0.0);
+        for (int h = 0; h < heads; ++h) {
+            const int kv_head = h / (heads / kv_heads);
+            std::vector<double> scores(positions);
+            double max_score = -1e300, total = 0;
+            for (int t = 0; t < positions; ++t) {
+                for (int i = 0; i < head_dim; ++i)
+                    scores[t] += double(q[h * head_dim + i]) *
+                                 stored_keys[size_t(t) * kv_dim + kv_head * head_dim + i];
+                scores[t] /= std::sqrt(double(head_dim));
+                max_score = std::max(max_score, scores[t]);
+            }
+            for (double& s : scores) total += (s = std::exp(s - max_score));
+            for (int t = 0; t < positions; ++t)
+                for (int i = 0; i < head_dim; ++i)
+                    want[h * head_dim + i] +=
+                        scores[t] / total *
+                        stored_values[size_t(t) * kv_dim + kv_head * head_dim + i];
+        }
+        std::vector<float> out(heads * head_dim, NAN), scores(size_t(heads) * positions);
+        cpu::set_simd_level(level);
+        cpu::attention(out.data(), q.data(), key_cache.data(), value_cache.data(), scores.data(),
+                       cpu::AttentionShape{heads, kv_heads, head_dim, 0, positions - 1}, type);
+        cpu::set_simd_level(cpu::detect_simd_level());
+        INFO("positions " << positions);
+        CHECK(relative_error(out, want) < 1e-5);
+    }
+}
