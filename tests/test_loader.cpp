@@ -1,0 +1,206 @@
+// The loader refuses every malformed file with an Error naming the problem.
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "error.h"
+#include "model.h"
+
+using namespace barellm;
+using nlohmann::json;
+
+namespace {
+
+std::string temp_path(const std::string& name) {
+    return "/tmp/barellm_test_" + std::to_string(getpid()) + "_" + name;
+}
+
+// Writes [u64 header length][header][data] and returns the path.
+std::string write_raw(const std::string& name, const std::string& header, const std::string& data,
+                      uint64_t header_length) {
+    const std::string path = temp_path(name);
+    std::ofstream out(path, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(&header_length), sizeof header_length);
+    out << header << data;
+    return path;
+}
+
+std::string write_file(const std::string& name, const json& header, const std::string& data) {
+    const std::string text = header.dump();
+    return write_raw(name, text, data, text.size());
+}
+
+// A complete, valid tiny model: dim 8, hidden 12, 1 layer, 2 heads, 1 KV head, vocab 10.
+struct TinyModel {
+    json header;
+    std::string data;
+    json config = {{"architecture", "llama"},
+                   {"dim", 8},
+                   {"hidden_dim", 12},
+                   {"layers", 1},
+                   {"heads", 2},
+                   {"kv_heads", 1},
+                   {"head_dim", 4},
+                   {"vocab_size", 10},
+                   {"max_context", 16},
+                   {"rope_theta", 10000.0},
+                   {"norm_eps", 1e-5},
+                   {"tied_embeddings", true},
+                   {"bos_id", 1},
+                   {"eos_ids", {2}},
+                   {"weight_dtype", "F32"}};
+
+    void add(const std::string& name, std::vector<int64_t> shape) {
+        size_t count = 1;
+        for (int64_t d : shape) count *= size_t(d);
+        const size_t begin = data.size();
+        for (size_t i = 0; i < count; ++i) {
+            const float value = 0.01f * float(i % 7 + 1);
+            data.append(reinterpret_cast<const char*>(&value), sizeof value);
+        }
+        header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {begin, data.size()}}};
+    }
+
+    TinyModel() {
+        add("token_embedding", {10, 8});
+        add("layers.0.attn_norm", {8});
+        add("layers.0.wq", {8, 8});
+        add("layers.0.wk", {4, 8});
+        add("layers.0.wv", {4, 8});
+        add("layers.0.wo", {8, 8});
+        add("layers.0.ffn_norm", {8});
+        add("layers.0.w1", {12, 8});
+        add("layers.0.w3", {12, 8});
+        add("layers.0.w2", {8, 12});
+        add("final_norm", {8});
+    }
+
+    std::string write(const std::string& name) {
+        header["__metadata__"] = {{"barellm.format", "1"}, {"barellm.config", config.dump()}};
+        return write_file(name, header, data);
+    }
+};
+
+// Runs `load` and returns the Error message (empty when it did not throw).
+template <typename Load>
+std::string error_of(Load load) {
+    try {
+        load();
+    } catch (const Error& e) {
+        return e.what();
+    }
+    return "";
+}
+
+std::string load_error(const std::string& path) {
+    return error_of([&] { Model::load(path); });
+}
+
+}  // namespace
+
+TEST_CASE("a valid tiny model loads") {
+    TinyModel tiny;
+    const std::string path = tiny.write("valid");
+    const Model model = Model::load(path);
+    CHECK(model.config.dim == 8);
+    CHECK(model.layers.size() == 1);
+    CHECK(model.output.data == model.token_embedding.data);
+    std::remove(path.c_str());
+}
+
+TEST_CASE("files that are not safetensors are refused") {
+    CHECK_THAT(load_error(temp_path("does_not_exist")), Catch::Contains("cannot open"));
+    CHECK_THAT(load_error(write_raw("short", "", "", 0).substr(0)),
+               Catch::Contains("not a safetensors file"));
+    {
+        const std::string path = temp_path("tiny");
+        std::ofstream(path) << "abc";
+        CHECK_THAT(load_error(path), Catch::Contains("shorter than its 8-byte header"));
+    }
+    CHECK_THAT(load_error(write_raw("huge_header", "{}", "", uint64_t(1) << 62)),
+               Catch::Contains("does not fit the file size"));
+    CHECK_THAT(load_error(write_raw("not_json", "{\"a\": [", "", 7)),
+               Catch::Contains("header is not a JSON object"));
+    CHECK_THAT(load_error(write_raw("array", "[1, 2]", "", 6)),
+               Catch::Contains("header is not a JSON object"));
+    CHECK_THAT(load_error(write_file("no_format", json::object(), "")),
+               Catch::Contains("not a barellm weight file"));
+}
+
+TEST_CASE("bad tensor entries are refused naming the tensor") {
+    auto entry_error = [](const std::string& name, const json& entry, const std::string& data) {
+        return load_error(write_file(name, json{{"t", entry}}, data));
+    };
+    CHECK_THAT(entry_error("dtype", {{"dtype", "I64"}, {"shape", {1}}, {"data_offsets", {0, 8}}},
+                           std::string(8, 'x')),
+               Catch::Contains("tensor 't': unsupported dtype \"I64\""));
+    CHECK_THAT(
+        entry_error("negative", {{"dtype", "F32"}, {"shape", {-1}}, {"data_offsets", {0, 4}}},
+                    std::string(4, 'x')),
+        Catch::Contains("bad dimension"));
+    CHECK_THAT(
+        entry_error("truncated", {{"dtype", "F32"}, {"shape", {4}}, {"data_offsets", {0, 16}}},
+                    std::string(8, 'x')),
+        Catch::Contains("outside the 8 data bytes"));
+    CHECK_THAT(
+        entry_error("mismatch", {{"dtype", "F32"}, {"shape", {3}}, {"data_offsets", {0, 16}}},
+                    std::string(16, 'x')),
+        Catch::Contains("needs 12 bytes but data_offsets give 16"));
+    CHECK_THAT(entry_error("overflow",
+                           {{"dtype", "F32"},
+                            {"shape", {int64_t(1) << 40, int64_t(1) << 40}},
+                            {"data_offsets", {0, 4}}},
+                           std::string(4, 'x')),
+               Catch::Contains("size overflows"));
+    CHECK_THAT(entry_error("missing_keys", {{"dtype", "F32"}}, ""),
+               Catch::Contains("needs dtype, shape and data_offsets"));
+    const json overlapping = {{"a", {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 8}}}},
+                              {"b", {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {4, 12}}}}};
+    CHECK_THAT(load_error(write_file("overlap", overlapping, std::string(12, 'x'))),
+               Catch::Contains("overlap"));
+    const json bad_metadata = {{"__metadata__", {{"k", 3}}}};
+    CHECK_THAT(load_error(write_file("metadata", bad_metadata, "")),
+               Catch::Contains("metadata 'k' is not a string"));
+}
+
+TEST_CASE("tensors and config that disagree are refused") {
+    SECTION("missing tensor") {
+        TinyModel tiny;
+        tiny.header.erase("layers.0.w2");
+        CHECK_THAT(load_error(tiny.write("missing")), Catch::Contains("'layers.0.w2' is missing"));
+    }
+    SECTION("wrong shape") {
+        TinyModel tiny;
+        tiny.config["hidden_dim"] = 13;
+        CHECK_THAT(load_error(tiny.write("shape")),
+                   Catch::Contains("'layers.0.w1' has shape [12, 8], the config needs [13, 8]"));
+    }
+    SECTION("extra tensor") {
+        TinyModel tiny;
+        tiny.add("stray", {2});
+        CHECK_THAT(load_error(tiny.write("extra")), Catch::Contains("holds 12 tensors"));
+    }
+    SECTION("heads not a multiple of kv_heads") {
+        TinyModel tiny;
+        tiny.config["kv_heads"] = 3;
+        CHECK_THAT(load_error(tiny.write("kv_heads")), Catch::Contains("kv_heads"));
+    }
+    SECTION("absurd values") {
+        TinyModel tiny;
+        tiny.config["layers"] = 1 << 30;
+        CHECK_THAT(load_error(tiny.write("layers")), Catch::Contains("'layers' = 1073741824"));
+    }
+    SECTION("unknown architecture") {
+        TinyModel tiny;
+        tiny.config["architecture"] = "gpt2";
+        CHECK_THAT(load_error(tiny.write("arch")), Catch::Contains("\"gpt2\" is not supported"));
+    }
+    SECTION("eos id outside the vocabulary") {
+        TinyModel tiny;
+        tiny.config["eos_ids"] = {10};
+        CHECK_THAT(load_error(tiny.write("eos")), Catch::Contains("bad id 10"));
+    }
+}
