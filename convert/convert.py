@@ -1,0 +1,359 @@
+#!/usr/bin/env python3
+"""Convert a Hugging Face Llama/Mistral checkpoint into one barellm weight file.
+
+    python3 convert/convert.py HF_DIR -o OUT [--dtype f32|f16|bf16]
+
+The output is described in docs/FORMAT.md. Tensors are streamed one row block at a
+time, so memory stays bounded whatever the checkpoint size. The output appears only
+when the conversion succeeded; on any error a message `convert: ...` goes to stderr
+and the exit status is 1.
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+from common import ConvertError, compact_json, read_json
+import dtypes
+import hf_tokenizer
+import safetensors_io as st
+
+# transformers' defaults for config.json keys a checkpoint may omit.
+CONFIG_DEFAULTS = {
+    "llama": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "sliding_window": None},
+    "mistral": {"max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-6,
+                "sliding_window": 4096},
+}
+MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
+            "moe_intermediate_size")
+ROPE_SCALING_KEYS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+               "original_max_position_embeddings"),
+}
+# barellm name suffix, Hugging Face name suffix, is a norm (always F32) — per layer.
+LAYER_TENSORS = (
+    ("attn_norm", "input_layernorm", True),
+    ("wq", "self_attn.q_proj", False),
+    ("wk", "self_attn.k_proj", False),
+    ("wv", "self_attn.v_proj", False),
+    ("wo", "self_attn.o_proj", False),
+    ("ffn_norm", "post_attention_layernorm", True),
+    ("w1", "mlp.gate_proj", False),
+    ("w3", "mlp.up_proj", False),
+    ("w2", "mlp.down_proj", False),
+)
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+CHUNK_ELEMENTS = 1 << 23
+ALIGNMENT = 64
+
+
+def json_object(path, required):
+    """Read a JSON file that must hold an object; None when absent and not required."""
+    value = read_json(path, required)
+    if value is not None and not isinstance(value, dict):
+        raise ConvertError(f"{os.path.basename(path)}: not a JSON object")
+    return value
+
+
+def check_architecture(cfg):
+    """Refuse configurations barellm does not implement, naming the feature."""
+    model_type = cfg.get("model_type")
+    if model_type not in CONFIG_DEFAULTS:
+        raise ConvertError(f"model_type '{model_type}' is not supported (only llama and mistral)")
+    if cfg.get("quantization_config"):
+        raise ConvertError("quantized checkpoints (quantization_config) are not supported")
+    for key in ("attention_bias", "mlp_bias"):
+        if cfg.get(key):
+            raise ConvertError(f"{key}=true is not supported (no bias tensors)")
+    for key in MOE_KEYS:
+        if cfg.get(key):
+            raise ConvertError(f"mixture-of-experts models ({key}={cfg[key]}) are not supported")
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ConvertError(f"hidden_act '{act}' is not supported (only silu)")
+
+
+def positive_int(cfg, key, default=None):
+    """A config value that must be a positive integer."""
+    value = cfg.get(key, default)
+    if value is None:
+        raise ConvertError(f"config.json: missing '{key}'")
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConvertError(f"config.json: '{key}' must be a positive integer, not {value!r}")
+    return value
+
+
+def positive_number(value, what):
+    """Check a positive int/float and return it as a float."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConvertError(f"config.json: {what} must be a positive number, not {value!r}")
+    return float(value)
+
+
+def rope_settings(cfg):
+    """Return (rope_theta, rope_scaling) with rope_scaling null, linear or llama3.
+
+    Newer transformers keep both in `rope_parameters`; older ones use `rope_theta`
+    and `rope_scaling`. A "default" rope type means no scaling.
+    """
+    params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    theta = positive_number(cfg.get("rope_theta", params.get("rope_theta", 10000.0)),
+                            "rope_theta")
+    scaling = cfg.get("rope_scaling")
+    if scaling is None and params:
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    if scaling is None:
+        return theta, None
+    if not isinstance(scaling, dict):
+        raise ConvertError("config.json: rope_scaling must be an object or null")
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "default":
+        return theta, None
+    if kind not in ROPE_SCALING_KEYS:
+        raise ConvertError(f"rope_scaling type '{kind}' is not supported "
+                           "(only linear and llama3)")
+    for key in ROPE_SCALING_KEYS[kind]:
+        positive_number(scaling.get(key), f"rope_scaling '{key}' of type {kind}")
+    return theta, scaling
+
+
+def token_id_list(value, what):
+    """Normalize an id or list of ids (or null) to a list of non-negative ints."""
+    ids = [] if value is None else value if isinstance(value, list) else [value]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ConvertError(f"{what} must be a token id or a list of ids, not {value!r}")
+    return ids
+
+
+def model_config(cfg, gen):
+    """Build barellm.config (docs/FORMAT.md) from config.json and generation_config.json.
+
+    `add_bos` and `weight_dtype` are left None for the caller to fill in.
+    """
+    defaults = CONFIG_DEFAULTS[cfg["model_type"]]
+    dim = positive_int(cfg, "hidden_size")
+    heads = positive_int(cfg, "num_attention_heads")
+    kv_heads = positive_int(cfg, "num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise ConvertError(f"num_attention_heads {heads} is not a multiple of "
+                           f"num_key_value_heads {kv_heads}")
+    if cfg.get("head_dim") is None and dim % heads:
+        raise ConvertError(f"hidden_size {dim} is not a multiple of num_attention_heads {heads}")
+    head_dim = positive_int(cfg, "head_dim", dim // heads)
+    if head_dim % 2:
+        raise ConvertError(f"head_dim {head_dim} is odd (RoPE needs an even head_dim)")
+    theta, scaling = rope_settings(cfg)
+    window = cfg.get("sliding_window", defaults["sliding_window"])
+    if cfg["model_type"] != "mistral" or window is None:
+        window = None
+    else:
+        window = positive_int({"sliding_window": window}, "sliding_window")
+    gen = gen or {}
+    eos_source = gen if gen.get("eos_token_id") is not None else cfg
+    bos = cfg.get("bos_token_id", gen.get("bos_token_id"))
+    return {
+        "architecture": "llama",
+        "dim": dim,
+        "hidden_dim": positive_int(cfg, "intermediate_size"),
+        "layers": positive_int(cfg, "num_hidden_layers"),
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "vocab_size": positive_int(cfg, "vocab_size"),
+        "max_context": positive_int(cfg, "max_position_embeddings",
+                                    defaults["max_position_embeddings"]),
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+        "norm_eps": positive_number(cfg.get("rms_norm_eps", defaults["rms_norm_eps"]),
+                                    "rms_norm_eps"),
+        "sliding_window": window,
+        "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
+        "bos_id": token_id_list(bos, "bos_token_id")[0] if bos is not None else None,
+        "eos_ids": token_id_list(eos_source.get("eos_token_id"), "eos_token_id"),
+        "add_bos": None,
+        "weight_dtype": None,
+    }
+
+
+def check_token_ids(config, tokenizer):
+    """The tokenizer and the special ids must fit in the model's vocabulary."""
+    vocab = config["vocab_size"]
+    size = hf_tokenizer.vocab_size(tokenizer)
+    if size > vocab:
+        raise ConvertError(f"the tokenizer has {size} ids but vocab_size is {vocab}")
+    special = ([config["bos_id"]] if config["bos_id"] is not None else []) + config["eos_ids"]
+    for token_id in special:
+        if token_id >= vocab:
+            raise ConvertError(f"special token id {token_id} is not below vocab_size {vocab}")
+
+
+def expected_tensors(config):
+    """Map each expected Hugging Face tensor name to (barellm name, shape, is_norm),
+    in output order."""
+    dim, hidden, vocab = config["dim"], config["hidden_dim"], config["vocab_size"]
+    q_rows = config["heads"] * config["head_dim"]
+    kv_rows = config["kv_heads"] * config["head_dim"]
+    shapes = {"attn_norm": (dim,), "wq": (q_rows, dim), "wk": (kv_rows, dim),
+              "wv": (kv_rows, dim), "wo": (dim, q_rows), "ffn_norm": (dim,),
+              "w1": (hidden, dim), "w3": (hidden, dim), "w2": (dim, hidden)}
+    expected = {"model.embed_tokens.weight": ("token_embedding", (vocab, dim), False)}
+    for layer in range(config["layers"]):
+        for short, hf, is_norm in LAYER_TENSORS:
+            expected[f"model.layers.{layer}.{hf}.weight"] = (
+                f"layers.{layer}.{short}", shapes[short], is_norm)
+    expected["model.norm.weight"] = ("final_norm", (dim,), True)
+    if not config["tied_embeddings"]:
+        expected["lm_head.weight"] = ("output", (vocab, dim), False)
+    return expected
+
+
+def name_list(names):
+    """Quote up to five names, then say how many more there are."""
+    shown = ", ".join(names[:5])
+    return shown + (f" (and {len(names) - 5} more)" if len(names) > 5 else "")
+
+
+def tensor_plan(config, tensors):
+    """Check the checkpoint holds exactly the expected tensors with the right shapes
+    and dtypes; return [(barellm name, TensorInfo, is_norm)] in output order."""
+    expected = expected_tensors(config)
+    biases = sorted(n for n in tensors if n.endswith(".bias"))
+    if biases:
+        raise ConvertError(f"bias tensors are not supported: {name_list(biases)}")
+    missing = [n for n in expected if n not in tensors]
+    if missing:
+        hint = " (tie_word_embeddings is false)" if "lm_head.weight" in missing else ""
+        raise ConvertError(f"missing tensors: {name_list(missing)}{hint}")
+    ignored = {"lm_head.weight"} if config["tied_embeddings"] else set()
+    extra = sorted(n for n in tensors if n not in expected and n not in ignored
+                   and not n.endswith(IGNORED_SUFFIXES))
+    if extra:
+        raise ConvertError(f"unexpected tensors: {name_list(extra)}")
+    plan = []
+    for hf_name, (name, shape, is_norm) in expected.items():
+        info = tensors[hf_name]
+        if info.shape != shape:
+            raise ConvertError(f"tensor '{hf_name}' has shape {list(info.shape)}, "
+                               f"expected {list(shape)}")
+        if info.dtype not in dtypes.STORAGE:
+            raise ConvertError(f"tensor '{hf_name}' has dtype {info.dtype} "
+                               "(only F32, F16 and BF16 are supported)")
+        plan.append((name, info, is_norm))
+    return plan
+
+
+def default_weight_dtype(cfg, plan):
+    """The checkpoint's own matrix dtype; else its torch_dtype; else F16."""
+    kinds = {info.dtype for _, info, is_norm in plan if not is_norm}
+    if len(kinds) == 1:
+        return kinds.pop()
+    return dtypes.TORCH_NAMES.get(cfg.get("torch_dtype", cfg.get("dtype")), "F16")
+
+
+def write_tensor(f, info, out_dtype):
+    """Stream one tensor into `f` converted to `out_dtype`, refusing NaN/Inf and
+    values that overflow the output dtype."""
+    try:
+        source = st.map_tensor(info)
+    except (OSError, ValueError) as e:
+        raise ConvertError(f"{os.path.basename(info.path)}: cannot map tensor "
+                           f"'{info.name}' ({e})") from None
+    for block in st.row_blocks(source, CHUNK_ELEMENTS):
+        values = dtypes.to_f32(block, info.dtype)
+        if not np.isfinite(values).all():
+            kind = "NaN" if np.isnan(values).any() else "Inf"
+            raise ConvertError(f"tensor '{info.name}' contains {kind} values")
+        out = dtypes.from_f32(values, out_dtype)
+        if dtypes.non_finite(out, out_dtype).any():
+            raise ConvertError(
+                f"tensor '{info.name}' has values beyond the {out_dtype} range "
+                f"(max |x| = {np.abs(values).max():g}); choose another --dtype")
+        f.write(np.ascontiguousarray(out).tobytes())
+
+
+def write_output(path, plan, metadata, weight_dtype):
+    """Write the barellm file through a temporary file in the output's directory,
+    renamed into place only once complete; the temporary file never survives."""
+    entries = [(name, "F32" if is_norm else weight_dtype, info.shape)
+               for name, info, is_norm in plan]
+    header, data_bytes = st.encode_header(entries, metadata, ALIGNMENT)
+    if os.path.isdir(path):
+        raise ConvertError(f"cannot write output '{path}': it is a directory")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".barellm-", suffix=".tmp",
+                                   dir=os.path.dirname(os.path.abspath(path)))
+    except OSError as e:
+        raise ConvertError(f"cannot write output '{path}': {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(header)
+            for (_, info, _), (_, out_dtype, _) in zip(plan, entries):
+                write_tensor(f, info, out_dtype)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise ConvertError(f"cannot write output '{path}': {e.strerror}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return len(header) + data_bytes
+
+
+def convert(hf_dir, output, weight_dtype=None):
+    """Convert the checkpoint in `hf_dir` to the barellm file `output`.
+
+    `weight_dtype` is "F32", "F16", "BF16" or None for the checkpoint's own dtype.
+    Returns a one-line summary.
+    """
+    if not os.path.isdir(hf_dir):
+        raise ConvertError(f"{hf_dir}: not a directory")
+    cfg = json_object(os.path.join(hf_dir, "config.json"), required=True)
+    gen = json_object(os.path.join(hf_dir, "generation_config.json"), required=False)
+    tok_cfg = json_object(os.path.join(hf_dir, "tokenizer_config.json"), required=False)
+    check_architecture(cfg)
+    config = model_config(cfg, gen)
+    tokenizer, from_sentencepiece = hf_tokenizer.load_tokenizer(hf_dir)
+    hf_tokenizer.check_supported(tokenizer)
+    check_token_ids(config, tokenizer)
+    config["add_bos"] = hf_tokenizer.add_bos(tok_cfg, tokenizer, from_sentencepiece)
+    plan = tensor_plan(config, st.open_checkpoint(hf_dir))
+    config["weight_dtype"] = weight_dtype or default_weight_dtype(cfg, plan)
+    metadata = {"barellm.format": "1", "barellm.config": compact_json(config),
+                "barellm.tokenizer": compact_json(tokenizer)}
+    size = write_output(output, plan, metadata, config["weight_dtype"])
+    return (f"wrote {output}: {config['layers']} layers, dim {config['dim']}, vocab "
+            f"{config['vocab_size']}, {config['weight_dtype']} weights, "
+            f"{size / 2**20:.1f} MiB")
+
+
+def parse_args(argv):
+    """Command-line arguments."""
+    parser = argparse.ArgumentParser(
+        prog="convert.py",
+        description="Convert a Hugging Face Llama/Mistral checkpoint to a barellm file.")
+    parser.add_argument("hf_dir", help="Hugging Face checkpoint directory")
+    parser.add_argument("-o", "--output", required=True, help="barellm file to write")
+    parser.add_argument("--dtype", choices=sorted(dtypes.CLI_NAMES),
+                        help="matrix dtype (default: the checkpoint's own)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    """CLI entry point; returns the exit status."""
+    args = parse_args(argv)
+    try:
+        print(convert(args.hf_dir, args.output, dtypes.CLI_NAMES.get(args.dtype)))
+    except ConvertError as e:
+        print(f"convert: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Loading a checkpoint's tokenizer as a Hugging Face tokenizer.json and checking that it
+uses only what barellm's tokenizer implements."""
+
+import os
+
+from common import ConvertError, read_json
+import spm
+
+# component key of tokenizer.json -> (key holding a Sequence's children, supported types)
+SUPPORTED = {
+    "normalizer": ("normalizers", {"Sequence", "Prepend", "Replace", "NFC"}),
+    "pre_tokenizer": ("pretokenizers",
+                      {"Sequence", "ByteLevel", "Split", "Digits", "Metaspace"}),
+    "decoder": ("decoders",
+                {"Sequence", "Replace", "ByteFallback", "Fuse", "Strip", "ByteLevel",
+                 "Metaspace"}),
+}
+
+LLAMA_TOKENIZER_CLASSES = {"LlamaTokenizer", "LlamaTokenizerFast",
+                           "CodeLlamaTokenizer", "CodeLlamaTokenizerFast"}
+
+
+def load_tokenizer(hf_dir):
+    """Return (tokenizer.json dict, from_sentencepiece) for the checkpoint in `hf_dir`.
+
+    tokenizer.json is used as is when present; otherwise tokenizer.model is converted.
+    """
+    json_path = os.path.join(hf_dir, "tokenizer.json")
+    model_path = os.path.join(hf_dir, "tokenizer.model")
+    if os.path.exists(json_path):
+        tokenizer = read_json(json_path)
+        if not isinstance(tokenizer, dict):
+            raise ConvertError("tokenizer.json: not a JSON object")
+        return tokenizer, False
+    if os.path.exists(model_path):
+        try:
+            with open(model_path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise ConvertError(f"tokenizer.model: cannot read ({e.strerror})") from None
+        return spm.tokenizer_json(spm.parse_model(data)), True
+    raise ConvertError(f"{hf_dir}: no tokenizer.json or tokenizer.model")
+
+
+def check_supported(tokenizer):
+    """Raise ConvertError naming the first tokenizer.json construct barellm cannot run."""
+    model = tokenizer.get("model")
+    if not isinstance(model, dict) or not isinstance(model.get("vocab"), dict):
+        raise ConvertError("tokenizer.json: no model vocabulary")
+    if model.get("type", "BPE") != "BPE":
+        raise ConvertError(f"tokenizer.json: model type '{model.get('type')}' is not supported")
+    for option in ("continuing_subword_prefix", "end_of_word_suffix"):
+        if model.get(option):
+            raise ConvertError(f"tokenizer.json: BPE option {option} is not supported")
+    if model.get("dropout"):
+        raise ConvertError("tokenizer.json: BPE dropout is not supported")
+    for key, (children, allowed) in SUPPORTED.items():
+        _check_component(tokenizer.get(key), key, children, allowed)
+
+
+def _check_component(node, key, children, allowed):
+    """Check one normalizer/pre_tokenizer/decoder tree against the supported types."""
+    if node is None:
+        return
+    kind = node.get("type") if isinstance(node, dict) else None
+    if kind not in allowed:
+        raise ConvertError(f"tokenizer.json: {key} type '{kind}' is not supported")
+    if kind == "Sequence":
+        for child in node.get(children) or []:
+            _check_component(child, key, children, allowed)
+
+
+def vocab_size(tokenizer):
+    """Number of ids the tokenizer can produce: the largest id plus one."""
+    ids = list(tokenizer["model"]["vocab"].values())
+    ids += [t["id"] for t in tokenizer.get("added_tokens") or []]
+    return max(ids) + 1
+
+
+def add_bos(tokenizer_config, tokenizer, from_sentencepiece):
+    """Whether encoding a prompt starts with BOS, as transformers would do it.
+
+    `add_bos_token` of tokenizer_config.json decides when present. Otherwise BOS is
+    added by Llama tokenizer classes (whose add_bos_token defaults to true), by a
+    tokenizer converted from tokenizer.model (it is a Llama tokenizer), and by a
+    post-processor whose single-sequence template starts with a special token.
+    """
+    config = tokenizer_config or {}
+    if "add_bos_token" in config:
+        return bool(config["add_bos_token"])
+    if from_sentencepiece or config.get("tokenizer_class") in LLAMA_TOKENIZER_CLASSES:
+        return True
+    return _template_starts_with_special(tokenizer.get("post_processor"))
+
+
+def _template_starts_with_special(processor):
+    """True when a (possibly nested) TemplateProcessing puts a special token first."""
+    if not isinstance(processor, dict):
+        return False
+    if processor.get("type") == "Sequence":
+        return any(_template_starts_with_special(p) for p in processor.get("processors", []))
+    if processor.get("type") == "TemplateProcessing":
+        single = processor.get("single") or []
+        return bool(single) and "SpecialToken" in single[0]
+    return False
