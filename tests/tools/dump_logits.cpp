@@ -1,0 +1,43 @@
+// Test tool: runs token ids through the CPU backend one position at a time and
+// writes the logits of every position as raw little-endian float32 [ids, vocab].
+//   dump_logits MODEL OUT_FILE ID [ID ...] [--kv f16|f32] [--scalar]
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "error.h"
+
+using namespace barellm;
+
+int main(int argc, char** argv) {
+    try {
+        if (argc < 4)
+            throw Error("usage: dump_logits MODEL OUT_FILE ID [ID ...] [--kv f16|f32] [--scalar]");
+        std::vector<int> ids;
+        cpu::KvType kv_type = cpu::KvType::F16;
+        for (int i = 3; i < argc; ++i) {
+            if (std::strcmp(argv[i], "--kv") == 0 && i + 1 < argc) {
+                kv_type = std::strcmp(argv[++i], "f32") == 0 ? cpu::KvType::F32 : cpu::KvType::F16;
+            } else if (std::strcmp(argv[i], "--scalar") == 0) {
+                cpu::set_simd_level(cpu::SimdLevel::Scalar);
+            } else {
+                ids.push_back(std::stoi(argv[i]));
+            }
+        }
+        const Model model = Model::load(argv[1]);
+        auto backend = make_cpu_backend(model, BackendOptions{int(ids.size()), kv_type});
+        FILE* out = std::fopen(argv[2], "wb");
+        if (!out) throw Error(std::string(argv[2]) + ": cannot write");
+        for (size_t pos = 0; pos < ids.size(); ++pos) {
+            const float* logits = backend->forward(ids[pos], int(pos));
+            std::fwrite(logits, sizeof(float), model.config.vocab_size, out);
+        }
+        std::fclose(out);
+        return 0;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "dump_logits: %s\n", e.what());
+        return 1;
+    }
+}
