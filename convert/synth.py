@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Write a Hugging Face Llama/Mistral checkpoint with deterministic random weights.
+
+    python3 convert/synth.py --preset NAME -o HF_DIR [--tokenizer DIR] [--dtype D] [--seed N]
+    python3 convert/synth.py --config CONFIG_JSON --tokenizer DIR -o HF_DIR [...]
+
+Presets carry the config.json of real models (tinyllama-1.1b, mistral-7b, llama3-8b,
+smollm2-135m) so that speed and memory can be measured at their exact shapes. Weights
+are generated per tensor from numpy's Generator seeded by (seed, tensor name) and written
+in row blocks, so multi-GB checkpoints never sit in memory. Checkpoints larger than the
+shard limit (4 GB) are split into model-0000i-of-0000n.safetensors files with a
+model.safetensors.index.json, as Hugging Face does.
+"""
+
+import argparse
+import json
+import math
+import os
+import shutil
+import sys
+import zlib
+
+import numpy as np
+
+from common import ConvertError
+import convert
+import dtypes
+import hf_tokenizer
+import safetensors_io as st
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHARED_TOKENIZERS = os.path.join(REPO, "..", "shared", "tokenizers")
+
+_LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+          "attention_bias": False, "mlp_bias": False, "initializer_range": 0.02,
+          "pretraining_tp": 1, "rope_scaling": None, "use_cache": True}
+
+PRESETS = {
+    "tinyllama-1.1b": ("llama2", {
+        **_LLAMA, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
+        "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": 32000,
+        "max_position_embeddings": 2048, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2}),
+    "mistral-7b": ("llama2", {
+        "architectures": ["MistralForCausalLM"], "model_type": "mistral",
+        "hidden_act": "silu", "initializer_range": 0.02, "use_cache": True,
+        "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32000,
+        "max_position_embeddings": 32768, "rope_theta": 10000.0, "sliding_window": 4096,
+        "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "bos_token_id": 1,
+        "eos_token_id": 2}),
+    "llama3-8b": ("smollm2-135m", {
+        **_LLAMA, "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
+        "max_position_embeddings": 8192, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001}),
+    "smollm2-135m": ("smollm2-135m", {
+        **_LLAMA, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+        "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,
+        "max_position_embeddings": 8192, "rope_theta": 100000, "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
+        "pad_token_id": 2, "initializer_range": 0.041666666666666664}),
+}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
+                   "special_tokens_map.json")
+MAX_SHARD_BYTES = 4 * 10**9
+BLOCK_ELEMENTS = 1 << 22
+TORCH_DTYPES = {v: k for k, v in dtypes.TORCH_NAMES.items()}
+
+
+def tensor_blocks(name, shape, is_norm, seed):
+    """Yield float32 row blocks of one random tensor, identical for a given seed.
+
+    Norms are 1 + N(0, 0.05); matrices (embeddings included) are N(0, 1/in_features),
+    which keeps activations O(1) through any number of pre-norm residual layers and
+    logits with a standard deviation near 1.
+    """
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    if is_norm:
+        yield 1.0 + np.float32(0.05) * rng.standard_normal(shape, dtype=np.float32)
+        return
+    rows, cols = shape
+    scale = np.float32(1.0 / math.sqrt(cols))
+    step = max(1, BLOCK_ELEMENTS // cols)
+    for start in range(0, rows, step):
+        yield scale * rng.standard_normal((min(step, rows - start), cols), dtype=np.float32)
+
+
+def shard_groups(entries, max_bytes):
+    """Split (name, dtype, shape, is_norm) entries into consecutive groups whose data
+    stays within `max_bytes` (a larger single tensor gets a group of its own)."""
+    groups, size = [[]], 0
+    for entry in entries:
+        nbytes = math.prod(entry[2]) * st.ITEM_SIZES[entry[1]]
+        if groups[-1] and size + nbytes > max_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(entry)
+        size += nbytes
+    return groups
+
+
+def write_shard(path, group, seed):
+    """Write one safetensors file of random tensors (via a temporary name)."""
+    header, _ = st.encode_header([e[:3] for e in group], {"format": "pt"}, 8)
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header)
+            for name, dtype, shape, is_norm in group:
+                for block in tensor_blocks(name, shape, is_norm, seed):
+                    f.write(np.ascontiguousarray(dtypes.from_f32(block, dtype)).tobytes())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_weights(out_dir, config, weight_dtype, seed, max_shard_bytes):
+    """Write model.safetensors, or shards plus model.safetensors.index.json."""
+    entries = [(hf, "F32" if is_norm else weight_dtype, shape, is_norm)
+               for hf, (_, shape, is_norm) in convert.expected_tensors(config).items()]
+    groups = shard_groups(entries, max_shard_bytes)
+    if len(groups) == 1:
+        write_shard(os.path.join(out_dir, "model.safetensors"), groups[0], seed)
+        return
+    weight_map, total = {}, 0
+    for i, group in enumerate(groups):
+        file_name = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
+        write_shard(os.path.join(out_dir, file_name), group, seed)
+        for name, dtype, shape, _ in group:
+            weight_map[name] = file_name
+            total += math.prod(shape) * st.ITEM_SIZES[dtype]
+    write_json(os.path.join(out_dir, "model.safetensors.index.json"),
+               {"metadata": {"total_size": total}, "weight_map": weight_map})
+
+
+def write_json(path, value):
+    """Write `value` as indented JSON."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+
+
+def copy_tokenizer(tokenizer_dir, out_dir, vocab):
+    """Copy the tokenizer files, checking that every token id is below `vocab`.
+
+    A tokenizer_config.json is written when the source has none: a SentencePiece
+    tokenizer is a Llama tokenizer that adds BOS; a tokenizer.json-only one adds BOS
+    only as its own post-processor says.
+    """
+    tokenizer, from_sentencepiece = hf_tokenizer.load_tokenizer(tokenizer_dir)
+    size = hf_tokenizer.vocab_size(tokenizer)
+    if size > vocab:
+        raise ConvertError(f"the tokenizer has {size} ids but vocab_size is {vocab}")
+    for file_name in TOKENIZER_FILES:
+        source = os.path.join(tokenizer_dir, file_name)
+        if os.path.exists(source):
+            shutil.copyfile(source, os.path.join(out_dir, file_name))
+    if not os.path.exists(os.path.join(tokenizer_dir, "tokenizer_config.json")):
+        tok_config = {"add_bos_token": hf_tokenizer.add_bos(None, tokenizer,
+                                                            from_sentencepiece),
+                      "add_eos_token": False,
+                      "tokenizer_class": ("LlamaTokenizer" if from_sentencepiece
+                                          else "PreTrainedTokenizerFast")}
+        if from_sentencepiece:
+            tok_config["legacy"] = True
+        write_json(os.path.join(out_dir, "tokenizer_config.json"), tok_config)
+
+
+def synthesize(cfg, tokenizer_dir, out_dir, weight_dtype, seed, max_shard_bytes):
+    """Write the whole Hugging Face directory; returns a one-line summary."""
+    cfg = {**cfg, "torch_dtype": TORCH_DTYPES[weight_dtype]}
+    convert.check_architecture(cfg)
+    config = convert.model_config(cfg, None)
+    if not os.path.isdir(tokenizer_dir):
+        raise ConvertError(f"tokenizer directory {tokenizer_dir} not found (use --tokenizer)")
+    if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
+        raise ConvertError(f"{out_dir} exists and is not an empty directory")
+    os.makedirs(out_dir, exist_ok=True)
+    copy_tokenizer(tokenizer_dir, out_dir, config["vocab_size"])
+    write_json(os.path.join(out_dir, "config.json"), cfg)
+    write_json(os.path.join(out_dir, "generation_config.json"),
+               {"bos_token_id": cfg.get("bos_token_id"),
+                "eos_token_id": cfg.get("eos_token_id")})
+    write_weights(out_dir, config, weight_dtype, seed, max_shard_bytes)
+    return (f"wrote {out_dir}: {config['layers']} layers, dim {config['dim']}, "
+            f"vocab {config['vocab_size']}, {weight_dtype}, seed {seed}")
+
+
+def parse_args(argv):
+    """Command-line arguments."""
+    parser = argparse.ArgumentParser(
+        prog="synth.py",
+        description="Write a Hugging Face Llama checkpoint with random weights.")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--preset", choices=sorted(PRESETS), help="a real model's shape")
+    source.add_argument("--config", help="a Hugging Face config.json to use")
+    parser.add_argument("--tokenizer", help="directory with tokenizer.json or tokenizer.model "
+                        "(default for presets: ../shared/tokenizers/<preset tokenizer>)")
+    parser.add_argument("-o", "--output", required=True, help="directory to create")
+    parser.add_argument("--dtype", choices=sorted(dtypes.CLI_NAMES), default="bf16",
+                        help="matrix dtype (default bf16)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--max-shard-bytes", type=int, default=MAX_SHARD_BYTES,
+                        help="largest shard before splitting (default 4 GB)")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    """CLI entry point; returns the exit status."""
+    args = parse_args(argv)
+    try:
+        if args.preset:
+            tokenizer_name, cfg = PRESETS[args.preset]
+            tokenizer_dir = args.tokenizer or os.path.join(SHARED_TOKENIZERS, tokenizer_name)
+        else:
+            cfg = convert.json_object(args.config, required=True)
+            if not args.tokenizer:
+                raise ConvertError("--tokenizer is required with --config")
+            tokenizer_dir = args.tokenizer
+        print(synthesize(cfg, os.path.normpath(tokenizer_dir), args.output,
+                         dtypes.CLI_NAMES[args.dtype], args.seed, args.max_shard_bytes))
+    except ConvertError as e:
+        print(f"synth: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"synth: {e.filename}: {e.strerror}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""Independent numpy reference of the Llama forward pass.
+
+Computes what transformers' LlamaForCausalLM / MistralForCausalLM compute (with the
+weights upcast, math in float64): RMSNorm, rotate-half RoPE (default, linear and llama3
+scaling), grouped-query causal attention (Mistral's sliding window included), SwiGLU MLP,
+tied or separate output projection. It shares no code with convert/: it has its own
+safetensors reader and reads either a Hugging Face directory or a barellm file.
+
+    python3 tests/reference.py PATH (--ids 1,2,3 | --text "Once upon a time")
+                               [--generate N] [--top K]
+
+Library use: logits_for(path, token_ids) -> np.ndarray [len(token_ids), vocab_size].
+"""
+
+import argparse
+import glob
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+
+HF_LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "wq": "self_attn.q_proj", "wk": "self_attn.k_proj",
+    "wv": "self_attn.v_proj", "wo": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm", "w1": "mlp.gate_proj", "w3": "mlp.up_proj",
+    "w2": "mlp.down_proj",
+}
+
+
+def read_safetensors(path):
+    """Read a whole safetensors file: ({name: float32 array}, metadata dict)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    (header_len,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + header_len])
+    metadata = header.pop("__metadata__", {})
+    base = 8 + header_len
+    tensors = {}
+    for name, entry in header.items():
+        begin, end = entry["data_offsets"]
+        raw = data[base + begin:base + end]
+        if entry["dtype"] == "BF16":
+            bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
+            values = bits.view(np.float32)
+        else:
+            values = np.frombuffer(raw, dtype={"F32": "<f4", "F16": "<f2"}[entry["dtype"]])
+        tensors[name] = values.astype(np.float32).reshape(entry["shape"])
+    return tensors, metadata
+
+
+def load_hf(hf_dir):
+    """Load a Hugging Face checkpoint as (config, weights) with barellm tensor names."""
+    with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
+        hf = json.load(f)
+    raw = {}
+    for path in sorted(glob.glob(os.path.join(hf_dir, "*.safetensors"))):
+        raw.update(read_safetensors(path)[0])
+    dim, heads = hf["hidden_size"], hf["num_attention_heads"]
+    scaling = hf.get("rope_scaling")
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "default":
+        scaling = None
+    config = {
+        "dim": dim, "layers": hf["num_hidden_layers"], "heads": heads,
+        "kv_heads": hf.get("num_key_value_heads") or heads,
+        "head_dim": hf.get("head_dim") or dim // heads,
+        "rope_theta": hf.get("rope_theta", 10000.0), "rope_scaling": scaling,
+        "norm_eps": hf.get("rms_norm_eps", 1e-6),
+        "sliding_window": (hf.get("sliding_window", 4096)
+                           if hf["model_type"] == "mistral" else None),
+        "tied_embeddings": hf.get("tie_word_embeddings", False),
+        "bos_id": hf.get("bos_token_id"),
+    }
+    weights = {"token_embedding": raw["model.embed_tokens.weight"],
+               "final_norm": raw["model.norm.weight"]}
+    if not config["tied_embeddings"]:
+        weights["output"] = raw["lm_head.weight"]
+    for layer in range(config["layers"]):
+        for short, hf_name in HF_LAYER_NAMES.items():
+            weights[f"layers.{layer}.{short}"] = raw[f"model.layers.{layer}.{hf_name}.weight"]
+    return config, weights
+
+
+def load_barellm(path):
+    """Load a barellm weight file as (config, weights)."""
+    weights, metadata = read_safetensors(path)
+    return json.loads(metadata["barellm.config"]), weights
+
+
+def load(path):
+    """Load a Hugging Face directory or a barellm file as (config, weights)."""
+    return load_hf(path) if os.path.isdir(path) else load_barellm(path)
+
+
+def rms_norm(x, weight, eps):
+    """x * rsqrt(mean(x^2) + eps) * weight over the last axis."""
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def inverse_frequencies(config):
+    """RoPE inverse frequencies for one head, with linear or llama3 scaling applied."""
+    head_dim = config["head_dim"]
+    inv = 1.0 / config["rope_theta"] ** (np.arange(0, head_dim, 2) / head_dim)
+    scaling = config["rope_scaling"]
+    if not scaling:
+        return inv
+    kind = scaling.get("rope_type", scaling.get("type"))
+    factor = scaling["factor"]
+    if kind == "linear":
+        return inv / factor
+    if kind != "llama3":
+        raise ValueError(f"unsupported rope scaling {kind}")
+    old_len = scaling["original_max_position_embeddings"]
+    low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > old_len / low, inv / factor, inv)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old_len / high) & ~(wavelen > old_len / low)
+    return np.where(medium, smoothed, scaled)
+
+
+def rope(x, cos, sin):
+    """Rotate-half RoPE of x [heads, T, head_dim]: pairs element i with i + head_dim/2."""
+    half = x.shape[-1] // 2
+    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+def attention_mask(config, length):
+    """Boolean [T, T] mask of allowed (query, key) pairs: causal, plus the window."""
+    query = np.arange(length)[:, None]
+    key = np.arange(length)[None, :]
+    allowed = key <= query
+    if config.get("sliding_window"):
+        allowed &= query - key < config["sliding_window"]
+    return allowed
+
+
+def attention(config, weights, prefix, h, cos, sin, mask):
+    """Grouped-query causal self-attention of the normed hidden states h [T, dim]."""
+    length, heads, kv_heads, hd = len(h), config["heads"], config["kv_heads"], config["head_dim"]
+    q = (h @ weights[prefix + "wq"].T).reshape(length, heads, hd).transpose(1, 0, 2)
+    k = (h @ weights[prefix + "wk"].T).reshape(length, kv_heads, hd).transpose(1, 0, 2)
+    v = (h @ weights[prefix + "wv"].T).reshape(length, kv_heads, hd).transpose(1, 0, 2)
+    q, k = rope(q, cos, sin), rope(k, cos, sin)
+    group = heads // kv_heads
+    k, v = np.repeat(k, group, axis=0), np.repeat(v, group, axis=0)
+    scores = q @ k.transpose(0, 2, 1) / math.sqrt(hd)
+    scores = np.where(mask, scores, -np.inf)
+    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    probs = scores / scores.sum(axis=-1, keepdims=True)
+    out = (probs @ v).transpose(1, 0, 2).reshape(length, heads * hd)
+    return out @ weights[prefix + "wo"].T
+
+
+def mlp(weights, prefix, h):
+    """SwiGLU: w2(silu(w1 h) * w3 h)."""
+    gate = h @ weights[prefix + "w1"].T
+    up = h @ weights[prefix + "w3"].T
+    return (gate / (1.0 + np.exp(-gate)) * up) @ weights[prefix + "w2"].T
+
+
+def forward(config, weights, token_ids, dtype=np.float64):
+    """Logits [T, vocab] for every position of `token_ids`."""
+    w = {name: value.astype(dtype) for name, value in weights.items()}
+    eps = config["norm_eps"]
+    x = w["token_embedding"][np.asarray(token_ids)]
+    angles = np.arange(len(token_ids))[:, None] * inverse_frequencies(config)[None, :]
+    angles = np.concatenate([angles, angles], axis=-1).astype(dtype)
+    cos, sin = np.cos(angles), np.sin(angles)
+    mask = attention_mask(config, len(token_ids))
+    for layer in range(config["layers"]):
+        prefix = f"layers.{layer}."
+        x = x + attention(config, w, prefix, rms_norm(x, w[prefix + "attn_norm"], eps),
+                          cos, sin, mask)
+        x = x + mlp(w, prefix, rms_norm(x, w[prefix + "ffn_norm"], eps))
+    x = rms_norm(x, w["final_norm"], eps)
+    output = w["token_embedding"] if config["tied_embeddings"] else w["output"]
+    return x @ output.T
+
+
+def logits_for(path, token_ids):
+    """Logits [len(token_ids), vocab_size] (float64) of the model at `path`, which is a
+    Hugging Face directory or a barellm weight file."""
+    config, weights = load(path)
+    return forward(config, weights, token_ids)
+
+
+def greedy(config, weights, token_ids, steps):
+    """Extend `token_ids` by `steps` argmax tokens (full recomputation each step)."""
+    ids = list(token_ids)
+    for _ in range(steps):
+        ids.append(int(np.argmax(forward(config, weights, ids)[-1])))
+    return ids[len(token_ids):]
+
+
+def text_tokenizer(path):
+    """A pip `tokenizers` Tokenizer for the model at `path`, or None if unavailable."""
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        return None
+    if not os.path.isdir(path):
+        return Tokenizer.from_str(read_safetensors(path)[1]["barellm.tokenizer"])
+    json_path = os.path.join(path, "tokenizer.json")
+    return Tokenizer.from_file(json_path) if os.path.exists(json_path) else None
+
+
+def main(argv=None):
+    """CLI: print the top logits per position and an optional greedy continuation."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("path", help="Hugging Face directory or barellm file")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--ids", help="comma-separated token ids")
+    source.add_argument("--text", help="prompt, encoded with tokenizer.json (BOS added)")
+    parser.add_argument("--generate", type=int, default=0, help="greedy tokens to add")
+    parser.add_argument("--top", type=int, default=5, help="logits shown per position")
+    args = parser.parse_args(argv)
+    config, weights = load(args.path)
+    tokenizer = text_tokenizer(args.path)
+    if args.ids is not None:
+        ids = [int(i) for i in args.ids.split(",")]
+    elif tokenizer is None:
+        sys.exit("reference: --text needs tokenizer.json and the tokenizers package")
+    else:
+        ids = [config.get("bos_id", 1)] + tokenizer.encode(args.text).ids
+    logits = forward(config, weights, ids)
+    print(f"{config['layers']} layers, dim {config['dim']}, vocab {logits.shape[1]}; ids {ids}")
+    for pos, row in enumerate(logits):
+        top = np.argsort(-row)[:args.top]
+        shown = ", ".join(f"{t}:{row[t]:.4f}" for t in top)
+        print(f"pos {pos} (id {ids[pos]}): top {shown}")
+    if args.generate:
+        new = greedy(config, weights, ids, args.generate)
+        print("greedy ids:", ",".join(map(str, new)))
+        if tokenizer is not None:
+            print("greedy text:", repr(tokenizer.decode(ids + new)))
+
+
+if __name__ == "__main__":
+    main()
