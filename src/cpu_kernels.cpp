@@ -71,6 +71,19 @@ void scalar::matmul_rows(float* out, const Matrix& w, const float* x, int first_
     }
 }
 
+void scalar::matmul_batch_rows(float* out, const Matrix& w, const float* x, int batch,
+                               int first_row, int row_count) {
+    for (int b = 0; b < batch; ++b) {
+        const float* x_row = x + size_t(b) * w.cols;
+        for (int r = first_row; r < first_row + row_count; ++r) {
+            const void* row = row_pointer(w, r);
+            float sum = 0.0f;
+            for (int i = 0; i < w.cols; ++i) sum += weight_at(row, i, w.dtype) * x_row[i];
+            out[size_t(b) * w.rows + r] = sum;
+        }
+    }
+}
+
 float scalar::dot_kv(const float* q, const void* keys, int n, KvType type) {
     float sum = 0.0f;
     for (int i = 0; i < n; ++i) sum += q[i] * kv_at(keys, i, type);
@@ -81,20 +94,39 @@ void scalar::add_scaled_kv(float* out, float scale, const void* values, int n, K
     for (int i = 0; i < n; ++i) out[i] += scale * kv_at(values, i, type);
 }
 
-void matmul(float* out, const float* x, const Matrix& w) {
-    const auto rows_kernel =
-        active_level == SimdLevel::Avx2 ? avx2::matmul_rows : scalar::matmul_rows;
-    // Each thread takes one contiguous run of rows, a multiple of the kernel's 4-row step.
-    constexpr int kRowStep = 4;
+namespace {
+
+// Calls work(first, count) on each OpenMP thread with its own contiguous run of the
+// `rows` rows, cut at multiples of `step`.
+template <typename Work>
+void split_rows(int rows, int step, Work work) {
 #pragma omp parallel
     {
         const int threads = omp_get_num_threads();
-        const int steps = (w.rows + kRowStep - 1) / kRowStep;
+        const int steps = (rows + step - 1) / step;
         const int thread = omp_get_thread_num();
-        const int first = int(int64_t(steps) * thread / threads) * kRowStep;
-        const int last = std::min(w.rows, int(int64_t(steps) * (thread + 1) / threads) * kRowStep);
-        if (last > first) rows_kernel(out, w, x, first, last - first);
+        const int first = int(int64_t(steps) * thread / threads) * step;
+        const int last = std::min(rows, int(int64_t(steps) * (thread + 1) / threads) * step);
+        if (last > first) work(first, last - first);
     }
+}
+
+}  // namespace
+
+void matmul(float* out, const float* x, const Matrix& w) {
+    const auto rows_kernel =
+        active_level == SimdLevel::Avx2 ? avx2::matmul_rows : scalar::matmul_rows;
+    constexpr int kRowStep = 4;  // the AVX2 kernel's rows per step
+    split_rows(w.rows, kRowStep,
+               [&](int first, int count) { rows_kernel(out, w, x, first, count); });
+}
+
+void matmul_batch(float* out, const float* x, int batch, const Matrix& w) {
+    const auto rows_kernel =
+        active_level == SimdLevel::Avx2 ? avx2::matmul_batch_rows : scalar::matmul_batch_rows;
+    constexpr int kRowStep = 3;  // the AVX2 micro-kernel's rows per step
+    split_rows(w.rows, kRowStep,
+               [&](int first, int count) { rows_kernel(out, w, x, batch, first, count); });
 }
 
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps) {

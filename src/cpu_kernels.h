@@ -23,6 +23,10 @@ enum class KvType { F32, F16 };
 // out[rows] = W[rows, cols] · x[cols]; rows split across OpenMP threads.
 void matmul(float* out, const float* x, const Matrix& w);
 
+// Prefill: out[batch, rows] = x[batch, cols] · W[rows, cols]ᵀ, a GEMM blocked so
+// that each weight row is read from memory once per block of tokens.
+void matmul_batch(float* out, const float* x, int batch, const Matrix& w);
+
 // out[n] = x / rms(x) * weight
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps);
 
@@ -59,12 +63,16 @@ void attention(float* out, const float* q, const void* keys, const void* values,
 // The scalar reference of each SIMD kernel, also used on CPUs without AVX2.
 namespace scalar {
 void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
+void matmul_batch_rows(float* out, const Matrix& w, const float* x, int batch, int first_row,
+                       int row_count);
 float dot_kv(const float* q, const void* keys, int n, KvType type);
 void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);
 }  // namespace scalar
 
 namespace avx2 {
 void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
+void matmul_batch_rows(float* out, const Matrix& w, const float* x, int batch, int first_row,
+                       int row_count);
 float dot_kv(const float* q, const void* keys, int n, KvType type);
 void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);
 }  // namespace avx2

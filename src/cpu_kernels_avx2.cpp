@@ -2,6 +2,7 @@
 // only called after detect_simd_level() found those features).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "cpu_kernels.h"
@@ -137,6 +138,107 @@ void add_scaled_kv(float* out, float scale, const void* values, int n, KvType ty
             _mm256_storeu_ps(out + i, _mm256_fmadd_ps(scale_vector, load8(v + i, DType::F16),
                                                       _mm256_loadu_ps(out + i)));
         for (int i = vector_n; i < n; ++i) out[i] += scale * half_to_float(v[i]);
+    }
+}
+
+}  // namespace barellm::cpu::avx2
+
+namespace barellm::cpu::avx2 {
+
+namespace {
+
+// Prefill GEMM blocking. A block of x (kTokenBlock tokens × kDepthBlock columns, 128 KiB)
+// stays in L2 while the weight rows stream past; the micro-kernel computes
+// kRowTile × kTokenTile outputs with 12 accumulator registers.
+constexpr int kTokenBlock = 64;
+constexpr int kDepthBlock = 512;
+constexpr int kRowTile = 3;
+constexpr int kTokenTile = 4;
+
+// Copies `rows` weight rows, columns [first_col, first_col + depth), into `panel` as f32.
+void pack_rows_f32(float* panel, const Matrix& w, int first_row, int rows, int first_col,
+                   int depth) {
+    for (int r = 0; r < rows; ++r) {
+        float* dest = panel + r * kDepthBlock;
+        const size_t offset = size_t(first_row + r) * w.cols + first_col;
+        if (w.dtype == DType::F32) {
+            const float* source = static_cast<const float*>(w.data) + offset;
+            std::copy(source, source + depth, dest);
+            continue;
+        }
+        const uint16_t* source = static_cast<const uint16_t*>(w.data) + offset;
+        int i = 0;
+        for (; i + kLanes <= depth; i += kLanes)
+            _mm256_storeu_ps(dest + i, load8(source + i, w.dtype));
+        for (; i < depth; ++i) dest[i] = scalar_weight(source + i, w.dtype);
+    }
+}
+
+// out[t][r] (+)= panel row r · x row t over `depth` columns, for ROWS × TOKENS outputs.
+template <int ROWS, int TOKENS>
+void micro_kernel(float* out, size_t out_stride, const float* panel, const float* x,
+                  size_t x_stride, int depth, bool accumulate) {
+    // The unroll pragmas keep all ROWS x TOKENS accumulators in registers.
+    __m256 sums[ROWS][TOKENS];
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; ++r)
+#pragma GCC unroll 4
+        for (int t = 0; t < TOKENS; ++t) sums[r][t] = _mm256_setzero_ps();
+    const int vector_depth = depth - depth % kLanes;
+    for (int i = 0; i < vector_depth; i += kLanes) {
+        __m256 weights[ROWS];
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; ++r) weights[r] = _mm256_loadu_ps(panel + r * kDepthBlock + i);
+#pragma GCC unroll 4
+        for (int t = 0; t < TOKENS; ++t) {
+            const __m256 xv = _mm256_loadu_ps(x + t * x_stride + i);
+#pragma GCC unroll 4
+            for (int r = 0; r < ROWS; ++r) sums[r][t] = _mm256_fmadd_ps(weights[r], xv, sums[r][t]);
+        }
+    }
+    for (int r = 0; r < ROWS; ++r)
+        for (int t = 0; t < TOKENS; ++t) {
+            float total = horizontal_sum(sums[r][t]);
+            for (int i = vector_depth; i < depth; ++i)
+                total += panel[r * kDepthBlock + i] * x[t * x_stride + i];
+            float& target = out[t * out_stride + r];
+            target = accumulate ? target + total : total;
+        }
+}
+
+using MicroKernel = void (*)(float*, size_t, const float*, const float*, size_t, int, bool);
+
+// The micro-kernel for a tile of `rows` (1..3) × `tokens` (1..4).
+MicroKernel micro_kernel_for(int rows, int tokens) {
+    static const MicroKernel table[kRowTile][kTokenTile] = {
+        {micro_kernel<1, 1>, micro_kernel<1, 2>, micro_kernel<1, 3>, micro_kernel<1, 4>},
+        {micro_kernel<2, 1>, micro_kernel<2, 2>, micro_kernel<2, 3>, micro_kernel<2, 4>},
+        {micro_kernel<3, 1>, micro_kernel<3, 2>, micro_kernel<3, 3>, micro_kernel<3, 4>}};
+    return table[rows - 1][tokens - 1];
+}
+
+}  // namespace
+
+void matmul_batch_rows(float* out, const Matrix& w, const float* x, int batch, int first_row,
+                       int row_count) {
+    alignas(32) float panel[kRowTile * kDepthBlock];
+    const int end_row = first_row + row_count;
+    for (int token_block = 0; token_block < batch; token_block += kTokenBlock) {
+        const int block_end = std::min(batch, token_block + kTokenBlock);
+        for (int depth_start = 0; depth_start < w.cols; depth_start += kDepthBlock) {
+            const int depth = std::min(kDepthBlock, w.cols - depth_start);
+            const bool accumulate = depth_start > 0;
+            for (int r = first_row; r < end_row; r += kRowTile) {
+                const int rows = std::min(kRowTile, end_row - r);
+                pack_rows_f32(panel, w, r, rows, depth_start, depth);
+                for (int t = token_block; t < block_end; t += kTokenTile) {
+                    const int tokens = std::min(kTokenTile, block_end - t);
+                    micro_kernel_for(rows, tokens)(out + size_t(t) * w.rows + r, w.rows, panel,
+                                                   x + size_t(t) * w.cols + depth_start, w.cols,
+                                                   depth, accumulate);
+                }
+            }
+        }
     }
 }
 

@@ -205,3 +205,29 @@ TEST_CASE("attention with GQA matches a direct softmax-weighted sum") {
         CHECK(relative_error(out, want) < 1e-5);
     }
 }
+
+TEST_CASE("batched matmul (prefill GEMM) matches a double-precision reference") {
+    std::mt19937 rng(2024);
+    const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16);
+    const auto level = GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2);
+    if (level == cpu::SimdLevel::Avx2 && cpu::detect_simd_level() != cpu::SimdLevel::Avx2) return;
+    // Sizes cross the kernel's tiles (3 rows x 4 tokens) and blocks (64 tokens, 512 columns).
+    for (auto [batch, rows, cols] :
+         {std::tuple{1, 1, 1}, {5, 7, 13}, {4, 3, 8}, {70, 11, 600}, {9, 40, 1030}}) {
+        TestMatrix m = make_matrix(rows, cols, dtype, rng);
+        const std::vector<float> x = random_floats(size_t(batch) * cols, rng);
+        std::vector<double> want(size_t(batch) * rows);
+        for (int b = 0; b < batch; ++b)
+            for (int r = 0; r < rows; ++r)
+                for (int c = 0; c < cols; ++c)
+                    want[size_t(b) * rows + r] +=
+                        double(m.values[size_t(r) * cols + c]) * x[size_t(b) * cols + c];
+        std::vector<float> got(size_t(batch) * rows, NAN);
+        cpu::set_simd_level(level);
+        cpu::matmul_batch(got.data(), x.data(), batch, m.matrix);
+        cpu::set_simd_level(cpu::detect_simd_level());
+        INFO(dtype_name(dtype) << " " << cpu::simd_level_name(level) << " batch " << batch << " "
+                               << rows << "x" << cols);
+        CHECK(relative_error(got, want) < 1e-5);
+    }
+}
