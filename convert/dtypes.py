@@ -44,10 +44,14 @@ def to_f32(raw, dtype):
 
 
 def from_f32(values, dtype):
-    """Convert float32 values to the raw storage of safetensors dtype `dtype`."""
+    """Convert float32 values to the raw storage of safetensors dtype `dtype`.
+
+    Values beyond the F16 range become +-Inf, silently: callers check non_finite().
+    """
     if dtype == "BF16":
         return f32_to_bf16(values)
-    return np.asarray(values, dtype=STORAGE[dtype])
+    with np.errstate(over="ignore"):
+        return np.asarray(values, dtype=STORAGE[dtype])
 
 
 def non_finite(raw, dtype):
