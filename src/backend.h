@@ -19,6 +19,9 @@ public:
     // Runs `token` at position `pos` (0-based, < context) through the model, using the
     // KV cache of positions 0..pos-1, and returns the logits [vocab_size] in host memory.
     virtual const float* forward(int token, int pos) = 0;
+    // Runs tokens[0..count) at positions first_pos.. as one batch (prefill) and returns
+    // the logits of the last token, or of every token [count, vocab_size] if all_logits.
+    virtual const float* prefill(const int* tokens, int count, int first_pos, bool all_logits) = 0;
     virtual std::string name() const = 0;
     // Bytes of KV cache a step at `pos` reads (for bandwidth figures).
     virtual size_t kv_bytes_read(int pos) const = 0;

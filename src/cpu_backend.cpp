@@ -1,4 +1,5 @@
-// The CPU forward pass: one token through the Llama transformer, top to bottom.
+// The CPU forward pass: tokens through the Llama transformer, top to bottom.
+// `forward` runs one token (decode); `prefill` runs a batch of tokens as matrices.
 #include <algorithm>
 #include <vector>
 
@@ -9,19 +10,22 @@ namespace barellm {
 
 namespace {
 
-// Every activation buffer and the KV cache, allocated once.
+constexpr int kMaxBatch = 512;  // prefill processes longer prompts in chunks of this size
+
+// Every activation buffer and the KV cache, allocated once. Decode uses batch 1;
+// prefill uses up to kMaxBatch rows (B below).
 struct InferenceState {
-    std::vector<float> x;                 // [dim]            residual stream
-    std::vector<float> xb;                // [dim]            normed input of a sub-block
-    std::vector<float> q;                 // [heads * head_dim]
-    std::vector<float> k;                 // [kv_heads * head_dim]
-    std::vector<float> v;                 // [kv_heads * head_dim]
-    std::vector<float> att;               // [heads * head_dim]  attention output
-    std::vector<float> scores;            // [heads, context]
-    std::vector<float> proj;              // [dim]            output of wo or w2
-    std::vector<float> gate;              // [hidden_dim]     w1 x, then silu(w1 x) * w3 x
-    std::vector<float> up;                // [hidden_dim]     w3 x
-    std::vector<float> logits;            // [vocab_size]
+    std::vector<float> x;                 // [B, dim]           residual stream
+    std::vector<float> xb;                // [B, dim]           normed input of a sub-block
+    std::vector<float> q;                 // [B, heads * head_dim]
+    std::vector<float> k;                 // [B, kv_heads * head_dim]
+    std::vector<float> v;                 // [B, kv_heads * head_dim]
+    std::vector<float> att;               // [B, heads * head_dim]  attention output
+    std::vector<float> scores;            // [heads, context]   decode attention scratch
+    std::vector<float> proj;              // [B, dim]           output of wo or w2
+    std::vector<float> gate;              // [B, hidden_dim]    w1 x, then silu(w1 x) * w3 x
+    std::vector<float> up;                // [B, hidden_dim]    w3 x
+    std::vector<float> logits;            // [B, vocab_size]
     std::vector<uint8_t> key_cache;       // [layers, context, kv_dim] of kv_type
     std::vector<uint8_t> value_cache;     // [layers, context, kv_dim] of kv_type
     std::vector<float> rope_frequencies;  // [head_dim / 2]
@@ -30,20 +34,24 @@ struct InferenceState {
 class CpuBackend : public Backend {
 public:
     CpuBackend(const Model& model, const BackendOptions& options)
-        : model_(model), context_(options.context), kv_type_(options.kv_type) {
+        : model_(model),
+          context_(options.context),
+          kv_type_(options.kv_type),
+          max_batch_(std::min(options.context, kMaxBatch)) {
         const Config& c = model.config;
         const size_t cache_bytes = size_t(c.layers) * context_ * c.kv_dim() * kv_element_bytes();
+        const size_t B = max_batch_;
         InferenceState& s = state_;
-        s.x.resize(c.dim);
-        s.xb.resize(c.dim);
-        s.q.resize(c.q_dim());
-        s.k.resize(c.kv_dim());
-        s.v.resize(c.kv_dim());
-        s.att.resize(c.q_dim());
+        s.x.resize(B * c.dim);
+        s.xb.resize(B * c.dim);
+        s.q.resize(B * c.q_dim());
+        s.k.resize(B * c.kv_dim());
+        s.v.resize(B * c.kv_dim());
+        s.att.resize(B * c.q_dim());
         s.scores.resize(size_t(c.heads) * context_);
-        s.proj.resize(c.dim);
-        s.gate.resize(c.hidden_dim);
-        s.up.resize(c.hidden_dim);
+        s.proj.resize(B * c.dim);
+        s.gate.resize(B * c.hidden_dim);
+        s.up.resize(B * c.hidden_dim);
         s.logits.resize(c.vocab_size);
         s.key_cache.resize(cache_bytes);
         s.value_cache.resize(cache_bytes);
@@ -54,18 +62,14 @@ public:
 
     size_t kv_bytes_read(int pos) const override {
         const Config& c = model_.config;
-        return 2 * size_t(c.layers) * size_t(attended_positions(pos)) * c.kv_dim() *
-               kv_element_bytes();
+        const size_t positions = pos + 1 - cpu::attention_start(pos, c.sliding_window);
+        return 2 * size_t(c.layers) * positions * c.kv_dim() * kv_element_bytes();
     }
 
     const float* forward(int token, int pos) override {
         const Config& c = model_.config;
         InferenceState& s = state_;
-        if (token < 0 || token >= c.vocab_size)
-            throw Error("token id " + std::to_string(token) + " is outside the vocabulary");
-        if (pos < 0 || pos >= context_)
-            throw Error("position " + std::to_string(pos) + " is outside the context of " +
-                        std::to_string(context_));
+        check_range(&token, 1, pos);
         cpu::embedding_row(s.x.data(), model_.token_embedding, token);
 
         for (int l = 0; l < c.layers; ++l) {
@@ -79,10 +83,9 @@ public:
             cpu::rope(s.k.data(), c.kv_heads, c.head_dim, pos, s.rope_frequencies.data());
             cpu::kv_store(cache_row(s.key_cache, l, pos), s.k.data(), c.kv_dim(), kv_type_);
             cpu::kv_store(cache_row(s.value_cache, l, pos), s.v.data(), c.kv_dim(), kv_type_);
-            const int first = pos + 1 - attended_positions(pos);
-            const cpu::AttentionShape shape{c.heads, c.kv_heads, c.head_dim, first, pos};
-            cpu::attention(s.att.data(), s.q.data(), cache_row(s.key_cache, l, first),
-                           cache_row(s.value_cache, l, first), s.scores.data(), shape, kv_type_);
+            cpu::attention(s.att.data(), s.q.data(), pos, cache_row(s.key_cache, l, 0),
+                           cache_row(s.value_cache, l, 0), s.scores.data(), attention_shape(),
+                           kv_type_);
             cpu::matmul(s.proj.data(), s.att.data(), w.wo);
             for (int i = 0; i < c.dim; ++i) s.x[i] += s.proj[i];
 
@@ -100,14 +103,93 @@ public:
         return s.logits.data();
     }
 
-private:
-    size_t kv_element_bytes() const { return kv_type_ == cpu::KvType::F32 ? 4 : 2; }
-
-    // Positions a query at `pos` attends to: all before it, or the sliding window.
-    int attended_positions(int pos) const {
-        const int window = model_.config.sliding_window;
-        return window > 0 ? std::min(pos + 1, window) : pos + 1;
+    const float* prefill(const int* tokens, int count, int first_pos, bool all_logits) override {
+        check_range(tokens, count, first_pos);
+        if (all_logits) all_logits_.resize(size_t(count) * model_.config.vocab_size);
+        const float* last = nullptr;
+        for (int start = 0; start < count; start += max_batch_) {
+            const int batch = std::min(max_batch_, count - start);
+            float* logits_out = all_logits
+                                    ? all_logits_.data() + size_t(start) * model_.config.vocab_size
+                                    : nullptr;
+            last = prefill_batch(tokens + start, batch, first_pos + start, logits_out);
+        }
+        return all_logits ? all_logits_.data() : last;
     }
+
+private:
+    // One batch of B tokens at positions first_pos.., the same math as `forward` on matrices.
+    // Writes every row's logits to logits_out [B, vocab] if given; returns the last row's.
+    const float* prefill_batch(const int* tokens, int B, int first_pos, float* logits_out) {
+        const Config& c = model_.config;
+        InferenceState& s = state_;
+        for (int b = 0; b < B; ++b)
+            cpu::embedding_row(&s.x[size_t(b) * c.dim], model_.token_embedding, tokens[b]);
+
+        for (int l = 0; l < c.layers; ++l) {
+            const LayerWeights& w = model_.layers[l];
+            rmsnorm_rows(s.xb.data(), s.x.data(), w.attn_norm, B);
+            cpu::matmul_batch(s.q.data(), s.xb.data(), B, w.wq);
+            cpu::matmul_batch(s.k.data(), s.xb.data(), B, w.wk);
+            cpu::matmul_batch(s.v.data(), s.xb.data(), B, w.wv);
+            for (int b = 0; b < B; ++b) {
+                const int pos = first_pos + b;
+                float* k_row = &s.k[size_t(b) * c.kv_dim()];
+                cpu::rope(&s.q[size_t(b) * c.q_dim()], c.heads, c.head_dim, pos,
+                          s.rope_frequencies.data());
+                cpu::rope(k_row, c.kv_heads, c.head_dim, pos, s.rope_frequencies.data());
+                cpu::kv_store(cache_row(s.key_cache, l, pos), k_row, c.kv_dim(), kv_type_);
+                cpu::kv_store(cache_row(s.value_cache, l, pos), &s.v[size_t(b) * c.kv_dim()],
+                              c.kv_dim(), kv_type_);
+            }
+            cpu::attention_batch(s.att.data(), s.q.data(), B, first_pos,
+                                 cache_row(s.key_cache, l, 0), cache_row(s.value_cache, l, 0),
+                                 attention_shape(), kv_type_);
+            cpu::matmul_batch(s.proj.data(), s.att.data(), B, w.wo);
+            for (size_t i = 0; i < size_t(B) * c.dim; ++i) s.x[i] += s.proj[i];
+
+            rmsnorm_rows(s.xb.data(), s.x.data(), w.ffn_norm, B);
+            cpu::matmul_batch(s.gate.data(), s.xb.data(), B, w.w1);
+            cpu::matmul_batch(s.up.data(), s.xb.data(), B, w.w3);
+            cpu::swiglu(s.gate.data(), s.up.data(), B * c.hidden_dim);
+            cpu::matmul_batch(s.proj.data(), s.gate.data(), B, w.w2);
+            for (size_t i = 0; i < size_t(B) * c.dim; ++i) s.x[i] += s.proj[i];
+        }
+
+        if (logits_out) {
+            rmsnorm_rows(s.x.data(), s.x.data(), model_.final_norm, B);
+            cpu::matmul_batch(logits_out, s.x.data(), B, model_.output);
+            return logits_out + size_t(B - 1) * c.vocab_size;
+        }
+        float* last_x = &s.x[size_t(B - 1) * c.dim];
+        cpu::rmsnorm(last_x, last_x, model_.final_norm, c.dim, c.norm_eps);
+        cpu::matmul(s.logits.data(), last_x, model_.output);
+        return s.logits.data();
+    }
+
+    void rmsnorm_rows(float* out, const float* x, const float* weight, int rows) const {
+        const int dim = model_.config.dim;
+        for (int r = 0; r < rows; ++r)
+            cpu::rmsnorm(out + size_t(r) * dim, x + size_t(r) * dim, weight, dim,
+                         model_.config.norm_eps);
+    }
+
+    void check_range(const int* tokens, int count, int first_pos) const {
+        for (int i = 0; i < count; ++i)
+            if (tokens[i] < 0 || tokens[i] >= model_.config.vocab_size)
+                throw Error("token id " + std::to_string(tokens[i]) + " is outside the vocabulary");
+        if (first_pos < 0 || count < 1 || first_pos + count > context_)
+            throw Error("positions " + std::to_string(first_pos) + ".." +
+                        std::to_string(first_pos + count - 1) + " are outside the context of " +
+                        std::to_string(context_));
+    }
+
+    cpu::AttentionShape attention_shape() const {
+        const Config& c = model_.config;
+        return cpu::AttentionShape{c.heads, c.kv_heads, c.head_dim, c.sliding_window};
+    }
+
+    size_t kv_element_bytes() const { return kv_type_ == cpu::KvType::F32 ? 4 : 2; }
 
     // The KV-cache row of layer `layer` at position `pos`.
     uint8_t* cache_row(std::vector<uint8_t>& cache, int layer, int pos) const {
@@ -118,7 +200,9 @@ private:
     const Model& model_;
     const int context_;
     const cpu::KvType kv_type_;
+    const int max_batch_;
     InferenceState state_;
+    std::vector<float> all_logits_;  // [count, vocab_size] when prefill asks for every row
 };
 
 }  // namespace

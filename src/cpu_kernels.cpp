@@ -181,32 +181,57 @@ void kv_store(void* slot, const float* values, int n, KvType type) {
     }
 }
 
-void attention(float* out, const float* q, const void* keys, const void* values, float* scores,
-               const AttentionShape& shape, KvType type) {
+namespace {
+
+// One query head attending to cache rows [first, pos]: softmax(q·k / sqrt(head_dim)) · v.
+//   out_head [head_dim], q_head [head_dim], scores [pos - first + 1] scratch
+void attend_one_head(float* out_head, const float* q_head, int head, int pos, const void* key_cache,
+                     const void* value_cache, float* scores, const AttentionShape& shape,
+                     KvType type) {
     const bool use_avx2 = active_level == SimdLevel::Avx2;
     const auto dot = use_avx2 ? avx2::dot_kv : scalar::dot_kv;
     const auto add_scaled = use_avx2 ? avx2::add_scaled_kv : scalar::add_scaled_kv;
-    const int positions = shape.last - shape.first + 1;
+    const int first = attention_start(pos, shape.window);
+    const int positions = pos - first + 1;
     const int group = shape.heads / shape.kv_heads;  // query heads per KV head
-    const int kv_dim = shape.kv_heads * shape.head_dim;
-    const size_t row_bytes = size_t(kv_dim) * kv_size(type);
+    const size_t row_bytes = size_t(shape.kv_heads) * shape.head_dim * kv_size(type);
+    const size_t head_offset = size_t(head / group) * shape.head_dim * kv_size(type);
+    const uint8_t* keys = static_cast<const uint8_t*>(key_cache) + first * row_bytes + head_offset;
+    const uint8_t* values =
+        static_cast<const uint8_t*>(value_cache) + first * row_bytes + head_offset;
     const float scale = 1.0f / std::sqrt(float(shape.head_dim));
-    const uint8_t* key_bytes = static_cast<const uint8_t*>(keys);
-    const uint8_t* value_bytes = static_cast<const uint8_t*>(values);
+    for (int t = 0; t < positions; ++t)
+        scores[t] = dot(q_head, keys + t * row_bytes, shape.head_dim, type) * scale;
+    softmax(scores, positions);
+    std::fill(out_head, out_head + shape.head_dim, 0.0f);
+    for (int t = 0; t < positions; ++t)
+        add_scaled(out_head, scores[t], values + t * row_bytes, shape.head_dim, type);
+}
+
+}  // namespace
+
+int attention_start(int pos, int window) { return window > 0 ? std::max(0, pos + 1 - window) : 0; }
+
+void attention(float* out, const float* q, int pos, const void* key_cache, const void* value_cache,
+               float* scores, const AttentionShape& shape, KvType type) {
 #pragma omp parallel for schedule(static)
-    for (int h = 0; h < shape.heads; ++h) {
-        const float* q_head = q + size_t(h) * shape.head_dim;
-        const size_t kv_offset = size_t(h / group) * shape.head_dim * kv_size(type);
-        float* head_scores = scores + size_t(h) * positions;
-        for (int t = 0; t < positions; ++t)
-            head_scores[t] =
-                dot(q_head, key_bytes + t * row_bytes + kv_offset, shape.head_dim, type) * scale;
-        softmax(head_scores, positions);
-        float* out_head = out + size_t(h) * shape.head_dim;
-        std::fill(out_head, out_head + shape.head_dim, 0.0f);
-        for (int t = 0; t < positions; ++t)
-            add_scaled(out_head, head_scores[t], value_bytes + t * row_bytes + kv_offset,
-                       shape.head_dim, type);
+    for (int h = 0; h < shape.heads; ++h)
+        attend_one_head(out + size_t(h) * shape.head_dim, q + size_t(h) * shape.head_dim, h, pos,
+                        key_cache, value_cache, scores + size_t(h) * (pos + 1), shape, type);
+}
+
+void attention_batch(float* out, const float* q, int count, int first_pos, const void* key_cache,
+                     const void* value_cache, const AttentionShape& shape, KvType type) {
+    const size_t q_dim = size_t(shape.heads) * shape.head_dim;
+#pragma omp parallel
+    {
+        std::vector<float> scores(first_pos + count);  // this thread's scratch
+#pragma omp for collapse(2) schedule(dynamic, 4)
+        for (int i = 0; i < count; ++i)
+            for (int h = 0; h < shape.heads; ++h)
+                attend_one_head(out + i * q_dim + size_t(h) * shape.head_dim,
+                                q + i * q_dim + size_t(h) * shape.head_dim, h, first_pos + i,
+                                key_cache, value_cache, scores.data(), shape, type);
     }
 }
 

@@ -46,19 +46,24 @@ void embedding_row(float* out, const Matrix& table, int row);
 // Stores n floats into a KV-cache slot of type `type`.
 void kv_store(void* slot, const float* values, int n, KvType type);
 
-// Causal attention of one query position over cached keys and values.
-//   out      [heads * head_dim]   result, written
-//   q        [heads * head_dim]   the query (RoPE applied)
-//   keys     [positions, kv_dim]  this layer's key cache rows first..last (inclusive)
-//   values   [positions, kv_dim]  same layout
-//   scores   [heads, positions]   scratch
-// Query head h reads KV head h / (heads / kv_heads). Heads run in parallel.
+// Causal attention over one layer's KV cache, laid out [context, kv_heads * head_dim].
+// Query head h reads KV head h / (heads / kv_heads). A query at position pos attends
+// to cache rows attention_start(pos, window) .. pos (window 0: all of them).
 struct AttentionShape {
     int heads, kv_heads, head_dim;
-    int first, last;  // attended positions (inclusive range)
+    int window;  // sliding window in positions, 0 for none
 };
-void attention(float* out, const float* q, const void* keys, const void* values, float* scores,
-               const AttentionShape& shape, KvType type);
+int attention_start(int pos, int window);
+
+// Decode: one query q [heads * head_dim] at `pos`, heads in parallel.
+//   out [heads * head_dim], scores [heads, pos + 1] scratch
+void attention(float* out, const float* q, int pos, const void* key_cache, const void* value_cache,
+               float* scores, const AttentionShape& shape, KvType type);
+
+// Prefill: queries q [count, heads * head_dim] at positions first_pos.., whose keys and
+// values are already in the cache; (token, head) pairs in parallel. out [count, heads * head_dim]
+void attention_batch(float* out, const float* q, int count, int first_pos, const void* key_cache,
+                     const void* value_cache, const AttentionShape& shape, KvType type);
 
 // The scalar reference of each SIMD kernel, also used on CPUs without AVX2.
 namespace scalar {

@@ -151,58 +151,93 @@ TEST_CASE("rope rotates pair (i, i + head_dim/2) by pos * theta^(-2i/head_dim)")
     CHECK(relative_error(got, want) < 1e-6);
 }
 
-TEST_CASE("attention with GQA matches a direct softmax-weighted sum") {
+// Direct double-precision attention of query position `pos` over stored (rounded) keys
+// and values [positions, kv_dim], attending to rows first..pos.
+static std::vector<double> reference_attention(const float* q, int pos, int first,
+                                               const std::vector<float>& keys,
+                                               const std::vector<float>& values, int heads,
+                                               int kv_heads, int head_dim) {
+    const int kv_dim = kv_heads * head_dim;
+    std::vector<double> out(heads * head_dim, 0.0);
+    for (int h = 0; h < heads; ++h) {
+        const int kv_head = h / (heads / kv_heads);
+        std::vector<double> scores(pos + 1, 0.0);
+        double max_score = -1e300, total = 0;
+        for (int t = first; t <= pos; ++t) {
+            for (int i = 0; i < head_dim; ++i)
+                scores[t] +=
+                    double(q[h * head_dim + i]) * keys[size_t(t) * kv_dim + kv_head * head_dim + i];
+            scores[t] /= std::sqrt(double(head_dim));
+            max_score = std::max(max_score, scores[t]);
+        }
+        for (int t = first; t <= pos; ++t) total += (scores[t] = std::exp(scores[t] - max_score));
+        for (int t = first; t <= pos; ++t)
+            for (int i = 0; i < head_dim; ++i)
+                out[h * head_dim + i] +=
+                    scores[t] / total * values[size_t(t) * kv_dim + kv_head * head_dim + i];
+    }
+    return out;
+}
+
+TEST_CASE("attention with GQA and sliding window matches a direct softmax-weighted sum") {
     std::mt19937 rng(42);
     const auto type = GENERATE(cpu::KvType::F32, cpu::KvType::F16);
     const auto level = GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2);
     if (level == cpu::SimdLevel::Avx2 && cpu::detect_simd_level() != cpu::SimdLevel::Avx2) return;
     const int heads = 6, kv_heads = 2, head_dim = 12, kv_dim = kv_heads * head_dim;
-    for (int positions : {1, 7, 300}) {
-        const auto q = random_floats(heads * head_dim, rng);
-        const auto keys = random_floats(size_t(positions) * kv_dim, rng);
-        const auto values = random_floats(size_t(positions) * kv_dim, rng);
-        // Store the cache in `type`; the reference uses the stored (rounded) values.
-        const size_t element = type == cpu::KvType::F32 ? 4 : 2;
-        std::vector<uint8_t> key_cache(keys.size() * element), value_cache(values.size() * element);
-        std::vector<float> stored_keys(keys.size()), stored_values(values.size());
-        for (int t = 0; t < positions; ++t) {
-            cpu::kv_store(key_cache.data() + size_t(t) * kv_dim * element,
-                          &keys[size_t(t) * kv_dim], kv_dim, type);
-            cpu::kv_store(value_cache.data() + size_t(t) * kv_dim * element,
-                          &values[size_t(t) * kv_dim], kv_dim, type);
-        }
-        for (size_t i = 0; i < keys.size(); ++i) {
-            stored_keys[i] =
-                type == cpu::KvType::F32 ? keys[i] : half_to_float(float_to_half(keys[i]));
-            stored_values[i] =
-                type == cpu::KvType::F32 ? values[i] : half_to_float(float_to_half(values[i]));
-        }
-        std::vector<double> want(heads * head_dim, 0.0);
-        for (int h = 0; h < heads; ++h) {
-            const int kv_head = h / (heads / kv_heads);
-            std::vector<double> scores(positions);
-            double max_score = -1e300, total = 0;
+    const size_t element = type == cpu::KvType::F32 ? 4 : 2;
+    for (int window : {0, 5}) {
+        for (int positions : {1, 7, 300}) {
+            const auto keys = random_floats(size_t(positions) * kv_dim, rng);
+            const auto values = random_floats(size_t(positions) * kv_dim, rng);
+            // Store the cache in `type`; the reference uses the stored (rounded) values.
+            std::vector<uint8_t> key_cache(keys.size() * element),
+                value_cache(values.size() * element);
             for (int t = 0; t < positions; ++t) {
-                for (int i = 0; i < head_dim; ++i)
-                    scores[t] += double(q[h * head_dim + i]) *
-                                 stored_keys[size_t(t) * kv_dim + kv_head * head_dim + i];
-                scores[t] /= std::sqrt(double(head_dim));
-                max_score = std::max(max_score, scores[t]);
+                cpu::kv_store(&key_cache[t * kv_dim * element], &keys[size_t(t) * kv_dim], kv_dim,
+                              type);
+                cpu::kv_store(&value_cache[t * kv_dim * element], &values[size_t(t) * kv_dim],
+                              kv_dim, type);
             }
-            for (double& s : scores) total += (s = std::exp(s - max_score));
-            for (int t = 0; t < positions; ++t)
-                for (int i = 0; i < head_dim; ++i)
-                    want[h * head_dim + i] +=
-                        scores[t] / total *
-                        stored_values[size_t(t) * kv_dim + kv_head * head_dim + i];
+            std::vector<float> stored_keys(keys), stored_values(values);
+            if (type == cpu::KvType::F16)
+                for (size_t i = 0; i < keys.size(); ++i) {
+                    stored_keys[i] = half_to_float(float_to_half(keys[i]));
+                    stored_values[i] = half_to_float(float_to_half(values[i]));
+                }
+            const cpu::AttentionShape shape{heads, kv_heads, head_dim, window};
+            const int pos = positions - 1;
+            const int first = window ? std::max(0, pos + 1 - window) : 0;
+            INFO("positions " << positions << " window " << window);
+            cpu::set_simd_level(level);
+
+            // Decode: the last position alone.
+            const auto q = random_floats(heads * head_dim, rng);
+            std::vector<float> out(heads * head_dim, NAN), scores(size_t(heads) * positions);
+            cpu::attention(out.data(), q.data(), pos, key_cache.data(), value_cache.data(),
+                           scores.data(), shape, type);
+            CHECK(relative_error(
+                      out, reference_attention(q.data(), pos, first, stored_keys, stored_values,
+                                               heads, kv_heads, head_dim)) < 1e-5);
+
+            // Prefill: the last `count` positions as one batch, each causal.
+            const int count = std::min(positions, 9);
+            const int first_pos = positions - count;
+            const auto queries = random_floats(size_t(count) * heads * head_dim, rng);
+            std::vector<float> batch_out(queries.size(), NAN);
+            cpu::attention_batch(batch_out.data(), queries.data(), count, first_pos,
+                                 key_cache.data(), value_cache.data(), shape, type);
+            for (int i = 0; i < count; ++i) {
+                const int p = first_pos + i;
+                const std::vector<float> row(batch_out.begin() + i * heads * head_dim,
+                                             batch_out.begin() + (i + 1) * heads * head_dim);
+                CHECK(relative_error(row, reference_attention(
+                                              &queries[i * heads * head_dim], p,
+                                              window ? std::max(0, p + 1 - window) : 0, stored_keys,
+                                              stored_values, heads, kv_heads, head_dim)) < 1e-5);
+            }
+            cpu::set_simd_level(cpu::detect_simd_level());
         }
-        std::vector<float> out(heads * head_dim, NAN), scores(size_t(heads) * positions);
-        cpu::set_simd_level(level);
-        cpu::attention(out.data(), q.data(), key_cache.data(), value_cache.data(), scores.data(),
-                       cpu::AttentionShape{heads, kv_heads, head_dim, 0, positions - 1}, type);
-        cpu::set_simd_level(cpu::detect_simd_level());
-        INFO("positions " << positions);
-        CHECK(relative_error(out, want) < 1e-5);
     }
 }
 

@@ -1,6 +1,7 @@
 // Test tool: runs token ids through the CPU backend one position at a time and
 // writes the logits of every position as raw little-endian float32 [ids, vocab].
-//   dump_logits MODEL OUT_FILE ID [ID ...] [--kv f16|f32] [--scalar]
+//   dump_logits MODEL OUT_FILE ID [ID ...] [--kv f16|f32] [--scalar] [--prefill]
+// --prefill runs all ids as one batch (the prefill GEMM path) instead of one by one.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -14,12 +15,17 @@ using namespace barellm;
 int main(int argc, char** argv) {
     try {
         if (argc < 4)
-            throw Error("usage: dump_logits MODEL OUT_FILE ID [ID ...] [--kv f16|f32] [--scalar]");
+            throw Error(
+                "usage: dump_logits MODEL OUT_FILE ID [ID ...] [--kv f16|f32] [--scalar] "
+                "[--prefill]");
         std::vector<int> ids;
         cpu::KvType kv_type = cpu::KvType::F16;
+        bool prefill = false;
         for (int i = 3; i < argc; ++i) {
             if (std::strcmp(argv[i], "--kv") == 0 && i + 1 < argc) {
                 kv_type = std::strcmp(argv[++i], "f32") == 0 ? cpu::KvType::F32 : cpu::KvType::F16;
+            } else if (std::strcmp(argv[i], "--prefill") == 0) {
+                prefill = true;
             } else if (std::strcmp(argv[i], "--scalar") == 0) {
                 cpu::set_simd_level(cpu::SimdLevel::Scalar);
             } else {
@@ -30,9 +36,13 @@ int main(int argc, char** argv) {
         auto backend = make_cpu_backend(model, BackendOptions{int(ids.size()), kv_type});
         FILE* out = std::fopen(argv[2], "wb");
         if (!out) throw Error(std::string(argv[2]) + ": cannot write");
-        for (size_t pos = 0; pos < ids.size(); ++pos) {
-            const float* logits = backend->forward(ids[pos], int(pos));
-            std::fwrite(logits, sizeof(float), model.config.vocab_size, out);
+        const size_t vocab = model.config.vocab_size;
+        if (prefill) {
+            const float* logits = backend->prefill(ids.data(), int(ids.size()), 0, true);
+            std::fwrite(logits, sizeof(float), ids.size() * vocab, out);
+        } else {
+            for (size_t pos = 0; pos < ids.size(); ++pos)
+                std::fwrite(backend->forward(ids[pos], int(pos)), sizeof(float), vocab, out);
         }
         std::fclose(out);
         return 0;
