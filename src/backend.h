@@ -23,6 +23,8 @@ public:
     // the logits of the last token, or of every token [count, vocab_size] if all_logits.
     virtual const float* prefill(const int* tokens, int count, int first_pos, bool all_logits) = 0;
     virtual std::string name() const = 0;
+    // The most tokens one prefill batch holds; longer prompts run in several batches.
+    virtual int max_batch() const = 0;
     // Bytes of KV cache a step at `pos` reads (for bandwidth figures).
     virtual size_t kv_bytes_read(int pos) const = 0;
 };

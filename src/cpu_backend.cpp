@@ -59,6 +59,7 @@ public:
     }
 
     std::string name() const override { return "cpu"; }
+    int max_batch() const override { return max_batch_; }
 
     size_t kv_bytes_read(int pos) const override {
         const Config& c = model_.config;

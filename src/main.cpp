@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "backend.h"
+#include "bench.h"
 #include "error.h"
 #include "model.h"
 #include "sampler.h"
@@ -37,6 +38,11 @@ commands:
       --seed S             random seed (default: from the clock)
   ppl MODEL -f FILE        perplexity, llama.cpp's llama-perplexity convention
       --chunks K           score at most K chunks of --ctx tokens (default: all)
+  bench MODEL              prefill and decode speed, llama-bench style
+      -p P                 prompt tokens for the pp test (default 512, 0 skips)
+      -n N                 decode steps for the tg test (default 128, 0 skips)
+      -r R                 repetitions (default 5)
+      -o md|json           output format (default md)
   info MODEL               config, tensors, dtypes and bytes
   tokenize MODEL (-p TEXT | -f FILE) [--bos] [--no-special]
                            print the token ids as one JSON array
@@ -59,6 +65,9 @@ struct Options {
     std::string command, model_path, prompt, file;
     bool has_prompt = false, has_file = false;
     int generate = kDefaultGenerate;
+    bool has_generate = false;
+    int repetitions = 5;
+    bool json_output = false;
     float temperature = 0.8f, top_p = 0.9f;
     uint64_t seed = 0;
     bool has_seed = false;
@@ -120,6 +129,13 @@ Options parse_options(int argc, char** argv) {
             options.has_file = true;
         } else if (arg == "-n") {
             options.generate = int(parse_integer(arg, value(), 0, 1 << 30));
+            options.has_generate = true;
+        } else if (arg == "-r") {
+            options.repetitions = int(parse_integer(arg, value(), 1, 1000));
+        } else if (arg == "-o") {
+            const std::string format = value();
+            if (format != "md" && format != "json") throw UsageError("-o takes md or json");
+            options.json_output = format == "json";
         } else if (arg == "--temp") {
             options.temperature = parse_float(arg, value(), 0.0f, 100.0f);
         } else if (arg == "--top-p") {
@@ -325,6 +341,21 @@ int command_ppl(const Options& options) {
     return 0;
 }
 
+int command_bench(const Options& options) {
+    BenchOptions bench;
+    bench.model_path = options.model_path;
+    if (options.has_prompt)
+        bench.prompt_tokens = int(parse_integer("-p", options.prompt, 0, 1 << 20));
+    if (options.has_generate) bench.gen_tokens = options.generate;
+    if (bench.prompt_tokens == 0 && bench.gen_tokens == 0)
+        throw UsageError("bench has nothing to run with -p 0 -n 0");
+    bench.repetitions = options.repetitions;
+    bench.json = options.json_output;
+    bench.kv_type = options.kv_type;
+    run_bench(bench);
+    return 0;
+}
+
 int command_info(const Options& options) {
     const Model model = Model::load(options.model_path);
     const Config& c = model.config;
@@ -403,6 +434,7 @@ int main(int argc, char** argv) {
         if (options.command == "run") return command_run(options);
         if (options.command == "ppl") return command_ppl(options);
         if (options.command == "info") return command_info(options);
+        if (options.command == "bench") return command_bench(options);
         if (options.command == "tokenize") return command_tokenize(options);
         if (options.command == "detokenize") return command_detokenize(options);
         throw UsageError("unknown command '" + options.command + "'");

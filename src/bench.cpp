@@ -1,0 +1,210 @@
+#include "bench.h"
+
+#include <immintrin.h>
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <vector>
+
+#include "backend.h"
+#include "error.h"
+
+namespace barellm {
+
+namespace {
+
+constexpr size_t kBandwidthBufferBytes = size_t(1) << 30;  // 1 GiB: far beyond any L3
+constexpr int kBandwidthPasses = 5;
+constexpr uint64_t kTokenSeed = 1234;  // random prompt ids, the same every run
+
+double seconds_between(std::chrono::steady_clock::time_point start,
+                       std::chrono::steady_clock::time_point end) {
+    return std::chrono::duration<double>(end - start).count();
+}
+
+// Sums floats with eight independent vector accumulators: a pure streaming read.
+__attribute__((target("avx2"))) float sum_avx2(const float* data, size_t count) {
+    constexpr size_t kStep = 64;  // floats per iteration: 8 registers of 8
+    __m256 sums[8];
+    for (__m256& s : sums) s = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + kStep <= count; i += kStep)
+        for (int k = 0; k < 8; ++k)
+            sums[k] = _mm256_add_ps(sums[k], _mm256_loadu_ps(data + i + 8 * k));
+    float lanes[8], total = 0;
+    for (int k = 1; k < 8; ++k) sums[0] = _mm256_add_ps(sums[0], sums[k]);
+    _mm256_storeu_ps(lanes, sums[0]);
+    for (float lane : lanes) total += lane;
+    for (; i < count; ++i) total += data[i];
+    return total;
+}
+
+float sum_scalar(const float* data, size_t count) {
+    float total = 0;
+    for (size_t i = 0; i < count; ++i) total += data[i];
+    return total;
+}
+
+struct Stats {
+    double mean = 0, stddev = 0;
+};
+
+Stats mean_and_stddev(const std::vector<double>& samples) {
+    Stats stats;
+    for (double s : samples) stats.mean += s / samples.size();
+    if (samples.size() > 1) {
+        double squares = 0;
+        for (double s : samples) squares += (s - stats.mean) * (s - stats.mean);
+        stats.stddev = std::sqrt(squares / (samples.size() - 1));  // sample standard deviation
+    }
+    return stats;
+}
+
+struct TestResult {
+    std::string name;  // pp512, tg128
+    int prompt_tokens, gen_tokens;
+    std::vector<double> tokens_per_second;
+    double bytes_per_run;  // weights and KV cache the run must read
+    double seconds_per_run;
+};
+
+size_t peak_resident_bytes() {
+    struct rusage usage;
+    getrusage(RUSAGE_SELF, &usage);
+    return size_t(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+std::string model_label(const Model& model) {
+    char label[64];
+    std::snprintf(label, sizeof label, "llama %.2fB %s", model.parameter_count() / 1e9,
+                  model.config.weight_dtype.c_str());
+    return label;
+}
+
+}  // namespace
+
+double measure_read_bandwidth() {
+    const size_t count = kBandwidthBufferBytes / sizeof(float);
+    std::unique_ptr<float[]> buffer(new float[count]);
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < count; ++i) buffer[i] = float(i % 7);  // touch every page, in place
+    const bool use_avx2 = cpu::simd_level() == cpu::SimdLevel::Avx2;
+    double best = 0;
+    volatile float sink = 0;  // keeps the sums alive
+    for (int pass = 0; pass < kBandwidthPasses; ++pass) {
+        const auto start = std::chrono::steady_clock::now();
+        float total = 0;
+#pragma omp parallel reduction(+ : total)
+        {
+            const size_t threads = omp_get_num_threads(), thread = omp_get_thread_num();
+            const size_t first = count * thread / threads, last = count * (thread + 1) / threads;
+            total += use_avx2 ? sum_avx2(buffer.get() + first, last - first)
+                              : sum_scalar(buffer.get() + first, last - first);
+        }
+        const double seconds = seconds_between(start, std::chrono::steady_clock::now());
+        sink = sink + total;
+        best = std::max(best, kBandwidthBufferBytes / seconds / 1e9);
+    }
+    return best;
+}
+
+void run_bench(const BenchOptions& options) {
+    const Model model = Model::load(options.model_path);
+    const Config& config = model.config;
+    const int context = std::max(1, std::max(options.prompt_tokens, options.gen_tokens));
+    if (context > config.max_context)
+        throw Error("bench needs " + std::to_string(context) + " positions, beyond the model's " +
+                    std::to_string(config.max_context));
+    const double bandwidth = measure_read_bandwidth();
+    auto backend = make_cpu_backend(model, BackendOptions{context, options.kv_type});
+
+    std::mt19937_64 rng(kTokenSeed);
+    std::vector<int> tokens(context);
+    for (int& t : tokens) t = int(rng() % config.vocab_size);
+
+    // One untimed warm-up, as llama-bench does: a short prefill and one decode step.
+    backend->prefill(tokens.data(), std::min(context, 16), 0, false);
+    backend->forward(tokens[0], 0);
+
+    const double weight_bytes = double(model.weight_bytes_per_token());
+    std::vector<TestResult> results;
+    if (options.prompt_tokens > 0) {
+        const int p = options.prompt_tokens;
+        TestResult test{"pp" + std::to_string(p), p, 0, {}, 0, 0};
+        // Weights once per prefill batch (a lower bound) plus every query's KV reads.
+        const int batches = (p + backend->max_batch() - 1) / backend->max_batch();
+        test.bytes_per_run = weight_bytes * batches;
+        for (int pos = 0; pos < p; ++pos) test.bytes_per_run += backend->kv_bytes_read(pos);
+        for (int r = 0; r < options.repetitions; ++r) {
+            const auto start = std::chrono::steady_clock::now();
+            backend->prefill(tokens.data(), p, 0, false);
+            const double seconds = seconds_between(start, std::chrono::steady_clock::now());
+            test.tokens_per_second.push_back(p / seconds);
+            test.seconds_per_run += seconds / options.repetitions;
+        }
+        results.push_back(test);
+    }
+    if (options.gen_tokens > 0) {
+        const int n = options.gen_tokens;
+        TestResult test{"tg" + std::to_string(n), 0, n, {}, 0, 0};
+        for (int pos = 0; pos < n; ++pos)
+            test.bytes_per_run += weight_bytes + backend->kv_bytes_read(pos);
+        for (int r = 0; r < options.repetitions; ++r) {
+            const auto start = std::chrono::steady_clock::now();
+            for (int pos = 0; pos < n; ++pos) backend->forward(tokens[pos], pos);
+            const double seconds = seconds_between(start, std::chrono::steady_clock::now());
+            test.tokens_per_second.push_back(n / seconds);
+            test.seconds_per_run += seconds / options.repetitions;
+        }
+        results.push_back(test);
+    }
+
+    const int threads = omp_get_max_threads();
+    const double model_bytes = double(model.file->file_size());
+    if (options.json) {
+        nlohmann::json array = nlohmann::json::array();
+        for (const TestResult& test : results) {
+            const Stats stats = mean_and_stddev(test.tokens_per_second);
+            const double gbps = test.bytes_per_run / test.seconds_per_run / 1e9;
+            array.push_back({{"model_filename", options.model_path},
+                             {"model_type", model_label(model)},
+                             {"model_size", size_t(model_bytes)},
+                             {"model_n_params", model.parameter_count()},
+                             {"backend", backend->name()},
+                             {"n_threads", threads},
+                             {"n_prompt", test.prompt_tokens},
+                             {"n_gen", test.gen_tokens},
+                             {"avg_ts", stats.mean},
+                             {"stddev_ts", stats.stddev},
+                             {"samples_ts", test.tokens_per_second},
+                             {"gbps", gbps},
+                             {"bw_pct", 100 * gbps / bandwidth},
+                             {"bandwidth_gbps", bandwidth},
+                             {"peak_rss_bytes", peak_resident_bytes()}});
+        }
+        std::printf("%s\n", array.dump(2).c_str());
+        return;
+    }
+    std::printf("| model | size | params | backend | threads | test | t/s | GB/s | %% bw |\n");
+    std::printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n");
+    for (const TestResult& test : results) {
+        const Stats stats = mean_and_stddev(test.tokens_per_second);
+        const double gbps = test.bytes_per_run / test.seconds_per_run / 1e9;
+        std::printf("| %s | %.2f GiB | %.2f B | %s | %d | %s | %.2f ± %.2f | %.1f | %.0f%% |\n",
+                    model_label(model).c_str(), model_bytes / (1u << 30),
+                    model.parameter_count() / 1e9, backend->name().c_str(), threads,
+                    test.name.c_str(), stats.mean, stats.stddev, gbps, 100 * gbps / bandwidth);
+    }
+    std::printf(
+        "\nmemory bandwidth (streaming read, %d threads, same run): %.1f GB/s; "
+        "peak resident memory %.2f GiB\n",
+        threads, bandwidth, peak_resident_bytes() / double(1u << 30));
+}
+
+}  // namespace barellm
