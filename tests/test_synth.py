@@ -1,0 +1,174 @@
+"""Tests of convert/synth.py: determinism, sharding, presets, usable random weights."""
+
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import reference
+from convert_testlib import (CONVERT, LLAMA2_TOKENIZER, SMOLLM2_TOKENIZER, SYNTH,
+                             TINY_CONFIG, need_shared, read_raw, run, tiny_tokenizer_json)
+
+sys.path.insert(0, os.path.dirname(SYNTH))
+import convert  # noqa: E402  (convert/convert.py)
+import synth  # noqa: E402
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    """(config path, tokenizer dir) for a tiny model with a tiny tokenizer."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({**TINY_CONFIG, "vocab_size": 64}))
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text(json.dumps(tiny_tokenizer_json()))
+    return config, tok
+
+
+def synthesize(out, config, tok, *options):
+    """Run synth.py; assert success."""
+    result = run(SYNTH, "--config", config, "--tokenizer", tok, "-o", out, *options)
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def file_bytes(directory):
+    """{file name: content} of a directory."""
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir())}
+
+
+def test_deterministic_per_seed(tmp_path, inputs):
+    first = file_bytes(synthesize(tmp_path / "a", *inputs, "--seed", "7"))
+    second = file_bytes(synthesize(tmp_path / "b", *inputs, "--seed", "7"))
+    other = file_bytes(synthesize(tmp_path / "c", *inputs, "--seed", "8"))
+    assert first == second
+    assert first["model.safetensors"] != other["model.safetensors"]
+    assert first["config.json"] == other["config.json"]
+
+
+def test_sharding_matches_single_file(tmp_path, inputs):
+    single = synthesize(tmp_path / "single", *inputs, "--dtype", "f16")
+    sharded = synthesize(tmp_path / "sharded", *inputs, "--dtype", "f16",
+                         "--max-shard-bytes", 3000)
+    with open(sharded / "model.safetensors.index.json") as f:
+        index = json.load(f)
+    shards = sorted(p.name for p in sharded.glob("*.safetensors"))
+    assert len(shards) > 2 and not (sharded / "model.safetensors").exists()
+    assert shards == [f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+                      for i in range(1, len(shards) + 1)]
+    assert sorted(set(index["weight_map"].values())) == shards
+    combined, total = {}, 0
+    for shard in shards:
+        _, header, arrays, _ = read_raw(sharded / shard)
+        sizes = [e["data_offsets"][1] - e["data_offsets"][0]
+                 for n, e in header.items() if n != "__metadata__"]
+        assert sum(sizes) <= 3000 or len(sizes) == 1
+        total += sum(sizes)
+        for name, array in arrays.items():
+            assert index["weight_map"][name] == shard
+        combined.update(arrays)
+    assert index["metadata"]["total_size"] == total
+    _, header, expected, _ = read_raw(single / "model.safetensors")
+    assert combined.keys() == expected.keys()
+    for name, array in expected.items():
+        assert np.array_equal(array, combined[name]), name
+        is_norm = array.ndim == 1
+        assert header[name]["dtype"] == ("F32" if is_norm else "F16")
+
+
+def test_random_model_is_usable(tmp_path, inputs):
+    config, tok = inputs
+    config.write_text(json.dumps({**TINY_CONFIG, "vocab_size": 64, "num_hidden_layers": 24,
+                                  "tie_word_embeddings": True}))
+    hf = synthesize(tmp_path / "hf", config, tok, "--dtype", "bf16")
+    out = tmp_path / "model.barellm"
+    result = run(CONVERT, hf, "-o", out)
+    assert result.returncode == 0, result.stderr
+    ids = list(np.random.default_rng(0).integers(0, 64, 48))
+    logits = reference.logits_for(str(out), ids)
+    assert np.isfinite(logits).all()
+    assert 0.3 < logits.std(axis=1).mean() < 3.0
+    assert len(set(logits.argmax(axis=1))) > 8
+    with open(hf / "tokenizer_config.json") as f:
+        assert json.load(f)["add_bos_token"] is False
+
+
+def test_refusals(tmp_path, inputs):
+    config, tok = inputs
+    config.write_text(json.dumps({**TINY_CONFIG, "vocab_size": 32}))
+    result = run(SYNTH, "--config", config, "--tokenizer", tok, "-o", tmp_path / "hf")
+    assert result.returncode == 1
+    assert result.stderr == "synth: the tokenizer has 40 ids but vocab_size is 32\n"
+    config.write_text(json.dumps({**TINY_CONFIG, "hidden_act": "gelu"}))
+    result = run(SYNTH, "--config", config, "--tokenizer", tok, "-o", tmp_path / "hf")
+    assert result.stderr == "synth: hidden_act 'gelu' is not supported (only silu)\n"
+    result = run(SYNTH, "--config", config, "-o", tmp_path / "hf")
+    assert result.stderr == "synth: --tokenizer is required with --config\n"
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+    config.write_text(json.dumps(TINY_CONFIG))
+    result = run(SYNTH, "--config", config, "--tokenizer", tok, "-o", tmp_path / "full")
+    assert result.stderr.endswith("exists and is not an empty directory\n")
+
+
+PRESET_SHAPES = {
+    # name: hidden, intermediate, layers, heads, kv heads, vocab, max pos, theta, tied
+    "tinyllama-1.1b": (2048, 5632, 22, 32, 4, 32000, 2048, 10000, False),
+    "mistral-7b": (4096, 14336, 32, 32, 8, 32000, 32768, 10000, False),
+    "llama3-8b": (4096, 14336, 32, 32, 8, 128256, 8192, 500000, False),
+    "smollm2-135m": (576, 1536, 30, 9, 3, 49152, 8192, 100000, True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PRESET_SHAPES))
+def test_preset_shapes(name):
+    _, cfg = synth.PRESETS[name]
+    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+            "num_key_value_heads", "vocab_size", "max_position_embeddings", "rope_theta",
+            "tie_word_embeddings")
+    assert tuple(cfg[k] for k in keys) == PRESET_SHAPES[name]
+    assert cfg["rms_norm_eps"] == 1e-5
+    convert.check_architecture(cfg)
+    config = convert.model_config(cfg, None)
+    assert config["sliding_window"] == (4096 if name == "mistral-7b" else None)
+
+
+def test_smollm2_preset_is_the_real_config():
+    path = need_shared(os.path.join(SMOLLM2_TOKENIZER, "config.json"))
+    with open(path) as f:
+        real = json.load(f)
+    _, preset = synth.PRESETS["smollm2-135m"]
+    for key, value in preset.items():
+        if key in real:
+            assert real[key] == value, key
+
+
+def test_llama2_tokenizer_model_only(tmp_path, inputs):
+    need_shared(LLAMA2_TOKENIZER)
+    config, _ = inputs
+    config.write_text(json.dumps({**TINY_CONFIG, "hidden_size": 8, "num_attention_heads": 2,
+                                  "num_key_value_heads": 1, "vocab_size": 32000}))
+    hf = synthesize(tmp_path / "hf", config, LLAMA2_TOKENIZER, "--dtype", "f32")
+    assert sorted(os.listdir(hf)) == ["config.json", "generation_config.json",
+                                      "model.safetensors", "tokenizer.model",
+                                      "tokenizer_config.json"]
+    with open(hf / "tokenizer_config.json") as f:
+        assert json.load(f)["add_bos_token"] is True
+    out = tmp_path / "model.barellm"
+    result = run(CONVERT, hf, "-o", out)
+    assert result.returncode == 0, result.stderr
+    metadata = read_raw(out)[1]["__metadata__"]
+    assert json.loads(metadata["barellm.config"])["add_bos"] is True
+    assert len(json.loads(metadata["barellm.tokenizer"])["model"]["vocab"]) == 32000
+
+
+def test_matrix_scale():
+    blocks = list(synth.tensor_blocks("w", (300, 400), False, 0))
+    matrix = np.concatenate(blocks)
+    assert matrix.shape == (300, 400)
+    assert abs(matrix.std() - 1 / math.sqrt(400)) < 0.002
+    norm = next(synth.tensor_blocks("n", (400,), True, 0))
+    assert abs(norm.mean() - 1) < 0.02
