@@ -78,8 +78,10 @@ def check_architecture(cfg):
 
 
 def positive_int(cfg, key, default=None):
-    """A config value that must be a positive integer."""
-    value = cfg.get(key, default)
+    """A config value that must be a positive integer; null counts as absent."""
+    value = cfg.get(key)
+    if value is None:
+        value = default
     if value is None:
         raise ConvertError(f"config.json: missing '{key}'")
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -154,7 +156,7 @@ def model_config(cfg, gen):
         window = positive_int({"sliding_window": window}, "sliding_window")
     gen = gen or {}
     eos_source = gen if gen.get("eos_token_id") is not None else cfg
-    bos = cfg.get("bos_token_id", gen.get("bos_token_id"))
+    bos_ids = token_id_list(cfg.get("bos_token_id", gen.get("bos_token_id")), "bos_token_id")
     return {
         "architecture": "llama",
         "dim": dim,
@@ -172,7 +174,7 @@ def model_config(cfg, gen):
                                     "rms_norm_eps"),
         "sliding_window": window,
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
-        "bos_id": token_id_list(bos, "bos_token_id")[0] if bos is not None else None,
+        "bos_id": bos_ids[0] if bos_ids else None,
         "eos_ids": token_id_list(eos_source.get("eos_token_id"), "eos_token_id"),
         "add_bos": None,
         "weight_dtype": None,

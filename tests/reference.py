@@ -216,7 +216,7 @@ def main(argv=None):
     parser.add_argument("path", help="Hugging Face directory or barellm file")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--ids", help="comma-separated token ids")
-    source.add_argument("--text", help="prompt, encoded with tokenizer.json (BOS added)")
+    source.add_argument("--text", help="prompt, encoded with tokenizer.json after BOS")
     parser.add_argument("--generate", type=int, default=0, help="greedy tokens to add")
     parser.add_argument("--top", type=int, default=5, help="logits shown per position")
     args = parser.parse_args(argv)
@@ -227,7 +227,8 @@ def main(argv=None):
     elif tokenizer is None:
         sys.exit("reference: --text needs tokenizer.json and the tokenizers package")
     else:
-        ids = [config.get("bos_id", 1)] + tokenizer.encode(args.text).ids
+        bos = [config["bos_id"]] if config.get("bos_id") is not None else []
+        ids = bos + tokenizer.encode(args.text).ids
     logits = forward(config, weights, ids)
     print(f"{config['layers']} layers, dim {config['dim']}, vocab {logits.shape[1]}; ids {ids}")
     for pos, row in enumerate(logits):

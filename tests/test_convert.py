@@ -185,6 +185,19 @@ def test_tied_checkpoint_drops_lm_head_and_ignores_inv_freq(tmp_path):
     assert json.loads(header["__metadata__"]["barellm.config"])["tied_embeddings"] is True
 
 
+def test_explicit_head_dim_and_null_defaults(tmp_path):
+    config = {**TINY_CONFIG, "head_dim": 8, "max_position_embeddings": None}
+    hf = make_checkpoint(tmp_path / "hf", config=config)
+    out = converted(tmp_path, hf)
+    header, arrays = check_layout(out)
+    got = json.loads(header["__metadata__"]["barellm.config"])
+    assert got["head_dim"] == 8 and got["max_context"] == 2048
+    assert arrays["layers.0.wq"].shape == (32, 16) and arrays["layers.0.wo"].shape == (16, 32)
+    ids = [1, 4, 9, 30, 2]
+    np.testing.assert_allclose(reference.logits_for(str(out), ids),
+                               reference.logits_for(str(hf), ids), rtol=0, atol=1e-9)
+
+
 def test_mistral_config_fields(tmp_path):
     config = {**TINY_CONFIG, "model_type": "mistral", "sliding_window": 32,
               "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
