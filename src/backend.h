@@ -8,9 +8,12 @@
 
 namespace barellm {
 
+enum class Device { Cpu, Cuda };
+
 struct BackendOptions {
     int context = 0;  // positions to allocate the KV cache for (<= the model's max_context)
     cpu::KvType kv_type = cpu::KvType::F16;
+    Device device = Device::Cpu;
 };
 
 class Backend {
@@ -29,6 +32,15 @@ public:
     virtual size_t kv_bytes_read(int pos) const = 0;
 };
 
+// The backend options.device asks for; throws Error when it cannot be had (no GPU, or a
+// build without CUDA).
+std::unique_ptr<Backend> make_backend(const Model& model, const BackendOptions& options);
+
 std::unique_ptr<Backend> make_cpu_backend(const Model& model, const BackendOptions& options);
+#ifdef BARELLM_CUDA
+std::unique_ptr<Backend> make_cuda_backend(const Model& model, const BackendOptions& options);
+// Whether a CUDA device is usable; `reason` says why not.
+bool cuda_device_available(std::string* reason);
+#endif
 
 }  // namespace barellm

@@ -122,7 +122,7 @@ void run_bench(const BenchOptions& options) {
         throw Error("bench needs " + std::to_string(context) + " positions, beyond the model's " +
                     std::to_string(config.max_context));
     const double bandwidth = measure_read_bandwidth();
-    auto backend = make_cpu_backend(model, BackendOptions{context, options.kv_type});
+    auto backend = make_backend(model, BackendOptions{context, options.kv_type, options.device});
 
     std::mt19937_64 rng(kTokenSeed);
     std::vector<int> tokens(context);

@@ -3,7 +3,7 @@
 #pragma once
 #include <string>
 
-#include "cpu_kernels.h"
+#include "backend.h"
 
 namespace barellm {
 
@@ -14,6 +14,7 @@ struct BenchOptions {
     int repetitions = 5;
     bool json = false;  // -o json instead of a markdown table
     cpu::KvType kv_type = cpu::KvType::F16;
+    Device device = Device::Cpu;
 };
 
 // Best-of-several parallel streaming read of a buffer far larger than the caches, GB/s.

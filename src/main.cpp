@@ -53,6 +53,7 @@ common options:
   --ctx C                  context length (default: the model's, at most 4096; ppl: 512)
   --threads K              CPU threads (default: all cores)
   --kv f16|f32             KV cache element type (default f16)
+  --device cpu|cuda        where to run (default cpu)
   -h, --help               this text
 )";
 
@@ -75,6 +76,7 @@ struct Options {
     int threads = 0;  // 0: OpenMP's default
     int chunks = 0;   // 0: all
     cpu::KvType kv_type = cpu::KvType::F16;
+    Device device = Device::Cpu;
     bool bos = false, parse_special = true;
 };
 
@@ -153,6 +155,10 @@ Options parse_options(int argc, char** argv) {
             const std::string type = value();
             if (type != "f16" && type != "f32") throw UsageError("--kv takes f16 or f32");
             options.kv_type = type == "f16" ? cpu::KvType::F16 : cpu::KvType::F32;
+        } else if (arg == "--device") {
+            const std::string device = value();
+            if (device != "cpu" && device != "cuda") throw UsageError("--device takes cpu or cuda");
+            options.device = device == "cpu" ? Device::Cpu : Device::Cuda;
         } else if (arg == "--bos") {
             options.bos = true;
         } else if (arg == "--no-special") {
@@ -227,7 +233,7 @@ int command_run(const Options& options) {
         throw Error("the prompt is " + std::to_string(prompt.size()) +
                     " tokens, longer than the context of " + std::to_string(context));
 
-    auto backend = make_cpu_backend(model, BackendOptions{context, options.kv_type});
+    auto backend = make_backend(model, BackendOptions{context, options.kv_type, options.device});
     const uint64_t seed =
         options.has_seed ? options.seed : uint64_t(Clock::now().time_since_epoch().count());
     Sampler sampler(config.vocab_size, options.temperature, options.top_p, seed);
@@ -302,7 +308,7 @@ int command_ppl(const Options& options) {
                     " tokens are fewer than one chunk of " + std::to_string(context));
     const int chunks =
         options.chunks > 0 ? std::min(options.chunks, available_chunks) : available_chunks;
-    auto backend = make_cpu_backend(model, BackendOptions{context, options.kv_type});
+    auto backend = make_backend(model, BackendOptions{context, options.kv_type, options.device});
     std::signal(SIGINT, on_interrupt);
 
     const int first_scored = context / 2;
@@ -352,6 +358,7 @@ int command_bench(const Options& options) {
     bench.repetitions = options.repetitions;
     bench.json = options.json_output;
     bench.kv_type = options.kv_type;
+    bench.device = options.device;
     run_bench(bench);
     return 0;
 }
