@@ -5,6 +5,7 @@
 
 #include "backend.h"
 #include "error.h"
+#include "memory.h"
 
 namespace barellm {
 
@@ -41,6 +42,11 @@ public:
         const Config& c = model.config;
         const size_t cache_bytes = size_t(c.layers) * context_ * c.kv_dim() * kv_element_bytes();
         const size_t B = max_batch_;
+        const size_t activation_floats =
+            B * (4 * size_t(c.dim) + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * size_t(c.hidden_dim)) +
+            size_t(c.heads) * context_ + c.vocab_size;
+        require_memory(2 * cache_bytes + activation_floats * sizeof(float),
+                       "the KV cache and activations for a context of " + std::to_string(context_));
         InferenceState& s = state_;
         s.x.resize(B * c.dim);
         s.xb.resize(B * c.dim);
