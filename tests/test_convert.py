@@ -10,8 +10,7 @@ import pytest
 
 import reference
 from convert_testlib import (CONVERT, STORIES, SYNTH, TINY_CONFIG, make_checkpoint,
-                             need_shared, read_raw, run, tiny_tensors, tiny_tokenizer_json,
-                             write_safetensors)
+                             need_shared, read_raw, run, tiny_tensors, tiny_tokenizer_json)
 
 sys.path.insert(0, os.path.join(os.path.dirname(CONVERT)))
 import dtypes  # noqa: E402  (convert/dtypes.py)

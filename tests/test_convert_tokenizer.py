@@ -26,7 +26,8 @@ FIXED_TEXTS = [
     "Hello  world", "   three leading spaces", "trailing spaces   ", "tab\there\r\nCRLF",
     "a\n\nb", "日本語のテキスト", "émoji 🤗 and 😀😀", "123456 3.14159 1,000,000",
     "don't stop -- ok?!", "ℌ𝔢𝔩𝔩𝔬 Ω≈ç√", "\u00a0non-breaking\u2009thin", "▁already▁marked",
-    "<unk-like> </not special>", "x" * 300, "Ünïcödé ÅÆØ ǅ ﬁ", "\u0000\u0001 control",
+    "<unk-like> </not special>", "x" * 300, "Ünïcödé ÅÆØ ǅ ﬁ",
+    "\u0000\u0001 control",
 ]
 
 
