@@ -14,21 +14,21 @@ namespace {
 
 SimdLevel active_level = detect_simd_level();
 
-// Weight element `i` of a row stored as `dtype`, as float.
-inline float weight_at(const void* row, size_t i, DType dtype) {
-    switch (dtype) {
+// Weight (row, col) of w as float, whatever its storage.
+inline float weight_at(const Matrix& w, int row, int col) {
+    const size_t i = size_t(row) * w.cols + col;
+    switch (w.dtype) {
         case DType::F32:
-            return static_cast<const float*>(row)[i];
+            return static_cast<const float*>(w.data)[i];
         case DType::F16:
-            return half_to_float(static_cast<const uint16_t*>(row)[i]);
+            return half_to_float(static_cast<const uint16_t*>(w.data)[i]);
         case DType::BF16:
-            return bf16_to_float(static_cast<const uint16_t*>(row)[i]);
+            return bf16_to_float(static_cast<const uint16_t*>(w.data)[i]);
+        case DType::I8:
+            return static_cast<const int8_t*>(w.data)[i] *
+                   half_to_float(w.scales[size_t(row) * w.q8_groups() + col / kQ8Group]);
     }
     return 0.0f;
-}
-
-inline const void* row_pointer(const Matrix& w, int row) {
-    return static_cast<const uint8_t*>(w.data) + size_t(row) * w.cols * dtype_size(w.dtype);
 }
 
 inline float kv_at(const void* cache, int i, KvType type) {
@@ -64,9 +64,8 @@ const char* simd_level_name(SimdLevel level) {
 void scalar::matmul_rows(float* out, const Matrix& w, const float* x, int first_row,
                          int row_count) {
     for (int r = first_row; r < first_row + row_count; ++r) {
-        const void* row = row_pointer(w, r);
         float sum = 0.0f;
-        for (int i = 0; i < w.cols; ++i) sum += weight_at(row, i, w.dtype) * x[i];
+        for (int i = 0; i < w.cols; ++i) sum += weight_at(w, r, i) * x[i];
         out[r] = sum;
     }
 }
@@ -76,9 +75,8 @@ void scalar::matmul_batch_rows(float* out, const Matrix& w, const float* x, int 
     for (int b = 0; b < batch; ++b) {
         const float* x_row = x + size_t(b) * w.cols;
         for (int r = first_row; r < first_row + row_count; ++r) {
-            const void* row = row_pointer(w, r);
             float sum = 0.0f;
-            for (int i = 0; i < w.cols; ++i) sum += weight_at(row, i, w.dtype) * x_row[i];
+            for (int i = 0; i < w.cols; ++i) sum += weight_at(w, r, i) * x_row[i];
             out[size_t(b) * w.rows + r] = sum;
         }
     }
@@ -113,10 +111,36 @@ void split_rows(int rows, int step, Work work) {
 
 }  // namespace
 
+void quantize_q8(QuantizedVector* out, const float* x, int n) {
+    const int groups = (n + kQ8Group - 1) / kQ8Group;
+    out->values.resize(n);
+    out->scales.resize(groups);
+    for (int g = 0; g < groups; ++g) {
+        const int first = g * kQ8Group, last = std::min(n, first + kQ8Group);
+        float largest = 0.0f;
+        for (int i = first; i < last; ++i) largest = std::max(largest, std::fabs(x[i]));
+        const float scale = largest / 127.0f;
+        const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+        out->scales[g] = scale;
+        for (int i = first; i < last; ++i) out->values[i] = int8_t(std::lround(x[i] * inverse));
+    }
+}
+
 void matmul(float* out, const float* x, const Matrix& w) {
+    constexpr int kRowStep = 4;  // the AVX2 kernels' rows per step
+    if (active_level == SimdLevel::Avx2 && w.dtype == DType::I8) {
+        // Integer dot products: quantize x once, then every thread reads it.
+        // One buffer per calling thread; the reference hands the caller's to the workers.
+        static thread_local QuantizedVector quantized_buffer;
+        QuantizedVector& quantized_x = quantized_buffer;
+        quantize_q8(&quantized_x, x, w.cols);
+        split_rows(w.rows, kRowStep, [&](int first, int count) {
+            avx2::matmul_rows_q8(out, w, quantized_x, first, count);
+        });
+        return;
+    }
     const auto rows_kernel =
         active_level == SimdLevel::Avx2 ? avx2::matmul_rows : scalar::matmul_rows;
-    constexpr int kRowStep = 4;  // the AVX2 kernel's rows per step
     split_rows(w.rows, kRowStep,
                [&](int first, int count) { rows_kernel(out, w, x, first, count); });
 }
@@ -168,8 +192,7 @@ void swiglu(float* gate, const float* up, int n) {
 }
 
 void embedding_row(float* out, const Matrix& table, int row) {
-    const void* source = row_pointer(table, row);
-    for (int i = 0; i < table.cols; ++i) out[i] = weight_at(source, i, table.dtype);
+    for (int i = 0; i < table.cols; ++i) out[i] = weight_at(table, row, i);
 }
 
 void kv_store(void* slot, const float* values, int n, KvType type) {

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model.h"
 
@@ -20,8 +21,17 @@ const char* simd_level_name(SimdLevel level);
 // The KV cache stores keys and values as f32 or as IEEE half (f16, default).
 enum class KvType { F32, F16 };
 
-// out[rows] = W[rows, cols] · x[cols]; rows split across OpenMP threads.
+// out[rows] = W[rows, cols] · x[cols]; rows split across OpenMP threads. With AVX2 and
+// Q8 weights, x is first quantized to Q8 and the dot products are integer.
 void matmul(float* out, const float* x, const Matrix& w);
+
+// A vector quantized like a Q8 weight row: x[i] ≈ values[i] × scales[i / kQ8Group],
+// with scale = max |x| / 127 over each group.
+struct QuantizedVector {
+    std::vector<int8_t> values;  // [n]
+    std::vector<float> scales;   // [ceil(n / kQ8Group)]
+};
+void quantize_q8(QuantizedVector* out, const float* x, int n);
 
 // Prefill: out[batch, rows] = x[batch, cols] · W[rows, cols]ᵀ, a GEMM blocked so
 // that each weight row is read from memory once per block of tokens.
@@ -76,6 +86,8 @@ void add_scaled_kv(float* out, float scale, const void* values, int n, KvType ty
 
 namespace avx2 {
 void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
+void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+                    int row_count);
 void matmul_batch_rows(float* out, const Matrix& w, const float* x, int batch, int first_row,
                        int row_count);
 float dot_kv(const float* q, const void* keys, int n, KvType type);

@@ -105,6 +105,48 @@ void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int
                     row_count);
 }
 
+namespace {
+
+// Sum over one group of 32 of w[i] * x[i] as int32 lanes: |w| (unsigned) times x with
+// w's sign, multiplied in pairs into int16 (at most 2 * 127 * 127, no overflow), then
+// pairs of those into int32.
+inline __m256 q8_group_dot(const int8_t* w, const int8_t* x) {
+    const __m256i weights = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+    const __m256i values = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    const __m256i products =
+        _mm256_maddubs_epi16(_mm256_sign_epi8(weights, weights), _mm256_sign_epi8(values, weights));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(products, _mm256_set1_epi16(1)));
+}
+
+// One Q8 row · quantized x: whole groups with AVX2, a short last group in scalar.
+inline float q8_row_dot(const int8_t* row, const uint16_t* row_scales, const QuantizedVector& x,
+                        int cols) {
+    const int whole_groups = cols / kQ8Group;
+    __m256 sum = _mm256_setzero_ps();
+    for (int g = 0; g < whole_groups; ++g) {
+        const float scale = _cvtsh_ss(row_scales[g]) * x.scales[g];
+        sum = _mm256_fmadd_ps(q8_group_dot(row + g * kQ8Group, x.values.data() + g * kQ8Group),
+                              _mm256_set1_ps(scale), sum);
+    }
+    float total = horizontal_sum(sum);
+    if (whole_groups * kQ8Group < cols) {
+        int32_t tail = 0;
+        for (int i = whole_groups * kQ8Group; i < cols; ++i) tail += row[i] * x.values[i];
+        total += tail * _cvtsh_ss(row_scales[whole_groups]) * x.scales[whole_groups];
+    }
+    return total;
+}
+
+}  // namespace
+
+void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+                    int row_count) {
+    const int8_t* values = static_cast<const int8_t*>(w.data);
+    const int groups = w.q8_groups();
+    for (int r = first_row; r < first_row + row_count; ++r)
+        out[r] = q8_row_dot(values + size_t(r) * w.cols, w.scales + size_t(r) * groups, x, w.cols);
+}
+
 float dot_kv(const float* q, const void* keys, int n, KvType type) {
     const int vector_n = n - n % kLanes;
     __m256 sum = _mm256_setzero_ps();
@@ -164,6 +206,13 @@ void pack_rows_f32(float* panel, const Matrix& w, int first_row, int rows, int f
         if (w.dtype == DType::F32) {
             const float* source = static_cast<const float*>(w.data) + offset;
             std::copy(source, source + depth, dest);
+            continue;
+        }
+        if (w.dtype == DType::I8) {
+            const int8_t* source = static_cast<const int8_t*>(w.data) + offset;
+            const uint16_t* scales = w.scales + size_t(first_row + r) * w.q8_groups();
+            for (int i = 0; i < depth; ++i)  // first_col is a multiple of kQ8Group
+                dest[i] = source[i] * _cvtsh_ss(scales[(first_col + i) / kQ8Group]);
             continue;
         }
         const uint16_t* source = static_cast<const uint16_t*>(w.data) + offset;

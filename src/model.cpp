@@ -27,7 +27,11 @@ const TensorView& checked_tensor(const SafetensorsFile& file, const std::string&
 Matrix matrix(const SafetensorsFile& file, const std::string& name, int rows, int cols,
               DType dtype) {
     const TensorView& view = checked_tensor(file, name, {rows, cols}, dtype);
-    return Matrix{view.data, dtype, rows, cols};
+    Matrix m{view.data, dtype, rows, cols, nullptr};
+    if (dtype == DType::I8)
+        m.scales = static_cast<const uint16_t*>(
+            checked_tensor(file, name + ".scale", {rows, m.q8_groups()}, DType::F16).data);
+    return m;
 }
 
 const float* norm_weight(const SafetensorsFile& file, const std::string& name, int dim) {
@@ -38,6 +42,7 @@ DType weight_dtype(const Config& config, const std::string& path) {
     if (config.weight_dtype == "F32") return DType::F32;
     if (config.weight_dtype == "F16") return DType::F16;
     if (config.weight_dtype == "BF16") return DType::BF16;
+    if (config.weight_dtype == "Q8") return DType::I8;
     throw Error(path + ": weight_dtype '" + config.weight_dtype + "' is not supported");
 }
 
@@ -82,7 +87,9 @@ Model Model::load(const std::string& path) {
     } else {
         model.output = matrix(file, "output", c.vocab_size, c.dim, dtype);
     }
-    const size_t expected_tensors = 2 + 9 * size_t(c.layers) + (c.tied_embeddings ? 0 : 1);
+    const size_t matrices = 1 + 7 * size_t(c.layers) + (c.tied_embeddings ? 0 : 1);
+    const size_t norms = 1 + 2 * size_t(c.layers);
+    const size_t expected_tensors = norms + matrices * (dtype == DType::I8 ? 2 : 1);
     if (file.tensors().size() != expected_tensors)
         throw Error(path + ": holds " + std::to_string(file.tensors().size()) +
                     " tensors, the config needs " + std::to_string(expected_tensors));
@@ -99,9 +106,11 @@ size_t Model::weight_bytes_per_token() const {
 }
 
 size_t Model::parameter_count() const {
-    size_t count = 0;
-    for (const auto& [name, view] : file->tensors()) count += view.bytes / dtype_size(view.dtype);
-    return count;
+    const Config& c = config;
+    const size_t per_layer = 2 * size_t(c.dim) * c.q_dim() + 2 * size_t(c.dim) * c.kv_dim() +
+                             3 * size_t(c.dim) * c.hidden_dim + 2 * size_t(c.dim);
+    const size_t embeddings = size_t(c.vocab_size) * c.dim * (c.tied_embeddings ? 1 : 2);
+    return embeddings + per_layer * c.layers + c.dim;
 }
 
 }  // namespace barellm

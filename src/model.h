@@ -10,13 +10,24 @@
 
 namespace barellm {
 
-// A row-major [rows, cols] weight matrix stored in the file's dtype.
+// Q8 matrices: int8 values in groups of kQ8Group consecutive columns of a row, each
+// group with one f16 scale (docs/FORMAT.md).
+constexpr int kQ8Group = 32;
+
+// A row-major [rows, cols] weight matrix stored in the file's dtype: F32, F16, BF16,
+// or I8 with `scales` [rows, q8_groups()] (the Q8 format).
 struct Matrix {
     const void* data = nullptr;
     DType dtype = DType::F32;
     int rows = 0;
     int cols = 0;
-    size_t bytes() const { return size_t(rows) * cols * dtype_size(dtype); }
+    const uint16_t* scales = nullptr;  // f16 [rows, q8_groups()], I8 only
+
+    int q8_groups() const { return (cols + kQ8Group - 1) / kQ8Group; }
+    size_t bytes() const {
+        const size_t scale_bytes = dtype == DType::I8 ? size_t(rows) * q8_groups() * 2 : 0;
+        return size_t(rows) * cols * dtype_size(dtype) + scale_bytes;
+    }
 };
 
 struct LayerWeights {

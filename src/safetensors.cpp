@@ -28,6 +28,8 @@ bool parse_dtype(const std::string& name, DType* dtype) {
         *dtype = DType::F16;
     else if (name == "BF16")
         *dtype = DType::BF16;
+    else if (name == "I8")
+        *dtype = DType::I8;
     else
         return false;
     return true;
@@ -55,11 +57,24 @@ const char* dtype_name(DType dtype) {
             return "F16";
         case DType::BF16:
             return "BF16";
+        case DType::I8:
+            return "I8";
     }
     return "?";
 }
 
-size_t dtype_size(DType dtype) { return dtype == DType::F32 ? 4 : 2; }
+size_t dtype_size(DType dtype) {
+    switch (dtype) {
+        case DType::F32:
+            return 4;
+        case DType::F16:
+        case DType::BF16:
+            return 2;
+        case DType::I8:
+            return 1;
+    }
+    return 0;
+}
 
 MappedFile::MappedFile(const std::string& path) {
     const int fd = open(path.c_str(), O_RDONLY);
@@ -125,7 +140,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), file_(p
         if (!entry["dtype"].is_string() ||
             !parse_dtype(entry["dtype"].get<std::string>(), &view.dtype))
             throw Error(where + ": unsupported dtype " + entry["dtype"].dump() +
-                        " (barellm reads F32, F16, BF16)");
+                        " (barellm reads F32, F16, BF16, I8)");
         const auto& shape = entry["shape"];
         if (!shape.is_array() || shape.size() > size_t(kMaxDims))
             throw Error(where + ": shape is not an array of at most 8 dimensions");

@@ -1,5 +1,6 @@
 // CPU kernels against plain double-precision references written here, on random
 // non-zero inputs at sizes that are not multiples of the SIMD width.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
@@ -25,14 +26,49 @@ std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale = 1.0f
 // A weight matrix in `dtype` plus its exact float values.
 struct TestMatrix {
     std::vector<uint8_t> storage;
-    std::vector<float> values;  // what the stored weights decode to
+    std::vector<uint16_t> scales;  // Q8 only: f16 [rows, groups]
+    std::vector<float> values;     // what the stored weights decode to
     Matrix matrix;
 };
+
+// Quantizes `values` [n] in groups of 32 as docs/FORMAT.md says, written out here
+// independently of the kernels: scale = f16(max |v| / 127), q = round(v / scale).
+void quantize_groups(const float* values, int n, int8_t* quantized, float* scales,
+                     bool f16_scales) {
+    for (int first = 0, g = 0; first < n; first += 32, ++g) {
+        const int last = std::min(n, first + 32);
+        float largest = 0;
+        for (int i = first; i < last; ++i) largest = std::max(largest, std::fabs(values[i]));
+        float scale = largest / 127;
+        if (f16_scales) scale = half_to_float(float_to_half(scale));
+        scales[g] = scale;
+        for (int i = first; i < last; ++i) {
+            const float ratio = scale > 0 ? values[i] / scale : 0;
+            const float rounded = ratio < 0 ? -std::floor(-ratio + 0.5f) : std::floor(ratio + 0.5f);
+            quantized[i] = int8_t(std::clamp(rounded, -127.0f, 127.0f));
+        }
+    }
+}
 
 TestMatrix make_matrix(int rows, int cols, DType dtype, std::mt19937& rng) {
     TestMatrix m;
     m.values = random_floats(size_t(rows) * cols, rng);
     m.storage.resize(m.values.size() * dtype_size(dtype));
+    if (dtype == DType::I8) {
+        const int groups = (cols + 31) / 32;
+        m.scales.resize(size_t(rows) * groups);
+        std::vector<float> scales(groups);
+        for (int r = 0; r < rows; ++r) {
+            int8_t* quantized = reinterpret_cast<int8_t*>(m.storage.data()) + size_t(r) * cols;
+            quantize_groups(&m.values[size_t(r) * cols], cols, quantized, scales.data(), true);
+            for (int c = 0; c < cols; ++c)
+                m.values[size_t(r) * cols + c] = quantized[c] * scales[c / 32];
+            for (int g = 0; g < groups; ++g)
+                m.scales[size_t(r) * groups + g] = float_to_half(scales[g]);
+        }
+        m.matrix = Matrix{m.storage.data(), dtype, rows, cols, m.scales.data()};
+        return m;
+    }
     for (size_t i = 0; i < m.values.size(); ++i) {
         if (dtype == DType::F32) {
             reinterpret_cast<float*>(m.storage.data())[i] = m.values[i];
@@ -82,7 +118,7 @@ TEST_CASE("every finite half survives a round trip through float") {
 
 TEST_CASE("matmul matches a double-precision reference for every dtype and SIMD level") {
     std::mt19937 rng(1234);
-    const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16);
+    const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::I8);
     const auto level = GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2);
     if (level == cpu::SimdLevel::Avx2 && cpu::detect_simd_level() != cpu::SimdLevel::Avx2) {
         WARN("skipped: this CPU has no AVX2");
@@ -92,9 +128,18 @@ TEST_CASE("matmul matches a double-precision reference for every dtype and SIMD 
          {std::pair{1, 1}, {3, 7}, {5, 8}, {13, 67}, {37, 172}, {64, 64}, {101, 257}}) {
         TestMatrix m = make_matrix(rows, cols, dtype, rng);
         const std::vector<float> x = random_floats(cols, rng);
+        // The AVX2 Q8 kernel quantizes x too (integer dot products): so does the reference.
+        std::vector<float> x_used = x;
+        if (dtype == DType::I8 && level == cpu::SimdLevel::Avx2) {
+            std::vector<int8_t> quantized(cols);
+            std::vector<float> scales((cols + 31) / 32);
+            quantize_groups(x.data(), cols, quantized.data(), scales.data(), false);
+            for (int c = 0; c < cols; ++c) x_used[c] = quantized[c] * scales[c / 32];
+        }
         std::vector<double> want(rows);
         for (int r = 0; r < rows; ++r)
-            for (int c = 0; c < cols; ++c) want[r] += double(m.values[size_t(r) * cols + c]) * x[c];
+            for (int c = 0; c < cols; ++c)
+                want[r] += double(m.values[size_t(r) * cols + c]) * x_used[c];
         std::vector<float> got(rows, NAN);
         cpu::set_simd_level(level);
         cpu::matmul(got.data(), x.data(), m.matrix);
@@ -243,7 +288,7 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
 
 TEST_CASE("batched matmul (prefill GEMM) matches a double-precision reference") {
     std::mt19937 rng(2024);
-    const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16);
+    const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::I8);
     const auto level = GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2);
     if (level == cpu::SimdLevel::Avx2 && cpu::detect_simd_level() != cpu::SimdLevel::Avx2) return;
     // Sizes cross the kernel's tiles (3 rows x 4 tokens) and blocks (64 tokens, 512 columns).
