@@ -1066,6 +1066,9 @@ private:
 
 struct AddedToken {
     std::string content;
+    // The token's text for decoding: the content, normalized if the token is `normalized`
+    // (Hugging Face's id_to_token gives the normalized form, which decode() then uses).
+    std::string text;
     int id = -1;
     bool single_word = false;
     bool lstrip = false;
@@ -1186,17 +1189,15 @@ public:
     // Hugging Face's refresh_added_tokens: special tokens first, then the others; tokens
     // marked `normalized` are matched in normalized text, by their normalized form.
     void build_matchers(const Normalizer* normalizer) {
+        for (AddedToken& token : tokens_) {
+            token.text = token.content;
+            if (token.normalized && normalizer != nullptr) normalizer->apply(token.text);
+        }
         for (bool special : {true, false}) {
             for (size_t i = 0; i < tokens_.size(); ++i) {
                 const AddedToken& token = tokens_[i];
-                if (is_special_content(token.content) != special) continue;
-                if (!token.normalized) {
-                    raw_trie_.add(token.content, int(i));
-                    continue;
-                }
-                std::string pattern = token.content;
-                if (normalizer != nullptr) normalizer->apply(pattern);
-                if (!pattern.empty()) normalized_trie_.add(pattern, int(i));
+                if (is_special_content(token.content) != special || token.text.empty()) continue;
+                (token.normalized ? normalized_trie_ : raw_trie_).add(token.text, int(i));
             }
         }
     }
@@ -1806,9 +1807,11 @@ struct Tokenizer::Impl {
         has_text.assign(texts.size(), false);
         special.assign(texts.size(), false);
         for (const auto& [text, id] : model.vocab) set_text(id, text);
-        for (const AddedToken& token : added.tokens()) set_text(token.id, token.content);
+        for (const AddedToken& token : added.tokens()) set_text(token.id, token.text);
     }
 
+    // Hugging Face decides "special" by the token's text, so a special token that is also
+    // `normalized` (its text changed by the normalizer) is not skipped when decoding.
     void set_text(int id, const std::string& text) {
         texts[id] = text;
         has_text[id] = true;
