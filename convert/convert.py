@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 """Convert a Hugging Face Llama/Mistral checkpoint into one barellm weight file.
 
-    python3 convert/convert.py HF_DIR -o OUT [--dtype f32|f16|bf16]
+    python3 convert/convert.py HF_DIR -o OUT [--dtype f32|f16|bf16|q8]
 
-The output is described in docs/FORMAT.md. Tensors are streamed one row block at a
-time, so memory stays bounded whatever the checkpoint size. The output appears only
-when the conversion succeeded; on any error a message `convert: ...` goes to stderr
-and the exit status is 1.
+The output is described in docs/FORMAT.md; q8 stores every matrix as int8 values in
+groups of 32 columns with f16 scales (tensors NAME and NAME.scale). Tensors are
+streamed one row block at a time, so memory stays bounded whatever the checkpoint size.
+The output appears only when the conversion succeeded; on any error a message
+`convert: ...` goes to stderr and the exit status is 1.
 """
 
 import argparse
@@ -256,9 +257,8 @@ def default_weight_dtype(cfg, plan):
     return dtypes.TORCH_NAMES.get(cfg.get("torch_dtype", cfg.get("dtype")), "F16")
 
 
-def write_tensor(f, info, out_dtype):
-    """Stream one tensor into `f` converted to `out_dtype`, refusing NaN/Inf and
-    values that overflow the output dtype."""
+def f32_blocks(info):
+    """Yield the tensor `info` as float32 row blocks, refusing NaN/Inf."""
     try:
         source = st.map_tensor(info)
     except (OSError, ValueError) as e:
@@ -269,6 +269,13 @@ def write_tensor(f, info, out_dtype):
         if not np.isfinite(values).all():
             kind = "NaN" if np.isnan(values).any() else "Inf"
             raise ConvertError(f"tensor '{info.name}' contains {kind} values")
+        yield values
+
+
+def write_tensor(f, info, out_dtype):
+    """Stream one tensor into `f` converted to `out_dtype`, refusing NaN/Inf and
+    values that overflow the output dtype."""
+    for values in f32_blocks(info):
         out = dtypes.from_f32(values, out_dtype)
         if dtypes.non_finite(out, out_dtype).any():
             raise ConvertError(
@@ -277,12 +284,52 @@ def write_tensor(f, info, out_dtype):
         f.write(np.ascontiguousarray(out).tobytes())
 
 
+def write_q8_tensor(f, info):
+    """Stream one matrix into `f` as Q8: its I8 values, then its F16 scales.
+
+    Both parts are written block by block in one pass over the source: the values
+    at their place, the scales at their place right after all the values."""
+    rows, cols = info.shape
+    values_start = f.tell()
+    scales_start = values_start + rows * cols
+    scale_row_bytes = dtypes.q8_groups(cols) * 2
+    row = 0
+    for values in f32_blocks(info):
+        quantized, scales = dtypes.quantize_q8(values)
+        if not np.isfinite(scales).all():
+            raise ConvertError(
+                f"tensor '{info.name}' has values beyond the Q8 range "
+                f"(max |x| = {np.abs(values).max():g}, scale over the F16 maximum); "
+                "choose another --dtype")
+        f.seek(values_start + row * cols)
+        f.write(np.ascontiguousarray(quantized).tobytes())
+        f.seek(scales_start + row * scale_row_bytes)
+        f.write(np.ascontiguousarray(scales, dtype="<f2").tobytes())
+        row += len(values)
+    f.seek(scales_start + rows * scale_row_bytes)
+
+
+def header_entries(plan, weight_dtype):
+    """(name, dtype, shape) of every output tensor in file order. With Q8 each matrix
+    NAME is an I8 tensor immediately followed by NAME.scale (F16)."""
+    entries = []
+    for name, info, is_norm in plan:
+        if is_norm:
+            entries.append((name, "F32", info.shape))
+        elif weight_dtype == "Q8":
+            rows, cols = info.shape
+            entries.append((name, "I8", info.shape))
+            entries.append((name + ".scale", "F16", (rows, dtypes.q8_groups(cols))))
+        else:
+            entries.append((name, weight_dtype, info.shape))
+    return entries
+
+
 def write_output(path, plan, metadata, weight_dtype):
     """Write the barellm file through a temporary file in the output's directory,
     renamed into place only once complete; the temporary file never survives."""
-    entries = [(name, "F32" if is_norm else weight_dtype, info.shape)
-               for name, info, is_norm in plan]
-    header, data_bytes = st.encode_header(entries, metadata, ALIGNMENT)
+    header, data_bytes = st.encode_header(header_entries(plan, weight_dtype), metadata,
+                                          ALIGNMENT)
     if os.path.isdir(path):
         raise ConvertError(f"cannot write output '{path}': it is a directory")
     try:
@@ -293,8 +340,13 @@ def write_output(path, plan, metadata, weight_dtype):
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(header)
-            for (_, info, _), (_, out_dtype, _) in zip(plan, entries):
-                write_tensor(f, info, out_dtype)
+            for _, info, is_norm in plan:
+                if is_norm:
+                    write_tensor(f, info, "F32")
+                elif weight_dtype == "Q8":
+                    write_q8_tensor(f, info)
+                else:
+                    write_tensor(f, info, weight_dtype)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
@@ -310,7 +362,7 @@ def write_output(path, plan, metadata, weight_dtype):
 def convert(hf_dir, output, weight_dtype=None):
     """Convert the checkpoint in `hf_dir` to the barellm file `output`.
 
-    `weight_dtype` is "F32", "F16", "BF16" or None for the checkpoint's own dtype.
+    `weight_dtype` is "F32", "F16", "BF16", "Q8" or None for the checkpoint's own dtype.
     Returns a one-line summary.
     """
     if not os.path.isdir(hf_dir):
@@ -342,7 +394,8 @@ def parse_args(argv):
     parser.add_argument("hf_dir", help="Hugging Face checkpoint directory")
     parser.add_argument("-o", "--output", required=True, help="barellm file to write")
     parser.add_argument("--dtype", choices=sorted(dtypes.CLI_NAMES),
-                        help="matrix dtype (default: the checkpoint's own)")
+                        help="matrix dtype (default: the checkpoint's own); q8 is int8 "
+                        "with one f16 scale per 32 columns of a row")
     return parser.parse_args(argv)
 
 

@@ -1,4 +1,5 @@
-"""Conversions between the safetensors float dtypes F32, F16 and BF16 with numpy only.
+"""Conversions between the safetensors float dtypes F32, F16 and BF16, and the Q8
+quantization of docs/FORMAT.md, with numpy only.
 
 BF16 has no numpy dtype: its values are carried as uint16 bit patterns (the upper
 half of an IEEE float32).
@@ -10,7 +11,12 @@ import numpy as np
 STORAGE = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
 
 # command-line spelling -> safetensors dtype name.
-CLI_NAMES = {"f32": "F32", "f16": "F16", "bf16": "BF16"}
+# "Q8" is not a safetensors dtype but barellm's weight_dtype for int8 matrices with
+# f16 scales (quantize_q8).
+CLI_NAMES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8": "Q8"}
+
+# Q8: columns per scale group along each row.
+Q8_GROUP = 32
 
 # torch_dtype strings of config.json -> safetensors dtype name.
 TORCH_NAMES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
@@ -59,3 +65,40 @@ def non_finite(raw, dtype):
     if dtype == "BF16":
         return (np.asarray(raw) & np.uint16(0x7F80)) == np.uint16(0x7F80)
     return ~np.isfinite(raw)
+
+
+def q8_groups(cols):
+    """Number of Q8 scale groups of a row of `cols` columns."""
+    return -(-cols // Q8_GROUP)
+
+
+def quantize_q8(values):
+    """Quantize a float32 matrix [rows, cols] to Q8 (docs/FORMAT.md).
+
+    Each row is cut into groups of Q8_GROUP columns (the last one may be shorter).
+    A group's scale is max|w| / 127 computed in float32 and rounded to f16; its values
+    are w / scale (float32 division by the f16 scale) rounded to the nearest integer,
+    ties away from zero, clamped to [-127, 127]. A group whose f16 scale is 0 (all
+    zeros, or so tiny that the scale underflows) gets values 0. Returns
+    (int8 [rows, cols], float16 [rows, q8_groups(cols)]); a scale beyond the f16 range
+    comes back as Inf for the caller to refuse.
+    """
+    values = np.asarray(values, dtype=np.float32)
+    rows, cols = values.shape
+    groups = q8_groups(cols)
+    padded = np.zeros((rows, groups * Q8_GROUP), dtype=np.float32)
+    padded[:, :cols] = values
+    grouped = padded.reshape(rows, groups, Q8_GROUP)
+    amax = np.abs(grouped).max(axis=2)
+    with np.errstate(over="ignore"):
+        scales = (amax / np.float32(127)).astype(np.float16)
+    divisor = scales.astype(np.float32)[:, :, None]
+    usable = (divisor > 0) & np.isfinite(divisor)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(usable, grouped / np.where(usable, divisor, 1), 0).astype(np.float32)
+    # Round half away from zero. x - trunc(x) is exact in float32, so ties are exact.
+    whole = np.trunc(ratio)
+    ties = np.abs(ratio - whole) == 0.5
+    rounded = np.where(ties, whole + np.sign(ratio), np.rint(ratio))
+    quantized = np.clip(rounded, -127, 127).astype(np.int8)
+    return quantized.reshape(rows, groups * Q8_GROUP)[:, :cols], scales
