@@ -5,7 +5,9 @@ Computes what transformers' LlamaForCausalLM / MistralForCausalLM compute (with 
 weights upcast, math in float64): RMSNorm, rotate-half RoPE (default, linear and llama3
 scaling), grouped-query causal attention (Mistral's sliding window included), SwiGLU MLP,
 tied or separate output projection. It shares no code with convert/: it has its own
-safetensors reader and reads either a Hugging Face directory or a barellm file.
+safetensors reader and reads either a Hugging Face directory or a barellm file; a
+barellm Q8 matrix (I8 values NAME, F16 scales NAME.scale per 32 columns of a row) is
+dequantized to value * scale, so the reference of a Q8 file is the model it stores.
 
     python3 tests/reference.py PATH (--ids 1,2,3 | --text "Once upon a time")
                                [--generate N] [--top K]
@@ -47,7 +49,8 @@ def read_safetensors(path):
             bits = np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16
             values = bits.view(np.float32)
         else:
-            values = np.frombuffer(raw, dtype={"F32": "<f4", "F16": "<f2"}[entry["dtype"]])
+            values = np.frombuffer(raw, dtype={"F32": "<f4", "F16": "<f2",
+                                               "I8": "i1"}[entry["dtype"]])
         tensors[name] = values.astype(np.float32).reshape(entry["shape"])
     return tensors, metadata
 
@@ -84,9 +87,21 @@ def load_hf(hf_dir):
     return config, weights
 
 
+def dequantize_q8(values, scales):
+    """The float32 matrix of Q8 `values` [rows, cols] and f16 `scales` [rows, groups]
+    (both already widened exactly to float32): value * scale, scale g covering
+    columns 32 g .. 32 g + 31 (fewer in a row's last group)."""
+    cols = values.shape[1]
+    per_column = np.repeat(np.asarray(scales, dtype=np.float32), 32, axis=1)[:, :cols]
+    return np.asarray(values, dtype=np.float32) * per_column
+
+
 def load_barellm(path):
-    """Load a barellm weight file as (config, weights)."""
-    weights, metadata = read_safetensors(path)
+    """Load a barellm weight file as (config, weights), Q8 matrices dequantized."""
+    tensors, metadata = read_safetensors(path)
+    weights = {name: dequantize_q8(values, tensors[name + ".scale"])
+               if name + ".scale" in tensors else values
+               for name, values in tensors.items() if not name.endswith(".scale")}
     return json.loads(metadata["barellm.config"]), weights
 
 
