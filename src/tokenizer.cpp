@@ -873,16 +873,20 @@ struct BpeSymbol {
     bool removed;
 };
 
+// A merge waiting in the queue. Hugging Face's Merge order, lowest rank first and then
+// leftmost, is the order of `rank << 32 | pos`.
 struct PendingMerge {
-    uint32_t rank;
-    uint32_t pos;
+    uint64_t order;
     int merged_id;
+
+    uint32_t pos() const { return uint32_t(order); }
 };
 
-// Priority of the merge queue: lowest rank first, then leftmost (Hugging Face's Merge order).
-bool lower_priority(const PendingMerge& a, const PendingMerge& b) {
-    return a.rank != b.rank ? a.rank > b.rank : a.pos > b.pos;
-}
+struct ComesLater {  // for std::*_heap, which keep the greatest element first
+    bool operator()(const PendingMerge& a, const PendingMerge& b) const {
+        return a.order > b.order;
+    }
+};
 
 // Working memory of one encode() call, reused across words.
 struct EncodeScratch {
@@ -919,6 +923,10 @@ public:
             const auto found = vocab.find(*unk_token);
             if (found != vocab.end()) unk_id_ = found->second;
         }
+        segment_at_space_markers_ = vocab.count(std::string(kSpaceMarker)) != 0 &&
+                                    std::none_of(vocab.begin(), vocab.end(), [](const auto& entry) {
+                                        return has_marker_after_other(entry.first);
+                                    });
     }
 
     void add_merge(const std::string& left, const std::string& right, uint32_t rank) {
@@ -938,6 +946,44 @@ public:
                 return;
             }
         }
+        if (!segment_at_space_markers_) {
+            merge_segment(word, ids, scratch);
+            return;
+        }
+        size_t begin = 0;
+        for (size_t marker = word.find(kSpaceMarker, 1); marker != std::string_view::npos;
+             marker = word.find(kSpaceMarker, marker + kSpaceMarker.size())) {
+            if (!follows_marker(word, marker)) {
+                merge_segment(word.substr(begin, marker - begin), ids, scratch);
+                begin = marker;
+            }
+        }
+        merge_segment(word.substr(begin), ids, scratch);
+    }
+
+private:
+    // U+2581, SentencePiece's space marker. A SentencePiece vocabulary has it only at the
+    // start of tokens. Then no merge can join a marker to a character before it other than
+    // a marker, so a word splits there into segments that BPE independently, with exactly
+    // the result of merging the whole word (only faster, and cacheable): SentencePiece-style
+    // tokenizers have no pre-tokenizer, which makes a whole text one word.
+    static constexpr std::string_view kSpaceMarker = "\xE2\x96\x81";
+
+    static bool follows_marker(std::string_view text, size_t pos) {
+        return pos >= kSpaceMarker.size() &&
+               text.substr(pos - kSpaceMarker.size(), kSpaceMarker.size()) == kSpaceMarker;
+    }
+
+    // Whether `text` has a space marker right after a character that is not one.
+    static bool has_marker_after_other(std::string_view text) {
+        for (size_t pos = text.find(kSpaceMarker, 1); pos != std::string_view::npos;
+             pos = text.find(kSpaceMarker, pos + 1)) {
+            if (!follows_marker(text, pos)) return true;
+        }
+        return false;
+    }
+
+    void merge_segment(std::string_view word, std::vector<int>& ids, EncodeScratch& scratch) const {
         constexpr size_t kMaxCachedWordBytes = 256;
         const bool cacheable = word.size() < kMaxCachedWordBytes;
         if (cacheable) {
@@ -962,7 +1008,6 @@ public:
         }
     }
 
-private:
     static uint64_t pair_key(int left, int right) {
         return uint64_t(uint32_t(left)) << 32 | uint32_t(right);
     }
@@ -1017,13 +1062,18 @@ private:
                            [&](char b) { return byte_ids_[static_cast<unsigned char>(b)] >= 0; });
     }
 
+    // `merge` is a merges_ value: rank << 32 | merged id.
+    static PendingMerge pending_merge(uint64_t merge, int pos) {
+        return {(merge >> 32) << 32 | uint32_t(pos), int(uint32_t(merge))};
+    }
+
     void push_merge_if_known(std::vector<BpeSymbol>& symbols, std::vector<PendingMerge>& queue,
                              int pos) const {
         const BpeSymbol& left = symbols[pos];
         if (left.next < 0) return;
         if (const uint64_t* merge = merges_.find(pair_key(left.id, symbols[left.next].id))) {
-            queue.push_back({uint32_t(*merge >> 32), uint32_t(pos), int(uint32_t(*merge))});
-            std::push_heap(queue.begin(), queue.end(), lower_priority);
+            queue.push_back(pending_merge(*merge, pos));
+            std::push_heap(queue.begin(), queue.end(), ComesLater());
         }
     }
 
@@ -1035,14 +1085,15 @@ private:
         for (int pos = 0; pos + 1 < int(symbols.size()); ++pos) {
             if (const uint64_t* merge =
                     merges_.find(pair_key(symbols[pos].id, symbols[pos + 1].id)))
-                queue.push_back({uint32_t(*merge >> 32), uint32_t(pos), int(uint32_t(*merge))});
+                queue.push_back(pending_merge(*merge, pos));
         }
-        std::make_heap(queue.begin(), queue.end(), lower_priority);
+        std::make_heap(queue.begin(), queue.end(), ComesLater());
         while (!queue.empty()) {
-            std::pop_heap(queue.begin(), queue.end(), lower_priority);
+            std::pop_heap(queue.begin(), queue.end(), ComesLater());
             const PendingMerge top = queue.back();
             queue.pop_back();
-            BpeSymbol& left = symbols[top.pos];
+            const int pos = int(top.pos());
+            BpeSymbol& left = symbols[pos];
             if (left.removed || left.next < 0) continue;
             BpeSymbol& right = symbols[left.next];
             const uint64_t* current = merges_.find(pair_key(left.id, right.id));
@@ -1050,9 +1101,9 @@ private:
             left.id = top.merged_id;
             right.removed = true;
             left.next = right.next;
-            if (right.next >= 0) symbols[right.next].prev = int(top.pos);
+            if (right.next >= 0) symbols[right.next].prev = pos;
             if (left.prev >= 0) push_merge_if_known(symbols, queue, left.prev);
-            push_merge_if_known(symbols, queue, int(top.pos));
+            push_merge_if_known(symbols, queue, pos);
         }
     }
 
@@ -1060,6 +1111,7 @@ private:
     FlatMap char_ids_;  // code point -> id of the single-character token
     std::array<int, 256> byte_ids_{};
     std::optional<int> unk_id_;
+    bool segment_at_space_markers_ = false;
 };
 
 // ============================================================================ Added tokens

@@ -142,6 +142,8 @@ def stories_variants(stories):
         ]),
         "ignore-merges-no-decoder": variant(model=dict(stories["model"], ignore_merges=True),
                                             decoder=None),
+        # A token with a character before the space marker: whole words are merged at once.
+        "unsegmented": with_model(vocab=dict(stories["model"]["vocab"], **{"x\u2581": 512})),
         "unk-fused": with_model(byte_fallback=False),
         "unk-unfused": with_model(byte_fallback=False, fuse_unk=False),
     }
@@ -189,7 +191,8 @@ REAL = ["stories260K", "smollm2", "llama2"]
 VARIANTS = ["llama3-split", "qwen2-split-nfc", "gpt2-split-prefix-space",
             "digit-runs-prefix-space", "metaspace-always", "metaspace-first-unsplit",
             "metaspace-never", "split-behaviors", "split-isolated-inverted",
-            "added-token-flags", "ignore-merges-no-decoder", "unk-fused", "unk-unfused"]
+            "added-token-flags", "ignore-merges-no-decoder", "unsegmented", "unk-fused",
+            "unk-unfused"]
 
 
 def tokenizer_path(tokenizer_files, name):
@@ -364,6 +367,15 @@ def test_eval_files_encode_decode_and_round_trip(name, tokenizer_files, tmp_path
         decoded = run_tool(tmp_path, path, ours, "--decode")
         assert decoded == tokenizer.decode(ours, skip_special_tokens=False)
         assert decoded == text, f"{file_name} does not survive encode + decode"
+
+
+def test_whole_word_merging_of_a_long_text(tokenizer_files, tmp_path):
+    """A long text as one BPE word (no segmenting at space markers): the merge queue path."""
+    need_tool()
+    path = tokenizer_path(tokenizer_files, "unsegmented")
+    text = eval_text("wiki.test.raw")[:200_000]
+    ours = run_tool(tmp_path, path, text)
+    assert_same_ids(ours, hf_tokenizer(path).encode(text, add_special_tokens=False).ids, text)
 
 
 @pytest.mark.parametrize("parse_special", [True, False], ids=["special", "no-special"])
