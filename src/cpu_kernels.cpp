@@ -94,11 +94,20 @@ void scalar::add_scaled_kv(float* out, float scale, const void* values, int n, K
 
 namespace {
 
+// Below this many multiply-adds a thread costs more to wake than it saves.
+constexpr size_t kMinWorkPerThread = 1 << 16;
+
+// Threads worth using for `work` multiply-adds: at most OpenMP's, at least one.
+int threads_for(size_t work) {
+    return int(
+        std::max<size_t>(1, std::min<size_t>(omp_get_max_threads(), work / kMinWorkPerThread)));
+}
+
 // Calls work(first, count) on each OpenMP thread with its own contiguous run of the
-// `rows` rows, cut at multiples of `step`.
+// `rows` rows, cut at multiples of `step`; `row_work` is the multiply-adds of one row.
 template <typename Work>
-void split_rows(int rows, int step, Work work) {
-#pragma omp parallel
+void split_rows(int rows, int step, size_t row_work, Work work) {
+#pragma omp parallel num_threads(threads_for(rows* row_work))
     {
         const int threads = omp_get_num_threads();
         const int steps = (rows + step - 1) / step;
@@ -134,14 +143,14 @@ void matmul(float* out, const float* x, const Matrix& w) {
         static thread_local QuantizedVector quantized_buffer;
         QuantizedVector& quantized_x = quantized_buffer;
         quantize_q8(&quantized_x, x, w.cols);
-        split_rows(w.rows, kRowStep, [&](int first, int count) {
+        split_rows(w.rows, kRowStep, w.cols, [&](int first, int count) {
             avx2::matmul_rows_q8(out, w, quantized_x, first, count);
         });
         return;
     }
     const auto rows_kernel =
         active_level == SimdLevel::Avx2 ? avx2::matmul_rows : scalar::matmul_rows;
-    split_rows(w.rows, kRowStep,
+    split_rows(w.rows, kRowStep, w.cols,
                [&](int first, int count) { rows_kernel(out, w, x, first, count); });
 }
 
@@ -149,7 +158,7 @@ void matmul_batch(float* out, const float* x, int batch, const Matrix& w) {
     const auto rows_kernel =
         active_level == SimdLevel::Avx2 ? avx2::matmul_batch_rows : scalar::matmul_batch_rows;
     constexpr int kRowStep = 3;  // the AVX2 micro-kernel's rows per step
-    split_rows(w.rows, kRowStep,
+    split_rows(w.rows, kRowStep, size_t(w.cols) * batch,
                [&](int first, int count) { rows_kernel(out, w, x, batch, first, count); });
 }
 
@@ -237,7 +246,8 @@ int attention_start(int pos, int window) { return window > 0 ? std::max(0, pos +
 
 void attention(float* out, const float* q, int pos, const void* key_cache, const void* value_cache,
                float* scores, const AttentionShape& shape, KvType type) {
-#pragma omp parallel for schedule(static)
+    const size_t work = size_t(shape.heads) * (pos + 1) * shape.head_dim * 2;
+#pragma omp parallel for schedule(static) num_threads(threads_for(work))
     for (int h = 0; h < shape.heads; ++h)
         attend_one_head(out + size_t(h) * shape.head_dim, q + size_t(h) * shape.head_dim, h, pos,
                         key_cache, value_cache, scores + size_t(h) * (pos + 1), shape, type);
@@ -246,7 +256,8 @@ void attention(float* out, const float* q, int pos, const void* key_cache, const
 void attention_batch(float* out, const float* q, int count, int first_pos, const void* key_cache,
                      const void* value_cache, const AttentionShape& shape, KvType type) {
     const size_t q_dim = size_t(shape.heads) * shape.head_dim;
-#pragma omp parallel
+    const size_t work = q_dim * count * (first_pos + count) * 2;
+#pragma omp parallel num_threads(threads_for(work))
     {
         std::vector<float> scores(first_pos + count);  // this thread's scratch
 #pragma omp for collapse(2) schedule(dynamic, 4)

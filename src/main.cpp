@@ -243,9 +243,7 @@ int command_run(const Options& options) {
 
     std::cout << options.prompt << std::flush;
     const auto prefill_start = Clock::now();
-    const float* logits = nullptr;
-    for (size_t pos = 0; pos < prompt.size() && !interrupted; ++pos)
-        logits = backend->forward(prompt[pos], int(pos));
+    const float* logits = backend->prefill(prompt.data(), int(prompt.size()), 0, false);
     const double prefill_seconds = seconds_since(prefill_start);
 
     std::vector<float> scratch(config.vocab_size);
@@ -314,14 +312,14 @@ int command_ppl(const Options& options) {
     const int first_scored = context / 2;
     double nll_sum = 0, nll_squared_sum = 0;
     long scored = 0;
-    std::vector<float> probabilities(config.vocab_size);
     const auto start = Clock::now();
     for (int chunk = 0; chunk < chunks && !interrupted; ++chunk) {
-        const int* chunk_tokens = tokens.data() + size_t(chunk) * context;
-        for (int pos = 0; pos < context - 1; ++pos) {
-            const int token = (pos == 0 && config.add_bos) ? config.bos_id : chunk_tokens[pos];
-            const float* logits = backend->forward(token, pos);
-            if (pos < first_scored) continue;
+        std::vector<int> chunk_tokens(tokens.begin() + size_t(chunk) * context,
+                                      tokens.begin() + size_t(chunk + 1) * context);
+        if (config.add_bos) chunk_tokens[0] = config.bos_id;
+        const float* all_logits = backend->prefill(chunk_tokens.data(), context, 0, true);
+        for (int pos = first_scored; pos < context - 1; ++pos) {
+            const float* logits = all_logits + size_t(pos) * config.vocab_size;
             check_finite(logits, config.vocab_size, pos);
             // -log softmax(logits)[next], computed stably in double.
             const float max_logit = *std::max_element(logits, logits + config.vocab_size);
