@@ -54,6 +54,19 @@ def test_stories260k_logits_match_reference(tmp_path, dtype, kv, tolerance, mode
     assert (got.argmax(axis=1) == want.argmax(axis=1)).all()
 
 
+def test_q8_matches_reference(tmp_path):
+    """Q8: prefill and the scalar path use the dequantized weights exactly; AVX2 decode
+    also quantizes the activations (integer dot products), a small extra error."""
+    need_shared(STORIES)
+    model = convert(STORIES, str(tmp_path / "stories-q8.bin"), "q8")
+    want = reference.logits_for(model, IDS)
+    for flags in (["--prefill"], ["--scalar"]):
+        assert relative_error(barellm_logits(model, IDS, "--kv", "f32", *flags), want) < 1e-4
+    decoded = barellm_logits(model, IDS, "--kv", "f32")
+    assert relative_error(decoded, want) < 2e-2
+    assert (decoded.argmax(axis=1) == want.argmax(axis=1)).mean() > 0.9
+
+
 def test_scalar_path_matches_reference(tmp_path):
     need_shared(STORIES)
     model = convert(STORIES, str(tmp_path / "stories-f16.bin"), "f16")
