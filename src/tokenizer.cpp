@@ -1644,8 +1644,8 @@ std::string literal_pattern(const json& node, const std::string& where) {
     if (pattern.is_object() && pattern.contains("String"))
         return string_member(pattern, "String", where);
     if (pattern.is_object() && pattern.contains("Regex"))
-        throw Error(describe(where + " with a Regex pattern (" + pattern.at("Regex").dump() +
-                             ") is not supported"));
+        throw Error(describe(where + " with Regex pattern '" +
+                             string_member(pattern, "Regex", where) + "' is not supported"));
     throw Error(describe(where + " has a pattern that is neither String nor Regex"));
 }
 
