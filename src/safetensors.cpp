@@ -164,6 +164,12 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), file_(p
             throw Error(where + ": shape " + shape.dump() + " needs " + std::to_string(view.bytes) +
                         " bytes but data_offsets give " + std::to_string(end - begin));
         view.data = data_start + begin;
+        // Kernels read tensors through typed pointers: each must be naturally aligned.
+        if (reinterpret_cast<uintptr_t>(view.data) % dtype_size(view.dtype) != 0)
+            throw Error(where + ": data at file offset " +
+                        std::to_string(kHeaderLengthBytes + header_bytes + begin) +
+                        " is not aligned to its " + std::to_string(dtype_size(view.dtype)) +
+                        "-byte elements (re-convert the model with convert/convert.py)");
         ranges.emplace_back(begin, end);
         tensors_.emplace(name, std::move(view));
     }

@@ -28,8 +28,10 @@ std::string write_raw(const std::string& name, const std::string& header, const 
     return path;
 }
 
+// Writes a header padded with spaces to a multiple of 8 bytes, as converters do.
 std::string write_file(const std::string& name, const json& header, const std::string& data) {
-    const std::string text = header.dump();
+    std::string text = header.dump();
+    text.resize((text.size() + 7) / 8 * 8, ' ');
     return write_raw(name, text, data, text.size());
 }
 
@@ -155,6 +157,13 @@ TEST_CASE("bad tensor entries are refused naming the tensor") {
                             {"data_offsets", {0, 4}}},
                            std::string(4, 'x')),
                Catch::Contains("size overflows"));
+    {
+        // A header of odd length puts the data of an F32 tensor at an odd offset.
+        const json header = {{"t", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {0, 4}}}}};
+        const std::string text = header.dump() + (header.dump().size() % 2 ? "" : " ");
+        CHECK_THAT(load_error(write_raw("misaligned", text, std::string(4, 'x'), text.size())),
+                   Catch::Contains("not aligned to its 4-byte elements"));
+    }
     CHECK_THAT(entry_error("missing_keys", {{"dtype", "F32"}}, ""),
                Catch::Contains("needs dtype, shape and data_offsets"));
     const json overlapping = {{"a", {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 8}}}},
