@@ -4,8 +4,10 @@
     python3 convert/convert.py HF_DIR -o OUT [--dtype f32|f16|bf16|q8]
 
 The output is described in docs/FORMAT.md; q8 stores every matrix as int8 values in
-groups of 32 columns with f16 scales (tensors NAME and NAME.scale). Tensors are
-streamed one row block at a time, so memory stays bounded whatever the checkpoint size.
+groups of 32 columns with f16 scales (tensors NAME and NAME.scale). Tensors are laid
+out by element size (4-byte, then 2-byte, then 1-byte) so each is naturally aligned,
+and streamed one row block at a time, so memory stays bounded whatever the checkpoint
+size.
 The output appears only when the conversion succeeded; on any error a message
 `convert: ...` goes to stderr and the exit status is 1.
 """
@@ -284,14 +286,13 @@ def write_tensor(f, info, out_dtype):
         f.write(np.ascontiguousarray(out).tobytes())
 
 
-def write_q8_tensor(f, info):
-    """Stream one matrix into `f` as Q8: its I8 values, then its F16 scales.
+def write_q8_tensor(f, info, values_start, scales_start):
+    """Stream one matrix into `f` as Q8: its I8 values at absolute offset
+    `values_start` and its F16 scales at `scales_start`.
 
-    Both parts are written block by block in one pass over the source: the values
-    at their place, the scales at their place right after all the values."""
+    Both parts are written block by block in one pass over the source, each block's
+    values and scales at their own place in their part."""
     rows, cols = info.shape
-    values_start = f.tell()
-    scales_start = values_start + rows * cols
     scale_row_bytes = dtypes.q8_groups(cols) * 2
     row = 0
     for values in f32_blocks(info):
@@ -306,12 +307,16 @@ def write_q8_tensor(f, info):
         f.seek(scales_start + row * scale_row_bytes)
         f.write(np.ascontiguousarray(scales, dtype="<f2").tobytes())
         row += len(values)
-    f.seek(scales_start + rows * scale_row_bytes)
 
 
 def header_entries(plan, weight_dtype):
-    """(name, dtype, shape) of every output tensor in file order. With Q8 each matrix
-    NAME is an I8 tensor immediately followed by NAME.scale (F16)."""
+    """(name, dtype, shape) of every output tensor in file order.
+
+    With Q8 each matrix NAME is an I8 tensor NAME plus an F16 tensor NAME.scale.
+    File order puts tensors of 4-byte elements first, then those of 2-byte elements,
+    then those of 1-byte elements, each class in model order. As the data section
+    starts at a multiple of 64 bytes, every tensor then starts at a multiple of its
+    element size (docs/FORMAT.md)."""
     entries = []
     for name, info, is_norm in plan:
         if is_norm:
@@ -322,14 +327,20 @@ def header_entries(plan, weight_dtype):
             entries.append((name + ".scale", "F16", (rows, dtypes.q8_groups(cols))))
         else:
             entries.append((name, weight_dtype, info.shape))
-    return entries
+    # sorted() is stable: model order within each element size.
+    return sorted(entries, key=lambda entry: -st.ITEM_SIZES[entry[1]])
 
 
 def write_output(path, plan, metadata, weight_dtype):
     """Write the barellm file through a temporary file in the output's directory,
-    renamed into place only once complete; the temporary file never survives."""
-    header, data_bytes = st.encode_header(header_entries(plan, weight_dtype), metadata,
-                                          ALIGNMENT)
+    renamed into place only once complete; the temporary file never survives.
+
+    Tensors are converted in model order, one pass over each source tensor, each
+    written at its place in the file layout (header_entries)."""
+    entries = header_entries(plan, weight_dtype)
+    header, data_bytes = st.encode_header(entries, metadata, ALIGNMENT)
+    start = {name: len(header) + begin
+             for name, (begin, _) in st.data_offsets(entries).items()}
     if os.path.isdir(path):
         raise ConvertError(f"cannot write output '{path}': it is a directory")
     try:
@@ -340,13 +351,12 @@ def write_output(path, plan, metadata, weight_dtype):
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(header)
-            for _, info, is_norm in plan:
-                if is_norm:
-                    write_tensor(f, info, "F32")
-                elif weight_dtype == "Q8":
-                    write_q8_tensor(f, info)
+            for name, info, is_norm in plan:
+                if weight_dtype == "Q8" and not is_norm:
+                    write_q8_tensor(f, info, start[name], start[name + ".scale"])
                 else:
-                    write_tensor(f, info, weight_dtype)
+                    f.seek(start[name])
+                    write_tensor(f, info, "F32" if is_norm else weight_dtype)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)

@@ -146,23 +146,33 @@ def row_blocks(array, max_elements):
         yield array[start:start + rows]
 
 
+def data_offsets(entries):
+    """[begin, end) of each of the (name, dtype, shape) `entries` laid out back to back
+    in the given order, relative to the data section: {name: (begin, end)}."""
+    offsets, offset = {}, 0
+    for name, dtype, shape in entries:
+        nbytes = math.prod(shape) * ITEM_SIZES[dtype]
+        offsets[name] = (offset, offset + nbytes)
+        offset += nbytes
+    return offsets
+
+
 def encode_header(entries, metadata, alignment):
     """Build the 8-byte length prefix plus JSON header for `entries`.
 
     `entries` is a list of (name, dtype, shape) in file order; tensors are laid out
-    back to back in that order. The header is padded with spaces so that the data
-    section starts at a multiple of `alignment` bytes. Returns (prefix_and_header,
-    total_data_bytes).
+    back to back in that order (see data_offsets) and the header lists them in that
+    order. The header is padded with spaces so that the data section starts at a
+    multiple of `alignment` bytes. Returns (prefix_and_header, total_data_bytes).
     """
     header = {}
     if metadata:
         header["__metadata__"] = metadata
-    offset = 0
+    offsets = data_offsets(entries)
     for name, dtype, shape in entries:
-        nbytes = math.prod(shape) * ITEM_SIZES[dtype]
         header[name] = {"dtype": dtype, "shape": list(shape),
-                        "data_offsets": [offset, offset + nbytes]}
-        offset += nbytes
+                        "data_offsets": list(offsets[name])}
     body = compact_json(header).encode("utf-8")
     body += b" " * (-(8 + len(body)) % alignment)
-    return struct.pack("<Q", len(body)) + body, offset
+    end = max((e for _, e in offsets.values()), default=0)
+    return struct.pack("<Q", len(body)) + body, end

@@ -19,12 +19,30 @@ LAYER_NAMES = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "w1", "w3", "w2"
 NORM_NAMES = ("attn_norm", "ffn_norm")
 
 
-def expected_names(layers, tied):
-    """barellm tensor names in file order."""
+def model_names(layers, tied):
+    """barellm tensor names in model order."""
     names = ["token_embedding"]
     names += [f"layers.{l}.{n}" for l in range(layers) for n in LAYER_NAMES]
     names.append("final_norm")
     return names if tied else names + ["output"]
+
+
+def is_norm_name(name):
+    """Whether barellm tensor `name` is a norm (always F32)."""
+    return name.split(".")[-1] in NORM_NAMES or name == "final_norm"
+
+
+def expected_names(layers, tied, weight_dtype="F32"):
+    """barellm tensor names in file order (docs/FORMAT.md): F32 tensors, then F16/BF16
+    tensors (Q8 scales), then I8 tensors, each in model order."""
+    names = model_names(layers, tied)
+    if weight_dtype == "F32":
+        return names
+    norms = [n for n in names if is_norm_name(n)]
+    matrices = [n for n in names if not is_norm_name(n)]
+    if weight_dtype == "Q8":
+        return norms + [n + ".scale" for n in matrices] + matrices
+    return norms + matrices
 
 
 def hf_name(name):
@@ -63,9 +81,14 @@ def cast(values, dtype):
     return values.astype({"F32": "<f4", "F16": "<f2"}[dtype])
 
 
+ELEMENT_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "I8": 1}
+
+
 def check_layout(path):
-    """The file is valid safetensors with a 64-aligned, space-padded header and
-    tensors back to back. Returns (header, arrays)."""
+    """The file is valid safetensors with a 64-aligned, space-padded header, tensors
+    listed in file order, back to back without holes, and each tensor naturally
+    aligned: its absolute file offset is a multiple of its element size.
+    Returns (header, arrays)."""
     length, header, arrays, size = read_raw(path)
     with open(path, "rb") as f:
         raw_header = f.read(8 + length)[8:]
@@ -77,7 +100,8 @@ def check_layout(path):
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        assert entry["data_offsets"][0] == offset
+        assert entry["data_offsets"][0] == offset, name
+        assert (8 + length + offset) % ELEMENT_BYTES[entry["dtype"]] == 0, name
         offset = entry["data_offsets"][1]
     assert 8 + length + offset == size
     return header, arrays
@@ -97,10 +121,9 @@ def test_stories260k_round_trip(tmp_path, flag, dtype):
     out = converted(tmp_path, STORIES, "--dtype", flag)
     header, arrays = check_layout(out)
     source, _ = reference.read_safetensors(os.path.join(STORIES, "model.safetensors"))
-    assert list(arrays) == expected_names(5, tied=True)
+    assert list(arrays) == expected_names(5, tied=True, weight_dtype=dtype)
     for name, array in arrays.items():
-        is_norm = name.split(".")[-1] in NORM_NAMES or name == "final_norm"
-        assert header[name]["dtype"] == ("F32" if is_norm else dtype)
+        assert header[name]["dtype"] == ("F32" if is_norm_name(name) else dtype)
         expected = cast(source[hf_name(name)], header[name]["dtype"])
         assert array.shape == expected.shape
         assert np.array_equal(array.view(np.uint8), expected.view(np.uint8)), name
@@ -152,7 +175,7 @@ def test_sharded_bf16_input(tmp_path):
     for flag, dtype in (("bf16", "BF16"), ("f32", "F32")):
         out = converted(tmp_path, hf, "--dtype", flag)
         header, arrays = check_layout(out)
-        assert list(arrays) == expected_names(3, tied=False)
+        assert list(arrays) == expected_names(3, tied=False, weight_dtype=dtype)
         for name, array in arrays.items():
             raw = source[hf_name(name)]
             if header[name]["dtype"] == "F32" and raw.dtype == np.uint16:
@@ -161,6 +184,64 @@ def test_sharded_bf16_input(tmp_path):
     ids = [1, 5, 9, 33, 7]
     np.testing.assert_allclose(reference.logits_for(str(out), ids),
                                reference.logits_for(str(hf), ids), rtol=0, atol=1e-9)
+
+
+# Odd sizes: I8 tensors with odd byte counts (41 x 21, 23 x 21, 21 x 23) and F16 tensors
+# whose byte count is not a multiple of 4, so that laying tensors out in model order
+# would misalign the F16/F32 tensors after them.
+ODD_CONFIG = {**TINY_CONFIG, "hidden_size": 21, "intermediate_size": 23, "vocab_size": 41,
+              "num_attention_heads": 3, "num_key_value_heads": 1, "head_dim": 6}
+
+
+def model_order_misaligned(header, weight_dtype):
+    """Names of the tensors that would be misaligned if `header`'s tensors were laid out
+    back to back in model order after a 64-aligned data start."""
+    names = []
+    for name in model_names(ODD_CONFIG["num_hidden_layers"], tied=False):
+        names += [name, name + ".scale"] if weight_dtype == "Q8" and not is_norm_name(name) \
+            else [name]
+    offset, bad = 0, []
+    for name in names:
+        begin, end = header[name]["data_offsets"]
+        if offset % ELEMENT_BYTES[header[name]["dtype"]]:
+            bad.append(name)
+        offset += end - begin
+    return bad
+
+
+@pytest.mark.parametrize("flag,dtype", [("f32", "F32"), ("f16", "F16"), ("bf16", "BF16"),
+                                        ("q8", "Q8")])
+@pytest.mark.parametrize("model", ["stories260K", "odd"])
+def test_every_tensor_naturally_aligned(tmp_path, model, flag, dtype):
+    if model == "odd":
+        tensors = tiny_tensors(ODD_CONFIG, seed=11)
+        hf = make_checkpoint(tmp_path / "hf", config=ODD_CONFIG, tensors=tensors)
+        layers, tied = ODD_CONFIG["num_hidden_layers"], False
+    else:
+        hf = need_shared(STORIES)
+        layers, tied = 5, True
+    out = converted(tmp_path, hf, "--dtype", flag)
+    length, header, arrays, size = read_raw(out)
+    base = 8 + length
+    assert base % 64 == 0
+    spans = sorted((entry["data_offsets"], name) for name, entry in header.items()
+                   if name != "__metadata__")
+    assert [name for _, name in spans] == expected_names(layers, tied, dtype)
+    offset = 0
+    for (begin, end), name in spans:
+        assert begin == offset, f"{name}: hole or overlap at data offset {offset}"
+        element = ELEMENT_BYTES[header[name]["dtype"]]
+        assert (base + begin) % element == 0, \
+            f"{name} ({header[name]['dtype']}) at file offset {base + begin}"
+        offset = end
+    assert base + offset == size
+    if model == "odd":
+        if dtype != "F32":   # the sizes really are odd enough to matter
+            assert model_order_misaligned(header, dtype)
+        if dtype != "Q8":    # Q8 contents: tests/test_q8.py
+            for name, array in arrays.items():
+                expected = cast(tensors[hf_name(name)][1], header[name]["dtype"])
+                assert np.array_equal(array.view(np.uint8), expected.view(np.uint8)), name
 
 
 def test_default_dtype_follows_checkpoint(tmp_path):

@@ -12,7 +12,8 @@ import pytest
 import reference
 from convert_testlib import (CONVERT, SHARED, STORIES, TINY_CONFIG, make_checkpoint,
                              need_shared, read_raw, run, tiny_tensors)
-from test_convert import check_layout, converted, expected_names, hf_name, refuse
+from test_convert import (ODD_CONFIG, check_layout, converted, expected_names, hf_name,
+                          refuse)
 
 TINYSTORIES = os.path.join(SHARED, "eval", "tinystories_valid_sample.txt")
 GROUP = 32
@@ -28,14 +29,6 @@ def convert_q8(directory, hf_dir, *options):
 def is_matrix(name):
     """Whether barellm tensor `name` is a matrix (not a norm)."""
     return not (name.endswith("_norm") or name == "final_norm")
-
-
-def q8_names(names):
-    """File order of a Q8 file: each matrix NAME immediately followed by NAME.scale."""
-    out = []
-    for name in names:
-        out += [name, name + ".scale"] if is_matrix(name) else [name]
-    return out
 
 
 def dequantize(values, scales):
@@ -94,7 +87,8 @@ def check_q8_file(out, source_weights, layers, tied):
     """Layout, names, dtypes and exact Q8 contents of the barellm file `out` converted
     from float32 `source_weights` (by Hugging Face name). Returns the header."""
     header, arrays = check_layout(out)
-    assert list(arrays) == q8_names(expected_names(layers, tied))
+    # File order: F32 norms, then F16 scales, then I8 values, each in model order.
+    assert list(arrays) == expected_names(layers, tied, weight_dtype="Q8")
     assert json.loads(header["__metadata__"]["barellm.config"])["weight_dtype"] == "Q8"
     for name, array in arrays.items():
         if name.endswith(".scale"):
@@ -215,6 +209,16 @@ def test_row_blocks_give_the_same_file(tmp_path, monkeypatch):
     monkeypatch.setattr(converter, "CHUNK_ELEMENTS", 3 * 35)   # 3 rows of 35 per block
     converter.convert(str(hf), str(tmp_path / "blocks.barellm"), "Q8")
     assert (tmp_path / "blocks.barellm").read_bytes() == whole.read_bytes()
+
+
+def test_odd_sizes(tmp_path):
+    # I8 tensors of odd byte counts: values and scales still land at their own offsets.
+    tensors = tiny_tensors(ODD_CONFIG, seed=11)
+    hf = make_checkpoint(tmp_path / "hf", config=ODD_CONFIG, tensors=tensors)
+    out = convert_q8(tmp_path / "out", hf)
+    check_q8_file(out, {name: array for name, (_, array) in tensors.items()},
+                  layers=2, tied=False)
+    assert np.isfinite(reference.logits_for(str(out), [1, 4, 9, 30, 2])).all()
 
 
 def test_f16_source_is_upcast_first(tmp_path):
