@@ -292,6 +292,30 @@ TEST_CASE("stream decoder shows a byte run's characters before the run goes bad"
     CHECK(stream_all(tokenizer, ids) == "a\xE4\xB8\xAD\xEF\xBF\xBD");
 }
 
+TEST_CASE("stream decoder waits while a Replace or Strip may still change the text",
+          "[tokenizer]") {
+    json document = tiny_tokenizer();
+    document["decoder"] = {
+        {"type", "Sequence"},
+        {"decoders",
+         {{{"type", "Fuse"}},
+          {{"type", "Replace"}, {"pattern", {{"String", "ab"}}}, {"content", "X"}},
+          {{"type", "Strip"}, {"content", "d"}, {"start", 0}, {"stop", 2}}}}};
+    const Tokenizer tokenizer = load(document);
+    StreamDecoder decoder(tokenizer);
+    CHECK(decoder.push(2) == "");   // "a" may begin "ab"
+    CHECK(decoder.push(3) == "X");  // it did
+    CHECK(decoder.push(2) == "");
+    CHECK(decoder.push(4) == "ac");  // "ac" cannot
+    CHECK(decoder.push(5) == "");    // a trailing "d" may be stripped
+    CHECK(decoder.push(5) == "");
+    CHECK(decoder.push(5) == "d");    // only the last two can be
+    CHECK(decoder.push(2) == "");     // "a" may begin "ab" again
+    CHECK(decoder.push(5) == "dda");  // "ad" cannot; the new "d" may be stripped
+    CHECK(decoder.flush() == "");
+    CHECK(tokenizer.decode({2, 3, 2, 4, 5, 5, 5, 2, 5}) == "Xacddda");
+}
+
 TEST_CASE("stream decoder with a byte-level decoder", "[tokenizer]") {
     json document = tiny_tokenizer();
     // GPT-2's alphabet: byte 0xE4 is U+00E4, 0xB8 is U+00B8, 0xAD is U+0143.

@@ -114,6 +114,16 @@ def stories_variants(stories):
         result["model"].update(model_changes)
         return result
 
+    def strip(content, start, stop):
+        return {"type": "Strip", "content": content, "start": start, "stop": stop}
+
+    # Strips that Hugging Face does not panic on (it does when a token is all stripped
+    # characters and shorter than start + stop).
+    per_token_strips = {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"}, strip("e", 0, 1), strip(" ", 2, 0),
+        {"type": "Replace", "pattern": {"String": "th"}, "content": "<TH>"}, {"type": "Fuse"},
+        {"type": "Replace", "pattern": {"String": "ee"}, "content": "[E]"}]}
     metaspace_decoder = {"type": "Sequence", "decoders": [
         {"type": "ByteFallback"}, {"type": "Metaspace", "replacement": "\u2581",
                                    "prepend_scheme": "always", "split": True}]}
@@ -144,6 +154,7 @@ def stories_variants(stories):
                                             decoder=None),
         # A token with a character before the space marker: whole words are merged at once.
         "unsegmented": with_model(vocab=dict(stories["model"]["vocab"], **{"x\u2581": 512})),
+        "strips-and-replaces": variant(decoder=per_token_strips),
         "unk-fused": with_model(byte_fallback=False),
         "unk-unfused": with_model(byte_fallback=False, fuse_unk=False),
     }
@@ -191,8 +202,8 @@ REAL = ["stories260K", "smollm2", "llama2"]
 VARIANTS = ["llama3-split", "qwen2-split-nfc", "gpt2-split-prefix-space",
             "digit-runs-prefix-space", "metaspace-always", "metaspace-first-unsplit",
             "metaspace-never", "split-behaviors", "split-isolated-inverted",
-            "added-token-flags", "ignore-merges-no-decoder", "unsegmented", "unk-fused",
-            "unk-unfused"]
+            "added-token-flags", "ignore-merges-no-decoder", "unsegmented",
+            "strips-and-replaces", "unk-fused", "unk-unfused"]
 
 
 def tokenizer_path(tokenizer_files, name):
