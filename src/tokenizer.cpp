@@ -351,8 +351,7 @@ std::string to_nfc(std::string_view text) {
     return out;
 }
 
-// ============================================================================ Pre-tokenizer
-// regexes
+// ================================================ Pre-tokenizer regular expressions
 //
 // Hugging Face runs these with Oniguruma: alternatives are tried left to right at each
 // position and the first that matches wins (with backtracking inside it). The matchers
@@ -363,9 +362,10 @@ std::string to_nfc(std::string_view text) {
 const std::string kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 const std::string kLlama3Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-const std::string kQwen2Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|)"
+    R"( ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+const std::string kQwen2Pattern = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|)"
+                                  R"( ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 struct Utf8Char {
     char32_t cp;
@@ -1604,8 +1604,7 @@ private:
 
 using StageFactory = std::function<std::unique_ptr<DecodeStage>(bool eager)>;
 
-// ============================================================================ Loading
-// tokenizer.json
+// ============================================================= Loading tokenizer.json
 
 std::string describe(const std::string& what) { return "tokenizer.json: " + what; }
 
