@@ -30,6 +30,9 @@ public:
     virtual int max_batch() const = 0;
     // Bytes of KV cache a step at `pos` reads (for bandwidth figures).
     virtual size_t kv_bytes_read(int pos) const = 0;
+    // The memory bandwidth this backend's kernels can hope for, GB/s, measured now: a
+    // streaming read on the CPU, a device-to-device copy (bytes read + written) on CUDA.
+    virtual double measure_bandwidth_gbps() = 0;
 };
 
 // The backend options.device asks for; throws Error when it cannot be had (no GPU, or a

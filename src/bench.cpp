@@ -121,8 +121,8 @@ void run_bench(const BenchOptions& options) {
     if (context > config.max_context)
         throw Error("bench needs " + std::to_string(context) + " positions, beyond the model's " +
                     std::to_string(config.max_context));
-    const double bandwidth = measure_read_bandwidth();
     auto backend = make_backend(model, BackendOptions{context, options.kv_type, options.device});
+    const double bandwidth = backend->measure_bandwidth_gbps();
 
     std::mt19937_64 rng(kTokenSeed);
     std::vector<int> tokens(context);
@@ -201,10 +201,12 @@ void run_bench(const BenchOptions& options) {
                     model.parameter_count() / 1e9, backend->name().c_str(), threads,
                     test.name.c_str(), stats.mean, stats.stddev, gbps, 100 * gbps / bandwidth);
     }
-    std::printf(
-        "\nmemory bandwidth (streaming read, %d threads, same run): %.1f GB/s; "
-        "peak resident memory %.2f GiB\n",
-        threads, bandwidth, peak_resident_bytes() / double(1u << 30));
+    if (options.device == Device::Cuda)
+        std::printf("\nmemory bandwidth (device-to-device copy, same run): %.1f GB/s; ", bandwidth);
+    else
+        std::printf("\nmemory bandwidth (streaming read, %d threads, same run): %.1f GB/s; ",
+                    threads, bandwidth);
+    std::printf("peak resident memory %.2f GiB\n", peak_resident_bytes() / double(1u << 30));
 }
 
 }  // namespace barellm

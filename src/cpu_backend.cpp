@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "bench.h"
 #include "error.h"
 #include "memory.h"
 
@@ -72,6 +73,8 @@ public:
         const size_t positions = pos + 1 - cpu::attention_start(pos, c.sliding_window);
         return 2 * size_t(c.layers) * positions * c.kv_dim() * kv_element_bytes();
     }
+
+    double measure_bandwidth_gbps() override { return measure_read_bandwidth(); }
 
     const float* forward(int token, int pos) override {
         const Config& c = model_.config;
