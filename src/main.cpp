@@ -1,4 +1,4 @@
-// barellm command line: run, ppl, info, tokenize, detokenize.
+// barellm command line: run, ppl, bench, info, tokenize, detokenize.
 // Every failure arrives here as a barellm::Error and is printed as one line.
 #include <omp.h>
 
@@ -15,6 +15,7 @@
 
 #include "backend.h"
 #include "bench.h"
+#include "cli.h"
 #include "error.h"
 #include "model.h"
 #include "sampler.h"
@@ -26,156 +27,6 @@ namespace {
 
 constexpr int kUsageExit = 2;
 constexpr int kDefaultContextCap = 4096;  // KV cache size when --ctx is not given
-constexpr int kDefaultGenerate = 256;
-
-const char* kUsage = R"(usage: barellm COMMAND MODEL [options]
-
-commands:
-  run MODEL -p PROMPT      complete a prompt, streaming the text to stdout
-      -n N                 tokens to generate (default 256)
-      --temp T             temperature, 0 = greedy (default 0.8)
-      --top-p P            nucleus sampling threshold (default 0.9)
-      --seed S             random seed (default: from the clock)
-  ppl MODEL -f FILE        perplexity, llama.cpp's llama-perplexity convention
-      --chunks K           score at most K chunks of --ctx tokens (default: all)
-  bench MODEL              prefill and decode speed, llama-bench style
-      -p P                 prompt tokens for the pp test (default 512, 0 skips)
-      -n N                 decode steps for the tg test (default 128, 0 skips)
-      -r R                 repetitions (default 5)
-      -o md|json           output format (default md)
-  info MODEL               config, tensors, dtypes and bytes
-  tokenize MODEL (-p TEXT | -f FILE) [--bos] [--no-special]
-                           print the token ids as one JSON array
-  detokenize MODEL -p "[ids...]"
-                           print the text of the ids
-
-common options:
-  --ctx C                  context length (default: the model's, at most 4096; ppl: 512)
-  --threads K              CPU threads (default: all cores)
-  --kv f16|f32             KV cache element type (default f16)
-  --device cpu|cuda        where to run (default cpu)
-  -h, --help               this text
-)";
-
-// A wrong command line: main prints the message and the usage, and exits with 2.
-struct UsageError : Error {
-    using Error::Error;
-};
-
-struct Options {
-    std::string command, model_path, prompt, file;
-    bool has_prompt = false, has_file = false;
-    int generate = kDefaultGenerate;
-    bool has_generate = false;
-    int repetitions = 5;
-    bool json_output = false;
-    float temperature = 0.8f, top_p = 0.9f;
-    uint64_t seed = 0;
-    bool has_seed = false;
-    int context = 0;  // 0: the command's default
-    int threads = 0;  // 0: OpenMP's default
-    int chunks = 0;   // 0: all
-    cpu::KvType kv_type = cpu::KvType::F16;
-    Device device = Device::Cpu;
-    bool bos = false, parse_special = true;
-};
-
-long long parse_integer(const std::string& flag, const std::string& text, long long lowest,
-                        long long highest) {
-    size_t used = 0;
-    long long value = 0;
-    try {
-        value = std::stoll(text, &used);
-    } catch (const std::exception&) {
-        used = 0;
-    }
-    if (used != text.size() || text.empty())
-        throw UsageError(flag + " needs an integer, got '" + text + "'");
-    if (value < lowest || value > highest)
-        throw UsageError(flag + " must be in [" + std::to_string(lowest) + ", " +
-                         std::to_string(highest) + "], got " + text);
-    return value;
-}
-
-float parse_float(const std::string& flag, const std::string& text, float lowest, float highest) {
-    size_t used = 0;
-    float value = 0;
-    try {
-        value = std::stof(text, &used);
-    } catch (const std::exception&) {
-        used = 0;
-    }
-    if (used != text.size() || text.empty() || !(value >= lowest && value <= highest))
-        throw UsageError(flag + " needs a number in [" + std::to_string(lowest) + ", " +
-                         std::to_string(highest) + "], got '" + text + "'");
-    return value;
-}
-
-Options parse_options(int argc, char** argv) {
-    Options options;
-    std::vector<std::string> positional;
-    for (int i = 1; i < argc; ++i) {
-        const std::string arg = argv[i];
-        auto value = [&]() -> std::string {
-            if (i + 1 >= argc) throw UsageError(arg + " needs a value");
-            return argv[++i];
-        };
-        if (arg == "-h" || arg == "--help") {
-            options.command = "help";
-            return options;
-        } else if (arg == "-p") {
-            options.prompt = value();
-            options.has_prompt = true;
-        } else if (arg == "-f") {
-            options.file = value();
-            options.has_file = true;
-        } else if (arg == "-n") {
-            options.generate = int(parse_integer(arg, value(), 0, 1 << 30));
-            options.has_generate = true;
-        } else if (arg == "-r") {
-            options.repetitions = int(parse_integer(arg, value(), 1, 1000));
-        } else if (arg == "-o") {
-            const std::string format = value();
-            if (format != "md" && format != "json") throw UsageError("-o takes md or json");
-            options.json_output = format == "json";
-        } else if (arg == "--temp") {
-            options.temperature = parse_float(arg, value(), 0.0f, 100.0f);
-        } else if (arg == "--top-p") {
-            options.top_p = parse_float(arg, value(), 0.0f, 1.0f);
-        } else if (arg == "--seed") {
-            options.seed = uint64_t(parse_integer(arg, value(), 0, INT64_MAX));
-            options.has_seed = true;
-        } else if (arg == "--ctx") {
-            options.context = int(parse_integer(arg, value(), 1, 1 << 24));
-        } else if (arg == "--threads") {
-            options.threads = int(parse_integer(arg, value(), 1, 1024));
-        } else if (arg == "--chunks") {
-            options.chunks = int(parse_integer(arg, value(), 1, 1 << 30));
-        } else if (arg == "--kv") {
-            const std::string type = value();
-            if (type != "f16" && type != "f32") throw UsageError("--kv takes f16 or f32");
-            options.kv_type = type == "f16" ? cpu::KvType::F16 : cpu::KvType::F32;
-        } else if (arg == "--device") {
-            const std::string device = value();
-            if (device != "cpu" && device != "cuda") throw UsageError("--device takes cpu or cuda");
-            options.device = device == "cpu" ? Device::Cpu : Device::Cuda;
-        } else if (arg == "--bos") {
-            options.bos = true;
-        } else if (arg == "--no-special") {
-            options.parse_special = false;
-        } else if (arg.size() > 1 && arg[0] == '-') {
-            throw UsageError("unknown option " + arg);
-        } else {
-            positional.push_back(arg);
-        }
-    }
-    if (positional.empty()) throw UsageError("no command given");
-    options.command = positional[0];
-    if (positional.size() < 2) throw UsageError(options.command + " needs a MODEL file");
-    if (positional.size() > 2) throw UsageError("unexpected argument '" + positional[2] + "'");
-    options.model_path = positional[1];
-    return options;
-}
 
 std::string read_text_file(const std::string& path) {
     std::ifstream in(path, std::ios::binary);

@@ -1,0 +1,46 @@
+// The command line: the usage text, the options, and their parsing. Separate from
+// main.cpp so that the parser can be tested and fuzzed on its own.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "backend.h"
+#include "error.h"
+
+namespace barellm {
+
+extern const char* const kUsage;
+
+// A wrong command line: main prints the message and the usage, and exits with 2.
+struct UsageError : Error {
+    using Error::Error;
+};
+
+constexpr int kDefaultGenerate = 256;
+
+struct Options {
+    std::string command, model_path, prompt, file;
+    bool has_prompt = false, has_file = false;
+    int generate = kDefaultGenerate;
+    bool has_generate = false;
+    int repetitions = 5;
+    bool json_output = false;
+    float temperature = 0.8f, top_p = 0.9f;
+    uint64_t seed = 0;
+    bool has_seed = false;
+    int context = 0;  // 0: the command's default
+    int threads = 0;  // 0: OpenMP's default
+    int chunks = 0;   // 0: all
+    cpu::KvType kv_type = cpu::KvType::F16;
+    Device device = Device::Cpu;
+    bool bos = false, parse_special = true;
+};
+
+// Parses argv; throws UsageError for anything malformed. "-h"/"--help" give command "help".
+Options parse_options(int argc, const char* const* argv);
+
+// Parses a whole decimal integer in [lowest, highest]; throws UsageError naming `flag`.
+long long parse_integer(const std::string& flag, const std::string& text, long long lowest,
+                        long long highest);
+
+}  // namespace barellm
