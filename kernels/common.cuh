@@ -1,0 +1,142 @@
+// Device helpers shared by the kernels: warp and block reductions, 16-byte weight vectors
+// unpacked to f32, and KV-cache element loads and stores (f32 or f16).
+#pragma once
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "safetensors.h"  // DType
+
+namespace barellm::cuda {
+
+constexpr int kWarpSize = 32;
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// Sum over the 32 lanes of a warp; every lane gets the result. All 32 lanes must call it.
+__device__ __forceinline__ float warp_sum(float value) {
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+        value += __shfl_xor_sync(kFullMask, value, offset);
+    return value;
+}
+
+__device__ __forceinline__ float warp_max(float value) {
+#pragma unroll
+    for (int offset = kWarpSize / 2; offset > 0; offset /= 2)
+        value = fmaxf(value, __shfl_xor_sync(kFullMask, value, offset));
+    return value;
+}
+
+// Sum within each aligned group of kLanes lanes (lanes l and l ^ offset, offset < kLanes,
+// stay in one group); every lane gets its group's sum. All 32 lanes must call it.
+template <int kLanes>
+__device__ __forceinline__ float group_sum(float value) {
+    static_assert(kLanes >= 1 && kLanes <= kWarpSize && (kLanes & (kLanes - 1)) == 0,
+                  "kLanes must be a power of two up to 32");
+#pragma unroll
+    for (int offset = kLanes / 2; offset > 0; offset /= 2)
+        value += __shfl_xor_sync(kFullMask, value, offset);
+    return value;
+}
+
+// Sum over the whole block; every thread gets the result. blockDim.x must be a multiple of
+// 32 and every thread of the block must call it. `scratch` holds 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float value, float* scratch) {
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int warps = blockDim.x / kWarpSize;
+    value = warp_sum(value);
+    if (lane == 0) scratch[warp] = value;
+    __syncthreads();
+    float total = 0.0f;
+    for (int w = 0; w < warps; ++w) total += scratch[w];  // same order in every thread
+    __syncthreads();  // scratch may be written again after this returns
+    return total;
+}
+
+// Dynamic shared memory of a kernel as floats, 16-byte aligned (one declaration for all
+// kernels, as CUDA requires of extern __shared__ arrays).
+__device__ __forceinline__ float* dynamic_shared_floats() {
+    extern __shared__ float4 dynamic_shared_memory[];
+    return reinterpret_cast<float*>(dynamic_shared_memory);
+}
+
+__device__ __forceinline__ float half_bits_to_float(uint32_t bits16) {
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits16)));
+}
+
+// bf16 is the top half of an f32: widening is exact.
+__device__ __forceinline__ float bf16_bits_to_float(uint32_t bits16) {
+    return __uint_as_float(bits16 << 16);
+}
+
+// Bytes per element of a weight dtype, at compile time.
+template <DType D>
+constexpr size_t dtype_size_v = D == DType::F32 ? 4 : 2;
+
+// How a weight dtype is read: kPerVector elements per 16-byte vector, unpacked to f32.
+template <DType D>
+struct WeightFormat;
+
+template <>
+struct WeightFormat<DType::F32> {
+    static constexpr int kPerVector = 4;
+    __device__ static __forceinline__ void unpack(const uint4& v, float (&out)[4]) {
+        out[0] = __uint_as_float(v.x);
+        out[1] = __uint_as_float(v.y);
+        out[2] = __uint_as_float(v.z);
+        out[3] = __uint_as_float(v.w);
+    }
+    __device__ static __forceinline__ float element(const void* row, int i) {
+        return static_cast<const float*>(row)[i];
+    }
+};
+
+template <>
+struct WeightFormat<DType::F16> {
+    static constexpr int kPerVector = 8;
+    // Element 2k is the low half of word k (little-endian storage).
+    __device__ static __forceinline__ void unpack(const uint4& v, float (&out)[8]) {
+        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            out[2 * k] = half_bits_to_float(words[k] & 0xffffu);
+            out[2 * k + 1] = half_bits_to_float(words[k] >> 16);
+        }
+    }
+    __device__ static __forceinline__ float element(const void* row, int i) {
+        return half_bits_to_float(static_cast<const uint16_t*>(row)[i]);
+    }
+};
+
+template <>
+struct WeightFormat<DType::BF16> {
+    static constexpr int kPerVector = 8;
+    __device__ static __forceinline__ void unpack(const uint4& v, float (&out)[8]) {
+        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            out[2 * k] = __uint_as_float(words[k] << 16);
+            out[2 * k + 1] = __uint_as_float(words[k] & 0xffff0000u);
+        }
+    }
+    __device__ static __forceinline__ float element(const void* row, int i) {
+        return bf16_bits_to_float(static_cast<const uint16_t*>(row)[i]);
+    }
+};
+
+// KV-cache elements: stored as f32 or f16 (round to nearest even, as the CPU's
+// float_to_half), always read in pairs (half2 / float2): head_dim and kv_dim are even, so a
+// pair never straddles a 4-byte (f16) or 8-byte (f32) boundary.
+__device__ __forceinline__ void kv_store(float* slot, float value) { *slot = value; }
+__device__ __forceinline__ void kv_store(__half* slot, float value) {
+    *slot = __float2half_rn(value);
+}
+__device__ __forceinline__ float2 kv_load_pair(const float* row, int pair) {
+    return reinterpret_cast<const float2*>(row)[pair];
+}
+__device__ __forceinline__ float2 kv_load_pair(const __half* row, int pair) {
+    return __half22float2(reinterpret_cast<const __half2*>(row)[pair]);
+}
+
+}  // namespace barellm::cuda

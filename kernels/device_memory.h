@@ -1,0 +1,168 @@
+// Owning handles for device and pinned host memory, and the upload of weight matrices into
+// the padded-row layout the kernels read (kernels.h: DeviceMatrix). Host code only.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda_check.h"
+#include "kernels.h"
+#include "model.h"
+
+namespace barellm::cuda {
+
+inline std::string gib_text(size_t bytes) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.2f GiB", bytes / double(size_t(1) << 30));
+    return text;
+}
+
+// cudaMalloc'd memory, freed on destruction. `what` names it in the out-of-memory error.
+class DeviceBuffer {
+public:
+    DeviceBuffer() = default;
+    DeviceBuffer(size_t bytes, const std::string& what) : bytes_(bytes) {
+        if (bytes == 0) return;
+        const cudaError_t status = cudaMalloc(&data_, bytes);
+        if (status != cudaSuccess) {
+            cudaGetLastError();
+            data_ = nullptr;
+            throw Error("CUDA error: cannot allocate " + gib_text(bytes) + " of GPU memory for " +
+                        what + ": " + cudaGetErrorString(status));
+        }
+    }
+    ~DeviceBuffer() {
+        if (data_) cudaFree(data_);
+    }
+    DeviceBuffer(DeviceBuffer&& other) noexcept
+        : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+    DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+        std::swap(data_, other.data_);
+        std::swap(bytes_, other.bytes_);
+        return *this;
+    }
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+    template <typename T = void>
+    T* as() const {
+        return static_cast<T*>(data_);
+    }
+    size_t bytes() const { return bytes_; }
+
+private:
+    void* data_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+// Page-locked host memory (cudaMallocHost), freed on destruction: the target of the
+// asynchronous logits copy and the staging area of uploads.
+class PinnedBuffer {
+public:
+    PinnedBuffer() = default;
+    PinnedBuffer(size_t bytes, const std::string& what) : bytes_(bytes) {
+        const cudaError_t status = cudaMallocHost(&data_, bytes);
+        if (status != cudaSuccess) {
+            cudaGetLastError();
+            data_ = nullptr;
+            throw Error("CUDA error: cannot allocate " + gib_text(bytes) +
+                        " of pinned host memory for " + what + ": " + cudaGetErrorString(status));
+        }
+    }
+    ~PinnedBuffer() {
+        if (data_) cudaFreeHost(data_);
+    }
+    PinnedBuffer(PinnedBuffer&& other) noexcept
+        : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+    PinnedBuffer& operator=(PinnedBuffer&& other) noexcept {
+        std::swap(data_, other.data_);
+        std::swap(bytes_, other.bytes_);
+        return *this;
+    }
+    PinnedBuffer(const PinnedBuffer&) = delete;
+    PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+    template <typename T = void>
+    T* as() const {
+        return static_cast<T*>(data_);
+    }
+    size_t bytes() const { return bytes_; }
+
+private:
+    void* data_ = nullptr;
+    size_t bytes_ = 0;
+};
+
+// Device bytes of `parts` stacked into one padded matrix (see upload_stacked).
+inline size_t stacked_bytes(const std::vector<const Matrix*>& parts) {
+    size_t rows = 0;
+    for (const Matrix* part : parts) rows += part->rows;
+    const Matrix& m = *parts.front();
+    return rows * padded_cols(m.cols, m.dtype) * dtype_size(m.dtype);
+}
+
+// Copies host matrices with equal cols and dtype into one device matrix whose rows are the
+// rows of parts[0], then of parts[1], ... (how wq, wk and wv become one [q+k+v, dim] matrix),
+// each row padded with zeros to padded_cols. `memory` receives the allocation.
+// The rows travel through `staging` (pinned) in chunks of whole rows.
+inline DeviceMatrix upload_stacked(const std::vector<const Matrix*>& parts, DeviceBuffer& memory,
+                                   PinnedBuffer& staging, const std::string& what) {
+    const Matrix& first = *parts.front();
+    DeviceMatrix out;
+    out.dtype = first.dtype;
+    out.cols = first.cols;
+    out.pitch = padded_cols(first.cols, first.dtype);
+    for (const Matrix* part : parts) {
+        if (part->cols != first.cols || part->dtype != first.dtype)
+            throw Error("upload of " + what + ": stacked matrices differ in columns or dtype");
+        out.rows += part->rows;
+    }
+    memory = DeviceBuffer(out.bytes(), what);
+    out.data = memory.as();
+
+    const size_t element = dtype_size(out.dtype);
+    const size_t source_row = size_t(out.cols) * element, device_row = size_t(out.pitch) * element;
+    if (staging.bytes() < device_row)
+        throw Error("upload of " + what + ": staging buffer too small");
+    const size_t rows_per_chunk = staging.bytes() / device_row;
+    uint8_t* device = memory.as<uint8_t>();
+    for (const Matrix* part : parts) {
+        const uint8_t* source = static_cast<const uint8_t*>(part->data);
+        for (size_t row = 0; row < size_t(part->rows); row += rows_per_chunk) {
+            const size_t rows = std::min(rows_per_chunk, size_t(part->rows) - row);
+            uint8_t* chunk = staging.as<uint8_t>();
+            if (source_row == device_row) {
+                std::memcpy(chunk, source + row * source_row, rows * source_row);
+            } else {
+                for (size_t r = 0; r < rows; ++r) {
+                    std::memcpy(chunk + r * device_row, source + (row + r) * source_row,
+                                source_row);
+                    std::memset(chunk + r * device_row + source_row, 0, device_row - source_row);
+                }
+            }
+            CUDA_CHECK(cudaMemcpy(device, chunk, rows * device_row, cudaMemcpyHostToDevice));
+            device += rows * device_row;
+        }
+    }
+    return out;
+}
+
+inline DeviceMatrix upload_matrix(const Matrix& m, DeviceBuffer& memory, PinnedBuffer& staging,
+                                  const std::string& what) {
+    return upload_stacked({&m}, memory, staging, what);
+}
+
+// Copies `count` floats from host to a new device buffer.
+inline DeviceBuffer upload_floats(const float* values, size_t count, const std::string& what) {
+    DeviceBuffer buffer(count * sizeof(float), what);
+    CUDA_CHECK(cudaMemcpy(buffer.as(), values, count * sizeof(float), cudaMemcpyHostToDevice));
+    return buffer;
+}
+
+}  // namespace barellm::cuda

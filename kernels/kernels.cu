@@ -1,0 +1,19 @@
+// The one translation unit holding device code: every kernel of the CUDA backend, with its
+// launch function (declared in kernels.h). Keeping device code in one file keeps the build
+// fast when nvcc compiles it for several GPU architectures.
+#include "attention.cuh"
+#include "embedding.cuh"
+#include "matmul.cuh"
+#include "rope.cuh"
+
+namespace barellm::cuda {
+
+cudaError_t kernel_image_status() {
+    cudaFuncAttributes attributes;
+    const cudaError_t status =
+        cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(attention_merge_kernel));
+    if (status != cudaSuccess) cudaGetLastError();  // clear it: the caller reports it
+    return status;
+}
+
+}  // namespace barellm::cuda

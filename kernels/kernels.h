@@ -1,0 +1,92 @@
+// The host interface to barellm's CUDA kernels: one launch function per kernel role.
+// The kernels themselves live in the .cuh files named after what they compute
+// (embedding.cuh, matmul.cuh, rope.cuh, attention.cuh) and are compiled once, in
+// kernels.cu; this header holds no device code, so host code that only launches kernels
+// (cuda_backend.cu, tests/tools/cuda_kernel_check.cu) does not recompile them.
+//
+// Conventions: activations are f32 in device memory; weights are f32, f16 or bf16; every
+// launch goes on `stream` and is checked with cudaGetLastError (a failure throws
+// barellm::Error). Kernels that depend on the token or the position read them from `step`,
+// a device array {token, pos}, so that a captured CUDA graph replays unchanged for every
+// token: the host writes `step` before each replay.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "cpu_kernels.h"  // KvType, AttentionShape
+#include "safetensors.h"  // DType
+
+namespace barellm::cuda {
+
+// A weight matrix in device memory: row-major [rows, cols] of `dtype`, each row padded with
+// zeros to `pitch` elements so that rows start on 16 bytes and are read as whole 16-byte
+// vectors (pitch = cols rounded up to 4 f32 or 8 f16/bf16 elements).
+struct DeviceMatrix {
+    const void* data = nullptr;
+    DType dtype = DType::F32;
+    int rows = 0;
+    int cols = 0;
+    int pitch = 0;
+    size_t bytes() const { return size_t(rows) * pitch * dtype_size(dtype); }
+};
+
+// Elements per row in device memory for `cols` columns of `dtype`.
+inline int padded_cols(int cols, DType dtype) {
+    const int per_vector = 16 / int(dtype_size(dtype));
+    return (cols + per_vector - 1) / per_vector * per_vector;
+}
+
+// x[dim] = table[token] as f32, token = step[0].
+void embedding(float* x, const DeviceMatrix& table, const int* step, cudaStream_t stream);
+
+// Matrix-vector product for one token: out[rows] = W[rows, cols] · in'[cols], where
+// in' = in * rsqrt(mean(in²) + eps) * norm_weight when norm_weight is given (RMSNorm fused
+// into the load of the input) and in' = in otherwise. With accumulate, out += instead of
+// out = (the residual connection after wo and w2). `in` and `out` must not overlap.
+void matvec(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight, float eps,
+            bool accumulate, cudaStream_t stream);
+
+// The feed-forward's first half in one pass: out[rows] = silu(W1 · in') * (W3 · in'), in' as
+// for matvec with norm_weight (always given). W1 and W3 have the same shape.
+void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, const float* in,
+                   const float* norm_weight, float eps, cudaStream_t stream);
+
+// Dynamic shared memory a matvec over rows of `pitch` elements needs (the staged input).
+size_t matvec_shared_bytes(int pitch);
+// Allows every matvec kernel up to `bytes` of dynamic shared memory (needed above 48 KiB).
+// Call once, before capturing a graph.
+void prepare_matvec(size_t bytes);
+
+// RoPE fused with the KV-cache write, for position pos = step[1]. qkv [q_dim + 2 * kv_dim]
+// holds q, k and v of the token (heads then kv_heads then kv_heads vectors of head_dim):
+// q is rotated in place, rotated k and unchanged v are stored (as kv_type) into row pos of
+// key_cache and value_cache [context, kv_dim] (one layer's). Rotate-half pairs (i,
+// i + head_dim/2) with angle pos * inverse_frequencies[i], computed in double as the CPU
+// does; inverse_frequencies [head_dim/2] come from barellm::rope_inverse_frequencies.
+void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache, void* value_cache,
+                   const int* step, int heads, int kv_heads, int head_dim, cpu::KvType kv_type,
+                   cudaStream_t stream);
+
+// Flash-decoding attention of one query token at pos = step[1] over one layer's KV cache
+// [context, kv_dim], positions cpu::attention_start(pos, window) .. pos. The positions are
+// split across `splits` blocks per KV head (grid fixed for a given context, so it does not
+// depend on pos); each block writes a partial output and its (max, sum) and a second kernel
+// merges them. q [heads * head_dim] (the start of qkv), out [heads * head_dim].
+// partial_out [heads, splits, head_dim] and partial_stats [heads, splits, 2] are scratch.
+void attention(float* out, const float* q, const void* key_cache, const void* value_cache,
+               const int* step, float* partial_out, float* partial_stats,
+               const cpu::AttentionShape& shape, int splits, cpu::KvType kv_type,
+               cudaStream_t stream);
+
+// The largest head_dim the attention kernels handle.
+constexpr int kMaxHeadDim = 256;
+// How many blocks per KV head to split the positions of a context of `context` across on
+// a GPU with `multiprocessors` SMs: enough blocks to fill the GPU, no more than useful.
+int attention_splits(const cpu::AttentionShape& shape, int context, int multiprocessors);
+
+// cudaSuccess when this binary holds kernels the current GPU can run (otherwise, typically
+// cudaErrorNoKernelImageForDevice: it was built for other architectures).
+cudaError_t kernel_image_status();
+
+}  // namespace barellm::cuda

@@ -1,0 +1,286 @@
+// Matrix-vector products for decode (one token): every weight byte is read once per token,
+// so these kernels are bound by memory bandwidth and are written to stream weights at it:
+//
+// - one warp per output row; lane l reads 16-byte vectors l, l + 32, l + 64, ... of the row,
+//   so each warp-wide load is 512 contiguous bytes, kMatvecUnroll loads in flight per lane
+//   (per row) before the first is used, and loads bypass L1 with an evict-first hint
+//   (__ldcs): weights are touched once;
+// - the input vector is staged once per block in shared memory as f32, in the order the
+//   weight vectors consume it (see staged_index) so that the per-lane shared loads are
+//   conflict-free 16-byte accesses; RMSNorm, when the matrix consumes a normed input, is
+//   applied while staging (each block computes the sum of squares of the input itself,
+//   which costs less than a separate kernel and its round trip through global memory);
+// - the row sums meet in shared memory and the block's first warp stores them (and adds
+//   the residual, for wo and w2) with one coalesced access;
+// - w1 and w3 are read by the same warp and SiLU-GLU is applied before the store, so the
+//   two hidden-size intermediates never reach global memory.
+#pragma once
+#include "common.cuh"
+#include "cuda_check.h"
+#include "kernels.h"
+
+namespace barellm::cuda {
+
+constexpr int kMatvecUnroll = 4;     // 16-byte loads in flight per lane and row
+constexpr int kMatvecMaxWarps = 16;  // rows (warps) per block, at most
+constexpr int kMatvecThreadsMax = kMatvecMaxWarps * kWarpSize;
+
+// Warps (= rows) per block: 8, or 16 for long rows so that staging the input is spread
+// over more rows and a block's shared memory does more work.
+inline int matvec_warps(int pitch) { return pitch <= 4096 ? 8 : 16; }
+
+size_t matvec_shared_bytes(int pitch) { return size_t(pitch) * sizeof(float); }
+
+// Where input element c sits in the staged copy. With 4 elements per weight vector (f32)
+// the order is plain. With 8 (f16, bf16), lane l needs elements 8v..8v+7 of vector v; they
+// are split into a "low" half (8v..8v+3) stored at 4v and a "high" half (8v+4..8v+7)
+// stored at pitch/2 + 4v, so that each of the lane's two 16-byte shared loads has the 32
+// lanes reading 512 consecutive bytes (no bank conflicts). pitch is a multiple of 8 then.
+template <int kPerVector>
+__device__ __forceinline__ int staged_index(int c, int pitch) {
+    if constexpr (kPerVector == 4) {
+        return c;
+    } else {
+        static_assert(kPerVector == 8, "weight vectors hold 4 or 8 elements");
+        const int vector = c / 8, within = c % 8;
+        return within < 4 ? vector * 4 + within : pitch / 2 + vector * 4 + (within - 4);
+    }
+}
+
+// The kPerVector staged input elements that weight vector `vector` multiplies.
+template <int kPerVector>
+__device__ __forceinline__ void load_staged(const float* xs, int vector, int pitch,
+                                            float (&x)[kPerVector]) {
+    const float4 low = reinterpret_cast<const float4*>(xs)[vector];
+    x[0] = low.x;
+    x[1] = low.y;
+    x[2] = low.z;
+    x[3] = low.w;
+    if constexpr (kPerVector == 8) {
+        const float4 high = reinterpret_cast<const float4*>(xs + pitch / 2)[vector];
+        x[4] = high.x;
+        x[5] = high.y;
+        x[6] = high.z;
+        x[7] = high.w;
+    }
+}
+
+// Copies in[0, cols) into the shared xs[pitch] (zeros in [cols, pitch), matching the zero
+// padding of the weight rows), times rsqrt(mean(in²) + eps) * norm_weight[c] when
+// norm_weight is not null (the CPU's rmsnorm: x * scale * weight, in that order).
+// Every thread of the block must call it; it ends with a barrier.
+template <int kPerVector>
+__device__ __forceinline__ void stage_input(float* xs, const float* __restrict__ in, int cols,
+                                            int pitch, const float* __restrict__ norm_weight,
+                                            float eps, float* scratch) {
+    float squares = 0.0f;
+    for (int c = threadIdx.x; c < pitch; c += blockDim.x) {
+        const float value = c < cols ? in[c] : 0.0f;
+        xs[staged_index<kPerVector>(c, pitch)] = value;
+        squares += value * value;
+    }
+    if (norm_weight != nullptr) {  // the same for the whole block
+        const float scale = 1.0f / sqrtf(block_sum(squares, scratch) / float(cols) + eps);
+        // Each thread rescales the elements it staged itself: no barrier needed in between.
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+            const int i = staged_index<kPerVector>(c, pitch);
+            xs[i] = xs[i] * scale * norm_weight[c];
+        }
+    }
+    __syncthreads();
+}
+
+// Dot products of kRows weight rows (16-byte aligned, pitch elements) with the staged
+// input, for the calling warp; every lane gets the sums. All 32 lanes must call it.
+template <DType D, int kRows>
+__device__ __forceinline__ void dot_rows(const uint4* const (&rows)[kRows], const float* xs,
+                                         int pitch, float (&sums)[kRows]) {
+    using Format = WeightFormat<D>;
+    constexpr int kPer = Format::kPerVector;
+    const int vectors = pitch / kPer;
+    const int lane = threadIdx.x % kWarpSize;
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+    for (int first = lane; first < vectors; first += kWarpSize * kMatvecUnroll) {
+        // All loads of this round first (kRows * kMatvecUnroll in flight), then the math.
+        uint4 raw[kRows][kMatvecUnroll];
+#pragma unroll
+        for (int u = 0; u < kMatvecUnroll; ++u) {
+            const int v = first + u * kWarpSize;
+#pragma unroll
+            for (int r = 0; r < kRows; ++r)
+                raw[r][u] = v < vectors ? __ldcs(rows[r] + v) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < kMatvecUnroll; ++u) {
+            const int v = first + u * kWarpSize;
+            if (v < vectors) {
+                float x[kPer];
+                load_staged<kPer>(xs, v, pitch, x);
+#pragma unroll
+                for (int r = 0; r < kRows; ++r) {
+                    float w[kPer];
+                    Format::unpack(raw[r][u], w);
+#pragma unroll
+                    for (int e = 0; e < kPer; ++e) acc[r] = fmaf(w[e], x[e], acc[r]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) sums[r] = warp_sum(acc[r]);
+}
+
+template <DType D>
+__device__ __forceinline__ const uint4* weight_row(const void* weights, int row, int pitch) {
+    return reinterpret_cast<const uint4*>(static_cast<const char*>(weights) +
+                                          size_t(row) * pitch * dtype_size_v<D>);
+}
+
+// out[r] = (kAccumulate ? out[r] : 0) + W[r, :] · stage(in), r in [0, rows).
+// Launch: grid ceil(rows / warps), block warps * 32 threads (warps = matvec_warps(pitch),
+// one warp per row), dynamic shared memory pitch * 4 bytes (the staged input).
+template <DType D, bool kAccumulate>
+__global__ void __launch_bounds__(kMatvecThreadsMax)
+    matvec_kernel(float* __restrict__ out, const void* __restrict__ weights, int rows, int pitch,
+                  const float* __restrict__ in, int cols, const float* __restrict__ norm_weight,
+                  float eps) {
+    __shared__ float scratch[kWarpSize];
+    __shared__ float results[kMatvecMaxWarps];
+    float* xs = dynamic_shared_floats();
+    stage_input<WeightFormat<D>::kPerVector>(xs, in, cols, pitch, norm_weight, eps, scratch);
+
+    const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int row = blockIdx.x * warps + warp;
+    float sum[1] = {0.0f};
+    if (row < rows) {  // the same for the whole warp
+        const uint4* const row_pointer[1] = {weight_row<D>(weights, row, pitch)};
+        dot_rows<D, 1>(row_pointer, xs, pitch, sum);
+    }
+    if (threadIdx.x % kWarpSize == 0) results[warp] = sum[0];
+    __syncthreads();
+    if (threadIdx.x < warps) {  // one coalesced store of the block's rows
+        const int r = blockIdx.x * warps + threadIdx.x;
+        if (r < rows) out[r] = kAccumulate ? out[r] + results[threadIdx.x] : results[threadIdx.x];
+    }
+}
+
+// out[r] = silu(W1[r, :] · stage(in)) * (W3[r, :] · stage(in)), silu(g) = g / (1 + e^-g).
+// Launch: as matvec_kernel (grid ceil(rows / warps), block warps * 32, shared pitch * 4 B);
+// each warp reads its row of both matrices, 2 * kMatvecUnroll loads in flight per lane.
+template <DType D>
+__global__ void __launch_bounds__(kMatvecThreadsMax)
+    matvec_swiglu_kernel(float* __restrict__ out, const void* __restrict__ w1,
+                         const void* __restrict__ w3, int rows, int pitch,
+                         const float* __restrict__ in, int cols,
+                         const float* __restrict__ norm_weight, float eps) {
+    __shared__ float scratch[kWarpSize];
+    __shared__ float results[kMatvecMaxWarps];
+    float* xs = dynamic_shared_floats();
+    stage_input<WeightFormat<D>::kPerVector>(xs, in, cols, pitch, norm_weight, eps, scratch);
+
+    const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int row = blockIdx.x * warps + warp;
+    float value = 0.0f;
+    if (row < rows) {
+        const uint4* const row_pointers[2] = {weight_row<D>(w1, row, pitch),
+                                              weight_row<D>(w3, row, pitch)};
+        float sums[2];
+        dot_rows<D, 2>(row_pointers, xs, pitch, sums);
+        const float gate = sums[0], up = sums[1];
+        value = gate / (1.0f + expf(-gate)) * up;
+    }
+    if (threadIdx.x % kWarpSize == 0) results[warp] = value;
+    __syncthreads();
+    if (threadIdx.x < warps) {
+        const int r = blockIdx.x * warps + threadIdx.x;
+        if (r < rows) out[r] = results[threadIdx.x];
+    }
+}
+
+namespace {
+
+template <DType D>
+void launch_matvec(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight,
+                   float eps, bool accumulate, cudaStream_t stream) {
+    const int warps = matvec_warps(w.pitch);
+    const dim3 grid((w.rows + warps - 1) / warps), block(warps * kWarpSize);
+    const size_t shared = matvec_shared_bytes(w.pitch);
+    if (accumulate)
+        matvec_kernel<D, true><<<grid, block, shared, stream>>>(out, w.data, w.rows, w.pitch, in,
+                                                                w.cols, norm_weight, eps);
+    else
+        matvec_kernel<D, false><<<grid, block, shared, stream>>>(out, w.data, w.rows, w.pitch, in,
+                                                                 w.cols, norm_weight, eps);
+}
+
+template <DType D>
+void launch_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
+                          const float* in, const float* norm_weight, float eps,
+                          cudaStream_t stream) {
+    const int warps = matvec_warps(w1.pitch);
+    const dim3 grid((w1.rows + warps - 1) / warps), block(warps * kWarpSize);
+    matvec_swiglu_kernel<D><<<grid, block, matvec_shared_bytes(w1.pitch), stream>>>(
+        out, w1.data, w3.data, w1.rows, w1.pitch, in, w1.cols, norm_weight, eps);
+}
+
+template <typename Kernel>
+void allow_shared_bytes(Kernel kernel, size_t bytes) {
+    CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
+}  // namespace
+
+void matvec(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight, float eps,
+            bool accumulate, cudaStream_t stream) {
+    switch (w.dtype) {
+        case DType::F32:
+            launch_matvec<DType::F32>(out, w, in, norm_weight, eps, accumulate, stream);
+            break;
+        case DType::F16:
+            launch_matvec<DType::F16>(out, w, in, norm_weight, eps, accumulate, stream);
+            break;
+        case DType::BF16:
+            launch_matvec<DType::BF16>(out, w, in, norm_weight, eps, accumulate, stream);
+            break;
+        case DType::I8:
+            throw Error("the CUDA kernels do not read Q8 (I8) weights yet");
+    }
+    CUDA_CHECK_LAUNCH("matvec_kernel");
+}
+
+void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, const float* in,
+                   const float* norm_weight, float eps, cudaStream_t stream) {
+    if (w1.rows != w3.rows || w1.pitch != w3.pitch || w1.cols != w3.cols || w1.dtype != w3.dtype)
+        throw Error("matvec_swiglu: w1 and w3 differ in shape or dtype");
+    switch (w1.dtype) {
+        case DType::F32:
+            launch_matvec_swiglu<DType::F32>(out, w1, w3, in, norm_weight, eps, stream);
+            break;
+        case DType::F16:
+            launch_matvec_swiglu<DType::F16>(out, w1, w3, in, norm_weight, eps, stream);
+            break;
+        case DType::BF16:
+            launch_matvec_swiglu<DType::BF16>(out, w1, w3, in, norm_weight, eps, stream);
+            break;
+        case DType::I8:
+            throw Error("the CUDA kernels do not read Q8 (I8) weights yet");
+    }
+    CUDA_CHECK_LAUNCH("matvec_swiglu_kernel");
+}
+
+void prepare_matvec(size_t bytes) {
+    allow_shared_bytes(matvec_kernel<DType::F32, false>, bytes);
+    allow_shared_bytes(matvec_kernel<DType::F32, true>, bytes);
+    allow_shared_bytes(matvec_kernel<DType::F16, false>, bytes);
+    allow_shared_bytes(matvec_kernel<DType::F16, true>, bytes);
+    allow_shared_bytes(matvec_kernel<DType::BF16, false>, bytes);
+    allow_shared_bytes(matvec_kernel<DType::BF16, true>, bytes);
+    allow_shared_bytes(matvec_swiglu_kernel<DType::F32>, bytes);
+    allow_shared_bytes(matvec_swiglu_kernel<DType::F16>, bytes);
+    allow_shared_bytes(matvec_swiglu_kernel<DType::BF16>, bytes);
+}
+
+}  // namespace barellm::cuda

@@ -1,0 +1,71 @@
+// Rotary position embedding fused with the KV-cache write: one kernel rotates q in place,
+// stores the rotated k and the unchanged v into the cache row of the current position.
+#pragma once
+#include "common.cuh"
+#include "cuda_check.h"
+#include "kernels.h"
+
+namespace barellm::cuda {
+
+constexpr int kRopeThreads = 256;
+
+// qkv [q_dim + 2 * kv_dim] = q heads, then k heads, then v heads, each head_dim long; q and
+// k heads are contiguous, so "rotation head" h < heads + kv_heads starts at qkv + h * head_dim.
+// Thread t < (heads + kv_heads) * head_dim/2 rotates pair (j, j + head_dim/2), j = t mod
+// half, of rotation head t / half (writing q back in place, k to the key cache); the next
+// kv_dim threads copy v element t - rotations to the value cache. Every element has exactly
+// one writer. The angle is pos * inverse_frequencies[j] in double, as cpu::rope computes it,
+// so that long contexts keep their digits.
+// Launch: grid ceil(((heads + kv_heads) * head_dim/2 + kv_heads * head_dim) / 256),
+// block 256, no shared memory.
+template <typename KvT>
+__global__ void __launch_bounds__(kRopeThreads)
+    rope_kv_kernel(float* __restrict__ qkv, const float* __restrict__ inverse_frequencies,
+                   KvT* __restrict__ key_cache, KvT* __restrict__ value_cache,
+                   const int* __restrict__ step, int heads, int kv_heads, int head_dim) {
+    const int pos = step[1];
+    const int half = head_dim / 2;
+    const int q_dim = heads * head_dim, kv_dim = kv_heads * head_dim;
+    const int rotations = (heads + kv_heads) * half;
+    const size_t cache_row = size_t(pos) * kv_dim;
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < rotations) {
+        const int head = t / half, j = t % half;
+        double sin_angle, cos_angle;
+        sincos(double(pos) * double(inverse_frequencies[j]), &sin_angle, &cos_angle);
+        const float c = float(cos_angle), s = float(sin_angle);
+        float* vec = qkv + size_t(head) * head_dim;
+        const float a = vec[j], b = vec[j + half];
+        const float rotated_a = a * c - b * s;
+        const float rotated_b = b * c + a * s;
+        if (head < heads) {
+            vec[j] = rotated_a;
+            vec[j + half] = rotated_b;
+        } else {
+            KvT* key = key_cache + cache_row + size_t(head - heads) * head_dim;
+            kv_store(key + j, rotated_a);
+            kv_store(key + j + half, rotated_b);
+        }
+        return;
+    }
+    t -= rotations;
+    if (t < kv_dim) kv_store(value_cache + cache_row + t, qkv[q_dim + kv_dim + t]);
+}
+
+void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache, void* value_cache,
+                   const int* step, int heads, int kv_heads, int head_dim, cpu::KvType kv_type,
+                   cudaStream_t stream) {
+    const int threads = (heads + kv_heads) * (head_dim / 2) + kv_heads * head_dim;
+    const dim3 grid((threads + kRopeThreads - 1) / kRopeThreads);
+    if (kv_type == cpu::KvType::F32)
+        rope_kv_kernel<float><<<grid, kRopeThreads, 0, stream>>>(
+            qkv, inverse_frequencies, static_cast<float*>(key_cache),
+            static_cast<float*>(value_cache), step, heads, kv_heads, head_dim);
+    else
+        rope_kv_kernel<__half><<<grid, kRopeThreads, 0, stream>>>(
+            qkv, inverse_frequencies, static_cast<__half*>(key_cache),
+            static_cast<__half*>(value_cache), step, heads, kv_heads, head_dim);
+    CUDA_CHECK_LAUNCH("rope_kv_kernel");
+}
+
+}  // namespace barellm::cuda
