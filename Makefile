@@ -1,12 +1,24 @@
 # barellm build. `make` builds build/barellm; `make test` builds and runs every test.
 # Files named *_avx2.cpp hold the SIMD code paths and are compiled with AVX2/FMA/F16C;
 # the rest of the program runs on any x86-64 CPU and picks a path at start-up.
+#
+# The CUDA backend (kernels/*.cu) is built too when nvcc is found; variables:
+#   CUDA=0             build for the CPU only, even where nvcc exists
+#   NVCC=PATH          the nvcc to use (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc)
+#   CUDA_ARCHS="..."   GPU architectures compiled to machine code (default 75 80 86 89 90)
+#   CUDA_PTX_ARCH=N    the architecture also embedded as PTX, which the driver compiles for
+#                      GPUs newer than CUDA_ARCHS (default 90)
+#   CUDA_LIBDIR=DIR    where libcudart_static.a is (default: next to nvcc)
+# The CUDA runtime is linked statically: build/barellm runs on machines without a GPU
+# driver (and says so in one line when asked for --device cuda).
+# CPPFLAGS is passed to every compilation (e.g. CPPFLAGS=-I/path/to/nlohmann/include).
 
 CXX      ?= g++
 BUILD    := build
-CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -fopenmp -Isrc -MMD -MP
+CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -fopenmp -Isrc -MMD -MP $(CPPFLAGS)
 SIMD_FLAGS := -mavx2 -mfma -mf16c
 LDFLAGS  := -fopenmp
+LDLIBS   :=
 PYTHON   ?= python3
 
 LIB_SRCS  := $(filter-out src/main.cpp,$(wildcard src/*.cpp))
@@ -16,37 +28,85 @@ TEST_OBJS := $(TEST_SRCS:tests/%.cpp=$(BUILD)/tests/%.o)
 TOOL_SRCS := $(wildcard tests/tools/*.cpp)
 TOOLS     := $(TOOL_SRCS:tests/tools/%.cpp=$(BUILD)/%)
 
+CUDA          ?= 1
+CUDA_ARCHS    ?= 75 80 86 89 90
+CUDA_PTX_ARCH ?= 90
+ifeq ($(CUDA),0)
+override NVCC :=
+else ifndef NVCC
+NVCC := $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda/bin/nvcc))
+endif
+ifneq ($(NVCC),)
+CUDA_HOME   := $(patsubst %/bin/nvcc,%,$(realpath $(NVCC)))
+CUDA_LIBDIR ?= $(firstword $(dir $(wildcard $(CUDA_HOME)/lib64/libcudart_static.a \
+                   $(CUDA_HOME)/lib/libcudart_static.a \
+                   $(CUDA_HOME)/targets/x86_64-linux/lib/libcudart_static.a)) $(CUDA_HOME)/lib64)
+NVCC_GENCODE := $(foreach arch,$(CUDA_ARCHS),-gencode arch=compute_$(arch),code=sm_$(arch)) \
+                -gencode arch=compute_$(CUDA_PTX_ARCH),code=compute_$(CUDA_PTX_ARCH)
+NVCCFLAGS := -std=c++17 -O3 -lineinfo -Isrc -Ikernels -DBARELLM_CUDA $(CPPFLAGS) $(NVCC_GENCODE) \
+             -Xcompiler -Wall,-Wextra -MMD -MP
+CXXFLAGS  += -DBARELLM_CUDA
+LDLIBS    += -L$(CUDA_LIBDIR) -lcudart_static -ldl -lrt -lpthread
+CUDA_OBJS := $(patsubst kernels/%.cu,$(BUILD)/kernels/%.o,$(wildcard kernels/*.cu))
+TOOLS     += $(patsubst tests/tools/%.cu,$(BUILD)/%,$(wildcard tests/tools/*.cu))
+endif
+
+# The flags every object was built with: when they change (CUDA on or off, other archs),
+# everything is rebuilt rather than linked from objects of another configuration.
+CONFIG      := $(BUILD)/config.txt
+CONFIG_TEXT := $(CXX) $(CXXFLAGS) $(SIMD_FLAGS) | $(NVCC) $(NVCCFLAGS)
+$(shell mkdir -p $(BUILD) && (echo '$(CONFIG_TEXT)' | cmp -s - $(CONFIG) || \
+    echo '$(CONFIG_TEXT)' > $(CONFIG)))
+
+# `make clean all -jN` must not build while clean deletes.
+ifneq ($(filter clean,$(MAKECMDGOALS)),)
+.NOTPARALLEL:
+endif
+
 .PHONY: all test clean
+.PRECIOUS: $(BUILD)/tools/%.o
 all: $(BUILD)/barellm $(BUILD)/unit_tests $(TOOLS)
 
-$(BUILD)/src/%_avx2.o: src/%_avx2.cpp
+$(CONFIG):
+	@mkdir -p $(dir $@)
+	@echo '$(CONFIG_TEXT)' > $@
+
+$(BUILD)/src/%_avx2.o: src/%_avx2.cpp $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(SIMD_FLAGS) -c $< -o $@
 
-$(BUILD)/src/%.o: src/%.cpp
+$(BUILD)/src/%.o: src/%.cpp $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
-$(BUILD)/tests/%.o: tests/%.cpp
+$(BUILD)/tests/%.o: tests/%.cpp $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -Itests -c $< -o $@
 
-$(BUILD)/tools/%.o: tests/tools/%.cpp
+$(BUILD)/tools/%.o: tests/tools/%.cpp $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
 
-$(BUILD)/barellm: $(BUILD)/src/main.o $(LIB_OBJS)
-	$(CXX) $^ $(LDFLAGS) -o $@
+$(BUILD)/kernels/%.o: kernels/%.cu $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-$(BUILD)/unit_tests: $(TEST_OBJS) $(LIB_OBJS)
-	$(CXX) $^ $(LDFLAGS) -o $@
+$(BUILD)/tools/%.o: tests/tools/%.cu $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-$(BUILD)/%: $(BUILD)/tools/%.o $(LIB_OBJS)
-	$(CXX) $^ $(LDFLAGS) -o $@
+$(BUILD)/barellm: $(BUILD)/src/main.o $(LIB_OBJS) $(CUDA_OBJS)
+	$(CXX) $^ $(LDFLAGS) $(LDLIBS) -o $@
+
+$(BUILD)/unit_tests: $(TEST_OBJS) $(LIB_OBJS) $(CUDA_OBJS)
+	$(CXX) $^ $(LDFLAGS) $(LDLIBS) -o $@
+
+$(BUILD)/%: $(BUILD)/tools/%.o $(LIB_OBJS) $(CUDA_OBJS)
+	$(CXX) $^ $(LDFLAGS) $(LDLIBS) -o $@
 
 test: all
 	$(BUILD)/unit_tests
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q -rs tests
 
 clean:
 	rm -rf $(BUILD)
