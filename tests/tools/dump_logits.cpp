@@ -1,7 +1,11 @@
-// Test tool: runs token ids through the CPU backend one position at a time and
+// Test tool: runs token ids through a backend one position at a time and
 // writes the logits of every position as raw little-endian float32 [ids, vocab].
 //   dump_logits MODEL OUT_FILE ID [ID ...] [--kv f16|f32] [--scalar] [--prefill]
+//               [--device cpu|cuda]
+//   dump_logits --check-cuda
 // --prefill runs all ids as one batch (the prefill GEMM path) instead of one by one.
+// --device picks the backend (default cpu). --check-cuda exits 0 when a usable CUDA GPU
+// is present, else prints why not and exits 1 (tests skip on it).
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -14,16 +18,29 @@ using namespace barellm;
 
 int main(int argc, char** argv) {
     try {
+        if (argc == 2 && std::strcmp(argv[1], "--check-cuda") == 0) {
+#ifdef BARELLM_CUDA
+            std::string reason;
+            if (cuda_device_available(&reason)) return 0;
+            std::printf("%s\n", reason.c_str());
+#else
+            std::printf("this build has no CUDA backend (nvcc was not found, or CUDA=0)\n");
+#endif
+            return 1;
+        }
         if (argc < 4)
             throw Error(
                 "usage: dump_logits MODEL OUT_FILE ID [ID ...] [--kv f16|f32] [--scalar] "
-                "[--prefill]");
+                "[--prefill] [--device cpu|cuda]");
         std::vector<int> ids;
         cpu::KvType kv_type = cpu::KvType::F16;
+        Device device = Device::Cpu;
         bool prefill = false;
         for (int i = 3; i < argc; ++i) {
             if (std::strcmp(argv[i], "--kv") == 0 && i + 1 < argc) {
                 kv_type = std::strcmp(argv[++i], "f32") == 0 ? cpu::KvType::F32 : cpu::KvType::F16;
+            } else if (std::strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
+                device = std::strcmp(argv[++i], "cuda") == 0 ? Device::Cuda : Device::Cpu;
             } else if (std::strcmp(argv[i], "--prefill") == 0) {
                 prefill = true;
             } else if (std::strcmp(argv[i], "--scalar") == 0) {
@@ -33,7 +50,7 @@ int main(int argc, char** argv) {
             }
         }
         const Model model = Model::load(argv[1]);
-        auto backend = make_cpu_backend(model, BackendOptions{int(ids.size()), kv_type});
+        auto backend = make_backend(model, BackendOptions{int(ids.size()), kv_type, device});
         FILE* out = std::fopen(argv[2], "wb");
         if (!out) throw Error(std::string(argv[2]) + ": cannot write");
         const size_t vocab = model.config.vocab_size;

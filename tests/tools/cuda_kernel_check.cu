@@ -1,0 +1,457 @@
+// Test tool (built only with nvcc): every CUDA kernel against the CPU kernel that computes
+// the same thing, on random inputs of awkward shapes (sizes off the vector widths, GQA,
+// sliding windows, several attention splits), with outputs poisoned (NaN) before each run
+// so that an element the kernel forgot to write fails. Prints one line per check and ends
+// with "N passed, M failed"; exits 1 when a check failed, 2 when no GPU is usable.
+//   cuda_kernel_check [--bench]
+// --bench also times the decode matvecs and attention at Mistral-7B shapes and prints
+// their bandwidth next to a device-to-device copy's.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backend.h"
+#include "cpu_kernels.h"
+#include "cuda_check.h"
+#include "device_memory.h"
+#include "half.h"
+#include "kernels.h"
+
+using namespace barellm;
+using cuda::DeviceBuffer;
+using cuda::DeviceMatrix;
+
+namespace {
+
+int passed = 0, failed = 0;
+std::mt19937 rng(12345);
+
+std::vector<float> random_floats(size_t count, float scale = 1.0f) {
+    std::normal_distribution<float> normal(0.0f, scale);
+    std::vector<float> values(count);
+    for (float& v : values) v = normal(rng);
+    return values;
+}
+
+uint16_t float_to_bf16(float value) {  // round to nearest even (inputs are finite)
+    uint32_t bits = float_to_bits(value);
+    bits += 0x7fff + ((bits >> 16) & 1);
+    return uint16_t(bits >> 16);
+}
+
+// A host matrix of `dtype` holding rounded random values, kept alive with its bytes.
+struct HostMatrix {
+    std::vector<uint8_t> bytes;
+    Matrix matrix;
+};
+
+HostMatrix random_matrix(int rows, int cols, DType dtype) {
+    const std::vector<float> values =
+        random_floats(size_t(rows) * cols, 1.0f / std::sqrt(float(cols)));
+    HostMatrix m;
+    m.bytes.resize(values.size() * dtype_size(dtype));
+    for (size_t i = 0; i < values.size(); ++i) {
+        if (dtype == DType::F32) {
+            std::memcpy(&m.bytes[4 * i], &values[i], 4);
+        } else {
+            const uint16_t bits =
+                dtype == DType::F16 ? float_to_half(values[i]) : float_to_bf16(values[i]);
+            std::memcpy(&m.bytes[2 * i], &bits, 2);
+        }
+    }
+    m.matrix = Matrix{m.bytes.data(), dtype, rows, cols};
+    return m;
+}
+
+const char* dtype_label(DType dtype) {
+    return dtype == DType::F32 ? "f32" : dtype == DType::F16 ? "f16" : "bf16";
+}
+const char* kv_label(cpu::KvType type) { return type == cpu::KvType::F32 ? "f32" : "f16"; }
+
+DeviceBuffer to_device(const void* data, size_t bytes) {
+    DeviceBuffer buffer(bytes, "a test input");
+    CUDA_CHECK(cudaMemcpy(buffer.as(), data, bytes, cudaMemcpyHostToDevice));
+    return buffer;
+}
+DeviceBuffer to_device(const std::vector<float>& values) {
+    return to_device(values.data(), values.size() * sizeof(float));
+}
+
+// A device buffer of `count` floats, every one NaN.
+DeviceBuffer poisoned(size_t count) {
+    DeviceBuffer buffer(count * sizeof(float), "a test output");
+    CUDA_CHECK(cudaMemset(buffer.as(), 0xff, count * sizeof(float)));
+    return buffer;
+}
+
+std::vector<float> to_host(const void* device, size_t count) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<float> values(count);
+    CUDA_CHECK(cudaMemcpy(values.data(), device, count * sizeof(float), cudaMemcpyDeviceToHost));
+    return values;
+}
+
+// ‖got − want‖ / ‖want‖ (absolute when want is 0); infinite when got has a NaN.
+double relative_error(const std::vector<float>& got, const std::vector<float>& want) {
+    double difference = 0, norm = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        if (!std::isfinite(got[i])) return INFINITY;
+        difference += double(got[i] - want[i]) * (got[i] - want[i]);
+        norm += double(want[i]) * want[i];
+    }
+    return norm > 0 ? std::sqrt(difference / norm) : std::sqrt(difference);
+}
+
+void report(const std::string& name, const std::vector<float>& got, const std::vector<float>& want,
+            double tolerance) {
+    const double error = relative_error(got, want);
+    const bool ok = error <= tolerance;
+    (ok ? passed : failed)++;
+    std::printf("%s %-60s rel error %.2e (tolerance %.0e)\n", ok ? "PASS" : "FAIL", name.c_str(),
+                error, tolerance);
+    std::fflush(stdout);
+}
+
+std::vector<float> kv_values_as_float(const std::vector<uint8_t>& cache, cpu::KvType type) {
+    const size_t count = cache.size() / (type == cpu::KvType::F32 ? 4 : 2);
+    std::vector<float> values(count);
+    for (size_t i = 0; i < count; ++i) {
+        if (type == cpu::KvType::F32) {
+            std::memcpy(&values[i], &cache[4 * i], 4);
+        } else {
+            uint16_t bits;
+            std::memcpy(&bits, &cache[2 * i], 2);
+            values[i] = half_to_float(bits);
+        }
+    }
+    return values;
+}
+
+void check_embedding() {
+    for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
+        const std::pair<int, int> shapes[] = {{5, 1}, {37, 45}, {512, 64}, {100, 4096}};
+        for (auto [rows, cols] : shapes) {
+            const HostMatrix table = random_matrix(rows, cols, dtype);
+            cuda::PinnedBuffer staging(size_t(16) << 20, "staging");
+            DeviceBuffer memory;
+            const DeviceMatrix device_table =
+                cuda::upload_matrix(table.matrix, memory, staging, "table");
+            const int token = rows - 2 >= 0 ? rows - 2 : 0;
+            const int step[2] = {token, 0};
+            DeviceBuffer device_step = to_device(step, sizeof step);
+            DeviceBuffer out = poisoned(cols);
+            cuda::embedding(out.as<float>(), device_table, device_step.as<int>(), 0);
+            std::vector<float> want(cols);
+            cpu::embedding_row(want.data(), table.matrix, token);
+            report(std::string("embedding ") + dtype_label(dtype) + " " + std::to_string(rows) +
+                       "x" + std::to_string(cols),
+                   to_host(out.as(), cols), want, 0.0);
+        }
+    }
+}
+
+void check_matvec() {
+    const std::pair<int, int> shapes[] = {{1, 1},      {7, 45},      {33, 172},  {64, 64},
+                                          {129, 1000}, {1024, 4096}, {9, 14336}, {17, 8190}};
+    cuda::prepare_matvec(cuda::matvec_shared_bytes(cuda::padded_cols(14336, DType::F32)));
+    cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
+    for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
+        for (auto [rows, cols] : shapes) {
+            const HostMatrix w = random_matrix(rows, cols, dtype);
+            DeviceBuffer memory;
+            const DeviceMatrix device_w = cuda::upload_matrix(w.matrix, memory, staging, "w");
+            const std::vector<float> x = random_floats(cols, 2.0f);
+            std::vector<float> norm_weight = random_floats(cols, 0.1f);
+            for (float& v : norm_weight) v += 1.0f;
+            const float eps = 1e-5f;
+            DeviceBuffer device_x = to_device(x), device_norm = to_device(norm_weight);
+            const std::string shape = std::string(dtype_label(dtype)) + " " + std::to_string(rows) +
+                                      "x" + std::to_string(cols);
+            std::vector<float> normed(cols), want(rows);
+
+            // plain
+            DeviceBuffer out = poisoned(rows);
+            cuda::matvec(out.as<float>(), device_w, device_x.as<float>(), nullptr, 0.0f, false, 0);
+            cpu::matmul(want.data(), x.data(), w.matrix);
+            report("matvec " + shape, to_host(out.as(), rows), want, 1e-5);
+
+            // RMSNorm fused
+            out = poisoned(rows);
+            cuda::matvec(out.as<float>(), device_w, device_x.as<float>(), device_norm.as<float>(),
+                         eps, false, 0);
+            cpu::rmsnorm(normed.data(), x.data(), norm_weight.data(), cols, eps);
+            cpu::matmul(want.data(), normed.data(), w.matrix);
+            report("matvec+rmsnorm " + shape, to_host(out.as(), rows), want, 1e-5);
+
+            // accumulate (residual)
+            const std::vector<float> residual = random_floats(rows);
+            DeviceBuffer accumulated = to_device(residual);
+            cuda::matvec(accumulated.as<float>(), device_w, device_x.as<float>(), nullptr, 0.0f,
+                         true, 0);
+            cpu::matmul(want.data(), x.data(), w.matrix);
+            for (int r = 0; r < rows; ++r) want[r] += residual[r];
+            report("matvec+residual " + shape, to_host(accumulated.as(), rows), want, 1e-5);
+
+            // SwiGLU with a second matrix of the same shape
+            const HostMatrix w3 = random_matrix(rows, cols, dtype);
+            DeviceBuffer memory3;
+            const DeviceMatrix device_w3 = cuda::upload_matrix(w3.matrix, memory3, staging, "w3");
+            out = poisoned(rows);
+            cuda::matvec_swiglu(out.as<float>(), device_w, device_w3, device_x.as<float>(),
+                                device_norm.as<float>(), eps, 0);
+            std::vector<float> up(rows);
+            cpu::matmul(want.data(), normed.data(), w.matrix);
+            cpu::matmul(up.data(), normed.data(), w3.matrix);
+            cpu::swiglu(want.data(), up.data(), rows);
+            report("matvec_swiglu " + shape, to_host(out.as(), rows), want, 1e-5);
+        }
+    }
+}
+
+struct HeadShape {
+    int heads, kv_heads, head_dim;
+};
+
+void check_rope() {
+    const HeadShape shapes[] = {{8, 4, 8}, {6, 2, 34}, {5, 5, 18}, {32, 8, 128}, {4, 1, 256}};
+    for (const HeadShape& s : shapes) {
+        Config config;
+        config.head_dim = s.head_dim;
+        config.rope_theta = 10000.0f;
+        const std::vector<float> frequencies = rope_inverse_frequencies(config);
+        DeviceBuffer device_frequencies = to_device(frequencies);
+        const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
+        for (int pos : {0, 7, 4095, 100000}) {
+            for (cpu::KvType type : {cpu::KvType::F32, cpu::KvType::F16}) {
+                const size_t element = type == cpu::KvType::F32 ? 4 : 2;
+                const std::vector<float> qkv = random_floats(q_dim + 2 * size_t(kv_dim));
+                DeviceBuffer device_qkv = to_device(qkv);
+                const size_t cache_bytes = (size_t(pos) + 1) * kv_dim * element;
+                DeviceBuffer keys(cache_bytes, "keys"), values(cache_bytes, "values");
+                CUDA_CHECK(cudaMemset(keys.as(), 0xff, cache_bytes));
+                CUDA_CHECK(cudaMemset(values.as(), 0xff, cache_bytes));
+                const int step[2] = {0, pos};
+                DeviceBuffer device_step = to_device(step, sizeof step);
+                cuda::rope_kv_store(device_qkv.as<float>(), device_frequencies.as<float>(),
+                                    keys.as(), values.as(), device_step.as<int>(), s.heads,
+                                    s.kv_heads, s.head_dim, type, 0);
+
+                std::vector<float> q(qkv.begin(), qkv.begin() + q_dim);
+                std::vector<float> k(qkv.begin() + q_dim, qkv.begin() + q_dim + kv_dim);
+                const std::vector<float> v(qkv.begin() + q_dim + kv_dim, qkv.end());
+                cpu::rope(q.data(), s.heads, s.head_dim, pos, frequencies.data());
+                cpu::rope(k.data(), s.kv_heads, s.head_dim, pos, frequencies.data());
+                std::vector<uint8_t> key_row(kv_dim * element), value_row(kv_dim * element);
+                cpu::kv_store(key_row.data(), k.data(), kv_dim, type);
+                cpu::kv_store(value_row.data(), v.data(), kv_dim, type);
+
+                const std::string name = "rope_kv " + std::to_string(s.heads) + "/" +
+                                         std::to_string(s.kv_heads) + "x" +
+                                         std::to_string(s.head_dim) + " pos " +
+                                         std::to_string(pos) + " kv " + kv_label(type);
+                std::vector<float> got_qkv = to_host(device_qkv.as(), qkv.size());
+                report(name + " q", std::vector<float>(got_qkv.begin(), got_qkv.begin() + q_dim), q,
+                       1e-6);
+                std::vector<uint8_t> got_row(kv_dim * element);
+                const size_t row_offset = size_t(pos) * kv_dim * element;
+                CUDA_CHECK(cudaMemcpy(got_row.data(), keys.as<uint8_t>() + row_offset,
+                                      got_row.size(), cudaMemcpyDeviceToHost));
+                // f16: a rounding tie may fall differently when the f32 values differ by an ulp.
+                report(name + " k", kv_values_as_float(got_row, type),
+                       kv_values_as_float(key_row, type), type == cpu::KvType::F32 ? 1e-6 : 1e-3);
+                CUDA_CHECK(cudaMemcpy(got_row.data(), values.as<uint8_t>() + row_offset,
+                                      got_row.size(), cudaMemcpyDeviceToHost));
+                report(name + " v", kv_values_as_float(got_row, type),
+                       kv_values_as_float(value_row, type), 0.0);
+            }
+        }
+    }
+}
+
+void check_attention(int multiprocessors) {
+    struct Case {
+        HeadShape shape;
+        int window;
+    };
+    const Case cases[] = {{{8, 4, 8}, 0},    {{6, 2, 34}, 0},     {{5, 1, 8}, 6},
+                          {{32, 8, 128}, 0}, {{32, 8, 128}, 100}, {{8, 1, 64}, 0},
+                          {{12, 2, 256}, 0}, {{4, 4, 18}, 0},     {{16, 2, 80}, 33}};
+    for (const Case& test : cases) {
+        const HeadShape& s = test.shape;
+        const cpu::AttentionShape shape{s.heads, s.kv_heads, s.head_dim, test.window};
+        const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
+        for (int context : {1, 7, 100, 4096}) {
+            for (cpu::KvType type : {cpu::KvType::F32, cpu::KvType::F16}) {
+                const size_t element = type == cpu::KvType::F32 ? 4 : 2;
+                // Random caches of the element type (the same bits on both sides).
+                std::vector<uint8_t> keys(size_t(context) * kv_dim * element);
+                std::vector<uint8_t> values(keys.size());
+                const std::vector<float> key_values = random_floats(size_t(context) * kv_dim);
+                const std::vector<float> value_values = random_floats(size_t(context) * kv_dim);
+                cpu::kv_store(keys.data(), key_values.data(), context * kv_dim, type);
+                cpu::kv_store(values.data(), value_values.data(), context * kv_dim, type);
+                DeviceBuffer device_keys = to_device(keys.data(), keys.size());
+                DeviceBuffer device_values = to_device(values.data(), values.size());
+                const std::vector<float> q = random_floats(q_dim);
+                DeviceBuffer device_q = to_device(q);
+
+                const int natural = cuda::attention_splits(shape, context, multiprocessors);
+                for (int splits : {natural, 1, 3, 256}) {
+                    DeviceBuffer partial_out = poisoned(size_t(s.heads) * splits * s.head_dim);
+                    DeviceBuffer partial_stats = poisoned(size_t(s.heads) * splits * 2);
+                    for (int pos : {0, context / 2, context - 1}) {
+                        const int step[2] = {0, pos};
+                        DeviceBuffer device_step = to_device(step, sizeof step);
+                        DeviceBuffer out = poisoned(q_dim);
+                        cuda::attention(out.as<float>(), device_q.as<float>(), device_keys.as(),
+                                        device_values.as(), device_step.as<int>(),
+                                        partial_out.as<float>(), partial_stats.as<float>(), shape,
+                                        splits, type, 0);
+                        std::vector<float> want(q_dim), scores(size_t(s.heads) * (pos + 1));
+                        cpu::attention(want.data(), q.data(), pos, keys.data(), values.data(),
+                                       scores.data(), shape, type);
+                        report("attention " + std::to_string(s.heads) + "/" +
+                                   std::to_string(s.kv_heads) + "x" + std::to_string(s.head_dim) +
+                                   " window " + std::to_string(test.window) + " ctx " +
+                                   std::to_string(context) + " pos " + std::to_string(pos) +
+                                   " splits " + std::to_string(splits) + " kv " + kv_label(type),
+                               to_host(out.as(), q_dim), want, 1e-5);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Milliseconds per call of `work`, median of `repeats` timed with events after a warm-up.
+template <typename Work>
+double time_ms(Work work, int repeats = 30) {
+    cudaEvent_t start, stop;
+    CUDA_CHECK(cudaEventCreate(&start));
+    CUDA_CHECK(cudaEventCreate(&stop));
+    work(0);
+    std::vector<double> samples;
+    for (int r = 0; r < repeats; ++r) {
+        CUDA_CHECK(cudaEventRecord(start));
+        work(r);
+        CUDA_CHECK(cudaEventRecord(stop));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        float ms = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+        samples.push_back(ms);
+    }
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+    std::sort(samples.begin(), samples.end());
+    return samples[samples.size() / 2];
+}
+
+void bench(int multiprocessors) {
+    const size_t copy_bytes = size_t(1) << 30;
+    DeviceBuffer a(copy_bytes, "copy"), b(copy_bytes, "copy");
+    CUDA_CHECK(cudaMemset(a.as(), 1, copy_bytes));
+    const double copy_ms = time_ms([&](int) {
+        CUDA_CHECK(cudaMemcpyAsync(b.as(), a.as(), copy_bytes, cudaMemcpyDeviceToDevice));
+    });
+    const double copy_gbps = 2.0 * copy_bytes / copy_ms / 1e6;
+    std::printf(
+        "\n| kernel | shape | us | GB/s | %% of copy |\n| --- | --- | ---: | ---: | ---: |\n");
+    std::printf("| device-to-device copy | 1 GiB | %.1f | %.0f | 100%% |\n", copy_ms * 1e3,
+                copy_gbps);
+    auto line = [&](const char* kernel, const char* shape, double ms, double bytes) {
+        const double gbps = bytes / ms / 1e6;
+        std::printf("| %s | %s | %.1f | %.0f | %.0f%% |\n", kernel, shape, ms * 1e3, gbps,
+                    100 * gbps / copy_gbps);
+        std::fflush(stdout);
+    };
+
+    cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
+    cuda::prepare_matvec(cuda::matvec_shared_bytes(14336));
+    for (DType dtype : {DType::F16, DType::BF16, DType::F32}) {
+        // Matrices far larger than L2, so every call streams from device memory.
+        const HostMatrix w1 = random_matrix(14336, 4096, dtype),
+                         w3 = random_matrix(14336, 4096, dtype);
+        const HostMatrix w2 = random_matrix(4096, 14336, dtype);
+        DeviceBuffer m1, m3, m2;
+        const DeviceMatrix d1 = cuda::upload_matrix(w1.matrix, m1, staging, "w1");
+        const DeviceMatrix d3 = cuda::upload_matrix(w3.matrix, m3, staging, "w3");
+        const DeviceMatrix d2 = cuda::upload_matrix(w2.matrix, m2, staging, "w2");
+        DeviceBuffer x = to_device(random_floats(14336)), norm = to_device(random_floats(14336));
+        DeviceBuffer out = poisoned(14336);
+        const std::string label = std::string("matvec ") + dtype_label(dtype);
+        line((label + " (w2, +residual)").c_str(), "4096x14336", time_ms([&](int) {
+                 cuda::matvec(out.as<float>(), d2, x.as<float>(), nullptr, 0, true, 0);
+             }),
+             double(d2.bytes()));
+        line((label + " (rmsnorm)").c_str(), "14336x4096", time_ms([&](int) {
+                 cuda::matvec(out.as<float>(), d1, x.as<float>(), norm.as<float>(), 1e-5f, false,
+                              0);
+             }),
+             double(d1.bytes()));
+        line((std::string("matvec_swiglu ") + dtype_label(dtype)).c_str(), "2 x 14336x4096",
+             time_ms([&](int) {
+                 cuda::matvec_swiglu(out.as<float>(), d1, d3, x.as<float>(), norm.as<float>(),
+                                     1e-5f, 0);
+             }),
+             double(d1.bytes() + d3.bytes()));
+    }
+
+    // Attention at Mistral 7B's shape, position 4095, rotating over 8 layers' caches.
+    const cpu::AttentionShape shape{32, 8, 128, 4096};
+    const int context = 4096, layers = 8;
+    for (cpu::KvType type : {cpu::KvType::F16, cpu::KvType::F32}) {
+        const size_t layer_bytes = size_t(context) * 1024 * (type == cpu::KvType::F32 ? 4 : 2);
+        DeviceBuffer keys(layer_bytes * layers, "keys"), values(layer_bytes * layers, "values");
+        CUDA_CHECK(cudaMemset(keys.as(), 0, layer_bytes * layers));
+        CUDA_CHECK(cudaMemset(values.as(), 0, layer_bytes * layers));
+        const int splits = cuda::attention_splits(shape, context, multiprocessors);
+        DeviceBuffer q = to_device(random_floats(4096)), out = poisoned(4096);
+        DeviceBuffer partial_out = poisoned(size_t(32) * splits * 128),
+                     partial_stats = poisoned(size_t(32) * splits * 2);
+        const int step[2] = {0, context - 1};
+        DeviceBuffer device_step = to_device(step, sizeof step);
+        const double ms = time_ms([&](int r) {
+            const size_t offset = size_t(r % layers) * layer_bytes;
+            cuda::attention(out.as<float>(), q.as<float>(), keys.as<uint8_t>() + offset,
+                            values.as<uint8_t>() + offset, device_step.as<int>(),
+                            partial_out.as<float>(), partial_stats.as<float>(), shape, splits, type,
+                            0);
+        });
+        const std::string name = std::string("attention kv ") + kv_label(type) + " (" +
+                                 std::to_string(splits) + " splits)";
+        line(name.c_str(), "32/8x128 pos 4095", ms, 2.0 * layer_bytes);
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        std::string reason;
+        if (!cuda_device_available(&reason)) {
+            std::printf("cuda_kernel_check: %s\n", reason.c_str());
+            return 2;
+        }
+        CUDA_CHECK(cudaSetDevice(0));
+        cudaDeviceProp properties;
+        CUDA_CHECK(cudaGetDeviceProperties(&properties, 0));
+        std::printf("GPU: %s (sm_%d%d, %d SMs)\n", properties.name, properties.major,
+                    properties.minor, properties.multiProcessorCount);
+        check_embedding();
+        check_matvec();
+        check_rope();
+        check_attention(properties.multiProcessorCount);
+        if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) bench(properties.multiProcessorCount);
+        std::printf("%d passed, %d failed\n", passed, failed);
+        return failed ? 1 : 0;
+    } catch (const std::exception& e) {
+        std::printf("cuda_kernel_check: %s\n%d passed, %d failed\n", e.what(), passed, failed + 1);
+        return 1;
+    }
+}
