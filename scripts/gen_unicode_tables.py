@@ -1,28 +1,36 @@
 #!/usr/bin/env python3
 """Generates src/unicode_tables.h and src/unicode_tables.cpp for barellm's tokenizer.
 
-The data comes from `unicodedata2` (the backport of Python's `unicodedata` module with a
-newer Unicode database), pinned to the Unicode version that Hugging Face `tokenizers`
-0.23 uses through Oniguruma and Rust's standard library: Unicode 16.0. Python's own
-`unicodedata` is older (3.11 ships Unicode 14) and would misclassify ~9000 letters.
+The data comes from `unicodedataplus`, Python's `unicodedata` module with a newer Unicode
+database and a few more properties (among them the age of each character), pinned to
+Unicode 16.0: the version Hugging Face `tokenizers` 0.23 uses through Oniguruma (`\p{L}`,
+`\p{N}` in pre-tokenizer regexes) and Rust's standard library (`char::is_numeric`).
+Python's own `unicodedata` is older (3.11 ships Unicode 14) and would misclassify ~9000
+letters.
 
-    pip install unicodedata2==16.0.0
+Its NFC, however, comes from the `unicode-normalization-alignments` crate, whose tables
+are Unicode 9.0 (verified: it does not reorder the combining marks added since). The NFC
+tables below therefore hold only characters assigned by Unicode 9.0; the normalization
+data of a character never changes once assigned, so this is Unicode 9.0's NFC.
+
+    pip install unicodedataplus==16.0.0.post1
     python3 scripts/gen_unicode_tables.py
 
 Tables written:
   - general category (grouped) of every code point, as ranges;
-  - canonical combining class, as ranges;
-  - full canonical decompositions (Hangul syllables excluded: they are algorithmic);
-  - canonical compositions of primary composites (what NFC may recompose);
-  - code points NFC may change (quick check No/Maybe, or non-zero combining class).
+  - canonical combining class, as ranges (Unicode 9.0);
+  - full canonical decompositions (Hangul syllables excluded: they are algorithmic) (9.0);
+  - canonical compositions of primary composites (what NFC may recompose) (9.0);
+  - code points NFC may change (quick check No/Maybe, or non-zero combining class) (9.0).
 """
 
 import os
 import sys
 
-import unicodedata2 as ud
+import unicodedataplus as ud
 
 UNICODE_VERSION = "16.0.0"
+NFC_UNICODE_VERSION = (9, 0)
 MAX_CODE_POINT = 0x10FFFF
 HANGUL_FIRST, HANGUL_LAST = 0xAC00, 0xD7A3
 HANGUL_V_FIRST, HANGUL_V_LAST = 0x1161, 0x1175  # jamo vowels compose with a leading L
@@ -60,11 +68,23 @@ def category_ranges():
     return ranges
 
 
+def in_nfc_version(cp):
+    """Whether the code point was assigned by NFC_UNICODE_VERSION."""
+    age = ud.age(char(cp))
+    if age == "Unassigned":
+        return False
+    return tuple(int(part) for part in age.split(".")) <= NFC_UNICODE_VERSION
+
+
+def combining_class(cp):
+    return ud.combining(char(cp)) if in_nfc_version(cp) else 0
+
+
 def combining_class_ranges():
     """(first, last, class) for every run of code points with a non-zero class."""
     ranges = []
     for cp in code_points():
-        ccc = ud.combining(char(cp))
+        ccc = combining_class(cp)
         if ccc == 0:
             continue
         if ranges and ranges[-1][1] == cp - 1 and ranges[-1][2] == ccc:
@@ -82,7 +102,7 @@ def decompositions():
     """(code point, full canonical decomposition) for every decomposable non-Hangul code point."""
     result = []
     for cp in code_points():
-        if is_surrogate(cp) or HANGUL_FIRST <= cp <= HANGUL_LAST:
+        if is_surrogate(cp) or HANGUL_FIRST <= cp <= HANGUL_LAST or not in_nfc_version(cp):
             continue
         nfd = ud.normalize("NFD", char(cp))
         if nfd != char(cp):
@@ -95,7 +115,7 @@ def compositions():
     that NFC recomposes (composition exclusions and non-starter decompositions drop out)."""
     result = []
     for cp in code_points():
-        if is_surrogate(cp) or HANGUL_FIRST <= cp <= HANGUL_LAST:
+        if is_surrogate(cp) or HANGUL_FIRST <= cp <= HANGUL_LAST or not in_nfc_version(cp):
             continue
         mapping = ud.decomposition(char(cp))
         if not mapping or mapping.startswith("<"):
@@ -112,11 +132,12 @@ def nfc_sensitive_ranges(composition_table):
     second_elements = {second for _, second, _ in composition_table}
     sensitive = []
     for cp in code_points():
-        if is_surrogate(cp):
+        if is_surrogate(cp) or not in_nfc_version(cp):
             continue
         c = char(cp)
-        hangul_joiner = HANGUL_V_FIRST <= cp <= HANGUL_V_LAST or HANGUL_T_FIRST <= cp <= HANGUL_T_LAST
-        if (ud.combining(c) != 0 or ud.normalize("NFC", c) != c or cp in second_elements
+        hangul_joiner = (HANGUL_V_FIRST <= cp <= HANGUL_V_LAST
+                         or HANGUL_T_FIRST <= cp <= HANGUL_T_LAST)
+        if (combining_class(cp) != 0 or ud.normalize("NFC", c) != c or cp in second_elements
                 or hangul_joiner):
             if sensitive and sensitive[-1][1] == cp - 1:
                 sensitive[-1] = (sensitive[-1][0], cp)
@@ -125,16 +146,21 @@ def nfc_sensitive_ranges(composition_table):
     return sensitive
 
 
-def rows(items, per_line):
+def rows(items, width=100):
+    """The items, indented and packed into lines of at most `width` characters."""
     lines = []
-    for i in range(0, len(items), per_line):
-        lines.append("    " + " ".join(items[i:i + per_line]))
+    for item in items:
+        if lines and len(lines[-1]) + 1 + len(item) <= width:
+            lines[-1] += " " + item
+        else:
+            lines.append("    " + item)
     return "\n".join(lines)
 
 
 HEADER = """// Generated by scripts/gen_unicode_tables.py from Unicode {version}. Do not edit.
-// Unicode character data for the tokenizer: general category groups, canonical combining
-// classes, canonical decompositions and compositions (for NFC).
+// Unicode character data for the tokenizer: general category groups (Unicode {version}),
+// and for NFC canonical combining classes, decompositions and compositions (of the
+// characters of Unicode {nfc_version}, as Hugging Face's NFC has them).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -142,6 +168,7 @@ HEADER = """// Generated by scripts/gen_unicode_tables.py from Unicode {version}
 namespace barellm::unicode {{
 
 constexpr const char* kUnicodeVersion = "{version}";
+constexpr const char* kNfcUnicodeVersion = "{nfc_version}";
 
 // General categories, grouped: Letter is L*, Mark is M*, the numbers are Nd, Nl and No,
 // ConnectorPunctuation is Pc, Other is everything else.
@@ -201,6 +228,7 @@ extern const size_t kNfcSensitiveRangeCount;
 SOURCE = """// Generated by scripts/gen_unicode_tables.py from Unicode {version}. Do not edit.
 #include "unicode_tables.h"
 
+// clang-format off
 namespace barellm::unicode {{
 
 const CategoryRange kCategoryRanges[] = {{
@@ -235,13 +263,14 @@ const size_t kNfcSensitiveRangeCount =
     sizeof(kNfcSensitiveRanges) / sizeof(kNfcSensitiveRanges[0]);
 
 }}  // namespace barellm::unicode
+// clang-format on
 """
 
 
 def main():
     if ud.unidata_version != UNICODE_VERSION:
-        sys.exit(f"need unicodedata2 for Unicode {UNICODE_VERSION}, found {ud.unidata_version}"
-                 f" (pip install unicodedata2=={UNICODE_VERSION})")
+        sys.exit(f"need unicodedataplus for Unicode {UNICODE_VERSION}, found "
+                 f"{ud.unidata_version} (pip install unicodedataplus=={UNICODE_VERSION}.post1)")
     composition_table = compositions()
     decomposition_table = decompositions()
 
@@ -252,15 +281,18 @@ def main():
 
     header = HEADER.format(
         version=UNICODE_VERSION,
+        nfc_version=".".join(map(str, NFC_UNICODE_VERSION)),
         categories="\n".join(f"    {name}," for name in GROUP_NAMES))
     source = SOURCE.format(
         version=UNICODE_VERSION,
-        category_ranges=rows([f"{{0x{cp:X}, Category::{cat}}}," for cp, cat in category_ranges()], 4),
-        ccc_ranges=rows([f"{{0x{a:X}, 0x{b:X}, {c}}}," for a, b, c in combining_class_ranges()], 4),
-        decompositions=rows(index, 4),
-        decomposition_data=rows([f"0x{cp:X}," for cp in data], 10),
-        compositions=rows([f"{{0x{a:X}, 0x{b:X}, 0x{c:X}}}," for a, b, c in composition_table], 3),
-        nfc_sensitive=rows([f"{{0x{a:X}, 0x{b:X}}}," for a, b in nfc_sensitive_ranges(composition_table)], 5))
+        category_ranges=rows([f"{{0x{cp:X}, Category::{cat}}},"
+                              for cp, cat in category_ranges()]),
+        ccc_ranges=rows([f"{{0x{a:X}, 0x{b:X}, {c}}}," for a, b, c in combining_class_ranges()]),
+        decompositions=rows(index),
+        decomposition_data=rows([f"0x{cp:X}," for cp in data]),
+        compositions=rows([f"{{0x{a:X}, 0x{b:X}, 0x{c:X}}}," for a, b, c in composition_table]),
+        nfc_sensitive=rows([f"{{0x{a:X}, 0x{b:X}}},"
+                            for a, b in nfc_sensitive_ranges(composition_table)]))
 
     with open(os.path.join(ROOT, "src", "unicode_tables.h"), "w") as f:
         f.write(header)

@@ -229,6 +229,9 @@ bool is_word_character(char32_t cp) {
 }
 
 // ============================================================================ NFC
+//
+// Hugging Face's NFC (the unicode-normalization-alignments crate) knows the characters of
+// Unicode 9.0 only, and so do the NFC tables: later characters pass through unchanged.
 
 constexpr char32_t kHangulSyllableBase = 0xAC00, kHangulLeadBase = 0x1100,
                    kHangulVowelBase = 0x1161, kHangulTrailBase = 0x11A7;

@@ -230,6 +230,8 @@ def generated_texts():
         "e\u0301 a\u0308\u0301 o\u0323\u0302 \u0301start Z\u0351\u0362\u0315a\u0337\u0328lgo",
         "\u1100\u1161\u11a8 \u1112\u1161\u11ab\u1100\u1173\u11af \uac00\u11a8 \u212b \u2126",
         "A\u030a \u00c5 \u0041\u0301\u0327 \u1e0b\u0323 \u0071\u0307\u0323 \u0fb2\u0f80",
+        # Marks newer than Unicode 9.0, which Hugging Face's NFC does not reorder.
+        "a\u08cd\u0316 a\u1de7\U00010f4b \ufa51\u1de7\U00010f4b a\u0300\u0316",
         "a   b", "  leading", "trailing   ", "\t\tx", "x\u00a0y\u3000z\u2009w",
         "\n\n\n", " \n ", "a \n\n  b", "line1\r\nline2\r\n\r\nline3", "\r\r\n\n\r",
         "tabs\tand  spaces \t mixed\t \n", "   \n\t  \u2028 \u2029 end",
