@@ -8,9 +8,6 @@
 
 namespace barellm::unicode {
 
-constexpr const char* kUnicodeVersion = "16.0.0";
-constexpr const char* kNfcUnicodeVersion = "9.0";
-
 // General categories, grouped: Letter is L*, Mark is M*, the numbers are Nd, Nl and No,
 // ConnectorPunctuation is Pc, Other is everything else.
 enum class Category : uint8_t {
