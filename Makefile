@@ -12,6 +12,11 @@
 # The CUDA runtime is linked statically: build/barellm runs on machines without a GPU
 # driver (and says so in one line when asked for --device cuda).
 # CPPFLAGS is passed to every compilation (e.g. CPPFLAGS=-I/path/to/nlohmann/include).
+#
+#   SAN=1              build with AddressSanitizer and UndefinedBehaviorSanitizer (CPU only);
+#                      `make test SAN=1` runs the whole suite on that build
+#   make fuzz          builds the libFuzzer targets (tests/fuzz/) with clang++ and runs each
+#                      for FUZZ_SECONDS (default 60) from the seed corpus
 
 CXX      ?= g++
 BUILD    := build
@@ -23,10 +28,18 @@ PYTHON   ?= python3
 
 LIB_SRCS  := $(filter-out src/main.cpp,$(wildcard src/*.cpp))
 LIB_OBJS  := $(LIB_SRCS:src/%.cpp=$(BUILD)/src/%.o)
-TEST_SRCS := $(wildcard tests/*.cpp)
+TEST_SRCS := $(wildcard tests/*.cpp) tests/fuzz/targets.cpp
 TEST_OBJS := $(TEST_SRCS:tests/%.cpp=$(BUILD)/tests/%.o)
 TOOL_SRCS := $(wildcard tests/tools/*.cpp)
 TOOLS     := $(TOOL_SRCS:tests/tools/%.cpp=$(BUILD)/%)
+
+SAN ?= 0
+ifeq ($(SAN),1)
+SANITIZE  := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+CXXFLAGS  += $(SANITIZE)
+LDFLAGS   += $(SANITIZE)
+override CUDA := 0
+endif
 
 CUDA          ?= 1
 CUDA_ARCHS    ?= 75 80 86 89 90
@@ -63,7 +76,7 @@ ifneq ($(filter clean,$(MAKECMDGOALS)),)
 .NOTPARALLEL:
 endif
 
-.PHONY: all test clean
+.PHONY: all test clean fuzz
 .PRECIOUS: $(BUILD)/tools/%.o
 all: $(BUILD)/barellm $(BUILD)/unit_tests $(TOOLS)
 
@@ -107,6 +120,33 @@ $(BUILD)/%: $(BUILD)/tools/%.o $(LIB_OBJS) $(CUDA_OBJS)
 test: all
 	$(BUILD)/unit_tests
 	$(PYTHON) -m pytest -q -rs tests
+
+# libFuzzer targets: only the code that reads untrusted input (files, text, ids, argv).
+FUZZ_CXX     ?= clang++
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := model_file tokenizer_encode tokenizer_decode command_line
+FUZZ_SRCS    := src/safetensors.cpp src/config.cpp src/model.cpp src/tokenizer.cpp \
+                src/unicode_tables.cpp src/cli.cpp tests/fuzz/targets.cpp
+FUZZ_FLAGS   := -std=c++17 -O1 -g -Isrc -Itests $(CPPFLAGS) \
+                -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.cpp $(FUZZ_SRCS) tests/fuzz/targets.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) $< $(FUZZ_SRCS) -o $@
+
+# Each target runs on a working copy of its seed corpus; a crash stops `make fuzz` and
+# leaves the input in $(BUILD)/fuzz/<target>-crash-*: fix it, then keep the input in
+# tests/fuzz/regressions/<target>/ (the unit tests replay that folder).
+fuzz: $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
+	@for target in $(FUZZ_TARGETS); do \
+	    mkdir -p $(BUILD)/fuzz/corpus/$$target && \
+	    cp -n tests/fuzz/corpus/$$target/* $(BUILD)/fuzz/corpus/$$target/ && \
+	    echo "fuzzing $$target for $(FUZZ_SECONDS) s" && \
+	    $(BUILD)/fuzz/fuzz_$$target -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	        -artifact_prefix=$(BUILD)/fuzz/$$target- $(BUILD)/fuzz/corpus/$$target \
+	        2>$(BUILD)/fuzz/$$target.log || { tail -40 $(BUILD)/fuzz/$$target.log; exit 1; }; \
+	    grep -E "stat::number_of_executed_units|cov:" $(BUILD)/fuzz/$$target.log | tail -2; \
+	done
 
 clean:
 	rm -rf $(BUILD)

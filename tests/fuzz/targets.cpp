@@ -1,0 +1,127 @@
+#include "targets.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli.h"
+#include "error.h"
+#include "model.h"
+#include "tokenizer.h"
+
+namespace barellm::fuzz {
+
+namespace {
+
+// A small SentencePiece-style tokenizer with byte fallback, used when the real one in
+// ../shared is not there.
+const char* kFallbackTokenizer = R"({
+  "added_tokens": [{"id": 0, "content": "<unk>", "special": true, "single_word": false,
+                    "lstrip": false, "rstrip": false, "normalized": false},
+                   {"id": 1, "content": "<s>", "special": true, "single_word": false,
+                    "lstrip": false, "rstrip": false, "normalized": false}],
+  "normalizer": {"type": "Sequence", "normalizers": [
+      {"type": "Prepend", "prepend": "\u2581"},
+      {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+  "pre_tokenizer": null,
+  "decoder": {"type": "Sequence", "decoders": [
+      {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+      {"type": "ByteFallback"}, {"type": "Fuse"},
+      {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+  "model": {"type": "BPE", "unk_token": "<unk>", "fuse_unk": true, "byte_fallback": true,
+            "vocab": {"<unk>": 0, "<s>": 1, "<0x41>": 2, "<0xC3>": 3, "<0xA9>": 4,
+                      "\u2581": 5, "a": 6, "b": 7, "ab": 8, "\u2581ab": 9},
+            "merges": ["a b", "\u2581 ab"]}
+})";
+
+std::string read_file(const char* path) {
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream text;
+    text << in.rdbuf();
+    return text.str();
+}
+
+// The tokenizer to fuzz: $BARELLM_FUZZ_TOKENIZER, else stories260K's, else the fallback.
+const Tokenizer& fuzz_tokenizer() {
+    static const Tokenizer tokenizer = [] {
+        const char* chosen = std::getenv("BARELLM_FUZZ_TOKENIZER");
+        const std::string path = chosen ? chosen : "../shared/models/stories260K/tokenizer.json";
+        const std::string json = read_file(path.c_str());
+        return Tokenizer::from_json(json.empty() ? kFallbackTokenizer : json);
+    }();
+    return tokenizer;
+}
+
+}  // namespace
+
+void model_file(const uint8_t* data, size_t size) {
+    static const std::string path = "/tmp/barellm_fuzz_model_" + std::to_string(getpid());
+    if (FILE* out = std::fopen(path.c_str(), "wb")) {
+        std::fwrite(data, 1, size, out);
+        std::fclose(out);
+    }
+    try {
+        Model::load(path);
+    } catch (const Error&) {
+    }
+}
+
+void tokenizer_encode(const uint8_t* data, size_t size) {
+    const Tokenizer& tokenizer = fuzz_tokenizer();
+    const std::string_view text(reinterpret_cast<const char*>(data), size);
+    for (bool parse_special : {true, false}) {
+        std::vector<int> ids;
+        try {
+            ids = tokenizer.encode(text, parse_special);
+        } catch (const Error&) {  // invalid UTF-8 is refused
+            return;
+        }
+        for (int id : ids)
+            if (id < 0 || id >= tokenizer.vocab_size()) __builtin_trap();
+        tokenizer.decode(ids);
+    }
+}
+
+void tokenizer_decode(const uint8_t* data, size_t size) {
+    const Tokenizer& tokenizer = fuzz_tokenizer();
+    std::vector<int> ids;
+    for (size_t i = 0; i + 1 < size; i += 2) {
+        const int id = data[i] | (data[i + 1] << 8);
+        // Mostly valid ids, sometimes one past the end, which must be refused cleanly.
+        ids.push_back(id % (tokenizer.vocab_size() + 1));
+    }
+    try {
+        tokenizer.decode(ids, size % 2 == 1);
+        StreamDecoder stream(tokenizer);
+        for (int id : ids) stream.push(id);
+        stream.flush();
+    } catch (const Error&) {
+    }
+}
+
+void command_line(const uint8_t* data, size_t size) {
+    std::vector<std::string> arguments{"barellm"};
+    std::string current;
+    for (size_t i = 0; i < size; ++i) {
+        if (data[i] == 0) {
+            arguments.push_back(current);
+            current.clear();
+        } else {
+            current.push_back(char(data[i]));
+        }
+    }
+    arguments.push_back(current);
+    std::vector<const char*> argv;
+    for (const std::string& argument : arguments) argv.push_back(argument.c_str());
+    try {
+        parse_options(int(argv.size()), argv.data());
+    } catch (const Error&) {
+    }
+}
+
+}  // namespace barellm::fuzz

@@ -1,0 +1,20 @@
+// Fuzz targets: each takes arbitrary bytes and must never crash, hang or leak, whatever
+// they are; refusing them with barellm::Error is the expected outcome. libFuzzer drives
+// them (tests/fuzz/fuzz_*.cpp, `make fuzz`); the unit tests replay the seed corpus and
+// every input that once crashed (tests/fuzz/corpus/, tests/fuzz/regressions/).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace barellm::fuzz {
+
+// The bytes as a weight file: header, tensor and config validation (Model::load).
+void model_file(const uint8_t* data, size_t size);
+// The bytes as text for the tokenizer, then decoded back.
+void tokenizer_encode(const uint8_t* data, size_t size);
+// The bytes as token ids (little-endian u16 pairs) for decode and the stream decoder.
+void tokenizer_decode(const uint8_t* data, size_t size);
+// The bytes as a command line, arguments separated by NUL bytes.
+void command_line(const uint8_t* data, size_t size);
+
+}  // namespace barellm::fuzz
