@@ -35,6 +35,7 @@ TOOLS     := $(TOOL_SRCS:tests/tools/%.cpp=$(BUILD)/%)
 
 SAN ?= 0
 ifeq ($(SAN),1)
+BUILD     := build/san
 SANITIZE  := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 CXXFLAGS  += $(SANITIZE)
 LDFLAGS   += $(SANITIZE)
@@ -119,7 +120,7 @@ $(BUILD)/%: $(BUILD)/tools/%.o $(LIB_OBJS) $(CUDA_OBJS)
 
 test: all
 	$(BUILD)/unit_tests
-	$(PYTHON) -m pytest -q -rs tests
+	BARELLM_BUILD=$(BUILD) $(PYTHON) -m pytest -q -rs tests
 
 # libFuzzer targets: only the code that reads untrusted input (files, text, ids, argv).
 FUZZ_CXX     ?= clang++

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The build to test: `make test` sets BARELLM_BUILD (build/san for SAN=1).
+BUILD = os.path.join(REPO, os.environ.get("BARELLM_BUILD", "build"))
 CONVERT = os.path.join(REPO, "convert", "convert.py")
 SYNTH = os.path.join(REPO, "convert", "synth.py")
 SHARED = os.path.normpath(os.path.join(REPO, "..", "shared"))

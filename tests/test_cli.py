@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
-from convert_testlib import CONVERT, REPO, STORIES, need_shared, run
+from convert_testlib import BUILD, CONVERT, STORIES, need_shared, run
 
-BARELLM = os.path.join(REPO, "build", "barellm")
+BARELLM = os.path.join(BUILD, "barellm")
 EVAL = os.path.join(os.path.dirname(STORIES), "..", "eval")
 
 

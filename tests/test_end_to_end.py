@@ -11,9 +11,8 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import reference  # noqa: E402
-from convert_testlib import CONVERT, REPO, STORIES, SYNTH, need_shared, run  # noqa: E402
+from convert_testlib import BUILD, CONVERT, STORIES, SYNTH, need_shared, run  # noqa: E402
 
-BUILD = os.path.join(REPO, "build")
 DUMP_LOGITS = os.path.join(BUILD, "dump_logits")
 
 # Prompt ids long enough to cross the prefill GEMM's 4-token tiles unevenly.

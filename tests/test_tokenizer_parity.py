@@ -23,7 +23,9 @@ tokenizers = pytest.importorskip("tokenizers")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED = os.path.join(os.path.dirname(REPO), "shared")
-TOOL = os.path.join(REPO, "build", "tokenize_json")
+# The build to test: `make test` sets BARELLM_BUILD (build/san for SAN=1).
+BUILD = os.path.join(REPO, os.environ.get("BARELLM_BUILD", "build"))
+TOOL = os.path.join(BUILD, "tokenize_json")
 EVAL_FILES = ["tinystories_valid_sample.txt", "tinyshakespeare.txt", "wiki.test.raw"]
 
 GPT2_REGEX = (r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+")
