@@ -84,7 +84,11 @@ else
     printf '%s\n' "${SUMMARY[@]}"
     exit 1
 fi
-build/dump_logits --check-cuda && echo "CUDA GPU usable" || note "dump_logits --check-cuda: no usable GPU"
+if ! reason=$(build/dump_logits --check-cuda); then
+    note "no usable CUDA GPU: $reason"
+    printf '%s\n' "${SUMMARY[@]}"
+    exit 1
+fi
 
 # 2. Every kernel against the CPU kernels, then their bandwidth.
 step "cuda_kernel_check --bench"
@@ -117,11 +121,15 @@ json.dump(test_cuda.SYNTHETIC['$name'], open('$dir/config.json', 'w'))" &&
     }
     ids=$(python3 -c "import numpy as np; print(','.join(map(str, \
 np.random.default_rng(11).integers(0, 512, 200))))")
-    build/dump_logits "$dir/model.bin" "$dir/cuda.logits" ${ids//,/ } --kv f32 --device cuda &&
-        timeout 120 python3 scripts/transformers_logits.py "$dir/hf" --ids "$ids" \
-            --compare "$dir/cuda.logits" 2>"$LOG/transformers_$name.err" |
-        tee -a "$LOG/transformers.log"
-    note "transformers $name: $(tail -1 "$LOG/transformers.log" | cut -c1-120)"
+    if build/dump_logits "$dir/model.bin" "$dir/cuda.logits" ${ids//,/ } --kv f32 --device cuda \
+        2>"$LOG/transformers_$name.err"; then
+        result=$(timeout 120 python3 scripts/transformers_logits.py "$dir/hf" --ids "$ids" \
+            --compare "$dir/cuda.logits" 2>>"$LOG/transformers_$name.err")
+        echo "$result" >>"$LOG/transformers.log"
+        note "transformers $name: ${result:-FAILED (see transformers_$name.err)}"
+    else
+        note "transformers $name: dump_logits --device cuda failed: $(tail -1 "$LOG/transformers_$name.err")"
+    fi
 done
 
 # 5b. Decode benchmarks.
