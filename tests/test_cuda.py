@@ -18,9 +18,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from convert_testlib import CONVERT, REPO, STORIES, SYNTH, need_shared, run  # noqa: E402
+from convert_testlib import BUILD, CONVERT, STORIES, SYNTH, need_shared, run  # noqa: E402
 
-BUILD = os.path.join(REPO, "build")
 BARELLM = os.path.join(BUILD, "barellm")
 DUMP_LOGITS = os.path.join(BUILD, "dump_logits")
 KERNEL_CHECK = os.path.join(BUILD, "cuda_kernel_check")
