@@ -19,7 +19,8 @@
 #                      for FUZZ_SECONDS (default 60) from the seed corpus
 
 CXX      ?= g++
-BUILD    := build
+SAN      ?= 0
+BUILD    := $(if $(filter 1,$(SAN)),build/san,build)
 CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -fopenmp -Isrc -MMD -MP $(CPPFLAGS)
 SIMD_FLAGS := -mavx2 -mfma -mf16c
 LDFLAGS  := -fopenmp
@@ -33,9 +34,7 @@ TEST_OBJS := $(TEST_SRCS:tests/%.cpp=$(BUILD)/tests/%.o)
 TOOL_SRCS := $(wildcard tests/tools/*.cpp)
 TOOLS     := $(TOOL_SRCS:tests/tools/%.cpp=$(BUILD)/%)
 
-SAN ?= 0
 ifeq ($(SAN),1)
-BUILD     := build/san
 SANITIZE  := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 CXXFLAGS  += $(SANITIZE)
 LDFLAGS   += $(SANITIZE)
