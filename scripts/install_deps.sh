@@ -9,7 +9,7 @@ SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
-$SUDO apt-get install -y -qq g++ clang make nlohmann-json3-dev catch2 python3 python3-pip >/dev/null
+$SUDO apt-get install -y -qq g++ clang libclang-rt-dev make nlohmann-json3-dev catch2 python3 python3-pip >/dev/null
 requirements="-r convert/requirements.txt -r tests/requirements.txt"
 # Debian's own python3 refuses pip installs outside a venv (PEP 668) unless told.
 python3 -m pip install -q $requirements 2>/dev/null ||
