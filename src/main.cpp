@@ -49,8 +49,7 @@ void on_interrupt(int) { interrupted = true; }
 int context_length(const Options& options, const Config& config, int default_cap) {
     if (options.context > config.max_context)
         throw Error("--ctx " + std::to_string(options.context) +
-                    " exceeds the model's maximum "
-                    "context of " +
+                    " exceeds the model's maximum context of " +
                     std::to_string(config.max_context));
     return options.context > 0 ? options.context : std::min(config.max_context, default_cap);
 }
@@ -143,11 +142,7 @@ int command_ppl(const Options& options) {
     const Tokenizer tokenizer =
         Tokenizer::from_json(model.file->metadata_value("barellm.tokenizer"));
     constexpr int kDefaultPplContext = 512;
-    const int context = options.context > 0 ? options.context : kDefaultPplContext;
-    if (context > config.max_context)
-        throw Error("--ctx " + std::to_string(context) +
-                    " exceeds the model's maximum context of " +
-                    std::to_string(config.max_context));
+    const int context = context_length(options, config, kDefaultPplContext);
     if (context < 4) throw Error("ppl needs --ctx of at least 4");
     const std::vector<int> tokens = encode_prompt(tokenizer, config, read_text_file(options.file),
                                                   config.add_bos, /*parse_special=*/false);
