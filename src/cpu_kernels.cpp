@@ -157,7 +157,7 @@ void matmul(float* out, const float* x, const Matrix& w) {
 void matmul_batch(float* out, const float* x, int batch, const Matrix& w) {
     const auto rows_kernel =
         active_level == SimdLevel::Avx2 ? avx2::matmul_batch_rows : scalar::matmul_batch_rows;
-    constexpr int kRowStep = 3;  // the AVX2 micro-kernel's rows per step
+    constexpr int kRowStep = 16;  // the AVX2 GEMM's panel width
     split_rows(w.rows, kRowStep, size_t(w.cols) * batch,
                [&](int first, int count) { rows_kernel(out, w, x, batch, first, count); });
 }

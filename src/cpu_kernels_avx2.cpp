@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <type_traits>
+#include <vector>
 
 #include "cpu_kernels.h"
 #include "half.h"
@@ -189,103 +190,115 @@ namespace barellm::cpu::avx2 {
 
 namespace {
 
-// Prefill GEMM blocking. A block of x (kTokenBlock tokens × kDepthBlock columns, 128 KiB)
-// stays in L2 while the weight rows stream past; the micro-kernel computes
-// kRowTile × kTokenTile outputs with 12 accumulator registers.
-constexpr int kTokenBlock = 64;
-constexpr int kDepthBlock = 512;
-constexpr int kRowTile = 3;
-constexpr int kTokenTile = 4;
+// Prefill GEMM, out[token][row] = Σ_col x[token][col] · W[row][col], as a sum of outer
+// products. For each block of kDepthBlock columns, x is repacked so that each tile of
+// kTokenTile tokens is contiguous (x_tiles[tile][col][token]); then a panel of
+// kPanelWidth weight rows is converted to f32 and transposed once (panel[col][row],
+// 16 KiB) and every token tile streams past it. The micro-kernel holds
+// kTokenTile × kPanelWidth outputs in 12 registers; each step loads 16 weights and
+// broadcasts one x per token: no horizontal sums, and no strided reads of x.
+constexpr int kPanelWidth = 16;  // two registers of 8 rows
+constexpr int kTokenTile = 6;
+constexpr int kDepthBlock = 256;
 
-// Copies `rows` weight rows, columns [first_col, first_col + depth), into `panel` as f32.
-void pack_rows_f32(float* panel, const Matrix& w, int first_row, int rows, int first_col,
-                   int depth) {
-    for (int r = 0; r < rows; ++r) {
-        float* dest = panel + r * kDepthBlock;
+// panel[i * kPanelWidth + r] = W[first_row + r][first_col + i]; rows past `rows` are zero.
+void pack_panel(float* panel, const Matrix& w, int first_row, int rows, int first_col, int depth) {
+    alignas(32) float row_values[kDepthBlock];
+    for (int r = 0; r < kPanelWidth; ++r) {
+        if (r >= rows) {
+            for (int i = 0; i < depth; ++i) panel[i * kPanelWidth + r] = 0.0f;
+            continue;
+        }
         const size_t offset = size_t(first_row + r) * w.cols + first_col;
         if (w.dtype == DType::F32) {
             const float* source = static_cast<const float*>(w.data) + offset;
-            std::copy(source, source + depth, dest);
-            continue;
-        }
-        if (w.dtype == DType::I8) {
+            std::copy(source, source + depth, row_values);
+        } else if (w.dtype == DType::I8) {
             const int8_t* source = static_cast<const int8_t*>(w.data) + offset;
             const uint16_t* scales = w.scales + size_t(first_row + r) * w.q8_groups();
             for (int i = 0; i < depth; ++i)  // first_col is a multiple of kQ8Group
-                dest[i] = source[i] * _cvtsh_ss(scales[(first_col + i) / kQ8Group]);
-            continue;
+                row_values[i] = source[i] * _cvtsh_ss(scales[(first_col + i) / kQ8Group]);
+        } else {
+            const uint16_t* source = static_cast<const uint16_t*>(w.data) + offset;
+            int i = 0;
+            for (; i + kLanes <= depth; i += kLanes)
+                _mm256_store_ps(row_values + i, load8(source + i, w.dtype));
+            for (; i < depth; ++i) row_values[i] = scalar_weight(source + i, w.dtype);
         }
-        const uint16_t* source = static_cast<const uint16_t*>(w.data) + offset;
-        int i = 0;
-        for (; i + kLanes <= depth; i += kLanes)
-            _mm256_storeu_ps(dest + i, load8(source + i, w.dtype));
-        for (; i < depth; ++i) dest[i] = scalar_weight(source + i, w.dtype);
+        for (int i = 0; i < depth; ++i) panel[i * kPanelWidth + r] = row_values[i];
     }
 }
 
-// out[t][r] (+)= panel row r · x row t over `depth` columns, for ROWS × TOKENS outputs.
-template <int ROWS, int TOKENS>
-void micro_kernel(float* out, size_t out_stride, const float* panel, const float* x,
-                  size_t x_stride, int depth, bool accumulate) {
-    // The unroll pragmas keep all ROWS x TOKENS accumulators in registers.
-    __m256 sums[ROWS][TOKENS];
-#pragma GCC unroll 4
-    for (int r = 0; r < ROWS; ++r)
-#pragma GCC unroll 4
-        for (int t = 0; t < TOKENS; ++t) sums[r][t] = _mm256_setzero_ps();
-    const int vector_depth = depth - depth % kLanes;
-    for (int i = 0; i < vector_depth; i += kLanes) {
-        __m256 weights[ROWS];
-#pragma GCC unroll 4
-        for (int r = 0; r < ROWS; ++r) weights[r] = _mm256_loadu_ps(panel + r * kDepthBlock + i);
-#pragma GCC unroll 4
-        for (int t = 0; t < TOKENS; ++t) {
-            const __m256 xv = _mm256_loadu_ps(x + t * x_stride + i);
-#pragma GCC unroll 4
-            for (int r = 0; r < ROWS; ++r) sums[r][t] = _mm256_fmadd_ps(weights[r], xv, sums[r][t]);
+// x_tiles[tile][i][t] = x[tile * kTokenTile + t][first_col + i], zero past the last token.
+void pack_token_tiles(float* x_tiles, const float* x, size_t x_stride, int batch, int first_col,
+                      int depth) {
+    const int tiles = (batch + kTokenTile - 1) / kTokenTile;
+    for (int tile = 0; tile < tiles; ++tile) {
+        float* dest = x_tiles + size_t(tile) * depth * kTokenTile;
+        for (int t = 0; t < kTokenTile; ++t) {
+            const int token = tile * kTokenTile + t;
+            const float* source = x + size_t(token) * x_stride + first_col;
+            for (int i = 0; i < depth; ++i)
+                dest[i * kTokenTile + t] = token < batch ? source[i] : 0.0f;
         }
     }
-    for (int r = 0; r < ROWS; ++r)
-        for (int t = 0; t < TOKENS; ++t) {
-            float total = horizontal_sum(sums[r][t]);
-            for (int i = vector_depth; i < depth; ++i)
-                total += panel[r * kDepthBlock + i] * x[t * x_stride + i];
-            float& target = out[t * out_stride + r];
-            target = accumulate ? target + total : total;
-        }
 }
 
-using MicroKernel = void (*)(float*, size_t, const float*, const float*, size_t, int, bool);
+// out[t][r] (+)= Σ_i panel[i][r] · x_tile[i][t] for TOKENS tokens and `rows` rows.
+template <int TOKENS>
+void outer_product_kernel(float* out, size_t out_stride, const float* panel, const float* x_tile,
+                          int depth, int rows, bool accumulate) {
+    __m256 low[TOKENS], high[TOKENS];  // rows 0-7 and 8-15 of each token
+#pragma GCC unroll 6
+    for (int t = 0; t < TOKENS; ++t) low[t] = high[t] = _mm256_setzero_ps();
+    for (int i = 0; i < depth; ++i) {
+        const __m256 weights_low = _mm256_load_ps(panel + i * kPanelWidth);
+        const __m256 weights_high = _mm256_load_ps(panel + i * kPanelWidth + kLanes);
+#pragma GCC unroll 6
+        for (int t = 0; t < TOKENS; ++t) {
+            const __m256 xt = _mm256_broadcast_ss(x_tile + i * kTokenTile + t);
+            low[t] = _mm256_fmadd_ps(weights_low, xt, low[t]);
+            high[t] = _mm256_fmadd_ps(weights_high, xt, high[t]);
+        }
+    }
+#pragma GCC unroll 6
+    for (int t = 0; t < TOKENS; ++t) {
+        float* target = out + t * out_stride;
+        alignas(32) float sums[kPanelWidth];
+        _mm256_store_ps(sums, low[t]);
+        _mm256_store_ps(sums + kLanes, high[t]);
+        for (int r = 0; r < rows; ++r) target[r] = accumulate ? target[r] + sums[r] : sums[r];
+    }
+}
 
-// The micro-kernel for a tile of `rows` (1..3) × `tokens` (1..4).
-MicroKernel micro_kernel_for(int rows, int tokens) {
-    static const MicroKernel table[kRowTile][kTokenTile] = {
-        {micro_kernel<1, 1>, micro_kernel<1, 2>, micro_kernel<1, 3>, micro_kernel<1, 4>},
-        {micro_kernel<2, 1>, micro_kernel<2, 2>, micro_kernel<2, 3>, micro_kernel<2, 4>},
-        {micro_kernel<3, 1>, micro_kernel<3, 2>, micro_kernel<3, 3>, micro_kernel<3, 4>}};
-    return table[rows - 1][tokens - 1];
+using OuterProductKernel = void (*)(float*, size_t, const float*, const float*, int, int, bool);
+
+OuterProductKernel kernel_for(int tokens) {
+    static const OuterProductKernel table[kTokenTile] = {
+        outer_product_kernel<1>, outer_product_kernel<2>, outer_product_kernel<3>,
+        outer_product_kernel<4>, outer_product_kernel<5>, outer_product_kernel<6>};
+    return table[tokens - 1];
 }
 
 }  // namespace
 
 void matmul_batch_rows(float* out, const Matrix& w, const float* x, int batch, int first_row,
                        int row_count) {
-    alignas(32) float panel[kRowTile * kDepthBlock];
+    alignas(32) float panel[kDepthBlock * kPanelWidth];
+    static thread_local std::vector<float> x_tiles;  // [tiles, depth, kTokenTile]
+    x_tiles.resize(size_t(batch + kTokenTile - 1) / kTokenTile * kTokenTile * kDepthBlock);
     const int end_row = first_row + row_count;
-    for (int token_block = 0; token_block < batch; token_block += kTokenBlock) {
-        const int block_end = std::min(batch, token_block + kTokenBlock);
-        for (int depth_start = 0; depth_start < w.cols; depth_start += kDepthBlock) {
-            const int depth = std::min(kDepthBlock, w.cols - depth_start);
-            const bool accumulate = depth_start > 0;
-            for (int r = first_row; r < end_row; r += kRowTile) {
-                const int rows = std::min(kRowTile, end_row - r);
-                pack_rows_f32(panel, w, r, rows, depth_start, depth);
-                for (int t = token_block; t < block_end; t += kTokenTile) {
-                    const int tokens = std::min(kTokenTile, block_end - t);
-                    micro_kernel_for(rows, tokens)(out + size_t(t) * w.rows + r, w.rows, panel,
-                                                   x + size_t(t) * w.cols + depth_start, w.cols,
-                                                   depth, accumulate);
-                }
+    for (int depth_start = 0; depth_start < w.cols; depth_start += kDepthBlock) {
+        const int depth = std::min(kDepthBlock, w.cols - depth_start);
+        const bool accumulate = depth_start > 0;
+        pack_token_tiles(x_tiles.data(), x, w.cols, batch, depth_start, depth);
+        for (int r = first_row; r < end_row; r += kPanelWidth) {
+            const int rows = std::min(kPanelWidth, end_row - r);
+            pack_panel(panel, w, r, rows, depth_start, depth);
+            for (int t = 0; t < batch; t += kTokenTile) {
+                const int tokens = std::min(kTokenTile, batch - t);
+                kernel_for(tokens)(out + size_t(t) * w.rows + r, w.rows, panel,
+                                   x_tiles.data() + size_t(t) * depth, depth, rows, accumulate);
             }
         }
     }
