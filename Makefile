@@ -15,6 +15,7 @@
 #
 #   SAN=1              build with AddressSanitizer and UndefinedBehaviorSanitizer (CPU only);
 #                      `make test SAN=1` runs the whole suite on that build
+#   make bench         the standard benchmark set on this machine (scripts/bench.sh)
 #   make fuzz          builds the libFuzzer targets (tests/fuzz/) with clang++ and runs each
 #                      for FUZZ_SECONDS (default 60) from the seed corpus
 
@@ -76,7 +77,7 @@ ifneq ($(filter clean,$(MAKECMDGOALS)),)
 .NOTPARALLEL:
 endif
 
-.PHONY: all test clean fuzz
+.PHONY: all test clean fuzz bench
 .PRECIOUS: $(BUILD)/tools/%.o
 all: $(BUILD)/barellm $(BUILD)/unit_tests $(TOOLS)
 
@@ -120,6 +121,10 @@ $(BUILD)/%: $(BUILD)/tools/%.o $(LIB_OBJS) $(CUDA_OBJS)
 test: all
 	$(BUILD)/unit_tests
 	BARELLM_BUILD=$(BUILD) $(PYTHON) -m pytest -q -rs tests
+
+# The standard benchmark set (scripts/bench.sh): model speed and tokenizer speed.
+bench: $(BUILD)/barellm $(BUILD)/tokenize_json
+	scripts/bench.sh
 
 # libFuzzer targets: only the code that reads untrusted input (files, text, ids, argv).
 FUZZ_CXX     ?= clang++
