@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's llama-bench, llama-perplexity and llama-simple (greedy completion) for
+# CPU, to compare barellm with on the same weights (scripts/compare_llamacpp.sh).
+#
+#   scripts/build_llamacpp.sh DIR [--version V] [--sdist FILE] [-j N]
+#
+# llama.cpp's sources come from the PyPI source distribution of llama-cpp-python, which
+# vendors them (vendor/llama.cpp): `pip download --no-binary :all: --no-deps` fetches it
+# into a temporary directory, so only PyPI needs to be reachable. Nothing of llama.cpp
+# enters this repository: the sources are extracted into DIR, built in
+# DIR/llama_cpp_python-V/vendor/llama.cpp/build, and DIR/bin gets links to the binaries
+# (DIR must be outside the repository; a path inside it is refused). Running it again
+# reuses the tree and rebuilds only what changed.
+#
+#   --version V   llama-cpp-python version (default 0.3.36, the one checked here);
+#                 "latest" takes whatever pip finds
+#   --sdist FILE  use an already downloaded llama_cpp_python-*.tar.gz instead
+#   -j N          parallel jobs (default: the number of cores)
+#
+# Needs: python3 with pip, cmake >= 3.14, a C/C++17 compiler. The build is CPU only,
+# -DGGML_NATIVE=ON (tuned to this machine, like barellm's -march=native), Release, no curl.
+set -euo pipefail
+
+usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+
+[ $# -ge 1 ] || usage
+case "$1" in -h|--help) usage 0 ;; esac
+dest=$1; shift
+version=0.3.36
+sdist=""
+targets=(llama-bench llama-perplexity llama-simple)
+jobs=$(nproc 2>/dev/null || echo 2)
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --version) version=$2; shift 2 ;;
+        --sdist) sdist=$(realpath "$2"); shift 2 ;;
+        -j) jobs=$2; shift 2 ;;
+        -h|--help) usage 0 ;;
+        *) echo "build_llamacpp: unknown option $1" >&2; usage ;;
+    esac
+done
+
+for tool in python3 cmake c++; do
+    command -v "$tool" >/dev/null || { echo "build_llamacpp: $tool not found" >&2; exit 1; }
+done
+
+repo=$(cd "$(dirname "$0")/.." && pwd -P)
+dest=$(realpath -m "$dest")
+case "$dest/" in
+    "$repo"/*) echo "build_llamacpp: $dest is inside the repository; build elsewhere" >&2
+               exit 1 ;;
+esac
+mkdir -p "$dest"
+
+if [ -z "$sdist" ]; then
+    download=$(mktemp -d)
+    trap 'rm -rf "$download"' EXIT
+    spec=llama-cpp-python
+    [ "$version" = latest ] || spec="llama-cpp-python==$version"
+    echo "build_llamacpp: downloading the $spec source distribution from PyPI"
+    python3 -m pip download -q --no-binary :all: --no-deps \
+        -d "$download" "$spec"
+    found=("$download"/llama_cpp_python-*.tar.gz)
+    sdist=${found[0]}
+fi
+[ -f "$sdist" ] || { echo "build_llamacpp: no source distribution found" >&2; exit 1; }
+
+name=$(basename "$sdist" .tar.gz)
+if [ ! -d "$dest/$name" ]; then
+    echo "build_llamacpp: extracting $(basename "$sdist") into $dest"
+    tar -xzf "$sdist" -C "$dest"
+fi
+tree="$dest/$name/vendor/llama.cpp"
+[ -f "$tree/CMakeLists.txt" ] || { echo "build_llamacpp: $tree has no llama.cpp" >&2; exit 1; }
+
+echo "build_llamacpp: configuring $tree"
+cmake -S "$tree" -B "$tree/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF >/dev/null
+echo "build_llamacpp: building ${targets[*]} with $jobs jobs (several minutes)"
+cmake --build "$tree/build" --target "${targets[@]}" -j "$jobs"
+
+# The binaries load libllama/libggml from their own directory: link, do not copy.
+mkdir -p "$dest/bin"
+for target in "${targets[@]}"; do
+    ln -sf "$tree/build/bin/$target" "$dest/bin/$target"
+done
+version_line=$("$dest/bin/llama-bench" --version 2>&1 | grep -m1 '^version' || true)
+echo "build_llamacpp: done ($name, llama.cpp ${version_line#version: }):"
+for target in "${targets[@]}"; do echo "  $dest/bin/$target"; done

@@ -1,0 +1,525 @@
+#!/usr/bin/env python3
+"""Write a GGUF file for llama.cpp from a Hugging Face Llama/Mistral checkpoint.
+
+    python3 scripts/gguf_from_hf.py HF_DIR -o OUT.gguf [--type f16|bf16|f32|q8_0] [--pre NAME]
+
+Used to benchmark barellm against llama.cpp on exactly the same weights: HF_DIR is the
+same directory that convert/convert.py turns into a barellm file (config.json, one or
+several *.safetensors with their index, tokenizer.json and/or tokenizer.model). The
+config, the tensor list and the tokenizer are read and checked with the converter's own
+code (convert/), so whatever barellm refuses is refused here too.
+
+What is written (GGUF v3, through the `gguf` package, scripts/requirements.txt):
+- architecture `llama` (Mistral too: llama.cpp runs it as llama) with the hyperparameters
+  llama.cpp reads: context/embedding/feed-forward length, block count, head counts,
+  key/value length, RoPE base and dimension count, RMS-norm epsilon, vocabulary size;
+  linear RoPE scaling as `rope.scaling.*`, llama3 RoPE scaling as a `rope_freqs.weight`
+  tensor (the divisor of each frequency). Mistral's sliding window is not written
+  (llama.cpp's llama architecture has none; it makes no difference up to 4096 tokens).
+- the tokenizer: SentencePiece (`llama`: pieces, scores, types, from tokenizer.model
+  decoded by convert/spm.py, or from a byte-fallback BPE tokenizer.json with scores
+  taken from the merge ranks) or byte-level BPE (`gpt2`: tokens, types, merges, and the
+  pre-tokenizer name, recognized from tokenizer.json or given with --pre); BOS/EOS/UNK/PAD
+  ids and whether BOS is added, decided as barellm decides it.
+- tensors named as llama.cpp names them (token_embd, blk.N.attn_q, ..., output_norm,
+  output); norms in F32, matrices in --type (default: the checkpoint's own dtype). With
+  q8_0 a matrix whose rows are not a multiple of 32 long stays F16 (llama.cpp's Q8_0 has
+  no partial blocks).
+
+RoPE: Hugging Face's Llama rotates element i of a head with element i + head_dim/2
+("rotate-half"); llama.cpp's llama architecture rotates elements 2i and 2i+1, both with
+frequency theta^(-2i/head_dim). The rows of q and k are therefore reordered within each
+head: new row 2i + t takes old row t * head_dim/2 + i (t = 0, 1; i < head_dim/2), so the
+dot products q.k are unchanged.
+
+Tensors are converted one at a time (source rows are read in blocks from the memory-mapped
+safetensors files), so memory stays around the size of the largest output tensor. The
+output is written to a temporary file renamed into place at the end.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "convert"))
+
+from common import ConvertError  # noqa: E402
+import convert  # noqa: E402
+import dtypes  # noqa: E402
+import hf_tokenizer  # noqa: E402
+import safetensors_io as st  # noqa: E402
+import spm  # noqa: E402
+
+try:
+    import gguf
+except ImportError:
+    sys.exit("gguf_from_hf: the gguf package is missing: "
+             "python3 -m pip install -r scripts/requirements.txt")
+
+QT = gguf.GGMLQuantizationType
+# --type -> (tensor type of the matrices, general.file_type)
+TYPES = {
+    "f32": (QT.F32, gguf.LlamaFileType.ALL_F32),
+    "f16": (QT.F16, gguf.LlamaFileType.MOSTLY_F16),
+    "bf16": (QT.BF16, gguf.LlamaFileType.MOSTLY_BF16),
+    "q8_0": (QT.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+}
+# barellm weight_dtype (the checkpoint's own dtype) -> --type
+DEFAULT_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
+# barellm tensor name suffix -> llama.cpp tensor name suffix
+LAYER_NAMES = {
+    "attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v",
+    "wo": "attn_output", "ffn_norm": "ffn_norm", "w1": "ffn_gate", "w3": "ffn_up",
+    "w2": "ffn_down",
+}
+GLOBAL_NAMES = {"token_embedding": "token_embd", "final_norm": "output_norm",
+                "output": "output"}
+
+# Byte-level BPE pre-tokenizers of tokenizer.json recognized as llama.cpp's names.
+LLAMA3_REGEX = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}|"
+                " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+
+
+def gguf_name(name):
+    """llama.cpp's name of the barellm tensor `name` (docs/FORMAT.md)."""
+    if name.startswith("layers."):
+        _, layer, short = name.split(".")
+        return f"blk.{layer}.{LAYER_NAMES[short]}.weight"
+    return GLOBAL_NAMES[name] + ".weight"
+
+
+# ---------------------------------------------------------------------------- tokenizer
+
+def _pad_vocab(tokens, scores, types, vocab_size):
+    """Fill ids the tokenizer does not use up to vocab_size with unused tokens."""
+    for i in range(len(tokens), vocab_size):
+        tokens.append(f"[PAD{i}]")
+        types.append(gguf.TokenType.UNUSED)
+        if scores is not None:
+            scores.append(-1e9)
+
+
+def spm_from_model(path, vocab_size):
+    """SentencePiece vocabulary from tokenizer.model, decoded by convert/spm.py."""
+    try:
+        with open(path, "rb") as f:
+            model = spm.parse_model(f.read())
+    except OSError as e:
+        raise ConvertError(f"tokenizer.model: cannot read ({e.strerror})") from None
+    if model["model_type"] != 2:
+        kind = spm.MODEL_TYPES.get(model["model_type"], str(model["model_type"]))
+        raise ConvertError(f"tokenizer.model: SentencePiece model type {kind} "
+                           "is not supported (only BPE)")
+    pieces = model["pieces"]
+    if len(pieces) > vocab_size:
+        raise ConvertError(f"tokenizer.model has {len(pieces)} pieces but vocab_size "
+                           f"is {vocab_size}")
+    tokens = [p for p, _, _ in pieces]
+    scores = [float(s) for _, s, _ in pieces]
+    # SentencePiece's piece types have the same values as gguf.TokenType.
+    types = [int(t) for _, _, t in pieces]
+    _pad_vocab(tokens, scores, types, vocab_size)
+    unk = next((i for i, (_, _, t) in enumerate(pieces) if t == spm.UNKNOWN), None)
+    return tokens, scores, types, unk, model["add_dummy_prefix"]
+
+
+def _id_table(tokenizer, vocab_size):
+    """(tokens by id, added-token entries by id) of a tokenizer.json."""
+    by_id = {}
+    for piece, token_id in tokenizer["model"]["vocab"].items():
+        by_id[token_id] = piece
+    added = {}
+    for entry in tokenizer.get("added_tokens") or []:
+        by_id[entry["id"]] = entry["content"]
+        added[entry["id"]] = entry
+    if by_id and max(by_id) >= vocab_size:
+        raise ConvertError(f"the tokenizer has ids up to {max(by_id)} but vocab_size "
+                           f"is {vocab_size}")
+    return by_id, added
+
+
+def _merge_pairs(tokenizer):
+    """BPE merges of a tokenizer.json as (left, right) pairs, in rank order."""
+    pairs = []
+    for merge in tokenizer["model"].get("merges") or []:
+        if isinstance(merge, str):
+            left, sep, right = merge.partition(" ")
+            if not sep:
+                raise ConvertError(f"tokenizer.json: malformed merge {merge!r}")
+        else:
+            left, right = merge
+        pairs.append((left, right))
+    return pairs
+
+
+def _added_type(entry):
+    return gguf.TokenType.CONTROL if entry.get("special") else gguf.TokenType.USER_DEFINED
+
+
+def spm_from_json(tokenizer, vocab_size):
+    """SentencePiece-style vocabulary from a byte-fallback BPE tokenizer.json.
+
+    llama.cpp's SentencePiece tokenizer merges the adjacent pair whose concatenation has
+    the highest score; Hugging Face's BPE merges the pair of lowest rank. A piece scores
+    minus the rank of the first merge producing it, so both pick the same merge."""
+    by_id, added = _id_table(tokenizer, vocab_size)
+    rank = {}
+    for r, (left, right) in enumerate(_merge_pairs(tokenizer)):
+        rank.setdefault(left + right, r)
+    unk_piece = tokenizer["model"].get("unk_token")
+    tokens, scores, types, unk = [], [], [], None
+    for i in range(max(by_id) + 1 if by_id else 0):
+        piece = by_id.get(i)
+        if piece is None:
+            tokens.append(f"[PAD{i}]")
+            scores.append(-1e9)
+            types.append(gguf.TokenType.UNUSED)
+            continue
+        tokens.append(piece)
+        if piece == unk_piece:
+            unk = i
+            types.append(gguf.TokenType.UNKNOWN)
+        elif i in added:
+            types.append(_added_type(added[i]))
+        elif len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+            types.append(gguf.TokenType.BYTE)
+        else:
+            types.append(gguf.TokenType.NORMAL)
+        if piece in rank:
+            scores.append(-float(rank[piece]) - 1.0)
+        elif len(piece) == 1 or types[-1] != gguf.TokenType.NORMAL:
+            scores.append(0.0)
+        else:
+            scores.append(-float(len(rank)) - 1.0)  # no merge makes it
+    _pad_vocab(tokens, scores, types, vocab_size)
+    normalizer = json.dumps(tokenizer.get("normalizer"))
+    add_prefix = '"Prepend"' in normalizer or '"prepend_scheme": "always"' in json.dumps(
+        tokenizer.get("pre_tokenizer"))
+    return tokens, scores, types, unk, add_prefix
+
+
+def _component_types(node, children):
+    """Flatten a (possibly Sequence) tokenizer.json component into its parts."""
+    if not isinstance(node, dict):
+        return []
+    if node.get("type") == "Sequence":
+        parts = []
+        for child in node.get(children) or []:
+            parts.extend(_component_types(child, children))
+        return parts
+    return [node]
+
+
+def is_byte_level(tokenizer):
+    """Whether a tokenizer.json is a byte-level (GPT-2 style) BPE."""
+    parts = (_component_types(tokenizer.get("pre_tokenizer"), "pretokenizers")
+             + _component_types(tokenizer.get("decoder"), "decoders"))
+    return any(p.get("type") == "ByteLevel" for p in parts)
+
+
+def detect_pre(tokenizer):
+    """llama.cpp's pre-tokenizer name for a byte-level tokenizer.json, or None."""
+    parts = _component_types(tokenizer.get("pre_tokenizer"), "pretokenizers")
+    kinds = [p.get("type") for p in parts]
+    if kinds == ["ByteLevel"] and parts[0].get("use_regex", True):
+        return "gpt-2"
+    if (kinds == ["Digits", "ByteLevel"] and parts[0].get("individual_digits")
+            and parts[1].get("use_regex", True)):
+        return "smollm"
+    if kinds == ["Split", "ByteLevel"] and not parts[1].get("use_regex", True):
+        pattern = (parts[0].get("pattern") or {}).get("Regex")
+        if pattern == LLAMA3_REGEX:
+            return "llama-bpe"
+    return None
+
+
+def gpt2_vocab(tokenizer, vocab_size):
+    """Byte-level BPE vocabulary: tokens, types and merges ("left right")."""
+    by_id, added = _id_table(tokenizer, vocab_size)
+    tokens, types = [], []
+    for i in range(max(by_id) + 1 if by_id else 0):
+        piece = by_id.get(i)
+        if piece is None:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+        else:
+            tokens.append(piece)
+            types.append(_added_type(added[i]) if i in added else gguf.TokenType.NORMAL)
+    _pad_vocab(tokens, None, types, vocab_size)
+    merges = [f"{left} {right}" for left, right in _merge_pairs(tokenizer)]
+    return tokens, types, merges
+
+
+def add_tokenizer(writer, hf_dir, config, pre_override):
+    """Write the tokenizer.ggml.* keys; return a one-word description."""
+    vocab_size = config["vocab_size"]
+    tok_cfg = convert.json_object(os.path.join(hf_dir, "tokenizer_config.json"), False)
+    tokenizer, from_sentencepiece = hf_tokenizer.load_tokenizer(hf_dir)
+    hf_tokenizer.check_supported(tokenizer)
+    convert.check_token_ids(config, tokenizer)
+    add_bos = hf_tokenizer.add_bos(tok_cfg, tokenizer, from_sentencepiece)
+    model_path = os.path.join(hf_dir, "tokenizer.model")
+    if not is_byte_level(tokenizer):
+        if os.path.exists(model_path):
+            tokens, scores, types, unk, prefix = spm_from_model(model_path, vocab_size)
+            source = "SentencePiece (tokenizer.model)"
+        else:
+            tokens, scores, types, unk, prefix = spm_from_json(tokenizer, vocab_size)
+            source = "SentencePiece-style BPE (tokenizer.json)"
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(tokens)
+        writer.add_token_scores(scores)
+        writer.add_token_types(types)
+        writer.add_add_space_prefix(bool(prefix))
+        if unk is not None:
+            writer.add_unk_token_id(unk)
+    else:
+        pre = pre_override or detect_pre(tokenizer)
+        if pre is None:
+            raise ConvertError(
+                "tokenizer.json: byte-level pre-tokenizer not recognized "
+                f"({json.dumps(tokenizer.get('pre_tokenizer'))[:200]}); name llama.cpp's "
+                "pre-tokenizer with --pre (e.g. gpt-2, llama-bpe, smollm)")
+        tokens, types, merges = gpt2_vocab(tokenizer, vocab_size)
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre(pre)
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        writer.add_token_merges(merges)
+        source = f"byte-level BPE (pre-tokenizer {pre})"
+    if config["bos_id"] is not None:
+        writer.add_bos_token_id(config["bos_id"])
+    if config["eos_ids"]:
+        writer.add_eos_token_id(config["eos_ids"][0])
+    cfg = convert.json_object(os.path.join(hf_dir, "config.json"), True)
+    pad = cfg.get("pad_token_id")
+    if isinstance(pad, int) and not isinstance(pad, bool) and 0 <= pad < vocab_size:
+        writer.add_pad_token_id(pad)
+    writer.add_add_bos_token(bool(add_bos))
+    writer.add_add_eos_token(False)
+    return source
+
+
+# ------------------------------------------------------------------------------ tensors
+
+def rope_row_order(rows, head_dim):
+    """dest[r]: the llama.cpp (interleaved) row of Hugging Face (rotate-half) row r."""
+    half = head_dim // 2
+    old = np.arange(rows)
+    head, within = old // head_dim, old % head_dim
+    t, i = within // half, within % half
+    return head * head_dim + 2 * i + t
+
+
+def tensor_type(name, info, is_norm, qtype):
+    """GGML type of one output tensor."""
+    if is_norm:
+        return QT.F32
+    if qtype == QT.Q8_0 and info.shape[-1] % gguf.GGML_QUANT_SIZES[QT.Q8_0][0]:
+        return QT.F16
+    return qtype
+
+
+def byte_shape(shape, qtype):
+    """Shape of the numpy array holding a tensor of `shape` in type `qtype`."""
+    if qtype == QT.Q8_0:
+        return gguf.quants.quant_shape_to_byte_shape(shape, qtype)
+    return tuple(shape)
+
+
+NUMPY_TYPES = {QT.F32: np.float32, QT.F16: np.float16, QT.BF16: np.uint16, QT.Q8_0: np.uint8}
+
+
+def encode(values, qtype):
+    """float32 rows -> their storage in `qtype`, refusing values out of range."""
+    if qtype == QT.F32:
+        return values
+    if qtype == QT.BF16:
+        out = dtypes.f32_to_bf16(values)
+        bad = dtypes.non_finite(out, "BF16")
+    elif qtype == QT.F16:
+        with np.errstate(over="ignore"):
+            out = values.astype(np.float16)
+        bad = ~np.isfinite(out)
+    else:
+        with np.errstate(over="ignore"):
+            out = gguf.quants.quantize(values, qtype)
+        scales = out.reshape(values.shape[0], -1, 34)[:, :, :2].copy().view(np.float16)
+        bad = ~np.isfinite(scales)
+    if bad.any():
+        raise ConvertError(f"values beyond the {qtype.name} range "
+                           f"(max |x| = {np.abs(values).max():g}); choose another --type")
+    return out
+
+
+def convert_tensor(info, qtype, row_order):
+    """One whole output tensor, converted from the source one row block at a time."""
+    out = np.empty(byte_shape(info.shape, qtype), dtype=NUMPY_TYPES[qtype])
+    row = 0
+    for values in convert.f32_blocks(info):
+        try:
+            encoded = encode(values, qtype)
+        except ConvertError as e:
+            raise ConvertError(f"tensor '{info.name}': {e}") from None
+        rows = slice(row, row + len(values))
+        if row_order is None:
+            out[rows] = encoded
+        else:
+            out[row_order[rows]] = encoded
+        row += len(values)
+    return out
+
+
+def llama3_rope_factors(config):
+    """Divisor of each RoPE frequency for llama3 scaling (rope_freqs.weight), as
+    Llama 3.1 (and barellm's rope_inverse_frequencies) scale the frequencies."""
+    s = config["rope_scaling"]
+    head_dim = config["head_dim"]
+    factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+    old_ctx = s["original_max_position_embeddings"]
+    factors = []
+    for i in range(head_dim // 2):
+        freq = config["rope_theta"] ** (-2.0 * i / head_dim)
+        wavelength = 2 * math.pi / freq
+        if wavelength > old_ctx / low:
+            scaled = freq / factor
+        elif wavelength >= old_ctx / high:
+            smooth = (old_ctx / wavelength - low) / (high - low)
+            scaled = (1 - smooth) * freq / factor + smooth * freq
+        else:
+            scaled = freq
+        factors.append(freq / scaled)
+    return np.array(factors, dtype=np.float32)
+
+
+# ------------------------------------------------------------------------------- driver
+
+def add_hparams(writer, config, name):
+    """The general.* and llama.* keys."""
+    writer.add_name(name)
+    writer.add_vocab_size(config["vocab_size"])
+    writer.add_context_length(config["max_context"])
+    writer.add_embedding_length(config["dim"])
+    writer.add_block_count(config["layers"])
+    writer.add_feed_forward_length(config["hidden_dim"])
+    writer.add_head_count(config["heads"])
+    writer.add_head_count_kv(config["kv_heads"])
+    writer.add_key_length(config["head_dim"])
+    writer.add_value_length(config["head_dim"])
+    writer.add_rope_dimension_count(config["head_dim"])
+    writer.add_rope_freq_base(config["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["norm_eps"])
+    scaling = config["rope_scaling"]
+    kind = scaling and scaling.get("rope_type", scaling.get("type"))
+    if kind == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(scaling["factor"]))
+
+
+def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
+    """Convert the checkpoint in `hf_dir` to the GGUF file `output`; return a summary."""
+    if not os.path.isdir(hf_dir):
+        raise ConvertError(f"{hf_dir}: not a directory")
+    cfg = convert.json_object(os.path.join(hf_dir, "config.json"), required=True)
+    gen = convert.json_object(os.path.join(hf_dir, "generation_config.json"), required=False)
+    convert.check_architecture(cfg)
+    config = convert.model_config(cfg, gen)
+    plan = convert.tensor_plan(config, st.open_checkpoint(hf_dir))
+    type_name = type_name or DEFAULT_TYPES[convert.default_weight_dtype(cfg, plan)]
+    qtype, file_type = TYPES[type_name]
+    if os.path.isdir(output):
+        raise ConvertError(f"cannot write output '{output}': it is a directory")
+
+    fd, tmp = tempfile.mkstemp(prefix=".gguf-", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(output)))
+    os.close(fd)
+    try:
+        writer = gguf.GGUFWriter(tmp, "llama")
+        add_hparams(writer, config, os.path.basename(os.path.normpath(hf_dir)))
+        writer.add_file_type(int(file_type))
+        if qtype == QT.Q8_0:
+            writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        tokenizer = add_tokenizer(writer, hf_dir, config, pre)
+
+        jobs = []  # (gguf name, TensorInfo or array, type, row order)
+        scaling = config["rope_scaling"]
+        if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
+            jobs.append(("rope_freqs.weight", llama3_rope_factors(config), QT.F32, None))
+        kept_f16 = []
+        for name, info, is_norm in plan:
+            ttype = tensor_type(name, info, is_norm, qtype)
+            if ttype != qtype and not is_norm:
+                kept_f16.append(gguf_name(name))
+            order = None
+            if name.endswith((".wq", ".wk")):
+                heads = config["heads"] if name.endswith(".wq") else config["kv_heads"]
+                assert info.shape[0] == heads * config["head_dim"]
+                order = rope_row_order(info.shape[0], config["head_dim"])
+            jobs.append((gguf_name(name), info, ttype, order))
+        for gname, source, ttype, _ in jobs:
+            shape = source.shape
+            nbytes = math.prod(byte_shape(shape, ttype)) * np.dtype(NUMPY_TYPES[ttype]).itemsize
+            writer.add_tensor_info(gname, byte_shape(shape, ttype),
+                                   np.dtype(NUMPY_TYPES[ttype]), nbytes, raw_dtype=ttype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_ti_data_to_file()
+        for gname, source, ttype, order in jobs:
+            if isinstance(source, np.ndarray):
+                data = source
+            else:
+                data = convert_tensor(source, ttype, order)
+            writer.write_tensor_data(data)
+            del data
+        writer.close()
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, output)
+    except OSError as e:
+        raise ConvertError(f"cannot write output '{output}': {e.strerror or e}") from None
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    if kept_f16:
+        log(f"note: {len(kept_f16)} tensors with rows not a multiple of 32 kept in F16 "
+            f"({', '.join(kept_f16[:3])}{', ...' if len(kept_f16) > 3 else ''})")
+    size = os.path.getsize(output)
+    return (f"wrote {output}: {config['layers']} layers, dim {config['dim']}, vocab "
+            f"{config['vocab_size']}, {type_name} matrices, tokenizer {tokenizer}, "
+            f"{size / 2**20:.1f} MiB")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(
+        prog="gguf_from_hf.py",
+        description="Write a llama.cpp GGUF file from a Hugging Face Llama/Mistral "
+        "checkpoint (the same input as convert/convert.py).")
+    parser.add_argument("hf_dir", help="Hugging Face checkpoint directory")
+    parser.add_argument("-o", "--output", required=True, help="GGUF file to write")
+    parser.add_argument("--type", choices=sorted(TYPES),
+                        help="matrix type (default: the checkpoint's own dtype); norms "
+                        "are always f32")
+    parser.add_argument("--pre", help="llama.cpp pre-tokenizer name for a byte-level BPE "
+                        "tokenizer (default: recognized from tokenizer.json)")
+    args = parser.parse_args(argv)
+    if args.type == "q8_0" and not hasattr(gguf, "quants"):
+        print("gguf_from_hf: this gguf package has no quants module; q8_0 is "
+              "unavailable (pip install -U gguf)", file=sys.stderr)
+        return 1
+    try:
+        print(gguf_from_hf(args.hf_dir, args.output, args.type, args.pre))
+    except ConvertError as e:
+        print(f"gguf_from_hf: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
