@@ -17,6 +17,7 @@
 #include "bench.h"
 #include "cli.h"
 #include "error.h"
+#include "ladder.h"
 #include "model.h"
 #include "sampler.h"
 #include "tokenizer.h"
@@ -42,8 +43,10 @@ double seconds_since(Clock::time_point start) {
     return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// Ctrl-C sets this; the commands stop at the next token or chunk and still report.
 std::atomic<bool> interrupted{false};
 void on_interrupt(int) { interrupted = true; }
+constexpr int kInterruptedExit = 130;  // the shell convention for SIGINT
 
 // The KV-cache length for a command: --ctx, else the model's own capped at a default.
 int context_length(const Options& options, const Config& config, int default_cap) {
@@ -128,7 +131,6 @@ int command_run(const Options& options) {
                  "stopped: %s\n",
                  prompt.size(), prompt.size() / prefill_seconds, generated,
                  generated / std::max(decode_seconds, 1e-9), stop_reason.c_str());
-    constexpr int kInterruptedExit = 130;  // the shell convention for SIGINT
     return interrupted ? kInterruptedExit : 0;
 }
 
@@ -158,6 +160,7 @@ int command_ppl(const Options& options) {
     const int first_scored = context / 2;
     double nll_sum = 0, nll_squared_sum = 0;
     long scored = 0;
+    int chunks_done = 0;
     const auto start = Clock::now();
     for (int chunk = 0; chunk < chunks && !interrupted; ++chunk) {
         std::vector<int> chunk_tokens(tokens.begin() + size_t(chunk) * context,
@@ -179,6 +182,7 @@ int command_ppl(const Options& options) {
         }
         std::fprintf(stderr, "[%d/%d] running PPL = %.4f\n", chunk + 1, chunks,
                      std::exp(nll_sum / scored));
+        ++chunks_done;
     }
     if (scored == 0) throw Error("interrupted before any token was scored");
     const double mean = nll_sum / scored;
@@ -186,9 +190,13 @@ int command_ppl(const Options& options) {
     const double ppl = std::exp(mean);
     const double ppl_error =
         variance > 0 && scored > 1 ? std::sqrt(variance / (scored - 1)) * ppl : 0;
-    std::fprintf(stderr, "%ld tokens scored in %.1f s\n", scored, seconds_since(start));
+    std::fprintf(stderr, "%ld tokens scored in %.1f s%s\n", scored, seconds_since(start),
+                 interrupted ? (" (interrupted after " + std::to_string(chunks_done) + " of " +
+                                std::to_string(chunks) + " chunks)")
+                                   .c_str()
+                             : "");
     std::printf("PPL = %.4f +/- %.5f\n", ppl, ppl_error);
-    return 0;
+    return interrupted ? kInterruptedExit : 0;
 }
 
 int command_bench(const Options& options) {
@@ -286,6 +294,7 @@ int main(int argc, char** argv) {
         if (options.command == "ppl") return command_ppl(options);
         if (options.command == "info") return command_info(options);
         if (options.command == "bench") return command_bench(options);
+        if (options.command == "ladder") return run_ladder_command(options);
         if (options.command == "tokenize") return command_tokenize(options);
         if (options.command == "detokenize") return command_detokenize(options);
         throw UsageError("unknown command '" + options.command + "'");

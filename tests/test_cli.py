@@ -5,6 +5,7 @@ command line, followed by the usage) — never a signal, never a traceback."""
 
 import json
 import os
+import signal
 import struct
 import subprocess
 
@@ -178,3 +179,19 @@ def test_hostile_files_are_refused(tmp_path, name, content, message):
 def test_hostile_headers_are_refused(tmp_path, name, header, message):
     path = write_with_header(tmp_path / name, header, b"\x01" * 16)
     assert_refused(barellm("info", path), message)
+
+
+def test_ctrl_c_stops_ppl_cleanly_with_a_result(stories):
+    text = os.path.join(EVAL, "wiki.test.raw")
+    need_shared(text)
+    process = subprocess.Popen([BARELLM, "ppl", stories, "-f", text, "--ctx", "256",
+                                "--threads", "1"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    # Wait for the first chunk to be scored, then interrupt.
+    first_line = process.stderr.readline()
+    assert first_line.startswith("[1/"), first_line
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert "interrupted after" in stderr
+    assert stdout.startswith("PPL = ")
