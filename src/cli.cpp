@@ -17,6 +17,10 @@ commands:
       -n N                 decode steps for the tg test (default 128, 0 skips)
       -r R                 repetitions (default 5)
       -o md|json           output format (default md)
+  ladder MODEL             CPU optimisation ladder: speed per rung (docs/TOUR.md)
+      -n N                 decode steps per rung (default 64)
+      -p P                 prompt tokens of the batched-prefill rung (default: N)
+      --check-text TEXT    print each rung's greedy completion of TEXT instead
   info MODEL               config, tensors, dtypes and bytes
   tokenize MODEL (-p TEXT | -f FILE) [--bos] [--no-special]
                            print the token ids as one JSON array
@@ -118,6 +122,9 @@ Options parse_options(int argc, const char* const* argv) {
             options.bos = true;
         } else if (arg == "--no-special") {
             options.parse_special = false;
+        } else if (arg == "--check-text") {
+            options.check_text = value();
+            options.has_check_text = true;
         } else if (arg.size() > 1 && arg[0] == '-') {
             throw UsageError("unknown option " + arg);
         } else {

@@ -34,6 +34,8 @@ struct Options {
     cpu::KvType kv_type = cpu::KvType::F16;
     Device device = Device::Cpu;
     bool bos = false, parse_special = true;
+    std::string check_text;  // ladder --check-text
+    bool has_check_text = false;
 };
 
 // Parses argv; throws UsageError for anything malformed. "-h"/"--help" give command "help".
