@@ -1,0 +1,173 @@
+"""`barellm ladder`: every rung computes the same model, and the table has its shape.
+
+What must be equal, and why (all on stories260K, converted to f32):
+
+- rungs 1 and 2 (scalar kernels, 1 thread vs 2 threads) do the same arithmetic in the same
+  order (threads only split rows and heads): identical text, at any length;
+- rung 6 (q8 weights, AVX2, batched prefill) is exactly what `barellm run --temp 0` does
+  on a q8 file from convert.py (the in-memory quantization is byte-identical to the
+  converter's, see test_in_memory_weights_equal_the_converters): identical text, at any
+  length;
+- rung 3 (f32, AVX2) and rung 4 (f16, AVX2) differ from `run` on the same dtype only in
+  rounding: rungs 1-5 feed the prompt one token at a time, `run` as one batch, and the
+  batched GEMM sums in another order. Rounding can flip a near-tie in a long greedy text,
+  so they are compared over 40 tokens, where they agree;
+- rung 5 (q8 weights, prompt token by token) quantizes the activations to int8 in every
+  matrix-vector product, while the batched prefill of `run` keeps them in f32: a larger
+  difference than rounding. Over 40 tokens from "Once upon a time" it still agrees
+  (with some other prompts it does not: "The cat sat" diverges within 40 tokens);
+- scalar vs SIMD (rungs 2 and 3) differ in the last bits of each dot product; over 40
+  tokens from "Once upon a time" every rung, f32 to q8, gives the same text as the
+  fastest path (rung 6). That is a fact about this model and prompt, checked here, not a
+  law: q8 weights move logits by far more than rounding.
+"""
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+from convert_testlib import BUILD, CONVERT, STORIES, need_shared, run
+
+BARELLM = os.path.join(BUILD, "barellm")
+COPY_CHECK = os.path.join(BUILD, "model_copy_check")
+PROMPT = "Once upon a time"
+
+
+def barellm(*args, timeout=300):
+    if not os.path.exists(BARELLM):
+        pytest.fail(f"{BARELLM} is missing: run `make` first")
+    return subprocess.run([BARELLM, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def stories(tmp_path_factory):
+    """stories260K converted to each dtype: {"f32": path, ...}."""
+    need_shared(STORIES)
+    folder = tmp_path_factory.mktemp("ladder")
+    paths = {}
+    for dtype in ("f32", "f16", "bf16", "q8"):
+        paths[dtype] = str(folder / f"stories-{dtype}.bin")
+        result = run(CONVERT, STORIES, "-o", paths[dtype], "--dtype", dtype)
+        assert result.returncode == 0, result.stderr
+    return paths
+
+
+def rung_texts(model, prompt, tokens):
+    result = barellm("ladder", model, "--check-text", prompt, "-n", tokens, "--threads", 2)
+    assert result.returncode == 0, result.stderr
+    rungs = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["rung"] for r in rungs] == [1, 2, 3, 4, 5, 6]
+    return {r["rung"]: r for r in rungs}
+
+
+def run_text(model, prompt, tokens):
+    result = barellm("run", model, "-p", prompt, "--temp", 0, "-n", tokens, "--threads", 2)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.rstrip("\n")
+
+
+def test_rungs_have_the_weights_threads_and_kernels_they_claim(stories):
+    rungs = rung_texts(stories["f32"], PROMPT, 4)
+    claimed = [(r["weights"], r["threads"], r["prompt"]) for r in rungs.values()]
+    assert claimed == [("F32", 1, "token by token"), ("F32", 2, "token by token"),
+                       ("F32", 2, "token by token"), ("F16", 2, "token by token"),
+                       ("Q8", 2, "token by token"), ("Q8", 2, "batched prefill")]
+    assert rungs[1]["simd"] == rungs[2]["simd"] == "scalar"
+    assert len({rungs[r]["simd"] for r in (3, 4, 5, 6)}) == 1
+
+
+def test_every_rung_gives_the_greedy_text_of_run_on_the_same_weights(stories):
+    rungs = rung_texts(stories["f32"], PROMPT, 40)
+    runs = {dtype: run_text(stories[dtype], PROMPT, 40) for dtype in ("f32", "f16", "q8")}
+    assert runs["f32"].startswith("Once upon a time, there was a little girl named Lily.")
+    weights = {"F32": "f32", "F16": "f16", "Q8": "q8"}
+    for number, rung in rungs.items():
+        assert rung["text"] == runs[weights[rung["weights"]]], f"rung {number}: {rung}"
+    # ...and here every rung also gives the text of the fastest path (see the docstring).
+    assert len({rung["text"] for rung in rungs.values()}) == 1
+
+
+def test_exact_rungs_stay_identical_over_a_long_text(stories):
+    """Rungs 1 = 2 and rung 6 = `run` on q8 compute exactly the same numbers."""
+    rungs = rung_texts(stories["f32"], "One day, a big dog", 200)
+    assert rungs[1]["text"] == rungs[2]["text"]
+    assert rungs[6]["text"] == run_text(stories["q8"], "One day, a big dog", 200)
+    assert len(rungs[6]["text"]) > 400
+
+
+def test_in_memory_weights_equal_the_converters(stories):
+    """model_copy's f16, bf16 and q8 conversions of the f32 file are byte for byte what
+    convert.py writes from the checkpoint."""
+    if not os.path.exists(COPY_CHECK):
+        pytest.fail(f"{COPY_CHECK} is missing: run `make` first")
+    for dtype in ("f16", "bf16", "q8"):
+        result = subprocess.run([COPY_CHECK, stories["f32"], stories[dtype]],
+                                capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert result.stdout.startswith("identical: 36 matrices"), result.stdout
+    # A different source (f16 rounding first) gives different q8 bytes: the check can fail.
+    result = subprocess.run([COPY_CHECK, stories["f16"], stories["q8"]], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 1 and result.stdout.startswith("DIFFERENT"), result.stdout
+
+
+def parse_table(stdout):
+    rows = [line for line in stdout.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in rows[0].strip("|").split("|")]
+    assert header == ["rung", "what changed", "tok/s", "GB/s", "% bw", "speed-up"]
+    assert re.fullmatch(r"\|( -*:? \|)+", rows[1]), rows[1]
+    return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[2:]]
+
+
+@pytest.mark.parametrize("model", ["f32", "q8"])
+def test_the_ladder_table_has_six_rungs_with_numbers(stories, model):
+    result = barellm("ladder", stories[model], "-n", 8, "-p", 12, "--threads", 2)
+    assert result.returncode == 0, result.stderr
+    rows = parse_table(result.stdout)
+    assert [row[0] for row in rows] == ["1", "2", "3", "4", "5", "6"]
+    changes = [row[1] for row in rows]
+    assert changes[0] == "scalar kernels, 1 thread, f32 weights"
+    assert changes[1] == "+ OpenMP, 2 threads"
+    assert changes[3:5] == ["+ f16 weights", "+ q8 weights"]
+    assert changes[5] == "+ batched prefill (12-token prompt)"
+    for row in rows:
+        assert float(row[2]) > 0 and float(row[3]) > 0, row
+        assert re.fullmatch(r"\d+\.\d%", row[4]), row
+        assert re.fullmatch(r"\d+\.\d\dx", row[5]), row
+    assert rows[0][5] == "1.00x"
+    bandwidth = re.search(r"memory bandwidth \(streaming read, 2 threads, same run\): "
+                          r"([\d.]+) GB/s", result.stdout)
+    assert bandwidth and float(bandwidth.group(1)) > 0, result.stdout
+    # % bw is GB/s over that bandwidth.
+    for row in rows:
+        expected = 100 * float(row[3]) / float(bandwidth.group(1))
+        assert abs(float(row[4][:-1]) - expected) <= 0.05 + 0.01 * expected, row
+    assert re.search(r"rung 6: a 12-token prompt, [\d.]+ tok/s token by token", result.stdout)
+    assert "weight bytes read per token: F32 1040128; F16 521472; Q8 278752;" in result.stdout
+
+
+def test_the_gpu_ladder_refuses_without_faking_it(stories):
+    result = barellm("ladder", stories["f32"], "--device", "cuda", "-n", 4)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("barellm: ladder --device cuda: the GPU")
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-n", "0"], "ladder needs -n of at least 1"),
+    (["-p", "many"], "-p needs an integer"),
+])
+def test_ladder_usage_errors(stories, args, message):
+    result = barellm("ladder", stories["f32"], *args)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_the_ladder_refuses_more_positions_than_the_model_has(stories):
+    result = barellm("ladder", stories["f32"], "-n", 600)
+    assert result.returncode == 1
+    assert "ladder needs 600 positions, beyond the model's 512" in result.stderr
