@@ -86,9 +86,9 @@ public:
             const LayerWeights& w = model_.layers[l];
             // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
             cpu::rmsnorm(s.xb.data(), s.x.data(), w.attn_norm, c.dim, c.norm_eps);
-            cpu::matmul(s.q.data(), s.xb.data(), w.wq);
-            cpu::matmul(s.k.data(), s.xb.data(), w.wk);
-            cpu::matmul(s.v.data(), s.xb.data(), w.wv);
+            cpu::matmul_many({{s.q.data(), s.xb.data(), &w.wq},
+                              {s.k.data(), s.xb.data(), &w.wk},
+                              {s.v.data(), s.xb.data(), &w.wv}});
             cpu::rope(s.q.data(), c.heads, c.head_dim, pos, s.rope_frequencies.data());
             cpu::rope(s.k.data(), c.kv_heads, c.head_dim, pos, s.rope_frequencies.data());
             cpu::kv_store(cache_row(s.key_cache, l, pos), s.k.data(), c.kv_dim(), kv_type_);
@@ -101,8 +101,8 @@ public:
 
             // Feed-forward: x += w2 · (silu(w1 · norm(x)) * (w3 · norm(x)))
             cpu::rmsnorm(s.xb.data(), s.x.data(), w.ffn_norm, c.dim, c.norm_eps);
-            cpu::matmul(s.gate.data(), s.xb.data(), w.w1);
-            cpu::matmul(s.up.data(), s.xb.data(), w.w3);
+            cpu::matmul_many(
+                {{s.gate.data(), s.xb.data(), &w.w1}, {s.up.data(), s.xb.data(), &w.w3}});
             cpu::swiglu(s.gate.data(), s.up.data(), c.hidden_dim);
             cpu::matmul(s.proj.data(), s.gate.data(), w.w2);
             for (int i = 0; i < c.dim; ++i) s.x[i] += s.proj[i];

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <vector>
 
+#include "error.h"
 #include "half.h"
 
 namespace barellm::cpu {
@@ -135,23 +136,48 @@ void quantize_q8(QuantizedVector* out, const float* x, int n) {
     }
 }
 
-void matmul(float* out, const float* x, const Matrix& w) {
-    constexpr int kRowStep = 4;  // the AVX2 kernels' rows per step
-    if (active_level == SimdLevel::Avx2 && w.dtype == DType::I8) {
-        // Integer dot products: quantize x once, then every thread reads it.
-        // One buffer per calling thread; the reference hands the caller's to the workers.
-        static thread_local QuantizedVector quantized_buffer;
-        QuantizedVector& quantized_x = quantized_buffer;
-        quantize_q8(&quantized_x, x, w.cols);
-        split_rows(w.rows, kRowStep, w.cols, [&](int first, int count) {
-            avx2::matmul_rows_q8(out, w, quantized_x, first, count);
-        });
-        return;
+void matmul(float* out, const float* x, const Matrix& w) { matmul_many({{out, x, &w}}); }
+
+void matmul_many(std::initializer_list<MatmulTask> tasks) {
+    constexpr int kMaxTasks = 4;
+    const MatmulTask* task_list = tasks.begin();
+    const int task_count = int(tasks.size());
+    // Q8 weights with AVX2 use integer dot products: each input is quantized once, by
+    // the calling thread, into one buffer per task; the workers only read them.
+    static thread_local QuantizedVector quantized_buffers[kMaxTasks];
+    QuantizedVector* quantized = quantized_buffers;
+    if (task_count > kMaxTasks) throw Error("matmul_many takes at most 4 tasks");
+    const bool use_avx2 = active_level == SimdLevel::Avx2;
+    size_t total_rows = 0, work = 0;
+    for (int t = 0; t < task_count; ++t) {
+        const Matrix& w = *task_list[t].w;
+        if (use_avx2 && w.dtype == DType::I8) quantize_q8(&quantized[t], task_list[t].x, w.cols);
+        total_rows += w.rows;
+        work += size_t(w.rows) * w.cols;
     }
-    const auto rows_kernel =
-        active_level == SimdLevel::Avx2 ? avx2::matmul_rows : scalar::matmul_rows;
-    split_rows(w.rows, kRowStep, w.cols,
-               [&](int first, int count) { rows_kernel(out, w, x, first, count); });
+    // Rows of all tasks, one after another, cut into one contiguous run per thread.
+#pragma omp parallel num_threads(threads_for(work))
+    {
+        const size_t threads = omp_get_num_threads(), thread = omp_get_thread_num();
+        const size_t first = total_rows * thread / threads;
+        const size_t last = total_rows * (thread + 1) / threads;
+        size_t task_start = 0;
+        for (int t = 0; t < task_count; ++t) {
+            const MatmulTask& task = task_list[t];
+            const size_t task_end = task_start + task.w->rows;
+            const size_t begin = std::max(first, task_start), end = std::min(last, task_end);
+            if (begin < end) {
+                const int row = int(begin - task_start), count = int(end - begin);
+                if (!use_avx2)
+                    scalar::matmul_rows(task.out, *task.w, task.x, row, count);
+                else if (task.w->dtype == DType::I8)
+                    avx2::matmul_rows_q8(task.out, *task.w, quantized[t], row, count);
+                else
+                    avx2::matmul_rows(task.out, *task.w, task.x, row, count);
+            }
+            task_start = task_end;
+        }
+    }
 }
 
 void matmul_batch(float* out, const float* x, int batch, const Matrix& w) {

@@ -3,6 +3,7 @@
 // cpu_kernels_avx2.cpp. `matmul` and `attention` pick the path set by set_simd_level.
 #pragma once
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,15 @@ enum class KvType { F32, F16 };
 // out[rows] = W[rows, cols] · x[cols]; rows split across OpenMP threads. With AVX2 and
 // Q8 weights, x is first quantized to Q8 and the dot products are integer.
 void matmul(float* out, const float* x, const Matrix& w);
+
+// Several independent matmuls (e.g. q, k and v of one input) in one parallel region:
+// their rows, one after another, are split across the threads (at most 4 tasks).
+struct MatmulTask {
+    float* out;
+    const float* x;
+    const Matrix* w;
+};
+void matmul_many(std::initializer_list<MatmulTask> tasks);
 
 // A vector quantized like a Q8 weight row: x[i] ≈ values[i] × scales[i / kQ8Group],
 // with scale = max |x| / 127 over each group.
