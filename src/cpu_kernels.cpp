@@ -183,7 +183,7 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
 void matmul_batch(float* out, const float* x, int batch, const Matrix& w) {
     const auto rows_kernel =
         active_level == SimdLevel::Avx2 ? avx2::matmul_batch_rows : scalar::matmul_batch_rows;
-    constexpr int kRowStep = 16;  // the AVX2 GEMM's panel width
+    constexpr int kRowStep = 6;  // the AVX2 GEMM's rows per micro-kernel
     split_rows(w.rows, kRowStep, size_t(w.cols) * batch,
                [&](int first, int count) { rows_kernel(out, w, x, batch, first, count); });
 }

@@ -190,116 +190,139 @@ namespace barellm::cpu::avx2 {
 
 namespace {
 
-// Prefill GEMM, out[token][row] = Σ_col x[token][col] · W[row][col], as a sum of outer
-// products. For each block of kDepthBlock columns, x is repacked so that each tile of
-// kTokenTile tokens is contiguous (x_tiles[tile][col][token]); then a panel of
-// kPanelWidth weight rows is converted to f32 and transposed once (panel[col][row],
-// 16 KiB) and every token tile streams past it. The micro-kernel holds
-// kTokenTile × kPanelWidth outputs in 12 registers; each step loads 16 weights and
-// broadcasts one x per token: no horizontal sums, and no strided reads of x.
-constexpr int kPanelWidth = 16;  // two registers of 8 rows
-constexpr int kTokenTile = 6;
+// Prefill GEMM, out[token][row] = Σ_col W[row][col] · x[token][col], as a sum of outer
+// products. x is first transposed into tiles of kTokenTile tokens (x_tiles[tile][col]
+// [token]: one column of a tile is two registers), once per call, then shared by every
+// weight row. Each group of kRowTile weight rows is widened to f32 one block of
+// kDepthBlock columns at a time (panel[row][col], row-major: the weights are never
+// transposed). The micro-kernel keeps kRowTile × kTokenTile outputs in 12 registers; each
+// step loads two registers of x and broadcasts one weight per row: no horizontal sums.
+// Partial sums live in a small contiguous buffer until the last column block, so the
+// strided output is written once.
+constexpr int kRowTile = 6;
+constexpr int kTokenTile = 16;  // two registers of 8 tokens
 constexpr int kDepthBlock = 256;
 
-// panel[i * kPanelWidth + r] = W[first_row + r][first_col + i]; rows past `rows` are zero.
-void pack_panel(float* panel, const Matrix& w, int first_row, int rows, int first_col, int depth) {
-    alignas(32) float row_values[kDepthBlock];
-    for (int r = 0; r < kPanelWidth; ++r) {
-        if (r >= rows) {
-            for (int i = 0; i < depth; ++i) panel[i * kPanelWidth + r] = 0.0f;
-            continue;
+// The first 32-byte aligned float at or after `p` (buffers hold kLanes spare floats).
+float* align32(float* p) {
+    const uintptr_t misalignment = reinterpret_cast<uintptr_t>(p) % 32;
+    return misalignment ? p + (32 - misalignment) / sizeof(float) : p;
+}
+
+// x_tiles[tile][i][t] = x[tile * kTokenTile + t][i], zero past the last token.
+void pack_token_tiles(float* x_tiles, const float* x, int cols, int batch) {
+    const int tiles = (batch + kTokenTile - 1) / kTokenTile;
+    for (int tile = 0; tile < tiles; ++tile) {
+        float* dest = x_tiles + size_t(tile) * cols * kTokenTile;
+        for (int t = 0; t < kTokenTile; ++t) {
+            const int token = tile * kTokenTile + t;
+            const float* source = x + size_t(token) * cols;
+            for (int i = 0; i < cols; ++i)
+                dest[size_t(i) * kTokenTile + t] = token < batch ? source[i] : 0.0f;
         }
+    }
+}
+
+// panel[r][i] = W[first_row + r][first_col + i] as f32, for `rows` rows.
+void pack_rows(float* panel, const Matrix& w, int first_row, int rows, int first_col, int depth) {
+    for (int r = 0; r < rows; ++r) {
+        float* dest = panel + r * kDepthBlock;
         const size_t offset = size_t(first_row + r) * w.cols + first_col;
         if (w.dtype == DType::F32) {
             const float* source = static_cast<const float*>(w.data) + offset;
-            std::copy(source, source + depth, row_values);
+            std::copy(source, source + depth, dest);
         } else if (w.dtype == DType::I8) {
+            // first_col is a multiple of kQ8Group: whole groups, one scale each.
             const int8_t* source = static_cast<const int8_t*>(w.data) + offset;
             const uint16_t* scales = w.scales + size_t(first_row + r) * w.q8_groups();
-            for (int i = 0; i < depth; ++i)  // first_col is a multiple of kQ8Group
-                row_values[i] = source[i] * _cvtsh_ss(scales[(first_col + i) / kQ8Group]);
+            for (int i = 0; i < depth; i += kQ8Group) {
+                const __m256 scale = _mm256_set1_ps(_cvtsh_ss(scales[(first_col + i) / kQ8Group]));
+                const int group_end = std::min(depth, i + kQ8Group);
+                int k = i;
+                for (; k + kLanes <= group_end; k += kLanes) {
+                    const __m128i bytes =
+                        _mm_loadl_epi64(reinterpret_cast<const __m128i*>(source + k));
+                    const __m256 values = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+                    _mm256_storeu_ps(dest + k, _mm256_mul_ps(values, scale));
+                }
+                for (; k < group_end; ++k) dest[k] = source[k] * _mm256_cvtss_f32(scale);
+            }
         } else {
             const uint16_t* source = static_cast<const uint16_t*>(w.data) + offset;
             int i = 0;
             for (; i + kLanes <= depth; i += kLanes)
-                _mm256_store_ps(row_values + i, load8(source + i, w.dtype));
-            for (; i < depth; ++i) row_values[i] = scalar_weight(source + i, w.dtype);
-        }
-        for (int i = 0; i < depth; ++i) panel[i * kPanelWidth + r] = row_values[i];
-    }
-}
-
-// x_tiles[tile][i][t] = x[tile * kTokenTile + t][first_col + i], zero past the last token.
-void pack_token_tiles(float* x_tiles, const float* x, size_t x_stride, int batch, int first_col,
-                      int depth) {
-    const int tiles = (batch + kTokenTile - 1) / kTokenTile;
-    for (int tile = 0; tile < tiles; ++tile) {
-        float* dest = x_tiles + size_t(tile) * depth * kTokenTile;
-        for (int t = 0; t < kTokenTile; ++t) {
-            const int token = tile * kTokenTile + t;
-            const float* source = x + size_t(token) * x_stride + first_col;
-            for (int i = 0; i < depth; ++i)
-                dest[i * kTokenTile + t] = token < batch ? source[i] : 0.0f;
+                _mm256_storeu_ps(dest + i, load8(source + i, w.dtype));
+            for (; i < depth; ++i) dest[i] = scalar_weight(source + i, w.dtype);
         }
     }
 }
 
-// out[t][r] (+)= Σ_i panel[i][r] · x_tile[i][t] for TOKENS tokens and `rows` rows.
-template <int TOKENS>
-void outer_product_kernel(float* out, size_t out_stride, const float* panel, const float* x_tile,
-                          int depth, int rows, bool accumulate) {
-    __m256 low[TOKENS], high[TOKENS];  // rows 0-7 and 8-15 of each token
+// sums[r][t] += Σ_i panel[r][i] · x_tile[i][t] for ROWS rows and kTokenTile tokens.
+template <int ROWS>
+void outer_product_kernel(float* sums, const float* panel, const float* x_tile, int depth) {
+    __m256 low[ROWS], high[ROWS];  // tokens 0-7 and 8-15 of each row
 #pragma GCC unroll 6
-    for (int t = 0; t < TOKENS; ++t) low[t] = high[t] = _mm256_setzero_ps();
+    for (int r = 0; r < ROWS; ++r) {
+        low[r] = _mm256_load_ps(sums + r * kTokenTile);
+        high[r] = _mm256_load_ps(sums + r * kTokenTile + kLanes);
+    }
     for (int i = 0; i < depth; ++i) {
-        const __m256 weights_low = _mm256_load_ps(panel + i * kPanelWidth);
-        const __m256 weights_high = _mm256_load_ps(panel + i * kPanelWidth + kLanes);
+        const __m256 x_low = _mm256_load_ps(x_tile + i * kTokenTile);
+        const __m256 x_high = _mm256_load_ps(x_tile + i * kTokenTile + kLanes);
 #pragma GCC unroll 6
-        for (int t = 0; t < TOKENS; ++t) {
-            const __m256 xt = _mm256_broadcast_ss(x_tile + i * kTokenTile + t);
-            low[t] = _mm256_fmadd_ps(weights_low, xt, low[t]);
-            high[t] = _mm256_fmadd_ps(weights_high, xt, high[t]);
+        for (int r = 0; r < ROWS; ++r) {
+            const __m256 weight = _mm256_broadcast_ss(panel + r * kDepthBlock + i);
+            low[r] = _mm256_fmadd_ps(weight, x_low, low[r]);
+            high[r] = _mm256_fmadd_ps(weight, x_high, high[r]);
         }
     }
 #pragma GCC unroll 6
-    for (int t = 0; t < TOKENS; ++t) {
-        float* target = out + t * out_stride;
-        alignas(32) float sums[kPanelWidth];
-        _mm256_store_ps(sums, low[t]);
-        _mm256_store_ps(sums + kLanes, high[t]);
-        for (int r = 0; r < rows; ++r) target[r] = accumulate ? target[r] + sums[r] : sums[r];
+    for (int r = 0; r < ROWS; ++r) {
+        _mm256_store_ps(sums + r * kTokenTile, low[r]);
+        _mm256_store_ps(sums + r * kTokenTile + kLanes, high[r]);
     }
 }
 
-using OuterProductKernel = void (*)(float*, size_t, const float*, const float*, int, int, bool);
+using OuterProductKernel = void (*)(float*, const float*, const float*, int);
 
-OuterProductKernel kernel_for(int tokens) {
-    static const OuterProductKernel table[kTokenTile] = {
+OuterProductKernel kernel_for(int rows) {
+    static const OuterProductKernel table[kRowTile] = {
         outer_product_kernel<1>, outer_product_kernel<2>, outer_product_kernel<3>,
         outer_product_kernel<4>, outer_product_kernel<5>, outer_product_kernel<6>};
-    return table[tokens - 1];
+    return table[rows - 1];
 }
 
 }  // namespace
 
 void matmul_batch_rows(float* out, const Matrix& w, const float* x, int batch, int first_row,
                        int row_count) {
-    alignas(32) float panel[kDepthBlock * kPanelWidth];
-    static thread_local std::vector<float> x_tiles;  // [tiles, depth, kTokenTile]
-    x_tiles.resize(size_t(batch + kTokenTile - 1) / kTokenTile * kTokenTile * kDepthBlock);
+    alignas(32) float panel[kRowTile * kDepthBlock];
+    const int tiles = (batch + kTokenTile - 1) / kTokenTile;
+    const size_t tile_sums = kRowTile * kTokenTile;
+    // Per thread: x transposed into tiles [tiles, cols, kTokenTile], and the partial sums
+    // of one row group [tiles, kRowTile, kTokenTile]; both 32-byte aligned for the kernel.
+    static thread_local std::vector<float> x_storage, sum_storage;
+    x_storage.resize(size_t(tiles) * w.cols * kTokenTile + kLanes);
+    sum_storage.resize(tiles * tile_sums + kLanes);
+    float* x_tiles = align32(x_storage.data());
+    float* sums = align32(sum_storage.data());
+    pack_token_tiles(x_tiles, x, w.cols, batch);
     const int end_row = first_row + row_count;
-    for (int depth_start = 0; depth_start < w.cols; depth_start += kDepthBlock) {
-        const int depth = std::min(kDepthBlock, w.cols - depth_start);
-        const bool accumulate = depth_start > 0;
-        pack_token_tiles(x_tiles.data(), x, w.cols, batch, depth_start, depth);
-        for (int r = first_row; r < end_row; r += kPanelWidth) {
-            const int rows = std::min(kPanelWidth, end_row - r);
-            pack_panel(panel, w, r, rows, depth_start, depth);
-            for (int t = 0; t < batch; t += kTokenTile) {
-                const int tokens = std::min(kTokenTile, batch - t);
-                kernel_for(tokens)(out + size_t(t) * w.rows + r, w.rows, panel,
-                                   x_tiles.data() + size_t(t) * depth, depth, rows, accumulate);
-            }
+    for (int r = first_row; r < end_row; r += kRowTile) {
+        const int rows = std::min(kRowTile, end_row - r);
+        const OuterProductKernel kernel = kernel_for(rows);
+        std::fill(sums, sums + tiles * tile_sums, 0.0f);
+        for (int depth_start = 0; depth_start < w.cols; depth_start += kDepthBlock) {
+            const int depth = std::min(kDepthBlock, w.cols - depth_start);
+            pack_rows(panel, w, r, rows, depth_start, depth);
+            for (int tile = 0; tile < tiles; ++tile)
+                kernel(sums + tile * tile_sums, panel,
+                       x_tiles + (size_t(tile) * w.cols + depth_start) * kTokenTile, depth);
+        }
+        for (int token = 0; token < batch; ++token) {
+            const float* token_sums = sums + (token / kTokenTile) * tile_sums + token % kTokenTile;
+            for (int k = 0; k < rows; ++k)
+                out[size_t(token) * w.rows + r + k] = token_sums[k * kTokenTile];
         }
     }
 }
