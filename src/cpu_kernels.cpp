@@ -104,19 +104,24 @@ int threads_for(size_t work) {
         std::max<size_t>(1, std::min<size_t>(omp_get_max_threads(), work / kMinWorkPerThread)));
 }
 
+// Inside a parallel region: calls work(first, count) with this thread's contiguous run
+// of the `rows` rows, cut at multiples of `step`.
+template <typename Work>
+void this_threads_rows(int rows, int step, Work work) {
+    const int threads = omp_get_num_threads();
+    const int steps = (rows + step - 1) / step;
+    const int thread = omp_get_thread_num();
+    const int first = int(int64_t(steps) * thread / threads) * step;
+    const int last = std::min(rows, int(int64_t(steps) * (thread + 1) / threads) * step);
+    if (last > first) work(first, last - first);
+}
+
 // Calls work(first, count) on each OpenMP thread with its own contiguous run of the
 // `rows` rows, cut at multiples of `step`; `row_work` is the multiply-adds of one row.
 template <typename Work>
 void split_rows(int rows, int step, size_t row_work, Work work) {
 #pragma omp parallel num_threads(threads_for(rows* row_work))
-    {
-        const int threads = omp_get_num_threads();
-        const int steps = (rows + step - 1) / step;
-        const int thread = omp_get_thread_num();
-        const int first = int(int64_t(steps) * thread / threads) * step;
-        const int last = std::min(rows, int(int64_t(steps) * (thread + 1) / threads) * step);
-        if (last > first) work(first, last - first);
-    }
+    this_threads_rows(rows, step, work);
 }
 
 }  // namespace
@@ -181,11 +186,29 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
 }
 
 void matmul_batch(float* out, const float* x, int batch, const Matrix& w) {
-    const auto rows_kernel =
-        active_level == SimdLevel::Avx2 ? avx2::matmul_batch_rows : scalar::matmul_batch_rows;
+    const size_t row_work = size_t(w.cols) * batch;
+    if (active_level != SimdLevel::Avx2) {
+        split_rows(w.rows, 1, row_work, [&](int first, int count) {
+            scalar::matmul_batch_rows(out, w, x, batch, first, count);
+        });
+        return;
+    }
+    // x is transposed into token tiles once, the threads sharing the work and the result;
+    // the buffer belongs to the calling thread.
+    static thread_local std::vector<float> tile_storage;
+    tile_storage.resize(avx2::token_tiles_floats(batch, w.cols));
+    float* x_tiles = avx2::align32(tile_storage.data());
+    const int tiles = avx2::token_tile_count(batch);
     constexpr int kRowStep = 6;  // the AVX2 GEMM's rows per micro-kernel
-    split_rows(w.rows, kRowStep, size_t(w.cols) * batch,
-               [&](int first, int count) { rows_kernel(out, w, x, batch, first, count); });
+#pragma omp parallel num_threads(threads_for(w.rows* row_work))
+    {
+#pragma omp for schedule(static)
+        for (int tile = 0; tile < tiles; ++tile)
+            avx2::pack_token_tile(x_tiles, x, w.cols, batch, tile);
+        this_threads_rows(w.rows, kRowStep, [&](int first, int count) {
+            avx2::matmul_batch_rows(out, w, x_tiles, batch, first, count);
+        });
+    }
 }
 
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps) {

@@ -98,7 +98,13 @@ namespace avx2 {
 void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
 void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
-void matmul_batch_rows(float* out, const Matrix& w, const float* x, int batch, int first_row,
+// The prefill GEMM in two steps: x [batch, cols] is transposed into tiles of 16 tokens
+// (x_tiles [tiles, cols, 16], 32-byte aligned), then any run of rows is computed from them.
+int token_tile_count(int batch);
+size_t token_tiles_floats(int batch, int cols);  // buffer size, alignment slack included
+float* align32(float* p);
+void pack_token_tile(float* x_tiles, const float* x, int cols, int batch, int tile);
+void matmul_batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
                        int row_count);
 float dot_kv(const float* q, const void* keys, int n, KvType type);
 void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);

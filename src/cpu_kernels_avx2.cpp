@@ -192,36 +192,16 @@ namespace {
 
 // Prefill GEMM, out[token][row] = Σ_col W[row][col] · x[token][col], as a sum of outer
 // products. x is first transposed into tiles of kTokenTile tokens (x_tiles[tile][col]
-// [token]: one column of a tile is two registers), once per call, then shared by every
-// weight row. Each group of kRowTile weight rows is widened to f32 one block of
-// kDepthBlock columns at a time (panel[row][col], row-major: the weights are never
-// transposed). The micro-kernel keeps kRowTile × kTokenTile outputs in 12 registers; each
-// step loads two registers of x and broadcasts one weight per row: no horizontal sums.
-// Partial sums live in a small contiguous buffer until the last column block, so the
-// strided output is written once.
+// [token]: one column of a tile is two registers; pack_token_tile, once per call, the
+// threads sharing it), then shared by every weight row. Each group of kRowTile weight rows is
+// widened to f32 one block of kDepthBlock columns at a time (panel[row][col], row-major: the
+// weights are never transposed). The micro-kernel keeps kRowTile × kTokenTile outputs in 12
+// registers; each step loads two registers of x and broadcasts one weight per row: no horizontal
+// sums. Partial sums live in a small contiguous buffer until the last column block, so the strided
+// output is written once.
 constexpr int kRowTile = 6;
 constexpr int kTokenTile = 16;  // two registers of 8 tokens
 constexpr int kDepthBlock = 256;
-
-// The first 32-byte aligned float at or after `p` (buffers hold kLanes spare floats).
-float* align32(float* p) {
-    const uintptr_t misalignment = reinterpret_cast<uintptr_t>(p) % 32;
-    return misalignment ? p + (32 - misalignment) / sizeof(float) : p;
-}
-
-// x_tiles[tile][i][t] = x[tile * kTokenTile + t][i], zero past the last token.
-void pack_token_tiles(float* x_tiles, const float* x, int cols, int batch) {
-    const int tiles = (batch + kTokenTile - 1) / kTokenTile;
-    for (int tile = 0; tile < tiles; ++tile) {
-        float* dest = x_tiles + size_t(tile) * cols * kTokenTile;
-        for (int t = 0; t < kTokenTile; ++t) {
-            const int token = tile * kTokenTile + t;
-            const float* source = x + size_t(token) * cols;
-            for (int i = 0; i < cols; ++i)
-                dest[size_t(i) * kTokenTile + t] = token < batch ? source[i] : 0.0f;
-        }
-    }
-}
 
 // panel[r][i] = W[first_row + r][first_col + i] as f32, for `rows` rows.
 void pack_rows(float* panel, const Matrix& w, int first_row, int rows, int first_col, int depth) {
@@ -294,19 +274,37 @@ OuterProductKernel kernel_for(int rows) {
 
 }  // namespace
 
-void matmul_batch_rows(float* out, const Matrix& w, const float* x, int batch, int first_row,
+int token_tile_count(int batch) { return (batch + kTokenTile - 1) / kTokenTile; }
+
+size_t token_tiles_floats(int batch, int cols) {
+    return size_t(token_tile_count(batch)) * cols * kTokenTile + kLanes;
+}
+
+float* align32(float* p) {
+    const uintptr_t misalignment = reinterpret_cast<uintptr_t>(p) % 32;
+    return misalignment ? p + (32 - misalignment) / sizeof(float) : p;
+}
+
+// x_tiles[tile][i][t] = x[tile * kTokenTile + t][i], zero past the last token.
+void pack_token_tile(float* x_tiles, const float* x, int cols, int batch, int tile) {
+    float* dest = x_tiles + size_t(tile) * cols * kTokenTile;
+    for (int t = 0; t < kTokenTile; ++t) {
+        const int token = tile * kTokenTile + t;
+        const float* source = x + size_t(token) * cols;
+        for (int i = 0; i < cols; ++i)
+            dest[size_t(i) * kTokenTile + t] = token < batch ? source[i] : 0.0f;
+    }
+}
+
+void matmul_batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
                        int row_count) {
     alignas(32) float panel[kRowTile * kDepthBlock];
-    const int tiles = (batch + kTokenTile - 1) / kTokenTile;
+    const int tiles = token_tile_count(batch);
     const size_t tile_sums = kRowTile * kTokenTile;
-    // Per thread: x transposed into tiles [tiles, cols, kTokenTile], and the partial sums
-    // of one row group [tiles, kRowTile, kTokenTile]; both 32-byte aligned for the kernel.
-    static thread_local std::vector<float> x_storage, sum_storage;
-    x_storage.resize(size_t(tiles) * w.cols * kTokenTile + kLanes);
+    // The partial sums of one row group [tiles, kRowTile, kTokenTile], 32-byte aligned.
+    static thread_local std::vector<float> sum_storage;
     sum_storage.resize(tiles * tile_sums + kLanes);
-    float* x_tiles = align32(x_storage.data());
     float* sums = align32(sum_storage.data());
-    pack_token_tiles(x_tiles, x, w.cols, batch);
     const int end_row = first_row + row_count;
     for (int r = first_row; r < end_row; r += kRowTile) {
         const int rows = std::min(kRowTile, end_row - r);
