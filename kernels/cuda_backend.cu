@@ -142,7 +142,7 @@ public:
     }
 
     const float* forward(int token, int pos) override {
-        check_range(&token, 1, pos);
+        check_tokens(model_.config, &token, 1, pos, context_);
         int* step = host_step_.as<int>();  // the previous step's copy has completed
         step[0] = token;
         step[1] = pos;
@@ -158,7 +158,7 @@ public:
 
     // One forward() per token for now: batched GPU prefill is a later issue.
     const float* prefill(const int* tokens, int count, int first_pos, bool all_logits) override {
-        check_range(tokens, count, first_pos);
+        check_tokens(model_.config, tokens, count, first_pos, context_);
         const size_t vocab = model_.config.vocab_size;
         if (all_logits) all_logits_.resize(size_t(count) * vocab);
         const float* logits = nullptr;
@@ -370,16 +370,6 @@ private:
         const std::vector<float> frequencies = rope_inverse_frequencies(c);
         memory_.push_back(cuda::upload_floats(frequencies.data(), frequencies.size(), "RoPE"));
         state_.rope_frequencies = memory_.back().as<float>();
-    }
-
-    void check_range(const int* tokens, int count, int first_pos) const {
-        for (int i = 0; i < count; ++i)
-            if (tokens[i] < 0 || tokens[i] >= model_.config.vocab_size)
-                throw Error("token id " + std::to_string(tokens[i]) + " is outside the vocabulary");
-        if (first_pos < 0 || count < 1 || first_pos + count > context_)
-            throw Error("positions " + std::to_string(first_pos) + ".." +
-                        std::to_string(first_pos + count - 1) + " are outside the context of " +
-                        std::to_string(context_));
     }
 
     cpu::AttentionShape attention_shape() const {

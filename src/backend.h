@@ -35,6 +35,10 @@ public:
     virtual double measure_bandwidth_gbps() = 0;
 };
 
+// Throws Error unless every token id is in the vocabulary and positions
+// first_pos .. first_pos + count - 1 lie inside a context of `context` (count >= 1).
+void check_tokens(const Config& config, const int* tokens, int count, int first_pos, int context);
+
 // The backend options.device asks for; throws Error when it cannot be had (no GPU, or a
 // build without CUDA).
 std::unique_ptr<Backend> make_backend(const Model& model, const BackendOptions& options);

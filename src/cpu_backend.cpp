@@ -79,7 +79,7 @@ public:
     const float* forward(int token, int pos) override {
         const Config& c = model_.config;
         InferenceState& s = state_;
-        check_range(&token, 1, pos);
+        check_tokens(model_.config, &token, 1, pos, context_);
         cpu::embedding_row(s.x.data(), model_.token_embedding, token);
 
         for (int l = 0; l < c.layers; ++l) {
@@ -114,7 +114,7 @@ public:
     }
 
     const float* prefill(const int* tokens, int count, int first_pos, bool all_logits) override {
-        check_range(tokens, count, first_pos);
+        check_tokens(model_.config, tokens, count, first_pos, context_);
         if (all_logits) all_logits_.resize(size_t(count) * model_.config.vocab_size);
         const float* last = nullptr;
         for (int start = 0; start < count; start += max_batch_) {
@@ -182,16 +182,6 @@ private:
         for (int r = 0; r < rows; ++r)
             cpu::rmsnorm(out + size_t(r) * dim, x + size_t(r) * dim, weight, dim,
                          model_.config.norm_eps);
-    }
-
-    void check_range(const int* tokens, int count, int first_pos) const {
-        for (int i = 0; i < count; ++i)
-            if (tokens[i] < 0 || tokens[i] >= model_.config.vocab_size)
-                throw Error("token id " + std::to_string(tokens[i]) + " is outside the vocabulary");
-        if (first_pos < 0 || count < 1 || first_pos + count > context_)
-            throw Error("positions " + std::to_string(first_pos) + ".." +
-                        std::to_string(first_pos + count - 1) + " are outside the context of " +
-                        std::to_string(context_));
     }
 
     cpu::AttentionShape attention_shape() const {
