@@ -390,6 +390,9 @@ def convert(hf_dir, output, weight_dtype=None):
     config["weight_dtype"] = weight_dtype or default_weight_dtype(cfg, plan)
     metadata = {"barellm.format": "1", "barellm.config": compact_json(config),
                 "barellm.tokenizer": compact_json(tokenizer)}
+    template = hf_tokenizer.chat_template(tok_cfg)
+    if template is not None:
+        metadata["barellm.chat_template"] = template
     size = write_output(output, plan, metadata, config["weight_dtype"])
     return (f"wrote {output}: {config['layers']} layers, dim {config['dim']}, vocab "
             f"{config['vocab_size']}, {config['weight_dtype']} weights, "

@@ -103,3 +103,21 @@ def _template_starts_with_special(processor):
         single = processor.get("single") or []
         return bool(single) and "SpecialToken" in single[0]
     return False
+
+
+def chat_template(tokenizer_config):
+    """The `chat_template` of tokenizer_config.json, verbatim, or None when there is none.
+
+    It is a string, or a list of {"name", "template"} of which the one named "default" is
+    taken (None when no entry is named so).
+    """
+    template = (tokenizer_config or {}).get("chat_template")
+    if isinstance(template, list):
+        template = next((entry.get("template") for entry in template
+                         if isinstance(entry, dict) and entry.get("name") == "default"), None)
+    if template is None:
+        return None
+    if not isinstance(template, str):
+        raise ConvertError("tokenizer_config.json: chat_template is not a string or a "
+                           "list of {name, template}")
+    return template

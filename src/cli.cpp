@@ -10,6 +10,8 @@ commands:
       --temp T             temperature, 0 = greedy (default 0.8)
       --top-p P            nucleus sampling threshold (default 0.9)
       --seed S             random seed (default: from the clock)
+      --chat               wrap the prompt in the model's chat template as one user
+                           message; print only the reply
   ppl MODEL -f FILE        perplexity, llama.cpp's llama-perplexity convention
       --chunks K           score at most K chunks of --ctx tokens (default: all)
   bench MODEL              prefill and decode speed, llama-bench style
@@ -120,6 +122,8 @@ Options parse_options(int argc, const char* const* argv) {
             options.device = device == "cpu" ? Device::Cpu : Device::Cuda;
         } else if (arg == "--bos") {
             options.bos = true;
+        } else if (arg == "--chat") {
+            options.chat = true;
         } else if (arg == "--no-special") {
             options.parse_special = false;
         } else if (arg == "--check-text") {

@@ -34,6 +34,7 @@ struct Options {
     cpu::KvType kv_type = cpu::KvType::F16;
     Device device = Device::Cpu;
     bool bos = false, parse_special = true;
+    bool chat = false;  // run --chat: the prompt in the model's chat template
     std::string check_text;  // ladder --check-text
     bool has_check_text = false;
 };

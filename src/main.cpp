@@ -15,6 +15,7 @@
 
 #include "backend.h"
 #include "bench.h"
+#include "chat.h"
 #include "cli.h"
 #include "error.h"
 #include "ladder.h"
@@ -79,8 +80,30 @@ int command_run(const Options& options) {
     const Tokenizer tokenizer =
         Tokenizer::from_json(model.file->metadata_value("barellm.tokenizer"));
     const int context = context_length(options, config, kDefaultContextCap);
+    // --chat: the prompt rendered by the model's chat template (src/chat.h), special
+    // tokens parsed, BOS added only when the rendering does not start with it already.
+    std::string text = options.prompt;
+    bool add_bos = config.add_bos;
+    int end_of_turn = -1;
+    if (options.chat) {
+        const auto& metadata = model.file->metadata();
+        const auto found = metadata.find("barellm.chat_template");
+        if (found == metadata.end())
+            throw Error("--chat: this model has no chat template (its tokenizer_config.json "
+                        "had no chat_template when it was converted)");
+        const ChatTemplate chat = recognise_chat_template(found->second);
+        const std::string bos = config.bos_id >= 0 ? tokenizer.token_text(config.bos_id) : "";
+        text = render_chat(chat, options.prompt, bos);
+        add_bos = config.add_bos && config.bos_id >= 0 && text.compare(0, bos.size(), bos) != 0;
+        const std::string turn_end = chat_end_of_turn(chat.family);
+        if (!turn_end.empty()) {
+            const auto id = tokenizer.token_id(turn_end);
+            if (!id) throw Error("--chat: the tokenizer has no " + turn_end + " token");
+            end_of_turn = *id;
+        }
+    }
     const std::vector<int> prompt =
-        encode_prompt(tokenizer, config, options.prompt, config.add_bos, options.parse_special);
+        encode_prompt(tokenizer, config, text, add_bos, options.parse_special || options.chat);
     if (prompt.empty()) throw Error("the prompt is empty and the model adds no BOS token");
     if (int(prompt.size()) > context)
         throw Error("the prompt is " + std::to_string(prompt.size()) +
@@ -94,7 +117,7 @@ int command_run(const Options& options) {
     for (int id : prompt) decoder.push(id);  // so the continuation decodes in context
     std::signal(SIGINT, on_interrupt);
 
-    std::cout << options.prompt << std::flush;
+    if (!options.chat) std::cout << options.prompt << std::flush;  // --chat: the reply only
     const auto prefill_start = Clock::now();
     const float* logits = backend->prefill(prompt.data(), int(prompt.size()), 0, false);
     const double prefill_seconds = seconds_since(prefill_start);
@@ -113,7 +136,8 @@ int command_run(const Options& options) {
         std::copy(logits, logits + config.vocab_size, scratch.begin());
         const int next = sampler.sample(scratch.data());
         ++generated;
-        if (std::find(config.eos_ids.begin(), config.eos_ids.end(), next) != config.eos_ids.end()) {
+        if (next == end_of_turn ||
+            std::find(config.eos_ids.begin(), config.eos_ids.end(), next) != config.eos_ids.end()) {
             stop_reason = "end of text";
             break;
         }

@@ -1,0 +1,251 @@
+"""`run --chat`: the converter keeps tokenizer_config.json's chat_template, the built-in
+renderings (src/chat.cpp, through build/chat_render) equal what jinja2 renders from the
+real templates as transformers' apply_chat_template does, and the command runs with them.
+
+The real templates are in tests/data/chat_templates.json, each with the checkpoint it was
+copied from (no checkpoint with a chat template is available offline)."""
+
+import json
+import os
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from convert_testlib import (BUILD, CONVERT, REPO, SMOLLM2_TOKENIZER, STORIES, SYNTH,
+                             make_checkpoint, need_shared, read_raw, run, tiny_tensors)
+
+jinja2 = pytest.importorskip("jinja2")
+from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: E402
+
+CHAT_RENDER = os.path.join(BUILD, "chat_render")
+BARELLM = os.path.join(BUILD, "barellm")
+with open(os.path.join(REPO, "tests", "data", "chat_templates.json"), encoding="utf-8") as f:
+    TEMPLATES = {entry["name"]: entry for entry in json.load(f)}
+SMOLLM2_TEMPLATE = TEMPLATES["smollm2-instruct"]["chat_template"]
+
+PROMPTS = [
+    "Hello",
+    "What is the capital of France?",
+    'He said "it\'s fine" and left.',
+    "line one\nline two\n\n  indented\tTab",
+    "  padded with spaces and newlines \n\n",
+    "\u00a0\u3000unicode spaces\u2003 caf\u00e9 na\u00efve \u65e5\u672c\u8a9e \U0001f600\u2028",
+    "{{ not jinja }} {% raw %} <|im_end|> [INST]",
+    "",
+]
+
+
+def hf_render(entry, prompt):
+    """apply_chat_template(..., tokenize=False, add_generation_prompt=True) as
+    transformers does it: a sandboxed jinja2 environment with trim_blocks and
+    lstrip_blocks, raise_exception, and the special tokens as variables."""
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(entry["chat_template"]).render(
+        messages=[{"role": "user", "content": prompt}], add_generation_prompt=True,
+        bos_token=entry["bos_token"], eos_token=entry["eos_token"])
+
+
+def chat_render(tmp_path, template, prompt, bos):
+    """(returncode, stdout bytes, stderr text) of build/chat_render."""
+    if not os.path.exists(CHAT_RENDER):
+        pytest.fail(f"{CHAT_RENDER} is missing: run `make` first")
+    (tmp_path / "template").write_bytes(template.encode("utf-8"))
+    (tmp_path / "prompt").write_bytes(prompt.encode("utf-8"))
+    result = subprocess.run([CHAT_RENDER, tmp_path / "template", tmp_path / "prompt", bos],
+                            capture_output=True, timeout=60)
+    return result.returncode, result.stdout, result.stderr.decode()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_rendering_matches_jinja(tmp_path, name, prompt):
+    entry = TEMPLATES[name]
+    code, out, err = chat_render(tmp_path, entry["chat_template"], prompt, entry["bos_token"])
+    assert code == 0, err
+    assert err.strip() == entry["family"]
+    assert out.decode("utf-8") == hf_render(entry, prompt)
+
+
+def test_the_exact_renderings(tmp_path):
+    """The strings of docs: one per family, spelled out."""
+    want = {
+        "smollm2-instruct": "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, "
+                            "trained by Hugging Face<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+                            "<|im_start|>assistant\n",
+        "qwen2-instruct": "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                          "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+        "chatml-plain": "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
+        "llama3-instruct": "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi"
+                           "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+        "llama2-chat": "<s>[INST] Hi [/INST]",
+        "mistral-instruct-v0.1": "<s>[INST] Hi [/INST]",
+    }
+    for name, text in want.items():
+        entry = TEMPLATES[name]
+        code, out, err = chat_render(tmp_path, entry["chat_template"], " Hi " if
+                                     name.startswith("llama") else "Hi", entry["bos_token"])
+        assert code == 0, err
+        assert out.decode() == text
+
+
+@pytest.mark.parametrize("template,message", [
+    ("{% for message in messages %}{{ '<|user|>\n' + message['content'] + eos_token }}"
+     "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}",
+     "not one barellm knows"),
+    ("{{- bos_token }}{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
+     "{{- 'Cutting Knowledge Date: December 2023\\n' }}{{- '<|eot_id|>' }}",
+     "Llama 3.1+"),
+    ("{{ bos_token }}{% for message in messages %}{{ '[INST] ' + message['content'] + "
+     "'[/INST]' }}{% endfor %}", "[INST] chat template of a variant"),
+    ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+     "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}", "generation prompt"),
+])
+def test_unknown_templates_are_refused(tmp_path, template, message):
+    code, out, err = chat_render(tmp_path, template, "Hi", "<s>")
+    assert code == 1 and out == b""
+    assert message in err and len(err.strip().splitlines()) == 1
+
+
+# ---- the converter ---------------------------------------------------------------------
+
+def converted_metadata(tmp_path, tok_config):
+    hf = make_checkpoint(str(tmp_path / "hf"))
+    if tok_config is not None:
+        with open(os.path.join(hf, "tokenizer_config.json"), "w") as f:
+            json.dump(tok_config, f)
+    out = str(tmp_path / "model.bin")
+    result = run(CONVERT, hf, "-o", out)
+    assert result.returncode == 0, result.stderr
+    return read_raw(out)[1]["__metadata__"]
+
+
+def test_converter_stores_the_template_verbatim(tmp_path):
+    metadata = converted_metadata(tmp_path, {"chat_template": SMOLLM2_TEMPLATE})
+    assert metadata["barellm.chat_template"] == SMOLLM2_TEMPLATE
+
+
+def test_converter_takes_the_default_of_a_template_list(tmp_path):
+    templates = [{"name": "tool_use", "template": "{{ tools }}"},
+                 {"name": "default", "template": SMOLLM2_TEMPLATE}]
+    metadata = converted_metadata(tmp_path, {"chat_template": templates})
+    assert metadata["barellm.chat_template"] == SMOLLM2_TEMPLATE
+
+
+@pytest.mark.parametrize("tok_config", [None, {"add_bos_token": True}])
+def test_converter_omits_a_missing_template(tmp_path, tok_config):
+    assert "barellm.chat_template" not in converted_metadata(tmp_path, tok_config)
+
+
+# ---- barellm run --chat ------------------------------------------------------------------
+
+SMALL_SMOLLM2 = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+    "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 49152,
+    "max_position_embeddings": 256, "rope_theta": 100000, "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
+}
+
+
+def smollm2_tokenizer_dir(tmp_path):
+    """The SmolLM2 tokenizer.json with a tokenizer_config.json carrying its chat template."""
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    shutil.copy(os.path.join(need_shared(SMOLLM2_TOKENIZER), "tokenizer.json"), tok)
+    (tok / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": SMOLLM2_TEMPLATE, "bos_token": "<|im_start|>",
+         "eos_token": "<|im_end|>", "add_bos_token": False}))
+    return tok
+
+
+def barellm(*args):
+    if not os.path.exists(BARELLM):
+        pytest.fail(f"{BARELLM} is missing: run `make` first")
+    return subprocess.run([BARELLM, *map(str, args)], capture_output=True, timeout=120)
+
+
+def test_chat_runs_on_a_smollm2_shaped_model(tmp_path):
+    tok = smollm2_tokenizer_dir(tmp_path)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(SMALL_SMOLLM2))
+    hf = tmp_path / "hf"
+    result = run(SYNTH, "--config", config, "--tokenizer", tok, "-o", hf)
+    assert result.returncode == 0, result.stderr
+    model = tmp_path / "model.bin"
+    result = run(CONVERT, hf, "-o", model)
+    assert result.returncode == 0, result.stderr
+
+    prompt = 'Say "hi"\nin one word, caf\u00e9'
+    result = barellm("run", model, "-p", prompt, "--chat", "-n", "5", "--temp", "0")
+    assert result.returncode == 0, result.stderr.decode()
+    # The prompt is the rendering, special tokens parsed, no BOS added.
+    rendered = hf_render({**TEMPLATES["smollm2-instruct"]}, prompt)
+    ids = json.loads(barellm("tokenize", model, "-p", rendered).stdout)
+    assert ids[:3] == [1, 9690, 198] and ids.count(1) == 3 and ids.count(2) == 2
+    assert f"prompt: {len(ids)} tokens".encode() in result.stderr
+    assert not result.stdout.startswith(prompt.encode())  # only the reply is printed
+
+
+def test_chat_stops_at_the_end_of_turn_token(tmp_path):
+    """A model that always predicts <|im_end|> (id 2, not in eos_ids here): --chat stops
+    on it at once; without --chat it runs to -n."""
+    tok = smollm2_tokenizer_dir(tmp_path)
+    cfg = {**SMALL_SMOLLM2, "tie_word_embeddings": False, "eos_token_id": 0,
+           "torch_dtype": "float32"}
+    tensors = tiny_tensors(cfg)
+    dim, vocab = cfg["hidden_size"], cfg["vocab_size"]
+    for name in tensors:  # no layer changes the residual stream: h = embedding
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            tensors[name] = ("F32", np.zeros_like(tensors[name][1]))
+    tensors["model.embed_tokens.weight"] = ("F32", np.ones((vocab, dim), "<f4"))
+    tensors["model.norm.weight"] = ("F32", np.ones(dim, "<f4"))
+    head = np.zeros((vocab, dim), "<f4")
+    head[2] = 1.0
+    tensors["lm_head.weight"] = ("F32", head)
+    with open(os.path.join(tok, "tokenizer.json")) as f:
+        tokenizer = json.load(f)
+    hf = make_checkpoint(str(tmp_path / "hf"), cfg, tensors, tokenizer)
+    shutil.copy(tok / "tokenizer_config.json", hf)
+    model = tmp_path / "model.bin"
+    result = run(CONVERT, hf, "-o", model)
+    assert result.returncode == 0, result.stderr
+
+    chat = barellm("run", model, "-p", "Hi", "--chat", "-n", "5", "--temp", "0")
+    assert chat.returncode == 0, chat.stderr.decode()
+    assert b"generated: 1 tokens" in chat.stderr and b"stopped: end of text" in chat.stderr
+    plain = barellm("run", model, "-p", "Hi", "-n", "5", "--temp", "0")
+    assert plain.returncode == 0, plain.stderr.decode()
+    assert b"generated: 5 tokens" in plain.stderr and b"stopped: reached -n" in plain.stderr
+
+
+def test_chat_without_a_template_is_refused(tmp_path):
+    model = tmp_path / "stories.bin"
+    result = run(CONVERT, need_shared(STORIES), "-o", model)
+    assert result.returncode == 0, result.stderr
+    result = barellm("run", model, "-p", "Once", "--chat", "-n", "5")
+    assert result.returncode == 1 and result.stdout == b""
+    assert result.stderr.decode() == (
+        "barellm: --chat: this model has no chat template (its tokenizer_config.json had no "
+        "chat_template when it was converted)\n")
+
+
+def test_chat_with_an_unknown_template_is_refused(tmp_path):
+    hf = make_checkpoint(str(tmp_path / "hf"))
+    with open(os.path.join(hf, "tokenizer_config.json"), "w") as f:
+        json.dump({"chat_template": "{% for m in messages %}<|user|>{{ m.content }}"
+                                    "{% endfor %}"}, f)
+    model = tmp_path / "model.bin"
+    result = run(CONVERT, hf, "-o", model)
+    assert result.returncode == 0, result.stderr
+    result = barellm("run", model, "-p", "ab", "--chat", "-n", "2")
+    assert result.returncode == 1
+    err = result.stderr.decode()
+    assert err.startswith("barellm: --chat: the model's chat template is not one barellm "
+                          "knows") and len(err.strip().splitlines()) == 1

@@ -1,0 +1,42 @@
+// Test tool: renders one user message with barellm's built-in chat templates (src/chat.h),
+// for comparison with jinja2 on the real template (tests/test_chat.py).
+//   chat_render TEMPLATE_FILE PROMPT_FILE BOS_TOKEN
+// prints the recognised family on stderr and the rendering on stdout (bytes exactly);
+// an unrecognised template prints the error and exits with 1.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+
+#include "chat.h"
+#include "error.h"
+
+namespace {
+
+std::string read_file(const char* path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw barellm::Error(std::string(path) + ": cannot open");
+    std::ostringstream text;
+    text << in.rdbuf();
+    return text.str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc != 4) {
+        std::fputs("usage: chat_render TEMPLATE_FILE PROMPT_FILE BOS_TOKEN\n", stderr);
+        return 2;
+    }
+    try {
+        const barellm::ChatTemplate chat = barellm::recognise_chat_template(read_file(argv[1]));
+        const std::string text = barellm::render_chat(chat, read_file(argv[2]), argv[3]);
+        std::fprintf(stderr, "%s\n", barellm::chat_family_name(chat.family));
+        std::cout.write(text.data(), std::streamsize(text.size()));
+        return 0;
+    } catch (const barellm::Error& e) {
+        std::fprintf(stderr, "chat_render: %s\n", e.what());
+        return 1;
+    }
+}
