@@ -27,7 +27,7 @@ struct InferenceState {
     std::vector<float> proj;              // [B, dim]           output of wo or w2
     std::vector<float> gate;              // [B, hidden_dim]    w1 x, then silu(w1 x) * w3 x
     std::vector<float> up;                // [B, hidden_dim]    w3 x
-    std::vector<float> logits;            // [B, vocab_size]
+    std::vector<float> logits;            // [vocab_size]       of the last token
     std::vector<uint8_t> key_cache;       // [layers, context, kv_dim] of kv_type
     std::vector<uint8_t> value_cache;     // [layers, context, kv_dim] of kv_type
     std::vector<float> rope_frequencies;  // [head_dim / 2]
