@@ -124,7 +124,22 @@ inline float q8_row_dot(const int8_t* row, const uint16_t* row_scales, const Qua
                         int cols) {
     const int whole_groups = cols / kQ8Group;
     __m256 sum = _mm256_setzero_ps();
-    for (int g = 0; g < whole_groups; ++g) {
+    int g = 0;
+    // Eight groups at a time: their eight scales (weight × x) in one register, each
+    // broadcast to the lanes of its group's sum.
+    for (; g + kLanes <= whole_groups; g += kLanes) {
+        const __m256 scales = _mm256_mul_ps(
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row_scales + g))),
+            _mm256_loadu_ps(x.scales.data() + g));
+#pragma GCC unroll 8
+        for (int k = 0; k < kLanes; ++k) {
+            const __m256 scale = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(k));
+            sum = _mm256_fmadd_ps(
+                q8_group_dot(row + (g + k) * kQ8Group, x.values.data() + (g + k) * kQ8Group), scale,
+                sum);
+        }
+    }
+    for (; g < whole_groups; ++g) {
         const float scale = _cvtsh_ss(row_scales[g]) * x.scales[g];
         sum = _mm256_fmadd_ps(q8_group_dot(row + g * kQ8Group, x.values.data() + g * kQ8Group),
                               _mm256_set1_ps(scale), sum);
