@@ -142,17 +142,8 @@ private:
 }  // namespace
 
 const char* weight_dtype_name(DType dtype) {
-    switch (dtype) {
-        case DType::F32:
-            return "F32";
-        case DType::F16:
-            return "F16";
-        case DType::BF16:
-            return "BF16";
-        case DType::I8:
-            return "Q8";
-    }
-    return "?";
+    // Q8 matrices are I8 tensors plus scales; the other names are the tensor dtypes'.
+    return dtype == DType::I8 ? "Q8" : dtype_name(dtype);
 }
 
 size_t model_copy_bytes(const Model& source, DType dtype) {
