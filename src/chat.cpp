@@ -1,6 +1,7 @@
 #include "chat.h"
 
 #include <cstdint>
+#include <ctime>
 
 #include "error.h"
 
@@ -36,10 +37,19 @@ bool unescape(const std::string& body, std::string* out) {
         }
         if (++i == body.size()) return false;
         switch (body[i]) {
-            case 'n': out->push_back('\n'); break;
-            case 't': out->push_back('\t'); break;
-            case '\\': case '\'': case '"': out->push_back(body[i]); break;
-            default: return false;
+            case 'n':
+                out->push_back('\n');
+                break;
+            case 't':
+                out->push_back('\t');
+                break;
+            case '\\':
+            case '\'':
+            case '"':
+                out->push_back(body[i]);
+                break;
+            default:
+                return false;
         }
     }
     return true;
@@ -62,8 +72,10 @@ std::string chatml_default_system(const std::string& text) {
         // The literal must not close before <|im_end|> (as in '...system\n' + content).
         bool closes = false;
         for (size_t i = 0; i < raw.size(); ++i) {
-            if (raw[i] == '\\') ++i;
-            else if (raw[i] == quote) closes = true;
+            if (raw[i] == '\\')
+                ++i;
+            else if (raw[i] == quote)
+                closes = true;
         }
         if (closes) continue;
         if (!newline_at(text, end + close.size(), &newline)) continue;
@@ -93,9 +105,61 @@ bool decode_utf8(const std::string& s, size_t at, uint32_t* cp, size_t* size) {
 }
 
 bool is_python_space(uint32_t cp) {
-    return (cp >= 0x09 && cp <= 0x0d) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 ||
-           cp == 0xa0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 ||
-           cp == 0x2029 || cp == 0x202f || cp == 0x205f || cp == 0x3000;
+    return (cp >= 0x09 && cp <= 0x0d) || (cp >= 0x1c && cp <= 0x20) || cp == 0x85 || cp == 0xa0 ||
+           cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200a) || cp == 0x2028 || cp == 0x2029 ||
+           cp == 0x202f || cp == 0x205f || cp == 0x3000;
+}
+
+// The date a Llama 3.1+ template writes in its system header: strftime_now("%d %b %Y")
+// when it asks for the current date (Llama 3.2), else its `set date_string = "..."`
+// default (Llama 3.1, 3.3: "26 Jul 2024"). Empty when neither is there.
+std::string llama31_date_default(const std::string& text, bool* from_clock) {
+    *from_clock = contains(text, "strftime_now(\"%d %b %Y\")");
+    if (*from_clock) return "";
+    const std::string assignment = "set date_string = \"";
+    const size_t at = text.find(assignment);
+    if (at == std::string::npos) return "";
+    const size_t begin = at + assignment.size(), end = text.find('"', begin);
+    if (end == std::string::npos) return "";
+    return text.substr(begin, end - begin);
+}
+
+// Llama 3.1+ templates always write a system header,
+//     "Cutting Knowledge Date: " KNOWLEDGE "\n" "Today Date: " + date_string + "\n\n"
+// followed by the (trimmed) system message. Fills `chat` or throws naming what is missing.
+void recognise_dated_system_header(const std::string& text, ChatTemplate& chat) {
+    chat.family = ChatFamily::Llama31;
+    const auto refuse = [](const std::string& what) {
+        throw Error(
+            "--chat: a Llama 3.1-style chat template (a system header with 'Cutting "
+            "Knowledge Date') without " +
+            what + " is not recognised");
+    };
+    const std::string knowledge = "Cutting Knowledge Date: ";
+    const size_t begin = text.find(knowledge) + knowledge.size();
+    size_t end = begin, newline = 0;
+    while (end < text.size() && text[end] != '"' && !newline_at(text, end, &newline)) ++end;
+    if (end == text.size() || text[end] == '"' || end == begin)
+        refuse("a knowledge date ending in a newline");
+    chat.knowledge_date = text.substr(begin, end - begin);
+    if (!contains(text, "\"Today Date: \" + date_string + \"\\n\\n\""))
+        refuse("\"Today Date: \" + date_string + \"\\n\\n\"");
+    chat.date = llama31_date_default(text, &chat.date_from_clock);
+    if (chat.date.empty() && !chat.date_from_clock)
+        refuse("a date_string default (set date_string = \"...\" or strftime_now(\"%d %b %Y\"))");
+    if (!contains(text, "messages[0]['content']|trim") ||
+        !contains(text, "message['content'] | trim") || !contains(text, "bos_token"))
+        refuse("Llama 3.1's bos_token and trimmed system and user messages");
+}
+
+// Today's date as Python's strftime("%d %b %Y") in the C locale, e.g. "22 Nov 2026".
+std::string today() {
+    const std::time_t now = std::time(nullptr);
+    std::tm local{};
+    localtime_r(&now, &local);
+    char text[32];
+    std::strftime(text, sizeof text, "%d %b %Y", &local);
+    return text;
 }
 
 }  // namespace
@@ -127,22 +191,25 @@ ChatTemplate recognise_chat_template(const std::string& text) {
         chat.family = ChatFamily::ChatML;
         if (!contains(text, "<|im_start|>assistant\n") &&
             !contains(text, "<|im_start|>assistant\\n"))
-            throw Error("--chat: the ChatML chat template has no '<|im_start|>assistant\\n' "
-                        "generation prompt");
+            throw Error(
+                "--chat: the ChatML chat template has no '<|im_start|>assistant\\n' "
+                "generation prompt");
         chat.default_system = chatml_default_system(text);
         return chat;
     }
     if (contains(text, "<|start_header_id|>") && contains(text, "<|end_header_id|>") &&
         contains(text, "<|eot_id|>")) {
-        chat.family = ChatFamily::Llama3;
-        if (contains(text, "Cutting Knowledge Date"))
-            throw Error("--chat: Llama 3.1+ chat templates (a system header with 'Cutting "
-                        "Knowledge Date') are not supported; only Llama 3's");
-        if (!contains(text, "message['content'] | trim") || !contains(text, "bos_token"))
-            throw Error("--chat: a Llama 3-style chat template without Llama 3's "
-                        "\"bos_token + ... message['content'] | trim\" is not recognised");
         chat.strip_prompt = true;
         chat.needs_bos = true;
+        if (contains(text, "Cutting Knowledge Date: ")) {
+            recognise_dated_system_header(text, chat);
+            return chat;
+        }
+        chat.family = ChatFamily::Llama3;
+        if (!contains(text, "message['content'] | trim") || !contains(text, "bos_token"))
+            throw Error(
+                "--chat: a Llama 3-style chat template without Llama 3's "
+                "\"bos_token + ... message['content'] | trim\" is not recognised");
         return chat;
     }
     if (contains(text, "[INST]")) {
@@ -153,54 +220,84 @@ ChatTemplate recognise_chat_template(const std::string& text) {
             return chat;
         }
         if (contains(text, "{{ bos_token }}") &&
-            contains(text, "'[INST] ' + message['content'] + ' [/INST]'"))
-            return chat;  // Mistral-Instruct v0.1/v0.2
-        throw Error("--chat: an [INST] chat template of a variant barellm does not know "
-                    "(neither Llama-2-chat's \"bos_token + '[INST] ' + content.strip() + "
-                    "' [/INST]'\" nor Mistral-Instruct's \"'[INST] ' + message['content'] + "
-                    "' [/INST]'\")");
+            contains(text, "'[INST] ' + message['content'] + ' [/INST]'")) {
+            chat.system_role = false;  // "Only user and assistant roles are supported!"
+            return chat;               // Mistral-Instruct v0.1/v0.2
+        }
+        throw Error(
+            "--chat: an [INST] chat template of a variant barellm does not know "
+            "(neither Llama-2-chat's \"bos_token + '[INST] ' + content.strip() + "
+            "' [/INST]'\" nor Mistral-Instruct's \"'[INST] ' + message['content'] + "
+            "' [/INST]'\")");
     }
-    throw Error("--chat: the model's chat template is not one barellm knows (no ChatML "
-                "<|im_start|>/<|im_end|>, Llama 3 <|start_header_id|>/<|eot_id|> or "
-                "Llama 2/Mistral [INST] markers)");
+    throw Error(
+        "--chat: the model's chat template is not one barellm knows (no ChatML "
+        "<|im_start|>/<|im_end|>, Llama 3 <|start_header_id|>/<|eot_id|> or "
+        "Llama 2/Mistral [INST] markers)");
 }
 
-std::string render_chat(const ChatTemplate& chat, const std::string& prompt,
-                        const std::string& bos_token) {
+std::string render_chat(const ChatTemplate& chat, const std::optional<std::string>& system,
+                        const std::string& prompt, const std::string& bos_token) {
+    const char* family = chat_family_name(chat.family);
     if (chat.needs_bos && bos_token.empty())
-        throw Error(std::string("--chat: the ") + chat_family_name(chat.family) +
+        throw Error(std::string("--chat: the ") + family +
                     " chat template starts with BOS but the model has no BOS token");
+    if (system && !chat.system_role)
+        throw Error(std::string("--system: the model's ") + family +
+                    " chat template has no system role");
     const std::string content = chat.strip_prompt ? python_strip(prompt) : prompt;
+    const std::string llama3_turns = "<|start_header_id|>user<|end_header_id|>\n\n" + content +
+                                     "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+    const std::string llama3_system = "<|start_header_id|>system<|end_header_id|>\n\n";
     switch (chat.family) {
         case ChatFamily::ChatML: {
             std::string out;
-            if (!chat.default_system.empty())
-                out += "<|im_start|>system\n" + chat.default_system + "<|im_end|>\n";
+            const std::string& system_text = system ? *system : chat.default_system;
+            if (system || !chat.default_system.empty())
+                out += "<|im_start|>system\n" + system_text + "<|im_end|>\n";
             return out + "<|im_start|>user\n" + content + "<|im_end|>\n<|im_start|>assistant\n";
         }
         case ChatFamily::Llama3:
-            return bos_token + "<|start_header_id|>user<|end_header_id|>\n\n" + content +
-                   "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
-        case ChatFamily::Llama2:
-            return bos_token + "[INST] " + content + " [/INST]";
+            if (!system) return bos_token + llama3_turns;
+            return bos_token + llama3_system + python_strip(*system) + "<|eot_id|>" + llama3_turns;
+        case ChatFamily::Llama31:
+            return bos_token + llama3_system + "Cutting Knowledge Date: " + chat.knowledge_date +
+                   "\nToday Date: " + (chat.date_from_clock ? today() : chat.date) + "\n\n" +
+                   (system ? python_strip(*system) : "") + "<|eot_id|>" + llama3_turns;
+        case ChatFamily::Llama2: {
+            // Llama-2-chat strips the whole content, system block included.
+            const std::string with_system =
+                system ? "<<SYS>>\n" + *system + "\n<</SYS>>\n\n" + prompt : prompt;
+            return bos_token + "[INST] " +
+                   (chat.strip_prompt ? python_strip(with_system) : with_system) + " [/INST]";
+        }
     }
     return "";
 }
 
 std::string chat_end_of_turn(ChatFamily family) {
     switch (family) {
-        case ChatFamily::ChatML: return "<|im_end|>";
-        case ChatFamily::Llama3: return "<|eot_id|>";
-        case ChatFamily::Llama2: return "";
+        case ChatFamily::ChatML:
+            return "<|im_end|>";
+        case ChatFamily::Llama3:
+        case ChatFamily::Llama31:
+            return "<|eot_id|>";
+        case ChatFamily::Llama2:
+            return "";
     }
     return "";
 }
 
 const char* chat_family_name(ChatFamily family) {
     switch (family) {
-        case ChatFamily::ChatML: return "ChatML";
-        case ChatFamily::Llama3: return "Llama 3";
-        case ChatFamily::Llama2: return "Llama 2";
+        case ChatFamily::ChatML:
+            return "ChatML";
+        case ChatFamily::Llama3:
+            return "Llama 3";
+        case ChatFamily::Llama31:
+            return "Llama 3.1";
+        case ChatFamily::Llama2:
+            return "Llama 2";
     }
     return "";
 }

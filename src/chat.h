@@ -2,48 +2,64 @@
 // The template text (barellm.chat_template, docs/FORMAT.md) is recognised as one of the
 // families below by distinctive markers, and the family's built-in rendering produces the
 // exact string Hugging Face's
-//     apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-//                         add_generation_prompt=True)
-// gives for that one user message (tests/test_chat.py checks this against jinja2 on the
+//     apply_chat_template([{"role": "system", "content": system},   # with --system only
+//                          {"role": "user", "content": prompt}],
+//                         tokenize=False, add_generation_prompt=True)
+// gives for that conversation (tests/test_chat.py checks this against jinja2 on the
 // real templates). Any other template is refused with an Error naming what was missing.
 //
 //   ChatML   <|im_start|> ... <|im_end|> templates (SmolLM2, Qwen2, OpenHermes):
-//              [<|im_start|>system\n{default system}<|im_end|>\n]
+//              [<|im_start|>system\n{system or default system}<|im_end|>\n]
 //              <|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n
-//            The system turn appears when the template writes a literal one for
-//            conversations that bring none (SmolLM2: "You are a helpful AI assistant
-//            named SmolLM, trained by Hugging Face"; Qwen2: "You are a helpful
+//            The system turn appears with --system, or when the template writes a
+//            literal one for conversations that bring none (SmolLM2: "You are a helpful AI
+//            assistant named SmolLM, trained by Hugging Face"; Qwen2: "You are a helpful
 //            assistant."). End of turn: <|im_end|>.
 //   Llama3   Meta-Llama-3-Instruct (`message['content'] | trim`):
-//              {bos}<|start_header_id|>user<|end_header_id|>\n\n{trim(prompt)}<|eot_id|>
+//              {bos}[<|start_header_id|>system<|end_header_id|>\n\n{trim(system)}<|eot_id|>]
+//              <|start_header_id|>user<|end_header_id|>\n\n{trim(prompt)}<|eot_id|>
 //              <|start_header_id|>assistant<|end_header_id|>\n\n
-//            Llama 3.1+ templates (a dated system header) are refused. End of turn: <|eot_id|>.
+//            End of turn: <|eot_id|>.
+//   Llama31  Llama 3.1, 3.2, 3.3 Instruct: as Llama3, but the system turn is always there
+//            and dated:
+//              {bos}<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date:
+//              {knowledge}\nToday Date: {date}\n\n{trim(system)}<|eot_id|>{user turn as Llama3}
+//            {date} is the template's date_string default ("26 Jul 2024" in 3.1 and 3.3),
+//            or today as strftime("%d %b %Y") where it calls strftime_now (3.2). Tool use
+//            is not rendered (barellm passes no tools).
 //   Llama2   [INST] templates, two variants:
-//              Llama-2-chat (`content.strip()`):  {bos}[INST] {strip(prompt)} [/INST]
-//              Mistral-Instruct v0.1/v0.2:        {bos}[INST] {prompt} [/INST]
+//              Llama-2-chat (`content.strip()`):
+//                {bos}[INST] {strip([<<SYS>>\n{system}\n<</SYS>>\n\n]prompt)} [/INST]
+//              Mistral-Instruct v0.1/v0.2 (no system role):  {bos}[INST] {prompt} [/INST]
 //            The turn ends with EOS, already a stop token.
 // trim/strip remove leading and trailing whitespace as Python's str.strip() does.
 #pragma once
+#include <optional>
 #include <string>
 
 namespace barellm {
 
-enum class ChatFamily { ChatML, Llama3, Llama2 };
+enum class ChatFamily { ChatML, Llama3, Llama31, Llama2 };
 
 struct ChatTemplate {
     ChatFamily family = ChatFamily::ChatML;
-    std::string default_system;  // ChatML: the system turn written when none is given
-    bool strip_prompt = false;   // Llama3, Llama-2-chat: the prompt is stripped
-    bool needs_bos = false;      // the rendering starts with the BOS token's text
+    std::string default_system;    // ChatML: the system turn written when none is given
+    bool strip_prompt = false;     // Llama3, Llama-2-chat: the prompt is stripped
+    bool needs_bos = false;        // the rendering starts with the BOS token's text
+    bool system_role = true;       // false: the template refuses system messages
+    std::string knowledge_date;    // Llama31: "December 2023"
+    std::string date;              // Llama31: the date_string default, unless...
+    bool date_from_clock = false;  // ...Llama31: the template writes today's date
 };
 
 // Recognises `template_text`; throws Error naming what it did not recognise.
 ChatTemplate recognise_chat_template(const std::string& template_text);
 
-// The rendering of one user message with the generation prompt. `bos_token` is the text
-// of the BOS token (used by Llama3 and Llama2; Error if those need it and it is empty).
-std::string render_chat(const ChatTemplate& chat, const std::string& prompt,
-                        const std::string& bos_token);
+// The rendering of an optional system message and one user message, with the generation
+// prompt. `bos_token` is the text of the BOS token (used by the Llama families; Error if
+// they need it and it is empty). Error for a system message the template refuses.
+std::string render_chat(const ChatTemplate& chat, const std::optional<std::string>& system,
+                        const std::string& prompt, const std::string& bos_token);
 
 // The token text that ends the assistant's turn ("<|im_end|>", "<|eot_id|>"), or "" for
 // families whose turn ends with EOS.

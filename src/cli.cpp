@@ -12,6 +12,7 @@ commands:
       --seed S             random seed (default: from the clock)
       --chat               wrap the prompt in the model's chat template as one user
                            message; print only the reply
+      --system TEXT        with --chat: a system message before the prompt
   ppl MODEL -f FILE        perplexity, llama.cpp's llama-perplexity convention
       --chunks K           score at most K chunks of --ctx tokens (default: all)
   bench MODEL              prefill and decode speed, llama-bench style
@@ -124,6 +125,8 @@ Options parse_options(int argc, const char* const* argv) {
             options.bos = true;
         } else if (arg == "--chat") {
             options.chat = true;
+        } else if (arg == "--system") {
+            options.system = value();
         } else if (arg == "--no-special") {
             options.parse_special = false;
         } else if (arg == "--check-text") {
@@ -140,6 +143,7 @@ Options parse_options(int argc, const char* const* argv) {
     if (positional.size() < 2) throw UsageError(options.command + " needs a MODEL file");
     if (positional.size() > 2) throw UsageError("unexpected argument '" + positional[2] + "'");
     options.model_path = positional[1];
+    if (options.system && !options.chat) throw UsageError("--system needs --chat");
     return options;
 }
 

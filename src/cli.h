@@ -2,6 +2,7 @@
 // main.cpp so that the parser can be tested and fuzzed on its own.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "backend.h"
@@ -34,8 +35,9 @@ struct Options {
     cpu::KvType kv_type = cpu::KvType::F16;
     Device device = Device::Cpu;
     bool bos = false, parse_special = true;
-    bool chat = false;  // run --chat: the prompt in the model's chat template
-    std::string check_text;  // ladder --check-text
+    bool chat = false;                  // run --chat: the prompt in the model's chat template
+    std::optional<std::string> system;  // run --chat --system: the system message
+    std::string check_text;             // ladder --check-text
     bool has_check_text = false;
 };
 

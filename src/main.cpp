@@ -89,11 +89,12 @@ int command_run(const Options& options) {
         const auto& metadata = model.file->metadata();
         const auto found = metadata.find("barellm.chat_template");
         if (found == metadata.end())
-            throw Error("--chat: this model has no chat template (its tokenizer_config.json "
-                        "had no chat_template when it was converted)");
+            throw Error(
+                "--chat: this model has no chat template (its tokenizer_config.json "
+                "had no chat_template when it was converted)");
         const ChatTemplate chat = recognise_chat_template(found->second);
         const std::string bos = config.bos_id >= 0 ? tokenizer.token_text(config.bos_id) : "";
-        text = render_chat(chat, options.prompt, bos);
+        text = render_chat(chat, options.system, options.prompt, bos);
         add_bos = config.add_bos && config.bos_id >= 0 && text.compare(0, bos.size(), bos) != 0;
         const std::string turn_end = chat_end_of_turn(chat.family);
         if (!turn_end.empty()) {

@@ -5,6 +5,7 @@ real templates as transformers' apply_chat_template does, and the command runs w
 The real templates are in tests/data/chat_templates.json, each with the checkpoint it was
 copied from (no checkpoint with a chat template is available offline)."""
 
+import datetime
 import json
 import os
 import shutil
@@ -37,29 +38,41 @@ PROMPTS = [
 ]
 
 
-def hf_render(entry, prompt):
+SYSTEMS = ["You are a pirate.", "  Answer in French.\n\n", "", "\u65e5\u672c\u8a9e <|eot_id|>"]
+# Templates that raise_exception on a system message.
+NO_SYSTEM_ROLE = {"mistral-instruct-v0.1", "mixtral-instruct-v0.1"}
+
+
+def hf_render(entry, prompt, system=None):
     """apply_chat_template(..., tokenize=False, add_generation_prompt=True) as
     transformers does it: a sandboxed jinja2 environment with trim_blocks and
-    lstrip_blocks, raise_exception, and the special tokens as variables."""
+    lstrip_blocks, raise_exception and strftime_now, and the special tokens as variables."""
     def raise_exception(message):
         raise jinja2.exceptions.TemplateError(message)
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda format: datetime.datetime.now().strftime(format)
+    messages = [{"role": "user", "content": prompt}]
+    if system is not None:
+        messages.insert(0, {"role": "system", "content": system})
     return env.from_string(entry["chat_template"]).render(
-        messages=[{"role": "user", "content": prompt}], add_generation_prompt=True,
+        messages=messages, add_generation_prompt=True,
         bos_token=entry["bos_token"], eos_token=entry["eos_token"])
 
 
-def chat_render(tmp_path, template, prompt, bos):
+def chat_render(tmp_path, template, prompt, bos, system=None):
     """(returncode, stdout bytes, stderr text) of build/chat_render."""
     if not os.path.exists(CHAT_RENDER):
         pytest.fail(f"{CHAT_RENDER} is missing: run `make` first")
     (tmp_path / "template").write_bytes(template.encode("utf-8"))
     (tmp_path / "prompt").write_bytes(prompt.encode("utf-8"))
-    result = subprocess.run([CHAT_RENDER, tmp_path / "template", tmp_path / "prompt", bos],
-                            capture_output=True, timeout=60)
+    args = [CHAT_RENDER, tmp_path / "template", tmp_path / "prompt", bos]
+    if system is not None:
+        (tmp_path / "system").write_bytes(system.encode("utf-8"))
+        args.append(tmp_path / "system")
+    result = subprocess.run(args, capture_output=True, timeout=60)
     return result.returncode, result.stdout, result.stderr.decode()
 
 
@@ -73,6 +86,28 @@ def test_rendering_matches_jinja(tmp_path, name, prompt):
     assert out.decode("utf-8") == hf_render(entry, prompt)
 
 
+@pytest.mark.parametrize("system", SYSTEMS)
+@pytest.mark.parametrize("name", sorted(set(TEMPLATES) - NO_SYSTEM_ROLE))
+def test_rendering_with_a_system_message_matches_jinja(tmp_path, name, system):
+    entry = TEMPLATES[name]
+    for prompt in PROMPTS[:5]:
+        code, out, err = chat_render(tmp_path, entry["chat_template"], prompt,
+                                     entry["bos_token"], system)
+        assert code == 0, err
+        assert out.decode("utf-8") == hf_render(entry, prompt, system)
+
+
+@pytest.mark.parametrize("name", sorted(NO_SYSTEM_ROLE))
+def test_a_system_message_is_refused_where_the_template_refuses_it(tmp_path, name):
+    entry = TEMPLATES[name]
+    with pytest.raises(jinja2.exceptions.TemplateError):
+        hf_render(entry, "Hi", "Be brief.")
+    code, out, err = chat_render(tmp_path, entry["chat_template"], "Hi", entry["bos_token"],
+                                 "Be brief.")
+    assert code == 1 and out == b""
+    assert "has no system role" in err and len(err.strip().splitlines()) == 1
+
+
 def test_the_exact_renderings(tmp_path):
     """The strings of docs: one per family, spelled out."""
     want = {
@@ -84,6 +119,10 @@ def test_the_exact_renderings(tmp_path):
         "chatml-plain": "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
         "llama3-instruct": "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi"
                            "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+        "llama3.1-instruct": "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\n"
+                             "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024"
+                             "\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi"
+                             "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
         "llama2-chat": "<s>[INST] Hi [/INST]",
         "mistral-instruct-v0.1": "<s>[INST] Hi [/INST]",
     }
@@ -101,7 +140,7 @@ def test_the_exact_renderings(tmp_path):
      "not one barellm knows"),
     ("{{- bos_token }}{{- '<|start_header_id|>system<|end_header_id|>\\n\\n' }}"
      "{{- 'Cutting Knowledge Date: December 2023\\n' }}{{- '<|eot_id|>' }}",
-     "Llama 3.1+"),
+     "Llama 3.1-style"),
     ("{{ bos_token }}{% for message in messages %}{{ '[INST] ' + message['content'] + "
      "'[/INST]' }}{% endfor %}", "[INST] chat template of a variant"),
     ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
@@ -191,6 +230,19 @@ def test_chat_runs_on_a_smollm2_shaped_model(tmp_path):
     assert ids[:3] == [1, 9690, 198] and ids.count(1) == 3 and ids.count(2) == 2
     assert f"prompt: {len(ids)} tokens".encode() in result.stderr
     assert not result.stdout.startswith(prompt.encode())  # only the reply is printed
+
+    # --system replaces the template's default system turn.
+    system = "Reply in French."
+    result = barellm("run", model, "-p", prompt, "--chat", "--system", system, "-n", "5",
+                     "--temp", "0")
+    assert result.returncode == 0, result.stderr.decode()
+    rendered = hf_render({**TEMPLATES["smollm2-instruct"]}, prompt, system)
+    assert system in rendered and "SmolLM" not in rendered
+    ids = json.loads(barellm("tokenize", model, "-p", rendered).stdout)
+    assert f"prompt: {len(ids)} tokens".encode() in result.stderr
+
+    result = barellm("run", model, "-p", prompt, "--system", system)
+    assert result.returncode == 2 and b"--system needs --chat" in result.stderr
 
 
 def test_chat_stops_at_the_end_of_turn_token(tmp_path):

@@ -1,11 +1,13 @@
-// Test tool: renders one user message with barellm's built-in chat templates (src/chat.h),
-// for comparison with jinja2 on the real template (tests/test_chat.py).
-//   chat_render TEMPLATE_FILE PROMPT_FILE BOS_TOKEN
+// Test tool: renders one user message, after a system message when SYSTEM_FILE is given,
+// with barellm's built-in chat templates (src/chat.h), for comparison with jinja2 on the
+// real template (tests/test_chat.py).
+//   chat_render TEMPLATE_FILE PROMPT_FILE BOS_TOKEN [SYSTEM_FILE]
 // prints the recognised family on stderr and the rendering on stdout (bytes exactly);
 // an unrecognised template prints the error and exits with 1.
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -25,13 +27,16 @@ std::string read_file(const char* path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc != 4) {
-        std::fputs("usage: chat_render TEMPLATE_FILE PROMPT_FILE BOS_TOKEN\n", stderr);
+    if (argc != 4 && argc != 5) {
+        std::fputs("usage: chat_render TEMPLATE_FILE PROMPT_FILE BOS_TOKEN [SYSTEM_FILE]\n",
+                   stderr);
         return 2;
     }
     try {
         const barellm::ChatTemplate chat = barellm::recognise_chat_template(read_file(argv[1]));
-        const std::string text = barellm::render_chat(chat, read_file(argv[2]), argv[3]);
+        std::optional<std::string> system;
+        if (argc == 5) system = read_file(argv[4]);
+        const std::string text = barellm::render_chat(chat, system, read_file(argv[2]), argv[3]);
         std::fprintf(stderr, "%s\n", barellm::chat_family_name(chat.family));
         std::cout.write(text.data(), std::streamsize(text.size()));
         return 0;
