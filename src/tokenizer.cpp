@@ -17,110 +17,29 @@
 #include <utility>
 
 #include "error.h"
-#include "unicode_tables.h"
+#include "unicode.h"
 
 namespace barellm {
 namespace {
 
 using json = nlohmann::json;
+using unicode::append_utf8;
+using unicode::decode_utf8;
+using unicode::is_valid_utf8;
+using unicode::is_white_space;
+using unicode::scan_utf8;
+using unicode::utf8_length;
+using unicode::Utf8Scan;
+using unicode::Utf8Status;
 
 // ============================================================================ UTF-8
 
 constexpr char32_t kReplacementCharacter = 0xFFFD;
 
-void append_utf8(std::string& out, char32_t cp) {
-    if (cp < 0x80) {
-        out += char(cp);
-    } else if (cp < 0x800) {
-        out += char(0xC0 | (cp >> 6));
-        out += char(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-        out += char(0xE0 | (cp >> 12));
-        out += char(0x80 | ((cp >> 6) & 0x3F));
-        out += char(0x80 | (cp & 0x3F));
-    } else {
-        out += char(0xF0 | (cp >> 18));
-        out += char(0x80 | ((cp >> 12) & 0x3F));
-        out += char(0x80 | ((cp >> 6) & 0x3F));
-        out += char(0x80 | (cp & 0x3F));
-    }
-}
-
 std::string utf8_of(char32_t cp) {
     std::string out;
     append_utf8(out, cp);
     return out;
-}
-
-// Length of the character whose first byte is `lead`, in text known to be valid UTF-8.
-size_t utf8_length(unsigned char lead) {
-    if (lead < 0x80) return 1;
-    if (lead < 0xE0) return 2;
-    if (lead < 0xF0) return 3;
-    return 4;
-}
-
-// The character at text[pos], in text known to be valid UTF-8.
-char32_t decode_utf8(std::string_view text, size_t pos) {
-    const auto byte = [&](size_t i) { return char32_t(static_cast<unsigned char>(text[pos + i])); };
-    switch (utf8_length(static_cast<unsigned char>(text[pos]))) {
-        case 1:
-            return byte(0);
-        case 2:
-            return (byte(0) & 0x1F) << 6 | (byte(1) & 0x3F);
-        case 3:
-            return (byte(0) & 0x0F) << 12 | (byte(1) & 0x3F) << 6 | (byte(2) & 0x3F);
-        default:
-            return (byte(0) & 0x07) << 18 | (byte(1) & 0x3F) << 12 | (byte(2) & 0x3F) << 6 |
-                   (byte(3) & 0x3F);
-    }
-}
-
-enum class Utf8Status { Complete, Truncated, Invalid };
-struct Utf8Scan {
-    Utf8Status status;
-    size_t length;  // of the character, of the cut-off beginning, or of the ill-formed part
-};
-
-// Classifies the bytes at bytes[pos] by Unicode's table of well-formed UTF-8 sequences: a
-// complete character, the valid beginning of one cut off by the end of `bytes`, or an
-// ill-formed sequence whose maximal valid-looking part (1 to 3 bytes) stands for one
-// U+FFFD, as Rust's String::from_utf8_lossy (and so Hugging Face) replaces it.
-Utf8Scan scan_utf8(std::string_view bytes, size_t pos) {
-    const auto byte = [&](size_t i) { return static_cast<unsigned char>(bytes[i]); };
-    const unsigned char lead = byte(pos);
-    if (lead < 0x80) return {Utf8Status::Complete, 1};
-    size_t length = 0;
-    unsigned char second_min = 0x80, second_max = 0xBF;
-    if (lead >= 0xC2 && lead <= 0xDF) {
-        length = 2;
-    } else if (lead >= 0xE0 && lead <= 0xEF) {
-        length = 3;
-        if (lead == 0xE0) second_min = 0xA0;  // no overlong forms
-        if (lead == 0xED) second_max = 0x9F;  // no surrogates
-    } else if (lead >= 0xF0 && lead <= 0xF4) {
-        length = 4;
-        if (lead == 0xF0) second_min = 0x90;  // no overlong forms
-        if (lead == 0xF4) second_max = 0x8F;  // nothing above U+10FFFF
-    } else {
-        return {Utf8Status::Invalid, 1};
-    }
-    for (size_t i = 1; i < length; ++i) {
-        if (pos + i >= bytes.size()) return {Utf8Status::Truncated, i};
-        const unsigned char b = byte(pos + i);
-        const unsigned char min = i == 1 ? second_min : 0x80, max = i == 1 ? second_max : 0xBF;
-        if (b < min || b > max) return {Utf8Status::Invalid, i};
-    }
-    return {Utf8Status::Complete, length};
-}
-
-bool is_valid_utf8(std::string_view bytes) {
-    for (size_t pos = 0; pos < bytes.size();) {
-        const Utf8Scan scan = scan_utf8(bytes, pos);
-        if (scan.status != Utf8Status::Complete) return false;
-        pos += scan.length;
-    }
-    return true;
 }
 
 void require_valid_utf8(std::string_view text) {
@@ -167,8 +86,6 @@ std::string replace_all(std::string_view text, std::string_view pattern, std::st
 
 // ============================================================================ Unicode
 
-using unicode::Category;
-
 // Last table entry whose first code point is <= cp, in a table sorted by first code point.
 template <typename Entry>
 const Entry* last_entry_at_or_before(const Entry* table, size_t count, char32_t cp) {
@@ -177,44 +94,14 @@ const Entry* last_entry_at_or_before(const Entry* table, size_t count, char32_t 
     return after == table ? nullptr : after - 1;
 }
 
-Category category_from_table(char32_t cp) {
-    return last_entry_at_or_before(unicode::kCategoryRanges, unicode::kCategoryRangeCount, cp)
-        ->category;
-}
-
-// Latin and the other two-byte scripts are looked up directly; the rest by binary search.
-Category category_of(char32_t cp) {
-    constexpr char32_t kDirect = 0x800;
-    static const std::array<Category, kDirect> direct = [] {
-        std::array<Category, kDirect> table{};
-        for (char32_t c = 0; c < kDirect; ++c) table[c] = category_from_table(c);
-        return table;
-    }();
-    return cp < kDirect ? direct[cp] : category_from_table(cp);
-}
-
-bool is_number(Category c) {
-    return c == Category::DecimalNumber || c == Category::LetterNumber ||
-           c == Category::OtherNumber;
-}
-
-// The White_Space property, which is both Oniguruma's `\s` (verified against every code
-// point) and Rust's char::is_whitespace.
-bool is_white_space(char32_t cp) {
-    if (cp <= 0x20) return cp == 0x20 || (cp >= 0x09 && cp <= 0x0D);
-    if (cp < 0x85) return false;
-    return cp == 0x85 || cp == 0xA0 || cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) ||
-           cp == 0x2028 || cp == 0x2029 || cp == 0x202F || cp == 0x205F || cp == 0x3000;
-}
-
 // The classes the pre-tokenizer regular expressions distinguish: \p{L}, \p{N}, \s, rest.
 enum class CharType : uint8_t { Letter, Number, Space, Other };
 
 CharType char_type(char32_t cp) {
     if (is_white_space(cp)) return CharType::Space;
-    const Category category = category_of(cp);
-    if (category == Category::Letter) return CharType::Letter;
-    if (is_number(category)) return CharType::Number;
+    const unicode::GeneralCategory category = unicode::general_category(cp);
+    if (unicode::is_letter(category)) return CharType::Letter;
+    if (unicode::is_number(category)) return CharType::Number;
     return CharType::Other;
 }
 
@@ -222,10 +109,10 @@ CharType char_type(char32_t cp) {
 // connector punctuation and the two join controls. Alphabetic is approximated by letters and
 // letter numbers (it also holds a few symbols, such as circled letters).
 bool is_word_character(char32_t cp) {
-    const Category c = category_of(cp);
-    return c == Category::Letter || c == Category::Mark || c == Category::DecimalNumber ||
-           c == Category::LetterNumber || c == Category::ConnectorPunctuation || cp == 0x200C ||
-           cp == 0x200D;
+    using unicode::GeneralCategory;
+    const GeneralCategory c = unicode::general_category(cp);
+    return unicode::is_letter(c) || unicode::is_mark(c) || c == GeneralCategory::Nd ||
+           c == GeneralCategory::Nl || c == GeneralCategory::Pc || cp == 0x200C || cp == 0x200D;
 }
 
 // ============================================================================ NFC
