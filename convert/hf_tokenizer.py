@@ -43,7 +43,12 @@ def load_tokenizer(hf_dir):
 
 
 def check_supported(tokenizer):
-    """Raise ConvertError naming the first tokenizer.json construct barellm cannot run."""
+    """Raise ConvertError naming the first tokenizer.json construct barellm cannot run.
+
+    Only the kinds of components are checked here. Their settings, the regular expressions
+    of Split pre-tokenizers among them, are checked when barellm loads the tokenizer
+    (src/tokenizer.cpp, src/regex.cpp), the one implementation of what is supported: a
+    regex outside it converts, and barellm refuses it, naming the construct."""
     model = tokenizer.get("model")
     if not isinstance(model, dict) or not isinstance(model.get("vocab"), dict):
         raise ConvertError("tokenizer.json: no model vocabulary")

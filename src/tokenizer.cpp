@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "error.h"
+#include "regex.h"
 #include "unicode.h"
 
 namespace barellm {
@@ -92,17 +93,6 @@ const Entry* last_entry_at_or_before(const Entry* table, size_t count, char32_t 
     const Entry* after = std::upper_bound(
         table, table + count, cp, [](char32_t value, const Entry& e) { return value < e.first; });
     return after == table ? nullptr : after - 1;
-}
-
-// The classes the pre-tokenizer regular expressions distinguish: \p{L}, \p{N}, \s, rest.
-enum class CharType : uint8_t { Letter, Number, Space, Other };
-
-CharType char_type(char32_t cp) {
-    if (is_white_space(cp)) return CharType::Space;
-    const unicode::GeneralCategory category = unicode::general_category(cp);
-    if (unicode::is_letter(category)) return CharType::Letter;
-    if (unicode::is_number(category)) return CharType::Number;
-    return CharType::Other;
 }
 
 // Rust regex's `\w` (used by added tokens' single_word): Alphabetic, marks, decimal numbers,
@@ -241,164 +231,6 @@ std::string to_nfc(std::string_view text) {
     return out;
 }
 
-// ================================================ Pre-tokenizer regular expressions
-//
-// Hugging Face runs these with Oniguruma: alternatives are tried left to right at each
-// position and the first that matches wins (with backtracking inside it). The matchers
-// below return where the match starting at `pos` ends. Every character is a letter, a
-// number, a space or "other", and each pattern has an alternative for each class, so a
-// match always starts at `pos`.
-
-const std::string kGpt2Pattern =
-    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
-const std::string kLlama3Pattern =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|)"
-    R"( ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-const std::string kQwen2Pattern = R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|)"
-                                  R"( ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-
-struct Utf8Char {
-    char32_t cp;
-    size_t length;
-    CharType type;
-};
-
-Utf8Char char_at(std::string_view text, size_t pos) {
-    const unsigned char lead = static_cast<unsigned char>(text[pos]);
-    const char32_t cp = lead < 0x80 ? lead : decode_utf8(text, pos);
-    return {cp, utf8_length(lead), char_type(cp)};
-}
-
-bool is_line_break(char32_t cp) { return cp == '\r' || cp == '\n'; }
-
-// End of the run of characters of type `type` that starts at `pos`.
-size_t run_end(std::string_view text, size_t pos, CharType type) {
-    while (pos < text.size()) {
-        const Utf8Char c = char_at(text, pos);
-        if (c.type != type) break;
-        pos += c.length;
-    }
-    return pos;
-}
-
-// ASCII letters in either case, and U+017F LATIN SMALL LETTER LONG S, which Oniguruma's
-// case folding matches to 's' in (?i:'s) (verified over every letter).
-char32_t fold_case(char32_t cp) {
-    if (cp >= 'A' && cp <= 'Z') return cp + ('a' - 'A');
-    if (cp == 0x17F) return 's';
-    return cp;
-}
-
-// 's|'t|'re|'ve|'m|'ll|'d, case-sensitive (GPT-2) or not (Llama 3, Qwen2). Returns pos when
-// none matches.
-size_t contraction_end(std::string_view text, size_t pos, bool ignore_case) {
-    if (text[pos] != '\'' || pos + 1 >= text.size()) return pos;
-    const auto letter = [&](size_t at) {
-        const char32_t cp = decode_utf8(text, at);
-        return ignore_case ? fold_case(cp) : cp;
-    };
-    const size_t first = pos + 1;
-    const char32_t a = letter(first);
-    const size_t second = first + utf8_length(text[first]);
-    if (a == 's' || a == 't' || a == 'm' || a == 'd') return second;
-    if (second >= text.size()) return pos;
-    const char32_t b = letter(second);
-    if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e') || (a == 'l' && b == 'l'))
-        return second + utf8_length(text[second]);
-    return pos;
-}
-
-// \s+(?!\S)|\s+ at a space: a run of spaces, less its last one when a non-space follows
-// (that last space then begins the next word, e.g. " world").
-size_t trailing_space_match_end(std::string_view text, size_t pos) {
-    size_t end = pos, last_start = pos;
-    while (end < text.size()) {
-        const Utf8Char c = char_at(text, end);
-        if (c.type != CharType::Space) break;
-        last_start = end;
-        end += c.length;
-    }
-    if (end == text.size() || last_start == pos) return end;
-    return last_start;
-}
-
-// GPT-2: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-size_t gpt2_match_end(std::string_view text, size_t pos) {
-    if (const size_t end = contraction_end(text, pos, false); end != pos) return end;
-    Utf8Char c = char_at(text, pos);
-    size_t start = pos;
-    if (c.cp == ' ' && pos + 1 < text.size()) {
-        const Utf8Char next = char_at(text, pos + 1);
-        if (next.type != CharType::Space) {
-            c = next;
-            start = pos + 1;
-        }
-    }
-    if (c.type != CharType::Space) return run_end(text, start, c.type);
-    return trailing_space_match_end(text, pos);
-}
-
-// Llama 3 (max_digits 3) and Qwen2 (max_digits 1):
-// (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|
-// \s*[\r\n]+|\s+(?!\S)|\s+
-size_t llama3_match_end(std::string_view text, size_t pos, size_t max_digits) {
-    if (const size_t end = contraction_end(text, pos, true); end != pos) return end;
-    const Utf8Char c = char_at(text, pos);
-    if (c.type == CharType::Letter) return run_end(text, pos, CharType::Letter);
-    const size_t after = pos + c.length;
-    if (c.type != CharType::Number && !is_line_break(c.cp) && after < text.size() &&
-        char_at(text, after).type == CharType::Letter)
-        return run_end(text, after, CharType::Letter);
-    if (c.type == CharType::Number) {
-        size_t end = after;
-        for (size_t digits = 1; digits < max_digits && end < text.size(); ++digits) {
-            const Utf8Char next = char_at(text, end);
-            if (next.type != CharType::Number) break;
-            end += next.length;
-        }
-        return end;
-    }
-    size_t symbols = pos;
-    if (c.cp == ' ' && after < text.size() && char_at(text, after).type == CharType::Other)
-        symbols = after;
-    if (char_at(text, symbols).type == CharType::Other) {
-        size_t end = run_end(text, symbols, CharType::Other);
-        while (end < text.size() && is_line_break(text[end])) ++end;
-        return end;
-    }
-    // \s*[\r\n]+ backtracks to the last line break of the run of spaces.
-    size_t end = pos, after_last_break = pos;
-    while (end < text.size()) {
-        const Utf8Char next = char_at(text, end);
-        if (next.type != CharType::Space) break;
-        end += next.length;
-        if (is_line_break(next.cp)) after_last_break = end;
-    }
-    if (after_last_break != pos) return after_last_break;
-    return trailing_space_match_end(text, pos);
-}
-
-enum class RegexKind { Gpt2, Llama3, Qwen2 };
-
-size_t regex_match_end(RegexKind kind, std::string_view text, size_t pos) {
-    switch (kind) {
-        case RegexKind::Gpt2:
-            return gpt2_match_end(text, pos);
-        case RegexKind::Llama3:
-            return llama3_match_end(text, pos, 3);
-        case RegexKind::Qwen2:
-            return llama3_match_end(text, pos, 1);
-    }
-    return text.size();
-}
-
-std::optional<RegexKind> known_regex(const std::string& pattern) {
-    if (pattern == kGpt2Pattern) return RegexKind::Gpt2;
-    if (pattern == kLlama3Pattern) return RegexKind::Llama3;
-    if (pattern == kQwen2Pattern) return RegexKind::Qwen2;
-    return std::nullopt;
-}
-
 // ============================================================================ Splitting
 
 // A part of a piece: either a match of the split pattern or a gap between matches.
@@ -446,32 +278,42 @@ public:
     void find(std::string_view text, std::vector<Span>& spans) const override {
         size_t gap_begin = 0;
         for (size_t pos = 0; pos < text.size();) {
-            const Utf8Char c = char_at(text, pos);
-            if (c.type == CharType::Number) {
+            const size_t length = utf8_length(text[pos]);
+            if (unicode::is_number(unicode::general_category(decode_utf8(text, pos)))) {
                 add_gap(spans, gap_begin, pos);
-                spans.push_back({pos, pos + c.length, true});
-                gap_begin = pos + c.length;
+                spans.push_back({pos, pos + length, true});
+                gap_begin = pos + length;
             }
-            pos += c.length;
+            pos += length;
         }
         add_gap(spans, gap_begin, text.size());
     }
 };
 
+// The matches of a regular expression, and the gaps between them.
 class RegexPattern : public SplitPattern {
 public:
-    explicit RegexPattern(RegexKind kind) : kind_(kind) {}
+    explicit RegexPattern(Regex regex) : regex_(std::move(regex)) {}
     void find(std::string_view text, std::vector<Span>& spans) const override {
-        for (size_t pos = 0; pos < text.size();) {
-            const size_t end = regex_match_end(kind_, text, pos);
-            spans.push_back({pos, end, true});
-            pos = end;
+        size_t gap_begin = 0;
+        for (const Regex::Match& match : regex_.find_all(text)) {
+            add_gap(spans, gap_begin, match.begin);
+            spans.push_back({match.begin, match.end, true});
+            gap_begin = match.end;
         }
+        add_gap(spans, gap_begin, text.size());
     }
 
 private:
-    RegexKind kind_;
+    Regex regex_;
 };
+
+// The pattern of GPT-2's pre-tokenizer, which ByteLevel splits with when use_regex is set.
+const Regex& gpt2_regex() {
+    static const Regex regex(
+        R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)");
+    return regex;
+}
 
 // SplitDelimiterBehavior: what becomes of the matches ("delimiters") when splitting.
 enum class SplitBehavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };
@@ -666,11 +508,19 @@ public:
             emit_mapped(piece, at_text_start, sink);
             return;
         }
-        for (size_t pos = 0; pos < piece.size();) {
-            const size_t end = gpt2_match_end(piece, pos);
-            emit_mapped(piece.substr(pos, end - pos), at_text_start && pos == 0, sink);
-            pos = end;
+        // Hugging Face splits with the pattern (Isolated): into its matches and the gaps
+        // between them (the GPT-2 pattern leaves none).
+        const auto emit = [&](size_t begin, size_t end) {
+            if (begin < end)
+                emit_mapped(piece.substr(begin, end - begin), at_text_start && begin == 0, sink);
+        };
+        size_t gap_begin = 0;
+        for (const Regex::Match& match : gpt2_regex().find_all(piece)) {
+            emit(gap_begin, match.begin);
+            emit(match.begin, match.end);
+            gap_begin = match.end;
         }
+        emit(gap_begin, piece.size());
     }
 
 private:
@@ -1571,10 +1421,11 @@ std::unique_ptr<SplitPattern> parse_split_pattern(const json& node) {
     const json& pattern = member(node, "pattern", "pre_tokenizer Split");
     if (pattern.is_object() && pattern.contains("Regex")) {
         const std::string regex = string_member(pattern, "Regex", "pre_tokenizer Split");
-        if (const auto kind = known_regex(regex)) return std::make_unique<RegexPattern>(*kind);
-        throw Error(
-            describe("pre_tokenizer Split regex '" + regex +
-                     "' is not supported (only the GPT-2, Llama 3 and Qwen2 patterns are)"));
+        try {
+            return std::make_unique<RegexPattern>(Regex(regex));
+        } catch (const Error& e) {  // "regex '...' is not supported: <the construct>"
+            throw Error(describe(std::string("pre_tokenizer Split ") + e.what()));
+        }
     }
     return std::make_unique<LiteralPattern>(literal_pattern(node, "pre_tokenizer Split"));
 }

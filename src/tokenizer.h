@@ -3,8 +3,8 @@
 // tokenizer is loaded, with an Error that names it.
 //   model:          BPE (merges by rank, byte_fallback, unk_token/fuse_unk, ignore_merges)
 //   normalizer:     Sequence, Prepend, Replace (string pattern), NFC
-//   pre_tokenizer:  Sequence, ByteLevel, Digits, Metaspace, Split (string patterns and the
-//                   GPT-2, Llama 3 and Qwen2 regular expressions)
+//   pre_tokenizer:  Sequence, ByteLevel, Digits, Metaspace, Split (string patterns, and
+//                   regular expressions in the part of Oniguruma's syntax regex.h lists)
 //   added_tokens:   matched in the raw text (or the normalized text for `normalized` ones)
 //                   with lstrip/rstrip/single_word
 //   decoder:        Sequence, Replace, ByteFallback, Fuse, Strip, ByteLevel, Metaspace

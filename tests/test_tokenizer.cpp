@@ -207,10 +207,13 @@ TEST_CASE("normalizers: Prepend, Replace and NFC", "[tokenizer]") {
     CHECK(tokenizer.encode("a<s>b") == Ids{17, 2, 1, 17, 3});
 }
 
-TEST_CASE("Split recognises the GPT-2, Llama 3 and Qwen2 patterns", "[tokenizer]") {
+TEST_CASE("Split splits at the matches of its regex", "[tokenizer]") {
     CHECK(load(digits_tokenizer(kGpt2Regex)).encode("1234") == Ids{6});
     CHECK(load(digits_tokenizer(kLlama3Regex)).encode("1234") == Ids{5, 3});
     CHECK(load(digits_tokenizer(kQwen2Regex)).encode("1234") == Ids{0, 1, 2, 3});
+    CHECK(load(digits_tokenizer(R"(\d{2})")).encode("1234") == Ids{4, 2, 3});
+    // An empty match splits too: "12" and "34".
+    CHECK(load(digits_tokenizer("(?=3)")).encode("1234") == Ids{4, 2, 3});
 }
 
 TEST_CASE("Metaspace pre-tokenizer marks and splits at spaces", "[tokenizer]") {
@@ -372,10 +375,11 @@ TEST_CASE("unsupported features are refused with a message naming them", "[token
     CHECK_THAT(load_error(with("pre_tokenizer", {{"type", "Whitespace"}})),
                Catch::Contains("pre_tokenizer type 'Whitespace' is not supported"));
     CHECK_THAT(load_error(with("pre_tokenizer", {{"type", "Split"},
-                                                 {"pattern", {{"Regex", "\\p{Lu}+"}}},
+                                                 {"pattern", {{"Regex", "(?<=a)b"}}},
                                                  {"behavior", "Isolated"},
                                                  {"invert", false}})),
-               Catch::Contains("regex '\\p{Lu}+' is not supported"));
+               Catch::Contains("pre_tokenizer Split regex '(?<=a)b' is not supported: "
+                               "lookbehind '(?<='"));
     CHECK_THAT(load_error(with("decoder", {{"type", "WordPiece"}})),
                Catch::Contains("decoder type 'WordPiece' is not supported"));
     CHECK_THAT(load_error(with_model("merges", {"a z"})),
