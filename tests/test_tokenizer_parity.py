@@ -3,11 +3,15 @@
 Every reference is computed during the test with the pip `tokenizers` package from the same
 tokenizer.json that build/tokenize_json reads. Covered: the real tokenizers in ../shared
 (stories260K, SmolLM2, and Llama 2's tokenizer.model turned into tokenizer.json by
-convert/spm.py), plus variants of them that switch on the features those lack (Llama 3,
-Qwen2 and GPT-2 Split regexes, NFC, Digits runs, Metaspace, Split behaviours, added-token
-flags, ignore_merges, no decoder). Checked: ids of whole eval files and of generated text
+convert/spm.py), plus variants of them that switch on the features those lack (the Split
+regexes of Llama 3, Qwen2, GPT-2, Mistral-Nemo (Tekken), GPT-4o (o200k), DeepSeek LLM and
+DeepSeek-V3, and others that use anchors, lookahead, empty matches and every Split
+behaviour; NFC, Digits runs, Metaspace, Split behaviours, added-token flags, ignore_merges,
+no decoder). Checked: ids of whole eval files, of a multilingual text and of generated text
 (with and without special-token parsing), decode of those ids and of random ids (with and
 without skipping special tokens), the stream decoder, and decode(encode(text)) == text.
+Each \\p{..} category, class and case-insensitive letter of the regexes is also checked on
+every code point of the planes that hold assigned characters.
 """
 
 import copy
@@ -32,6 +36,39 @@ GPT2_REGEX = (r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_REGEX = LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")
+# Mistral-Nemo's Tekken, and GPT-4o's o200k (which adds contractions and digit triples).
+TEKKEN_REGEX = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|"
+                r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|"
+                r"\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+O200K_REGEX = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+               r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+               r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+               r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+               r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def line_break_characters(pattern):
+    """The pattern with the escapes \\r and \\n written as the characters themselves, as many
+    tokenizer.json files have them (JSON decodes "\\n" to the character)."""
+    return pattern.replace(r"\r", "\r").replace(r"\n", "\n")
+
+
+# DeepSeek LLM: letters of cased scripts, ASCII and full-width punctuation, CJK and Hangul,
+# numbers, each split off by its own Split (Isolated). The escaped characters are those that
+# NFC would change (U+1F7D, U+1FBE, U+1FD3, U+1FDB, U+2126, U+212A): an editor must not.
+DEEPSEEK_LETTERS = (
+    "[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅ"
+    "ὐ-ὗὙὛὝὟ-\u1f7dᾀ-ᾴᾶ-ᾼ\u1fbeῂ-ῄῆ-ῌῐ-\u1fd3ῖ-\u1fdbῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\u2126ℨ\u212a-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄ"
+    "Ⰰ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]")
+DEEPSEEK_LLM_REGEXES = [line_break_characters(r"[\r\n]"), r"\s?" + DEEPSEEK_LETTERS + "+",
+                        r"\s?[!-/:-~！-／：-～‘-‟　-。]+", r"\s+$", "[一-龥ࠀ-一가-퟿]+", r"\p{N}+"]
+# DeepSeek-V3 (and DeepSeek-Coder): digit triples, CJK and kana, then a GPT-4-like pattern.
+DEEPSEEK_V3_REGEXES = [
+    r"\p{N}{1,3}", r"[一-龥\u3040-ゟ゠-ヿ]+",
+    line_break_characters(
+        r'''[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|'''
+        r" ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"),
+]
 
 SHARED_TOKENIZERS = {
     "stories260K": ("models", "stories260K", "tokenizer.json"),
@@ -90,6 +127,30 @@ def smollm2_variants(smollm2):
         "digit-runs-prefix-space": byte_level_variant(
             smollm2, sequence({"type": "Digits", "individual_digits": False},
                               byte_level(add_prefix_space=True))),
+        "tekken-split": byte_level_variant(
+            smollm2, sequence(split(TEKKEN_REGEX), byte_level(use_regex=False))),
+        "o200k-split-nfc": byte_level_variant(
+            smollm2, sequence(split(O200K_REGEX), byte_level(use_regex=False)),
+            normalizer={"type": "NFC"}),
+        "deepseek-llm-splits": byte_level_variant(
+            smollm2, sequence(*map(split, DEEPSEEK_LLM_REGEXES), byte_level(use_regex=False))),
+        "deepseek-v3-splits": byte_level_variant(
+            smollm2, sequence(*map(split, DEEPSEEK_V3_REGEXES), byte_level(use_regex=False))),
+        # Anchors, lookahead, {n,}, \P{..}, negated classes with ranges, each behaviour.
+        "regex-behaviors": byte_level_variant(smollm2, sequence(
+            split(r"^\s+|\s+$", "Removed"),
+            split(r"[^a-zA-Z0-9\s]{2,}", "MergedWithPrevious"),
+            split(r"\p{Lu}(?=\p{Ll})", "MergedWithNext"),
+            split(r"\d+", "Contiguous", invert=True),
+            split(r"\P{L}\p{^L}|\n^.", "Isolated"),
+            byte_level(use_regex=False))),
+        # Patterns that match the empty string, which splits too.
+        "regex-empty-matches": byte_level_variant(smollm2, sequence(
+            split(r"(?=\p{Lu})|$", "Isolated"),
+            split(r"q*(?=\d)", "MergedWithNext"),
+            split(r"(?!\p{L}|\s)", "Contiguous"),
+            split(r"\Z|y{0,2}(?=,)", "MergedWithPrevious", invert=True),
+            byte_level(use_regex=True))),
     }
 
 
@@ -201,8 +262,12 @@ def tokenizer_files(tmp_path_factory):
 
 
 REAL = ["stories260K", "smollm2", "llama2"]
-VARIANTS = ["llama3-split", "qwen2-split-nfc", "gpt2-split-prefix-space",
-            "digit-runs-prefix-space", "metaspace-always", "metaspace-first-unsplit",
+# The variants that split with regular expressions (ByteLevel's own included).
+REGEX_VARIANTS = ["llama3-split", "qwen2-split-nfc", "gpt2-split-prefix-space",
+                  "digit-runs-prefix-space", "tekken-split", "o200k-split-nfc",
+                  "deepseek-llm-splits", "deepseek-v3-splits", "regex-behaviors",
+                  "regex-empty-matches"]
+VARIANTS = REGEX_VARIANTS + ["metaspace-always", "metaspace-first-unsplit",
             "metaspace-never", "split-behaviors", "split-isolated-inverted",
             "added-token-flags", "ignore-merges-no-decoder", "unsegmented",
             "strips-and-replaces", "unk-fused", "unk-unfused"]
@@ -267,6 +332,42 @@ def generated_texts():
 def eval_text(name):
     with open(os.path.join(SHARED, "eval", name), encoding="utf-8") as f:
         return f.read()
+
+
+def multilingual_text(size=500_000, seed=99):
+    """About `size` characters of words in many scripts, with code, emoji, combining marks,
+    numbers, runs of spaces and tabs, CRLF and other line breaks between them."""
+    rng = random.Random(seed)
+    alphabets = ["abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", "αβγδεζηθικλμνξοπρσςτΑΒΓΔ",
+                 "абвгдежзийклмнопрстАБВГД", "中文字符测试语言模型的分词器一龥", "ひらがなカタカナゟ゠ヿ",
+                 "한국어텍스트가힣", "עבריתשלום", "العربيةمرحبا", "हिन्दीभाषा", "ไทยภาษา",
+                 "ÀÉÎÕÜßÆŒǅǈǋ", "ＡＢＣａｂｃ", "\U0001d400\U0001d41a\U00010400\U00010428"]
+    marks = ["\u0301", "\u0308", "\u0323", "\u093f", "\u0e31", "\u200d", "\ufe0f"]
+    others = ["😀", "🤗", "👍🏽", "🇫🇷", "1️⃣", "€", "£", "±", "→", "…", "—", "«", "»", "“", "”",
+              "'s", "'LL", "'\u017f", "\u212a", "'re", "!", "?", ".", ",", ";", "::", "->", "{}",
+              "()", "[]", "/*", "*/", "#", "@", "\\", "/", "=="]
+    numbers = ["0", "7", "42", "123", "2024", "3.14159", "1,000", "\u0663\u0664", "\u00bd",
+               "\u2163", "\uff11\uff12", "\U0001d7d9"]
+    spaces = [" ", " ", " ", "  ", "   ", "\t", "\n", "\r\n", "\n\n", " \n", "\u00a0", "\u3000",
+              "\u2028", "\x85", "\r", "\x0b", "\x0c", "    \n\t"]
+    parts, length = [], 0
+    while length < size:
+        kind = rng.random()
+        if kind < 0.55:
+            letters = rng.choice(alphabets)
+            word = "".join(rng.choice(letters) for _ in range(rng.randint(1, 9)))
+            if rng.random() < 0.15:
+                word += rng.choice(marks)
+            part = word
+        elif kind < 0.7:
+            part = rng.choice(others)
+        elif kind < 0.8:
+            part = rng.choice(numbers)
+        else:
+            part = rng.choice(spaces)
+        parts.append(part)
+        length += len(part)
+    return "".join(parts)
 
 
 # --------------------------------------------------------------------------- running
@@ -384,6 +485,17 @@ def test_eval_files_encode_decode_and_round_trip(name, tokenizer_files, tmp_path
         assert decoded == text, f"{file_name} does not survive encode + decode"
 
 
+@pytest.mark.parametrize("name", REGEX_VARIANTS)
+def test_regex_splits_of_long_texts(name, tokenizer_files, tmp_path):
+    """The eval files and a multilingual megabyte, through each regex variant."""
+    need_tool()
+    path = tokenizer_path(tokenizer_files, name)
+    tokenizer = hf_tokenizer(path)
+    for text in [eval_text(f) for f in EVAL_FILES] + [multilingual_text()]:
+        ours = run_tool(tmp_path, path, text)
+        assert_same_ids(ours, tokenizer.encode(text, add_special_tokens=False).ids, text)
+
+
 def test_whole_word_merging_of_a_long_text(tokenizer_files, tmp_path):
     """A long text as one BPE word (no segmenting at space markers): the merge queue path."""
     need_tool()
@@ -431,11 +543,145 @@ def test_round_trip_of_generated_texts(name, tokenizer_files, tmp_path):
     assert run_tool(tmp_path, path, ids, "--decode", "--batch") == texts
 
 
-def test_unsupported_regex_is_refused_in_one_line(tokenizer_files, tmp_path):
+# --------------------------------------------------------------------------- regex classes
+#
+# Each class a pre-tokenizer regex may use, checked on every code point: a tokenizer removes
+# the characters the pattern matches (Split, Removed) and keeps the others as byte tokens
+# (no merges), so that the ids show which characters matched.
+
+GENERAL_CATEGORIES = ["Lu", "Ll", "Lt", "Lm", "Lo", "Mn", "Mc", "Me", "Nd", "Nl", "No", "Pc",
+                      "Pd", "Ps", "Pe", "Pi", "Pf", "Po", "Sm", "Sc", "Sk", "So", "Zs", "Zl",
+                      "Zp", "Cc", "Cf", "Cs", "Co", "Cn"]
+# The other names \p{..} accepts, each with a short name whose set it must match.
+CATEGORY_NAMES = {
+    "L": "Letter", "LC": "Cased_Letter", "Lu": "Uppercase_Letter", "Ll": "Lowercase_Letter",
+    "Lt": "Titlecase_Letter", "Lm": "Modifier_Letter", "Lo": "Other_Letter", "M": "Mark",
+    "Mn": "Nonspacing_Mark", "Mc": "Spacing_Mark", "Me": "Enclosing_Mark", "N": "Number",
+    "Nd": "Decimal_Number", "Nl": "Letter_Number", "No": "Other_Number", "P": "Punctuation",
+    "Pc": "Connector_Punctuation", "Pd": "Dash_Punctuation", "Ps": "Open_Punctuation",
+    "Pe": "Close_Punctuation", "Pi": "Initial_Punctuation", "Pf": "Final_Punctuation",
+    "Po": "Other_Punctuation", "S": "Symbol", "Sm": "Math_Symbol", "Sc": "Currency_Symbol",
+    "Sk": "Modifier_Symbol", "So": "Other_Symbol", "Z": "Separator", "Zs": "Space_Separator",
+    "Zl": "Line_Separator", "Zp": "Paragraph_Separator", "C": "Other", "Cc": "Control",
+    "Cf": "Format", "Cs": "Surrogate", "Co": "Private_Use", "Cn": "Unassigned",
+}
+CLASSES = [r"\s", r"\S", r"\d", r"\D", ".", r"[^\s\p{L}\p{N}]", r"[^\r\n\p{L}\p{N}]",
+           r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]",
+           r"[^\r\n\p{L}\p{P}\p{S}]", r"[\p{P}\p{S}]", r"[\p{L}\p{M}]", r"\P{L}", r"\p{^N}",
+           r"\P{^Zs}", DEEPSEEK_LETTERS, "[一-龥ࠀ-一가-퟿]", r"[一-龥\u3040-ゟ゠-ヿ]",
+           r"[!-/:-~！-／：-～‘-‟　-。]", r"[^\x{0}-\x{7F}\u00e9]", r"[\-a-z\]\\]"]
+
+
+def byte_level_alphabet():
+    """GPT-2's bytes_to_unicode: the character that stands for each byte."""
+    printable = [b for b in range(256) if ord("!") <= b <= ord("~") or 0xA1 <= b <= 0xAC or b >= 0xAE]
+    extra = iter(range(0x100, 0x200))
+    return [chr(b) if b in printable else chr(next(extra)) for b in range(256)]
+
+
+def removing_tokenizer(regex):
+    """A byte-level tokenizer without merges that drops what `regex` matches."""
+    return {"version": "1.0", "added_tokens": [], "normalizer": None, "post_processor": None,
+            "pre_tokenizer": sequence(split(regex, "Removed"), byte_level(use_regex=False)),
+            "decoder": None,
+            "model": {"type": "BPE", "dropout": None, "unk_token": None,
+                      "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                      "fuse_unk": False, "byte_fallback": False, "ignore_merges": False,
+                      "vocab": {c: i for i, c in enumerate(byte_level_alphabet())},
+                      "merges": []}}
+
+
+def code_points_text(planes):
+    """Every code point of `planes` but surrogates. Planes 0-3 and 14 hold every assigned
+    character that is not for private use."""
+    return "".join(chr(cp) for plane in planes for cp in range(plane << 16, (plane + 1) << 16)
+                   if not 0xD800 <= cp <= 0xDFFF)
+
+
+@pytest.fixture(scope="module")
+def code_point_files(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("code_points")
+    texts = {"assigned": code_points_text([0, 1, 2, 3, 14]), "bmp": code_points_text([0]),
+             # private use (planes 15 and 16), one in 17
+             "private": "".join(chr(cp) for cp in range(0xF0000, 0x110000, 17))}
+    files = {}
+    for name, text in texts.items():
+        path = folder / name
+        path.write_bytes(text.encode("utf-8"))
+        files[name] = (text, str(path))
+    return files
+
+
+def assert_same_removal(regex, text_file, tmp_path):
+    """Our tokenizer keeps the characters that Hugging Face's Split (Removed) keeps."""
+    text, text_path = text_file
+    path = tmp_path / "tokenizer.json"
+    path.write_text(json.dumps(removing_tokenizer(regex)), encoding="utf-8")
+    result = subprocess.run([TOOL, str(path), text_path], capture_output=True)
+    assert result.returncode == 0, result.stderr.decode()
+    ours = bytes(json.loads(result.stdout)).decode("utf-8")  # each id is a byte
+    split_regex = tokenizers.pre_tokenizers.Split(tokenizers.Regex(regex), "removed")
+    theirs = "".join(piece for piece, _ in split_regex.pre_tokenize_str(text))
+    if ours != theirs:
+        i = first_difference(ours, theirs)
+        pytest.fail(f"{regex!r} keeps other characters than Hugging Face's: ours "
+                    f"{ours[max(0, i - 3):i + 5]!r}, Hugging Face {theirs[max(0, i - 3):i + 5]!r}")
+
+
+@pytest.mark.parametrize("regex", [rf"\p{{{c}}}" for c in GENERAL_CATEGORIES] + CLASSES)
+def test_regex_classes_on_every_code_point(regex, code_point_files, tmp_path):
+    need_tool()
+    assert_same_removal(regex, code_point_files["assigned"], tmp_path)
+    assert_same_removal(regex, code_point_files["private"], tmp_path)
+
+
+@pytest.mark.parametrize("short", sorted(CATEGORY_NAMES))
+def test_regex_category_names(short, code_point_files, tmp_path):
+    """Short and long names, in Oniguruma's loose spelling, negated or not."""
+    need_tool()
+    long = CATEGORY_NAMES[short]
+    for regex in [rf"\p{{{short}}}", rf"\p{{{long}}}", rf"\p{{ {long.upper().replace('_', '-')} }}",
+                  rf"\P{{{short.lower()}}}", rf"\p{{^{long.lower().replace('_', ' ')}}}"]:
+        assert_same_removal(regex, code_point_files["bmp"], tmp_path)
+
+
+def test_regex_case_insensitive_letters(code_point_files, tmp_path):
+    """(?i:x) for each printable ASCII character x, and all pairs of letters that are
+    supported (not those that Unicode folds from one character, such as "ss")."""
+    need_tool()
+    for letter in "abcdefghijklmnopqrstuvwxyzK":
+        assert_same_removal(f"(?i:{letter})", code_point_files["bmp"], tmp_path)
+    others = [c if c.isalnum() or c in " '\"" else "\\" + c
+              for c in map(chr, range(0x20, 0x7F)) if not c.isalpha()]
+    assert_same_removal("(?i:" + "|".join(others) + ")", code_point_files["bmp"], tmp_path)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    pairs = [a + b for a in letters for b in letters if a + b not in ("ss", "st", "ff", "fi", "fl")]
+    assert_same_removal("(?i:" + "|".join(pairs) + ")", code_point_files["bmp"], tmp_path)
+
+
+# --------------------------------------------------------------------------- refusals
+
+# Constructs that Oniguruma (and so Hugging Face) accepts, and barellm refuses, with the
+# words that must name them. The last one is refused by both, as ill-formed.
+REFUSED_REGEXES = [
+    (r"(a)\1", "backreference"),
+    (r"(?<=a)b", "lookbehind"),
+    (r"\p{Han}+", "property"),
+    (r"(?i)a", "option group"),
+    (r"\w+", "word characters"),
+    (r"a*?", "lazy quantifier"),
+    (r"(?i:ss)", "case-insensitive 'ss'"),
+    (r"(?:a?)+", "can match the empty string"),
+    ("[\r\n", "without a matching ']'"),
+]
+
+
+@pytest.mark.parametrize("regex,construct", REFUSED_REGEXES)
+def test_unsupported_regex_is_refused_in_one_line(regex, construct, tokenizer_files, tmp_path):
     need_tool()
     with open(tokenizer_path(tokenizer_files, "smollm2"), encoding="utf-8") as f:
         document = json.load(f)
-    document["pre_tokenizer"] = split(r"(?<=a)b")
+    document["pre_tokenizer"] = split(regex)
     path = tmp_path / "tokenizer.json"
     path.write_text(json.dumps(document), encoding="utf-8")
     (tmp_path / "text").write_text("Hello", encoding="utf-8")
@@ -443,4 +689,6 @@ def test_unsupported_regex_is_refused_in_one_line(tokenizer_files, tmp_path):
                             text=True)
     assert result.returncode != 0
     assert result.stderr.count("\n") == 1
-    assert "regex '(?<=a)b' is not supported: lookbehind" in result.stderr
+    quoted = regex.replace("\r", r"\r").replace("\n", r"\n")
+    assert f"regex '{quoted}' is not supported: " in result.stderr
+    assert construct in result.stderr
