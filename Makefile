@@ -133,7 +133,7 @@ bench: $(BUILD)/barellm $(BUILD)/tokenize_json
 # libFuzzer targets: only the code that reads untrusted input (files, text, ids, argv).
 FUZZ_CXX     ?= clang++
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := model_file tokenizer_encode tokenizer_decode command_line
+FUZZ_TARGETS := model_file tokenizer_encode tokenizer_decode command_line regex
 FUZZ_SRCS    := src/safetensors.cpp src/config.cpp src/model.cpp src/tokenizer.cpp src/regex.cpp \
                 src/unicode.cpp src/unicode_tables.cpp src/cli.cpp tests/fuzz/targets.cpp
 FUZZ_FLAGS   := -std=c++17 -O1 -g -Isrc -Itests $(CPPFLAGS) \

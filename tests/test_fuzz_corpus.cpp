@@ -16,7 +16,8 @@ TEST_CASE("fuzz corpus and crash regressions replay cleanly") {
         {"model_file", barellm::fuzz::model_file},
         {"tokenizer_encode", barellm::fuzz::tokenizer_encode},
         {"tokenizer_decode", barellm::fuzz::tokenizer_decode},
-        {"command_line", barellm::fuzz::command_line}};
+        {"command_line", barellm::fuzz::command_line},
+        {"regex", barellm::fuzz::regex}};
     int replayed = 0;
     for (const char* root : {"tests/fuzz/corpus", "tests/fuzz/regressions"}) {
         if (!fs::is_directory(root)) continue;

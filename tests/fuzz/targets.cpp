@@ -12,7 +12,9 @@
 #include "cli.h"
 #include "error.h"
 #include "model.h"
+#include "regex.h"
 #include "tokenizer.h"
+#include "unicode.h"
 
 namespace barellm::fuzz {
 
@@ -121,6 +123,32 @@ void command_line(const uint8_t* data, size_t size) {
     try {
         parse_options(int(argv.size()), argv.data());
     } catch (const Error&) {
+    }
+}
+
+void regex(const uint8_t* data, size_t size) {
+    const std::string_view bytes(reinterpret_cast<const char*>(data), size);
+    const size_t separator = bytes.find('\0');
+    if (separator == std::string_view::npos) return;
+    const std::string_view text = bytes.substr(separator + 1);
+    if (!unicode::is_valid_utf8(text)) return;  // the tokenizer only matches valid text
+    // A small backtracking limit, so that patterns that backtrack exponentially fail fast.
+    constexpr size_t kBacktrackLimit = 100000;
+    try {
+        const Regex regex(bytes.substr(0, separator), kBacktrackLimit);
+        size_t end = 0;
+        for (const Regex::Match& match : regex.find_all(text)) {
+            // In order, not overlapping, and on character boundaries.
+            const bool ordered = match.begin >= end && match.end >= match.begin;
+            const auto at_boundary = [&](size_t pos) {
+                return pos == text.size() || (static_cast<unsigned char>(text[pos]) & 0xC0) != 0x80;
+            };
+            if (!ordered || match.end > text.size() || !at_boundary(match.begin) ||
+                !at_boundary(match.end))
+                __builtin_trap();
+            end = match.end;
+        }
+    } catch (const Error&) {  // an unsupported pattern, or too much backtracking
     }
 }
 

@@ -16,5 +16,7 @@ void tokenizer_encode(const uint8_t* data, size_t size);
 void tokenizer_decode(const uint8_t* data, size_t size);
 // The bytes as a command line, arguments separated by NUL bytes.
 void command_line(const uint8_t* data, size_t size);
+// The bytes as a pre-tokenizer regex, a NUL byte, and a text to find its matches in.
+void regex(const uint8_t* data, size_t size);
 
 }  // namespace barellm::fuzz
