@@ -28,7 +28,7 @@ constexpr uint32_t kMaxRepeatCount = 100000;
 constexpr uint32_t kUnbounded = std::numeric_limits<uint32_t>::max();
 // Limits that keep a hostile pattern from exhausting the stack or memory.
 constexpr int kMaxGroupNesting = 64;
-constexpr size_t kMaxInstructions = 100000;
+constexpr size_t kMaxInstructions = 10000;
 
 // ============================================================================ Character sets
 

@@ -33,6 +33,14 @@ std::string refusal(const std::string& pattern) {
 TEST_CASE("alternatives are tried left to right, the first that matches wins", "[regex]") {
     CHECK(find("a|ab", "ab") == Matches{{0, 1}});
     CHECK(find("ab|a", "ab") == Matches{{0, 2}});
+    // More alternatives than a Branch holds (64): w0|w1|...|w69, and the same backwards.
+    std::string forwards = "w0", backwards = "w69";
+    for (int i = 1; i < 70; ++i) {
+        forwards += "|w" + std::to_string(i);
+        backwards += "|w" + std::to_string(69 - i);
+    }
+    CHECK(find(forwards, "w69w5w10") == Matches{{0, 2}, {3, 5}, {5, 7}});
+    CHECK(find(backwards, "w69w5w10") == Matches{{0, 3}, {3, 5}, {5, 8}});
     // GPT-2's last two alternatives: a run of spaces leaves its last one to the next word.
     CHECK(find(R"(\s+(?!\S)|\s+)", "a   b") == Matches{{1, 3}, {3, 4}});
 }
