@@ -199,13 +199,12 @@ void matmul_batch(float* out, const float* x, int batch, const Matrix& w) {
     tile_storage.resize(avx2::token_tiles_floats(batch, w.cols));
     float* x_tiles = avx2::align32(tile_storage.data());
     const int tiles = avx2::token_tile_count(batch);
-    constexpr int kRowStep = 6;  // the AVX2 GEMM's rows per micro-kernel
 #pragma omp parallel num_threads(threads_for(w.rows* row_work))
     {
 #pragma omp for schedule(static)
         for (int tile = 0; tile < tiles; ++tile)
             avx2::pack_token_tile(x_tiles, x, w.cols, batch, tile);
-        this_threads_rows(w.rows, kRowStep, [&](int first, int count) {
+        this_threads_rows(w.rows, avx2::kRowTile, [&](int first, int count) {
             avx2::matmul_batch_rows(out, w, x_tiles, batch, first, count);
         });
     }
@@ -306,15 +305,39 @@ void attention_batch(float* out, const float* q, int count, int first_pos, const
                      const void* value_cache, const AttentionShape& shape, KvType type) {
     const size_t q_dim = size_t(shape.heads) * shape.head_dim;
     const size_t work = q_dim * count * (first_pos + count) * 2;
+    if (active_level != SimdLevel::Avx2) {
+#pragma omp parallel num_threads(threads_for(work))
+        {
+            std::vector<float> scores(first_pos + count);  // this thread's scratch
+#pragma omp for collapse(2) schedule(dynamic, 4)
+            for (int i = 0; i < count; ++i)
+                for (int h = 0; h < shape.heads; ++h)
+                    attend_one_head(out + i * q_dim + size_t(h) * shape.head_dim,
+                                    q + i * q_dim + size_t(h) * shape.head_dim, h, first_pos + i,
+                                    key_cache, value_cache, scores.data(), shape, type);
+        }
+        return;
+    }
+    // AVX2: per KV head, its keys and values become f32 tiles (the threads sharing them),
+    // then blocks of its query rows attend; the implicit barriers keep the steps apart.
+    const int first_key = attention_start(first_pos, shape.window);
+    const int keys = first_pos + count - first_key;
+    const int rows = count * (shape.heads / shape.kv_heads);  // query rows per KV head
+    std::vector<float> tile_storage(avx2::kv_tiles_floats(keys, shape.head_dim));
+    const avx2::KvTiles tiles =
+        avx2::kv_tiles(tile_storage.data(), first_key, keys, shape.head_dim);
 #pragma omp parallel num_threads(threads_for(work))
     {
-        std::vector<float> scores(first_pos + count);  // this thread's scratch
-#pragma omp for collapse(2) schedule(dynamic, 4)
-        for (int i = 0; i < count; ++i)
-            for (int h = 0; h < shape.heads; ++h)
-                attend_one_head(out + i * q_dim + size_t(h) * shape.head_dim,
-                                q + i * q_dim + size_t(h) * shape.head_dim, h, first_pos + i,
-                                key_cache, value_cache, scores.data(), shape, type);
+        std::vector<float> scratch(avx2::attention_scratch_floats(keys, shape.head_dim));
+        for (int kv_head = 0; kv_head < shape.kv_heads; ++kv_head) {
+#pragma omp for schedule(static)
+            for (int tile = 0; tile < avx2::kv_tile_count(keys); ++tile)
+                avx2::pack_kv_tile(tiles, key_cache, value_cache, kv_head, tile, shape, type);
+#pragma omp for schedule(dynamic)
+            for (int first_row = 0; first_row < rows; first_row += avx2::kRowTile)
+                avx2::attention_rows(out, q, first_row, std::min(avx2::kRowTile, rows - first_row),
+                                     first_pos, kv_head, tiles, shape, scratch.data());
+        }
     }
 }
 

@@ -104,10 +104,32 @@ int token_tile_count(int batch);
 size_t token_tiles_floats(int batch, int cols);  // buffer size, alignment slack included
 float* align32(float* p);
 void pack_token_tile(float* x_tiles, const float* x, int cols, int batch, int tile);
+constexpr int kRowTile = 6;  // weight rows (or query rows) per GEMM micro-kernel call
 void matmul_batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
                        int row_count);
 float dot_kv(const float* q, const void* keys, int n, KvType type);
 void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);
+
+// Prefill attention on the GEMM micro-kernel, one KV head at a time: its cache rows
+// [first_key, first_key + keys) widened to f32 tiles (pack_kv_tile, the threads sharing
+// the tiles), then blocks of at most kRowTile query rows (attention_rows). The rows of a
+// KV head are its count × (heads / kv_heads) queries, token-major.
+struct KvTiles {
+    int first_key = 0, keys = 0;
+    int padded_keys = 0;           // keys rounded up to whole tiles of 16
+    float* key_tiles = nullptr;    // [padded_keys / 16, head_dim, 16]: keys transposed
+    float* value_tiles = nullptr;  // [ceil(head_dim / 16), padded_keys, 16]: value columns
+};
+int kv_tile_count(int keys);
+size_t kv_tiles_floats(int keys, int head_dim);  // storage, alignment slack included
+KvTiles kv_tiles(float* storage, int first_key, int keys, int head_dim);
+void pack_kv_tile(const KvTiles& tiles, const void* key_cache, const void* value_cache, int kv_head,
+                  int tile, const AttentionShape& shape, KvType type);
+size_t attention_scratch_floats(int keys, int head_dim);  // per thread
+// out rows first_row .. first_row + rows (rows ≤ kRowTile) of queries q [count, heads *
+// head_dim] at positions first_pos.. over `tiles`.
+void attention_rows(float* out, const float* q, int first_row, int rows, int first_pos, int kv_head,
+                    const KvTiles& tiles, const AttentionShape& shape, float* scratch);
 }  // namespace avx2
 
 }  // namespace barellm::cpu

@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <type_traits>
 #include <vector>
 
@@ -214,7 +215,6 @@ namespace {
 // registers; each step loads two registers of x and broadcasts one weight per row: no horizontal
 // sums. Partial sums live in a small contiguous buffer until the last column block, so the strided
 // output is written once.
-constexpr int kRowTile = 6;
 constexpr int kTokenTile = 16;  // two registers of 8 tokens
 constexpr int kDepthBlock = 256;
 
@@ -252,10 +252,12 @@ void pack_rows(float* panel, const Matrix& w, int first_row, int rows, int first
     }
 }
 
-// sums[r][t] += Σ_i panel[r][i] · x_tile[i][t] for ROWS rows and kTokenTile tokens.
+// sums[r][t] += Σ_i panel[r * panel_stride + i] · x_tile[i][t] for ROWS rows and
+// kTokenTile columns t (tokens here; keys or value columns in attention_rows below).
 template <int ROWS>
-void outer_product_kernel(float* sums, const float* panel, const float* x_tile, int depth) {
-    __m256 low[ROWS], high[ROWS];  // tokens 0-7 and 8-15 of each row
+void outer_product_kernel(float* sums, const float* panel, int panel_stride, const float* x_tile,
+                          int depth) {
+    __m256 low[ROWS], high[ROWS];  // columns 0-7 and 8-15 of each row
 #pragma GCC unroll 6
     for (int r = 0; r < ROWS; ++r) {
         low[r] = _mm256_load_ps(sums + r * kTokenTile);
@@ -266,7 +268,7 @@ void outer_product_kernel(float* sums, const float* panel, const float* x_tile, 
         const __m256 x_high = _mm256_load_ps(x_tile + i * kTokenTile + kLanes);
 #pragma GCC unroll 6
         for (int r = 0; r < ROWS; ++r) {
-            const __m256 weight = _mm256_broadcast_ss(panel + r * kDepthBlock + i);
+            const __m256 weight = _mm256_broadcast_ss(panel + r * panel_stride + i);
             low[r] = _mm256_fmadd_ps(weight, x_low, low[r]);
             high[r] = _mm256_fmadd_ps(weight, x_high, high[r]);
         }
@@ -278,7 +280,7 @@ void outer_product_kernel(float* sums, const float* panel, const float* x_tile, 
     }
 }
 
-using OuterProductKernel = void (*)(float*, const float*, const float*, int);
+using OuterProductKernel = void (*)(float*, const float*, int, const float*, int);
 
 OuterProductKernel kernel_for(int rows) {
     static const OuterProductKernel table[kRowTile] = {
@@ -329,7 +331,7 @@ void matmul_batch_rows(float* out, const Matrix& w, const float* x_tiles, int ba
             const int depth = std::min(kDepthBlock, w.cols - depth_start);
             pack_rows(panel, w, r, rows, depth_start, depth);
             for (int tile = 0; tile < tiles; ++tile)
-                kernel(sums + tile * tile_sums, panel,
+                kernel(sums + tile * tile_sums, panel, kDepthBlock,
                        x_tiles + (size_t(tile) * w.cols + depth_start) * kTokenTile, depth);
         }
         for (int token = 0; token < batch; ++token) {
@@ -337,6 +339,193 @@ void matmul_batch_rows(float* out, const Matrix& w, const float* x_tiles, int ba
             for (int k = 0; k < rows; ++k)
                 out[size_t(token) * w.rows + r + k] = token_sums[k * kTokenTile];
         }
+    }
+}
+
+}  // namespace barellm::cpu::avx2
+
+// ==================================================================== Prefill attention
+//
+// For one KV head, the batch's queries that read it (rows: count tokens × group heads;
+// row ρ is token ρ / group, query head kv_head · group + ρ % group) attend through two
+// small GEMMs on the outer-product kernel: scores = Q·Kᵀ / √head_dim with the keys
+// transposed into tiles of 16 keys (the GEMM's "tokens"), a causal softmax per row, then
+// out = P·V with the values cut into tiles of 16 columns. Keys and values are widened to
+// f32 once per KV head and shared by all rows.
+
+namespace barellm::cpu::avx2 {
+
+namespace {
+
+int head_dim_tile_count(int head_dim) { return (head_dim + kTokenTile - 1) / kTokenTile; }
+
+// e^x in each lane, for x ≤ 0 (below -87 it gives about 1e-38 rather than less): x = n·ln2 + r
+// with |r| ≤ ln2/2, e^r by its Taylor polynomial of degree 6 (relative error below 2e-7),
+// 2^n written into the exponent bits.
+inline __m256 exp_nonpositive(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    // ln2 in two parts, so that n · (high part) is exact.
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    for (float coefficient : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(coefficient));
+    const __m256i two_to_n =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_to_n));
+}
+
+inline float horizontal_max(__m256 v) {
+    const __m128 halves = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 pairs = _mm_max_ps(halves, _mm_movehl_ps(halves, halves));
+    return _mm_cvtss_f32(_mm_max_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+}
+
+// row[begin, end) = exp(row - max) in place; returns their sum.
+float exp_in_place(float* row, int begin, int end) {
+    __m256 largest = _mm256_set1_ps(-INFINITY);
+    int i = begin;
+    for (; i + kLanes <= end; i += kLanes)
+        largest = _mm256_max_ps(largest, _mm256_loadu_ps(row + i));
+    float max_value = horizontal_max(largest);
+    for (; i < end; ++i) max_value = std::max(max_value, row[i]);
+    const __m256 max_vector = _mm256_set1_ps(max_value);
+    __m256 sum = _mm256_setzero_ps();
+    for (i = begin; i + kLanes <= end; i += kLanes) {
+        const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + i), max_vector));
+        _mm256_storeu_ps(row + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    float total = horizontal_sum(sum);
+    for (; i < end; ++i) total += (row[i] = std::exp(row[i] - max_value));
+    return total;
+}
+
+// out[n] = one KV-cache row as f32.
+void load_kv_row(float* out, const uint8_t* row, int n, KvType type) {
+    if (type == KvType::F32) {
+        std::copy_n(reinterpret_cast<const float*>(row), n, out);
+        return;
+    }
+    const uint16_t* halves = reinterpret_cast<const uint16_t*>(row);
+    int i = 0;
+    for (; i + kLanes <= n; i += kLanes) _mm256_storeu_ps(out + i, load8(halves + i, DType::F16));
+    for (; i < n; ++i) out[i] = half_to_float(halves[i]);
+}
+
+}  // namespace
+
+int kv_tile_count(int keys) { return (keys + kTokenTile - 1) / kTokenTile; }
+
+size_t kv_tiles_floats(int keys, int head_dim) {
+    const size_t padded_keys = size_t(kv_tile_count(keys)) * kTokenTile;
+    return padded_keys * head_dim + head_dim_tile_count(head_dim) * padded_keys * kTokenTile +
+           kLanes;
+}
+
+KvTiles kv_tiles(float* storage, int first_key, int keys, int head_dim) {
+    KvTiles tiles;
+    tiles.first_key = first_key;
+    tiles.keys = keys;
+    tiles.padded_keys = kv_tile_count(keys) * kTokenTile;
+    tiles.key_tiles = align32(storage);
+    tiles.value_tiles = tiles.key_tiles + size_t(tiles.padded_keys) * head_dim;
+    return tiles;
+}
+
+void pack_kv_tile(const KvTiles& tiles, const void* key_cache, const void* value_cache, int kv_head,
+                  int tile, const AttentionShape& shape, KvType type) {
+    const int head_dim = shape.head_dim;
+    const size_t element = type == KvType::F32 ? sizeof(float) : sizeof(uint16_t);
+    const size_t row_bytes = size_t(shape.kv_heads) * head_dim * element;
+    const size_t head_offset = size_t(kv_head) * head_dim * element;
+    float* key_tile = tiles.key_tiles + size_t(tile) * head_dim * kTokenTile;
+    std::vector<float> key(head_dim), value(head_dim);
+    for (int t = 0; t < kTokenTile; ++t) {
+        const int k = tile * kTokenTile + t;  // key index, from first_key
+        std::fill(key.begin(), key.end(), 0.0f);
+        std::fill(value.begin(), value.end(), 0.0f);
+        if (k < tiles.keys) {
+            const size_t offset = size_t(tiles.first_key + k) * row_bytes + head_offset;
+            load_kv_row(key.data(), static_cast<const uint8_t*>(key_cache) + offset, head_dim,
+                        type);
+            load_kv_row(value.data(), static_cast<const uint8_t*>(value_cache) + offset, head_dim,
+                        type);
+        }
+        for (int d = 0; d < head_dim; ++d) key_tile[d * kTokenTile + t] = key[d];
+        for (int column_tile = 0; column_tile < head_dim_tile_count(head_dim); ++column_tile) {
+            float* dest =
+                tiles.value_tiles + (size_t(column_tile) * tiles.padded_keys + k) * kTokenTile;
+            for (int c = 0; c < kTokenTile; ++c) {
+                const int d = column_tile * kTokenTile + c;
+                dest[c] = d < head_dim ? value[d] : 0.0f;
+            }
+        }
+    }
+}
+
+size_t attention_scratch_floats(int keys, int head_dim) {
+    return size_t(kRowTile) * (head_dim + kv_tile_count(keys) * kTokenTile + kTokenTile) +
+           2 * kLanes;
+}
+
+void attention_rows(float* out, const float* q, int first_row, int rows, int first_pos, int kv_head,
+                    const KvTiles& tiles, const AttentionShape& shape, float* scratch) {
+    const int head_dim = shape.head_dim, group = shape.heads / shape.kv_heads;
+    const size_t q_dim = size_t(shape.heads) * head_dim;
+    const float scale = 1.0f / std::sqrt(float(head_dim));
+    // scratch: sums [kRowTile, 16] | scores [kRowTile, padded_keys] | queries [kRowTile, head_dim]
+    float* sums = align32(scratch);
+    float* scores = sums + kRowTile * kTokenTile;
+    float* queries = scores + size_t(kRowTile) * tiles.padded_keys;
+    int begin[kRowTile], end[kRowTile];  // each row's keys, from first_key
+    float* out_rows[kRowTile];
+    for (int r = 0; r < rows; ++r) {
+        const int token = (first_row + r) / group;
+        const int head = kv_head * group + (first_row + r) % group;
+        const int pos = first_pos + token;
+        begin[r] = attention_start(pos, shape.window) - tiles.first_key;
+        end[r] = pos + 1 - tiles.first_key;
+        const float* query = q + token * q_dim + size_t(head) * head_dim;
+        for (int d = 0; d < head_dim; ++d) queries[r * head_dim + d] = query[d] * scale;
+        out_rows[r] = out + token * q_dim + size_t(head) * head_dim;
+    }
+    const int first_tile = *std::min_element(begin, begin + rows) / kTokenTile;
+    const int end_tile = kv_tile_count(*std::max_element(end, end + rows));
+    const OuterProductKernel kernel = kernel_for(rows);
+
+    // scores[r][k] = q_r · key_k / √head_dim, for the key tiles the rows reach.
+    for (int tile = first_tile; tile < end_tile; ++tile) {
+        std::fill(sums, sums + kRowTile * kTokenTile, 0.0f);
+        kernel(sums, queries, head_dim, tiles.key_tiles + size_t(tile) * head_dim * kTokenTile,
+               head_dim);
+        for (int r = 0; r < rows; ++r)
+            std::copy_n(sums + r * kTokenTile, kTokenTile,
+                        scores + size_t(r) * tiles.padded_keys + tile * kTokenTile);
+    }
+    // Causal softmax: exp over each row's keys, zero around them; normalised at the end.
+    const int key_begin = first_tile * kTokenTile, key_end = end_tile * kTokenTile;
+    float inverse_sums[kRowTile];
+    for (int r = 0; r < rows; ++r) {
+        float* row = scores + size_t(r) * tiles.padded_keys;
+        inverse_sums[r] = 1.0f / exp_in_place(row, begin[r], end[r]);
+        std::fill(row + key_begin, row + begin[r], 0.0f);
+        std::fill(row + end[r], row + key_end, 0.0f);
+    }
+    // out_r = Σ_k p_rk · value_k, 16 columns at a time.
+    for (int column_tile = 0; column_tile < head_dim_tile_count(head_dim); ++column_tile) {
+        std::fill(sums, sums + kRowTile * kTokenTile, 0.0f);
+        kernel(
+            sums, scores + key_begin, tiles.padded_keys,
+            tiles.value_tiles + (size_t(column_tile) * tiles.padded_keys + key_begin) * kTokenTile,
+            key_end - key_begin);
+        const int columns = std::min(kTokenTile, head_dim - column_tile * kTokenTile);
+        for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < columns; ++c)
+                out_rows[r][column_tile * kTokenTile + c] =
+                    sums[r * kTokenTile + c] * inverse_sums[r];
     }
 }
 

@@ -229,10 +229,12 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
     const auto type = GENERATE(cpu::KvType::F32, cpu::KvType::F16);
     const auto level = GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2);
     if (level == cpu::SimdLevel::Avx2 && cpu::detect_simd_level() != cpu::SimdLevel::Avx2) return;
-    const int heads = 6, kv_heads = 2, head_dim = 12, kv_dim = kv_heads * head_dim;
+    // head_dim 20: one whole and one partial tile of 16 value columns in the AVX2 prefill.
+    const int head_dim = GENERATE(12, 20);
+    const int heads = 6, kv_heads = 2, kv_dim = kv_heads * head_dim;
     const size_t element = type == cpu::KvType::F32 ? 4 : 2;
-    for (int window : {0, 5}) {
-        for (int positions : {1, 7, 300}) {
+    for (int window : {0, 5, 37}) {
+        for (int positions : {1, 7, 45, 300}) {
             const auto keys = random_floats(size_t(positions) * kv_dim, rng);
             const auto values = random_floats(size_t(positions) * kv_dim, rng);
             // Store the cache in `type`; the reference uses the stored (rounded) values.
@@ -253,7 +255,7 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
             const cpu::AttentionShape shape{heads, kv_heads, head_dim, window};
             const int pos = positions - 1;
             const int first = window ? std::max(0, pos + 1 - window) : 0;
-            INFO("positions " << positions << " window " << window);
+            INFO("positions " << positions << " window " << window << " head_dim " << head_dim);
             cpu::set_simd_level(level);
 
             // Decode: the last position alone.
@@ -265,8 +267,9 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
                       out, reference_attention(q.data(), pos, first, stored_keys, stored_values,
                                                heads, kv_heads, head_dim)) < 1e-5);
 
-            // Prefill: the last `count` positions as one batch, each causal.
-            const int count = std::min(positions, 9);
+            // Prefill: the last `count` positions as one batch, each causal (40 tokens ×
+            // 3 heads per KV head: several blocks of query rows and tiles of keys).
+            const int count = std::min(positions, 40);
             const int first_pos = positions - count;
             const auto queries = random_floats(size_t(count) * heads * head_dim, rng);
             std::vector<float> batch_out(queries.size(), NAN);
