@@ -23,32 +23,48 @@ inline std::string gib_text(size_t bytes) {
     return text;
 }
 
-// cudaMalloc'd memory, freed on destruction. `what` names it in the out-of-memory error.
-class DeviceBuffer {
+// Where a CudaBuffer's memory comes from: device memory (cudaMalloc), or page-locked host
+// memory (cudaMallocHost), the target of the asynchronous logits copy and the staging
+// area of uploads.
+struct DeviceMemory {
+    static constexpr const char* kName = "GPU memory";
+    static cudaError_t allocate(void** data, size_t bytes) { return cudaMalloc(data, bytes); }
+    static void release(void* data) { cudaFree(data); }
+};
+struct PinnedHostMemory {
+    static constexpr const char* kName = "pinned host memory";
+    static cudaError_t allocate(void** data, size_t bytes) { return cudaMallocHost(data, bytes); }
+    static void release(void* data) { cudaFreeHost(data); }
+};
+
+// Memory of `Memory`'s kind, freed on destruction; moves, never copies. `what` names it
+// in the out-of-memory error.
+template <typename Memory>
+class CudaBuffer {
 public:
-    DeviceBuffer() = default;
-    DeviceBuffer(size_t bytes, const std::string& what) : bytes_(bytes) {
+    CudaBuffer() = default;
+    CudaBuffer(size_t bytes, const std::string& what) : bytes_(bytes) {
         if (bytes == 0) return;
-        const cudaError_t status = cudaMalloc(&data_, bytes);
+        const cudaError_t status = Memory::allocate(&data_, bytes);
         if (status != cudaSuccess) {
             cudaGetLastError();
             data_ = nullptr;
-            throw Error("CUDA error: cannot allocate " + gib_text(bytes) + " of GPU memory for " +
-                        what + ": " + cudaGetErrorString(status));
+            throw Error("CUDA error: cannot allocate " + gib_text(bytes) + " of " + Memory::kName +
+                        " for " + what + ": " + cudaGetErrorString(status));
         }
     }
-    ~DeviceBuffer() {
-        if (data_) cudaFree(data_);
+    ~CudaBuffer() {
+        if (data_) Memory::release(data_);
     }
-    DeviceBuffer(DeviceBuffer&& other) noexcept
+    CudaBuffer(CudaBuffer&& other) noexcept
         : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
-    DeviceBuffer& operator=(DeviceBuffer&& other) noexcept {
+    CudaBuffer& operator=(CudaBuffer&& other) noexcept {
         std::swap(data_, other.data_);
         std::swap(bytes_, other.bytes_);
         return *this;
     }
-    DeviceBuffer(const DeviceBuffer&) = delete;
-    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+    CudaBuffer(const CudaBuffer&) = delete;
+    CudaBuffer& operator=(const CudaBuffer&) = delete;
 
     template <typename T = void>
     T* as() const {
@@ -61,43 +77,8 @@ private:
     size_t bytes_ = 0;
 };
 
-// Page-locked host memory (cudaMallocHost), freed on destruction: the target of the
-// asynchronous logits copy and the staging area of uploads.
-class PinnedBuffer {
-public:
-    PinnedBuffer() = default;
-    PinnedBuffer(size_t bytes, const std::string& what) : bytes_(bytes) {
-        const cudaError_t status = cudaMallocHost(&data_, bytes);
-        if (status != cudaSuccess) {
-            cudaGetLastError();
-            data_ = nullptr;
-            throw Error("CUDA error: cannot allocate " + gib_text(bytes) +
-                        " of pinned host memory for " + what + ": " + cudaGetErrorString(status));
-        }
-    }
-    ~PinnedBuffer() {
-        if (data_) cudaFreeHost(data_);
-    }
-    PinnedBuffer(PinnedBuffer&& other) noexcept
-        : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
-    PinnedBuffer& operator=(PinnedBuffer&& other) noexcept {
-        std::swap(data_, other.data_);
-        std::swap(bytes_, other.bytes_);
-        return *this;
-    }
-    PinnedBuffer(const PinnedBuffer&) = delete;
-    PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-
-    template <typename T = void>
-    T* as() const {
-        return static_cast<T*>(data_);
-    }
-    size_t bytes() const { return bytes_; }
-
-private:
-    void* data_ = nullptr;
-    size_t bytes_ = 0;
-};
+using DeviceBuffer = CudaBuffer<DeviceMemory>;
+using PinnedBuffer = CudaBuffer<PinnedHostMemory>;
 
 // Device bytes of `parts` stacked into one padded matrix (see upload_stacked).
 inline size_t stacked_bytes(const std::vector<const Matrix*>& parts) {

@@ -15,6 +15,8 @@
 // - w1 and w3 are read by the same warp and SiLU-GLU is applied before the store, so the
 //   two hidden-size intermediates never reach global memory.
 #pragma once
+#include <type_traits>
+
 #include "common.cuh"
 #include "cuda_check.h"
 #include "kernels.h"
@@ -225,6 +227,21 @@ void launch_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix
         out, w1.data, w3.data, w1.rows, w1.pitch, in, w1.cols, norm_weight, eps);
 }
 
+// Calls launch(std::integral_constant<DType, D>{}) for the weights' dtype D.
+template <typename Launch>
+void with_weight_dtype(DType dtype, Launch launch) {
+    switch (dtype) {
+        case DType::F32:
+            return launch(std::integral_constant<DType, DType::F32>{});
+        case DType::F16:
+            return launch(std::integral_constant<DType, DType::F16>{});
+        case DType::BF16:
+            return launch(std::integral_constant<DType, DType::BF16>{});
+        case DType::I8:
+            throw Error("the CUDA kernels do not read Q8 (I8) weights yet");
+    }
+}
+
 template <typename Kernel>
 void allow_shared_bytes(Kernel kernel, size_t bytes) {
     CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
@@ -235,19 +252,9 @@ void allow_shared_bytes(Kernel kernel, size_t bytes) {
 
 void matvec(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight, float eps,
             bool accumulate, cudaStream_t stream) {
-    switch (w.dtype) {
-        case DType::F32:
-            launch_matvec<DType::F32>(out, w, in, norm_weight, eps, accumulate, stream);
-            break;
-        case DType::F16:
-            launch_matvec<DType::F16>(out, w, in, norm_weight, eps, accumulate, stream);
-            break;
-        case DType::BF16:
-            launch_matvec<DType::BF16>(out, w, in, norm_weight, eps, accumulate, stream);
-            break;
-        case DType::I8:
-            throw Error("the CUDA kernels do not read Q8 (I8) weights yet");
-    }
+    with_weight_dtype(w.dtype, [&](auto dtype) {
+        launch_matvec<decltype(dtype)::value>(out, w, in, norm_weight, eps, accumulate, stream);
+    });
     CUDA_CHECK_LAUNCH("matvec_kernel");
 }
 
@@ -255,19 +262,9 @@ void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, c
                    const float* norm_weight, float eps, cudaStream_t stream) {
     if (w1.rows != w3.rows || w1.pitch != w3.pitch || w1.cols != w3.cols || w1.dtype != w3.dtype)
         throw Error("matvec_swiglu: w1 and w3 differ in shape or dtype");
-    switch (w1.dtype) {
-        case DType::F32:
-            launch_matvec_swiglu<DType::F32>(out, w1, w3, in, norm_weight, eps, stream);
-            break;
-        case DType::F16:
-            launch_matvec_swiglu<DType::F16>(out, w1, w3, in, norm_weight, eps, stream);
-            break;
-        case DType::BF16:
-            launch_matvec_swiglu<DType::BF16>(out, w1, w3, in, norm_weight, eps, stream);
-            break;
-        case DType::I8:
-            throw Error("the CUDA kernels do not read Q8 (I8) weights yet");
-    }
+    with_weight_dtype(w1.dtype, [&](auto dtype) {
+        launch_matvec_swiglu<decltype(dtype)::value>(out, w1, w3, in, norm_weight, eps, stream);
+    });
     CUDA_CHECK_LAUNCH("matvec_swiglu_kernel");
 }
 
