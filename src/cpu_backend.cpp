@@ -12,7 +12,8 @@ namespace barellm {
 
 namespace {
 
-constexpr int kMaxBatch = 512;  // prefill processes longer prompts in chunks of this size
+constexpr int kMaxBatch = 512;     // prefill processes longer prompts in chunks of this size
+constexpr size_t kSwigluCost = 8;  // one SiLU (an exp and a division) in multiply-adds
 
 // Every activation buffer and the KV cache, allocated once. Decode uses batch 1;
 // prefill uses up to kMaxBatch rows (B below).
@@ -142,7 +143,7 @@ private:
             cpu::matmul_batch(s.q.data(), s.xb.data(), B, w.wq);
             cpu::matmul_batch(s.k.data(), s.xb.data(), B, w.wk);
             cpu::matmul_batch(s.v.data(), s.xb.data(), B, w.wv);
-            for (int b = 0; b < B; ++b) {
+            cpu::for_each_row(B, c.q_dim() + c.kv_dim(), [&](int b) {
                 const int pos = first_pos + b;
                 float* k_row = &s.k[size_t(b) * c.kv_dim()];
                 cpu::rope(&s.q[size_t(b) * c.q_dim()], c.heads, c.head_dim, pos,
@@ -151,19 +152,22 @@ private:
                 cpu::kv_store(cache_row(s.key_cache, l, pos), k_row, c.kv_dim(), kv_type_);
                 cpu::kv_store(cache_row(s.value_cache, l, pos), &s.v[size_t(b) * c.kv_dim()],
                               c.kv_dim(), kv_type_);
-            }
+            });
             cpu::attention_batch(s.att.data(), s.q.data(), B, first_pos,
                                  cache_row(s.key_cache, l, 0), cache_row(s.value_cache, l, 0),
                                  attention_shape(), kv_type_);
             cpu::matmul_batch(s.proj.data(), s.att.data(), B, w.wo);
-            for (size_t i = 0; i < size_t(B) * c.dim; ++i) s.x[i] += s.proj[i];
+            add_rows(s.x.data(), s.proj.data(), B);
 
             rmsnorm_rows(s.xb.data(), s.x.data(), w.ffn_norm, B);
             cpu::matmul_batch(s.gate.data(), s.xb.data(), B, w.w1);
             cpu::matmul_batch(s.up.data(), s.xb.data(), B, w.w3);
-            cpu::swiglu(s.gate.data(), s.up.data(), B * c.hidden_dim);
+            cpu::for_each_row(B, c.hidden_dim * kSwigluCost, [&](int b) {
+                const size_t row = size_t(b) * c.hidden_dim;
+                cpu::swiglu(&s.gate[row], &s.up[row], c.hidden_dim);
+            });
             cpu::matmul_batch(s.proj.data(), s.gate.data(), B, w.w2);
-            for (size_t i = 0; i < size_t(B) * c.dim; ++i) s.x[i] += s.proj[i];
+            add_rows(s.x.data(), s.proj.data(), B);
         }
 
         if (logits_out) {
@@ -177,11 +181,22 @@ private:
         return s.logits.data();
     }
 
+    // The element-wise steps of prefill, a row (token) per call, rows split across threads.
+    //   out, x [rows, dim]
     void rmsnorm_rows(float* out, const float* x, const float* weight, int rows) const {
         const int dim = model_.config.dim;
-        for (int r = 0; r < rows; ++r)
+        cpu::for_each_row(rows, dim, [&](int r) {
             cpu::rmsnorm(out + size_t(r) * dim, x + size_t(r) * dim, weight, dim,
                          model_.config.norm_eps);
+        });
+    }
+
+    // x += y, both [rows, dim]: the residual connection.
+    void add_rows(float* x, const float* y, int rows) const {
+        const int dim = model_.config.dim;
+        cpu::for_each_row(rows, dim, [&](int r) {
+            for (size_t i = size_t(r) * dim; i < size_t(r + 1) * dim; ++i) x[i] += y[i];
+        });
     }
 
     cpu::AttentionShape attention_shape() const {

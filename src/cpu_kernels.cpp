@@ -98,12 +98,6 @@ namespace {
 // Below this many multiply-adds a thread costs more to wake than it saves.
 constexpr size_t kMinWorkPerThread = 1 << 16;
 
-// Threads worth using for `work` multiply-adds: at most OpenMP's, at least one.
-int threads_for(size_t work) {
-    return int(
-        std::max<size_t>(1, std::min<size_t>(omp_get_max_threads(), work / kMinWorkPerThread)));
-}
-
 // Inside a parallel region: calls work(first, count) with this thread's contiguous run
 // of the `rows` rows, cut at multiples of `step`.
 template <typename Work>
@@ -125,6 +119,16 @@ void split_rows(int rows, int step, size_t row_work, Work work) {
 }
 
 }  // namespace
+
+int threads_for(size_t work) {
+    return int(
+        std::max<size_t>(1, std::min<size_t>(omp_get_max_threads(), work / kMinWorkPerThread)));
+}
+
+void for_each_row(int rows, size_t row_work, const std::function<void(int)>& work) {
+#pragma omp parallel for schedule(static) num_threads(threads_for(size_t(rows) * row_work))
+    for (int r = 0; r < rows; ++r) work(r);
+}
 
 void quantize_q8(QuantizedVector* out, const float* x, int n) {
     const int groups = (n + kQ8Group - 1) / kQ8Group;

@@ -3,6 +3,7 @@
 // cpu_kernels_avx2.cpp. `matmul` and `attention` pick the path set by set_simd_level.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -21,6 +22,13 @@ const char* simd_level_name(SimdLevel level);
 
 // The KV cache stores keys and values as f32 or as IEEE half (f16, default).
 enum class KvType { F32, F16 };
+
+// Threads worth using for `work` multiply-adds: at most OpenMP's, at least one.
+int threads_for(size_t work);
+
+// Calls work(r) for each of `rows` independent rows of `row_work` multiply-adds each,
+// split across threads when that is worth it.
+void for_each_row(int rows, size_t row_work, const std::function<void(int)>& work);
 
 // out[rows] = W[rows, cols] · x[cols]; rows split across OpenMP threads. With AVX2 and
 // Q8 weights, x is first quantized to Q8 and the dot products are integer.
