@@ -715,7 +715,7 @@ private:
         if (at_end() || pos_ + 1 >= pattern_.size())
             refuse("'\\' at the end of the pattern", start);
         const char c = peek(1);
-        pos_ += 2;
+        pos_ += 1 + unicode::utf8_length(static_cast<unsigned char>(c));  // all of c's bytes
         if (c >= '1' && c <= '9') refuse("backreference " + text_from(start), start);
         if (c == '0') refuse("octal escape " + text_from(start), start);
         if (c == 'k' || c == 'g') refuse("group reference " + text_from(start), start);

@@ -127,6 +127,7 @@ TEST_CASE("constructs outside the subset are refused, naming them and the patter
         {R"(\w)", "word characters '\\w'"},
         {R"(\b)", "word boundary '\\b'"},
         {R"(\y)", "escape '\\y'"},
+        {"\\\xC3\xA9", "escape '\\\xC3\xA9' (at offset 0)"},  // the whole character
         {R"(\xE9)", "'\\xE9' (a byte"},
         {R"(\uD800)", "not a character"},
         {"[a[b]]", "nested class"},
