@@ -3,7 +3,9 @@
 // syntax, default options); this is a small backtracking matcher for the part of that
 // syntax that tokenizer.json files use, matching each pattern it accepts exactly as
 // Oniguruma does. Any other construct is refused when the pattern is compiled, with an
-// Error that names it: a pattern is matched like Hugging Face does or not at all.
+// Error that names it: a pattern is matched like Hugging Face does or not at all. The
+// converter refuses the same patterns with the same message (convert/regex_subset.py, kept
+// in agreement with the parser of regex.cpp by tests/test_regex_subset.py).
 //
 // Supported:
 //   literal characters; \t \n \r \f \v \a \e; \uHHHH, \x{H...} and \xHH (ASCII only); and a
