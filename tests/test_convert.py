@@ -433,6 +433,8 @@ def test_refuses_index_naming_missing_tensor(tmp_path):
            "model.safetensors")
 
 
+LOOKBEHIND_SPLIT = {"type": "Split", "pattern": {"Regex": "(?<=a)b"}, "behavior": "Isolated",
+                    "invert": False}
 TOKENIZER_REFUSALS = [
     ("normalizer", {"type": "BertNormalizer"},
      "tokenizer.json: normalizer type 'BertNormalizer' is not supported"),
@@ -443,6 +445,14 @@ TOKENIZER_REFUSALS = [
     ("decoder", {"type": "WordPiece"}, "tokenizer.json: decoder type 'WordPiece'"),
     ("model", {"type": "Unigram", "vocab": {}},
      "tokenizer.json: model type 'Unigram' is not supported"),
+    ("pre_tokenizer", LOOKBEHIND_SPLIT, "tokenizer.json: pre_tokenizer Split regex '(?<=a)b' "
+     "is not supported: lookbehind '(?<=' (at offset 0)"),
+    ("pre_tokenizer", {"type": "Sequence", "pretokenizers": [{"type": "Digits"},
+                                                             LOOKBEHIND_SPLIT]},
+     "tokenizer.json: pre_tokenizer Split regex '(?<=a)b' is not supported: lookbehind"),
+    ("normalizer", {"type": "Sequence", "normalizers": [
+        {"type": "Replace", "pattern": {"Regex": " +"}, "content": "\u2581"}]},
+     "tokenizer.json: normalizer Replace with Regex pattern ' +' is not supported"),
 ]
 
 

@@ -1,7 +1,8 @@
 """The converter's regex check (convert/regex_subset.py) against barellm's regex compiler
 (src/regex.cpp, through build/regex_check): the same verdict and the same message for the
 patterns of real tokenizers, every string of tests/test_regex.cpp, each kind of construct
-that src/regex.h lists as refused, and thousands of generated patterns."""
+that src/regex.h lists as refused, and thousands of generated patterns. Also: conversion
+refuses a Split regex outside the subset with the message barellm gives at load."""
 
 import json
 import os
@@ -12,7 +13,7 @@ import sys
 
 import pytest
 
-from convert_testlib import BUILD, CONVERT, REPO
+from convert_testlib import BUILD, CONVERT, REPO, make_checkpoint, run, tiny_tokenizer_json
 
 sys.path.insert(0, os.path.dirname(CONVERT))
 from common import ConvertError  # noqa: E402  (convert/)
@@ -266,3 +267,26 @@ def test_text_that_is_not_utf8_is_refused():
     with pytest.raises(ConvertError, match=r"'a\\ud800' is not supported: text that is not "
                                            r"valid UTF-8 \(at offset 0\)"):
         regex_subset.check_regex("a\ud800")
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_conversion_refuses_like_loading(tmp_path, nested):
+    """A Split regex outside the subset, alone or inside a Sequence, is refused at
+    conversion with the message barellm gives when it loads the tokenizer.json."""
+    split = {"type": "Split", "pattern": {"Regex": r"(?<=a)b"}, "behavior": "Isolated",
+             "invert": False}
+    tokenizer = tiny_tokenizer_json()
+    tokenizer["pre_tokenizer"] = ({"type": "Sequence", "pretokenizers": [
+        {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always"}, split]}
+        if nested else split)
+    hf = make_checkpoint(tmp_path / "hf", tokenizer=tokenizer)
+    out = tmp_path / "model.barellm"
+    result = run(CONVERT, hf, "-o", out)
+    assert result.returncode == 1 and not out.exists()
+    message = ("tokenizer.json: pre_tokenizer Split regex '(?<=a)b' is not supported: "
+               "lookbehind '(?<=' (at offset 0)")
+    assert result.stderr == f"convert: {message}\n"
+    (tmp_path / "text").write_text("ab", encoding="utf-8")
+    loaded = subprocess.run([need_tool("tokenize_json"), hf / "tokenizer.json",
+                             tmp_path / "text"], capture_output=True, text=True)
+    assert loaded.returncode == 1 and loaded.stderr == f"tokenize_json: {message}\n"
