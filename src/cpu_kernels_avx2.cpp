@@ -31,6 +31,25 @@ inline float horizontal_sum(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
 }
 
+// Transposes the 8 × 8 block held in rows[0..7] (rows[i] lane j becomes rows[j] lane i).
+inline void transpose8x8(__m256 rows[8]) {
+    __m256 pairs[8], quads[8];
+    for (int i = 0; i < 8; i += 2) {
+        pairs[i] = _mm256_unpacklo_ps(rows[i], rows[i + 1]);
+        pairs[i + 1] = _mm256_unpackhi_ps(rows[i], rows[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        quads[i] = _mm256_shuffle_ps(pairs[i], pairs[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        quads[i + 1] = _mm256_shuffle_ps(pairs[i], pairs[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        quads[i + 2] = _mm256_shuffle_ps(pairs[i + 1], pairs[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        quads[i + 3] = _mm256_shuffle_ps(pairs[i + 1], pairs[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; ++i) {
+        rows[i] = _mm256_permute2f128_ps(quads[i], quads[i + 4], 0x20);
+        rows[i + 4] = _mm256_permute2f128_ps(quads[i], quads[i + 4], 0x31);
+    }
+}
+
 inline float scalar_weight(const uint16_t* p, DType dtype) {
     return dtype == DType::F16 ? half_to_float(*p) : bf16_to_float(*p);
 }
@@ -216,14 +235,16 @@ namespace {
 // Prefill GEMM, out[token][row] = Σ_col W[row][col] · x[token][col], as a sum of outer
 // products. x is first transposed into tiles of kTokenTile tokens (x_tiles[tile][col]
 // [token]: one column of a tile is two registers; pack_token_tile, once per call, the
-// threads sharing it), then shared by every weight row. Each group of kRowTile weight rows is
+// threads sharing it), then shared by every weight row. A block of kRowBlock weight rows is
 // widened to f32 one block of kDepthBlock columns at a time (panel[row][col], row-major: the
-// weights are never transposed). The micro-kernel keeps kRowTile × kTokenTile outputs in 12
-// registers; each step loads two registers of x and broadcasts one weight per row: no horizontal
-// sums. Partial sums live in a small contiguous buffer until the last column block, so the strided
-// output is written once.
+// weights are never transposed), a panel that stays in L2 while each token tile, loaded into
+// L1 once, meets all its rows. The micro-kernel keeps kRowTile × kTokenTile outputs in 12
+// registers; each step loads two registers of x and broadcasts one weight per row: no
+// horizontal sums. Partial sums live in a contiguous buffer until the last column block, then
+// are transposed into the strided output once.
 constexpr int kTokenTile = 16;  // two registers of 8 tokens
 constexpr int kDepthBlock = 256;
+constexpr int kRowBlock = 16 * kRowTile;  // 96 rows × 256 columns × 4 bytes = 96 KB of L2
 
 // panel[r][i] = W[first_row + r][first_col + i] as f32, for `rows` rows.
 void pack_rows(float* panel, const Matrix& w, int first_row, int rows, int first_col, int depth) {
@@ -309,43 +330,83 @@ float* align32(float* p) {
     return misalignment ? p + (32 - misalignment) / sizeof(float) : p;
 }
 
-// x_tiles[tile][i][t] = x[tile * kTokenTile + t][i], zero past the last token.
+// x_tiles[tile][i][t] = x[tile * kTokenTile + t][i], zero past the last token; eight
+// tokens by eight columns at a time.
 void pack_token_tile(float* x_tiles, const float* x, int cols, int batch, int tile) {
     float* dest = x_tiles + size_t(tile) * cols * kTokenTile;
-    for (int t = 0; t < kTokenTile; ++t) {
-        const int token = tile * kTokenTile + t;
-        const float* source = x + size_t(token) * cols;
-        for (int i = 0; i < cols; ++i)
-            dest[size_t(i) * kTokenTile + t] = token < batch ? source[i] : 0.0f;
+    const int vector_cols = cols - cols % kLanes;
+    for (int t = 0; t < kTokenTile; t += kLanes) {
+        const float* rows[kLanes];  // the eight tokens' rows of x, or nullptr past the last
+        for (int k = 0; k < kLanes; ++k) {
+            const int token = tile * kTokenTile + t + k;
+            rows[k] = token < batch ? x + size_t(token) * cols : nullptr;
+        }
+        for (int i = 0; i < vector_cols; i += kLanes) {
+            __m256 block[kLanes];
+            for (int k = 0; k < kLanes; ++k)
+                block[k] = rows[k] ? _mm256_loadu_ps(rows[k] + i) : _mm256_setzero_ps();
+            transpose8x8(block);
+            for (int k = 0; k < kLanes; ++k)
+                _mm256_store_ps(dest + size_t(i + k) * kTokenTile + t, block[k]);
+        }
+        for (int i = vector_cols; i < cols; ++i)
+            for (int k = 0; k < kLanes; ++k)
+                dest[size_t(i) * kTokenTile + t + k] = rows[k] ? rows[k][i] : 0.0f;
+    }
+}
+
+// out[token][k] = tile_sums[k][token - first_token] for the tile's tokens below `batch`
+// and k < rows; out has `stride` floats a token. Blocks of eight rows by eight tokens are
+// transposed in registers, so both sides are read and written eight floats at a time.
+void store_tile_sums(float* out, int stride, const float* tile_sums, int rows, int first_token,
+                     int batch) {
+    const int vector_rows = rows - rows % kLanes;
+    for (int t = 0; t < kTokenTile && first_token + t < batch; t += kLanes) {
+        const int tokens = std::min(kLanes, batch - first_token - t);
+        for (int k = 0; k < vector_rows; k += kLanes) {
+            __m256 block[kLanes];
+            for (int j = 0; j < kLanes; ++j)
+                block[j] = _mm256_load_ps(tile_sums + (k + j) * kTokenTile + t);
+            transpose8x8(block);
+            for (int j = 0; j < tokens; ++j)
+                _mm256_storeu_ps(out + size_t(first_token + t + j) * stride + k, block[j]);
+        }
+        for (int j = 0; j < tokens; ++j)
+            for (int k = vector_rows; k < rows; ++k)
+                out[size_t(first_token + t + j) * stride + k] = tile_sums[k * kTokenTile + t + j];
     }
 }
 
 void matmul_batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
                        int row_count) {
-    alignas(32) float panel[kRowTile * kDepthBlock];
     const int tiles = token_tile_count(batch);
-    const size_t tile_sums = kRowTile * kTokenTile;
-    // The partial sums of one row group [tiles, kRowTile, kTokenTile], 32-byte aligned.
-    static thread_local std::vector<float> sum_storage;
-    sum_storage.resize(tiles * tile_sums + kLanes);
+    // One block of weight rows widened to f32, [kRowBlock, kDepthBlock], and its partial
+    // sums [tiles, kRowBlock, kTokenTile], both 32-byte aligned.
+    static thread_local std::vector<float> panel_storage, sum_storage;
+    panel_storage.resize(kRowBlock * kDepthBlock + kLanes);
+    sum_storage.resize(size_t(tiles) * kRowBlock * kTokenTile + kLanes);
+    float* panel = align32(panel_storage.data());
     float* sums = align32(sum_storage.data());
     const int end_row = first_row + row_count;
-    for (int r = first_row; r < end_row; r += kRowTile) {
-        const int rows = std::min(kRowTile, end_row - r);
-        const OuterProductKernel kernel = kernel_for(rows);
-        std::fill(sums, sums + tiles * tile_sums, 0.0f);
+    for (int block = first_row; block < end_row; block += kRowBlock) {
+        const int block_rows = std::min(kRowBlock, end_row - block);
+        std::fill(sums, sums + size_t(tiles) * kRowBlock * kTokenTile, 0.0f);
         for (int depth_start = 0; depth_start < w.cols; depth_start += kDepthBlock) {
             const int depth = std::min(kDepthBlock, w.cols - depth_start);
-            pack_rows(panel, w, r, rows, depth_start, depth);
-            for (int tile = 0; tile < tiles; ++tile)
-                kernel(sums + tile * tile_sums, panel, kDepthBlock,
-                       x_tiles + (size_t(tile) * w.cols + depth_start) * kTokenTile, depth);
+            pack_rows(panel, w, block, block_rows, depth_start, depth);
+            // Each tile of x, loaded into L1 once, meets every row group of the block.
+            for (int tile = 0; tile < tiles; ++tile) {
+                const float* x_tile = x_tiles + (size_t(tile) * w.cols + depth_start) * kTokenTile;
+                float* tile_sums = sums + size_t(tile) * kRowBlock * kTokenTile;
+                for (int group = 0; group < block_rows; group += kRowTile)
+                    kernel_for(std::min(kRowTile, block_rows - group))(
+                        tile_sums + group * kTokenTile, panel + group * kDepthBlock, kDepthBlock,
+                        x_tile, depth);
+            }
         }
-        for (int token = 0; token < batch; ++token) {
-            const float* token_sums = sums + (token / kTokenTile) * tile_sums + token % kTokenTile;
-            for (int k = 0; k < rows; ++k)
-                out[size_t(token) * w.rows + r + k] = token_sums[k * kTokenTile];
-        }
+        for (int tile = 0; tile < tiles; ++tile)
+            store_tile_sums(out + block, w.rows, sums + size_t(tile) * kRowBlock * kTokenTile,
+                            block_rows, tile * kTokenTile, batch);
     }
 }
 

@@ -294,9 +294,15 @@ TEST_CASE("batched matmul (prefill GEMM) matches a double-precision reference") 
     const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::I8);
     const auto level = GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2);
     if (level == cpu::SimdLevel::Avx2 && cpu::detect_simd_level() != cpu::SimdLevel::Avx2) return;
-    // Sizes cross the kernel's tiles (3 rows x 4 tokens) and blocks (64 tokens, 512 columns).
-    for (auto [batch, rows, cols] :
-         {std::tuple{1, 1, 1}, {5, 7, 13}, {4, 3, 8}, {70, 11, 600}, {9, 40, 1030}}) {
+    // Sizes cross the AVX2 kernel's tiles (6 rows x 16 tokens, transposed 8 x 8 at a time)
+    // and blocks (96 rows, 256 columns), with partial tiles and blocks of every kind.
+    for (auto [batch, rows, cols] : {std::tuple{1, 1, 1},
+                                     {5, 7, 13},
+                                     {4, 3, 8},
+                                     {70, 11, 600},
+                                     {9, 40, 1030},
+                                     {37, 203, 531},
+                                     {16, 96, 256}}) {
         TestMatrix m = make_matrix(rows, cols, dtype, rng);
         const std::vector<float> x = random_floats(size_t(batch) * cols, rng);
         std::vector<double> want(size_t(batch) * rows);
