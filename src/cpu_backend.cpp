@@ -140,9 +140,8 @@ private:
         for (int l = 0; l < c.layers; ++l) {
             const LayerWeights& w = model_.layers[l];
             rmsnorm_rows(s.xb.data(), s.x.data(), w.attn_norm, B);
-            cpu::matmul_batch(s.q.data(), s.xb.data(), B, w.wq);
-            cpu::matmul_batch(s.k.data(), s.xb.data(), B, w.wk);
-            cpu::matmul_batch(s.v.data(), s.xb.data(), B, w.wv);
+            cpu::matmul_batch_many(s.xb.data(), B,
+                                   {{s.q.data(), &w.wq}, {s.k.data(), &w.wk}, {s.v.data(), &w.wv}});
             cpu::for_each_row(B, c.q_dim() + c.kv_dim(), [&](int b) {
                 const int pos = first_pos + b;
                 float* k_row = &s.k[size_t(b) * c.kv_dim()];
@@ -160,8 +159,7 @@ private:
             add_rows(s.x.data(), s.proj.data(), B);
 
             rmsnorm_rows(s.xb.data(), s.x.data(), w.ffn_norm, B);
-            cpu::matmul_batch(s.gate.data(), s.xb.data(), B, w.w1);
-            cpu::matmul_batch(s.up.data(), s.xb.data(), B, w.w3);
+            cpu::matmul_batch_many(s.xb.data(), B, {{s.gate.data(), &w.w1}, {s.up.data(), &w.w3}});
             cpu::for_each_row(B, c.hidden_dim * kSwigluCost, [&](int b) {
                 const size_t row = size_t(b) * c.hidden_dim;
                 cpu::swiglu(&s.gate[row], &s.up[row], c.hidden_dim);

@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <vector>
 
@@ -190,27 +191,65 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
 }
 
 void matmul_batch(float* out, const float* x, int batch, const Matrix& w) {
-    const size_t row_work = size_t(w.cols) * batch;
+    matmul_batch_many(x, batch, {{out, &w}});
+}
+
+namespace {
+
+// The rows a thread claims next when `rows_left` rows of the GEMMs remain: whole blocks
+// while there is plenty, then ever smaller runs, so that no thread is left with a long
+// one while the others wait.
+int chunk_rows(int rows_left, int threads) {
+    const int share = (rows_left / (2 * threads) + avx2::kRowTile - 1) / avx2::kRowTile;
+    return std::clamp(share * avx2::kRowTile, avx2::kRowTile, avx2::kRowBlock);
+}
+
+}  // namespace
+
+void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOutput> outputs) {
+    const int cols = outputs.begin()->w->cols;
+    int total_rows = 0;
+    for (const BatchOutput& o : outputs) {
+        if (o.w->cols != cols) throw Error("matmul_batch_many: matrices of different widths");
+        total_rows += o.w->rows;
+    }
+    const size_t row_work = size_t(cols) * batch;
     if (active_level != SimdLevel::Avx2) {
-        split_rows(w.rows, 1, row_work, [&](int first, int count) {
-            scalar::matmul_batch_rows(out, w, x, batch, first, count);
-        });
+        for (const BatchOutput& o : outputs)
+            split_rows(o.w->rows, 1, row_work, [&](int first, int count) {
+                scalar::matmul_batch_rows(o.out, *o.w, x, batch, first, count);
+            });
         return;
     }
     // x is transposed into token tiles once, the threads sharing the work and the result;
     // the buffer belongs to the calling thread.
     static thread_local std::vector<float> tile_storage;
-    tile_storage.resize(avx2::token_tiles_floats(batch, w.cols));
+    tile_storage.resize(avx2::token_tiles_floats(batch, cols));
     float* x_tiles = avx2::align32(tile_storage.data());
     const int tiles = avx2::token_tile_count(batch);
-#pragma omp parallel num_threads(threads_for(w.rows* row_work))
+    std::atomic<int> next_row{0};  // rows of all outputs, one matrix after another
+#pragma omp parallel num_threads(threads_for(total_rows* row_work))
     {
 #pragma omp for schedule(static)
         for (int tile = 0; tile < tiles; ++tile)
-            avx2::pack_token_tile(x_tiles, x, w.cols, batch, tile);
-        this_threads_rows(w.rows, avx2::kRowTile, [&](int first, int count) {
-            avx2::matmul_batch_rows(out, w, x_tiles, batch, first, count);
-        });
+            avx2::pack_token_tile(x_tiles, x, cols, batch, tile);
+        const int threads = omp_get_num_threads();
+        for (;;) {
+            const int size = chunk_rows(total_rows - next_row.load(), threads);
+            const int first = next_row.fetch_add(size);
+            if (first >= total_rows) break;
+            const int last = std::min(total_rows, first + size);
+            // The claimed rows [first, last), cut at the boundaries between matrices.
+            int matrix_start = 0;
+            for (const BatchOutput& o : outputs) {
+                const int begin = std::max(first, matrix_start);
+                const int end = std::min(last, matrix_start + o.w->rows);
+                if (begin < end)
+                    avx2::matmul_batch_rows(o.out, *o.w, x_tiles, batch, begin - matrix_start,
+                                            end - begin);
+                matrix_start += o.w->rows;
+            }
+        }
     }
 }
 

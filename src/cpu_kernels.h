@@ -55,6 +55,15 @@ void quantize_q8(QuantizedVector* out, const float* x, int n);
 // that each weight row is read from memory once per block of tokens.
 void matmul_batch(float* out, const float* x, int batch, const Matrix& w);
 
+// Several GEMMs of the same x (e.g. q, k and v) in one parallel region: x is transposed
+// once, and the threads take their rows, one matrix after another, in chunks that shrink
+// near the end, so threads of unequal speed finish together.
+struct BatchOutput {
+    float* out;  // [batch, w->rows]
+    const Matrix* w;
+};
+void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOutput> outputs);
+
 // out[n] = x / rms(x) * weight
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps);
 
@@ -112,7 +121,8 @@ int token_tile_count(int batch);
 size_t token_tiles_floats(int batch, int cols);  // buffer size, alignment slack included
 float* align32(float* p);
 void pack_token_tile(float* x_tiles, const float* x, int cols, int batch, int tile);
-constexpr int kRowTile = 6;  // weight rows (or query rows) per GEMM micro-kernel call
+constexpr int kRowTile = 6;               // weight rows (or query rows) per GEMM micro-kernel call
+constexpr int kRowBlock = 16 * kRowTile;  // weight rows widened to f32 together (96 KB of L2)
 void matmul_batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
                        int row_count);
 float dot_kv(const float* q, const void* keys, int n, KvType type);

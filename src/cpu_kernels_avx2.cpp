@@ -244,7 +244,6 @@ namespace {
 // are transposed into the strided output once.
 constexpr int kTokenTile = 16;  // two registers of 8 tokens
 constexpr int kDepthBlock = 256;
-constexpr int kRowBlock = 16 * kRowTile;  // 96 rows × 256 columns × 4 bytes = 96 KB of L2
 
 // panel[r][i] = W[first_row + r][first_col + i] as f32, for `rows` rows.
 void pack_rows(float* panel, const Matrix& w, int first_row, int rows, int first_col, int depth) {

@@ -320,3 +320,42 @@ TEST_CASE("batched matmul (prefill GEMM) matches a double-precision reference") 
         CHECK(relative_error(got, want) < 1e-5);
     }
 }
+
+TEST_CASE("several GEMMs of one input each match their own reference") {
+    std::mt19937 rng(77);
+    const auto dtype = GENERATE(DType::F16, DType::I8);
+    const auto level = GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2);
+    if (level == cpu::SimdLevel::Avx2 && cpu::detect_simd_level() != cpu::SimdLevel::Avx2) return;
+    // Like q, k and v: row counts that are not multiples of the 6-row tile or the 96-row
+    // block, so that the chunks the threads claim straddle the boundaries between matrices.
+    const int batch = 21, cols = 300;
+    const std::vector<int> row_counts = {197, 31, 31};
+    std::vector<TestMatrix> matrices;
+    for (int rows : row_counts) matrices.push_back(make_matrix(rows, cols, dtype, rng));
+    const std::vector<float> x = random_floats(size_t(batch) * cols, rng);
+    std::vector<std::vector<float>> got;
+    for (int rows : row_counts) got.emplace_back(size_t(batch) * rows, NAN);
+    cpu::set_simd_level(level);
+    cpu::matmul_batch_many(x.data(), batch,
+                           {{got[0].data(), &matrices[0].matrix},
+                            {got[1].data(), &matrices[1].matrix},
+                            {got[2].data(), &matrices[2].matrix}});
+    cpu::set_simd_level(cpu::detect_simd_level());
+    for (size_t m = 0; m < matrices.size(); ++m) {
+        const int rows = row_counts[m];
+        std::vector<double> want(size_t(batch) * rows);
+        for (int b = 0; b < batch; ++b)
+            for (int r = 0; r < rows; ++r)
+                for (int c = 0; c < cols; ++c)
+                    want[size_t(b) * rows + r] +=
+                        double(matrices[m].values[size_t(r) * cols + c]) * x[size_t(b) * cols + c];
+        INFO(dtype_name(dtype) << " " << cpu::simd_level_name(level) << " matrix " << m);
+        CHECK(relative_error(got[m], want) < 1e-5);
+    }
+    const TestMatrix narrow = make_matrix(4, cols - 1, dtype, rng);
+    std::vector<float> narrow_out(size_t(batch) * 4);
+    CHECK_THROWS_WITH(cpu::matmul_batch_many(x.data(), batch,
+                                             {{got[0].data(), &matrices[0].matrix},
+                                              {narrow_out.data(), &narrow.matrix}}),
+                      Catch::Contains("different widths"));
+}
