@@ -288,6 +288,13 @@ void softmax(float* x, int n) {
 }
 
 void swiglu(float* gate, const float* up, int n) {
+    if (active_level == SimdLevel::Avx2)
+        avx2::swiglu(gate, up, n);
+    else
+        scalar::swiglu(gate, up, n);
+}
+
+void scalar::swiglu(float* gate, const float* up, int n) {
     for (int i = 0; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 

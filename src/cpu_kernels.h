@@ -109,6 +109,7 @@ void matmul_batch_rows(float* out, const Matrix& w, const float* x, int batch, i
                        int row_count);
 float dot_kv(const float* q, const void* keys, int n, KvType type);
 void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);
+void swiglu(float* gate, const float* up, int n);
 }  // namespace scalar
 
 namespace avx2 {
@@ -127,6 +128,7 @@ void matmul_batch_rows(float* out, const Matrix& w, const float* x_tiles, int ba
                        int row_count);
 float dot_kv(const float* q, const void* keys, int n, KvType type);
 void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);
+void swiglu(float* gate, const float* up, int n);
 
 // Prefill attention on the GEMM micro-kernel, one KV head at a time: its cache rows
 // [first_key, first_key + keys) widened to f32 tiles (pack_kv_tile, the threads sharing

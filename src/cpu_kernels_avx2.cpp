@@ -50,6 +50,24 @@ inline void transpose8x8(__m256 rows[8]) {
     }
 }
 
+// e^x in each lane, for x ≤ 0 (below -87 it gives about 1e-38 rather than less): x = n·ln2 + r
+// with |r| ≤ ln2/2, e^r by its Taylor polynomial of degree 6 (relative error below 2e-7),
+// 2^n written into the exponent bits.
+inline __m256 exp_nonpositive(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    // ln2 in two parts, so that n · (high part) is exact.
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    for (float coefficient : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(coefficient));
+    const __m256i two_to_n =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_to_n));
+}
+
 inline float scalar_weight(const uint16_t* p, DType dtype) {
     return dtype == DType::F16 ? half_to_float(*p) : bf16_to_float(*p);
 }
@@ -426,24 +444,6 @@ namespace {
 
 int head_dim_tile_count(int head_dim) { return (head_dim + kTokenTile - 1) / kTokenTile; }
 
-// e^x in each lane, for x ≤ 0 (below -87 it gives about 1e-38 rather than less): x = n·ln2 + r
-// with |r| ≤ ln2/2, e^r by its Taylor polynomial of degree 6 (relative error below 2e-7),
-// 2^n written into the exponent bits.
-inline __m256 exp_nonpositive(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    // ln2 in two parts, so that n · (high part) is exact.
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.0f / 720);
-    for (float coefficient : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(coefficient));
-    const __m256i two_to_n =
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_to_n));
-}
-
 inline float horizontal_max(__m256 v) {
     const __m128 halves = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     const __m128 pairs = _mm_max_ps(halves, _mm_movehl_ps(halves, halves));
@@ -594,6 +594,27 @@ void attention_rows(float* out, const float* q, int first_row, int rows, int fir
                 out_rows[r][column_tile * kTokenTile + c] =
                     sums[r * kTokenTile + c] * inverse_sums[r];
     }
+}
+
+}  // namespace barellm::cpu::avx2
+
+namespace barellm::cpu::avx2 {
+
+// gate[n] = silu(gate) · up, where silu(g) = g · σ(g) and σ(g) = 1 / (1 + e^-g), written
+// with e = e^-|g| ≤ 1 as 1 / (1 + e) for g ≥ 0 and e / (1 + e) for g < 0.
+void swiglu(float* gate, const float* up, int n) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+    int i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 e = exp_nonpositive(_mm256_or_ps(g, sign_bit));  // e^-|g|
+        const __m256 numerator = _mm256_blendv_ps(one, e, g);         // e where g's sign is set
+        const __m256 sigmoid = _mm256_div_ps(numerator, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(gate + i,
+                         _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), _mm256_loadu_ps(up + i)));
+    }
+    for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
 }  // namespace barellm::cpu::avx2

@@ -149,7 +149,7 @@ TEST_CASE("matmul matches a double-precision reference for every dtype and SIMD 
     }
 }
 
-TEST_CASE("rmsnorm, softmax and swiglu match their formulas") {
+TEST_CASE("rmsnorm and softmax match their formulas") {
     std::mt19937 rng(7);
     for (int n : {1, 9, 172}) {
         const auto x = random_floats(n, rng, 3.0f), weight = random_floats(n, rng);
@@ -167,11 +167,28 @@ TEST_CASE("rmsnorm, softmax and swiglu match their formulas") {
         for (float v : x) total += std::exp(double(v));
         for (int i = 0; i < n; ++i) want[i] = std::exp(double(x[i])) / total;
         CHECK(relative_error(probabilities, want) < 1e-6);
+    }
+}
 
-        std::vector<float> gate = x;
-        cpu::swiglu(gate.data(), weight.data(), n);
-        for (int i = 0; i < n; ++i) want[i] = x[i] / (1 + std::exp(-double(x[i]))) * weight[i];
-        CHECK(relative_error(gate, want) < 1e-6);
+TEST_CASE("swiglu matches its formula at every SIMD level, far into both tails") {
+    std::mt19937 rng(8);
+    const auto level = GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2);
+    if (level == cpu::SimdLevel::Avx2 && cpu::detect_simd_level() != cpu::SimdLevel::Avx2) return;
+    for (int n : {1, 9, 172}) {
+        for (float scale : {3.0f, 120.0f}) {
+            const auto gate_in = random_floats(n, rng, scale), up = random_floats(n, rng);
+            std::vector<float> gate = gate_in;
+            cpu::set_simd_level(level);
+            cpu::swiglu(gate.data(), up.data(), n);
+            cpu::set_simd_level(cpu::detect_simd_level());
+            std::vector<double> want(n);
+            for (int i = 0; i < n; ++i)
+                want[i] = gate_in[i] / (1 + std::exp(-double(gate_in[i]))) * up[i];
+            INFO(cpu::simd_level_name(level) << " n " << n << " scale " << scale);
+            CHECK(relative_error(gate, want) < 1e-6);
+            for (int i = 0; i < n; ++i)
+                CHECK(std::abs(gate[i] - want[i]) <= 1e-6 * std::abs(want[i]) + 1e-30);
+        }
     }
 }
 
