@@ -128,8 +128,9 @@ void run_bench(const BenchOptions& options) {
     std::vector<int> tokens(context);
     for (int& t : tokens) t = int(rng() % config.vocab_size);
 
-    // One untimed warm-up, as llama-bench does: a short prefill and one decode step.
-    backend->prefill(tokens.data(), std::min(context, 16), 0, false);
+    // One untimed warm-up, as llama-bench does: the prefill test once (its buffers are
+    // allocated and their pages touched before the clock starts), then one decode step.
+    if (options.prompt_tokens > 0) backend->prefill(tokens.data(), options.prompt_tokens, 0, false);
     backend->forward(tokens[0], 0);
 
     const double weight_bytes = double(model.weight_bytes_per_token());

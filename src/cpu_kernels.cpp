@@ -373,12 +373,16 @@ void attention_batch(float* out, const float* q, int count, int first_pos, const
     const int first_key = attention_start(first_pos, shape.window);
     const int keys = first_pos + count - first_key;
     const int rows = count * (shape.heads / shape.kv_heads);  // query rows per KV head
-    std::vector<float> tile_storage(avx2::kv_tiles_floats(keys, shape.head_dim));
+    // The buffers are kept from call to call (every layer's attention would otherwise map
+    // fresh pages): the tiles belong to the calling thread, each scratch to its thread.
+    static thread_local std::vector<float> tile_storage;
+    tile_storage.resize(avx2::kv_tiles_floats(keys, shape.head_dim));
     const avx2::KvTiles tiles =
         avx2::kv_tiles(tile_storage.data(), first_key, keys, shape.head_dim);
 #pragma omp parallel num_threads(threads_for(work))
     {
-        std::vector<float> scratch(avx2::attention_scratch_floats(keys, shape.head_dim));
+        static thread_local std::vector<float> scratch;
+        scratch.resize(avx2::attention_scratch_floats(keys, shape.head_dim));
         for (int kv_head = 0; kv_head < shape.kv_heads; ++kv_head) {
 #pragma omp for schedule(static)
             for (int tile = 0; tile < avx2::kv_tile_count(keys); ++tile)
