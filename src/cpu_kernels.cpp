@@ -99,24 +99,17 @@ namespace {
 // Below this many multiply-adds a thread costs more to wake than it saves.
 constexpr size_t kMinWorkPerThread = 1 << 16;
 
-// Inside a parallel region: calls work(first, count) with this thread's contiguous run
-// of the `rows` rows, cut at multiples of `step`.
-template <typename Work>
-void this_threads_rows(int rows, int step, Work work) {
-    const int threads = omp_get_num_threads();
-    const int steps = (rows + step - 1) / step;
-    const int thread = omp_get_thread_num();
-    const int first = int(int64_t(steps) * thread / threads) * step;
-    const int last = std::min(rows, int(int64_t(steps) * (thread + 1) / threads) * step);
-    if (last > first) work(first, last - first);
-}
-
 // Calls work(first, count) on each OpenMP thread with its own contiguous run of the
-// `rows` rows, cut at multiples of `step`; `row_work` is the multiply-adds of one row.
+// `rows` rows; `row_work` is the multiply-adds of one row.
 template <typename Work>
-void split_rows(int rows, int step, size_t row_work, Work work) {
+void split_rows(int rows, size_t row_work, Work work) {
 #pragma omp parallel num_threads(threads_for(rows* row_work))
-    this_threads_rows(rows, step, work);
+    {
+        const int64_t threads = omp_get_num_threads(), thread = omp_get_thread_num();
+        const int first = int(rows * thread / threads);
+        const int last = int(rows * (thread + 1) / threads);
+        if (last > first) work(first, last - first);
+    }
 }
 
 }  // namespace
@@ -207,6 +200,7 @@ int chunk_rows(int rows_left, int threads) {
 }  // namespace
 
 void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOutput> outputs) {
+    if (outputs.size() == 0) return;
     const int cols = outputs.begin()->w->cols;
     int total_rows = 0;
     for (const BatchOutput& o : outputs) {
@@ -216,7 +210,7 @@ void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOut
     const size_t row_work = size_t(cols) * batch;
     if (active_level != SimdLevel::Avx2) {
         for (const BatchOutput& o : outputs)
-            split_rows(o.w->rows, 1, row_work, [&](int first, int count) {
+            split_rows(o.w->rows, row_work, [&](int first, int count) {
                 scalar::matmul_batch_rows(o.out, *o.w, x, batch, first, count);
             });
         return;

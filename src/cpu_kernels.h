@@ -52,7 +52,7 @@ struct QuantizedVector {
 void quantize_q8(QuantizedVector* out, const float* x, int n);
 
 // Prefill: out[batch, rows] = x[batch, cols] · W[rows, cols]ᵀ, a GEMM blocked so
-// that each weight row is read from memory once per block of tokens.
+// that each weight row is read from memory once for the whole batch.
 void matmul_batch(float* out, const float* x, int batch, const Matrix& w);
 
 // Several GEMMs of the same x (e.g. q, k and v) in one parallel region: x is transposed
