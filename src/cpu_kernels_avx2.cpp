@@ -509,7 +509,9 @@ void pack_kv_tile(const KvTiles& tiles, const void* key_cache, const void* value
     const size_t row_bytes = size_t(shape.kv_heads) * head_dim * element;
     const size_t head_offset = size_t(kv_head) * head_dim * element;
     float* key_tile = tiles.key_tiles + size_t(tile) * head_dim * kTokenTile;
-    std::vector<float> key(head_dim), value(head_dim);
+    static thread_local std::vector<float> key, value;  // one key and value row as f32
+    key.resize(head_dim);
+    value.resize(head_dim);
     for (int t = 0; t < kTokenTile; ++t) {
         const int k = tile * kTokenTile + t;  // key index, from first_key
         std::fill(key.begin(), key.end(), 0.0f);
@@ -614,7 +616,7 @@ void swiglu(float* gate, const float* up, int n) {
         _mm256_storeu_ps(gate + i,
                          _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), _mm256_loadu_ps(up + i)));
     }
-    for (; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+    scalar::swiglu(gate + i, up + i, n - i);
 }
 
 }  // namespace barellm::cpu::avx2
