@@ -11,6 +11,7 @@ never has one); the last checks what `--device cuda` says there.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -37,12 +38,24 @@ def cuda_unavailable_reason():
     return (result.stdout + result.stderr).strip() or f"exit status {result.returncode}"
 
 
+def gpu_present():
+    """Whether the NVIDIA driver sees a GPU, whatever barellm makes of it."""
+    if shutil.which("nvidia-smi") is None:
+        return False
+    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
 @pytest.fixture(scope="module")
 def cuda():
-    """Skip the test, printing why, unless a CUDA GPU is usable."""
+    """Skip the test, printing why, unless a CUDA GPU is usable. Where the driver sees a
+    GPU that a CUDA build of barellm cannot use (built for other architectures, a driver
+    too old), fail instead: a suite that skips there would pass without testing."""
     reason = cuda_unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"no usable CUDA GPU: {reason}")
+    if reason is None:
+        return
+    if gpu_present() and "no CUDA backend" not in reason:
+        pytest.fail(f"a GPU is present but barellm cannot use it: {reason}")
+    pytest.skip(f"no usable CUDA GPU: {reason}")
 
 
 def dump_logits(model, ids, *flags, env=None):
