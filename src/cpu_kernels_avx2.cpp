@@ -288,11 +288,17 @@ void pack_rows(float* panel, const Matrix& w, int first_row, int rows, int first
                 for (; k < group_end; ++k) dest[k] = source[k] * _mm256_cvtss_f32(scale);
             }
         } else {
+            // One loop per type: load8 tests the type, and the compiler would otherwise
+            // widen every vector both ways.
             const uint16_t* source = static_cast<const uint16_t*>(w.data) + offset;
-            int i = 0;
-            for (; i + kLanes <= depth; i += kLanes)
-                _mm256_storeu_ps(dest + i, load8(source + i, w.dtype));
-            for (; i < depth; ++i) dest[i] = scalar_weight(source + i, w.dtype);
+            const int vector_depth = depth - depth % kLanes;
+            if (w.dtype == DType::F16)
+                for (int i = 0; i < vector_depth; i += kLanes)
+                    _mm256_storeu_ps(dest + i, load8(source + i, DType::F16));
+            else
+                for (int i = 0; i < vector_depth; i += kLanes)
+                    _mm256_storeu_ps(dest + i, load8(source + i, DType::BF16));
+            for (int i = vector_depth; i < depth; ++i) dest[i] = scalar_weight(source + i, w.dtype);
         }
     }
 }
