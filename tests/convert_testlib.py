@@ -40,6 +40,17 @@ def need_shared(path):
     return path
 
 
+def cuda_unavailable_reason():
+    """None when build/dump_logits finds a usable CUDA GPU, else why not."""
+    dump_logits = os.path.join(BUILD, "dump_logits")
+    if not os.path.exists(dump_logits):
+        pytest.fail(f"{dump_logits} is missing: run `make` first")
+    result = subprocess.run([dump_logits, "--check-cuda"], capture_output=True, text=True)
+    if result.returncode == 0:
+        return None
+    return (result.stdout + result.stderr).strip() or f"exit status {result.returncode}"
+
+
 def run(script, *args):
     """Run a tool with the current interpreter; return the CompletedProcess."""
     return subprocess.run([sys.executable, script, *map(str, args)],

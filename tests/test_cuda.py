@@ -18,23 +18,14 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from convert_testlib import BUILD, CONVERT, STORIES, SYNTH, need_shared, run  # noqa: E402
+from convert_testlib import (BUILD, CONVERT, STORIES, SYNTH, cuda_unavailable_reason,  # noqa: E402
+                             need_shared, run)
 
 BARELLM = os.path.join(BUILD, "barellm")
 DUMP_LOGITS = os.path.join(BUILD, "dump_logits")
 KERNEL_CHECK = os.path.join(BUILD, "cuda_kernel_check")
 
 TOLERANCE = 1e-3  # relative error of the logits of each position, CUDA against CPU
-
-
-def cuda_unavailable_reason():
-    """None when build/dump_logits finds a usable CUDA GPU, else why not."""
-    if not os.path.exists(DUMP_LOGITS):
-        pytest.fail(f"{DUMP_LOGITS} is missing: run `make` first")
-    result = subprocess.run([DUMP_LOGITS, "--check-cuda"], capture_output=True, text=True)
-    if result.returncode == 0:
-        return None
-    return (result.stdout + result.stderr).strip() or f"exit status {result.returncode}"
 
 
 @pytest.fixture(scope="module")
