@@ -109,6 +109,8 @@ std::string greedy_text(Backend& backend, bool batched_prompt, const Model& mode
     return out + decoder.flush();
 }
 
+const char* kv_name(cpu::KvType type) { return type == cpu::KvType::F16 ? "f16" : "f32"; }
+
 void print_json_line(const nlohmann::json& line) {
     std::printf("%s\n",
                 line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
@@ -274,7 +276,7 @@ int run_cpu_ladder(const Options& options, int gen_tokens) {
 
     std::printf("%s: %s weights in the file, %d layers, dim %d; %d threads; KV cache %s\n\n",
                 options.model_path.c_str(), config.weight_dtype.c_str(), config.layers, config.dim,
-                threads, options.kv_type == cpu::KvType::F16 ? "f16" : "f32");
+                threads, kv_name(options.kv_type));
     print_table_header();
     std::vector<std::pair<DType, size_t>> bytes_per_token;
     double previous = 0;
@@ -373,8 +375,6 @@ void check_gpu() {
         "built without CUDA (nvcc was not found)");
 #endif
 }
-
-const char* kv_name(cpu::KvType type) { return type == cpu::KvType::F16 ? "f16" : "f32"; }
 
 int run_gpu_ladder(const Options& options, int gen_tokens) {
     if (options.has_prompt)
