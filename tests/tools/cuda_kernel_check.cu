@@ -319,20 +319,26 @@ void check_rope() {
                                          std::to_string(s.kv_heads) + "x" +
                                          std::to_string(s.head_dim) + " pos " +
                                          std::to_string(pos) + " kv " + kv_label(type);
+                // Row pos of both caches against the CPU's rows, `kernel` having written them.
+                auto check_cache_rows = [&](const std::string& kernel) {
+                    std::vector<uint8_t> got_row(kv_dim * element);
+                    const size_t row_offset = size_t(pos) * kv_dim * element;
+                    CUDA_CHECK(cudaMemcpy(got_row.data(), keys.as<uint8_t>() + row_offset,
+                                          got_row.size(), cudaMemcpyDeviceToHost));
+                    // f16: a rounding tie may fall differently when the f32 values differ by
+                    // an ulp.
+                    report(kernel + " " + what + " k", kv_values_as_float(got_row, type),
+                           kv_values_as_float(key_row, type),
+                           type == cpu::KvType::F32 ? 1e-6 : 1e-3);
+                    CUDA_CHECK(cudaMemcpy(got_row.data(), values.as<uint8_t>() + row_offset,
+                                          got_row.size(), cudaMemcpyDeviceToHost));
+                    report(kernel + " " + what + " v", kv_values_as_float(got_row, type),
+                           kv_values_as_float(value_row, type), 0.0);
+                };
                 std::vector<float> got_qkv = to_host(device_qkv.as(), qkv.size());
                 report("rope_kv " + what + " q",
                        std::vector<float>(got_qkv.begin(), got_qkv.begin() + q_dim), q, 1e-6);
-                std::vector<uint8_t> got_row(kv_dim * element);
-                const size_t row_offset = size_t(pos) * kv_dim * element;
-                CUDA_CHECK(cudaMemcpy(got_row.data(), keys.as<uint8_t>() + row_offset,
-                                      got_row.size(), cudaMemcpyDeviceToHost));
-                // f16: a rounding tie may fall differently when the f32 values differ by an ulp.
-                report("rope_kv " + what + " k", kv_values_as_float(got_row, type),
-                       kv_values_as_float(key_row, type), type == cpu::KvType::F32 ? 1e-6 : 1e-3);
-                CUDA_CHECK(cudaMemcpy(got_row.data(), values.as<uint8_t>() + row_offset,
-                                      got_row.size(), cudaMemcpyDeviceToHost));
-                report("rope_kv " + what + " v", kv_values_as_float(got_row, type),
-                       kv_values_as_float(value_row, type), 0.0);
+                check_cache_rows("rope_kv");
 
                 // The GPU ladder's unfused pair: RoPE in place on q and k, then the KV write.
                 DeviceBuffer simple_qkv = to_device(qkv);
@@ -350,14 +356,7 @@ void check_rope() {
                     "rope " + what + " k",
                     std::vector<float>(got_qkv.begin() + q_dim, got_qkv.begin() + q_dim + kv_dim),
                     k, 1e-6);
-                CUDA_CHECK(cudaMemcpy(got_row.data(), keys.as<uint8_t>() + row_offset,
-                                      got_row.size(), cudaMemcpyDeviceToHost));
-                report("store_kv_row " + what + " k", kv_values_as_float(got_row, type),
-                       kv_values_as_float(key_row, type), type == cpu::KvType::F32 ? 1e-6 : 1e-3);
-                CUDA_CHECK(cudaMemcpy(got_row.data(), values.as<uint8_t>() + row_offset,
-                                      got_row.size(), cudaMemcpyDeviceToHost));
-                report("store_kv_row " + what + " v", kv_values_as_float(got_row, type),
-                       kv_values_as_float(value_row, type), 0.0);
+                check_cache_rows("store_kv_row");
             }
         }
     }
