@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "safetensors.h"  // DType
@@ -40,18 +41,38 @@ __device__ __forceinline__ float group_sum(float value) {
     return value;
 }
 
-// Sum over the whole block; every thread gets the result. blockDim.x must be a multiple of
-// 32 and every thread of the block must call it. `scratch` holds 32 floats of shared memory.
-__device__ __forceinline__ float block_sum(float value, float* scratch) {
+// `op` (sum or max) over the whole block, starting from `identity`; every thread gets the
+// result. blockDim.x must be a multiple of 32 and every thread of the block must call it.
+// `scratch` holds 32 floats of shared memory.
+template <typename WarpReduce, typename Op>
+__device__ __forceinline__ float block_reduce(float value, float* scratch, WarpReduce warp_reduce,
+                                              Op op, float identity) {
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
     const int warps = blockDim.x / kWarpSize;
-    value = warp_sum(value);
+    value = warp_reduce(value);
     if (lane == 0) scratch[warp] = value;
     __syncthreads();
-    float total = 0.0f;
-    for (int w = 0; w < warps; ++w) total += scratch[w];  // same order in every thread
+    float total = identity;
+    for (int w = 0; w < warps; ++w) total = op(total, scratch[w]);  // same order everywhere
     __syncthreads();  // scratch may be written again after this returns
     return total;
+}
+
+__device__ __forceinline__ float block_sum(float value, float* scratch) {
+    return block_reduce(
+        value, scratch, [](float v) { return warp_sum(v); }, [](float a, float b) { return a + b; },
+        0.0f);
+}
+
+__device__ __forceinline__ float block_max(float value, float* scratch) {
+    return block_reduce(
+        value, scratch, [](float v) { return warp_max(v); },
+        [](float a, float b) { return fmaxf(a, b); }, -INFINITY);
+}
+
+// The feed-forward's gate: silu(gate) * up, silu(g) = g / (1 + e^-g).
+__device__ __forceinline__ float swiglu_value(float gate, float up) {
+    return gate / (1.0f + expf(-gate)) * up;
 }
 
 // Dynamic shared memory of a kernel as floats, 16-byte aligned (one declaration for all
@@ -126,12 +147,15 @@ struct WeightFormat<DType::BF16> {
 };
 
 // KV-cache elements: stored as f32 or f16 (round to nearest even, as the CPU's
-// float_to_half), always read in pairs (half2 / float2): head_dim and kv_dim are even, so a
-// pair never straddles a 4-byte (f16) or 8-byte (f32) boundary.
+// float_to_half). The fast kernels read them in pairs (half2 / float2): head_dim and kv_dim
+// are even, so a pair never straddles a 4-byte (f16) or 8-byte (f32) boundary; the ladder's
+// naive attention reads one element at a time.
 __device__ __forceinline__ void kv_store(float* slot, float value) { *slot = value; }
 __device__ __forceinline__ void kv_store(__half* slot, float value) {
     *slot = __float2half_rn(value);
 }
+__device__ __forceinline__ float kv_load(const float* row, int i) { return row[i]; }
+__device__ __forceinline__ float kv_load(const __half* row, int i) { return __half2float(row[i]); }
 __device__ __forceinline__ float2 kv_load_pair(const float* row, int pair) {
     return reinterpret_cast<const float2*>(row)[pair];
 }

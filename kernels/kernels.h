@@ -1,6 +1,7 @@
 // The host interface to barellm's CUDA kernels: one launch function per kernel role.
 // The kernels themselves live in the .cuh files named after what they compute
-// (embedding.cuh, matmul.cuh, rope.cuh, attention.cuh) and are compiled once, in
+// (embedding.cuh, matmul.cuh, rope.cuh, attention.cuh; the GPU ladder's simple versions in
+// matmul_simple.cuh, elementwise_simple.cuh, attention_simple.cuh) and are compiled once, in
 // kernels.cu; this header holds no device code, so host code that only launches kernels
 // (cuda_backend.cu, tests/tools/cuda_kernel_check.cu) does not recompile them.
 //
@@ -84,6 +85,43 @@ constexpr int kMaxHeadDim = 256;
 // How many blocks per KV head to split the positions of a context of `context` across on
 // a GPU with `multiprocessors` SMs: enough blocks to fill the GPU, no more than useful.
 int attention_splits(const cpu::AttentionShape& shape, int context, int multiprocessors);
+
+// ==== The GPU ladder's simple kernels (BackendOptions::cuda_kernels, `barellm ladder
+// --device cuda`): what the fast kernels above compute, the plain way, one optimisation
+// fewer per rung; cuda_kernel_check checks them against the CPU kernels like the fast ones.
+
+// out[rows] = W · in, one thread per row (rung 1; matmul_simple.cuh).
+void matvec_thread_per_row(float* out, const DeviceMatrix& w, const float* in, cudaStream_t stream);
+// As matvec (RMSNorm fused when norm_weight is given, out += with accumulate), one warp per
+// row, lane 0 storing (rung 2 without norm_weight nor accumulate, rung 3 with them).
+void matvec_warp_per_row(float* out, const DeviceMatrix& w, const float* in,
+                         const float* norm_weight, float eps, bool accumulate, cudaStream_t stream);
+// As matvec_swiglu, one warp per row (rung 3).
+void matvec_swiglu_warp_per_row(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
+                                const float* in, const float* norm_weight, float eps,
+                                cudaStream_t stream);
+
+// The steps rungs 1-2 run as separate kernels (elementwise_simple.cuh):
+// out[n] = in * rsqrt(mean(in²) + eps) * weight.
+void rmsnorm(float* out, const float* in, const float* weight, int n, float eps,
+             cudaStream_t stream);
+// x[n] += y (the residual connection).
+void residual_add(float* x, const float* y, int n, cudaStream_t stream);
+// gate[n] = silu(gate) * up.
+void swiglu(float* gate, const float* up, int n, cudaStream_t stream);
+// RoPE, in place, on the heads q vectors then kv_heads k vectors at the start of qk, for
+// pos = step[1] (the rotation of rope_kv_store).
+void rope(float* qk, const float* inverse_frequencies, const int* step, int heads, int kv_heads,
+          int head_dim, cudaStream_t stream);
+// Row pos = step[1] of key_cache and value_cache [context, kv_dim] = k[kv_dim], v[kv_dim].
+void store_kv_row(const float* k, const float* v, void* key_cache, void* value_cache,
+                  const int* step, int kv_dim, cpu::KvType kv_type, cudaStream_t stream);
+
+// What attention computes, naively (rungs 1-4; attention_simple.cuh): one block per query
+// head, scores [heads, context] (scratch) in global memory, no split.
+void attention_naive(float* out, const float* q, const void* key_cache, const void* value_cache,
+                     const int* step, float* scores, int context, const cpu::AttentionShape& shape,
+                     cpu::KvType kv_type, cudaStream_t stream);
 
 // cudaSuccess when this binary holds kernels the current GPU can run (otherwise, typically
 // cudaErrorNoKernelImageForDevice: it was built for other architectures).

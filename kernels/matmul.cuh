@@ -190,8 +190,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
                                               weight_row<D>(w3, row, pitch)};
         float sums[2];
         dot_rows<D, 2>(row_pointers, xs, pitch, sums);
-        const float gate = sums[0], up = sums[1];
-        value = gate / (1.0f + expf(-gate)) * up;
+        value = swiglu_value(/*gate=*/sums[0], /*up=*/sums[1]);
     }
     if (threadIdx.x % kWarpSize == 0) results[warp] = value;
     __syncthreads();
@@ -242,6 +241,11 @@ void with_weight_dtype(DType dtype, Launch launch) {
     }
 }
 
+void check_swiglu_shapes(const DeviceMatrix& w1, const DeviceMatrix& w3) {
+    if (w1.rows != w3.rows || w1.pitch != w3.pitch || w1.cols != w3.cols || w1.dtype != w3.dtype)
+        throw Error("matvec_swiglu: w1 and w3 differ in shape or dtype");
+}
+
 template <typename Kernel>
 void allow_shared_bytes(Kernel kernel, size_t bytes) {
     CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
@@ -260,8 +264,7 @@ void matvec(float* out, const DeviceMatrix& w, const float* in, const float* nor
 
 void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, const float* in,
                    const float* norm_weight, float eps, cudaStream_t stream) {
-    if (w1.rows != w3.rows || w1.pitch != w3.pitch || w1.cols != w3.cols || w1.dtype != w3.dtype)
-        throw Error("matvec_swiglu: w1 and w3 differ in shape or dtype");
+    check_swiglu_shapes(w1, w3);
     with_weight_dtype(w1.dtype, [&](auto dtype) {
         launch_matvec_swiglu<decltype(dtype)::value>(out, w1, w3, in, norm_weight, eps, stream);
     });

@@ -9,13 +9,24 @@ namespace barellm::cuda {
 
 constexpr int kRopeThreads = 256;
 
+// Pair (j, j + half) of the head vector `vec` rotated by the angle pos *
+// inverse_frequencies[j], computed in double as cpu::rope computes it, so that long contexts
+// keep their digits. half = head_dim / 2.
+__device__ __forceinline__ float2 rope_rotated_pair(const float* vec, int j, int half, int pos,
+                                                    const float* inverse_frequencies) {
+    double sin_angle, cos_angle;
+    sincos(double(pos) * double(inverse_frequencies[j]), &sin_angle, &cos_angle);
+    const float c = float(cos_angle), s = float(sin_angle);
+    const float a = vec[j], b = vec[j + half];
+    return make_float2(a * c - b * s, b * c + a * s);
+}
+
 // qkv [q_dim + 2 * kv_dim] = q heads, then k heads, then v heads, each head_dim long; q and
 // k heads are contiguous, so "rotation head" h < heads + kv_heads starts at qkv + h * head_dim.
 // Thread t < (heads + kv_heads) * head_dim/2 rotates pair (j, j + head_dim/2), j = t mod
 // half, of rotation head t / half (writing q back in place, k to the key cache); the next
 // kv_dim threads copy v element t - rotations to the value cache. Every element has exactly
-// one writer. The angle is pos * inverse_frequencies[j] in double, as cpu::rope computes it,
-// so that long contexts keep their digits.
+// one writer (rope_rotated_pair computes the rotation).
 // Launch: grid ceil(((heads + kv_heads) * head_dim/2 + kv_heads * head_dim) / 256),
 // block 256, no shared memory.
 template <typename KvT>
@@ -31,20 +42,15 @@ __global__ void __launch_bounds__(kRopeThreads)
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t < rotations) {
         const int head = t / half, j = t % half;
-        double sin_angle, cos_angle;
-        sincos(double(pos) * double(inverse_frequencies[j]), &sin_angle, &cos_angle);
-        const float c = float(cos_angle), s = float(sin_angle);
         float* vec = qkv + size_t(head) * head_dim;
-        const float a = vec[j], b = vec[j + half];
-        const float rotated_a = a * c - b * s;
-        const float rotated_b = b * c + a * s;
+        const float2 rotated = rope_rotated_pair(vec, j, half, pos, inverse_frequencies);
         if (head < heads) {
-            vec[j] = rotated_a;
-            vec[j + half] = rotated_b;
+            vec[j] = rotated.x;
+            vec[j + half] = rotated.y;
         } else {
             KvT* key = key_cache + cache_row + size_t(head - heads) * head_dim;
-            kv_store(key + j, rotated_a);
-            kv_store(key + j + half, rotated_b);
+            kv_store(key + j, rotated.x);
+            kv_store(key + j + half, rotated.y);
         }
         return;
     }

@@ -7,8 +7,11 @@
 #   4. CUDA logits against Hugging Face transformers on synthetic Llama/Mistral checkpoints;
 #   5. generates a Mistral-7B-shaped f16 checkpoint on the machine (in the background from
 #      the start: about 14.5 GB written twice) and benchmarks decode at short and long
-#      context for it and for stories260K, ending with a table: model, context, tok/s, GB/s,
-#      % of the device-to-device copy bandwidth measured by the same run.
+#      context for it and for stories260K;
+#   6. the GPU optimisation ladder (`barellm ladder --device cuda -n 64`, its greedy-text
+#      test first) on stories260K and on the Mistral-7B-shaped checkpoint;
+#   ending with a table: model, context, tok/s, GB/s, % of the device-to-device copy
+#   bandwidth measured by the same run (the ladder tables are in ladder_*.md).
 #
 # The GPU machine cannot reach ../shared nor a package registry, so first, on the
 # development machine:
@@ -106,6 +109,13 @@ status=$?
 grep -E "FAILED|Error|error" "$LOG/test_cuda.log" | head -30
 note "test_cuda.py: $(tail -1 "$LOG/test_cuda.log") (exit $status)"
 
+# 3b. Every rung of the GPU ladder gives the fast path's greedy text (and the table's shape).
+step "tests/test_ladder.py -k gpu"
+timeout 120 python3 -m pytest -q -rs tests/test_ladder.py -k gpu >"$LOG/test_ladder.log" 2>&1
+status=$?
+grep -E "FAILED|Error|error" "$LOG/test_ladder.log" | head -20
+note "test_ladder.py -k gpu: $(tail -1 "$LOG/test_ladder.log") (exit $status)"
+
 # 4. CUDA against Hugging Face transformers (f32 weights, f32 KV cache).
 step "CUDA logits against transformers"
 for name in gqa-window wide-heads group-of-8; do
@@ -164,6 +174,27 @@ if [ -f "$MISTRAL" ]; then
         bench mistral-7b-f16 "$MISTRAL" 4096 1
     else
         note "skipped mistral-7b tg4096: ${SECONDS}s already spent"
+    fi
+fi
+
+# 6. The GPU ladder: decode with each optimisation added in turn, the file's weights.
+step "GPU ladder"
+ladder() {  # MODEL_LABEL MODEL_FILE
+    if timeout 150 build/barellm ladder "$2" --device cuda -n 64 >"$LOG/ladder_$1.md" \
+        2>"$LOG/ladder_$1.err"; then
+        cat "$LOG/ladder_$1.md"
+        note "ladder $1: $(grep -c '^| [0-9]' "$LOG/ladder_$1.md") rungs (ladder_$1.md)"
+    else
+        note "ladder $1 failed: $(tail -1 "$LOG/ladder_$1.err")"
+    fi
+}
+python3 convert/convert.py "$STORIES_HF" -o "$WORK/stories260K-f32.bin" --dtype f32 >/dev/null
+ladder stories260K-f32 "$WORK/stories260K-f32.bin"
+if [ -f "$MISTRAL" ]; then
+    if [ "$SECONDS" -lt 420 ]; then
+        ladder mistral-7b-f16 "$MISTRAL"
+    else
+        note "skipped the mistral-7b ladder: ${SECONDS}s already spent"
     fi
 fi
 

@@ -10,10 +10,26 @@ namespace barellm {
 
 enum class Device { Cpu, Cuda };
 
+// Which kernels the CUDA backend runs a token with: the fast ones by default. The GPU
+// ladder (`barellm ladder --device cuda`, src/ladder.cpp) picks simpler ones, each step
+// adding one optimisation to the step before (the simple kernels: kernels/*_simple.cuh).
+enum class CudaKernels {
+    NaivePort,   // a thread per matrix row; RMSNorm, residual add, SwiGLU, RoPE and the KV
+                 // write as separate kernels; naive attention (attention_simple.cuh)
+    WarpPerRow,  // + a warp per matrix row, shuffle sum (lane 0 stores)
+    Fused,       // + RMSNorm, residual add and SwiGLU inside the matvecs, RoPE with the KV write
+    FastMatvec,  // + the fast matvecs (kernels/matmul.cuh)
+    Fast,        // + the fast attention (kernels/attention.cuh): every kernel the fast one
+};
+
 struct BackendOptions {
     int context = 0;  // positions to allocate the KV cache for (<= the model's max_context)
     cpu::KvType kv_type = cpu::KvType::F16;
     Device device = Device::Cpu;
+    // CUDA only (the ladder's switches; the defaults are the fast path):
+    CudaKernels cuda_kernels = CudaKernels::Fast;
+    bool cuda_graph = true;      // replay one captured CUDA graph per token
+    bool flash_decoding = true;  // split the attended positions across blocks (Fast only)
 };
 
 class Backend {

@@ -20,9 +20,10 @@ commands:
       -n N                 decode steps for the tg test (default 128, 0 skips)
       -r R                 repetitions (default 5)
       -o md|json           output format (default md)
-  ladder MODEL             CPU optimisation ladder: speed per rung (docs/TOUR.md)
+  ladder MODEL             optimisation ladder: speed per rung (docs/TOUR.md), on the
+                           CPU or, with --device cuda, on the GPU
       -n N                 decode steps per rung (default 64)
-      -p P                 prompt tokens of the batched-prefill rung (default: N)
+      -p P                 prompt tokens of the CPU's batched-prefill rung (default: N)
       --check-text TEXT    print each rung's greedy completion of TEXT instead
   info MODEL               config, tensors, dtypes and bytes
   tokenize MODEL (-p TEXT | -f FILE) [--bos] [--no-special]

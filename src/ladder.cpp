@@ -8,6 +8,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "backend.h"
@@ -24,6 +26,111 @@ namespace {
 constexpr int kDefaultLadderTokens = 64;
 constexpr uint64_t kTokenSeed = 1234;  // random ids, the same every run (as bench)
 constexpr int kWarmupPrefill = 16;     // tokens of rung 6's untimed warm-up prefill
+
+// ==== Shared by the CPU and the GPU ladder
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point start) {
+    return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// `count` decode steps from position 0; returns seconds, adds the bytes read to *bytes.
+double time_decode(Backend& backend, const Model& model, const std::vector<int>& tokens, int count,
+                   double* bytes) {
+    const auto start = Clock::now();
+    for (int pos = 0; pos < count; ++pos) backend.forward(tokens[pos], pos);
+    const double seconds = seconds_since(start);
+    for (int pos = 0; pos < count; ++pos)
+        *bytes += double(model.weight_bytes_per_token()) + backend.kv_bytes_read(pos);
+    return seconds;
+}
+
+// A warm-up step, then `count` timed decode steps from position 0: tok/s and GB/s.
+std::pair<double, double> decode_speed(Backend& backend, const Model& model,
+                                       const std::vector<int>& tokens, int count) {
+    backend.forward(tokens[0], 0);  // warm-up
+    double bytes = 0;
+    const double seconds = time_decode(backend, model, tokens, count, &bytes);
+    return {count / seconds, bytes / seconds / 1e9};
+}
+
+// `count` random ids, the same every run.
+std::vector<int> random_tokens(const Config& config, int count) {
+    std::mt19937_64 rng(kTokenSeed);
+    std::vector<int> tokens(count);
+    for (int& t : tokens) t = int(rng() % config.vocab_size);
+    return tokens;
+}
+
+std::vector<int> encode_text(const Model& model, const Tokenizer& tokenizer,
+                             const std::string& text, bool parse_special) {
+    std::vector<int> ids;
+    if (model.config.add_bos && model.config.bos_id >= 0) ids.push_back(model.config.bos_id);
+    for (int id : tokenizer.encode(text, parse_special)) ids.push_back(id);
+    if (ids.empty()) throw Error("--check-text is empty and the model adds no BOS token");
+    return ids;
+}
+
+// The --check-text prompt as ids, refused when it and -n do not fit in the model.
+std::vector<int> check_text_prompt(const Model& model, const Tokenizer& tokenizer,
+                                   const Options& options, int gen_tokens) {
+    std::vector<int> prompt =
+        encode_text(model, tokenizer, options.check_text, options.parse_special);
+    if (int(prompt.size()) + gen_tokens > model.config.max_context)
+        throw Error("--check-text and -n need " + std::to_string(prompt.size() + gen_tokens) +
+                    " positions, beyond the model's " + std::to_string(model.config.max_context));
+    return prompt;
+}
+
+// Greedy completion of `prompt` on `backend` as `barellm run --temp 0` does it (stop at an
+// end-of-text token or after `generate` tokens), the prompt as one prefill batch or one
+// token at a time. Returns the prompt's text followed by the continuation.
+std::string greedy_text(Backend& backend, bool batched_prompt, const Model& model,
+                        const Tokenizer& tokenizer, const std::string& text,
+                        const std::vector<int>& prompt, int generate) {
+    const Config& c = model.config;
+    StreamDecoder decoder(tokenizer, /*skip_special=*/true);
+    for (int id : prompt) decoder.push(id);
+    const int count = int(prompt.size());
+    const float* logits = nullptr;
+    if (batched_prompt) {
+        logits = backend.prefill(prompt.data(), count, 0, false);
+    } else {
+        for (int pos = 0; pos < count; ++pos) logits = backend.forward(prompt[pos], pos);
+    }
+    std::string out = text;
+    int pos = count;
+    for (int generated = 1; generated <= generate; ++generated) {
+        const int next = argmax(logits, c.vocab_size);
+        if (std::find(c.eos_ids.begin(), c.eos_ids.end(), next) != c.eos_ids.end()) break;
+        out += decoder.push(next);
+        if (generated < generate) logits = backend.forward(next, pos++);
+    }
+    return out + decoder.flush();
+}
+
+const char* kv_name(cpu::KvType type) { return type == cpu::KvType::F16 ? "f16" : "f32"; }
+
+void print_json_line(const nlohmann::json& line) {
+    std::printf("%s\n",
+                line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    std::fflush(stdout);
+}
+
+void print_table_header() {
+    std::printf("| rung | what changed | tok/s | GB/s | %% bw | speed-up |\n");
+    std::printf("| ---: | --- | ---: | ---: | ---: | ---: |\n");
+    std::fflush(stdout);
+}
+
+void print_table_row(int rung, const std::string& change, double tokens_per_second, double gbps,
+                     double bandwidth, double speedup) {
+    std::printf("| %d | %s | %.2f | %.3f | %.1f%% | %.2fx |\n", rung, change.c_str(),
+                tokens_per_second, gbps, 100 * gbps / bandwidth, speedup);
+    std::fflush(stdout);
+}
+
+// ==== The CPU ladder
 
 struct Rung {
     int number;
@@ -81,11 +188,6 @@ private:
     std::unique_ptr<ModelCopy> copy_;
 };
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point start) {
-    return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
 void enter_rung(const Rung& rung) {
     omp_set_num_threads(rung.threads);
     cpu::set_simd_level(rung.simd);
@@ -97,28 +199,14 @@ struct RungResult {
     double token_by_token_per_second = 0;  // rung 6 only: the same prompt, one token a step
 };
 
-// `count` decode steps from position 0; returns seconds, adds the bytes read to *bytes.
-double time_decode(Backend& backend, const Model& model, const std::vector<int>& tokens, int count,
-                   double* bytes) {
-    const auto start = Clock::now();
-    for (int pos = 0; pos < count; ++pos) backend.forward(tokens[pos], pos);
-    const double seconds = seconds_since(start);
-    for (int pos = 0; pos < count; ++pos)
-        *bytes += double(model.weight_bytes_per_token()) + backend.kv_bytes_read(pos);
-    return seconds;
-}
-
 RungResult time_rung(const Rung& rung, const Model& model, const std::vector<int>& tokens,
                      int gen_tokens, int prompt_tokens, cpu::KvType kv_type) {
     const int context = std::max(gen_tokens, prompt_tokens);
     auto backend = make_cpu_backend(model, BackendOptions{context, kv_type, Device::Cpu});
     RungResult result;
     if (!rung.batched_prefill) {
-        backend->forward(tokens[0], 0);  // warm-up
-        double bytes = 0;
-        const double seconds = time_decode(*backend, model, tokens, gen_tokens, &bytes);
-        result.tokens_per_second = gen_tokens / seconds;
-        result.gbps = bytes / seconds / 1e9;
+        std::tie(result.tokens_per_second, result.gbps) =
+            decode_speed(*backend, model, tokens, gen_tokens);
         return result;
     }
     backend->prefill(tokens.data(), std::min(prompt_tokens, kWarmupPrefill), 0, false);
@@ -137,66 +225,7 @@ RungResult time_rung(const Rung& rung, const Model& model, const std::vector<int
     return result;
 }
 
-std::vector<int> encode_text(const Model& model, const Tokenizer& tokenizer,
-                             const std::string& text, bool parse_special) {
-    std::vector<int> ids;
-    if (model.config.add_bos && model.config.bos_id >= 0) ids.push_back(model.config.bos_id);
-    for (int id : tokenizer.encode(text, parse_special)) ids.push_back(id);
-    if (ids.empty()) throw Error("--check-text is empty and the model adds no BOS token");
-    return ids;
-}
-
-// Greedy completion of `prompt` as `barellm run --temp 0` does it (stop at an
-// end-of-text token or after `generate` tokens), except that rungs 1-5 run the prompt
-// one token at a time. Returns the prompt's text followed by the continuation.
-std::string greedy_text(const Rung& rung, const Model& model, const Tokenizer& tokenizer,
-                        const std::string& text, const std::vector<int>& prompt, int generate,
-                        cpu::KvType kv_type) {
-    const Config& c = model.config;
-    const int context = int(prompt.size()) + generate;
-    auto backend = make_cpu_backend(model, BackendOptions{context, kv_type, Device::Cpu});
-    StreamDecoder decoder(tokenizer, /*skip_special=*/true);
-    for (int id : prompt) decoder.push(id);
-    const int count = int(prompt.size());
-    const float* logits = nullptr;
-    if (rung.batched_prefill) {
-        logits = backend->prefill(prompt.data(), count, 0, false);
-    } else {
-        for (int pos = 0; pos < count; ++pos) logits = backend->forward(prompt[pos], pos);
-    }
-    std::string out = text;
-    int pos = count;
-    for (int generated = 1; generated <= generate; ++generated) {
-        const int next = argmax(logits, c.vocab_size);
-        if (std::find(c.eos_ids.begin(), c.eos_ids.end(), next) != c.eos_ids.end()) break;
-        out += decoder.push(next);
-        if (generated < generate) logits = backend->forward(next, pos++);
-    }
-    return out + decoder.flush();
-}
-
-void check_device(Device device) {
-    if (device == Device::Cpu) return;
-#ifdef BARELLM_CUDA
-    std::string reason;
-    if (!cuda_device_available(&reason))
-        throw Error("ladder --device cuda: the GPU ladder needs a GPU build and a GPU: " + reason);
-    throw Error(
-        "ladder --device cuda: the GPU rungs are not written yet (docs/TOUR.md lists them "
-        "as future work); run the CPU ladder without --device");
-#else
-    throw Error(
-        "ladder --device cuda: the GPU ladder needs a GPU build and a GPU; this barellm was "
-        "built without CUDA (nvcc was not found)");
-#endif
-}
-
-}  // namespace
-
-int run_ladder_command(const Options& options) {
-    check_device(options.device);
-    const int gen_tokens = options.has_generate ? options.generate : kDefaultLadderTokens;
-    if (gen_tokens < 1) throw UsageError("ladder needs -n of at least 1");
+int run_cpu_ladder(const Options& options, int gen_tokens) {
     const int prompt_tokens =
         options.has_prompt ? int(parse_integer("-p", options.prompt, 1, 1 << 20)) : gen_tokens;
     const int threads = omp_get_max_threads();  // --threads, or OpenMP's default
@@ -211,27 +240,23 @@ int run_ladder_command(const Options& options) {
         const Tokenizer tokenizer =
             Tokenizer::from_json(file_model.file->metadata_value("barellm.tokenizer"));
         const std::vector<int> prompt =
-            encode_text(file_model, tokenizer, options.check_text, options.parse_special);
-        if (int(prompt.size()) + gen_tokens > config.max_context)
-            throw Error("--check-text and -n need " + std::to_string(prompt.size() + gen_tokens) +
-                        " positions, beyond the model's " + std::to_string(config.max_context));
+            check_text_prompt(file_model, tokenizer, options, gen_tokens);
+        const int context = int(prompt.size()) + gen_tokens;
         for (const Rung& rung : rungs) {
             enter_rung(rung);
             const Model& model = weights.in(rung.weights);
-            const std::string text = greedy_text(rung, model, tokenizer, options.check_text, prompt,
-                                                 gen_tokens, options.kv_type);
-            const nlohmann::json line = {
-                {"rung", rung.number},
-                {"change", rung.change},
-                {"weights", weight_dtype_name(rung.weights)},
-                {"threads", rung.threads},
-                {"simd", cpu::simd_level_name(rung.simd)},
-                {"prompt", rung.batched_prefill ? "batched prefill" : "token by token"},
-                {"text", text}};
-            std::printf(
-                "%s\n",
-                line.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-            std::fflush(stdout);
+            auto backend =
+                make_cpu_backend(model, BackendOptions{context, options.kv_type, Device::Cpu});
+            const std::string text = greedy_text(*backend, rung.batched_prefill, model, tokenizer,
+                                                 options.check_text, prompt, gen_tokens);
+            print_json_line(
+                {{"rung", rung.number},
+                 {"change", rung.change},
+                 {"weights", weight_dtype_name(rung.weights)},
+                 {"threads", rung.threads},
+                 {"simd", cpu::simd_level_name(rung.simd)},
+                 {"prompt", rung.batched_prefill ? "batched prefill" : "token by token"},
+                 {"text", text}});
         }
         omp_set_num_threads(threads);
         cpu::set_simd_level(initial_level);
@@ -242,9 +267,7 @@ int run_ladder_command(const Options& options) {
     if (context > config.max_context)
         throw Error("ladder needs " + std::to_string(context) + " positions, beyond the model's " +
                     std::to_string(config.max_context));
-    std::mt19937_64 rng(kTokenSeed);
-    std::vector<int> tokens(context);
-    for (int& t : tokens) t = int(rng() % config.vocab_size);
+    const std::vector<int> tokens = random_tokens(config, context);
 
     // The bandwidth the fastest rungs can hope for: all threads, the best SIMD level.
     omp_set_num_threads(threads);
@@ -253,10 +276,8 @@ int run_ladder_command(const Options& options) {
 
     std::printf("%s: %s weights in the file, %d layers, dim %d; %d threads; KV cache %s\n\n",
                 options.model_path.c_str(), config.weight_dtype.c_str(), config.layers, config.dim,
-                threads, options.kv_type == cpu::KvType::F16 ? "f16" : "f32");
-    std::printf("| rung | what changed | tok/s | GB/s | %% bw | speed-up |\n");
-    std::printf("| ---: | --- | ---: | ---: | ---: | ---: |\n");
-    std::fflush(stdout);
+                threads, kv_name(options.kv_type));
+    print_table_header();
     std::vector<std::pair<DType, size_t>> bytes_per_token;
     double previous = 0;
     RungResult last;
@@ -269,10 +290,8 @@ int run_ladder_command(const Options& options) {
         const double speedup = rung.batched_prefill
                                    ? last.tokens_per_second / last.token_by_token_per_second
                                    : (previous > 0 ? last.tokens_per_second / previous : 1.0);
-        std::printf("| %d | %s | %.2f | %.3f | %.1f%% | %.2fx |\n", rung.number,
-                    rung.change.c_str(), last.tokens_per_second, last.gbps,
-                    100 * last.gbps / bandwidth, speedup);
-        std::fflush(stdout);
+        print_table_row(rung.number, rung.change, last.tokens_per_second, last.gbps, bandwidth,
+                        speedup);
         previous = last.tokens_per_second;
     }
     omp_set_num_threads(threads);
@@ -294,6 +313,137 @@ int run_ladder_command(const Options& options) {
     std::printf(" KV cache per position %zu\n", 2 * size_t(config.layers) * config.kv_dim() *
                                                     (options.kv_type == cpu::KvType::F16 ? 2 : 4));
     return 0;
+}
+
+// ==== The GPU ladder
+
+// A rung of the GPU ladder: the CUDA backend's switches (BackendOptions).
+struct GpuRung {
+    int number;
+    std::string change;  // what this rung adds to the one before
+    CudaKernels kernels;
+    cpu::KvType kv_type;
+    bool graph;
+    bool flash_decoding;
+};
+
+std::vector<GpuRung> gpu_ladder_rungs() {
+    using K = CudaKernels;
+    constexpr cpu::KvType F32 = cpu::KvType::F32, F16 = cpu::KvType::F16;
+    return {
+        {1,
+         "naive port: a thread per matrix row, RMSNorm, RoPE, KV write, residual adds and SwiGLU "
+         "as separate kernels, naive attention, f32 KV cache, no graph",
+         K::NaivePort, F32, false, false},
+        {2, "+ a warp per matrix row (coalesced loads, shuffle sum, lane 0 stores)", K::WarpPerRow,
+         F32, false, false},
+        {3,
+         "+ fused kernels: RMSNorm and residual adds in the matvecs, w1/w3 and SwiGLU in one, "
+         "RoPE with the KV write",
+         K::Fused, F32, false, false},
+        {4,
+         "+ fast matvecs: 16-byte loads, 4 in flight, input staged in shared memory, coalesced "
+         "stores",
+         K::FastMatvec, F32, false, false},
+        {5,
+         "+ coalesced attention: a block per KV head reads each K/V row once, 8 lanes per key, "
+         "a warp per value, online softmax (one split)",
+         K::Fast, F32, false, false},
+        {6, "+ f16 KV cache (read as half2)", K::Fast, F16, false, false},
+        {7, "+ CUDA graph: one launch per token", K::Fast, F16, true, false},
+        {8, "+ flash-decoding: positions split across blocks, then merged (the fast path)", K::Fast,
+         F16, true, true},
+    };
+}
+
+std::unique_ptr<Backend> make_rung_backend(const GpuRung& rung, const Model& model, int context) {
+    BackendOptions options{context, rung.kv_type, Device::Cuda};
+    options.cuda_kernels = rung.kernels;
+    options.cuda_graph = rung.graph;
+    options.flash_decoding = rung.flash_decoding;
+    return make_backend(model, options);
+}
+
+void check_gpu() {
+#ifdef BARELLM_CUDA
+    std::string reason;
+    if (!cuda_device_available(&reason))
+        throw Error("ladder --device cuda: the GPU ladder needs a GPU build and a GPU: " + reason);
+#else
+    throw Error(
+        "ladder --device cuda: the GPU ladder needs a GPU build and a GPU; this barellm was "
+        "built without CUDA (nvcc was not found)");
+#endif
+}
+
+int run_gpu_ladder(const Options& options, int gen_tokens) {
+    if (options.has_prompt)
+        throw UsageError(
+            "ladder --device cuda times decode only: -p (the CPU ladder's prefill rung) does "
+            "not apply");
+    check_gpu();
+    const Model model = Model::load(options.model_path);  // the file's weights, its dtype
+    const Config& config = model.config;
+    const std::vector<GpuRung> rungs = gpu_ladder_rungs();
+
+    if (options.has_check_text) {
+        const Tokenizer tokenizer =
+            Tokenizer::from_json(model.file->metadata_value("barellm.tokenizer"));
+        const std::vector<int> prompt = check_text_prompt(model, tokenizer, options, gen_tokens);
+        for (const GpuRung& rung : rungs) {
+            auto backend = make_rung_backend(rung, model, int(prompt.size()) + gen_tokens);
+            print_json_line(
+                {{"rung", rung.number},
+                 {"change", rung.change},
+                 {"weights", config.weight_dtype},
+                 {"kv", kv_name(rung.kv_type)},
+                 {"graph", rung.graph},
+                 {"flash_decoding", rung.flash_decoding},
+                 {"text", greedy_text(*backend, /*batched_prompt=*/false, model, tokenizer,
+                                      options.check_text, prompt, gen_tokens)}});
+        }
+        return 0;
+    }
+
+    if (gen_tokens > config.max_context)
+        throw Error("ladder needs " + std::to_string(gen_tokens) +
+                    " positions, beyond the model's " + std::to_string(config.max_context));
+    const std::vector<int> tokens = random_tokens(config, gen_tokens);
+    std::printf("%s: %s weights (the file's), %d layers, dim %d; GPU\n\n",
+                options.model_path.c_str(), config.weight_dtype.c_str(), config.layers, config.dim);
+    double bandwidth = 0, previous = 0;
+    for (const GpuRung& rung : rungs) {
+        auto backend = make_rung_backend(rung, model, gen_tokens);
+        if (bandwidth == 0) {  // the first rung's backend measures it for the whole table
+            bandwidth = backend->measure_bandwidth_gbps();
+            print_table_header();
+        }
+        const auto [tokens_per_second, gbps] = decode_speed(*backend, model, tokens, gen_tokens);
+        print_table_row(rung.number, rung.change, tokens_per_second, gbps, bandwidth,
+                        previous > 0 ? tokens_per_second / previous : 1.0);
+        previous = tokens_per_second;
+    }
+    std::printf("\nmemory bandwidth (device-to-device copy, same run): %.1f GB/s\n", bandwidth);
+    std::printf(
+        "every rung: %d decode steps from position 0, random ids (seed %llu), after one "
+        "warm-up step; GB/s counts the weights and the KV cache read\n",
+        gen_tokens, static_cast<unsigned long long>(kTokenSeed));
+    std::printf(
+        "weight bytes read per token: %s %zu; KV cache per position: f32 %zu (rungs 1-5), f16 "
+        "%zu (rungs 6-8)\n",
+        config.weight_dtype.c_str(), model.weight_bytes_per_token(),
+        2 * size_t(config.layers) * config.kv_dim() * 4,
+        2 * size_t(config.layers) * config.kv_dim() * 2);
+    return 0;
+}
+
+}  // namespace
+
+int run_ladder_command(const Options& options) {
+    const int gen_tokens = options.has_generate ? options.generate : kDefaultLadderTokens;
+    if (gen_tokens < 1) throw UsageError("ladder needs -n of at least 1");
+    return options.device == Device::Cuda ? run_gpu_ladder(options, gen_tokens)
+                                          : run_cpu_ladder(options, gen_tokens);
 }
 
 }  // namespace barellm

@@ -1,5 +1,5 @@
-// `barellm ladder`: the CPU optimisation ladder, reproducible on the reader's machine.
-// Each rung is every optimisation of the rungs above it plus one:
+// `barellm ladder`: the optimisation ladder, reproducible on the reader's machine. Each rung
+// is every optimisation of the rungs above it plus one. The CPU ladder:
 //   1 scalar kernels, 1 thread, f32 weights    4 + f16 weights
 //   2 + OpenMP threads                         5 + q8 weights
 //   3 + AVX2/FMA SIMD kernels                  6 + batched prefill (prompt processing)
@@ -8,6 +8,16 @@
 // weights are converted in memory (model_copy.h) to the dtype of each rung.
 // With --check-text, each rung instead completes the text greedily and prints it, one
 // JSON object per line (tests/test_ladder.py compares them with `barellm run --temp 0`).
+// With --device cuda, the GPU ladder: the CUDA backend with its kernels made simpler
+// (BackendOptions::cuda_kernels, kernels/*_simple.cuh) and its switches off, then each
+// optimisation added in turn, the file's weights on every rung:
+//   1 naive port: a thread per matrix row,     5 + coalesced attention (attention.cuh,
+//     separate kernels, naive attention,          one split)
+//     f32 KV cache, no graph                   6 + f16 KV cache
+//   2 + a warp per matrix row                  7 + CUDA graph
+//   3 + fused kernels                          8 + flash-decoding: the fast path
+//   4 + the fast matvecs (matmul.cuh)
+// Every rung times N decode steps (no prefill rung); --check-text prints each rung's text.
 // docs/TOUR.md explains what each rung changes and why it helps.
 #pragma once
 #include <string>

@@ -4,6 +4,7 @@ safetensors writer/reader and tiny hand-made Hugging Face checkpoints."""
 import json
 import math
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -38,6 +39,36 @@ def need_shared(path):
         pytest.skip(f"shared data not found: {path} (tests read ../shared; absent in a "
                     "fresh clone)")
     return path
+
+
+def cuda_unavailable_reason():
+    """None when build/dump_logits finds a usable CUDA GPU, else why not."""
+    dump_logits = os.path.join(BUILD, "dump_logits")
+    if not os.path.exists(dump_logits):
+        pytest.fail(f"{dump_logits} is missing: run `make` first")
+    result = subprocess.run([dump_logits, "--check-cuda"], capture_output=True, text=True)
+    if result.returncode == 0:
+        return None
+    return (result.stdout + result.stderr).strip() or f"exit status {result.returncode}"
+
+
+def gpu_present():
+    """Whether the NVIDIA driver sees a GPU, whatever barellm makes of it."""
+    if shutil.which("nvidia-smi") is None:
+        return False
+    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+def require_cuda():
+    """Skip the calling test, printing why, unless a CUDA GPU is usable. Where the driver
+    sees a GPU that a CUDA build of barellm cannot use (built for other architectures, a
+    driver too old), fail instead: a suite that skips there would pass without testing."""
+    reason = cuda_unavailable_reason()
+    if reason is None:
+        return
+    if gpu_present() and "no CUDA backend" not in reason:
+        pytest.fail(f"a GPU is present but barellm cannot use it: {reason}")
+    pytest.skip(f"no usable CUDA GPU: {reason}")
 
 
 def run(script, *args):

@@ -11,7 +11,6 @@ never has one); the last checks what `--device cuda` says there.
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -19,7 +18,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from convert_testlib import BUILD, CONVERT, STORIES, SYNTH, need_shared, run  # noqa: E402
+from convert_testlib import (BUILD, CONVERT, STORIES, SYNTH, cuda_unavailable_reason,  # noqa: E402
+                             need_shared, require_cuda, run)
 
 BARELLM = os.path.join(BUILD, "barellm")
 DUMP_LOGITS = os.path.join(BUILD, "dump_logits")
@@ -28,34 +28,9 @@ KERNEL_CHECK = os.path.join(BUILD, "cuda_kernel_check")
 TOLERANCE = 1e-3  # relative error of the logits of each position, CUDA against CPU
 
 
-def cuda_unavailable_reason():
-    """None when build/dump_logits finds a usable CUDA GPU, else why not."""
-    if not os.path.exists(DUMP_LOGITS):
-        pytest.fail(f"{DUMP_LOGITS} is missing: run `make` first")
-    result = subprocess.run([DUMP_LOGITS, "--check-cuda"], capture_output=True, text=True)
-    if result.returncode == 0:
-        return None
-    return (result.stdout + result.stderr).strip() or f"exit status {result.returncode}"
-
-
-def gpu_present():
-    """Whether the NVIDIA driver sees a GPU, whatever barellm makes of it."""
-    if shutil.which("nvidia-smi") is None:
-        return False
-    return subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
-
-
 @pytest.fixture(scope="module")
 def cuda():
-    """Skip the test, printing why, unless a CUDA GPU is usable. Where the driver sees a
-    GPU that a CUDA build of barellm cannot use (built for other architectures, a driver
-    too old), fail instead: a suite that skips there would pass without testing."""
-    reason = cuda_unavailable_reason()
-    if reason is None:
-        return
-    if gpu_present() and "no CUDA backend" not in reason:
-        pytest.fail(f"a GPU is present but barellm cannot use it: {reason}")
-    pytest.skip(f"no usable CUDA GPU: {reason}")
+    require_cuda()
 
 
 def dump_logits(model, ids, *flags, env=None):

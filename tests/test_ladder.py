@@ -20,6 +20,12 @@ What must be equal, and why (all on stories260K, converted to f32):
   tokens from "Once upon a time" every rung, f32 to q8, gives the same text as the
   fastest path (rung 6). That is a fact about this model and prompt, checked here, not a
   law: q8 weights move logits by far more than rounding.
+
+The GPU ladder (`--device cuda`, tests that skip without a usable GPU): every rung runs the
+file's weights; its kernels differ in the order they sum (a thread, a warp or a block per
+row; one or several attention splits) and rungs 1-5 keep the KV cache in f32, rungs 6-8 in
+f16. Over 40 tokens from "Once upon a time" every rung gives the text of
+`barellm run --device cuda --temp 0`, the fast path.
 """
 
 import json
@@ -29,7 +35,8 @@ import subprocess
 
 import pytest
 
-from convert_testlib import BUILD, CONVERT, STORIES, need_shared, run
+from convert_testlib import (BUILD, CONVERT, STORIES, cuda_unavailable_reason, need_shared,
+                             require_cuda, run)
 
 BARELLM = os.path.join(BUILD, "barellm")
 COPY_CHECK = os.path.join(BUILD, "model_copy_check")
@@ -150,7 +157,53 @@ def test_the_ladder_table_has_six_rungs_with_numbers(stories, model):
     assert "weight bytes read per token: F32 1040128; F16 521472; Q8 278752;" in result.stdout
 
 
-def test_the_gpu_ladder_refuses_without_faking_it(stories):
+@pytest.fixture(scope="module")
+def cuda():
+    require_cuda()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_every_gpu_rung_gives_the_text_of_the_fast_path(cuda, stories, dtype):
+    result = barellm("ladder", stories[dtype], "--device", "cuda", "--check-text", PROMPT, "-n", 40)
+    assert result.returncode == 0, result.stderr
+    rungs = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["rung"] for r in rungs] == [1, 2, 3, 4, 5, 6, 7, 8]
+    claimed = [(r["weights"], r["kv"], r["graph"], r["flash_decoding"]) for r in rungs]
+    weights = dtype.upper()
+    assert claimed == [(weights, "f32", False, False)] * 5 + [
+        (weights, "f16", False, False), (weights, "f16", True, False),
+        (weights, "f16", True, True)]
+    fast = barellm("run", stories[dtype], "-p", PROMPT, "--temp", 0, "-n", 40, "--device", "cuda")
+    assert fast.returncode == 0, fast.stderr
+    assert fast.stdout.startswith("Once upon a time, there was a little girl named Lily.")
+    for rung in rungs:
+        assert rung["text"] == fast.stdout.rstrip("\n"), f"rung {rung['rung']}: {rung}"
+
+
+def test_the_gpu_ladder_table_has_eight_rungs_with_numbers(cuda, stories):
+    result = barellm("ladder", stories["f32"], "--device", "cuda", "-n", 8)
+    assert result.returncode == 0, result.stderr
+    rows = parse_table(result.stdout)
+    assert [row[0] for row in rows] == [str(n) for n in range(1, 9)]
+    assert rows[0][1].startswith("naive port: a thread per matrix row")
+    assert rows[7][1].startswith("+ flash-decoding")
+    bandwidth = re.search(r"memory bandwidth \(device-to-device copy, same run\): ([\d.]+) GB/s",
+                          result.stdout)
+    assert bandwidth and float(bandwidth.group(1)) > 0, result.stdout
+    for row in rows:
+        assert float(row[2]) > 0 and float(row[3]) > 0, row
+        expected = 100 * float(row[3]) / float(bandwidth.group(1))
+        assert abs(float(row[4][:-1]) - expected) <= 0.05 + 0.01 * expected, row
+        assert re.fullmatch(r"\d+\.\d\dx", row[5]), row
+    assert rows[0][5] == "1.00x"
+    assert "weight bytes read per token: F32 1040128; KV cache per position: f32 1280" in (
+        result.stdout)
+
+
+def test_the_gpu_ladder_refuses_without_a_gpu(stories):
+    """Runs where there is no GPU (CI): one line on stderr, exit status 1."""
+    if cuda_unavailable_reason() is None:
+        pytest.skip("a CUDA GPU is present: the no-GPU message cannot be checked here")
     result = barellm("ladder", stories["f32"], "--device", "cuda", "-n", 4)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 1 and len(lines) == 1, result.stderr
@@ -161,6 +214,7 @@ def test_the_gpu_ladder_refuses_without_faking_it(stories):
 @pytest.mark.parametrize("args, message", [
     (["-n", "0"], "ladder needs -n of at least 1"),
     (["-p", "many"], "-p needs an integer"),
+    (["--device", "cuda", "-p", "12"], "ladder --device cuda times decode only"),
 ])
 def test_ladder_usage_errors(stories, args, message):
     result = barellm("ladder", stories["f32"], *args)

@@ -1,7 +1,9 @@
 // Test tool (built only with nvcc): every CUDA kernel against the CPU kernel that computes
-// the same thing, on random inputs of awkward shapes (sizes off the vector widths, GQA,
-// sliding windows, several attention splits), with outputs poisoned (NaN) before each run
-// so that an element the kernel forgot to write fails. Prints one line per check and ends
+// the same thing, on random inputs of awkward shapes (sizes off the vector widths and off
+// 32, GQA, sliding windows, several attention splits), with outputs poisoned (NaN) before
+// each run so that an element the kernel forgot to write fails. The GPU ladder's simple
+// kernels (kernels/*_simple.cuh) are checked the same way, beside the fast kernel that
+// computes what they compute. Prints one line per check and ends
 // with "N passed, M failed"; exits 1 when a check failed, 2 when no GPU is usable.
 //   cuda_kernel_check [--bench]
 // --bench also times the decode matvecs and attention at Mistral-7B shapes and prints
@@ -170,61 +172,109 @@ void check_embedding() {
     }
 }
 
+// Every matvec kernel, fast and simple, against cpu::matmul: plain, with RMSNorm fused,
+// with the residual added, and SwiGLU.
 void check_matvec() {
     const std::pair<int, int> shapes[] = {{1, 1},      {7, 45},      {33, 172},  {64, 64},
                                           {129, 1000}, {1024, 4096}, {9, 14336}, {17, 8190}};
     cuda::prepare_matvec(cuda::matvec_shared_bytes(cuda::padded_cols(14336, DType::F32)));
     cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
     for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
-        for (auto [rows, cols] : shapes) {
+        for (const auto& [shape_rows, cols] : shapes) {
+            const int rows = shape_rows;  // a plain variable: the lambdas below capture it
             const HostMatrix w = random_matrix(rows, cols, dtype);
-            DeviceBuffer memory;
+            const HostMatrix w3 = random_matrix(rows, cols, dtype);  // SwiGLU's second matrix
+            DeviceBuffer memory, memory3;
             const DeviceMatrix device_w = cuda::upload_matrix(w.matrix, memory, staging, "w");
+            const DeviceMatrix device_w3 = cuda::upload_matrix(w3.matrix, memory3, staging, "w3");
             const std::vector<float> x = random_floats(cols, 2.0f);
             std::vector<float> norm_weight = random_floats(cols, 0.1f);
             for (float& v : norm_weight) v += 1.0f;
             const float eps = 1e-5f;
             DeviceBuffer device_x = to_device(x), device_norm = to_device(norm_weight);
+            const float* in = device_x.as<float>();
+            const float* norm = device_norm.as<float>();
             const std::string shape = std::string(dtype_label(dtype)) + " " + std::to_string(rows) +
                                       "x" + std::to_string(cols);
-            std::vector<float> normed(cols), want(rows);
 
-            // plain
-            DeviceBuffer out = poisoned(rows);
-            cuda::matvec(out.as<float>(), device_w, device_x.as<float>(), nullptr, 0.0f, false, 0);
-            cpu::matmul(want.data(), x.data(), w.matrix);
-            report("matvec " + shape, to_host(out.as(), rows), want, 1e-5);
-
-            // RMSNorm fused
-            out = poisoned(rows);
-            cuda::matvec(out.as<float>(), device_w, device_x.as<float>(), device_norm.as<float>(),
-                         eps, false, 0);
+            // What each variant must give, from the CPU kernels.
+            std::vector<float> normed(cols), plain(rows), with_norm(rows), gated(rows), up(rows);
+            cpu::matmul(plain.data(), x.data(), w.matrix);
             cpu::rmsnorm(normed.data(), x.data(), norm_weight.data(), cols, eps);
-            cpu::matmul(want.data(), normed.data(), w.matrix);
-            report("matvec+rmsnorm " + shape, to_host(out.as(), rows), want, 1e-5);
-
-            // accumulate (residual)
-            const std::vector<float> residual = random_floats(rows);
-            DeviceBuffer accumulated = to_device(residual);
-            cuda::matvec(accumulated.as<float>(), device_w, device_x.as<float>(), nullptr, 0.0f,
-                         true, 0);
-            cpu::matmul(want.data(), x.data(), w.matrix);
-            for (int r = 0; r < rows; ++r) want[r] += residual[r];
-            report("matvec+residual " + shape, to_host(accumulated.as(), rows), want, 1e-5);
-
-            // SwiGLU with a second matrix of the same shape
-            const HostMatrix w3 = random_matrix(rows, cols, dtype);
-            DeviceBuffer memory3;
-            const DeviceMatrix device_w3 = cuda::upload_matrix(w3.matrix, memory3, staging, "w3");
-            out = poisoned(rows);
-            cuda::matvec_swiglu(out.as<float>(), device_w, device_w3, device_x.as<float>(),
-                                device_norm.as<float>(), eps, 0);
-            std::vector<float> up(rows);
-            cpu::matmul(want.data(), normed.data(), w.matrix);
+            cpu::matmul(with_norm.data(), normed.data(), w.matrix);
+            cpu::matmul(gated.data(), normed.data(), w.matrix);
             cpu::matmul(up.data(), normed.data(), w3.matrix);
-            cpu::swiglu(want.data(), up.data(), rows);
-            report("matvec_swiglu " + shape, to_host(out.as(), rows), want, 1e-5);
+            cpu::swiglu(gated.data(), up.data(), rows);
+            const std::vector<float> residual = random_floats(rows);
+            std::vector<float> with_residual = plain;
+            for (int r = 0; r < rows; ++r) with_residual[r] += residual[r];
+
+            // Runs launch(out) on an output that starts as `start` (NaN when empty).
+            auto check = [&](const std::string& kernel, const std::vector<float>& want, auto launch,
+                             const std::vector<float>& start = {}) {
+                DeviceBuffer out = start.empty() ? poisoned(rows) : to_device(start);
+                launch(out.as<float>());
+                report(kernel + " " + shape, to_host(out.as(), rows), want, 1e-5);
+            };
+            check("matvec", plain,
+                  [&](float* out) { cuda::matvec(out, device_w, in, nullptr, 0.0f, false, 0); });
+            check("matvec_thread_per_row", plain,
+                  [&](float* out) { cuda::matvec_thread_per_row(out, device_w, in, 0); });
+            check("matvec_warp_per_row", plain, [&](float* out) {
+                cuda::matvec_warp_per_row(out, device_w, in, nullptr, 0.0f, false, 0);
+            });
+            check("matvec+rmsnorm", with_norm,
+                  [&](float* out) { cuda::matvec(out, device_w, in, norm, eps, false, 0); });
+            check("matvec_warp_per_row+rmsnorm", with_norm, [&](float* out) {
+                cuda::matvec_warp_per_row(out, device_w, in, norm, eps, false, 0);
+            });
+            check(
+                "matvec+residual", with_residual,
+                [&](float* out) { cuda::matvec(out, device_w, in, nullptr, 0.0f, true, 0); },
+                residual);
+            check(
+                "matvec_warp_per_row+residual", with_residual,
+                [&](float* out) {
+                    cuda::matvec_warp_per_row(out, device_w, in, nullptr, 0.0f, true, 0);
+                },
+                residual);
+            check("matvec_swiglu", gated, [&](float* out) {
+                cuda::matvec_swiglu(out, device_w, device_w3, in, norm, eps, 0);
+            });
+            check("matvec_swiglu_warp_per_row", gated, [&](float* out) {
+                cuda::matvec_swiglu_warp_per_row(out, device_w, device_w3, in, norm, eps, 0);
+            });
         }
+    }
+}
+
+// The GPU ladder's separate RMSNorm, residual add and SwiGLU kernels against the CPU's.
+void check_elementwise() {
+    for (int n : {1, 45, 172, 4097, 14339}) {
+        const std::vector<float> x = random_floats(n, 2.0f), y = random_floats(n);
+        std::vector<float> weight = random_floats(n, 0.1f);
+        for (float& v : weight) v += 1.0f;
+        DeviceBuffer device_x = to_device(x), device_y = to_device(y);
+        DeviceBuffer device_weight = to_device(weight);
+        const std::string size = " n " + std::to_string(n);
+
+        DeviceBuffer out = poisoned(n);
+        cuda::rmsnorm(out.as<float>(), device_x.as<float>(), device_weight.as<float>(), n, 1e-5f,
+                      0);
+        std::vector<float> want(n);
+        cpu::rmsnorm(want.data(), x.data(), weight.data(), n, 1e-5f);
+        report("rmsnorm" + size, to_host(out.as(), n), want, 1e-6);
+
+        DeviceBuffer sum = to_device(x);
+        cuda::residual_add(sum.as<float>(), device_y.as<float>(), n, 0);
+        for (int i = 0; i < n; ++i) want[i] = x[i] + y[i];
+        report("residual_add" + size, to_host(sum.as(), n), want, 0.0);
+
+        DeviceBuffer gate = to_device(x);
+        cuda::swiglu(gate.as<float>(), device_y.as<float>(), n, 0);
+        want = x;
+        cpu::swiglu(want.data(), y.data(), n);
+        report("swiglu" + size, to_host(gate.as(), n), want, 1e-6);
     }
 }
 
@@ -265,27 +315,62 @@ void check_rope() {
                 cpu::kv_store(key_row.data(), k.data(), kv_dim, type);
                 cpu::kv_store(value_row.data(), v.data(), kv_dim, type);
 
-                const std::string name = "rope_kv " + std::to_string(s.heads) + "/" +
+                const std::string what = std::to_string(s.heads) + "/" +
                                          std::to_string(s.kv_heads) + "x" +
                                          std::to_string(s.head_dim) + " pos " +
                                          std::to_string(pos) + " kv " + kv_label(type);
+                // Row pos of both caches against the CPU's rows, `kernel` having written them.
+                auto check_cache_rows = [&](const std::string& kernel) {
+                    std::vector<uint8_t> got_row(kv_dim * element);
+                    const size_t row_offset = size_t(pos) * kv_dim * element;
+                    CUDA_CHECK(cudaMemcpy(got_row.data(), keys.as<uint8_t>() + row_offset,
+                                          got_row.size(), cudaMemcpyDeviceToHost));
+                    // f16: a rounding tie may fall differently when the f32 values differ by
+                    // an ulp.
+                    report(kernel + " " + what + " k", kv_values_as_float(got_row, type),
+                           kv_values_as_float(key_row, type),
+                           type == cpu::KvType::F32 ? 1e-6 : 1e-3);
+                    CUDA_CHECK(cudaMemcpy(got_row.data(), values.as<uint8_t>() + row_offset,
+                                          got_row.size(), cudaMemcpyDeviceToHost));
+                    report(kernel + " " + what + " v", kv_values_as_float(got_row, type),
+                           kv_values_as_float(value_row, type), 0.0);
+                };
                 std::vector<float> got_qkv = to_host(device_qkv.as(), qkv.size());
-                report(name + " q", std::vector<float>(got_qkv.begin(), got_qkv.begin() + q_dim), q,
-                       1e-6);
-                std::vector<uint8_t> got_row(kv_dim * element);
-                const size_t row_offset = size_t(pos) * kv_dim * element;
-                CUDA_CHECK(cudaMemcpy(got_row.data(), keys.as<uint8_t>() + row_offset,
-                                      got_row.size(), cudaMemcpyDeviceToHost));
-                // f16: a rounding tie may fall differently when the f32 values differ by an ulp.
-                report(name + " k", kv_values_as_float(got_row, type),
-                       kv_values_as_float(key_row, type), type == cpu::KvType::F32 ? 1e-6 : 1e-3);
-                CUDA_CHECK(cudaMemcpy(got_row.data(), values.as<uint8_t>() + row_offset,
-                                      got_row.size(), cudaMemcpyDeviceToHost));
-                report(name + " v", kv_values_as_float(got_row, type),
-                       kv_values_as_float(value_row, type), 0.0);
+                report("rope_kv " + what + " q",
+                       std::vector<float>(got_qkv.begin(), got_qkv.begin() + q_dim), q, 1e-6);
+                check_cache_rows("rope_kv");
+
+                // The GPU ladder's unfused pair: RoPE in place on q and k, then the KV write.
+                DeviceBuffer simple_qkv = to_device(qkv);
+                CUDA_CHECK(cudaMemset(keys.as(), 0xff, cache_bytes));
+                CUDA_CHECK(cudaMemset(values.as(), 0xff, cache_bytes));
+                cuda::rope(simple_qkv.as<float>(), device_frequencies.as<float>(),
+                           device_step.as<int>(), s.heads, s.kv_heads, s.head_dim, 0);
+                const float* k_device = simple_qkv.as<float>() + q_dim;
+                cuda::store_kv_row(k_device, k_device + kv_dim, keys.as(), values.as(),
+                                   device_step.as<int>(), kv_dim, type, 0);
+                got_qkv = to_host(simple_qkv.as(), qkv.size());
+                report("rope " + what + " q",
+                       std::vector<float>(got_qkv.begin(), got_qkv.begin() + q_dim), q, 1e-6);
+                report(
+                    "rope " + what + " k",
+                    std::vector<float>(got_qkv.begin() + q_dim, got_qkv.begin() + q_dim + kv_dim),
+                    k, 1e-6);
+                check_cache_rows("store_kv_row");
             }
         }
     }
+}
+
+// cpu::attention of q [heads * head_dim] at `pos` over caches of the KV type's bytes.
+std::vector<float> cpu_attention(const std::vector<float>& q, int pos,
+                                 const std::vector<uint8_t>& keys,
+                                 const std::vector<uint8_t>& values,
+                                 const cpu::AttentionShape& shape, cpu::KvType type) {
+    std::vector<float> out(q.size()), scores(size_t(shape.heads) * (pos + 1));
+    cpu::attention(out.data(), q.data(), pos, keys.data(), values.data(), scores.data(), shape,
+                   type);
+    return out;
 }
 
 void check_attention(int multiprocessors) {
@@ -315,6 +400,23 @@ void check_attention(int multiprocessors) {
                 const std::vector<float> q = random_floats(q_dim);
                 DeviceBuffer device_q = to_device(q);
 
+                const std::string name =
+                    std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + "x" +
+                    std::to_string(s.head_dim) + " window " + std::to_string(test.window) +
+                    " ctx " + std::to_string(context);
+                DeviceBuffer scores = poisoned(size_t(s.heads) * context);
+                for (int pos : {0, context / 2, context - 1}) {
+                    const int step[2] = {0, pos};
+                    DeviceBuffer device_step = to_device(step, sizeof step);
+                    DeviceBuffer out = poisoned(q_dim);
+                    cuda::attention_naive(out.as<float>(), device_q.as<float>(), device_keys.as(),
+                                          device_values.as(), device_step.as<int>(),
+                                          scores.as<float>(), context, shape, type, 0);
+                    report("attention_naive " + name + " pos " + std::to_string(pos) + " kv " +
+                               kv_label(type),
+                           to_host(out.as(), q_dim),
+                           cpu_attention(q, pos, keys, values, shape, type), 1e-5);
+                }
                 const int natural = cuda::attention_splits(shape, context, multiprocessors);
                 for (int splits : {natural, 1, 3, 256}) {
                     DeviceBuffer partial_out = poisoned(size_t(s.heads) * splits * s.head_dim);
@@ -327,15 +429,10 @@ void check_attention(int multiprocessors) {
                                         device_values.as(), device_step.as<int>(),
                                         partial_out.as<float>(), partial_stats.as<float>(), shape,
                                         splits, type, 0);
-                        std::vector<float> want(q_dim), scores(size_t(s.heads) * (pos + 1));
-                        cpu::attention(want.data(), q.data(), pos, keys.data(), values.data(),
-                                       scores.data(), shape, type);
-                        report("attention " + std::to_string(s.heads) + "/" +
-                                   std::to_string(s.kv_heads) + "x" + std::to_string(s.head_dim) +
-                                   " window " + std::to_string(test.window) + " ctx " +
-                                   std::to_string(context) + " pos " + std::to_string(pos) +
-                                   " splits " + std::to_string(splits) + " kv " + kv_label(type),
-                               to_host(out.as(), q_dim), want, 1e-5);
+                        report("attention " + name + " pos " + std::to_string(pos) + " splits " +
+                                   std::to_string(splits) + " kv " + kv_label(type),
+                               to_host(out.as(), q_dim),
+                               cpu_attention(q, pos, keys, values, shape, type), 1e-5);
                     }
                 }
             }
@@ -459,6 +556,7 @@ int main(int argc, char** argv) {
                     properties.minor, properties.multiProcessorCount);
         check_embedding();
         check_matvec();
+        check_elementwise();
         check_rope();
         check_attention(properties.multiProcessorCount);
         if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) bench(properties.multiProcessorCount);

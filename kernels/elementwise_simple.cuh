@@ -1,0 +1,112 @@
+// The steps the fast kernels fuse, each as its own kernel, as the CPU runs them: RMSNorm,
+// the residual add, SwiGLU, RoPE and the KV-cache write. The GPU ladder's rungs 1-2
+// (`barellm ladder --device cuda`) run them; rung 3 fuses them into the matvecs
+// (matmul_simple.cuh) and into rope_kv_kernel (rope.cuh). Every value makes a round trip
+// through global memory between two of them.
+#pragma once
+#include "common.cuh"
+#include "cuda_check.h"
+#include "kernels.h"
+#include "rope.cuh"
+
+namespace barellm::cuda {
+
+constexpr int kElementwiseThreads = 256;
+
+inline dim3 elementwise_grid(int count) {
+    return dim3((count + kElementwiseThreads - 1) / kElementwiseThreads);
+}
+
+// out[i] = in[i] * rsqrt(mean(in²) + eps) * weight[i], i in [0, n).
+// Launch: grid 1, block 256 (one block: the sum of squares needs every element).
+__global__ void __launch_bounds__(kElementwiseThreads)
+    rmsnorm_kernel(float* __restrict__ out, const float* __restrict__ in,
+                   const float* __restrict__ weight, int n, float eps) {
+    __shared__ float scratch[kWarpSize];
+    float squares = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) squares += in[i] * in[i];
+    const float scale = 1.0f / sqrtf(block_sum(squares, scratch) / float(n) + eps);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = in[i] * scale * weight[i];
+}
+
+// x[i] += y[i] (the residual connection). Launch: grid ceil(n / 256), block 256.
+__global__ void __launch_bounds__(kElementwiseThreads)
+    residual_add_kernel(float* __restrict__ x, const float* __restrict__ y, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += y[i];
+}
+
+// gate[i] = silu(gate[i]) * up[i]. Launch: grid ceil(n / 256), block 256.
+__global__ void __launch_bounds__(kElementwiseThreads)
+    swiglu_kernel(float* __restrict__ gate, const float* __restrict__ up, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) gate[i] = swiglu_value(gate[i], up[i]);
+}
+
+// Rotates, in place, the heads + kv_heads vectors of head_dim at the start of qkv (q then
+// k) for position step[1]: thread t rotates pair (j, j + head_dim/2), j = t mod half, of
+// head t / half. Launch: grid ceil((heads + kv_heads) * head_dim/2 / 256), block 256.
+__global__ void __launch_bounds__(kElementwiseThreads)
+    rope_kernel(float* __restrict__ qk, const float* __restrict__ inverse_frequencies,
+                const int* __restrict__ step, int rotated_heads, int head_dim) {
+    const int half = head_dim / 2;
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= rotated_heads * half) return;
+    const int j = t % half;
+    float* vec = qk + size_t(t / half) * head_dim;
+    const float2 rotated = rope_rotated_pair(vec, j, half, step[1], inverse_frequencies);
+    vec[j] = rotated.x;
+    vec[j + half] = rotated.y;
+}
+
+// Row step[1] of key_cache and value_cache [context, kv_dim] = k and v (as KvT).
+// Launch: grid ceil(kv_dim / 256), block 256.
+template <typename KvT>
+__global__ void __launch_bounds__(kElementwiseThreads)
+    store_kv_row_kernel(const float* __restrict__ k, const float* __restrict__ v,
+                        KvT* __restrict__ key_cache, KvT* __restrict__ value_cache,
+                        const int* __restrict__ step, int kv_dim) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= kv_dim) return;
+    const size_t slot = size_t(step[1]) * kv_dim + i;
+    kv_store(key_cache + slot, k[i]);
+    kv_store(value_cache + slot, v[i]);
+}
+
+void rmsnorm(float* out, const float* in, const float* weight, int n, float eps,
+             cudaStream_t stream) {
+    rmsnorm_kernel<<<1, kElementwiseThreads, 0, stream>>>(out, in, weight, n, eps);
+    CUDA_CHECK_LAUNCH("rmsnorm_kernel");
+}
+
+void residual_add(float* x, const float* y, int n, cudaStream_t stream) {
+    residual_add_kernel<<<elementwise_grid(n), kElementwiseThreads, 0, stream>>>(x, y, n);
+    CUDA_CHECK_LAUNCH("residual_add_kernel");
+}
+
+void swiglu(float* gate, const float* up, int n, cudaStream_t stream) {
+    swiglu_kernel<<<elementwise_grid(n), kElementwiseThreads, 0, stream>>>(gate, up, n);
+    CUDA_CHECK_LAUNCH("swiglu_kernel");
+}
+
+void rope(float* qk, const float* inverse_frequencies, const int* step, int heads, int kv_heads,
+          int head_dim, cudaStream_t stream) {
+    const int rotated_heads = heads + kv_heads;
+    rope_kernel<<<elementwise_grid(rotated_heads * (head_dim / 2)), kElementwiseThreads, 0,
+                  stream>>>(qk, inverse_frequencies, step, rotated_heads, head_dim);
+    CUDA_CHECK_LAUNCH("rope_kernel");
+}
+
+void store_kv_row(const float* k, const float* v, void* key_cache, void* value_cache,
+                  const int* step, int kv_dim, cpu::KvType kv_type, cudaStream_t stream) {
+    const dim3 grid = elementwise_grid(kv_dim);
+    if (kv_type == cpu::KvType::F32)
+        store_kv_row_kernel<float><<<grid, kElementwiseThreads, 0, stream>>>(
+            k, v, static_cast<float*>(key_cache), static_cast<float*>(value_cache), step, kv_dim);
+    else
+        store_kv_row_kernel<__half><<<grid, kElementwiseThreads, 0, stream>>>(
+            k, v, static_cast<__half*>(key_cache), static_cast<__half*>(value_cache), step, kv_dim);
+    CUDA_CHECK_LAUNCH("store_kv_row_kernel");
+}
+
+}  // namespace barellm::cuda
