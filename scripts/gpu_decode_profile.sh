@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Where the time of one decode step goes on the GPU, for a Mistral-7B-shaped f16 checkpoint
+# generated on the machine: about 6 minutes on an H100.
+#   1. builds barellm and cuda_kernel_check for the local GPU (CUDA_ARCHS, default 90);
+#   2. times each hot kernel alone at Mistral's shapes (cuda_kernel_check --bench);
+#   3. decode tok/s at short and long context, with and without the CUDA graph;
+#   4. Nsight Compute (ncu) over the kernels of two decode steps launched without the
+#      graph: per kernel, calls per token, µs per token, GB/s from its DRAM bytes, and the
+#      sum of the kernels' times against the measured time of a token.
+# First `scripts/gpu_session.sh --stage` here, then on the GPU machine, from the repository
+# root (the device tool: carry ["gpu_data"], timeout_s 600):
+#     bash scripts/gpu_decode_profile.sh
+# Logs go to one archive, $OUT/profile_logs.tgz (the device tool brings back few files);
+# the summary is printed last. Environment: CUDA_ARCHS (default 90), WORK (default
+# /tmp/barellm-gpu).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+WORK=${WORK:-/tmp/barellm-gpu}
+CUDA_ARCHS=${CUDA_ARCHS:-90}
+LOG=$WORK/profile_logs
+mkdir -p "$LOG"
+finish() { [ -n "${OUT:-}" ] && tar czf "$OUT/profile_logs.tgz" -C "$WORK" profile_logs; }
+trap finish EXIT
+SUMMARY=$LOG/summary.txt
+: >"$SUMMARY"
+note() { echo "$1" | tee -a "$SUMMARY"; }
+step() { echo "==== [${SECONDS}s] $*"; }
+
+# ../shared (the tokenizers synth.py takes) from the copy `scripts/gpu_session.sh --stage` made.
+if [ ! -e ../shared ] && [ -d gpu_data/shared ]; then ln -s "$PWD/gpu_data/shared" ../shared; fi
+MISTRAL=$WORK/mistral-7b-f16.bin
+if [ ! -f "$MISTRAL" ]; then
+    step "generating the Mistral-7B-shaped f16 checkpoint in the background"
+    (
+        rm -rf "$WORK/mistral-hf" &&
+            python3 convert/synth.py --preset mistral-7b --dtype f16 -o "$WORK/mistral-hf" &&
+            python3 convert/convert.py "$WORK/mistral-hf" -o "$MISTRAL" --dtype f16 &&
+            rm -rf "$WORK/mistral-hf"
+    ) >"$LOG/mistral_synth.log" 2>&1 &
+    MISTRAL_PID=$!
+fi
+
+step "build (CUDA_ARCHS=$CUDA_ARCHS)"
+CPPFLAGS_EXTRA=""
+[ -d gpu_data/include ] && CPPFLAGS_EXTRA="-I$PWD/gpu_data/include"
+make -j"$(nproc)" CUDA_ARCHS="$CUDA_ARCHS" CUDA_PTX_ARCH="${CUDA_ARCHS##* }" \
+    CPPFLAGS="$CPPFLAGS_EXTRA" build/barellm build/cuda_kernel_check >"$LOG/build.log" 2>&1 ||
+    { tail -20 "$LOG/build.log"; exit 1; }
+
+step "cuda_kernel_check --bench"
+timeout 240 build/cuda_kernel_check --bench >"$LOG/kernel_check.log" 2>&1
+note "cuda_kernel_check: $(tail -1 "$LOG/kernel_check.log")"
+grep "^|" "$LOG/kernel_check.log" >"$LOG/kernel_bench.md"
+
+step "waiting for the checkpoint"
+while [ -n "${MISTRAL_PID:-}" ] && kill -0 "$MISTRAL_PID" 2>/dev/null && [ "$SECONDS" -lt 420 ]; do
+    sleep 2
+done
+[ -f "$MISTRAL" ] || { note "no checkpoint by ${SECONDS}s: $(tail -1 "$LOG/mistral_synth.log")"; cat "$LOG/kernel_bench.md"; exit 1; }
+
+step "decode benchmarks"
+bench() {  # NAME ENV... : one bench line into the summary
+    local name=$1; shift
+    env "$@" build/barellm bench "$MISTRAL" --device cuda -p 0 -n "$N" -r 3 \
+        >"$LOG/bench_$name.md" 2>&1
+    note "bench $name: $(grep "| tg" "$LOG/bench_$name.md" | cut -d'|' -f8-10) $(grep -o "copy, same run): [0-9.]* GB/s" "$LOG/bench_$name.md")"
+}
+N=128 bench tg128-graph BARELLM_CUDA_GRAPHS=1
+N=128 bench tg128-no-graph BARELLM_CUDA_GRAPHS=0
+[ "$SECONDS" -lt 450 ] && N=4096 bench tg4096-graph BARELLM_CUDA_GRAPHS=1
+
+step "ncu: two decode steps without the graph"
+BARELLM_CUDA_GRAPHS=0 timeout 150 ncu --clock-control none \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \
+    --page raw build/barellm bench "$MISTRAL" --device cuda -p 0 -n 1 -r 1 \
+    >"$LOG/ncu.csv" 2>"$LOG/ncu.err"
+note "ncu exit $? ($(wc -l <"$LOG/ncu.csv") lines)"
+python3 - "$LOG/ncu.csv" <<'EOF' | tee -a "$SUMMARY"
+import collections, csv, io, sys
+text = open(sys.argv[1], errors="replace").read()
+rows = list(csv.reader(io.StringIO(text[text.find('"ID"'):])))
+if len(rows) < 3:
+    sys.exit("no ncu rows")
+header, units = rows[0], rows[1]
+col = {name: i for i, name in enumerate(header)}
+scale = {"nsecond": 1e-3, "usecond": 1, "msecond": 1e3, "byte": 1, "Kbyte": 1e3,
+         "Mbyte": 1e6, "Gbyte": 1e9}
+def value(row, name):
+    i = col[name]
+    return float(row[i].replace(",", "")) * scale.get(units[i], 1)
+# Two decode steps ran (the warm-up and the timed one): halve the totals.
+per_kernel = collections.defaultdict(lambda: [0, 0.0, 0.0])
+for row in rows[2:]:
+    name = row[col["Kernel Name"]].split("(")[0].split("<")[0].replace("void ", "")
+    k = per_kernel[name]
+    k[0] += 1
+    k[1] += value(row, "gpu__time_duration.sum")
+    k[2] += value(row, "dram__bytes_read.sum") + value(row, "dram__bytes_write.sum")
+total = sum(k[1] for k in per_kernel.values()) / 2
+print(f"\nkernels of one decode step (ncu, no graph): {total:.0f} us in all")
+print("| kernel | calls | us | % | GB/s |\n| --- | ---: | ---: | ---: | ---: |")
+for name, (calls, us, nbytes) in sorted(per_kernel.items(), key=lambda kv: -kv[1][1]):
+    print(f"| {name} | {calls // 2} | {us / 2:.0f} | {100 * us / 2 / total:.1f} | "
+          f"{nbytes / us / 1e3 if us else 0:.0f} |")
+EOF
+
+echo
+echo "==== summary (${SECONDS}s)"
+cat "$LOG/kernel_bench.md"
+cat "$SUMMARY"
