@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
 # Where the time of one decode step goes on the GPU, for a Mistral-7B-shaped f16 checkpoint
 # generated on the machine: about 6 minutes on an H100.
-#   1. builds barellm and cuda_kernel_check for the local GPU (CUDA_ARCHS, default 90);
-#   2. times each hot kernel alone at Mistral's shapes (cuda_kernel_check --bench);
-#   3. decode tok/s at short and long context, with and without the CUDA graph;
-#   4. Nsight Compute (ncu) over the kernels of two decode steps launched without the
-#      graph: per kernel, calls per token, µs per token, GB/s from its DRAM bytes, and the
-#      sum of the kernels' times against the measured time of a token.
+#   1. builds barellm, dump_logits and cuda_kernel_check for the local GPU (CUDA_ARCHS,
+#      default 90) and checks every kernel against the CPU (cuda_kernel_check), then times
+#      the hot kernels alone at Mistral's shapes (--bench);
+#   2. while the checkpoint is generated, tests/test_cuda.py (CUDA logits against CPU);
+#   3. decode tok/s at short and long context, with and without the CUDA graph and with and
+#      without matvecs overlapping the kernel before them (BARELLM_CUDA_OVERLAP);
+#   4. with PROFILE_NCU=1, Nsight Compute (ncu) over the kernels of two decode steps
+#      launched without the graph: per kernel, calls per token, µs per token and GB/s from
+#      its DRAM bytes.
 # First `scripts/gpu_session.sh --stage` here, then on the GPU machine, from the repository
 # root (the device tool: carry ["gpu_data"], timeout_s 600):
 #     bash scripts/gpu_decode_profile.sh
 # Logs go to one archive, $OUT/profile_logs.tgz (the device tool brings back few files);
 # the summary is printed last. Environment: CUDA_ARCHS (default 90), WORK (default
-# /tmp/barellm-gpu).
+# /tmp/barellm-gpu), PROFILE_NCU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WORK=${WORK:-/tmp/barellm-gpu}
@@ -44,13 +47,22 @@ step "build (CUDA_ARCHS=$CUDA_ARCHS)"
 CPPFLAGS_EXTRA=""
 [ -d gpu_data/include ] && CPPFLAGS_EXTRA="-I$PWD/gpu_data/include"
 make -j"$(nproc)" CUDA_ARCHS="$CUDA_ARCHS" CUDA_PTX_ARCH="${CUDA_ARCHS##* }" \
-    CPPFLAGS="$CPPFLAGS_EXTRA" build/barellm build/cuda_kernel_check >"$LOG/build.log" 2>&1 ||
+    CPPFLAGS="$CPPFLAGS_EXTRA" build/barellm build/dump_logits build/cuda_kernel_check \
+    >"$LOG/build.log" 2>&1 ||
     { tail -20 "$LOG/build.log"; exit 1; }
 
 step "cuda_kernel_check --bench"
 timeout 240 build/cuda_kernel_check --bench >"$LOG/kernel_check.log" 2>&1
 note "cuda_kernel_check: $(tail -1 "$LOG/kernel_check.log")"
 grep "^|" "$LOG/kernel_check.log" >"$LOG/kernel_bench.md"
+
+step "tests/test_cuda.py"
+XDIST=""
+python3 -c "import xdist" 2>/dev/null && XDIST="-n 8"
+OMP_NUM_THREADS=2 timeout 240 python3 -m pytest -q -rs $XDIST tests/test_cuda.py \
+    >"$LOG/test_cuda.log" 2>&1
+note "test_cuda.py: $(tail -1 "$LOG/test_cuda.log")"
+grep -E "^FAILED|relative error" "$LOG/test_cuda.log" | head -5
 
 step "waiting for the checkpoint"
 while [ -n "${MISTRAL_PID:-}" ] && kill -0 "$MISTRAL_PID" 2>/dev/null && [ "$SECONDS" -lt 420 ]; do
@@ -65,10 +77,13 @@ bench() {  # NAME ENV... : one bench line into the summary
         >"$LOG/bench_$name.md" 2>&1
     note "bench $name: $(grep "| tg" "$LOG/bench_$name.md" | cut -d'|' -f8-10) $(grep -o "copy, same run): [0-9.]* GB/s" "$LOG/bench_$name.md")"
 }
-N=128 bench tg128-graph BARELLM_CUDA_GRAPHS=1
-N=128 bench tg128-no-graph BARELLM_CUDA_GRAPHS=0
-[ "$SECONDS" -lt 450 ] && N=4096 bench tg4096-graph BARELLM_CUDA_GRAPHS=1
+N=128 bench tg128-graph-overlap BARELLM_CUDA_GRAPHS=1 BARELLM_CUDA_OVERLAP=1
+N=128 bench tg128-graph-no-overlap BARELLM_CUDA_GRAPHS=1 BARELLM_CUDA_OVERLAP=0
+N=128 bench tg128-no-graph-overlap BARELLM_CUDA_GRAPHS=0 BARELLM_CUDA_OVERLAP=1
+N=128 bench tg128-no-graph-no-overlap BARELLM_CUDA_GRAPHS=0 BARELLM_CUDA_OVERLAP=0
+[ "$SECONDS" -lt 480 ] && N=4096 bench tg4096-graph-overlap BARELLM_CUDA_GRAPHS=1
 
+if [ "${PROFILE_NCU:-0}" = 1 ]; then
 step "ncu: two decode steps without the graph"
 BARELLM_CUDA_GRAPHS=0 timeout 150 ncu --clock-control none \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum --csv \
@@ -83,11 +98,11 @@ if len(rows) < 3:
     sys.exit("no ncu rows")
 header, units = rows[0], rows[1]
 col = {name: i for i, name in enumerate(header)}
-scale = {"nsecond": 1e-3, "usecond": 1, "msecond": 1e3, "byte": 1, "Kbyte": 1e3,
-         "Mbyte": 1e6, "Gbyte": 1e9}
-def value(row, name):
+scale = {"ns": 1e-3, "us": 1, "ms": 1e3, "nsecond": 1e-3, "usecond": 1, "msecond": 1e3,
+         "byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}
+def value(row, name):  # in us or bytes
     i = col[name]
-    return float(row[i].replace(",", "")) * scale.get(units[i], 1)
+    return float(row[i].replace(",", "")) * scale[units[i]]
 # Two decode steps ran (the warm-up and the timed one): halve the totals.
 per_kernel = collections.defaultdict(lambda: [0, 0.0, 0.0])
 for row in rows[2:]:
@@ -103,6 +118,7 @@ for name, (calls, us, nbytes) in sorted(per_kernel.items(), key=lambda kv: -kv[1
     print(f"| {name} | {calls // 2} | {us / 2:.0f} | {100 * us / 2 / total:.1f} | "
           f"{nbytes / us / 1e3 if us else 0:.0f} |")
 EOF
+fi
 
 echo
 echo "==== summary (${SECONDS}s)"
