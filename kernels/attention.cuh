@@ -259,7 +259,6 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(Atte
 // of head h, M = max_s m_s. Launch: grid heads, block 128, no shared memory; thread d
 // handles elements d, d + 128, ... of the head (reads of o_s[d] are coalesced).
 __global__ void __launch_bounds__(128) attention_merge_kernel(AttentionArgs a) {
-    let_next_kernel_launch();  // the output projection may start fetching its weights
     const int pos = a.step[1];
     const int positions = pos + 1 - attention_first(pos, a.window);
     const int length = split_length(positions, a.splits);

@@ -14,36 +14,6 @@ namespace barellm::cuda {
 constexpr int kWarpSize = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 
-// Programmatic dependent launch (sm_90 and later; no-ops on older GPUs and for kernels
-// launched the ordinary way). A kernel launched with the programmatic-serialization
-// attribute may start while the kernel before it in the stream is still running, once
-// every block of that kernel has called let_next_kernel_launch; it must call
-// wait_for_previous_kernel before it touches memory the previous kernel writes or reads,
-// and that call returns when the previous kernel has finished and its writes are visible.
-__device__ __forceinline__ void let_next_kernel_launch() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;");
-#endif
-}
-
-__device__ __forceinline__ void wait_for_previous_kernel() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// Asks the L2 cache to fetch `bytes` (a multiple of 16) from the 16-byte aligned `address`
-// in the background: one bulk prefetch, issued by the calling thread (sm_90 and later).
-__device__ __forceinline__ void prefetch_to_l2(const void* address, unsigned bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(address), "r"(bytes)
-                 : "memory");
-#else
-    (void)address;
-    (void)bytes;
-#endif
-}
-
 // Sum over the 32 lanes of a warp; every lane gets the result. All 32 lanes must call it.
 __device__ __forceinline__ float warp_sum(float value) {
 #pragma unroll

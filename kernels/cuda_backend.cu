@@ -27,9 +27,8 @@
 // rungs, then the member functions matvec, matvec_swiglu and attention pick the kernels),
 // without the graph (cuda_graph) or without the attention split (flash_decoding).
 //
-// Debugging knobs: BARELLM_CUDA_GRAPHS=0 in the environment launches the kernels directly
-// on the stream for every token instead of replaying the captured graph;
-// BARELLM_CUDA_OVERLAP=0 keeps each matvec from overlapping the kernel before it.
+// Debugging knob: BARELLM_CUDA_GRAPHS=0 in the environment launches the kernels directly
+// on the stream for every token instead of replaying the captured graph.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
@@ -75,12 +74,6 @@ using Stream = std::unique_ptr<CUstream_st, StreamDeleter>;
 using Graph = std::unique_ptr<CUgraph_st, GraphDeleter>;
 using GraphExec = std::unique_ptr<CUgraphExec_st, GraphExecDeleter>;
 using Event = std::unique_ptr<CUevent_st, EventDeleter>;
-
-// Whether the environment variable `name` is "0" (the debugging knobs below).
-bool env_says_off(const char* name) {
-    const char* value = std::getenv(name);
-    return value != nullptr && std::strcmp(value, "0") == 0;
-}
 
 Event make_event() {
     cudaEvent_t event = nullptr;
@@ -143,12 +136,13 @@ public:
         allocate_state();
         host_step_ = PinnedBuffer(2 * sizeof(int), "the step parameters");
         host_logits_ = PinnedBuffer(size_t(c.vocab_size) * sizeof(float), "the logits");
-        cuda::prepare_matvec(max_matvec_shared_bytes(), !env_says_off("BARELLM_CUDA_OVERLAP"));
+        cuda::prepare_matvec(max_matvec_shared_bytes());
         // The uploads and memsets above ran on the legacy default stream, which does not
         // order itself with our non-blocking stream: let them finish before any kernel runs.
         CUDA_CHECK(cudaDeviceSynchronize());
 
-        if (options.cuda_graph && !env_says_off("BARELLM_CUDA_GRAPHS")) capture_graph();
+        const char* graphs = std::getenv("BARELLM_CUDA_GRAPHS");
+        if (options.cuda_graph && !(graphs && std::strcmp(graphs, "0") == 0)) capture_graph();
     }
 
     std::string name() const override { return "cuda"; }

@@ -15,7 +15,6 @@ template <DType D>
 __global__ void __launch_bounds__(kEmbeddingThreads)
     embedding_kernel(float* __restrict__ x, const void* __restrict__ table, int cols, int pitch,
                      const int* __restrict__ step) {
-    let_next_kernel_launch();  // the first matvec may start fetching its weights
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= cols) return;
     const int token = step[0];

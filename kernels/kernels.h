@@ -55,11 +55,9 @@ void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, c
 
 // Dynamic shared memory a matvec over rows of `pitch` elements needs (the staged input).
 size_t matvec_shared_bytes(int pitch);
-// Allows every matvec kernel up to `bytes` of dynamic shared memory (needed above 48 KiB),
-// and, with `overlap` on a GPU of sm_90 or later, lets each matvec start while the kernel
-// before it finishes (programmatic dependent launch; see matmul.cuh). Call once, before
-// capturing a graph.
-void prepare_matvec(size_t bytes, bool overlap);
+// Allows every matvec kernel up to `bytes` of dynamic shared memory (needed above 48 KiB).
+// Call once, before capturing a graph.
+void prepare_matvec(size_t bytes);
 
 // RoPE fused with the KV-cache write, for position pos = step[1]. qkv [q_dim + 2 * kv_dim]
 // holds q, k and v of the token (heads then kv_heads then kv_heads vectors of head_dim):

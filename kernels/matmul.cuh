@@ -13,12 +13,7 @@
 // - the row sums meet in shared memory and the block's first warp stores them (and adds
 //   the residual, for wo and w2) with one coalesced access;
 // - w1 and w3 are read by the same warp and SiLU-GLU is applied before the store, so the
-//   two hidden-size intermediates never reach global memory;
-// - on sm_90 and later the matvecs overlap the kernel before them (programmatic dependent
-//   launch, see common.cuh): a block may start while that kernel finishes, asks L2 for its
-//   weight rows, which depend on nothing, and only then waits to read the input. Each
-//   kernel boundary otherwise leaves the memory idle while the last blocks drain and the
-//   next kernel's first loads are in flight.
+//   two hidden-size intermediates never reach global memory.
 #pragma once
 #include <type_traits>
 
@@ -31,7 +26,6 @@ namespace barellm::cuda {
 constexpr int kMatvecUnroll = 4;     // 16-byte loads in flight per lane and row
 constexpr int kMatvecMaxWarps = 16;  // rows (warps) per block, at most
 constexpr int kMatvecThreadsMax = kMatvecMaxWarps * kWarpSize;
-constexpr int kOverlapMinMajor = 9;  // programmatic dependent launch: sm_90 and later
 
 // Warps (= rows) per block: 8, or 16 for long rows so that staging the input is spread
 // over more rows and a block's shared memory does more work.
@@ -156,15 +150,11 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
                   float eps) {
     __shared__ float scratch[kWarpSize];
     __shared__ float results[kMatvecMaxWarps];
-    const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
-    const int row = blockIdx.x * warps + warp;
-    let_next_kernel_launch();
-    if (row < rows && threadIdx.x % kWarpSize == 0)
-        prefetch_to_l2(weight_row<D>(weights, row, pitch), pitch * dtype_size_v<D>);
-    wait_for_previous_kernel();  // `in` and `out` belong to the kernels before
     float* xs = dynamic_shared_floats();
     stage_input<WeightFormat<D>::kPerVector>(xs, in, cols, pitch, norm_weight, eps, scratch);
 
+    const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int row = blockIdx.x * warps + warp;
     float sum[1] = {0.0f};
     if (row < rows) {  // the same for the whole warp
         const uint4* const row_pointer[1] = {weight_row<D>(weights, row, pitch)};
@@ -189,17 +179,11 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
                          const float* __restrict__ norm_weight, float eps) {
     __shared__ float scratch[kWarpSize];
     __shared__ float results[kMatvecMaxWarps];
-    const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
-    const int row = blockIdx.x * warps + warp;
-    let_next_kernel_launch();
-    if (row < rows && threadIdx.x % kWarpSize == 0) {
-        prefetch_to_l2(weight_row<D>(w1, row, pitch), pitch * dtype_size_v<D>);
-        prefetch_to_l2(weight_row<D>(w3, row, pitch), pitch * dtype_size_v<D>);
-    }
-    wait_for_previous_kernel();
     float* xs = dynamic_shared_floats();
     stage_input<WeightFormat<D>::kPerVector>(xs, in, cols, pitch, norm_weight, eps, scratch);
 
+    const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int row = blockIdx.x * warps + warp;
     float value = 0.0f;
     if (row < rows) {
         const uint4* const row_pointers[2] = {weight_row<D>(w1, row, pitch),
@@ -218,34 +202,18 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
 
 namespace {
 
-bool overlap_launches = false;  // set by prepare_matvec: programmatic dependent launch
-
-// Launches `kernel` on `stream`, allowed to overlap the kernel before it when
-// overlap_launches is set (the kernel then waits for it with wait_for_previous_kernel).
-template <typename... Parameters, typename... Arguments>
-void launch_overlapping(void (*kernel)(Parameters...), dim3 grid, dim3 block, size_t shared,
-                        cudaStream_t stream, Arguments... arguments) {
-    cudaLaunchAttribute overlap;
-    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    overlap.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = grid;
-    config.blockDim = block;
-    config.dynamicSmemBytes = shared;
-    config.stream = stream;
-    config.attrs = &overlap;
-    config.numAttrs = overlap_launches ? 1 : 0;
-    CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, Parameters(arguments)...));
-}
-
 template <DType D>
 void launch_matvec(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight,
                    float eps, bool accumulate, cudaStream_t stream) {
     const int warps = matvec_warps(w.pitch);
     const dim3 grid((w.rows + warps - 1) / warps), block(warps * kWarpSize);
-    launch_overlapping(accumulate ? matvec_kernel<D, true> : matvec_kernel<D, false>, grid, block,
-                       matvec_shared_bytes(w.pitch), stream, out, w.data, w.rows, w.pitch, in,
-                       w.cols, norm_weight, eps);
+    const size_t shared = matvec_shared_bytes(w.pitch);
+    if (accumulate)
+        matvec_kernel<D, true><<<grid, block, shared, stream>>>(out, w.data, w.rows, w.pitch, in,
+                                                                w.cols, norm_weight, eps);
+    else
+        matvec_kernel<D, false><<<grid, block, shared, stream>>>(out, w.data, w.rows, w.pitch, in,
+                                                                 w.cols, norm_weight, eps);
 }
 
 template <DType D>
@@ -254,8 +222,8 @@ void launch_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix
                           cudaStream_t stream) {
     const int warps = matvec_warps(w1.pitch);
     const dim3 grid((w1.rows + warps - 1) / warps), block(warps * kWarpSize);
-    launch_overlapping(matvec_swiglu_kernel<D>, grid, block, matvec_shared_bytes(w1.pitch), stream,
-                       out, w1.data, w3.data, w1.rows, w1.pitch, in, w1.cols, norm_weight, eps);
+    matvec_swiglu_kernel<D><<<grid, block, matvec_shared_bytes(w1.pitch), stream>>>(
+        out, w1.data, w3.data, w1.rows, w1.pitch, in, w1.cols, norm_weight, eps);
 }
 
 // Calls launch(std::integral_constant<DType, D>{}) for the weights' dtype D.
@@ -303,11 +271,7 @@ void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, c
     CUDA_CHECK_LAUNCH("matvec_swiglu_kernel");
 }
 
-void prepare_matvec(size_t bytes, bool overlap) {
-    int device = 0, major = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-    overlap_launches = overlap && major >= kOverlapMinMajor;
+void prepare_matvec(size_t bytes) {
     allow_shared_bytes(matvec_kernel<DType::F32, false>, bytes);
     allow_shared_bytes(matvec_kernel<DType::F32, true>, bytes);
     allow_shared_bytes(matvec_kernel<DType::F16, false>, bytes);

@@ -5,8 +5,7 @@
 #      default 90) and checks every kernel against the CPU (cuda_kernel_check), then times
 #      the hot kernels alone at Mistral's shapes (--bench);
 #   2. while the checkpoint is generated, tests/test_cuda.py (CUDA logits against CPU);
-#   3. decode tok/s at short and long context, with and without the CUDA graph and with and
-#      without matvecs overlapping the kernel before them (BARELLM_CUDA_OVERLAP);
+#   3. decode tok/s at short and long context, with and without the CUDA graph;
 #   4. with PROFILE_NCU=1, Nsight Compute (ncu) over the kernels of two decode steps
 #      launched without the graph: per kernel, calls per token, µs per token and GB/s from
 #      its DRAM bytes.
@@ -77,11 +76,9 @@ bench() {  # NAME ENV... : one bench line into the summary
         >"$LOG/bench_$name.md" 2>&1
     note "bench $name: $(grep "| tg" "$LOG/bench_$name.md" | cut -d'|' -f8-10) $(grep -o "copy, same run): [0-9.]* GB/s" "$LOG/bench_$name.md")"
 }
-N=128 bench tg128-graph-overlap BARELLM_CUDA_GRAPHS=1 BARELLM_CUDA_OVERLAP=1
-N=128 bench tg128-graph-no-overlap BARELLM_CUDA_GRAPHS=1 BARELLM_CUDA_OVERLAP=0
-N=128 bench tg128-no-graph-overlap BARELLM_CUDA_GRAPHS=0 BARELLM_CUDA_OVERLAP=1
-N=128 bench tg128-no-graph-no-overlap BARELLM_CUDA_GRAPHS=0 BARELLM_CUDA_OVERLAP=0
-[ "$SECONDS" -lt 480 ] && N=4096 bench tg4096-graph-overlap BARELLM_CUDA_GRAPHS=1
+N=128 bench tg128-graph BARELLM_CUDA_GRAPHS=1
+N=128 bench tg128-no-graph BARELLM_CUDA_GRAPHS=0
+[ "$SECONDS" -lt 480 ] && N=4096 bench tg4096-graph BARELLM_CUDA_GRAPHS=1
 
 if [ "${PROFILE_NCU:-0}" = 1 ]; then
 step "ncu: two decode steps without the graph"

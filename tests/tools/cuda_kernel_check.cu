@@ -177,7 +177,7 @@ void check_embedding() {
 void check_matvec() {
     const std::pair<int, int> shapes[] = {{1, 1},      {7, 45},      {33, 172},  {64, 64},
                                           {129, 1000}, {1024, 4096}, {9, 14336}, {17, 8190}};
-    cuda::prepare_matvec(cuda::matvec_shared_bytes(cuda::padded_cols(14336, DType::F32)), true);
+    cuda::prepare_matvec(cuda::matvec_shared_bytes(cuda::padded_cols(14336, DType::F32)));
     cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
     for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
         for (const auto& [shape_rows, cols] : shapes) {
@@ -483,7 +483,7 @@ void bench(int multiprocessors) {
     };
 
     cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
-    cuda::prepare_matvec(cuda::matvec_shared_bytes(14336), true);
+    cuda::prepare_matvec(cuda::matvec_shared_bytes(14336));
     for (DType dtype : {DType::F16, DType::BF16, DType::F32}) {
         // Matrices far larger than L2, so every call streams from device memory.
         const HostMatrix w1 = random_matrix(14336, 4096, dtype, true),
