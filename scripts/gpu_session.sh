@@ -19,9 +19,11 @@
 # which copies stories260K, the llama2 tokenizer and the nlohmann/json headers into
 # gpu_data/ (git-ignored). Then run, on the GPU machine, from the repository root:
 #     bash scripts/gpu_session.sh            (the device tool: carry ["gpu_data"])
-# Logs go to $OUT when set (the device tool brings them back), else gpu_logs/.
-# Environment: CUDA_ARCHS (default 90), WORK (scratch, default /tmp/barellm-gpu),
-# SKIP_MISTRAL=1 (no 7B checkpoint nor its benchmark).
+# Logs go to $WORK/logs and, when OUT is set, into one archive $OUT/gpu_logs.tgz (the device
+# tool brings back at most 8 files). Environment: CUDA_ARCHS (default 90), WORK (scratch,
+# default /tmp/barellm-gpu), SKIP_MISTRAL=1 (no 7B checkpoint nor its benchmark),
+# MISTRAL_DEADLINE (seconds into the run after which the checkpoint is not waited for,
+# default 420: the device tool stops a command at 600).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
@@ -38,13 +40,23 @@ if [ "${1:-}" = "--stage" ]; then
     exit 0
 fi
 
-LOG=${OUT:-$REPO/gpu_logs}
 WORK=${WORK:-/tmp/barellm-gpu}
+LOG=$WORK/logs
 CUDA_ARCHS=${CUDA_ARCHS:-90}
-mkdir -p "$LOG" "$WORK"
+rm -rf "$LOG"
+mkdir -p "$LOG"
+# The device tool brings back at most 8 files from $OUT: every log goes into one archive,
+# written however the script ends.
+finish() {
+    if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu_logs.tgz" -C "$WORK" logs; fi
+    return 0
+}
+trap finish EXIT
 export PYTHONUNBUFFERED=1
 SUMMARY=()
-note() { SUMMARY+=("$1"); echo "== $1"; }
+# Each note is printed, kept for the summary and written to summary.txt at once, so that
+# a run cut off by the device tool's 10-minute limit still leaves what it found.
+note() { SUMMARY+=("$1"); echo "== $1"; echo "$1" >>"$LOG/summary.txt"; }
 step() { echo; echo "==== [$(date +%T), ${SECONDS}s] $*"; }
 
 # ../shared as the tests expect it, from the staged copy.
@@ -61,6 +73,7 @@ df -h "$WORK" | tail -1
 # 5a. The Mistral-7B-shaped checkpoint, generated while the rest runs.
 MISTRAL=$WORK/mistral-7b-f16.bin
 MISTRAL_PID=
+MISTRAL_DEADLINE=${MISTRAL_DEADLINE:-420}
 if [ "${SKIP_MISTRAL:-0}" != 1 ] && [ ! -f "$MISTRAL" ]; then
     step "generating the Mistral-7B-shaped f16 checkpoint in the background"
     (
@@ -164,8 +177,16 @@ build/barellm bench "$WORK/stories260K-f16.bin" --device cuda -p 0 -n 128 -r 3 \
     >"$LOG/bench_stories_table.md" 2>&1 && tail -1 "$LOG/bench_stories_table.md"
 
 if [ -n "$MISTRAL_PID" ]; then
-    step "waiting for the Mistral-7B checkpoint"
-    wait "$MISTRAL_PID" || note "Mistral-7B checkpoint generation failed: $(tail -1 "$LOG/mistral_synth.log")"
+    step "waiting for the Mistral-7B checkpoint (until ${MISTRAL_DEADLINE}s)"
+    while kill -0 "$MISTRAL_PID" 2>/dev/null && [ "$SECONDS" -lt "$MISTRAL_DEADLINE" ]; do
+        sleep 2
+    done
+    if kill -0 "$MISTRAL_PID" 2>/dev/null; then
+        kill "$MISTRAL_PID"
+        note "Mistral-7B checkpoint not ready at ${SECONDS}s: its benchmarks are skipped"
+    else
+        wait "$MISTRAL_PID" || note "Mistral-7B checkpoint generation failed: $(tail -1 "$LOG/mistral_synth.log")"
+    fi
 fi
 if [ -f "$MISTRAL" ]; then
     ls -la "$MISTRAL"
@@ -210,4 +231,4 @@ for r in rows:
     print(f"| {r['label']} | 0..{r['n_gen'] - 1} | {r['avg_ts']:.1f} ± {r['stddev_ts']:.1f} "
           f"| {r['gbps']:.0f} | {r['bw_pct']:.0f}% | {r['bandwidth_gbps']:.0f} |")
 EOF
-echo "logs: $LOG (${SECONDS}s in all)"
+echo "logs: $LOG, and \$OUT/gpu_logs.tgz when OUT is set (${SECONDS}s in all)"
