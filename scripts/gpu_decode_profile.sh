@@ -4,7 +4,8 @@
 #   1. builds barellm, dump_logits and cuda_kernel_check for the local GPU (CUDA_ARCHS,
 #      default 90) and checks every kernel against the CPU (cuda_kernel_check), then times
 #      the hot kernels alone at Mistral's shapes (--bench);
-#   2. while the checkpoint is generated, tests/test_cuda.py (CUDA logits against CPU);
+#   2. while the checkpoint is generated, scripts/matvec_variants.cu (matvec designs timed
+#      against the production kernel) and tests/test_cuda.py (CUDA logits against CPU);
 #   3. decode tok/s at short and long context, with and without the CUDA graph;
 #   4. with PROFILE_NCU=1, Nsight Compute (ncu) over the kernels of two decode steps
 #      launched without the graph: per kernel, calls per token, µs per token and GB/s from
@@ -54,6 +55,16 @@ step "cuda_kernel_check --bench"
 timeout 240 build/cuda_kernel_check --bench >"$LOG/kernel_check.log" 2>&1
 note "cuda_kernel_check: $(tail -1 "$LOG/kernel_check.log")"
 grep "^|" "$LOG/kernel_check.log" >"$LOG/kernel_bench.md"
+
+step "scripts/matvec_variants.cu"
+if nvcc -std=c++17 -O3 -arch="sm_${CUDA_ARCHS%% *}" -Isrc -Ikernels $CPPFLAGS_EXTRA \
+    scripts/matvec_variants.cu build/src/safetensors.o -o build/matvec_variants \
+    >"$LOG/matvec_variants_build.log" 2>&1; then
+    timeout 120 build/matvec_variants >"$LOG/matvec_variants.md" 2>&1
+    note "matvec_variants: exit $? ($(tail -1 "$LOG/matvec_variants.md"))"
+else
+    note "matvec_variants: build failed: $(grep -m1 error "$LOG/matvec_variants_build.log")"
+fi
 
 step "tests/test_cuda.py"
 XDIST=""
@@ -120,4 +131,5 @@ fi
 echo
 echo "==== summary (${SECONDS}s)"
 cat "$LOG/kernel_bench.md"
+grep "^|" "$LOG/matvec_variants.md" 2>/dev/null
 cat "$SUMMARY"
