@@ -29,26 +29,12 @@ SUMMARY=$LOG/summary.txt
 note() { echo "$1" | tee -a "$SUMMARY"; }
 step() { echo "==== [${SECONDS}s] $*"; }
 
-# ../shared (the tokenizers synth.py takes) from the copy `scripts/gpu_session.sh --stage` made.
-if [ ! -e ../shared ] && [ -d gpu_data/shared ]; then ln -s "$PWD/gpu_data/shared" ../shared; fi
-MISTRAL=$WORK/mistral-7b-f16.bin
-if [ ! -f "$MISTRAL" ]; then
-    step "generating the Mistral-7B-shaped f16 checkpoint in the background"
-    (
-        rm -rf "$WORK/mistral-hf" &&
-            python3 convert/synth.py --preset mistral-7b --dtype f16 -o "$WORK/mistral-hf" &&
-            python3 convert/convert.py "$WORK/mistral-hf" -o "$MISTRAL" --dtype f16 &&
-            rm -rf "$WORK/mistral-hf"
-    ) >"$LOG/mistral_synth.log" 2>&1 &
-    MISTRAL_PID=$!
-fi
+. scripts/gpu_common.sh
+link_staged_shared  # the tokenizers synth.py takes
+start_mistral_checkpoint
 
 step "build (CUDA_ARCHS=$CUDA_ARCHS)"
-CPPFLAGS_EXTRA=""
-[ -d gpu_data/include ] && CPPFLAGS_EXTRA="-I$PWD/gpu_data/include"
-make -j"$(nproc)" CUDA_ARCHS="$CUDA_ARCHS" CUDA_PTX_ARCH="${CUDA_ARCHS##* }" \
-    CPPFLAGS="$CPPFLAGS_EXTRA" build/barellm build/dump_logits build/cuda_kernel_check \
-    >"$LOG/build.log" 2>&1 ||
+build_for_gpu build/barellm build/dump_logits build/cuda_kernel_check ||
     { tail -20 "$LOG/build.log"; exit 1; }
 
 step "cuda_kernel_check --bench"
@@ -74,11 +60,8 @@ OMP_NUM_THREADS=2 timeout 240 python3 -m pytest -q -rs $XDIST tests/test_cuda.py
 note "test_cuda.py: $(tail -1 "$LOG/test_cuda.log")"
 grep -E "^FAILED|relative error" "$LOG/test_cuda.log" | head -5
 
-step "waiting for the checkpoint"
-while [ -n "${MISTRAL_PID:-}" ] && kill -0 "$MISTRAL_PID" 2>/dev/null && [ "$SECONDS" -lt 420 ]; do
-    sleep 2
-done
-[ -f "$MISTRAL" ] || { note "no checkpoint by ${SECONDS}s: $(tail -1 "$LOG/mistral_synth.log")"; cat "$LOG/kernel_bench.md"; exit 1; }
+wait_for_mistral_checkpoint 420
+[ -f "$MISTRAL" ] || { cat "$LOG/kernel_bench.md"; exit 1; }
 
 step "decode benchmarks"
 bench() {  # NAME ENV... : one bench line into the summary

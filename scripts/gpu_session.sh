@@ -26,7 +26,6 @@
 # default 420: the device tool stops a command at 600).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-REPO=$PWD
 
 if [ "${1:-}" = "--stage" ]; then
     SHARED=${SHARED:-../shared}
@@ -59,8 +58,8 @@ SUMMARY=()
 note() { SUMMARY+=("$1"); echo "== $1"; echo "$1" >>"$LOG/summary.txt"; }
 step() { echo; echo "==== [$(date +%T), ${SECONDS}s] $*"; }
 
-# ../shared as the tests expect it, from the staged copy.
-if [ ! -e ../shared ] && [ -d gpu_data/shared ]; then ln -s "$REPO/gpu_data/shared" ../shared; fi
+. scripts/gpu_common.sh
+link_staged_shared
 STORIES_HF=../shared/models/stories260K
 [ -d "$STORIES_HF" ] || note "stories260K missing (run scripts/gpu_session.sh --stage first)"
 
@@ -71,27 +70,11 @@ nproc
 df -h "$WORK" | tail -1
 
 # 5a. The Mistral-7B-shaped checkpoint, generated while the rest runs.
-MISTRAL=$WORK/mistral-7b-f16.bin
-MISTRAL_PID=
-MISTRAL_DEADLINE=${MISTRAL_DEADLINE:-420}
-if [ "${SKIP_MISTRAL:-0}" != 1 ] && [ ! -f "$MISTRAL" ]; then
-    step "generating the Mistral-7B-shaped f16 checkpoint in the background"
-    (
-        rm -rf "$WORK/mistral-hf" &&
-            python3 convert/synth.py --preset mistral-7b --dtype f16 -o "$WORK/mistral-hf" &&
-            python3 convert/convert.py "$WORK/mistral-hf" -o "$MISTRAL" --dtype f16 &&
-            rm -rf "$WORK/mistral-hf"
-    ) >"$LOG/mistral_synth.log" 2>&1 &
-    MISTRAL_PID=$!
-fi
+[ "${SKIP_MISTRAL:-0}" = 1 ] || start_mistral_checkpoint
 
 # 1. Build for this GPU only (one architecture keeps nvcc fast).
 step "build (CUDA_ARCHS=$CUDA_ARCHS)"
-CPPFLAGS_EXTRA=""
-[ -d gpu_data/include ] && CPPFLAGS_EXTRA="-I$REPO/gpu_data/include"
-if make -j"$(nproc)" CUDA_ARCHS="$CUDA_ARCHS" CUDA_PTX_ARCH="${CUDA_ARCHS##* }" \
-    CPPFLAGS="$CPPFLAGS_EXTRA" build/barellm build/dump_logits build/cuda_kernel_check \
-    >"$LOG/build.log" 2>&1; then
+if build_for_gpu build/barellm build/dump_logits build/cuda_kernel_check; then
     grep -i "warning" "$LOG/build.log" | head -20
     note "build: ok ($(grep -ci warning "$LOG/build.log") warning lines)"
 else
@@ -176,18 +159,7 @@ bench stories260K "$WORK/stories260K-f16.bin" 512 3
 build/barellm bench "$WORK/stories260K-f16.bin" --device cuda -p 0 -n 128 -r 3 \
     >"$LOG/bench_stories_table.md" 2>&1 && tail -1 "$LOG/bench_stories_table.md"
 
-if [ -n "$MISTRAL_PID" ]; then
-    step "waiting for the Mistral-7B checkpoint (until ${MISTRAL_DEADLINE}s)"
-    while kill -0 "$MISTRAL_PID" 2>/dev/null && [ "$SECONDS" -lt "$MISTRAL_DEADLINE" ]; do
-        sleep 2
-    done
-    if kill -0 "$MISTRAL_PID" 2>/dev/null; then
-        kill "$MISTRAL_PID"
-        note "Mistral-7B checkpoint not ready at ${SECONDS}s: its benchmarks are skipped"
-    else
-        wait "$MISTRAL_PID" || note "Mistral-7B checkpoint generation failed: $(tail -1 "$LOG/mistral_synth.log")"
-    fi
-fi
+wait_for_mistral_checkpoint "${MISTRAL_DEADLINE:-420}"
 if [ -f "$MISTRAL" ]; then
     ls -la "$MISTRAL"
     bench mistral-7b-f16 "$MISTRAL" 128 3
