@@ -405,34 +405,36 @@ void check_attention(int multiprocessors) {
                     std::to_string(s.head_dim) + " window " + std::to_string(test.window) +
                     " ctx " + std::to_string(context);
                 DeviceBuffer scores = poisoned(size_t(s.heads) * context);
+                const int natural = cuda::attention_splits(shape, context, multiprocessors);
                 for (int pos : {0, context / 2, context - 1}) {
+                    const std::vector<float> want =
+                        cpu_attention(q, pos, keys, values, shape, type);
                     const int step[2] = {0, pos};
                     DeviceBuffer device_step = to_device(step, sizeof step);
-                    DeviceBuffer out = poisoned(q_dim);
-                    cuda::attention_naive(out.as<float>(), device_q.as<float>(), device_keys.as(),
-                                          device_values.as(), device_step.as<int>(),
-                                          scores.as<float>(), context, shape, type, 0);
-                    report("attention_naive " + name + " pos " + std::to_string(pos) + " kv " +
-                               kv_label(type),
-                           to_host(out.as(), q_dim),
-                           cpu_attention(q, pos, keys, values, shape, type), 1e-5);
-                }
-                const int natural = cuda::attention_splits(shape, context, multiprocessors);
-                for (int splits : {natural, 1, 3, 256}) {
-                    DeviceBuffer partial_out = poisoned(size_t(s.heads) * splits * s.head_dim);
-                    DeviceBuffer partial_stats = poisoned(size_t(s.heads) * splits * 2);
-                    for (int pos : {0, context / 2, context - 1}) {
-                        const int step[2] = {0, pos};
-                        DeviceBuffer device_step = to_device(step, sizeof step);
+                    // launch(out) against the CPU's attention at pos, out poisoned first.
+                    auto check = [&](const std::string& label, auto launch) {
                         DeviceBuffer out = poisoned(q_dim);
-                        cuda::attention(out.as<float>(), device_q.as<float>(), device_keys.as(),
-                                        device_values.as(), device_step.as<int>(),
-                                        partial_out.as<float>(), partial_stats.as<float>(), shape,
-                                        splits, type, 0);
-                        report("attention " + name + " pos " + std::to_string(pos) + " splits " +
-                                   std::to_string(splits) + " kv " + kv_label(type),
-                               to_host(out.as(), q_dim),
-                               cpu_attention(q, pos, keys, values, shape, type), 1e-5);
+                        launch(out.as<float>());
+                        report(label, to_host(out.as(), q_dim), want, 1e-5);
+                    };
+                    const std::string at = name + " pos " + std::to_string(pos);
+                    check("attention_naive " + at + " kv " + kv_label(type), [&](float* out) {
+                        cuda::attention_naive(out, device_q.as<float>(), device_keys.as(),
+                                              device_values.as(), device_step.as<int>(),
+                                              scores.as<float>(), context, shape, type, 0);
+                    });
+                    for (int splits : {natural, 1, 3, 256}) {
+                        DeviceBuffer partial_out = poisoned(size_t(s.heads) * splits * s.head_dim);
+                        DeviceBuffer partial_stats = poisoned(size_t(s.heads) * splits * 2);
+                        check("attention " + at + " splits " + std::to_string(splits) + " kv " +
+                                  kv_label(type),
+                              [&](float* out) {
+                                  cuda::attention(out, device_q.as<float>(), device_keys.as(),
+                                                  device_values.as(), device_step.as<int>(),
+                                                  partial_out.as<float>(),
+                                                  partial_stats.as<float>(), shape, splits, type,
+                                                  0);
+                              });
                     }
                 }
             }
