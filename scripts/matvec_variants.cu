@@ -39,9 +39,9 @@ constexpr int kTimedCalls = 40;
 constexpr double kTolerance = 1e-5;  // relative L2 error against the double reference
 
 // out[r] = (kAccumulate ? out[r] : 0) + W[r, :] · stage(in), as matvec_kernel computes it.
-// Launch: persistent_grid() blocks of warps * 32 threads, dynamic shared memory pitch * 4
-// bytes. Block b takes the groups of warps * kRows rows b, b + gridDim.x, ...; in a group,
-// warp w reads rows first + w + k * warps, k < kRows.
+// Launch: prepare_launch's grid (as many blocks as fit at once), warps * 32 threads, dynamic shared
+// memory pitch * 4 bytes. Block b takes the groups of warps * kRows rows b, b + gridDim.x, ...; in
+// a group, warp w reads rows first + w + k * warps, k < kRows.
 template <DType D, int kRows, bool kAccumulate>
 __global__ void __launch_bounds__(kMatvecThreadsMax)
     matvec_persistent_kernel(float* __restrict__ out, const void* __restrict__ weights, int rows,
@@ -91,39 +91,53 @@ struct Variant {
     int warps;
 };
 
-template <int kRows, bool kAccumulate>
-void launch_persistent(float* out, const void* weights, const Shape& shape, const float* in,
-                       const float* norm_weight, int warps, int multiprocessors) {
-    auto kernel = matvec_persistent_kernel<DType::F16, kRows, kAccumulate>;
-    const size_t shared = matvec_shared_bytes(shape.cols);
-    CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(shared)));
-    int per_multiprocessor = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, kernel,
-                                                             warps * kWarpSize, shared));
-    const int groups = (shape.rows + warps * kRows - 1) / (warps * kRows);
-    const int grid = std::max(1, std::min(groups, per_multiprocessor * multiprocessors));
-    kernel<<<grid, warps * kWarpSize, shared>>>(out, weights, shape.rows, shape.cols, in,
-                                                shape.cols, norm_weight, 1e-5f);
-    CUDA_CHECK_LAUNCH("matvec_persistent_kernel");
+using PersistentKernel = void (*)(float*, const void*, int, int, const float*, int, const float*,
+                                  float);
+
+PersistentKernel persistent_kernel(int rows_per_warp, bool accumulate) {
+    if (rows_per_warp == 2)
+        return accumulate ? matvec_persistent_kernel<DType::F16, 2, true>
+                          : matvec_persistent_kernel<DType::F16, 2, false>;
+    return accumulate ? matvec_persistent_kernel<DType::F16, 1, true>
+                      : matvec_persistent_kernel<DType::F16, 1, false>;
 }
 
-void run_variant(const Variant& v, float* out, const void* weights, const Shape& shape,
-                 const float* in, const float* norm_weight, int multiprocessors) {
-    if (v.rows_per_warp == 0) {
+// How a variant runs a shape, settled once before it is timed: the persistent kernel (null
+// for the production one), its grid and its dynamic shared memory.
+struct Launch {
+    PersistentKernel kernel = nullptr;
+    int grid = 0, threads = 0;
+    size_t shared = 0;
+};
+
+Launch prepare_launch(const Variant& v, const Shape& shape, int multiprocessors) {
+    Launch launch;
+    if (v.rows_per_warp == 0) return launch;
+    launch.kernel = persistent_kernel(v.rows_per_warp, shape.accumulate);
+    launch.threads = v.warps * kWarpSize;
+    launch.shared = matvec_shared_bytes(shape.cols);
+    CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(launch.kernel),
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(launch.shared)));
+    int per_multiprocessor = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_multiprocessor, launch.kernel,
+                                                             launch.threads, launch.shared));
+    const int group_rows = v.warps * v.rows_per_warp;
+    const int groups = (shape.rows + group_rows - 1) / group_rows;
+    launch.grid = std::max(1, std::min(groups, per_multiprocessor * multiprocessors));
+    return launch;
+}
+
+void run_variant(const Launch& launch, float* out, const void* weights, const Shape& shape,
+                 const float* in, const float* norm_weight) {
+    if (launch.kernel == nullptr) {
         const DeviceMatrix w{weights, DType::F16, shape.rows, shape.cols, shape.cols};
         matvec(out, w, in, norm_weight, 1e-5f, shape.accumulate, nullptr);
         return;
     }
-    const bool two = v.rows_per_warp == 2;
-    if (shape.accumulate)
-        (two ? launch_persistent<2, true> : launch_persistent<1, true>)(out, weights, shape, in,
-                                                                        norm_weight, v.warps,
-                                                                        multiprocessors);
-    else
-        (two ? launch_persistent<2, false> : launch_persistent<1, false>)(out, weights, shape, in,
-                                                                          norm_weight, v.warps,
-                                                                          multiprocessors);
+    launch.kernel<<<launch.grid, launch.threads, launch.shared>>>(
+        out, weights, shape.rows, shape.cols, in, shape.cols, norm_weight, 1e-5f);
+    CUDA_CHECK_LAUNCH("matvec_persistent_kernel");
 }
 
 // The product in double precision from the same f16 weights, RMSNorm and residual included.
@@ -236,8 +250,9 @@ int main() {
                 if (shape.accumulate) start = residual;
                 CUDA_CHECK(cudaMemcpy(out.as(), start.data(), start.size() * sizeof(float),
                                       cudaMemcpyHostToDevice));
-                run_variant(v, out.as<float>(), weights.as(), shape, device_in.as<float>(),
-                            norm_weight, properties.multiProcessorCount);
+                const Launch launch = prepare_launch(v, shape, properties.multiProcessorCount);
+                run_variant(launch, out.as<float>(), weights.as(), shape, device_in.as<float>(),
+                            norm_weight);
                 std::vector<float> got(shape.rows);
                 CUDA_CHECK(cudaMemcpy(got.data(), out.as(), got.size() * sizeof(float),
                                       cudaMemcpyDeviceToHost));
@@ -245,9 +260,9 @@ int main() {
                 const bool pass = error <= kTolerance;
                 failures += !pass;
                 const double ms = milliseconds_per_call([&](int call) {
-                    run_variant(v, out.as<float>(),
+                    run_variant(launch, out.as<float>(),
                                 weights.as<__half>() + (call % kWeightCopies) * elements, shape,
-                                device_in.as<float>(), norm_weight, properties.multiProcessorCount);
+                                device_in.as<float>(), norm_weight);
                 });
                 const double gbps = elements * sizeof(__half) / ms / 1e6;
                 std::printf("| %s | %s | %s %.1e | %.1f | %.0f | %.0f%% |\n", shape.name,
