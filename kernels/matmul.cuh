@@ -10,6 +10,9 @@
 //   conflict-free 16-byte accesses; RMSNorm, when the matrix consumes a normed input, is
 //   applied while staging (each block computes the sum of squares of the input itself,
 //   which costs less than a separate kernel and its round trip through global memory);
+//   staging reads float4s, several in flight per thread, and each warp asks L2 for its
+//   first weights before it starts, so that the block's start-up (staging, the norm's
+//   reduction) overlaps the first trip to DRAM instead of preceding it;
 // - the row sums meet in shared memory and the block's first warp stores them (and adds
 //   the residual, for wo and w2) with one coalesced access;
 // - w1 and w3 are read by the same warp and SiLU-GLU is applied before the store, so the
@@ -67,16 +70,54 @@ __device__ __forceinline__ void load_staged(const float* xs, int vector, int pit
     }
 }
 
+// 16-byte vectors in a weight row of `pitch` elements.
+template <DType D>
+__device__ __forceinline__ int row_vectors(int pitch) {
+    return pitch / WeightFormat<D>::kPerVector;
+}
+
+template <DType D>
+__device__ __forceinline__ const uint4* weight_row(const void* weights, int row, int pitch) {
+    return reinterpret_cast<const uint4*>(static_cast<const char*>(weights) +
+                                          size_t(row) * pitch * dtype_size_v<D>);
+}
+
+// Float4s of the input each thread loads before storing any (loads in flight at once).
+constexpr int kStageBatch = 4;
+
 // Copies in[0, cols) into the shared xs[pitch] (zeros in [cols, pitch), matching the zero
 // padding of the weight rows), times rsqrt(mean(in²) + eps) * norm_weight[c] when
 // norm_weight is not null (the CPU's rmsnorm: x * scale * weight, in that order).
-// Every thread of the block must call it; it ends with a barrier.
+// The input is read as float4s, kStageBatch per thread in flight, so that staging costs
+// one or two round trips to L2 instead of one per element; a float4 of the input (c a
+// multiple of 4) lands as one float4 in xs (staged_index keeps groups of 4 together).
+// in and norm_weight must be 16-byte aligned. Every thread of the block must call it; it
+// ends with a barrier.
 template <int kPerVector>
 __device__ __forceinline__ void stage_input(float* xs, const float* __restrict__ in, int cols,
                                             int pitch, const float* __restrict__ norm_weight,
                                             float eps, float* scratch) {
+    const int whole = cols / 4;  // float4s entirely inside the input
+    const float4* in4 = reinterpret_cast<const float4*>(in);
     float squares = 0.0f;
-    for (int c = threadIdx.x; c < pitch; c += blockDim.x) {
+    for (int first = threadIdx.x; first < whole; first += kStageBatch * blockDim.x) {
+        float4 batch[kStageBatch];
+#pragma unroll
+        for (int b = 0; b < kStageBatch; ++b) {
+            const int i = first + b * blockDim.x;
+            batch[b] = i < whole ? in4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int b = 0; b < kStageBatch; ++b) {
+            const int i = first + b * blockDim.x;
+            if (i < whole) {
+                const float4 v = batch[b];
+                *reinterpret_cast<float4*>(xs + staged_index<kPerVector>(4 * i, pitch)) = v;
+                squares += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+            }
+        }
+    }
+    for (int c = 4 * whole + threadIdx.x; c < pitch; c += blockDim.x) {  // the tail, padding
         const float value = c < cols ? in[c] : 0.0f;
         xs[staged_index<kPerVector>(c, pitch)] = value;
         squares += value * value;
@@ -84,12 +125,48 @@ __device__ __forceinline__ void stage_input(float* xs, const float* __restrict__
     if (norm_weight != nullptr) {  // the same for the whole block
         const float scale = 1.0f / sqrtf(block_sum(squares, scratch) / float(cols) + eps);
         // Each thread rescales the elements it staged itself: no barrier needed in between.
-        for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        const float4* weight4 = reinterpret_cast<const float4*>(norm_weight);
+        for (int first = threadIdx.x; first < whole; first += kStageBatch * blockDim.x) {
+            float4 batch[kStageBatch];
+#pragma unroll
+            for (int b = 0; b < kStageBatch; ++b) {
+                const int i = first + b * blockDim.x;
+                batch[b] = i < whole ? weight4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
+#pragma unroll
+            for (int b = 0; b < kStageBatch; ++b) {
+                const int i = first + b * blockDim.x;
+                if (i < whole) {
+                    float4* slot =
+                        reinterpret_cast<float4*>(xs + staged_index<kPerVector>(4 * i, pitch));
+                    const float4 v = *slot, w = batch[b];
+                    *slot = make_float4(v.x * scale * w.x, v.y * scale * w.y, v.z * scale * w.z,
+                                        v.w * scale * w.w);
+                }
+            }
+        }
+        for (int c = 4 * whole + threadIdx.x; c < cols; c += blockDim.x) {
             const int i = staged_index<kPerVector>(c, pitch);
             xs[i] = xs[i] * scale * norm_weight[c];
         }
     }
     __syncthreads();
+}
+
+// Asks L2 for the first kMatvecUnroll 16-byte vectors of each of kRows rows that lane
+// `lane` will load (vectors lane, lane + 32, ...), without waiting and without registers:
+// issued before the input is staged, so that the first weights are on their way from DRAM
+// meanwhile.
+template <int kRows>
+__device__ __forceinline__ void prefetch_first_round(const uint4* const (&rows)[kRows], int lane,
+                                                     int vectors) {
+#pragma unroll
+    for (int u = 0; u < kMatvecUnroll; ++u) {
+        const int v = lane + u * kWarpSize;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+            if (v < vectors) asm volatile("prefetch.global.L2 [%0];" ::"l"(rows[r] + v));
+    }
 }
 
 // Dot products of kRows weight rows (16-byte aligned, pitch elements) with the staged
@@ -99,7 +176,7 @@ __device__ __forceinline__ void dot_rows(const uint4* const (&rows)[kRows], cons
                                          int pitch, float (&sums)[kRows]) {
     using Format = WeightFormat<D>;
     constexpr int kPer = Format::kPerVector;
-    const int vectors = pitch / kPer;
+    const int vectors = row_vectors<D>(pitch);
     const int lane = threadIdx.x % kWarpSize;
     float acc[kRows];
 #pragma unroll
@@ -134,12 +211,6 @@ __device__ __forceinline__ void dot_rows(const uint4* const (&rows)[kRows], cons
     for (int r = 0; r < kRows; ++r) sums[r] = warp_sum(acc[r]);
 }
 
-template <DType D>
-__device__ __forceinline__ const uint4* weight_row(const void* weights, int row, int pitch) {
-    return reinterpret_cast<const uint4*>(static_cast<const char*>(weights) +
-                                          size_t(row) * pitch * dtype_size_v<D>);
-}
-
 // out[r] = (kAccumulate ? out[r] : 0) + W[r, :] · stage(in), r in [0, rows).
 // Launch: grid ceil(rows / warps), block warps * 32 threads (warps = matvec_warps(pitch),
 // one warp per row), dynamic shared memory pitch * 4 bytes (the staged input).
@@ -150,16 +221,20 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
                   float eps) {
     __shared__ float scratch[kWarpSize];
     __shared__ float results[kMatvecMaxWarps];
+    const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int row = blockIdx.x * warps + warp;
+    const bool has_row = row < rows;  // the same for the whole warp
+    // The first weights are requested before the input is staged (row 0's address, never
+    // read, for a warp past the last row).
+    const uint4* const row_pointer[1] = {weight_row<D>(weights, has_row ? row : 0, pitch)};
+    if (has_row)
+        prefetch_first_round<1>(row_pointer, threadIdx.x % kWarpSize, row_vectors<D>(pitch));
+
     float* xs = dynamic_shared_floats();
     stage_input<WeightFormat<D>::kPerVector>(xs, in, cols, pitch, norm_weight, eps, scratch);
 
-    const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
-    const int row = blockIdx.x * warps + warp;
     float sum[1] = {0.0f};
-    if (row < rows) {  // the same for the whole warp
-        const uint4* const row_pointer[1] = {weight_row<D>(weights, row, pitch)};
-        dot_rows<D, 1>(row_pointer, xs, pitch, sum);
-    }
+    if (has_row) dot_rows<D, 1>(row_pointer, xs, pitch, sum);
     if (threadIdx.x % kWarpSize == 0) results[warp] = sum[0];
     __syncthreads();
     if (threadIdx.x < warps) {  // one coalesced store of the block's rows
@@ -179,15 +254,20 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
                          const float* __restrict__ norm_weight, float eps) {
     __shared__ float scratch[kWarpSize];
     __shared__ float results[kMatvecMaxWarps];
+    const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int row = blockIdx.x * warps + warp;
+    const bool has_row = row < rows;         // the same for the whole warp
+    const int safe_row = has_row ? row : 0;  // as in matvec_kernel
+    const uint4* const row_pointers[2] = {weight_row<D>(w1, safe_row, pitch),
+                                          weight_row<D>(w3, safe_row, pitch)};
+    if (has_row)
+        prefetch_first_round<2>(row_pointers, threadIdx.x % kWarpSize, row_vectors<D>(pitch));
+
     float* xs = dynamic_shared_floats();
     stage_input<WeightFormat<D>::kPerVector>(xs, in, cols, pitch, norm_weight, eps, scratch);
 
-    const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
-    const int row = blockIdx.x * warps + warp;
     float value = 0.0f;
-    if (row < rows) {
-        const uint4* const row_pointers[2] = {weight_row<D>(w1, row, pitch),
-                                              weight_row<D>(w3, row, pitch)};
+    if (has_row) {
         float sums[2];
         dot_rows<D, 2>(row_pointers, xs, pitch, sums);
         value = swiglu_value(/*gate=*/sums[0], /*up=*/sums[1]);
@@ -241,6 +321,13 @@ void with_weight_dtype(DType dtype, Launch launch) {
     }
 }
 
+// stage_input reads the input and the norm weight as float4s.
+void check_input_alignment(const float* in, const float* norm_weight) {
+    auto aligned = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+    if (!aligned(in) || !aligned(norm_weight))
+        throw Error("matvec: the input and the norm weight must be 16-byte aligned");
+}
+
 void check_swiglu_shapes(const DeviceMatrix& w1, const DeviceMatrix& w3) {
     if (w1.rows != w3.rows || w1.pitch != w3.pitch || w1.cols != w3.cols || w1.dtype != w3.dtype)
         throw Error("matvec_swiglu: w1 and w3 differ in shape or dtype");
@@ -256,6 +343,7 @@ void allow_shared_bytes(Kernel kernel, size_t bytes) {
 
 void matvec(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight, float eps,
             bool accumulate, cudaStream_t stream) {
+    check_input_alignment(in, norm_weight);
     with_weight_dtype(w.dtype, [&](auto dtype) {
         launch_matvec<decltype(dtype)::value>(out, w, in, norm_weight, eps, accumulate, stream);
     });
@@ -265,6 +353,7 @@ void matvec(float* out, const DeviceMatrix& w, const float* in, const float* nor
 void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, const float* in,
                    const float* norm_weight, float eps, cudaStream_t stream) {
     check_swiglu_shapes(w1, w3);
+    check_input_alignment(in, norm_weight);
     with_weight_dtype(w1.dtype, [&](auto dtype) {
         launch_matvec_swiglu<decltype(dtype)::value>(out, w1, w3, in, norm_weight, eps, stream);
     });
