@@ -1,21 +1,25 @@
-// Decode attention (one query token) over the KV cache, flash-decoding style:
+// Decode attention (one query token) over the KV cache, flash-decoding style, in one kernel:
 //
 //   attention_split_kernel: the attended positions first..pos are cut into `splits` equal
 //     ranges, one block per (range, KV head, group of up to kMaxHeadsPerBlock query heads
-//     sharing that KV head): the block reads each key and value of its range once for all
-//     its query heads and keeps an online softmax (running max and sum), tile by tile;
-//     it writes its unnormalised output and (max, sum) per query head.
-//   attention_merge_kernel: per query head, rescales the partials to a common max and
-//     divides by the total sum.
+//     sharing that KV head). Each block rotates its query heads (RoPE) as it loads them;
+//     the block whose range holds pos also rotates the token's key and stores it, with the
+//     value, into row pos of the cache (RoPE and the cache write need no kernel of their
+//     own). The block reads each key and value of its range once for all its query heads,
+//     keeps an online softmax (running max and sum) tile by tile, and writes its
+//     unnormalised output and (max, sum) per query head. The last block of a (KV head, head
+//     group) to finish, known by an arrival counter, merges the partials: it rescales them
+//     to a common max and divides by the total sum (no second kernel).
 //
 // The grid is fixed for a context (splits does not depend on pos); blocks whose range is
-// empty at this pos exit at once, so a captured CUDA graph replays for every position.
+// empty at this pos exit at once and do not arrive, so a captured CUDA graph replays for
+// every position; the merging block sets its counter back to zero for the next launch.
 // Keys: a group of kKeyLanes lanes reads one key row (contiguous, head_dim elements, as
 // half2/float2 pairs), all pairs of a lane loaded before use; the group's partial dot
 // products meet by shuffles within the group. Values: a whole warp reads one value row
 // (lane l takes pairs l, l + 32, ...), two rows in flight; each warp keeps its partial
 // output in registers and the warps' partials are summed in shared memory at the end.
-// No atomics anywhere.
+// The only atomic is the arrival count (an integer): no float is ever added atomically.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -24,6 +28,7 @@
 #include "common.cuh"
 #include "cuda_check.h"
 #include "kernels.h"
+#include "rope.cuh"
 
 namespace barellm::cuda {
 
@@ -37,13 +42,15 @@ constexpr int kMinSplitPositions = 32;  // a split covers at least this many pos
 constexpr int kMaxSplits = 256;
 
 struct AttentionArgs {
-    const float* q;         // [heads * head_dim]
-    const void* keys;       // [context, kv_heads * head_dim], this layer's
-    const void* values;     // [context, kv_heads * head_dim]
-    const int* step;        // {token, pos}
-    float* partial_out;     // [heads, splits, head_dim]
-    float2* partial_stats;  // [heads, splits]: (running max, sum of exp(score - max))
-    float* out;             // [heads * head_dim]
+    const float* qkv;                  // [heads * head_dim + 2 * kv_dim]: q, k, v before RoPE
+    const float* inverse_frequencies;  // [head_dim / 2]  RoPE
+    void* keys;                        // [context, kv_dim], this layer's; row pos written
+    void* values;                      // [context, kv_dim]
+    const int* step;                   // {token, pos}
+    float* partial_out;                // [heads, splits, head_dim]
+    float2* partial_stats;             // [heads, splits]: (running max, sum of exp(score - max))
+    unsigned* arrivals;                // [kv_heads * head groups]: blocks done; 0 between launches
+    float* out;                        // [heads * head_dim]
     int heads, kv_heads, head_dim, window, splits;
     float scale;  // 1 / sqrt(head_dim)
 };
@@ -60,11 +67,78 @@ __device__ __forceinline__ int split_length(int positions, int splits) {
     return max((positions + splits - 1) / splits, kMinSplitPositions);
 }
 
+// Row pos of the cache for KV head kv_head (keys and values point at that head's columns of
+// row 0): the token's key k[head_dim] rotated by rope (cos, sin) per pair, and its value
+// v[head_dim]. Every thread of the block calls it; the caller's barrier makes the row
+// visible to the whole block.
+template <typename KvT>
+__device__ __forceinline__ void store_new_kv_row(KvT* keys, KvT* values, size_t row_stride, int pos,
+                                                 const float* k, const float* v, const float2* rope,
+                                                 int head_dim) {
+    const int pairs = head_dim / 2;
+    KvT* key_row = keys + size_t(pos) * row_stride;
+    KvT* value_row = values + size_t(pos) * row_stride;
+    for (int j = threadIdx.x; j < pairs; j += blockDim.x) {
+        const float2 rotated = rope_rotate(k[j], k[j + pairs], rope[j]);
+        kv_store(key_row + j, rotated.x);
+        kv_store(key_row + j + pairs, rotated.y);
+    }
+    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) kv_store(value_row + d, v[d]);
+}
+
+// The merge, run by the last block of a (KV head, head group) to finish: for each of its
+// heads_here query heads h (from head0), out[h] = sum_s exp(m_s - M) * o_s / sum_s exp(m_s
+// - M) * l_s over the `active` non-empty splits s, M = max_s m_s. Warp h computes head h's
+// weights exp(m_s - M) into shared memory; then each thread sums pairs of the output over
+// the splits (reads of one split's pairs are coalesced). Partials written by other blocks
+// are read through L2 (__ldcg), past this SM's L1.
+template <int kHeadDimMax>
+__device__ __forceinline__ void merge_splits(const AttentionArgs& a, int head0, int heads_here,
+                                             int active) {
+    __shared__ float weight_shared[kMaxHeadsPerBlock][kMaxSplits];  // exp(m_s - M)
+    __shared__ float inverse_total_shared[kMaxHeadsPerBlock];
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int head_dim = a.head_dim, pairs = head_dim / 2;
+    for (int h = warp; h < heads_here; h += kAttentionWarps) {
+        const float2* stats = a.partial_stats + size_t(head0 + h) * a.splits;
+        float max_all = -INFINITY;
+        for (int s = lane; s < active; s += kWarpSize)
+            max_all = fmaxf(max_all, __ldcg(stats + s).x);
+        max_all = warp_max(max_all);
+        float total = 0.0f;
+        for (int s = lane; s < active; s += kWarpSize) {
+            const float2 stat = __ldcg(stats + s);
+            const float weight = expf(stat.x - max_all);
+            weight_shared[h][s] = weight;
+            total += stat.y * weight;
+        }
+        total = warp_sum(total);
+        if (lane == 0) inverse_total_shared[h] = 1.0f / total;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < heads_here * pairs; i += blockDim.x) {
+        const int h = i / pairs, j = i % pairs;
+        const float2* partial = reinterpret_cast<const float2*>(
+            a.partial_out + size_t(head0 + h) * a.splits * head_dim);
+        float2 sum = make_float2(0.0f, 0.0f);
+#pragma unroll 8
+        for (int s = 0; s < active; ++s) {
+            const float2 o = __ldcg(partial + size_t(s) * pairs + j);
+            const float weight = weight_shared[h][s];
+            sum.x += o.x * weight;
+            sum.y += o.y * weight;
+        }
+        const float inverse_total = inverse_total_shared[h];
+        reinterpret_cast<float2*>(a.out + size_t(head0 + h) * head_dim)[j] =
+            make_float2(sum.x * inverse_total, sum.y * inverse_total);
+    }
+}
+
 // Launch: grid (splits, kv_heads, ceil(group / kMaxHeadsPerBlock)) with group = heads /
-// kv_heads, block kAttentionThreads (4 warps), static shared memory
-// 4 * (kMaxHeadsPerBlock * (kHeadDimMax * (1 + kAttentionWarps) + kAttentionTile) + 12) bytes
-// (about 10.5 KiB for kHeadDimMax 128). kHeadDimMax is the smallest of 64, 128, 256 that
-// holds head_dim; head_dim must be even.
+// kv_heads, block kAttentionThreads (4 warps), static shared memory 4 * (kMaxHeadsPerBlock *
+// (kHeadDimMax * (1 + kAttentionWarps) + kAttentionTile + kMaxSplits + 4) + kHeadDimMax)
+// bytes and a flag (about 15.6 KiB for kHeadDimMax 128). kHeadDimMax is the smallest of 64,
+// 128, 256 that holds head_dim; head_dim must be even.
 template <typename KvT, int kHeadDimMax>
 __global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(AttentionArgs a) {
     constexpr int kPairsMax = kHeadDimMax / 2;
@@ -73,11 +147,13 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(Atte
     constexpr int kKeysPerPass = kAttentionWarps * (kWarpSize / kKeyLanes);
 
     __shared__ __align__(16) float q_shared[kMaxHeadsPerBlock][kHeadDimMax];
+    __shared__ float2 rope_shared[kPairsMax];  // (cos, sin) of pair j's angle at pos
     __shared__ float p_shared[kMaxHeadsPerBlock][kAttentionTile];  // scores, then exp()
     __shared__ float max_shared[kMaxHeadsPerBlock];
     __shared__ float sum_shared[kMaxHeadsPerBlock];
     __shared__ float rescale_shared[kMaxHeadsPerBlock];
     __shared__ float partial_shared[kAttentionWarps][kMaxHeadsPerBlock][kHeadDimMax];
+    __shared__ bool last_shared;  // this block merges
 
     // This block's positions [begin, end): everything below is uniform across the block.
     const int pos = a.step[1];
@@ -85,8 +161,9 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(Atte
     const int positions = pos + 1 - first;
     const int length = split_length(positions, a.splits);
     const int split = blockIdx.x;
+    const int active = (positions + length - 1) / length;  // non-empty splits, <= splits
     const int begin = first + split * length;
-    if (begin > pos) return;  // an empty split: the merge kernel does not read it
+    if (split >= active) return;  // an empty split (begin > pos): it neither arrives nor is merged
     const int end = min(begin + length, pos + 1);
 
     const int group = a.heads / a.kv_heads;
@@ -95,19 +172,34 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(Atte
     const int heads_here = min(kMaxHeadsPerBlock, group - group_offset);
     const int head0 = kv_head * group + group_offset;  // first query head of this block
     const int head_dim = a.head_dim, pairs = head_dim / 2;
-    const size_t row_stride = size_t(a.kv_heads) * head_dim;  // cache row, in elements
-    const KvT* keys = static_cast<const KvT*>(a.keys) + size_t(kv_head) * head_dim;
-    const KvT* values = static_cast<const KvT*>(a.values) + size_t(kv_head) * head_dim;
+    const int q_dim = a.heads * head_dim, kv_dim = a.kv_heads * head_dim;
+    const size_t row_stride = size_t(kv_dim);  // cache row, in elements
+    KvT* const keys = static_cast<KvT*>(a.keys) + size_t(kv_head) * head_dim;
+    KvT* const values = static_cast<KvT*>(a.values) + size_t(kv_head) * head_dim;
 
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-    // The query heads of this block are consecutive: q[head0 * head_dim + i].
-    for (int i = threadIdx.x; i < heads_here * head_dim; i += blockDim.x)
-        q_shared[i / head_dim][i % head_dim] = a.q[size_t(head0) * head_dim + i];
+    for (int j = threadIdx.x; j < pairs; j += blockDim.x)
+        rope_shared[j] = rope_cos_sin(pos, a.inverse_frequencies[j]);
     if (threadIdx.x < kMaxHeadsPerBlock) {
         max_shared[threadIdx.x] = -INFINITY;
         sum_shared[threadIdx.x] = 0.0f;
         rescale_shared[threadIdx.x] = 0.0f;
     }
+    __syncthreads();
+    // The query heads of this block (consecutive: q starts at qkv + head0 * head_dim), rotated.
+    for (int i = threadIdx.x; i < heads_here * pairs; i += blockDim.x) {
+        const int h = i / pairs, j = i % pairs;
+        const float* q = a.qkv + size_t(head0 + h) * head_dim;
+        const float2 rotated = rope_rotate(q[j], q[j + pairs], rope_shared[j]);
+        q_shared[h][j] = rotated.x;
+        q_shared[h][j + pairs] = rotated.y;
+    }
+    // The token's own key and value, which this block attends to last. With more than one
+    // head group per KV head, each group's last block stores the same row (identical values).
+    if (end == pos + 1)
+        store_new_kv_row(keys, values, row_stride, pos, a.qkv + q_dim + size_t(kv_head) * head_dim,
+                         a.qkv + q_dim + kv_dim + size_t(kv_head) * head_dim, rope_shared,
+                         head_dim);
     // This warp's unnormalised output, pair i of lane = pair lane + 32 i of the head.
     float2 acc[kMaxHeadsPerBlock][kValuePairsPerLane];
 #pragma unroll
@@ -253,29 +345,20 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(Atte
     if (threadIdx.x < heads_here)
         a.partial_stats[size_t(head0 + threadIdx.x) * a.splits + split] =
             make_float2(max_shared[threadIdx.x], sum_shared[threadIdx.x]);
-}
 
-// out[h] = sum_s exp(m_s - M) * o_s / sum_s exp(m_s - M) * l_s over the non-empty splits s
-// of head h, M = max_s m_s. Launch: grid heads, block 128, no shared memory; thread d
-// handles elements d, d + 128, ... of the head (reads of o_s[d] are coalesced).
-__global__ void __launch_bounds__(128) attention_merge_kernel(AttentionArgs a) {
-    const int pos = a.step[1];
-    const int positions = pos + 1 - attention_first(pos, a.window);
-    const int length = split_length(positions, a.splits);
-    const int active = (positions + length - 1) / length;  // non-empty splits, <= splits
-    const int head = blockIdx.x;
-    const float2* stats = a.partial_stats + size_t(head) * a.splits;
-    const float* partial = a.partial_out + size_t(head) * a.splits * a.head_dim;
-    float max_all = -INFINITY;
-    for (int s = 0; s < active; ++s) max_all = fmaxf(max_all, stats[s].x);
-    float total = 0.0f;
-    for (int s = 0; s < active; ++s) total += stats[s].y * expf(stats[s].x - max_all);
-    const float inverse_total = 1.0f / total;
-    for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) {
-        float out = 0.0f;
-        for (int s = 0; s < active; ++s)
-            out += partial[size_t(s) * a.head_dim + d] * expf(stats[s].x - max_all);
-        a.out[size_t(head) * a.head_dim + d] = out * inverse_total;
+    // Arrival: the partials are made visible to the whole GPU, then counted; the block that
+    // completes the count merges them all and leaves the counter at zero.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned* arrivals = a.arrivals + blockIdx.y * gridDim.z + blockIdx.z;
+        last_shared = atomicAdd(arrivals, 1u) + 1 == unsigned(active);
+        if (last_shared) *arrivals = 0;  // every block of this launch has arrived
+    }
+    __syncthreads();
+    if (last_shared) {
+        __threadfence();  // the other blocks' partials are read after their arrival
+        merge_splits<kHeadDimMax>(a, head0, heads_here, active);
     }
 }
 
@@ -314,10 +397,15 @@ void launch_attention(const AttentionArgs& args, cudaStream_t stream) {
 
 }  // namespace
 
-void attention(float* out, const float* q, const void* key_cache, const void* value_cache,
-               const int* step, float* partial_out, float* partial_stats,
-               const cpu::AttentionShape& shape, int splits, cpu::KvType kv_type,
-               cudaStream_t stream) {
+int attention_arrival_counters(const cpu::AttentionShape& shape) {
+    const int group = shape.heads / shape.kv_heads;
+    return shape.kv_heads * ((group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock);
+}
+
+void attention(float* out, const float* qkv, const float* inverse_frequencies, void* key_cache,
+               void* value_cache, const int* step, float* partial_out, float* partial_stats,
+               unsigned* arrivals, const cpu::AttentionShape& shape, int splits,
+               cpu::KvType kv_type, cudaStream_t stream) {
     if (shape.head_dim % 2 != 0 || shape.head_dim > kMaxHeadDim || shape.heads % shape.kv_heads)
         throw Error("attention: unsupported shape (head_dim " + std::to_string(shape.head_dim) +
                     ", heads " + std::to_string(shape.heads) + ", kv_heads " +
@@ -325,12 +413,14 @@ void attention(float* out, const float* q, const void* key_cache, const void* va
     if (splits < 1 || splits > kMaxSplits)
         throw Error("attention: splits must be in [1, " + std::to_string(kMaxSplits) + "]");
     AttentionArgs args;
-    args.q = q;
+    args.qkv = qkv;
+    args.inverse_frequencies = inverse_frequencies;
     args.keys = key_cache;
     args.values = value_cache;
     args.step = step;
     args.partial_out = partial_out;
     args.partial_stats = reinterpret_cast<float2*>(partial_stats);
+    args.arrivals = arrivals;
     args.out = out;
     args.heads = shape.heads;
     args.kv_heads = shape.kv_heads;
@@ -342,8 +432,6 @@ void attention(float* out, const float* q, const void* key_cache, const void* va
         launch_attention<float>(args, stream);
     else
         launch_attention<__half>(args, stream);
-    attention_merge_kernel<<<shape.heads, 128, 0, stream>>>(args);
-    CUDA_CHECK_LAUNCH("attention_merge_kernel");
 }
 
 }  // namespace barellm::cuda

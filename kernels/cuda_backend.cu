@@ -19,7 +19,10 @@
 //               CPU backend's (tests/test_cuda.py, graph replay included) and those of
 //               Hugging Face transformers on three synthetic checkpoints, and every rung of
 //               the GPU ladder gives the fast path's greedy text (tests/test_ladder.py).
-//   NOT verified: any other GPU or architecture (sm_75 to sm_89 are compiled, never run).
+//   NOT verified: any other GPU or architecture (sm_75 to sm_89 are compiled, never run);
+//               since that run, attention folds RoPE, the cache write and the merge into
+//               one kernel and the matvecs stage their input as float4s after an L2
+//               prefetch of their first weights: compiled, not yet run on a GPU.
 //   Speed on that H100: docs/BENCHMARKS.md (7B f16 decode at 72% of the copy bandwidth).
 //
 // The GPU ladder (`barellm ladder --device cuda`, src/ladder.cpp) runs this backend with
@@ -102,6 +105,7 @@ struct DeviceState {
     float* logits;            // [vocab_size]
     float* partial_out;       // [heads, splits, head_dim]  flash-decoding partial outputs
     float* partial_stats;     // [heads, splits, 2]  their running (max, sum)
+    unsigned* arrivals;       // [kv_heads * head groups]  attention blocks done (0 between steps)
     float* normed;            // [dim]  rmsnorm(x) (unfused kernels only)
     float* projected;         // [dim]  wo · att or w2 · hidden, before the residual add (same)
     float* up;                // [hidden_dim]  w3 · norm(x) (same)
@@ -227,10 +231,7 @@ private:
             const DeviceLayer& w = layers_[l];
             // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
             matvec(s.qkv, w.wqkv, s.x, w.attn_norm, /*accumulate=*/false);
-            cuda::rope_kv_store(s.qkv, s.rope_frequencies, cache_layer(s.key_cache, l),
-                                cache_layer(s.value_cache, l), s.step, c.heads, c.kv_heads,
-                                c.head_dim, kv_type_, stream);
-            attention(l);
+            attention(l);  // RoPE and the KV-cache write of this position included
             matvec(s.x, w.wo, s.att, nullptr, /*accumulate=*/true);
 
             // Feed-forward: x += w2 · (silu(w1 · norm(x)) * (w3 · norm(x)))
@@ -261,7 +262,7 @@ private:
             const float* k = s.qkv + c.q_dim();
             cuda::store_kv_row(k, k + c.kv_dim(), cache_layer(s.key_cache, l),
                                cache_layer(s.value_cache, l), s.step, c.kv_dim(), kv_type_, stream);
-            attention(l);
+            naive_attention(l);
             plain_matvec(s.projected, w.wo, s.att);
             cuda::residual_add(s.x, s.projected, c.dim, stream);
 
@@ -308,18 +309,32 @@ private:
                                       stream_.get());
     }
 
-    // att = attention of q (the start of qkv) over layer `layer`'s cache: the fast
-    // (flash-decoding) kernels with Fast, the naive kernel before.
+    // att = attention of rope(q) over layer `layer`'s cache, after row pos of the cache has
+    // received rope(k) and v (q, k, v: the qkv matvec's output). From rung Fast on, one
+    // kernel does all of it (flash-decoding, RoPE and the cache write folded in); before,
+    // rope_kv_store rotates q in place and writes the cache row, then the naive kernel.
     void attention(int layer) {
+        const Config& c = model_.config;
         const DeviceState& s = state_;
         void* keys = cache_layer(s.key_cache, layer);
         void* values = cache_layer(s.value_cache, layer);
-        if (kernels_ >= CudaKernels::Fast)
-            cuda::attention(s.att, s.qkv, keys, values, s.step, s.partial_out, s.partial_stats,
-                            attention_shape(), splits_, kv_type_, stream_.get());
-        else
-            cuda::attention_naive(s.att, s.qkv, keys, values, s.step, s.scores, context_,
-                                  attention_shape(), kv_type_, stream_.get());
+        if (kernels_ >= CudaKernels::Fast) {
+            cuda::attention(s.att, s.qkv, s.rope_frequencies, keys, values, s.step, s.partial_out,
+                            s.partial_stats, s.arrivals, attention_shape(), splits_, kv_type_,
+                            stream_.get());
+        } else {
+            cuda::rope_kv_store(s.qkv, s.rope_frequencies, keys, values, s.step, c.heads,
+                                c.kv_heads, c.head_dim, kv_type_, stream_.get());
+            naive_attention(layer);
+        }
+    }
+
+    // att = attention of q (rotated already) over layer `layer`'s cache (row pos written).
+    void naive_attention(int layer) {
+        const DeviceState& s = state_;
+        cuda::attention_naive(s.att, s.qkv, cache_layer(s.key_cache, layer),
+                              cache_layer(s.value_cache, layer), s.step, s.scores, context_,
+                              attention_shape(), kv_type_, stream_.get());
     }
 
     void copy_logits_to_host() {
@@ -458,6 +473,10 @@ private:
         state_.logits = floats(c.vocab_size, "logits");
         state_.partial_out = floats(size_t(c.heads) * splits_ * c.head_dim, "attention partials");
         state_.partial_stats = floats(size_t(c.heads) * splits_ * 2, "attention partials");
+        const size_t counters = cuda::attention_arrival_counters(attention_shape());
+        memory_.emplace_back(counters * sizeof(unsigned), "the attention arrival counters");
+        state_.arrivals = memory_.back().as<unsigned>();
+        CUDA_CHECK(cudaMemset(state_.arrivals, 0, counters * sizeof(unsigned)));
         if (kernels_ < CudaKernels::Fused) {
             state_.normed = floats(c.dim, "normed");
             state_.projected = floats(c.dim, "projected");

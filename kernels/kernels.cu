@@ -13,8 +13,8 @@ namespace barellm::cuda {
 
 cudaError_t kernel_image_status() {
     cudaFuncAttributes attributes;
-    const cudaError_t status =
-        cudaFuncGetAttributes(&attributes, reinterpret_cast<const void*>(attention_merge_kernel));
+    const cudaError_t status = cudaFuncGetAttributes(
+        &attributes, reinterpret_cast<const void*>(embedding_kernel<DType::F32>));
     if (status != cudaSuccess) cudaGetLastError();  // clear it: the caller reports it
     return status;
 }

@@ -70,15 +70,23 @@ void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache
                    cudaStream_t stream);
 
 // Flash-decoding attention of one query token at pos = step[1] over one layer's KV cache
-// [context, kv_dim], positions cpu::attention_start(pos, window) .. pos. The positions are
-// split across `splits` blocks per KV head (grid fixed for a given context, so it does not
-// depend on pos); each block writes a partial output and its (max, sum) and a second kernel
-// merges them. q [heads * head_dim] (the start of qkv), out [heads * head_dim].
-// partial_out [heads, splits, head_dim] and partial_stats [heads, splits, 2] are scratch.
-void attention(float* out, const float* q, const void* key_cache, const void* value_cache,
-               const int* step, float* partial_out, float* partial_stats,
-               const cpu::AttentionShape& shape, int splits, cpu::KvType kv_type,
-               cudaStream_t stream);
+// [context, kv_dim], positions cpu::attention_start(pos, window) .. pos, with RoPE and the
+// cache write folded in: qkv [q_dim + 2 * kv_dim] holds q, k and v of the token before RoPE
+// (as the qkv matvec leaves them; it is not modified); the kernel rotates q as it reads it
+// and stores the rotated k and v into row pos of key_cache and value_cache (what
+// rope_kv_store does) before attending to that row. The positions are split across
+// `splits` blocks per KV head (grid fixed for a given context, so it does not depend on
+// pos); each block writes a partial output and its (max, sum), and the last block of each
+// KV head to finish merges them into out [heads * head_dim]. partial_out [heads, splits,
+// head_dim] and partial_stats [heads, splits, 2] are scratch; arrivals
+// [attention_arrival_counters(shape)] must be zero before the first call and is zero again
+// after each.
+void attention(float* out, const float* qkv, const float* inverse_frequencies, void* key_cache,
+               void* value_cache, const int* step, float* partial_out, float* partial_stats,
+               unsigned* arrivals, const cpu::AttentionShape& shape, int splits,
+               cpu::KvType kv_type, cudaStream_t stream);
+// The arrival counters attention needs for `shape`.
+int attention_arrival_counters(const cpu::AttentionShape& shape);
 
 // The largest head_dim the attention kernels handle.
 constexpr int kMaxHeadDim = 256;

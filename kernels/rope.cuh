@@ -9,16 +9,25 @@ namespace barellm::cuda {
 
 constexpr int kRopeThreads = 256;
 
+// (cos, sin) of the angle pos * inverse_frequency, computed in double as cpu::rope computes
+// it, so that long contexts keep their digits.
+__device__ __forceinline__ float2 rope_cos_sin(int pos, float inverse_frequency) {
+    double sin_angle, cos_angle;
+    sincos(double(pos) * double(inverse_frequency), &sin_angle, &cos_angle);
+    return make_float2(float(cos_angle), float(sin_angle));
+}
+
+// The pair (a, b) rotated by the angle whose (cos, sin) is cos_sin.
+__device__ __forceinline__ float2 rope_rotate(float a, float b, float2 cos_sin) {
+    const float c = cos_sin.x, s = cos_sin.y;
+    return make_float2(a * c - b * s, b * c + a * s);
+}
+
 // Pair (j, j + half) of the head vector `vec` rotated by the angle pos *
-// inverse_frequencies[j], computed in double as cpu::rope computes it, so that long contexts
-// keep their digits. half = head_dim / 2.
+// inverse_frequencies[j]. half = head_dim / 2.
 __device__ __forceinline__ float2 rope_rotated_pair(const float* vec, int j, int half, int pos,
                                                     const float* inverse_frequencies) {
-    double sin_angle, cos_angle;
-    sincos(double(pos) * double(inverse_frequencies[j]), &sin_angle, &cos_angle);
-    const float c = float(cos_angle), s = float(sin_angle);
-    const float a = vec[j], b = vec[j + half];
-    return make_float2(a * c - b * s, b * c + a * s);
+    return rope_rotate(vec[j], vec[j + half], rope_cos_sin(pos, inverse_frequencies[j]));
 }
 
 // qkv [q_dim + 2 * kv_dim] = q heads, then k heads, then v heads, each head_dim long; q and

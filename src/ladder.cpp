@@ -347,12 +347,12 @@ std::vector<GpuRung> gpu_ladder_rungs() {
          K::FastMatvec, F32, false, false},
         {5,
          "+ coalesced attention: a block per KV head reads each K/V row once, 8 lanes per key, "
-         "a warp per value, online softmax (one split)",
+         "a warp per value, online softmax (one split), RoPE and the KV write inside",
          K::Fast, F32, false, false},
         {6, "+ f16 KV cache (read as half2)", K::Fast, F16, false, false},
         {7, "+ CUDA graph: one launch per token", K::Fast, F16, true, false},
-        {8, "+ flash-decoding: positions split across blocks, then merged (the fast path)", K::Fast,
-         F16, true, true},
+        {8, "+ flash-decoding: positions split across blocks, merged by the last (the fast path)",
+         K::Fast, F16, true, true},
     };
 }
 

@@ -373,6 +373,26 @@ std::vector<float> cpu_attention(const std::vector<float>& q, int pos,
     return out;
 }
 
+// A device array of `count` zeros: attention's arrival counters.
+DeviceBuffer zeroed_counters(size_t count) {
+    DeviceBuffer buffer(count * sizeof(unsigned), "arrival counters");
+    CUDA_CHECK(cudaMemset(buffer.as(), 0, count * sizeof(unsigned)));
+    return buffer;
+}
+
+// Row `row` of a device cache [rows, kv_dim] as floats.
+std::vector<float> device_cache_row(const DeviceBuffer& cache, int row, int kv_dim,
+                                    cpu::KvType type) {
+    const size_t element = type == cpu::KvType::F32 ? 4 : 2;
+    std::vector<uint8_t> bytes(kv_dim * element);
+    CUDA_CHECK(cudaMemcpy(bytes.data(), cache.as<uint8_t>() + size_t(row) * kv_dim * element,
+                          bytes.size(), cudaMemcpyDeviceToHost));
+    return kv_values_as_float(bytes, type);
+}
+
+// The fused attention (RoPE of q and k, the cache write of row pos, flash-decoding with the
+// merge in the last block) and the ladder's naive attention against the CPU: cpu::rope, the
+// row pos the CPU stores, cpu::attention. The naive kernel gets q rotated by the CPU.
 void check_attention(int multiprocessors) {
     struct Case {
         HeadShape shape;
@@ -385,6 +405,12 @@ void check_attention(int multiprocessors) {
         const HeadShape& s = test.shape;
         const cpu::AttentionShape shape{s.heads, s.kv_heads, s.head_dim, test.window};
         const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
+        Config config;
+        config.head_dim = s.head_dim;
+        config.rope_theta = 10000.0f;
+        const std::vector<float> frequencies = rope_inverse_frequencies(config);
+        DeviceBuffer device_frequencies = to_device(frequencies);
+        const size_t counters = cuda::attention_arrival_counters(shape);
         for (int context : {1, 7, 100, 4096}) {
             for (cpu::KvType type : {cpu::KvType::F32, cpu::KvType::F16}) {
                 const size_t element = type == cpu::KvType::F32 ? 4 : 2;
@@ -397,45 +423,99 @@ void check_attention(int multiprocessors) {
                 cpu::kv_store(values.data(), value_values.data(), context * kv_dim, type);
                 DeviceBuffer device_keys = to_device(keys.data(), keys.size());
                 DeviceBuffer device_values = to_device(values.data(), values.size());
-                const std::vector<float> q = random_floats(q_dim);
-                DeviceBuffer device_q = to_device(q);
 
                 const std::string name =
                     std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + "x" +
                     std::to_string(s.head_dim) + " window " + std::to_string(test.window) +
-                    " ctx " + std::to_string(context);
+                    " ctx " + std::to_string(context) + " kv " + kv_label(type);
                 DeviceBuffer scores = poisoned(size_t(s.heads) * context);
                 const int natural = cuda::attention_splits(shape, context, multiprocessors);
                 for (int pos : {0, context / 2, context - 1}) {
-                    const std::vector<float> want =
-                        cpu_attention(q, pos, keys, values, shape, type);
+                    const std::vector<float> qkv = random_floats(q_dim + 2 * size_t(kv_dim));
+                    DeviceBuffer device_qkv = to_device(qkv);
+                    std::vector<float> q(qkv.begin(), qkv.begin() + q_dim);
+                    std::vector<float> k(qkv.begin() + q_dim, qkv.begin() + q_dim + kv_dim);
+                    const std::vector<float> v(qkv.begin() + q_dim + kv_dim, qkv.end());
+                    cpu::rope(q.data(), s.heads, s.head_dim, pos, frequencies.data());
+                    cpu::rope(k.data(), s.kv_heads, s.head_dim, pos, frequencies.data());
+                    std::vector<uint8_t> key_row(kv_dim * element), value_row(kv_dim * element);
+                    cpu::kv_store(key_row.data(), k.data(), kv_dim, type);
+                    cpu::kv_store(value_row.data(), v.data(), kv_dim, type);
                     const int step[2] = {0, pos};
                     DeviceBuffer device_step = to_device(step, sizeof step);
-                    // launch(out) against the CPU's attention at pos, out poisoned first.
-                    auto check = [&](const std::string& label, auto launch) {
-                        DeviceBuffer out = poisoned(q_dim);
-                        launch(out.as<float>());
-                        report(label, to_host(out.as(), q_dim), want, 1e-5);
-                    };
                     const std::string at = name + " pos " + std::to_string(pos);
-                    check("attention_naive " + at + " kv " + kv_label(type), [&](float* out) {
-                        cuda::attention_naive(out, device_q.as<float>(), device_keys.as(),
-                                              device_values.as(), device_step.as<int>(),
-                                              scores.as<float>(), context, shape, type, 0);
-                    });
-                    for (int splits : {natural, 1, 3, 256}) {
-                        DeviceBuffer partial_out = poisoned(size_t(s.heads) * splits * s.head_dim);
-                        DeviceBuffer partial_stats = poisoned(size_t(s.heads) * splits * 2);
-                        check("attention " + at + " splits " + std::to_string(splits) + " kv " +
-                                  kv_label(type),
-                              [&](float* out) {
-                                  cuda::attention(out, device_q.as<float>(), device_keys.as(),
+
+                    // launch(out, arrivals) against `want`, out poisoned first; the arrival
+                    // counters must be back at zero afterwards.
+                    auto check = [&](const std::string& label, const std::vector<float>& want,
+                                     auto launch, bool counts_arrivals) {
+                        DeviceBuffer out = poisoned(q_dim), arrivals = zeroed_counters(counters);
+                        launch(out.as<float>(), arrivals.as<unsigned>());
+                        report(label, to_host(out.as(), q_dim), want, 1e-5);
+                        if (!counts_arrivals) return;
+                        std::vector<unsigned> left(counters);
+                        CUDA_CHECK(cudaMemcpy(left.data(), arrivals.as(),
+                                              counters * sizeof(unsigned), cudaMemcpyDeviceToHost));
+                        const bool reset = std::all_of(left.begin(), left.end(),
+                                                       [](unsigned n) { return n == 0; });
+                        (reset ? passed : failed)++;
+                        if (!reset)
+                            std::printf("FAIL %s: arrival counters not reset\n", label.c_str());
+                    };
+                    auto fused = [&](int splits) {
+                        return [&, splits](float* out, unsigned* arrivals) {
+                            DeviceBuffer partial_out =
+                                poisoned(size_t(s.heads) * splits * s.head_dim);
+                            DeviceBuffer partial_stats = poisoned(size_t(s.heads) * splits * 2);
+                            cuda::attention(out, device_qkv.as<float>(),
+                                            device_frequencies.as<float>(), device_keys.as(),
+                                            device_values.as(), device_step.as<int>(),
+                                            partial_out.as<float>(), partial_stats.as<float>(),
+                                            arrivals, shape, splits, type, 0);
+                            CUDA_CHECK(cudaDeviceSynchronize());  // before the partials go
+                        };
+                    };
+
+                    // The first run writes row pos of the caches: rope(k) and v, as the CPU
+                    // stores them (f16: a rounding tie may fall differently when the f32
+                    // values differ by an ulp). The CPU reference then attends to the rows
+                    // the GPU wrote, so that an f16 tie cannot move the outputs.
+                    CUDA_CHECK(
+                        cudaMemset(device_keys.as<uint8_t>() + size_t(pos) * kv_dim * element, 0xff,
+                                   kv_dim * element));
+                    CUDA_CHECK(
+                        cudaMemset(device_values.as<uint8_t>() + size_t(pos) * kv_dim * element,
+                                   0xff, kv_dim * element));
+                    DeviceBuffer first_out = poisoned(q_dim), arrivals = zeroed_counters(counters);
+                    fused(natural)(first_out.as<float>(), arrivals.as<unsigned>());
+                    const std::vector<float> got_key =
+                        device_cache_row(device_keys, pos, kv_dim, type);
+                    const std::vector<float> got_value =
+                        device_cache_row(device_values, pos, kv_dim, type);
+                    report("attention " + at + " key row", got_key,
+                           kv_values_as_float(key_row, type),
+                           type == cpu::KvType::F32 ? 1e-6 : 1e-3);
+                    report("attention " + at + " value row", got_value,
+                           kv_values_as_float(value_row, type), 0.0);
+                    cpu::kv_store(keys.data() + size_t(pos) * kv_dim * element, got_key.data(),
+                                  kv_dim, type);
+                    cpu::kv_store(values.data() + size_t(pos) * kv_dim * element, got_value.data(),
+                                  kv_dim, type);
+                    const std::vector<float> want =
+                        cpu_attention(q, pos, keys, values, shape, type);
+
+                    for (int splits : {natural, 1, 3, 256})
+                        check("attention " + at + " splits " + std::to_string(splits), want,
+                              fused(splits), true);
+                    DeviceBuffer device_q = to_device(q);
+                    check(
+                        "attention_naive " + at, want,
+                        [&](float* out, unsigned*) {
+                            cuda::attention_naive(out, device_q.as<float>(), device_keys.as(),
                                                   device_values.as(), device_step.as<int>(),
-                                                  partial_out.as<float>(),
-                                                  partial_stats.as<float>(), shape, splits, type,
-                                                  0);
-                              });
-                    }
+                                                  scores.as<float>(), context, shape, type, 0);
+                        },
+                        false);
                 }
             }
         }
@@ -524,16 +604,22 @@ void bench(int multiprocessors) {
         CUDA_CHECK(cudaMemset(keys.as(), 0, layer_bytes * layers));
         CUDA_CHECK(cudaMemset(values.as(), 0, layer_bytes * layers));
         const int splits = cuda::attention_splits(shape, context, multiprocessors);
-        DeviceBuffer q = to_device(random_floats(4096)), out = poisoned(4096);
+        DeviceBuffer qkv = to_device(random_floats(4096 + 2 * 1024)), out = poisoned(4096);
+        Config config;
+        config.head_dim = 128;
+        config.rope_theta = 10000.0f;
+        DeviceBuffer frequencies = to_device(rope_inverse_frequencies(config));
+        DeviceBuffer arrivals = zeroed_counters(cuda::attention_arrival_counters(shape));
         DeviceBuffer partial_out = poisoned(size_t(32) * splits * 128),
                      partial_stats = poisoned(size_t(32) * splits * 2);
         const int step[2] = {0, context - 1};
         DeviceBuffer device_step = to_device(step, sizeof step);
         const double ms = time_ms([&](int r) {
             const size_t offset = size_t(r % layers) * layer_bytes;
-            cuda::attention(out.as<float>(), q.as<float>(), keys.as<uint8_t>() + offset,
-                            values.as<uint8_t>() + offset, device_step.as<int>(),
-                            partial_out.as<float>(), partial_stats.as<float>(), shape, splits, type,
+            cuda::attention(out.as<float>(), qkv.as<float>(), frequencies.as<float>(),
+                            keys.as<uint8_t>() + offset, values.as<uint8_t>() + offset,
+                            device_step.as<int>(), partial_out.as<float>(),
+                            partial_stats.as<float>(), arrivals.as<unsigned>(), shape, splits, type,
                             0);
         });
         const std::string name = std::string("attention kv ") + kv_label(type) + " (" +
