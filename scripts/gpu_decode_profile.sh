@@ -5,7 +5,8 @@
 #      default 90) and checks every kernel against the CPU (cuda_kernel_check), then times
 #      the hot kernels alone at Mistral's shapes (--bench);
 #   2. while the checkpoint is generated, scripts/matvec_variants.cu (matvec designs timed
-#      against the production kernel) and tests/test_cuda.py (CUDA logits against CPU);
+#      against the production kernel), tests/test_cuda.py (CUDA logits against CPU) and the
+#      GPU ladder's tests (every rung gives the fast path's text);
 #   3. decode tok/s at short and long context, with and without the CUDA graph;
 #   4. with PROFILE_NCU=1, Nsight Compute (ncu) over the kernels of two decode steps
 #      launched without the graph: per kernel, calls per token, µs per token and GB/s from
@@ -13,6 +14,10 @@
 # First `scripts/gpu_session.sh --stage` here, then on the GPU machine, from the repository
 # root (the device tool: carry ["gpu_data"], timeout_s 600):
 #     bash scripts/gpu_decode_profile.sh
+# A/B against an earlier commit: `git archive -o gpu_data/baseline.tgz REV` here first; the
+# script then builds that tree too (beside this one) and runs the decode benchmarks of both
+# in turn (baseline, this tree, baseline, this tree), so that the two are compared within
+# one run on one GPU.
 # Logs go to one archive, $OUT/profile_logs.tgz (the device tool brings back few files);
 # the summary is printed last. Environment: CUDA_ARCHS (default 90), WORK (default
 # /tmp/barellm-gpu), PROFILE_NCU.
@@ -33,9 +38,26 @@ step() { echo "==== [${SECONDS}s] $*"; }
 link_staged_shared  # the tokenizers synth.py takes
 start_mistral_checkpoint
 
+BASELINE=""
+if [ -f gpu_data/baseline.tgz ]; then
+    step "building the baseline tree (gpu_data/baseline.tgz) in the background"
+    rm -rf "$WORK/baseline" && mkdir -p "$WORK/baseline" &&
+        tar xzf gpu_data/baseline.tgz -C "$WORK/baseline"
+    (cd "$WORK/baseline" && make -j8 CUDA_ARCHS="$CUDA_ARCHS" CUDA_PTX_ARCH="${CUDA_ARCHS##* }" \
+        CPPFLAGS="$CPPFLAGS_EXTRA" build/barellm) >"$LOG/baseline_build.log" 2>&1 &
+    BASELINE_PID=$!
+fi
+
 step "build (CUDA_ARCHS=$CUDA_ARCHS)"
 build_for_gpu build/barellm build/dump_logits build/cuda_kernel_check ||
     { tail -20 "$LOG/build.log"; exit 1; }
+if [ -n "${BASELINE_PID:-}" ]; then
+    if wait "$BASELINE_PID"; then
+        BASELINE=$WORK/baseline/build/barellm
+    else
+        note "baseline build failed: $(grep -m1 -i error "$LOG/baseline_build.log")"
+    fi
+fi
 
 step "cuda_kernel_check --bench"
 timeout 240 build/cuda_kernel_check --bench >"$LOG/kernel_check.log" 2>&1
@@ -52,27 +74,38 @@ else
     note "matvec_variants: build failed: $(grep -m1 error "$LOG/matvec_variants_build.log")"
 fi
 
-step "tests/test_cuda.py"
+step "tests/test_cuda.py, tests/test_ladder.py -k gpu"
 XDIST=""
 python3 -c "import xdist" 2>/dev/null && XDIST="-n 8"
 OMP_NUM_THREADS=2 timeout 240 python3 -m pytest -q -rs $XDIST tests/test_cuda.py \
-    >"$LOG/test_cuda.log" 2>&1
-note "test_cuda.py: $(tail -1 "$LOG/test_cuda.log")"
+    tests/test_ladder.py -k "test_cuda or gpu" >"$LOG/test_cuda.log" 2>&1
+note "test_cuda.py + test_ladder.py -k gpu: $(tail -1 "$LOG/test_cuda.log")"
 grep -E "^FAILED|relative error" "$LOG/test_cuda.log" | head -5
 
 wait_for_mistral_checkpoint 420
 [ -f "$MISTRAL" ] || { cat "$LOG/kernel_bench.md"; exit 1; }
 
 step "decode benchmarks"
-bench() {  # NAME ENV... : one bench line into the summary
-    local name=$1; shift
-    env "$@" build/barellm bench "$MISTRAL" --device cuda -p 0 -n "$N" -r 3 \
+bench() {  # NAME BINARY ENV... : one bench line into the summary (N tokens, REPS repetitions)
+    local name=$1 binary=$2; shift 2
+    env "$@" "$binary" bench "$MISTRAL" --device cuda -p 0 -n "$N" -r "$REPS" \
         >"$LOG/bench_$name.md" 2>&1
     note "bench $name: $(grep "| tg" "$LOG/bench_$name.md" | cut -d'|' -f8-10) $(grep -o "copy, same run): [0-9.]* GB/s" "$LOG/bench_$name.md")"
 }
-N=128 bench tg128-graph BARELLM_CUDA_GRAPHS=1
-N=128 bench tg128-no-graph BARELLM_CUDA_GRAPHS=0
-[ "$SECONDS" -lt 480 ] && N=4096 bench tg4096-graph BARELLM_CUDA_GRAPHS=1
+if [ -n "$BASELINE" ]; then
+    for round in 1 2; do
+        N=128 REPS=3 bench "tg128-baseline-$round" "$BASELINE"
+        N=128 REPS=3 bench "tg128-$round" build/barellm
+    done
+    if [ "$SECONDS" -lt 470 ]; then
+        N=4096 REPS=1 bench tg4096-baseline "$BASELINE"
+        N=4096 REPS=1 bench tg4096 build/barellm
+    fi
+else
+    N=128 REPS=3 bench tg128-graph build/barellm BARELLM_CUDA_GRAPHS=1
+    N=128 REPS=3 bench tg128-no-graph build/barellm BARELLM_CUDA_GRAPHS=0
+    [ "$SECONDS" -lt 480 ] && N=4096 REPS=3 bench tg4096-graph build/barellm BARELLM_CUDA_GRAPHS=1
+fi
 
 if [ "${PROFILE_NCU:-0}" = 1 ]; then
 step "ncu: two decode steps without the graph"
