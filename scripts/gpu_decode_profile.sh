@@ -14,10 +14,10 @@
 # First `scripts/gpu_session.sh --stage` here, then on the GPU machine, from the repository
 # root (the device tool: carry ["gpu_data"], timeout_s 600):
 #     bash scripts/gpu_decode_profile.sh
-# A/B against an earlier commit: `git archive -o gpu_data/baseline.tgz REV` here first; the
-# script then builds that tree too (beside this one) and runs the decode benchmarks of both
-# in turn (baseline, this tree, baseline, this tree), so that the two are compared within
-# one run on one GPU.
+# A/B against other trees (an earlier commit, an experiment on a branch): for each, `git
+# archive -o gpu_data/ab/NAME.tgz REV` here first; the script then builds every such tree
+# too (beside this one) and runs the decode benchmarks of all in turn, twice over, so that
+# they are compared within one run on one GPU.
 # Logs go to one archive, $OUT/profile_logs.tgz (the device tool brings back few files);
 # the summary is printed last. Environment: CUDA_ARCHS (default 90), WORK (default
 # /tmp/barellm-gpu), PROFILE_NCU.
@@ -38,26 +38,29 @@ step() { echo "==== [${SECONDS}s] $*"; }
 link_staged_shared  # the tokenizers synth.py takes
 start_mistral_checkpoint
 
-BASELINE=""
-if [ -f gpu_data/baseline.tgz ]; then
-    step "building the baseline tree (gpu_data/baseline.tgz) in the background"
-    rm -rf "$WORK/baseline" && mkdir -p "$WORK/baseline" &&
-        tar xzf gpu_data/baseline.tgz -C "$WORK/baseline"
-    (cd "$WORK/baseline" && make -j8 CUDA_ARCHS="$CUDA_ARCHS" CUDA_PTX_ARCH="${CUDA_ARCHS##* }" \
-        CPPFLAGS="$CPPFLAGS_EXTRA" build/barellm) >"$LOG/baseline_build.log" 2>&1 &
-    BASELINE_PID=$!
-fi
+# Trees to compare with this one (gpu_data/ab/NAME.tgz), built in the background.
+declare -A AB_PIDS=()
+for archive in gpu_data/ab/*.tgz; do
+    [ -f "$archive" ] || continue
+    name=$(basename "$archive" .tgz)
+    step "building tree '$name' ($archive) in the background"
+    rm -rf "$WORK/ab/$name" && mkdir -p "$WORK/ab/$name" && tar xzf "$archive" -C "$WORK/ab/$name"
+    (cd "$WORK/ab/$name" && make -j4 CUDA_ARCHS="$CUDA_ARCHS" CUDA_PTX_ARCH="${CUDA_ARCHS##* }" \
+        CPPFLAGS="$CPPFLAGS_EXTRA" build/barellm) >"$LOG/build_$name.log" 2>&1 &
+    AB_PIDS[$name]=$!
+done
 
 step "build (CUDA_ARCHS=$CUDA_ARCHS)"
 build_for_gpu build/barellm build/dump_logits build/cuda_kernel_check ||
     { tail -20 "$LOG/build.log"; exit 1; }
-if [ -n "${BASELINE_PID:-}" ]; then
-    if wait "$BASELINE_PID"; then
-        BASELINE=$WORK/baseline/build/barellm
+AB_TREES=()  # the names of the trees that built
+for name in "${!AB_PIDS[@]}"; do
+    if wait "${AB_PIDS[$name]}"; then
+        AB_TREES+=("$name")
     else
-        note "baseline build failed: $(grep -m1 -i error "$LOG/baseline_build.log")"
+        note "tree $name: build failed: $(grep -m1 -i error "$LOG/build_$name.log")"
     fi
-fi
+done
 
 step "cuda_kernel_check --bench"
 timeout 240 build/cuda_kernel_check --bench >"$LOG/kernel_check.log" 2>&1
@@ -92,15 +95,19 @@ bench() {  # NAME BINARY ENV... : one bench line into the summary (N tokens, REP
         >"$LOG/bench_$name.md" 2>&1
     note "bench $name: $(grep "| tg" "$LOG/bench_$name.md" | cut -d'|' -f8-10) $(grep -o "copy, same run): [0-9.]* GB/s" "$LOG/bench_$name.md")"
 }
-if [ -n "$BASELINE" ]; then
+if [ "${#AB_TREES[@]}" -gt 0 ]; then
     for round in 1 2; do
-        N=128 REPS=3 bench "tg128-baseline-$round" "$BASELINE"
-        N=128 REPS=3 bench "tg128-$round" build/barellm
+        for name in "${AB_TREES[@]}"; do
+            N=128 REPS=3 bench "tg128-$name-$round" "$WORK/ab/$name/build/barellm"
+        done
+        N=128 REPS=3 bench "tg128-this-$round" build/barellm
     done
-    if [ "$SECONDS" -lt 470 ]; then
-        N=4096 REPS=1 bench tg4096-baseline "$BASELINE"
-        N=4096 REPS=1 bench tg4096 build/barellm
-    fi
+    for name in "${AB_TREES[@]}" this; do
+        [ "$SECONDS" -lt 500 ] || break
+        binary=build/barellm
+        [ "$name" = this ] || binary=$WORK/ab/$name/build/barellm
+        N=4096 REPS=1 bench "tg4096-$name" "$binary"
+    done
 else
     N=128 REPS=3 bench tg128-graph build/barellm BARELLM_CUDA_GRAPHS=1
     N=128 REPS=3 bench tg128-no-graph build/barellm BARELLM_CUDA_GRAPHS=0
