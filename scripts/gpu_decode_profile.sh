@@ -62,6 +62,23 @@ for name in "${!AB_PIDS[@]}"; do
     fi
 done
 
+# Every tree must complete a prompt with the same greedy text as this one (the benchmarks
+# compare speed only: a faster tree that computes something else is wrong, not faster).
+if [ "${#AB_TREES[@]}" -gt 0 ]; then
+    STORIES=$WORK/stories260K-f16.bin
+    python3 convert/convert.py gpu_data/shared/models/stories260K -o "$STORIES" --dtype f16 \
+        >/dev/null 2>&1
+    greedy() { "$1" run "$STORIES" --device cuda -p "Once upon a time" -n 60 --temp 0 2>/dev/null; }
+    want=$(greedy build/barellm)
+    for name in "${AB_TREES[@]}"; do
+        if [ "$(greedy "$WORK/ab/$name/build/barellm")" = "$want" ]; then
+            note "tree $name: same greedy text as this tree on stories260K"
+        else
+            note "tree $name: DIFFERENT greedy text from this tree on stories260K"
+        fi
+    done
+fi
+
 step "cuda_kernel_check --bench"
 timeout 240 build/cuda_kernel_check --bench >"$LOG/kernel_check.log" 2>&1
 note "cuda_kernel_check: $(tail -1 "$LOG/kernel_check.log")"
