@@ -85,38 +85,48 @@ __device__ __forceinline__ const uint4* weight_row(const void* weights, int row,
 // Float4s of the input each thread loads before storing any (loads in flight at once).
 constexpr int kStageBatch = 4;
 
+// use(i, source[i]) for every i < count, the block's threads taking i = threadIdx.x,
+// threadIdx.x + blockDim.x, ...: each thread loads kStageBatch float4s before it uses any,
+// so that they travel together.
+template <typename Use>
+__device__ __forceinline__ void for_each_float4(const float4* __restrict__ source, int count,
+                                                Use use) {
+    for (int first = threadIdx.x; first < count; first += kStageBatch * blockDim.x) {
+        float4 batch[kStageBatch];
+#pragma unroll
+        for (int b = 0; b < kStageBatch; ++b) {
+            const int i = first + b * blockDim.x;
+            batch[b] = i < count ? source[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int b = 0; b < kStageBatch; ++b) {
+            const int i = first + b * blockDim.x;
+            if (i < count) use(i, batch[b]);
+        }
+    }
+}
+
 // Copies in[0, cols) into the shared xs[pitch] (zeros in [cols, pitch), matching the zero
 // padding of the weight rows), times rsqrt(mean(in²) + eps) * norm_weight[c] when
 // norm_weight is not null (the CPU's rmsnorm: x * scale * weight, in that order).
-// The input is read as float4s, kStageBatch per thread in flight, so that staging costs
-// one or two round trips to L2 instead of one per element; a float4 of the input (c a
-// multiple of 4) lands as one float4 in xs (staged_index keeps groups of 4 together).
-// in and norm_weight must be 16-byte aligned. Every thread of the block must call it; it
-// ends with a barrier.
+// The input is read as float4s, several in flight per thread (for_each_float4), so that
+// staging costs one or two round trips to L2 instead of one per element; a float4 of the
+// input (c a multiple of 4) lands as one float4 in xs (staged_index keeps groups of 4
+// together). in and norm_weight must be 16-byte aligned. Every thread of the block must
+// call it; it ends with a barrier.
 template <int kPerVector>
 __device__ __forceinline__ void stage_input(float* xs, const float* __restrict__ in, int cols,
                                             int pitch, const float* __restrict__ norm_weight,
                                             float eps, float* scratch) {
     const int whole = cols / 4;  // float4s entirely inside the input
-    const float4* in4 = reinterpret_cast<const float4*>(in);
+    auto slot = [&](int i) {     // where float4 i of the input is staged
+        return reinterpret_cast<float4*>(xs + staged_index<kPerVector>(4 * i, pitch));
+    };
     float squares = 0.0f;
-    for (int first = threadIdx.x; first < whole; first += kStageBatch * blockDim.x) {
-        float4 batch[kStageBatch];
-#pragma unroll
-        for (int b = 0; b < kStageBatch; ++b) {
-            const int i = first + b * blockDim.x;
-            batch[b] = i < whole ? in4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int b = 0; b < kStageBatch; ++b) {
-            const int i = first + b * blockDim.x;
-            if (i < whole) {
-                const float4 v = batch[b];
-                *reinterpret_cast<float4*>(xs + staged_index<kPerVector>(4 * i, pitch)) = v;
-                squares += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
-            }
-        }
-    }
+    for_each_float4(reinterpret_cast<const float4*>(in), whole, [&](int i, float4 v) {
+        *slot(i) = v;
+        squares += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    });
     for (int c = 4 * whole + threadIdx.x; c < pitch; c += blockDim.x) {  // the tail, padding
         const float value = c < cols ? in[c] : 0.0f;
         xs[staged_index<kPerVector>(c, pitch)] = value;
@@ -125,26 +135,11 @@ __device__ __forceinline__ void stage_input(float* xs, const float* __restrict__
     if (norm_weight != nullptr) {  // the same for the whole block
         const float scale = 1.0f / sqrtf(block_sum(squares, scratch) / float(cols) + eps);
         // Each thread rescales the elements it staged itself: no barrier needed in between.
-        const float4* weight4 = reinterpret_cast<const float4*>(norm_weight);
-        for (int first = threadIdx.x; first < whole; first += kStageBatch * blockDim.x) {
-            float4 batch[kStageBatch];
-#pragma unroll
-            for (int b = 0; b < kStageBatch; ++b) {
-                const int i = first + b * blockDim.x;
-                batch[b] = i < whole ? weight4[i] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
-#pragma unroll
-            for (int b = 0; b < kStageBatch; ++b) {
-                const int i = first + b * blockDim.x;
-                if (i < whole) {
-                    float4* slot =
-                        reinterpret_cast<float4*>(xs + staged_index<kPerVector>(4 * i, pitch));
-                    const float4 v = *slot, w = batch[b];
-                    *slot = make_float4(v.x * scale * w.x, v.y * scale * w.y, v.z * scale * w.z,
-                                        v.w * scale * w.w);
-                }
-            }
-        }
+        for_each_float4(reinterpret_cast<const float4*>(norm_weight), whole, [&](int i, float4 w) {
+            const float4 v = *slot(i);
+            *slot(i) = make_float4(v.x * scale * w.x, v.y * scale * w.y, v.z * scale * w.z,
+                                   v.w * scale * w.w);
+        });
         for (int c = 4 * whole + threadIdx.x; c < cols; c += blockDim.x) {
             const int i = staged_index<kPerVector>(c, pitch);
             xs[i] = xs[i] * scale * norm_weight[c];
