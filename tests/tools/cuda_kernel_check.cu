@@ -282,13 +282,66 @@ struct HeadShape {
     int heads, kv_heads, head_dim;
 };
 
+// RoPE's inverse frequencies for head_dim, theta 10000.
+std::vector<float> test_rope_frequencies(int head_dim) {
+    Config config;
+    config.head_dim = head_dim;
+    config.rope_theta = 10000.0f;
+    return rope_inverse_frequencies(config);
+}
+
+// What RoPE and the cache write must give for the token's qkv [q_dim + 2 * kv_dim] at pos:
+// q and k rotated by cpu::rope, and row pos of the key and value caches as the CPU stores
+// them (rotated k, v).
+struct RopeReference {
+    std::vector<float> q, k;
+    std::vector<uint8_t> key_row, value_row;
+};
+
+RopeReference rope_reference(const std::vector<float>& qkv, const HeadShape& s, int pos,
+                             const std::vector<float>& frequencies, cpu::KvType type) {
+    const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
+    const size_t element = type == cpu::KvType::F32 ? 4 : 2;
+    RopeReference r;
+    r.q.assign(qkv.begin(), qkv.begin() + q_dim);
+    r.k.assign(qkv.begin() + q_dim, qkv.begin() + q_dim + kv_dim);
+    const std::vector<float> v(qkv.begin() + q_dim + kv_dim, qkv.end());
+    cpu::rope(r.q.data(), s.heads, s.head_dim, pos, frequencies.data());
+    cpu::rope(r.k.data(), s.kv_heads, s.head_dim, pos, frequencies.data());
+    r.key_row.resize(kv_dim * element);
+    r.value_row.resize(kv_dim * element);
+    cpu::kv_store(r.key_row.data(), r.k.data(), kv_dim, type);
+    cpu::kv_store(r.value_row.data(), v.data(), kv_dim, type);
+    return r;
+}
+
+// Row `row` of a device cache [rows, kv_dim] as floats.
+std::vector<float> device_cache_row(const DeviceBuffer& cache, int row, int kv_dim,
+                                    cpu::KvType type) {
+    const size_t element = type == cpu::KvType::F32 ? 4 : 2;
+    std::vector<uint8_t> bytes(kv_dim * element);
+    CUDA_CHECK(cudaMemcpy(bytes.data(), cache.as<uint8_t>() + size_t(row) * kv_dim * element,
+                          bytes.size(), cudaMemcpyDeviceToHost));
+    return kv_values_as_float(bytes, type);
+}
+
+// Row pos of both device caches against the reference rows (f16: a rounding tie may fall
+// differently when the f32 values differ by an ulp); returns the rows read, key then value.
+std::pair<std::vector<float>, std::vector<float>> check_cache_rows(
+    const std::string& label, const DeviceBuffer& keys, const DeviceBuffer& values, int pos,
+    int kv_dim, cpu::KvType type, const RopeReference& want) {
+    std::vector<float> key = device_cache_row(keys, pos, kv_dim, type);
+    std::vector<float> value = device_cache_row(values, pos, kv_dim, type);
+    report(label + " k", key, kv_values_as_float(want.key_row, type),
+           type == cpu::KvType::F32 ? 1e-6 : 1e-3);
+    report(label + " v", value, kv_values_as_float(want.value_row, type), 0.0);
+    return {key, value};
+}
+
 void check_rope() {
     const HeadShape shapes[] = {{8, 4, 8}, {6, 2, 34}, {5, 5, 18}, {32, 8, 128}, {4, 1, 256}};
     for (const HeadShape& s : shapes) {
-        Config config;
-        config.head_dim = s.head_dim;
-        config.rope_theta = 10000.0f;
-        const std::vector<float> frequencies = rope_inverse_frequencies(config);
+        const std::vector<float> frequencies = test_rope_frequencies(s.head_dim);
         DeviceBuffer device_frequencies = to_device(frequencies);
         const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
         for (int pos : {0, 7, 4095, 100000}) {
@@ -306,39 +359,16 @@ void check_rope() {
                                     keys.as(), values.as(), device_step.as<int>(), s.heads,
                                     s.kv_heads, s.head_dim, type, 0);
 
-                std::vector<float> q(qkv.begin(), qkv.begin() + q_dim);
-                std::vector<float> k(qkv.begin() + q_dim, qkv.begin() + q_dim + kv_dim);
-                const std::vector<float> v(qkv.begin() + q_dim + kv_dim, qkv.end());
-                cpu::rope(q.data(), s.heads, s.head_dim, pos, frequencies.data());
-                cpu::rope(k.data(), s.kv_heads, s.head_dim, pos, frequencies.data());
-                std::vector<uint8_t> key_row(kv_dim * element), value_row(kv_dim * element);
-                cpu::kv_store(key_row.data(), k.data(), kv_dim, type);
-                cpu::kv_store(value_row.data(), v.data(), kv_dim, type);
+                const RopeReference want = rope_reference(qkv, s, pos, frequencies, type);
 
                 const std::string what = std::to_string(s.heads) + "/" +
                                          std::to_string(s.kv_heads) + "x" +
                                          std::to_string(s.head_dim) + " pos " +
                                          std::to_string(pos) + " kv " + kv_label(type);
-                // Row pos of both caches against the CPU's rows, `kernel` having written them.
-                auto check_cache_rows = [&](const std::string& kernel) {
-                    std::vector<uint8_t> got_row(kv_dim * element);
-                    const size_t row_offset = size_t(pos) * kv_dim * element;
-                    CUDA_CHECK(cudaMemcpy(got_row.data(), keys.as<uint8_t>() + row_offset,
-                                          got_row.size(), cudaMemcpyDeviceToHost));
-                    // f16: a rounding tie may fall differently when the f32 values differ by
-                    // an ulp.
-                    report(kernel + " " + what + " k", kv_values_as_float(got_row, type),
-                           kv_values_as_float(key_row, type),
-                           type == cpu::KvType::F32 ? 1e-6 : 1e-3);
-                    CUDA_CHECK(cudaMemcpy(got_row.data(), values.as<uint8_t>() + row_offset,
-                                          got_row.size(), cudaMemcpyDeviceToHost));
-                    report(kernel + " " + what + " v", kv_values_as_float(got_row, type),
-                           kv_values_as_float(value_row, type), 0.0);
-                };
                 std::vector<float> got_qkv = to_host(device_qkv.as(), qkv.size());
                 report("rope_kv " + what + " q",
-                       std::vector<float>(got_qkv.begin(), got_qkv.begin() + q_dim), q, 1e-6);
-                check_cache_rows("rope_kv");
+                       std::vector<float>(got_qkv.begin(), got_qkv.begin() + q_dim), want.q, 1e-6);
+                check_cache_rows("rope_kv " + what, keys, values, pos, kv_dim, type, want);
 
                 // The GPU ladder's unfused pair: RoPE in place on q and k, then the KV write.
                 DeviceBuffer simple_qkv = to_device(qkv);
@@ -351,12 +381,12 @@ void check_rope() {
                                    device_step.as<int>(), kv_dim, type, 0);
                 got_qkv = to_host(simple_qkv.as(), qkv.size());
                 report("rope " + what + " q",
-                       std::vector<float>(got_qkv.begin(), got_qkv.begin() + q_dim), q, 1e-6);
+                       std::vector<float>(got_qkv.begin(), got_qkv.begin() + q_dim), want.q, 1e-6);
                 report(
                     "rope " + what + " k",
                     std::vector<float>(got_qkv.begin() + q_dim, got_qkv.begin() + q_dim + kv_dim),
-                    k, 1e-6);
-                check_cache_rows("store_kv_row");
+                    want.k, 1e-6);
+                check_cache_rows("store_kv_row " + what, keys, values, pos, kv_dim, type, want);
             }
         }
     }
@@ -380,16 +410,6 @@ DeviceBuffer zeroed_counters(size_t count) {
     return buffer;
 }
 
-// Row `row` of a device cache [rows, kv_dim] as floats.
-std::vector<float> device_cache_row(const DeviceBuffer& cache, int row, int kv_dim,
-                                    cpu::KvType type) {
-    const size_t element = type == cpu::KvType::F32 ? 4 : 2;
-    std::vector<uint8_t> bytes(kv_dim * element);
-    CUDA_CHECK(cudaMemcpy(bytes.data(), cache.as<uint8_t>() + size_t(row) * kv_dim * element,
-                          bytes.size(), cudaMemcpyDeviceToHost));
-    return kv_values_as_float(bytes, type);
-}
-
 // The fused attention (RoPE of q and k, the cache write of row pos, flash-decoding with the
 // merge in the last block) and the ladder's naive attention against the CPU: cpu::rope, the
 // row pos the CPU stores, cpu::attention. The naive kernel gets q rotated by the CPU.
@@ -405,10 +425,7 @@ void check_attention(int multiprocessors) {
         const HeadShape& s = test.shape;
         const cpu::AttentionShape shape{s.heads, s.kv_heads, s.head_dim, test.window};
         const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
-        Config config;
-        config.head_dim = s.head_dim;
-        config.rope_theta = 10000.0f;
-        const std::vector<float> frequencies = rope_inverse_frequencies(config);
+        const std::vector<float> frequencies = test_rope_frequencies(s.head_dim);
         DeviceBuffer device_frequencies = to_device(frequencies);
         const size_t counters = cuda::attention_arrival_counters(shape);
         for (int context : {1, 7, 100, 4096}) {
@@ -433,14 +450,7 @@ void check_attention(int multiprocessors) {
                 for (int pos : {0, context / 2, context - 1}) {
                     const std::vector<float> qkv = random_floats(q_dim + 2 * size_t(kv_dim));
                     DeviceBuffer device_qkv = to_device(qkv);
-                    std::vector<float> q(qkv.begin(), qkv.begin() + q_dim);
-                    std::vector<float> k(qkv.begin() + q_dim, qkv.begin() + q_dim + kv_dim);
-                    const std::vector<float> v(qkv.begin() + q_dim + kv_dim, qkv.end());
-                    cpu::rope(q.data(), s.heads, s.head_dim, pos, frequencies.data());
-                    cpu::rope(k.data(), s.kv_heads, s.head_dim, pos, frequencies.data());
-                    std::vector<uint8_t> key_row(kv_dim * element), value_row(kv_dim * element);
-                    cpu::kv_store(key_row.data(), k.data(), kv_dim, type);
-                    cpu::kv_store(value_row.data(), v.data(), kv_dim, type);
+                    const RopeReference rotated = rope_reference(qkv, s, pos, frequencies, type);
                     const int step[2] = {0, pos};
                     DeviceBuffer device_step = to_device(step, sizeof step);
                     const std::string at = name + " pos " + std::to_string(pos);
@@ -476,10 +486,9 @@ void check_attention(int multiprocessors) {
                         };
                     };
 
-                    // The first run writes row pos of the caches: rope(k) and v, as the CPU
-                    // stores them (f16: a rounding tie may fall differently when the f32
-                    // values differ by an ulp). The CPU reference then attends to the rows
-                    // the GPU wrote, so that an f16 tie cannot move the outputs.
+                    // The first run writes row pos of the caches, checked against the CPU's
+                    // rows; the CPU reference then attends to the rows the GPU wrote, so that
+                    // an f16 rounding tie cannot move the outputs.
                     CUDA_CHECK(
                         cudaMemset(device_keys.as<uint8_t>() + size_t(pos) * kv_dim * element, 0xff,
                                    kv_dim * element));
@@ -488,26 +497,19 @@ void check_attention(int multiprocessors) {
                                    0xff, kv_dim * element));
                     DeviceBuffer first_out = poisoned(q_dim), arrivals = zeroed_counters(counters);
                     fused(natural)(first_out.as<float>(), arrivals.as<unsigned>());
-                    const std::vector<float> got_key =
-                        device_cache_row(device_keys, pos, kv_dim, type);
-                    const std::vector<float> got_value =
-                        device_cache_row(device_values, pos, kv_dim, type);
-                    report("attention " + at + " key row", got_key,
-                           kv_values_as_float(key_row, type),
-                           type == cpu::KvType::F32 ? 1e-6 : 1e-3);
-                    report("attention " + at + " value row", got_value,
-                           kv_values_as_float(value_row, type), 0.0);
+                    const auto [got_key, got_value] = check_cache_rows(
+                        "attention " + at, device_keys, device_values, pos, kv_dim, type, rotated);
                     cpu::kv_store(keys.data() + size_t(pos) * kv_dim * element, got_key.data(),
                                   kv_dim, type);
                     cpu::kv_store(values.data() + size_t(pos) * kv_dim * element, got_value.data(),
                                   kv_dim, type);
                     const std::vector<float> want =
-                        cpu_attention(q, pos, keys, values, shape, type);
+                        cpu_attention(rotated.q, pos, keys, values, shape, type);
 
                     for (int splits : {natural, 1, 3, 256})
                         check("attention " + at + " splits " + std::to_string(splits), want,
                               fused(splits), true);
-                    DeviceBuffer device_q = to_device(q);
+                    DeviceBuffer device_q = to_device(rotated.q);
                     check(
                         "attention_naive " + at, want,
                         [&](float* out, unsigned*) {
@@ -605,10 +607,7 @@ void bench(int multiprocessors) {
         CUDA_CHECK(cudaMemset(values.as(), 0, layer_bytes * layers));
         const int splits = cuda::attention_splits(shape, context, multiprocessors);
         DeviceBuffer qkv = to_device(random_floats(4096 + 2 * 1024)), out = poisoned(4096);
-        Config config;
-        config.head_dim = 128;
-        config.rope_theta = 10000.0f;
-        DeviceBuffer frequencies = to_device(rope_inverse_frequencies(config));
+        DeviceBuffer frequencies = to_device(test_rope_frequencies(128));
         DeviceBuffer arrivals = zeroed_counters(cuda::attention_arrival_counters(shape));
         DeviceBuffer partial_out = poisoned(size_t(32) * splits * 128),
                      partial_stats = poisoned(size_t(32) * splits * 2);
