@@ -39,7 +39,7 @@ constexpr int kKeyLanes = 8;            // lanes reading one key row in the scor
 constexpr int kValueKeysInFlight = 2;   // value rows each warp loads before using them
 constexpr int kMaxHeadsPerBlock = 4;    // query heads (of one KV head) per block
 constexpr int kMinSplitPositions = 32;  // a split covers at least this many positions
-constexpr int kMaxSplits = 256;
+constexpr int kMaxSplits = 256;         // a multiple of 32 (merge_splits)
 
 struct AttentionArgs {
     const float* qkv;                  // [heads * head_dim + 2 * kv_dim]: q, k, v before RoPE
@@ -88,10 +88,10 @@ __device__ __forceinline__ void store_new_kv_row(KvT* keys, KvT* values, size_t 
 
 // The merge, run by the last block of a (KV head, head group) to finish: for each of its
 // heads_here query heads h (from head0), out[h] = sum_s exp(m_s - M) * o_s / sum_s exp(m_s
-// - M) * l_s over the `active` non-empty splits s, M = max_s m_s. Warp h computes head h's
-// weights exp(m_s - M) into shared memory; then each thread sums pairs of the output over
-// the splits (reads of one split's pairs are coalesced). Partials written by other blocks
-// are read through L2 (__ldcg), past this SM's L1.
+// - M) * l_s over the `active` non-empty splits s, M = max_s m_s. Warp h loads head h's
+// (max, sum) per split once and computes the weights exp(m_s - M) into shared memory; then each
+// thread sums pairs of the output over the splits (reads of one split's pairs are coalesced).
+// Partials written by other blocks are read through L2 (__ldcg), past this SM's L1.
 template <int kHeadDimMax>
 __device__ __forceinline__ void merge_splits(const AttentionArgs& a, int head0, int heads_here,
                                              int active) {
@@ -100,17 +100,27 @@ __device__ __forceinline__ void merge_splits(const AttentionArgs& a, int head0, 
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
     const int head_dim = a.head_dim, pairs = head_dim / 2;
     for (int h = warp; h < heads_here; h += kAttentionWarps) {
+        // Lane l holds the (max, sum) of splits l, l + 32, ...: loaded once, all at once.
+        constexpr int kSplitsPerLane = kMaxSplits / kWarpSize;
         const float2* stats = a.partial_stats + size_t(head0 + h) * a.splits;
+        float2 lane_stats[kSplitsPerLane];
         float max_all = -INFINITY;
-        for (int s = lane; s < active; s += kWarpSize)
-            max_all = fmaxf(max_all, __ldcg(stats + s).x);
+#pragma unroll
+        for (int i = 0; i < kSplitsPerLane; ++i) {
+            const int s = lane + i * kWarpSize;
+            lane_stats[i] = s < active ? __ldcg(stats + s) : make_float2(-INFINITY, 0.0f);
+            max_all = fmaxf(max_all, lane_stats[i].x);
+        }
         max_all = warp_max(max_all);
         float total = 0.0f;
-        for (int s = lane; s < active; s += kWarpSize) {
-            const float2 stat = __ldcg(stats + s);
-            const float weight = expf(stat.x - max_all);
-            weight_shared[h][s] = weight;
-            total += stat.y * weight;
+#pragma unroll
+        for (int i = 0; i < kSplitsPerLane; ++i) {
+            const int s = lane + i * kWarpSize;
+            if (s < active) {
+                const float weight = expf(lane_stats[i].x - max_all);
+                weight_shared[h][s] = weight;
+                total += lane_stats[i].y * weight;
+            }
         }
         total = warp_sum(total);
         if (lane == 0) inverse_total_shared[h] = 1.0f / total;
