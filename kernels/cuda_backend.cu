@@ -14,16 +14,15 @@
 //               `barellm run ... --device cuda` prints one line and exits 1, and the GPU
 //               tests skip with that reason; the CPU-only build (make CUDA=0) still works.
 //               On one GPU, an H100 80GB HBM3 (sm_90, built with CUDA_ARCHS=90), on
-//               2026-11-22 with scripts/gpu_session.sh: every kernel, fast and simple,
-//               matches the CPU kernels (build/cuda_kernel_check), the logits match the
-//               CPU backend's (tests/test_cuda.py, graph replay included) and those of
-//               Hugging Face transformers on three synthetic checkpoints, and every rung of
-//               the GPU ladder gives the fast path's greedy text (tests/test_ladder.py).
-//   NOT verified: any other GPU or architecture (sm_75 to sm_89 are compiled, never run);
-//               since that run, attention folds RoPE, the cache write and the merge into
-//               one kernel and the matvecs stage their input as float4s after an L2
-//               prefetch of their first weights: compiled, not yet run on a GPU.
-//   Speed on that H100: docs/BENCHMARKS.md (7B f16 decode at 72% of the copy bandwidth).
+//               2026-11-22 with scripts/gpu_session.sh at commit b0e3489: every kernel,
+//               fast and simple, matches the CPU kernels (build/cuda_kernel_check), the
+//               logits match the CPU backend's (tests/test_cuda.py, graph replay included)
+//               and those of Hugging Face transformers on three synthetic checkpoints, and
+//               every rung of the GPU ladder gives the fast path's greedy text
+//               (tests/test_ladder.py).
+//   NOT verified: any other GPU or architecture (sm_75 to sm_89 are compiled, never run).
+//   Speed on that H100: docs/BENCHMARKS.md (7B f16 decode at 85% of the copy bandwidth,
+//               83% at 4096 positions).
 //
 // The GPU ladder (`barellm ladder --device cuda`, src/ladder.cpp) runs this backend with
 // simpler kernels (BackendOptions::cuda_kernels: record_forward_unfused for the first two

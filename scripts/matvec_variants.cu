@@ -1,9 +1,9 @@
-// An experiment for the next GPU session (issue #4): can a decode matvec shed the fixed
-// cost that keeps barellm's 7B decode at 72% of the copy bandwidth?
+// A matvec design experiment for a GPU session: can a decode matvec stream one matrix as
+// fast as matvec_swiglu streams two?
 //
-// docs/BENCHMARKS.md (session 4) measured on an H100 that a matvec takes about
-// bytes / 2.52 TB/s + 7.7 µs: every block stages and normalises the whole input before its
-// first weight load, and each warp streams one short row (8 KB in f16) and reduces it.
+// docs/BENCHMARKS.md measured on an H100 (session 4) that a matvec took about
+// bytes / 2.52 TB/s + 7.7 µs; since session 5's faster start-up, one matrix streams at
+// 86-88% of the device-to-device copy and matvec_swiglu's two at 98% (session 6).
 // This program times, at Mistral-7B's four matvec shapes in f16, the production kernel
 // (cuda::matvec) against one variant: persistent blocks (as many as fit on the GPU at
 // once) that stage the input once and then take groups of rows in turn, each warp
