@@ -438,10 +438,7 @@ void attention(float* out, const float* qkv, const float* inverse_frequencies, v
     args.window = shape.window;
     args.splits = splits;
     args.scale = 1.0f / std::sqrt(float(shape.head_dim));
-    if (kv_type == cpu::KvType::F32)
-        launch_attention<float>(args, stream);
-    else
-        launch_attention<__half>(args, stream);
+    with_kv_type(kv_type, [&](auto element) { launch_attention<decltype(element)>(args, stream); });
 }
 
 }  // namespace barellm::cuda

@@ -80,16 +80,12 @@ void attention_naive(float* out, const float* q, const void* key_cache, const vo
                      const int* step, float* scores, int context, const cpu::AttentionShape& shape,
                      cpu::KvType kv_type, cudaStream_t stream) {
     const float scale = 1.0f / std::sqrt(float(shape.head_dim));
-    if (kv_type == cpu::KvType::F32)
-        attention_naive_kernel<float><<<shape.heads, kNaiveAttentionThreads, 0, stream>>>(
-            out, q, static_cast<const float*>(key_cache), static_cast<const float*>(value_cache),
-            step, scores, context, shape.heads, shape.kv_heads, shape.head_dim, shape.window,
-            scale);
-    else
-        attention_naive_kernel<__half><<<shape.heads, kNaiveAttentionThreads, 0, stream>>>(
-            out, q, static_cast<const __half*>(key_cache), static_cast<const __half*>(value_cache),
-            step, scores, context, shape.heads, shape.kv_heads, shape.head_dim, shape.window,
-            scale);
+    with_kv_type(kv_type, [&](auto element) {
+        using KvT = decltype(element);
+        attention_naive_kernel<KvT><<<shape.heads, kNaiveAttentionThreads, 0, stream>>>(
+            out, q, static_cast<const KvT*>(key_cache), static_cast<const KvT*>(value_cache), step,
+            scores, context, shape.heads, shape.kv_heads, shape.head_dim, shape.window, scale);
+    });
     CUDA_CHECK_LAUNCH("attention_naive_kernel");
 }
 

@@ -1,5 +1,6 @@
-// Device helpers shared by the kernels: warp and block reductions, 16-byte weight vectors
-// unpacked to f32, and KV-cache element loads and stores (f32 or f16).
+// Device helpers shared by the kernels: warp and block reductions (RMSNorm's scale among
+// them), 16-byte weight vectors unpacked to f32, and KV-cache element loads and stores (f32
+// or f16), with the host's dispatch on the cache's element type (with_kv_type).
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -7,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "cpu_kernels.h"  // KvType
 #include "safetensors.h"  // DType
 
 namespace barellm::cuda {
@@ -68,6 +70,20 @@ __device__ __forceinline__ float block_max(float value, float* scratch) {
     return block_reduce(
         value, scratch, [](float v) { return warp_max(v); },
         [](float a, float b) { return fmaxf(a, b); }, -INFINITY);
+}
+
+// RMSNorm's scale rsqrt(mean(x²) + eps) of x[0, n), from each thread's sum of squares of
+// its elements; every thread gets it (block_sum's rules apply).
+__device__ __forceinline__ float block_rms_scale(float squares, int n, float eps, float* scratch) {
+    return 1.0f / sqrtf(block_sum(squares, scratch) / float(n) + eps);
+}
+
+// block_rms_scale of in[0, n), each thread reading elements threadIdx.x, + blockDim.x, ...
+__device__ __forceinline__ float rms_scale(const float* __restrict__ in, int n, float eps,
+                                           float* scratch) {
+    float squares = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) squares += in[i] * in[i];
+    return block_rms_scale(squares, n, eps, scratch);
 }
 
 // The feed-forward's gate: silu(gate) * up, silu(g) = g / (1 + e^-g).
@@ -161,6 +177,15 @@ __device__ __forceinline__ float2 kv_load_pair(const float* row, int pair) {
 }
 __device__ __forceinline__ float2 kv_load_pair(const __half* row, int pair) {
     return __half22float2(reinterpret_cast<const __half2*>(row)[pair]);
+}
+
+// Host side: calls launch(KvT{}) with KvT the cache's element type (float or __half).
+template <typename Launch>
+void with_kv_type(cpu::KvType kv_type, Launch launch) {
+    if (kv_type == cpu::KvType::F32)
+        launch(float{});
+    else
+        launch(__half{});
 }
 
 }  // namespace barellm::cuda

@@ -157,7 +157,7 @@ public:
     size_t kv_bytes_read(int pos) const override {
         const Config& c = model_.config;
         const size_t positions = pos + 1 - cpu::attention_start(pos, c.sliding_window);
-        return 2 * size_t(c.layers) * positions * c.kv_dim() * kv_element_bytes();
+        return 2 * size_t(c.layers) * positions * c.kv_dim() * cpu::kv_element_bytes(kv_type_);
     }
 
     const float* forward(int token, int pos) override {
@@ -410,7 +410,7 @@ private:
 
     size_t cache_bytes() const {
         const Config& c = model_.config;
-        return 2 * size_t(c.layers) * context_ * c.kv_dim() * kv_element_bytes();
+        return 2 * size_t(c.layers) * context_ * c.kv_dim() * cpu::kv_element_bytes(kv_type_);
     }
 
     // Refuses, naming the sizes, a model that cannot fit rather than failing half-way.
@@ -500,11 +500,10 @@ private:
         return cpu::AttentionShape{c.heads, c.kv_heads, c.head_dim, c.sliding_window};
     }
 
-    size_t kv_element_bytes() const { return kv_type_ == cpu::KvType::F32 ? 4 : 2; }
-
     // Layer `layer`'s part [context, kv_dim] of a cache.
     void* cache_layer(void* cache, int layer) const {
-        const size_t layer_bytes = size_t(context_) * model_.config.kv_dim() * kv_element_bytes();
+        const size_t layer_bytes =
+            size_t(context_) * model_.config.kv_dim() * cpu::kv_element_bytes(kv_type_);
         return static_cast<uint8_t*>(cache) + layer * layer_bytes;
     }
 

@@ -23,9 +23,7 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     rmsnorm_kernel(float* __restrict__ out, const float* __restrict__ in,
                    const float* __restrict__ weight, int n, float eps) {
     __shared__ float scratch[kWarpSize];
-    float squares = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) squares += in[i] * in[i];
-    const float scale = 1.0f / sqrtf(block_sum(squares, scratch) / float(n) + eps);
+    const float scale = rms_scale(in, n, eps, scratch);
     for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] = in[i] * scale * weight[i];
 }
 
@@ -99,13 +97,11 @@ void rope(float* qk, const float* inverse_frequencies, const int* step, int head
 
 void store_kv_row(const float* k, const float* v, void* key_cache, void* value_cache,
                   const int* step, int kv_dim, cpu::KvType kv_type, cudaStream_t stream) {
-    const dim3 grid = elementwise_grid(kv_dim);
-    if (kv_type == cpu::KvType::F32)
-        store_kv_row_kernel<float><<<grid, kElementwiseThreads, 0, stream>>>(
-            k, v, static_cast<float*>(key_cache), static_cast<float*>(value_cache), step, kv_dim);
-    else
-        store_kv_row_kernel<__half><<<grid, kElementwiseThreads, 0, stream>>>(
-            k, v, static_cast<__half*>(key_cache), static_cast<__half*>(value_cache), step, kv_dim);
+    with_kv_type(kv_type, [&](auto element) {
+        using KvT = decltype(element);
+        store_kv_row_kernel<KvT><<<elementwise_grid(kv_dim), kElementwiseThreads, 0, stream>>>(
+            k, v, static_cast<KvT*>(key_cache), static_cast<KvT*>(value_cache), step, kv_dim);
+    });
     CUDA_CHECK_LAUNCH("store_kv_row_kernel");
 }
 

@@ -133,7 +133,7 @@ __device__ __forceinline__ void stage_input(float* xs, const float* __restrict__
         squares += value * value;
     }
     if (norm_weight != nullptr) {  // the same for the whole block
-        const float scale = 1.0f / sqrtf(block_sum(squares, scratch) / float(cols) + eps);
+        const float scale = block_rms_scale(squares, cols, eps, scratch);
         // Each thread rescales the elements it staged itself: no barrier needed in between.
         for_each_float4(reinterpret_cast<const float4*>(norm_weight), whole, [&](int i, float4 w) {
             const float4 v = *slot(i);

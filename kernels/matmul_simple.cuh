@@ -41,15 +41,6 @@ __global__ void __launch_bounds__(kSimpleMatvecThreads)
     out[row] = sum;
 }
 
-// rsqrt(mean(in²) + eps) over in[0, cols), for the whole block (as stage_input computes it).
-// Every thread of the block must call it.
-__device__ __forceinline__ float rms_scale(const float* __restrict__ in, int cols, float eps,
-                                           float* scratch) {
-    float squares = 0.0f;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) squares += in[c] * in[c];
-    return 1.0f / sqrtf(block_sum(squares, scratch) / float(cols) + eps);
-}
-
 // The calling warp's W_row · in', in' = in * scale * norm_weight when norm_weight is given,
 // else in; every lane gets the sum. All 32 lanes must call it.
 template <DType D>

@@ -72,14 +72,12 @@ void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache
                    cudaStream_t stream) {
     const int threads = (heads + kv_heads) * (head_dim / 2) + kv_heads * head_dim;
     const dim3 grid((threads + kRopeThreads - 1) / kRopeThreads);
-    if (kv_type == cpu::KvType::F32)
-        rope_kv_kernel<float><<<grid, kRopeThreads, 0, stream>>>(
-            qkv, inverse_frequencies, static_cast<float*>(key_cache),
-            static_cast<float*>(value_cache), step, heads, kv_heads, head_dim);
-    else
-        rope_kv_kernel<__half><<<grid, kRopeThreads, 0, stream>>>(
-            qkv, inverse_frequencies, static_cast<__half*>(key_cache),
-            static_cast<__half*>(value_cache), step, heads, kv_heads, head_dim);
+    with_kv_type(kv_type, [&](auto element) {
+        using KvT = decltype(element);
+        rope_kv_kernel<KvT><<<grid, kRopeThreads, 0, stream>>>(
+            qkv, inverse_frequencies, static_cast<KvT*>(key_cache), static_cast<KvT*>(value_cache),
+            step, heads, kv_heads, head_dim);
+    });
     CUDA_CHECK_LAUNCH("rope_kv_kernel");
 }
 

@@ -38,8 +38,6 @@ inline float kv_at(const void* cache, int i, KvType type) {
                                : half_to_float(static_cast<const uint16_t*>(cache)[i]);
 }
 
-inline size_t kv_size(KvType type) { return type == KvType::F32 ? 4 : 2; }
-
 }  // namespace
 
 SimdLevel detect_simd_level(std::string* missing) {
@@ -318,8 +316,8 @@ void attend_one_head(float* out_head, const float* q_head, int head, int pos, co
     const int first = attention_start(pos, shape.window);
     const int positions = pos - first + 1;
     const int group = shape.heads / shape.kv_heads;  // query heads per KV head
-    const size_t row_bytes = size_t(shape.kv_heads) * shape.head_dim * kv_size(type);
-    const size_t head_offset = size_t(head / group) * shape.head_dim * kv_size(type);
+    const size_t row_bytes = size_t(shape.kv_heads) * shape.head_dim * kv_element_bytes(type);
+    const size_t head_offset = size_t(head / group) * shape.head_dim * kv_element_bytes(type);
     const uint8_t* keys = static_cast<const uint8_t*>(key_cache) + first * row_bytes + head_offset;
     const uint8_t* values =
         static_cast<const uint8_t*>(value_cache) + first * row_bytes + head_offset;

@@ -23,6 +23,9 @@ const char* simd_level_name(SimdLevel level);
 // The KV cache stores keys and values as f32 or as IEEE half (f16, default).
 enum class KvType { F32, F16 };
 
+// Bytes of one cache element of `type`.
+inline size_t kv_element_bytes(KvType type) { return type == KvType::F32 ? 4 : 2; }
+
 // Threads worth using for `work` multiply-adds: at most OpenMP's, at least one.
 int threads_for(size_t work);
 

@@ -432,8 +432,8 @@ int run_gpu_ladder(const Options& options, int gen_tokens) {
         "weight bytes read per token: %s %zu; KV cache per position: f32 %zu (rungs 1-5), f16 "
         "%zu (rungs 6-8)\n",
         config.weight_dtype.c_str(), model.weight_bytes_per_token(),
-        2 * size_t(config.layers) * config.kv_dim() * 4,
-        2 * size_t(config.layers) * config.kv_dim() * 2);
+        2 * size_t(config.layers) * config.kv_dim() * cpu::kv_element_bytes(cpu::KvType::F32),
+        2 * size_t(config.layers) * config.kv_dim() * cpu::kv_element_bytes(cpu::KvType::F16));
     return 0;
 }
 

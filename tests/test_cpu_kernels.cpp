@@ -249,7 +249,7 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
     // head_dim 20: one whole and one partial tile of 16 value columns in the AVX2 prefill.
     const int head_dim = GENERATE(12, 20);
     const int heads = 6, kv_heads = 2, kv_dim = kv_heads * head_dim;
-    const size_t element = type == cpu::KvType::F32 ? 4 : 2;
+    const size_t element = cpu::kv_element_bytes(type);
     for (int window : {0, 5, 37}) {
         for (int positions : {1, 7, 45, 300}) {
             const auto keys = random_floats(size_t(positions) * kv_dim, rng);

@@ -135,7 +135,7 @@ void report(const std::string& name, const std::vector<float>& got, const std::v
 }
 
 std::vector<float> kv_values_as_float(const std::vector<uint8_t>& cache, cpu::KvType type) {
-    const size_t count = cache.size() / (type == cpu::KvType::F32 ? 4 : 2);
+    const size_t count = cache.size() / cpu::kv_element_bytes(type);
     std::vector<float> values(count);
     for (size_t i = 0; i < count; ++i) {
         if (type == cpu::KvType::F32) {
@@ -301,7 +301,7 @@ struct RopeReference {
 RopeReference rope_reference(const std::vector<float>& qkv, const HeadShape& s, int pos,
                              const std::vector<float>& frequencies, cpu::KvType type) {
     const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
-    const size_t element = type == cpu::KvType::F32 ? 4 : 2;
+    const size_t element = cpu::kv_element_bytes(type);
     RopeReference r;
     r.q.assign(qkv.begin(), qkv.begin() + q_dim);
     r.k.assign(qkv.begin() + q_dim, qkv.begin() + q_dim + kv_dim);
@@ -318,7 +318,7 @@ RopeReference rope_reference(const std::vector<float>& qkv, const HeadShape& s, 
 // Row `row` of a device cache [rows, kv_dim] as floats.
 std::vector<float> device_cache_row(const DeviceBuffer& cache, int row, int kv_dim,
                                     cpu::KvType type) {
-    const size_t element = type == cpu::KvType::F32 ? 4 : 2;
+    const size_t element = cpu::kv_element_bytes(type);
     std::vector<uint8_t> bytes(kv_dim * element);
     CUDA_CHECK(cudaMemcpy(bytes.data(), cache.as<uint8_t>() + size_t(row) * kv_dim * element,
                           bytes.size(), cudaMemcpyDeviceToHost));
@@ -346,7 +346,7 @@ void check_rope() {
         const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
         for (int pos : {0, 7, 4095, 100000}) {
             for (cpu::KvType type : {cpu::KvType::F32, cpu::KvType::F16}) {
-                const size_t element = type == cpu::KvType::F32 ? 4 : 2;
+                const size_t element = cpu::kv_element_bytes(type);
                 const std::vector<float> qkv = random_floats(q_dim + 2 * size_t(kv_dim));
                 DeviceBuffer device_qkv = to_device(qkv);
                 const size_t cache_bytes = (size_t(pos) + 1) * kv_dim * element;
@@ -430,7 +430,7 @@ void check_attention(int multiprocessors) {
         const size_t counters = cuda::attention_arrival_counters(shape);
         for (int context : {1, 7, 100, 4096}) {
             for (cpu::KvType type : {cpu::KvType::F32, cpu::KvType::F16}) {
-                const size_t element = type == cpu::KvType::F32 ? 4 : 2;
+                const size_t element = cpu::kv_element_bytes(type);
                 // Random caches of the element type (the same bits on both sides).
                 std::vector<uint8_t> keys(size_t(context) * kv_dim * element);
                 std::vector<uint8_t> values(keys.size());
@@ -601,7 +601,7 @@ void bench(int multiprocessors) {
     const cpu::AttentionShape shape{32, 8, 128, 4096};
     const int context = 4096, layers = 8;
     for (cpu::KvType type : {cpu::KvType::F16, cpu::KvType::F32}) {
-        const size_t layer_bytes = size_t(context) * 1024 * (type == cpu::KvType::F32 ? 4 : 2);
+        const size_t layer_bytes = size_t(context) * 1024 * cpu::kv_element_bytes(type);
         DeviceBuffer keys(layer_bytes * layers, "keys"), values(layer_bytes * layers, "values");
         CUDA_CHECK(cudaMemset(keys.as(), 0, layer_bytes * layers));
         CUDA_CHECK(cudaMemset(values.as(), 0, layer_bytes * layers));
