@@ -28,7 +28,7 @@ LDFLAGS  := -fopenmp
 LDLIBS   :=
 PYTHON   ?= python3
 
-LIB_SRCS  := $(filter-out src/main.cpp,$(wildcard src/*.cpp))
+LIB_SRCS  := $(filter-out src/main.cpp,$(wildcard src/*.cpp src/cpu/*.cpp src/tokenizer/*.cpp))
 LIB_OBJS  := $(LIB_SRCS:src/%.cpp=$(BUILD)/src/%.o)
 TEST_SRCS := $(wildcard tests/*.cpp) tests/fuzz/targets.cpp
 TEST_OBJS := $(TEST_SRCS:tests/%.cpp=$(BUILD)/tests/%.o)
@@ -134,8 +134,8 @@ bench: $(BUILD)/barellm $(BUILD)/tokenize_json
 FUZZ_CXX     ?= clang++
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := model_file tokenizer_encode tokenizer_decode command_line regex
-FUZZ_SRCS    := src/safetensors.cpp src/config.cpp src/model.cpp src/tokenizer.cpp src/regex.cpp \
-                src/unicode.cpp src/unicode_tables.cpp src/cli.cpp tests/fuzz/targets.cpp
+FUZZ_SRCS    := src/safetensors.cpp src/config.cpp src/model.cpp $(wildcard src/tokenizer/*.cpp) \
+                src/cli.cpp tests/fuzz/targets.cpp
 FUZZ_FLAGS   := -std=c++17 -O1 -g -Isrc -Itests $(CPPFLAGS) \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
 

@@ -1,14 +1,14 @@
 """The part of Oniguruma's regex syntax that barellm's tokenizer runs, checked at conversion.
 
 barellm matches the Regex patterns of Split pre-tokenizers with its own engine, which
-compiles a subset of the syntax (listed in src/regex.h) and refuses any other construct
+compiles a subset of the syntax (listed in src/tokenizer/regex.h) and refuses any other construct
 when it loads the tokenizer. check_regex() refuses the same patterns here, with the same
 message, so that such a tokenizer is refused at conversion already.
 
-This mirrors the parser of src/regex.cpp, decision for decision, but only parses: it builds
+This mirrors the parser of src/tokenizer/regex.cpp, decision for decision, but only parses: it builds
 no character sets and matches nothing. tests/test_regex_subset.py keeps the two in agreement
 (through build/regex_check) on the patterns of real tokenizers and on thousands of generated
-ones: a change to what src/regex.cpp accepts is made here too.
+ones: a change to what src/tokenizer/regex.cpp accepts is made here too.
 """
 
 import math
@@ -19,7 +19,7 @@ from common import ConvertError
 MAX_CODE_POINT = 0x10FFFF
 MAX_REPEAT_COUNT = 100000  # Oniguruma refuses larger repeat counts too
 UNBOUNDED = math.inf
-# src/regex.cpp's limits that keep a hostile pattern from exhausting the stack or memory.
+# src/tokenizer/regex.cpp's limits that keep a hostile pattern from exhausting the stack or memory.
 MAX_GROUP_NESTING = 64
 MAX_INSTRUCTIONS = 10000
 MAX_ALTERNATIVES = 64  # of one Branch instruction; more take a Branch each 63
@@ -51,7 +51,7 @@ MULTI_CHAR_FOLDS = ("ss", "st", "ff", "fi", "fl")
 
 def check_regex(pattern):
     """Raise ConvertError when barellm cannot compile `pattern` (a str); the message, as
-    src/regex.cpp words it, names the pattern and its first unsupported construct."""
+    src/tokenizer/regex.cpp words it, names the pattern and its first unsupported construct."""
     try:
         pattern.encode("utf-8")
     except UnicodeEncodeError:  # a lone surrogate, which JSON's \\uD800 can produce
@@ -77,7 +77,7 @@ def quoted(text):
 
 
 class _Node:
-    """A node of src/regex.cpp's syntax tree, without its characters: its kind (empty,
+    """A node of src/tokenizer/regex.cpp's syntax tree, without its characters: its kind (empty,
     char, sequence, alternation, repeat, anchor or lookahead), children and repeat bounds."""
 
     def __init__(self, kind, children=(), low=0, high=0):
@@ -104,7 +104,7 @@ def _can_be_empty(node):
 
 
 def _instruction_count(node):
-    """How many instructions src/regex.cpp's compiler writes for `node`."""
+    """How many instructions src/tokenizer/regex.cpp's compiler writes for `node`."""
     if node.kind == "empty":
         return 0
     if node.kind in ("char", "anchor"):
@@ -133,7 +133,7 @@ def _instruction_count(node):
 
 
 class _Parser:
-    """src/regex.cpp's Parser, method for method. Positions are indices into the str;
+    """src/tokenizer/regex.cpp's Parser, method for method. Positions are indices into the str;
     messages give them as byte offsets into its UTF-8, as barellm does."""
 
     def __init__(self, pattern):

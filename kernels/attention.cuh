@@ -55,7 +55,7 @@ struct AttentionArgs {
     float scale;  // 1 / sqrt(head_dim)
 };
 
-// The first attended position (cpu::attention_start).
+// The first attended position (attention_start).
 __device__ __forceinline__ int attention_first(int pos, int window) {
     return window > 0 ? max(0, pos + 1 - window) : 0;
 }
@@ -372,7 +372,7 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(Atte
     }
 }
 
-int attention_splits(const cpu::AttentionShape& shape, int context, int multiprocessors) {
+int attention_splits(const AttentionShape& shape, int context, int multiprocessors) {
     const int group = shape.heads / shape.kv_heads;
     const int head_blocks = (group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock;
     const int blocks_per_split = shape.kv_heads * head_blocks;
@@ -407,15 +407,15 @@ void launch_attention(const AttentionArgs& args, cudaStream_t stream) {
 
 }  // namespace
 
-int attention_arrival_counters(const cpu::AttentionShape& shape) {
+int attention_arrival_counters(const AttentionShape& shape) {
     const int group = shape.heads / shape.kv_heads;
     return shape.kv_heads * ((group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock);
 }
 
 void attention(float* out, const float* qkv, const float* inverse_frequencies, void* key_cache,
                void* value_cache, const int* step, float* partial_out, float* partial_stats,
-               unsigned* arrivals, const cpu::AttentionShape& shape, int splits,
-               cpu::KvType kv_type, cudaStream_t stream) {
+               unsigned* arrivals, const AttentionShape& shape, int splits,
+               KvType kv_type, cudaStream_t stream) {
     if (shape.head_dim % 2 != 0 || shape.head_dim > kMaxHeadDim || shape.heads % shape.kv_heads)
         throw Error("attention: unsupported shape (head_dim " + std::to_string(shape.head_dim) +
                     ", heads " + std::to_string(shape.heads) + ", kv_heads " +

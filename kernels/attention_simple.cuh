@@ -77,8 +77,8 @@ __global__ void __launch_bounds__(kNaiveAttentionThreads)
 }
 
 void attention_naive(float* out, const float* q, const void* key_cache, const void* value_cache,
-                     const int* step, float* scores, int context, const cpu::AttentionShape& shape,
-                     cpu::KvType kv_type, cudaStream_t stream) {
+                     const int* step, float* scores, int context, const AttentionShape& shape,
+                     KvType kv_type, cudaStream_t stream) {
     const float scale = 1.0f / std::sqrt(float(shape.head_dim));
     with_kv_type(kv_type, [&](auto element) {
         using KvT = decltype(element);

@@ -8,7 +8,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "cpu_kernels.h"  // KvType
+#include "kv_cache.h"
 #include "safetensors.h"  // DType
 
 namespace barellm::cuda {
@@ -181,8 +181,8 @@ __device__ __forceinline__ float2 kv_load_pair(const __half* row, int pair) {
 
 // Host side: calls launch(KvT{}) with KvT the cache's element type (float or __half).
 template <typename Launch>
-void with_kv_type(cpu::KvType kv_type, Launch launch) {
-    if (kv_type == cpu::KvType::F32)
+void with_kv_type(KvType kv_type, Launch launch) {
+    if (kv_type == KvType::F32)
         launch(float{});
     else
         launch(__half{});

@@ -96,7 +96,7 @@ void rope(float* qk, const float* inverse_frequencies, const int* step, int head
 }
 
 void store_kv_row(const float* k, const float* v, void* key_cache, void* value_cache,
-                  const int* step, int kv_dim, cpu::KvType kv_type, cudaStream_t stream) {
+                  const int* step, int kv_dim, KvType kv_type, cudaStream_t stream) {
     with_kv_type(kv_type, [&](auto element) {
         using KvT = decltype(element);
         store_kv_row_kernel<KvT><<<elementwise_grid(kv_dim), kElementwiseThreads, 0, stream>>>(

@@ -3,7 +3,7 @@
 // (embedding.cuh, matmul.cuh, rope.cuh, attention.cuh; the GPU ladder's simple versions in
 // matmul_simple.cuh, elementwise_simple.cuh, attention_simple.cuh) and are compiled once, in
 // kernels.cu; this header holds no device code, so host code that only launches kernels
-// (cuda_backend.cu, tests/tools/cuda_kernel_check.cu) does not recompile them.
+// (forward.cu, tests/tools/cuda_kernel_check.cu) does not recompile them.
 //
 // Conventions: activations are f32 in device memory; weights are f32, f16 or bf16; every
 // launch goes on `stream` and is checked with cudaGetLastError (a failure throws
@@ -15,7 +15,7 @@
 
 #include <cstddef>
 
-#include "cpu_kernels.h"  // KvType, AttentionShape
+#include "kv_cache.h"
 #include "safetensors.h"  // DType
 
 namespace barellm::cuda {
@@ -66,11 +66,11 @@ void prepare_matvec(size_t bytes);
 // i + head_dim/2) with angle pos * inverse_frequencies[i], computed in double as the CPU
 // does; inverse_frequencies [head_dim/2] come from barellm::rope_inverse_frequencies.
 void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache, void* value_cache,
-                   const int* step, int heads, int kv_heads, int head_dim, cpu::KvType kv_type,
+                   const int* step, int heads, int kv_heads, int head_dim, KvType kv_type,
                    cudaStream_t stream);
 
 // Flash-decoding attention of one query token at pos = step[1] over one layer's KV cache
-// [context, kv_dim], positions cpu::attention_start(pos, window) .. pos, with RoPE and the
+// [context, kv_dim], positions attention_start(pos, window) .. pos, with RoPE and the
 // cache write folded in: qkv [q_dim + 2 * kv_dim] holds q, k and v of the token before RoPE
 // (as the qkv matvec leaves them; it is not modified); the kernel rotates q as it reads it
 // and stores the rotated k and v into row pos of key_cache and value_cache (what
@@ -83,16 +83,16 @@ void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache
 // after each.
 void attention(float* out, const float* qkv, const float* inverse_frequencies, void* key_cache,
                void* value_cache, const int* step, float* partial_out, float* partial_stats,
-               unsigned* arrivals, const cpu::AttentionShape& shape, int splits,
-               cpu::KvType kv_type, cudaStream_t stream);
+               unsigned* arrivals, const AttentionShape& shape, int splits,
+               KvType kv_type, cudaStream_t stream);
 // The arrival counters attention needs for `shape`.
-int attention_arrival_counters(const cpu::AttentionShape& shape);
+int attention_arrival_counters(const AttentionShape& shape);
 
 // The largest head_dim the attention kernels handle.
 constexpr int kMaxHeadDim = 256;
 // How many blocks per KV head to split the positions of a context of `context` across on
 // a GPU with `multiprocessors` SMs: enough blocks to fill the GPU, no more than useful.
-int attention_splits(const cpu::AttentionShape& shape, int context, int multiprocessors);
+int attention_splits(const AttentionShape& shape, int context, int multiprocessors);
 
 // ==== The GPU ladder's simple kernels (BackendOptions::cuda_kernels, `barellm ladder
 // --device cuda`): what the fast kernels above compute, the plain way, one optimisation
@@ -123,13 +123,13 @@ void rope(float* qk, const float* inverse_frequencies, const int* step, int head
           int head_dim, cudaStream_t stream);
 // Row pos = step[1] of key_cache and value_cache [context, kv_dim] = k[kv_dim], v[kv_dim].
 void store_kv_row(const float* k, const float* v, void* key_cache, void* value_cache,
-                  const int* step, int kv_dim, cpu::KvType kv_type, cudaStream_t stream);
+                  const int* step, int kv_dim, KvType kv_type, cudaStream_t stream);
 
 // What attention computes, naively (rungs 1-4; attention_simple.cuh): one block per query
 // head, scores [heads, context] (scratch) in global memory, no split.
 void attention_naive(float* out, const float* q, const void* key_cache, const void* value_cache,
-                     const int* step, float* scores, int context, const cpu::AttentionShape& shape,
-                     cpu::KvType kv_type, cudaStream_t stream);
+                     const int* step, float* scores, int context, const AttentionShape& shape,
+                     KvType kv_type, cudaStream_t stream);
 
 // cudaSuccess when this binary holds kernels the current GPU can run (otherwise, typically
 // cudaErrorNoKernelImageForDevice: it was built for other architectures).

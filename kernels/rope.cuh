@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kRopeThreads)
 }
 
 void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache, void* value_cache,
-                   const int* step, int heads, int kv_heads, int head_dim, cpu::KvType kv_type,
+                   const int* step, int heads, int kv_heads, int head_dim, KvType kv_type,
                    cudaStream_t stream) {
     const int threads = (heads + kv_heads) * (head_dim / 2) + kv_heads * head_dim;
     const dim3 grid((threads + kRopeThreads - 1) / kRopeThreads);

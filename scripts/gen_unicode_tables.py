@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Generates src/unicode_tables.h and src/unicode_tables.cpp for barellm's tokenizer.
+"""Generates src/tokenizer/unicode_tables.h and src/tokenizer/unicode_tables.cpp for barellm's tokenizer.
 
 The data comes from `unicodedataplus`, Python's `unicodedata` module with a newer Unicode
 database and a few more properties (among them the age of each character), pinned to

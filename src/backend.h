@@ -3,7 +3,7 @@
 #include <memory>
 #include <string>
 
-#include "cpu_kernels.h"
+#include "kv_cache.h"
 #include "model.h"
 
 namespace barellm {
@@ -24,7 +24,7 @@ enum class CudaKernels {
 
 struct BackendOptions {
     int context = 0;  // positions to allocate the KV cache for (<= the model's max_context)
-    cpu::KvType kv_type = cpu::KvType::F16;
+    KvType kv_type = KvType::F16;
     Device device = Device::Cpu;
     // CUDA only (the ladder's switches; the defaults are the fast path):
     CudaKernels cuda_kernels = CudaKernels::Fast;

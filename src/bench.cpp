@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "cpu/kernels.h"
 #include "error.h"
 
 namespace barellm {

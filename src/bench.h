@@ -13,7 +13,7 @@ struct BenchOptions {
     int gen_tokens = 128;     // tg<N>; 0 skips the test
     int repetitions = 5;
     bool json = false;  // -o json instead of a markdown table
-    cpu::KvType kv_type = cpu::KvType::F16;
+    KvType kv_type = KvType::F16;
     Device device = Device::Cpu;
 };
 

@@ -117,7 +117,7 @@ Options parse_options(int argc, const char* const* argv) {
         } else if (arg == "--kv") {
             const std::string type = value();
             if (type != "f16" && type != "f32") throw UsageError("--kv takes f16 or f32");
-            options.kv_type = type == "f16" ? cpu::KvType::F16 : cpu::KvType::F32;
+            options.kv_type = type == "f16" ? KvType::F16 : KvType::F32;
         } else if (arg == "--device") {
             const std::string device = value();
             if (device != "cpu" && device != "cuda") throw UsageError("--device takes cpu or cuda");

@@ -32,7 +32,7 @@ struct Options {
     int context = 0;  // 0: the command's default
     int threads = 0;  // 0: OpenMP's default
     int chunks = 0;   // 0: all
-    cpu::KvType kv_type = cpu::KvType::F16;
+    KvType kv_type = KvType::F16;
     Device device = Device::Cpu;
     bool bos = false, parse_special = true;
     bool chat = false;                  // run --chat: the prompt in the model's chat template

@@ -13,11 +13,12 @@
 #include <vector>
 
 #include "backend.h"
+#include "cpu/kernels.h"
 #include "bench.h"
 #include "error.h"
 #include "model_copy.h"
 #include "sampler.h"
-#include "tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace barellm {
 
@@ -109,7 +110,7 @@ std::string greedy_text(Backend& backend, bool batched_prompt, const Model& mode
     return out + decoder.flush();
 }
 
-const char* kv_name(cpu::KvType type) { return type == cpu::KvType::F16 ? "f16" : "f32"; }
+const char* kv_name(KvType type) { return type == KvType::F16 ? "f16" : "f32"; }
 
 void print_json_line(const nlohmann::json& line) {
     std::printf("%s\n",
@@ -200,7 +201,7 @@ struct RungResult {
 };
 
 RungResult time_rung(const Rung& rung, const Model& model, const std::vector<int>& tokens,
-                     int gen_tokens, int prompt_tokens, cpu::KvType kv_type) {
+                     int gen_tokens, int prompt_tokens, KvType kv_type) {
     const int context = std::max(gen_tokens, prompt_tokens);
     auto backend = make_cpu_backend(model, BackendOptions{context, kv_type, Device::Cpu});
     RungResult result;
@@ -311,7 +312,7 @@ int run_cpu_ladder(const Options& options, int gen_tokens) {
     for (const auto& [dtype, bytes] : bytes_per_token)
         std::printf(" %s %zu;", weight_dtype_name(dtype), bytes);
     std::printf(" KV cache per position %zu\n", 2 * size_t(config.layers) * config.kv_dim() *
-                                                    (options.kv_type == cpu::KvType::F16 ? 2 : 4));
+                                                    (options.kv_type == KvType::F16 ? 2 : 4));
     return 0;
 }
 
@@ -322,14 +323,14 @@ struct GpuRung {
     int number;
     std::string change;  // what this rung adds to the one before
     CudaKernels kernels;
-    cpu::KvType kv_type;
+    KvType kv_type;
     bool graph;
     bool flash_decoding;
 };
 
 std::vector<GpuRung> gpu_ladder_rungs() {
     using K = CudaKernels;
-    constexpr cpu::KvType F32 = cpu::KvType::F32, F16 = cpu::KvType::F16;
+    constexpr KvType F32 = KvType::F32, F16 = KvType::F16;
     return {
         {1,
          "naive port: a thread per matrix row, RMSNorm, RoPE, KV write, residual adds and SwiGLU "
@@ -432,8 +433,8 @@ int run_gpu_ladder(const Options& options, int gen_tokens) {
         "weight bytes read per token: %s %zu; KV cache per position: f32 %zu (rungs 1-5), f16 "
         "%zu (rungs 6-8)\n",
         config.weight_dtype.c_str(), model.weight_bytes_per_token(),
-        2 * size_t(config.layers) * config.kv_dim() * cpu::kv_element_bytes(cpu::KvType::F32),
-        2 * size_t(config.layers) * config.kv_dim() * cpu::kv_element_bytes(cpu::KvType::F16));
+        2 * size_t(config.layers) * config.kv_dim() * kv_element_bytes(KvType::F32),
+        2 * size_t(config.layers) * config.kv_dim() * kv_element_bytes(KvType::F16));
     return 0;
 }
 

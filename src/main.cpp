@@ -14,14 +14,15 @@
 #include <sstream>
 
 #include "backend.h"
+#include "cpu/kernels.h"
 #include "bench.h"
-#include "chat.h"
+#include "tokenizer/chat.h"
 #include "cli.h"
 #include "error.h"
 #include "ladder.h"
 #include "model.h"
 #include "sampler.h"
-#include "tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 using namespace barellm;
 
@@ -80,7 +81,7 @@ int command_run(const Options& options) {
     const Tokenizer tokenizer =
         Tokenizer::from_json(model.file->metadata_value("barellm.tokenizer"));
     const int context = context_length(options, config, kDefaultContextCap);
-    // --chat: the prompt rendered by the model's chat template (src/chat.h), special
+    // --chat: the prompt rendered by the model's chat template (src/tokenizer/chat.h), special
     // tokens parsed, BOS added only when the rendering does not start with it already.
     std::string text = options.prompt;
     bool add_bos = config.add_bos;

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "cpu_kernels.h"
+#include "cpu/kernels.h"
 
 namespace barellm {
 

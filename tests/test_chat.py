@@ -1,5 +1,5 @@
 """`run --chat`: the converter keeps tokenizer_config.json's chat_template, the built-in
-renderings (src/chat.cpp, through build/chat_render) equal what jinja2 renders from the
+renderings (src/tokenizer/chat.cpp, through build/chat_render) equal what jinja2 renders from the
 real templates as transformers' apply_chat_template does, and the command runs with them.
 
 The real templates are in tests/data/chat_templates.json, each with the checkpoint it was

@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-import reference
+import model as reference
 from convert_testlib import (CONVERT, STORIES, SYNTH, TINY_CONFIG, make_checkpoint,
                              need_shared, read_raw, run, tiny_tensors, tiny_tokenizer_json)
 

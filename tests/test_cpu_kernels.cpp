@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "cpu_kernels.h"
+#include "cpu/kernels.h"
 #include "half.h"
 
 using namespace barellm;
@@ -243,13 +243,13 @@ static std::vector<double> reference_attention(const float* q, int pos, int firs
 
 TEST_CASE("attention with GQA and sliding window matches a direct softmax-weighted sum") {
     std::mt19937 rng(42);
-    const auto type = GENERATE(cpu::KvType::F32, cpu::KvType::F16);
+    const auto type = GENERATE(KvType::F32, KvType::F16);
     const auto level = GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2);
     if (level == cpu::SimdLevel::Avx2 && cpu::detect_simd_level() != cpu::SimdLevel::Avx2) return;
     // head_dim 20: one whole and one partial tile of 16 value columns in the AVX2 prefill.
     const int head_dim = GENERATE(12, 20);
     const int heads = 6, kv_heads = 2, kv_dim = kv_heads * head_dim;
-    const size_t element = cpu::kv_element_bytes(type);
+    const size_t element = kv_element_bytes(type);
     for (int window : {0, 5, 37}) {
         for (int positions : {1, 7, 45, 300}) {
             const auto keys = random_floats(size_t(positions) * kv_dim, rng);
@@ -264,12 +264,12 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
                               kv_dim, type);
             }
             std::vector<float> stored_keys(keys), stored_values(values);
-            if (type == cpu::KvType::F16)
+            if (type == KvType::F16)
                 for (size_t i = 0; i < keys.size(); ++i) {
                     stored_keys[i] = half_to_float(float_to_half(keys[i]));
                     stored_values[i] = half_to_float(float_to_half(values[i]));
                 }
-            const cpu::AttentionShape shape{heads, kv_heads, head_dim, window};
+            const AttentionShape shape{heads, kv_heads, head_dim, window};
             const int pos = positions - 1;
             const int first = window ? std::max(0, pos + 1 - window) : 0;
             INFO("positions " << positions << " window " << window << " head_dim " << head_dim);

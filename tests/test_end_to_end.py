@@ -1,4 +1,4 @@
-"""The C++ CPU backend against the independent numpy reference (tests/reference.py):
+"""The C++ CPU backend against the independent numpy reference (reference/model.py):
 logits at every position, decode (one token at a time) and prefill (one batch)."""
 
 import json
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import reference  # noqa: E402
+import model as reference  # noqa: E402
 from convert_testlib import BUILD, CONVERT, STORIES, SYNTH, need_shared, run  # noqa: E402
 
 DUMP_LOGITS = os.path.join(BUILD, "dump_logits")

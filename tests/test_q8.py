@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-import reference
+import model as reference
 from convert_testlib import (CONVERT, SHARED, STORIES, TINY_CONFIG, make_checkpoint,
                              need_shared, read_raw, run, tiny_tensors)
 from test_convert import (ODD_CONFIG, check_layout, converted, expected_names, hf_name,

@@ -1,9 +1,9 @@
-"""Sanity checks of tests/reference.py, the numpy Llama forward pass."""
+"""Sanity checks of reference/model.py, the numpy Llama forward pass."""
 
 import numpy as np
 import pytest
 
-import reference
+import model as reference
 from convert_testlib import STORIES, need_shared
 
 

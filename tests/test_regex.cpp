@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "error.h"
-#include "regex.h"
+#include "tokenizer/regex.h"
 
 using barellm::Error;
 using barellm::Regex;

@@ -1,7 +1,7 @@
 """The converter's regex check (convert/regex_subset.py) against barellm's regex compiler
-(src/regex.cpp, through build/regex_check): the same verdict and the same message for the
+(src/tokenizer/regex.cpp, through build/regex_check): the same verdict and the same message for the
 patterns of real tokenizers, every string of tests/test_regex.cpp, each kind of construct
-that src/regex.h lists as refused, and thousands of generated patterns. Also: conversion
+that src/tokenizer/regex.h lists as refused, and thousands of generated patterns. Also: conversion
 refuses a Split regex outside the subset with the message barellm gives at load."""
 
 import json
@@ -28,7 +28,7 @@ def need_tool(name):
 
 
 def compiler_verdicts(patterns):
-    """[(compiles, message or None)] of src/regex.cpp for `patterns`."""
+    """[(compiles, message or None)] of src/tokenizer/regex.cpp for `patterns`."""
     lines = "".join(json.dumps(p) + "\n" for p in patterns)
     result = subprocess.run([need_tool("regex_check")], input=lines.encode(),
                             capture_output=True, timeout=300)
@@ -53,7 +53,7 @@ def assert_agree(patterns):
     for pattern, ours in zip(patterns, compiler_verdicts(patterns)):
         theirs = checker_verdict(pattern)
         if ours != theirs:
-            disagreements.append(f"{pattern!r}:\n  src/regex.cpp: {ours[1] or 'accepted'}"
+            disagreements.append(f"{pattern!r}:\n  src/tokenizer/regex.cpp: {ours[1] or 'accepted'}"
                                  f"\n  regex_subset:  {theirs[1] or 'accepted'}")
     assert not disagreements, (f"{len(disagreements)} of {len(patterns)} patterns differ:\n"
                                + "\n".join(disagreements[:20]))
@@ -126,8 +126,8 @@ def cpp_string_literals(path):
     return texts
 
 
-# One example or more of each kind of construct src/regex.h lists as refused, and of each
-# refusal of src/regex.cpp's parser, with supported neighbours of them.
+# One example or more of each kind of construct src/tokenizer/regex.h lists as refused, and of each
+# refusal of src/tokenizer/regex.cpp's parser, with supported neighbours of them.
 REFUSED_KINDS = {
     "lookbehind": [r"(?<=a)b", r"(?<!a)b", r"x(?<=a|bc)"],
     "backreferences": [r"(a)\1", r"\9", r"\k<name>", r"\g<1>", r"\0", r"\01"],

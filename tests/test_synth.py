@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-import reference
+import model as reference
 from convert_testlib import (CONVERT, LLAMA2_TOKENIZER, SMOLLM2_TOKENIZER, SYNTH,
                              TINY_CONFIG, need_shared, read_raw, run, tiny_tokenizer_json)
 

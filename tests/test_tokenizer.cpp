@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "error.h"
-#include "tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 using barellm::Error;
 using barellm::StreamDecoder;

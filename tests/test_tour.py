@@ -4,7 +4,7 @@ points.
 A code reference is a markdown link whose text is one identifier in backticks, possibly
 qualified, and whose target is a source file relative to docs/:
 
-    [`cpu::rope`](../src/cpu_kernels.cpp)        [`CudaBackend::forward`](../kernels/cuda_backend.cu)
+    [`cpu::rope`](../src/cpu/kernels.cpp)        [`CudaBackend::forward`](../kernels/forward.cu)
 
 The file must exist and define the identifier: a function definition (a body follows the
 parameter list: a call, a declaration or a mention in a comment does not count), a
@@ -221,15 +221,15 @@ def test_the_tour_covers_every_step_of_the_forward_pass():
 
 
 @pytest.mark.parametrize("link, reason", [
-    ("[`cpu::no_such_kernel`](../src/cpu_kernels.cpp)", "is not defined"),
-    ("[`cpu::rope`](../src/cpu_backend.cpp)", "neither a namespace"),  # called there only
+    ("[`cpu::no_such_kernel`](../src/cpu/kernels.cpp)", "is not defined"),
+    ("[`cpu::rope`](../src/cpu/forward.cpp)", "neither a namespace"),  # called there only
     ("[`measure_read_bandwidth`](../src/ladder.cpp)", "is not defined"),  # called there only
-    ("[`cpu::matmul`](../src/cpu_kernels.h)", "is not defined"),  # declared only
+    ("[`cpu::matmul`](../src/cpu/kernels.h)", "is not defined"),  # declared only
     ("[`rope`](../src/nowhere.cpp)", "does not exist"),
-    ("[`CpuBackend::forward`](../kernels/cuda_backend.cu)", "neither a namespace nor a class"),
-    ("[`CpuBackend::no_method`](../src/cpu_backend.cpp)", "defines no 'no_method'"),
-    ("[`cpu::rope()`](../src/cpu_kernels.cpp)", "not an identifier"),
-    ("[`cpu::rope`](../src/cpu_kernels.cpp#L10)", "no line anchors"),
+    ("[`CpuBackend::forward`](../kernels/forward.cu)", "neither a namespace nor a class"),
+    ("[`CpuBackend::no_method`](../src/cpu/forward.cpp)", "defines no 'no_method'"),
+    ("[`cpu::rope()`](../src/cpu/kernels.cpp)", "not an identifier"),
+    ("[`cpu::rope`](../src/cpu/kernels.cpp#L10)", "no line anchors"),
     ("[`no_such_function`](../convert/dtypes.py)", "is not defined"),
     ("[FORMAT](MISSING.md)", "does not exist"),
 ])
@@ -239,11 +239,11 @@ def test_the_checker_catches_a_broken_reference(link, reason):
 
 
 @pytest.mark.parametrize("link", [
-    "[`cpu::rope`](../src/cpu_kernels.cpp)",
-    "[`scalar::matmul_rows`](../src/cpu_kernels.cpp)",
-    "[`Tokenizer::Impl`](../src/tokenizer.cpp)",
-    "[`CudaBackend::forward`](../kernels/cuda_backend.cu)",
-    "[`InferenceState::key_cache`](../src/cpu_backend.cpp)",
+    "[`cpu::rope`](../src/cpu/kernels.cpp)",
+    "[`scalar::matmul_rows`](../src/cpu/kernels.cpp)",
+    "[`Tokenizer::Impl`](../src/tokenizer/tokenizer.cpp)",
+    "[`CudaBackend::forward`](../kernels/forward.cu)",
+    "[`InferenceState::key_cache`](../src/cpu/forward.cpp)",
     "[`kMaxHeadDim`](../kernels/kernels.h)",
     "[`quantize_q8`](../convert/dtypes.py)",
     "[docs](FORMAT.md)",
@@ -255,7 +255,7 @@ def test_the_checker_accepts_a_good_reference(link):
 def test_renaming_a_referenced_function_breaks_the_tour():
     """What happens when someone renames cpu::rope but not the tour: simulated on a copy
     of the source."""
-    with open(os.path.join(REPO, "src", "cpu_kernels.cpp"), encoding="utf-8") as f:
+    with open(os.path.join(REPO, "src", "cpu/kernels.cpp"), encoding="utf-8") as f:
         renamed = f.read().replace("void rope(", "void rotate_positions(")
     assert check_cpp(strip_cpp_comments(renamed), "cpu::rope") is not None
     assert check_cpp(strip_cpp_comments(renamed), "cpu::rotate_positions") is None

@@ -12,9 +12,9 @@
 #include "cli.h"
 #include "error.h"
 #include "model.h"
-#include "regex.h"
-#include "tokenizer.h"
-#include "unicode.h"
+#include "tokenizer/regex.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/unicode.h"
 
 namespace barellm::fuzz {
 

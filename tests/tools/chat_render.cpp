@@ -1,5 +1,5 @@
 // Test tool: renders one user message, after a system message when SYSTEM_FILE is given,
-// with barellm's built-in chat templates (src/chat.h), for comparison with jinja2 on the
+// with barellm's built-in chat templates (src/tokenizer/chat.h), for comparison with jinja2 on the
 // real template (tests/test_chat.py).
 //   chat_render TEMPLATE_FILE PROMPT_FILE BOS_TOKEN [SYSTEM_FILE]
 // prints the recognised family on stderr and the rendering on stdout (bytes exactly);
@@ -11,7 +11,7 @@
 #include <sstream>
 #include <string>
 
-#include "chat.h"
+#include "tokenizer/chat.h"
 #include "error.h"
 
 namespace {

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "backend.h"
-#include "cpu_kernels.h"
+#include "cpu/kernels.h"
 #include "cuda_check.h"
 #include "device_memory.h"
 #include "half.h"
@@ -88,7 +88,7 @@ HostMatrix random_matrix(int rows, int cols, DType dtype, bool cheap = false) {
 const char* dtype_label(DType dtype) {
     return dtype == DType::F32 ? "f32" : dtype == DType::F16 ? "f16" : "bf16";
 }
-const char* kv_label(cpu::KvType type) { return type == cpu::KvType::F32 ? "f32" : "f16"; }
+const char* kv_label(KvType type) { return type == KvType::F32 ? "f32" : "f16"; }
 
 DeviceBuffer to_device(const void* data, size_t bytes) {
     DeviceBuffer buffer(bytes, "a test input");
@@ -134,11 +134,11 @@ void report(const std::string& name, const std::vector<float>& got, const std::v
     std::fflush(stdout);
 }
 
-std::vector<float> kv_values_as_float(const std::vector<uint8_t>& cache, cpu::KvType type) {
-    const size_t count = cache.size() / cpu::kv_element_bytes(type);
+std::vector<float> kv_values_as_float(const std::vector<uint8_t>& cache, KvType type) {
+    const size_t count = cache.size() / kv_element_bytes(type);
     std::vector<float> values(count);
     for (size_t i = 0; i < count; ++i) {
-        if (type == cpu::KvType::F32) {
+        if (type == KvType::F32) {
             std::memcpy(&values[i], &cache[4 * i], 4);
         } else {
             uint16_t bits;
@@ -299,9 +299,9 @@ struct RopeReference {
 };
 
 RopeReference rope_reference(const std::vector<float>& qkv, const HeadShape& s, int pos,
-                             const std::vector<float>& frequencies, cpu::KvType type) {
+                             const std::vector<float>& frequencies, KvType type) {
     const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
-    const size_t element = cpu::kv_element_bytes(type);
+    const size_t element = kv_element_bytes(type);
     RopeReference r;
     r.q.assign(qkv.begin(), qkv.begin() + q_dim);
     r.k.assign(qkv.begin() + q_dim, qkv.begin() + q_dim + kv_dim);
@@ -317,8 +317,8 @@ RopeReference rope_reference(const std::vector<float>& qkv, const HeadShape& s, 
 
 // Row `row` of a device cache [rows, kv_dim] as floats.
 std::vector<float> device_cache_row(const DeviceBuffer& cache, int row, int kv_dim,
-                                    cpu::KvType type) {
-    const size_t element = cpu::kv_element_bytes(type);
+                                    KvType type) {
+    const size_t element = kv_element_bytes(type);
     std::vector<uint8_t> bytes(kv_dim * element);
     CUDA_CHECK(cudaMemcpy(bytes.data(), cache.as<uint8_t>() + size_t(row) * kv_dim * element,
                           bytes.size(), cudaMemcpyDeviceToHost));
@@ -329,11 +329,11 @@ std::vector<float> device_cache_row(const DeviceBuffer& cache, int row, int kv_d
 // differently when the f32 values differ by an ulp); returns the rows read, key then value.
 std::pair<std::vector<float>, std::vector<float>> check_cache_rows(
     const std::string& label, const DeviceBuffer& keys, const DeviceBuffer& values, int pos,
-    int kv_dim, cpu::KvType type, const RopeReference& want) {
+    int kv_dim, KvType type, const RopeReference& want) {
     std::vector<float> key = device_cache_row(keys, pos, kv_dim, type);
     std::vector<float> value = device_cache_row(values, pos, kv_dim, type);
     report(label + " k", key, kv_values_as_float(want.key_row, type),
-           type == cpu::KvType::F32 ? 1e-6 : 1e-3);
+           type == KvType::F32 ? 1e-6 : 1e-3);
     report(label + " v", value, kv_values_as_float(want.value_row, type), 0.0);
     return {key, value};
 }
@@ -345,8 +345,8 @@ void check_rope() {
         DeviceBuffer device_frequencies = to_device(frequencies);
         const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
         for (int pos : {0, 7, 4095, 100000}) {
-            for (cpu::KvType type : {cpu::KvType::F32, cpu::KvType::F16}) {
-                const size_t element = cpu::kv_element_bytes(type);
+            for (KvType type : {KvType::F32, KvType::F16}) {
+                const size_t element = kv_element_bytes(type);
                 const std::vector<float> qkv = random_floats(q_dim + 2 * size_t(kv_dim));
                 DeviceBuffer device_qkv = to_device(qkv);
                 const size_t cache_bytes = (size_t(pos) + 1) * kv_dim * element;
@@ -396,7 +396,7 @@ void check_rope() {
 std::vector<float> cpu_attention(const std::vector<float>& q, int pos,
                                  const std::vector<uint8_t>& keys,
                                  const std::vector<uint8_t>& values,
-                                 const cpu::AttentionShape& shape, cpu::KvType type) {
+                                 const AttentionShape& shape, KvType type) {
     std::vector<float> out(q.size()), scores(size_t(shape.heads) * (pos + 1));
     cpu::attention(out.data(), q.data(), pos, keys.data(), values.data(), scores.data(), shape,
                    type);
@@ -423,14 +423,14 @@ void check_attention(int multiprocessors) {
                           {{12, 2, 256}, 0}, {{4, 4, 18}, 0},     {{16, 2, 80}, 33}};
     for (const Case& test : cases) {
         const HeadShape& s = test.shape;
-        const cpu::AttentionShape shape{s.heads, s.kv_heads, s.head_dim, test.window};
+        const AttentionShape shape{s.heads, s.kv_heads, s.head_dim, test.window};
         const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
         const std::vector<float> frequencies = test_rope_frequencies(s.head_dim);
         DeviceBuffer device_frequencies = to_device(frequencies);
         const size_t counters = cuda::attention_arrival_counters(shape);
         for (int context : {1, 7, 100, 4096}) {
-            for (cpu::KvType type : {cpu::KvType::F32, cpu::KvType::F16}) {
-                const size_t element = cpu::kv_element_bytes(type);
+            for (KvType type : {KvType::F32, KvType::F16}) {
+                const size_t element = kv_element_bytes(type);
                 // Random caches of the element type (the same bits on both sides).
                 std::vector<uint8_t> keys(size_t(context) * kv_dim * element);
                 std::vector<uint8_t> values(keys.size());
@@ -598,10 +598,10 @@ void bench(int multiprocessors) {
     }
 
     // Attention at Mistral 7B's shape, position 4095, rotating over 8 layers' caches.
-    const cpu::AttentionShape shape{32, 8, 128, 4096};
+    const AttentionShape shape{32, 8, 128, 4096};
     const int context = 4096, layers = 8;
-    for (cpu::KvType type : {cpu::KvType::F16, cpu::KvType::F32}) {
-        const size_t layer_bytes = size_t(context) * 1024 * cpu::kv_element_bytes(type);
+    for (KvType type : {KvType::F16, KvType::F32}) {
+        const size_t layer_bytes = size_t(context) * 1024 * kv_element_bytes(type);
         DeviceBuffer keys(layer_bytes * layers, "keys"), values(layer_bytes * layers, "values");
         CUDA_CHECK(cudaMemset(keys.as(), 0, layer_bytes * layers));
         CUDA_CHECK(cudaMemset(values.as(), 0, layer_bytes * layers));

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "cpu/kernels.h"
 #include "error.h"
 
 using namespace barellm;
@@ -33,12 +34,12 @@ int main(int argc, char** argv) {
                 "usage: dump_logits MODEL OUT_FILE ID [ID ...] [--kv f16|f32] [--scalar] "
                 "[--prefill] [--device cpu|cuda]");
         std::vector<int> ids;
-        cpu::KvType kv_type = cpu::KvType::F16;
+        KvType kv_type = KvType::F16;
         Device device = Device::Cpu;
         bool prefill = false;
         for (int i = 3; i < argc; ++i) {
             if (std::strcmp(argv[i], "--kv") == 0 && i + 1 < argc) {
-                kv_type = std::strcmp(argv[++i], "f32") == 0 ? cpu::KvType::F32 : cpu::KvType::F16;
+                kv_type = std::strcmp(argv[++i], "f32") == 0 ? KvType::F32 : KvType::F16;
             } else if (std::strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
                 device = std::strcmp(argv[++i], "cuda") == 0 ? Device::Cuda : Device::Cpu;
             } else if (std::strcmp(argv[i], "--prefill") == 0) {

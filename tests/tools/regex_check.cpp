@@ -1,4 +1,4 @@
-// Test tool: compiles regex patterns with barellm's engine (src/regex.h), for comparison
+// Test tool: compiles regex patterns with barellm's engine (src/tokenizer/regex.h), for comparison
 // with the converter's check of the same subset (convert/regex_subset.py,
 // tests/test_regex_subset.py).
 //   regex_check < PATTERNS
@@ -11,7 +11,7 @@
 #include <string>
 
 #include "error.h"
-#include "regex.h"
+#include "tokenizer/regex.h"
 
 namespace {
 

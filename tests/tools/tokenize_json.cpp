@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "error.h"
-#include "tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 namespace {
 

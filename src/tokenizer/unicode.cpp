@@ -1,4 +1,4 @@
-#include "unicode.h"
+#include "tokenizer/unicode.h"
 
 #include <algorithm>
 #include <array>

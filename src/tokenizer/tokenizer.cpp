@@ -4,7 +4,7 @@
 //   text -> split on added tokens -> normalize each piece -> split on normalized added
 //   tokens -> pre-tokenize into words -> BPE each word -> ids
 // and decoding runs the decoder chain as a stream of token pieces (see DecodeStage).
-#include "tokenizer.h"
+#include "tokenizer/tokenizer.h"
 
 #include <algorithm>
 #include <array>
@@ -17,8 +17,8 @@
 #include <utility>
 
 #include "error.h"
-#include "regex.h"
-#include "unicode.h"
+#include "tokenizer/regex.h"
+#include "tokenizer/unicode.h"
 
 namespace barellm {
 namespace {

@@ -11,9 +11,9 @@
 #   4. with PROFILE_NCU=1, Nsight Compute (ncu) over the kernels of two decode steps
 #      launched without the graph: per kernel, calls per token, µs per token and GB/s from
 #      its DRAM bytes.
-# First `scripts/gpu_session.sh --stage` here, then on the GPU machine, from the repository
+# First `dev/gpu/gpu_session.sh --stage` here, then on the GPU machine, from the repository
 # root (the device tool: carry ["gpu_data"], timeout_s 600):
-#     bash scripts/gpu_decode_profile.sh
+#     bash dev/gpu/gpu_decode_profile.sh
 # A/B against other trees (an earlier commit, an experiment on a branch): for each, `git
 # archive -o gpu_data/ab/NAME.tgz REV` here first; the script then builds every such tree
 # too (beside this one) and runs the decode benchmarks of all in turn, twice over, so that
@@ -35,7 +35,7 @@ SUMMARY=$LOG/summary.txt
 note() { echo "$1" | tee -a "$SUMMARY"; }
 step() { echo "==== [${SECONDS}s] $*"; }
 
-. scripts/gpu_common.sh
+. dev/gpu/gpu_common.sh
 link_staged_shared  # the tokenizers synth.py takes
 start_mistral_checkpoint
 

@@ -1,4 +1,4 @@
-#include "cpu_kernels.h"
+#include "cpu/kernels.h"
 
 #include <omp.h>
 
@@ -331,8 +331,6 @@ void attend_one_head(float* out_head, const float* q_head, int head, int pos, co
 }
 
 }  // namespace
-
-int attention_start(int pos, int window) { return window > 0 ? std::max(0, pos + 1 - window) : 0; }
 
 void attention(float* out, const float* q, int pos, const void* key_cache, const void* value_cache,
                float* scores, const AttentionShape& shape, KvType type) {

@@ -1,6 +1,6 @@
 // The FMA peak of each core: 12 independent chains of 256-bit fused multiply-adds on every
 // OpenMP thread at once (OMP_NUM_THREADS=1 for one core), one line per thread.
-//   g++ -O2 -mavx2 -mfma -fopenmp scripts/fma_peak.cpp -o build/fma_peak && build/fma_peak
+//   g++ -O2 -mavx2 -mfma -fopenmp dev/cpu/fma_peak.cpp -o build/fma_peak && build/fma_peak
 #include <immintrin.h>
 #include <omp.h>
 

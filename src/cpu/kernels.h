@@ -1,6 +1,6 @@
 // CPU kernels: each has a plain scalar version (the readable reference the tests
 // compare against) and, where it matters for speed, an AVX2/FMA/F16C version in
-// cpu_kernels_avx2.cpp. `matmul` and `attention` pick the path set by set_simd_level.
+// cpu/kernels_avx2.cpp. `matmul` and `attention` pick the path set by set_simd_level.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kv_cache.h"
 #include "model.h"
 
 namespace barellm::cpu {
@@ -19,12 +20,6 @@ SimdLevel detect_simd_level(std::string* missing = nullptr);
 void set_simd_level(SimdLevel level);
 SimdLevel simd_level();
 const char* simd_level_name(SimdLevel level);
-
-// The KV cache stores keys and values as f32 or as IEEE half (f16, default).
-enum class KvType { F32, F16 };
-
-// Bytes of one cache element of `type`.
-inline size_t kv_element_bytes(KvType type) { return type == KvType::F32 ? 4 : 2; }
 
 // Threads worth using for `work` multiply-adds: at most OpenMP's, at least one.
 int threads_for(size_t work);
@@ -86,14 +81,7 @@ void embedding_row(float* out, const Matrix& table, int row);
 // Stores n floats into a KV-cache slot of type `type`.
 void kv_store(void* slot, const float* values, int n, KvType type);
 
-// Causal attention over one layer's KV cache, laid out [context, kv_heads * head_dim].
-// Query head h reads KV head h / (heads / kv_heads). A query at position pos attends
-// to cache rows attention_start(pos, window) .. pos (window 0: all of them).
-struct AttentionShape {
-    int heads, kv_heads, head_dim;
-    int window;  // sliding window in positions, 0 for none
-};
-int attention_start(int pos, int window);
+// Causal attention over one layer's KV cache (the layout and the shape: src/kv_cache.h).
 
 // Decode: one query q [heads * head_dim] at `pos`, heads in parallel.
 //   out [heads * head_dim], scores [heads, pos + 1] scratch

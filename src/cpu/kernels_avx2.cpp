@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "cpu_kernels.h"
+#include "cpu/kernels.h"
 #include "half.h"
 
 namespace barellm::cpu::avx2 {

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Logits of every position from Hugging Face transformers, to hold barellm against.
 
-    python3 scripts/transformers_logits.py HF_DIR --ids 1,2,3 -o OUT_FILE
-    python3 scripts/transformers_logits.py HF_DIR --ids 1,2,3 --compare BARELLM_LOGITS
+    python3 dev/gpu/transformers_logits.py HF_DIR --ids 1,2,3 -o OUT_FILE
+    python3 dev/gpu/transformers_logits.py HF_DIR --ids 1,2,3 --compare BARELLM_LOGITS
                                            [--tolerance 1e-3]
 
 Loads HF_DIR with AutoModelForCausalLM (LlamaForCausalLM or MistralForCausalLM) in float32

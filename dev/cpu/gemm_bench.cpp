@@ -2,8 +2,8 @@
 // (5632 x 2048, f16 weights): the median and the best of 30 runs. Times are the thread's
 // CPU time, so other load on the machine counts less (shared caches still feel it).
 // After `make`:
-//   g++ -std=c++17 -O2 -fopenmp -Isrc scripts/gemm_bench.cpp build/src/cpu_kernels.o
-//       build/src/cpu_kernels_avx2.o build/src/safetensors.o -o build/gemm_bench
+//   g++ -std=c++17 -O2 -fopenmp -Isrc dev/cpu/gemm_bench.cpp build/src/cpu/kernels.o
+//       build/src/cpu/kernels_avx2.o build/src/safetensors.o -o build/gemm_bench
 //   OMP_NUM_THREADS=1 build/gemm_bench [BATCH (default 128)]
 #include <time.h>
 
@@ -13,7 +13,7 @@
 #include <random>
 #include <vector>
 
-#include "cpu_kernels.h"
+#include "cpu/kernels.h"
 #include "half.h"
 
 using namespace barellm;

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "cpu/kernels.h"
 #include "bench.h"
 #include "error.h"
 #include "memory.h"
@@ -43,7 +44,7 @@ public:
           max_batch_(std::min(options.context, kMaxBatch)) {
         const Config& c = model.config;
         const size_t cache_bytes =
-            size_t(c.layers) * context_ * c.kv_dim() * cpu::kv_element_bytes(kv_type_);
+            size_t(c.layers) * context_ * c.kv_dim() * kv_element_bytes(kv_type_);
         const size_t B = max_batch_;
         const size_t activation_floats =
             B * (4 * size_t(c.dim) + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * size_t(c.hidden_dim)) +
@@ -72,8 +73,8 @@ public:
 
     size_t kv_bytes_read(int pos) const override {
         const Config& c = model_.config;
-        const size_t positions = pos + 1 - cpu::attention_start(pos, c.sliding_window);
-        return 2 * size_t(c.layers) * positions * c.kv_dim() * cpu::kv_element_bytes(kv_type_);
+        const size_t positions = pos + 1 - attention_start(pos, c.sliding_window);
+        return 2 * size_t(c.layers) * positions * c.kv_dim() * kv_element_bytes(kv_type_);
     }
 
     double measure_bandwidth_gbps() override { return measure_read_bandwidth(); }
@@ -198,20 +199,20 @@ private:
         });
     }
 
-    cpu::AttentionShape attention_shape() const {
+    AttentionShape attention_shape() const {
         const Config& c = model_.config;
-        return cpu::AttentionShape{c.heads, c.kv_heads, c.head_dim, c.sliding_window};
+        return AttentionShape{c.heads, c.kv_heads, c.head_dim, c.sliding_window};
     }
 
     // The KV-cache row of layer `layer` at position `pos`.
     uint8_t* cache_row(std::vector<uint8_t>& cache, int layer, int pos) const {
-        const size_t row_bytes = size_t(model_.config.kv_dim()) * cpu::kv_element_bytes(kv_type_);
+        const size_t row_bytes = size_t(model_.config.kv_dim()) * kv_element_bytes(kv_type_);
         return cache.data() + (size_t(layer) * context_ + pos) * row_bytes;
     }
 
     const Model& model_;
     const int context_;
-    const cpu::KvType kv_type_;
+    const KvType kv_type_;
     const int max_batch_;
     InferenceState state_;
     std::vector<float> all_logits_;  // [count, vocab_size] when prefill asks for every row

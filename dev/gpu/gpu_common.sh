@@ -1,7 +1,7 @@
-# Steps shared by scripts/gpu_session.sh and scripts/gpu_decode_profile.sh, sourced by them
+# Steps shared by dev/gpu/gpu_session.sh and dev/gpu/gpu_decode_profile.sh, sourced by them
 # from the repository root once WORK and LOG are set and note() and step() are defined.
 
-# ../shared (models and tokenizers) from the copy `scripts/gpu_session.sh --stage` made.
+# ../shared (models and tokenizers) from the copy `dev/gpu/gpu_session.sh --stage` made.
 link_staged_shared() {
     if [ ! -e ../shared ] && [ -d gpu_data/shared ]; then ln -s "$PWD/gpu_data/shared" ../shared; fi
 }

@@ -2,7 +2,7 @@
 // backtracking machine (Instruction, Program): the order in which the machine tries things
 // is Oniguruma's, so it finds the same match. Notes on the Oniguruma behaviour reproduced
 // are where it is reproduced; each was checked against Hugging Face `tokenizers` 0.23.
-#include "regex.h"
+#include "tokenizer/regex.h"
 
 #include <algorithm>
 #include <array>
@@ -13,7 +13,7 @@
 #include <utility>
 
 #include "error.h"
-#include "unicode.h"
+#include "tokenizer/unicode.h"
 
 namespace barellm {
 

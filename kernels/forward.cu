@@ -1,5 +1,5 @@
 // The CUDA forward pass: one token through the Llama transformer on the GPU, top to bottom
-// like src/cpu_backend.cpp, every kernel our own (kernels/*.cuh, launched through
+// like src/cpu/forward.cpp, every kernel our own (kernels/*.cuh, launched through
 // kernels.h). Weights are uploaded once; activations are f32; the KV cache is f16 or f32.
 // The kernel sequence of one token is captured once as a CUDA graph and replayed for every
 // token: the token id and the position live in a small device buffer (`step`) that the host
@@ -14,7 +14,7 @@
 //               `barellm run ... --device cuda` prints one line and exits 1, and the GPU
 //               tests skip with that reason; the CPU-only build (make CUDA=0) still works.
 //               On one GPU, an H100 80GB HBM3 (sm_90, built with CUDA_ARCHS=90), on
-//               2026-11-22 with scripts/gpu_session.sh at commit b0e3489: every kernel,
+//               2026-11-22 with dev/gpu/gpu_session.sh at commit b0e3489: every kernel,
 //               fast and simple, matches the CPU kernels (build/cuda_kernel_check), the
 //               logits match the CPU backend's (tests/test_cuda.py, graph replay included)
 //               and those of Hugging Face transformers on three synthetic checkpoints, and
@@ -156,8 +156,8 @@ public:
 
     size_t kv_bytes_read(int pos) const override {
         const Config& c = model_.config;
-        const size_t positions = pos + 1 - cpu::attention_start(pos, c.sliding_window);
-        return 2 * size_t(c.layers) * positions * c.kv_dim() * cpu::kv_element_bytes(kv_type_);
+        const size_t positions = pos + 1 - attention_start(pos, c.sliding_window);
+        return 2 * size_t(c.layers) * positions * c.kv_dim() * kv_element_bytes(kv_type_);
     }
 
     const float* forward(int token, int pos) override {
@@ -410,7 +410,7 @@ private:
 
     size_t cache_bytes() const {
         const Config& c = model_.config;
-        return 2 * size_t(c.layers) * context_ * c.kv_dim() * cpu::kv_element_bytes(kv_type_);
+        return 2 * size_t(c.layers) * context_ * c.kv_dim() * kv_element_bytes(kv_type_);
     }
 
     // Refuses, naming the sizes, a model that cannot fit rather than failing half-way.
@@ -495,21 +495,21 @@ private:
         state_.rope_frequencies = memory_.back().as<float>();
     }
 
-    cpu::AttentionShape attention_shape() const {
+    AttentionShape attention_shape() const {
         const Config& c = model_.config;
-        return cpu::AttentionShape{c.heads, c.kv_heads, c.head_dim, c.sliding_window};
+        return AttentionShape{c.heads, c.kv_heads, c.head_dim, c.sliding_window};
     }
 
     // Layer `layer`'s part [context, kv_dim] of a cache.
     void* cache_layer(void* cache, int layer) const {
         const size_t layer_bytes =
-            size_t(context_) * model_.config.kv_dim() * cpu::kv_element_bytes(kv_type_);
+            size_t(context_) * model_.config.kv_dim() * kv_element_bytes(kv_type_);
         return static_cast<uint8_t*>(cache) + layer * layer_bytes;
     }
 
     const Model& model_;
     const int context_;
-    const cpu::KvType kv_type_;
+    const KvType kv_type_;
     const CudaKernels kernels_;
     int splits_ = 1;  // attention blocks per KV head, fixed for the context
     // Declared before everything that uses it: destroyed last.

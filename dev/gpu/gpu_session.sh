@@ -15,10 +15,10 @@
 #
 # The GPU machine cannot reach ../shared nor a package registry, so first, on the
 # development machine:
-#     scripts/gpu_session.sh --stage
+#     dev/gpu/gpu_session.sh --stage
 # which copies stories260K, the llama2 tokenizer and the nlohmann/json headers into
 # gpu_data/ (git-ignored). Then run, on the GPU machine, from the repository root:
-#     bash scripts/gpu_session.sh            (the device tool: carry ["gpu_data"])
+#     bash dev/gpu/gpu_session.sh            (the device tool: carry ["gpu_data"])
 # Logs go to $WORK/logs and, when OUT is set, into one archive $OUT/gpu_logs.tgz (the device
 # tool brings back at most 8 files). Environment: CUDA_ARCHS (default 90), WORK (scratch,
 # default /tmp/barellm-gpu), SKIP_MISTRAL=1 (no 7B checkpoint nor its benchmark),
@@ -35,7 +35,7 @@ if [ "${1:-}" = "--stage" ]; then
     cp -r "$SHARED/tokenizers/llama2" gpu_data/shared/tokenizers/
     if [ -d /usr/include/nlohmann ]; then cp -r /usr/include/nlohmann gpu_data/include/; fi
     du -sh gpu_data
-    echo "staged: now run 'bash scripts/gpu_session.sh' on the GPU machine, carrying gpu_data"
+    echo "staged: now run 'bash dev/gpu/gpu_session.sh' on the GPU machine, carrying gpu_data"
     exit 0
 fi
 
@@ -58,10 +58,10 @@ SUMMARY=()
 note() { SUMMARY+=("$1"); echo "== $1"; echo "$1" >>"$LOG/summary.txt"; }
 step() { echo; echo "==== [$(date +%T), ${SECONDS}s] $*"; }
 
-. scripts/gpu_common.sh
+. dev/gpu/gpu_common.sh
 link_staged_shared
 STORIES_HF=../shared/models/stories260K
-[ -d "$STORIES_HF" ] || note "stories260K missing (run scripts/gpu_session.sh --stage first)"
+[ -d "$STORIES_HF" ] || note "stories260K missing (run dev/gpu/gpu_session.sh --stage first)"
 
 step "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 | tee "$LOG/gpu.txt"
@@ -129,7 +129,7 @@ json.dump(test_cuda.SYNTHETIC['$name'], open('$dir/config.json', 'w'))" &&
 np.random.default_rng(11).integers(0, 512, 200))))")
     if build/dump_logits "$dir/model.bin" "$dir/cuda.logits" ${ids//,/ } --kv f32 --device cuda \
         2>"$LOG/transformers_$name.err"; then
-        result=$(timeout 120 python3 scripts/transformers_logits.py "$dir/hf" --ids "$ids" \
+        result=$(timeout 120 python3 dev/gpu/transformers_logits.py "$dir/hf" --ids "$ids" \
             --compare "$dir/cuda.logits" 2>>"$LOG/transformers_$name.err")
         echo "$result" >>"$LOG/transformers.log"
         note "transformers $name: ${result:-FAILED (see transformers_$name.err)}"

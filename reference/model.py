@@ -9,7 +9,7 @@ safetensors reader and reads either a Hugging Face directory or a barellm file; 
 barellm Q8 matrix (I8 values NAME, F16 scales NAME.scale per 32 columns of a row) is
 dequantized to value * scale, so the reference of a Q8 file is the model it stores.
 
-    python3 tests/reference.py PATH (--ids 1,2,3 | --text "Once upon a time")
+    python3 reference/model.py PATH (--ids 1,2,3 | --text "Once upon a time")
                                [--generate N] [--top K]
 
 Library use: logits_for(path, token_ids) -> np.ndarray [len(token_ids), vocab_size].

@@ -1,4 +1,4 @@
-#include "chat.h"
+#include "tokenizer/chat.h"
 
 #include <cstdint>
 #include <ctime>

@@ -6,7 +6,7 @@
 #include <string>
 #include <string_view>
 
-#include "unicode_tables.h"
+#include "tokenizer/unicode_tables.h"
 
 namespace barellm::unicode {
 

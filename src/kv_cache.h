@@ -1,0 +1,28 @@
+// The KV cache's element type and the attention shape: shared by the CPU backend
+// (src/cpu/) and the CUDA backend (kernels/).
+#pragma once
+#include <algorithm>
+#include <cstddef>
+
+namespace barellm {
+
+// The KV cache stores keys and values as f32 or as IEEE half (f16, default).
+enum class KvType { F32, F16 };
+
+// Bytes of one cache element of `type`.
+inline size_t kv_element_bytes(KvType type) { return type == KvType::F32 ? 4 : 2; }
+
+// Causal attention over one layer's KV cache, laid out [context, kv_heads * head_dim].
+// - Query head h reads KV head h / (heads / kv_heads) (grouped-query attention).
+// - A query at position pos attends to cache rows attention_start(pos, window) .. pos.
+struct AttentionShape {
+    int heads, kv_heads, head_dim;
+    int window;  // sliding window in positions, 0 for none
+};
+
+// The first cache row a query at `pos` attends to (window 0: all of them, from row 0).
+inline int attention_start(int pos, int window) {
+    return window > 0 ? std::max(0, pos + 1 - window) : 0;
+}
+
+}  // namespace barellm
