@@ -1,6 +1,7 @@
-// The FMA peak of each core: 12 independent chains of 256-bit fused multiply-adds on every
-// OpenMP thread at once (OMP_NUM_THREADS=1 for one core), one line per thread.
-//   g++ -O2 -mavx2 -mfma -fopenmp dev/cpu/fma_peak.cpp -o build/fma_peak && build/fma_peak
+// The FMA peak of each core, the roof of the prefill GEMM: 12 independent chains of 256-bit
+// fused multiply-adds on every OpenMP thread at once, one line per thread.
+//   g++ -O2 -mavx2 -mfma -fopenmp dev/cpu/fma_peak.cpp -o build/fma_peak
+//   OMP_NUM_THREADS=1 build/fma_peak      (one core; without it, every core at once)
 #include <immintrin.h>
 #include <omp.h>
 

@@ -1,9 +1,9 @@
 // One-core speed of the prefill GEMM (cpu::matmul_batch) on TinyLlama's w1 shape
 // (5632 x 2048, f16 weights): the median and the best of 30 runs. Times are the thread's
 // CPU time, so other load on the machine counts less (shared caches still feel it).
-// After `make`:
-//   g++ -std=c++17 -O2 -fopenmp -Isrc dev/cpu/gemm_bench.cpp build/src/cpu/kernels.o
-//       build/src/cpu/kernels_avx2.o build/src/safetensors.o -o build/gemm_bench
+// After `make`, linked against an archive of its objects (only what is used is taken):
+//   ar rcs build/objects.a build/src/*.o build/src/*/*.o
+//   g++ -std=c++17 -O2 -fopenmp -Isrc -o build/gemm_bench dev/cpu/gemm_bench.cpp build/objects.a
 //   OMP_NUM_THREADS=1 build/gemm_bench [BATCH (default 128)]
 #include <time.h>
 

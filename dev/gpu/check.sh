@@ -1,0 +1,273 @@
+#!/usr/bin/env bash
+# The CUDA backend on a GPU machine: builds it for the local GPU, checks it against the CPU
+# backend and Hugging Face transformers, measures decode speed and the GPU ladder, and
+# prints a summary table last. Its results are in docs/BENCHMARKS.md.
+#
+#   dev/gpu/check.sh --stage          here first: what the GPU machine cannot fetch
+#   bash dev/gpu/check.sh [STEP...]   on the GPU machine, from the repository root
+#
+# The GPU machine reaches neither ../shared nor a package registry: --stage copies
+# stories260K, the llama2 tokenizer and the nlohmann/json headers into gpu_data/
+# (git-ignored), which must travel with the tree (the device tool: carry ["gpu_data"]).
+#
+# The build (barellm, dump_logits, cuda_kernel_check) always runs; then the STEPs, in this
+# order (default: kernels tests transformers decode ladder):
+#   kernels       build/cuda_kernel_check --bench: every kernel against the CPU kernels,
+#                 then the hot kernels' time and bandwidth at Mistral-7B's shapes
+#   tests         tests/test_cuda.py (CUDA logits against CPU logits at every position)
+#                 and tests/test_ladder.py -k gpu (every GPU rung gives the fast path's text)
+#   transformers  CUDA logits against transformers' (dev/gpu/transformers_logits.py) on
+#                 the three synthetic shapes of tests/test_cuda.py
+#   decode        `barellm bench --device cuda -p 0` on stories260K and on a Mistral-7B-
+#                 shaped f16 checkpoint (convert/synth.py), at short and long context
+#   ladder        `barellm ladder --device cuda -n 64` on the same two models
+#   ab            decode speed of other trees beside this one, alternated in one run: each
+#                 gpu_data/ab/NAME.tgz (made here by `git archive -o gpu_data/ab/NAME.tgz
+#                 REV`) is built and must give this tree's greedy text first; run it alone
+# The Mistral-7B checkpoint (13.5 GiB, written twice) is made in the background while the
+# first steps run, and kept in $WORK. The default steps take about 6-8 minutes on an H100;
+# no long run starts after DEADLINE seconds (the device tool stops a command at 600).
+#
+# Logs go to $WORK/logs; when OUT is set, they are also archived in $OUT/gpu_logs.tgz, and
+# the summary, the kernel timings and the ladder tables copied beside it as *.md (the
+# device tool brings back at most 8 files). Environment: CUDA_ARCHS (default 90), WORK
+# (default /tmp/barellm-gpu), DEADLINE (default 540).
+set -uo pipefail
+cd "$(dirname "$0")/../.." || exit 2
+
+if [ "${1:-}" = "--stage" ]; then
+    shared=${SHARED:-../shared}
+    rm -rf gpu_data/shared gpu_data/include
+    mkdir -p gpu_data/shared/models gpu_data/shared/tokenizers gpu_data/include
+    cp -r "$shared/models/stories260K" gpu_data/shared/models/
+    cp -r "$shared/tokenizers/llama2" gpu_data/shared/tokenizers/
+    [ -d /usr/include/nlohmann ] && cp -r /usr/include/nlohmann gpu_data/include/
+    du -sh gpu_data
+    exit 0
+fi
+
+STEPS=${*:-kernels tests transformers decode ladder}
+for name in $STEPS; do
+    case $name in
+        kernels | tests | transformers | decode | ladder | ab) ;;
+        *) echo "check.sh: unknown step '$name' (see the header of $0)" >&2; exit 2 ;;
+    esac
+done
+ROOT=$PWD
+WORK=${WORK:-/tmp/barellm-gpu}
+LOG=$WORK/logs
+CUDA_ARCHS=${CUDA_ARCHS:-90}
+DEADLINE=${DEADLINE:-540}
+rm -rf "$LOG" && mkdir -p "$LOG"
+SUMMARY=$LOG/summary.md
+RESULTS=$LOG/bench_results.jsonl
+: >"$RESULTS"
+MISTRAL_PID=  # the process writing the Mistral-7B checkpoint, while it runs
+finish() {
+    if [ -n "$MISTRAL_PID" ] && kill -0 "$MISTRAL_PID" 2>/dev/null; then
+        pkill -P "$MISTRAL_PID"
+        kill "$MISTRAL_PID"
+    fi
+    python3 - "$RESULTS" <<'EOF' >>"$SUMMARY"
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+if rows:
+    print("\n| model | decode positions | tok/s | GB/s | % of the copy | copy GB/s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+for r in rows:
+    print(f"| {r['label']} | 0..{r['n_gen'] - 1} | {r['avg_ts']:.1f} ± {r['stddev_ts']:.1f} "
+          f"| {r['gbps']:.0f} | {r['bw_pct']:.1f}% | {r['bandwidth_gbps']:.0f} |")
+EOF
+    echo
+    echo "==== summary (${SECONDS}s)"
+    cat "$SUMMARY"
+    if [ -n "${OUT:-}" ]; then
+        cp "$LOG"/*.md "$OUT"/
+        tar czf "$OUT/gpu_logs.tgz" -C "$WORK" logs
+    fi
+}
+trap finish EXIT
+export PYTHONUNBUFFERED=1
+# A note goes to the summary at once, so that a run cut off still leaves what it found.
+note() { echo "== $1"; echo "- $1" >>"$SUMMARY"; }
+step() { echo; echo "==== [${SECONDS}s] $*"; }
+wants() { [[ " $STEPS " == *" $1 "* ]]; }
+# True when a run of about $1 seconds still ends before DEADLINE; else notes the skip of $2.
+fits() {
+    [ $((SECONDS + $1)) -lt "$DEADLINE" ] && return 0
+    note "$2: skipped, ${SECONDS}s spent"
+    return 1
+}
+
+[ -e ../shared ] || [ ! -d gpu_data/shared ] || ln -s "$PWD/gpu_data/shared" ../shared
+STORIES_HF=../shared/models/stories260K
+[ -d "$STORIES_HF" ] || note "$STORIES_HF missing: run dev/gpu/check.sh --stage first"
+
+step "machine"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG/gpu.txt"
+note "GPU: $(head -1 "$LOG/gpu.txt"), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+
+# The Mistral-7B-shaped checkpoint, written in the background unless it exists.
+MISTRAL=$WORK/mistral-7b-f16.bin
+if { wants decode || wants ladder || wants ab; } && [ ! -f "$MISTRAL" ]; then
+    (
+        rm -rf "$WORK/mistral-hf" &&
+            python3 convert/synth.py --preset mistral-7b --dtype f16 -o "$WORK/mistral-hf" &&
+            python3 convert/convert.py "$WORK/mistral-hf" -o "$MISTRAL.part" --dtype f16 &&
+            mv "$MISTRAL.part" "$MISTRAL" && rm -rf "$WORK/mistral-hf"
+    ) >"$LOG/mistral_synth.log" 2>&1 &
+    MISTRAL_PID=$!
+fi
+# Waits for the checkpoint while a run of $1 seconds would still fit; true when it exists.
+mistral_ready() {
+    while [ -n "$MISTRAL_PID" ] && kill -0 "$MISTRAL_PID" 2>/dev/null &&
+        [ $((SECONDS + $1)) -lt "$DEADLINE" ]; do sleep 2; done
+    [ -f "$MISTRAL" ] && return 0
+    note "Mistral-7B checkpoint not ready at ${SECONDS}s: $(tail -1 "$LOG/mistral_synth.log")"
+    return 1
+}
+
+# One architecture keeps nvcc fast; CPPFLAGS points at the staged nlohmann/json headers.
+build() {  # DIRECTORY LOGFILE TARGET...
+    local dir=$1 log=$2
+    shift 2
+    (cd "$dir" && make -j"$(nproc)" CUDA_ARCHS="$CUDA_ARCHS" CUDA_PTX_ARCH="${CUDA_ARCHS##* }" \
+        CPPFLAGS="-I$ROOT/gpu_data/include" "$@") >"$log" 2>&1
+}
+step "build (CUDA_ARCHS=$CUDA_ARCHS)"
+if ! build . "$LOG/build.log" build/barellm build/dump_logits build/cuda_kernel_check; then
+    tail -30 "$LOG/build.log"
+    note "build FAILED (build.log)"
+    exit 1
+fi
+note "build: $(grep -ci warning "$LOG/build.log") warning lines"
+if ! reason=$(build/dump_logits --check-cuda); then
+    note "no usable CUDA GPU: $reason"
+    exit 1
+fi
+python3 convert/convert.py "$STORIES_HF" -o "$WORK/stories260K-f16.bin" --dtype f16 >/dev/null
+python3 convert/convert.py "$STORIES_HF" -o "$WORK/stories260K-f32.bin" --dtype f32 >/dev/null
+
+if wants kernels; then
+    step "build/cuda_kernel_check --bench"
+    timeout 240 build/cuda_kernel_check --bench >"$LOG/kernel_check.log" 2>&1
+    status=$?
+    grep -v "^PASS" "$LOG/kernel_check.log" | grep -v "^|" | head -40
+    grep "^|" "$LOG/kernel_check.log" | tee "$LOG/kernel_bench.md"
+    note "cuda_kernel_check: $(tail -1 "$LOG/kernel_check.log") (exit $status)"
+fi
+
+if wants tests; then
+    step "tests/test_cuda.py, tests/test_ladder.py -k gpu"
+    xdist=()
+    python3 -c "import xdist" 2>/dev/null && xdist=(-n 8)
+    # The kernels step already ran cuda_kernel_check, which one test wraps.
+    deselect=()
+    wants kernels &&
+        deselect=(--deselect tests/test_cuda.py::test_every_kernel_matches_the_cpu_kernels)
+    OMP_NUM_THREADS=2 timeout 300 python3 -m pytest -q -rs "${xdist[@]}" "${deselect[@]}" \
+        tests/test_cuda.py >"$LOG/test_cuda.log" 2>&1
+    note "tests/test_cuda.py: $(tail -1 "$LOG/test_cuda.log")"
+    timeout 120 python3 -m pytest -q -rs tests/test_ladder.py -k gpu >"$LOG/test_ladder.log" 2>&1
+    note "tests/test_ladder.py -k gpu: $(tail -1 "$LOG/test_ladder.log")"
+    grep -h "^FAILED" "$LOG/test_cuda.log" "$LOG/test_ladder.log" | head -10
+fi
+
+if wants transformers; then
+    step "CUDA logits against transformers (f32 weights and KV cache, 200 positions)"
+    ids=$(python3 -c "import numpy as np; \
+print(','.join(map(str, np.random.default_rng(11).integers(0, 512, 200))))")
+    IFS=, read -ra id_list <<<"$ids"
+    for name in gqa-window wide-heads group-of-8; do
+        dir=$WORK/hf-$name
+        rm -rf "$dir" && mkdir -p "$dir"
+        if python3 -c "import json, sys; sys.path.insert(0, 'tests'); import test_cuda; \
+json.dump(test_cuda.SYNTHETIC['$name'], open('$dir/config.json', 'w'))" &&
+            python3 convert/synth.py --config "$dir/config.json" --tokenizer "$STORIES_HF" \
+                -o "$dir/hf" --dtype f32 --seed 7 >/dev/null &&
+            python3 convert/convert.py "$dir/hf" -o "$dir/model.bin" --dtype f32 >/dev/null &&
+            build/dump_logits "$dir/model.bin" "$dir/cuda.logits" "${id_list[@]}" --kv f32 \
+                --device cuda 2>"$LOG/transformers_$name.err"; then
+            result=$(timeout 120 python3 dev/gpu/transformers_logits.py "$dir/hf" --ids "$ids" \
+                --compare "$dir/cuda.logits" 2>>"$LOG/transformers_$name.err")
+            note "transformers $name: ${result:-FAILED: $(tail -1 "$LOG/transformers_$name.err")}"
+        else
+            note "transformers $name: no logits: $(tail -1 "$LOG/transformers_$name.err")"
+        fi
+    done
+fi
+
+bench() {  # LABEL BINARY MODEL TOKENS REPETITIONS: one row of the summary table
+    local label=$1 binary=$2 model=$3 n=$4 r=$5 json=$LOG/bench_$1_tg$4.json
+    fits $((n * (r + 1) / 150 + 20)) "bench $label tg$n" || return 0
+    if "$binary" bench "$model" --device cuda -p 0 -n "$n" -r "$r" -o json >"$json" \
+        2>"$LOG/bench_$label.err"; then
+        python3 -c "import json, sys; [print(json.dumps({**row, 'label': sys.argv[2]})) \
+for row in json.load(open(sys.argv[1]))]" "$json" "$label" >>"$RESULTS"
+    else
+        note "bench $label tg$n FAILED: $(tail -1 "$LOG/bench_$label.err")"
+    fi
+}
+
+if wants decode; then
+    step "decode"
+    bench stories260K-f16 build/barellm "$WORK/stories260K-f16.bin" 128 5
+    bench stories260K-f16 build/barellm "$WORK/stories260K-f16.bin" 512 3
+    if mistral_ready 90; then
+        bench mistral-7b-f16 build/barellm "$MISTRAL" 128 3
+        bench mistral-7b-f16 build/barellm "$MISTRAL" 4096 1
+    fi
+fi
+
+if wants ladder; then
+    step "GPU ladder"
+    for model in "$WORK/stories260K-f32.bin" "$MISTRAL"; do
+        label=$(basename "$model" .bin)
+        [ "$model" = "$MISTRAL" ] && ! mistral_ready 150 && continue
+        fits 150 "ladder $label" || continue
+        if timeout 150 build/barellm ladder "$model" --device cuda -n 64 >"$LOG/ladder_$label.md" \
+            2>"$LOG/ladder_$label.err"; then
+            cat "$LOG/ladder_$label.md"
+            rungs=$(grep '^| [0-9]' "$LOG/ladder_$label.md")
+            note "ladder $label: $(wc -l <<<"$rungs") rungs, the last: $(tail -1 <<<"$rungs")"
+        else
+            note "ladder $label FAILED: $(tail -1 "$LOG/ladder_$label.err")"
+        fi
+    done
+fi
+
+if wants ab; then
+    step "A/B: gpu_data/ab/*.tgz beside this tree"
+    greedy() {  # BINARY: its greedy completion on stories260K
+        "$1" run "$WORK/stories260K-f16.bin" --device cuda -p "Once upon a time" -n 60 --temp 0 \
+            2>/dev/null
+    }
+    want=$(greedy build/barellm)
+    trees=()
+    for archive in gpu_data/ab/*.tgz; do
+        [ -f "$archive" ] || continue
+        name=$(basename "$archive" .tgz)
+        tree=$WORK/ab/$name
+        rm -rf "$tree" && mkdir -p "$tree" && tar xzf "$archive" -C "$tree"
+        if ! build "$tree" "$LOG/build_$name.log" build/barellm; then
+            note "tree $name: build FAILED: $(grep -m1 -i error "$LOG/build_$name.log")"
+        elif [ "$(greedy "$tree/build/barellm")" != "$want" ]; then
+            note "tree $name: greedy text differs from this tree's on stories260K: not timed"
+        else
+            note "tree $name: the same greedy text as this tree on stories260K"
+            trees+=("$name")
+        fi
+    done
+    if [ "${#trees[@]}" -gt 0 ] && mistral_ready 120; then
+        for round in 1 2; do
+            for name in "${trees[@]}"; do
+                bench "$name-$round" "$WORK/ab/$name/build/barellm" "$MISTRAL" 128 3
+            done
+            bench "this-$round" build/barellm "$MISTRAL" 128 3
+        done
+        for name in "${trees[@]}"; do
+            bench "$name" "$WORK/ab/$name/build/barellm" "$MISTRAL" 4096 1
+        done
+        bench this build/barellm "$MISTRAL" 4096 1
+    fi
+fi
