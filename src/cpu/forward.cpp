@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "backend.h"
-#include "cpu/kernels.h"
 #include "bench.h"
+#include "cpu/kernels.h"
 #include "error.h"
 #include "memory.h"
 

@@ -1,3 +1,5 @@
+// The CPU kernels of cpu/kernels.h: their scalar path (cpu/scalar.h), and the dispatch that
+// sends each call to it or to the AVX2 path (cpu/avx2.h), the work split across threads.
 #include "cpu/kernels.h"
 
 #include <omp.h>
@@ -7,6 +9,8 @@
 #include <cmath>
 #include <vector>
 
+#include "cpu/avx2.h"
+#include "cpu/scalar.h"
 #include "error.h"
 #include "half.h"
 
