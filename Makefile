@@ -1,5 +1,6 @@
 # barellm build. `make` builds build/barellm; `make test` builds and runs every test.
-# Files named *_avx2.cpp hold the SIMD code paths and are compiled with AVX2/FMA/F16C;
+# Files named *_avx2.cpp hold the SIMD code paths and are compiled with AVX2/FMA/F16C
+# (headers named *_avx2.h hold their inline helpers and are included by them only);
 # the rest of the program runs on any x86-64 CPU and picks a path at start-up.
 #
 # The CUDA backend (kernels/*.cu) is built too when nvcc is found; variables:

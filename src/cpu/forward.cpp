@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "backend.h"
-#include "cpu/kernels.h"
 #include "bench.h"
+#include "cpu/kernels.h"
 #include "error.h"
 #include "memory.h"
 
@@ -82,7 +82,8 @@ public:
     const float* forward(int token, int pos) override {
         const Config& c = model_.config;
         InferenceState& s = state_;
-        check_tokens(model_.config, &token, 1, pos, context_);
+        check_tokens(c, &token, 1, pos, context_);
+        // x = the token's row of the embedding table
         cpu::embedding_row(s.x.data(), model_.token_embedding, token);
 
         for (int l = 0; l < c.layers; ++l) {
@@ -111,6 +112,7 @@ public:
             for (int i = 0; i < c.dim; ++i) s.x[i] += s.proj[i];
         }
 
+        // logits = output · norm(x)
         cpu::rmsnorm(s.x.data(), s.x.data(), model_.final_norm, c.dim, c.norm_eps);
         cpu::matmul(s.logits.data(), s.x.data(), model_.output);
         return s.logits.data();

@@ -1,3 +1,5 @@
+// The CPU kernels of cpu/kernels.h: their scalar path (cpu/scalar.h), and the dispatch that
+// sends each call to it or to the AVX2 path (cpu/avx2.h), the work split across threads.
 #include "cpu/kernels.h"
 
 #include <omp.h>
@@ -7,6 +9,8 @@
 #include <cmath>
 #include <vector>
 
+#include "cpu/avx2.h"
+#include "cpu/scalar.h"
 #include "error.h"
 #include "half.h"
 
@@ -14,7 +18,7 @@ namespace barellm::cpu {
 
 namespace {
 
-SimdLevel active_level = detect_simd_level();
+SimdLevel active_level = detect_simd_level();  // the path the dispatch below takes
 
 // Weight (row, col) of w as float, whatever its storage.
 inline float weight_at(const Matrix& w, int row, int col) {
@@ -39,21 +43,6 @@ inline float kv_at(const void* cache, int i, KvType type) {
 }
 
 }  // namespace
-
-SimdLevel detect_simd_level(std::string* missing) {
-    __builtin_cpu_init();
-    std::string lacking;
-    if (!__builtin_cpu_supports("avx2")) lacking += " avx2";
-    if (!__builtin_cpu_supports("fma")) lacking += " fma";
-    // GCC's __builtin_cpu_supports has no "f16c"; every AVX2 CPU made has F16C,
-    // and the check below keeps us honest on emulators that drop it.
-    unsigned eax, ebx, ecx, edx;
-    __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
-    constexpr unsigned kF16cBit = 1u << 29;
-    if (!(ecx & kF16cBit)) lacking += " f16c";
-    if (missing) *missing = lacking;
-    return lacking.empty() ? SimdLevel::Avx2 : SimdLevel::Scalar;
-}
 
 void set_simd_level(SimdLevel level) { active_level = level; }
 SimdLevel simd_level() { return active_level; }

@@ -1,6 +1,5 @@
-// CPU kernels: each has a plain scalar version (the readable reference the tests
-// compare against) and, where it matters for speed, an AVX2/FMA/F16C version in
-// cpu/kernels_avx2.cpp. `matmul` and `attention` pick the path set by set_simd_level.
+// The CPU kernels the forward pass calls. Each runs the path set by set_simd_level: the
+// scalar one (cpu/scalar.h, the readable reference) or, where it matters, AVX2 (cpu/avx2.h).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -92,55 +91,5 @@ void attention(float* out, const float* q, int pos, const void* key_cache, const
 // values are already in the cache; (token, head) pairs in parallel. out [count, heads * head_dim]
 void attention_batch(float* out, const float* q, int count, int first_pos, const void* key_cache,
                      const void* value_cache, const AttentionShape& shape, KvType type);
-
-// The scalar reference of each SIMD kernel, also used on CPUs without AVX2.
-namespace scalar {
-void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
-void matmul_batch_rows(float* out, const Matrix& w, const float* x, int batch, int first_row,
-                       int row_count);
-float dot_kv(const float* q, const void* keys, int n, KvType type);
-void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);
-void swiglu(float* gate, const float* up, int n);
-}  // namespace scalar
-
-namespace avx2 {
-void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
-void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
-                    int row_count);
-// The prefill GEMM in two steps: x [batch, cols] is transposed into tiles of 16 tokens
-// (x_tiles [tiles, cols, 16], 32-byte aligned), then any run of rows is computed from them.
-int token_tile_count(int batch);
-size_t token_tiles_floats(int batch, int cols);  // buffer size, alignment slack included
-float* align32(float* p);
-void pack_token_tile(float* x_tiles, const float* x, int cols, int batch, int tile);
-constexpr int kRowTile = 6;               // weight rows (or query rows) per GEMM micro-kernel call
-constexpr int kRowBlock = 16 * kRowTile;  // weight rows widened to f32 together (96 KB of L2)
-void matmul_batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
-                       int row_count);
-float dot_kv(const float* q, const void* keys, int n, KvType type);
-void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);
-void swiglu(float* gate, const float* up, int n);
-
-// Prefill attention on the GEMM micro-kernel, one KV head at a time: its cache rows
-// [first_key, first_key + keys) widened to f32 tiles (pack_kv_tile, the threads sharing
-// the tiles), then blocks of at most kRowTile query rows (attention_rows). The rows of a
-// KV head are its count × (heads / kv_heads) queries, token-major.
-struct KvTiles {
-    int first_key = 0, keys = 0;
-    int padded_keys = 0;           // keys rounded up to whole tiles of 16
-    float* key_tiles = nullptr;    // [padded_keys / 16, head_dim, 16]: keys transposed
-    float* value_tiles = nullptr;  // [ceil(head_dim / 16), padded_keys, 16]: value columns
-};
-int kv_tile_count(int keys);
-size_t kv_tiles_floats(int keys, int head_dim);  // storage, alignment slack included
-KvTiles kv_tiles(float* storage, int first_key, int keys, int head_dim);
-void pack_kv_tile(const KvTiles& tiles, const void* key_cache, const void* value_cache, int kv_head,
-                  int tile, const AttentionShape& shape, KvType type);
-size_t attention_scratch_floats(int keys, int head_dim);  // per thread
-// out rows first_row .. first_row + rows (rows ≤ kRowTile) of queries q [count, heads *
-// head_dim] at positions first_pos.. over `tiles`.
-void attention_rows(float* out, const float* q, int first_row, int rows, int first_pos, int kv_head,
-                    const KvTiles& tiles, const AttentionShape& shape, float* scratch);
-}  // namespace avx2
 
 }  // namespace barellm::cpu

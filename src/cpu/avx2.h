@@ -1,0 +1,80 @@
+// The AVX2 path of the CPU kernels, private to src/cpu/: the functions of the *_avx2.cpp
+// files, which the dispatch in cpu/kernels.cpp calls when simd_level() is Avx2.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "cpu/kernels.h"
+
+namespace barellm::cpu::avx2 {
+
+// ---- Decode matvecs (matmul_avx2.cpp): out[r] = W[r] · x for each row r of the run.
+
+void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
+void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+                    int row_count);
+
+// ---- The prefill GEMM (gemm_avx2.cpp), in two steps:
+// - x [batch, cols] is transposed into tiles of kTokenTile tokens (x_tiles [tiles, cols,
+//   kTokenTile], 32-byte aligned);
+// - then any run of weight rows is computed from those tiles.
+
+constexpr int kTokenTile = 16;            // tokens per tile: two registers of 8
+constexpr int kRowTile = 6;               // weight rows (or query rows) per micro-kernel call
+constexpr int kRowBlock = 16 * kRowTile;  // weight rows widened to f32 together (96 KB of L2)
+
+int token_tile_count(int batch);
+size_t token_tiles_floats(int batch, int cols);  // buffer size, alignment slack included
+void pack_token_tile(float* x_tiles, const float* x, int cols, int batch, int tile);
+void matmul_batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
+                       int row_count);
+
+// The first 32-byte aligned float at or after p.
+inline float* align32(float* p) {
+    const uintptr_t misalignment = reinterpret_cast<uintptr_t>(p) % 32;
+    return misalignment ? p + (32 - misalignment) / sizeof(float) : p;
+}
+
+// The GEMM micro-kernel, also used by prefill attention, for `rows` rows (1 ≤ rows ≤ kRowTile):
+//   sums[r][t] += Σ_i panel[r * panel_stride + i] · x_tile[i][t], t < kTokenTile
+// sums and x_tile are 32-byte aligned.
+using OuterProductKernel = void (*)(float* sums, const float* panel, int panel_stride,
+                                    const float* x_tile, int depth);
+extern const OuterProductKernel outer_product_kernels[kRowTile];  // [rows - 1]
+inline OuterProductKernel outer_product_kernel_for(int rows) {
+    return outer_product_kernels[rows - 1];
+}
+
+// ---- Attention (attention_avx2.cpp).
+
+// Decode: one query head against one cache row.
+float dot_kv(const float* q, const void* keys, int n, KvType type);
+void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);
+
+// Prefill, one KV head at a time:
+// - its cache rows [first_key, first_key + keys) are widened to f32 tiles (pack_kv_tile,
+//   the threads sharing the tiles);
+// - then blocks of at most kRowTile query rows attend (attention_rows).
+// The rows of a KV head are its count × (heads / kv_heads) queries, token-major.
+struct KvTiles {
+    int first_key = 0, keys = 0;
+    int padded_keys = 0;           // keys rounded up to whole tiles of 16
+    float* key_tiles = nullptr;    // [padded_keys / 16, head_dim, 16]: keys transposed
+    float* value_tiles = nullptr;  // [ceil(head_dim / 16), padded_keys, 16]: value columns
+};
+int kv_tile_count(int keys);
+size_t kv_tiles_floats(int keys, int head_dim);  // storage, alignment slack included
+KvTiles kv_tiles(float* storage, int first_key, int keys, int head_dim);
+void pack_kv_tile(const KvTiles& tiles, const void* key_cache, const void* value_cache, int kv_head,
+                  int tile, const AttentionShape& shape, KvType type);
+size_t attention_scratch_floats(int keys, int head_dim);  // per thread
+// Out rows first_row .. first_row + rows (rows ≤ kRowTile) of queries q [count, heads *
+// head_dim] at positions first_pos.., over `tiles`.
+void attention_rows(float* out, const float* q, int first_row, int rows, int first_pos, int kv_head,
+                    const KvTiles& tiles, const AttentionShape& shape, float* scratch);
+
+// ---- Element-wise (swiglu_avx2.cpp).
+
+void swiglu(float* gate, const float* up, int n);
+
+}  // namespace barellm::cpu::avx2

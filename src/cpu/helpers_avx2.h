@@ -1,0 +1,54 @@
+// Inline AVX2 helpers shared by the *_avx2.cpp kernels: loads that widen weights to f32,
+// a horizontal sum, e^x. Include it only from *_avx2.cpp files (built with -mavx2 -mfma -mf16c).
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "half.h"
+#include "model.h"
+
+namespace barellm::cpu::avx2 {
+
+constexpr int kLanes = 8;  // floats per 256-bit register
+
+// Eight consecutive weights starting at `p`, widened to f32.
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p, DType dtype) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if (dtype == DType::F16) return _mm256_cvtph_ps(raw);
+    // bf16 -> f32: the 16 bits become the top half of each 32-bit lane.
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+// One f16 or bf16 weight as f32, for the columns past the last whole register.
+inline float scalar_weight(const uint16_t* p, DType dtype) {
+    return dtype == DType::F16 ? half_to_float(*p) : bf16_to_float(*p);
+}
+
+inline float horizontal_sum(__m256 v) {
+    const __m128 halves = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 pairs = _mm_add_ps(halves, _mm_movehl_ps(halves, halves));
+    return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+}
+
+// e^x in each lane, for x ≤ 0 (below -87 it gives about 1e-38 rather than less):
+// - x = n·ln2 + r with |r| ≤ ln2/2;
+// - e^r by its Taylor polynomial of degree 6 (relative error below 2e-7);
+// - 2^n written into the exponent bits.
+inline __m256 exp_nonpositive(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    // ln2 in two parts, so that n · (high part) is exact.
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    for (float coefficient : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(coefficient));
+    const __m256i two_to_n =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_to_n));
+}
+
+}  // namespace barellm::cpu::avx2

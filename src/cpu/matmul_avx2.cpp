@@ -1,0 +1,150 @@
+// The decode matvecs on AVX2 + FMA + F16C: out = W · x for one token, with f32, f16 or bf16
+// weights widened in registers, and q8 weights as integer dot products.
+#include <immintrin.h>
+
+#include <type_traits>
+
+#include "cpu/avx2.h"
+#include "cpu/helpers_avx2.h"
+
+namespace barellm::cpu::avx2 {
+
+namespace {
+
+// Four rows at a time share each load of x; the tail columns (cols % 8) go scalar.
+template <typename Weight>
+void rows_kernel(float* out, const Weight* w, DType dtype, int cols, const float* x, int first_row,
+                 int row_count) {
+    const int vector_cols = cols - cols % kLanes;
+    constexpr int kLineWeights = 64 / sizeof(Weight);  // weights per 64-byte cache line
+    int r = first_row;
+    const int end = first_row + row_count;
+    for (; r + 4 <= end; r += 4) {
+        const Weight* row0 = w + size_t(r) * cols;
+        const Weight* row1 = row0 + cols;
+        const Weight* row2 = row1 + cols;
+        const Weight* row3 = row2 + cols;
+        __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
+        __m256 sum2 = _mm256_setzero_ps(), sum3 = _mm256_setzero_ps();
+        for (int i = 0; i < vector_cols; i += kLanes) {
+            // The same columns of the next four rows, a cache line per row at a time: rows
+            // of 4 KB (2048 f16) each start a new page, where the hardware prefetcher stops.
+            if (i % kLineWeights == 0)
+                for (const Weight* row : {row0, row1, row2, row3})
+                    _mm_prefetch(reinterpret_cast<const char*>(row + 4 * size_t(cols) + i),
+                                 _MM_HINT_T0);
+            const __m256 xv = _mm256_loadu_ps(x + i);
+            if constexpr (std::is_same_v<Weight, float>) {
+                sum0 = _mm256_fmadd_ps(load8(row0 + i), xv, sum0);
+                sum1 = _mm256_fmadd_ps(load8(row1 + i), xv, sum1);
+                sum2 = _mm256_fmadd_ps(load8(row2 + i), xv, sum2);
+                sum3 = _mm256_fmadd_ps(load8(row3 + i), xv, sum3);
+            } else {
+                sum0 = _mm256_fmadd_ps(load8(row0 + i, dtype), xv, sum0);
+                sum1 = _mm256_fmadd_ps(load8(row1 + i, dtype), xv, sum1);
+                sum2 = _mm256_fmadd_ps(load8(row2 + i, dtype), xv, sum2);
+                sum3 = _mm256_fmadd_ps(load8(row3 + i, dtype), xv, sum3);
+            }
+        }
+        float totals[4] = {horizontal_sum(sum0), horizontal_sum(sum1), horizontal_sum(sum2),
+                           horizontal_sum(sum3)};
+        const Weight* rows[4] = {row0, row1, row2, row3};
+        for (int k = 0; k < 4; ++k) {
+            for (int i = vector_cols; i < cols; ++i) {
+                if constexpr (std::is_same_v<Weight, float>)
+                    totals[k] += rows[k][i] * x[i];
+                else
+                    totals[k] += scalar_weight(rows[k] + i, dtype) * x[i];
+            }
+            out[r + k] = totals[k];
+        }
+    }
+    for (; r < end; ++r) {  // fewer than four rows left
+        const Weight* row = w + size_t(r) * cols;
+        __m256 sum = _mm256_setzero_ps();
+        for (int i = 0; i < vector_cols; i += kLanes) {
+            if constexpr (std::is_same_v<Weight, float>)
+                sum = _mm256_fmadd_ps(load8(row + i), _mm256_loadu_ps(x + i), sum);
+            else
+                sum = _mm256_fmadd_ps(load8(row + i, dtype), _mm256_loadu_ps(x + i), sum);
+        }
+        float total = horizontal_sum(sum);
+        for (int i = vector_cols; i < cols; ++i) {
+            if constexpr (std::is_same_v<Weight, float>)
+                total += row[i] * x[i];
+            else
+                total += scalar_weight(row + i, dtype) * x[i];
+        }
+        out[r] = total;
+    }
+}
+
+}  // namespace
+
+void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count) {
+    if (w.dtype == DType::F32)
+        rows_kernel(out, static_cast<const float*>(w.data), w.dtype, w.cols, x, first_row,
+                    row_count);
+    else
+        rows_kernel(out, static_cast<const uint16_t*>(w.data), w.dtype, w.cols, x, first_row,
+                    row_count);
+}
+
+namespace {
+
+// Sum over one group of 32 of w[i] * x[i] as int32 lanes: |w| (unsigned) times x with
+// w's sign, multiplied in pairs into int16 (at most 2 * 127 * 127, no overflow), then
+// pairs of those into int32.
+inline __m256 q8_group_dot(const int8_t* w, const int8_t* x) {
+    const __m256i weights = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+    const __m256i values = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    const __m256i products =
+        _mm256_maddubs_epi16(_mm256_sign_epi8(weights, weights), _mm256_sign_epi8(values, weights));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(products, _mm256_set1_epi16(1)));
+}
+
+// One Q8 row · quantized x: whole groups with AVX2, a short last group in scalar.
+inline float q8_row_dot(const int8_t* row, const uint16_t* row_scales, const QuantizedVector& x,
+                        int cols) {
+    const int whole_groups = cols / kQ8Group;
+    __m256 sum = _mm256_setzero_ps();
+    int g = 0;
+    // Eight groups at a time: their eight scales (weight × x) in one register, each
+    // broadcast to the lanes of its group's sum.
+    for (; g + kLanes <= whole_groups; g += kLanes) {
+        const __m256 scales = _mm256_mul_ps(
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row_scales + g))),
+            _mm256_loadu_ps(x.scales.data() + g));
+#pragma GCC unroll 8
+        for (int k = 0; k < kLanes; ++k) {
+            const __m256 scale = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(k));
+            sum = _mm256_fmadd_ps(
+                q8_group_dot(row + (g + k) * kQ8Group, x.values.data() + (g + k) * kQ8Group), scale,
+                sum);
+        }
+    }
+    for (; g < whole_groups; ++g) {
+        const float scale = _cvtsh_ss(row_scales[g]) * x.scales[g];
+        sum = _mm256_fmadd_ps(q8_group_dot(row + g * kQ8Group, x.values.data() + g * kQ8Group),
+                              _mm256_set1_ps(scale), sum);
+    }
+    float total = horizontal_sum(sum);
+    if (whole_groups * kQ8Group < cols) {
+        int32_t tail = 0;
+        for (int i = whole_groups * kQ8Group; i < cols; ++i) tail += row[i] * x.values[i];
+        total += tail * _cvtsh_ss(row_scales[whole_groups]) * x.scales[whole_groups];
+    }
+    return total;
+}
+
+}  // namespace
+
+void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+                    int row_count) {
+    const int8_t* values = static_cast<const int8_t*>(w.data);
+    const int groups = w.q8_groups();
+    for (int r = first_row; r < first_row + row_count; ++r)
+        out[r] = q8_row_dot(values + size_t(r) * w.cols, w.scales + size_t(r) * groups, x, w.cols);
+}
+
+}  // namespace barellm::cpu::avx2

@@ -1,0 +1,15 @@
+// The scalar path of the CPU kernels, private to src/cpu/: the readable reference of each
+// SIMD kernel, also run on CPUs without AVX2. Defined in cpu/kernels.cpp.
+#pragma once
+#include "cpu/kernels.h"
+
+namespace barellm::cpu::scalar {
+
+void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
+void matmul_batch_rows(float* out, const Matrix& w, const float* x, int batch, int first_row,
+                       int row_count);
+float dot_kv(const float* q, const void* keys, int n, KvType type);
+void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);
+void swiglu(float* gate, const float* up, int n);
+
+}  // namespace barellm::cpu::scalar
