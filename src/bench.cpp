@@ -4,7 +4,6 @@
 #include <omp.h>
 #include <sys/resource.h>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -15,6 +14,7 @@
 #include "backend.h"
 #include "cpu/kernels.h"
 #include "error.h"
+#include "timing.h"
 
 namespace barellm {
 
@@ -23,11 +23,6 @@ namespace {
 constexpr size_t kBandwidthBufferBytes = size_t(1) << 30;  // 1 GiB: far beyond any L3
 constexpr int kBandwidthPasses = 5;
 constexpr uint64_t kTokenSeed = 1234;  // random prompt ids, the same every run
-
-double seconds_between(std::chrono::steady_clock::time_point start,
-                       std::chrono::steady_clock::time_point end) {
-    return std::chrono::duration<double>(end - start).count();
-}
 
 // Sums floats with eight independent vector accumulators: a pure streaming read.
 __attribute__((target("avx2"))) float sum_avx2(const float* data, size_t count) {
@@ -99,7 +94,7 @@ double measure_read_bandwidth() {
     double best = 0;
     volatile float sink = 0;  // keeps the sums alive
     for (int pass = 0; pass < kBandwidthPasses; ++pass) {
-        const auto start = std::chrono::steady_clock::now();
+        const auto start = Clock::now();
         float total = 0;
 #pragma omp parallel reduction(+ : total)
         {
@@ -108,7 +103,7 @@ double measure_read_bandwidth() {
             total += use_avx2 ? sum_avx2(buffer.get() + first, last - first)
                               : sum_scalar(buffer.get() + first, last - first);
         }
-        const double seconds = seconds_between(start, std::chrono::steady_clock::now());
+        const double seconds = seconds_since(start);
         sink = sink + total;
         best = std::max(best, kBandwidthBufferBytes / seconds / 1e9);
     }
@@ -144,9 +139,9 @@ void run_bench(const BenchOptions& options) {
         test.bytes_per_run = weight_bytes * batches;
         for (int pos = 0; pos < p; ++pos) test.bytes_per_run += backend->kv_bytes_read(pos);
         for (int r = 0; r < options.repetitions; ++r) {
-            const auto start = std::chrono::steady_clock::now();
+            const auto start = Clock::now();
             backend->prefill(tokens.data(), p, 0, false);
-            const double seconds = seconds_between(start, std::chrono::steady_clock::now());
+            const double seconds = seconds_since(start);
             test.tokens_per_second.push_back(p / seconds);
             test.seconds_per_run += seconds / options.repetitions;
         }
@@ -158,9 +153,9 @@ void run_bench(const BenchOptions& options) {
         for (int pos = 0; pos < n; ++pos)
             test.bytes_per_run += weight_bytes + backend->kv_bytes_read(pos);
         for (int r = 0; r < options.repetitions; ++r) {
-            const auto start = std::chrono::steady_clock::now();
+            const auto start = Clock::now();
             for (int pos = 0; pos < n; ++pos) backend->forward(tokens[pos], pos);
-            const double seconds = seconds_between(start, std::chrono::steady_clock::now());
+            const double seconds = seconds_since(start);
             test.tokens_per_second.push_back(n / seconds);
             test.seconds_per_run += seconds / options.repetitions;
         }

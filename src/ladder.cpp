@@ -3,7 +3,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -13,11 +12,13 @@
 #include <vector>
 
 #include "backend.h"
-#include "cpu/kernels.h"
 #include "bench.h"
+#include "cpu/kernels.h"
 #include "error.h"
+#include "generate.h"
 #include "model_copy.h"
 #include "sampler.h"
+#include "timing.h"
 #include "tokenizer/tokenizer.h"
 
 namespace barellm {
@@ -29,11 +30,6 @@ constexpr uint64_t kTokenSeed = 1234;  // random ids, the same every run (as ben
 constexpr int kWarmupPrefill = 16;     // tokens of rung 6's untimed warm-up prefill
 
 // ==== Shared by the CPU and the GPU ladder
-
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point start) {
-    return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // `count` decode steps from position 0; returns seconds, adds the bytes read to *bytes.
 double time_decode(Backend& backend, const Model& model, const std::vector<int>& tokens, int count,
@@ -63,51 +59,33 @@ std::vector<int> random_tokens(const Config& config, int count) {
     return tokens;
 }
 
-std::vector<int> encode_text(const Model& model, const Tokenizer& tokenizer,
-                             const std::string& text, bool parse_special) {
-    std::vector<int> ids;
-    if (model.config.add_bos && model.config.bos_id >= 0) ids.push_back(model.config.bos_id);
-    for (int id : tokenizer.encode(text, parse_special)) ids.push_back(id);
-    if (ids.empty()) throw Error("--check-text is empty and the model adds no BOS token");
-    return ids;
-}
-
 // The --check-text prompt as ids, refused when it and -n do not fit in the model.
 std::vector<int> check_text_prompt(const Model& model, const Tokenizer& tokenizer,
                                    const Options& options, int gen_tokens) {
-    std::vector<int> prompt =
-        encode_text(model, tokenizer, options.check_text, options.parse_special);
+    std::vector<int> prompt = encode_prompt(tokenizer, model.config, options.check_text,
+                                            model.config.add_bos, options.parse_special);
+    if (prompt.empty()) throw Error("--check-text is empty and the model adds no BOS token");
     if (int(prompt.size()) + gen_tokens > model.config.max_context)
         throw Error("--check-text and -n need " + std::to_string(prompt.size() + gen_tokens) +
                     " positions, beyond the model's " + std::to_string(model.config.max_context));
     return prompt;
 }
 
-// Greedy completion of `prompt` on `backend` as `barellm run --temp 0` does it (stop at an
-// end-of-text token or after `generate` tokens), the prompt as one prefill batch or one
-// token at a time. Returns the prompt's text followed by the continuation.
-std::string greedy_text(Backend& backend, bool batched_prompt, const Model& model,
+// Greedy completion of `prompt` on `backend`, the loop of `barellm run --temp 0`, the
+// prompt as one prefill batch or one token at a time. Returns the prompt's text followed
+// by the continuation of at most `gen_tokens` tokens.
+std::string greedy_text(Backend& backend, PromptFeed feed, const Model& model,
                         const Tokenizer& tokenizer, const std::string& text,
-                        const std::vector<int>& prompt, int generate) {
-    const Config& c = model.config;
-    StreamDecoder decoder(tokenizer, /*skip_special=*/true);
-    for (int id : prompt) decoder.push(id);
-    const int count = int(prompt.size());
-    const float* logits = nullptr;
-    if (batched_prompt) {
-        logits = backend.prefill(prompt.data(), count, 0, false);
-    } else {
-        for (int pos = 0; pos < count; ++pos) logits = backend.forward(prompt[pos], pos);
-    }
+                        const std::vector<int>& prompt, int gen_tokens) {
+    Sampler greedy(model.config.vocab_size, /*temperature=*/0, /*top_p=*/1, /*seed=*/0);
+    GenerateOptions options;
+    options.max_tokens = gen_tokens;
+    options.context = int(prompt.size()) + gen_tokens;
+    options.prompt_feed = feed;
     std::string out = text;
-    int pos = count;
-    for (int generated = 1; generated <= generate; ++generated) {
-        const int next = argmax(logits, c.vocab_size);
-        if (std::find(c.eos_ids.begin(), c.eos_ids.end(), next) != c.eos_ids.end()) break;
-        out += decoder.push(next);
-        if (generated < generate) logits = backend.forward(next, pos++);
-    }
-    return out + decoder.flush();
+    generate(backend, model.config, tokenizer, greedy, prompt, options,
+             [&out](const std::string& piece) { out += piece; });
+    return out;
 }
 
 const char* kv_name(KvType type) { return type == KvType::F16 ? "f16" : "f32"; }
@@ -238,8 +216,7 @@ int run_cpu_ladder(const Options& options, int gen_tokens) {
         ladder_rungs(threads, options.has_check_text ? 0 : prompt_tokens);
 
     if (options.has_check_text) {
-        const Tokenizer tokenizer =
-            Tokenizer::from_json(file_model.file->metadata_value("barellm.tokenizer"));
+        const Tokenizer tokenizer = load_tokenizer(file_model);
         const std::vector<int> prompt =
             check_text_prompt(file_model, tokenizer, options, gen_tokens);
         const int context = int(prompt.size()) + gen_tokens;
@@ -248,7 +225,9 @@ int run_cpu_ladder(const Options& options, int gen_tokens) {
             const Model& model = weights.in(rung.weights);
             auto backend =
                 make_cpu_backend(model, BackendOptions{context, options.kv_type, Device::Cpu});
-            const std::string text = greedy_text(*backend, rung.batched_prefill, model, tokenizer,
+            const PromptFeed feed =
+                rung.batched_prefill ? PromptFeed::OneBatch : PromptFeed::TokenByToken;
+            const std::string text = greedy_text(*backend, feed, model, tokenizer,
                                                  options.check_text, prompt, gen_tokens);
             print_json_line(
                 {{"rung", rung.number},
@@ -388,8 +367,7 @@ int run_gpu_ladder(const Options& options, int gen_tokens) {
     const std::vector<GpuRung> rungs = gpu_ladder_rungs();
 
     if (options.has_check_text) {
-        const Tokenizer tokenizer =
-            Tokenizer::from_json(model.file->metadata_value("barellm.tokenizer"));
+        const Tokenizer tokenizer = load_tokenizer(model);
         const std::vector<int> prompt = check_text_prompt(model, tokenizer, options, gen_tokens);
         for (const GpuRung& rung : rungs) {
             auto backend = make_rung_backend(rung, model, int(prompt.size()) + gen_tokens);
@@ -400,7 +378,7 @@ int run_gpu_ladder(const Options& options, int gen_tokens) {
                  {"kv", kv_name(rung.kv_type)},
                  {"graph", rung.graph},
                  {"flash_decoding", rung.flash_decoding},
-                 {"text", greedy_text(*backend, /*batched_prompt=*/false, model, tokenizer,
+                 {"text", greedy_text(*backend, PromptFeed::TokenByToken, model, tokenizer,
                                       options.check_text, prompt, gen_tokens)}});
         }
         return 0;

@@ -3,7 +3,6 @@
 #include <omp.h>
 
 #include <atomic>
-#include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
@@ -14,14 +13,16 @@
 #include <sstream>
 
 #include "backend.h"
-#include "cpu/kernels.h"
 #include "bench.h"
-#include "tokenizer/chat.h"
 #include "cli.h"
+#include "cpu/kernels.h"
 #include "error.h"
+#include "generate.h"
 #include "ladder.h"
 #include "model.h"
 #include "sampler.h"
+#include "timing.h"
+#include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace barellm;
@@ -40,11 +41,6 @@ std::string read_text_file(const std::string& path) {
     return text.str();
 }
 
-using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point start) {
-    return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
 // Ctrl-C sets this; the commands stop at the next token or chunk and still report.
 std::atomic<bool> interrupted{false};
 void on_interrupt(int) { interrupted = true; }
@@ -59,27 +55,10 @@ int context_length(const Options& options, const Config& config, int default_cap
     return options.context > 0 ? options.context : std::min(config.max_context, default_cap);
 }
 
-void check_finite(const float* logits, int n, int pos) {
-    for (int i = 0; i < n; ++i)
-        if (!std::isfinite(logits[i]))
-            throw Error("logits at position " + std::to_string(pos) +
-                        " are not finite (NaN or Inf): the weights or the computation are broken");
-}
-
-std::vector<int> encode_prompt(const Tokenizer& tokenizer, const Config& config,
-                               const std::string& text, bool add_bos, bool parse_special) {
-    std::vector<int> ids;
-    if (add_bos) ids.push_back(config.bos_id);
-    for (int id : tokenizer.encode(text, parse_special)) ids.push_back(id);
-    return ids;
-}
-
 int command_run(const Options& options) {
     if (!options.has_prompt) throw UsageError("run needs -p PROMPT");
-    const Model model = Model::load(options.model_path);
+    const auto [model, tokenizer] = load_model_and_tokenizer(options.model_path);
     const Config& config = model.config;
-    const Tokenizer tokenizer =
-        Tokenizer::from_json(model.file->metadata_value("barellm.tokenizer"));
     const int context = context_length(options, config, kDefaultContextCap);
     // --chat: the prompt rendered by the model's chat template (src/tokenizer/chat.h), special
     // tokens parsed, BOS added only when the rendering does not start with it already.
@@ -115,48 +94,25 @@ int command_run(const Options& options) {
     const uint64_t seed =
         options.has_seed ? options.seed : uint64_t(Clock::now().time_since_epoch().count());
     Sampler sampler(config.vocab_size, options.temperature, options.top_p, seed);
-    StreamDecoder decoder(tokenizer, /*skip_special=*/true);
-    for (int id : prompt) decoder.push(id);  // so the continuation decodes in context
+    GenerateOptions generation;
+    generation.max_tokens = options.generate;
+    generation.context = context;
+    generation.end_of_turn = end_of_turn;
+    generation.interrupted = &interrupted;
     std::signal(SIGINT, on_interrupt);
 
     if (!options.chat) std::cout << options.prompt << std::flush;  // --chat: the reply only
-    const auto prefill_start = Clock::now();
-    const float* logits = backend->prefill(prompt.data(), int(prompt.size()), 0, false);
-    const double prefill_seconds = seconds_since(prefill_start);
-
-    std::vector<float> scratch(config.vocab_size);
-    int generated = 0;
-    int pos = int(prompt.size());
-    std::string stop_reason = "reached -n";
-    const auto decode_start = Clock::now();
-    while (generated < options.generate) {
-        if (interrupted) {
-            stop_reason = "interrupted";
-            break;
-        }
-        check_finite(logits, config.vocab_size, pos - 1);
-        std::copy(logits, logits + config.vocab_size, scratch.begin());
-        const int next = sampler.sample(scratch.data());
-        ++generated;
-        if (next == end_of_turn ||
-            std::find(config.eos_ids.begin(), config.eos_ids.end(), next) != config.eos_ids.end()) {
-            stop_reason = "end of text";
-            break;
-        }
-        std::cout << decoder.push(next) << std::flush;
-        if (pos >= context) {
-            stop_reason = "context full (" + std::to_string(context) + " tokens)";
-            break;
-        }
-        if (generated < options.generate) logits = backend->forward(next, pos++);
-    }
-    const double decode_seconds = seconds_since(decode_start);
-    std::cout << decoder.flush() << std::endl;
+    const GenerateStats stats =
+        generate(*backend, config, tokenizer, sampler, prompt, generation,
+                 [](const std::string& piece) { std::cout << piece << std::flush; });
+    std::cout << std::endl;
     std::fprintf(stderr,
-                 "\nprompt: %zu tokens, %.1f tok/s | generated: %d tokens, %.1f tok/s | "
+                 "\nprompt: %d tokens, %.1f tok/s | generated: %d tokens, %.1f tok/s | "
                  "stopped: %s\n",
-                 prompt.size(), prompt.size() / prefill_seconds, generated,
-                 generated / std::max(decode_seconds, 1e-9), stop_reason.c_str());
+                 stats.prompt_tokens, stats.prompt_tokens / stats.prefill_seconds,
+                 stats.generated_tokens,
+                 stats.generated_tokens / std::max(stats.decode_seconds, 1e-9),
+                 stop_reason_text(stats.stop_reason, context).c_str());
     return interrupted ? kInterruptedExit : 0;
 }
 
@@ -165,10 +121,8 @@ int command_run(const Options& options) {
 // only the second half of each chunk is scored.
 int command_ppl(const Options& options) {
     if (!options.has_file) throw UsageError("ppl needs -f FILE");
-    const Model model = Model::load(options.model_path);
+    const auto [model, tokenizer] = load_model_and_tokenizer(options.model_path);
     const Config& config = model.config;
-    const Tokenizer tokenizer =
-        Tokenizer::from_json(model.file->metadata_value("barellm.tokenizer"));
     constexpr int kDefaultPplContext = 512;
     const int context = context_length(options, config, kDefaultPplContext);
     if (context < 4) throw Error("ppl needs --ctx of at least 4");
@@ -272,22 +226,17 @@ int command_info(const Options& options) {
 int command_tokenize(const Options& options) {
     if (options.has_prompt == options.has_file)
         throw UsageError("tokenize needs -p TEXT or -f FILE");
-    const Model model = Model::load(options.model_path);
-    const Tokenizer tokenizer =
-        Tokenizer::from_json(model.file->metadata_value("barellm.tokenizer"));
+    const auto [model, tokenizer] = load_model_and_tokenizer(options.model_path);
     const std::string text = options.has_prompt ? options.prompt : read_text_file(options.file);
     const std::vector<int> ids =
-        encode_prompt(tokenizer, model.config, text, options.bos && model.config.bos_id >= 0,
-                      options.parse_special);
+        encode_prompt(tokenizer, model.config, text, options.bos, options.parse_special);
     std::cout << nlohmann::json(ids).dump() << "\n";
     return 0;
 }
 
 int command_detokenize(const Options& options) {
     if (!options.has_prompt) throw UsageError("detokenize needs -p \"[ids...]\"");
-    const Model model = Model::load(options.model_path);
-    const Tokenizer tokenizer =
-        Tokenizer::from_json(model.file->metadata_value("barellm.tokenizer"));
+    const auto [model, tokenizer] = load_model_and_tokenizer(options.model_path);
     const auto ids = nlohmann::json::parse(options.prompt, nullptr, false);
     if (ids.is_discarded() || !ids.is_array())
         throw Error("detokenize: -p is not a JSON array of ids");

@@ -1,5 +1,4 @@
 // Test tool: runs barellm's tokenizer on a tokenizer.json, for comparison with Hugging Face.
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -10,12 +9,15 @@
 #include <vector>
 
 #include "error.h"
+#include "timing.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {
 
 using json = nlohmann::json;
+using barellm::Clock;
 using barellm::Error;
+using barellm::seconds_since;
 using barellm::Tokenizer;
 
 const char* const kUsage = R"(usage: tokenize_json [options] TOKENIZER_JSON FILE
@@ -110,7 +112,7 @@ json decode_one(const Tokenizer& tokenizer, const json& ids, const Options& opti
 std::string run(const Options& options) {
     const Tokenizer tokenizer = Tokenizer::from_json(read_file(options.tokenizer_path));
     const std::string input = read_file(options.input_path);
-    const auto start = std::chrono::steady_clock::now();
+    const auto start = Clock::now();
     json output;
     if (options.decode) {
         const json ids = parse_input_json(input, options.input_path);
@@ -129,8 +131,7 @@ std::string run(const Options& options) {
         output = tokenizer.encode(input, options.parse_special);
     }
     if (options.time) {
-        const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
-        std::fprintf(stderr, "%.6f\n", seconds.count());
+        std::fprintf(stderr, "%.6f\n", seconds_since(start));
     }
     if (output.is_string()) return output.get<std::string>();
     return output.dump(-1, ' ', false, json::error_handler_t::strict) + "\n";
