@@ -18,8 +18,6 @@
 // - w1 and w3 are read by the same warp and SiLU-GLU is applied before the store, so the
 //   two hidden-size intermediates never reach global memory.
 #pragma once
-#include <type_traits>
-
 #include "common.cuh"
 #include "cuda_check.h"
 #include "kernels.h"
@@ -299,21 +297,6 @@ void launch_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix
     const dim3 grid((w1.rows + warps - 1) / warps), block(warps * kWarpSize);
     matvec_swiglu_kernel<D><<<grid, block, matvec_shared_bytes(w1.pitch), stream>>>(
         out, w1.data, w3.data, w1.rows, w1.pitch, in, w1.cols, norm_weight, eps);
-}
-
-// Calls launch(std::integral_constant<DType, D>{}) for the weights' dtype D.
-template <typename Launch>
-void with_weight_dtype(DType dtype, Launch launch) {
-    switch (dtype) {
-        case DType::F32:
-            return launch(std::integral_constant<DType, DType::F32>{});
-        case DType::F16:
-            return launch(std::integral_constant<DType, DType::F16>{});
-        case DType::BF16:
-            return launch(std::integral_constant<DType, DType::BF16>{});
-        case DType::I8:
-            throw Error("the CUDA kernels do not read Q8 (I8) weights yet");
-    }
 }
 
 // stage_input reads the input and the norm weight as float4s.
