@@ -223,24 +223,27 @@ void attention_fast(const StepContext& ctx, const DeviceLayer& layer) {
 
 // Every operation its own kernel (rungs 1-2).
 constexpr Steps kSeparateSteps = {
-    norm_matvec_separate,        attention_separate, add_matvec_separate, norm_swiglu_separate,
+    norm_matvec_separate,  // rmsnorm, a plain matvec
+    attention_separate,    // rope, store_kv_row, attention_naive
+    add_matvec_separate,   // a plain matvec, residual_add
+    norm_swiglu_separate,  // rmsnorm, two plain matvecs, swiglu
     /*uses_intermediates=*/true,
     /*uses_scores=*/true,
 };
 // RMSNorm, the residual add and SwiGLU fused into the matvecs, RoPE into the KV write
 // (rungs 3-4).
 constexpr Steps kFusedSteps = {
-    norm_matvec_fused,
-    attention_fused,
-    add_matvec_fused,
-    norm_swiglu_fused,
+    norm_matvec_fused,  // a matvec with RMSNorm
+    attention_fused,    // rope_kv_store, attention_naive
+    add_matvec_fused,   // a matvec adding to x
+    norm_swiglu_fused,  // a matvec_swiglu with RMSNorm
     /*uses_intermediates=*/false,
     /*uses_scores=*/true,
 };
-// And RoPE with the KV write folded into the fast attention (rung 5 on).
+// And the fast attention, RoPE and the KV write inside it (rung 5 on).
 constexpr Steps kFastSteps = {
     norm_matvec_fused,
-    attention_fast,
+    attention_fast,  // cuda::attention
     add_matvec_fused,
     norm_swiglu_fused,
     /*uses_intermediates=*/false,
