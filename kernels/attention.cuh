@@ -1,25 +1,27 @@
-// Decode attention (one query token) over the KV cache, flash-decoding style, in one kernel:
+// Decode attention (one query token) over the KV cache, flash-decoding style, in one kernel
+// (attention_split_kernel), RoPE and the KV-cache write folded in.
 //
-//   attention_split_kernel: the attended positions first..pos are cut into `splits` equal
-//     ranges, one block per (range, KV head, group of up to kMaxHeadsPerBlock query heads
-//     sharing that KV head). Each block rotates its query heads (RoPE) as it loads them;
-//     the block whose range holds pos also rotates the token's key and stores it, with the
-//     value, into row pos of the cache (RoPE and the cache write need no kernel of their
-//     own). The block reads each key and value of its range once for all its query heads,
-//     keeps an online softmax (running max and sum) tile by tile, and writes its
-//     unnormalised output and (max, sum) per query head. The last block of a (KV head, head
-//     group) to finish, known by an arrival counter, merges the partials: it rescales them
-//     to a common max and divides by the total sum (no second kernel).
-//
-// The grid is fixed for a context (splits does not depend on pos); blocks whose range is
-// empty at this pos exit at once and do not arrive, so a captured CUDA graph replays for
-// every position; the merging block sets its counter back to zero for the next launch.
-// Keys: a group of kKeyLanes lanes reads one key row (contiguous, head_dim elements, as
-// half2/float2 pairs), all pairs of a lane loaded before use; the group's partial dot
-// products meet by shuffles within the group. Values: a whole warp reads one value row
-// (lane l takes pairs l, l + 32, ...), two rows in flight; each warp keeps its partial
-// output in registers and the warps' partials are summed in shared memory at the end.
-// The only atomic is the arrival count (an integer): no float is ever added atomically.
+// - Blocks: the attended positions first..pos are cut into `splits` equal ranges; one block
+//   per (range, KV head, group of up to kMaxHeadsPerBlock query heads sharing that KV head).
+// - Each block rotates its query heads (RoPE) as it loads them. The block whose range holds
+//   pos also rotates the token's key and stores it, with the value, into row pos of the
+//   cache: RoPE and the cache write need no kernel of their own.
+// - A block reads each key and value of its range once for all its query heads, keeps an
+//   online softmax (running max and sum) tile by tile, and writes its unnormalised output
+//   and (max, sum) per query head.
+// - The last block of a (KV head, head group) to finish, known by an arrival counter, merges
+//   the partials: it rescales them to a common max and divides by the total sum (no second
+//   kernel).
+// - The grid is fixed for a context (splits does not depend on pos). Blocks whose range is
+//   empty at this pos exit at once and do not arrive, so a captured CUDA graph replays for
+//   every position; the merging block sets its counter back to zero for the next launch.
+// - Keys: a group of kKeyLanes lanes reads one key row (contiguous, head_dim elements, as
+//   half2/float2 pairs), all pairs of a lane loaded before use; the group's partial dot
+//   products meet by shuffles within the group.
+// - Values: a whole warp reads one value row (lane l takes pairs l, l + 32, ...), two rows
+//   in flight. Each warp keeps its partial output in registers; the warps' partials are
+//   summed in shared memory at the end.
+// - The only atomic is the arrival count (an integer): no float is ever added atomically.
 #pragma once
 #include <algorithm>
 #include <cmath>
@@ -86,12 +88,14 @@ __device__ __forceinline__ void store_new_kv_row(KvT* keys, KvT* values, size_t 
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) kv_store(value_row + d, v[d]);
 }
 
-// The merge, run by the last block of a (KV head, head group) to finish: for each of its
-// heads_here query heads h (from head0), out[h] = sum_s exp(m_s - M) * o_s / sum_s exp(m_s
-// - M) * l_s over the `active` non-empty splits s, M = max_s m_s. Warp h loads head h's
-// (max, sum) per split once and computes the weights exp(m_s - M) into shared memory; then each
-// thread sums pairs of the output over the splits (reads of one split's pairs are coalesced).
-// Partials written by other blocks are read through L2 (__ldcg), past this SM's L1.
+// The merge, run by the last block of a (KV head, head group) to finish, for each of its
+// heads_here query heads h (from head0), over the `active` non-empty splits s:
+//   out[h] = sum_s exp(m_s - M) * o_s / sum_s exp(m_s - M) * l_s,  M = max_s m_s.
+// - Warp h loads head h's (max, sum) per split once and writes the weights exp(m_s - M) to
+//   shared memory.
+// - Then each thread sums pairs of the output over the splits (reads of one split's pairs
+//   are coalesced).
+// - Partials written by other blocks are read through L2 (__ldcg), past this SM's L1.
 template <int kHeadDimMax>
 __device__ __forceinline__ void merge_splits(const AttentionArgs& a, int head0, int heads_here,
                                              int active) {
@@ -414,8 +418,8 @@ int attention_arrival_counters(const AttentionShape& shape) {
 
 void attention(float* out, const float* qkv, const float* inverse_frequencies, void* key_cache,
                void* value_cache, const int* step, float* partial_out, float* partial_stats,
-               unsigned* arrivals, const AttentionShape& shape, int splits,
-               KvType kv_type, cudaStream_t stream) {
+               unsigned* arrivals, const AttentionShape& shape, int splits, KvType kv_type,
+               cudaStream_t stream) {
     if (shape.head_dim % 2 != 0 || shape.head_dim > kMaxHeadDim || shape.heads % shape.kv_heads)
         throw Error("attention: unsupported shape (head_dim " + std::to_string(shape.head_dim) +
                     ", heads " + std::to_string(shape.heads) + ", kv_heads " +

@@ -1,13 +1,16 @@
 // Device helpers shared by the kernels: warp and block reductions (RMSNorm's scale among
 // them), 16-byte weight vectors unpacked to f32, and KV-cache element loads and stores (f32
-// or f16), with the host's dispatch on the cache's element type (with_kv_type).
+// or f16); and the host's dispatch on the weights' dtype and the cache's element type
+// (with_weight_dtype, with_kv_type).
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
+#include "error.h"
 #include "kv_cache.h"
 #include "safetensors.h"  // DType
 
@@ -129,17 +132,23 @@ struct WeightFormat<DType::F32> {
     }
 };
 
+// The 8 16-bit elements of a 16-byte vector, each widened to f32 by widen(bits16): element
+// 2k is the low half of word k (little-endian storage).
+template <typename Widen>
+__device__ __forceinline__ void unpack_16bit(const uint4& v, float (&out)[8], Widen widen) {
+    const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        out[2 * k] = widen(words[k] & 0xffffu);
+        out[2 * k + 1] = widen(words[k] >> 16);
+    }
+}
+
 template <>
 struct WeightFormat<DType::F16> {
     static constexpr int kPerVector = 8;
-    // Element 2k is the low half of word k (little-endian storage).
     __device__ static __forceinline__ void unpack(const uint4& v, float (&out)[8]) {
-        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            out[2 * k] = half_bits_to_float(words[k] & 0xffffu);
-            out[2 * k + 1] = half_bits_to_float(words[k] >> 16);
-        }
+        unpack_16bit(v, out, half_bits_to_float);
     }
     __device__ static __forceinline__ float element(const void* row, int i) {
         return half_bits_to_float(static_cast<const uint16_t*>(row)[i]);
@@ -150,12 +159,7 @@ template <>
 struct WeightFormat<DType::BF16> {
     static constexpr int kPerVector = 8;
     __device__ static __forceinline__ void unpack(const uint4& v, float (&out)[8]) {
-        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            out[2 * k] = __uint_as_float(words[k] << 16);
-            out[2 * k + 1] = __uint_as_float(words[k] & 0xffff0000u);
-        }
+        unpack_16bit(v, out, bf16_bits_to_float);
     }
     __device__ static __forceinline__ float element(const void* row, int i) {
         return bf16_bits_to_float(static_cast<const uint16_t*>(row)[i]);
@@ -177,6 +181,21 @@ __device__ __forceinline__ float2 kv_load_pair(const float* row, int pair) {
 }
 __device__ __forceinline__ float2 kv_load_pair(const __half* row, int pair) {
     return __half22float2(reinterpret_cast<const __half2*>(row)[pair]);
+}
+
+// Host side: calls launch(std::integral_constant<DType, D>{}) for the weights' dtype D.
+template <typename Launch>
+void with_weight_dtype(DType dtype, Launch launch) {
+    switch (dtype) {
+        case DType::F32:
+            return launch(std::integral_constant<DType, DType::F32>{});
+        case DType::F16:
+            return launch(std::integral_constant<DType, DType::F16>{});
+        case DType::BF16:
+            return launch(std::integral_constant<DType, DType::BF16>{});
+        case DType::I8:
+            throw Error("the CUDA kernels do not read Q8 (I8) weights yet");
+    }
 }
 
 // Host side: calls launch(KvT{}) with KvT the cache's element type (float or __half).

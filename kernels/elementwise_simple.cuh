@@ -1,8 +1,7 @@
 // The steps the fast kernels fuse, each as its own kernel, as the CPU runs them: RMSNorm,
-// the residual add, SwiGLU, RoPE and the KV-cache write. The GPU ladder's rungs 1-2
-// (`barellm ladder --device cuda`) run them; rung 3 fuses them into the matvecs
-// (matmul_simple.cuh) and into rope_kv_kernel (rope.cuh). Every value makes a round trip
-// through global memory between two of them.
+// the residual add, SwiGLU, RoPE and the KV-cache write (the GPU ladder's rungs 1-2).
+// Every value makes a round trip through global memory between two of them; rung 3 fuses
+// them into the matvecs (matmul_simple.cuh) and into rope_kv_kernel (rope.cuh).
 #pragma once
 #include "common.cuh"
 #include "cuda_check.h"

@@ -24,22 +24,10 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
 
 void embedding(float* x, const DeviceMatrix& table, const int* step, cudaStream_t stream) {
     const dim3 grid((table.cols + kEmbeddingThreads - 1) / kEmbeddingThreads);
-    switch (table.dtype) {
-        case DType::F32:
-            embedding_kernel<DType::F32><<<grid, kEmbeddingThreads, 0, stream>>>(
-                x, table.data, table.cols, table.pitch, step);
-            break;
-        case DType::F16:
-            embedding_kernel<DType::F16><<<grid, kEmbeddingThreads, 0, stream>>>(
-                x, table.data, table.cols, table.pitch, step);
-            break;
-        case DType::BF16:
-            embedding_kernel<DType::BF16><<<grid, kEmbeddingThreads, 0, stream>>>(
-                x, table.data, table.cols, table.pitch, step);
-            break;
-        case DType::I8:
-            throw Error("the CUDA kernels do not read Q8 (I8) weights yet");
-    }
+    with_weight_dtype(table.dtype, [&](auto dtype) {
+        embedding_kernel<decltype(dtype)::value>
+            <<<grid, kEmbeddingThreads, 0, stream>>>(x, table.data, table.cols, table.pitch, step);
+    });
     CUDA_CHECK_LAUNCH("embedding_kernel");
 }
 

@@ -1,36 +1,17 @@
-// The CUDA forward pass: one token through the Llama transformer on the GPU, top to bottom
-// like src/cpu/forward.cpp, every kernel our own (kernels/*.cuh, launched through
-// kernels.h). Weights are uploaded once; activations are f32; the KV cache is f16 or f32.
-// The kernel sequence of one token is captured once as a CUDA graph and replayed for every
-// token: the token id and the position live in a small device buffer (`step`) that the host
-// overwrites before each replay, and no kernel's launch shape depends on them. One
-// synchronisation per token, after the logits reach pinned host memory.
+// The CUDA backend: one token through the Llama transformer on the GPU, step by step as
+// src/cpu/forward.cpp runs it, with the kernels of kernels/*.cuh (launched through kernels.h).
 //
-// VERIFICATION STATUS:
-//   verified:   kernels/ and this file compile warning-free with nvcc 13.0 (host g++ 12,
-//               -Wall -Wextra) for sm_75, sm_80, sm_86, sm_89, sm_90 plus compute_90 PTX;
-//               ptxas reports no register spills (rope_kv_kernel keeps a 40-byte stack
-//               frame for the double-precision sincos); without a CUDA driver,
-//               `barellm run ... --device cuda` prints one line and exits 1, and the GPU
-//               tests skip with that reason; the CPU-only build (make CUDA=0) still works.
-//               On one GPU, an H100 80GB HBM3 (sm_90, built with CUDA_ARCHS=90), on
-//               2026-11-22 with dev/gpu/gpu_session.sh at commit b0e3489: every kernel,
-//               fast and simple, matches the CPU kernels (build/cuda_kernel_check), the
-//               logits match the CPU backend's (tests/test_cuda.py, graph replay included)
-//               and those of Hugging Face transformers on three synthetic checkpoints, and
-//               every rung of the GPU ladder gives the fast path's greedy text
-//               (tests/test_ladder.py).
-//   NOT verified: any other GPU or architecture (sm_75 to sm_89 are compiled, never run).
-//   Speed on that H100: docs/BENCHMARKS.md (7B f16 decode at 85% of the copy bandwidth,
-//               83% at 4096 positions).
-//
-// The GPU ladder (`barellm ladder --device cuda`, src/ladder.cpp) runs this backend with
-// simpler kernels (BackendOptions::cuda_kernels: record_forward_unfused for the first two
-// rungs, then the member functions matvec, matvec_swiglu and attention pick the kernels),
-// without the graph (cuda_graph) or without the attention split (flash_decoding).
-//
-// Debugging knob: BARELLM_CUDA_GRAPHS=0 in the environment launches the kernels directly
-// on the stream for every token instead of replaying the captured graph.
+// - Weights are uploaded once; activations are f32; the KV cache is f16 or f32.
+// - The kernel sequence of one token (CudaBackend::record_forward) is captured once as a CUDA
+//   graph and replayed for every token. The token id and the position live in a small device
+//   buffer (`step`) that the host overwrites before each replay; no launch shape depends on
+//   them.
+// - One synchronisation per token, after the logits reach pinned host memory.
+// - The GPU ladder (`barellm ladder --device cuda`, src/ladder.cpp) runs this backend with
+//   simpler kernels (rung_kernels picks them from BackendOptions::cuda_kernels), without the
+//   graph (cuda_graph) or without the attention split (flash_decoding).
+// - Debugging knob: BARELLM_CUDA_GRAPHS=0 in the environment launches the kernels directly
+//   on the stream for every token instead of replaying the captured graph.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
@@ -83,7 +64,7 @@ Event make_event() {
     return Event(event);
 }
 
-// One layer's weights in device memory.
+// One layer's weights and KV cache in device memory.
 struct DeviceLayer {
     const float* attn_norm;  // [dim]
     DeviceMatrix wqkv;       // [heads * head_dim + 2 * kv_heads * head_dim, dim]: wq, wk, wv
@@ -92,9 +73,11 @@ struct DeviceLayer {
     DeviceMatrix w1;         // [hidden_dim, dim]  gate
     DeviceMatrix w3;         // [hidden_dim, dim]  up
     DeviceMatrix w2;         // [dim, hidden_dim]  down
+    void* key_cache;         // [context, kv_dim] of kv_type: this layer's part of the key cache
+    void* value_cache;       // [context, kv_dim] of kv_type: the same of the value cache
 };
 
-// Every activation buffer and the KV cache, in device memory, allocated once.
+// Every activation buffer, in device memory, allocated once.
 struct DeviceState {
     int* step;                // [2]  {token, pos} of the step being run
     float* x;                 // [dim]  residual stream
@@ -105,14 +88,191 @@ struct DeviceState {
     float* partial_out;       // [heads, splits, head_dim]  flash-decoding partial outputs
     float* partial_stats;     // [heads, splits, 2]  their running (max, sum)
     unsigned* arrivals;       // [kv_heads * head groups]  attention blocks done (0 between steps)
-    float* normed;            // [dim]  rmsnorm(x) (unfused kernels only)
+    float* normed;            // [dim]  rmsnorm(x) (separate-kernel steps only)
     float* projected;         // [dim]  wo · att or w2 · hidden, before the residual add (same)
     float* up;                // [hidden_dim]  w3 · norm(x) (same)
-    float* scores;            // [heads, context]  attention_naive's scores (naive attention only)
-    void* key_cache;          // [layers, context, kv_dim] of kv_type
-    void* value_cache;        // [layers, context, kv_dim] of kv_type
+    float* scores;            // [heads, context]  the naive attention's scores (its steps only)
     float* rope_frequencies;  // [head_dim / 2]
 };
+
+// ==== The steps of a layer, in the ways the rungs of the GPU ladder run them
+
+// The matvec kernels a rung's steps launch (kernels.h).
+struct MatvecKernels {
+    // out = W · in: the separate-kernel steps' matvec.
+    void (*plain)(float* out, const DeviceMatrix& w, const float* in, cudaStream_t stream);
+    // out = W · rmsnorm(in) with norm_weight, out += W · in with accumulate: the fused steps'.
+    void (*fused)(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight,
+                  float eps, bool accumulate, cudaStream_t stream);
+    // out = silu(W1 · rmsnorm(in)) * (W3 · rmsnorm(in)): the fused steps'.
+    void (*fused_swiglu)(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
+                         const float* in, const float* norm_weight, float eps, cudaStream_t stream);
+};
+
+// What every step launches with.
+struct StepContext {
+    cudaStream_t stream;
+    const Config& config;
+    const DeviceState& state;
+    AttentionShape shape;
+    KvType kv_type;
+    int context;  // positions of the KV cache
+    int splits;   // attention blocks per KV head (attention_fast)
+    const MatvecKernels& matvecs;
+};
+
+// How a rung runs each step of a layer, and the scratch buffers those steps need.
+struct Steps {
+    // out = W · rmsnorm(x) * norm_weight: q, k and v; the logits.
+    void (*norm_matvec)(const StepContext& ctx, float* out, const DeviceMatrix& w, const float* x,
+                        const float* norm_weight);
+    // att = attention of rope(q) over the layer's cache, after row pos of the cache has
+    // received rope(k) and v (q, k, v: the qkv matvec's output).
+    void (*attention)(const StepContext& ctx, const DeviceLayer& layer);
+    // x += W · in: wo and w2 with the residual connection.
+    void (*add_matvec)(const StepContext& ctx, float* x, const DeviceMatrix& w, const float* in);
+    // out = silu(W1 · rmsnorm(x) * norm_weight) * (W3 · rmsnorm(x) * norm_weight).
+    void (*norm_swiglu)(const StepContext& ctx, float* out, const DeviceMatrix& w1,
+                        const DeviceMatrix& w3, const float* x, const float* norm_weight);
+    bool uses_intermediates;  // DeviceState's normed, projected and up
+    bool uses_scores;         // DeviceState's scores
+};
+
+// ---- Separate kernels (rungs 1-2): every operation its own kernel, as the CPU runs them,
+// every intermediate through global memory.
+
+void norm_matvec_separate(const StepContext& ctx, float* out, const DeviceMatrix& w, const float* x,
+                          const float* norm_weight) {
+    const Config& c = ctx.config;
+    const DeviceState& s = ctx.state;
+    cuda::rmsnorm(s.normed, x, norm_weight, c.dim, c.norm_eps, ctx.stream);
+    ctx.matvecs.plain(out, w, s.normed, ctx.stream);
+}
+
+void attention_separate(const StepContext& ctx, const DeviceLayer& layer) {
+    const Config& c = ctx.config;
+    const DeviceState& s = ctx.state;
+    cuda::rope(s.qkv, s.rope_frequencies, s.step, c.heads, c.kv_heads, c.head_dim, ctx.stream);
+    const float* k = s.qkv + c.q_dim();
+    cuda::store_kv_row(k, k + c.kv_dim(), layer.key_cache, layer.value_cache, s.step, c.kv_dim(),
+                       ctx.kv_type, ctx.stream);
+    cuda::attention_naive(s.att, s.qkv, layer.key_cache, layer.value_cache, s.step, s.scores,
+                          ctx.context, ctx.shape, ctx.kv_type, ctx.stream);
+}
+
+void add_matvec_separate(const StepContext& ctx, float* x, const DeviceMatrix& w, const float* in) {
+    const DeviceState& s = ctx.state;
+    ctx.matvecs.plain(s.projected, w, in, ctx.stream);
+    cuda::residual_add(x, s.projected, ctx.config.dim, ctx.stream);
+}
+
+void norm_swiglu_separate(const StepContext& ctx, float* out, const DeviceMatrix& w1,
+                          const DeviceMatrix& w3, const float* x, const float* norm_weight) {
+    const Config& c = ctx.config;
+    const DeviceState& s = ctx.state;
+    cuda::rmsnorm(s.normed, x, norm_weight, c.dim, c.norm_eps, ctx.stream);
+    ctx.matvecs.plain(out, w1, s.normed, ctx.stream);  // gate
+    ctx.matvecs.plain(s.up, w3, s.normed, ctx.stream);
+    cuda::swiglu(out, s.up, c.hidden_dim, ctx.stream);
+}
+
+// The warp-per-row matvec without its fused RMSNorm and residual add: out = W · in.
+void matvec_warp_per_row_plain(float* out, const DeviceMatrix& w, const float* in,
+                               cudaStream_t stream) {
+    cuda::matvec_warp_per_row(out, w, in, /*norm_weight=*/nullptr, /*eps=*/0.0f,
+                              /*accumulate=*/false, stream);
+}
+
+// ---- Fused kernels (rung 3 on): RMSNorm, the residual add and SwiGLU inside the matvecs.
+
+void norm_matvec_fused(const StepContext& ctx, float* out, const DeviceMatrix& w, const float* x,
+                       const float* norm_weight) {
+    ctx.matvecs.fused(out, w, x, norm_weight, ctx.config.norm_eps, /*accumulate=*/false,
+                      ctx.stream);
+}
+
+void add_matvec_fused(const StepContext& ctx, float* x, const DeviceMatrix& w, const float* in) {
+    ctx.matvecs.fused(x, w, in, /*norm_weight=*/nullptr, ctx.config.norm_eps,
+                      /*accumulate=*/true, ctx.stream);
+}
+
+void norm_swiglu_fused(const StepContext& ctx, float* out, const DeviceMatrix& w1,
+                       const DeviceMatrix& w3, const float* x, const float* norm_weight) {
+    ctx.matvecs.fused_swiglu(out, w1, w3, x, norm_weight, ctx.config.norm_eps, ctx.stream);
+}
+
+// RoPE with the KV write in one kernel (rope_kv_store rotates q in place), then the naive
+// attention (rungs 3-4).
+void attention_fused(const StepContext& ctx, const DeviceLayer& layer) {
+    const Config& c = ctx.config;
+    const DeviceState& s = ctx.state;
+    cuda::rope_kv_store(s.qkv, s.rope_frequencies, layer.key_cache, layer.value_cache, s.step,
+                        c.heads, c.kv_heads, c.head_dim, ctx.kv_type, ctx.stream);
+    cuda::attention_naive(s.att, s.qkv, layer.key_cache, layer.value_cache, s.step, s.scores,
+                          ctx.context, ctx.shape, ctx.kv_type, ctx.stream);
+}
+
+// One kernel: flash-decoding over ctx.splits blocks per KV head, RoPE and the cache write
+// folded in (rung 5 on).
+void attention_fast(const StepContext& ctx, const DeviceLayer& layer) {
+    const DeviceState& s = ctx.state;
+    cuda::attention(s.att, s.qkv, s.rope_frequencies, layer.key_cache, layer.value_cache, s.step,
+                    s.partial_out, s.partial_stats, s.arrivals, ctx.shape, ctx.splits, ctx.kv_type,
+                    ctx.stream);
+}
+
+// Every operation its own kernel (rungs 1-2).
+constexpr Steps kSeparateSteps = {
+    norm_matvec_separate,  // rmsnorm, a plain matvec
+    attention_separate,    // rope, store_kv_row, attention_naive
+    add_matvec_separate,   // a plain matvec, residual_add
+    norm_swiglu_separate,  // rmsnorm, two plain matvecs, swiglu
+    /*uses_intermediates=*/true,
+    /*uses_scores=*/true,
+};
+// RMSNorm, the residual add and SwiGLU fused into the matvecs, RoPE into the KV write
+// (rungs 3-4).
+constexpr Steps kFusedSteps = {
+    norm_matvec_fused,  // a matvec with RMSNorm
+    attention_fused,    // rope_kv_store, attention_naive
+    add_matvec_fused,   // a matvec adding to x
+    norm_swiglu_fused,  // a matvec_swiglu with RMSNorm
+    /*uses_intermediates=*/false,
+    /*uses_scores=*/true,
+};
+// And the fast attention, RoPE and the KV write inside it (rung 5 on).
+constexpr Steps kFastSteps = {
+    norm_matvec_fused,
+    attention_fast,  // cuda::attention
+    add_matvec_fused,
+    norm_swiglu_fused,
+    /*uses_intermediates=*/false,
+    /*uses_scores=*/false,
+};
+
+// What one rung of the GPU ladder runs a token with.
+struct RungKernels {
+    Steps steps;
+    MatvecKernels matvecs;
+};
+
+// The kernels of each CudaKernels value (src/backend.h), rung by rung.
+RungKernels rung_kernels(CudaKernels kernels) {
+    switch (kernels) {
+        case CudaKernels::NaivePort:
+            return {kSeparateSteps, {cuda::matvec_thread_per_row, nullptr, nullptr}};
+        case CudaKernels::WarpPerRow:
+            return {kSeparateSteps, {matvec_warp_per_row_plain, nullptr, nullptr}};
+        case CudaKernels::Fused:
+            return {kFusedSteps,
+                    {nullptr, cuda::matvec_warp_per_row, cuda::matvec_swiglu_warp_per_row}};
+        case CudaKernels::FastMatvec:
+            return {kFusedSteps, {nullptr, cuda::matvec, cuda::matvec_swiglu}};
+        case CudaKernels::Fast:
+            return {kFastSteps, {nullptr, cuda::matvec, cuda::matvec_swiglu}};
+    }
+    throw Error("unknown CudaKernels value " + std::to_string(int(kernels)));
+}
 
 class CudaBackend : public Backend {
 public:
@@ -120,7 +280,7 @@ public:
         : model_(model),
           context_(options.context),
           kv_type_(options.kv_type),
-          kernels_(options.cuda_kernels) {
+          rung_(rung_kernels(options.cuda_kernels)) {
         const Config& c = model.config;
         CUDA_CHECK(cudaSetDevice(0));
         cudaDeviceProp properties;
@@ -220,120 +380,32 @@ private:
     // The kernel sequence of one token, enqueued on the stream (captured into the graph
     // once, or run directly). Token and position come from state_.step.
     void record_forward() {
-        if (kernels_ < CudaKernels::Fused) return record_forward_unfused();
-        const Config& c = model_.config;
         const DeviceState& s = state_;
-        cudaStream_t stream = stream_.get();
-        cuda::embedding(s.x, embedding_, s.step, stream);
+        const Steps& steps = rung_.steps;
+        const StepContext ctx = step_context();
+        cuda::embedding(s.x, embedding_, s.step, ctx.stream);
 
-        for (int l = 0; l < c.layers; ++l) {
-            const DeviceLayer& w = layers_[l];
+        for (const DeviceLayer& layer : layers_) {
             // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
-            matvec(s.qkv, w.wqkv, s.x, w.attn_norm, /*accumulate=*/false);
-            attention(l);  // RoPE and the KV-cache write of this position included
-            matvec(s.x, w.wo, s.att, nullptr, /*accumulate=*/true);
+            steps.norm_matvec(ctx, s.qkv, layer.wqkv, s.x, layer.attn_norm);  // q, k, v
+            steps.attention(ctx, layer);  // RoPE and the KV-cache write of this position included
+            steps.add_matvec(ctx, s.x, layer.wo, s.att);
 
             // Feed-forward: x += w2 · (silu(w1 · norm(x)) * (w3 · norm(x)))
-            matvec_swiglu(s.hidden, w.w1, w.w3, s.x, w.ffn_norm);
-            matvec(s.x, w.w2, s.hidden, nullptr, /*accumulate=*/true);
+            steps.norm_swiglu(ctx, s.hidden, layer.w1, layer.w3, s.x, layer.ffn_norm);
+            steps.add_matvec(ctx, s.x, layer.w2, s.hidden);
         }
 
         // logits = output · norm(x)
-        matvec(s.logits, output_, s.x, final_norm_, /*accumulate=*/false);
+        steps.norm_matvec(ctx, s.logits, output_, s.x, final_norm_);
         copy_logits_to_host();
     }
 
-    // The same token with every step its own kernel, as the CPU runs it (the GPU ladder's
-    // rungs 1-2): a thread or a warp per matrix row, RMSNorm, RoPE, the KV write, the
-    // residual adds and SwiGLU apart, every intermediate through global memory.
-    void record_forward_unfused() {
-        const Config& c = model_.config;
-        const DeviceState& s = state_;
-        cudaStream_t stream = stream_.get();
-        const float eps = c.norm_eps;
-        cuda::embedding(s.x, embedding_, s.step, stream);
-
-        for (int l = 0; l < c.layers; ++l) {
-            const DeviceLayer& w = layers_[l];
-            cuda::rmsnorm(s.normed, s.x, w.attn_norm, c.dim, eps, stream);
-            plain_matvec(s.qkv, w.wqkv, s.normed);  // q, k, v
-            cuda::rope(s.qkv, s.rope_frequencies, s.step, c.heads, c.kv_heads, c.head_dim, stream);
-            const float* k = s.qkv + c.q_dim();
-            cuda::store_kv_row(k, k + c.kv_dim(), cache_layer(s.key_cache, l),
-                               cache_layer(s.value_cache, l), s.step, c.kv_dim(), kv_type_, stream);
-            naive_attention(l);
-            plain_matvec(s.projected, w.wo, s.att);
-            cuda::residual_add(s.x, s.projected, c.dim, stream);
-
-            cuda::rmsnorm(s.normed, s.x, w.ffn_norm, c.dim, eps, stream);
-            plain_matvec(s.hidden, w.w1, s.normed);  // gate
-            plain_matvec(s.up, w.w3, s.normed);
-            cuda::swiglu(s.hidden, s.up, c.hidden_dim, stream);
-            plain_matvec(s.projected, w.w2, s.hidden);
-            cuda::residual_add(s.x, s.projected, c.dim, stream);
-        }
-
-        cuda::rmsnorm(s.normed, s.x, final_norm_, c.dim, eps, stream);
-        plain_matvec(s.logits, output_, s.normed);
-        copy_logits_to_host();
-    }
-
-    // out = W · norm(in), or out += W · in with accumulate: the fast matvec from rung
-    // FastMatvec on, the warp-per-row one before.
-    void matvec(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight,
-                bool accumulate) {
-        const float eps = model_.config.norm_eps;
-        if (kernels_ >= CudaKernels::FastMatvec)
-            cuda::matvec(out, w, in, norm_weight, eps, accumulate, stream_.get());
-        else
-            cuda::matvec_warp_per_row(out, w, in, norm_weight, eps, accumulate, stream_.get());
-    }
-
-    // out = silu(w1 · norm(in)) * (w3 · norm(in)), chosen as matvec is.
-    void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, const float* in,
-                       const float* norm_weight) {
-        const float eps = model_.config.norm_eps;
-        if (kernels_ >= CudaKernels::FastMatvec)
-            cuda::matvec_swiglu(out, w1, w3, in, norm_weight, eps, stream_.get());
-        else
-            cuda::matvec_swiglu_warp_per_row(out, w1, w3, in, norm_weight, eps, stream_.get());
-    }
-
-    // out = W · in, nothing fused (rungs 1-2): a thread per row, then a warp per row.
-    void plain_matvec(float* out, const DeviceMatrix& w, const float* in) {
-        if (kernels_ == CudaKernels::NaivePort)
-            cuda::matvec_thread_per_row(out, w, in, stream_.get());
-        else
-            cuda::matvec_warp_per_row(out, w, in, nullptr, 0.0f, /*accumulate=*/false,
-                                      stream_.get());
-    }
-
-    // att = attention of rope(q) over layer `layer`'s cache, after row pos of the cache has
-    // received rope(k) and v (q, k, v: the qkv matvec's output). From rung Fast on, one
-    // kernel does all of it (flash-decoding, RoPE and the cache write folded in); before,
-    // rope_kv_store rotates q in place and writes the cache row, then the naive kernel.
-    void attention(int layer) {
-        const Config& c = model_.config;
-        const DeviceState& s = state_;
-        void* keys = cache_layer(s.key_cache, layer);
-        void* values = cache_layer(s.value_cache, layer);
-        if (kernels_ >= CudaKernels::Fast) {
-            cuda::attention(s.att, s.qkv, s.rope_frequencies, keys, values, s.step, s.partial_out,
-                            s.partial_stats, s.arrivals, attention_shape(), splits_, kv_type_,
-                            stream_.get());
-        } else {
-            cuda::rope_kv_store(s.qkv, s.rope_frequencies, keys, values, s.step, c.heads,
-                                c.kv_heads, c.head_dim, kv_type_, stream_.get());
-            naive_attention(layer);
-        }
-    }
-
-    // att = attention of q (rotated already) over layer `layer`'s cache (row pos written).
-    void naive_attention(int layer) {
-        const DeviceState& s = state_;
-        cuda::attention_naive(s.att, s.qkv, cache_layer(s.key_cache, layer),
-                              cache_layer(s.value_cache, layer), s.step, s.scores, context_,
-                              attention_shape(), kv_type_, stream_.get());
+    StepContext step_context() const {
+        return {
+            stream_.get(), model_.config, state_,  attention_shape(),
+            kv_type_,      context_,      splits_, rung_.matvecs,
+        };
     }
 
     void copy_logits_to_host() {
@@ -441,7 +513,7 @@ private:
         for (int l = 0; l < c.layers; ++l) {
             const LayerWeights& w = model_.layers[l];
             const std::string prefix = "layers." + std::to_string(l) + ".";
-            DeviceLayer layer;
+            DeviceLayer layer{};
             layer.attn_norm = upload_norm(w.attn_norm, prefix + "attn_norm");
             layer.wqkv = upload({&w.wq, &w.wk, &w.wv}, prefix + "wq/wk/wv");
             layer.wo = upload({&w.wo}, prefix + "wo");
@@ -476,20 +548,25 @@ private:
         memory_.emplace_back(counters * sizeof(unsigned), "the attention arrival counters");
         state_.arrivals = memory_.back().as<unsigned>();
         CUDA_CHECK(cudaMemset(state_.arrivals, 0, counters * sizeof(unsigned)));
-        if (kernels_ < CudaKernels::Fused) {
+        if (rung_.steps.uses_intermediates) {
             state_.normed = floats(c.dim, "normed");
             state_.projected = floats(c.dim, "projected");
             state_.up = floats(c.hidden_dim, "up");
         }
-        if (kernels_ < CudaKernels::Fast)
+        if (rung_.steps.uses_scores)
             state_.scores = floats(size_t(c.heads) * context_, "attention scores");
         const size_t one_cache = cache_bytes() / 2;
         memory_.emplace_back(one_cache, "the key cache");
-        state_.key_cache = memory_.back().as();
+        uint8_t* key_cache = memory_.back().as<uint8_t>();
         memory_.emplace_back(one_cache, "the value cache");
-        state_.value_cache = memory_.back().as();
-        CUDA_CHECK(cudaMemset(state_.key_cache, 0, one_cache));
-        CUDA_CHECK(cudaMemset(state_.value_cache, 0, one_cache));
+        uint8_t* value_cache = memory_.back().as<uint8_t>();
+        CUDA_CHECK(cudaMemset(key_cache, 0, one_cache));
+        CUDA_CHECK(cudaMemset(value_cache, 0, one_cache));
+        const size_t layer_bytes = size_t(context_) * c.kv_dim() * kv_element_bytes(kv_type_);
+        for (int l = 0; l < c.layers; ++l) {
+            layers_[l].key_cache = key_cache + l * layer_bytes;
+            layers_[l].value_cache = value_cache + l * layer_bytes;
+        }
         const std::vector<float> frequencies = rope_inverse_frequencies(c);
         memory_.push_back(cuda::upload_floats(frequencies.data(), frequencies.size(), "RoPE"));
         state_.rope_frequencies = memory_.back().as<float>();
@@ -500,18 +577,11 @@ private:
         return AttentionShape{c.heads, c.kv_heads, c.head_dim, c.sliding_window};
     }
 
-    // Layer `layer`'s part [context, kv_dim] of a cache.
-    void* cache_layer(void* cache, int layer) const {
-        const size_t layer_bytes =
-            size_t(context_) * model_.config.kv_dim() * kv_element_bytes(kv_type_);
-        return static_cast<uint8_t*>(cache) + layer * layer_bytes;
-    }
-
     const Model& model_;
     const int context_;
     const KvType kv_type_;
-    const CudaKernels kernels_;
-    int splits_ = 1;  // attention blocks per KV head, fixed for the context
+    const RungKernels rung_;  // the kernels of each step
+    int splits_ = 1;          // attention blocks per KV head, fixed for the context
     // Declared before everything that uses it: destroyed last.
     Stream stream_;
     std::vector<DeviceBuffer> memory_;  // every device allocation (weights, state, cache)

@@ -1,15 +1,16 @@
-// The host interface to barellm's CUDA kernels: one launch function per kernel role.
-// The kernels themselves live in the .cuh files named after what they compute
-// (embedding.cuh, matmul.cuh, rope.cuh, attention.cuh; the GPU ladder's simple versions in
-// matmul_simple.cuh, elementwise_simple.cuh, attention_simple.cuh) and are compiled once, in
-// kernels.cu; this header holds no device code, so host code that only launches kernels
-// (forward.cu, tests/tools/cuda_kernel_check.cu) does not recompile them.
+// The host interface to barellm's CUDA kernels: one launch function per kernel role. It holds
+// no device code, so host code that only launches kernels does not recompile them.
 //
-// Conventions: activations are f32 in device memory; weights are f32, f16 or bf16; every
-// launch goes on `stream` and is checked with cudaGetLastError (a failure throws
-// barellm::Error). Kernels that depend on the token or the position read them from `step`,
-// a device array {token, pos}, so that a captured CUDA graph replays unchanged for every
-// token: the host writes `step` before each replay.
+// - The kernels live in the .cuh files named after what they compute (embedding.cuh,
+//   matmul.cuh, rope.cuh, attention.cuh; the GPU ladder's simple versions in
+//   matmul_simple.cuh, elementwise_simple.cuh, attention_simple.cuh), compiled once, in
+//   kernels.cu. forward.cu and tests/tools/cuda_kernel_check.cu launch them through here.
+// - Activations are f32 in device memory; weights are f32, f16 or bf16.
+// - Every launch goes on `stream` and is checked with cudaGetLastError (a failure throws
+//   barellm::Error).
+// - Kernels that depend on the token or the position read them from `step`, a device array
+//   {token, pos}, so that a captured CUDA graph replays unchanged for every token: the host
+//   writes `step` before each replay.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -70,21 +71,23 @@ void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache
                    cudaStream_t stream);
 
 // Flash-decoding attention of one query token at pos = step[1] over one layer's KV cache
-// [context, kv_dim], positions attention_start(pos, window) .. pos, with RoPE and the
-// cache write folded in: qkv [q_dim + 2 * kv_dim] holds q, k and v of the token before RoPE
-// (as the qkv matvec leaves them; it is not modified); the kernel rotates q as it reads it
-// and stores the rotated k and v into row pos of key_cache and value_cache (what
-// rope_kv_store does) before attending to that row. The positions are split across
-// `splits` blocks per KV head (grid fixed for a given context, so it does not depend on
-// pos); each block writes a partial output and its (max, sum), and the last block of each
-// KV head to finish merges them into out [heads * head_dim]. partial_out [heads, splits,
-// head_dim] and partial_stats [heads, splits, 2] are scratch; arrivals
-// [attention_arrival_counters(shape)] must be zero before the first call and is zero again
-// after each.
+// [context, kv_dim], positions attention_start(pos, window) .. pos, RoPE and the cache
+// write folded in:
+// - qkv [q_dim + 2 * kv_dim] holds q, k and v of the token before RoPE (as the qkv matvec
+//   leaves them; it is not modified). The kernel rotates q as it reads it, and stores the
+//   rotated k and v into row pos of key_cache and value_cache (what rope_kv_store does)
+//   before attending to that row.
+// - The positions are split across `splits` blocks per KV head (the grid is fixed for a
+//   given context: it does not depend on pos). Each block writes a partial output and its
+//   (max, sum); the last block of each KV head to finish merges them into out
+//   [heads * head_dim].
+// - Scratch: partial_out [heads, splits, head_dim] and partial_stats [heads, splits, 2];
+//   arrivals [attention_arrival_counters(shape)] must be zero before the first call and is
+//   zero again after each.
 void attention(float* out, const float* qkv, const float* inverse_frequencies, void* key_cache,
                void* value_cache, const int* step, float* partial_out, float* partial_stats,
-               unsigned* arrivals, const AttentionShape& shape, int splits,
-               KvType kv_type, cudaStream_t stream);
+               unsigned* arrivals, const AttentionShape& shape, int splits, KvType kv_type,
+               cudaStream_t stream);
 // The arrival counters attention needs for `shape`.
 int attention_arrival_counters(const AttentionShape& shape);
 

@@ -1,25 +1,24 @@
-// Matrix-vector products for decode (one token): every weight byte is read once per token,
+// Matrix-vector products for decode (one token). Every weight byte is read once per token,
 // so these kernels are bound by memory bandwidth and are written to stream weights at it:
 //
-// - one warp per output row; lane l reads 16-byte vectors l, l + 32, l + 64, ... of the row,
+// - One warp per output row. Lane l reads 16-byte vectors l, l + 32, l + 64, ... of the row,
 //   so each warp-wide load is 512 contiguous bytes, kMatvecUnroll loads in flight per lane
-//   (per row) before the first is used, and loads bypass L1 with an evict-first hint
-//   (__ldcs): weights are touched once;
-// - the input vector is staged once per block in shared memory as f32, in the order the
-//   weight vectors consume it (see staged_index) so that the per-lane shared loads are
-//   conflict-free 16-byte accesses; RMSNorm, when the matrix consumes a normed input, is
-//   applied while staging (each block computes the sum of squares of the input itself,
-//   which costs less than a separate kernel and its round trip through global memory);
-//   staging reads float4s, several in flight per thread, and each warp asks L2 for its
-//   first weights before it starts, so that the block's start-up (staging, the norm's
-//   reduction) overlaps the first trip to DRAM instead of preceding it;
-// - the row sums meet in shared memory and the block's first warp stores them (and adds
-//   the residual, for wo and w2) with one coalesced access;
-// - w1 and w3 are read by the same warp and SiLU-GLU is applied before the store, so the
-//   two hidden-size intermediates never reach global memory.
+//   (per row) before the first is used. Loads bypass L1 with an evict-first hint (__ldcs):
+//   weights are touched once.
+// - The input vector is staged once per block in shared memory as f32, in the order the
+//   weight vectors consume it (staged_index), so that the per-lane shared loads are
+//   conflict-free 16-byte accesses.
+// - RMSNorm, when the matrix consumes a normed input, is applied while staging: each block
+//   computes the sum of squares of the input itself, which costs less than a separate
+//   kernel and its round trip through global memory.
+// - Staging reads float4s, several in flight per thread, and each warp asks L2 for its
+//   first weights before it starts: the block's start-up (staging, the norm's reduction)
+//   overlaps the first trip to DRAM instead of preceding it.
+// - The row sums meet in shared memory; the block's first warp stores them (adding the
+//   residual, for wo and w2) with one coalesced access.
+// - w1 and w3 are read by the same warp and SwiGLU is applied before the store: the two
+//   hidden-size intermediates never reach global memory.
 #pragma once
-#include <type_traits>
-
 #include "common.cuh"
 #include "cuda_check.h"
 #include "kernels.h"
@@ -106,14 +105,16 @@ __device__ __forceinline__ void for_each_float4(const float4* __restrict__ sourc
     }
 }
 
-// Copies in[0, cols) into the shared xs[pitch] (zeros in [cols, pitch), matching the zero
-// padding of the weight rows), times rsqrt(mean(in²) + eps) * norm_weight[c] when
-// norm_weight is not null (the CPU's rmsnorm: x * scale * weight, in that order).
-// The input is read as float4s, several in flight per thread (for_each_float4), so that
-// staging costs one or two round trips to L2 instead of one per element; a float4 of the
-// input (c a multiple of 4) lands as one float4 in xs (staged_index keeps groups of 4
-// together). in and norm_weight must be 16-byte aligned. Every thread of the block must
-// call it; it ends with a barrier.
+// Copies in[0, cols) into the shared xs[pitch], zeros in [cols, pitch) (matching the zero
+// padding of the weight rows). With norm_weight, element c is multiplied by
+// rsqrt(mean(in²) + eps) * norm_weight[c] (the CPU's rmsnorm: x * scale * weight, in that
+// order).
+// - The input is read as float4s, several in flight per thread (for_each_float4): staging
+//   costs one or two round trips to L2 instead of one per element.
+// - A float4 of the input (c a multiple of 4) lands as one float4 in xs (staged_index keeps
+//   groups of 4 together).
+// - in and norm_weight must be 16-byte aligned. Every thread of the block must call it; it
+//   ends with a barrier.
 template <int kPerVector>
 __device__ __forceinline__ void stage_input(float* xs, const float* __restrict__ in, int cols,
                                             int pitch, const float* __restrict__ norm_weight,
@@ -299,21 +300,6 @@ void launch_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix
     const dim3 grid((w1.rows + warps - 1) / warps), block(warps * kWarpSize);
     matvec_swiglu_kernel<D><<<grid, block, matvec_shared_bytes(w1.pitch), stream>>>(
         out, w1.data, w3.data, w1.rows, w1.pitch, in, w1.cols, norm_weight, eps);
-}
-
-// Calls launch(std::integral_constant<DType, D>{}) for the weights' dtype D.
-template <typename Launch>
-void with_weight_dtype(DType dtype, Launch launch) {
-    switch (dtype) {
-        case DType::F32:
-            return launch(std::integral_constant<DType, DType::F32>{});
-        case DType::F16:
-            return launch(std::integral_constant<DType, DType::F16>{});
-        case DType::BF16:
-            return launch(std::integral_constant<DType, DType::BF16>{});
-        case DType::I8:
-            throw Error("the CUDA kernels do not read Q8 (I8) weights yet");
-    }
 }
 
 // stage_input reads the input and the norm weight as float4s.

@@ -30,12 +30,15 @@ __device__ __forceinline__ float2 rope_rotated_pair(const float* vec, int j, int
     return rope_rotate(vec[j], vec[j + half], rope_cos_sin(pos, inverse_frequencies[j]));
 }
 
-// qkv [q_dim + 2 * kv_dim] = q heads, then k heads, then v heads, each head_dim long; q and
-// k heads are contiguous, so "rotation head" h < heads + kv_heads starts at qkv + h * head_dim.
-// Thread t < (heads + kv_heads) * head_dim/2 rotates pair (j, j + head_dim/2), j = t mod
-// half, of rotation head t / half (writing q back in place, k to the key cache); the next
-// kv_dim threads copy v element t - rotations to the value cache. Every element has exactly
-// one writer (rope_rotated_pair computes the rotation).
+// RoPE on q and k for pos = step[1], k and v stored into the cache row of pos:
+// - qkv [q_dim + 2 * kv_dim] = q heads, then k heads, then v heads, each head_dim long. The
+//   q and k heads are contiguous, so "rotation head" h < heads + kv_heads starts at
+//   qkv + h * head_dim.
+// - Thread t < rotations = (heads + kv_heads) * head_dim/2 rotates pair (j, j + head_dim/2),
+//   j = t mod half, of rotation head t / half (rope_rotated_pair): q back in place, k to
+//   the key cache.
+// - The next kv_dim threads copy v element t - rotations to the value cache.
+// - Every element has exactly one writer.
 // Launch: grid ceil(((heads + kv_heads) * head_dim/2 + kv_heads * head_dim) / 256),
 // block 256, no shared memory.
 template <typename KvT>
