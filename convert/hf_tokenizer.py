@@ -50,7 +50,7 @@ def check_supported(tokenizer):
     (by regex_subset, which mirrors src/tokenizer/regex.cpp: a regex outside the supported subset is
     refused with the message barellm would give), and that Replace has no regex. The other
     settings of the components are checked when barellm loads the tokenizer
-    (src/tokenizer/tokenizer.cpp), which checks the regexes again."""
+    (src/tokenizer/load.cpp), which checks the regexes again."""
     model = tokenizer.get("model")
     if not isinstance(model, dict) or not isinstance(model.get("vocab"), dict):
         raise ConvertError("tokenizer.json: no model vocabulary")

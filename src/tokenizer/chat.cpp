@@ -1,3 +1,5 @@
+// `run --chat`: the chat template families of chat.h, recognised by their markers and
+// rendered without a Jinja engine.
 #include "tokenizer/chat.h"
 
 #include <cstdint>

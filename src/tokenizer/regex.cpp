@@ -1,7 +1,8 @@
-// The pattern is parsed into a tree (Node), which is compiled into a program for a
-// backtracking machine (Instruction, Program): the order in which the machine tries things
-// is Oniguruma's, so it finds the same match. Notes on the Oniguruma behaviour reproduced
-// are where it is reproduced; each was checked against Hugging Face `tokenizers` 0.23.
+// The regular expressions of regex.h: a parser, a compiler and a backtracking matcher.
+// - The pattern is parsed into a tree (Node), compiled into a program (Instruction, Program).
+// - The machine tries things in Oniguruma's order, so it finds the same match.
+// - Notes on the Oniguruma behaviour reproduced (that of Hugging Face `tokenizers` 0.23) sit
+//   where it is reproduced.
 #include "tokenizer/regex.h"
 
 #include <algorithm>
@@ -50,9 +51,10 @@ struct Char {
     GeneralCategory category;  // only looked up for non-ASCII characters
 };
 
-// A set of code points, made of intervals that each hold the general categories whose code
-// points in the interval are in the set: any union, complement or mix of ranges and
-// categories is exactly such a list. ASCII is also held as a bitmap, for speed.
+// A set of code points, as a list of intervals.
+// - Each interval holds the general categories whose code points in it are in the set.
+// - Any union, complement or mix of ranges and categories is exactly such a list.
+// - ASCII is also held as a bitmap, for speed.
 class CharSet {
 public:
     CharSet() : intervals_{{0, 0}} {}
@@ -966,9 +968,10 @@ private:
         for (uint32_t jump : jumps_to_end) program_.code[jump].arg = here();
     }
 
-    // A repeated character is one instruction. Other repeats are written out: min copies,
-    // then either a loop (unbounded) or max - min nested optional copies, each of which
-    // first tries one more copy (greedy), else skips to the end.
+    // A repeated character is one instruction. Other repeats are written out:
+    // - min copies,
+    // - then a loop (unbounded), or max - min nested optional copies, each of which first
+    //   tries one more copy (greedy), else skips to the end.
     void emit_repeat(const Node& node) {
         const Node& child = node.children[0];
         if (child.kind == Node::Kind::Char) {
@@ -1001,7 +1004,6 @@ private:
 
 // ============================================================================ Matching
 
-// Runs the program on one text, at one start position after another.
 // A way to go on that the machine has not tried yet: the other alternatives of the Branch at
 // pc, or the CharRepeat at pc matching one character fewer.
 struct Backtrack {
@@ -1010,6 +1012,7 @@ struct Backtrack {
     uint64_t rest;  // Branch: an AlternativeMask; CharRepeat: where its min characters end
 };
 
+// Runs the program on one text, at one start position after another.
 class Matcher {
 public:
     // `stack` is working memory, passed in so that its allocation can be reused.

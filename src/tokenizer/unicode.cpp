@@ -1,3 +1,5 @@
+// Unicode character properties (general category, White_Space) and UTF-8 encoding and
+// validation, declared in unicode.h.
 #include "tokenizer/unicode.h"
 
 #include <algorithm>
