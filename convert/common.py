@@ -2,6 +2,10 @@
 
 import json
 import os
+import re
+
+# A JSON escape of half a UTF-16 surrogate pair, \uD800 to \uDFFF.
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 class ConvertError(Exception):
@@ -16,11 +20,21 @@ def read_json(path, required=True):
         return None
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            text = f.read()
+        value = json.loads(text)
     except json.JSONDecodeError as e:
         raise ConvertError(f"{path}: invalid JSON ({e})") from None
+    except UnicodeDecodeError as e:
+        raise ConvertError(f"{path}: not UTF-8 text (at byte {e.start})") from None
     except OSError as e:
         raise ConvertError(f"{path}: cannot read ({e.strerror})") from None
+    if SURROGATE_ESCAPE.search(text):  # half of a pair, which alone is not UTF-8 text
+        try:
+            compact_json(value).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConvertError(f"{path}: invalid JSON (a \\u escape of a lone surrogate, "
+                               "which is not a character)") from None
+    return value
 
 
 def compact_json(value):

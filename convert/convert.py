@@ -1,13 +1,17 @@
 #!/usr/bin/env python3
 """Convert a Hugging Face Llama/Mistral checkpoint into one barellm weight file.
 
-    python3 convert/convert.py HF_DIR -o OUT [--dtype f32|f16|bf16|q8]
+    python3 convert/convert.py HF_DIR -o OUT [--dtype f32|f16|bf16|q8] [--barellm PATH]
 
 The output is described in docs/FORMAT.md; q8 stores every matrix as int8 values in
 groups of 32 columns with f16 scales (tensors NAME and NAME.scale). Tensors are laid
 out by element size (4-byte, then 2-byte, then 1-byte) so each is naturally aligned,
 and streamed one row block at a time, so memory stays bounded whatever the checkpoint
 size.
+Before the output is put in place, the barellm program loads it (barellm_check.py): a
+file barellm refuses is not written, and barellm's message is shown. The program is
+--barellm PATH, else $BARELLM, else build/barellm; when that is not built, the file is
+written unchecked, with a warning.
 The output appears only when the conversion succeeded; on any error a message
 `convert: ...` goes to stderr and the exit status is 1.
 """
@@ -19,6 +23,7 @@ import tempfile
 
 import numpy as np
 
+import barellm_check
 from common import ConvertError, compact_json, read_json
 import dtypes
 import hf_tokenizer
@@ -331,9 +336,10 @@ def header_entries(plan, weight_dtype):
     return sorted(entries, key=lambda entry: -st.ITEM_SIZES[entry[1]])
 
 
-def write_output(path, plan, metadata, weight_dtype):
+def write_output(path, plan, metadata, weight_dtype, barellm):
     """Write the barellm file through a temporary file in the output's directory,
-    renamed into place only once complete; the temporary file never survives.
+    renamed into place only once complete and loaded by the program `barellm` (None:
+    unchecked); the temporary file never survives.
 
     Tensors are converted in model order, one pass over each source tensor, each
     written at its place in the file layout (header_entries)."""
@@ -360,6 +366,8 @@ def write_output(path, plan, metadata, weight_dtype):
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
+        if barellm is not None:
+            barellm_check.check_loads(barellm, tmp, path)
         os.replace(tmp, path)
     except OSError as e:
         raise ConvertError(f"cannot write output '{path}': {e.strerror}") from None
@@ -369,11 +377,12 @@ def write_output(path, plan, metadata, weight_dtype):
     return len(header) + data_bytes
 
 
-def convert(hf_dir, output, weight_dtype=None):
+def convert(hf_dir, output, weight_dtype=None, barellm=None):
     """Convert the checkpoint in `hf_dir` to the barellm file `output`.
 
     `weight_dtype` is "F32", "F16", "BF16", "Q8" or None for the checkpoint's own dtype.
-    Returns a one-line summary.
+    `barellm` is the program that must load the file before it is put in place (None:
+    no check). Returns a one-line summary.
     """
     if not os.path.isdir(hf_dir):
         raise ConvertError(f"{hf_dir}: not a directory")
@@ -393,7 +402,7 @@ def convert(hf_dir, output, weight_dtype=None):
     template = hf_tokenizer.chat_template(tok_cfg)
     if template is not None:
         metadata["barellm.chat_template"] = template
-    size = write_output(output, plan, metadata, config["weight_dtype"])
+    size = write_output(output, plan, metadata, config["weight_dtype"], barellm)
     return (f"wrote {output}: {config['layers']} layers, dim {config['dim']}, vocab "
             f"{config['vocab_size']}, {config['weight_dtype']} weights, "
             f"{size / 2**20:.1f} MiB")
@@ -409,6 +418,11 @@ def parse_args(argv):
     parser.add_argument("--dtype", choices=sorted(dtypes.CLI_NAMES),
                         help="matrix dtype (default: the checkpoint's own); q8 is int8 "
                         "with one f16 scale per 32 columns of a row")
+    parser.add_argument("--barellm", metavar="PATH",
+                        help="the barellm program that loads the output before it is put in "
+                        "place, so that a file barellm refuses is never written (default: "
+                        f"${barellm_check.ENVIRONMENT_VARIABLE}, else build/barellm; when that "
+                        "is not built, the output is written unchecked, with a warning)")
     return parser.parse_args(argv)
 
 
@@ -416,10 +430,13 @@ def main(argv=None):
     """CLI entry point; returns the exit status."""
     args = parse_args(argv)
     try:
-        print(convert(args.hf_dir, args.output, dtypes.CLI_NAMES.get(args.dtype)))
+        barellm = barellm_check.find_binary(args.barellm)
+        print(convert(args.hf_dir, args.output, dtypes.CLI_NAMES.get(args.dtype), barellm))
     except ConvertError as e:
         print(f"convert: {e}", file=sys.stderr)
         return 1
+    if barellm is None:
+        print(barellm_check.unchecked_warning(args.output), file=sys.stderr)
     return 0
 
 

@@ -1,10 +1,9 @@
-"""Loading a checkpoint's tokenizer as a Hugging Face tokenizer.json and checking that it
-uses only what barellm's tokenizer implements."""
+"""Loading a checkpoint's tokenizer as a Hugging Face tokenizer.json and checking that its
+model and component types are ones barellm's tokenizer implements."""
 
 import os
 
 from common import ConvertError, read_json
-import regex_subset
 import spm
 
 # component key of tokenizer.json -> (key holding a Sequence's children, supported types)
@@ -44,13 +43,12 @@ def load_tokenizer(hf_dir):
 
 
 def check_supported(tokenizer):
-    """Raise ConvertError naming the first tokenizer.json construct barellm cannot run.
+    """Raise ConvertError naming the first model or component type of tokenizer.json that
+    barellm cannot run, before any weight is converted.
 
-    Checked here: the kinds of components, the regular expressions of Split pre-tokenizers
-    (by regex_subset, which mirrors src/tokenizer/regex.cpp: a regex outside the supported subset is
-    refused with the message barellm would give), and that Replace has no regex. The other
-    settings of the components are checked when barellm loads the tokenizer
-    (src/tokenizer/load.cpp), which checks the regexes again."""
+    The settings of the components, the regexes of Split pre-tokenizers among them, are
+    left to barellm itself (src/tokenizer/load.cpp), which loads the converted file
+    before it is put in place (barellm_check.py)."""
     model = tokenizer.get("model")
     if not isinstance(model, dict) or not isinstance(model.get("vocab"), dict):
         raise ConvertError("tokenizer.json: no model vocabulary")
@@ -72,26 +70,9 @@ def _check_component(node, key, children, allowed):
     kind = node.get("type") if isinstance(node, dict) else None
     if kind not in allowed:
         raise ConvertError(f"tokenizer.json: {key} type '{kind}' is not supported")
-    pattern = node.get("pattern")
-    regex = pattern.get("Regex") if isinstance(pattern, dict) else None
-    if kind == "Replace" and regex is not None:
-        raise ConvertError(f"tokenizer.json: {key} Replace with Regex pattern "
-                           f"{regex_subset.quoted(str(regex))} is not supported")
-    if kind == "Split" and regex is not None:
-        _check_split_regex(regex)
     if kind == "Sequence":
         for child in node.get(children) or []:
             _check_component(child, key, children, allowed)
-
-
-def _check_split_regex(regex):
-    """Refuse a Split regex that barellm cannot compile, as barellm itself words it."""
-    if not isinstance(regex, str):
-        raise ConvertError("tokenizer.json: pre_tokenizer Split 'Regex' is not a string")
-    try:
-        regex_subset.check_regex(regex)
-    except ConvertError as e:  # "regex '...' is not supported: <the construct>"
-        raise ConvertError(f"tokenizer.json: pre_tokenizer Split {e}") from None
 
 
 def vocab_size(tokenizer):

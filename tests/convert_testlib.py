@@ -15,6 +15,8 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The build to test: `make test` sets BARELLM_BUILD (build/san for SAN=1).
 BUILD = os.path.join(REPO, os.environ.get("BARELLM_BUILD", "build"))
+# The barellm program the converter loads its output with (convert/barellm_check.py).
+BARELLM = os.path.join(BUILD, "barellm")
 CONVERT = os.path.join(REPO, "convert", "convert.py")
 SYNTH = os.path.join(REPO, "convert", "synth.py")
 SHARED = os.path.normpath(os.path.join(REPO, "..", "shared"))
@@ -71,10 +73,12 @@ def require_cuda():
     pytest.skip(f"no usable CUDA GPU: {reason}")
 
 
-def run(script, *args):
-    """Run a tool with the current interpreter; return the CompletedProcess."""
+def run(script, *args, env=None):
+    """Run a tool with the current interpreter; return the CompletedProcess. The
+    environment is `env`, else this one with $BARELLM naming the build under test."""
+    env = {**os.environ, "BARELLM": BARELLM} if env is None else env
     return subprocess.run([sys.executable, script, *map(str, args)],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=120, env=env)
 
 
 def write_safetensors(path, tensors, metadata=None):

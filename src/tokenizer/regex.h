@@ -4,8 +4,8 @@
 // syntax that tokenizer.json files use, matching each pattern it accepts exactly as
 // Oniguruma does. Any other construct is refused when the pattern is compiled, with an
 // Error that names it: a pattern is matched like Hugging Face does or not at all. The
-// converter refuses the same patterns with the same message (convert/regex_subset.py, kept
-// in agreement with the parser of regex.cpp by tests/test_regex_subset.py).
+// converter has barellm load each file it writes (convert/barellm_check.py), so it refuses
+// the same patterns with the same message.
 //
 // Supported:
 //   literal characters; \t \n \r \f \v \a \e; \uHHHH, \x{H...} and \xHH (ASCII only); and a
