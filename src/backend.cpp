@@ -1,3 +1,4 @@
+// The backend chosen by --device, and the token/position checks every backend runs first.
 #include "backend.h"
 
 #include "error.h"

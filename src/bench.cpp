@@ -1,3 +1,5 @@
+// `barellm bench` (bench.h): timed prefill and decode runs, and the streaming-read bandwidth
+// they are set against.
 #include "bench.h"
 
 #include <immintrin.h>

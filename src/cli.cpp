@@ -1,3 +1,4 @@
+// Parsing the command line into Options (cli.h): every flag checked, bad ones refused with usage.
 #include "cli.h"
 
 namespace barellm {

@@ -1,3 +1,4 @@
+// Reading and checking the model hyper-parameters stored in the weight file (config.h).
 #include "config.h"
 
 #include <cmath>

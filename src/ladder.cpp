@@ -1,3 +1,5 @@
+// `barellm ladder` (ladder.h): the same model timed with one optimisation added per rung,
+// on the CPU or on the GPU.
 #include "ladder.h"
 
 #include <omp.h>

@@ -1,3 +1,4 @@
+// Available memory from /proc/meminfo, and the check made before each large allocation.
 #include "memory.h"
 
 #include <cstdio>

@@ -1,3 +1,4 @@
+// Loading a model (model.h): the weight file mapped, every tensor checked against the config.
 #include "model.h"
 
 #include "error.h"

@@ -1,3 +1,4 @@
+// Converting a loaded model's matrices to another dtype in memory, as the converter would.
 #include "model_copy.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// Mapping a safetensors file and checking its header (safetensors.h).
 #include "safetensors.h"
 
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// The sampler of sampler.h: greedy, or temperature and top-p from a seeded generator.
 #include "sampler.h"
 
 #include <algorithm>
