@@ -152,8 +152,9 @@ def run_main(main, prog):
         print(f"{prog}: interrupted by {signal.Signals(e.signum).name}", file=sys.stderr)
         status = 128 + e.signum
     try:
-        sys.stdout.write(printed.getvalue())
-        sys.stdout.flush()
+        if sys.stdout is not None:  # None: started with the standard output closed
+            sys.stdout.write(printed.getvalue())
+            sys.stdout.flush()
     except OSError as e:
         # The interpreter flushes again at exit: let that go nowhere.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
