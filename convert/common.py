@@ -63,6 +63,9 @@ def parse_json(data, name):
         value = json.loads(text, parse_constant=refuse_constant, parse_float=finite_float)
     except json.JSONDecodeError as e:
         raise ConvertError(f"{name}: invalid JSON ({e})") from None
+    except ValueError:  # int() refuses integers that long
+        raise ConvertError(f"{name}: an integer has more than "
+                           f"{sys.get_int_max_str_digits()} digits") from None
     except RecursionError:
         raise ConvertError(too_deep) from None
     if nesting_depth(value) > MAX_JSON_NESTING:
@@ -98,9 +101,9 @@ def float32(value):
     """`value` rounded to float32 as barellm stores it: inf where it overflows, 0 where
     it underflows."""
     try:
-        return struct.unpack("<f", struct.pack("<f", value))[0]
+        return struct.unpack("<f", struct.pack("<f", float(value)))[0]
     except OverflowError:
-        return math.copysign(math.inf, value)
+        return math.inf if value > 0 else -math.inf
 
 
 def refuse_output_among_inputs(output, inputs):

@@ -217,6 +217,8 @@ def test_refuses_a_deeply_nested_safetensors_header(tmp_path):
     ("config.json", '{"rope_theta": -Infinity}', "-Infinity is not valid JSON"),
     ("generation_config.json", '{"temperature": 1e400}',
      "the number 1e400 is beyond the float64 range"),
+    ("config.json", '{"rope_theta": ' + "9" * 5000 + "}",
+     "an integer has more than 4300 digits"),
     ("tokenizer_config.json", '{"chat_template": "\\ud800 alone"}',
      "\\ud800 is half of a surrogate pair"),
 ])
@@ -253,6 +255,7 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
 
 @pytest.mark.parametrize("changes,message", [
     ({"rope_theta": 1e300}, f"rope_theta {OUTSIDE_FLOAT32}, not 1e+300"),
+    ({"rope_theta": 10**400}, f"rope_theta {OUTSIDE_FLOAT32}, not 1000"),
     ({"rms_norm_eps": 1e300}, f"rms_norm_eps {OUTSIDE_FLOAT32}, not 1e+300"),
     ({"rms_norm_eps": 1e-300}, f"rms_norm_eps {OUTSIDE_FLOAT32}, not 1e-300"),
     ({"rope_scaling": {"type": "linear", "factor": 1e300}}, "rope_scaling 'factor' of type "
@@ -264,7 +267,7 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
     ({"rope_theta": 1e-45, "head_dim": 64}, "rope_theta makes a RoPE frequency overflow"),
     ({"rope_theta": 1e30, "rope_scaling": {"type": "linear", "factor": 3e38}},
      "rope_scaling makes a RoPE frequency round to 0"),
-], ids=["huge theta", "huge eps", "tiny eps", "huge linear factor", "tiny llama3 factor",
+], ids=["huge theta", "huge integer theta", "huge eps", "tiny eps", "huge linear factor", "tiny llama3 factor",
         "llama3 high = low", "fractional context", "frequency overflow", "frequency underflow"])
 def test_refuses_config_numbers_outside_float32(tmp_path, changes, message):
     refused_leaving_nothing(tmp_path, with_config(tmp_path, **changes), message)
