@@ -13,10 +13,11 @@ file barellm refuses is not written, and barellm's message is shown. The program
 --barellm PATH, else $BARELLM, else build/barellm; when that is not built, the file is
 written unchecked, with a warning.
 The output appears only when the conversion succeeded; on any error a message
-`convert: ...` goes to stderr and the exit status is 1.
+`convert: ...` goes to stderr and the exit status is 1 (128 + N after signal N).
 """
 
 import argparse
+import math
 import os
 import sys
 import tempfile
@@ -24,7 +25,8 @@ import tempfile
 import numpy as np
 
 import barellm_check
-from common import ConvertError, compact_json, read_json
+from common import (ConvertError, compact_json, float32, read_json, refuse_output_among_inputs,
+                    run_main, stop_signals_held)
 import dtypes
 import hf_tokenizer
 import safetensors_io as st
@@ -55,6 +57,9 @@ LAYER_TENSORS = (
     ("w2", "mlp.down_proj", False),
 )
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# The files of a checkpoint besides its *.safetensors, which -o must not overwrite.
+SIDE_FILES = ("config.json", "generation_config.json", "tokenizer_config.json",
+              "tokenizer.json", "tokenizer.model", "model.safetensors.index.json")
 CHUNK_ELEMENTS = 1 << 23
 ALIGNMENT = 64
 
@@ -98,9 +103,12 @@ def positive_int(cfg, key, default=None):
 
 
 def positive_number(value, what):
-    """Check a positive int/float and return it as a float."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConvertError(f"config.json: {what} must be a positive number, not {value!r}")
+    """Check a positive int/float that stays positive and finite as the float32 barellm
+    computes with, and return it as a float."""
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or not 0 < float32(value) < math.inf):
+        raise ConvertError(f"config.json: {what} must be a positive number within the float32 "
+                           f"range, not {value!r}")
     return float(value)
 
 
@@ -128,7 +136,44 @@ def rope_settings(cfg):
                            "(only linear and llama3)")
     for key in ROPE_SCALING_KEYS[kind]:
         positive_number(scaling.get(key), f"rope_scaling '{key}' of type {kind}")
+    if kind == "llama3":
+        positive_int(scaling, "original_max_position_embeddings")
+        if not float32(scaling["high_freq_factor"]) > float32(scaling["low_freq_factor"]):
+            raise ConvertError("config.json: rope_scaling needs high_freq_factor > "
+                               "low_freq_factor")
     return theta, scaling
+
+
+def rope_frequencies(theta, scaling, head_dim):
+    """The RoPE inverse frequencies barellm derives from these settings, computed as
+    rope_inverse_frequencies in src/config.cpp does: float32 settings, float64 arithmetic."""
+    kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
+    frequencies = []
+    for i in range(head_dim // 2):
+        frequency = float32(theta) ** (-2 * i / head_dim)
+        if kind == "linear":
+            frequency /= float32(scaling["factor"])
+        elif kind == "llama3":
+            factor, low, high = (float32(scaling[key]) for key in ROPE_SCALING_KEYS[kind][:3])
+            context = scaling["original_max_position_embeddings"]
+            wavelength = 2 * math.pi / frequency
+            if wavelength > context / low:
+                frequency /= factor
+            elif wavelength >= context / high:
+                smooth = (context / wavelength - low) / (high - low)
+                frequency = (1 - smooth) * frequency / factor + smooth * frequency
+        frequencies.append(frequency)
+    return frequencies
+
+
+def check_rope_frequencies(theta, scaling, head_dim):
+    """Every RoPE inverse frequency must be a positive float32, as barellm requires;
+    the error names rope_theta, or rope_scaling when the scaling breaks it."""
+    for key, scaled in (("rope_theta", None), ("rope_scaling", scaling)):
+        for frequency in rope_frequencies(theta, scaled, head_dim):
+            if not 0 < float32(frequency) < math.inf:
+                what = "overflow" if frequency > 1 else "round to 0"
+                raise ConvertError(f"config.json: {key} makes a RoPE frequency {what} as a float32")
 
 
 def token_id_list(value, what):
@@ -157,6 +202,7 @@ def model_config(cfg, gen):
     if head_dim % 2:
         raise ConvertError(f"head_dim {head_dim} is odd (RoPE needs an even head_dim)")
     theta, scaling = rope_settings(cfg)
+    check_rope_frequencies(theta, scaling, head_dim)
     window = cfg.get("sliding_window", defaults["sliding_window"])
     if cfg["model_type"] != "mistral" or window is None:
         window = None
@@ -349,12 +395,11 @@ def write_output(path, plan, metadata, weight_dtype, barellm):
              for name, (begin, _) in st.data_offsets(entries).items()}
     if os.path.isdir(path):
         raise ConvertError(f"cannot write output '{path}': it is a directory")
+    tmp = None
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".barellm-", suffix=".tmp",
-                                   dir=os.path.dirname(os.path.abspath(path)))
-    except OSError as e:
-        raise ConvertError(f"cannot write output '{path}': {e.strerror}") from None
-    try:
+        with stop_signals_held():  # a signal right after mkstemp still finds `tmp` set
+            fd, tmp = tempfile.mkstemp(prefix=".barellm-", suffix=".tmp",
+                                       dir=os.path.dirname(os.path.abspath(path)))
         with os.fdopen(fd, "wb") as f:
             f.write(header)
             for name, info, is_norm in plan:
@@ -372,7 +417,7 @@ def write_output(path, plan, metadata, weight_dtype, barellm):
     except OSError as e:
         raise ConvertError(f"cannot write output '{path}': {e.strerror}") from None
     finally:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
     return len(header) + data_bytes
 
@@ -395,7 +440,10 @@ def convert(hf_dir, output, weight_dtype=None, barellm=None):
     hf_tokenizer.check_supported(tokenizer)
     check_token_ids(config, tokenizer)
     config["add_bos"] = hf_tokenizer.add_bos(tok_cfg, tokenizer, from_sentencepiece)
-    plan = tensor_plan(config, st.open_checkpoint(hf_dir))
+    tensors = st.open_checkpoint(hf_dir)
+    refuse_output_among_inputs(output, [os.path.join(hf_dir, name) for name in SIDE_FILES] +
+                               sorted({info.path for info in tensors.values()}))
+    plan = tensor_plan(config, tensors)
     config["weight_dtype"] = weight_dtype or default_weight_dtype(cfg, plan)
     metadata = {"barellm.format": "1", "barellm.config": compact_json(config),
                 "barellm.tokenizer": compact_json(tokenizer)}
@@ -441,4 +489,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, "convert")

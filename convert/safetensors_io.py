@@ -5,7 +5,6 @@ each tensor name to {"dtype", "shape", "data_offsets": [begin, end]} with offset
 relative to the first byte after the header, plus an optional "__metadata__" map.
 """
 
-import json
 import math
 import os
 import struct
@@ -13,7 +12,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from common import ConvertError, compact_json, read_json
+from common import ConvertError, compact_json, parse_json, read_json
 from dtypes import STORAGE
 
 ITEM_SIZES = {
@@ -55,10 +54,7 @@ def read_header(path):
             header_bytes = f.read(header_len)
     except OSError as e:
         raise ConvertError(f"{name}: cannot read ({e.strerror})") from None
-    try:
-        header = json.loads(header_bytes.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise ConvertError(f"{name}: invalid safetensors header (not JSON)") from None
+    header = parse_json(header_bytes, f"{name}: safetensors header")
     if not isinstance(header, dict):
         raise ConvertError(f"{name}: invalid safetensors header (not a JSON object)")
     metadata = header.pop("__metadata__", None) or {}
@@ -71,7 +67,26 @@ def read_header(path):
                 f"{name}: file is truncated (tensor '{tensor_name}' ends at byte "
                 f"{info.offset + info.nbytes}, file has {size} bytes)")
         tensors[tensor_name] = info
+    _check_layout(name, tensors.values(), data_start, size)
     return tensors, metadata
+
+
+def _check_layout(file_name, tensors, data_start, file_size):
+    """The tensors must tile the data section, as the safetensors format requires: in
+    offset order each starts where the one before ends (no overlap, no gap) and the last
+    ends with the file."""
+    position, previous = data_start, "the header"
+    for info in sorted(tensors, key=lambda t: (t.offset, t.nbytes)):
+        where = f"{file_name}: tensor '{info.name}'"
+        if info.offset < position:
+            raise ConvertError(f"{where} overlaps {previous}")
+        if info.offset > position:
+            raise ConvertError(f"{where} starts {info.offset - position} bytes after the end "
+                               f"of {previous} (bytes of no tensor)")
+        position, previous = info.offset + info.nbytes, f"tensor '{info.name}'"
+    if position < file_size:
+        raise ConvertError(f"{file_name}: {file_size - position} bytes after the end of "
+                           f"{previous} belong to no tensor")
 
 
 def _tensor_info(file_name, path, tensor_name, entry, data_start):
@@ -83,14 +98,21 @@ def _tensor_info(file_name, path, tensor_name, entry, data_start):
         begin, end = entry["data_offsets"]
     except (TypeError, KeyError, ValueError):
         raise ConvertError(f"{where}: malformed header entry") from None
-    if not (isinstance(dtype, str) and all(isinstance(d, int) and d >= 0 for d in shape)
-            and isinstance(begin, int) and isinstance(end, int) and 0 <= begin <= end):
+    if not (isinstance(dtype, str) and all(_is_count(n) for n in (*shape, begin, end))
+            and begin <= end):
         raise ConvertError(f"{where}: malformed header entry")
-    if dtype in ITEM_SIZES and end - begin != math.prod(shape) * ITEM_SIZES[dtype]:
+    if dtype not in ITEM_SIZES:
+        raise ConvertError(f"{where}: unknown dtype {dtype!r}")
+    if end - begin != math.prod(shape) * ITEM_SIZES[dtype]:
         raise ConvertError(
             f"{where}: data_offsets cover {end - begin} bytes but shape {list(shape)} "
             f"of {dtype} needs {math.prod(shape) * ITEM_SIZES[dtype]}")
     return TensorInfo(tensor_name, dtype, shape, path, data_start + begin, end - begin)
+
+
+def _is_count(value):
+    """Whether `value` is a non-negative int (true and false are not)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def open_checkpoint(hf_dir):

@@ -30,13 +30,16 @@ int read_int(const json& object, const char* key, const std::string& source, int
     return int(value);
 }
 
+// The model computes with the float: it must be positive and finite once narrowed
+// (1e300 would become inf, 1e-300 zero).
 float read_positive_float(const json& object, const char* key, const std::string& source) {
     if (!object.contains(key) || !object[key].is_number())
         throw Error(source + ": config field '" + key + "' is missing or not a number");
-    const double value = object[key].get<double>();
+    const float value = float(object[key].get<double>());
     if (!(value > 0) || !std::isfinite(value))
-        throw Error(source + ": config field '" + key + "' must be a positive number");
-    return float(value);
+        throw Error(source + ": config field '" + key + "' = " + object[key].dump() +
+                    " is not a positive number within the float range");
+    return value;
 }
 
 RopeScaling read_rope_scaling(const json& config, const std::string& source) {
@@ -66,6 +69,15 @@ RopeScaling read_rope_scaling(const json& config, const std::string& source) {
     return scaling;
 }
 
+// Every RoPE inverse frequency must be a positive finite float; `key` names the config
+// field blamed when one is not.
+void check_rope_frequencies(const Config& config, const char* key, const std::string& source) {
+    for (float frequency : rope_inverse_frequencies(config))
+        if (!(frequency > 0) || !std::isfinite(frequency))
+            throw Error(source + ": config field '" + key + "' makes a RoPE frequency " +
+                        (frequency > 0 ? "overflow" : "round to 0") + " as a float");
+}
+
 }  // namespace
 
 Config Config::from_json(const std::string& json_text, const std::string& source) {
@@ -87,7 +99,9 @@ Config Config::from_json(const std::string& json_text, const std::string& source
     config.vocab_size = read_int(object, "vocab_size", source, 1, kMaxVocab);
     config.max_context = read_int(object, "max_context", source, 1, kMaxContext);
     config.rope_theta = read_positive_float(object, "rope_theta", source);
+    check_rope_frequencies(config, "rope_theta", source);
     config.rope_scaling = read_rope_scaling(object, source);
+    check_rope_frequencies(config, "rope_scaling", source);
     config.norm_eps = read_positive_float(object, "norm_eps", source);
     if (object.contains("sliding_window") && !object["sliding_window"].is_null())
         config.sliding_window = read_int(object, "sliding_window", source, 1, kMaxContext);

@@ -24,11 +24,15 @@ float Sampler::random_unit() {
 }
 
 int Sampler::sample(float* logits) {
-    if (temperature_ <= 0.0f || vocab_size_ == 1) return argmax(logits, vocab_size_);
-    for (int i = 0; i < vocab_size_; ++i) logits[i] /= temperature_;
+    const int best = argmax(logits, vocab_size_);
+    if (temperature_ <= 0.0f || vocab_size_ == 1) return best;
+    // The largest logit subtracted first: every scaled logit is at most 0, so however small
+    // the temperature, a division overflows only to -inf, whose probability is exactly 0.
+    const float largest = logits[best];
+    for (int i = 0; i < vocab_size_; ++i) logits[i] = (logits[i] - largest) / temperature_;
     cpu::softmax(logits, vocab_size_);
     const float coin = random_unit();
-    if (top_p_ > 0.0f && top_p_ < 1.0f) return sample_nucleus(logits, coin);
+    if (top_p_ > 0.0f && top_p_ < 1.0f) return sample_nucleus(logits, best, coin);
     float cumulative = 0.0f;
     for (int i = 0; i < vocab_size_; ++i) {
         cumulative += logits[i];
@@ -38,12 +42,13 @@ int Sampler::sample(float* logits) {
 }
 
 // Draws among the most probable tokens whose probabilities add up to top_p.
-int Sampler::sample_nucleus(const float* probabilities, float coin) {
-    // A token below (1 - top_p) / (n - 1) can never be in the nucleus: skip sorting it.
+int Sampler::sample_nucleus(const float* probabilities, int best, float coin) {
+    // A token below (1 - top_p) / (n - 1) can never be in the nucleus, unless it is the most
+    // probable one (when all are about equal): skip sorting the others.
     const float cutoff = (1.0f - top_p_) / float(vocab_size_ - 1);
     int count = 0;
     for (int i = 0; i < vocab_size_; ++i)
-        if (probabilities[i] >= cutoff) candidates_[count++] = {probabilities[i], i};
+        if (probabilities[i] >= cutoff || i == best) candidates_[count++] = {probabilities[i], i};
     std::sort(candidates_.begin(), candidates_.begin() + count,
               [](const auto& a, const auto& b) { return a.first > b.first; });
     float kept = 0.0f;

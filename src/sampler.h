@@ -15,7 +15,7 @@ public:
 
 private:
     float random_unit();  // uniform in [0, 1)
-    int sample_nucleus(const float* probabilities, float coin);
+    int sample_nucleus(const float* probabilities, int best, float coin);
 
     int vocab_size_;
     float temperature_;

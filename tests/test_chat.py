@@ -152,6 +152,29 @@ def test_unknown_templates_are_refused(tmp_path, template, message):
     assert message in err and len(err.strip().splitlines()) == 1
 
 
+CHATML_HEAD = "<|im_start|>assistant\n"
+SYSTEM_OPEN = "'<|im_start|>system\n"
+REPEATS = 100_000  # about 2 MB of template: a scan per candidate would take minutes
+
+
+@pytest.mark.parametrize("template,system", [
+    # Candidate system turns that no <|im_end|> follows.
+    ("<|im_end|>" + CHATML_HEAD + SYSTEM_OPEN * REPEATS, ""),
+    # Candidates that all share one <|im_end|>, each closed early by the next one's quote.
+    (CHATML_HEAD + SYSTEM_OPEN * REPEATS + "<|im_end|>\n'", ""),
+    # Candidates whose literal holds an escape the recogniser does not decode.
+    (CHATML_HEAD + SYSTEM_OPEN + ("\\" + SYSTEM_OPEN) * REPEATS + "\\x<|im_end|>\n'", ""),
+    # The same literal without that escape: the first candidate is the system turn.
+    (CHATML_HEAD + SYSTEM_OPEN + ("\\" + SYSTEM_OPEN) * REPEATS + "<|im_end|>\n'",
+     SYSTEM_OPEN * REPEATS),
+], ids=["no-end", "shared-end", "bad-escape", "long-system"])
+def test_large_templates_are_recognised_in_one_pass(tmp_path, template, system):
+    code, out, err = chat_render(tmp_path, template, "Hi", "<s>")
+    assert code == 0, err
+    turn = f"<|im_start|>system\n{system}<|im_end|>\n" if system else ""
+    assert out.decode() == turn + "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
 # ---- the converter ---------------------------------------------------------------------
 
 def converted_metadata(tmp_path, tok_config):

@@ -63,6 +63,13 @@ def test_sampling_is_reproducible_with_a_seed(stories):
     assert other.stdout != runs[0]
 
 
+def test_a_temperature_that_overflows_the_logits_samples_the_largest(stories):
+    greedy = barellm("run", stories, "-p", "Once", "--temp", "0", "-n", "20")
+    tiny = barellm("run", stories, "-p", "Once", "--temp", "1.2e-38", "--seed", "1", "-n", "20")
+    assert tiny.returncode == 0, tiny.stderr
+    assert tiny.stdout == greedy.stdout
+
+
 def test_ppl_prints_the_llama_cpp_line(stories):
     text = os.path.join(EVAL, "tinystories_valid_sample.txt")
     need_shared(text)

@@ -213,3 +213,40 @@ TEST_CASE("tensors and config that disagree are refused") {
         CHECK_THAT(load_error(tiny.write("eos")), Catch::Contains("bad id 10"));
     }
 }
+
+TEST_CASE("config numbers are checked as the floats the model computes with") {
+    const auto config_error = [](const char* key, const json& value) {
+        TinyModel tiny;
+        tiny.config[key] = value;
+        return load_error(tiny.write(std::string("float_") + key));
+    };
+    const std::string outside = " is not a positive number within the float range";
+    CHECK_THAT(config_error("rope_theta", 1e300),
+               Catch::Contains("'rope_theta' = 1e+300" + outside));
+    CHECK_THAT(config_error("norm_eps", 1e300), Catch::Contains("'norm_eps' = 1e+300" + outside));
+    CHECK_THAT(config_error("norm_eps", 1e-300), Catch::Contains("'norm_eps' = 1e-300" + outside));
+    SECTION("a theta that makes a frequency 1 / theta^(2i / head_dim) overflow") {
+        TinyModel tiny;
+        tiny.config["rope_theta"] = 1e-45;
+        tiny.config["head_dim"] = 64;  // the config is checked before the tensors' shapes
+        CHECK_THAT(load_error(tiny.write("float_theta")),
+                   Catch::Contains("'rope_theta' makes a RoPE frequency overflow as a float"));
+    }
+    const json linear = {{"rope_type", "linear"}, {"factor", 1e300}};
+    CHECK_THAT(config_error("rope_scaling", linear),
+               Catch::Contains("'factor' = 1e+300" + outside));
+    const json llama3 = {{"rope_type", "llama3"},
+                         {"factor", 8.0},
+                         {"low_freq_factor", 1e-300},
+                         {"high_freq_factor", 4.0},
+                         {"original_max_position_embeddings", 8192}};
+    CHECK_THAT(config_error("rope_scaling", llama3),
+               Catch::Contains("'low_freq_factor' = 1e-300" + outside));
+    SECTION("a scaling factor that makes a frequency round to 0") {
+        TinyModel tiny;
+        tiny.config["rope_theta"] = 1e30;
+        tiny.config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 3e38}};
+        CHECK_THAT(load_error(tiny.write("float_scaled")),
+                   Catch::Contains("'rope_scaling' makes a RoPE frequency round to 0 as a float"));
+    }
+}

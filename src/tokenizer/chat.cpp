@@ -29,63 +29,89 @@ bool newline_at(const std::string& text, size_t at, size_t* length) {
     return false;
 }
 
-// Decodes the escapes of a Jinja string literal's body; false for escapes not handled.
-bool unescape(const std::string& body, std::string* out) {
-    out->clear();
-    for (size_t i = 0; i < body.size(); ++i) {
-        if (body[i] != '\\') {
-            out->push_back(body[i]);
-            continue;
-        }
-        if (++i == body.size()) return false;
-        switch (body[i]) {
-            case 'n':
-                out->push_back('\n');
-                break;
-            case 't':
-                out->push_back('\t');
-                break;
-            case '\\':
-            case '\'':
-            case '"':
-                out->push_back(body[i]);
-                break;
-            default:
-                return false;
-        }
+// The character the escape `\c` stands for in a Jinja string literal; 0 for escapes not
+// handled here.
+char escaped_char(char c) {
+    switch (c) {
+        case 'n':
+            return '\n';
+        case 't':
+            return '\t';
+        case '\\':
+        case '\'':
+        case '"':
+            return c;
+        default:
+            return 0;
     }
-    return true;
 }
+
+// Decodes the escapes of a Jinja string literal's body, which holds only escapes
+// escaped_char handles.
+std::string unescape(const std::string& body) {
+    std::string out;
+    for (size_t i = 0; i < body.size(); ++i)
+        out.push_back(body[i] == '\\' ? escaped_char(body[++i]) : body[i]);
+    return out;
+}
+
+// Reads a template's backslash escapes once, from its start, to say whether a stretch of
+// it holds an unescaped quote or an escape escaped_char does not handle. Stretches are
+// asked for in order (neither end moves back), each starting where no escape is open.
+class EscapeScanner {
+public:
+    explicit EscapeScanner(const std::string& text) : text_(text) {}
+
+    // Whether [begin, end) holds an unescaped `quote` or an escape not handled.
+    bool quote_or_bad_escape(size_t begin, size_t end, char quote) {
+        for (; next_ < end; ++next_) {
+            const char c = text_[next_];
+            if (c == '\'')
+                single_quote_end_ = next_ + 1;
+            else if (c == '"')
+                double_quote_end_ = next_ + 1;
+            else if (c == '\\') {
+                if (next_ + 1 == text_.size() || escaped_char(text_[next_ + 1]) == 0)
+                    bad_escape_end_ = next_ + 1;
+                ++next_;  // the escaped character
+            }
+        }
+        const size_t quote_end = quote == '\'' ? single_quote_end_ : double_quote_end_;
+        return quote_end > begin || bad_escape_end_ > begin;
+    }
+
+private:
+    const std::string& text_;
+    size_t next_ = 0;  // the first position not read yet
+    // One past the last position read of each mark; 0 while there was none.
+    size_t single_quote_end_ = 0, double_quote_end_ = 0, bad_escape_end_ = 0;
+};
 
 // The system message of a literal 'QUOTE<|im_start|>system\n TEXT <|im_end|>\nQUOTE' in
 // the template (the turn ChatML templates write when the conversation brings no system
 // message), or "" when there is none.
 std::string chatml_default_system(const std::string& text) {
     const std::string open = "<|im_start|>system", close = "<|im_end|>";
+    // One pass: the candidate bodies only move forward, and so do their ends (the first
+    // close after the body), so each stretch of text is searched and scanned once.
+    EscapeScanner scanner(text);
+    size_t end = 0;
     for (size_t at = text.find(open); at != std::string::npos; at = text.find(open, at + 1)) {
         if (at == 0 || (text[at - 1] != '\'' && text[at - 1] != '"')) continue;
         const char quote = text[at - 1];
         size_t newline = 0;
         if (!newline_at(text, at + open.size(), &newline)) continue;
-        const size_t body = at + open.size() + newline;
-        const size_t end = text.find(close, body);
-        if (end == std::string::npos || end == body) continue;
-        const std::string raw = text.substr(body, end - body);
+        const size_t body = at + open.size() + newline;  // "system\n" leaves no escape open
+        if (end < body) end = text.find(close, body);
+        if (end == std::string::npos) return "";
+        if (end == body) continue;
         // The literal must not close before <|im_end|> (as in '...system\n' + content).
-        bool closes = false;
-        for (size_t i = 0; i < raw.size(); ++i) {
-            if (raw[i] == '\\')
-                ++i;
-            else if (raw[i] == quote)
-                closes = true;
-        }
-        if (closes) continue;
+        if (scanner.quote_or_bad_escape(body, end, quote)) continue;
         if (!newline_at(text, end + close.size(), &newline)) continue;
         if (end + close.size() + newline >= text.size() ||
             text[end + close.size() + newline] != quote)
             continue;
-        std::string system;
-        if (unescape(raw, &system)) return system;
+        return unescape(text.substr(body, end - body));
     }
     return "";
 }
