@@ -135,7 +135,7 @@ bench: $(BUILD)/barellm $(BUILD)/tokenize_json
 FUZZ_CXX     ?= clang++
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := model_file tokenizer_encode tokenizer_decode command_line regex
-FUZZ_SRCS    := src/safetensors.cpp src/config.cpp src/model.cpp $(wildcard src/tokenizer/*.cpp) \
+FUZZ_SRCS    := src/safetensors.cpp src/config.cpp src/model.cpp src/json.cpp src/files.cpp $(wildcard src/tokenizer/*.cpp) \
                 src/cli.cpp tests/fuzz/targets.cpp
 FUZZ_FLAGS   := -std=c++17 -O1 -g -Isrc -Itests $(CPPFLAGS) \
                 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined

@@ -26,6 +26,9 @@ struct BackendOptions {
     int context = 0;  // positions to allocate the KV cache for (<= the model's max_context)
     KvType kv_type = KvType::F16;
     Device device = Device::Cpu;
+    // Whether prefill will be asked for every position's logits (all_logits): the CPU backend
+    // then counts [context, vocab_size] floats for them in its memory check and holds them.
+    bool all_logits = false;
     // CUDA only (the ladder's switches; the defaults are the fast path):
     CudaKernels cuda_kernels = CudaKernels::Fast;
     bool cuda_graph = true;      // replay one captured CUDA graph per token
@@ -39,7 +42,8 @@ public:
     // KV cache of positions 0..pos-1, and returns the logits [vocab_size] in host memory.
     virtual const float* forward(int token, int pos) = 0;
     // Runs tokens[0..count) at positions first_pos.. as one batch (prefill) and returns
-    // the logits of the last token, or of every token [count, vocab_size] if all_logits.
+    // the logits of the last token, or of every token [count, vocab_size] if all_logits
+    // (which needs BackendOptions::all_logits).
     virtual const float* prefill(const int* tokens, int count, int first_pos, bool all_logits) = 0;
     virtual std::string name() const = 0;
     // The most tokens one prefill batch holds; longer prompts run in several batches.

@@ -33,6 +33,7 @@ commands:
                            print the text of the ids
 
 common options:
+  -f -                     read the text of ppl or tokenize from standard input
   --ctx C                  context length (default: the model's, at most 4096; ppl: 512)
   --threads K              CPU threads (default: all cores)
   --kv f16|f32             KV cache element type (default f16)

@@ -2,9 +2,9 @@
 #include "config.h"
 
 #include <cmath>
-#include <nlohmann/json.hpp>
 
 #include "error.h"
+#include "json.h"
 
 namespace barellm {
 
@@ -64,7 +64,7 @@ RopeScaling read_rope_scaling(const json& config, const std::string& source) {
         if (scaling.high_freq_factor <= scaling.low_freq_factor)
             throw Error(source + ": rope_scaling needs high_freq_factor > low_freq_factor");
     } else {
-        throw Error(source + ": rope_scaling type '" + type + "' is not supported");
+        throw Error(source + ": rope_scaling type " + quoted_excerpt(type) + " is not supported");
     }
     return scaling;
 }
@@ -81,13 +81,12 @@ void check_rope_frequencies(const Config& config, const char* key, const std::st
 }  // namespace
 
 Config Config::from_json(const std::string& json_text, const std::string& source) {
-    const json object = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-    if (object.is_discarded() || !object.is_object())
-        throw Error(source + ": metadata barellm.config is not a JSON object");
+    const json object = parse_json(json_text, source + ": metadata barellm.config");
+    if (!object.is_object()) throw Error(source + ": metadata barellm.config is not a JSON object");
     if (!object.contains("architecture") || object["architecture"] != "llama")
         throw Error(
             source + ": architecture " +
-            (object.contains("architecture") ? object["architecture"].dump() : "(missing)") +
+            (object.contains("architecture") ? json_excerpt(object["architecture"]) : "(missing)") +
             " is not supported (barellm runs llama)");
     Config config;
     config.dim = read_int(object, "dim", source, 1, kMaxDim);
@@ -115,7 +114,7 @@ Config Config::from_json(const std::string& json_text, const std::string& source
     for (const auto& id : object["eos_ids"]) {
         if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
             id.get<int64_t>() >= config.vocab_size)
-            throw Error(source + ": config field 'eos_ids' holds a bad id " + id.dump());
+            throw Error(source + ": config field 'eos_ids' holds a bad id " + json_excerpt(id));
         config.eos_ids.push_back(id.get<int>());
     }
     if (object.contains("add_bos")) {

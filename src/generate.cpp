@@ -38,7 +38,8 @@ void check_finite(const float* logits, int n, int pos) {
 }
 
 Tokenizer load_tokenizer(const Model& model) {
-    return Tokenizer::from_json(model.file->metadata_value("barellm.tokenizer"));
+    return Tokenizer::from_json(model.file->metadata_value("barellm.tokenizer"),
+                                model.config.vocab_size);
 }
 
 ModelAndTokenizer load_model_and_tokenizer(const std::string& path) {

@@ -19,7 +19,8 @@ struct ModelAndTokenizer {
     Tokenizer tokenizer;
 };
 
-// The tokenizer stored in the model's weight file (its barellm.tokenizer metadata).
+// The tokenizer stored in the model's weight file (its barellm.tokenizer metadata), every id
+// of it inside the model's vocabulary.
 Tokenizer load_tokenizer(const Model& model);
 ModelAndTokenizer load_model_and_tokenizer(const std::string& path);
 

@@ -3,21 +3,22 @@
 #include <omp.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <fstream>
+#include <cstring>
 #include <iostream>
 #include <map>
-#include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "backend.h"
 #include "bench.h"
 #include "cli.h"
 #include "cpu/kernels.h"
 #include "error.h"
+#include "files.h"
 #include "generate.h"
+#include "json.h"
 #include "ladder.h"
 #include "model.h"
 #include "sampler.h"
@@ -32,13 +33,26 @@ namespace {
 constexpr int kUsageExit = 2;
 constexpr int kDefaultContextCap = 4096;  // KV cache size when --ctx is not given
 
-std::string read_text_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw Error(path + ": cannot open");
-    std::ostringstream text;
-    text << in.rdbuf();
-    if (in.bad()) throw Error(path + ": read error");
-    return text.str();
+// The Error for output that did not reach standard output (a full disk, say).
+Error standard_output_error() {
+    return Error(std::string("cannot write to standard output") +
+                 (errno != 0 ? std::string(": ") + std::strerror(errno) : ""));
+}
+
+// Writes `text` to standard output now; throws Error when it does not get there.
+void write_now(const std::string& text) {
+    errno = 0;
+    std::cout << text << std::flush;
+    if (!std::cout) throw standard_output_error();
+}
+
+// Throws Error unless everything written to standard output, through std::cout or stdio,
+// got there.
+void check_standard_output() {
+    errno = 0;
+    std::cout.flush();
+    if (std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout)
+        throw standard_output_error();
 }
 
 // Ctrl-C sets this; the commands stop at the next token or chunk and still report.
@@ -101,11 +115,10 @@ int command_run(const Options& options) {
     generation.interrupted = &interrupted;
     std::signal(SIGINT, on_interrupt);
 
-    if (!options.chat) std::cout << options.prompt << std::flush;  // --chat: the reply only
+    if (!options.chat) write_now(options.prompt);  // --chat: the reply only
     const GenerateStats stats =
-        generate(*backend, config, tokenizer, sampler, prompt, generation,
-                 [](const std::string& piece) { std::cout << piece << std::flush; });
-    std::cout << std::endl;
+        generate(*backend, config, tokenizer, sampler, prompt, generation, write_now);
+    write_now("\n");
     std::fprintf(stderr,
                  "\nprompt: %d tokens, %.1f tok/s | generated: %d tokens, %.1f tok/s | "
                  "stopped: %s\n",
@@ -134,7 +147,9 @@ int command_ppl(const Options& options) {
                     " tokens are fewer than one chunk of " + std::to_string(context));
     const int chunks =
         options.chunks > 0 ? std::min(options.chunks, available_chunks) : available_chunks;
-    auto backend = make_backend(model, BackendOptions{context, options.kv_type, options.device});
+    BackendOptions backend_options{context, options.kv_type, options.device};
+    backend_options.all_logits = true;
+    auto backend = make_backend(model, backend_options);
     std::signal(SIGINT, on_interrupt);
 
     const int first_scored = context / 2;
@@ -237,42 +252,46 @@ int command_tokenize(const Options& options) {
 int command_detokenize(const Options& options) {
     if (!options.has_prompt) throw UsageError("detokenize needs -p \"[ids...]\"");
     const auto [model, tokenizer] = load_model_and_tokenizer(options.model_path);
-    const auto ids = nlohmann::json::parse(options.prompt, nullptr, false);
-    if (ids.is_discarded() || !ids.is_array())
-        throw Error("detokenize: -p is not a JSON array of ids");
+    const auto ids = parse_json(options.prompt, "detokenize: -p");
+    if (!ids.is_array()) throw Error("detokenize: -p is not a JSON array of ids");
     std::vector<int> values;
     for (const auto& id : ids) {
         if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
             id.get<int64_t>() >= tokenizer.vocab_size())
-            throw Error("detokenize: " + id.dump() + " is not a token id of this model");
+            throw Error("detokenize: " + json_excerpt(id) + " is not a token id of this model");
         values.push_back(id.get<int>());
     }
     std::cout << tokenizer.decode(values) << "\n";
     return 0;
 }
 
+int run_command(const Options& options) {
+    if (options.command == "help") {
+        std::fputs(kUsage, stdout);
+        return 0;
+    }
+    std::string missing;
+    if (cpu::detect_simd_level(&missing) == cpu::SimdLevel::Scalar)
+        std::fprintf(stderr, "barellm: this CPU lacks%s; using the slow scalar kernels\n",
+                     missing.c_str());
+    if (options.threads > 0) omp_set_num_threads(options.threads);
+    if (options.command == "run") return command_run(options);
+    if (options.command == "ppl") return command_ppl(options);
+    if (options.command == "info") return command_info(options);
+    if (options.command == "bench") return command_bench(options);
+    if (options.command == "ladder") return run_ladder_command(options);
+    if (options.command == "tokenize") return command_tokenize(options);
+    if (options.command == "detokenize") return command_detokenize(options);
+    throw UsageError("unknown command " + quoted_excerpt(options.command));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     try {
-        const Options options = parse_options(argc, argv);
-        if (options.command == "help") {
-            std::fputs(kUsage, stdout);
-            return 0;
-        }
-        std::string missing;
-        if (cpu::detect_simd_level(&missing) == cpu::SimdLevel::Scalar)
-            std::fprintf(stderr, "barellm: this CPU lacks%s; using the slow scalar kernels\n",
-                         missing.c_str());
-        if (options.threads > 0) omp_set_num_threads(options.threads);
-        if (options.command == "run") return command_run(options);
-        if (options.command == "ppl") return command_ppl(options);
-        if (options.command == "info") return command_info(options);
-        if (options.command == "bench") return command_bench(options);
-        if (options.command == "ladder") return run_ladder_command(options);
-        if (options.command == "tokenize") return command_tokenize(options);
-        if (options.command == "detokenize") return command_detokenize(options);
-        throw UsageError("unknown command '" + options.command + "'");
+        const int status = run_command(parse_options(argc, argv));
+        check_standard_output();
+        return status;
     } catch (const UsageError& e) {
         std::fprintf(stderr, "barellm: %s\n\n%s", e.what(), kUsage);
         return kUsageExit;
@@ -281,6 +300,9 @@ int main(int argc, char** argv) {
         return 1;
     } catch (const std::bad_alloc&) {
         std::fprintf(stderr, "barellm: out of memory\n");
+        return 1;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "barellm: unexpected error: %s\n", e.what());
         return 1;
     }
 }

@@ -2,6 +2,7 @@
 #include "model.h"
 
 #include "error.h"
+#include "json.h"
 
 namespace barellm {
 
@@ -44,7 +45,8 @@ DType weight_dtype(const Config& config, const std::string& path) {
     if (config.weight_dtype == "F16") return DType::F16;
     if (config.weight_dtype == "BF16") return DType::BF16;
     if (config.weight_dtype == "Q8") return DType::I8;
-    throw Error(path + ": weight_dtype '" + config.weight_dtype + "' is not supported");
+    throw Error(path + ": weight_dtype " + quoted_excerpt(config.weight_dtype) +
+                " is not supported");
 }
 
 }  // namespace
@@ -60,7 +62,8 @@ Model Model::load(const std::string& path) {
                     ": not a barellm weight file (no barellm.format metadata; convert it "
                     "with convert/convert.py)");
     if (format->second != "1")
-        throw Error(path + ": barellm.format " + format->second + " is not supported (expected 1)");
+        throw Error(path + ": barellm.format " + quoted_excerpt(format->second) +
+                    " is not supported (expected 1)");
     model.config = Config::from_json(file.metadata_value("barellm.config"), path);
     const Config& c = model.config;
     const DType dtype = weight_dtype(c, path);

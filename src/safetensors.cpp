@@ -1,17 +1,16 @@
 // Mapping a safetensors file and checking its header (safetensors.h).
 #include "safetensors.h"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <nlohmann/json.hpp>
 
 #include "error.h"
+#include "files.h"
+#include "json.h"
 
 namespace barellm {
 
@@ -78,14 +77,7 @@ size_t dtype_size(DType dtype) {
 }
 
 MappedFile::MappedFile(const std::string& path) {
-    const int fd = open(path.c_str(), O_RDONLY);
-    if (fd < 0) throw Error(path + ": cannot open: " + std::strerror(errno));
-    struct stat info;
-    if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
-        close(fd);
-        throw Error(path + ": not a regular file");
-    }
-    size_ = size_t(info.st_size);
+    const int fd = open_regular_file(path, &size_);
     if (size_ > 0) {
         void* mapping = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
         if (mapping == MAP_FAILED) {
@@ -113,9 +105,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), file_(p
                     std::to_string(header_bytes) + " does not fit the file size " +
                     std::to_string(size) + ")");
     const char* header_text = reinterpret_cast<const char*>(file_.data() + kHeaderLengthBytes);
-    nlohmann::json header = nlohmann::json::parse(header_text, header_text + header_bytes, nullptr,
-                                                  /*allow_exceptions=*/false);
-    if (header.is_discarded() || !header.is_object())
+    const nlohmann::json header =
+        parse_json(std::string_view(header_text, header_bytes), path + ": safetensors header");
+    if (!header.is_object())
         throw Error(path + ": not a safetensors file (header is not a JSON object)");
 
     const uint8_t* data_start = file_.data() + kHeaderLengthBytes + header_bytes;
@@ -127,12 +119,12 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), file_(p
             if (!entry.is_object()) throw Error(path + ": __metadata__ is not an object");
             for (const auto& [key, value] : entry.items()) {
                 if (!value.is_string())
-                    throw Error(path + ": metadata '" + key + "' is not a string");
+                    throw Error(path + ": metadata " + quoted_excerpt(key) + " is not a string");
                 metadata_[key] = value.get<std::string>();
             }
             continue;
         }
-        const std::string where = path + ": tensor '" + name + "'";
+        const std::string where = path + ": tensor " + quoted_excerpt(name);
         if (!entry.is_object() || !entry.contains("dtype") || !entry.contains("shape") ||
             !entry.contains("data_offsets"))
             throw Error(where + ": entry needs dtype, shape and data_offsets");
@@ -140,14 +132,14 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), file_(p
         view.name = name;
         if (!entry["dtype"].is_string() ||
             !parse_dtype(entry["dtype"].get<std::string>(), &view.dtype))
-            throw Error(where + ": unsupported dtype " + entry["dtype"].dump() +
+            throw Error(where + ": unsupported dtype " + json_excerpt(entry["dtype"]) +
                         " (barellm reads F32, F16, BF16, I8)");
         const auto& shape = entry["shape"];
         if (!shape.is_array() || shape.size() > size_t(kMaxDims))
             throw Error(where + ": shape is not an array of at most 8 dimensions");
         for (const auto& dim : shape) {
             if (!dim.is_number_integer() || dim.get<int64_t>() < 0)
-                throw Error(where + ": shape " + shape.dump() + " has a bad dimension");
+                throw Error(where + ": shape " + json_excerpt(shape) + " has a bad dimension");
             view.shape.push_back(dim.get<int64_t>());
         }
         const auto& offsets = entry["data_offsets"];
@@ -162,8 +154,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), file_(p
                         " data bytes (file truncated?)");
         view.bytes = checked_byte_count(view.shape, dtype_size(view.dtype), where);
         if (view.bytes != end - begin)
-            throw Error(where + ": shape " + shape.dump() + " needs " + std::to_string(view.bytes) +
-                        " bytes but data_offsets give " + std::to_string(end - begin));
+            throw Error(where + ": shape " + json_excerpt(shape) + " needs " +
+                        std::to_string(view.bytes) + " bytes but data_offsets give " +
+                        std::to_string(end - begin));
         view.data = data_start + begin;
         // Kernels read tensors through typed pointers: each must be naturally aligned.
         if (reinterpret_cast<uintptr_t>(view.data) % dtype_size(view.dtype) != 0)

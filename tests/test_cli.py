@@ -154,7 +154,7 @@ def write_with_header(path, header, data=b""):
     ("missing", None, "cannot open"),
     ("random", os.urandom(4096), "not a safetensors file"),
     ("huge_header", struct.pack("<Q", 1 << 60) + b"{}", "does not fit the file size"),
-    ("not_json", struct.pack("<Q", 8) + b"{{{{{{{{", "header is not a JSON object"),
+    ("not_json", struct.pack("<Q", 8) + b"{{{{{{{{", "safetensors header: not valid JSON"),
     ("text", b"Once upon a time there was a model file", "not a safetensors file"),
 ])
 def test_hostile_files_are_refused(tmp_path, name, content, message):
@@ -178,7 +178,7 @@ def test_hostile_files_are_refused(tmp_path, name, content, message):
     ("no_metadata", {"t": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
      "not a barellm weight file"),
     ("bad_config", {"__metadata__": {"barellm.format": "1", "barellm.config": "{]"}},
-     "barellm.config is not a JSON object"),
+     "barellm.config: not valid JSON"),
     ("gpt2", {"__metadata__": {"barellm.format": "1",
                                "barellm.config": json.dumps({"architecture": "gpt2"})}},
      "\"gpt2\" is not supported"),

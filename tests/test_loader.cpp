@@ -125,7 +125,7 @@ TEST_CASE("files that are not safetensors are refused") {
     CHECK_THAT(load_error(write_raw("huge_header", "{}", "", uint64_t(1) << 62)),
                Catch::Contains("does not fit the file size"));
     CHECK_THAT(load_error(write_raw("not_json", "{\"a\": [", "", 7)),
-               Catch::Contains("header is not a JSON object"));
+               Catch::Contains("safetensors header: not valid JSON (syntax error at byte 8)"));
     CHECK_THAT(load_error(write_raw("array", "[1, 2]", "", 6)),
                Catch::Contains("header is not a JSON object"));
     CHECK_THAT(load_error(write_file("no_format", json::object(), "")),

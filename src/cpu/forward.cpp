@@ -49,8 +49,12 @@ public:
         const size_t activation_floats =
             B * (4 * size_t(c.dim) + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * size_t(c.hidden_dim)) +
             size_t(c.heads) * context_ + c.vocab_size;
-        require_memory(2 * cache_bytes + activation_floats * sizeof(float),
-                       "the KV cache and activations for a context of " + std::to_string(context_));
+        const size_t all_logits_floats = options.all_logits ? size_t(context_) * c.vocab_size : 0;
+        const std::string what = options.all_logits
+                                     ? "the KV cache, activations and logits of every position"
+                                     : "the KV cache and activations";
+        require_memory(2 * cache_bytes + (activation_floats + all_logits_floats) * sizeof(float),
+                       what + " for a context of " + std::to_string(context_));
         InferenceState& s = state_;
         s.x.resize(B * c.dim);
         s.xb.resize(B * c.dim);
@@ -66,6 +70,7 @@ public:
         s.key_cache.resize(cache_bytes);
         s.value_cache.resize(cache_bytes);
         s.rope_frequencies = rope_inverse_frequencies(c);
+        all_logits_.resize(all_logits_floats);
     }
 
     std::string name() const override { return "cpu"; }
@@ -120,7 +125,8 @@ public:
 
     const float* prefill(const int* tokens, int count, int first_pos, bool all_logits) override {
         check_tokens(model_.config, tokens, count, first_pos, context_);
-        if (all_logits) all_logits_.resize(size_t(count) * model_.config.vocab_size);
+        if (all_logits && size_t(count) * model_.config.vocab_size > all_logits_.size())
+            throw Error("prefill: every position's logits need BackendOptions::all_logits");
         const float* last = nullptr;
         for (int start = 0; start < count; start += max_batch_) {
             const int batch = std::min(max_batch_, count - start);
@@ -217,7 +223,7 @@ private:
     const KvType kv_type_;
     const int max_batch_;
     InferenceState state_;
-    std::vector<float> all_logits_;  // [count, vocab_size] when prefill asks for every row
+    std::vector<float> all_logits_;  // [context, vocab_size] with BackendOptions::all_logits
 };
 
 }  // namespace

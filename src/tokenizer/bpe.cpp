@@ -5,6 +5,7 @@
 #include <cstdio>
 
 #include "error.h"
+#include "json.h"
 #include "tokenizer/unicode.h"
 
 namespace barellm::tok {
@@ -141,14 +142,15 @@ int BpeModel::vocab_id(const std::string& token, const std::string& left,
                        const std::string& right) const {
     const auto found = vocab.find(token);
     if (found == vocab.end())
-        throw Error("tokenizer.json: merge '" + left + " " + right + "' needs '" + token +
-                    "', which is not in the vocabulary");
+        throw Error("tokenizer.json: merge " + quoted_excerpt(left + " " + right) + " needs " +
+                    quoted_excerpt(token) + ", which is not in the vocabulary");
     return found->second;
 }
 
 int BpeModel::unk_id() const {
     if (!unk_id_)
-        throw Error("tokenizer.json: unk_token '" + *unk_token + "' is not in the vocabulary");
+        throw Error("tokenizer.json: unk_token " + quoted_excerpt(*unk_token) +
+                    " is not in the vocabulary");
     return *unk_id_;
 }
 

@@ -3,10 +3,10 @@
 #include "tokenizer/load.h"
 
 #include <cstdint>
-#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "error.h"
+#include "json.h"
 #include "tokenizer/unicode.h"
 
 namespace barellm::tok {
@@ -45,7 +45,7 @@ std::string type_of(const json& node, const std::string& where) {
 
 char32_t single_character(const std::string& text, const std::string& where) {
     if (text.empty() || !is_valid_utf8(text) || utf8_length(text[0]) != text.size())
-        throw Error(describe(where + " '" + text + "' is not a single character"));
+        throw Error(describe(where + " " + quoted_excerpt(text) + " is not a single character"));
     return decode_utf8(text, 0);
 }
 
@@ -55,8 +55,9 @@ std::string literal_pattern(const json& node, const std::string& where) {
     if (pattern.is_object() && pattern.contains("String"))
         return string_member(pattern, "String", where);
     if (pattern.is_object() && pattern.contains("Regex"))
-        throw Error(describe(where + " with Regex pattern '" +
-                             string_member(pattern, "Regex", where) + "' is not supported"));
+        throw Error(describe(where + " with Regex pattern " +
+                             quoted_excerpt(string_member(pattern, "Regex", where)) +
+                             " is not supported"));
     throw Error(describe(where + " has a pattern that is neither String nor Regex"));
 }
 
@@ -77,7 +78,7 @@ std::unique_ptr<Normalizer> parse_normalizer(const json& node) {
             literal_pattern(node, "normalizer Replace"),
             string_member(node, "content", "normalizer Replace"));
     if (type == "NFC") return std::make_unique<NfcNormalizer>();
-    throw Error(describe("normalizer type '" + type + "' is not supported"));
+    throw Error(describe("normalizer type " + quoted_excerpt(type) + " is not supported"));
 }
 
 SplitBehavior parse_split_behavior(const std::string& name) {
@@ -86,7 +87,7 @@ SplitBehavior parse_split_behavior(const std::string& name) {
     if (name == "MergedWithPrevious") return SplitBehavior::MergedWithPrevious;
     if (name == "MergedWithNext") return SplitBehavior::MergedWithNext;
     if (name == "Contiguous") return SplitBehavior::Contiguous;
-    throw Error(describe("Split behavior '" + name + "' is not supported"));
+    throw Error(describe("Split behavior " + quoted_excerpt(name) + " is not supported"));
 }
 
 std::unique_ptr<SplitPattern> parse_split_pattern(const json& node) {
@@ -111,7 +112,8 @@ PrependScheme parse_prepend_scheme(const json& node, const std::string& where) {
     if (scheme == "always") return PrependScheme::Always;
     if (scheme == "never") return PrependScheme::Never;
     if (scheme == "first") return PrependScheme::First;
-    throw Error(describe(where + " prepend_scheme '" + scheme + "' is not supported"));
+    throw Error(
+        describe(where + " prepend_scheme " + quoted_excerpt(scheme) + " is not supported"));
 }
 
 std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const json& node) {
@@ -146,7 +148,7 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const json& node) {
             replacement, parse_prepend_scheme(node, "pre_tokenizer Metaspace"),
             bool_member(node, "split", true));
     }
-    throw Error(describe("pre_tokenizer type '" + type + "' is not supported"));
+    throw Error(describe("pre_tokenizer type " + quoted_excerpt(type) + " is not supported"));
 }
 
 size_t count_member(const json& node, const char* key, const std::string& where) {
@@ -185,7 +187,7 @@ void parse_decoder(const json& node, std::vector<StageFactory>& stages) {
         stages.push_back(
             [=](bool) { return std::make_unique<MetaspaceStage>(replacement, scheme); });
     } else {
-        throw Error(describe("decoder type '" + type + "' is not supported"));
+        throw Error(describe("decoder type " + quoted_excerpt(type) + " is not supported"));
     }
 }
 
@@ -199,7 +201,7 @@ std::pair<std::string, std::string> parse_merge(const json& merge, size_t rank) 
         if (space != std::string::npos && text.find(' ', space + 1) == std::string::npos)
             return {text.substr(0, space), text.substr(space + 1)};
     }
-    throw Error(describe("merge " + std::to_string(rank + 1) + " (" + merge.dump() +
+    throw Error(describe("merge " + std::to_string(rank + 1) + " (" + json_excerpt(merge) +
                          ") is not a pair of tokens"));
 }
 
@@ -208,9 +210,16 @@ bool is_unset(const json& model, const char* key) {
            (model.at(key).is_string() && model.at(key).get<std::string>().empty());
 }
 
-void parse_model(const json& node, BpeModel& model) {
+// "<what> has id N, outside the vocabulary of `id_limit` ids".
+std::string id_outside(const std::string& what, uint64_t id, int id_limit) {
+    return describe(what + " has id " + std::to_string(id) + ", outside the vocabulary of " +
+                    std::to_string(id_limit) + " ids");
+}
+
+void parse_model(const json& node, int id_limit, BpeModel& model) {
     const std::string type = node.contains("type") ? type_of(node, "model") : "BPE";
-    if (type != "BPE") throw Error(describe("model type '" + type + "' is not supported"));
+    if (type != "BPE")
+        throw Error(describe("model type " + quoted_excerpt(type) + " is not supported"));
     for (const char* option : {"continuing_subword_prefix", "end_of_word_suffix"})
         if (!is_unset(node, option))
             throw Error(describe(std::string("BPE option ") + option + " is not supported"));
@@ -225,8 +234,11 @@ void parse_model(const json& node, BpeModel& model) {
     const json& vocab = member(node, "vocab", "model");
     if (!vocab.is_object()) throw Error(describe("model vocab is not an object"));
     for (const auto& [text, id] : vocab.items()) {
-        if (!id.is_number_unsigned() || id.get<uint64_t>() > uint64_t(INT32_MAX))
-            throw Error(describe("vocab entry '" + text + "' has an invalid id"));
+        if (!id.is_number_unsigned())
+            throw Error(describe("vocab entry " + quoted_excerpt(text) + " has an invalid id"));
+        if (id.get<uint64_t>() >= uint64_t(id_limit))
+            throw Error(
+                id_outside("vocab entry " + quoted_excerpt(text), id.get<uint64_t>(), id_limit));
         model.vocab.emplace(text, id.get<int>());
     }
     model.index_vocab();
@@ -251,23 +263,23 @@ AddedToken parse_added_token(const json& node) {
 
 }  // namespace
 
-Components load_components(const std::string& tokenizer_json) {
-    json root;
-    try {
-        root = json::parse(tokenizer_json);
-    } catch (const json::exception& e) {
-        throw Error(describe(std::string("not valid JSON (") + e.what() + ")"));
-    }
+Components load_components(const std::string& tokenizer_json, int id_limit) {
+    const json root = parse_json(tokenizer_json, "tokenizer.json");
     if (!root.is_object()) throw Error(describe("not a JSON object"));
     Components parts;
     try {
-        parse_model(member(root, "model", "tokenizer"), parts.model);
+        parse_model(member(root, "model", "tokenizer"), id_limit, parts.model);
         parts.normalizer = parse_normalizer(root.value("normalizer", json()));
         parts.pre_tokenizer = parse_pre_tokenizer(root.value("pre_tokenizer", json()));
         const json decoder = root.value("decoder", json());
         if (!decoder.is_null()) parse_decoder(decoder, parts.decoder);
         for (const json& token : root.value("added_tokens", json::array()))
             parts.added.add(parse_added_token(token), parts.model);
+        // Added tokens outside the vocabulary take the ids after it.
+        for (const AddedToken& token : parts.added.tokens())
+            if (token.id >= id_limit)
+                throw Error(id_outside("added token " + quoted_excerpt(token.content),
+                                       uint64_t(token.id), id_limit));
         parts.added.build_matchers(parts.normalizer.get());
     } catch (const json::exception& e) {
         throw Error(describe(std::string("unexpected content (") + e.what() + ")"));

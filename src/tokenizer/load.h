@@ -21,7 +21,8 @@ struct Components {
     std::vector<StageFactory> decoder;            // empty: join tokens with spaces
 };
 
-// Parses a tokenizer.json document. Throws Error naming any unsupported feature.
-Components load_components(const std::string& tokenizer_json);
+// Parses a tokenizer.json document. Throws Error naming any unsupported feature, and any
+// id (of the vocabulary, or given to an added token) that is not below `id_limit`.
+Components load_components(const std::string& tokenizer_json, int id_limit);
 
 }  // namespace barellm::tok

@@ -123,8 +123,8 @@ private:
 
 Tokenizer::Tokenizer(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
 
-Tokenizer Tokenizer::from_json(const std::string& tokenizer_json) {
-    return Tokenizer(std::make_shared<Impl>(tok::load_components(tokenizer_json)));
+Tokenizer Tokenizer::from_json(const std::string& tokenizer_json, int id_limit) {
+    return Tokenizer(std::make_shared<Impl>(tok::load_components(tokenizer_json, id_limit)));
 }
 
 std::vector<int> Tokenizer::encode(std::string_view text, bool parse_special) const {

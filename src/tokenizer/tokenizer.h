@@ -21,8 +21,12 @@ namespace barellm {
 
 class Tokenizer {
 public:
-    // Parses a tokenizer.json document. Throws Error naming any unsupported feature.
-    static Tokenizer from_json(const std::string& tokenizer_json);
+    // The most ids a tokenizer may have when no model bounds them: above any real vocabulary.
+    static constexpr int kMaxVocabSize = 1 << 22;
+
+    // Parses a tokenizer.json document. Throws Error naming any unsupported feature, and any
+    // id that is not below `id_limit` (a model's vocab_size, where the model is known).
+    static Tokenizer from_json(const std::string& tokenizer_json, int id_limit = kMaxVocabSize);
 
     // The ids of `text` (UTF-8; throws Error if it is not), without BOS/EOS. With
     // `parse_special` false, special added tokens in the text are tokenized as plain text

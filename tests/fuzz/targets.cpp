@@ -68,7 +68,11 @@ void model_file(const uint8_t* data, size_t size) {
         std::fclose(out);
     }
     try {
-        Model::load(path);
+        const Model model = Model::load(path);
+        // The tokenizer stored in the file, as barellm loads it with the model.
+        const auto& metadata = model.file->metadata();
+        if (const auto found = metadata.find("barellm.tokenizer"); found != metadata.end())
+            Tokenizer::from_json(found->second, model.config.vocab_size);
     } catch (const Error&) {
     }
 }

@@ -8,7 +8,8 @@
 
 namespace barellm::fuzz {
 
-// The bytes as a weight file: header, tensor and config validation (Model::load).
+// The bytes as a weight file: header, tensor and config validation (Model::load), then the
+// tokenizer stored in it.
 void model_file(const uint8_t* data, size_t size);
 // The bytes as text for the tokenizer, then decoded back.
 void tokenizer_encode(const uint8_t* data, size_t size);

@@ -51,7 +51,9 @@ int main(int argc, char** argv) {
             }
         }
         const Model model = Model::load(argv[1]);
-        auto backend = make_backend(model, BackendOptions{int(ids.size()), kv_type, device});
+        BackendOptions options{int(ids.size()), kv_type, device};
+        options.all_logits = prefill;
+        auto backend = make_backend(model, options);
         FILE* out = std::fopen(argv[2], "wb");
         if (!out) throw Error(std::string(argv[2]) + ": cannot write");
         const size_t vocab = model.config.vocab_size;
