@@ -27,6 +27,7 @@
 #include "device_memory.h"
 #include "error.h"
 #include "kernels.h"
+#include "memory.h"
 
 namespace barellm {
 
@@ -299,6 +300,13 @@ public:
         allocate_state();
         host_step_ = PinnedBuffer(2 * sizeof(int), "the step parameters");
         host_logits_ = PinnedBuffer(size_t(c.vocab_size) * sizeof(float), "the logits");
+        if (options.all_logits) {  // host memory, for ppl: every position's logits
+            const size_t floats = size_t(context_) * c.vocab_size;
+            require_memory(
+                floats * sizeof(float),
+                "the logits of every position for a context of " + std::to_string(context_));
+            all_logits_.resize(floats);
+        }
         cuda::prepare_matvec(max_matvec_shared_bytes());
         // The uploads and memsets above ran on the legacy default stream, which does not
         // order itself with our non-blocking stream: let them finish before any kernel runs.
@@ -339,7 +347,8 @@ public:
     const float* prefill(const int* tokens, int count, int first_pos, bool all_logits) override {
         check_tokens(model_.config, tokens, count, first_pos, context_);
         const size_t vocab = model_.config.vocab_size;
-        if (all_logits) all_logits_.resize(size_t(count) * vocab);
+        if (all_logits && size_t(count) * vocab > all_logits_.size())
+            throw Error("prefill: every position's logits need BackendOptions::all_logits");
         const float* logits = nullptr;
         for (int i = 0; i < count; ++i) {
             logits = forward(tokens[i], first_pos + i);
@@ -592,7 +601,7 @@ private:
     DeviceState state_{};
     PinnedBuffer host_step_;         // [2]  {token, pos}, copied to state_.step before each step
     PinnedBuffer host_logits_;       // [vocab_size]  what forward() returns
-    std::vector<float> all_logits_;  // [count, vocab_size] when prefill asks for every row
+    std::vector<float> all_logits_;  // [context, vocab_size] with BackendOptions::all_logits
     Graph graph_;
     GraphExec graph_exec_;
 };

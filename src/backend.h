@@ -26,7 +26,7 @@ struct BackendOptions {
     int context = 0;  // positions to allocate the KV cache for (<= the model's max_context)
     KvType kv_type = KvType::F16;
     Device device = Device::Cpu;
-    // Whether prefill will be asked for every position's logits (all_logits): the CPU backend
+    // Whether prefill will be asked for every position's logits (all_logits): the backend
     // then counts [context, vocab_size] floats for them in its memory check and holds them.
     bool all_logits = false;
     // CUDA only (the ladder's switches; the defaults are the fast path):
