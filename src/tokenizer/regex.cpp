@@ -1197,19 +1197,19 @@ private:
         bool known_failed = false;  // stopped at a position where the memo says it fails
         size_t floor = pos;
         uint32_t count = 0;
-        for (;; ++steps_) {
+        while (count < instruction.max && pos < text_.size()) {
             if (pos >= look_at) {
                 const uint64_t ahead = memo_.ahead(instruction.memo_row, pos);
                 known_failed = ahead & 1;
                 if (known_failed) break;
                 look_at = ahead ? pos + __builtin_ctzll(ahead) : FailureMemo::next_word(pos);
             }
-            if (count == instruction.max || pos == text_.size()) break;
             const Char c = char_at(pos);
             if (!set.contains(c)) break;
             pos += c.length;
             if (++count == instruction.min) floor = pos;
         }
+        steps_ += count;
         if (count < instruction.min || (known_failed && pos == floor)) return false;
         if (memoized) push({pc, Resume::Failed, floor, pos});
         if (known_failed) pos = unicode::utf8_previous(text_, pos);
@@ -1263,7 +1263,9 @@ private:
     // Runs the program from `pc` at `pos`: the end of the first match found, or kNoMatch.
     size_t run(uint32_t pc, size_t pos) {
         const size_t base = depth_;
-        for (;; ++steps_) {
+        size_t steps = 0;  // added to steps_ at each failure and at the end (kept in a register)
+        for (;;) {
+            ++steps;
             const Instruction& instruction = program_.code[pc];
             bool ok = true;
             switch (instruction.op) {
@@ -1309,10 +1311,15 @@ private:
                     pc = instruction.arg;
                     break;
                 case Op::Match:
+                    steps_ += steps;
                     depth_ = base;
                     return pos;
             }
-            if (!ok && !backtrack(base, pc, pos)) return kNoMatch;
+            if (!ok) {
+                steps_ += steps;
+                steps = 0;
+                if (!backtrack(base, pc, pos)) return kNoMatch;
+            }
         }
     }
 
