@@ -183,7 +183,48 @@ TEST_CASE("the patterns of Llama-family tokenizers compile", "[regex]") {
 }
 
 TEST_CASE("too much backtracking fails the search with an Error", "[regex]") {
-    const Regex regex("(?:a|a)+b", 1000);
-    CHECK_THROWS_WITH(regex.find_all(std::string(30, 'a')), Catch::Contains("backtracking"));
+    // At the first a, a* takes them all, then gives them back one at a time.
+    const Regex regex("a*b", 1000);
+    CHECK_THROWS_WITH(regex.find_all(std::string(2000, 'a')), Catch::Contains("backtracking"));
     CHECK(regex.find_all("aab") == Matches{{0, 3}});
+}
+
+TEST_CASE("the work of a search grows linearly with the text", "[regex]") {
+    // Patterns that, tried at one start after another, would scan the rest of a long run
+    // each time (or, for (a|aa)*c, take exponentially many ways through it).
+    struct Case {
+        const char* pattern;
+        std::string unit;  // the text is a run of it
+        bool matches;      // each unit of the run is a match (else there is none)
+    };
+    const Case cases[] = {
+        {"a*b", "a", false},
+        {"(a|aa)*c", "a", false},
+        {"(?:a|a)+b", "a", false},
+        {R"(\p{L}+x|\p{L})", "\xC3\xA9", true},
+        {R"([a-z]*[a-z]*q|\S)", "a", true},
+        {R"(\s*[\r\n]+|\s)", " ", true},
+    };
+    for (const Case& c : cases) {
+        INFO(c.pattern);
+        const Regex regex(c.pattern);
+        const auto steps_over = [&](size_t units) {
+            std::string text;
+            for (size_t i = 0; i < units; ++i) text += c.unit;
+            size_t steps = 0;
+            const Matches matches = regex.find_all(text, steps);
+            CHECK(matches.size() == (c.matches ? units : 0));
+            if (c.matches && !matches.empty())
+                CHECK(matches.back() == Regex::Match{text.size() - c.unit.size(), text.size()});
+            return steps;
+        };
+        constexpr size_t kUnits = 20000;
+        const size_t steps = steps_over(kUnits), steps_twice = steps_over(2 * kUnits);
+        CHECK(steps_twice <= 2.2 * steps);
+    }
+    // Matches that span a long run are found whole.
+    const std::string run(20000, 'a');
+    CHECK(find("a*b", run + "b") == Matches{{0, run.size() + 1}});
+    CHECK(find("(a|aa)*c", run + "c") == Matches{{0, run.size() + 1}});
+    CHECK(find("(?:a|a)+b", run + "b") == Matches{{0, run.size() + 1}});
 }

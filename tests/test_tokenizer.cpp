@@ -207,6 +207,37 @@ TEST_CASE("normalizers: Prepend, Replace and NFC", "[tokenizer]") {
     CHECK(tokenizer.encode("a<s>b") == Ids{17, 2, 1, 17, 3});
 }
 
+TEST_CASE("normalizers may make a text at most 8 times as long, plus 4096 bytes", "[tokenizer]") {
+    const auto replace = [](const std::string& pattern, const std::string& content) {
+        return json{{"type", "Replace"}, {"pattern", {{"String", pattern}}}, {"content", content}};
+    };
+    // A Sequence of Replace normalizers that each double the a's.
+    const auto doubling = [&](int steps) {
+        json document = tiny_tokenizer();
+        json normalizers = json::array();
+        for (int i = 0; i < steps; ++i) normalizers.push_back(replace("a", "aa"));
+        document["normalizer"] = {{"type", "Sequence"}, {"normalizers", normalizers}};
+        return load(document);
+    };
+    const std::string text(1024, 'a');
+    CHECK(doubling(3).encode(text) == Ids(8 * text.size(), 2));
+    const std::string limit = "longer than the 12288 bytes allowed";
+    CHECK_THROWS_WITH(doubling(4).encode(text),
+                      Catch::Contains("normalizer Replace") && Catch::Contains(limit));
+    // 20 of them would make 1 KB into 1 GB.
+    CHECK_THROWS_WITH(doubling(20).encode(text), Catch::Contains(limit));
+    // One Replace by a long content.
+    json document = tiny_tokenizer();
+    document["normalizer"] = replace("a", std::string(5000, 'b'));
+    CHECK_THROWS_WITH(load(document).encode("a"), Catch::Contains("normalizer Replace"));
+    // Real normalizers make a text at most 3 times as long, plus a few bytes.
+    document["normalizer"] = {
+        {"type", "Sequence"},
+        {"normalizers",
+         {{{"type", "Prepend"}, {"prepend", kSpaceMarker}}, replace(" ", kSpaceMarker)}}};
+    CHECK(load(document).encode(std::string(1000, ' ')) == Ids(1001, 17));
+}
+
 TEST_CASE("Split splits at the matches of its regex", "[tokenizer]") {
     CHECK(load(digits_tokenizer(kGpt2Regex)).encode("1234") == Ids{6});
     CHECK(load(digits_tokenizer(kLlama3Regex)).encode("1234") == Ids{5, 3});

@@ -6,21 +6,46 @@
 #include <optional>
 #include <string_view>
 
+#include "error.h"
 #include "tokenizer/text.h"
 #include "tokenizer/unicode.h"
 
 namespace barellm::tok {
 
-void SequenceNormalizer::apply(std::string& text) const {
-    for (const auto& step : steps_) step->apply(text);
+namespace {
+
+[[noreturn]] void refuse_growth(const char* normalizer, size_t max_size) {
+    throw Error(std::string("normalizer ") + normalizer + " would make the text longer than the " +
+                std::to_string(max_size) + " bytes allowed (normalizers may make a text " +
+                std::to_string(kMaxNormalizedGrowth) + " times as long, plus " +
+                std::to_string(kNormalizedSlackBytes) + " bytes)");
 }
 
-void PrependNormalizer::apply(std::string& text) const {
-    if (!text.empty()) text.insert(0, prefix_);
+}  // namespace
+
+void SequenceNormalizer::rewrite(std::string& text, size_t max_size) const {
+    for (const auto& step : steps_) step->rewrite(text, max_size);
 }
 
-void ReplaceNormalizer::apply(std::string& text) const {
-    if (text.find(pattern_) != std::string::npos) text = replace_all(text, pattern_, content_);
+void PrependNormalizer::rewrite(std::string& text, size_t max_size) const {
+    if (text.empty()) return;
+    if (text.size() + prefix_.size() > max_size) refuse_growth("Prepend", max_size);
+    text.insert(0, prefix_);
+}
+
+void ReplaceNormalizer::rewrite(std::string& text, size_t max_size) const {
+    if (pattern_.empty()) return;
+    size_t count = 0;
+    for (size_t pos = text.find(pattern_); pos != std::string::npos;
+         pos = text.find(pattern_, pos + pattern_.size()))
+        ++count;
+    if (count == 0) return;
+    // The size is checked before the text is built, as one Replace alone can multiply it:
+    // the text without the occurrences, plus count times the content.
+    const size_t kept = text.size() - count * pattern_.size();
+    if (kept > max_size || (!content_.empty() && count > (max_size - kept) / content_.size()))
+        refuse_growth("Replace", max_size);
+    text = replace_all(text, pattern_, content_);
 }
 
 // ============================================================================ NFC
@@ -164,6 +189,9 @@ std::string to_nfc(std::string_view text) {
 
 }  // namespace
 
-void NfcNormalizer::apply(std::string& text) const { text = to_nfc(text); }
+void NfcNormalizer::rewrite(std::string& text, size_t max_size) const {
+    text = to_nfc(text);  // at most 3 times as many characters
+    if (text.size() > max_size) refuse_growth("NFC", max_size);
+}
 
 }  // namespace barellm::tok

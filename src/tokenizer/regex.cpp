@@ -808,6 +808,8 @@ enum class Op : uint8_t {
     Match,
 };
 
+constexpr uint32_t kNoMemoRow = std::numeric_limits<uint32_t>::max();
+
 struct Instruction {
     Op op;
     Anchor anchor = Anchor::LineStart;
@@ -817,6 +819,8 @@ struct Instruction {
     // CharRepeat: the program matches right after it, so it never gives characters back
     // (the common `\p{L}+` at the end of an alternative).
     bool before_match = false;
+    // Its row in the FailureMemo (Branch, and CharRepeat that may give characters back).
+    uint32_t memo_row = kNoMemoRow;
 };
 
 // One alternative of a Branch: where it starts, and the set its first character is in
@@ -846,6 +850,7 @@ struct Regex::Program {
     std::vector<CharSet> sets;
     std::vector<Branch> branches;
     uint32_t first = kAnyChar;  // the set a match's first character is in, or kAnyChar
+    uint32_t memo_rows = 0;
 };
 
 namespace {
@@ -862,6 +867,7 @@ public:
         push({Op::Match});
         index_branches();
         mark_repeats_before_match();
+        assign_memo_rows();
     }
 
 private:
@@ -902,6 +908,17 @@ private:
             uint32_t next = pc + 1;
             while (code[next].op == Op::Jump) next = code[next].arg;
             code[pc].before_match = code[next].op == Op::Match;
+        }
+    }
+
+    // The instructions where failures are worth recording: where the machine may come back
+    // to the same text position by other paths.
+    void assign_memo_rows() {
+        for (Instruction& instruction : program_.code) {
+            const bool gives_back = instruction.op == Op::CharRepeat && !instruction.before_match &&
+                                    instruction.min < instruction.max;
+            if (instruction.op == Op::Branch || gives_back)
+                instruction.memo_row = program_.memo_rows++;
         }
     }
 
@@ -1004,25 +1021,95 @@ private:
 
 // ============================================================================ Matching
 
-// A way to go on that the machine has not tried yet: the other alternatives of the Branch at
-// pc, or the CharRepeat at pc matching one character fewer.
+// What the machine does when it comes back to a Backtrack.
+enum class Resume : uint8_t {
+    Alternatives,  // tries the other alternatives of the Branch at pc
+    GiveBack,      // the CharRepeat at pc matches one character fewer
+    Failed,        // records in the FailureMemo that nothing from pc matched
+};
+
+// A way to go on that the machine has not tried yet, or a failure to record.
 struct Backtrack {
     uint32_t pc;
+    Resume resume;
     size_t pos;     // where the Branch started, or where the CharRepeat ends now
-    uint64_t rest;  // Branch: an AlternativeMask; CharRepeat: where its min characters end
+    uint64_t rest;  // Alternatives: an AlternativeMask; GiveBack: where its min characters
+                    // end; Failed: the last position of the failure
+};
+
+// Most bits a FailureMemo may take (16 MiB); past it, searches go without one.
+constexpr size_t kMaxMemoBits = size_t{1} << 27;
+// The work per byte of text after which a FailureMemo is started (the patterns of
+// tokenizers take 1 to 5 steps a byte on natural text).
+constexpr size_t kStepsPerByteBeforeMemo = 32;
+
+// The states (instruction, text position) known to lead to no match. Without it, the
+// machine would scan the same text again from each start position (a*b over a long run of
+// a's is quadratic, (a|aa)*c exponential); with it, each state fails at most once.
+// - Sound because what follows a state depends on the state only: there are no
+//   backreferences, no captures and no \G, and a lookahead looks at the text only.
+// - So a state that failed fails again from any later start, in any search of the text.
+// - Failures are recorded on the way back: a Failed Backtrack under the ways to go on from a
+//   state is reached once they all failed.
+// - Rows: each Branch, and each CharRepeat that may give characters back. The bit of a
+//   CharRepeat at q says that ending it anywhere from q to where its run of characters
+//   ends leads to no match, however many it has taken.
+// - Recording costs time, so it starts only once the work exceeds kStepsPerByteBeforeMemo
+//   per byte of text: the work stays linear, and most searches never need it.
+// - One bit per row and text position; a text for which that is more than kMaxMemoBits is
+//   searched without it, under the backtrack limit alone.
+class FailureMemo {
+public:
+    // `bits` is working memory, passed in so that its allocation can be reused.
+    explicit FailureMemo(std::vector<uint64_t>& bits) : bits_(bits) {}
+
+    // Starts recording, with no state known to fail; stays off if it would be too large.
+    void start(size_t rows, size_t text_size) {
+        const size_t positions = text_size + 1;
+        if (rows == 0 || rows > kMaxMemoBits / positions) return;
+        row_words_ = (positions + kWordBits - 1) / kWordBits;
+        bits_.assign(rows * row_words_, 0);
+    }
+
+    bool on() const { return row_words_ != 0; }
+
+    bool failed(uint32_t row, size_t pos) const { return ahead(row, pos) & 1; }
+
+    // The bits of `row` from `pos` (bit 0) to the end of their 64-bit word.
+    uint64_t ahead(uint32_t row, size_t pos) const {
+        return bits_[row * row_words_ + pos / kWordBits] >> (pos % kWordBits);
+    }
+    // The position where the word after that of `pos` starts.
+    static size_t next_word(size_t pos) { return (pos / kWordBits + 1) * kWordBits; }
+
+    void mark(uint32_t row, size_t first, size_t last) {
+        for (size_t pos = first; pos <= last; ++pos)
+            bits_[row * row_words_ + pos / kWordBits] |= uint64_t{1} << (pos % kWordBits);
+    }
+
+private:
+    static constexpr size_t kWordBits = 64;
+    std::vector<uint64_t>& bits_;
+    size_t row_words_ = 0;  // 0: off
 };
 
 // Runs the program on one text, at one start position after another.
 class Matcher {
 public:
-    // `stack` is working memory, passed in so that its allocation can be reused.
+    // `stack` and `memo_bits` are working memory, passed in so that their allocations can be
+    // reused.
     Matcher(const Regex::Program& program, std::string_view text, const std::string& pattern,
-            size_t backtrack_limit, std::vector<Backtrack>& stack)
+            size_t backtrack_limit, std::vector<Backtrack>& stack, std::vector<uint64_t>& memo_bits)
         : program_(program),
           text_(text),
           pattern_(pattern),
           backtrack_limit_(backtrack_limit),
-          stack_(stack) {}
+          stack_(stack),
+          memo_(memo_bits),
+          memo_after_steps_(kStepsPerByteBeforeMemo * (text.size() + 1)) {}
+
+    // The instructions run and characters taken by repeats so far.
+    size_t steps() const { return steps_; }
 
     // The leftmost match that starts at or after `from`.
     std::optional<Regex::Match> search(size_t from) {
@@ -1038,6 +1125,7 @@ public:
 
 private:
     static constexpr size_t kNoMatch = std::numeric_limits<size_t>::max();
+    static constexpr size_t kNever = std::numeric_limits<size_t>::max();  // a position or count
     static constexpr size_t kMinStackSize = 64;
 
     Char char_at(size_t pos) const {
@@ -1093,50 +1181,91 @@ private:
     // leaving a Backtrack for the others.
     uint32_t take_first(uint32_t branch_pc, AlternativeMask mask, size_t pos) {
         const Branch& branch = program_.branches[program_.code[branch_pc].arg];
-        if (const AlternativeMask rest = mask & (mask - 1)) push({branch_pc, pos, rest});
+        if (const AlternativeMask rest = mask & (mask - 1))
+            push({branch_pc, Resume::Alternatives, pos, rest});
         return branch.alternatives[__builtin_ctzll(mask)].pc;
     }
 
     // CharRepeat: takes as many characters as it may, leaving a Backtrack to give them
-    // back one at a time. False when fewer than min are there.
+    // back one at a time. False when fewer than min are there, or when the memo shows that
+    // no way to end it leads to a match.
     bool repeat(const Instruction& instruction, uint32_t pc, size_t& pos) {
         const CharSet& set = program_.sets[instruction.arg];
+        const bool memoized = memo_.on() && instruction.memo_row != kNoMemoRow;
+        // The next position whose bit in the memo may be set (read a word at a time).
+        size_t look_at = memoized ? pos : kNever;
+        bool known_failed = false;  // stopped at a position where the memo says it fails
         size_t floor = pos;
         uint32_t count = 0;
         while (count < instruction.max && pos < text_.size()) {
+            if (pos >= look_at) {
+                const uint64_t ahead = memo_.ahead(instruction.memo_row, pos);
+                known_failed = ahead & 1;
+                if (known_failed) break;
+                look_at = ahead ? pos + __builtin_ctzll(ahead) : FailureMemo::next_word(pos);
+            }
             const Char c = char_at(pos);
             if (!set.contains(c)) break;
             pos += c.length;
             if (++count == instruction.min) floor = pos;
         }
-        if (count < instruction.min) return false;
-        if (pos > floor && !instruction.before_match) push({pc, pos, floor});
+        steps_ += count;
+        if (count < instruction.min || (known_failed && pos == floor)) return false;
+        if (memoized) push({pc, Resume::Failed, floor, pos});
+        if (known_failed) pos = unicode::utf8_previous(text_, pos);
+        if (pos > floor && !instruction.before_match) push({pc, Resume::GiveBack, pos, floor});
         return true;
     }
 
-    // Resumes the most recent Backtrack above `base`; false when there is none.
+    // Marks the failure of a Branch at b.pos, or of a CharRepeat ending from b.pos to b.rest.
+    void record_failure(const Backtrack& b) {
+        const Instruction& instruction = program_.code[b.pc];
+        const size_t end = b.rest;
+        // A CharRepeat that stopped at its max count, with more of its characters after,
+        // has not tried ending further on.
+        if (instruction.op == Op::CharRepeat && end < text_.size() &&
+            !memo_.failed(instruction.memo_row, end) &&
+            program_.sets[instruction.arg].contains(char_at(end)))
+            return;
+        memo_.mark(instruction.memo_row, b.pos, end);
+    }
+
+    // Resumes the most recent Backtrack above `base`, recording the failures it passes;
+    // false when there is none.
     bool backtrack(size_t base, uint32_t& pc, size_t& pos) {
-        if (depth_ == base) return false;
-        if (++backtracks_ > backtrack_limit_)
-            throw Error("regex " + quoted(pattern_) + ": more than " +
-                        std::to_string(backtrack_limit_) +
-                        " backtracking steps to match at one position (Oniguruma's limit)");
-        const Backtrack b = stack_[--depth_];
-        if (program_.code[b.pc].op == Op::CharRepeat) {
-            pos = unicode::utf8_previous(text_, b.pos);
-            if (pos > b.rest) push({b.pc, pos, b.rest});
-            pc = b.pc + 1;
-        } else {
-            pos = b.pos;
-            pc = take_first(b.pc, b.rest, b.pos);
+        if (steps_ > memo_after_steps_) {
+            memo_.start(program_.memo_rows, text_.size());
+            memo_after_steps_ = kNever;
         }
-        return true;
+        for (;;) {
+            if (depth_ == base) return false;
+            const Backtrack b = stack_[--depth_];
+            if (b.resume == Resume::Failed) {
+                record_failure(b);
+                continue;
+            }
+            if (++backtracks_ > backtrack_limit_)
+                throw Error("regex " + quoted(pattern_) + ": more than " +
+                            std::to_string(backtrack_limit_) +
+                            " backtracking steps to match at one position (Oniguruma's limit)");
+            if (b.resume == Resume::GiveBack) {
+                pos = unicode::utf8_previous(text_, b.pos);
+                if (pos > b.rest) push({b.pc, Resume::GiveBack, pos, b.rest});
+                pc = b.pc + 1;
+            } else {
+                pos = b.pos;
+                pc = take_first(b.pc, b.rest, b.pos);
+            }
+            return true;
+        }
     }
 
     // Runs the program from `pc` at `pos`: the end of the first match found, or kNoMatch.
     size_t run(uint32_t pc, size_t pos) {
         const size_t base = depth_;
+        size_t steps = 0;  // added to steps_ at each failure and at the end (kept in a register)
         for (;;) {
+            ++steps;
             const Instruction& instruction = program_.code[pc];
             bool ok = true;
             switch (instruction.op) {
@@ -1154,13 +1283,22 @@ private:
                     ok = repeat(instruction, pc, pos);
                     ++pc;
                     break;
-                case Op::Branch:
-                    if (const AlternativeMask mask =
-                            alternatives_at(program_.branches[instruction.arg], pos))
+                case Op::Branch: {
+                    const AlternativeMask mask =
+                        alternatives_at(program_.branches[instruction.arg], pos);
+                    if (memo_.on() && mask) {
+                        if (memo_.failed(instruction.memo_row, pos)) {
+                            ok = false;
+                            break;
+                        }
+                        push({pc, Resume::Failed, pos, pos});
+                    }
+                    if (mask)
                         pc = take_first(pc, mask, pos);
                     else
                         ok = false;
                     break;
+                }
                 case Op::Jump:
                     pc = instruction.arg;
                     break;
@@ -1173,10 +1311,15 @@ private:
                     pc = instruction.arg;
                     break;
                 case Op::Match:
+                    steps_ += steps;
                     depth_ = base;
                     return pos;
             }
-            if (!ok && !backtrack(base, pc, pos)) return kNoMatch;
+            if (!ok) {
+                steps_ += steps;
+                steps = 0;
+                if (!backtrack(base, pc, pos)) return kNoMatch;
+            }
         }
     }
 
@@ -1187,6 +1330,9 @@ private:
     size_t backtracks_ = 0;
     std::vector<Backtrack>& stack_;  // its first depth_ entries are in use
     size_t depth_ = 0;
+    FailureMemo memo_;
+    size_t memo_after_steps_;  // the steps after which the memo starts
+    size_t steps_ = 0;
 };
 
 }  // namespace
@@ -1204,9 +1350,15 @@ Regex::Regex(Regex&&) noexcept = default;
 Regex& Regex::operator=(Regex&&) noexcept = default;
 
 std::vector<Regex::Match> Regex::find_all(std::string_view text) const {
+    size_t steps = 0;
+    return find_all(text, steps);
+}
+
+std::vector<Regex::Match> Regex::find_all(std::string_view text, size_t& steps) const {
     std::vector<Match> matches;
     thread_local std::vector<Backtrack> stack;  // reused: most texts are short
-    Matcher matcher(*program_, text, pattern_, backtrack_limit_, stack);
+    thread_local std::vector<uint64_t> memo_bits;
+    Matcher matcher(*program_, text, pattern_, backtrack_limit_, stack, memo_bits);
     size_t from = 0;
     while (const std::optional<Match> found = matcher.search(from)) {
         // The onig crate's find_iter does not take an empty match where the previous match
@@ -1219,6 +1371,7 @@ std::vector<Regex::Match> Regex::find_all(std::string_view text) const {
         matches.push_back(*found);
         from = found->end;
     }
+    steps += matcher.steps();
     return matches;
 }
 

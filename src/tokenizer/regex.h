@@ -2,8 +2,9 @@
 // the pattern ByteLevel splits with. Hugging Face compiles them with Oniguruma (Ruby
 // syntax, default options); this is a small backtracking matcher for the part of that
 // syntax that tokenizer.json files use, matching each pattern it accepts exactly as
-// Oniguruma does. Any other construct is refused when the pattern is compiled, with an
-// Error that names it: a pattern is matched like Hugging Face does or not at all. The
+// Oniguruma does. It remembers what failed, so that its work grows linearly with the text
+// (FailureMemo in regex.cpp). Any other construct is refused when the pattern is compiled,
+// with an Error that names it: a pattern is matched like Hugging Face does or not at all. The
 // converter has barellm load each file it writes (convert/barellm_check.py), so it refuses
 // the same patterns with the same message.
 //
@@ -55,6 +56,9 @@ public:
     // match ended and finds the leftmost match; an empty match right where the last match
     // ended is skipped (the search then starts one character later).
     std::vector<Match> find_all(std::string_view text) const;
+    // The same, adding to `steps` the work it took (instructions run, characters taken by
+    // repeats): tests check with it that the work grows linearly with the text.
+    std::vector<Match> find_all(std::string_view text, size_t& steps) const;
 
     const std::string& pattern() const { return pattern_; }
 
