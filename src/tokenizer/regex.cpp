@@ -1039,8 +1039,8 @@ struct Backtrack {
 
 // Most bits a FailureMemo may take (16 MiB); past it, searches go without one.
 constexpr size_t kMaxMemoBits = size_t{1} << 27;
-// The work per byte of text after which a FailureMemo is started (the patterns of
-// tokenizers take 1 to 5 steps a byte on natural text).
+// The steps per byte of text after which a FailureMemo is started (the patterns of
+// tokenizers take 0.1 to 3.5 steps a byte on natural text).
 constexpr size_t kStepsPerByteBeforeMemo = 32;
 
 // The states (instruction, text position) known to lead to no match. Without it, the
@@ -1108,13 +1108,15 @@ public:
           memo_(memo_bits),
           memo_after_steps_(kStepsPerByteBeforeMemo * (text.size() + 1)) {}
 
-    // The instructions run and characters taken by repeats so far.
+    // The work so far: start positions tried, backtracking steps, and characters taken by
+    // repeats (each step runs at most as many instructions as the program has).
     size_t steps() const { return steps_; }
 
     // The leftmost match that starts at or after `from`.
     std::optional<Regex::Match> search(size_t from) {
         for (size_t start = from;; start += char_at(start).length) {
             if (can_start_at(start)) {
+                ++steps_;
                 backtracks_ = 0;
                 const size_t end = run(0, start);
                 if (end != kNoMatch) return Regex::Match{start, end};
@@ -1197,19 +1199,19 @@ private:
         bool known_failed = false;  // stopped at a position where the memo says it fails
         size_t floor = pos;
         uint32_t count = 0;
-        for (;; ++steps_) {
+        while (count < instruction.max && pos < text_.size()) {
             if (pos >= look_at) {
                 const uint64_t ahead = memo_.ahead(instruction.memo_row, pos);
                 known_failed = ahead & 1;
                 if (known_failed) break;
                 look_at = ahead ? pos + __builtin_ctzll(ahead) : FailureMemo::next_word(pos);
             }
-            if (count == instruction.max || pos == text_.size()) break;
             const Char c = char_at(pos);
             if (!set.contains(c)) break;
             pos += c.length;
             if (++count == instruction.min) floor = pos;
         }
+        steps_ += count;
         if (count < instruction.min || (known_failed && pos == floor)) return false;
         if (memoized) push({pc, Resume::Failed, floor, pos});
         if (known_failed) pos = unicode::utf8_previous(text_, pos);
@@ -1244,6 +1246,7 @@ private:
                 record_failure(b);
                 continue;
             }
+            ++steps_;
             if (++backtracks_ > backtrack_limit_)
                 throw Error("regex " + quoted(pattern_) + ": more than " +
                             std::to_string(backtrack_limit_) +
@@ -1263,7 +1266,7 @@ private:
     // Runs the program from `pc` at `pos`: the end of the first match found, or kNoMatch.
     size_t run(uint32_t pc, size_t pos) {
         const size_t base = depth_;
-        for (;; ++steps_) {
+        for (;;) {
             const Instruction& instruction = program_.code[pc];
             bool ok = true;
             switch (instruction.op) {
