@@ -34,17 +34,20 @@ void PrependNormalizer::rewrite(std::string& text, size_t max_size) const {
 }
 
 void ReplaceNormalizer::rewrite(std::string& text, size_t max_size) const {
-    if (pattern_.empty()) return;
-    size_t count = 0;
-    for (size_t pos = text.find(pattern_); pos != std::string::npos;
-         pos = text.find(pattern_, pos + pattern_.size()))
-        ++count;
-    if (count == 0) return;
-    // The size is checked before the text is built, as one Replace alone can multiply it:
-    // the text without the occurrences, plus count times the content.
-    const size_t kept = text.size() - count * pattern_.size();
-    if (kept > max_size || (!content_.empty() && count > (max_size - kept) / content_.size()))
-        refuse_growth("Replace", max_size);
+    if (pattern_.empty() || text.find(pattern_) == std::string::npos) return;
+    // Checked before the text is built, as one Replace alone can multiply its size. Each
+    // occurrence adds `growth` bytes and `allowed` of them fit: they are counted only when
+    // there could be more.
+    if (content_.size() > pattern_.size()) {
+        const size_t growth = content_.size() - pattern_.size();
+        const size_t allowed = (max_size - text.size()) / growth;
+        size_t count = 0;
+        if (text.size() / pattern_.size() > allowed)
+            for (size_t pos = text.find(pattern_); pos != std::string::npos && count <= allowed;
+                 pos = text.find(pattern_, pos + pattern_.size()))
+                ++count;
+        if (count > allowed) refuse_growth("Replace", max_size);
+    }
     text = replace_all(text, pattern_, content_);
 }
 

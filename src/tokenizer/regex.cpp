@@ -1039,8 +1039,8 @@ struct Backtrack {
 
 // Most bits a FailureMemo may take (16 MiB); past it, searches go without one.
 constexpr size_t kMaxMemoBits = size_t{1} << 27;
-// The work per byte of text after which a FailureMemo is started (the patterns of
-// tokenizers take 1 to 5 steps a byte on natural text).
+// The steps per byte of text after which a FailureMemo is started (the patterns of
+// tokenizers take 0.1 to 3.5 steps a byte on natural text).
 constexpr size_t kStepsPerByteBeforeMemo = 32;
 
 // The states (instruction, text position) known to lead to no match. Without it, the
@@ -1108,13 +1108,15 @@ public:
           memo_(memo_bits),
           memo_after_steps_(kStepsPerByteBeforeMemo * (text.size() + 1)) {}
 
-    // The instructions run and characters taken by repeats so far.
+    // The work so far: start positions tried, backtracking steps, and characters taken by
+    // repeats (each step runs at most as many instructions as the program has).
     size_t steps() const { return steps_; }
 
     // The leftmost match that starts at or after `from`.
     std::optional<Regex::Match> search(size_t from) {
         for (size_t start = from;; start += char_at(start).length) {
             if (can_start_at(start)) {
+                ++steps_;
                 backtracks_ = 0;
                 const size_t end = run(0, start);
                 if (end != kNoMatch) return Regex::Match{start, end};
@@ -1244,6 +1246,7 @@ private:
                 record_failure(b);
                 continue;
             }
+            ++steps_;
             if (++backtracks_ > backtrack_limit_)
                 throw Error("regex " + quoted(pattern_) + ": more than " +
                             std::to_string(backtrack_limit_) +
@@ -1263,9 +1266,7 @@ private:
     // Runs the program from `pc` at `pos`: the end of the first match found, or kNoMatch.
     size_t run(uint32_t pc, size_t pos) {
         const size_t base = depth_;
-        size_t steps = 0;  // added to steps_ at each failure and at the end (kept in a register)
         for (;;) {
-            ++steps;
             const Instruction& instruction = program_.code[pc];
             bool ok = true;
             switch (instruction.op) {
@@ -1311,15 +1312,10 @@ private:
                     pc = instruction.arg;
                     break;
                 case Op::Match:
-                    steps_ += steps;
                     depth_ = base;
                     return pos;
             }
-            if (!ok) {
-                steps_ += steps;
-                steps = 0;
-                if (!backtrack(base, pc, pos)) return kNoMatch;
-            }
+            if (!ok && !backtrack(base, pc, pos)) return kNoMatch;
         }
     }
 

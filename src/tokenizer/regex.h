@@ -56,8 +56,8 @@ public:
     // match ended and finds the leftmost match; an empty match right where the last match
     // ended is skipped (the search then starts one character later).
     std::vector<Match> find_all(std::string_view text) const;
-    // The same, adding to `steps` the work it took (instructions run, characters taken by
-    // repeats): tests check with it that the work grows linearly with the text.
+    // The same, adding to `steps` the work it took (start positions tried, backtracking
+    // steps, characters taken by repeats): tests check that it grows linearly with the text.
     std::vector<Match> find_all(std::string_view text, size_t& steps) const;
 
     const std::string& pattern() const { return pattern_; }
