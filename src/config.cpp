@@ -5,6 +5,7 @@
 
 #include "error.h"
 #include "json.h"
+#include "tokenizer/tokenizer.h"  // Tokenizer::kMaxVocabSize
 
 namespace barellm {
 
@@ -15,7 +16,6 @@ using nlohmann::json;
 // Sanity bounds: anything outside them is a corrupt or hostile file, not a model.
 constexpr int kMaxDim = 1 << 16;
 constexpr int kMaxLayers = 1024;
-constexpr int kMaxVocab = 1 << 22;
 constexpr int kMaxContext = 1 << 24;
 
 int read_int(const json& object, const char* key, const std::string& source, int lowest,
@@ -95,7 +95,7 @@ Config Config::from_json(const std::string& json_text, const std::string& source
     config.heads = read_int(object, "heads", source, 1, kMaxDim);
     config.kv_heads = read_int(object, "kv_heads", source, 1, config.heads);
     config.head_dim = read_int(object, "head_dim", source, 2, kMaxDim);
-    config.vocab_size = read_int(object, "vocab_size", source, 1, kMaxVocab);
+    config.vocab_size = read_int(object, "vocab_size", source, 1, Tokenizer::kMaxVocabSize);
     config.max_context = read_int(object, "max_context", source, 1, kMaxContext);
     config.rope_theta = read_positive_float(object, "rope_theta", source);
     check_rope_frequencies(config, "rope_theta", source);
