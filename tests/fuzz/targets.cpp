@@ -75,6 +75,7 @@ void model_file(const uint8_t* data, size_t size) {
             Tokenizer::from_json(found->second, model.config.vocab_size);
     } catch (const Error&) {
     }
+    std::remove(path.c_str());  // the mapping is gone with `model`: leave nothing in /tmp
 }
 
 void tokenizer_encode(const uint8_t* data, size_t size) {
