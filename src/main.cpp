@@ -266,7 +266,7 @@ int command_detokenize(const Options& options) {
 
 int run_command(const Options& options) {
     if (options.command == "help") {
-        std::fputs(kUsage, stdout);
+        write_now(kUsage);
         return 0;
     }
     std::string missing;

@@ -1,6 +1,7 @@
 // Standard output, Ctrl-C and standard input lines (terminal.h).
 #include "terminal.h"
 
+#include <poll.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -44,7 +45,7 @@ void catch_interrupts() {
     struct sigaction action {};
     action.sa_handler = on_interrupt;
     sigemptyset(&action.sa_mask);
-    action.sa_flags = 0;  // no SA_RESTART: a blocked read returns EINTR
+    action.sa_flags = SA_RESTART;  // writes and reads go on; poll() still returns EINTR
     sigaction(SIGINT, &action, nullptr);
 }
 
@@ -55,12 +56,16 @@ LineReader::Status LineReader::read_line(std::string* line) {
     while (newline == std::string::npos && !ended_) {
         if (buffer_.size() > kMaxLineBytes)
             throw Error("an input line is longer than " + std::to_string(kMaxLineBytes) + " bytes");
+        // poll() is never restarted after a signal: Ctrl-C ends the wait.
+        if (interrupted) return Status::Interrupted;
+        pollfd input{STDIN_FILENO, POLLIN, 0};
+        if (poll(&input, 1, -1) < 0) {
+            if (errno == EINTR) continue;
+            throw Error(std::string("cannot wait for standard input: ") + std::strerror(errno));
+        }
         char chunk[kReadBytes];
         const ssize_t got = read(STDIN_FILENO, chunk, sizeof chunk);
-        if (got < 0 && errno == EINTR) {
-            if (interrupted) return Status::Interrupted;
-            continue;
-        }
+        if (got < 0 && errno == EINTR) continue;
         if (got < 0)
             throw Error(std::string("cannot read standard input: ") + std::strerror(errno));
         if (got == 0) {

@@ -20,20 +20,20 @@ void check_standard_output();
 // token or chunk and clear it when they go on.
 extern std::atomic<bool> interrupted;
 
-// Sends SIGINT to `interrupted`. A read of standard input that Ctrl-C interrupts then
-// returns (read_line says so) instead of going on.
+// Sends SIGINT to `interrupted`; interrupted system calls are restarted, except the wait
+// of LineReader::read_line, which then returns Interrupted.
 void catch_interrupts();
 
 bool is_terminal(int fd);
 
-// Lines of standard input, read with read(2) so that Ctrl-C interrupts a read.
+// Lines of standard input, waited for with poll(2) so that Ctrl-C interrupts the wait.
 class LineReader {
 public:
     enum class Status { Line, End, Interrupted };
     // The next line, without its newline ("\r\n" too) in `line`. End: standard input ended
     // (a last line without a newline still comes as a Line first). Interrupted: Ctrl-C
-    // during the read. Throws Error when a line is longer than kMaxLineBytes or the read
-    // fails.
+    // before or during the wait (`interrupted` is set). Throws Error when a line is longer than
+    // kMaxLineBytes or the read fails.
     Status read_line(std::string* line);
 
     static constexpr size_t kMaxLineBytes = size_t(1) << 20;
