@@ -67,11 +67,11 @@ int Sampler::keep_top_p(int count, bool sorted) {
     if (!sorted) {
         // A token below (1 - top_p) / (count - 1) of the total can never be in the nucleus
         // unless it is the most probable one (when all are about equal): skip sorting it.
-        const float cutoff = total * (1.0f - options_.top_p) / float(count - 1);
+        // As a logit: exp(logit - largest) >= total * (1 - top_p) / (count - 1).
+        const float cutoff = largest + std::log(total * (1.0f - options_.top_p) / float(count - 1));
         int kept = 1;  // candidates_[0] is the most probable
         for (int i = 1; i < count; ++i)
-            if (std::exp(candidates_[i].logit - largest) >= cutoff)
-                candidates_[kept++] = candidates_[i];
+            if (candidates_[i].logit >= cutoff) candidates_[kept++] = candidates_[i];
         count = kept;
         std::sort(candidates_.begin(), candidates_.begin() + count,
                   [](const Candidate& a, const Candidate& b) {

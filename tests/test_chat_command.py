@@ -337,3 +337,16 @@ def test_ctrl_d_leaves(chat_model):
     term.type("\x04")
     assert term.finish() == 0
     assert stats(term.err.decode()) == []
+
+
+def test_color_marks_what_the_user_types(chat_model):
+    term = Terminal(chat_model, "--temp", "0", "-n", 4, "--color")
+    term.read(lambda out, err: out.endswith("> "))
+    assert term.out.endswith(b"\x1b[32m> ")
+    term.type("Hi\n")
+    term.read(lambda out, err: len(stats(err)) == 1 and out.endswith("> "))
+    assert b"\x1b[32m> Hi\r\n\x1b[0m" in term.out
+    term.type("/exit\n")
+    assert term.finish() == 0
+    piped = barellm("chat", chat_model, "--temp", "0", "-n", 4, "--color", input_text="Hi\n")
+    assert "\x1b" not in piped.stdout
