@@ -11,6 +11,11 @@ namespace barellm {
 
 namespace {
 
+// The order top-k and top-p select by: the larger value first, the lower id among equals.
+constexpr auto larger_first = [](const auto& a, const auto& b) {
+    return a.value > b.value || (a.value == b.value && a.id < b.id);
+};
+
 // Whether every token stays for the draw (no top-k, top-p or min-p).
 bool filters_off(const SamplingOptions& options) {
     return options.top_k == 0 && options.top_p >= 1.0f && options.min_p <= 0.0f;
@@ -60,72 +65,68 @@ bool Sampler::is_greedy(const float* logits, int best) const {
     return options_.temperature <= 0.0f || vocab_size_ == 1 || !std::isfinite(logits[best]);
 }
 
-int Sampler::keep_top_p(int count, bool sorted) {
-    const float largest = candidates_[0].logit;
+// The nucleus is the k most probable candidates for the smallest k whose probabilities
+// reach top_p: found by halving the range k may lie in, each time selecting (not sorting)
+// the larger half of it, so that it takes time in proportion to the candidates.
+int Sampler::keep_top_p(int count, float largest) {
+    const auto weight = [&](int i) { return std::exp(candidates_[i].value - largest); };
     float total = 0.0f;
-    for (int i = 0; i < count; ++i) total += std::exp(candidates_[i].logit - largest);
-    if (!sorted) {
-        // A token below (1 - top_p) / (count - 1) of the total can never be in the nucleus
-        // unless it is the most probable one (when all are about equal): skip sorting it.
-        // As a logit: exp(logit - largest) >= total * (1 - top_p) / (count - 1).
-        const float cutoff = largest + std::log(total * (1.0f - options_.top_p) / float(count - 1));
-        int kept = 1;  // candidates_[0] is the most probable
-        for (int i = 1; i < count; ++i)
-            if (candidates_[i].logit >= cutoff) candidates_[kept++] = candidates_[i];
-        count = kept;
-        std::sort(candidates_.begin(), candidates_.begin() + count,
-                  [](const Candidate& a, const Candidate& b) {
-                      return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-                  });
+    for (int i = 0; i < count; ++i) total += weight(i);
+    const float target = options_.top_p * total;
+    const auto begin = candidates_.begin();
+    // candidates_[0, low) are the `low` most probable, their weights adding up to `above`,
+    // less than the target; the nucleus has more than `low` and at most `high` of them.
+    int low = 0, high = count;
+    float above = 0.0f;
+    while (high - low > 1) {
+        const int middle = low + (high - low) / 2;
+        std::nth_element(begin + low, begin + middle, begin + high, larger_first);
+        float weight_to_middle = above;
+        for (int i = low; i < middle; ++i) weight_to_middle += weight(i);
+        if (weight_to_middle >= target) {
+            high = middle;
+        } else {
+            low = middle;
+            above = weight_to_middle;
+        }
     }
-    float cumulative = 0.0f;
-    for (int i = 0; i < count; ++i) {
-        cumulative += std::exp(candidates_[i].logit - largest) / total;
-        if (cumulative >= options_.top_p) return i + 1;
-    }
-    return count;
+    return high;
 }
 
-// p >= min_p * p_max is logit >= largest + log(min_p); candidates_[0] holds the largest.
-int Sampler::keep_min_p(int count) {
-    const float threshold = candidates_[0].logit + std::log(options_.min_p);
-    int kept = 1;
-    for (int i = 1; i < count; ++i)
-        if (candidates_[i].logit >= threshold) candidates_[kept++] = candidates_[i];
+// p >= min_p * p_max is logit >= largest + log(min_p).
+int Sampler::keep_min_p(int count, float largest) {
+    const float threshold = largest + std::log(options_.min_p);
+    int kept = 0;
+    for (int i = 0; i < count; ++i)
+        if (candidates_[i].value >= threshold) candidates_[kept++] = candidates_[i];
     return kept;
 }
 
 int Sampler::keep_candidates(const float* logits, int best) {
-    // The most probable token first, so that every step keeps it; NaN never stays.
-    int count = 0;
-    candidates_[count++] = {logits[best], best};
+    int count = 0;  // NaN never stays
     for (int i = 0; i < vocab_size_; ++i)
-        if (i != best && !std::isnan(logits[i])) candidates_[count++] = {logits[i], i};
-    bool sorted = false;
+        if (!std::isnan(logits[i])) candidates_[count++] = {logits[i], i};
     if (options_.top_k > 0 && options_.top_k < count) {
-        std::partial_sort(candidates_.begin(), candidates_.begin() + options_.top_k,
-                          candidates_.begin() + count, [](const Candidate& a, const Candidate& b) {
-                              return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
-                          });
+        std::nth_element(candidates_.begin(), candidates_.begin() + options_.top_k,
+                         candidates_.begin() + count, larger_first);
         count = options_.top_k;
-        sorted = true;
     }
-    if (options_.top_p < 1.0f && count > 1) count = keep_top_p(count, sorted);
-    if (options_.min_p > 0.0f && count > 1) count = keep_min_p(count);
+    if (options_.top_p < 1.0f && count > 1) count = keep_top_p(count, logits[best]);
+    if (options_.min_p > 0.0f && count > 1) count = keep_min_p(count, logits[best]);
     return count;
 }
 
 void Sampler::to_probabilities(int count) {
     // The largest logit subtracted first: every scaled logit is at most 0, so however small
     // the temperature, a division overflows only to -inf, whose probability is exactly 0.
-    float largest = candidates_[0].logit;
-    for (int i = 1; i < count; ++i) largest = std::max(largest, candidates_[i].logit);
+    float largest = candidates_[0].value;
+    for (int i = 1; i < count; ++i) largest = std::max(largest, candidates_[i].value);
     float total = 0.0f;
     for (int i = 0; i < count; ++i) {
-        candidates_[i].logit = std::exp((candidates_[i].logit - largest) / options_.temperature);
-        total += candidates_[i].logit;
+        candidates_[i].value = std::exp((candidates_[i].value - largest) / options_.temperature);
+        total += candidates_[i].value;
     }
-    for (int i = 0; i < count; ++i) candidates_[i].logit /= total;
+    for (int i = 0; i < count; ++i) candidates_[i].value /= total;
 }
 
 std::vector<std::pair<int, float>> Sampler::distribution(float* logits) {
@@ -135,7 +136,7 @@ std::vector<std::pair<int, float>> Sampler::distribution(float* logits) {
     const int count = keep_candidates(logits, best);
     to_probabilities(count);
     std::vector<std::pair<int, float>> out;
-    for (int i = 0; i < count; ++i) out.emplace_back(candidates_[i].id, candidates_[i].logit);
+    for (int i = 0; i < count; ++i) out.emplace_back(candidates_[i].id, candidates_[i].value);
     return out;
 }
 
@@ -161,7 +162,7 @@ int Sampler::sample(float* logits) {
     to_probabilities(count);
     float cumulative = 0.0f;
     for (int i = 0; i < count; ++i) {
-        cumulative += candidates_[i].logit;
+        cumulative += candidates_[i].value;
         if (coin < cumulative) return candidates_[i].id;
     }
     return candidates_[count - 1].id;

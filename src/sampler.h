@@ -44,15 +44,17 @@ public:
 
 private:
     struct Candidate {
-        float logit;
+        float value;  // the logit; its probability after to_probabilities()
         int id;
     };
     float random_unit();  // uniform in [0, 1)
     void penalize_repeats(float* logits);
     // Fills candidates_ with the tokens steps 2-4 keep; returns how many.
     int keep_candidates(const float* logits, int best);
-    int keep_top_p(int count, bool sorted);
-    int keep_min_p(int count);
+    // Move the candidates of candidates_[0, count) that the step keeps to the front and
+    // return how many; `largest` is the largest logit.
+    int keep_top_p(int count, float largest);
+    int keep_min_p(int count, float largest);
     // Turns the kept candidates' logits into probabilities at the temperature.
     void to_probabilities(int count);
     bool is_greedy(const float* logits, int best) const;

@@ -5,6 +5,8 @@
 #include <cfloat>
 #include <cmath>
 #include <map>
+#include <random>
+#include <set>
 #include <vector>
 
 #include "sampler.h"
@@ -228,4 +230,34 @@ TEST_CASE("draws come only from the kept tokens, the same ones for the same seed
     CHECK(counts[1] + counts[3] == kDraws);
     CHECK(counts[1] > counts[3]);
     CHECK(counts[3] > 0);
+}
+
+TEST_CASE("top-p over many tokens keeps the same nucleus as sorting them all", "[sampler]") {
+    // 1000 logits with ties and a long flat tail; the nucleus by the definition: sort by
+    // probability (lower id first among equals) and take the shortest prefix reaching p.
+    std::mt19937 generator(5);
+    std::vector<float> logits(1000);
+    for (float& logit : logits) logit = float(int(generator() % 400)) / 50.0f;
+    std::vector<double> probabilities(logits.size());
+    double total = 0;
+    for (size_t i = 0; i < logits.size(); ++i) total += probabilities[i] = std::exp(logits[i]);
+    std::vector<int> order(logits.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = int(i);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return logits[a] > logits[b]; });
+    for (float top_p : {0.05f, 0.3f, 0.61f, 0.9f, 0.999f}) {
+        INFO("top_p " << top_p);
+        std::set<int> want;
+        double cumulative = 0;
+        for (int id : order) {
+            want.insert(id);
+            cumulative += probabilities[id] / total;
+            if (cumulative >= top_p) break;
+        }
+        SamplingOptions options = neutral(1.0f);
+        options.top_p = top_p;
+        std::set<int> got;
+        for (const auto& [id, probability] : distribution(logits, options)) got.insert(id);
+        CHECK(got == want);
+    }
 }
