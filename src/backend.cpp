@@ -15,7 +15,37 @@ void check_tokens(const Config& config, const int* tokens, int count, int first_
                     std::to_string(context));
 }
 
-std::unique_ptr<Backend> make_backend(const Model& model, const BackendOptions& options) {
+namespace {
+
+// --device auto: the CUDA backend when it can be had, else the CPU backend.
+std::unique_ptr<Backend> make_auto_backend(const Model& model, BackendOptions options,
+                                           std::string* choice) {
+    std::string reason;
+#ifdef BARELLM_CUDA
+    if (cuda_device_available(&reason)) {
+        options.device = Device::Cuda;
+        try {
+            auto backend = make_cuda_backend(model, options);
+            if (choice) *choice = "--device auto: running on the GPU (cuda)";
+            return backend;
+        } catch (const Error& e) {
+            reason = std::string("the GPU cannot run it: ") + e.what();
+        }
+    }
+#else
+    reason = "this barellm was built without CUDA";
+#endif
+    options.device = Device::Cpu;
+    auto backend = make_cpu_backend(model, options);
+    if (choice) *choice = "--device auto: running on the CPU (" + reason + ")";
+    return backend;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_backend(const Model& model, const BackendOptions& options,
+                                      std::string* choice) {
+    if (options.device == Device::Auto) return make_auto_backend(model, options, choice);
     if (options.device == Device::Cpu) return make_cpu_backend(model, options);
 #ifdef BARELLM_CUDA
     std::string reason;

@@ -8,7 +8,9 @@
 
 namespace barellm {
 
-enum class Device { Cpu, Cuda };
+// Auto: the GPU when the build has CUDA, a device is usable and the CUDA backend takes the
+// model, else the CPU.
+enum class Device { Cpu, Cuda, Auto };
 
 // Which kernels the CUDA backend runs a token with: the fast ones by default. The GPU
 // ladder (`barellm ladder --device cuda`, src/ladder.cpp) picks simpler ones, each step
@@ -59,9 +61,11 @@ public:
 // first_pos .. first_pos + count - 1 lie inside a context of `context` (count >= 1).
 void check_tokens(const Config& config, const int* tokens, int count, int first_pos, int context);
 
-// The backend options.device asks for; throws Error when it cannot be had (no GPU, or a
-// build without CUDA).
-std::unique_ptr<Backend> make_backend(const Model& model, const BackendOptions& options);
+// The backend options.device asks for; throws Error when Cpu or Cuda cannot be had (no GPU,
+// or a build without CUDA). For Auto, `choice` (when given) is set to one line saying which
+// device was taken and why.
+std::unique_ptr<Backend> make_backend(const Model& model, const BackendOptions& options,
+                                      std::string* choice = nullptr);
 
 std::unique_ptr<Backend> make_cpu_backend(const Model& model, const BackendOptions& options);
 #ifdef BARELLM_CUDA

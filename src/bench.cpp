@@ -119,7 +119,10 @@ void run_bench(const BenchOptions& options) {
     if (context > config.max_context)
         throw Error("bench needs " + std::to_string(context) + " positions, beyond the model's " +
                     std::to_string(config.max_context));
-    auto backend = make_backend(model, BackendOptions{context, options.kv_type, options.device});
+    std::string device_choice;
+    auto backend = make_backend(model, BackendOptions{context, options.kv_type, options.device},
+                                &device_choice);
+    if (!device_choice.empty()) std::fprintf(stderr, "barellm: %s\n", device_choice.c_str());
     const double bandwidth = backend->measure_bandwidth_gbps();
 
     std::mt19937_64 rng(kTokenSeed);
@@ -200,7 +203,7 @@ void run_bench(const BenchOptions& options) {
                     model.parameter_count() / 1e9, backend->name().c_str(), threads,
                     test.name.c_str(), stats.mean, stats.stddev, gbps, 100 * gbps / bandwidth);
     }
-    if (options.device == Device::Cuda)
+    if (backend->name() == "cuda")
         std::printf("\nmemory bandwidth (device-to-device copy, same run): %.1f GB/s; ", bandwidth);
     else
         std::printf("\nmemory bandwidth (streaming read, %d threads, same run): %.1f GB/s; ",

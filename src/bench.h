@@ -14,7 +14,7 @@ struct BenchOptions {
     int repetitions = 5;
     bool json = false;  // -o json instead of a markdown table
     KvType kv_type = KvType::F16;
-    Device device = Device::Cpu;
+    Device device = Device::Auto;
 };
 
 // Best-of-several parallel streaming read of a buffer far larger than the caches, GB/s.

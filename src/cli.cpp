@@ -7,13 +7,28 @@ const char* const kUsage = R"(usage: barellm COMMAND MODEL [options]
 
 commands:
   run MODEL -p PROMPT      complete a prompt, streaming the text to stdout
+      -p -                 read the prompt from standard input
+      -f FILE              read the prompt from FILE (instead of -p)
       -n N                 tokens to generate (default 256)
-      --temp T             temperature, 0 = greedy (default 0.8)
-      --top-p P            nucleus sampling threshold (default 0.9)
-      --seed S             random seed (default: from the clock)
+      --stop TEXT          stop before TEXT in the output (repeatable); the text is
+                           held back while it could be the start of one
+      --color              mark the prompt in colour when stdout is a terminal
       --chat               wrap the prompt in the model's chat template as one user
                            message; print only the reply
       --system TEXT        with --chat: a system message before the prompt
+      and the sampling options below
+  chat MODEL               a conversation in the model's chat template: type a message,
+                           the reply streams; each turn adds to the KV cache, so only
+                           its own tokens are prefilled. Ctrl-C stops a reply; Ctrl-C
+                           at the prompt, Ctrl-D or /exit leaves; /reset starts over;
+                           /save FILE writes the conversation as JSON messages. When
+                           the context is full, a turn is refused until /reset. With
+                           stdin not a terminal, each line is a turn (empty lines
+                           are skipped) and only the replies are printed, each
+                           followed by a newline.
+      --system TEXT        a system message before the conversation
+      -n N                 the most tokens of one reply (default 256)
+      --stop TEXT, --color and the sampling options below
   ppl MODEL -f FILE        perplexity, llama.cpp's llama-perplexity convention
       --chunks K           score at most K chunks of --ctx tokens (default: all)
   bench MODEL              prefill and decode speed, llama-bench style
@@ -32,12 +47,28 @@ commands:
   detokenize MODEL -p "[ids...]"
                            print the text of the ids
 
+sampling options (run, chat), applied in llama.cpp's order: repeat penalty, top-k,
+top-p, min-p, temperature:
+  --repeat-penalty R       divide positive and multiply negative logits of the tokens
+                           seen in the last --repeat-last-n tokens by R (default 1, off)
+  --repeat-last-n N        how many tokens the penalty looks back over (default 64)
+  --top-k K                keep the K most probable tokens (default 0, off)
+  --top-p P                keep the fewest most probable tokens that add up to P
+                           (default 0.9; 1 is off)
+  --min-p P                keep the tokens at least P times as probable as the most
+                           probable one (default 0, off)
+  --temp T                 temperature, 0 = greedy (default 0.8)
+  --seed S                 random seed: the same seed gives the same text (default:
+                           from the clock)
+
 common options:
   -f -                     read the text of ppl or tokenize from standard input
   --ctx C                  context length (default: the model's, at most 4096; ppl: 512)
   --threads K              CPU threads (default: all cores)
   --kv f16|f32             KV cache element type (default f16)
-  --device cpu|cuda        where to run (default cpu)
+  --device auto|cpu|cuda   where to run (default auto: the GPU when this build has CUDA
+                           and one is usable, else the CPU, said on stderr; ladder runs
+                           on the GPU only with --device cuda)
   -h, --help               this text
 )";
 
@@ -59,6 +90,10 @@ long long parse_integer(const std::string& flag, const std::string& text, long l
 }
 
 namespace {
+
+constexpr float kMaxTemperature = 100.0f;
+constexpr float kMaxRepeatPenalty = 100.0f;
+constexpr long long kMaxRepeatLastN = 1 << 24;  // as many as the largest --ctx
 
 float parse_float(const std::string& flag, const std::string& text, float lowest, float highest) {
     size_t used = 0;
@@ -104,9 +139,25 @@ Options parse_options(int argc, const char* const* argv) {
             if (format != "md" && format != "json") throw UsageError("-o takes md or json");
             options.json_output = format == "json";
         } else if (arg == "--temp") {
-            options.temperature = parse_float(arg, value(), 0.0f, 100.0f);
+            options.sampling.temperature = parse_float(arg, value(), 0.0f, kMaxTemperature);
         } else if (arg == "--top-p") {
-            options.top_p = parse_float(arg, value(), 0.0f, 1.0f);
+            options.sampling.top_p = parse_float(arg, value(), 0.0f, 1.0f);
+        } else if (arg == "--top-k") {
+            options.sampling.top_k = int(parse_integer(arg, value(), 0, INT32_MAX));
+        } else if (arg == "--min-p") {
+            options.sampling.min_p = parse_float(arg, value(), 0.0f, 1.0f);
+        } else if (arg == "--repeat-penalty") {
+            options.sampling.repeat_penalty = parse_float(arg, value(), 0.0f, kMaxRepeatPenalty);
+            if (options.sampling.repeat_penalty == 0.0f)
+                throw UsageError("--repeat-penalty must be above 0 (1 is off)");
+        } else if (arg == "--repeat-last-n") {
+            options.sampling.repeat_last_n = int(parse_integer(arg, value(), 0, kMaxRepeatLastN));
+        } else if (arg == "--stop") {
+            options.stop_strings.push_back(value());
+            if (options.stop_strings.back().empty())
+                throw UsageError("--stop needs a non-empty text");
+        } else if (arg == "--color") {
+            options.color = true;
         } else if (arg == "--seed") {
             options.seed = uint64_t(parse_integer(arg, value(), 0, INT64_MAX));
             options.has_seed = true;
@@ -122,8 +173,11 @@ Options parse_options(int argc, const char* const* argv) {
             options.kv_type = type == "f16" ? KvType::F16 : KvType::F32;
         } else if (arg == "--device") {
             const std::string device = value();
-            if (device != "cpu" && device != "cuda") throw UsageError("--device takes cpu or cuda");
-            options.device = device == "cpu" ? Device::Cpu : Device::Cuda;
+            if (device != "cpu" && device != "cuda" && device != "auto")
+                throw UsageError("--device takes auto, cpu or cuda");
+            options.device = device == "cpu"    ? Device::Cpu
+                             : device == "cuda" ? Device::Cuda
+                                                : Device::Auto;
         } else if (arg == "--bos") {
             options.bos = true;
         } else if (arg == "--chat") {
@@ -146,7 +200,8 @@ Options parse_options(int argc, const char* const* argv) {
     if (positional.size() < 2) throw UsageError(options.command + " needs a MODEL file");
     if (positional.size() > 2) throw UsageError("unexpected argument '" + positional[2] + "'");
     options.model_path = positional[1];
-    if (options.system && !options.chat) throw UsageError("--system needs --chat");
+    if (options.system && !options.chat && options.command != "chat")
+        throw UsageError("--system needs --chat (or the chat command)");
     return options;
 }
 

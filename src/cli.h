@@ -4,9 +4,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "backend.h"
 #include "error.h"
+#include "sampler.h"
 
 namespace barellm {
 
@@ -26,17 +28,19 @@ struct Options {
     bool has_generate = false;
     int repetitions = 5;
     bool json_output = false;
-    float temperature = 0.8f, top_p = 0.9f;
+    SamplingOptions sampling;
+    std::vector<std::string> stop_strings;  // --stop, in the order given
+    bool color = false;                     // --color: mark the prompt on a terminal
     uint64_t seed = 0;
     bool has_seed = false;
     int context = 0;  // 0: the command's default
     int threads = 0;  // 0: OpenMP's default
     int chunks = 0;   // 0: all
     KvType kv_type = KvType::F16;
-    Device device = Device::Cpu;
+    Device device = Device::Auto;
     bool bos = false, parse_special = true;
     bool chat = false;                  // run --chat: the prompt in the model's chat template
-    std::optional<std::string> system;  // run --chat --system: the system message
+    std::optional<std::string> system;  // run --chat, chat: the system message
     std::string check_text;             // ladder --check-text
     bool has_check_text = false;
 };

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "error.h"
@@ -17,6 +18,7 @@ namespace barellm {
 namespace {
 
 constexpr size_t kReadChunkBytes = size_t(1) << 20;
+constexpr std::string_view kGgufMagic = "GGUF";
 
 // Closes a descriptor when it goes out of scope.
 struct FileCloser {
@@ -64,6 +66,28 @@ std::string read_text_file(const std::string& path, size_t limit) {
         text.append(chunk.data(), size_t(got));
     }
     throw too_long();
+}
+
+void check_model_path(const std::string& path) {
+    const std::string convert = "python3 convert/convert.py " + path + " -o OUT.bin";
+    struct stat info;
+    if (stat(path.c_str(), &info) != 0) return;
+    if (S_ISDIR(info.st_mode)) {
+        struct stat config;
+        if (stat((path + "/config.json").c_str(), &config) == 0)
+            throw Error(path +
+                        " is a Hugging Face checkpoint directory, not a barellm weight file: " +
+                        "convert it with `" + convert + "`");
+        return;
+    }
+    if (!S_ISREG(info.st_mode)) return;
+    size_t size = 0;
+    const FileCloser file{open_regular_file(path, &size)};
+    char magic[kGgufMagic.size()] = {};
+    if (read(file.fd, magic, sizeof magic) == ssize_t(sizeof magic) &&
+        std::string_view(magic, sizeof magic) == kGgufMagic)
+        throw Error(path + " is a GGUF file, not a barellm weight file: convert it with `" +
+                    convert + "`");
 }
 
 }  // namespace barellm

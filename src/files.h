@@ -18,4 +18,9 @@ int open_regular_file(const std::string& path, size_t* size);
 // Throws Error when they are longer than `limit` bytes, having read at most limit + 1.
 std::string read_text_file(const std::string& path, size_t limit = kMaxTextBytes);
 
+// Throws Error when `path` is a Hugging Face checkpoint directory (it holds config.json)
+// or a GGUF file (it starts with "GGUF") instead of a barellm weight file, with the
+// command that converts it. Anything else is left for the loader to judge.
+void check_model_path(const std::string& path);
+
 }  // namespace barellm

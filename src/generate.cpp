@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 
 #include "error.h"
+#include "stop_strings.h"
 #include "timing.h"
 
 namespace barellm {
@@ -63,7 +65,15 @@ GenerateStats generate(Backend& backend, const Config& config, const Tokenizer& 
     GenerateStats stats;
     stats.prompt_tokens = int(prompt.size());
     StreamDecoder decoder(tokenizer, /*skip_special=*/true);
-    for (int id : prompt) decoder.push(id);  // so the continuation decodes in context
+    for (int id : prompt) {
+        decoder.push(id);  // so the continuation decodes in context
+        sampler.accept(id);
+    }
+    StopStrings stops(options.stop_strings);
+    const auto print = [&](const std::string& piece) {
+        const std::string text = stops.push(piece);
+        if (!text.empty()) on_text(text);
+    };
 
     const auto prefill_start = Clock::now();
     const float* logits = run_prompt(backend, prompt, options);
@@ -80,20 +90,34 @@ GenerateStats generate(Backend& backend, const Config& config, const Tokenizer& 
         check_finite(logits, config.vocab_size, pos - 1);
         std::copy(logits, logits + config.vocab_size, scratch.begin());
         const int next = sampler.sample(scratch.data());
+        sampler.accept(next);
         ++stats.generated_tokens;
         if (is_stop(config, options, next)) {
             stats.stop_reason = StopReason::EndOfText;
             break;
         }
-        on_text(decoder.push(next));
+        stats.unfed_token = next;
+        print(decoder.push(next));
+        if (stops.stopped()) {
+            stats.stop_reason = StopReason::StopString;
+            break;
+        }
         if (pos >= options.context) {
             stats.stop_reason = StopReason::ContextFull;
             break;
         }
-        if (stats.generated_tokens < options.max_tokens) logits = backend.forward(next, pos++);
+        if (stats.generated_tokens < options.max_tokens) {
+            logits = backend.forward(next, pos++);
+            stats.unfed_token = -1;
+        }
     }
     stats.decode_seconds = seconds_since(decode_start);
-    on_text(decoder.flush());
+    print(decoder.flush());
+    if (stops.stopped())
+        stats.stop_reason = StopReason::StopString;
+    else
+        on_text(stops.flush());
+    stats.end_pos = pos;
     return stats;
 }
 
@@ -107,8 +131,20 @@ std::string stop_reason_text(StopReason reason, int context) {
             return "context full (" + std::to_string(context) + " tokens)";
         case StopReason::Interrupted:
             return "interrupted";
+        case StopReason::StopString:
+            return "stop string";
     }
     throw Error("unknown stop reason");
+}
+
+std::string stats_line(const GenerateStats& stats, int context) {
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "prompt: %d tokens, %.1f tok/s | generated: %d tokens, %.1f tok/s | stopped: ",
+                  stats.prompt_tokens, stats.prompt_tokens / stats.prefill_seconds,
+                  stats.generated_tokens,
+                  stats.generated_tokens / std::max(stats.decode_seconds, 1e-9));
+    return line + stop_reason_text(stats.stop_reason, context);
 }
 
 }  // namespace barellm

@@ -42,10 +42,12 @@ struct GenerateOptions {
     int first_pos = 0;
     PromptFeed prompt_feed = PromptFeed::OneBatch;
     int end_of_turn = -1;  // a token that also stops, besides the model's EOS ids; -1: none
+    // Texts that end the output before them (--stop), even when split across tokens.
+    std::vector<std::string> stop_strings;
     const std::atomic<bool>* interrupted = nullptr;  // set (Ctrl-C): stop before the next token
 };
 
-enum class StopReason { TokenLimit, EndOfText, ContextFull, Interrupted };
+enum class StopReason { TokenLimit, EndOfText, ContextFull, Interrupted, StopString };
 
 struct GenerateStats {
     int prompt_tokens = 0;
@@ -53,12 +55,20 @@ struct GenerateStats {
     int generated_tokens = 0;  // the stopping EOS or end-of-turn token included
     double decode_seconds = 0;
     StopReason stop_reason = StopReason::TokenLimit;
+    // The positions the KV cache holds afterwards: first_pos, the prompt, and every
+    // generated token that was run through the model.
+    int end_pos = 0;
+    // The last generated token when it was printed but not run through the model (the
+    // loop stopped right after drawing it); -1 when there is none. A conversation's next
+    // turn starts with it.
+    int unfed_token = -1;
 };
 
 // Runs `prompt`, then draws each new token from the logits with `sampler` (greedy at
-// temperature 0). A stop token ends the text unprinted; the others go to `on_text` as
-// decoded pieces, each complete UTF-8, the last one when the loop ends. Logits that are
-// not finite throw Error naming the position.
+// temperature 0), every prompt and drawn token accepted into the sampler's history. A stop
+// token ends the text unprinted; the others go to `on_text` as decoded pieces, each
+// complete UTF-8, the last one when the loop ends, cut before the first stop string.
+// Logits that are not finite throw Error naming the position.
 GenerateStats generate(Backend& backend, const Config& config, const Tokenizer& tokenizer,
                        Sampler& sampler, const std::vector<int>& prompt,
                        const GenerateOptions& options,
@@ -66,5 +76,9 @@ GenerateStats generate(Backend& backend, const Config& config, const Tokenizer& 
 
 // The stop as `barellm run` reports it: "reached -n", "end of text", ...
 std::string stop_reason_text(StopReason reason, int context);
+
+// The statistics line `run` and `chat` print on stderr after the text:
+// "prompt: N tokens, X tok/s | generated: M tokens, Y tok/s | stopped: REASON".
+std::string stats_line(const GenerateStats& stats, int context);
 
 }  // namespace barellm

@@ -79,7 +79,9 @@ std::vector<int> check_text_prompt(const Model& model, const Tokenizer& tokenize
 std::string greedy_text(Backend& backend, PromptFeed feed, const Model& model,
                         const Tokenizer& tokenizer, const std::string& text,
                         const std::vector<int>& prompt, int gen_tokens) {
-    Sampler greedy(model.config.vocab_size, /*temperature=*/0, /*top_p=*/1, /*seed=*/0);
+    SamplingOptions greedy_options;
+    greedy_options.temperature = 0;
+    Sampler greedy(model.config.vocab_size, greedy_options, /*seed=*/0);
     GenerateOptions options;
     options.max_tokens = gen_tokens;
     options.context = int(prompt.size()) + gen_tokens;

@@ -1,18 +1,16 @@
-// barellm command line: run, ppl, bench, info, tokenize, detokenize.
+// barellm command line: run, chat, ppl, bench, ladder, info, tokenize, detokenize.
 // Every failure arrives here as a barellm::Error and is printed as one line.
 #include <omp.h>
+#include <unistd.h>
 
-#include <atomic>
-#include <cerrno>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
-#include <cstring>
 #include <iostream>
 #include <map>
 
 #include "backend.h"
 #include "bench.h"
+#include "chat_session.h"
 #include "cli.h"
 #include "cpu/kernels.h"
 #include "error.h"
@@ -22,8 +20,8 @@
 #include "ladder.h"
 #include "model.h"
 #include "sampler.h"
+#include "terminal.h"
 #include "timing.h"
-#include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace barellm;
@@ -31,34 +29,10 @@ using namespace barellm;
 namespace {
 
 constexpr int kUsageExit = 2;
-constexpr int kDefaultContextCap = 4096;  // KV cache size when --ctx is not given
-
-// The Error for output that did not reach standard output (a full disk, say).
-Error standard_output_error() {
-    return Error(std::string("cannot write to standard output") +
-                 (errno != 0 ? std::string(": ") + std::strerror(errno) : ""));
-}
-
-// Writes `text` to standard output now; throws Error when it does not get there.
-void write_now(const std::string& text) {
-    errno = 0;
-    std::cout << text << std::flush;
-    if (!std::cout) throw standard_output_error();
-}
-
-// Throws Error unless everything written to standard output, through std::cout or stdio,
-// got there.
-void check_standard_output() {
-    errno = 0;
-    std::cout.flush();
-    if (std::fflush(stdout) != 0 || std::ferror(stdout) || !std::cout)
-        throw standard_output_error();
-}
-
-// Ctrl-C sets this; the commands stop at the next token or chunk and still report.
-std::atomic<bool> interrupted{false};
-void on_interrupt(int) { interrupted = true; }
-constexpr int kInterruptedExit = 130;  // the shell convention for SIGINT
+constexpr int kDefaultContextCap = 4096;      // KV cache size when --ctx is not given
+constexpr int kInterruptedExit = 130;         // the shell convention for SIGINT
+const char* const kColorPrompt = "\x1b[33m";  // yellow, as llama-cli writes the prompt
+const char* const kColorReset = "\x1b[0m";
 
 // The KV-cache length for a command: --ctx, else the model's own capped at a default.
 int context_length(const Options& options, const Config& config, int default_cap) {
@@ -69,64 +43,89 @@ int context_length(const Options& options, const Config& config, int default_cap
     return options.context > 0 ? options.context : std::min(config.max_context, default_cap);
 }
 
+// The backend of --device; for --device auto, one line on stderr says which it is.
+std::unique_ptr<Backend> make_backend_saying_device(const Model& model,
+                                                    const BackendOptions& options) {
+    std::string choice;
+    auto backend = make_backend(model, options, &choice);
+    if (!choice.empty()) std::fprintf(stderr, "barellm: %s\n", choice.c_str());
+    return backend;
+}
+
+Sampler make_sampler(const Options& options, const Config& config) {
+    const uint64_t seed =
+        options.has_seed ? options.seed : uint64_t(Clock::now().time_since_epoch().count());
+    return Sampler(config.vocab_size, options.sampling, seed);
+}
+
+// The prompt of run: -p TEXT, -p - (standard input) or -f FILE.
+std::string run_prompt_text(const Options& options) {
+    if (options.has_prompt == options.has_file)
+        throw UsageError("run needs -p PROMPT, -p - or -f FILE (one of them)");
+    if (options.has_file) return read_text_file(options.file);
+    return options.prompt == "-" ? read_text_file("-") : options.prompt;
+}
+
 int command_run(const Options& options) {
-    if (!options.has_prompt) throw UsageError("run needs -p PROMPT");
+    const std::string prompt_text = run_prompt_text(options);
     const auto [model, tokenizer] = load_model_and_tokenizer(options.model_path);
     const Config& config = model.config;
     const int context = context_length(options, config, kDefaultContextCap);
-    // --chat: the prompt rendered by the model's chat template (src/tokenizer/chat.h), special
-    // tokens parsed, BOS added only when the rendering does not start with it already.
-    std::string text = options.prompt;
-    bool add_bos = config.add_bos;
+    // --chat: the prompt rendered by the model's chat template (src/chat_session.h).
+    std::vector<int> prompt;
     int end_of_turn = -1;
     if (options.chat) {
-        const auto& metadata = model.file->metadata();
-        const auto found = metadata.find("barellm.chat_template");
-        if (found == metadata.end())
-            throw Error(
-                "--chat: this model has no chat template (its tokenizer_config.json "
-                "had no chat_template when it was converted)");
-        const ChatTemplate chat = recognise_chat_template(found->second);
-        const std::string bos = config.bos_id >= 0 ? tokenizer.token_text(config.bos_id) : "";
-        text = render_chat(chat, options.system, options.prompt, bos);
-        add_bos = config.add_bos && config.bos_id >= 0 && text.compare(0, bos.size(), bos) != 0;
-        const std::string turn_end = chat_end_of_turn(chat.family);
-        if (!turn_end.empty()) {
-            const auto id = tokenizer.token_id(turn_end);
-            if (!id) throw Error("--chat: the tokenizer has no " + turn_end + " token");
-            end_of_turn = *id;
-        }
+        const ChatFormat format = load_chat_format(model, tokenizer, "--chat");
+        prompt = first_turn_ids(format, tokenizer, config, options.system, prompt_text);
+        end_of_turn = format.end_of_turn;
+    } else {
+        prompt =
+            encode_prompt(tokenizer, config, prompt_text, config.add_bos, options.parse_special);
     }
-    const std::vector<int> prompt =
-        encode_prompt(tokenizer, config, text, add_bos, options.parse_special || options.chat);
     if (prompt.empty()) throw Error("the prompt is empty and the model adds no BOS token");
     if (int(prompt.size()) > context)
         throw Error("the prompt is " + std::to_string(prompt.size()) +
                     " tokens, longer than the context of " + std::to_string(context));
 
-    auto backend = make_backend(model, BackendOptions{context, options.kv_type, options.device});
-    const uint64_t seed =
-        options.has_seed ? options.seed : uint64_t(Clock::now().time_since_epoch().count());
-    Sampler sampler(config.vocab_size, options.temperature, options.top_p, seed);
+    auto backend =
+        make_backend_saying_device(model, BackendOptions{context, options.kv_type, options.device});
+    Sampler sampler = make_sampler(options, config);
     GenerateOptions generation;
     generation.max_tokens = options.generate;
     generation.context = context;
     generation.end_of_turn = end_of_turn;
+    generation.stop_strings = options.stop_strings;
     generation.interrupted = &interrupted;
-    std::signal(SIGINT, on_interrupt);
+    catch_interrupts();
 
-    if (!options.chat) write_now(options.prompt);  // --chat: the reply only
+    if (!options.chat) {  // --chat: the reply only
+        const bool color = options.color && is_terminal(STDOUT_FILENO);
+        write_now(color ? kColorPrompt + prompt_text + kColorReset : prompt_text);
+    }
     const GenerateStats stats =
         generate(*backend, config, tokenizer, sampler, prompt, generation, write_now);
     write_now("\n");
-    std::fprintf(stderr,
-                 "\nprompt: %d tokens, %.1f tok/s | generated: %d tokens, %.1f tok/s | "
-                 "stopped: %s\n",
-                 stats.prompt_tokens, stats.prompt_tokens / stats.prefill_seconds,
-                 stats.generated_tokens,
-                 stats.generated_tokens / std::max(stats.decode_seconds, 1e-9),
-                 stop_reason_text(stats.stop_reason, context).c_str());
+    std::fprintf(stderr, "\n%s\n", stats_line(stats, context).c_str());
     return interrupted ? kInterruptedExit : 0;
+}
+
+int command_chat(const Options& options) {
+    if (options.has_prompt || options.has_file)
+        throw UsageError("chat reads its messages from standard input; it takes no -p or -f");
+    if (options.chat) throw UsageError("--chat is for run; chat is a conversation already");
+    const auto [model, tokenizer] = load_model_and_tokenizer(options.model_path);
+    const int context = context_length(options, model.config, kDefaultContextCap);
+    const ChatFormat format = load_chat_format(model, tokenizer, "chat");
+    auto backend =
+        make_backend_saying_device(model, BackendOptions{context, options.kv_type, options.device});
+    Sampler sampler = make_sampler(options, model.config);
+    ChatSettings settings;
+    settings.context = context;
+    settings.max_reply_tokens = options.generate;
+    settings.system = options.system;
+    settings.stop_strings = options.stop_strings;
+    settings.color = options.color;
+    return run_chat(model, tokenizer, *backend, sampler, format, settings);
 }
 
 // Perplexity as llama.cpp's llama-perplexity computes it: the text tokenized once with
@@ -149,8 +148,8 @@ int command_ppl(const Options& options) {
         options.chunks > 0 ? std::min(options.chunks, available_chunks) : available_chunks;
     BackendOptions backend_options{context, options.kv_type, options.device};
     backend_options.all_logits = true;
-    auto backend = make_backend(model, backend_options);
-    std::signal(SIGINT, on_interrupt);
+    auto backend = make_backend_saying_device(model, backend_options);
+    catch_interrupts();
 
     const int first_scored = context / 2;
     double nll_sum = 0, nll_squared_sum = 0;
@@ -267,7 +266,7 @@ int command_detokenize(const Options& options) {
 
 int run_command(const Options& options) {
     if (options.command == "help") {
-        std::fputs(kUsage, stdout);
+        write_now(kUsage);
         return 0;
     }
     std::string missing;
@@ -275,14 +274,17 @@ int run_command(const Options& options) {
         std::fprintf(stderr, "barellm: this CPU lacks%s; using the slow scalar kernels\n",
                      missing.c_str());
     if (options.threads > 0) omp_set_num_threads(options.threads);
-    if (options.command == "run") return command_run(options);
-    if (options.command == "ppl") return command_ppl(options);
-    if (options.command == "info") return command_info(options);
-    if (options.command == "bench") return command_bench(options);
-    if (options.command == "ladder") return run_ladder_command(options);
-    if (options.command == "tokenize") return command_tokenize(options);
-    if (options.command == "detokenize") return command_detokenize(options);
-    throw UsageError("unknown command " + quoted_excerpt(options.command));
+    using Command = int (*)(const Options&);
+    static const std::map<std::string, Command> commands = {
+        {"run", command_run},           {"chat", command_chat},
+        {"ppl", command_ppl},           {"info", command_info},
+        {"bench", command_bench},       {"ladder", run_ladder_command},
+        {"tokenize", command_tokenize}, {"detokenize", command_detokenize}};
+    const auto command = commands.find(options.command);
+    if (command == commands.end())
+        throw UsageError("unknown command " + quoted_excerpt(options.command));
+    check_model_path(options.model_path);
+    return command->second(options);
 }
 
 }  // namespace

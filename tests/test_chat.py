@@ -324,3 +324,57 @@ def test_chat_with_an_unknown_template_is_refused(tmp_path):
     err = result.stderr.decode()
     assert err.startswith("barellm: --chat: the model's chat template is not one barellm "
                           "knows") and len(err.strip().splitlines()) == 1
+
+
+# ---- the turns after the first (barellm chat) ---------------------------------------------
+
+def chat_render_next(tmp_path, template, prompt, bos, eos):
+    (tmp_path / "template").write_bytes(template.encode("utf-8"))
+    (tmp_path / "prompt").write_bytes(prompt.encode("utf-8"))
+    result = subprocess.run([CHAT_RENDER, "--next", tmp_path / "template", tmp_path / "prompt",
+                             bos, eos], capture_output=True, timeout=60)
+    return result.returncode, result.stdout, result.stderr.decode()
+
+
+def hf_render_conversation(entry, messages):
+    """apply_chat_template of a whole conversation, as hf_render does for one message."""
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda format: datetime.datetime.now().strftime(format)
+    return env.from_string(entry["chat_template"]).render(
+        messages=messages, add_generation_prompt=True,
+        bos_token=entry["bos_token"], eos_token=entry["eos_token"])
+
+
+REPLIES = ["Paris.", "Sure, here it is:\n\n- one\n- two", "caf\u00e9 \U0001f600"]
+
+
+@pytest.mark.parametrize("prompt", PROMPTS[:6])
+@pytest.mark.parametrize("name", sorted(TEMPLATES))
+def test_later_turns_match_jinja(tmp_path, name, prompt):
+    """The first turn's rendering, the reply as generated, then render_next_turn, equal
+    jinja2's rendering of the whole conversation, with and without a system message, over
+    three turns. Llama-2-chat writes a space before the reply, which the model generates
+    (its replies start with a space)."""
+    entry = TEMPLATES[name]
+    reply_prefix = " " if entry["chat_template"].count("' '  + content.strip()") else ""
+    systems = [None] if name in NO_SYSTEM_ROLE else [None, "Be brief."]
+    for system in systems:
+        messages = [] if system is None else [{"role": "system", "content": system}]
+        messages.append({"role": "user", "content": "Hi"})
+        code, first, err = chat_render(tmp_path, entry["chat_template"], "Hi",
+                                       entry["bos_token"], system)
+        assert code == 0, err
+        text = first.decode("utf-8")
+        for reply, user in zip(REPLIES, [prompt, "And then?", prompt]):
+            messages += [{"role": "assistant", "content": reply},
+                         {"role": "user", "content": user}]
+            code, out, err = chat_render_next(tmp_path, entry["chat_template"], user,
+                                              entry["bos_token"], entry["eos_token"])
+            assert code == 0, err
+            text += reply_prefix + reply + out.decode("utf-8")
+            assert text == hf_render_conversation(entry, messages)

@@ -192,7 +192,7 @@ def test_ctrl_c_stops_ppl_cleanly_with_a_result(stories):
     text = os.path.join(EVAL, "wiki.test.raw")
     need_shared(text)
     process = subprocess.Popen([BARELLM, "ppl", stories, "-f", text, "--ctx", "256",
-                                "--threads", "1"], stdout=subprocess.PIPE,
+                                "--threads", "1", "--device", "cpu"], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
     # Wait for the first chunk to be scored, then interrupt.
     first_line = process.stderr.readline()

@@ -250,7 +250,8 @@ ChatTemplate recognise_chat_template(const std::string& text) {
         if (contains(text, "{{ bos_token }}") &&
             contains(text, "'[INST] ' + message['content'] + ' [/INST]'")) {
             chat.system_role = false;  // "Only user and assistant roles are supported!"
-            return chat;               // Mistral-Instruct v0.1/v0.2
+            chat.space_after_eos = contains(text, "eos_token + ' '");
+            return chat;  // Mistral-Instruct v0.1/v0.2
         }
         throw Error(
             "--chat: an [INST] chat template of a variant barellm does not know "
@@ -264,6 +265,16 @@ ChatTemplate recognise_chat_template(const std::string& text) {
         "Llama 2/Mistral [INST] markers)");
 }
 
+namespace {
+
+// The Llama 3 user turn with the generation prompt.
+std::string llama3_user_turn(const std::string& content) {
+    return "<|start_header_id|>user<|end_header_id|>\n\n" + content +
+           "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+}
+
+}  // namespace
+
 std::string render_chat(const ChatTemplate& chat, const std::optional<std::string>& system,
                         const std::string& prompt, const std::string& bos_token) {
     const char* family = chat_family_name(chat.family);
@@ -274,8 +285,7 @@ std::string render_chat(const ChatTemplate& chat, const std::optional<std::strin
         throw Error(std::string("--system: the model's ") + family +
                     " chat template has no system role");
     const std::string content = chat.strip_prompt ? python_strip(prompt) : prompt;
-    const std::string llama3_turns = "<|start_header_id|>user<|end_header_id|>\n\n" + content +
-                                     "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+    const std::string llama3_turns = llama3_user_turn(content);
     const std::string llama3_system = "<|start_header_id|>system<|end_header_id|>\n\n";
     switch (chat.family) {
         case ChatFamily::ChatML: {
@@ -298,6 +308,29 @@ std::string render_chat(const ChatTemplate& chat, const std::optional<std::strin
                 system ? "<<SYS>>\n" + *system + "\n<</SYS>>\n\n" + prompt : prompt;
             return bos_token + "[INST] " +
                    (chat.strip_prompt ? python_strip(with_system) : with_system) + " [/INST]";
+        }
+    }
+    return "";
+}
+
+std::string render_next_turn(const ChatTemplate& chat, const std::string& prompt,
+                             const std::string& bos_token, const std::string& eos_token) {
+    const std::string content = chat.strip_prompt ? python_strip(prompt) : prompt;
+    switch (chat.family) {
+        case ChatFamily::ChatML:
+            return "<|im_end|>\n<|im_start|>user\n" + content +
+                   "<|im_end|>\n<|im_start|>assistant\n";
+        case ChatFamily::Llama3:
+        case ChatFamily::Llama31:
+            return "<|eot_id|>" + llama3_user_turn(content);
+        case ChatFamily::Llama2: {
+            if (eos_token.empty() || (chat.strip_prompt && bos_token.empty()))
+                throw Error(
+                    "chat: the Llama 2 chat template ends a reply with EOS and starts the next "
+                    "turn with BOS, but the model lacks one of them");
+            if (chat.strip_prompt)  // Llama-2-chat
+                return " " + eos_token + bos_token + "[INST] " + content + " [/INST]";
+            return eos_token + (chat.space_after_eos ? " " : "") + "[INST] " + content + " [/INST]";
         }
     }
     return "";

@@ -32,6 +32,18 @@
 //                {bos}[INST] {strip([<<SYS>>\n{system}\n<</SYS>>\n\n]prompt)} [/INST]
 //              Mistral-Instruct v0.1/v0.2 (no system role):  {bos}[INST] {prompt} [/INST]
 //            The turn ends with EOS, already a stop token.
+// A conversation goes on after the assistant's reply with render_next_turn: the end of the
+// reply's turn, then the next user message and the generation prompt, as the template
+// writes them between an assistant message and the next user message (the system message
+// only ever comes first):
+//   ChatML   <|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n
+//   Llama3, Llama31   <|eot_id|>{user turn as Llama3}
+//   Llama2   Llama-2-chat:       " " eos {bos}[INST] {strip(prompt)} [/INST]
+//            Mistral-Instruct:   eos[ ][INST] {prompt} [/INST]  (v0.1 writes the space,
+//                                Mixtral-Instruct v0.1 does not)
+// The reply itself is what the model generated, as the KV cache holds it; Llama-2-chat and
+// the Llama 3 families write it stripped, so a reply with surrounding spaces (other than
+// the one Llama-2-chat writes before it) renders differently there.
 // trim/strip remove leading and trailing whitespace as Python's str.strip() does.
 #pragma once
 #include <optional>
@@ -47,6 +59,8 @@ struct ChatTemplate {
     bool strip_prompt = false;     // Llama3, Llama-2-chat: the prompt is stripped
     bool needs_bos = false;        // the rendering starts with the BOS token's text
     bool system_role = true;       // false: the template refuses system messages
+    bool space_after_eos = false;  // Mistral-Instruct v0.1: a space between a reply's EOS
+                                   // and the next [INST]
     std::string knowledge_date;    // Llama31: "December 2023"
     std::string date;              // Llama31: the date_string default, unless...
     bool date_from_clock = false;  // ...Llama31: the template writes today's date
@@ -60,6 +74,12 @@ ChatTemplate recognise_chat_template(const std::string& template_text);
 // they need it and it is empty). Error for a system message the template refuses.
 std::string render_chat(const ChatTemplate& chat, const std::optional<std::string>& system,
                         const std::string& prompt, const std::string& bos_token);
+
+// The text that follows a generated reply: the end of its turn, then `prompt` as the next
+// user message, and the generation prompt. `bos_token` and `eos_token` are the texts of the
+// BOS and EOS tokens (Error if the Llama2 family needs one that is empty).
+std::string render_next_turn(const ChatTemplate& chat, const std::string& prompt,
+                             const std::string& bos_token, const std::string& eos_token);
 
 // The token text that ends the assistant's turn ("<|im_end|>", "<|eot_id|>"), or "" for
 // families whose turn ends with EOS.

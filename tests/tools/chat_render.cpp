@@ -4,6 +4,9 @@
 //   chat_render TEMPLATE_FILE PROMPT_FILE BOS_TOKEN [SYSTEM_FILE]
 // prints the recognised family on stderr and the rendering on stdout (bytes exactly);
 // an unrecognised template prints the error and exits with 1.
+//   chat_render --next TEMPLATE_FILE PROMPT_FILE BOS_TOKEN EOS_TOKEN
+// prints instead the text that follows a reply, with PROMPT as the next user message
+// (render_next_turn).
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -11,8 +14,8 @@
 #include <sstream>
 #include <string>
 
-#include "tokenizer/chat.h"
 #include "error.h"
+#include "tokenizer/chat.h"
 
 namespace {
 
@@ -27,12 +30,22 @@ std::string read_file(const char* path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    if (argc != 4 && argc != 5) {
-        std::fputs("usage: chat_render TEMPLATE_FILE PROMPT_FILE BOS_TOKEN [SYSTEM_FILE]\n",
-                   stderr);
+    const bool next_turn = argc == 6 && std::string(argv[1]) == "--next";
+    if (argc != 4 && argc != 5 && !next_turn) {
+        std::fputs(
+            "usage: chat_render TEMPLATE_FILE PROMPT_FILE BOS_TOKEN [SYSTEM_FILE]\n"
+            "       chat_render --next TEMPLATE_FILE PROMPT_FILE BOS_TOKEN EOS_TOKEN\n",
+            stderr);
         return 2;
     }
     try {
+        if (next_turn) {
+            const auto chat = barellm::recognise_chat_template(read_file(argv[2]));
+            const std::string text =
+                barellm::render_next_turn(chat, read_file(argv[3]), argv[4], argv[5]);
+            std::cout.write(text.data(), std::streamsize(text.size()));
+            return 0;
+        }
         const barellm::ChatTemplate chat = barellm::recognise_chat_template(read_file(argv[1]));
         std::optional<std::string> system;
         if (argc == 5) system = read_file(argv[4]);

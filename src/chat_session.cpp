@@ -1,0 +1,237 @@
+// The conversation of chat_session.h: turns rendered in the chat template, prefilled after
+// the earlier ones, replies streamed; the commands /reset, /save FILE and /exit.
+#include "chat_session.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "json.h"
+#include "terminal.h"
+
+namespace barellm {
+
+namespace {
+
+const char* const kColorInput = "\x1b[32m";  // green, as llama-cli writes the user's text
+const char* const kColorReset = "\x1b[0m";
+const char* const kPromptMarker = "> ";
+const char* const kSaveCommand = "/save";
+
+void say(const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }
+
+struct Message {
+    std::string role, content;
+};
+
+// One conversation: its messages, and where it stands in the KV cache.
+class Conversation {
+public:
+    Conversation(const Model& model, const Tokenizer& tokenizer, Backend& backend, Sampler& sampler,
+                 const ChatFormat& format, const ChatSettings& settings)
+        : model_(model),
+          tokenizer_(tokenizer),
+          backend_(backend),
+          sampler_(sampler),
+          format_(format),
+          settings_(settings) {}
+
+    // Prefills `message` as the next user turn and streams the reply to standard output.
+    // Returns false, saying so, when the turn does not fit in the context left.
+    bool take_turn(const std::string& message);
+
+    void reset() {
+        next_pos_ = 0;
+        unfed_token_ = -1;
+        messages_.clear();
+        sampler_.clear_history();
+    }
+
+    // Writes the messages as a JSON array of {"role", "content"}, through a temporary
+    // file renamed into place, so that FILE is never left half-written.
+    void save(const std::string& path) const;
+
+private:
+    std::vector<int> turn_ids(const std::string& message) const;
+
+    const Model& model_;
+    const Tokenizer& tokenizer_;
+    Backend& backend_;
+    Sampler& sampler_;
+    const ChatFormat& format_;
+    const ChatSettings& settings_;
+    int next_pos_ = 0;      // the first position the KV cache does not hold
+    int unfed_token_ = -1;  // the last reply's last token, when the model has not run it
+    std::vector<Message> messages_;
+};
+
+std::vector<int> Conversation::turn_ids(const std::string& message) const {
+    if (next_pos_ == 0)
+        return first_turn_ids(format_, tokenizer_, model_.config, settings_.system, message);
+    std::vector<int> ids;
+    if (unfed_token_ >= 0) ids.push_back(unfed_token_);
+    const std::string text =
+        render_next_turn(format_.chat, message, format_.bos_text, format_.eos_text);
+    for (int id : tokenizer_.encode(text, /*parse_special=*/true)) ids.push_back(id);
+    return ids;
+}
+
+bool Conversation::take_turn(const std::string& message) {
+    const std::vector<int> ids = turn_ids(message);
+    const int free_positions = settings_.context - next_pos_;
+    if (int(ids.size()) > free_positions) {
+        say("barellm: the context is full: this turn needs " + std::to_string(ids.size()) +
+            " tokens and " + std::to_string(free_positions) + " of " +
+            std::to_string(settings_.context) + " are free; /reset starts a new conversation");
+        return false;
+    }
+    GenerateOptions generation;
+    generation.max_tokens = settings_.max_reply_tokens;
+    generation.context = settings_.context;
+    generation.first_pos = next_pos_;
+    generation.end_of_turn = format_.end_of_turn;
+    generation.stop_strings = settings_.stop_strings;
+    generation.interrupted = &interrupted;
+    interrupted = false;
+    std::string reply;
+    const GenerateStats stats = generate(backend_, model_.config, tokenizer_, sampler_, ids,
+                                         generation, [&reply](const std::string& piece) {
+                                             write_now(piece);
+                                             reply += piece;
+                                         });
+    write_now("\n");
+    interrupted = false;
+    next_pos_ = stats.end_pos;
+    unfed_token_ = stats.unfed_token;
+    if (settings_.system && messages_.empty()) messages_.push_back({"system", *settings_.system});
+    messages_.push_back({"user", message});
+    messages_.push_back({"assistant", reply});
+    say(stats_line(stats, settings_.context) + " | context: " + std::to_string(next_pos_) + "/" +
+        std::to_string(settings_.context) + " tokens");
+    if (stats.stop_reason == StopReason::ContextFull)
+        say("barellm: the context is full; /reset starts a new conversation");
+    return true;
+}
+
+void Conversation::save(const std::string& path) const {
+    nlohmann::json messages = nlohmann::json::array();
+    for (const Message& message : messages_)
+        messages.push_back({{"role", message.role}, {"content", message.content}});
+    const std::string text =
+        messages.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+    const std::string temporary = path + ".tmp" + std::to_string(getpid());
+    {
+        std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
+        out << text;
+        out.flush();
+        if (!out) {
+            std::remove(temporary.c_str());
+            throw Error("/save: cannot write " + path);
+        }
+    }
+    if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+        std::remove(temporary.c_str());
+        throw Error("/save: cannot write " + path);
+    }
+}
+
+enum class Command { Message, Exit, Reset, Save };
+
+// What a typed line asks for: the commands are "/exit", "/reset" and "/save FILE"; any
+// other line, even one starting with "/", is a message.
+Command command_of(const std::string& line, std::string* argument) {
+    if (line == "/exit") return Command::Exit;
+    if (line == "/reset") return Command::Reset;
+    const std::string save = std::string(kSaveCommand);
+    if (line == save || line.compare(0, save.size() + 1, save + " ") == 0) {
+        *argument = line.size() > save.size() ? line.substr(save.size() + 1) : "";
+        return Command::Save;
+    }
+    return Command::Message;
+}
+
+}  // namespace
+
+ChatFormat load_chat_format(const Model& model, const Tokenizer& tokenizer,
+                            const std::string& command) {
+    const Config& config = model.config;
+    const auto& metadata = model.file->metadata();
+    const auto found = metadata.find("barellm.chat_template");
+    if (found == metadata.end())
+        throw Error(command +
+                    ": this model has no chat template (its tokenizer_config.json had no "
+                    "chat_template when it was converted)");
+    ChatFormat format;
+    format.chat = recognise_chat_template(found->second);
+    format.bos_text = config.bos_id >= 0 ? tokenizer.token_text(config.bos_id) : "";
+    format.eos_text = config.eos_ids.empty() ? "" : tokenizer.token_text(config.eos_ids[0]);
+    const std::string turn_end = chat_end_of_turn(format.chat.family);
+    if (!turn_end.empty()) {
+        const auto id = tokenizer.token_id(turn_end);
+        if (!id) throw Error(command + ": the tokenizer has no " + turn_end + " token");
+        format.end_of_turn = *id;
+    }
+    return format;
+}
+
+std::vector<int> first_turn_ids(const ChatFormat& format, const Tokenizer& tokenizer,
+                                const Config& config, const std::optional<std::string>& system,
+                                const std::string& prompt) {
+    const std::string text = render_chat(format.chat, system, prompt, format.bos_text);
+    const bool add_bos = config.add_bos && config.bos_id >= 0 &&
+                         text.compare(0, format.bos_text.size(), format.bos_text) != 0;
+    return encode_prompt(tokenizer, config, text, add_bos, /*parse_special=*/true);
+}
+
+int run_chat(const Model& model, const Tokenizer& tokenizer, Backend& backend, Sampler& sampler,
+             const ChatFormat& format, const ChatSettings& settings) {
+    const bool interactive = is_terminal(STDIN_FILENO);
+    const bool color = settings.color && is_terminal(STDOUT_FILENO);
+    Conversation conversation(model, tokenizer, backend, sampler, format, settings);
+    if (interactive)
+        say(std::string("barellm chat (") + chat_family_name(format.chat.family) +
+            " template): Ctrl-C stops a reply; /reset starts over; /save FILE writes the "
+            "conversation; /exit, Ctrl-D or Ctrl-C at the prompt leaves");
+    catch_interrupts();
+    LineReader reader;
+    bool refused = false;
+    for (;;) {
+        if (interactive) write_now(std::string(color ? kColorInput : "") + kPromptMarker);
+        std::string line;
+        const LineReader::Status status = reader.read_line(&line);
+        if (color) write_now(kColorReset);
+        if (status != LineReader::Status::Line) {
+            if (interactive) write_now("\n");
+            break;
+        }
+        std::string argument;
+        switch (command_of(line, &argument)) {
+            case Command::Exit:
+                return refused && !interactive ? 1 : 0;
+            case Command::Reset:
+                conversation.reset();
+                say("barellm: a new conversation");
+                break;
+            case Command::Save:
+                if (argument.empty()) {
+                    say("barellm: /save needs a file name: /save FILE");
+                    break;
+                }
+                try {
+                    conversation.save(argument);
+                    say("barellm: the conversation is in " + argument);
+                } catch (const Error& e) {
+                    say(std::string("barellm: ") + e.what());
+                }
+                break;
+            case Command::Message:
+                if (line.empty()) break;
+                if (!conversation.take_turn(line)) refused = true;
+                break;
+        }
+    }
+    return refused && !interactive ? 1 : 0;
+}
+
+}  // namespace barellm
