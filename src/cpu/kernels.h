@@ -28,7 +28,7 @@ int threads_for(size_t work);
 void for_each_row(int rows, size_t row_work, const std::function<void(int)>& work);
 
 // out[rows] = W[rows, cols] · x[cols]; rows split across OpenMP threads. With AVX2 and
-// Q8 weights, x is first quantized to Q8 and the dot products are integer.
+// Q8 or Q4 weights, x is first quantized to Q8 and the dot products are integer.
 void matmul(float* out, const float* x, const Matrix& w);
 
 // Several independent matmuls (e.g. q, k and v of one input) in one parallel region:

@@ -1,5 +1,5 @@
 // The decode matvecs on AVX2 + FMA + F16C: out = W · x for one token, with f32, f16 or bf16
-// weights widened in registers, and q8 weights as integer dot products.
+// weights widened in registers, and q8 and q4 weights as integer dot products.
 #include <immintrin.h>
 
 #include <type_traits>
@@ -95,18 +95,32 @@ namespace {
 // Sum over one group of 32 of w[i] * x[i] as int32 lanes: |w| (unsigned) times x with
 // w's sign, multiplied in pairs into int16 (at most 2 * 127 * 127, no overflow), then
 // pairs of those into int32.
-inline __m256 q8_group_dot(const int8_t* w, const int8_t* x) {
-    const __m256i weights = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+inline __m256 int8_group_dot(__m256i weights, const int8_t* x) {
     const __m256i values = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
     const __m256i products =
         _mm256_maddubs_epi16(_mm256_sign_epi8(weights, weights), _mm256_sign_epi8(values, weights));
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(products, _mm256_set1_epi16(1)));
 }
 
-// One Q8 row · quantized x: whole groups with AVX2, a short last group in scalar.
-inline float q8_row_dot(const int8_t* row, const uint16_t* row_scales, const QuantizedVector& x,
-                        int cols) {
-    const int whole_groups = cols / kQ8Group;
+inline __m256 q8_group_dot(const int8_t* w, const int8_t* x) {
+    return int8_group_dot(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)), x);
+}
+
+// One Q4 block: its 16 bytes widened to the 32 values q - 8 in column order (low nibbles
+// are columns 0-15, high nibbles 16-31), then as a Q8 group.
+inline __m256 q4_block_dot(const uint8_t* block, const int8_t* x) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block));
+    const __m128i low_nibble = _mm_set1_epi8(0x0f);
+    const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble),
+                                       _mm_and_si128(bytes, low_nibble));
+    return int8_group_dot(_mm256_sub_epi8(q, _mm256_set1_epi8(kQ4Offset)), x);
+}
+
+// Σ over the row's first `whole_groups` groups of 32 of group_dot(g) × weight scale ×
+// x scale, as eight lanes to be summed.
+template <typename GroupDot>
+inline __m256 scaled_groups_dot(int whole_groups, const uint16_t* row_scales,
+                                const QuantizedVector& x, GroupDot group_dot) {
     __m256 sum = _mm256_setzero_ps();
     int g = 0;
     // Eight groups at a time: their eight scales (weight × x) in one register, each
@@ -118,23 +132,39 @@ inline float q8_row_dot(const int8_t* row, const uint16_t* row_scales, const Qua
 #pragma GCC unroll 8
         for (int k = 0; k < kLanes; ++k) {
             const __m256 scale = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(k));
-            sum = _mm256_fmadd_ps(
-                q8_group_dot(row + (g + k) * kQ8Group, x.values.data() + (g + k) * kQ8Group), scale,
-                sum);
+            sum = _mm256_fmadd_ps(group_dot(g + k), scale, sum);
         }
     }
     for (; g < whole_groups; ++g) {
         const float scale = _cvtsh_ss(row_scales[g]) * x.scales[g];
-        sum = _mm256_fmadd_ps(q8_group_dot(row + g * kQ8Group, x.values.data() + g * kQ8Group),
-                              _mm256_set1_ps(scale), sum);
+        sum = _mm256_fmadd_ps(group_dot(g), _mm256_set1_ps(scale), sum);
     }
-    float total = horizontal_sum(sum);
+    return sum;
+}
+
+// One Q8 row · quantized x: whole groups with AVX2, a short last group in scalar.
+inline float q8_row_dot(const int8_t* row, const uint16_t* row_scales, const QuantizedVector& x,
+                        int cols) {
+    const int whole_groups = cols / kQ8Group;
+    const int8_t* x_values = x.values.data();
+    float total = horizontal_sum(scaled_groups_dot(whole_groups, row_scales, x, [&](int g) {
+        return q8_group_dot(row + g * kQ8Group, x_values + g * kQ8Group);
+    }));
     if (whole_groups * kQ8Group < cols) {
         int32_t tail = 0;
         for (int i = whole_groups * kQ8Group; i < cols; ++i) tail += row[i] * x.values[i];
         total += tail * _cvtsh_ss(row_scales[whole_groups]) * x.scales[whole_groups];
     }
     return total;
+}
+
+// One Q4 row · quantized x (Q4 rows are whole blocks).
+inline float q4_row_dot(const uint8_t* row, const uint16_t* row_scales, const QuantizedVector& x,
+                        int cols) {
+    const int8_t* x_values = x.values.data();
+    return horizontal_sum(scaled_groups_dot(cols / kQ4Block, row_scales, x, [&](int b) {
+        return q4_block_dot(row + b * kQ4BlockBytes, x_values + b * kQ4Block);
+    }));
 }
 
 }  // namespace
@@ -145,6 +175,14 @@ void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int f
     const int groups = w.q8_groups();
     for (int r = first_row; r < first_row + row_count; ++r)
         out[r] = q8_row_dot(values + size_t(r) * w.cols, w.scales + size_t(r) * groups, x, w.cols);
+}
+
+void matmul_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+                    int row_count) {
+    const uint8_t* values = static_cast<const uint8_t*>(w.data);
+    const int blocks = w.q4_blocks();
+    for (int r = first_row; r < first_row + row_count; ++r)
+        out[r] = q4_row_dot(values + r * w.row_bytes(), w.scales + size_t(r) * blocks, x, w.cols);
 }
 
 }  // namespace barellm::cpu::avx2
