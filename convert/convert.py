@@ -397,8 +397,8 @@ def q4_f16_note(plan):
                    if not is_norm and matrix_dtype("Q4", info.shape) == "F16"})
     if not kept:
         return None
-    return (f"convert: note: q4 keeps {name_list(kept)} in F16: its columns are not a "
-            f"multiple of {dtypes.Q4_BLOCK}")
+    return (f"convert: note: q4 stores in F16 the matrices whose columns are not a multiple "
+            f"of {dtypes.Q4_BLOCK}: {name_list(kept)}")
 
 
 def header_entries(plan, weight_dtype):

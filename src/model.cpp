@@ -17,12 +17,13 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 const TensorView& checked_tensor(const SafetensorsFile& file, const std::string& name,
                                  const std::vector<int64_t>& shape, DType dtype) {
     const TensorView& view = file.tensor(name);
-    if (view.shape != shape)
-        throw Error(file.path() + ": tensor '" + name + "' has shape " + shape_text(view.shape) +
-                    ", the config needs " + shape_text(shape));
+    // The dtype first: the shape a quantized matrix is stored in depends on it.
     if (view.dtype != dtype)
         throw Error(file.path() + ": tensor '" + name + "' is " + dtype_name(view.dtype) +
                     ", expected " + dtype_name(dtype));
+    if (view.shape != shape)
+        throw Error(file.path() + ": tensor '" + name + "' has shape " + shape_text(view.shape) +
+                    ", the config needs " + shape_text(shape));
     return view;
 }
 
