@@ -121,6 +121,7 @@ void quantize_q8(QuantizedVector* out, const float* x, int n) {
     const int groups = (n + kQ8Group - 1) / kQ8Group;
     out->values.resize(n);
     out->scales.resize(groups);
+    out->group_sums.resize(groups);
     for (int g = 0; g < groups; ++g) {
         const int first = g * kQ8Group, last = std::min(n, first + kQ8Group);
         float largest = 0.0f;
@@ -128,7 +129,12 @@ void quantize_q8(QuantizedVector* out, const float* x, int n) {
         const float scale = largest / 127.0f;
         const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
         out->scales[g] = scale;
-        for (int i = first; i < last; ++i) out->values[i] = int8_t(std::lround(x[i] * inverse));
+        int sum = 0;
+        for (int i = first; i < last; ++i) {
+            out->values[i] = int8_t(std::lround(x[i] * inverse));
+            sum += out->values[i];
+        }
+        out->group_sums[g] = float(sum);
     }
 }
 

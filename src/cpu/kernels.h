@@ -43,8 +43,10 @@ void matmul_many(std::initializer_list<MatmulTask> tasks);
 // A vector quantized like a Q8 weight row: x[i] ≈ values[i] × scales[i / kQ8Group],
 // with scale = max |x| / 127 over each group.
 struct QuantizedVector {
-    std::vector<int8_t> values;  // [n]
-    std::vector<float> scales;   // [ceil(n / kQ8Group)]
+    std::vector<int8_t> values;     // [n]
+    std::vector<float> scales;      // [ceil(n / kQ8Group)]
+    std::vector<float> group_sums;  // [ceil(n / kQ8Group)]: Σ values of each group (Q4's
+                                    // offset of 8 is applied once per group with it)
 };
 void quantize_q8(QuantizedVector* out, const float* x, int n);
 
