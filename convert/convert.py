@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Convert a Hugging Face Llama/Mistral checkpoint into one barellm weight file.
 
-    python3 convert/convert.py HF_DIR -o OUT [--dtype f32|f16|bf16|q8] [--barellm PATH]
+    python3 convert/convert.py HF_DIR -o OUT [--dtype f32|f16|bf16|q8|q4] [--barellm PATH]
 
 The output is described in docs/FORMAT.md; q8 stores every matrix as int8 values in
-groups of 32 columns with f16 scales (tensors NAME and NAME.scale). Tensors are laid
+groups of 32 columns with f16 scales (tensors NAME and NAME.scale); q4 stores every
+matrix whose columns are a multiple of 32 as llama.cpp's Q4_0 (4-bit values, two per
+byte, in blocks of 32 columns with f16 scales), the others as f16. Tensors are laid
 out by element size (4-byte, then 2-byte, then 1-byte) so each is naturally aligned,
 and streamed one row block at a time, so memory stays bounded whatever the checkpoint
 size.
@@ -360,10 +362,50 @@ def write_q8_tensor(f, info, values_start, scales_start):
         row += len(values)
 
 
+def write_q4_tensor(f, info, values_start, scales_start):
+    """Stream one matrix into `f` as Q4: its U8 values at absolute offset `values_start`
+    and its F16 scales at `scales_start`, block by block as write_q8_tensor does."""
+    rows, cols = info.shape
+    scale_row_bytes = cols // dtypes.Q4_BLOCK * 2
+    row = 0
+    for values in f32_blocks(info):
+        packed, scales = dtypes.quantize_q4(values)
+        if not np.isfinite(scales).all():
+            raise ConvertError(
+                f"tensor '{info.name}' has values beyond the Q4 range "
+                f"(max |x| = {np.abs(values).max():g}, scale over the F16 maximum); "
+                "choose another --dtype")
+        f.seek(values_start + row * (cols // 2))
+        f.write(np.ascontiguousarray(packed).tobytes())
+        f.seek(scales_start + row * scale_row_bytes)
+        f.write(np.ascontiguousarray(scales, dtype="<f2").tobytes())
+        row += len(values)
+
+
+def matrix_dtype(weight_dtype, shape):
+    """How a matrix of `shape` is stored under `weight_dtype`: Q4 keeps F16 for a
+    matrix whose columns are not a multiple of the Q4 block."""
+    if weight_dtype == "Q4" and dtypes.q4_stays_f16(shape[1]):
+        return "F16"
+    return weight_dtype
+
+
+def q4_f16_note(plan):
+    """The stderr line naming the matrices a Q4 file keeps in F16, or None."""
+    kept = sorted({f"{name.split('.')[-1]} ({info.shape[1]} columns)"
+                   for name, info, is_norm in plan
+                   if not is_norm and matrix_dtype("Q4", info.shape) == "F16"})
+    if not kept:
+        return None
+    return (f"convert: note: q4 stores in F16 the matrices whose columns are not a multiple "
+            f"of {dtypes.Q4_BLOCK}: {name_list(kept)}")
+
+
 def header_entries(plan, weight_dtype):
     """(name, dtype, shape) of every output tensor in file order.
 
-    With Q8 each matrix NAME is an I8 tensor NAME plus an F16 tensor NAME.scale.
+    With Q8 each matrix NAME is an I8 tensor NAME plus an F16 tensor NAME.scale; with Q4
+    a U8 tensor NAME [rows, cols / 2] plus NAME.scale, or one F16 tensor (matrix_dtype).
     File order puts tensors of 4-byte elements first, then those of 2-byte elements,
     then those of 1-byte elements, each class in model order. As the data section
     starts at a multiple of 64 bytes, every tensor then starts at a multiple of its
@@ -376,8 +418,12 @@ def header_entries(plan, weight_dtype):
             rows, cols = info.shape
             entries.append((name, "I8", info.shape))
             entries.append((name + ".scale", "F16", (rows, dtypes.q8_groups(cols))))
+        elif matrix_dtype(weight_dtype, info.shape) == "Q4":
+            rows, cols = info.shape
+            entries.append((name, "U8", (rows, cols // 2)))
+            entries.append((name + ".scale", "F16", (rows, cols // dtypes.Q4_BLOCK)))
         else:
-            entries.append((name, weight_dtype, info.shape))
+            entries.append((name, matrix_dtype(weight_dtype, info.shape), info.shape))
     # sorted() is stable: model order within each element size.
     return sorted(entries, key=lambda entry: -st.ITEM_SIZES[entry[1]])
 
@@ -403,11 +449,14 @@ def write_output(path, plan, metadata, weight_dtype, barellm):
         with os.fdopen(fd, "wb") as f:
             f.write(header)
             for name, info, is_norm in plan:
-                if weight_dtype == "Q8" and not is_norm:
+                stored = "F32" if is_norm else matrix_dtype(weight_dtype, info.shape)
+                if stored == "Q8":
                     write_q8_tensor(f, info, start[name], start[name + ".scale"])
+                elif stored == "Q4":
+                    write_q4_tensor(f, info, start[name], start[name + ".scale"])
                 else:
                     f.seek(start[name])
-                    write_tensor(f, info, "F32" if is_norm else weight_dtype)
+                    write_tensor(f, info, stored)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
@@ -425,7 +474,8 @@ def write_output(path, plan, metadata, weight_dtype, barellm):
 def convert(hf_dir, output, weight_dtype=None, barellm=None):
     """Convert the checkpoint in `hf_dir` to the barellm file `output`.
 
-    `weight_dtype` is "F32", "F16", "BF16", "Q8" or None for the checkpoint's own dtype.
+    `weight_dtype` is "F32", "F16", "BF16", "Q8", "Q4" or None for the checkpoint's own
+    dtype. With Q4, a note naming the matrices kept in F16 goes to stderr.
     `barellm` is the program that must load the file before it is put in place (None:
     no check). Returns a one-line summary.
     """
@@ -451,6 +501,9 @@ def convert(hf_dir, output, weight_dtype=None, barellm=None):
     if template is not None:
         metadata["barellm.chat_template"] = template
     size = write_output(output, plan, metadata, config["weight_dtype"], barellm)
+    note = q4_f16_note(plan) if config["weight_dtype"] == "Q4" else None
+    if note:
+        print(note, file=sys.stderr)
     return (f"wrote {output}: {config['layers']} layers, dim {config['dim']}, vocab "
             f"{config['vocab_size']}, {config['weight_dtype']} weights, "
             f"{size / 2**20:.1f} MiB")
@@ -465,7 +518,9 @@ def parse_args(argv):
     parser.add_argument("-o", "--output", required=True, help="barellm file to write")
     parser.add_argument("--dtype", choices=sorted(dtypes.CLI_NAMES),
                         help="matrix dtype (default: the checkpoint's own); q8 is int8 "
-                        "with one f16 scale per 32 columns of a row")
+                        "with one f16 scale per 32 columns of a row; q4 is llama.cpp's Q4_0 "
+                        "(4-bit, one f16 scale per 32 columns), f16 for matrices whose "
+                        "columns are not a multiple of 32")
     parser.add_argument("--barellm", metavar="PATH",
                         help="the barellm program that loads the output before it is put in "
                         "place, so that a file barellm refuses is never written (default: "

@@ -1,5 +1,5 @@
-"""Conversions between the safetensors float dtypes F32, F16 and BF16, and the Q8
-quantization of docs/FORMAT.md, with numpy only.
+"""Conversions between the safetensors float dtypes F32, F16 and BF16, and the Q8 and Q4
+quantizations of docs/FORMAT.md, with numpy only.
 
 BF16 has no numpy dtype: its values are carried as uint16 bit patterns (the upper
 half of an IEEE float32).
@@ -11,12 +11,17 @@ import numpy as np
 STORAGE = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
 
 # command-line spelling -> safetensors dtype name.
-# "Q8" is not a safetensors dtype but barellm's weight_dtype for int8 matrices with
-# f16 scales (quantize_q8).
-CLI_NAMES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8": "Q8"}
+# "Q8" and "Q4" are not safetensors dtypes but barellm's weight_dtype for int8 matrices
+# with f16 scales (quantize_q8) and 4-bit matrices with f16 scales (quantize_q4).
+CLI_NAMES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8": "Q8", "q4": "Q4"}
 
 # Q8: columns per scale group along each row.
 Q8_GROUP = 32
+
+# Q4 (llama.cpp's Q4_0): columns per block along each row; a matrix whose columns are
+# not whole blocks stays F16 in a Q4 file.
+Q4_BLOCK = 32
+Q4_OFFSET = 8  # a weight is scale * (q - Q4_OFFSET), q in 0..15
 
 # torch_dtype strings of config.json -> safetensors dtype name.
 TORCH_NAMES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
@@ -102,3 +107,46 @@ def quantize_q8(values):
     rounded = np.where(ties, whole + np.sign(ratio), np.rint(ratio))
     quantized = np.clip(rounded, -127, 127).astype(np.int8)
     return quantized.reshape(rows, groups * Q8_GROUP)[:, :cols], scales
+
+
+def q4_stays_f16(cols):
+    """Whether a matrix of `cols` columns is stored F16 rather than Q4 in a Q4 file."""
+    return cols % Q4_BLOCK != 0
+
+
+def quantize_q4(values):
+    """Quantize a float32 matrix [rows, cols] (cols a multiple of Q4_BLOCK) to Q4
+    (docs/FORMAT.md), with llama.cpp's rule for Q4_0, all in float32.
+
+    Per block of Q4_BLOCK columns: `m` is the value of largest magnitude (the first one
+    on ties), sign kept; d = m / -8; q = min(15, trunc(w * (1 / d) + 8.5)) (q = 8 when
+    d is 0); the scale stored is d rounded to f16. Byte j of a block holds q of column j
+    in its low nibble and of column j + 16 in its high nibble. Returns (uint8 [rows,
+    cols / 2], float16 [rows, cols / Q4_BLOCK]); a scale beyond the f16 range comes back
+    as Inf for the caller to refuse.
+    """
+    values = np.asarray(values, dtype=np.float32)
+    rows, cols = values.shape
+    blocks = values.reshape(rows, cols // Q4_BLOCK, Q4_BLOCK)
+    largest = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=2)[..., None], axis=2)
+    d = largest / np.float32(-Q4_OFFSET)
+    with np.errstate(divide="ignore"):
+        inverse = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)
+    with np.errstate(invalid="ignore"):
+        shifted = np.trunc(blocks * inverse + np.float32(Q4_OFFSET + 0.5))
+    q = shifted.astype(np.uint8).clip(0, 15)
+    half = Q4_BLOCK // 2
+    packed = q[..., :half] | (q[..., half:] << np.uint8(4))
+    with np.errstate(over="ignore"):
+        scales = d[..., 0].astype(np.float16)
+    return packed.reshape(rows, cols // 2), scales
+
+
+def dequantize_q4(packed, scales):
+    """The float32 weights [rows, cols] of Q4 `packed` [rows, cols / 2] and `scales`."""
+    packed = np.asarray(packed, dtype=np.uint8)
+    rows = packed.shape[0]
+    blocks = packed.reshape(rows, -1, Q4_BLOCK // 2)
+    q = np.concatenate([blocks & np.uint8(0x0F), blocks >> np.uint8(4)], axis=2)
+    signed = q.astype(np.float32) - Q4_OFFSET
+    return (signed * np.asarray(scales, dtype=np.float32)[..., None]).reshape(rows, -1)

@@ -199,7 +199,10 @@ def parse_args(argv):
     parser.add_argument("--tokenizer", help="directory with tokenizer.json or tokenizer.model "
                         "(default for presets: ../shared/tokenizers/<preset tokenizer>)")
     parser.add_argument("-o", "--output", required=True, help="directory to create")
-    parser.add_argument("--dtype", choices=sorted(dtypes.CLI_NAMES), default="bf16",
+    # A Hugging Face checkpoint holds float matrices only: no q8 or q4.
+    float_names = sorted(name for name, dtype in dtypes.CLI_NAMES.items()
+                         if dtype in TORCH_DTYPES)
+    parser.add_argument("--dtype", choices=float_names, default="bf16",
                         help="matrix dtype (default bf16)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     parser.add_argument("--max-shard-bytes", type=int, default=MAX_SHARD_BYTES,

@@ -195,6 +195,8 @@ void with_weight_dtype(DType dtype, Launch launch) {
             return launch(std::integral_constant<DType, DType::BF16>{});
         case DType::I8:
             throw Error("the CUDA kernels do not read Q8 (I8) weights yet");
+        case DType::U8:
+            throw Error("the CUDA kernels do not read Q4 (U8) weights yet");
     }
 }
 

@@ -445,10 +445,9 @@ private:
 
     void check_shape(const cudaDeviceProp& properties) const {
         const Config& c = model_.config;
-        if (model_.token_embedding.dtype == DType::I8)
-            throw Error(
-                "the CUDA backend does not run Q8 weights yet: convert with --dtype "
-                "f16, bf16 or f32");
+        if (c.weight_dtype == "Q8" || c.weight_dtype == "Q4")
+            throw Error("the CUDA backend does not run " + c.weight_dtype +
+                        " weights yet: convert with --dtype f16, bf16 or f32");
         if (context_ < 1) throw Error("the CUDA backend needs a context of at least 1 position");
         if (c.head_dim % 2 != 0 || c.head_dim > cuda::kMaxHeadDim)
             throw Error("the CUDA backend supports even head_dim up to " +

@@ -7,7 +7,9 @@ scaling), grouped-query causal attention (Mistral's sliding window included), Sw
 tied or separate output projection. It shares no code with convert/: it has its own
 safetensors reader and reads either a Hugging Face directory or a barellm file; a
 barellm Q8 matrix (I8 values NAME, F16 scales NAME.scale per 32 columns of a row) is
-dequantized to value * scale, so the reference of a Q8 file is the model it stores.
+dequantized to value * scale, and a Q4 matrix (U8 NAME holding two 4-bit q per byte,
+F16 scales per block of 32 columns) to scale * (q - 8), so the reference of a Q8 or Q4
+file is the model it stores.
 
     python3 reference/model.py PATH (--ids 1,2,3 | --text "Once upon a time")
                                [--generate N] [--top K]
@@ -50,7 +52,7 @@ def read_safetensors(path):
             values = bits.view(np.float32)
         else:
             values = np.frombuffer(raw, dtype={"F32": "<f4", "F16": "<f2",
-                                               "I8": "i1"}[entry["dtype"]])
+                                               "I8": "i1", "U8": "u1"}[entry["dtype"]])
         tensors[name] = values.astype(np.float32).reshape(entry["shape"])
     return tensors, metadata
 
@@ -96,12 +98,40 @@ def dequantize_q8(values, scales):
     return np.asarray(values, dtype=np.float32) * per_column
 
 
+def dequantize_q4(packed, scales):
+    """The float32 matrix of Q4 `packed` [rows, cols / 2] (bytes widened to float32) and
+    f16 `scales` [rows, cols / 32]: in each block of 32 columns, byte j holds q of
+    column j in its low 4 bits and of column j + 16 in its high 4 bits; a weight is
+    scale * (q - 8)."""
+    rows, half_cols = packed.shape
+    cols = 2 * half_cols
+    out = np.zeros((rows, cols), dtype=np.float32)
+    for row in range(rows):
+        for col in range(cols):
+            block, j = divmod(col, 32)
+            byte = int(packed[row, block * 16 + j % 16])
+            q = byte & 15 if j < 16 else byte >> 4
+            out[row, col] = scales[row, block] * (q - 8)
+    return out
+
+
 def load_barellm(path):
-    """Load a barellm weight file as (config, weights), Q8 matrices dequantized."""
+    """Load a barellm weight file as (config, weights), Q8 and Q4 matrices dequantized."""
     tensors, metadata = read_safetensors(path)
-    weights = {name: dequantize_q8(values, tensors[name + ".scale"])
-               if name + ".scale" in tensors else values
-               for name, values in tensors.items() if not name.endswith(".scale")}
+    with open(path, "rb") as f:
+        (header_len,) = struct.unpack("<Q", f.read(8))
+        dtypes = {name: entry["dtype"] for name, entry in json.loads(f.read(header_len)).items()
+                  if name != "__metadata__"}
+    weights = {}
+    for name, values in tensors.items():
+        if name.endswith(".scale"):
+            continue
+        if name + ".scale" not in tensors:
+            weights[name] = values
+        elif dtypes[name] == "U8":
+            weights[name] = dequantize_q4(values, tensors[name + ".scale"])
+        else:
+            weights[name] = dequantize_q8(values, tensors[name + ".scale"])
     return json.loads(metadata["barellm.config"]), weights
 
 

@@ -17,22 +17,32 @@ std::string shape_text(const std::vector<int64_t>& shape) {
 const TensorView& checked_tensor(const SafetensorsFile& file, const std::string& name,
                                  const std::vector<int64_t>& shape, DType dtype) {
     const TensorView& view = file.tensor(name);
-    if (view.shape != shape)
-        throw Error(file.path() + ": tensor '" + name + "' has shape " + shape_text(view.shape) +
-                    ", the config needs " + shape_text(shape));
+    // The dtype first: the shape a quantized matrix is stored in depends on it.
     if (view.dtype != dtype)
         throw Error(file.path() + ": tensor '" + name + "' is " + dtype_name(view.dtype) +
                     ", expected " + dtype_name(dtype));
+    if (view.shape != shape)
+        throw Error(file.path() + ": tensor '" + name + "' has shape " + shape_text(view.shape) +
+                    ", the config needs " + shape_text(shape));
     return view;
 }
 
+// The dtype a matrix of `cols` columns is stored in when the file's weight_dtype reads as
+// `weights`: with Q4 (U8), a matrix whose columns are not whole blocks stays F16.
+DType stored_dtype(DType weights, int cols) {
+    return weights == DType::U8 && cols % kQ4Block != 0 ? DType::F16 : weights;
+}
+
 Matrix matrix(const SafetensorsFile& file, const std::string& name, int rows, int cols,
-              DType dtype) {
-    const TensorView& view = checked_tensor(file, name, {rows, cols}, dtype);
-    Matrix m{view.data, dtype, rows, cols, nullptr};
-    if (dtype == DType::I8)
+              DType weights) {
+    const DType dtype = stored_dtype(weights, cols);
+    Matrix m{nullptr, dtype, rows, cols, nullptr};
+    const int64_t stored_cols = dtype == DType::U8 ? cols / 2 : cols;
+    m.data = checked_tensor(file, name, {rows, stored_cols}, dtype).data;
+    if (m.scale_count_per_row() > 0)
         m.scales = static_cast<const uint16_t*>(
-            checked_tensor(file, name + ".scale", {rows, m.q8_groups()}, DType::F16).data);
+            checked_tensor(file, name + ".scale", {rows, m.scale_count_per_row()}, DType::F16)
+                .data);
     return m;
 }
 
@@ -45,6 +55,7 @@ DType weight_dtype(const Config& config, const std::string& path) {
     if (config.weight_dtype == "F16") return DType::F16;
     if (config.weight_dtype == "BF16") return DType::BF16;
     if (config.weight_dtype == "Q8") return DType::I8;
+    if (config.weight_dtype == "Q4") return DType::U8;
     throw Error(path + ": weight_dtype " + quoted_excerpt(config.weight_dtype) +
                 " is not supported");
 }
@@ -91,13 +102,22 @@ Model Model::load(const std::string& path) {
     } else {
         model.output = matrix(file, "output", c.vocab_size, c.dim, dtype);
     }
-    const size_t matrices = 1 + 7 * size_t(c.layers) + (c.tied_embeddings ? 0 : 1);
-    const size_t norms = 1 + 2 * size_t(c.layers);
-    const size_t expected_tensors = norms + matrices * (dtype == DType::I8 ? 2 : 1);
+    size_t expected_tensors = 1 + 2 * size_t(c.layers);  // the norms
+    for (const Matrix* m : model.matrices()) expected_tensors += m->scales ? 2 : 1;
     if (file.tensors().size() != expected_tensors)
         throw Error(path + ": holds " + std::to_string(file.tensors().size()) +
                     " tensors, the config needs " + std::to_string(expected_tensors));
     return model;
+}
+
+std::vector<const Matrix*> Model::matrices() const {
+    std::vector<const Matrix*> all = {&token_embedding};
+    for (const LayerWeights& layer : layers)
+        for (const Matrix* m :
+             {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w1, &layer.w3, &layer.w2})
+            all.push_back(m);
+    if (!config.tied_embeddings) all.push_back(&output);
+    return all;
 }
 
 size_t Model::weight_bytes_per_token() const {

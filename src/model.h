@@ -14,19 +14,42 @@ namespace barellm {
 // group with one f16 scale (docs/FORMAT.md).
 constexpr int kQ8Group = 32;
 
+// Q4 matrices (llama.cpp's Q4_0): blocks of kQ4Block consecutive columns of a row, each
+// with one f16 scale d; a weight is d × (q - 8) with q in 0..15, two q per byte
+// (docs/FORMAT.md). Only matrices whose column count is a multiple of kQ4Block are Q4.
+constexpr int kQ4Block = 32;
+constexpr int kQ4BlockBytes = kQ4Block / 2;
+constexpr int kQ4Offset = 8;  // q - kQ4Offset is the signed value, -8..7
+
+// q - 8 of column `col` of a Q4 row: byte j of a block holds column j in its low nibble
+// and column j + 16 in its high nibble.
+inline int q4_value(const uint8_t* row, int col) {
+    const int j = col % kQ4Block;
+    const uint8_t byte = row[(col / kQ4Block) * kQ4BlockBytes + j % kQ4BlockBytes];
+    return (j < kQ4BlockBytes ? byte & 0x0f : byte >> 4) - kQ4Offset;
+}
+
 // A row-major [rows, cols] weight matrix stored in the file's dtype: F32, F16, BF16,
-// or I8 with `scales` [rows, q8_groups()] (the Q8 format).
+// I8 with `scales` [rows, q8_groups()] (the Q8 format), or U8 with `scales` [rows,
+// q4_blocks()] (the Q4 format: cols / 2 bytes a row).
 struct Matrix {
     const void* data = nullptr;
     DType dtype = DType::F32;
     int rows = 0;
     int cols = 0;
-    const uint16_t* scales = nullptr;  // f16 [rows, q8_groups()], I8 only
+    const uint16_t* scales = nullptr;  // f16, I8 and U8 only
 
     int q8_groups() const { return (cols + kQ8Group - 1) / kQ8Group; }
+    int q4_blocks() const { return cols / kQ4Block; }
+    // Bytes of one row's values (scales aside).
+    size_t row_bytes() const {
+        return dtype == DType::U8 ? size_t(cols) / 2 : size_t(cols) * dtype_size(dtype);
+    }
+    int scale_count_per_row() const {
+        return dtype == DType::I8 ? q8_groups() : dtype == DType::U8 ? q4_blocks() : 0;
+    }
     size_t bytes() const {
-        const size_t scale_bytes = dtype == DType::I8 ? size_t(rows) * q8_groups() * 2 : 0;
-        return size_t(rows) * cols * dtype_size(dtype) + scale_bytes;
+        return size_t(rows) * (row_bytes() + 2 * size_t(scale_count_per_row()));
     }
 };
 
@@ -52,6 +75,9 @@ struct Model {
 
     // Maps and validates a converted weight file; throws Error naming the problem.
     static Model load(const std::string& path);
+
+    // Every distinct matrix: the embedding, each layer's seven, the output when untied.
+    std::vector<const Matrix*> matrices() const;
 
     // Bytes of weights one decode step reads (every matrix once, embedding row aside).
     size_t weight_bytes_per_token() const;

@@ -37,6 +37,13 @@ void row_to_float(float* out, const Matrix& w, int row) {
                 out[i] = values[i] * half_to_float(scales[i / kQ8Group]);
             return;
         }
+        case DType::U8: {
+            const uint8_t* values = static_cast<const uint8_t*>(w.data) + row * w.row_bytes();
+            const uint16_t* scales = w.scales + size_t(row) * w.q4_blocks();
+            for (int i = 0; i < w.cols; ++i)
+                out[i] = q4_value(values, i) * half_to_float(scales[i / kQ4Block]);
+            return;
+        }
     }
 }
 
@@ -120,6 +127,8 @@ public:
                         for (int i = 0; i < m.cols; ++i)
                             reinterpret_cast<uint16_t*>(data)[first + i] = float_to_bf16(row[i]);
                         break;
+                    case DType::U8:  // refused by copy_model
+                        break;
                     case DType::I8:
                         if (!quantize_row_q8(reinterpret_cast<int8_t*>(data) + first,
                                              scales + size_t(r) * m.q8_groups(), row.data(),
@@ -143,8 +152,11 @@ private:
 }  // namespace
 
 const char* weight_dtype_name(DType dtype) {
-    // Q8 matrices are I8 tensors plus scales; the other names are the tensor dtypes'.
-    return dtype == DType::I8 ? "Q8" : dtype_name(dtype);
+    // Q8 and Q4 matrices are I8 and U8 tensors plus scales; the other names are the tensor
+    // dtypes'.
+    if (dtype == DType::I8) return "Q8";
+    if (dtype == DType::U8) return "Q4";
+    return dtype_name(dtype);
 }
 
 size_t model_copy_bytes(const Model& source, DType dtype) {
@@ -161,6 +173,8 @@ size_t model_copy_bytes(const Model& source, DType dtype) {
 
 std::unique_ptr<ModelCopy> copy_model(const Model& source, DType dtype) {
     const char* name = weight_dtype_name(dtype);
+    if (dtype == DType::U8)
+        throw Error("in-memory Q4 copies are not supported: convert the model with --dtype q4");
     require_memory(model_copy_bytes(source, dtype),
                    std::string("an in-memory ") + name + " copy of the weights");
     auto copy = std::make_unique<ModelCopy>();

@@ -21,11 +21,12 @@ struct ModelCopy {
 // Q8: int8 values and f16 scales).
 size_t model_copy_bytes(const Model& source, DType dtype);
 
-// The copy; refuses (Error) when it would not fit in the available memory, or when a Q8
-// scale would overflow f16. Matrix rows are converted in parallel (OpenMP).
+// The copy; refuses (Error) when it would not fit in the available memory, when a Q8
+// scale would overflow f16, or when asked for Q4 (U8), which only the converter writes.
+// Any source dtype is read, Q4 included. Matrix rows are converted in parallel (OpenMP).
 std::unique_ptr<ModelCopy> copy_model(const Model& source, DType dtype);
 
-// The config's weight_dtype spelling of a matrix dtype: "F32", "F16", "BF16", "Q8".
+// The config's weight_dtype spelling of a matrix dtype: "F32", "F16", "BF16", "Q8", "Q4".
 const char* weight_dtype_name(DType dtype);
 
 }  // namespace barellm

@@ -30,6 +30,8 @@ bool parse_dtype(const std::string& name, DType* dtype) {
         *dtype = DType::BF16;
     else if (name == "I8")
         *dtype = DType::I8;
+    else if (name == "U8")
+        *dtype = DType::U8;
     else
         return false;
     return true;
@@ -59,6 +61,8 @@ const char* dtype_name(DType dtype) {
             return "BF16";
         case DType::I8:
             return "I8";
+        case DType::U8:
+            return "U8";
     }
     return "?";
 }
@@ -71,6 +75,7 @@ size_t dtype_size(DType dtype) {
         case DType::BF16:
             return 2;
         case DType::I8:
+        case DType::U8:
             return 1;
     }
     return 0;

@@ -9,7 +9,7 @@
 
 namespace barellm {
 
-enum class DType { F32, F16, BF16, I8 };
+enum class DType { F32, F16, BF16, I8, U8 };
 
 const char* dtype_name(DType dtype);
 size_t dtype_size(DType dtype);

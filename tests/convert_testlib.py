@@ -102,7 +102,7 @@ def write_safetensors(path, tensors, metadata=None):
 def read_raw(path):
     """Read a safetensors file as (header_length, header dict, {name: raw array}, size).
 
-    Raw arrays keep the stored dtype (I8 as int8); BF16 comes back as uint16 bit
+    Raw arrays keep the stored dtype (I8 as int8, U8 as uint8); BF16 comes back as uint16 bit
     patterns."""
     with open(path, "rb") as f:
         data = f.read()
@@ -113,7 +113,8 @@ def read_raw(path):
         if name == "__metadata__":
             continue
         begin, end = entry["data_offsets"]
-        storage = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "I8": "i1"}[entry["dtype"]]
+        storage = {"F32": "<f4", "F16": "<f2", "BF16": "<u2", "I8": "i1",
+                   "U8": "u1"}[entry["dtype"]]
         arrays[name] = np.frombuffer(data[8 + length + begin:8 + length + end],
                                      dtype=storage).reshape(entry["shape"])
     return length, header, arrays, len(data)

@@ -81,7 +81,7 @@ def cast(values, dtype):
     return values.astype({"F32": "<f4", "F16": "<f2"}[dtype])
 
 
-ELEMENT_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "I8": 1}
+ELEMENT_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "I8": 1, "U8": 1}
 
 
 def check_layout(path):

@@ -1,5 +1,7 @@
 // CPU kernels against plain double-precision references written here, on random
 // non-zero inputs at sizes that are not multiples of the SIMD width.
+#include <omp.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -26,7 +28,7 @@ std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale = 1.0f
 // A weight matrix in `dtype` plus its exact float values.
 struct TestMatrix {
     std::vector<uint8_t> storage;
-    std::vector<uint16_t> scales;  // Q8 only: f16 [rows, groups]
+    std::vector<uint16_t> scales;  // Q8 and Q4 only: f16 [rows, groups]
     std::vector<float> values;     // what the stored weights decode to
     Matrix matrix;
 };
@@ -50,9 +52,44 @@ void quantize_groups(const float* values, int n, int8_t* quantized, float* scale
     }
 }
 
+// Quantizes one row [cols] (a multiple of 32) to Q4 as docs/FORMAT.md says, written out
+// here independently of the converter: per block, m = the first value of largest
+// magnitude, d = m / -8, q = min(15, int(v / d + 8.5)) computed as v * (1 / d) in float,
+// the stored scale f16(d); byte j holds q of column j (low nibble) and j + 16 (high).
+// `decoded` gets f16(d) × (q - 8).
+void quantize_q4_row(const float* values, int cols, uint8_t* packed, uint16_t* scales,
+                     float* decoded) {
+    for (int block = 0; block < cols / 32; ++block) {
+        const float* v = values + block * 32;
+        float largest = 0;
+        for (int i = 0; i < 32; ++i)
+            if (std::fabs(v[i]) > std::fabs(largest)) largest = v[i];
+        const float d = largest / -8.0f;
+        const volatile float inverse = d != 0 ? 1.0f / d : 0.0f;
+        scales[block] = float_to_half(d);
+        int q[32];
+        for (int i = 0; i < 32; ++i) {
+            const volatile float product = v[i] * inverse;  // rounded before the addition
+            q[i] = std::min(15, int(product + 8.5f));
+            decoded[block * 32 + i] = half_to_float(scales[block]) * float(q[i] - 8);
+        }
+        for (int j = 0; j < 16; ++j) packed[block * 16 + j] = uint8_t(q[j] | (q[j + 16] << 4));
+    }
+}
+
 TestMatrix make_matrix(int rows, int cols, DType dtype, std::mt19937& rng) {
     TestMatrix m;
     m.values = random_floats(size_t(rows) * cols, rng);
+    if (dtype == DType::U8) {
+        const int blocks = cols / 32;
+        m.storage.resize(size_t(rows) * cols / 2);
+        m.scales.resize(size_t(rows) * blocks);
+        for (int r = 0; r < rows; ++r)
+            quantize_q4_row(&m.values[size_t(r) * cols], cols, &m.storage[size_t(r) * cols / 2],
+                            &m.scales[size_t(r) * blocks], &m.values[size_t(r) * cols]);
+        m.matrix = Matrix{m.storage.data(), dtype, rows, cols, m.scales.data()};
+        return m;
+    }
     m.storage.resize(m.values.size() * dtype_size(dtype));
     if (dtype == DType::I8) {
         const int groups = (cols + 31) / 32;
@@ -375,4 +412,117 @@ TEST_CASE("several GEMMs of one input each match their own reference") {
                                              {{got[0].data(), &matrices[0].matrix},
                                               {narrow_out.data(), &narrow.matrix}}),
                       Catch::Contains("different widths"));
+}
+
+// x as the AVX2 Q8/Q4 matvecs use it: quantized to int8 per group of 32.
+static std::vector<float> quantized_like_the_kernel(const std::vector<float>& x) {
+    const int n = int(x.size());
+    std::vector<int8_t> quantized(n);
+    std::vector<float> scales((n + 31) / 32), out(n);
+    quantize_groups(x.data(), n, quantized.data(), scales.data(), false);
+    for (int c = 0; c < n; ++c) out[c] = quantized[c] * scales[c / 32];
+    return out;
+}
+
+TEST_CASE(
+    "Q4 matmul and prefill GEMM match a double-precision reference at several thread "
+    "counts") {
+    std::mt19937 rng(404);
+    const auto level = GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2);
+    if (level == cpu::SimdLevel::Avx2 && cpu::detect_simd_level() != cpu::SimdLevel::Avx2) return;
+    const int threads = GENERATE(1, 2, 3);
+    const int saved_threads = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    cpu::set_simd_level(level);
+    // Columns are whole blocks of 32 (Q4 rows are), but not multiples of 64; the largest
+    // matrices are big enough for threads_for to give every thread rows.
+    for (auto [batch, rows, cols] : {std::tuple{1, 1, 32},
+                                     {3, 7, 96},
+                                     {5, 13, 160},
+                                     {17, 37, 288},
+                                     {70, 101, 608},
+                                     {37, 203, 544},
+                                     {9, 389, 736}}) {
+        TestMatrix m = make_matrix(rows, cols, DType::U8, rng);
+        const std::vector<float> x = random_floats(size_t(batch) * cols, rng);
+        INFO(cpu::simd_level_name(level)
+             << " " << threads << " threads, batch " << batch << " " << rows << "x" << cols);
+        // Decode, the first token of x.
+        const std::vector<float> x0(x.begin(), x.begin() + cols);
+        const std::vector<float> x_used =
+            level == cpu::SimdLevel::Avx2 ? quantized_like_the_kernel(x0) : x0;
+        std::vector<double> want(rows);
+        for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < cols; ++c)
+                want[r] += double(m.values[size_t(r) * cols + c]) * x_used[c];
+        std::vector<float> got(rows, NAN);
+        cpu::matmul(got.data(), x0.data(), m.matrix);
+        CHECK(relative_error(got, want) < 1e-5);
+        // Prefill, the whole batch.
+        std::vector<double> batch_want(size_t(batch) * rows);
+        for (int b = 0; b < batch; ++b)
+            for (int r = 0; r < rows; ++r)
+                for (int c = 0; c < cols; ++c)
+                    batch_want[size_t(b) * rows + r] +=
+                        double(m.values[size_t(r) * cols + c]) * x[size_t(b) * cols + c];
+        std::vector<float> batch_got(size_t(batch) * rows, NAN);
+        cpu::matmul_batch(batch_got.data(), x.data(), batch, m.matrix);
+        CHECK(relative_error(batch_got, batch_want) < 1e-5);
+    }
+    cpu::set_simd_level(cpu::detect_simd_level());
+    omp_set_num_threads(saved_threads);
+}
+
+TEST_CASE("Q4 and Q8 matvecs in one matmul_many call each match their own reference") {
+    std::mt19937 rng(405);
+    if (cpu::detect_simd_level() != cpu::SimdLevel::Avx2) return;
+    const int cols = 224;
+    TestMatrix q4 = make_matrix(53, cols, DType::U8, rng);
+    TestMatrix q8 = make_matrix(29, cols, DType::I8, rng);
+    TestMatrix f16 = make_matrix(31, cols, DType::F16, rng);
+    const std::vector<float> x = random_floats(cols, rng);
+    const std::vector<float> x_quantized = quantized_like_the_kernel(x);
+    std::vector<float> got_q4(53, NAN), got_q8(29, NAN), got_f16(31, NAN);
+    cpu::matmul_many({{got_q4.data(), x.data(), &q4.matrix},
+                      {got_q8.data(), x.data(), &q8.matrix},
+                      {got_f16.data(), x.data(), &f16.matrix}});
+    const std::pair<TestMatrix*, std::vector<float>*> cases[] = {
+        {&q4, &got_q4}, {&q8, &got_q8}, {&f16, &got_f16}};
+    for (auto [m, got] : cases) {
+        const bool quantized_input = m->matrix.dtype != DType::F16;
+        std::vector<double> want(m->matrix.rows);
+        for (int r = 0; r < m->matrix.rows; ++r)
+            for (int c = 0; c < cols; ++c)
+                want[r] += double(m->values[size_t(r) * cols + c]) *
+                           (quantized_input ? x_quantized[c] : x[c]);
+        INFO(dtype_name(m->matrix.dtype));
+        CHECK(relative_error(*got, want) < 1e-5);
+    }
+}
+
+TEST_CASE("Q4 nibbles: byte j of a block holds column j low and column j + 16 high") {
+    // Hand-made block: q = column % 16 in the low half and 15 - column % 16 in the high.
+    uint8_t block[16];
+    for (int j = 0; j < 16; ++j) block[j] = uint8_t(j | ((15 - j) << 4));
+    for (int col = 0; col < 32; ++col)
+        CHECK(q4_value(block, col) == (col < 16 ? col : 15 - (col - 16)) - 8);
+    // One row of that block with scale 0.5: the matvec against x = 1 sums it.
+    const uint16_t scale = float_to_half(0.5f);
+    const Matrix w{block, DType::U8, 1, 32, &scale};
+    const std::vector<float> ones(32, 1.0f);
+    float out = NAN;
+    for (auto level : {cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2}) {
+        if (level == cpu::SimdLevel::Avx2 && cpu::detect_simd_level() != cpu::SimdLevel::Avx2)
+            continue;
+        cpu::set_simd_level(level);
+        cpu::matmul(&out, ones.data(), w);
+        // 0.5 × Σ (q - 8) over both halves = 0.5 × 2 × Σ_{k=0..15} (k - 8) = 120 - 128.
+        CHECK(out == -8.0f);
+        float batch_out[2] = {NAN, NAN};
+        const std::vector<float> two_tokens(64, 1.0f);
+        cpu::matmul_batch(batch_out, two_tokens.data(), 2, w);
+        CHECK(batch_out[0] == -8.0f);
+        CHECK(batch_out[1] == -8.0f);
+    }
+    cpu::set_simd_level(cpu::detect_simd_level());
 }

@@ -112,6 +112,11 @@ def test_refusals(tmp_path, inputs):
     config.write_text(json.dumps(TINY_CONFIG))
     result = run(SYNTH, "--config", config, "--tokenizer", tok, "-o", tmp_path / "full")
     assert result.stderr.endswith("exists and is not an empty directory\n")
+    for quantized in ("q8", "q4"):   # a checkpoint's matrices are floats
+        result = run(SYNTH, "--config", config, "--tokenizer", tok, "-o", tmp_path / "q",
+                     "--dtype", quantized)
+        assert result.returncode == 2 and "invalid choice" in result.stderr
+        assert "Traceback" not in result.stderr and not os.path.exists(tmp_path / "q")
 
 
 PRESET_SHAPES = {

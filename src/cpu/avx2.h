@@ -13,6 +13,8 @@ namespace barellm::cpu::avx2 {
 void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
 void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
+void matmul_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+                    int row_count);
 
 // ---- The prefill GEMM (gemm_avx2.cpp), in two steps:
 // - x [batch, cols] is transposed into tiles of kTokenTile tokens (x_tiles [tiles, cols,

@@ -45,6 +45,24 @@ inline void transpose8x8(__m256 rows[8]) {
     }
 }
 
+// dest[0..31] = the 32 weights of one Q4 block as f32: (q - 8) × scale, eight at a time
+// (low nibbles of bytes 0-15 are columns 0-15, high nibbles columns 16-31).
+inline void unpack_q4_block(float* dest, const uint8_t* block, float scale) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block));
+    const __m128i low_nibble = _mm_set1_epi8(0x0f);
+    const __m128i halves[2] = {_mm_and_si128(bytes, low_nibble),
+                               _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble)};
+    const __m256i offset = _mm256_set1_epi32(kQ4Offset);
+    const __m256 scales = _mm256_set1_ps(scale);
+    for (int h = 0; h < 2; ++h)
+        for (int k = 0; k < 2; ++k) {
+            const __m128i eight = k == 0 ? halves[h] : _mm_unpackhi_epi64(halves[h], halves[h]);
+            const __m256i q = _mm256_sub_epi32(_mm256_cvtepu8_epi32(eight), offset);
+            _mm256_storeu_ps(dest + h * kQ4BlockBytes + k * kLanes,
+                             _mm256_mul_ps(_mm256_cvtepi32_ps(q), scales));
+        }
+}
+
 // panel[r][i] = W[first_row + r][first_col + i] as f32, for `rows` rows.
 void pack_rows(float* panel, const Matrix& w, int first_row, int rows, int first_col, int depth) {
     for (int r = 0; r < rows; ++r) {
@@ -69,6 +87,14 @@ void pack_rows(float* panel, const Matrix& w, int first_row, int rows, int first
                 }
                 for (; k < group_end; ++k) dest[k] = source[k] * _mm256_cvtss_f32(scale);
             }
+        } else if (w.dtype == DType::U8) {
+            // first_col and depth are multiples of kQ4Block (Q4 rows are whole blocks).
+            const uint8_t* source =
+                static_cast<const uint8_t*>(w.data) + (first_row + r) * w.row_bytes();
+            const uint16_t* scales = w.scales + size_t(first_row + r) * w.q4_blocks();
+            for (int i = 0; i < depth; i += kQ4Block)
+                unpack_q4_block(dest + i, source + (first_col + i) / 2,
+                                _cvtsh_ss(scales[(first_col + i) / kQ4Block]));
         } else {
             // One loop per type: load8 tests the type, and the compiler would otherwise
             // widen every vector both ways.

@@ -33,9 +33,15 @@ inline float weight_at(const Matrix& w, int row, int col) {
         case DType::I8:
             return static_cast<const int8_t*>(w.data)[i] *
                    half_to_float(w.scales[size_t(row) * w.q8_groups() + col / kQ8Group]);
+        case DType::U8:
+            return q4_value(static_cast<const uint8_t*>(w.data) + row * w.row_bytes(), col) *
+                   half_to_float(w.scales[size_t(row) * w.q4_blocks() + col / kQ4Block]);
     }
     return 0.0f;
 }
+
+// Whether w is stored as integers with scales (Q8 or Q4).
+inline bool is_quantized(DType dtype) { return dtype == DType::I8 || dtype == DType::U8; }
 
 inline float kv_at(const void* cache, int i, KvType type) {
     return type == KvType::F32 ? static_cast<const float*>(cache)[i]
@@ -115,6 +121,7 @@ void quantize_q8(QuantizedVector* out, const float* x, int n) {
     const int groups = (n + kQ8Group - 1) / kQ8Group;
     out->values.resize(n);
     out->scales.resize(groups);
+    out->group_sums.resize(groups);
     for (int g = 0; g < groups; ++g) {
         const int first = g * kQ8Group, last = std::min(n, first + kQ8Group);
         float largest = 0.0f;
@@ -122,7 +129,12 @@ void quantize_q8(QuantizedVector* out, const float* x, int n) {
         const float scale = largest / 127.0f;
         const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
         out->scales[g] = scale;
-        for (int i = first; i < last; ++i) out->values[i] = int8_t(std::lround(x[i] * inverse));
+        int sum = 0;
+        for (int i = first; i < last; ++i) {
+            out->values[i] = int8_t(std::lround(x[i] * inverse));
+            sum += out->values[i];
+        }
+        out->group_sums[g] = float(sum);
     }
 }
 
@@ -132,7 +144,7 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
     constexpr int kMaxTasks = 4;
     const MatmulTask* task_list = tasks.begin();
     const int task_count = int(tasks.size());
-    // Q8 weights with AVX2 use integer dot products: each input is quantized once, by
+    // Q8 and Q4 weights with AVX2 use integer dot products: each input is quantized once, by
     // the calling thread, into one buffer per task; the workers only read them.
     static thread_local QuantizedVector quantized_buffers[kMaxTasks];
     QuantizedVector* quantized = quantized_buffers;
@@ -141,7 +153,7 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
     size_t total_rows = 0, work = 0;
     for (int t = 0; t < task_count; ++t) {
         const Matrix& w = *task_list[t].w;
-        if (use_avx2 && w.dtype == DType::I8) quantize_q8(&quantized[t], task_list[t].x, w.cols);
+        if (use_avx2 && is_quantized(w.dtype)) quantize_q8(&quantized[t], task_list[t].x, w.cols);
         total_rows += w.rows;
         work += size_t(w.rows) * w.cols;
     }
@@ -162,6 +174,8 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
                     scalar::matmul_rows(task.out, *task.w, task.x, row, count);
                 else if (task.w->dtype == DType::I8)
                     avx2::matmul_rows_q8(task.out, *task.w, quantized[t], row, count);
+                else if (task.w->dtype == DType::U8)
+                    avx2::matmul_rows_q4(task.out, *task.w, quantized[t], row, count);
                 else
                     avx2::matmul_rows(task.out, *task.w, task.x, row, count);
             }

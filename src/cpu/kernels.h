@@ -28,7 +28,7 @@ int threads_for(size_t work);
 void for_each_row(int rows, size_t row_work, const std::function<void(int)>& work);
 
 // out[rows] = W[rows, cols] · x[cols]; rows split across OpenMP threads. With AVX2 and
-// Q8 weights, x is first quantized to Q8 and the dot products are integer.
+// Q8 or Q4 weights, x is first quantized to Q8 and the dot products are integer.
 void matmul(float* out, const float* x, const Matrix& w);
 
 // Several independent matmuls (e.g. q, k and v of one input) in one parallel region:
@@ -43,8 +43,10 @@ void matmul_many(std::initializer_list<MatmulTask> tasks);
 // A vector quantized like a Q8 weight row: x[i] ≈ values[i] × scales[i / kQ8Group],
 // with scale = max |x| / 127 over each group.
 struct QuantizedVector {
-    std::vector<int8_t> values;  // [n]
-    std::vector<float> scales;   // [ceil(n / kQ8Group)]
+    std::vector<int8_t> values;     // [n]
+    std::vector<float> scales;      // [ceil(n / kQ8Group)]
+    std::vector<float> group_sums;  // [ceil(n / kQ8Group)]: Σ values of each group (Q4's
+                                    // offset of 8 is applied once per group with it)
 };
 void quantize_q8(QuantizedVector* out, const float* x, int n);
 

@@ -1,5 +1,5 @@
 // The decode matvecs on AVX2 + FMA + F16C: out = W · x for one token, with f32, f16 or bf16
-// weights widened in registers, and q8 weights as integer dot products.
+// weights widened in registers, and q8 and q4 weights as integer dot products.
 #include <immintrin.h>
 
 #include <type_traits>
@@ -103,6 +103,20 @@ inline __m256 q8_group_dot(const int8_t* w, const int8_t* x) {
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(products, _mm256_set1_epi16(1)));
 }
 
+// One Q4 block against x as int32 lanes: Σ q[i] × x[i], the unsigned 4-bit q as they are
+// (Q4's offset of 8 is subtracted per group by q4_row_dot). The 16 bytes widen to the
+// 32 q in column order: low nibbles are columns 0-15, high nibbles 16-31.
+inline __m256 q4_block_dot(const uint8_t* block, const int8_t* x) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block));
+    const __m128i low_nibble = _mm_set1_epi8(0x0f);
+    const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble),
+                                       _mm_and_si128(bytes, low_nibble));
+    const __m256i values = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    // q × x in pairs into int16 (at most 2 × 15 × 127), then pairs of those into int32.
+    const __m256i products = _mm256_maddubs_epi16(q, values);
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(products, _mm256_set1_epi16(1)));
+}
+
 // One Q8 row · quantized x: whole groups with AVX2, a short last group in scalar.
 inline float q8_row_dot(const int8_t* row, const uint16_t* row_scales, const QuantizedVector& x,
                         int cols) {
@@ -137,6 +151,37 @@ inline float q8_row_dot(const int8_t* row, const uint16_t* row_scales, const Qua
     return total;
 }
 
+// One Q4 row · quantized x (Q4 rows are whole blocks): Σ over blocks b of weight scale ×
+// x scale × (Σ q × x − 8 × Σ x), the second sum x.group_sums[b], eight blocks at a time.
+inline float q4_row_dot(const uint8_t* row, const uint16_t* row_scales, const QuantizedVector& x,
+                        int cols) {
+    const int blocks = cols / kQ4Block;
+    const int8_t* x_values = x.values.data();
+    __m256 sum = _mm256_setzero_ps(), offsets = _mm256_setzero_ps();
+    int b = 0;
+    for (; b + kLanes <= blocks; b += kLanes) {
+        const __m256 scales = _mm256_mul_ps(
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row_scales + b))),
+            _mm256_loadu_ps(x.scales.data() + b));
+        offsets = _mm256_fmadd_ps(scales, _mm256_loadu_ps(x.group_sums.data() + b), offsets);
+#pragma GCC unroll 8
+        for (int k = 0; k < kLanes; ++k) {
+            const __m256 scale = _mm256_permutevar8x32_ps(scales, _mm256_set1_epi32(k));
+            sum = _mm256_fmadd_ps(
+                q4_block_dot(row + (b + k) * kQ4BlockBytes, x_values + (b + k) * kQ4Block), scale,
+                sum);
+        }
+    }
+    float total = horizontal_sum(sum) - kQ4Offset * horizontal_sum(offsets);
+    for (; b < blocks; ++b) {
+        const float scale = _cvtsh_ss(row_scales[b]) * x.scales[b];
+        const float dot =
+            horizontal_sum(q4_block_dot(row + b * kQ4BlockBytes, x_values + b * kQ4Block));
+        total += scale * (dot - kQ4Offset * x.group_sums[b]);
+    }
+    return total;
+}
+
 }  // namespace
 
 void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
@@ -145,6 +190,14 @@ void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int f
     const int groups = w.q8_groups();
     for (int r = first_row; r < first_row + row_count; ++r)
         out[r] = q8_row_dot(values + size_t(r) * w.cols, w.scales + size_t(r) * groups, x, w.cols);
+}
+
+void matmul_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+                    int row_count) {
+    const uint8_t* values = static_cast<const uint8_t*>(w.data);
+    const int blocks = w.q4_blocks();
+    for (int r = first_row; r < first_row + row_count; ++r)
+        out[r] = q4_row_dot(values + r * w.row_bytes(), w.scales + size_t(r) * blocks, x, w.cols);
 }
 
 }  // namespace barellm::cpu::avx2
