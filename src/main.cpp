@@ -210,6 +210,16 @@ int command_bench(const Options& options) {
     return 0;
 }
 
+// What the attention adds to Llama's: "q/k/v bias, q/k norm per head" (Qwen2, Qwen3...).
+std::string attention_features(const Config& c) {
+    std::string features;
+    for (const auto& [present, name] :
+         {std::pair{c.qkv_bias, "q/k/v bias"}, std::pair{c.o_bias, "output bias"},
+          std::pair{c.qk_norm, "q/k norm per head"}})
+        if (present) features += std::string(features.empty() ? "" : ", ") + name;
+    return features.empty() ? "no biases, no q/k norm" : features;
+}
+
 int command_info(const Options& options) {
     const Model model = Model::load(options.model_path);
     const Config& c = model.config;
@@ -218,15 +228,18 @@ int command_info(const Options& options) {
         bytes_by_dtype[dtype_name(view.dtype)] += view.bytes;
     std::printf("file            %s (%zu bytes)\n", options.model_path.c_str(),
                 model.file->file_size());
-    std::printf("architecture    llama\n");
+    std::printf("architecture    %s\n", c.architecture.c_str());
+    std::printf("attention       %s\n", attention_features(c).c_str());
     std::printf("dim             %d\nhidden_dim      %d\nlayers          %d\n", c.dim, c.hidden_dim,
                 c.layers);
     std::printf("heads           %d\nkv_heads        %d\nhead_dim        %d\n", c.heads, c.kv_heads,
                 c.head_dim);
     std::printf("vocab_size      %d\nmax_context     %d\n", c.vocab_size, c.max_context);
     std::printf("rope_theta      %g\nnorm_eps        %g\n", c.rope_theta, c.norm_eps);
-    std::printf("sliding_window  %d\ntied_embeddings %s\n", c.sliding_window,
-                c.tied_embeddings ? "yes" : "no");
+    std::printf("sliding_window  %d", c.sliding_window);
+    if (c.sliding_window_first_layer > 0)
+        std::printf(" (layers %d and up)", c.sliding_window_first_layer);
+    std::printf("\ntied_embeddings %s\n", c.tied_embeddings ? "yes" : "no");
     std::printf("bos_id          %d\neos_ids        ", c.bos_id);
     for (int id : c.eos_ids) std::printf(" %d", id);
     std::printf("\nweight_dtype    %s\n", c.weight_dtype.c_str());
