@@ -59,10 +59,10 @@ ROPE_SCALING_KEYS = {
 LAYER_TENSORS = (
     ("attn_norm", "input_layernorm.weight", True, None),
     ("wq", "self_attn.q_proj.weight", False, None),
-    ("bq", "self_attn.q_proj.bias", True, "qkv_bias"),
     ("wk", "self_attn.k_proj.weight", False, None),
-    ("bk", "self_attn.k_proj.bias", True, "qkv_bias"),
     ("wv", "self_attn.v_proj.weight", False, None),
+    ("bq", "self_attn.q_proj.bias", True, "qkv_bias"),
+    ("bk", "self_attn.k_proj.bias", True, "qkv_bias"),
     ("bv", "self_attn.v_proj.bias", True, "qkv_bias"),
     ("q_norm", "self_attn.q_norm.weight", True, "qk_norm"),
     ("k_norm", "self_attn.k_norm.weight", True, "qk_norm"),

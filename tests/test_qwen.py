@@ -15,6 +15,7 @@ import pytest
 import model as reference
 from convert_testlib import (BARELLM, CONVERT, make_checkpoint, read_raw, run,
                              write_safetensors)
+from test_convert import check_layout
 from test_end_to_end import IDS, barellm_logits, relative_error
 
 _QWEN = {"hidden_act": "silu", "vocab_size": 512, "max_position_embeddings": 64,
@@ -194,11 +195,22 @@ def test_the_window_moves_the_logits(tmp_path):
 
 # ---- the converted file ----------------------------------------------------------------
 
+# The model order of a layer's tensors (docs/FORMAT.md, the table under Tensors).
+LAYER_ORDER = ["attn_norm", "wq", "wk", "wv", "bq", "bk", "bv", "q_norm", "k_norm", "wo", "bo",
+               "ffn_norm", "w1", "w3", "w2"]
+ELEMENT_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "I8": 1}
+
+
 @pytest.mark.parametrize("dtype,matrix_dtype", [("f32", "F32"), ("bf16", "BF16"), ("q8", "I8")])
 def test_biases_and_qk_norms_are_f32_tensors(tmp_path, dtype, matrix_dtype):
     for name in ("qwen2-window", "qwen3-attention-bias"):
         model = convert(checkpoint(tmp_path, name), tmp_path / f"{name}.bin", dtype)
-        _, header, arrays, _ = read_raw(model)
+        header, arrays = check_layout(model)
+        # File order: by element size, then model order.
+        layer0 = [(-ELEMENT_BYTES[entry["dtype"]], LAYER_ORDER.index(tensor.split(".")[2]))
+                  for tensor, entry in header.items()
+                  if tensor.startswith("layers.0.") and not tensor.endswith(".scale")]
+        assert layer0 == sorted(layer0)
         config = json.loads(header["__metadata__"]["barellm.config"])
         hf = CONFIGS[name]
         hd = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]

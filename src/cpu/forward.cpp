@@ -97,9 +97,9 @@ public:
         for (int l = 0; l < c.layers; ++l) {
             const LayerWeights& w = model_.layers[l];
             // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
-            cpu::rmsnorm(s.xb.data(), s.x.data(), w.attn_norm, c.dim, c.norm_eps);
             //   (Qwen2: + bq, bk, bv after the projections; Qwen3: each head of q and k
             //    RMS-normed before RoPE; with attention_bias: + bo after wo)
+            cpu::rmsnorm(s.xb.data(), s.x.data(), w.attn_norm, c.dim, c.norm_eps);
             cpu::matmul_many({{s.q.data(), s.xb.data(), &w.wq},
                               {s.k.data(), s.xb.data(), &w.wk},
                               {s.v.data(), s.xb.data(), &w.wv}});
