@@ -14,6 +14,10 @@ commands:
       --chat               wrap the prompt in the model's chat template as one user
                            message; print only the reply
       --system TEXT        with --chat: a system message before the prompt
+      --no-think           with --chat: enable_thinking=False for templates with that
+                           switch (Qwen3): the reply starts after an empty think block
+      --show-think         with --chat: also print the <think>...</think> block of a
+                           reasoning reply (hidden by default)
   ppl MODEL -f FILE        perplexity, llama.cpp's llama-perplexity convention
       --chunks K           score at most K chunks of --ctx tokens (default: all)
   bench MODEL              prefill and decode speed, llama-bench style
@@ -130,6 +134,10 @@ Options parse_options(int argc, const char* const* argv) {
             options.chat = true;
         } else if (arg == "--system") {
             options.system = value();
+        } else if (arg == "--no-think") {
+            options.no_think = true;
+        } else if (arg == "--show-think") {
+            options.show_think = true;
         } else if (arg == "--no-special") {
             options.parse_special = false;
         } else if (arg == "--check-text") {
@@ -147,6 +155,9 @@ Options parse_options(int argc, const char* const* argv) {
     if (positional.size() > 2) throw UsageError("unexpected argument '" + positional[2] + "'");
     options.model_path = positional[1];
     if (options.system && !options.chat) throw UsageError("--system needs --chat");
+    if ((options.no_think || options.show_think) && !options.chat)
+        throw UsageError(std::string(options.no_think ? "--no-think" : "--show-think") +
+                         " needs --chat");
     return options;
 }
 

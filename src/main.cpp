@@ -88,7 +88,7 @@ int command_run(const Options& options) {
                 "had no chat_template when it was converted)");
         const ChatTemplate chat = recognise_chat_template(found->second);
         const std::string bos = config.bos_id >= 0 ? tokenizer.token_text(config.bos_id) : "";
-        text = render_chat(chat, options.system, options.prompt, bos);
+        text = render_chat(chat, options.system, options.prompt, bos, !options.no_think);
         add_bos = config.add_bos && config.bos_id >= 0 && text.compare(0, bos.size(), bos) != 0;
         const std::string turn_end = chat_end_of_turn(chat.family);
         if (!turn_end.empty()) {
@@ -116,9 +116,14 @@ int command_run(const Options& options) {
     std::signal(SIGINT, on_interrupt);
 
     if (!options.chat) write_now(options.prompt);  // --chat: the reply only
-    const GenerateStats stats =
-        generate(*backend, config, tokenizer, sampler, prompt, generation, write_now);
-    write_now("\n");
+    // --chat hides a reasoning reply's <think>...</think> block unless --show-think.
+    ThinkBlockFilter think_filter;
+    const bool hide_think = options.chat && !options.show_think;
+    const GenerateStats stats = generate(
+        *backend, config, tokenizer, sampler, prompt, generation, [&](const std::string& piece) {
+            write_now(hide_think ? think_filter.feed(piece) : piece);
+        });
+    write_now(think_filter.finish() + "\n");
     std::fprintf(stderr,
                  "\nprompt: %d tokens, %.1f tok/s | generated: %d tokens, %.1f tok/s | "
                  "stopped: %s\n",
