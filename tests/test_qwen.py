@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import model as reference
-from convert_testlib import (BARELLM, CONVERT, make_checkpoint, read_raw, run,
+from convert_testlib import (BARELLM, CONVERT, make_checkpoint, read_raw, require_cuda, run,
                              write_safetensors)
 from test_convert import check_layout
 from test_end_to_end import IDS, barellm_logits, relative_error
@@ -312,3 +312,14 @@ def test_info_shows_the_architecture(tmp_path):
     result = barellm("info", model)
     assert "architecture    qwen3\n" in result.stdout
     assert "attention       q/k/v bias, output bias, q/k norm per head\n" in result.stdout
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen2-window", "qwen3"])
+def test_the_cuda_backend_refuses_qwen_models_in_one_line(tmp_path, name):
+    """Until the CUDA backend adds the biases and q/k norms, nothing runs there wrongly."""
+    require_cuda()
+    model = convert(checkpoint(tmp_path, name), tmp_path / "model.bin", "f16")
+    result = barellm("run", model, "-p", "ab", "-n", "2", "--device", "cuda")
+    assert result.returncode == 1 and result.stdout == ""
+    assert "the CUDA backend does not run " + CONFIGS[name]["model_type"] in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
