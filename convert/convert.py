@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Convert a Hugging Face Llama/Mistral checkpoint into one barellm weight file.
+"""Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3 checkpoint into one barellm weight file.
 
     python3 convert/convert.py HF_DIR -o OUT [--dtype f32|f16|bf16|q8|q4] [--barellm PATH]
 
@@ -33,12 +33,22 @@ import dtypes
 import hf_tokenizer
 import safetensors_io as st
 
-# transformers' defaults for config.json keys a checkpoint may omit.
+# transformers' defaults for config.json keys a checkpoint may omit. Qwen2 and Qwen3 have
+# a sliding window only with use_sliding_window, on layers max_window_layers and up; Qwen3's
+# head_dim defaults to 128, not hidden_size / num_attention_heads.
 CONFIG_DEFAULTS = {
     "llama": {"max_position_embeddings": 2048, "rms_norm_eps": 1e-6, "sliding_window": None},
     "mistral": {"max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-6,
                 "sliding_window": 4096},
+    "qwen2": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "sliding_window": 4096,
+              "max_window_layers": 28},
+    "qwen3": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "sliding_window": 4096,
+              "max_window_layers": 28, "head_dim": 128},
 }
+# The barellm architecture (docs/FORMAT.md) of each model_type.
+ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+# Mixture-of-experts model types, refused with what barellm lacks for them.
+MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe", "mixtral")
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
             "moe_intermediate_size")
 ROPE_SCALING_KEYS = {
@@ -46,17 +56,24 @@ ROPE_SCALING_KEYS = {
     "llama3": ("factor", "low_freq_factor", "high_freq_factor",
                "original_max_position_embeddings"),
 }
-# barellm name suffix, Hugging Face name suffix, is a norm (always F32) — per layer.
+# barellm name suffix, Hugging Face name, is a vector (norm or bias, always F32), the
+# config flag that must be true for the tensor to exist (None: always) — per layer.
 LAYER_TENSORS = (
-    ("attn_norm", "input_layernorm", True),
-    ("wq", "self_attn.q_proj", False),
-    ("wk", "self_attn.k_proj", False),
-    ("wv", "self_attn.v_proj", False),
-    ("wo", "self_attn.o_proj", False),
-    ("ffn_norm", "post_attention_layernorm", True),
-    ("w1", "mlp.gate_proj", False),
-    ("w3", "mlp.up_proj", False),
-    ("w2", "mlp.down_proj", False),
+    ("attn_norm", "input_layernorm.weight", True, None),
+    ("wq", "self_attn.q_proj.weight", False, None),
+    ("wk", "self_attn.k_proj.weight", False, None),
+    ("wv", "self_attn.v_proj.weight", False, None),
+    ("bq", "self_attn.q_proj.bias", True, "qkv_bias"),
+    ("bk", "self_attn.k_proj.bias", True, "qkv_bias"),
+    ("bv", "self_attn.v_proj.bias", True, "qkv_bias"),
+    ("q_norm", "self_attn.q_norm.weight", True, "qk_norm"),
+    ("k_norm", "self_attn.k_norm.weight", True, "qk_norm"),
+    ("wo", "self_attn.o_proj.weight", False, None),
+    ("bo", "self_attn.o_proj.bias", True, "o_bias"),
+    ("ffn_norm", "post_attention_layernorm.weight", True, None),
+    ("w1", "mlp.gate_proj.weight", False, None),
+    ("w3", "mlp.up_proj.weight", False, None),
+    ("w2", "mlp.down_proj.weight", False, None),
 )
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # The files of a checkpoint besides its *.safetensors, which -o must not overwrite.
@@ -77,13 +94,19 @@ def json_object(path, required):
 def check_architecture(cfg):
     """Refuse configurations barellm does not implement, naming the feature."""
     model_type = cfg.get("model_type")
+    if model_type in MOE_MODEL_TYPES:
+        raise ConvertError(f"model_type '{model_type}' is a mixture-of-experts model: barellm "
+                           "has no expert router or expert feed-forward layers (it runs dense "
+                           "llama, mistral, qwen2 and qwen3)")
     if model_type not in CONFIG_DEFAULTS:
-        raise ConvertError(f"model_type '{model_type}' is not supported (only llama and mistral)")
+        raise ConvertError(f"model_type '{model_type}' is not supported (only llama, mistral, "
+                           "qwen2 and qwen3)")
     if cfg.get("quantization_config"):
         raise ConvertError("quantized checkpoints (quantization_config) are not supported")
-    for key in ("attention_bias", "mlp_bias"):
-        if cfg.get(key):
-            raise ConvertError(f"{key}=true is not supported (no bias tensors)")
+    if cfg.get("mlp_bias"):
+        raise ConvertError("mlp_bias=true is not supported (no feed-forward bias tensors)")
+    if model_type == "mistral" and cfg.get("attention_bias"):
+        raise ConvertError("attention_bias=true is not supported for mistral")
     for key in MOE_KEYS:
         if cfg.get(key):
             raise ConvertError(f"mixture-of-experts models ({key}={cfg[key]}) are not supported")
@@ -178,6 +201,39 @@ def check_rope_frequencies(theta, scaling, head_dim):
                 raise ConvertError(f"config.json: {key} makes a RoPE frequency {what} as a float32")
 
 
+def optional_fields(**fields):
+    """The fields whose value is not their default (0 or false): a Llama file carries none
+    of them, as before they existed."""
+    return {key: value for key, value in fields.items() if value}
+
+
+def sliding_window(cfg, defaults, layers):
+    """(window or None, first windowed layer). Mistral's window covers every layer. Qwen2
+    and Qwen3 use one only with use_sliding_window, and then, as transformers does, on the
+    layers from max_window_layers on (none when that is past the last layer)."""
+    window = cfg.get("sliding_window", defaults["sliding_window"])
+    first_layer = 0
+    if cfg["model_type"] in ("qwen2", "qwen3"):
+        if not cfg.get("use_sliding_window", False):
+            window = None
+        first_layer = cfg.get("max_window_layers", defaults["max_window_layers"])
+        if isinstance(first_layer, bool) or not isinstance(first_layer, int) or first_layer < 0:
+            raise ConvertError(f"config.json: 'max_window_layers' must be a non-negative "
+                               f"integer, not {first_layer!r}")
+        if first_layer >= layers or window is None:
+            first_layer, window = 0, None
+        derived = ["full_attention" if window is None or i < first_layer
+                   else "sliding_attention" for i in range(layers)]
+        if cfg.get("layer_types") is not None and cfg["layer_types"] != derived:
+            raise ConvertError("config.json: 'layer_types' differs from what use_sliding_window "
+                               "and max_window_layers give; barellm cannot run that layer mix")
+    elif cfg["model_type"] != "mistral":
+        return None, 0
+    if window is None:
+        return None, 0
+    return positive_int({"sliding_window": window}, "sliding_window"), first_layer
+
+
 def token_id_list(value, what):
     """Normalize an id or list of ids (or null) to a list of non-negative ints."""
     ids = [] if value is None else value if isinstance(value, list) else [value]
@@ -198,26 +254,26 @@ def model_config(cfg, gen):
     if heads % kv_heads:
         raise ConvertError(f"num_attention_heads {heads} is not a multiple of "
                            f"num_key_value_heads {kv_heads}")
-    if cfg.get("head_dim") is None and dim % heads:
+    default_head_dim = defaults.get("head_dim")
+    if cfg.get("head_dim") is None and default_head_dim is None and dim % heads:
         raise ConvertError(f"hidden_size {dim} is not a multiple of num_attention_heads {heads}")
-    head_dim = positive_int(cfg, "head_dim", dim // heads)
+    head_dim = positive_int(cfg, "head_dim", default_head_dim or dim // heads)
     if head_dim % 2:
         raise ConvertError(f"head_dim {head_dim} is odd (RoPE needs an even head_dim)")
     theta, scaling = rope_settings(cfg)
     check_rope_frequencies(theta, scaling, head_dim)
-    window = cfg.get("sliding_window", defaults["sliding_window"])
-    if cfg["model_type"] != "mistral" or window is None:
-        window = None
-    else:
-        window = positive_int({"sliding_window": window}, "sliding_window")
+    layers = positive_int(cfg, "num_hidden_layers")
+    window, window_first_layer = sliding_window(cfg, defaults, layers)
     gen = gen or {}
     eos_source = gen if gen.get("eos_token_id") is not None else cfg
     bos_ids = token_id_list(cfg.get("bos_token_id", gen.get("bos_token_id")), "bos_token_id")
+    model_type = cfg["model_type"]
+    attention_bias = cfg.get("attention_bias") is True
     return {
-        "architecture": "llama",
+        "architecture": ARCHITECTURES[model_type],
         "dim": dim,
         "hidden_dim": positive_int(cfg, "intermediate_size"),
-        "layers": positive_int(cfg, "num_hidden_layers"),
+        "layers": layers,
         "heads": heads,
         "kv_heads": kv_heads,
         "head_dim": head_dim,
@@ -229,6 +285,9 @@ def model_config(cfg, gen):
         "norm_eps": positive_number(cfg.get("rms_norm_eps", defaults["rms_norm_eps"]),
                                     "rms_norm_eps"),
         "sliding_window": window,
+        **optional_fields(sliding_window_first_layer=window_first_layer,
+                          qkv_bias=model_type == "qwen2" or attention_bias,
+                          o_bias=attention_bias, qk_norm=model_type == "qwen3"),
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         "bos_id": bos_ids[0] if bos_ids else None,
         "eos_ids": token_id_list(eos_source.get("eos_token_id"), "eos_token_id"),
@@ -250,19 +309,23 @@ def check_token_ids(config, tokenizer):
 
 
 def expected_tensors(config):
-    """Map each expected Hugging Face tensor name to (barellm name, shape, is_norm),
+    """Map each expected Hugging Face tensor name to (barellm name, shape, is_norm), where
+    is_norm marks the vectors kept in F32 (norm weights and biases),
     in output order."""
     dim, hidden, vocab = config["dim"], config["hidden_dim"], config["vocab_size"]
     q_rows = config["heads"] * config["head_dim"]
     kv_rows = config["kv_heads"] * config["head_dim"]
     shapes = {"attn_norm": (dim,), "wq": (q_rows, dim), "wk": (kv_rows, dim),
               "wv": (kv_rows, dim), "wo": (dim, q_rows), "ffn_norm": (dim,),
-              "w1": (hidden, dim), "w3": (hidden, dim), "w2": (dim, hidden)}
+              "w1": (hidden, dim), "w3": (hidden, dim), "w2": (dim, hidden),
+              "bq": (q_rows,), "bk": (kv_rows,), "bv": (kv_rows,), "bo": (dim,),
+              "q_norm": (config["head_dim"],), "k_norm": (config["head_dim"],)}
     expected = {"model.embed_tokens.weight": ("token_embedding", (vocab, dim), False)}
     for layer in range(config["layers"]):
-        for short, hf, is_norm in LAYER_TENSORS:
-            expected[f"model.layers.{layer}.{hf}.weight"] = (
-                f"layers.{layer}.{short}", shapes[short], is_norm)
+        for short, hf, is_vector, flag in LAYER_TENSORS:
+            if flag is None or config.get(flag):
+                expected[f"model.layers.{layer}.{hf}"] = (
+                    f"layers.{layer}.{short}", shapes[short], is_vector)
     expected["model.norm.weight"] = ("final_norm", (dim,), True)
     if not config["tied_embeddings"]:
         expected["lm_head.weight"] = ("output", (vocab, dim), False)
@@ -279,7 +342,7 @@ def tensor_plan(config, tensors):
     """Check the checkpoint holds exactly the expected tensors with the right shapes
     and dtypes; return [(barellm name, TensorInfo, is_norm)] in output order."""
     expected = expected_tensors(config)
-    biases = sorted(n for n in tensors if n.endswith(".bias"))
+    biases = sorted(n for n in tensors if n.endswith(".bias") and n not in expected)
     if biases:
         raise ConvertError(f"bias tensors are not supported: {name_list(biases)}")
     missing = [n for n in expected if n not in tensors]
@@ -513,7 +576,8 @@ def parse_args(argv):
     """Command-line arguments."""
     parser = argparse.ArgumentParser(
         prog="convert.py",
-        description="Convert a Hugging Face Llama/Mistral checkpoint to a barellm file.")
+        description="Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3 checkpoint to a barellm "
+        "file.")
     parser.add_argument("hf_dir", help="Hugging Face checkpoint directory")
     parser.add_argument("-o", "--output", required=True, help="barellm file to write")
     parser.add_argument("--dtype", choices=sorted(dtypes.CLI_NAMES),

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Write a Hugging Face Llama/Mistral checkpoint with deterministic random weights.
+"""Write a Hugging Face Llama/Mistral/Qwen checkpoint with deterministic random weights.
 
     python3 convert/synth.py --preset NAME -o HF_DIR [--tokenizer DIR] [--dtype D] [--seed N]
     python3 convert/synth.py --config CONFIG_JSON --tokenizer DIR -o HF_DIR [...]
 
 Presets carry the config.json of real models (tinyllama-1.1b, mistral-7b, llama3-8b,
-smollm2-135m) so that speed and memory can be measured at their exact shapes. Weights
+smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, qwen3-8b) so that speed and memory can be measured at their exact shapes. Weights
 are generated per tensor from numpy's Generator seeded by (seed, tensor name) and written
 in row blocks, so multi-GB checkpoints never sit in memory. Checkpoints larger than the
 shard limit (4 GB) are split into model-0000i-of-0000n.safetensors files with a
@@ -61,6 +61,30 @@ PRESETS = {
         "tie_word_embeddings": True, "bos_token_id": 1, "eos_token_id": 2,
         "pad_token_id": 2, "initializer_range": 0.041666666666666664}),
 }
+# Qwen checkpoints as their config.json files give them (Qwen/Qwen2.5-0.5B-Instruct,
+# Qwen/Qwen3-0.6B, Qwen/Qwen3-8B). No Qwen tokenizer is at hand: the presets take the
+# SmolLM2 one, byte-level BPE with the same <|im_start|>/<|im_end|> ChatML markers (at
+# other ids), so only speed and memory, not text, are meaningful.
+_QWEN = {"hidden_act": "silu", "initializer_range": 0.02, "use_cache": True,
+         "attention_dropout": 0.0, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+         "vocab_size": 151936, "bos_token_id": 151643, "eos_token_id": 151645,
+         "use_sliding_window": False}
+_QWEN3 = {**_QWEN, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+          "attention_bias": False, "head_dim": 128, "max_position_embeddings": 40960,
+          "num_key_value_heads": 8, "rope_scaling": None, "sliding_window": None}
+PRESETS.update({
+    "qwen2.5-0.5b": ("smollm2-135m", {
+        **_QWEN, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+        "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+        "num_attention_heads": 14, "num_key_value_heads": 2, "max_position_embeddings": 32768,
+        "max_window_layers": 21, "sliding_window": 32768, "tie_word_embeddings": True}),
+    "qwen3-0.6b": ("smollm2-135m", {
+        **_QWEN3, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+        "num_attention_heads": 16, "max_window_layers": 28, "tie_word_embeddings": True}),
+    "qwen3-8b": ("smollm2-135m", {
+        **_QWEN3, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+        "num_attention_heads": 32, "max_window_layers": 36, "tie_word_embeddings": False}),
+})
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
                    "special_tokens_map.json")
 MAX_SHARD_BYTES = 4 * 10**9
@@ -71,11 +95,14 @@ TORCH_DTYPES = {v: k for k, v in dtypes.TORCH_NAMES.items()}
 def tensor_blocks(name, shape, is_norm, seed):
     """Yield float32 row blocks of one random tensor, identical for a given seed.
 
-    Norms are 1 + N(0, 0.05); matrices (embeddings included) are N(0, 1/in_features),
-    which keeps activations O(1) through any number of pre-norm residual layers and
-    logits with a standard deviation near 1.
+    Norms (Qwen3's q/k norms too) are 1 + N(0, 0.05); biases are N(0, 0.25); matrices
+    (embeddings included) are N(0, 1/in_features), which keeps activations O(1) through any
+    number of pre-norm residual layers and logits with a standard deviation near 1.
     """
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    if name.endswith(".bias"):
+        yield np.float32(0.25) * rng.standard_normal(shape, dtype=np.float32)
+        return
     if is_norm:
         yield 1.0 + np.float32(0.05) * rng.standard_normal(shape, dtype=np.float32)
         return

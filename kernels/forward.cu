@@ -449,6 +449,10 @@ private:
             throw Error("the CUDA backend does not run " + c.weight_dtype +
                         " weights yet: convert with --dtype f16, bf16 or f32");
         if (context_ < 1) throw Error("the CUDA backend needs a context of at least 1 position");
+        if (c.qkv_bias || c.o_bias || c.qk_norm || c.sliding_window_first_layer > 0)
+            throw Error("the CUDA backend does not run " + c.architecture +
+                        " models yet (attention biases, per-head q/k norms or a sliding "
+                        "window on some layers only): use --device cpu");
         if (c.head_dim % 2 != 0 || c.head_dim > cuda::kMaxHeadDim)
             throw Error("the CUDA backend supports even head_dim up to " +
                         std::to_string(cuda::kMaxHeadDim) + ", the model has " +

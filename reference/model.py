@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Independent numpy reference of the Llama forward pass.
 
-Computes what transformers' LlamaForCausalLM / MistralForCausalLM compute (with the
-weights upcast, math in float64): RMSNorm, rotate-half RoPE (default, linear and llama3
-scaling), grouped-query causal attention (Mistral's sliding window included), SwiGLU MLP,
-tied or separate output projection. It shares no code with convert/: it has its own
+Computes what transformers' LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM /
+Qwen3ForCausalLM compute (with the weights upcast, math in float64): RMSNorm, rotate-half
+RoPE (default, linear and llama3 scaling), grouped-query causal attention (Mistral's sliding
+window, Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm before RoPE, a sliding window on
+the layers from max_window_layers on), SwiGLU MLP, tied or separate output projection. It shares no code with convert/: it has its own
 safetensors reader and reads either a Hugging Face directory or a barellm file; a
 barellm Q8 matrix (I8 values NAME, F16 scales NAME.scale per 32 columns of a row) is
 dequantized to value * scale, and a Q4 matrix (U8 NAME holding two 4-bit q per byte,
@@ -28,10 +29,17 @@ import sys
 import numpy as np
 
 HF_LAYER_NAMES = {
-    "attn_norm": "input_layernorm", "wq": "self_attn.q_proj", "wk": "self_attn.k_proj",
-    "wv": "self_attn.v_proj", "wo": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm", "w1": "mlp.gate_proj", "w3": "mlp.up_proj",
-    "w2": "mlp.down_proj",
+    "attn_norm": "input_layernorm.weight", "wq": "self_attn.q_proj.weight",
+    "wk": "self_attn.k_proj.weight", "wv": "self_attn.v_proj.weight",
+    "wo": "self_attn.o_proj.weight", "ffn_norm": "post_attention_layernorm.weight",
+    "w1": "mlp.gate_proj.weight", "w3": "mlp.up_proj.weight", "w2": "mlp.down_proj.weight",
+}
+# Tensors only some models have (Qwen2: q/k/v biases; Qwen3: q/k norms; attention_bias:
+# q/k/v/o biases), taken when the checkpoint holds them.
+HF_OPTIONAL_LAYER_NAMES = {
+    "bq": "self_attn.q_proj.bias", "bk": "self_attn.k_proj.bias",
+    "bv": "self_attn.v_proj.bias", "bo": "self_attn.o_proj.bias",
+    "q_norm": "self_attn.q_norm.weight", "k_norm": "self_attn.k_norm.weight",
 }
 
 
@@ -65,28 +73,42 @@ def load_hf(hf_dir):
     for path in sorted(glob.glob(os.path.join(hf_dir, "*.safetensors"))):
         raw.update(read_safetensors(path)[0])
     dim, heads = hf["hidden_size"], hf["num_attention_heads"]
+    model_type = hf["model_type"]
     scaling = hf.get("rope_scaling")
     if scaling and scaling.get("rope_type", scaling.get("type")) == "default":
         scaling = None
     config = {
         "dim": dim, "layers": hf["num_hidden_layers"], "heads": heads,
         "kv_heads": hf.get("num_key_value_heads") or heads,
-        "head_dim": hf.get("head_dim") or dim // heads,
+        "head_dim": hf.get("head_dim") or (128 if model_type == "qwen3" else dim // heads),
         "rope_theta": hf.get("rope_theta", 10000.0), "rope_scaling": scaling,
         "norm_eps": hf.get("rms_norm_eps", 1e-6),
-        "sliding_window": (hf.get("sliding_window", 4096)
-                           if hf["model_type"] == "mistral" else None),
         "tied_embeddings": hf.get("tie_word_embeddings", False),
         "bos_id": hf.get("bos_token_id"),
     }
+    config["sliding_window"], config["sliding_window_first_layer"] = hf_sliding_window(hf)
     weights = {"token_embedding": raw["model.embed_tokens.weight"],
                "final_norm": raw["model.norm.weight"]}
     if not config["tied_embeddings"]:
         weights["output"] = raw["lm_head.weight"]
     for layer in range(config["layers"]):
         for short, hf_name in HF_LAYER_NAMES.items():
-            weights[f"layers.{layer}.{short}"] = raw[f"model.layers.{layer}.{hf_name}.weight"]
+            weights[f"layers.{layer}.{short}"] = raw[f"model.layers.{layer}.{hf_name}"]
+        for short, hf_name in HF_OPTIONAL_LAYER_NAMES.items():
+            if f"model.layers.{layer}.{hf_name}" in raw:
+                weights[f"layers.{layer}.{short}"] = raw[f"model.layers.{layer}.{hf_name}"]
     return config, weights
+
+
+def hf_sliding_window(hf):
+    """(window or None, first layer that uses it) as transformers decides: Mistral's window
+    (default 4096) covers every layer; Qwen2/Qwen3 have one only with use_sliding_window,
+    on layers max_window_layers (default 28) and up."""
+    if hf["model_type"] == "mistral":
+        return hf.get("sliding_window", 4096), 0
+    if hf["model_type"] in ("qwen2", "qwen3") and hf.get("use_sliding_window"):
+        return hf.get("sliding_window", 4096), hf.get("max_window_layers", 28)
+    return None, 0
 
 
 def dequantize_q8(values, scales):
@@ -175,22 +197,34 @@ def rope(x, cos, sin):
     return x * cos + rotated * sin
 
 
-def attention_mask(config, length):
-    """Boolean [T, T] mask of allowed (query, key) pairs: causal, plus the window."""
+def attention_mask(config, length, layer=0):
+    """Boolean [T, T] mask of allowed (query, key) pairs of `layer`: causal, plus the
+    window on the layers that have one."""
     query = np.arange(length)[:, None]
     key = np.arange(length)[None, :]
     allowed = key <= query
-    if config.get("sliding_window"):
+    if config.get("sliding_window") and layer >= config.get("sliding_window_first_layer", 0):
         allowed &= query - key < config["sliding_window"]
     return allowed
 
 
+def projection(weights, prefix, name, h):
+    """h @ W.T, plus the bias `b<name>` where the model has one."""
+    out = h @ weights[prefix + "w" + name].T
+    bias = weights.get(prefix + "b" + name)
+    return out if bias is None else out + bias
+
+
 def attention(config, weights, prefix, h, cos, sin, mask):
-    """Grouped-query causal self-attention of the normed hidden states h [T, dim]."""
+    """Grouped-query causal self-attention of the normed hidden states h [T, dim]. Qwen3
+    RMS-normalises each head of q and k (q_norm, k_norm) before RoPE."""
     length, heads, kv_heads, hd = len(h), config["heads"], config["kv_heads"], config["head_dim"]
-    q = (h @ weights[prefix + "wq"].T).reshape(length, heads, hd).transpose(1, 0, 2)
-    k = (h @ weights[prefix + "wk"].T).reshape(length, kv_heads, hd).transpose(1, 0, 2)
-    v = (h @ weights[prefix + "wv"].T).reshape(length, kv_heads, hd).transpose(1, 0, 2)
+    q = projection(weights, prefix, "q", h).reshape(length, heads, hd).transpose(1, 0, 2)
+    k = projection(weights, prefix, "k", h).reshape(length, kv_heads, hd).transpose(1, 0, 2)
+    v = projection(weights, prefix, "v", h).reshape(length, kv_heads, hd).transpose(1, 0, 2)
+    if prefix + "q_norm" in weights:
+        q = rms_norm(q, weights[prefix + "q_norm"], config["norm_eps"])
+        k = rms_norm(k, weights[prefix + "k_norm"], config["norm_eps"])
     q, k = rope(q, cos, sin), rope(k, cos, sin)
     group = heads // kv_heads
     k, v = np.repeat(k, group, axis=0), np.repeat(v, group, axis=0)
@@ -199,7 +233,7 @@ def attention(config, weights, prefix, h, cos, sin, mask):
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = scores / scores.sum(axis=-1, keepdims=True)
     out = (probs @ v).transpose(1, 0, 2).reshape(length, heads * hd)
-    return out @ weights[prefix + "wo"].T
+    return projection(weights, prefix, "o", out)
 
 
 def mlp(weights, prefix, h):
@@ -217,11 +251,10 @@ def forward(config, weights, token_ids, dtype=np.float64):
     angles = np.arange(len(token_ids))[:, None] * inverse_frequencies(config)[None, :]
     angles = np.concatenate([angles, angles], axis=-1).astype(dtype)
     cos, sin = np.cos(angles), np.sin(angles)
-    mask = attention_mask(config, len(token_ids))
     for layer in range(config["layers"]):
         prefix = f"layers.{layer}."
         x = x + attention(config, w, prefix, rms_norm(x, w[prefix + "attn_norm"], eps),
-                          cos, sin, mask)
+                          cos, sin, attention_mask(config, len(token_ids), layer))
         x = x + mlp(w, prefix, rms_norm(x, w[prefix + "ffn_norm"], eps))
     x = rms_norm(x, w["final_norm"], eps)
     output = w["token_embedding"] if config["tied_embeddings"] else w["output"]

@@ -80,8 +80,8 @@ size_t peak_resident_bytes() {
 
 std::string model_label(const Model& model) {
     char label[64];
-    std::snprintf(label, sizeof label, "llama %.2fB %s", model.parameter_count() / 1e9,
-                  model.config.weight_dtype.c_str());
+    std::snprintf(label, sizeof label, "%s %.2fB %s", model.config.architecture.c_str(),
+                  model.parameter_count() / 1e9, model.config.weight_dtype.c_str());
     return label;
 }
 

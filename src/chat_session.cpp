@@ -177,8 +177,9 @@ ChatFormat load_chat_format(const Model& model, const Tokenizer& tokenizer,
 
 std::vector<int> first_turn_ids(const ChatFormat& format, const Tokenizer& tokenizer,
                                 const Config& config, const std::optional<std::string>& system,
-                                const std::string& prompt) {
-    const std::string text = render_chat(format.chat, system, prompt, format.bos_text);
+                                const std::string& prompt, bool enable_thinking) {
+    const std::string text =
+        render_chat(format.chat, system, prompt, format.bos_text, enable_thinking);
     const bool add_bos = config.add_bos && config.bos_id >= 0 &&
                          text.compare(0, format.bos_text.size(), format.bos_text) != 0;
     return encode_prompt(tokenizer, config, text, add_bos, /*parse_special=*/true);

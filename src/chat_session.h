@@ -30,10 +30,11 @@ ChatFormat load_chat_format(const Model& model, const Tokenizer& tokenizer,
 
 // The ids of a conversation's first turn: the optional system message and `prompt`
 // rendered, special tokens parsed, BOS added only when the model adds one and the
-// rendering does not start with it already.
+// rendering does not start with it already. `enable_thinking` false: rendered as Qwen3's
+// enable_thinking=False (refused by templates without that switch).
 std::vector<int> first_turn_ids(const ChatFormat& format, const Tokenizer& tokenizer,
                                 const Config& config, const std::optional<std::string>& system,
-                                const std::string& prompt);
+                                const std::string& prompt, bool enable_thinking = true);
 
 struct ChatSettings {
     int context = 0;                    // positions of the KV cache

@@ -16,6 +16,10 @@ commands:
       --chat               wrap the prompt in the model's chat template as one user
                            message; print only the reply
       --system TEXT        with --chat: a system message before the prompt
+      --no-think           with --chat: enable_thinking=False for templates with that
+                           switch (Qwen3): the reply starts after an empty think block
+      --show-think         with --chat: also print the <think>...</think> block of a
+                           reasoning reply (hidden by default)
       and the sampling options below
   chat MODEL               a conversation in the model's chat template: type a message,
                            the reply streams; each turn adds to the KV cache, so only
@@ -184,6 +188,10 @@ Options parse_options(int argc, const char* const* argv) {
             options.chat = true;
         } else if (arg == "--system") {
             options.system = value();
+        } else if (arg == "--no-think") {
+            options.no_think = true;
+        } else if (arg == "--show-think") {
+            options.show_think = true;
         } else if (arg == "--no-special") {
             options.parse_special = false;
         } else if (arg == "--check-text") {
@@ -202,6 +210,9 @@ Options parse_options(int argc, const char* const* argv) {
     options.model_path = positional[1];
     if (options.system && !options.chat && options.command != "chat")
         throw UsageError("--system needs --chat (or the chat command)");
+    if ((options.no_think || options.show_think) && !options.chat)
+        throw UsageError(std::string(options.no_think ? "--no-think" : "--show-think") +
+                         " needs --chat");
     return options;
 }
 

@@ -41,6 +41,8 @@ struct Options {
     bool bos = false, parse_special = true;
     bool chat = false;                  // run --chat: the prompt in the model's chat template
     std::optional<std::string> system;  // run --chat, chat: the system message
+    bool no_think = false;              // run --chat --no-think: enable_thinking=False
+    bool show_think = false;            // run --chat --show-think: print <think> blocks
     std::string check_text;             // ladder --check-text
     bool has_check_text = false;
 };

@@ -42,6 +42,18 @@ float read_positive_float(const json& object, const char* key, const std::string
     return value;
 }
 
+bool is_known_architecture(const json& value) {
+    return value == "llama" || value == "qwen2" || value == "qwen3";
+}
+
+// A boolean field that is false when absent.
+bool read_optional_bool(const json& object, const char* key, const std::string& source) {
+    if (!object.contains(key)) return false;
+    if (!object[key].is_boolean())
+        throw Error(source + ": config field '" + key + "' is not a boolean");
+    return object[key].get<bool>();
+}
+
 RopeScaling read_rope_scaling(const json& config, const std::string& source) {
     RopeScaling scaling;
     if (!config.contains("rope_scaling") || config["rope_scaling"].is_null()) return scaling;
@@ -83,12 +95,13 @@ void check_rope_frequencies(const Config& config, const char* key, const std::st
 Config Config::from_json(const std::string& json_text, const std::string& source) {
     const json object = parse_json(json_text, source + ": metadata barellm.config");
     if (!object.is_object()) throw Error(source + ": metadata barellm.config is not a JSON object");
-    if (!object.contains("architecture") || object["architecture"] != "llama")
+    if (!object.contains("architecture") || !is_known_architecture(object["architecture"]))
         throw Error(
             source + ": architecture " +
             (object.contains("architecture") ? json_excerpt(object["architecture"]) : "(missing)") +
-            " is not supported (barellm runs llama)");
+            " is not supported (barellm runs llama, qwen2 and qwen3)");
     Config config;
+    config.architecture = object["architecture"].get<std::string>();
     config.dim = read_int(object, "dim", source, 1, kMaxDim);
     config.hidden_dim = read_int(object, "hidden_dim", source, 1, 4 * kMaxDim);
     config.layers = read_int(object, "layers", source, 1, kMaxLayers);
@@ -104,6 +117,12 @@ Config Config::from_json(const std::string& json_text, const std::string& source
     config.norm_eps = read_positive_float(object, "norm_eps", source);
     if (object.contains("sliding_window") && !object["sliding_window"].is_null())
         config.sliding_window = read_int(object, "sliding_window", source, 1, kMaxContext);
+    if (object.contains("sliding_window_first_layer"))
+        config.sliding_window_first_layer =
+            read_int(object, "sliding_window_first_layer", source, 0, config.layers - 1);
+    config.qkv_bias = read_optional_bool(object, "qkv_bias", source);
+    config.o_bias = read_optional_bool(object, "o_bias", source);
+    config.qk_norm = read_optional_bool(object, "qk_norm", source);
     if (!object.contains("tied_embeddings") || !object["tied_embeddings"].is_boolean())
         throw Error(source + ": config field 'tied_embeddings' is missing or not a boolean");
     config.tied_embeddings = object["tied_embeddings"].get<bool>();

@@ -27,7 +27,12 @@ struct Config {
     float rope_theta = 10000.0f;
     RopeScaling rope_scaling;
     float norm_eps = 1e-5f;
-    int sliding_window = 0;  // 0: attend to the whole context
+    int sliding_window = 0;              // 0: attend to the whole context
+    int sliding_window_first_layer = 0;  // layers before it attend to the whole context
+    std::string architecture = "llama";  // llama, qwen2 or qwen3: the family, as `info` shows
+    bool qkv_bias = false;  // q, k and v projections add a bias (Qwen2, attention_bias)
+    bool o_bias = false;    // the output projection adds a bias (attention_bias)
+    bool qk_norm = false;   // RMSNorm over each head of q and of k before RoPE (Qwen3)
     bool tied_embeddings = false;
     int bos_id = -1;  // -1: the model has none
     std::vector<int> eos_ids;
@@ -36,6 +41,10 @@ struct Config {
 
     int q_dim() const { return heads * head_dim; }
     int kv_dim() const { return kv_heads * head_dim; }
+    // The sliding window of layer `layer`, 0 where it attends to the whole context.
+    int layer_window(int layer) const {
+        return layer >= sliding_window_first_layer ? sliding_window : 0;
+    }
 
     // Parses and validates the JSON text; `source` names the file in errors.
     static Config from_json(const std::string& json_text, const std::string& source);

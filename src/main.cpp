@@ -76,7 +76,8 @@ int command_run(const Options& options) {
     int end_of_turn = -1;
     if (options.chat) {
         const ChatFormat format = load_chat_format(model, tokenizer, "--chat");
-        prompt = first_turn_ids(format, tokenizer, config, options.system, prompt_text);
+        prompt = first_turn_ids(format, tokenizer, config, options.system, prompt_text,
+                                !options.no_think);
         end_of_turn = format.end_of_turn;
     } else {
         prompt =
@@ -102,9 +103,14 @@ int command_run(const Options& options) {
         const bool color = options.color && is_terminal(STDOUT_FILENO);
         write_now(color ? kColorPrompt + prompt_text + kColorReset : prompt_text);
     }
-    const GenerateStats stats =
-        generate(*backend, config, tokenizer, sampler, prompt, generation, write_now);
-    write_now("\n");
+    // --chat hides a reasoning reply's <think>...</think> block unless --show-think.
+    ThinkBlockFilter think_filter;
+    const bool hide_think = options.chat && !options.show_think;
+    const GenerateStats stats = generate(
+        *backend, config, tokenizer, sampler, prompt, generation, [&](const std::string& piece) {
+            write_now(hide_think ? think_filter.feed(piece) : piece);
+        });
+    write_now(think_filter.finish() + "\n");
     std::fprintf(stderr, "\n%s\n", stats_line(stats, context).c_str());
     return interrupted ? kInterruptedExit : 0;
 }
@@ -209,6 +215,16 @@ int command_bench(const Options& options) {
     return 0;
 }
 
+// What the attention adds to Llama's: "q/k/v bias, q/k norm per head" (Qwen2, Qwen3...).
+std::string attention_features(const Config& c) {
+    std::string features;
+    for (const auto& [present, name] :
+         {std::pair{c.qkv_bias, "q/k/v bias"}, std::pair{c.o_bias, "output bias"},
+          std::pair{c.qk_norm, "q/k norm per head"}})
+        if (present) features += std::string(features.empty() ? "" : ", ") + name;
+    return features.empty() ? "no biases, no q/k norm" : features;
+}
+
 int command_info(const Options& options) {
     const Model model = Model::load(options.model_path);
     const Config& c = model.config;
@@ -217,15 +233,18 @@ int command_info(const Options& options) {
         bytes_by_dtype[dtype_name(view.dtype)] += view.bytes;
     std::printf("file            %s (%zu bytes)\n", options.model_path.c_str(),
                 model.file->file_size());
-    std::printf("architecture    llama\n");
+    std::printf("architecture    %s\n", c.architecture.c_str());
+    std::printf("attention       %s\n", attention_features(c).c_str());
     std::printf("dim             %d\nhidden_dim      %d\nlayers          %d\n", c.dim, c.hidden_dim,
                 c.layers);
     std::printf("heads           %d\nkv_heads        %d\nhead_dim        %d\n", c.heads, c.kv_heads,
                 c.head_dim);
     std::printf("vocab_size      %d\nmax_context     %d\n", c.vocab_size, c.max_context);
     std::printf("rope_theta      %g\nnorm_eps        %g\n", c.rope_theta, c.norm_eps);
-    std::printf("sliding_window  %d\ntied_embeddings %s\n", c.sliding_window,
-                c.tied_embeddings ? "yes" : "no");
+    std::printf("sliding_window  %d", c.sliding_window);
+    if (c.sliding_window_first_layer > 0)
+        std::printf(" (layers %d and up)", c.sliding_window_first_layer);
+    std::printf("\ntied_embeddings %s\n", c.tied_embeddings ? "yes" : "no");
     std::printf("bos_id          %d\neos_ids        ", c.bos_id);
     for (int id : c.eos_ids) std::printf(" %d", id);
     std::printf("\nweight_dtype    %s\n", c.weight_dtype.c_str());

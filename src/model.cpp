@@ -46,7 +46,8 @@ Matrix matrix(const SafetensorsFile& file, const std::string& name, int rows, in
     return m;
 }
 
-const float* norm_weight(const SafetensorsFile& file, const std::string& name, int dim) {
+// A norm weight or a bias: always f32.
+const float* f32_vector(const SafetensorsFile& file, const std::string& name, int dim) {
     return static_cast<const float*>(checked_tensor(file, name, {dim}, DType::F32).data);
 }
 
@@ -61,6 +62,11 @@ DType weight_dtype(const Config& config, const std::string& path) {
 }
 
 }  // namespace
+
+size_t layer_vector_floats(const Config& c) {
+    return (c.qkv_bias ? size_t(c.q_dim()) + 2 * size_t(c.kv_dim()) : 0) +
+           (c.o_bias ? size_t(c.dim) : 0) + (c.qk_norm ? 2 * size_t(c.head_dim) : 0);
+}
 
 Model Model::load(const std::string& path) {
     Model model;
@@ -83,18 +89,28 @@ Model Model::load(const std::string& path) {
     for (int l = 0; l < c.layers; ++l) {
         const std::string prefix = "layers." + std::to_string(l) + ".";
         LayerWeights layer;
-        layer.attn_norm = norm_weight(file, prefix + "attn_norm", c.dim);
+        layer.attn_norm = f32_vector(file, prefix + "attn_norm", c.dim);
         layer.wq = matrix(file, prefix + "wq", c.q_dim(), c.dim, dtype);
         layer.wk = matrix(file, prefix + "wk", c.kv_dim(), c.dim, dtype);
         layer.wv = matrix(file, prefix + "wv", c.kv_dim(), c.dim, dtype);
         layer.wo = matrix(file, prefix + "wo", c.dim, c.q_dim(), dtype);
-        layer.ffn_norm = norm_weight(file, prefix + "ffn_norm", c.dim);
+        if (c.qkv_bias) {
+            layer.bq = f32_vector(file, prefix + "bq", c.q_dim());
+            layer.bk = f32_vector(file, prefix + "bk", c.kv_dim());
+            layer.bv = f32_vector(file, prefix + "bv", c.kv_dim());
+        }
+        if (c.o_bias) layer.bo = f32_vector(file, prefix + "bo", c.dim);
+        if (c.qk_norm) {
+            layer.q_norm = f32_vector(file, prefix + "q_norm", c.head_dim);
+            layer.k_norm = f32_vector(file, prefix + "k_norm", c.head_dim);
+        }
+        layer.ffn_norm = f32_vector(file, prefix + "ffn_norm", c.dim);
         layer.w1 = matrix(file, prefix + "w1", c.hidden_dim, c.dim, dtype);
         layer.w3 = matrix(file, prefix + "w3", c.hidden_dim, c.dim, dtype);
         layer.w2 = matrix(file, prefix + "w2", c.dim, c.hidden_dim, dtype);
         model.layers.push_back(layer);
     }
-    model.final_norm = norm_weight(file, "final_norm", c.dim);
+    model.final_norm = f32_vector(file, "final_norm", c.dim);
     if (c.tied_embeddings) {
         if (file.has_tensor("output"))
             throw Error(path + ": tensor 'output' present but the config says tied_embeddings");
@@ -102,7 +118,9 @@ Model Model::load(const std::string& path) {
     } else {
         model.output = matrix(file, "output", c.vocab_size, c.dim, dtype);
     }
-    size_t expected_tensors = 1 + 2 * size_t(c.layers);  // the norms
+    const size_t vectors_per_layer =
+        2 + (c.qkv_bias ? 3 : 0) + (c.o_bias ? 1 : 0) + (c.qk_norm ? 2 : 0);  // norms and biases
+    size_t expected_tensors = 1 + vectors_per_layer * size_t(c.layers);
     for (const Matrix* m : model.matrices()) expected_tensors += m->scales ? 2 : 1;
     if (file.tensors().size() != expected_tensors)
         throw Error(path + ": holds " + std::to_string(file.tensors().size()) +
@@ -126,13 +144,14 @@ size_t Model::weight_bytes_per_token() const {
         bytes += layer.wq.bytes() + layer.wk.bytes() + layer.wv.bytes() + layer.wo.bytes() +
                  layer.w1.bytes() + layer.w3.bytes() + layer.w2.bytes() +
                  2 * size_t(config.dim) * sizeof(float);
-    return bytes;
+    return bytes + layer_vector_floats(config) * layers.size() * sizeof(float);
 }
 
 size_t Model::parameter_count() const {
     const Config& c = config;
     const size_t per_layer = 2 * size_t(c.dim) * c.q_dim() + 2 * size_t(c.dim) * c.kv_dim() +
-                             3 * size_t(c.dim) * c.hidden_dim + 2 * size_t(c.dim);
+                             3 * size_t(c.dim) * c.hidden_dim + 2 * size_t(c.dim) +
+                             layer_vector_floats(c);
     const size_t embeddings = size_t(c.vocab_size) * c.dim * (c.tied_embeddings ? 1 : 2);
     return embeddings + per_layer * c.layers + c.dim;
 }

@@ -59,10 +59,17 @@ struct LayerWeights {
     Matrix wk;               // [kv_heads * head_dim, dim]
     Matrix wv;               // [kv_heads * head_dim, dim]
     Matrix wo;               // [dim, heads * head_dim]
-    const float* ffn_norm;   // [dim]
-    Matrix w1;               // [hidden_dim, dim]  gate
-    Matrix w3;               // [hidden_dim, dim]  up
-    Matrix w2;               // [dim, hidden_dim]  down
+    // Present only where the config says so (else nullptr), all f32:
+    const float* bq = nullptr;      // [heads * head_dim]     qkv_bias
+    const float* bk = nullptr;      // [kv_heads * head_dim]  qkv_bias
+    const float* bv = nullptr;      // [kv_heads * head_dim]  qkv_bias
+    const float* bo = nullptr;      // [dim]                  o_bias
+    const float* q_norm = nullptr;  // [head_dim]             qk_norm
+    const float* k_norm = nullptr;  // [head_dim]             qk_norm
+    const float* ffn_norm;          // [dim]
+    Matrix w1;                      // [hidden_dim, dim]  gate
+    Matrix w3;                      // [hidden_dim, dim]  up
+    Matrix w2;                      // [dim, hidden_dim]  down
 };
 
 struct Model {
@@ -83,5 +90,8 @@ struct Model {
     size_t weight_bytes_per_token() const;
     size_t parameter_count() const;
 };
+
+// Floats per layer of the optional biases and q/k norms the config asks for.
+size_t layer_vector_floats(const Config& config);
 
 }  // namespace barellm

@@ -90,7 +90,9 @@ public:
         return copy_.storage.back().get();
     }
 
+    // A norm weight or a bias (f32 in every copy); nullptr stays nullptr.
     const float* norm(const float* source, int dim) {
+        if (!source) return nullptr;
         float* target = reinterpret_cast<float*>(allocate(dim * sizeof(float)));
         std::copy(source, source + dim, target);
         return target;
@@ -168,7 +170,9 @@ size_t model_copy_bytes(const Model& source, DType dtype) {
     for (const LayerWeights& w : source.layers)
         for (const Matrix* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w1, &w.w3, &w.w2})
             bytes += matrix_bytes(m->rows, m->cols, dtype);
-    return bytes + 2 * source.layers.size() * size_t(c.dim) * sizeof(float);  // the norms
+    // the norms, biases and q/k norms
+    return bytes +
+           source.layers.size() * (2 * size_t(c.dim) + layer_vector_floats(c)) * sizeof(float);
 }
 
 std::unique_ptr<ModelCopy> copy_model(const Model& source, DType dtype) {
@@ -193,6 +197,13 @@ std::unique_ptr<ModelCopy> copy_model(const Model& source, DType dtype) {
         layer.wk = copier.matrix(w.wk, prefix + "wk");
         layer.wv = copier.matrix(w.wv, prefix + "wv");
         layer.wo = copier.matrix(w.wo, prefix + "wo");
+        const Config& c = source.config;
+        layer.bq = copier.norm(w.bq, c.q_dim());
+        layer.bk = copier.norm(w.bk, c.kv_dim());
+        layer.bv = copier.norm(w.bv, c.kv_dim());
+        layer.bo = copier.norm(w.bo, dim);
+        layer.q_norm = copier.norm(w.q_norm, c.head_dim);
+        layer.k_norm = copier.norm(w.k_norm, c.head_dim);
         layer.ffn_norm = copier.norm(w.ffn_norm, dim);
         layer.w1 = copier.matrix(w.w1, prefix + "w1");
         layer.w3 = copier.matrix(w.w3, prefix + "w3");

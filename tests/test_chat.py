@@ -43,8 +43,8 @@ SYSTEMS = ["You are a pirate.", "  Answer in French.\n\n", "", "\u65e5\u672c\u8a
 NO_SYSTEM_ROLE = {"mistral-instruct-v0.1", "mixtral-instruct-v0.1"}
 
 
-def hf_render(entry, prompt, system=None):
-    """apply_chat_template(..., tokenize=False, add_generation_prompt=True) as
+def hf_render(entry, prompt, system=None, **variables):
+    """apply_chat_template(..., tokenize=False, add_generation_prompt=True, **variables) as
     transformers does it: a sandboxed jinja2 environment with trim_blocks and
     lstrip_blocks, raise_exception and strftime_now, and the special tokens as variables."""
     def raise_exception(message):
@@ -59,16 +59,17 @@ def hf_render(entry, prompt, system=None):
         messages.insert(0, {"role": "system", "content": system})
     return env.from_string(entry["chat_template"]).render(
         messages=messages, add_generation_prompt=True,
-        bos_token=entry["bos_token"], eos_token=entry["eos_token"])
+        bos_token=entry["bos_token"], eos_token=entry["eos_token"], **variables)
 
 
-def chat_render(tmp_path, template, prompt, bos, system=None):
+def chat_render(tmp_path, template, prompt, bos, system=None, no_think=False):
     """(returncode, stdout bytes, stderr text) of build/chat_render."""
     if not os.path.exists(CHAT_RENDER):
         pytest.fail(f"{CHAT_RENDER} is missing: run `make` first")
     (tmp_path / "template").write_bytes(template.encode("utf-8"))
     (tmp_path / "prompt").write_bytes(prompt.encode("utf-8"))
-    args = [CHAT_RENDER, tmp_path / "template", tmp_path / "prompt", bos]
+    args = [CHAT_RENDER, *(["--no-think"] if no_think else []), tmp_path / "template",
+            tmp_path / "prompt", bos]
     if system is not None:
         (tmp_path / "system").write_bytes(system.encode("utf-8"))
         args.append(tmp_path / "system")
@@ -123,6 +124,10 @@ def test_the_exact_renderings(tmp_path):
                              "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024"
                              "\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi"
                              "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+        "qwen2.5-instruct": "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You "
+                            "are a helpful assistant.<|im_end|>\n<|im_start|>user\nHi"
+                            "<|im_end|>\n<|im_start|>assistant\n",
+        "qwen3": "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
         "llama2-chat": "<s>[INST] Hi [/INST]",
         "mistral-instruct-v0.1": "<s>[INST] Hi [/INST]",
     }
@@ -132,6 +137,37 @@ def test_the_exact_renderings(tmp_path):
                                      name.startswith("llama") else "Hi", entry["bos_token"])
         assert code == 0, err
         assert out.decode() == text
+
+
+# Templates with Qwen3's enable_thinking switch.
+THINKING_SWITCH = {"qwen3"}
+
+
+@pytest.mark.parametrize("system", [None, *SYSTEMS])
+@pytest.mark.parametrize("prompt", PROMPTS)
+@pytest.mark.parametrize("name", sorted(THINKING_SWITCH))
+def test_no_think_matches_jinja_with_enable_thinking_false(tmp_path, name, prompt, system):
+    entry = TEMPLATES[name]
+    code, out, err = chat_render(tmp_path, entry["chat_template"], prompt, entry["bos_token"],
+                                 system, no_think=True)
+    assert code == 0, err
+    want = hf_render(entry, prompt, system, enable_thinking=False)
+    assert want.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert out.decode("utf-8") == want
+    # enable_thinking=True renders as the default.
+    code, out, err = chat_render(tmp_path, entry["chat_template"], prompt, entry["bos_token"],
+                                 system)
+    assert out.decode("utf-8") == hf_render(entry, prompt, system, enable_thinking=True)
+
+
+@pytest.mark.parametrize("name", sorted(set(TEMPLATES) - THINKING_SWITCH))
+def test_no_think_is_refused_where_the_template_has_no_switch(tmp_path, name):
+    entry = TEMPLATES[name]
+    assert "enable_thinking" not in entry["chat_template"]
+    code, out, err = chat_render(tmp_path, entry["chat_template"], "Hi", entry["bos_token"],
+                                 no_think=True)
+    assert code == 1 and out == b""
+    assert "has no enable_thinking switch" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("template,message", [
@@ -378,3 +414,44 @@ def test_later_turns_match_jinja(tmp_path, name, prompt):
             assert code == 0, err
             text += reply_prefix + reply + out.decode("utf-8")
             assert text == hf_render_conversation(entry, messages)
+
+
+@pytest.mark.parametrize("model_type,template", [("qwen2", "qwen2.5-instruct"),
+                                                 ("qwen3", "qwen3")])
+def test_chat_runs_on_qwen_shaped_models(tmp_path, model_type, template):
+    """Small Qwen2/Qwen3 models with the SmolLM2 tokenizer (no Qwen tokenizer is at hand;
+    it has the same <|im_start|>/<|im_end|> markers) and the real Qwen templates: the
+    prompt is the jinja2 rendering, with --no-think the enable_thinking=False one."""
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    shutil.copy(os.path.join(need_shared(SMOLLM2_TOKENIZER), "tokenizer.json"), tok)
+    entry = TEMPLATES[template]
+    (tok / "tokenizer_config.json").write_text(json.dumps(
+        {"chat_template": entry["chat_template"], "bos_token": None,
+         "eos_token": "<|im_end|>", "add_bos_token": False}))
+    config = {**SMALL_SMOLLM2, "architectures": [model_type.capitalize() + "ForCausalLM"],
+              "model_type": model_type, "rope_theta": 1000000.0}
+    if model_type == "qwen3":
+        config["head_dim"] = 12
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    hf, model = tmp_path / "hf", tmp_path / "model.bin"
+    result = run(SYNTH, "--config", tmp_path / "config.json", "--tokenizer", tok, "-o", hf)
+    assert result.returncode == 0, result.stderr
+    result = run(CONVERT, hf, "-o", model)
+    assert result.returncode == 0, result.stderr
+
+    prompt = "Why is the sky blue?"
+    modes = [([], {})] + ([(["--no-think"], {"enable_thinking": False}),
+                           (["--show-think"], {})] if model_type == "qwen3" else [])
+    for flags, variables in modes:
+        result = barellm("run", model, "-p", prompt, "--chat", *flags, "-n", "3", "--temp", "0")
+        assert result.returncode == 0, result.stderr.decode()
+        rendered = hf_render(entry, prompt, **variables)
+        ids = json.loads(barellm("tokenize", model, "-p", rendered).stdout)
+        assert f"prompt: {len(ids)} tokens".encode() in result.stderr
+    if model_type == "qwen2":
+        result = barellm("run", model, "-p", prompt, "--chat", "--no-think")
+        assert result.returncode == 1 and b"has no enable_thinking switch" in result.stderr
+    for flag in ("--no-think", "--show-think"):
+        result = barellm("run", model, "-p", prompt, flag)
+        assert result.returncode == 2 and f"{flag} needs --chat".encode() in result.stderr

@@ -52,7 +52,8 @@ def hf_name(name):
     if name in fixed:
         return fixed[name]
     _, layer, short = name.split(".")
-    return f"model.layers.{layer}.{reference.HF_LAYER_NAMES[short]}.weight"
+    names = {**reference.HF_LAYER_NAMES, **reference.HF_OPTIONAL_LAYER_NAMES}
+    return f"model.layers.{layer}.{names[short]}"
 
 
 def bf16_nearest_even(values):
@@ -338,8 +339,17 @@ def edited_config(**changes):
 
 CONFIG_REFUSALS = [
     ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
-    ({"model_type": "mixtral"}, "model_type 'mixtral' is not supported"),
-    ({"attention_bias": True}, "attention_bias=true is not supported"),
+    ({"model_type": "mixtral"}, "model_type 'mixtral' is a mixture-of-experts model"),
+    ({"model_type": "qwen2_moe"}, "model_type 'qwen2_moe' is a mixture-of-experts model: "
+     "barellm has no expert router"),
+    ({"model_type": "qwen3_moe"}, "model_type 'qwen3_moe' is a mixture-of-experts model"),
+    # attention_bias asks for q/k/v/o biases, which this checkpoint lacks.
+    ({"attention_bias": True}, "missing tensors: model.layers.0.self_attn.q_proj.bias"),
+    ({"model_type": "mistral", "attention_bias": True},
+     "attention_bias=true is not supported for mistral"),
+    ({"model_type": "qwen2"}, "missing tensors: model.layers.0.self_attn.q_proj.bias"),
+    ({"model_type": "qwen3", "head_dim": 4},
+     "missing tensors: model.layers.0.self_attn.q_norm.weight"),
     ({"mlp_bias": True}, "mlp_bias=true is not supported"),
     ({"num_local_experts": 8}, "mixture-of-experts models (num_local_experts=8)"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),

@@ -52,3 +52,8 @@ def test_sliding_window_mask():
     assert mask[5].tolist() == [False, False, False, True, True, True]
     assert np.array_equal(reference.attention_mask({"sliding_window": None}, 6),
                           np.tril(np.ones((6, 6), dtype=bool)))
+    # Qwen2's max_window_layers: layers before the first windowed one see everything.
+    qwen2 = {"sliding_window": 3, "sliding_window_first_layer": 2}
+    assert np.array_equal(reference.attention_mask(qwen2, 6, layer=1),
+                          np.tril(np.ones((6, 6), dtype=bool)))
+    assert reference.attention_mask(qwen2, 6, layer=2)[5].tolist() == [False] * 3 + [True] * 3

@@ -126,6 +126,13 @@ PRESET_SHAPES = {
     "llama3-8b": (4096, 14336, 32, 32, 8, 128256, 8192, 500000, False),
     "smollm2-135m": (576, 1536, 30, 9, 3, 49152, 8192, 100000, True),
 }
+# The Qwen presets, as the checkpoints' config.json files give them:
+# name: hidden, intermediate, layers, heads, kv heads, head_dim, vocab, max pos, theta, tied
+QWEN_PRESET_SHAPES = {
+    "qwen2.5-0.5b": (896, 4864, 24, 14, 2, 64, 151936, 32768, 1e6, True),
+    "qwen3-0.6b": (1024, 3072, 28, 16, 8, 128, 151936, 40960, 1e6, True),
+    "qwen3-8b": (4096, 12288, 36, 32, 8, 128, 151936, 40960, 1e6, False),
+}
 
 
 @pytest.mark.parametrize("name", sorted(PRESET_SHAPES))
@@ -139,6 +146,27 @@ def test_preset_shapes(name):
     convert.check_architecture(cfg)
     config = convert.model_config(cfg, None)
     assert config["sliding_window"] == (4096 if name == "mistral-7b" else None)
+
+
+@pytest.mark.parametrize("name", sorted(QWEN_PRESET_SHAPES))
+def test_qwen_preset_shapes(name):
+    _, cfg = synth.PRESETS[name]
+    config = convert.model_config(cfg, None)
+    keys = ("dim", "hidden_dim", "layers", "heads", "kv_heads", "head_dim", "vocab_size",
+            "max_context", "rope_theta", "tied_embeddings")
+    assert tuple(config[k] for k in keys) == QWEN_PRESET_SHAPES[name]
+    assert config["norm_eps"] == 1e-6 and config["sliding_window"] is None
+    qwen3 = name.startswith("qwen3")
+    assert config["architecture"] == ("qwen3" if qwen3 else "qwen2")
+    assert config.get("qk_norm", False) is qwen3 and config.get("qkv_bias", False) is not qwen3
+    entries = convert.expected_tensors(config)
+    assert ("model.layers.0.self_attn.q_norm.weight" in entries) is qwen3
+    assert ("model.layers.0.self_attn.q_proj.bias" in entries) is not qwen3
+
+
+def test_bias_scale():
+    bias = next(synth.tensor_blocks("model.layers.0.self_attn.q_proj.bias", (4000,), True, 0))
+    assert abs(bias.mean()) < 0.02 and abs(bias.std() - 0.25) < 0.01
 
 
 def test_smollm2_preset_is_the_real_config():

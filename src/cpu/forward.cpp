@@ -1,4 +1,5 @@
-// The CPU forward pass: tokens through the Llama transformer, top to bottom.
+// The CPU forward pass: tokens through the Llama transformer (with Qwen2's q/k/v biases
+// and Qwen3's per-head q/k norms where the model has them), top to bottom.
 // `forward` runs one token (decode); `prefill` runs a batch of tokens as matrices.
 #include <algorithm>
 #include <vector>
@@ -78,8 +79,10 @@ public:
 
     size_t kv_bytes_read(int pos) const override {
         const Config& c = model_.config;
-        const size_t positions = pos + 1 - attention_start(pos, c.sliding_window);
-        return 2 * size_t(c.layers) * positions * c.kv_dim() * kv_element_bytes(kv_type_);
+        size_t positions = 0;  // summed over the layers
+        for (int l = 0; l < c.layers; ++l)
+            positions += pos + 1 - attention_start(pos, c.layer_window(l));
+        return 2 * positions * c.kv_dim() * kv_element_bytes(kv_type_);
     }
 
     double measure_bandwidth_gbps() override { return measure_read_bandwidth(); }
@@ -94,18 +97,26 @@ public:
         for (int l = 0; l < c.layers; ++l) {
             const LayerWeights& w = model_.layers[l];
             // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
+            //   (Qwen2: + bq, bk, bv after the projections; Qwen3: each head of q and k
+            //    RMS-normed before RoPE; with attention_bias: + bo after wo)
             cpu::rmsnorm(s.xb.data(), s.x.data(), w.attn_norm, c.dim, c.norm_eps);
             cpu::matmul_many({{s.q.data(), s.xb.data(), &w.wq},
                               {s.k.data(), s.xb.data(), &w.wk},
                               {s.v.data(), s.xb.data(), &w.wv}});
+            add_bias(s.q.data(), w.bq, c.q_dim());
+            add_bias(s.k.data(), w.bk, c.kv_dim());
+            add_bias(s.v.data(), w.bv, c.kv_dim());
+            rmsnorm_heads(s.q.data(), w.q_norm, c.heads);
+            rmsnorm_heads(s.k.data(), w.k_norm, c.kv_heads);
             cpu::rope(s.q.data(), c.heads, c.head_dim, pos, s.rope_frequencies.data());
             cpu::rope(s.k.data(), c.kv_heads, c.head_dim, pos, s.rope_frequencies.data());
             cpu::kv_store(cache_row(s.key_cache, l, pos), s.k.data(), c.kv_dim(), kv_type_);
             cpu::kv_store(cache_row(s.value_cache, l, pos), s.v.data(), c.kv_dim(), kv_type_);
             cpu::attention(s.att.data(), s.q.data(), pos, cache_row(s.key_cache, l, 0),
-                           cache_row(s.value_cache, l, 0), s.scores.data(), attention_shape(),
+                           cache_row(s.value_cache, l, 0), s.scores.data(), attention_shape(l),
                            kv_type_);
             cpu::matmul(s.proj.data(), s.att.data(), w.wo);
+            add_bias(s.proj.data(), w.bo, c.dim);
             for (int i = 0; i < c.dim; ++i) s.x[i] += s.proj[i];
 
             // Feed-forward: x += w2 · (silu(w1 · norm(x)) * (w3 · norm(x)))
@@ -154,18 +165,26 @@ private:
                                    {{s.q.data(), &w.wq}, {s.k.data(), &w.wk}, {s.v.data(), &w.wv}});
             cpu::for_each_row(B, c.q_dim() + c.kv_dim(), [&](int b) {
                 const int pos = first_pos + b;
+                float* q_row = &s.q[size_t(b) * c.q_dim()];
                 float* k_row = &s.k[size_t(b) * c.kv_dim()];
-                cpu::rope(&s.q[size_t(b) * c.q_dim()], c.heads, c.head_dim, pos,
-                          s.rope_frequencies.data());
+                float* v_row = &s.v[size_t(b) * c.kv_dim()];
+                add_bias(q_row, w.bq, c.q_dim());
+                add_bias(k_row, w.bk, c.kv_dim());
+                add_bias(v_row, w.bv, c.kv_dim());
+                rmsnorm_heads(q_row, w.q_norm, c.heads);
+                rmsnorm_heads(k_row, w.k_norm, c.kv_heads);
+                cpu::rope(q_row, c.heads, c.head_dim, pos, s.rope_frequencies.data());
                 cpu::rope(k_row, c.kv_heads, c.head_dim, pos, s.rope_frequencies.data());
                 cpu::kv_store(cache_row(s.key_cache, l, pos), k_row, c.kv_dim(), kv_type_);
-                cpu::kv_store(cache_row(s.value_cache, l, pos), &s.v[size_t(b) * c.kv_dim()],
-                              c.kv_dim(), kv_type_);
+                cpu::kv_store(cache_row(s.value_cache, l, pos), v_row, c.kv_dim(), kv_type_);
             });
             cpu::attention_batch(s.att.data(), s.q.data(), B, first_pos,
                                  cache_row(s.key_cache, l, 0), cache_row(s.value_cache, l, 0),
-                                 attention_shape(), kv_type_);
+                                 attention_shape(l), kv_type_);
             cpu::matmul_batch(s.proj.data(), s.att.data(), B, w.wo);
+            if (w.bo)
+                cpu::for_each_row(
+                    B, c.dim, [&](int b) { add_bias(&s.proj[size_t(b) * c.dim], w.bo, c.dim); });
             add_rows(s.x.data(), s.proj.data(), B);
 
             rmsnorm_rows(s.xb.data(), s.x.data(), w.ffn_norm, B);
@@ -207,9 +226,26 @@ private:
         });
     }
 
-    AttentionShape attention_shape() const {
+    // x += bias, both [n]; nothing when the model has no such bias (bias nullptr).
+    static void add_bias(float* x, const float* bias, int n) {
+        if (!bias) return;
+        for (int i = 0; i < n; ++i) x[i] += bias[i];
+    }
+
+    // Each of the `heads` heads of x [heads, head_dim] RMS-normed in place with `weight`
+    // [head_dim] (Qwen3's q_norm and k_norm); nothing when weight is nullptr.
+    void rmsnorm_heads(float* x, const float* weight, int heads) const {
+        if (!weight) return;
         const Config& c = model_.config;
-        return AttentionShape{c.heads, c.kv_heads, c.head_dim, c.sliding_window};
+        for (int h = 0; h < heads; ++h) {
+            float* head = x + size_t(h) * c.head_dim;
+            cpu::rmsnorm(head, head, weight, c.head_dim, c.norm_eps);
+        }
+    }
+
+    AttentionShape attention_shape(int layer) const {
+        const Config& c = model_.config;
+        return AttentionShape{c.heads, c.kv_heads, c.head_dim, c.layer_window(layer)};
     }
 
     // The KV-cache row of layer `layer` at position `pos`.

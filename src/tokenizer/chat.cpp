@@ -2,6 +2,7 @@
 // rendered without a Jinja engine.
 #include "tokenizer/chat.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <ctime>
 
@@ -190,7 +191,67 @@ std::string today() {
     return text;
 }
 
+// Qwen3's "{%- if enable_thinking is defined and enable_thinking is false %}
+// {{- '<think>\n\n</think>\n\n' }}" after the generation prompt.
+bool has_thinking_switch(const std::string& text) {
+    return contains(text, "enable_thinking is defined and enable_thinking is false") &&
+           (contains(text, "'<think>\\n\\n</think>\\n\\n'") ||
+            contains(text, "'<think>\n\n</think>\n\n'"));
+}
+
+constexpr const char* kThinkOpen = "<think>";
+constexpr const char* kThinkClose = "</think>";
+constexpr const char* kEmptyThinkBlock = "<think>\n\n</think>\n\n";
+
+// The length of the longest end of `text` that is a proper prefix of `marker`.
+size_t partial_marker_length(const std::string& text, const std::string& marker) {
+    for (size_t length = std::min(text.size(), marker.size() - 1); length > 0; --length)
+        if (text.compare(text.size() - length, length, marker, 0, length) == 0) return length;
+    return 0;
+}
+
 }  // namespace
+
+std::string ThinkBlockFilter::feed(const std::string& piece) {
+    std::string text = held_ + piece, shown;
+    held_.clear();
+    while (!text.empty()) {
+        if (inside_) {
+            const size_t close = text.find(kThinkClose);
+            if (close == std::string::npos) {  // keep only what may start the marker
+                held_ = text.substr(text.size() - partial_marker_length(text, kThinkClose));
+                return shown;
+            }
+            text.erase(0, close + std::string(kThinkClose).size());
+            inside_ = false;
+            after_block_ = true;
+            continue;
+        }
+        if (after_block_) {
+            const size_t content = text.find_first_not_of(" \t\r\n");
+            if (content == std::string::npos) return shown;
+            text.erase(0, content);
+            after_block_ = false;
+        }
+        const size_t open = text.find(kThinkOpen);
+        if (open == std::string::npos) {
+            const size_t partial = partial_marker_length(text, kThinkOpen);
+            shown += text.substr(0, text.size() - partial);
+            held_ = text.substr(text.size() - partial);
+            return shown;
+        }
+        shown += text.substr(0, open);
+        text.erase(0, open + std::string(kThinkOpen).size());
+        inside_ = true;
+    }
+    return shown;
+}
+
+std::string ThinkBlockFilter::finish() {
+    std::string rest = inside_ ? "" : held_;
+    held_.clear();
+    return rest;
+}
 
 std::string python_strip(const std::string& text) {
     // Split into characters; invalid bytes count as non-space characters of one byte.
@@ -223,6 +284,7 @@ ChatTemplate recognise_chat_template(const std::string& text) {
                 "--chat: the ChatML chat template has no '<|im_start|>assistant\\n' "
                 "generation prompt");
         chat.default_system = chatml_default_system(text);
+        chat.thinking_switch = has_thinking_switch(text);
         return chat;
     }
     if (contains(text, "<|start_header_id|>") && contains(text, "<|end_header_id|>") &&
@@ -276,8 +338,12 @@ std::string llama3_user_turn(const std::string& content) {
 }  // namespace
 
 std::string render_chat(const ChatTemplate& chat, const std::optional<std::string>& system,
-                        const std::string& prompt, const std::string& bos_token) {
+                        const std::string& prompt, const std::string& bos_token,
+                        bool enable_thinking) {
     const char* family = chat_family_name(chat.family);
+    if (!enable_thinking && !chat.thinking_switch)
+        throw Error(std::string("--no-think: the model's ") + family +
+                    " chat template has no enable_thinking switch");
     if (chat.needs_bos && bos_token.empty())
         throw Error(std::string("--chat: the ") + family +
                     " chat template starts with BOS but the model has no BOS token");
@@ -293,7 +359,8 @@ std::string render_chat(const ChatTemplate& chat, const std::optional<std::strin
             const std::string& system_text = system ? *system : chat.default_system;
             if (system || !chat.default_system.empty())
                 out += "<|im_start|>system\n" + system_text + "<|im_end|>\n";
-            return out + "<|im_start|>user\n" + content + "<|im_end|>\n<|im_start|>assistant\n";
+            return out + "<|im_start|>user\n" + content + "<|im_end|>\n<|im_start|>assistant\n" +
+                   (enable_thinking ? "" : kEmptyThinkBlock);
         }
         case ChatFamily::Llama3:
             if (!system) return bos_token + llama3_turns;

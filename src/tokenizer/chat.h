@@ -14,7 +14,10 @@
 //            The system turn appears with --system, or when the template writes a
 //            literal one for conversations that bring none (SmolLM2: "You are a helpful AI
 //            assistant named SmolLM, trained by Hugging Face"; Qwen2: "You are a helpful
-//            assistant."). End of turn: <|im_end|>.
+//            assistant."; Qwen2.5: "You are Qwen, created by Alibaba Cloud. You are a
+//            helpful assistant."). End of turn: <|im_end|>.
+//            Qwen3's template has a thinking switch: with enable_thinking=False (--no-think)
+//            the generation prompt is followed by an empty "<think>\n\n</think>\n\n".
 //   Llama3   Meta-Llama-3-Instruct (`message['content'] | trim`):
 //              {bos}[<|start_header_id|>system<|end_header_id|>\n\n{trim(system)}<|eot_id|>]
 //              <|start_header_id|>user<|end_header_id|>\n\n{trim(prompt)}<|eot_id|>
@@ -64,6 +67,7 @@ struct ChatTemplate {
     std::string knowledge_date;    // Llama31: "December 2023"
     std::string date;              // Llama31: the date_string default, unless...
     bool date_from_clock = false;  // ...Llama31: the template writes today's date
+    bool thinking_switch = false;  // ChatML: the template honours enable_thinking=False
 };
 
 // Recognises `template_text`; throws Error naming what it did not recognise.
@@ -72,8 +76,28 @@ ChatTemplate recognise_chat_template(const std::string& template_text);
 // The rendering of an optional system message and one user message, with the generation
 // prompt. `bos_token` is the text of the BOS token (used by the Llama families; Error if
 // they need it and it is empty). Error for a system message the template refuses.
+// `enable_thinking` false renders as apply_chat_template(..., enable_thinking=False); Error
+// for a template without a thinking switch.
 std::string render_chat(const ChatTemplate& chat, const std::optional<std::string>& system,
-                        const std::string& prompt, const std::string& bos_token);
+                        const std::string& prompt, const std::string& bos_token,
+                        bool enable_thinking = true);
+
+// Removes the <think>...</think> block of a reasoning model's reply (and the blank lines
+// after it) from text that arrives in pieces, as `run --chat` streams it; a marker split
+// across pieces is recognised. Text outside the block passes unchanged.
+class ThinkBlockFilter {
+public:
+    // The part of `piece` that can be shown now.
+    std::string feed(const std::string& piece);
+    // What was held back at the end (a partial marker that never completed); "" inside a
+    // block that never closed.
+    std::string finish();
+
+private:
+    std::string held_;          // text that may be the start of a marker
+    bool inside_ = false;       // between <think> and </think>
+    bool after_block_ = false;  // right after </think>: leading whitespace is dropped
+};
 
 // The text that follows a generated reply: the end of its turn, then `prompt` as the next
 // user message, and the generation prompt. `bos_token` and `eos_token` are the texts of the

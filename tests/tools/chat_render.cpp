@@ -1,7 +1,8 @@
 // Test tool: renders one user message, after a system message when SYSTEM_FILE is given,
 // with barellm's built-in chat templates (src/tokenizer/chat.h), for comparison with jinja2 on the
 // real template (tests/test_chat.py).
-//   chat_render TEMPLATE_FILE PROMPT_FILE BOS_TOKEN [SYSTEM_FILE]
+//   chat_render [--no-think] TEMPLATE_FILE PROMPT_FILE BOS_TOKEN [SYSTEM_FILE]
+// (--no-think: rendered with enable_thinking=False)
 // prints the recognised family on stderr and the rendering on stdout (bytes exactly);
 // an unrecognised template prints the error and exits with 1.
 //   chat_render --next TEMPLATE_FILE PROMPT_FILE BOS_TOKEN EOS_TOKEN
@@ -30,10 +31,16 @@ std::string read_file(const char* path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    const bool no_think = argc > 1 && std::string(argv[1]) == "--no-think";
+    if (no_think) {
+        --argc;
+        ++argv;
+    }
     const bool next_turn = argc == 6 && std::string(argv[1]) == "--next";
     if (argc != 4 && argc != 5 && !next_turn) {
         std::fputs(
-            "usage: chat_render TEMPLATE_FILE PROMPT_FILE BOS_TOKEN [SYSTEM_FILE]\n"
+            "usage: chat_render [--no-think] TEMPLATE_FILE PROMPT_FILE BOS_TOKEN "
+            "[SYSTEM_FILE]\n"
             "       chat_render --next TEMPLATE_FILE PROMPT_FILE BOS_TOKEN EOS_TOKEN\n",
             stderr);
         return 2;
@@ -49,7 +56,8 @@ int main(int argc, char** argv) {
         const barellm::ChatTemplate chat = barellm::recognise_chat_template(read_file(argv[1]));
         std::optional<std::string> system;
         if (argc == 5) system = read_file(argv[4]);
-        const std::string text = barellm::render_chat(chat, system, read_file(argv[2]), argv[3]);
+        const std::string text =
+            barellm::render_chat(chat, system, read_file(argv[2]), argv[3], !no_think);
         std::fprintf(stderr, "%s\n", barellm::chat_family_name(chat.family));
         std::cout.write(text.data(), std::streamsize(text.size()));
         return 0;
