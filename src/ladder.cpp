@@ -183,7 +183,7 @@ void print_busy_warnings(const std::vector<TableRow>& rows, double load_average,
     for (const TableRow& row : rows)
         if (row.speed.spread() > kBusySpread)
             std::printf(
-                "warning: rung %d varied by %.0f%% between its %d repetitions (more than "
+                "warning: rung %d varied by %.1f%% between its %d repetitions (more than "
                 "%.0f%%): the machine is busy or its clock changes; its ratios are not "
                 "reliable\n",
                 row.rung, 100 * row.speed.spread(), kRepetitions, 100 * kBusySpread);
