@@ -3,13 +3,16 @@
 #include "ladder.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <tuple>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -28,29 +31,63 @@ namespace barellm {
 namespace {
 
 constexpr int kDefaultLadderTokens = 64;
-constexpr uint64_t kTokenSeed = 1234;  // random ids, the same every run (as bench)
-constexpr int kWarmupPrefill = 16;     // tokens of rung 6's untimed warm-up prefill
+constexpr uint64_t kTokenSeed = 1234;          // random ids, the same every run (as bench)
+constexpr int kWarmupPrefill = 16;             // tokens of rung 6's untimed warm-up prefill
+constexpr int kRepetitions = 3;                // timings per rung: mean and spread
+constexpr double kMinRepetitionSeconds = 0.5;  // each repeats its pass until this long
+constexpr double kBusySpread = 0.10;           // a spread above this says the machine is busy
 
 // ==== Shared by the CPU and the GPU ladder
 
-// `count` decode steps from position 0; returns seconds, adds the bytes read to *bytes.
-double time_decode(Backend& backend, const Model& model, const std::vector<int>& tokens, int count,
-                   double* bytes) {
-    const auto start = Clock::now();
-    for (int pos = 0; pos < count; ++pos) backend.forward(tokens[pos], pos);
-    const double seconds = seconds_since(start);
-    for (int pos = 0; pos < count; ++pos)
-        *bytes += double(model.weight_bytes_per_token()) + backend.kv_bytes_read(pos);
-    return seconds;
+// A rung's speed over kRepetitions timings: tokens per second (mean, lowest, highest).
+struct Speed {
+    double mean = 0, lowest = 0, highest = 0;
+    double gbps = 0;  // bytes moved per second, at the mean speed
+    // The range of the repetitions relative to their mean.
+    double spread() const { return mean > 0 ? (highest - lowest) / mean : 0; }
+};
+
+// Times `pass` (which computes `tokens` tokens and moves `bytes` bytes) kRepetitions
+// times, each time repeating it until kMinRepetitionSeconds have passed.
+template <typename Pass>
+Speed repeated_speed(Pass pass, int tokens, double bytes) {
+    std::vector<double> rates;
+    for (int repetition = 0; repetition < kRepetitions; ++repetition) {
+        int passes = 0;
+        const auto start = Clock::now();
+        double seconds = 0;
+        do {
+            pass();
+            ++passes;
+            seconds = seconds_since(start);
+        } while (seconds < kMinRepetitionSeconds);
+        rates.push_back(double(passes) * tokens / seconds);
+    }
+    Speed speed;
+    for (double rate : rates) speed.mean += rate / rates.size();
+    speed.lowest = *std::min_element(rates.begin(), rates.end());
+    speed.highest = *std::max_element(rates.begin(), rates.end());
+    speed.gbps = speed.mean * bytes / tokens / 1e9;
+    return speed;
 }
 
-// A warm-up step, then `count` timed decode steps from position 0: tok/s and GB/s.
-std::pair<double, double> decode_speed(Backend& backend, const Model& model,
-                                       const std::vector<int>& tokens, int count) {
-    backend.forward(tokens[0], 0);  // warm-up
+// Weight and KV bytes read by decode steps at positions 0 .. count-1.
+double decode_bytes(const Backend& backend, const Model& model, int count) {
     double bytes = 0;
-    const double seconds = time_decode(backend, model, tokens, count, &bytes);
-    return {count / seconds, bytes / seconds / 1e9};
+    for (int pos = 0; pos < count; ++pos)
+        bytes += double(model.weight_bytes_per_token()) + backend.kv_bytes_read(pos);
+    return bytes;
+}
+
+// A warm-up step, then passes of `count` decode steps from position 0.
+Speed decode_speed(Backend& backend, const Model& model, const std::vector<int>& tokens,
+                   int count) {
+    backend.forward(tokens[0], 0);  // warm-up
+    return repeated_speed(
+        [&] {
+            for (int pos = 0; pos < count; ++pos) backend.forward(tokens[pos], pos);
+        },
+        count, decode_bytes(backend, model, count));
 }
 
 // `count` random ids, the same every run.
@@ -100,17 +137,63 @@ void print_json_line(const nlohmann::json& line) {
     std::fflush(stdout);
 }
 
+// One row of the ladder's table.
+struct TableRow {
+    int rung;
+    std::string change;
+    std::string threads;  // the threads the rung's parallel regions use
+    Speed speed;
+    std::string percent_of_bandwidth;  // or why there is none
+    double speedup;
+    std::string note;  // why the rung is slower, or uses fewer threads than asked
+};
+
 void print_table_header() {
-    std::printf("| rung | what changed | tok/s | GB/s | %% bw | speed-up |\n");
-    std::printf("| ---: | --- | ---: | ---: | ---: | ---: |\n");
+    std::printf(
+        "| rung | what changed | threads | tok/s | spread | GB/s | %% bw | speed-up | note |\n");
+    std::printf("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n");
     std::fflush(stdout);
 }
 
-void print_table_row(int rung, const std::string& change, double tokens_per_second, double gbps,
-                     double bandwidth, double speedup) {
-    std::printf("| %d | %s | %.2f | %.3f | %.1f%% | %.2fx |\n", rung, change.c_str(),
-                tokens_per_second, gbps, 100 * gbps / bandwidth, speedup);
+void print_table_row(const TableRow& row) {
+    std::printf("| %d | %s | %s | %.2f | %.1f%% | %.3f | %s | %.2fx | %s |\n", row.rung,
+                row.change.c_str(), row.threads.c_str(), row.speed.mean, 100 * row.speed.spread(),
+                row.speed.gbps, row.percent_of_bandwidth.c_str(), row.speedup, row.note.c_str());
     std::fflush(stdout);
+}
+
+std::string percent_text(double gbps, double bandwidth) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.1f%%", 100 * gbps / bandwidth);
+    return text;
+}
+
+// Whether the two speeds' ranges overlap: their difference is within the noise.
+bool within_noise(const Speed& a, const Speed& b) {
+    return a.lowest <= b.highest && b.lowest <= a.highest;
+}
+
+std::string joined(const std::vector<std::string>& notes) {
+    std::string text;
+    for (const std::string& note : notes) text += (text.empty() ? "" : "; ") + note;
+    return text;
+}
+
+// Warnings for a table whose numbers the machine's load makes unreliable, one per line.
+void print_busy_warnings(const std::vector<TableRow>& rows, double load_average, int online_cpus,
+                         int threads) {
+    for (const TableRow& row : rows)
+        if (row.speed.spread() > kBusySpread)
+            std::printf(
+                "warning: rung %d varied by %.1f%% between its %d repetitions (more than "
+                "%.0f%%): the machine is busy or its clock changes; its ratios are not "
+                "reliable\n",
+                row.rung, 100 * row.speed.spread(), kRepetitions, 100 * kBusySpread);
+    if (load_average + threads > online_cpus)
+        std::printf(
+            "warning: load average %.2f before the ladder started, on %d CPUs: other work "
+            "competes with the ladder's %d threads\n",
+            load_average, online_cpus, threads);
 }
 
 // ==== The CPU ladder
@@ -176,10 +259,107 @@ void enter_rung(const Rung& rung) {
     cpu::set_simd_level(rung.simd);
 }
 
+// ---- What the machine offers: its last-level cache and how busy it is
+
+struct CacheSize {
+    size_t bytes = 0;  // 0: unknown
+    int level = 0;
+};
+
+// "32768K" or "1M" or "512" (sysfs cache sizes) in bytes; 0 when unreadable.
+size_t parse_cache_size(const std::string& text) {
+    size_t end = 0;
+    unsigned long long value = 0;
+    try {
+        value = std::stoull(text, &end);
+    } catch (const std::exception&) {
+        return 0;
+    }
+    const char unit = end < text.size() ? text[end] : ' ';
+    const size_t multiplier = unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : 1;
+    return size_t(value) * multiplier;
+}
+
+std::string first_line(const std::string& path) {
+    std::ifstream file(path);
+    std::string line;
+    std::getline(file, line);
+    return line;
+}
+
+// The highest-level data or unified cache of CPU 0, as Linux describes it in sysfs.
+CacheSize last_level_cache() {
+    constexpr int kMaxCacheIndices = 16;
+    const std::string base = "/sys/devices/system/cpu/cpu0/cache/index";
+    CacheSize last;
+    for (int index = 0; index < kMaxCacheIndices; ++index) {
+        const std::string folder = base + std::to_string(index) + "/";
+        const std::string type = first_line(folder + "type");
+        if (type != "Data" && type != "Unified") continue;
+        const int level = std::atoi(first_line(folder + "level").c_str());
+        const size_t bytes = parse_cache_size(first_line(folder + "size"));
+        if (level > last.level && bytes > 0) last = {bytes, level};
+    }
+    return last;
+}
+
+// The 1-minute load average, or 0 when /proc/loadavg cannot be read.
+double load_average() { return std::atof(first_line("/proc/loadavg").c_str()); }
+
+// ---- Threads: what a rung asks for and what its parallel regions use
+
+// The largest parallel region of a rung's step: its multiply-adds and what it is.
+struct Region {
+    size_t work;
+    std::string what;
+};
+
+// The parallel regions of a decode step attending `positions` positions (see
+// CpuBackend::forward: q, k and v in one region, w1 and w3 in one). The matrices come
+// first, then the output matrix, then attention.
+std::vector<Region> decode_regions(const Config& c, int positions) {
+    const size_t dim = c.dim, hidden = c.hidden_dim, q_dim = c.q_dim(), kv_dim = c.kv_dim();
+    return {
+        {(q_dim + 2 * kv_dim) * dim, "q, k and v"},
+        {dim * q_dim, "wo"},
+        {2 * hidden * dim, "w1 and w3"},
+        {dim * hidden, "w2"},
+        {size_t(c.vocab_size) * dim, "the output matrix"},
+        {q_dim * positions * 2, "attention"},
+    };
+}
+
+// The parallel regions of one prefill batch of `batch` tokens from position 0: every
+// layer's product batched, the output matrix for the last token only, causal attention.
+std::vector<Region> prefill_regions(const Config& c, int batch) {
+    std::vector<Region> regions = decode_regions(c, batch);
+    constexpr int kLayerProducts = 4;  // the first four regions: q/k/v, wo, w1/w3, w2
+    for (int i = 0; i < kLayerProducts; ++i) regions[i].work *= batch;
+    regions.back().work = size_t(c.q_dim()) * batch * batch * 2;
+    return regions;
+}
+
+Region largest(const std::vector<Region>& regions) {
+    return *std::max_element(regions.begin(), regions.end(),
+                             [](const Region& a, const Region& b) { return a.work < b.work; });
+}
+
+// The threads the rung's largest parallel region uses (cpu::threads_for, the rung's
+// OpenMP setting in force), and the reason when that is fewer than it asks for.
+std::pair<int, std::string> threads_used(const Region& largest, int asked) {
+    const int used = cpu::threads_for(largest.work);
+    if (used >= asked) return {used, ""};
+    return {used, "asks for " + std::to_string(asked) + " threads, uses " + std::to_string(used) +
+                      ": its largest step (" + largest.what + ", " + std::to_string(largest.work) +
+                      " multiply-adds) is below " + std::to_string(cpu::kMinWorkPerThread) +
+                      " multiply-adds per thread, the least worth waking a thread for"};
+}
+
+// ---- Timing a rung
+
 struct RungResult {
-    double tokens_per_second = 0;
-    double gbps = 0;
-    double token_by_token_per_second = 0;  // rung 6 only: the same prompt, one token a step
+    Speed speed;
+    Speed token_by_token;  // rung 6 only: the same prompt, one token a step
 };
 
 RungResult time_rung(const Rung& rung, const Model& model, const std::vector<int>& tokens,
@@ -188,24 +368,51 @@ RungResult time_rung(const Rung& rung, const Model& model, const std::vector<int
     auto backend = make_cpu_backend(model, BackendOptions{context, kv_type, Device::Cpu});
     RungResult result;
     if (!rung.batched_prefill) {
-        std::tie(result.tokens_per_second, result.gbps) =
-            decode_speed(*backend, model, tokens, gen_tokens);
+        result.speed = decode_speed(*backend, model, tokens, gen_tokens);
         return result;
     }
     backend->prefill(tokens.data(), std::min(prompt_tokens, kWarmupPrefill), 0, false);
-    double unused = 0;
-    result.token_by_token_per_second =
-        prompt_tokens / time_decode(*backend, model, tokens, prompt_tokens, &unused);
-    const auto start = Clock::now();
-    backend->prefill(tokens.data(), prompt_tokens, 0, false);
-    const double seconds = seconds_since(start);
+    result.token_by_token = decode_speed(*backend, model, tokens, prompt_tokens);
     // Weights once per batch (a lower bound) plus every query's KV reads, as bench counts.
     const int batches = (prompt_tokens + backend->max_batch() - 1) / backend->max_batch();
     double bytes = double(model.weight_bytes_per_token()) * batches;
     for (int pos = 0; pos < prompt_tokens; ++pos) bytes += backend->kv_bytes_read(pos);
-    result.tokens_per_second = prompt_tokens / seconds;
-    result.gbps = bytes / seconds / 1e9;
+    result.speed = repeated_speed([&] { backend->prefill(tokens.data(), prompt_tokens, 0, false); },
+                                  prompt_tokens, bytes);
     return result;
+}
+
+// Why rung `rung` is slower than the one it is compared with, when it is.
+// busy: other work holds the CPUs the rung's threads need (load average + threads > CPUs).
+std::string slower_reason(const Rung& rung, const Speed& speed, const Speed& before,
+                          bool fits_in_cache, bool simd_available, int threads, bool busy) {
+    if (speed.mean >= before.mean) return "";
+    if (within_noise(speed, before)) return "slower within the noise of the repetitions";
+    if (threads > 1 && busy)
+        return "the machine is busy: its " + std::to_string(threads) +
+               " threads wait for each other at every parallel step, each for a CPU that other "
+               "work holds";
+    switch (rung.number) {
+        case 2:
+            return "the threads' start and join cost more than the work they share";
+        case 3:
+            return simd_available ? "slower than the scalar kernels: unexpected"
+                                  : "no AVX2 here: the same scalar kernels";
+        case 4:
+            return fits_in_cache
+                       ? "weights fit in cache: f16 adds conversion work, saves no memory traffic"
+                       : "widening f16 to f32 costs more than the bytes it saves";
+        case 5:
+            return fits_in_cache
+                       ? "weights fit in cache: quantizing x to int8 and the scales add work, "
+                         "save no memory traffic"
+                       : "quantizing x and applying the scales cost more than the bytes saved";
+        case 6:
+            return "a short prompt: widening each weight to f32 once per batch costs more than "
+                   "the batch saves; try -p 64 or more";
+        default:
+            return "";
+    }
 }
 
 int run_cpu_ladder(const Options& options, int gen_tokens) {
@@ -252,50 +459,92 @@ int run_cpu_ladder(const Options& options, int gen_tokens) {
         throw Error("ladder needs " + std::to_string(context) + " positions, beyond the model's " +
                     std::to_string(config.max_context));
     const std::vector<int> tokens = random_tokens(config, context);
+    const double load_at_start = load_average();
+    const int online_cpus = int(sysconf(_SC_NPROCESSORS_ONLN));
+    const CacheSize cache = last_level_cache();
 
     // The bandwidth the fastest rungs can hope for: all threads, the best SIMD level.
     omp_set_num_threads(threads);
     cpu::set_simd_level(cpu::detect_simd_level());
     const double bandwidth = measure_read_bandwidth();
+    const bool simd_available = cpu::simd_level() == cpu::SimdLevel::Avx2;
 
     std::printf("%s: %s weights in the file, %d layers, dim %d; %d threads; KV cache %s\n\n",
                 options.model_path.c_str(), config.weight_dtype.c_str(), config.layers, config.dim,
                 threads, kv_name(options.kv_type));
     print_table_header();
     std::vector<std::pair<DType, size_t>> bytes_per_token;
-    double previous = 0;
+    std::vector<TableRow> rows;
+    Speed previous;
+    std::string previous_threads_note;
     RungResult last;
     for (const Rung& rung : rungs) {
         enter_rung(rung);
         const Model& model = weights.in(rung.weights);
+        const size_t weight_bytes = model.weight_bytes_per_token();
         if (bytes_per_token.empty() || bytes_per_token.back().first != rung.weights)
-            bytes_per_token.push_back({rung.weights, model.weight_bytes_per_token()});
+            bytes_per_token.push_back({rung.weights, weight_bytes});
+        const auto [used, threads_note] =
+            threads_used(rung.batched_prefill ? largest(prefill_regions(config, prompt_tokens))
+                                              : largest(decode_regions(config, gen_tokens)),
+                         rung.threads);
         last = time_rung(rung, model, tokens, gen_tokens, prompt_tokens, options.kv_type);
-        const double speedup = rung.batched_prefill
-                                   ? last.tokens_per_second / last.token_by_token_per_second
-                                   : (previous > 0 ? last.tokens_per_second / previous : 1.0);
-        print_table_row(rung.number, rung.change, last.tokens_per_second, last.gbps, bandwidth,
-                        speedup);
-        previous = last.tokens_per_second;
+        const bool fits_in_cache = cache.bytes > 0 && weight_bytes <= cache.bytes;
+        const Speed& before = rung.batched_prefill ? last.token_by_token : previous;
+        const double speedup = rung.number == 1 ? 1.0 : last.speed.mean / before.mean;
+        const bool busy = load_at_start + used > online_cpus;
+        const std::string reason = rung.number == 1
+                                       ? ""
+                                       : slower_reason(rung, last.speed, before, fits_in_cache,
+                                                       simd_available, used, busy);
+        std::vector<std::string> notes;
+        // The threads note where the threads change, not again on every rung after.
+        if (!threads_note.empty() && threads_note != previous_threads_note)
+            notes.push_back(threads_note);
+        if (!reason.empty()) notes.push_back(reason);
+        previous_threads_note = threads_note;
+        TableRow row{rung.number,
+                     rung.change,
+                     std::to_string(used),
+                     last.speed,
+                     fits_in_cache ? "fits in cache" : percent_text(last.speed.gbps, bandwidth),
+                     speedup,
+                     joined(notes)};
+        print_table_row(row);
+        rows.push_back(row);
+        previous = last.speed;
     }
     omp_set_num_threads(threads);
     cpu::set_simd_level(initial_level);
 
     std::printf("\nmemory bandwidth (streaming read, %d threads, same run): %.1f GB/s\n", threads,
                 bandwidth);
+    if (cache.bytes > 0)
+        std::printf(
+            "last-level cache: L%d, %.1f MiB; %% bw is given for weights larger than it "
+            "(smaller ones are read from the cache, not from memory)\n",
+            cache.level, cache.bytes / 1048576.0);
+    else
+        std::printf("last-level cache: unknown (no sysfs cache sizes); %% bw given for all\n");
     std::printf(
-        "rungs 1-5: %d decode steps from random ids (seed %llu) after one warm-up step; "
-        "GB/s counts the weights and the KV cache read\n",
+        "every rung: %d timings of at least %.1f s each, the pass repeated until then; tok/s is "
+        "their mean, spread their range over the mean\n",
+        kRepetitions, kMinRepetitionSeconds);
+    std::printf(
+        "rungs 1-5: passes of %d decode steps from random ids (seed %llu) after one warm-up "
+        "step; GB/s counts the weights and the KV cache read\n",
         gen_tokens, static_cast<unsigned long long>(kTokenSeed));
     std::printf(
         "rung 6: a %d-token prompt, %.2f tok/s token by token with rung 5's kernels, %.2f "
         "tok/s as one prefill batch; its speed-up is batch over token by token\n",
-        prompt_tokens, last.token_by_token_per_second, last.tokens_per_second);
+        prompt_tokens, last.token_by_token.mean, last.speed.mean);
     std::printf("weight bytes read per token:");
     for (const auto& [dtype, bytes] : bytes_per_token)
         std::printf(" %s %zu;", weight_dtype_name(dtype), bytes);
     std::printf(" KV cache per position %zu\n", 2 * size_t(config.layers) * config.kv_dim() *
                                                     (options.kv_type == KvType::F16 ? 2 : 4));
+    std::printf("load average before the ladder: %.2f on %d CPUs\n", load_at_start, online_cpus);
+    print_busy_warnings(rows, load_at_start, online_cpus, threads);
     return 0;
 }
 
@@ -394,22 +643,39 @@ int run_gpu_ladder(const Options& options, int gen_tokens) {
     const std::vector<int> tokens = random_tokens(config, gen_tokens);
     std::printf("%s: %s weights (the file's), %d layers, dim %d; GPU\n\n",
                 options.model_path.c_str(), config.weight_dtype.c_str(), config.layers, config.dim);
-    double bandwidth = 0, previous = 0;
+    const double load_at_start = load_average();
+    const int online_cpus = int(sysconf(_SC_NPROCESSORS_ONLN));
+    double bandwidth = 0;
+    Speed previous;
+    std::vector<TableRow> rows;
     for (const GpuRung& rung : rungs) {
         auto backend = make_rung_backend(rung, model, gen_tokens);
         if (bandwidth == 0) {  // the first rung's backend measures it for the whole table
             bandwidth = backend->measure_bandwidth_gbps();
             print_table_header();
         }
-        const auto [tokens_per_second, gbps] = decode_speed(*backend, model, tokens, gen_tokens);
-        print_table_row(rung.number, rung.change, tokens_per_second, gbps, bandwidth,
-                        previous > 0 ? tokens_per_second / previous : 1.0);
-        previous = tokens_per_second;
+        const Speed speed = decode_speed(*backend, model, tokens, gen_tokens);
+        const bool slower_in_noise =
+            rung.number > 1 && speed.mean < previous.mean && within_noise(speed, previous);
+        TableRow row{rung.number,
+                     rung.change,
+                     "GPU",
+                     speed,
+                     percent_text(speed.gbps, bandwidth),
+                     rung.number == 1 ? 1.0 : speed.mean / previous.mean,
+                     slower_in_noise ? "slower within the noise of the repetitions" : ""};
+        print_table_row(row);
+        rows.push_back(row);
+        previous = speed;
     }
     std::printf("\nmemory bandwidth (device-to-device copy, same run): %.1f GB/s\n", bandwidth);
     std::printf(
-        "every rung: %d decode steps from position 0, random ids (seed %llu), after one "
-        "warm-up step; GB/s counts the weights and the KV cache read\n",
+        "every rung: %d timings of at least %.1f s each, the pass repeated until then; tok/s is "
+        "their mean, spread their range over the mean\n",
+        kRepetitions, kMinRepetitionSeconds);
+    std::printf(
+        "every rung: passes of %d decode steps from position 0, random ids (seed %llu), after "
+        "one warm-up step; GB/s counts the weights and the KV cache read\n",
         gen_tokens, static_cast<unsigned long long>(kTokenSeed));
     std::printf(
         "weight bytes read per token: %s %zu; KV cache per position: f32 %zu (rungs 1-5), f16 "
@@ -417,6 +683,8 @@ int run_gpu_ladder(const Options& options, int gen_tokens) {
         config.weight_dtype.c_str(), model.weight_bytes_per_token(),
         2 * size_t(config.layers) * config.kv_dim() * kv_element_bytes(KvType::F32),
         2 * size_t(config.layers) * config.kv_dim() * kv_element_bytes(KvType::F16));
+    std::printf("load average before the ladder: %.2f on %d CPUs\n", load_at_start, online_cpus);
+    print_busy_warnings(rows, load_at_start, online_cpus, /*threads=*/1);
     return 0;
 }
 

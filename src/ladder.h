@@ -3,9 +3,13 @@
 //   1 scalar kernels, 1 thread, f32 weights    4 + f16 weights
 //   2 + OpenMP threads                         5 + q8 weights
 //   3 + AVX2/FMA SIMD kernels                  6 + batched prefill (prompt processing)
-// Rungs 1-5 time N decode steps from random ids (fixed seed) after one warm-up step;
-// rung 6 times a prompt of P tokens run token by token and as one prefill batch. The
-// weights are converted in memory (model_copy.h) to the dtype of each rung.
+// Rungs 1-5 time passes of N decode steps from random ids (fixed seed) after one warm-up
+// step; rung 6 times a prompt of P tokens run token by token and as one prefill batch. The
+// weights are converted in memory (model_copy.h) to the dtype of each rung. Every rung is
+// timed 3 times, each repeating its pass for at least 0.5 s: the table gives the mean and
+// the spread, the threads the rung uses, % bw only for weights larger than the last-level
+// cache, the reason beside a slower rung, and warnings when the spread or the load
+// average says the machine is busy.
 // With --check-text, each rung instead completes the text greedily and prints it, one
 // JSON object per line (tests/test_ladder.py compares them with `barellm run --temp 0`).
 // With --device cuda, the GPU ladder: the CUDA backend with its kernels made simpler

@@ -35,8 +35,8 @@ import subprocess
 
 import pytest
 
-from convert_testlib import (BUILD, CONVERT, STORIES, cuda_unavailable_reason, need_shared,
-                             require_cuda, run)
+from convert_testlib import (BUILD, CONVERT, STORIES, SYNTH, cuda_unavailable_reason,
+                             need_shared, require_cuda, run)
 
 BARELLM = os.path.join(BUILD, "barellm")
 COPY_CHECK = os.path.join(BUILD, "model_copy_check")
@@ -50,10 +50,15 @@ def barellm(*args, timeout=300):
                           timeout=timeout)
 
 
+COLUMNS = ["rung", "what changed", "threads", "tok/s", "spread", "GB/s", "% bw", "speed-up",
+           "note"]
+RUNG, CHANGE, THREADS, TOKS, SPREAD, GBPS, PERCENT, SPEEDUP, NOTE = range(len(COLUMNS))
+
+
 def assert_percent_of_bandwidth(row, bandwidth):
     """The "% bw" cell is 100 × GB/s ÷ bandwidth, up to the rounding of the three printed
     numbers (GB/s to 3 decimals, the bandwidth to 1, the percentage to 1)."""
-    gbps, percent = float(row[3]), float(row[4][:-1])
+    gbps, percent = float(row[GBPS]), float(row[PERCENT][:-1])
     expected = 100 * gbps / bandwidth
     rounding = expected * (0.05 / bandwidth + 0.0005 / gbps) + 0.05
     assert abs(percent - expected) <= rounding * 1.01, row
@@ -134,35 +139,166 @@ def test_in_memory_weights_equal_the_converters(stories):
 def parse_table(stdout):
     rows = [line for line in stdout.splitlines() if line.startswith("|")]
     header = [cell.strip() for cell in rows[0].strip("|").split("|")]
-    assert header == ["rung", "what changed", "tok/s", "GB/s", "% bw", "speed-up"]
+    assert header == COLUMNS
     assert re.fullmatch(r"\|( -*:? \|)+", rows[1]), rows[1]
     return [[cell.strip() for cell in row.strip("|").split("|")] for row in rows[2:]]
 
 
+def last_level_cache_bytes():
+    """The largest-level data or unified cache of CPU 0 in sysfs, read here as a second
+    reading of what barellm reads; 0 when unknown."""
+    base, best = "/sys/devices/system/cpu/cpu0/cache", (0, 0)
+    if not os.path.isdir(base):
+        return 0
+    for index in os.listdir(base):
+        folder = os.path.join(base, index)
+        try:
+            with open(os.path.join(folder, "type")) as f:
+                kind = f.read().strip()
+            with open(os.path.join(folder, "level")) as f:
+                level = int(f.read())
+            with open(os.path.join(folder, "size")) as f:
+                size = f.read().strip()
+        except (OSError, ValueError):
+            continue
+        units = {"K": 1024, "M": 1024 * 1024}
+        size_bytes = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+        if kind in ("Data", "Unified") and level > best[0]:
+            best = (level, size_bytes)
+    return best[1]
+
+
+def ladder_table(model, *args):
+    result = barellm("ladder", model, *args)
+    assert result.returncode == 0, result.stderr
+    return parse_table(result.stdout), result.stdout
+
+
+def assert_rows_well_formed(rows):
+    for row in rows:
+        assert float(row[TOKS]) > 0 and float(row[GBPS]) > 0, row
+        assert re.fullmatch(r"\d+\.\d%", row[SPREAD]), row
+        assert re.fullmatch(r"\d+\.\d\dx", row[SPEEDUP]), row
+    assert rows[0][SPEEDUP] == "1.00x"
+
+
+def assert_warnings_match_the_table(rows, stdout, threads):
+    """A warning for each rung whose spread is above 10%, and one for a load average that
+    leaves fewer CPUs than the ladder's threads; no other."""
+    load = re.search(r"^load average before the ladder: ([\d.]+) on (\d+) CPUs$", stdout, re.M)
+    assert load, stdout
+    warned = dict(re.findall(r"^warning: rung (\d+) varied by ([\d.]+)% between its 3 "
+                             r"repetitions", stdout, re.M))
+    # The table and the warning print the spread to 0.1%, the test is on the unrounded value.
+    spreads = {row[RUNG]: float(row[SPREAD][:-1]) for row in rows}
+    for rung, spread in spreads.items():
+        if abs(spread - 10) > 0.05:
+            assert (rung in warned) == (spread > 10), stdout
+        if rung in warned:
+            assert float(warned[rung]) == spread, stdout
+    busy = float(load.group(1)) + threads > int(load.group(2))
+    assert busy == ("warning: load average" in stdout), stdout
+
+
 @pytest.mark.parametrize("model", ["f32", "q8"])
 def test_the_ladder_table_has_six_rungs_with_numbers(stories, model):
-    result = barellm("ladder", stories[model], "-n", 8, "-p", 12, "--threads", 2)
-    assert result.returncode == 0, result.stderr
-    rows = parse_table(result.stdout)
-    assert [row[0] for row in rows] == ["1", "2", "3", "4", "5", "6"]
-    changes = [row[1] for row in rows]
+    rows, stdout = ladder_table(stories[model], "-n", 8, "-p", 12, "--threads", 2)
+    assert [row[RUNG] for row in rows] == ["1", "2", "3", "4", "5", "6"]
+    changes = [row[CHANGE] for row in rows]
     assert changes[0] == "scalar kernels, 1 thread, f32 weights"
     assert changes[1] == "+ OpenMP, 2 threads"
     assert changes[3:5] == ["+ f16 weights", "+ q8 weights"]
     assert changes[5] == "+ batched prefill (12-token prompt)"
-    for row in rows:
-        assert float(row[2]) > 0 and float(row[3]) > 0, row
-        assert re.fullmatch(r"\d+\.\d%", row[4]), row
-        assert re.fullmatch(r"\d+\.\d\dx", row[5]), row
-    assert rows[0][5] == "1.00x"
-    bandwidth = re.search(r"memory bandwidth \(streaming read, 2 threads, same run\): "
-                          r"([\d.]+) GB/s", result.stdout)
-    assert bandwidth and float(bandwidth.group(1)) > 0, result.stdout
-    # % bw is GB/s over that bandwidth.
-    for row in rows:
-        assert_percent_of_bandwidth(row, float(bandwidth.group(1)))
-    assert re.search(r"rung 6: a 12-token prompt, [\d.]+ tok/s token by token", result.stdout)
-    assert "weight bytes read per token: F32 1040128; F16 521472; Q8 278752;" in result.stdout
+    assert_rows_well_formed(rows)
+    assert "every rung: 3 timings of at least 0.5 s each" in stdout
+    assert re.search(r"rung 6: a 12-token prompt, [\d.]+ tok/s token by token", stdout)
+    assert "weight bytes read per token: F32 1040128; F16 521472; Q8 278752;" in stdout
+    assert_warnings_match_the_table(rows, stdout, threads=2)
+
+
+def test_the_threads_column_says_what_each_rung_uses(stories):
+    """stories260K by hand: the largest decode product is the output matrix, 512 × 64 =
+    32768 multiply-adds, below the 65536 a thread must have, so decode uses 1 thread of
+    the 2 asked; a 12-token prefill batches w1 and w3, 2 × 172 × 64 × 12 = 264192, enough
+    for 2."""
+    rows, _ = ladder_table(stories["f32"], "-n", 8, "-p", 12, "--threads", 2)
+    assert [row[THREADS] for row in rows] == ["1", "1", "1", "1", "1", "2"]
+    assert rows[1][NOTE].startswith(
+        "asks for 2 threads, uses 1: its largest step (the output matrix, 32768 "
+        "multiply-adds) is below 65536 multiply-adds per thread"), rows[1]
+    # Said once, where the threads change, not again on the rungs after it.
+    assert all("asks for" not in row[NOTE] for row in rows[2:]), rows
+    # With 4 tokens the prefill's w1 and w3 are 88064 multiply-adds: one thread.
+    rows, _ = ladder_table(stories["f32"], "-n", 8, "-p", 4, "--threads", 2)
+    assert rows[5][THREADS] == "1"
+
+
+def test_a_model_in_the_cache_has_no_percent_of_bandwidth(stories):
+    cache = last_level_cache_bytes()
+    if cache < 1040128:
+        pytest.skip(f"the last-level cache ({cache} bytes) does not hold stories260K in f32")
+    rows, stdout = ladder_table(stories["f32"], "-n", 8, "-p", 12, "--threads", 2)
+    assert [row[PERCENT] for row in rows] == ["fits in cache"] * 6
+    assert "last-level cache: L" in stdout and f"{cache / 1048576:.1f} MiB" in stdout
+
+
+# Two layers of dim 1024: about 105 MB in f32, 53 MB in f16, 28 MB in q8 (untied output).
+BIG_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 1024,
+    "intermediate_size": 2816, "num_hidden_layers": 2, "num_attention_heads": 8,
+    "num_key_value_heads": 8, "vocab_size": 512, "max_position_embeddings": 64,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
+    "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+    "torch_dtype": "float32",
+}
+
+
+def test_percent_of_bandwidth_only_for_weights_larger_than_the_cache(tmp_path):
+    """On a model whose f32 weights exceed the last-level cache, those rungs get a % bw
+    (GB/s over the measured bandwidth); rungs whose weights fit say so instead."""
+    cache = last_level_cache_bytes()
+    if cache == 0:
+        pytest.skip("no last-level cache size in sysfs here")
+    need_shared(STORIES)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(BIG_CONFIG))
+    hf = tmp_path / "hf"
+    result = run(SYNTH, "--config", config, "--tokenizer", STORIES, "-o", hf, "--dtype", "f32")
+    assert result.returncode == 0, result.stderr
+    model = tmp_path / "big.bin"
+    result = run(CONVERT, hf, "-o", model, "--dtype", "f32")
+    assert result.returncode == 0, result.stderr
+    rows, stdout = ladder_table(model, "-n", 2, "-p", 2, "--threads", 1)
+    sizes = re.search(r"weight bytes read per token: F32 (\d+); F16 (\d+); Q8 (\d+);", stdout)
+    f32, f16, q8 = (int(sizes.group(i)) for i in (1, 2, 3))
+    if f32 <= cache:
+        pytest.skip(f"the last-level cache ({cache} bytes) holds this model's {f32} bytes")
+    bandwidth = re.search(r"memory bandwidth \(streaming read, 1 threads, same run\): "
+                          r"([\d.]+) GB/s", stdout)
+    assert bandwidth, stdout
+    for row, weight_bytes in zip(rows, [f32, f32, f32, f16, q8, q8]):
+        if weight_bytes <= cache:
+            assert row[PERCENT] == "fits in cache", row
+        else:
+            assert_percent_of_bandwidth(row, float(bandwidth.group(1)))
+    assert_rows_well_formed(rows)
+
+
+def test_a_slower_rung_says_why(stories):
+    """Every rung slower than the one it is compared with carries a reason in its note;
+    a rung that is not slower carries none (the timings decide which rungs these are, so
+    the test checks the pairing, not which rungs are slower)."""
+    reasons = ("slower within the noise", "the machine is busy", "weights fit in cache",
+               "costs more than", "the threads' start and join", "no AVX2 here",
+               "unexpected")
+    for model in ("f32", "q8"):
+        rows, stdout = ladder_table(stories[model], "-n", 8, "-p", 12, "--threads", 2)
+        token_by_token = re.search(r"rung 6: a 12-token prompt, ([\d.]+) tok/s token by token",
+                                   stdout)
+        before = [float(row[TOKS]) for row in rows[:4]] + [float(token_by_token.group(1))]
+        for row, speed_before in zip(rows[1:], before):
+            slower = float(row[TOKS]) < speed_before
+            assert slower == any(reason in row[NOTE] for reason in reasons), row
 
 
 @pytest.fixture(scope="module")
@@ -192,17 +328,16 @@ def test_the_gpu_ladder_table_has_eight_rungs_with_numbers(cuda, stories):
     result = barellm("ladder", stories["f32"], "--device", "cuda", "-n", 8)
     assert result.returncode == 0, result.stderr
     rows = parse_table(result.stdout)
-    assert [row[0] for row in rows] == [str(n) for n in range(1, 9)]
-    assert rows[0][1].startswith("naive port: a thread per matrix row")
-    assert rows[7][1].startswith("+ flash-decoding")
+    assert [row[RUNG] for row in rows] == [str(n) for n in range(1, 9)]
+    assert rows[0][CHANGE].startswith("naive port: a thread per matrix row")
+    assert rows[7][CHANGE].startswith("+ flash-decoding")
+    assert all(row[THREADS] == "GPU" for row in rows), rows
     bandwidth = re.search(r"memory bandwidth \(device-to-device copy, same run\): ([\d.]+) GB/s",
                           result.stdout)
     assert bandwidth and float(bandwidth.group(1)) > 0, result.stdout
     for row in rows:
-        assert float(row[2]) > 0 and float(row[3]) > 0, row
         assert_percent_of_bandwidth(row, float(bandwidth.group(1)))
-        assert re.fullmatch(r"\d+\.\d\dx", row[5]), row
-    assert rows[0][5] == "1.00x"
+    assert_rows_well_formed(rows)
     assert "weight bytes read per token: F32 1040128; KV cache per position: f32 1280" in (
         result.stdout)
 

@@ -1,197 +1,29 @@
 """docs/TOUR.md cannot rot: every code reference in it names something defined where it
-points.
+points, on the line its anchor gives.
 
-A code reference is a markdown link whose text is one identifier in backticks, possibly
-qualified, and whose target is a source file relative to docs/:
+The rules are those of scripts/tour_links.py (which scripts/update_tour_links.py uses to
+rewrite the anchors when code moves):
 
-    [`cpu::rope`](../src/cpu/kernels.cpp)        [`CudaBackend::forward`](../kernels/forward.cu)
+    [`cpu::rope`](../src/cpu/kernels.cpp#L250)        [`CudaBackend::forward`](../kernels/forward.cu#L812)
 
-The file must exist and define the identifier: a function definition (a body follows the
-parameter list: a call, a declaration or a mention in a comment does not count), a
-class/struct/enum, a constant, or a member of the named class. Each qualifier must be a
-namespace opened in that file or a class/struct defined there (then the member must be
-defined inside it), unless the definition itself is written qualified (`void
-scalar::matmul_rows(...) {`). Python files: `def name` or `class name`. Every other
-relative link must point to an existing file, and code links carry no line anchors (line
-numbers rot)."""
+names a definition of `cpu::rope` in src/cpu/kernels.cpp whose name is written on line
+250. Besides the checker's own reading, each anchored line is also read here as plain
+text: it must contain the name."""
 
 import os
 import re
+import subprocess
+import sys
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "scripts"))
+
+from tour_links import (CODE_EXTENSIONS, UPDATE_COMMAND, check_cpp,  # noqa: E402
+                        check_document, code_links, definition_line, strip_cpp_comments)
+
 TOUR = os.path.join(REPO, "docs", "TOUR.md")
-
-CODE_EXTENSIONS = (".cpp", ".h", ".cu", ".cuh", ".py")
-LINK = re.compile(r"\[([^\]\n]+)\]\(([^)\s]+)\)")
-IDENTIFIER = re.compile(r"^[A-Za-z_]\w*(::[A-Za-z_]\w*)*$")
-
-# String literals (raw ones first) are kept; comments become blanks of the same length,
-# so offsets and line breaks survive.
-_CPP_TOKENS = re.compile(r'R"([^(\s]*)\(.*?\)\1"|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\''
-                         r"|//[^\n]*|/\*.*?\*/", re.S)
-_AFTER_PARAMETERS = re.compile(
-    r"\s*(?:(?:const|override|final|noexcept|mutable|volatile|&|&&)\s*)*(?:->[^;{}]*)?$")
-
-
-def strip_cpp_comments(text):
-    def blank(match):
-        token = match.group(0)
-        if token.startswith("//") or token.startswith("/*"):
-            return re.sub(r"[^\n]", " ", token)
-        return token
-    return _CPP_TOKENS.sub(blank, text)
-
-
-def matching(text, open_index, opener, closer):
-    """Index just past the bracket that closes text[open_index], or None."""
-    depth = 0
-    for i in range(open_index, len(text)):
-        if text[i] == opener:
-            depth += 1
-        elif text[i] == closer:
-            depth -= 1
-            if depth == 0:
-                return i + 1
-    return None
-
-
-def defines_function(code, name, prefix=""):
-    """Whether `code` defines function `prefix + name`: `name(...)` followed by a body."""
-    pattern = re.compile(r"(?<![\w.>])" + re.escape(prefix + name) + r"\s*\(")
-    if not prefix:  # unqualified: not preceded by `x::` either (a call like cpu::rope(...))
-        pattern = re.compile(r"(?<![\w.>:])" + re.escape(name) + r"\s*\(")
-    for match in pattern.finditer(code):
-        close = matching(code, match.end() - 1, "(", ")")
-        if close is None:
-            continue
-        rest = code[close:close + 2000]
-        end = re.search(r"[;{}]", rest)
-        if not end or end.group(0) != "{":
-            continue
-        between = rest[:end.start()]
-        # A constructor's member-initializer list (`: a_(x), b_(y) {`) or trailing qualifiers.
-        if between.lstrip().startswith(":") and not between.lstrip().startswith("::"):
-            return True
-        if _AFTER_PARAMETERS.match(between):
-            return True
-    return False
-
-
-def type_bodies(code, name):
-    """(start, end) of the body of every class/struct/union/enum `name` defined in code."""
-    bodies = []
-    pattern = re.compile(r"\b(?:class|struct|union|enum(?:\s+class)?)\s+(?:\w+::)*"
-                         + re.escape(name) + r"\b[^;{()]*\{")
-    for match in pattern.finditer(code):
-        end = matching(code, match.end() - 1, "{", "}")
-        if end is not None:
-            bodies.append((match.end(), end))
-    return bodies
-
-
-def defines_variable(code, name):
-    """A constant or a member/variable declaration of `name` (not a use)."""
-    constant = re.compile(r"\b(?:constexpr|const|static)\b[^;(){}]*?[\w>*&\]]\s+"
-                          + re.escape(name) + r"\s*(?:=|\{|\[|;)")
-    declaration = re.compile(r"^[ \t]*(?!(?:return|throw|delete|case|else|goto)\b)"
-                             r"(?:[\w:<>,*&]+[ \t*&]+)+" + re.escape(name)
-                             + r"\s*(?:=[^=]|\{|\[|;|,)", re.M)
-    alias = re.compile(r"\busing\s+" + re.escape(name) + r"\s*=")
-    return any(p.search(code) for p in (constant, declaration, alias))
-
-
-def defines_anything(code, name, prefix=""):
-    return (defines_function(code, name, prefix) or
-            (not prefix and (type_bodies(code, name) or defines_variable(code, name))))
-
-
-def opened_namespaces(code):
-    names = set()
-    for match in re.finditer(r"\bnamespace\s+([\w:]+)\s*\{", code):
-        names.update(match.group(1).split("::"))
-    return names
-
-
-def check_cpp(code, identifier):
-    """None when `identifier` (possibly qualified) is defined in `code`, else why not."""
-    parts = identifier.split("::")
-    name, qualifiers = parts[-1], parts[:-1]
-    # Written qualified at the definition: `Tokenizer::encode(...) {`, `struct Tokenizer::Impl {`.
-    for i in range(len(qualifiers)):
-        prefix = "::".join(qualifiers[i:]) + "::"
-        if defines_function(code, name, prefix):
-            return None
-        if re.search(r"\b(?:class|struct)\s+" + re.escape(prefix + name) + r"\b[^;{()]*\{", code):
-            return None
-    namespaces = opened_namespaces(code)
-    for qualifier in qualifiers[:-1]:
-        if qualifier not in namespaces and not type_bodies(code, qualifier):
-            return (f"'{identifier}' is not defined there ('{qualifier}' is neither a "
-                    "namespace nor a class in the file)")
-    if qualifiers:
-        owner = qualifiers[-1]
-        bodies = type_bodies(code, owner)
-        if bodies:
-            for start, end in bodies:
-                if defines_anything(code[start:end], name):
-                    return None
-                # A method whose body is outside: `Owner::name(...) {` was tried above.
-            return f"'{owner}' defines no '{name}'"
-        if owner not in namespaces:
-            return (f"'{identifier}' is not defined there ('{owner}' is neither a "
-                    "namespace nor a class in the file)")
-    if defines_anything(code, name):
-        return None
-    return f"'{name}' is not defined there (mentioned or declared only, or absent)"
-
-
-def check_python(code, identifier):
-    name = identifier.split("::")[-1]
-    if re.search(r"^\s*(?:def|class)\s+" + re.escape(name) + r"\b", code, re.M):
-        return None
-    return f"'{name}' is not defined there"
-
-
-def check_reference(identifier, path):
-    with open(path, encoding="utf-8") as f:
-        code = f.read()
-    if path.endswith(".py"):
-        return check_python(code, identifier)
-    return check_cpp(strip_cpp_comments(code), identifier)
-
-
-def check_document(text, base_dir):
-    """(references checked, problems) for a markdown text whose links are relative to
-    base_dir."""
-    problems, references = [], 0
-    for match in LINK.finditer(text):
-        label, target = match.group(1), match.group(2)
-        if re.match(r"^[a-z]+:", target) or target.startswith("#"):
-            continue  # a URL or an anchor in this page
-        path_part, _, anchor = target.partition("#")
-        path = os.path.normpath(os.path.join(base_dir, path_part))
-        where = f"[{label}]({target})"
-        if not os.path.isfile(path):
-            problems.append(f"{where}: {path_part} does not exist")
-            continue
-        if not path.endswith(CODE_EXTENSIONS):
-            continue
-        if anchor:
-            problems.append(f"{where}: no line anchors on code links (line numbers rot)")
-        if not (label.startswith("`") and label.endswith("`")):
-            continue  # a plain link to a file: existence is all there is to check
-        identifier = label[1:-1]
-        if not IDENTIFIER.match(identifier):
-            problems.append(f"{where}: `{identifier}` is not an identifier (write name or "
-                            "a::b, without parentheses)")
-            continue
-        references += 1
-        why = check_reference(identifier, path)
-        if why:
-            problems.append(f"{where}: {why}")
-    return references, problems
 
 
 def read_tour():
@@ -199,10 +31,37 @@ def read_tour():
         return f.read()
 
 
+def source_line(path, line):
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    return lines[line - 1] if 0 < line <= len(lines) else ""
+
+
 def test_every_code_reference_in_the_tour_is_defined_where_it_points():
     references, problems = check_document(read_tour(), os.path.dirname(TOUR))
-    assert not problems, "docs/TOUR.md has broken references:\n" + "\n".join(problems)
+    assert not problems, (f"docs/TOUR.md has broken references (a stale line: run "
+                          f"`{UPDATE_COMMAND}`):\n" + "\n".join(problems))
     assert references >= 60, f"only {references} code references: did the link syntax change?"
+
+
+def test_every_line_anchor_points_at_a_line_naming_its_symbol():
+    """Plain text, independent of the checker's C++ reading: line nn of the file contains
+    the last part of the identifier as a word."""
+    wrong = []
+    for match, label, _, anchor, path in code_links(read_tour(), os.path.dirname(TOUR)):
+        if not anchor or not path.endswith(CODE_EXTENSIONS):
+            continue
+        name = label.strip("`").split("::")[-1]
+        text = source_line(path, int(anchor[1:])) if anchor[1:].isdigit() else ""
+        if not re.search(r"\b" + re.escape(name) + r"\b", text):
+            wrong.append(f"{match.group(0)}: line {anchor[1:]} is {text.strip()!r}")
+    assert not wrong, f"stale line anchors (run `{UPDATE_COMMAND}`):\n" + "\n".join(wrong)
+
+
+def test_the_update_script_finds_nothing_to_change():
+    result = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "update_tour_links.py"),
+                             "--check"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_the_tour_covers_every_step_of_the_forward_pass():
@@ -221,16 +80,19 @@ def test_the_tour_covers_every_step_of_the_forward_pass():
 
 
 @pytest.mark.parametrize("link, reason", [
-    ("[`cpu::no_such_kernel`](../src/cpu/kernels.cpp)", "is not defined"),
-    ("[`cpu::rope`](../src/cpu/forward.cpp)", "neither a namespace"),  # called there only
-    ("[`measure_read_bandwidth`](../src/ladder.cpp)", "is not defined"),  # called there only
-    ("[`cpu::matmul`](../src/cpu/kernels.h)", "is not defined"),  # declared only
-    ("[`rope`](../src/nowhere.cpp)", "does not exist"),
-    ("[`CpuBackend::forward`](../kernels/forward.cu)", "neither a namespace nor a class"),
-    ("[`CpuBackend::no_method`](../src/cpu/forward.cpp)", "defines no 'no_method'"),
-    ("[`cpu::rope()`](../src/cpu/kernels.cpp)", "not an identifier"),
-    ("[`cpu::rope`](../src/cpu/kernels.cpp#L10)", "no line anchors"),
-    ("[`no_such_function`](../convert/dtypes.py)", "is not defined"),
+    ("[`cpu::no_such_kernel`](../src/cpu/kernels.cpp#L1)", "is not defined"),
+    ("[`cpu::rope`](../src/cpu/forward.cpp#L1)", "neither a namespace"),  # called there only
+    ("[`measure_read_bandwidth`](../src/ladder.cpp#L1)", "is not defined"),  # called there only
+    ("[`cpu::matmul`](../src/cpu/kernels.h#L1)", "is not defined"),  # declared only
+    ("[`rope`](../src/nowhere.cpp#L1)", "does not exist"),
+    ("[`CpuBackend::forward`](../kernels/forward.cu#L1)", "neither a namespace nor a class"),
+    ("[`CpuBackend::no_method`](../src/cpu/forward.cpp#L1)", "defines no 'no_method'"),
+    ("[`cpu::rope()`](../src/cpu/kernels.cpp#L1)", "not an identifier"),
+    ("[`cpu::rope`](../src/cpu/kernels.cpp)", "no line anchor"),
+    ("[`cpu::rope`](../src/cpu/kernels.cpp#L1)", "is stale"),
+    ("[`cpu::rope`](../src/cpu/kernels.cpp#rope)", "not a line anchor"),
+    ("[kernels](../src/cpu/kernels.cpp#L1)", "names no identifier"),
+    ("[`no_such_function`](../convert/dtypes.py#L1)", "is not defined"),
     ("[FORMAT](MISSING.md)", "does not exist"),
 ])
 def test_the_checker_catches_a_broken_reference(link, reason):
@@ -238,18 +100,23 @@ def test_the_checker_catches_a_broken_reference(link, reason):
     assert len(problems) == 1 and reason in problems[0], problems
 
 
-@pytest.mark.parametrize("link", [
-    "[`cpu::rope`](../src/cpu/kernels.cpp)",
-    "[`scalar::matmul_rows`](../src/cpu/kernels.cpp)",
-    "[`Tokenizer::Impl`](../src/tokenizer/tokenizer.cpp)",
-    "[`CudaBackend::forward`](../kernels/forward.cu)",
-    "[`InferenceState::key_cache`](../src/cpu/forward.cpp)",
-    "[`kMaxHeadDim`](../kernels/kernels.h)",
-    "[`quantize_q8`](../convert/dtypes.py)",
-    "[docs](FORMAT.md)",
+@pytest.mark.parametrize("identifier, path, line_text", [
+    ("cpu::rope", "../src/cpu/kernels.cpp", "void rope("),
+    ("scalar::matmul_rows", "../src/cpu/kernels.cpp", "scalar::matmul_rows("),
+    ("Tokenizer::Impl", "../src/tokenizer/tokenizer.cpp", "struct Tokenizer::Impl"),
+    ("CudaBackend::forward", "../kernels/forward.cu", "forward("),
+    ("InferenceState::key_cache", "../src/cpu/forward.cpp", "key_cache"),
+    ("kMaxHeadDim", "../kernels/kernels.h", "kMaxHeadDim ="),
+    ("quantize_q8", "../convert/dtypes.py", "def quantize_q8("),
 ])
-def test_the_checker_accepts_a_good_reference(link):
-    assert check_document(link, os.path.dirname(TOUR))[1] == []
+def test_the_checker_accepts_a_good_reference(identifier, path, line_text):
+    """The anchor the checker computes is a line that, read as text, defines the name."""
+    base = os.path.dirname(TOUR)
+    line, why = definition_line(identifier, os.path.normpath(os.path.join(base, path)))
+    assert why is None, why
+    assert line_text in source_line(os.path.normpath(os.path.join(base, path)), line)
+    assert check_document(f"[`{identifier}`]({path}#L{line})", base)[1] == []
+    assert check_document("[docs](FORMAT.md)", base)[1] == []
 
 
 def test_renaming_a_referenced_function_breaks_the_tour():

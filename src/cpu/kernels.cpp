@@ -89,9 +89,6 @@ void scalar::add_scaled_kv(float* out, float scale, const void* values, int n, K
 
 namespace {
 
-// Below this many multiply-adds a thread costs more to wake than it saves.
-constexpr size_t kMinWorkPerThread = 1 << 16;
-
 // Calls work(first, count) on each OpenMP thread with its own contiguous run of the
 // `rows` rows; `row_work` is the multiply-adds of one row.
 template <typename Work>

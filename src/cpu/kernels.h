@@ -20,7 +20,11 @@ void set_simd_level(SimdLevel level);
 SimdLevel simd_level();
 const char* simd_level_name(SimdLevel level);
 
-// Threads worth using for `work` multiply-adds: at most OpenMP's, at least one.
+// Below this many multiply-adds a thread costs more to wake than it saves.
+constexpr size_t kMinWorkPerThread = 1 << 16;
+
+// Threads worth using for `work` multiply-adds: at most OpenMP's, at least one (one per
+// kMinWorkPerThread).
 int threads_for(size_t work);
 
 // Calls work(r) for each of `rows` independent rows of `row_work` multiply-adds each,
