@@ -7,6 +7,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <map>
@@ -20,6 +21,7 @@
 #include "generate.h"
 #include "json.h"
 #include "ladder.h"
+#include "machine.h"
 #include "model.h"
 #include "sampler.h"
 #include "timing.h"
@@ -274,7 +276,11 @@ int run_command(const Options& options) {
     if (cpu::detect_simd_level(&missing) == cpu::SimdLevel::Scalar)
         std::fprintf(stderr, "barellm: this CPU lacks%s; using the slow scalar kernels\n",
                      missing.c_str());
-    if (options.threads > 0) omp_set_num_threads(options.threads);
+    // --threads, else OMP_NUM_THREADS when set, else one thread per physical core.
+    if (options.threads > 0)
+        omp_set_num_threads(options.threads);
+    else if (!std::getenv("OMP_NUM_THREADS"))
+        omp_set_num_threads(physical_core_count());
     if (options.command == "run") return command_run(options);
     if (options.command == "ppl") return command_ppl(options);
     if (options.command == "info") return command_info(options);
