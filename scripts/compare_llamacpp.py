@@ -72,7 +72,7 @@ ROW_FIELDS = [
     "llamacpp_ts", "llamacpp_ts_spread", "barellm_ts", "barellm_ts_spread",
     "ratio", "ratio_spread", "round_ratios",
     "llamacpp_peak_rss_mib", "barellm_peak_rss_mib", "llamacpp_simd", "barellm_simd",
-    "flagged", "flags",
+    "barellm_gbps", "barellm_bw_pct", "flagged", "flags",
 ]
 
 
@@ -178,7 +178,7 @@ class MachineChecks:
         if self.fake is not None:
             result = dict(self.fake[min(len(self.done), len(self.fake) - 1)])
         else:
-            result = measure_machine(threads)
+            result = measure_machine(min(threads, len(os.sched_getaffinity(0))))
         free_cores = max(0, len(os.sched_getaffinity(0)) - threads)
         reasons = []
         if result["slowdown"] > 1 + self.threshold:
@@ -379,6 +379,9 @@ def make_row(args, key, gguf, model, threads, ours, theirs, busy, header):
         if tool == "barellm":  # bench's own reading, before its bandwidth buffer
             peaks = [t.get("peak_rss_bytes") or p for t, p in zip(results, peaks)]
         row[f"{tool}_peak_rss_mib"] = round(max(peaks) / MIB, 1) if peaks else None
+    for field, name in (("gbps", "barellm_gbps"), ("bw_pct", "barellm_bw_pct")):
+        values = [t[field] for t in our_results if isinstance(t.get(field), (int, float))]
+        row[name] = statistics.fmean(values) if values else None
     ratios = [b[key]["avg_ts"] / a[key]["avg_ts"] for (b, _, _), (a, _, _) in zip(ours, theirs)
               if key in a and key in b and a[key]["avg_ts"] > 0]
     row["round_ratios"] = [round(r, 4) for r in ratios]
@@ -433,8 +436,10 @@ def markdown(document):
     print(f"- command: `{h['command']}`", file=out)
     print(file=out)
     print("| model | dtype | threads | test | llama.cpp t/s | barellm t/s "
-          "| ratio (barellm/llama.cpp) | rounds | llama.cpp MiB | barellm MiB | flags |", file=out)
-    print("| --- | --- | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | --- |", file=out)
+          "| ratio (barellm/llama.cpp) | rounds | llama.cpp MiB | barellm MiB | barellm GB/s "
+          "| % bw | flags |", file=out)
+    print("| --- | --- | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | --- |",
+          file=out)
     for row in document["rows"]:
         ratio = "-" if row["ratio"] is None else short(row["ratio"])
         if row["ratio"] is not None and len(row["round_ratios"]) > 1:
@@ -448,6 +453,8 @@ def markdown(document):
                  f"{short(row['barellm_ts'])} ± {short(row['barellm_ts_spread'])}",
                  ratio, ", ".join(short(r) for r in row["round_ratios"]),
                  short(row["llamacpp_peak_rss_mib"]), short(row["barellm_peak_rss_mib"]),
+                 short(row["barellm_gbps"]),
+                 "-" if row["barellm_bw_pct"] is None else f"{row['barellm_bw_pct']:.0f}%",
                  "; ".join(row["flags"]) or "ok"]
         print("| " + " | ".join(cells) + " |", file=out)
     if any(row["flagged"] for row in document["rows"]):

@@ -54,9 +54,10 @@ if "fail" in behaviour:
     sys.exit(3)
 if "slow" in behaviour:
     time.sleep(0.3)
-if TOOL == "llama-bench":
+if TOOL == "llama-bench" and "quiet" not in behaviour:
     print("CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | FMA = 1 | AVX512 = 1 |",
           file=sys.stderr)
+if TOOL == "llama-bench":
     ballast = bytearray({allocate} << 20)
     for i in range(0, len(ballast), 4096):
         ballast[i] = 1
@@ -78,7 +79,7 @@ for kind, n_prompt, n_gen in (("pp", prompt, 0), ("tg", 0, gen)):
         test["build_commit"] = "abc1234"
     else:
         test.update(simd="avx2", cpu_extensions="avx avx2 fma avx512f",
-                    peak_rss_bytes={peak})
+                    peak_rss_bytes={peak}, gbps=1.5 * threads, bw_pct=50.0)
     tests.append(test)
 print("a line before the JSON")
 print(json.dumps(tests, indent=1))
@@ -133,7 +134,7 @@ def table_rows(markdown):
     rows = {}
     for line in markdown.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if line.startswith("| ") and len(cells) == 11 and re.fullmatch(r"(pp|tg)\d+", cells[3]):
+        if line.startswith("| ") and len(cells) == 13 and re.fullmatch(r"(pp|tg)\d+", cells[3]):
             rows[cells[0], int(cells[2]), cells[3]] = cells
     return rows
 
@@ -177,7 +178,8 @@ def test_markdown_names_the_machine_tools_and_ratios(tools):
         assert cells[7] == f"{expected:.2f}, {expected:.2f}"
         assert cells[9] == "123.00"  # bench's own peak, before its bandwidth buffer
         assert float(cells[8]) >= LLAMA_ALLOCATES_MIB  # GNU time's peak of the stand-in
-        assert cells[10] == "ok"
+        assert (cells[10], cells[11]) == (f"{1.5 * threads:.2f}", "50%")
+        assert cells[12] == "ok"
     assert "in parentheses" not in out
 
 
@@ -222,7 +224,29 @@ def test_json_rows_carry_every_field(tools):
         assert row["barellm_peak_rss_mib"] == 123.0
         assert row["llamacpp_peak_rss_mib"] >= LLAMA_ALLOCATES_MIB
         assert (row["barellm_simd"], row["llamacpp_simd"]) == ("avx2", "avx512")
+        assert (row["barellm_gbps"], row["barellm_bw_pct"]) == (3.0, 50.0)
         assert row["flagged"] is False and row["flags"] == []
+
+
+@pytest.mark.parametrize("cache, expected", [
+    ("GGML_NATIVE:BOOL=ON\nGGML_AVX2:BOOL=OFF\n", "native"),
+    ("GGML_NATIVE:BOOL=OFF\nGGML_AVX:BOOL=ON\nGGML_AVX2:BOOL=ON\nGGML_AVX512:BOOL=OFF\n",
+     "avx2 (build options)"),
+    (None, "unknown"),
+])
+def test_llamacpp_simd_from_its_build_when_it_prints_none(tools, cache, expected):
+    bin_dir, _ = tools
+    if cache is not None:  # the stand-in lives in BUILD/bin, as llama.cpp's binaries do
+        (bin_dir.parent / "CMakeCache.txt").write_text("# CMake cache\n" + cache)
+    if expected == "native":  # built with -march=native: this CPU's widest level
+        with open("/proc/cpuinfo") as f:
+            flags = next(line for line in f if line.startswith("flags")).split()
+        widest = ("avx512" if any(f.startswith("avx512") for f in flags) else
+                  "avx2" if "avx2" in flags else "avx" if "avx" in flags else "scalar")
+        expected = f"{widest} (native build)"
+    document = compare_json(tools, "-t", "1", env={"FAKE_LLAMA_BENCH": "quiet"})
+    assert document["header"]["llamacpp_simd"] == expected
+    assert {row["llamacpp_simd"] for row in document["rows"]} == {expected}
 
 
 def test_csv_has_the_json_rows(tools):
@@ -258,7 +282,7 @@ def test_a_wide_spread_flags_the_row_and_hides_no_ratio(tools):
     assert result.returncode == 0, result.stderr
     for cells in table_rows(result.stdout).values():
         assert cells[6].startswith("(") and cells[6].endswith(")"), cells
-        assert cells[10] == "llama.cpp spread 23%"  # samples 120, 80: sd 23.1% of the mean
+        assert cells[12] == "llama.cpp spread 23%"  # samples 120, 80: sd 23.1% of the mean
     assert "Ratios in parentheses are flagged" in result.stdout
 
 
@@ -279,9 +303,9 @@ def test_a_busy_machine_flags_every_ratio_of_its_rounds(tools):
     for (_, threads, _), cells in rows.items():
         if threads == 1:
             assert cells[6].startswith("("), cells
-            assert cells[10] == "machine busy in 1 check"
+            assert cells[12] == "machine busy in 1 check"
         else:
-            assert not cells[6].startswith("(") and cells[10] == "ok", cells
+            assert not cells[6].startswith("(") and cells[12] == "ok", cells
     assert "BUSY: spin loop 2.00x its fastest; spinner got 50% of a core" in result.stderr
 
 
