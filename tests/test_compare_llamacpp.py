@@ -309,17 +309,15 @@ def test_a_busy_machine_flags_every_ratio_of_its_rounds(tools):
     assert "BUSY: spin loop 2.00x its fastest; spinner got 50% of a core" in result.stderr
 
 
-def test_the_busy_rules():
+def test_the_busy_rules(monkeypatch):
     module = load_module()
     threads = len(os.sched_getaffinity(0))  # every CPU used: no free core
     cases = [({}, False), ({"slowdown": 1.11}, True), ({"slowdown": 1.09}, False),
              ({"cpu_share": 0.85}, True), ({"others": 0.6}, True), ({"others": 0.4}, False)]
-    os.environ["COMPARE_LLAMACPP_FAKE_CHECKS"] = json.dumps([{**IDLE, **c} for c, _ in cases])
-    try:
-        checks = module.MachineChecks(0.10)
-        assert [checks.check(threads, "test")["busy"] for _ in cases] == [b for _, b in cases]
-    finally:
-        del os.environ["COMPARE_LLAMACPP_FAKE_CHECKS"]
+    monkeypatch.setenv("COMPARE_LLAMACPP_FAKE_CHECKS",
+                       json.dumps([{**IDLE, **c} for c, _ in cases]))
+    checks = module.MachineChecks(0.10)
+    assert [checks.check(threads, "test")["busy"] for _ in cases] == [b for _, b in cases]
 
 
 def test_a_sweep_covers_every_pair_and_thread_count(tools):
