@@ -2,11 +2,11 @@
 # The standard benchmark set on this machine (`make bench`): barellm bench on stories260K
 # and on a TinyLlama-1.1B-shaped synthetic checkpoint in f16, bf16 and q8, then the
 # tokenizer against pip tokenizers. Models are made once under models/bench/.
-#   THREADS (default: all cores), REPS (default 5), PROMPT (default 512), GEN (default 64)
+#   THREADS (default: the physical cores, as barellm's own default), REPS (default 5), PROMPT (default 512), GEN (default 64)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-THREADS=${THREADS:-$(nproc)}
+THREADS=${THREADS:-$(lscpu -p=Core,Socket | grep -v '^#' | sort -u | wc -l)}
 REPS=${REPS:-5}
 PROMPT=${PROMPT:-512}
 GEN=${GEN:-64}

@@ -16,6 +16,7 @@
 #include "backend.h"
 #include "cpu/kernels.h"
 #include "error.h"
+#include "machine.h"
 #include "timing.h"
 
 namespace barellm {
@@ -123,7 +124,6 @@ void run_bench(const BenchOptions& options) {
     auto backend = make_backend(model, BackendOptions{context, options.kv_type, options.device},
                                 &device_choice);
     if (!device_choice.empty()) std::fprintf(stderr, "barellm: %s\n", device_choice.c_str());
-    const double bandwidth = backend->measure_bandwidth_gbps();
 
     std::mt19937_64 rng(kTokenSeed);
     std::vector<int> tokens(context);
@@ -167,8 +167,15 @@ void run_bench(const BenchOptions& options) {
         results.push_back(test);
     }
 
+    // The peak before the bandwidth measurement: that of the model, the buffers and the KV
+    // cache, comparable with another engine's; the measurement's 1 GiB buffer comes after.
+    const size_t peak_rss = peak_resident_bytes();
+    const double bandwidth = backend->measure_bandwidth_gbps();
     const int threads = omp_get_max_threads();
     const double model_bytes = double(model.file->file_size());
+    const std::string cpu_model = machine_cpu_model();
+    const char* simd = cpu::simd_level_name(cpu::simd_level());
+    const std::string extensions = cpu_vector_extensions();
     if (options.json) {
         nlohmann::json array = nlohmann::json::array();
         for (const TestResult& test : results) {
@@ -180,6 +187,10 @@ void run_bench(const BenchOptions& options) {
                              {"model_n_params", model.parameter_count()},
                              {"backend", backend->name()},
                              {"n_threads", threads},
+                             {"cpu_info", cpu_model},
+                             {"physical_cores", physical_core_count()},
+                             {"simd", simd},
+                             {"cpu_extensions", extensions},
                              {"n_prompt", test.prompt_tokens},
                              {"n_gen", test.gen_tokens},
                              {"avg_ts", stats.mean},
@@ -188,11 +199,13 @@ void run_bench(const BenchOptions& options) {
                              {"gbps", gbps},
                              {"bw_pct", 100 * gbps / bandwidth},
                              {"bandwidth_gbps", bandwidth},
-                             {"peak_rss_bytes", peak_resident_bytes()}});
+                             {"peak_rss_bytes", peak_rss}});
         }
         std::printf("%s\n", array.dump(2).c_str());
         return;
     }
+    std::printf("cpu: %s, %d physical cores; simd: %s (the CPU offers %s); threads: %d\n\n",
+                cpu_model.c_str(), physical_core_count(), simd, extensions.c_str(), threads);
     std::printf("| model | size | params | backend | threads | test | t/s | GB/s | %% bw |\n");
     std::printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n");
     for (const TestResult& test : results) {
@@ -208,7 +221,8 @@ void run_bench(const BenchOptions& options) {
     else
         std::printf("\nmemory bandwidth (streaming read, %d threads, same run): %.1f GB/s; ",
                     threads, bandwidth);
-    std::printf("peak resident memory %.2f GiB\n", peak_resident_bytes() / double(1u << 30));
+    std::printf("peak resident memory before that measurement %.2f GiB\n",
+                peak_rss / double(1u << 30));
 }
 
 }  // namespace barellm

@@ -68,7 +68,8 @@ top-p, min-p, temperature:
 common options:
   -f -                     read the text of ppl or tokenize from standard input
   --ctx C                  context length (default: the model's, at most 4096; ppl: 512)
-  --threads K              CPU threads (default: all cores)
+  --threads K              CPU threads (default: OMP_NUM_THREADS, else the physical
+                           cores, not counting a core's second hardware thread)
   --kv f16|f32             KV cache element type (default f16)
   --device auto|cpu|cuda   where to run (default auto: the GPU when this build has CUDA
                            and one is usable, else the CPU, said on stderr; ladder runs

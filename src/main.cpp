@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 
@@ -18,6 +19,7 @@
 #include "generate.h"
 #include "json.h"
 #include "ladder.h"
+#include "machine.h"
 #include "model.h"
 #include "sampler.h"
 #include "terminal.h"
@@ -292,7 +294,11 @@ int run_command(const Options& options) {
     if (cpu::detect_simd_level(&missing) == cpu::SimdLevel::Scalar)
         std::fprintf(stderr, "barellm: this CPU lacks%s; using the slow scalar kernels\n",
                      missing.c_str());
-    if (options.threads > 0) omp_set_num_threads(options.threads);
+    // --threads, else OMP_NUM_THREADS when set, else one thread per physical core.
+    if (options.threads > 0)
+        omp_set_num_threads(options.threads);
+    else if (!std::getenv("OMP_NUM_THREADS"))
+        omp_set_num_threads(physical_core_count());
     using Command = int (*)(const Options&);
     static const std::map<std::string, Command> commands = {
         {"run", command_run},           {"chat", command_chat},

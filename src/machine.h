@@ -1,0 +1,27 @@
+// What a benchmark says about the machine it ran on: the CPU's model name, its vector
+// extensions, and the number of physical cores (the default thread count: a second
+// hardware thread on a core shares that core's FMA units and adds nothing to dense kernels).
+#pragma once
+#include <string>
+
+namespace barellm {
+
+// The number of distinct (physical id, core id) pairs in the text of /proc/cpuinfo;
+// 0 when any processor lacks either field (the count is then unknown).
+int count_physical_cores(const std::string& cpuinfo);
+
+// The first "model name" of the text of /proc/cpuinfo; "" when there is none.
+std::string cpu_model_name(const std::string& cpuinfo);
+
+// Physical cores of this machine, at most the CPUs this process may run on; the logical
+// CPU count where /proc/cpuinfo does not tell. At least 1.
+int physical_core_count();
+
+// This machine's CPU model ("unknown" when /proc/cpuinfo does not name it).
+std::string machine_cpu_model();
+
+// The vector extensions this CPU offers, of those that matter to inference kernels
+// ("avx2 fma f16c avx512f ..."), whether or not barellm uses them.
+std::string cpu_vector_extensions();
+
+}  // namespace barellm

@@ -1,0 +1,94 @@
+"""`barellm bench`: the machine it reports (CPU model, SIMD level, physical cores, threads)
+against what Linux itself says in /proc/cpuinfo and /sys, and its peak-memory field."""
+
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+from convert_testlib import BUILD, CONVERT, STORIES, need_shared, run
+
+BARELLM = os.path.join(BUILD, "barellm")
+
+
+def cpuinfo_field(name):
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            key, _, value = line.partition(":")
+            if key.strip() == name:
+                return value.strip()
+    return None
+
+
+def physical_cores_from_sys():
+    """Distinct (package, core) pairs of the CPUs this process may run on, from /sys."""
+    pairs = set()
+    for cpu in os.sched_getaffinity(0):
+        topology = f"/sys/devices/system/cpu/cpu{cpu}/topology"
+        if not os.path.exists(f"{topology}/core_id"):
+            pytest.skip("/sys has no CPU topology here")
+        with open(f"{topology}/physical_package_id") as package, open(f"{topology}/core_id") as core:
+            pairs.add((package.read().strip(), core.read().strip()))
+    return len(pairs)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    need_shared(STORIES)
+    if not os.path.exists(BARELLM):
+        pytest.fail(f"{BARELLM} is missing: run `make` first")
+    path = str(tmp_path_factory.mktemp("bench") / "stories-f32.bin")
+    result = run(CONVERT, STORIES, "-o", path, "--dtype", "f32")
+    assert result.returncode == 0, result.stderr
+    return path
+
+
+def bench(model, *args, threads_env=None):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    if threads_env:
+        env["OMP_NUM_THREADS"] = threads_env
+    return subprocess.run([BARELLM, "bench", model, "-p", "9", "-n", "5", "-r", "2", *args],
+                          capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_json_names_the_machine_and_the_simd_level(model):
+    result = bench(model, "-o", "json")
+    assert result.returncode == 0, result.stderr
+    tests = json.loads(result.stdout)
+    assert [(t["n_prompt"], t["n_gen"]) for t in tests] == [(9, 0), (0, 5)]
+    flags = set(cpuinfo_field("flags").split())
+    for test in tests:
+        assert test["cpu_info"] == cpuinfo_field("model name")
+        assert test["physical_cores"] == physical_cores_from_sys()
+        assert test["n_threads"] == physical_cores_from_sys()  # the default
+        assert test["simd"] == ("avx2" if {"avx2", "fma", "f16c"} <= flags else "scalar")
+        extensions = test["cpu_extensions"].split()
+        assert extensions == [name for name in ("avx", "avx2", "fma", "avx512f", "avx512bw",
+                                                "avx512vl", "avx512vnni", "avx512bf16")
+                              if name in flags], test["cpu_extensions"]
+        # Read before the 1 GiB bandwidth buffer: a 1 MB model stays far below it.
+        assert 0 < test["peak_rss_bytes"] < 256 << 20
+
+
+def test_markdown_header_names_the_machine(model):
+    result = bench(model)
+    assert result.returncode == 0, result.stderr
+    header = result.stdout.splitlines()[0]
+    match = re.fullmatch(r"cpu: (.*), (\d+) physical cores; simd: (\w+) \(the CPU offers (.*)\); "
+                         r"threads: (\d+)", header)
+    assert match, header
+    assert match.group(1) == cpuinfo_field("model name")
+    assert int(match.group(2)) == physical_cores_from_sys()
+    assert int(match.group(5)) == physical_cores_from_sys()
+
+
+@pytest.mark.parametrize("args, env, threads", [
+    (["--threads", "3"], None, 3),
+    ([], "1", 1),
+])
+def test_threads_follow_the_flag_then_omp_num_threads(model, args, env, threads):
+    result = bench(model, "-o", "json", *args, threads_env=env)
+    assert result.returncode == 0, result.stderr
+    assert {t["n_threads"] for t in json.loads(result.stdout)} == {threads}
