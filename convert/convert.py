@@ -457,6 +457,12 @@ def read_checkpoint(hf_dir, output, weight_dtype):
     tokenizer, from_sentencepiece = hf_tokenizer.load_tokenizer(hf_dir)
     hf_tokenizer.check_supported(tokenizer)
     config["add_bos"] = hf_tokenizer.add_bos(tok_cfg, tokenizer, from_sentencepiece)
+    if config["add_bos"] and config["bos_id"] is None:
+        config["bos_id"] = hf_tokenizer.bos_id(hf_dir, tok_cfg, tokenizer)
+        if config["bos_id"] is None:
+            raise ConvertError("the tokenizer adds BOS but no BOS id is known: config.json "
+                               "has no bos_token_id, and neither tokenizer_config.json's "
+                               "bos_token nor tokenizer.model names one")
     tensors = st.open_checkpoint(hf_dir)
     refuse_output_among_inputs(output, [os.path.join(hf_dir, name) for name in SIDE_FILES] +
                                sorted({info.path for info in tensors.values()}))

@@ -22,7 +22,8 @@ What is written (GGUF v3, through the `gguf` package, scripts/requirements.txt):
   decoded by convert/spm.py, or from a byte-fallback BPE tokenizer.json with scores
   taken from the merge ranks) or byte-level BPE (`gpt2`: tokens, types, merges, and the
   pre-tokenizer name, recognized from tokenizer.json or given with --pre); BOS/EOS/UNK/PAD
-  ids and whether BOS is added, decided as barellm decides it.
+  ids and whether BOS is added, decided as barellm decides it; the chat template of
+  tokenizer_config.json.
 - tensors named as llama.cpp names them (token_embd, blk.N.attn_q, ..., output_norm,
   output); norms in F32, matrices in --type (default: the checkpoint's own dtype). With
   a quantized type a matrix whose rows are not a multiple of its block (32) long stays
@@ -311,6 +312,9 @@ def add_tokenizer(writer, hf_dir, config, pre_override):
         writer.add_pad_token_id(pad)
     writer.add_add_bos_token(bool(add_bos))
     writer.add_add_eos_token(False)
+    template = hf_tokenizer.chat_template(tok_cfg)
+    if template is not None:
+        writer.add_chat_template(template)
     return source
 
 
