@@ -446,7 +446,7 @@ def write_output(path, plan, metadata, weight_dtype, barellm):
 
 
 def read_checkpoint(hf_dir, output, weight_dtype):
-    """(config, tokenizer.json, chat template or None, plan) of the Hugging Face
+    """(config, tokenizer.json, chat template or None, plan, None) of the Hugging Face
     checkpoint in `hf_dir`, the config's weight_dtype `weight_dtype` or the checkpoint's
     own."""
     cfg = json_object(os.path.join(hf_dir, "config.json"), required=True)
@@ -468,13 +468,14 @@ def read_checkpoint(hf_dir, output, weight_dtype):
                                sorted({info.path for info in tensors.values()}))
     plan = tensor_plan(config, tensors)
     config["weight_dtype"] = weight_dtype or default_weight_dtype(cfg, plan)
-    return config, tokenizer, hf_tokenizer.chat_template(tok_cfg), plan
+    return config, tokenizer, hf_tokenizer.chat_template(tok_cfg), plan, None
 
 
 def read_gguf(path, output, weight_dtype):
-    """(config, tokenizer.json, chat template or None, plan) of the GGUF file `path`
-    (gguf_in.py), the config's weight_dtype `weight_dtype` or the one that keeps most of
-    the file's weights exactly; the matrices that change type are named on stderr."""
+    """(config, tokenizer.json, chat template or None, plan, note) of the GGUF file
+    `path` (gguf_in.py), the config's weight_dtype `weight_dtype` or the one that keeps
+    most of the file's weights exactly; the note names the matrices that change type
+    (None when none does)."""
     refuse_output_among_inputs(output, [path])
     model = gguf_in.GGUFModel(path)
     config = model.config()
@@ -487,10 +488,8 @@ def read_gguf(path, output, weight_dtype):
     plan = model.plan(config, expected)
     config["weight_dtype"] = weight_dtype or gguf_in.default_weight_dtype(plan)
     note = gguf_in.changed_types_note(plan, config["weight_dtype"])
-    if note:
-        print(f"convert: {note}", file=sys.stderr)
     template = model.keys.string("tokenizer.chat_template")
-    return config, vocabulary.tokenizer, template, plan
+    return config, vocabulary.tokenizer, template, plan, note
 
 
 def convert(source, output, weight_dtype=None, barellm=None):
@@ -499,12 +498,13 @@ def convert(source, output, weight_dtype=None, barellm=None):
 
     `weight_dtype` is "F32", "F16", "BF16", "Q8" or None for the source's own dtype.
     `barellm` is the program that must load the file before it is put in place (None:
-    no check). Returns a one-line summary.
+    no check). Returns a one-line summary; a note on what changed type goes to stderr once
+    the file is written.
     """
     if os.path.isdir(source):
-        config, tokenizer, template, plan = read_checkpoint(source, output, weight_dtype)
+        config, tokenizer, template, plan, note = read_checkpoint(source, output, weight_dtype)
     elif os.path.isfile(source):
-        config, tokenizer, template, plan = read_gguf(source, output, weight_dtype)
+        config, tokenizer, template, plan, note = read_gguf(source, output, weight_dtype)
     else:
         raise ConvertError(f"{source}: not a directory or a GGUF file")
     check_token_ids(config, tokenizer)
@@ -513,6 +513,8 @@ def convert(source, output, weight_dtype=None, barellm=None):
     if template is not None:
         metadata["barellm.chat_template"] = template
     size = write_output(output, plan, metadata, config["weight_dtype"], barellm)
+    if note:
+        print(f"convert: {note}", file=sys.stderr)
     return (f"wrote {output}: {config['layers']} layers, dim {config['dim']}, vocab "
             f"{config['vocab_size']}, {config['weight_dtype']} weights, "
             f"{size / 2**20:.1f} MiB")
