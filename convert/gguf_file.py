@@ -7,17 +7,21 @@ u64 offset), padding to `general.alignment` (default 32), then the tensor data, 
 tensor at its offset from the start of the data. A string is a u64 length and its bytes;
 an array a u32 item type, a u64 count and the items.
 
-The `gguf` package's GGUFReader reads the values and maps the tensors, but it trusts the
-file: it loops over whatever count a header gives, reads past the end as empty arrays
-and cuts short tensors that overrun the file. So the whole header is walked here first,
-every count and length checked against the bytes that remain, every tensor against the
-data section, before GGUFReader sees the file.
+The header is read here, every count and length checked against the bytes that remain
+and every tensor against the data section; the `gguf` package gives the tensor types
+(their block sizes) and decodes the tensor data (gguf_in.py). Its own GGUFReader is not
+used: it trusts the file (it loops over whatever count a header gives, reads past the end
+as empty arrays, cuts short tensors that overrun the file), and it holds each array item
+as a numpy array of its own, which for a vocabulary of 4 million items took 441 s and
+3 GB here.
 """
 
 import math
 import os
 import struct
 from typing import NamedTuple
+
+import numpy as np
 
 from common import ConvertError
 
@@ -35,7 +39,15 @@ ALIGNMENT_KEY = "general.alignment"
 SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
                   10: "<Q", 11: "<q", 12: "<d"}
 STRING_TYPE, ARRAY_TYPE, UINT32_TYPE = 8, 9, 4
+# GGUFValueType -> numpy dtype, to read a whole array of that type at once.
+ARRAY_DTYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1",
+                10: "<u8", 11: "<i8", 12: "<f8"}
 STRING_LENGTH_BYTES = 8
+# Bounds on what the header may hold, far above real files (Llama 3: 128256 tokens,
+# 280147 merges, 291 tensors), which keep the memory of its values to a few hundred MB.
+MAX_ARRAY_ITEMS = 1 << 22  # over all arrays of the header
+MAX_KEYS = 1 << 16
+MAX_TENSORS = 1 << 16
 # The fewest bytes a key/value pair and a tensor info can take, to bound their counts.
 MIN_KEY_VALUE_BYTES = STRING_LENGTH_BYTES + 4 + 1
 MIN_TENSOR_INFO_BYTES = STRING_LENGTH_BYTES + 4 + 8 + 4 + 8
@@ -46,9 +58,17 @@ class TensorLayout(NamedTuple):
 
     name: str
     dims: tuple  # ggml order: the row length first
-    ggml_type: int
+    ggml_type: object  # gguf.GGMLQuantizationType
     start: int  # absolute file offset
     nbytes: int
+
+
+class Contents(NamedTuple):
+    """What check_layout read: the keys and the tensors."""
+
+    # key -> (types, value): types is [value type], or [ARRAY, item type] with a list
+    keys: dict
+    tensors: dict  # name -> TensorLayout
 
 
 def require_package():
@@ -59,10 +79,12 @@ def require_package():
 
 
 class _Cursor:
-    """Bounds-checked little-endian reads from the start of an open file of `size` bytes."""
+    """Bounds-checked little-endian reads from the start of an open file of `size` bytes;
+    counts the array items read."""
 
     def __init__(self, file, size, name):
         self.file, self.size, self.name, self.pos = file, size, name, 0
+        self.array_items = 0
 
     def remaining(self):
         return self.size - self.pos
@@ -78,12 +100,6 @@ class _Cursor:
         self.pos += count
         return self.file.read(count)
 
-    def skip(self, count, what):
-        """Step over the next `count` bytes without reading them."""
-        self._check(count, what)
-        self.pos += count
-        self.file.seek(self.pos)
-
     def scalar(self, fmt, what):
         return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
 
@@ -95,49 +111,56 @@ class _Cursor:
             raise ConvertError(f"{self.name}: {what} is not UTF-8 text") from None
 
 
-def _skip_value(cursor, value_type, key):
-    """Step over one value of `value_type`, checking it fits; return the scalar read when
-    it is one (the alignment is needed), else None."""
+def _read_value(cursor, value_type, key):
+    """Read one value of `value_type`, checking it fits; return (types, value)."""
     what = f"the value of '{key}'"
     if value_type in SCALAR_FORMATS:
-        return cursor.scalar(SCALAR_FORMATS[value_type], what)
+        value = cursor.scalar(SCALAR_FORMATS[value_type], what)
+        return [value_type], value
     if value_type == STRING_TYPE:
-        cursor.skip(cursor.scalar("<Q", what), what)
-        return None
+        return [value_type], cursor.string(what)
     if value_type != ARRAY_TYPE:
         raise ConvertError(f"{cursor.name}: '{key}' has unknown value type {value_type}")
     item_type = cursor.scalar("<I", what)
     count = cursor.scalar("<Q", what)
-    if item_type in SCALAR_FORMATS:
-        cursor.skip(count * struct.calcsize(SCALAR_FORMATS[item_type]), what)
-    elif item_type == STRING_TYPE:
-        if count * STRING_LENGTH_BYTES > cursor.remaining():
-            raise ConvertError(f"{cursor.name}: '{key}' claims {count} strings, more than "
+    if item_type in ARRAY_DTYPES or item_type == STRING_TYPE:
+        dtype = np.dtype(ARRAY_DTYPES.get(item_type, "<u8"))  # a string's length at least
+        if count * dtype.itemsize > cursor.remaining():
+            raise ConvertError(f"{cursor.name}: '{key}' claims {count} items, more than "
                                "the file holds")
-        for _ in range(count):
-            cursor.skip(cursor.scalar("<Q", what), what)
-    else:
-        kind = "arrays of arrays" if item_type == ARRAY_TYPE else f"item type {item_type}"
-        raise ConvertError(f"{cursor.name}: '{key}' is an array of {kind} (not supported)")
-    return None
+        cursor.array_items += count
+        if cursor.array_items > MAX_ARRAY_ITEMS:
+            raise ConvertError(f"{cursor.name}: the arrays of the header hold more than "
+                               f"{MAX_ARRAY_ITEMS} items (at '{key}')")
+    if item_type in ARRAY_DTYPES:
+        items = np.frombuffer(cursor.take(count * dtype.itemsize, what), dtype=dtype)
+        return [value_type, item_type], items.tolist()
+    if item_type == STRING_TYPE:
+        return [value_type, item_type], [cursor.string(what) for _ in range(count)]
+    kind = "arrays of arrays" if item_type == ARRAY_TYPE else f"item type {item_type}"
+    raise ConvertError(f"{cursor.name}: '{key}' is an array of {kind} (not supported)")
 
 
 def _read_key_values(cursor, count):
-    """Walk the key/value pairs; return the alignment of the data section."""
-    keys, alignment = set(), DEFAULT_ALIGNMENT
+    """Read the key/value pairs: {key: (types, value)}."""
+    keys = {}
     for _ in range(count):
         key = cursor.string("a key")
         if key in keys:
             raise ConvertError(f"{cursor.name}: key '{key}' appears twice")
-        keys.add(key)
         value_type = cursor.scalar("<I", f"the type of '{key}'")
-        value = _skip_value(cursor, value_type, key)
-        if key == ALIGNMENT_KEY:
-            if value_type != UINT32_TYPE or value == 0 or value & (value - 1):
-                raise ConvertError(f"{cursor.name}: {ALIGNMENT_KEY} must be a power of two "
-                                   "stored as uint32")
-            alignment = value
-    return alignment
+        keys[key] = _read_value(cursor, value_type, key)
+    return keys
+
+
+def _alignment(name, keys):
+    """The alignment of the data section: general.alignment, else 32."""
+    if ALIGNMENT_KEY not in keys:
+        return DEFAULT_ALIGNMENT
+    types, value = keys[ALIGNMENT_KEY]
+    if types != [UINT32_TYPE] or value == 0 or value & (value - 1):
+        raise ConvertError(f"{name}: {ALIGNMENT_KEY} must be a power of two stored as uint32")
+    return value
 
 
 def _read_tensor_infos(cursor, count):
@@ -181,7 +204,7 @@ def _tensor_layout(file_name, info, data_start, alignment, file_size):
     if start + nbytes > file_size:
         raise ConvertError(f"{where} ends at byte {start + nbytes} but the file has "
                            f"{file_size} bytes (truncated?)")
-    return TensorLayout(name, dims, ggml_type, start, nbytes)
+    return TensorLayout(name, dims, qtype, start, nbytes)
 
 
 def _check_no_overlap(file_name, layouts):
@@ -193,9 +216,9 @@ def _check_no_overlap(file_name, layouts):
                                "overlap")
 
 
-def check_layout(path):
-    """Walk and check the whole header of the GGUF file at `path`; return its tensors as
-    {name: TensorLayout}. Raises ConvertError naming the first problem."""
+def read_header(path):
+    """Read and check the whole header of the GGUF file at `path`, and where its tensors
+    lie; return its Contents. Raises ConvertError naming the first problem."""
     require_package()
     name = os.path.basename(path)
     try:
@@ -217,19 +240,25 @@ def check_layout(path):
             if needed > cursor.remaining():
                 raise ConvertError(f"{name}: {tensor_count} tensors and {kv_count} keys "
                                    f"cannot fit in {size} bytes")
-            alignment = _read_key_values(cursor, kv_count)
+            if tensor_count > MAX_TENSORS or kv_count > MAX_KEYS:
+                raise ConvertError(f"{name}: {tensor_count} tensors and {kv_count} keys are "
+                                   f"more than supported ({MAX_TENSORS} and {MAX_KEYS})")
+            keys = _read_key_values(cursor, kv_count)
             infos = _read_tensor_infos(cursor, tensor_count)
     except OSError as e:
         raise ConvertError(f"{name}: cannot read ({e.strerror})") from None
+    alignment = _alignment(name, keys)
     data_start = -(-cursor.pos // alignment) * alignment
     layouts = [_tensor_layout(name, info, data_start, alignment, size) for info in infos]
     _check_no_overlap(name, layouts)
-    return {layout.name: layout for layout in layouts}
+    return Contents(keys, {layout.name: layout for layout in layouts})
 
 
-def open_reader(path):
-    """A GGUFReader over `path`, once check_layout has passed it."""
-    try:
-        return gguf.GGUFReader(path)
-    except (ValueError, KeyError, IndexError, UnicodeDecodeError) as e:
-        raise ConvertError(f"{os.path.basename(path)}: not a valid GGUF file ({e})") from None
+def map_tensor(path, layout):
+    """The bytes of one tensor, memory-mapped read-only: [rows, bytes per row], rows being
+    every dimension after the first ([bytes] for a vector)."""
+    qtype = layout.ggml_type
+    block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    row_bytes = layout.dims[0] // block * block_bytes
+    shape = (row_bytes,) if len(layout.dims) == 1 else (layout.nbytes // row_bytes, row_bytes)
+    return np.memmap(path, dtype=np.uint8, mode="r", offset=layout.start, shape=shape)

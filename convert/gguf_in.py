@@ -76,26 +76,11 @@ def rope_row_order(rows, head_dim):
 
 # ---------------------------------------------------------------------------- key values
 
-def _key_values(reader):
-    """{key: value} of the reader's fields: ints, floats, bools, strings and lists of
-    them (field types checked here, so later code sees plain Python values)."""
-    keys = {}
-    for field in reader.fields.values():
-        if field.name.startswith("GGUF."):
-            continue
-        try:
-            value = field.contents()
-        except UnicodeDecodeError:
-            raise ConvertError(f"GGUF key '{field.name}': a string is not UTF-8") from None
-        keys[field.name] = (field.types, value)
-    return keys
-
-
 class Keys:
     """Typed access to the GGUF keys; errors name the key."""
 
-    def __init__(self, reader):
-        self.entries = _key_values(reader)
+    def __init__(self, entries):
+        self.entries = entries  # key -> (types, value), as gguf_file.read_header gives
 
     def has(self, key):
         return key in self.entries
@@ -173,12 +158,12 @@ class GGUFTensor:
     `shape` is Hugging Face's ([rows, cols], or [n] for a vector), `dtype` the ggml type
     name. f32_blocks() and q8_blocks() are what convert.py's writer asks of a source."""
 
-    def __init__(self, reader_tensor, head_dim_of_rows):
-        self.name = reader_tensor.name
-        self.qtype = reader_tensor.tensor_type
+    def __init__(self, path, layout, head_dim_of_rows):
+        self.name = layout.name
+        self.qtype = layout.ggml_type
         self.dtype = self.qtype.name
-        self.shape = tuple(int(d) for d in reversed(reader_tensor.shape.tolist()))
-        self.data = reader_tensor.data
+        self.shape = tuple(reversed(layout.dims))
+        self.path, self.layout = path, layout
         # Rows reordered per head of this many rows (q and k), else None.
         self.head_dim = head_dim_of_rows
 
@@ -188,7 +173,7 @@ class GGUFTensor:
         if len(self.shape) == 1:
             yield slice(None), None
             return
-        rows, cols = self.shape
+        rows, cols = math.prod(self.shape[:-1]), self.shape[-1]
         step = max(1, CHUNK_ELEMENTS // cols)
         if self.head_dim:
             step = max(1, step // self.head_dim) * self.head_dim
@@ -197,10 +182,11 @@ class GGUFTensor:
             order = rope_row_order(count, self.head_dim) if self.head_dim else None
             yield slice(start, start + count), order
 
+    def _bytes(self):
+        return gguf_file.map_tensor(self.path, self.layout)
+
     def _decode(self, raw):
-        """float32 values of raw stored rows."""
-        if self.dtype == "BF16":
-            return dtypes.bf16_to_f32(np.ascontiguousarray(raw).view("<u2"))
+        """float32 values of stored rows (bytes)."""
         try:
             values = gguf_file.gguf.quants.dequantize(np.ascontiguousarray(raw), self.qtype)
         except NotImplementedError:
@@ -210,8 +196,9 @@ class GGUFTensor:
 
     def f32_blocks(self):
         """Yield the tensor as float32 row blocks."""
+        data = self._bytes()
         for rows, order in self._row_slices():
-            values = self._decode(self.data[rows])
+            values = self._decode(data[rows])
             yield values if order is None else values[order]
 
     def q8_blocks(self):
@@ -222,9 +209,10 @@ class GGUFTensor:
         return self._q8_0_blocks()
 
     def _q8_0_blocks(self):
-        rows, cols = self.shape
+        cols = self.shape[-1]
+        data = self._bytes()
         for row_slice, order in self._row_slices():
-            blocks = np.ascontiguousarray(self.data[row_slice]).reshape(
+            blocks = np.ascontiguousarray(data[row_slice]).reshape(
                 -1, cols // dtypes.Q8_GROUP, Q8_0_BLOCK_BYTES)
             scales = np.ascontiguousarray(blocks[:, :, :2]).view("<f2")[:, :, 0]
             values = np.ascontiguousarray(blocks[:, :, 2:]).view(np.int8).reshape(-1, cols)
@@ -244,10 +232,9 @@ class GGUFModel:
 
     def __init__(self, path):
         self.path = path
-        gguf_file.check_layout(path)
-        reader = gguf_file.open_reader(path)
-        self.keys = Keys(reader)
-        self.tensors = {t.name: t for t in reader.tensors}
+        contents = gguf_file.read_header(path)
+        self.keys = Keys(contents.keys)
+        self.tensors = contents.tensors
         arch = self.keys.string("general.architecture")
         if arch is None:
             raise ConvertError("GGUF key 'general.architecture' is missing")
@@ -339,7 +326,7 @@ class GGUFModel:
         the largest divisor; the other three are the GGUF's `rope.scaling.*` where given,
         else Llama 3.1's (1, 4, 8192); the tensor must then match to float32 rounding."""
         tensor = self.tensors[ROPE_FREQS]
-        source = GGUFTensor(tensor, None)
+        source = GGUFTensor(self.path, tensor, None)
         if source.shape != (head_dim // 2,):
             raise ConvertError(f"{ROPE_FREQS} has shape {list(source.shape)}, expected "
                                f"[{head_dim // 2}]")
@@ -388,7 +375,7 @@ class GGUFModel:
             tensor = self.tensors[gguf_name]
             short = name.rsplit(".", 1)[-1]
             interleaved = self.arch.interleaved_qk and short in ("wq", "wk")
-            source = GGUFTensor(tensor, config["head_dim"] if interleaved else None)
+            source = GGUFTensor(self.path, tensor, config["head_dim"] if interleaved else None)
             if source.shape != tuple(shape):
                 raise ConvertError(f"tensor '{gguf_name}' has shape {list(source.shape)}, "
                                    f"expected {list(shape)} from the config")

@@ -36,6 +36,8 @@ def gguf_string(text):
 def gguf_value(kind, value):
     if kind == STRING:
         return gguf_string(value)
+    if kind == ARRAY and isinstance(value[1], bytes):  # U8 items, given as bytes
+        return struct.pack("<IQ", value[0], len(value[1])) + value[1]
     if kind == ARRAY:
         item_kind, items = value
         return struct.pack("<IQ", item_kind, len(items)) + b"".join(
@@ -226,8 +228,9 @@ HOSTILE = {
     "big-endian": (with_("version", 3 << 24), "big-endian"),
     "empty file": (with_("cut", 0), "truncated GGUF header"),
     "cut in the counts": (with_("cut", 12), "truncated GGUF header"),
-    "cut in the keys": (cut_after(b"tokenizer.ggml.scores", 40), "truncated GGUF header"),
-    "cut in the token list": (cut_at(0.3), "claims 262 strings, more than the file holds"),
+    "cut in the keys": (cut_after(b"tokenizer.ggml.bos_token_id", 2),
+                        "truncated GGUF header"),
+    "cut in the token list": (cut_at(0.3), "claims 262 items, more than the file holds"),
     "cut in the tensor infos": (cut_at(0.95), "truncated GGUF header"),
     "cut in the data": (with_("cut", len(bytes(TinyGGUF())) - 100), "truncated?"),
     "huge tensor count": (with_("tensor_count", 2**62), "cannot fit in"),
@@ -237,7 +240,9 @@ HOSTILE = {
     "huge array count": (with_key("tokenizer.ggml.merges", ARRAY, (STRING, [])),
                          "more than the file holds"),
     "huge scalar array": (with_key("tokenizer.ggml.scores", ARRAY, (F32_VALUE, [])),
-                          "truncated GGUF header"),
+                          "more than the file holds"),
+    "too many array items": (with_key("general.odd", ARRAY, (U8, bytes(1 << 22))),
+                             "hold more than 4194304 items"),
     "unknown value type": (with_key("general.odd", 13, None), "unknown value type 13"),
     "array of arrays": (with_key("general.odd", ARRAY, (ARRAY, [])), "arrays of arrays"),
     "non-UTF-8 key": (with_key(b"general.\xff", U32, 1), "not UTF-8"),
