@@ -302,8 +302,11 @@ def add_tokenizer(writer, hf_dir, config, pre_override):
         writer.add_token_types(types)
         writer.add_token_merges(merges)
         source = f"byte-level BPE (pre-tokenizer {pre})"
-    if config["bos_id"] is not None:
-        writer.add_bos_token_id(config["bos_id"])
+    bos_id = config["bos_id"]
+    if bos_id is None and add_bos:  # as convert.py takes it
+        bos_id = hf_tokenizer.bos_id(hf_dir, tok_cfg, tokenizer)
+    if bos_id is not None:
+        writer.add_bos_token_id(bos_id)
     if config["eos_ids"]:
         writer.add_eos_token_id(config["eos_ids"][0])
     cfg = convert.json_object(os.path.join(hf_dir, "config.json"), True)
@@ -495,8 +498,8 @@ def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
         if os.path.exists(tmp):
             os.unlink(tmp)
     if kept_f16:
-        log(f"note: {len(kept_f16)} tensors with rows not whole {qtype.name} blocks kept in F16 "
-            f"({', '.join(kept_f16[:3])}{', ...' if len(kept_f16) > 3 else ''})")
+        log(f"note: {len(kept_f16)} tensors with rows not whole {qtype.name} blocks kept in "
+            f"F16 ({', '.join(kept_f16[:3])}{', ...' if len(kept_f16) > 3 else ''})")
     size = os.path.getsize(output)
     return (f"wrote {output}: {config['layers']} layers, dim {config['dim']}, vocab "
             f"{config['vocab_size']}, {type_name} matrices, tokenizer {tokenizer}, "
