@@ -425,4 +425,5 @@ def changed_types_note(plan, weight_dtype):
     count = sum(len(names) for names in changed.values())
     parts = [f"{len(names)} {kind} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
              for kind, names in sorted(changed.items())]
-    return f"{count} tensors stored as {weight_dtype} from other types: {'; '.join(parts)}"
+    tensors = "tensor" if count == 1 else "tensors"
+    return f"{count} {tensors} stored as {weight_dtype} from other types: {'; '.join(parts)}"

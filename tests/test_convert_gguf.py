@@ -1,7 +1,8 @@
 """convert/convert.py on GGUF files written by scripts/gguf_from_hf.py from Hugging Face
 checkpoints: the barellm file of the GGUF must give the logits of the barellm file of the
 checkpoint itself (build/dump_logits), and its tokenizer the ids of the Hugging Face
-tokenizer (pip `tokenizers`)."""
+tokenizer (pip `tokenizers`). Types the gguf package only decodes (K-quants, IQ) are
+checked on random blocks against its own dequantization."""
 
 import json
 import os
@@ -14,6 +15,7 @@ import pytest
 from convert_testlib import (BUILD, CONVERT, LLAMA2_TOKENIZER, REPO, SMOLLM2_TOKENIZER,
                              STORIES, TINY_CONFIG, make_checkpoint, need_shared, read_raw, run,
                              tiny_tensors)
+from test_convert_gguf_hostile import TinyGGUF
 
 gguf = pytest.importorskip("gguf", reason="pip package gguf missing")
 tokenizers = pytest.importorskip("tokenizers", reason="pip package tokenizers missing")
@@ -341,3 +343,36 @@ def test_chat_template_is_kept(tmp_path):
         json.dump({"chat_template": template}, f)
     out, _ = convert(gguf_from_hf(hf, tmp_path / "m.gguf"), tmp_path / "m.bin")
     assert metadata(out)["barellm.chat_template"] == template
+
+
+# Types the gguf package decodes but cannot write: the byte offsets of the f16 scales in
+# each block (set to small values here; the other bytes are random).
+DECODE_ONLY_SCALES = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
+                      "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
+
+
+@pytest.mark.parametrize("type_name", sorted(DECODE_ONLY_SCALES))
+def test_decode_only_types_become_the_asked_dtype(tmp_path, type_name):
+    """A K-quant or IQ matrix of random blocks (rows of 256) converts to f32 exactly as
+    the gguf package dequantizes it; by default it takes the type of the file's other
+    matrices (F32), with one line naming it."""
+    need_tools()
+    qtype = gguf.GGMLQuantizationType[type_name]
+    block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    model = TinyGGUF(hidden=256)
+    dims = model.tensors["blk.0.ffn_down.weight"][0]
+    rng = np.random.default_rng(3)
+    blocks = rng.integers(0, 256, (dims[1], dims[0] // block, block_bytes), dtype=np.uint8)
+    scales = (rng.uniform(0.001, 0.01, blocks.shape[:2] + (1,))).astype("<f2").view(np.uint8)
+    for offset in DECODE_ONLY_SCALES[type_name]:
+        blocks[:, :, offset:offset + 2] = scales
+    model.tensors["blk.0.ffn_down.weight"] = [dims, int(qtype), blocks.tobytes(), None]
+    source = tmp_path / "m.gguf"
+    source.write_bytes(bytes(model))
+    out, _ = convert(source, tmp_path / "f32.bin", "--dtype", "f32")
+    expected = gguf.quants.dequantize(blocks.reshape(dims[1], -1), qtype)
+    assert np.isfinite(expected).all()
+    assert np.array_equal(read_raw(out)[2]["layers.0.w2"], expected)
+    out, log = convert(source, tmp_path / "f16.bin")
+    assert config_of(out)["weight_dtype"] == "F32"
+    assert log.count("\n") == 1 and f"1 {type_name} (blk.0.ffn_down.weight)" in log

@@ -48,9 +48,10 @@ def gguf_value(kind, value):
 
 
 class TinyGGUF:
-    """A tiny llama GGUF file (v3, F32 tensors) to break in one place before bytes()."""
+    """A tiny llama GGUF file (v3, F32 tensors) to break in one place before bytes();
+    `hidden` is the feed-forward size."""
 
-    def __init__(self):
+    def __init__(self, hidden=HIDDEN):
         rng = np.random.default_rng(7)
         self.version = 3
         self.alignment = 32
@@ -59,7 +60,7 @@ class TinyGGUF:
             ("llama.context_length", U32, 64),
             ("llama.embedding_length", U32, DIM),
             ("llama.block_count", U32, LAYERS),
-            ("llama.feed_forward_length", U32, HIDDEN),
+            ("llama.feed_forward_length", U32, hidden),
             ("llama.attention.head_count", U32, HEADS),
             ("llama.attention.head_count_kv", U32, KV_HEADS),
             ("llama.rope.freq_base", F32_VALUE, 10000.0),
@@ -76,8 +77,8 @@ class TinyGGUF:
                               ("attn_k", (KV_HEADS * HEAD_DIM, DIM)),
                               ("attn_v", (KV_HEADS * HEAD_DIM, DIM)),
                               ("attn_output", (DIM, DIM)), ("ffn_norm", (DIM,)),
-                              ("ffn_gate", (HIDDEN, DIM)), ("ffn_up", (HIDDEN, DIM)),
-                              ("ffn_down", (DIM, HIDDEN))):
+                              ("ffn_gate", (hidden, DIM)), ("ffn_up", (hidden, DIM)),
+                              ("ffn_down", (DIM, hidden))):
             shapes[f"blk.0.{suffix}.weight"] = shape
         # name -> [dims (row length first), ggml type, data bytes, offset or None (next)]
         self.tensors = {}
