@@ -146,9 +146,16 @@ def assert_refused(tmp_path, raw, message, *options):
     assert os.listdir(out_dir) == []
 
 
-def test_the_tiny_model_converts(tmp_path):
-    """The base of every hostile case is valid (so each case tests its one change)."""
-    result, out_dir = convert_bytes(tmp_path, bytes(TinyGGUF()))
+@pytest.mark.parametrize("version,alignment", [(3, 32), (2, 32), (3, 64)])
+def test_the_tiny_model_converts(tmp_path, version, alignment):
+    """The base of every hostile case is valid (so each case tests its one change), as
+    GGUF version 3 or 2, with the default alignment or general.alignment 64."""
+    model = TinyGGUF()
+    model.version = version
+    if alignment != 32:
+        model.alignment = alignment
+        model.key("general.alignment", U32, alignment)
+    result, out_dir = convert_bytes(tmp_path, bytes(model))
     assert result.returncode == 0, result.stderr
     assert os.listdir(out_dir) == ["model.bin"]
 
