@@ -38,18 +38,20 @@ LLAMA3_SCALING_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
                            "original_max_position_embeddings": 8192}
 ROPE_FREQS = "rope_freqs.weight"
 # barellm tensor name -> llama.cpp's (per layer: the part after "blk.{l}.").
-LLAMA_GLOBAL_TENSORS = {"token_embedding": "token_embd", "final_norm": "output_norm",
-                        "output": "output"}
-LLAMA_LAYER_TENSORS = {"attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k",
-                       "wv": "attn_v", "wo": "attn_output", "ffn_norm": "ffn_norm",
-                       "w1": "ffn_gate", "w3": "ffn_up", "w2": "ffn_down"}
+LLAMA_GLOBAL_TENSORS = {"token_embedding": "token_embd.weight",
+                        "final_norm": "output_norm.weight", "output": "output.weight"}
+LLAMA_LAYER_TENSORS = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight",
+                       "wk": "attn_k.weight", "wv": "attn_v.weight",
+                       "wo": "attn_output.weight", "ffn_norm": "ffn_norm.weight",
+                       "w1": "ffn_gate.weight", "w3": "ffn_up.weight",
+                       "w2": "ffn_down.weight"}
 
 
 class Architecture(NamedTuple):
     """How one `general.architecture` maps onto barellm."""
 
     barellm_name: str  # the config's "architecture"
-    global_tensors: dict  # barellm name -> llama.cpp name (without ".weight")
+    global_tensors: dict  # barellm name -> llama.cpp name
     layer_tensors: dict  # barellm layer suffix -> llama.cpp suffix after "blk.{l}."
     # llama.cpp's converter interleaved the rows of q and k (its llama RoPE rotates
     # neighbours); False where it keeps Hugging Face's rotate-half order (NEOX RoPE).
@@ -294,7 +296,7 @@ class GGUFModel:
             "rope_scaling": self._rope_scaling(theta, head_dim),
             "norm_eps": self.keys.number(k("attention.layer_norm_rms_epsilon")),
             "sliding_window": integer(k("attention.sliding_window"), required=False),
-            "tied_embeddings": "output.weight" not in self.tensors,
+            "tied_embeddings": self.arch.global_tensors["output"] not in self.tensors,
             "bos_id": None,
             "eos_ids": [],
             "add_bos": None,
@@ -355,8 +357,8 @@ class GGUFModel:
     def _gguf_name(self, name):
         if name.startswith("layers."):
             _, layer, short = name.split(".")
-            return f"blk.{layer}.{self.arch.layer_tensors[short]}.weight"
-        return self.arch.global_tensors[name] + ".weight"
+            return f"blk.{layer}.{self.arch.layer_tensors[short]}"
+        return self.arch.global_tensors[name]
 
     def plan(self, config, expected):
         """[(barellm name, GGUFTensor, is_norm)] in output order, checking the file holds
