@@ -456,6 +456,7 @@ def read_checkpoint(hf_dir, output, weight_dtype):
     config = model_config(cfg, gen)
     tokenizer, from_sentencepiece = hf_tokenizer.load_tokenizer(hf_dir)
     hf_tokenizer.check_supported(tokenizer)
+    check_token_ids(config, tokenizer)
     config["add_bos"] = hf_tokenizer.add_bos(tok_cfg, tokenizer, from_sentencepiece)
     if config["add_bos"] and config["bos_id"] is None:
         config["bos_id"] = hf_tokenizer.bos_id(hf_dir, tok_cfg, tokenizer)
@@ -483,6 +484,7 @@ def read_gguf(path, output, weight_dtype):
     config.update(add_bos=vocabulary.add_bos, bos_id=vocabulary.bos_id,
                   eos_ids=vocabulary.eos_ids)
     hf_tokenizer.check_supported(vocabulary.tokenizer)
+    check_token_ids(config, vocabulary.tokenizer)
     expected = {name: (shape, is_norm)
                 for name, shape, is_norm in expected_tensors(config).values()}
     plan = model.plan(config, expected)
@@ -507,7 +509,6 @@ def convert(source, output, weight_dtype=None, barellm=None):
         config, tokenizer, template, plan, note = read_gguf(source, output, weight_dtype)
     else:
         raise ConvertError(f"{source}: not a directory or a GGUF file")
-    check_token_ids(config, tokenizer)
     metadata = {"barellm.format": "1", "barellm.config": compact_json(config),
                 "barellm.tokenizer": compact_json(tokenizer)}
     if template is not None:
