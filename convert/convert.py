@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3 checkpoint into one barellm weight file.
+"""Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3 checkpoint, or a GGUF file of llama.cpp,
+into one barellm weight file.
 
     python3 convert/convert.py HF_DIR -o OUT [--dtype f32|f16|bf16|q8|q4] [--barellm PATH]
+    python3 convert/convert.py MODEL.gguf -o OUT [--dtype f32|f16|bf16|q8|q4] [--barellm PATH]
 
 The output is described in docs/FORMAT.md; q8 stores every matrix as int8 values in
 groups of 32 columns with f16 scales (tensors NAME and NAME.scale); q4 stores every
@@ -10,6 +12,7 @@ byte, in blocks of 32 columns with f16 scales), the others as f16. Tensors are l
 out by element size (4-byte, then 2-byte, then 1-byte) so each is naturally aligned,
 and streamed one row block at a time, so memory stays bounded whatever the checkpoint
 size.
+A GGUF file is read by gguf_in.py; its tensors are sources with their own row blocks.
 Before the output is put in place, the barellm program loads it (barellm_check.py): a
 file barellm refuses is not written, and barellm's message is shown. The program is
 --barellm PATH, else $BARELLM, else build/barellm; when that is not built, the file is
@@ -30,6 +33,7 @@ import barellm_check
 from common import (ConvertError, compact_json, float32, read_json, refuse_output_among_inputs,
                     run_main, stop_signals_held)
 import dtypes
+import gguf_in
 import hf_tokenizer
 import safetensors_io as st
 
@@ -375,15 +379,22 @@ def default_weight_dtype(cfg, plan):
     return dtypes.TORCH_NAMES.get(cfg.get("torch_dtype", cfg.get("dtype")), "F16")
 
 
-def f32_blocks(info):
-    """Yield the tensor `info` as float32 row blocks, refusing NaN/Inf."""
+def safetensors_f32_blocks(info):
+    """Yield the safetensors tensor `info` as float32 row blocks."""
     try:
         source = st.map_tensor(info)
     except (OSError, ValueError) as e:
         raise ConvertError(f"{os.path.basename(info.path)}: cannot map tensor "
                            f"'{info.name}' ({e})") from None
     for block in st.row_blocks(source, CHUNK_ELEMENTS):
-        values = dtypes.to_f32(block, info.dtype)
+        yield dtypes.to_f32(block, info.dtype)
+
+
+def f32_blocks(info):
+    """Yield the tensor `info` as float32 row blocks, refusing NaN/Inf. `info` is a
+    safetensors TensorInfo or a source with its own f32_blocks() (gguf_in.GGUFTensor)."""
+    blocks = info.f32_blocks() if hasattr(info, "f32_blocks") else safetensors_f32_blocks(info)
+    for values in blocks:
         if not np.isfinite(values).all():
             kind = "NaN" if np.isnan(values).any() else "Inf"
             raise ConvertError(f"tensor '{info.name}' contains {kind} values")
@@ -402,6 +413,24 @@ def write_tensor(f, info, out_dtype):
         f.write(np.ascontiguousarray(out).tobytes())
 
 
+def q8_blocks(info):
+    """Yield the matrix `info` as Q8 row blocks (int8 values, f16 scales): the source's own
+    where it has them (a GGUF Q8_0 tensor, copied bit for bit), else quantized from its
+    float32 values."""
+    own = info.q8_blocks() if hasattr(info, "q8_blocks") else None
+    if own is not None:
+        yield from own
+        return
+    for values in f32_blocks(info):
+        quantized, scales = dtypes.quantize_q8(values)
+        if not np.isfinite(scales).all():
+            raise ConvertError(
+                f"tensor '{info.name}' has values beyond the Q8 range "
+                f"(max |x| = {np.abs(values).max():g}, scale over the F16 maximum); "
+                "choose another --dtype")
+        yield quantized, scales
+
+
 def write_q8_tensor(f, info, values_start, scales_start):
     """Stream one matrix into `f` as Q8: its I8 values at absolute offset
     `values_start` and its F16 scales at `scales_start`.
@@ -411,18 +440,12 @@ def write_q8_tensor(f, info, values_start, scales_start):
     rows, cols = info.shape
     scale_row_bytes = dtypes.q8_groups(cols) * 2
     row = 0
-    for values in f32_blocks(info):
-        quantized, scales = dtypes.quantize_q8(values)
-        if not np.isfinite(scales).all():
-            raise ConvertError(
-                f"tensor '{info.name}' has values beyond the Q8 range "
-                f"(max |x| = {np.abs(values).max():g}, scale over the F16 maximum); "
-                "choose another --dtype")
+    for quantized, scales in q8_blocks(info):
         f.seek(values_start + row * cols)
         f.write(np.ascontiguousarray(quantized).tobytes())
         f.seek(scales_start + row * scale_row_bytes)
         f.write(np.ascontiguousarray(scales, dtype="<f2").tobytes())
-        row += len(values)
+        row += len(quantized)
 
 
 def write_q4_tensor(f, info, values_start, scales_start):
@@ -534,16 +557,10 @@ def write_output(path, plan, metadata, weight_dtype, barellm):
     return len(header) + data_bytes
 
 
-def convert(hf_dir, output, weight_dtype=None, barellm=None):
-    """Convert the checkpoint in `hf_dir` to the barellm file `output`.
-
-    `weight_dtype` is "F32", "F16", "BF16", "Q8", "Q4" or None for the checkpoint's own
-    dtype. With Q4, a note naming the matrices kept in F16 goes to stderr.
-    `barellm` is the program that must load the file before it is put in place (None:
-    no check). Returns a one-line summary.
-    """
-    if not os.path.isdir(hf_dir):
-        raise ConvertError(f"{hf_dir}: not a directory")
+def read_checkpoint(hf_dir, output, weight_dtype):
+    """(config, tokenizer.json, chat template or None, plan, None) of the Hugging Face
+    checkpoint in `hf_dir`, the config's weight_dtype `weight_dtype` or the checkpoint's
+    own."""
     cfg = json_object(os.path.join(hf_dir, "config.json"), required=True)
     gen = json_object(os.path.join(hf_dir, "generation_config.json"), required=False)
     tok_cfg = json_object(os.path.join(hf_dir, "tokenizer_config.json"), required=False)
@@ -553,20 +570,68 @@ def convert(hf_dir, output, weight_dtype=None, barellm=None):
     hf_tokenizer.check_supported(tokenizer)
     check_token_ids(config, tokenizer)
     config["add_bos"] = hf_tokenizer.add_bos(tok_cfg, tokenizer, from_sentencepiece)
+    if config["add_bos"] and config["bos_id"] is None:
+        config["bos_id"] = hf_tokenizer.bos_id(hf_dir, tok_cfg, tokenizer)
+        if config["bos_id"] is None:
+            raise ConvertError("the tokenizer adds BOS but no BOS id is known: config.json "
+                               "has no bos_token_id, and neither tokenizer_config.json's "
+                               "bos_token nor tokenizer.model names one")
     tensors = st.open_checkpoint(hf_dir)
     refuse_output_among_inputs(output, [os.path.join(hf_dir, name) for name in SIDE_FILES] +
                                sorted({info.path for info in tensors.values()}))
     plan = tensor_plan(config, tensors)
     config["weight_dtype"] = weight_dtype or default_weight_dtype(cfg, plan)
+    return config, tokenizer, hf_tokenizer.chat_template(tok_cfg), plan, None
+
+
+def read_gguf(path, output, weight_dtype):
+    """(config, tokenizer.json, chat template or None, plan, note) of the GGUF file
+    `path` (gguf_in.py), the config's weight_dtype `weight_dtype` or the one that keeps
+    most of the file's weights exactly; the note names the matrices that change type
+    (None when none does)."""
+    refuse_output_among_inputs(output, [path])
+    model = gguf_in.GGUFModel(path)
+    config = model.config()
+    vocabulary = model.vocabulary(config["vocab_size"])
+    config.update(add_bos=vocabulary.add_bos, bos_id=vocabulary.bos_id,
+                  eos_ids=vocabulary.eos_ids)
+    hf_tokenizer.check_supported(vocabulary.tokenizer)
+    check_token_ids(config, vocabulary.tokenizer)
+    expected = {name: (shape, is_norm)
+                for name, shape, is_norm in expected_tensors(config).values()}
+    plan = model.plan(config, expected)
+    config["weight_dtype"] = weight_dtype or gguf_in.default_weight_dtype(plan)
+    note = gguf_in.changed_types_note(plan, config["weight_dtype"])
+    template = model.keys.string("tokenizer.chat_template")
+    return config, vocabulary.tokenizer, template, plan, note
+
+
+def convert(source, output, weight_dtype=None, barellm=None):
+    """Convert `source`, a Hugging Face checkpoint directory or a GGUF file, to the
+    barellm file `output`.
+
+    `weight_dtype` is "F32", "F16", "BF16", "Q8", "Q4" or None for the source's own dtype
+    (with Q4, a note naming the matrices kept in F16 goes to stderr).
+    `barellm` is the program that must load the file before it is put in place (None:
+    no check). Returns a one-line summary; a note on what changed type goes to stderr once
+    the file is written.
+    """
+    if os.path.isdir(source):
+        config, tokenizer, template, plan, note = read_checkpoint(source, output, weight_dtype)
+    elif os.path.isfile(source):
+        config, tokenizer, template, plan, note = read_gguf(source, output, weight_dtype)
+    else:
+        raise ConvertError(f"{source}: not a directory or a GGUF file")
     metadata = {"barellm.format": "1", "barellm.config": compact_json(config),
                 "barellm.tokenizer": compact_json(tokenizer)}
-    template = hf_tokenizer.chat_template(tok_cfg)
     if template is not None:
         metadata["barellm.chat_template"] = template
     size = write_output(output, plan, metadata, config["weight_dtype"], barellm)
-    note = q4_f16_note(plan) if config["weight_dtype"] == "Q4" else None
     if note:
-        print(note, file=sys.stderr)
+        print(f"convert: {note}", file=sys.stderr)
+    q4_note = q4_f16_note(plan) if config["weight_dtype"] == "Q4" else None
+    if q4_note:
+        print(q4_note, file=sys.stderr)
     return (f"wrote {output}: {config['layers']} layers, dim {config['dim']}, vocab "
             f"{config['vocab_size']}, {config['weight_dtype']} weights, "
             f"{size / 2**20:.1f} MiB")
@@ -576,15 +641,16 @@ def parse_args(argv):
     """Command-line arguments."""
     parser = argparse.ArgumentParser(
         prog="convert.py",
-        description="Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3 checkpoint to a barellm "
-        "file.")
-    parser.add_argument("hf_dir", help="Hugging Face checkpoint directory")
+        description="Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3 checkpoint or a llama.cpp GGUF "
+        "file to a barellm file.")
+    parser.add_argument("source", help="Hugging Face checkpoint directory, or GGUF file")
     parser.add_argument("-o", "--output", required=True, help="barellm file to write")
     parser.add_argument("--dtype", choices=sorted(dtypes.CLI_NAMES),
-                        help="matrix dtype (default: the checkpoint's own); q8 is int8 "
-                        "with one f16 scale per 32 columns of a row; q4 is llama.cpp's Q4_0 "
-                        "(4-bit, one f16 scale per 32 columns), f16 for matrices whose "
-                        "columns are not a multiple of 32")
+                        help="matrix dtype (default: the checkpoint's own; for a GGUF "
+                        "file, that of most of its weights where barellm has it, Q8_0 as "
+                        "q8, else f16); q8 is int8 with one f16 scale per 32 columns of a "
+                        "row; q4 is llama.cpp's Q4_0 (4-bit, one f16 scale per 32 "
+                        "columns), f16 for matrices whose columns are not a multiple of 32")
     parser.add_argument("--barellm", metavar="PATH",
                         help="the barellm program that loads the output before it is put in "
                         "place, so that a file barellm refuses is never written (default: "
@@ -598,7 +664,7 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         barellm = barellm_check.find_binary(args.barellm)
-        print(convert(args.hf_dir, args.output, dtypes.CLI_NAMES.get(args.dtype), barellm))
+        print(convert(args.source, args.output, dtypes.CLI_NAMES.get(args.dtype), barellm))
     except ConvertError as e:
         print(f"convert: {e}", file=sys.stderr)
         return 1

@@ -98,6 +98,31 @@ def add_bos(tokenizer_config, tokenizer, from_sentencepiece):
     return _template_starts_with_special(tokenizer.get("post_processor"))
 
 
+def bos_id(hf_dir, tokenizer_config, tokenizer):
+    """The BOS id the tokenizer itself names, for a config.json without bos_token_id:
+    the id of tokenizer_config.json's `bos_token` in tokenizer.json, else the bos_id of
+    tokenizer.model's trainer spec; None when neither names one."""
+    token = (tokenizer_config or {}).get("bos_token")
+    if isinstance(token, dict):
+        token = token.get("content")
+    if isinstance(token, str):
+        ids = {entry.get("content"): entry.get("id")
+               for entry in tokenizer.get("added_tokens") or [] if isinstance(entry, dict)}
+        found = ids.get(token, tokenizer["model"]["vocab"].get(token))
+        if isinstance(found, int):
+            return found
+    model_path = os.path.join(hf_dir, "tokenizer.model")
+    if os.path.exists(model_path):
+        try:
+            with open(model_path, "rb") as f:
+                model = spm.parse_model(f.read())
+        except OSError as e:
+            raise ConvertError(f"tokenizer.model: cannot read ({e.strerror})") from None
+        if model["bos_id"] is not None and model["bos_id"] < len(model["pieces"]):
+            return model["bos_id"]
+    return None
+
+
 def _template_starts_with_special(processor):
     """True when a (possibly nested) TemplateProcessing puts a special token first."""
     if not isinstance(processor, dict):

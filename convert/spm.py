@@ -16,6 +16,9 @@ NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 # TrainerSpec.ModelType values.
 MODEL_TYPES = {1: "Unigram", 2: "BPE", 3: "Word", 4: "Char"}
 
+# TrainerSpec.bos_id when the model does not set it.
+DEFAULT_BOS_ID = 1
+
 _WIRE_VARINT, _WIRE_FIXED64, _WIRE_BYTES, _WIRE_FIXED32 = 0, 1, 2, 5
 
 
@@ -83,9 +86,11 @@ def parse_model(data):
     """Decode the bytes of a SentencePiece ModelProto.
 
     Returns a dict with `pieces` (list of (piece, score, type) in id order),
-    `model_type`, `unk_piece` (TrainerSpec) and `add_dummy_prefix` (NormalizerSpec).
+    `model_type`, `unk_piece`, `bos_id` (TrainerSpec; None when negative: no BOS) and
+    `add_dummy_prefix` (NormalizerSpec).
     """
-    model = {"pieces": [], "model_type": 1, "unk_piece": "<unk>", "add_dummy_prefix": True}
+    model = {"pieces": [], "model_type": 1, "unk_piece": "<unk>", "bos_id": DEFAULT_BOS_ID,
+             "add_dummy_prefix": True}
     for number, wire, value in _fields(data):
         if wire != _WIRE_BYTES:
             continue
@@ -95,6 +100,9 @@ def parse_model(data):
             for sub, sub_wire, sub_value in _fields(value):
                 if sub == 3 and sub_wire == _WIRE_VARINT:
                     model["model_type"] = sub_value
+                elif sub == 41 and sub_wire == _WIRE_VARINT:
+                    # int32 as a varint: a negative id (-1: none) is 2^64 - |id|.
+                    model["bos_id"] = sub_value if sub_value < 2**63 else None
                 elif sub == 45 and sub_wire == _WIRE_BYTES:
                     model["unk_piece"] = _text(sub_value)
         elif number == 3:

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Write a GGUF file for llama.cpp from a Hugging Face Llama/Mistral checkpoint.
 
-    python3 scripts/gguf_from_hf.py HF_DIR -o OUT.gguf [--type f16|bf16|f32|q8_0] [--pre NAME]
+    python3 scripts/gguf_from_hf.py HF_DIR -o OUT.gguf [--type TYPE] [--pre NAME]
+
+TYPE is f32, f16, bf16 or a type the gguf package quantizes: q8_0, q4_0, q4_1, q5_0, q5_1.
 
 Used to benchmark barellm against llama.cpp on exactly the same weights: HF_DIR is the
 same directory that convert/convert.py turns into a barellm file (config.json, one or
@@ -20,11 +22,12 @@ What is written (GGUF v3, through the `gguf` package, scripts/requirements.txt):
   decoded by convert/spm.py, or from a byte-fallback BPE tokenizer.json with scores
   taken from the merge ranks) or byte-level BPE (`gpt2`: tokens, types, merges, and the
   pre-tokenizer name, recognized from tokenizer.json or given with --pre); BOS/EOS/UNK/PAD
-  ids and whether BOS is added, decided as barellm decides it.
+  ids and whether BOS is added, decided as barellm decides it; the chat template of
+  tokenizer_config.json.
 - tensors named as llama.cpp names them (token_embd, blk.N.attn_q, ..., output_norm,
   output); norms in F32, matrices in --type (default: the checkpoint's own dtype). With
-  q8_0 a matrix whose rows are not a multiple of 32 long stays F16 (llama.cpp's Q8_0 has
-  no partial blocks).
+  a quantized type a matrix whose rows are not a multiple of its block (32) long stays
+  F16 (llama.cpp's blocks are never partial).
 
 RoPE: Hugging Face's Llama rotates element i of a head with element i + head_dim/2
 ("rotate-half"); llama.cpp's llama architecture rotates elements 2i and 2i+1, both with
@@ -52,6 +55,8 @@ sys.path.insert(0, os.path.join(REPO, "convert"))
 from common import ConvertError  # noqa: E402
 import convert  # noqa: E402
 import dtypes  # noqa: E402
+from gguf_in import rope_row_order  # noqa: E402
+import gguf_tokenizer  # noqa: E402
 import hf_tokenizer  # noqa: E402
 import safetensors_io as st  # noqa: E402
 import spm  # noqa: E402
@@ -69,7 +74,12 @@ TYPES = {
     "f16": (QT.F16, gguf.LlamaFileType.MOSTLY_F16),
     "bf16": (QT.BF16, gguf.LlamaFileType.MOSTLY_BF16),
     "q8_0": (QT.Q8_0, gguf.LlamaFileType.MOSTLY_Q8_0),
+    "q4_0": (QT.Q4_0, gguf.LlamaFileType.MOSTLY_Q4_0),
+    "q4_1": (QT.Q4_1, gguf.LlamaFileType.MOSTLY_Q4_1),
+    "q5_0": (QT.Q5_0, gguf.LlamaFileType.MOSTLY_Q5_0),
+    "q5_1": (QT.Q5_1, gguf.LlamaFileType.MOSTLY_Q5_1),
 }
+FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16)
 # barellm weight_dtype (the checkpoint's own dtype) -> --type
 DEFAULT_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 # barellm tensor name suffix -> llama.cpp tensor name suffix
@@ -81,9 +91,6 @@ LAYER_NAMES = {
 GLOBAL_NAMES = {"token_embedding": "token_embd", "final_norm": "output_norm",
                 "output": "output"}
 
-# Byte-level BPE pre-tokenizers of tokenizer.json recognized as llama.cpp's names.
-LLAMA3_REGEX = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}|"
-                " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
 
 
 def gguf_name(name):
@@ -234,8 +241,10 @@ def detect_pre(tokenizer):
         return "smollm"
     if kinds == ["Split", "ByteLevel"] and not parts[1].get("use_regex", True):
         pattern = (parts[0].get("pattern") or {}).get("Regex")
-        if pattern == LLAMA3_REGEX:
+        if pattern == gguf_tokenizer.LLAMA3_REGEX:
             return "llama-bpe"
+        if pattern == gguf_tokenizer.QWEN2_REGEX:
+            return "qwen2"
     return None
 
 
@@ -293,8 +302,11 @@ def add_tokenizer(writer, hf_dir, config, pre_override):
         writer.add_token_types(types)
         writer.add_token_merges(merges)
         source = f"byte-level BPE (pre-tokenizer {pre})"
-    if config["bos_id"] is not None:
-        writer.add_bos_token_id(config["bos_id"])
+    bos_id = config["bos_id"]
+    if bos_id is None and add_bos:  # as convert.py takes it
+        bos_id = hf_tokenizer.bos_id(hf_dir, tok_cfg, tokenizer)
+    if bos_id is not None:
+        writer.add_bos_token_id(bos_id)
     if config["eos_ids"]:
         writer.add_eos_token_id(config["eos_ids"][0])
     cfg = convert.json_object(os.path.join(hf_dir, "config.json"), True)
@@ -303,37 +315,33 @@ def add_tokenizer(writer, hf_dir, config, pre_override):
         writer.add_pad_token_id(pad)
     writer.add_add_bos_token(bool(add_bos))
     writer.add_add_eos_token(False)
+    template = hf_tokenizer.chat_template(tok_cfg)
+    if template is not None:
+        writer.add_chat_template(template)
     return source
 
 
 # ------------------------------------------------------------------------------ tensors
 
-def rope_row_order(rows, head_dim):
-    """dest[r]: the llama.cpp (interleaved) row of Hugging Face (rotate-half) row r."""
-    half = head_dim // 2
-    old = np.arange(rows)
-    head, within = old // head_dim, old % head_dim
-    t, i = within // half, within % half
-    return head * head_dim + 2 * i + t
-
-
 def tensor_type(name, info, is_norm, qtype):
     """GGML type of one output tensor."""
     if is_norm:
         return QT.F32
-    if qtype == QT.Q8_0 and info.shape[-1] % gguf.GGML_QUANT_SIZES[QT.Q8_0][0]:
+    if info.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0]:
         return QT.F16
     return qtype
 
 
 def byte_shape(shape, qtype):
     """Shape of the numpy array holding a tensor of `shape` in type `qtype`."""
-    if qtype == QT.Q8_0:
+    if qtype not in FLOAT_TYPES:
         return gguf.quants.quant_shape_to_byte_shape(shape, qtype)
     return tuple(shape)
 
 
-NUMPY_TYPES = {QT.F32: np.float32, QT.F16: np.float16, QT.BF16: np.uint16, QT.Q8_0: np.uint8}
+def numpy_type(qtype):
+    """numpy dtype of the array holding a tensor of type `qtype` (bytes when quantized)."""
+    return {QT.F32: np.float32, QT.F16: np.float16, QT.BF16: np.uint16}.get(qtype, np.uint8)
 
 
 def encode(values, qtype):
@@ -348,10 +356,12 @@ def encode(values, qtype):
             out = values.astype(np.float16)
         bad = ~np.isfinite(out)
     else:
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):
             out = gguf.quants.quantize(values, qtype)
-        scales = out.reshape(values.shape[0], -1, 34)[:, :, :2].copy().view(np.float16)
-        bad = ~np.isfinite(scales)
+        # Every block of these types starts with its f16 scale (d), and in Q4_1 and Q5_1
+        # that is followed by an f16 minimum (m): decoded back, an overflow shows.
+        with np.errstate(over="ignore", invalid="ignore"):
+            bad = ~np.isfinite(gguf.quants.dequantize(out, qtype))
     if bad.any():
         raise ConvertError(f"values beyond the {qtype.name} range "
                            f"(max |x| = {np.abs(values).max():g}); choose another --type")
@@ -360,7 +370,7 @@ def encode(values, qtype):
 
 def convert_tensor(info, qtype, row_order):
     """One whole output tensor, converted from the source one row block at a time."""
-    out = np.empty(byte_shape(info.shape, qtype), dtype=NUMPY_TYPES[qtype])
+    out = np.empty(byte_shape(info.shape, qtype), dtype=numpy_type(qtype))
     row = 0
     for values in convert.f32_blocks(info):
         try:
@@ -443,7 +453,7 @@ def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
         writer = gguf.GGUFWriter(tmp, "llama")
         add_hparams(writer, config, os.path.basename(os.path.normpath(hf_dir)))
         writer.add_file_type(int(file_type))
-        if qtype == QT.Q8_0:
+        if qtype not in FLOAT_TYPES:
             writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         tokenizer = add_tokenizer(writer, hf_dir, config, pre)
 
@@ -464,9 +474,9 @@ def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
             jobs.append((gguf_name(name), info, ttype, order))
         for gname, source, ttype, _ in jobs:
             shape = source.shape
-            nbytes = math.prod(byte_shape(shape, ttype)) * np.dtype(NUMPY_TYPES[ttype]).itemsize
+            nbytes = math.prod(byte_shape(shape, ttype)) * np.dtype(numpy_type(ttype)).itemsize
             writer.add_tensor_info(gname, byte_shape(shape, ttype),
-                                   np.dtype(NUMPY_TYPES[ttype]), nbytes, raw_dtype=ttype)
+                                   np.dtype(numpy_type(ttype)), nbytes, raw_dtype=ttype)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
@@ -488,8 +498,8 @@ def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
         if os.path.exists(tmp):
             os.unlink(tmp)
     if kept_f16:
-        log(f"note: {len(kept_f16)} tensors with rows not a multiple of 32 kept in F16 "
-            f"({', '.join(kept_f16[:3])}{', ...' if len(kept_f16) > 3 else ''})")
+        log(f"note: {len(kept_f16)} tensors with rows not whole {qtype.name} blocks kept in "
+            f"F16 ({', '.join(kept_f16[:3])}{', ...' if len(kept_f16) > 3 else ''})")
     size = os.path.getsize(output)
     return (f"wrote {output}: {config['layers']} layers, dim {config['dim']}, vocab "
             f"{config['vocab_size']}, {type_name} matrices, tokenizer {tokenizer}, "
@@ -509,8 +519,8 @@ def main(argv=None):
     parser.add_argument("--pre", help="llama.cpp pre-tokenizer name for a byte-level BPE "
                         "tokenizer (default: recognized from tokenizer.json)")
     args = parser.parse_args(argv)
-    if args.type == "q8_0" and not hasattr(gguf, "quants"):
-        print("gguf_from_hf: this gguf package has no quants module; q8_0 is "
+    if args.type not in (None, "f32", "f16", "bf16") and not hasattr(gguf, "quants"):
+        print(f"gguf_from_hf: this gguf package has no quants module; {args.type} is "
               "unavailable (pip install -U gguf)", file=sys.stderr)
         return 1
     try:

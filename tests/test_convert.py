@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 import model as reference
-from convert_testlib import (CONVERT, STORIES, SYNTH, TINY_CONFIG, make_checkpoint,
-                             need_shared, read_raw, run, tiny_tensors, tiny_tokenizer_json)
+from convert_testlib import (CONVERT, LLAMA2_TOKENIZER, STORIES, SYNTH, TINY_CONFIG,
+                             make_checkpoint, need_shared, read_raw, run, tiny_tensors,
+                             tiny_tokenizer_json)
 
 sys.path.insert(0, os.path.join(os.path.dirname(CONVERT)))
 import dtypes  # noqa: E402  (convert/dtypes.py)
@@ -526,3 +527,50 @@ def test_tokenizer_model_only_checkpoint(tmp_path):
         shipped = json.load(f)
     for key in ("model", "normalizer", "pre_tokenizer", "decoder", "added_tokens"):
         assert tokenizer[key] == shipped[key], key
+
+
+# ---- a config.json without bos_token_id while the tokenizer adds BOS ---------------------
+
+def without_bos_token_id(path):
+    """The tiny checkpoint with no BOS id in config.json."""
+    config = {key: value for key, value in TINY_CONFIG.items() if key != "bos_token_id"}
+    return make_checkpoint(path, config=config)
+
+
+def test_bos_id_from_tokenizer_config(tmp_path):
+    """tokenizer_config.json's bos_token names the BOS of tokenizer.json: id 1 here."""
+    hf = without_bos_token_id(tmp_path / "hf")
+    with open(hf / "tokenizer_config.json", "w") as f:
+        json.dump({"tokenizer_class": "LlamaTokenizer", "bos_token": {"content": "<s>"}}, f)
+    header, _ = check_layout(converted(tmp_path, hf))
+    got = json.loads(header["__metadata__"]["barellm.config"])
+    assert (got["add_bos"], got["bos_id"]) == (True, 1)
+
+
+def test_bos_id_from_the_sentencepiece_trainer_spec(tmp_path):
+    """A tokenizer.model alone: its trainer spec's bos_id (1 in Llama 2's)."""
+    need_shared(LLAMA2_TOKENIZER)
+    hf = make_checkpoint(tmp_path / "hf", config={
+        key: value for key, value in {**TINY_CONFIG, "vocab_size": 32000}.items()
+        if key != "bos_token_id"})
+    os.remove(hf / "tokenizer.json")
+    shutil.copy(os.path.join(LLAMA2_TOKENIZER, "tokenizer.model"), hf / "tokenizer.model")
+    header, _ = check_layout(converted(tmp_path, hf))
+    got = json.loads(header["__metadata__"]["barellm.config"])
+    assert (got["add_bos"], got["bos_id"]) == (True, 1)
+
+
+def test_refuses_bos_added_with_no_bos_id(tmp_path):
+    hf = without_bos_token_id(tmp_path / "hf")
+    with open(hf / "tokenizer_config.json", "w") as f:
+        json.dump({"add_bos_token": True}, f)
+    refuse(tmp_path, hf, "the tokenizer adds BOS but no BOS id is known")
+
+
+def test_no_bos_id_needed_without_bos(tmp_path):
+    hf = without_bos_token_id(tmp_path / "hf")
+    with open(hf / "tokenizer_config.json", "w") as f:
+        json.dump({"add_bos_token": False}, f)
+    header, _ = check_layout(converted(tmp_path, hf))
+    got = json.loads(header["__metadata__"]["barellm.config"])
+    assert (got["add_bos"], got["bos_id"]) == (False, None)

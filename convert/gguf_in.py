@@ -1,0 +1,431 @@
+"""A GGUF file (llama.cpp) as the converter's input: its config, tokenizer and tensors in
+barellm's terms.
+
+- Architectures: ARCHITECTURES maps `general.architecture` to what differs between them
+  (tensor names, whether llama.cpp stored q and k rows interleaved for its RoPE); another
+  architecture is refused, naming it.
+- Config: from the `{arch}.*` keys (CONFIG_KEYS); RoPE scaling from `rope.scaling.*` or,
+  for Llama 3, from the `rope_freqs` tensor.
+- Tokenizer: gguf_tokenizer.py.
+- Tensors: GGUFTensor gives a tensor's float32 row blocks (any type the gguf package
+  can dequantize) and, for Q8_0, its own int8 values and f16 scales, which are exactly
+  barellm's Q8 groups. llama.cpp's converter reorders the q and k rows of each head so
+  that its RoPE rotates neighbouring elements; reading puts them back in Hugging Face's
+  rotate-half order, which barellm uses.
+"""
+
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from common import ConvertError, float32
+import dtypes
+import gguf_file
+import gguf_tokenizer
+
+# Elements converted at a time (as convert.py's CHUNK_ELEMENTS).
+CHUNK_ELEMENTS = 1 << 23
+# GGUF value types (gguf.GGUFValueType) by kind.
+INTEGER_TYPES = {0, 1, 2, 3, 4, 5, 10, 11}
+FLOAT32_TYPE = 6
+FLOAT_TYPES = {FLOAT32_TYPE, 12}
+BOOL_TYPE, STRING_TYPE, ARRAY_TYPE = 7, 8, 9
+# ggml type name -> barellm weight_dtype that keeps it exactly.
+KEPT_TYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "Q8_0": "Q8"}
+Q8_0_BLOCK_BYTES = 34  # an f16 scale, then 32 int8 values
+LLAMA3_SCALING_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                           "original_max_position_embeddings": 8192}
+ROPE_FREQS = "rope_freqs.weight"
+# barellm tensor name -> llama.cpp's (per layer: the part after "blk.{l}.").
+LLAMA_GLOBAL_TENSORS = {"token_embedding": "token_embd.weight",
+                        "final_norm": "output_norm.weight", "output": "output.weight"}
+LLAMA_LAYER_TENSORS = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight",
+                       "wk": "attn_k.weight", "wv": "attn_v.weight",
+                       "wo": "attn_output.weight", "ffn_norm": "ffn_norm.weight",
+                       "w1": "ffn_gate.weight", "w3": "ffn_up.weight",
+                       "w2": "ffn_down.weight"}
+
+
+class Architecture(NamedTuple):
+    """How one `general.architecture` maps onto barellm."""
+
+    barellm_name: str  # the config's "architecture"
+    global_tensors: dict  # barellm name -> llama.cpp name
+    layer_tensors: dict  # barellm layer suffix -> llama.cpp suffix after "blk.{l}."
+    # llama.cpp's converter interleaved the rows of q and k (its llama RoPE rotates
+    # neighbours); False where it keeps Hugging Face's rotate-half order (NEOX RoPE).
+    interleaved_qk: bool
+
+
+ARCHITECTURES = {
+    "llama": Architecture("llama", LLAMA_GLOBAL_TENSORS, LLAMA_LAYER_TENSORS, True),
+}
+
+
+def rope_row_order(rows, head_dim):
+    """order[r]: the interleaved (llama.cpp) row holding rotate-half (Hugging Face) row r.
+
+    Within each head, rotate-half row t * head_dim/2 + i (t = 0, 1) is interleaved row
+    2i + t; so rotate-half rows are interleaved[order], and interleaved[order] = rows
+    puts them the other way."""
+    half = head_dim // 2
+    row = np.arange(rows)
+    head, within = row // head_dim, row % head_dim
+    t, i = within // half, within % half
+    return head * head_dim + 2 * i + t
+
+
+# ---------------------------------------------------------------------------- key values
+
+class Keys:
+    """Typed access to the GGUF keys; errors name the key."""
+
+    def __init__(self, entries):
+        self.entries = entries  # key -> (types, value), as gguf_file.read_header gives
+
+    def has(self, key):
+        return key in self.entries
+
+    def _typed(self, key, allowed, what):
+        if key not in self.entries:
+            return None
+        types, value = self.entries[key]
+        if not types or types[0] not in allowed:
+            raise ConvertError(f"GGUF key '{key}' is not {what}")
+        return value
+
+    def integer(self, key, default=None, required=True):
+        value = self._typed(key, INTEGER_TYPES, "an integer")
+        if value is None:
+            value = default
+        if value is None and required:
+            raise ConvertError(f"GGUF key '{key}' is missing")
+        if value is not None and value <= 0:
+            raise ConvertError(f"GGUF key '{key}' must be positive, not {value}")
+        return value
+
+    def number(self, key, default=None):
+        value = self._typed(key, INTEGER_TYPES | FLOAT_TYPES, "a number")
+        if value is None:
+            value = default
+        elif self.entries[key][0][0] == FLOAT32_TYPE:
+            value = float(str(np.float32(value)))  # the shortest decimal of the float32
+        else:
+            value = float(value)
+        if value is None:
+            raise ConvertError(f"GGUF key '{key}' is missing")
+        if not 0 < float32(value) < math.inf:
+            raise ConvertError(f"GGUF key '{key}' must be a positive float32, not {value!r}")
+        return value
+
+    def string(self, key):
+        return self._typed(key, {STRING_TYPE}, "a string")
+
+    def flag(self, key):
+        return self._typed(key, {BOOL_TYPE}, "a bool")
+
+    def array(self, key, item_types, what):
+        types, value = self.entries.get(key, (None, None))
+        if types is None:
+            return None
+        if types[0] != ARRAY_TYPE or (value and types[-1] not in item_types):
+            raise ConvertError(f"GGUF key '{key}' is not an array of {what}")
+        return value
+
+    def tokenizer_keys(self):
+        """The tokenizer.ggml.* values gguf_tokenizer.vocabulary reads, type-checked."""
+        prefix = "tokenizer.ggml."
+        values = {}
+        for name in ("model", "pre"):
+            values[prefix + name] = self.string(prefix + name)
+        for name in ("tokens", "merges"):
+            values[prefix + name] = self.array(prefix + name, {STRING_TYPE}, "strings")
+        values[prefix + "token_type"] = self.array(prefix + "token_type", INTEGER_TYPES,
+                                                   "integers")
+        values[prefix + "scores"] = self.array(prefix + "scores", FLOAT_TYPES, "floats")
+        for name in ("add_bos_token", "add_space_prefix"):
+            values[prefix + name] = self.flag(prefix + name)
+        for name in ("bos", "eos", "eot", "eom"):
+            key = f"{prefix}{name}_token_id"
+            values[key] = self._typed(key, INTEGER_TYPES, "an integer")
+        return {key: value for key, value in values.items() if value is not None}
+
+
+# -------------------------------------------------------------------------------- tensors
+
+class GGUFTensor:
+    """One tensor of the GGUF file, read in row blocks, rows in Hugging Face order.
+
+    `shape` is Hugging Face's ([rows, cols], or [n] for a vector), `dtype` the ggml type
+    name. f32_blocks() and q8_blocks() are what convert.py's writer asks of a source."""
+
+    def __init__(self, path, layout, head_dim_of_rows):
+        self.name = layout.name
+        self.qtype = layout.ggml_type
+        self.dtype = self.qtype.name
+        self.shape = tuple(reversed(layout.dims))
+        self.path, self.layout = path, layout
+        # Rows reordered per head of this many rows (q and k), else None.
+        self.head_dim = head_dim_of_rows
+
+    def _row_slices(self):
+        """(slice, row order within it or None) of consecutive row blocks; with a row
+        order, blocks hold whole heads."""
+        if len(self.shape) == 1:
+            yield slice(None), None
+            return
+        rows, cols = math.prod(self.shape[:-1]), self.shape[-1]
+        step = max(1, CHUNK_ELEMENTS // cols)
+        if self.head_dim:
+            step = max(1, step // self.head_dim) * self.head_dim
+        for start in range(0, rows, step):
+            count = min(step, rows - start)
+            order = rope_row_order(count, self.head_dim) if self.head_dim else None
+            yield slice(start, start + count), order
+
+    def _bytes(self):
+        return gguf_file.map_tensor(self.path, self.layout)
+
+    def _decode(self, raw):
+        """float32 values of stored rows (bytes)."""
+        try:
+            values = gguf_file.gguf.quants.dequantize(np.ascontiguousarray(raw), self.qtype)
+        except NotImplementedError:
+            raise ConvertError(f"tensor '{self.name}' has type {self.dtype}, which the gguf "
+                               "package cannot dequantize") from None
+        return np.asarray(values, dtype=np.float32).reshape(raw.shape[:-1] + self.shape[-1:])
+
+    def f32_blocks(self):
+        """Yield the tensor as float32 row blocks."""
+        data = self._bytes()
+        for rows, order in self._row_slices():
+            values = self._decode(data[rows])
+            yield values if order is None else values[order]
+
+    def q8_blocks(self):
+        """For Q8_0, a generator of (int8 values, f16 scales) row blocks, which are
+        barellm's Q8 groups bit for bit; None for other types."""
+        if self.dtype != "Q8_0":
+            return None
+        return self._q8_0_blocks()
+
+    def _q8_0_blocks(self):
+        cols = self.shape[-1]
+        data = self._bytes()
+        for row_slice, order in self._row_slices():
+            blocks = np.ascontiguousarray(data[row_slice]).reshape(
+                -1, cols // dtypes.Q8_GROUP, Q8_0_BLOCK_BYTES)
+            scales = np.ascontiguousarray(blocks[:, :, :2]).view("<f2")[:, :, 0]
+            values = np.ascontiguousarray(blocks[:, :, 2:]).view(np.int8).reshape(-1, cols)
+            if not np.isfinite(scales).all():
+                raise ConvertError(f"tensor '{self.name}' has a NaN or Inf Q8_0 scale")
+            if (values == -128).any():
+                raise ConvertError(f"tensor '{self.name}' holds the Q8_0 value -128, "
+                                   "outside barellm's Q8 range [-127, 127]; convert with "
+                                   "--dtype f32")
+            yield (values, scales) if order is None else (values[order], scales[order])
+
+
+# ---------------------------------------------------------------------------- the model
+
+class GGUFModel:
+    """A checked GGUF file: its architecture, keys and tensors."""
+
+    def __init__(self, path):
+        self.path = path
+        contents = gguf_file.read_header(path)
+        self.keys = Keys(contents.keys)
+        self.tensors = contents.tensors
+        arch = self.keys.string("general.architecture")
+        if arch is None:
+            raise ConvertError("GGUF key 'general.architecture' is missing")
+        if arch not in ARCHITECTURES:
+            raise ConvertError(f"architecture '{arch}' is not supported "
+                               f"(only {', '.join(sorted(ARCHITECTURES))})")
+        self.arch_name, self.arch = arch, ARCHITECTURES[arch]
+
+    def _key(self, suffix):
+        return f"{self.arch_name}.{suffix}"
+
+    def vocabulary(self, vocab_size):
+        return gguf_tokenizer.vocabulary(self.keys.tokenizer_keys(), vocab_size)
+
+    def vocab_size(self):
+        """`{arch}.vocab_size`, else the length of the token list."""
+        size = self.keys.integer(self._key("vocab_size"), required=False)
+        if size is None:
+            tokens = self.keys.array("tokenizer.ggml.tokens", {STRING_TYPE}, "strings")
+            if not tokens:
+                raise ConvertError("GGUF key 'tokenizer.ggml.tokens' is missing")
+            size = len(tokens)
+        return size
+
+    def config(self):
+        """barellm.config (docs/FORMAT.md) without add_bos, bos_id, eos_ids and
+        weight_dtype, which the caller fills in."""
+        k, integer = self._key, self.keys.integer
+        dim = integer(k("embedding_length"))
+        heads = integer(k("attention.head_count"))
+        kv_heads = integer(k("attention.head_count_kv"), heads)
+        if heads % kv_heads:
+            raise ConvertError(f"{heads} attention heads are not a multiple of {kv_heads} "
+                               "key/value heads")
+        if not self.keys.has(k("attention.key_length")) and dim % heads:
+            raise ConvertError(f"embedding length {dim} is not a multiple of {heads} heads")
+        head_dim = integer(k("attention.key_length"), dim // heads)
+        for other in ("attention.value_length", "rope.dimension_count"):
+            value = integer(k(other), head_dim)
+            if value != head_dim:
+                raise ConvertError(f"GGUF key '{k(other)}' is {value}, not the head size "
+                                   f"{head_dim} (not supported)")
+        if head_dim % 2:
+            raise ConvertError(f"head size {head_dim} is odd (RoPE needs it even)")
+        theta = self.keys.number(k("rope.freq_base"), 10000.0)
+        return {
+            "architecture": self.arch.barellm_name,
+            "dim": dim,
+            "hidden_dim": integer(k("feed_forward_length")),
+            "layers": integer(k("block_count")),
+            "heads": heads,
+            "kv_heads": kv_heads,
+            "head_dim": head_dim,
+            "vocab_size": self.vocab_size(),
+            "max_context": integer(k("context_length")),
+            "rope_theta": theta,
+            "rope_scaling": self._rope_scaling(theta, head_dim),
+            "norm_eps": self.keys.number(k("attention.layer_norm_rms_epsilon")),
+            "sliding_window": integer(k("attention.sliding_window"), required=False),
+            "tied_embeddings": self.arch.global_tensors["output"] not in self.tensors,
+            "bos_id": None,
+            "eos_ids": [],
+            "add_bos": None,
+            "weight_dtype": None,
+        }
+
+    def _rope_scaling(self, theta, head_dim):
+        """rope_scaling from `rope.scaling.type` (none or linear) or the rope_freqs tensor
+        (Llama 3)."""
+        kind = self.keys.string(self._key("rope.scaling.type")) or "none"
+        if kind not in ("none", "linear"):
+            raise ConvertError(f"RoPE scaling type '{kind}' is not supported (none, linear, "
+                               "or Llama 3 rope_freqs)")
+        if ROPE_FREQS in self.tensors:
+            if kind != "none":
+                raise ConvertError(f"both {ROPE_FREQS} and {kind} RoPE scaling (not "
+                                   "supported)")
+            return self._llama3_scaling(theta, head_dim)
+        if kind == "linear":
+            factor = self.keys.number(self._key("rope.scaling.factor"))
+            return {"rope_type": "linear", "factor": factor}
+        return None
+
+    def _llama3_scaling(self, theta, head_dim):
+        """The llama3 rope_scaling whose frequency divisors are the rope_freqs tensor.
+
+        llama.cpp stores the divisor of each RoPE frequency; Llama 3.x derive them from
+        factor, low_freq_factor, high_freq_factor and the original context. The factor is
+        the largest divisor; the other three are the GGUF's `rope.scaling.*` where given,
+        else Llama 3.1's (1, 4, 8192); the tensor must then match to float32 rounding."""
+        tensor = self.tensors[ROPE_FREQS]
+        source = GGUFTensor(self.path, tensor, None)
+        if source.shape != (head_dim // 2,):
+            raise ConvertError(f"{ROPE_FREQS} has shape {list(source.shape)}, expected "
+                               f"[{head_dim // 2}]")
+        divisors = next(source.f32_blocks()).astype(np.float64)
+        if not (np.isfinite(divisors).all() and (divisors > 0).all()):
+            raise ConvertError(f"{ROPE_FREQS} holds values that are not positive numbers")
+        if (divisors == 1).all():
+            return None
+        scaling = {"rope_type": "llama3", "factor": float(divisors.max())}
+        keys = {"original_max_position_embeddings": "rope.scaling.original_context_length"}
+        for name, default in LLAMA3_SCALING_DEFAULTS.items():
+            key = self._key(keys.get(name, f"rope.scaling.{name}"))
+            if name == "original_max_position_embeddings":
+                scaling[name] = self.keys.integer(key, default)
+            else:
+                scaling[name] = self.keys.number(key, default)
+        expected = llama3_divisors(theta, scaling, head_dim)
+        if not np.allclose(divisors, expected, rtol=1e-5, atol=0):
+            raise ConvertError(f"{ROPE_FREQS} is not Llama 3 RoPE scaling with factor "
+                               f"{scaling['factor']:g}, low_freq_factor "
+                               f"{scaling['low_freq_factor']:g}, high_freq_factor "
+                               f"{scaling['high_freq_factor']:g} and original context "
+                               f"{scaling['original_max_position_embeddings']}")
+        return scaling
+
+    def _gguf_name(self, name):
+        if name.startswith("layers."):
+            _, layer, short = name.split(".")
+            return f"blk.{layer}.{self.arch.layer_tensors[short]}"
+        return self.arch.global_tensors[name]
+
+    def plan(self, config, expected):
+        """[(barellm name, GGUFTensor, is_norm)] in output order, checking the file holds
+        exactly these tensors with the shapes of `expected` ({barellm name: (shape,
+        is_norm)}, in output order)."""
+        names = {self._gguf_name(name): name for name in expected}
+        missing = [gguf_name for gguf_name in names if gguf_name not in self.tensors]
+        if missing:
+            raise ConvertError(f"missing tensors: {', '.join(missing[:5])}")
+        extra = sorted(n for n in self.tensors if n not in names and n != ROPE_FREQS)
+        if extra:
+            raise ConvertError(f"unexpected tensors: {', '.join(extra[:5])}")
+        plan = []
+        for gguf_name, name in names.items():
+            shape, is_norm = expected[name]
+            tensor = self.tensors[gguf_name]
+            short = name.rsplit(".", 1)[-1]
+            interleaved = self.arch.interleaved_qk and short in ("wq", "wk")
+            source = GGUFTensor(self.path, tensor, config["head_dim"] if interleaved else None)
+            if source.shape != tuple(shape):
+                raise ConvertError(f"tensor '{gguf_name}' has shape {list(source.shape)}, "
+                                   f"expected {list(shape)} from the config")
+            plan.append((name, source, is_norm))
+        return plan
+
+
+def llama3_divisors(theta, scaling, head_dim):
+    """The divisor of each RoPE frequency under llama3 scaling (as src/config.cpp
+    scales them: float32 settings, float64 arithmetic)."""
+    factor, low, high = (float32(scaling[key]) for key in
+                         ("factor", "low_freq_factor", "high_freq_factor"))
+    context = scaling["original_max_position_embeddings"]
+    divisors = []
+    for i in range(head_dim // 2):
+        frequency = float32(theta) ** (-2 * i / head_dim)
+        wavelength = 2 * math.pi / frequency
+        if wavelength > context / low:
+            divisors.append(factor)
+        elif wavelength < context / high:
+            divisors.append(1.0)
+        else:
+            smooth = (context / wavelength - low) / (high - low)
+            divisors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(divisors)
+
+
+def default_weight_dtype(plan):
+    """The barellm dtype that keeps exactly the type holding most matrix elements, when
+    there is one (F32, F16, BF16, Q8_0 as Q8); else F16."""
+    elements = {}
+    for _, source, is_norm in plan:
+        if not is_norm:
+            elements[source.dtype] = elements.get(source.dtype, 0) + math.prod(source.shape)
+    most = max(elements, key=elements.get)
+    return KEPT_TYPES.get(most, "F16")
+
+
+def changed_types_note(plan, weight_dtype):
+    """One line naming the matrices whose type changes (by source type), or None."""
+    changed = {}
+    for _, source, is_norm in plan:
+        if not is_norm and KEPT_TYPES.get(source.dtype) != weight_dtype:
+            changed.setdefault(source.dtype, []).append(source.name)
+    if not changed:
+        return None
+    count = sum(len(names) for names in changed.values())
+    parts = [f"{len(names)} {kind} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+             for kind, names in sorted(changed.items())]
+    tensors = "tensor" if count == 1 else "tensors"
+    return f"{count} {tensors} stored as {weight_dtype} from other types: {'; '.join(parts)}"
