@@ -448,12 +448,14 @@ def write_q8_tensor(f, info, values_start, scales_start):
         row += len(quantized)
 
 
-def write_q4_tensor(f, info, values_start, scales_start):
-    """Stream one matrix into `f` as Q4: its U8 values at absolute offset `values_start`
-    and its F16 scales at `scales_start`, block by block as write_q8_tensor does."""
-    rows, cols = info.shape
-    scale_row_bytes = cols // dtypes.Q4_BLOCK * 2
-    row = 0
+def q4_blocks(info):
+    """Yield the matrix `info` as Q4 row blocks (packed u8 values, f16 scales): the
+    source's own where it has them (a GGUF Q4_0 tensor, copied bit for bit), else
+    quantized from its float32 values."""
+    own = info.q4_blocks() if hasattr(info, "q4_blocks") else None
+    if own is not None:
+        yield from own
+        return
     for values in f32_blocks(info):
         packed, scales = dtypes.quantize_q4(values)
         if not np.isfinite(scales).all():
@@ -461,11 +463,21 @@ def write_q4_tensor(f, info, values_start, scales_start):
                 f"tensor '{info.name}' has values beyond the Q4 range "
                 f"(max |x| = {np.abs(values).max():g}, scale over the F16 maximum); "
                 "choose another --dtype")
+        yield packed, scales
+
+
+def write_q4_tensor(f, info, values_start, scales_start):
+    """Stream one matrix into `f` as Q4: its U8 values at absolute offset `values_start`
+    and its F16 scales at `scales_start`, block by block as write_q8_tensor does."""
+    rows, cols = info.shape
+    scale_row_bytes = cols // dtypes.Q4_BLOCK * 2
+    row = 0
+    for packed, scales in q4_blocks(info):
         f.seek(values_start + row * (cols // 2))
         f.write(np.ascontiguousarray(packed).tobytes())
         f.seek(scales_start + row * scale_row_bytes)
         f.write(np.ascontiguousarray(scales, dtype="<f2").tobytes())
-        row += len(values)
+        row += len(packed)
 
 
 def matrix_dtype(weight_dtype, shape):

@@ -32,8 +32,9 @@ FLOAT32_TYPE = 6
 FLOAT_TYPES = {FLOAT32_TYPE, 12}
 BOOL_TYPE, STRING_TYPE, ARRAY_TYPE = 7, 8, 9
 # ggml type name -> barellm weight_dtype that keeps it exactly.
-KEPT_TYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "Q8_0": "Q8"}
+KEPT_TYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "Q8_0": "Q8", "Q4_0": "Q4"}
 Q8_0_BLOCK_BYTES = 34  # an f16 scale, then 32 int8 values
+Q4_0_BLOCK_BYTES = 18  # an f16 scale, then 16 bytes of two 4-bit values each
 LLAMA3_SCALING_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
                            "original_max_position_embeddings": 8192}
 ROPE_FREQS = "rope_freqs.weight"
@@ -158,7 +159,8 @@ class GGUFTensor:
     """One tensor of the GGUF file, read in row blocks, rows in Hugging Face order.
 
     `shape` is Hugging Face's ([rows, cols], or [n] for a vector), `dtype` the ggml type
-    name. f32_blocks() and q8_blocks() are what convert.py's writer asks of a source."""
+    name. f32_blocks(), q8_blocks() and q4_blocks() are what convert.py's writer asks of a
+    source."""
 
     def __init__(self, path, layout, head_dim_of_rows):
         self.name = layout.name
@@ -225,6 +227,25 @@ class GGUFTensor:
                                    "outside barellm's Q8 range [-127, 127]; convert with "
                                    "--dtype f32")
             yield (values, scales) if order is None else (values[order], scales[order])
+
+    def q4_blocks(self):
+        """For Q4_0, a generator of (packed u8 values, f16 scales) row blocks, which are
+        barellm's Q4 blocks bit for bit (the same nibble order); None for other types."""
+        if self.dtype != "Q4_0":
+            return None
+        return self._q4_0_blocks()
+
+    def _q4_0_blocks(self):
+        cols = self.shape[-1]
+        data = self._bytes()
+        for row_slice, order in self._row_slices():
+            blocks = np.ascontiguousarray(data[row_slice]).reshape(
+                -1, cols // dtypes.Q4_BLOCK, Q4_0_BLOCK_BYTES)
+            scales = np.ascontiguousarray(blocks[:, :, :2]).view("<f2")[:, :, 0]
+            packed = np.ascontiguousarray(blocks[:, :, 2:]).reshape(-1, cols // 2)
+            if not np.isfinite(scales).all():
+                raise ConvertError(f"tensor '{self.name}' has a NaN or Inf Q4_0 scale")
+            yield (packed, scales) if order is None else (packed[order], scales[order])
 
 
 # ---------------------------------------------------------------------------- the model
@@ -420,7 +441,10 @@ def changed_types_note(plan, weight_dtype):
     """One line naming the matrices whose type changes (by source type), or None."""
     changed = {}
     for _, source, is_norm in plan:
-        if not is_norm and KEPT_TYPES.get(source.dtype) != weight_dtype:
+        # Under Q4 a matrix whose columns are not whole blocks is stored as F16.
+        stored = ("F16" if weight_dtype == "Q4" and dtypes.q4_stays_f16(source.shape[-1])
+                  else weight_dtype)
+        if not is_norm and KEPT_TYPES.get(source.dtype) != stored:
             changed.setdefault(source.dtype, []).append(source.name)
     if not changed:
         return None

@@ -150,6 +150,35 @@ def test_q8_0_is_copied_bit_for_bit(tmp_path):
                           rotate_half_rows(scales, 8).view("<u2"))
 
 
+def test_q4_0_is_copied_bit_for_bit(tmp_path):
+    """Q4_0 blocks become barellm's Q4 values and scales unchanged (the same nibble order;
+    q rows in rotate-half order); the F16 matrices (rows of 172, not whole blocks) stay
+    F16 under Q4, so no line names a changed type; the logits are those of the GGUF's own
+    values dequantized to f32."""
+    need_shared(STORIES)
+    need_tools()
+    source = gguf_from_hf(STORIES, tmp_path / "s.gguf", "--type", "q4_0")
+    out, log = convert(source, tmp_path / "q4.bin")
+    assert config_of(out)["weight_dtype"] == "Q4"
+    assert "changed" not in log and "stored as" not in log, log
+    tensors = read_raw(out)[2]
+    for gguf_name, name, rotated in [("blk.2.attn_v.weight", "layers.2.wv", False),
+                                     ("blk.1.attn_q.weight", "layers.1.wq", True)]:
+        tensor = next(t for t in gguf.GGUFReader(str(source)).tensors if t.name == gguf_name)
+        blocks = np.asarray(tensor.data).reshape(tensor.data.shape[0], -1, 18)
+        scales = blocks[:, :, :2].copy().view("<f2")[:, :, 0]
+        packed = blocks[:, :, 2:].copy().reshape(tensor.data.shape[0], -1)
+        if rotated:
+            packed, scales = rotate_half_rows(packed, 8), rotate_half_rows(scales, 8)
+        assert np.array_equal(tensors[name], packed), name
+        assert np.array_equal(tensors[name + ".scale"].view("<u2"), scales.view("<u2")), name
+    assert tensors["layers.0.w2"].dtype == np.float16
+    f32, _ = convert(source, tmp_path / "f32.bin", "--dtype", "f32")
+    exact, got = logits(f32, story_ids()), logits(out, story_ids())
+    # The same weights; only barellm's 8-bit activations for the integer dot products differ.
+    assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 2e-2
+
+
 def test_q8_0_against_the_checkpoints_q8(tmp_path):
     """llama.cpp's Q8_0 and barellm's Q8 pick the same f16 scale (max |w| / 127), but
     llama.cpp rounds w * (1 / d) with the unrounded d and barellm w / d with d rounded
@@ -210,10 +239,10 @@ def test_quantized_types_close_to_f32(tmp_path, gguf_type):
 def test_other_types_become_f16_by_default_with_one_line(tmp_path):
     need_shared(STORIES)
     need_tools()
-    source = gguf_from_hf(STORIES, tmp_path / "s.gguf", "--type", "q4_0")
+    source = gguf_from_hf(STORIES, tmp_path / "s.gguf", "--type", "q4_1")
     out, log = convert(source, tmp_path / "q.bin")
     assert config_of(out)["weight_dtype"] == "F16"
-    assert log.count("\n") == 1 and "31 tensors stored as F16 from other types: 31 Q4_0" in log
+    assert log.count("\n") == 1 and "31 tensors stored as F16 from other types: 31 Q4_1" in log
 
 
 def test_llama3_rope_freqs_become_the_rope_scaling(tmp_path):
