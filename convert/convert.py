@@ -413,19 +413,22 @@ def write_tensor(f, info, out_dtype):
         f.write(np.ascontiguousarray(out).tobytes())
 
 
-def q8_blocks(info):
-    """Yield the matrix `info` as Q8 row blocks (int8 values, f16 scales): the source's own
-    where it has them (a GGUF Q8_0 tensor, copied bit for bit), else quantized from its
-    float32 values."""
-    own = info.q8_blocks() if hasattr(info, "q8_blocks") else None
+QUANTIZERS = {"Q8": dtypes.quantize_q8, "Q4": dtypes.quantize_q4}
+
+
+def quantized_blocks(info, kind):
+    """Yield the matrix `info` as row blocks of `kind` ("Q8": int8 values, "Q4": packed
+    u8 values; f16 scales): the source's own where it has them (a GGUF Q8_0 or Q4_0
+    tensor, copied bit for bit), else quantized from its float32 values."""
+    own = info.quantized_blocks(kind) if hasattr(info, "quantized_blocks") else None
     if own is not None:
         yield from own
         return
     for values in f32_blocks(info):
-        quantized, scales = dtypes.quantize_q8(values)
+        quantized, scales = QUANTIZERS[kind](values)
         if not np.isfinite(scales).all():
             raise ConvertError(
-                f"tensor '{info.name}' has values beyond the Q8 range "
+                f"tensor '{info.name}' has values beyond the {kind} range "
                 f"(max |x| = {np.abs(values).max():g}, scale over the F16 maximum); "
                 "choose another --dtype")
         yield quantized, scales
@@ -440,30 +443,12 @@ def write_q8_tensor(f, info, values_start, scales_start):
     rows, cols = info.shape
     scale_row_bytes = dtypes.q8_groups(cols) * 2
     row = 0
-    for quantized, scales in q8_blocks(info):
+    for quantized, scales in quantized_blocks(info, "Q8"):
         f.seek(values_start + row * cols)
         f.write(np.ascontiguousarray(quantized).tobytes())
         f.seek(scales_start + row * scale_row_bytes)
         f.write(np.ascontiguousarray(scales, dtype="<f2").tobytes())
         row += len(quantized)
-
-
-def q4_blocks(info):
-    """Yield the matrix `info` as Q4 row blocks (packed u8 values, f16 scales): the
-    source's own where it has them (a GGUF Q4_0 tensor, copied bit for bit), else
-    quantized from its float32 values."""
-    own = info.q4_blocks() if hasattr(info, "q4_blocks") else None
-    if own is not None:
-        yield from own
-        return
-    for values in f32_blocks(info):
-        packed, scales = dtypes.quantize_q4(values)
-        if not np.isfinite(scales).all():
-            raise ConvertError(
-                f"tensor '{info.name}' has values beyond the Q4 range "
-                f"(max |x| = {np.abs(values).max():g}, scale over the F16 maximum); "
-                "choose another --dtype")
-        yield packed, scales
 
 
 def write_q4_tensor(f, info, values_start, scales_start):
@@ -472,7 +457,7 @@ def write_q4_tensor(f, info, values_start, scales_start):
     rows, cols = info.shape
     scale_row_bytes = cols // dtypes.Q4_BLOCK * 2
     row = 0
-    for packed, scales in q4_blocks(info):
+    for packed, scales in quantized_blocks(info, "Q4"):
         f.seek(values_start + row * (cols // 2))
         f.write(np.ascontiguousarray(packed).tobytes())
         f.seek(scales_start + row * scale_row_bytes)

@@ -35,6 +35,7 @@ BOOL_TYPE, STRING_TYPE, ARRAY_TYPE = 7, 8, 9
 KEPT_TYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "Q8_0": "Q8", "Q4_0": "Q4"}
 Q8_0_BLOCK_BYTES = 34  # an f16 scale, then 32 int8 values
 Q4_0_BLOCK_BYTES = 18  # an f16 scale, then 16 bytes of two 4-bit values each
+GGUF_BLOCK = 32  # weights per Q8_0 or Q4_0 block
 LLAMA3_SCALING_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0,
                            "original_max_position_embeddings": 8192}
 ROPE_FREQS = "rope_freqs.weight"
@@ -159,7 +160,7 @@ class GGUFTensor:
     """One tensor of the GGUF file, read in row blocks, rows in Hugging Face order.
 
     `shape` is Hugging Face's ([rows, cols], or [n] for a vector), `dtype` the ggml type
-    name. f32_blocks(), q8_blocks() and q4_blocks() are what convert.py's writer asks of a
+    name. f32_blocks() and quantized_blocks() are what convert.py's writer asks of a
     source."""
 
     def __init__(self, path, layout, head_dim_of_rows):
@@ -205,47 +206,34 @@ class GGUFTensor:
             values = self._decode(data[rows])
             yield values if order is None else values[order]
 
-    def q8_blocks(self):
-        """For Q8_0, a generator of (int8 values, f16 scales) row blocks, which are
-        barellm's Q8 groups bit for bit; None for other types."""
-        if self.dtype != "Q8_0":
-            return None
-        return self._q8_0_blocks()
+    def quantized_blocks(self, kind):
+        """For a Q8_0 tensor and `kind` "Q8", or Q4_0 and "Q4", a generator of (values,
+        f16 scales) row blocks that are barellm's blocks of that kind bit for bit (Q8:
+        int8 values; Q4: the packed bytes, in the same nibble order); else None."""
+        if (self.dtype, kind) == ("Q8_0", "Q8"):
+            return self._blocks(Q8_0_BLOCK_BYTES, np.int8)
+        if (self.dtype, kind) == ("Q4_0", "Q4"):
+            return self._blocks(Q4_0_BLOCK_BYTES, np.uint8)
+        return None
 
-    def _q8_0_blocks(self):
+    def _blocks(self, block_bytes, value_type):
+        """(values, scales) row blocks of a tensor whose blocks of 32 weights are an f16
+        scale then `block_bytes - 2` bytes of values."""
         cols = self.shape[-1]
         data = self._bytes()
         for row_slice, order in self._row_slices():
             blocks = np.ascontiguousarray(data[row_slice]).reshape(
-                -1, cols // dtypes.Q8_GROUP, Q8_0_BLOCK_BYTES)
+                -1, cols // GGUF_BLOCK, block_bytes)
             scales = np.ascontiguousarray(blocks[:, :, :2]).view("<f2")[:, :, 0]
-            values = np.ascontiguousarray(blocks[:, :, 2:]).view(np.int8).reshape(-1, cols)
+            values = np.ascontiguousarray(blocks[:, :, 2:]).view(value_type).reshape(
+                len(blocks), -1)
             if not np.isfinite(scales).all():
-                raise ConvertError(f"tensor '{self.name}' has a NaN or Inf Q8_0 scale")
-            if (values == -128).any():
+                raise ConvertError(f"tensor '{self.name}' has a NaN or Inf {self.dtype} scale")
+            if value_type == np.int8 and (values == -128).any():
                 raise ConvertError(f"tensor '{self.name}' holds the Q8_0 value -128, "
                                    "outside barellm's Q8 range [-127, 127]; convert with "
                                    "--dtype f32")
             yield (values, scales) if order is None else (values[order], scales[order])
-
-    def q4_blocks(self):
-        """For Q4_0, a generator of (packed u8 values, f16 scales) row blocks, which are
-        barellm's Q4 blocks bit for bit (the same nibble order); None for other types."""
-        if self.dtype != "Q4_0":
-            return None
-        return self._q4_0_blocks()
-
-    def _q4_0_blocks(self):
-        cols = self.shape[-1]
-        data = self._bytes()
-        for row_slice, order in self._row_slices():
-            blocks = np.ascontiguousarray(data[row_slice]).reshape(
-                -1, cols // dtypes.Q4_BLOCK, Q4_0_BLOCK_BYTES)
-            scales = np.ascontiguousarray(blocks[:, :, :2]).view("<f2")[:, :, 0]
-            packed = np.ascontiguousarray(blocks[:, :, 2:]).reshape(-1, cols // 2)
-            if not np.isfinite(scales).all():
-                raise ConvertError(f"tensor '{self.name}' has a NaN or Inf Q4_0 scale")
-            yield (packed, scales) if order is None else (packed[order], scales[order])
 
 
 # ---------------------------------------------------------------------------- the model
