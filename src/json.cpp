@@ -65,6 +65,8 @@ json parse_json(std::string_view text, const std::string& what) {
     } catch (const json::parse_error& e) {
         throw Error(what + ": not valid JSON (syntax error at byte " + std::to_string(e.byte) +
                     ")");
+    } catch (const json::out_of_range&) {  // a number beyond double's range, e.g. 2e880
+        throw Error(what + ": not valid JSON (a number is out of range)");
     }
 }
 

@@ -68,6 +68,12 @@ TEST_CASE("parse_json refuses nesting deeper than the limit", "[hostile]") {
                       "doc: not valid JSON (syntax error at byte 100002)");
 }
 
+TEST_CASE("parse_json refuses a number beyond double's range with an Error", "[hostile]") {
+    CHECK(parse_json("[1e308]", "doc").is_array());
+    CHECK_THROWS_WITH(parse_json("{\"a\": 2e880}", "doc"),
+                      "doc: not valid JSON (a number is out of range)");
+}
+
 TEST_CASE("messages quote only an excerpt of an untrusted value", "[hostile]") {
     const json small = json::parse(R"({"shape":[1,-2],"dtype":"I64"})");
     CHECK(json_excerpt(small) == small.dump());
