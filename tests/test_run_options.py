@@ -12,28 +12,13 @@ import subprocess
 import numpy as np
 import pytest
 
-from convert_testlib import BUILD, CONVERT, STORIES, need_shared, run
+from convert_testlib import BUILD, STORIES, need_shared
+from test_cli import barellm, stories  # noqa: F401  (stories: the f32 model fixture)
 
 import model as reference  # noqa: E402  (reference/model.py, via conftest.py)
 
 BARELLM = os.path.join(BUILD, "barellm")
 PROMPT = "Once upon a time"
-
-
-def barellm(*args, input_text=None):
-    if not os.path.exists(BARELLM):
-        pytest.fail(f"{BARELLM} is missing: run `make` first")
-    return subprocess.run([BARELLM, *map(str, args)], capture_output=True, text=True,
-                          timeout=120, input=input_text)
-
-
-@pytest.fixture(scope="module")
-def stories(tmp_path_factory):
-    need_shared(STORIES)
-    path = str(tmp_path_factory.mktemp("model") / "stories-f32.bin")
-    result = run(CONVERT, STORIES, "-o", path, "--dtype", "f32")
-    assert result.returncode == 0, result.stderr
-    return path
 
 
 def completion(stories, *args, input_text=None):
