@@ -1,7 +1,10 @@
 # barellm build. `make` builds build/barellm; `make test` builds and runs every test.
-# Files named *_avx2.cpp hold the SIMD code paths and are compiled with AVX2/FMA/F16C
-# (headers named *_avx2.h hold their inline helpers and are included by them only);
-# the rest of the program runs on any x86-64 CPU and picks a path at start-up.
+# Files named *_avx2.cpp hold the AVX2 code paths and are compiled with AVX2/FMA/F16C;
+# *_avx512.cpp are compiled with AVX-512 F/BW/VL/DQ too, *_avx512vnni.cpp with AVX512_VNNI
+# as well (headers named *_avx2.h / *_avx512.h hold their inline helpers and are included
+# by them only); the rest of the program runs on any x86-64 CPU and picks a path at
+# start-up. The unit tests also build the AVX-512 files on SIMDe (build/simde/), which
+# runs them on CPUs without AVX-512.
 #
 # The CUDA backend (kernels/*.cu) is built too when nvcc is found; variables:
 #   CUDA=0             build for the CPU only, even where nvcc exists
@@ -25,12 +28,19 @@ SAN      ?= 0
 BUILD    := $(if $(filter 1,$(SAN)),build/san,build)
 CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -fopenmp -Isrc -MMD -MP $(CPPFLAGS)
 SIMD_FLAGS := -mavx2 -mfma -mf16c
+AVX512_FLAGS := $(SIMD_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq
+VNNI_FLAGS   := $(AVX512_FLAGS) -mavx512vnni
 LDFLAGS  := -fopenmp
 LDLIBS   :=
 PYTHON   ?= python3
 
 LIB_SRCS  := $(filter-out src/main.cpp,$(wildcard src/*.cpp src/cpu/*.cpp src/tokenizer/*.cpp))
 LIB_OBJS  := $(LIB_SRCS:src/%.cpp=$(BUILD)/src/%.o)
+# The AVX-512 kernels again, on SIMDe's portable intrinsics, for the unit tests.
+SIMDE_SRCS := $(wildcard src/cpu/*_avx512*.cpp)
+SIMDE_OBJS := $(SIMDE_SRCS:src/cpu/%.cpp=$(BUILD)/simde/%.o)
+SIMDE_FLAGS := -DBARELLM_SIMDE -DBARELLM_AVX512_NAMESPACE=avx512_simde -Itests/simde \
+               -DSIMDE_ENABLE_NATIVE_ALIASES
 TEST_SRCS := $(wildcard tests/*.cpp) tests/fuzz/targets.cpp
 TEST_OBJS := $(TEST_SRCS:tests/%.cpp=$(BUILD)/tests/%.o)
 TOOL_SRCS := $(wildcard tests/tools/*.cpp)
@@ -69,7 +79,7 @@ endif
 # The flags every object was built with: when they change (CUDA on or off, other archs),
 # everything is rebuilt rather than linked from objects of another configuration.
 CONFIG      := $(BUILD)/config.txt
-CONFIG_TEXT := $(CXX) $(CXXFLAGS) $(SIMD_FLAGS) | $(NVCC) $(NVCCFLAGS)
+CONFIG_TEXT := $(CXX) $(CXXFLAGS) $(VNNI_FLAGS) | $(NVCC) $(NVCCFLAGS)
 $(shell mkdir -p $(BUILD) && (echo '$(CONFIG_TEXT)' | cmp -s - $(CONFIG) || \
     echo '$(CONFIG_TEXT)' > $(CONFIG)))
 
@@ -89,6 +99,19 @@ $(CONFIG):
 $(BUILD)/src/%_avx2.o: src/%_avx2.cpp $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(SIMD_FLAGS) -c $< -o $@
+
+$(BUILD)/src/%_avx512.o: src/%_avx512.cpp $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(AVX512_FLAGS) -c $< -o $@
+
+$(BUILD)/src/%_avx512vnni.o: src/%_avx512vnni.cpp $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(VNNI_FLAGS) -c $< -o $@
+
+# SIMDe's AVX-512 is built from plain C++ here (no -m flags): it runs on any x86-64 CPU.
+$(BUILD)/simde/%.o: src/cpu/%.cpp $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(SIMDE_FLAGS) -c $< -o $@
 
 $(BUILD)/src/%.o: src/%.cpp $(CONFIG)
 	@mkdir -p $(dir $@)
@@ -117,7 +140,7 @@ $(BUILD)/tools/%.o: tests/tools/%.cu $(CONFIG)
 $(BUILD)/barellm: $(BUILD)/src/main.o $(LIB_OBJS) $(CUDA_OBJS)
 	$(CXX) $^ $(LDFLAGS) $(LDLIBS) -o $@
 
-$(BUILD)/unit_tests: $(TEST_OBJS) $(LIB_OBJS) $(CUDA_OBJS)
+$(BUILD)/unit_tests: $(TEST_OBJS) $(SIMDE_OBJS) $(LIB_OBJS) $(CUDA_OBJS)
 	$(CXX) $^ $(LDFLAGS) $(LDLIBS) -o $@
 
 $(BUILD)/%: $(BUILD)/tools/%.o $(LIB_OBJS) $(CUDA_OBJS)

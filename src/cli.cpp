@@ -70,6 +70,9 @@ common options:
   --ctx C                  context length (default: the model's, at most 4096; ppl: 512)
   --threads K              CPU threads (default: OMP_NUM_THREADS, else the physical
                            cores, not counting a core's second hardware thread)
+  --simd scalar|avx2|avx512
+                           CPU kernels of at most this level (default: the best this
+                           CPU runs)
   --kv f16|f32             KV cache element type (default f16)
   --device auto|cpu|cuda   where to run (default auto: the GPU when this build has CUDA
                            and one is usable, else the CPU, said on stderr; ladder runs
@@ -170,6 +173,10 @@ Options parse_options(int argc, const char* const* argv) {
             options.context = int(parse_integer(arg, value(), 1, 1 << 24));
         } else if (arg == "--threads") {
             options.threads = int(parse_integer(arg, value(), 1, 1024));
+        } else if (arg == "--simd") {
+            options.simd = value();
+            if (options.simd != "scalar" && options.simd != "avx2" && options.simd != "avx512")
+                throw UsageError("--simd takes scalar, avx2 or avx512");
         } else if (arg == "--chunks") {
             options.chunks = int(parse_integer(arg, value(), 1, 1 << 30));
         } else if (arg == "--kv") {

@@ -33,9 +33,10 @@ struct Options {
     bool color = false;                     // --color: mark the prompt on a terminal
     uint64_t seed = 0;
     bool has_seed = false;
-    int context = 0;  // 0: the command's default
-    int threads = 0;  // 0: OpenMP's default
-    int chunks = 0;   // 0: all
+    int context = 0;   // 0: the command's default
+    int threads = 0;   // 0: OpenMP's default
+    std::string simd;  // --simd scalar|avx2|avx512; empty: the best this CPU runs
+    int chunks = 0;    // 0: all
     KvType kv_type = KvType::F16;
     Device device = Device::Auto;
     bool bos = false, parse_special = true;

@@ -467,7 +467,7 @@ int run_cpu_ladder(const Options& options, int gen_tokens) {
     omp_set_num_threads(threads);
     cpu::set_simd_level(cpu::detect_simd_level());
     const double bandwidth = measure_read_bandwidth();
-    const bool simd_available = cpu::simd_level() == cpu::SimdLevel::Avx2;
+    const bool simd_available = cpu::simd_level() >= cpu::SimdLevel::Avx2;
 
     std::printf("%s: %s weights in the file, %d layers, dim %d; %d threads; KV cache %s\n\n",
                 options.model_path.c_str(), config.weight_dtype.c_str(), config.layers, config.dim,

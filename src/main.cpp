@@ -291,9 +291,18 @@ int run_command(const Options& options) {
         return 0;
     }
     std::string missing;
-    if (cpu::detect_simd_level(&missing) == cpu::SimdLevel::Scalar)
+    const cpu::SimdLevel best = cpu::detect_simd_level(&missing);
+    if (best == cpu::SimdLevel::Scalar && options.simd != "scalar")
         std::fprintf(stderr, "barellm: this CPU lacks%s; using the slow scalar kernels\n",
                      missing.c_str());
+    if (!options.simd.empty()) {
+        cpu::SimdLevel asked = best;
+        cpu::parse_simd_level(options.simd, &asked);
+        if (asked > best)
+            throw UsageError("--simd " + options.simd + ": this CPU runs at most " +
+                             cpu::simd_level_name(best));
+        cpu::set_simd_level(asked);
+    }
     // --threads, else OMP_NUM_THREADS when set, else one thread per physical core.
     if (options.threads > 0)
         omp_set_num_threads(options.threads);

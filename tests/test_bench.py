@@ -53,6 +53,13 @@ def bench(model, *args, threads_env=None):
                           capture_output=True, text=True, timeout=120, env=env)
 
 
+def best_simd_level(flags):
+    """The level barellm should pick on a CPU with these /proc/cpuinfo flags."""
+    if not {"avx2", "fma", "f16c"} <= flags:
+        return "scalar"
+    return "avx512" if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags else "avx2"
+
+
 def test_json_names_the_machine_and_the_simd_level(model):
     result = bench(model, "-o", "json")
     assert result.returncode == 0, result.stderr
@@ -63,11 +70,13 @@ def test_json_names_the_machine_and_the_simd_level(model):
         assert test["cpu_info"] == cpuinfo_field("model name")
         assert test["physical_cores"] == physical_cores_from_sys()
         assert test["n_threads"] == physical_cores_from_sys()  # the default
-        assert test["simd"] == ("avx2" if {"avx2", "fma", "f16c"} <= flags else "scalar")
+        assert test["simd"] == best_simd_level(flags)
         extensions = test["cpu_extensions"].split()
+        # barellm's names, and /proc/cpuinfo's where they differ.
+        cpuinfo_names = {"avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16"}
         assert extensions == [name for name in ("avx", "avx2", "fma", "avx512f", "avx512bw",
                                                 "avx512vl", "avx512vnni", "avx512bf16")
-                              if name in flags], test["cpu_extensions"]
+                              if cpuinfo_names.get(name, name) in flags], test["cpu_extensions"]
         # Read before the 1 GiB bandwidth buffer: a 1 MB model stays far below it.
         assert 0 < test["peak_rss_bytes"] < 256 << 20
 
@@ -76,12 +85,35 @@ def test_markdown_header_names_the_machine(model):
     result = bench(model)
     assert result.returncode == 0, result.stderr
     header = result.stdout.splitlines()[0]
-    match = re.fullmatch(r"cpu: (.*), (\d+) physical cores; simd: (\w+) \(the CPU offers (.*)\); "
-                         r"threads: (\d+)", header)
+    match = re.fullmatch(r"cpu: (.*), (\d+) physical cores; simd: (\w+)(\+vnni)? "
+                         r"\(the CPU offers (.*)\); threads: (\d+)", header)
     assert match, header
+    flags = set(cpuinfo_field("flags").split())
     assert match.group(1) == cpuinfo_field("model name")
+    assert match.group(3) == best_simd_level(flags)
+    assert bool(match.group(4)) == (match.group(3) == "avx512" and "avx512_vnni" in flags)
     assert int(match.group(2)) == physical_cores_from_sys()
-    assert int(match.group(5)) == physical_cores_from_sys()
+    assert int(match.group(6)) == physical_cores_from_sys()
+
+
+@pytest.mark.parametrize("level", ["scalar", "avx2", "avx512"])
+def test_simd_forces_a_lower_level_and_refuses_a_higher_one(model, level):
+    flags = set(cpuinfo_field("flags").split())
+    order = ["scalar", "avx2", "avx512"]
+    result = bench(model, "--simd", level, "-o", "json")
+    if order.index(level) > order.index(best_simd_level(flags)):
+        assert result.returncode == 2
+        assert result.stderr.strip().splitlines()[-1].endswith(
+            f"--simd {level}: this CPU runs at most {best_simd_level(flags)}")
+    else:
+        assert result.returncode == 0, result.stderr
+        assert {test["simd"] for test in json.loads(result.stdout)} == {level}
+
+
+def test_simd_refuses_an_unknown_level(model):
+    result = bench(model, "--simd", "avx1024")
+    assert result.returncode == 2
+    assert "--simd takes scalar, avx2 or avx512" in result.stderr
 
 
 @pytest.mark.parametrize("args, env, threads", [

@@ -10,126 +10,10 @@
 
 #include "cpu/kernels.h"
 #include "half.h"
+#include "test_matrices.h"
 
 using namespace barellm;
-
-namespace {
-
-std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale = 1.0f) {
-    std::uniform_real_distribution<float> dist(-scale, scale);
-    std::vector<float> values(n);
-    for (float& v : values) {
-        do v = dist(rng);
-        while (v == 0.0f);
-    }
-    return values;
-}
-
-// A weight matrix in `dtype` plus its exact float values.
-struct TestMatrix {
-    std::vector<uint8_t> storage;
-    std::vector<uint16_t> scales;  // Q8 and Q4 only: f16 [rows, groups]
-    std::vector<float> values;     // what the stored weights decode to
-    Matrix matrix;
-};
-
-// Quantizes `values` [n] in groups of 32 as docs/FORMAT.md says, written out here
-// independently of the kernels: scale = f16(max |v| / 127), q = round(v / scale).
-void quantize_groups(const float* values, int n, int8_t* quantized, float* scales,
-                     bool f16_scales) {
-    for (int first = 0, g = 0; first < n; first += 32, ++g) {
-        const int last = std::min(n, first + 32);
-        float largest = 0;
-        for (int i = first; i < last; ++i) largest = std::max(largest, std::fabs(values[i]));
-        float scale = largest / 127;
-        if (f16_scales) scale = half_to_float(float_to_half(scale));
-        scales[g] = scale;
-        for (int i = first; i < last; ++i) {
-            const float ratio = scale > 0 ? values[i] / scale : 0;
-            const float rounded = ratio < 0 ? -std::floor(-ratio + 0.5f) : std::floor(ratio + 0.5f);
-            quantized[i] = int8_t(std::clamp(rounded, -127.0f, 127.0f));
-        }
-    }
-}
-
-// Quantizes one row [cols] (a multiple of 32) to Q4 as docs/FORMAT.md says, written out
-// here independently of the converter: per block, m = the first value of largest
-// magnitude, d = m / -8, q = min(15, int(v / d + 8.5)) computed as v * (1 / d) in float,
-// the stored scale f16(d); byte j holds q of column j (low nibble) and j + 16 (high).
-// `decoded` gets f16(d) × (q - 8).
-void quantize_q4_row(const float* values, int cols, uint8_t* packed, uint16_t* scales,
-                     float* decoded) {
-    for (int block = 0; block < cols / 32; ++block) {
-        const float* v = values + block * 32;
-        float largest = 0;
-        for (int i = 0; i < 32; ++i)
-            if (std::fabs(v[i]) > std::fabs(largest)) largest = v[i];
-        const float d = largest / -8.0f;
-        const volatile float inverse = d != 0 ? 1.0f / d : 0.0f;
-        scales[block] = float_to_half(d);
-        int q[32];
-        for (int i = 0; i < 32; ++i) {
-            const volatile float product = v[i] * inverse;  // rounded before the addition
-            q[i] = std::min(15, int(product + 8.5f));
-            decoded[block * 32 + i] = half_to_float(scales[block]) * float(q[i] - 8);
-        }
-        for (int j = 0; j < 16; ++j) packed[block * 16 + j] = uint8_t(q[j] | (q[j + 16] << 4));
-    }
-}
-
-TestMatrix make_matrix(int rows, int cols, DType dtype, std::mt19937& rng) {
-    TestMatrix m;
-    m.values = random_floats(size_t(rows) * cols, rng);
-    if (dtype == DType::U8) {
-        const int blocks = cols / 32;
-        m.storage.resize(size_t(rows) * cols / 2);
-        m.scales.resize(size_t(rows) * blocks);
-        for (int r = 0; r < rows; ++r)
-            quantize_q4_row(&m.values[size_t(r) * cols], cols, &m.storage[size_t(r) * cols / 2],
-                            &m.scales[size_t(r) * blocks], &m.values[size_t(r) * cols]);
-        m.matrix = Matrix{m.storage.data(), dtype, rows, cols, m.scales.data()};
-        return m;
-    }
-    m.storage.resize(m.values.size() * dtype_size(dtype));
-    if (dtype == DType::I8) {
-        const int groups = (cols + 31) / 32;
-        m.scales.resize(size_t(rows) * groups);
-        std::vector<float> scales(groups);
-        for (int r = 0; r < rows; ++r) {
-            int8_t* quantized = reinterpret_cast<int8_t*>(m.storage.data()) + size_t(r) * cols;
-            quantize_groups(&m.values[size_t(r) * cols], cols, quantized, scales.data(), true);
-            for (int c = 0; c < cols; ++c)
-                m.values[size_t(r) * cols + c] = quantized[c] * scales[c / 32];
-            for (int g = 0; g < groups; ++g)
-                m.scales[size_t(r) * groups + g] = float_to_half(scales[g]);
-        }
-        m.matrix = Matrix{m.storage.data(), dtype, rows, cols, m.scales.data()};
-        return m;
-    }
-    for (size_t i = 0; i < m.values.size(); ++i) {
-        if (dtype == DType::F32) {
-            reinterpret_cast<float*>(m.storage.data())[i] = m.values[i];
-        } else {
-            const uint16_t bits = dtype == DType::F16 ? float_to_half(m.values[i])
-                                                      : uint16_t(float_to_bits(m.values[i]) >> 16);
-            reinterpret_cast<uint16_t*>(m.storage.data())[i] = bits;
-            m.values[i] = dtype == DType::F16 ? half_to_float(bits) : bf16_to_float(bits);
-        }
-    }
-    m.matrix = Matrix{m.storage.data(), dtype, rows, cols};
-    return m;
-}
-
-double relative_error(const std::vector<float>& got, const std::vector<double>& want) {
-    double diff = 0, norm = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-        diff += (got[i] - want[i]) * (got[i] - want[i]);
-        norm += want[i] * want[i];
-    }
-    return std::sqrt(diff / norm);
-}
-
-}  // namespace
+using namespace barellm::test;
 
 TEST_CASE("half conversion matches hand-checked values") {
     CHECK(float_to_half(1.0f) == 0x3c00);
@@ -156,18 +40,19 @@ TEST_CASE("every finite half survives a round trip through float") {
 TEST_CASE("matmul matches a double-precision reference for every dtype and SIMD level") {
     std::mt19937 rng(1234);
     const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::I8);
-    const auto level = GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2);
-    if (level == cpu::SimdLevel::Avx2 && cpu::detect_simd_level() != cpu::SimdLevel::Avx2) {
-        WARN("skipped: this CPU has no AVX2");
+    const auto level =
+        GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
+    if (level > cpu::detect_simd_level()) {
+        WARN("skipped: this CPU has no " << cpu::simd_level_name(level));
         return;
     }
     for (auto [rows, cols] :
          {std::pair{1, 1}, {3, 7}, {5, 8}, {13, 67}, {37, 172}, {64, 64}, {101, 257}}) {
         TestMatrix m = make_matrix(rows, cols, dtype, rng);
         const std::vector<float> x = random_floats(cols, rng);
-        // The AVX2 Q8 kernel quantizes x too (integer dot products): so does the reference.
+        // The SIMD Q8 kernels quantize x too (integer dot products): so does the reference.
         std::vector<float> x_used = x;
-        if (dtype == DType::I8 && level == cpu::SimdLevel::Avx2) {
+        if (dtype == DType::I8 && level >= cpu::SimdLevel::Avx2) {
             std::vector<int8_t> quantized(cols);
             std::vector<float> scales((cols + 31) / 32);
             quantize_groups(x.data(), cols, quantized.data(), scales.data(), false);
@@ -209,8 +94,9 @@ TEST_CASE("rmsnorm and softmax match their formulas") {
 
 TEST_CASE("swiglu matches its formula at every SIMD level, far into both tails") {
     std::mt19937 rng(8);
-    const auto level = GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2);
-    if (level == cpu::SimdLevel::Avx2 && cpu::detect_simd_level() != cpu::SimdLevel::Avx2) return;
+    const auto level =
+        GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
+    if (level > cpu::detect_simd_level()) return;
     for (int n : {1, 9, 172}) {
         for (float scale : {3.0f, 120.0f}) {
             const auto gate_in = random_floats(n, rng, scale), up = random_floats(n, rng);
@@ -281,8 +167,9 @@ static std::vector<double> reference_attention(const float* q, int pos, int firs
 TEST_CASE("attention with GQA and sliding window matches a direct softmax-weighted sum") {
     std::mt19937 rng(42);
     const auto type = GENERATE(KvType::F32, KvType::F16);
-    const auto level = GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2);
-    if (level == cpu::SimdLevel::Avx2 && cpu::detect_simd_level() != cpu::SimdLevel::Avx2) return;
+    const auto level =
+        GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
+    if (level > cpu::detect_simd_level()) return;
     // head_dim 20: one whole and one partial tile of 16 value columns in the AVX2 prefill.
     const int head_dim = GENERATE(12, 20);
     const int heads = 6, kv_heads = 2, kv_dim = kv_heads * head_dim;
@@ -346,8 +233,9 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
 TEST_CASE("batched matmul (prefill GEMM) matches a double-precision reference") {
     std::mt19937 rng(2024);
     const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::I8);
-    const auto level = GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2);
-    if (level == cpu::SimdLevel::Avx2 && cpu::detect_simd_level() != cpu::SimdLevel::Avx2) return;
+    const auto level =
+        GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
+    if (level > cpu::detect_simd_level()) return;
     // Sizes cross the AVX2 kernel's tiles (6 rows x 16 tokens, transposed 8 x 8 at a time)
     // and blocks (96 rows, 256 columns), with partial tiles and blocks of every kind.
     for (auto [batch, rows, cols] : {std::tuple{1, 1, 1},
@@ -378,8 +266,9 @@ TEST_CASE("batched matmul (prefill GEMM) matches a double-precision reference") 
 TEST_CASE("several GEMMs of one input each match their own reference") {
     std::mt19937 rng(77);
     const auto dtype = GENERATE(DType::F16, DType::I8);
-    const auto level = GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2);
-    if (level == cpu::SimdLevel::Avx2 && cpu::detect_simd_level() != cpu::SimdLevel::Avx2) return;
+    const auto level =
+        GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
+    if (level > cpu::detect_simd_level()) return;
     // Like q, k and v: row counts that are not multiples of the 6-row tile or the 96-row
     // block, so that the chunks the threads claim straddle the boundaries between matrices.
     const int batch = 21, cols = 300;
@@ -414,22 +303,13 @@ TEST_CASE("several GEMMs of one input each match their own reference") {
                       Catch::Contains("different widths"));
 }
 
-// x as the AVX2 Q8/Q4 matvecs use it: quantized to int8 per group of 32.
-static std::vector<float> quantized_like_the_kernel(const std::vector<float>& x) {
-    const int n = int(x.size());
-    std::vector<int8_t> quantized(n);
-    std::vector<float> scales((n + 31) / 32), out(n);
-    quantize_groups(x.data(), n, quantized.data(), scales.data(), false);
-    for (int c = 0; c < n; ++c) out[c] = quantized[c] * scales[c / 32];
-    return out;
-}
-
 TEST_CASE(
     "Q4 matmul and prefill GEMM match a double-precision reference at several thread "
     "counts") {
     std::mt19937 rng(404);
-    const auto level = GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2);
-    if (level == cpu::SimdLevel::Avx2 && cpu::detect_simd_level() != cpu::SimdLevel::Avx2) return;
+    const auto level =
+        GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
+    if (level > cpu::detect_simd_level()) return;
     const int threads = GENERATE(1, 2, 3);
     const int saved_threads = omp_get_max_threads();
     omp_set_num_threads(threads);
@@ -450,7 +330,7 @@ TEST_CASE(
         // Decode, the first token of x.
         const std::vector<float> x0(x.begin(), x.begin() + cols);
         const std::vector<float> x_used =
-            level == cpu::SimdLevel::Avx2 ? quantized_like_the_kernel(x0) : x0;
+            level >= cpu::SimdLevel::Avx2 ? quantized_like_the_kernel(x0) : x0;
         std::vector<double> want(rows);
         for (int r = 0; r < rows; ++r)
             for (int c = 0; c < cols; ++c)
@@ -475,7 +355,7 @@ TEST_CASE(
 
 TEST_CASE("Q4 and Q8 matvecs in one matmul_many call each match their own reference") {
     std::mt19937 rng(405);
-    if (cpu::detect_simd_level() != cpu::SimdLevel::Avx2) return;
+    if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
     const int cols = 224;
     TestMatrix q4 = make_matrix(53, cols, DType::U8, rng);
     TestMatrix q8 = make_matrix(29, cols, DType::I8, rng);
@@ -511,9 +391,8 @@ TEST_CASE("Q4 nibbles: byte j of a block holds column j low and column j + 16 hi
     const Matrix w{block, DType::U8, 1, 32, &scale};
     const std::vector<float> ones(32, 1.0f);
     float out = NAN;
-    for (auto level : {cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2}) {
-        if (level == cpu::SimdLevel::Avx2 && cpu::detect_simd_level() != cpu::SimdLevel::Avx2)
-            continue;
+    for (auto level : {cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512}) {
+        if (level > cpu::detect_simd_level()) continue;
         cpu::set_simd_level(level);
         cpu::matmul(&out, ones.data(), w);
         // 0.5 × Σ (q - 8) over both halves = 0.5 × 2 × Σ_{k=0..15} (k - 8) = 120 - 128.

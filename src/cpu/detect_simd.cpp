@@ -5,19 +5,40 @@
 
 namespace barellm::cpu {
 
+namespace {
+
+// GCC's __builtin_cpu_supports has no "f16c"; every AVX2 CPU made has F16C, and this
+// check keeps us honest on emulators that drop it.
+bool cpu_has_f16c() {
+    unsigned eax, ebx, ecx, edx;
+    __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
+    constexpr unsigned kF16cBit = 1u << 29;
+    return ecx & kF16cBit;
+}
+
+// The AVX-512 subsets the AVX-512 kernels are compiled for (__builtin_cpu_supports also
+// checks that the operating system saves the zmm registers).
+bool cpu_has_avx512() {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+}  // namespace
+
 SimdLevel detect_simd_level(std::string* missing) {
     __builtin_cpu_init();
     std::string lacking;
     if (!__builtin_cpu_supports("avx2")) lacking += " avx2";
     if (!__builtin_cpu_supports("fma")) lacking += " fma";
-    // GCC's __builtin_cpu_supports has no "f16c"; every AVX2 CPU made has F16C,
-    // and the check below keeps us honest on emulators that drop it.
-    unsigned eax, ebx, ecx, edx;
-    __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
-    constexpr unsigned kF16cBit = 1u << 29;
-    if (!(ecx & kF16cBit)) lacking += " f16c";
+    if (!cpu_has_f16c()) lacking += " f16c";
     if (missing) *missing = lacking;
-    return lacking.empty() ? SimdLevel::Avx2 : SimdLevel::Scalar;
+    if (!lacking.empty()) return SimdLevel::Scalar;
+    return cpu_has_avx512() ? SimdLevel::Avx512 : SimdLevel::Avx2;
+}
+
+bool cpu_has_avx512_vnni() {
+    __builtin_cpu_init();
+    return cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
 }
 
 }  // namespace barellm::cpu

@@ -1,5 +1,6 @@
 // The CPU kernels of cpu/kernels.h: their scalar path (cpu/scalar.h), and the dispatch that
-// sends each call to it or to the AVX2 path (cpu/avx2.h), the work split across threads.
+// sends each call to it, to the AVX2 path (cpu/avx2.h) or to the AVX-512 path (cpu/avx512.h),
+// the work split across threads.
 #include "cpu/kernels.h"
 
 #include <omp.h>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "cpu/avx2.h"
+#include "cpu/avx512.h"
 #include "cpu/scalar.h"
 #include "error.h"
 #include "half.h"
@@ -19,6 +21,7 @@ namespace barellm::cpu {
 namespace {
 
 SimdLevel active_level = detect_simd_level();  // the path the dispatch below takes
+const bool has_avx512_vnni = cpu_has_avx512_vnni();
 
 // Weight (row, col) of w as float, whatever its storage.
 inline float weight_at(const Matrix& w, int row, int col) {
@@ -53,7 +56,31 @@ inline float kv_at(const void* cache, int i, KvType type) {
 void set_simd_level(SimdLevel level) { active_level = level; }
 SimdLevel simd_level() { return active_level; }
 const char* simd_level_name(SimdLevel level) {
-    return level == SimdLevel::Avx2 ? "avx2" : "scalar";
+    switch (level) {
+        case SimdLevel::Avx512:
+            return "avx512";
+        case SimdLevel::Avx2:
+            return "avx2";
+        case SimdLevel::Scalar:
+            break;
+    }
+    return "scalar";
+}
+
+bool parse_simd_level(const std::string& name, SimdLevel* level) {
+    for (SimdLevel candidate : {SimdLevel::Scalar, SimdLevel::Avx2, SimdLevel::Avx512})
+        if (name == simd_level_name(candidate)) {
+            *level = candidate;
+            return true;
+        }
+    return false;
+}
+
+std::string simd_description() {
+    std::string description = simd_level_name(active_level);
+    if (active_level == SimdLevel::Avx512)
+        description += has_avx512_vnni ? "+vnni" : " (no vnni: q8/q4 matvecs on avx2)";
+    return description;
 }
 
 void scalar::matmul_rows(float* out, const Matrix& w, const float* x, int first_row,
@@ -141,16 +168,18 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
     constexpr int kMaxTasks = 4;
     const MatmulTask* task_list = tasks.begin();
     const int task_count = int(tasks.size());
-    // Q8 and Q4 weights with AVX2 use integer dot products: each input is quantized once, by
+    // Q8 and Q4 weights with SIMD use integer dot products: each input is quantized once, by
     // the calling thread, into one buffer per task; the workers only read them.
     static thread_local QuantizedVector quantized_buffers[kMaxTasks];
     QuantizedVector* quantized = quantized_buffers;
     if (task_count > kMaxTasks) throw Error("matmul_many takes at most 4 tasks");
-    const bool use_avx2 = active_level == SimdLevel::Avx2;
+    const bool use_simd = active_level >= SimdLevel::Avx2;
+    const bool use_avx512 = active_level == SimdLevel::Avx512;
+    const bool use_vnni = use_avx512 && has_avx512_vnni;
     size_t total_rows = 0, work = 0;
     for (int t = 0; t < task_count; ++t) {
         const Matrix& w = *task_list[t].w;
-        if (use_avx2 && is_quantized(w.dtype)) quantize_q8(&quantized[t], task_list[t].x, w.cols);
+        if (use_simd && is_quantized(w.dtype)) quantize_q8(&quantized[t], task_list[t].x, w.cols);
         total_rows += w.rows;
         work += size_t(w.rows) * w.cols;
     }
@@ -167,14 +196,18 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
             const size_t begin = std::max(first, task_start), end = std::min(last, task_end);
             if (begin < end) {
                 const int row = int(begin - task_start), count = int(end - begin);
-                if (!use_avx2)
+                const DType dtype = task.w->dtype;
+                if (!use_simd)
                     scalar::matmul_rows(task.out, *task.w, task.x, row, count);
-                else if (task.w->dtype == DType::I8)
-                    avx2::matmul_rows_q8(task.out, *task.w, quantized[t], row, count);
-                else if (task.w->dtype == DType::U8)
-                    avx2::matmul_rows_q4(task.out, *task.w, quantized[t], row, count);
+                else if (dtype == DType::I8)
+                    (use_vnni ? avx512::matmul_rows_q8 : avx2::matmul_rows_q8)(
+                        task.out, *task.w, quantized[t], row, count);
+                else if (dtype == DType::U8)
+                    (use_vnni ? avx512::matmul_rows_q4 : avx2::matmul_rows_q4)(
+                        task.out, *task.w, quantized[t], row, count);
                 else
-                    avx2::matmul_rows(task.out, *task.w, task.x, row, count);
+                    (use_avx512 ? avx512::matmul_rows : avx2::matmul_rows)(task.out, *task.w,
+                                                                           task.x, row, count);
             }
             task_start = task_end;
         }
@@ -206,7 +239,7 @@ void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOut
         total_rows += o.w->rows;
     }
     const size_t row_work = size_t(cols) * batch;
-    if (active_level != SimdLevel::Avx2) {
+    if (active_level < SimdLevel::Avx2) {
         for (const BatchOutput& o : outputs)
             split_rows(o.w->rows, row_work, [&](int first, int count) {
                 scalar::matmul_batch_rows(o.out, *o.w, x, batch, first, count);
@@ -280,7 +313,7 @@ void softmax(float* x, int n) {
 }
 
 void swiglu(float* gate, const float* up, int n) {
-    if (active_level == SimdLevel::Avx2)
+    if (active_level >= SimdLevel::Avx2)
         avx2::swiglu(gate, up, n);
     else
         scalar::swiglu(gate, up, n);
@@ -310,7 +343,7 @@ namespace {
 void attend_one_head(float* out_head, const float* q_head, int head, int pos, const void* key_cache,
                      const void* value_cache, float* scores, const AttentionShape& shape,
                      KvType type) {
-    const bool use_avx2 = active_level == SimdLevel::Avx2;
+    const bool use_avx2 = active_level >= SimdLevel::Avx2;
     const auto dot = use_avx2 ? avx2::dot_kv : scalar::dot_kv;
     const auto add_scaled = use_avx2 ? avx2::add_scaled_kv : scalar::add_scaled_kv;
     const int first = attention_start(pos, shape.window);
@@ -345,7 +378,7 @@ void attention_batch(float* out, const float* q, int count, int first_pos, const
                      const void* value_cache, const AttentionShape& shape, KvType type) {
     const size_t q_dim = size_t(shape.heads) * shape.head_dim;
     const size_t work = q_dim * count * (first_pos + count) * 2;
-    if (active_level != SimdLevel::Avx2) {
+    if (active_level < SimdLevel::Avx2) {
 #pragma omp parallel num_threads(threads_for(work))
         {
             std::vector<float> scores(first_pos + count);  // this thread's scratch

@@ -1,5 +1,6 @@
 // The CPU kernels the forward pass calls. Each runs the path set by set_simd_level: the
-// scalar one (cpu/scalar.h, the readable reference) or, where it matters, AVX2 (cpu/avx2.h).
+// scalar one (cpu/scalar.h, the readable reference) or, where it matters, AVX2 (cpu/avx2.h)
+// or AVX-512 (cpu/avx512.h; a kernel without an AVX-512 version runs its AVX2 one).
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -12,13 +13,23 @@
 
 namespace barellm::cpu {
 
-enum class SimdLevel { Scalar, Avx2 };
+// Ordered: each level has every feature of the ones below it.
+//   Avx2:   AVX2 + FMA + F16C
+//   Avx512: also AVX-512 F, BW, VL and DQ
+enum class SimdLevel { Scalar, Avx2, Avx512 };
 
 // The best level this CPU runs; `missing` (if given) names the features it lacks for AVX2.
 SimdLevel detect_simd_level(std::string* missing = nullptr);
+// Whether the CPU has AVX512_VNNI (the int8 dot products of the AVX-512 q8/q4 matvecs;
+// without it those run on AVX2).
+bool cpu_has_avx512_vnni();
 void set_simd_level(SimdLevel level);
 SimdLevel simd_level();
 const char* simd_level_name(SimdLevel level);
+// The level for a name of simd_level_name ("scalar", "avx2", "avx512"); false if none.
+bool parse_simd_level(const std::string& name, SimdLevel* level);
+// The level in use and its optional features, e.g. "avx512+vnni".
+std::string simd_description();
 
 // Below this many multiply-adds a thread costs more to wake than it saves.
 constexpr size_t kMinWorkPerThread = 1 << 16;

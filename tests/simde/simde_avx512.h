@@ -1,0 +1,109 @@
+// SIMDe's AVX-512 for the unit tests' second build of the AVX-512 kernels
+// (src/cpu/intrinsics_avx512.h with BARELLM_SIMDE), plus the intrinsics those kernels use
+// that Debian's SIMDe (0.7.4) lacks, written here lane by lane from Intel's definitions.
+// Each is defined only where SIMDe has no alias of that name.
+#pragma once
+#include <simde/x86/avx512.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "half.h"
+
+// The mask types, which SIMDe names simde__mmaskN only.
+using __mmask16 = simde__mmask16;
+using __mmask32 = simde__mmask32;
+using __mmask64 = simde__mmask64;
+
+namespace barellm::simde_extra {
+
+template <typename To, typename From>
+inline To bits(const From& from) {
+    static_assert(sizeof(To) == sizeof(From));
+    To to;
+    std::memcpy(&to, &from, sizeof(To));
+    return to;
+}
+
+struct F32x16 {
+    float lane[16];
+};
+struct I32x16 {
+    int32_t lane[16];
+};
+struct U16x16 {
+    uint16_t lane[16];
+};
+struct I8x64 {
+    int8_t lane[64];
+};
+
+// Lanes of `count` elements of `size` bytes from p where `mask` has a bit, else zero.
+template <typename Result>
+inline Result masked_load(const void* p, uint64_t mask, int count, int size) {
+    unsigned char bytes[sizeof(Result)] = {};
+    for (int i = 0; i < count; ++i)
+        if (mask >> i & 1)
+            std::memcpy(bytes + i * size, static_cast<const char*>(p) + i * size, size);
+    return bits<Result>(bytes);
+}
+
+}  // namespace barellm::simde_extra
+
+#ifndef _mm512_maskz_loadu_ps
+inline simde__m512 _mm512_maskz_loadu_ps(simde__mmask16 mask, const void* p) {
+    return barellm::simde_extra::masked_load<simde__m512>(p, mask, 16, 4);
+}
+#endif
+#ifndef _mm512_maskz_loadu_epi8
+inline simde__m512i _mm512_maskz_loadu_epi8(simde__mmask64 mask, const void* p) {
+    return barellm::simde_extra::masked_load<simde__m512i>(p, mask, 64, 1);
+}
+#endif
+#ifndef _mm256_maskz_loadu_epi8
+inline simde__m256i _mm256_maskz_loadu_epi8(simde__mmask32 mask, const void* p) {
+    return barellm::simde_extra::masked_load<simde__m256i>(p, mask, 32, 1);
+}
+#endif
+#ifndef _mm256_maskz_loadu_epi16
+inline simde__m256i _mm256_maskz_loadu_epi16(simde__mmask16 mask, const void* p) {
+    return barellm::simde_extra::masked_load<simde__m256i>(p, mask, 16, 2);
+}
+#endif
+#ifndef _mm512_cvtph_ps
+inline simde__m512 _mm512_cvtph_ps(simde__m256i halves) {
+    using namespace barellm::simde_extra;
+    const U16x16 in = bits<U16x16>(halves);
+    F32x16 out;
+    for (int i = 0; i < 16; ++i) out.lane[i] = barellm::half_to_float(in.lane[i]);
+    return bits<simde__m512>(out);
+}
+#endif
+#ifndef _mm512_cvtepu16_epi32
+inline simde__m512i _mm512_cvtepu16_epi32(simde__m256i halves) {
+    using namespace barellm::simde_extra;
+    const U16x16 in = bits<U16x16>(halves);
+    I32x16 out;
+    for (int i = 0; i < 16; ++i) out.lane[i] = in.lane[i];
+    return bits<simde__m512i>(out);
+}
+#endif
+#ifndef _mm512_cvtepi32_ps
+inline simde__m512 _mm512_cvtepi32_ps(simde__m512i values) {
+    using namespace barellm::simde_extra;
+    const I32x16 in = bits<I32x16>(values);
+    F32x16 out;
+    for (int i = 0; i < 16; ++i) out.lane[i] = float(in.lane[i]);
+    return bits<simde__m512>(out);
+}
+#endif
+#ifndef _mm512_reduce_add_ps
+// Intel's order: halves added pairwise down to one lane.
+inline float _mm512_reduce_add_ps(simde__m512 v) {
+    using namespace barellm::simde_extra;
+    F32x16 x = bits<F32x16>(v);
+    for (int width = 8; width >= 1; width /= 2)
+        for (int i = 0; i < width; ++i) x.lane[i] += x.lane[i + width];
+    return x.lane[0];
+}
+#endif

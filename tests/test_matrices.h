@@ -1,0 +1,139 @@
+// Test inputs for the CPU kernel tests: random non-zero floats, weight matrices of every
+// storage type with the exact values they decode to, quantized independently of the
+// kernels, and the error measure the tests compare with.
+#pragma once
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "half.h"
+#include "model.h"
+
+namespace barellm::test {
+
+inline std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale = 1.0f) {
+    std::uniform_real_distribution<float> dist(-scale, scale);
+    std::vector<float> values(n);
+    for (float& v : values) {
+        do v = dist(rng);
+        while (v == 0.0f);
+    }
+    return values;
+}
+
+// A weight matrix in `dtype` plus its exact float values.
+struct TestMatrix {
+    std::vector<uint8_t> storage;
+    std::vector<uint16_t> scales;  // Q8 and Q4 only: f16 [rows, groups]
+    std::vector<float> values;     // what the stored weights decode to
+    Matrix matrix;
+};
+
+// Quantizes `values` [n] in groups of 32 as docs/FORMAT.md says, written out here
+// independently of the kernels: scale = f16(max |v| / 127), q = round(v / scale).
+inline void quantize_groups(const float* values, int n, int8_t* quantized, float* scales,
+                            bool f16_scales) {
+    for (int first = 0, g = 0; first < n; first += 32, ++g) {
+        const int last = std::min(n, first + 32);
+        float largest = 0;
+        for (int i = first; i < last; ++i) largest = std::max(largest, std::fabs(values[i]));
+        float scale = largest / 127;
+        if (f16_scales) scale = half_to_float(float_to_half(scale));
+        scales[g] = scale;
+        for (int i = first; i < last; ++i) {
+            const float ratio = scale > 0 ? values[i] / scale : 0;
+            const float rounded = ratio < 0 ? -std::floor(-ratio + 0.5f) : std::floor(ratio + 0.5f);
+            quantized[i] = int8_t(std::clamp(rounded, -127.0f, 127.0f));
+        }
+    }
+}
+
+// Quantizes one row [cols] (a multiple of 32) to Q4 as docs/FORMAT.md says, written out
+// here independently of the converter: per block, m = the first value of largest
+// magnitude, d = m / -8, q = min(15, int(v / d + 8.5)) computed as v * (1 / d) in float,
+// the stored scale f16(d); byte j holds q of column j (low nibble) and j + 16 (high).
+// `decoded` gets f16(d) × (q - 8).
+inline void quantize_q4_row(const float* values, int cols, uint8_t* packed, uint16_t* scales,
+                            float* decoded) {
+    for (int block = 0; block < cols / 32; ++block) {
+        const float* v = values + block * 32;
+        float largest = 0;
+        for (int i = 0; i < 32; ++i)
+            if (std::fabs(v[i]) > std::fabs(largest)) largest = v[i];
+        const float d = largest / -8.0f;
+        const volatile float inverse = d != 0 ? 1.0f / d : 0.0f;
+        scales[block] = float_to_half(d);
+        int q[32];
+        for (int i = 0; i < 32; ++i) {
+            const volatile float product = v[i] * inverse;  // rounded before the addition
+            q[i] = std::min(15, int(product + 8.5f));
+            decoded[block * 32 + i] = half_to_float(scales[block]) * float(q[i] - 8);
+        }
+        for (int j = 0; j < 16; ++j) packed[block * 16 + j] = uint8_t(q[j] | (q[j + 16] << 4));
+    }
+}
+
+inline TestMatrix make_matrix(int rows, int cols, DType dtype, std::mt19937& rng) {
+    TestMatrix m;
+    m.values = random_floats(size_t(rows) * cols, rng);
+    if (dtype == DType::U8) {
+        const int blocks = cols / 32;
+        m.storage.resize(size_t(rows) * cols / 2);
+        m.scales.resize(size_t(rows) * blocks);
+        for (int r = 0; r < rows; ++r)
+            quantize_q4_row(&m.values[size_t(r) * cols], cols, &m.storage[size_t(r) * cols / 2],
+                            &m.scales[size_t(r) * blocks], &m.values[size_t(r) * cols]);
+        m.matrix = Matrix{m.storage.data(), dtype, rows, cols, m.scales.data()};
+        return m;
+    }
+    m.storage.resize(m.values.size() * dtype_size(dtype));
+    if (dtype == DType::I8) {
+        const int groups = (cols + 31) / 32;
+        m.scales.resize(size_t(rows) * groups);
+        std::vector<float> scales(groups);
+        for (int r = 0; r < rows; ++r) {
+            int8_t* quantized = reinterpret_cast<int8_t*>(m.storage.data()) + size_t(r) * cols;
+            quantize_groups(&m.values[size_t(r) * cols], cols, quantized, scales.data(), true);
+            for (int c = 0; c < cols; ++c)
+                m.values[size_t(r) * cols + c] = quantized[c] * scales[c / 32];
+            for (int g = 0; g < groups; ++g)
+                m.scales[size_t(r) * groups + g] = float_to_half(scales[g]);
+        }
+        m.matrix = Matrix{m.storage.data(), dtype, rows, cols, m.scales.data()};
+        return m;
+    }
+    for (size_t i = 0; i < m.values.size(); ++i) {
+        if (dtype == DType::F32) {
+            reinterpret_cast<float*>(m.storage.data())[i] = m.values[i];
+        } else {
+            const uint16_t bits = dtype == DType::F16 ? float_to_half(m.values[i])
+                                                      : uint16_t(float_to_bits(m.values[i]) >> 16);
+            reinterpret_cast<uint16_t*>(m.storage.data())[i] = bits;
+            m.values[i] = dtype == DType::F16 ? half_to_float(bits) : bf16_to_float(bits);
+        }
+    }
+    m.matrix = Matrix{m.storage.data(), dtype, rows, cols};
+    return m;
+}
+
+inline double relative_error(const std::vector<float>& got, const std::vector<double>& want) {
+    double diff = 0, norm = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        diff += (got[i] - want[i]) * (got[i] - want[i]);
+        norm += want[i] * want[i];
+    }
+    return std::sqrt(diff / norm);
+}
+
+// x as the SIMD Q8/Q4 matvecs use it: quantized to int8 per group of 32.
+inline std::vector<float> quantized_like_the_kernel(const std::vector<float>& x) {
+    const int n = int(x.size());
+    std::vector<int8_t> quantized(n);
+    std::vector<float> scales((n + 31) / 32), out(n);
+    quantize_groups(x.data(), n, quantized.data(), scales.data(), false);
+    for (int c = 0; c < n; ++c) out[c] = quantized[c] * scales[c / 32];
+    return out;
+}
+
+}  // namespace barellm::test
