@@ -23,15 +23,18 @@ struct Avx512Build {
     std::string name;
     bool has_vnni;  // whether its Q8/Q4 kernels can run here
     decltype(&cpu::avx512::matmul_rows) matmul_rows;
+    decltype(&cpu::avx512::matmul_rows_half_x) matmul_rows_half_x;
+    decltype(&cpu::avx512::round_to_half) round_to_half;
     decltype(&cpu::avx512::matmul_rows_q8) matmul_rows_q8;
     decltype(&cpu::avx512::matmul_rows_q4) matmul_rows_q4;
 };
 
 // SIMDe's always; the native one where this CPU has AVX-512 (printed once).
 std::vector<Avx512Build> builds() {
-    std::vector<Avx512Build> list = {{"simde", true, cpu::avx512_simde::matmul_rows,
-                                      cpu::avx512_simde::matmul_rows_q8,
-                                      cpu::avx512_simde::matmul_rows_q4}};
+    std::vector<Avx512Build> list = {
+        {"simde", true, cpu::avx512_simde::matmul_rows, cpu::avx512_simde::matmul_rows_half_x,
+         cpu::avx512_simde::round_to_half, cpu::avx512_simde::matmul_rows_q8,
+         cpu::avx512_simde::matmul_rows_q4}};
     const bool native = cpu::detect_simd_level() == cpu::SimdLevel::Avx512;
     static bool said = false;
     if (!said) {
@@ -44,6 +47,7 @@ std::vector<Avx512Build> builds() {
     }
     if (native)
         list.push_back({"native", cpu::cpu_has_avx512_vnni(), cpu::avx512::matmul_rows,
+                        cpu::avx512::matmul_rows_half_x, cpu::avx512::round_to_half,
                         cpu::avx512::matmul_rows_q8, cpu::avx512::matmul_rows_q4});
     return list;
 }
@@ -84,6 +88,45 @@ TEST_CASE("AVX-512 f32/f16/bf16 matvecs match a double-precision reference at ev
                   1e-6);
             CHECK(std::isnan(got[first - 1]));
             CHECK(std::isnan(got[first + count]));
+        }
+}
+
+TEST_CASE("AVX-512 f16/bf16 matvecs against x rounded to f16 match their reference") {
+    std::mt19937 rng(514);
+    const auto dtype = GENERATE(DType::F16, DType::BF16);
+    for (const Avx512Build& build : builds())
+        for (int cols : {1, 15, 16, 17, 33, 100, 129, 257, 5632 + 9}) {
+            const int rows = 5;
+            const TestMatrix m = make_matrix(rows, cols, dtype, rng);
+            const std::vector<float> x = random_floats(cols, rng, 3.0f);
+            std::vector<uint16_t> half_x(cols + 1, 0xabcd);
+            REQUIRE(build.round_to_half(half_x.data(), x.data(), cols));
+            CHECK(half_x[cols] == 0xabcd);  // nothing written past n
+            std::vector<float> x_rounded(cols);
+            for (int c = 0; c < cols; ++c) {
+                INFO(build.name << " column " << c);
+                REQUIRE(half_x[c] == float_to_half(x[c]));
+                x_rounded[c] = half_to_float(half_x[c]);
+            }
+            const std::vector<double> want = reference_matvec(m, x_rounded);
+            std::vector<float> got(rows, NAN);
+            build.matmul_rows_half_x(got.data(), m.matrix, half_x.data(), 1, rows - 1);
+            INFO(build.name << " " << dtype_name(dtype) << " cols " << cols);
+            CHECK(relative_error(row_range(got, 1, rows - 1), row_range(want, 1, rows - 1)) < 1e-6);
+            CHECK(std::isnan(got[0]));
+        }
+}
+
+TEST_CASE("AVX-512 rounding of x to f16 refuses values f16 cannot hold") {
+    for (const Avx512Build& build : builds())
+        for (float bad : {65520.0f, -1e6f, INFINITY, NAN}) {
+            std::vector<float> x(37, 1.5f);
+            x[33] = bad;
+            std::vector<uint16_t> half_x(37);
+            INFO(build.name << " " << bad);
+            CHECK_FALSE(build.round_to_half(half_x.data(), x.data(), 37));
+            x[33] = 65504.0f;  // the largest f16
+            CHECK(build.round_to_half(half_x.data(), x.data(), 37));
         }
 }
 

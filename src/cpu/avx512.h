@@ -19,6 +19,15 @@ namespace barellm::cpu::BARELLM_AVX512_NAMESPACE {
 // f32, f16 and bf16 weights (matmul_avx512.cpp).
 void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
 
+// f16 and bf16 weights against x rounded to f16 (half_x, from round_to_half): half the
+// bytes of x to read for each weight row, which keeps x in L1 for rows of up to ~5000
+// columns and the loads at one stream of weights (matmul_avx512.cpp).
+void matmul_rows_half_x(float* out, const Matrix& w, const uint16_t* half_x, int first_row,
+                        int row_count);
+// half_x[n] = x rounded to f16 (nearest even); false, and half_x unspecified, where some
+// |x| is too large for f16 (or x is not finite).
+bool round_to_half(uint16_t* half_x, const float* x, int n);
+
 // Q8 and Q4 weights against x quantized to Q8, as vpdpbusd integer dot products
 // (matmul_avx512vnni.cpp).
 void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,

@@ -107,3 +107,21 @@ inline float _mm512_reduce_add_ps(simde__m512 v) {
     return x.lane[0];
 }
 #endif
+#ifndef _mm512_cvtps_ph
+// Rounding to nearest even only (the only mode the kernels ask for).
+inline simde__m256i _mm512_cvtps_ph(simde__m512 values, int /*rounding*/) {
+    using namespace barellm::simde_extra;
+    const F32x16 in = bits<F32x16>(values);
+    U16x16 out;
+    for (int i = 0; i < 16; ++i) out.lane[i] = barellm::float_to_half(in.lane[i]);
+    return bits<simde__m256i>(out);
+}
+#endif
+#ifndef _mm256_mask_storeu_epi16
+inline void _mm256_mask_storeu_epi16(void* p, simde__mmask16 mask, simde__m256i values) {
+    using namespace barellm::simde_extra;
+    const U16x16 in = bits<U16x16>(values);
+    for (int i = 0; i < 16; ++i)
+        if (mask >> i & 1) std::memcpy(static_cast<char*>(p) + 2 * i, &in.lane[i], 2);
+}
+#endif
