@@ -255,6 +255,7 @@ int command_info(const Options& options) {
     for (const auto& [dtype, bytes] : bytes_by_dtype)
         std::printf("bytes %-9s %zu\n", dtype.c_str(), bytes);
     std::printf("weight bytes read per token %zu\n", model.weight_bytes_per_token());
+    std::printf("cpu kernels     %s\n", cpu::simd_description().c_str());
     return 0;
 }
 

@@ -4,6 +4,7 @@ Every refusal is one line on stderr naming the problem and exit code 1 (2 for a 
 command line, followed by the usage) — never a signal, never a traceback."""
 
 import json
+import re
 import os
 import signal
 import struct
@@ -91,6 +92,11 @@ def test_info_and_help(stories):
     info = barellm("info", stories)
     assert info.returncode == 0 and "layers          5" in info.stdout
     assert barellm("--help").returncode == 0
+    # The CPU kernels in use, lowered by --simd.
+    kernels = re.search(r"^cpu kernels +(\S+)", info.stdout, re.M)
+    assert kernels and kernels.group(1) in ("scalar", "avx2", "avx512", "avx512+vnni")
+    lowered = barellm("info", stories, "--simd", "scalar")
+    assert re.search(r"^cpu kernels +scalar$", lowered.stdout, re.M), lowered.stdout
 
 
 @pytest.mark.parametrize("args,message", [
