@@ -41,7 +41,9 @@ SIMDE_SRCS := $(wildcard src/cpu/*_avx512*.cpp)
 SIMDE_OBJS := $(SIMDE_SRCS:src/cpu/%.cpp=$(BUILD)/simde/%.o)
 # -Wno-psabi: SIMDe's 256-bit vector types are returned by value, which GCC notes would be
 # passed differently in code built with -mavx (none is: these objects call only each other).
-SIMDE_FLAGS := -DBARELLM_SIMDE -DBARELLM_AVX512_NAMESPACE=avx512_simde -Itests/simde \
+# -Davx512=avx512_simde: the SIMDe objects define their kernels in namespace avx512_simde,
+# beside the native ones.
+SIMDE_FLAGS := -DBARELLM_SIMDE -Davx512=avx512_simde -Itests/simde \
                -DSIMDE_ENABLE_NATIVE_ALIASES -Wno-psabi
 TEST_SRCS := $(wildcard tests/*.cpp) tests/fuzz/targets.cpp
 TEST_OBJS := $(TEST_SRCS:tests/%.cpp=$(BUILD)/tests/%.o)

@@ -8,9 +8,10 @@
 #include <vector>
 
 #include "cpu/avx512.h"
-#undef BARELLM_AVX512_NAMESPACE
-#define BARELLM_AVX512_NAMESPACE avx512_simde
+// The SIMDe build's declarations: its files were compiled with avx512 defined so.
+#define avx512 avx512_simde
 #include "cpu/avx512.h"
+#undef avx512
 #include "test_matrices.h"
 
 using namespace barellm;

@@ -3,16 +3,13 @@
 // Avx512 (those in *_avx512vnni.cpp only when the CPU also has AVX512_VNNI).
 //
 // The unit tests build these files a second time on SIMDe (a portable implementation of the
-// intrinsics, so that they run on any CPU) into the namespace avx512_simde: this header is
-// then included again with BARELLM_AVX512_NAMESPACE naming that namespace.
-#ifndef BARELLM_AVX512_NAMESPACE
-#define BARELLM_AVX512_NAMESPACE avx512
-#endif
+// intrinsics, so that they run on any CPU) with the name avx512 defined as avx512_simde:
+// they include this header once more under that definition (hence no include guard).
 #include <cstdint>
 
 #include "cpu/kernels.h"
 
-namespace barellm::cpu::BARELLM_AVX512_NAMESPACE {
+namespace barellm::cpu::avx512 {
 
 // ---- Decode matvecs: out[r] = W[r] · x for each row r of the run.
 
@@ -35,4 +32,4 @@ void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int f
 void matmul_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
 
-}  // namespace barellm::cpu::BARELLM_AVX512_NAMESPACE
+}  // namespace barellm::cpu::avx512

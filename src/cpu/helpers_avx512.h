@@ -7,7 +7,7 @@
 #include "cpu/intrinsics_avx512.h"
 #include "model.h"
 
-namespace barellm::cpu::BARELLM_AVX512_NAMESPACE {
+namespace barellm::cpu::avx512 {
 
 constexpr int kLanes = 16;  // floats per 512-bit register
 
@@ -44,4 +44,4 @@ inline __m512 widen16(const void* p) {
     }
 }
 
-}  // namespace barellm::cpu::BARELLM_AVX512_NAMESPACE
+}  // namespace barellm::cpu::avx512

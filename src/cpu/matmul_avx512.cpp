@@ -7,7 +7,7 @@
 #include "cpu/avx512.h"
 #include "cpu/helpers_avx512.h"
 
-namespace barellm::cpu::BARELLM_AVX512_NAMESPACE {
+namespace barellm::cpu::avx512 {
 
 namespace {
 
@@ -88,4 +88,4 @@ bool round_to_half(uint16_t* half_x, const float* x, int n) {
     return in_range == 0xffff;
 }
 
-}  // namespace barellm::cpu::BARELLM_AVX512_NAMESPACE
+}  // namespace barellm::cpu::avx512

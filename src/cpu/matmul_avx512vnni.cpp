@@ -21,7 +21,7 @@
 #include "cpu/avx512.h"
 #include "cpu/helpers_avx512.h"
 
-namespace barellm::cpu::BARELLM_AVX512_NAMESPACE {
+namespace barellm::cpu::avx512 {
 
 namespace {
 
@@ -178,4 +178,4 @@ void matmul_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int f
     rows_kernel<Q4Format>(out, w, x, first_row, row_count);
 }
 
-}  // namespace barellm::cpu::BARELLM_AVX512_NAMESPACE
+}  // namespace barellm::cpu::avx512
