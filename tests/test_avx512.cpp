@@ -28,6 +28,7 @@ struct Avx512Build {
     decltype(&cpu::avx512::round_to_half) round_to_half;
     decltype(&cpu::avx512::matmul_rows_q8) matmul_rows_q8;
     decltype(&cpu::avx512::matmul_rows_q4) matmul_rows_q4;
+    decltype(&cpu::avx512::swiglu) swiglu;
 };
 
 // SIMDe's always; the native one where this CPU has AVX-512 (printed once).
@@ -35,7 +36,7 @@ std::vector<Avx512Build> builds() {
     std::vector<Avx512Build> list = {
         {"simde", true, cpu::avx512_simde::matmul_rows, cpu::avx512_simde::matmul_rows_half_x,
          cpu::avx512_simde::round_to_half, cpu::avx512_simde::matmul_rows_q8,
-         cpu::avx512_simde::matmul_rows_q4}};
+         cpu::avx512_simde::matmul_rows_q4, cpu::avx512_simde::swiglu}};
     const bool native = cpu::detect_simd_level() == cpu::SimdLevel::Avx512;
     static bool said = false;
     if (!said) {
@@ -49,7 +50,8 @@ std::vector<Avx512Build> builds() {
     if (native)
         list.push_back({"native", cpu::cpu_has_avx512_vnni(), cpu::avx512::matmul_rows,
                         cpu::avx512::matmul_rows_half_x, cpu::avx512::round_to_half,
-                        cpu::avx512::matmul_rows_q8, cpu::avx512::matmul_rows_q4});
+                        cpu::avx512::matmul_rows_q8, cpu::avx512::matmul_rows_q4,
+                        cpu::avx512::swiglu});
     return list;
 }
 
@@ -158,4 +160,23 @@ TEST_CASE("AVX-512 VNNI Q8 and Q4 matvecs equal the integer dot products of quan
             CHECK(std::isnan(got[0]));
         }
     }
+}
+
+TEST_CASE("AVX-512 swiglu matches its formula, far into both tails") {
+    std::mt19937 rng(515);
+    for (const Avx512Build& build : builds())
+        for (int n : {1, 15, 16, 17, 172})
+            for (float scale : {3.0f, 120.0f}) {
+                const std::vector<float> gate_in = random_floats(n, rng, scale);
+                const std::vector<float> up = random_floats(n, rng);
+                std::vector<float> gate = gate_in;
+                gate.push_back(NAN);  // past the end: must stay untouched
+                build.swiglu(gate.data(), up.data(), n);
+                INFO(build.name << " n " << n << " scale " << scale);
+                for (int i = 0; i < n; ++i) {
+                    const double want = gate_in[i] / (1 + std::exp(-double(gate_in[i]))) * up[i];
+                    CHECK(std::abs(gate[i] - want) <= 1e-6 * std::abs(want) + 1e-30);
+                }
+                CHECK(std::isnan(gate[n]));
+            }
 }

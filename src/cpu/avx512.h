@@ -32,4 +32,8 @@ void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int f
 void matmul_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
 
+// ---- Element-wise (swiglu_avx512.cpp).
+
+void swiglu(float* gate, const float* up, int n);
+
 }  // namespace barellm::cpu::avx512

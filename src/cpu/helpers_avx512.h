@@ -44,4 +44,23 @@ inline __m512 widen16(const void* p) {
     }
 }
 
+// e^x in each lane, for x ≤ 0 (below -87 it gives about 1e-38 rather than less):
+// - x = n·ln2 + r with |r| ≤ ln2/2;
+// - e^r by its Taylor polynomial of degree 6 (relative error below 2e-7);
+// - 2^n written into the exponent bits.
+inline __m512 exp_nonpositive(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    // ln2 in two parts, so that n · (high part) is exact.
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    for (float coefficient : {1.0f / 120, 1.0f / 24, 1.0f / 6, 0.5f, 1.0f, 1.0f})
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(coefficient));
+    const __m512i two_to_n =
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(two_to_n));
+}
+
 }  // namespace barellm::cpu::avx512

@@ -324,7 +324,9 @@ void softmax(float* x, int n) {
 }
 
 void swiglu(float* gate, const float* up, int n) {
-    if (active_level >= SimdLevel::Avx2)
+    if (active_level == SimdLevel::Avx512)
+        avx512::swiglu(gate, up, n);
+    else if (active_level == SimdLevel::Avx2)
         avx2::swiglu(gate, up, n);
     else
         scalar::swiglu(gate, up, n);

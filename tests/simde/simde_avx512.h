@@ -5,6 +5,7 @@
 #pragma once
 #include <simde/x86/avx512.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -123,5 +124,26 @@ inline void _mm256_mask_storeu_epi16(void* p, simde__mmask16 mask, simde__m256i 
     const U16x16 in = bits<U16x16>(values);
     for (int i = 0; i < 16; ++i)
         if (mask >> i & 1) std::memcpy(static_cast<char*>(p) + 2 * i, &in.lane[i], 2);
+}
+#endif
+#ifndef _MM_FROUND_NO_EXC
+#define _MM_FROUND_NO_EXC SIMDE_MM_FROUND_NO_EXC
+#endif
+#ifndef _mm512_cvtps_epi32
+// Rounding to nearest even, the default mode.
+inline simde__m512i _mm512_cvtps_epi32(simde__m512 values) {
+    using namespace barellm::simde_extra;
+    const F32x16 in = bits<F32x16>(values);
+    I32x16 out;
+    for (int i = 0; i < 16; ++i) out.lane[i] = int32_t(std::nearbyint(in.lane[i]));
+    return bits<simde__m512i>(out);
+}
+#endif
+#ifndef _mm512_mask_storeu_ps
+inline void _mm512_mask_storeu_ps(void* p, simde__mmask16 mask, simde__m512 values) {
+    using namespace barellm::simde_extra;
+    const F32x16 in = bits<F32x16>(values);
+    for (int i = 0; i < 16; ++i)
+        if (mask >> i & 1) std::memcpy(static_cast<char*>(p) + 4 * i, &in.lane[i], 4);
 }
 #endif
