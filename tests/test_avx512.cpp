@@ -29,6 +29,8 @@ struct Avx512Build {
     decltype(&cpu::avx512::matmul_rows_q8) matmul_rows_q8;
     decltype(&cpu::avx512::matmul_rows_q4) matmul_rows_q4;
     decltype(&cpu::avx512::swiglu) swiglu;
+    decltype(&cpu::avx512::dot_kv) dot_kv;
+    decltype(&cpu::avx512::add_scaled_kv) add_scaled_kv;
 };
 
 // SIMDe's always; the native one where this CPU has AVX-512 (printed once).
@@ -36,7 +38,8 @@ std::vector<Avx512Build> builds() {
     std::vector<Avx512Build> list = {
         {"simde", true, cpu::avx512_simde::matmul_rows, cpu::avx512_simde::matmul_rows_half_x,
          cpu::avx512_simde::round_to_half, cpu::avx512_simde::matmul_rows_q8,
-         cpu::avx512_simde::matmul_rows_q4, cpu::avx512_simde::swiglu}};
+         cpu::avx512_simde::matmul_rows_q4, cpu::avx512_simde::swiglu, cpu::avx512_simde::dot_kv,
+         cpu::avx512_simde::add_scaled_kv}};
     const bool native = cpu::detect_simd_level() == cpu::SimdLevel::Avx512;
     static bool said = false;
     if (!said) {
@@ -51,7 +54,7 @@ std::vector<Avx512Build> builds() {
         list.push_back({"native", cpu::cpu_has_avx512_vnni(), cpu::avx512::matmul_rows,
                         cpu::avx512::matmul_rows_half_x, cpu::avx512::round_to_half,
                         cpu::avx512::matmul_rows_q8, cpu::avx512::matmul_rows_q4,
-                        cpu::avx512::swiglu});
+                        cpu::avx512::swiglu, cpu::avx512::dot_kv, cpu::avx512::add_scaled_kv});
     return list;
 }
 
@@ -179,4 +182,33 @@ TEST_CASE("AVX-512 swiglu matches its formula, far into both tails") {
                 }
                 CHECK(std::isnan(gate[n]));
             }
+}
+
+TEST_CASE("AVX-512 decode attention rows: q · key and out += scale · value, f32 and f16") {
+    std::mt19937 rng(516);
+    const auto type = GENERATE(KvType::F32, KvType::F16);
+    for (const Avx512Build& build : builds())
+        for (int n : {1, 7, 16, 17, 64, 100, 128, 129}) {
+            const std::vector<float> q = random_floats(n, rng), out_in = random_floats(n, rng);
+            std::vector<float> row = random_floats(n, rng);
+            std::vector<uint16_t> halves(n);
+            for (int i = 0; i < n; ++i) {
+                halves[i] = float_to_half(row[i]);
+                if (type == KvType::F16) row[i] = half_to_float(halves[i]);
+            }
+            const void* cache_row =
+                type == KvType::F32 ? static_cast<const void*>(row.data()) : halves.data();
+            double want_dot = 0;
+            for (int i = 0; i < n; ++i) want_dot += double(q[i]) * row[i];
+            INFO(build.name << " n " << n << (type == KvType::F32 ? " f32" : " f16"));
+            CHECK(std::abs(build.dot_kv(q.data(), cache_row, n, type) - want_dot) <=
+                  1e-5 * (std::abs(want_dot) + 1));
+            const float scale = 0.375f;
+            std::vector<float> out = out_in;
+            out.push_back(NAN);  // past the end: must stay untouched
+            build.add_scaled_kv(out.data(), scale, cache_row, n, type);
+            for (int i = 0; i < n; ++i)
+                CHECK(std::abs(out[i] - (out_in[i] + double(scale) * row[i])) <= 1e-6);
+            CHECK(std::isnan(out[n]));
+        }
 }

@@ -32,6 +32,11 @@ void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int f
 void matmul_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
 
+// ---- Decode attention (attention_avx512.cpp): one query head against one cache row.
+
+float dot_kv(const float* q, const void* keys, int n, KvType type);
+void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);
+
 // ---- Element-wise (swiglu_avx512.cpp).
 
 void swiglu(float* gate, const float* up, int n);

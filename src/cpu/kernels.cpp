@@ -356,9 +356,12 @@ namespace {
 void attend_one_head(float* out_head, const float* q_head, int head, int pos, const void* key_cache,
                      const void* value_cache, float* scores, const AttentionShape& shape,
                      KvType type) {
-    const bool use_avx2 = active_level >= SimdLevel::Avx2;
-    const auto dot = use_avx2 ? avx2::dot_kv : scalar::dot_kv;
-    const auto add_scaled = use_avx2 ? avx2::add_scaled_kv : scalar::add_scaled_kv;
+    const auto dot = active_level == SimdLevel::Avx512 ? avx512::dot_kv
+                     : active_level == SimdLevel::Avx2 ? avx2::dot_kv
+                                                       : scalar::dot_kv;
+    const auto add_scaled = active_level == SimdLevel::Avx512 ? avx512::add_scaled_kv
+                            : active_level == SimdLevel::Avx2 ? avx2::add_scaled_kv
+                                                              : scalar::add_scaled_kv;
     const int first = attention_start(pos, shape.window);
     const int positions = pos - first + 1;
     const int group = shape.heads / shape.kv_heads;  // query heads per KV head
