@@ -379,8 +379,9 @@ def ladder_chart(text):
     svg.text(20, 30, "barellm ladder on stories260K: tokens per second per rung", size=16,
              weight="bold")
     svg.text(20, 52, f"$ {command}", size=11, mono=True, colour=MUTED)
+    prefill = next(row["rung"] for row in rows if row["what changed"].startswith("+ batched"))
     svg.text(20, 70, "bar: the mean of 3 timings; whisker: as long as their range, centred on "
-             "the mean. Rung 6 is prefill, the others decode.", size=12, colour=MUTED)
+             f"the mean. Rung {prefill} is prefill, the others decode.", size=12, colour=MUTED)
     for tick in range(0, 6):
         value = scale_top * tick / 5
         y = base - chart_height * tick / 5

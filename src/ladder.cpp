@@ -32,7 +32,7 @@ namespace {
 
 constexpr int kDefaultLadderTokens = 64;
 constexpr uint64_t kTokenSeed = 1234;          // random ids, the same every run (as bench)
-constexpr int kWarmupPrefill = 16;             // tokens of rung 6's untimed warm-up prefill
+constexpr int kWarmupPrefill = 16;             // tokens of the prefill rung's untimed warm-up
 constexpr int kRepetitions = 3;                // timings per rung: mean and spread
 constexpr double kMinRepetitionSeconds = 0.5;  // each repeats its pass until this long
 constexpr double kBusySpread = 0.10;           // a spread above this says the machine is busy
@@ -207,27 +207,34 @@ struct Rung {
     bool batched_prefill;
 };
 
-// prompt_tokens: the length rung 6 is timed with, 0 when it runs a given text.
+// prompt_tokens: the length the batched prefill rung (the last) is timed with, 0 when it
+// runs a given text. A rung whose SIMD level the CPU lacks runs the best level it has.
 std::vector<Rung> ladder_rungs(int threads, int prompt_tokens) {
+    using cpu::SimdLevel;
     std::string missing;
-    const cpu::SimdLevel best = cpu::detect_simd_level(&missing);
-    const std::string simd_change =
-        best == cpu::SimdLevel::Avx2
+    const SimdLevel best = cpu::detect_simd_level(&missing);
+    const SimdLevel avx2 = std::min(best, SimdLevel::Avx2);
+    const std::string avx2_change =
+        best >= SimdLevel::Avx2
             ? "+ AVX2/FMA SIMD kernels"
             : "+ AVX2/FMA SIMD kernels (not on this CPU, which lacks" + missing + ": scalar)";
+    const std::string avx512_change = best == SimdLevel::Avx512 ? "+ AVX-512 kernels"
+                                      : best == SimdLevel::Avx2
+                                          ? "+ AVX-512 kernels (not on this CPU: AVX2)"
+                                          : "+ AVX-512 kernels (not on this CPU: scalar)";
     const std::string thread_change =
         "+ OpenMP, " + std::to_string(threads) + (threads == 1 ? " thread" : " threads");
     const std::string prefill_change =
         prompt_tokens > 0 ? "+ batched prefill (" + std::to_string(prompt_tokens) + "-token prompt)"
                           : "+ batched prefill";
-    using cpu::SimdLevel;
     return {
         {1, "scalar kernels, 1 thread, f32 weights", 1, SimdLevel::Scalar, DType::F32, false},
         {2, thread_change, threads, SimdLevel::Scalar, DType::F32, false},
-        {3, simd_change, threads, best, DType::F32, false},
-        {4, "+ f16 weights", threads, best, DType::F16, false},
-        {5, "+ q8 weights", threads, best, DType::I8, false},
-        {6, prefill_change, threads, best, DType::I8, true},
+        {3, avx2_change, threads, avx2, DType::F32, false},
+        {4, avx512_change, threads, best, DType::F32, false},
+        {5, "+ f16 weights", threads, best, DType::F16, false},
+        {6, "+ q8 weights", threads, best, DType::I8, false},
+        {7, prefill_change, threads, best, DType::I8, true},
     };
 }
 
@@ -359,7 +366,7 @@ std::pair<int, std::string> threads_used(const Region& largest, int asked) {
 
 struct RungResult {
     Speed speed;
-    Speed token_by_token;  // rung 6 only: the same prompt, one token a step
+    Speed token_by_token;  // the batched prefill rung only: the same prompt, one token a step
 };
 
 RungResult time_rung(const Rung& rung, const Model& model, const std::vector<int>& tokens,
@@ -383,9 +390,10 @@ RungResult time_rung(const Rung& rung, const Model& model, const std::vector<int
 }
 
 // Why rung `rung` is slower than the one it is compared with, when it is.
+// best: the CPU's SIMD level (detect_simd_level).
 // busy: other work holds the CPUs the rung's threads need (load average + threads > CPUs).
 std::string slower_reason(const Rung& rung, const Speed& speed, const Speed& before,
-                          bool fits_in_cache, bool simd_available, int threads, bool busy) {
+                          bool fits_in_cache, cpu::SimdLevel best, int threads, bool busy) {
     if (speed.mean >= before.mean) return "";
     if (within_noise(speed, before)) return "slower within the noise of the repetitions";
     if (threads > 1 && busy)
@@ -396,18 +404,23 @@ std::string slower_reason(const Rung& rung, const Speed& speed, const Speed& bef
         case 2:
             return "the threads' start and join cost more than the work they share";
         case 3:
-            return simd_available ? "slower than the scalar kernels: unexpected"
-                                  : "no AVX2 here: the same scalar kernels";
+            return best >= cpu::SimdLevel::Avx2 ? "slower than the scalar kernels: unexpected"
+                                                : "no AVX2 here: the same scalar kernels";
         case 4:
+            if (best == cpu::SimdLevel::Avx2) return "no AVX-512 here: the same AVX2 kernels";
+            if (best == cpu::SimdLevel::Scalar) return "no AVX-512 here: the same scalar kernels";
+            return "slower than the AVX2 kernels: unexpected (some CPUs lower their clock for "
+                   "512-bit instructions)";
+        case 5:
             return fits_in_cache
                        ? "weights fit in cache: f16 adds conversion work, saves no memory traffic"
                        : "widening f16 to f32 costs more than the bytes it saves";
-        case 5:
+        case 6:
             return fits_in_cache
                        ? "weights fit in cache: quantizing x to int8 and the scales add work, "
                          "save no memory traffic"
                        : "quantizing x and applying the scales cost more than the bytes saved";
-        case 6:
+        case 7:
             return "a short prompt: widening each weight to f32 once per batch costs more than "
                    "the batch saves; try -p 64 or more";
         default:
@@ -464,10 +477,10 @@ int run_cpu_ladder(const Options& options, int gen_tokens) {
     const CacheSize cache = last_level_cache();
 
     // The bandwidth the fastest rungs can hope for: all threads, the best SIMD level.
+    const cpu::SimdLevel best = cpu::detect_simd_level();
     omp_set_num_threads(threads);
-    cpu::set_simd_level(cpu::detect_simd_level());
+    cpu::set_simd_level(best);
     const double bandwidth = measure_read_bandwidth();
-    const bool simd_available = cpu::simd_level() >= cpu::SimdLevel::Avx2;
 
     std::printf("%s: %s weights in the file, %d layers, dim %d; %d threads; KV cache %s\n\n",
                 options.model_path.c_str(), config.weight_dtype.c_str(), config.layers, config.dim,
@@ -493,10 +506,10 @@ int run_cpu_ladder(const Options& options, int gen_tokens) {
         const Speed& before = rung.batched_prefill ? last.token_by_token : previous;
         const double speedup = rung.number == 1 ? 1.0 : last.speed.mean / before.mean;
         const bool busy = load_at_start + used > online_cpus;
-        const std::string reason = rung.number == 1
-                                       ? ""
-                                       : slower_reason(rung, last.speed, before, fits_in_cache,
-                                                       simd_available, used, busy);
+        const std::string reason =
+            rung.number == 1
+                ? ""
+                : slower_reason(rung, last.speed, before, fits_in_cache, best, used, busy);
         std::vector<std::string> notes;
         // The threads note where the threads change, not again on every rung after.
         if (!threads_note.empty() && threads_note != previous_threads_note)
@@ -530,14 +543,15 @@ int run_cpu_ladder(const Options& options, int gen_tokens) {
         "every rung: %d timings of at least %.1f s each, the pass repeated until then; tok/s is "
         "their mean, spread their range over the mean\n",
         kRepetitions, kMinRepetitionSeconds);
+    const int prefill_rung = rungs.back().number;
     std::printf(
-        "rungs 1-5: passes of %d decode steps from random ids (seed %llu) after one warm-up "
+        "rungs 1-%d: passes of %d decode steps from random ids (seed %llu) after one warm-up "
         "step; GB/s counts the weights and the KV cache read\n",
-        gen_tokens, static_cast<unsigned long long>(kTokenSeed));
+        prefill_rung - 1, gen_tokens, static_cast<unsigned long long>(kTokenSeed));
     std::printf(
-        "rung 6: a %d-token prompt, %.2f tok/s token by token with rung 5's kernels, %.2f "
+        "rung %d: a %d-token prompt, %.2f tok/s token by token with rung %d's kernels, %.2f "
         "tok/s as one prefill batch; its speed-up is batch over token by token\n",
-        prompt_tokens, last.token_by_token.mean, last.speed.mean);
+        prefill_rung, prompt_tokens, last.token_by_token.mean, prefill_rung - 1, last.speed.mean);
     std::printf("weight bytes read per token:");
     for (const auto& [dtype, bytes] : bytes_per_token)
         std::printf(" %s %zu;", weight_dtype_name(dtype), bytes);

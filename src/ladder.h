@@ -1,10 +1,12 @@
 // `barellm ladder`: the optimisation ladder, reproducible on the reader's machine. Each rung
 // is every optimisation of the rungs above it plus one. The CPU ladder:
-//   1 scalar kernels, 1 thread, f32 weights    4 + f16 weights
-//   2 + OpenMP threads                         5 + q8 weights
-//   3 + AVX2/FMA SIMD kernels                  6 + batched prefill (prompt processing)
-// Rungs 1-5 time passes of N decode steps from random ids (fixed seed) after one warm-up
-// step; rung 6 times a prompt of P tokens run token by token and as one prefill batch. The
+//   1 scalar kernels, 1 thread, f32 weights    5 + f16 weights
+//   2 + OpenMP threads                         6 + q8 weights
+//   3 + AVX2/FMA SIMD kernels                  7 + batched prefill (prompt processing)
+//   4 + AVX-512 kernels
+// A rung whose kernels the CPU lacks runs the best it has, and its text says so.
+// Rungs 1-6 time passes of N decode steps from random ids (fixed seed) after one warm-up
+// step; rung 7 times a prompt of P tokens run token by token and as one prefill batch. The
 // weights are converted in memory (model_copy.h) to the dtype of each rung. Every rung is
 // timed 3 times, each repeating its pass for at least 0.5 s: the table gives the mean and
 // the spread, the threads the rung uses, % bw only for weights larger than the last-level

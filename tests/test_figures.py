@@ -60,7 +60,7 @@ def test_the_ladder_chart_shows_the_saved_run():
         saved = f.read()
     assert saved.startswith("$ barellm ladder "), "the saved output names its command first"
     command, rows, _ = make_figures.parse_ladder(saved)
-    assert [row["rung"] for row in rows] == ["1", "2", "3", "4", "5", "6"]
+    assert [row["rung"] for row in rows] == ["1", "2", "3", "4", "5", "6", "7"]
     chart = make_figures.ladder_chart(saved)
     for row in rows:
         assert f">{float(row['tok/s']):,.0f}<" in chart, row

@@ -4,22 +4,29 @@ What must be equal, and why (all on stories260K, converted to f32):
 
 - rungs 1 and 2 (scalar kernels, 1 thread vs 2 threads) do the same arithmetic in the same
   order (threads only split rows and heads): identical text, at any length;
-- rung 6 (q8 weights, AVX2, batched prefill) is exactly what `barellm run --temp 0` does
-  on a q8 file from convert.py (the in-memory quantization is byte-identical to the
-  converter's, see test_in_memory_weights_equal_the_converters): identical text, at any
-  length;
-- rung 3 (f32, AVX2) and rung 4 (f16, AVX2) differ from `run` on the same dtype only in
-  rounding: rungs 1-5 feed the prompt one token at a time, `run` as one batch, and the
-  batched GEMM sums in another order. Rounding can flip a near-tie in a long greedy text,
-  so they are compared over 40 tokens, where they agree;
-- rung 5 (q8 weights, prompt token by token) quantizes the activations to int8 in every
+- rung 7 (q8 weights, the CPU's best kernels, batched prefill) is exactly what
+  `barellm run --temp 0` does on a q8 file from convert.py (the in-memory quantization is
+  byte-identical to the converter's, see test_in_memory_weights_equal_the_converters):
+  identical text, at any length;
+- rungs 3 and 4 both run the f32 weights as they are, against x in f32 (the AVX-512 path
+  rounds x to f16 only for f16 and bf16 weights): AVX2 sums a dot product in 8 lanes,
+  AVX-512 in two registers of 16, so they differ in the last bits, as scalar and SIMD
+  do. On a CPU without AVX-512, rung 4 runs rung 3's AVX2 kernels: the same arithmetic,
+  identical text at any length (checked where the JSON says so);
+- rungs 3 and 4 (f32) and rung 5 (f16) differ from `run` on the same dtype in rounding:
+  rungs 1-6 feed the prompt one token at a time, `run` as one batch, and the batched GEMM
+  sums in another order. With AVX-512, rung 5 also rounds x to f16 in every matrix-vector
+  product of the prompt, which `run` does only in decode (its prefill GEMM reads x in f32).
+  Rounding can flip a near-tie in a long greedy text, so they are compared over 40 tokens,
+  where they agree;
+- rung 6 (q8 weights, prompt token by token) quantizes the activations to int8 in every
   matrix-vector product, while the batched prefill of `run` keeps them in f32: a larger
   difference than rounding. Over 40 tokens from "Once upon a time" it still agrees
   (with some other prompts it does not: "The cat sat" diverges within 40 tokens);
-- scalar vs SIMD (rungs 2 and 3) differ in the last bits of each dot product; over 40
-  tokens from "Once upon a time" every rung, f32 to q8, gives the same text as the
-  fastest path (rung 6). That is a fact about this model and prompt, checked here, not a
-  law: q8 weights move logits by far more than rounding.
+- scalar vs SIMD (rungs 2 and 3) and AVX2 vs AVX-512 (rungs 3 and 4) differ in the last
+  bits of each dot product; over 40 tokens from "Once upon a time" every rung, f32 to q8,
+  gives the same text as the fastest path (rung 7). That is a fact about this model and
+  prompt, checked here, not a law: q8 weights move logits by far more than rounding.
 
 The GPU ladder (`--device cuda`, tests that skip without a usable GPU): every rung runs the
 file's weights; its kernels differ in the order they sum (a thread, a warp or a block per
@@ -81,7 +88,7 @@ def rung_texts(model, prompt, tokens):
     result = barellm("ladder", model, "--check-text", prompt, "-n", tokens, "--threads", 2)
     assert result.returncode == 0, result.stderr
     rungs = [json.loads(line) for line in result.stdout.splitlines()]
-    assert [r["rung"] for r in rungs] == [1, 2, 3, 4, 5, 6]
+    assert [r["rung"] for r in rungs] == [1, 2, 3, 4, 5, 6, 7]
     return {r["rung"]: r for r in rungs}
 
 
@@ -91,14 +98,34 @@ def run_text(model, prompt, tokens):
     return result.stdout.rstrip("\n")
 
 
+def best_simd_level():
+    """The kernels this CPU runs at best, read from the flags in /proc/cpuinfo (a second
+    reading of what barellm asks CPUID): "avx512", "avx2" or "scalar"."""
+    with open("/proc/cpuinfo") as f:
+        flags = next((set(line.split(":", 1)[1].split()) for line in f
+                      if line.startswith("flags")), set())
+    if not {"avx2", "fma", "f16c"} <= flags:
+        return "scalar"
+    return "avx512" if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags else "avx2"
+
+
 def test_rungs_have_the_weights_threads_and_kernels_they_claim(stories):
     rungs = rung_texts(stories["f32"], PROMPT, 4)
     claimed = [(r["weights"], r["threads"], r["prompt"]) for r in rungs.values()]
     assert claimed == [("F32", 1, "token by token"), ("F32", 2, "token by token"),
-                       ("F32", 2, "token by token"), ("F16", 2, "token by token"),
-                       ("Q8", 2, "token by token"), ("Q8", 2, "batched prefill")]
+                       ("F32", 2, "token by token"), ("F32", 2, "token by token"),
+                       ("F16", 2, "token by token"), ("Q8", 2, "token by token"),
+                       ("Q8", 2, "batched prefill")]
+    best = best_simd_level()
     assert rungs[1]["simd"] == rungs[2]["simd"] == "scalar"
-    assert len({rungs[r]["simd"] for r in (3, 4, 5, 6)}) == 1
+    assert rungs[3]["simd"] == ("scalar" if best == "scalar" else "avx2")
+    assert [rungs[r]["simd"] for r in (4, 5, 6, 7)] == [best] * 4
+    # A rung whose kernels the CPU lacks says so, and which it runs instead.
+    assert rungs[3]["change"].startswith("+ AVX2/FMA SIMD kernels")
+    assert ("not on this CPU" in rungs[3]["change"]) == (best == "scalar")
+    assert rungs[4]["change"] == {"avx512": "+ AVX-512 kernels",
+                                  "avx2": "+ AVX-512 kernels (not on this CPU: AVX2)",
+                                  "scalar": "+ AVX-512 kernels (not on this CPU: scalar)"}[best]
 
 
 def test_every_rung_gives_the_greedy_text_of_run_on_the_same_weights(stories):
@@ -113,11 +140,14 @@ def test_every_rung_gives_the_greedy_text_of_run_on_the_same_weights(stories):
 
 
 def test_exact_rungs_stay_identical_over_a_long_text(stories):
-    """Rungs 1 = 2 and rung 6 = `run` on q8 compute exactly the same numbers."""
+    """Rungs 1 = 2 and rung 7 = `run` on q8 compute exactly the same numbers, and so do
+    rungs 3 = 4 on a CPU without AVX-512 (both then run the AVX2 kernels)."""
     rungs = rung_texts(stories["f32"], "One day, a big dog", 200)
     assert rungs[1]["text"] == rungs[2]["text"]
-    assert rungs[6]["text"] == run_text(stories["q8"], "One day, a big dog", 200)
-    assert len(rungs[6]["text"]) > 400
+    assert rungs[7]["text"] == run_text(stories["q8"], "One day, a big dog", 200)
+    assert len(rungs[7]["text"]) > 400
+    if rungs[3]["simd"] == rungs[4]["simd"]:
+        assert rungs[3]["text"] == rungs[4]["text"]
 
 
 def test_in_memory_weights_equal_the_converters(stories):
@@ -201,17 +231,21 @@ def assert_warnings_match_the_table(rows, stdout, threads):
 
 
 @pytest.mark.parametrize("model", ["f32", "q8"])
-def test_the_ladder_table_has_six_rungs_with_numbers(stories, model):
+def test_the_ladder_table_has_seven_rungs_with_numbers(stories, model):
     rows, stdout = ladder_table(stories[model], "-n", 8, "-p", 12, "--threads", 2)
-    assert [row[RUNG] for row in rows] == ["1", "2", "3", "4", "5", "6"]
+    assert [row[RUNG] for row in rows] == ["1", "2", "3", "4", "5", "6", "7"]
     changes = [row[CHANGE] for row in rows]
     assert changes[0] == "scalar kernels, 1 thread, f32 weights"
     assert changes[1] == "+ OpenMP, 2 threads"
-    assert changes[3:5] == ["+ f16 weights", "+ q8 weights"]
-    assert changes[5] == "+ batched prefill (12-token prompt)"
+    assert changes[2].startswith("+ AVX2/FMA SIMD kernels")
+    assert changes[3].startswith("+ AVX-512 kernels")
+    assert changes[4:6] == ["+ f16 weights", "+ q8 weights"]
+    assert changes[6] == "+ batched prefill (12-token prompt)"
     assert_rows_well_formed(rows)
     assert "every rung: 3 timings of at least 0.5 s each" in stdout
-    assert re.search(r"rung 6: a 12-token prompt, [\d.]+ tok/s token by token", stdout)
+    assert "rungs 1-6: passes of 8 decode steps from random ids" in stdout
+    assert re.search(r"rung 7: a 12-token prompt, [\d.]+ tok/s token by token with rung 6's "
+                     r"kernels", stdout)
     assert "weight bytes read per token: F32 1040128; F16 521472; Q8 278752;" in stdout
     assert_warnings_match_the_table(rows, stdout, threads=2)
 
@@ -222,7 +256,7 @@ def test_the_threads_column_says_what_each_rung_uses(stories):
     the 2 asked; a 12-token prefill batches w1 and w3, 2 × 172 × 64 × 12 = 264192, enough
     for 2."""
     rows, _ = ladder_table(stories["f32"], "-n", 8, "-p", 12, "--threads", 2)
-    assert [row[THREADS] for row in rows] == ["1", "1", "1", "1", "1", "2"]
+    assert [row[THREADS] for row in rows] == ["1", "1", "1", "1", "1", "1", "2"]
     assert rows[1][NOTE].startswith(
         "asks for 2 threads, uses 1: its largest step (the output matrix, 32768 "
         "multiply-adds) is below 65536 multiply-adds per thread"), rows[1]
@@ -230,7 +264,7 @@ def test_the_threads_column_says_what_each_rung_uses(stories):
     assert all("asks for" not in row[NOTE] for row in rows[2:]), rows
     # With 4 tokens the prefill's w1 and w3 are 88064 multiply-adds: one thread.
     rows, _ = ladder_table(stories["f32"], "-n", 8, "-p", 4, "--threads", 2)
-    assert rows[5][THREADS] == "1"
+    assert rows[6][THREADS] == "1"
 
 
 def test_a_model_in_the_cache_has_no_percent_of_bandwidth(stories):
@@ -238,7 +272,7 @@ def test_a_model_in_the_cache_has_no_percent_of_bandwidth(stories):
     if cache < 1040128:
         pytest.skip(f"the last-level cache ({cache} bytes) does not hold stories260K in f32")
     rows, stdout = ladder_table(stories["f32"], "-n", 8, "-p", 12, "--threads", 2)
-    assert [row[PERCENT] for row in rows] == ["fits in cache"] * 6
+    assert [row[PERCENT] for row in rows] == ["fits in cache"] * 7
     assert "last-level cache: L" in stdout and f"{cache / 1048576:.1f} MiB" in stdout
 
 
@@ -276,7 +310,7 @@ def test_percent_of_bandwidth_only_for_weights_larger_than_the_cache(tmp_path):
     bandwidth = re.search(r"memory bandwidth \(streaming read, 1 threads, same run\): "
                           r"([\d.]+) GB/s", stdout)
     assert bandwidth, stdout
-    for row, weight_bytes in zip(rows, [f32, f32, f32, f16, q8, q8]):
+    for row, weight_bytes in zip(rows, [f32, f32, f32, f32, f16, q8, q8]):
         if weight_bytes <= cache:
             assert row[PERCENT] == "fits in cache", row
         else:
@@ -290,12 +324,12 @@ def test_a_slower_rung_says_why(stories):
     the test checks the pairing, not which rungs are slower)."""
     reasons = ("slower within the noise", "the machine is busy", "weights fit in cache",
                "costs more than", "the threads' start and join", "no AVX2 here",
-               "unexpected")
+               "no AVX-512 here", "unexpected")
     for model in ("f32", "q8"):
         rows, stdout = ladder_table(stories[model], "-n", 8, "-p", 12, "--threads", 2)
-        token_by_token = re.search(r"rung 6: a 12-token prompt, ([\d.]+) tok/s token by token",
+        token_by_token = re.search(r"rung 7: a 12-token prompt, ([\d.]+) tok/s token by token",
                                    stdout)
-        before = [float(row[TOKS]) for row in rows[:4]] + [float(token_by_token.group(1))]
+        before = [float(row[TOKS]) for row in rows[:5]] + [float(token_by_token.group(1))]
         for row, speed_before in zip(rows[1:], before):
             slower = float(row[TOKS]) < speed_before
             assert slower == any(reason in row[NOTE] for reason in reasons), row
