@@ -103,12 +103,13 @@ def gguf_name(name, arch):
 
 
 def check_layer_flags(config, arch_name):
-    """Refuse the optional layer parts llama.cpp's `arch_name` has no tensors for."""
+    """Refuse the optional layer parts that GGUF files of `arch_name` do not carry here
+    (convert/gguf_in.py's table: llama.cpp's qwen2 and qwen3 have no output bias)."""
     arch = gguf_in.ARCHITECTURES[arch_name]
     for flag in LAYER_FLAGS:
         if config.get(flag) and flag not in arch.flags and flag not in arch.optional_flags:
-            raise ConvertError(f"{flag}: llama.cpp's {arch_name} architecture has no such "
-                               "tensors; cannot write this checkpoint as GGUF")
+            raise ConvertError(f"{flag}: a GGUF file of architecture {arch_name} holds no "
+                               "such tensors here; cannot write this checkpoint as GGUF")
 
 
 # ---------------------------------------------------------------------------- tokenizer

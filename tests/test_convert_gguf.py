@@ -354,7 +354,7 @@ def test_qwen3_output_bias_cannot_be_written(tmp_path):
     result = run(GGUF_FROM_HF, qwen_checkpoint(tmp_path, "qwen3-attention-bias"), "-o",
                  tmp_path / "m.gguf")
     assert result.returncode == 1
-    assert "o_bias: llama.cpp's qwen3 architecture has no such tensors" in result.stderr
+    assert "o_bias: a GGUF file of architecture qwen3 holds no such tensors" in result.stderr
 
 
 # ----------------------------------------------------------------------------- tokenizers
