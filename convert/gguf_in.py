@@ -1,9 +1,10 @@
 """A GGUF file (llama.cpp) as the converter's input: its config, tokenizer and tensors in
 barellm's terms.
 
-- Architectures: ARCHITECTURES maps `general.architecture` to what differs between them
-  (tensor names, whether llama.cpp stored q and k rows interleaved for its RoPE); another
-  architecture is refused, naming it.
+- Architectures: ARCHITECTURES maps `general.architecture` (llama, qwen2, qwen3) to what
+  differs between them (tensor names, the config flags of q/k/v biases and per-head q/k
+  norms, whether llama.cpp stored q and k rows interleaved for its RoPE: llama yes, the
+  Qwens no); another architecture is refused, naming it.
 - Config: from the `{arch}.*` keys (CONFIG_KEYS); RoPE scaling from `rope.scaling.*` or,
   for Llama 3, from the `rope_freqs` tensor.
 - Tokenizer: gguf_tokenizer.py.
@@ -49,6 +50,11 @@ LLAMA_LAYER_TENSORS = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight",
                        "w2": "ffn_down.weight"}
 
 
+# The optional parts of a layer (barellm config flags, docs/FORMAT.md): their tensors.
+QKV_BIAS_TENSORS = {"bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias"}
+QK_NORM_TENSORS = {"q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight"}
+
+
 class Architecture(NamedTuple):
     """How one `general.architecture` maps onto barellm."""
 
@@ -58,10 +64,21 @@ class Architecture(NamedTuple):
     # llama.cpp's converter interleaved the rows of q and k (its llama RoPE rotates
     # neighbours); False where it keeps Hugging Face's rotate-half order (NEOX RoPE).
     interleaved_qk: bool
+    # Config flags that are always true, and those true when layer 0 holds the tensor
+    # named (flag -> llama.cpp suffix): llama.cpp loads q/k/v biases where present.
+    flags: tuple = ()
+    optional_flags: dict = {}
 
 
 ARCHITECTURES = {
     "llama": Architecture("llama", LLAMA_GLOBAL_TENSORS, LLAMA_LAYER_TENSORS, True),
+    "qwen2": Architecture("qwen2", LLAMA_GLOBAL_TENSORS,
+                          {**LLAMA_LAYER_TENSORS, **QKV_BIAS_TENSORS}, False,
+                          optional_flags={"qkv_bias": QKV_BIAS_TENSORS["bq"]}),
+    "qwen3": Architecture("qwen3", LLAMA_GLOBAL_TENSORS,
+                          {**LLAMA_LAYER_TENSORS, **QKV_BIAS_TENSORS, **QK_NORM_TENSORS},
+                          False, flags=("qk_norm",),
+                          optional_flags={"qkv_bias": QKV_BIAS_TENSORS["bq"]}),
 }
 
 
@@ -291,6 +308,9 @@ class GGUFModel:
         if head_dim % 2:
             raise ConvertError(f"head size {head_dim} is odd (RoPE needs it even)")
         theta = self.keys.number(k("rope.freq_base"), 10000.0)
+        flags = {flag: True for flag in self.arch.flags}
+        flags.update({flag: True for flag, suffix in self.arch.optional_flags.items()
+                      if f"blk.0.{suffix}" in self.tensors})
         return {
             "architecture": self.arch.barellm_name,
             "dim": dim,
@@ -305,6 +325,7 @@ class GGUFModel:
             "rope_scaling": self._rope_scaling(theta, head_dim),
             "norm_eps": self.keys.number(k("attention.layer_norm_rms_epsilon")),
             "sliding_window": integer(k("attention.sliding_window"), required=False),
+            **flags,
             "tied_embeddings": self.arch.global_tensors["output"] not in self.tensors,
             "bos_id": None,
             "eos_ids": [],

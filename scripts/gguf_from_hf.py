@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write a GGUF file for llama.cpp from a Hugging Face Llama/Mistral checkpoint.
+"""Write a GGUF file for llama.cpp from a Hugging Face Llama/Mistral/Qwen2/Qwen3 checkpoint.
 
     python3 scripts/gguf_from_hf.py HF_DIR -o OUT.gguf [--type TYPE] [--pre NAME]
 
@@ -12,12 +12,16 @@ config, the tensor list and the tokenizer are read and checked with the converte
 code (convert/), so whatever barellm refuses is refused here too.
 
 What is written (GGUF v3, through the `gguf` package, scripts/requirements.txt):
-- architecture `llama` (Mistral too: llama.cpp runs it as llama) with the hyperparameters
-  llama.cpp reads: context/embedding/feed-forward length, block count, head counts,
-  key/value length, RoPE base and dimension count, RMS-norm epsilon, vocabulary size;
-  linear RoPE scaling as `rope.scaling.*`, llama3 RoPE scaling as a `rope_freqs.weight`
-  tensor (the divisor of each frequency). Mistral's sliding window is not written
-  (llama.cpp's llama architecture has none; it makes no difference up to 4096 tokens).
+- architecture `llama` (Mistral too: llama.cpp runs it as llama), `qwen2` or `qwen3`
+  (barellm's config architecture) with the hyperparameters llama.cpp reads: context,
+  embedding and feed-forward length, block count, head counts, key/value length, RoPE
+  base and dimension count, RMS-norm epsilon, vocabulary size; linear RoPE scaling as
+  `rope.scaling.*`, llama3 RoPE scaling as a `rope_freqs.weight` tensor (the divisor of
+  each frequency). Mistral's sliding window is not written (llama.cpp's llama
+  architecture has none; it makes no difference up to 4096 tokens), nor Qwen's
+  (use_sliding_window, which the released Qwen2/Qwen3 models leave off). An output
+  projection bias (attention_bias) is refused (llama.cpp's qwen2 and qwen3 have none),
+  and so are q/k/v biases on llama (convert/gguf_in.py reads none there).
 - the tokenizer: SentencePiece (`llama`: pieces, scores, types, from tokenizer.model
   decoded by convert/spm.py, or from a byte-fallback BPE tokenizer.json with scores
   taken from the merge ranks) or byte-level BPE (`gpt2`: tokens, types, merges, and the
@@ -25,15 +29,18 @@ What is written (GGUF v3, through the `gguf` package, scripts/requirements.txt):
   ids and whether BOS is added, decided as barellm decides it; the chat template of
   tokenizer_config.json.
 - tensors named as llama.cpp names them (token_embd, blk.N.attn_q, ..., output_norm,
-  output); norms in F32, matrices in --type (default: the checkpoint's own dtype). With
-  a quantized type a matrix whose rows are not a multiple of its block (32) long stays
-  F16 (llama.cpp's blocks are never partial).
+  output; Qwen's blk.N.attn_q.bias ... and blk.N.attn_q_norm, attn_k_norm: the tables of
+  convert/gguf_in.py, which reads them back); norms and biases in F32, matrices in
+  --type (default: the checkpoint's own dtype). With a quantized type a matrix whose
+  rows are not a multiple of its block (32) long stays F16 (llama.cpp's blocks are never
+  partial).
 
 RoPE: Hugging Face's Llama rotates element i of a head with element i + head_dim/2
 ("rotate-half"); llama.cpp's llama architecture rotates elements 2i and 2i+1, both with
-frequency theta^(-2i/head_dim). The rows of q and k are therefore reordered within each
-head: new row 2i + t takes old row t * head_dim/2 + i (t = 0, 1; i < head_dim/2), so the
-dot products q.k are unchanged.
+frequency theta^(-2i/head_dim). For llama the rows of q and k are therefore reordered
+within each head: new row 2i + t takes old row t * head_dim/2 + i (t = 0, 1; i <
+head_dim/2), so the dot products q.k are unchanged. llama.cpp's qwen2 and qwen3 rotate
+half as Hugging Face does (NEOX RoPE): their rows keep their order.
 
 Tensors are converted one at a time (source rows are read in blocks from the memory-mapped
 safetensors files), so memory stays around the size of the largest output tensor. The
@@ -55,7 +62,7 @@ sys.path.insert(0, os.path.join(REPO, "convert"))
 from common import ConvertError  # noqa: E402
 import convert  # noqa: E402
 import dtypes  # noqa: E402
-from gguf_in import rope_row_order  # noqa: E402
+import gguf_in  # noqa: E402
 import gguf_tokenizer  # noqa: E402
 import hf_tokenizer  # noqa: E402
 import safetensors_io as st  # noqa: E402
@@ -82,23 +89,27 @@ TYPES = {
 FLOAT_TYPES = (QT.F32, QT.F16, QT.BF16)
 # barellm weight_dtype (the checkpoint's own dtype) -> --type
 DEFAULT_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
-# barellm tensor name suffix -> llama.cpp tensor name suffix
-LAYER_NAMES = {
-    "attn_norm": "attn_norm", "wq": "attn_q", "wk": "attn_k", "wv": "attn_v",
-    "wo": "attn_output", "ffn_norm": "ffn_norm", "w1": "ffn_gate", "w3": "ffn_up",
-    "w2": "ffn_down",
-}
-GLOBAL_NAMES = {"token_embedding": "token_embd", "final_norm": "output_norm",
-                "output": "output"}
+# barellm config flags of optional layer parts (docs/FORMAT.md).
+LAYER_FLAGS = ("qkv_bias", "o_bias", "qk_norm")
 
 
-
-def gguf_name(name):
-    """llama.cpp's name of the barellm tensor `name` (docs/FORMAT.md)."""
+def gguf_name(name, arch):
+    """llama.cpp's name of the barellm tensor `name` (docs/FORMAT.md) in the
+    architecture `arch` (a gguf_in.Architecture)."""
     if name.startswith("layers."):
         _, layer, short = name.split(".")
-        return f"blk.{layer}.{LAYER_NAMES[short]}.weight"
-    return GLOBAL_NAMES[name] + ".weight"
+        return f"blk.{layer}.{arch.layer_tensors[short]}"
+    return arch.global_tensors[name]
+
+
+def check_layer_flags(config, arch_name):
+    """Refuse the optional layer parts that GGUF files of `arch_name` do not carry here
+    (convert/gguf_in.py's table: llama.cpp's qwen2 and qwen3 have no output bias)."""
+    arch = gguf_in.ARCHITECTURES[arch_name]
+    for flag in LAYER_FLAGS:
+        if config.get(flag) and flag not in arch.flags and flag not in arch.optional_flags:
+            raise ConvertError(f"{flag}: a GGUF file of architecture {arch_name} holds no "
+                               "such tensors here; cannot write this checkpoint as GGUF")
 
 
 # ---------------------------------------------------------------------------- tokenizer
@@ -411,7 +422,7 @@ def llama3_rope_factors(config):
 # ------------------------------------------------------------------------------- driver
 
 def add_hparams(writer, config, name):
-    """The general.* and llama.* keys."""
+    """The general.* and {architecture}.* keys."""
     writer.add_name(name)
     writer.add_vocab_size(config["vocab_size"])
     writer.add_context_length(config["max_context"])
@@ -440,6 +451,9 @@ def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
     gen = convert.json_object(os.path.join(hf_dir, "generation_config.json"), required=False)
     convert.check_architecture(cfg)
     config = convert.model_config(cfg, gen)
+    arch_name = config["architecture"]
+    check_layer_flags(config, arch_name)
+    arch = gguf_in.ARCHITECTURES[arch_name]
     plan = convert.tensor_plan(config, st.open_checkpoint(hf_dir))
     type_name = type_name or DEFAULT_TYPES[convert.default_weight_dtype(cfg, plan)]
     qtype, file_type = TYPES[type_name]
@@ -450,7 +464,7 @@ def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
                                dir=os.path.dirname(os.path.abspath(output)))
     os.close(fd)
     try:
-        writer = gguf.GGUFWriter(tmp, "llama")
+        writer = gguf.GGUFWriter(tmp, arch_name)
         add_hparams(writer, config, os.path.basename(os.path.normpath(hf_dir)))
         writer.add_file_type(int(file_type))
         if qtype not in FLOAT_TYPES:
@@ -465,13 +479,13 @@ def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
         for name, info, is_norm in plan:
             ttype = tensor_type(name, info, is_norm, qtype)
             if ttype != qtype and not is_norm:
-                kept_f16.append(gguf_name(name))
+                kept_f16.append(gguf_name(name, arch))
             order = None
-            if name.endswith((".wq", ".wk")):
+            if arch.interleaved_qk and name.endswith((".wq", ".wk")):
                 heads = config["heads"] if name.endswith(".wq") else config["kv_heads"]
                 assert info.shape[0] == heads * config["head_dim"]
-                order = rope_row_order(info.shape[0], config["head_dim"])
-            jobs.append((gguf_name(name), info, ttype, order))
+                order = gguf_in.rope_row_order(info.shape[0], config["head_dim"])
+            jobs.append((gguf_name(name, arch), info, ttype, order))
         for gname, source, ttype, _ in jobs:
             shape = source.shape
             nbytes = math.prod(byte_shape(shape, ttype)) * np.dtype(numpy_type(ttype)).itemsize
@@ -509,7 +523,7 @@ def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="gguf_from_hf.py",
-        description="Write a llama.cpp GGUF file from a Hugging Face Llama/Mistral "
+        description="Write a llama.cpp GGUF file from a Hugging Face Llama/Mistral/Qwen2/Qwen3 "
         "checkpoint (the same input as convert/convert.py).")
     parser.add_argument("hf_dir", help="Hugging Face checkpoint directory")
     parser.add_argument("-o", "--output", required=True, help="GGUF file to write")

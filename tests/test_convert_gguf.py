@@ -16,6 +16,7 @@ from convert_testlib import (BUILD, CONVERT, LLAMA2_TOKENIZER, REPO, SMOLLM2_TOK
                              STORIES, TINY_CONFIG, make_checkpoint, need_shared, read_raw, run,
                              tiny_tensors)
 from test_convert_gguf_hostile import TinyGGUF
+from test_qwen import CONFIGS, checkpoint as qwen_checkpoint, qwen_tensors
 
 gguf = pytest.importorskip("gguf", reason="pip package gguf missing")
 tokenizers = pytest.importorskip("tokenizers", reason="pip package tokenizers missing")
@@ -269,6 +270,91 @@ def test_separate_output_and_no_tied_embeddings(tmp_path):
     direct, _ = convert(hf, tmp_path / "hf.bin")
     assert config_of(from_gguf)["tied_embeddings"] is False
     assert np.array_equal(read_raw(from_gguf)[2]["output"], read_raw(direct)[2]["output"])
+
+
+# Qwen2 (q/k/v biases) and Qwen3 (per-head q/k norms, head_dim * heads != dim): test_qwen's
+# tiny checkpoints.
+QWEN_LAYER_0 = {
+    "qwen2": {"blk.0.attn_q.bias": "self_attn.q_proj.bias",
+              "blk.0.attn_k.bias": "self_attn.k_proj.bias",
+              "blk.0.attn_v.bias": "self_attn.v_proj.bias"},
+    "qwen3": {"blk.0.attn_q_norm.weight": "self_attn.q_norm.weight",
+              "blk.0.attn_k_norm.weight": "self_attn.k_norm.weight"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(QWEN_LAYER_0))
+@pytest.mark.parametrize("gguf_type,dtype", [("f32", "f32"), ("f16", "f16")])
+def test_qwen_round_trip(tmp_path, name, gguf_type, dtype):
+    """A Qwen checkpoint written as llama.cpp's qwen2/qwen3 (biases and q/k norms under
+    llama.cpp's names, q and k rows in Hugging Face's order: its Qwen RoPE rotates half)
+    converts back to the checkpoint's own file: config, tensors and logits."""
+    need_tools()
+    hf = qwen_checkpoint(tmp_path, name)
+    source = gguf_from_hf(hf, tmp_path / "m.gguf", "--type", gguf_type)
+    reader = gguf.GGUFReader(str(source))
+    assert reader.fields["general.architecture"].contents() == name
+    stored = {t.name: np.asarray(t.data) for t in reader.tensors}
+    hf_tensors = qwen_tensors(CONFIGS[name])
+    for gguf_name, hf_name in {**QWEN_LAYER_0[name],
+                               "blk.0.attn_q.weight": "self_attn.q_proj.weight",
+                               "blk.0.attn_k.weight": "self_attn.k_proj.weight"}.items():
+        want = hf_tensors[f"model.layers.0.{hf_name}"][1]
+        assert np.array_equal(stored[gguf_name], want.astype(stored[gguf_name].dtype)), gguf_name
+    from_gguf, log = convert(source, tmp_path / "gguf.bin")
+    direct, _ = convert(hf, tmp_path / "hf.bin", "--dtype", dtype)
+    assert "stored as" not in log
+    assert config_of(from_gguf) == config_of(direct)
+    a, b = read_raw(from_gguf)[2], read_raw(direct)[2]
+    assert sorted(a) == sorted(b)
+    for tensor in a:
+        assert np.array_equal(a[tensor], b[tensor]), tensor
+    ids = [1, 5, 9, 300, 31, 7, 2, 17, 511]
+    assert np.array_equal(logits(from_gguf, ids), logits(direct, ids))
+
+
+def gguf_without(source, out, dropped):
+    """A copy of the GGUF file `source` without the tensors named in `dropped`."""
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(out), reader.fields["general.architecture"].contents())
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        kind = field.types[0]
+        writer.add_key_value(field.name, field.contents(), kind,
+                             field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
+    for tensor in reader.tensors:
+        if tensor.name not in dropped:
+            writer.add_tensor(tensor.name, np.asarray(tensor.data))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def test_qwen_without_its_tensors(tmp_path):
+    """qwen3's q/k norms are not optional; qwen2's biases are (llama.cpp loads them
+    where present), and without them the config has no qkv_bias."""
+    need_tools()
+    source = gguf_from_hf(qwen_checkpoint(tmp_path, "qwen3"), tmp_path / "m.gguf")
+    cut = gguf_without(source, tmp_path / "cut.gguf", {"blk.1.attn_k_norm.weight"})
+    result = run(CONVERT, cut, "-o", tmp_path / "cut.bin")
+    assert result.returncode != 0 and "missing tensors: blk.1.attn_k_norm.weight" in result.stderr
+    source = gguf_from_hf(qwen_checkpoint(tmp_path, "qwen2"), tmp_path / "q2.gguf")
+    biases = {f"blk.{layer}.attn_{part}.bias"
+              for layer in range(CONFIGS["qwen2"]["num_hidden_layers"]) for part in "qkv"}
+    no_bias = gguf_without(source, tmp_path / "nobias.gguf", biases)
+    out, _ = convert(no_bias, tmp_path / "nobias.bin")
+    assert "qkv_bias" not in config_of(out)
+    assert not any(".bq" in tensor for tensor in read_raw(out)[2])
+
+
+def test_qwen3_output_bias_cannot_be_written(tmp_path):
+    result = run(GGUF_FROM_HF, qwen_checkpoint(tmp_path, "qwen3-attention-bias"), "-o",
+                 tmp_path / "m.gguf")
+    assert result.returncode == 1
+    assert "o_bias: a GGUF file of architecture qwen3 holds no such tensors" in result.stderr
 
 
 # ----------------------------------------------------------------------------- tokenizers
