@@ -249,7 +249,8 @@ TEST_CASE("batched matmul (prefill GEMM) matches a double-precision reference") 
         GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
     if (level > cpu::detect_simd_level()) return;
     // Sizes cross the AVX2 kernel's tiles (6 rows x 16 tokens, transposed 8 x 8 at a time)
-    // and blocks (96 rows, 256 columns), with partial tiles and blocks of every kind.
+    // and blocks (96 rows, 256 columns) and the AVX-512 VNNI kernel's tiles (32 rows x 6
+    // tokens, groups of 32 columns), with partial tiles and blocks of every kind.
     for (auto [batch, rows, cols] : {std::tuple{1, 1, 1},
                                      {5, 7, 13},
                                      {4, 3, 8},
@@ -284,7 +285,8 @@ TEST_CASE("several GEMMs of one input each match their own reference") {
         GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
     if (level > cpu::detect_simd_level()) return;
     // Like q, k and v: row counts that are not multiples of the 6-row tile or the 96-row
-    // block, so that the chunks the threads claim straddle the boundaries between matrices.
+    // block (nor of the VNNI kernel's 32-row tile), so that the chunks the threads claim
+    // straddle the boundaries between matrices.
     const int batch = 21, cols = 300;
     const std::vector<int> row_counts = {197, 31, 31};
     std::vector<TestMatrix> matrices;

@@ -169,47 +169,56 @@ void tile_kernel(float* out, int stride, const __mmask16 store_masks[kRowRegiste
     const int8_t* values[TOKENS];
     const float* x_scales[TOKENS];
     const int32_t* starts[TOKENS];
+#pragma GCC unroll 8
     for (int k = 0; k < TOKENS; ++k) {
         values[k] = x.values.data() + size_t(first_token + k) * x.padded_cols;
         x_scales[k] = x.scales.data() + size_t(first_token + k) * x.groups;
         starts[k] = x.starts.data() + size_t(first_token + k) * x.groups;
     }
     __m512 sums[TOKENS][kRowRegisters];
+#pragma GCC unroll 8
     for (int k = 0; k < TOKENS; ++k)
+#pragma GCC unroll 8
         for (int h = 0; h < kRowRegisters; ++h) sums[k][h] = _mm512_setzero_ps();
     for (int g = 0; g < x.groups; ++g) {
         __m512i dots[TOKENS][kRowRegisters];
-        for (int k = 0; k < TOKENS; ++k) {
-            const __m512i start = _mm512_set1_epi32(starts[k][g]);
-            for (int h = 0; h < kRowRegisters; ++h) dots[k][h] = start;
-        }
+#pragma GCC unroll 8
+        for (int k = 0; k < TOKENS; ++k)
+#pragma GCC unroll 8
+            for (int h = 0; h < kRowRegisters; ++h) dots[k][h] = _mm512_set1_epi32(starts[k][g]);
         const uint8_t* group_panel = panel + size_t(g) * kGroupBytes;
 #pragma GCC unroll 8
         for (int s = 0; s < kGroupSteps; ++s) {
             __m512i weights[kRowRegisters];
+#pragma GCC unroll 8
             for (int h = 0; h < kRowRegisters; ++h)
                 weights[h] =
                     _mm512_load_si512(group_panel + s * kStepBytes + h * kLanes * kBytesPerLane);
-#pragma GCC unroll 6
+#pragma GCC unroll 8
             for (int k = 0; k < TOKENS; ++k) {
                 const __m512i x_word = broadcast_word(values[k] + g * kGroup + s * kBytesPerLane);
+#pragma GCC unroll 8
                 for (int h = 0; h < kRowRegisters; ++h)
                     dots[k][h] = _mm512_dpbusd_epi32(dots[k][h], weights[h], x_word);
             }
         }
         __m512 weight_scales[kRowRegisters];
+#pragma GCC unroll 8
         for (int h = 0; h < kRowRegisters; ++h)
             weight_scales[h] = _mm512_load_ps(panel_scales + g * kRowTile + h * kLanes);
-#pragma GCC unroll 6
+#pragma GCC unroll 8
         for (int k = 0; k < TOKENS; ++k) {
             const __m512 x_scale = _mm512_set1_ps(x_scales[k][g]);
+#pragma GCC unroll 8
             for (int h = 0; h < kRowRegisters; ++h)
                 sums[k][h] =
                     _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dots[k][h]), weight_scales[h]),
                                     x_scale, sums[k][h]);
         }
     }
+#pragma GCC unroll 8
     for (int k = 0; k < TOKENS; ++k)
+#pragma GCC unroll 8
         for (int h = 0; h < kRowRegisters; ++h)
             _mm512_mask_storeu_ps(out + size_t(first_token + k) * stride + h * kLanes,
                                   store_masks[h], sums[k][h]);
