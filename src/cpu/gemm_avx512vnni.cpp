@@ -21,7 +21,6 @@
 // - The micro-kernel (tile_kernel) holds kTokenTile tokens × kRowTile rows: lanes are rows,
 //   two registers of 16 per token. See its comment for the register budget.
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "cpu/avx512.h"
