@@ -1,6 +1,8 @@
 // The AVX-512 kernels called directly, against double-precision references: built on SIMDe
 // (namespace avx512_simde, any CPU) and, where the CPU has AVX-512, natively (avx512). Sizes
 // cover every tail: columns below, at and past whole registers, steps and groups.
+#include <omp.h>
+
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <random>
@@ -19,27 +21,33 @@ using namespace barellm::test;
 
 namespace {
 
+// The kernels under test, each a function of both builds.
+#define AVX512_KERNELS(X)     \
+    X(matmul_rows)            \
+    X(matmul_rows_half_x)     \
+    X(round_to_half)          \
+    X(matmul_rows_q8)         \
+    X(matmul_rows_q4)         \
+    X(swiglu)                 \
+    X(dot_kv)                 \
+    X(add_scaled_kv)          \
+    X(resize_quantized_batch) \
+    X(quantize_token)         \
+    X(matmul_batch_rows_quantized)
+
 // One build of the AVX-512 kernels.
 struct Avx512Build {
     std::string name;
     bool has_vnni;  // whether its Q8/Q4 kernels can run here
-    decltype(&cpu::avx512::matmul_rows) matmul_rows;
-    decltype(&cpu::avx512::matmul_rows_half_x) matmul_rows_half_x;
-    decltype(&cpu::avx512::round_to_half) round_to_half;
-    decltype(&cpu::avx512::matmul_rows_q8) matmul_rows_q8;
-    decltype(&cpu::avx512::matmul_rows_q4) matmul_rows_q4;
-    decltype(&cpu::avx512::swiglu) swiglu;
-    decltype(&cpu::avx512::dot_kv) dot_kv;
-    decltype(&cpu::avx512::add_scaled_kv) add_scaled_kv;
+#define AVX512_MEMBER(kernel) decltype(&cpu::avx512::kernel) kernel;
+    AVX512_KERNELS(AVX512_MEMBER)
 };
 
 // SIMDe's always; the native one where this CPU has AVX-512 (printed once).
 std::vector<Avx512Build> builds() {
-    std::vector<Avx512Build> list = {
-        {"simde", true, cpu::avx512_simde::matmul_rows, cpu::avx512_simde::matmul_rows_half_x,
-         cpu::avx512_simde::round_to_half, cpu::avx512_simde::matmul_rows_q8,
-         cpu::avx512_simde::matmul_rows_q4, cpu::avx512_simde::swiglu, cpu::avx512_simde::dot_kv,
-         cpu::avx512_simde::add_scaled_kv}};
+#define AVX512_SIMDE(kernel) cpu::avx512_simde::kernel,
+#define AVX512_NATIVE(kernel) cpu::avx512::kernel,
+    std::vector<Avx512Build> list = {{"simde", true, AVX512_KERNELS(AVX512_SIMDE)}};
     const bool native = cpu::detect_simd_level() == cpu::SimdLevel::Avx512;
     static bool said = false;
     if (!said) {
@@ -51,10 +59,7 @@ std::vector<Avx512Build> builds() {
         said = true;
     }
     if (native)
-        list.push_back({"native", cpu::cpu_has_avx512_vnni(), cpu::avx512::matmul_rows,
-                        cpu::avx512::matmul_rows_half_x, cpu::avx512::round_to_half,
-                        cpu::avx512::matmul_rows_q8, cpu::avx512::matmul_rows_q4,
-                        cpu::avx512::swiglu, cpu::avx512::dot_kv, cpu::avx512::add_scaled_kv});
+        list.push_back({"native", cpu::cpu_has_avx512_vnni(), AVX512_KERNELS(AVX512_NATIVE)});
     return list;
 }
 
@@ -63,6 +68,18 @@ std::vector<double> reference_matvec(const TestMatrix& m, const std::vector<floa
     for (int r = 0; r < m.matrix.rows; ++r)
         for (int c = 0; c < m.matrix.cols; ++c)
             want[r] += double(m.values[size_t(r) * m.matrix.cols + c]) * x[c];
+    return want;
+}
+
+// want[b][r] = Σ_c W[r][c] · x[b][c] for x [batch, cols], out [batch, rows].
+std::vector<double> reference_gemm(const TestMatrix& m, const std::vector<float>& x, int batch) {
+    const int rows = m.matrix.rows, cols = m.matrix.cols;
+    std::vector<double> want(size_t(batch) * rows);
+    for (int b = 0; b < batch; ++b)
+        for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < cols; ++c)
+                want[size_t(b) * rows + r] +=
+                    double(m.values[size_t(r) * cols + c]) * x[size_t(b) * cols + c];
     return want;
 }
 
@@ -211,4 +228,99 @@ TEST_CASE("AVX-512 decode attention rows: q · key and out += scale · value, f3
                 CHECK(std::abs(out[i] - (out_in[i] + double(scale) * row[i])) <= 1e-6);
             CHECK(std::isnan(out[n]));
         }
+}
+
+TEST_CASE("AVX-512 quantize_token quantizes each token exactly as quantize_q8") {
+    std::mt19937 rng(514);
+    for (const Avx512Build& build : builds())
+        for (int cols : {1, 16, 17, 31, 32, 33, 100, 600}) {
+            const int batch = 3;
+            std::vector<float> x = random_floats(size_t(batch) * cols, rng, 5.0f);
+            // Exact halves where the scale is 1 (a largest value of 127): quantize_q8 rounds
+            // them away from zero; just below a half rounds to 0.
+            if (cols >= 8) {
+                const float halves[] = {127.0f, 2.5f, -2.5f, 0.5f, -0.5f, 0.49999997f, -1.5f};
+                std::copy(std::begin(halves), std::end(halves), x.begin() + cols);
+            }
+            cpu::QuantizedBatch quantized;
+            build.resize_quantized_batch(&quantized, batch, cols);
+            for (int b = 0; b < batch; ++b)
+                build.quantize_token(&quantized, x.data() + size_t(b) * cols, cols, b);
+            INFO(build.name << " cols " << cols);
+            for (int b = 0; b < batch; ++b) {
+                cpu::QuantizedVector want;
+                cpu::quantize_q8(&want, x.data() + size_t(b) * cols, cols);
+                for (int c = 0; c < quantized.padded_cols; ++c)
+                    REQUIRE(int(quantized.values[size_t(b) * quantized.padded_cols + c]) ==
+                            (c < cols ? int(want.values[c]) : 0));
+                for (int g = 0; g < quantized.groups; ++g) {
+                    REQUIRE(quantized.scales[size_t(b) * quantized.groups + g] == want.scales[g]);
+                    REQUIRE(quantized.starts[size_t(b) * quantized.groups + g] ==
+                            -128 * int(want.group_sums[g]));
+                }
+            }
+        }
+}
+
+TEST_CASE("AVX-512 VNNI Q8 and Q4 prefill GEMM matches a reference on quantized x") {
+    std::mt19937 rng(515);
+    const auto dtype = GENERATE(DType::I8, DType::U8);
+    for (const Avx512Build& build : builds()) {
+        if (!build.has_vnni) continue;
+        // Q8: short last groups; Q4: whole blocks. Rows are not multiples of the 32-row
+        // tile, batches not multiples of the 6-token tile.
+        const std::vector<int> widths =
+            dtype == DType::I8 ? std::vector<int>{5, 33, 100, 600} : std::vector<int>{32, 96, 608};
+        for (int batch : {1, 3, 17, 70})
+            for (int cols : widths) {
+                const int rows = 75;
+                const TestMatrix m = make_matrix(rows, cols, dtype, rng);
+                // Large values: the int8 products then reach their extremes (±127 × 127).
+                const std::vector<float> x = random_floats(size_t(batch) * cols, rng, 50.0f);
+                const std::vector<double> want =
+                    reference_gemm(m, rows_quantized_like_the_kernel(x, cols), batch);
+                cpu::QuantizedBatch quantized;
+                build.resize_quantized_batch(&quantized, batch, cols);
+                for (int b = 0; b < batch; ++b)
+                    build.quantize_token(&quantized, x.data() + size_t(b) * cols, cols, b);
+                // A run of rows not starting at row 0 (a thread's share), over two tiles.
+                const int first = 3, count = rows - 5;
+                std::vector<float> got(size_t(batch) * rows, NAN);
+                build.matmul_batch_rows_quantized(got.data(), m.matrix, quantized, first, count);
+                INFO(build.name << " " << dtype_name(dtype) << " batch " << batch << " cols "
+                                << cols);
+                for (int b = 0; b < batch; ++b) {
+                    const size_t row0 = size_t(b) * rows;
+                    CHECK(relative_error(row_range(got, int(row0) + first, count),
+                                         row_range(want, int(row0) + first, count)) < 1e-6);
+                    CHECK(std::isnan(got[row0 + first - 1]));
+                    CHECK(std::isnan(got[row0 + first + count]));
+                }
+            }
+    }
+}
+
+TEST_CASE("AVX-512 VNNI prefill GEMM of several Q8 and Q4 matrices on several threads") {
+    if (cpu::detect_simd_level() < cpu::SimdLevel::Avx512 || !cpu::cpu_has_avx512_vnni()) return;
+    std::mt19937 rng(516);
+    const auto dtype = GENERATE(DType::I8, DType::U8);
+    const int threads = GENERATE(2, 3);
+    const int saved_threads = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    cpu::set_simd_level(cpu::SimdLevel::Avx512);
+    // Enough rows for every thread; row counts off the 32-row tile, so that the runs the
+    // threads claim straddle the boundary between the matrices.
+    const int batch = 23, cols = dtype == DType::I8 ? 330 : 320;
+    const TestMatrix first = make_matrix(301, cols, dtype, rng);
+    const TestMatrix second = make_matrix(45, cols, dtype, rng);
+    const std::vector<float> x = random_floats(size_t(batch) * cols, rng);
+    std::vector<float> got_first(size_t(batch) * 301, NAN), got_second(size_t(batch) * 45, NAN);
+    cpu::matmul_batch_many(
+        x.data(), batch, {{got_first.data(), &first.matrix}, {got_second.data(), &second.matrix}});
+    cpu::set_simd_level(cpu::detect_simd_level());
+    omp_set_num_threads(saved_threads);
+    const std::vector<float> x_quantized = rows_quantized_like_the_kernel(x, cols);
+    INFO(dtype_name(dtype) << " " << threads << " threads");
+    CHECK(relative_error(got_first, reference_gemm(first, x_quantized, batch)) < 1e-6);
+    CHECK(relative_error(got_second, reference_gemm(second, x_quantized, batch)) < 1e-6);
 }

@@ -15,6 +15,18 @@
 using namespace barellm;
 using namespace barellm::test;
 
+namespace {
+
+// Whether the prefill GEMM at `level` quantizes x per token for weights of `dtype` (the
+// AVX-512 VNNI integer GEMM of Q8 and Q4 weights): the references then use x quantized
+// the same way.
+bool gemm_quantizes_x(DType dtype, cpu::SimdLevel level) {
+    return (dtype == DType::I8 || dtype == DType::U8) && level == cpu::SimdLevel::Avx512 &&
+           cpu::cpu_has_avx512_vnni();
+}
+
+}  // namespace
+
 TEST_CASE("half conversion matches hand-checked values") {
     CHECK(float_to_half(1.0f) == 0x3c00);
     CHECK(float_to_half(-2.0f) == 0xc000);
@@ -240,7 +252,8 @@ TEST_CASE("batched matmul (prefill GEMM) matches a double-precision reference") 
         GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
     if (level > cpu::detect_simd_level()) return;
     // Sizes cross the AVX2 kernel's tiles (6 rows x 16 tokens, transposed 8 x 8 at a time)
-    // and blocks (96 rows, 256 columns), with partial tiles and blocks of every kind.
+    // and blocks (96 rows, 256 columns) and the AVX-512 VNNI kernel's tiles (32 rows x 6
+    // tokens, groups of 32 columns), with partial tiles and blocks of every kind.
     for (auto [batch, rows, cols] : {std::tuple{1, 1, 1},
                                      {5, 7, 13},
                                      {4, 3, 8},
@@ -250,12 +263,14 @@ TEST_CASE("batched matmul (prefill GEMM) matches a double-precision reference") 
                                      {16, 96, 256}}) {
         TestMatrix m = make_matrix(rows, cols, dtype, rng);
         const std::vector<float> x = random_floats(size_t(batch) * cols, rng);
+        const std::vector<float> x_used =
+            gemm_quantizes_x(dtype, level) ? rows_quantized_like_the_kernel(x, cols) : x;
         std::vector<double> want(size_t(batch) * rows);
         for (int b = 0; b < batch; ++b)
             for (int r = 0; r < rows; ++r)
                 for (int c = 0; c < cols; ++c)
                     want[size_t(b) * rows + r] +=
-                        double(m.values[size_t(r) * cols + c]) * x[size_t(b) * cols + c];
+                        double(m.values[size_t(r) * cols + c]) * x_used[size_t(b) * cols + c];
         std::vector<float> got(size_t(batch) * rows, NAN);
         cpu::set_simd_level(level);
         cpu::matmul_batch(got.data(), x.data(), batch, m.matrix);
@@ -273,7 +288,8 @@ TEST_CASE("several GEMMs of one input each match their own reference") {
         GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
     if (level > cpu::detect_simd_level()) return;
     // Like q, k and v: row counts that are not multiples of the 6-row tile or the 96-row
-    // block, so that the chunks the threads claim straddle the boundaries between matrices.
+    // block (nor of the VNNI kernel's 32-row tile), so that the chunks the threads claim
+    // straddle the boundaries between matrices.
     const int batch = 21, cols = 300;
     const std::vector<int> row_counts = {197, 31, 31};
     std::vector<TestMatrix> matrices;
@@ -287,14 +303,16 @@ TEST_CASE("several GEMMs of one input each match their own reference") {
                             {got[1].data(), &matrices[1].matrix},
                             {got[2].data(), &matrices[2].matrix}});
     cpu::set_simd_level(cpu::detect_simd_level());
+    const std::vector<float> x_used =
+        gemm_quantizes_x(dtype, level) ? rows_quantized_like_the_kernel(x, cols) : x;
     for (size_t m = 0; m < matrices.size(); ++m) {
         const int rows = row_counts[m];
         std::vector<double> want(size_t(batch) * rows);
         for (int b = 0; b < batch; ++b)
             for (int r = 0; r < rows; ++r)
                 for (int c = 0; c < cols; ++c)
-                    want[size_t(b) * rows + r] +=
-                        double(matrices[m].values[size_t(r) * cols + c]) * x[size_t(b) * cols + c];
+                    want[size_t(b) * rows + r] += double(matrices[m].values[size_t(r) * cols + c]) *
+                                                  x_used[size_t(b) * cols + c];
         INFO(dtype_name(dtype) << " " << cpu::simd_level_name(level) << " matrix " << m);
         CHECK(relative_error(got[m], want) < 1e-5);
     }
@@ -342,12 +360,14 @@ TEST_CASE(
         cpu::matmul(got.data(), x0.data(), m.matrix);
         CHECK(relative_error(got, want) < 1e-5);
         // Prefill, the whole batch.
+        const std::vector<float> batch_x_used =
+            gemm_quantizes_x(DType::U8, level) ? rows_quantized_like_the_kernel(x, cols) : x;
         std::vector<double> batch_want(size_t(batch) * rows);
         for (int b = 0; b < batch; ++b)
             for (int r = 0; r < rows; ++r)
                 for (int c = 0; c < cols; ++c)
                     batch_want[size_t(b) * rows + r] +=
-                        double(m.values[size_t(r) * cols + c]) * x[size_t(b) * cols + c];
+                        double(m.values[size_t(r) * cols + c]) * batch_x_used[size_t(b) * cols + c];
         std::vector<float> batch_got(size_t(batch) * rows, NAN);
         cpu::matmul_batch(batch_got.data(), x.data(), batch, m.matrix);
         CHECK(relative_error(batch_got, batch_want) < 1e-5);

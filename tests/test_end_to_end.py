@@ -34,13 +34,15 @@ def relative_error(got, want):
 
 def check_quantized_logits(model, want):
     """The logits of the integer-weight `model` (q8, q4) at IDS against `want`, the
-    reference fed its dequantized weights: prefill and the scalar path use those weights
-    exactly; AVX2 decode also quantizes the activations to 8 bits, a small extra error."""
-    for flags in (["--prefill"], ["--scalar"]):
-        assert relative_error(barellm_logits(model, IDS, "--kv", "f32", *flags), want) < 1e-4
-    decoded = barellm_logits(model, IDS, "--kv", "f32")
-    assert relative_error(decoded, want) < 2e-2
-    assert (decoded.argmax(axis=1) == want.argmax(axis=1)).mean() > 0.9
+    reference fed its dequantized weights: the scalar path uses those weights exactly;
+    SIMD decode, and the AVX-512 VNNI prefill GEMM, also quantize the activations to 8
+    bits (integer dot products), a small extra error."""
+    scalar = barellm_logits(model, IDS, "--kv", "f32", "--scalar")
+    assert relative_error(scalar, want) < 1e-4
+    for flags in ([], ["--prefill"]):
+        got = barellm_logits(model, IDS, "--kv", "f32", *flags)
+        assert relative_error(got, want) < 2e-2
+        assert (got.argmax(axis=1) == want.argmax(axis=1)).mean() > 0.9
 
 
 def convert(hf_dir, out, dtype):
@@ -65,8 +67,8 @@ def test_stories260k_logits_match_reference(tmp_path, dtype, kv, tolerance, mode
 
 
 def test_q8_matches_reference(tmp_path):
-    """Q8: prefill and the scalar path use the dequantized weights exactly; AVX2 decode
-    also quantizes the activations (integer dot products), a small extra error."""
+    """Q8: the scalar path uses the dequantized weights exactly; SIMD decode and the
+    AVX-512 VNNI prefill also quantize the activations, a small extra error."""
     need_shared(STORIES)
     model = convert(STORIES, str(tmp_path / "stories-q8.bin"), "q8")
     want = reference.logits_for(model, IDS)

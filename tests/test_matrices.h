@@ -136,4 +136,17 @@ inline std::vector<float> quantized_like_the_kernel(const std::vector<float>& x)
     return out;
 }
 
+// x [rows, cols] with each row quantized like the kernel, as the AVX-512 VNNI prefill GEMM
+// quantizes each token.
+inline std::vector<float> rows_quantized_like_the_kernel(const std::vector<float>& x, int cols) {
+    std::vector<float> out;
+    out.reserve(x.size());
+    for (size_t first = 0; first < x.size(); first += cols) {
+        const std::vector<float> row =
+            quantized_like_the_kernel({x.begin() + first, x.begin() + first + cols});
+        out.insert(out.end(), row.begin(), row.end());
+    }
+    return out;
+}
+
 }  // namespace barellm::test

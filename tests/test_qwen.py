@@ -142,8 +142,8 @@ def test_f16_and_bf16_match_the_reference_on_the_same_weights(tmp_path, name, dt
 
 @pytest.mark.parametrize("name", ["qwen2-window", "qwen3-attention-bias"])
 def test_q8_matches_the_reference_on_the_dequantized_weights(tmp_path, name):
-    """As tests/test_end_to_end.py for Llama: prefill and the scalar path use the
-    dequantized weights exactly; AVX2 decode also quantizes the activations."""
+    """As tests/test_end_to_end.py for Llama: the scalar path uses the dequantized weights
+    exactly; SIMD decode and the AVX-512 VNNI prefill also quantize the activations."""
     model = convert(checkpoint(tmp_path, name), tmp_path / "model.bin", "q8")
     want = reference.logits_for(model, IDS)
     check_quantized_logits(model, want)

@@ -41,4 +41,19 @@ void add_scaled_kv(float* out, float scale, const void* values, int n, KvType ty
 
 void swiglu(float* gate, const float* up, int n);
 
+// ---- The prefill GEMM for Q8 and Q4 weights (gemm_avx512vnni.cpp), in two steps:
+// - x [batch, cols] is quantized to Q8 a token at a time (quantize_token, exactly as
+//   quantize_q8 does), into a QuantizedBatch the threads share;
+// - then any run of weight rows is computed from it (matmul_batch_rows_quantized,
+//   out [batch, w.rows]), each group's dot product in int32 with vpdpbusd.
+
+constexpr int kRowTile = 32;   // weight rows packed and computed together: two registers
+constexpr int kTokenTile = 6;  // tokens per micro-kernel call
+
+// Sizes x's buffers for `batch` tokens of `cols` columns.
+void resize_quantized_batch(QuantizedBatch* x, int batch, int cols);
+void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token);
+void matmul_batch_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x,
+                                 int first_row, int row_count);
+
 }  // namespace barellm::cpu::avx512

@@ -232,12 +232,37 @@ void matmul_batch(float* out, const float* x, int batch, const Matrix& w) {
 namespace {
 
 // The rows a thread claims next when `rows_left` rows of the GEMMs remain: whole blocks
-// while there is plenty, then ever smaller runs, so that no thread is left with a long
-// one while the others wait.
-int chunk_rows(int rows_left, int threads) {
-    const int share = (rows_left / (2 * threads) + avx2::kRowTile - 1) / avx2::kRowTile;
-    return std::clamp(share * avx2::kRowTile, avx2::kRowTile, avx2::kRowBlock);
+// while there is plenty, then ever smaller runs (whole tiles), so that no thread is left
+// with a long one while the others wait.
+int chunk_rows(int rows_left, int threads, int tile, int block) {
+    const int share = (rows_left / (2 * threads) + tile - 1) / tile;
+    return std::clamp(share * tile, tile, block);
 }
+
+// Run by every thread of a parallel region: claims runs of the rows of all outputs, one
+// matrix after another (next_row counts them), until none are left, and calls
+// work(output, first_row, row_count) for each run cut at the boundaries between matrices.
+template <typename Work>
+void claim_rows(std::initializer_list<BatchOutput> outputs, int total_rows,
+                std::atomic<int>* next_row, int tile, int block, Work work) {
+    const int threads = omp_get_num_threads();
+    for (;;) {
+        const int size = chunk_rows(total_rows - next_row->load(), threads, tile, block);
+        const int first = next_row->fetch_add(size);
+        if (first >= total_rows) break;
+        const int last = std::min(total_rows, first + size);
+        int matrix_start = 0;
+        for (const BatchOutput& o : outputs) {
+            const int begin = std::max(first, matrix_start);
+            const int end = std::min(last, matrix_start + o.w->rows);
+            if (begin < end) work(o, begin - matrix_start, end - begin);
+            matrix_start += o.w->rows;
+        }
+    }
+}
+
+// Rows a thread claims at most at once in the VNNI GEMM: four tiles.
+constexpr int kQuantizedRowBlock = 4 * avx512::kRowTile;
 
 }  // namespace
 
@@ -257,35 +282,45 @@ void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOut
             });
         return;
     }
-    // x is transposed into token tiles once, the threads sharing the work and the result;
-    // the buffer belongs to the calling thread.
+    const int threads = threads_for(total_rows * row_work);
+    std::atomic<int> next_row{0};  // rows of all outputs, one matrix after another
+    // Q8 and Q4 weights with VNNI: x is quantized once, a token at a time, the threads
+    // sharing the work and the result; the buffer belongs to the calling thread.
+    const bool all_quantized =
+        std::all_of(outputs.begin(), outputs.end(),
+                    [](const BatchOutput& o) { return is_quantized(o.w->dtype); });
+    if (active_level == SimdLevel::Avx512 && has_avx512_vnni && all_quantized) {
+        static thread_local QuantizedBatch storage;
+        QuantizedBatch* x_quantized = &storage;  // the calling thread's, shared
+        avx512::resize_quantized_batch(x_quantized, batch, cols);
+#pragma omp parallel num_threads(threads)
+        {
+#pragma omp for schedule(static)
+            for (int b = 0; b < batch; ++b)
+                avx512::quantize_token(x_quantized, x + size_t(b) * cols, cols, b);
+            claim_rows(outputs, total_rows, &next_row, avx512::kRowTile, kQuantizedRowBlock,
+                       [&](const BatchOutput& o, int first, int count) {
+                           avx512::matmul_batch_rows_quantized(o.out, *o.w, *x_quantized, first,
+                                                               count);
+                       });
+        }
+        return;
+    }
+    // Otherwise x is transposed into token tiles once, the threads sharing the work and the
+    // result; the buffer belongs to the calling thread.
     static thread_local std::vector<float> tile_storage;
     tile_storage.resize(avx2::token_tiles_floats(batch, cols));
     float* x_tiles = avx2::align32(tile_storage.data());
     const int tiles = avx2::token_tile_count(batch);
-    std::atomic<int> next_row{0};  // rows of all outputs, one matrix after another
-#pragma omp parallel num_threads(threads_for(total_rows* row_work))
+#pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
         for (int tile = 0; tile < tiles; ++tile)
             avx2::pack_token_tile(x_tiles, x, cols, batch, tile);
-        const int threads = omp_get_num_threads();
-        for (;;) {
-            const int size = chunk_rows(total_rows - next_row.load(), threads);
-            const int first = next_row.fetch_add(size);
-            if (first >= total_rows) break;
-            const int last = std::min(total_rows, first + size);
-            // The claimed rows [first, last), cut at the boundaries between matrices.
-            int matrix_start = 0;
-            for (const BatchOutput& o : outputs) {
-                const int begin = std::max(first, matrix_start);
-                const int end = std::min(last, matrix_start + o.w->rows);
-                if (begin < end)
-                    avx2::matmul_batch_rows(o.out, *o.w, x_tiles, batch, begin - matrix_start,
-                                            end - begin);
-                matrix_start += o.w->rows;
-            }
-        }
+        claim_rows(outputs, total_rows, &next_row, avx2::kRowTile, avx2::kRowBlock,
+                   [&](const BatchOutput& o, int first, int count) {
+                       avx2::matmul_batch_rows(o.out, *o.w, x_tiles, batch, first, count);
+                   });
     }
 }
 

@@ -65,6 +65,16 @@ struct QuantizedVector {
 };
 void quantize_q8(QuantizedVector* out, const float* x, int n);
 
+// A batch of vectors quantized like quantize_q8, laid out for the AVX-512 VNNI prefill
+// GEMM: each token's values padded with zeros to whole groups, and per group the
+// `start` its integer dot products begin from (−128 × Σ values; see gemm_avx512vnni.cpp).
+struct QuantizedBatch {
+    int batch = 0, groups = 0, padded_cols = 0;
+    std::vector<int8_t> values;   // [batch, padded_cols]
+    std::vector<float> scales;    // [batch, groups]
+    std::vector<int32_t> starts;  // [batch, groups]
+};
+
 // Prefill: out[batch, rows] = x[batch, cols] · W[rows, cols]ᵀ, a GEMM blocked so
 // that each weight row is read from memory once for the whole batch.
 void matmul_batch(float* out, const float* x, int batch, const Matrix& w);

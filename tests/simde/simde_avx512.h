@@ -147,3 +147,40 @@ inline void _mm512_mask_storeu_ps(void* p, simde__mmask16 mask, simde__m512 valu
         if (mask >> i & 1) std::memcpy(static_cast<char*>(p) + 4 * i, &in.lane[i], 4);
 }
 #endif
+#ifndef _mm512_cvttps_epi32
+inline simde__m512i _mm512_cvttps_epi32(simde__m512 values) {
+    using namespace barellm::simde_extra;
+    const F32x16 in = bits<F32x16>(values);
+    I32x16 out;
+    for (int i = 0; i < 16; ++i) out.lane[i] = int32_t(in.lane[i]);  // toward zero
+    return bits<simde__m512i>(out);
+}
+#endif
+#ifndef _mm512_cvtepi32_epi8
+// Each lane's low byte (truncation, no saturation).
+inline simde__m128i _mm512_cvtepi32_epi8(simde__m512i values) {
+    using namespace barellm::simde_extra;
+    const I32x16 in = bits<I32x16>(values);
+    int8_t out[16];
+    for (int i = 0; i < 16; ++i) out[i] = int8_t(uint8_t(uint32_t(in.lane[i]) & 0xff));
+    return bits<simde__m128i>(out);
+}
+#endif
+#ifndef _mm512_reduce_max_ps
+inline float _mm512_reduce_max_ps(simde__m512 v) {
+    using namespace barellm::simde_extra;
+    const F32x16 x = bits<F32x16>(v);
+    float largest = x.lane[0];
+    for (int i = 1; i < 16; ++i) largest = x.lane[i] > largest ? x.lane[i] : largest;
+    return largest;
+}
+#endif
+#ifndef _mm512_reduce_add_epi32
+inline int _mm512_reduce_add_epi32(simde__m512i v) {
+    using namespace barellm::simde_extra;
+    const I32x16 x = bits<I32x16>(v);
+    uint32_t sum = 0;  // wraps around like the lanes
+    for (int i = 0; i < 16; ++i) sum += uint32_t(x.lane[i]);
+    return int(sum);
+}
+#endif
