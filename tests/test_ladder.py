@@ -20,8 +20,9 @@ What must be equal, and why (all on stories260K, converted to f32):
   Rounding can flip a near-tie in a long greedy text, so they are compared over 40 tokens,
   where they agree;
 - rung 6 (q8 weights, prompt token by token) quantizes the activations to int8 in every
-  matrix-vector product, while the batched prefill of `run` keeps them in f32: a larger
-  difference than rounding. Over 40 tokens from "Once upon a time" it still agrees
+  matrix-vector product, while the batched prefill of `run` keeps them in f32 (with
+  AVX-512 VNNI it quantizes them too, a token at a time, and then sums in another order):
+  a larger difference than rounding. Over 40 tokens from "Once upon a time" it still agrees
   (with some other prompts it does not: "The cat sat" diverges within 40 tokens);
 - scalar vs SIMD (rungs 2 and 3) and AVX2 vs AVX-512 (rungs 3 and 4) differ in the last
   bits of each dot product; over 40 tokens from "Once upon a time" every rung, f32 to q8,
