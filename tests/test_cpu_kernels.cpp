@@ -236,8 +236,9 @@ TEST_CASE("batched matmul (prefill GEMM) matches a double-precision reference") 
     const auto level =
         GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
     if (level > cpu::detect_simd_level()) return;
-    // Sizes cross the AVX2 kernel's tiles (6 rows x 16 tokens, transposed 8 x 8 at a time)
-    // and blocks (96 rows, 256 columns), with partial tiles and blocks of every kind.
+    // Sizes cross the AVX2 kernel's tiles (6 rows x 16 tokens, transposed 8 x 8 at a time),
+    // the AVX-512 ones' (12 rows x 2 tiles of 16 tokens, pairs of bf16 columns) and blocks
+    // (96 rows, 256 columns), with partial tiles and blocks of every kind.
     for (auto [batch, rows, cols] : {std::tuple{1, 1, 1},
                                      {5, 7, 13},
                                      {4, 3, 8},
@@ -247,12 +248,16 @@ TEST_CASE("batched matmul (prefill GEMM) matches a double-precision reference") 
                                      {16, 96, 256}}) {
         TestMatrix m = make_matrix(rows, cols, dtype, rng);
         const std::vector<float> x = random_floats(size_t(batch) * cols, rng);
+        // bf16 weights on AVX512_BF16 multiply x rounded to bf16.
+        const bool rounds_x =
+            dtype == DType::BF16 && level == cpu::SimdLevel::Avx512 && cpu::cpu_has_avx512_bf16();
+        const std::vector<float> x_used = rounds_x ? rounded_to_bf16(x) : x;
         std::vector<double> want(size_t(batch) * rows);
         for (int b = 0; b < batch; ++b)
             for (int r = 0; r < rows; ++r)
                 for (int c = 0; c < cols; ++c)
                     want[size_t(b) * rows + r] +=
-                        double(m.values[size_t(r) * cols + c]) * x[size_t(b) * cols + c];
+                        double(m.values[size_t(r) * cols + c]) * x_used[size_t(b) * cols + c];
         std::vector<float> got(size_t(batch) * rows, NAN);
         cpu::set_simd_level(level);
         cpu::matmul_batch(got.data(), x.data(), batch, m.matrix);

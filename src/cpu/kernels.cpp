@@ -22,6 +22,7 @@ namespace {
 
 SimdLevel active_level = detect_simd_level();  // the path the dispatch below takes
 const bool has_avx512_vnni = cpu_has_avx512_vnni();
+const bool has_avx512_bf16 = cpu_has_avx512_bf16();
 
 // Weight (row, col) of w as float, whatever its storage.
 inline float weight_at(const Matrix& w, int row, int col) {
@@ -78,8 +79,11 @@ bool parse_simd_level(const std::string& name, SimdLevel* level) {
 
 std::string simd_description() {
     std::string description = simd_level_name(active_level);
-    if (active_level == SimdLevel::Avx512)
-        description += has_avx512_vnni ? "+vnni" : " (no vnni: q8/q4 matvecs on avx2)";
+    if (active_level == SimdLevel::Avx512) {
+        if (has_avx512_vnni) description += "+vnni";
+        if (has_avx512_bf16) description += "+bf16";
+        if (!has_avx512_vnni) description += " (no vnni: q8/q4 matvecs on avx2)";
+    }
     return description;
 }
 
@@ -228,6 +232,19 @@ int chunk_rows(int rows_left, int threads) {
     return std::clamp(share * avx2::kRowTile, avx2::kRowTile, avx2::kRowBlock);
 }
 
+// The GEMM rows [first, first + count) of one output, on the path for its weights:
+// AVX-512 for f32 and f16, vdpbf16ps for bf16 where pair_tiles were packed, else AVX2.
+void batch_rows(const BatchOutput& o, const float* x_tiles, const uint32_t* pair_tiles, int batch,
+                int first, int count) {
+    const DType dtype = o.w->dtype;
+    if (active_level == SimdLevel::Avx512 && (dtype == DType::F32 || dtype == DType::F16))
+        avx512::matmul_batch_rows(o.out, *o.w, x_tiles, batch, first, count);
+    else if (pair_tiles && dtype == DType::BF16)
+        avx512::matmul_batch_rows_bf16(o.out, *o.w, pair_tiles, batch, first, count);
+    else
+        avx2::matmul_batch_rows(o.out, *o.w, x_tiles, batch, first, count);
+}
+
 }  // namespace
 
 void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOutput> outputs) {
@@ -247,17 +264,27 @@ void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOut
         return;
     }
     // x is transposed into token tiles once, the threads sharing the work and the result;
-    // the buffer belongs to the calling thread.
+    // the buffers belong to the calling thread. bf16 weights on AVX512_BF16 read tiles of x
+    // rounded to bf16 pairs instead.
+    const bool bf16_pairs = active_level == SimdLevel::Avx512 && has_avx512_bf16 &&
+                            std::any_of(outputs.begin(), outputs.end(), [](const BatchOutput& o) {
+                                return o.w->dtype == DType::BF16;
+                            });
     static thread_local std::vector<float> tile_storage;
-    tile_storage.resize(avx2::token_tiles_floats(batch, cols));
-    float* x_tiles = avx2::align32(tile_storage.data());
+    static thread_local std::vector<uint32_t> pair_storage;
+    tile_storage.resize(avx2::token_tiles_floats(batch, cols) + avx512::kGemmTokenTile);
+    float* x_tiles = avx512::align64(tile_storage.data());
+    if (bf16_pairs) pair_storage.resize(avx512::token_pair_tiles_words(batch, cols));
+    uint32_t* pair_tiles = bf16_pairs ? avx512::align64(pair_storage.data()) : nullptr;
     const int tiles = avx2::token_tile_count(batch);
     std::atomic<int> next_row{0};  // rows of all outputs, one matrix after another
 #pragma omp parallel num_threads(threads_for(total_rows* row_work))
     {
 #pragma omp for schedule(static)
-        for (int tile = 0; tile < tiles; ++tile)
+        for (int tile = 0; tile < tiles; ++tile) {
             avx2::pack_token_tile(x_tiles, x, cols, batch, tile);
+            if (bf16_pairs) avx512::pack_token_pair_tile(pair_tiles, x, cols, batch, tile);
+        }
         const int threads = omp_get_num_threads();
         for (;;) {
             const int size = chunk_rows(total_rows - next_row.load(), threads);
@@ -270,8 +297,7 @@ void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOut
                 const int begin = std::max(first, matrix_start);
                 const int end = std::min(last, matrix_start + o.w->rows);
                 if (begin < end)
-                    avx2::matmul_batch_rows(o.out, *o.w, x_tiles, batch, begin - matrix_start,
-                                            end - begin);
+                    batch_rows(o, x_tiles, pair_tiles, batch, begin - matrix_start, end - begin);
                 matrix_start += o.w->rows;
             }
         }

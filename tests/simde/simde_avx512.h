@@ -107,3 +107,29 @@ inline float _mm512_reduce_add_ps(simde__m512 v) {
     return x.lane[0];
 }
 #endif
+#ifndef _mm512_mask_storeu_ps
+inline void _mm512_mask_storeu_ps(void* p, simde__mmask16 mask, simde__m512 values) {
+    using namespace barellm::simde_extra;
+    const F32x16 in = bits<F32x16>(values);
+    for (int i = 0; i < 16; ++i)
+        if (mask >> i & 1) std::memcpy(static_cast<char*>(p) + i * 4, &in.lane[i], 4);
+}
+#endif
+#ifndef _mm512_cvtne2ps_pbh
+// Lanes 0-15 of the result are b rounded to bf16, lanes 16-31 are a; to nearest even (NaN
+// stays a quiet NaN).
+inline simde__m512bh _mm512_cvtne2ps_pbh(simde__m512 a, simde__m512 b) {
+    using namespace barellm::simde_extra;
+    const F32x16 halves[2] = {bits<F32x16>(b), bits<F32x16>(a)};
+    uint16_t out[32];
+    for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < 16; ++i) {
+            const uint32_t value = bits<uint32_t>(halves[h].lane[i]);
+            const bool is_nan = (value & 0x7fffffffu) > 0x7f800000u;
+            const uint32_t rounding_bias = 0x7fffu + (value >> 16 & 1);
+            out[h * 16 + i] =
+                is_nan ? uint16_t(value >> 16 | 0x40) : uint16_t((value + rounding_bias) >> 16);
+        }
+    return bits<simde__m512bh>(out);
+}
+#endif
