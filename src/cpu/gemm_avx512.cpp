@@ -110,12 +110,18 @@ void batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, in
             const int depth = std::min(kDepthBlock, w.cols - depth_start);
             pack_rows<kType>(panel, w, block, block_rows, depth_start, depth);
             // Each pair of x tiles, loaded into L1 once, meets every row group of the block.
+            const int calls = (tiles + kTilesPerCall - 1) / kTilesPerCall *
+                              ((block_rows + kRowTile - 1) / kRowTile);
+            PanelPrefetcher prefetcher =
+                next_panel_prefetcher(w, kType == DType::F32 ? 4 : 2, block, end_row, depth_start,
+                                      kRowBlock, kDepthBlock, calls);
             for (int tile = 0; tile < tiles; tile += kTilesPerCall) {
                 const int tile_count = std::min(kTilesPerCall, tiles - tile);
                 const float* x_tile = x_tiles + tile * x_tile_stride + depth_start * kTileFloats;
                 float* tile_sums = sums + tile * sums_tile_stride;
                 for (int group = 0; group < block_rows; group += kRowTile) {
                     const int rows = std::min(kRowTile, block_rows - group);
+                    prefetcher.before_call();
                     kOuterProductKernels[tile_count - 1][rows - 1](
                         tile_sums + group * kTileFloats, sums_tile_stride,
                         panel + group * kDepthBlock, kDepthBlock, x_tile, x_tile_stride, depth);

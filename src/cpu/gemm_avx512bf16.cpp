@@ -7,9 +7,10 @@
 // The outer-product design of gemm_avx512.cpp on pairs of columns:
 // - x is packed into pair tiles of kGemmTokenTile = 16 tokens: lane t of pair p's register is
 //   the 32-bit pair (x[t][2p], x[t][2p + 1]) in bf16 (pack_token_pair_tile).
-// - Weights need no widening: the two columns 2p, 2p + 1 of a row are one 32-bit pair in
-//   memory already. A block of kRowBlock rows × kDepthPairs pairs is copied into a panel
-//   (a zero high half past an odd last column) that stays in L2 while the tiles meet it.
+// - Weights need neither widening nor copying: the two columns 2p, 2p + 1 of a row are one
+//   32-bit pair in memory already, broadcast straight from the matrix. A block of kRowBlock
+//   rows × kDepthPairs pairs stays in L2 while the tiles meet it, the next block prefetched
+//   meanwhile. The lone last column of an odd width is copied, with a zero high half.
 // - The micro-kernel keeps kRowTile rows × kTilesPerCall token tiles of sums in registers;
 //   each step loads one register of x pairs per tile and broadcasts one weight pair per row.
 #include <algorithm>
@@ -27,8 +28,8 @@ namespace {
 
 constexpr int kTilesPerCall = 2;            // token tiles one micro-kernel call computes
 constexpr int kRowTile = 12;                // weight rows per call: 24 accumulators of 32
-constexpr int kRowBlock = 8 * kRowTile;     // weight rows copied into one panel
-constexpr int kDepthPairs = 128;            // column pairs copied together (48 KB of L2)
+constexpr int kRowBlock = 8 * kRowTile;     // weight rows the token tiles meet together
+constexpr int kDepthPairs = 256;            // column pairs of those (96 KB of L2)
 constexpr int kTileWords = kGemmTokenTile;  // 32-bit pairs of one tile column
 
 int pair_count(int cols) { return (cols + 1) / 2; }
@@ -36,26 +37,12 @@ int pair_count(int cols) { return (cols + 1) / 2; }
 // The 16 32-bit lanes of v as 32 bf16 values, for vdpbf16ps.
 inline __m512bh as_bf16_pairs(__m512i v) { return (__m512bh)v; }
 
-// panel[r][p] = the bf16 pair W[first_row + r][first_col + 2p, + 2p + 1], for `rows` rows
-// and `depth` columns (first_col even; the high half of a lone last column is 0).
-void pack_rows(uint32_t* panel, const Matrix& w, int first_row, int rows, int first_col,
-               int depth) {
-    const uint16_t* data = static_cast<const uint16_t*>(w.data);
-    const int whole_pairs = depth / 2;
-    for (int r = 0; r < rows; ++r) {
-        uint32_t* dest = panel + r * kDepthPairs;
-        const uint16_t* source = data + size_t(first_row + r) * w.cols + first_col;
-        std::memcpy(dest, source, whole_pairs * sizeof(uint32_t));
-        if (depth % 2) dest[whole_pairs] = source[depth - 1];
-    }
-}
-
 // For each of TILES token tiles t (x_pairs + t · x_tile_stride, sums + t · sums_tile_stride):
-//   sums[r][k] += Σ_p Σ_{j=0,1} panel[r · panel_stride + p].bf16[j] · x_pairs[p][k].bf16[j]
+//   sums[r][k] += Σ_p Σ_{j=0,1} weights[r · weight_stride + 2p + j] · x_pairs[p][k].bf16[j]
 // for r < ROWS, k < 16 tokens. Registers: ROWS × TILES accumulators and TILES of x pairs.
 template <int ROWS, int TILES>
-void pair_product_kernel(float* sums, size_t sums_tile_stride, const uint32_t* panel,
-                         int panel_stride, const uint32_t* x_pairs, size_t x_tile_stride,
+void pair_product_kernel(float* sums, size_t sums_tile_stride, const uint16_t* weights,
+                         size_t weight_stride, const uint32_t* x_pairs, size_t x_tile_stride,
                          int pairs) {
     __m512 acc[TILES][ROWS];
     for (int t = 0; t < TILES; ++t)
@@ -69,8 +56,9 @@ void pair_product_kernel(float* sums, size_t sums_tile_stride, const uint32_t* p
                 _mm512_loadu_si512(x_pairs + t * x_tile_stride + size_t(p) * kTileWords));
 #pragma GCC unroll 16
         for (int r = 0; r < ROWS; ++r) {
-            const __m512bh weight =
-                as_bf16_pairs(_mm512_set1_epi32(int(panel[r * panel_stride + p])));
+            uint32_t pair;  // rows of an odd width are 2-byte aligned only
+            std::memcpy(&pair, weights + r * weight_stride + 2 * p, sizeof pair);
+            const __m512bh weight = as_bf16_pairs(_mm512_set1_epi32(int(pair)));
             for (int t = 0; t < TILES; ++t) acc[t][r] = _mm512_dpbf16_ps(acc[t][r], weight, x[t]);
         }
     }
@@ -80,9 +68,9 @@ void pair_product_kernel(float* sums, size_t sums_tile_stride, const uint32_t* p
             _mm512_storeu_ps(sums + t * sums_tile_stride + r * kTileWords, acc[t][r]);
 }
 
-using PairProductKernel = void (*)(float* sums, size_t sums_tile_stride, const uint32_t* panel,
-                                   int panel_stride, const uint32_t* x_pairs, size_t x_tile_stride,
-                                   int pairs);
+using PairProductKernel = void (*)(float* sums, size_t sums_tile_stride, const uint16_t* weights,
+                                   size_t weight_stride, const uint32_t* x_pairs,
+                                   size_t x_tile_stride, int pairs);
 
 // kernels[tiles - 1][rows - 1]: every shape up to kTilesPerCall × kRowTile.
 template <int TILES, int... ROWS_MINUS_ONE>
@@ -135,34 +123,56 @@ void matmul_batch_rows_bf16(float* out, const Matrix& w, const uint32_t* pair_ti
     const int tiles = (batch + kGemmTokenTile - 1) / kGemmTokenTile;
     const size_t sums_tile_stride = size_t(kRowBlock) * kTileWords;
     const size_t x_tile_stride = size_t(pair_count(w.cols)) * kTileWords;
-    // One block of weight rows, [kRowBlock, kDepthPairs] pairs, and its partial sums
-    // [tiles, kRowBlock, kGemmTokenTile], both 64-byte aligned.
-    static thread_local std::vector<uint32_t> panel_storage;
+    // The partial sums of a block of rows, [tiles, kRowBlock, kGemmTokenTile], and the lone
+    // last column of an odd width as pairs with a zero high half, both 64-byte aligned.
     static thread_local std::vector<float> sum_storage;
-    panel_storage.resize(kRowBlock * kDepthPairs + kTileWords);
+    static thread_local std::vector<uint16_t> lone_column_storage;
     sum_storage.resize(tiles * sums_tile_stride + kTileWords);
-    uint32_t* panel = align64(panel_storage.data());
+    lone_column_storage.resize(2 * (kRowBlock + kTileWords));
     float* sums = align64(sum_storage.data());
+    uint16_t* lone_column = align64(lone_column_storage.data());
+    const uint16_t* data = static_cast<const uint16_t*>(w.data);
+    const int whole_pairs = w.cols / 2;
     const int end_row = first_row + row_count;
     for (int block = first_row; block < end_row; block += kRowBlock) {
         const int block_rows = std::min(kRowBlock, end_row - block);
-        std::fill(sums, sums + tiles * sums_tile_stride, 0.0f);
-        for (int depth_start = 0; depth_start < w.cols; depth_start += 2 * kDepthPairs) {
-            const int depth = std::min(2 * kDepthPairs, w.cols - depth_start);
-            pack_rows(panel, w, block, block_rows, depth_start, depth);
-            const int pairs = pair_count(depth);
+        const int calls =
+            (tiles + kTilesPerCall - 1) / kTilesPerCall * ((block_rows + kRowTile - 1) / kRowTile);
+        // Pairs [first_pair, first_pair + pairs) of every row of the block, from `weights`
+        // (row `block` of them), each x tile meeting every group of rows.
+        auto multiply = [&](const uint16_t* weights, size_t weight_stride, int first_pair,
+                            int pairs, PanelPrefetcher* prefetcher) {
             for (int tile = 0; tile < tiles; tile += kTilesPerCall) {
                 const int tile_count = std::min(kTilesPerCall, tiles - tile);
                 const uint32_t* x_pairs =
-                    pair_tiles + tile * x_tile_stride + size_t(depth_start / 2) * kTileWords;
+                    pair_tiles + tile * x_tile_stride + size_t(first_pair) * kTileWords;
                 float* tile_sums = sums + tile * sums_tile_stride;
                 for (int group = 0; group < block_rows; group += kRowTile) {
                     const int rows = std::min(kRowTile, block_rows - group);
+                    if (prefetcher) prefetcher->before_call();
                     kPairProductKernels[tile_count - 1][rows - 1](
                         tile_sums + group * kTileWords, sums_tile_stride,
-                        panel + group * kDepthPairs, kDepthPairs, x_pairs, x_tile_stride, pairs);
+                        weights + group * weight_stride, weight_stride, x_pairs, x_tile_stride,
+                        pairs);
                 }
             }
+        };
+        std::fill(sums, sums + tiles * sums_tile_stride, 0.0f);
+        // The whole pairs straight from the matrix, kDepthPairs at a time (a block of them
+        // stays in L2 while the tiles meet it), the next block's prefetched meanwhile.
+        const uint16_t* block_weights = data + size_t(block) * w.cols;
+        for (int first_pair = 0; first_pair < whole_pairs; first_pair += kDepthPairs) {
+            PanelPrefetcher prefetcher =
+                next_panel_prefetcher(w, sizeof(uint16_t), block, end_row, 2 * first_pair,
+                                      kRowBlock, 2 * kDepthPairs, calls);
+            multiply(block_weights + 2 * first_pair, w.cols, first_pair,
+                     std::min(kDepthPairs, whole_pairs - first_pair), &prefetcher);
+        }
+        if (w.cols % 2) {
+            std::fill(lone_column, lone_column + 2 * block_rows, uint16_t(0));
+            for (int r = 0; r < block_rows; ++r)
+                lone_column[2 * r] = block_weights[size_t(r) * w.cols + w.cols - 1];
+            multiply(lone_column, 2, whole_pairs, 1, nullptr);
         }
         for (int tile = 0; tile < tiles; ++tile)
             store_tile_sums(out + block, w.rows, sums + tile * sums_tile_stride, block_rows,
