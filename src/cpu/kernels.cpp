@@ -265,15 +265,16 @@ void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOut
     }
     // x is transposed into token tiles once, the threads sharing the work and the result;
     // the buffers belong to the calling thread. bf16 weights on AVX512_BF16 read tiles of x
-    // rounded to bf16 pairs instead.
-    const bool bf16_pairs = active_level == SimdLevel::Avx512 && has_avx512_bf16 &&
-                            std::any_of(outputs.begin(), outputs.end(), [](const BatchOutput& o) {
-                                return o.w->dtype == DType::BF16;
-                            });
+    // rounded to bf16 pairs instead, the others f32 tiles.
+    const bool avx512_bf16 = active_level == SimdLevel::Avx512 && has_avx512_bf16;
+    auto on_pairs = [&](const BatchOutput& o) { return avx512_bf16 && o.w->dtype == DType::BF16; };
+    const bool bf16_pairs = std::any_of(outputs.begin(), outputs.end(), on_pairs);
+    const bool float_tiles = !std::all_of(outputs.begin(), outputs.end(), on_pairs);
     static thread_local std::vector<float> tile_storage;
     static thread_local std::vector<uint32_t> pair_storage;
-    tile_storage.resize(avx2::token_tiles_floats(batch, cols) + avx512::kGemmTokenTile);
-    float* x_tiles = avx512::align64(tile_storage.data());
+    if (float_tiles)
+        tile_storage.resize(avx2::token_tiles_floats(batch, cols) + avx512::kGemmTokenTile);
+    float* x_tiles = float_tiles ? avx512::align64(tile_storage.data()) : nullptr;
     if (bf16_pairs) pair_storage.resize(avx512::token_pair_tiles_words(batch, cols));
     uint32_t* pair_tiles = bf16_pairs ? avx512::align64(pair_storage.data()) : nullptr;
     const int tiles = avx2::token_tile_count(batch);
@@ -282,7 +283,7 @@ void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOut
     {
 #pragma omp for schedule(static)
         for (int tile = 0; tile < tiles; ++tile) {
-            avx2::pack_token_tile(x_tiles, x, cols, batch, tile);
+            if (float_tiles) avx2::pack_token_tile(x_tiles, x, cols, batch, tile);
             if (bf16_pairs) avx512::pack_token_pair_tile(pair_tiles, x, cols, batch, tile);
         }
         const int threads = omp_get_num_threads();

@@ -133,3 +133,17 @@ inline simde__m512bh _mm512_cvtne2ps_pbh(simde__m512 a, simde__m512 b) {
     return bits<simde__m512bh>(out);
 }
 #endif
+#ifndef _mm512_shuffle_f32x4
+// 128-bit lanes 0-1 of the result are lanes of a, 2-3 lanes of b, each picked by two bits
+// of select.
+inline simde__m512 _mm512_shuffle_f32x4(simde__m512 a, simde__m512 b, int select) {
+    using namespace barellm::simde_extra;
+    const F32x16 sources[2] = {bits<F32x16>(a), bits<F32x16>(b)};
+    F32x16 out;
+    for (int lane = 0; lane < 4; ++lane) {
+        const int picked = select >> (2 * lane) & 3;
+        for (int i = 0; i < 4; ++i) out.lane[lane * 4 + i] = sources[lane / 2].lane[picked * 4 + i];
+    }
+    return bits<simde__m512>(out);
+}
+#endif
