@@ -5,10 +5,11 @@
 // - x comes transposed into tiles of kGemmTokenTile = 16 tokens: one column of a tile is
 //   one register.
 // - A block of kRowBlock weight rows is widened to f32 one block of kDepthBlock columns at a
-//   time (panel[row][col]); the panel stays in L2 while the token tiles meet all its rows.
+//   time (panel[row][col]); the panel stays in L2 while the token tiles meet all its rows,
+//   the weights of the next panel prefetched meanwhile.
 // - The micro-kernel keeps kRowTile rows × kTilesPerCall token tiles of outputs in
 //   kRowTile · kTilesPerCall registers. Each step loads one register of x per tile and
-//   multiplies it by one weight per row, broadcast from the panel by the FMA itself.
+//   multiplies it by one weight per row, broadcast from the panel.
 // - Partial sums live in a contiguous buffer until the last column block, then are
 //   transposed into the strided output once.
 #include <algorithm>

@@ -1,6 +1,6 @@
 // Inline AVX-512 helpers shared by the *_avx512*.cpp kernels: weights widened to f32, tail
-// masks and the GEMM's prefetch of weights. Include it only from those files (built with -mavx512f
-// -mavx512bw -mavx512vl -mavx512dq, or on SIMDe in the unit tests).
+// masks and the GEMM's prefetch of weights. Include it only from those files (built with
+// -mavx512f -mavx512bw -mavx512vl -mavx512dq, or on SIMDe in the unit tests).
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -48,7 +48,7 @@ inline __m512 widen16(const void* p) {
 
 // Requests the weights of the GEMM's next panel from memory while the current one is
 // computed, a share of its rows before each of the current panel's micro-kernel calls, so
-// that packing the next panel finds them in cache instead of waiting on memory.
+// that the next panel's first reads find them in cache instead of waiting on memory.
 class PanelPrefetcher {
 public:
     // The next panel: `rows` rows of `bytes` bytes from `first`, `stride` bytes apart (no
