@@ -77,11 +77,11 @@ void pack_rows(float* panel, const Matrix& w, int first_row, int rows, int first
 }
 
 // For each of TILES token tiles t (x_tile + t · x_tile_stride, sums + t · sums_tile_stride):
-//   sums[r][k] += Σ_i panel[r · panel_stride + i] · x_tile[i][k], r < ROWS, k < 16 tokens.
+//   sums[r][k] += Σ_i panel[r · kDepthBlock + i] · x_tile[i][k], r < ROWS, k < 16 tokens.
 // Registers: ROWS × TILES accumulators and TILES of x.
 template <int ROWS, int TILES>
 void outer_product_kernel(float* sums, size_t sums_tile_stride, const float* panel,
-                          int panel_stride, const float* x_tile, size_t x_tile_stride, int depth) {
+                          const float* x_tile, size_t x_tile_stride, int depth) {
     __m512 acc[TILES][ROWS];
     for (int t = 0; t < TILES; ++t)
 #pragma GCC unroll 16
@@ -93,7 +93,7 @@ void outer_product_kernel(float* sums, size_t sums_tile_stride, const float* pan
             x[t] = _mm512_loadu_ps(x_tile + t * x_tile_stride + i * kTileFloats);
 #pragma GCC unroll 16
         for (int r = 0; r < ROWS; ++r) {
-            const __m512 weight = _mm512_set1_ps(panel[r * panel_stride + i]);
+            const __m512 weight = _mm512_set1_ps(panel[r * kDepthBlock + i]);
             for (int t = 0; t < TILES; ++t) acc[t][r] = _mm512_fmadd_ps(weight, x[t], acc[t][r]);
         }
     }
@@ -104,8 +104,7 @@ void outer_product_kernel(float* sums, size_t sums_tile_stride, const float* pan
 }
 
 using OuterProductKernel = void (*)(float* sums, size_t sums_tile_stride, const float* panel,
-                                    int panel_stride, const float* x_tile, size_t x_tile_stride,
-                                    int depth);
+                                    const float* x_tile, size_t x_tile_stride, int depth);
 
 // kernels[tiles - 1][rows - 1]: every shape up to kTilesPerCall × kRowTile.
 template <int TILES, int... ROWS_MINUS_ONE>
@@ -153,7 +152,7 @@ void batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, in
                     prefetcher.before_call();
                     kOuterProductKernels[tile_count - 1][rows - 1](
                         tile_sums + group * kTileFloats, sums_tile_stride,
-                        panel + group * kDepthBlock, kDepthBlock, x_tile, x_tile_stride, depth);
+                        panel + group * kDepthBlock, x_tile, x_tile_stride, depth);
                 }
             }
         }
