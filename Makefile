@@ -1,10 +1,10 @@
 # barellm build. `make` builds build/barellm; `make test` builds and runs every test.
 # Files named *_avx2.cpp hold the AVX2 code paths and are compiled with AVX2/FMA/F16C;
 # *_avx512.cpp are compiled with AVX-512 F/BW/VL/DQ too, *_avx512vnni.cpp with AVX512_VNNI
-# as well (headers named *_avx2.h / *_avx512.h hold their inline helpers and are included
-# by them only); the rest of the program runs on any x86-64 CPU and picks a path at
-# start-up. The unit tests also build the AVX-512 files on SIMDe (build/simde/), which
-# runs them on CPUs without AVX-512.
+# as well and *_avx512bf16.cpp with AVX512_BF16 as well (headers named *_avx2.h / *_avx512.h
+# hold their inline helpers and are included by them only); the rest of the program runs on
+# any x86-64 CPU and picks a path at start-up. The unit tests also build the AVX-512 files on
+# SIMDe (build/simde/), which runs them on CPUs without AVX-512.
 #
 # The CUDA backend (kernels/*.cu) is built too when nvcc is found; variables:
 #   CUDA=0             build for the CPU only, even where nvcc exists
@@ -30,6 +30,7 @@ CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -fopenmp -Isrc -MMD -MP $(CPPFLAGS)
 SIMD_FLAGS := -mavx2 -mfma -mf16c
 AVX512_FLAGS := $(SIMD_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq
 VNNI_FLAGS   := $(AVX512_FLAGS) -mavx512vnni
+BF16_FLAGS   := $(AVX512_FLAGS) -mavx512bf16
 LDFLAGS  := -fopenmp
 LDLIBS   :=
 PYTHON   ?= python3
@@ -83,7 +84,7 @@ endif
 # The flags every object was built with: when they change (CUDA on or off, other archs),
 # everything is rebuilt rather than linked from objects of another configuration.
 CONFIG      := $(BUILD)/config.txt
-CONFIG_TEXT := $(CXX) $(CXXFLAGS) $(VNNI_FLAGS) | $(NVCC) $(NVCCFLAGS)
+CONFIG_TEXT := $(CXX) $(CXXFLAGS) $(VNNI_FLAGS) $(BF16_FLAGS) | $(NVCC) $(NVCCFLAGS)
 $(shell mkdir -p $(BUILD) && (echo '$(CONFIG_TEXT)' | cmp -s - $(CONFIG) || \
     echo '$(CONFIG_TEXT)' > $(CONFIG)))
 
@@ -111,6 +112,10 @@ $(BUILD)/src/%_avx512.o: src/%_avx512.cpp $(CONFIG)
 $(BUILD)/src/%_avx512vnni.o: src/%_avx512vnni.cpp $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(VNNI_FLAGS) -c $< -o $@
+
+$(BUILD)/src/%_avx512bf16.o: src/%_avx512bf16.cpp $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(BF16_FLAGS) -c $< -o $@
 
 # SIMDe's AVX-512 is built from plain C++ here (no -m flags): it runs on any x86-64 CPU.
 $(BUILD)/simde/%.o: src/cpu/%.cpp $(CONFIG)

@@ -4,9 +4,11 @@
 #include <omp.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/avx512.h"
@@ -22,23 +24,27 @@ using namespace barellm::test;
 namespace {
 
 // The kernels under test, each a function of both builds.
-#define AVX512_KERNELS(X)     \
-    X(matmul_rows)            \
-    X(matmul_rows_half_x)     \
-    X(round_to_half)          \
-    X(matmul_rows_q8)         \
-    X(matmul_rows_q4)         \
-    X(swiglu)                 \
-    X(dot_kv)                 \
-    X(add_scaled_kv)          \
-    X(resize_quantized_batch) \
-    X(quantize_token)         \
-    X(matmul_batch_rows_quantized)
+#define AVX512_KERNELS(X)          \
+    X(matmul_rows)                 \
+    X(matmul_rows_half_x)          \
+    X(round_to_half)               \
+    X(matmul_rows_q8)              \
+    X(matmul_rows_q4)              \
+    X(swiglu)                      \
+    X(dot_kv)                      \
+    X(add_scaled_kv)               \
+    X(resize_quantized_batch)      \
+    X(quantize_token)              \
+    X(matmul_batch_rows_quantized) \
+    X(matmul_batch_rows)           \
+    X(pack_token_pair_tile)        \
+    X(matmul_batch_rows_bf16)
 
 // One build of the AVX-512 kernels.
 struct Avx512Build {
     std::string name;
     bool has_vnni;  // whether its Q8/Q4 kernels can run here
+    bool has_bf16;  // whether its bf16 GEMM can run here
 #define AVX512_MEMBER(kernel) decltype(&cpu::avx512::kernel) kernel;
     AVX512_KERNELS(AVX512_MEMBER)
 };
@@ -47,19 +53,23 @@ struct Avx512Build {
 std::vector<Avx512Build> builds() {
 #define AVX512_SIMDE(kernel) cpu::avx512_simde::kernel,
 #define AVX512_NATIVE(kernel) cpu::avx512::kernel,
-    std::vector<Avx512Build> list = {{"simde", true, AVX512_KERNELS(AVX512_SIMDE)}};
+    std::vector<Avx512Build> list = {{"simde", true, true, AVX512_KERNELS(AVX512_SIMDE)}};
     const bool native = cpu::detect_simd_level() == cpu::SimdLevel::Avx512;
     static bool said = false;
     if (!said) {
-        std::printf(
-            "AVX-512 kernel tests: SIMDe build%s\n",
-            native ? (cpu::cpu_has_avx512_vnni() ? " and native (with VNNI)"
-                                                 : " and native (no VNNI: Q8/Q4 on SIMDe only)")
-                   : " only (this CPU has no AVX-512)");
+        const std::string features = std::string(cpu::cpu_has_avx512_vnni() ? " +vnni" : "") +
+                                     (cpu::cpu_has_avx512_bf16() ? " +bf16" : "");
+        std::printf("AVX-512 kernel tests: SIMDe build%s\n",
+                    native ? (" and native (avx512" + features +
+                              "; without a feature, its "
+                              "kernels on SIMDe only)")
+                                 .c_str()
+                           : " only (this CPU has no AVX-512)");
         said = true;
     }
     if (native)
-        list.push_back({"native", cpu::cpu_has_avx512_vnni(), AVX512_KERNELS(AVX512_NATIVE)});
+        list.push_back({"native", cpu::cpu_has_avx512_vnni(), cpu::cpu_has_avx512_bf16(),
+                        AVX512_KERNELS(AVX512_NATIVE)});
     return list;
 }
 
@@ -81,6 +91,44 @@ std::vector<double> reference_gemm(const TestMatrix& m, const std::vector<float>
                 want[size_t(b) * rows + r] +=
                     double(m.values[size_t(r) * cols + c]) * x[size_t(b) * cols + c];
     return want;
+}
+
+// x [batch, cols] as the f32/f16 GEMM reads it: tiles[tile][c][t] = x[tile · 16 + t][c],
+// zero past the last token.
+std::vector<float> token_tiles(const std::vector<float>& x, int batch, int cols) {
+    const int tile_tokens = cpu::avx512::kGemmTokenTile;
+    const int tiles = (batch + tile_tokens - 1) / tile_tokens;
+    std::vector<float> tiles_data(size_t(tiles) * cols * tile_tokens);
+    for (int b = 0; b < batch; ++b)
+        for (int c = 0; c < cols; ++c)
+            tiles_data[(size_t(b / tile_tokens) * cols + c) * tile_tokens + b % tile_tokens] =
+                x[size_t(b) * cols + c];
+    return tiles_data;
+}
+
+// Each token's rows [first, first + count) of out [batch, rows], one after another.
+std::vector<float> gemm_rows(const std::vector<float>& out, int rows, int first, int count) {
+    std::vector<float> picked;
+    for (size_t b = 0; b < out.size() / rows; ++b)
+        picked.insert(picked.end(), out.begin() + b * rows + first,
+                      out.begin() + b * rows + first + count);
+    return picked;
+}
+std::vector<double> gemm_rows(const std::vector<double>& out, int rows, int first, int count) {
+    std::vector<double> picked;
+    for (size_t b = 0; b < out.size() / rows; ++b)
+        picked.insert(picked.end(), out.begin() + b * rows + first,
+                      out.begin() + b * rows + first + count);
+    return picked;
+}
+
+// Whether out [batch, rows] is NaN (never written) outside rows [first, first + count).
+bool untouched_outside(const std::vector<float>& out, int rows, int first, int count) {
+    for (size_t i = 0; i < out.size(); ++i) {
+        const int r = int(i % rows);
+        if ((r < first || r >= first + count) && !std::isnan(out[i])) return false;
+    }
+    return true;
 }
 
 // The rows [first, first + count) of out, as a vector.
@@ -323,4 +371,57 @@ TEST_CASE("AVX-512 VNNI prefill GEMM of several Q8 and Q4 matrices on several th
     INFO(dtype_name(dtype) << " " << threads << " threads");
     CHECK(relative_error(got_first, reference_gemm(first, x_quantized, batch)) < 1e-6);
     CHECK(relative_error(got_second, reference_gemm(second, x_quantized, batch)) < 1e-6);
+}
+
+// Batches of one, part of one, several and an odd number of 16-token tiles; widths below,
+// at and past the 256-column block, odd ones (a lone last bf16 column); row runs not
+// starting at row 0, past one 12-row tile and the 96-row block, with short last tiles.
+constexpr int kGemmBatches[] = {1, 3, 17, 70};
+constexpr std::pair<int, int> kGemmShapes[] = {{5, 1}, {7, 7}, {15, 33}, {29, 256}, {101, 517}};
+
+TEST_CASE("AVX-512 f32/f16 prefill GEMM matches a double-precision reference at every tail") {
+    std::mt19937 rng(514);
+    const auto dtype = GENERATE(DType::F32, DType::F16);
+    for (const Avx512Build& build : builds())
+        for (int batch : kGemmBatches)
+            for (auto [rows, cols] : kGemmShapes) {
+                const TestMatrix m = make_matrix(rows, cols, dtype, rng);
+                const std::vector<float> x = random_floats(size_t(batch) * cols, rng);
+                const std::vector<float> tiles = token_tiles(x, batch, cols);
+                const int first = 1, count = rows - 2;
+                std::vector<float> got(size_t(batch) * rows, NAN);
+                build.matmul_batch_rows(got.data(), m.matrix, tiles.data(), batch, first, count);
+                INFO(build.name << " " << dtype_name(dtype) << " batch " << batch << " " << rows
+                                << "x" << cols);
+                CHECK(relative_error(gemm_rows(got, rows, first, count),
+                                     gemm_rows(reference_gemm(m, x, batch), rows, first, count)) <
+                      1e-6);
+                CHECK(untouched_outside(got, rows, first, count));
+            }
+}
+
+TEST_CASE("AVX512_BF16 prefill GEMM matches a double-precision reference on x rounded to bf16") {
+    std::mt19937 rng(515);
+    for (const Avx512Build& build : builds()) {
+        if (!build.has_bf16) continue;
+        for (int batch : kGemmBatches)
+            for (auto [rows, cols] : kGemmShapes) {
+                const TestMatrix m = make_matrix(rows, cols, DType::BF16, rng);
+                const std::vector<float> x = random_floats(size_t(batch) * cols, rng);
+                std::vector<uint32_t> pair_tiles(cpu::avx512::token_pair_tiles_words(batch, cols));
+                const int tiles =
+                    (batch + cpu::avx512::kGemmTokenTile - 1) / cpu::avx512::kGemmTokenTile;
+                for (int tile = 0; tile < tiles; ++tile)
+                    build.pack_token_pair_tile(pair_tiles.data(), x.data(), cols, batch, tile);
+                const int first = 1, count = rows - 2;
+                std::vector<float> got(size_t(batch) * rows, NAN);
+                build.matmul_batch_rows_bf16(got.data(), m.matrix, pair_tiles.data(), batch, first,
+                                             count);
+                INFO(build.name << " batch " << batch << " " << rows << "x" << cols);
+                CHECK(relative_error(gemm_rows(got, rows, first, count),
+                                     gemm_rows(reference_gemm(m, rounded_to_bf16(x), batch), rows,
+                                               first, count)) < 1e-6);
+                CHECK(untouched_outside(got, rows, first, count));
+            }
+    }
 }

@@ -85,15 +85,16 @@ def test_markdown_header_names_the_machine(model):
     result = bench(model)
     assert result.returncode == 0, result.stderr
     header = result.stdout.splitlines()[0]
-    match = re.fullmatch(r"cpu: (.*), (\d+) physical cores; simd: (\w+)(\+vnni)? "
+    match = re.fullmatch(r"cpu: (.*), (\d+) physical cores; simd: (\w+)(\+vnni)?(\+bf16)? "
                          r"\(the CPU offers (.*)\); threads: (\d+)", header)
     assert match, header
     flags = set(cpuinfo_field("flags").split())
     assert match.group(1) == cpuinfo_field("model name")
     assert match.group(3) == best_simd_level(flags)
     assert bool(match.group(4)) == (match.group(3) == "avx512" and "avx512_vnni" in flags)
+    assert bool(match.group(5)) == (match.group(3) == "avx512" and "avx512_bf16" in flags)
     assert int(match.group(2)) == physical_cores_from_sys()
-    assert int(match.group(6)) == physical_cores_from_sys()
+    assert int(match.group(7)) == physical_cores_from_sys()
 
 
 @pytest.mark.parametrize("level", ["scalar", "avx2", "avx512"])

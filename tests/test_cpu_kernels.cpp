@@ -251,9 +251,10 @@ TEST_CASE("batched matmul (prefill GEMM) matches a double-precision reference") 
     const auto level =
         GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
     if (level > cpu::detect_simd_level()) return;
-    // Sizes cross the AVX2 kernel's tiles (6 rows x 16 tokens, transposed 8 x 8 at a time)
-    // and blocks (96 rows, 256 columns) and the AVX-512 VNNI kernel's tiles (32 rows x 6
-    // tokens, groups of 32 columns), with partial tiles and blocks of every kind.
+    // Sizes cross the AVX2 kernel's tiles (6 rows x 16 tokens, transposed 8 x 8 at a time),
+    // the AVX-512 float ones' (12 rows x 2 tiles of 16 tokens, pairs of bf16 columns), the
+    // AVX-512 VNNI one's (32 rows x 6 tokens, groups of 32 columns) and blocks (96 rows, 256
+    // columns), with partial tiles and blocks of every kind.
     for (auto [batch, rows, cols] : {std::tuple{1, 1, 1},
                                      {5, 7, 13},
                                      {4, 3, 8},
@@ -263,8 +264,14 @@ TEST_CASE("batched matmul (prefill GEMM) matches a double-precision reference") 
                                      {16, 96, 256}}) {
         TestMatrix m = make_matrix(rows, cols, dtype, rng);
         const std::vector<float> x = random_floats(size_t(batch) * cols, rng);
-        const std::vector<float> x_used =
-            gemm_quantizes_x(dtype, level) ? rows_quantized_like_the_kernel(x, cols) : x;
+        // The VNNI GEMM multiplies x quantized per token, bf16 weights on AVX512_BF16 x
+        // rounded to bf16.
+        const bool rounds_x =
+            dtype == DType::BF16 && level == cpu::SimdLevel::Avx512 && cpu::cpu_has_avx512_bf16();
+        const std::vector<float> x_used = gemm_quantizes_x(dtype, level)
+                                              ? rows_quantized_like_the_kernel(x, cols)
+                                          : rounds_x ? rounded_to_bf16(x)
+                                                     : x;
         std::vector<double> want(size_t(batch) * rows);
         for (int b = 0; b < batch; ++b)
             for (int r = 0; r < rows; ++r)

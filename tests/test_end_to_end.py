@@ -45,6 +45,16 @@ def check_quantized_logits(model, want):
         assert (got.argmax(axis=1) == want.argmax(axis=1)).mean() > 0.9
 
 
+def gemm_rounds_x_to_bf16():
+    """Whether the prefill GEMM of bf16 weights rounds x to bf16 on this CPU: it multiplies
+    with vdpbf16ps where the CPU has AVX-512 F/BW/VL/DQ and AVX512_BF16."""
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        flags = next((line.partition(":")[2].split() for line in f
+                      if line.startswith("flags")), [])
+    return {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+            "avx512_bf16"} <= set(flags)
+
+
 def convert(hf_dir, out, dtype):
     result = run(CONVERT, hf_dir, "-o", out, "--dtype", dtype)
     assert result.returncode == 0, result.stderr
@@ -62,6 +72,8 @@ def test_stories260k_logits_match_reference(tmp_path, dtype, kv, tolerance, mode
     want = reference.logits_for(model, IDS)
     flags = ["--kv", kv] + (["--prefill"] if mode == "prefill" else [])
     got = barellm_logits(model, IDS, *flags)
+    if dtype == "bf16" and mode == "prefill" and gemm_rounds_x_to_bf16():
+        tolerance = 5e-3  # x keeps 8 significant bits at every GEMM: about 2e-3 more error
     assert relative_error(got, want) < tolerance
     assert (got.argmax(axis=1) == want.argmax(axis=1)).all()
 

@@ -1,9 +1,11 @@
 // Test inputs for the CPU kernel tests: random non-zero floats, weight matrices of every
 // storage type with the exact values they decode to, quantized independently of the
-// kernels, and the error measure the tests compare with.
+// kernels, x rounded as the kernels that round it do, and the error measure the tests
+// compare with.
 #pragma once
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -145,6 +147,23 @@ inline std::vector<float> rows_quantized_like_the_kernel(const std::vector<float
         const std::vector<float> row =
             quantized_like_the_kernel({x.begin() + first, x.begin() + first + cols});
         out.insert(out.end(), row.begin(), row.end());
+    }
+    return out;
+}
+
+// x as the AVX512_BF16 GEMM uses it: each value rounded to the nearer of the two bf16 values
+// around it, the one with an even last bit on a tie (x finite).
+inline std::vector<float> rounded_to_bf16(const std::vector<float>& x) {
+    std::vector<float> out(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+        uint32_t bits;
+        std::memcpy(&bits, &x[i], sizeof bits);
+        const uint16_t toward_zero = uint16_t(bits >> 16);
+        const uint16_t away = uint16_t(toward_zero + 1);
+        const double below = std::abs(double(bf16_to_float(toward_zero)) - x[i]);
+        const double above = std::abs(double(bf16_to_float(away)) - x[i]);
+        const bool take_away = above < below || (above == below && (away & 1) == 0);
+        out[i] = bf16_to_float(take_away ? away : toward_zero);
     }
     return out;
 }

@@ -1,10 +1,12 @@
 // The AVX-512 path of the CPU kernels, private to src/cpu/: the functions of the
 // *_avx512*.cpp files, which the dispatch in cpu/kernels.cpp calls when simd_level() is
-// Avx512 (those in *_avx512vnni.cpp only when the CPU also has AVX512_VNNI).
+// Avx512 (those in *_avx512vnni.cpp only when the CPU also has AVX512_VNNI, those in
+// *_avx512bf16.cpp only when it has AVX512_BF16).
 //
 // The unit tests build these files a second time on SIMDe (a portable implementation of the
 // intrinsics, so that they run on any CPU) with the name avx512 defined as avx512_simde:
 // they include this header once more under that definition (hence no include guard).
+#include <cstddef>
 #include <cstdint>
 
 #include "cpu/kernels.h"
@@ -47,13 +49,44 @@ void swiglu(float* gate, const float* up, int n);
 // - then any run of weight rows is computed from it (matmul_batch_rows_quantized,
 //   out [batch, w.rows]), each group's dot product in int32 with vpdpbusd.
 
-constexpr int kRowTile = 32;   // weight rows packed and computed together: two registers
-constexpr int kTokenTile = 6;  // tokens per micro-kernel call
+constexpr int kQuantizedRowTile = 32;   // weight rows packed and computed together: two registers
+constexpr int kQuantizedTokenTile = 6;  // tokens per micro-kernel call
 
 // Sizes x's buffers for `batch` tokens of `cols` columns.
 void resize_quantized_batch(QuantizedBatch* x, int batch, int cols);
 void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token);
 void matmul_batch_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x,
                                  int first_row, int row_count);
+
+// ---- The prefill GEMM: out[token][row] = Σ_col W[row][col] · x[token][col] for a batch of
+// tokens, on tiles of x transposed once per call and shared by the threads.
+
+constexpr int kGemmTokenTile = 16;  // tokens per tile: one register of f32 (or of bf16 pairs)
+
+// The first 64-byte aligned element at or after p (a tile column on one cache line).
+template <typename Element>
+inline Element* align64(Element* p) {
+    static_assert(64 % sizeof(Element) == 0);
+    const uintptr_t misalignment = reinterpret_cast<uintptr_t>(p) % 64;
+    return misalignment ? p + (64 - misalignment) / sizeof(Element) : p;
+}
+
+// f32 and f16 weights (gemm_avx512.cpp), from x_tiles [tiles, cols, kGemmTokenTile]: x
+// transposed, zero past the last token (the layout of avx2::pack_token_tile).
+void matmul_batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
+                       int row_count);
+
+// bf16 weights (gemm_avx512bf16.cpp), as vdpbf16ps on x rounded to bf16: from pair tiles
+// [tiles, ceil(cols / 2), kGemmTokenTile] of 32-bit lanes, each holding x[token][2p] (low
+// half) and x[token][2p + 1] (high half, 0 past an odd last column) as bf16.
+size_t token_pair_tiles_words(int batch, int cols);  // buffer size, alignment slack included
+void pack_token_pair_tile(uint32_t* pair_tiles, const float* x, int cols, int batch, int tile);
+void matmul_batch_rows_bf16(float* out, const Matrix& w, const uint32_t* pair_tiles, int batch,
+                            int first_row, int row_count);
+
+// Shared by both: out[first_token + t][k] = tile_sums[k][t] for the tile's tokens below
+// `batch` and k < rows; out has `stride` floats a token.
+void store_tile_sums(float* out, int stride, const float* tile_sums, int rows, int first_token,
+                     int batch);
 
 }  // namespace barellm::cpu::avx512

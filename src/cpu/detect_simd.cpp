@@ -41,4 +41,9 @@ bool cpu_has_avx512_vnni() {
     return cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
 }
 
+bool cpu_has_avx512_bf16() {
+    __builtin_cpu_init();
+    return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
+}
+
 }  // namespace barellm::cpu

@@ -13,12 +13,14 @@
 // - x [batch, cols] is quantized once per call into QuantizedBatch (quantize_token), the
 //   threads sharing the tokens; its rows are read as they are, four bytes broadcast at a
 //   time.
-// - A tile of kRowTile weight rows is packed (pack_row_tile) into a panel of unsigned bytes
+// - A tile of kQuantizedRowTile weight rows is packed (pack_row_tile) into a panel of unsigned
+// bytes
 //   laid out for the micro-kernel: per group, per step of four columns, the four bytes of
 //   each row side by side, 16 rows a register (a 16 × 8 transpose of 32-bit words per
 //   group), and the group's scales as f32. The panel (32 KB for 1024 columns) stays in L2
 //   while every token of the batch meets it.
-// - The micro-kernel (tile_kernel) holds kTokenTile tokens × kRowTile rows: lanes are rows,
+// - The micro-kernel (tile_kernel) holds kQuantizedTokenTile tokens × kQuantizedRowTile rows: lanes
+// are rows,
 //   two registers of 16 per token. See its comment for the register budget.
 #include <algorithm>
 #include <vector>
@@ -33,14 +35,14 @@ namespace {
 
 constexpr int kGroup = kQ8Group;  // columns per scale (Q4's blocks are as wide)
 static_assert(kQ4Block == kGroup);
-constexpr int kBytesPerLane = 4;                       // columns summed into one int32 lane
-constexpr int kGroupSteps = kGroup / kBytesPerLane;    // vpdpbusd steps per group: 8
-constexpr int kRowRegisters = kRowTile / kLanes;       // registers of rows per token: 2
-constexpr int kStepBytes = kRowTile * kBytesPerLane;   // panel bytes of one step: 128
-constexpr int kGroupBytes = kGroupSteps * kStepBytes;  // panel bytes of one group: 1024
-constexpr int kUnsignedOffset = 128;                   // stored weight = value + 128
-constexpr uint8_t kZeroWeight = kUnsignedOffset;       // the stored form of 0
-constexpr float kQ8Largest = 127.0f;                   // |quantized x| ≤ 127, as quantize_q8
+constexpr int kBytesPerLane = 4;                               // columns summed into one int32 lane
+constexpr int kGroupSteps = kGroup / kBytesPerLane;            // vpdpbusd steps per group: 8
+constexpr int kRowRegisters = kQuantizedRowTile / kLanes;      // registers of rows per token: 2
+constexpr int kStepBytes = kQuantizedRowTile * kBytesPerLane;  // panel bytes of one step: 128
+constexpr int kGroupBytes = kGroupSteps * kStepBytes;          // panel bytes of one group: 1024
+constexpr int kUnsignedOffset = 128;                           // stored weight = value + 128
+constexpr uint8_t kZeroWeight = kUnsignedOffset;               // the stored form of 0
+constexpr float kQ8Largest = 127.0f;  // |quantized x| ≤ 127, as quantize_q8
 
 constexpr size_t kAlignment = 64;  // bytes: one register, one cache line
 
@@ -141,9 +143,9 @@ void pack_row_tile(uint8_t* panel, float* scales, const Matrix& w, int first_row
             store_transposed(panel + size_t(g) * kGroupBytes + half * kLanes * kBytesPerLane,
                              group_rows);
         }
-    for (int r = 0; r < kRowTile; ++r)
+    for (int r = 0; r < kQuantizedRowTile; ++r)
         for (int g = 0; g < groups; ++g)
-            scales[g * kRowTile + r] =
+            scales[g * kQuantizedRowTile + r] =
                 r < rows ? half_to_float(w.scales[size_t(first_row + r) * groups + g]) : 0.0f;
 }
 
@@ -156,9 +158,9 @@ inline __m512i broadcast_word(const int8_t* p) {
 // group g) for TOKENS tokens and the tile's rows (store_masks[h]: those of rows 16h..16h+15
 // that exist); out has `stride` floats a token.
 //
-// Register tile: TOKENS ≤ kTokenTile = 6 tokens × kRowTile = 32 rows (two registers of 16
-// rows): 12 int32 dot registers and 12 f32 sum registers, plus the step's two weight
-// registers and one broadcast of x: 27 of the 32. Each step (four columns) loads two panel
+// Register tile: TOKENS ≤ kQuantizedTokenTile = 6 tokens × kQuantizedRowTile = 32 rows (two
+// registers of 16 rows): 12 int32 dot registers and 12 f32 sum registers, plus the step's two
+// weight registers and one broadcast of x: 27 of the 32. Each step (four columns) loads two panel
 // registers and broadcasts four bytes of each token's x: 12 vpdpbusd for 2 + 6 loads.
 // After a group's eight steps its dots are converted, scaled and added to the sums.
 template <int TOKENS>
@@ -204,7 +206,7 @@ void tile_kernel(float* out, int stride, const __mmask16 store_masks[kRowRegiste
         __m512 weight_scales[kRowRegisters];
 #pragma GCC unroll 8
         for (int h = 0; h < kRowRegisters; ++h)
-            weight_scales[h] = _mm512_load_ps(panel_scales + g * kRowTile + h * kLanes);
+            weight_scales[h] = _mm512_load_ps(panel_scales + g * kQuantizedRowTile + h * kLanes);
 #pragma GCC unroll 8
         for (int k = 0; k < TOKENS; ++k) {
             const __m512 x_scale = _mm512_set1_ps(x_scales[k][g]);
@@ -225,8 +227,8 @@ void tile_kernel(float* out, int stride, const __mmask16 store_masks[kRowRegiste
 
 using TileKernel = void (*)(float*, int, const __mmask16*, const uint8_t*, const float*,
                             const QuantizedBatch&, int);
-constexpr TileKernel kTileKernels[kTokenTile] = {tile_kernel<1>, tile_kernel<2>, tile_kernel<3>,
-                                                 tile_kernel<4>, tile_kernel<5>, tile_kernel<6>};
+constexpr TileKernel kTileKernels[kQuantizedTokenTile] = {
+    tile_kernel<1>, tile_kernel<2>, tile_kernel<3>, tile_kernel<4>, tile_kernel<5>, tile_kernel<6>};
 
 template <DType kType>
 void matmul_batch_rows_typed(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
@@ -235,17 +237,17 @@ void matmul_batch_rows_typed(float* out, const Matrix& w, const QuantizedBatch& 
     static thread_local std::vector<uint8_t> panel_storage;
     static thread_local std::vector<float> scale_storage;
     panel_storage.resize(size_t(x.groups) * kGroupBytes + kAlignment);
-    scale_storage.resize(size_t(x.groups) * kRowTile + kAlignment / sizeof(float));
+    scale_storage.resize(size_t(x.groups) * kQuantizedRowTile + kAlignment / sizeof(float));
     uint8_t* panel = align64(panel_storage.data());
     float* scales = align64(scale_storage.data());
     const int end_row = first_row + row_count;
-    for (int tile_row = first_row; tile_row < end_row; tile_row += kRowTile) {
-        const int rows = std::min(kRowTile, end_row - tile_row);
+    for (int tile_row = first_row; tile_row < end_row; tile_row += kQuantizedRowTile) {
+        const int rows = std::min(kQuantizedRowTile, end_row - tile_row);
         pack_row_tile<kType>(panel, scales, w, tile_row, rows);
         const __mmask16 store_masks[kRowRegisters] = {first_lanes(rows),
                                                       first_lanes(std::max(0, rows - kLanes))};
-        for (int token = 0; token < x.batch; token += kTokenTile)
-            kTileKernels[std::min(kTokenTile, x.batch - token) - 1](
+        for (int token = 0; token < x.batch; token += kQuantizedTokenTile)
+            kTileKernels[std::min(kQuantizedTokenTile, x.batch - token) - 1](
                 out + tile_row, w.rows, store_masks, panel, scales, x, token);
     }
 }

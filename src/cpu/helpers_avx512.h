@@ -1,7 +1,9 @@
-// Inline AVX-512 helpers shared by the *_avx512*.cpp kernels: weights widened to f32 and
-// tail masks. Include it only from those files (built with -mavx512f -mavx512bw -mavx512vl
-// -mavx512dq, or on SIMDe in the unit tests).
+// Inline AVX-512 helpers shared by the *_avx512*.cpp kernels: weights widened to f32, tail
+// masks and the GEMM's prefetch of weights. Include it only from those files (built with
+// -mavx512f -mavx512bw -mavx512vl -mavx512dq, or on SIMDe in the unit tests).
 #pragma once
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 
 #include "cpu/intrinsics_avx512.h"
@@ -61,6 +63,54 @@ inline __m512 exp_nonpositive(__m512 x) {
     const __m512i two_to_n =
         _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(p, _mm512_castsi512_ps(two_to_n));
+}
+
+// Requests the weights of the GEMM's next panel from memory while the current one is
+// computed, a share of its rows before each of the current panel's micro-kernel calls, so
+// that the next panel's first reads find them in cache instead of waiting on memory.
+class PanelPrefetcher {
+public:
+    // The next panel: `rows` rows of `bytes` bytes from `first`, `stride` bytes apart (no
+    // rows: nothing to fetch), spread over `calls` calls of before_call().
+    PanelPrefetcher(const void* first, size_t stride, int rows, int bytes, int calls)
+        : first_(static_cast<const char*>(first)),
+          stride_(stride),
+          rows_(rows),
+          bytes_(bytes),
+          rows_per_call_((rows + calls - 1) / calls) {}
+
+    void before_call() {
+        const int end = std::min(rows_, next_row_ + rows_per_call_);
+        for (; next_row_ < end; ++next_row_)
+            for (int offset = 0; offset < bytes_; offset += kCacheLine)
+                _mm_prefetch(first_ + next_row_ * stride_ + offset, _MM_HINT_T1);
+    }
+
+private:
+    static constexpr int kCacheLine = 64;
+    const char* first_;
+    size_t stride_;
+    int rows_, bytes_, rows_per_call_;
+    int next_row_ = 0;
+};
+
+// The prefetcher, over `calls` micro-kernel calls, of the GEMM panel after the one of rows
+// [block, block + row_block) and columns [depth_start, depth_start + depth_block) of w, in
+// a thread's rows up to end_row: the next columns of the same rows, else the first columns of
+// the next block of rows.
+inline PanelPrefetcher next_panel_prefetcher(const Matrix& w, int element_bytes, int block,
+                                             int end_row, int depth_start, int row_block,
+                                             int depth_block, int calls) {
+    const bool last_columns = depth_start + depth_block >= w.cols;
+    const int next_block = last_columns ? block + row_block : block;
+    const int next_depth_start = last_columns ? 0 : depth_start + depth_block;
+    const int rows = next_block < end_row ? std::min(row_block, end_row - next_block) : 0;
+    const int depth = std::min(depth_block, w.cols - next_depth_start);
+    const char* data = static_cast<const char*>(w.data);
+    const size_t row_bytes = size_t(w.cols) * element_bytes;
+    return PanelPrefetcher(
+        rows ? data + next_block * row_bytes + size_t(next_depth_start) * element_bytes : data,
+        row_bytes, rows, depth * element_bytes, calls);
 }
 
 }  // namespace barellm::cpu::avx512

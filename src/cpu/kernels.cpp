@@ -22,6 +22,7 @@ namespace {
 
 SimdLevel active_level = detect_simd_level();  // the path the dispatch below takes
 const bool has_avx512_vnni = cpu_has_avx512_vnni();
+const bool has_avx512_bf16 = cpu_has_avx512_bf16();
 
 // Weight (row, col) of w as float, whatever its storage.
 inline float weight_at(const Matrix& w, int row, int col) {
@@ -78,8 +79,11 @@ bool parse_simd_level(const std::string& name, SimdLevel* level) {
 
 std::string simd_description() {
     std::string description = simd_level_name(active_level);
-    if (active_level == SimdLevel::Avx512)
-        description += has_avx512_vnni ? "+vnni" : " (no vnni: q8/q4 matvecs on avx2)";
+    if (active_level == SimdLevel::Avx512) {
+        if (has_avx512_vnni) description += "+vnni";
+        if (has_avx512_bf16) description += "+bf16";
+        if (!has_avx512_vnni) description += " (no vnni: q8/q4 matvecs on avx2)";
+    }
     return description;
 }
 
@@ -262,7 +266,20 @@ void claim_rows(std::initializer_list<BatchOutput> outputs, int total_rows,
 }
 
 // Rows a thread claims at most at once in the VNNI GEMM: four tiles.
-constexpr int kQuantizedRowBlock = 4 * avx512::kRowTile;
+constexpr int kQuantizedRowBlock = 4 * avx512::kQuantizedRowTile;
+
+// The GEMM rows [first, first + count) of one output, on the path for its weights:
+// AVX-512 for f32 and f16, vdpbf16ps for bf16 where pair_tiles were packed, else AVX2.
+void batch_rows(const BatchOutput& o, const float* x_tiles, const uint32_t* pair_tiles, int batch,
+                int first, int count) {
+    const DType dtype = o.w->dtype;
+    if (active_level == SimdLevel::Avx512 && (dtype == DType::F32 || dtype == DType::F16))
+        avx512::matmul_batch_rows(o.out, *o.w, x_tiles, batch, first, count);
+    else if (pair_tiles && dtype == DType::BF16)
+        avx512::matmul_batch_rows_bf16(o.out, *o.w, pair_tiles, batch, first, count);
+    else
+        avx2::matmul_batch_rows(o.out, *o.w, x_tiles, batch, first, count);
+}
 
 }  // namespace
 
@@ -298,8 +315,8 @@ void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOut
 #pragma omp for schedule(static)
             for (int b = 0; b < batch; ++b)
                 avx512::quantize_token(x_quantized, x + size_t(b) * cols, cols, b);
-            claim_rows(outputs, total_rows, &next_row, avx512::kRowTile, kQuantizedRowBlock,
-                       [&](const BatchOutput& o, int first, int count) {
+            claim_rows(outputs, total_rows, &next_row, avx512::kQuantizedRowTile,
+                       kQuantizedRowBlock, [&](const BatchOutput& o, int first, int count) {
                            avx512::matmul_batch_rows_quantized(o.out, *o.w, *x_quantized, first,
                                                                count);
                        });
@@ -307,19 +324,30 @@ void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOut
         return;
     }
     // Otherwise x is transposed into token tiles once, the threads sharing the work and the
-    // result; the buffer belongs to the calling thread.
+    // result; the buffers belong to the calling thread. bf16 weights on AVX512_BF16 read
+    // tiles of x rounded to bf16 pairs instead, the others f32 tiles.
+    const bool avx512_bf16 = active_level == SimdLevel::Avx512 && has_avx512_bf16;
+    auto on_pairs = [&](const BatchOutput& o) { return avx512_bf16 && o.w->dtype == DType::BF16; };
+    const bool bf16_pairs = std::any_of(outputs.begin(), outputs.end(), on_pairs);
+    const bool float_tiles = !std::all_of(outputs.begin(), outputs.end(), on_pairs);
     static thread_local std::vector<float> tile_storage;
-    tile_storage.resize(avx2::token_tiles_floats(batch, cols));
-    float* x_tiles = avx2::align32(tile_storage.data());
+    static thread_local std::vector<uint32_t> pair_storage;
+    if (float_tiles)
+        tile_storage.resize(avx2::token_tiles_floats(batch, cols) + avx512::kGemmTokenTile);
+    float* x_tiles = float_tiles ? avx512::align64(tile_storage.data()) : nullptr;
+    if (bf16_pairs) pair_storage.resize(avx512::token_pair_tiles_words(batch, cols));
+    uint32_t* pair_tiles = bf16_pairs ? avx512::align64(pair_storage.data()) : nullptr;
     const int tiles = avx2::token_tile_count(batch);
 #pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(static)
-        for (int tile = 0; tile < tiles; ++tile)
-            avx2::pack_token_tile(x_tiles, x, cols, batch, tile);
+        for (int tile = 0; tile < tiles; ++tile) {
+            if (float_tiles) avx2::pack_token_tile(x_tiles, x, cols, batch, tile);
+            if (bf16_pairs) avx512::pack_token_pair_tile(pair_tiles, x, cols, batch, tile);
+        }
         claim_rows(outputs, total_rows, &next_row, avx2::kRowTile, avx2::kRowBlock,
                    [&](const BatchOutput& o, int first, int count) {
-                       avx2::matmul_batch_rows(o.out, *o.w, x_tiles, batch, first, count);
+                       batch_rows(o, x_tiles, pair_tiles, batch, first, count);
                    });
     }
 }

@@ -23,12 +23,15 @@ SimdLevel detect_simd_level(std::string* missing = nullptr);
 // Whether the CPU has AVX512_VNNI (the int8 dot products of the AVX-512 q8/q4 matvecs;
 // without it those run on AVX2).
 bool cpu_has_avx512_vnni();
+// Whether the CPU has AVX512_BF16 (vdpbf16ps, the bf16 prefill GEMM; without it that runs on
+// AVX2).
+bool cpu_has_avx512_bf16();
 void set_simd_level(SimdLevel level);
 SimdLevel simd_level();
 const char* simd_level_name(SimdLevel level);
 // The level for a name of simd_level_name ("scalar", "avx2", "avx512"); false if none.
 bool parse_simd_level(const std::string& name, SimdLevel* level);
-// The level in use and its optional features, e.g. "avx512+vnni".
+// The level in use and its optional features, e.g. "avx512+vnni+bf16".
 std::string simd_description();
 
 // Below this many multiply-adds a thread costs more to wake than it saves.

@@ -184,3 +184,35 @@ inline int _mm512_reduce_add_epi32(simde__m512i v) {
     return int(sum);
 }
 #endif
+#ifndef _mm512_cvtne2ps_pbh
+// Lanes 0-15 of the result are b rounded to bf16, lanes 16-31 are a; to nearest even (NaN
+// stays a quiet NaN).
+inline simde__m512bh _mm512_cvtne2ps_pbh(simde__m512 a, simde__m512 b) {
+    using namespace barellm::simde_extra;
+    const F32x16 halves[2] = {bits<F32x16>(b), bits<F32x16>(a)};
+    uint16_t out[32];
+    for (int h = 0; h < 2; ++h)
+        for (int i = 0; i < 16; ++i) {
+            const uint32_t value = bits<uint32_t>(halves[h].lane[i]);
+            const bool is_nan = (value & 0x7fffffffu) > 0x7f800000u;
+            const uint32_t rounding_bias = 0x7fffu + (value >> 16 & 1);
+            out[h * 16 + i] =
+                is_nan ? uint16_t(value >> 16 | 0x40) : uint16_t((value + rounding_bias) >> 16);
+        }
+    return bits<simde__m512bh>(out);
+}
+#endif
+#ifndef _mm512_shuffle_f32x4
+// 128-bit lanes 0-1 of the result are lanes of a, 2-3 lanes of b, each picked by two bits
+// of select.
+inline simde__m512 _mm512_shuffle_f32x4(simde__m512 a, simde__m512 b, int select) {
+    using namespace barellm::simde_extra;
+    const F32x16 sources[2] = {bits<F32x16>(a), bits<F32x16>(b)};
+    F32x16 out;
+    for (int lane = 0; lane < 4; ++lane) {
+        const int picked = select >> (2 * lane) & 3;
+        for (int i = 0; i < 4; ++i) out.lane[lane * 4 + i] = sources[lane / 2].lane[picked * 4 + i];
+    }
+    return bits<simde__m512>(out);
+}
+#endif

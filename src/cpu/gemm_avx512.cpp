@@ -1,0 +1,195 @@
+// The prefill GEMM on AVX-512 for f32 and f16 weights: out[token][row] = Σ_col W[row][col] ·
+// x[token][col] for a batch of tokens, each weight row read from memory once for the batch.
+//
+// The design of the AVX2 GEMM (gemm_avx2.cpp) on zmm registers, a sum of outer products:
+// - x comes transposed into tiles of kGemmTokenTile = 16 tokens: one column of a tile is
+//   one register.
+// - A block of kRowBlock weight rows is widened to f32 one block of kDepthBlock columns at a
+//   time (panel[row][col]); the panel stays in L2 while the token tiles meet all its rows,
+//   the weights of the next panel prefetched meanwhile.
+// - The micro-kernel keeps kRowTile rows × kTilesPerCall token tiles of outputs in
+//   kRowTile · kTilesPerCall registers. Each step loads one register of x per tile and
+//   multiplies it by one weight per row, broadcast from the panel.
+// - Partial sums live in a contiguous buffer until the last column block, then are
+//   transposed into the strided output once.
+#include <algorithm>
+#include <array>
+#include <utility>
+#include <vector>
+
+#include "cpu/avx512.h"
+#include "cpu/helpers_avx512.h"
+
+namespace barellm::cpu::avx512 {
+
+namespace {
+
+constexpr int kTilesPerCall = 2;         // token tiles one micro-kernel call computes
+constexpr int kRowTile = 12;             // weight rows per micro-kernel call: 24 accumulators of 32
+constexpr int kRowBlock = 8 * kRowTile;  // weight rows widened to f32 together
+constexpr int kDepthBlock = 256;         // weight columns widened together (96 KB of L2)
+constexpr int kTileFloats = kGemmTokenTile;  // floats of one tile column
+
+// Transposes the 16 × 16 block held in rows[0..15] (rows[i] lane j becomes rows[j] lane i):
+// pairs of rows interleaved, then 4 × 4 blocks within each 128-bit lane, then those lanes.
+inline void transpose16x16(__m512 rows[16]) {
+    __m512 pairs[16], quads[16];
+    for (int i = 0; i < 16; i += 2) {
+        pairs[i] = _mm512_unpacklo_ps(rows[i], rows[i + 1]);
+        pairs[i + 1] = _mm512_unpackhi_ps(rows[i], rows[i + 1]);
+    }
+    // quads[4i + j], 128-bit lane l: rows 4i .. 4i + 3 of column 4l + j.
+    for (int i = 0; i < 16; i += 4) {
+        quads[i] = _mm512_shuffle_ps(pairs[i], pairs[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        quads[i + 1] = _mm512_shuffle_ps(pairs[i], pairs[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        quads[i + 2] = _mm512_shuffle_ps(pairs[i + 1], pairs[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        quads[i + 3] = _mm512_shuffle_ps(pairs[i + 1], pairs[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    constexpr int kEvenLanes = _MM_SHUFFLE(2, 0, 2, 0), kOddLanes = _MM_SHUFFLE(3, 1, 3, 1);
+    for (int j = 0; j < 4; ++j) {
+        const __m512 low_even = _mm512_shuffle_f32x4(quads[j], quads[4 + j], kEvenLanes);
+        const __m512 low_odd = _mm512_shuffle_f32x4(quads[j], quads[4 + j], kOddLanes);
+        const __m512 high_even = _mm512_shuffle_f32x4(quads[8 + j], quads[12 + j], kEvenLanes);
+        const __m512 high_odd = _mm512_shuffle_f32x4(quads[8 + j], quads[12 + j], kOddLanes);
+        rows[j] = _mm512_shuffle_f32x4(low_even, high_even, kEvenLanes);
+        rows[4 + j] = _mm512_shuffle_f32x4(low_odd, high_odd, kEvenLanes);
+        rows[8 + j] = _mm512_shuffle_f32x4(low_even, high_even, kOddLanes);
+        rows[12 + j] = _mm512_shuffle_f32x4(low_odd, high_odd, kOddLanes);
+    }
+}
+
+// panel[r][i] = W[first_row + r][first_col + i] as f32, for `rows` rows.
+template <DType kType>
+void pack_rows(float* panel, const Matrix& w, int first_row, int rows, int first_col, int depth) {
+    const size_t element_bytes = kType == DType::F32 ? 4 : 2;
+    const uint8_t* data = static_cast<const uint8_t*>(w.data);
+    for (int r = 0; r < rows; ++r) {
+        float* dest = panel + r * kDepthBlock;
+        const uint8_t* source = data + (size_t(first_row + r) * w.cols + first_col) * element_bytes;
+        int i = 0;
+        for (; i + kLanes <= depth; i += kLanes)
+            _mm512_storeu_ps(dest + i, widen16<kType>(source + i * element_bytes));
+        if (i < depth) {
+            const __mmask16 mask = first_lanes(depth - i);
+            _mm512_mask_storeu_ps(dest + i, mask, widen16<kType>(source + i * element_bytes, mask));
+        }
+    }
+}
+
+// For each of TILES token tiles t (x_tile + t · x_tile_stride, sums + t · sums_tile_stride):
+//   sums[r][k] += Σ_i panel[r · kDepthBlock + i] · x_tile[i][k], r < ROWS, k < 16 tokens.
+// Registers: ROWS × TILES accumulators and TILES of x.
+template <int ROWS, int TILES>
+void outer_product_kernel(float* sums, size_t sums_tile_stride, const float* panel,
+                          const float* x_tile, size_t x_tile_stride, int depth) {
+    __m512 acc[TILES][ROWS];
+    for (int t = 0; t < TILES; ++t)
+#pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r)
+            acc[t][r] = _mm512_loadu_ps(sums + t * sums_tile_stride + r * kTileFloats);
+    for (int i = 0; i < depth; ++i) {
+        __m512 x[TILES];
+        for (int t = 0; t < TILES; ++t)
+            x[t] = _mm512_loadu_ps(x_tile + t * x_tile_stride + i * kTileFloats);
+#pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r) {
+            const __m512 weight = _mm512_set1_ps(panel[r * kDepthBlock + i]);
+            for (int t = 0; t < TILES; ++t) acc[t][r] = _mm512_fmadd_ps(weight, x[t], acc[t][r]);
+        }
+    }
+    for (int t = 0; t < TILES; ++t)
+#pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r)
+            _mm512_storeu_ps(sums + t * sums_tile_stride + r * kTileFloats, acc[t][r]);
+}
+
+using OuterProductKernel = void (*)(float* sums, size_t sums_tile_stride, const float* panel,
+                                    const float* x_tile, size_t x_tile_stride, int depth);
+
+// kernels[tiles - 1][rows - 1]: every shape up to kTilesPerCall × kRowTile.
+template <int TILES, int... ROWS_MINUS_ONE>
+constexpr std::array<OuterProductKernel, kRowTile> kernels_for_tiles(
+    std::integer_sequence<int, ROWS_MINUS_ONE...>) {
+    return {outer_product_kernel<ROWS_MINUS_ONE + 1, TILES>...};
+}
+constexpr std::array<OuterProductKernel, kRowTile> kOuterProductKernels[kTilesPerCall] = {
+    kernels_for_tiles<1>(std::make_integer_sequence<int, kRowTile>()),
+    kernels_for_tiles<2>(std::make_integer_sequence<int, kRowTile>())};
+static_assert(kTilesPerCall == 2, "kOuterProductKernels lists one entry per tile count");
+
+template <DType kType>
+void batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
+                int row_count) {
+    const int tiles = (batch + kGemmTokenTile - 1) / kGemmTokenTile;
+    const size_t sums_tile_stride = size_t(kRowBlock) * kTileFloats;
+    const size_t x_tile_stride = size_t(w.cols) * kTileFloats;
+    // One block of weight rows widened to f32, [kRowBlock, kDepthBlock], and its partial
+    // sums [tiles, kRowBlock, kGemmTokenTile], both 64-byte aligned.
+    static thread_local std::vector<float> panel_storage, sum_storage;
+    panel_storage.resize(kRowBlock * kDepthBlock + kLanes);
+    sum_storage.resize(tiles * sums_tile_stride + kLanes);
+    float* panel = align64(panel_storage.data());
+    float* sums = align64(sum_storage.data());
+    const int end_row = first_row + row_count;
+    for (int block = first_row; block < end_row; block += kRowBlock) {
+        const int block_rows = std::min(kRowBlock, end_row - block);
+        std::fill(sums, sums + tiles * sums_tile_stride, 0.0f);
+        for (int depth_start = 0; depth_start < w.cols; depth_start += kDepthBlock) {
+            const int depth = std::min(kDepthBlock, w.cols - depth_start);
+            pack_rows<kType>(panel, w, block, block_rows, depth_start, depth);
+            // Each pair of x tiles, loaded into L1 once, meets every row group of the block.
+            const int calls = (tiles + kTilesPerCall - 1) / kTilesPerCall *
+                              ((block_rows + kRowTile - 1) / kRowTile);
+            PanelPrefetcher prefetcher =
+                next_panel_prefetcher(w, kType == DType::F32 ? 4 : 2, block, end_row, depth_start,
+                                      kRowBlock, kDepthBlock, calls);
+            for (int tile = 0; tile < tiles; tile += kTilesPerCall) {
+                const int tile_count = std::min(kTilesPerCall, tiles - tile);
+                const float* x_tile = x_tiles + tile * x_tile_stride + depth_start * kTileFloats;
+                float* tile_sums = sums + tile * sums_tile_stride;
+                for (int group = 0; group < block_rows; group += kRowTile) {
+                    const int rows = std::min(kRowTile, block_rows - group);
+                    prefetcher.before_call();
+                    kOuterProductKernels[tile_count - 1][rows - 1](
+                        tile_sums + group * kTileFloats, sums_tile_stride,
+                        panel + group * kDepthBlock, x_tile, x_tile_stride, depth);
+                }
+            }
+        }
+        for (int tile = 0; tile < tiles; ++tile)
+            store_tile_sums(out + block, w.rows, sums + tile * sums_tile_stride, block_rows,
+                            tile * kGemmTokenTile, batch);
+    }
+}
+
+}  // namespace
+
+// Blocks of 16 rows by 16 tokens are transposed in registers, so that both sides are read
+// and written 16 floats at a time; the last rows of a block not a multiple of 16 one by one.
+void store_tile_sums(float* out, int stride, const float* tile_sums, int rows, int first_token,
+                     int batch) {
+    const int tokens = std::min(kGemmTokenTile, batch - first_token);
+    const int vector_rows = rows - rows % kLanes;
+    for (int k = 0; k < vector_rows; k += kLanes) {
+        __m512 block[kLanes];
+        for (int j = 0; j < kLanes; ++j)
+            block[j] = _mm512_loadu_ps(tile_sums + (k + j) * kTileFloats);
+        transpose16x16(block);
+        for (int t = 0; t < tokens; ++t)
+            _mm512_storeu_ps(out + size_t(first_token + t) * stride + k, block[t]);
+    }
+    for (int t = 0; t < tokens; ++t) {
+        float* token_out = out + size_t(first_token + t) * stride;
+        for (int k = vector_rows; k < rows; ++k) token_out[k] = tile_sums[k * kTileFloats + t];
+    }
+}
+
+void matmul_batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
+                       int row_count) {
+    if (w.dtype == DType::F32)
+        batch_rows<DType::F32>(out, w, x_tiles, batch, first_row, row_count);
+    else if (w.dtype == DType::F16)
+        batch_rows<DType::F16>(out, w, x_tiles, batch, first_row, row_count);
+}
+
+}  // namespace barellm::cpu::avx512
