@@ -439,3 +439,35 @@ TEST_CASE("Q4 nibbles: byte j of a block holds column j low and column j + 16 hi
     }
     cpu::set_simd_level(cpu::detect_simd_level());
 }
+
+TEST_CASE("matvecs split across threads equal their reference at every level and dtype") {
+    // Large enough that threads_for gives each of 3 threads rows (the buffers each call
+    // prepares, such as x rounded or quantized, are then read by other threads).
+    std::mt19937 rng(611);
+    const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8);
+    const auto level =
+        GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
+    if (level > cpu::detect_simd_level()) return;
+    const int rows = 301, cols = 704;
+    const TestMatrix m = make_matrix(rows, cols, dtype, rng);
+    const std::vector<float> x = random_floats(cols, rng);
+    std::vector<float> x_used = x;
+    if ((dtype == DType::I8 || dtype == DType::U8) && level >= cpu::SimdLevel::Avx2)
+        x_used = quantized_like_the_kernel(x);
+    else if ((dtype == DType::F16 || dtype == DType::BF16) && level == cpu::SimdLevel::Avx512)
+        for (float& value : x_used) value = half_to_float(float_to_half(value));
+    std::vector<double> want(rows);
+    for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c)
+            want[r] += double(m.values[size_t(r) * cols + c]) * x_used[c];
+    const int saved_threads = omp_get_max_threads();
+    omp_set_num_threads(3);
+    REQUIRE(cpu::threads_for(size_t(rows) * cols) == 3);
+    cpu::set_simd_level(level);
+    std::vector<float> got(rows, NAN);
+    cpu::matmul(got.data(), x.data(), m.matrix);
+    cpu::set_simd_level(cpu::detect_simd_level());
+    omp_set_num_threads(saved_threads);
+    INFO(dtype_name(dtype) << " " << cpu::simd_level_name(level));
+    CHECK(relative_error(got, want) < 1e-5);
+}

@@ -55,6 +55,13 @@ def gemm_rounds_x_to_bf16():
             "avx512_bf16"} <= set(flags)
 
 
+def bf16_prefill_tolerance(tolerance):
+    """The tolerance for bf16 weights' prefill logits: where the GEMM rounds x to bf16, x
+    keeps 8 significant bits at every matrix product (measured: 1.8e-3 on stories260K,
+    up to 6e-3 on the tiny Qwen test shapes), else `tolerance`."""
+    return max(tolerance, 1e-2) if gemm_rounds_x_to_bf16() else tolerance
+
+
 def convert(hf_dir, out, dtype):
     result = run(CONVERT, hf_dir, "-o", out, "--dtype", dtype)
     assert result.returncode == 0, result.stderr
@@ -72,8 +79,8 @@ def test_stories260k_logits_match_reference(tmp_path, dtype, kv, tolerance, mode
     want = reference.logits_for(model, IDS)
     flags = ["--kv", kv] + (["--prefill"] if mode == "prefill" else [])
     got = barellm_logits(model, IDS, *flags)
-    if dtype == "bf16" and mode == "prefill" and gemm_rounds_x_to_bf16():
-        tolerance = 5e-3  # x keeps 8 significant bits at every GEMM: about 2e-3 more error
+    if dtype == "bf16" and mode == "prefill":
+        tolerance = bf16_prefill_tolerance(tolerance)
     assert relative_error(got, want) < tolerance
     assert (got.argmax(axis=1) == want.argmax(axis=1)).all()
 

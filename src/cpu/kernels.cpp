@@ -179,6 +179,7 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
     // f16 and bf16 weights with AVX-512 read x rounded to f16 (avx512::matmul_rows_half_x),
     // where it fits f16's range; likewise rounded once by the calling thread.
     static thread_local std::vector<uint16_t> half_buffers[kMaxTasks];
+    std::vector<uint16_t>* halves = half_buffers;  // the calling thread's, for the workers
     bool use_half_x[kMaxTasks] = {};
     if (task_count > kMaxTasks) throw Error("matmul_many takes at most 4 tasks");
     const bool use_simd = active_level >= SimdLevel::Avx2;
@@ -189,8 +190,8 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
         const Matrix& w = *task_list[t].w;
         if (use_simd && is_quantized(w.dtype)) quantize_q8(&quantized[t], task_list[t].x, w.cols);
         if (use_avx512 && (w.dtype == DType::F16 || w.dtype == DType::BF16)) {
-            half_buffers[t].resize(w.cols);
-            use_half_x[t] = avx512::round_to_half(half_buffers[t].data(), task_list[t].x, w.cols);
+            halves[t].resize(w.cols);
+            use_half_x[t] = avx512::round_to_half(halves[t].data(), task_list[t].x, w.cols);
         }
         total_rows += w.rows;
         work += size_t(w.rows) * w.cols;
@@ -218,8 +219,7 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
                     (use_vnni ? avx512::matmul_rows_q4 : avx2::matmul_rows_q4)(
                         task.out, *task.w, quantized[t], row, count);
                 else if (use_half_x[t])
-                    avx512::matmul_rows_half_x(task.out, *task.w, half_buffers[t].data(), row,
-                                               count);
+                    avx512::matmul_rows_half_x(task.out, *task.w, halves[t].data(), row, count);
                 else
                     (use_avx512 ? avx512::matmul_rows : avx2::matmul_rows)(task.out, *task.w,
                                                                            task.x, row, count);
