@@ -437,13 +437,23 @@ def llama3_divisors(theta, scaling, head_dim):
 
 def default_weight_dtype(plan):
     """The barellm dtype that keeps exactly the type holding most matrix elements, when
-    there is one (F32, F16, BF16, Q8_0 as Q8); else F16."""
+    there is one (F32, F16, BF16, Q8_0 as Q8, Q4_0 as Q4); else F16. A Q4_0 file whose
+    other matrices are finer (llama-quantize keeps the output matrix in Q6_K or Q8_0) becomes
+    Q8 instead: Q4 would round those to 4 bits, a loss the GGUF does not have."""
     elements = {}
     for _, source, is_norm in plan:
         if not is_norm:
             elements[source.dtype] = elements.get(source.dtype, 0) + math.prod(source.shape)
-    most = max(elements, key=elements.get)
-    return KEPT_TYPES.get(most, "F16")
+    most = KEPT_TYPES.get(max(elements, key=elements.get), "F16")
+    if most == "Q4" and any(finer_than_q4(source) for _, source, is_norm in plan if not is_norm):
+        return "Q8"
+    return most
+
+
+def finer_than_q4(source):
+    """Whether a matrix would lose precision as Q4: one a Q4 file stores as Q4 (whole blocks
+    of columns) whose GGUF type is not Q4_0."""
+    return source.dtype != "Q4_0" and not dtypes.q4_stays_f16(source.shape[-1])
 
 
 def changed_types_note(plan, weight_dtype):

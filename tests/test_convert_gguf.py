@@ -4,10 +4,12 @@ checkpoint itself (build/dump_logits), and its tokenizer the ids of the Hugging 
 tokenizer (pip `tokenizers`). Types the gguf package only decodes (K-quants, IQ) are
 checked on random blocks against its own dequantization."""
 
+import collections
 import json
 import os
 import shutil
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -491,3 +493,18 @@ def test_decode_only_types_become_the_asked_dtype(tmp_path, type_name):
     out, log = convert(source, tmp_path / "f16.bin")
     assert config_of(out)["weight_dtype"] == "F32"
     assert log.count("\n") == 1 and f"1 {type_name} (blk.0.ffn_down.weight)" in log
+
+
+def test_a_q4_0_file_defaults_to_q4_only_when_no_matrix_is_finer():
+    """llama-quantize keeps a Q4_0 file's output matrix in Q6_K or Q8_0: Q4 would round it
+    to 4 bits, so such a file becomes Q8 by default. Matrices that Q4 stores as F16 anyway
+    (columns not whole blocks of 32) do not count."""
+    sys.path.insert(0, os.path.join(REPO, "convert"))
+    import gguf_in
+    source = collections.namedtuple("Source", "dtype shape")
+    layers = [("blk", source("Q4_0", (4096, 64)), False), ("norm", source("F32", (64,)), True),
+              ("ffn_down", source("F16", (64, 172)), False)]
+    assert gguf_in.default_weight_dtype(layers) == "Q4"
+    for finer in ("Q6_K", "Q8_0", "F16"):
+        plan = layers + [("output", source(finer, (512, 64)), False)]
+        assert gguf_in.default_weight_dtype(plan) == "Q8", finer

@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <string>
 
 #include "error.h"
 #include "model.h"
@@ -14,8 +16,19 @@ using nlohmann::json;
 
 namespace {
 
+// The files the tests of this process wrote, removed when the process ends.
+struct TempFiles {
+    std::set<std::string> paths;
+    ~TempFiles() {
+        for (const std::string& path : paths) std::remove(path.c_str());
+    }
+};
+
 std::string temp_path(const std::string& name) {
-    return "/tmp/barellm_test_" + std::to_string(getpid()) + "_" + name;
+    static TempFiles files;
+    const std::string path = "/tmp/barellm_test_" + std::to_string(getpid()) + "_" + name;
+    files.paths.insert(path);
+    return path;
 }
 
 // Writes [u64 header length][header][data] and returns the path.
