@@ -107,15 +107,9 @@ std::vector<float> token_tiles(const std::vector<float>& x, int batch, int cols)
 }
 
 // Each token's rows [first, first + count) of out [batch, rows], one after another.
-std::vector<float> gemm_rows(const std::vector<float>& out, int rows, int first, int count) {
-    std::vector<float> picked;
-    for (size_t b = 0; b < out.size() / rows; ++b)
-        picked.insert(picked.end(), out.begin() + b * rows + first,
-                      out.begin() + b * rows + first + count);
-    return picked;
-}
-std::vector<double> gemm_rows(const std::vector<double>& out, int rows, int first, int count) {
-    std::vector<double> picked;
+template <typename Value>
+std::vector<Value> gemm_rows(const std::vector<Value>& out, int rows, int first, int count) {
+    std::vector<Value> picked;
     for (size_t b = 0; b < out.size() / rows; ++b)
         picked.insert(picked.end(), out.begin() + b * rows + first,
                       out.begin() + b * rows + first + count);
@@ -132,10 +126,8 @@ bool untouched_outside(const std::vector<float>& out, int rows, int first, int c
 }
 
 // The rows [first, first + count) of out, as a vector.
-std::vector<float> row_range(const std::vector<float>& out, int first, int count) {
-    return {out.begin() + first, out.begin() + first + count};
-}
-std::vector<double> row_range(const std::vector<double>& out, int first, int count) {
+template <typename Value>
+std::vector<Value> row_range(const std::vector<Value>& out, int first, int count) {
     return {out.begin() + first, out.begin() + first + count};
 }
 

@@ -46,7 +46,8 @@ inline __m512 widen16(const void* p) {
     }
 }
 
-// e^x in each lane, for x ≤ 0 (below -87 it gives about 1e-38 rather than less):
+// e^x in each lane, for x ≤ 0, as avx2::exp_nonpositive (below -87 it gives about 1e-38
+// rather than less):
 // - x = n·ln2 + r with |r| ≤ ln2/2;
 // - e^r by its Taylor polynomial of degree 6 (relative error below 2e-7);
 // - 2^n written into the exponent bits.
