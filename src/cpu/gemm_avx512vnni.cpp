@@ -13,15 +13,14 @@
 // - x [batch, cols] is quantized once per call into QuantizedBatch (quantize_token), the
 //   threads sharing the tokens; its rows are read as they are, four bytes broadcast at a
 //   time.
-// - A tile of kQuantizedRowTile weight rows is packed (pack_row_tile) into a panel of unsigned
-// bytes
-//   laid out for the micro-kernel: per group, per step of four columns, the four bytes of
-//   each row side by side, 16 rows a register (a 16 × 8 transpose of 32-bit words per
+// - A tile of kQuantizedRowTile weight rows is packed (pack_row_tile) into a panel of
+//   unsigned bytes laid out for the micro-kernel: per group, per step of four columns, the four
+//   bytes of each row side by side, 16 rows a register (a 16 × 8 transpose of 32-bit words per
 //   group), and the group's scales as f32. The panel (32 KB for 1024 columns) stays in L2
 //   while every token of the batch meets it.
-// - The micro-kernel (tile_kernel) holds kQuantizedTokenTile tokens × kQuantizedRowTile rows: lanes
-// are rows,
-//   two registers of 16 per token. See its comment for the register budget.
+// - The micro-kernel (tile_kernel) holds kQuantizedTokenTile tokens × kQuantizedRowTile
+//   rows: lanes are rows, two registers of 16 per token. See its comment for the register
+//   budget.
 #include <algorithm>
 #include <vector>
 
@@ -45,15 +44,6 @@ constexpr uint8_t kZeroWeight = kUnsignedOffset;               // the stored for
 constexpr float kQ8Largest = 127.0f;  // |quantized x| ≤ 127, as quantize_q8
 
 constexpr size_t kAlignment = 64;  // bytes: one register, one cache line
-
-// The first 64-byte aligned element at or after p.
-template <typename T>
-T* align64(T* p) {
-    const uintptr_t misalignment = reinterpret_cast<uintptr_t>(p) % kAlignment;
-    return misalignment
-               ? reinterpret_cast<T*>(reinterpret_cast<uintptr_t>(p) + kAlignment - misalignment)
-               : p;
-}
 
 // lround(v) (halves away from zero) for each lane, as quantize_q8 rounds: truncate, then
 // step away from zero where the part cut off is at least a half (exact in f32 here).
