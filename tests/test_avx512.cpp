@@ -81,18 +81,6 @@ std::vector<double> reference_matvec(const TestMatrix& m, const std::vector<floa
     return want;
 }
 
-// want[b][r] = Σ_c W[r][c] · x[b][c] for x [batch, cols], out [batch, rows].
-std::vector<double> reference_gemm(const TestMatrix& m, const std::vector<float>& x, int batch) {
-    const int rows = m.matrix.rows, cols = m.matrix.cols;
-    std::vector<double> want(size_t(batch) * rows);
-    for (int b = 0; b < batch; ++b)
-        for (int r = 0; r < rows; ++r)
-            for (int c = 0; c < cols; ++c)
-                want[size_t(b) * rows + r] +=
-                    double(m.values[size_t(r) * cols + c]) * x[size_t(b) * cols + c];
-    return want;
-}
-
 // x [batch, cols] as the f32/f16 GEMM reads it: tiles[tile][c][t] = x[tile · 16 + t][c],
 // zero past the last token.
 std::vector<float> token_tiles(const std::vector<float>& x, int batch, int cols) {

@@ -272,12 +272,7 @@ TEST_CASE("batched matmul (prefill GEMM) matches a double-precision reference") 
                                               ? rows_quantized_like_the_kernel(x, cols)
                                           : rounds_x ? rounded_to_bf16(x)
                                                      : x;
-        std::vector<double> want(size_t(batch) * rows);
-        for (int b = 0; b < batch; ++b)
-            for (int r = 0; r < rows; ++r)
-                for (int c = 0; c < cols; ++c)
-                    want[size_t(b) * rows + r] +=
-                        double(m.values[size_t(r) * cols + c]) * x_used[size_t(b) * cols + c];
+        const std::vector<double> want = reference_gemm(m, x_used, batch);
         std::vector<float> got(size_t(batch) * rows, NAN);
         cpu::set_simd_level(level);
         cpu::matmul_batch(got.data(), x.data(), batch, m.matrix);
@@ -369,12 +364,7 @@ TEST_CASE(
         // Prefill, the whole batch.
         const std::vector<float> batch_x_used =
             gemm_quantizes_x(DType::U8, level) ? rows_quantized_like_the_kernel(x, cols) : x;
-        std::vector<double> batch_want(size_t(batch) * rows);
-        for (int b = 0; b < batch; ++b)
-            for (int r = 0; r < rows; ++r)
-                for (int c = 0; c < cols; ++c)
-                    batch_want[size_t(b) * rows + r] +=
-                        double(m.values[size_t(r) * cols + c]) * batch_x_used[size_t(b) * cols + c];
+        const std::vector<double> batch_want = reference_gemm(m, batch_x_used, batch);
         std::vector<float> batch_got(size_t(batch) * rows, NAN);
         cpu::matmul_batch(batch_got.data(), x.data(), batch, m.matrix);
         CHECK(relative_error(batch_got, batch_want) < 1e-5);

@@ -168,4 +168,17 @@ inline std::vector<float> rounded_to_bf16(const std::vector<float>& x) {
     return out;
 }
 
+// want[b][r] = Σ_c W[r][c] · x[b][c] for x [batch, cols], out [batch, rows].
+inline std::vector<double> reference_gemm(const TestMatrix& m, const std::vector<float>& x,
+                                          int batch) {
+    const int rows = m.matrix.rows, cols = m.matrix.cols;
+    std::vector<double> want(size_t(batch) * rows);
+    for (int b = 0; b < batch; ++b)
+        for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < cols; ++c)
+                want[size_t(b) * rows + r] +=
+                    double(m.values[size_t(r) * cols + c]) * x[size_t(b) * cols + c];
+    return want;
+}
+
 }  // namespace barellm::test
