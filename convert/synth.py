@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Write a Hugging Face Llama/Mistral/Qwen checkpoint with deterministic random weights.
 
-    python3 convert/synth.py --preset NAME -o HF_DIR [--tokenizer DIR] [--dtype D] [--seed N]
-    python3 convert/synth.py --config CONFIG_JSON --tokenizer DIR -o HF_DIR [...]
+    python3 convert/synth.py --preset NAME -o HF_DIR [--tokenizer DIR|FILE.gguf] [--dtype D]
+                             [--seed N]
+    python3 convert/synth.py --config CONFIG_JSON --tokenizer DIR|FILE.gguf -o HF_DIR [...]
 
 Presets carry the config.json of real models (tinyllama-1.1b, mistral-7b, llama3-8b,
 smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, qwen3-8b) so that speed and memory can be measured at their exact shapes. Weights
@@ -10,6 +11,11 @@ are generated per tensor from numpy's Generator seeded by (seed, tensor name) an
 in row blocks, so multi-GB checkpoints never sit in memory. Checkpoints larger than the
 shard limit (4 GB) are split into model-0000i-of-0000n.safetensors files with a
 model.safetensors.index.json, as Hugging Face does.
+
+The tokenizer is copied from a Hugging Face directory (tokenizer.json and/or
+tokenizer.model), or taken from a GGUF file's `tokenizer.ggml.*` keys (a vocabulary-only
+GGUF such as llama.cpp's models/ggml-vocab-llama-spm.gguf will do) and written as
+tokenizer.json and tokenizer_config.json.
 """
 
 import argparse
@@ -25,6 +31,9 @@ import numpy as np
 from common import ConvertError
 import convert
 import dtypes
+import gguf_file
+import gguf_in
+import gguf_tokenizer
 import hf_tokenizer
 import safetensors_io as st
 
@@ -195,17 +204,41 @@ def copy_tokenizer(tokenizer_dir, out_dir, vocab):
         write_json(os.path.join(out_dir, "tokenizer_config.json"), tok_config)
 
 
+def tokenizer_from_gguf(gguf_path, out_dir, vocab):
+    """Write tokenizer.json and tokenizer_config.json from a GGUF file's tokenizer."""
+    gguf_file.require_package()
+    keys = gguf_in.Keys(gguf_file.read_header(gguf_path).keys)
+    vocabulary = gguf_tokenizer.vocabulary(keys.tokenizer_keys(), vocab)
+    tokens = keys.array("tokenizer.ggml.tokens", {gguf_in.STRING_TYPE}, "strings")
+    tok_config = {"add_bos_token": vocabulary.add_bos, "add_eos_token": False,
+                  "tokenizer_class": "PreTrainedTokenizerFast"}
+    if vocabulary.bos_id is not None:
+        tok_config["bos_token"] = tokens[vocabulary.bos_id]
+    if vocabulary.eos_ids:
+        tok_config["eos_token"] = tokens[vocabulary.eos_ids[0]]
+    template = keys.string("tokenizer.chat_template")
+    if template is not None:
+        tok_config["chat_template"] = template
+    write_json(os.path.join(out_dir, "tokenizer.json"), vocabulary.tokenizer)
+    write_json(os.path.join(out_dir, "tokenizer_config.json"), tok_config)
+
+
 def synthesize(cfg, tokenizer_dir, out_dir, weight_dtype, seed, max_shard_bytes):
     """Write the whole Hugging Face directory; returns a one-line summary."""
     cfg = {**cfg, "torch_dtype": TORCH_DTYPES[weight_dtype]}
     convert.check_architecture(cfg)
     config = convert.model_config(cfg, None)
-    if not os.path.isdir(tokenizer_dir):
-        raise ConvertError(f"tokenizer directory {tokenizer_dir} not found (use --tokenizer)")
+    from_gguf = os.path.isfile(tokenizer_dir) and tokenizer_dir.endswith(".gguf")
+    if not from_gguf and not os.path.isdir(tokenizer_dir):
+        raise ConvertError(f"tokenizer {tokenizer_dir} is neither a directory nor a .gguf "
+                           "file (use --tokenizer)")
     if os.path.exists(out_dir) and (not os.path.isdir(out_dir) or os.listdir(out_dir)):
         raise ConvertError(f"{out_dir} exists and is not an empty directory")
     os.makedirs(out_dir, exist_ok=True)
-    copy_tokenizer(tokenizer_dir, out_dir, config["vocab_size"])
+    if from_gguf:
+        tokenizer_from_gguf(tokenizer_dir, out_dir, config["vocab_size"])
+    else:
+        copy_tokenizer(tokenizer_dir, out_dir, config["vocab_size"])
     write_json(os.path.join(out_dir, "config.json"), cfg)
     write_json(os.path.join(out_dir, "generation_config.json"),
                {"bos_token_id": cfg.get("bos_token_id"),
@@ -223,8 +256,9 @@ def parse_args(argv):
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--preset", choices=sorted(PRESETS), help="a real model's shape")
     source.add_argument("--config", help="a Hugging Face config.json to use")
-    parser.add_argument("--tokenizer", help="directory with tokenizer.json or tokenizer.model "
-                        "(default for presets: ../shared/tokenizers/<preset tokenizer>)")
+    parser.add_argument("--tokenizer", help="directory with tokenizer.json or tokenizer.model, "
+                        "or a GGUF file with a tokenizer (default for presets: "
+                        "../shared/tokenizers/<preset tokenizer>)")
     parser.add_argument("-o", "--output", required=True, help="directory to create")
     # A Hugging Face checkpoint holds float matrices only: no q8 or q4.
     float_names = sorted(name for name, dtype in dtypes.CLI_NAMES.items()

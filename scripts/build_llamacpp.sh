@@ -9,8 +9,10 @@
 # into a temporary directory, so only PyPI needs to be reachable. Nothing of llama.cpp
 # enters this repository: the sources are extracted into DIR, built in
 # DIR/llama_cpp_python-V/vendor/llama.cpp/build, and DIR/bin gets links to the binaries
-# (DIR must be outside the repository; a path inside it is refused). Running it again
-# reuses the tree and rebuilds only what changed.
+# (DIR must be outside the repository; a path inside it is refused). DIR/models links to
+# llama.cpp's models/ folder: its vocabulary-only GGUF files (ggml-vocab-llama-spm.gguf is
+# the Llama 2 tokenizer) give convert/synth.py a tokenizer without a model hub. Running
+# it again reuses the tree and rebuilds only what changed.
 #
 #   --version V   llama-cpp-python version (default 0.3.36, the one checked here);
 #                 "latest" takes whatever pip finds
@@ -21,7 +23,7 @@
 # -DGGML_NATIVE=ON (tuned to this machine, like barellm's -march=native), Release, no curl.
 set -euo pipefail
 
-usage() { sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 [ $# -ge 1 ] || usage
 case "$1" in -h|--help) usage 0 ;; esac
@@ -84,6 +86,8 @@ mkdir -p "$dest/bin"
 for target in "${targets[@]}"; do
     ln -sf "$tree/build/bin/$target" "$dest/bin/$target"
 done
+ln -sfn "$tree/models" "$dest/models"
 version_line=$("$dest/bin/llama-bench" --version 2>&1 | grep -m1 '^version' || true)
 echo "build_llamacpp: done ($name, llama.cpp ${version_line#version: }):"
 for target in "${targets[@]}"; do echo "  $dest/bin/$target"; done
+echo "  $dest/models/ggml-vocab-llama-spm.gguf (the Llama 2 tokenizer, for convert/synth.py)"

@@ -9,12 +9,15 @@ import numpy as np
 import pytest
 
 import model as reference
-from convert_testlib import (CONVERT, LLAMA2_TOKENIZER, SMOLLM2_TOKENIZER, SYNTH,
-                             TINY_CONFIG, need_shared, read_raw, run, tiny_tokenizer_json)
+from convert_testlib import (CONVERT, LLAMA2_TOKENIZER, REPO, SMOLLM2_TOKENIZER, STORIES,
+                             SYNTH, TINY_CONFIG, need_shared, read_raw, run,
+                             tiny_tokenizer_json)
 
 sys.path.insert(0, os.path.dirname(SYNTH))
 import convert  # noqa: E402  (convert/convert.py)
 import synth  # noqa: E402
+
+GGUF_FROM_HF = os.path.join(REPO, "scripts", "gguf_from_hf.py")
 
 
 @pytest.fixture
@@ -205,3 +208,42 @@ def test_matrix_scale():
     assert abs(matrix.std() - 1 / math.sqrt(400)) < 0.002
     norm = next(synth.tensor_blocks("n", (400,), True, 0))
     assert abs(norm.mean() - 1) < 0.02
+
+
+def test_tokenizer_from_a_gguf_file(tmp_path, inputs):
+    """--tokenizer FILE.gguf: the GGUF's tokenizer gives the ids of the checkpoint's own."""
+    pytest.importorskip("gguf", reason="pip package gguf missing")
+    tokenizers = pytest.importorskip("tokenizers", reason="pip package tokenizers missing")
+    need_shared(STORIES)
+    vocab_gguf = tmp_path / "stories.gguf"
+    result = run(GGUF_FROM_HF, STORIES, "-o", vocab_gguf)
+    assert result.returncode == 0, result.stderr
+    config, _ = inputs
+    config.write_text(json.dumps({**TINY_CONFIG, "vocab_size": 512}))
+    hf = synthesize(tmp_path / "hf", config, vocab_gguf, "--dtype", "f32")
+    with open(hf / "tokenizer_config.json") as f:
+        tok_config = json.load(f)
+    assert (tok_config["add_bos_token"], tok_config["bos_token"]) == (True, "<s>")
+    out = tmp_path / "model.barellm"
+    result = run(CONVERT, hf, "-o", out)
+    assert result.returncode == 0, result.stderr
+    ours = tokenizers.Tokenizer.from_str(read_raw(out)[1]["__metadata__"]["barellm.tokenizer"])
+    reference = tokenizers.Tokenizer.from_file(os.path.join(STORIES, "tokenizer.json"))
+    for text in ("Once upon a time, there was a little girl named Lily.",
+                 "  two spaces, tabs\tand\nnewlines, déjà vu 😀", ""):
+        assert (ours.encode(text, add_special_tokens=False).ids ==
+                reference.encode(text, add_special_tokens=False).ids), text
+
+
+def test_tokenizer_refusals(tmp_path, inputs):
+    config, _ = inputs
+    for missing in (tmp_path / "absent", tmp_path / "absent.gguf"):
+        result = run(SYNTH, "--config", config, "--tokenizer", missing, "-o", tmp_path / "hf")
+        assert result.returncode == 1
+        assert result.stderr == (f"synth: tokenizer {missing} is neither a directory nor a "
+                                 ".gguf file (use --tokenizer)\n")
+    truncated = tmp_path / "vocab.gguf"
+    truncated.write_bytes(b"GGUF\x03\x00")
+    result = run(SYNTH, "--config", config, "--tokenizer", truncated, "-o", tmp_path / "hf")
+    assert result.returncode == 1 and result.stderr.startswith("synth: ")
+    assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
