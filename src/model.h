@@ -32,12 +32,18 @@ inline int q4_value(const uint8_t* row, int col) {
 // A row-major [rows, cols] weight matrix stored in the file's dtype: F32, F16, BF16,
 // I8 with `scales` [rows, q8_groups()] (the Q8 format), or U8 with `scales` [rows,
 // q4_blocks()] (the Q4 format: cols / 2 bytes a row).
+// Whether a matrix of this type is stored as integers with scales (Q8 or Q4).
+inline bool is_quantized(DType dtype) { return dtype == DType::I8 || dtype == DType::U8; }
+
 struct Matrix {
     const void* data = nullptr;
     DType dtype = DType::F32;
     int rows = 0;
     int cols = 0;
     const uint16_t* scales = nullptr;  // f16, I8 and U8 only
+    // I8 and U8 on the CPU backend's AVX-512 VNNI path: the same weights in tiles of 16 rows
+    // (cpu/quantized_tiles.h), else nullptr.
+    const uint8_t* row_tiles = nullptr;
 
     int q8_groups() const { return (cols + kQ8Group - 1) / kQ8Group; }
     int q4_blocks() const { return cols / kQ4Block; }

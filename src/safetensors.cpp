@@ -98,6 +98,16 @@ MappedFile::~MappedFile() {
     if (data_) munmap(data_, size_);
 }
 
+void MappedFile::release_pages(const void* begin, size_t bytes) const {
+    const uintptr_t start = reinterpret_cast<uintptr_t>(begin);
+    const uintptr_t mapping = reinterpret_cast<uintptr_t>(data_);
+    if (!data_ || start < mapping || start + bytes > mapping + size_) return;
+    const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+    const uintptr_t first = (start + page - 1) / page * page, last = (start + bytes) / page * page;
+    // Advice only: where it is refused, the pages simply stay.
+    if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), file_(path) {
     const size_t size = file_.size();
     if (size < kHeaderLengthBytes)

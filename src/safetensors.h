@@ -31,6 +31,9 @@ public:
     MappedFile& operator=(const MappedFile&) = delete;
     const uint8_t* data() const { return data_; }
     size_t size() const { return size_; }
+    // Hands the whole pages of [begin, begin + bytes) back to the system where they lie in
+    // the mapping (a later read maps them from the file again); elsewhere does nothing.
+    void release_pages(const void* begin, size_t bytes) const;
 
 private:
     uint8_t* data_ = nullptr;
@@ -46,6 +49,7 @@ public:
     const std::map<std::string, TensorView>& tensors() const { return tensors_; }
     const std::map<std::string, std::string>& metadata() const { return metadata_; }
     size_t file_size() const { return file_.size(); }
+    void release_pages(const void* begin, size_t bytes) const { file_.release_pages(begin, bytes); }
 
     // The tensor named `name`, or an Error saying it is missing.
     const TensorView& tensor(const std::string& name) const;

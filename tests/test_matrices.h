@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "cpu/quantized_tiles.h"
 #include "half.h"
 #include "model.h"
 
@@ -28,9 +29,16 @@ inline std::vector<float> random_floats(size_t n, std::mt19937& rng, float scale
 struct TestMatrix {
     std::vector<uint8_t> storage;
     std::vector<uint16_t> scales;  // Q8 and Q4 only: f16 [rows, groups]
+    cpu::AlignedBytes row_tiles;   // Q8 and Q4 only: the tiles of the AVX-512 VNNI kernels
     std::vector<float> values;     // what the stored weights decode to
     Matrix matrix;
 };
+
+// Q8 and Q4 test matrices carry their tiles, as the CPU backend's do.
+inline void add_row_tiles(TestMatrix* m) {
+    m->row_tiles = cpu::make_row_tiles(m->matrix);
+    m->matrix.row_tiles = m->row_tiles.get();
+}
 
 // Quantizes `values` [n] in groups of 32 as docs/FORMAT.md says, written out here
 // independently of the kernels: scale = f16(max |v| / 127), q = round(v / scale).
@@ -87,6 +95,7 @@ inline TestMatrix make_matrix(int rows, int cols, DType dtype, std::mt19937& rng
             quantize_q4_row(&m.values[size_t(r) * cols], cols, &m.storage[size_t(r) * cols / 2],
                             &m.scales[size_t(r) * blocks], &m.values[size_t(r) * cols]);
         m.matrix = Matrix{m.storage.data(), dtype, rows, cols, m.scales.data()};
+        add_row_tiles(&m);
         return m;
     }
     m.storage.resize(m.values.size() * dtype_size(dtype));
@@ -103,6 +112,7 @@ inline TestMatrix make_matrix(int rows, int cols, DType dtype, std::mt19937& rng
                 m.scales[size_t(r) * groups + g] = float_to_half(scales[g]);
         }
         m.matrix = Matrix{m.storage.data(), dtype, rows, cols, m.scales.data()};
+        add_row_tiles(&m);
         return m;
     }
     for (size_t i = 0; i < m.values.size(); ++i) {

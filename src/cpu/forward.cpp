@@ -7,6 +7,7 @@
 #include "backend.h"
 #include "bench.h"
 #include "cpu/kernels.h"
+#include "cpu/quantized_tiles.h"
 #include "error.h"
 #include "memory.h"
 
@@ -42,7 +43,11 @@ public:
         : model_(model),
           context_(options.context),
           kv_type_(options.kv_type),
-          max_batch_(std::min(options.context, kMaxBatch)) {
+          max_batch_(std::min(options.context, kMaxBatch)),
+          // The layer and output matrices; Q8 and Q4 ones also in tiles of 16 rows where
+          // the AVX-512 VNNI kernels will read them (cpu/quantized_tiles.h).
+          weights_(cpu::uses_row_tiles() ? cpu::tile_weights(model)
+                                         : cpu::TiledWeights{model.layers, model.output, {}}) {
         const Config& c = model.config;
         const size_t cache_bytes =
             size_t(c.layers) * context_ * c.kv_dim() * kv_element_bytes(kv_type_);
@@ -95,7 +100,7 @@ public:
         cpu::embedding_row(s.x.data(), model_.token_embedding, token);
 
         for (int l = 0; l < c.layers; ++l) {
-            const LayerWeights& w = model_.layers[l];
+            const LayerWeights& w = weights_.layers[l];
             // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
             //   (Qwen2: + bq, bk, bv after the projections; Qwen3: each head of q and k
             //    RMS-normed before RoPE; with attention_bias: + bo after wo)
@@ -130,7 +135,7 @@ public:
 
         // logits = output · norm(x)
         cpu::rmsnorm(s.x.data(), s.x.data(), model_.final_norm, c.dim, c.norm_eps);
-        cpu::matmul(s.logits.data(), s.x.data(), model_.output);
+        cpu::matmul(s.logits.data(), s.x.data(), weights_.output);
         return s.logits.data();
     }
 
@@ -159,7 +164,7 @@ private:
             cpu::embedding_row(&s.x[size_t(b) * c.dim], model_.token_embedding, tokens[b]);
 
         for (int l = 0; l < c.layers; ++l) {
-            const LayerWeights& w = model_.layers[l];
+            const LayerWeights& w = weights_.layers[l];
             rmsnorm_rows(s.xb.data(), s.x.data(), w.attn_norm, B);
             cpu::matmul_batch_many(s.xb.data(), B,
                                    {{s.q.data(), &w.wq}, {s.k.data(), &w.wk}, {s.v.data(), &w.wv}});
@@ -199,12 +204,12 @@ private:
 
         if (logits_out) {
             rmsnorm_rows(s.x.data(), s.x.data(), model_.final_norm, B);
-            cpu::matmul_batch(logits_out, s.x.data(), B, model_.output);
+            cpu::matmul_batch(logits_out, s.x.data(), B, weights_.output);
             return logits_out + size_t(B - 1) * c.vocab_size;
         }
         float* last_x = &s.x[size_t(B - 1) * c.dim];
         cpu::rmsnorm(last_x, last_x, model_.final_norm, c.dim, c.norm_eps);
-        cpu::matmul(s.logits.data(), last_x, model_.output);
+        cpu::matmul(s.logits.data(), last_x, weights_.output);
         return s.logits.data();
     }
 
@@ -258,6 +263,7 @@ private:
     const int context_;
     const KvType kv_type_;
     const int max_batch_;
+    const cpu::TiledWeights weights_;
     InferenceState state_;
     std::vector<float> all_logits_;  // [context, vocab_size] with BackendOptions::all_logits
 };

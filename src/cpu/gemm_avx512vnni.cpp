@@ -13,11 +13,11 @@
 // - x [batch, cols] is quantized once per call into QuantizedBatch (quantize_token), the
 //   threads sharing the tokens; its rows are read as they are, four bytes broadcast at a
 //   time.
-// - A tile of kQuantizedRowTile weight rows is packed (pack_row_tile) into a panel of
-//   unsigned bytes laid out for the micro-kernel: per group, per step of four columns, the four
-//   bytes of each row side by side, 16 rows a register (a 16 × 8 transpose of 32-bit words per
-//   group), and the group's scales as f32. The panel (32 KB for 1024 columns) stays in L2
-//   while every token of the batch meets it.
+// - The weights are read from their tiles of 16 rows (cpu/quantized_tiles.h): two tiles,
+//   kQuantizedRowTile rows, are packed (pack_panel) into a panel of unsigned bytes laid out
+//   for the micro-kernel: per group, per step of four columns, the four bytes of each row
+//   side by side, 16 rows a register, and the group's scales as f32. The panel (32 KB for
+//   1024 columns) stays in L2 while every token of the batch meets it.
 // - The micro-kernel (tile_kernel) holds kQuantizedTokenTile tokens × kQuantizedRowTile
 //   rows: lanes are rows, two registers of 16 per token. See its comment for the register
 //   budget.
@@ -26,7 +26,7 @@
 
 #include "cpu/avx512.h"
 #include "cpu/helpers_avx512.h"
-#include "half.h"
+#include "cpu/quantized_tiles.h"
 
 namespace barellm::cpu::avx512 {
 
@@ -34,7 +34,7 @@ namespace {
 
 constexpr int kGroup = kQ8Group;  // columns per scale (Q4's blocks are as wide)
 static_assert(kQ4Block == kGroup);
-constexpr int kBytesPerLane = 4;                               // columns summed into one int32 lane
+constexpr int kBytesPerLane = kTileLaneBytes;                  // columns summed into one int32 lane
 constexpr int kGroupSteps = kGroup / kBytesPerLane;            // vpdpbusd steps per group: 8
 constexpr int kRowRegisters = kQuantizedRowTile / kLanes;      // registers of rows per token: 2
 constexpr int kStepBytes = kQuantizedRowTile * kBytesPerLane;  // panel bytes of one step: 128
@@ -56,92 +56,54 @@ inline __m512i round_half_away(__m512 v) {
     return _mm512_mask_sub_epi32(_mm512_mask_add_epi32(whole, up, whole, one), down, whole, one);
 }
 
-// *dest = group g of a row as 32 unsigned bytes (value + 128) in column order; Q8 columns
-// past `cols` (a short last group) are 0. (Stored rather than returned: on SIMDe, without
-// -mavx, a returned 256-bit vector changes the ABI, which GCC warns of.)
+// The panel of the 32 rows of tiles first_tile and first_tile + 1 (cpu/quantized_tiles.h):
+// panel[g][s][r][4] = the unsigned bytes (value + 128) of columns 4s..4s+3 of group g of
+// row r (kZeroWeight past the matrix's tiles); scales[g][r] = that row's scale of group g.
+// A tile's registers are already laid out so: Q8 copied, Q4 nibbles widened to bytes.
 template <DType kType>
-inline void load_unsigned_group(__m256i* dest, const Matrix& w, int row, int g) {
-    if constexpr (kType == DType::I8) {
-        const int8_t* values = static_cast<const int8_t*>(w.data) + size_t(row) * w.cols;
-        const __m256i bytes = _mm256_maskz_loadu_epi8(__mmask32(first_bytes(w.cols - g * kGroup)),
-                                                      values + g * kGroup);
-        *dest = _mm256_xor_si256(bytes, _mm256_set1_epi8(char(kUnsignedOffset)));
-    } else {
-        // A block's 16 bytes hold columns 0-15 in their low nibbles, 16-31 in their high.
-        const uint8_t* block =
-            static_cast<const uint8_t*>(w.data) + size_t(row) * w.row_bytes() + g * kQ4BlockBytes;
-        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block));
-        const __m128i low_nibble = _mm_set1_epi8(0x0f);
-        const __m128i low = _mm_and_si128(bytes, low_nibble);
-        const __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble);
-        const __m256i nibbles = _mm256_inserti128_si256(_mm256_castsi128_si256(low), high, 1);
-        *dest = _mm256_add_epi8(nibbles, _mm256_set1_epi8(char(kUnsignedOffset - kQ4Offset)));
-    }
-}
-
-// Stores the groups of 16 rows (rows[i]: row i's 32 bytes, eight 32-bit words of four
-// columns) as eight step registers: dest + s × kStepBytes gets word s of rows 0-15, in row
-// order. Three rounds of two-register shuffles transpose the 16 × 8 words:
-// - pairs[i] = rows i and i + 8 (128-bit lanes: i words 0-3, i 4-7, i+8 0-3, i+8 4-7);
-// - interleaving words, then pairs of words, of rows 4k..4k+3 leaves in each 128-bit lane
-//   one word of four consecutive rows;
-// - the last round puts the four lanes of rows 0-3, 4-7, 8-11 and 12-15 together.
-inline void store_transposed(uint8_t* dest, const __m256i rows[kLanes]) {
-    constexpr int kPairs = kLanes / 2;
-    __m512i pairs[kPairs];
-    for (int i = 0; i < kPairs; ++i)
-        pairs[i] = _mm512_inserti64x4(_mm512_castsi256_si512(rows[i]), rows[i + kPairs], 1);
-    // quads[q][j]: word j (lanes 0, 2) and j + 4 (lanes 1, 3) of rows 4q..4q+3 (and + 8).
-    __m512i quads[2][4];
-    for (int q = 0; q < 2; ++q) {
-        const __m512i* p = pairs + 4 * q;
-        const __m512i low01 = _mm512_unpacklo_epi32(p[0], p[1]);
-        const __m512i high01 = _mm512_unpackhi_epi32(p[0], p[1]);
-        const __m512i low23 = _mm512_unpacklo_epi32(p[2], p[3]);
-        const __m512i high23 = _mm512_unpackhi_epi32(p[2], p[3]);
-        quads[q][0] = _mm512_unpacklo_epi64(low01, low23);
-        quads[q][1] = _mm512_unpackhi_epi64(low01, low23);
-        quads[q][2] = _mm512_unpacklo_epi64(high01, high23);
-        quads[q][3] = _mm512_unpackhi_epi64(high01, high23);
-    }
-    // 64-bit element indices: lanes 0 and 2 of both (words 0-3), or lanes 1 and 3 (4-7).
-    const __m512i first_words = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);
-    const __m512i last_words = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
-    for (int j = 0; j < 4; ++j) {
-        _mm512_storeu_si512(dest + j * kStepBytes,
-                            _mm512_permutex2var_epi64(quads[0][j], first_words, quads[1][j]));
-        _mm512_storeu_si512(dest + (j + 4) * kStepBytes,
-                            _mm512_permutex2var_epi64(quads[0][j], last_words, quads[1][j]));
-    }
-}
-
-// panel[g][s][r][4] = the unsigned bytes of columns 4s..4s+3 of group g of row first_row + r
-// (kZeroWeight past the matrix's rows); scales[g][r] = that row's scale of group g (0 past).
-template <DType kType>
-void pack_row_tile(uint8_t* panel, float* scales, const Matrix& w, int first_row, int rows) {
+void pack_panel(uint8_t* panel, float* scales, const Matrix& w, int first_tile) {
     const int groups = w.scale_count_per_row();
-    for (int g = 0; g < groups; ++g)
-        for (int half = 0; half < kRowRegisters; ++half) {
-            __m256i group_rows[kLanes];
-            for (int i = 0; i < kLanes; ++i) {
-                const int r = half * kLanes + i;
-                if (r < rows)
-                    load_unsigned_group<kType>(&group_rows[i], w, first_row + r, g);
-                else
-                    group_rows[i] = _mm256_set1_epi8(char(kZeroWeight));
+    for (int h = 0; h < kRowRegisters; ++h) {
+        const int t = first_tile + h;
+        const uint8_t* tile = t < tile_count(w) ? w.row_tiles + size_t(t) * tile_bytes(w) : nullptr;
+        for (int g = 0; g < groups; ++g) {
+            uint8_t* group_panel = panel + size_t(g) * kGroupBytes + h * kTileRegisterBytes;
+            float* group_scales = scales + g * kQuantizedRowTile + h * kLanes;
+            if (!tile) {
+                for (int s = 0; s < kGroupSteps; ++s)
+                    _mm512_store_si512(group_panel + s * kStepBytes,
+                                       _mm512_set1_epi8(char(kZeroWeight)));
+                _mm512_store_ps(group_scales, _mm512_setzero_ps());
+                continue;
             }
-            store_transposed(panel + size_t(g) * kGroupBytes + half * kLanes * kBytesPerLane,
-                             group_rows);
+            const uint8_t* block = tile + size_t(g / kTileBlockGroups) * tile_block_bytes(kType);
+            const int slot = g % kTileBlockGroups;
+            const uint8_t* values = block + kTileScaleBytes + slot * tile_group_bytes(kType);
+            _mm512_store_ps(
+                group_scales,
+                _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(block) + slot)));
+            if constexpr (kType == DType::I8) {
+                for (int s = 0; s < kGroupSteps; ++s)
+                    _mm512_store_si512(group_panel + s * kStepBytes,
+                                       _mm512_load_si512(values + s * kTileRegisterBytes));
+            } else {
+                // Register j: columns 4j..4j+3 (low nibbles) and 16+4j..16+4j+3 (high): steps
+                // j and j + 4; a nibble q stands for q − 8, stored as q + 120.
+                const __m512i low_nibble = _mm512_set1_epi8(0x0f);
+                const __m512i to_unsigned = _mm512_set1_epi8(char(kUnsignedOffset - kQ4Offset));
+                constexpr int kHighSteps = kGroupSteps / 2;
+                for (int j = 0; j < tile_registers(kType); ++j) {
+                    const __m512i bytes = _mm512_load_si512(values + j * kTileRegisterBytes);
+                    const __m512i low = _mm512_and_si512(bytes, low_nibble);
+                    const __m512i high = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_nibble);
+                    _mm512_store_si512(group_panel + j * kStepBytes,
+                                       _mm512_add_epi8(low, to_unsigned));
+                    _mm512_store_si512(group_panel + (j + kHighSteps) * kStepBytes,
+                                       _mm512_add_epi8(high, to_unsigned));
+                }
+            }
         }
-    for (int r = 0; r < kQuantizedRowTile; ++r)
-        for (int g = 0; g < groups; ++g)
-            scales[g * kQuantizedRowTile + r] =
-                r < rows ? half_to_float(w.scales[size_t(first_row + r) * groups + g]) : 0.0f;
-}
-
-// The four bytes of x at p, in every 32-bit lane.
-inline __m512i broadcast_word(const int8_t* p) {
-    return _mm512_broadcastd_epi32(_mm_loadu_si32(p));
+    }
 }
 
 // out[first_token + k][row] = Σ_g panel scale[g][row] × x scale[k][g] × (exact int32 dot of
@@ -231,11 +193,14 @@ void matmul_batch_rows_typed(float* out, const Matrix& w, const QuantizedBatch& 
     uint8_t* panel = align64(panel_storage.data());
     float* scales = align64(scale_storage.data());
     const int end_row = first_row + row_count;
-    for (int tile_row = first_row; tile_row < end_row; tile_row += kQuantizedRowTile) {
-        const int rows = std::min(kQuantizedRowTile, end_row - tile_row);
-        pack_row_tile<kType>(panel, scales, w, tile_row, rows);
-        const __mmask16 store_masks[kRowRegisters] = {first_lanes(rows),
-                                                      first_lanes(std::max(0, rows - kLanes))};
+    // Panels of two whole tiles; one the run shares with another thread's is computed by
+    // both, each storing its own rows.
+    for (int tile_row = first_row / kTileRows * kTileRows; tile_row < end_row;
+         tile_row += kQuantizedRowTile) {
+        pack_panel<kType>(panel, scales, w, tile_row / kTileRows);
+        const __mmask16 store_masks[kRowRegisters] = {
+            lanes_in(tile_row, first_row, end_row),
+            lanes_in(tile_row + kLanes, first_row, end_row)};
         for (int token = 0; token < x.batch; token += kQuantizedTokenTile)
             kTileKernels[std::min(kQuantizedTokenTile, x.batch - token) - 1](
                 out + tile_row, w.rows, store_masks, panel, scales, x, token);

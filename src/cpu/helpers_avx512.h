@@ -17,6 +17,15 @@ constexpr int kLanes = 16;  // floats per 512-bit register
 inline __mmask16 first_lanes(int count) {
     return count >= kLanes ? __mmask16(0xffff) : __mmask16((1u << count) - 1);
 }
+// The lanes i of 16 with base + i in [first, end).
+inline __mmask16 lanes_in(int base, int first, int end) {
+    if (end <= base) return 0;
+    return __mmask16(first_lanes(end - base) & ~first_lanes(std::max(0, first - base)));
+}
+// The four bytes at p in every 32-bit lane.
+inline __m512i broadcast_word(const int8_t* p) {
+    return _mm512_broadcastd_epi32(_mm_loadu_si32(p));
+}
 // The first `count` bytes of 64.
 inline __mmask64 first_bytes(int count) {
     return count >= 64 ? ~__mmask64(0) : (__mmask64(1) << count) - 1;

@@ -44,9 +44,6 @@ inline float weight_at(const Matrix& w, int row, int col) {
     return 0.0f;
 }
 
-// Whether w is stored as integers with scales (Q8 or Q4).
-inline bool is_quantized(DType dtype) { return dtype == DType::I8 || dtype == DType::U8; }
-
 inline float kv_at(const void* cache, int i, KvType type) {
     return type == KvType::F32 ? static_cast<const float*>(cache)[i]
                                : half_to_float(static_cast<const uint16_t*>(cache)[i]);
@@ -55,6 +52,8 @@ inline float kv_at(const void* cache, int i, KvType type) {
 }  // namespace
 
 void set_simd_level(SimdLevel level) { active_level = level; }
+
+bool uses_row_tiles() { return active_level == SimdLevel::Avx512 && has_avx512_vnni; }
 SimdLevel simd_level() { return active_level; }
 const char* simd_level_name(SimdLevel level) {
     switch (level) {
@@ -184,7 +183,7 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
     if (task_count > kMaxTasks) throw Error("matmul_many takes at most 4 tasks");
     const bool use_simd = active_level >= SimdLevel::Avx2;
     const bool use_avx512 = active_level == SimdLevel::Avx512;
-    const bool use_vnni = use_avx512 && has_avx512_vnni;
+    const bool use_tiles = uses_row_tiles();
     size_t total_rows = 0, work = 0;
     for (int t = 0; t < task_count; ++t) {
         const Matrix& w = *task_list[t].w;
@@ -210,13 +209,14 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
             if (begin < end) {
                 const int row = int(begin - task_start), count = int(end - begin);
                 const DType dtype = task.w->dtype;
+                const bool tiled = use_tiles && task.w->row_tiles;
                 if (!use_simd)
                     scalar::matmul_rows(task.out, *task.w, task.x, row, count);
                 else if (dtype == DType::I8)
-                    (use_vnni ? avx512::matmul_rows_q8 : avx2::matmul_rows_q8)(
+                    (tiled ? avx512::matmul_rows_q8 : avx2::matmul_rows_q8)(
                         task.out, *task.w, quantized[t], row, count);
                 else if (dtype == DType::U8)
-                    (use_vnni ? avx512::matmul_rows_q4 : avx2::matmul_rows_q4)(
+                    (tiled ? avx512::matmul_rows_q4 : avx2::matmul_rows_q4)(
                         task.out, *task.w, quantized[t], row, count);
                 else if (use_half_x[t])
                     avx512::matmul_rows_half_x(task.out, *task.w, halves[t].data(), row, count);
@@ -301,12 +301,12 @@ void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOut
     }
     const int threads = threads_for(total_rows * row_work);
     std::atomic<int> next_row{0};  // rows of all outputs, one matrix after another
-    // Q8 and Q4 weights with VNNI: x is quantized once, a token at a time, the threads
-    // sharing the work and the result; the buffer belongs to the calling thread.
-    const bool all_quantized =
-        std::all_of(outputs.begin(), outputs.end(),
-                    [](const BatchOutput& o) { return is_quantized(o.w->dtype); });
-    if (active_level == SimdLevel::Avx512 && has_avx512_vnni && all_quantized) {
+    // Q8 and Q4 weights in tiles, with VNNI: x is quantized once, a token at a time, the
+    // threads sharing the work and the result; the buffer belongs to the calling thread.
+    const bool all_tiled = std::all_of(outputs.begin(), outputs.end(), [](const BatchOutput& o) {
+        return is_quantized(o.w->dtype) && o.w->row_tiles;
+    });
+    if (uses_row_tiles() && all_tiled) {
         static thread_local QuantizedBatch storage;
         QuantizedBatch* x_quantized = &storage;  // the calling thread's, shared
         avx512::resize_quantized_batch(x_quantized, batch, cols);

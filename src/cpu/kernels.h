@@ -31,6 +31,10 @@ SimdLevel simd_level();
 const char* simd_level_name(SimdLevel level);
 // The level for a name of simd_level_name ("scalar", "avx2", "avx512"); false if none.
 bool parse_simd_level(const std::string& name, SimdLevel* level);
+// Whether the Q8 and Q4 kernels of the level in use read matrices in tiles of 16 rows
+// (Matrix::row_tiles, cpu/quantized_tiles.h): on AVX-512 with AVX512_VNNI. Elsewhere, and
+// for matrices without tiles, they read the rows.
+bool uses_row_tiles();
 // The level in use and its optional features, e.g. "avx512+vnni+bf16".
 std::string simd_description();
 

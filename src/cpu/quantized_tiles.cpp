@@ -1,0 +1,97 @@
+// Q8 and Q4 matrices in tiles of 16 rows (the layout: cpu/quantized_tiles.h).
+#include "cpu/quantized_tiles.h"
+
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "error.h"
+#include "safetensors.h"
+
+namespace barellm::cpu {
+
+namespace {
+
+constexpr size_t kAlignment = 64;  // bytes: a register, a cache line
+
+int tile_blocks(const Matrix& w) {
+    return (w.scale_count_per_row() + kTileBlockGroups - 1) / kTileBlockGroups;
+}
+
+// The bytes of group g of row r as a tile stores them: Q8 unsigned (value + 128, zero past
+// the row's end), Q4 as they are.
+void stored_group(uint8_t* dest, const Matrix& w, int r, int g) {
+    const int group_bytes = tile_row_group_bytes(w.dtype);
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes();
+    if (w.dtype == DType::U8) {
+        std::memcpy(dest, row + size_t(g) * group_bytes, group_bytes);
+        return;
+    }
+    for (int i = 0; i < group_bytes; ++i) {
+        const int col = g * group_bytes + i;
+        dest[i] = col < w.cols ? uint8_t(row[col] ^ kTileQ8Zero) : kTileQ8Zero;
+    }
+}
+
+}  // namespace
+
+int tile_count(const Matrix& w) { return (w.rows + kTileRows - 1) / kTileRows; }
+
+size_t tile_bytes(const Matrix& w) { return size_t(tile_blocks(w)) * tile_block_bytes(w.dtype); }
+
+size_t row_tiles_bytes(const Matrix& w) { return size_t(tile_count(w)) * tile_bytes(w); }
+
+AlignedBytes make_row_tiles(const Matrix& w) {
+    if (!is_quantized(w.dtype)) throw Error("make_row_tiles: not a Q8 or Q4 matrix");
+    const size_t bytes = row_tiles_bytes(w);
+    AlignedBytes tiles(static_cast<uint8_t*>(std::aligned_alloc(kAlignment, bytes)));
+    if (!tiles) throw Error("out of memory for " + std::to_string(bytes) + " bytes of tiles");
+    const DType type = w.dtype;
+    const int groups = w.scale_count_per_row();
+    const uint8_t zero = type == DType::I8 ? kTileQ8Zero : kTileQ4Zero;
+    std::memset(tiles.get(), zero, bytes);
+    uint8_t group[kQ8Group];
+    for (int t = 0; t < tile_count(w); ++t)
+        for (int g = 0; g < tile_blocks(w) * kTileBlockGroups; ++g) {
+            uint8_t* block = tiles.get() + size_t(t) * tile_bytes(w) +
+                             size_t(g / kTileBlockGroups) * tile_block_bytes(type);
+            const int slot = g % kTileBlockGroups;
+            uint16_t* scales = reinterpret_cast<uint16_t*>(block) + slot * kTileRows;
+            uint8_t* values = block + kTileScaleBytes + slot * tile_group_bytes(type);
+            for (int lane = 0; lane < kTileRows; ++lane) {
+                const int r = t * kTileRows + lane;
+                if (r >= w.rows || g >= groups) {  // zero: scale 0, values already zero
+                    scales[lane] = 0;
+                    continue;
+                }
+                scales[lane] = w.scales[size_t(r) * groups + g];
+                stored_group(group, w, r, g);
+                for (int j = 0; j < tile_registers(type); ++j)
+                    std::memcpy(values + j * kTileRegisterBytes + lane * kTileLaneBytes,
+                                group + j * kTileLaneBytes, kTileLaneBytes);
+            }
+        }
+    return tiles;
+}
+
+TiledWeights tile_weights(const Model& model) {
+    TiledWeights tiled{model.layers, model.output, {}};
+    auto tile = [&](Matrix* w) {
+        if (!is_quantized(w->dtype)) return;
+        tiled.buffers.push_back(make_row_tiles(*w));
+        w->row_tiles = tiled.buffers.back().get();
+        if (model.file) {
+            model.file->release_pages(w->data, size_t(w->rows) * w->row_bytes());
+            model.file->release_pages(
+                w->scales, size_t(w->rows) * w->scale_count_per_row() * sizeof(uint16_t));
+        }
+    };
+    for (LayerWeights& layer : tiled.layers)
+        for (Matrix* w :
+             {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w1, &layer.w3, &layer.w2})
+            tile(w);
+    tile(&tiled.output);
+    return tiled;
+}
+
+}  // namespace barellm::cpu

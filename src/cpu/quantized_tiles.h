@@ -1,0 +1,81 @@
+// Q8 and Q4 matrices re-laid out in tiles of 16 rows for the AVX-512 VNNI kernels
+// (matmul_avx512vnni.cpp, gemm_avx512vnni.cpp). The CPU backend makes them once, when it
+// takes the model on the AVX-512 path of a CPU with AVX512_VNNI (tile_weights below), and
+// points Matrix::row_tiles at them; the row-major values and scales stay for the other paths.
+//
+// In a weight file a row's values and its scales are two streams, and each int32 lane of a
+// vpdpbusd holds four columns of one row. In a tile each lane is one row: a register holds
+// four columns of 16 rows, and the scales of a group sit beside its values, so a matvec
+// reads one stream, needs no horizontal sums, and scales 16 rows with one multiply.
+//
+// A matrix is its tiles one after another (rows 16t..16t+15), each tile its blocks of two
+// groups (32 columns each; an odd last group is paired with an empty one), each block:
+//
+//   bytes 0-31    the 16 rows' f16 scales of the first group, in row order
+//   bytes 32-63   those of the second group
+//   then          the first group's values: kTileRegisters(type) registers of 64 bytes;
+//                 register j holds in lane r (bytes 4r..4r+3) bytes 4j..4j+3 of the
+//                 group's values in row r: Q8 as unsigned bytes (value + 128), Q4 the
+//                 block's bytes as they are (columns 4j..4j+3 in the low nibbles,
+//                 16+4j..16+4j+3 in the high)
+//   then          the second group's values, likewise.
+//
+// Blocks are whole cache lines (Q8 1088 bytes, Q4 576). Rows past the matrix's end, columns
+// past a Q8 row's end and the empty group hold zero: value 0 and scale 0.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "model.h"
+
+namespace barellm::cpu {
+
+constexpr int kTileRows = 16;      // rows of a tile: one per int32 lane of a register
+constexpr int kTileLaneBytes = 4;  // bytes of one row in one register (a vpdpbusd lane)
+constexpr int kTileRegisterBytes = kTileRows * kTileLaneBytes;     // 64
+constexpr int kTileBlockGroups = 2;                                // groups per block
+constexpr int kTileScaleBytes = kTileBlockGroups * kTileRows * 2;  // one cache line of f16
+constexpr uint8_t kTileQ8Zero = 128;   // a Q8 value of 0, stored unsigned
+constexpr uint8_t kTileQ4Zero = 0x88;  // two Q4 nibbles of 0 (8 stands for 0)
+
+// Bytes of one group's values in a row: Q8 32 (a byte a column), Q4 16 (two columns a byte).
+constexpr int tile_row_group_bytes(DType type) {
+    return type == DType::I8 ? kQ8Group : kQ4BlockBytes;
+}
+// Registers of one group's values in a tile: Q8 8, Q4 4.
+constexpr int tile_registers(DType type) { return tile_row_group_bytes(type) / kTileLaneBytes; }
+constexpr size_t tile_group_bytes(DType type) {
+    return size_t(tile_registers(type)) * kTileRegisterBytes;
+}
+constexpr size_t tile_block_bytes(DType type) {
+    return kTileScaleBytes + kTileBlockGroups * tile_group_bytes(type);
+}
+
+int tile_count(const Matrix& w);          // ceil(rows / 16)
+size_t tile_bytes(const Matrix& w);       // bytes of one tile
+size_t row_tiles_bytes(const Matrix& w);  // bytes of all the tiles of w
+
+// A 64-byte aligned buffer of bytes.
+struct FreeBytes {
+    void operator()(uint8_t* p) const { std::free(p); }
+};
+using AlignedBytes = std::unique_ptr<uint8_t, FreeBytes>;
+
+// The tiles of w (Q8 or Q4) in a new buffer; throws Error when memory runs out.
+AlignedBytes make_row_tiles(const Matrix& w);
+
+// A model's layer and output matrices with the tiles of those that are Q8 or Q4.
+struct TiledWeights {
+    std::vector<LayerWeights> layers;
+    Matrix output;
+    std::vector<AlignedBytes> buffers;  // the tiles the matrices point at
+};
+// Tiles every Q8 and Q4 matrix of the layers and the output (the embedding, read a row at a
+// time, keeps only its rows). The pages of the file that held them are handed back to the
+// system as each is tiled (Model::file), so resident memory holds the weights once.
+TiledWeights tile_weights(const Model& model);
+
+}  // namespace barellm::cpu
