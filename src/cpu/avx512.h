@@ -27,8 +27,8 @@ void matmul_rows_half_x(float* out, const Matrix& w, const uint16_t* half_x, int
 // |x| is too large for f16 (or x is not finite).
 bool round_to_half(uint16_t* half_x, const float* x, int n);
 
-// Q8 and Q4 weights against x quantized to Q8, as vpdpbusd integer dot products
-// (matmul_avx512vnni.cpp).
+// Q8 and Q4 weights, read from their tiles (Matrix::row_tiles, cpu/quantized_tiles.h),
+// against x quantized to Q8, as vpdpbusd integer dot products (matmul_avx512vnni.cpp).
 void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
 void matmul_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,

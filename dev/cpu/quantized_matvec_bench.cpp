@@ -1,0 +1,89 @@
+// One core of the AVX-512 VNNI decode matvec (avx512::matmul_rows_q8 / _q4 on weights in tiles
+// of 16 rows, cpu/quantized_tiles.h; x quantized once beforehand), in GB/s of weights read: from L2
+// (a 0.3 MB matrix read again and again: the kernel's own speed) and from memory (a 600 MB matrix:
+// what decode meets), beside the streaming read `barellm bench` measures (measure_read_bandwidth).
+// A matvec well above the streaming read from L2 leaves the memory to set decode's pace. After
+// `make`, linked against an archive of its objects (only what is used is taken):
+//   ar rcs build/objects.a build/src/*.o build/src/*/*.o
+//   g++ -std=c++17 -O2 -fopenmp -Isrc -o build/quantized_matvec_bench
+//       dev/cpu/quantized_matvec_bench.cpp build/objects.a        (one command)
+//   build/quantized_matvec_bench [COLS (default 2048)]
+#include <time.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "bench.h"
+#include "cpu/avx512.h"
+#include "cpu/kernels.h"
+#include "cpu/quantized_tiles.h"
+
+using namespace barellm;
+
+namespace {
+
+constexpr double kInCacheBytes = 0.3e6;   // well inside a 1 MB L2
+constexpr double kInMemoryBytes = 600e6;  // far past any last-level cache
+constexpr double kBytesPerRun = 3e9;      // repetitions: about this much read in all
+
+double seconds() {
+    timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return now.tv_sec + now.tv_nsec * 1e-9;
+}
+
+// The median GB/s of run() reading `bytes` each time.
+template <typename Run>
+double median_gbps(double bytes, Run run) {
+    std::vector<double> rates;
+    const int repetitions = std::max(5, int(kBytesPerRun / bytes));
+    for (int r = 0; r < repetitions; ++r) {
+        const double start = seconds();
+        run();
+        rates.push_back(bytes / (seconds() - start) / 1e9);
+    }
+    std::sort(rates.begin(), rates.end());
+    return rates[rates.size() / 2];
+}
+
+double matvec_gbps(DType dtype, int cols, double bytes) {
+    std::mt19937 rng(1);
+    Matrix m{nullptr, dtype, 1, cols, nullptr};
+    const size_t row_bytes = m.row_bytes() + m.scale_count_per_row() * sizeof(uint16_t);
+    m.rows = int(bytes / row_bytes);
+    std::vector<uint8_t> values(size_t(m.rows) * m.row_bytes());
+    for (uint8_t& v : values) v = uint8_t(rng());
+    const uint16_t kScale = 0x2c00;  // f16 1/16
+    std::vector<uint16_t> scales(size_t(m.rows) * m.scale_count_per_row(), kScale);
+    m.data = values.data();
+    m.scales = scales.data();
+    const cpu::AlignedBytes tiles = cpu::make_row_tiles(m);
+    m.row_tiles = tiles.get();
+    std::vector<float> x(cols), out(m.rows);
+    for (float& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
+    cpu::QuantizedVector quantized;
+    cpu::quantize_q8(&quantized, x.data(), cols);
+    const auto kernel =
+        dtype == DType::I8 ? cpu::avx512::matmul_rows_q8 : cpu::avx512::matmul_rows_q4;
+    return median_gbps(double(m.bytes()), [&] { kernel(out.data(), m, quantized, 0, m.rows); });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const int cols = argc > 1 ? std::atoi(argv[1]) : 2048;
+    if (cpu::detect_simd_level() < cpu::SimdLevel::Avx512 || !cpu::cpu_has_avx512_vnni()) {
+        std::printf("this CPU has no AVX-512 VNNI: nothing to measure\n");
+        return 1;
+    }
+    std::printf("%d columns, one thread, GB/s of weights (median)\n", cols);
+    std::printf("| weights | from L2 | from memory |\n| --- | ---: | ---: |\n");
+    for (DType dtype : {DType::I8, DType::U8})
+        std::printf("| %s | %.1f | %.1f |\n", dtype == DType::I8 ? "Q8" : "Q4",
+                    matvec_gbps(dtype, cols, kInCacheBytes),
+                    matvec_gbps(dtype, cols, kInMemoryBytes));
+    std::printf("| streaming read | | %.1f |\n", measure_read_bandwidth());
+}
