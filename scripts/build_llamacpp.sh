@@ -17,25 +17,31 @@
 #   --version V   llama-cpp-python version (default 0.3.36, the one checked here);
 #                 "latest" takes whatever pip finds
 #   --sdist FILE  use an already downloaded llama_cpp_python-*.tar.gz instead
+#   --no-amx      leave out llama.cpp's AMX kernels (Intel Sapphire Rapids and later):
+#                 with Linux granting AMX tile data one thread at a time, the Q8_0/Q4_0
+#                 kernels of this llama.cpp die of an illegal instruction (exit status 132)
+#                 in its worker threads; barellm has no AMX kernels either
 #   -j N          parallel jobs (default: the number of cores)
 #
 # Needs: python3 with pip, cmake >= 3.14, a C/C++17 compiler. The build is CPU only,
 # -DGGML_NATIVE=ON (tuned to this machine, like barellm's -march=native), Release, no curl.
 set -euo pipefail
 
-usage() { sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 [ $# -ge 1 ] || usage
 case "$1" in -h|--help) usage 0 ;; esac
 dest=$1; shift
 version=0.3.36
 sdist=""
+cpu_flags=""
 targets=(llama-bench llama-perplexity llama-simple)
 jobs=$(nproc 2>/dev/null || echo 2)
 while [ $# -gt 0 ]; do
     case "$1" in
         --version) version=$2; shift 2 ;;
         --sdist) sdist=$(realpath "$2"); shift 2 ;;
+        --no-amx) cpu_flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"; shift ;;
         -j) jobs=$2; shift 2 ;;
         -h|--help) usage 0 ;;
         *) echo "build_llamacpp: unknown option $1" >&2; usage ;;
@@ -76,7 +82,9 @@ tree="$dest/$name/vendor/llama.cpp"
 [ -f "$tree/CMakeLists.txt" ] || { echo "build_llamacpp: $tree has no llama.cpp" >&2; exit 1; }
 
 echo "build_llamacpp: configuring $tree"
+# An explicit -mno-* outlasts -march=native whatever their order (GCC and Clang).
 cmake -S "$tree" -B "$tree/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DCMAKE_C_FLAGS="$cpu_flags" -DCMAKE_CXX_FLAGS="$cpu_flags" \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF >/dev/null
 echo "build_llamacpp: building ${targets[*]} with $jobs jobs (several minutes)"
 cmake --build "$tree/build" --target "${targets[@]}" -j "$jobs"
