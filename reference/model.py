@@ -306,7 +306,7 @@ def main(argv=None):
         sys.exit("reference: --text needs tokenizer.json and the tokenizers package")
     else:
         bos = [config["bos_id"]] if config.get("bos_id") is not None else []
-        ids = bos + tokenizer.encode(args.text).ids
+        ids = bos + tokenizer.encode(args.text, add_special_tokens=False).ids
     logits = forward(config, weights, ids)
     print(f"{config['layers']} layers, dim {config['dim']}, vocab {logits.shape[1]}; ids {ids}")
     for pos, row in enumerate(logits):

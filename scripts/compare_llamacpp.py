@@ -49,6 +49,7 @@ import multiprocessing
 import os
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -199,6 +200,9 @@ class MachineChecks:
 
 # ---------------------------------------------------------------------------- the tools
 
+# GNU time's exit status for a command killed by a signal is 128 + the signal.
+ILLEGAL_INSTRUCTION_STATUS = 128 + signal.SIGILL
+
 def run_tool(name, command, work):
     """Runs a tool under GNU time with stdout and stderr in files; returns (stdout, stderr,
     peak RSS bytes). The peak comes from GNU time, whose own small process forks the tool:
@@ -217,6 +221,11 @@ def run_tool(name, command, work):
             texts[kind] = f.read()
     if returncode != 0:
         tail = "\n".join((texts["log"] + texts["json"]).splitlines()[-30:])
+        if returncode == ILLEGAL_INSTRUCTION_STATUS:
+            tail += ("\nan illegal instruction: the tool uses instructions this CPU, or its "
+                     "kernel, does not let it run. llama.cpp built with AMX (Intel Sapphire "
+                     "Rapids and later) dies so where Linux grants AMX one thread at a time: "
+                     "rebuild it with scripts/build_llamacpp.sh DIR --no-amx")
         raise Failure(f"{name} failed (exit status {returncode}): {shlex.join(command)}\n{tail}")
     peak_kib = texts["rss"].split()[-1] if texts["rss"].split() else ""
     if not peak_kib.isdigit():
@@ -492,13 +501,13 @@ def plot(document, path):
         for m, model in enumerate(models):
             mine = sorted((r for r in rows if r["test"] == test and r["model"] == model),
                           key=lambda r: r["threads"])
-            for tool, name, style in (("barellm", "barellm", "-o"),
-                                      ("llamacpp", "llama.cpp", "--s")):
+            for tool, name, style, file_key in (("barellm", "barellm", "-o", "model"),
+                                                ("llamacpp", "llama.cpp", "--s", "gguf")):
                 points = [r for r in mine if r[f"{tool}_ts"] is not None]
                 axis.errorbar([r["threads"] for r in points], [r[f"{tool}_ts"] for r in points],
                               yerr=[r[f"{tool}_ts_spread"] for r in points], fmt=style,
                               color=colors[m % len(colors)], capsize=3,
-                              label=f"{name}: {model}")
+                              label=f"{name}: {mine[0][file_key] if mine else model}")
             for r in mine:
                 if r["flagged"] and r["barellm_ts"] is not None:
                     axis.annotate("flagged", (r["threads"], r["barellm_ts"]),

@@ -30,7 +30,7 @@ BARELLM_PEAK = 123 << 20  # the peak_rss_bytes the barellm stand-in reports
 LLAMA_ALLOCATES_MIB = 40  # what the llama-bench stand-in touches, to show in its peak
 
 STAND_IN = r'''#!/usr/bin/env python3
-import json, os, sys, time
+import json, os, signal, sys, time
 TOOL = "{tool}"
 BASE = {base}
 here = os.path.dirname(os.path.abspath(__file__))
@@ -52,6 +52,8 @@ behaviour = os.environ.get("FAKE_" + TOOL.upper().replace("-", "_"), "")
 if "fail" in behaviour:
     print(TOOL + " stand-in: failing as asked", file=sys.stderr)
     sys.exit(3)
+if "illegal" in behaviour:
+    os.kill(os.getpid(), signal.SIGILL)
 if "slow" in behaviour:
     time.sleep(0.3)
 if TOOL == "llama-bench" and "quiet" not in behaviour:
@@ -358,6 +360,14 @@ def test_a_failing_tool_stops_the_comparison(tools):
     assert "llamacpp-1-t1-1 failed (exit status 3)" in result.stderr
     assert "failing as asked" in result.stderr and "Traceback" not in result.stderr
     assert result.stdout == ""
+
+
+def test_an_illegal_instruction_names_the_likely_cause(tools):
+    result = compare(tools, "-t", "1", env={"FAKE_LLAMA_BENCH": "illegal"})
+    assert result.returncode == 1
+    assert "llamacpp-1-t1-1 failed (exit status 132)" in result.stderr
+    assert "illegal instruction" in result.stderr and "--no-amx" in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("args, message", [
