@@ -366,9 +366,9 @@ TEST_CASE("AVX-512 VNNI prefill GEMM of several Q8 and Q4 matrices on several th
 constexpr int kGemmBatches[] = {1, 3, 17, 70};
 constexpr std::pair<int, int> kGemmShapes[] = {{5, 1}, {7, 7}, {15, 33}, {29, 256}, {101, 517}};
 
-TEST_CASE("AVX-512 f32/f16 prefill GEMM matches a double-precision reference at every tail") {
+TEST_CASE("AVX-512 f32/f16/bf16 prefill GEMM matches a double-precision reference at every tail") {
     std::mt19937 rng(514);
-    const auto dtype = GENERATE(DType::F32, DType::F16);
+    const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16);
     for (const Avx512Build& build : builds())
         for (int batch : kGemmBatches)
             for (auto [rows, cols] : kGemmShapes) {

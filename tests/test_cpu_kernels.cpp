@@ -264,10 +264,10 @@ TEST_CASE("batched matmul (prefill GEMM) matches a double-precision reference") 
                                      {16, 96, 256}}) {
         TestMatrix m = make_matrix(rows, cols, dtype, rng);
         const std::vector<float> x = random_floats(size_t(batch) * cols, rng);
-        // The VNNI GEMM multiplies x quantized per token, bf16 weights on AVX512_BF16 x
+        // The VNNI GEMM multiplies x quantized per token, bf16 weights with vdpbf16ps x
         // rounded to bf16.
-        const bool rounds_x =
-            dtype == DType::BF16 && level == cpu::SimdLevel::Avx512 && cpu::cpu_has_avx512_bf16();
+        const bool rounds_x = dtype == DType::BF16 && level == cpu::SimdLevel::Avx512 &&
+                              cpu::cpu_prefers_bf16_dot_products();
         const std::vector<float> x_used = gemm_quantizes_x(dtype, level)
                                               ? rows_quantized_like_the_kernel(x, cols)
                                           : rounds_x ? rounded_to_bf16(x)

@@ -47,12 +47,16 @@ def check_quantized_logits(model, want):
 
 def gemm_rounds_x_to_bf16():
     """Whether the prefill GEMM of bf16 weights rounds x to bf16 on this CPU: it multiplies
-    with vdpbf16ps where the CPU has AVX-512 F/BW/VL/DQ and AVX512_BF16."""
+    with vdpbf16ps where the CPU has AVX-512 F/BW/VL/DQ and AVX512_BF16 and is an AMD one
+    (cpu::cpu_prefers_bf16_dot_products)."""
     with open("/proc/cpuinfo", encoding="utf-8") as f:
-        flags = next((line.partition(":")[2].split() for line in f
-                      if line.startswith("flags")), [])
-    return {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
-            "avx512_bf16"} <= set(flags)
+        lines = f.read().splitlines()
+    def first(key):
+        return next((line.partition(":")[2].split() for line in lines
+                     if line.startswith(key)), [])
+    return first("vendor_id") == ["AuthenticAMD"] and {
+        "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+        "avx512_bf16"} <= set(first("flags"))
 
 
 def bf16_prefill_tolerance(tolerance):

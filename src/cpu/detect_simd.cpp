@@ -46,4 +46,6 @@ bool cpu_has_avx512_bf16() {
     return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");
 }
 
+bool cpu_prefers_bf16_dot_products() { return cpu_has_avx512_bf16() && __builtin_cpu_is("amd"); }
+
 }  // namespace barellm::cpu

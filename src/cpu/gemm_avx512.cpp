@@ -190,6 +190,8 @@ void matmul_batch_rows(float* out, const Matrix& w, const float* x_tiles, int ba
         batch_rows<DType::F32>(out, w, x_tiles, batch, first_row, row_count);
     else if (w.dtype == DType::F16)
         batch_rows<DType::F16>(out, w, x_tiles, batch, first_row, row_count);
+    else if (w.dtype == DType::BF16)
+        batch_rows<DType::BF16>(out, w, x_tiles, batch, first_row, row_count);
 }
 
 }  // namespace barellm::cpu::avx512

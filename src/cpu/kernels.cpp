@@ -23,6 +23,7 @@ namespace {
 SimdLevel active_level = detect_simd_level();  // the path the dispatch below takes
 const bool has_avx512_vnni = cpu_has_avx512_vnni();
 const bool has_avx512_bf16 = cpu_has_avx512_bf16();
+const bool bf16_dot_products = cpu_prefers_bf16_dot_products();
 
 // Weight (row, col) of w as float, whatever its storage.
 inline float weight_at(const Matrix& w, int row, int col) {
@@ -269,14 +270,15 @@ void claim_rows(std::initializer_list<BatchOutput> outputs, int total_rows,
 constexpr int kQuantizedRowBlock = 4 * avx512::kQuantizedRowTile;
 
 // The GEMM rows [first, first + count) of one output, on the path for its weights:
-// AVX-512 for f32 and f16, vdpbf16ps for bf16 where pair_tiles were packed, else AVX2.
+// vdpbf16ps for bf16 where pair_tiles were packed, else AVX-512 FMAs for f32, f16 and
+// bf16, else AVX2.
 void batch_rows(const BatchOutput& o, const float* x_tiles, const uint32_t* pair_tiles, int batch,
                 int first, int count) {
     const DType dtype = o.w->dtype;
-    if (active_level == SimdLevel::Avx512 && (dtype == DType::F32 || dtype == DType::F16))
-        avx512::matmul_batch_rows(o.out, *o.w, x_tiles, batch, first, count);
-    else if (pair_tiles && dtype == DType::BF16)
+    if (pair_tiles && dtype == DType::BF16)
         avx512::matmul_batch_rows_bf16(o.out, *o.w, pair_tiles, batch, first, count);
+    else if (active_level == SimdLevel::Avx512 && !is_quantized(dtype))
+        avx512::matmul_batch_rows(o.out, *o.w, x_tiles, batch, first, count);
     else
         avx2::matmul_batch_rows(o.out, *o.w, x_tiles, batch, first, count);
 }
@@ -324,9 +326,10 @@ void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOut
         return;
     }
     // Otherwise x is transposed into token tiles once, the threads sharing the work and the
-    // result; the buffers belong to the calling thread. bf16 weights on AVX512_BF16 read
-    // tiles of x rounded to bf16 pairs instead, the others f32 tiles.
-    const bool avx512_bf16 = active_level == SimdLevel::Avx512 && has_avx512_bf16;
+    // result; the buffers belong to the calling thread. bf16 weights multiplied with
+    // vdpbf16ps (cpu_prefers_bf16_dot_products) read tiles of x rounded to bf16 pairs
+    // instead, the others f32 tiles.
+    const bool avx512_bf16 = active_level == SimdLevel::Avx512 && bf16_dot_products;
     auto on_pairs = [&](const BatchOutput& o) { return avx512_bf16 && o.w->dtype == DType::BF16; };
     const bool bf16_pairs = std::any_of(outputs.begin(), outputs.end(), on_pairs);
     const bool float_tiles = !std::all_of(outputs.begin(), outputs.end(), on_pairs);
