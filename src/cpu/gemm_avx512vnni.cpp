@@ -76,12 +76,10 @@ void pack_panel(uint8_t* panel, float* scales, const Matrix& w, int first_tile) 
                 _mm512_store_ps(group_scales, _mm512_setzero_ps());
                 continue;
             }
-            const uint8_t* block = tile + size_t(g / kTileBlockGroups) * tile_block_bytes(kType);
-            const int slot = g % kTileBlockGroups;
-            const uint8_t* values = block + kTileScaleBytes + slot * tile_group_bytes(kType);
-            _mm512_store_ps(
-                group_scales,
-                _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(block) + slot)));
+            const uint8_t* values = tile_group_values(tile, kType, g);
+            _mm512_store_ps(group_scales,
+                            _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(
+                                tile_group_scales(tile, kType, g)))));
             if constexpr (kType == DType::I8) {
                 for (int s = 0; s < kGroupSteps; ++s)
                     _mm512_store_si512(group_panel + s * kStepBytes,

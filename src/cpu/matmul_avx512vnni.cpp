@@ -87,12 +87,10 @@ void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int firs
         const uint8_t* tile = w.row_tiles + size_t(t) * bytes_per_tile;
         __m512 sums = _mm512_setzero_ps();
         for (int g = 0; g < groups; ++g) {
-            const uint8_t* block = tile + size_t(g / kTileBlockGroups) * tile_block_bytes(kType);
-            const int slot = g % kTileBlockGroups;
-            const __m512 weight_scales =
-                _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(block) + slot));
+            const __m512 weight_scales = _mm512_cvtph_ps(_mm256_load_si256(
+                reinterpret_cast<const __m256i*>(tile_group_scales(tile, kType, g))));
             const __m512i dots =
-                group_dots<kType>(block + kTileScaleBytes + slot * tile_group_bytes(kType),
+                group_dots<kType>(tile_group_values(tile, kType, g),
                                   prepared.values.data() + g * kGroup, prepared.starts[g]);
             sums = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots),
                                    _mm512_mul_ps(weight_scales, _mm512_set1_ps(x.scales[g])), sums);

@@ -53,11 +53,9 @@ AlignedBytes make_row_tiles(const Matrix& w) {
     uint8_t group[kQ8Group];
     for (int t = 0; t < tile_count(w); ++t)
         for (int g = 0; g < tile_blocks(w) * kTileBlockGroups; ++g) {
-            uint8_t* block = tiles.get() + size_t(t) * tile_bytes(w) +
-                             size_t(g / kTileBlockGroups) * tile_block_bytes(type);
-            const int slot = g % kTileBlockGroups;
-            uint16_t* scales = reinterpret_cast<uint16_t*>(block) + slot * kTileRows;
-            uint8_t* values = block + kTileScaleBytes + slot * tile_group_bytes(type);
+            const uint8_t* tile = tiles.get() + size_t(t) * tile_bytes(w);
+            uint16_t* scales = const_cast<uint16_t*>(tile_group_scales(tile, type, g));
+            uint8_t* values = const_cast<uint8_t*>(tile_group_values(tile, type, g));
             for (int lane = 0; lane < kTileRows; ++lane) {
                 const int r = t * kTileRows + lane;
                 if (r >= w.rows || g >= groups) {  // zero: scale 0, values already zero

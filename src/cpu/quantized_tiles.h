@@ -54,6 +54,19 @@ constexpr size_t tile_block_bytes(DType type) {
     return kTileScaleBytes + kTileBlockGroups * tile_group_bytes(type);
 }
 
+// Where group g of a tile keeps its 16 f16 scales and its values.
+inline const uint8_t* tile_group_block(const uint8_t* tile, DType type, int g) {
+    return tile + size_t(g / kTileBlockGroups) * tile_block_bytes(type);
+}
+inline const uint16_t* tile_group_scales(const uint8_t* tile, DType type, int g) {
+    return reinterpret_cast<const uint16_t*>(tile_group_block(tile, type, g)) +
+           (g % kTileBlockGroups) * kTileRows;
+}
+inline const uint8_t* tile_group_values(const uint8_t* tile, DType type, int g) {
+    return tile_group_block(tile, type, g) + kTileScaleBytes +
+           (g % kTileBlockGroups) * tile_group_bytes(type);
+}
+
 int tile_count(const Matrix& w);          // ceil(rows / 16)
 size_t tile_bytes(const Matrix& w);       // bytes of one tile
 size_t row_tiles_bytes(const Matrix& w);  // bytes of all the tiles of w
