@@ -41,6 +41,18 @@ constexpr int kStepBytes = kQuantizedRowTile * kBytesPerLane;  // panel bytes of
 constexpr int kGroupBytes = kGroupSteps * kStepBytes;          // panel bytes of one group: 1024
 constexpr int kUnsignedOffset = 128;                           // stored weight = value + 128
 constexpr uint8_t kZeroWeight = kUnsignedOffset;               // the stored form of 0
+
+// The stored byte of each Q4 nibble q, whose value is q − kQ4Offset: a vpshufb table.
+struct NibbleTable {
+    alignas(16) uint8_t bytes[16];
+};
+constexpr NibbleTable unsigned_nibbles() {
+    NibbleTable table{};
+    for (int q = 0; q < 16; ++q) table.bytes[q] = uint8_t(q - kQ4Offset + kUnsignedOffset);
+    return table;
+}
+constexpr NibbleTable kUnsignedNibbles = unsigned_nibbles();
+
 constexpr float kQ8Largest = 127.0f;  // |quantized x| ≤ 127, as quantize_q8
 
 constexpr size_t kAlignment = 64;  // bytes: one register, one cache line
@@ -86,18 +98,20 @@ void pack_panel(uint8_t* panel, float* scales, const Matrix& w, int first_tile) 
                                        _mm512_load_si512(values + s * kTileRegisterBytes));
             } else {
                 // Register j: columns 4j..4j+3 (low nibbles) and 16+4j..16+4j+3 (high): steps
-                // j and j + 4; a nibble q stands for q − 8, stored as q + 120.
+                // j and j + 4; a nibble q stands for q − 8, stored as q + 120 through a
+                // 16-byte table (vpshufb): an 8-bit add would overflow a signed byte.
                 const __m512i low_nibble = _mm512_set1_epi8(0x0f);
-                const __m512i to_unsigned = _mm512_set1_epi8(char(kUnsignedOffset - kQ4Offset));
+                const __m512i to_unsigned = _mm512_broadcast_i32x4(
+                    _mm_load_si128(reinterpret_cast<const __m128i*>(kUnsignedNibbles.bytes)));
                 constexpr int kHighSteps = kGroupSteps / 2;
                 for (int j = 0; j < tile_registers(kType); ++j) {
                     const __m512i bytes = _mm512_load_si512(values + j * kTileRegisterBytes);
                     const __m512i low = _mm512_and_si512(bytes, low_nibble);
                     const __m512i high = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_nibble);
                     _mm512_store_si512(group_panel + j * kStepBytes,
-                                       _mm512_add_epi8(low, to_unsigned));
+                                       _mm512_shuffle_epi8(to_unsigned, low));
                     _mm512_store_si512(group_panel + (j + kHighSteps) * kStepBytes,
-                                       _mm512_add_epi8(high, to_unsigned));
+                                       _mm512_shuffle_epi8(to_unsigned, high));
                 }
             }
         }
