@@ -14,26 +14,37 @@ namespace {
 constexpr int kAccumulators = 2;  // independent FMA chains: one would wait on the FMA's latency
 constexpr int kStep = kAccumulators * kLanes;
 constexpr float kLargestHalf = 65504.0f;
+constexpr int kCacheLine = 64;
+// How far ahead of the row being read the software prefetches ask: 12 cache lines. On an
+// Intel Xeon (AVX-512) it took one-thread f16 decode of the TinyLlama shape from 5.3-5.6
+// to 6.4-6.6 tok/s; 512 or 1024 bytes gave a little less, 1536 and 2048 less than none.
+constexpr int kPrefetchBytes = 768;
 
 // The storage type of values of type kType.
 template <DType kType>
 using Storage = std::conditional_t<kType == DType::F32, float, uint16_t>;
 
 // One row of `cols` weights (type kWeights) · x (type kX: F32 or F16), read front to back:
-// one sequential stream, which the hardware prefetcher follows across pages (several rows
-// at once, each a stream of its own, are read more slowly). Columns past the last whole
-// step go through one register at a time, the last one masked.
+// one sequential stream (several rows at once, each a stream of its own, are read more
+// slowly), each step prefetching the cache lines kPrefetchBytes ahead, into the next row
+// at its end (the rows lie one after another; a prefetch past the matrix is only a hint).
+// Columns past the last whole step go through one register at a time, the last one masked.
 template <DType kWeights, DType kX>
 float dot_row(const void* row_data, int cols, const void* x_data) {
     const Storage<kWeights>* row = static_cast<const Storage<kWeights>*>(row_data);
     const Storage<kX>* x = static_cast<const Storage<kX>*>(x_data);
+    constexpr int kStepBytes = kStep * sizeof(Storage<kWeights>);
     __m512 sum[kAccumulators];
     for (__m512& s : sum) s = _mm512_setzero_ps();
     int i = 0;
-    for (; i + kStep <= cols; i += kStep)
+    for (; i + kStep <= cols; i += kStep) {
+        const char* ahead = reinterpret_cast<const char*>(row + i) + kPrefetchBytes;
+        for (int line = 0; line < kStepBytes; line += kCacheLine)
+            _mm_prefetch(ahead + line, _MM_HINT_T0);
         for (int a = 0; a < kAccumulators; ++a)
             sum[a] = _mm512_fmadd_ps(widen16<kWeights>(row + i + a * kLanes),
                                      widen16<kX>(x + i + a * kLanes), sum[a]);
+    }
     for (int a = 0; i < cols; i += kLanes, ++a) {
         const __mmask16 mask = first_lanes(cols - i);
         sum[a] =
