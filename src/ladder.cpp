@@ -36,6 +36,9 @@ constexpr int kWarmupPrefill = 16;             // tokens of the prefill rung's u
 constexpr int kRepetitions = 3;                // timings per rung: mean and spread
 constexpr double kMinRepetitionSeconds = 0.5;  // each repeats its pass until this long
 constexpr double kBusySpread = 0.10;           // a spread above this says the machine is busy
+// A load average beyond the CPUs the ladder leaves free by more than this says other work
+// competes with it: an idle machine's load average is a few hundredths, not zero.
+constexpr double kBackgroundLoad = 0.5;
 
 // ==== Shared by the CPU and the GPU ladder
 
@@ -179,6 +182,12 @@ std::string joined(const std::vector<std::string>& notes) {
     return text;
 }
 
+// Whether other work (the load average before the ladder) needs the CPUs that `threads`
+// threads of the ladder would use.
+bool load_competes(double load_average, int threads, int online_cpus) {
+    return load_average + threads > online_cpus + kBackgroundLoad;
+}
+
 // Warnings for a table whose numbers the machine's load makes unreliable, one per line.
 void print_busy_warnings(const std::vector<TableRow>& rows, double load_average, int online_cpus,
                          int threads) {
@@ -189,7 +198,7 @@ void print_busy_warnings(const std::vector<TableRow>& rows, double load_average,
                 "%.0f%%): the machine is busy or its clock changes; its ratios are not "
                 "reliable\n",
                 row.rung, 100 * row.speed.spread(), kRepetitions, 100 * kBusySpread);
-    if (load_average + threads > online_cpus)
+    if (load_competes(load_average, threads, online_cpus))
         std::printf(
             "warning: load average %.2f before the ladder started, on %d CPUs: other work "
             "competes with the ladder's %d threads\n",
@@ -391,7 +400,7 @@ RungResult time_rung(const Rung& rung, const Model& model, const std::vector<int
 
 // Why rung `rung` is slower than the one it is compared with, when it is.
 // best: the CPU's SIMD level (detect_simd_level).
-// busy: other work holds the CPUs the rung's threads need (load average + threads > CPUs).
+// busy: other work holds the CPUs the rung's threads need (load_competes).
 std::string slower_reason(const Rung& rung, const Speed& speed, const Speed& before,
                           bool fits_in_cache, cpu::SimdLevel best, int threads, bool busy) {
     if (speed.mean >= before.mean) return "";
@@ -505,7 +514,7 @@ int run_cpu_ladder(const Options& options, int gen_tokens) {
         const bool fits_in_cache = cache.bytes > 0 && weight_bytes <= cache.bytes;
         const Speed& before = rung.batched_prefill ? last.token_by_token : previous;
         const double speedup = rung.number == 1 ? 1.0 : last.speed.mean / before.mean;
-        const bool busy = load_at_start + used > online_cpus;
+        const bool busy = load_competes(load_at_start, used, online_cpus);
         const std::string reason =
             rung.number == 1
                 ? ""
