@@ -6,13 +6,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -36,9 +39,11 @@ constexpr int kWarmupPrefill = 16;             // tokens of the prefill rung's u
 constexpr int kRepetitions = 3;                // timings per rung: mean and spread
 constexpr double kMinRepetitionSeconds = 0.5;  // each repeats its pass until this long
 constexpr double kBusySpread = 0.10;           // a spread above this says the machine is busy
-// A load average beyond the CPUs the ladder leaves free by more than this says other work
-// competes with it: an idle machine's load average is a few hundredths, not zero.
-constexpr double kBackgroundLoad = 0.5;
+// Other runnable tasks beyond the CPUs the ladder leaves free by more than this (a mean over
+// samples, so a task that runs now and then counts in part) say other work competes with it.
+constexpr double kBackgroundTasks = 0.5;
+constexpr int kLoadSamples = 50;                // readings of the runnable tasks, ...
+constexpr int kLoadSampleGapMilliseconds = 10;  // ... this far apart: half a second
 
 // ==== Shared by the CPU and the GPU ladder
 
@@ -182,14 +187,14 @@ std::string joined(const std::vector<std::string>& notes) {
     return text;
 }
 
-// Whether other work (the load average before the ladder) needs the CPUs that `threads`
+// Whether other work (the runnable tasks before the ladder) needs the CPUs that `threads`
 // threads of the ladder would use.
-bool load_competes(double load_average, int threads, int online_cpus) {
-    return load_average + threads > online_cpus + kBackgroundLoad;
+bool load_competes(double other_tasks, int threads, int online_cpus) {
+    return other_tasks > std::max(0, online_cpus - threads) + kBackgroundTasks;
 }
 
 // Warnings for a table whose numbers the machine's load makes unreliable, one per line.
-void print_busy_warnings(const std::vector<TableRow>& rows, double load_average, int online_cpus,
+void print_busy_warnings(const std::vector<TableRow>& rows, double other_tasks, int online_cpus,
                          int threads) {
     for (const TableRow& row : rows)
         if (row.speed.spread() > kBusySpread)
@@ -198,11 +203,11 @@ void print_busy_warnings(const std::vector<TableRow>& rows, double load_average,
                 "%.0f%%): the machine is busy or its clock changes; its ratios are not "
                 "reliable\n",
                 row.rung, 100 * row.speed.spread(), kRepetitions, 100 * kBusySpread);
-    if (load_competes(load_average, threads, online_cpus))
+    if (load_competes(other_tasks, threads, online_cpus))
         std::printf(
-            "warning: load average %.2f before the ladder started, on %d CPUs: other work "
-            "competes with the ladder's %d threads\n",
-            load_average, online_cpus, threads);
+            "warning: %.2f other runnable tasks before the ladder started, on %d CPUs: other "
+            "work competes with the ladder's %d threads\n",
+            other_tasks, online_cpus, threads);
 }
 
 // ==== The CPU ladder
@@ -319,8 +324,20 @@ CacheSize last_level_cache() {
     return last;
 }
 
-// The 1-minute load average, or 0 when /proc/loadavg cannot be read.
-double load_average() { return std::atof(first_line("/proc/loadavg").c_str()); }
+// The tasks ready to run besides this thread: the mean of kLoadSamples readings of the running
+// count in /proc/loadavg (its fourth field, "running/total"), 0 where it cannot be read. The
+// 1-minute load average would lag: it still counts work that ended a minute ago.
+double other_runnable_tasks() {
+    double total = 0;
+    for (int s = 0; s < kLoadSamples; ++s) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(kLoadSampleGapMilliseconds));
+        std::istringstream fields(first_line("/proc/loadavg"));
+        std::string field;
+        for (int f = 0; f < 4; ++f) fields >> field;
+        total += std::max(0, std::atoi(field.c_str()) - 1);
+    }
+    return total / kLoadSamples;
+}
 
 // ---- Threads: what a rung asks for and what its parallel regions use
 
@@ -481,7 +498,7 @@ int run_cpu_ladder(const Options& options, int gen_tokens) {
         throw Error("ladder needs " + std::to_string(context) + " positions, beyond the model's " +
                     std::to_string(config.max_context));
     const std::vector<int> tokens = random_tokens(config, context);
-    const double load_at_start = load_average();
+    const double others_at_start = other_runnable_tasks();
     const int online_cpus = int(sysconf(_SC_NPROCESSORS_ONLN));
     const CacheSize cache = last_level_cache();
 
@@ -514,7 +531,7 @@ int run_cpu_ladder(const Options& options, int gen_tokens) {
         const bool fits_in_cache = cache.bytes > 0 && weight_bytes <= cache.bytes;
         const Speed& before = rung.batched_prefill ? last.token_by_token : previous;
         const double speedup = rung.number == 1 ? 1.0 : last.speed.mean / before.mean;
-        const bool busy = load_competes(load_at_start, used, online_cpus);
+        const bool busy = load_competes(others_at_start, used, online_cpus);
         const std::string reason =
             rung.number == 1
                 ? ""
@@ -566,8 +583,9 @@ int run_cpu_ladder(const Options& options, int gen_tokens) {
         std::printf(" %s %zu;", weight_dtype_name(dtype), bytes);
     std::printf(" KV cache per position %zu\n", 2 * size_t(config.layers) * config.kv_dim() *
                                                     (options.kv_type == KvType::F16 ? 2 : 4));
-    std::printf("load average before the ladder: %.2f on %d CPUs\n", load_at_start, online_cpus);
-    print_busy_warnings(rows, load_at_start, online_cpus, threads);
+    std::printf("other runnable tasks before the ladder: %.2f (mean over %.1f s) on %d CPUs\n",
+                others_at_start, kLoadSamples * kLoadSampleGapMilliseconds / 1000.0, online_cpus);
+    print_busy_warnings(rows, others_at_start, online_cpus, threads);
     return 0;
 }
 
@@ -666,7 +684,7 @@ int run_gpu_ladder(const Options& options, int gen_tokens) {
     const std::vector<int> tokens = random_tokens(config, gen_tokens);
     std::printf("%s: %s weights (the file's), %d layers, dim %d; GPU\n\n",
                 options.model_path.c_str(), config.weight_dtype.c_str(), config.layers, config.dim);
-    const double load_at_start = load_average();
+    const double others_at_start = other_runnable_tasks();
     const int online_cpus = int(sysconf(_SC_NPROCESSORS_ONLN));
     double bandwidth = 0;
     Speed previous;
@@ -706,8 +724,9 @@ int run_gpu_ladder(const Options& options, int gen_tokens) {
         config.weight_dtype.c_str(), model.weight_bytes_per_token(),
         2 * size_t(config.layers) * config.kv_dim() * kv_element_bytes(KvType::F32),
         2 * size_t(config.layers) * config.kv_dim() * kv_element_bytes(KvType::F16));
-    std::printf("load average before the ladder: %.2f on %d CPUs\n", load_at_start, online_cpus);
-    print_busy_warnings(rows, load_at_start, online_cpus, /*threads=*/1);
+    std::printf("other runnable tasks before the ladder: %.2f (mean over %.1f s) on %d CPUs\n",
+                others_at_start, kLoadSamples * kLoadSampleGapMilliseconds / 1000.0, online_cpus);
+    print_busy_warnings(rows, others_at_start, online_cpus, /*threads=*/1);
     return 0;
 }
 

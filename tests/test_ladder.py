@@ -40,6 +40,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -214,9 +215,10 @@ def assert_rows_well_formed(rows):
 
 
 def assert_warnings_match_the_table(rows, stdout, threads):
-    """A warning for each rung whose spread is above 10%, and one for a load average that
-    leaves fewer CPUs than the ladder's threads by more than half a CPU; no other."""
-    load = re.search(r"^load average before the ladder: ([\d.]+) on (\d+) CPUs$", stdout, re.M)
+    """A warning for each rung whose spread is above 10%, and one for other runnable tasks
+    beyond the CPUs the ladder's threads leave free by more than half a task; no other."""
+    load = re.search(r"^other runnable tasks before the ladder: ([\d.]+) \(mean over 0.5 s\) "
+                     r"on (\d+) CPUs$", stdout, re.M)
     assert load, stdout
     warned = dict(re.findall(r"^warning: rung (\d+) varied by ([\d.]+)% between its 3 "
                              r"repetitions", stdout, re.M))
@@ -227,8 +229,8 @@ def assert_warnings_match_the_table(rows, stdout, threads):
             assert (rung in warned) == (spread > 10), stdout
         if rung in warned:
             assert float(warned[rung]) == spread, stdout
-    busy = float(load.group(1)) + threads > int(load.group(2)) + 0.5
-    assert busy == ("warning: load average" in stdout), stdout
+    busy = float(load.group(1)) > max(0, int(load.group(2)) - threads) + 0.5
+    assert busy == ("other runnable tasks before the ladder started" in stdout), stdout
 
 
 @pytest.mark.parametrize("model", ["f32", "q8"])
@@ -249,6 +251,25 @@ def test_the_ladder_table_has_seven_rungs_with_numbers(stories, model):
                      r"kernels", stdout)
     assert "weight bytes read per token: F32 1040128; F16 521472; Q8 278752;" in stdout
     assert_warnings_match_the_table(rows, stdout, threads=2)
+
+
+def test_other_work_on_every_cpu_is_flagged(stories):
+    """A busy-looping process on each CPU: the ladder counts about one other runnable task
+    per CPU before it starts and warns that they compete with its threads."""
+    cpus = len(os.sched_getaffinity(0))
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(cpus)]
+    try:
+        _, stdout = ladder_table(stories["f32"], "-n", 8, "-p", 12, "--threads", 2)
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    others = re.search(r"^other runnable tasks before the ladder: ([\d.]+)", stdout, re.M)
+    assert others and float(others.group(1)) >= cpus - 0.5, stdout
+    assert re.search(r"^warning: [\d.]+ other runnable tasks before the ladder started, on "
+                     rf"{cpus} CPUs: other work competes with the ladder's 2 threads$",
+                     stdout, re.M), stdout
 
 
 def test_the_threads_column_says_what_each_rung_uses(stories):
