@@ -435,8 +435,12 @@ std::string slower_reason(const Rung& rung, const Speed& speed, const Speed& bef
         case 4:
             if (best == cpu::SimdLevel::Avx2) return "no AVX-512 here: the same AVX2 kernels";
             if (best == cpu::SimdLevel::Scalar) return "no AVX-512 here: the same scalar kernels";
-            return "slower than the AVX2 kernels: unexpected (some CPUs lower their clock for "
-                   "512-bit instructions)";
+            return fits_in_cache
+                       ? "weights fit in cache: on rows this short, each row's 16-lane sum "
+                         "and masked tail weigh more than the wider multiply-adds save"
+                       : "memory-bound: the AVX2 kernels read the weights as fast (a wider "
+                         "register does not make memory faster; some CPUs also lower their "
+                         "clock for 512-bit instructions)";
         case 5:
             return fits_in_cache
                        ? "weights fit in cache: f16 adds conversion work, saves no memory traffic"

@@ -346,7 +346,7 @@ def test_a_slower_rung_says_why(stories):
     the test checks the pairing, not which rungs are slower)."""
     reasons = ("slower within the noise", "the machine is busy", "weights fit in cache",
                "costs more than", "the threads' start and join", "no AVX2 here",
-               "no AVX-512 here", "unexpected")
+               "no AVX-512 here", "memory-bound", "unexpected")
     for model in ("f32", "q8"):
         rows, stdout = ladder_table(stories[model], "-n", 8, "-p", 12, "--threads", 2)
         token_by_token = re.search(r"rung 7: a 12-token prompt, ([\d.]+) tok/s token by token",
