@@ -8,6 +8,7 @@
 //   g++ -std=c++17 -O2 -fopenmp -Isrc -o build/quantized_matvec_bench
 //       dev/cpu/quantized_matvec_bench.cpp build/objects.a        (one command)
 //   build/quantized_matvec_bench [COLS (default 2048)]
+#include <omp.h>
 #include <time.h>
 
 #include <algorithm>
@@ -85,5 +86,6 @@ int main(int argc, char** argv) {
         std::printf("| %s | %.1f | %.1f |\n", dtype == DType::I8 ? "Q8" : "Q4",
                     matvec_gbps(dtype, cols, kInCacheBytes),
                     matvec_gbps(dtype, cols, kInMemoryBytes));
+    omp_set_num_threads(1);  // the streaming read of one thread, as the kernels above run
     std::printf("| streaming read | | %.1f |\n", measure_read_bandwidth());
 }
