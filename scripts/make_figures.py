@@ -362,7 +362,7 @@ def parse_ladder(text):
     header = [cell.strip() for cell in table[0].strip("|").split("|")]
     rows = [dict(zip(header, (cell.strip() for cell in line.strip("|").split("|"))))
             for line in table[2:]]
-    notes = [line for line in lines if line.startswith(("load average", "warning:"))]
+    notes = [line for line in lines if line.startswith(("other runnable tasks", "warning:"))]
     return command, rows, notes
 
 

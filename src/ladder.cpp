@@ -193,9 +193,12 @@ bool load_competes(double other_tasks, int threads, int online_cpus) {
     return other_tasks > std::max(0, online_cpus - threads) + kBackgroundTasks;
 }
 
-// Warnings for a table whose numbers the machine's load makes unreliable, one per line.
+// The other runnable tasks measured before the ladder, then a warning for each thing that
+// makes the table's numbers unreliable, one per line.
 void print_busy_warnings(const std::vector<TableRow>& rows, double other_tasks, int online_cpus,
                          int threads) {
+    std::printf("other runnable tasks before the ladder: %.2f (mean over %.1f s) on %d CPUs\n",
+                other_tasks, kLoadSamples * kLoadSampleGapMilliseconds / 1000.0, online_cpus);
     for (const TableRow& row : rows)
         if (row.speed.spread() > kBusySpread)
             std::printf(
@@ -587,8 +590,6 @@ int run_cpu_ladder(const Options& options, int gen_tokens) {
         std::printf(" %s %zu;", weight_dtype_name(dtype), bytes);
     std::printf(" KV cache per position %zu\n", 2 * size_t(config.layers) * config.kv_dim() *
                                                     (options.kv_type == KvType::F16 ? 2 : 4));
-    std::printf("other runnable tasks before the ladder: %.2f (mean over %.1f s) on %d CPUs\n",
-                others_at_start, kLoadSamples * kLoadSampleGapMilliseconds / 1000.0, online_cpus);
     print_busy_warnings(rows, others_at_start, online_cpus, threads);
     return 0;
 }
@@ -728,8 +729,6 @@ int run_gpu_ladder(const Options& options, int gen_tokens) {
         config.weight_dtype.c_str(), model.weight_bytes_per_token(),
         2 * size_t(config.layers) * config.kv_dim() * kv_element_bytes(KvType::F32),
         2 * size_t(config.layers) * config.kv_dim() * kv_element_bytes(KvType::F16));
-    std::printf("other runnable tasks before the ladder: %.2f (mean over %.1f s) on %d CPUs\n",
-                others_at_start, kLoadSamples * kLoadSampleGapMilliseconds / 1000.0, online_cpus);
     print_busy_warnings(rows, others_at_start, online_cpus, /*threads=*/1);
     return 0;
 }
