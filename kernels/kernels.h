@@ -97,6 +97,65 @@ constexpr int kMaxHeadDim = 256;
 // a GPU with `multiprocessors` SMs: enough blocks to fill the GPU, no more than useful.
 int attention_splits(const AttentionShape& shape, int context, int multiprocessors);
 
+// ==== Batched prefill: `count` prompt tokens at positions first_pos .. first_pos + count - 1
+// run as matrices, one row per token (row-major; a row's pitch is given in elements).
+// These kernels take first_pos and count as host values: prefill launches them directly
+// (no CUDA graph).
+
+// Activations a GEMM reads: [tokens, pitch] of dtype, rows 16-byte aligned, columns
+// cols..pitch-1 zero. dtype is the weights' dtype: f16 or bf16 for f16 or bf16 weights (the
+// products run on tensor cores), f32 for f32 weights; pitch = padded_cols(cols, dtype).
+struct DeviceActivations {
+    void* data = nullptr;
+    DType dtype = DType::F32;
+    int tokens = 0;
+    int cols = 0;
+    int pitch = 0;
+    size_t bytes() const { return size_t(tokens) * pitch * dtype_size(dtype); }
+};
+
+// out[t, r] = sum_c in[t, c] * W[r, c] (+ bias[r] when bias is given) for t < in.tokens,
+// r < w.rows, accumulated in f32; with accumulate, out[t, r] += that sum (the residual
+// connection). in.dtype == w.dtype, in.cols == w.cols; out is f32 [in.tokens, out_pitch],
+// out_pitch >= w.rows, and must not overlap in. (kernels/gemm.cuh)
+void gemm(float* out, int out_pitch, const DeviceMatrix& w, const DeviceActivations& in,
+          const float* bias, bool accumulate, cudaStream_t stream);
+
+// x[t, 0..dim) = table[tokens[t]] as f32 for t < count (tokens in device memory, checked on
+// the host before); x has pitch table.cols. (kernels/prefill.cuh)
+void embedding_rows(float* x, const DeviceMatrix& table, const int* tokens, int count,
+                    cudaStream_t stream);
+
+// out[t] = x[t] * rsqrt(mean(x[t]²) + eps) * weight, rounded to out.dtype, for t < out.tokens;
+// x is f32 [out.tokens, out.cols] (pitch out.cols). (kernels/prefill.cuh)
+void rmsnorm_rows(const DeviceActivations& out, const float* x, const float* weight, float eps,
+                  cudaStream_t stream);
+
+// out[t, i] = silu(gate[t, i]) * up[t, i] rounded to out.dtype, i < out.cols, t < out.tokens;
+// gate and up are f32 [out.tokens, in_pitch]. (kernels/prefill.cuh)
+void swiglu_rows(const DeviceActivations& out, const float* gate, const float* up, int in_pitch,
+                 cudaStream_t stream);
+
+// RoPE and the KV-cache write of `count` tokens, as rope_kv_store does for one: row t of qkv
+// [count, qkv_pitch] (f32, as the qkv GEMM leaves it) holds q, k and v of the token at
+// first_pos + t; q is rotated in place, rotated k and unchanged v are stored into cache row
+// first_pos + t (one layer's key_cache / value_cache [context, kv_dim]). With q_norm and
+// k_norm (Qwen3; [head_dim] each, or both null) each head's q and k vector is RMSNormed
+// with them (eps) before the rotation. (kernels/prefill.cuh)
+void rope_kv_store_rows(float* qkv, int qkv_pitch, const float* inverse_frequencies,
+                        void* key_cache, void* value_cache, int first_pos, int count, int heads,
+                        int kv_heads, int head_dim, const float* q_norm, const float* k_norm,
+                        float eps, KvType kv_type, cudaStream_t stream);
+
+// Causal attention of out.tokens query tokens at positions first_pos.. over one layer's cache
+// [context, kv_dim]: the query at pos attends to rows attention_start(pos, shape.window) ..
+// pos, all written before (rope_kv_store_rows). The queries are the rotated q at the start
+// of each row of qkv [out.tokens, qkv_pitch]; out [out.tokens, heads * head_dim] is written
+// in the wo GEMM's input type. (kernels/attention_prefill.cuh)
+void attention_prefill(const DeviceActivations& out, const float* qkv, int qkv_pitch,
+                       const void* key_cache, const void* value_cache, int first_pos,
+                       const AttentionShape& shape, KvType kv_type, cudaStream_t stream);
+
 // ==== The GPU ladder's simple kernels (BackendOptions::cuda_kernels, `barellm ladder
 // --device cuda`): what the fast kernels above compute, the plain way, one optimisation
 // fewer per rung; cuda_kernel_check checks them against the CPU kernels like the fast ones.
