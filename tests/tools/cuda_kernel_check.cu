@@ -173,7 +173,8 @@ void check_embedding() {
 }
 
 // Every matvec kernel, fast and simple, against cpu::matmul: plain, with RMSNorm fused,
-// with the residual added, and SwiGLU.
+// with the residual added, with a bias (alone, after RMSNorm, before the residual), and
+// SwiGLU.
 void check_matvec() {
     const std::pair<int, int> shapes[] = {{1, 1},      {7, 45},      {33, 172},  {64, 64},
                                           {129, 1000}, {1024, 4096}, {9, 14336}, {17, 8190}};
@@ -208,6 +209,17 @@ void check_matvec() {
             const std::vector<float> residual = random_floats(rows);
             std::vector<float> with_residual = plain;
             for (int r = 0; r < rows; ++r) with_residual[r] += residual[r];
+            // The bias is added to the product before the residual, as the CPU backend does.
+            const std::vector<float> bias = random_floats(rows);
+            DeviceBuffer device_bias_buffer = to_device(bias);
+            const float* device_bias = device_bias_buffer.as<float>();
+            std::vector<float> with_bias = plain, with_norm_bias = with_norm;
+            std::vector<float> with_bias_residual = residual;
+            for (int r = 0; r < rows; ++r) {
+                with_bias[r] += bias[r];
+                with_norm_bias[r] += bias[r];
+                with_bias_residual[r] += plain[r] + bias[r];
+            }
 
             // Runs launch(out) on an output that starts as `start` (NaN when empty).
             auto check = [&](const std::string& kernel, const std::vector<float>& want, auto launch,
@@ -216,26 +228,55 @@ void check_matvec() {
                 launch(out.as<float>());
                 report(kernel + " " + shape, to_host(out.as(), rows), want, 1e-5);
             };
-            check("matvec", plain,
-                  [&](float* out) { cuda::matvec(out, device_w, in, nullptr, 0.0f, false, 0); });
+            check("matvec", plain, [&](float* out) {
+                cuda::matvec(out, device_w, in, nullptr, 0.0f, nullptr, false, 0);
+            });
             check("matvec_thread_per_row", plain,
                   [&](float* out) { cuda::matvec_thread_per_row(out, device_w, in, 0); });
             check("matvec_warp_per_row", plain, [&](float* out) {
-                cuda::matvec_warp_per_row(out, device_w, in, nullptr, 0.0f, false, 0);
+                cuda::matvec_warp_per_row(out, device_w, in, nullptr, 0.0f, nullptr, false, 0);
             });
-            check("matvec+rmsnorm", with_norm,
-                  [&](float* out) { cuda::matvec(out, device_w, in, norm, eps, false, 0); });
+            check("matvec+rmsnorm", with_norm, [&](float* out) {
+                cuda::matvec(out, device_w, in, norm, eps, nullptr, false, 0);
+            });
             check("matvec_warp_per_row+rmsnorm", with_norm, [&](float* out) {
-                cuda::matvec_warp_per_row(out, device_w, in, norm, eps, false, 0);
+                cuda::matvec_warp_per_row(out, device_w, in, norm, eps, nullptr, false, 0);
             });
             check(
                 "matvec+residual", with_residual,
-                [&](float* out) { cuda::matvec(out, device_w, in, nullptr, 0.0f, true, 0); },
+                [&](float* out) {
+                    cuda::matvec(out, device_w, in, nullptr, 0.0f, nullptr, true, 0);
+                },
                 residual);
             check(
                 "matvec_warp_per_row+residual", with_residual,
                 [&](float* out) {
-                    cuda::matvec_warp_per_row(out, device_w, in, nullptr, 0.0f, true, 0);
+                    cuda::matvec_warp_per_row(out, device_w, in, nullptr, 0.0f, nullptr, true, 0);
+                },
+                residual);
+            check("matvec+bias", with_bias, [&](float* out) {
+                cuda::matvec(out, device_w, in, nullptr, 0.0f, device_bias, false, 0);
+            });
+            check("matvec_warp_per_row+bias", with_bias, [&](float* out) {
+                cuda::matvec_warp_per_row(out, device_w, in, nullptr, 0.0f, device_bias, false, 0);
+            });
+            check("matvec+rmsnorm+bias", with_norm_bias, [&](float* out) {
+                cuda::matvec(out, device_w, in, norm, eps, device_bias, false, 0);
+            });
+            check("matvec_warp_per_row+rmsnorm+bias", with_norm_bias, [&](float* out) {
+                cuda::matvec_warp_per_row(out, device_w, in, norm, eps, device_bias, false, 0);
+            });
+            check(
+                "matvec+bias+residual", with_bias_residual,
+                [&](float* out) {
+                    cuda::matvec(out, device_w, in, nullptr, 0.0f, device_bias, true, 0);
+                },
+                residual);
+            check(
+                "matvec_warp_per_row+bias+residual", with_bias_residual,
+                [&](float* out) {
+                    cuda::matvec_warp_per_row(out, device_w, in, nullptr, 0.0f, device_bias, true,
+                                              0);
                 },
                 residual);
             check("matvec_swiglu", gated, [&](float* out) {
@@ -290,22 +331,58 @@ std::vector<float> test_rope_frequencies(int head_dim) {
     return rope_inverse_frequencies(config);
 }
 
+// Qwen3's per-head q/k RMSNorm weights ([head_dim] each; both empty: no norm) on the host
+// and on the device.
+struct HeadNorms {
+    std::vector<float> q, k;
+    DeviceBuffer device_q, device_k;
+    static constexpr float kEps = 1e-6f;
+
+    bool given() const { return !q.empty(); }
+    const float* q_device() const { return given() ? device_q.as<float>() : nullptr; }
+    const float* k_device() const { return given() ? device_k.as<float>() : nullptr; }
+};
+
+// Random weights around 1.5 (far from 1, so that a skipped norm shows) when `given`.
+HeadNorms head_norms(int head_dim, bool given) {
+    HeadNorms norms;
+    if (!given) return norms;
+    norms.q = random_floats(head_dim, 0.4f);
+    norms.k = random_floats(head_dim, 0.4f);
+    for (float& v : norms.q) v += 1.5f;
+    for (float& v : norms.k) v += 1.5f;
+    norms.device_q = to_device(norms.q);
+    norms.device_k = to_device(norms.k);
+    return norms;
+}
+
 // What RoPE and the cache write must give for the token's qkv [q_dim + 2 * kv_dim] at pos:
-// q and k rotated by cpu::rope, and row pos of the key and value caches as the CPU stores
-// them (rotated k, v).
+// q and k per-head RMSNormed by cpu::rmsnorm when norms are given, rotated by cpu::rope, and
+// row pos of the key and value caches as the CPU stores them (rotated k, v).
 struct RopeReference {
     std::vector<float> q, k;
     std::vector<uint8_t> key_row, value_row;
 };
 
 RopeReference rope_reference(const std::vector<float>& qkv, const HeadShape& s, int pos,
-                             const std::vector<float>& frequencies, KvType type) {
+                             const std::vector<float>& frequencies, const HeadNorms& norms,
+                             KvType type) {
     const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
     const size_t element = kv_element_bytes(type);
     RopeReference r;
     r.q.assign(qkv.begin(), qkv.begin() + q_dim);
     r.k.assign(qkv.begin() + q_dim, qkv.begin() + q_dim + kv_dim);
     const std::vector<float> v(qkv.begin() + q_dim + kv_dim, qkv.end());
+    if (norms.given()) {
+        for (int h = 0; h < s.heads; ++h) {
+            float* head = r.q.data() + size_t(h) * s.head_dim;
+            cpu::rmsnorm(head, head, norms.q.data(), s.head_dim, HeadNorms::kEps);
+        }
+        for (int h = 0; h < s.kv_heads; ++h) {
+            float* head = r.k.data() + size_t(h) * s.head_dim;
+            cpu::rmsnorm(head, head, norms.k.data(), s.head_dim, HeadNorms::kEps);
+        }
+    }
     cpu::rope(r.q.data(), s.heads, s.head_dim, pos, frequencies.data());
     cpu::rope(r.k.data(), s.kv_heads, s.head_dim, pos, frequencies.data());
     r.key_row.resize(kv_dim * element);
@@ -316,8 +393,7 @@ RopeReference rope_reference(const std::vector<float>& qkv, const HeadShape& s, 
 }
 
 // Row `row` of a device cache [rows, kv_dim] as floats.
-std::vector<float> device_cache_row(const DeviceBuffer& cache, int row, int kv_dim,
-                                    KvType type) {
+std::vector<float> device_cache_row(const DeviceBuffer& cache, int row, int kv_dim, KvType type) {
     const size_t element = kv_element_bytes(type);
     std::vector<uint8_t> bytes(kv_dim * element);
     CUDA_CHECK(cudaMemcpy(bytes.data(), cache.as<uint8_t>() + size_t(row) * kv_dim * element,
@@ -325,18 +401,25 @@ std::vector<float> device_cache_row(const DeviceBuffer& cache, int row, int kv_d
     return kv_values_as_float(bytes, type);
 }
 
-// Row pos of both device caches against the reference rows (f16: a rounding tie may fall
-// differently when the f32 values differ by an ulp); returns the rows read, key then value.
+// Row pos of both device caches against the reference rows (f32 keys within f32_tolerance;
+// f16: a rounding tie may fall differently when the f32 values differ by an ulp); returns
+// the rows read, key then value.
 std::pair<std::vector<float>, std::vector<float>> check_cache_rows(
     const std::string& label, const DeviceBuffer& keys, const DeviceBuffer& values, int pos,
-    int kv_dim, KvType type, const RopeReference& want) {
+    int kv_dim, KvType type, const RopeReference& want, double f32_tolerance) {
     std::vector<float> key = device_cache_row(keys, pos, kv_dim, type);
     std::vector<float> value = device_cache_row(values, pos, kv_dim, type);
     report(label + " k", key, kv_values_as_float(want.key_row, type),
-           type == KvType::F32 ? 1e-6 : 1e-3);
+           type == KvType::F32 ? f32_tolerance : 1e-3);
     report(label + " v", value, kv_values_as_float(want.value_row, type), 0.0);
     return {key, value};
 }
+
+// Relative tolerance of f32 q and k after RoPE: the angle is computed in double on both
+// sides; the per-head norm's sum of squares is a float tree sum on the GPU, a double one on
+// the CPU, hence the looser figure with it.
+constexpr double kRopeTolerance = 1e-6;
+constexpr double kNormedRopeTolerance = 2e-6;
 
 void check_rope() {
     const HeadShape shapes[] = {{8, 4, 8}, {6, 2, 34}, {5, 5, 18}, {32, 8, 128}, {4, 1, 256}};
@@ -344,49 +427,64 @@ void check_rope() {
         const std::vector<float> frequencies = test_rope_frequencies(s.head_dim);
         DeviceBuffer device_frequencies = to_device(frequencies);
         const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
-        for (int pos : {0, 7, 4095, 100000}) {
-            for (KvType type : {KvType::F32, KvType::F16}) {
-                const size_t element = kv_element_bytes(type);
-                const std::vector<float> qkv = random_floats(q_dim + 2 * size_t(kv_dim));
-                DeviceBuffer device_qkv = to_device(qkv);
-                const size_t cache_bytes = (size_t(pos) + 1) * kv_dim * element;
-                DeviceBuffer keys(cache_bytes, "keys"), values(cache_bytes, "values");
-                CUDA_CHECK(cudaMemset(keys.as(), 0xff, cache_bytes));
-                CUDA_CHECK(cudaMemset(values.as(), 0xff, cache_bytes));
-                const int step[2] = {0, pos};
-                DeviceBuffer device_step = to_device(step, sizeof step);
-                cuda::rope_kv_store(device_qkv.as<float>(), device_frequencies.as<float>(),
-                                    keys.as(), values.as(), device_step.as<int>(), s.heads,
-                                    s.kv_heads, s.head_dim, type, 0);
+        for (bool qk_norm : {false, true}) {
+            const HeadNorms norms = head_norms(s.head_dim, qk_norm);
+            const double tolerance = qk_norm ? kNormedRopeTolerance : kRopeTolerance;
+            for (int pos : {0, 7, 4095, 100000}) {
+                for (KvType type : {KvType::F32, KvType::F16}) {
+                    const size_t element = kv_element_bytes(type);
+                    const std::vector<float> qkv = random_floats(q_dim + 2 * size_t(kv_dim));
+                    DeviceBuffer device_qkv = to_device(qkv);
+                    const size_t cache_bytes = (size_t(pos) + 1) * kv_dim * element;
+                    DeviceBuffer keys(cache_bytes, "keys"), values(cache_bytes, "values");
+                    CUDA_CHECK(cudaMemset(keys.as(), 0xff, cache_bytes));
+                    CUDA_CHECK(cudaMemset(values.as(), 0xff, cache_bytes));
+                    const int step[2] = {0, pos};
+                    DeviceBuffer device_step = to_device(step, sizeof step);
+                    cuda::rope_kv_store(device_qkv.as<float>(), device_frequencies.as<float>(),
+                                        keys.as(), values.as(), device_step.as<int>(), s.heads,
+                                        s.kv_heads, s.head_dim, norms.q_device(), norms.k_device(),
+                                        HeadNorms::kEps, type, 0);
 
-                const RopeReference want = rope_reference(qkv, s, pos, frequencies, type);
+                    const RopeReference want =
+                        rope_reference(qkv, s, pos, frequencies, norms, type);
 
-                const std::string what = std::to_string(s.heads) + "/" +
-                                         std::to_string(s.kv_heads) + "x" +
-                                         std::to_string(s.head_dim) + " pos " +
-                                         std::to_string(pos) + " kv " + kv_label(type);
-                std::vector<float> got_qkv = to_host(device_qkv.as(), qkv.size());
-                report("rope_kv " + what + " q",
-                       std::vector<float>(got_qkv.begin(), got_qkv.begin() + q_dim), want.q, 1e-6);
-                check_cache_rows("rope_kv " + what, keys, values, pos, kv_dim, type, want);
+                    const std::string what =
+                        std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + "x" +
+                        std::to_string(s.head_dim) + (qk_norm ? " qk_norm" : "") + " pos " +
+                        std::to_string(pos) + " kv " + kv_label(type);
+                    std::vector<float> got_qkv = to_host(device_qkv.as(), qkv.size());
+                    report("rope_kv " + what + " q",
+                           std::vector<float>(got_qkv.begin(), got_qkv.begin() + q_dim), want.q,
+                           tolerance);
+                    check_cache_rows("rope_kv " + what, keys, values, pos, kv_dim, type, want,
+                                     tolerance);
 
-                // The GPU ladder's unfused pair: RoPE in place on q and k, then the KV write.
-                DeviceBuffer simple_qkv = to_device(qkv);
-                CUDA_CHECK(cudaMemset(keys.as(), 0xff, cache_bytes));
-                CUDA_CHECK(cudaMemset(values.as(), 0xff, cache_bytes));
-                cuda::rope(simple_qkv.as<float>(), device_frequencies.as<float>(),
-                           device_step.as<int>(), s.heads, s.kv_heads, s.head_dim, 0);
-                const float* k_device = simple_qkv.as<float>() + q_dim;
-                cuda::store_kv_row(k_device, k_device + kv_dim, keys.as(), values.as(),
-                                   device_step.as<int>(), kv_dim, type, 0);
-                got_qkv = to_host(simple_qkv.as(), qkv.size());
-                report("rope " + what + " q",
-                       std::vector<float>(got_qkv.begin(), got_qkv.begin() + q_dim), want.q, 1e-6);
-                report(
-                    "rope " + what + " k",
-                    std::vector<float>(got_qkv.begin() + q_dim, got_qkv.begin() + q_dim + kv_dim),
-                    want.k, 1e-6);
-                check_cache_rows("store_kv_row " + what, keys, values, pos, kv_dim, type, want);
+                    // The GPU ladder's unfused steps: the q/k norm and RoPE in place on q and
+                    // k, then the KV write.
+                    DeviceBuffer simple_qkv = to_device(qkv);
+                    CUDA_CHECK(cudaMemset(keys.as(), 0xff, cache_bytes));
+                    CUDA_CHECK(cudaMemset(values.as(), 0xff, cache_bytes));
+                    if (qk_norm)
+                        cuda::rmsnorm_heads(simple_qkv.as<float>(), norms.q_device(),
+                                            norms.k_device(), s.heads, s.kv_heads, s.head_dim,
+                                            HeadNorms::kEps, 0);
+                    cuda::rope(simple_qkv.as<float>(), device_frequencies.as<float>(),
+                               device_step.as<int>(), s.heads, s.kv_heads, s.head_dim, 0);
+                    const float* k_device = simple_qkv.as<float>() + q_dim;
+                    cuda::store_kv_row(k_device, k_device + kv_dim, keys.as(), values.as(),
+                                       device_step.as<int>(), kv_dim, type, 0);
+                    got_qkv = to_host(simple_qkv.as(), qkv.size());
+                    report("rope " + what + " q",
+                           std::vector<float>(got_qkv.begin(), got_qkv.begin() + q_dim), want.q,
+                           tolerance);
+                    report("rope " + what + " k",
+                           std::vector<float>(got_qkv.begin() + q_dim,
+                                              got_qkv.begin() + q_dim + kv_dim),
+                           want.k, tolerance);
+                    check_cache_rows("store_kv_row " + what, keys, values, pos, kv_dim, type, want,
+                                     tolerance);
+                }
             }
         }
     }
@@ -395,8 +493,8 @@ void check_rope() {
 // cpu::attention of q [heads * head_dim] at `pos` over caches of the KV type's bytes.
 std::vector<float> cpu_attention(const std::vector<float>& q, int pos,
                                  const std::vector<uint8_t>& keys,
-                                 const std::vector<uint8_t>& values,
-                                 const AttentionShape& shape, KvType type) {
+                                 const std::vector<uint8_t>& values, const AttentionShape& shape,
+                                 KvType type) {
     std::vector<float> out(q.size()), scores(size_t(shape.heads) * (pos + 1));
     cpu::attention(out.data(), q.data(), pos, keys.data(), values.data(), scores.data(), shape,
                    type);
@@ -410,23 +508,29 @@ DeviceBuffer zeroed_counters(size_t count) {
     return buffer;
 }
 
-// The fused attention (RoPE of q and k, the cache write of row pos, flash-decoding with the
-// merge in the last block) and the ladder's naive attention against the CPU: cpu::rope, the
-// row pos the CPU stores, cpu::attention. The naive kernel gets q rotated by the CPU.
+// The fused attention (the q/k norm where a case has one, RoPE of q and k, the cache write of
+// row pos, flash-decoding with the merge in the last block) and the ladder's naive attention
+// against the CPU: cpu::rmsnorm per head, cpu::rope, the row pos the CPU stores,
+// cpu::attention. The naive kernel gets q normed and rotated by the CPU.
 void check_attention(int multiprocessors) {
     struct Case {
         HeadShape shape;
         int window;
+        bool qk_norm;  // Qwen3's per-head q/k RMSNorm
     };
-    const Case cases[] = {{{8, 4, 8}, 0},    {{6, 2, 34}, 0},     {{5, 1, 8}, 6},
-                          {{32, 8, 128}, 0}, {{32, 8, 128}, 100}, {{8, 1, 64}, 0},
-                          {{12, 2, 256}, 0}, {{4, 4, 18}, 0},     {{16, 2, 80}, 33}};
+    const Case cases[] = {
+        {{8, 4, 8}, 0, false},    {{6, 2, 34}, 0, false},     {{5, 1, 8}, 6, false},
+        {{32, 8, 128}, 0, false}, {{32, 8, 128}, 100, false}, {{8, 1, 64}, 0, false},
+        {{12, 2, 256}, 0, false}, {{4, 4, 18}, 0, false},     {{16, 2, 80}, 33, false},
+        {{6, 2, 34}, 0, true},    {{16, 8, 128}, 0, true},    {{5, 1, 18}, 6, true},
+        {{12, 2, 256}, 40, true}};
     for (const Case& test : cases) {
         const HeadShape& s = test.shape;
         const AttentionShape shape{s.heads, s.kv_heads, s.head_dim, test.window};
         const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
         const std::vector<float> frequencies = test_rope_frequencies(s.head_dim);
         DeviceBuffer device_frequencies = to_device(frequencies);
+        const HeadNorms norms = head_norms(s.head_dim, test.qk_norm);
         const size_t counters = cuda::attention_arrival_counters(shape);
         for (int context : {1, 7, 100, 4096}) {
             for (KvType type : {KvType::F32, KvType::F16}) {
@@ -443,14 +547,16 @@ void check_attention(int multiprocessors) {
 
                 const std::string name =
                     std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + "x" +
-                    std::to_string(s.head_dim) + " window " + std::to_string(test.window) +
-                    " ctx " + std::to_string(context) + " kv " + kv_label(type);
+                    std::to_string(s.head_dim) + (test.qk_norm ? " qk_norm" : "") + " window " +
+                    std::to_string(test.window) + " ctx " + std::to_string(context) + " kv " +
+                    kv_label(type);
                 DeviceBuffer scores = poisoned(size_t(s.heads) * context);
                 const int natural = cuda::attention_splits(shape, context, multiprocessors);
                 for (int pos : {0, context / 2, context - 1}) {
                     const std::vector<float> qkv = random_floats(q_dim + 2 * size_t(kv_dim));
                     DeviceBuffer device_qkv = to_device(qkv);
-                    const RopeReference rotated = rope_reference(qkv, s, pos, frequencies, type);
+                    const RopeReference rotated =
+                        rope_reference(qkv, s, pos, frequencies, norms, type);
                     const int step[2] = {0, pos};
                     DeviceBuffer device_step = to_device(step, sizeof step);
                     const std::string at = name + " pos " + std::to_string(pos);
@@ -478,7 +584,8 @@ void check_attention(int multiprocessors) {
                                 poisoned(size_t(s.heads) * splits * s.head_dim);
                             DeviceBuffer partial_stats = poisoned(size_t(s.heads) * splits * 2);
                             cuda::attention(out, device_qkv.as<float>(),
-                                            device_frequencies.as<float>(), device_keys.as(),
+                                            device_frequencies.as<float>(), norms.q_device(),
+                                            norms.k_device(), HeadNorms::kEps, device_keys.as(),
                                             device_values.as(), device_step.as<int>(),
                                             partial_out.as<float>(), partial_stats.as<float>(),
                                             arrivals, shape, splits, type, 0);
@@ -498,7 +605,8 @@ void check_attention(int multiprocessors) {
                     DeviceBuffer first_out = poisoned(q_dim), arrivals = zeroed_counters(counters);
                     fused(natural)(first_out.as<float>(), arrivals.as<unsigned>());
                     const auto [got_key, got_value] = check_cache_rows(
-                        "attention " + at, device_keys, device_values, pos, kv_dim, type, rotated);
+                        "attention " + at, device_keys, device_values, pos, kv_dim, type, rotated,
+                        test.qk_norm ? kNormedRopeTolerance : kRopeTolerance);
                     cpu::kv_store(keys.data() + size_t(pos) * kv_dim * element, got_key.data(),
                                   kv_dim, type);
                     cpu::kv_store(values.data() + size_t(pos) * kv_dim * element, got_value.data(),
@@ -581,12 +689,12 @@ void bench(int multiprocessors) {
         DeviceBuffer out = poisoned(14336);
         const std::string label = std::string("matvec ") + dtype_label(dtype);
         line((label + " (w2, +residual)").c_str(), "4096x14336", time_ms([&](int) {
-                 cuda::matvec(out.as<float>(), d2, x.as<float>(), nullptr, 0, true, 0);
+                 cuda::matvec(out.as<float>(), d2, x.as<float>(), nullptr, 0, nullptr, true, 0);
              }),
              double(d2.bytes()));
         line((label + " (rmsnorm)").c_str(), "14336x4096", time_ms([&](int) {
-                 cuda::matvec(out.as<float>(), d1, x.as<float>(), norm.as<float>(), 1e-5f, false,
-                              0);
+                 cuda::matvec(out.as<float>(), d1, x.as<float>(), norm.as<float>(), 1e-5f, nullptr,
+                              false, 0);
              }),
              double(d1.bytes()));
         line((std::string("matvec_swiglu ") + dtype_label(dtype)).c_str(), "2 x 14336x4096",
@@ -615,11 +723,11 @@ void bench(int multiprocessors) {
         DeviceBuffer device_step = to_device(step, sizeof step);
         const double ms = time_ms([&](int r) {
             const size_t offset = size_t(r % layers) * layer_bytes;
-            cuda::attention(out.as<float>(), qkv.as<float>(), frequencies.as<float>(),
-                            keys.as<uint8_t>() + offset, values.as<uint8_t>() + offset,
-                            device_step.as<int>(), partial_out.as<float>(),
-                            partial_stats.as<float>(), arrivals.as<unsigned>(), shape, splits, type,
-                            0);
+            cuda::attention(out.as<float>(), qkv.as<float>(), frequencies.as<float>(), nullptr,
+                            nullptr, 0.0f, keys.as<uint8_t>() + offset,
+                            values.as<uint8_t>() + offset, device_step.as<int>(),
+                            partial_out.as<float>(), partial_stats.as<float>(),
+                            arrivals.as<unsigned>(), shape, splits, type, 0);
         });
         const std::string name = std::string("attention kv ") + kv_label(type) + " (" +
                                  std::to_string(splits) + " splits)";
