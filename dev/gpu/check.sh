@@ -20,7 +20,7 @@
 #   tests         tests/test_cuda.py (CUDA logits against CPU logits at every position)
 #                 and tests/test_ladder.py -k gpu (every GPU rung gives the fast path's text)
 #   transformers  CUDA logits against transformers' (dev/gpu/transformers_logits.py) on
-#                 the three synthetic shapes of tests/test_cuda.py
+#                 the synthetic Llama/Mistral and Qwen2/Qwen3 shapes of tests/test_cuda.py
 #   decode        `barellm bench --device cuda -p 0` on stories260K and on a Mistral-7B-
 #                 shaped f16 checkpoint (convert/synth.py), at short and long context
 #   ladder        `barellm ladder --device cuda -n 64` on the same two models
@@ -35,6 +35,10 @@
 #   ab            decode speed of other trees beside this one, alternated in one run: each
 #                 gpu_data/ab/NAME.tgz (made here by `git archive -o gpu_data/ab/NAME.tgz
 #                 REV`) is built and must give this tree's greedy text first; run it alone
+#   qwen3-8b      `barellm bench --device cuda -p 0` on a Qwen3-8B-shaped f16 checkpoint
+#                 (convert/synth.py --preset qwen3-8b: 16.4 GB, written twice, a few minutes
+#                 in the foreground), at short and long context; not a default step, run it
+#                 alone
 # The Mistral-7B checkpoint (13.5 GiB, written twice) is made in the background while the
 # first steps run, and kept in $WORK. The default steps take about 6-8 minutes on an H100;
 # no long run starts after DEADLINE seconds (the device tool stops a command at 600).
@@ -77,7 +81,7 @@ fi
 STEPS=${*:-kernels tests transformers decode ladder}
 for name in $STEPS; do
     case $name in
-        kernels | tests | transformers | decode | ladder | prefill | ab) ;;
+        kernels | tests | transformers | decode | ladder | prefill | ab | qwen3-8b) ;;
         *) echo "check.sh: unknown step '$name' (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -224,13 +228,12 @@ if wants transformers; then
     ids=$(python3 -c "import numpy as np; \
 print(','.join(map(str, np.random.default_rng(11).integers(0, 512, 200))))")
     IFS=, read -ra id_list <<<"$ids"
-    for name in gqa-window wide-heads group-of-8; do
+    for name in gqa-window wide-heads group-of-8 qwen2-window qwen2-tied qwen3 \
+        qwen3-attention-bias; do
         dir=$WORK/hf-$name
         rm -rf "$dir" && mkdir -p "$dir"
-        if python3 -c "import json, sys; sys.path.insert(0, 'tests'); import test_cuda; \
-json.dump(test_cuda.SYNTHETIC['$name'], open('$dir/config.json', 'w'))" &&
-            python3 convert/synth.py --config "$dir/config.json" --tokenizer "$STORIES_HF" \
-                -o "$dir/hf" --dtype f32 --seed 7 >/dev/null &&
+        if python3 -c "import sys; sys.path[:0] = ['tests', 'reference']; import test_cuda; \
+test_cuda.write_hf_checkpoint('$name', '$dir/hf', seed=7)" >/dev/null &&
             python3 convert/convert.py "$dir/hf" -o "$dir/model.bin" --dtype f32 >/dev/null &&
             build/dump_logits "$dir/model.bin" "$dir/cuda.logits" "${id_list[@]}" --kv f32 \
                 --device cuda 2>"$LOG/transformers_$name.err"; then
@@ -407,5 +410,23 @@ if wants ab; then
             bench "$name" "$WORK/ab/$name/build/barellm" "$MISTRAL" 4096 1
         done
         bench this build/barellm "$MISTRAL" 4096 1
+    fi
+fi
+
+if wants qwen3-8b; then
+    step "decode at Qwen3-8B's shape"
+    QWEN3=$WORK/qwen3-8b-f16.bin
+    if [ ! -f "$QWEN3" ] && fits 420 "Qwen3-8B checkpoint"; then
+        rm -rf "$WORK/qwen3-hf" &&
+            python3 convert/synth.py --preset qwen3-8b --dtype f16 -o "$WORK/qwen3-hf" &&
+            python3 convert/convert.py "$WORK/qwen3-hf" -o "$QWEN3.part" --dtype f16 &&
+            mv "$QWEN3.part" "$QWEN3" && rm -rf "$WORK/qwen3-hf"
+    fi >"$LOG/qwen3_synth.log" 2>&1
+    if [ -f "$QWEN3" ]; then
+        note "Qwen3-8B checkpoint ready at ${SECONDS}s"
+        bench qwen3-8b-f16 build/barellm "$QWEN3" 128 3
+        bench qwen3-8b-f16 build/barellm "$QWEN3" 4096 1
+    else
+        note "Qwen3-8B checkpoint not made: $(tail -1 "$LOG/qwen3_synth.log")"
     fi
 fi
