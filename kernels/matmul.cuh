@@ -209,8 +209,9 @@ __device__ __forceinline__ void dot_rows(const uint4* const (&rows)[kRows], cons
 }
 
 // out[r] = (kAccumulate ? out[r] : 0) + (W[r, :] · stage(in) + bias[r]), r in [0, rows), no
-// bias term when bias is null. Launch: grid ceil(rows / warps), block warps * 32 threads (warps =
-// matvec_warps(pitch), one warp per row), dynamic shared memory pitch * 4 bytes (the staged input).
+// bias term when bias is null.
+// Launch: grid ceil(rows / warps), block warps * 32 threads (warps = matvec_warps(pitch),
+// one warp per row), dynamic shared memory pitch * 4 bytes (the staged input).
 template <DType D, bool kAccumulate>
 __global__ void __launch_bounds__(kMatvecThreadsMax)
     matvec_kernel(float* __restrict__ out, const void* __restrict__ weights, int rows, int pitch,

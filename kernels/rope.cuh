@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(kRopeThreads)
     float* vec = qkv + size_t(head) * head_dim;
     const float* norm_weight = is_q ? q_norm : k_norm;
     const float scale = norm_weight != nullptr ? head_rms_scale(vec, head_dim, eps) : 1.0f;
-    __syncwarp();                      // the whole head is read before a lane rewrites part of it
+    __syncwarp();  // the whole head is read before a lane rewrites part of it
     const int kv_head = is_q ? 0 : head - heads;  // for a k head: its slot in the cache row
     const size_t cache_row = size_t(pos) * kv_dim + size_t(kv_head) * head_dim;
     for (int j = lane; j < half; j += kWarpSize) {
