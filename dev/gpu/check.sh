@@ -7,11 +7,12 @@
 #   bash dev/gpu/check.sh [STEP...]   on the GPU machine, from the repository root
 #
 # The GPU machine reaches neither ../shared nor a package registry: --stage copies
-# stories260K, the llama2 tokenizer and the nlohmann/json headers into gpu_data/
-# (git-ignored), which must travel with the tree (the device tool: carry ["gpu_data"]),
-# and, for the prefill step, llama.cpp's sources with the gguf package (the PyPI source
-# distribution of llama-cpp-python, less what a CUDA build of its tools does not read:
-# about 6 MB instead of 75).
+# stories260K, the llama2 tokenizer (the Mistral-7B preset's), the smollm2-135m tokenizer
+# (the Qwen3-8B preset's) and the nlohmann/json headers into gpu_data/ (git-ignored), which
+# must travel with the tree (the device tool: carry ["gpu_data"]), and, for the prefill
+# step, llama.cpp's sources with the gguf package (the PyPI source distribution of
+# llama-cpp-python, less what a CUDA build of its tools does not read: about 6 MB instead
+# of 75).
 #
 # The build (barellm, dump_logits, cuda_kernel_check) always runs; then the STEPs, in this
 # order (default: kernels tests transformers decode ladder):
@@ -55,7 +56,7 @@ if [ "${1:-}" = "--stage" ]; then
     rm -rf gpu_data/shared gpu_data/include
     mkdir -p gpu_data/shared/models gpu_data/shared/tokenizers gpu_data/include
     cp -r "$shared/models/stories260K" gpu_data/shared/models/
-    cp -r "$shared/tokenizers/llama2" gpu_data/shared/tokenizers/
+    cp -r "$shared/tokenizers/llama2" "$shared/tokenizers/smollm2-135m" gpu_data/shared/tokenizers/
     [ -d /usr/include/nlohmann ] && cp -r /usr/include/nlohmann gpu_data/include/
     version=${LLAMACPP_VERSION:-0.3.36}
     name=llama_cpp_python-$version
