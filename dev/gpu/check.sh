@@ -56,7 +56,8 @@ if [ "${1:-}" = "--stage" ]; then
     rm -rf gpu_data/shared gpu_data/include
     mkdir -p gpu_data/shared/models gpu_data/shared/tokenizers gpu_data/include
     cp -r "$shared/models/stories260K" gpu_data/shared/models/
-    cp -r "$shared/tokenizers/llama2" "$shared/tokenizers/smollm2-135m" gpu_data/shared/tokenizers/
+    cp -r "$shared/tokenizers/llama2" "$shared/tokenizers/smollm2-135m" \
+        gpu_data/shared/tokenizers/
     [ -d /usr/include/nlohmann ] && cp -r /usr/include/nlohmann gpu_data/include/
     version=${LLAMACPP_VERSION:-0.3.36}
     name=llama_cpp_python-$version
