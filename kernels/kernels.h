@@ -121,6 +121,17 @@ struct DeviceActivations {
 void gemm(float* out, int out_pitch, const DeviceMatrix& w, const DeviceActivations& in,
           const float* bias, bool accumulate, cudaStream_t stream);
 
+// The block tiles gemm chooses among (kernels/gemm.cuh: choose_gemm_tiles is the rule):
+// the SIMT GEMM (f32 weights; bf16 below sm_80), and three tensor-core tile shapes.
+enum class GemmTiles { kSimt, kSmallBatch, kMedium, kLarge };
+// The tiles gemm picks for these sizes on the current GPU.
+GemmTiles gemm_tiles(DType dtype, int tokens, int rows);
+// gemm with the given tiles, whatever the sizes (tests and benchmarks reach every path
+// with it); throws when the GPU or the dtype cannot run them.
+void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMatrix& w,
+                     const DeviceActivations& in, const float* bias, bool accumulate,
+                     cudaStream_t stream);
+
 // x[t, 0..dim) = table[tokens[t]] as f32 for t < count (tokens in device memory, checked on
 // the host before); x has pitch table.cols. (kernels/prefill.cuh)
 void embedding_rows(float* x, const DeviceMatrix& table, const int* tokens, int count,
