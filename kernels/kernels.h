@@ -2,7 +2,7 @@
 // no device code, so host code that only launches kernels does not recompile them.
 //
 // - The kernels live in the .cuh files named after what they compute (embedding.cuh,
-//   matmul.cuh, rope.cuh, attention.cuh; the GPU ladder's simple versions in
+//   matmul.cuh, rope.cuh, attention.cuh, gemm.cuh; the GPU ladder's simple versions in
 //   matmul_simple.cuh, elementwise_simple.cuh, attention_simple.cuh), compiled once, in
 //   kernels.cu. forward.cu and tests/tools/cuda_kernel_check.cu launch them through here.
 // - Activations are f32 in device memory; weights are f32, f16 or bf16.
