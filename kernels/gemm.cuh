@@ -105,9 +105,10 @@ struct TensorCoreTiles {
 using SmallBatchTiles = TensorCoreTiles<16, 16, 1, 1, 4, 4, 1>;
 // Middle sizes, and every size where the large tiles do not fit the GPU's shared memory.
 using MediumTiles = TensorCoreTiles<64, 64, 2, 2, 1, 4, 1>;
-// Large batches: 128 x 128 tiles, eight warps of 64 tokens x 32 rows; two blocks per SM
-// where the shared memory allows (at most 128 registers a thread).
-using LargeTiles = TensorCoreTiles<128, 128, 2, 4, 1, 4, 2>;
+// Large batches: 128 x 128 tiles, eight warps of 64 tokens x 64 rows, two deep along each
+// 64-column K tile. A 64 x 64 warp tile loads 8 ldmatrix.x4 (4 KiB) per 32 mma: shared
+// memory keeps pace with the tensor cores, where 64 x 32 (6 loads per 16 mma) would not.
+using LargeTiles = TensorCoreTiles<128, 128, 2, 2, 2, 4, 1>;
 
 // Copies columns [k0, k0 + kTileK) of the block's token rows (in) and weight rows (weights)
 // into `stage`; chunks past the tokens, the rows or k_extent (the columns rounded up to a
