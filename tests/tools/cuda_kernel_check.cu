@@ -527,7 +527,6 @@ void check_attention(int multiprocessors) {
     }
 }
 
-// Milliseconds per call of `work`, median of `repeats` timed with events after a warm-up.
 const char* tiles_label(cuda::GemmTiles tiles) {
     switch (tiles) {
         case cuda::GemmTiles::kSimt:
@@ -687,6 +686,7 @@ void check_gemm() {
     }
 }
 
+// Milliseconds per call of `work`, median of `repeats` timed with events after a warm-up.
 template <typename Work>
 double time_ms(Work work, int repeats = 30) {
     cudaEvent_t start, stop;
@@ -789,7 +789,6 @@ void bench(int multiprocessors) {
     }
 }
 
-}  // namespace
 // Dense f16/bf16 tensor-core FLOPs per clock and SM (f32 accumulation): 4096 on sm_90 (the
 // H100 SXM datasheet's 989.4 dense TFLOPS = 132 SMs x 1830 MHz x 4096), 2048 on sm_80
 // (A100: 312 TFLOPS = 108 SMs x 1410 MHz x 2048); 0 for GPUs not listed here.
@@ -856,7 +855,8 @@ void bench_gemm(const cudaDeviceProp& properties) {
         }
     }
 
-    // Small batches read the weights once, as decode does for every token.
+    // Small batches read the weights once, as decode does for every token: each tensor-core
+    // tile shape, gemm's marked, against as many matvecs.
     std::printf(
         "\n| gemm | tokens | tiles | gemm us | that many matvecs us | gemm / matvecs |\n"
         "| --- | ---: | --- | ---: | ---: | ---: |\n");
@@ -865,6 +865,7 @@ void bench_gemm(const cudaDeviceProp& properties) {
             const HostMatrix w = random_matrix(shape.rows, shape.cols, dtype, true);
             DeviceBuffer w_memory;
             const DeviceMatrix device_w = cuda::upload_matrix(w.matrix, w_memory, staging, "w");
+            DeviceBuffer vector_in = to_device(random_floats(shape.cols));
             for (int tokens : {1, 4, 16, 64}) {
                 const HostMatrix x = random_matrix(tokens, shape.cols, dtype, true);
                 DeviceBuffer x_memory;
@@ -872,25 +873,30 @@ void bench_gemm(const cudaDeviceProp& properties) {
                 const cuda::DeviceActivations in{x_memory.as(), dtype, tokens, shape.cols,
                                                  device_x.pitch};
                 DeviceBuffer out = poisoned(size_t(tokens) * shape.rows);
-                DeviceBuffer vector_in = to_device(random_floats(shape.cols));
-                const double gemm_ms = time_ms([&](int) {
-                    cuda::gemm(out.as<float>(), shape.rows, device_w, in, nullptr, false, 0);
-                });
                 const double matvec_ms = time_ms([&](int) {
                     for (int t = 0; t < tokens; ++t)
                         cuda::matvec(out.as<float>() + size_t(t) * shape.rows, device_w,
                                      vector_in.as<float>(), nullptr, 0.0f, false, 0);
                 });
-                std::printf("| %s %s %dx%d | %d | %s | %.1f | %.1f | %.2f |\n", shape.name,
-                            dtype_label(dtype), shape.rows, shape.cols, tokens,
-                            tiles_label(cuda::gemm_tiles(dtype, tokens, shape.rows)), gemm_ms * 1e3,
-                            matvec_ms * 1e3, gemm_ms / matvec_ms);
-                std::fflush(stdout);
+                const cuda::GemmTiles chosen = cuda::gemm_tiles(dtype, tokens, shape.rows);
+                for (cuda::GemmTiles tiles : runnable_tiles(dtype)) {
+                    if (tiles == cuda::GemmTiles::kSimt) continue;
+                    const double gemm_ms = time_ms([&](int) {
+                        cuda::gemm_with_tiles(tiles, out.as<float>(), shape.rows, device_w, in,
+                                              nullptr, false, 0);
+                    });
+                    std::printf("| %s %s %dx%d | %d | %s%s | %.1f | %.1f | %.2f |\n", shape.name,
+                                dtype_label(dtype), shape.rows, shape.cols, tokens,
+                                tiles_label(tiles), tiles == chosen ? " (gemm's)" : "",
+                                gemm_ms * 1e3, matvec_ms * 1e3, gemm_ms / matvec_ms);
+                    std::fflush(stdout);
+                }
             }
         }
     }
 }
 
+}  // namespace
 
 int main(int argc, char** argv) {
     try {
