@@ -6,8 +6,9 @@
 // - f16 weights (sm_75 and newer) and bf16 weights (sm_80 and newer) run on tensor cores
 //   (gemm_tensor_core_kernel, through the wrappers of tensor_core.cuh):
 //   - The block computes a tile of kTileTokens tokens x kTileRows weight rows. Its warps
-//     split the tile along tokens and rows, and (the small-batch tiles) along K: each warp
-//     multiplies its part of every K tile, and the K parts meet in shared memory at the end.
+//     split the tile along tokens and rows, and (the small-batch and large tiles) along K:
+//     each warp multiplies its part of every K tile, and the K parts meet in shared memory
+//     at the end.
 //   - A kStages-deep pipeline of cp.async copies brings the K tiles of both operands from
 //     global to shared memory while the tensor cores work on earlier ones. Elements past the
 //     edges (tokens, rows, columns past the padded row) are zero-filled by the copy, so the
@@ -393,10 +394,14 @@ constexpr int kLargeMinBlocksPerFourSms = 3;
 
 // The rule gemm follows:
 // - f32 weights, and bf16 weights below sm_80: SIMT.
-// - Up to kSmallBatchMaxTokens tokens: SmallBatchTiles (the weights are read once, the
-//   grid has ceil(rows / 16) row tiles).
-// - Otherwise LargeTiles where they fit the GPU's shared memory and their grid has at
-//   least 3 blocks per 4 SMs, else MediumTiles.
+// - Up to kSmallBatchMaxTokens tokens: SmallBatchTiles. The product is bound by reading
+//   the weights, like decode: the grid has ceil(rows / 16) row tiles to spread that over
+//   the SMs, and the (at most 4) token tiles of a row tile run side by side, so each weight
+//   byte comes from memory once and from L2 after that.
+// - Otherwise LargeTiles where they fit the GPU's shared memory (sm_80, sm_90) and their
+//   grid has at least 3 blocks per 4 SMs (one block fits an SM), else MediumTiles (more,
+//   smaller blocks: 64 x 64).
+// The columns do not enter: they set the length of each block's K loop, not the grid.
 inline GemmTiles choose_gemm_tiles(DType dtype, int tokens, int rows, int compute_capability,
                                    int multiprocessors, size_t shared_bytes_per_block) {
     if (!has_tensor_core_product(dtype, compute_capability)) return GemmTiles::kSimt;
