@@ -798,8 +798,9 @@ int tensor_flops_per_clock(const cudaDeviceProp& properties) {
 }
 
 // The prefill GEMM at Mistral 7B's shapes: 512 tokens with each tile shape (TFLOPS against
-// the tensor cores' peak at the clock the GPU reports), then 1-64 tokens against as many
-// decode matvecs.
+// the tensor cores' peak at the clock the GPU reports, its highest: a GPU that runs slower
+// under load gets a lower share than at its running clock), then 1-64 tokens against as
+// many decode matvecs.
 void bench_gemm(const cudaDeviceProp& properties) {
     int clock_khz = 0;
     CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
