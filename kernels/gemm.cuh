@@ -107,8 +107,9 @@ using SmallBatchTiles = TensorCoreTiles<16, 16, 1, 1, 4, 4, 1>;
 // Middle sizes, and every size where the large tiles do not fit the GPU's shared memory.
 using MediumTiles = TensorCoreTiles<64, 64, 2, 2, 1, 4, 1>;
 // Large batches: 128 x 128 tiles, eight warps of 64 tokens x 64 rows, two deep along each
-// 64-column K tile. A 64 x 64 warp tile loads 8 ldmatrix.x4 (4 KiB) per 32 mma: shared
-// memory keeps pace with the tensor cores, where 64 x 32 (6 loads per 16 mma) would not.
+// 64-column K tile. A 64 x 64 warp tile reads 4 KiB of shared memory (8 ldmatrix.x4) per
+// 32 mma, a 64 x 32 one 3 KiB per 16: a third less shared-memory traffic per product, the
+// resource mma.sync kernels run short of first.
 using LargeTiles = TensorCoreTiles<128, 128, 2, 2, 2, 4, 1>;
 
 // Copies columns [k0, k0 + kTileK) of the block's token rows (in) and weight rows (weights)
