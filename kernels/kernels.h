@@ -2,7 +2,7 @@
 // no device code, so host code that only launches kernels does not recompile them.
 //
 // - The kernels live in the .cuh files named after what they compute (embedding.cuh,
-//   matmul.cuh, rope.cuh, attention.cuh; the GPU ladder's simple versions in
+//   matmul.cuh, rope.cuh, attention.cuh, gemm.cuh; the GPU ladder's simple versions in
 //   matmul_simple.cuh, elementwise_simple.cuh, attention_simple.cuh), compiled once, in
 //   kernels.cu. forward.cu and tests/tools/cuda_kernel_check.cu launch them through here.
 // - Activations are f32 in device memory; weights are f32, f16 or bf16.
@@ -124,6 +124,17 @@ struct DeviceActivations {
 // out_pitch >= w.rows, and must not overlap in. (kernels/gemm.cuh)
 void gemm(float* out, int out_pitch, const DeviceMatrix& w, const DeviceActivations& in,
           const float* bias, bool accumulate, cudaStream_t stream);
+
+// The block tiles gemm chooses among (kernels/gemm.cuh: choose_gemm_tiles is the rule):
+// the SIMT GEMM (f32 weights; bf16 below sm_80), and three tensor-core tile shapes.
+enum class GemmTiles { kSimt, kSmallBatch, kMedium, kLarge };
+// The tiles gemm picks for these sizes on the current GPU.
+GemmTiles gemm_tiles(DType dtype, int tokens, int rows);
+// gemm with the given tiles, whatever the sizes (tests and benchmarks reach every path
+// with it); throws when the GPU or the dtype cannot run them.
+void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMatrix& w,
+                     const DeviceActivations& in, const float* bias, bool accumulate,
+                     cudaStream_t stream);
 
 // x[t, 0..dim) = table[tokens[t]] as f32 for t < count (tokens in device memory, checked on
 // the host before); x has pitch table.cols. (kernels/prefill.cuh)

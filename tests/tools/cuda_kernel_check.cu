@@ -7,13 +7,16 @@
 // with "N passed, M failed"; exits 1 when a check failed, 2 when no GPU is usable.
 //   cuda_kernel_check [--bench]
 // --bench also times the decode matvecs and attention at Mistral-7B shapes and prints
-// their bandwidth next to a device-to-device copy's.
+// their bandwidth next to a device-to-device copy's, and the prefill GEMM's time, TFLOPS and
+// share of the tensor cores' peak (512 tokens), and its time next to that of as many decode
+// matvecs (1-64 tokens).
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -632,6 +635,165 @@ void check_attention(int multiprocessors) {
     }
 }
 
+const char* tiles_label(cuda::GemmTiles tiles) {
+    switch (tiles) {
+        case cuda::GemmTiles::kSimt:
+            return "simt";
+        case cuda::GemmTiles::kSmallBatch:
+            return "small-batch";
+        case cuda::GemmTiles::kMedium:
+            return "medium";
+        case cuda::GemmTiles::kLarge:
+            return "large";
+    }
+    return "?";
+}
+
+// The tiles gemm_with_tiles can run for `dtype` on this GPU: the SIMT GEMM for f32 and bf16
+// (bf16's path below sm_80), the tensor-core tiles where the GPU multiplies dtype on tensor
+// cores (the large ones where they fit its shared memory: gemm picks them for a huge size).
+std::vector<cuda::GemmTiles> runnable_tiles(DType dtype) {
+    std::vector<cuda::GemmTiles> tiles;
+    if (dtype != DType::F16) tiles.push_back(cuda::GemmTiles::kSimt);
+    if (cuda::gemm_tiles(dtype, 1, 1) == cuda::GemmTiles::kSimt) return tiles;
+    tiles.push_back(cuda::GemmTiles::kSmallBatch);
+    tiles.push_back(cuda::GemmTiles::kMedium);
+    constexpr int kHuge = 1 << 20;
+    if (cuda::gemm_tiles(dtype, kHuge, kHuge) == cuda::GemmTiles::kLarge)
+        tiles.push_back(cuda::GemmTiles::kLarge);
+    return tiles;
+}
+
+// The element values of a host matrix as f32 (exact: f16 and bf16 widen exactly).
+std::vector<float> matrix_values(const HostMatrix& m) {
+    const size_t count = size_t(m.matrix.rows) * m.matrix.cols;
+    std::vector<float> values(count);
+    for (size_t i = 0; i < count; ++i) {
+        if (m.matrix.dtype == DType::F32) {
+            std::memcpy(&values[i], &m.bytes[4 * i], 4);
+        } else {
+            uint16_t bits;
+            std::memcpy(&bits, &m.bytes[2 * i], 2);
+            values[i] = m.matrix.dtype == DType::F16 ? half_to_float(bits) : bf16_to_float(bits);
+        }
+    }
+    return values;
+}
+
+// cuda::gemm (and gemm_with_tiles with every tile shape this GPU runs) against a
+// double-precision product of the same rounded inputs, with and without bias and
+// accumulate, outputs poisoned first. The error of out[t, r] is measured against
+// sum_c |in[t, c] W[r, c]| + |bias[r]| + |out_before[t, r]| (what f32 rounding scales with);
+// the output's pitch is wider than its rows and the columns in between must stay untouched.
+// Large shapes compare every token_stride-th token (and the last) with the reference.
+void check_gemm() {
+    struct Case {
+        int tokens, rows, cols, token_stride;
+    };
+    const Case cases[] = {{1, 200, 72, 1},     {3, 200, 4100, 1},    {17, 200, 72, 1},
+                          {100, 200, 4100, 1}, {511, 200, 72, 1},    {600, 77, 1000, 1},
+                          {64, 1000, 300, 1},  {130, 129, 8, 1},     {5, 33, 1, 1},
+                          {7, 4096, 14336, 1}, {512, 6144, 4096, 32}};
+    constexpr int kPitchSlack = 5;  // output columns past the rows, left alone
+    constexpr double kTolerance = 1e-5;
+    cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
+    for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
+        const std::vector<cuda::GemmTiles> tiles = runnable_tiles(dtype);
+        for (const Case& test : cases) {
+            const HostMatrix w = random_matrix(test.rows, test.cols, dtype);
+            const HostMatrix x = random_matrix(test.tokens, test.cols, dtype);
+            DeviceBuffer w_memory, x_memory;
+            const DeviceMatrix device_w = cuda::upload_matrix(w.matrix, w_memory, staging, "w");
+            const DeviceMatrix device_x = cuda::upload_matrix(x.matrix, x_memory, staging, "x");
+            const cuda::DeviceActivations in{x_memory.as(), dtype, test.tokens, test.cols,
+                                             device_x.pitch};
+            const std::vector<float> bias = random_floats(test.rows);
+            DeviceBuffer device_bias = to_device(bias);
+            const int out_pitch = test.rows + kPitchSlack;
+            const size_t out_count = size_t(test.tokens) * out_pitch;
+            const std::vector<float> residual = random_floats(out_count);
+
+            // The product and its magnitude, in double, at the compared tokens.
+            std::vector<int> compared;
+            for (int t = 0; t < test.tokens; t += test.token_stride) compared.push_back(t);
+            if (compared.back() != test.tokens - 1) compared.push_back(test.tokens - 1);
+            const std::vector<float> w_values = matrix_values(w), x_values = matrix_values(x);
+            std::vector<double> product(compared.size() * test.rows);
+            std::vector<double> magnitude(product.size());
+            for (size_t i = 0; i < compared.size(); ++i) {
+                const float* row_x = &x_values[size_t(compared[i]) * test.cols];
+                for (int r = 0; r < test.rows; ++r) {
+                    const float* row_w = &w_values[size_t(r) * test.cols];
+                    double sum = 0, size = 0;
+                    for (int c = 0; c < test.cols; ++c) {
+                        const double term = double(row_x[c]) * row_w[c];
+                        sum += term;
+                        size += std::fabs(term);
+                    }
+                    product[i * test.rows + r] = sum;
+                    magnitude[i * test.rows + r] = size;
+                }
+            }
+
+            const std::string shape = std::string(dtype_label(dtype)) + " " +
+                                      std::to_string(test.tokens) + "x" +
+                                      std::to_string(test.rows) + "x" + std::to_string(test.cols);
+            // Every tile shape, gemm's own choice (empty) first.
+            std::vector<std::optional<cuda::GemmTiles>> choices = {std::nullopt};
+            for (cuda::GemmTiles t : tiles) choices.push_back(t);
+            for (const std::optional<cuda::GemmTiles>& choice : choices) {
+                const std::string tiles_name =
+                    choice ? tiles_label(*choice)
+                           : std::string("gemm's ") +
+                                 tiles_label(cuda::gemm_tiles(dtype, test.tokens, test.rows));
+                for (int variant = 0; variant < 4; ++variant) {
+                    const bool with_bias = variant & 1, accumulate = variant & 2;
+                    DeviceBuffer out = accumulate ? to_device(residual) : poisoned(out_count);
+                    const float* bias_pointer = with_bias ? device_bias.as<float>() : nullptr;
+                    if (choice)
+                        cuda::gemm_with_tiles(*choice, out.as<float>(), out_pitch, device_w, in,
+                                              bias_pointer, accumulate, 0);
+                    else
+                        cuda::gemm(out.as<float>(), out_pitch, device_w, in, bias_pointer,
+                                   accumulate, 0);
+                    const std::vector<float> got = to_host(out.as(), out_count);
+                    double worst = 0;
+                    for (int t = 0; t < test.tokens; ++t)  // written where due, nowhere else
+                        for (int r = 0; r < out_pitch; ++r) {
+                            const float value = got[size_t(t) * out_pitch + r];
+                            const float before =
+                                accumulate ? residual[size_t(t) * out_pitch + r] : NAN;
+                            const bool untouched =
+                                std::isnan(before) ? std::isnan(value) : value == before;
+                            if (r < test.rows ? !std::isfinite(value) : !untouched)
+                                worst = INFINITY;
+                        }
+                    for (size_t i = 0; i < compared.size() && std::isfinite(worst); ++i) {
+                        const int t = compared[i];
+                        for (int r = 0; r < test.rows; ++r) {
+                            const size_t at = size_t(t) * out_pitch + r;
+                            double want = product[i * test.rows + r];
+                            double size = magnitude[i * test.rows + r];
+                            if (with_bias) want += bias[r], size += std::fabs(bias[r]);
+                            if (accumulate) want += residual[at], size += std::fabs(residual[at]);
+                            const double error = std::fabs(got[at] - want);
+                            worst = std::max(worst, size > 0 ? error / size : error);
+                        }
+                    }
+                    const bool ok = worst <= kTolerance;
+                    (ok ? passed : failed)++;
+                    const std::string name = "gemm " + shape + " " + tiles_name +
+                                             (with_bias ? " +bias" : "") +
+                                             (accumulate ? " +=" : "");
+                    std::printf("%s %-60s error / sum|terms| %.2e (tolerance %.0e)\n",
+                                ok ? "PASS" : "FAIL", name.c_str(), worst, kTolerance);
+                    std::fflush(stdout);
+                }
+            }
+        }
+    }
+}
+
 // Milliseconds per call of `work`, median of `repeats` timed with events after a warm-up.
 template <typename Work>
 double time_ms(Work work, int repeats = 30) {
@@ -735,6 +897,114 @@ void bench(int multiprocessors) {
     }
 }
 
+// Dense f16/bf16 tensor-core FLOPs per clock and SM (f32 accumulation): 4096 on sm_90 (the
+// H100 SXM datasheet's 989.4 dense TFLOPS = 132 SMs x 1830 MHz x 4096), 2048 on sm_80
+// (A100: 312 TFLOPS = 108 SMs x 1410 MHz x 2048); 0 for GPUs not listed here.
+int tensor_flops_per_clock(const cudaDeviceProp& properties) {
+    const int capability = 10 * properties.major + properties.minor;
+    return capability == 90 ? 4096 : capability == 80 ? 2048 : 0;
+}
+
+// The prefill GEMM at Mistral 7B's shapes: 512 tokens with each tile shape (TFLOPS against
+// the tensor cores' peak at the clock the GPU reports, its highest: a GPU that runs slower
+// under load gets a lower share than at its running clock), then 1-64 tokens against as
+// many decode matvecs.
+void bench_gemm(const cudaDeviceProp& properties) {
+    int clock_khz = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+    const double peak_tflops = double(properties.multiProcessorCount) * clock_khz * 1e3 *
+                               tensor_flops_per_clock(properties) / 1e12;
+    if (peak_tflops > 0)
+        std::printf(
+            "\ntensor-core peak (dense f16/bf16): %d SMs x %d MHz x %d FLOP/clock = %.1f "
+            "TFLOPS\n",
+            properties.multiProcessorCount, clock_khz / 1000, tensor_flops_per_clock(properties),
+            peak_tflops);
+    else
+        std::printf("\ntensor-core peak of sm_%d%d: not known here\n", properties.major,
+                    properties.minor);
+
+    struct Shape {
+        const char* name;
+        int rows, cols;
+    };
+    const Shape shapes[] = {
+        {"qkv", 6144, 4096}, {"wo", 4096, 4096}, {"w1, w3", 14336, 4096}, {"w2", 4096, 14336}};
+    constexpr int kBatch = 512;
+    cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
+    cuda::prepare_matvec(cuda::matvec_shared_bytes(14336));
+    std::printf(
+        "\n| gemm | tokens x rows x cols | tiles | us | TFLOPS | %% of peak |\n"
+        "| --- | --- | --- | ---: | ---: | ---: |\n");
+    for (DType dtype : {DType::F16, DType::BF16}) {
+        for (const Shape& shape : shapes) {
+            const HostMatrix w = random_matrix(shape.rows, shape.cols, dtype, true);
+            const HostMatrix x = random_matrix(kBatch, shape.cols, dtype, true);
+            DeviceBuffer w_memory, x_memory;
+            const DeviceMatrix device_w = cuda::upload_matrix(w.matrix, w_memory, staging, "w");
+            const DeviceMatrix device_x = cuda::upload_matrix(x.matrix, x_memory, staging, "x");
+            const cuda::DeviceActivations in{x_memory.as(), dtype, kBatch, shape.cols,
+                                             device_x.pitch};
+            DeviceBuffer out = poisoned(size_t(kBatch) * shape.rows);
+            const cuda::GemmTiles chosen = cuda::gemm_tiles(dtype, kBatch, shape.rows);
+            for (cuda::GemmTiles tiles : runnable_tiles(dtype)) {
+                const double ms = time_ms([&](int) {
+                    cuda::gemm_with_tiles(tiles, out.as<float>(), shape.rows, device_w, in, nullptr,
+                                          false, 0);
+                });
+                const double tflops = 2.0 * kBatch * shape.rows * shape.cols / ms / 1e9;
+                char share[16] = "-";
+                if (peak_tflops > 0)
+                    std::snprintf(share, sizeof share, "%.1f%%", 100 * tflops / peak_tflops);
+                std::printf("| %s %s | %dx%dx%d | %s%s | %.1f | %.1f | %s |\n", shape.name,
+                            dtype_label(dtype), kBatch, shape.rows, shape.cols, tiles_label(tiles),
+                            tiles == chosen ? " (gemm's)" : "", ms * 1e3, tflops, share);
+                std::fflush(stdout);
+            }
+        }
+    }
+
+    // Small batches read the weights once, as decode does for every token: each tensor-core
+    // tile shape, gemm's marked, against as many matvecs.
+    std::printf(
+        "\n| gemm | tokens | tiles | gemm us | that many matvecs us | gemm / matvecs |\n"
+        "| --- | ---: | --- | ---: | ---: | ---: |\n");
+    for (DType dtype : {DType::F16, DType::BF16}) {
+        for (const Shape& shape : {shapes[2], shapes[3]}) {
+            const HostMatrix w = random_matrix(shape.rows, shape.cols, dtype, true);
+            DeviceBuffer w_memory;
+            const DeviceMatrix device_w = cuda::upload_matrix(w.matrix, w_memory, staging, "w");
+            DeviceBuffer vector_in = to_device(random_floats(shape.cols));
+            for (int tokens : {1, 4, 16, 64}) {
+                const HostMatrix x = random_matrix(tokens, shape.cols, dtype, true);
+                DeviceBuffer x_memory;
+                const DeviceMatrix device_x = cuda::upload_matrix(x.matrix, x_memory, staging, "x");
+                const cuda::DeviceActivations in{x_memory.as(), dtype, tokens, shape.cols,
+                                                 device_x.pitch};
+                DeviceBuffer out = poisoned(size_t(tokens) * shape.rows);
+                const double matvec_ms = time_ms([&](int) {
+                    for (int t = 0; t < tokens; ++t)
+                        cuda::matvec(out.as<float>() + size_t(t) * shape.rows, device_w,
+                                     vector_in.as<float>(), nullptr, 0.0f, false, 0);
+                });
+                const cuda::GemmTiles chosen = cuda::gemm_tiles(dtype, tokens, shape.rows);
+                for (cuda::GemmTiles tiles : runnable_tiles(dtype)) {
+                    if (tiles == cuda::GemmTiles::kSimt) continue;
+                    const double gemm_ms = time_ms([&](int) {
+                        cuda::gemm_with_tiles(tiles, out.as<float>(), shape.rows, device_w, in,
+                                              nullptr, false, 0);
+                    });
+                    std::printf("| %s %s %dx%d | %d | %s%s | %.1f | %.1f | %.2f |\n", shape.name,
+                                dtype_label(dtype), shape.rows, shape.cols, tokens,
+                                tiles_label(tiles), tiles == chosen ? " (gemm's)" : "",
+                                gemm_ms * 1e3, matvec_ms * 1e3, gemm_ms / matvec_ms);
+                    std::fflush(stdout);
+                }
+            }
+        }
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -754,7 +1024,11 @@ int main(int argc, char** argv) {
         check_elementwise();
         check_rope();
         check_attention(properties.multiProcessorCount);
-        if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) bench(properties.multiProcessorCount);
+        check_gemm();
+        if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) {
+            bench(properties.multiProcessorCount);
+            bench_gemm(properties);
+        }
         std::printf("%d passed, %d failed\n", passed, failed);
         return failed ? 1 : 0;
     } catch (const std::exception& e) {
