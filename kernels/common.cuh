@@ -1,7 +1,8 @@
 // Device helpers shared by the kernels: warp and block reductions (RMSNorm's scale among
-// them), 16-byte weight vectors unpacked to f32, and KV-cache element loads and stores (f32
-// or f16); and the host's dispatch on the weights' dtype and the cache's element type
-// (with_weight_dtype, with_kv_type).
+// them), 16-byte weight vectors unpacked to f32 (f32, f16, bf16; Q8 and Q4 values as
+// integers), and KV-cache element loads and stores (f32 or f16); and the host's dispatch on
+// the weights' dtype and the cache's element type (with_weight_dtype, with_quantized_dtype,
+// with_kv_type).
 #pragma once
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -12,6 +13,7 @@
 
 #include "error.h"
 #include "kv_cache.h"
+#include "model.h"        // kQ4Offset
 #include "safetensors.h"  // DType
 
 namespace barellm::cuda {
@@ -43,6 +45,17 @@ __device__ __forceinline__ float group_sum(float value) {
 #pragma unroll
     for (int offset = kLanes / 2; offset > 0; offset /= 2)
         value += __shfl_xor_sync(kFullMask, value, offset);
+    return value;
+}
+
+// Maximum within each aligned group of kLanes lanes, as group_sum.
+template <int kLanes>
+__device__ __forceinline__ float group_max(float value) {
+    static_assert(kLanes >= 1 && kLanes <= kWarpSize && (kLanes & (kLanes - 1)) == 0,
+                  "kLanes must be a power of two up to 32");
+#pragma unroll
+    for (int offset = kLanes / 2; offset > 0; offset /= 2)
+        value = fmaxf(value, __shfl_xor_sync(kFullMask, value, offset));
     return value;
 }
 
@@ -166,6 +179,57 @@ struct WeightFormat<DType::BF16> {
     }
 };
 
+// How a quantized weight dtype is read (kernels.h, DeviceMatrix): kPerVector columns per
+// 16-byte vector of a row; row_bytes(pitch) bytes of values per row; value(row, c), the
+// signed integer weight of column c of a row (times the block's scale it is the weight);
+// widen(vector, out), a vector's kPerVector integer weights as f32, in column order.
+template <DType D>
+struct QuantizedFormat;
+
+// Q8: one int8 per column.
+template <>
+struct QuantizedFormat<DType::I8> {
+    static constexpr int kPerVector = 16;
+    __host__ __device__ static constexpr size_t row_bytes(int pitch) { return size_t(pitch); }
+    __device__ static __forceinline__ int value(const void* row, int c) {
+        return static_cast<const int8_t*>(row)[c];
+    }
+    __device__ static __forceinline__ void widen(const uint4& v, float (&out)[16]) {
+        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+#pragma unroll
+            for (int b = 0; b < 4; ++b)  // byte b of word k: column 4k + b
+                out[4 * k + b] = float(int8_t(words[k] >> (8 * b)));
+    }
+};
+
+// Q4: a 16-byte vector is one block of 32 columns; byte j holds column j (low nibble) and
+// column j + 16 (high nibble), each as q + 8 (model.h: kQ4Offset).
+template <>
+struct QuantizedFormat<DType::U8> {
+    static constexpr int kPerVector = 32;
+    static constexpr uint32_t kLowNibbles = 0x0f0f0f0fu;
+    __host__ __device__ static constexpr size_t row_bytes(int pitch) { return size_t(pitch) / 2; }
+    __device__ static __forceinline__ int value(const void* row, int c) {
+        const int within = c % kPerVector, half_block = kPerVector / 2;
+        const uint8_t byte =
+            static_cast<const uint8_t*>(row)[c / kPerVector * half_block + within % half_block];
+        return (within < half_block ? byte & 0x0f : byte >> 4) - kQ4Offset;
+    }
+    __device__ static __forceinline__ void widen(const uint4& v, float (&out)[32]) {
+        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {  // byte 4k + b: columns 4k + b and 16 + 4k + b
+                const uint32_t byte = words[k] >> (8 * b);
+                out[4 * k + b] = float(int(byte & 0x0f) - kQ4Offset);
+                out[16 + 4 * k + b] = float(int((byte >> 4) & 0x0f) - kQ4Offset);
+            }
+    }
+};
+
 // KV-cache elements: stored as f32 or f16 (round to nearest even, as the CPU's
 // float_to_half). The fast kernels read them in pairs (half2 / float2): head_dim and kv_dim
 // are even, so a pair never straddles a 4-byte (f16) or 8-byte (f32) boundary; the ladder's
@@ -194,10 +258,18 @@ void with_weight_dtype(DType dtype, Launch launch) {
         case DType::BF16:
             return launch(std::integral_constant<DType, DType::BF16>{});
         case DType::I8:
-            throw Error("the CUDA kernels do not read Q8 (I8) weights yet");
         case DType::U8:
-            throw Error("the CUDA kernels do not read Q4 (U8) weights yet");
+            throw Error("this CUDA kernel reads f32, f16 and bf16 weights, not Q8 or Q4");
     }
+}
+
+// Host side: calls launch(std::integral_constant<DType, D>{}) for a quantized dtype D (I8 or
+// U8).
+template <typename Launch>
+void with_quantized_dtype(DType dtype, Launch launch) {
+    if (dtype == DType::I8) return launch(std::integral_constant<DType, DType::I8>{});
+    if (dtype == DType::U8) return launch(std::integral_constant<DType, DType::U8>{});
+    throw Error("with_quantized_dtype: the weights are not Q8 or Q4");
 }
 
 // Host side: calls launch(KvT{}) with KvT the cache's element type (float or __half).

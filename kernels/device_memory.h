@@ -1,5 +1,6 @@
-// Owning handles for device and pinned host memory, and the upload of weight matrices into
-// the padded-row layout the kernels read (kernels.h: DeviceMatrix). Host code only.
+// Owning handles for device and pinned host memory, and the upload of weight matrices (f32,
+// f16, bf16, Q8, Q4) into the padded-row layout the kernels read (kernels.h: DeviceMatrix).
+// Host code only.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -80,35 +81,45 @@ private:
 using DeviceBuffer = CudaBuffer<DeviceMemory>;
 using PinnedBuffer = CudaBuffer<PinnedHostMemory>;
 
-// Device bytes of `parts` stacked into one padded matrix (see upload_stacked).
-inline size_t stacked_bytes(const std::vector<const Matrix*>& parts) {
-    size_t rows = 0;
-    for (const Matrix* part : parts) rows += part->rows;
-    const Matrix& m = *parts.front();
-    return rows * padded_cols(m.cols, m.dtype) * dtype_size(m.dtype);
-}
-
-// Copies host matrices with equal cols and dtype into one device matrix whose rows are the
-// rows of parts[0], then of parts[1], ... (how wq, wk and wv become one [q+k+v, dim] matrix),
-// each row padded with zeros to padded_cols. `memory` receives the allocation.
-// The rows travel through `staging` (pinned) in chunks of whole rows.
-inline DeviceMatrix upload_stacked(const std::vector<const Matrix*>& parts, DeviceBuffer& memory,
-                                   PinnedBuffer& staging, const std::string& what) {
+// The device matrix `parts` stacked into (see upload_stacked), its data and scales unset.
+inline DeviceMatrix stacked_shape(const std::vector<const Matrix*>& parts) {
     const Matrix& first = *parts.front();
     DeviceMatrix out;
     out.dtype = first.dtype;
     out.cols = first.cols;
     out.pitch = padded_cols(first.cols, first.dtype);
+    for (const Matrix* part : parts) out.rows += part->rows;
+    return out;
+}
+
+// Device bytes of `parts` stacked into one padded matrix (see upload_stacked).
+inline size_t stacked_bytes(const std::vector<const Matrix*>& parts) {
+    return stacked_shape(parts).bytes();
+}
+
+// Copies host matrices with equal cols and dtype into one device matrix whose rows are the
+// rows of parts[0], then of parts[1], ... (how wq, wk and wv become one [q+k+v, dim] matrix),
+// each row padded with zeros to padded_cols. Q8/Q4 matrices: the values of each row are
+// padded the same way (a row's blocks belong to its part: rows never mix parts), and the
+// scales of parts[0], parts[1], ... follow all values ([rows, blocks_per_row], 16-byte
+// aligned; the file's per-row scale count is blocks_per_row). `memory` receives the
+// allocation. The rows travel through `staging` (pinned) in chunks of whole rows.
+inline DeviceMatrix upload_stacked(const std::vector<const Matrix*>& parts, DeviceBuffer& memory,
+                                   PinnedBuffer& staging, const std::string& what) {
+    const Matrix& first = *parts.front();
+    DeviceMatrix out = stacked_shape(parts);
     for (const Matrix* part : parts) {
         if (part->cols != first.cols || part->dtype != first.dtype)
             throw Error("upload of " + what + ": stacked matrices differ in columns or dtype");
-        out.rows += part->rows;
+        if (is_quantized(part->dtype) &&
+            (part->scales == nullptr || part->scale_count_per_row() != out.blocks_per_row()))
+            throw Error("upload of " + what + ": its scales do not cover whole blocks of " +
+                        std::to_string(kQuantizedBlock) + " columns");
     }
     memory = DeviceBuffer(out.bytes(), what);
     out.data = memory.as();
 
-    const size_t element = dtype_size(out.dtype);
-    const size_t source_row = size_t(out.cols) * element, device_row = size_t(out.pitch) * element;
+    const size_t source_row = first.row_bytes(), device_row = out.row_bytes();
     if (staging.bytes() < device_row)
         throw Error("upload of " + what + ": staging buffer too small");
     const size_t rows_per_chunk = staging.bytes() / device_row;
@@ -129,6 +140,14 @@ inline DeviceMatrix upload_stacked(const std::vector<const Matrix*>& parts, Devi
             }
             CUDA_CHECK(cudaMemcpy(device, chunk, rows * device_row, cudaMemcpyHostToDevice));
             device += rows * device_row;
+        }
+    }
+    if (is_quantized(out.dtype)) {  // device now points right after the values
+        out.scales = reinterpret_cast<const uint16_t*>(device);
+        for (const Matrix* part : parts) {
+            const size_t bytes = size_t(part->rows) * out.blocks_per_row() * sizeof(uint16_t);
+            CUDA_CHECK(cudaMemcpy(device, part->scales, bytes, cudaMemcpyHostToDevice));
+            device += bytes;
         }
     }
     return out;

@@ -1,4 +1,5 @@
-// Token embedding: the residual stream starts as the token's row of the embedding table.
+// Token embedding: the residual stream starts as the token's row of the embedding table
+// (f32, f16, bf16, or Q8/Q4 values times their block's scale).
 #pragma once
 #include "common.cuh"
 #include "cuda_check.h"
@@ -22,8 +23,34 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
     x[i] = WeightFormat<D>::element(row, i);
 }
 
+// x[i] = table[step[0], i] as f32 for a Q8 (I8) or Q4 (U8) table: the integer weight times
+// its block's f16 scale, as the CPU's embedding_row computes it.
+// Launch: as embedding_kernel (grid ceil(cols / 256), block 256, no shared memory).
+template <DType D>
+__global__ void __launch_bounds__(kEmbeddingThreads)
+    embedding_quantized_kernel(float* __restrict__ x, const void* __restrict__ table,
+                               const uint16_t* __restrict__ scales, int cols, int pitch,
+                               const int* __restrict__ step) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= cols) return;
+    const size_t token = size_t(step[0]);
+    using Format = QuantizedFormat<D>;
+    const char* row = static_cast<const char*>(table) + token * Format::row_bytes(pitch);
+    const uint16_t scale = scales[token * (pitch / kQuantizedBlock) + i / kQuantizedBlock];
+    x[i] = float(Format::value(row, i)) * half_bits_to_float(scale);
+}
+
 void embedding(float* x, const DeviceMatrix& table, const int* step, cudaStream_t stream) {
     const dim3 grid((table.cols + kEmbeddingThreads - 1) / kEmbeddingThreads);
+    if (is_quantized(table.dtype)) {
+        with_quantized_dtype(table.dtype, [&](auto dtype) {
+            embedding_quantized_kernel<decltype(dtype)::value>
+                <<<grid, kEmbeddingThreads, 0, stream>>>(x, table.data, table.scales, table.cols,
+                                                         table.pitch, step);
+        });
+        CUDA_CHECK_LAUNCH("embedding_quantized_kernel");
+        return;
+    }
     with_weight_dtype(table.dtype, [&](auto dtype) {
         embedding_kernel<decltype(dtype)::value>
             <<<grid, kEmbeddingThreads, 0, stream>>>(x, table.data, table.cols, table.pitch, step);

@@ -3,7 +3,11 @@
 // step by step as src/cpu/forward.cpp runs it, with the kernels of kernels/*.cuh (launched
 // through kernels.h).
 //
-// - Weights are uploaded once; activations are f32; the KV cache is f16 or f32.
+// - Weights (f32, f16, bf16, Q8 or Q4) are uploaded once; activations are f32; the KV cache
+//   is f16 or f32. Q8/Q4 matrices run through the int8 matvecs of matmul_quantized.cuh
+//   (kernels.h: matvec and matvec_swiglu dispatch on the dtype); a Q8/Q4 model's prompt is
+//   processed token by token, one decode step per token (the batched prefill's GEMM reads
+//   f16/bf16 weights only).
 // - The kernel sequence of one token (CudaBackend::record_forward) is captured once as a CUDA
 //   graph and replayed for every token. The token id and the position live in a small device
 //   buffer (`step`) that the host overwrites before each replay; no launch shape depends on
@@ -312,6 +316,7 @@ public:
           kv_type_(options.kv_type),
           rung_(rung_kernels(options.cuda_kernels)) {
         const Config& c = model.config;
+        if (c.weight_dtype == "Q8" || c.weight_dtype == "Q4") check_quantized_rung(options);
         CUDA_CHECK(cudaSetDevice(0));
         cudaDeviceProp properties;
         CUDA_CHECK(cudaGetDeviceProperties(&properties, 0));
@@ -476,11 +481,19 @@ private:
         graph_exec_.reset(exec);
     }
 
+    // The GPU ladder's simple matvecs (rungs 1-3) read f32, f16 and bf16 weights only.
+    void check_quantized_rung(const BackendOptions& options) const {
+        const CudaKernels kernels = options.cuda_kernels;
+        if (kernels == CudaKernels::NaivePort || kernels == CudaKernels::WarpPerRow ||
+            kernels == CudaKernels::Fused)
+            throw Error(
+                "the GPU ladder's simple matvecs (rungs 1-3) read f32, f16 and bf16 "
+                "weights, not " +
+                model_.config.weight_dtype + ": convert with --dtype f16 for the ladder");
+    }
+
     void check_shape(const cudaDeviceProp& properties) const {
         const Config& c = model_.config;
-        if (c.weight_dtype == "Q8" || c.weight_dtype == "Q4")
-            throw Error("the CUDA backend does not run " + c.weight_dtype +
-                        " weights yet: convert with --dtype f16, bf16 or f32");
         if (context_ < 1) throw Error("the CUDA backend needs a context of at least 1 position");
         if (c.head_dim % 2 != 0 || c.head_dim > cuda::kMaxHeadDim)
             throw Error("the CUDA backend supports even head_dim up to " +
@@ -498,13 +511,13 @@ private:
                         " per block");
     }
 
+    // The most shared memory a matvec of this model needs (a Q4 file mixes Q4 and F16
+    // matrices: each has its own).
     size_t max_matvec_shared_bytes() const {
-        const Config& c = model_.config;
-        const DType dtype = model_.token_embedding.dtype;
-        int pitch = 0;
-        for (int cols : {c.dim, c.q_dim(), c.hidden_dim})
-            pitch = std::max(pitch, cuda::padded_cols(cols, dtype));
-        return cuda::matvec_shared_bytes(pitch);
+        size_t bytes = 0;
+        for (const Matrix* m : model_.matrices())
+            bytes = std::max(bytes, cuda::matvec_shared_bytes(m->cols, m->dtype));
+        return bytes;
     }
 
     bool tied_output() const { return model_.output.data == model_.token_embedding.data; }

@@ -7,6 +7,7 @@
 #include "embedding.cuh"
 #include "gemm.cuh"
 #include "matmul.cuh"
+#include "matmul_quantized.cuh"
 #include "matmul_simple.cuh"
 #include "rope.cuh"
 

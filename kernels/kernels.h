@@ -2,10 +2,12 @@
 // no device code, so host code that only launches kernels does not recompile them.
 //
 // - The kernels live in the .cuh files named after what they compute (embedding.cuh,
-//   matmul.cuh, rope.cuh, attention.cuh, gemm.cuh; the GPU ladder's simple versions in
-//   matmul_simple.cuh, elementwise_simple.cuh, attention_simple.cuh), compiled once, in
-//   kernels.cu. forward.cu and tests/tools/cuda_kernel_check.cu launch them through here.
-// - Activations are f32 in device memory; weights are f32, f16 or bf16.
+//   matmul.cuh, matmul_quantized.cuh, rope.cuh, attention.cuh, gemm.cuh; the GPU ladder's
+//   simple versions in matmul_simple.cuh, elementwise_simple.cuh, attention_simple.cuh),
+//   compiled once, in kernels.cu. forward.cu and tests/tools/cuda_kernel_check.cu launch them through here.
+// - Activations are f32 in device memory; weights are f32, f16, bf16, Q8 (I8) or Q4 (U8):
+//   the decode kernels (embedding, matvec, matvec_swiglu) read all five, the GPU ladder's
+//   simple kernels and the batched-prefill kernels the first three.
 // - Every launch goes on `stream` and is checked with cudaGetLastError (a failure throws
 //   barellm::Error).
 // - Kernels that depend on the token or the position read them from `step`, a device array
@@ -15,28 +17,52 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kv_cache.h"
 #include "safetensors.h"  // DType
 
 namespace barellm::cuda {
 
+// Columns per scale of a Q8 group or a Q4 block (model.h: kQ8Group, kQ4Block).
+constexpr int kQuantizedBlock = 32;
+
 // A weight matrix in device memory: row-major [rows, cols] of `dtype`, each row padded with
-// zeros to `pitch` elements so that rows start on 16 bytes and are read as whole 16-byte
-// vectors (pitch = cols rounded up to 4 f32 or 8 f16/bf16 elements).
+// zeros to `pitch` elements (pitch = padded_cols(cols, dtype)) so that rows start on 16 bytes
+// and are read as whole 16-byte vectors.
+// - F32, F16, BF16: pitch is cols rounded up to 4 f32 or 8 f16/bf16 elements.
+// - I8 (Q8) and U8 (Q4): pitch is cols rounded up to whole blocks of kQuantizedBlock
+//   columns (Q4 has whole blocks already). A row holds pitch int8 values (I8) or pitch / 2
+//   bytes of 4-bit values (U8: a block's 16 bytes hold its column j in the low nibble of byte
+//   j and column j + 16 in the high nibble, as in the file); padding values are 0, so they
+//   add nothing to a dot product. `scales` [rows, pitch / kQuantizedBlock] holds each
+//   block's f16 scale, in the same allocation as the values, right after them (16-byte
+//   aligned). A Q8 row's last group may be shorter in the file; padded, it is a whole block.
 struct DeviceMatrix {
     const void* data = nullptr;
     DType dtype = DType::F32;
     int rows = 0;
     int cols = 0;
     int pitch = 0;
-    size_t bytes() const { return size_t(rows) * pitch * dtype_size(dtype); }
+    const uint16_t* scales = nullptr;  // I8 and U8 only
+
+    int blocks_per_row() const { return pitch / kQuantizedBlock; }
+    // Bytes of one row's values in device memory (scales aside).
+    size_t row_bytes() const {
+        return dtype == DType::U8 ? size_t(pitch) / 2 : size_t(pitch) * dtype_size(dtype);
+    }
+    size_t scale_bytes() const {
+        const bool quantized = dtype == DType::I8 || dtype == DType::U8;
+        return quantized ? size_t(rows) * blocks_per_row() * sizeof(uint16_t) : 0;
+    }
+    size_t bytes() const { return size_t(rows) * row_bytes() + scale_bytes(); }
 };
 
 // Elements per row in device memory for `cols` columns of `dtype`.
 inline int padded_cols(int cols, DType dtype) {
-    const int per_vector = 16 / int(dtype_size(dtype));
-    return (cols + per_vector - 1) / per_vector * per_vector;
+    const int multiple =
+        dtype == DType::I8 || dtype == DType::U8 ? kQuantizedBlock : 16 / int(dtype_size(dtype));
+    return (cols + multiple - 1) / multiple * multiple;
 }
 
 // x[dim] = table[token] as f32, token = step[0].
@@ -55,8 +81,20 @@ void matvec(float* out, const DeviceMatrix& w, const float* in, const float* nor
 void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, const float* in,
                    const float* norm_weight, float eps, cudaStream_t stream);
 
-// Dynamic shared memory a matvec over rows of `pitch` elements needs (the staged input).
-size_t matvec_shared_bytes(int pitch);
+// Q8 and Q4 weights (matmul_quantized.cuh): the input (normed, when norm_weight is given) is
+// quantized to int8 per block of 32 as the CPU's cpu::quantize_q8 does, and multiplied with
+// the weights in int8 dot products. matvec_widened and matvec_swiglu_widened compute the same
+// with the weights widened to f32 against the f32 input instead (Q8 and Q4 only):
+// cuda_kernel_check checks both and --bench times both.
+void matvec_widened(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight,
+                    float eps, const float* bias, bool accumulate, cudaStream_t stream);
+void matvec_swiglu_widened(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
+                           const float* in, const float* norm_weight, float eps,
+                           cudaStream_t stream);
+
+// Dynamic shared memory a matvec over rows of `cols` columns of `dtype` needs (the staged
+// input, and for Q8/Q4 its int8 copy).
+size_t matvec_shared_bytes(int cols, DType dtype);
 // Allows every matvec kernel up to `bytes` of dynamic shared memory (needed above 48 KiB).
 // Call once, before capturing a graph.
 void prepare_matvec(size_t bytes);

@@ -23,6 +23,7 @@
 #include "common.cuh"
 #include "cuda_check.h"
 #include "kernels.h"
+#include "model.h"  // is_quantized
 
 namespace barellm::cuda {
 
@@ -34,39 +35,37 @@ constexpr int kMatvecThreadsMax = kMatvecMaxWarps * kWarpSize;
 // over more rows and a block's shared memory does more work.
 inline int matvec_warps(int pitch) { return pitch <= 4096 ? 8 : 16; }
 
-size_t matvec_shared_bytes(int pitch) { return size_t(pitch) * sizeof(float); }
+// The staged f32 input of a matvec over rows of `pitch` elements.
+size_t staged_input_bytes(int pitch) { return size_t(pitch) * sizeof(float); }
 
-// Where input element c sits in the staged copy. With 4 elements per weight vector (f32)
-// the order is plain. With 8 (f16, bf16), lane l needs elements 8v..8v+7 of vector v; they
-// are split into a "low" half (8v..8v+3) stored at 4v and a "high" half (8v+4..8v+7)
-// stored at pitch/2 + 4v, so that each of the lane's two 16-byte shared loads has the 32
-// lanes reading 512 consecutive bytes (no bank conflicts). pitch is a multiple of 8 then.
+// Where input element c sits in the staged copy, for weight vectors of kPerVector elements
+// (a multiple of 4). With 4 (f32) the order is plain. With more, lane l needs elements
+// kPerVector * v .. kPerVector * (v + 1) - 1 of vector v; they are cut into kPerVector / 4
+// "planes" of 4: plane k holds elements 4k..4k+3 of every vector, those of vector v at 4v,
+// the planes pitch / (kPerVector / 4) floats apart. So each of the lane's 16-byte shared
+// loads has the 32 lanes reading 512 consecutive bytes (no bank conflicts). With 8 (f16,
+// bf16) that is a "low" half (8v..8v+3) at 4v and a "high" half (8v+4..8v+7) at
+// pitch/2 + 4v. pitch is a multiple of kPerVector.
 template <int kPerVector>
 __device__ __forceinline__ int staged_index(int c, int pitch) {
-    if constexpr (kPerVector == 4) {
-        return c;
-    } else {
-        static_assert(kPerVector == 8, "weight vectors hold 4 or 8 elements");
-        const int vector = c / 8, within = c % 8;
-        return within < 4 ? vector * 4 + within : pitch / 2 + vector * 4 + (within - 4);
-    }
+    static_assert(kPerVector % 4 == 0, "weight vectors hold a multiple of 4 elements");
+    constexpr int kPlanes = kPerVector / 4;
+    const int vector = c / kPerVector, within = c % kPerVector;
+    return within / 4 * (pitch / kPlanes) + vector * 4 + within % 4;
 }
 
 // The kPerVector staged input elements that weight vector `vector` multiplies.
 template <int kPerVector>
 __device__ __forceinline__ void load_staged(const float* xs, int vector, int pitch,
                                             float (&x)[kPerVector]) {
-    const float4 low = reinterpret_cast<const float4*>(xs)[vector];
-    x[0] = low.x;
-    x[1] = low.y;
-    x[2] = low.z;
-    x[3] = low.w;
-    if constexpr (kPerVector == 8) {
-        const float4 high = reinterpret_cast<const float4*>(xs + pitch / 2)[vector];
-        x[4] = high.x;
-        x[5] = high.y;
-        x[6] = high.z;
-        x[7] = high.w;
+    constexpr int kPlanes = kPerVector / 4;
+#pragma unroll
+    for (int k = 0; k < kPlanes; ++k) {
+        const float4 part = reinterpret_cast<const float4*>(xs + k * (pitch / kPlanes))[vector];
+        x[4 * k] = part.x;
+        x[4 * k + 1] = part.y;
+        x[4 * k + 2] = part.z;
+        x[4 * k + 3] = part.w;
     }
 }
 
@@ -289,7 +288,7 @@ void launch_matvec(float* out, const DeviceMatrix& w, const float* in, const flo
                    float eps, const float* bias, bool accumulate, cudaStream_t stream) {
     const int warps = matvec_warps(w.pitch);
     const dim3 grid((w.rows + warps - 1) / warps), block(warps * kWarpSize);
-    const size_t shared = matvec_shared_bytes(w.pitch);
+    const size_t shared = staged_input_bytes(w.pitch);
     if (accumulate)
         matvec_kernel<D, true><<<grid, block, shared, stream>>>(out, w.data, w.rows, w.pitch, in,
                                                                 w.cols, norm_weight, eps, bias);
@@ -304,7 +303,7 @@ void launch_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix
                           cudaStream_t stream) {
     const int warps = matvec_warps(w1.pitch);
     const dim3 grid((w1.rows + warps - 1) / warps), block(warps * kWarpSize);
-    matvec_swiglu_kernel<D><<<grid, block, matvec_shared_bytes(w1.pitch), stream>>>(
+    matvec_swiglu_kernel<D><<<grid, block, staged_input_bytes(w1.pitch), stream>>>(
         out, w1.data, w3.data, w1.rows, w1.pitch, in, w1.cols, norm_weight, eps);
 }
 
@@ -328,9 +327,29 @@ void allow_shared_bytes(Kernel kernel, size_t bytes) {
 
 }  // namespace
 
+// Q8 and Q4 weights (matmul_quantized.cuh): the launches matvec and matvec_swiglu hand them to
+// (widened: the f32 variant, else int8 products), their staging's shared memory, and the
+// shared-memory allowance of their kernels.
+void launch_quantized_matvec(float* out, const DeviceMatrix& w, const float* in,
+                             const float* norm_weight, float eps, const float* bias,
+                             bool accumulate, bool widened, cudaStream_t stream);
+void launch_quantized_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
+                                    const float* in, const float* norm_weight, float eps,
+                                    bool widened, cudaStream_t stream);
+size_t quantized_staging_bytes(int pitch);
+void prepare_quantized_matvec(size_t bytes);
+
+size_t matvec_shared_bytes(int cols, DType dtype) {
+    const int pitch = padded_cols(cols, dtype);
+    return is_quantized(dtype) ? quantized_staging_bytes(pitch) : staged_input_bytes(pitch);
+}
+
 void matvec(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight, float eps,
             const float* bias, bool accumulate, cudaStream_t stream) {
     check_input_alignment(in, norm_weight);
+    if (is_quantized(w.dtype))
+        return launch_quantized_matvec(out, w, in, norm_weight, eps, bias, accumulate,
+                                       /*widened=*/false, stream);
     with_weight_dtype(w.dtype, [&](auto dtype) {
         launch_matvec<decltype(dtype)::value>(out, w, in, norm_weight, eps, bias, accumulate,
                                               stream);
@@ -342,6 +361,9 @@ void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, c
                    const float* norm_weight, float eps, cudaStream_t stream) {
     check_swiglu_shapes(w1, w3);
     check_input_alignment(in, norm_weight);
+    if (is_quantized(w1.dtype))
+        return launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps,
+                                              /*widened=*/false, stream);
     with_weight_dtype(w1.dtype, [&](auto dtype) {
         launch_matvec_swiglu<decltype(dtype)::value>(out, w1, w3, in, norm_weight, eps, stream);
     });
@@ -358,6 +380,7 @@ void prepare_matvec(size_t bytes) {
     allow_shared_bytes(matvec_swiglu_kernel<DType::F32>, bytes);
     allow_shared_bytes(matvec_swiglu_kernel<DType::F16>, bytes);
     allow_shared_bytes(matvec_swiglu_kernel<DType::BF16>, bytes);
+    prepare_quantized_matvec(bytes);
 }
 
 }  // namespace barellm::cuda

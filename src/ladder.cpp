@@ -663,6 +663,14 @@ int run_gpu_ladder(const Options& options, int gen_tokens) {
     check_gpu();
     const Model model = Model::load(options.model_path);  // the file's weights, its dtype
     const Config& config = model.config;
+    if (config.weight_dtype == "Q8" || config.weight_dtype == "Q4")
+        throw Error(
+            "ladder --device cuda: its first rungs' simple matvecs read f32, f16 and bf16 "
+            "weights, not " +
+            config.weight_dtype +
+            " (run the ladder on an f16 file; `bench --device cuda` "
+            "times " +
+            config.weight_dtype + ")");
     const std::vector<GpuRung> rungs = gpu_ladder_rungs();
 
     if (options.has_check_text) {

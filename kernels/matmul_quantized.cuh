@@ -1,0 +1,427 @@
+// Matrix-vector products for decode with Q8 (I8) and Q4 (U8) weights: the kernels of
+// matmul.cuh (one warp per row, 16-byte loads with kMatvecUnroll in flight per lane, the input
+// staged in shared memory with RMSNorm fused, the bias and the residual added in the store,
+// w1 and w3 read by one warp with SwiGLU applied before the store) for weights stored as integers
+// with one f16 scale per block of 32 columns (kernels.h: DeviceMatrix). The weights are dequantized
+// in registers only.
+//
+// How the products are computed: int8 dot products (dp4a) against the input quantized to
+// int8 per block of 32 columns, as the CPU's Q8/Q4 matvec does (cpu::quantize_q8: scale =
+// max |x| / 127, values rounded half away from zero), so the GPU's results follow the
+// CPU's. Why this is the default rather than widening the weights to f32 against the f32
+// input (matvec_widened, kept beside it for comparison; cuda_kernel_check --bench times
+// both): the kernel must stream weights at memory speed, and on a GPU like the H100
+// (~3.35 TB/s over 132 SMs, ~25 bytes per SM per clock) widening costs about two
+// instructions per weight (extract and convert, then an FMA), i.e. ~50 (Q8) to ~100 (Q4)
+// instructions per SM per clock against an issue limit of 128, plus the shared loads of
+// the f32 input: close to or past the point where the kernel stops being bound by memory.
+// dp4a multiplies four weights in one instruction, a Q4 vector's 32 nibbles are unpacked
+// with 8 logic operations, and the int8 input is a quarter of the f32 input's shared-memory
+// traffic; quantizing the input costs each block one pass over it in shared memory.
+//
+// - Staging (stage_quantized_input): the f32 input is staged (and normed) as matmul.cuh
+//   does, then quantized, each 8 lanes taking a block of 32 columns (a float4 each), into
+//   int8 values laid out in the order the weight vectors consume them (quantized_index),
+//   with each block's scale and, for Q4, the sum of its values (the offset of 8 of Q4's
+//   values is subtracted once per block: Σ (q − 8)·x = Σ q·x − 8·Σ x).
+// - Per 16-byte weight vector a lane loads the vector and its block's f16 scale together
+//   (all loads of a round before any math), computes the vector's integer dot product, and
+//   adds it times the weight scale times the input block's scale to its f32 sum.
+#pragma once
+#include "common.cuh"
+#include "cuda_check.h"
+#include "kernels.h"
+#include "matmul.cuh"
+#include "model.h"
+
+namespace barellm::cuda {
+
+static_assert(kQuantizedBlock == kQ8Group && kQuantizedBlock == kQ4Block,
+              "Q8 groups and Q4 blocks are the DeviceMatrix blocks");
+
+constexpr int kQuantizedMatvecWarps = 16;  // rows (warps) per block: rows are short in bytes
+static_assert(kQuantizedMatvecWarps <= kMatvecMaxWarps, "the results array holds a row per warp");
+constexpr float kInt8Largest = 127.0f;  // the quantized input's scale is max |x| / 127
+// Quantizing the staged input: each lane takes a float4 of a block, 8 lanes a block.
+constexpr int kLanesPerBlock = kQuantizedBlock / 4;
+constexpr int kBlocksPerWarpPass = kWarpSize / kLanesPerBlock;
+// The int8 input is read in 16-byte shared loads of 16 values ("planes").
+constexpr int kPlaneValues = 16;
+
+// Shared memory of a quantized matvec over rows of `pitch` columns: the f32 staged input
+// [pitch], its int8 copy [pitch], the scale [blocks] (f32) and value sum [blocks] (int) of
+// each of its blocks. Every part starts 16-byte aligned but the sums (4-byte aligned).
+size_t quantized_staging_bytes(int pitch) {
+    const size_t blocks = size_t(pitch) / kQuantizedBlock;
+    return size_t(pitch) * (sizeof(float) + sizeof(int8_t)) +
+           blocks * (sizeof(float) + sizeof(int));
+}
+
+// The staged input of a quantized matvec, in shared memory.
+struct QuantizedInput {
+    const float* xs;       // [pitch] f32 (matvec_widened: in staged_index<kPerVector> order)
+    const int8_t* values;  // [pitch] int8, in quantized_index<kPerVector> order
+    const float* scales;   // [blocks]
+    const int* sums;       // [blocks] Σ values of each block
+};
+
+// Where int8 input value c sits: weight vector v (kPerVector columns) multiplies values that
+// are cut into kPerVector / 16 planes of 16, plane k holding columns 16k..16k+15 of every
+// vector, those of vector v at 16v, the planes pitch / (kPerVector / 16) bytes apart. So a
+// lane's 16-byte shared loads have the 32 lanes reading 512 consecutive bytes (no bank
+// conflicts). Q8 (16 columns a vector) is one plane: the plain order. Groups of 4 columns
+// (c a multiple of 4) stay together.
+template <int kPerVector>
+__device__ __forceinline__ int quantized_index(int c, int pitch) {
+    static_assert(kPerVector % kPlaneValues == 0, "a vector holds whole planes");
+    constexpr int kPlanes = kPerVector / kPlaneValues;
+    const int vector = c / kPerVector, within = c % kPerVector;
+    return within / kPlaneValues * (pitch / kPlanes) + vector * kPlaneValues +
+           within % kPlaneValues;
+}
+
+// Quantizes the staged f32 input xs[pitch] (plain order) per block of 32 as cpu::quantize_q8
+// does: scale = max |x| / 127, value = round(x / scale) (half away from zero; 0 where the
+// scale is 0). Each warp takes kBlocksPerWarpPass blocks at a time, 8 lanes a block. Every
+// thread of the block must call it; the caller synchronises before reading the result.
+template <int kPerVector>
+__device__ __forceinline__ void quantize_staged(const float* xs, int8_t* values, float* scales,
+                                                int* sums, int pitch) {
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int warps = blockDim.x / kWarpSize, blocks = pitch / kQuantizedBlock;
+    for (int first = warp * kBlocksPerWarpPass; first < blocks;
+         first += warps * kBlocksPerWarpPass) {
+        const int block = first + lane / kLanesPerBlock;  // the same for 8 lanes
+        const bool inside = block < blocks;
+        const int c = block * kQuantizedBlock + lane % kLanesPerBlock * 4;
+        const float4 x =
+            inside ? *reinterpret_cast<const float4*>(xs + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        const float largest = group_max<kLanesPerBlock>(
+            fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w))));
+        const float scale = largest / kInt8Largest;
+        const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+        const int q[4] = {int(roundf(x.x * inverse)), int(roundf(x.y * inverse)),
+                          int(roundf(x.z * inverse)), int(roundf(x.w * inverse))};
+        // Exact in f32: |sum| <= 32 * 127.
+        const float sum = group_sum<kLanesPerBlock>(float(q[0] + q[1] + q[2] + q[3]));
+        if (inside) {
+            const uint32_t packed = (uint32_t(q[0]) & 0xffu) | (uint32_t(q[1]) & 0xffu) << 8 |
+                                    (uint32_t(q[2]) & 0xffu) << 16 | (uint32_t(q[3]) & 0xffu) << 24;
+            *reinterpret_cast<uint32_t*>(values + quantized_index<kPerVector>(c, pitch)) = packed;
+            if (lane % kLanesPerBlock == 0) {
+                scales[block] = scale;
+                sums[block] = int(sum);
+            }
+        }
+    }
+}
+
+// Stages in[0, cols) (normed with norm_weight when given, as stage_input) into shared
+// memory for a matvec over rows of `pitch` columns of D: quantized to int8 (the int8
+// products), or as f32 in the order the weight vectors consume it (kWidened). Every thread
+// of the block must call it; it ends with a barrier.
+template <DType D, bool kWidened>
+__device__ __forceinline__ QuantizedInput
+stage_quantized_input(const float* __restrict__ in, int cols, int pitch,
+                      const float* __restrict__ norm_weight, float eps, float* scratch) {
+    constexpr int kPerVector = QuantizedFormat<D>::kPerVector;
+    float* xs = dynamic_shared_floats();
+    int8_t* values = reinterpret_cast<int8_t*>(xs + pitch);
+    float* scales = reinterpret_cast<float*>(values + pitch);
+    int* sums = reinterpret_cast<int*>(scales + pitch / kQuantizedBlock);
+    if constexpr (kWidened) {
+        stage_input<kPerVector>(xs, in, cols, pitch, norm_weight, eps, scratch);
+    } else {
+        stage_input<4>(xs, in, cols, pitch, norm_weight, eps, scratch);
+        quantize_staged<kPerVector>(xs, values, scales, sums, pitch);
+        __syncthreads();
+    }
+    return {xs, values, scales, sums};
+}
+
+// The integer dot product of a weight vector (raw) with the int8 input it multiplies:
+// Σ weight · input over the vector's columns, weights as signed integers (Q4: q − 8).
+template <DType D>
+__device__ __forceinline__ int vector_dot(const uint4& raw, const QuantizedInput& input, int vector,
+                                          int pitch);
+
+template <>
+__device__ __forceinline__ int vector_dot<DType::I8>(const uint4& raw, const QuantizedInput& input,
+                                                     int vector, int pitch) {
+    const int4 x = reinterpret_cast<const int4*>(input.values)[vector];
+    int dot = __dp4a(int(raw.x), x.x, 0);
+    dot = __dp4a(int(raw.y), x.y, dot);
+    dot = __dp4a(int(raw.z), x.z, dot);
+    return __dp4a(int(raw.w), x.w, dot);
+}
+
+template <>
+__device__ __forceinline__ int vector_dot<DType::U8>(const uint4& raw, const QuantizedInput& input,
+                                                     int vector, int pitch) {
+    using Format = QuantizedFormat<DType::U8>;
+    // Plane 0: columns 0..15 of the block (the low nibbles), plane 1: 16..31 (the high).
+    const int4 low = reinterpret_cast<const int4*>(input.values)[vector];
+    const int4 high = reinterpret_cast<const int4*>(input.values + pitch / 2)[vector];
+    const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+    const int low_x[4] = {low.x, low.y, low.z, low.w}, high_x[4] = {high.x, high.y, high.z, high.w};
+    int dot = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {  // nibbles 0..15 read as int8: dp4a's signed bytes hold them
+        dot = __dp4a(int(words[k] & Format::kLowNibbles), low_x[k], dot);
+        dot = __dp4a(int((words[k] >> 4) & Format::kLowNibbles), high_x[k], dot);
+    }
+    return dot - kQ4Offset * input.sums[vector];  // a Q4 vector is one block
+}
+
+// Σ weight · input over a weight vector's columns, the weights widened to f32 (as integers,
+// the scale aside) against the f32 staged input (matvec_widened).
+template <DType D>
+__device__ __forceinline__ float vector_dot_widened(const uint4& raw, const QuantizedInput& input,
+                                                    int vector, int pitch) {
+    constexpr int kPerVector = QuantizedFormat<D>::kPerVector;
+    float w[kPerVector], x[kPerVector];
+    QuantizedFormat<D>::widen(raw, w);
+    load_staged<kPerVector>(input.xs, vector, pitch, x);
+    float dot = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kPerVector; ++e) dot = fmaf(w[e], x[e], dot);
+    return dot;
+}
+
+template <DType D>
+__device__ __forceinline__ const uint4* quantized_row(const void* values, int row, int pitch) {
+    return reinterpret_cast<const uint4*>(static_cast<const char*>(values) +
+                                          size_t(row) * QuantizedFormat<D>::row_bytes(pitch));
+}
+
+// Dot products of kRows quantized weight rows (values and scales) with the staged input, for
+// the calling warp; every lane gets the sums. All 32 lanes must call it.
+template <DType D, bool kWidened, int kRows>
+__device__ __forceinline__ void dot_quantized_rows(const uint4* const (&rows)[kRows],
+                                                   const uint16_t* const (&row_scales)[kRows],
+                                                   const QuantizedInput& input, int pitch,
+                                                   float (&sums)[kRows]) {
+    constexpr int kPerVector = QuantizedFormat<D>::kPerVector;
+    constexpr int kVectorsPerBlock = kQuantizedBlock / kPerVector;  // 2 (Q8) or 1 (Q4)
+    const int vectors = pitch / kPerVector;
+    const int lane = threadIdx.x % kWarpSize;
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
+    for (int first = lane; first < vectors; first += kWarpSize * kMatvecUnroll) {
+        // All loads of this round first (kRows * kMatvecUnroll vectors and their scales in
+        // flight), then the math.
+        uint4 raw[kRows][kMatvecUnroll];
+        uint16_t scale_bits[kRows][kMatvecUnroll];
+#pragma unroll
+        for (int u = 0; u < kMatvecUnroll; ++u) {
+            const int v = first + u * kWarpSize;
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+                raw[r][u] = v < vectors ? __ldcs(rows[r] + v) : make_uint4(0, 0, 0, 0);
+                scale_bits[r][u] = v < vectors ? __ldcs(row_scales[r] + v / kVectorsPerBlock) : 0;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kMatvecUnroll; ++u) {
+            const int v = first + u * kWarpSize;
+            if (v < vectors) {
+                const int block = v / kVectorsPerBlock;
+                const float input_scale = kWidened ? 1.0f : input.scales[block];
+#pragma unroll
+                for (int r = 0; r < kRows; ++r) {
+                    const float dot = kWidened ? vector_dot_widened<D>(raw[r][u], input, v, pitch)
+                                               : float(vector_dot<D>(raw[r][u], input, v, pitch));
+                    acc[r] = fmaf(dot, half_bits_to_float(scale_bits[r][u]) * input_scale, acc[r]);
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) sums[r] = warp_sum(acc[r]);
+}
+
+// out[r] = (kAccumulate ? out[r] : 0) + (W[r, :] · stage(in) + bias[r]), r in [0, rows), no
+// bias term when bias is null; W quantized (values [rows, row_bytes], scales
+// [rows, pitch / 32]).
+// Launch: grid ceil(rows / 16), block 16 * 32 threads (one warp per row), dynamic shared
+// memory quantized_staging_bytes(pitch).
+template <DType D, bool kWidened, bool kAccumulate>
+__global__ void __launch_bounds__(kMatvecThreadsMax)
+    quantized_matvec_kernel(float* __restrict__ out, const void* __restrict__ values,
+                            const uint16_t* __restrict__ scales, int rows, int pitch,
+                            const float* __restrict__ in, int cols,
+                            const float* __restrict__ norm_weight, float eps,
+                            const float* __restrict__ bias) {
+    __shared__ float scratch[kWarpSize];
+    __shared__ float results[kMatvecMaxWarps];
+    const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int row = blockIdx.x * warps + warp;
+    const bool has_row = row < rows;         // the same for the whole warp
+    const int safe_row = has_row ? row : 0;  // row 0's address, never read, past the last row
+    const uint4* const row_pointer[1] = {quantized_row<D>(values, safe_row, pitch)};
+    const uint16_t* const row_scales[1] = {scales + size_t(safe_row) * (pitch / kQuantizedBlock)};
+    if (has_row)
+        prefetch_first_round<1>(row_pointer, threadIdx.x % kWarpSize,
+                                pitch / QuantizedFormat<D>::kPerVector);
+
+    const QuantizedInput input =
+        stage_quantized_input<D, kWidened>(in, cols, pitch, norm_weight, eps, scratch);
+
+    float sum[1] = {0.0f};
+    if (has_row) dot_quantized_rows<D, kWidened, 1>(row_pointer, row_scales, input, pitch, sum);
+    if (threadIdx.x % kWarpSize == 0) results[warp] = sum[0];
+    __syncthreads();
+    if (threadIdx.x < warps) {  // one coalesced store of the block's rows
+        const int r = blockIdx.x * warps + threadIdx.x;
+        if (r < rows) {
+            const float value =
+                bias != nullptr ? results[threadIdx.x] + bias[r] : results[threadIdx.x];
+            out[r] = kAccumulate ? out[r] + value : value;
+        }
+    }
+}
+
+// out[r] = silu(W1[r, :] · stage(in)) * (W3[r, :] · stage(in)), W1 and W3 quantized alike.
+// Launch: as quantized_matvec_kernel; each warp reads its row of both matrices.
+template <DType D, bool kWidened>
+__global__ void __launch_bounds__(kMatvecThreadsMax)
+    quantized_matvec_swiglu_kernel(float* __restrict__ out, const void* __restrict__ w1,
+                                   const uint16_t* __restrict__ scales1,
+                                   const void* __restrict__ w3,
+                                   const uint16_t* __restrict__ scales3, int rows, int pitch,
+                                   const float* __restrict__ in, int cols,
+                                   const float* __restrict__ norm_weight, float eps) {
+    __shared__ float scratch[kWarpSize];
+    __shared__ float results[kMatvecMaxWarps];
+    const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int row = blockIdx.x * warps + warp;
+    const bool has_row = row < rows;
+    const int safe_row = has_row ? row : 0;
+    const size_t scale_offset = size_t(safe_row) * (pitch / kQuantizedBlock);
+    const uint4* const row_pointers[2] = {quantized_row<D>(w1, safe_row, pitch),
+                                          quantized_row<D>(w3, safe_row, pitch)};
+    const uint16_t* const row_scales[2] = {scales1 + scale_offset, scales3 + scale_offset};
+    if (has_row)
+        prefetch_first_round<2>(row_pointers, threadIdx.x % kWarpSize,
+                                pitch / QuantizedFormat<D>::kPerVector);
+
+    const QuantizedInput input =
+        stage_quantized_input<D, kWidened>(in, cols, pitch, norm_weight, eps, scratch);
+
+    float value = 0.0f;
+    if (has_row) {
+        float sums[2];
+        dot_quantized_rows<D, kWidened, 2>(row_pointers, row_scales, input, pitch, sums);
+        value = swiglu_value(/*gate=*/sums[0], /*up=*/sums[1]);
+    }
+    if (threadIdx.x % kWarpSize == 0) results[warp] = value;
+    __syncthreads();
+    if (threadIdx.x < warps) {
+        const int r = blockIdx.x * warps + threadIdx.x;
+        if (r < rows) out[r] = results[threadIdx.x];
+    }
+}
+
+namespace {
+
+void check_quantized_matrix(const DeviceMatrix& w, const char* what) {
+    if (!is_quantized(w.dtype) || w.scales == nullptr || w.pitch % kQuantizedBlock != 0 ||
+        w.pitch < w.cols)
+        throw Error(std::string(what) + ": not a Q8/Q4 device matrix with scales and whole blocks");
+}
+
+template <DType D, bool kWidened>
+void launch_quantized_matvec_typed(float* out, const DeviceMatrix& w, const float* in,
+                                   const float* norm_weight, float eps, const float* bias,
+                                   bool accumulate, cudaStream_t stream) {
+    const dim3 grid((w.rows + kQuantizedMatvecWarps - 1) / kQuantizedMatvecWarps);
+    const dim3 block(kQuantizedMatvecWarps * kWarpSize);
+    const size_t shared = quantized_staging_bytes(w.pitch);
+    if (accumulate)
+        quantized_matvec_kernel<D, kWidened, true><<<grid, block, shared, stream>>>(
+            out, w.data, w.scales, w.rows, w.pitch, in, w.cols, norm_weight, eps, bias);
+    else
+        quantized_matvec_kernel<D, kWidened, false><<<grid, block, shared, stream>>>(
+            out, w.data, w.scales, w.rows, w.pitch, in, w.cols, norm_weight, eps, bias);
+}
+
+template <DType D, bool kWidened>
+void launch_quantized_matvec_swiglu_typed(float* out, const DeviceMatrix& w1,
+                                          const DeviceMatrix& w3, const float* in,
+                                          const float* norm_weight, float eps,
+                                          cudaStream_t stream) {
+    const dim3 grid((w1.rows + kQuantizedMatvecWarps - 1) / kQuantizedMatvecWarps);
+    const dim3 block(kQuantizedMatvecWarps * kWarpSize);
+    quantized_matvec_swiglu_kernel<D, kWidened>
+        <<<grid, block, quantized_staging_bytes(w1.pitch), stream>>>(
+            out, w1.data, w1.scales, w3.data, w3.scales, w1.rows, w1.pitch, in, w1.cols,
+            norm_weight, eps);
+}
+
+template <DType D>
+void allow_quantized_shared_bytes(size_t bytes) {
+    allow_shared_bytes(quantized_matvec_kernel<D, false, false>, bytes);
+    allow_shared_bytes(quantized_matvec_kernel<D, false, true>, bytes);
+    allow_shared_bytes(quantized_matvec_kernel<D, true, false>, bytes);
+    allow_shared_bytes(quantized_matvec_kernel<D, true, true>, bytes);
+    allow_shared_bytes(quantized_matvec_swiglu_kernel<D, false>, bytes);
+    allow_shared_bytes(quantized_matvec_swiglu_kernel<D, true>, bytes);
+}
+
+}  // namespace
+
+void launch_quantized_matvec(float* out, const DeviceMatrix& w, const float* in,
+                             const float* norm_weight, float eps, const float* bias,
+                             bool accumulate, bool widened, cudaStream_t stream) {
+    check_quantized_matrix(w, "matvec");
+    with_quantized_dtype(w.dtype, [&](auto dtype) {
+        constexpr DType D = decltype(dtype)::value;
+        if (widened)
+            launch_quantized_matvec_typed<D, true>(out, w, in, norm_weight, eps, bias, accumulate,
+                                                   stream);
+        else
+            launch_quantized_matvec_typed<D, false>(out, w, in, norm_weight, eps, bias, accumulate,
+                                                    stream);
+    });
+    CUDA_CHECK_LAUNCH("quantized_matvec_kernel");
+}
+
+void launch_quantized_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
+                                    const float* in, const float* norm_weight, float eps,
+                                    bool widened, cudaStream_t stream) {
+    check_quantized_matrix(w1, "matvec_swiglu");
+    check_quantized_matrix(w3, "matvec_swiglu");
+    with_quantized_dtype(w1.dtype, [&](auto dtype) {
+        constexpr DType D = decltype(dtype)::value;
+        if (widened)
+            launch_quantized_matvec_swiglu_typed<D, true>(out, w1, w3, in, norm_weight, eps,
+                                                          stream);
+        else
+            launch_quantized_matvec_swiglu_typed<D, false>(out, w1, w3, in, norm_weight, eps,
+                                                           stream);
+    });
+    CUDA_CHECK_LAUNCH("quantized_matvec_swiglu_kernel");
+}
+
+void prepare_quantized_matvec(size_t bytes) {
+    allow_quantized_shared_bytes<DType::I8>(bytes);
+    allow_quantized_shared_bytes<DType::U8>(bytes);
+}
+
+void matvec_widened(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight,
+                    float eps, const float* bias, bool accumulate, cudaStream_t stream) {
+    check_input_alignment(in, norm_weight);
+    launch_quantized_matvec(out, w, in, norm_weight, eps, bias, accumulate, /*widened=*/true,
+                            stream);
+}
+
+void matvec_swiglu_widened(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
+                           const float* in, const float* norm_weight, float eps,
+                           cudaStream_t stream) {
+    check_swiglu_shapes(w1, w3);
+    check_input_alignment(in, norm_weight);
+    launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps, /*widened=*/true, stream);
+}
+
+}  // namespace barellm::cuda
