@@ -2,8 +2,10 @@
 synthetic checkpoints with awkward shapes (sizes off every vector width, GQA, a group of 8
 query heads per KV head, head_dim 34/64/128, a sliding window shorter than the prompt,
 llama3 RoPE scaling, tied and untied output), synthetic Qwen2 and Qwen3 checkpoints (q/k/v
-and o biases, per-head q/k norms, a sliding window on some layers only), f32/f16/bf16
-weights, f32/f16 KV cache, contexts of 1, 7, 100 and 4096 positions; plus every kernel on its
+and o biases, per-head q/k norms, a sliding window on some layers only), f32/f16/bf16/q8/q4
+weights (q8 and q4: the GPU quantizes the activations to int8 as the CPU does, so the
+logits follow the CPU's; a q4 file keeps f16 the matrices whose columns are not a multiple
+of 32), f32/f16 KV cache, contexts of 1, 7, 100 and 4096 positions; plus every kernel on its
 own (build/cuda_kernel_check), graph replay against direct launches, every rung of the GPU
 ladder on Qwen, `run` and `bench`.
 
@@ -188,7 +190,7 @@ def test_every_kernel_matches_the_cpu_kernels(cuda):
     assert result.returncode == 0, "\n".join(failures[-40:]) + result.stderr
 
 
-@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16"])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "bf16", "q8", "q4"])
 @pytest.mark.parametrize("kv", ["f32", "f16"])
 @pytest.mark.parametrize("length", [1, 7, 512])
 def test_stories260k_cuda_matches_cpu(cuda, models, dtype, kv, length):
@@ -197,7 +199,7 @@ def test_stories260k_cuda_matches_cpu(cuda, models, dtype, kv, length):
 
 @pytest.mark.parametrize("name", sorted(SYNTHETIC))
 @pytest.mark.parametrize("dtype,kv", [("f32", "f32"), ("f32", "f16"), ("f16", "f16"),
-                                      ("bf16", "f16")])
+                                      ("bf16", "f16"), ("q8", "f16"), ("q4", "f32")])
 @pytest.mark.parametrize("length", [1, 7, 100])
 def test_synthetic_cuda_matches_cpu(cuda, models, name, dtype, kv, length):
     compare_with_cpu(models(name, dtype), token_ids(length, seed=length), kv)
@@ -210,7 +212,8 @@ def test_long_context_cuda_matches_cpu(cuda, models, name, kv):
 
 
 @pytest.mark.parametrize("name", sorted(QWEN))
-@pytest.mark.parametrize("dtype,kv", [("f32", "f32"), ("f16", "f16"), ("bf16", "f16")])
+@pytest.mark.parametrize("dtype,kv", [("f32", "f32"), ("f16", "f16"), ("bf16", "f16"),
+                                      ("q8", "f16"), ("q4", "f32")])
 @pytest.mark.parametrize("length", [1, 7, 100])
 def test_qwen_cuda_matches_cpu(cuda, models, name, dtype, kv, length):
     model = models(name, dtype)
@@ -275,6 +278,24 @@ def test_bench_reports_device_to_device_bandwidth(cuda, models):
     assert result.returncode == 0, result.stderr
     assert "| cuda |" in result.stdout
     assert "device-to-device copy" in result.stdout
+
+
+@pytest.mark.parametrize("dtype", ["q8", "q4"])
+def test_bench_runs_quantized_weights(cuda, models, dtype):
+    result = subprocess.run([BARELLM, "bench", models("stories260K", dtype), "--device", "cuda",
+                             "-p", "16", "-n", "16", "-r", "2"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "| cuda |" in result.stdout
+
+
+def test_gpu_ladder_refuses_quantized_weights_in_one_line(cuda, models):
+    """The GPU ladder's first rungs read f32/f16/bf16 only: one line, exit status 1."""
+    result = subprocess.run([BARELLM, "ladder", models("stories260K", "q8"), "--device", "cuda",
+                             "-n", "8"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Q8" in lines[0], result.stderr
 
 
 def test_device_cuda_without_gpu_says_so_in_one_line(tmp_path):

@@ -6,10 +6,11 @@
 // computes what they compute. Prints one line per check and ends
 // with "N passed, M failed"; exits 1 when a check failed, 2 when no GPU is usable.
 //   cuda_kernel_check [--bench]
-// --bench also times the decode matvecs and attention at Mistral-7B shapes and prints
-// their bandwidth next to a device-to-device copy's, and the prefill GEMM's time, TFLOPS and
-// share of the tensor cores' peak (512 tokens), and its time next to that of as many decode
-// matvecs (1-64 tokens).
+// --bench also times the decode matvecs (f16, bf16, f32; Q4 and Q8 with int8 products and
+// widened to f32) and attention at Mistral-7B shapes and prints their bandwidth next to a
+// device-to-device copy's, and the prefill GEMM's time, TFLOPS and share of the tensor
+// cores' peak (512 tokens), and its time next to that of as many decode matvecs (1-64
+// tokens).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -88,8 +89,53 @@ HostMatrix random_matrix(int rows, int cols, DType dtype, bool cheap = false) {
     return m;
 }
 
+// A random Q8 (I8) or Q4 (U8) host matrix: every value and every f16 scale drawn at random
+// (Q8 values in [-127, 127], Q4 nibbles in [0, 15]; scales of either sign, about
+// 1 / (64 sqrt(cols)), so that the weights are about 1 / sqrt(cols)). Q4 needs cols a
+// multiple of 32. cheap: xorshift bytes and one scale for all blocks, for timing.
+HostMatrix random_quantized_matrix(int rows, int cols, DType dtype, bool cheap = false) {
+    HostMatrix m;
+    m.matrix = Matrix{nullptr, dtype, rows, cols};
+    const size_t value_bytes = size_t(rows) * m.matrix.row_bytes();
+    const size_t scales = size_t(rows) * m.matrix.scale_count_per_row();
+    m.bytes.resize(value_bytes + scales * sizeof(uint16_t));
+    std::uniform_int_distribution<int> q8(-127, 127), byte(0, 255);
+    uint64_t state = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < value_bytes; ++i) {
+        if (cheap) {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            m.bytes[i] = uint8_t(state >> 56);
+        } else {
+            m.bytes[i] = uint8_t(dtype == DType::I8 ? q8(rng) : byte(rng));
+        }
+    }
+    const float scale_size = 1.0f / (64.0f * std::sqrt(float(cols)));
+    std::normal_distribution<float> normal(0.0f, scale_size);
+    for (size_t i = 0; i < scales; ++i) {
+        const uint16_t bits = float_to_half(cheap ? scale_size : normal(rng));
+        std::memcpy(&m.bytes[value_bytes + 2 * i], &bits, 2);
+    }
+    m.matrix.data = m.bytes.data();
+    m.matrix.scales = reinterpret_cast<const uint16_t*>(m.bytes.data() + value_bytes);
+    return m;
+}
+
 const char* dtype_label(DType dtype) {
-    return dtype == DType::F32 ? "f32" : dtype == DType::F16 ? "f16" : "bf16";
+    switch (dtype) {
+        case DType::F32:
+            return "f32";
+        case DType::F16:
+            return "f16";
+        case DType::BF16:
+            return "bf16";
+        case DType::I8:
+            return "q8";
+        case DType::U8:
+            return "q4";
+    }
+    return "?";
 }
 const char* kv_label(KvType type) { return type == KvType::F32 ? "f32" : "f16"; }
 
@@ -152,27 +198,35 @@ std::vector<float> kv_values_as_float(const std::vector<uint8_t>& cache, KvType 
     return values;
 }
 
+// cuda::embedding of a row of `table` against the CPU's embedding_row.
+void check_embedding_table(const HostMatrix& table) {
+    const int rows = table.matrix.rows, cols = table.matrix.cols;
+    cuda::PinnedBuffer staging(size_t(16) << 20, "staging");
+    DeviceBuffer memory;
+    const DeviceMatrix device_table = cuda::upload_matrix(table.matrix, memory, staging, "table");
+    const int token = rows - 2 >= 0 ? rows - 2 : 0;
+    const int step[2] = {token, 0};
+    DeviceBuffer device_step = to_device(step, sizeof step);
+    DeviceBuffer out = poisoned(cols);
+    cuda::embedding(out.as<float>(), device_table, device_step.as<int>(), 0);
+    std::vector<float> want(cols);
+    cpu::embedding_row(want.data(), table.matrix, token);
+    report(std::string("embedding ") + dtype_label(table.matrix.dtype) + " " +
+               std::to_string(rows) + "x" + std::to_string(cols),
+           to_host(out.as(), cols), want, 0.0);
+}
+
 void check_embedding() {
     for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
         const std::pair<int, int> shapes[] = {{5, 1}, {37, 45}, {512, 64}, {100, 4096}};
-        for (auto [rows, cols] : shapes) {
-            const HostMatrix table = random_matrix(rows, cols, dtype);
-            cuda::PinnedBuffer staging(size_t(16) << 20, "staging");
-            DeviceBuffer memory;
-            const DeviceMatrix device_table =
-                cuda::upload_matrix(table.matrix, memory, staging, "table");
-            const int token = rows - 2 >= 0 ? rows - 2 : 0;
-            const int step[2] = {token, 0};
-            DeviceBuffer device_step = to_device(step, sizeof step);
-            DeviceBuffer out = poisoned(cols);
-            cuda::embedding(out.as<float>(), device_table, device_step.as<int>(), 0);
-            std::vector<float> want(cols);
-            cpu::embedding_row(want.data(), table.matrix, token);
-            report(std::string("embedding ") + dtype_label(dtype) + " " + std::to_string(rows) +
-                       "x" + std::to_string(cols),
-                   to_host(out.as(), cols), want, 0.0);
-        }
+        for (auto [rows, cols] : shapes) check_embedding_table(random_matrix(rows, cols, dtype));
     }
+    const std::pair<int, int> q8_shapes[] = {{5, 1}, {37, 45}, {512, 64}, {100, 4100}};
+    for (auto [rows, cols] : q8_shapes)
+        check_embedding_table(random_quantized_matrix(rows, cols, DType::I8));
+    const std::pair<int, int> q4_shapes[] = {{5, 32}, {37, 96}, {512, 64}, {100, 4128}};
+    for (auto [rows, cols] : q4_shapes)
+        check_embedding_table(random_quantized_matrix(rows, cols, DType::U8));
 }
 
 // Every matvec kernel, fast and simple, against cpu::matmul: plain, with RMSNorm fused,
@@ -181,7 +235,7 @@ void check_embedding() {
 void check_matvec() {
     const std::pair<int, int> shapes[] = {{1, 1},      {7, 45},      {33, 172},  {64, 64},
                                           {129, 1000}, {1024, 4096}, {9, 14336}, {17, 8190}};
-    cuda::prepare_matvec(cuda::matvec_shared_bytes(cuda::padded_cols(14336, DType::F32)));
+    cuda::prepare_matvec(cuda::matvec_shared_bytes(14336, DType::F32));
     cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
     for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
         for (const auto& [shape_rows, cols] : shapes) {
@@ -288,6 +342,125 @@ void check_matvec() {
             check("matvec_swiglu_warp_per_row", gated, [&](float* out) {
                 cuda::matvec_swiglu_warp_per_row(out, device_w, device_w3, in, norm, eps, 0);
             });
+        }
+    }
+}
+
+// What the CPU's Q8/Q4 matvec computes, out[rows] = W · x: x quantized by cpu::quantize_q8
+// (the int8 input of the CPU's integer dot products; with `widened`, x as it is), the
+// weights dequantized by cpu::embedding_row (the CPU's weight_at), the products summed in
+// double, so that it does not depend on the CPU's SIMD level.
+std::vector<float> quantized_matvec_reference(const Matrix& w, const std::vector<float>& x,
+                                              bool widened) {
+    std::vector<double> input(x.begin(), x.end());
+    if (!widened) {
+        cpu::QuantizedVector quantized;
+        cpu::quantize_q8(&quantized, x.data(), w.cols);
+        for (int c = 0; c < w.cols; ++c)
+            input[c] = double(quantized.values[c]) * quantized.scales[c / kQ8Group];
+    }
+    std::vector<float> row(w.cols), out(w.rows);
+    for (int r = 0; r < w.rows; ++r) {
+        cpu::embedding_row(row.data(), w, r);
+        double sum = 0;
+        for (int c = 0; c < w.cols; ++c) sum += double(row[c]) * input[c];
+        out[r] = float(sum);
+    }
+    return out;
+}
+
+// The Q8 and Q4 matvecs (int8 products, and widened to f32) against the CPU's arithmetic:
+// plain, with RMSNorm fused, with the residual added, with a bias (after RMSNorm, before the
+// residual), and SwiGLU. Columns off every multiple
+// of 32 * 8 (and, for Q8, off 32: a shorter last group), rows off the 16 rows of a block.
+void check_quantized_matvec() {
+    const int row_counts[] = {1, 37, 300};
+    const std::vector<int> q8_cols = {45, 96, 160, 172, 4128, 14336};
+    const std::vector<int> q4_cols = {32, 96, 160, 4128, 14336};
+    cuda::prepare_matvec(cuda::matvec_shared_bytes(14336, DType::I8));
+    cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
+    for (DType dtype : {DType::I8, DType::U8}) {
+        for (int cols : dtype == DType::I8 ? q8_cols : q4_cols) {
+            for (int rows : row_counts) {
+                const HostMatrix w = random_quantized_matrix(rows, cols, dtype);
+                const HostMatrix w3 = random_quantized_matrix(rows, cols, dtype);
+                DeviceBuffer memory, memory3;
+                const DeviceMatrix device_w = cuda::upload_matrix(w.matrix, memory, staging, "w");
+                const DeviceMatrix device_w3 =
+                    cuda::upload_matrix(w3.matrix, memory3, staging, "w3");
+                const std::vector<float> x = random_floats(cols, 2.0f);
+                std::vector<float> norm_weight = random_floats(cols, 0.1f);
+                for (float& v : norm_weight) v += 1.0f;
+                const float eps = 1e-5f;
+                std::vector<float> normed(cols);
+                cpu::rmsnorm(normed.data(), x.data(), norm_weight.data(), cols, eps);
+                DeviceBuffer device_x = to_device(x), device_norm = to_device(norm_weight);
+                const float* in = device_x.as<float>();
+                const float* norm = device_norm.as<float>();
+                const std::vector<float> residual = random_floats(rows), bias = random_floats(rows);
+                DeviceBuffer device_bias_buffer = to_device(bias);
+                const float* device_bias = device_bias_buffer.as<float>();
+                const std::string shape = std::string(dtype_label(dtype)) + " " +
+                                          std::to_string(rows) + "x" + std::to_string(cols);
+
+                for (bool widened : {false, true}) {
+                    const std::vector<float> plain =
+                        quantized_matvec_reference(w.matrix, x, widened);
+                    const std::vector<float> with_norm =
+                        quantized_matvec_reference(w.matrix, normed, widened);
+                    std::vector<float> gated = with_norm;
+                    const std::vector<float> up =
+                        quantized_matvec_reference(w3.matrix, normed, widened);
+                    cpu::swiglu(gated.data(), up.data(), rows);
+                    // The bias is added to the product before the residual (as in check_matvec).
+                    std::vector<float> with_residual = plain, with_norm_bias = with_norm;
+                    std::vector<float> with_bias_residual = residual;
+                    for (int r = 0; r < rows; ++r) {
+                        with_residual[r] += residual[r];
+                        with_norm_bias[r] += bias[r];
+                        with_bias_residual[r] += plain[r] + bias[r];
+                    }
+
+                    // The int8 input of a normed row may differ from the CPU's where the
+                    // GPU's norm differs in the last bit and moves a rounding of x / scale.
+                    const double normed_tolerance = widened ? 1e-5 : 1e-4;
+                    const auto matvec = widened ? cuda::matvec_widened : cuda::matvec;
+                    const auto matvec_swiglu =
+                        widened ? cuda::matvec_swiglu_widened : cuda::matvec_swiglu;
+                    const std::string suffix = widened ? " (widened) " : " ";
+                    auto check = [&](const std::string& kernel, const std::vector<float>& want,
+                                     double tolerance, auto launch,
+                                     const std::vector<float>& start = {}) {
+                        DeviceBuffer out = start.empty() ? poisoned(rows) : to_device(start);
+                        launch(out.as<float>());
+                        report(kernel + suffix + shape, to_host(out.as(), rows), want, tolerance);
+                    };
+                    check("matvec", plain, 1e-5, [&](float* out) {
+                        matvec(out, device_w, in, nullptr, 0.0f, nullptr, false, 0);
+                    });
+                    check("matvec+rmsnorm", with_norm, normed_tolerance, [&](float* out) {
+                        matvec(out, device_w, in, norm, eps, nullptr, false, 0);
+                    });
+                    check(
+                        "matvec+residual", with_residual, 1e-5,
+                        [&](float* out) {
+                            matvec(out, device_w, in, nullptr, 0.0f, nullptr, true, 0);
+                        },
+                        residual);
+                    check("matvec+rmsnorm+bias", with_norm_bias, normed_tolerance, [&](float* out) {
+                        matvec(out, device_w, in, norm, eps, device_bias, false, 0);
+                    });
+                    check(
+                        "matvec+bias+residual", with_bias_residual, 1e-5,
+                        [&](float* out) {
+                            matvec(out, device_w, in, nullptr, 0.0f, device_bias, true, 0);
+                        },
+                        residual);
+                    check("matvec_swiglu", gated, normed_tolerance, [&](float* out) {
+                        matvec_swiglu(out, device_w, device_w3, in, norm, eps, 0);
+                    });
+                }
+            }
         }
     }
 }
@@ -837,7 +1010,7 @@ void bench(int multiprocessors) {
     };
 
     cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
-    cuda::prepare_matvec(cuda::matvec_shared_bytes(14336));
+    cuda::prepare_matvec(cuda::matvec_shared_bytes(14336, DType::I8));
     for (DType dtype : {DType::F16, DType::BF16, DType::F32}) {
         // Matrices far larger than L2, so every call streams from device memory.
         const HostMatrix w1 = random_matrix(14336, 4096, dtype, true),
@@ -865,6 +1038,41 @@ void bench(int multiprocessors) {
                                      1e-5f, 0);
              }),
              double(d1.bytes() + d3.bytes()));
+    }
+
+    // Q4 and Q8, int8 products (what decode runs) and widened to f32 (the alternative); the
+    // bytes counted are the values and the scales.
+    for (DType dtype : {DType::U8, DType::I8}) {
+        const HostMatrix w1 = random_quantized_matrix(14336, 4096, dtype, true),
+                         w3 = random_quantized_matrix(14336, 4096, dtype, true);
+        const HostMatrix w2 = random_quantized_matrix(4096, 14336, dtype, true);
+        DeviceBuffer m1, m3, m2;
+        const DeviceMatrix d1 = cuda::upload_matrix(w1.matrix, m1, staging, "w1");
+        const DeviceMatrix d3 = cuda::upload_matrix(w3.matrix, m3, staging, "w3");
+        const DeviceMatrix d2 = cuda::upload_matrix(w2.matrix, m2, staging, "w2");
+        DeviceBuffer x = to_device(random_floats(14336)), norm = to_device(random_floats(14336));
+        DeviceBuffer out = poisoned(14336);
+        for (bool widened : {false, true}) {
+            const auto matvec = widened ? cuda::matvec_widened : cuda::matvec;
+            const auto matvec_swiglu = widened ? cuda::matvec_swiglu_widened : cuda::matvec_swiglu;
+            const std::string variant =
+                std::string(dtype_label(dtype)) + (widened ? " widened" : " int8");
+            line(("matvec " + variant + " (w2, +residual)").c_str(), "4096x14336",
+                 time_ms([&](int) {
+                     matvec(out.as<float>(), d2, x.as<float>(), nullptr, 0, nullptr, true, 0);
+                 }),
+                 double(d2.bytes()));
+            line(("matvec " + variant + " (rmsnorm)").c_str(), "14336x4096", time_ms([&](int) {
+                     matvec(out.as<float>(), d1, x.as<float>(), norm.as<float>(), 1e-5f, nullptr,
+                            false, 0);
+                 }),
+                 double(d1.bytes()));
+            line(("matvec_swiglu " + variant).c_str(), "2 x 14336x4096", time_ms([&](int) {
+                     matvec_swiglu(out.as<float>(), d1, d3, x.as<float>(), norm.as<float>(), 1e-5f,
+                                   0);
+                 }),
+                 double(d1.bytes() + d3.bytes()));
+        }
     }
 
     // Attention at Mistral 7B's shape, position 4095, rotating over 8 layers' caches.
@@ -1021,6 +1229,7 @@ int main(int argc, char** argv) {
                     properties.minor, properties.multiProcessorCount);
         check_embedding();
         check_matvec();
+        check_quantized_matvec();
         check_elementwise();
         check_rope();
         check_attention(properties.multiProcessorCount);
