@@ -10,14 +10,14 @@
 // max |x| / 127, values rounded half away from zero), so the GPU's results follow the
 // CPU's. Why this is the default rather than widening the weights to f32 against the f32
 // input (matvec_widened, kept beside it for comparison; cuda_kernel_check --bench times
-// both): the kernel must stream weights at memory speed, and on a GPU like the H100
-// (~3.35 TB/s over 132 SMs, ~25 bytes per SM per clock) widening costs about two
-// instructions per weight (extract and convert, then an FMA), i.e. ~50 (Q8) to ~100 (Q4)
-// instructions per SM per clock against an issue limit of 128, plus the shared loads of
-// the f32 input: close to or past the point where the kernel stops being bound by memory.
-// dp4a multiplies four weights in one instruction, a Q4 vector's 32 nibbles are unpacked
-// with 8 logic operations, and the int8 input is a quarter of the f32 input's shared-memory
-// traffic; quantizing the input costs each block one pass over it in shared memory.
+// both): the kernel must stream weights at memory speed, and on an H100 (~3.35 TB/s over 132
+// SMs at ~1.75 GHz: ~14 bytes per SM per clock) that is ~14 Q8 or ~28 Q4 weights per SM per
+// clock. Widened, every weight costs an extract-and-convert and an FMA, and 4 bytes of
+// staged f32 input read from shared memory: for Q4 ~112 of the SM's 128 bytes per clock of
+// shared-memory bandwidth and over half its instruction issue, close to the point where the
+// kernel stops being bound by DRAM. With dp4a, one instruction multiplies four weights, a
+// Q4 vector's 32 nibbles are unpacked with 8 logic operations, and the int8 input costs 1
+// byte of shared memory per weight; quantizing the input costs each block one pass over it.
 //
 // - Staging (stage_quantized_input): the f32 input is staged (and normed) as matmul.cuh
 //   does, then quantized, each 8 lanes taking a block of 32 columns (a float4 each), into

@@ -22,8 +22,12 @@
 #                 and tests/test_ladder.py -k gpu (every GPU rung gives the fast path's text)
 #   transformers  CUDA logits against transformers' (dev/gpu/transformers_logits.py) on
 #                 the synthetic Llama/Mistral and Qwen2/Qwen3 shapes of tests/test_cuda.py
-#   decode        `barellm bench --device cuda -p 0` on stories260K and on a Mistral-7B-
-#                 shaped f16 checkpoint (convert/synth.py), at short and long context
+#   decode        `barellm bench --device cuda -p 0` on stories260K (f16, q8, q4) and on a
+#                 Mistral-7B-shaped f16 checkpoint (convert/synth.py), at short and long
+#                 context
+#   quantized     the same on Mistral-7B-shaped q4 and q8 checkpoints (convert/synth.py, then
+#                 convert.py --dtype q4 / q8, kept in $WORK; writing them takes minutes: run
+#                 it alone, e.g. `bash dev/gpu/check.sh quantized`)
 #   ladder        `barellm ladder --device cuda -n 64` on the same two models
 #   prefill       batched prompt processing: `barellm bench --device cuda` pp4/16/64 (against
 #                 tg, token by token) and pp512 on the Mistral-7B shape in f16 and bf16,
@@ -83,7 +87,7 @@ fi
 STEPS=${*:-kernels tests transformers decode ladder}
 for name in $STEPS; do
     case $name in
-        kernels | tests | transformers | decode | ladder | prefill | ab | qwen3-8b) ;;
+        kernels | tests | transformers | decode | quantized | ladder | prefill | ab | qwen3-8b) ;;
         *) echo "check.sh: unknown step '$name' (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -199,6 +203,10 @@ if wants prefill && [ ! -x "$LLAMACPP/bin/llama-bench" ]; then
 fi
 python3 convert/convert.py "$STORIES_HF" -o "$WORK/stories260K-f16.bin" --dtype f16 >/dev/null
 python3 convert/convert.py "$STORIES_HF" -o "$WORK/stories260K-f32.bin" --dtype f32 >/dev/null
+for dtype in q8 q4; do
+    python3 convert/convert.py "$STORIES_HF" -o "$WORK/stories260K-$dtype.bin" --dtype $dtype \
+        >/dev/null 2>&1
+done
 
 if wants kernels; then
     step "build/cuda_kernel_check --bench"
@@ -264,10 +272,31 @@ if wants decode; then
     step "decode"
     bench stories260K-f16 build/barellm "$WORK/stories260K-f16.bin" 128 5
     bench stories260K-f16 build/barellm "$WORK/stories260K-f16.bin" 512 3
+    bench stories260K-q8 build/barellm "$WORK/stories260K-q8.bin" 128 5
+    bench stories260K-q4 build/barellm "$WORK/stories260K-q4.bin" 128 5
     if mistral_ready 90; then
         bench mistral-7b-f16 build/barellm "$MISTRAL" 128 3
         bench mistral-7b-f16 build/barellm "$MISTRAL" 4096 1
     fi
+fi
+
+if wants quantized; then
+    step "quantized decode (Mistral-7B shape, q4 and q8)"
+    hf=$WORK/mistral-hf-quantized  # the synthetic checkpoint both are converted from
+    for dtype in q4 q8; do
+        model=$WORK/mistral-7b-$dtype.bin
+        if [ ! -f "$model" ] && fits 300 "mistral-7b $dtype checkpoint"; then
+            { [ -d "$hf" ] ||
+                python3 convert/synth.py --preset mistral-7b --dtype f16 -o "$hf"; } &&
+                python3 convert/convert.py "$hf" -o "$model.part" --dtype $dtype &&
+                mv "$model.part" "$model"
+        fi >>"$LOG/quantized_synth.log" 2>&1
+        if [ -f "$model" ]; then
+            bench mistral-7b-$dtype build/barellm "$model" 128 3
+        else
+            note "mistral-7b $dtype: no checkpoint: $(tail -1 "$LOG/quantized_synth.log")"
+        fi
+    done
 fi
 
 if wants ladder; then
