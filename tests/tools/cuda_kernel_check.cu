@@ -1140,7 +1140,7 @@ void bench_gemm(const cudaDeviceProp& properties) {
         {"qkv", 6144, 4096}, {"wo", 4096, 4096}, {"w1, w3", 14336, 4096}, {"w2", 4096, 14336}};
     constexpr int kBatch = 512;
     cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
-    cuda::prepare_matvec(cuda::matvec_shared_bytes(14336));
+    cuda::prepare_matvec(cuda::matvec_shared_bytes(14336, DType::F32));
     std::printf(
         "\n| gemm | tokens x rows x cols | tiles | us | TFLOPS | %% of peak |\n"
         "| --- | --- | --- | ---: | ---: | ---: |\n");
@@ -1193,7 +1193,7 @@ void bench_gemm(const cudaDeviceProp& properties) {
                 const double matvec_ms = time_ms([&](int) {
                     for (int t = 0; t < tokens; ++t)
                         cuda::matvec(out.as<float>() + size_t(t) * shape.rows, device_w,
-                                     vector_in.as<float>(), nullptr, 0.0f, false, 0);
+                                     vector_in.as<float>(), nullptr, 0.0f, nullptr, false, 0);
                 });
                 const cuda::GemmTiles chosen = cuda::gemm_tiles(dtype, tokens, shape.rows);
                 for (cuda::GemmTiles tiles : runnable_tiles(dtype)) {
