@@ -4,7 +4,8 @@
 // - The kernels live in the .cuh files named after what they compute (embedding.cuh,
 //   matmul.cuh, matmul_quantized.cuh, rope.cuh, attention.cuh, gemm.cuh; the GPU ladder's
 //   simple versions in matmul_simple.cuh, elementwise_simple.cuh, attention_simple.cuh),
-//   compiled once, in kernels.cu. forward.cu and tests/tools/cuda_kernel_check.cu launch them through here.
+//   compiled once, in kernels.cu. forward.cu and tests/tools/cuda_kernel_check.cu launch
+//   them through here.
 // - Activations are f32 in device memory; weights are f32, f16, bf16, Q8 (I8) or Q4 (U8):
 //   the decode kernels (embedding, matvec, matvec_swiglu) read all five, the GPU ladder's
 //   simple kernels and the batched-prefill kernels the first three.
