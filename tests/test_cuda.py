@@ -3,9 +3,9 @@ synthetic checkpoints with awkward shapes (sizes off every vector width, GQA, a 
 query heads per KV head, head_dim 34/64/128, a sliding window shorter than the prompt,
 llama3 RoPE scaling, tied and untied output), synthetic Qwen2 and Qwen3 checkpoints (q/k/v
 and o biases, per-head q/k norms, a sliding window on some layers only), f32/f16/bf16/q8/q4
-weights (q8 and q4: the GPU quantizes the activations to int8 as the CPU does, so the
-logits follow the CPU's; a q4 file keeps f16 the matrices whose columns are not a multiple
-of 32), f32/f16 KV cache, contexts of 1, 7, 100 and 4096 positions; plus every kernel on its
+weights (q8 and q4: the GPU quantizes the activations to int8 as the CPU does, and the
+logits follow the CPU's within QUANTIZED_TOLERANCE; a q4 file keeps f16 the matrices whose
+columns are not a multiple of 32), f32/f16 KV cache, contexts of 1, 7, 100 and 4096 positions; plus every kernel on its
 own (build/cuda_kernel_check), graph replay against direct launches, every rung of the GPU
 ladder on Qwen, `run` and `bench`.
 
@@ -32,6 +32,18 @@ DUMP_LOGITS = os.path.join(BUILD, "dump_logits")
 KERNEL_CHECK = os.path.join(BUILD, "cuda_kernel_check")
 
 TOLERANCE = 1e-3  # relative error of the logits of each position, CUDA against CPU
+# q8 and q4 weights: both backends round each matvec's input to int8 (x / scale), a step
+# function: where the two inputs differ in the last bit (float sums in another order) a
+# value can round the other way, by a whole step (1/127 of its block's largest), and the
+# difference grows through the layers and the KV cache. The CPU's own AVX2 and AVX-512
+# paths differ by up to 2e-2 this way on these models over 100-512 positions (with
+# AVX-512, q4's f16 matrices also read an f16-rounded input). The kernels themselves are
+# held to the CPU's arithmetic in cuda_kernel_check.
+QUANTIZED_TOLERANCE = 5e-2
+
+
+def tolerance(dtype):
+    return QUANTIZED_TOLERANCE if dtype in ("q8", "q4") else TOLERANCE
 
 
 @pytest.fixture(scope="module")
@@ -50,20 +62,20 @@ def dump_logits(model, ids, *flags, env=None):
     return logits
 
 
-def assert_close(got, want, what):
-    """Per-position relative error of the logits within TOLERANCE, and no NaN."""
+def assert_close(got, want, what, limit=TOLERANCE):
+    """Per-position relative error of the logits within limit, and no NaN."""
     assert np.isfinite(got).all(), f"{what}: non-finite logits"
     errors = np.linalg.norm(got - want, axis=1) / np.linalg.norm(want, axis=1)
     worst = int(errors.argmax())
-    assert errors[worst] <= TOLERANCE, (
+    assert errors[worst] <= limit, (
         f"{what}: relative error {errors[worst]:.2e} at position {worst} "
         f"(median {np.median(errors):.2e})")
 
 
-def compare_with_cpu(model, ids, kv):
+def compare_with_cpu(model, ids, kv, limit=TOLERANCE):
     cpu = dump_logits(model, ids, "--kv", kv)
     gpu = dump_logits(model, ids, "--kv", kv, "--device", "cuda")
-    assert_close(gpu, cpu, f"{os.path.basename(model)} kv {kv}, {len(ids)} positions")
+    assert_close(gpu, cpu, f"{os.path.basename(model)} kv {kv}, {len(ids)} positions", limit)
 
 
 def token_ids(count, seed=0, vocab=512):
@@ -194,7 +206,8 @@ def test_every_kernel_matches_the_cpu_kernels(cuda):
 @pytest.mark.parametrize("kv", ["f32", "f16"])
 @pytest.mark.parametrize("length", [1, 7, 512])
 def test_stories260k_cuda_matches_cpu(cuda, models, dtype, kv, length):
-    compare_with_cpu(models("stories260K", dtype), token_ids(length, seed=length), kv)
+    compare_with_cpu(models("stories260K", dtype), token_ids(length, seed=length), kv,
+                     tolerance(dtype))
 
 
 @pytest.mark.parametrize("name", sorted(SYNTHETIC))
@@ -202,7 +215,7 @@ def test_stories260k_cuda_matches_cpu(cuda, models, dtype, kv, length):
                                       ("bf16", "f16"), ("q8", "f16"), ("q4", "f32")])
 @pytest.mark.parametrize("length", [1, 7, 100])
 def test_synthetic_cuda_matches_cpu(cuda, models, name, dtype, kv, length):
-    compare_with_cpu(models(name, dtype), token_ids(length, seed=length), kv)
+    compare_with_cpu(models(name, dtype), token_ids(length, seed=length), kv, tolerance(dtype))
 
 
 @pytest.mark.parametrize("name", ["gqa-window", "wide-heads"])
@@ -221,7 +234,7 @@ def test_qwen_cuda_matches_cpu(cuda, models, name, dtype, kv, length):
     cpu = dump_logits(model, ids, "--kv", kv)
     assert cpu.std(axis=1).min() > 2.0  # far from uniform: a missing bias or norm shows
     gpu = dump_logits(model, ids, "--kv", kv, "--device", "cuda")
-    assert_close(gpu, cpu, f"{name} {dtype} kv {kv}, {length} positions")
+    assert_close(gpu, cpu, f"{name} {dtype} kv {kv}, {length} positions", tolerance(dtype))
 
 
 @pytest.mark.parametrize("name", ["qwen2-window", "qwen3"])
