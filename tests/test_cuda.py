@@ -5,9 +5,9 @@ llama3 RoPE scaling, tied and untied output), synthetic Qwen2 and Qwen3 checkpoi
 and o biases, per-head q/k norms, a sliding window on some layers only), f32/f16/bf16/q8/q4
 weights (q8 and q4: the GPU quantizes the activations to int8 as the CPU does, and the
 logits follow the CPU's within QUANTIZED_TOLERANCE; a q4 file keeps f16 the matrices whose
-columns are not a multiple of 32), f32/f16 KV cache, contexts of 1, 7, 100 and 4096 positions; plus every kernel on its
-own (build/cuda_kernel_check), graph replay against direct launches, every rung of the GPU
-ladder on Qwen, `run` and `bench`.
+columns are not a multiple of 32), f32/f16 KV cache, contexts of 1, 7, 100 and 4096
+positions; plus every kernel on its own (build/cuda_kernel_check), graph replay against
+direct launches, every rung of the GPU ladder on Qwen, `run` and `bench`.
 
 Every test but the last skips, printing why, on a machine without a usable CUDA GPU (CI
 never has one); the last checks what `--device cuda` says there.
