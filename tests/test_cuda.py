@@ -261,9 +261,10 @@ def test_every_gpu_rung_runs_qwen_as_the_cpu(cuda, models, name):
         assert rung["text"] == cpu.stdout.rstrip("\n"), f"rung {rung['rung']}: {rung}"
 
 
-def test_graph_replay_equals_direct_launches(cuda, models):
+@pytest.mark.parametrize("name,dtype", [("gqa-window", "bf16"), ("stories260K", "q4")])
+def test_graph_replay_equals_direct_launches(cuda, models, name, dtype):
     """The captured graph and plain launches run the same kernels: identical logits."""
-    model = models("gqa-window", "bf16")
+    model = models(name, dtype)
     ids = token_ids(64, seed=64)
     replayed = dump_logits(model, ids, "--device", "cuda")
     direct = dump_logits(model, ids, "--device", "cuda",
