@@ -155,6 +155,9 @@ void rope_kv_store_rows(float* qkv, int qkv_pitch, const float* inverse_frequenc
 void attention_prefill(const DeviceActivations& out, const float* qkv, int qkv_pitch,
                        const void* key_cache, const void* value_cache, int first_pos,
                        const AttentionShape& shape, KvType kv_type, cudaStream_t stream);
+// Dynamic shared memory attention_prefill needs per block for head_dim (compare with the
+// GPU's sharedMemPerBlockOptin before batching a model's prefill).
+size_t attention_prefill_shared_bytes(int head_dim);
 
 // ==== The GPU ladder's simple kernels (BackendOptions::cuda_kernels, `barellm ladder
 // --device cuda`): what the fast kernels above compute, the plain way, one optimisation
