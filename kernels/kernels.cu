@@ -6,6 +6,7 @@
 #include "attention_simple.cuh"
 #include "elementwise_simple.cuh"
 #include "embedding.cuh"
+#include "gemm.cuh"
 #include "matmul.cuh"
 #include "matmul_simple.cuh"
 #include "prefill.cuh"
