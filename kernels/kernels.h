@@ -209,6 +209,17 @@ void rope_kv_store_rows(float* qkv, int qkv_pitch, const float* inverse_frequenc
 void attention_prefill(const DeviceActivations& out, const float* qkv, int qkv_pitch,
                        const void* key_cache, const void* value_cache, int first_pos,
                        const AttentionShape& shape, KvType kv_type, cudaStream_t stream);
+// Dynamic shared memory attention_prefill needs per block for head_dim (compare with the
+// GPU's sharedMemPerBlockOptin before batching a model's prefill).
+size_t attention_prefill_shared_bytes(int head_dim);
+// Whether attention_prefill runs on tensor cores (an f16 cache, head_dim a multiple of 16 up
+// to kAttentionPrefillMmaMaxHeadDim; the queries and the softmax probabilities rounded to
+// f16, f32 accumulation) or on CUDA cores in f32 (every other shape, f32 caches).
+constexpr int kAttentionPrefillMmaMaxHeadDim = 128;
+inline bool attention_prefill_uses_mma(KvType kv_type, int head_dim) {
+    return kv_type == KvType::F16 && head_dim % 16 == 0 &&
+           head_dim <= kAttentionPrefillMmaMaxHeadDim;
+}
 
 // ==== The GPU ladder's simple kernels (BackendOptions::cuda_kernels, `barellm ladder
 // --device cuda`): what the fast kernels above compute, the plain way, one optimisation

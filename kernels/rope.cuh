@@ -102,6 +102,8 @@ __global__ void __launch_bounds__(kRopeThreads)
     }
 }
 
+#ifndef BARELLM_CUDA_EMULATION
+
 void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache, void* value_cache,
                    const int* step, int heads, int kv_heads, int head_dim, const float* q_norm,
                    const float* k_norm, float eps, KvType kv_type, cudaStream_t stream) {
@@ -114,5 +116,7 @@ void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache
     });
     CUDA_CHECK_LAUNCH("rope_kv_kernel");
 }
+
+#endif  // BARELLM_CUDA_EMULATION
 
 }  // namespace barellm::cuda

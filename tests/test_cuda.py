@@ -6,7 +6,8 @@ and o biases, per-head q/k norms, a sliding window on some layers only), f32/f16
 weights (q8 and q4: the GPU quantizes the activations to int8 as the CPU does, and the
 logits follow the CPU's within QUANTIZED_TOLERANCE; a q4 file keeps f16 the matrices whose
 columns are not a multiple of 32), f32/f16 KV cache, contexts of 1, 7, 100 and 4096
-positions; plus every kernel on its own (build/cuda_kernel_check), graph replay against
+positions; the batched prefill's logits at every position (one batch and more than one)
+and `ppl`; plus every kernel on its own (build/cuda_kernel_check), graph replay against
 direct launches, every rung of the GPU ladder on Qwen, `run` and `bench`.
 
 Every test but the last skips, printing why, on a machine without a usable CUDA GPU (CI
@@ -22,9 +23,9 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from convert_testlib import (BUILD, CONVERT, STORIES, SYNTH, cuda_unavailable_reason,  # noqa: E402
-                             make_checkpoint, need_shared, require_cuda, run,
-                             tiny_tokenizer_json)
+from convert_testlib import (BUILD, CONVERT, SHARED, STORIES, SYNTH,  # noqa: E402
+                             cuda_unavailable_reason, make_checkpoint, need_shared,
+                             require_cuda, run, tiny_tokenizer_json)
 from test_qwen import CONFIGS as QWEN_CPU_CONFIGS, qwen_tensors  # noqa: E402
 
 BARELLM = os.path.join(BUILD, "barellm")
@@ -40,6 +41,13 @@ TOLERANCE = 1e-3  # relative error of the logits of each position, CUDA against 
 # AVX-512, q4's f16 matrices also read an f16-rounded input). The kernels themselves are
 # held to the CPU's arithmetic in cuda_kernel_check.
 QUANTIZED_TOLERANCE = 5e-2
+# The same for batched prefill, by weight dtype: the GPU's GEMMs read their input rows rounded
+# to the weights' dtype (f16 keeps 11 significant bits, bf16 8; the CPU's bf16 GEMM, which
+# rounds the same way, shows up to 6e-3 against f32 activations in test_end_to_end). With an
+# f16 KV cache the prefill attention runs on tensor cores, its queries and probabilities
+# rounded to f16 too: at least PREFILL_F16_KV_TOLERANCE.
+PREFILL_TOLERANCE = {"f32": 1e-3, "f16": 3e-3, "bf16": 1e-2}
+PREFILL_F16_KV_TOLERANCE = 3e-3
 
 
 def tolerance(dtype):
@@ -76,6 +84,17 @@ def compare_with_cpu(model, ids, kv, limit=TOLERANCE):
     cpu = dump_logits(model, ids, "--kv", kv)
     gpu = dump_logits(model, ids, "--kv", kv, "--device", "cuda")
     assert_close(gpu, cpu, f"{os.path.basename(model)} kv {kv}, {len(ids)} positions", limit)
+
+
+def compare_prefill_with_cpu(model, dtype, ids, kv):
+    """Every position's logits from one prefill call (batches of up to 512 tokens)."""
+    cpu = dump_logits(model, ids, "--kv", kv, "--prefill")
+    gpu = dump_logits(model, ids, "--kv", kv, "--prefill", "--device", "cuda")
+    tolerance = PREFILL_TOLERANCE[dtype]
+    if kv == "f16":
+        tolerance = max(tolerance, PREFILL_F16_KV_TOLERANCE)
+    assert_close(gpu, cpu, f"{os.path.basename(model)} prefill kv {kv}, {len(ids)} positions",
+                 tolerance)
 
 
 def token_ids(count, seed=0, vocab=512):
@@ -222,6 +241,37 @@ def test_synthetic_cuda_matches_cpu(cuda, models, name, dtype, kv, length):
 @pytest.mark.parametrize("kv", ["f32", "f16"])
 def test_long_context_cuda_matches_cpu(cuda, models, name, kv):
     compare_with_cpu(models(name, "f16"), token_ids(4096, seed=4096), kv)
+
+
+@pytest.mark.parametrize("name", ["stories260K"] + sorted(SYNTHETIC) + sorted(QWEN))
+@pytest.mark.parametrize("dtype,kv", [("f32", "f32"), ("f32", "f16"), ("f16", "f16"),
+                                      ("bf16", "f16")])
+@pytest.mark.parametrize("length", [1, 7, 100, 700])
+def test_prefill_cuda_matches_cpu(cuda, models, name, dtype, kv, length):
+    """700 tokens: two batches, the second continuing the cache of the first (and crossing
+    the sliding windows of gqa-window and qwen2-window). Qwen: biases, q/k norms."""
+    compare_prefill_with_cpu(models(name, dtype), dtype, token_ids(length, seed=length), kv)
+
+
+@pytest.mark.parametrize("name,text,context", [
+    ("stories260K", "tinystories_valid_sample.txt", 512),
+    ("stories260K", "tinyshakespeare.txt", 512),
+    # 700 positions: each prefill call runs a batch of 512 and one of 188.
+    ("gqa-window", "tinystories_valid_sample.txt", 700)])
+def test_ppl_cuda_matches_cpu(cuda, models, name, text, context):
+    text = os.path.join(SHARED, "eval", text)
+    need_shared(text)
+    values = []
+    for device in ("cpu", "cuda"):
+        result = subprocess.run([BARELLM, "ppl", models(name, "f32"), "-f", text,
+                                 "--ctx", str(context), "--chunks", "3", "--kv", "f32",
+                                 "--device", device],
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        last = result.stdout.strip().splitlines()[-1]
+        assert last.startswith("PPL = "), result.stdout
+        values.append(float(last.split()[2]))
+    assert abs(values[1] - values[0]) <= 1e-3 * values[0], values
 
 
 @pytest.mark.parametrize("name", sorted(QWEN))

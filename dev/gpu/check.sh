@@ -8,11 +8,11 @@
 #
 # The GPU machine reaches neither ../shared nor a package registry: --stage copies
 # stories260K, the llama2 tokenizer (the Mistral-7B preset's), the smollm2-135m tokenizer
-# (the Qwen3-8B preset's) and the nlohmann/json headers into gpu_data/ (git-ignored), which
-# must travel with the tree (the device tool: carry ["gpu_data"]), and, for the prefill
-# step, llama.cpp's sources with the gguf package (the PyPI source distribution of
-# llama-cpp-python, less what a CUDA build of its tools does not read: about 6 MB instead
-# of 75).
+# (the Qwen3-8B preset's), the eval texts and the nlohmann/json headers into gpu_data/
+# (git-ignored), which must travel with the tree (the device tool: carry ["gpu_data"]), and,
+# for the prefill step, llama.cpp's sources with the gguf package (the PyPI source
+# distribution of llama-cpp-python, less what a CUDA build of its tools does not read: about
+# 6 MB instead of 75).
 #
 # The build (barellm, dump_logits, cuda_kernel_check) always runs; then the STEPs, in this
 # order (default: kernels tests transformers decode ladder):
@@ -62,6 +62,7 @@ if [ "${1:-}" = "--stage" ]; then
     cp -r "$shared/models/stories260K" gpu_data/shared/models/
     cp -r "$shared/tokenizers/llama2" "$shared/tokenizers/smollm2-135m" \
         gpu_data/shared/tokenizers/
+    cp -r "$shared/eval" gpu_data/shared/  # tests/test_cuda.py's ppl comparison
     [ -d /usr/include/nlohmann ] && cp -r /usr/include/nlohmann gpu_data/include/
     version=${LLAMACPP_VERSION:-0.3.36}
     name=llama_cpp_python-$version
@@ -234,7 +235,8 @@ if wants tests; then
 fi
 
 if wants transformers; then
-    step "CUDA logits against transformers (f32 weights and KV cache, 200 positions)"
+    step "CUDA logits against transformers (f32 weights and KV cache, 200 positions, decode" \
+        "and one prefill batch)"
     ids=$(python3 -c "import numpy as np; \
 print(','.join(map(str, np.random.default_rng(11).integers(0, 512, 200))))")
     IFS=, read -ra id_list <<<"$ids"
@@ -244,14 +246,21 @@ print(','.join(map(str, np.random.default_rng(11).integers(0, 512, 200))))")
         rm -rf "$dir" && mkdir -p "$dir"
         if python3 -c "import sys; sys.path[:0] = ['tests', 'reference']; import test_cuda; \
 test_cuda.write_hf_checkpoint('$name', '$dir/hf', seed=7)" >/dev/null &&
-            python3 convert/convert.py "$dir/hf" -o "$dir/model.bin" --dtype f32 >/dev/null &&
-            build/dump_logits "$dir/model.bin" "$dir/cuda.logits" "${id_list[@]}" --kv f32 \
-                --device cuda 2>"$LOG/transformers_$name.err"; then
-            result=$(timeout 120 python3 dev/gpu/transformers_logits.py "$dir/hf" --ids "$ids" \
-                --compare "$dir/cuda.logits" 2>>"$LOG/transformers_$name.err")
-            note "transformers $name: ${result:-FAILED: $(tail -1 "$LOG/transformers_$name.err")}"
+            python3 convert/convert.py "$dir/hf" -o "$dir/model.bin" --dtype f32 >/dev/null; then
+            for mode in decode prefill; do
+                flags=()
+                [ "$mode" = prefill ] && flags=(--prefill)
+                result=
+                build/dump_logits "$dir/model.bin" "$dir/cuda.logits" "${id_list[@]}" --kv f32 \
+                    --device cuda "${flags[@]}" 2>>"$LOG/transformers_$name.err" &&
+                    result=$(timeout 120 python3 dev/gpu/transformers_logits.py "$dir/hf" \
+                        --ids "$ids" --compare "$dir/cuda.logits" \
+                        2>>"$LOG/transformers_$name.err")
+                note "transformers $name ($mode): ${result:-FAILED: \
+$(tail -1 "$LOG/transformers_$name.err")}"
+            done
         else
-            note "transformers $name: no logits: $(tail -1 "$LOG/transformers_$name.err")"
+            note "transformers $name: no checkpoint: $(tail -1 "$LOG/transformers_$name.err")"
         fi
     done
 fi
