@@ -211,7 +211,7 @@ done
 
 if wants kernels; then
     step "build/cuda_kernel_check --bench"
-    timeout 240 build/cuda_kernel_check --bench >"$LOG/kernel_check.log" 2>&1
+    timeout 300 build/cuda_kernel_check --bench >"$LOG/kernel_check.log" 2>&1
     status=$?
     grep -v "^PASS" "$LOG/kernel_check.log" | grep -v "^|" | head -40
     grep "^|" "$LOG/kernel_check.log" | tee "$LOG/kernel_bench.md"
