@@ -1,12 +1,16 @@
-// The CUDA backend: one token through the Llama transformer on the GPU, step by step as
-// src/cpu/forward.cpp runs it, with the kernels of kernels/*.cuh (launched through kernels.h).
+// The CUDA backend: tokens through the Llama transformer on the GPU, step by step as
+// src/cpu/forward.cpp runs them, with the kernels of kernels/*.cuh (launched through kernels.h).
 //
-// - Weights are uploaded once; activations are f32; the KV cache is f16 or f32.
+// - Weights are uploaded once; decode activations are f32; the KV cache is f16 or f32.
 // - The kernel sequence of one token (CudaBackend::record_forward) is captured once as a CUDA
 //   graph and replayed for every token. The token id and the position live in a small device
 //   buffer (`step`) that the host overwrites before each replay; no launch shape depends on
 //   them.
 // - One synchronisation per token, after the logits reach pinned host memory.
+// - Prefill (CudaBackend::prefill_batch) runs up to kMaxBatch prompt tokens as matrices, one
+//   row per token: GEMMs for the projections, row kernels for the steps between them, and
+//   causal attention over the batch; one synchronisation per batch. The GEMMs read their
+//   input activations in the weights' dtype (f16 or bf16 on tensor cores, f32 for f32).
 // - The GPU ladder (`barellm ladder --device cuda`, src/ladder.cpp) runs this backend with
 //   simpler kernels (rung_kernels picks them from BackendOptions::cuda_kernels), without the
 //   graph (cuda_graph) or without the attention split (flash_decoding).
@@ -41,6 +45,7 @@ constexpr size_t kStagingBytes = size_t(64) << 20;         // upload chunk (pinn
 constexpr size_t kBandwidthBufferBytes = size_t(1) << 30;  // 1 GiB: far beyond any L2
 constexpr int kBandwidthPasses = 10;
 constexpr size_t kMemoryHeadroom = size_t(256) << 20;  // left free for the CUDA context etc.
+constexpr int kMaxBatch = 512;  // prefill runs longer prompts in batches of this many tokens
 
 struct StreamDeleter {
     void operator()(cudaStream_t stream) const { cudaStreamDestroy(stream); }
@@ -95,6 +100,27 @@ struct DeviceState {
     float* scores;            // [heads, context]  the naive attention's scores (its steps only)
     float* rope_frequencies;  // [head_dim / 2]
 };
+
+// The activations of a prefill batch of B <= CudaBackend::prefill_batch_ tokens, one row
+// per token, allocated once for the largest batch (the DeviceActivations' tokens field is
+// that size; a batch uses its first B rows).
+struct PrefillState {
+    int* tokens;                     // [B]  the batch's token ids
+    float* x;                        // [B, dim]  residual stream
+    cuda::DeviceActivations normed;  // [B, dim]  rmsnorm(x), the GEMMs' input
+    float* qkv;                      // [B, q_dim + 2 * kv_dim]  q (rotated in place), k, v
+    cuda::DeviceActivations att;     // [B, q_dim]  attention output, wo's input
+    float* gate;                     // [B, hidden_dim]  w1 · normed
+    float* up;                       // [B, hidden_dim]  w3 · normed
+    cuda::DeviceActivations hidden;  // [B, hidden_dim]  silu(gate) * up, w2's input
+    float* logits;                   // [B, vocab_size] with all_logits, else [1, vocab_size]
+};
+
+// The first `tokens` rows of `rows`.
+cuda::DeviceActivations first_rows(cuda::DeviceActivations rows, int tokens) {
+    rows.tokens = tokens;
+    return rows;
+}
 
 // ==== The steps of a layer, in the ways the rungs of the GPU ladder run them
 
@@ -290,14 +316,20 @@ public:
         if (options.flash_decoding)
             splits_ =
                 cuda::attention_splits(attention_shape(), context_, properties.multiProcessorCount);
+        // Batched prefill with the fast kernels; the GPU ladder's simpler rungs, and a head
+        // size whose attention tiles exceed the GPU's shared memory, prefill token by token.
+        if (options.cuda_kernels == CudaKernels::Fast &&
+            cuda::attention_prefill_shared_bytes(c.head_dim) <= properties.sharedMemPerBlockOptin)
+            prefill_batch_ = std::min(context_, kMaxBatch);
 
         cudaStream_t stream = nullptr;
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
         stream_.reset(stream);
 
-        check_free_memory();
+        check_free_memory(options.all_logits);
         upload_weights();
         allocate_state();
+        if (prefill_batch_ > 0) allocate_prefill(options.all_logits);
         host_step_ = PinnedBuffer(2 * sizeof(int), "the step parameters");
         host_logits_ = PinnedBuffer(size_t(c.vocab_size) * sizeof(float), "the logits");
         if (options.all_logits) {  // host memory, for ppl: every position's logits
@@ -318,9 +350,9 @@ public:
 
     std::string name() const override { return "cuda"; }
 
-    // prefill runs forward() one token at a time (batched GPU prefill is a later issue),
-    // so a "batch" is one token, and the weights are read once per token.
-    int max_batch() const override { return 1; }
+    // Token by token (prefill_batch_ 0), a "batch" is one token: the weights are read once
+    // per token.
+    int max_batch() const override { return prefill_batch_ > 0 ? prefill_batch_ : 1; }
 
     size_t kv_bytes_read(int pos) const override {
         const Config& c = model_.config;
@@ -343,16 +375,25 @@ public:
         return host_logits_.as<float>();
     }
 
-    // One forward() per token for now: batched GPU prefill is a later issue.
+    // Batches of up to prefill_batch_ tokens (prefill_batch), or one forward() per token
+    // when the backend runs without batched prefill.
     const float* prefill(const int* tokens, int count, int first_pos, bool all_logits) override {
         check_tokens(model_.config, tokens, count, first_pos, context_);
         const size_t vocab = model_.config.vocab_size;
         if (all_logits && size_t(count) * vocab > all_logits_.size())
             throw Error("prefill: every position's logits need BackendOptions::all_logits");
         const float* logits = nullptr;
-        for (int i = 0; i < count; ++i) {
-            logits = forward(tokens[i], first_pos + i);
-            if (all_logits) std::copy(logits, logits + vocab, all_logits_.begin() + i * vocab);
+        if (prefill_batch_ == 0) {
+            for (int i = 0; i < count; ++i) {
+                logits = forward(tokens[i], first_pos + i);
+                if (all_logits) std::copy(logits, logits + vocab, all_logits_.begin() + i * vocab);
+            }
+            return all_logits ? all_logits_.data() : logits;
+        }
+        for (int start = 0; start < count; start += prefill_batch_) {
+            const int batch = std::min(prefill_batch_, count - start);
+            float* logits_out = all_logits ? all_logits_.data() + size_t(start) * vocab : nullptr;
+            logits = prefill_batch(tokens + start, batch, first_pos + start, logits_out);
         }
         return all_logits ? all_logits_.data() : logits;
     }
@@ -408,6 +449,58 @@ private:
         // logits = output · norm(x)
         steps.norm_matvec(ctx, s.logits, output_, s.x, final_norm_);
         copy_logits_to_host();
+    }
+
+    // One batch of B tokens at positions first_pos.., the layers as record_forward runs them
+    // for one token, on matrices. Writes every row's logits to logits_out [B, vocab] (host
+    // memory) if given; returns the last row's.
+    const float* prefill_batch(const int* tokens, int B, int first_pos, float* logits_out) {
+        const Config& c = model_.config;
+        const PrefillState& s = prefill_;
+        cudaStream_t stream = stream_.get();
+        const int qkv_pitch = c.q_dim() + 2 * c.kv_dim();
+        int* host_tokens = host_tokens_.as<int>();  // the previous batch has completed
+        std::copy(tokens, tokens + B, host_tokens);
+        CUDA_CHECK(cudaMemcpyAsync(s.tokens, host_tokens, B * sizeof(int), cudaMemcpyHostToDevice,
+                                   stream));
+        const cuda::DeviceActivations normed = first_rows(s.normed, B);
+        const cuda::DeviceActivations att = first_rows(s.att, B);
+        const cuda::DeviceActivations hidden = first_rows(s.hidden, B);
+        cuda::embedding_rows(s.x, embedding_, s.tokens, B, stream);
+
+        for (const DeviceLayer& layer : layers_) {
+            // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
+            cuda::rmsnorm_rows(normed, s.x, layer.attn_norm, c.norm_eps, stream);
+            cuda::gemm(s.qkv, qkv_pitch, layer.wqkv, normed, nullptr, false, stream);
+            cuda::rope_kv_store_rows(s.qkv, qkv_pitch, state_.rope_frequencies, layer.key_cache,
+                                     layer.value_cache, first_pos, B, c.heads, c.kv_heads,
+                                     c.head_dim, nullptr, nullptr, c.norm_eps, kv_type_, stream);
+            cuda::attention_prefill(att, s.qkv, qkv_pitch, layer.key_cache, layer.value_cache,
+                                    first_pos, attention_shape(), kv_type_, stream);
+            cuda::gemm(s.x, c.dim, layer.wo, att, nullptr, /*accumulate=*/true, stream);
+
+            // Feed-forward: x += w2 · (silu(w1 · norm(x)) * (w3 · norm(x)))
+            cuda::rmsnorm_rows(normed, s.x, layer.ffn_norm, c.norm_eps, stream);
+            cuda::gemm(s.gate, c.hidden_dim, layer.w1, normed, nullptr, false, stream);
+            cuda::gemm(s.up, c.hidden_dim, layer.w3, normed, nullptr, false, stream);
+            cuda::swiglu_rows(hidden, s.gate, s.up, c.hidden_dim, stream);
+            cuda::gemm(s.x, c.dim, layer.w2, hidden, nullptr, /*accumulate=*/true, stream);
+        }
+
+        // logits = output · norm(x), of every row or of the last; the output matrix's dtype
+        // may differ from the layers': its input is a view of the same memory.
+        const int first_row = logits_out ? 0 : B - 1, rows = B - first_row;
+        cuda::DeviceActivations final_normed = first_rows(s.normed, rows);
+        final_normed.dtype = output_.dtype;
+        final_normed.pitch = cuda::padded_cols(c.dim, output_.dtype);
+        cuda::rmsnorm_rows(final_normed, s.x + size_t(first_row) * c.dim, final_norm_, c.norm_eps,
+                           stream);
+        cuda::gemm(s.logits, c.vocab_size, output_, final_normed, nullptr, false, stream);
+        float* host = logits_out ? logits_out : host_logits_.as<float>();
+        CUDA_CHECK(cudaMemcpyAsync(host, s.logits, size_t(rows) * c.vocab_size * sizeof(float),
+                                   cudaMemcpyDeviceToHost, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        return host + size_t(rows - 1) * c.vocab_size;
     }
 
     StepContext step_context() const {
@@ -497,17 +590,40 @@ private:
         return 2 * size_t(c.layers) * context_ * c.kv_dim() * kv_element_bytes(kv_type_);
     }
 
+    // Bytes of one row of the prefill's GEMM input activations of `cols` columns: in the
+    // layers' dtype, or the output matrix's for the logits (the same memory, `normed`).
+    size_t activation_row_bytes(int cols) const {
+        size_t bytes = 0;
+        for (DType dtype : {model_.layers[0].wq.dtype, model_.output.dtype})
+            bytes = std::max(bytes, size_t(cuda::padded_cols(cols, dtype)) * dtype_size(dtype));
+        return bytes;
+    }
+
+    // Device bytes of the prefill activations (PrefillState) for batches of prefill_batch_.
+    size_t prefill_bytes(bool all_logits) const {
+        if (prefill_batch_ == 0) return 0;
+        const Config& c = model_.config;
+        const size_t per_token =
+            sizeof(int) + size_t(c.dim) * sizeof(float) + activation_row_bytes(c.dim) +
+            (size_t(c.q_dim()) + 2 * c.kv_dim()) * sizeof(float) + activation_row_bytes(c.q_dim()) +
+            2 * size_t(c.hidden_dim) * sizeof(float) + activation_row_bytes(c.hidden_dim);
+        const size_t logits_rows = all_logits ? prefill_batch_ : 1;
+        return per_token * prefill_batch_ + logits_rows * c.vocab_size * sizeof(float);
+    }
+
     // Refuses, naming the sizes, a model that cannot fit rather than failing half-way.
-    void check_free_memory() const {
+    void check_free_memory(bool all_logits) const {
         size_t free_bytes = 0, total_bytes = 0;
         CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
         const size_t weights = weight_device_bytes(), cache = cache_bytes();
-        if (weights + cache + kMemoryHeadroom > free_bytes)
+        const size_t prefill = prefill_bytes(all_logits);
+        if (weights + cache + prefill + kMemoryHeadroom > free_bytes)
             throw Error("the model needs " + cuda::gib_text(weights) +
-                        " of GPU memory for weights and " + cuda::gib_text(cache) +
-                        " for the KV cache of " + std::to_string(context_) +
-                        " positions, but only " + cuda::gib_text(free_bytes) +
-                        " are free (try a smaller --ctx or --kv f16)");
+                        " of GPU memory for weights, " + cuda::gib_text(cache) +
+                        " for the KV cache of " + std::to_string(context_) + " positions and " +
+                        cuda::gib_text(prefill) + " for prefill batches of " +
+                        std::to_string(prefill_batch_) + " tokens, but only " +
+                        cuda::gib_text(free_bytes) + " are free (try a smaller --ctx or --kv f16)");
     }
 
     void upload_weights() {
@@ -584,6 +700,41 @@ private:
         state_.rope_frequencies = memory_.back().as<float>();
     }
 
+    // PrefillState for batches of prefill_batch_ tokens (zeroed: the padding columns of the
+    // GEMM inputs stay zero), and the pinned host copy of a batch's token ids.
+    void allocate_prefill(bool all_logits) {
+        const Config& c = model_.config;
+        const int B = prefill_batch_;
+        auto bytes = [&](size_t count, const std::string& what) {
+            memory_.emplace_back(count, what);
+            CUDA_CHECK(cudaMemset(memory_.back().as(), 0, count));
+            return memory_.back().as();
+        };
+        auto floats = [&](size_t count, const std::string& what) {
+            return static_cast<float*>(bytes(count * sizeof(float), what));
+        };
+        auto activations = [&](int cols, const std::string& what) {
+            cuda::DeviceActivations a;
+            a.dtype = model_.layers[0].wq.dtype;
+            a.tokens = B;
+            a.cols = cols;
+            a.pitch = cuda::padded_cols(cols, a.dtype);
+            a.data = bytes(size_t(B) * activation_row_bytes(cols), what);
+            return a;
+        };
+        PrefillState& s = prefill_;
+        s.tokens = static_cast<int*>(bytes(size_t(B) * sizeof(int), "the prefill token ids"));
+        s.x = floats(size_t(B) * c.dim, "prefill x");
+        s.normed = activations(c.dim, "prefill normed");
+        s.qkv = floats(size_t(B) * (c.q_dim() + 2 * c.kv_dim()), "prefill qkv");
+        s.att = activations(c.q_dim(), "prefill att");
+        s.gate = floats(size_t(B) * c.hidden_dim, "prefill gate");
+        s.up = floats(size_t(B) * c.hidden_dim, "prefill up");
+        s.hidden = activations(c.hidden_dim, "prefill hidden");
+        s.logits = floats(size_t(all_logits ? B : 1) * c.vocab_size, "prefill logits");
+        host_tokens_ = PinnedBuffer(size_t(B) * sizeof(int), "the prefill token ids");
+    }
+
     AttentionShape attention_shape() const {
         const Config& c = model_.config;
         return AttentionShape{c.heads, c.kv_heads, c.head_dim, c.sliding_window};
@@ -594,6 +745,7 @@ private:
     const KvType kv_type_;
     const RungKernels rung_;  // the kernels of each step
     int splits_ = 1;          // attention blocks per KV head, fixed for the context
+    int prefill_batch_ = 0;   // tokens per prefill batch; 0: prefill runs token by token
     // Declared before everything that uses it: destroyed last.
     Stream stream_;
     std::vector<DeviceBuffer> memory_;  // every device allocation (weights, state, cache)
@@ -602,6 +754,8 @@ private:
     const float* final_norm_ = nullptr;  // [dim]
     DeviceMatrix output_;                // [vocab_size, dim]; the embedding when tied
     DeviceState state_{};
+    PrefillState prefill_{};
+    PinnedBuffer host_tokens_;       // [prefill_batch_]  a batch's token ids, copied to prefill_
     PinnedBuffer host_step_;         // [2]  {token, pos}, copied to state_.step before each step
     PinnedBuffer host_logits_;       // [vocab_size]  what forward() returns
     std::vector<float> all_logits_;  // [context, vocab_size] with BackendOptions::all_logits

@@ -2,11 +2,14 @@
 // launch function (declared in kernels.h). Keeping device code in one file keeps the build
 // fast when nvcc compiles it for several GPU architectures.
 #include "attention.cuh"
+#include "attention_prefill.cuh"
 #include "attention_simple.cuh"
 #include "elementwise_simple.cuh"
 #include "embedding.cuh"
+#include "gemm.cuh"
 #include "matmul.cuh"
 #include "matmul_simple.cuh"
+#include "prefill.cuh"
 #include "rope.cuh"
 
 namespace barellm::cuda {

@@ -121,6 +121,17 @@ struct DeviceActivations {
 void gemm(float* out, int out_pitch, const DeviceMatrix& w, const DeviceActivations& in,
           const float* bias, bool accumulate, cudaStream_t stream);
 
+// The block tiles gemm chooses among (kernels/gemm.cuh: choose_gemm_tiles is the rule):
+// the SIMT GEMM (f32 weights; bf16 below sm_80), and three tensor-core tile shapes.
+enum class GemmTiles { kSimt, kSmallBatch, kMedium, kLarge };
+// The tiles gemm picks for these sizes on the current GPU.
+GemmTiles gemm_tiles(DType dtype, int tokens, int rows);
+// gemm with the given tiles, whatever the sizes (tests and benchmarks reach every path
+// with it); throws when the GPU or the dtype cannot run them.
+void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMatrix& w,
+                     const DeviceActivations& in, const float* bias, bool accumulate,
+                     cudaStream_t stream);
+
 // x[t, 0..dim) = table[tokens[t]] as f32 for t < count (tokens in device memory, checked on
 // the host before); x has pitch table.cols. (kernels/prefill.cuh)
 void embedding_rows(float* x, const DeviceMatrix& table, const int* tokens, int count,
@@ -155,6 +166,9 @@ void rope_kv_store_rows(float* qkv, int qkv_pitch, const float* inverse_frequenc
 void attention_prefill(const DeviceActivations& out, const float* qkv, int qkv_pitch,
                        const void* key_cache, const void* value_cache, int first_pos,
                        const AttentionShape& shape, KvType kv_type, cudaStream_t stream);
+// Dynamic shared memory attention_prefill needs per block for head_dim (compare with the
+// GPU's sharedMemPerBlockOptin before batching a model's prefill).
+size_t attention_prefill_shared_bytes(int head_dim);
 
 // ==== The GPU ladder's simple kernels (BackendOptions::cuda_kernels, `barellm ladder
 // --device cuda`): what the fast kernels above compute, the plain way, one optimisation

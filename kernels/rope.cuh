@@ -70,6 +70,8 @@ __global__ void __launch_bounds__(kRopeThreads)
     if (t < kv_dim) kv_store(value_cache + cache_row + t, qkv[q_dim + kv_dim + t]);
 }
 
+#ifndef BARELLM_CUDA_EMULATION
+
 void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache, void* value_cache,
                    const int* step, int heads, int kv_heads, int head_dim, KvType kv_type,
                    cudaStream_t stream) {
@@ -83,5 +85,7 @@ void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache
     });
     CUDA_CHECK_LAUNCH("rope_kv_kernel");
 }
+
+#endif  // BARELLM_CUDA_EMULATION
 
 }  // namespace barellm::cuda

@@ -7,11 +7,11 @@
 #   bash dev/gpu/check.sh [STEP...]   on the GPU machine, from the repository root
 #
 # The GPU machine reaches neither ../shared nor a package registry: --stage copies
-# stories260K, the llama2 tokenizer and the nlohmann/json headers into gpu_data/
+# stories260K, the llama2 tokenizer, the eval texts and the nlohmann/json headers into gpu_data/
 # (git-ignored), which must travel with the tree (the device tool: carry ["gpu_data"]).
 #
 # The build (barellm, dump_logits, cuda_kernel_check) always runs; then the STEPs, in this
-# order (default: kernels tests transformers decode ladder):
+# order (default: kernels tests transformers decode prefill ladder):
 #   kernels       build/cuda_kernel_check --bench: every kernel against the CPU kernels,
 #                 then the hot kernels' time and bandwidth at Mistral-7B's shapes
 #   tests         tests/test_cuda.py (CUDA logits against CPU logits at every position)
@@ -20,6 +20,8 @@
 #                 the three synthetic shapes of tests/test_cuda.py
 #   decode        `barellm bench --device cuda -p 0` on stories260K and on a Mistral-7B-
 #                 shaped f16 checkpoint (convert/synth.py), at short and long context
+#   prefill       `barellm ppl` on CUDA against the CPU's on stories260K (every eval text),
+#                 and `barellm bench --device cuda -p 512` (batched prefill) on both models
 #   ladder        `barellm ladder --device cuda -n 64` on the same two models
 #   ab            decode speed of other trees beside this one, alternated in one run: each
 #                 gpu_data/ab/NAME.tgz (made here by `git archive -o gpu_data/ab/NAME.tgz
@@ -41,15 +43,16 @@ if [ "${1:-}" = "--stage" ]; then
     mkdir -p gpu_data/shared/models gpu_data/shared/tokenizers gpu_data/include
     cp -r "$shared/models/stories260K" gpu_data/shared/models/
     cp -r "$shared/tokenizers/llama2" gpu_data/shared/tokenizers/
+    cp -r "$shared/eval" gpu_data/shared/
     [ -d /usr/include/nlohmann ] && cp -r /usr/include/nlohmann gpu_data/include/
     du -sh gpu_data
     exit 0
 fi
 
-STEPS=${*:-kernels tests transformers decode ladder}
+STEPS=${*:-kernels tests transformers decode prefill ladder}
 for name in $STEPS; do
     case $name in
-        kernels | tests | transformers | decode | ladder | ab) ;;
+        kernels | tests | transformers | decode | prefill | ladder | ab) ;;
         *) echo "check.sh: unknown step '$name' (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -109,7 +112,7 @@ note "GPU: $(head -1 "$LOG/gpu.txt"), commit $(git rev-parse --short HEAD 2>/dev
 
 # The Mistral-7B-shaped checkpoint, written in the background unless it exists.
 MISTRAL=$WORK/mistral-7b-f16.bin
-if { wants decode || wants ladder || wants ab; } && [ ! -f "$MISTRAL" ]; then
+if { wants decode || wants prefill || wants ladder || wants ab; } && [ ! -f "$MISTRAL" ]; then
     (
         rm -rf "$WORK/mistral-hf" &&
             python3 convert/synth.py --preset mistral-7b --dtype f16 -o "$WORK/mistral-hf" &&
@@ -174,7 +177,7 @@ if wants tests; then
 fi
 
 if wants transformers; then
-    step "CUDA logits against transformers (f32 weights and KV cache, 200 positions)"
+    step "CUDA logits against transformers (f32 weights and KV cache, 200 positions, decode and prefill)"
     ids=$(python3 -c "import numpy as np; \
 print(','.join(map(str, np.random.default_rng(11).integers(0, 512, 200))))")
     IFS=, read -ra id_list <<<"$ids"
@@ -185,14 +188,21 @@ print(','.join(map(str, np.random.default_rng(11).integers(0, 512, 200))))")
 json.dump(test_cuda.SYNTHETIC['$name'], open('$dir/config.json', 'w'))" &&
             python3 convert/synth.py --config "$dir/config.json" --tokenizer "$STORIES_HF" \
                 -o "$dir/hf" --dtype f32 --seed 7 >/dev/null &&
-            python3 convert/convert.py "$dir/hf" -o "$dir/model.bin" --dtype f32 >/dev/null &&
-            build/dump_logits "$dir/model.bin" "$dir/cuda.logits" "${id_list[@]}" --kv f32 \
-                --device cuda 2>"$LOG/transformers_$name.err"; then
-            result=$(timeout 120 python3 dev/gpu/transformers_logits.py "$dir/hf" --ids "$ids" \
-                --compare "$dir/cuda.logits" 2>>"$LOG/transformers_$name.err")
-            note "transformers $name: ${result:-FAILED: $(tail -1 "$LOG/transformers_$name.err")}"
+            python3 convert/convert.py "$dir/hf" -o "$dir/model.bin" --dtype f32 >/dev/null; then
+            for mode in decode prefill; do
+                flags=()
+                [ "$mode" = prefill ] && flags=(--prefill)
+                result=
+                build/dump_logits "$dir/model.bin" "$dir/cuda.logits" "${id_list[@]}" --kv f32 \
+                    --device cuda "${flags[@]}" 2>>"$LOG/transformers_$name.err" &&
+                    result=$(timeout 120 python3 dev/gpu/transformers_logits.py "$dir/hf" \
+                        --ids "$ids" --compare "$dir/cuda.logits" \
+                        2>>"$LOG/transformers_$name.err")
+                note "transformers $name ($mode): ${result:-FAILED: \
+$(tail -1 "$LOG/transformers_$name.err")}"
+            done
         else
-            note "transformers $name: no logits: $(tail -1 "$LOG/transformers_$name.err")"
+            note "transformers $name: no checkpoint: $(tail -1 "$LOG/transformers_$name.err")"
         fi
     done
 fi
@@ -217,6 +227,30 @@ if wants decode; then
         bench mistral-7b-f16 build/barellm "$MISTRAL" 128 3
         bench mistral-7b-f16 build/barellm "$MISTRAL" 4096 1
     fi
+fi
+
+if wants prefill; then
+    step "prefill"
+    for text in ../shared/eval/*.txt; do
+        fits 60 "ppl $(basename "$text")" || break
+        ppl=()
+        for device in cpu cuda; do
+            ppl+=("$(timeout 60 build/barellm ppl "$WORK/stories260K-f32.bin" -f "$text" \
+                --ctx 512 --kv f32 --device "$device" 2>>"$LOG/ppl.err" | tail -1)")
+        done
+        note "ppl stories260K $(basename "$text"): cpu ${ppl[0]:-FAILED}, cuda ${ppl[1]:-FAILED}"
+    done
+    for model in "$WORK/stories260K-f16.bin" "$MISTRAL"; do
+        label=$(basename "$model" .bin)
+        [ "$model" = "$MISTRAL" ] && ! mistral_ready 90 && continue
+        fits 90 "bench $label pp512" || continue
+        if timeout 90 build/barellm bench "$model" --device cuda -p 512 -n 0 -r 3 \
+            >"$LOG/bench_pp512_$label.md" 2>"$LOG/bench_pp512_$label.err"; then
+            note "bench $label pp512: $(grep -m1 '| cuda |' "$LOG/bench_pp512_$label.md")"
+        else
+            note "bench $label pp512 FAILED: $(tail -1 "$LOG/bench_pp512_$label.err")"
+        fi
+    done
 fi
 
 if wants ladder; then

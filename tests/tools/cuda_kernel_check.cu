@@ -7,7 +7,8 @@
 // with "N passed, M failed"; exits 1 when a check failed, 2 when no GPU is usable.
 //   cuda_kernel_check [--bench]
 // --bench also times the decode matvecs and attention at Mistral-7B shapes and prints
-// their bandwidth next to a device-to-device copy's.
+// their bandwidth next to a device-to-device copy's, and the prefill attention of a
+// 512-token prompt at that shape.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -316,8 +317,7 @@ RopeReference rope_reference(const std::vector<float>& qkv, const HeadShape& s, 
 }
 
 // Row `row` of a device cache [rows, kv_dim] as floats.
-std::vector<float> device_cache_row(const DeviceBuffer& cache, int row, int kv_dim,
-                                    KvType type) {
+std::vector<float> device_cache_row(const DeviceBuffer& cache, int row, int kv_dim, KvType type) {
     const size_t element = kv_element_bytes(type);
     std::vector<uint8_t> bytes(kv_dim * element);
     CUDA_CHECK(cudaMemcpy(bytes.data(), cache.as<uint8_t>() + size_t(row) * kv_dim * element,
@@ -327,9 +327,11 @@ std::vector<float> device_cache_row(const DeviceBuffer& cache, int row, int kv_d
 
 // Row pos of both device caches against the reference rows (f16: a rounding tie may fall
 // differently when the f32 values differ by an ulp); returns the rows read, key then value.
-std::pair<std::vector<float>, std::vector<float>> check_cache_rows(
-    const std::string& label, const DeviceBuffer& keys, const DeviceBuffer& values, int pos,
-    int kv_dim, KvType type, const RopeReference& want) {
+std::pair<std::vector<float>, std::vector<float>> check_cache_rows(const std::string& label,
+                                                                   const DeviceBuffer& keys,
+                                                                   const DeviceBuffer& values,
+                                                                   int pos, int kv_dim, KvType type,
+                                                                   const RopeReference& want) {
     std::vector<float> key = device_cache_row(keys, pos, kv_dim, type);
     std::vector<float> value = device_cache_row(values, pos, kv_dim, type);
     report(label + " k", key, kv_values_as_float(want.key_row, type),
@@ -395,8 +397,8 @@ void check_rope() {
 // cpu::attention of q [heads * head_dim] at `pos` over caches of the KV type's bytes.
 std::vector<float> cpu_attention(const std::vector<float>& q, int pos,
                                  const std::vector<uint8_t>& keys,
-                                 const std::vector<uint8_t>& values,
-                                 const AttentionShape& shape, KvType type) {
+                                 const std::vector<uint8_t>& values, const AttentionShape& shape,
+                                 KvType type) {
     std::vector<float> out(q.size()), scores(size_t(shape.heads) * (pos + 1));
     cpu::attention(out.data(), q.data(), pos, keys.data(), values.data(), scores.data(), shape,
                    type);
@@ -524,6 +526,295 @@ void check_attention(int multiprocessors) {
     }
 }
 
+// ==== Batched prefill: the row kernels and attention_prefill against the CPU's prefill steps.
+
+constexpr int kBatchSizes[] = {1, 3, 17, 100, 511};
+
+// values rounded to dtype, as the GPU stores a GEMM input of that dtype.
+std::vector<float> rounded(std::vector<float> values, DType dtype) {
+    for (float& v : values) {
+        if (dtype == DType::F16) v = half_to_float(float_to_half(v));
+        if (dtype == DType::BF16) v = bf16_to_float(float_to_bf16(v));
+    }
+    return values;
+}
+
+// The relative error a result rounded to dtype may show against a reference rounded the same
+// way (an ulp where the two sides' f32 values straddle a rounding boundary).
+double rounding_tolerance(DType dtype, double f32_tolerance) {
+    return dtype == DType::F32 ? f32_tolerance : dtype == DType::F16 ? 1e-3 : 8e-3;
+}
+
+// Activations [tokens, pitch] of `dtype` with every element NaN (0xff bytes are NaN in f32,
+// f16 and bf16), backed by `memory`.
+cuda::DeviceActivations poisoned_activations(DeviceBuffer& memory, int tokens, int cols,
+                                             DType dtype) {
+    cuda::DeviceActivations a;
+    a.dtype = dtype;
+    a.tokens = tokens;
+    a.cols = cols;
+    a.pitch = cuda::padded_cols(cols, dtype);
+    memory = DeviceBuffer(a.bytes(), "a test output");
+    CUDA_CHECK(cudaMemset(memory.as(), 0xff, a.bytes()));
+    a.data = memory.as();
+    return a;
+}
+
+// Every element of activations [tokens, pitch] (padding included) as f32.
+std::vector<float> activations_to_host(const cuda::DeviceActivations& a) {
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const size_t count = size_t(a.tokens) * a.pitch;
+    std::vector<uint8_t> bytes(a.bytes());
+    CUDA_CHECK(cudaMemcpy(bytes.data(), a.data, bytes.size(), cudaMemcpyDeviceToHost));
+    std::vector<float> values(count);
+    for (size_t i = 0; i < count; ++i) {
+        if (a.dtype == DType::F32) {
+            std::memcpy(&values[i], &bytes[4 * i], 4);
+        } else {
+            uint16_t bits;
+            std::memcpy(&bits, &bytes[2 * i], 2);
+            values[i] = a.dtype == DType::F16 ? half_to_float(bits) : bf16_to_float(bits);
+        }
+    }
+    return values;
+}
+
+// rows [tokens, cols] laid out with `pitch`, the padding columns zero.
+std::vector<float> with_pitch(const std::vector<float>& rows, int tokens, int cols, int pitch) {
+    std::vector<float> out(size_t(tokens) * pitch, 0.0f);
+    for (int t = 0; t < tokens; ++t)
+        std::copy(rows.begin() + size_t(t) * cols, rows.begin() + size_t(t + 1) * cols,
+                  out.begin() + size_t(t) * pitch);
+    return out;
+}
+
+// embedding_rows, rmsnorm_rows and swiglu_rows against cpu::embedding_row, cpu::rmsnorm and
+// cpu::swiglu row by row; the GEMM-input outputs in every dtype, their padding included.
+void check_prefill_rows() {
+    cuda::PinnedBuffer staging(size_t(16) << 20, "staging");
+    std::uniform_int_distribution<int> any_token(0, 514);
+    for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
+        const HostMatrix table = random_matrix(515, 204, dtype);
+        DeviceBuffer table_memory;
+        const DeviceMatrix device_table =
+            cuda::upload_matrix(table.matrix, table_memory, staging, "table");
+        for (int count : kBatchSizes) {
+            std::vector<int> tokens(count);
+            for (int& token : tokens) token = any_token(rng);
+            DeviceBuffer device_tokens = to_device(tokens.data(), count * sizeof(int));
+            DeviceBuffer x = poisoned(size_t(count) * 204);
+            cuda::embedding_rows(x.as<float>(), device_table, device_tokens.as<int>(), count, 0);
+            std::vector<float> want(size_t(count) * 204);
+            for (int t = 0; t < count; ++t)
+                cpu::embedding_row(&want[size_t(t) * 204], table.matrix, tokens[t]);
+            report(std::string("embedding_rows ") + dtype_label(dtype) + " 515x204 B " +
+                       std::to_string(count),
+                   to_host(x.as(), want.size()), want, 0.0);
+        }
+    }
+
+    const float eps = 1e-5f;
+    for (int cols : {45, 204, 4099}) {
+        std::vector<float> weight = random_floats(cols, 0.1f);
+        for (float& v : weight) v += 1.0f;
+        DeviceBuffer device_weight = to_device(weight);
+        for (int count : kBatchSizes) {
+            const std::vector<float> x = random_floats(size_t(count) * cols, 2.0f);
+            const int in_pitch = cols + 3;  // gate and up with a pitch of their own
+            const std::vector<float> gate = random_floats(size_t(count) * in_pitch, 2.0f);
+            const std::vector<float> up = random_floats(size_t(count) * in_pitch);
+            DeviceBuffer device_x = to_device(x), device_gate = to_device(gate),
+                         device_up = to_device(up);
+            std::vector<float> normed(size_t(count) * cols), gated(size_t(count) * cols);
+            for (int t = 0; t < count; ++t) {
+                cpu::rmsnorm(&normed[size_t(t) * cols], &x[size_t(t) * cols], weight.data(), cols,
+                             eps);
+                std::copy(gate.begin() + size_t(t) * in_pitch,
+                          gate.begin() + size_t(t) * in_pitch + cols,
+                          gated.begin() + size_t(t) * cols);
+                cpu::swiglu(&gated[size_t(t) * cols], &up[size_t(t) * in_pitch], cols);
+            }
+            for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
+                const std::string shape = std::string(dtype_label(dtype)) + " B " +
+                                          std::to_string(count) + " cols " + std::to_string(cols);
+                const int pitch = cuda::padded_cols(cols, dtype);
+                DeviceBuffer memory;
+                cuda::DeviceActivations out = poisoned_activations(memory, count, cols, dtype);
+                cuda::rmsnorm_rows(out, device_x.as<float>(), device_weight.as<float>(), eps, 0);
+                report("rmsnorm_rows " + shape, activations_to_host(out),
+                       with_pitch(rounded(normed, dtype), count, cols, pitch),
+                       rounding_tolerance(dtype, 1e-6));
+
+                out = poisoned_activations(memory, count, cols, dtype);
+                cuda::swiglu_rows(out, device_gate.as<float>(), device_up.as<float>(), in_pitch, 0);
+                report("swiglu_rows " + shape, activations_to_host(out),
+                       with_pitch(rounded(gated, dtype), count, cols, pitch),
+                       rounding_tolerance(dtype, 1e-6));
+            }
+        }
+    }
+}
+
+// rope_kv_store_rows against the CPU prefill's per-token steps (Qwen3's per-head RMSNorm of q
+// and k when normed, cpu::rope, cpu::kv_store), continuing a cache at first_pos > 0 too.
+void check_rope_kv_store_rows() {
+    const HeadShape shapes[] = {{6, 2, 34}, {8, 1, 64}, {5, 5, 72}, {32, 8, 128}, {4, 1, 256}};
+    const float eps = 1e-6f;
+    for (const HeadShape& s : shapes) {
+        const std::vector<float> frequencies = test_rope_frequencies(s.head_dim);
+        DeviceBuffer device_frequencies = to_device(frequencies);
+        const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
+        const int qkv_pitch = q_dim + 2 * kv_dim + 2;  // rows with a pitch of their own
+        std::vector<float> q_norm = random_floats(s.head_dim, 0.1f),
+                           k_norm = random_floats(s.head_dim, 0.1f);
+        for (float& v : q_norm) v += 1.0f;
+        for (float& v : k_norm) v += 1.0f;
+        DeviceBuffer device_q_norm = to_device(q_norm), device_k_norm = to_device(k_norm);
+        for (int count : kBatchSizes) {
+            for (int first_pos : {0, 3000}) {
+                for (KvType type : {KvType::F32, KvType::F16}) {
+                    for (bool normed : {false, true}) {
+                        const size_t element = kv_element_bytes(type);
+                        const std::vector<float> qkv = random_floats(size_t(count) * qkv_pitch);
+                        DeviceBuffer device_qkv = to_device(qkv);
+                        const int rows = first_pos + count;
+                        const size_t cache_bytes = size_t(rows) * kv_dim * element;
+                        DeviceBuffer keys(cache_bytes, "keys"), values(cache_bytes, "values");
+                        CUDA_CHECK(cudaMemset(keys.as(), 0xff, cache_bytes));
+                        CUDA_CHECK(cudaMemset(values.as(), 0xff, cache_bytes));
+                        cuda::rope_kv_store_rows(
+                            device_qkv.as<float>(), qkv_pitch, device_frequencies.as<float>(),
+                            keys.as(), values.as(), first_pos, count, s.heads, s.kv_heads,
+                            s.head_dim, normed ? device_q_norm.as<float>() : nullptr,
+                            normed ? device_k_norm.as<float>() : nullptr, eps, type, 0);
+
+                        // The CPU's steps, token by token.
+                        std::vector<float> want_q(size_t(count) * q_dim);
+                        std::vector<uint8_t> want_keys(size_t(count) * kv_dim * element),
+                            want_values(want_keys.size());
+                        for (int t = 0; t < count; ++t) {
+                            const float* row = &qkv[size_t(t) * qkv_pitch];
+                            float* q = &want_q[size_t(t) * q_dim];
+                            std::vector<float> k(row + q_dim, row + q_dim + kv_dim);
+                            std::copy(row, row + q_dim, q);
+                            if (normed) {
+                                for (int h = 0; h < s.heads; ++h)
+                                    cpu::rmsnorm(q + h * s.head_dim, q + h * s.head_dim,
+                                                 q_norm.data(), s.head_dim, eps);
+                                for (int h = 0; h < s.kv_heads; ++h)
+                                    cpu::rmsnorm(&k[h * s.head_dim], &k[h * s.head_dim],
+                                                 k_norm.data(), s.head_dim, eps);
+                            }
+                            cpu::rope(q, s.heads, s.head_dim, first_pos + t, frequencies.data());
+                            cpu::rope(k.data(), s.kv_heads, s.head_dim, first_pos + t,
+                                      frequencies.data());
+                            cpu::kv_store(&want_keys[size_t(t) * kv_dim * element], k.data(),
+                                          kv_dim, type);
+                            cpu::kv_store(&want_values[size_t(t) * kv_dim * element],
+                                          row + q_dim + kv_dim, kv_dim, type);
+                        }
+
+                        const std::string what =
+                            std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + "x" +
+                            std::to_string(s.head_dim) + " B " + std::to_string(count) + " from " +
+                            std::to_string(first_pos) + " kv " + kv_label(type) +
+                            (normed ? " q/k norm" : "");
+                        const std::vector<float> got_qkv = to_host(device_qkv.as(), qkv.size());
+                        std::vector<float> got_q(want_q.size());
+                        for (int t = 0; t < count; ++t)
+                            std::copy(got_qkv.begin() + size_t(t) * qkv_pitch,
+                                      got_qkv.begin() + size_t(t) * qkv_pitch + q_dim,
+                                      got_q.begin() + size_t(t) * q_dim);
+                        report("rope_kv_store_rows " + what + " q", got_q, want_q,
+                               normed ? 1e-5 : 1e-6);
+                        // The rows first_pos.. of the caches (f16: a rounding tie may fall
+                        // differently when the f32 values differ by an ulp).
+                        auto cache_rows = [&](const DeviceBuffer& cache) {
+                            std::vector<uint8_t> bytes(want_keys.size());
+                            CUDA_CHECK(cudaMemcpy(
+                                bytes.data(),
+                                cache.as<uint8_t>() + size_t(first_pos) * kv_dim * element,
+                                bytes.size(), cudaMemcpyDeviceToHost));
+                            return kv_values_as_float(bytes, type);
+                        };
+                        report("rope_kv_store_rows " + what + " k", cache_rows(keys),
+                               kv_values_as_float(want_keys, type),
+                               type == KvType::F32 ? (normed ? 1e-5 : 1e-6) : 1e-3);
+                        report("rope_kv_store_rows " + what + " v", cache_rows(values),
+                               kv_values_as_float(want_values, type), 0.0);
+                    }
+                }
+            }
+        }
+    }
+}
+
+// attention_prefill against cpu::attention_batch: random caches of first_pos + count rows,
+// the queries at positions first_pos.., GQA, sliding windows, f32 and f16 caches, the output
+// in each GEMM-input dtype (its padding columns zero).
+void check_attention_prefill() {
+    struct Case {
+        HeadShape shape;
+        int window;
+    };
+    const Case cases[] = {
+        {{8, 4, 8}, 0},  {{6, 2, 34}, 0},   {{5, 1, 72}, 6}, {{32, 8, 128}, 0}, {{32, 8, 128}, 100},
+        {{8, 1, 64}, 0}, {{12, 2, 256}, 0}, {{4, 4, 72}, 0}, {{16, 2, 80}, 33}, {{3, 3, 130}, 0}};
+    for (const Case& test : cases) {
+        const HeadShape& s = test.shape;
+        const AttentionShape shape{s.heads, s.kv_heads, s.head_dim, test.window};
+        const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
+        const int qkv_pitch = q_dim + 2 * kv_dim;
+        for (int count : kBatchSizes) {
+            for (int first_pos : {0, 300}) {
+                for (KvType type : {KvType::F32, KvType::F16}) {
+                    const size_t element = kv_element_bytes(type);
+                    const int rows = first_pos + count;
+                    std::vector<uint8_t> keys(size_t(rows) * kv_dim * element);
+                    std::vector<uint8_t> values(keys.size());
+                    const std::vector<float> key_values = random_floats(size_t(rows) * kv_dim);
+                    const std::vector<float> value_values = random_floats(size_t(rows) * kv_dim);
+                    cpu::kv_store(keys.data(), key_values.data(), rows * kv_dim, type);
+                    cpu::kv_store(values.data(), value_values.data(), rows * kv_dim, type);
+                    DeviceBuffer device_keys = to_device(keys.data(), keys.size());
+                    DeviceBuffer device_values = to_device(values.data(), values.size());
+                    const std::vector<float> qkv = random_floats(size_t(count) * qkv_pitch);
+                    DeviceBuffer device_qkv = to_device(qkv);
+
+                    std::vector<float> q(size_t(count) * q_dim), want(q.size());
+                    for (int t = 0; t < count; ++t)
+                        std::copy(qkv.begin() + size_t(t) * qkv_pitch,
+                                  qkv.begin() + size_t(t) * qkv_pitch + q_dim,
+                                  q.begin() + size_t(t) * q_dim);
+                    cpu::attention_batch(want.data(), q.data(), count, first_pos, keys.data(),
+                                         values.data(), shape, type);
+
+                    const std::string name =
+                        std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + "x" +
+                        std::to_string(s.head_dim) + " window " + std::to_string(test.window) +
+                        " B " + std::to_string(count) + " from " + std::to_string(first_pos) +
+                        " kv " + kv_label(type);
+                    // f16 and bf16 outputs at one batch size: the rounding is the same code.
+                    std::vector<DType> dtypes = {DType::F32};
+                    if (count == 100) dtypes = {DType::F32, DType::F16, DType::BF16};
+                    for (DType dtype : dtypes) {
+                        DeviceBuffer memory;
+                        const cuda::DeviceActivations out =
+                            poisoned_activations(memory, count, q_dim, dtype);
+                        cuda::attention_prefill(out, device_qkv.as<float>(), qkv_pitch,
+                                                device_keys.as(), device_values.as(), first_pos,
+                                                shape, type, 0);
+                        report("attention_prefill " + name + " out " + dtype_label(dtype),
+                               activations_to_host(out),
+                               with_pitch(rounded(want, dtype), count, q_dim, out.pitch),
+                               rounding_tolerance(dtype, 1e-5));
+                    }
+                }
+            }
+        }
+    }
+}
+
 // Milliseconds per call of `work`, median of `repeats` timed with events after a warm-up.
 template <typename Work>
 double time_ms(Work work, int repeats = 30) {
@@ -625,6 +916,30 @@ void bench(int multiprocessors) {
                                  std::to_string(splits) + " splits)";
         line(name.c_str(), "32/8x128 pos 4095", ms, 2.0 * layer_bytes);
     }
+
+    // Prefill attention of a 512-token prompt at Mistral 7B's shape: time and the rate of
+    // its causal QKᵀ and PV (2 flops per multiply-add: 4 * heads * head_dim flops per visible
+    // (query, key) pair).
+    const int prompt = 512;
+    std::printf("\n| kernel | shape | us | TFLOP/s |\n| --- | --- | ---: | ---: |\n");
+    for (KvType type : {KvType::F16, KvType::F32}) {
+        const size_t cache_bytes = size_t(prompt) * 1024 * kv_element_bytes(type);
+        DeviceBuffer keys(cache_bytes, "keys"), values(cache_bytes, "values");
+        CUDA_CHECK(cudaMemset(keys.as(), 0, cache_bytes));
+        CUDA_CHECK(cudaMemset(values.as(), 0, cache_bytes));
+        const int qkv_pitch = 4096 + 2 * 1024;
+        DeviceBuffer qkv = to_device(cheap_random_floats(size_t(prompt) * qkv_pitch));
+        DeviceBuffer memory;
+        const cuda::DeviceActivations out = poisoned_activations(memory, prompt, 4096, DType::F16);
+        const double ms = time_ms([&](int) {
+            cuda::attention_prefill(out, qkv.as<float>(), qkv_pitch, keys.as(), values.as(), 0,
+                                    shape, type, 0);
+        });
+        const double flops = 4.0 * 32 * 128 * (double(prompt) * (prompt + 1) / 2);
+        std::printf("| attention_prefill kv %s, f16 out | 32/8x128, %d tokens | %.1f | %.2f |\n",
+                    kv_label(type), prompt, ms * 1e3, flops / ms / 1e9);
+        std::fflush(stdout);
+    }
 }
 
 }  // namespace
@@ -646,6 +961,9 @@ int main(int argc, char** argv) {
         check_elementwise();
         check_rope();
         check_attention(properties.multiProcessorCount);
+        check_prefill_rows();
+        check_rope_kv_store_rows();
+        check_attention_prefill();
         if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) bench(properties.multiProcessorCount);
         std::printf("%d passed, %d failed\n", passed, failed);
         return failed ? 1 : 0;

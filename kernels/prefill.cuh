@@ -1,0 +1,208 @@
+// The row-wise steps of batched prefill (kernels.h, "Batched prefill"): one row per prompt
+// token. The embedding rows, RMSNorm into the GEMM's input type, SwiGLU into the same, and
+// RoPE with the KV-cache writes (Qwen3's per-head q/k RMSNorm before it when given).
+//
+// Device code first; the launch shapes as host functions outside the CUDA-only part, so that
+// the emulated unit tests launch the kernels exactly as the launch functions at the end do.
+#pragma once
+#include <cuda_bf16.h>
+
+#include "common.cuh"
+#include "cuda_check.h"
+#include "kernels.h"
+#include "rope.cuh"
+
+namespace barellm::cuda {
+
+constexpr int kRowsThreads = 256;  // embedding_rows, rmsnorm_rows and swiglu_rows
+constexpr int kRopeRowsWarps = 4;  // rope_kv_store_rows: a warp per head vector
+constexpr int kRopeRowsThreads = kRopeRowsWarps * kWarpSize;
+
+// Element i of an activation row of dtype D = value, rounded to nearest even for f16/bf16.
+template <DType D>
+__device__ __forceinline__ void store_activation(void* row, int i, float value) {
+    if constexpr (D == DType::F32)
+        static_cast<float*>(row)[i] = value;
+    else if constexpr (D == DType::F16)
+        static_cast<__half*>(row)[i] = __float2half_rn(value);
+    else
+        static_cast<__nv_bfloat16*>(row)[i] = __float2bfloat16_rn(value);
+}
+
+// Row t of activations [tokens, pitch] of dtype D.
+template <DType D>
+__device__ __forceinline__ void* activation_row(void* data, int pitch, int t) {
+    return static_cast<char*>(data) + size_t(t) * pitch * dtype_size_v<D>;
+}
+
+// x[t, i] = table[tokens[t], i] as f32; x has pitch cols.
+// Launch: grid (ceil(cols / 256), count), block 256, no shared memory; thread i of block row
+// t copies element i of token t.
+template <DType D>
+__global__ void __launch_bounds__(kRowsThreads)
+    embedding_rows_kernel(float* __restrict__ x, const void* __restrict__ table, int cols,
+                          int pitch, const int* __restrict__ tokens) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= cols) return;
+    const int t = blockIdx.y;
+    const char* row = static_cast<const char*>(table) + size_t(tokens[t]) * pitch * dtype_size_v<D>;
+    x[size_t(t) * cols + i] = WeightFormat<D>::element(row, i);
+}
+
+// out[t, i] = x[t, i] * rsqrt(mean(x[t]²) + eps) * weight[i] as D for i < cols, 0 for
+// cols <= i < pitch; x is f32 [tokens, cols].
+// Launch: grid tokens, block 256, no dynamic shared memory; block t normalises row t.
+template <DType D>
+__global__ void __launch_bounds__(kRowsThreads)
+    rmsnorm_rows_kernel(void* __restrict__ out, int cols, int pitch, const float* __restrict__ x,
+                        const float* __restrict__ weight, float eps) {
+    __shared__ float scratch[kWarpSize];
+    const int t = blockIdx.x;
+    const float* in = x + size_t(t) * cols;
+    const float scale = rms_scale(in, cols, eps, scratch);
+    void* row = activation_row<D>(out, pitch, t);
+    for (int i = threadIdx.x; i < pitch; i += blockDim.x)
+        store_activation<D>(row, i, i < cols ? in[i] * scale * weight[i] : 0.0f);
+}
+
+// out[t, i] = silu(gate[t, i]) * up[t, i] as D for i < cols, 0 for cols <= i < pitch;
+// gate and up are f32 [tokens, in_pitch].
+// Launch: grid (ceil(pitch / 256), tokens), block 256, no shared memory; one element a thread.
+template <DType D>
+__global__ void __launch_bounds__(kRowsThreads)
+    swiglu_rows_kernel(void* __restrict__ out, int cols, int pitch, const float* __restrict__ gate,
+                       const float* __restrict__ up, int in_pitch) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= pitch) return;
+    const int t = blockIdx.y;
+    const size_t in = size_t(t) * in_pitch + i;
+    store_activation<D>(activation_row<D>(out, pitch, t), i,
+                        i < cols ? swiglu_value(gate[in], up[in]) : 0.0f);
+}
+
+// RoPE and the cache write of token t = blockIdx.y at pos = first_pos + t. Row t of qkv
+// [count, qkv_pitch] holds heads q vectors, kv_heads k vectors and kv_heads v vectors of
+// head_dim; "vector" n < heads + 2 * kv_heads is the n-th of them.
+// - Warp w of block x handles vector n = x * 4 + w: a q vector is (RMSNormed with q_norm,
+//   then) rotated in place, a k vector (RMSNormed with k_norm, then) rotated into row pos of
+//   key_cache, a v vector copied into row pos of value_cache.
+// - Lane l rotates the pairs (j, j + head_dim/2) for j = l, l + 32, ... (rope_rotate, the
+//   angle in double); with a norm, the warp first sums the squares of the whole vector.
+// Launch: grid (ceil((heads + 2 * kv_heads) / 4), count), block 128, no shared memory.
+template <typename KvT>
+__global__ void __launch_bounds__(kRopeRowsThreads)
+    rope_kv_store_rows_kernel(float* __restrict__ qkv, int qkv_pitch,
+                              const float* __restrict__ inverse_frequencies,
+                              KvT* __restrict__ key_cache, KvT* __restrict__ value_cache,
+                              int first_pos, int heads, int kv_heads, int head_dim,
+                              const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                              float eps) {
+    const int lane = threadIdx.x % kWarpSize;
+    const int vector = blockIdx.x * kRopeRowsWarps + threadIdx.x / kWarpSize;
+    if (vector >= heads + 2 * kv_heads) return;  // the whole warp
+    const int t = blockIdx.y, pos = first_pos + t;
+    const int kv_dim = kv_heads * head_dim, half = head_dim / 2;
+    float* vec = qkv + size_t(t) * qkv_pitch + size_t(vector) * head_dim;
+    const size_t cache_row = size_t(pos) * kv_dim;
+
+    if (vector >= heads + kv_heads) {  // v: stored unchanged
+        KvT* value = value_cache + cache_row + size_t(vector - heads - kv_heads) * head_dim;
+        for (int i = lane; i < head_dim; i += kWarpSize) kv_store(value + i, vec[i]);
+        return;
+    }
+    const bool is_q = vector < heads;
+    const float* norm = is_q ? q_norm : k_norm;
+    float scale = 1.0f;
+    if (norm) {
+        float squares = 0.0f;
+        for (int i = lane; i < head_dim; i += kWarpSize) squares += vec[i] * vec[i];
+        scale = 1.0f / sqrtf(warp_sum(squares) / float(head_dim) + eps);
+        __syncwarp();  // every lane's reads of vec before any lane writes it back
+    }
+    KvT* key = key_cache + cache_row + size_t(vector - heads) * head_dim;
+    for (int j = lane; j < half; j += kWarpSize) {
+        float a = vec[j], b = vec[j + half];
+        if (norm) {
+            a = a * scale * norm[j];
+            b = b * scale * norm[j + half];
+        }
+        const float2 rotated = rope_rotate(a, b, rope_cos_sin(pos, inverse_frequencies[j]));
+        if (is_q) {
+            vec[j] = rotated.x;
+            vec[j + half] = rotated.y;
+        } else {
+            kv_store(key + j, rotated.x);
+            kv_store(key + j + half, rotated.y);
+        }
+    }
+}
+
+// ---- Launch shapes
+
+inline dim3 embedding_rows_grid(int cols, int count) {
+    return dim3((cols + kRowsThreads - 1) / kRowsThreads, count);
+}
+inline dim3 rmsnorm_rows_grid(int tokens) { return dim3(tokens); }
+inline dim3 swiglu_rows_grid(int pitch, int tokens) {
+    return dim3((pitch + kRowsThreads - 1) / kRowsThreads, tokens);
+}
+inline dim3 rope_kv_store_rows_grid(int heads, int kv_heads, int count) {
+    return dim3((heads + 2 * kv_heads + kRopeRowsWarps - 1) / kRopeRowsWarps, count);
+}
+
+#ifndef BARELLM_CUDA_EMULATION
+
+void embedding_rows(float* x, const DeviceMatrix& table, const int* tokens, int count,
+                    cudaStream_t stream) {
+    if (count == 0) return;
+    with_weight_dtype(table.dtype, [&](auto dtype) {
+        embedding_rows_kernel<decltype(dtype)::value>
+            <<<embedding_rows_grid(table.cols, count), kRowsThreads, 0, stream>>>(
+                x, table.data, table.cols, table.pitch, tokens);
+    });
+    CUDA_CHECK_LAUNCH("embedding_rows_kernel");
+}
+
+void rmsnorm_rows(const DeviceActivations& out, const float* x, const float* weight, float eps,
+                  cudaStream_t stream) {
+    if (out.tokens == 0) return;
+    with_weight_dtype(out.dtype, [&](auto dtype) {
+        rmsnorm_rows_kernel<decltype(dtype)::value>
+            <<<rmsnorm_rows_grid(out.tokens), kRowsThreads, 0, stream>>>(out.data, out.cols,
+                                                                         out.pitch, x, weight, eps);
+    });
+    CUDA_CHECK_LAUNCH("rmsnorm_rows_kernel");
+}
+
+void swiglu_rows(const DeviceActivations& out, const float* gate, const float* up, int in_pitch,
+                 cudaStream_t stream) {
+    if (out.tokens == 0) return;
+    with_weight_dtype(out.dtype, [&](auto dtype) {
+        swiglu_rows_kernel<decltype(dtype)::value>
+            <<<swiglu_rows_grid(out.pitch, out.tokens), kRowsThreads, 0, stream>>>(
+                out.data, out.cols, out.pitch, gate, up, in_pitch);
+    });
+    CUDA_CHECK_LAUNCH("swiglu_rows_kernel");
+}
+
+void rope_kv_store_rows(float* qkv, int qkv_pitch, const float* inverse_frequencies,
+                        void* key_cache, void* value_cache, int first_pos, int count, int heads,
+                        int kv_heads, int head_dim, const float* q_norm, const float* k_norm,
+                        float eps, KvType kv_type, cudaStream_t stream) {
+    if ((q_norm == nullptr) != (k_norm == nullptr))
+        throw Error("rope_kv_store_rows: q_norm and k_norm are given together or not at all");
+    if (count == 0) return;
+    with_kv_type(kv_type, [&](auto element) {
+        using KvT = decltype(element);
+        rope_kv_store_rows_kernel<KvT>
+            <<<rope_kv_store_rows_grid(heads, kv_heads, count), kRopeRowsThreads, 0, stream>>>(
+                qkv, qkv_pitch, inverse_frequencies, static_cast<KvT*>(key_cache),
+                static_cast<KvT*>(value_cache), first_pos, heads, kv_heads, head_dim, q_norm,
+                k_norm, eps);
+    });
+    CUDA_CHECK_LAUNCH("rope_kv_store_rows_kernel");
+}
+
+#endif  // BARELLM_CUDA_EMULATION
+
+}  // namespace barellm::cuda
