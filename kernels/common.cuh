@@ -6,6 +6,7 @@
 #ifdef BARELLM_CUDA_EMULATION
 #include "cuda_emulation.h"
 #else
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #endif

@@ -42,8 +42,8 @@
 #include "half.h"
 #include "safetensors.h"  // DType
 
-// ---- Qualifiers
-#define __global__
+// ---- Qualifiers (a kernel is an inline function: a header may define it for several tests)
+#define __global__ inline
 #define __device__
 #define __host__
 #define __forceinline__ inline
@@ -51,6 +51,12 @@
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 #define __shared__ static
+
+// ---- The runtime types kernels.h declares its (host-only) launch functions with
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+enum cudaError { cudaSuccess = 0 };
+using cudaError_t = cudaError;
 
 // ---- Vector types
 struct uint3 {
