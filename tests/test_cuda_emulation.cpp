@@ -337,7 +337,7 @@ TEST_CASE("emulated dynamic shared memory is poisoned; barriers order the thread
 
 TEST_CASE("emulated shuffles and block reductions", "[cuda_emulation]") {
     constexpr int kWarps = 3, kThreads = kWarps * kLanes;
-    constexpr int kResults = 6;
+    constexpr int kResults = 8;
     std::vector<float> out(kThreads * kResults, NAN);
     const auto value_of = [](int thread) { return float(thread * thread % 97 + 1); };
     emulate_launch(dim3(1), dim3(kThreads), 0, [&] {
@@ -351,6 +351,9 @@ TEST_CASE("emulated shuffles and block reductions", "[cuda_emulation]") {
         o[3] = __shfl_xor_sync(kFullMask, v, 4, 8);  // within segments of 8 lanes
         o[4] = warp_sum(v);
         o[5] = block_sum(v, scratch);
+        o[6] = __shfl_up_sync(kFullMask, v, 2);
+        // Segments of 8 may read earlier segments, not later ones (their own value then).
+        o[7] = __shfl_xor_sync(kFullMask, v, 8, 8);
     });
     float total = 0;
     for (int t = 0; t < kThreads; ++t) total += value_of(t);
@@ -366,6 +369,8 @@ TEST_CASE("emulated shuffles and block reductions", "[cuda_emulation]") {
         for (int l = 0; l < kLanes; ++l) warp_total += value_of(warp_first + l);
         CHECK(o[4] == warp_total);
         CHECK(o[5] == total);
+        CHECK(o[6] == value_of(lane >= 2 ? t - 2 : t));
+        CHECK(o[7] == value_of((lane ^ 8) < lane ? t - 8 : t));
     }
 }
 

@@ -285,8 +285,9 @@ void run_block(Launch& l) {
     l.reverse = false;
     while (l.live > 0 && !l.aborting) {
         bool ran = false;
+        const bool reverse = l.reverse;  // a barrier released during the pass flips the next one
         for (int k = 0; k < l.threads && !l.aborting; ++k) {
-            Fiber& f = l.fibers[size_t(l.reverse ? l.threads - 1 - k : k)];
+            Fiber& f = l.fibers[size_t(reverse ? l.threads - 1 - k : k)];
             if (f.state != FiberState::kReady) continue;
             resume(l, f);
             ran = true;

@@ -262,8 +262,8 @@ T shuffle_from(unsigned mask, T value, int source_lane) {
 
 }  // namespace barellm::cuda::emulation
 
-// As CUDA: `width` splits the warp into segments of that many lanes; a source outside the
-// calling lane's segment gives the lane its own value.
+// As CUDA: `width` splits the warp into segments of that many lanes; a source past the calling
+// lane's segment (or, for up and down, outside it) gives the lane its own value.
 template <typename T>
 T __shfl_sync(unsigned mask, T value, int source, int width = 32) {
     const int lane = barellm::cuda::emulation::lane_index();
@@ -275,8 +275,8 @@ template <typename T>
 T __shfl_xor_sync(unsigned mask, T value, int lane_mask, int width = 32) {
     const int lane = barellm::cuda::emulation::lane_index();
     const int source = lane ^ lane_mask;
-    const bool inside = (source & ~(width - 1)) == (lane & ~(width - 1));
-    return barellm::cuda::emulation::shuffle_from(mask, value, inside ? source : lane);
+    const bool later_segment = source >= (lane & ~(width - 1)) + width;
+    return barellm::cuda::emulation::shuffle_from(mask, value, later_segment ? lane : source);
 }
 template <typename T>
 T __shfl_down_sync(unsigned mask, T value, unsigned delta, int width = 32) {
