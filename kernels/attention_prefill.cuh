@@ -38,7 +38,8 @@ constexpr int kPrefillRowsPerWarp = kDimsPerLane <= 4 ? 8 : 4;
 
 // The first cache row a query at pos sees (attention_start in kv_cache.h).
 __device__ __forceinline__ int prefill_first_key(int pos, int window) {
-    return window > 0 ? max(0, pos + 1 - window) : 0;
+    const int first = pos + 1 - window;
+    return window > 0 && first > 0 ? first : 0;
 }
 
 // Out rows for the (token, query head) pairs of KV head blockIdx.y, rows blockIdx.x *
@@ -73,7 +74,7 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
 
     const int rows = count * group;
     const int first_row = blockIdx.x * kBlockRows;
-    const int last_row = min(first_row + kBlockRows, rows) - 1;
+    const int last_row = (first_row + kBlockRows < rows ? first_row + kBlockRows : rows) - 1;
     // The cache rows any row of the block sees (positions grow with the row).
     const int key_begin = prefill_first_key(first_pos + first_row / group, window);
     const int key_end = first_pos + last_row / group;
@@ -98,10 +99,8 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
         const int row = warp_row + r;
         row_pos[r] = row < rows ? first_pos + row / group : -1;
         row_first_key[r] = row < rows ? prefill_first_key(row_pos[r], window) : 0;
-        if (row < rows) {
-            warp_key_begin = min(warp_key_begin, row_first_key[r]);
-            warp_key_end = max(warp_key_end, row_pos[r]);
-        }
+        if (row < rows && row_first_key[r] < warp_key_begin) warp_key_begin = row_first_key[r];
+        if (row < rows && row_pos[r] > warp_key_end) warp_key_end = row_pos[r];
     }
 
     float running_max[kRowsPerWarp], running_sum[kRowsPerWarp];
@@ -123,7 +122,7 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
         const int pairs = padded / 2;
         for (int i = threadIdx.x; i < kPrefillKeyTile * pairs; i += blockDim.x) {
             const int j = i / pairs, d = 2 * (i % pairs), key = tile + j;
-            float2 k = make_float2(0.0f, 0.0f), v = k;
+            float2 k = {0.0f, 0.0f}, v = {0.0f, 0.0f};
             if (key <= key_end && d < head_dim) {
                 const size_t offset = size_t(key) * kv_dim + size_t(kv_head) * head_dim;
                 k = kv_load_pair(key_cache + offset, d / 2);
