@@ -263,15 +263,20 @@ void poison_dynamic_shared_memory(Launch& l) {
     if (l.dynamic_shared_bytes) std::memset(l.dynamic_shared, kPoisonByte, l.dynamic_shared_bytes);
 }
 
+// A fresh context for f that runs fiber_main on f's stack, then resumes the scheduler. Its own
+// function, kept out of loops: getcontext returns twice, which clobbers a caller's registers.
+__attribute__((noinline)) void make_fiber_context(Fiber& f, ucontext_t* scheduler) {
+    if (getcontext(&f.context) != 0) throw Error("CUDA emulation: getcontext failed");
+    f.context.uc_stack.ss_sp = f.stack;
+    f.context.uc_stack.ss_size = kFiberStackBytes;
+    f.context.uc_link = scheduler;
+    makecontext(&f.context, fiber_main, 0);
+}
+
 void start_fibers(Launch& l) {
-    for (int i = 0; i < l.threads; ++i) {
-        Fiber& f = l.fibers[size_t(i)];
+    for (Fiber& f : l.fibers) {
         f.state = FiberState::kReady;
-        if (getcontext(&f.context) != 0) throw Error("CUDA emulation: getcontext failed");
-        f.context.uc_stack.ss_sp = f.stack;
-        f.context.uc_stack.ss_size = kFiberStackBytes;
-        f.context.uc_link = &l.scheduler_context;
-        makecontext(&f.context, fiber_main, 0);
+        make_fiber_context(f, &l.scheduler_context);
     }
     for (Warp& w : l.warps) w.arrived = 0;
     l.live = l.threads;
