@@ -3,9 +3,11 @@
 //
 // - Blocks: the attended positions first..pos are cut into `splits` equal ranges; one block
 //   per (range, KV head, group of up to kMaxHeadsPerBlock query heads sharing that KV head).
-// - Each block rotates its query heads (RoPE) as it loads them. The block whose range holds
-//   pos also rotates the token's key and stores it, with the value, into row pos of the
-//   cache: RoPE and the cache write need no kernel of their own.
+// - Each block rotates its query heads (RoPE) as it loads them, one warp per head, after
+//   Qwen3's per-head RMSNorm when the model has one (the warp reduces the head's squares).
+//   The block whose range holds pos also normalises and rotates the token's key and stores
+//   it, with the value, into row pos of the cache: the q/k norm, RoPE and the cache write
+//   need no kernel of their own.
 // - A block reads each key and value of its range once for all its query heads, keeps an
 //   online softmax (running max and sum) tile by tile, and writes its unnormalised output
 //   and (max, sum) per query head.
@@ -46,6 +48,8 @@ constexpr int kMaxSplits = 256;         // a multiple of 32 (merge_splits)
 struct AttentionArgs {
     const float* qkv;                  // [heads * head_dim + 2 * kv_dim]: q, k, v before RoPE
     const float* inverse_frequencies;  // [head_dim / 2]  RoPE
+    const float* q_norm;               // [head_dim]  per-head RMSNorm of q (Qwen3), or null
+    const float* k_norm;               // [head_dim]  the same of k, or null
     void* keys;                        // [context, kv_dim], this layer's; row pos written
     void* values;                      // [context, kv_dim]
     const int* step;                   // {token, pos}
@@ -54,7 +58,8 @@ struct AttentionArgs {
     unsigned* arrivals;                // [kv_heads * head groups]: blocks done; 0 between launches
     float* out;                        // [heads * head_dim]
     int heads, kv_heads, head_dim, window, splits;
-    float scale;  // 1 / sqrt(head_dim)
+    float scale;     // 1 / sqrt(head_dim)
+    float norm_eps;  // of q_norm and k_norm
 };
 
 // The first attended position (attention_start).
@@ -70,18 +75,21 @@ __device__ __forceinline__ int split_length(int positions, int splits) {
 }
 
 // Row pos of the cache for KV head kv_head (keys and values point at that head's columns of
-// row 0): the token's key k[head_dim] rotated by rope (cos, sin) per pair, and its value
-// v[head_dim]. Every thread of the block calls it; the caller's barrier makes the row
+// row 0): the token's key k[head_dim], RMSNormed with k_norm when given, rotated by rope
+// (cos, sin) per pair, and its value v[head_dim]. Every thread of the block calls it (each
+// warp reduces the key's squares itself: no barrier); the caller's barrier makes the row
 // visible to the whole block.
 template <typename KvT>
 __device__ __forceinline__ void store_new_kv_row(KvT* keys, KvT* values, size_t row_stride, int pos,
                                                  const float* k, const float* v, const float2* rope,
-                                                 int head_dim) {
+                                                 int head_dim, const float* k_norm, float eps) {
     const int pairs = head_dim / 2;
     KvT* key_row = keys + size_t(pos) * row_stride;
     KvT* value_row = values + size_t(pos) * row_stride;
+    const float scale = k_norm != nullptr ? head_rms_scale(k, head_dim, eps) : 1.0f;
     for (int j = threadIdx.x; j < pairs; j += blockDim.x) {
-        const float2 rotated = rope_rotate(k[j], k[j + pairs], rope[j]);
+        const float2 pair = head_pair(k, j, pairs, k_norm, scale);
+        const float2 rotated = rope_rotate(pair.x, pair.y, rope[j]);
         kv_store(key_row + j, rotated.x);
         kv_store(key_row + j + pairs, rotated.y);
     }
@@ -200,20 +208,25 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(Atte
         rescale_shared[threadIdx.x] = 0.0f;
     }
     __syncthreads();
-    // The query heads of this block (consecutive: q starts at qkv + head0 * head_dim), rotated.
-    for (int i = threadIdx.x; i < heads_here * pairs; i += blockDim.x) {
-        const int h = i / pairs, j = i % pairs;
+    // The query heads of this block (consecutive: q starts at qkv + head0 * head_dim), normed
+    // (with q_norm) and rotated, warp h taking head h.
+    for (int h = warp; h < heads_here; h += kAttentionWarps) {
         const float* q = a.qkv + size_t(head0 + h) * head_dim;
-        const float2 rotated = rope_rotate(q[j], q[j + pairs], rope_shared[j]);
-        q_shared[h][j] = rotated.x;
-        q_shared[h][j + pairs] = rotated.y;
+        const float scale = a.q_norm != nullptr ? head_rms_scale(q, head_dim, a.norm_eps) : 1.0f;
+#pragma unroll 1  // 1-4 rounds; unrolled, the f32-cache kernel for head_dim 128 spills
+        for (int j = lane; j < pairs; j += kWarpSize) {
+            const float2 pair = head_pair(q, j, pairs, a.q_norm, scale);
+            const float2 rotated = rope_rotate(pair.x, pair.y, rope_shared[j]);
+            q_shared[h][j] = rotated.x;
+            q_shared[h][j + pairs] = rotated.y;
+        }
     }
     // The token's own key and value, which this block attends to last. With more than one
     // head group per KV head, each group's last block stores the same row (identical values).
     if (end == pos + 1)
         store_new_kv_row(keys, values, row_stride, pos, a.qkv + q_dim + size_t(kv_head) * head_dim,
-                         a.qkv + q_dim + kv_dim + size_t(kv_head) * head_dim, rope_shared,
-                         head_dim);
+                         a.qkv + q_dim + kv_dim + size_t(kv_head) * head_dim, rope_shared, head_dim,
+                         a.k_norm, a.norm_eps);
     // This warp's unnormalised output, pair i of lane = pair lane + 32 i of the head.
     float2 acc[kMaxHeadsPerBlock][kValuePairsPerLane];
 #pragma unroll
@@ -416,10 +429,10 @@ int attention_arrival_counters(const AttentionShape& shape) {
     return shape.kv_heads * ((group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock);
 }
 
-void attention(float* out, const float* qkv, const float* inverse_frequencies, void* key_cache,
-               void* value_cache, const int* step, float* partial_out, float* partial_stats,
-               unsigned* arrivals, const AttentionShape& shape, int splits, KvType kv_type,
-               cudaStream_t stream) {
+void attention(float* out, const float* qkv, const float* inverse_frequencies, const float* q_norm,
+               const float* k_norm, float eps, void* key_cache, void* value_cache, const int* step,
+               float* partial_out, float* partial_stats, unsigned* arrivals,
+               const AttentionShape& shape, int splits, KvType kv_type, cudaStream_t stream) {
     if (shape.head_dim % 2 != 0 || shape.head_dim > kMaxHeadDim || shape.heads % shape.kv_heads)
         throw Error("attention: unsupported shape (head_dim " + std::to_string(shape.head_dim) +
                     ", heads " + std::to_string(shape.heads) + ", kv_heads " +
@@ -429,6 +442,8 @@ void attention(float* out, const float* qkv, const float* inverse_frequencies, v
     AttentionArgs args;
     args.qkv = qkv;
     args.inverse_frequencies = inverse_frequencies;
+    args.q_norm = q_norm;
+    args.k_norm = k_norm;
     args.keys = key_cache;
     args.values = value_cache;
     args.step = step;
@@ -442,6 +457,7 @@ void attention(float* out, const float* qkv, const float* inverse_frequencies, v
     args.window = shape.window;
     args.splits = splits;
     args.scale = 1.0f / std::sqrt(float(shape.head_dim));
+    args.norm_eps = eps;
     with_kv_type(kv_type, [&](auto element) { launch_attention<decltype(element)>(args, stream); });
 }
 

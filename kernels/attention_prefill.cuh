@@ -1,27 +1,37 @@
 // Causal attention of a prefill batch (kernels.h, attention_prefill): every query token of
 // the batch against the KV-cache rows it may see, flash-attention style: the keys and values
 // go through shared memory a tile at a time and each query row keeps a running (max, sum)
-// of its softmax, so the scores never reach global memory. The products run on CUDA cores
-// in f32 (SIMT).
+// of its softmax, so the scores never reach global memory.
 //
 // Work split: the query rows of one KV head are its (token, query head) pairs in the order
 // row = t * group + g (group = heads / kv_heads; query head kv_head * group + g), so that the
-// rows of a block share the key/value tiles they read. A block takes kBlockRows consecutive
-// rows of one KV head; each of its warps takes kRowsPerWarp of them.
-// - QKᵀ: lane j computes the scores of key j of the tile for the warp's rows (float4 dot
-//   products; the key rows are padded in shared memory so that the lanes hit distinct banks).
-// - Softmax: per row a warp max and a warp sum over the tile's 32 scores; the running output
-//   is rescaled when the row's max grows.
-// - PV: lane l accumulates output dimensions l, l + 32, ... (kDimsPerLane of them) of every
-//   row of the warp, reading the probabilities from shared memory.
+// rows of a block share the key/value tiles they read. A block takes consecutive rows of one
+// KV head; each of its warps a slice of them.
+//
+// Two kernels:
+// - attention_prefill_mma_kernel (f16 cache, head_dim a multiple of 16 up to 128): QKᵀ and
+//   PV on tensor cores (mma m16n8k16, f32 accumulation; the queries rounded to f16, the
+//   probabilities too for PV). A warp takes 16 rows, a tile 64 keys; the keys and values
+//   arrive by cp.async, the fragments by ldmatrix (tensor_core.cuh).
+// - attention_prefill_kernel (any other shape, f32 caches): f32 on CUDA cores. A warp takes
+//   kRowsPerWarp rows, a tile 32 keys.
+//   - QKᵀ: lane j computes the scores of key j of the tile for the warp's rows (float4 dot
+//     products; the key rows are padded in shared memory so that lanes hit distinct banks).
+//   - Softmax: per row a warp max and a warp sum over the tile's 32 scores; the running
+//     output is rescaled when the row's max grows.
+//   - PV: lane l accumulates output dimensions l, l + 32, ... (kDimsPerLane of them) of
+//     every row of the warp, reading the probabilities from shared memory.
 //
 // Device code first; the launch shape as host functions outside the CUDA-only part, so that
 // the emulated unit tests launch the kernel exactly as attention_prefill does.
 #pragma once
+#include <algorithm>
+
 #include "common.cuh"
 #include "cuda_check.h"
 #include "kernels.h"
 #include "prefill.cuh"  // store_activation, activation_row
+#include "tensor_core.cuh"
 
 namespace barellm::cuda {
 
@@ -216,6 +226,225 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
     }
 }
 
+// ---- The tensor-core kernel
+
+constexpr int kMmaRowsPerWarp = 16;  // the M of mma m16n8k16
+constexpr int kMmaBlockRows = kAttentionPrefillWarps * kMmaRowsPerWarp;
+constexpr int kMmaKeyTile = 64;                // keys per staged tile
+constexpr int kMmaKeyTiles = kMmaKeyTile / 8;  // its n-tiles of 8 keys in QKᵀ
+constexpr int kMmaRowPad = 8;                  // halves after each staged row (banks)
+constexpr int kMmaHalvesPerCopy = 8;           // 16 bytes: one cp.async
+
+// Two f32 values as the f16 pair of an mma fragment register (lo in the low half).
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+    return uint32_t(__half_as_ushort(__float2half_rn(lo))) |
+           uint32_t(__half_as_ushort(__float2half_rn(hi))) << 16;
+}
+
+// Sum and max over the 4 lanes of a quad (lanes 4g .. 4g + 3: one row of an mma fragment).
+__device__ __forceinline__ float quad_sum(float value) {
+    value += __shfl_xor_sync(kFullMask, value, 1);
+    return value + __shfl_xor_sync(kFullMask, value, 2);
+}
+__device__ __forceinline__ float quad_max(float value) {
+    value = fmaxf(value, __shfl_xor_sync(kFullMask, value, 1));
+    return fmaxf(value, __shfl_xor_sync(kFullMask, value, 2));
+}
+
+// What attention_prefill_kernel computes, for an f16 cache and head_dim a multiple of 16 up
+// to kDims (64 or 128), on tensor cores. Lane = 4 g + t (tensor_core.cuh): in each fragment a
+// lane holds rows g and g + 8 of its warp's 16 rows, columns 2t and 2t + 1 of each 8-column
+// n-tile.
+// - Scores S [16 rows, 64 keys] per warp: kMmaKeyTiles n-tiles, head_dim / 16 k-steps; A =
+//   the queries (ldmatrix), B = the key rows as stored (ldmatrix: rows of K elements).
+// - The probabilities P, in the C layout of S, are the A fragments of PV as they are (n-tiles
+//   2j and 2j + 1 of S form k-step j); B = the value rows, transposed by ldmatrix .trans.
+// - Each row's running max is quad-uniform (quad_max); each lane keeps a partial sum of its
+//   columns, summed over the quad at the end.
+// Launch: attention_prefill_mma_launch (below): grid (ceil(count * group / 64), kv_heads),
+// block 128, dynamic shared memory 3 * 64 * (kDims + 8) halves: q, keys and values, one row
+// per query row or key, each padded by 8 halves.
+template <DType kOut, int kDims>
+__global__ void __launch_bounds__(kAttentionPrefillThreads)
+    attention_prefill_mma_kernel(void* __restrict__ out, int out_pitch,
+                                 const float* __restrict__ qkv, int qkv_pitch,
+                                 const __half* __restrict__ key_cache,
+                                 const __half* __restrict__ value_cache, int first_pos, int count,
+                                 int heads, int kv_heads, int head_dim, int window) {
+    constexpr int kStride = kDims + kMmaRowPad;  // halves per staged row
+    constexpr int kDimTiles = kDims / 8;         // n-tiles of the output
+    const int group = heads / kv_heads, kv_head = blockIdx.y;
+    const int kv_dim = kv_heads * head_dim;
+    const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
+    const int g = lane / 4, t = lane % 4;
+    // ldmatrix: this lane's row within its 8x8 matrix, and which of the four matrices.
+    const int matrix_row = lane % 8, matrix = lane / 8;
+
+    __half* q_tile = reinterpret_cast<__half*>(dynamic_shared_floats());  // [64][kStride]
+    __half* key_tile = q_tile + kMmaBlockRows * kStride;                  // [64][kStride]
+    __half* value_tile = key_tile + kMmaKeyTile * kStride;                // [64][kStride]
+
+    const int rows = count * group;
+    const int first_row = blockIdx.x * kMmaBlockRows;
+    const int last_row = (first_row + kMmaBlockRows < rows ? first_row + kMmaBlockRows : rows) - 1;
+    const int key_begin = prefill_first_key(first_pos + first_row / group, window);
+    const int key_end = first_pos + last_row / group;
+
+    // The block's queries as f16, zero for rows past the last.
+    for (int i = threadIdx.x; i < kMmaBlockRows * head_dim; i += blockDim.x) {
+        const int r = i / head_dim, d = i % head_dim, row = first_row + r;
+        float q = 0.0f;
+        if (row < rows) {
+            const int head = kv_head * group + row % group;
+            q = qkv[size_t(row / group) * qkv_pitch + size_t(head) * head_dim + d];
+        }
+        q_tile[r * kStride + d] = __float2half_rn(q);
+    }
+
+    // The two rows this lane holds (half 0: row g, half 1: row g + 8 of the warp's 16).
+    const int warp_row = first_row + warp * kMmaRowsPerWarp;
+    int row_pos[2], row_first_key[2];
+    for (int half = 0; half < 2; ++half) {
+        const int row = warp_row + g + 8 * half;
+        row_pos[half] = row < rows ? first_pos + row / group : -1;
+        row_first_key[half] = row < rows ? prefill_first_key(row_pos[half], window) : 0;
+    }
+    // The warp's key range: its first row sees from the earliest key, its last valid row
+    // up to the latest.
+    const int warp_last_row =
+        warp_row + kMmaRowsPerWarp - 1 < rows ? warp_row + kMmaRowsPerWarp - 1 : rows - 1;
+    const int warp_key_begin =
+        warp_row < rows ? prefill_first_key(first_pos + warp_row / group, window) : key_end + 1;
+    const int warp_key_end = warp_row < rows ? first_pos + warp_last_row / group : -1;
+
+    float running_max[2] = {-INFINITY, -INFINITY}, partial_sum[2] = {0.0f, 0.0f};
+    float acc[kDimTiles][4];
+#pragma unroll
+    for (int n = 0; n < kDimTiles; ++n)
+        for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+    const float scale = 1.0f / sqrtf(float(head_dim));
+    const int copies_per_row = head_dim / kMmaHalvesPerCopy;
+
+    for (int tile = key_begin; tile <= key_end; tile += kMmaKeyTile) {
+        __syncthreads();  // the previous tile is read (and, the first time, the queries written)
+        // Keys and values tile .. tile + 63, zero past key_end (16 bytes a copy).
+        for (int i = threadIdx.x; i < kMmaKeyTile * copies_per_row; i += blockDim.x) {
+            const int j = i / copies_per_row, d = (i % copies_per_row) * kMmaHalvesPerCopy;
+            const int key = tile + j;
+            const bool valid = key <= key_end;
+            const size_t offset =
+                size_t(valid ? key : key_begin) * kv_dim + size_t(kv_head) * head_dim + d;
+            copy_async_16(key_tile + j * kStride + d, key_cache + offset, valid);
+            copy_async_16(value_tile + j * kStride + d, value_cache + offset, valid);
+        }
+        copy_async_commit();
+        copy_async_wait<0>();
+        __syncthreads();
+        if (tile > warp_key_end || tile + kMmaKeyTile <= warp_key_begin) continue;
+
+        // S = Q Kᵀ for the warp's 16 rows and the tile's 64 keys.
+        float score[kMmaKeyTiles][4];
+#pragma unroll
+        for (int n = 0; n < kMmaKeyTiles; ++n)
+            for (int e = 0; e < 4; ++e) score[n][e] = 0.0f;
+        for (int k0 = 0; k0 < head_dim; k0 += 16) {
+            uint32_t a[4];  // matrices: rows 0-7 / 8-15 (matrix % 2), columns k0 / k0 + 8
+            ldmatrix_x4(a, q_tile +
+                               (warp * kMmaRowsPerWarp + matrix_row + (matrix % 2) * 8) * kStride +
+                               k0 + (matrix / 2) * 8);
+#pragma unroll
+            for (int n = 0; n < kMmaKeyTiles; n += 2) {
+                uint32_t b[4];  // matrices: keys of n-tile n / n + 1 (matrix / 2), k0 / k0 + 8
+                ldmatrix_x4(b, key_tile + ((n + matrix / 2) * 8 + matrix_row) * kStride + k0 +
+                                   (matrix % 2) * 8);
+                const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+                mma_16x8x16<DType::F16>(score[n], a, b0);
+                mma_16x8x16<DType::F16>(score[n + 1], a, b1);
+            }
+        }
+
+        // Online softmax: element e of n-tile n is row g + 8 (e / 2), key tile + 8n + 2t +
+        // e % 2.
+        float correction[2];
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            float tile_max = -INFINITY;
+#pragma unroll
+            for (int n = 0; n < kMmaKeyTiles; ++n)
+#pragma unroll
+                for (int e = 2 * half; e < 2 * half + 2; ++e) {
+                    const int key = tile + 8 * n + 2 * t + e % 2;
+                    const bool visible = key >= row_first_key[half] && key <= row_pos[half];
+                    score[n][e] = visible ? score[n][e] * scale : -INFINITY;
+                    tile_max = fmaxf(tile_max, score[n][e]);
+                }
+            const float new_max = fmaxf(running_max[half], quad_max(tile_max));
+            correction[half] = 1.0f;
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < kMmaKeyTiles; ++n)
+#pragma unroll
+                for (int e = 2 * half; e < 2 * half + 2; ++e) {
+                    // exp(-inf) = 0 for hidden keys; a row with nothing visible yet keeps 0.
+                    score[n][e] = new_max == -INFINITY ? 0.0f : expf(score[n][e] - new_max);
+                    sum += score[n][e];
+                }
+            if (new_max != -INFINITY) correction[half] = expf(running_max[half] - new_max);
+            partial_sum[half] = partial_sum[half] * correction[half] + sum;
+            running_max[half] = new_max;
+        }
+#pragma unroll
+        for (int n = 0; n < kDimTiles; ++n) {
+            acc[n][0] *= correction[0];
+            acc[n][1] *= correction[0];
+            acc[n][2] *= correction[1];
+            acc[n][3] *= correction[1];
+        }
+
+        // acc += P V: k-step j covers keys 16j .. 16j + 15 (n-tiles 2j, 2j + 1 of S).
+#pragma unroll
+        for (int j = 0; j < kMmaKeyTiles / 2; ++j) {
+            const uint32_t a[4] = {pack_half2(score[2 * j][0], score[2 * j][1]),
+                                   pack_half2(score[2 * j][2], score[2 * j][3]),
+                                   pack_half2(score[2 * j + 1][0], score[2 * j + 1][1]),
+                                   pack_half2(score[2 * j + 1][2], score[2 * j + 1][3])};
+#pragma unroll
+            for (int n = 0; n < kDimTiles; n += 2) {
+                if (n * 8 >= head_dim) break;  // head_dim is a multiple of 16: n + 1 is in too
+                uint32_t b[4];  // matrices: keys 16j / 16j + 8 (matrix % 2), dims of n / n + 1
+                ldmatrix_x4_trans(b, value_tile +
+                                         (16 * j + (matrix % 2) * 8 + matrix_row) * kStride +
+                                         (n + matrix / 2) * 8);
+                const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+                mma_16x8x16<DType::F16>(acc[n], a, b0);
+                mma_16x8x16<DType::F16>(acc[n + 1], a, b1);
+            }
+        }
+    }
+
+    // out = acc / sum, and the padding columns of each token's row (KV head 0's blocks).
+    const int q_dim = heads * head_dim;
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        const float sum = quad_sum(partial_sum[half]);
+        const int row = warp_row + g + 8 * half;
+        if (row >= rows) continue;
+        const int head = kv_head * group + row % group;
+        void* out_row = activation_row<kOut>(out, out_pitch, row / group);
+        const float inverse_sum = 1.0f / sum;
+#pragma unroll
+        for (int n = 0; n < kDimTiles; ++n) {
+            const int d = 8 * n + 2 * t;
+            if (d >= head_dim) break;
+            store_activation<kOut>(out_row, head * head_dim + d, acc[n][2 * half] * inverse_sum);
+            store_activation<kOut>(out_row, head * head_dim + d + 1,
+                                   acc[n][2 * half + 1] * inverse_sum);
+        }
+        if (head == 0)
+            for (int c = q_dim + t; c < out_pitch; c += 4) store_activation<kOut>(out_row, c, 0.0f);
+    }
+}
+
 // ---- Launch shape
 
 // Output dimensions per lane for head_dim (a template argument of the kernel).
@@ -242,6 +471,18 @@ inline dim3 attention_prefill_grid(int count, const AttentionShape& shape) {
     return dim3((rows + block_rows - 1) / block_rows, shape.kv_heads);
 }
 
+// The tensor-core kernel's shape (it runs where attention_prefill_uses_mma, kernels.h): its
+// kDims for head_dim, its dynamic shared memory and grid.
+inline int attention_prefill_mma_dims(int head_dim) { return head_dim <= 64 ? 64 : 128; }
+inline size_t attention_prefill_mma_shared_bytes(int head_dim) {
+    const size_t stride = size_t(attention_prefill_mma_dims(head_dim)) + kMmaRowPad;
+    return (kMmaBlockRows + 2 * kMmaKeyTile) * stride * sizeof(uint16_t);
+}
+inline dim3 attention_prefill_mma_grid(int count, const AttentionShape& shape) {
+    const int rows = count * (shape.heads / shape.kv_heads);
+    return dim3((rows + kMmaBlockRows - 1) / kMmaBlockRows, shape.kv_heads);
+}
+
 // Calls launch(std::integral_constant<int, kDimsPerLane>{}) for head_dim.
 template <typename Launch>
 void with_prefill_dims_per_lane(int head_dim, Launch launch) {
@@ -258,7 +499,10 @@ void with_prefill_dims_per_lane(int head_dim, Launch launch) {
 #ifndef BARELLM_CUDA_EMULATION
 
 size_t attention_prefill_shared_bytes(int head_dim) {
-    return attention_prefill_shared_floats(head_dim) * sizeof(float);
+    const size_t simt = attention_prefill_shared_floats(head_dim) * sizeof(float);
+    return attention_prefill_uses_mma(KvType::F16, head_dim)
+               ? std::max(simt, attention_prefill_mma_shared_bytes(head_dim))
+               : simt;
 }
 
 void attention_prefill(const DeviceActivations& out, const float* qkv, int qkv_pitch,
@@ -270,7 +514,25 @@ void attention_prefill(const DeviceActivations& out, const float* qkv, int qkv_p
                     std::to_string(shape.kv_heads) + " heads of " + std::to_string(shape.head_dim) +
                     ", output of " + std::to_string(out.cols) + " columns)");
     if (out.tokens == 0) return;
-    const size_t shared = attention_prefill_shared_bytes(shape.head_dim);
+    if (attention_prefill_uses_mma(kv_type, shape.head_dim)) {
+        const size_t shared = attention_prefill_mma_shared_bytes(shape.head_dim);
+        const dim3 grid = attention_prefill_mma_grid(out.tokens, shape);
+        with_weight_dtype(out.dtype, [&](auto dtype) {
+            constexpr DType kOut = decltype(dtype)::value;
+            const auto kernel = attention_prefill_mma_dims(shape.head_dim) == 64
+                                    ? attention_prefill_mma_kernel<kOut, 64>
+                                    : attention_prefill_mma_kernel<kOut, 128>;
+            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            int(shared)));
+            kernel<<<grid, kAttentionPrefillThreads, shared, stream>>>(
+                out.data, out.pitch, qkv, qkv_pitch, static_cast<const __half*>(key_cache),
+                static_cast<const __half*>(value_cache), first_pos, out.tokens, shape.heads,
+                shape.kv_heads, shape.head_dim, shape.window);
+        });
+        CUDA_CHECK_LAUNCH("attention_prefill_mma_kernel");
+        return;
+    }
+    const size_t shared = attention_prefill_shared_floats(shape.head_dim) * sizeof(float);
     const dim3 grid = attention_prefill_grid(out.tokens, shape);
     with_kv_type(kv_type, [&](auto element) {
         using KvT = decltype(element);

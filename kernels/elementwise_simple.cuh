@@ -1,5 +1,6 @@
 // The steps the fast kernels fuse, each as its own kernel, as the CPU runs them: RMSNorm,
-// the residual add, SwiGLU, RoPE and the KV-cache write (the GPU ladder's rungs 1-2).
+// the residual add (also the bias add of Qwen's projections), SwiGLU, Qwen3's per-head q/k
+// RMSNorm, RoPE and the KV-cache write (the GPU ladder's rungs 1-2).
 // Every value makes a round trip through global memory between two of them; rung 3 fuses
 // them into the matvecs (matmul_simple.cuh) and into rope_kv_kernel (rope.cuh).
 #pragma once
@@ -11,6 +12,7 @@
 namespace barellm::cuda {
 
 constexpr int kElementwiseThreads = 256;
+constexpr int kElementwiseWarps = kElementwiseThreads / kWarpSize;
 
 inline dim3 elementwise_grid(int count) {
     return dim3((count + kElementwiseThreads - 1) / kElementwiseThreads);
@@ -38,6 +40,24 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     swiglu_kernel(float* __restrict__ gate, const float* __restrict__ up, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) gate[i] = swiglu_value(gate[i], up[i]);
+}
+
+// Each of the heads + kv_heads vectors of head_dim at the start of qk (q then k) RMSNormed in
+// place with q_norm (q heads) or k_norm (k heads): warp w of the grid takes head w
+// (head_rms_scale, then x * scale * weight).
+// Launch: grid ceil((heads + kv_heads) / 8), block 256 (8 warps), no shared memory.
+__global__ void __launch_bounds__(kElementwiseThreads)
+    rmsnorm_heads_kernel(float* __restrict__ qk, const float* __restrict__ q_norm,
+                         const float* __restrict__ k_norm, int heads, int kv_heads, int head_dim,
+                         float eps) {
+    const int head = blockIdx.x * kElementwiseWarps + threadIdx.x / kWarpSize;
+    if (head >= heads + kv_heads) return;  // the whole warp
+    float* x = qk + size_t(head) * head_dim;
+    const float* weight = head < heads ? q_norm : k_norm;
+    const float scale = head_rms_scale(x, head_dim, eps);
+    __syncwarp();  // the whole head is read before a lane rewrites part of it
+    for (int i = threadIdx.x % kWarpSize; i < head_dim; i += kWarpSize)
+        x[i] = x[i] * scale * weight[i];
 }
 
 // Rotates, in place, the heads + kv_heads vectors of head_dim at the start of qkv (q then
@@ -92,6 +112,16 @@ void rope(float* qk, const float* inverse_frequencies, const int* step, int head
     rope_kernel<<<elementwise_grid(rotated_heads * (head_dim / 2)), kElementwiseThreads, 0,
                   stream>>>(qk, inverse_frequencies, step, rotated_heads, head_dim);
     CUDA_CHECK_LAUNCH("rope_kernel");
+}
+
+void rmsnorm_heads(float* qk, const float* q_norm, const float* k_norm, int heads, int kv_heads,
+                   int head_dim, float eps, cudaStream_t stream) {
+    if (q_norm == nullptr || k_norm == nullptr)
+        throw Error("rmsnorm_heads: q_norm and k_norm must both be given");
+    const dim3 grid((heads + kv_heads + kElementwiseWarps - 1) / kElementwiseWarps);
+    rmsnorm_heads_kernel<<<grid, kElementwiseThreads, 0, stream>>>(qk, q_norm, k_norm, heads,
+                                                                   kv_heads, head_dim, eps);
+    CUDA_CHECK_LAUNCH("rmsnorm_heads_kernel");
 }
 
 void store_kv_row(const float* k, const float* v, void* key_cache, void* value_cache,

@@ -1,5 +1,7 @@
-// The CUDA backend: tokens through the Llama transformer on the GPU, step by step as
-// src/cpu/forward.cpp runs them, with the kernels of kernels/*.cuh (launched through kernels.h).
+// The CUDA backend: tokens through the Llama transformer on the GPU (with Qwen2's q/k/v
+// biases, Qwen3's per-head q/k norms and per-layer sliding windows where the model has them),
+// step by step as src/cpu/forward.cpp runs them, with the kernels of kernels/*.cuh (launched
+// through kernels.h).
 //
 // - Weights are uploaded once; decode activations are f32; the KV cache is f16 or f32.
 // - The kernel sequence of one token (CudaBackend::record_forward) is captured once as a CUDA
@@ -74,13 +76,19 @@ Event make_event() {
 struct DeviceLayer {
     const float* attn_norm;  // [dim]
     DeviceMatrix wqkv;       // [heads * head_dim + 2 * kv_heads * head_dim, dim]: wq, wk, wv
-    DeviceMatrix wo;         // [dim, heads * head_dim]
-    const float* ffn_norm;   // [dim]
-    DeviceMatrix w1;         // [hidden_dim, dim]  gate
-    DeviceMatrix w3;         // [hidden_dim, dim]  up
-    DeviceMatrix w2;         // [dim, hidden_dim]  down
-    void* key_cache;         // [context, kv_dim] of kv_type: this layer's part of the key cache
-    void* value_cache;       // [context, kv_dim] of kv_type: the same of the value cache
+    // Present only where the config says so (else nullptr):
+    const float* qkv_bias;  // [heads * head_dim + 2 * kv_heads * head_dim]: bq, bk, bv (qkv_bias)
+    const float* q_norm;    // [head_dim]  per-head RMSNorm of q before RoPE (qk_norm)
+    const float* k_norm;    // [head_dim]  the same of k (qk_norm)
+    DeviceMatrix wo;        // [dim, heads * head_dim]
+    const float* o_bias;    // [dim]  (o_bias; else nullptr)
+    const float* ffn_norm;  // [dim]
+    DeviceMatrix w1;        // [hidden_dim, dim]  gate
+    DeviceMatrix w3;        // [hidden_dim, dim]  up
+    DeviceMatrix w2;        // [dim, hidden_dim]  down
+    void* key_cache;        // [context, kv_dim] of kv_type: this layer's part of the key cache
+    void* value_cache;      // [context, kv_dim] of kv_type: the same of the value cache
+    int window;             // sliding window of this layer, 0 for none (Config::layer_window)
 };
 
 // Every activation buffer, in device memory, allocated once.
@@ -128,9 +136,10 @@ cuda::DeviceActivations first_rows(cuda::DeviceActivations rows, int tokens) {
 struct MatvecKernels {
     // out = W · in: the separate-kernel steps' matvec.
     void (*plain)(float* out, const DeviceMatrix& w, const float* in, cudaStream_t stream);
-    // out = W · rmsnorm(in) with norm_weight, out += W · in with accumulate: the fused steps'.
+    // out = W · rmsnorm(in) with norm_weight, + bias when given, out += with accumulate: the
+    // fused steps'.
     void (*fused)(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight,
-                  float eps, bool accumulate, cudaStream_t stream);
+                  float eps, const float* bias, bool accumulate, cudaStream_t stream);
     // out = silu(W1 · rmsnorm(in)) * (W3 · rmsnorm(in)): the fused steps'.
     void (*fused_swiglu)(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                          const float* in, const float* norm_weight, float eps, cudaStream_t stream);
@@ -141,7 +150,7 @@ struct StepContext {
     cudaStream_t stream;
     const Config& config;
     const DeviceState& state;
-    AttentionShape shape;
+    AttentionShape shape;  // the widest layer window; each layer's own: layer_shape
     KvType kv_type;
     int context;  // positions of the KV cache
     int splits;   // attention blocks per KV head (attention_fast)
@@ -150,14 +159,16 @@ struct StepContext {
 
 // How a rung runs each step of a layer, and the scratch buffers those steps need.
 struct Steps {
-    // out = W · rmsnorm(x) * norm_weight: q, k and v; the logits.
+    // out = W · rmsnorm(x) * norm_weight (+ bias when given): q, k and v; the logits.
     void (*norm_matvec)(const StepContext& ctx, float* out, const DeviceMatrix& w, const float* x,
-                        const float* norm_weight);
+                        const float* norm_weight, const float* bias);
     // att = attention of rope(q) over the layer's cache, after row pos of the cache has
-    // received rope(k) and v (q, k, v: the qkv matvec's output).
+    // received rope(k) and v (q, k, v: the qkv matvec's output; q and k per-head RMSNormed
+    // first where the layer has q_norm and k_norm).
     void (*attention)(const StepContext& ctx, const DeviceLayer& layer);
-    // x += W · in: wo and w2 with the residual connection.
-    void (*add_matvec)(const StepContext& ctx, float* x, const DeviceMatrix& w, const float* in);
+    // x += W · in (+ bias when given): wo and w2 with the residual connection.
+    void (*add_matvec)(const StepContext& ctx, float* x, const DeviceMatrix& w, const float* in,
+                       const float* bias);
     // out = silu(W1 · rmsnorm(x) * norm_weight) * (W3 · rmsnorm(x) * norm_weight).
     void (*norm_swiglu)(const StepContext& ctx, float* out, const DeviceMatrix& w1,
                         const DeviceMatrix& w3, const float* x, const float* norm_weight);
@@ -168,28 +179,42 @@ struct Steps {
 // ---- Separate kernels (rungs 1-2): every operation its own kernel, as the CPU runs them,
 // every intermediate through global memory.
 
+// The attention shape of `layer`: its own sliding window.
+AttentionShape layer_shape(const StepContext& ctx, const DeviceLayer& layer) {
+    AttentionShape shape = ctx.shape;
+    shape.window = layer.window;
+    return shape;
+}
+
 void norm_matvec_separate(const StepContext& ctx, float* out, const DeviceMatrix& w, const float* x,
-                          const float* norm_weight) {
+                          const float* norm_weight, const float* bias) {
     const Config& c = ctx.config;
     const DeviceState& s = ctx.state;
     cuda::rmsnorm(s.normed, x, norm_weight, c.dim, c.norm_eps, ctx.stream);
     ctx.matvecs.plain(out, w, s.normed, ctx.stream);
+    if (bias) cuda::residual_add(out, bias, w.rows, ctx.stream);
 }
 
 void attention_separate(const StepContext& ctx, const DeviceLayer& layer) {
     const Config& c = ctx.config;
     const DeviceState& s = ctx.state;
+    if (layer.q_norm)
+        cuda::rmsnorm_heads(s.qkv, layer.q_norm, layer.k_norm, c.heads, c.kv_heads, c.head_dim,
+                            c.norm_eps, ctx.stream);
     cuda::rope(s.qkv, s.rope_frequencies, s.step, c.heads, c.kv_heads, c.head_dim, ctx.stream);
     const float* k = s.qkv + c.q_dim();
     cuda::store_kv_row(k, k + c.kv_dim(), layer.key_cache, layer.value_cache, s.step, c.kv_dim(),
                        ctx.kv_type, ctx.stream);
     cuda::attention_naive(s.att, s.qkv, layer.key_cache, layer.value_cache, s.step, s.scores,
-                          ctx.context, ctx.shape, ctx.kv_type, ctx.stream);
+                          ctx.context, layer_shape(ctx, layer), ctx.kv_type, ctx.stream);
 }
 
-void add_matvec_separate(const StepContext& ctx, float* x, const DeviceMatrix& w, const float* in) {
+// x += (W · in + bias), in the CPU's order: the bias is added to the product first.
+void add_matvec_separate(const StepContext& ctx, float* x, const DeviceMatrix& w, const float* in,
+                         const float* bias) {
     const DeviceState& s = ctx.state;
     ctx.matvecs.plain(s.projected, w, in, ctx.stream);
+    if (bias) cuda::residual_add(s.projected, bias, ctx.config.dim, ctx.stream);
     cuda::residual_add(x, s.projected, ctx.config.dim, ctx.stream);
 }
 
@@ -206,20 +231,22 @@ void norm_swiglu_separate(const StepContext& ctx, float* out, const DeviceMatrix
 // The warp-per-row matvec without its fused RMSNorm and residual add: out = W · in.
 void matvec_warp_per_row_plain(float* out, const DeviceMatrix& w, const float* in,
                                cudaStream_t stream) {
-    cuda::matvec_warp_per_row(out, w, in, /*norm_weight=*/nullptr, /*eps=*/0.0f,
+    cuda::matvec_warp_per_row(out, w, in, /*norm_weight=*/nullptr, /*eps=*/0.0f, /*bias=*/nullptr,
                               /*accumulate=*/false, stream);
 }
 
-// ---- Fused kernels (rung 3 on): RMSNorm, the residual add and SwiGLU inside the matvecs.
+// ---- Fused kernels (rung 3 on): RMSNorm, the bias, the residual add and SwiGLU inside the
+// matvecs.
 
 void norm_matvec_fused(const StepContext& ctx, float* out, const DeviceMatrix& w, const float* x,
-                       const float* norm_weight) {
-    ctx.matvecs.fused(out, w, x, norm_weight, ctx.config.norm_eps, /*accumulate=*/false,
+                       const float* norm_weight, const float* bias) {
+    ctx.matvecs.fused(out, w, x, norm_weight, ctx.config.norm_eps, bias, /*accumulate=*/false,
                       ctx.stream);
 }
 
-void add_matvec_fused(const StepContext& ctx, float* x, const DeviceMatrix& w, const float* in) {
-    ctx.matvecs.fused(x, w, in, /*norm_weight=*/nullptr, ctx.config.norm_eps,
+void add_matvec_fused(const StepContext& ctx, float* x, const DeviceMatrix& w, const float* in,
+                      const float* bias) {
+    ctx.matvecs.fused(x, w, in, /*norm_weight=*/nullptr, ctx.config.norm_eps, bias,
                       /*accumulate=*/true, ctx.stream);
 }
 
@@ -228,31 +255,33 @@ void norm_swiglu_fused(const StepContext& ctx, float* out, const DeviceMatrix& w
     ctx.matvecs.fused_swiglu(out, w1, w3, x, norm_weight, ctx.config.norm_eps, ctx.stream);
 }
 
-// RoPE with the KV write in one kernel (rope_kv_store rotates q in place), then the naive
-// attention (rungs 3-4).
+// The q/k norm and RoPE with the KV write in one kernel (rope_kv_store rotates q in place),
+// then the naive attention (rungs 3-4).
 void attention_fused(const StepContext& ctx, const DeviceLayer& layer) {
     const Config& c = ctx.config;
     const DeviceState& s = ctx.state;
     cuda::rope_kv_store(s.qkv, s.rope_frequencies, layer.key_cache, layer.value_cache, s.step,
-                        c.heads, c.kv_heads, c.head_dim, ctx.kv_type, ctx.stream);
+                        c.heads, c.kv_heads, c.head_dim, layer.q_norm, layer.k_norm, c.norm_eps,
+                        ctx.kv_type, ctx.stream);
     cuda::attention_naive(s.att, s.qkv, layer.key_cache, layer.value_cache, s.step, s.scores,
-                          ctx.context, ctx.shape, ctx.kv_type, ctx.stream);
+                          ctx.context, layer_shape(ctx, layer), ctx.kv_type, ctx.stream);
 }
 
-// One kernel: flash-decoding over ctx.splits blocks per KV head, RoPE and the cache write
-// folded in (rung 5 on).
+// One kernel: flash-decoding over ctx.splits blocks per KV head, the q/k norm, RoPE and the
+// cache write folded in (rung 5 on).
 void attention_fast(const StepContext& ctx, const DeviceLayer& layer) {
     const DeviceState& s = ctx.state;
-    cuda::attention(s.att, s.qkv, s.rope_frequencies, layer.key_cache, layer.value_cache, s.step,
-                    s.partial_out, s.partial_stats, s.arrivals, ctx.shape, ctx.splits, ctx.kv_type,
+    cuda::attention(s.att, s.qkv, s.rope_frequencies, layer.q_norm, layer.k_norm,
+                    ctx.config.norm_eps, layer.key_cache, layer.value_cache, s.step, s.partial_out,
+                    s.partial_stats, s.arrivals, layer_shape(ctx, layer), ctx.splits, ctx.kv_type,
                     ctx.stream);
 }
 
 // Every operation its own kernel (rungs 1-2).
 constexpr Steps kSeparateSteps = {
-    norm_matvec_separate,  // rmsnorm, a plain matvec
-    attention_separate,    // rope, store_kv_row, attention_naive
-    add_matvec_separate,   // a plain matvec, residual_add
+    norm_matvec_separate,  // rmsnorm, a plain matvec, residual_add of a bias
+    attention_separate,    // rmsnorm_heads (q/k norm), rope, store_kv_row, attention_naive
+    add_matvec_separate,   // a plain matvec, residual_add of a bias, residual_add
     norm_swiglu_separate,  // rmsnorm, two plain matvecs, swiglu
     /*uses_intermediates=*/true,
     /*uses_scores=*/true,
@@ -260,9 +289,9 @@ constexpr Steps kSeparateSteps = {
 // RMSNorm, the residual add and SwiGLU fused into the matvecs, RoPE into the KV write
 // (rungs 3-4).
 constexpr Steps kFusedSteps = {
-    norm_matvec_fused,  // a matvec with RMSNorm
-    attention_fused,    // rope_kv_store, attention_naive
-    add_matvec_fused,   // a matvec adding to x
+    norm_matvec_fused,  // a matvec with RMSNorm (and the bias)
+    attention_fused,    // rope_kv_store (with the q/k norm), attention_naive
+    add_matvec_fused,   // a matvec adding to x (with the bias)
     norm_swiglu_fused,  // a matvec_swiglu with RMSNorm
     /*uses_intermediates=*/false,
     /*uses_scores=*/true,
@@ -356,8 +385,10 @@ public:
 
     size_t kv_bytes_read(int pos) const override {
         const Config& c = model_.config;
-        const size_t positions = pos + 1 - attention_start(pos, c.sliding_window);
-        return 2 * size_t(c.layers) * positions * c.kv_dim() * kv_element_bytes(kv_type_);
+        size_t positions = 0;  // summed over the layers
+        for (int l = 0; l < c.layers; ++l)
+            positions += pos + 1 - attention_start(pos, c.layer_window(l));
+        return 2 * positions * c.kv_dim() * kv_element_bytes(kv_type_);
     }
 
     const float* forward(int token, int pos) override {
@@ -437,17 +468,19 @@ private:
 
         for (const DeviceLayer& layer : layers_) {
             // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
-            steps.norm_matvec(ctx, s.qkv, layer.wqkv, s.x, layer.attn_norm);  // q, k, v
-            steps.attention(ctx, layer);  // RoPE and the KV-cache write of this position included
-            steps.add_matvec(ctx, s.x, layer.wo, s.att);
+            //   (Qwen2: + bq, bk, bv after the projections; Qwen3: each head of q and k
+            //    RMS-normed before RoPE; with attention_bias: + bo after wo)
+            steps.norm_matvec(ctx, s.qkv, layer.wqkv, s.x, layer.attn_norm, layer.qkv_bias);
+            steps.attention(ctx, layer);  // q/k norm, RoPE and the KV-cache write included
+            steps.add_matvec(ctx, s.x, layer.wo, s.att, layer.o_bias);
 
             // Feed-forward: x += w2 · (silu(w1 · norm(x)) * (w3 · norm(x)))
             steps.norm_swiglu(ctx, s.hidden, layer.w1, layer.w3, s.x, layer.ffn_norm);
-            steps.add_matvec(ctx, s.x, layer.w2, s.hidden);
+            steps.add_matvec(ctx, s.x, layer.w2, s.hidden, /*bias=*/nullptr);
         }
 
         // logits = output · norm(x)
-        steps.norm_matvec(ctx, s.logits, output_, s.x, final_norm_);
+        steps.norm_matvec(ctx, s.logits, output_, s.x, final_norm_, /*bias=*/nullptr);
         copy_logits_to_host();
     }
 
@@ -470,14 +503,18 @@ private:
 
         for (const DeviceLayer& layer : layers_) {
             // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
+            //   (the biases, q/k norms and window of the layer where it has them, as decode)
+            AttentionShape shape = attention_shape();
+            shape.window = layer.window;
             cuda::rmsnorm_rows(normed, s.x, layer.attn_norm, c.norm_eps, stream);
-            cuda::gemm(s.qkv, qkv_pitch, layer.wqkv, normed, nullptr, false, stream);
+            cuda::gemm(s.qkv, qkv_pitch, layer.wqkv, normed, layer.qkv_bias, false, stream);
             cuda::rope_kv_store_rows(s.qkv, qkv_pitch, state_.rope_frequencies, layer.key_cache,
                                      layer.value_cache, first_pos, B, c.heads, c.kv_heads,
-                                     c.head_dim, nullptr, nullptr, c.norm_eps, kv_type_, stream);
+                                     c.head_dim, layer.q_norm, layer.k_norm, c.norm_eps, kv_type_,
+                                     stream);
             cuda::attention_prefill(att, s.qkv, qkv_pitch, layer.key_cache, layer.value_cache,
-                                    first_pos, attention_shape(), kv_type_, stream);
-            cuda::gemm(s.x, c.dim, layer.wo, att, nullptr, /*accumulate=*/true, stream);
+                                    first_pos, shape, kv_type_, stream);
+            cuda::gemm(s.x, c.dim, layer.wo, att, layer.o_bias, /*accumulate=*/true, stream);
 
             // Feed-forward: x += w2 · (silu(w1 · norm(x)) * (w3 · norm(x)))
             cuda::rmsnorm_rows(normed, s.x, layer.ffn_norm, c.norm_eps, stream);
@@ -542,10 +579,6 @@ private:
             throw Error("the CUDA backend does not run " + c.weight_dtype +
                         " weights yet: convert with --dtype f16, bf16 or f32");
         if (context_ < 1) throw Error("the CUDA backend needs a context of at least 1 position");
-        if (c.qkv_bias || c.o_bias || c.qk_norm || c.sliding_window_first_layer > 0)
-            throw Error("the CUDA backend does not run " + c.architecture +
-                        " models yet (attention biases, per-head q/k norms or a sliding "
-                        "window on some layers only): use --device cpu");
         if (c.head_dim % 2 != 0 || c.head_dim > cuda::kMaxHeadDim)
             throw Error("the CUDA backend supports even head_dim up to " +
                         std::to_string(cuda::kMaxHeadDim) + ", the model has " +
@@ -581,7 +614,8 @@ private:
         for (const LayerWeights& w : model_.layers)
             bytes += cuda::stacked_bytes({&w.wq, &w.wk, &w.wv}) + cuda::stacked_bytes({&w.wo}) +
                      cuda::stacked_bytes({&w.w1}) + cuda::stacked_bytes({&w.w3}) +
-                     cuda::stacked_bytes({&w.w2}) + 2 * size_t(c.dim) * sizeof(float);
+                     cuda::stacked_bytes({&w.w2}) +
+                     (2 * size_t(c.dim) + layer_vector_floats(c)) * sizeof(float);
         return bytes;
     }
 
@@ -633,9 +667,14 @@ private:
             memory_.emplace_back();
             return cuda::upload_stacked(parts, memory_.back(), staging, what);
         };
-        auto upload_norm = [&](const float* weight, const std::string& what) {
-            memory_.push_back(cuda::upload_floats(weight, c.dim, what));
+        // `count` floats, or nullptr for a tensor the model does not have.
+        auto upload_vector = [&](const float* values, size_t count, const std::string& what) {
+            if (!values) return static_cast<const float*>(nullptr);
+            memory_.push_back(cuda::upload_floats(values, count, what));
             return memory_.back().as<const float>();
+        };
+        auto upload_norm = [&](const float* weight, const std::string& what) {
+            return upload_vector(weight, c.dim, what);
         };
         embedding_ = upload({&model_.token_embedding}, "token_embedding");
         for (int l = 0; l < c.layers; ++l) {
@@ -644,11 +683,21 @@ private:
             DeviceLayer layer{};
             layer.attn_norm = upload_norm(w.attn_norm, prefix + "attn_norm");
             layer.wqkv = upload({&w.wq, &w.wk, &w.wv}, prefix + "wq/wk/wv");
+            if (c.qkv_bias) {  // stacked as wqkv's rows are
+                std::vector<float> bias(w.bq, w.bq + c.q_dim());
+                bias.insert(bias.end(), w.bk, w.bk + c.kv_dim());
+                bias.insert(bias.end(), w.bv, w.bv + c.kv_dim());
+                layer.qkv_bias = upload_vector(bias.data(), bias.size(), prefix + "bq/bk/bv");
+            }
+            layer.q_norm = upload_vector(w.q_norm, c.head_dim, prefix + "q_norm");
+            layer.k_norm = upload_vector(w.k_norm, c.head_dim, prefix + "k_norm");
             layer.wo = upload({&w.wo}, prefix + "wo");
+            layer.o_bias = upload_vector(w.bo, c.dim, prefix + "bo");
             layer.ffn_norm = upload_norm(w.ffn_norm, prefix + "ffn_norm");
             layer.w1 = upload({&w.w1}, prefix + "w1");
             layer.w3 = upload({&w.w3}, prefix + "w3");
             layer.w2 = upload({&w.w2}, prefix + "w2");
+            layer.window = c.layer_window(l);
             layers_.push_back(layer);
         }
         final_norm_ = upload_norm(model_.final_norm, "final_norm");
@@ -735,9 +784,17 @@ private:
         host_tokens_ = PinnedBuffer(size_t(B) * sizeof(int), "the prefill token ids");
     }
 
+    // The shape of every layer's attention, with the window of the layer that attends to the
+    // most positions (0 when one attends to all): what the split count is chosen for. Each
+    // layer attends with its own window (DeviceLayer::window).
     AttentionShape attention_shape() const {
         const Config& c = model_.config;
-        return AttentionShape{c.heads, c.kv_heads, c.head_dim, c.sliding_window};
+        int widest = c.layer_window(0);
+        for (int l = 1; l < c.layers; ++l) {
+            const int window = c.layer_window(l);
+            widest = widest == 0 || window == 0 ? 0 : std::max(widest, window);
+        }
+        return AttentionShape{c.heads, c.kv_heads, c.head_dim, widest};
     }
 
     const Model& model_;

@@ -6,8 +6,9 @@
 // - f16 weights (sm_75 and newer) and bf16 weights (sm_80 and newer) run on tensor cores
 //   (gemm_tensor_core_kernel, through the wrappers of tensor_core.cuh):
 //   - The block computes a tile of kTileTokens tokens x kTileRows weight rows. Its warps
-//     split the tile along tokens and rows, and (the small-batch tiles) along K: each warp
-//     multiplies its part of every K tile, and the K parts meet in shared memory at the end.
+//     split the tile along tokens and rows, and (the small-batch and large tiles) along K:
+//     each warp multiplies its part of every K tile, and the K parts meet in shared memory
+//     at the end.
 //   - A kStages-deep pipeline of cp.async copies brings the K tiles of both operands from
 //     global to shared memory while the tensor cores work on earlier ones. Elements past the
 //     edges (tokens, rows, columns past the padded row) are zero-filled by the copy, so the
@@ -53,9 +54,9 @@ constexpr int kEpiloguePadFloats = 8;  // shared f32 row padding: conflict-free 
 
 // The shape of a tensor-core GEMM block: a tile of kTileTokens x kTileRows outputs, warps
 // laid out kWarpsTokens x kWarpsRows over it and kWarpsK deep along K, kStages K tiles in
-// flight.
+// flight; registers are capped so that kMinBlocksPerSm blocks fit an SM's register file.
 template <int kTileTokens_, int kTileRows_, int kWarpsTokens_, int kWarpsRows_, int kWarpsK_,
-          int kStages_>
+          int kStages_, int kMinBlocksPerSm_>
 struct TensorCoreTiles {
     static constexpr int kTileTokens = kTileTokens_;
     static constexpr int kTileRows = kTileRows_;
@@ -63,6 +64,7 @@ struct TensorCoreTiles {
     static constexpr int kWarpsRows = kWarpsRows_;
     static constexpr int kWarpsK = kWarpsK_;
     static constexpr int kStages = kStages_;
+    static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
 
     static constexpr int kWarps = kWarpsTokens * kWarpsRows * kWarpsK;
     static constexpr int kThreads = kWarps * kWarpSize;
@@ -101,11 +103,14 @@ struct TensorCoreTiles {
 // tiles so that the grid has many blocks, four warps splitting each 128-column K tile.
 // The token tiles of one row tile are neighbours in the grid (blockIdx.x), so their
 // weights come from L2 after the first read.
-using SmallBatchTiles = TensorCoreTiles<16, 16, 1, 1, 4, 4>;
+using SmallBatchTiles = TensorCoreTiles<16, 16, 1, 1, 4, 4, 1>;
 // Middle sizes, and every size where the large tiles do not fit the GPU's shared memory.
-using MediumTiles = TensorCoreTiles<64, 64, 2, 2, 1, 4>;
-// Large batches: 128 x 128 tiles, eight warps of 64 tokens x 32 rows.
-using LargeTiles = TensorCoreTiles<128, 128, 2, 4, 1, 4>;
+using MediumTiles = TensorCoreTiles<64, 64, 2, 2, 1, 4, 1>;
+// Large batches: 128 x 128 tiles, eight warps of 64 tokens x 64 rows, two deep along each
+// 64-column K tile. A 64 x 64 warp tile reads 4 KiB of shared memory (8 ldmatrix.x4) per
+// 32 mma, a 64 x 32 one 3 KiB per 16: a third less shared-memory traffic per product, the
+// resource mma.sync kernels run short of first.
+using LargeTiles = TensorCoreTiles<128, 128, 2, 2, 2, 4, 1>;
 
 // Copies columns [k0, k0 + kTileK) of the block's token rows (in) and weight rows (weights)
 // into `stage`; chunks past the tokens, the rows or k_extent (the columns rounded up to a
@@ -180,7 +185,7 @@ __device__ __forceinline__ void multiply_gemm_stage(
 // Launch: grid (ceil(tokens / kTileTokens), ceil(rows / kTileRows)), block Tiles::kThreads,
 // dynamic shared memory Tiles::kSharedBytes (gemm_tensor_core_grid, TensorCoreTiles).
 template <DType D, typename Tiles>
-__global__ void __launch_bounds__(Tiles::kThreads)
+__global__ void __launch_bounds__(Tiles::kThreads, Tiles::kMinBlocksPerSm)
     gemm_tensor_core_kernel(float* __restrict__ out, int out_pitch,
                             const uint16_t* __restrict__ weights, int rows, int w_pitch,
                             const uint16_t* __restrict__ in, int tokens, int in_pitch, int k_extent,
@@ -390,10 +395,14 @@ constexpr int kLargeMinBlocksPerFourSms = 3;
 
 // The rule gemm follows:
 // - f32 weights, and bf16 weights below sm_80: SIMT.
-// - Up to kSmallBatchMaxTokens tokens: SmallBatchTiles (the weights are read once, the
-//   grid has ceil(rows / 16) row tiles).
-// - Otherwise LargeTiles where they fit the GPU's shared memory and their grid has at
-//   least 3 blocks per 4 SMs, else MediumTiles.
+// - Up to kSmallBatchMaxTokens tokens: SmallBatchTiles. The product is bound by reading
+//   the weights, like decode: the grid has ceil(rows / 16) row tiles to spread that over
+//   the SMs, and the (at most 4) token tiles of a row tile run side by side, so each weight
+//   byte comes from memory once and from L2 after that.
+// - Otherwise LargeTiles where they fit the GPU's shared memory (sm_80, sm_90) and their
+//   grid has at least 3 blocks per 4 SMs (one block fits an SM), else MediumTiles (more,
+//   smaller blocks: 64 x 64).
+// The columns do not enter: they set the length of each block's K loop, not the grid.
 inline GemmTiles choose_gemm_tiles(DType dtype, int tokens, int rows, int compute_capability,
                                    int multiprocessors, size_t shared_bytes_per_block) {
     if (!has_tensor_core_product(dtype, compute_capability)) return GemmTiles::kSimt;
@@ -465,10 +474,13 @@ void check_gemm_operands(float* out, int out_pitch, const DeviceMatrix& w,
     if (in.pitch % vector != 0 || w.pitch % vector != 0 || in.pitch < in.cols || w.pitch < w.cols)
         throw Error("gemm: a row pitch is not a whole number of 16-byte vectors covering the row");
     if (out_pitch < w.rows) throw Error("gemm: the output pitch is smaller than the weight rows");
+    const auto address = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
+    constexpr uintptr_t kVectorBytes = 16;  // rows are read as 16-byte vectors
+    if (address(in.data) % kVectorBytes != 0 || address(w.data) % kVectorBytes != 0)
+        throw Error("gemm: the activations and the weights must be 16-byte aligned");
     constexpr int kMaxGridY = 65535;  // row tiles run along the grid's y
     if ((w.rows + SmallBatchTiles::kTileRows - 1) / SmallBatchTiles::kTileRows > kMaxGridY)
         throw Error("gemm: too many weight rows for one grid");
-    const auto address = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
     const uintptr_t out_begin = address(out);
     const uintptr_t out_end = out_begin + size_t(in.tokens) * out_pitch * sizeof(float);
     const uintptr_t in_begin = address(in.data), in_end = in_begin + in.bytes();

@@ -2,7 +2,7 @@
 // no device code, so host code that only launches kernels does not recompile them.
 //
 // - The kernels live in the .cuh files named after what they compute (embedding.cuh,
-//   matmul.cuh, rope.cuh, attention.cuh; the GPU ladder's simple versions in
+//   matmul.cuh, rope.cuh, attention.cuh, gemm.cuh; the GPU ladder's simple versions in
 //   matmul_simple.cuh, elementwise_simple.cuh, attention_simple.cuh), compiled once, in
 //   kernels.cu. forward.cu and tests/tools/cuda_kernel_check.cu launch them through here.
 // - Activations are f32 in device memory; weights are f32, f16 or bf16.
@@ -46,12 +46,13 @@ inline int padded_cols(int cols, DType dtype) {
 // x[dim] = table[token] as f32, token = step[0].
 void embedding(float* x, const DeviceMatrix& table, const int* step, cudaStream_t stream);
 
-// Matrix-vector product for one token: out[rows] = W[rows, cols] · in'[cols], where
+// Matrix-vector product for one token: out[rows] = W[rows, cols] · in'[cols] + bias, where
 // in' = in * rsqrt(mean(in²) + eps) * norm_weight when norm_weight is given (RMSNorm fused
-// into the load of the input) and in' = in otherwise. With accumulate, out += instead of
-// out = (the residual connection after wo and w2). `in` and `out` must not overlap.
+// into the load of the input) and in' = in otherwise, and bias (f32 [rows]; Qwen's q/k/v and
+// o biases) is added before the store when given. With accumulate, out += (W · in' + bias)
+// instead of out = (the residual connection after wo and w2). `in` and `out` must not overlap.
 void matvec(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight, float eps,
-            bool accumulate, cudaStream_t stream);
+            const float* bias, bool accumulate, cudaStream_t stream);
 
 // The feed-forward's first half in one pass: out[rows] = silu(W1 · in') * (W3 · in'), in' as
 // for matvec with norm_weight (always given). W1 and W3 have the same shape.
@@ -70,9 +71,11 @@ void prepare_matvec(size_t bytes);
 // key_cache and value_cache [context, kv_dim] (one layer's). Rotate-half pairs (i,
 // i + head_dim/2) with angle pos * inverse_frequencies[i], computed in double as the CPU
 // does; inverse_frequencies [head_dim/2] come from barellm::rope_inverse_frequencies.
+// With q_norm and k_norm (Qwen3; [head_dim] each, or both null) each head's q and k vector x
+// becomes x * rsqrt(mean(x²) + eps) * weight before the rotation, as the CPU orders it.
 void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache, void* value_cache,
-                   const int* step, int heads, int kv_heads, int head_dim, KvType kv_type,
-                   cudaStream_t stream);
+                   const int* step, int heads, int kv_heads, int head_dim, const float* q_norm,
+                   const float* k_norm, float eps, KvType kv_type, cudaStream_t stream);
 
 // Flash-decoding attention of one query token at pos = step[1] over one layer's KV cache
 // [context, kv_dim], positions attention_start(pos, window) .. pos, RoPE and the cache
@@ -80,7 +83,8 @@ void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache
 // - qkv [q_dim + 2 * kv_dim] holds q, k and v of the token before RoPE (as the qkv matvec
 //   leaves them; it is not modified). The kernel rotates q as it reads it, and stores the
 //   rotated k and v into row pos of key_cache and value_cache (what rope_kv_store does)
-//   before attending to that row.
+//   before attending to that row. With q_norm and k_norm, q and k heads are RMSNormed
+//   (eps) before they are rotated, as rope_kv_store does.
 // - The positions are split across `splits` blocks per KV head (the grid is fixed for a
 //   given context: it does not depend on pos). Each block writes a partial output and its
 //   (max, sum); the last block of each KV head to finish merges them into out
@@ -88,10 +92,10 @@ void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache
 // - Scratch: partial_out [heads, splits, head_dim] and partial_stats [heads, splits, 2];
 //   arrivals [attention_arrival_counters(shape)] must be zero before the first call and is
 //   zero again after each.
-void attention(float* out, const float* qkv, const float* inverse_frequencies, void* key_cache,
-               void* value_cache, const int* step, float* partial_out, float* partial_stats,
-               unsigned* arrivals, const AttentionShape& shape, int splits, KvType kv_type,
-               cudaStream_t stream);
+void attention(float* out, const float* qkv, const float* inverse_frequencies, const float* q_norm,
+               const float* k_norm, float eps, void* key_cache, void* value_cache, const int* step,
+               float* partial_out, float* partial_stats, unsigned* arrivals,
+               const AttentionShape& shape, int splits, KvType kv_type, cudaStream_t stream);
 // The arrival counters attention needs for `shape`.
 int attention_arrival_counters(const AttentionShape& shape);
 
@@ -173,6 +177,14 @@ void attention_prefill(const DeviceActivations& out, const float* qkv, int qkv_p
 // Dynamic shared memory attention_prefill needs per block for head_dim (compare with the
 // GPU's sharedMemPerBlockOptin before batching a model's prefill).
 size_t attention_prefill_shared_bytes(int head_dim);
+// Whether attention_prefill runs on tensor cores (an f16 cache, head_dim a multiple of 16 up
+// to kAttentionPrefillMmaMaxHeadDim; the queries and the softmax probabilities rounded to
+// f16, f32 accumulation) or on CUDA cores in f32 (every other shape, f32 caches).
+constexpr int kAttentionPrefillMmaMaxHeadDim = 128;
+inline bool attention_prefill_uses_mma(KvType kv_type, int head_dim) {
+    return kv_type == KvType::F16 && head_dim % 16 == 0 &&
+           head_dim <= kAttentionPrefillMmaMaxHeadDim;
+}
 
 // ==== The GPU ladder's simple kernels (BackendOptions::cuda_kernels, `barellm ladder
 // --device cuda`): what the fast kernels above compute, the plain way, one optimisation
@@ -180,10 +192,12 @@ size_t attention_prefill_shared_bytes(int head_dim);
 
 // out[rows] = W · in, one thread per row (rung 1; matmul_simple.cuh).
 void matvec_thread_per_row(float* out, const DeviceMatrix& w, const float* in, cudaStream_t stream);
-// As matvec (RMSNorm fused when norm_weight is given, out += with accumulate), one warp per
-// row, lane 0 storing (rung 2 without norm_weight nor accumulate, rung 3 with them).
+// As matvec (RMSNorm fused when norm_weight is given, the bias added when given, out += with
+// accumulate), one warp per row, lane 0 storing (rung 2 without norm_weight, bias nor
+// accumulate, rung 3 with them).
 void matvec_warp_per_row(float* out, const DeviceMatrix& w, const float* in,
-                         const float* norm_weight, float eps, bool accumulate, cudaStream_t stream);
+                         const float* norm_weight, float eps, const float* bias, bool accumulate,
+                         cudaStream_t stream);
 // As matvec_swiglu, one warp per row (rung 3).
 void matvec_swiglu_warp_per_row(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                                 const float* in, const float* norm_weight, float eps,
@@ -201,6 +215,11 @@ void swiglu(float* gate, const float* up, int n, cudaStream_t stream);
 // pos = step[1] (the rotation of rope_kv_store).
 void rope(float* qk, const float* inverse_frequencies, const int* step, int heads, int kv_heads,
           int head_dim, cudaStream_t stream);
+// Qwen3's per-head norm on its own, in place, before rope: each of the heads q vectors then
+// kv_heads k vectors of head_dim at the start of qk RMSNormed with q_norm or k_norm
+// [head_dim] (x * rsqrt(mean(x²) + eps) * weight).
+void rmsnorm_heads(float* qk, const float* q_norm, const float* k_norm, int heads, int kv_heads,
+                   int head_dim, float eps, cudaStream_t stream);
 // Row pos = step[1] of key_cache and value_cache [context, kv_dim] = k[kv_dim], v[kv_dim].
 void store_kv_row(const float* k, const float* v, void* key_cache, void* value_cache,
                   const int* step, int kv_dim, KvType kv_type, cudaStream_t stream);

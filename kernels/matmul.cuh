@@ -14,8 +14,9 @@
 // - Staging reads float4s, several in flight per thread, and each warp asks L2 for its
 //   first weights before it starts: the block's start-up (staging, the norm's reduction)
 //   overlaps the first trip to DRAM instead of preceding it.
-// - The row sums meet in shared memory; the block's first warp stores them (adding the
-//   residual, for wo and w2) with one coalesced access.
+// - The row sums meet in shared memory; the block's first warp stores them (adding the bias,
+//   for Qwen's q/k/v and o projections, and the residual, for wo and w2) with one coalesced
+//   access.
 // - w1 and w3 are read by the same warp and SwiGLU is applied before the store: the two
 //   hidden-size intermediates never reach global memory.
 #pragma once
@@ -207,14 +208,15 @@ __device__ __forceinline__ void dot_rows(const uint4* const (&rows)[kRows], cons
     for (int r = 0; r < kRows; ++r) sums[r] = warp_sum(acc[r]);
 }
 
-// out[r] = (kAccumulate ? out[r] : 0) + W[r, :] · stage(in), r in [0, rows).
+// out[r] = (kAccumulate ? out[r] : 0) + (W[r, :] · stage(in) + bias[r]), r in [0, rows), no
+// bias term when bias is null.
 // Launch: grid ceil(rows / warps), block warps * 32 threads (warps = matvec_warps(pitch),
 // one warp per row), dynamic shared memory pitch * 4 bytes (the staged input).
 template <DType D, bool kAccumulate>
 __global__ void __launch_bounds__(kMatvecThreadsMax)
     matvec_kernel(float* __restrict__ out, const void* __restrict__ weights, int rows, int pitch,
                   const float* __restrict__ in, int cols, const float* __restrict__ norm_weight,
-                  float eps) {
+                  float eps, const float* __restrict__ bias) {
     __shared__ float scratch[kWarpSize];
     __shared__ float results[kMatvecMaxWarps];
     const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -235,7 +237,11 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     __syncthreads();
     if (threadIdx.x < warps) {  // one coalesced store of the block's rows
         const int r = blockIdx.x * warps + threadIdx.x;
-        if (r < rows) out[r] = kAccumulate ? out[r] + results[threadIdx.x] : results[threadIdx.x];
+        if (r < rows) {
+            const float value =
+                bias != nullptr ? results[threadIdx.x] + bias[r] : results[threadIdx.x];
+            out[r] = kAccumulate ? out[r] + value : value;
+        }
     }
 }
 
@@ -280,16 +286,16 @@ namespace {
 
 template <DType D>
 void launch_matvec(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight,
-                   float eps, bool accumulate, cudaStream_t stream) {
+                   float eps, const float* bias, bool accumulate, cudaStream_t stream) {
     const int warps = matvec_warps(w.pitch);
     const dim3 grid((w.rows + warps - 1) / warps), block(warps * kWarpSize);
     const size_t shared = matvec_shared_bytes(w.pitch);
     if (accumulate)
         matvec_kernel<D, true><<<grid, block, shared, stream>>>(out, w.data, w.rows, w.pitch, in,
-                                                                w.cols, norm_weight, eps);
+                                                                w.cols, norm_weight, eps, bias);
     else
         matvec_kernel<D, false><<<grid, block, shared, stream>>>(out, w.data, w.rows, w.pitch, in,
-                                                                 w.cols, norm_weight, eps);
+                                                                 w.cols, norm_weight, eps, bias);
 }
 
 template <DType D>
@@ -323,10 +329,11 @@ void allow_shared_bytes(Kernel kernel, size_t bytes) {
 }  // namespace
 
 void matvec(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight, float eps,
-            bool accumulate, cudaStream_t stream) {
+            const float* bias, bool accumulate, cudaStream_t stream) {
     check_input_alignment(in, norm_weight);
     with_weight_dtype(w.dtype, [&](auto dtype) {
-        launch_matvec<decltype(dtype)::value>(out, w, in, norm_weight, eps, accumulate, stream);
+        launch_matvec<decltype(dtype)::value>(out, w, in, norm_weight, eps, bias, accumulate,
+                                              stream);
     });
     CUDA_CHECK_LAUNCH("matvec_kernel");
 }

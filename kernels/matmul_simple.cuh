@@ -9,7 +9,7 @@
 //   l + 32, ... so that each warp-wide load is 32 contiguous elements; the lanes' sums meet
 //   by shuffles and lane 0 stores (one 4-byte store per warp: not coalesced). Rung 3 fuses
 //   RMSNorm into it (the block computes the scale, the lanes apply it as they read the
-//   input) and the residual add (out +=).
+//   input), the bias (Qwen's projections) and the residual add (out +=).
 // - matvec_swiglu_warp_per_row_kernel (rung 3): the same warp reads its row of w1, then of
 //   w3, and stores silu(gate) * up.
 // The weights are read one element at a time, straight from global memory, and so is the
@@ -55,20 +55,22 @@ __device__ __forceinline__ float warp_row_dot(const void* row, const float* __re
     return warp_sum(sum);
 }
 
-// out[r] = (kAccumulate ? out[r] : 0) + W[r, :] · in', in' as for warp_row_dot with the
-// RMSNorm scale of `in` (when norm_weight is given). Warp w of block b computes row 4b + w.
+// out[r] = (kAccumulate ? out[r] : 0) + (W[r, :] · in' + bias[r]), in' as for warp_row_dot
+// with the RMSNorm scale of `in` (when norm_weight is given), no bias term when bias is null.
+// Warp w of block b computes row 4b + w.
 // Launch: grid ceil(rows / 4), block 128 (4 warps), no dynamic shared memory.
 template <DType D, bool kAccumulate>
 __global__ void __launch_bounds__(kSimpleMatvecThreads)
     matvec_warp_per_row_kernel(float* __restrict__ out, const void* __restrict__ weights, int rows,
                                int pitch, const float* __restrict__ in, int cols,
-                               const float* __restrict__ norm_weight, float eps) {
+                               const float* __restrict__ norm_weight, float eps,
+                               const float* __restrict__ bias) {
     __shared__ float scratch[kWarpSize];
     const float scale = norm_weight != nullptr ? rms_scale(in, cols, eps, scratch) : 1.0f;
     const int row = blockIdx.x * kSimpleMatvecWarps + threadIdx.x / kWarpSize;
     if (row >= rows) return;  // the whole warp
-    const float sum =
-        warp_row_dot<D>(weight_row<D>(weights, row, pitch), in, cols, norm_weight, scale);
+    float sum = warp_row_dot<D>(weight_row<D>(weights, row, pitch), in, cols, norm_weight, scale);
+    if (bias != nullptr) sum += bias[row];
     if (threadIdx.x % kWarpSize == 0) out[row] = kAccumulate ? out[row] + sum : sum;
 }
 
@@ -100,17 +102,17 @@ void matvec_thread_per_row(float* out, const DeviceMatrix& w, const float* in,
 }
 
 void matvec_warp_per_row(float* out, const DeviceMatrix& w, const float* in,
-                         const float* norm_weight, float eps, bool accumulate,
+                         const float* norm_weight, float eps, const float* bias, bool accumulate,
                          cudaStream_t stream) {
     const dim3 grid((w.rows + kSimpleMatvecWarps - 1) / kSimpleMatvecWarps);
     with_weight_dtype(w.dtype, [&](auto dtype) {
         constexpr DType D = decltype(dtype)::value;
         if (accumulate)
             matvec_warp_per_row_kernel<D, true><<<grid, kSimpleMatvecThreads, 0, stream>>>(
-                out, w.data, w.rows, w.pitch, in, w.cols, norm_weight, eps);
+                out, w.data, w.rows, w.pitch, in, w.cols, norm_weight, eps, bias);
         else
             matvec_warp_per_row_kernel<D, false><<<grid, kSimpleMatvecThreads, 0, stream>>>(
-                out, w.data, w.rows, w.pitch, in, w.cols, norm_weight, eps);
+                out, w.data, w.rows, w.pitch, in, w.cols, norm_weight, eps, bias);
     });
     CUDA_CHECK_LAUNCH("matvec_warp_per_row_kernel");
 }

@@ -1,5 +1,6 @@
 // Rotary position embedding fused with the KV-cache write: one kernel rotates q in place,
 // stores the rotated k and the unchanged v into the cache row of the current position.
+// Qwen3's per-head q/k RMSNorm is applied as each head is read, before its rotation.
 #pragma once
 #include "common.cuh"
 #include "cuda_check.h"
@@ -8,6 +9,7 @@
 namespace barellm::cuda {
 
 constexpr int kRopeThreads = 256;
+constexpr int kRopeWarps = kRopeThreads / kWarpSize;
 
 // (cos, sin) of the angle pos * inverse_frequency, computed in double as cpu::rope computes
 // it, so that long contexts keep their digits.
@@ -30,58 +32,87 @@ __device__ __forceinline__ float2 rope_rotated_pair(const float* vec, int j, int
     return rope_rotate(vec[j], vec[j + half], rope_cos_sin(pos, inverse_frequencies[j]));
 }
 
+// RMSNorm's scale rsqrt(mean(x²) + eps) of one head vector x[head_dim], for the calling warp
+// (lane l sums the squares of elements l, l + 32, ...); every lane gets it. All 32 lanes
+// must call it.
+__device__ __forceinline__ float head_rms_scale(const float* x, int head_dim, float eps) {
+    float squares = 0.0f;
+    for (int i = threadIdx.x % kWarpSize; i < head_dim; i += kWarpSize) squares += x[i] * x[i];
+    return 1.0f / sqrtf(warp_sum(squares) / float(head_dim) + eps);
+}
+
+// Pair (j, j + half) of the head vector x, RMSNormed when norm_weight is given (x * scale *
+// weight, in the order of the CPU's rmsnorm; scale from head_rms_scale), as it is otherwise.
+__device__ __forceinline__ float2 head_pair(const float* x, int j, int half,
+                                            const float* norm_weight, float scale) {
+    float a = x[j], b = x[j + half];
+    if (norm_weight != nullptr) {
+        a = a * scale * norm_weight[j];
+        b = b * scale * norm_weight[j + half];
+    }
+    return make_float2(a, b);
+}
+
 // RoPE on q and k for pos = step[1], k and v stored into the cache row of pos:
 // - qkv [q_dim + 2 * kv_dim] = q heads, then k heads, then v heads, each head_dim long. The
 //   q and k heads are contiguous, so "rotation head" h < heads + kv_heads starts at
 //   qkv + h * head_dim.
-// - Thread t < rotations = (heads + kv_heads) * head_dim/2 rotates pair (j, j + head_dim/2),
-//   j = t mod half, of rotation head t / half (rope_rotated_pair): q back in place, k to
-//   the key cache.
-// - The next kv_dim threads copy v element t - rotations to the value cache.
-// - Every element has exactly one writer.
-// Launch: grid ceil(((heads + kv_heads) * head_dim/2 + kv_heads * head_dim) / 256),
-// block 256, no shared memory.
+// - Warp w of the grid takes rotation head w: with q_norm / k_norm, its lanes first reduce
+//   the head's sum of squares (head_rms_scale); then lane l rotates pairs (j, j + head_dim/2),
+//   j = l, l + 32, ... (normed first): q back in place, k to the key cache. A k head's warp
+//   also copies the v head of the same index to the value cache.
+// - Every element has exactly one writer; a q head is read whole (its norm) before any of it
+//   is rewritten, by the warp that rewrites it.
+// Launch: grid ceil((heads + kv_heads) / 8), block 256 (8 warps), no shared memory.
 template <typename KvT>
 __global__ void __launch_bounds__(kRopeThreads)
     rope_kv_kernel(float* __restrict__ qkv, const float* __restrict__ inverse_frequencies,
                    KvT* __restrict__ key_cache, KvT* __restrict__ value_cache,
-                   const int* __restrict__ step, int heads, int kv_heads, int head_dim) {
+                   const int* __restrict__ step, int heads, int kv_heads, int head_dim,
+                   const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps) {
+    const int head = blockIdx.x * kRopeWarps + threadIdx.x / kWarpSize;
+    if (head >= heads + kv_heads) return;  // the whole warp
+    const int lane = threadIdx.x % kWarpSize;
     const int pos = step[1];
     const int half = head_dim / 2;
     const int q_dim = heads * head_dim, kv_dim = kv_heads * head_dim;
-    const int rotations = (heads + kv_heads) * half;
-    const size_t cache_row = size_t(pos) * kv_dim;
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t < rotations) {
-        const int head = t / half, j = t % half;
-        float* vec = qkv + size_t(head) * head_dim;
-        const float2 rotated = rope_rotated_pair(vec, j, half, pos, inverse_frequencies);
-        if (head < heads) {
+    const bool is_q = head < heads;
+    float* vec = qkv + size_t(head) * head_dim;
+    const float* norm_weight = is_q ? q_norm : k_norm;
+    const float scale = norm_weight != nullptr ? head_rms_scale(vec, head_dim, eps) : 1.0f;
+    __syncwarp();  // the whole head is read before a lane rewrites part of it
+    const int kv_head = is_q ? 0 : head - heads;  // for a k head: its slot in the cache row
+    const size_t cache_row = size_t(pos) * kv_dim + size_t(kv_head) * head_dim;
+    for (int j = lane; j < half; j += kWarpSize) {
+        const float2 pair = head_pair(vec, j, half, norm_weight, scale);
+        const float2 rotated =
+            rope_rotate(pair.x, pair.y, rope_cos_sin(pos, inverse_frequencies[j]));
+        if (is_q) {
             vec[j] = rotated.x;
             vec[j + half] = rotated.y;
         } else {
-            KvT* key = key_cache + cache_row + size_t(head - heads) * head_dim;
-            kv_store(key + j, rotated.x);
-            kv_store(key + j + half, rotated.y);
+            kv_store(key_cache + cache_row + j, rotated.x);
+            kv_store(key_cache + cache_row + j + half, rotated.y);
         }
-        return;
     }
-    t -= rotations;
-    if (t < kv_dim) kv_store(value_cache + cache_row + t, qkv[q_dim + kv_dim + t]);
+    if (!is_q) {
+        const float* v = qkv + q_dim + kv_dim + size_t(kv_head) * head_dim;
+        for (int d = lane; d < head_dim; d += kWarpSize)
+            kv_store(value_cache + cache_row + d, v[d]);
+    }
 }
 
 #ifndef BARELLM_CUDA_EMULATION
 
 void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache, void* value_cache,
-                   const int* step, int heads, int kv_heads, int head_dim, KvType kv_type,
-                   cudaStream_t stream) {
-    const int threads = (heads + kv_heads) * (head_dim / 2) + kv_heads * head_dim;
-    const dim3 grid((threads + kRopeThreads - 1) / kRopeThreads);
+                   const int* step, int heads, int kv_heads, int head_dim, const float* q_norm,
+                   const float* k_norm, float eps, KvType kv_type, cudaStream_t stream) {
+    const dim3 grid((heads + kv_heads + kRopeWarps - 1) / kRopeWarps);
     with_kv_type(kv_type, [&](auto element) {
         using KvT = decltype(element);
         rope_kv_kernel<KvT><<<grid, kRopeThreads, 0, stream>>>(
             qkv, inverse_frequencies, static_cast<KvT*>(key_cache), static_cast<KvT*>(value_cache),
-            step, heads, kv_heads, head_dim);
+            step, heads, kv_heads, head_dim, q_norm, k_norm, eps);
     });
     CUDA_CHECK_LAUNCH("rope_kv_kernel");
 }

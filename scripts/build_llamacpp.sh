@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's llama-bench, llama-perplexity and llama-simple (greedy completion) for
-# CPU, to compare barellm with on the same weights (scripts/compare_llamacpp.sh).
+# CPU, or with --cuda for NVIDIA GPUs too, to compare barellm with on the same weights
+# (scripts/compare_llamacpp.sh; dev/gpu/check.sh's prefill step).
 #
-#   scripts/build_llamacpp.sh DIR [--version V] [--sdist FILE] [-j N]
+#   scripts/build_llamacpp.sh DIR [--version V] [--sdist FILE] [--cuda ARCHS] [-j N]
 #
 # llama.cpp's sources come from the PyPI source distribution of llama-cpp-python, which
 # vendors them (vendor/llama.cpp): `pip download --no-binary :all: --no-deps` fetches it
@@ -21,13 +22,16 @@
 #                 with Linux granting AMX tile data one thread at a time, the Q8_0/Q4_0
 #                 kernels of this llama.cpp die of an illegal instruction (exit status 132)
 #                 in its worker threads; barellm has no AMX kernels either
+#   --cuda ARCHS  also build llama.cpp's CUDA backend for these GPU architectures
+#                 (CMake's CUDA_ARCHITECTURES, e.g. 90); needs nvcc on PATH or in
+#                 /usr/local/cuda/bin
 #   -j N          parallel jobs (default: the number of cores)
 #
-# Needs: python3 with pip, cmake >= 3.14, a C/C++17 compiler. The build is CPU only,
+# Needs: python3 with pip, cmake >= 3.14, a C/C++17 compiler. The build is
 # -DGGML_NATIVE=ON (tuned to this machine, like barellm's -march=native), Release, no curl.
 set -euo pipefail
 
-usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 [ $# -ge 1 ] || usage
 case "$1" in -h|--help) usage 0 ;; esac
@@ -35,6 +39,7 @@ dest=$1; shift
 version=0.3.36
 sdist=""
 cpu_flags=""
+cuda_options=()
 targets=(llama-bench llama-perplexity llama-simple)
 jobs=$(nproc 2>/dev/null || echo 2)
 while [ $# -gt 0 ]; do
@@ -42,6 +47,7 @@ while [ $# -gt 0 ]; do
         --version) version=$2; shift 2 ;;
         --sdist) sdist=$(realpath "$2"); shift 2 ;;
         --no-amx) cpu_flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"; shift ;;
+        --cuda) cuda_options=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$2"); shift 2 ;;
         -j) jobs=$2; shift 2 ;;
         -h|--help) usage 0 ;;
         *) echo "build_llamacpp: unknown option $1" >&2; usage ;;
@@ -51,6 +57,10 @@ done
 for tool in python3 cmake c++; do
     command -v "$tool" >/dev/null || { echo "build_llamacpp: $tool not found" >&2; exit 1; }
 done
+if [ ${#cuda_options[@]} -gt 0 ] && ! command -v nvcc >/dev/null; then
+    [ -x /usr/local/cuda/bin/nvcc ] || { echo "build_llamacpp: --cuda: nvcc not found" >&2; exit 1; }
+    export PATH=/usr/local/cuda/bin:$PATH
+fi
 
 repo=$(cd "$(dirname "$0")/.." && pwd -P)
 dest=$(realpath -m "$dest")
@@ -85,7 +95,7 @@ echo "build_llamacpp: configuring $tree"
 # An explicit -mno-* outlasts -march=native whatever their order (GCC and Clang).
 cmake -S "$tree" -B "$tree/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
     -DCMAKE_C_FLAGS="$cpu_flags" -DCMAKE_CXX_FLAGS="$cpu_flags" \
-    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF >/dev/null
+    -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF "${cuda_options[@]}" >/dev/null
 echo "build_llamacpp: building ${targets[*]} with $jobs jobs (several minutes)"
 cmake --build "$tree/build" --target "${targets[@]}" -j "$jobs"
 

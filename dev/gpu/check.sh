@@ -7,25 +7,39 @@
 #   bash dev/gpu/check.sh [STEP...]   on the GPU machine, from the repository root
 #
 # The GPU machine reaches neither ../shared nor a package registry: --stage copies
-# stories260K, the llama2 tokenizer, the eval texts and the nlohmann/json headers into gpu_data/
-# (git-ignored), which must travel with the tree (the device tool: carry ["gpu_data"]).
+# stories260K, the llama2 tokenizer (the Mistral-7B preset's), the smollm2-135m tokenizer
+# (the Qwen3-8B preset's), the eval texts and the nlohmann/json headers into gpu_data/
+# (git-ignored), which must travel with the tree (the device tool: carry ["gpu_data"]), and,
+# for the prefill step, llama.cpp's sources with the gguf package (the PyPI source
+# distribution of llama-cpp-python, less what a CUDA build of its tools does not read: about
+# 6 MB instead of 75).
 #
 # The build (barellm, dump_logits, cuda_kernel_check) always runs; then the STEPs, in this
-# order (default: kernels tests transformers decode prefill ladder):
+# order (default: kernels tests transformers decode ladder):
 #   kernels       build/cuda_kernel_check --bench: every kernel against the CPU kernels,
 #                 then the hot kernels' time and bandwidth at Mistral-7B's shapes
 #   tests         tests/test_cuda.py (CUDA logits against CPU logits at every position)
 #                 and tests/test_ladder.py -k gpu (every GPU rung gives the fast path's text)
 #   transformers  CUDA logits against transformers' (dev/gpu/transformers_logits.py) on
-#                 the three synthetic shapes of tests/test_cuda.py
+#                 the synthetic Llama/Mistral and Qwen2/Qwen3 shapes of tests/test_cuda.py
 #   decode        `barellm bench --device cuda -p 0` on stories260K and on a Mistral-7B-
 #                 shaped f16 checkpoint (convert/synth.py), at short and long context
-#   prefill       `barellm ppl` on CUDA against the CPU's on stories260K (every eval text),
-#                 and `barellm bench --device cuda -p 512` (batched prefill) on both models
 #   ladder        `barellm ladder --device cuda -n 64` on the same two models
+#   prefill       batched prompt processing: `barellm bench --device cuda` pp4/16/64 (against
+#                 tg, token by token) and pp512 on the Mistral-7B shape in f16 and bf16,
+#                 alternated with llama.cpp's CUDA llama-bench on a GGUF of the same
+#                 weights (scripts/gguf_from_hf.py) when gpu_data/llamacpp/ holds its
+#                 sources (--stage puts them there): built in the background with
+#                 scripts/build_llamacpp.sh --cuda as soon as the script starts, into
+#                 $WORK/llamacpp, where later runs find it (the build takes minutes: a
+#                 first run may report llama.cpp as not ready yet)
 #   ab            decode speed of other trees beside this one, alternated in one run: each
 #                 gpu_data/ab/NAME.tgz (made here by `git archive -o gpu_data/ab/NAME.tgz
 #                 REV`) is built and must give this tree's greedy text first; run it alone
+#   qwen3-8b      `barellm bench --device cuda -p 0` on a Qwen3-8B-shaped f16 checkpoint
+#                 (convert/synth.py --preset qwen3-8b: 16.4 GB, written twice, a few minutes
+#                 in the foreground), at short and long context; not a default step, run it
+#                 alone
 # The Mistral-7B checkpoint (13.5 GiB, written twice) is made in the background while the
 # first steps run, and kept in $WORK. The default steps take about 6-8 minutes on an H100;
 # no long run starts after DEADLINE seconds (the device tool stops a command at 600).
@@ -42,17 +56,35 @@ if [ "${1:-}" = "--stage" ]; then
     rm -rf gpu_data/shared gpu_data/include
     mkdir -p gpu_data/shared/models gpu_data/shared/tokenizers gpu_data/include
     cp -r "$shared/models/stories260K" gpu_data/shared/models/
-    cp -r "$shared/tokenizers/llama2" gpu_data/shared/tokenizers/
-    cp -r "$shared/eval" gpu_data/shared/
+    cp -r "$shared/tokenizers/llama2" "$shared/tokenizers/smollm2-135m" \
+        gpu_data/shared/tokenizers/
+    cp -r "$shared/eval" gpu_data/shared/  # tests/test_cuda.py's ppl comparison
     [ -d /usr/include/nlohmann ] && cp -r /usr/include/nlohmann gpu_data/include/
+    version=${LLAMACPP_VERSION:-0.3.36}
+    name=llama_cpp_python-$version
+    vendored=$name/vendor/llama.cpp
+    download=$(mktemp -d)
+    if python3 -m pip download -q --no-binary :all: --no-deps -d "$download" \
+        "llama-cpp-python==$version" && tar -xzf "$download/$name.tar.gz" -C "$download"; then
+        excluded=(models docs media benches tests examples tools/ui)
+        for backend in cann et hexagon metal opencl openvino sycl virtgpu vulkan webgpu; do
+            excluded+=("ggml/src/ggml-$backend")
+        done
+        rm -rf gpu_data/llamacpp && mkdir -p gpu_data/llamacpp
+        tar -czf "gpu_data/llamacpp/$name.tar.gz" -C "$download" \
+            "${excluded[@]/#/--exclude=$vendored/}" "$vendored"
+    else
+        echo "check.sh --stage: no llama.cpp sources: the prefill step will time barellm alone"
+    fi
+    rm -rf "$download"
     du -sh gpu_data
     exit 0
 fi
 
-STEPS=${*:-kernels tests transformers decode prefill ladder}
+STEPS=${*:-kernels tests transformers decode ladder}
 for name in $STEPS; do
     case $name in
-        kernels | tests | transformers | decode | prefill | ladder | ab) ;;
+        kernels | tests | transformers | decode | ladder | prefill | ab | qwen3-8b) ;;
         *) echo "check.sh: unknown step '$name' (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -84,6 +116,7 @@ EOF
     echo
     echo "==== summary (${SECONDS}s)"
     cat "$SUMMARY"
+    [ -s "$LOG/prefill.md" ] && cat "$LOG/prefill.md"
     if [ -n "${OUT:-}" ]; then
         cp "$LOG"/*.md "$OUT"/
         tar czf "$OUT/gpu_logs.tgz" -C "$WORK" logs
@@ -112,12 +145,15 @@ note "GPU: $(head -1 "$LOG/gpu.txt"), commit $(git rev-parse --short HEAD 2>/dev
 
 # The Mistral-7B-shaped checkpoint, written in the background unless it exists.
 MISTRAL=$WORK/mistral-7b-f16.bin
-if { wants decode || wants prefill || wants ladder || wants ab; } && [ ! -f "$MISTRAL" ]; then
+# The Hugging Face checkpoint stays in $MISTRAL_HF for the prefill step (bf16 and GGUF
+# files of the same weights).
+MISTRAL_HF=$WORK/mistral-hf
+if { wants decode || wants ladder || wants ab || wants prefill; } && [ ! -f "$MISTRAL" ]; then
     (
-        rm -rf "$WORK/mistral-hf" &&
-            python3 convert/synth.py --preset mistral-7b --dtype f16 -o "$WORK/mistral-hf" &&
-            python3 convert/convert.py "$WORK/mistral-hf" -o "$MISTRAL.part" --dtype f16 &&
-            mv "$MISTRAL.part" "$MISTRAL" && rm -rf "$WORK/mistral-hf"
+        rm -rf "$MISTRAL_HF" &&
+            python3 convert/synth.py --preset mistral-7b --dtype f16 -o "$MISTRAL_HF" &&
+            python3 convert/convert.py "$MISTRAL_HF" -o "$MISTRAL.part" --dtype f16 &&
+            mv "$MISTRAL.part" "$MISTRAL"
     ) >"$LOG/mistral_synth.log" 2>&1 &
     MISTRAL_PID=$!
 fi
@@ -148,6 +184,20 @@ if ! reason=$(build/dump_logits --check-cuda); then
     note "no usable CUDA GPU: $reason"
     exit 1
 fi
+# llama.cpp with CUDA for the prefill step, built in a session of its own: it outlives this
+# command (the device tool lets such a process run on), so a later run finds it built.
+LLAMACPP=$WORK/llamacpp
+if wants prefill && [ ! -x "$LLAMACPP/bin/llama-bench" ]; then
+    sources=(gpu_data/llamacpp/llama_cpp_python-*.tar.gz)
+    if [ ! -f "${sources[0]}" ]; then
+        note "llama.cpp: no sources in gpu_data/llamacpp (dev/gpu/check.sh --stage)"
+    elif ! kill -0 "$(cat "$WORK/llamacpp_build.pid" 2>/dev/null)" 2>/dev/null; then
+        setsid nohup scripts/build_llamacpp.sh "$LLAMACPP" --sdist "${sources[0]}" \
+            --cuda "$CUDA_ARCHS" -j "$(nproc)" >"$WORK/llamacpp_build.log" 2>&1 </dev/null &
+        echo $! >"$WORK/llamacpp_build.pid"
+        note "llama.cpp: CUDA build started in the background ($WORK/llamacpp_build.log)"
+    fi
+fi
 python3 convert/convert.py "$STORIES_HF" -o "$WORK/stories260K-f16.bin" --dtype f16 >/dev/null
 python3 convert/convert.py "$STORIES_HF" -o "$WORK/stories260K-f32.bin" --dtype f32 >/dev/null
 
@@ -177,17 +227,17 @@ if wants tests; then
 fi
 
 if wants transformers; then
-    step "CUDA logits against transformers (f32 weights and KV cache, 200 positions, decode and prefill)"
+    step "CUDA logits against transformers (f32 weights and KV cache, 200 positions, decode" \
+        "and one prefill batch)"
     ids=$(python3 -c "import numpy as np; \
 print(','.join(map(str, np.random.default_rng(11).integers(0, 512, 200))))")
     IFS=, read -ra id_list <<<"$ids"
-    for name in gqa-window wide-heads group-of-8; do
+    for name in gqa-window wide-heads group-of-8 qwen2-window qwen2-tied qwen3 \
+        qwen3-attention-bias; do
         dir=$WORK/hf-$name
         rm -rf "$dir" && mkdir -p "$dir"
-        if python3 -c "import json, sys; sys.path.insert(0, 'tests'); import test_cuda; \
-json.dump(test_cuda.SYNTHETIC['$name'], open('$dir/config.json', 'w'))" &&
-            python3 convert/synth.py --config "$dir/config.json" --tokenizer "$STORIES_HF" \
-                -o "$dir/hf" --dtype f32 --seed 7 >/dev/null &&
+        if python3 -c "import sys; sys.path[:0] = ['tests', 'reference']; import test_cuda; \
+test_cuda.write_hf_checkpoint('$name', '$dir/hf', seed=7)" >/dev/null &&
             python3 convert/convert.py "$dir/hf" -o "$dir/model.bin" --dtype f32 >/dev/null; then
             for mode in decode prefill; do
                 flags=()
@@ -229,30 +279,6 @@ if wants decode; then
     fi
 fi
 
-if wants prefill; then
-    step "prefill"
-    for text in ../shared/eval/*.txt; do
-        fits 60 "ppl $(basename "$text")" || break
-        ppl=()
-        for device in cpu cuda; do
-            ppl+=("$(timeout 60 build/barellm ppl "$WORK/stories260K-f32.bin" -f "$text" \
-                --ctx 512 --kv f32 --device "$device" 2>>"$LOG/ppl.err" | tail -1)")
-        done
-        note "ppl stories260K $(basename "$text"): cpu ${ppl[0]:-FAILED}, cuda ${ppl[1]:-FAILED}"
-    done
-    for model in "$WORK/stories260K-f16.bin" "$MISTRAL"; do
-        label=$(basename "$model" .bin)
-        [ "$model" = "$MISTRAL" ] && ! mistral_ready 90 && continue
-        fits 90 "bench $label pp512" || continue
-        if timeout 90 build/barellm bench "$model" --device cuda -p 512 -n 0 -r 3 \
-            >"$LOG/bench_pp512_$label.md" 2>"$LOG/bench_pp512_$label.err"; then
-            note "bench $label pp512: $(grep -m1 '| cuda |' "$LOG/bench_pp512_$label.md")"
-        else
-            note "bench $label pp512 FAILED: $(tail -1 "$LOG/bench_pp512_$label.err")"
-        fi
-    done
-fi
-
 if wants ladder; then
     step "GPU ladder"
     for model in "$WORK/stories260K-f32.bin" "$MISTRAL"; do
@@ -268,6 +294,98 @@ if wants ladder; then
             note "ladder $label FAILED: $(tail -1 "$LOG/ladder_$label.err")"
         fi
     done
+fi
+
+PREFILL=$LOG/prefill.jsonl
+: >"$PREFILL"
+# Appends the rows of a JSON array of bench results (barellm's or llama-bench's) to PREFILL.
+prefill_rows() {  # JSON MODEL_LABEL TOOL ROUND
+    python3 -c "import json, sys; [print(json.dumps({**row, 'label': sys.argv[2], \
+'tool': sys.argv[3], 'round': sys.argv[4]})) for row in json.load(open(sys.argv[1]))]" "$@" \
+        >>"$PREFILL"
+}
+barellm_prefill() {  # LABEL MODEL ROUND BENCH_ARGS...
+    local label=$1 model=$2 round=$3 json=$LOG/prefill_$1_$3.json
+    shift 3
+    fits 60 "barellm prefill $label $*" || return 0
+    if build/barellm bench "$model" --device cuda "$@" -o json >"$json" \
+        2>"$LOG/prefill_$label.err"; then
+        prefill_rows "$json" "$label" barellm "$round"
+    else
+        note "barellm prefill $label $* FAILED: $(tail -1 "$LOG/prefill_$label.err")"
+    fi
+}
+llamacpp_prefill() {  # LABEL GGUF ROUND
+    local label=$1 json=$LOG/prefill_$1_$3_llamacpp.json
+    fits 60 "llama.cpp prefill $label" || return 0
+    if "$LLAMACPP/bin/llama-bench" -m "$2" -p 512 -n 0 -r 3 -ngl 99 -o json >"$json" \
+        2>"$LOG/prefill_${label}_llamacpp.err"; then
+        prefill_rows "$json" "$label" llama.cpp "$3"
+    else
+        note "llama.cpp prefill $label FAILED: $(tail -1 "$LOG/prefill_${label}_llamacpp.err")"
+    fi
+}
+# Waits up to $1 seconds for the llama.cpp build; true when llama-bench is there.
+llamacpp_ready() {
+    local until=$((SECONDS + $1))
+    while [ ! -x "$LLAMACPP/bin/llama-bench" ] && [ $SECONDS -lt $until ] &&
+        kill -0 "$(cat "$WORK/llamacpp_build.pid" 2>/dev/null)" 2>/dev/null; do sleep 5; done
+    [ -x "$LLAMACPP/bin/llama-bench" ] && return 0
+    note "llama.cpp not built yet at ${SECONDS}s: $(tail -1 "$WORK/llamacpp_build.log" 2>/dev/null)"
+    return 1
+}
+# A GGUF of the Mistral-7B checkpoint, through the gguf package of the staged llama.cpp
+# sources (scripts/gguf_from_hf.py).
+gguf_from_hf() {  # OUT TYPE
+    [ -f "$1" ] && return 0
+    local gguf_py=("$LLAMACPP"/llama_cpp_python-*/vendor/llama.cpp/gguf-py)
+    fits 150 "GGUF $2" &&
+        PYTHONPATH=${gguf_py[0]} python3 scripts/gguf_from_hf.py "$MISTRAL_HF" -o "$1.part" \
+            --type "$2" >"$LOG/gguf_$2.log" 2>&1 && mv "$1.part" "$1" && return 0
+    note "GGUF $2 of the Mistral-7B shape not written: $(tail -1 "$LOG/gguf_$2.log" 2>/dev/null)"
+    return 1
+}
+
+if wants prefill && mistral_ready 120; then
+    step "prefill: batched pp4/16/64 against tg; pp512 f16 and bf16 against llama.cpp"
+    for p in 4 16 64; do barellm_prefill mistral-7b-f16 "$MISTRAL" small -p "$p" -n 0 -r 3; done
+    barellm_prefill mistral-7b-f16 "$MISTRAL" small -p 0 -n 64 -r 3
+    for dtype in f16 bf16; do
+        model=$WORK/mistral-7b-$dtype.bin gguf=$WORK/mistral-7b-$dtype.gguf
+        if [ ! -f "$model" ] && fits 150 "convert $dtype"; then
+            python3 convert/convert.py "$MISTRAL_HF" -o "$model.part" --dtype "$dtype" \
+                >"$LOG/convert_$dtype.log" 2>&1 && mv "$model.part" "$model"
+        fi
+        [ -f "$model" ] || continue
+        with_llamacpp=0
+        llamacpp_ready 60 && gguf_from_hf "$gguf" "$dtype" && with_llamacpp=1
+        for round in 1 2; do
+            barellm_prefill "mistral-7b-$dtype" "$model" "$round" -p 512 -n 0 -r 3
+            [ $with_llamacpp = 1 ] && llamacpp_prefill "mistral-7b-$dtype" "$gguf" "$round"
+        done
+        # The disk holds the f16 files and one more pair at a time.
+        [ "$dtype" = f16 ] || rm -f "$model"
+        rm -f "$gguf"
+    done
+    python3 - "$PREFILL" <<'EOF' | tee "$LOG/prefill.md"
+import json, sys
+from collections import defaultdict
+rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
+speed = defaultdict(list)  # (model, test, tool) -> t/s of each round
+for r in rows:
+    test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
+    speed[(r["label"], test, r["tool"])].append(r["avg_ts"])
+print("| model | test | barellm t/s | llama.cpp t/s | barellm / llama.cpp, by round |")
+print("| --- | --- | ---: | ---: | ---: |")
+for (label, test, tool), ours in speed.items():
+    if tool != "barellm":
+        continue
+    theirs = speed.get((label, test, "llama.cpp"), [])
+    ratios = " / ".join(f"{a / b:.2f}" for a, b in zip(ours, theirs))
+    theirs_mean = f"{sum(theirs) / len(theirs):.0f}" if theirs else ""
+    print(f"| {label} | {test} | {sum(ours) / len(ours):.0f} | {theirs_mean} | {ratios} |")
+EOF
+    note "prefill: $(grep -c '^| mistral' "$LOG/prefill.md") rows (prefill.md)"
 fi
 
 if wants ab; then
@@ -303,5 +421,23 @@ if wants ab; then
             bench "$name" "$WORK/ab/$name/build/barellm" "$MISTRAL" 4096 1
         done
         bench this build/barellm "$MISTRAL" 4096 1
+    fi
+fi
+
+if wants qwen3-8b; then
+    step "decode at Qwen3-8B's shape"
+    QWEN3=$WORK/qwen3-8b-f16.bin
+    if [ ! -f "$QWEN3" ] && fits 420 "Qwen3-8B checkpoint"; then
+        rm -rf "$WORK/qwen3-hf" &&
+            python3 convert/synth.py --preset qwen3-8b --dtype f16 -o "$WORK/qwen3-hf" &&
+            python3 convert/convert.py "$WORK/qwen3-hf" -o "$QWEN3.part" --dtype f16 &&
+            mv "$QWEN3.part" "$QWEN3" && rm -rf "$WORK/qwen3-hf"
+    fi >"$LOG/qwen3_synth.log" 2>&1
+    if [ -f "$QWEN3" ]; then
+        note "Qwen3-8B checkpoint ready at ${SECONDS}s"
+        bench qwen3-8b-f16 build/barellm "$QWEN3" 128 3
+        bench qwen3-8b-f16 build/barellm "$QWEN3" 4096 1
+    else
+        note "Qwen3-8B checkpoint not made: $(tail -1 "$LOG/qwen3_synth.log")"
     fi
 fi

@@ -5,9 +5,10 @@
     python3 dev/gpu/transformers_logits.py HF_DIR --ids 1,2,3 --compare BARELLM_LOGITS
                                            [--tolerance 1e-3]
 
-Loads HF_DIR with AutoModelForCausalLM (LlamaForCausalLM or MistralForCausalLM) in float32
-on the CPU (f16/bf16 weights are upcast: barellm computes in f32 too), with eager attention
-(which applies Mistral's sliding window) and no KV cache, runs the ids as one sequence and
+Loads HF_DIR with AutoModelForCausalLM (LlamaForCausalLM, MistralForCausalLM,
+Qwen2ForCausalLM or Qwen3ForCausalLM) in float32 on the CPU (f16/bf16 weights are upcast:
+barellm computes in f32 too), with eager attention (which applies the sliding window) and
+no KV cache, runs the ids as one sequence and
 writes the logits [len(ids), vocab] as raw little-endian float32, the layout of
 build/dump_logits. With --compare it reads such a file instead of writing one, prints the
 worst and median relative error over positions, and exits 1 when the worst exceeds the

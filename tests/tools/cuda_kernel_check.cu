@@ -7,14 +7,16 @@
 // with "N passed, M failed"; exits 1 when a check failed, 2 when no GPU is usable.
 //   cuda_kernel_check [--bench]
 // --bench also times the decode matvecs and attention at Mistral-7B shapes and prints
-// their bandwidth next to a device-to-device copy's, and the prefill attention of a
-// 512-token prompt at that shape.
+// their bandwidth next to a device-to-device copy's, and the prefill GEMM's time, TFLOPS and
+// share of the tensor cores' peak (512 tokens), and its time next to that of as many decode
+// matvecs (1-64 tokens), and the prefill attention of a 512-token prompt.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -174,7 +176,8 @@ void check_embedding() {
 }
 
 // Every matvec kernel, fast and simple, against cpu::matmul: plain, with RMSNorm fused,
-// with the residual added, and SwiGLU.
+// with the residual added, with a bias (alone, after RMSNorm, before the residual), and
+// SwiGLU.
 void check_matvec() {
     const std::pair<int, int> shapes[] = {{1, 1},      {7, 45},      {33, 172},  {64, 64},
                                           {129, 1000}, {1024, 4096}, {9, 14336}, {17, 8190}};
@@ -209,6 +212,17 @@ void check_matvec() {
             const std::vector<float> residual = random_floats(rows);
             std::vector<float> with_residual = plain;
             for (int r = 0; r < rows; ++r) with_residual[r] += residual[r];
+            // The bias is added to the product before the residual, as the CPU backend does.
+            const std::vector<float> bias = random_floats(rows);
+            DeviceBuffer device_bias_buffer = to_device(bias);
+            const float* device_bias = device_bias_buffer.as<float>();
+            std::vector<float> with_bias = plain, with_norm_bias = with_norm;
+            std::vector<float> with_bias_residual = residual;
+            for (int r = 0; r < rows; ++r) {
+                with_bias[r] += bias[r];
+                with_norm_bias[r] += bias[r];
+                with_bias_residual[r] += plain[r] + bias[r];
+            }
 
             // Runs launch(out) on an output that starts as `start` (NaN when empty).
             auto check = [&](const std::string& kernel, const std::vector<float>& want, auto launch,
@@ -217,26 +231,55 @@ void check_matvec() {
                 launch(out.as<float>());
                 report(kernel + " " + shape, to_host(out.as(), rows), want, 1e-5);
             };
-            check("matvec", plain,
-                  [&](float* out) { cuda::matvec(out, device_w, in, nullptr, 0.0f, false, 0); });
+            check("matvec", plain, [&](float* out) {
+                cuda::matvec(out, device_w, in, nullptr, 0.0f, nullptr, false, 0);
+            });
             check("matvec_thread_per_row", plain,
                   [&](float* out) { cuda::matvec_thread_per_row(out, device_w, in, 0); });
             check("matvec_warp_per_row", plain, [&](float* out) {
-                cuda::matvec_warp_per_row(out, device_w, in, nullptr, 0.0f, false, 0);
+                cuda::matvec_warp_per_row(out, device_w, in, nullptr, 0.0f, nullptr, false, 0);
             });
-            check("matvec+rmsnorm", with_norm,
-                  [&](float* out) { cuda::matvec(out, device_w, in, norm, eps, false, 0); });
+            check("matvec+rmsnorm", with_norm, [&](float* out) {
+                cuda::matvec(out, device_w, in, norm, eps, nullptr, false, 0);
+            });
             check("matvec_warp_per_row+rmsnorm", with_norm, [&](float* out) {
-                cuda::matvec_warp_per_row(out, device_w, in, norm, eps, false, 0);
+                cuda::matvec_warp_per_row(out, device_w, in, norm, eps, nullptr, false, 0);
             });
             check(
                 "matvec+residual", with_residual,
-                [&](float* out) { cuda::matvec(out, device_w, in, nullptr, 0.0f, true, 0); },
+                [&](float* out) {
+                    cuda::matvec(out, device_w, in, nullptr, 0.0f, nullptr, true, 0);
+                },
                 residual);
             check(
                 "matvec_warp_per_row+residual", with_residual,
                 [&](float* out) {
-                    cuda::matvec_warp_per_row(out, device_w, in, nullptr, 0.0f, true, 0);
+                    cuda::matvec_warp_per_row(out, device_w, in, nullptr, 0.0f, nullptr, true, 0);
+                },
+                residual);
+            check("matvec+bias", with_bias, [&](float* out) {
+                cuda::matvec(out, device_w, in, nullptr, 0.0f, device_bias, false, 0);
+            });
+            check("matvec_warp_per_row+bias", with_bias, [&](float* out) {
+                cuda::matvec_warp_per_row(out, device_w, in, nullptr, 0.0f, device_bias, false, 0);
+            });
+            check("matvec+rmsnorm+bias", with_norm_bias, [&](float* out) {
+                cuda::matvec(out, device_w, in, norm, eps, device_bias, false, 0);
+            });
+            check("matvec_warp_per_row+rmsnorm+bias", with_norm_bias, [&](float* out) {
+                cuda::matvec_warp_per_row(out, device_w, in, norm, eps, device_bias, false, 0);
+            });
+            check(
+                "matvec+bias+residual", with_bias_residual,
+                [&](float* out) {
+                    cuda::matvec(out, device_w, in, nullptr, 0.0f, device_bias, true, 0);
+                },
+                residual);
+            check(
+                "matvec_warp_per_row+bias+residual", with_bias_residual,
+                [&](float* out) {
+                    cuda::matvec_warp_per_row(out, device_w, in, nullptr, 0.0f, device_bias, true,
+                                              0);
                 },
                 residual);
             check("matvec_swiglu", gated, [&](float* out) {
@@ -291,22 +334,58 @@ std::vector<float> test_rope_frequencies(int head_dim) {
     return rope_inverse_frequencies(config);
 }
 
+// Qwen3's per-head q/k RMSNorm weights ([head_dim] each; both empty: no norm) on the host
+// and on the device.
+struct HeadNorms {
+    std::vector<float> q, k;
+    DeviceBuffer device_q, device_k;
+    static constexpr float kEps = 1e-6f;
+
+    bool given() const { return !q.empty(); }
+    const float* q_device() const { return given() ? device_q.as<float>() : nullptr; }
+    const float* k_device() const { return given() ? device_k.as<float>() : nullptr; }
+};
+
+// Random weights around 1.5 (far from 1, so that a skipped norm shows) when `given`.
+HeadNorms head_norms(int head_dim, bool given) {
+    HeadNorms norms;
+    if (!given) return norms;
+    norms.q = random_floats(head_dim, 0.4f);
+    norms.k = random_floats(head_dim, 0.4f);
+    for (float& v : norms.q) v += 1.5f;
+    for (float& v : norms.k) v += 1.5f;
+    norms.device_q = to_device(norms.q);
+    norms.device_k = to_device(norms.k);
+    return norms;
+}
+
 // What RoPE and the cache write must give for the token's qkv [q_dim + 2 * kv_dim] at pos:
-// q and k rotated by cpu::rope, and row pos of the key and value caches as the CPU stores
-// them (rotated k, v).
+// q and k per-head RMSNormed by cpu::rmsnorm when norms are given, rotated by cpu::rope, and
+// row pos of the key and value caches as the CPU stores them (rotated k, v).
 struct RopeReference {
     std::vector<float> q, k;
     std::vector<uint8_t> key_row, value_row;
 };
 
 RopeReference rope_reference(const std::vector<float>& qkv, const HeadShape& s, int pos,
-                             const std::vector<float>& frequencies, KvType type) {
+                             const std::vector<float>& frequencies, const HeadNorms& norms,
+                             KvType type) {
     const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
     const size_t element = kv_element_bytes(type);
     RopeReference r;
     r.q.assign(qkv.begin(), qkv.begin() + q_dim);
     r.k.assign(qkv.begin() + q_dim, qkv.begin() + q_dim + kv_dim);
     const std::vector<float> v(qkv.begin() + q_dim + kv_dim, qkv.end());
+    if (norms.given()) {
+        for (int h = 0; h < s.heads; ++h) {
+            float* head = r.q.data() + size_t(h) * s.head_dim;
+            cpu::rmsnorm(head, head, norms.q.data(), s.head_dim, HeadNorms::kEps);
+        }
+        for (int h = 0; h < s.kv_heads; ++h) {
+            float* head = r.k.data() + size_t(h) * s.head_dim;
+            cpu::rmsnorm(head, head, norms.k.data(), s.head_dim, HeadNorms::kEps);
+        }
+    }
     cpu::rope(r.q.data(), s.heads, s.head_dim, pos, frequencies.data());
     cpu::rope(r.k.data(), s.kv_heads, s.head_dim, pos, frequencies.data());
     r.key_row.resize(kv_dim * element);
@@ -325,20 +404,25 @@ std::vector<float> device_cache_row(const DeviceBuffer& cache, int row, int kv_d
     return kv_values_as_float(bytes, type);
 }
 
-// Row pos of both device caches against the reference rows (f16: a rounding tie may fall
-// differently when the f32 values differ by an ulp); returns the rows read, key then value.
-std::pair<std::vector<float>, std::vector<float>> check_cache_rows(const std::string& label,
-                                                                   const DeviceBuffer& keys,
-                                                                   const DeviceBuffer& values,
-                                                                   int pos, int kv_dim, KvType type,
-                                                                   const RopeReference& want) {
+// Row pos of both device caches against the reference rows (f32 keys within f32_tolerance;
+// f16: a rounding tie may fall differently when the f32 values differ by an ulp); returns
+// the rows read, key then value.
+std::pair<std::vector<float>, std::vector<float>> check_cache_rows(
+    const std::string& label, const DeviceBuffer& keys, const DeviceBuffer& values, int pos,
+    int kv_dim, KvType type, const RopeReference& want, double f32_tolerance) {
     std::vector<float> key = device_cache_row(keys, pos, kv_dim, type);
     std::vector<float> value = device_cache_row(values, pos, kv_dim, type);
     report(label + " k", key, kv_values_as_float(want.key_row, type),
-           type == KvType::F32 ? 1e-6 : 1e-3);
+           type == KvType::F32 ? f32_tolerance : 1e-3);
     report(label + " v", value, kv_values_as_float(want.value_row, type), 0.0);
     return {key, value};
 }
+
+// Relative tolerance of f32 q and k after RoPE: the angle is computed in double on both
+// sides; the per-head norm's sum of squares is a float tree sum on the GPU, a double one on
+// the CPU, hence the looser figure with it.
+constexpr double kRopeTolerance = 1e-6;
+constexpr double kNormedRopeTolerance = 2e-6;
 
 void check_rope() {
     const HeadShape shapes[] = {{8, 4, 8}, {6, 2, 34}, {5, 5, 18}, {32, 8, 128}, {4, 1, 256}};
@@ -346,49 +430,64 @@ void check_rope() {
         const std::vector<float> frequencies = test_rope_frequencies(s.head_dim);
         DeviceBuffer device_frequencies = to_device(frequencies);
         const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
-        for (int pos : {0, 7, 4095, 100000}) {
-            for (KvType type : {KvType::F32, KvType::F16}) {
-                const size_t element = kv_element_bytes(type);
-                const std::vector<float> qkv = random_floats(q_dim + 2 * size_t(kv_dim));
-                DeviceBuffer device_qkv = to_device(qkv);
-                const size_t cache_bytes = (size_t(pos) + 1) * kv_dim * element;
-                DeviceBuffer keys(cache_bytes, "keys"), values(cache_bytes, "values");
-                CUDA_CHECK(cudaMemset(keys.as(), 0xff, cache_bytes));
-                CUDA_CHECK(cudaMemset(values.as(), 0xff, cache_bytes));
-                const int step[2] = {0, pos};
-                DeviceBuffer device_step = to_device(step, sizeof step);
-                cuda::rope_kv_store(device_qkv.as<float>(), device_frequencies.as<float>(),
-                                    keys.as(), values.as(), device_step.as<int>(), s.heads,
-                                    s.kv_heads, s.head_dim, type, 0);
+        for (bool qk_norm : {false, true}) {
+            const HeadNorms norms = head_norms(s.head_dim, qk_norm);
+            const double tolerance = qk_norm ? kNormedRopeTolerance : kRopeTolerance;
+            for (int pos : {0, 7, 4095, 100000}) {
+                for (KvType type : {KvType::F32, KvType::F16}) {
+                    const size_t element = kv_element_bytes(type);
+                    const std::vector<float> qkv = random_floats(q_dim + 2 * size_t(kv_dim));
+                    DeviceBuffer device_qkv = to_device(qkv);
+                    const size_t cache_bytes = (size_t(pos) + 1) * kv_dim * element;
+                    DeviceBuffer keys(cache_bytes, "keys"), values(cache_bytes, "values");
+                    CUDA_CHECK(cudaMemset(keys.as(), 0xff, cache_bytes));
+                    CUDA_CHECK(cudaMemset(values.as(), 0xff, cache_bytes));
+                    const int step[2] = {0, pos};
+                    DeviceBuffer device_step = to_device(step, sizeof step);
+                    cuda::rope_kv_store(device_qkv.as<float>(), device_frequencies.as<float>(),
+                                        keys.as(), values.as(), device_step.as<int>(), s.heads,
+                                        s.kv_heads, s.head_dim, norms.q_device(), norms.k_device(),
+                                        HeadNorms::kEps, type, 0);
 
-                const RopeReference want = rope_reference(qkv, s, pos, frequencies, type);
+                    const RopeReference want =
+                        rope_reference(qkv, s, pos, frequencies, norms, type);
 
-                const std::string what = std::to_string(s.heads) + "/" +
-                                         std::to_string(s.kv_heads) + "x" +
-                                         std::to_string(s.head_dim) + " pos " +
-                                         std::to_string(pos) + " kv " + kv_label(type);
-                std::vector<float> got_qkv = to_host(device_qkv.as(), qkv.size());
-                report("rope_kv " + what + " q",
-                       std::vector<float>(got_qkv.begin(), got_qkv.begin() + q_dim), want.q, 1e-6);
-                check_cache_rows("rope_kv " + what, keys, values, pos, kv_dim, type, want);
+                    const std::string what =
+                        std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + "x" +
+                        std::to_string(s.head_dim) + (qk_norm ? " qk_norm" : "") + " pos " +
+                        std::to_string(pos) + " kv " + kv_label(type);
+                    std::vector<float> got_qkv = to_host(device_qkv.as(), qkv.size());
+                    report("rope_kv " + what + " q",
+                           std::vector<float>(got_qkv.begin(), got_qkv.begin() + q_dim), want.q,
+                           tolerance);
+                    check_cache_rows("rope_kv " + what, keys, values, pos, kv_dim, type, want,
+                                     tolerance);
 
-                // The GPU ladder's unfused pair: RoPE in place on q and k, then the KV write.
-                DeviceBuffer simple_qkv = to_device(qkv);
-                CUDA_CHECK(cudaMemset(keys.as(), 0xff, cache_bytes));
-                CUDA_CHECK(cudaMemset(values.as(), 0xff, cache_bytes));
-                cuda::rope(simple_qkv.as<float>(), device_frequencies.as<float>(),
-                           device_step.as<int>(), s.heads, s.kv_heads, s.head_dim, 0);
-                const float* k_device = simple_qkv.as<float>() + q_dim;
-                cuda::store_kv_row(k_device, k_device + kv_dim, keys.as(), values.as(),
-                                   device_step.as<int>(), kv_dim, type, 0);
-                got_qkv = to_host(simple_qkv.as(), qkv.size());
-                report("rope " + what + " q",
-                       std::vector<float>(got_qkv.begin(), got_qkv.begin() + q_dim), want.q, 1e-6);
-                report(
-                    "rope " + what + " k",
-                    std::vector<float>(got_qkv.begin() + q_dim, got_qkv.begin() + q_dim + kv_dim),
-                    want.k, 1e-6);
-                check_cache_rows("store_kv_row " + what, keys, values, pos, kv_dim, type, want);
+                    // The GPU ladder's unfused steps: the q/k norm and RoPE in place on q and
+                    // k, then the KV write.
+                    DeviceBuffer simple_qkv = to_device(qkv);
+                    CUDA_CHECK(cudaMemset(keys.as(), 0xff, cache_bytes));
+                    CUDA_CHECK(cudaMemset(values.as(), 0xff, cache_bytes));
+                    if (qk_norm)
+                        cuda::rmsnorm_heads(simple_qkv.as<float>(), norms.q_device(),
+                                            norms.k_device(), s.heads, s.kv_heads, s.head_dim,
+                                            HeadNorms::kEps, 0);
+                    cuda::rope(simple_qkv.as<float>(), device_frequencies.as<float>(),
+                               device_step.as<int>(), s.heads, s.kv_heads, s.head_dim, 0);
+                    const float* k_device = simple_qkv.as<float>() + q_dim;
+                    cuda::store_kv_row(k_device, k_device + kv_dim, keys.as(), values.as(),
+                                       device_step.as<int>(), kv_dim, type, 0);
+                    got_qkv = to_host(simple_qkv.as(), qkv.size());
+                    report("rope " + what + " q",
+                           std::vector<float>(got_qkv.begin(), got_qkv.begin() + q_dim), want.q,
+                           tolerance);
+                    report("rope " + what + " k",
+                           std::vector<float>(got_qkv.begin() + q_dim,
+                                              got_qkv.begin() + q_dim + kv_dim),
+                           want.k, tolerance);
+                    check_cache_rows("store_kv_row " + what, keys, values, pos, kv_dim, type, want,
+                                     tolerance);
+                }
             }
         }
     }
@@ -412,23 +511,29 @@ DeviceBuffer zeroed_counters(size_t count) {
     return buffer;
 }
 
-// The fused attention (RoPE of q and k, the cache write of row pos, flash-decoding with the
-// merge in the last block) and the ladder's naive attention against the CPU: cpu::rope, the
-// row pos the CPU stores, cpu::attention. The naive kernel gets q rotated by the CPU.
+// The fused attention (the q/k norm where a case has one, RoPE of q and k, the cache write of
+// row pos, flash-decoding with the merge in the last block) and the ladder's naive attention
+// against the CPU: cpu::rmsnorm per head, cpu::rope, the row pos the CPU stores,
+// cpu::attention. The naive kernel gets q normed and rotated by the CPU.
 void check_attention(int multiprocessors) {
     struct Case {
         HeadShape shape;
         int window;
+        bool qk_norm;  // Qwen3's per-head q/k RMSNorm
     };
-    const Case cases[] = {{{8, 4, 8}, 0},    {{6, 2, 34}, 0},     {{5, 1, 8}, 6},
-                          {{32, 8, 128}, 0}, {{32, 8, 128}, 100}, {{8, 1, 64}, 0},
-                          {{12, 2, 256}, 0}, {{4, 4, 18}, 0},     {{16, 2, 80}, 33}};
+    const Case cases[] = {
+        {{8, 4, 8}, 0, false},    {{6, 2, 34}, 0, false},     {{5, 1, 8}, 6, false},
+        {{32, 8, 128}, 0, false}, {{32, 8, 128}, 100, false}, {{8, 1, 64}, 0, false},
+        {{12, 2, 256}, 0, false}, {{4, 4, 18}, 0, false},     {{16, 2, 80}, 33, false},
+        {{6, 2, 34}, 0, true},    {{16, 8, 128}, 0, true},    {{5, 1, 18}, 6, true},
+        {{12, 2, 256}, 40, true}};
     for (const Case& test : cases) {
         const HeadShape& s = test.shape;
         const AttentionShape shape{s.heads, s.kv_heads, s.head_dim, test.window};
         const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
         const std::vector<float> frequencies = test_rope_frequencies(s.head_dim);
         DeviceBuffer device_frequencies = to_device(frequencies);
+        const HeadNorms norms = head_norms(s.head_dim, test.qk_norm);
         const size_t counters = cuda::attention_arrival_counters(shape);
         for (int context : {1, 7, 100, 4096}) {
             for (KvType type : {KvType::F32, KvType::F16}) {
@@ -445,14 +550,16 @@ void check_attention(int multiprocessors) {
 
                 const std::string name =
                     std::to_string(s.heads) + "/" + std::to_string(s.kv_heads) + "x" +
-                    std::to_string(s.head_dim) + " window " + std::to_string(test.window) +
-                    " ctx " + std::to_string(context) + " kv " + kv_label(type);
+                    std::to_string(s.head_dim) + (test.qk_norm ? " qk_norm" : "") + " window " +
+                    std::to_string(test.window) + " ctx " + std::to_string(context) + " kv " +
+                    kv_label(type);
                 DeviceBuffer scores = poisoned(size_t(s.heads) * context);
                 const int natural = cuda::attention_splits(shape, context, multiprocessors);
                 for (int pos : {0, context / 2, context - 1}) {
                     const std::vector<float> qkv = random_floats(q_dim + 2 * size_t(kv_dim));
                     DeviceBuffer device_qkv = to_device(qkv);
-                    const RopeReference rotated = rope_reference(qkv, s, pos, frequencies, type);
+                    const RopeReference rotated =
+                        rope_reference(qkv, s, pos, frequencies, norms, type);
                     const int step[2] = {0, pos};
                     DeviceBuffer device_step = to_device(step, sizeof step);
                     const std::string at = name + " pos " + std::to_string(pos);
@@ -480,7 +587,8 @@ void check_attention(int multiprocessors) {
                                 poisoned(size_t(s.heads) * splits * s.head_dim);
                             DeviceBuffer partial_stats = poisoned(size_t(s.heads) * splits * 2);
                             cuda::attention(out, device_qkv.as<float>(),
-                                            device_frequencies.as<float>(), device_keys.as(),
+                                            device_frequencies.as<float>(), norms.q_device(),
+                                            norms.k_device(), HeadNorms::kEps, device_keys.as(),
                                             device_values.as(), device_step.as<int>(),
                                             partial_out.as<float>(), partial_stats.as<float>(),
                                             arrivals, shape, splits, type, 0);
@@ -500,7 +608,8 @@ void check_attention(int multiprocessors) {
                     DeviceBuffer first_out = poisoned(q_dim), arrivals = zeroed_counters(counters);
                     fused(natural)(first_out.as<float>(), arrivals.as<unsigned>());
                     const auto [got_key, got_value] = check_cache_rows(
-                        "attention " + at, device_keys, device_values, pos, kv_dim, type, rotated);
+                        "attention " + at, device_keys, device_values, pos, kv_dim, type, rotated,
+                        test.qk_norm ? kNormedRopeTolerance : kRopeTolerance);
                     cpu::kv_store(keys.data() + size_t(pos) * kv_dim * element, got_key.data(),
                                   kv_dim, type);
                     cpu::kv_store(values.data() + size_t(pos) * kv_dim * element, got_value.data(),
@@ -520,6 +629,165 @@ void check_attention(int multiprocessors) {
                                                   scores.as<float>(), context, shape, type, 0);
                         },
                         false);
+                }
+            }
+        }
+    }
+}
+
+const char* tiles_label(cuda::GemmTiles tiles) {
+    switch (tiles) {
+        case cuda::GemmTiles::kSimt:
+            return "simt";
+        case cuda::GemmTiles::kSmallBatch:
+            return "small-batch";
+        case cuda::GemmTiles::kMedium:
+            return "medium";
+        case cuda::GemmTiles::kLarge:
+            return "large";
+    }
+    return "?";
+}
+
+// The tiles gemm_with_tiles can run for `dtype` on this GPU: the SIMT GEMM for f32 and bf16
+// (bf16's path below sm_80), the tensor-core tiles where the GPU multiplies dtype on tensor
+// cores (the large ones where they fit its shared memory: gemm picks them for a huge size).
+std::vector<cuda::GemmTiles> runnable_tiles(DType dtype) {
+    std::vector<cuda::GemmTiles> tiles;
+    if (dtype != DType::F16) tiles.push_back(cuda::GemmTiles::kSimt);
+    if (cuda::gemm_tiles(dtype, 1, 1) == cuda::GemmTiles::kSimt) return tiles;
+    tiles.push_back(cuda::GemmTiles::kSmallBatch);
+    tiles.push_back(cuda::GemmTiles::kMedium);
+    constexpr int kHuge = 1 << 20;
+    if (cuda::gemm_tiles(dtype, kHuge, kHuge) == cuda::GemmTiles::kLarge)
+        tiles.push_back(cuda::GemmTiles::kLarge);
+    return tiles;
+}
+
+// The element values of a host matrix as f32 (exact: f16 and bf16 widen exactly).
+std::vector<float> matrix_values(const HostMatrix& m) {
+    const size_t count = size_t(m.matrix.rows) * m.matrix.cols;
+    std::vector<float> values(count);
+    for (size_t i = 0; i < count; ++i) {
+        if (m.matrix.dtype == DType::F32) {
+            std::memcpy(&values[i], &m.bytes[4 * i], 4);
+        } else {
+            uint16_t bits;
+            std::memcpy(&bits, &m.bytes[2 * i], 2);
+            values[i] = m.matrix.dtype == DType::F16 ? half_to_float(bits) : bf16_to_float(bits);
+        }
+    }
+    return values;
+}
+
+// cuda::gemm (and gemm_with_tiles with every tile shape this GPU runs) against a
+// double-precision product of the same rounded inputs, with and without bias and
+// accumulate, outputs poisoned first. The error of out[t, r] is measured against
+// sum_c |in[t, c] W[r, c]| + |bias[r]| + |out_before[t, r]| (what f32 rounding scales with);
+// the output's pitch is wider than its rows and the columns in between must stay untouched.
+// Large shapes compare every token_stride-th token (and the last) with the reference.
+void check_gemm() {
+    struct Case {
+        int tokens, rows, cols, token_stride;
+    };
+    const Case cases[] = {{1, 200, 72, 1},     {3, 200, 4100, 1},    {17, 200, 72, 1},
+                          {100, 200, 4100, 1}, {511, 200, 72, 1},    {600, 77, 1000, 1},
+                          {64, 1000, 300, 1},  {130, 129, 8, 1},     {5, 33, 1, 1},
+                          {7, 4096, 14336, 1}, {512, 6144, 4096, 32}};
+    constexpr int kPitchSlack = 5;  // output columns past the rows, left alone
+    constexpr double kTolerance = 1e-5;
+    cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
+    for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
+        const std::vector<cuda::GemmTiles> tiles = runnable_tiles(dtype);
+        for (const Case& test : cases) {
+            const HostMatrix w = random_matrix(test.rows, test.cols, dtype);
+            const HostMatrix x = random_matrix(test.tokens, test.cols, dtype);
+            DeviceBuffer w_memory, x_memory;
+            const DeviceMatrix device_w = cuda::upload_matrix(w.matrix, w_memory, staging, "w");
+            const DeviceMatrix device_x = cuda::upload_matrix(x.matrix, x_memory, staging, "x");
+            const cuda::DeviceActivations in{x_memory.as(), dtype, test.tokens, test.cols,
+                                             device_x.pitch};
+            const std::vector<float> bias = random_floats(test.rows);
+            DeviceBuffer device_bias = to_device(bias);
+            const int out_pitch = test.rows + kPitchSlack;
+            const size_t out_count = size_t(test.tokens) * out_pitch;
+            const std::vector<float> residual = random_floats(out_count);
+
+            // The product and its magnitude, in double, at the compared tokens.
+            std::vector<int> compared;
+            for (int t = 0; t < test.tokens; t += test.token_stride) compared.push_back(t);
+            if (compared.back() != test.tokens - 1) compared.push_back(test.tokens - 1);
+            const std::vector<float> w_values = matrix_values(w), x_values = matrix_values(x);
+            std::vector<double> product(compared.size() * test.rows);
+            std::vector<double> magnitude(product.size());
+            for (size_t i = 0; i < compared.size(); ++i) {
+                const float* row_x = &x_values[size_t(compared[i]) * test.cols];
+                for (int r = 0; r < test.rows; ++r) {
+                    const float* row_w = &w_values[size_t(r) * test.cols];
+                    double sum = 0, size = 0;
+                    for (int c = 0; c < test.cols; ++c) {
+                        const double term = double(row_x[c]) * row_w[c];
+                        sum += term;
+                        size += std::fabs(term);
+                    }
+                    product[i * test.rows + r] = sum;
+                    magnitude[i * test.rows + r] = size;
+                }
+            }
+
+            const std::string shape = std::string(dtype_label(dtype)) + " " +
+                                      std::to_string(test.tokens) + "x" +
+                                      std::to_string(test.rows) + "x" + std::to_string(test.cols);
+            // Every tile shape, gemm's own choice (empty) first.
+            std::vector<std::optional<cuda::GemmTiles>> choices = {std::nullopt};
+            for (cuda::GemmTiles t : tiles) choices.push_back(t);
+            for (const std::optional<cuda::GemmTiles>& choice : choices) {
+                const std::string tiles_name =
+                    choice ? tiles_label(*choice)
+                           : std::string("gemm's ") +
+                                 tiles_label(cuda::gemm_tiles(dtype, test.tokens, test.rows));
+                for (int variant = 0; variant < 4; ++variant) {
+                    const bool with_bias = variant & 1, accumulate = variant & 2;
+                    DeviceBuffer out = accumulate ? to_device(residual) : poisoned(out_count);
+                    const float* bias_pointer = with_bias ? device_bias.as<float>() : nullptr;
+                    if (choice)
+                        cuda::gemm_with_tiles(*choice, out.as<float>(), out_pitch, device_w, in,
+                                              bias_pointer, accumulate, 0);
+                    else
+                        cuda::gemm(out.as<float>(), out_pitch, device_w, in, bias_pointer,
+                                   accumulate, 0);
+                    const std::vector<float> got = to_host(out.as(), out_count);
+                    double worst = 0;
+                    for (int t = 0; t < test.tokens; ++t)  // written where due, nowhere else
+                        for (int r = 0; r < out_pitch; ++r) {
+                            const float value = got[size_t(t) * out_pitch + r];
+                            const float before =
+                                accumulate ? residual[size_t(t) * out_pitch + r] : NAN;
+                            const bool untouched =
+                                std::isnan(before) ? std::isnan(value) : value == before;
+                            if (r < test.rows ? !std::isfinite(value) : !untouched)
+                                worst = INFINITY;
+                        }
+                    for (size_t i = 0; i < compared.size() && std::isfinite(worst); ++i) {
+                        const int t = compared[i];
+                        for (int r = 0; r < test.rows; ++r) {
+                            const size_t at = size_t(t) * out_pitch + r;
+                            double want = product[i * test.rows + r];
+                            double size = magnitude[i * test.rows + r];
+                            if (with_bias) want += bias[r], size += std::fabs(bias[r]);
+                            if (accumulate) want += residual[at], size += std::fabs(residual[at]);
+                            const double error = std::fabs(got[at] - want);
+                            worst = std::max(worst, size > 0 ? error / size : error);
+                        }
+                    }
+                    const bool ok = worst <= kTolerance;
+                    (ok ? passed : failed)++;
+                    const std::string name = "gemm " + shape + " " + tiles_name +
+                                             (with_bias ? " +bias" : "") +
+                                             (accumulate ? " +=" : "");
+                    std::printf("%s %-60s error / sum|terms| %.2e (tolerance %.0e)\n",
+                                ok ? "PASS" : "FAIL", name.c_str(), worst, kTolerance);
+                    std::fflush(stdout);
                 }
             }
         }
@@ -751,15 +1019,18 @@ void check_rope_kv_store_rows() {
 
 // attention_prefill against cpu::attention_batch: random caches of first_pos + count rows,
 // the queries at positions first_pos.., GQA, sliding windows, f32 and f16 caches, the output
-// in each GEMM-input dtype (its padding columns zero).
+// in each GEMM-input dtype (its padding columns zero). With an f16 cache and head_dim a
+// multiple of 16 up to 128 it runs on tensor cores, the queries and the probabilities
+// rounded to f16 (11 significant bits): a tolerance of 2e-3 instead of 1e-5.
 void check_attention_prefill() {
     struct Case {
         HeadShape shape;
         int window;
     };
-    const Case cases[] = {
-        {{8, 4, 8}, 0},  {{6, 2, 34}, 0},   {{5, 1, 72}, 6}, {{32, 8, 128}, 0}, {{32, 8, 128}, 100},
-        {{8, 1, 64}, 0}, {{12, 2, 256}, 0}, {{4, 4, 72}, 0}, {{16, 2, 80}, 33}, {{3, 3, 130}, 0}};
+    const Case cases[] = {{{8, 4, 8}, 0},    {{6, 2, 34}, 0},     {{5, 1, 72}, 6},
+                          {{32, 8, 128}, 0}, {{32, 8, 128}, 100}, {{8, 1, 64}, 0},
+                          {{12, 2, 256}, 0}, {{4, 4, 72}, 0},     {{16, 2, 80}, 33},
+                          {{3, 3, 130}, 0},  {{6, 3, 96}, 5},     {{4, 2, 16}, 0}};
     for (const Case& test : cases) {
         const HeadShape& s = test.shape;
         const AttentionShape shape{s.heads, s.kv_heads, s.head_dim, test.window};
@@ -804,10 +1075,14 @@ void check_attention_prefill() {
                         cuda::attention_prefill(out, device_qkv.as<float>(), qkv_pitch,
                                                 device_keys.as(), device_values.as(), first_pos,
                                                 shape, type, 0);
-                        report("attention_prefill " + name + " out " + dtype_label(dtype),
+                        const bool tensor_cores =
+                            cuda::attention_prefill_uses_mma(type, s.head_dim);
+                        report("attention_prefill " + name + " out " + dtype_label(dtype) +
+                                   (tensor_cores ? " (tensor cores)" : ""),
                                activations_to_host(out),
                                with_pitch(rounded(want, dtype), count, q_dim, out.pitch),
-                               rounding_tolerance(dtype, 1e-5));
+                               tensor_cores ? std::max(rounding_tolerance(dtype, 0.0), 2e-3)
+                                            : rounding_tolerance(dtype, 1e-5));
                     }
                 }
             }
@@ -872,12 +1147,12 @@ void bench(int multiprocessors) {
         DeviceBuffer out = poisoned(14336);
         const std::string label = std::string("matvec ") + dtype_label(dtype);
         line((label + " (w2, +residual)").c_str(), "4096x14336", time_ms([&](int) {
-                 cuda::matvec(out.as<float>(), d2, x.as<float>(), nullptr, 0, true, 0);
+                 cuda::matvec(out.as<float>(), d2, x.as<float>(), nullptr, 0, nullptr, true, 0);
              }),
              double(d2.bytes()));
         line((label + " (rmsnorm)").c_str(), "14336x4096", time_ms([&](int) {
-                 cuda::matvec(out.as<float>(), d1, x.as<float>(), norm.as<float>(), 1e-5f, false,
-                              0);
+                 cuda::matvec(out.as<float>(), d1, x.as<float>(), norm.as<float>(), 1e-5f, nullptr,
+                              false, 0);
              }),
              double(d1.bytes()));
         line((std::string("matvec_swiglu ") + dtype_label(dtype)).c_str(), "2 x 14336x4096",
@@ -906,11 +1181,11 @@ void bench(int multiprocessors) {
         DeviceBuffer device_step = to_device(step, sizeof step);
         const double ms = time_ms([&](int r) {
             const size_t offset = size_t(r % layers) * layer_bytes;
-            cuda::attention(out.as<float>(), qkv.as<float>(), frequencies.as<float>(),
-                            keys.as<uint8_t>() + offset, values.as<uint8_t>() + offset,
-                            device_step.as<int>(), partial_out.as<float>(),
-                            partial_stats.as<float>(), arrivals.as<unsigned>(), shape, splits, type,
-                            0);
+            cuda::attention(out.as<float>(), qkv.as<float>(), frequencies.as<float>(), nullptr,
+                            nullptr, 0.0f, keys.as<uint8_t>() + offset,
+                            values.as<uint8_t>() + offset, device_step.as<int>(),
+                            partial_out.as<float>(), partial_stats.as<float>(),
+                            arrivals.as<unsigned>(), shape, splits, type, 0);
         });
         const std::string name = std::string("attention kv ") + kv_label(type) + " (" +
                                  std::to_string(splits) + " splits)";
@@ -936,9 +1211,119 @@ void bench(int multiprocessors) {
                                     shape, type, 0);
         });
         const double flops = 4.0 * 32 * 128 * (double(prompt) * (prompt + 1) / 2);
-        std::printf("| attention_prefill kv %s, f16 out | 32/8x128, %d tokens | %.1f | %.2f |\n",
-                    kv_label(type), prompt, ms * 1e3, flops / ms / 1e9);
+        std::printf(
+            "| attention_prefill kv %s, f16 out (%s) | 32/8x128, %d tokens | %.1f | %.2f |\n",
+            kv_label(type), cuda::attention_prefill_uses_mma(type, 128) ? "tensor cores" : "SIMT",
+            prompt, ms * 1e3, flops / ms / 1e9);
         std::fflush(stdout);
+    }
+}
+
+// Dense f16/bf16 tensor-core FLOPs per clock and SM (f32 accumulation): 4096 on sm_90 (the
+// H100 SXM datasheet's 989.4 dense TFLOPS = 132 SMs x 1830 MHz x 4096), 2048 on sm_80
+// (A100: 312 TFLOPS = 108 SMs x 1410 MHz x 2048); 0 for GPUs not listed here.
+int tensor_flops_per_clock(const cudaDeviceProp& properties) {
+    const int capability = 10 * properties.major + properties.minor;
+    return capability == 90 ? 4096 : capability == 80 ? 2048 : 0;
+}
+
+// The prefill GEMM at Mistral 7B's shapes: 512 tokens with each tile shape (TFLOPS against
+// the tensor cores' peak at the clock the GPU reports, its highest: a GPU that runs slower
+// under load gets a lower share than at its running clock), then 1-64 tokens against as
+// many decode matvecs.
+void bench_gemm(const cudaDeviceProp& properties) {
+    int clock_khz = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+    const double peak_tflops = double(properties.multiProcessorCount) * clock_khz * 1e3 *
+                               tensor_flops_per_clock(properties) / 1e12;
+    if (peak_tflops > 0)
+        std::printf(
+            "\ntensor-core peak (dense f16/bf16): %d SMs x %d MHz x %d FLOP/clock = %.1f "
+            "TFLOPS\n",
+            properties.multiProcessorCount, clock_khz / 1000, tensor_flops_per_clock(properties),
+            peak_tflops);
+    else
+        std::printf("\ntensor-core peak of sm_%d%d: not known here\n", properties.major,
+                    properties.minor);
+
+    struct Shape {
+        const char* name;
+        int rows, cols;
+    };
+    const Shape shapes[] = {
+        {"qkv", 6144, 4096}, {"wo", 4096, 4096}, {"w1, w3", 14336, 4096}, {"w2", 4096, 14336}};
+    constexpr int kBatch = 512;
+    cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
+    cuda::prepare_matvec(cuda::matvec_shared_bytes(14336));
+    std::printf(
+        "\n| gemm | tokens x rows x cols | tiles | us | TFLOPS | %% of peak |\n"
+        "| --- | --- | --- | ---: | ---: | ---: |\n");
+    for (DType dtype : {DType::F16, DType::BF16}) {
+        for (const Shape& shape : shapes) {
+            const HostMatrix w = random_matrix(shape.rows, shape.cols, dtype, true);
+            const HostMatrix x = random_matrix(kBatch, shape.cols, dtype, true);
+            DeviceBuffer w_memory, x_memory;
+            const DeviceMatrix device_w = cuda::upload_matrix(w.matrix, w_memory, staging, "w");
+            const DeviceMatrix device_x = cuda::upload_matrix(x.matrix, x_memory, staging, "x");
+            const cuda::DeviceActivations in{x_memory.as(), dtype, kBatch, shape.cols,
+                                             device_x.pitch};
+            DeviceBuffer out = poisoned(size_t(kBatch) * shape.rows);
+            const cuda::GemmTiles chosen = cuda::gemm_tiles(dtype, kBatch, shape.rows);
+            for (cuda::GemmTiles tiles : runnable_tiles(dtype)) {
+                const double ms = time_ms([&](int) {
+                    cuda::gemm_with_tiles(tiles, out.as<float>(), shape.rows, device_w, in, nullptr,
+                                          false, 0);
+                });
+                const double tflops = 2.0 * kBatch * shape.rows * shape.cols / ms / 1e9;
+                char share[16] = "-";
+                if (peak_tflops > 0)
+                    std::snprintf(share, sizeof share, "%.1f%%", 100 * tflops / peak_tflops);
+                std::printf("| %s %s | %dx%dx%d | %s%s | %.1f | %.1f | %s |\n", shape.name,
+                            dtype_label(dtype), kBatch, shape.rows, shape.cols, tiles_label(tiles),
+                            tiles == chosen ? " (gemm's)" : "", ms * 1e3, tflops, share);
+                std::fflush(stdout);
+            }
+        }
+    }
+
+    // Small batches read the weights once, as decode does for every token: each tensor-core
+    // tile shape, gemm's marked, against as many matvecs.
+    std::printf(
+        "\n| gemm | tokens | tiles | gemm us | that many matvecs us | gemm / matvecs |\n"
+        "| --- | ---: | --- | ---: | ---: | ---: |\n");
+    for (DType dtype : {DType::F16, DType::BF16}) {
+        for (const Shape& shape : {shapes[2], shapes[3]}) {
+            const HostMatrix w = random_matrix(shape.rows, shape.cols, dtype, true);
+            DeviceBuffer w_memory;
+            const DeviceMatrix device_w = cuda::upload_matrix(w.matrix, w_memory, staging, "w");
+            DeviceBuffer vector_in = to_device(random_floats(shape.cols));
+            for (int tokens : {1, 4, 16, 64}) {
+                const HostMatrix x = random_matrix(tokens, shape.cols, dtype, true);
+                DeviceBuffer x_memory;
+                const DeviceMatrix device_x = cuda::upload_matrix(x.matrix, x_memory, staging, "x");
+                const cuda::DeviceActivations in{x_memory.as(), dtype, tokens, shape.cols,
+                                                 device_x.pitch};
+                DeviceBuffer out = poisoned(size_t(tokens) * shape.rows);
+                const double matvec_ms = time_ms([&](int) {
+                    for (int t = 0; t < tokens; ++t)
+                        cuda::matvec(out.as<float>() + size_t(t) * shape.rows, device_w,
+                                     vector_in.as<float>(), nullptr, 0.0f, nullptr, false, 0);
+                });
+                const cuda::GemmTiles chosen = cuda::gemm_tiles(dtype, tokens, shape.rows);
+                for (cuda::GemmTiles tiles : runnable_tiles(dtype)) {
+                    if (tiles == cuda::GemmTiles::kSimt) continue;
+                    const double gemm_ms = time_ms([&](int) {
+                        cuda::gemm_with_tiles(tiles, out.as<float>(), shape.rows, device_w, in,
+                                              nullptr, false, 0);
+                    });
+                    std::printf("| %s %s %dx%d | %d | %s%s | %.1f | %.1f | %.2f |\n", shape.name,
+                                dtype_label(dtype), shape.rows, shape.cols, tokens,
+                                tiles_label(tiles), tiles == chosen ? " (gemm's)" : "",
+                                gemm_ms * 1e3, matvec_ms * 1e3, gemm_ms / matvec_ms);
+                    std::fflush(stdout);
+                }
+            }
+        }
     }
 }
 
@@ -961,10 +1346,14 @@ int main(int argc, char** argv) {
         check_elementwise();
         check_rope();
         check_attention(properties.multiProcessorCount);
+        check_gemm();
         check_prefill_rows();
         check_rope_kv_store_rows();
         check_attention_prefill();
-        if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) bench(properties.multiProcessorCount);
+        if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) {
+            bench(properties.multiProcessorCount);
+            bench_gemm(properties);
+        }
         std::printf("%d passed, %d failed\n", passed, failed);
         return failed ? 1 : 0;
     } catch (const std::exception& e) {
