@@ -276,18 +276,37 @@ void check_attention_prefill(const AttentionCase& c, std::mt19937& rng) {
     const size_t row_bytes = size_t(out_pitch) * dtype_size(c.out_dtype);
     AlignedArray<uint8_t> out(size_t(c.count) * row_bytes, 0x3c);  // 0x3c3c... as f32, f16, bf16
 
-    // As attention_prefill launches it.
-    const size_t shared = attention_prefill_shared_floats(head_dim) * sizeof(float);
+    // As attention_prefill launches them: the tensor-core kernel where it applies.
+    const bool mma = attention_prefill_uses_mma(c.kv_type, head_dim);
     with_weight_dtype(c.out_dtype, [&](auto dtype) {
+        constexpr DType kOut = decltype(dtype)::value;
+        if constexpr (std::is_same_v<KvT, __half>) {
+            if (mma) {
+                const auto kernel = attention_prefill_mma_dims(head_dim) == 64
+                                        ? attention_prefill_mma_kernel<kOut, 64>
+                                        : attention_prefill_mma_kernel<kOut, 128>;
+                emulate_launch(attention_prefill_mma_grid(c.count, shape),
+                               dim3(kAttentionPrefillThreads),
+                               attention_prefill_mma_shared_bytes(head_dim), kernel,
+                               static_cast<void*>(out.data()), out_pitch, qkv.data(), qkv_pitch,
+                               keys.data(), values.data(), c.first_pos, c.count, shape.heads,
+                               shape.kv_heads, head_dim, shape.window);
+                return;
+            }
+        }
         with_prefill_dims_per_lane(head_dim, [&](auto dims) {
-            emulate_launch(
-                attention_prefill_grid(c.count, shape), dim3(kAttentionPrefillThreads), shared,
-                attention_prefill_kernel<KvT, decltype(dtype)::value, decltype(dims)::value>,
-                static_cast<void*>(out.data()), out_pitch, qkv.data(), qkv_pitch, keys.data(),
-                values.data(), c.first_pos, c.count, shape.heads, shape.kv_heads, head_dim,
-                shape.window);
+            emulate_launch(attention_prefill_grid(c.count, shape), dim3(kAttentionPrefillThreads),
+                           attention_prefill_shared_floats(head_dim) * sizeof(float),
+                           attention_prefill_kernel<KvT, kOut, decltype(dims)::value>,
+                           static_cast<void*>(out.data()), out_pitch, qkv.data(), qkv_pitch,
+                           keys.data(), values.data(), c.first_pos, c.count, shape.heads,
+                           shape.kv_heads, head_dim, shape.window);
         });
     });
+    // The tensor-core kernel rounds the queries to f16 (an input of the reference below) and
+    // the probabilities to f16 for PV (a relative error of 2^-11 each, and as much between
+    // the rounded weights and the f32 sum that divides them).
+    const double probability_rounding = mma ? std::ldexp(1.0, -10) : 0.0;
 
     int wrong = 0;
     std::vector<double> scores;
@@ -295,7 +314,11 @@ void check_attention_prefill(const AttentionCase& c, std::mt19937& rng) {
         const int pos = c.first_pos + t, first = attention_start(pos, shape.window);
         const void* out_row = out.data() + t * row_bytes;
         for (int h = 0; h < shape.heads; ++h) {
-            const float* q = &qkv[size_t(t) * qkv_pitch + size_t(h) * head_dim];
+            std::vector<double> q(head_dim);
+            for (int d = 0; d < head_dim; ++d) {
+                const float v = qkv[size_t(t) * qkv_pitch + size_t(h) * head_dim + d];
+                q[d] = mma ? half_to_float(float_to_half(v)) : v;
+            }
             const size_t head_offset = size_t(h / group) * head_dim;
             scores.assign(size_t(pos - first + 1), 0.0);
             double largest = -INFINITY;
@@ -317,7 +340,8 @@ void check_attention_prefill(const AttentionCase& c, std::mt19937& rng) {
                     magnitude += scores[key - first] / total * std::fabs(v);
                 }
                 const double got = stored_element(out_row, c.out_dtype, h * head_dim + d);
-                const double f32_error = 1e-5 * (1.0 + magnitude);
+                const double f32_error =
+                    1e-5 * (1.0 + magnitude) + probability_rounding * magnitude;
                 const bool ok = close(got, want, c.out_dtype, f32_error);
                 if (!ok && ++wrong <= 3) {
                     INFO("token " << t << " head " << h << " dim " << d << ": got " << got
@@ -343,6 +367,12 @@ TEST_CASE("emulated attention_prefill matches a double reference", "[cuda_emulat
         {{2, 1, 64, 0}, 1, 100, KvType::F32, DType::F16},    // one token after a long cache
         {{3, 1, 6, 7}, 33, 2, KvType::F16, DType::F16},      // output padding, window
         {{8, 2, 32, 0}, 70, 0, KvType::F32, DType::BF16},    // several key tiles from 0
+        // Tensor cores (f16 cache, head_dim a multiple of 16 up to 128):
+        {{6, 2, 16, 0}, 70, 0, KvType::F16, DType::F16},    // GQA, two row blocks
+        {{4, 4, 64, 9}, 17, 60, KvType::F16, DType::BF16},  // window, first_pos > 0
+        {{2, 1, 80, 0}, 1, 130, KvType::F16, DType::F32},   // kDims 128 > head_dim, 3 tiles
+        {{4, 2, 128, 0}, 3, 0, KvType::F16, DType::F16},
+        {{3, 1, 48, 70}, 33, 40, KvType::F16, DType::F16},  // output padding, long window
     };
     for (const AttentionCase& c : cases) {
         if (c.kv_type == KvType::F32)
