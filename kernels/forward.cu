@@ -651,13 +651,16 @@ private:
         CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
         const size_t weights = weight_device_bytes(), cache = cache_bytes();
         const size_t prefill = prefill_bytes(all_logits);
-        if (weights + cache + prefill + kMemoryHeadroom > free_bytes)
-            throw Error("the model needs " + cuda::gib_text(weights) +
-                        " of GPU memory for weights, " + cuda::gib_text(cache) +
-                        " for the KV cache of " + std::to_string(context_) + " positions and " +
-                        cuda::gib_text(prefill) + " for prefill batches of " +
-                        std::to_string(prefill_batch_) + " tokens, but only " +
-                        cuda::gib_text(free_bytes) + " are free (try a smaller --ctx or --kv f16)");
+        if (weights + cache + prefill + kMemoryHeadroom <= free_bytes) return;
+        const std::string batches =
+            prefill_batch_ > 0 ? " and " + cuda::gib_text(prefill) + " for prefill batches of " +
+                                     std::to_string(prefill_batch_) + " tokens"
+                               : "";
+        throw Error("the model needs " + cuda::gib_text(weights) +
+                    " of GPU memory for weights and " + cuda::gib_text(cache) +
+                    " for the KV cache of " + std::to_string(context_) + " positions" + batches +
+                    ", but only " + cuda::gib_text(free_bytes) +
+                    " are free (try a smaller --ctx or --kv f16)");
     }
 
     void upload_weights() {
