@@ -1,6 +1,7 @@
 // A CPU emulation of the CUDA execution model, for running the device code of kernels/ in the
 // unit tests with g++ (no GPU, and under AddressSanitizer). Included instead of the CUDA
-// headers when BARELLM_CUDA_EMULATION is defined (kernels/common.cuh, kernels/tensor_core.cuh).
+// headers when BARELLM_CUDA_EMULATION is defined (kernels/common.cuh, tensor_core.cuh,
+// kernels.h); the kernels' host launch functions are not compiled then.
 //
 // - emulate_launch(grid, block, dynamic_shared_bytes, kernel, args...) runs a kernel: the
 //   blocks one after another (x fastest, then y, then z), each block's threads as fibers
@@ -11,11 +12,11 @@
 //   the two threads comes first. Everything is deterministic.
 // - __syncthreads is a block barrier; a thread that has returned no longer counts. A barrier
 //   that can never complete (every thread left waits, at different barriers) is a deadlock:
-//   the launch throws barellm::Error naming who waits where. So do misuses the emulation
-//   detects: a warp instruction in a partial warp or with a lane exited, lanes of one warp at
-//   different warp instructions, a mask other than the full one, misaligned ldmatrix and
-//   cp.async addresses, addresses outside shared memory where shared memory is required, and
-//   __trap().
+//   the launch throws barellm::Error naming who waits where (detected when it happens: no
+//   timeout is needed). So do misuses the emulation detects: a warp instruction in a partial
+//   warp or with a lane exited, lanes of one warp at different warp instructions, a mask
+//   other than the full one, misaligned ldmatrix and cp.async addresses, addresses outside
+//   shared memory where shared memory is required, and __trap().
 // - __shared__ arrays are function-scope statics (blocks run one at a time): zero before the
 //   first launch, they keep what the previous block left. Dynamic shared memory
 //   (dynamic_shared_floats) is filled with 0xff bytes (NaN as f32, f16 and bf16) before each
@@ -28,7 +29,9 @@
 // - cp.async (copy_async_16) is asynchronous as on sm_80+: a copy is queued by its thread and
 //   performed only when copy_async_wait retires its group, so a read before the right wait
 //   sees the old contents. Copies still pending when the thread returns are dropped.
-// - Atomics, loads and math are plain host operations (one fiber runs at a time).
+// - Atomics, loads and math are plain host operations (one fiber runs at a time). A thread
+//   that spins on memory another thread writes never lets that thread run: such waits
+//   (outside the primitive set kernels/ keeps to) hang.
 #pragma once
 #include <cmath>
 #include <cstddef>
