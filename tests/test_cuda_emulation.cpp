@@ -305,8 +305,7 @@ TEST_CASE("emulated cp.async copies only when a wait retires the group", "[cuda_
     }
 }
 
-TEST_CASE("emulated dynamic shared memory is poisoned; barriers order the threads",
-          "[cuda_emulation]") {
+TEST_CASE("emulated shared memory is poisoned; barriers order the threads", "[cuda_emulation]") {
     std::vector<float> out(2 * kLanes, 0.0f);
     emulate_launch(dim3(1), dim3(kLanes), kLanes * sizeof(float), missing_barrier_kernel,
                    out.data());
@@ -317,6 +316,16 @@ TEST_CASE("emulated dynamic shared memory is poisoned; barriers order the thread
     std::fill(out.begin(), out.end(), -1.0f);
     emulate_launch(dim3(1), dim3(threads), 0, early_return_kernel, out.data(), returning);
     for (int i = 0; i < threads; ++i) CHECK(out[i] == (i < returning ? -1.0f : (i + 1) % threads));
+
+    // Static shared memory: poisoned before every block, whatever the previous one wrote.
+    constexpr int kBlocks = 3;
+    std::vector<uint32_t> seen(kBlocks * kLanes);
+    emulate_launch(dim3(kBlocks), dim3(kLanes), 0, [&] {
+        __shared__ uint32_t words[kLanes];
+        seen[blockIdx.x * kLanes + threadIdx.x] = words[threadIdx.x];
+        words[threadIdx.x] = threadIdx.x;
+    });
+    CHECK(std::all_of(seen.begin(), seen.end(), [](uint32_t v) { return v == 0xffffffffu; }));
 
     // Dynamic shared memory: poisoned, then as written.
     constexpr int kFloats = 20;
@@ -450,6 +459,13 @@ TEST_CASE("the emulation reports broken barriers and misused warp instructions",
     }
     SECTION("misaligned or non-shared addresses, __trap") {
         std::vector<float4> global(kLanes);
+        static float4 static_global[kLanes];  // static data, not __shared__
+        CHECK_THROWS_WITH(emulate_launch(dim3(1), dim3(kLanes), 0,
+                                         [&] {
+                                             uint32_t r[2];
+                                             ldmatrix_x2(r, &static_global[threadIdx.x]);
+                                         }),
+                          Contains("not in shared memory"));
         CHECK_THROWS_WITH(emulate_launch(dim3(1), dim3(kLanes), 0,
                                          [&] {
                                              uint32_t r[4];

@@ -3,12 +3,14 @@
 // mma, and the per-thread queues of cp.async.
 #include "cuda_emulation.h"
 
+#include <elf.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,7 +29,7 @@
 #endif
 
 // The bounds of the program's static data (.data and .bss), where __shared__ arrays lie: set
-// by the linker.
+// by the linker (and __data_start's address gives the program's load address).
 extern "C" {
 extern char __data_start[];
 extern char _end[];
@@ -259,7 +261,80 @@ std::string describe_waits(const Launch& l) {
     return text + ", " + std::to_string(l.threads - l.live) + " threads returned";
 }
 
-void poison_dynamic_shared_memory(Launch& l) {
+// The mangled form of the ABI tag __shared__ puts on every static shared array's name.
+constexpr char kSharedTag[] = "B14barellm_shared";
+
+struct SharedArray {
+    char* begin;
+    size_t bytes;
+};
+
+// The program's static __shared__ arrays, or (found false) none known: its symbol table could
+// not be read (a stripped binary).
+struct StaticSharedArrays {
+    bool found = false;
+    std::vector<SharedArray> arrays;
+};
+
+// count items of T from `offset` of the file into out; false if it cannot.
+template <typename T>
+bool read_at(std::FILE* file, uint64_t offset, size_t count, std::vector<T>& out) {
+    out.resize(count);
+    return std::fseek(file, long(offset), SEEK_SET) == 0 &&
+           std::fread(out.data(), sizeof(T), count, file) == count;
+}
+
+// The objects of the program's ELF symbol table whose names carry kSharedTag, at their
+// run-time addresses (the symbol's value plus the load address, known from __data_start).
+StaticSharedArrays find_static_shared_arrays() {
+    StaticSharedArrays result;
+    const std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen("/proc/self/exe", "rb"),
+                                                               std::fclose);
+    std::vector<Elf64_Ehdr> header;
+    if (!file || !read_at(file.get(), 0, 1, header) ||
+        std::memcmp(header[0].e_ident, ELFMAG, SELFMAG) != 0 ||
+        header[0].e_ident[EI_CLASS] != ELFCLASS64 || header[0].e_shentsize != sizeof(Elf64_Shdr))
+        return result;
+    std::vector<Elf64_Shdr> sections;
+    if (!read_at(file.get(), header[0].e_shoff, header[0].e_shnum, sections)) return result;
+    for (const Elf64_Shdr& section : sections) {
+        if (section.sh_type != SHT_SYMTAB || section.sh_link >= sections.size()) continue;
+        const Elf64_Shdr& strings = sections[section.sh_link];
+        std::vector<Elf64_Sym> symbols;
+        std::vector<char> names;
+        if (!read_at(file.get(), section.sh_offset, section.sh_size / sizeof(Elf64_Sym), symbols) ||
+            !read_at(file.get(), strings.sh_offset, strings.sh_size, names))
+            return result;
+        names.push_back('\0');
+        const auto name = [&](const Elf64_Sym& symbol) {
+            return symbol.st_name < names.size() ? &names[symbol.st_name] : "";
+        };
+        const auto data_start =
+            std::find_if(symbols.begin(), symbols.end(), [&](const Elf64_Sym& symbol) {
+                return std::strcmp(name(symbol), "__data_start") == 0;
+            });
+        if (data_start == symbols.end()) return result;
+        const uintptr_t load_address =
+            reinterpret_cast<uintptr_t>(__data_start) - data_start->st_value;
+        for (const Elf64_Sym& symbol : symbols)
+            if (ELF64_ST_TYPE(symbol.st_info) == STT_OBJECT && symbol.st_size > 0 &&
+                std::strstr(name(symbol), kSharedTag))
+                result.arrays.push_back(
+                    {reinterpret_cast<char*>(load_address + symbol.st_value), symbol.st_size});
+        result.found = true;
+        return result;
+    }
+    return result;
+}
+
+const StaticSharedArrays& static_shared_arrays() {
+    static const StaticSharedArrays arrays = find_static_shared_arrays();
+    return arrays;
+}
+
+void poison_shared_memory(Launch& l) {
+    for (const SharedArray& array : static_shared_arrays().arrays)
+        std::memset(array.begin, kPoisonByte, array.bytes);
     if (l.dynamic_shared_bytes) std::memset(l.dynamic_shared, kPoisonByte, l.dynamic_shared_bytes);
 }
 
@@ -285,7 +360,7 @@ void start_fibers(Launch& l) {
 
 // Runs the current block to its end (every thread returned) or to a fault.
 void run_block(Launch& l) {
-    poison_dynamic_shared_memory(l);
+    poison_shared_memory(l);
     start_fibers(l);
     l.reverse = false;
     while (l.live > 0 && !l.aborting) {
@@ -557,8 +632,12 @@ bool is_shared(const void* address, size_t bytes) {
         return begin && a >= b && a - b <= size && bytes <= size - (a - b);
     };
     const Launch* l = active_launch;
-    return inside(__data_start, size_t(_end - __data_start)) ||
-           (l && l->dynamic_shared_bytes && inside(l->dynamic_shared, l->dynamic_shared_bytes));
+    if (l && l->dynamic_shared_bytes && inside(l->dynamic_shared, l->dynamic_shared_bytes))
+        return true;
+    const StaticSharedArrays& statics = static_shared_arrays();
+    if (!statics.found) return inside(__data_start, size_t(_end - __data_start));
+    return std::any_of(statics.arrays.begin(), statics.arrays.end(),
+                       [&](const SharedArray& array) { return inside(array.begin, array.bytes); });
 }
 
 void run_grid(dim3 grid, dim3 block, size_t dynamic_shared_bytes,

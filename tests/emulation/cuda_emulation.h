@@ -17,12 +17,12 @@
 //   warp or with a lane exited, lanes of one warp at different warp instructions, a mask
 //   other than the full one, misaligned ldmatrix and cp.async addresses, addresses outside
 //   shared memory where shared memory is required, and __trap().
-// - __shared__ arrays are function-scope statics (blocks run one at a time): zero before the
-//   first launch, they keep what the previous block left. Dynamic shared memory
-//   (dynamic_shared_floats) is filled with 0xff bytes (NaN as f32, f16 and bf16) before each
-//   block, as uninitialised shared memory. Shared addresses are told from global ones by
-//   where they lie: in the program's static data or in the dynamic shared memory (the tests'
-//   global memory is on the heap).
+// - __shared__ arrays are function-scope statics (blocks run one at a time), tagged so that
+//   the emulation finds them in the program's symbol table. They and the dynamic shared
+//   memory (dynamic_shared_floats) are filled with 0xff bytes (NaN as f32, f16 and bf16)
+//   before each block, as uninitialised shared memory. ldmatrix and cp.async check that
+//   their shared addresses lie in them. (Without a symbol table, a stripped binary, static
+//   arrays are not poisoned and any static data counts as shared.)
 // - Warp instructions (shuffles, __syncwarp, ldmatrix, mma) are exchanges: each lane deposits
 //   its operands, and the last lane to arrive computes every lane's result at once (so
 //   ldmatrix reads shared memory at one instant, as the instruction does).
@@ -50,10 +50,10 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __noinline__ __attribute__((noinline))
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
-#define __shared__ static
+// The ABI tag marks the arrays' names in the symbol table, where the emulation finds them.
+#define __shared__ static __attribute__((abi_tag("barellm_shared")))
 
 // ---- The runtime types kernels.h declares its (host-only) launch functions with
 struct CUstream_st;
