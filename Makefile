@@ -47,6 +47,13 @@ SIMDE_OBJS := $(SIMDE_SRCS:src/cpu/%.cpp=$(BUILD)/simde/%.o)
 SIMDE_FLAGS := -DBARELLM_SIMDE -Davx512=avx512_simde -Itests/simde \
                -DSIMDE_ENABLE_NATIVE_ALIASES -Wno-psabi
 TEST_SRCS := $(wildcard tests/*.cpp) tests/fuzz/targets.cpp
+# The CUDA emulation (tests/emulation/: CUDA's execution model on the CPU) and the tests that
+# run device code of kernels/ on it, compiled by $(CXX) with BARELLM_CUDA_EMULATION: they
+# need no CUDA toolkit and run under SAN=1 too. -Wno-unknown-pragmas: #pragma unroll.
+EMULATION_SRCS := $(wildcard tests/emulation/*.cpp) tests/test_cuda_emulation.cpp \
+                  $(wildcard tests/test_emulated_*.cpp)
+EMULATION_FLAGS := -DBARELLM_CUDA_EMULATION -Itests/emulation -Ikernels -Wno-unknown-pragmas
+TEST_SRCS += $(wildcard tests/emulation/*.cpp)
 TEST_OBJS := $(TEST_SRCS:tests/%.cpp=$(BUILD)/tests/%.o)
 TOOL_SRCS := $(wildcard tests/tools/*.cpp)
 TOOLS     := $(TOOL_SRCS:tests/tools/%.cpp=$(BUILD)/%)
@@ -129,6 +136,8 @@ $(BUILD)/src/%.o: src/%.cpp $(CONFIG)
 # Catch2's main pulls in std::regex, where GCC 12 with the sanitizers reports a false
 # -Wmaybe-uninitialized inside the standard library's headers.
 $(BUILD)/tests/catch_main.o: CXXFLAGS += -Wno-maybe-uninitialized
+
+$(EMULATION_SRCS:tests/%.cpp=$(BUILD)/tests/%.o): CXXFLAGS += $(EMULATION_FLAGS)
 
 $(BUILD)/tests/%.o: tests/%.cpp $(CONFIG)
 	@mkdir -p $(dir $@)

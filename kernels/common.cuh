@@ -4,8 +4,13 @@
 // the weights' dtype and the cache's element type (with_weight_dtype, with_quantized_dtype,
 // with_kv_type).
 #pragma once
+#ifdef BARELLM_CUDA_EMULATION
+#include "cuda_emulation.h"
+#else
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#endif
 
 #include <cmath>
 #include <cstdint>
@@ -110,8 +115,12 @@ __device__ __forceinline__ float swiglu_value(float gate, float up) {
 // Dynamic shared memory of a kernel as floats, 16-byte aligned (one declaration for all
 // kernels, as CUDA requires of extern __shared__ arrays).
 __device__ __forceinline__ float* dynamic_shared_floats() {
+#ifdef BARELLM_CUDA_EMULATION
+    return emulation::dynamic_shared_memory();
+#else
     extern __shared__ float4 dynamic_shared_memory[];
     return reinterpret_cast<float*>(dynamic_shared_memory);
+#endif
 }
 
 __device__ __forceinline__ float half_bits_to_float(uint32_t bits16) {

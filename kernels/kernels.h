@@ -15,7 +15,11 @@
 //   {token, pos}, so that a captured CUDA graph replays unchanged for every token: the host
 //   writes `step` before each replay.
 #pragma once
+#ifdef BARELLM_CUDA_EMULATION
+#include "cuda_emulation.h"  // cudaStream_t, cudaError_t
+#else
 #include <cuda_runtime_api.h>
+#endif
 
 #include <cstddef>
 #include <cstdint>

@@ -5,8 +5,6 @@
 // Device code first; the launch shapes as host functions outside the CUDA-only part, so that
 // the emulated unit tests launch the kernels exactly as the launch functions at the end do.
 #pragma once
-#include <cuda_bf16.h>
-
 #include "common.cuh"
 #include "cuda_check.h"
 #include "kernels.h"

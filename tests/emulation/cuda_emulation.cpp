@@ -1,0 +1,682 @@
+// The runtime of the CUDA emulation (cuda_emulation.h): a scheduler of fibers (ucontext) that
+// runs a block's threads, the block barrier, the warp exchanges behind shuffles, ldmatrix and
+// mma, and the per-thread queues of cp.async.
+#include "cuda_emulation.h"
+
+#include <elf.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "error.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#define BARELLM_EMULATION_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define BARELLM_EMULATION_ASAN 1
+#endif
+#endif
+#ifdef BARELLM_EMULATION_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+// The bounds of the program's static data (.data and .bss), where __shared__ arrays lie: set
+// by the linker (and __data_start's address gives the program's load address).
+extern "C" {
+extern char __data_start[];
+extern char _end[];
+}
+
+namespace barellm::cuda::emulation {
+namespace {
+
+constexpr size_t kFiberStackBytes = 256 * 1024;
+constexpr unsigned kMaxThreadsPerBlock = 1024;
+constexpr unsigned kMaxBlockZ = 64;
+constexpr unsigned kMaxGridYZ = 65535;
+// The most dynamic shared memory one block can have on any GPU the build targets (sm_90).
+constexpr size_t kMaxDynamicSharedBytes = 227 * 1024;
+constexpr unsigned char kPoisonByte = 0xff;
+constexpr size_t kSharedAlignment = 16;
+constexpr size_t kCopyBytes = 16;
+constexpr size_t kMatrixRowBytes = 16;
+constexpr int kMatrixRows = 8;
+constexpr int kLanesPerRow = 4;  // an 8x8 matrix row of 16-bit elements is 4 registers' worth
+constexpr unsigned kFullMask = 0xffffffffu;
+constexpr int kMmaK = 16;
+
+// Thrown through a fiber's kernel frames to end it once the launch has failed.
+struct KernelAbort {};
+
+enum class FiberState { kReady, kAtBarrier, kAtWarpOp, kExited };
+
+enum class WarpOp { kSyncwarp, kShuffle, kLdmatrix, kLdmatrixTrans, kMmaF16, kMmaBf16 };
+
+const char* warp_op_name(WarpOp op) {
+    switch (op) {
+        case WarpOp::kSyncwarp:
+            return "__syncwarp";
+        case WarpOp::kShuffle:
+            return "a shuffle";
+        case WarpOp::kLdmatrix:
+            return "ldmatrix";
+        case WarpOp::kLdmatrixTrans:
+            return "ldmatrix .trans";
+        case WarpOp::kMmaF16:
+            return "mma f16";
+        case WarpOp::kMmaBf16:
+            return "mma bf16";
+    }
+    return "?";
+}
+
+// What one lane brings to a warp instruction and what it gets back.
+struct LaneOperands {
+    uint64_t value = 0;  // shuffle: the value; ldmatrix: the row address
+    int source_lane = 0;
+    int matrices = 0;
+    float c[4] = {};
+    uint32_t a[4] = {};
+    uint32_t b[2] = {};
+};
+
+struct LaneResult {
+    uint64_t value = 0;
+    uint32_t registers[4] = {};
+    float c[4] = {};
+};
+
+struct PendingCopy {
+    void* shared;
+    const void* global;
+    bool valid;
+};
+
+struct Fiber {
+    ucontext_t context;
+    char* stack = nullptr;
+    uint3 thread_index = {0, 0, 0};
+    int linear_index = 0;
+    FiberState state = FiberState::kReady;
+    WarpOp waiting_op = WarpOp::kSyncwarp;
+    std::vector<PendingCopy> copies;  // issued, not yet performed, oldest first
+    std::vector<size_t> group_ends;   // committed groups: copies [previous end, end)
+#ifdef BARELLM_EMULATION_ASAN
+    void* fake_stack = nullptr;
+#endif
+};
+
+struct Warp {
+    int arrived = 0;
+    WarpOp op = WarpOp::kSyncwarp;
+    LaneOperands operands[kWarpLanes];
+    LaneResult results[kWarpLanes];
+};
+
+struct Launch {
+    dim3 grid, block;
+    int threads = 0;
+    const std::function<void()>* body = nullptr;
+    std::vector<Fiber> fibers;
+    std::vector<Warp> warps;
+    char* stacks = nullptr;
+    size_t stacks_bytes = 0;
+    size_t guard_bytes = 0;
+    char* dynamic_shared = nullptr;
+    size_t dynamic_shared_bytes = 0;
+    ucontext_t scheduler_context;
+    Fiber* current = nullptr;
+    int live = 0;        // threads of the block that have not returned
+    int at_barrier = 0;  // of them, waiting at __syncthreads
+    bool reverse = false;
+    bool aborting = false;
+    std::string fault;
+#ifdef BARELLM_EMULATION_ASAN
+    void* scheduler_fake_stack = nullptr;
+    const void* scheduler_stack_bottom = nullptr;
+    size_t scheduler_stack_size = 0;
+#endif
+};
+
+thread_local Launch* active_launch = nullptr;
+
+Launch& launch() {
+    if (!active_launch) throw Error("CUDA emulation: device code called outside emulate_launch");
+    return *active_launch;
+}
+
+std::string describe(const uint3& v) {
+    return "(" + std::to_string(v.x) + ", " + std::to_string(v.y) + ", " + std::to_string(v.z) +
+           ")";
+}
+
+// Records the launch's first fault; the launch then ends every thread and throws.
+void record_fault(Launch& l, const std::string& message) {
+    if (l.fault.empty()) {
+        l.fault = "CUDA emulation: block " + describe(blockIdx);
+        if (l.current) l.fault += " thread " + describe(l.current->thread_index);
+        l.fault += ": " + message;
+    }
+    l.aborting = true;
+}
+
+[[noreturn]] void fail(const std::string& message) {
+    record_fault(launch(), message);
+    throw KernelAbort{};
+}
+
+Fiber& current_fiber() {
+    Launch& l = launch();
+    if (!l.current) throw Error("CUDA emulation: device code called outside a kernel thread");
+    return *l.current;
+}
+
+Warp& warp_of(Launch& l, const Fiber& f) { return l.warps[f.linear_index / kWarpLanes]; }
+
+// From the running fiber back to the scheduler; returns when the scheduler resumes it.
+void yield_to_scheduler(Launch& l, Fiber& f) {
+#ifdef BARELLM_EMULATION_ASAN
+    __sanitizer_start_switch_fiber(&f.fake_stack, l.scheduler_stack_bottom, l.scheduler_stack_size);
+#endif
+    swapcontext(&f.context, &l.scheduler_context);
+#ifdef BARELLM_EMULATION_ASAN
+    __sanitizer_finish_switch_fiber(f.fake_stack, &l.scheduler_stack_bottom,
+                                    &l.scheduler_stack_size);
+#endif
+    if (l.aborting) throw KernelAbort{};
+}
+
+void release_barrier(Launch& l) {
+    for (Fiber& f : l.fibers)
+        if (f.state == FiberState::kAtBarrier) f.state = FiberState::kReady;
+    l.at_barrier = 0;
+    l.reverse = !l.reverse;
+}
+
+void thread_returned(Launch& l, Fiber& f) {
+    f.state = FiberState::kExited;
+    f.copies.clear();
+    f.group_ends.clear();
+    --l.live;
+    if (l.aborting) return;
+    const Warp& w = warp_of(l, f);
+    if (w.arrived > 0)
+        record_fault(l, "returned while " + std::to_string(w.arrived) +
+                            " lanes of its warp wait at " + warp_op_name(w.op) +
+                            " (which needs all 32 lanes)");
+    else if (l.at_barrier > 0 && l.at_barrier == l.live)
+        release_barrier(l);
+}
+
+void fiber_main() {
+    Launch& l = *active_launch;
+    Fiber& f = *l.current;
+#ifdef BARELLM_EMULATION_ASAN
+    __sanitizer_finish_switch_fiber(nullptr, &l.scheduler_stack_bottom, &l.scheduler_stack_size);
+#endif
+    if (!l.aborting) {
+        try {
+            (*l.body)();
+        } catch (const KernelAbort&) {
+        } catch (const std::exception& e) {
+            record_fault(l, std::string("exception: ") + e.what());
+        } catch (...) {
+            record_fault(l, "unknown exception");
+        }
+    }
+    thread_returned(l, f);
+#ifdef BARELLM_EMULATION_ASAN
+    __sanitizer_start_switch_fiber(nullptr, l.scheduler_stack_bottom, l.scheduler_stack_size);
+#endif
+    // Returning resumes uc_link: the scheduler.
+}
+
+void resume(Launch& l, Fiber& f) {
+    l.current = &f;
+    threadIdx = f.thread_index;
+#ifdef BARELLM_EMULATION_ASAN
+    __sanitizer_start_switch_fiber(&l.scheduler_fake_stack, f.stack, kFiberStackBytes);
+#endif
+    swapcontext(&l.scheduler_context, &f.context);
+#ifdef BARELLM_EMULATION_ASAN
+    __sanitizer_finish_switch_fiber(l.scheduler_fake_stack, nullptr, nullptr);
+#endif
+    l.current = nullptr;
+}
+
+std::string describe_waits(const Launch& l) {
+    std::string text = std::to_string(l.at_barrier) + " threads wait at __syncthreads";
+    for (size_t w = 0; w < l.warps.size(); ++w)
+        if (l.warps[w].arrived > 0)
+            text += ", " + std::to_string(l.warps[w].arrived) + " lanes of warp " +
+                    std::to_string(w) + " at " + warp_op_name(l.warps[w].op);
+    return text + ", " + std::to_string(l.threads - l.live) + " threads returned";
+}
+
+// The mangled form of the ABI tag __shared__ puts on every static shared array's name.
+constexpr char kSharedTag[] = "B14barellm_shared";
+
+struct SharedArray {
+    char* begin;
+    size_t bytes;
+};
+
+// The program's static __shared__ arrays, or (found false) none known: its symbol table could
+// not be read (a stripped binary).
+struct StaticSharedArrays {
+    bool found = false;
+    std::vector<SharedArray> arrays;
+};
+
+// count items of T from `offset` of the file into out; false if it cannot.
+template <typename T>
+bool read_at(std::FILE* file, uint64_t offset, size_t count, std::vector<T>& out) {
+    out.resize(count);
+    return std::fseek(file, long(offset), SEEK_SET) == 0 &&
+           std::fread(out.data(), sizeof(T), count, file) == count;
+}
+
+// The objects of the program's ELF symbol table whose names carry kSharedTag, at their
+// run-time addresses (the symbol's value plus the load address, known from __data_start).
+StaticSharedArrays find_static_shared_arrays() {
+    StaticSharedArrays result;
+    const std::unique_ptr<std::FILE, int (*)(std::FILE*)> file(std::fopen("/proc/self/exe", "rb"),
+                                                               std::fclose);
+    std::vector<Elf64_Ehdr> header;
+    if (!file || !read_at(file.get(), 0, 1, header) ||
+        std::memcmp(header[0].e_ident, ELFMAG, SELFMAG) != 0 ||
+        header[0].e_ident[EI_CLASS] != ELFCLASS64 || header[0].e_shentsize != sizeof(Elf64_Shdr))
+        return result;
+    std::vector<Elf64_Shdr> sections;
+    if (!read_at(file.get(), header[0].e_shoff, header[0].e_shnum, sections)) return result;
+    for (const Elf64_Shdr& section : sections) {
+        if (section.sh_type != SHT_SYMTAB || section.sh_link >= sections.size()) continue;
+        const Elf64_Shdr& strings = sections[section.sh_link];
+        std::vector<Elf64_Sym> symbols;
+        std::vector<char> names;
+        if (!read_at(file.get(), section.sh_offset, section.sh_size / sizeof(Elf64_Sym), symbols) ||
+            !read_at(file.get(), strings.sh_offset, strings.sh_size, names))
+            return result;
+        names.push_back('\0');
+        const auto name = [&](const Elf64_Sym& symbol) {
+            return symbol.st_name < names.size() ? &names[symbol.st_name] : "";
+        };
+        const auto data_start =
+            std::find_if(symbols.begin(), symbols.end(), [&](const Elf64_Sym& symbol) {
+                return std::strcmp(name(symbol), "__data_start") == 0;
+            });
+        if (data_start == symbols.end()) return result;
+        const uintptr_t load_address =
+            reinterpret_cast<uintptr_t>(__data_start) - data_start->st_value;
+        for (const Elf64_Sym& symbol : symbols)
+            if (ELF64_ST_TYPE(symbol.st_info) == STT_OBJECT && symbol.st_size > 0 &&
+                std::strstr(name(symbol), kSharedTag))
+                result.arrays.push_back(
+                    {reinterpret_cast<char*>(load_address + symbol.st_value), symbol.st_size});
+        result.found = true;
+        return result;
+    }
+    return result;
+}
+
+const StaticSharedArrays& static_shared_arrays() {
+    static const StaticSharedArrays arrays = find_static_shared_arrays();
+    return arrays;
+}
+
+void poison_shared_memory(Launch& l) {
+    for (const SharedArray& array : static_shared_arrays().arrays)
+        std::memset(array.begin, kPoisonByte, array.bytes);
+    if (l.dynamic_shared_bytes) std::memset(l.dynamic_shared, kPoisonByte, l.dynamic_shared_bytes);
+}
+
+// A fresh context for f that runs fiber_main on f's stack, then resumes the scheduler. Its own
+// function, kept out of loops: getcontext returns twice, which clobbers a caller's registers.
+__attribute__((noinline)) void make_fiber_context(Fiber& f, ucontext_t* scheduler) {
+    if (getcontext(&f.context) != 0) throw Error("CUDA emulation: getcontext failed");
+    f.context.uc_stack.ss_sp = f.stack;
+    f.context.uc_stack.ss_size = kFiberStackBytes;
+    f.context.uc_link = scheduler;
+    makecontext(&f.context, fiber_main, 0);
+}
+
+void start_fibers(Launch& l) {
+    for (Fiber& f : l.fibers) {
+        f.state = FiberState::kReady;
+        make_fiber_context(f, &l.scheduler_context);
+    }
+    for (Warp& w : l.warps) w.arrived = 0;
+    l.live = l.threads;
+    l.at_barrier = 0;
+}
+
+// Runs the current block to its end (every thread returned) or to a fault.
+void run_block(Launch& l) {
+    poison_shared_memory(l);
+    start_fibers(l);
+    l.reverse = false;
+    while (l.live > 0 && !l.aborting) {
+        bool ran = false;
+        const bool reverse = l.reverse;  // a barrier released during the pass flips the next one
+        for (int k = 0; k < l.threads && !l.aborting; ++k) {
+            Fiber& f = l.fibers[size_t(reverse ? l.threads - 1 - k : k)];
+            if (f.state != FiberState::kReady) continue;
+            resume(l, f);
+            ran = true;
+        }
+        if (!ran && l.live > 0 && !l.aborting) record_fault(l, "deadlock: " + describe_waits(l));
+    }
+    if (!l.aborting) return;
+    // End every thread still waiting: its wait throws KernelAbort, unwinding its frames.
+    for (Fiber& f : l.fibers)
+        if (f.state != FiberState::kExited) resume(l, f);
+}
+
+struct StackMapping {
+    Launch& l;
+    explicit StackMapping(Launch& launch_) : l(launch_) {
+        const long page = sysconf(_SC_PAGESIZE);
+        l.guard_bytes = size_t(page > 0 ? page : 4096);
+        const size_t per_fiber = kFiberStackBytes + l.guard_bytes;
+        l.stacks_bytes = per_fiber * size_t(l.threads);
+        void* mapping = mmap(nullptr, l.stacks_bytes, PROT_READ | PROT_WRITE,
+                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (mapping == MAP_FAILED) throw Error("CUDA emulation: cannot map the fiber stacks");
+        l.stacks = static_cast<char*>(mapping);
+        for (int i = 0; i < l.threads; ++i) {
+            char* base = l.stacks + per_fiber * size_t(i);
+            mprotect(base, l.guard_bytes, PROT_NONE);  // an overflow faults instead of corrupting
+            l.fibers[size_t(i)].stack = base + l.guard_bytes;
+        }
+    }
+    ~StackMapping() {
+#ifdef BARELLM_EMULATION_ASAN
+        for (const Fiber& f : l.fibers) ASAN_UNPOISON_MEMORY_REGION(f.stack, kFiberStackBytes);
+#endif
+        munmap(l.stacks, l.stacks_bytes);
+    }
+};
+
+void check_shape(dim3 grid, dim3 block, size_t dynamic_shared_bytes) {
+    const auto bad = [](const std::string& what) {
+        throw Error("CUDA emulation: invalid launch: " + what);
+    };
+    if (!grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z) bad("a zero dimension");
+    if (grid.y > kMaxGridYZ || grid.z > kMaxGridYZ) bad("grid y or z above 65535");
+    if (block.z > kMaxBlockZ) bad("block z above 64");
+    if (uint64_t(block.x) * block.y * block.z > kMaxThreadsPerBlock)
+        bad("more than 1024 threads per block");
+    if (dynamic_shared_bytes > kMaxDynamicSharedBytes)
+        bad(std::to_string(dynamic_shared_bytes) + " bytes of dynamic shared memory");
+}
+
+// ldmatrix for every lane at once, from the row addresses lanes 0 .. 8 matrices - 1 gave.
+void complete_load_matrices(Warp& w, bool transposed) {
+    const int matrices = w.operands[0].matrices;
+    for (int lane = 1; lane < kWarpLanes; ++lane)
+        if (w.operands[lane].matrices != matrices)
+            fail("ldmatrix: lanes load different numbers of matrices");
+    const unsigned char* rows[kWarpLanes] = {};
+    for (int lane = 0; lane < matrices * kMatrixRows; ++lane) {
+        const void* row = reinterpret_cast<const void*>(w.operands[lane].value);
+        if (reinterpret_cast<uintptr_t>(row) % kMatrixRowBytes)
+            fail("ldmatrix: lane " + std::to_string(lane) +
+                 "'s row address is not 16-byte aligned");
+        if (!is_shared(row, kMatrixRowBytes))
+            fail("ldmatrix: lane " + std::to_string(lane) + "'s row is not in shared memory");
+        rows[lane] = static_cast<const unsigned char*>(row);
+    }
+    const auto element = [&](int matrix, int row, int column) {
+        uint16_t value;
+        std::memcpy(&value, rows[matrix * kMatrixRows + row] + column * sizeof value, sizeof value);
+        return uint32_t(value);
+    };
+    for (int lane = 0; lane < kWarpLanes; ++lane) {
+        const int group = lane / kLanesPerRow, pair = 2 * (lane % kLanesPerRow);
+        for (int j = 0; j < matrices; ++j) {
+            // Lane l holds row l / 4, elements 2 (l % 4), 2 (l % 4) + 1; transposed, column
+            // l / 4, rows 2 (l % 4), 2 (l % 4) + 1 (the lower-indexed one in the low half).
+            const uint32_t low = transposed ? element(j, pair, group) : element(j, group, pair);
+            const uint32_t high =
+                transposed ? element(j, pair + 1, group) : element(j, group, pair + 1);
+            w.results[lane].registers[j] = low | high << 16;
+        }
+    }
+}
+
+template <DType kType>
+float widen(uint32_t bits16) {
+    return kType == DType::F16 ? half_to_float(uint16_t(bits16)) : bf16_to_float(uint16_t(bits16));
+}
+
+// The element (row, column) of the tile whose fragment registers are `registers` of each lane,
+// lane 4 (row % 8) + (column % 8) / 2, register first_register(row, column), as mma lays them.
+template <DType kType, typename Register>
+float fragment_element(const Warp& w, Register registers, int row, int column, int register_index) {
+    const int lane = kLanesPerRow * (row % kMatrixRows) + (column % kMatrixRows) / 2;
+    const uint32_t word = registers(w.operands[lane])[register_index];
+    return widen<kType>(column % 2 ? word >> 16 : word & 0xffffu);
+}
+
+template <DType kType>
+void complete_mma(Warp& w) {
+    // A[m][k]: lane 4 (m % 8) + (k % 8) / 2, register (m >= 8) + 2 (k >= 8).
+    const auto a = [&](int m, int k) {
+        return fragment_element<kType>(
+            w, [](const LaneOperands& o) { return o.a; }, m, k,
+            (m >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0));
+    };
+    // B[k][n]: lane 4 n + (k % 8) / 2, register k / 8 (as the element (n, k) of B's N x K rows).
+    const auto b = [&](int k, int n) {
+        return fragment_element<kType>(
+            w, [](const LaneOperands& o) { return o.b; }, n, k, k / 8);
+    };
+    for (int lane = 0; lane < kWarpLanes; ++lane) {
+        const int group = lane / kLanesPerRow, pair = 2 * (lane % kLanesPerRow);
+        for (int i = 0; i < 4; ++i) {
+            // c[0], c[1] = C[g][2t, 2t+1]; c[2], c[3] = C[g+8][2t, 2t+1].
+            const int m = group + (i >= 2 ? kMatrixRows : 0), n = pair + i % 2;
+            float sum = w.operands[lane].c[i];
+            for (int k = 0; k < kMmaK; ++k) sum += a(m, k) * b(k, n);
+            w.results[lane].c[i] = sum;
+        }
+    }
+}
+
+void complete(Warp& w) {
+    switch (w.op) {
+        case WarpOp::kSyncwarp:
+            return;
+        case WarpOp::kShuffle:
+            for (int lane = 0; lane < kWarpLanes; ++lane)
+                w.results[lane].value = w.operands[w.operands[lane].source_lane].value;
+            return;
+        case WarpOp::kLdmatrix:
+            return complete_load_matrices(w, false);
+        case WarpOp::kLdmatrixTrans:
+            return complete_load_matrices(w, true);
+        case WarpOp::kMmaF16:
+            return complete_mma<DType::F16>(w);
+        case WarpOp::kMmaBf16:
+            return complete_mma<DType::BF16>(w);
+    }
+}
+
+// One lane's part in a warp instruction: deposits its operands, waits for the other 31 lanes
+// (the last to arrive computes every lane's result), returns this lane's result.
+const LaneResult& warp_collective(WarpOp op, unsigned mask, const LaneOperands& operands) {
+    Launch& l = launch();
+    Fiber& f = current_fiber();
+    const int lane = f.linear_index % kWarpLanes, first = f.linear_index - lane;
+    if (mask != kFullMask)
+        fail(std::string(warp_op_name(op)) + " with a mask other than 0xffffffff");
+    if (first + kWarpLanes > l.threads)
+        fail(std::string(warp_op_name(op)) + " in a warp of " + std::to_string(l.threads - first) +
+             " threads (all 32 lanes must take part)");
+    for (int other = first; other < first + kWarpLanes; ++other)
+        if (l.fibers[size_t(other)].state == FiberState::kExited)
+            fail(std::string(warp_op_name(op)) + " after lane " + std::to_string(other - first) +
+                 " of the warp returned");
+    Warp& w = warp_of(l, f);
+    if (w.arrived == 0)
+        w.op = op;
+    else if (w.op != op)
+        fail(std::string(warp_op_name(op)) + " while other lanes of the warp wait at " +
+             warp_op_name(w.op));
+    w.operands[lane] = operands;
+    if (++w.arrived == kWarpLanes) {
+        complete(w);
+        w.arrived = 0;
+        for (int other = first; other < first + kWarpLanes; ++other)
+            if (l.fibers[size_t(other)].state == FiberState::kAtWarpOp)
+                l.fibers[size_t(other)].state = FiberState::kReady;
+    } else {
+        f.state = FiberState::kAtWarpOp;
+        yield_to_scheduler(l, f);
+    }
+    return w.results[lane];
+}
+
+}  // namespace
+
+void fault(const char* message) { fail(message); }
+
+void block_barrier() {
+    Launch& l = launch();
+    Fiber& f = current_fiber();
+    if (++l.at_barrier == l.live) {
+        release_barrier(l);
+        return;
+    }
+    f.state = FiberState::kAtBarrier;
+    yield_to_scheduler(l, f);
+}
+
+void warp_barrier(unsigned mask) { warp_collective(WarpOp::kSyncwarp, mask, LaneOperands{}); }
+
+uint64_t warp_shuffle(unsigned mask, uint64_t value, int source_lane) {
+    LaneOperands operands;
+    operands.value = value;
+    operands.source_lane = source_lane;
+    return warp_collective(WarpOp::kShuffle, mask, operands).value;
+}
+
+void load_matrices(uint32_t* registers, int matrices, bool transposed, const void* row) {
+    LaneOperands operands;
+    operands.value = reinterpret_cast<uintptr_t>(row);
+    operands.matrices = matrices;
+    const LaneResult& result = warp_collective(
+        transposed ? WarpOp::kLdmatrixTrans : WarpOp::kLdmatrix, kFullMask, operands);
+    std::copy(result.registers, result.registers + matrices, registers);
+}
+
+void tensor_core_mma(DType type, float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    LaneOperands operands;
+    std::copy(c, c + 4, operands.c);
+    std::copy(a, a + 4, operands.a);
+    std::copy(b, b + 2, operands.b);
+    const LaneResult& result = warp_collective(
+        type == DType::F16 ? WarpOp::kMmaF16 : WarpOp::kMmaBf16, kFullMask, operands);
+    std::copy(result.c, result.c + 4, c);
+}
+
+void copy_async(void* shared, const void* global, bool valid) {
+    Fiber& f = current_fiber();
+    if (reinterpret_cast<uintptr_t>(shared) % kCopyBytes ||
+        reinterpret_cast<uintptr_t>(global) % kCopyBytes)
+        fail("copy_async_16 with an address that is not 16-byte aligned");
+    if (!is_shared(shared, kCopyBytes)) fail("copy_async_16 to an address outside shared memory");
+    if (is_shared(global, 1)) fail("copy_async_16 from shared memory");
+    f.copies.push_back({shared, global, valid});
+}
+
+void copy_async_commit() {
+    Fiber& f = current_fiber();
+    f.group_ends.push_back(f.copies.size());
+}
+
+void copy_async_wait(int pending_groups) {
+    Fiber& f = current_fiber();
+    const size_t groups = f.group_ends.size();
+    if (groups <= size_t(pending_groups)) return;
+    const size_t retiring = groups - size_t(pending_groups);
+    const size_t done = f.group_ends[retiring - 1];
+    for (size_t i = 0; i < done; ++i) {
+        const PendingCopy& copy = f.copies[i];
+        if (copy.valid)
+            std::memcpy(copy.shared, copy.global, kCopyBytes);
+        else
+            std::memset(copy.shared, 0, kCopyBytes);
+    }
+    f.copies.erase(f.copies.begin(), f.copies.begin() + std::ptrdiff_t(done));
+    f.group_ends.erase(f.group_ends.begin(), f.group_ends.begin() + std::ptrdiff_t(retiring));
+    for (size_t& end : f.group_ends) end -= done;
+}
+
+float* dynamic_shared_memory() { return reinterpret_cast<float*>(launch().dynamic_shared); }
+
+int lane_index() { return current_fiber().linear_index % kWarpLanes; }
+
+bool is_shared(const void* address, size_t bytes) {
+    const auto inside = [&](const char* begin, size_t size) {
+        const uintptr_t a = reinterpret_cast<uintptr_t>(address);
+        const uintptr_t b = reinterpret_cast<uintptr_t>(begin);
+        return begin && a >= b && a - b <= size && bytes <= size - (a - b);
+    };
+    const Launch* l = active_launch;
+    if (l && l->dynamic_shared_bytes && inside(l->dynamic_shared, l->dynamic_shared_bytes))
+        return true;
+    const StaticSharedArrays& statics = static_shared_arrays();
+    if (!statics.found) return inside(__data_start, size_t(_end - __data_start));
+    return std::any_of(statics.arrays.begin(), statics.arrays.end(),
+                       [&](const SharedArray& array) { return inside(array.begin, array.bytes); });
+}
+
+void run_grid(dim3 grid, dim3 block, size_t dynamic_shared_bytes,
+              const std::function<void()>& thread_body) {
+    if (active_launch) throw Error("CUDA emulation: a launch inside a launch");
+    check_shape(grid, block, dynamic_shared_bytes);
+    Launch l;
+    l.grid = grid;
+    l.block = block;
+    l.threads = int(block.x * block.y * block.z);
+    l.body = &thread_body;
+    l.fibers.resize(size_t(l.threads));
+    l.warps.resize(size_t((l.threads + kWarpLanes - 1) / kWarpLanes));
+    for (int i = 0; i < l.threads; ++i) {
+        Fiber& f = l.fibers[size_t(i)];
+        f.linear_index = i;
+        f.thread_index = {unsigned(i) % block.x, unsigned(i) / block.x % block.y,
+                          unsigned(i) / (block.x * block.y)};
+    }
+    // Dynamic shared memory: the bytes asked for, rounded up to 16 (AddressSanitizer sees
+    // overruns past that).
+    std::vector<float4> dynamic((dynamic_shared_bytes + sizeof(float4) - 1) / sizeof(float4));
+    l.dynamic_shared = reinterpret_cast<char*>(dynamic.data());
+    l.dynamic_shared_bytes = dynamic_shared_bytes;
+    const StackMapping stacks(l);
+
+    struct ActiveLaunch {
+        explicit ActiveLaunch(Launch* l) { active_launch = l; }
+        ~ActiveLaunch() { active_launch = nullptr; }
+    } active(&l);
+    gridDim = grid;
+    blockDim = block;
+    for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x = 0; x < grid.x; ++x) {
+                blockIdx = {x, y, z};
+                run_block(l);
+                if (l.aborting) throw Error(l.fault);
+            }
+}
+
+}  // namespace barellm::cuda::emulation

@@ -1,0 +1,87 @@
+// Inputs of the emulated kernel tests (test_emulated_*.cpp): rows of f32, f16 or bf16 as the
+// CUDA kernels read them (16-byte aligned, each row padded with zeros to a 16-byte pitch),
+// with the exact values they decode to, and the comparison the tests make.
+#pragma once
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cuda_emulation.h"
+#include "half.h"
+#include "kernels.h"  // padded_cols
+#include "safetensors.h"
+#include "test_matrices.h"
+
+namespace barellm::test {
+
+// `value` rounded to nearest even in the 16-bit format `dtype` (f16 or bf16).
+inline uint16_t to_16bit(DType dtype, float value) {
+    return dtype == DType::F16 ? float_to_half(value) : __float2bfloat16_rn(value).bits;
+}
+
+inline float from_16bit(DType dtype, uint16_t bits) {
+    return dtype == DType::F16 ? half_to_float(bits) : bf16_to_float(bits);
+}
+
+// `count` elements of T in 16-byte aligned storage.
+template <typename T>
+class AlignedArray {
+public:
+    explicit AlignedArray(size_t count, T fill = T{})
+        : storage_((count * sizeof(T) + sizeof(uint4) - 1) / sizeof(uint4)), count_(count) {
+        for (size_t i = 0; i < count; ++i) data()[i] = fill;
+    }
+    T* data() { return reinterpret_cast<T*>(storage_.data()); }
+    const T* data() const { return reinterpret_cast<const T*>(storage_.data()); }
+    T& operator[](size_t i) { return data()[i]; }
+    const T& operator[](size_t i) const { return data()[i]; }
+    size_t size() const { return count_; }
+
+private:
+    std::vector<uint4> storage_;
+    size_t count_;
+};
+
+// rows x cols random non-zero values stored as `dtype` with pitch padded_cols(cols, dtype)
+// (columns cols..pitch-1 zero).
+struct PaddedRows {
+    DType dtype;
+    int rows, cols, pitch;
+    AlignedArray<uint8_t> bytes;
+    std::vector<double> values;  // [rows, cols]: what the stored elements decode to
+
+    PaddedRows(int rows_, int cols_, DType dtype_, std::mt19937& rng, float scale = 1.0f)
+        : dtype(dtype_),
+          rows(rows_),
+          cols(cols_),
+          pitch(cuda::padded_cols(cols_, dtype_)),
+          bytes(size_t(rows_) * pitch * dtype_size(dtype_), 0),
+          values(size_t(rows_) * cols_) {
+        const std::vector<float> drawn = random_floats(values.size(), rng, scale);
+        for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < cols; ++c) {
+                const float v = drawn[size_t(r) * cols + c];
+                const size_t e = size_t(r) * pitch + c;
+                if (dtype == DType::F32) {
+                    reinterpret_cast<float*>(bytes.data())[e] = v;
+                    values[size_t(r) * cols + c] = v;
+                } else {
+                    const uint16_t bits = to_16bit(dtype, v);
+                    reinterpret_cast<uint16_t*>(bytes.data())[e] = bits;
+                    values[size_t(r) * cols + c] = from_16bit(dtype, bits);
+                }
+            }
+    }
+    void* data() { return bytes.data(); }
+    double at(int r, int c) const { return values[size_t(r) * cols + c]; }
+};
+
+// Stored element i of a row of `dtype` (f32, f16 or bf16), decoded.
+inline double stored_element(const void* row, DType dtype, int i) {
+    if (dtype == DType::F32) return static_cast<const float*>(row)[i];
+    return from_16bit(dtype, static_cast<const uint16_t*>(row)[i]);
+}
+
+}  // namespace barellm::test
