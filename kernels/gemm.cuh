@@ -21,11 +21,11 @@
 //   - Epilogue: the accumulators go to shared memory (f32, K parts summed there), then the
 //     block writes consecutive weight rows of each token from consecutive threads
 //     (coalesced), adding the bias and the residual.
-// - Q8 and Q4 weights (sm_75 and newer) run on the same tiles and pipeline with f16
-//   activations (gemm_quantized_tensor_core_kernel): the weights' K tiles are copied as raw
-//   quantized bytes with their block scales and dequantized to f16 in shared memory before
-//   the ldmatrix/mma steps; the section's comment below has the details. Small batches
-//   read 2x (Q8) or 3.6x (Q4) fewer weight bytes than with f16 weights.
+// - Q8 and Q4 weights (sm_75 and newer) run on the same pipeline and tiles (the small-batch
+//   ones twice as deep along K) with f16 activations (gemm_quantized_tensor_core_kernel): the
+//   weights' K tiles are copied as raw quantized bytes with their block scales and dequantized to
+//   f16 in shared memory before the ldmatrix/mma steps; the section's comment below has the
+//   details. Small batches read 2x (Q8) or 3.6x (Q4) fewer weight bytes than with f16 weights.
 // - f32 weights, and bf16 weights on sm_75 (no bf16 mma there), run on a SIMT tiled GEMM
 //   (gemm_simt_kernel): shared-memory tiles of both operands, each thread a 4 x 4 block of
 //   outputs in registers.
@@ -319,6 +319,13 @@ __global__ void __launch_bounds__(Tiles::kThreads, Tiles::kMinBlocksPerSm)
 // values are 0.
 
 constexpr int kChunkBytes = 16;  // one cp.async
+
+// The small-batch tiles of Q8/Q4 weights (GemmTiles::kSmallBatch): as SmallBatchTiles with
+// eight warps along K (256-column K tiles). A stage of SmallBatchTiles holds 16 rows x 128
+// columns of weights, 4 KiB in f16 but 2 KiB in Q8 and 1 KiB in Q4; doubling the K tile
+// keeps twice the weight bytes in flight per block (the weight reads bound small batches),
+// and halves the __syncthreads per column.
+using QuantizedSmallBatchTiles = TensorCoreTiles<16, 16, 1, 1, 8, 4, 1>;
 
 // The shared-memory layout of a quantized GEMM block with tile shape Tiles and weights W
 // (I8 for Q8, U8 for Q4). A stage is, in bytes: the activations [kTileTokens][kStageStride]
@@ -707,7 +714,7 @@ constexpr int kLargeMinBlocksPerFourSms = 3;
 
 // The rule gemm follows:
 // - f32 weights, and bf16 weights below sm_80: SIMT. Q8 and Q4 weights take the tiles of
-//   f16 weights (their kernel has the same tile shapes).
+//   f16 weights (kSmallBatch: QuantizedSmallBatchTiles, the same tokens and rows).
 // - Up to kSmallBatchMaxTokens tokens: SmallBatchTiles. The product is bound by reading
 //   the weights, like decode: the grid has ceil(rows / 16) row tiles to spread that over
 //   the SMs, and the (at most 4) token tiles of a row tile run side by side, so each weight
@@ -849,8 +856,8 @@ void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMat
                 case GemmTiles::kSimt:
                     throw Error("gemm: Q8/Q4 weights run on tensor cores");
                 case GemmTiles::kSmallBatch:
-                    return launch_gemm_quantized<W, SmallBatchTiles>(out, out_pitch, w, in, bias,
-                                                                     accumulate, stream);
+                    return launch_gemm_quantized<W, QuantizedSmallBatchTiles>(
+                        out, out_pitch, w, in, bias, accumulate, stream);
                 case GemmTiles::kMedium:
                     return launch_gemm_quantized<W, MediumTiles>(out, out_pitch, w, in, bias,
                                                                  accumulate, stream);
