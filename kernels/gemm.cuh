@@ -22,10 +22,11 @@
 //     block writes consecutive weight rows of each token from consecutive threads
 //     (coalesced), adding the bias and the residual.
 // - Q8 and Q4 weights (sm_75 and newer) run on the same pipeline and tiles (the small-batch
-//   ones twice as deep along K) with f16 activations (gemm_quantized_tensor_core_kernel): the
-//   weights' K tiles are copied as raw quantized bytes with their block scales and dequantized to
-//   f16 in shared memory before the ldmatrix/mma steps; the section's comment below has the
-//   details. Small batches read 2x (Q8) or 3.6x (Q4) fewer weight bytes than with f16 weights.
+//   ones twice as deep along K) with f16 activations (gemm_quantized_tensor_core_kernel):
+//   the weights' K tiles are copied as raw quantized bytes with their block scales and
+//   dequantized to f16 in shared memory before the ldmatrix/mma steps; the section's comment
+//   below has the details. Small batches read 1.9x (Q8) or 3.6x (Q4) fewer weight bytes
+//   (scales included) than with f16 weights.
 // - f32 weights, and bf16 weights on sm_75 (no bf16 mma there), run on a SIMT tiled GEMM
 //   (gemm_simt_kernel): shared-memory tiles of both operands, each thread a 4 x 4 block of
 //   outputs in registers.
@@ -372,7 +373,7 @@ constexpr uint32_t kF16Magic1024 = 0x6400u;
 constexpr float kF16Magic1024Value = 1024.0f;
 
 // Four weights held as the bytes of `bytes` (each q + bias, 0..255; the lowest byte is the
-// lowest column) dequantized to f16: (q) * scale rounded to f16 (scale: f16 bits), as two
+// lowest column) dequantized to f16: q * scale rounded to f16 (scale: f16 bits), as two
 // f16x2 words, the lower column in the lower half. On the GPU the bytes become f16 1024 + b
 // by bit operations and two f16x2 instructions subtract 1024 + bias (exact) and multiply by
 // the scale (one rounding); the CPU emulation computes the same single rounding in f32, where
