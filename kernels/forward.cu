@@ -5,9 +5,8 @@
 //
 // - Weights (f32, f16, bf16, Q8 or Q4) are uploaded once; decode activations are f32; the KV
 //   cache is f16 or f32. Q8/Q4 matrices run through the int8 matvecs of matmul_quantized.cuh
-//   (kernels.h: matvec and matvec_swiglu dispatch on the dtype); a Q8/Q4 model's prompt is
-//   processed token by token, one decode step per token (the batched prefill's GEMM reads
-//   f32, f16 and bf16 weights only).
+//   in decode (kernels.h: matvec and matvec_swiglu dispatch on the dtype) and through the
+//   GEMM's quantized tensor-core kernel in prefill.
 // - The kernel sequence of one token (CudaBackend::record_forward) is captured once as a CUDA
 //   graph and replayed for every token. The token id and the position live in a small device
 //   buffer (`step`) that the host overwrites before each replay; no launch shape depends on
@@ -16,7 +15,10 @@
 // - Prefill (CudaBackend::prefill_batch) runs up to kMaxBatch prompt tokens as matrices, one
 //   row per token: GEMMs for the projections, row kernels for the steps between them, and
 //   causal attention over the batch; one synchronisation per batch. The GEMMs read their
-//   input activations in the weights' dtype (f16 or bf16 on tensor cores, f32 for f32).
+//   input activations in one dtype for the whole model (kernels.h: gemm_input_dtype): the
+//   weights' dtype for f32, f16 and bf16 models, f16 for Q8 and Q4 models (whose f16
+//   matrices, where a Q4 file keeps some, read f16 too). The output matrix, which may be
+//   of another dtype, reads its own (a view of the same memory).
 // - The GPU ladder (`barellm ladder --device cuda`, src/ladder.cpp) runs this backend with
 //   simpler kernels (rung_kernels picks them from BackendOptions::cuda_kernels), without the
 //   graph (cuda_graph) or without the attention split (flash_decoding).
@@ -351,10 +353,10 @@ public:
         if (options.flash_decoding)
             splits_ =
                 cuda::attention_splits(attention_shape(), context_, properties.multiProcessorCount);
-        // Batched prefill with the fast kernels; the GPU ladder's simpler rungs, Q8/Q4 weights
-        // and a head size whose attention tiles exceed the GPU's shared memory prefill token
-        // by token.
-        if (options.cuda_kernels == CudaKernels::Fast && !quantized &&
+        // Batched prefill with the fast kernels; the GPU ladder's simpler rungs, a head size
+        // whose attention tiles exceed the GPU's shared memory and a model whose layer
+        // matrices take different GEMM input dtypes prefill token by token.
+        if (options.cuda_kernels == CudaKernels::Fast && layers_share_gemm_input() &&
             cuda::attention_prefill_shared_bytes(c.head_dim) <= properties.sharedMemPerBlockOptin)
             prefill_batch_ = std::min(context_, kMaxBatch);
 
@@ -535,8 +537,8 @@ private:
         // may differ from the layers': its input is a view of the same memory.
         const int first_row = logits_out ? 0 : B - 1, rows = B - first_row;
         cuda::DeviceActivations final_normed = first_rows(s.normed, rows);
-        final_normed.dtype = output_.dtype;
-        final_normed.pitch = cuda::padded_cols(c.dim, output_.dtype);
+        final_normed.dtype = cuda::gemm_input_dtype(output_.dtype);
+        final_normed.pitch = cuda::padded_cols(c.dim, final_normed.dtype);
         cuda::rmsnorm_rows(final_normed, s.x + size_t(first_row) * c.dim, final_norm_, c.norm_eps,
                            stream);
         cuda::gemm(s.logits, c.vocab_size, output_, final_normed, nullptr, false, stream);
@@ -639,11 +641,24 @@ private:
         return 2 * size_t(c.layers) * context_ * c.kv_dim() * kv_element_bytes(kv_type_);
     }
 
+    // The dtype every layer GEMM of the prefill reads its activations in.
+    DType layer_gemm_input() const { return cuda::gemm_input_dtype(model_.layers[0].wq.dtype); }
+
+    // Whether every layer matrix takes the same GEMM input dtype, so that the layers' GEMMs
+    // share the activation buffers (true of every file convert writes: a Q4 file's f16
+    // matrices take f16 as its Q4 ones do).
+    bool layers_share_gemm_input() const {
+        for (const LayerWeights& w : model_.layers)
+            for (const Matrix* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w1, &w.w3, &w.w2})
+                if (cuda::gemm_input_dtype(m->dtype) != layer_gemm_input()) return false;
+        return true;
+    }
+
     // Bytes of one row of the prefill's GEMM input activations of `cols` columns: in the
-    // layers' dtype, or the output matrix's for the logits (the same memory, `normed`).
+    // layers' input dtype, or the output matrix's for the logits (the same memory, `normed`).
     size_t activation_row_bytes(int cols) const {
         size_t bytes = 0;
-        for (DType dtype : {model_.layers[0].wq.dtype, model_.output.dtype})
+        for (DType dtype : {layer_gemm_input(), cuda::gemm_input_dtype(model_.output.dtype)})
             bytes = std::max(bytes, size_t(cuda::padded_cols(cols, dtype)) * dtype_size(dtype));
         return bytes;
     }
@@ -782,7 +797,7 @@ private:
         };
         auto activations = [&](int cols, const std::string& what) {
             cuda::DeviceActivations a;
-            a.dtype = model_.layers[0].wq.dtype;
+            a.dtype = layer_gemm_input();
             a.tokens = B;
             a.cols = cols;
             a.pitch = cuda::padded_cols(cols, a.dtype);

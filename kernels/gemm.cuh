@@ -21,6 +21,12 @@
 //   - Epilogue: the accumulators go to shared memory (f32, K parts summed there), then the
 //     block writes consecutive weight rows of each token from consecutive threads
 //     (coalesced), adding the bias and the residual.
+// - Q8 and Q4 weights (sm_75 and newer) run on the same pipeline and tiles (the small-batch
+//   ones twice as deep along K) with f16 activations (gemm_quantized_tensor_core_kernel):
+//   the weights' K tiles are copied as raw quantized bytes with their block scales and
+//   dequantized to f16 in shared memory before the ldmatrix/mma steps; the section's comment
+//   below has the details. Small batches read 1.9x (Q8) or 3.6x (Q4) fewer weight bytes
+//   (scales included) than with f16 weights.
 // - f32 weights, and bf16 weights on sm_75 (no bf16 mma there), run on a SIMT tiled GEMM
 //   (gemm_simt_kernel): shared-memory tiles of both operands, each thread a 4 x 4 block of
 //   outputs in registers.
@@ -136,16 +142,27 @@ __device__ __forceinline__ void load_gemm_stage(uint16_t* stage, const uint16_t*
     }
 }
 
-// acc += this warp's part of the stage's product: tokens warp_token0.., rows warp_row0..,
-// columns warp_k0 .. warp_k0 + kWarpK of the stage.
+// Where this thread's warp works in its block's tile: tokens token0.. (kWarpTokens), weight
+// rows row0.. (kWarpRows), columns k0.. (kWarpK) of each K tile.
+template <typename Tiles>
+struct WarpPlace {
+    int tokens_index = threadIdx.x / kWarpSize / Tiles::kWarpsRows % Tiles::kWarpsTokens;
+    int k_index = threadIdx.x / kWarpSize / (Tiles::kWarpsRows * Tiles::kWarpsTokens);
+    int token0 = tokens_index * Tiles::kWarpTokens;
+    int row0 = threadIdx.x / kWarpSize % Tiles::kWarpsRows * Tiles::kWarpRows;
+    int k0 = k_index * kWarpK;
+};
+
+// acc += this warp's part of a stage's product: tokens place.token0.., rows place.row0..,
+// columns place.k0 .. place.k0 + kWarpK of the stage's activation rows (`activations`,
+// kTileTokens rows) and weight rows (`weights`, kTileRows rows), kStageStride apart.
 template <DType D, typename Tiles>
 __device__ __forceinline__ void multiply_gemm_stage(
-    float (&acc)[Tiles::kFragmentsTokens][Tiles::kFragmentsRows][4], const uint16_t* stage,
-    int warp_token0, int warp_row0, int warp_k0) {
+    float (&acc)[Tiles::kFragmentsTokens][Tiles::kFragmentsRows][4], const uint16_t* activations,
+    const uint16_t* weights, const WarpPlace<Tiles>& place) {
     constexpr int kStride = Tiles::kStageStride;
     const int lane = threadIdx.x % kWarpSize;
-    const uint16_t* activations = stage;
-    const uint16_t* weights = stage + Tiles::kTileTokens * kStride;
+    const int warp_token0 = place.token0, warp_row0 = place.row0, warp_k0 = place.k0;
 #pragma unroll
     for (int kk = 0; kk < kWarpK; kk += kMmaK) {
         const int k = warp_k0 + kk;
@@ -179,61 +196,19 @@ __device__ __forceinline__ void multiply_gemm_stage(
     }
 }
 
-// out[t, r] = (accumulate ? out[t, r] : 0) + sum_c in[t, c] * W[r, c] + (bias ? bias[r] : 0)
-// for t < tokens, r < rows, with in [tokens, in_pitch] and W [rows, w_pitch] of D (f16 or
-// bf16), columns k_extent.. of both zero or absent (k_extent: cols rounded up to 8).
-// Launch: grid (ceil(tokens / kTileTokens), ceil(rows / kTileRows)), block Tiles::kThreads,
-// dynamic shared memory Tiles::kSharedBytes (gemm_tensor_core_grid, TensorCoreTiles).
-template <DType D, typename Tiles>
-__global__ void __launch_bounds__(Tiles::kThreads, Tiles::kMinBlocksPerSm)
-    gemm_tensor_core_kernel(float* __restrict__ out, int out_pitch,
-                            const uint16_t* __restrict__ weights, int rows, int w_pitch,
-                            const uint16_t* __restrict__ in, int tokens, int in_pitch, int k_extent,
-                            const float* __restrict__ bias, bool accumulate) {
-    uint16_t* stages = reinterpret_cast<uint16_t*>(dynamic_shared_floats());
-    const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-    const int warp_rows = warp % Tiles::kWarpsRows;
-    const int warp_tokens = warp / Tiles::kWarpsRows % Tiles::kWarpsTokens;
-    const int warp_k = warp / (Tiles::kWarpsRows * Tiles::kWarpsTokens);
-    const int warp_token0 = warp_tokens * Tiles::kWarpTokens;
-    const int warp_row0 = warp_rows * Tiles::kWarpRows;
+// The epilogue of a tensor-core GEMM block, with the pipeline drained and the shared memory
+// free: out[t, r] = (accumulate ? out[t, r] : 0) + acc + (bias ? bias[r] : 0) for the block's
+// tile (blockIdx), t < tokens, r < rows.
+template <typename Tiles>
+__device__ __forceinline__ void store_gemm_tile(
+    const float (&acc)[Tiles::kFragmentsTokens][Tiles::kFragmentsRows][4], float* __restrict__ out,
+    int out_pitch, int rows, int tokens, const float* __restrict__ bias, bool accumulate) {
+    const int lane = threadIdx.x % kWarpSize;
+    const WarpPlace<Tiles> place;
+    const int warp_tokens = place.tokens_index, warp_k = place.k_index, warp_row0 = place.row0;
     const int first_token = blockIdx.x * Tiles::kTileTokens;
     const int first_row = blockIdx.y * Tiles::kTileRows;
-
-    float acc[Tiles::kFragmentsTokens][Tiles::kFragmentsRows][4];
-#pragma unroll
-    for (int i = 0; i < Tiles::kFragmentsTokens; ++i)
-#pragma unroll
-        for (int j = 0; j < Tiles::kFragmentsRows; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) acc[i][j][e] = 0.0f;
-
-    // The pipeline: K tile kt lives in stage kt % kStages. Every thread commits one group
-    // per K tile (empty past the last), so "K tile kt has landed" is "at most kStages - 2
-    // groups pending" at iteration kt.
-    const int k_tiles = (k_extent + Tiles::kTileK - 1) / Tiles::kTileK;
-    auto load = [&](int kt) {
-        if (kt < k_tiles)
-            load_gemm_stage<Tiles>(stages + kt % Tiles::kStages * Tiles::kStageElements, in,
-                                   in_pitch, first_token, tokens, weights, w_pitch, first_row, rows,
-                                   kt * Tiles::kTileK, k_extent);
-        copy_async_commit();
-    };
-#pragma unroll
-    for (int kt = 0; kt < Tiles::kStages - 1; ++kt) load(kt);
-    for (int kt = 0; kt < k_tiles; ++kt) {
-        copy_async_wait<Tiles::kStages - 2>();
-        // Makes every thread's copies of tile kt visible, and ends every warp's work on tile
-        // kt - 1, whose stage the next load overwrites.
-        __syncthreads();
-        load(kt + Tiles::kStages - 1);
-        multiply_gemm_stage<D, Tiles>(acc, stages + kt % Tiles::kStages * Tiles::kStageElements,
-                                      warp_token0, warp_row0, warp_k * kWarpK);
-    }
-    copy_async_wait<0>();
-    __syncthreads();  // the stages are free: the epilogue reuses their memory
-
-    // Epilogue, one row of warps (kWarpTokens tokens) at a time: fragments to shared memory
+    // One row of warps (kWarpTokens tokens) at a time: fragments to shared memory
     // (each K part in its own slice), then consecutive threads sum the slices of consecutive
     // weight rows and store them. Fragment element e of (i, j) is token 16 i + g (+ 8 for
     // e >= 2), row 8 j + 2 t + e % 2, with g = lane / 4, t = lane % 4.
@@ -271,6 +246,340 @@ __global__ void __launch_bounds__(Tiles::kThreads, Tiles::kMinBlocksPerSm)
         }
         __syncthreads();  // the tile is written again by the next pass
     }
+}
+
+// out[t, r] = (accumulate ? out[t, r] : 0) + sum_c in[t, c] * W[r, c] + (bias ? bias[r] : 0)
+// for t < tokens, r < rows, with in [tokens, in_pitch] and W [rows, w_pitch] of D (f16 or
+// bf16), columns k_extent.. of both zero or absent (k_extent: cols rounded up to 8).
+// Launch: grid (ceil(tokens / kTileTokens), ceil(rows / kTileRows)), block Tiles::kThreads,
+// dynamic shared memory Tiles::kSharedBytes (gemm_tensor_core_grid, TensorCoreTiles).
+template <DType D, typename Tiles>
+__global__ void __launch_bounds__(Tiles::kThreads, Tiles::kMinBlocksPerSm)
+    gemm_tensor_core_kernel(float* __restrict__ out, int out_pitch,
+                            const uint16_t* __restrict__ weights, int rows, int w_pitch,
+                            const uint16_t* __restrict__ in, int tokens, int in_pitch, int k_extent,
+                            const float* __restrict__ bias, bool accumulate) {
+    uint16_t* stages = reinterpret_cast<uint16_t*>(dynamic_shared_floats());
+    const WarpPlace<Tiles> place;
+    const int first_token = blockIdx.x * Tiles::kTileTokens;
+    const int first_row = blockIdx.y * Tiles::kTileRows;
+
+    float acc[Tiles::kFragmentsTokens][Tiles::kFragmentsRows][4] = {};
+
+    // The pipeline: K tile kt lives in stage kt % kStages. Every thread commits one group
+    // per K tile (empty past the last), so "K tile kt has landed" is "at most kStages - 2
+    // groups pending" at iteration kt.
+    const int k_tiles = (k_extent + Tiles::kTileK - 1) / Tiles::kTileK;
+    auto load = [&](int kt) {
+        if (kt < k_tiles)
+            load_gemm_stage<Tiles>(stages + kt % Tiles::kStages * Tiles::kStageElements, in,
+                                   in_pitch, first_token, tokens, weights, w_pitch, first_row, rows,
+                                   kt * Tiles::kTileK, k_extent);
+        copy_async_commit();
+    };
+#pragma unroll
+    for (int kt = 0; kt < Tiles::kStages - 1; ++kt) load(kt);
+    for (int kt = 0; kt < k_tiles; ++kt) {
+        copy_async_wait<Tiles::kStages - 2>();
+        // Makes every thread's copies of tile kt visible, and ends every warp's work on tile
+        // kt - 1, whose stage the next load overwrites.
+        __syncthreads();
+        load(kt + Tiles::kStages - 1);
+        const uint16_t* stage = stages + kt % Tiles::kStages * Tiles::kStageElements;
+        multiply_gemm_stage<D, Tiles>(acc, stage, stage + Tiles::kTileTokens * Tiles::kStageStride,
+                                      place);
+    }
+    copy_async_wait<0>();
+    __syncthreads();  // the stages are free: the epilogue reuses their memory
+    store_gemm_tile<Tiles>(acc, out, out_pitch, rows, tokens, bias, accumulate);
+}
+
+// ==== Tensor-core GEMM of Q8 and Q4 weights (f16 activations)
+//
+// gemm_quantized_tensor_core_kernel runs the pipeline of gemm_tensor_core_kernel with the
+// weights' K tiles copied as they lie in memory: a stage holds the activation rows (f16,
+// as above), the weight rows' raw bytes (kTileK int8 values a row for Q8, kTileK / 2 bytes
+// of nibbles for Q4) and their block scales. Once a stage has landed, the block dequantizes
+// its weights into one f16 tile in shared memory (each value scale * q rounded to f16 once,
+// dequantize_four) and multiplies that tile with the activations as for f16 weights
+// (multiply_gemm_stage). Dequantizing in shared memory rather than straight into the mma
+// fragments dequantizes each weight once per block instead of once per row of warps along
+// the tokens, and keeps the ldmatrix/mma step of the f16 path unchanged; it costs one more
+// __syncthreads per K tile and one f16 weight tile of shared memory.
+//
+// The scales (2 bytes per row and block of 32 columns, the rows blocks_per_row scales
+// apart) do not come in 16-byte pieces: each thread reads its share of a stage's scales
+// into registers when it issues the stage's copies and stores them into the stage after
+// the current product, one K tile before they are needed.
+//
+// Edges: raw bytes past the rows or the row's blocks are zero-filled and their scales are
+// 0 (no scale is read outside the matrix), so those weights dequantize to 0 for Q4 as for
+// Q8 (a zero Q4 byte alone would be -8 * scale) and never to inf or NaN. The activations'
+// columns run to cols rounded up to 8 (in_extent), the weights' to the padded pitch (whole
+// blocks); activation columns past in_extent are zero-filled, and the weights' padding
+// values are 0.
+
+constexpr int kChunkBytes = 16;  // one cp.async
+
+// The small-batch tiles of Q8/Q4 weights (GemmTiles::kSmallBatch): as SmallBatchTiles with
+// eight warps along K (256-column K tiles). A stage of SmallBatchTiles holds 16 rows x 128
+// columns of weights, 4 KiB in f16 but 2 KiB in Q8 and 1 KiB in Q4; doubling the K tile
+// keeps twice the weight bytes in flight per block (the weight reads bound small batches),
+// and halves the __syncthreads per column.
+using QuantizedSmallBatchTiles = TensorCoreTiles<16, 16, 1, 1, 8, 4, 1>;
+
+// The shared-memory layout of a quantized GEMM block with tile shape Tiles and weights W
+// (I8 for Q8, U8 for Q4). A stage is, in bytes: the activations [kTileTokens][kStageStride]
+// f16, the raw weights [kTileRows][kRowBytes], the scales [kTileRows][kBlocksPerRow] f16,
+// rounded up to 16 bytes. After kStages stages comes the dequantized weight tile
+// [kTileRows][kStageStride] f16.
+template <DType W, typename Tiles>
+struct QuantizedTiles {
+    static_assert(W == DType::I8 || W == DType::U8, "Q8 (I8) or Q4 (U8) weights");
+    static constexpr int kRowBytes = W == DType::I8 ? Tiles::kTileK : Tiles::kTileK / 2;
+    static constexpr int kRawChunksPerRow = kRowBytes / kChunkBytes;
+    static constexpr int kBlocksPerRow = Tiles::kTileK / kQuantizedBlock;  // scales per K tile
+    static constexpr int kActivationChunks = Tiles::kTileTokens * Tiles::kChunksPerRow;
+    static constexpr int kCopyChunks = kActivationChunks + Tiles::kTileRows * kRawChunksPerRow;
+    static constexpr int kCopiesPerThread = (kCopyChunks + Tiles::kThreads - 1) / Tiles::kThreads;
+    static constexpr int kScales = Tiles::kTileRows * kBlocksPerRow;
+    static constexpr int kScalesPerThread = (kScales + Tiles::kThreads - 1) / Tiles::kThreads;
+    // Chunks of 8 dequantized f16 values per K tile, and per thread.
+    static constexpr int kDequantizedChunks = Tiles::kTileRows * Tiles::kChunksPerRow;
+    static constexpr int kDequantizedChunksPerThread = kDequantizedChunks / Tiles::kThreads;
+
+    static constexpr size_t kActivationBytes =
+        size_t(Tiles::kTileTokens) * Tiles::kStageStride * sizeof(uint16_t);
+    static constexpr size_t kRawBytes = size_t(Tiles::kTileRows) * kRowBytes;
+    static constexpr size_t kScaleBytes = size_t(kScales) * sizeof(uint16_t);
+    static constexpr size_t kStageBytes =
+        (kActivationBytes + kRawBytes + kScaleBytes + kChunkBytes - 1) / kChunkBytes * kChunkBytes;
+    static constexpr size_t kWeightTileBytes =
+        size_t(Tiles::kTileRows) * Tiles::kStageStride * sizeof(uint16_t);
+    static constexpr size_t kSharedBytes =
+        std::max(size_t(Tiles::kStages) * kStageBytes + kWeightTileBytes,
+                 size_t(Tiles::kEpilogueFloats) * sizeof(float));
+
+    static_assert(Tiles::kTileK % kQuantizedBlock == 0, "K tiles hold whole blocks");
+    static_assert(kRowBytes % kChunkBytes == 0, "a raw weight row is whole 16-byte chunks");
+    static_assert(kDequantizedChunks % Tiles::kThreads == 0,
+                  "every thread dequantizes the same number of chunks");
+    static_assert(kActivationBytes % kChunkBytes == 0 && kRawBytes % kChunkBytes == 0,
+                  "the raw weights start on 16 bytes");
+};
+
+// The f16 bits of 1024: 0x6400 | b is the f16 1024 + b for 0 <= b < 1024.
+constexpr uint32_t kF16Magic1024 = 0x6400u;
+constexpr float kF16Magic1024Value = 1024.0f;
+
+// Four weights held as the bytes of `bytes` (each q + bias, 0..255; the lowest byte is the
+// lowest column) dequantized to f16: q * scale rounded to f16 (scale: f16 bits), as two
+// f16x2 words, the lower column in the lower half. On the GPU the bytes become f16 1024 + b
+// by bit operations and two f16x2 instructions subtract 1024 + bias (exact) and multiply by
+// the scale (one rounding); the CPU emulation computes the same single rounding in f32, where
+// q * scale is exact.
+__device__ __forceinline__ uint2 dequantize_four(uint32_t bytes, int bias, uint16_t scale) {
+#ifdef __CUDA_ARCH__
+    const uint32_t magic_pair = kF16Magic1024 << 16 | kF16Magic1024;
+    const uint32_t low = (bytes & 0xffu) | (bytes & 0xff00u) << 8 | magic_pair;
+    const uint32_t high = (bytes >> 16 & 0xffu) | (bytes >> 8 & 0xff0000u) | magic_pair;
+    const __half2 offset = __float2half2_rn(kF16Magic1024Value + float(bias));
+    const __half2 scale_pair = __half2half2(__ushort_as_half(scale));
+    const __half2 low_values =
+        __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&low), offset), scale_pair);
+    const __half2 high_values =
+        __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&high), offset), scale_pair);
+    return uint2{*reinterpret_cast<const uint32_t*>(&low_values),
+                 *reinterpret_cast<const uint32_t*>(&high_values)};
+#else
+    const float s = __half2float(__ushort_as_half(scale));
+    uint32_t halves[4];
+    for (int i = 0; i < 4; ++i) {
+        const int q = int(bytes >> (8 * i) & 0xffu) - bias;
+        halves[i] = __half_as_ushort(__float2half_rn(float(q) * s));
+    }
+    return uint2{halves[0] | halves[1] << 16, halves[2] | halves[3] << 16};
+#endif
+}
+
+// Issues the copies of K tile k0.. (columns k0 .. k0 + kTileK) into `stage`: the block's
+// token rows of `in` (f16, columns past in_extent zero-filled) and its weight rows' raw
+// bytes (w_row_bytes a row; bytes past the row zero-filled); rows past tokens or rows are
+// zero-filled.
+template <DType W, typename Tiles>
+__device__ __forceinline__ void load_quantized_stage(uint8_t* stage,
+                                                     const uint16_t* __restrict__ in, int in_pitch,
+                                                     int first_token, int tokens, int in_extent,
+                                                     const uint8_t* __restrict__ weights,
+                                                     int w_row_bytes, int first_row, int rows,
+                                                     int k0) {
+    using Q = QuantizedTiles<W, Tiles>;
+    const int k0_bytes = k0 / Tiles::kTileK * Q::kRowBytes;
+#pragma unroll
+    for (int j = 0; j < Q::kCopiesPerThread; ++j) {
+        const int chunk = threadIdx.x + j * Tiles::kThreads;
+        if (chunk >= Q::kCopyChunks) break;
+        if (chunk < Q::kActivationChunks) {
+            const int tile_row = chunk / Tiles::kChunksPerRow;
+            const int column = k0 + chunk % Tiles::kChunksPerRow * kChunkElements;
+            const int token = first_token + tile_row;
+            const bool valid = token < tokens && column < in_extent;
+            const uint16_t* source = valid ? in + size_t(token) * in_pitch + column : in;
+            copy_async_16(
+                reinterpret_cast<uint16_t*>(stage) + tile_row * Tiles::kStageStride + column - k0,
+                source, valid);
+        } else {
+            const int raw_chunk = chunk - Q::kActivationChunks;
+            const int tile_row = raw_chunk / Q::kRawChunksPerRow;
+            const int byte = k0_bytes + raw_chunk % Q::kRawChunksPerRow * kChunkBytes;
+            const int row = first_row + tile_row;
+            const bool valid = row < rows && byte < w_row_bytes;
+            const uint8_t* source = valid ? weights + size_t(row) * w_row_bytes + byte : weights;
+            copy_async_16(stage + Q::kActivationBytes + tile_row * Q::kRowBytes + byte - k0_bytes,
+                          source, valid);
+        }
+    }
+}
+
+// This thread's share of the scales of K tile k0.. of the block's weight rows (0 past the
+// rows or the row's blocks_per_row blocks), read into registers; store_stage_scales writes
+// them into the stage.
+template <DType W, typename Tiles>
+__device__ __forceinline__ void read_stage_scales(
+    uint16_t (&held)[QuantizedTiles<W, Tiles>::kScalesPerThread],
+    const uint16_t* __restrict__ scales, int blocks_per_row, int first_row, int rows, int k0) {
+    using Q = QuantizedTiles<W, Tiles>;
+#pragma unroll
+    for (int j = 0; j < Q::kScalesPerThread; ++j) {
+        const int index = threadIdx.x + j * Tiles::kThreads;
+        const int row = first_row + index / Q::kBlocksPerRow;
+        const int block = k0 / kQuantizedBlock + index % Q::kBlocksPerRow;
+        const bool valid = index < Q::kScales && row < rows && block < blocks_per_row;
+        held[j] = valid ? __ldg(scales + size_t(row) * blocks_per_row + block) : uint16_t(0);
+    }
+}
+
+template <DType W, typename Tiles>
+__device__ __forceinline__ void store_stage_scales(
+    uint8_t* stage, const uint16_t (&held)[QuantizedTiles<W, Tiles>::kScalesPerThread]) {
+    using Q = QuantizedTiles<W, Tiles>;
+    uint16_t* stage_scales =
+        reinterpret_cast<uint16_t*>(stage + Q::kActivationBytes + Q::kRawBytes);
+#pragma unroll
+    for (int j = 0; j < Q::kScalesPerThread; ++j) {
+        const int index = threadIdx.x + j * Tiles::kThreads;
+        if (index < Q::kScales) stage_scales[index] = held[j];
+    }
+}
+
+// The stage's weights as f16 into `tile` [kTileRows][kStageStride]: each thread turns
+// 8 consecutive weights of a row (one 16-byte chunk of the tile) at a time.
+// - Q8: 8 int8 values; q + 128 is the byte with its top bit flipped.
+// - Q4: columns c..c+7 of a block are the low (c < 16) or high nibbles of its bytes
+//   c % 16 .. c % 16 + 7, each q + kQ4Offset.
+template <DType W, typename Tiles>
+__device__ __forceinline__ void dequantize_stage(uint16_t* tile, const uint8_t* stage) {
+    using Q = QuantizedTiles<W, Tiles>;
+    constexpr uint32_t kSignBits = 0x80808080u, kLowNibbles = 0x0f0f0f0fu;
+    constexpr int kQ8Bias = 128, kNibbleBits = 4, kHalfBlock = kQuantizedBlock / 2;
+    const uint8_t* raw = stage + Q::kActivationBytes;
+    const uint16_t* stage_scales = reinterpret_cast<const uint16_t*>(raw + Q::kRawBytes);
+#pragma unroll
+    for (int j = 0; j < Q::kDequantizedChunksPerThread; ++j) {
+        const int chunk = threadIdx.x + j * Tiles::kThreads;
+        const int tile_row = chunk / Tiles::kChunksPerRow;
+        const int column = chunk % Tiles::kChunksPerRow * kChunkElements;  // in the K tile
+        const int block = column / kQuantizedBlock, within = column % kQuantizedBlock;
+        const uint16_t scale = stage_scales[tile_row * Q::kBlocksPerRow + block];
+        uint2 bytes;
+        int bias;
+        if constexpr (W == DType::I8) {
+            bytes = *reinterpret_cast<const uint2*>(raw + tile_row * Q::kRowBytes + column);
+            bytes.x ^= kSignBits;
+            bytes.y ^= kSignBits;
+            bias = kQ8Bias;
+        } else {
+            bytes = *reinterpret_cast<const uint2*>(raw + tile_row * Q::kRowBytes +
+                                                    block * kHalfBlock + within % kHalfBlock);
+            const int shift = within / kHalfBlock * kNibbleBits;
+            bytes.x = bytes.x >> shift & kLowNibbles;
+            bytes.y = bytes.y >> shift & kLowNibbles;
+            bias = kQ4Offset;
+        }
+        const uint2 low = dequantize_four(bytes.x, bias, scale);
+        const uint2 high = dequantize_four(bytes.y, bias, scale);
+        *reinterpret_cast<uint4*>(tile + tile_row * Tiles::kStageStride + column) =
+            uint4{low.x, low.y, high.x, high.y};
+    }
+}
+
+// out[t, r] = (accumulate ? out[t, r] : 0) + sum_c in[t, c] * W[r, c] + (bias ? bias[r] : 0)
+// for t < tokens, r < rows: W [rows, w_pitch] Q8 (W = I8: int8 values, w_pitch bytes a row)
+// or Q4 (U8: w_pitch / 2 bytes a row) with `scales` [rows, w_pitch / 32] f16, in [tokens,
+// in_pitch] f16 with columns in_extent.. zero or absent (in_extent: cols rounded up to 8).
+// Launch: grid (ceil(tokens / kTileTokens), ceil(rows / kTileRows)), block Tiles::kThreads,
+// dynamic shared memory QuantizedTiles<W, Tiles>::kSharedBytes (gemm_tensor_core_grid).
+template <DType W, typename Tiles>
+__global__ void __launch_bounds__(Tiles::kThreads, Tiles::kMinBlocksPerSm)
+    gemm_quantized_tensor_core_kernel(float* __restrict__ out, int out_pitch,
+                                      const uint8_t* __restrict__ weights,
+                                      const uint16_t* __restrict__ scales, int rows, int w_pitch,
+                                      const uint16_t* __restrict__ in, int tokens, int in_pitch,
+                                      int in_extent, const float* __restrict__ bias,
+                                      bool accumulate) {
+    using Q = QuantizedTiles<W, Tiles>;
+    uint8_t* stages = reinterpret_cast<uint8_t*>(dynamic_shared_floats());
+    uint16_t* weight_tile = reinterpret_cast<uint16_t*>(stages + Tiles::kStages * Q::kStageBytes);
+    const WarpPlace<Tiles> place;
+    const int first_token = blockIdx.x * Tiles::kTileTokens;
+    const int first_row = blockIdx.y * Tiles::kTileRows;
+    const int blocks_per_row = w_pitch / kQuantizedBlock;
+    const int w_row_bytes =
+        blocks_per_row * (W == DType::I8 ? kQuantizedBlock : kQuantizedBlock / 2);
+
+    float acc[Tiles::kFragmentsTokens][Tiles::kFragmentsRows][4] = {};
+    uint16_t held_scales[Q::kScalesPerThread];
+
+    // The pipeline of gemm_tensor_core_kernel (K tile kt in stage kt % kStages, one commit
+    // group per K tile), over the weights' padded columns; the scales of tile kt reach its
+    // stage at the end of iteration kt - kStages + 1, after that iteration's first
+    // __syncthreads (every thread is done with the stage's previous tile) and before
+    // iteration kt's (which makes them visible).
+    const int k_tiles = (w_pitch + Tiles::kTileK - 1) / Tiles::kTileK;
+    auto stage = [&](int kt) { return stages + kt % Tiles::kStages * Q::kStageBytes; };
+    auto load = [&](int kt) {
+        if (kt < k_tiles) {
+            load_quantized_stage<W, Tiles>(stage(kt), in, in_pitch, first_token, tokens, in_extent,
+                                           weights, w_row_bytes, first_row, rows,
+                                           kt * Tiles::kTileK);
+            read_stage_scales<W, Tiles>(held_scales, scales, blocks_per_row, first_row, rows,
+                                        kt * Tiles::kTileK);
+        }
+        copy_async_commit();
+    };
+    auto store_scales = [&](int kt) {
+        if (kt < k_tiles) store_stage_scales<W, Tiles>(stage(kt), held_scales);
+    };
+#pragma unroll
+    for (int kt = 0; kt < Tiles::kStages - 1; ++kt) {
+        load(kt);
+        store_scales(kt);
+    }
+    for (int kt = 0; kt < k_tiles; ++kt) {
+        copy_async_wait<Tiles::kStages - 2>();
+        // Makes tile kt (copies and scales) visible, and ends every warp's work on tile
+        // kt - 1: its stage and the weight tile are written again below.
+        __syncthreads();
+        load(kt + Tiles::kStages - 1);
+        dequantize_stage<W, Tiles>(weight_tile, stage(kt));
+        __syncthreads();  // the weight tile is complete
+        multiply_gemm_stage<DType::F16, Tiles>(acc, reinterpret_cast<const uint16_t*>(stage(kt)),
+                                               weight_tile, place);
+        store_scales(kt + Tiles::kStages - 1);
+    }
+    copy_async_wait<0>();
+    __syncthreads();  // the stages are free: the epilogue reuses their memory
+    store_gemm_tile<Tiles>(acc, out, out_pitch, rows, tokens, bias, accumulate);
 }
 
 // ==== SIMT GEMM (f32 weights; bf16 on sm_75)
@@ -380,12 +689,23 @@ inline dim3 gemm_simt_grid(int tokens, int rows) {
 // (the row padding is zero, so the padded columns add nothing).
 inline int gemm_k_extent(int cols, DType dtype) { return padded_cols(cols, dtype); }
 
-// Whether a GPU of compute_capability (10 * major + minor) multiplies `dtype` on tensor
-// cores: f16 from sm_75 (m16n8k8), bf16 from sm_80.
+// Whether a GPU of compute_capability (10 * major + minor) multiplies weights of `dtype`
+// on tensor cores: f16, and Q8/Q4 (dequantized to f16), from sm_75 (m16n8k8), bf16 from
+// sm_80.
 inline bool has_tensor_core_product(DType dtype, int compute_capability) {
     constexpr int kF16Mma = 75, kBf16Mma = 80;
-    return (dtype == DType::F16 && compute_capability >= kF16Mma) ||
+    const bool f16_product = dtype == DType::F16 || dtype == DType::I8 || dtype == DType::U8;
+    return (f16_product && compute_capability >= kF16Mma) ||
            (dtype == DType::BF16 && compute_capability >= kBf16Mma);
+}
+
+// Dynamic shared memory of a tensor-core GEMM block with tile shape Tiles for weights of
+// `dtype` (f16, bf16, Q8 or Q4).
+template <typename Tiles>
+inline size_t gemm_tensor_core_shared_bytes(DType dtype) {
+    if (dtype == DType::I8) return QuantizedTiles<DType::I8, Tiles>::kSharedBytes;
+    if (dtype == DType::U8) return QuantizedTiles<DType::U8, Tiles>::kSharedBytes;
+    return Tiles::kSharedBytes;
 }
 
 constexpr int kSmallBatchMaxTokens = 64;
@@ -394,7 +714,8 @@ constexpr int kSmallBatchMaxTokens = 64;
 constexpr int kLargeMinBlocksPerFourSms = 3;
 
 // The rule gemm follows:
-// - f32 weights, and bf16 weights below sm_80: SIMT.
+// - f32 weights, and bf16 weights below sm_80: SIMT. Q8 and Q4 weights take the tiles of
+//   f16 weights (kSmallBatch: QuantizedSmallBatchTiles, the same tokens and rows).
 // - Up to kSmallBatchMaxTokens tokens: SmallBatchTiles. The product is bound by reading
 //   the weights, like decode: the grid has ceil(rows / 16) row tiles to spread that over
 //   the SMs, and the (at most 4) token tiles of a row tile run side by side, so each weight
@@ -409,7 +730,7 @@ inline GemmTiles choose_gemm_tiles(DType dtype, int tokens, int rows, int comput
     if (tokens <= kSmallBatchMaxTokens) return GemmTiles::kSmallBatch;
     const dim3 large = gemm_tensor_core_grid<LargeTiles>(tokens, rows);
     const size_t large_blocks = size_t(large.x) * large.y;
-    if (LargeTiles::kSharedBytes <= shared_bytes_per_block &&
+    if (gemm_tensor_core_shared_bytes<LargeTiles>(dtype) <= shared_bytes_per_block &&
         4 * large_blocks >= size_t(kLargeMinBlocksPerFourSms) * multiprocessors)
         return GemmTiles::kLarge;
     return GemmTiles::kMedium;
@@ -458,6 +779,25 @@ void launch_gemm_tensor_core(float* out, int out_pitch, const DeviceMatrix& w,
                        gemm_k_extent(w.cols, D), bias, accumulate);
 }
 
+template <DType W, typename Tiles>
+void launch_gemm_quantized(float* out, int out_pitch, const DeviceMatrix& w,
+                           const DeviceActivations& in, const float* bias, bool accumulate,
+                           cudaStream_t stream) {
+    using Q = QuantizedTiles<W, Tiles>;
+    auto kernel = gemm_quantized_tensor_core_kernel<W, Tiles>;
+    static const bool opted_in = [&] {  // above 48 KiB, as launch_gemm_tensor_core
+        CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        int(Q::kSharedBytes)));
+        return true;
+    }();
+    (void)opted_in;
+    kernel<<<gemm_tensor_core_grid<Tiles>(in.tokens, w.rows), Tiles::kThreads, Q::kSharedBytes,
+             stream>>>(out, out_pitch, static_cast<const uint8_t*>(w.data), w.scales, w.rows,
+                       w.pitch, static_cast<const uint16_t*>(in.data), in.tokens, in.pitch,
+                       gemm_k_extent(in.cols, DType::F16), bias, accumulate);
+}
+
 template <DType D>
 void launch_gemm_simt(float* out, int out_pitch, const DeviceMatrix& w, const DeviceActivations& in,
                       const float* bias, bool accumulate, cudaStream_t stream) {
@@ -468,11 +808,14 @@ void launch_gemm_simt(float* out, int out_pitch, const DeviceMatrix& w, const De
 
 void check_gemm_operands(float* out, int out_pitch, const DeviceMatrix& w,
                          const DeviceActivations& in) {
-    if (in.dtype != w.dtype) throw Error("gemm: the activations' dtype differs from the weights'");
+    if (in.dtype != gemm_input_dtype(w.dtype))
+        throw Error("gemm: the activations' dtype is not the one these weights take");
     if (in.cols != w.cols) throw Error("gemm: the activations' columns differ from the weights'");
-    const int vector = padded_cols(1, w.dtype);
-    if (in.pitch % vector != 0 || w.pitch % vector != 0 || in.pitch < in.cols || w.pitch < w.cols)
-        throw Error("gemm: a row pitch is not a whole number of 16-byte vectors covering the row");
+    if (in.pitch % padded_cols(1, in.dtype) != 0 || w.pitch % padded_cols(1, w.dtype) != 0 ||
+        in.pitch < in.cols || w.pitch < w.cols)
+        throw Error("gemm: a row pitch is not a whole number of vectors (blocks) covering the row");
+    const bool quantized = w.dtype == DType::I8 || w.dtype == DType::U8;
+    if (quantized && w.scales == nullptr) throw Error("gemm: Q8/Q4 weights without scales");
     if (out_pitch < w.rows) throw Error("gemm: the output pitch is smaller than the weight rows");
     const auto address = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
     constexpr uintptr_t kVectorBytes = 16;  // rows are read as 16-byte vectors
@@ -504,8 +847,29 @@ void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMat
     const GemmDevice& device = gemm_device();
     if (tiles != GemmTiles::kSimt && !has_tensor_core_product(w.dtype, device.compute_capability))
         throw Error("gemm: this GPU has no tensor-core product for these weights");
-    if (tiles == GemmTiles::kLarge && LargeTiles::kSharedBytes > device.shared_bytes_per_block)
+    if (tiles == GemmTiles::kLarge &&
+        gemm_tensor_core_shared_bytes<LargeTiles>(w.dtype) > device.shared_bytes_per_block)
         throw Error("gemm: the large tiles need more shared memory than this GPU has");
+    if (w.dtype == DType::I8 || w.dtype == DType::U8) {
+        with_quantized_dtype(w.dtype, [&](auto dtype) {
+            constexpr DType W = decltype(dtype)::value;
+            switch (tiles) {
+                case GemmTiles::kSimt:
+                    throw Error("gemm: Q8/Q4 weights run on tensor cores");
+                case GemmTiles::kSmallBatch:
+                    return launch_gemm_quantized<W, QuantizedSmallBatchTiles>(
+                        out, out_pitch, w, in, bias, accumulate, stream);
+                case GemmTiles::kMedium:
+                    return launch_gemm_quantized<W, MediumTiles>(out, out_pitch, w, in, bias,
+                                                                 accumulate, stream);
+                case GemmTiles::kLarge:
+                    return launch_gemm_quantized<W, LargeTiles>(out, out_pitch, w, in, bias,
+                                                                accumulate, stream);
+            }
+        });
+        CUDA_CHECK_LAUNCH("gemm kernel");
+        return;
+    }
     with_weight_dtype(w.dtype, [&](auto dtype) {
         constexpr DType D = decltype(dtype)::value;
         if (tiles == GemmTiles::kSimt) {

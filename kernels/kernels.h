@@ -7,8 +7,8 @@
 //   compiled once, in kernels.cu. forward.cu and tests/tools/cuda_kernel_check.cu launch
 //   them through here.
 // - Activations are f32 in device memory; weights are f32, f16, bf16, Q8 (I8) or Q4 (U8):
-//   the decode kernels (embedding, matvec, matvec_swiglu) read all five, the GPU ladder's
-//   simple kernels and the batched-prefill kernels the first three.
+//   the decode kernels (embedding, matvec, matvec_swiglu) and the batched prefill's GEMM
+//   (gemm, embedding_rows) read all five, the GPU ladder's simple kernels the first three.
 // - Every launch goes on `stream` and is checked with cudaGetLastError (a failure throws
 //   barellm::Error).
 // - Kernels that depend on the token or the position read them from `step`, a device array
@@ -150,8 +150,9 @@ int attention_splits(const AttentionShape& shape, int context, int multiprocesso
 // (no CUDA graph).
 
 // Activations a GEMM reads: [tokens, pitch] of dtype, rows 16-byte aligned, columns
-// cols..pitch-1 zero. dtype is the weights' dtype: f16 or bf16 for f16 or bf16 weights (the
-// products run on tensor cores), f32 for f32 weights; pitch = padded_cols(cols, dtype).
+// cols..pitch-1 zero. dtype is gemm_input_dtype(the weights' dtype): f16 or bf16 for f16 or
+// bf16 weights and f16 for Q8 and Q4 weights (the products run on tensor cores), f32 for
+// f32 weights; pitch = padded_cols(cols, dtype).
 struct DeviceActivations {
     void* data = nullptr;
     DType dtype = DType::F32;
@@ -161,10 +162,16 @@ struct DeviceActivations {
     size_t bytes() const { return size_t(tokens) * pitch * dtype_size(dtype); }
 };
 
+// The activations' dtype a GEMM with weights of `weights` reads: F16 for Q8 (I8) and Q4
+// (U8), whose blocks are dequantized to f16 for the tensor cores; the weights' own otherwise.
+inline DType gemm_input_dtype(DType weights) {
+    return weights == DType::I8 || weights == DType::U8 ? DType::F16 : weights;
+}
+
 // out[t, r] = sum_c in[t, c] * W[r, c] (+ bias[r] when bias is given) for t < in.tokens,
 // r < w.rows, accumulated in f32; with accumulate, out[t, r] += that sum (the residual
-// connection). in.dtype == w.dtype, in.cols == w.cols; out is f32 [in.tokens, out_pitch],
-// out_pitch >= w.rows, and must not overlap in. (kernels/gemm.cuh)
+// connection). in.dtype == gemm_input_dtype(w.dtype), in.cols == w.cols; out is f32 [in.tokens,
+// out_pitch], out_pitch >= w.rows, and must not overlap in. (kernels/gemm.cuh)
 void gemm(float* out, int out_pitch, const DeviceMatrix& w, const DeviceActivations& in,
           const float* bias, bool accumulate, cudaStream_t stream);
 

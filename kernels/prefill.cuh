@@ -47,6 +47,25 @@ __global__ void __launch_bounds__(kRowsThreads)
     x[size_t(t) * cols + i] = WeightFormat<D>::element(row, i);
 }
 
+// As embedding_rows_kernel for a Q8 (I8) or Q4 (U8) table: the integer weight times its
+// block's f16 scale, as embedding_quantized_kernel computes it for one token.
+// Launch: as embedding_rows_kernel (grid (ceil(cols / 256), count), block 256, no shared
+// memory).
+template <DType D>
+__global__ void __launch_bounds__(kRowsThreads)
+    embedding_rows_quantized_kernel(float* __restrict__ x, const void* __restrict__ table,
+                                    const uint16_t* __restrict__ scales, int cols, int pitch,
+                                    const int* __restrict__ tokens) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= cols) return;
+    const int t = blockIdx.y;
+    const size_t token = size_t(tokens[t]);
+    using Format = QuantizedFormat<D>;
+    const char* row = static_cast<const char*>(table) + token * Format::row_bytes(pitch);
+    const uint16_t scale = scales[token * (pitch / kQuantizedBlock) + i / kQuantizedBlock];
+    x[size_t(t) * cols + i] = float(Format::value(row, i)) * half_bits_to_float(scale);
+}
+
 // out[t, i] = x[t, i] * rsqrt(mean(x[t]²) + eps) * weight[i] as D for i < cols, 0 for
 // cols <= i < pitch; x is f32 [tokens, cols].
 // Launch: grid tokens, block 256, no dynamic shared memory; block t normalises row t.
@@ -153,6 +172,15 @@ inline dim3 rope_kv_store_rows_grid(int heads, int kv_heads, int count) {
 void embedding_rows(float* x, const DeviceMatrix& table, const int* tokens, int count,
                     cudaStream_t stream) {
     if (count == 0) return;
+    if (is_quantized(table.dtype)) {
+        with_quantized_dtype(table.dtype, [&](auto dtype) {
+            embedding_rows_quantized_kernel<decltype(dtype)::value>
+                <<<embedding_rows_grid(table.cols, count), kRowsThreads, 0, stream>>>(
+                    x, table.data, table.scales, table.cols, table.pitch, tokens);
+        });
+        CUDA_CHECK_LAUNCH("embedding_rows_quantized_kernel");
+        return;
+    }
     with_weight_dtype(table.dtype, [&](auto dtype) {
         embedding_rows_kernel<decltype(dtype)::value>
             <<<embedding_rows_grid(table.cols, count), kRowsThreads, 0, stream>>>(

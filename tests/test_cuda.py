@@ -6,8 +6,9 @@ and o biases, per-head q/k norms, a sliding window on some layers only), f32/f16
 weights (q8 and q4: the GPU quantizes the activations to int8 as the CPU does, and the
 logits follow the CPU's within QUANTIZED_TOLERANCE; a q4 file keeps f16 the matrices whose
 columns are not a multiple of 32), f32/f16 KV cache, contexts of 1, 7, 100 and 4096
-positions; the batched prefill's logits at every position (one batch and more than one)
-and `ppl`; plus every kernel on its own (build/cuda_kernel_check), graph replay against
+positions; the batched prefill's logits at every position (one batch and more than one;
+q8 and q4 against the CPU's scalar path and its prefill, QUANTIZED_PREFILL_TOLERANCE) and
+`ppl`; plus every kernel on its own (build/cuda_kernel_check), graph replay against
 direct launches, every rung of the GPU ladder on Qwen, `run` and `bench`.
 
 Every test but the last skips, printing why, on a machine without a usable CUDA GPU (CI
@@ -48,6 +49,21 @@ QUANTIZED_TOLERANCE = 5e-2
 # rounded to f16 too: at least PREFILL_F16_KV_TOLERANCE.
 PREFILL_TOLERANCE = {"f32": 1e-3, "f16": 3e-3, "bf16": 1e-2}
 PREFILL_F16_KV_TOLERANCE = 3e-3
+# Batched prefill of q8 and q4 weights. The GPU's GEMM dequantizes each weight to f16 (one
+# rounding, relative 2^-11 at most) and multiplies f16 activations, as an f16 model's prefill
+# does; the CPU's q8/q4 prefill GEMM instead quantizes the activations to int8 per group of
+# 32. Two references, neither measured on a GPU here:
+# - The CPU's scalar path (`--scalar`: the dequantized weights exactly, f32 activations,
+#   token by token) differs from the GPU by the f16 roundings only: an f16 model's prefill
+#   budget (3e-3) plus the weights' own f16 rounding, whose errors of random sign add up to
+#   far less than 2^-11 relative: QUANTIZED_PREFILL_SCALAR_TOLERANCE.
+# - The CPU's `--prefill` differs by its int8 activations, which dominate: against its own
+#   `--scalar` logits it shows up to 4.2e-2 (stories260K q8, 700 positions; 3.6e-2 on the
+#   synthetic shapes, measured on the CPU), and another CPU's SIMD level (AVX2 or AVX-512
+#   VNNI) moves its rounding by up to 2e-2 (QUANTIZED_TOLERANCE above); the GPU's f16 error
+#   adds at most 3e-3: QUANTIZED_PREFILL_TOLERANCE.
+QUANTIZED_PREFILL_SCALAR_TOLERANCE = 5e-3
+QUANTIZED_PREFILL_TOLERANCE = 6e-2
 
 
 def tolerance(dtype):
@@ -95,6 +111,19 @@ def compare_prefill_with_cpu(model, dtype, ids, kv):
         tolerance = max(tolerance, PREFILL_F16_KV_TOLERANCE)
     assert_close(gpu, cpu, f"{os.path.basename(model)} prefill kv {kv}, {len(ids)} positions",
                  tolerance)
+
+
+def compare_quantized_prefill_with_cpu(model, ids, kv):
+    """Every position's logits from one prefill call of a q8/q4 model against the CPU's
+    scalar path and its prefill (QUANTIZED_PREFILL_SCALAR_TOLERANCE and
+    QUANTIZED_PREFILL_TOLERANCE)."""
+    gpu = dump_logits(model, ids, "--kv", kv, "--prefill", "--device", "cuda")
+    what = f"{os.path.basename(model)} prefill kv {kv}, {len(ids)} positions"
+    scalar = dump_logits(model, ids, "--kv", kv, "--scalar")
+    assert_close(gpu, scalar, what + " against the CPU's scalar path",
+                 QUANTIZED_PREFILL_SCALAR_TOLERANCE)
+    prefill = dump_logits(model, ids, "--kv", kv, "--prefill")
+    assert_close(gpu, prefill, what + " against the CPU's prefill", QUANTIZED_PREFILL_TOLERANCE)
 
 
 def token_ids(count, seed=0, vocab=512):
@@ -251,6 +280,18 @@ def test_prefill_cuda_matches_cpu(cuda, models, name, dtype, kv, length):
     """700 tokens: two batches, the second continuing the cache of the first (and crossing
     the sliding windows of gqa-window and qwen2-window). Qwen: biases, q/k norms."""
     compare_prefill_with_cpu(models(name, dtype), dtype, token_ids(length, seed=length), kv)
+
+
+@pytest.mark.parametrize("name", ["stories260K", "gqa-window", "wide-heads"])
+@pytest.mark.parametrize("dtype,kv", [("q8", "f16"), ("q4", "f32")])
+@pytest.mark.parametrize("length", [1, 7, 100, 700])
+def test_quantized_prefill_cuda_matches_cpu(cuda, models, name, dtype, kv, length):
+    """The Q8/Q4 GEMMs of the batched prefill (700 tokens: two batches). stories260K:
+    every matrix Q8 or Q4; wide-heads (dim 260): q4 mixes Q4 matrices with the f16 ones
+    whose columns are not a multiple of 32; gqa-window (dim 204): q4 keeps every matrix f16,
+    q8 pads every row's last block. The CPU's numbers behind the tolerances were measured
+    with its AVX-512 VNNI prefill."""
+    compare_quantized_prefill_with_cpu(models(name, dtype), token_ids(length, seed=length), kv)
 
 
 @pytest.mark.parametrize("name,text,context", [

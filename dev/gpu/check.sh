@@ -36,7 +36,8 @@
 #                 sources (--stage puts them there): built in the background with
 #                 scripts/build_llamacpp.sh --cuda as soon as the script starts, into
 #                 $WORK/llamacpp, where later runs find it (the build takes minutes: a
-#                 first run may report llama.cpp as not ready yet)
+#                 first run may report llama.cpp as not ready yet); pp16 and pp512 of the
+#                 q8/q4 checkpoints where the quantized step has written them
 #   ab            decode speed of other trees beside this one, alternated in one run: each
 #                 gpu_data/ab/NAME.tgz (made here by `git archive -o gpu_data/ab/NAME.tgz
 #                 REV`) is built and must give this tree's greedy text first; run it alone
@@ -395,6 +396,12 @@ if wants prefill && mistral_ready 120; then
         # The disk holds the f16 files and one more pair at a time.
         [ "$dtype" = f16 ] || rm -f "$model"
         rm -f "$gguf"
+    done
+    # q8 and q4 (the quantized GEMM), on the checkpoints the quantized step keeps in $WORK.
+    for dtype in q8 q4; do
+        model=$WORK/mistral-7b-$dtype.bin
+        [ -f "$model" ] || continue
+        for p in 16 512; do barellm_prefill "mistral-7b-$dtype" "$model" 1 -p "$p" -n 0 -r 3; done
     done
     python3 - "$PREFILL" <<'EOF' | tee "$LOG/prefill.md"
 import json, sys

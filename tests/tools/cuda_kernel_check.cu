@@ -883,9 +883,10 @@ const char* tiles_label(cuda::GemmTiles tiles) {
 // The tiles gemm_with_tiles can run for `dtype` on this GPU: the SIMT GEMM for f32 and bf16
 // (bf16's path below sm_80), the tensor-core tiles where the GPU multiplies dtype on tensor
 // cores (the large ones where they fit its shared memory: gemm picks them for a huge size).
+// f16, Q8 and Q4 weights run on tensor cores only.
 std::vector<cuda::GemmTiles> runnable_tiles(DType dtype) {
     std::vector<cuda::GemmTiles> tiles;
-    if (dtype != DType::F16) tiles.push_back(cuda::GemmTiles::kSimt);
+    if (dtype == DType::F32 || dtype == DType::BF16) tiles.push_back(cuda::GemmTiles::kSimt);
     if (cuda::gemm_tiles(dtype, 1, 1) == cuda::GemmTiles::kSimt) return tiles;
     tiles.push_back(cuda::GemmTiles::kSmallBatch);
     tiles.push_back(cuda::GemmTiles::kMedium);
@@ -895,10 +896,18 @@ std::vector<cuda::GemmTiles> runnable_tiles(DType dtype) {
     return tiles;
 }
 
-// The element values of a host matrix as f32 (exact: f16 and bf16 widen exactly).
+// The element values of a host matrix as f32 (exact: f16 and bf16 widen exactly). Q8 and Q4
+// values are dequantized by cpu::embedding_row (q * scale, exact in f32) and rounded to f16,
+// as the GEMM dequantizes them for its f16 tensor-core products.
 std::vector<float> matrix_values(const HostMatrix& m) {
     const size_t count = size_t(m.matrix.rows) * m.matrix.cols;
     std::vector<float> values(count);
+    if (is_quantized(m.matrix.dtype)) {
+        for (int r = 0; r < m.matrix.rows; ++r)
+            cpu::embedding_row(&values[size_t(r) * m.matrix.cols], m.matrix, r);
+        for (float& v : values) v = half_to_float(float_to_half(v));
+        return values;
+    }
     for (size_t i = 0; i < count; ++i) {
         if (m.matrix.dtype == DType::F32) {
             std::memcpy(&values[i], &m.bytes[4 * i], 4);
@@ -913,10 +922,14 @@ std::vector<float> matrix_values(const HostMatrix& m) {
 
 // cuda::gemm (and gemm_with_tiles with every tile shape this GPU runs) against a
 // double-precision product of the same rounded inputs, with and without bias and
-// accumulate, outputs poisoned first. The error of out[t, r] is measured against
-// sum_c |in[t, c] W[r, c]| + |bias[r]| + |out_before[t, r]| (what f32 rounding scales with);
-// the output's pitch is wider than its rows and the columns in between must stay untouched.
-// Large shapes compare every token_stride-th token (and the last) with the reference.
+// accumulate, outputs poisoned first. Q8 and Q4 weights (random values and scales) multiply
+// f16 activations; their reference weights are the dequantized values rounded to f16
+// (matrix_values), and Q4 takes each case's columns rounded up to a multiple of 32 (Q8 keeps
+// them: its rows are padded to whole blocks, wider than the activations' rows). The error of out[t,
+// r] is measured against sum_c |in[t, c] W[r, c]| + |bias[r]| + |out_before[t, r]| (what f32
+// rounding scales with); the output's pitch is wider than its rows and the columns in between must
+// stay untouched. Large shapes compare every token_stride-th token (and the last) with the
+// reference.
 void check_gemm() {
     struct Case {
         int tokens, rows, cols, token_stride;
@@ -928,15 +941,19 @@ void check_gemm() {
     constexpr int kPitchSlack = 5;  // output columns past the rows, left alone
     constexpr double kTolerance = 1e-5;
     cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
-    for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
+    for (DType dtype : {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8}) {
         const std::vector<cuda::GemmTiles> tiles = runnable_tiles(dtype);
-        for (const Case& test : cases) {
-            const HostMatrix w = random_matrix(test.rows, test.cols, dtype);
-            const HostMatrix x = random_matrix(test.tokens, test.cols, dtype);
+        const DType in_dtype = cuda::gemm_input_dtype(dtype);
+        for (Case test : cases) {
+            if (dtype == DType::U8) test.cols = (test.cols + kQ4Block - 1) / kQ4Block * kQ4Block;
+            const HostMatrix w = is_quantized(dtype)
+                                     ? random_quantized_matrix(test.rows, test.cols, dtype)
+                                     : random_matrix(test.rows, test.cols, dtype);
+            const HostMatrix x = random_matrix(test.tokens, test.cols, in_dtype);
             DeviceBuffer w_memory, x_memory;
             const DeviceMatrix device_w = cuda::upload_matrix(w.matrix, w_memory, staging, "w");
             const DeviceMatrix device_x = cuda::upload_matrix(x.matrix, x_memory, staging, "x");
-            const cuda::DeviceActivations in{x_memory.as(), dtype, test.tokens, test.cols,
+            const cuda::DeviceActivations in{x_memory.as(), in_dtype, test.tokens, test.cols,
                                              device_x.pitch};
             const std::vector<float> bias = random_floats(test.rows);
             DeviceBuffer device_bias = to_device(bias);
@@ -1092,8 +1109,10 @@ std::vector<float> with_pitch(const std::vector<float>& rows, int tokens, int co
 void check_prefill_rows() {
     cuda::PinnedBuffer staging(size_t(16) << 20, "staging");
     std::uniform_int_distribution<int> any_token(0, 514);
-    for (DType dtype : {DType::F32, DType::F16, DType::BF16}) {
-        const HostMatrix table = random_matrix(515, 204, dtype);
+    for (DType dtype : {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8}) {
+        const int cols = dtype == DType::U8 ? 224 : 204;  // Q4: whole blocks of 32
+        const HostMatrix table = is_quantized(dtype) ? random_quantized_matrix(515, cols, dtype)
+                                                     : random_matrix(515, cols, dtype);
         DeviceBuffer table_memory;
         const DeviceMatrix device_table =
             cuda::upload_matrix(table.matrix, table_memory, staging, "table");
@@ -1101,13 +1120,13 @@ void check_prefill_rows() {
             std::vector<int> tokens(count);
             for (int& token : tokens) token = any_token(rng);
             DeviceBuffer device_tokens = to_device(tokens.data(), count * sizeof(int));
-            DeviceBuffer x = poisoned(size_t(count) * 204);
+            DeviceBuffer x = poisoned(size_t(count) * cols);
             cuda::embedding_rows(x.as<float>(), device_table, device_tokens.as<int>(), count, 0);
-            std::vector<float> want(size_t(count) * 204);
+            std::vector<float> want(size_t(count) * cols);
             for (int t = 0; t < count; ++t)
-                cpu::embedding_row(&want[size_t(t) * 204], table.matrix, tokens[t]);
-            report(std::string("embedding_rows ") + dtype_label(dtype) + " 515x204 B " +
-                       std::to_string(count),
+                cpu::embedding_row(&want[size_t(t) * cols], table.matrix, tokens[t]);
+            report(std::string("embedding_rows ") + dtype_label(dtype) + " 515x" +
+                       std::to_string(cols) + " B " + std::to_string(count),
                    to_host(x.as(), want.size()), want, 0.0);
         }
     }
@@ -1526,18 +1545,28 @@ void bench_gemm(const cudaDeviceProp& properties) {
         {"qkv", 6144, 4096}, {"wo", 4096, 4096}, {"w1, w3", 14336, 4096}, {"w2", 4096, 14336}};
     constexpr int kBatch = 512;
     cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
-    cuda::prepare_matvec(cuda::matvec_shared_bytes(14336, DType::F32));
+    const bool quantized_matvec_fits = matvec_fits(14336, DType::I8);
+    cuda::prepare_matvec(
+        std::max(cuda::matvec_shared_bytes(14336, DType::F32),
+                 quantized_matvec_fits ? cuda::matvec_shared_bytes(14336, DType::I8) : size_t(0)));
+    // A weight matrix for the benchmark: random cheap values of dtype (Q8, Q4 included).
+    const auto bench_matrix = [](int rows, int cols, DType dtype) {
+        return is_quantized(dtype) ? random_quantized_matrix(rows, cols, dtype, true)
+                                   : random_matrix(rows, cols, dtype, true);
+    };
+    constexpr DType kGemmDtypes[] = {DType::F16, DType::BF16, DType::I8, DType::U8};
     std::printf(
         "\n| gemm | tokens x rows x cols | tiles | us | TFLOPS | %% of peak |\n"
         "| --- | --- | --- | ---: | ---: | ---: |\n");
-    for (DType dtype : {DType::F16, DType::BF16}) {
+    for (DType dtype : kGemmDtypes) {
+        const DType in_dtype = cuda::gemm_input_dtype(dtype);
         for (const Shape& shape : shapes) {
-            const HostMatrix w = random_matrix(shape.rows, shape.cols, dtype, true);
-            const HostMatrix x = random_matrix(kBatch, shape.cols, dtype, true);
+            const HostMatrix w = bench_matrix(shape.rows, shape.cols, dtype);
+            const HostMatrix x = random_matrix(kBatch, shape.cols, in_dtype, true);
             DeviceBuffer w_memory, x_memory;
             const DeviceMatrix device_w = cuda::upload_matrix(w.matrix, w_memory, staging, "w");
             const DeviceMatrix device_x = cuda::upload_matrix(x.matrix, x_memory, staging, "x");
-            const cuda::DeviceActivations in{x_memory.as(), dtype, kBatch, shape.cols,
+            const cuda::DeviceActivations in{x_memory.as(), in_dtype, kBatch, shape.cols,
                                              device_x.pitch};
             DeviceBuffer out = poisoned(size_t(kBatch) * shape.rows);
             const cuda::GemmTiles chosen = cuda::gemm_tiles(dtype, kBatch, shape.rows);
@@ -1559,21 +1588,25 @@ void bench_gemm(const cudaDeviceProp& properties) {
     }
 
     // Small batches read the weights once, as decode does for every token: each tensor-core
-    // tile shape, gemm's marked, against as many matvecs.
+    // tile shape, gemm's marked, against as many matvecs (Q8, Q4: the int8 matvecs decode
+    // runs), and the rate at which the GEMM reads the weights (values and scales) once.
     std::printf(
-        "\n| gemm | tokens | tiles | gemm us | that many matvecs us | gemm / matvecs |\n"
-        "| --- | ---: | --- | ---: | ---: | ---: |\n");
-    for (DType dtype : {DType::F16, DType::BF16}) {
+        "\n| gemm | tokens | tiles | gemm us | weights GB/s | that many matvecs us | gemm / "
+        "matvecs |\n"
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: |\n");
+    for (DType dtype : kGemmDtypes) {
+        if (is_quantized(dtype) && !quantized_matvec_fits) continue;
+        const DType in_dtype = cuda::gemm_input_dtype(dtype);
         for (const Shape& shape : {shapes[2], shapes[3]}) {
-            const HostMatrix w = random_matrix(shape.rows, shape.cols, dtype, true);
+            const HostMatrix w = bench_matrix(shape.rows, shape.cols, dtype);
             DeviceBuffer w_memory;
             const DeviceMatrix device_w = cuda::upload_matrix(w.matrix, w_memory, staging, "w");
             DeviceBuffer vector_in = to_device(random_floats(shape.cols));
             for (int tokens : {1, 4, 16, 64}) {
-                const HostMatrix x = random_matrix(tokens, shape.cols, dtype, true);
+                const HostMatrix x = random_matrix(tokens, shape.cols, in_dtype, true);
                 DeviceBuffer x_memory;
                 const DeviceMatrix device_x = cuda::upload_matrix(x.matrix, x_memory, staging, "x");
-                const cuda::DeviceActivations in{x_memory.as(), dtype, tokens, shape.cols,
+                const cuda::DeviceActivations in{x_memory.as(), in_dtype, tokens, shape.cols,
                                                  device_x.pitch};
                 DeviceBuffer out = poisoned(size_t(tokens) * shape.rows);
                 const double matvec_ms = time_ms([&](int) {
@@ -1588,10 +1621,11 @@ void bench_gemm(const cudaDeviceProp& properties) {
                         cuda::gemm_with_tiles(tiles, out.as<float>(), shape.rows, device_w, in,
                                               nullptr, false, 0);
                     });
-                    std::printf("| %s %s %dx%d | %d | %s%s | %.1f | %.1f | %.2f |\n", shape.name,
-                                dtype_label(dtype), shape.rows, shape.cols, tokens,
+                    std::printf("| %s %s %dx%d | %d | %s%s | %.1f | %.0f | %.1f | %.2f |\n",
+                                shape.name, dtype_label(dtype), shape.rows, shape.cols, tokens,
                                 tiles_label(tiles), tiles == chosen ? " (gemm's)" : "",
-                                gemm_ms * 1e3, matvec_ms * 1e3, gemm_ms / matvec_ms);
+                                gemm_ms * 1e3, double(device_w.bytes()) / gemm_ms / 1e6,
+                                matvec_ms * 1e3, gemm_ms / matvec_ms);
                     std::fflush(stdout);
                 }
             }

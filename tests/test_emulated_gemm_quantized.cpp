@@ -1,0 +1,200 @@
+// The Q8/Q4 batched-prefill GEMM kernel of kernels/gemm.cuh (gemm_quantized_tensor_core_kernel)
+// runs on the CUDA emulation, launched as gemm_with_tiles launches it, against a
+// double-precision reference: random quantized weights in the DeviceMatrix layout (values of
+// every byte, scales of either sign, Q8 rows padded to whole blocks) decoded here from the
+// format's definition and rounded to f16 as the kernel dequantizes them, times f16
+// activations; every tile shape, at sizes that are not multiples of the tiles, with bias,
+// accumulation and a wider output pitch. The batched prefill's Q8/Q4 embedding rows too.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "emulated_inputs.h"
+#include "gemm.cuh"
+#include "prefill.cuh"
+
+using namespace barellm;
+using namespace barellm::cuda;
+using namespace barellm::test;
+
+namespace {
+
+// A Q8 (I8) or Q4 (U8) matrix as kernels.h's DeviceMatrix lays it out in device memory: rows
+// of pitch = padded_cols(cols) values (int8, or two nibbles a byte), padding values zero, then
+// the f16 scales [rows, pitch / 32]; with the values each weight decodes to, rounded to f16.
+struct QuantizedRows {
+    DType dtype;
+    int rows, cols, pitch;
+    AlignedArray<uint8_t> bytes;
+    std::vector<double> values;  // [rows, cols]
+
+    QuantizedRows(int rows_, int cols_, DType dtype_, std::mt19937& rng)
+        : dtype(dtype_),
+          rows(rows_),
+          cols(cols_),
+          pitch(padded_cols(cols_, dtype_)),
+          bytes(size_t(rows_) * row_bytes() + size_t(rows_) * blocks() * sizeof(uint16_t), 0),
+          values(size_t(rows_) * cols_) {
+        std::uniform_int_distribution<int> q8(-128, 127), nibble(0, 15);
+        std::normal_distribution<float> scale(0.0f, 1.0f / 64);
+        for (int r = 0; r < rows; ++r) {
+            for (int b = 0; b < blocks(); ++b)
+                scales()[size_t(r) * blocks() + b] = float_to_half(scale(rng));
+            uint8_t* row = bytes.data() + size_t(r) * row_bytes();
+            for (int c = 0; c < cols; ++c) {
+                const float s = half_to_float(scales()[size_t(r) * blocks() + c / kQuantizedBlock]);
+                int q;
+                if (dtype == DType::I8) {
+                    q = q8(rng);
+                    row[c] = uint8_t(int8_t(q));
+                } else {  // byte j of a block: column j in the low nibble, j + 16 in the high
+                    const int n = nibble(rng), within = c % kQuantizedBlock,
+                              half = kQuantizedBlock / 2;
+                    uint8_t& byte = row[c / kQuantizedBlock * half + within % half];
+                    byte |= uint8_t(within < half ? n : n << 4);
+                    q = n - kQ4Offset;
+                }
+                values[size_t(r) * cols + c] = half_to_float(float_to_half(float(q) * s));
+            }
+        }
+    }
+    int blocks() const { return pitch / kQuantizedBlock; }
+    size_t row_bytes() const { return dtype == DType::U8 ? size_t(pitch) / 2 : size_t(pitch); }
+    uint16_t* scales() {
+        return reinterpret_cast<uint16_t*>(bytes.data() + size_t(rows) * row_bytes());
+    }
+    double at(int r, int c) const { return values[size_t(r) * cols + c]; }
+};
+
+struct GemmCase {
+    int tokens, rows, cols;
+    bool bias, accumulate;
+};
+
+// Sizes around the tiles: 1 token, odd counts, more tokens than a small tile; rows below and
+// above a tile; columns (Q8) a multiple of 8 but not of 32, not a multiple of 8, and more than
+// one and two K tiles of every tile shape; Q4 takes them rounded up to whole blocks.
+const GemmCase kCases[] = {
+    {1, 24, 40, false, false},  {3, 200, 264, true, false}, {17, 24, 72, false, true},
+    {70, 200, 261, true, true}, {33, 72, 43, true, false},  {5, 40, 600, true, true},
+};
+constexpr int kOutPitchExtra = 5;  // output columns past the rows, which must stay untouched
+constexpr float kUntouched = 12345.0f;
+
+// Launches the kernel gemm_with_tiles launches for `tiles` and weights W.
+template <DType W>
+void launch_emulated_gemm(GemmTiles tiles, float* out, int out_pitch, QuantizedRows& w,
+                          PaddedRows& in, const float* bias, bool accumulate) {
+    const auto launch = [&](auto tile_type) {
+        using Tiles = decltype(tile_type);
+        emulate_launch(gemm_tensor_core_grid<Tiles>(in.rows, w.rows), dim3(Tiles::kThreads),
+                       QuantizedTiles<W, Tiles>::kSharedBytes,
+                       gemm_quantized_tensor_core_kernel<W, Tiles>, out, out_pitch,
+                       static_cast<const uint8_t*>(w.bytes.data()),
+                       static_cast<const uint16_t*>(w.scales()), w.rows, w.pitch,
+                       static_cast<const uint16_t*>(in.data()), in.rows, in.pitch,
+                       gemm_k_extent(in.cols, DType::F16), bias, accumulate);
+    };
+    switch (tiles) {
+        case GemmTiles::kSimt:
+            FAIL("Q8/Q4 weights have no SIMT GEMM");
+            return;
+        case GemmTiles::kSmallBatch:
+            return launch(QuantizedSmallBatchTiles{});
+        case GemmTiles::kMedium:
+            return launch(MediumTiles{});
+        case GemmTiles::kLarge:
+            return launch(LargeTiles{});
+    }
+}
+
+template <DType W>
+void check_gemm(GemmTiles tiles, GemmCase c, std::mt19937& rng) {
+    if (W == DType::U8) c.cols = (c.cols + kQuantizedBlock - 1) / kQuantizedBlock * kQuantizedBlock;
+    INFO(dtype_name(W) << " tiles " << int(tiles) << ": " << c.tokens << " tokens, " << c.rows
+                       << " rows, " << c.cols << " cols, bias " << c.bias << ", accumulate "
+                       << c.accumulate);
+    QuantizedRows w(c.rows, c.cols, W, rng);
+    PaddedRows in(c.tokens, c.cols, gemm_input_dtype(W), rng);
+    const std::vector<float> bias = random_floats(size_t(c.rows), rng);
+    const int out_pitch = c.rows + kOutPitchExtra;
+    std::vector<float> out(size_t(c.tokens) * out_pitch, kUntouched);
+    const std::vector<float> initial = random_floats(out.size(), rng);
+    if (c.accumulate)
+        for (int t = 0; t < c.tokens; ++t)
+            for (int r = 0; r < c.rows; ++r)
+                out[size_t(t) * out_pitch + r] = initial[size_t(t) * out_pitch + r];
+    launch_emulated_gemm<W>(tiles, out.data(), out_pitch, w, in, c.bias ? bias.data() : nullptr,
+                            c.accumulate);
+
+    int wrong = 0;
+    for (int t = 0; t < c.tokens; ++t) {
+        for (int r = 0; r < c.rows; ++r) {
+            double sum = 0, magnitude = 0;
+            for (int k = 0; k < c.cols; ++k) {
+                sum += in.at(t, k) * w.at(r, k);
+                magnitude += std::fabs(in.at(t, k) * w.at(r, k));
+            }
+            if (c.bias) sum += bias[r];
+            if (c.accumulate) sum += initial[size_t(t) * out_pitch + r];
+            // f32 accumulation of exact products: a few ulps of the magnitude per addition.
+            const double tolerance = 1e-6 * (magnitude + std::fabs(sum) + 1.0) * std::sqrt(c.cols);
+            const float got = out[size_t(t) * out_pitch + r];
+            if (!(std::fabs(got - sum) <= tolerance) && ++wrong <= 5) {
+                INFO("token " << t << " row " << r << ": got " << got << ", want " << sum);
+                CHECK(false);
+            }
+        }
+        for (int r = c.rows; r < out_pitch; ++r)
+            if (out[size_t(t) * out_pitch + r] != kUntouched && ++wrong <= 5) {
+                INFO("token " << t << " padding column " << r << " was written");
+                CHECK(false);
+            }
+    }
+    CHECK(wrong == 0);
+}
+
+// embedding_rows_quantized_kernel as embedding_rows launches it, against the decoded table
+// (exact: q * scale in f32).
+template <DType W>
+void check_embedding_rows(std::mt19937& rng) {
+    const int cols = W == DType::U8 ? 96 : 83, vocab = 37, count = 5;
+    QuantizedRows table(vocab, cols, W, rng);
+    const int tokens[count] = {0, 36, 5, 5, 17};
+    std::vector<float> x(size_t(count) * cols, kUntouched);
+    emulate_launch(embedding_rows_grid(cols, count), dim3(kRowsThreads), 0,
+                   embedding_rows_quantized_kernel<W>, x.data(),
+                   static_cast<const void*>(table.bytes.data()),
+                   static_cast<const uint16_t*>(table.scales()), cols, table.pitch, tokens);
+    for (int t = 0; t < count; ++t)
+        for (int c = 0; c < cols; ++c) {
+            const uint8_t* row = table.bytes.data() + size_t(tokens[t]) * table.row_bytes();
+            const int within = c % kQuantizedBlock, half = kQuantizedBlock / 2;
+            const uint8_t byte = row[c / kQuantizedBlock * half + within % half];
+            const int q = W == DType::I8 ? int(int8_t(row[c]))
+                                         : (within < half ? byte & 0xf : byte >> 4) - kQ4Offset;
+            const float scale = half_to_float(
+                table.scales()[size_t(tokens[t]) * table.blocks() + c / kQuantizedBlock]);
+            INFO(dtype_name(W) << " token " << tokens[t] << " column " << c);
+            CHECK(x[size_t(t) * cols + c] == float(q) * scale);
+        }
+}
+
+}  // namespace
+
+TEST_CASE("emulated Q8/Q4 tensor-core gemm matches a double reference", "[cuda_emulation][gemm]") {
+    std::mt19937 rng(2026);
+    for (const GemmTiles tiles : {GemmTiles::kSmallBatch, GemmTiles::kMedium, GemmTiles::kLarge})
+        for (const GemmCase& c : kCases) {
+            check_gemm<DType::I8>(tiles, c, rng);
+            check_gemm<DType::U8>(tiles, c, rng);
+        }
+}
+
+TEST_CASE("emulated Q8/Q4 embedding rows match the decoded table", "[cuda_emulation][prefill]") {
+    std::mt19937 rng(2027);
+    check_embedding_rows<DType::I8>(rng);
+    check_embedding_rows<DType::U8>(rng);
+}
