@@ -505,13 +505,15 @@ namespace {
 struct AttentionCase {
     int heads, kv_heads, head_dim, pos, window, splits;
     bool norms;
+    float magnitude;  // of q, k and the keys: scores grow with its square
 };
 
 // The cache: random rows 0..pos-1 (attended ones) and NaN elsewhere, row pos written by the
 // kernel; positions before the window are NaN too, so that a read outside the window shows.
 template <typename KvT>
-std::vector<KvT> attention_cache(int context, int kv_dim, int first, int pos, std::mt19937& rng) {
-    const std::vector<float> drawn = random_floats(size_t(context) * kv_dim, rng, 2.0f);
+std::vector<KvT> attention_cache(int context, int kv_dim, int first, int pos, std::mt19937& rng,
+                                 float magnitude) {
+    const std::vector<float> drawn = random_floats(size_t(context) * kv_dim, rng, magnitude);
     std::vector<KvT> cache(drawn.size());
     for (int row = 0; row < context; ++row)
         for (int i = 0; i < kv_dim; ++i) {
@@ -568,11 +570,11 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
     const int head_dim = c.head_dim, q_dim = c.heads * head_dim, kv_dim = c.kv_heads * head_dim;
     const int context = c.pos + 3, first = attention_start(c.pos, c.window);
     const std::vector<float> inverse_frequencies = inverse_frequencies_for(head_dim);
-    const std::vector<float> qkv = random_floats(size_t(q_dim + 2 * kv_dim), rng, 2.0f);
+    const std::vector<float> qkv = random_floats(size_t(q_dim + 2 * kv_dim), rng, c.magnitude);
     const std::vector<float> q_norm = random_floats(size_t(head_dim), rng);
     const std::vector<float> k_norm = random_floats(size_t(head_dim), rng);
-    std::vector<KvT> keys = attention_cache<KvT>(context, kv_dim, first, c.pos, rng);
-    std::vector<KvT> values = attention_cache<KvT>(context, kv_dim, first, c.pos, rng);
+    std::vector<KvT> keys = attention_cache<KvT>(context, kv_dim, first, c.pos, rng, c.magnitude);
+    std::vector<KvT> values = attention_cache<KvT>(context, kv_dim, first, c.pos, rng, 2.0f);
     const std::vector<KvT> keys_before = keys, values_before = values;
     std::vector<float> out = nan_floats(size_t(q_dim));
     std::vector<float> partial_out = nan_floats(size_t(c.heads) * c.splits * head_dim);
@@ -616,14 +618,16 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
 }
 
 constexpr AttentionCase kAttentionCases[] = {
-    {8, 4, 8, 0, 0, 1, false},     {8, 4, 8, 5, 0, 3, true},  // two empty splits
-    {6, 2, 34, 70, 0, 3, false},                              // three splits merged
-    {12, 2, 64, 70, 0, 4, true},    // head groups of 4 and 2; split 3 empty
-    {12, 2, 64, 70, 50, 2, false},  // a window over two splits
-    {4, 4, 34, 70, 16, 3, true},    // a window inside one split
-    {5, 1, 72, 150, 0, 5, true},    // kHeadDimMax 128, five splits
-    {8, 2, 64, 150, 0, 1, false},   // one split of three tiles (the online softmax)
-    {2, 1, 130, 40, 0, 2, true},    // kHeadDimMax 256
+    {8, 4, 8, 0, 0, 1, false, 2.0f},      // the first token
+    {8, 4, 8, 5, 0, 3, true, 2.0f},       // two empty splits
+    {6, 2, 34, 70, 0, 3, false, 2.0f},    // three splits merged
+    {12, 2, 64, 70, 0, 4, true, 2.0f},    // head groups of 4 and 2; split 3 empty
+    {12, 2, 64, 70, 50, 2, false, 2.0f},  // a window over two splits
+    {4, 4, 34, 70, 16, 3, true, 2.0f},    // a window inside one split
+    {5, 1, 72, 150, 0, 5, true, 2.0f},    // kHeadDimMax 128, five splits
+    {8, 2, 64, 150, 0, 1, false, 2.0f},   // one split of three tiles (the online softmax)
+    {2, 1, 130, 40, 0, 2, true, 2.0f},    // kHeadDimMax 256
+    {8, 2, 64, 150, 0, 5, false, 12.0f},  // scores past 88: exp overflows without the max
 };
 
 }  // namespace
@@ -649,10 +653,12 @@ void check_attention_naive(const AttentionCase& c, std::mt19937& rng) {
                  << (std::is_same_v<KvT, float> ? "f32" : "f16"));
     const int head_dim = c.head_dim, q_dim = c.heads * head_dim, kv_dim = c.kv_heads * head_dim;
     const int context = c.pos + 3, first = attention_start(c.pos, c.window);
-    const std::vector<float> q = random_floats(size_t(q_dim), rng, 2.0f);
+    const std::vector<float> q = random_floats(size_t(q_dim), rng, c.magnitude);
     // Row pos is attended too: here it is already in the cache.
-    const std::vector<KvT> keys = attention_cache<KvT>(context, kv_dim, first, c.pos + 1, rng);
-    const std::vector<KvT> values = attention_cache<KvT>(context, kv_dim, first, c.pos + 1, rng);
+    const std::vector<KvT> keys =
+        attention_cache<KvT>(context, kv_dim, first, c.pos + 1, rng, c.magnitude);
+    const std::vector<KvT> values =
+        attention_cache<KvT>(context, kv_dim, first, c.pos + 1, rng, 2.0f);
     std::vector<float> out = nan_floats(size_t(q_dim));
     std::vector<float> scores = nan_floats(size_t(c.heads) * context);
     const int step[2] = {1, c.pos};
