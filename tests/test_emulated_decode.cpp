@@ -499,7 +499,7 @@ namespace {
 struct AttentionCase {
     int heads, kv_heads, head_dim, pos, window, splits;
     bool norms;
-    float magnitude;  // of q, k and the keys: scores grow with its square
+    float magnitude;  // of the token's q, k, v and the cached keys: scores grow with its square
 };
 
 // The cache: random rows 0..pos-1 (attended ones) and NaN elsewhere, row pos written by the
@@ -517,38 +517,30 @@ std::vector<KvT> attention_cache(int context, int kv_dim, int first, int pos, st
     return cache;
 }
 
-// out[h] of the attention of q' (normed, rotated in double) over the cache rows first..pos
-// as stored (row pos included, as the kernel stored it), in double.
+// Σ_t softmax(q · key(t) / sqrt(head_dim))_t value(t) over the cache rows t = first..pos of
+// query head h's KV head, in double; q [head_dim].
 template <typename KvT>
-std::vector<double> attention_reference(const AttentionCase& c, const std::vector<float>& qkv,
-                                        const std::vector<float>& q_norm,
-                                        const std::vector<float>& inverse_frequencies,
-                                        const std::vector<KvT>& keys,
-                                        const std::vector<KvT>& values, int first) {
+std::vector<double> attend(const std::vector<double>& q, int h, const AttentionCase& c,
+                           const std::vector<KvT>& keys, const std::vector<KvT>& values,
+                           int first) {
     const int head_dim = c.head_dim, kv_dim = c.kv_heads * head_dim;
-    const int group = c.heads / c.kv_heads;
-    std::vector<double> out(size_t(c.heads) * head_dim);
-    for (int h = 0; h < c.heads; ++h) {
-        const std::vector<double> q =
-            rope_reference(&qkv[size_t(h) * head_dim], head_dim, c.norms ? q_norm.data() : nullptr,
-                           c.pos, inverse_frequencies);
-        const size_t head_offset = size_t(h / group) * head_dim;
-        std::vector<double> scores;
-        for (int t = first; t <= c.pos; ++t) {
-            double dot = 0;
-            for (int d = 0; d < head_dim; ++d)
-                dot += q[d] * from_kv(keys[size_t(t) * kv_dim + head_offset + d]);
-            scores.push_back(dot / std::sqrt(double(head_dim)));
-        }
-        const double largest = *std::max_element(scores.begin(), scores.end());
-        double total = 0;
-        for (double& s : scores) total += s = std::exp(s - largest);
-        for (int d = 0; d < head_dim; ++d) {
-            double mixed = 0;
-            for (int t = first; t <= c.pos; ++t)
-                mixed += scores[t - first] * from_kv(values[size_t(t) * kv_dim + head_offset + d]);
-            out[size_t(h) * head_dim + d] = mixed / total;
-        }
+    const size_t head_offset = size_t(h / (c.heads / c.kv_heads)) * head_dim;
+    std::vector<double> p;
+    for (int t = first; t <= c.pos; ++t) {
+        double dot = 0;
+        for (int d = 0; d < head_dim; ++d)
+            dot += q[d] * from_kv(keys[size_t(t) * kv_dim + head_offset + d]);
+        p.push_back(dot / std::sqrt(double(head_dim)));
+    }
+    const double largest = *std::max_element(p.begin(), p.end());
+    double total = 0;
+    for (double& s : p) total += s = std::exp(s - largest);
+    std::vector<double> out(head_dim);
+    for (int d = 0; d < head_dim; ++d) {
+        double mixed = 0;
+        for (int t = first; t <= c.pos; ++t)
+            mixed += p[t - first] * from_kv(values[size_t(t) * kv_dim + head_offset + d]);
+        out[d] = mixed / total;
     }
     return out;
 }
@@ -603,9 +595,16 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
         wrong += std::memcmp(&keys[e], &keys_before[e], sizeof(KvT)) != 0;
         wrong += std::memcmp(&values[e], &values_before[e], sizeof(KvT)) != 0;
     }
-    const std::vector<double> want =
-        attention_reference(c, qkv, q_norm, inverse_frequencies, keys, values, first);
-    for (int i = 0; i < q_dim; ++i) wrong += !close(out[i], want[i], kAttentionError);
+    // The output from q normed and rotated in double, over the rows as stored (row pos as the
+    // kernel stored it, checked above).
+    for (int h = 0; h < c.heads; ++h) {
+        const std::vector<double> q =
+            rope_reference(&qkv[size_t(h) * head_dim], head_dim, c.norms ? q_norm.data() : nullptr,
+                           c.pos, inverse_frequencies);
+        const std::vector<double> want = attend(q, h, c, keys, values, first);
+        for (int d = 0; d < head_dim; ++d)
+            wrong += !close(out[size_t(h) * head_dim + d], want[d], kAttentionError);
+    }
     CHECK(wrong == 0);
     // Every counter back at zero, for the next launch.
     CHECK(std::count(arrivals.begin(), arrivals.end(), 0u) == std::ptrdiff_t(arrivals.size()));
@@ -660,28 +659,15 @@ void check_attention_naive(const AttentionCase& c, std::mt19937& rng) {
     emulate_launch(dim3(c.heads), dim3(kNaiveAttentionThreads), 0, attention_naive_kernel<KvT>,
                    out.data(), q.data(), keys.data(), values.data(), step, scores.data(), context,
                    c.heads, c.kv_heads, head_dim, c.window, scale);
-    // The reference: q as given (this kernel takes it rotated already).
-    const int group = c.heads / c.kv_heads;
+    // The reference from q as given (this kernel takes it rotated already).
     int wrong = 0;
     for (int h = 0; h < c.heads; ++h) {
-        const size_t head_offset = size_t(h / group) * head_dim;
-        std::vector<double> p;
-        for (int t = first; t <= c.pos; ++t) {
-            double dot = 0;
-            for (int d = 0; d < head_dim; ++d)
-                dot += double(q[size_t(h) * head_dim + d]) *
-                       from_kv(keys[size_t(t) * kv_dim + head_offset + d]);
-            p.push_back(dot / std::sqrt(double(head_dim)));
-        }
-        const double largest = *std::max_element(p.begin(), p.end());
-        double total = 0;
-        for (double& s : p) total += s = std::exp(s - largest);
-        for (int d = 0; d < head_dim; ++d) {
-            double mixed = 0;
-            for (int t = first; t <= c.pos; ++t)
-                mixed += p[t - first] * from_kv(values[size_t(t) * kv_dim + head_offset + d]);
-            wrong += !close(out[size_t(h) * head_dim + d], mixed / total, kAttentionError);
-        }
+        const std::vector<double> want =
+            attend(std::vector<double>(q.begin() + size_t(h) * head_dim,
+                                       q.begin() + size_t(h + 1) * head_dim),
+                   h, c, keys, values, first);
+        for (int d = 0; d < head_dim; ++d)
+            wrong += !close(out[size_t(h) * head_dim + d], want[d], kAttentionError);
     }
     CHECK(wrong == 0);
 }
