@@ -369,7 +369,7 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(Atte
         for (int w = 0; w < kAttentionWarps; ++w) sum += partial_shared[w][h][d];
         a.partial_out[(size_t(head0 + h) * a.splits + split) * head_dim + d] = sum;
     }
-    if (threadIdx.x < heads_here)
+    if (int(threadIdx.x) < heads_here)
         a.partial_stats[size_t(head0 + threadIdx.x) * a.splits + split] =
             make_float2(max_shared[threadIdx.x], sum_shared[threadIdx.x]);
 
@@ -389,56 +389,36 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(Atte
     }
 }
 
-int attention_splits(const AttentionShape& shape, int context, int multiprocessors) {
-    const int group = shape.heads / shape.kv_heads;
-    const int head_blocks = (group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock;
-    const int blocks_per_split = shape.kv_heads * head_blocks;
-    // About four blocks (16 warps) per multiprocessor when the context is full...
-    const int wanted = (4 * multiprocessors + blocks_per_split - 1) / blocks_per_split;
-    // ...but no split shorter than kMinSplitPositions of the longest range attended.
-    const int attended = shape.window > 0 ? std::min(shape.window, context) : context;
-    const int useful = (attended + kMinSplitPositions - 1) / kMinSplitPositions;
-    return std::max(1, std::min({wanted, useful, kMaxSplits}));
+// ---- Launch shape
+
+// Blocks per KV head in a split: its query heads in groups of up to kMaxHeadsPerBlock.
+inline int attention_head_blocks(int heads, int kv_heads) {
+    const int group = heads / kv_heads;
+    return (group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock;
 }
 
-namespace {
-
-template <typename KvT, int kHeadDimMax>
-void launch_attention(const AttentionArgs& args, cudaStream_t stream) {
-    const int group = args.heads / args.kv_heads;
-    const dim3 grid(args.splits, args.kv_heads,
-                    (group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock);
-    attention_split_kernel<KvT, kHeadDimMax><<<grid, kAttentionThreads, 0, stream>>>(args);
-    CUDA_CHECK_LAUNCH("attention_split_kernel");
+inline dim3 attention_grid(int splits, int heads, int kv_heads) {
+    return dim3(splits, kv_heads, attention_head_blocks(heads, kv_heads));
 }
 
-template <typename KvT>
-void launch_attention(const AttentionArgs& args, cudaStream_t stream) {
-    if (args.head_dim <= 64)
-        launch_attention<KvT, 64>(args, stream);
-    else if (args.head_dim <= 128)
-        launch_attention<KvT, 128>(args, stream);
+// Calls launch(std::integral_constant<int, kHeadDimMax>{}) with attention_split_kernel's
+// kHeadDimMax for head_dim: the smallest of 64, 128 and 256 that holds it.
+template <typename Launch>
+void with_attention_head_dim_max(int head_dim, Launch launch) {
+    if (head_dim <= 64)
+        launch(std::integral_constant<int, 64>{});
+    else if (head_dim <= 128)
+        launch(std::integral_constant<int, 128>{});
     else
-        launch_attention<KvT, 256>(args, stream);
+        launch(std::integral_constant<int, 256>{});
 }
 
-}  // namespace
-
-int attention_arrival_counters(const AttentionShape& shape) {
-    const int group = shape.heads / shape.kv_heads;
-    return shape.kv_heads * ((group + kMaxHeadsPerBlock - 1) / kMaxHeadsPerBlock);
-}
-
-void attention(float* out, const float* qkv, const float* inverse_frequencies, const float* q_norm,
-               const float* k_norm, float eps, void* key_cache, void* value_cache, const int* step,
-               float* partial_out, float* partial_stats, unsigned* arrivals,
-               const AttentionShape& shape, int splits, KvType kv_type, cudaStream_t stream) {
-    if (shape.head_dim % 2 != 0 || shape.head_dim > kMaxHeadDim || shape.heads % shape.kv_heads)
-        throw Error("attention: unsupported shape (head_dim " + std::to_string(shape.head_dim) +
-                    ", heads " + std::to_string(shape.heads) + ", kv_heads " +
-                    std::to_string(shape.kv_heads) + ")");
-    if (splits < 1 || splits > kMaxSplits)
-        throw Error("attention: splits must be in [1, " + std::to_string(kMaxSplits) + "]");
+// The kernel's arguments for attention() (kernels.h) with `splits` splits.
+inline AttentionArgs attention_args(float* out, const float* qkv, const float* inverse_frequencies,
+                                    const float* q_norm, const float* k_norm, float eps,
+                                    void* key_cache, void* value_cache, const int* step,
+                                    float* partial_out, float* partial_stats, unsigned* arrivals,
+                                    const AttentionShape& shape, int splits) {
     AttentionArgs args;
     args.qkv = qkv;
     args.inverse_frequencies = inverse_frequencies;
@@ -458,7 +438,56 @@ void attention(float* out, const float* qkv, const float* inverse_frequencies, c
     args.splits = splits;
     args.scale = 1.0f / std::sqrt(float(shape.head_dim));
     args.norm_eps = eps;
+    return args;
+}
+
+#ifndef BARELLM_CUDA_EMULATION
+
+int attention_splits(const AttentionShape& shape, int context, int multiprocessors) {
+    const int head_blocks = attention_head_blocks(shape.heads, shape.kv_heads);
+    const int blocks_per_split = shape.kv_heads * head_blocks;
+    // About four blocks (16 warps) per multiprocessor when the context is full...
+    const int wanted = (4 * multiprocessors + blocks_per_split - 1) / blocks_per_split;
+    // ...but no split shorter than kMinSplitPositions of the longest range attended.
+    const int attended = shape.window > 0 ? std::min(shape.window, context) : context;
+    const int useful = (attended + kMinSplitPositions - 1) / kMinSplitPositions;
+    return std::max(1, std::min({wanted, useful, kMaxSplits}));
+}
+
+namespace {
+
+template <typename KvT>
+void launch_attention(const AttentionArgs& args, cudaStream_t stream) {
+    const dim3 grid = attention_grid(args.splits, args.heads, args.kv_heads);
+    with_attention_head_dim_max(args.head_dim, [&](auto head_dim_max) {
+        attention_split_kernel<KvT, decltype(head_dim_max)::value>
+            <<<grid, kAttentionThreads, 0, stream>>>(args);
+    });
+    CUDA_CHECK_LAUNCH("attention_split_kernel");
+}
+
+}  // namespace
+
+int attention_arrival_counters(const AttentionShape& shape) {
+    return shape.kv_heads * attention_head_blocks(shape.heads, shape.kv_heads);
+}
+
+void attention(float* out, const float* qkv, const float* inverse_frequencies, const float* q_norm,
+               const float* k_norm, float eps, void* key_cache, void* value_cache, const int* step,
+               float* partial_out, float* partial_stats, unsigned* arrivals,
+               const AttentionShape& shape, int splits, KvType kv_type, cudaStream_t stream) {
+    if (shape.head_dim % 2 != 0 || shape.head_dim > kMaxHeadDim || shape.heads % shape.kv_heads)
+        throw Error("attention: unsupported shape (head_dim " + std::to_string(shape.head_dim) +
+                    ", heads " + std::to_string(shape.heads) + ", kv_heads " +
+                    std::to_string(shape.kv_heads) + ")");
+    if (splits < 1 || splits > kMaxSplits)
+        throw Error("attention: splits must be in [1, " + std::to_string(kMaxSplits) + "]");
+    const AttentionArgs args =
+        attention_args(out, qkv, inverse_frequencies, q_norm, k_norm, eps, key_cache, value_cache,
+                       step, partial_out, partial_stats, arrivals, shape, splits);
     with_kv_type(kv_type, [&](auto element) { launch_attention<decltype(element)>(args, stream); });
 }
+
+#endif  // BARELLM_CUDA_EMULATION
 
 }  // namespace barellm::cuda

@@ -76,6 +76,8 @@ __global__ void __launch_bounds__(kNaiveAttentionThreads)
     }
 }
 
+#ifndef BARELLM_CUDA_EMULATION
+
 void attention_naive(float* out, const float* q, const void* key_cache, const void* value_cache,
                      const int* step, float* scores, int context, const AttentionShape& shape,
                      KvType kv_type, cudaStream_t stream) {
@@ -88,5 +90,7 @@ void attention_naive(float* out, const float* q, const void* key_cache, const vo
     });
     CUDA_CHECK_LAUNCH("attention_naive_kernel");
 }
+
+#endif  // BARELLM_CUDA_EMULATION
 
 }  // namespace barellm::cuda

@@ -112,6 +112,14 @@ __device__ __forceinline__ float swiglu_value(float gate, float up) {
     return gate / (1.0f + expf(-gate)) * up;
 }
 
+#ifndef BARELLM_CUDA_EMULATION
+// Asks L2 for the line holding `address` without waiting for it and without a register (a
+// hint: what later loads read is unchanged). The emulation supplies its own.
+__device__ __forceinline__ void prefetch_l2(const void* address) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
+}
+#endif
+
 // Dynamic shared memory of a kernel as floats, 16-byte aligned (one declaration for all
 // kernels, as CUDA requires of extern __shared__ arrays).
 __device__ __forceinline__ float* dynamic_shared_floats() {

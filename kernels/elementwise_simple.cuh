@@ -90,6 +90,17 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     kv_store(value_cache + slot, v[i]);
 }
 
+// ---- Launch shapes (elementwise_grid above for the one-element-a-thread kernels)
+
+inline dim3 rmsnorm_heads_grid(int heads, int kv_heads) {
+    return dim3((heads + kv_heads + kElementwiseWarps - 1) / kElementwiseWarps);
+}
+inline dim3 rope_grid(int heads, int kv_heads, int head_dim) {
+    return elementwise_grid((heads + kv_heads) * (head_dim / 2));
+}
+
+#ifndef BARELLM_CUDA_EMULATION
+
 void rmsnorm(float* out, const float* in, const float* weight, int n, float eps,
              cudaStream_t stream) {
     rmsnorm_kernel<<<1, kElementwiseThreads, 0, stream>>>(out, in, weight, n, eps);
@@ -108,9 +119,8 @@ void swiglu(float* gate, const float* up, int n, cudaStream_t stream) {
 
 void rope(float* qk, const float* inverse_frequencies, const int* step, int heads, int kv_heads,
           int head_dim, cudaStream_t stream) {
-    const int rotated_heads = heads + kv_heads;
-    rope_kernel<<<elementwise_grid(rotated_heads * (head_dim / 2)), kElementwiseThreads, 0,
-                  stream>>>(qk, inverse_frequencies, step, rotated_heads, head_dim);
+    rope_kernel<<<rope_grid(heads, kv_heads, head_dim), kElementwiseThreads, 0, stream>>>(
+        qk, inverse_frequencies, step, heads + kv_heads, head_dim);
     CUDA_CHECK_LAUNCH("rope_kernel");
 }
 
@@ -118,7 +128,7 @@ void rmsnorm_heads(float* qk, const float* q_norm, const float* k_norm, int head
                    int head_dim, float eps, cudaStream_t stream) {
     if (q_norm == nullptr || k_norm == nullptr)
         throw Error("rmsnorm_heads: q_norm and k_norm must both be given");
-    const dim3 grid((heads + kv_heads + kElementwiseWarps - 1) / kElementwiseWarps);
+    const dim3 grid = rmsnorm_heads_grid(heads, kv_heads);
     rmsnorm_heads_kernel<<<grid, kElementwiseThreads, 0, stream>>>(qk, q_norm, k_norm, heads,
                                                                    kv_heads, head_dim, eps);
     CUDA_CHECK_LAUNCH("rmsnorm_heads_kernel");
@@ -133,5 +143,7 @@ void store_kv_row(const float* k, const float* v, void* key_cache, void* value_c
     });
     CUDA_CHECK_LAUNCH("store_kv_row_kernel");
 }
+
+#endif  // BARELLM_CUDA_EMULATION
 
 }  // namespace barellm::cuda

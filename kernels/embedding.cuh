@@ -40,8 +40,16 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
     x[i] = float(Format::value(row, i)) * half_bits_to_float(scale);
 }
 
+// ---- Launch shape (embedding_kernel and embedding_quantized_kernel)
+
+inline dim3 embedding_grid(int cols) {
+    return dim3((cols + kEmbeddingThreads - 1) / kEmbeddingThreads);
+}
+
+#ifndef BARELLM_CUDA_EMULATION
+
 void embedding(float* x, const DeviceMatrix& table, const int* step, cudaStream_t stream) {
-    const dim3 grid((table.cols + kEmbeddingThreads - 1) / kEmbeddingThreads);
+    const dim3 grid = embedding_grid(table.cols);
     if (is_quantized(table.dtype)) {
         with_quantized_dtype(table.dtype, [&](auto dtype) {
             embedding_quantized_kernel<decltype(dtype)::value>
@@ -57,5 +65,7 @@ void embedding(float* x, const DeviceMatrix& table, const int* step, cudaStream_
     });
     CUDA_CHECK_LAUNCH("embedding_kernel");
 }
+
+#endif  // BARELLM_CUDA_EMULATION
 
 }  // namespace barellm::cuda

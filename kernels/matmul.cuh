@@ -36,7 +36,7 @@ constexpr int kMatvecThreadsMax = kMatvecMaxWarps * kWarpSize;
 inline int matvec_warps(int pitch) { return pitch <= 4096 ? 8 : 16; }
 
 // The staged f32 input of a matvec over rows of `pitch` elements.
-size_t staged_input_bytes(int pitch) { return size_t(pitch) * sizeof(float); }
+inline size_t staged_input_bytes(int pitch) { return size_t(pitch) * sizeof(float); }
 
 // Where input element c sits in the staged copy, for weight vectors of kPerVector elements
 // (a multiple of 4). With 4 (f32) the order is plain. With more, lane l needs elements
@@ -161,7 +161,7 @@ __device__ __forceinline__ void prefetch_first_round(const uint4* const (&rows)[
         const int v = lane + u * kWarpSize;
 #pragma unroll
         for (int r = 0; r < kRows; ++r)
-            if (v < vectors) asm volatile("prefetch.global.L2 [%0];" ::"l"(rows[r] + v));
+            if (v < vectors) prefetch_l2(rows[r] + v);
     }
 }
 
@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     if (has_row) dot_rows<D, 1>(row_pointer, xs, pitch, sum);
     if (threadIdx.x % kWarpSize == 0) results[warp] = sum[0];
     __syncthreads();
-    if (threadIdx.x < warps) {  // one coalesced store of the block's rows
+    if (int(threadIdx.x) < warps) {  // one coalesced store of the block's rows
         const int r = blockIdx.x * warps + threadIdx.x;
         if (r < rows) {
             const float value =
@@ -275,19 +275,28 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     }
     if (threadIdx.x % kWarpSize == 0) results[warp] = value;
     __syncthreads();
-    if (threadIdx.x < warps) {
+    if (int(threadIdx.x) < warps) {
         const int r = blockIdx.x * warps + threadIdx.x;
         if (r < rows) out[r] = results[threadIdx.x];
     }
 }
+
+// ---- Launch shapes (matvec_kernel and matvec_swiglu_kernel)
+
+inline dim3 matvec_grid(int rows, int pitch) {
+    const int warps = matvec_warps(pitch);
+    return dim3((rows + warps - 1) / warps);
+}
+inline dim3 matvec_block(int pitch) { return dim3(matvec_warps(pitch) * kWarpSize); }
+
+#ifndef BARELLM_CUDA_EMULATION
 
 namespace {
 
 template <DType D>
 void launch_matvec(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight,
                    float eps, const float* bias, bool accumulate, cudaStream_t stream) {
-    const int warps = matvec_warps(w.pitch);
-    const dim3 grid((w.rows + warps - 1) / warps), block(warps * kWarpSize);
+    const dim3 grid = matvec_grid(w.rows, w.pitch), block = matvec_block(w.pitch);
     const size_t shared = staged_input_bytes(w.pitch);
     if (accumulate)
         matvec_kernel<D, true><<<grid, block, shared, stream>>>(out, w.data, w.rows, w.pitch, in,
@@ -301,8 +310,7 @@ template <DType D>
 void launch_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                           const float* in, const float* norm_weight, float eps,
                           cudaStream_t stream) {
-    const int warps = matvec_warps(w1.pitch);
-    const dim3 grid((w1.rows + warps - 1) / warps), block(warps * kWarpSize);
+    const dim3 grid = matvec_grid(w1.rows, w1.pitch), block = matvec_block(w1.pitch);
     matvec_swiglu_kernel<D><<<grid, block, staged_input_bytes(w1.pitch), stream>>>(
         out, w1.data, w3.data, w1.rows, w1.pitch, in, w1.cols, norm_weight, eps);
 }
@@ -336,7 +344,7 @@ void launch_quantized_matvec(float* out, const DeviceMatrix& w, const float* in,
 void launch_quantized_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                                     const float* in, const float* norm_weight, float eps,
                                     bool widened, cudaStream_t stream);
-size_t quantized_staging_bytes(int pitch);
+inline size_t quantized_staging_bytes(int pitch);
 void prepare_quantized_matvec(size_t bytes);
 
 size_t matvec_shared_bytes(int cols, DType dtype) {
@@ -382,5 +390,7 @@ void prepare_matvec(size_t bytes) {
     allow_shared_bytes(matvec_swiglu_kernel<DType::BF16>, bytes);
     prepare_quantized_matvec(bytes);
 }
+
+#endif  // BARELLM_CUDA_EMULATION
 
 }  // namespace barellm::cuda

@@ -51,7 +51,7 @@ constexpr int kPlaneValues = 16;
 // Shared memory of a quantized matvec over rows of `pitch` columns: the f32 staged input
 // [pitch], its int8 copy [pitch], the scale [blocks] (f32) and value sum [blocks] (int) of
 // each of its blocks. Every part starts 16-byte aligned but the sums (4-byte aligned).
-size_t quantized_staging_bytes(int pitch) {
+inline size_t quantized_staging_bytes(int pitch) {
     const size_t blocks = size_t(pitch) / kQuantizedBlock;
     return size_t(pitch) * (sizeof(float) + sizeof(int8_t)) +
            blocks * (sizeof(float) + sizeof(int));
@@ -147,7 +147,7 @@ __device__ __forceinline__ int vector_dot(const uint4& raw, const QuantizedInput
 
 template <>
 __device__ __forceinline__ int vector_dot<DType::I8>(const uint4& raw, const QuantizedInput& input,
-                                                     int vector, int pitch) {
+                                                     int vector, int /*pitch: one plane*/) {
     const int4 x = reinterpret_cast<const int4*>(input.values)[vector];
     int dot = __dp4a(int(raw.x), x.x, 0);
     dot = __dp4a(int(raw.y), x.y, dot);
@@ -272,7 +272,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     if (has_row) dot_quantized_rows<D, kWidened, 1>(row_pointer, row_scales, input, pitch, sum);
     if (threadIdx.x % kWarpSize == 0) results[warp] = sum[0];
     __syncthreads();
-    if (threadIdx.x < warps) {  // one coalesced store of the block's rows
+    if (int(threadIdx.x) < warps) {  // one coalesced store of the block's rows
         const int r = blockIdx.x * warps + threadIdx.x;
         if (r < rows) {
             const float value =
@@ -317,11 +317,21 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     }
     if (threadIdx.x % kWarpSize == 0) results[warp] = value;
     __syncthreads();
-    if (threadIdx.x < warps) {
+    if (int(threadIdx.x) < warps) {
         const int r = blockIdx.x * warps + threadIdx.x;
         if (r < rows) out[r] = results[threadIdx.x];
     }
 }
+
+// ---- Launch shapes (quantized_matvec_kernel and quantized_matvec_swiglu_kernel)
+
+constexpr int kQuantizedMatvecThreads = kQuantizedMatvecWarps * kWarpSize;
+
+inline dim3 quantized_matvec_grid(int rows) {
+    return dim3((rows + kQuantizedMatvecWarps - 1) / kQuantizedMatvecWarps);
+}
+
+#ifndef BARELLM_CUDA_EMULATION
 
 namespace {
 
@@ -335,8 +345,7 @@ template <DType D, bool kWidened>
 void launch_quantized_matvec_typed(float* out, const DeviceMatrix& w, const float* in,
                                    const float* norm_weight, float eps, const float* bias,
                                    bool accumulate, cudaStream_t stream) {
-    const dim3 grid((w.rows + kQuantizedMatvecWarps - 1) / kQuantizedMatvecWarps);
-    const dim3 block(kQuantizedMatvecWarps * kWarpSize);
+    const dim3 grid = quantized_matvec_grid(w.rows), block(kQuantizedMatvecThreads);
     const size_t shared = quantized_staging_bytes(w.pitch);
     if (accumulate)
         quantized_matvec_kernel<D, kWidened, true><<<grid, block, shared, stream>>>(
@@ -351,8 +360,7 @@ void launch_quantized_matvec_swiglu_typed(float* out, const DeviceMatrix& w1,
                                           const DeviceMatrix& w3, const float* in,
                                           const float* norm_weight, float eps,
                                           cudaStream_t stream) {
-    const dim3 grid((w1.rows + kQuantizedMatvecWarps - 1) / kQuantizedMatvecWarps);
-    const dim3 block(kQuantizedMatvecWarps * kWarpSize);
+    const dim3 grid = quantized_matvec_grid(w1.rows), block(kQuantizedMatvecThreads);
     quantized_matvec_swiglu_kernel<D, kWidened>
         <<<grid, block, quantized_staging_bytes(w1.pitch), stream>>>(
             out, w1.data, w1.scales, w3.data, w3.scales, w1.rows, w1.pitch, in, w1.cols,
@@ -423,5 +431,7 @@ void matvec_swiglu_widened(float* out, const DeviceMatrix& w1, const DeviceMatri
     check_input_alignment(in, norm_weight);
     launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps, /*widened=*/true, stream);
 }
+
+#endif  // BARELLM_CUDA_EMULATION
 
 }  // namespace barellm::cuda

@@ -91,9 +91,21 @@ __global__ void __launch_bounds__(kSimpleMatvecThreads)
     if (threadIdx.x % kWarpSize == 0) out[row] = swiglu_value(gate, up);
 }
 
+// ---- Launch shapes
+
+inline dim3 matvec_thread_per_row_grid(int rows) {
+    return dim3((rows + kSimpleMatvecThreads - 1) / kSimpleMatvecThreads);
+}
+// matvec_warp_per_row_kernel and matvec_swiglu_warp_per_row_kernel
+inline dim3 matvec_warp_per_row_grid(int rows) {
+    return dim3((rows + kSimpleMatvecWarps - 1) / kSimpleMatvecWarps);
+}
+
+#ifndef BARELLM_CUDA_EMULATION
+
 void matvec_thread_per_row(float* out, const DeviceMatrix& w, const float* in,
                            cudaStream_t stream) {
-    const dim3 grid((w.rows + kSimpleMatvecThreads - 1) / kSimpleMatvecThreads);
+    const dim3 grid = matvec_thread_per_row_grid(w.rows);
     with_weight_dtype(w.dtype, [&](auto dtype) {
         matvec_thread_per_row_kernel<decltype(dtype)::value>
             <<<grid, kSimpleMatvecThreads, 0, stream>>>(out, w.data, w.rows, w.pitch, in, w.cols);
@@ -104,7 +116,7 @@ void matvec_thread_per_row(float* out, const DeviceMatrix& w, const float* in,
 void matvec_warp_per_row(float* out, const DeviceMatrix& w, const float* in,
                          const float* norm_weight, float eps, const float* bias, bool accumulate,
                          cudaStream_t stream) {
-    const dim3 grid((w.rows + kSimpleMatvecWarps - 1) / kSimpleMatvecWarps);
+    const dim3 grid = matvec_warp_per_row_grid(w.rows);
     with_weight_dtype(w.dtype, [&](auto dtype) {
         constexpr DType D = decltype(dtype)::value;
         if (accumulate)
@@ -121,7 +133,7 @@ void matvec_swiglu_warp_per_row(float* out, const DeviceMatrix& w1, const Device
                                 const float* in, const float* norm_weight, float eps,
                                 cudaStream_t stream) {
     check_swiglu_shapes(w1, w3);
-    const dim3 grid((w1.rows + kSimpleMatvecWarps - 1) / kSimpleMatvecWarps);
+    const dim3 grid = matvec_warp_per_row_grid(w1.rows);
     with_weight_dtype(w1.dtype, [&](auto dtype) {
         matvec_swiglu_warp_per_row_kernel<decltype(dtype)::value>
             <<<grid, kSimpleMatvecThreads, 0, stream>>>(out, w1.data, w3.data, w1.rows, w1.pitch,
@@ -129,5 +141,7 @@ void matvec_swiglu_warp_per_row(float* out, const DeviceMatrix& w1, const Device
     });
     CUDA_CHECK_LAUNCH("matvec_swiglu_warp_per_row_kernel");
 }
+
+#endif  // BARELLM_CUDA_EMULATION
 
 }  // namespace barellm::cuda

@@ -102,12 +102,18 @@ __global__ void __launch_bounds__(kRopeThreads)
     }
 }
 
+// ---- Launch shape
+
+inline dim3 rope_kv_grid(int heads, int kv_heads) {
+    return dim3((heads + kv_heads + kRopeWarps - 1) / kRopeWarps);
+}
+
 #ifndef BARELLM_CUDA_EMULATION
 
 void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache, void* value_cache,
                    const int* step, int heads, int kv_heads, int head_dim, const float* q_norm,
                    const float* k_norm, float eps, KvType kv_type, cudaStream_t stream) {
-    const dim3 grid((heads + kv_heads + kRopeWarps - 1) / kRopeWarps);
+    const dim3 grid = rope_kv_grid(heads, kv_heads);
     with_kv_type(kv_type, [&](auto element) {
         using KvT = decltype(element);
         rope_kv_kernel<KvT><<<grid, kRopeThreads, 0, stream>>>(

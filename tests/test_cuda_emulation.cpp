@@ -413,6 +413,27 @@ TEST_CASE("emulated 16-bit conversions round to nearest even", "[cuda_emulation]
     CHECK(pair.y == -2.0f);
 }
 
+TEST_CASE("emulated dp4a is the signed 4 x 8-bit dot product plus the accumulator",
+          "[cuda_emulation]") {
+    // Bytes (low to high) 1, -2, 127, -128 and 3, 4, -5, -128.
+    const int a = int(0x807f'fe01u), b = int(0x80fb'0403u);
+    CHECK(__dp4a(a, b, 0) == 1 * 3 + -2 * 4 + 127 * -5 + -128 * -128);
+    CHECK(__dp4a(a, b, -1000) == 15744 - 1000);
+    CHECK(__dp4a(0x0f0f0f0f, 0x01010101, 7) == 4 * 15 + 7);
+    // Against the byte-by-byte definition on random words.
+    std::mt19937 rng(5);
+    for (int trial = 0; trial < 1000; ++trial) {
+        const uint32_t x = rng(), y = rng();
+        const int c = int(rng() % 200001) - 100000;
+        int want = c;
+        for (int byte = 0; byte < 4; ++byte)
+            want += int(int8_t(x >> (8 * byte))) * int(int8_t(y >> (8 * byte)));
+        REQUIRE(__dp4a(int(x), int(y), c) == want);
+    }
+    // The sum wraps as a 32-bit addition.
+    CHECK(__dp4a(0x7f, 0x7f, 0x7fffffff) == int(0x7fffffffu + 127u * 127u));
+}
+
 TEST_CASE("the emulation reports broken barriers and misused warp instructions",
           "[cuda_emulation]") {
     SECTION("half a warp at __syncthreads, the other half at a shuffle: deadlock") {

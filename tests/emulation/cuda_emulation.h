@@ -45,8 +45,10 @@
 #include "half.h"
 #include "safetensors.h"  // DType
 
-// ---- Qualifiers (a kernel is an inline function: a header may define it for several tests)
-#define __global__ inline
+// ---- Qualifiers. A kernel is a static inline function: a header may define it for several
+// tests, and the kernel's own name stays inside the test's translation unit (nvcc's objects,
+// linked into the same program, define host stubs of the kernels under the same names).
+#define __global__ static inline
 #define __device__
 #define __host__
 #define __forceinline__ inline
@@ -184,6 +186,22 @@ template <typename T>
 inline T __ldcs(const T* p) {
     return *p;
 }
+template <typename T>
+inline T __ldcg(const T* p) {
+    return *p;
+}
+
+// c + the dot product of a's and b's four bytes, each a signed 8-bit integer (the sum wraps
+// as the hardware's 32-bit addition does).
+inline int __dp4a(int a, int b, int c) {
+    uint32_t sum = uint32_t(c);
+    for (int byte = 0; byte < 4; ++byte) {
+        const int product =
+            int(int8_t(uint32_t(a) >> (8 * byte))) * int(int8_t(uint32_t(b) >> (8 * byte)));
+        sum += uint32_t(product);
+    }
+    return int(sum);
+}
 
 // One fiber runs at a time: atomics are plain read-modify-writes (unsigned arithmetic for
 // int, as the hardware wraps).
@@ -294,7 +312,8 @@ T __shfl_up_sync(unsigned mask, T value, unsigned delta, int width = 32) {
     return barellm::cuda::emulation::shuffle_from(mask, value, inside ? lane - int(delta) : lane);
 }
 
-// ---- The wrappers of kernels/tensor_core.cuh, same names and contracts
+// ---- The wrappers of kernels/tensor_core.cuh (and common.cuh's prefetch_l2), same names and
+// contracts
 namespace barellm::cuda {
 
 inline void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
@@ -317,6 +336,9 @@ void mma_16x8x16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) 
     static_assert(kType == DType::F16 || kType == DType::BF16, "mma takes f16 or bf16");
     emulation::tensor_core_mma(kType, c, a, b);
 }
+
+// kernels/common.cuh's prefetch_l2: a hint that changes no value read, so nothing to do.
+inline void prefetch_l2(const void*) {}
 
 inline void copy_async_16(void* shared, const void* global, bool valid) {
     emulation::copy_async(shared, global, valid);
