@@ -23,7 +23,7 @@
 #                 kernels of this llama.cpp die of an illegal instruction (exit status 132)
 #                 in its worker threads; barellm has no AMX kernels either
 #   --cuda ARCHS  also build llama.cpp's CUDA backend for these GPU architectures
-#                 (CMake's CUDA_ARCHITECTURES, e.g. 90); needs nvcc on PATH or in
+#                 (CMake's CUDA_ARCHITECTURES, e.g. 90 or "80 90"); needs nvcc on PATH or in
 #                 /usr/local/cuda/bin
 #   -j N          parallel jobs (default: the number of cores)
 #
@@ -47,7 +47,7 @@ while [ $# -gt 0 ]; do
         --version) version=$2; shift 2 ;;
         --sdist) sdist=$(realpath "$2"); shift 2 ;;
         --no-amx) cpu_flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"; shift ;;
-        --cuda) cuda_options=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=$2"); shift 2 ;;
+        --cuda) cuda_options=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${2// /;}"); shift 2 ;;
         -j) jobs=$2; shift 2 ;;
         -h|--help) usage 0 ;;
         *) echo "build_llamacpp: unknown option $1" >&2; usage ;;
