@@ -25,9 +25,10 @@
 #   decode        `barellm bench --device cuda -p 0` on stories260K (f16, q8, q4) and on a
 #                 Mistral-7B-shaped f16 checkpoint (convert/synth.py), at short and long
 #                 context
-#   quantized     the same on Mistral-7B-shaped q4 and q8 checkpoints (convert/synth.py, then
-#                 convert.py --dtype q4 / q8, kept in $WORK; writing them takes minutes: run
-#                 it alone, e.g. `bash dev/gpu/check.sh quantized`)
+#   quantized     the same on Mistral-7B-shaped q4 and q8 checkpoints (convert.py --dtype
+#                 q4 / q8 of the Mistral-7B Hugging Face checkpoint below, kept in $WORK;
+#                 writing them takes minutes: run it alone, e.g.
+#                 `bash dev/gpu/check.sh quantized`)
 #   ladder        `barellm ladder --device cuda -n 64` on the same two models
 #   prefill       batched prompt processing: `barellm bench --device cuda` pp4/16/64 (against
 #                 tg, token by token) and pp512 on the Mistral-7B shape in f16 and bf16,
@@ -46,7 +47,9 @@
 #                 in the foreground), at short and long context; not a default step, run it
 #                 alone
 # The Mistral-7B checkpoint (13.5 GiB, written twice) is made in the background while the
-# first steps run, and kept in $WORK. The default steps take about 6-8 minutes on an H100;
+# first steps run, and kept in $WORK. The disk (64 GiB) holds it with the q8 and q4 ones and
+# the prefill step's f16 GGUF, not the bf16 pair (file and GGUF) too: a step that would write
+# past the free space notes its skip instead. The default steps take about 6-8 minutes on an H100;
 # no long run starts after DEADLINE seconds (the device tool stops a command at 600).
 #
 # Logs go to $WORK/logs; when OUT is set, they are also archived in $OUT/gpu_logs.tgz, and
@@ -139,6 +142,17 @@ fits() {
     note "$2: skipped, ${SECONDS}s spent"
     return 1
 }
+# True when the disk of $WORK has $1 GiB free; else notes the skip of $2.
+disk_has() {
+    local free
+    free=$(df -BG --output=avail "$WORK" | tail -1 | tr -dc 0-9)
+    [ "${free:-0}" -ge "$1" ] && return 0
+    note "$2: skipped, ${free:-?} GiB free on the disk of $WORK"
+    return 1
+}
+MISTRAL_GIB=14    # a Mistral-7B-shaped f16 or bf16 file, or its GGUF, rounded up
+QWEN3_8B_GIB=16   # a Qwen3-8B-shaped f16 file, rounded up
+QUANTIZED_GIB=8   # a Mistral-7B-shaped q8 file, rounded up (q4: about half)
 
 [ -e ../shared ] || [ ! -d gpu_data/shared ] || ln -s "$PWD/gpu_data/shared" ../shared
 STORIES_HF=../shared/models/stories260K
@@ -153,7 +167,8 @@ MISTRAL=$WORK/mistral-7b-f16.bin
 # The Hugging Face checkpoint stays in $MISTRAL_HF for the prefill step (bf16 and GGUF
 # files of the same weights).
 MISTRAL_HF=$WORK/mistral-hf
-if { wants decode || wants ladder || wants ab || wants prefill; } && [ ! -f "$MISTRAL" ]; then
+if { wants decode || wants quantized || wants ladder || wants ab || wants prefill; } &&
+    [ ! -f "$MISTRAL" ]; then
     (
         rm -rf "$MISTRAL_HF" &&
             python3 convert/synth.py --preset mistral-7b --dtype f16 -o "$MISTRAL_HF" &&
@@ -292,13 +307,12 @@ fi
 
 if wants quantized; then
     step "quantized decode (Mistral-7B shape, q4 and q8)"
-    hf=$WORK/mistral-hf-quantized  # the synthetic checkpoint both are converted from
+    # Converted from $MISTRAL_HF (the weights of the f16 checkpoint: one copy on the disk).
     for dtype in q4 q8; do
         model=$WORK/mistral-7b-$dtype.bin
-        if [ ! -f "$model" ] && fits 300 "mistral-7b $dtype checkpoint"; then
-            { [ -d "$hf" ] ||
-                python3 convert/synth.py --preset mistral-7b --dtype f16 -o "$hf"; } &&
-                python3 convert/convert.py "$hf" -o "$model.part" --dtype $dtype &&
+        if [ ! -f "$model" ] && mistral_ready 300 && fits 300 "mistral-7b $dtype checkpoint" &&
+            disk_has "$QUANTIZED_GIB" "mistral-7b $dtype checkpoint"; then
+            python3 convert/convert.py "$MISTRAL_HF" -o "$model.part" --dtype $dtype &&
                 mv "$model.part" "$model"
         fi >>"$LOG/quantized_synth.log" 2>&1
         if [ -f "$model" ]; then
@@ -369,7 +383,7 @@ llamacpp_ready() {
 gguf_from_hf() {  # OUT TYPE
     [ -f "$1" ] && return 0
     local gguf_py=("$LLAMACPP"/llama_cpp_python-*/vendor/llama.cpp/gguf-py)
-    fits 150 "GGUF $2" &&
+    fits 150 "GGUF $2" && disk_has "$MISTRAL_GIB" "GGUF $2" &&
         PYTHONPATH=${gguf_py[0]} python3 scripts/gguf_from_hf.py "$MISTRAL_HF" -o "$1.part" \
             --type "$2" >"$LOG/gguf_$2.log" 2>&1 && mv "$1.part" "$1" && return 0
     note "GGUF $2 of the Mistral-7B shape not written: $(tail -1 "$LOG/gguf_$2.log" 2>/dev/null)"
@@ -382,7 +396,8 @@ if wants prefill && mistral_ready 120; then
     barellm_prefill mistral-7b-f16 "$MISTRAL" small -p 0 -n 64 -r 3
     for dtype in f16 bf16; do
         model=$WORK/mistral-7b-$dtype.bin gguf=$WORK/mistral-7b-$dtype.gguf
-        if [ ! -f "$model" ] && fits 150 "convert $dtype"; then
+        if [ ! -f "$model" ] && fits 150 "convert $dtype" &&
+            disk_has $((2 * MISTRAL_GIB)) "convert $dtype (and its GGUF)"; then
             python3 convert/convert.py "$MISTRAL_HF" -o "$model.part" --dtype "$dtype" \
                 >"$LOG/convert_$dtype.log" 2>&1 && mv "$model.part" "$model"
         fi
@@ -463,7 +478,8 @@ fi
 if wants qwen3-8b; then
     step "decode at Qwen3-8B's shape"
     QWEN3=$WORK/qwen3-8b-f16.bin
-    if [ ! -f "$QWEN3" ] && fits 420 "Qwen3-8B checkpoint"; then
+    if [ ! -f "$QWEN3" ] && fits 420 "Qwen3-8B checkpoint" &&
+        disk_has $((2 * QWEN3_8B_GIB)) "Qwen3-8B checkpoint"; then
         rm -rf "$WORK/qwen3-hf" &&
             python3 convert/synth.py --preset qwen3-8b --dtype f16 -o "$WORK/qwen3-hf" &&
             python3 convert/convert.py "$WORK/qwen3-hf" -o "$QWEN3.part" --dtype f16 &&
