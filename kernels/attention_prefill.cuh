@@ -60,10 +60,11 @@ __device__ __forceinline__ int prefill_first_key(int pos, int window) {
 //   prefill_first_key(pos, window) .. pos.
 // - out [count, out_pitch] of kOut: columns head * head_dim .. + head_dim - 1 of row t; the
 //   blocks of KV head 0 also zero columns heads * head_dim .. out_pitch - 1.
-// Launch: attention_prefill_launch (below): grid (ceil(count * group / kBlockRows),
-// kv_heads), block 128, dynamic shared memory attention_prefill_shared_floats(head_dim)
-// floats: q [kBlockRows][stride], keys and values [32][stride] each, probabilities
-// [kBlockRows][32], stride = head_dim rounded up to 4, plus 4.
+// Launch: attention_prefill (below; attention_prefill_grid): grid (ceil(count * group /
+// kBlockRows), kv_heads), block 128, dynamic shared memory
+// attention_prefill_shared_floats(head_dim) floats: q [kBlockRows][stride], keys and values
+// [32][stride] each, probabilities [kBlockRows][32], stride = head_dim rounded up to 4,
+// plus 4.
 template <typename KvT, DType kOut, int kDimsPerLane>
 __global__ void __launch_bounds__(kAttentionPrefillThreads)
     attention_prefill_kernel(void* __restrict__ out, int out_pitch, const float* __restrict__ qkv,
@@ -261,9 +262,9 @@ __device__ __forceinline__ float quad_max(float value) {
 //   2j and 2j + 1 of S form k-step j); B = the value rows, transposed by ldmatrix .trans.
 // - Each row's running max is quad-uniform (quad_max); each lane keeps a partial sum of its
 //   columns, summed over the quad at the end.
-// Launch: attention_prefill_mma_launch (below): grid (ceil(count * group / 64), kv_heads),
-// block 128, dynamic shared memory 3 * 64 * (kDims + 8) halves: q, keys and values, one row
-// per query row or key, each padded by 8 halves.
+// Launch: attention_prefill (below; attention_prefill_mma_grid): grid (ceil(count * group /
+// 64), kv_heads), block 128, dynamic shared memory 3 * 64 * (kDims + 8) halves: q, keys and
+// values, one row per query row or key, each padded by 8 halves.
 template <DType kOut, int kDims>
 __global__ void __launch_bounds__(kAttentionPrefillThreads)
     attention_prefill_mma_kernel(void* __restrict__ out, int out_pitch,

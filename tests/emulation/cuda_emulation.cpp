@@ -458,7 +458,8 @@ float widen(uint32_t bits16) {
 }
 
 // The element (row, column) of the tile whose fragment registers are `registers` of each lane,
-// lane 4 (row % 8) + (column % 8) / 2, register first_register(row, column), as mma lays them.
+// lane 4 (row % 8) + (column % 8) / 2, register register_index (which the caller derives from
+// row and column), as mma lays them.
 template <DType kType, typename Register>
 float fragment_element(const Warp& w, Register registers, int row, int column, int register_index) {
     const int lane = kLanesPerRow * (row % kMatrixRows) + (column % kMatrixRows) / 2;
