@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "emulated_inputs.h"
+#include "emulated_gemm.h"
 #include "gemm.cuh"
 #include "prefill.cuh"
 
@@ -68,11 +68,6 @@ struct QuantizedRows {
     double at(int r, int c) const { return values[size_t(r) * cols + c]; }
 };
 
-struct GemmCase {
-    int tokens, rows, cols;
-    bool bias, accumulate;
-};
-
 // Sizes around the tiles: 1 token, odd counts, more tokens than a small tile; rows below and
 // above a tile; columns (Q8) a multiple of 8 but not of 32, not a multiple of 8, and more than
 // one and two K tiles of every tile shape; Q4 takes them rounded up to whole blocks.
@@ -80,8 +75,6 @@ const GemmCase kCases[] = {
     {1, 24, 40, false, false},  {3, 200, 264, true, false}, {17, 24, 72, false, true},
     {70, 200, 261, true, true}, {33, 72, 43, true, false},  {5, 40, 600, true, true},
 };
-constexpr int kOutPitchExtra = 5;  // output columns past the rows, which must stay untouched
-constexpr float kUntouched = 12345.0f;
 
 // Launches the kernel gemm_with_tiles launches for `tiles` and weights W.
 template <DType W>
@@ -118,42 +111,10 @@ void check_gemm(GemmTiles tiles, GemmCase c, std::mt19937& rng) {
                        << c.accumulate);
     QuantizedRows w(c.rows, c.cols, W, rng);
     PaddedRows in(c.tokens, c.cols, gemm_input_dtype(W), rng);
-    const std::vector<float> bias = random_floats(size_t(c.rows), rng);
-    const int out_pitch = c.rows + kOutPitchExtra;
-    std::vector<float> out(size_t(c.tokens) * out_pitch, kUntouched);
-    const std::vector<float> initial = random_floats(out.size(), rng);
-    if (c.accumulate)
-        for (int t = 0; t < c.tokens; ++t)
-            for (int r = 0; r < c.rows; ++r)
-                out[size_t(t) * out_pitch + r] = initial[size_t(t) * out_pitch + r];
-    launch_emulated_gemm<W>(tiles, out.data(), out_pitch, w, in, c.bias ? bias.data() : nullptr,
-                            c.accumulate);
-
-    int wrong = 0;
-    for (int t = 0; t < c.tokens; ++t) {
-        for (int r = 0; r < c.rows; ++r) {
-            double sum = 0, magnitude = 0;
-            for (int k = 0; k < c.cols; ++k) {
-                sum += in.at(t, k) * w.at(r, k);
-                magnitude += std::fabs(in.at(t, k) * w.at(r, k));
-            }
-            if (c.bias) sum += bias[r];
-            if (c.accumulate) sum += initial[size_t(t) * out_pitch + r];
-            // f32 accumulation of exact products: a few ulps of the magnitude per addition.
-            const double tolerance = 1e-6 * (magnitude + std::fabs(sum) + 1.0) * std::sqrt(c.cols);
-            const float got = out[size_t(t) * out_pitch + r];
-            if (!(std::fabs(got - sum) <= tolerance) && ++wrong <= 5) {
-                INFO("token " << t << " row " << r << ": got " << got << ", want " << sum);
-                CHECK(false);
-            }
-        }
-        for (int r = c.rows; r < out_pitch; ++r)
-            if (out[size_t(t) * out_pitch + r] != kUntouched && ++wrong <= 5) {
-                INFO("token " << t << " padding column " << r << " was written");
-                CHECK(false);
-            }
-    }
-    CHECK(wrong == 0);
+    GemmOutput result(c, rng);
+    launch_emulated_gemm<W>(tiles, result.out.data(), result.out_pitch, w, in,
+                            result.bias_or_null(c), c.accumulate);
+    result.check(c, w, in);
 }
 
 // embedding_rows_quantized_kernel as embedding_rows launches it, against the decoded table

@@ -1,6 +1,6 @@
 // Inputs of the emulated kernel tests (test_emulated_*.cpp): rows of f32, f16 or bf16 as the
 // CUDA kernels read them (16-byte aligned, each row padded with zeros to a 16-byte pitch),
-// with the exact values they decode to, and the comparison the tests make.
+// with the exact values they decode to (emulated_gemm.h: the GEMM tests' comparison).
 #pragma once
 #include <cmath>
 #include <cstdint>
