@@ -516,7 +516,8 @@ private:
             AttentionShape shape = attention_shape();
             shape.window = layer.window;
             cuda::rmsnorm_rows(normed, s.x, layer.attn_norm, c.norm_eps, stream);
-            cuda::gemm(s.qkv, qkv_pitch, layer.wqkv, normed, layer.qkv_bias, false, stream);
+            cuda::gemm(s.qkv, qkv_pitch, layer.wqkv, normed, layer.qkv_bias, /*accumulate=*/false,
+                       stream);
             cuda::rope_kv_store_rows(s.qkv, qkv_pitch, state_.rope_frequencies, layer.key_cache,
                                      layer.value_cache, first_pos, B, c.heads, c.kv_heads,
                                      c.head_dim, layer.q_norm, layer.k_norm, c.norm_eps, kv_type_,
@@ -527,10 +528,12 @@ private:
 
             // Feed-forward: x += w2 · (silu(w1 · norm(x)) * (w3 · norm(x)))
             cuda::rmsnorm_rows(normed, s.x, layer.ffn_norm, c.norm_eps, stream);
-            cuda::gemm(s.gate, c.hidden_dim, layer.w1, normed, nullptr, false, stream);
-            cuda::gemm(s.up, c.hidden_dim, layer.w3, normed, nullptr, false, stream);
+            cuda::gemm(s.gate, c.hidden_dim, layer.w1, normed, /*bias=*/nullptr,
+                       /*accumulate=*/false, stream);
+            cuda::gemm(s.up, c.hidden_dim, layer.w3, normed, /*bias=*/nullptr, /*accumulate=*/false,
+                       stream);
             cuda::swiglu_rows(hidden, s.gate, s.up, c.hidden_dim, stream);
-            cuda::gemm(s.x, c.dim, layer.w2, hidden, nullptr, /*accumulate=*/true, stream);
+            cuda::gemm(s.x, c.dim, layer.w2, hidden, /*bias=*/nullptr, /*accumulate=*/true, stream);
         }
 
         // logits = output · norm(x), of every row or of the last; the output matrix's dtype
@@ -541,7 +544,8 @@ private:
         final_normed.pitch = cuda::padded_cols(c.dim, final_normed.dtype);
         cuda::rmsnorm_rows(final_normed, s.x + size_t(first_row) * c.dim, final_norm_, c.norm_eps,
                            stream);
-        cuda::gemm(s.logits, c.vocab_size, output_, final_normed, nullptr, false, stream);
+        cuda::gemm(s.logits, c.vocab_size, output_, final_normed, /*bias=*/nullptr,
+                   /*accumulate=*/false, stream);
         float* host = logits_out ? logits_out : host_logits_.as<float>();
         CUDA_CHECK(cudaMemcpyAsync(host, s.logits, size_t(rows) * c.vocab_size * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream));
