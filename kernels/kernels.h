@@ -6,9 +6,10 @@
 //   simple versions in matmul_simple.cuh, elementwise_simple.cuh, attention_simple.cuh),
 //   compiled once, in kernels.cu. forward.cu and tests/tools/cuda_kernel_check.cu launch
 //   them through here.
-// - Activations are f32 in device memory; weights are f32, f16, bf16, Q8 (I8) or Q4 (U8):
-//   the decode kernels (embedding, matvec, matvec_swiglu) and the batched prefill's GEMM
-//   (gemm, embedding_rows) read all five, the GPU ladder's simple kernels the first three.
+// - Decode activations are f32 in device memory, the batched prefill's GEMM inputs f32, f16
+//   or bf16 (DeviceActivations); weights are f32, f16, bf16, Q8 (I8) or Q4 (U8): the decode
+//   kernels (embedding, matvec, matvec_swiglu) and the batched prefill's GEMM (gemm,
+//   embedding_rows) read all five, the GPU ladder's simple kernels the first three.
 // - Every launch goes on `stream` and is checked with cudaGetLastError (a failure throws
 //   barellm::Error).
 // - Kernels that depend on the token or the position read them from `step`, a device array
