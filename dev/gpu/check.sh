@@ -50,7 +50,8 @@
 # first steps run, and kept in $WORK. The disk (64 GiB) holds it with the q8 and q4 ones and
 # the prefill step's f16 GGUF, not the bf16 pair (file and GGUF) too: a step that would write
 # past the free space notes its skip instead. The default steps take about 6-8 minutes on an H100;
-# no long run starts after DEADLINE seconds (the device tool stops a command at 600).
+# the checks and tests are cut to end by DEADLINE seconds and no long run starts too late to
+# end by then (the device tool stops a command at 600, and the summary comes at the end).
 #
 # Logs go to $WORK/logs; when OUT is set, they are also archived in $OUT/gpu_logs.tgz, and
 # the summary, the kernel timings and the ladder tables copied beside it as *.md (the
@@ -142,6 +143,12 @@ fits() {
     note "$2: skipped, ${SECONDS}s spent"
     return 1
 }
+# The time limit of a run of at most $1 seconds, cut to end by DEADLINE (at least 1 second:
+# timeout 0 would not limit it).
+capped() {
+    local left=$((DEADLINE - SECONDS))
+    echo $((left < $1 ? (left > 1 ? left : 1) : $1))
+}
 # True when the disk of $WORK has $1 GiB free; else notes the skip of $2.
 disk_has() {
     local free
@@ -225,16 +232,16 @@ for dtype in q8 q4; do
         >/dev/null 2>&1
 done
 
-if wants kernels; then
+if wants kernels && fits 60 "cuda_kernel_check"; then
     step "build/cuda_kernel_check --bench"
-    timeout 300 build/cuda_kernel_check --bench >"$LOG/kernel_check.log" 2>&1
+    timeout "$(capped 300)" build/cuda_kernel_check --bench >"$LOG/kernel_check.log" 2>&1
     status=$?
     grep -v "^PASS" "$LOG/kernel_check.log" | grep -v "^|" | head -40
     grep "^|" "$LOG/kernel_check.log" | tee "$LOG/kernel_bench.md"
     note "cuda_kernel_check: $(tail -1 "$LOG/kernel_check.log") (exit $status)"
 fi
 
-if wants tests; then
+if wants tests && fits 60 "tests"; then
     step "tests/test_cuda.py, tests/test_ladder.py -k gpu"
     xdist=()
     python3 -c "import xdist" 2>/dev/null && xdist=(-n 8)
@@ -242,12 +249,15 @@ if wants tests; then
     deselect=()
     wants kernels &&
         deselect=(--deselect tests/test_cuda.py::test_every_kernel_matches_the_cpu_kernels)
-    OMP_NUM_THREADS=2 timeout 300 python3 -m pytest -q -rs "${xdist[@]}" "${deselect[@]}" \
-        tests/test_cuda.py >"$LOG/test_cuda.log" 2>&1
+    OMP_NUM_THREADS=2 timeout "$(capped 300)" python3 -m pytest -q -rs "${xdist[@]}" \
+        "${deselect[@]}" tests/test_cuda.py >"$LOG/test_cuda.log" 2>&1
     note "tests/test_cuda.py: $(tail -1 "$LOG/test_cuda.log")"
-    timeout 120 python3 -m pytest -q -rs tests/test_ladder.py -k gpu >"$LOG/test_ladder.log" 2>&1
-    note "tests/test_ladder.py -k gpu: $(tail -1 "$LOG/test_ladder.log")"
-    grep -h "^FAILED" "$LOG/test_cuda.log" "$LOG/test_ladder.log" | head -10
+    if fits 30 "tests/test_ladder.py -k gpu"; then
+        timeout "$(capped 120)" python3 -m pytest -q -rs tests/test_ladder.py -k gpu \
+            >"$LOG/test_ladder.log" 2>&1
+        note "tests/test_ladder.py -k gpu: $(tail -1 "$LOG/test_ladder.log")"
+    fi
+    grep -h "^FAILED" "$LOG/test_cuda.log" "$LOG/test_ladder.log" 2>/dev/null | head -10
 fi
 
 if wants transformers; then
@@ -258,19 +268,22 @@ print(','.join(map(str, np.random.default_rng(11).integers(0, 512, 200))))")
     IFS=, read -ra id_list <<<"$ids"
     for name in gqa-window wide-heads group-of-8 qwen2-window qwen2-tied qwen3 \
         qwen3-attention-bias; do
+        fits 30 "transformers $name and the rest" || break
         dir=$WORK/hf-$name
         rm -rf "$dir" && mkdir -p "$dir"
         if python3 -c "import sys; sys.path[:0] = ['tests', 'reference']; import test_cuda; \
-test_cuda.write_hf_checkpoint('$name', '$dir/hf', seed=7)" >/dev/null &&
-            python3 convert/convert.py "$dir/hf" -o "$dir/model.bin" --dtype f32 >/dev/null; then
+test_cuda.write_hf_checkpoint('$name', '$dir/hf', seed=7)" >/dev/null \
+            2>>"$LOG/transformers_$name.err" &&
+            python3 convert/convert.py "$dir/hf" -o "$dir/model.bin" --dtype f32 >/dev/null \
+                2>>"$LOG/transformers_$name.err"; then
             for mode in decode prefill; do
                 flags=()
                 [ "$mode" = prefill ] && flags=(--prefill)
                 result=
                 build/dump_logits "$dir/model.bin" "$dir/cuda.logits" "${id_list[@]}" --kv f32 \
                     --device cuda "${flags[@]}" 2>>"$LOG/transformers_$name.err" &&
-                    result=$(timeout 120 python3 dev/gpu/transformers_logits.py "$dir/hf" \
-                        --ids "$ids" --compare "$dir/cuda.logits" \
+                    result=$(timeout "$(capped 120)" python3 dev/gpu/transformers_logits.py \
+                        "$dir/hf" --ids "$ids" --compare "$dir/cuda.logits" \
                         2>>"$LOG/transformers_$name.err")
                 note "transformers $name ($mode): ${result:-FAILED: \
 $(tail -1 "$LOG/transformers_$name.err")}"
