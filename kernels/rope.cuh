@@ -113,6 +113,8 @@ inline dim3 rope_kv_grid(int heads, int kv_heads) {
 void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache, void* value_cache,
                    const int* step, int heads, int kv_heads, int head_dim, const float* q_norm,
                    const float* k_norm, float eps, KvType kv_type, cudaStream_t stream) {
+    if ((q_norm == nullptr) != (k_norm == nullptr))
+        throw Error("rope_kv_store: q_norm and k_norm are given together or not at all");
     const dim3 grid = rope_kv_grid(heads, kv_heads);
     with_kv_type(kv_type, [&](auto element) {
         using KvT = decltype(element);

@@ -133,8 +133,13 @@ EOF
 }
 trap finish EXIT
 export PYTHONUNBUFFERED=1
-# A note goes to the summary at once, so that a run cut off still leaves what it found.
-note() { echo "== $1"; echo "- $1" >>"$SUMMARY"; }
+# A note goes to the summary at once, so that a run cut off still leaves what it found (with
+# OUT set, into $OUT too: a command the device tool stops at its limit still brings it back).
+note() {
+    echo "== $1"
+    echo "- $1" >>"$SUMMARY"
+    if [ -n "${OUT:-}" ]; then cp "$SUMMARY" "$OUT/"; fi
+}
 step() { echo; echo "==== [${SECONDS}s] $*"; }
 wants() { [[ " $STEPS " == *" $1 "* ]]; }
 # True when a run of about $1 seconds still ends before DEADLINE; else notes the skip of $2.
@@ -212,14 +217,16 @@ if ! reason=$(build/dump_logits --check-cuda); then
     exit 1
 fi
 # llama.cpp with CUDA for the prefill step, built in a session of its own: it outlives this
-# command (the device tool lets such a process run on), so a later run finds it built.
+# command (the device tool lets such a process run on), so a later run finds it built. At
+# the lowest priority, so that it disturbs this run's timings as little as it can (they are
+# still best taken in a run after it has finished).
 LLAMACPP=$WORK/llamacpp
 if wants prefill && [ ! -x "$LLAMACPP/bin/llama-bench" ]; then
     sources=(gpu_data/llamacpp/llama_cpp_python-*.tar.gz)
     if [ ! -f "${sources[0]}" ]; then
         note "llama.cpp: no sources in gpu_data/llamacpp (dev/gpu/check.sh --stage)"
     elif ! kill -0 "$(cat "$WORK/llamacpp_build.pid" 2>/dev/null)" 2>/dev/null; then
-        setsid nohup scripts/build_llamacpp.sh "$LLAMACPP" --sdist "${sources[0]}" \
+        setsid nohup nice -n 19 scripts/build_llamacpp.sh "$LLAMACPP" --sdist "${sources[0]}" \
             --cuda "$CUDA_ARCHS" -j "$(nproc)" >"$WORK/llamacpp_build.log" 2>&1 </dev/null &
         echo $! >"$WORK/llamacpp_build.pid"
         note "llama.cpp: CUDA build started in the background ($WORK/llamacpp_build.log)"
