@@ -23,8 +23,18 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
     x[i] = WeightFormat<D>::element(row, i);
 }
 
-// x[i] = table[step[0], i] as f32 for a Q8 (I8) or Q4 (U8) table: the integer weight times
-// its block's f16 scale, as the CPU's embedding_row computes it.
+// Element i of row `token` of a Q8 (I8) or Q4 (U8) table [rows, pitch] as f32: the integer
+// weight times its block's f16 scale, as the CPU's embedding_row computes it.
+template <DType D>
+__device__ __forceinline__ float quantized_table_element(const void* table, const uint16_t* scales,
+                                                         int pitch, size_t token, int i) {
+    using Format = QuantizedFormat<D>;
+    const char* row = static_cast<const char*>(table) + token * Format::row_bytes(pitch);
+    const uint16_t scale = scales[token * (pitch / kQuantizedBlock) + i / kQuantizedBlock];
+    return float(Format::value(row, i)) * half_bits_to_float(scale);
+}
+
+// x[i] = table[step[0], i] as f32 for a Q8 (I8) or Q4 (U8) table (quantized_table_element).
 // Launch: as embedding_kernel (grid ceil(cols / 256), block 256, no shared memory).
 template <DType D>
 __global__ void __launch_bounds__(kEmbeddingThreads)
@@ -33,11 +43,7 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
                                const int* __restrict__ step) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= cols) return;
-    const size_t token = size_t(step[0]);
-    using Format = QuantizedFormat<D>;
-    const char* row = static_cast<const char*>(table) + token * Format::row_bytes(pitch);
-    const uint16_t scale = scales[token * (pitch / kQuantizedBlock) + i / kQuantizedBlock];
-    x[i] = float(Format::value(row, i)) * half_bits_to_float(scale);
+    x[i] = quantized_table_element<D>(table, scales, pitch, size_t(step[0]), i);
 }
 
 // ---- Launch shape (embedding_kernel and embedding_quantized_kernel)

@@ -7,6 +7,7 @@
 #pragma once
 #include "common.cuh"
 #include "cuda_check.h"
+#include "embedding.cuh"  // quantized_table_element
 #include "kernels.h"
 #include "rope.cuh"
 
@@ -47,8 +48,8 @@ __global__ void __launch_bounds__(kRowsThreads)
     x[size_t(t) * cols + i] = WeightFormat<D>::element(row, i);
 }
 
-// As embedding_rows_kernel for a Q8 (I8) or Q4 (U8) table: the integer weight times its
-// block's f16 scale, as embedding_quantized_kernel computes it for one token.
+// As embedding_rows_kernel for a Q8 (I8) or Q4 (U8) table (quantized_table_element, as
+// embedding_quantized_kernel computes it for one token).
 // Launch: as embedding_rows_kernel (grid (ceil(cols / 256), count), block 256, no shared
 // memory).
 template <DType D>
@@ -59,11 +60,8 @@ __global__ void __launch_bounds__(kRowsThreads)
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= cols) return;
     const int t = blockIdx.y;
-    const size_t token = size_t(tokens[t]);
-    using Format = QuantizedFormat<D>;
-    const char* row = static_cast<const char*>(table) + token * Format::row_bytes(pitch);
-    const uint16_t scale = scales[token * (pitch / kQuantizedBlock) + i / kQuantizedBlock];
-    x[size_t(t) * cols + i] = float(Format::value(row, i)) * half_bits_to_float(scale);
+    x[size_t(t) * cols + i] =
+        quantized_table_element<D>(table, scales, pitch, size_t(tokens[t]), i);
 }
 
 // out[t, i] = x[t, i] * rsqrt(mean(x[t]²) + eps) * weight[i] as D for i < cols, 0 for
