@@ -212,14 +212,8 @@ void check_rope_kv_store_rows(const RopeCase& c, std::mt19937& rng) {
         for (int i = c.heads * c.head_dim; i < qkv_pitch; ++i) wrong += got_q[i] != in[i];
     }
     // Cache rows outside first_pos .. first_pos + count - 1 are not written.
-    for (int row = 0; row < context; ++row) {
-        if (row >= c.first_pos && row < c.first_pos + c.count) continue;
-        for (int i = 0; i < kv_dim; ++i) {
-            const size_t e = size_t(row) * kv_dim + i;
-            wrong += std::memcmp(&keys[e], &sentinel, sizeof sentinel) != 0;
-            wrong += std::memcmp(&values[e], &sentinel, sizeof sentinel) != 0;
-        }
-    }
+    wrong += cache_writes_outside(keys, values, sentinel, kv_dim, c.first_pos,
+                                  c.first_pos + c.count - 1);
     CHECK(wrong == 0);
 }
 

@@ -84,4 +84,20 @@ inline double stored_element(const void* row, DType dtype, int i) {
     return from_16bit(dtype, static_cast<const uint16_t*>(row)[i]);
 }
 
+// Elements of the cache rows outside first_row .. last_row (keys and values [context,
+// kv_dim], filled with `sentinel` before the kernel ran) that no longer hold it: writes to rows
+// the kernel must leave alone.
+template <typename KvT>
+int cache_writes_outside(const std::vector<KvT>& keys, const std::vector<KvT>& values,
+                         const KvT& sentinel, int kv_dim, int first_row, int last_row) {
+    int written = 0;
+    for (size_t e = 0; e < keys.size(); ++e) {
+        const int row = int(e / kv_dim);
+        if (row >= first_row && row <= last_row) continue;
+        written += std::memcmp(&keys[e], &sentinel, sizeof sentinel) != 0;
+        written += std::memcmp(&values[e], &sentinel, sizeof sentinel) != 0;
+    }
+    return written;
+}
+
 }  // namespace barellm::test
