@@ -46,6 +46,10 @@
 #                 (convert/synth.py --preset qwen3-8b: 16.4 GB, written twice, a few minutes
 #                 in the foreground), at short and long context; not a default step, run it
 #                 alone
+#   llama3-prefill  pp512 of a Llama-3-8B-shaped f16 checkpoint (convert/synth.py --preset
+#                 llama3-8b, its barellm file and GGUF: 48 GiB, so on a machine without the
+#                 Mistral-7B files) alternated with llama.cpp's; not a default step, run it
+#                 alone (a second run goes on from the files the first one wrote)
 # The Mistral-7B checkpoint (13.5 GiB, written twice) is made in the background while the
 # first steps run, and kept in $WORK. The disk (64 GiB) holds it with the q8 and q4 ones and
 # the prefill step's f16 GGUF, not the bf16 pair (file and GGUF) too: a step that would write
@@ -93,7 +97,8 @@ fi
 STEPS=${*:-kernels tests transformers decode ladder}
 for name in $STEPS; do
     case $name in
-        kernels | tests | transformers | decode | quantized | ladder | prefill | ab | qwen3-8b) ;;
+        kernels | tests | transformers | decode | quantized | ladder | prefill | ab | qwen3-8b | \
+            llama3-prefill) ;;
         *) echo "check.sh: unknown step '$name' (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -164,6 +169,7 @@ disk_has() {
 }
 MISTRAL_GIB=14    # a Mistral-7B-shaped f16 or bf16 file, or its GGUF, rounded up
 QWEN3_8B_GIB=16   # a Qwen3-8B-shaped f16 file, rounded up
+LLAMA3_8B_GIB=16  # a Llama-3-8B-shaped f16 file, or its GGUF, rounded up
 QUANTIZED_GIB=8   # a Mistral-7B-shaped q8 file, rounded up (q4: about half)
 
 [ -e ../shared ] || [ ! -d gpu_data/shared ] || ln -s "$PWD/gpu_data/shared" ../shared
@@ -221,7 +227,7 @@ fi
 # the lowest priority, so that it disturbs this run's timings as little as it can (they are
 # still best taken in a run after it has finished).
 LLAMACPP=$WORK/llamacpp
-if wants prefill && [ ! -x "$LLAMACPP/bin/llama-bench" ]; then
+if { wants prefill || wants llama3-prefill; } && [ ! -x "$LLAMACPP/bin/llama-bench" ]; then
     sources=(gpu_data/llamacpp/llama_cpp_python-*.tar.gz)
     if [ ! -f "${sources[0]}" ]; then
         note "llama.cpp: no sources in gpu_data/llamacpp (dev/gpu/check.sh --stage)"
@@ -398,46 +404,21 @@ llamacpp_ready() {
     note "llama.cpp not built yet at ${SECONDS}s: $(tail -1 "$WORK/llamacpp_build.log" 2>/dev/null)"
     return 1
 }
-# A GGUF of the Mistral-7B checkpoint, through the gguf package of the staged llama.cpp
+# A GGUF of a Hugging Face checkpoint, through the gguf package of the staged llama.cpp
 # sources (scripts/gguf_from_hf.py).
-gguf_from_hf() {  # OUT TYPE
-    [ -f "$1" ] && return 0
-    local gguf_py=("$LLAMACPP"/llama_cpp_python-*/vendor/llama.cpp/gguf-py)
-    fits 150 "GGUF $2" && disk_has "$MISTRAL_GIB" "GGUF $2" &&
-        PYTHONPATH=${gguf_py[0]} python3 scripts/gguf_from_hf.py "$MISTRAL_HF" -o "$1.part" \
-            --type "$2" >"$LOG/gguf_$2.log" 2>&1 && mv "$1.part" "$1" && return 0
-    note "GGUF $2 of the Mistral-7B shape not written: $(tail -1 "$LOG/gguf_$2.log" 2>/dev/null)"
+gguf_from_hf() {  # HF_DIR OUT TYPE GIB
+    [ -f "$2" ] && return 0
+    local gguf_py=("$LLAMACPP"/llama_cpp_python-*/vendor/llama.cpp/gguf-py) name log
+    name=$(basename "$2")
+    log=$LOG/gguf_$name.log
+    fits 150 "GGUF $name" && disk_has "$4" "GGUF $name" &&
+        PYTHONPATH=${gguf_py[0]} python3 scripts/gguf_from_hf.py "$1" -o "$2.part" \
+            --type "$3" >"$log" 2>&1 && mv "$2.part" "$2" && return 0
+    note "$name not written: $(tail -1 "$log" 2>/dev/null)"
     return 1
 }
-
-if wants prefill && mistral_ready 120; then
-    step "prefill: batched pp4/16/64 against tg; pp512 f16 and bf16 against llama.cpp"
-    for p in 4 16 64; do barellm_prefill mistral-7b-f16 "$MISTRAL" small -p "$p" -n 0 -r 3; done
-    barellm_prefill mistral-7b-f16 "$MISTRAL" small -p 0 -n 64 -r 3
-    for dtype in f16 bf16; do
-        model=$WORK/mistral-7b-$dtype.bin gguf=$WORK/mistral-7b-$dtype.gguf
-        if [ ! -f "$model" ] && fits 150 "convert $dtype" &&
-            disk_has $((2 * MISTRAL_GIB)) "convert $dtype (and its GGUF)"; then
-            python3 convert/convert.py "$MISTRAL_HF" -o "$model.part" --dtype "$dtype" \
-                >"$LOG/convert_$dtype.log" 2>&1 && mv "$model.part" "$model"
-        fi
-        [ -f "$model" ] || continue
-        with_llamacpp=0
-        llamacpp_ready 60 && gguf_from_hf "$gguf" "$dtype" && with_llamacpp=1
-        for round in 1 2; do
-            barellm_prefill "mistral-7b-$dtype" "$model" "$round" -p 512 -n 0 -r 3
-            [ $with_llamacpp = 1 ] && llamacpp_prefill "mistral-7b-$dtype" "$gguf" "$round"
-        done
-        # The disk holds the f16 files and one more pair at a time.
-        [ "$dtype" = f16 ] || rm -f "$model"
-        rm -f "$gguf"
-    done
-    # q8 and q4 (the quantized GEMM), on the checkpoints the quantized step keeps in $WORK.
-    for dtype in q8 q4; do
-        model=$WORK/mistral-7b-$dtype.bin
-        [ -f "$model" ] || continue
-        for p in 16 512; do barellm_prefill "mistral-7b-$dtype" "$model" 1 -p "$p" -n 0 -r 3; done
-    done
+# The prefill rows gathered so far as a table: barellm against llama.cpp, round by round.
+prefill_table() {
     python3 - "$PREFILL" <<'EOF' | tee "$LOG/prefill.md"
 import json, sys
 from collections import defaultdict
@@ -456,7 +437,39 @@ for (label, test, tool), ours in speed.items():
     theirs_mean = f"{sum(theirs) / len(theirs):.0f}" if theirs else ""
     print(f"| {label} | {test} | {sum(ours) / len(ours):.0f} | {theirs_mean} | {ratios} |")
 EOF
-    note "prefill: $(grep -c '^| mistral' "$LOG/prefill.md") rows (prefill.md)"
+    note "prefill: $(grep -c -E '^\| .* \| (pp|tg)[0-9]+ \|' "$LOG/prefill.md") rows (prefill.md)"
+}
+
+if wants prefill && mistral_ready 120; then
+    step "prefill: batched pp4/16/64 against tg; pp512 f16 and bf16 against llama.cpp"
+    for p in 4 16 64; do barellm_prefill mistral-7b-f16 "$MISTRAL" small -p "$p" -n 0 -r 3; done
+    barellm_prefill mistral-7b-f16 "$MISTRAL" small -p 0 -n 64 -r 3
+    for dtype in f16 bf16; do
+        model=$WORK/mistral-7b-$dtype.bin gguf=$WORK/mistral-7b-$dtype.gguf
+        if [ ! -f "$model" ] && fits 150 "convert $dtype" &&
+            disk_has $((2 * MISTRAL_GIB)) "convert $dtype (and its GGUF)"; then
+            python3 convert/convert.py "$MISTRAL_HF" -o "$model.part" --dtype "$dtype" \
+                >"$LOG/convert_$dtype.log" 2>&1 && mv "$model.part" "$model"
+        fi
+        [ -f "$model" ] || continue
+        with_llamacpp=0
+        llamacpp_ready 60 && gguf_from_hf "$MISTRAL_HF" "$gguf" "$dtype" "$MISTRAL_GIB" &&
+            with_llamacpp=1
+        for round in 1 2; do
+            barellm_prefill "mistral-7b-$dtype" "$model" "$round" -p 512 -n 0 -r 3
+            [ $with_llamacpp = 1 ] && llamacpp_prefill "mistral-7b-$dtype" "$gguf" "$round"
+        done
+        # The disk holds the f16 files and one more pair at a time.
+        [ "$dtype" = f16 ] || rm -f "$model"
+        rm -f "$gguf"
+    done
+    # q8 and q4 (the quantized GEMM), on the checkpoints the quantized step keeps in $WORK.
+    for dtype in q8 q4; do
+        model=$WORK/mistral-7b-$dtype.bin
+        [ -f "$model" ] || continue
+        for p in 16 512; do barellm_prefill "mistral-7b-$dtype" "$model" 1 -p "$p" -n 0 -r 3; done
+    done
+    prefill_table
 fi
 
 if wants ab; then
@@ -511,5 +524,31 @@ if wants qwen3-8b; then
         bench qwen3-8b-f16 build/barellm "$QWEN3" 4096 1
     else
         note "Qwen3-8B checkpoint not made: $(tail -1 "$LOG/qwen3_synth.log")"
+    fi
+fi
+
+if wants llama3-prefill; then
+    step "prefill at Llama-3-8B's shape: pp512 f16 against llama.cpp"
+    LLAMA3_HF=$WORK/llama3-hf LLAMA3=$WORK/llama3-8b-f16.bin
+    if [ ! -f "$LLAMA3" ] && fits 420 "Llama-3-8B checkpoint" &&
+        disk_has $((3 * LLAMA3_8B_GIB)) "Llama-3-8B checkpoint, its barellm file and GGUF"; then
+        { [ -d "$LLAMA3_HF" ] || { rm -rf "$LLAMA3_HF.part" && python3 convert/synth.py \
+            --preset llama3-8b --dtype f16 -o "$LLAMA3_HF.part" &&
+            mv "$LLAMA3_HF.part" "$LLAMA3_HF"; }; } &&
+            python3 convert/convert.py "$LLAMA3_HF" -o "$LLAMA3.part" --dtype f16 &&
+            mv "$LLAMA3.part" "$LLAMA3"
+    fi >"$LOG/llama3_synth.log" 2>&1
+    if [ -f "$LLAMA3" ]; then
+        with_llamacpp=0
+        llamacpp_ready 60 && gguf_from_hf "$LLAMA3_HF" "$WORK/llama3-8b-f16.gguf" f16 \
+            "$LLAMA3_8B_GIB" && with_llamacpp=1
+        for round in 1 2; do
+            barellm_prefill llama3-8b-f16 "$LLAMA3" "$round" -p 512 -n 0 -r 3
+            [ $with_llamacpp = 1 ] &&
+                llamacpp_prefill llama3-8b-f16 "$WORK/llama3-8b-f16.gguf" "$round"
+        done
+        prefill_table
+    else
+        note "Llama-3-8B checkpoint not made: $(tail -1 "$LOG/llama3_synth.log")"
     fi
 fi
