@@ -207,6 +207,27 @@ __device__ __forceinline__ void dot_rows(const uint4* const (&rows)[kRows], cons
     for (int r = 0; r < kRows; ++r) sums[r] = warp_sum(acc[r]);
 }
 
+// The block's outputs, one row per warp: lane 0 of warp w gives `value` for row
+// blockIdx.x * warps + w; the first `warps` threads then store them with one coalesced
+// access, adding bias[r] when given and, with kAccumulate, the row's previous out[r].
+// `results` is kMatvecMaxWarps floats of shared memory. Every thread of the block calls it.
+template <bool kAccumulate>
+__device__ __forceinline__ void store_warp_rows(float* __restrict__ out, float value,
+                                                float* results, const float* __restrict__ bias,
+                                                int rows) {
+    const int warps = blockDim.x / kWarpSize;
+    if (threadIdx.x % kWarpSize == 0) results[threadIdx.x / kWarpSize] = value;
+    __syncthreads();
+    if (int(threadIdx.x) < warps) {
+        const int r = blockIdx.x * warps + threadIdx.x;
+        if (r < rows) {
+            const float sum =
+                bias != nullptr ? results[threadIdx.x] + bias[r] : results[threadIdx.x];
+            out[r] = kAccumulate ? out[r] + sum : sum;
+        }
+    }
+}
+
 // out[r] = (kAccumulate ? out[r] : 0) + (W[r, :] · stage(in) + bias[r]), r in [0, rows), no
 // bias term when bias is null.
 // Launch: grid ceil(rows / warps), block warps * 32 threads (warps = matvec_warps(pitch),
@@ -232,16 +253,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
 
     float sum[1] = {0.0f};
     if (has_row) dot_rows<D, 1>(row_pointer, xs, pitch, sum);
-    if (threadIdx.x % kWarpSize == 0) results[warp] = sum[0];
-    __syncthreads();
-    if (int(threadIdx.x) < warps) {  // one coalesced store of the block's rows
-        const int r = blockIdx.x * warps + threadIdx.x;
-        if (r < rows) {
-            const float value =
-                bias != nullptr ? results[threadIdx.x] + bias[r] : results[threadIdx.x];
-            out[r] = kAccumulate ? out[r] + value : value;
-        }
-    }
+    store_warp_rows<kAccumulate>(out, sum[0], results, bias, rows);
 }
 
 // out[r] = silu(W1[r, :] · stage(in)) * (W3[r, :] · stage(in)), silu(g) = g / (1 + e^-g).
@@ -273,12 +285,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
         dot_rows<D, 2>(row_pointers, xs, pitch, sums);
         value = swiglu_value(/*gate=*/sums[0], /*up=*/sums[1]);
     }
-    if (threadIdx.x % kWarpSize == 0) results[warp] = value;
-    __syncthreads();
-    if (int(threadIdx.x) < warps) {
-        const int r = blockIdx.x * warps + threadIdx.x;
-        if (r < rows) out[r] = results[threadIdx.x];
-    }
+    store_warp_rows</*kAccumulate=*/false>(out, value, results, /*bias=*/nullptr, rows);
 }
 
 // ---- Launch shapes (matvec_kernel and matvec_swiglu_kernel)

@@ -270,16 +270,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
 
     float sum[1] = {0.0f};
     if (has_row) dot_quantized_rows<D, kWidened, 1>(row_pointer, row_scales, input, pitch, sum);
-    if (threadIdx.x % kWarpSize == 0) results[warp] = sum[0];
-    __syncthreads();
-    if (int(threadIdx.x) < warps) {  // one coalesced store of the block's rows
-        const int r = blockIdx.x * warps + threadIdx.x;
-        if (r < rows) {
-            const float value =
-                bias != nullptr ? results[threadIdx.x] + bias[r] : results[threadIdx.x];
-            out[r] = kAccumulate ? out[r] + value : value;
-        }
-    }
+    store_warp_rows<kAccumulate>(out, sum[0], results, bias, rows);
 }
 
 // out[r] = silu(W1[r, :] · stage(in)) * (W3[r, :] · stage(in)), W1 and W3 quantized alike.
@@ -315,12 +306,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
         dot_quantized_rows<D, kWidened, 2>(row_pointers, row_scales, input, pitch, sums);
         value = swiglu_value(/*gate=*/sums[0], /*up=*/sums[1]);
     }
-    if (threadIdx.x % kWarpSize == 0) results[warp] = value;
-    __syncthreads();
-    if (int(threadIdx.x) < warps) {
-        const int r = blockIdx.x * warps + threadIdx.x;
-        if (r < rows) out[r] = results[threadIdx.x];
-    }
+    store_warp_rows</*kAccumulate=*/false>(out, value, results, /*bias=*/nullptr, rows);
 }
 
 // ---- Launch shapes (quantized_matvec_kernel and quantized_matvec_swiglu_kernel)
