@@ -510,10 +510,10 @@ private:
         const cuda::DeviceActivations hidden = first_rows(s.hidden, B);
         cuda::embedding_rows(s.x, embedding_, s.tokens, B, stream);
 
+        AttentionShape shape = attention_shape();  // its window set layer by layer below
         for (const DeviceLayer& layer : layers_) {
             // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
             //   (the biases, q/k norms and window of the layer where it has them, as decode)
-            AttentionShape shape = attention_shape();
             shape.window = layer.window;
             cuda::rmsnorm_rows(normed, s.x, layer.attn_norm, c.norm_eps, stream);
             cuda::gemm(s.qkv, qkv_pitch, layer.wqkv, normed, layer.qkv_bias, /*accumulate=*/false,
