@@ -312,57 +312,38 @@ void check_matvec() {
                 launch(out.as<float>());
                 report(kernel + " " + shape, to_host(out.as(), rows), want, 1e-5);
             };
-            check("matvec", plain, [&](float* out) {
-                cuda::matvec(out, device_w, in, nullptr, 0.0f, nullptr, false, 0);
-            });
             check("matvec_thread_per_row", plain,
                   [&](float* out) { cuda::matvec_thread_per_row(out, device_w, in, 0); });
-            check("matvec_warp_per_row", plain, [&](float* out) {
-                cuda::matvec_warp_per_row(out, device_w, in, nullptr, 0.0f, nullptr, false, 0);
-            });
-            check("matvec+rmsnorm", with_norm, [&](float* out) {
-                cuda::matvec(out, device_w, in, norm, eps, nullptr, false, 0);
-            });
-            check("matvec_warp_per_row+rmsnorm", with_norm, [&](float* out) {
-                cuda::matvec_warp_per_row(out, device_w, in, norm, eps, nullptr, false, 0);
-            });
-            check(
-                "matvec+residual", with_residual,
-                [&](float* out) {
-                    cuda::matvec(out, device_w, in, nullptr, 0.0f, nullptr, true, 0);
-                },
-                residual);
-            check(
-                "matvec_warp_per_row+residual", with_residual,
-                [&](float* out) {
-                    cuda::matvec_warp_per_row(out, device_w, in, nullptr, 0.0f, nullptr, true, 0);
-                },
-                residual);
-            check("matvec+bias", with_bias, [&](float* out) {
-                cuda::matvec(out, device_w, in, nullptr, 0.0f, device_bias, false, 0);
-            });
-            check("matvec_warp_per_row+bias", with_bias, [&](float* out) {
-                cuda::matvec_warp_per_row(out, device_w, in, nullptr, 0.0f, device_bias, false, 0);
-            });
-            check("matvec+rmsnorm+bias", with_norm_bias, [&](float* out) {
-                cuda::matvec(out, device_w, in, norm, eps, device_bias, false, 0);
-            });
-            check("matvec_warp_per_row+rmsnorm+bias", with_norm_bias, [&](float* out) {
-                cuda::matvec_warp_per_row(out, device_w, in, norm, eps, device_bias, false, 0);
-            });
-            check(
-                "matvec+bias+residual", with_bias_residual,
-                [&](float* out) {
-                    cuda::matvec(out, device_w, in, nullptr, 0.0f, device_bias, true, 0);
-                },
-                residual);
-            check(
-                "matvec_warp_per_row+bias+residual", with_bias_residual,
-                [&](float* out) {
-                    cuda::matvec_warp_per_row(out, device_w, in, nullptr, 0.0f, device_bias, true,
-                                              0);
-                },
-                residual);
+            // The fused steps, each alone and combined as the forward pass uses them, on both
+            // kernels that fuse them (the fast matvec and the ladder's warp per row).
+            struct Fusion {
+                const char* suffix;
+                const std::vector<float>& want;
+                bool norm, bias, residual;
+            };
+            const Fusion fusions[] = {
+                {"", plain, false, false, false},
+                {"+rmsnorm", with_norm, true, false, false},
+                {"+residual", with_residual, false, false, true},
+                {"+bias", with_bias, false, true, false},
+                {"+rmsnorm+bias", with_norm_bias, true, true, false},
+                {"+bias+residual", with_bias_residual, false, true, true},
+            };
+            using Matvec = void (*)(float*, const DeviceMatrix&, const float*, const float*, float,
+                                    const float*, bool, cudaStream_t);
+            const std::pair<const char*, Matvec> matvecs[] = {
+                {"matvec", cuda::matvec}, {"matvec_warp_per_row", cuda::matvec_warp_per_row}};
+            for (const auto& kernel : matvecs) {
+                const Matvec matvec = kernel.second;
+                for (const Fusion& f : fusions)
+                    check(
+                        std::string(kernel.first) + f.suffix, f.want,
+                        [&](float* out) {
+                            matvec(out, device_w, in, f.norm ? norm : nullptr, f.norm ? eps : 0.0f,
+                                   f.bias ? device_bias : nullptr, f.residual, 0);
+                        },
+                        f.residual ? residual : std::vector<float>{});
+            }
             check("matvec_swiglu", gated, [&](float* out) {
                 cuda::matvec_swiglu(out, device_w, device_w3, in, norm, eps, 0);
             });
