@@ -3,6 +3,7 @@
 // cover every tail: columns below, at and past whole registers, steps and groups.
 #include <omp.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "cpu/avx512.h"
+#include "kv_cache.h"
 // The SIMDe build's declarations: its files were compiled with avx512 defined so.
 #define avx512 avx512_simde
 #include "cpu/avx512.h"
@@ -33,6 +35,9 @@ namespace {
     X(swiglu)                      \
     X(dot_kv)                      \
     X(add_scaled_kv)               \
+    X(softmax)                     \
+    X(attention_scratch_floats)    \
+    X(attention_rows)              \
     X(resize_quantized_batch)      \
     X(quantize_token)              \
     X(matmul_batch_rows_quantized) \
@@ -263,6 +268,117 @@ TEST_CASE("AVX-512 decode attention rows: q · key and out += scale · value, f3
                 CHECK(std::abs(out[i] - (out_in[i] + double(scale) * row[i])) <= 1e-6);
             CHECK(std::isnan(out[n]));
         }
+}
+
+TEST_CASE("AVX-512 softmax matches its formula in double, every tail") {
+    std::mt19937 rng(517);
+    for (const Avx512Build& build : builds())
+        for (int n : {1, 2, 15, 16, 17, 33, 300})
+            for (float scale : {1.0f, 40.0f}) {
+                const std::vector<float> in = random_floats(n, rng, scale);
+                std::vector<float> x = in;
+                x.push_back(NAN);  // past the end: must stay untouched
+                build.softmax(x.data(), n);
+                const double largest = *std::max_element(in.begin(), in.end());
+                double sum = 0;
+                for (float v : in) sum += std::exp(double(v) - largest);
+                INFO(build.name << " n " << n << " scale " << scale);
+                for (int i = 0; i < n; ++i)
+                    CHECK(std::abs(x[i] - std::exp(double(in[i]) - largest) / sum) <= 1e-6);
+                CHECK(std::isnan(x[n]));
+            }
+}
+
+namespace {
+
+// The KvTiles layout of the cache rows [first_key, first_key + keys) of one KV head:
+// keys transposed into tiles of 16 keys, values cut into tiles of 16 columns, zero-padded.
+struct TestKvTiles {
+    std::vector<float> storage;
+    cpu::avx2::KvTiles tiles;
+};
+TestKvTiles pack_kv_tiles(const std::vector<float>& keys, const std::vector<float>& values,
+                          int kv_dim, int kv_head, int head_dim, int first_key, int key_count) {
+    const int tile = 16, column_tiles = (head_dim + tile - 1) / tile;
+    TestKvTiles t;
+    t.tiles.first_key = first_key;
+    t.tiles.keys = key_count;
+    t.tiles.padded_keys = (key_count + tile - 1) / tile * tile;
+    const size_t key_floats = size_t(t.tiles.padded_keys) * head_dim;
+    t.storage.assign(key_floats + size_t(column_tiles) * t.tiles.padded_keys * tile + tile, 0.0f);
+    float* base = cpu::avx512::align64(t.storage.data());
+    t.tiles.key_tiles = base;
+    t.tiles.value_tiles = base + key_floats;
+    for (int k = 0; k < key_count; ++k)
+        for (int d = 0; d < head_dim; ++d) {
+            const size_t at = size_t(first_key + k) * kv_dim + size_t(kv_head) * head_dim + d;
+            t.tiles.key_tiles[(size_t(k / tile) * head_dim + d) * tile + k % tile] = keys[at];
+            t.tiles.value_tiles[(size_t(d / tile) * t.tiles.padded_keys + k) * tile + d % tile] =
+                values[at];
+        }
+    return t;
+}
+
+}  // namespace
+
+TEST_CASE("AVX-512 prefill attention rows match softmax(q·k/√d)·v in double") {
+    std::mt19937 rng(518);
+    const int heads = 6, kv_heads = 2, group = heads / kv_heads;
+    for (const Avx512Build& build : builds())
+        for (int head_dim : {16, 40, 64, 72})
+            for (int window : {0, 5, 37})
+                for (auto [first_pos, count] : {std::pair{0, 1}, {0, 9}, {3, 40}, {50, 23}}) {
+                    const int kv_dim = kv_heads * head_dim, q_dim = heads * head_dim;
+                    const int positions = first_pos + count;
+                    const auto keys = random_floats(size_t(positions) * kv_dim, rng);
+                    const auto values = random_floats(size_t(positions) * kv_dim, rng);
+                    const auto q = random_floats(size_t(count) * q_dim, rng, 2.0f);
+                    const AttentionShape shape{heads, kv_heads, head_dim, window};
+                    const int first_key = attention_start(first_pos, window);
+                    const int kv_head = 1, rows = count * group;
+                    const TestKvTiles packed = pack_kv_tiles(
+                        keys, values, kv_dim, kv_head, head_dim, first_key, positions - first_key);
+                    std::vector<float> scratch(
+                        build.attention_scratch_floats(positions - first_key, head_dim));
+                    std::vector<float> out(size_t(count) * q_dim, NAN);
+                    for (int first_row = 0; first_row < rows;
+                         first_row += cpu::avx512::kAttentionRowTile)
+                        build.attention_rows(
+                            out.data(), q.data(), first_row,
+                            std::min(cpu::avx512::kAttentionRowTile, rows - first_row), first_pos,
+                            kv_head, packed.tiles, shape, scratch.data());
+                    INFO(build.name << " head_dim " << head_dim << " window " << window
+                                    << " first_pos " << first_pos << " count " << count);
+                    for (int token = 0; token < count; ++token)
+                        for (int head = 0; head < heads; ++head) {
+                            const float* got = &out[size_t(token) * q_dim + head * head_dim];
+                            if (head / group != kv_head) {  // another KV head's: untouched
+                                CHECK(std::isnan(got[0]));
+                                continue;
+                            }
+                            const int pos = first_pos + token;
+                            const float* query = &q[size_t(token) * q_dim + head * head_dim];
+                            std::vector<double> scores;
+                            for (int k = attention_start(pos, window); k <= pos; ++k) {
+                                double dot = 0;
+                                for (int d = 0; d < head_dim; ++d)
+                                    dot += double(query[d]) *
+                                           keys[size_t(k) * kv_dim + kv_head * head_dim + d];
+                                scores.push_back(dot / std::sqrt(double(head_dim)));
+                            }
+                            const double largest = *std::max_element(scores.begin(), scores.end());
+                            double sum = 0;
+                            for (double& score : scores) sum += score = std::exp(score - largest);
+                            for (int d = 0; d < head_dim; ++d) {
+                                double want = 0;
+                                for (size_t i = 0; i < scores.size(); ++i)
+                                    want += scores[i] / sum *
+                                            values[(attention_start(pos, window) + i) * kv_dim +
+                                                   kv_head * head_dim + d];
+                                CHECK(std::abs(got[d] - want) <= 2e-6 * (1 + std::abs(want)));
+                            }
+                        }
+                }
 }
 
 TEST_CASE("AVX-512 quantize_token quantizes each token exactly as quantize_q8") {

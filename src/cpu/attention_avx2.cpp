@@ -1,5 +1,6 @@
-// Attention on AVX2 + FMA + F16C. Decode: a query head's dot with a key row, and the
-// weighted sum of value rows. Prefill: two small GEMMs per KV head, on the GEMM micro-kernel.
+// Attention on AVX2 + FMA + F16C. Decode: a query head's dot with a key row, the softmax of
+// its scores and the weighted sum of value rows. Prefill: two small GEMMs per KV head, on the GEMM
+// micro-kernel.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -11,6 +12,36 @@
 #include "kv_cache.h"
 
 namespace barellm::cpu::avx2 {
+
+namespace {
+
+inline float horizontal_max(__m256 v) {
+    const __m128 halves = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 pairs = _mm_max_ps(halves, _mm_movehl_ps(halves, halves));
+    return _mm_cvtss_f32(_mm_max_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+}
+
+// row[begin, end) = exp(row - max) in place; returns their sum.
+float exp_in_place(float* row, int begin, int end) {
+    __m256 largest = _mm256_set1_ps(-INFINITY);
+    int i = begin;
+    for (; i + kLanes <= end; i += kLanes)
+        largest = _mm256_max_ps(largest, _mm256_loadu_ps(row + i));
+    float max_value = horizontal_max(largest);
+    for (; i < end; ++i) max_value = std::max(max_value, row[i]);
+    const __m256 max_vector = _mm256_set1_ps(max_value);
+    __m256 sum = _mm256_setzero_ps();
+    for (i = begin; i + kLanes <= end; i += kLanes) {
+        const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + i), max_vector));
+        _mm256_storeu_ps(row + i, e);
+        sum = _mm256_add_ps(sum, e);
+    }
+    float total = horizontal_sum(sum);
+    for (; i < end; ++i) total += (row[i] = std::exp(row[i] - max_value));
+    return total;
+}
+
+}  // namespace
 
 // ==================================================================== Decode
 
@@ -52,6 +83,15 @@ void add_scaled_kv(float* out, float scale, const void* values, int n, KvType ty
     }
 }
 
+void softmax(float* x, int n) {
+    const float inverse_sum = 1.0f / exp_in_place(x, 0, n);
+    const __m256 inverse_sum_vector = _mm256_set1_ps(inverse_sum);
+    int i = 0;
+    for (; i + kLanes <= n; i += kLanes)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inverse_sum_vector));
+    for (; i < n; ++i) x[i] *= inverse_sum;
+}
+
 // ==================================================================== Prefill
 //
 // For one KV head, the batch's queries that read it attend through two small GEMMs:
@@ -66,32 +106,6 @@ void add_scaled_kv(float* out, float scale, const void* values, int n, KvType ty
 namespace {
 
 int head_dim_tile_count(int head_dim) { return (head_dim + kTokenTile - 1) / kTokenTile; }
-
-inline float horizontal_max(__m256 v) {
-    const __m128 halves = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 pairs = _mm_max_ps(halves, _mm_movehl_ps(halves, halves));
-    return _mm_cvtss_f32(_mm_max_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
-}
-
-// row[begin, end) = exp(row - max) in place; returns their sum.
-float exp_in_place(float* row, int begin, int end) {
-    __m256 largest = _mm256_set1_ps(-INFINITY);
-    int i = begin;
-    for (; i + kLanes <= end; i += kLanes)
-        largest = _mm256_max_ps(largest, _mm256_loadu_ps(row + i));
-    float max_value = horizontal_max(largest);
-    for (; i < end; ++i) max_value = std::max(max_value, row[i]);
-    const __m256 max_vector = _mm256_set1_ps(max_value);
-    __m256 sum = _mm256_setzero_ps();
-    for (i = begin; i + kLanes <= end; i += kLanes) {
-        const __m256 e = exp_nonpositive(_mm256_sub_ps(_mm256_loadu_ps(row + i), max_vector));
-        _mm256_storeu_ps(row + i, e);
-        sum = _mm256_add_ps(sum, e);
-    }
-    float total = horizontal_sum(sum);
-    for (; i < end; ++i) total += (row[i] = std::exp(row[i] - max_value));
-    return total;
-}
 
 // out[n] = one KV-cache row as f32.
 void load_kv_row(float* out, const uint8_t* row, int n, KvType type) {

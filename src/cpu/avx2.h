@@ -52,6 +52,7 @@ inline OuterProductKernel outer_product_kernel_for(int rows) {
 // Decode: one query head against one cache row.
 float dot_kv(const float* q, const void* keys, int n, KvType type);
 void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);
+void softmax(float* x, int n);  // in place
 
 // Prefill, one KV head at a time:
 // - its cache rows [first_key, first_key + keys) are widened to f32 tiles (pack_kv_tile,

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cpu/avx2.h"
 #include "cpu/kernels.h"
 
 namespace barellm::cpu::avx512 {
@@ -34,10 +35,18 @@ void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int f
 void matmul_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
 
-// ---- Decode attention (attention_avx512.cpp): one query head against one cache row.
-
+// ---- Attention (attention_avx512.cpp).
+// Decode: one query head against one cache row, and the softmax of its scores in place.
 float dot_kv(const float* q, const void* keys, int n, KvType type);
 void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);
+void softmax(float* x, int n);
+
+// Prefill, as avx2::attention_rows (the same steps and KvTiles, packed by avx2::pack_kv_tile
+// with key_tiles 64-byte aligned), for blocks of at most kAttentionRowTile query rows.
+constexpr int kAttentionRowTile = 12;
+size_t attention_scratch_floats(int keys, int head_dim);  // per thread
+void attention_rows(float* out, const float* q, int first_row, int rows, int first_pos, int kv_head,
+                    const avx2::KvTiles& tiles, const AttentionShape& shape, float* scratch);
 
 // ---- Element-wise (swiglu_avx512.cpp).
 

@@ -7,14 +7,13 @@
 // - A block of kRowBlock weight rows is widened to f32 one block of kDepthBlock columns at a
 //   time (panel[row][col]); the panel stays in L2 while the token tiles meet all its rows,
 //   the weights of the next panel prefetched meanwhile.
-// - The micro-kernel keeps kRowTile rows × kTilesPerCall token tiles of outputs in
-//   kRowTile · kTilesPerCall registers. Each step loads one register of x per tile and
-//   multiplies it by one weight per row, broadcast from the panel.
+// - The micro-kernel (outer_product_kernel, helpers_avx512.h) keeps kRowTile rows ×
+//   kTilesPerCall token tiles of outputs in kRowTile · kTilesPerCall registers. Each step
+//   loads one register of x per tile and multiplies it by one weight per row, broadcast
+//   from the panel.
 // - Partial sums live in a contiguous buffer until the last column block, then are
 //   transposed into the strided output once.
 #include <algorithm>
-#include <array>
-#include <utility>
 #include <vector>
 
 #include "cpu/avx512.h"
@@ -24,21 +23,23 @@ namespace barellm::cpu::avx512 {
 
 namespace {
 
-constexpr int kTilesPerCall = 2;         // token tiles one micro-kernel call computes
-constexpr int kRowTile = 12;             // weight rows per micro-kernel call: 24 accumulators of 32
-constexpr int kRowBlock = 8 * kRowTile;  // weight rows widened to f32 together
-constexpr int kDepthBlock = 256;         // weight columns widened together (96 KB of L2)
-constexpr int kTileFloats = kGemmTokenTile;  // floats of one tile column
+constexpr int kTilesPerCall = kOuterProductTiles;  // token tiles one micro-kernel call computes
+constexpr int kRowTile = kOuterProductRows;        // weight rows per micro-kernel call
+constexpr int kRowBlock = 8 * kRowTile;            // weight rows widened to f32 together
+constexpr int kDepthBlock = 256;                   // weight columns widened together (96 KB of L2)
 
 // Transposes the 16 × 16 block held in rows[0..15] (rows[i] lane j becomes rows[j] lane i):
 // pairs of rows interleaved, then 4 × 4 blocks within each 128-bit lane, then those lanes.
+// The loops are unrolled so that the arrays live in registers, not on the stack.
 inline void transpose16x16(__m512 rows[16]) {
     __m512 pairs[16], quads[16];
+#pragma GCC unroll 16
     for (int i = 0; i < 16; i += 2) {
         pairs[i] = _mm512_unpacklo_ps(rows[i], rows[i + 1]);
         pairs[i + 1] = _mm512_unpackhi_ps(rows[i], rows[i + 1]);
     }
     // quads[4i + j], 128-bit lane l: rows 4i .. 4i + 3 of column 4l + j.
+#pragma GCC unroll 16
     for (int i = 0; i < 16; i += 4) {
         quads[i] = _mm512_shuffle_ps(pairs[i], pairs[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
         quads[i + 1] = _mm512_shuffle_ps(pairs[i], pairs[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
@@ -46,6 +47,7 @@ inline void transpose16x16(__m512 rows[16]) {
         quads[i + 3] = _mm512_shuffle_ps(pairs[i + 1], pairs[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
     }
     constexpr int kEvenLanes = _MM_SHUFFLE(2, 0, 2, 0), kOddLanes = _MM_SHUFFLE(3, 1, 3, 1);
+#pragma GCC unroll 16
     for (int j = 0; j < 4; ++j) {
         const __m512 low_even = _mm512_shuffle_f32x4(quads[j], quads[4 + j], kEvenLanes);
         const __m512 low_odd = _mm512_shuffle_f32x4(quads[j], quads[4 + j], kOddLanes);
@@ -75,47 +77,6 @@ void pack_rows(float* panel, const Matrix& w, int first_row, int rows, int first
         }
     }
 }
-
-// For each of TILES token tiles t (x_tile + t · x_tile_stride, sums + t · sums_tile_stride):
-//   sums[r][k] += Σ_i panel[r · kDepthBlock + i] · x_tile[i][k], r < ROWS, k < 16 tokens.
-// Registers: ROWS × TILES accumulators and TILES of x.
-template <int ROWS, int TILES>
-void outer_product_kernel(float* sums, size_t sums_tile_stride, const float* panel,
-                          const float* x_tile, size_t x_tile_stride, int depth) {
-    __m512 acc[TILES][ROWS];
-    for (int t = 0; t < TILES; ++t)
-#pragma GCC unroll 16
-        for (int r = 0; r < ROWS; ++r)
-            acc[t][r] = _mm512_loadu_ps(sums + t * sums_tile_stride + r * kTileFloats);
-    for (int i = 0; i < depth; ++i) {
-        __m512 x[TILES];
-        for (int t = 0; t < TILES; ++t)
-            x[t] = _mm512_loadu_ps(x_tile + t * x_tile_stride + i * kTileFloats);
-#pragma GCC unroll 16
-        for (int r = 0; r < ROWS; ++r) {
-            const __m512 weight = _mm512_set1_ps(panel[r * kDepthBlock + i]);
-            for (int t = 0; t < TILES; ++t) acc[t][r] = _mm512_fmadd_ps(weight, x[t], acc[t][r]);
-        }
-    }
-    for (int t = 0; t < TILES; ++t)
-#pragma GCC unroll 16
-        for (int r = 0; r < ROWS; ++r)
-            _mm512_storeu_ps(sums + t * sums_tile_stride + r * kTileFloats, acc[t][r]);
-}
-
-using OuterProductKernel = void (*)(float* sums, size_t sums_tile_stride, const float* panel,
-                                    const float* x_tile, size_t x_tile_stride, int depth);
-
-// kernels[tiles - 1][rows - 1]: every shape up to kTilesPerCall × kRowTile.
-template <int TILES, int... ROWS_MINUS_ONE>
-constexpr std::array<OuterProductKernel, kRowTile> kernels_for_tiles(
-    std::integer_sequence<int, ROWS_MINUS_ONE...>) {
-    return {outer_product_kernel<ROWS_MINUS_ONE + 1, TILES>...};
-}
-constexpr std::array<OuterProductKernel, kRowTile> kOuterProductKernels[kTilesPerCall] = {
-    kernels_for_tiles<1>(std::make_integer_sequence<int, kRowTile>()),
-    kernels_for_tiles<2>(std::make_integer_sequence<int, kRowTile>())};
-static_assert(kTilesPerCall == 2, "kOuterProductKernels lists one entry per tile count");
 
 template <DType kType>
 void batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
@@ -150,9 +111,9 @@ void batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, in
                 for (int group = 0; group < block_rows; group += kRowTile) {
                     const int rows = std::min(kRowTile, block_rows - group);
                     prefetcher.before_call();
-                    kOuterProductKernels[tile_count - 1][rows - 1](
+                    outer_product_kernel_for(rows, tile_count)(
                         tile_sums + group * kTileFloats, sums_tile_stride,
-                        panel + group * kDepthBlock, x_tile, x_tile_stride, depth);
+                        panel + group * kDepthBlock, kDepthBlock, x_tile, x_tile_stride, depth);
                 }
             }
         }
@@ -172,11 +133,13 @@ void store_tile_sums(float* out, int stride, const float* tile_sums, int rows, i
     const int vector_rows = rows - rows % kLanes;
     for (int k = 0; k < vector_rows; k += kLanes) {
         __m512 block[kLanes];
+#pragma GCC unroll 16
         for (int j = 0; j < kLanes; ++j)
             block[j] = _mm512_loadu_ps(tile_sums + (k + j) * kTileFloats);
         transpose16x16(block);
-        for (int t = 0; t < tokens; ++t)
-            _mm512_storeu_ps(out + size_t(first_token + t) * stride + k, block[t]);
+#pragma GCC unroll 16
+        for (int t = 0; t < kLanes; ++t)
+            if (t < tokens) _mm512_storeu_ps(out + size_t(first_token + t) * stride + k, block[t]);
     }
     for (int t = 0; t < tokens; ++t) {
         float* token_out = out + size_t(first_token + t) * stride;

@@ -3,8 +3,10 @@
 // -mavx512f -mavx512bw -mavx512vl -mavx512dq, or on SIMDe in the unit tests).
 #pragma once
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "cpu/intrinsics_avx512.h"
 #include "model.h"
@@ -73,6 +75,63 @@ inline __m512 exp_nonpositive(__m512 x) {
     const __m512i two_to_n =
         _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(p, _mm512_castsi512_ps(two_to_n));
+}
+
+// ---- The outer-product micro-kernel of the f32 GEMM (gemm_avx512.cpp) and of prefill
+// attention (attention_avx512.cpp).
+
+constexpr int kTileFloats = 16;        // floats of one tile column: one register
+constexpr int kOuterProductRows = 12;  // panel rows per call at most
+constexpr int kOuterProductTiles = 2;  // tiles per call at most: 24 accumulators of 32 registers
+
+// For each of TILES tiles t (x_tile + t · x_tile_stride, sums + t · sums_tile_stride):
+//   sums[r][k] += Σ_i panel[r · panel_stride + i] · x_tile[i][k], r < ROWS, k < 16.
+// Registers: ROWS × TILES accumulators and TILES of x; each step broadcasts one panel value
+// per row.
+template <int ROWS, int TILES>
+void outer_product_kernel(float* sums, size_t sums_tile_stride, const float* panel,
+                          size_t panel_stride, const float* x_tile, size_t x_tile_stride,
+                          int depth) {
+    __m512 acc[TILES][ROWS];
+    for (int t = 0; t < TILES; ++t)
+#pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r)
+            acc[t][r] = _mm512_loadu_ps(sums + t * sums_tile_stride + r * kTileFloats);
+    for (int i = 0; i < depth; ++i) {
+        __m512 x[TILES];
+        for (int t = 0; t < TILES; ++t)
+            x[t] = _mm512_loadu_ps(x_tile + t * x_tile_stride + i * kTileFloats);
+#pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r) {
+            const __m512 weight = _mm512_set1_ps(panel[r * panel_stride + i]);
+            for (int t = 0; t < TILES; ++t) acc[t][r] = _mm512_fmadd_ps(weight, x[t], acc[t][r]);
+        }
+    }
+    for (int t = 0; t < TILES; ++t)
+#pragma GCC unroll 16
+        for (int r = 0; r < ROWS; ++r)
+            _mm512_storeu_ps(sums + t * sums_tile_stride + r * kTileFloats, acc[t][r]);
+}
+
+using OuterProductKernel = void (*)(float* sums, size_t sums_tile_stride, const float* panel,
+                                    size_t panel_stride, const float* x_tile, size_t x_tile_stride,
+                                    int depth);
+
+template <int TILES, int... ROWS_MINUS_ONE>
+constexpr std::array<OuterProductKernel, kOuterProductRows> outer_product_kernels_for_tiles(
+    std::integer_sequence<int, ROWS_MINUS_ONE...>) {
+    return {outer_product_kernel<ROWS_MINUS_ONE + 1, TILES>...};
+}
+// [tiles - 1][rows - 1]: every shape up to kOuterProductTiles × kOuterProductRows.
+inline constexpr std::array<OuterProductKernel, kOuterProductRows>
+    kOuterProductKernels[kOuterProductTiles] = {
+        outer_product_kernels_for_tiles<1>(std::make_integer_sequence<int, kOuterProductRows>()),
+        outer_product_kernels_for_tiles<2>(std::make_integer_sequence<int, kOuterProductRows>())};
+static_assert(kOuterProductTiles == 2, "kOuterProductKernels lists one entry per tile count");
+
+// The kernel for 1 ≤ rows ≤ kOuterProductRows and 1 ≤ tiles ≤ kOuterProductTiles.
+inline OuterProductKernel outer_product_kernel_for(int rows, int tiles) {
+    return kOuterProductKernels[tiles - 1][rows - 1];
 }
 
 // Requests the weights of the GEMM's next panel from memory while the current one is

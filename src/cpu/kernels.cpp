@@ -380,6 +380,15 @@ void rope(float* vec, int heads, int head_dim, int pos, const float* inverse_fre
 }
 
 void softmax(float* x, int n) {
+    if (active_level == SimdLevel::Avx512)
+        avx512::softmax(x, n);
+    else if (active_level == SimdLevel::Avx2)
+        avx2::softmax(x, n);
+    else
+        scalar::softmax(x, n);
+}
+
+void scalar::softmax(float* x, int n) {
     const float max_value = *std::max_element(x, x + n);
     float sum = 0.0f;
     for (int i = 0; i < n; ++i) {
@@ -473,29 +482,35 @@ void attention_batch(float* out, const float* q, int count, int first_pos, const
         }
         return;
     }
-    // AVX2: per KV head, its keys and values become f32 tiles (the threads sharing them),
-    // then blocks of its query rows attend; the implicit barriers keep the steps apart.
+    // AVX2 and AVX-512: per KV head, its keys and values become f32 tiles (the threads
+    // sharing them), then blocks of its query rows attend; the implicit barriers keep the
+    // steps apart.
+    const bool avx512_rows = active_level == SimdLevel::Avx512;
+    const int row_tile = avx512_rows ? avx512::kAttentionRowTile : avx2::kRowTile;
+    const auto attention_rows = avx512_rows ? avx512::attention_rows : avx2::attention_rows;
     const int first_key = attention_start(first_pos, shape.window);
     const int keys = first_pos + count - first_key;
     const int rows = count * (shape.heads / shape.kv_heads);  // query rows per KV head
     // The buffers are kept from call to call (every layer's attention would otherwise map
-    // fresh pages): the tiles belong to the calling thread, each scratch to its thread.
+    // fresh pages): the tiles belong to the calling thread, each scratch to its thread. The
+    // tiles start on a cache line, as the AVX-512 rows read them.
     static thread_local std::vector<float> tile_storage;
-    tile_storage.resize(avx2::kv_tiles_floats(keys, shape.head_dim));
+    tile_storage.resize(avx2::kv_tiles_floats(keys, shape.head_dim) + avx512::kGemmTokenTile);
     const avx2::KvTiles tiles =
-        avx2::kv_tiles(tile_storage.data(), first_key, keys, shape.head_dim);
+        avx2::kv_tiles(avx512::align64(tile_storage.data()), first_key, keys, shape.head_dim);
 #pragma omp parallel num_threads(threads_for(work))
     {
         static thread_local std::vector<float> scratch;
-        scratch.resize(avx2::attention_scratch_floats(keys, shape.head_dim));
+        scratch.resize(avx512_rows ? avx512::attention_scratch_floats(keys, shape.head_dim)
+                                   : avx2::attention_scratch_floats(keys, shape.head_dim));
         for (int kv_head = 0; kv_head < shape.kv_heads; ++kv_head) {
 #pragma omp for schedule(static)
             for (int tile = 0; tile < avx2::kv_tile_count(keys); ++tile)
                 avx2::pack_kv_tile(tiles, key_cache, value_cache, kv_head, tile, shape, type);
 #pragma omp for schedule(dynamic)
-            for (int first_row = 0; first_row < rows; first_row += avx2::kRowTile)
-                avx2::attention_rows(out, q, first_row, std::min(avx2::kRowTile, rows - first_row),
-                                     first_pos, kv_head, tiles, shape, scratch.data());
+            for (int first_row = 0; first_row < rows; first_row += row_tile)
+                attention_rows(out, q, first_row, std::min(row_tile, rows - first_row), first_pos,
+                               kv_head, tiles, shape, scratch.data());
         }
     }
 }

@@ -10,6 +10,7 @@ void matmul_batch_rows(float* out, const Matrix& w, const float* x, int batch, i
                        int row_count);
 float dot_kv(const float* q, const void* keys, int n, KvType type);
 void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);
+void softmax(float* x, int n);
 void swiglu(float* gate, const float* up, int n);
 
 }  // namespace barellm::cpu::scalar
