@@ -33,6 +33,7 @@ namespace {
     X(matmul_rows_q8)              \
     X(matmul_rows_q4)              \
     X(swiglu)                      \
+    X(rmsnorm)                     \
     X(dot_kv)                      \
     X(add_scaled_kv)               \
     X(softmax)                     \
@@ -239,6 +240,27 @@ TEST_CASE("AVX-512 swiglu matches its formula, far into both tails") {
                 }
                 CHECK(std::isnan(gate[n]));
             }
+}
+
+TEST_CASE("AVX-512 rmsnorm matches its formula in double, every tail") {
+    std::mt19937 rng(519);
+    for (const Avx512Build& build : builds())
+        for (int n : {1, 7, 8, 9, 16, 17, 31, 33, 64, 100, 2048, 2051}) {
+            const std::vector<float> x = random_floats(n, rng, 3.0f);
+            const std::vector<float> weight = random_floats(n, rng);
+            const float eps = 1e-5f;
+            std::vector<float> out(n + 1, NAN);  // out[n], past the end: must stay untouched
+            build.rmsnorm(out.data(), x.data(), weight.data(), n, eps);
+            double sum_of_squares = 0;
+            for (float v : x) sum_of_squares += double(v) * v;
+            const double scale = 1 / std::sqrt(sum_of_squares / n + eps);
+            INFO(build.name << " n " << n);
+            for (int i = 0; i < n; ++i) {
+                const double want = x[i] * scale * weight[i];
+                CHECK(std::abs(out[i] - want) <= 1e-6 * std::abs(want) + 1e-30);
+            }
+            CHECK(std::isnan(out[n]));
+        }
 }
 
 TEST_CASE("AVX-512 decode attention rows: q · key and out += scale · value, f32 and f16") {

@@ -356,6 +356,13 @@ void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOut
 }
 
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps) {
+    if (active_level == SimdLevel::Avx512)
+        avx512::rmsnorm(out, x, weight, n, eps);
+    else
+        scalar::rmsnorm(out, x, weight, n, eps);
+}
+
+void scalar::rmsnorm(float* out, const float* x, const float* weight, int n, float eps) {
     double sum_of_squares = 0.0;
     for (int i = 0; i < n; ++i) sum_of_squares += double(x[i]) * x[i];
     const float scale = float(1.0 / std::sqrt(sum_of_squares / n + eps));
