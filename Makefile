@@ -1,10 +1,11 @@
 # barellm build. `make` builds build/barellm; `make test` builds and runs every test.
 # Files named *_avx2.cpp hold the AVX2 code paths and are compiled with AVX2/FMA/F16C;
-# *_avx512.cpp are compiled with AVX-512 F/BW/VL/DQ too, *_avx512vnni.cpp with AVX512_VNNI
-# as well and *_avx512bf16.cpp with AVX512_BF16 as well (headers named *_avx2.h / *_avx512.h
-# hold their inline helpers and are included by them only); the rest of the program runs on
-# any x86-64 CPU and picks a path at start-up. The unit tests also build the AVX-512 files on
-# SIMDe (build/simde/), which runs them on CPUs without AVX-512.
+# *_avxvnni.cpp with AVX-VNNI too; *_avx512.cpp are compiled with AVX-512 F/BW/VL/DQ too,
+# *_avx512vnni.cpp with AVX512_VNNI as well and *_avx512bf16.cpp with AVX512_BF16 as well
+# (headers named *_avx2.h / *_avx512.h hold their inline helpers and are included by them
+# only); the rest of the program runs on any x86-64 CPU and picks a path at start-up. The
+# unit tests also build the AVX-512 and AVX-VNNI files on SIMDe (build/simde/), which runs
+# them on CPUs without those features.
 #
 # The CUDA backend (kernels/*.cu) is built too when nvcc is found; variables:
 #   CUDA=0             build for the CPU only, even where nvcc exists
@@ -28,6 +29,7 @@ SAN      ?= 0
 BUILD    := $(if $(filter 1,$(SAN)),build/san,build)
 CXXFLAGS := -std=c++17 -O2 -g -Wall -Wextra -fopenmp -Isrc -MMD -MP $(CPPFLAGS)
 SIMD_FLAGS := -mavx2 -mfma -mf16c
+AVXVNNI_FLAGS := $(SIMD_FLAGS) -mavxvnni
 AVX512_FLAGS := $(SIMD_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq
 VNNI_FLAGS   := $(AVX512_FLAGS) -mavx512vnni
 BF16_FLAGS   := $(AVX512_FLAGS) -mavx512bf16
@@ -37,14 +39,14 @@ PYTHON   ?= python3
 
 LIB_SRCS  := $(filter-out src/main.cpp,$(wildcard src/*.cpp src/cpu/*.cpp src/tokenizer/*.cpp))
 LIB_OBJS  := $(LIB_SRCS:src/%.cpp=$(BUILD)/src/%.o)
-# The AVX-512 kernels again, on SIMDe's portable intrinsics, for the unit tests.
-SIMDE_SRCS := $(wildcard src/cpu/*_avx512*.cpp)
+# The AVX-512 and AVX-VNNI kernels again, on SIMDe's portable intrinsics, for the unit tests.
+SIMDE_SRCS := $(wildcard src/cpu/*_avx512*.cpp src/cpu/*_avxvnni.cpp)
 SIMDE_OBJS := $(SIMDE_SRCS:src/cpu/%.cpp=$(BUILD)/simde/%.o)
 # -Wno-psabi: SIMDe's 256-bit vector types are returned by value, which GCC notes would be
 # passed differently in code built with -mavx (none is: these objects call only each other).
-# -Davx512=avx512_simde: the SIMDe objects define their kernels in namespace avx512_simde,
-# beside the native ones.
-SIMDE_FLAGS := -DBARELLM_SIMDE -Davx512=avx512_simde -Itests/simde \
+# -Davx512=avx512_simde -Davxvnni=avxvnni_simde: the SIMDe objects define their kernels in
+# namespaces avx512_simde and avxvnni_simde, beside the native ones.
+SIMDE_FLAGS := -DBARELLM_SIMDE -Davx512=avx512_simde -Davxvnni=avxvnni_simde -Itests/simde \
                -DSIMDE_ENABLE_NATIVE_ALIASES -Wno-psabi
 TEST_SRCS := $(wildcard tests/*.cpp) tests/fuzz/targets.cpp
 # The CUDA emulation (tests/emulation/: CUDA's execution model on the CPU) and the tests that
@@ -91,7 +93,7 @@ endif
 # The flags every object was built with: when they change (CUDA on or off, other archs),
 # everything is rebuilt rather than linked from objects of another configuration.
 CONFIG      := $(BUILD)/config.txt
-CONFIG_TEXT := $(CXX) $(CXXFLAGS) $(VNNI_FLAGS) $(BF16_FLAGS) | $(NVCC) $(NVCCFLAGS)
+CONFIG_TEXT := $(CXX) $(CXXFLAGS) $(VNNI_FLAGS) $(BF16_FLAGS) $(AVXVNNI_FLAGS) | $(NVCC) $(NVCCFLAGS)
 $(shell mkdir -p $(BUILD) && (echo '$(CONFIG_TEXT)' | cmp -s - $(CONFIG) || \
     echo '$(CONFIG_TEXT)' > $(CONFIG)))
 
@@ -111,6 +113,10 @@ $(CONFIG):
 $(BUILD)/src/%_avx2.o: src/%_avx2.cpp $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(SIMD_FLAGS) -c $< -o $@
+
+$(BUILD)/src/%_avxvnni.o: src/%_avxvnni.cpp $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) $(AVXVNNI_FLAGS) -c $< -o $@
 
 $(BUILD)/src/%_avx512.o: src/%_avx512.cpp $(CONFIG)
 	@mkdir -p $(dir $@)

@@ -22,6 +22,10 @@
 #                 with Linux granting AMX tile data one thread at a time, the Q8_0/Q4_0
 #                 kernels of this llama.cpp die of an illegal instruction (exit status 132)
 #                 in its worker threads; barellm has no AMX kernels either
+#   --no-avx512   leave out every AVX-512 kernel (-mno-avx512f takes its extensions with
+#                 it): on a CPU with AVX-512 and AVX-VNNI, a build like that of an Intel
+#                 client CPU (Alder Lake and later: AVX2, AVX-VNNI), to compare with
+#                 `barellm --simd avx2`
 #   --cuda ARCHS  also build llama.cpp's CUDA backend for these GPU architectures
 #                 (CMake's CUDA_ARCHITECTURES, e.g. 90 or "80 90"); needs nvcc on PATH or in
 #                 /usr/local/cuda/bin
@@ -46,7 +50,8 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --version) version=$2; shift 2 ;;
         --sdist) sdist=$(realpath "$2"); shift 2 ;;
-        --no-amx) cpu_flags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"; shift ;;
+        --no-amx) cpu_flags+=" -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"; shift ;;
+        --no-avx512) cpu_flags+=" -mno-avx512f"; shift ;;
         --cuda) cuda_options=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${2// /;}"); shift 2 ;;
         -j) jobs=$2; shift 2 ;;
         -h|--help) usage 0 ;;

@@ -7,7 +7,7 @@ LLAMA_BENCH is a llama-bench binary (scripts/build_llamacpp.sh builds one); each
 BARELLM_FILE pair is one checkpoint written by scripts/gguf_from_hf.py and
 convert/convert.py with matching types (f16 with f16, q8_0 with q8, ...). For every pair
 and every thread count it runs, alternating the two tools and never both at once,
-    build/barellm bench BARELLM_FILE --threads T -p P -n N -r R -o json
+    build/barellm bench BARELLM_FILE --threads T -p P -n N -r R -o json [--simd LEVEL]
     llama-bench -m GGUF -t T -p P -n N -r R -o json
 --rounds times, with a check of the machine before the first round and after each.
 
@@ -22,6 +22,8 @@ Options:
   --json | --csv       one merged JSON document, or CSV rows, instead of markdown
   --plot FILE.png      also draw t/s per test, thread count and tool (needs matplotlib)
   --barellm PATH       another barellm binary (default: build/barellm of this tree)
+  --simd LEVEL         barellm's kernels of at most this level (scalar, avx2, avx512; its
+                       `--simd`), e.g. avx2 against a llama.cpp built without AVX-512
   --raw DIR            keep every tool's output and log in DIR
 
 A row is flagged when either tool's repetitions spread by more than the threshold
@@ -336,6 +338,8 @@ def run_group(args, pair_index, gguf, model, threads, checks, work, header):
     group_checks = [checks.check(threads, f"{label}, before the first run")]
     barellm_cmd = [args.barellm, "bench", model, "--threads", str(threads), "-p",
                    str(args.p), "-n", str(args.n), "-r", str(args.r), "-o", "json"]
+    if args.simd:
+        barellm_cmd += ["--simd", args.simd]
     llama_cmd = [args.llama_bench, "-m", gguf, "-t", str(threads), "-p", str(args.p),
                  "-n", str(args.n), "-r", str(args.r), "-o", "json"]
     steps = [(tool, r) for r in range(1, args.rounds + 1) for tool in ("barellm", "llamacpp")]
@@ -576,6 +580,7 @@ def parse_args(argv):
     formats.add_argument("--csv", action="store_true")
     parser.add_argument("--plot")
     parser.add_argument("--barellm", default=os.path.join(REPO, "build", "barellm"))
+    parser.add_argument("--simd", choices=("scalar", "avx2", "avx512"))
     parser.add_argument("--raw")
     args = parser.parse_args(argv)
     if args.help:

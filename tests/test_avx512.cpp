@@ -39,7 +39,6 @@ namespace {
     X(softmax)                     \
     X(attention_scratch_floats)    \
     X(attention_rows)              \
-    X(resize_quantized_batch)      \
     X(quantize_token)              \
     X(matmul_batch_rows_quantized) \
     X(matmul_batch_rows)           \
@@ -117,12 +116,6 @@ bool untouched_outside(const std::vector<float>& out, int rows, int first, int c
         if ((r < first || r >= first + count) && !std::isnan(out[i])) return false;
     }
     return true;
-}
-
-// The rows [first, first + count) of out, as a vector.
-template <typename Value>
-std::vector<Value> row_range(const std::vector<Value>& out, int first, int count) {
-    return {out.begin() + first, out.begin() + first + count};
 }
 
 }  // namespace
@@ -416,7 +409,7 @@ TEST_CASE("AVX-512 quantize_token quantizes each token exactly as quantize_q8") 
                 std::copy(std::begin(halves), std::end(halves), x.begin() + cols);
             }
             cpu::QuantizedBatch quantized;
-            build.resize_quantized_batch(&quantized, batch, cols);
+            cpu::resize_quantized_batch(&quantized, batch, cols);
             for (int b = 0; b < batch; ++b)
                 build.quantize_token(&quantized, x.data() + size_t(b) * cols, cols, b);
             INFO(build.name << " cols " << cols);
@@ -453,7 +446,7 @@ TEST_CASE("AVX-512 VNNI Q8 and Q4 prefill GEMM matches a reference on quantized 
                 const std::vector<double> want =
                     reference_gemm(m, rows_quantized_like_the_kernel(x, cols), batch);
                 cpu::QuantizedBatch quantized;
-                build.resize_quantized_batch(&quantized, batch, cols);
+                cpu::resize_quantized_batch(&quantized, batch, cols);
                 for (int b = 0; b < batch; ++b)
                     build.quantize_token(&quantized, x.data() + size_t(b) * cols, cols, b);
                 // A run of rows not starting at row 0 (a thread's share), over two tiles.

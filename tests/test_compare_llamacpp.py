@@ -419,3 +419,20 @@ def test_with_the_real_barellm(tools, tmp_path):
     for row in document["rows"]:
         assert row["dtype"] == "f32" and row["barellm_ts"] > 0
         assert row["barellm_peak_rss_mib"] == round(peak / 2**20, 1)  # the larger round's
+
+
+def test_simd_reaches_the_real_barellm(tools, tmp_path):
+    """--simd LEVEL runs barellm's kernels of that level, which its bench reports."""
+    need_shared(STORIES)
+    if not os.path.exists(BARELLM):
+        pytest.fail(f"{BARELLM} is missing: run `make` first")
+    model = str(tmp_path / "stories-f32.bin")
+    assert run(CONVERT, STORIES, "-o", model, "--dtype", "f32").returncode == 0
+    bin_dir, models = tools
+    result = subprocess.run(
+        [SCRIPT, str(bin_dir / "llama-bench"), models[0][0], model, "-t", "1", "-p", "9",
+         "-n", "5", "-r", "1", "--rounds", "1", "--simd", "scalar", "--json"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "COMPARE_LLAMACPP_FAKE_CHECKS": json.dumps([IDLE])})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["header"]["barellm_simd"] == "scalar"

@@ -18,11 +18,12 @@ using namespace barellm::test;
 namespace {
 
 // Whether the prefill GEMM at `level` quantizes x per token for weights of `dtype` (the
-// AVX-512 VNNI integer GEMM of Q8 and Q4 weights): the references then use x quantized
-// the same way.
+// integer GEMMs of Q8 and Q4 weights: AVX-512 VNNI, and AVX-VNNI at the AVX2 level): the
+// references then use x quantized the same way.
 bool gemm_quantizes_x(DType dtype, cpu::SimdLevel level) {
-    return (dtype == DType::I8 || dtype == DType::U8) && level == cpu::SimdLevel::Avx512 &&
-           cpu::cpu_has_avx512_vnni();
+    return (dtype == DType::I8 || dtype == DType::U8) &&
+           ((level == cpu::SimdLevel::Avx512 && cpu::cpu_has_avx512_vnni()) ||
+            (level == cpu::SimdLevel::Avx2 && cpu::cpu_has_avx_vnni()));
 }
 
 }  // namespace

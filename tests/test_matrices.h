@@ -178,6 +178,12 @@ inline std::vector<float> rounded_to_bf16(const std::vector<float>& x) {
     return out;
 }
 
+// The elements [first, first + count) of out, as a vector.
+template <typename Value>
+std::vector<Value> row_range(const std::vector<Value>& out, int first, int count) {
+    return {out.begin() + first, out.begin() + first + count};
+}
+
 // want[b][r] = Σ_c W[r][c] · x[b][c] for x [batch, cols], out [batch, rows].
 inline std::vector<double> reference_gemm(const TestMatrix& m, const std::vector<float>& x,
                                           int batch) {

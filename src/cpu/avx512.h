@@ -55,15 +55,13 @@ void rmsnorm(float* out, const float* x, const float* weight, int n, float eps);
 
 // ---- The prefill GEMM for Q8 and Q4 weights (gemm_avx512vnni.cpp), in two steps:
 // - x [batch, cols] is quantized to Q8 a token at a time (quantize_token, exactly as
-//   quantize_q8 does), into a QuantizedBatch the threads share;
+//   quantize_q8 does), into a QuantizedBatch (resize_quantized_batch) the threads share;
 // - then any run of weight rows is computed from it (matmul_batch_rows_quantized,
 //   out [batch, w.rows]), each group's dot product in int32 with vpdpbusd.
 
 constexpr int kQuantizedRowTile = 32;   // weight rows packed and computed together: two registers
 constexpr int kQuantizedTokenTile = 6;  // tokens per micro-kernel call
 
-// Sizes x's buffers for `batch` tokens of `cols` columns.
-void resize_quantized_batch(QuantizedBatch* x, int batch, int cols);
 void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token);
 void matmul_batch_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x,
                                  int first_row, int row_count);

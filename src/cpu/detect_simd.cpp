@@ -41,6 +41,11 @@ bool cpu_has_avx512_vnni() {
     return cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
 }
 
+bool cpu_has_avx_vnni() {
+    __builtin_cpu_init();
+    return detect_simd_level() >= SimdLevel::Avx2 && __builtin_cpu_supports("avxvnni");
+}
+
 bool cpu_has_avx512_bf16() {
     __builtin_cpu_init();
     return cpu_has_avx512() && __builtin_cpu_supports("avx512bf16");

@@ -221,15 +221,6 @@ void matmul_batch_rows_typed(float* out, const Matrix& w, const QuantizedBatch& 
 
 }  // namespace
 
-void resize_quantized_batch(QuantizedBatch* x, int batch, int cols) {
-    x->batch = batch;
-    x->groups = (cols + kGroup - 1) / kGroup;
-    x->padded_cols = x->groups * kGroup;
-    x->values.resize(size_t(batch) * x->padded_cols);
-    x->scales.resize(size_t(batch) * x->groups);
-    x->starts.resize(size_t(batch) * x->groups);
-}
-
 void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token) {
     int8_t* values = x->values.data() + size_t(token) * x->padded_cols;
     float* scales = x->scales.data() + size_t(token) * x->groups;

@@ -12,6 +12,7 @@
 
 #include "cpu/avx2.h"
 #include "cpu/avx512.h"
+#include "cpu/avxvnni.h"
 #include "cpu/scalar.h"
 #include "error.h"
 #include "half.h"
@@ -23,6 +24,7 @@ namespace {
 SimdLevel active_level = detect_simd_level();  // the path the dispatch below takes
 const bool has_avx512_vnni = cpu_has_avx512_vnni();
 const bool has_avx512_bf16 = cpu_has_avx512_bf16();
+const bool has_avx_vnni = cpu_has_avx_vnni();
 const bool bf16_dot_products = cpu_prefers_bf16_dot_products();
 
 // Weight (row, col) of w as float, whatever its storage.
@@ -84,6 +86,7 @@ std::string simd_description() {
         if (has_avx512_bf16) description += "+bf16";
         if (!has_avx512_vnni) description += " (no vnni: q8/q4 matvecs on avx2)";
     }
+    if (active_level == SimdLevel::Avx2 && has_avx_vnni) description += "+avxvnni";
     return description;
 }
 
@@ -164,6 +167,15 @@ void quantize_q8(QuantizedVector* out, const float* x, int n) {
         }
         out->group_sums[g] = float(sum);
     }
+}
+
+void resize_quantized_batch(QuantizedBatch* x, int batch, int cols) {
+    x->batch = batch;
+    x->groups = (cols + kQ8Group - 1) / kQ8Group;
+    x->padded_cols = x->groups * kQ8Group;
+    x->values.resize(size_t(batch) * x->padded_cols);
+    x->scales.resize(size_t(batch) * x->groups);
+    x->starts.resize(size_t(batch) * x->groups);
 }
 
 void matmul(float* out, const float* x, const Matrix& w) { matmul_many({{out, x, &w}}); }
@@ -266,8 +278,8 @@ void claim_rows(std::initializer_list<BatchOutput> outputs, int total_rows,
     }
 }
 
-// Rows a thread claims at most at once in the VNNI GEMM: four tiles.
-constexpr int kQuantizedRowBlock = 4 * avx512::kQuantizedRowTile;
+// Row tiles a thread claims at most at once in the VNNI GEMMs.
+constexpr int kQuantizedRowTiles = 4;
 
 // The GEMM rows [first, first + count) of one output, on the path for its weights:
 // vdpbf16ps for bf16 where pair_tiles were packed, else AVX-512 FMAs for f32, f16 and
@@ -303,24 +315,33 @@ void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOut
     }
     const int threads = threads_for(total_rows * row_work);
     std::atomic<int> next_row{0};  // rows of all outputs, one matrix after another
-    // Q8 and Q4 weights in tiles, with VNNI: x is quantized once, a token at a time, the
-    // threads sharing the work and the result; the buffer belongs to the calling thread.
+    // Q8 and Q4 weights with VNNI (from their tiles with AVX-512 VNNI, their rows with AVX-VNNI):
+    // x is quantized once, a token at a time, the threads sharing the work and the result;
+    // the buffer belongs to the calling thread.
     const bool all_tiled = std::all_of(outputs.begin(), outputs.end(), [](const BatchOutput& o) {
         return is_quantized(o.w->dtype) && o.w->row_tiles;
     });
-    if (uses_row_tiles() && all_tiled) {
+    const bool all_quantized =
+        std::all_of(outputs.begin(), outputs.end(),
+                    [](const BatchOutput& o) { return is_quantized(o.w->dtype); });
+    const bool avx512_vnni = uses_row_tiles() && all_tiled;
+    const bool avx_vnni = active_level == SimdLevel::Avx2 && has_avx_vnni && all_quantized;
+    if (avx512_vnni || avx_vnni) {
         static thread_local QuantizedBatch storage;
         QuantizedBatch* x_quantized = &storage;  // the calling thread's, shared
-        avx512::resize_quantized_batch(x_quantized, batch, cols);
+        resize_quantized_batch(x_quantized, batch, cols);
+        const auto quantize_token = avx512_vnni ? avx512::quantize_token : avxvnni::quantize_token;
+        const auto rows_quantized = avx512_vnni ? avx512::matmul_batch_rows_quantized
+                                                : avxvnni::matmul_batch_rows_quantized;
+        const int row_tile = avx512_vnni ? avx512::kQuantizedRowTile : avxvnni::kQuantizedRowTile;
 #pragma omp parallel num_threads(threads)
         {
 #pragma omp for schedule(static)
             for (int b = 0; b < batch; ++b)
-                avx512::quantize_token(x_quantized, x + size_t(b) * cols, cols, b);
-            claim_rows(outputs, total_rows, &next_row, avx512::kQuantizedRowTile,
-                       kQuantizedRowBlock, [&](const BatchOutput& o, int first, int count) {
-                           avx512::matmul_batch_rows_quantized(o.out, *o.w, *x_quantized, first,
-                                                               count);
+                quantize_token(x_quantized, x + size_t(b) * cols, cols, b);
+            claim_rows(outputs, total_rows, &next_row, row_tile, kQuantizedRowTiles * row_tile,
+                       [&](const BatchOutput& o, int first, int count) {
+                           rows_quantized(o.out, *o.w, *x_quantized, first, count);
                        });
         }
         return;

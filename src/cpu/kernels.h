@@ -23,6 +23,10 @@ SimdLevel detect_simd_level(std::string* missing = nullptr);
 // Whether the CPU has AVX512_VNNI (the int8 dot products of the AVX-512 q8/q4 matvecs;
 // without it those run on AVX2).
 bool cpu_has_avx512_vnni();
+// Whether the CPU has AVX-VNNI (the 256-bit vpdpbusd, VEX-encoded, of Intel's client CPUs
+// from Alder Lake on, which lack AVX-512): the AVX2 level's Q8/Q4 prefill GEMM then
+// multiplies in int8; without it, it widens the weights to f32.
+bool cpu_has_avx_vnni();
 // Whether the CPU has AVX512_BF16 (vdpbf16ps, the bf16 prefill GEMM; without it that runs on
 // AVX2).
 bool cpu_has_avx512_bf16();
@@ -41,7 +45,7 @@ bool parse_simd_level(const std::string& name, SimdLevel* level);
 // (Matrix::row_tiles, cpu/quantized_tiles.h): on AVX-512 with AVX512_VNNI. Elsewhere, and
 // for matrices without tiles, they read the rows.
 bool uses_row_tiles();
-// The level in use and its optional features, e.g. "avx512+vnni+bf16".
+// The level in use and its optional features, e.g. "avx512+vnni+bf16" or "avx2+avxvnni".
 std::string simd_description();
 
 // Below this many multiply-adds a thread costs more to wake than it saves.
@@ -78,15 +82,17 @@ struct QuantizedVector {
 };
 void quantize_q8(QuantizedVector* out, const float* x, int n);
 
-// A batch of vectors quantized like quantize_q8, laid out for the AVX-512 VNNI prefill
-// GEMM: each token's values padded with zeros to whole groups, and per group the
-// `start` its integer dot products begin from (−128 × Σ values; see gemm_avx512vnni.cpp).
+// A batch of vectors quantized like quantize_q8, laid out for the VNNI prefill GEMMs
+// (AVX-512 VNNI and AVX-VNNI): each token's values padded with zeros to whole groups, and per group
+// the `start` its integer dot products begin from (−128 × Σ values; see gemm_avx512vnni.cpp).
 struct QuantizedBatch {
     int batch = 0, groups = 0, padded_cols = 0;
     std::vector<int8_t> values;   // [batch, padded_cols]
     std::vector<float> scales;    // [batch, groups]
     std::vector<int32_t> starts;  // [batch, groups]
 };
+// Sizes x's buffers for `batch` tokens of `cols` columns.
+void resize_quantized_batch(QuantizedBatch* x, int batch, int cols);
 
 // Prefill: out[batch, rows] = x[batch, cols] · W[rows, cols]ᵀ, a GEMM blocked so
 // that each weight row is read from memory once for the whole batch.

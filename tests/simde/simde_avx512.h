@@ -1,7 +1,8 @@
-// SIMDe's AVX-512 for the unit tests' second build of the AVX-512 kernels
-// (src/cpu/intrinsics_avx512.h with BARELLM_SIMDE), plus the intrinsics those kernels use
-// that Debian's SIMDe (0.7.4) lacks, written here lane by lane from Intel's definitions.
-// Each is defined only where SIMDe has no alias of that name.
+// SIMDe's AVX-512 (and AVX2) for the unit tests' second build of the AVX-512 and AVX-VNNI
+// kernels (src/cpu/intrinsics_avx512.h and src/cpu/gemm_avxvnni.cpp with BARELLM_SIMDE),
+// plus the intrinsics those kernels use that Debian's SIMDe (0.7.4) lacks, written here lane
+// by lane from Intel's definitions. Each is defined only where SIMDe has no alias of that
+// name.
 #pragma once
 #include <simde/x86/avx512.h>
 
@@ -51,6 +52,10 @@ inline Result masked_load(const void* p, uint64_t mask, int count, int size) {
 
 }  // namespace barellm::simde_extra
 
+// AVX-VNNI's 256-bit vpdpbusd (VEX) computes what AVX512_VNNI's 256-bit form (EVEX) does.
+#ifndef _mm256_dpbusd_avx_epi32
+#define _mm256_dpbusd_avx_epi32(src, a, b) simde_mm256_dpbusd_epi32(src, a, b)
+#endif
 #ifndef _mm512_maskz_loadu_ps
 inline simde__m512 _mm512_maskz_loadu_ps(simde__mmask16 mask, const void* p) {
     return barellm::simde_extra::masked_load<simde__m512>(p, mask, 16, 4);

@@ -1,0 +1,325 @@
+// The prefill GEMM on AVX2 + AVX-VNNI for Q8 and Q4 weights: out[token][row] = Σ_col
+// W[row][col] · x[token][col], x quantized to Q8 per token, each group of 32 columns an
+// exact int32 dot product by the 256-bit vpdpbusd. The design of the AVX-512 VNNI GEMM
+// (gemm_avx512vnni.cpp, whose comment explains the unsigned weights and each group's
+// start) on ymm registers, and on the weights as the file stores them:
+// - kQuantizedRowTile = 16 rows at a time are packed (pack_panel) into a panel of unsigned
+//   bytes (value + 128) laid out for the micro-kernel: per group, per step of four columns,
+//   the four bytes of each row side by side, 8 rows a register (an 8 × 8 transpose of
+//   32-bit words), and the group's scales as f32. The panel (16 KB for 1024 columns) stays
+//   in L1/L2 while every token of the batch meets it.
+// - The micro-kernel (tile_kernel) holds kQuantizedTokenTile = 3 tokens × 16 rows; see its
+//   comment for the register budget.
+#ifdef BARELLM_SIMDE
+#include "simde_avx512.h"  // tests/simde/: SIMDe's AVX2, and vpdpbusd
+#else
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cpu/avxvnni.h"
+#include "half.h"
+
+namespace barellm::cpu::avxvnni {
+
+namespace {
+
+constexpr int kGroup = kQ8Group;  // columns per scale (Q4's blocks are as wide)
+static_assert(kQ4Block == kGroup);
+constexpr int kLanes = 8;                                      // 32-bit lanes per register
+constexpr int kBytesPerLane = 4;                               // columns summed into one lane
+constexpr int kGroupSteps = kGroup / kBytesPerLane;            // vpdpbusd steps per group: 8
+constexpr int kRowRegisters = kQuantizedRowTile / kLanes;      // registers of rows per token: 2
+constexpr int kStepBytes = kQuantizedRowTile * kBytesPerLane;  // panel bytes of one step: 64
+constexpr int kGroupBytes = kGroupSteps * kStepBytes;          // panel bytes of one group: 512
+constexpr int kUnsignedOffset = 128;                           // stored weight = value + 128
+constexpr char kZeroWeight = char(kUnsignedOffset);            // the stored form of 0
+constexpr float kQ8Largest = 127.0f;  // |quantized x| ≤ 127, as quantize_q8
+constexpr size_t kAlignment = 32;     // bytes: one register
+
+static_assert(kGroupSteps == kLanes, "a group's steps are one 8 x 8 transpose of words");
+
+// The stored byte of each Q4 nibble q, whose value is q − kQ4Offset: a vpshufb table.
+struct NibbleTable {
+    alignas(16) uint8_t bytes[16];
+};
+constexpr NibbleTable unsigned_nibbles() {
+    NibbleTable table{};
+    for (int q = 0; q < 16; ++q) table.bytes[q] = uint8_t(q - kQ4Offset + kUnsignedOffset);
+    return table;
+}
+constexpr NibbleTable kUnsignedNibbles = unsigned_nibbles();
+
+template <typename Element>
+Element* align32(Element* p) {
+    const uintptr_t misalignment = reinterpret_cast<uintptr_t>(p) % kAlignment;
+    return misalignment ? p + (kAlignment - misalignment) / sizeof(Element) : p;
+}
+
+// The 32 stored bytes (value + 128) of group g of row r, in column order.
+template <DType kType>
+__m256i group_bytes(const Matrix& w, int r, int g) {
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes();
+    if constexpr (kType == DType::I8) {
+        const __m256i flip = _mm256_set1_epi8(char(0x80));  // w + 128 = w with its top bit flipped
+        const int first = g * kGroup, count = std::min(kGroup, w.cols - first);
+        if (count == kGroup)
+            return _mm256_xor_si256(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + first)), flip);
+        alignas(kAlignment) uint8_t tail[kGroup] = {};  // a short last group, 0 past the row
+        std::memcpy(tail, row + first, count);
+        return _mm256_xor_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(tail)), flip);
+    } else {
+        // A Q4 block: low nibbles are columns 0-15, high nibbles 16-31; a nibble q stands for
+        // q − 8, stored as q + 120 through a 16-byte table (an 8-bit add would overflow a
+        // signed byte in SIMDe's portable code).
+        const __m128i bytes =
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + size_t(g) * kQ4BlockBytes));
+        const __m128i low_nibble = _mm_set1_epi8(0x0f);
+        const __m128i to_unsigned =
+            _mm_load_si128(reinterpret_cast<const __m128i*>(kUnsignedNibbles.bytes));
+        const __m128i low = _mm_shuffle_epi8(to_unsigned, _mm_and_si128(bytes, low_nibble));
+        const __m128i high =
+            _mm_shuffle_epi8(to_unsigned, _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble));
+        return _mm256_set_m128i(high, low);
+    }
+}
+
+// Transposes the 8 × 8 block of 32-bit words in rows[0..7] (rows[i] word j becomes rows[j]
+// word i): pairs of rows interleaved, then pairs of pairs, then the 128-bit halves.
+inline void transpose8x8_words(__m256i rows[8]) {
+    __m256i pairs[8], quads[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i += 2) {
+        pairs[i] = _mm256_unpacklo_epi32(rows[i], rows[i + 1]);
+        pairs[i + 1] = _mm256_unpackhi_epi32(rows[i], rows[i + 1]);
+    }
+    // quads[i + j] (i = 0, 4), 128-bit half l: rows i .. i + 3 of word 4l + j.
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i += 4) {
+        quads[i] = _mm256_unpacklo_epi64(pairs[i], pairs[i + 2]);
+        quads[i + 1] = _mm256_unpackhi_epi64(pairs[i], pairs[i + 2]);
+        quads[i + 2] = _mm256_unpacklo_epi64(pairs[i + 1], pairs[i + 3]);
+        quads[i + 3] = _mm256_unpackhi_epi64(pairs[i + 1], pairs[i + 3]);
+    }
+    constexpr int kLowHalves = 0x20, kHighHalves = 0x31;
+#pragma GCC unroll 8
+    for (int j = 0; j < 4; ++j) {
+        rows[j] = _mm256_permute2x128_si256(quads[j], quads[4 + j], kLowHalves);
+        rows[4 + j] = _mm256_permute2x128_si256(quads[j], quads[4 + j], kHighHalves);
+    }
+}
+
+// The panel of rows first_row .. first_row + 15: panel[g][s][r][4] = the stored bytes of
+// columns 4s..4s+3 of group g of row r (kZeroWeight past the matrix); scales[g][r] = that
+// row's scale of group g (0 past the matrix).
+template <DType kType>
+void pack_panel(uint8_t* panel, float* scales, const Matrix& w, int first_row) {
+    const int groups = w.scale_count_per_row();
+    for (int h = 0; h < kRowRegisters; ++h)
+        for (int g = 0; g < groups; ++g) {
+            __m256i rows[kLanes];
+            for (int i = 0; i < kLanes; ++i) {
+                const int r = first_row + h * kLanes + i;
+                const bool inside = r < w.rows;
+                rows[i] = inside ? group_bytes<kType>(w, r, g) : _mm256_set1_epi8(kZeroWeight);
+                scales[g * kQuantizedRowTile + h * kLanes + i] =
+                    inside ? half_to_float(w.scales[size_t(r) * groups + g]) : 0.0f;
+            }
+            transpose8x8_words(rows);
+            uint8_t* group_panel = panel + size_t(g) * kGroupBytes + h * kLanes * kBytesPerLane;
+            for (int s = 0; s < kGroupSteps; ++s)
+                _mm256_store_si256(reinterpret_cast<__m256i*>(group_panel + s * kStepBytes),
+                                   rows[s]);
+        }
+}
+
+// out[first_token + k][row] = Σ_g panel scale[g][row] × x scale[k][g] × (exact int32 dot of
+// group g) for TOKENS tokens and the panel's 16 rows (store_masks[h]: those of rows
+// 8h..8h+7 to write); out has `stride` floats a token.
+//
+// Register tile: TOKENS ≤ kQuantizedTokenTile = 3 tokens × 16 rows (two registers of 8): 6
+// int32 dot registers and 6 f32 sum registers, plus the step's two weight registers and one
+// broadcast of x: 15 of the 16. Each step (four columns) loads two panel registers and
+// broadcasts four bytes of each token's x: 6 vpdpbusd for 2 + 3 loads. After a group's eight
+// steps its dots are converted, scaled and added to the sums.
+template <int TOKENS>
+void tile_kernel(float* out, int stride, const __m256i store_masks[kRowRegisters],
+                 const uint8_t* panel, const float* panel_scales, const QuantizedBatch& x,
+                 int first_token) {
+    const int8_t* values[TOKENS];
+    const float* x_scales[TOKENS];
+    const int32_t* starts[TOKENS];
+#pragma GCC unroll 4
+    for (int k = 0; k < TOKENS; ++k) {
+        values[k] = x.values.data() + size_t(first_token + k) * x.padded_cols;
+        x_scales[k] = x.scales.data() + size_t(first_token + k) * x.groups;
+        starts[k] = x.starts.data() + size_t(first_token + k) * x.groups;
+    }
+    __m256 sums[TOKENS][kRowRegisters];
+#pragma GCC unroll 4
+    for (int k = 0; k < TOKENS; ++k)
+#pragma GCC unroll 4
+        for (int h = 0; h < kRowRegisters; ++h) sums[k][h] = _mm256_setzero_ps();
+    for (int g = 0; g < x.groups; ++g) {
+        __m256i dots[TOKENS][kRowRegisters];
+#pragma GCC unroll 4
+        for (int k = 0; k < TOKENS; ++k)
+#pragma GCC unroll 4
+            for (int h = 0; h < kRowRegisters; ++h) dots[k][h] = _mm256_set1_epi32(starts[k][g]);
+        const uint8_t* group_panel = panel + size_t(g) * kGroupBytes;
+#pragma GCC unroll 8
+        for (int s = 0; s < kGroupSteps; ++s) {
+            __m256i weights[kRowRegisters];
+#pragma GCC unroll 4
+            for (int h = 0; h < kRowRegisters; ++h)
+                weights[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(
+                    group_panel + s * kStepBytes + h * kLanes * kBytesPerLane));
+#pragma GCC unroll 4
+            for (int k = 0; k < TOKENS; ++k) {
+                int32_t word;
+                std::memcpy(&word, values[k] + g * kGroup + s * kBytesPerLane, sizeof(word));
+                const __m256i x_word = _mm256_set1_epi32(word);
+#pragma GCC unroll 4
+                for (int h = 0; h < kRowRegisters; ++h)
+                    dots[k][h] = _mm256_dpbusd_avx_epi32(dots[k][h], weights[h], x_word);
+            }
+        }
+        __m256 weight_scales[kRowRegisters];
+#pragma GCC unroll 4
+        for (int h = 0; h < kRowRegisters; ++h)
+            weight_scales[h] = _mm256_load_ps(panel_scales + g * kQuantizedRowTile + h * kLanes);
+#pragma GCC unroll 4
+        for (int k = 0; k < TOKENS; ++k) {
+            const __m256 x_scale = _mm256_set1_ps(x_scales[k][g]);
+#pragma GCC unroll 4
+            for (int h = 0; h < kRowRegisters; ++h)
+                sums[k][h] =
+                    _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dots[k][h]), weight_scales[h]),
+                                    x_scale, sums[k][h]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < TOKENS; ++k)
+#pragma GCC unroll 4
+        for (int h = 0; h < kRowRegisters; ++h)
+            _mm256_maskstore_ps(out + size_t(first_token + k) * stride + h * kLanes, store_masks[h],
+                                sums[k][h]);
+}
+
+using TileKernel = void (*)(float*, int, const __m256i*, const uint8_t*, const float*,
+                            const QuantizedBatch&, int);
+constexpr TileKernel kTileKernels[kQuantizedTokenTile] = {tile_kernel<1>, tile_kernel<2>,
+                                                          tile_kernel<3>};
+
+// The lanes i of 8 with base + i in [first, end), as a maskstore mask.
+inline __m256i lanes_in(int base, int first, int end) {
+    const __m256i index =
+        _mm256_add_epi32(_mm256_set1_epi32(base), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i at_or_after_first = _mm256_cmpgt_epi32(index, _mm256_set1_epi32(first - 1));
+    const __m256i before_end = _mm256_cmpgt_epi32(_mm256_set1_epi32(end), index);
+    return _mm256_and_si256(at_or_after_first, before_end);
+}
+
+template <DType kType>
+void matmul_batch_rows_typed(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
+                             int row_count) {
+    // One panel and its scales, 32-byte aligned, kept from call to call.
+    static thread_local std::vector<uint8_t> panel_storage;
+    static thread_local std::vector<float> scale_storage;
+    panel_storage.resize(size_t(x.groups) * kGroupBytes + kAlignment);
+    scale_storage.resize(size_t(x.groups) * kQuantizedRowTile + kAlignment / sizeof(float));
+    uint8_t* panel = align32(panel_storage.data());
+    float* scales = align32(scale_storage.data());
+    const int end_row = first_row + row_count;
+    // Panels of 16 rows from a multiple of 16; one the run shares with another thread's is
+    // computed by both, each storing its own rows.
+    for (int panel_row = first_row / kQuantizedRowTile * kQuantizedRowTile; panel_row < end_row;
+         panel_row += kQuantizedRowTile) {
+        pack_panel<kType>(panel, scales, w, panel_row);
+        const __m256i store_masks[kRowRegisters] = {
+            lanes_in(panel_row, first_row, end_row),
+            lanes_in(panel_row + kLanes, first_row, end_row)};
+        for (int token = 0; token < x.batch; token += kQuantizedTokenTile)
+            kTileKernels[std::min(kQuantizedTokenTile, x.batch - token) - 1](
+                out + panel_row, w.rows, store_masks, panel, scales, x, token);
+    }
+}
+
+// lround(v) (halves away from zero) for each lane, as quantize_q8 rounds: truncate, then
+// step away from zero where the part cut off is at least a half (exact in f32 here).
+inline __m256i round_half_away(__m256 v) {
+    const __m256i whole = _mm256_cvttps_epi32(v);
+    const __m256 fraction = _mm256_sub_ps(v, _mm256_cvtepi32_ps(whole));
+    // All-ones (−1) where a step is due.
+    const __m256i up =
+        _mm256_castps_si256(_mm256_cmp_ps(fraction, _mm256_set1_ps(0.5f), _CMP_GE_OQ));
+    const __m256i down =
+        _mm256_castps_si256(_mm256_cmp_ps(fraction, _mm256_set1_ps(-0.5f), _CMP_LE_OQ));
+    return _mm256_add_epi32(_mm256_sub_epi32(whole, up), down);
+}
+
+// The lanes i of 8 with i < count, as a maskload mask.
+inline __m256i first_lanes(int count) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+inline float horizontal_max(__m256 v) {
+    const __m128 halves = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 pairs = _mm_max_ps(halves, _mm_movehl_ps(halves, halves));
+    return _mm_cvtss_f32(_mm_max_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+}
+
+inline int horizontal_sum(__m256i v) {
+    const __m128i halves = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    const __m128i pairs = _mm_add_epi32(halves, _mm_unpackhi_epi64(halves, halves));
+    return _mm_cvtsi128_si32(_mm_add_epi32(pairs, _mm_shuffle_epi32(pairs, 1)));
+}
+
+}  // namespace
+
+void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token) {
+    constexpr int kRegisters = kGroup / kLanes;  // registers of one group: 4
+    int8_t* values = x->values.data() + size_t(token) * x->padded_cols;
+    float* scales = x->scales.data() + size_t(token) * x->groups;
+    int32_t* starts = x->starts.data() + size_t(token) * x->groups;
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+    for (int g = 0; g < x->groups; ++g) {
+        const int first = g * kGroup, count = std::min(kGroup, cols - first);
+        __m256 v[kRegisters];
+        __m256 largest = _mm256_setzero_ps();
+        for (int j = 0; j < kRegisters; ++j) {
+            v[j] = _mm256_maskload_ps(x_row + first + j * kLanes, first_lanes(count - j * kLanes));
+            largest = _mm256_max_ps(largest, _mm256_andnot_ps(sign_bit, v[j]));
+        }
+        const float scale = horizontal_max(largest) / kQ8Largest;
+        const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+        __m256i q[kRegisters];
+        for (int j = 0; j < kRegisters; ++j)
+            q[j] = round_half_away(_mm256_mul_ps(v[j], _mm256_set1_ps(inverse)));
+        // int32 -> int8 (|q| ≤ 127: no saturation). The packs work within 128-bit halves:
+        // their word k (four bytes) holds the first (k < 4) or second half of q[k % 4].
+        const __m256i bytes =
+            _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256(
+            reinterpret_cast<__m256i*>(values + first),
+            _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+        scales[g] = scale;
+        starts[g] =
+            -kUnsignedOffset * horizontal_sum(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]),
+                                                               _mm256_add_epi32(q[2], q[3])));
+    }
+}
+
+void matmul_batch_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x,
+                                 int first_row, int row_count) {
+    if (w.dtype == DType::I8)
+        matmul_batch_rows_typed<DType::I8>(out, w, x, first_row, row_count);
+    else
+        matmul_batch_rows_typed<DType::U8>(out, w, x, first_row, row_count);
+}
+
+}  // namespace barellm::cpu::avxvnni

@@ -1,0 +1,120 @@
+// The AVX-VNNI kernels called directly, against the scalar quantize_q8 and a
+// double-precision reference: built on SIMDe (namespace avxvnni_simde, any CPU) and, where
+// the CPU has AVX-VNNI, natively (avxvnni). Sizes cover every tail: columns in short last
+// groups, rows past whole 16-row panels, tokens past whole 3-token tiles.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cpu/avxvnni.h"
+// The SIMDe build's declarations: its files were compiled with avxvnni defined so.
+#define avxvnni avxvnni_simde
+#include "cpu/avxvnni.h"
+#undef avxvnni
+#include "test_matrices.h"
+
+using namespace barellm;
+using namespace barellm::test;
+
+namespace {
+
+// One build of the AVX-VNNI kernels.
+struct AvxVnniBuild {
+    std::string name;
+    decltype(&cpu::avxvnni::quantize_token) quantize_token;
+    decltype(&cpu::avxvnni::matmul_batch_rows_quantized) matmul_batch_rows_quantized;
+};
+
+// SIMDe's always; the native one where this CPU has AVX-VNNI (printed once).
+std::vector<AvxVnniBuild> builds() {
+    std::vector<AvxVnniBuild> list = {{"simde", cpu::avxvnni_simde::quantize_token,
+                                       cpu::avxvnni_simde::matmul_batch_rows_quantized}};
+    const bool native = cpu::cpu_has_avx_vnni();
+    static bool said = false;
+    if (!said) {
+        std::printf("AVX-VNNI kernel tests: SIMDe build%s\n",
+                    native ? " and native" : " only (this CPU has no AVX-VNNI)");
+        said = true;
+    }
+    if (native)
+        list.push_back(
+            {"native", cpu::avxvnni::quantize_token, cpu::avxvnni::matmul_batch_rows_quantized});
+    return list;
+}
+
+}  // namespace
+
+TEST_CASE("AVX-VNNI quantize_token quantizes each token exactly as quantize_q8") {
+    std::mt19937 rng(614);
+    for (const AvxVnniBuild& build : builds())
+        for (int cols : {1, 7, 8, 9, 16, 17, 31, 32, 33, 100, 600}) {
+            const int batch = 3;
+            std::vector<float> x = random_floats(size_t(batch) * cols, rng, 5.0f);
+            // Exact halves where the scale is 1 (a largest value of 127): quantize_q8 rounds
+            // them away from zero; just below a half rounds to 0.
+            if (cols >= 8) {
+                const float halves[] = {127.0f, 2.5f, -2.5f, 0.5f, -0.5f, 0.49999997f, -1.5f};
+                std::copy(std::begin(halves), std::end(halves), x.begin() + cols);
+            }
+            cpu::QuantizedBatch quantized;
+            cpu::resize_quantized_batch(&quantized, batch, cols);
+            for (int b = 0; b < batch; ++b)
+                build.quantize_token(&quantized, x.data() + size_t(b) * cols, cols, b);
+            INFO(build.name << " cols " << cols);
+            for (int b = 0; b < batch; ++b) {
+                cpu::QuantizedVector want;
+                cpu::quantize_q8(&want, x.data() + size_t(b) * cols, cols);
+                for (int c = 0; c < quantized.padded_cols; ++c)
+                    REQUIRE(int(quantized.values[size_t(b) * quantized.padded_cols + c]) ==
+                            (c < cols ? int(want.values[c]) : 0));
+                for (int g = 0; g < quantized.groups; ++g) {
+                    REQUIRE(quantized.scales[size_t(b) * quantized.groups + g] == want.scales[g]);
+                    REQUIRE(quantized.starts[size_t(b) * quantized.groups + g] ==
+                            -128 * int(want.group_sums[g]));
+                }
+            }
+        }
+}
+
+TEST_CASE("AVX-VNNI Q8 and Q4 prefill GEMM matches a reference on quantized x") {
+    std::mt19937 rng(615);
+    const auto dtype = GENERATE(DType::I8, DType::U8);
+    for (const AvxVnniBuild& build : builds()) {
+        // Q8: short last groups; Q4: whole blocks. Rows are not multiples of the 16-row
+        // panel, batches not multiples of the 3-token tile.
+        const std::vector<int> widths =
+            dtype == DType::I8 ? std::vector<int>{5, 33, 100, 600} : std::vector<int>{32, 96, 608};
+        for (int batch : {1, 2, 4, 17, 70})
+            for (int cols : widths) {
+                const int rows = 43;
+                const TestMatrix m = make_matrix(rows, cols, dtype, rng);
+                // Large values: the int8 products then reach their extremes (±127 × 127).
+                const std::vector<float> x = random_floats(size_t(batch) * cols, rng, 50.0f);
+                const std::vector<double> want =
+                    reference_gemm(m, rows_quantized_like_the_kernel(x, cols), batch);
+                cpu::QuantizedBatch quantized;
+                cpu::resize_quantized_batch(&quantized, batch, cols);
+                for (int b = 0; b < batch; ++b)
+                    build.quantize_token(&quantized, x.data() + size_t(b) * cols, cols, b);
+                INFO(build.name << " " << dtype_name(dtype) << " batch " << batch << " cols "
+                                << cols);
+                // A run of rows not starting at row 0 (a thread's share) over three panels,
+                // and the whole matrix, whose last panel runs past its rows.
+                for (auto [first, count] : {std::pair{3, rows - 8}, {0, rows}}) {
+                    std::vector<float> got(size_t(batch) * rows, NAN);
+                    build.matmul_batch_rows_quantized(got.data(), m.matrix, quantized, first,
+                                                      count);
+                    for (int b = 0; b < batch; ++b) {
+                        const int row0 = b * rows;
+                        CHECK(relative_error(row_range(got, row0 + first, count),
+                                             row_range(want, row0 + first, count)) < 1e-6);
+                        if (first > 0) CHECK(std::isnan(got[row0 + first - 1]));
+                        if (first + count < rows) CHECK(std::isnan(got[row0 + first + count]));
+                    }
+                }
+            }
+    }
+}
