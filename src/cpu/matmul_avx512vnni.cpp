@@ -12,7 +12,11 @@
 //
 // Each lane is a row: a tile's 16 dot products of a group fill one register, scaled by the
 // 16 weight scales beside them × the group's x scale and added to 16 f32 sums, which are the
-// 16 outputs. A tile is one stream of whole cache lines.
+// 16 outputs. A tile is one stream of whole cache lines, read front to back; each block of
+// two groups asks for the cache lines kPrefetchBytes ahead of it (into the next tile at a
+// tile's end: the tiles lie one after another; a prefetch past the matrix is only a hint).
+// On an Intel Xeon, TinyLlama shape, one thread, this took decode from 19.6 to 21.3 tok/s
+// for Q4 and 12.0 to 12.2-13.0 for Q8 (distances tried: 512, 768, 1024, 1536, 3072 bytes).
 #include <algorithm>
 #include <vector>
 
@@ -27,6 +31,8 @@ namespace {
 constexpr int kGroup = kQ8Group;  // columns per scale (Q4's blocks are as wide)
 static_assert(kQ4Block == kGroup && kTileRows == kLanes);
 constexpr int kHalfGroup = kGroup / 2;  // Q4: the high nibbles are columns 16-31
+constexpr int kPrefetchBytes = 768;
+constexpr int kCacheLine = 64;
 
 // x as the kernels read it: its values padded with zeros to whole groups, and each group's
 // start, −offset × Σ of its values (offset 128 for Q8, 8 for Q4).
@@ -87,6 +93,13 @@ void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int firs
         const uint8_t* tile = w.row_tiles + size_t(t) * bytes_per_tile;
         __m512 sums = _mm512_setzero_ps();
         for (int g = 0; g < groups; ++g) {
+            if (g % kTileBlockGroups == 0) {
+                const char* ahead =
+                    reinterpret_cast<const char*>(tile_group_block(tile, kType, g)) +
+                    kPrefetchBytes;
+                for (size_t line = 0; line < tile_block_bytes(kType); line += kCacheLine)
+                    _mm_prefetch(ahead + line, _MM_HINT_T0);
+            }
             const __m512 weight_scales = _mm512_cvtph_ps(_mm256_load_si256(
                 reinterpret_cast<const __m256i*>(tile_group_scales(tile, kType, g))));
             const __m512i dots =
