@@ -7,8 +7,10 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "cpu/kernels.h"
 #include "cpu/quantized_tiles.h"
 #include "half.h"
 #include "model.h"
@@ -176,6 +178,43 @@ inline std::vector<float> rounded_to_bf16(const std::vector<float>& x) {
         out[i] = bf16_to_float(take_away ? away : toward_zero);
     }
     return out;
+}
+
+// Quantizes three tokens of random x of `cols` columns with a VNNI GEMM's quantize_token
+// and compares them with quantize_q8: "" where every value, scale and start (−128 × Σ
+// values, see cpu::QuantizedBatch) is equal and the padding is 0, else the first
+// difference. x includes exact halves where the scale is 1 (a largest value of 127):
+// quantize_q8 rounds them away from zero; just below a half rounds to 0.
+using QuantizeToken = void (*)(cpu::QuantizedBatch*, const float*, int, int);
+inline std::string quantize_token_difference(QuantizeToken quantize_token, int cols,
+                                             std::mt19937& rng) {
+    const int batch = 3;
+    std::vector<float> x = random_floats(size_t(batch) * cols, rng, 5.0f);
+    if (cols >= 8) {
+        const float halves[] = {127.0f, 2.5f, -2.5f, 0.5f, -0.5f, 0.49999997f, -1.5f};
+        std::copy(std::begin(halves), std::end(halves), x.begin() + cols);
+    }
+    cpu::QuantizedBatch quantized;
+    cpu::resize_quantized_batch(&quantized, batch, cols);
+    for (int b = 0; b < batch; ++b)
+        quantize_token(&quantized, x.data() + size_t(b) * cols, cols, b);
+    for (int b = 0; b < batch; ++b) {
+        const std::string token = "token " + std::to_string(b);
+        cpu::QuantizedVector want;
+        cpu::quantize_q8(&want, x.data() + size_t(b) * cols, cols);
+        for (int c = 0; c < quantized.padded_cols; ++c)
+            if (int(quantized.values[size_t(b) * quantized.padded_cols + c]) !=
+                (c < cols ? int(want.values[c]) : 0))
+                return token + " value " + std::to_string(c);
+        for (int g = 0; g < quantized.groups; ++g) {
+            if (quantized.scales[size_t(b) * quantized.groups + g] != want.scales[g])
+                return token + " scale " + std::to_string(g);
+            if (quantized.starts[size_t(b) * quantized.groups + g] !=
+                -128 * int(want.group_sums[g]))
+                return token + " start " + std::to_string(g);
+        }
+    }
+    return "";
 }
 
 // The elements [first, first + count) of out, as a vector.

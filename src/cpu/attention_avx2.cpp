@@ -7,6 +7,7 @@
 #include <cmath>
 #include <vector>
 
+#include "cpu/attention_rows.h"
 #include "cpu/avx2.h"
 #include "cpu/helpers_avx2.h"
 #include "kv_cache.h"
@@ -179,25 +180,15 @@ size_t attention_scratch_floats(int keys, int head_dim) {
 
 void attention_rows(float* out, const float* q, int first_row, int rows, int first_pos, int kv_head,
                     const KvTiles& tiles, const AttentionShape& shape, float* scratch) {
-    const int head_dim = shape.head_dim, group = shape.heads / shape.kv_heads;
-    const size_t q_dim = size_t(shape.heads) * head_dim;
-    const float scale = 1.0f / std::sqrt(float(head_dim));
+    const int head_dim = shape.head_dim;
     // scratch: sums [kRowTile, 16] | scores [kRowTile, padded_keys] | queries [kRowTile, head_dim]
     float* sums = align32(scratch);
     float* scores = sums + kRowTile * kTokenTile;
     float* queries = scores + size_t(kRowTile) * tiles.padded_keys;
     int begin[kRowTile], end[kRowTile];  // each row's keys, from first_key
     float* out_rows[kRowTile];
-    for (int r = 0; r < rows; ++r) {
-        const int token = (first_row + r) / group;
-        const int head = kv_head * group + (first_row + r) % group;
-        const int pos = first_pos + token;
-        begin[r] = attention_start(pos, shape.window) - tiles.first_key;
-        end[r] = pos + 1 - tiles.first_key;
-        const float* query = q + token * q_dim + size_t(head) * head_dim;
-        for (int d = 0; d < head_dim; ++d) queries[r * head_dim + d] = query[d] * scale;
-        out_rows[r] = out + token * q_dim + size_t(head) * head_dim;
-    }
+    gather_query_rows(q, out, first_row, rows, first_pos, kv_head, tiles.first_key, shape, begin,
+                      end, out_rows, queries);
     const int first_tile = *std::min_element(begin, begin + rows) / kTokenTile;
     const int end_tile = kv_tile_count(*std::max_element(end, end + rows));
     const OuterProductKernel kernel = outer_product_kernel_for(rows);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cpu/attention_rows.h"
 #include "cpu/avx512.h"
 #include "cpu/helpers_avx512.h"
 #include "kv_cache.h"
@@ -87,9 +88,7 @@ size_t attention_scratch_floats(int keys, int head_dim) {
 
 void attention_rows(float* out, const float* q, int first_row, int rows, int first_pos, int kv_head,
                     const avx2::KvTiles& tiles, const AttentionShape& shape, float* scratch) {
-    const int head_dim = shape.head_dim, group = shape.heads / shape.kv_heads;
-    const size_t q_dim = size_t(shape.heads) * head_dim;
-    const float scale = 1.0f / std::sqrt(float(head_dim));
+    const int head_dim = shape.head_dim;
     // scratch: sums [2 tiles, kAttentionRowTile, 16] | scores [kAttentionRowTile,
     // padded_keys] | queries [kAttentionRowTile, head_dim]
     const size_t sums_tile_stride = size_t(kAttentionRowTile) * kTileFloats;
@@ -98,16 +97,8 @@ void attention_rows(float* out, const float* q, int first_row, int rows, int fir
     float* queries = scores + size_t(kAttentionRowTile) * tiles.padded_keys;
     int begin[kAttentionRowTile], end[kAttentionRowTile];  // each row's keys, from first_key
     float* out_rows[kAttentionRowTile];
-    for (int r = 0; r < rows; ++r) {
-        const int token = (first_row + r) / group;
-        const int head = kv_head * group + (first_row + r) % group;
-        const int pos = first_pos + token;
-        begin[r] = attention_start(pos, shape.window) - tiles.first_key;
-        end[r] = pos + 1 - tiles.first_key;
-        const float* query = q + token * q_dim + size_t(head) * head_dim;
-        for (int d = 0; d < head_dim; ++d) queries[r * head_dim + d] = query[d] * scale;
-        out_rows[r] = out + token * q_dim + size_t(head) * head_dim;
-    }
+    gather_query_rows(q, out, first_row, rows, first_pos, kv_head, tiles.first_key, shape, begin,
+                      end, out_rows, queries);
     const int first_tile = *std::min_element(begin, begin + rows) / kTileFloats;
     const int end_tile = tiles_of_16(*std::max_element(end, end + rows));
 

@@ -262,11 +262,6 @@ inline __m256i round_half_away(__m256 v) {
     return _mm256_add_epi32(_mm256_sub_epi32(whole, up), down);
 }
 
-// The lanes i of 8 with i < count, as a maskload mask.
-inline __m256i first_lanes(int count) {
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32(count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 inline float horizontal_max(__m256 v) {
     const __m128 halves = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     const __m128 pairs = _mm_max_ps(halves, _mm_movehl_ps(halves, halves));
@@ -287,12 +282,20 @@ void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token) 
     float* scales = x->scales.data() + size_t(token) * x->groups;
     int32_t* starts = x->starts.data() + size_t(token) * x->groups;
     const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+    // A short last group is read through a copy padded with zeros (not a masked load, whose
+    // emulation on SIMDe reads past x).
+    alignas(kAlignment) float tail[kGroup];
     for (int g = 0; g < x->groups; ++g) {
         const int first = g * kGroup, count = std::min(kGroup, cols - first);
+        const float* group = x_row + first;
+        if (count < kGroup) {
+            std::fill(std::copy_n(group, count, tail), tail + kGroup, 0.0f);
+            group = tail;
+        }
         __m256 v[kRegisters];
         __m256 largest = _mm256_setzero_ps();
         for (int j = 0; j < kRegisters; ++j) {
-            v[j] = _mm256_maskload_ps(x_row + first + j * kLanes, first_lanes(count - j * kLanes));
+            v[j] = _mm256_loadu_ps(group + j * kLanes);
             largest = _mm256_max_ps(largest, _mm256_andnot_ps(sign_bit, v[j]));
         }
         const float scale = horizontal_max(largest) / kQ8Largest;
