@@ -65,12 +65,8 @@ TEST_CASE("matmul matches a double-precision reference for every dtype and SIMD 
         const std::vector<float> x = random_floats(cols, rng);
         // The SIMD Q8 kernels quantize x too (integer dot products): so does the reference.
         std::vector<float> x_used = x;
-        if (dtype == DType::I8 && level >= cpu::SimdLevel::Avx2) {
-            std::vector<int8_t> quantized(cols);
-            std::vector<float> scales((cols + 31) / 32);
-            quantize_groups(x.data(), cols, quantized.data(), scales.data(), false);
-            for (int c = 0; c < cols; ++c) x_used[c] = quantized[c] * scales[c / 32];
-        }
+        if (dtype == DType::I8 && level >= cpu::SimdLevel::Avx2)
+            x_used = quantized_like_the_kernel(x);
         // The AVX-512 f16 and bf16 matvecs read x rounded to f16.
         if ((dtype == DType::F16 || dtype == DType::BF16) && level == cpu::SimdLevel::Avx512)
             for (float& value : x_used) value = half_to_float(float_to_half(value));
@@ -89,6 +85,11 @@ TEST_CASE("matmul matches a double-precision reference for every dtype and SIMD 
 
 TEST_CASE("rmsnorm and softmax match their formulas") {
     std::mt19937 rng(7);
+    const auto level =
+        GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
+    if (level > cpu::detect_simd_level()) return;
+    cpu::set_simd_level(level);
+    INFO(cpu::simd_level_name(level));
     for (int n : {1, 9, 172}) {
         const auto x = random_floats(n, rng, 3.0f), weight = random_floats(n, rng);
         std::vector<float> out(n);
@@ -106,6 +107,18 @@ TEST_CASE("rmsnorm and softmax match their formulas") {
         for (int i = 0; i < n; ++i) want[i] = std::exp(double(x[i])) / total;
         CHECK(relative_error(probabilities, want) < 1e-6);
     }
+    // The sampler's masked tokens: -inf has probability exactly 0 (and 97 below the largest,
+    // e^-97 ≈ 7e-43, next to nothing).
+    std::vector<float> logits = {1.0f,      -INFINITY, 0.5f, -95.0f,   2.0f,
+                                 -INFINITY, 0.0f,      1.5f, -INFINITY};
+    cpu::softmax(logits.data(), int(logits.size()));
+    CHECK(logits[1] == 0.0f);
+    CHECK(logits[3] < 1e-38f);
+    CHECK(logits[5] == 0.0f);
+    CHECK(logits[8] == 0.0f);
+    CHECK(std::abs(logits[4] - std::exp(0.0) / (std::exp(-1.0) + std::exp(-1.5) + 1 +
+                                                std::exp(-2.0) + std::exp(-0.5))) < 1e-6);
+    cpu::set_simd_level(cpu::detect_simd_level());
 }
 
 TEST_CASE("swiglu matches its formula at every SIMD level, far into both tails") {

@@ -44,14 +44,12 @@ inline void add_row_tiles(TestMatrix* m) {
 
 // Quantizes `values` [n] in groups of 32 as docs/FORMAT.md says, written out here
 // independently of the kernels: scale = f16(max |v| / 127), q = round(v / scale).
-inline void quantize_groups(const float* values, int n, int8_t* quantized, float* scales,
-                            bool f16_scales) {
+inline void quantize_groups(const float* values, int n, int8_t* quantized, float* scales) {
     for (int first = 0, g = 0; first < n; first += 32, ++g) {
         const int last = std::min(n, first + 32);
         float largest = 0;
         for (int i = first; i < last; ++i) largest = std::max(largest, std::fabs(values[i]));
-        float scale = largest / 127;
-        if (f16_scales) scale = half_to_float(float_to_half(scale));
+        const float scale = half_to_float(float_to_half(largest / 127));
         scales[g] = scale;
         for (int i = first; i < last; ++i) {
             const float ratio = scale > 0 ? values[i] / scale : 0;
@@ -107,7 +105,7 @@ inline TestMatrix make_matrix(int rows, int cols, DType dtype, std::mt19937& rng
         std::vector<float> scales(groups);
         for (int r = 0; r < rows; ++r) {
             int8_t* quantized = reinterpret_cast<int8_t*>(m.storage.data()) + size_t(r) * cols;
-            quantize_groups(&m.values[size_t(r) * cols], cols, quantized, scales.data(), true);
+            quantize_groups(&m.values[size_t(r) * cols], cols, quantized, scales.data());
             for (int c = 0; c < cols; ++c)
                 m.values[size_t(r) * cols + c] = quantized[c] * scales[c / 32];
             for (int g = 0; g < groups; ++g)
@@ -140,18 +138,26 @@ inline double relative_error(const std::vector<float>& got, const std::vector<do
     return std::sqrt(diff / norm);
 }
 
-// x as the SIMD Q8/Q4 matvecs use it: quantized to int8 per group of 32.
+// x as the SIMD Q8/Q4 matvecs and the VNNI GEMMs use it: per group of 32, scale = max |x| /
+// 127 and q = x · (1 / scale) rounded half away from zero, in f32 as the kernels compute it.
 inline std::vector<float> quantized_like_the_kernel(const std::vector<float>& x) {
     const int n = int(x.size());
-    std::vector<int8_t> quantized(n);
-    std::vector<float> scales((n + 31) / 32), out(n);
-    quantize_groups(x.data(), n, quantized.data(), scales.data(), false);
-    for (int c = 0; c < n; ++c) out[c] = quantized[c] * scales[c / 32];
+    std::vector<float> out(n);
+    for (int first = 0; first < n; first += 32) {
+        const int last = std::min(n, first + 32);
+        float largest = 0;
+        for (int i = first; i < last; ++i) largest = std::max(largest, std::fabs(x[i]));
+        const float scale = largest / 127, inverse = scale > 0 ? 1 / scale : 0;
+        for (int i = first; i < last; ++i) {
+            const float product = x[i] * inverse;
+            out[i] = std::round(product) * scale;
+        }
+    }
     return out;
 }
 
-// x [rows, cols] with each row quantized like the kernel, as the AVX-512 VNNI prefill GEMM
-// quantizes each token.
+// x [rows, cols] with each row quantized like the kernel, as the VNNI prefill GEMMs quantize
+// each token.
 inline std::vector<float> rows_quantized_like_the_kernel(const std::vector<float>& x, int cols) {
     std::vector<float> out;
     out.reserve(x.size());

@@ -7,7 +7,7 @@
 #include "backend.h"
 #include "bench.h"
 #include "cpu/kernels.h"
-#include "cpu/quantized_tiles.h"
+#include "cpu/resident_weights.h"
 #include "error.h"
 #include "memory.h"
 
@@ -44,10 +44,9 @@ public:
           context_(options.context),
           kv_type_(options.kv_type),
           max_batch_(std::min(options.context, kMaxBatch)),
-          // The layer and output matrices; Q8 and Q4 ones also in tiles of 16 rows where
-          // the AVX-512 VNNI kernels will read them (cpu/quantized_tiles.h).
-          weights_(cpu::uses_row_tiles() ? cpu::tile_weights(model)
-                                         : cpu::TiledWeights{model.layers, model.output, {}}) {
+          // The layer and output matrices copied to 2 MiB pages; Q8 and Q4 ones in tiles of
+          // 16 rows where the AVX-512 VNNI kernels will read them (cpu/resident_weights.h).
+          weights_(cpu::resident_weights(model, cpu::uses_row_tiles())) {
         const Config& c = model.config;
         const size_t cache_bytes =
             size_t(c.layers) * context_ * c.kv_dim() * kv_element_bytes(kv_type_);
@@ -263,7 +262,7 @@ private:
     const int context_;
     const KvType kv_type_;
     const int max_batch_;
-    const cpu::TiledWeights weights_;
+    const cpu::ResidentWeights weights_;
     InferenceState state_;
     std::vector<float> all_logits_;  // [context, vocab_size] with BackendOptions::all_logits
 };

@@ -32,12 +32,16 @@ inline float horizontal_sum(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
 }
 
-// e^x in each lane, for x ≤ 0 (below -87 it gives about 1e-38 rather than less):
+// Below this e^x is taken as 0: e^-87 ≈ 1.6e-38 is near the smallest normal float.
+constexpr float kExpLowest = -87.0f;
+
+// e^x in each lane, for x ≤ 0 (0 below kExpLowest, so e^-inf is exactly 0):
 // - x = n·ln2 + r with |r| ≤ ln2/2;
 // - e^r by its Taylor polynomial of degree 6 (relative error below 2e-7);
 // - 2^n written into the exponent bits.
 inline __m256 exp_nonpositive(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 below = _mm256_cmp_ps(x, _mm256_set1_ps(kExpLowest), _CMP_LT_OQ);
+    x = _mm256_max_ps(x, _mm256_set1_ps(kExpLowest));
     const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     // ln2 in two parts, so that n · (high part) is exact.
@@ -48,7 +52,7 @@ inline __m256 exp_nonpositive(__m256 x) {
         p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(coefficient));
     const __m256i two_to_n =
         _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(two_to_n));
+    return _mm256_andnot_ps(below, _mm256_mul_ps(p, _mm256_castsi256_ps(two_to_n)));
 }
 
 }  // namespace barellm::cpu::avx2

@@ -57,13 +57,17 @@ inline __m512 widen16(const void* p) {
     }
 }
 
-// e^x in each lane, for x ≤ 0, as avx2::exp_nonpositive (below -87 it gives about 1e-38
-// rather than less):
+// Below this e^x is taken as 0: e^-87 ≈ 1.6e-38 is near the smallest normal float.
+constexpr float kExpLowest = -87.0f;
+
+// e^x in each lane, for x ≤ 0, as avx2::exp_nonpositive (0 below kExpLowest, so e^-inf is
+// exactly 0):
 // - x = n·ln2 + r with |r| ≤ ln2/2;
 // - e^r by its Taylor polynomial of degree 6 (relative error below 2e-7);
 // - 2^n written into the exponent bits.
 inline __m512 exp_nonpositive(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    const __mmask16 below = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpLowest), _CMP_LT_OQ);
+    x = _mm512_max_ps(x, _mm512_set1_ps(kExpLowest));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     // ln2 in two parts, so that n · (high part) is exact.
@@ -74,7 +78,8 @@ inline __m512 exp_nonpositive(__m512 x) {
         p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(coefficient));
     const __m512i two_to_n =
         _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(two_to_n));
+    return _mm512_mask_blend_ps(below, _mm512_mul_ps(p, _mm512_castsi512_ps(two_to_n)),
+                                _mm512_setzero_ps());
 }
 
 // ---- The outer-product micro-kernel of the f32 GEMM (gemm_avx512.cpp) and of prefill

@@ -41,19 +41,17 @@ size_t tile_bytes(const Matrix& w) { return size_t(tile_blocks(w)) * tile_block_
 
 size_t row_tiles_bytes(const Matrix& w) { return size_t(tile_count(w)) * tile_bytes(w); }
 
-AlignedBytes make_row_tiles(const Matrix& w) {
-    if (!is_quantized(w.dtype)) throw Error("make_row_tiles: not a Q8 or Q4 matrix");
+void write_row_tiles(const Matrix& w, uint8_t* tiles) {
+    if (!is_quantized(w.dtype)) throw Error("write_row_tiles: not a Q8 or Q4 matrix");
     const size_t bytes = row_tiles_bytes(w);
-    AlignedBytes tiles(static_cast<uint8_t*>(std::aligned_alloc(kAlignment, bytes)));
-    if (!tiles) throw Error("out of memory for " + std::to_string(bytes) + " bytes of tiles");
     const DType type = w.dtype;
     const int groups = w.scale_count_per_row();
     const uint8_t zero = type == DType::I8 ? kTileQ8Zero : kTileQ4Zero;
-    std::memset(tiles.get(), zero, bytes);
+    std::memset(tiles, zero, bytes);
     uint8_t group[kQ8Group];
     for (int t = 0; t < tile_count(w); ++t)
         for (int g = 0; g < tile_blocks(w) * kTileBlockGroups; ++g) {
-            const uint8_t* tile = tiles.get() + size_t(t) * tile_bytes(w);
+            const uint8_t* tile = tiles + size_t(t) * tile_bytes(w);
             uint16_t* scales = const_cast<uint16_t*>(tile_group_scales(tile, type, g));
             uint8_t* values = const_cast<uint8_t*>(tile_group_values(tile, type, g));
             for (int lane = 0; lane < kTileRows; ++lane) {
@@ -69,27 +67,14 @@ AlignedBytes make_row_tiles(const Matrix& w) {
                                 group + j * kTileLaneBytes, kTileLaneBytes);
             }
         }
-    return tiles;
 }
 
-TiledWeights tile_weights(const Model& model) {
-    TiledWeights tiled{model.layers, model.output, {}};
-    auto tile = [&](Matrix* w) {
-        if (!is_quantized(w->dtype)) return;
-        tiled.buffers.push_back(make_row_tiles(*w));
-        w->row_tiles = tiled.buffers.back().get();
-        if (model.file) {
-            model.file->release_pages(w->data, size_t(w->rows) * w->row_bytes());
-            model.file->release_pages(
-                w->scales, size_t(w->rows) * w->scale_count_per_row() * sizeof(uint16_t));
-        }
-    };
-    for (LayerWeights& layer : tiled.layers)
-        for (Matrix* w :
-             {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w1, &layer.w3, &layer.w2})
-            tile(w);
-    tile(&tiled.output);
-    return tiled;
+AlignedBytes make_row_tiles(const Matrix& w) {
+    const size_t bytes = row_tiles_bytes(w);
+    AlignedBytes tiles(static_cast<uint8_t*>(std::aligned_alloc(kAlignment, bytes)));
+    if (!tiles) throw Error("out of memory for " + std::to_string(bytes) + " bytes of tiles");
+    write_row_tiles(w, tiles.get());
+    return tiles;
 }
 
 }  // namespace barellm::cpu

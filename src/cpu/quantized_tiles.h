@@ -1,7 +1,8 @@
 // Q8 and Q4 matrices re-laid out in tiles of 16 rows for the AVX-512 VNNI kernels
 // (matmul_avx512vnni.cpp, gemm_avx512vnni.cpp). The CPU backend makes them once, when it
-// takes the model on the AVX-512 path of a CPU with AVX512_VNNI (tile_weights below), and
-// points Matrix::row_tiles at them; the row-major values and scales stay for the other paths.
+// takes the model on the AVX-512 path of a CPU with AVX512_VNNI (cpu/resident_weights.h),
+// and points Matrix::row_tiles at them; the row-major values and scales stay in the file's
+// mapping for the other paths.
 //
 // In a weight file a row's values and its scales are two streams, and each int32 lane of a
 // vpdpbusd holds four columns of one row. In a tile each lane is one row: a register holds
@@ -77,18 +78,10 @@ struct FreeBytes {
 };
 using AlignedBytes = std::unique_ptr<uint8_t, FreeBytes>;
 
-// The tiles of w (Q8 or Q4) in a new buffer; throws Error when memory runs out.
+// Writes the tiles of w (Q8 or Q4) to the row_tiles_bytes(w) bytes at `tiles`, 64-byte
+// aligned.
+void write_row_tiles(const Matrix& w, uint8_t* tiles);
+// The tiles of w in a new buffer; throws Error when memory runs out.
 AlignedBytes make_row_tiles(const Matrix& w);
-
-// A model's layer and output matrices with the tiles of those that are Q8 or Q4.
-struct TiledWeights {
-    std::vector<LayerWeights> layers;
-    Matrix output;
-    std::vector<AlignedBytes> buffers;  // the tiles the matrices point at
-};
-// Tiles every Q8 and Q4 matrix of the layers and the output (the embedding, read a row at a
-// time, keeps only its rows). The pages of the file that held them are handed back to the
-// system as each is tiled (Model::file), so resident memory holds the weights once.
-TiledWeights tile_weights(const Model& model);
 
 }  // namespace barellm::cpu
