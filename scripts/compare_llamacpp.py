@@ -271,7 +271,8 @@ FEATURE = re.compile(r"\b(AVX512[A-Z0-9_]*|AVX_VNNI|AVX2|AVX|FMA|F16C|SSE3|AMX_[
 def llamacpp_simd(llama_bench, stderr):
     """llama.cpp's SIMD level: from a system-info line ("AVX2 = 1 | AVX512 = 1 | ...") in
     its output, else from its build's CMakeCache.txt: with GGML_NATIVE=ON it is built for
-    this CPU (-march=native), else for the GGML_<ISA> options switched on."""
+    this CPU (-march=native, less AVX-512 where its C flags say -mno-avx512f), else for the
+    GGML_<ISA> options switched on."""
     found = FEATURE.findall(stderr)
     if found:
         return simd_name(found)
@@ -279,11 +280,15 @@ def llamacpp_simd(llama_bench, stderr):
     cache = os.path.join(build, "CMakeCache.txt")
     try:
         with open(cache, encoding="utf-8", errors="replace") as f:
-            options = dict(re.findall(r"^(GGML_[A-Z0-9_]+):BOOL=(\w+)$", f.read(), re.M))
+            text = f.read()
     except OSError:
         return "unknown"
+    options = dict(re.findall(r"^(GGML_[A-Z0-9_]+):BOOL=(\w+)$", text, re.M))
     if options.get("GGML_NATIVE", "").upper() in ("ON", "TRUE", "1"):
         flags = (cpuinfo_field(read_cpuinfo(), "flags") or "").upper().split()
+        # build_llamacpp.sh --no-avx512 takes AVX-512 away from -march=native.
+        if re.search(r"^CMAKE_C_FLAGS:STRING=.*-mno-avx512f\b", text, re.M):
+            flags = [flag for flag in flags if not flag.startswith("AVX512")]
         return simd_name(flags) + " (native build)"
     on = [name[len("GGML_"):] for name, value in options.items()
           if value.upper() in ("ON", "TRUE", "1")]

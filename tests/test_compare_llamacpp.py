@@ -232,6 +232,8 @@ def test_json_rows_carry_every_field(tools):
 
 @pytest.mark.parametrize("cache, expected", [
     ("GGML_NATIVE:BOOL=ON\nGGML_AVX2:BOOL=OFF\n", "native"),
+    ("GGML_NATIVE:BOOL=ON\nCMAKE_C_FLAGS:STRING= -mno-amx-tile -mno-avx512f\n",
+     "native without avx512"),
     ("GGML_NATIVE:BOOL=OFF\nGGML_AVX:BOOL=ON\nGGML_AVX2:BOOL=ON\nGGML_AVX512:BOOL=OFF\n",
      "avx2 (build options)"),
     (None, "unknown"),
@@ -240,9 +242,11 @@ def test_llamacpp_simd_from_its_build_when_it_prints_none(tools, cache, expected
     bin_dir, _ = tools
     if cache is not None:  # the stand-in lives in BUILD/bin, as llama.cpp's binaries do
         (bin_dir.parent / "CMakeCache.txt").write_text("# CMake cache\n" + cache)
-    if expected == "native":  # built with -march=native: this CPU's widest level
+    if expected.startswith("native"):  # built with -march=native: this CPU's widest level
         with open("/proc/cpuinfo") as f:
             flags = next(line for line in f if line.startswith("flags")).split()
+        if expected == "native without avx512":  # build_llamacpp.sh --no-avx512
+            flags = [flag for flag in flags if not flag.startswith("avx512")]
         widest = ("avx512" if any(f.startswith("avx512") for f in flags) else
                   "avx2" if "avx2" in flags else "avx" if "avx" in flags else "scalar")
         expected = f"{widest} (native build)"
