@@ -139,6 +139,15 @@ inline OuterProductKernel outer_product_kernel_for(int rows, int tiles) {
     return kOuterProductKernels[tiles - 1][rows - 1];
 }
 
+constexpr int kCacheLine = 64;  // bytes
+
+// Asks for the cache lines of [p + distance, p + distance + bytes) (a hint: it never faults,
+// past the end of a buffer included).
+inline void prefetch_ahead(const void* p, int distance, int bytes) {
+    const char* ahead = static_cast<const char*>(p) + distance;
+    for (int line = 0; line < bytes; line += kCacheLine) _mm_prefetch(ahead + line, _MM_HINT_T0);
+}
+
 // Requests the weights of the GEMM's next panel from memory while the current one is
 // computed, a share of its rows before each of the current panel's micro-kernel calls, so
 // that the next panel's first reads find them in cache instead of waiting on memory.
@@ -161,7 +170,6 @@ public:
     }
 
 private:
-    static constexpr int kCacheLine = 64;
     const char* first_;
     size_t stride_;
     int rows_, bytes_, rows_per_call_;

@@ -14,7 +14,6 @@ namespace {
 constexpr int kAccumulators = 2;  // independent FMA chains: one would wait on the FMA's latency
 constexpr int kStep = kAccumulators * kLanes;
 constexpr float kLargestHalf = 65504.0f;
-constexpr int kCacheLine = 64;
 // How far ahead of the row being read the software prefetches ask: 12 cache lines. On an
 // Intel Xeon (AVX-512) it took one-thread f16 decode of the TinyLlama shape from 5.3-5.6
 // to 6.4-6.6 tok/s; 512 or 1024 bytes gave a little less, 1536 and 2048 less than none.
@@ -38,9 +37,7 @@ float dot_row(const void* row_data, int cols, const void* x_data) {
     for (__m512& s : sum) s = _mm512_setzero_ps();
     int i = 0;
     for (; i + kStep <= cols; i += kStep) {
-        const char* ahead = reinterpret_cast<const char*>(row + i) + kPrefetchBytes;
-        for (int line = 0; line < kStepBytes; line += kCacheLine)
-            _mm_prefetch(ahead + line, _MM_HINT_T0);
+        prefetch_ahead(row + i, kPrefetchBytes, kStepBytes);
         for (int a = 0; a < kAccumulators; ++a)
             sum[a] = _mm512_fmadd_ps(widen16<kWeights>(row + i + a * kLanes),
                                      widen16<kX>(x + i + a * kLanes), sum[a]);

@@ -32,7 +32,6 @@ constexpr int kGroup = kQ8Group;  // columns per scale (Q4's blocks are as wide)
 static_assert(kQ4Block == kGroup && kTileRows == kLanes);
 constexpr int kHalfGroup = kGroup / 2;  // Q4: the high nibbles are columns 16-31
 constexpr int kPrefetchBytes = 768;
-constexpr int kCacheLine = 64;
 
 // x as the kernels read it: its values padded with zeros to whole groups, and each group's
 // start, −offset × Σ of its values (offset 128 for Q8, 8 for Q4).
@@ -93,13 +92,9 @@ void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int firs
         const uint8_t* tile = w.row_tiles + size_t(t) * bytes_per_tile;
         __m512 sums = _mm512_setzero_ps();
         for (int g = 0; g < groups; ++g) {
-            if (g % kTileBlockGroups == 0) {
-                const char* ahead =
-                    reinterpret_cast<const char*>(tile_group_block(tile, kType, g)) +
-                    kPrefetchBytes;
-                for (size_t line = 0; line < tile_block_bytes(kType); line += kCacheLine)
-                    _mm_prefetch(ahead + line, _MM_HINT_T0);
-            }
+            if (g % kTileBlockGroups == 0)
+                prefetch_ahead(tile_group_block(tile, kType, g), kPrefetchBytes,
+                               int(tile_block_bytes(kType)));
             const __m512 weight_scales = _mm512_cvtph_ps(_mm256_load_si256(
                 reinterpret_cast<const __m256i*>(tile_group_scales(tile, kType, g))));
             const __m512i dots =
