@@ -10,8 +10,8 @@ groups of 32 columns with f16 scales (tensors NAME and NAME.scale); q4 stores ev
 matrix whose columns are a multiple of 32 as llama.cpp's Q4_0 (4-bit values, two per
 byte, in blocks of 32 columns with f16 scales), the others as f16. Tensors are laid
 out by element size (4-byte, then 2-byte, then 1-byte) so each is naturally aligned,
-and streamed one row block at a time, so memory stays bounded whatever the checkpoint
-size.
+and streamed one row block at a time, a tensor on each core (parallel.py), so memory
+stays bounded whatever the checkpoint size.
 A GGUF file is read by gguf_in.py; its tensors are sources with their own row blocks.
 Before the output is put in place, the barellm program loads it (barellm_check.py): a
 file barellm refuses is not written, and barellm's message is shown. The program is
@@ -35,6 +35,7 @@ from common import (ConvertError, compact_json, float32, read_json, refuse_outpu
 import dtypes
 import gguf_in
 import hf_tokenizer
+import parallel
 import safetensors_io as st
 
 # transformers' defaults for config.json keys a checkpoint may omit. Qwen2 and Qwen3 have
@@ -401,16 +402,16 @@ def f32_blocks(info):
         yield values
 
 
-def write_tensor(f, info, out_dtype):
-    """Stream one tensor into `f` converted to `out_dtype`, refusing NaN/Inf and
-    values that overflow the output dtype."""
+def write_tensor(out, info, out_dtype):
+    """Stream one tensor through `out` (a parallel.BlockWriter) converted to `out_dtype`,
+    refusing NaN/Inf and values that overflow the output dtype."""
     for values in f32_blocks(info):
-        out = dtypes.from_f32(values, out_dtype)
-        if dtypes.non_finite(out, out_dtype).any():
+        converted = dtypes.from_f32(values, out_dtype)
+        if dtypes.non_finite(converted, out_dtype).any():
             raise ConvertError(
                 f"tensor '{info.name}' has values beyond the {out_dtype} range "
                 f"(max |x| = {np.abs(values).max():g}); choose another --dtype")
-        f.write(np.ascontiguousarray(out).tobytes())
+        out.write(converted)
 
 
 QUANTIZERS = {"Q8": dtypes.quantize_q8, "Q4": dtypes.quantize_q4}
@@ -434,35 +435,26 @@ def quantized_blocks(info, kind):
         yield quantized, scales
 
 
-def write_q8_tensor(f, info, values_start, scales_start):
-    """Stream one matrix into `f` as Q8: its I8 values at absolute offset
-    `values_start` and its F16 scales at `scales_start`.
-
-    Both parts are written block by block in one pass over the source, each block's
-    values and scales at their own place in their part."""
-    rows, cols = info.shape
-    scale_row_bytes = dtypes.q8_groups(cols) * 2
-    row = 0
-    for quantized, scales in quantized_blocks(info, "Q8"):
-        f.seek(values_start + row * cols)
-        f.write(np.ascontiguousarray(quantized).tobytes())
-        f.seek(scales_start + row * scale_row_bytes)
-        f.write(np.ascontiguousarray(scales, dtype="<f2").tobytes())
-        row += len(quantized)
+def write_quantized_tensor(values_out, scales_out, info, kind):
+    """Stream one matrix as `kind` ("Q8": I8 values; "Q4": packed U8 values): its values
+    through `values_out` and its F16 scales through `scales_out` (parallel.BlockWriters at
+    the two parts' places in the file), block by block in one pass over the source."""
+    for quantized, scales in quantized_blocks(info, kind):
+        values_out.write(quantized)
+        scales_out.write(scales.astype("<f2", copy=False))
 
 
-def write_q4_tensor(f, info, values_start, scales_start):
-    """Stream one matrix into `f` as Q4: its U8 values at absolute offset `values_start`
-    and its F16 scales at `scales_start`, block by block as write_q8_tensor does."""
-    rows, cols = info.shape
-    scale_row_bytes = cols // dtypes.Q4_BLOCK * 2
-    row = 0
-    for packed, scales in quantized_blocks(info, "Q4"):
-        f.seek(values_start + row * (cols // 2))
-        f.write(np.ascontiguousarray(packed).tobytes())
-        f.seek(scales_start + row * scale_row_bytes)
-        f.write(np.ascontiguousarray(scales, dtype="<f2").tobytes())
-        row += len(packed)
+def tensor_task(fd, name, info, stored, start):
+    """The task (for parallel.run_tasks) that writes the tensor `name`, stored as `stored`,
+    and its scales if it has any, at their places `start` in the open file `fd`."""
+    def task(stopping):
+        out = parallel.BlockWriter(fd, start[name], stopping)
+        if stored in QUANTIZERS:
+            scales = parallel.BlockWriter(fd, start[name + ".scale"], stopping)
+            write_quantized_tensor(out, scales, info, stored)
+        else:
+            write_tensor(out, info, stored)
+    return task
 
 
 def matrix_dtype(weight_dtype, shape):
@@ -516,8 +508,8 @@ def write_output(path, plan, metadata, weight_dtype, barellm):
     renamed into place only once complete and loaded by the program `barellm` (None:
     unchecked); the temporary file never survives.
 
-    Tensors are converted in model order, one pass over each source tensor, each
-    written at its place in the file layout (header_entries)."""
+    Each tensor is converted in one pass over its source and written at its place in the
+    file layout (header_entries), several tensors at a time (parallel.run_tasks)."""
     entries = header_entries(plan, weight_dtype)
     header, data_bytes = st.encode_header(entries, metadata, ALIGNMENT)
     start = {name: len(header) + begin
@@ -530,16 +522,12 @@ def write_output(path, plan, metadata, weight_dtype, barellm):
             fd, tmp = tempfile.mkstemp(prefix=".barellm-", suffix=".tmp",
                                        dir=os.path.dirname(os.path.abspath(path)))
         with os.fdopen(fd, "wb") as f:
-            f.write(header)
-            for name, info, is_norm in plan:
-                stored = "F32" if is_norm else matrix_dtype(weight_dtype, info.shape)
-                if stored == "Q8":
-                    write_q8_tensor(f, info, start[name], start[name + ".scale"])
-                elif stored == "Q4":
-                    write_q4_tensor(f, info, start[name], start[name + ".scale"])
-                else:
-                    f.seek(start[name])
-                    write_tensor(f, info, stored)
+            os.ftruncate(f.fileno(), len(header) + data_bytes)
+            parallel.pwrite_all(f.fileno(), header, 0)
+            parallel.run_tasks([
+                tensor_task(f.fileno(), name, info,
+                            "F32" if is_norm else matrix_dtype(weight_dtype, info.shape), start)
+                for name, info, is_norm in plan])
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)

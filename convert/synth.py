@@ -8,9 +8,10 @@
 Presets carry the config.json of real models (tinyllama-1.1b, mistral-7b, llama3-8b,
 smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, qwen3-8b) so that speed and memory can be measured at their exact shapes. Weights
 are generated per tensor from numpy's Generator seeded by (seed, tensor name) and written
-in row blocks, so multi-GB checkpoints never sit in memory. Checkpoints larger than the
-shard limit (4 GB) are split into model-0000i-of-0000n.safetensors files with a
-model.safetensors.index.json, as Hugging Face does.
+in row blocks, a tensor on each core (parallel.py), so multi-GB checkpoints never sit in
+memory. Checkpoints larger than the shard limit (4 GB) are split into
+model-0000i-of-0000n.safetensors files with a model.safetensors.index.json, as Hugging
+Face does.
 
 The tokenizer is copied from a Hugging Face directory (tokenizer.json and/or
 tokenizer.model), or taken from a GGUF file's `tokenizer.ggml.*` keys (a vocabulary-only
@@ -35,6 +36,7 @@ import gguf_file
 import gguf_in
 import gguf_tokenizer
 import hf_tokenizer
+import parallel
 import safetensors_io as st
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -136,20 +138,41 @@ def shard_groups(entries, max_bytes):
     return groups
 
 
-def write_shard(path, group, seed):
-    """Write one safetensors file of random tensors (via a temporary name)."""
-    header, _ = st.encode_header([e[:3] for e in group], {"format": "pt"}, 8)
-    tmp = path + ".tmp"
+def tensor_task(fd, offset, name, dtype, shape, is_norm, seed):
+    """The task (for parallel.run_tasks) that writes one random tensor at `offset` of the
+    open file `fd`."""
+    def task(stopping):
+        out = parallel.BlockWriter(fd, offset, stopping)
+        for block in tensor_blocks(name, shape, is_norm, seed):
+            out.write(dtypes.from_f32(block, dtype))
+    return task
+
+
+def write_shards(shards, seed):
+    """Write safetensors files of random tensors, [(path, group)], each through a
+    temporary name; their tensors are generated on every core (parallel.py)."""
+    files = []  # (temporary path, final path, open file)
     try:
-        with open(tmp, "wb") as f:
-            f.write(header)
-            for name, dtype, shape, is_norm in group:
-                for block in tensor_blocks(name, shape, is_norm, seed):
-                    f.write(np.ascontiguousarray(dtypes.from_f32(block, dtype)).tobytes())
-        os.replace(tmp, path)
+        tasks = []
+        for path, group in shards:
+            header, data_bytes = st.encode_header([e[:3] for e in group], {"format": "pt"}, 8)
+            f = open(path + ".tmp", "wb")
+            files.append((path + ".tmp", path, f))
+            os.ftruncate(f.fileno(), len(header) + data_bytes)
+            parallel.pwrite_all(f.fileno(), header, 0)
+            offsets = st.data_offsets([e[:3] for e in group])
+            tasks += [tensor_task(f.fileno(), len(header) + offsets[name][0], name, dtype, shape,
+                                  is_norm, seed)
+                      for name, dtype, shape, is_norm in group]
+        parallel.run_tasks(tasks)
+        for tmp, path, f in files:
+            f.close()
+            os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for tmp, _, f in files:
+            f.close()
+            if os.path.exists(tmp):
+                os.unlink(tmp)
 
 
 def write_weights(out_dir, config, weight_dtype, seed, max_shard_bytes):
@@ -158,12 +181,13 @@ def write_weights(out_dir, config, weight_dtype, seed, max_shard_bytes):
                for hf, (_, shape, is_norm) in convert.expected_tensors(config).items()]
     groups = shard_groups(entries, max_shard_bytes)
     if len(groups) == 1:
-        write_shard(os.path.join(out_dir, "model.safetensors"), groups[0], seed)
+        write_shards([(os.path.join(out_dir, "model.safetensors"), groups[0])], seed)
         return
+    names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
+    write_shards([(os.path.join(out_dir, name), group) for name, group in zip(names, groups)],
+                 seed)
     weight_map, total = {}, 0
-    for i, group in enumerate(groups):
-        file_name = f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors"
-        write_shard(os.path.join(out_dir, file_name), group, seed)
+    for file_name, group in zip(names, groups):
         for name, dtype, shape, _ in group:
             weight_map[name] = file_name
             total += math.prod(shape) * st.ITEM_SIZES[dtype]

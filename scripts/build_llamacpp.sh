@@ -28,14 +28,20 @@
 #                 `barellm --simd avx2`
 #   --cuda ARCHS  also build llama.cpp's CUDA backend for these GPU architectures
 #                 (CMake's CUDA_ARCHITECTURES, e.g. 90 or "80 90"); needs nvcc on PATH or in
-#                 /usr/local/cuda/bin
+#                 /usr/local/cuda/bin. cuBLAS is linked from the toolkit (a machine that
+#                 runs the binaries needs the same major CUDA version); NCCL is left out
+#   --portable    tune for no particular CPU (AVX2/FMA/F16C, nothing newer) instead of
+#                 this one: binaries to carry to another x86-64 machine (dev/gpu/check.sh
+#                 --stage builds llama.cpp here for the GPU machine, which cannot spend its
+#                 minutes on it)
 #   -j N          parallel jobs (default: the number of cores)
 #
 # Needs: python3 with pip, cmake >= 3.14, a C/C++17 compiler. The build is
-# -DGGML_NATIVE=ON (tuned to this machine, like barellm's -march=native), Release, no curl.
+# -DGGML_NATIVE=ON unless --portable (tuned to this machine, like barellm's runtime
+# dispatch picks its best kernels), Release, no curl.
 set -euo pipefail
 
-usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 [ $# -ge 1 ] || usage
 case "$1" in -h|--help) usage 0 ;; esac
@@ -43,6 +49,7 @@ dest=$1; shift
 version=0.3.36
 sdist=""
 cpu_flags=""
+native=(-DGGML_NATIVE=ON)
 cuda_options=()
 targets=(llama-bench llama-perplexity llama-simple)
 jobs=$(nproc 2>/dev/null || echo 2)
@@ -52,7 +59,10 @@ while [ $# -gt 0 ]; do
         --sdist) sdist=$(realpath "$2"); shift 2 ;;
         --no-amx) cpu_flags+=" -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"; shift ;;
         --no-avx512) cpu_flags+=" -mno-avx512f"; shift ;;
-        --cuda) cuda_options=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${2// /;}"); shift 2 ;;
+        --cuda) cuda_options=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${2// /;}"
+                              -DGGML_CUDA_NCCL=OFF); shift 2 ;;
+        --portable) native=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
+                            -DGGML_F16C=ON -DGGML_BMI2=ON); shift ;;
         -j) jobs=$2; shift 2 ;;
         -h|--help) usage 0 ;;
         *) echo "build_llamacpp: unknown option $1" >&2; usage ;;
@@ -98,7 +108,7 @@ tree="$dest/$name/vendor/llama.cpp"
 
 echo "build_llamacpp: configuring $tree"
 # An explicit -mno-* outlasts -march=native whatever their order (GCC and Clang).
-cmake -S "$tree" -B "$tree/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+cmake -S "$tree" -B "$tree/build" -DCMAKE_BUILD_TYPE=Release "${native[@]}" \
     -DCMAKE_C_FLAGS="$cpu_flags" -DCMAKE_CXX_FLAGS="$cpu_flags" \
     -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF "${cuda_options[@]}" >/dev/null
 echo "build_llamacpp: building ${targets[*]} with $jobs jobs (several minutes)"

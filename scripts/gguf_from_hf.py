@@ -42,17 +42,19 @@ within each head: new row 2i + t takes old row t * head_dim/2 + i (t = 0, 1; i <
 head_dim/2), so the dot products q.k are unchanged. llama.cpp's qwen2 and qwen3 rotate
 half as Hugging Face does (NEOX RoPE): their rows keep their order.
 
-Tensors are converted one at a time (source rows are read in blocks from the memory-mapped
-safetensors files), so memory stays around the size of the largest output tensor. The
-output is written to a temporary file renamed into place at the end.
+Tensors are converted a tensor per core (source rows are read in blocks from the
+memory-mapped safetensors files) and written in order, so memory stays around one output
+tensor per core. The output is written to a temporary file renamed into place at the end.
 """
 
 import argparse
+import collections
 import json
 import math
 import os
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -65,6 +67,7 @@ import dtypes  # noqa: E402
 import gguf_in  # noqa: E402
 import gguf_tokenizer  # noqa: E402
 import hf_tokenizer  # noqa: E402
+import parallel  # noqa: E402
 import safetensors_io as st  # noqa: E402
 import spm  # noqa: E402
 
@@ -397,6 +400,24 @@ def convert_tensor(info, qtype, row_order):
     return out
 
 
+def converted_in_order(jobs):
+    """The data of every (gguf name, source, type, row order) job, in job order, converted
+    a tensor per core ahead of the one being written (numpy releases the GIL)."""
+    def data(job):
+        _, source, ttype, order = job
+        return source if isinstance(source, np.ndarray) else convert_tensor(source, ttype, order)
+
+    workers = parallel.cores()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        ahead = collections.deque()
+        for job in jobs:
+            ahead.append(pool.submit(data, job))
+            if len(ahead) > workers:
+                yield ahead.popleft().result()
+        while ahead:
+            yield ahead.popleft().result()
+
+
 def llama3_rope_factors(config):
     """Divisor of each RoPE frequency for llama3 scaling (rope_freqs.weight), as
     Llama 3.1 (and barellm's rope_inverse_frequencies) scale the frequencies."""
@@ -494,11 +515,7 @@ def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_ti_data_to_file()
-        for gname, source, ttype, order in jobs:
-            if isinstance(source, np.ndarray):
-                data = source
-            else:
-                data = convert_tensor(source, ttype, order)
+        for data in converted_in_order(jobs):
             writer.write_tensor_data(data)
             del data
         writer.close()
