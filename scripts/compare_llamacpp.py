@@ -10,6 +10,10 @@ and every thread count it runs, alternating the two tools and never both at once
     build/barellm bench BARELLM_FILE --threads T -p P -n N -r R -o json [--simd LEVEL]
     llama-bench -m GGUF -t T -p P -n N -r R -o json
 --rounds times, with a check of the machine before the first round and after each.
+With --device cuda both run on the GPU: barellm with `--device cuda`, llama-bench with
+every layer offloaded (`-ngl 99`; LLAMA_BENCH must then be a CUDA build), and the header
+names the GPU (llama-bench's gpu_info); the % bw column is of the GPU's device-to-device
+copy, measured by barellm bench in the same run.
 
 Options:
   -t, --threads LIST   thread counts, comma-separated (default: the physical cores)
@@ -22,6 +26,7 @@ Options:
   --json | --csv       one merged JSON document, or CSV rows, instead of markdown
   --plot FILE.png      also draw t/s per test, thread count and tool (needs matplotlib)
   --barellm PATH       another barellm binary (default: build/barellm of this tree)
+  --device cpu|cuda    where both tools run (default cpu)
   --simd LEVEL         barellm's kernels of at most this level (scalar, avx2, avx512; its
                        `--simd`), e.g. avx2 against a llama.cpp built without AVX-512
   --raw DIR            keep every tool's output and log in DIR
@@ -68,6 +73,7 @@ SPIN_CHUNKS = 150
 SPIN_STEPS = 20000
 LOAD_SAMPLES = 10
 BUSY_CPU_SHARE = 0.9  # a spinner getting less CPU time than this share of the wall time
+ALL_LAYERS = 99  # llama-bench -ngl: offload every layer (more than any model here has)
 
 # The per-row fields of --json and --csv, in this order.
 ROW_FIELDS = [
@@ -347,6 +353,9 @@ def run_group(args, pair_index, gguf, model, threads, checks, work, header):
         barellm_cmd += ["--simd", args.simd]
     llama_cmd = [args.llama_bench, "-m", gguf, "-t", str(threads), "-p", str(args.p),
                  "-n", str(args.n), "-r", str(args.r), "-o", "json"]
+    if args.device == "cuda":
+        barellm_cmd += ["--device", "cuda"]
+        llama_cmd += ["-ngl", str(ALL_LAYERS)]
     steps = [(tool, r) for r in range(1, args.rounds + 1) for tool in ("barellm", "llamacpp")]
     if args.order == "blocks":
         steps.sort(key=lambda step: step[0] != "barellm")
@@ -365,6 +374,8 @@ def run_group(args, pair_index, gguf, model, threads, checks, work, header):
     first_llama = next(iter(theirs[0][0].values()), {})
     first_ours = next(iter(ours[0][0].values()), {})
     header.setdefault("llamacpp_commit", first_llama.get("build_commit", "unknown"))
+    if args.device == "cuda":
+        header.setdefault("gpu", first_llama.get("gpu_info") or "unknown")
     header.setdefault("barellm_simd", first_ours.get("simd", "unknown"))
     header.setdefault("cpu_extensions", first_ours.get("cpu_extensions", "unknown"))
     busy = [c for c in group_checks if c["busy"]]
@@ -442,6 +453,10 @@ def markdown(document):
     print(f"- CPU: {h['cpu_model']}, {h['physical_cores']} physical cores "
           f"({h['logical_cpus']} logical); threads: {', '.join(map(str, h['threads']))}",
           file=out)
+    if h["device"] == "cuda":
+        print(f"- GPU: {h.get('gpu', 'unknown')}; both tools on the GPU (barellm --device "
+              f"cuda, llama-bench -ngl {ALL_LAYERS}); % bw: of the device-to-device copy",
+              file=out)
     print(f"- barellm {h['barellm_commit']}, SIMD {h['barellm_simd']} "
           f"(the CPU offers {h['cpu_extensions']})", file=out)
     print(f"- llama.cpp {h['llamacpp_commit']}, SIMD {h['llamacpp_simd']}", file=out)
@@ -586,6 +601,7 @@ def parse_args(argv):
     parser.add_argument("--plot")
     parser.add_argument("--barellm", default=os.path.join(REPO, "build", "barellm"))
     parser.add_argument("--simd", choices=("scalar", "avx2", "avx512"))
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--raw")
     args = parser.parse_args(argv)
     if args.help:
@@ -626,6 +642,7 @@ def compare(args, argv):
     threads = args.threads or [cores]
     checks = MachineChecks(args.threshold)
     header = {
+        "device": args.device,
         "cpu_model": cpuinfo_field(cpuinfo, "model name") or "unknown",
         "physical_cores": cores, "logical_cpus": os.cpu_count(), "threads": threads,
         "barellm_commit": git_commit(args.barellm),

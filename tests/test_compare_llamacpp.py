@@ -48,6 +48,8 @@ calls = int(open(counter).read()) + 1 if os.path.exists(counter) else 1
 open(counter, "w").write(str(calls))
 with open(os.path.join(here, "order.log"), "a") as log:
     log.write(TOOL + "\n")
+with open(os.path.join(here, TOOL + ".args"), "a") as log:
+    log.write(" ".join(args) + "\n")
 behaviour = os.environ.get("FAKE_" + TOOL.upper().replace("-", "_"), "")
 if "fail" in behaviour:
     print(TOOL + " stand-in: failing as asked", file=sys.stderr)
@@ -79,6 +81,8 @@ for kind, n_prompt, n_gen in (("pp", prompt, 0), ("tg", 0, gen)):
             "model_type": "llama 0.01B " + ("F16" if TOOL == "llama-bench" else "f16")}}
     if TOOL == "llama-bench":
         test["build_commit"] = "abc1234"
+        if "-ngl" in args:
+            test["gpu_info"] = "Stand-in GPU 80GB"
     else:
         test.update(simd="avx2", cpu_extensions="avx avx2 fma avx512f",
                     peak_rss_bytes={peak}, gbps=1.5 * threads, bw_pct=50.0)
@@ -183,6 +187,21 @@ def test_markdown_names_the_machine_tools_and_ratios(tools):
         assert (cells[10], cells[11]) == (f"{1.5 * threads:.2f}", "50%")
         assert cells[12] == "ok"
     assert "in parentheses" not in out
+
+
+def test_device_cuda_runs_both_tools_on_the_gpu(tools):
+    result = compare(tools, "-t", "1", "--device", "cuda")
+    assert result.returncode == 0, result.stderr
+    assert "- GPU: Stand-in GPU 80GB; both tools on the GPU" in result.stdout
+    bin_dir, _ = tools
+    for tool, flags in (("barellm", "--device cuda"), ("llama-bench", "-ngl 99")):
+        calls = (bin_dir / f"{tool}.args").read_text().splitlines()
+        assert len(calls) == 2 and all(call.endswith(flags) for call in calls), calls
+    plain = compare(tools, "-t", "1")
+    assert "GPU" not in plain.stdout
+    assert not any("-ngl" in call or "--device" in call
+                   for call in (bin_dir / "llama-bench.args").read_text().splitlines()[2:]
+                   + (bin_dir / "barellm.args").read_text().splitlines()[2:])
 
 
 def test_progress_lines_name_every_test_and_round(tools):
