@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's llama-bench, llama-perplexity and llama-simple (greedy completion) for
 # CPU, or with --cuda for NVIDIA GPUs too, to compare barellm with on the same weights
-# (scripts/compare_llamacpp.sh; dev/gpu/check.sh's prefill step).
+# (scripts/compare_llamacpp.sh; dev/gpu/check.sh --stage builds the CUDA one it carries).
 #
 #   scripts/build_llamacpp.sh DIR [--version V] [--sdist FILE] [--cuda ARCHS] [-j N]
 #

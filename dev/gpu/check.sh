@@ -1,64 +1,64 @@
 #!/usr/bin/env bash
 # The CUDA backend on a GPU machine: builds it for the local GPU, checks it against the CPU
-# backend and Hugging Face transformers, measures decode speed and the GPU ladder, and
-# prints a summary table last. Its results are in docs/BENCHMARKS.md.
+# backend (and Hugging Face transformers), measures prefill and decode against llama.cpp's
+# CUDA build on the same weights, and prints a summary table last. Its results are in
+# docs/BENCHMARKS.md.
 #
-#   dev/gpu/check.sh --stage          here first: what the GPU machine cannot fetch
+#   dev/gpu/check.sh --stage          here first: what the GPU machine cannot fetch or build
 #   bash dev/gpu/check.sh [STEP...]   on the GPU machine, from the repository root
 #
-# The GPU machine reaches neither ../shared nor a package registry: --stage copies
-# stories260K, the llama2 tokenizer (the Mistral-7B preset's), the smollm2-135m tokenizer
-# (the Qwen3-8B preset's), the eval texts and the nlohmann/json headers into gpu_data/
-# (git-ignored), which must travel with the tree (the device tool: carry ["gpu_data"]), and,
-# for the prefill step, llama.cpp's sources with the gguf package (the PyPI source
-# distribution of llama-cpp-python, less what a CUDA build of its tools does not read: about
-# 6 MB instead of 75).
+# A GPU session has about 15 minutes of device time, the machine's start included, so the
+# default steps are one call that ends by DEADLINE (540 s): `run` with timeout_s 600 and
+# carry ["gpu_data"]. Within 30 s of its end the machine is still warm and keeps $WORK:
+# one short second call (e.g. `DEADLINE=170 bash dev/gpu/check.sh bf16`) fits what is left.
+#
+# The GPU machine reaches neither ../shared nor a package registry, and its minutes are too
+# few to build llama.cpp: --stage copies stories260K, the llama2 tokenizer (the Mistral-7B
+# preset's), the smollm2-135m tokenizer (the Qwen3-8B and Llama-3-8B presets'), the eval
+# texts, the nlohmann/json headers and GNU time into gpu_data/ (git-ignored), and packs
+# llama.cpp's CUDA tools, built here for sm_90 with portable CPU code
+# (scripts/build_llamacpp.sh --cuda 90 --portable, into $LLAMACPP_CUDA, default
+# ../llamacpp-cuda: about 50 minutes on 2 cores the first time, so start it early), with
+# the gguf Python package of the same sources (the GPU machine has none) into
+# gpu_data/llamacpp-cuda.tar.xz. The binaries link the toolkit's cuBLAS: they need the same
+# major CUDA version there (13).
 #
 # The build (barellm, dump_logits, cuda_kernel_check) always runs; then the STEPs, in this
-# order (default: kernels tests transformers decode ladder):
+# order (default: kernels tests compare):
 #   kernels       build/cuda_kernel_check --bench: every kernel against the CPU kernels,
-#                 then the hot kernels' time and bandwidth at Mistral-7B's shapes
+#                 then the hot kernels' time and bandwidth, and the GEMMs' TFLOPS and share
+#                 of the tensor-core peak, at Mistral-7B's shapes (cut at 150 s)
 #   tests         tests/test_cuda.py (CUDA logits against CPU logits at every position)
-#                 and tests/test_ladder.py -k gpu (every GPU rung gives the fast path's text)
+#                 and tests/test_ladder.py -k gpu (every GPU rung gives the fast path's
+#                 text), cut at 150 s
+#   compare       Mistral-7B shape: scripts/compare_llamacpp.py --device cuda (pp512 and
+#                 tg128, 2 alternated rounds) on the f16 and q4 pairs (barellm file and
+#                 GGUF of the same weights: llama.cpp's Q4_0 is barellm's q4), then barellm
+#                 alone on q8 (tg128) and the f16 file's pp16/pp64 against tg64 (a short
+#                 prompt must not be slower than decoding it)
+#   bf16          the same comparison on a bf16 pair (pp512, tg128), the compare step's
+#                 GGUF files and q8/q4 files removed first to make room
 #   transformers  CUDA logits against transformers' (dev/gpu/transformers_logits.py) on
 #                 the synthetic Llama/Mistral and Qwen2/Qwen3 shapes of tests/test_cuda.py
-#   decode        `barellm bench --device cuda -p 0` on stories260K (f16, q8, q4) and on a
-#                 Mistral-7B-shaped f16 checkpoint (convert/synth.py), at short and long
-#                 context
-#   quantized     the same on Mistral-7B-shaped q4 and q8 checkpoints (convert.py --dtype
-#                 q4 / q8 of the Mistral-7B Hugging Face checkpoint below, kept in $WORK;
-#                 writing them takes minutes: run it alone, e.g.
-#                 `bash dev/gpu/check.sh quantized`)
-#   ladder        `barellm ladder --device cuda -n 64` on the same two models
-#   prefill       batched prompt processing: `barellm bench --device cuda` pp4/16/64 (against
-#                 tg, token by token) and pp512 on the Mistral-7B shape in f16 and bf16,
-#                 alternated with llama.cpp's CUDA llama-bench on a GGUF of the same
-#                 weights (scripts/gguf_from_hf.py) when gpu_data/llamacpp/ holds its
-#                 sources (--stage puts them there): built in the background with
-#                 scripts/build_llamacpp.sh --cuda as soon as the script starts, into
-#                 $WORK/llamacpp, where later runs find it (the build takes minutes: a
-#                 first run may report llama.cpp as not ready yet); pp16 and pp512 of the
-#                 q8/q4 checkpoints where the quantized step has written them
+#   decode        `barellm bench --device cuda -p 0` on stories260K (f16, q8, q4) and on the
+#                 Mistral-7B f16 file, at short and long context
+#   ladder        `barellm ladder --device cuda -n 64` on stories260K and Mistral-7B f16
 #   ab            decode speed of other trees beside this one, alternated in one run: each
 #                 gpu_data/ab/NAME.tgz (made here by `git archive -o gpu_data/ab/NAME.tgz
-#                 REV`) is built and must give this tree's greedy text first; run it alone
-#   qwen3-8b      `barellm bench --device cuda -p 0` on a Qwen3-8B-shaped f16 checkpoint
-#                 (convert/synth.py --preset qwen3-8b: 16.4 GB, written twice, a few minutes
-#                 in the foreground), at short and long context; not a default step, run it
-#                 alone
-#   llama3-prefill  pp512 of a Llama-3-8B-shaped f16 checkpoint (convert/synth.py --preset
-#                 llama3-8b, its barellm file and GGUF: 48 GiB, so on a machine without the
-#                 Mistral-7B files) alternated with llama.cpp's; not a default step, run it
-#                 alone (a second run goes on from the files the first one wrote)
-# The Mistral-7B checkpoint (13.5 GiB, written twice) is made in the background while the
-# first steps run, and kept in $WORK. The disk (64 GiB) holds it with the q8 and q4 ones and
-# the prefill step's f16 GGUF, not the bf16 pair (file and GGUF) too: a step that would write
-# past the free space notes its skip instead. The default steps take about 6-8 minutes on an H100;
-# the checks and tests are cut to end by DEADLINE seconds and no long run starts too late to
-# end by then (the device tool stops a command at 600, and the summary comes at the end).
+#                 REV`) is built and must give this tree's greedy text first
+#   qwen3-8b      `barellm bench --device cuda -p 0` on a Qwen3-8B-shaped f16 checkpoint at
+#                 short and long context (16.4 GB: run it alone)
+#   llama3-prefill  pp512 of a Llama-3-8B-shaped f16 pair against llama.cpp (48 GiB of
+#                 files: run it alone, on a machine without the Mistral-7B files)
+# The Mistral-7B checkpoints are made in the background from the start, on every core, while
+# the build and the first steps run: the Hugging Face f16 checkpoint (convert/synth.py), then
+# at once the f16 barellm file, its f16 GGUF, a Q4_0 GGUF and the q8 barellm file, then the
+# q4 barellm file from the Q4_0 GGUF (bit for bit); the Hugging Face checkpoint is removed
+# once they are written (about 52 GiB at the peak, 45 kept in $WORK). A step that would
+# write past the free disk notes its skip instead; every step is cut to end by DEADLINE.
 #
 # Logs go to $WORK/logs; when OUT is set, they are also archived in $OUT/gpu_logs.tgz, and
-# the summary, the kernel timings and the ladder tables copied beside it as *.md (the
+# the summary, the kernel timings and the comparison tables copied beside it as *.md (the
 # device tool brings back at most 8 files). Environment: CUDA_ARCHS (default 90), WORK
 # (default /tmp/barellm-gpu), DEADLINE (default 540).
 set -uo pipefail
@@ -73,31 +73,38 @@ if [ "${1:-}" = "--stage" ]; then
         gpu_data/shared/tokenizers/
     cp -r "$shared/eval" gpu_data/shared/  # tests/test_cuda.py's ppl comparison
     [ -d /usr/include/nlohmann ] && cp -r /usr/include/nlohmann gpu_data/include/
-    version=${LLAMACPP_VERSION:-0.3.36}
-    name=llama_cpp_python-$version
-    vendored=$name/vendor/llama.cpp
-    download=$(mktemp -d)
-    if python3 -m pip download -q --no-binary :all: --no-deps -d "$download" \
-        "llama-cpp-python==$version" && tar -xzf "$download/$name.tar.gz" -C "$download"; then
-        excluded=(models docs media benches tests examples tools/ui)
-        for backend in cann et hexagon metal opencl openvino sycl virtgpu vulkan webgpu; do
-            excluded+=("ggml/src/ggml-$backend")
-        done
-        rm -rf gpu_data/llamacpp && mkdir -p gpu_data/llamacpp
-        tar -czf "gpu_data/llamacpp/$name.tar.gz" -C "$download" \
-            "${excluded[@]/#/--exclude=$vendored/}" "$vendored"
-    else
-        echo "check.sh --stage: no llama.cpp sources: the prefill step will time barellm alone"
+    # compare_llamacpp.py reads each tool's peak memory from GNU time (libc only).
+    mkdir -p gpu_data/bin && cp /usr/bin/time gpu_data/bin/time ||
+        echo "check.sh --stage: no GNU time (apt-get install time): no comparison there"
+    llamacpp=${LLAMACPP_CUDA:-../llamacpp-cuda}
+    if [ ! -x "$llamacpp/bin/llama-bench" ]; then
+        echo "check.sh --stage: building llama.cpp's CUDA tools into $llamacpp (about 50" \
+            "minutes on 2 cores)"
+        scripts/build_llamacpp.sh "$llamacpp" --cuda 90 --portable
     fi
-    rm -rf "$download"
+    rm -rf gpu_data/llamacpp gpu_data/llamacpp-cuda.tar.xz
+    if [ -x "$llamacpp/bin/llama-bench" ]; then
+        # The binaries and the shared libraries beside them in the build tree; gguf-py from
+        # the same sources.
+        built=$(dirname "$(realpath "$llamacpp/bin/llama-bench")")
+        packed=$(mktemp -d)
+        mkdir -p "$packed/llamacpp-cuda/bin"
+        cp -a "$built"/llama-bench "$built"/llama-perplexity "$built"/llama-simple \
+            "$built"/*.so* "$packed/llamacpp-cuda/bin/"
+        cp -r "$built/../../gguf-py" "$packed/llamacpp-cuda/"
+        tar -cJf gpu_data/llamacpp-cuda.tar.xz -C "$packed" llamacpp-cuda
+        rm -rf "$packed"
+    else
+        echo "check.sh --stage: no llama.cpp: the comparisons will time barellm alone"
+    fi
     du -sh gpu_data
     exit 0
 fi
 
-STEPS=${*:-kernels tests transformers decode ladder}
+STEPS=${*:-kernels tests compare}
 for name in $STEPS; do
     case $name in
-        kernels | tests | transformers | decode | quantized | ladder | prefill | ab | qwen3-8b | \
+        kernels | tests | compare | bf16 | transformers | decode | ladder | ab | qwen3-8b | \
             llama3-prefill) ;;
         *) echo "check.sh: unknown step '$name' (see the header of $0)" >&2; exit 2 ;;
     esac
@@ -111,26 +118,30 @@ rm -rf "$LOG" && mkdir -p "$LOG"
 SUMMARY=$LOG/summary.md
 RESULTS=$LOG/bench_results.jsonl
 : >"$RESULTS"
-MISTRAL_PID=  # the process writing the Mistral-7B checkpoint, while it runs
+MODELS_PID=  # the process making the Mistral-7B files, while it runs
+# Ends a process and every process it started.
+kill_tree() {
+    local child
+    for child in $(pgrep -P "$1"); do kill_tree "$child"; done
+    kill "$1" 2>/dev/null
+}
 finish() {
-    if [ -n "$MISTRAL_PID" ] && kill -0 "$MISTRAL_PID" 2>/dev/null; then
-        pkill -P "$MISTRAL_PID"
-        kill "$MISTRAL_PID"
-    fi
+    [ -n "$MODELS_PID" ] && kill_tree "$MODELS_PID"
     python3 - "$RESULTS" <<'EOF' >>"$SUMMARY"
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
 if rows:
-    print("\n| model | decode positions | tok/s | GB/s | % of the copy | copy GB/s |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print("\n| model (barellm alone) | test | tok/s | GB/s | % of the copy | copy GB/s |")
+    print("| --- | --- | ---: | ---: | ---: | ---: |")
 for r in rows:
-    print(f"| {r['label']} | 0..{r['n_gen'] - 1} | {r['avg_ts']:.1f} ± {r['stddev_ts']:.1f} "
+    test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
+    print(f"| {r['label']} | {test} | {r['avg_ts']:.1f} ± {r['stddev_ts']:.1f} "
           f"| {r['gbps']:.0f} | {r['bw_pct']:.1f}% | {r['bandwidth_gbps']:.0f} |")
 EOF
     echo
     echo "==== summary (${SECONDS}s)"
     cat "$SUMMARY"
-    [ -s "$LOG/prefill.md" ] && cat "$LOG/prefill.md"
+    for table in "$LOG"/compare_*.md; do [ -s "$table" ] && cat "$table"; done
     if [ -n "${OUT:-}" ]; then
         cp "$LOG"/*.md "$OUT"/
         tar czf "$OUT/gpu_logs.tgz" -C "$WORK" logs
@@ -167,10 +178,8 @@ disk_has() {
     note "$2: skipped, ${free:-?} GiB free on the disk of $WORK"
     return 1
 }
-MISTRAL_GIB=14    # a Mistral-7B-shaped f16 or bf16 file, or its GGUF, rounded up
 QWEN3_8B_GIB=16   # a Qwen3-8B-shaped f16 file, rounded up
 LLAMA3_8B_GIB=16  # a Llama-3-8B-shaped f16 file, or its GGUF, rounded up
-QUANTIZED_GIB=8   # a Mistral-7B-shaped q8 file, rounded up (q4: about half)
 
 [ -e ../shared ] || [ ! -d gpu_data/shared ] || ln -s "$PWD/gpu_data/shared" ../shared
 STORIES_HF=../shared/models/stories260K
@@ -180,27 +189,105 @@ step "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG/gpu.txt"
 note "GPU: $(head -1 "$LOG/gpu.txt"), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 
-# The Mistral-7B-shaped checkpoint, written in the background unless it exists.
-MISTRAL=$WORK/mistral-7b-f16.bin
-# The Hugging Face checkpoint stays in $MISTRAL_HF for the prefill step (bf16 and GGUF
-# files of the same weights).
-MISTRAL_HF=$WORK/mistral-hf
-if { wants decode || wants quantized || wants ladder || wants ab || wants prefill; } &&
-    [ ! -f "$MISTRAL" ]; then
-    (
-        rm -rf "$MISTRAL_HF" &&
-            python3 convert/synth.py --preset mistral-7b --dtype f16 -o "$MISTRAL_HF" &&
-            python3 convert/convert.py "$MISTRAL_HF" -o "$MISTRAL.part" --dtype f16 &&
-            mv "$MISTRAL.part" "$MISTRAL"
-    ) >"$LOG/mistral_synth.log" 2>&1 &
-    MISTRAL_PID=$!
+# llama.cpp's CUDA tools and gguf package, staged by --stage.
+LLAMACPP=$WORK/llamacpp-cuda
+LLAMA_BENCH=$LLAMACPP/bin/llama-bench
+if [ ! -x "$LLAMA_BENCH" ] && [ -f gpu_data/llamacpp-cuda.tar.xz ]; then
+    tar -xJf gpu_data/llamacpp-cuda.tar.xz -C "$WORK"
 fi
-# Waits for the checkpoint while a run of $1 seconds would still fit; true when it exists.
-mistral_ready() {
-    while [ -n "$MISTRAL_PID" ] && kill -0 "$MISTRAL_PID" 2>/dev/null &&
-        [ $((SECONDS + $1)) -lt "$DEADLINE" ]; do sleep 2; done
-    [ -f "$MISTRAL" ] && return 0
-    note "Mistral-7B checkpoint not ready at ${SECONDS}s: $(tail -1 "$LOG/mistral_synth.log")"
+export LD_LIBRARY_PATH=$LLAMACPP/bin:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export COMPARE_LLAMACPP_TIME=$ROOT/gpu_data/bin/time
+if [ ! -x "$LLAMA_BENCH" ]; then
+    note "llama.cpp: not staged (dev/gpu/check.sh --stage): barellm is timed alone"
+    LLAMA_BENCH=
+elif ! "$LLAMA_BENCH" --list-devices >"$LOG/llamacpp_devices.txt" 2>&1; then
+    note "llama.cpp: llama-bench does not start: $(tail -1 "$LOG/llamacpp_devices.txt")"
+    LLAMA_BENCH=
+else
+    note "llama.cpp: $(grep -m1 -i 'cuda0' "$LOG/llamacpp_devices.txt" || echo 'no CUDA0 device')"
+fi
+# A GGUF of a Hugging Face checkpoint, through llama.cpp's own gguf package
+# (scripts/gguf_from_hf.py).
+gguf_from_hf() {  # HF_DIR OUT TYPE
+    PYTHONPATH=$LLAMACPP/gguf-py python3 scripts/gguf_from_hf.py "$1" -o "$2" --type "$3"
+}
+
+# The Mistral-7B-shaped files, made in the background (the header says which, and in what
+# order); each appears under its final name only once complete (the writers rename a
+# temporary file), and models.log says what was made when.
+MISTRAL_HF=$WORK/mistral-hf
+MISTRAL=$WORK/mistral-7b-f16.bin
+MISTRAL_GGUF=$WORK/mistral-7b-f16.gguf
+MISTRAL_Q4=$WORK/mistral-7b-q4.bin
+MISTRAL_Q4_GGUF=$WORK/mistral-7b-q4_0.gguf
+MISTRAL_Q8=$WORK/mistral-7b-q8.bin
+MISTRAL_GIB=14    # a Mistral-7B-shaped f16 or bf16 file, or its GGUF, rounded up
+made() { echo "[${SECONDS}s] $*" >>"$LOG/models.log"; }
+make_mistral() {
+    local -a wanted=("$MISTRAL" "$MISTRAL_Q4" "$MISTRAL_Q8") jobs=()
+    [ -n "$LLAMA_BENCH" ] && wanted+=("$MISTRAL_GGUF" "$MISTRAL_Q4_GGUF")
+    local file missing=0
+    for file in "${wanted[@]}"; do [ -f "$file" ] || missing=1; done
+    [ $missing = 1 ] || return 0  # all kept from an earlier run on this machine
+    rm -f "$WORK"/.barellm-*.tmp "$WORK"/.gguf-*.tmp  # left by a run cut off
+    if [ ! -d "$MISTRAL_HF" ]; then
+        rm -rf "$MISTRAL_HF.part" &&
+            python3 convert/synth.py --preset mistral-7b --dtype f16 -o "$MISTRAL_HF.part" &&
+            mv "$MISTRAL_HF.part" "$MISTRAL_HF" && made "$MISTRAL_HF" || return 1
+    fi
+    # convert.py checks its output with build/barellm, which the main script is building.
+    while [ ! -f "$LOG/built" ]; do sleep 1; done
+    [ -f "$MISTRAL" ] || {
+        python3 convert/convert.py "$MISTRAL_HF" -o "$MISTRAL" --dtype f16 && made "$MISTRAL"
+    } &
+    jobs+=($!)
+    if [ -n "$LLAMA_BENCH" ]; then
+        [ -f "$MISTRAL_GGUF" ] || {
+            gguf_from_hf "$MISTRAL_HF" "$MISTRAL_GGUF" f16 && made "$MISTRAL_GGUF"
+        } &
+        jobs+=($!)
+    fi
+    if [ -d "$LLAMACPP/gguf-py" ]; then
+        [ -f "$MISTRAL_Q4_GGUF" ] || { [ -f "$MISTRAL_Q4" ] && [ -z "$LLAMA_BENCH" ]; } || {
+            gguf_from_hf "$MISTRAL_HF" "$MISTRAL_Q4_GGUF" q4_0 && made "$MISTRAL_Q4_GGUF"
+        } &
+    else  # no gguf package to write a GGUF with: barellm's own Q4_0 quantizer
+        [ -f "$MISTRAL_Q4" ] || {
+            python3 convert/convert.py "$MISTRAL_HF" -o "$MISTRAL_Q4" --dtype q4 &&
+                made "$MISTRAL_Q4"
+        } &
+    fi
+    jobs+=($!)
+    [ -f "$MISTRAL_Q8" ] || {
+        python3 convert/convert.py "$MISTRAL_HF" -o "$MISTRAL_Q8" --dtype q8 && made "$MISTRAL_Q8"
+    } &
+    jobs+=($!)
+    wait "${jobs[@]}"
+    rm -rf "$MISTRAL_HF" && made "removed $MISTRAL_HF"
+    # barellm's q4 is llama.cpp's Q4_0: the GGUF's tensors are copied bit for bit.
+    [ -f "$MISTRAL_Q4" ] || [ ! -f "$MISTRAL_Q4_GGUF" ] || {
+        python3 convert/convert.py "$MISTRAL_Q4_GGUF" -o "$MISTRAL_Q4" --dtype q4 &&
+            made "$MISTRAL_Q4"
+    }
+    [ -n "$LLAMA_BENCH" ] || rm -f "$MISTRAL_Q4_GGUF"
+}
+if { wants compare || wants decode || wants ladder || wants ab; }; then
+    free=$(df -BG --output=avail "$WORK" | tail -1 | tr -dc 0-9)
+    if [ "${free:-0}" -lt $((4 * MISTRAL_GIB)) ] && [ ! -f "$MISTRAL" ]; then
+        note "Mistral-7B files: ${free:-?} GiB free on the disk of $WORK, $((4 * MISTRAL_GIB))" \
+            "needed: not made"
+    else
+        # Below the checks in priority: every process it starts inherits the niceness.
+        { renice -n 5 -p "$BASHPID" >/dev/null; make_mistral; } >>"$LOG/models.log" 2>&1 &
+        MODELS_PID=$!
+    fi
+fi
+# Waits for FILE while a run of $2 seconds would still fit after it; true when it exists.
+ready() {  # FILE SECONDS
+    while [ ! -f "$1" ] && [ -n "$MODELS_PID" ] && kill -0 "$MODELS_PID" 2>/dev/null &&
+        [ $((SECONDS + $2)) -lt "$DEADLINE" ]; do sleep 2; done
+    [ -f "$1" ] && return 0
+    note "$(basename "$1") not ready at ${SECONDS}s: $(tail -1 "$LOG/models.log" 2>/dev/null)"
     return 1
 }
 
@@ -222,22 +309,7 @@ if ! reason=$(build/dump_logits --check-cuda); then
     note "no usable CUDA GPU: $reason"
     exit 1
 fi
-# llama.cpp with CUDA for the prefill step, built in a session of its own: it outlives this
-# command (the device tool lets such a process run on), so a later run finds it built. At
-# the lowest priority, so that it disturbs this run's timings as little as it can (they are
-# still best taken in a run after it has finished).
-LLAMACPP=$WORK/llamacpp
-if { wants prefill || wants llama3-prefill; } && [ ! -x "$LLAMACPP/bin/llama-bench" ]; then
-    sources=(gpu_data/llamacpp/llama_cpp_python-*.tar.gz)
-    if [ ! -f "${sources[0]}" ]; then
-        note "llama.cpp: no sources in gpu_data/llamacpp (dev/gpu/check.sh --stage)"
-    elif ! kill -0 "$(cat "$WORK/llamacpp_build.pid" 2>/dev/null)" 2>/dev/null; then
-        setsid nohup nice -n 19 scripts/build_llamacpp.sh "$LLAMACPP" --sdist "${sources[0]}" \
-            --cuda "$CUDA_ARCHS" -j "$(nproc)" >"$WORK/llamacpp_build.log" 2>&1 </dev/null &
-        echo $! >"$WORK/llamacpp_build.pid"
-        note "llama.cpp: CUDA build started in the background ($WORK/llamacpp_build.log)"
-    fi
-fi
+touch "$LOG/built"  # the Mistral-7B conversions wait for it: convert.py loads its output
 python3 convert/convert.py "$STORIES_HF" -o "$WORK/stories260K-f16.bin" --dtype f16 >/dev/null
 python3 convert/convert.py "$STORIES_HF" -o "$WORK/stories260K-f32.bin" --dtype f32 >/dev/null
 for dtype in q8 q4; do
@@ -247,7 +319,7 @@ done
 
 if wants kernels && fits 60 "cuda_kernel_check"; then
     step "build/cuda_kernel_check --bench"
-    timeout "$(capped 300)" build/cuda_kernel_check --bench >"$LOG/kernel_check.log" 2>&1
+    timeout "$(capped 120)" build/cuda_kernel_check --bench >"$LOG/kernel_check.log" 2>&1
     status=$?
     grep -v "^PASS" "$LOG/kernel_check.log" | grep -v "^|" | head -40
     grep "^|" "$LOG/kernel_check.log" | tee "$LOG/kernel_bench.md"
@@ -262,15 +334,89 @@ if wants tests && fits 60 "tests"; then
     deselect=()
     wants kernels &&
         deselect=(--deselect tests/test_cuda.py::test_every_kernel_matches_the_cpu_kernels)
-    OMP_NUM_THREADS=2 timeout "$(capped 300)" python3 -m pytest -q -rs "${xdist[@]}" \
+    OMP_NUM_THREADS=2 timeout "$(capped 120)" python3 -m pytest -q -rs "${xdist[@]}" \
         "${deselect[@]}" tests/test_cuda.py >"$LOG/test_cuda.log" 2>&1
     note "tests/test_cuda.py: $(tail -1 "$LOG/test_cuda.log")"
     if fits 30 "tests/test_ladder.py -k gpu"; then
-        timeout "$(capped 120)" python3 -m pytest -q -rs tests/test_ladder.py -k gpu \
+        timeout "$(capped 30)" python3 -m pytest -q -rs tests/test_ladder.py -k gpu \
             >"$LOG/test_ladder.log" 2>&1
         note "tests/test_ladder.py -k gpu: $(tail -1 "$LOG/test_ladder.log")"
     fi
     grep -h "^FAILED" "$LOG/test_cuda.log" "$LOG/test_ladder.log" 2>/dev/null | head -10
+fi
+
+# One row per test of `barellm bench --device cuda` in the summary table.
+bench() {  # LABEL BINARY MODEL SECONDS BENCH_ARGS...
+    local label=$1 binary=$2 model=$3 seconds=$4 json
+    shift 4
+    json=$LOG/bench_${label}_$(tr -dc 'a-z0-9' <<<"$*").json
+    fits "$seconds" "bench $label $*" || return 0
+    if timeout "$(capped "$seconds")" "$binary" bench "$model" --device cuda "$@" -o json \
+        >"$json" 2>"$LOG/bench_$label.err"; then
+        python3 -c "import json, sys; [print(json.dumps({**row, 'label': sys.argv[2]})) \
+for row in json.load(open(sys.argv[1]))]" "$json" "$label" >>"$RESULTS"
+    else
+        note "bench $label $* FAILED: $(tail -1 "$LOG/bench_$label.err")"
+    fi
+}
+# barellm against llama.cpp on one pair of files of the same weights: a table
+# compare_LABEL.md (scripts/compare_llamacpp.py --device cuda, 2 alternated rounds), or
+# barellm's rows alone where llama.cpp is missing.
+compare() {  # LABEL GGUF MODEL SECONDS PROMPT GENERATED
+    local label=$1 gguf=$2 model=$3 seconds=$4 p=$5 n=$6 table=$LOG/compare_$1.md
+    if [ -z "$LLAMA_BENCH" ] || [ ! -f "$gguf" ]; then
+        bench "$label" build/barellm "$model" "$seconds" -p "$p" -n "$n" -r 3
+        return
+    fi
+    fits "$seconds" "compare $label" || return 0
+    if timeout "$(capped "$seconds")" python3 scripts/compare_llamacpp.py "$LLAMA_BENCH" \
+        "$gguf" "$model" --device cuda -t 4 -p "$p" -n "$n" -r 3 --rounds 2 \
+        --raw "$LOG/compare_$label" >"$table" 2>"$LOG/compare_$label.err"; then
+        note "compare $label: $(grep -cE '^\| .* \| (pp|tg)[0-9]+ \|' "$table") rows" \
+            "(compare_$label.md)"
+    else
+        note "compare $label FAILED: $(tail -1 "$LOG/compare_$label.err")"
+        rm -f "$table"
+    fi
+}
+
+if wants compare; then
+    step "Mistral-7B shape against llama.cpp: f16 and q4 (pp512, tg128), q8 alone, short prompts"
+    ready "$MISTRAL" 120 && { [ -z "$LLAMA_BENCH" ] || ready "$MISTRAL_GGUF" 120; } &&
+        compare mistral-7b-f16 "$MISTRAL_GGUF" "$MISTRAL" 110 512 128
+    ready "$MISTRAL_Q4" 70 && compare mistral-7b-q4 "$MISTRAL_Q4_GGUF" "$MISTRAL_Q4" 70 512 128
+    ready "$MISTRAL_Q8" 20 && bench mistral-7b-q8 build/barellm "$MISTRAL_Q8" 20 -p 0 -n 128 -r 3
+    # A short prompt in one batch against decoding it token by token.
+    if [ -f "$MISTRAL" ]; then
+        bench mistral-7b-f16 build/barellm "$MISTRAL" 20 -p 16 -n 64 -r 3
+        bench mistral-7b-f16 build/barellm "$MISTRAL" 15 -p 64 -n 0 -r 3
+    fi
+fi
+
+if wants bf16; then
+    step "bf16 (Mistral-7B shape) against llama.cpp: pp512, tg128"
+    [ -n "$MODELS_PID" ] && wait "$MODELS_PID"
+    MODELS_PID=
+    BF16=$WORK/mistral-7b-bf16.bin BF16_GGUF=$WORK/mistral-7b-bf16.gguf BF16_HF=$WORK/bf16-hf
+    # Room for the bf16 checkpoint and its two files: the compare step's files go, but the
+    # f16 and q4 barellm files (decode, ladder, ab).
+    rm -f "$MISTRAL_GGUF" "$MISTRAL_Q4_GGUF" "$MISTRAL_Q8"
+    if { [ ! -f "$BF16" ] || { [ -n "$LLAMA_BENCH" ] && [ ! -f "$BF16_GGUF" ]; }; } &&
+        fits 120 "bf16 files" && disk_has $((3 * MISTRAL_GIB)) "bf16 files"; then
+        {
+            rm -rf "$BF16_HF" &&
+                python3 convert/synth.py --preset mistral-7b --dtype bf16 -o "$BF16_HF" &&
+                made "$BF16_HF" && {
+                    python3 convert/convert.py "$BF16_HF" -o "$BF16" --dtype bf16 &
+                    if [ -n "$LLAMA_BENCH" ]; then gguf_from_hf "$BF16_HF" "$BF16_GGUF" bf16; fi
+                    wait
+                }
+            rm -rf "$BF16_HF"
+        } >>"$LOG/models.log" 2>&1
+        note "bf16 files: $([ -f "$BF16" ] && echo "$BF16")$([ -f "$BF16_GGUF" ] &&
+            echo " $BF16_GGUF") at ${SECONDS}s"
+    fi
+    [ -f "$BF16" ] && compare mistral-7b-bf16 "$BF16_GGUF" "$BF16" 120 512 128
 fi
 
 if wants transformers; then
@@ -307,53 +453,23 @@ $(tail -1 "$LOG/transformers_$name.err")}"
     done
 fi
 
-bench() {  # LABEL BINARY MODEL TOKENS REPETITIONS: one row of the summary table
-    local label=$1 binary=$2 model=$3 n=$4 r=$5 json=$LOG/bench_$1_tg$4.json
-    fits $((n * (r + 1) / 150 + 20)) "bench $label tg$n" || return 0
-    if "$binary" bench "$model" --device cuda -p 0 -n "$n" -r "$r" -o json >"$json" \
-        2>"$LOG/bench_$label.err"; then
-        python3 -c "import json, sys; [print(json.dumps({**row, 'label': sys.argv[2]})) \
-for row in json.load(open(sys.argv[1]))]" "$json" "$label" >>"$RESULTS"
-    else
-        note "bench $label tg$n FAILED: $(tail -1 "$LOG/bench_$label.err")"
-    fi
-}
-
 if wants decode; then
     step "decode"
-    bench stories260K-f16 build/barellm "$WORK/stories260K-f16.bin" 128 5
-    bench stories260K-f16 build/barellm "$WORK/stories260K-f16.bin" 512 3
-    bench stories260K-q8 build/barellm "$WORK/stories260K-q8.bin" 128 5
-    bench stories260K-q4 build/barellm "$WORK/stories260K-q4.bin" 128 5
-    if mistral_ready 90; then
-        bench mistral-7b-f16 build/barellm "$MISTRAL" 128 3
-        bench mistral-7b-f16 build/barellm "$MISTRAL" 4096 1
+    bench stories260K-f16 build/barellm "$WORK/stories260K-f16.bin" 20 -p 0 -n 128 -r 5
+    bench stories260K-f16 build/barellm "$WORK/stories260K-f16.bin" 20 -p 0 -n 512 -r 3
+    bench stories260K-q8 build/barellm "$WORK/stories260K-q8.bin" 20 -p 0 -n 128 -r 5
+    bench stories260K-q4 build/barellm "$WORK/stories260K-q4.bin" 20 -p 0 -n 128 -r 5
+    if ready "$MISTRAL" 90; then
+        bench mistral-7b-f16 build/barellm "$MISTRAL" 30 -p 0 -n 128 -r 3
+        bench mistral-7b-f16 build/barellm "$MISTRAL" 60 -p 0 -n 4096 -r 1
     fi
-fi
-
-if wants quantized; then
-    step "quantized decode (Mistral-7B shape, q4 and q8)"
-    # Converted from $MISTRAL_HF (the weights of the f16 checkpoint: one copy on the disk).
-    for dtype in q4 q8; do
-        model=$WORK/mistral-7b-$dtype.bin
-        if [ ! -f "$model" ] && mistral_ready 300 && fits 300 "mistral-7b $dtype checkpoint" &&
-            disk_has "$QUANTIZED_GIB" "mistral-7b $dtype checkpoint"; then
-            python3 convert/convert.py "$MISTRAL_HF" -o "$model.part" --dtype $dtype &&
-                mv "$model.part" "$model"
-        fi >>"$LOG/quantized_synth.log" 2>&1
-        if [ -f "$model" ]; then
-            bench mistral-7b-$dtype build/barellm "$model" 128 3
-        else
-            note "mistral-7b $dtype: no checkpoint: $(tail -1 "$LOG/quantized_synth.log")"
-        fi
-    done
 fi
 
 if wants ladder; then
     step "GPU ladder"
     for model in "$WORK/stories260K-f32.bin" "$MISTRAL"; do
         label=$(basename "$model" .bin)
-        [ "$model" = "$MISTRAL" ] && ! mistral_ready 150 && continue
+        [ "$model" = "$MISTRAL" ] && ! ready "$MISTRAL" 150 && continue
         fits 150 "ladder $label" || continue
         if timeout 150 build/barellm ladder "$model" --device cuda -n 64 >"$LOG/ladder_$label.md" \
             2>"$LOG/ladder_$label.err"; then
@@ -364,112 +480,6 @@ if wants ladder; then
             note "ladder $label FAILED: $(tail -1 "$LOG/ladder_$label.err")"
         fi
     done
-fi
-
-PREFILL=$LOG/prefill.jsonl
-: >"$PREFILL"
-# Appends the rows of a JSON array of bench results (barellm's or llama-bench's) to PREFILL.
-prefill_rows() {  # JSON MODEL_LABEL TOOL ROUND
-    python3 -c "import json, sys; [print(json.dumps({**row, 'label': sys.argv[2], \
-'tool': sys.argv[3], 'round': sys.argv[4]})) for row in json.load(open(sys.argv[1]))]" "$@" \
-        >>"$PREFILL"
-}
-barellm_prefill() {  # LABEL MODEL ROUND BENCH_ARGS...
-    local label=$1 model=$2 round=$3 json=$LOG/prefill_$1_$3.json
-    shift 3
-    fits 60 "barellm prefill $label $*" || return 0
-    if build/barellm bench "$model" --device cuda "$@" -o json >"$json" \
-        2>"$LOG/prefill_$label.err"; then
-        prefill_rows "$json" "$label" barellm "$round"
-    else
-        note "barellm prefill $label $* FAILED: $(tail -1 "$LOG/prefill_$label.err")"
-    fi
-}
-llamacpp_prefill() {  # LABEL GGUF ROUND
-    local label=$1 json=$LOG/prefill_$1_$3_llamacpp.json
-    fits 60 "llama.cpp prefill $label" || return 0
-    if "$LLAMACPP/bin/llama-bench" -m "$2" -p 512 -n 0 -r 3 -ngl 99 -o json >"$json" \
-        2>"$LOG/prefill_${label}_llamacpp.err"; then
-        prefill_rows "$json" "$label" llama.cpp "$3"
-    else
-        note "llama.cpp prefill $label FAILED: $(tail -1 "$LOG/prefill_${label}_llamacpp.err")"
-    fi
-}
-# Waits up to $1 seconds for the llama.cpp build; true when llama-bench is there.
-llamacpp_ready() {
-    local until=$((SECONDS + $1))
-    while [ ! -x "$LLAMACPP/bin/llama-bench" ] && [ $SECONDS -lt $until ] &&
-        kill -0 "$(cat "$WORK/llamacpp_build.pid" 2>/dev/null)" 2>/dev/null; do sleep 5; done
-    [ -x "$LLAMACPP/bin/llama-bench" ] && return 0
-    note "llama.cpp not built yet at ${SECONDS}s: $(tail -1 "$WORK/llamacpp_build.log" 2>/dev/null)"
-    return 1
-}
-# A GGUF of a Hugging Face checkpoint, through the gguf package of the staged llama.cpp
-# sources (scripts/gguf_from_hf.py).
-gguf_from_hf() {  # HF_DIR OUT TYPE GIB
-    [ -f "$2" ] && return 0
-    local gguf_py=("$LLAMACPP"/llama_cpp_python-*/vendor/llama.cpp/gguf-py) name log
-    name=$(basename "$2")
-    log=$LOG/gguf_$name.log
-    fits 150 "GGUF $name" && disk_has "$4" "GGUF $name" &&
-        PYTHONPATH=${gguf_py[0]} python3 scripts/gguf_from_hf.py "$1" -o "$2.part" \
-            --type "$3" >"$log" 2>&1 && mv "$2.part" "$2" && return 0
-    note "$name not written: $(tail -1 "$log" 2>/dev/null)"
-    return 1
-}
-# The prefill rows gathered so far as a table: barellm against llama.cpp, round by round.
-prefill_table() {
-    python3 - "$PREFILL" <<'EOF' | tee "$LOG/prefill.md"
-import json, sys
-from collections import defaultdict
-rows = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
-speed = defaultdict(list)  # (model, test, tool) -> t/s of each round
-for r in rows:
-    test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
-    speed[(r["label"], test, r["tool"])].append(r["avg_ts"])
-print("| model | test | barellm t/s | llama.cpp t/s | barellm / llama.cpp, by round |")
-print("| --- | --- | ---: | ---: | ---: |")
-for (label, test, tool), ours in speed.items():
-    if tool != "barellm":
-        continue
-    theirs = speed.get((label, test, "llama.cpp"), [])
-    ratios = " / ".join(f"{a / b:.2f}" for a, b in zip(ours, theirs))
-    theirs_mean = f"{sum(theirs) / len(theirs):.0f}" if theirs else ""
-    print(f"| {label} | {test} | {sum(ours) / len(ours):.0f} | {theirs_mean} | {ratios} |")
-EOF
-    note "prefill: $(grep -c -E '^\| .* \| (pp|tg)[0-9]+ \|' "$LOG/prefill.md") rows (prefill.md)"
-}
-
-if wants prefill && mistral_ready 120; then
-    step "prefill: batched pp4/16/64 against tg; pp512 f16 and bf16 against llama.cpp"
-    for p in 4 16 64; do barellm_prefill mistral-7b-f16 "$MISTRAL" small -p "$p" -n 0 -r 3; done
-    barellm_prefill mistral-7b-f16 "$MISTRAL" small -p 0 -n 64 -r 3
-    for dtype in f16 bf16; do
-        model=$WORK/mistral-7b-$dtype.bin gguf=$WORK/mistral-7b-$dtype.gguf
-        if [ ! -f "$model" ] && fits 150 "convert $dtype" &&
-            disk_has $((2 * MISTRAL_GIB)) "convert $dtype (and its GGUF)"; then
-            python3 convert/convert.py "$MISTRAL_HF" -o "$model.part" --dtype "$dtype" \
-                >"$LOG/convert_$dtype.log" 2>&1 && mv "$model.part" "$model"
-        fi
-        [ -f "$model" ] || continue
-        with_llamacpp=0
-        llamacpp_ready 60 && gguf_from_hf "$MISTRAL_HF" "$gguf" "$dtype" "$MISTRAL_GIB" &&
-            with_llamacpp=1
-        for round in 1 2; do
-            barellm_prefill "mistral-7b-$dtype" "$model" "$round" -p 512 -n 0 -r 3
-            [ $with_llamacpp = 1 ] && llamacpp_prefill "mistral-7b-$dtype" "$gguf" "$round"
-        done
-        # The disk holds the f16 files and one more pair at a time.
-        [ "$dtype" = f16 ] || rm -f "$model"
-        rm -f "$gguf"
-    done
-    # q8 and q4 (the quantized GEMM), on the checkpoints the quantized step keeps in $WORK.
-    for dtype in q8 q4; do
-        model=$WORK/mistral-7b-$dtype.bin
-        [ -f "$model" ] || continue
-        for p in 16 512; do barellm_prefill "mistral-7b-$dtype" "$model" 1 -p "$p" -n 0 -r 3; done
-    done
-    prefill_table
 fi
 
 if wants ab; then
@@ -494,34 +504,34 @@ if wants ab; then
             trees+=("$name")
         fi
     done
-    if [ "${#trees[@]}" -gt 0 ] && mistral_ready 120; then
+    if [ "${#trees[@]}" -gt 0 ] && ready "$MISTRAL" 120; then
         for round in 1 2; do
             for name in "${trees[@]}"; do
-                bench "$name-$round" "$WORK/ab/$name/build/barellm" "$MISTRAL" 128 3
+                bench "$name-$round" "$WORK/ab/$name/build/barellm" "$MISTRAL" 30 -p 0 -n 128 -r 3
             done
-            bench "this-$round" build/barellm "$MISTRAL" 128 3
+            bench "this-$round" build/barellm "$MISTRAL" 30 -p 0 -n 128 -r 3
         done
         for name in "${trees[@]}"; do
-            bench "$name" "$WORK/ab/$name/build/barellm" "$MISTRAL" 4096 1
+            bench "$name" "$WORK/ab/$name/build/barellm" "$MISTRAL" 60 -p 0 -n 4096 -r 1
         done
-        bench this build/barellm "$MISTRAL" 4096 1
+        bench this build/barellm "$MISTRAL" 60 -p 0 -n 4096 -r 1
     fi
 fi
 
 if wants qwen3-8b; then
     step "decode at Qwen3-8B's shape"
     QWEN3=$WORK/qwen3-8b-f16.bin
-    if [ ! -f "$QWEN3" ] && fits 420 "Qwen3-8B checkpoint" &&
+    if [ ! -f "$QWEN3" ] && fits 240 "Qwen3-8B checkpoint" &&
         disk_has $((2 * QWEN3_8B_GIB)) "Qwen3-8B checkpoint"; then
         rm -rf "$WORK/qwen3-hf" &&
             python3 convert/synth.py --preset qwen3-8b --dtype f16 -o "$WORK/qwen3-hf" &&
-            python3 convert/convert.py "$WORK/qwen3-hf" -o "$QWEN3.part" --dtype f16 &&
-            mv "$QWEN3.part" "$QWEN3" && rm -rf "$WORK/qwen3-hf"
+            python3 convert/convert.py "$WORK/qwen3-hf" -o "$QWEN3" --dtype f16 &&
+            rm -rf "$WORK/qwen3-hf"
     fi >"$LOG/qwen3_synth.log" 2>&1
     if [ -f "$QWEN3" ]; then
         note "Qwen3-8B checkpoint ready at ${SECONDS}s"
-        bench qwen3-8b-f16 build/barellm "$QWEN3" 128 3
-        bench qwen3-8b-f16 build/barellm "$QWEN3" 4096 1
+        bench qwen3-8b-f16 build/barellm "$QWEN3" 30 -p 0 -n 128 -r 3
+        bench qwen3-8b-f16 build/barellm "$QWEN3" 60 -p 0 -n 4096 -r 1
     else
         note "Qwen3-8B checkpoint not made: $(tail -1 "$LOG/qwen3_synth.log")"
     fi
@@ -529,25 +539,22 @@ fi
 
 if wants llama3-prefill; then
     step "prefill at Llama-3-8B's shape: pp512 f16 against llama.cpp"
-    LLAMA3_HF=$WORK/llama3-hf LLAMA3=$WORK/llama3-8b-f16.bin
-    if [ ! -f "$LLAMA3" ] && fits 420 "Llama-3-8B checkpoint" &&
+    LLAMA3_HF=$WORK/llama3-hf LLAMA3=$WORK/llama3-8b-f16.bin LLAMA3_GGUF=$WORK/llama3-8b-f16.gguf
+    if { [ ! -f "$LLAMA3" ] || { [ -n "$LLAMA_BENCH" ] && [ ! -f "$LLAMA3_GGUF" ]; }; } &&
+        fits 240 "Llama-3-8B files" &&
         disk_has $((3 * LLAMA3_8B_GIB)) "Llama-3-8B checkpoint, its barellm file and GGUF"; then
-        { [ -d "$LLAMA3_HF" ] || { rm -rf "$LLAMA3_HF.part" && python3 convert/synth.py \
-            --preset llama3-8b --dtype f16 -o "$LLAMA3_HF.part" &&
-            mv "$LLAMA3_HF.part" "$LLAMA3_HF"; }; } &&
-            python3 convert/convert.py "$LLAMA3_HF" -o "$LLAMA3.part" --dtype f16 &&
-            mv "$LLAMA3.part" "$LLAMA3"
-    fi >"$LOG/llama3_synth.log" 2>&1
+        {
+            rm -rf "$LLAMA3_HF" &&
+                python3 convert/synth.py --preset llama3-8b --dtype f16 -o "$LLAMA3_HF" && {
+                    python3 convert/convert.py "$LLAMA3_HF" -o "$LLAMA3" --dtype f16 &
+                    if [ -n "$LLAMA_BENCH" ]; then gguf_from_hf "$LLAMA3_HF" "$LLAMA3_GGUF" f16; fi
+                    wait
+                }
+            rm -rf "$LLAMA3_HF"
+        } >"$LOG/llama3_synth.log" 2>&1
+    fi
     if [ -f "$LLAMA3" ]; then
-        with_llamacpp=0
-        llamacpp_ready 60 && gguf_from_hf "$LLAMA3_HF" "$WORK/llama3-8b-f16.gguf" f16 \
-            "$LLAMA3_8B_GIB" && with_llamacpp=1
-        for round in 1 2; do
-            barellm_prefill llama3-8b-f16 "$LLAMA3" "$round" -p 512 -n 0 -r 3
-            [ $with_llamacpp = 1 ] &&
-                llamacpp_prefill llama3-8b-f16 "$WORK/llama3-8b-f16.gguf" "$round"
-        done
-        prefill_table
+        compare llama3-8b-f16 "$LLAMA3_GGUF" "$LLAMA3" 120 512 0
     else
         note "Llama-3-8B checkpoint not made: $(tail -1 "$LOG/llama3_synth.log")"
     fi
