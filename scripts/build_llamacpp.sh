@@ -59,8 +59,11 @@ while [ $# -gt 0 ]; do
         --sdist) sdist=$(realpath "$2"); shift 2 ;;
         --no-amx) cpu_flags+=" -mno-amx-tile -mno-amx-int8 -mno-amx-bf16"; shift ;;
         --no-avx512) cpu_flags+=" -mno-avx512f"; shift ;;
+        # --allow-shlib-undefined: the tools link without the driver's libcuda.so.1, which a
+        # machine without a GPU lacks; they find it where they run.
         --cuda) cuda_options=(-DGGML_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=${2// /;}"
-                              -DGGML_CUDA_NCCL=OFF); shift 2 ;;
+                              -DGGML_CUDA_NCCL=OFF
+                              "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined"); shift 2 ;;
         --portable) native=(-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
                             -DGGML_F16C=ON -DGGML_BMI2=ON); shift ;;
         -j) jobs=$2; shift 2 ;;

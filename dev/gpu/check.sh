@@ -195,7 +195,12 @@ LLAMA_BENCH=$LLAMACPP/bin/llama-bench
 if [ ! -x "$LLAMA_BENCH" ] && [ -f gpu_data/llamacpp-cuda.tar.xz ]; then
     tar -xJf gpu_data/llamacpp-cuda.tar.xz -C "$WORK"
 fi
-export LD_LIBRARY_PATH=$LLAMACPP/bin:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# Its cuBLAS: the toolkit's, else the one of the nvidia-cublas Python package.
+cublas=$(find /usr/local/cuda*/ -name 'libcublas.so.13' 2>/dev/null | head -1)
+[ -n "$cublas" ] || cublas=$(python3 -c "import glob, nvidia.cublas as c; \
+print(glob.glob(c.__path__[0] + '/lib/libcublas.so.13')[0])" 2>/dev/null)
+cublas_dir=$(dirname "${cublas:-/usr/local/cuda/lib64/libcublas.so.13}")
+export LD_LIBRARY_PATH=$LLAMACPP/bin:$cublas_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export COMPARE_LLAMACPP_TIME=$ROOT/gpu_data/bin/time
 if [ ! -x "$LLAMA_BENCH" ]; then
     note "llama.cpp: not staged (dev/gpu/check.sh --stage): barellm is timed alone"
