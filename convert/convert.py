@@ -444,16 +444,24 @@ def write_quantized_tensor(values_out, scales_out, info, kind):
         scales_out.write(scales.astype("<f2", copy=False))
 
 
-def tensor_task(fd, name, info, stored, start):
+def tensor_task(fd, name, info, stored, places):
     """The task (for parallel.run_tasks) that writes the tensor `name`, stored as `stored`,
-    and its scales if it has any, at their places `start` in the open file `fd`."""
+    and its scales if it has any, at their places in the open file `fd`: `places` maps each
+    output tensor's name to its [start, end) in the file. A part that does not end where
+    the next begins is an error (the file is sized in advance: a short part would leave
+    zeros unnoticed)."""
+    parts = [name] + ([name + ".scale"] if stored in QUANTIZERS else [])
+
     def task(stopping):
-        out = parallel.BlockWriter(fd, start[name], stopping)
+        out = [parallel.BlockWriter(fd, places[part][0], stopping) for part in parts]
         if stored in QUANTIZERS:
-            scales = parallel.BlockWriter(fd, start[name + ".scale"], stopping)
-            write_quantized_tensor(out, scales, info, stored)
+            write_quantized_tensor(out[0], out[1], info, stored)
         else:
-            write_tensor(out, info, stored)
+            write_tensor(out[0], info, stored)
+        for part, writer in zip(parts, out):
+            if writer.offset != places[part][1]:
+                raise ConvertError(f"tensor '{part}': {writer.offset - places[part][0]} bytes "
+                                   f"written, {places[part][1] - places[part][0]} expected")
     return task
 
 
@@ -512,8 +520,8 @@ def write_output(path, plan, metadata, weight_dtype, barellm):
     file layout (header_entries), several tensors at a time (parallel.run_tasks)."""
     entries = header_entries(plan, weight_dtype)
     header, data_bytes = st.encode_header(entries, metadata, ALIGNMENT)
-    start = {name: len(header) + begin
-             for name, (begin, _) in st.data_offsets(entries).items()}
+    places = {name: (len(header) + begin, len(header) + end)
+              for name, (begin, end) in st.data_offsets(entries).items()}
     if os.path.isdir(path):
         raise ConvertError(f"cannot write output '{path}': it is a directory")
     tmp = None
@@ -526,7 +534,7 @@ def write_output(path, plan, metadata, weight_dtype, barellm):
             parallel.pwrite_all(f.fileno(), header, 0)
             parallel.run_tasks([
                 tensor_task(f.fileno(), name, info,
-                            "F32" if is_norm else matrix_dtype(weight_dtype, info.shape), start)
+                            "F32" if is_norm else matrix_dtype(weight_dtype, info.shape), places)
                 for name, info, is_norm in plan])
         umask = os.umask(0)
         os.umask(umask)

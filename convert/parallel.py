@@ -62,8 +62,9 @@ def run_tasks(tasks, workers=None):
     after that."""
     stopping = threading.Event()
     with ThreadPoolExecutor(max_workers=workers or cores()) as pool:
-        futures = [pool.submit(task, stopping) for task in tasks]
+        futures = []
         try:
+            futures += [pool.submit(task, stopping) for task in tasks]
             for future in futures:
                 future.result()
         except BaseException:

@@ -29,7 +29,7 @@ import zlib
 
 import numpy as np
 
-from common import ConvertError
+from common import ConvertError, run_main
 import convert
 import dtypes
 import gguf_file
@@ -319,4 +319,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, "synth")  # a stop signal removes the temporary output first

@@ -375,7 +375,10 @@ def run_group(args, pair_index, gguf, model, threads, checks, work, header):
     first_ours = next(iter(ours[0][0].values()), {})
     header.setdefault("llamacpp_commit", first_llama.get("build_commit", "unknown"))
     if args.device == "cuda":
-        header.setdefault("gpu", first_llama.get("gpu_info") or "unknown")
+        if not first_llama.get("gpu_info"):
+            raise Failure(f"llama-bench names no GPU (gpu_info): {args.llama_bench} is not a "
+                          "CUDA build, or found no GPU; it would be timed on the CPU")
+        header.setdefault("gpu", first_llama["gpu_info"])
     header.setdefault("barellm_simd", first_ours.get("simd", "unknown"))
     header.setdefault("cpu_extensions", first_ours.get("cpu_extensions", "unknown"))
     busy = [c for c in group_checks if c["busy"]]

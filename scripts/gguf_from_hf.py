@@ -61,7 +61,7 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "convert"))
 
-from common import ConvertError  # noqa: E402
+from common import ConvertError, run_main  # noqa: E402
 import convert  # noqa: E402
 import dtypes  # noqa: E402
 import gguf_in  # noqa: E402
@@ -563,4 +563,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main, "gguf_from_hf")  # a stop signal removes the temporary output first

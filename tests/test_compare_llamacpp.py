@@ -81,7 +81,7 @@ for kind, n_prompt, n_gen in (("pp", prompt, 0), ("tg", 0, gen)):
             "model_type": "llama 0.01B " + ("F16" if TOOL == "llama-bench" else "f16")}}
     if TOOL == "llama-bench":
         test["build_commit"] = "abc1234"
-        if "-ngl" in args:
+        if "-ngl" in args and "cpu" not in behaviour:
             test["gpu_info"] = "Stand-in GPU 80GB"
     else:
         test.update(simd="avx2", cpu_extensions="avx avx2 fma avx512f",
@@ -197,11 +197,16 @@ def test_device_cuda_runs_both_tools_on_the_gpu(tools):
     for tool, flags in (("barellm", "--device cuda"), ("llama-bench", "-ngl 99")):
         calls = (bin_dir / f"{tool}.args").read_text().splitlines()
         assert len(calls) == 2 and all(call.endswith(flags) for call in calls), calls
+    cpu_only = compare(tools, "-t", "1", "--device", "cuda", env={"FAKE_LLAMA_BENCH": "cpu"})
+    assert cpu_only.returncode == 1
+    assert "llama-bench names no GPU" in cpu_only.stderr
+    for tool in ("llama-bench", "barellm"):
+        (bin_dir / f"{tool}.args").unlink()
     plain = compare(tools, "-t", "1")
     assert "GPU" not in plain.stdout
     assert not any("-ngl" in call or "--device" in call
-                   for call in (bin_dir / "llama-bench.args").read_text().splitlines()[2:]
-                   + (bin_dir / "barellm.args").read_text().splitlines()[2:])
+                   for tool in ("llama-bench", "barellm")
+                   for call in (bin_dir / f"{tool}.args").read_text().splitlines())
 
 
 def test_progress_lines_name_every_test_and_round(tools):

@@ -9,8 +9,10 @@
 #
 # A GPU session has about 15 minutes of device time, the machine's start included, so the
 # default steps are one call that ends by DEADLINE (540 s): `run` with timeout_s 600 and
-# carry ["gpu_data"]. Within 30 s of its end the machine is still warm and keeps $WORK:
-# one short second call (e.g. `DEADLINE=170 bash dev/gpu/check.sh bf16`) fits what is left.
+# carry ["gpu_data"]. Within 30 s of its end the machine is still warm and keeps $WORK: a
+# short second call on the files kept there fits what is left (e.g. `DEADLINE=150 bash
+# dev/gpu/check.sh decode`); bf16, transformers and the 8B shapes each want a call of
+# their own, in a later session.
 #
 # The GPU machine reaches neither ../shared nor a package registry, and its minutes are too
 # few to build llama.cpp: --stage copies stories260K, the llama2 tokenizer (the Mistral-7B
@@ -27,17 +29,17 @@
 # order (default: kernels tests compare):
 #   kernels       build/cuda_kernel_check --bench: every kernel against the CPU kernels,
 #                 then the hot kernels' time and bandwidth, and the GEMMs' TFLOPS and share
-#                 of the tensor-core peak, at Mistral-7B's shapes (cut at 150 s)
+#                 of the tensor-core peak, at Mistral-7B's shapes (cut at 120 s)
 #   tests         tests/test_cuda.py (CUDA logits against CPU logits at every position)
 #                 and tests/test_ladder.py -k gpu (every GPU rung gives the fast path's
-#                 text), cut at 150 s
+#                 text), cut at 120 and 30 s
 #   compare       Mistral-7B shape: scripts/compare_llamacpp.py --device cuda (pp512 and
 #                 tg128, 2 alternated rounds) on the f16 and q4 pairs (barellm file and
 #                 GGUF of the same weights: llama.cpp's Q4_0 is barellm's q4), then barellm
 #                 alone on q8 (tg128) and the f16 file's pp16/pp64 against tg64 (a short
 #                 prompt must not be slower than decoding it)
-#   bf16          the same comparison on a bf16 pair (pp512, tg128), the compare step's
-#                 GGUF files and q8/q4 files removed first to make room
+#   bf16          the same comparison on a bf16 pair (pp512, tg128; about 4 minutes), the
+#                 compare step's GGUF files and q8 file removed first to make room
 #   transformers  CUDA logits against transformers' (dev/gpu/transformers_logits.py) on
 #                 the synthetic Llama/Mistral and Qwen2/Qwen3 shapes of tests/test_cuda.py
 #   decode        `barellm bench --device cuda -p 0` on stories260K (f16, q8, q4) and on the
@@ -54,8 +56,9 @@
 # the build and the first steps run: the Hugging Face f16 checkpoint (convert/synth.py), then
 # at once the f16 barellm file, its f16 GGUF, a Q4_0 GGUF and the q8 barellm file, then the
 # q4 barellm file from the Q4_0 GGUF (bit for bit); the Hugging Face checkpoint is removed
-# once they are written (about 52 GiB at the peak, 45 kept in $WORK). A step that would
-# write past the free disk notes its skip instead; every step is cut to end by DEADLINE.
+# once they are written (about 52 GiB at the peak, 45 kept in $WORK). Files the free disk
+# cannot hold are left out, the least needed first, with a note; nothing is timed while
+# they are being made; every step is cut to end by DEADLINE.
 #
 # Logs go to $WORK/logs; when OUT is set, they are also archived in $OUT/gpu_logs.tgz, and
 # the summary, the kernel timings and the comparison tables copied beside it as *.md (the
@@ -119,10 +122,12 @@ SUMMARY=$LOG/summary.md
 RESULTS=$LOG/bench_results.jsonl
 : >"$RESULTS"
 MODELS_PID=  # the process making the Mistral-7B files, while it runs
-# Ends a process and every process it started.
+# Ends a process and every process it started (children from /proc, else pgrep).
 kill_tree() {
     local child
-    for child in $(pgrep -P "$1"); do kill_tree "$child"; done
+    for child in $({ cat /proc/"$1"/task/*/children; pgrep -P "$1"; } 2>/dev/null | sort -u); do
+        kill_tree "$child"
+    done
     kill "$1" 2>/dev/null
 }
 finish() {
@@ -189,11 +194,15 @@ step "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG/gpu.txt"
 note "GPU: $(head -1 "$LOG/gpu.txt"), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 
-# llama.cpp's CUDA tools and gguf package, staged by --stage.
+# llama.cpp's CUDA tools and gguf package, staged by --stage (unpacked by Python's tarfile:
+# the image may have no xz).
 LLAMACPP=$WORK/llamacpp-cuda
 LLAMA_BENCH=$LLAMACPP/bin/llama-bench
-if [ ! -x "$LLAMA_BENCH" ] && [ -f gpu_data/llamacpp-cuda.tar.xz ]; then
-    tar -xJf gpu_data/llamacpp-cuda.tar.xz -C "$WORK"
+GGUF_PY=$LLAMACPP/gguf-py
+if [ ! -d "$LLAMACPP" ] && [ -f gpu_data/llamacpp-cuda.tar.xz ]; then
+    python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], \
+**({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))" \
+        gpu_data/llamacpp-cuda.tar.xz "$WORK"
 fi
 # Its cuBLAS: the toolkit's, else the one of the nvidia-cublas Python package.
 cublas=$(find /usr/local/cuda*/ -name 'libcublas.so.13' 2>/dev/null | head -1)
@@ -202,11 +211,20 @@ print(glob.glob(c.__path__[0] + '/lib/libcublas.so.13')[0])" 2>/dev/null)
 cublas_dir=$(dirname "${cublas:-/usr/local/cuda/lib64/libcublas.so.13}")
 export LD_LIBRARY_PATH=$LLAMACPP/bin:$cublas_dir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export COMPARE_LLAMACPP_TIME=$ROOT/gpu_data/bin/time
+PYTHONPATH=$GGUF_PY python3 -c "import gguf" >"$LOG/gguf_import.txt" 2>&1 || GGUF_PY=
 if [ ! -x "$LLAMA_BENCH" ]; then
     note "llama.cpp: not staged (dev/gpu/check.sh --stage): barellm is timed alone"
     LLAMA_BENCH=
 elif ! "$LLAMA_BENCH" --list-devices >"$LOG/llamacpp_devices.txt" 2>&1; then
     note "llama.cpp: llama-bench does not start: $(tail -1 "$LOG/llamacpp_devices.txt")"
+    LLAMA_BENCH=
+elif [ -z "$GGUF_PY" ]; then
+    note "llama.cpp: its gguf package does not import ($(tail -1 "$LOG/gguf_import.txt")):" \
+        "no GGUF, barellm is timed alone"
+    LLAMA_BENCH=
+elif [ ! -x "$COMPARE_LLAMACPP_TIME" ]; then
+    note "llama.cpp: no GNU time staged (compare_llamacpp.py reads peak memory with it):" \
+        "barellm is timed alone"
     LLAMA_BENCH=
 else
     note "llama.cpp: $(grep -m1 -i 'cuda0' "$LOG/llamacpp_devices.txt" || echo 'no CUDA0 device')"
@@ -214,7 +232,7 @@ fi
 # A GGUF of a Hugging Face checkpoint, through llama.cpp's own gguf package
 # (scripts/gguf_from_hf.py).
 gguf_from_hf() {  # HF_DIR OUT TYPE
-    PYTHONPATH=$LLAMACPP/gguf-py python3 scripts/gguf_from_hf.py "$1" -o "$2" --type "$3"
+    PYTHONPATH=$GGUF_PY python3 scripts/gguf_from_hf.py "$1" -o "$2" --type "$3"
 }
 
 # The Mistral-7B-shaped files, made in the background (the header says which, and in what
@@ -227,13 +245,36 @@ MISTRAL_Q4=$WORK/mistral-7b-q4.bin
 MISTRAL_Q4_GGUF=$WORK/mistral-7b-q4_0.gguf
 MISTRAL_Q8=$WORK/mistral-7b-q8.bin
 MISTRAL_GIB=14    # a Mistral-7B-shaped f16 or bf16 file, or its GGUF, rounded up
+# GiB of each file, rounded up (the Hugging Face checkpoint is another MISTRAL_GIB).
+declare -A GIB=(["$MISTRAL"]=$MISTRAL_GIB ["$MISTRAL_GGUF"]=$MISTRAL_GIB ["$MISTRAL_Q4"]=4
+    ["$MISTRAL_Q4_GGUF"]=4 ["$MISTRAL_Q8"]=8)
+# The files to make, in the order of their worth: the missing ones that the free disk holds
+# beside the checkpoint (those that do not fit are noted and left out, the last first).
+MISTRAL_PLAN=()
+plan_mistral() {
+    local -a wanted=("$MISTRAL")
+    [ -n "$LLAMA_BENCH" ] && wanted+=("$MISTRAL_GGUF" "$MISTRAL_Q4_GGUF")
+    wanted+=("$MISTRAL_Q4" "$MISTRAL_Q8")
+    local file need=0 free
+    for file in "${wanted[@]}"; do
+        [ -f "$file" ] || { MISTRAL_PLAN+=("$file"); need=$((need + GIB[$file])); }
+    done
+    [ ${#MISTRAL_PLAN[@]} -gt 0 ] && [ ! -d "$MISTRAL_HF" ] && need=$((need + MISTRAL_GIB))
+    free=$(df -BG --output=avail "$WORK" | tail -1 | tr -dc 0-9)
+    note "disk: ${free:-?} GiB free on $WORK; the Mistral-7B files need $need"
+    while [ ${#MISTRAL_PLAN[@]} -gt 0 ] && [ "$need" -gt $((${free:-0} - 2)) ]; do
+        file=${MISTRAL_PLAN[-1]}
+        unset 'MISTRAL_PLAN[-1]'
+        need=$((need - GIB[$file]))
+        note "$(basename "$file"): not made, no room on the disk"
+    done
+    [ ${#MISTRAL_PLAN[@]} -gt 0 ] || return 0
+}
+planned() { [[ " ${MISTRAL_PLAN[*]} " == *" $1 "* ]]; }
 made() { echo "[${SECONDS}s] $*" >>"$LOG/models.log"; }
 make_mistral() {
-    local -a wanted=("$MISTRAL" "$MISTRAL_Q4" "$MISTRAL_Q8") jobs=()
-    [ -n "$LLAMA_BENCH" ] && wanted+=("$MISTRAL_GGUF" "$MISTRAL_Q4_GGUF")
-    local file missing=0
-    for file in "${wanted[@]}"; do [ -f "$file" ] || missing=1; done
-    [ $missing = 1 ] || return 0  # all kept from an earlier run on this machine
+    local -a jobs=()
+    local file
     rm -f "$WORK"/.barellm-*.tmp "$WORK"/.gguf-*.tmp  # left by a run cut off
     if [ ! -d "$MISTRAL_HF" ]; then
         rm -rf "$MISTRAL_HF.part" &&
@@ -242,58 +283,60 @@ make_mistral() {
     fi
     # convert.py checks its output with build/barellm, which the main script is building.
     while [ ! -f "$LOG/built" ]; do sleep 1; done
-    [ -f "$MISTRAL" ] || {
-        python3 convert/convert.py "$MISTRAL_HF" -o "$MISTRAL" --dtype f16 && made "$MISTRAL"
-    } &
-    jobs+=($!)
-    if [ -n "$LLAMA_BENCH" ]; then
-        [ -f "$MISTRAL_GGUF" ] || {
-            gguf_from_hf "$MISTRAL_HF" "$MISTRAL_GGUF" f16 && made "$MISTRAL_GGUF"
-        } &
+    if planned "$MISTRAL"; then
+        python3 convert/convert.py "$MISTRAL_HF" -o "$MISTRAL" --dtype f16 && made "$MISTRAL" &
         jobs+=($!)
     fi
-    if [ -d "$LLAMACPP/gguf-py" ]; then
-        [ -f "$MISTRAL_Q4_GGUF" ] || { [ -f "$MISTRAL_Q4" ] && [ -z "$LLAMA_BENCH" ]; } || {
-            gguf_from_hf "$MISTRAL_HF" "$MISTRAL_Q4_GGUF" q4_0 && made "$MISTRAL_Q4_GGUF"
-        } &
-    else  # no gguf package to write a GGUF with: barellm's own Q4_0 quantizer
-        [ -f "$MISTRAL_Q4" ] || {
-            python3 convert/convert.py "$MISTRAL_HF" -o "$MISTRAL_Q4" --dtype q4 &&
-                made "$MISTRAL_Q4"
-        } &
+    if planned "$MISTRAL_GGUF"; then
+        gguf_from_hf "$MISTRAL_HF" "$MISTRAL_GGUF" f16 && made "$MISTRAL_GGUF" &
+        jobs+=($!)
     fi
-    jobs+=($!)
-    [ -f "$MISTRAL_Q8" ] || {
-        python3 convert/convert.py "$MISTRAL_HF" -o "$MISTRAL_Q8" --dtype q8 && made "$MISTRAL_Q8"
-    } &
-    jobs+=($!)
+    if planned "$MISTRAL_Q4_GGUF"; then
+        # barellm's q4 is llama.cpp's Q4_0: the GGUF's tensors are copied bit for bit.
+        {
+            gguf_from_hf "$MISTRAL_HF" "$MISTRAL_Q4_GGUF" q4_0 && made "$MISTRAL_Q4_GGUF" &&
+                { ! planned "$MISTRAL_Q4" || {
+                    python3 convert/convert.py "$MISTRAL_Q4_GGUF" -o "$MISTRAL_Q4" --dtype q4 &&
+                        made "$MISTRAL_Q4"; }; }
+        } &
+        jobs+=($!)
+    elif planned "$MISTRAL_Q4"; then  # no llama.cpp to compare with: barellm's own quantizer
+        python3 convert/convert.py "$MISTRAL_HF" -o "$MISTRAL_Q4" --dtype q4 && made "$MISTRAL_Q4" &
+        jobs+=($!)
+    fi
+    if planned "$MISTRAL_Q8"; then
+        python3 convert/convert.py "$MISTRAL_HF" -o "$MISTRAL_Q8" --dtype q8 && made "$MISTRAL_Q8" &
+        jobs+=($!)
+    fi
     wait "${jobs[@]}"
+    for file in "${MISTRAL_PLAN[@]}"; do
+        [ -f "$file" ] || { made "$(basename "$file") missing: $MISTRAL_HF kept"; return 1; }
+    done
     rm -rf "$MISTRAL_HF" && made "removed $MISTRAL_HF"
-    # barellm's q4 is llama.cpp's Q4_0: the GGUF's tensors are copied bit for bit.
-    [ -f "$MISTRAL_Q4" ] || [ ! -f "$MISTRAL_Q4_GGUF" ] || {
-        python3 convert/convert.py "$MISTRAL_Q4_GGUF" -o "$MISTRAL_Q4" --dtype q4 &&
-            made "$MISTRAL_Q4"
-    }
-    [ -n "$LLAMA_BENCH" ] || rm -f "$MISTRAL_Q4_GGUF"
 }
 if { wants compare || wants decode || wants ladder || wants ab; }; then
-    free=$(df -BG --output=avail "$WORK" | tail -1 | tr -dc 0-9)
-    if [ "${free:-0}" -lt $((4 * MISTRAL_GIB)) ] && [ ! -f "$MISTRAL" ]; then
-        note "Mistral-7B files: ${free:-?} GiB free on the disk of $WORK, $((4 * MISTRAL_GIB))" \
-            "needed: not made"
-    else
+    plan_mistral
+    if [ ${#MISTRAL_PLAN[@]} -gt 0 ]; then
         # Below the checks in priority: every process it starts inherits the niceness.
         { renice -n 5 -p "$BASHPID" >/dev/null; make_mistral; } >>"$LOG/models.log" 2>&1 &
         MODELS_PID=$!
     fi
 fi
+# True while the Mistral-7B files are being made.
+making() { [ -n "$MODELS_PID" ] && kill -0 "$MODELS_PID" 2>/dev/null; }
 # Waits for FILE while a run of $2 seconds would still fit after it; true when it exists.
 ready() {  # FILE SECONDS
-    while [ ! -f "$1" ] && [ -n "$MODELS_PID" ] && kill -0 "$MODELS_PID" 2>/dev/null &&
-        [ $((SECONDS + $2)) -lt "$DEADLINE" ]; do sleep 2; done
+    while [ ! -f "$1" ] && making && [ $((SECONDS + $2)) -lt "$DEADLINE" ]; do sleep 2; done
     [ -f "$1" ] && return 0
     note "$(basename "$1") not ready at ${SECONDS}s: $(tail -1 "$LOG/models.log" 2>/dev/null)"
     return 1
+}
+# Waits for the Mistral-7B files to be all made (they load every core: nothing is timed
+# beside them) while a run of $1 seconds would still fit.
+models_done() {  # SECONDS
+    while making && [ $((SECONDS + $1)) -lt "$DEADLINE" ]; do sleep 2; done
+    making && note "Mistral-7B files still being made at ${SECONDS}s: timed beside them"
+    return 0
 }
 
 # One architecture keeps nvcc fast; CPPFLAGS points at the staged nlohmann/json headers.
@@ -387,41 +430,45 @@ compare() {  # LABEL GGUF MODEL SECONDS PROMPT GENERATED
 
 if wants compare; then
     step "Mistral-7B shape against llama.cpp: f16 and q4 (pp512, tg128), q8 alone, short prompts"
-    ready "$MISTRAL" 120 && { [ -z "$LLAMA_BENCH" ] || ready "$MISTRAL_GGUF" 120; } &&
-        compare mistral-7b-f16 "$MISTRAL_GGUF" "$MISTRAL" 110 512 128
-    ready "$MISTRAL_Q4" 70 && compare mistral-7b-q4 "$MISTRAL_Q4_GGUF" "$MISTRAL_Q4" 70 512 128
-    ready "$MISTRAL_Q8" 20 && bench mistral-7b-q8 build/barellm "$MISTRAL_Q8" 20 -p 0 -n 128 -r 3
+    models_done 110
+    [ -f "$MISTRAL" ] && compare mistral-7b-f16 "$MISTRAL_GGUF" "$MISTRAL" 110 512 128
+    [ -f "$MISTRAL_Q4" ] && compare mistral-7b-q4 "$MISTRAL_Q4_GGUF" "$MISTRAL_Q4" 70 512 128
+    [ -f "$MISTRAL_Q8" ] && bench mistral-7b-q8 build/barellm "$MISTRAL_Q8" 20 -p 0 -n 128 -r 3
     # A short prompt in one batch against decoding it token by token.
     if [ -f "$MISTRAL" ]; then
         bench mistral-7b-f16 build/barellm "$MISTRAL" 20 -p 16 -n 64 -r 3
         bench mistral-7b-f16 build/barellm "$MISTRAL" 15 -p 64 -n 0 -r 3
     fi
+    for file in "${MISTRAL_PLAN[@]}"; do [ -f "$file" ] || note "$(basename "$file") was not made"; done
 fi
 
 if wants bf16; then
     step "bf16 (Mistral-7B shape) against llama.cpp: pp512, tg128"
-    [ -n "$MODELS_PID" ] && wait "$MODELS_PID"
-    MODELS_PID=
     BF16=$WORK/mistral-7b-bf16.bin BF16_GGUF=$WORK/mistral-7b-bf16.gguf BF16_HF=$WORK/bf16-hf
-    # Room for the bf16 checkpoint and its two files: the compare step's files go, but the
-    # f16 and q4 barellm files (decode, ladder, ab).
-    rm -f "$MISTRAL_GGUF" "$MISTRAL_Q4_GGUF" "$MISTRAL_Q8"
     if { [ ! -f "$BF16" ] || { [ -n "$LLAMA_BENCH" ] && [ ! -f "$BF16_GGUF" ]; }; } &&
-        fits 120 "bf16 files" && disk_has $((3 * MISTRAL_GIB)) "bf16 files"; then
-        {
-            rm -rf "$BF16_HF" &&
-                python3 convert/synth.py --preset mistral-7b --dtype bf16 -o "$BF16_HF" &&
-                made "$BF16_HF" && {
-                    python3 convert/convert.py "$BF16_HF" -o "$BF16" --dtype bf16 &
-                    if [ -n "$LLAMA_BENCH" ]; then gguf_from_hf "$BF16_HF" "$BF16_GGUF" bf16; fi
-                    wait
-                }
-            rm -rf "$BF16_HF"
-        } >>"$LOG/models.log" 2>&1
-        note "bf16 files: $([ -f "$BF16" ] && echo "$BF16")$([ -f "$BF16_GGUF" ] &&
-            echo " $BF16_GGUF") at ${SECONDS}s"
+        fits 240 "bf16 files and their comparison"; then
+        [ -n "$MODELS_PID" ] && wait "$MODELS_PID"
+        MODELS_PID=
+        # Room for the bf16 checkpoint and its two files: the compare step's files go, but
+        # the f16 and q4 barellm files (decode, ladder, ab).
+        rm -f "$MISTRAL_GGUF" "$MISTRAL_Q4_GGUF" "$MISTRAL_Q8" "$WORK"/.barellm-*.tmp \
+            "$WORK"/.gguf-*.tmp
+        if disk_has $((3 * MISTRAL_GIB)) "bf16 files"; then
+            {
+                rm -rf "$BF16_HF" &&
+                    python3 convert/synth.py --preset mistral-7b --dtype bf16 -o "$BF16_HF" &&
+                    made "$BF16_HF" && {
+                        python3 convert/convert.py "$BF16_HF" -o "$BF16" --dtype bf16 &
+                        if [ -n "$LLAMA_BENCH" ]; then gguf_from_hf "$BF16_HF" "$BF16_GGUF" bf16; fi
+                        wait
+                    }
+                rm -rf "$BF16_HF"
+            } >>"$LOG/models.log" 2>&1
+            note "bf16 files: $([ -f "$BF16" ] && echo "$BF16")$([ -f "$BF16_GGUF" ] &&
+                echo " $BF16_GGUF") at ${SECONDS}s"
+        fi
     fi
-    [ -f "$BF16" ] && compare mistral-7b-bf16 "$BF16_GGUF" "$BF16" 120 512 128
+    [ -f "$BF16" ] && compare mistral-7b-bf16 "$BF16_GGUF" "$BF16" 110 512 128
 fi
 
 if wants transformers; then
