@@ -20,7 +20,7 @@
 # texts, the nlohmann/json headers and GNU time into gpu_data/ (git-ignored), and packs
 # llama.cpp's CUDA tools, built here for sm_90 with portable CPU code
 # (scripts/build_llamacpp.sh --cuda 90 --portable, into $LLAMACPP_CUDA, default
-# ../llamacpp-cuda: about 50 minutes on 2 cores the first time, so start it early), with
+# ../llamacpp-cuda: about 35 minutes on 2 cores the first time, so start it early), with
 # the gguf Python package of the same sources (the GPU machine has none) into
 # gpu_data/llamacpp-cuda.tar.xz. The binaries link the toolkit's cuBLAS: they need the same
 # major CUDA version there (13).
@@ -81,7 +81,7 @@ if [ "${1:-}" = "--stage" ]; then
         echo "check.sh --stage: no GNU time (apt-get install time): no comparison there"
     llamacpp=${LLAMACPP_CUDA:-../llamacpp-cuda}
     if [ ! -x "$llamacpp/bin/llama-bench" ]; then
-        echo "check.sh --stage: building llama.cpp's CUDA tools into $llamacpp (about 50" \
+        echo "check.sh --stage: building llama.cpp's CUDA tools into $llamacpp (about 35" \
             "minutes on 2 cores)"
         scripts/build_llamacpp.sh "$llamacpp" --cuda 90 --portable
     fi
