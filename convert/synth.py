@@ -155,12 +155,13 @@ def write_shards(shards, seed):
     try:
         tasks = []
         for path, group in shards:
-            header, data_bytes = st.encode_header([e[:3] for e in group], {"format": "pt"}, 8)
+            entries = [e[:3] for e in group]
+            header, data_bytes = st.encode_header(entries, {"format": "pt"}, 8)
             f = open(path + ".tmp", "wb")
             files.append((path + ".tmp", path, f))
             os.ftruncate(f.fileno(), len(header) + data_bytes)
             parallel.pwrite_all(f.fileno(), header, 0)
-            offsets = st.data_offsets([e[:3] for e in group])
+            offsets = st.data_offsets(entries)
             tasks += [tensor_task(f.fileno(), len(header) + offsets[name][0], name, dtype, shape,
                                   is_norm, seed)
                       for name, dtype, shape, is_norm in group]

@@ -11,14 +11,11 @@ import time
 import numpy as np
 import pytest
 
-from convert_testlib import BARELLM, TINY_CONFIG, make_checkpoint, run, tiny_tensors
+from convert_testlib import (BARELLM, CONVERT, REPO, TINY_CONFIG, make_checkpoint, run,
+                             tiny_tensors)
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "convert"))
+sys.path.insert(0, os.path.join(REPO, "convert"))
 import parallel  # noqa: E402
-
-CONVERT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "convert",
-                       "convert.py")
 
 
 def test_pwrite_all_writes_blocks_at_their_offsets(tmp_path):

@@ -175,10 +175,12 @@ capped() {
     local left=$((DEADLINE - SECONDS))
     echo $((left < $1 ? (left > 1 ? left : 1) : $1))
 }
+# The GiB free on the disk of $WORK.
+free_gib() { df -BG --output=avail "$WORK" | tail -1 | tr -dc 0-9; }
 # True when the disk of $WORK has $1 GiB free; else notes the skip of $2.
 disk_has() {
     local free
-    free=$(df -BG --output=avail "$WORK" | tail -1 | tr -dc 0-9)
+    free=$(free_gib)
     [ "${free:-0}" -ge "$1" ] && return 0
     note "$2: skipped, ${free:-?} GiB free on the disk of $WORK"
     return 1
@@ -235,6 +237,19 @@ gguf_from_hf() {  # HF_DIR OUT TYPE
     PYTHONPATH=$GGUF_PY python3 scripts/gguf_from_hf.py "$1" -o "$2" --type "$3"
 }
 
+# True when the barellm file $1 is missing, or its GGUF $2 where llama.cpp is there to use it.
+pair_missing() { [ ! -f "$1" ] || { [ -n "$LLAMA_BENCH" ] && [ ! -f "$2" ]; }; }
+# A barellm file and (where llama.cpp is there) a GGUF of the same random weights, from a
+# Hugging Face checkpoint of convert/synth.py's PRESET in DTYPE, which is removed after.
+make_pair() {  # PRESET DTYPE HF_DIR BARELLM_FILE GGUF
+    rm -rf "$3" && python3 convert/synth.py --preset "$1" --dtype "$2" -o "$3" && made "$3" && {
+        python3 convert/convert.py "$3" -o "$4" --dtype "$2" &
+        if [ -n "$LLAMA_BENCH" ]; then gguf_from_hf "$3" "$5" "$2"; fi
+        wait
+    }
+    rm -rf "$3"
+}
+
 # The Mistral-7B-shaped files, made in the background (the header says which, and in what
 # order); each appears under its final name only once complete (the writers rename a
 # temporary file), and models.log says what was made when.
@@ -260,7 +275,7 @@ plan_mistral() {
         [ -f "$file" ] || { MISTRAL_PLAN+=("$file"); need=$((need + GIB[$file])); }
     done
     [ ${#MISTRAL_PLAN[@]} -gt 0 ] && [ ! -d "$MISTRAL_HF" ] && need=$((need + MISTRAL_GIB))
-    free=$(df -BG --output=avail "$WORK" | tail -1 | tr -dc 0-9)
+    free=$(free_gib)
     note "disk: ${free:-?} GiB free on $WORK; the Mistral-7B files need $need"
     while [ ${#MISTRAL_PLAN[@]} -gt 0 ] && [ "$need" -gt $((${free:-0} - 2)) ]; do
         file=${MISTRAL_PLAN[-1]}
@@ -445,8 +460,7 @@ fi
 if wants bf16; then
     step "bf16 (Mistral-7B shape) against llama.cpp: pp512, tg128"
     BF16=$WORK/mistral-7b-bf16.bin BF16_GGUF=$WORK/mistral-7b-bf16.gguf BF16_HF=$WORK/bf16-hf
-    if { [ ! -f "$BF16" ] || { [ -n "$LLAMA_BENCH" ] && [ ! -f "$BF16_GGUF" ]; }; } &&
-        fits 240 "bf16 files and their comparison"; then
+    if pair_missing "$BF16" "$BF16_GGUF" && fits 240 "bf16 files and their comparison"; then
         [ -n "$MODELS_PID" ] && wait "$MODELS_PID"
         MODELS_PID=
         # Room for the bf16 checkpoint and its two files: the compare step's files go, but
@@ -454,16 +468,7 @@ if wants bf16; then
         rm -f "$MISTRAL_GGUF" "$MISTRAL_Q4_GGUF" "$MISTRAL_Q8" "$WORK"/.barellm-*.tmp \
             "$WORK"/.gguf-*.tmp
         if disk_has $((3 * MISTRAL_GIB)) "bf16 files"; then
-            {
-                rm -rf "$BF16_HF" &&
-                    python3 convert/synth.py --preset mistral-7b --dtype bf16 -o "$BF16_HF" &&
-                    made "$BF16_HF" && {
-                        python3 convert/convert.py "$BF16_HF" -o "$BF16" --dtype bf16 &
-                        if [ -n "$LLAMA_BENCH" ]; then gguf_from_hf "$BF16_HF" "$BF16_GGUF" bf16; fi
-                        wait
-                    }
-                rm -rf "$BF16_HF"
-            } >>"$LOG/models.log" 2>&1
+            make_pair mistral-7b bf16 "$BF16_HF" "$BF16" "$BF16_GGUF" >>"$LOG/models.log" 2>&1
             note "bf16 files: $([ -f "$BF16" ] && echo "$BF16")$([ -f "$BF16_GGUF" ] &&
                 echo " $BF16_GGUF") at ${SECONDS}s"
         fi
@@ -592,18 +597,9 @@ fi
 if wants llama3-prefill; then
     step "prefill at Llama-3-8B's shape: pp512 f16 against llama.cpp"
     LLAMA3_HF=$WORK/llama3-hf LLAMA3=$WORK/llama3-8b-f16.bin LLAMA3_GGUF=$WORK/llama3-8b-f16.gguf
-    if { [ ! -f "$LLAMA3" ] || { [ -n "$LLAMA_BENCH" ] && [ ! -f "$LLAMA3_GGUF" ]; }; } &&
-        fits 240 "Llama-3-8B files" &&
+    if pair_missing "$LLAMA3" "$LLAMA3_GGUF" && fits 240 "Llama-3-8B files" &&
         disk_has $((3 * LLAMA3_8B_GIB)) "Llama-3-8B checkpoint, its barellm file and GGUF"; then
-        {
-            rm -rf "$LLAMA3_HF" &&
-                python3 convert/synth.py --preset llama3-8b --dtype f16 -o "$LLAMA3_HF" && {
-                    python3 convert/convert.py "$LLAMA3_HF" -o "$LLAMA3" --dtype f16 &
-                    if [ -n "$LLAMA_BENCH" ]; then gguf_from_hf "$LLAMA3_HF" "$LLAMA3_GGUF" f16; fi
-                    wait
-                }
-            rm -rf "$LLAMA3_HF"
-        } >"$LOG/llama3_synth.log" 2>&1
+        make_pair llama3-8b f16 "$LLAMA3_HF" "$LLAMA3" "$LLAMA3_GGUF" >"$LOG/llama3_synth.log" 2>&1
     fi
     if [ -f "$LLAMA3" ]; then
         compare llama3-8b-f16 "$LLAMA3_GGUF" "$LLAMA3" 120 512 0
