@@ -37,7 +37,7 @@ def check_quantized_logits(model, want):
     reference fed its dequantized weights: the scalar path uses those weights exactly;
     SIMD decode, and the AVX-512 VNNI prefill GEMM, also quantize the activations to 8
     bits (integer dot products), a small extra error."""
-    scalar = barellm_logits(model, IDS, "--kv", "f32", "--scalar")
+    scalar = barellm_logits(model, IDS, "--kv", "f32", "--simd", "scalar")
     assert relative_error(scalar, want) < 1e-4
     for flags in ([], ["--prefill"]):
         got = barellm_logits(model, IDS, "--kv", "f32", *flags)
@@ -101,7 +101,7 @@ def test_q8_matches_reference(tmp_path):
 def test_scalar_path_matches_reference(tmp_path):
     need_shared(STORIES)
     model = convert(STORIES, str(tmp_path / "stories-f16.bin"), "f16")
-    got = barellm_logits(model, IDS, "--kv", "f32", "--scalar")
+    got = barellm_logits(model, IDS, "--kv", "f32", "--simd", "scalar")
     assert relative_error(got, reference.logits_for(model, IDS)) < 1e-4
 
 

@@ -198,7 +198,7 @@ def test_mixed_files_match_reference(tmp_path, config, note):
     model = str(tmp_path / "q4.bin")
     ids = [1, 4, 9, 30, 2, 17, 39, 5, 11]
     want = reference.logits_for(model, ids)
-    assert relative_error(barellm_logits(model, ids, "--kv", "f32", "--scalar"), want) < 1e-4
+    assert relative_error(barellm_logits(model, ids, "--kv", "f32", "--simd", "scalar"), want) < 1e-4
     for flags in ([], ["--prefill"]):
         assert relative_error(barellm_logits(model, ids, "--kv", "f32", *flags), want) < 2e-2
 

@@ -185,7 +185,7 @@ void attention_rows(float* out, const float* q, int first_row, int rows, int fir
     float* sums = align32(scratch);
     float* scores = sums + kRowTile * kTokenTile;
     float* queries = scores + size_t(kRowTile) * tiles.padded_keys;
-    int begin[kRowTile], end[kRowTile];  // each row's keys, from first_key
+    int begin[kRowTile] = {}, end[kRowTile] = {};  // each row's keys, from first_key
     float* out_rows[kRowTile];
     gather_query_rows(q, out, first_row, rows, first_pos, kv_head, tiles.first_key, shape, begin,
                       end, out_rows, queries);

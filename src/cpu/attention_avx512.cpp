@@ -95,7 +95,8 @@ void attention_rows(float* out, const float* q, int first_row, int rows, int fir
     float* sums = align64(scratch);
     float* scores = sums + kOuterProductTiles * sums_tile_stride;
     float* queries = scores + size_t(kAttentionRowTile) * tiles.padded_keys;
-    int begin[kAttentionRowTile], end[kAttentionRowTile];  // each row's keys, from first_key
+    // Each row's keys, from first_key.
+    int begin[kAttentionRowTile] = {}, end[kAttentionRowTile] = {};
     float* out_rows[kAttentionRowTile];
     gather_query_rows(q, out, first_row, rows, first_pos, kv_head, tiles.first_key, shape, begin,
                       end, out_rows, queries);

@@ -20,14 +20,16 @@ using unicode::utf8_length;
 
 std::string describe(const std::string& what) { return "tokenizer.json: " + what; }
 
-const json& member(const json& node, const char* key, const std::string& where) {
+// `where` is a C string: a std::string temporary argument would make gcc 13 suspect that the
+// returned reference dangles (-Wdangling-reference).
+const json& member(const json& node, const char* key, const char* where) {
     if (!node.is_object() || !node.contains(key))
-        throw Error(describe(where + " has no '" + key + "'"));
+        throw Error(describe(std::string(where) + " has no '" + key + "'"));
     return node.at(key);
 }
 
 std::string string_member(const json& node, const char* key, const std::string& where) {
-    const json& value = member(node, key, where);
+    const json& value = member(node, key, where.c_str());
     if (!value.is_string()) throw Error(describe(where + " '" + key + "' is not a string"));
     return value.get<std::string>();
 }
@@ -51,7 +53,7 @@ char32_t single_character(const std::string& text, const std::string& where) {
 
 // A {"String": ...} pattern's text; {"Regex": ...} is refused.
 std::string literal_pattern(const json& node, const std::string& where) {
-    const json& pattern = member(node, "pattern", where);
+    const json& pattern = member(node, "pattern", where.c_str());
     if (pattern.is_object() && pattern.contains("String"))
         return string_member(pattern, "String", where);
     if (pattern.is_object() && pattern.contains("Regex"))
@@ -152,7 +154,7 @@ std::unique_ptr<PreTokenizer> parse_pre_tokenizer(const json& node) {
 }
 
 size_t count_member(const json& node, const char* key, const std::string& where) {
-    const json& value = member(node, key, where);
+    const json& value = member(node, key, where.c_str());
     if (!value.is_number_unsigned()) throw Error(describe(where + " '" + key + "' is not a count"));
     return value.get<size_t>();
 }

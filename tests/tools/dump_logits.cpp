@@ -1,11 +1,14 @@
 // Test tool: runs token ids through a backend one position at a time and
 // writes the logits of every position as raw little-endian float32 [ids, vocab].
-//   dump_logits MODEL OUT_FILE ID [ID ...] [--kv f16|f32] [--scalar] [--prefill]
-//               [--device cpu|cuda]
+//   dump_logits MODEL OUT_FILE ID [ID ...] [--kv f16|f32] [--simd scalar|avx2|avx512]
+//               [--prefill] [--device cpu|cuda]
 //   dump_logits --check-cuda
+// --simd runs the CPU backend at that level, or at a lower one the CPU has (default: the
+// best; the AVX-512 matvecs read an f16-rounded input, the AVX2 ones keep it f32).
 // --prefill runs all ids as one batch (the prefill GEMM path) instead of one by one.
 // --device picks the backend (default cpu). --check-cuda exits 0 when a usable CUDA GPU
 // is present, else prints why not and exits 1 (tests skip on it).
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -31,8 +34,8 @@ int main(int argc, char** argv) {
         }
         if (argc < 4)
             throw Error(
-                "usage: dump_logits MODEL OUT_FILE ID [ID ...] [--kv f16|f32] [--scalar] "
-                "[--prefill] [--device cpu|cuda]");
+                "usage: dump_logits MODEL OUT_FILE ID [ID ...] [--kv f16|f32] "
+                "[--simd scalar|avx2|avx512] [--prefill] [--device cpu|cuda]");
         std::vector<int> ids;
         KvType kv_type = KvType::F16;
         Device device = Device::Cpu;
@@ -44,8 +47,11 @@ int main(int argc, char** argv) {
                 device = std::strcmp(argv[++i], "cuda") == 0 ? Device::Cuda : Device::Cpu;
             } else if (std::strcmp(argv[i], "--prefill") == 0) {
                 prefill = true;
-            } else if (std::strcmp(argv[i], "--scalar") == 0) {
-                cpu::set_simd_level(cpu::SimdLevel::Scalar);
+            } else if (std::strcmp(argv[i], "--simd") == 0 && i + 1 < argc) {
+                cpu::SimdLevel level;
+                if (!cpu::parse_simd_level(argv[++i], &level))
+                    throw Error(std::string("--simd: unknown level ") + argv[i]);
+                cpu::set_simd_level(std::min(level, cpu::detect_simd_level()));
             } else {
                 ids.push_back(std::stoi(argv[i]));
             }
