@@ -195,6 +195,7 @@ STORIES_HF=../shared/models/stories260K
 step "machine"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG/gpu.txt"
 note "GPU: $(head -1 "$LOG/gpu.txt"), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+note "host CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs), $(nproc) cores"
 
 # llama.cpp's CUDA tools and gguf package, staged by --stage (unpacked by Python's tarfile:
 # the image may have no xz).
