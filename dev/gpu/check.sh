@@ -8,11 +8,11 @@
 #   bash dev/gpu/check.sh [STEP...]   on the GPU machine, from the repository root
 #
 # A GPU session has about 15 minutes of device time, the machine's start included, so the
-# default steps are one call that ends by DEADLINE (540 s): `run` with timeout_s 600 and
-# carry ["gpu_data"]. Within 30 s of its end the machine is still warm and keeps $WORK: a
-# short second call on the files kept there fits what is left (e.g. `DEADLINE=150 bash
-# dev/gpu/check.sh decode`); bf16, transformers and the 8B shapes each want a call of
-# their own, in a later session.
+# default steps are one call that ends by DEADLINE (540 s; about 5 minutes on an H100
+# machine): `run` with timeout_s 600 and carry ["gpu_data"]. Within 30 s of its end the
+# machine is still warm and keeps $WORK: further calls on the files kept there fit what is
+# left (e.g. `DEADLINE=250 bash dev/gpu/check.sh qwen3-8b`, 80 s; transformers about 35 s
+# a checkpoint; bf16 about 4 minutes).
 #
 # The GPU machine reaches neither ../shared nor a package registry, and its minutes are too
 # few to build llama.cpp: --stage copies stories260K, the llama2 tokenizer (the Mistral-7B
@@ -312,7 +312,8 @@ make_mistral() {
         {
             gguf_from_hf "$MISTRAL_HF" "$MISTRAL_Q4_GGUF" q4_0 && made "$MISTRAL_Q4_GGUF" &&
                 { ! planned "$MISTRAL_Q4" || {
-                    python3 convert/convert.py "$MISTRAL_Q4_GGUF" -o "$MISTRAL_Q4" --dtype q4 &&
+                    PYTHONPATH=$GGUF_PY python3 convert/convert.py "$MISTRAL_Q4_GGUF" \
+                        -o "$MISTRAL_Q4" --dtype q4 &&
                         made "$MISTRAL_Q4"; }; }
         } &
         jobs+=($!)
