@@ -29,6 +29,8 @@ namespace {
 #define AVX512_KERNELS(X)          \
     X(matmul_rows)                 \
     X(matmul_rows_half_x)          \
+    X(matmul_rows_bf16_x)          \
+    X(round_to_bf16)               \
     X(round_to_half)               \
     X(matmul_rows_q8)              \
     X(matmul_rows_q4)              \
@@ -165,6 +167,32 @@ TEST_CASE("AVX-512 f16/bf16 matvecs against x rounded to f16 match their referen
             CHECK(relative_error(row_range(got, 1, rows - 1), row_range(want, 1, rows - 1)) < 1e-6);
             CHECK(std::isnan(got[0]));
         }
+}
+
+TEST_CASE("AVX512_BF16 matvec against x rounded to bf16 matches its reference at every tail") {
+    std::mt19937 rng(516);
+    for (const Avx512Build& build : builds()) {
+        if (!build.has_bf16) continue;
+        for (int cols : {1, 15, 31, 32, 33, 63, 64, 65, 100, 129, 257, 5632 + 9}) {
+            const int rows = 5;
+            const TestMatrix m = make_matrix(rows, cols, DType::BF16, rng);
+            const std::vector<float> x = random_floats(cols, rng, 3.0f);
+            std::vector<uint16_t> bf16_x(cols + 1, 0xabcd);
+            build.round_to_bf16(bf16_x.data(), x.data(), cols);
+            CHECK(bf16_x[cols] == 0xabcd);  // nothing written past n
+            const std::vector<float> want_x = rounded_to_bf16(x);
+            for (int c = 0; c < cols; ++c) {
+                INFO(build.name << " column " << c);
+                REQUIRE(bf16_to_float(bf16_x[c]) == want_x[c]);
+            }
+            const std::vector<double> want = reference_matvec(m, want_x);
+            std::vector<float> got(rows, NAN);
+            build.matmul_rows_bf16_x(got.data(), m.matrix, bf16_x.data(), 1, rows - 1);
+            INFO(build.name << " cols " << cols);
+            CHECK(relative_error(row_range(got, 1, rows - 1), row_range(want, 1, rows - 1)) < 1e-6);
+            CHECK(std::isnan(got[0]));
+        }
+    }
 }
 
 TEST_CASE("AVX-512 rounding of x to f16 refuses values f16 cannot hold") {

@@ -67,8 +67,12 @@ TEST_CASE("matmul matches a double-precision reference for every dtype and SIMD 
         std::vector<float> x_used = x;
         if (dtype == DType::I8 && level >= cpu::SimdLevel::Avx2)
             x_used = quantized_like_the_kernel(x);
-        // The AVX-512 f16 and bf16 matvecs read x rounded to f16.
-        if ((dtype == DType::F16 || dtype == DType::BF16) && level == cpu::SimdLevel::Avx512)
+        // The AVX-512 f16 and bf16 matvecs read x rounded to f16, or to bf16 for bf16 weights
+        // where they multiply with vdpbf16ps.
+        if (dtype == DType::BF16 && level == cpu::SimdLevel::Avx512 &&
+            cpu::cpu_prefers_bf16_dot_products())
+            x_used = rounded_to_bf16(x);
+        else if ((dtype == DType::F16 || dtype == DType::BF16) && level == cpu::SimdLevel::Avx512)
             for (float& value : x_used) value = half_to_float(float_to_half(value));
         std::vector<double> want(rows);
         for (int r = 0; r < rows; ++r)
@@ -458,6 +462,9 @@ TEST_CASE("matvecs split across threads equal their reference at every level and
     std::vector<float> x_used = x;
     if ((dtype == DType::I8 || dtype == DType::U8) && level >= cpu::SimdLevel::Avx2)
         x_used = quantized_like_the_kernel(x);
+    else if (dtype == DType::BF16 && level == cpu::SimdLevel::Avx512 &&
+             cpu::cpu_prefers_bf16_dot_products())
+        x_used = rounded_to_bf16(x);
     else if ((dtype == DType::F16 || dtype == DType::BF16) && level == cpu::SimdLevel::Avx512)
         for (float& value : x_used) value = half_to_float(float_to_half(value));
     std::vector<double> want(rows);

@@ -16,7 +16,7 @@ import model as reference
 from convert_testlib import (BARELLM, CONVERT, make_checkpoint, read_raw, require_cuda, run,
                              write_safetensors)
 from test_convert import check_layout
-from test_end_to_end import (IDS, barellm_logits, bf16_prefill_tolerance, check_quantized_logits,
+from test_end_to_end import (IDS, barellm_logits, bf16_tolerance, check_quantized_logits,
                              relative_error)
 
 _QWEN = {"hidden_act": "silu", "vocab_size": 512, "max_position_embeddings": 64,
@@ -138,8 +138,8 @@ def test_f16_and_bf16_match_the_reference_on_the_same_weights(tmp_path, name, dt
     want = reference.logits_for(model, IDS)
     got = barellm_logits(model, IDS, "--kv", "f16", *(["--prefill"] if mode == "prefill" else []))
     tolerance = 1e-3
-    if dtype == "bf16" and mode == "prefill":
-        tolerance = bf16_prefill_tolerance(tolerance)
+    if dtype == "bf16":
+        tolerance = bf16_tolerance(tolerance)
     assert relative_error(got, want) < tolerance
     assert (got.argmax(axis=1) == want.argmax(axis=1)).all()
 

@@ -28,6 +28,13 @@ void matmul_rows_half_x(float* out, const Matrix& w, const uint16_t* half_x, int
 // |x| is too large for f16 (or x is not finite).
 bool round_to_half(uint16_t* half_x, const float* x, int n);
 
+// bf16 weights against x rounded to bf16 (bf16_x, from round_to_bf16), as vdpbf16ps
+// (matmul_avx512bf16.cpp).
+void matmul_rows_bf16_x(float* out, const Matrix& w, const uint16_t* bf16_x, int first_row,
+                        int row_count);
+// bf16_x[n] = x rounded to bf16 (nearest even).
+void round_to_bf16(uint16_t* bf16_x, const float* x, int n);
+
 // Q8 and Q4 weights, read from their tiles (Matrix::row_tiles, cpu/quantized_tiles.h),
 // against x quantized to Q8, as vpdpbusd integer dot products (matmul_avx512vnni.cpp).
 void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,

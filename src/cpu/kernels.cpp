@@ -188,11 +188,13 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
     // the calling thread, into one buffer per task; the workers only read them.
     static thread_local QuantizedVector quantized_buffers[kMaxTasks];
     QuantizedVector* quantized = quantized_buffers;
-    // f16 and bf16 weights with AVX-512 read x rounded to f16 (avx512::matmul_rows_half_x),
-    // where it fits f16's range; likewise rounded once by the calling thread.
+    // f16 and bf16 weights with AVX-512 read x as 16-bit values, likewise rounded once by the
+    // calling thread: bf16 weights where the bf16 dot products are preferred as bf16 for
+    // vdpbf16ps (avx512::matmul_rows_bf16_x), else f16 and bf16 weights as f16
+    // (avx512::matmul_rows_half_x), where x fits f16's range.
     static thread_local std::vector<uint16_t> half_buffers[kMaxTasks];
     std::vector<uint16_t>* halves = half_buffers;  // the calling thread's, for the workers
-    bool use_half_x[kMaxTasks] = {};
+    bool use_half_x[kMaxTasks] = {}, use_bf16_x[kMaxTasks] = {};
     if (task_count > kMaxTasks) throw Error("matmul_many takes at most 4 tasks");
     const bool use_simd = active_level >= SimdLevel::Avx2;
     const bool use_avx512 = active_level == SimdLevel::Avx512;
@@ -201,7 +203,11 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
     for (int t = 0; t < task_count; ++t) {
         const Matrix& w = *task_list[t].w;
         if (use_simd && is_quantized(w.dtype)) quantize_q8(&quantized[t], task_list[t].x, w.cols);
-        if (use_avx512 && (w.dtype == DType::F16 || w.dtype == DType::BF16)) {
+        if (use_avx512 && bf16_dot_products && w.dtype == DType::BF16) {
+            halves[t].resize(w.cols);
+            avx512::round_to_bf16(halves[t].data(), task_list[t].x, w.cols);
+            use_bf16_x[t] = true;
+        } else if (use_avx512 && (w.dtype == DType::F16 || w.dtype == DType::BF16)) {
             halves[t].resize(w.cols);
             use_half_x[t] = avx512::round_to_half(halves[t].data(), task_list[t].x, w.cols);
         }
@@ -231,6 +237,8 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
                 else if (dtype == DType::U8)
                     (tiled ? avx512::matmul_rows_q4 : avx2::matmul_rows_q4)(
                         task.out, *task.w, quantized[t], row, count);
+                else if (use_bf16_x[t])
+                    avx512::matmul_rows_bf16_x(task.out, *task.w, halves[t].data(), row, count);
                 else if (use_half_x[t])
                     avx512::matmul_rows_half_x(task.out, *task.w, halves[t].data(), row, count);
                 else

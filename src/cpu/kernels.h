@@ -30,11 +30,12 @@ bool cpu_has_avx_vnni();
 // Whether the CPU has AVX512_BF16 (vdpbf16ps, the bf16 prefill GEMM; without it that runs on
 // AVX2).
 bool cpu_has_avx512_bf16();
-// Whether the bf16 prefill GEMM multiplies with vdpbf16ps (x rounded to bf16, two products
-// a lane per instruction) rather than widening the weights to f32 for the FMA GEMM: where
-// the CPU has AVX512_BF16 and is an AMD one. Zen 4 runs 512-bit FMAs at half rate and
-// vdpbf16ps at full (pp128 1.8x the f32 GEMM's); Intel's full-rate 512-bit FMAs leave
-// vdpbf16ps no faster and x's bf16 pairs a cost (pp128 0.63x; docs/BENCHMARKS.md).
+// Whether bf16 weights multiply with vdpbf16ps (x rounded to bf16, two products a lane per
+// instruction), in the prefill GEMM and the decode matvec, rather than widening the weights
+// to f32 for FMAs: where the CPU has AVX512_BF16 and is an AMD one. Zen 4 runs 512-bit FMAs
+// at half rate and vdpbf16ps at full (pp128 1.8x the f32 GEMM's, decode about 1.1x the
+// widening matvec's); Intel's full-rate 512-bit FMAs leave vdpbf16ps no faster and x's bf16
+// pairs a cost (pp128 0.63x; docs/BENCHMARKS.md).
 bool cpu_prefers_bf16_dot_products();
 void set_simd_level(SimdLevel level);
 SimdLevel simd_level();

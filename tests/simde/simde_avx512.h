@@ -123,6 +123,19 @@ inline simde__m256i _mm512_cvtps_ph(simde__m512 values, int /*rounding*/) {
     return bits<simde__m256i>(out);
 }
 #endif
+#ifndef _mm512_maskz_loadu_epi16
+inline simde__m512i _mm512_maskz_loadu_epi16(simde__mmask32 mask, const void* p) {
+    return barellm::simde_extra::masked_load<simde__m512i>(p, mask, 32, 2);
+}
+#endif
+#ifndef _mm512_mask_storeu_epi16
+inline void _mm512_mask_storeu_epi16(void* p, simde__mmask32 mask, simde__m512i values) {
+    uint16_t lanes[32];
+    std::memcpy(lanes, &values, sizeof lanes);
+    for (int i = 0; i < 32; ++i)
+        if (mask >> i & 1) std::memcpy(static_cast<char*>(p) + 2 * i, &lanes[i], 2);
+}
+#endif
 #ifndef _mm256_mask_storeu_epi16
 inline void _mm256_mask_storeu_epi16(void* p, simde__mmask16 mask, simde__m256i values) {
     using namespace barellm::simde_extra;
