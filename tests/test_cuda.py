@@ -54,7 +54,7 @@ PREFILL_F16_KV_TOLERANCE = 3e-3
 # Batched prefill of q8 and q4 weights. The GPU's GEMM dequantizes each weight to f16 (one
 # rounding, relative 2^-11 at most) and multiplies f16 activations, as an f16 model's prefill
 # does; the CPU's q8/q4 prefill GEMM instead quantizes the activations to int8 per group of
-# 32. Two references, neither measured on a GPU here:
+# 32. Two references, both met on an H100:
 # - The CPU's scalar path (`--simd scalar`: the dequantized weights exactly, f32 activations,
 #   token by token) differs from the GPU by the f16 roundings only: an f16 model's prefill
 #   budget (3e-3) plus the weights' own f16 rounding, whose errors of random sign add up to
