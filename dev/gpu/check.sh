@@ -42,6 +42,9 @@
 #                 compare step's GGUF files and q8 file removed first to make room
 #   transformers  CUDA logits against transformers' (dev/gpu/transformers_logits.py) on
 #                 the synthetic Llama/Mistral and Qwen2/Qwen3 shapes of tests/test_cuda.py
+#   logits-7b     the Mistral-7B f16 file's prefill logits (512 tokens, f16 KV cache)
+#                 against transformers' on the GPU in f32, within 1e-2 at every position
+#                 (the Hugging Face checkpoint is then kept; about 2 minutes)
 #   decode        `barellm bench --device cuda -p 0` on stories260K (f16, q8, q4) and on the
 #                 Mistral-7B f16 file, at short and long context
 #   ladder        `barellm ladder --device cuda -n 64` on stories260K and Mistral-7B f16
@@ -107,8 +110,8 @@ fi
 STEPS=${*:-kernels tests compare}
 for name in $STEPS; do
     case $name in
-        kernels | tests | compare | bf16 | transformers | decode | ladder | ab | qwen3-8b | \
-            llama3-prefill) ;;
+        kernels | tests | compare | bf16 | transformers | logits-7b | decode | ladder | ab | \
+            qwen3-8b | llama3-prefill) ;;
         *) echo "check.sh: unknown step '$name' (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -329,9 +332,9 @@ make_mistral() {
     for file in "${MISTRAL_PLAN[@]}"; do
         [ -f "$file" ] || { made "$(basename "$file") missing: $MISTRAL_HF kept"; return 1; }
     done
-    rm -rf "$MISTRAL_HF" && made "removed $MISTRAL_HF"
+    wants logits-7b || { rm -rf "$MISTRAL_HF" && made "removed $MISTRAL_HF"; }
 }
-if { wants compare || wants decode || wants ladder || wants ab; }; then
+if { wants compare || wants logits-7b || wants decode || wants ladder || wants ab; }; then
     plan_mistral
     if [ ${#MISTRAL_PLAN[@]} -gt 0 ]; then
         # Below the checks in priority: every process it starts inherits the niceness.
@@ -510,6 +513,27 @@ $(tail -1 "$LOG/transformers_$name.err")}"
             note "transformers $name: no checkpoint: $(tail -1 "$LOG/transformers_$name.err")"
         fi
     done
+fi
+
+if wants logits-7b; then
+    step "Mistral-7B f16 prefill logits against transformers (512 positions, f16 KV cache)"
+    ids=$(python3 -c "import numpy as np; \
+print(','.join(map(str, np.random.default_rng(12).integers(0, 32000, 512))))")
+    IFS=, read -ra id_list <<<"$ids"
+    if [ ! -d "$MISTRAL_HF" ] && ! making && fits 150 "the Mistral-7B checkpoint for logits-7b"; then
+        python3 convert/synth.py --preset mistral-7b --dtype f16 -o "$MISTRAL_HF" \
+            >>"$LOG/models.log" 2>&1
+    fi
+    result=
+    if ready "$MISTRAL" 120 && [ -d "$MISTRAL_HF" ] && fits 120 "logits-7b"; then
+        models_done 120
+        build/dump_logits "$MISTRAL" "$WORK/mistral.logits" "${id_list[@]}" --prefill \
+            --device cuda 2>"$LOG/logits_7b.err" &&
+            result=$(timeout "$(capped 240)" python3 dev/gpu/transformers_logits.py \
+                "$MISTRAL_HF" --ids "$ids" --compare "$WORK/mistral.logits" --device cuda \
+                --tolerance 1e-2 2>>"$LOG/logits_7b.err")
+        note "logits-7b: ${result:-FAILED: $(tail -1 "$LOG/logits_7b.err")}"
+    fi
 fi
 
 if wants decode; then

@@ -3,12 +3,14 @@
 
     python3 dev/gpu/transformers_logits.py HF_DIR --ids 1,2,3 -o OUT_FILE
     python3 dev/gpu/transformers_logits.py HF_DIR --ids 1,2,3 --compare BARELLM_LOGITS
-                                           [--tolerance 1e-3]
+                                           [--tolerance 1e-3] [--device cpu|cuda]
 
 Loads HF_DIR with AutoModelForCausalLM (LlamaForCausalLM, MistralForCausalLM,
-Qwen2ForCausalLM or Qwen3ForCausalLM) in float32 on the CPU (f16/bf16 weights are upcast:
-barellm computes in f32 too), with eager attention (which applies the sliding window) and
-no KV cache, runs the ids as one sequence and
+Qwen2ForCausalLM or Qwen3ForCausalLM) in float32 (f16/bf16 weights are upcast: barellm
+computes in f32 too) on the CPU, or with --device cuda on the GPU (its matrix products in
+full f32, TF32 off: a 7B model's 512 positions take seconds there, minutes on the CPU),
+with eager attention (which applies the sliding window) and no KV cache, runs the ids as one
+sequence and
 writes the logits [len(ids), vocab] as raw little-endian float32, the layout of
 build/dump_logits. With --compare it reads such a file instead of writing one, prints the
 worst and median relative error over positions, and exits 1 when the worst exceeds the
@@ -21,10 +23,13 @@ import sys
 import numpy as np
 
 
-def transformers_logits(hf_dir, ids):
+def transformers_logits(hf_dir, ids, device="cpu"):
     """float32 logits [len(ids), vocab] of transformers' forward pass."""
     import torch
     import transformers
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
 
     major = int(transformers.__version__.split(".")[0])
     minor = int(transformers.__version__.split(".")[1])
@@ -32,10 +37,10 @@ def transformers_logits(hf_dir, ids):
     dtype_arg = "dtype" if (major, minor) >= (4, 56) else "torch_dtype"
     model = transformers.AutoModelForCausalLM.from_pretrained(
         hf_dir, attn_implementation="eager", **{dtype_arg: torch.float32})
-    model.eval()
+    model.to(device).eval()
     with torch.no_grad():
-        output = model(torch.tensor([ids], dtype=torch.long), use_cache=False)
-    return output.logits[0].float().numpy()
+        output = model(torch.tensor([ids], dtype=torch.long, device=device), use_cache=False)
+    return output.logits[0].float().cpu().numpy()
 
 
 def main(argv=None):
@@ -46,9 +51,10 @@ def main(argv=None):
     target.add_argument("-o", "--output", help="write the logits here")
     target.add_argument("--compare", help="barellm logits file to compare against")
     parser.add_argument("--tolerance", type=float, default=1e-3)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args(argv)
     ids = [int(i) for i in args.ids.split(",")]
-    want = transformers_logits(args.hf_dir, ids)
+    want = transformers_logits(args.hf_dir, ids, args.device)
     if args.output:
         want.astype("<f4").tofile(args.output)
         return 0
