@@ -189,9 +189,9 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
     static thread_local QuantizedVector quantized_buffers[kMaxTasks];
     QuantizedVector* quantized = quantized_buffers;
     // f16 and bf16 weights with AVX-512 read x as 16-bit values, likewise rounded once by the
-    // calling thread: bf16 weights where the bf16 dot products are preferred as bf16 for
-    // vdpbf16ps (avx512::matmul_rows_bf16_x), else f16 and bf16 weights as f16
-    // (avx512::matmul_rows_half_x), where x fits f16's range.
+    // calling thread: to bf16 for bf16 weights where vdpbf16ps is preferred
+    // (avx512::matmul_rows_bf16_x), else to f16 (avx512::matmul_rows_half_x), where x fits
+    // f16's range.
     static thread_local std::vector<uint16_t> half_buffers[kMaxTasks];
     std::vector<uint16_t>* halves = half_buffers;  // the calling thread's, for the workers
     bool use_half_x[kMaxTasks] = {}, use_bf16_x[kMaxTasks] = {};
