@@ -521,8 +521,9 @@ if wants logits-7b; then
 print(','.join(map(str, np.random.default_rng(12).integers(0, 32000, 512))))")
     IFS=, read -ra id_list <<<"$ids"
     if [ ! -d "$MISTRAL_HF" ] && ! making && fits 150 "the Mistral-7B checkpoint for logits-7b"; then
-        python3 convert/synth.py --preset mistral-7b --dtype f16 -o "$MISTRAL_HF" \
-            >>"$LOG/models.log" 2>&1
+        rm -rf "$MISTRAL_HF.part" &&
+            python3 convert/synth.py --preset mistral-7b --dtype f16 -o "$MISTRAL_HF.part" \
+                >>"$LOG/models.log" 2>&1 && mv "$MISTRAL_HF.part" "$MISTRAL_HF"
     fi
     result=
     if ready "$MISTRAL" 120 && [ -d "$MISTRAL_HF" ] && fits 120 "logits-7b"; then
