@@ -19,6 +19,10 @@ namespace barellm::cpu::avx512 {
 // f32, f16 and bf16 weights (matmul_avx512.cpp).
 void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
 
+// How far ahead of the row being read the f16/bf16 matvecs' software prefetches ask, in
+// bytes: by CPU vendor, as measured (matmul_avx512.cpp).
+int matvec_prefetch_bytes();
+
 // f16 and bf16 weights against x rounded to f16 (half_x, from round_to_half): half the
 // bytes of x to read for each weight row, which keeps x in L1 for rows of up to ~5000
 // columns and the loads at one stream of weights (matmul_avx512.cpp).

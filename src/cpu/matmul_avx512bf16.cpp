@@ -6,8 +6,8 @@
 // the weights, one of x and an FMA; on Zen 4, whose 512-bit instructions take both halves of
 // its 256-bit units, that left one-thread decode compute-bound, under the streaming read.
 //
-// One row is read front to back, one stream, each step prefetching kPrefetchBytes ahead (into
-// the next row at its end), as the f16 matvec does; the last columns go through masked loads
+// One row is read front to back, one stream, each step prefetching matvec_prefetch_bytes() ahead
+// (into the next row at its end), as the f16 matvec does; the last columns go through masked loads
 // of 16-bit elements, so odd widths need no padding and nothing past a row is read.
 #include "cpu/avx512.h"
 #include "cpu/helpers_avx512.h"
@@ -20,7 +20,6 @@ constexpr int kValuesPerRegister = 2 * kLanes;  // bf16 values in a 512-bit regi
 constexpr int kAccumulators = 2;                // independent vdpbf16ps chains
 constexpr int kStep = kAccumulators * kValuesPerRegister;
 constexpr int kStepBytes = kStep * int(sizeof(uint16_t));
-constexpr int kPrefetchBytes = 768;  // as the f16 matvec's (matmul_avx512.cpp)
 
 // The first `count` of 32 bf16 values.
 inline __mmask32 first_values(int count) {
@@ -30,11 +29,12 @@ inline __mmask32 first_values(int count) {
 inline __m512bh as_bf16(__m512i v) { return (__m512bh)v; }
 
 float dot_row(const uint16_t* row, int cols, const uint16_t* bf16_x) {
+    const int prefetch_bytes = matvec_prefetch_bytes();
     __m512 sum[kAccumulators];
     for (__m512& s : sum) s = _mm512_setzero_ps();
     int i = 0;
     for (; i + kStep <= cols; i += kStep) {
-        prefetch_ahead(row + i, kPrefetchBytes, kStepBytes);
+        prefetch_ahead(row + i, prefetch_bytes, kStepBytes);
         for (int a = 0; a < kAccumulators; ++a) {
             const int at = i + a * kValuesPerRegister;
             sum[a] = _mm512_dpbf16_ps(sum[a], as_bf16(_mm512_loadu_si512(row + at)),
