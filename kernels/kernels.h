@@ -97,6 +97,17 @@ void matvec_widened(float* out, const DeviceMatrix& w, const float* in, const fl
 void matvec_swiglu_widened(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                            const float* in, const float* norm_weight, float eps,
                            cudaStream_t stream);
+// The int8 kernels read several rows per warp (1, 2 or 4; SwiGLU: as many rows of each
+// matrix): quantized_rows_per_warp is matvec's choice for a matrix of `rows` rows on this
+// GPU, and matvec_quantized_rows / matvec_swiglu_quantized_rows are matvec / matvec_swiglu
+// with rows_per_warp given (cuda_kernel_check checks and times each).
+int quantized_rows_per_warp(int rows);
+void matvec_quantized_rows(int rows_per_warp, float* out, const DeviceMatrix& w, const float* in,
+                           const float* norm_weight, float eps, const float* bias, bool accumulate,
+                           cudaStream_t stream);
+void matvec_swiglu_quantized_rows(int rows_per_warp, float* out, const DeviceMatrix& w1,
+                                  const DeviceMatrix& w3, const float* in, const float* norm_weight,
+                                  float eps, cudaStream_t stream);
 
 // Dynamic shared memory a matvec over rows of `cols` columns of `dtype` needs (the staged
 // input, and for Q8/Q4 its int8 copy).

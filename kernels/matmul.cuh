@@ -207,25 +207,39 @@ __device__ __forceinline__ void dot_rows(const uint4* const (&rows)[kRows], cons
     for (int r = 0; r < kRows; ++r) sums[r] = warp_sum(acc[r]);
 }
 
-// The block's outputs, one row per warp: lane 0 of warp w gives `value` for row
-// blockIdx.x * warps + w; the first `warps` threads then store them with one coalesced
-// access, adding bias[r] when given and, with kAccumulate, the row's previous out[r].
-// `results` is kMatvecMaxWarps floats of shared memory. Every thread of the block calls it.
-template <bool kAccumulate>
-__device__ __forceinline__ void store_warp_rows(float* __restrict__ out, float value,
-                                                float* results, const float* __restrict__ bias,
-                                                int rows) {
-    const int warps = blockDim.x / kWarpSize;
-    if (threadIdx.x % kWarpSize == 0) results[threadIdx.x / kWarpSize] = value;
+// The block's outputs, kRowsPerWarp rows per warp: lane 0 of warp w gives values[i] for row
+// blockIdx.x * warps * kRowsPerWarp + i * warps + w (so the block's rows are consecutive); the
+// first warps * kRowsPerWarp threads then store them with one coalesced access, adding bias[r]
+// when given and, with kAccumulate, the row's previous out[r]. `results` is
+// warps * kRowsPerWarp floats of shared memory. Every thread of the block calls it.
+template <bool kAccumulate, int kRowsPerWarp>
+__device__ __forceinline__ void store_warp_rows(float* __restrict__ out,
+                                                const float (&values)[kRowsPerWarp], float* results,
+                                                const float* __restrict__ bias, int rows) {
+    const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
+    if (threadIdx.x % kWarpSize == 0) {
+#pragma unroll
+        for (int i = 0; i < kRowsPerWarp; ++i) results[i * warps + warp] = values[i];
+    }
     __syncthreads();
-    if (int(threadIdx.x) < warps) {
-        const int r = blockIdx.x * warps + threadIdx.x;
+    const int block_rows = warps * kRowsPerWarp;
+    if (int(threadIdx.x) < block_rows) {
+        const int r = blockIdx.x * block_rows + threadIdx.x;
         if (r < rows) {
             const float sum =
                 bias != nullptr ? results[threadIdx.x] + bias[r] : results[threadIdx.x];
             out[r] = kAccumulate ? out[r] + sum : sum;
         }
     }
+}
+
+// As above with one row per warp: warp w's `value` is row blockIdx.x * warps + w.
+template <bool kAccumulate>
+__device__ __forceinline__ void store_warp_rows(float* __restrict__ out, float value,
+                                                float* results, const float* __restrict__ bias,
+                                                int rows) {
+    const float values[1] = {value};
+    store_warp_rows<kAccumulate, 1>(out, values, results, bias, rows);
 }
 
 // out[r] = (kAccumulate ? out[r] : 0) + (W[r, :] · stage(in) + bias[r]), r in [0, rows), no
@@ -343,14 +357,14 @@ void allow_shared_bytes(Kernel kernel, size_t bytes) {
 }  // namespace
 
 // Q8 and Q4 weights (matmul_quantized.cuh): the launches matvec and matvec_swiglu hand them to
-// (widened: the f32 variant, else int8 products), their staging's shared memory, and the
-// shared-memory allowance of their kernels.
+// (widened: the f32 variant, else int8 products; rows_per_warp 0: the kernels' own choice),
+// their staging's shared memory, and the shared-memory allowance of their kernels.
 void launch_quantized_matvec(float* out, const DeviceMatrix& w, const float* in,
                              const float* norm_weight, float eps, const float* bias,
-                             bool accumulate, bool widened, cudaStream_t stream);
+                             bool accumulate, bool widened, int rows_per_warp, cudaStream_t stream);
 void launch_quantized_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                                     const float* in, const float* norm_weight, float eps,
-                                    bool widened, cudaStream_t stream);
+                                    bool widened, int rows_per_warp, cudaStream_t stream);
 inline size_t quantized_staging_bytes(int pitch);
 void prepare_quantized_matvec(size_t bytes);
 
@@ -364,7 +378,7 @@ void matvec(float* out, const DeviceMatrix& w, const float* in, const float* nor
     check_input_alignment(in, norm_weight);
     if (is_quantized(w.dtype))
         return launch_quantized_matvec(out, w, in, norm_weight, eps, bias, accumulate,
-                                       /*widened=*/false, stream);
+                                       /*widened=*/false, /*rows_per_warp=*/0, stream);
     with_weight_dtype(w.dtype, [&](auto dtype) {
         launch_matvec<decltype(dtype)::value>(out, w, in, norm_weight, eps, bias, accumulate,
                                               stream);
@@ -378,7 +392,7 @@ void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, c
     check_input_alignment(in, norm_weight);
     if (is_quantized(w1.dtype))
         return launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps,
-                                              /*widened=*/false, stream);
+                                              /*widened=*/false, /*rows_per_warp=*/0, stream);
     with_weight_dtype(w1.dtype, [&](auto dtype) {
         launch_matvec_swiglu<decltype(dtype)::value>(out, w1, w3, in, norm_weight, eps, stream);
     });

@@ -28,6 +28,8 @@
 //   (all loads of a round before any math), computes the vector's integer dot product, and
 //   adds it times the weight scale times the input block's scale to its f32 sum.
 #pragma once
+#include <type_traits>
+
 #include "common.cuh"
 #include "cuda_check.h"
 #include "kernels.h"
@@ -241,12 +243,39 @@ __device__ __forceinline__ void dot_quantized_rows(const uint4* const (&rows)[kR
     for (int r = 0; r < kRows; ++r) sums[r] = warp_sum(acc[r]);
 }
 
+// The weight rows of a warp of a quantized matvec block: kRowsPerWarp rows per warp,
+// warp w of block b taking rows b * warps * kRowsPerWarp + i * warps + w (i < kRowsPerWarp),
+// the order store_warp_rows stores them in. Rows past `rows` point at row 0 (read, never
+// stored); has_rows is false for a warp all of whose rows are past the end.
+template <DType D, int kRowsPerWarp>
+struct QuantizedWarpRows {
+    const uint4* values[kRowsPerWarp];
+    const uint16_t* scales[kRowsPerWarp];
+    bool has_rows;
+
+    __device__ __forceinline__ QuantizedWarpRows(const void* matrix, const uint16_t* matrix_scales,
+                                                 int rows, int pitch) {
+        const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
+        const int first = blockIdx.x * warps * kRowsPerWarp + warp;
+        has_rows = first < rows;  // the same for the whole warp
+#pragma unroll
+        for (int i = 0; i < kRowsPerWarp; ++i) {
+            const int row = first + i * warps;
+            const int safe_row = row < rows ? row : 0;
+            values[i] = quantized_row<D>(matrix, safe_row, pitch);
+            scales[i] = matrix_scales + size_t(safe_row) * (pitch / kQuantizedBlock);
+        }
+    }
+};
+
 // out[r] = (kAccumulate ? out[r] : 0) + (W[r, :] · stage(in) + bias[r]), r in [0, rows), no
 // bias term when bias is null; W quantized (values [rows, row_bytes], scales
-// [rows, pitch / 32]).
-// Launch: grid ceil(rows / 16), block 16 * 32 threads (one warp per row), dynamic shared
-// memory quantized_staging_bytes(pitch).
-template <DType D, bool kWidened, bool kAccumulate>
+// [rows, pitch / 32]). Each warp reads kRowsPerWarp rows (QuantizedWarpRows): the block's
+// staging of the input is shared by 16 * kRowsPerWarp rows, and each lane has
+// kRowsPerWarp * kMatvecUnroll loads in flight.
+// Launch: grid quantized_matvec_grid(rows, kRowsPerWarp), block 16 * 32 threads, dynamic
+// shared memory quantized_staging_bytes(pitch).
+template <DType D, bool kWidened, bool kAccumulate, int kRowsPerWarp>
 __global__ void __launch_bounds__(kMatvecThreadsMax)
     quantized_matvec_kernel(float* __restrict__ out, const void* __restrict__ values,
                             const uint16_t* __restrict__ scales, int rows, int pitch,
@@ -254,28 +283,25 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
                             const float* __restrict__ norm_weight, float eps,
                             const float* __restrict__ bias) {
     __shared__ float scratch[kWarpSize];
-    __shared__ float results[kMatvecMaxWarps];
-    const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
-    const int row = blockIdx.x * warps + warp;
-    const bool has_row = row < rows;         // the same for the whole warp
-    const int safe_row = has_row ? row : 0;  // row 0's address, never read, past the last row
-    const uint4* const row_pointer[1] = {quantized_row<D>(values, safe_row, pitch)};
-    const uint16_t* const row_scales[1] = {scales + size_t(safe_row) * (pitch / kQuantizedBlock)};
-    if (has_row)
-        prefetch_first_round<1>(row_pointer, threadIdx.x % kWarpSize,
-                                pitch / QuantizedFormat<D>::kPerVector);
+    __shared__ float results[kQuantizedMatvecWarps * kRowsPerWarp];
+    const QuantizedWarpRows<D, kRowsPerWarp> warp_rows(values, scales, rows, pitch);
+    if (warp_rows.has_rows)
+        prefetch_first_round<kRowsPerWarp>(warp_rows.values, threadIdx.x % kWarpSize,
+                                           pitch / QuantizedFormat<D>::kPerVector);
 
     const QuantizedInput input =
         stage_quantized_input<D, kWidened>(in, cols, pitch, norm_weight, eps, scratch);
 
-    float sum[1] = {0.0f};
-    if (has_row) dot_quantized_rows<D, kWidened, 1>(row_pointer, row_scales, input, pitch, sum);
-    store_warp_rows<kAccumulate>(out, sum[0], results, bias, rows);
+    float sums[kRowsPerWarp] = {};
+    if (warp_rows.has_rows)
+        dot_quantized_rows<D, kWidened, kRowsPerWarp>(warp_rows.values, warp_rows.scales, input,
+                                                      pitch, sums);
+    store_warp_rows<kAccumulate, kRowsPerWarp>(out, sums, results, bias, rows);
 }
 
 // out[r] = silu(W1[r, :] · stage(in)) * (W3[r, :] · stage(in)), W1 and W3 quantized alike.
-// Launch: as quantized_matvec_kernel; each warp reads its row of both matrices.
-template <DType D, bool kWidened>
+// Launch: as quantized_matvec_kernel; each warp reads kRowsPerWarp rows of both matrices.
+template <DType D, bool kWidened, int kRowsPerWarp>
 __global__ void __launch_bounds__(kMatvecThreadsMax)
     quantized_matvec_swiglu_kernel(float* __restrict__ out, const void* __restrict__ w1,
                                    const uint16_t* __restrict__ scales1,
@@ -284,37 +310,74 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
                                    const float* __restrict__ in, int cols,
                                    const float* __restrict__ norm_weight, float eps) {
     __shared__ float scratch[kWarpSize];
-    __shared__ float results[kMatvecMaxWarps];
-    const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
-    const int row = blockIdx.x * warps + warp;
-    const bool has_row = row < rows;
-    const int safe_row = has_row ? row : 0;
-    const size_t scale_offset = size_t(safe_row) * (pitch / kQuantizedBlock);
-    const uint4* const row_pointers[2] = {quantized_row<D>(w1, safe_row, pitch),
-                                          quantized_row<D>(w3, safe_row, pitch)};
-    const uint16_t* const row_scales[2] = {scales1 + scale_offset, scales3 + scale_offset};
-    if (has_row)
-        prefetch_first_round<2>(row_pointers, threadIdx.x % kWarpSize,
-                                pitch / QuantizedFormat<D>::kPerVector);
+    __shared__ float results[kQuantizedMatvecWarps * kRowsPerWarp];
+    const QuantizedWarpRows<D, kRowsPerWarp> gate_rows(w1, scales1, rows, pitch);
+    const QuantizedWarpRows<D, kRowsPerWarp> up_rows(w3, scales3, rows, pitch);
+    // Rows 0..kRowsPerWarp-1 of W1, then the same rows of W3.
+    const uint4* row_values[2 * kRowsPerWarp];
+    const uint16_t* row_scales[2 * kRowsPerWarp];
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+        row_values[i] = gate_rows.values[i];
+        row_values[kRowsPerWarp + i] = up_rows.values[i];
+        row_scales[i] = gate_rows.scales[i];
+        row_scales[kRowsPerWarp + i] = up_rows.scales[i];
+    }
+    if (gate_rows.has_rows)
+        prefetch_first_round<2 * kRowsPerWarp>(row_values, threadIdx.x % kWarpSize,
+                                               pitch / QuantizedFormat<D>::kPerVector);
 
     const QuantizedInput input =
         stage_quantized_input<D, kWidened>(in, cols, pitch, norm_weight, eps, scratch);
 
-    float value = 0.0f;
-    if (has_row) {
-        float sums[2];
-        dot_quantized_rows<D, kWidened, 2>(row_pointers, row_scales, input, pitch, sums);
-        value = swiglu_value(/*gate=*/sums[0], /*up=*/sums[1]);
+    float values[kRowsPerWarp] = {};
+    if (gate_rows.has_rows) {
+        float sums[2 * kRowsPerWarp];
+        dot_quantized_rows<D, kWidened, 2 * kRowsPerWarp>(row_values, row_scales, input, pitch,
+                                                          sums);
+#pragma unroll
+        for (int i = 0; i < kRowsPerWarp; ++i)
+            values[i] = swiglu_value(/*gate=*/sums[i], /*up=*/sums[kRowsPerWarp + i]);
     }
-    store_warp_rows</*kAccumulate=*/false>(out, value, results, /*bias=*/nullptr, rows);
+    store_warp_rows</*kAccumulate=*/false, kRowsPerWarp>(out, values, results, /*bias=*/nullptr,
+                                                         rows);
 }
 
 // ---- Launch shapes (quantized_matvec_kernel and quantized_matvec_swiglu_kernel)
 
 constexpr int kQuantizedMatvecThreads = kQuantizedMatvecWarps * kWarpSize;
 
-inline dim3 quantized_matvec_grid(int rows) {
-    return dim3((rows + kQuantizedMatvecWarps - 1) / kQuantizedMatvecWarps);
+inline dim3 quantized_matvec_grid(int rows, int rows_per_warp) {
+    const int block_rows = kQuantizedMatvecWarps * rows_per_warp;
+    return dim3((rows + block_rows - 1) / block_rows);
+}
+
+// The rows per warp the int8 kernels take for a matrix of `rows` rows on a GPU of
+// `multiprocessors` SMs: the most of kQuantizedRowsPerWarp (4, 2, 1) whose grid still has a
+// block for every SM. More rows per warp share one staging of the input among more weight
+// bytes and keep more loads in flight, which the short rows of Q4 (and Q8) need to stream
+// at memory speed; fewer leave SMs without a block. The widened kernels take 1.
+constexpr int kQuantizedRowsPerWarp[] = {4, 2, 1};
+inline int choose_quantized_rows_per_warp(int rows, int multiprocessors) {
+    for (const int rows_per_warp : kQuantizedRowsPerWarp)
+        if (int(quantized_matvec_grid(rows, rows_per_warp).x) >= multiprocessors)
+            return rows_per_warp;
+    return 1;
+}
+
+// Calls use(std::integral_constant<int, R>) for rows_per_warp R (1, 2 or 4).
+template <typename Use>
+void with_rows_per_warp(int rows_per_warp, Use&& use) {
+    switch (rows_per_warp) {
+        case 1:
+            return use(std::integral_constant<int, 1>{});
+        case 2:
+            return use(std::integral_constant<int, 2>{});
+        case 4:
+            return use(std::integral_constant<int, 4>{});
+        default:
+            throw Error("quantized matvec: rows per warp must be 1, 2 or 4");
+    }
 }
 
 #ifndef BARELLM_CUDA_EMULATION
@@ -327,73 +390,100 @@ void check_quantized_matrix(const DeviceMatrix& w, const char* what) {
         throw Error(std::string(what) + ": not a Q8/Q4 device matrix with scales and whole blocks");
 }
 
-template <DType D, bool kWidened>
+// The rows per warp matvec gives a Q8/Q4 matrix of `rows` rows on the current GPU (its SM
+// count queried once).
+int quantized_rows_per_warp_here(int rows) {
+    static const int multiprocessors = [] {
+        int id = 0, count = 0;
+        CUDA_CHECK(cudaGetDevice(&id));
+        CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, id));
+        return count;
+    }();
+    return choose_quantized_rows_per_warp(rows, multiprocessors);
+}
+
+template <DType D, bool kWidened, int kRowsPerWarp>
 void launch_quantized_matvec_typed(float* out, const DeviceMatrix& w, const float* in,
                                    const float* norm_weight, float eps, const float* bias,
                                    bool accumulate, cudaStream_t stream) {
-    const dim3 grid = quantized_matvec_grid(w.rows), block(kQuantizedMatvecThreads);
+    const dim3 grid = quantized_matvec_grid(w.rows, kRowsPerWarp), block(kQuantizedMatvecThreads);
     const size_t shared = quantized_staging_bytes(w.pitch);
     if (accumulate)
-        quantized_matvec_kernel<D, kWidened, true><<<grid, block, shared, stream>>>(
+        quantized_matvec_kernel<D, kWidened, true, kRowsPerWarp><<<grid, block, shared, stream>>>(
             out, w.data, w.scales, w.rows, w.pitch, in, w.cols, norm_weight, eps, bias);
     else
-        quantized_matvec_kernel<D, kWidened, false><<<grid, block, shared, stream>>>(
+        quantized_matvec_kernel<D, kWidened, false, kRowsPerWarp><<<grid, block, shared, stream>>>(
             out, w.data, w.scales, w.rows, w.pitch, in, w.cols, norm_weight, eps, bias);
 }
 
-template <DType D, bool kWidened>
+template <DType D, bool kWidened, int kRowsPerWarp>
 void launch_quantized_matvec_swiglu_typed(float* out, const DeviceMatrix& w1,
                                           const DeviceMatrix& w3, const float* in,
                                           const float* norm_weight, float eps,
                                           cudaStream_t stream) {
-    const dim3 grid = quantized_matvec_grid(w1.rows), block(kQuantizedMatvecThreads);
-    quantized_matvec_swiglu_kernel<D, kWidened>
+    const dim3 grid = quantized_matvec_grid(w1.rows, kRowsPerWarp), block(kQuantizedMatvecThreads);
+    quantized_matvec_swiglu_kernel<D, kWidened, kRowsPerWarp>
         <<<grid, block, quantized_staging_bytes(w1.pitch), stream>>>(
             out, w1.data, w1.scales, w3.data, w3.scales, w1.rows, w1.pitch, in, w1.cols,
             norm_weight, eps);
 }
 
+template <DType D, int kRowsPerWarp>
+void allow_quantized_shared_bytes_rows(size_t bytes) {
+    allow_shared_bytes(quantized_matvec_kernel<D, false, false, kRowsPerWarp>, bytes);
+    allow_shared_bytes(quantized_matvec_kernel<D, false, true, kRowsPerWarp>, bytes);
+    allow_shared_bytes(quantized_matvec_swiglu_kernel<D, false, kRowsPerWarp>, bytes);
+}
+
 template <DType D>
 void allow_quantized_shared_bytes(size_t bytes) {
-    allow_shared_bytes(quantized_matvec_kernel<D, false, false>, bytes);
-    allow_shared_bytes(quantized_matvec_kernel<D, false, true>, bytes);
-    allow_shared_bytes(quantized_matvec_kernel<D, true, false>, bytes);
-    allow_shared_bytes(quantized_matvec_kernel<D, true, true>, bytes);
-    allow_shared_bytes(quantized_matvec_swiglu_kernel<D, false>, bytes);
-    allow_shared_bytes(quantized_matvec_swiglu_kernel<D, true>, bytes);
+    for (const int rows_per_warp : kQuantizedRowsPerWarp)
+        with_rows_per_warp(rows_per_warp, [&](auto r) {
+            allow_quantized_shared_bytes_rows<D, decltype(r)::value>(bytes);
+        });
+    allow_shared_bytes(quantized_matvec_kernel<D, true, false, 1>, bytes);
+    allow_shared_bytes(quantized_matvec_kernel<D, true, true, 1>, bytes);
+    allow_shared_bytes(quantized_matvec_swiglu_kernel<D, true, 1>, bytes);
 }
 
 }  // namespace
 
 void launch_quantized_matvec(float* out, const DeviceMatrix& w, const float* in,
                              const float* norm_weight, float eps, const float* bias,
-                             bool accumulate, bool widened, cudaStream_t stream) {
+                             bool accumulate, bool widened, int rows_per_warp,
+                             cudaStream_t stream) {
     check_quantized_matrix(w, "matvec");
+    if (rows_per_warp == 0) rows_per_warp = widened ? 1 : quantized_rows_per_warp_here(w.rows);
+    if (widened && rows_per_warp != 1) throw Error("matvec_widened: one row per warp");
     with_quantized_dtype(w.dtype, [&](auto dtype) {
         constexpr DType D = decltype(dtype)::value;
         if (widened)
-            launch_quantized_matvec_typed<D, true>(out, w, in, norm_weight, eps, bias, accumulate,
-                                                   stream);
-        else
-            launch_quantized_matvec_typed<D, false>(out, w, in, norm_weight, eps, bias, accumulate,
-                                                    stream);
+            return launch_quantized_matvec_typed<D, true, 1>(out, w, in, norm_weight, eps, bias,
+                                                             accumulate, stream);
+        with_rows_per_warp(rows_per_warp, [&](auto r) {
+            launch_quantized_matvec_typed<D, false, decltype(r)::value>(
+                out, w, in, norm_weight, eps, bias, accumulate, stream);
+        });
     });
     CUDA_CHECK_LAUNCH("quantized_matvec_kernel");
 }
 
 void launch_quantized_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                                     const float* in, const float* norm_weight, float eps,
-                                    bool widened, cudaStream_t stream) {
+                                    bool widened, int rows_per_warp, cudaStream_t stream) {
     check_quantized_matrix(w1, "matvec_swiglu");
     check_quantized_matrix(w3, "matvec_swiglu");
+    if (rows_per_warp == 0) rows_per_warp = widened ? 1 : quantized_rows_per_warp_here(w1.rows);
+    if (widened && rows_per_warp != 1) throw Error("matvec_swiglu_widened: one row per warp");
     with_quantized_dtype(w1.dtype, [&](auto dtype) {
         constexpr DType D = decltype(dtype)::value;
         if (widened)
-            launch_quantized_matvec_swiglu_typed<D, true>(out, w1, w3, in, norm_weight, eps,
-                                                          stream);
-        else
-            launch_quantized_matvec_swiglu_typed<D, false>(out, w1, w3, in, norm_weight, eps,
-                                                           stream);
+            return launch_quantized_matvec_swiglu_typed<D, true, 1>(out, w1, w3, in, norm_weight,
+                                                                    eps, stream);
+        with_rows_per_warp(rows_per_warp, [&](auto r) {
+            launch_quantized_matvec_swiglu_typed<D, false, decltype(r)::value>(
+                out, w1, w3, in, norm_weight, eps, stream);
+        });
     });
     CUDA_CHECK_LAUNCH("quantized_matvec_swiglu_kernel");
 }
@@ -403,11 +493,30 @@ void prepare_quantized_matvec(size_t bytes) {
     allow_quantized_shared_bytes<DType::U8>(bytes);
 }
 
+int quantized_rows_per_warp(int rows) { return quantized_rows_per_warp_here(rows); }
+
+void matvec_quantized_rows(int rows_per_warp, float* out, const DeviceMatrix& w, const float* in,
+                           const float* norm_weight, float eps, const float* bias, bool accumulate,
+                           cudaStream_t stream) {
+    check_input_alignment(in, norm_weight);
+    launch_quantized_matvec(out, w, in, norm_weight, eps, bias, accumulate, /*widened=*/false,
+                            rows_per_warp, stream);
+}
+
+void matvec_swiglu_quantized_rows(int rows_per_warp, float* out, const DeviceMatrix& w1,
+                                  const DeviceMatrix& w3, const float* in, const float* norm_weight,
+                                  float eps, cudaStream_t stream) {
+    check_swiglu_shapes(w1, w3);
+    check_input_alignment(in, norm_weight);
+    launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps, /*widened=*/false,
+                                   rows_per_warp, stream);
+}
+
 void matvec_widened(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight,
                     float eps, const float* bias, bool accumulate, cudaStream_t stream) {
     check_input_alignment(in, norm_weight);
     launch_quantized_matvec(out, w, in, norm_weight, eps, bias, accumulate, /*widened=*/true,
-                            stream);
+                            /*rows_per_warp=*/1, stream);
 }
 
 void matvec_swiglu_widened(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
@@ -415,7 +524,8 @@ void matvec_swiglu_widened(float* out, const DeviceMatrix& w1, const DeviceMatri
                            cudaStream_t stream) {
     check_swiglu_shapes(w1, w3);
     check_input_alignment(in, norm_weight);
-    launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps, /*widened=*/true, stream);
+    launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps, /*widened=*/true,
+                                   /*rows_per_warp=*/1, stream);
 }
 
 #endif  // BARELLM_CUDA_EMULATION

@@ -353,11 +353,11 @@ Sum widened_row_sum(const QuantizedMatrix& w, int r, const std::vector<double>& 
     return sum;
 }
 
-template <DType D, bool kWidened>
+template <DType D, bool kWidened, int kRowsPerWarp>
 void check_quantized_matvec(int rows, int cols, const Fusion& f, std::mt19937& rng) {
-    INFO(dtype_name(D) << (kWidened ? " widened" : " int8") << ", " << rows << " x " << cols
-                       << ", norm " << f.norm << ", bias " << f.bias << ", accumulate "
-                       << f.accumulate);
+    INFO(dtype_name(D) << (kWidened ? " widened" : " int8") << ", " << rows << " x " << cols << ", "
+                       << kRowsPerWarp << " rows per warp, norm " << f.norm << ", bias " << f.bias
+                       << ", accumulate " << f.accumulate);
     const QuantizedMatrix w(D, rows, cols, rng), w3(D, rows, cols, rng);
     const AlignedArray<float> in = aligned_floats(size_t(cols), rng, 2.0f);
     const AlignedArray<float> norm = aligned_floats(size_t(cols), rng);
@@ -367,19 +367,21 @@ void check_quantized_matvec(int rows, int cols, const Fusion& f, std::mt19937& r
     const float* bias_or_null = f.bias ? bias.data() : nullptr;
     std::vector<float> out = f.accumulate ? old : nan_floats(size_t(rows));
     std::vector<float> gated = nan_floats(size_t(rows));
-    const dim3 grid = quantized_matvec_grid(rows), block(kQuantizedMatvecThreads);
+    const dim3 grid = quantized_matvec_grid(rows, kRowsPerWarp), block(kQuantizedMatvecThreads);
     const size_t shared = quantized_staging_bytes(w.pitch);
     if (f.accumulate)
-        emulate_launch(grid, block, shared, quantized_matvec_kernel<D, kWidened, true>, out.data(),
+        emulate_launch(grid, block, shared,
+                       quantized_matvec_kernel<D, kWidened, true, kRowsPerWarp>, out.data(),
                        w.values.data(), w.scales.data(), rows, w.pitch, in.data(), cols,
                        norm_weight, kEps, bias_or_null);
     else
-        emulate_launch(grid, block, shared, quantized_matvec_kernel<D, kWidened, false>, out.data(),
+        emulate_launch(grid, block, shared,
+                       quantized_matvec_kernel<D, kWidened, false, kRowsPerWarp>, out.data(),
                        w.values.data(), w.scales.data(), rows, w.pitch, in.data(), cols,
                        norm_weight, kEps, bias_or_null);
-    emulate_launch(grid, block, shared, quantized_matvec_swiglu_kernel<D, kWidened>, gated.data(),
-                   w.values.data(), w.scales.data(), w3.values.data(), w3.scales.data(), rows,
-                   w.pitch, in.data(), cols, norm.data(), kEps);
+    emulate_launch(grid, block, shared, quantized_matvec_swiglu_kernel<D, kWidened, kRowsPerWarp>,
+                   gated.data(), w.values.data(), w.scales.data(), w3.values.data(),
+                   w3.scales.data(), rows, w.pitch, in.data(), cols, norm.data(), kEps);
 
     // The references: the product, then bias and residual in double.
     auto reference = [&](const QuantizedMatrix& m, int r, const float* norm_or_null) {
@@ -407,8 +409,10 @@ void check_quantized_matvecs(const std::vector<int>& columns, std::mt19937& rng)
     for (const int cols : columns)
         for (const int rows : kRowCounts) {
             const Fusion& f = kFusions[n++ % std::size(kFusions)];
-            check_quantized_matvec<D, false>(rows, cols, f, rng);
-            check_quantized_matvec<D, true>(rows, cols, f, rng);
+            check_quantized_matvec<D, false, 1>(rows, cols, f, rng);
+            check_quantized_matvec<D, false, 2>(rows, cols, f, rng);
+            check_quantized_matvec<D, false, 4>(rows, cols, f, rng);
+            check_quantized_matvec<D, true, 1>(rows, cols, f, rng);
         }
 }
 

@@ -391,6 +391,44 @@ MatvecReference quantized_matvec_reference(const Matrix& w, const std::vector<fl
     return out;
 }
 
+// The Q8/Q4 matvec variants: int8 products with the rows per warp matvec chooses (0) or a
+// given number, and widened to f32.
+struct QuantizedVariant {
+    bool widened;
+    int rows_per_warp;
+    std::string label() const {
+        if (widened) return "widened";
+        return rows_per_warp == 0 ? "int8"
+                                  : "int8, " + std::to_string(rows_per_warp) + " rows/warp";
+    }
+};
+constexpr QuantizedVariant kQuantizedVariants[] = {
+    {false, 0}, {false, 1}, {false, 2}, {false, 4}, {true, 1}};
+
+void quantized_matvec(const QuantizedVariant& variant, float* out, const DeviceMatrix& w,
+                      const float* in, const float* norm_weight, float eps, const float* bias,
+                      bool accumulate, cudaStream_t stream) {
+    if (variant.widened)
+        cuda::matvec_widened(out, w, in, norm_weight, eps, bias, accumulate, stream);
+    else if (variant.rows_per_warp == 0)
+        cuda::matvec(out, w, in, norm_weight, eps, bias, accumulate, stream);
+    else
+        cuda::matvec_quantized_rows(variant.rows_per_warp, out, w, in, norm_weight, eps, bias,
+                                    accumulate, stream);
+}
+
+void quantized_matvec_swiglu(const QuantizedVariant& variant, float* out, const DeviceMatrix& w1,
+                             const DeviceMatrix& w3, const float* in, const float* norm_weight,
+                             float eps, cudaStream_t stream) {
+    if (variant.widened)
+        cuda::matvec_swiglu_widened(out, w1, w3, in, norm_weight, eps, stream);
+    else if (variant.rows_per_warp == 0)
+        cuda::matvec_swiglu(out, w1, w3, in, norm_weight, eps, stream);
+    else
+        cuda::matvec_swiglu_quantized_rows(variant.rows_per_warp, out, w1, w3, in, norm_weight, eps,
+                                           stream);
+}
+
 // The Q8 and Q4 matvecs (int8 products, and widened to f32) against the CPU's arithmetic:
 // plain, with RMSNorm fused, with the residual added, with a bias (after RMSNorm, before the
 // residual), and SwiGLU. Columns off every multiple of 32 * 8 (and, for Q8, off 32: a
@@ -433,7 +471,8 @@ void check_quantized_matvec() {
                 const std::string shape = std::string(dtype_label(dtype)) + " " +
                                           std::to_string(rows) + "x" + std::to_string(cols);
 
-                for (bool widened : {false, true}) {
+                for (const QuantizedVariant& variant : kQuantizedVariants) {
+                    const bool widened = variant.widened;
                     const MatvecReference plain = quantized_matvec_reference(w.matrix, x, widened);
                     const MatvecReference with_norm =
                         quantized_matvec_reference(w.matrix, normed, widened);
@@ -464,10 +503,19 @@ void check_quantized_matvec() {
                     // The int8 input of a normed row may differ from the CPU's where the
                     // GPU's norm differs in the last bit and moves a rounding of x / scale.
                     const double normed_tolerance = widened ? 1e-5 : 1e-4;
-                    const auto matvec = widened ? cuda::matvec_widened : cuda::matvec;
-                    const auto matvec_swiglu =
-                        widened ? cuda::matvec_swiglu_widened : cuda::matvec_swiglu;
-                    const std::string suffix = widened ? " (widened) " : " ";
+                    const auto matvec = [&](float* out, const DeviceMatrix& m, const float* x,
+                                            const float* norm_weight, float eps, const float* bias,
+                                            bool accumulate, cudaStream_t stream) {
+                        quantized_matvec(variant, out, m, x, norm_weight, eps, bias, accumulate,
+                                         stream);
+                    };
+                    const auto matvec_swiglu = [&](float* out, const DeviceMatrix& m1,
+                                                   const DeviceMatrix& m3, const float* x,
+                                                   const float* norm_weight, float eps,
+                                                   cudaStream_t stream) {
+                        quantized_matvec_swiglu(variant, out, m1, m3, x, norm_weight, eps, stream);
+                    };
+                    const std::string suffix = " (" + variant.label() + ") ";
                     auto check = [&](const std::string& kernel, const std::vector<float>& want,
                                      const std::vector<float>& scale, double tolerance, auto launch,
                                      const std::vector<float>& start = {}) {
@@ -1416,24 +1464,50 @@ void bench(int multiprocessors) {
         const DeviceMatrix d2 = cuda::upload_matrix(w2.matrix, m2, staging, "w2");
         DeviceBuffer x = to_device(random_floats(14336)), norm = to_device(random_floats(14336));
         DeviceBuffer out = poisoned(14336);
-        for (bool widened : {false, true}) {
-            const auto matvec = widened ? cuda::matvec_widened : cuda::matvec;
-            const auto matvec_swiglu = widened ? cuda::matvec_swiglu_widened : cuda::matvec_swiglu;
-            const std::string variant =
-                std::string(dtype_label(dtype)) + (widened ? " widened" : " int8");
-            line(("matvec " + variant + " (w2, +residual)").c_str(), "4096x14336",
-                 time_ms([&](int) {
-                     matvec(out.as<float>(), d2, x.as<float>(), nullptr, 0, nullptr, true, 0);
+        // Mistral 7B's qkv and wo shapes too: the rows per warp matvec chooses depends on
+        // the rows (marked "matvec's").
+        const HostMatrix wqkv = random_quantized_matrix(6144, 4096, dtype, true);
+        DeviceBuffer mqkv;
+        const DeviceMatrix dqkv = cuda::upload_matrix(wqkv.matrix, mqkv, staging, "wqkv");
+        const DeviceMatrix dwo{dqkv.data, dtype, 4096, 4096, dqkv.pitch, dqkv.scales};
+        for (const QuantizedVariant& variant : kQuantizedVariants) {
+            if (!variant.widened && variant.rows_per_warp == 0) continue;  // marked below
+            const auto mark = [&](int rows) {
+                return !variant.widened &&
+                               variant.rows_per_warp == cuda::quantized_rows_per_warp(rows)
+                           ? ", matvec's"
+                           : "";
+            };
+            const std::string variant_label =
+                std::string(dtype_label(dtype)) + " " + variant.label();
+            line(("matvec " + variant_label + mark(4096) + " (w2, +residual)").c_str(),
+                 "4096x14336", time_ms([&](int) {
+                     quantized_matvec(variant, out.as<float>(), d2, x.as<float>(), nullptr, 0,
+                                      nullptr, true, 0);
                  }),
                  double(d2.bytes()));
-            line(("matvec " + variant + " (rmsnorm)").c_str(), "14336x4096", time_ms([&](int) {
-                     matvec(out.as<float>(), d1, x.as<float>(), norm.as<float>(), 1e-5f, nullptr,
-                            false, 0);
+            line(("matvec " + variant_label + mark(14336) + " (rmsnorm)").c_str(), "14336x4096",
+                 time_ms([&](int) {
+                     quantized_matvec(variant, out.as<float>(), d1, x.as<float>(), norm.as<float>(),
+                                      1e-5f, nullptr, false, 0);
                  }),
                  double(d1.bytes()));
-            line(("matvec_swiglu " + variant).c_str(), "2 x 14336x4096", time_ms([&](int) {
-                     matvec_swiglu(out.as<float>(), d1, d3, x.as<float>(), norm.as<float>(), 1e-5f,
-                                   0);
+            line(("matvec " + variant_label + mark(6144) + " (qkv, rmsnorm)").c_str(), "6144x4096",
+                 time_ms([&](int) {
+                     quantized_matvec(variant, out.as<float>(), dqkv, x.as<float>(),
+                                      norm.as<float>(), 1e-5f, nullptr, false, 0);
+                 }),
+                 double(dqkv.bytes()));
+            line(("matvec " + variant_label + mark(4096) + " (wo, +residual)").c_str(), "4096x4096",
+                 time_ms([&](int) {
+                     quantized_matvec(variant, out.as<float>(), dwo, x.as<float>(), nullptr, 0,
+                                      nullptr, true, 0);
+                 }),
+                 double(dwo.bytes()));
+            line(("matvec_swiglu " + variant_label + mark(14336)).c_str(), "2 x 14336x4096",
+                 time_ms([&](int) {
+                     quantized_matvec_swiglu(variant, out.as<float>(), d1, d3, x.as<float>(),
+                                             norm.as<float>(), 1e-5f, 0);
                  }),
                  double(d1.bytes() + d3.bytes()));
         }
