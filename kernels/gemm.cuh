@@ -55,20 +55,21 @@ constexpr int kChunkElements = 8;      // 16-bit elements in a 16-byte chunk (on
 constexpr int kMmaTokens = 16;         // m of mma.m16n8k16: tokens per fragment
 constexpr int kMmaRows = 8;            // n: weight rows per fragment
 constexpr int kMmaK = 16;              // k: columns per mma
-constexpr int kWarpK = 32;             // columns of each K tile one warp multiplies per stage
 constexpr int kEpiloguePadFloats = 8;  // shared f32 row padding: conflict-free float2 writes
 
 // The shape of a tensor-core GEMM block: a tile of kTileTokens x kTileRows outputs, warps
-// laid out kWarpsTokens x kWarpsRows over it and kWarpsK deep along K, kStages K tiles in
-// flight; registers are capped so that kMinBlocksPerSm blocks fit an SM's register file.
+// laid out kWarpsTokens x kWarpsRows over it and kWarpsK deep along K, each multiplying
+// kWarpK columns of every K tile, kStages K tiles in flight; registers are capped so that
+// kMinBlocksPerSm blocks fit an SM's register file.
 template <int kTileTokens_, int kTileRows_, int kWarpsTokens_, int kWarpsRows_, int kWarpsK_,
-          int kStages_, int kMinBlocksPerSm_>
+          int kWarpK_, int kStages_, int kMinBlocksPerSm_>
 struct TensorCoreTiles {
     static constexpr int kTileTokens = kTileTokens_;
     static constexpr int kTileRows = kTileRows_;
     static constexpr int kWarpsTokens = kWarpsTokens_;
     static constexpr int kWarpsRows = kWarpsRows_;
     static constexpr int kWarpsK = kWarpsK_;
+    static constexpr int kWarpK = kWarpK_;
     static constexpr int kStages = kStages_;
     static constexpr int kMinBlocksPerSm = kMinBlocksPerSm_;
 
@@ -103,20 +104,22 @@ struct TensorCoreTiles {
     static_assert((kStageStride / kChunkElements) % 2 == 1,
                   "an odd number of chunks per shared row keeps ldmatrix conflict-free");
     static_assert(kStages >= 2, "the pipeline needs two stages at least");
+    static_assert(kWarpK % (2 * kMmaK) == 0,
+                  "fragments alternate between two buffers over whole K tiles");
 };
 
 // Thousands of weight rows, few tokens (1-64: weight-bandwidth-bound, like decode): thin
 // tiles so that the grid has many blocks, four warps splitting each 128-column K tile.
 // The token tiles of one row tile are neighbours in the grid (blockIdx.x), so their
 // weights come from L2 after the first read.
-using SmallBatchTiles = TensorCoreTiles<16, 16, 1, 1, 4, 4, 1>;
+using SmallBatchTiles = TensorCoreTiles<16, 16, 1, 1, 4, 32, 4, 1>;
 // Middle sizes, and every size where the large tiles do not fit the GPU's shared memory.
-using MediumTiles = TensorCoreTiles<64, 64, 2, 2, 1, 4, 1>;
+using MediumTiles = TensorCoreTiles<64, 64, 2, 2, 1, 32, 4, 1>;
 // Large batches: 128 x 128 tiles, eight warps of 64 tokens x 64 rows, two deep along each
 // 64-column K tile. A 64 x 64 warp tile reads 4 KiB of shared memory (8 ldmatrix.x4) per
 // 32 mma, a 64 x 32 one 3 KiB per 16: a third less shared-memory traffic per product, the
 // resource mma.sync kernels run short of first.
-using LargeTiles = TensorCoreTiles<128, 128, 2, 2, 2, 4, 1>;
+using LargeTiles = TensorCoreTiles<128, 128, 2, 2, 2, 32, 4, 1>;
 
 // Copies columns [k0, k0 + kTileK) of the block's token rows (in) and weight rows (weights)
 // into `stage`; chunks past the tokens, the rows or k_extent (the columns rounded up to a
@@ -143,15 +146,67 @@ __device__ __forceinline__ void load_gemm_stage(uint16_t* stage, const uint16_t*
 }
 
 // Where this thread's warp works in its block's tile: tokens token0.. (kWarpTokens), weight
-// rows row0.. (kWarpRows), columns k0.. (kWarpK) of each K tile.
+// rows row0.. (kWarpRows), columns k0.. (Tiles::kWarpK) of each K tile.
 template <typename Tiles>
 struct WarpPlace {
     int tokens_index = threadIdx.x / kWarpSize / Tiles::kWarpsRows % Tiles::kWarpsTokens;
     int k_index = threadIdx.x / kWarpSize / (Tiles::kWarpsRows * Tiles::kWarpsTokens);
     int token0 = tokens_index * Tiles::kWarpTokens;
     int row0 = threadIdx.x / kWarpSize % Tiles::kWarpsRows * Tiles::kWarpRows;
-    int k0 = k_index * kWarpK;
+    int k0 = k_index * Tiles::kWarpK;
 };
+
+// One warp's mma operands for 16 columns of a stage: A fragments of its kFragmentsTokens
+// token groups and B fragments of its kFragmentsRows weight-row groups.
+template <typename Tiles>
+struct GemmFragments {
+    uint32_t a[Tiles::kFragmentsTokens][4];
+    uint32_t b[Tiles::kFragmentsRows][2];
+};
+
+// Loads this warp's fragments of columns k .. k + 15 of a stage (activation rows
+// `activations`, kTileTokens of them, and weight rows `weights`, kStageStride apart) from
+// shared memory.
+template <typename Tiles>
+__device__ __forceinline__ void load_gemm_fragments(GemmFragments<Tiles>& f,
+                                                    const uint16_t* activations,
+                                                    const uint16_t* weights,
+                                                    const WarpPlace<Tiles>& place, int k) {
+    constexpr int kStride = Tiles::kStageStride;
+    const int lane = threadIdx.x % kWarpSize;
+    // A (16 tokens x 16 columns): lanes 0-15 address rows 0-15 at column k, lanes 16-31 the
+    // same rows at column k + 8; the four 8x8 matrices are a[0..3].
+#pragma unroll
+    for (int i = 0; i < Tiles::kFragmentsTokens; ++i)
+        ldmatrix_x4(f.a[i], activations + (place.token0 + i * kMmaTokens + lane % 16) * kStride +
+                                k + lane / 16 * kChunkElements);
+        // B for two n8 fragments (16 weight rows x 16 columns): matrix j = lane / 8 is rows
+        // (j / 2) * 8.. at column k + (j % 2) * 8, so r[0], r[1] are fragment 2g's b[0], b[1] and
+        // r[2], r[3] fragment 2g + 1's.
+#pragma unroll
+    for (int g = 0; g < Tiles::kFragmentsRows / 2; ++g) {
+        uint32_t r[4];
+        ldmatrix_x4(
+            r, weights +
+                   (place.row0 + g * 2 * kMmaRows + lane % 8 + lane / 16 * kMmaRows) * kStride + k +
+                   lane / 8 % 2 * kChunkElements);
+        f.b[2 * g][0] = r[0];
+        f.b[2 * g][1] = r[1];
+        f.b[2 * g + 1][0] = r[2];
+        f.b[2 * g + 1][1] = r[3];
+    }
+}
+
+// acc += the products of one set of fragments (every token group with every row group).
+template <DType D, typename Tiles>
+__device__ __forceinline__ void multiply_gemm_fragments(
+    float (&acc)[Tiles::kFragmentsTokens][Tiles::kFragmentsRows][4],
+    const GemmFragments<Tiles>& f) {
+#pragma unroll
+    for (int i = 0; i < Tiles::kFragmentsTokens; ++i)
+#pragma unroll
+        for (int j = 0; j < Tiles::kFragmentsRows; ++j) mma_16x8x16<D>(acc[i][j], f.a[i], f.b[j]);
+}
 
 // acc += this warp's part of a stage's product: tokens place.token0.., rows place.row0..,
 // columns place.k0 .. place.k0 + kWarpK of the stage's activation rows (`activations`,
@@ -160,39 +215,11 @@ template <DType D, typename Tiles>
 __device__ __forceinline__ void multiply_gemm_stage(
     float (&acc)[Tiles::kFragmentsTokens][Tiles::kFragmentsRows][4], const uint16_t* activations,
     const uint16_t* weights, const WarpPlace<Tiles>& place) {
-    constexpr int kStride = Tiles::kStageStride;
-    const int lane = threadIdx.x % kWarpSize;
-    const int warp_token0 = place.token0, warp_row0 = place.row0, warp_k0 = place.k0;
 #pragma unroll
-    for (int kk = 0; kk < kWarpK; kk += kMmaK) {
-        const int k = warp_k0 + kk;
-        // A (16 tokens x 16 columns): lanes 0-15 address rows 0-15 at column k, lanes
-        // 16-31 the same rows at column k + 8; the four 8x8 matrices are a[0..3].
-        uint32_t a[Tiles::kFragmentsTokens][4];
-#pragma unroll
-        for (int i = 0; i < Tiles::kFragmentsTokens; ++i)
-            ldmatrix_x4(a[i], activations + (warp_token0 + i * kMmaTokens + lane % 16) * kStride +
-                                  k + lane / 16 * kChunkElements);
-        // B for two n8 fragments (16 weight rows x 16 columns): matrix j = lane / 8 is rows
-        // (j / 2) * 8.. at column k + (j % 2) * 8, so r[0], r[1] are fragment 2f's b[0], b[1]
-        // and r[2], r[3] fragment 2f + 1's.
-        uint32_t b[Tiles::kFragmentsRows][2];
-#pragma unroll
-        for (int f = 0; f < Tiles::kFragmentsRows / 2; ++f) {
-            uint32_t r[4];
-            ldmatrix_x4(
-                r, weights +
-                       (warp_row0 + f * 2 * kMmaRows + lane % 8 + lane / 16 * kMmaRows) * kStride +
-                       k + lane / 8 % 2 * kChunkElements);
-            b[2 * f][0] = r[0];
-            b[2 * f][1] = r[1];
-            b[2 * f + 1][0] = r[2];
-            b[2 * f + 1][1] = r[3];
-        }
-#pragma unroll
-        for (int i = 0; i < Tiles::kFragmentsTokens; ++i)
-#pragma unroll
-            for (int j = 0; j < Tiles::kFragmentsRows; ++j) mma_16x8x16<D>(acc[i][j], a[i], b[j]);
+    for (int kk = 0; kk < Tiles::kWarpK; kk += kMmaK) {
+        GemmFragments<Tiles> f;
+        load_gemm_fragments<Tiles>(f, activations, weights, place, place.k0 + kk);
+        multiply_gemm_fragments<D, Tiles>(acc, f);
     }
 }
 
@@ -267,27 +294,53 @@ __global__ void __launch_bounds__(Tiles::kThreads, Tiles::kMinBlocksPerSm)
     float acc[Tiles::kFragmentsTokens][Tiles::kFragmentsRows][4] = {};
 
     // The pipeline: K tile kt lives in stage kt % kStages. Every thread commits one group
-    // per K tile (empty past the last), so "K tile kt has landed" is "at most kStages - 2
-    // groups pending" at iteration kt.
+    // per K tile (empty past the last), so "K tile kt + 1 has landed" is "at most kStages - 2
+    // groups pending" once tile kt + kStages - 1 has been committed.
     const int k_tiles = (k_extent + Tiles::kTileK - 1) / Tiles::kTileK;
+    auto stage = [&](int kt) { return stages + kt % Tiles::kStages * Tiles::kStageElements; };
     auto load = [&](int kt) {
         if (kt < k_tiles)
-            load_gemm_stage<Tiles>(stages + kt % Tiles::kStages * Tiles::kStageElements, in,
-                                   in_pitch, first_token, tokens, weights, w_pitch, first_row, rows,
-                                   kt * Tiles::kTileK, k_extent);
+            load_gemm_stage<Tiles>(stage(kt), in, in_pitch, first_token, tokens, weights, w_pitch,
+                                   first_row, rows, kt * Tiles::kTileK, k_extent);
         copy_async_commit();
     };
+    // The fragments alternate between two buffers: those of the next 16 columns are loaded
+    // from shared memory while the tensor cores multiply the current ones, across the end of
+    // a K tile too (the next tile's first fragments are read right after the barrier that
+    // makes the tile visible, before the current tile's last products).
+    constexpr int kSteps = Tiles::kWarpK / kMmaK;  // fragment sets per warp and K tile (even)
+    GemmFragments<Tiles> fragments[2];
 #pragma unroll
     for (int kt = 0; kt < Tiles::kStages - 1; ++kt) load(kt);
+    copy_async_wait<Tiles::kStages - 2>();
+    __syncthreads();
+    load_gemm_fragments<Tiles>(fragments[0], stage(0),
+                               stage(0) + Tiles::kTileTokens * Tiles::kStageStride, place,
+                               place.k0);
     for (int kt = 0; kt < k_tiles; ++kt) {
-        copy_async_wait<Tiles::kStages - 2>();
-        // Makes every thread's copies of tile kt visible, and ends every warp's work on tile
-        // kt - 1, whose stage the next load overwrites.
-        __syncthreads();
+        // Into the stage of tile kt - 1, which every warp finished reading before the last
+        // barrier.
         load(kt + Tiles::kStages - 1);
-        const uint16_t* stage = stages + kt % Tiles::kStages * Tiles::kStageElements;
-        multiply_gemm_stage<D, Tiles>(acc, stage, stage + Tiles::kTileTokens * Tiles::kStageStride,
-                                      place);
+        const uint16_t* current = stage(kt);
+#pragma unroll
+        for (int step = 0; step < kSteps; ++step) {
+            GemmFragments<Tiles>& next = fragments[(step + 1) % 2];
+            if (step + 1 < kSteps) {
+                load_gemm_fragments<Tiles>(next, current,
+                                           current + Tiles::kTileTokens * Tiles::kStageStride,
+                                           place, place.k0 + (step + 1) * kMmaK);
+            } else {
+                copy_async_wait<Tiles::kStages - 2>();  // tile kt + 1 has landed
+                __syncthreads();
+                if (kt + 1 < k_tiles) {
+                    const uint16_t* following = stage(kt + 1);
+                    load_gemm_fragments<Tiles>(next, following,
+                                               following + Tiles::kTileTokens * Tiles::kStageStride,
+                                               place, place.k0);
+                }
+            }
+            multiply_gemm_fragments<D, Tiles>(acc, fragments[step % 2]);
+        }
     }
     copy_async_wait<0>();
     __syncthreads();  // the stages are free: the epilogue reuses their memory
@@ -326,7 +379,7 @@ constexpr int kChunkBytes = 16;  // one cp.async
 // columns of weights, 4 KiB in f16 but 2 KiB in Q8 and 1 KiB in Q4; doubling the K tile
 // keeps twice the weight bytes in flight per block (the weight reads bound small batches),
 // and halves the __syncthreads per column.
-using QuantizedSmallBatchTiles = TensorCoreTiles<16, 16, 1, 1, 8, 4, 1>;
+using QuantizedSmallBatchTiles = TensorCoreTiles<16, 16, 1, 1, 8, 32, 4, 1>;
 
 // The shared-memory layout of a quantized GEMM block with tile shape Tiles and weights W
 // (I8 for Q8, U8 for Q4). A stage is, in bytes: the activations [kTileTokens][kStageStride]

@@ -30,6 +30,10 @@
 #   kernels       build/cuda_kernel_check --bench: every kernel against the CPU kernels,
 #                 then the hot kernels' time and bandwidth, and the GEMMs' TFLOPS and share
 #                 of the tensor-core peak, at Mistral-7B's shapes (cut at 120 s)
+#   gemm-tiles    dev/gpu/gemm_tiles.cu: the f16 GEMM kernel with other tile shapes, and the
+#                 wgmma experiment, at Mistral-7B's matrices (Hopper only; about 40 s), then,
+#                 where Nsight Compute (ncu) is installed, its report on the large tiles at
+#                 wo's shape (stall reasons, throughputs; about 60 s)
 #   tests         tests/test_cuda.py (CUDA logits against CPU logits at every position)
 #                 and tests/test_ladder.py -k gpu (every GPU rung gives the fast path's
 #                 text), cut at 120 and 30 s
@@ -110,8 +114,8 @@ fi
 STEPS=${*:-kernels tests compare}
 for name in $STEPS; do
     case $name in
-        kernels | tests | compare | bf16 | transformers | logits-7b | decode | ladder | ab | \
-            qwen3-8b | llama3-prefill) ;;
+        kernels | gemm-tiles | tests | compare | bf16 | transformers | logits-7b | decode | \
+            ladder | ab | qwen3-8b | llama3-prefill) ;;
         *) echo "check.sh: unknown step '$name' (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -392,6 +396,31 @@ if wants kernels && fits 60 "cuda_kernel_check"; then
     grep -v "^PASS" "$LOG/kernel_check.log" | grep -v "^|" | head -40
     grep "^|" "$LOG/kernel_check.log" | tee "$LOG/kernel_bench.md"
     note "cuda_kernel_check: $(tail -1 "$LOG/kernel_check.log") (exit $status)"
+fi
+
+if wants gemm-tiles && fits 60 "gemm-tiles"; then
+    step "dev/gpu/gemm_tiles.cu"
+    # sm_90a: the wgmma experiment's instructions (Hopper only).
+    if nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Ikernels \
+        -I"$ROOT/gpu_data/include" -o build/gemm_tiles dev/gpu/gemm_tiles.cu src/safetensors.cpp \
+        src/json.cpp src/files.cpp >"$LOG/gemm_tiles_build.log" 2>&1; then
+        timeout "$(capped 90)" build/gemm_tiles >"$LOG/gemm_tiles.log" 2>&1
+        status=$?
+        grep "^|" "$LOG/gemm_tiles.log" >"$LOG/gemm_tiles.md"
+        note "gemm_tiles: $(head -1 "$LOG/gemm_tiles.log") (exit $status)"
+        # The large tiles' kernel (mangled: TensorCoreTiles<128, 128, 2, 2, 2, 32, 4, 1>), its
+        # first launch at wo's shape; ncu leaves the clocks as they are.
+        if command -v ncu >/dev/null && fits 60 "ncu"; then
+            timeout "$(capped 60)" ncu --clock-control none --kernel-name-base mangled \
+                -k regex:'TensorCoreTilesILi128ELi128ELi2ELi2ELi2ELi32ELi4ELi1E' --launch-count 1 \
+                --section SpeedOfLight --section WarpStateStats --section Occupancy \
+                --section MemoryWorkloadAnalysis --section LaunchStats build/gemm_tiles wo \
+                >"$LOG/gemm_tiles_ncu.log" 2>&1
+            note "ncu on the large tiles (wo): exit $?, gemm_tiles_ncu.log"
+        fi
+    else
+        note "gemm_tiles: build FAILED ($(tail -1 "$LOG/gemm_tiles_build.log"))"
+    fi
 fi
 
 if wants tests && fits 60 "tests"; then
