@@ -120,6 +120,11 @@ using MediumTiles = TensorCoreTiles<64, 64, 2, 2, 1, 32, 4, 1>;
 // 32 mma, a 64 x 32 one 3 KiB per 16: a third less shared-memory traffic per product, the
 // resource mma.sync kernels run short of first.
 using LargeTiles = TensorCoreTiles<128, 128, 2, 2, 2, 32, 4, 1>;
+// Large batches over many weight rows (f16 and bf16 weights): 128 tokens x 256 rows, eight
+// warps of 64 x 64 without a K split. Each weight and activation element brought from L2
+// serves a third more products than in the large tiles, whose wo GEMM runs at 72% of the
+// L2's throughput on an H100 (Nsight Compute); but the grid has half as many blocks.
+using WideTiles = TensorCoreTiles<128, 256, 2, 4, 1, 32, 4, 1>;
 
 // Copies columns [k0, k0 + kTileK) of the block's token rows (in) and weight rows (weights)
 // into `stage`; chunks past the tokens, the rows or k_extent (the columns rounded up to a
@@ -766,9 +771,18 @@ constexpr int kSmallBatchMaxTokens = 64;
 // wave); fewer leave SMs idle, and the medium tiles' grid fills the GPU better.
 constexpr int kLargeMinBlocksPerFourSms = 3;
 
+// The time of a grid of `blocks` blocks of `tile_outputs` outputs each on `multiprocessors`
+// SMs, one block per SM at a time, in units of one large tile's time: the waves (the last
+// one counts whole) times the tile's size.
+inline double tile_waves(size_t blocks, int tile_outputs, int multiprocessors) {
+    const size_t waves = (blocks + multiprocessors - 1) / multiprocessors;
+    return double(waves) * tile_outputs / (LargeTiles::kTileTokens * LargeTiles::kTileRows);
+}
+
 // The rule gemm follows:
 // - f32 weights, and bf16 weights below sm_80: SIMT. Q8 and Q4 weights take the tiles of
-//   f16 weights (kSmallBatch: QuantizedSmallBatchTiles, the same tokens and rows).
+//   f16 weights (kSmallBatch: QuantizedSmallBatchTiles, the same tokens and rows) but the
+//   wide ones.
 // - Up to kSmallBatchMaxTokens tokens: SmallBatchTiles. The product is bound by reading
 //   the weights, like decode: the grid has ceil(rows / 16) row tiles to spread that over
 //   the SMs, and the (at most 4) token tiles of a row tile run side by side, so each weight
@@ -776,6 +790,10 @@ constexpr int kLargeMinBlocksPerFourSms = 3;
 // - Otherwise LargeTiles where they fit the GPU's shared memory (sm_80, sm_90) and their
 //   grid has at least 3 blocks per 4 SMs (one block fits an SM), else MediumTiles (more,
 //   smaller blocks: 64 x 64).
+// - f16 and bf16 weights take WideTiles instead of LargeTiles where they fit and their grid
+//   takes no longer by tile_waves (ties go to the wide tiles, which do more per byte): at
+//   512 tokens on an H100, Mistral-7B's qkv (6144 rows) and w1/w3 (14336 rows) but not its
+//   wo and w2 (4096 rows: 64 wide blocks for 132 SMs).
 // The columns do not enter: they set the length of each block's K loop, not the grid.
 inline GemmTiles choose_gemm_tiles(DType dtype, int tokens, int rows, int compute_capability,
                                    int multiprocessors, size_t shared_bytes_per_block) {
@@ -783,10 +801,21 @@ inline GemmTiles choose_gemm_tiles(DType dtype, int tokens, int rows, int comput
     if (tokens <= kSmallBatchMaxTokens) return GemmTiles::kSmallBatch;
     const dim3 large = gemm_tensor_core_grid<LargeTiles>(tokens, rows);
     const size_t large_blocks = size_t(large.x) * large.y;
-    if (gemm_tensor_core_shared_bytes<LargeTiles>(dtype) <= shared_bytes_per_block &&
-        4 * large_blocks >= size_t(kLargeMinBlocksPerFourSms) * multiprocessors)
-        return GemmTiles::kLarge;
-    return GemmTiles::kMedium;
+    if (gemm_tensor_core_shared_bytes<LargeTiles>(dtype) > shared_bytes_per_block ||
+        4 * large_blocks < size_t(kLargeMinBlocksPerFourSms) * multiprocessors)
+        return GemmTiles::kMedium;
+    const bool wide_runs = (dtype == DType::F16 || dtype == DType::BF16) &&
+                           WideTiles::kSharedBytes <= shared_bytes_per_block;
+    if (wide_runs) {
+        const dim3 wide = gemm_tensor_core_grid<WideTiles>(tokens, rows);
+        const double wide_time =
+            tile_waves(size_t(wide.x) * wide.y, WideTiles::kTileTokens * WideTiles::kTileRows,
+                       multiprocessors);
+        const double large_time = tile_waves(
+            large_blocks, LargeTiles::kTileTokens * LargeTiles::kTileRows, multiprocessors);
+        if (wide_time <= large_time) return GemmTiles::kWide;
+    }
+    return GemmTiles::kLarge;
 }
 
 #ifndef BARELLM_CUDA_EMULATION
@@ -903,6 +932,8 @@ void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMat
     if (tiles == GemmTiles::kLarge &&
         gemm_tensor_core_shared_bytes<LargeTiles>(w.dtype) > device.shared_bytes_per_block)
         throw Error("gemm: the large tiles need more shared memory than this GPU has");
+    if (tiles == GemmTiles::kWide && WideTiles::kSharedBytes > device.shared_bytes_per_block)
+        throw Error("gemm: the wide tiles need more shared memory than this GPU has");
     if (w.dtype == DType::I8 || w.dtype == DType::U8) {
         with_quantized_dtype(w.dtype, [&](auto dtype) {
             constexpr DType W = decltype(dtype)::value;
@@ -918,6 +949,8 @@ void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMat
                 case GemmTiles::kLarge:
                     return launch_gemm_quantized<W, LargeTiles>(out, out_pitch, w, in, bias,
                                                                 accumulate, stream);
+                case GemmTiles::kWide:
+                    throw Error("gemm: the wide tiles take f16 and bf16 weights");
             }
         });
         CUDA_CHECK_LAUNCH("gemm kernel");
@@ -944,6 +977,9 @@ void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMat
                 case GemmTiles::kLarge:
                     return launch_gemm_tensor_core<D, LargeTiles>(out, out_pitch, w, in, bias,
                                                                   accumulate, stream);
+                case GemmTiles::kWide:
+                    return launch_gemm_tensor_core<D, WideTiles>(out, out_pitch, w, in, bias,
+                                                                 accumulate, stream);
                 case GemmTiles::kSimt:
                     return;  // launched above
             }

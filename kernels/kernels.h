@@ -97,11 +97,11 @@ void matvec_widened(float* out, const DeviceMatrix& w, const float* in, const fl
 void matvec_swiglu_widened(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                            const float* in, const float* norm_weight, float eps,
                            cudaStream_t stream);
-// The int8 kernels read several rows per warp (1, 2 or 4; SwiGLU: as many rows of each
-// matrix): quantized_rows_per_warp is matvec's choice for a matrix of `rows` rows on this
-// GPU, and matvec_quantized_rows / matvec_swiglu_quantized_rows are matvec / matvec_swiglu
-// with rows_per_warp given (cuda_kernel_check checks and times each).
-int quantized_rows_per_warp(int rows);
+// The int8 kernels read one or two rows per warp (SwiGLU: of each matrix):
+// quantized_rows_per_warp is matvec's (swiglu: matvec_swiglu's) choice for a matrix of `rows`
+// rows on this GPU, and matvec_quantized_rows / matvec_swiglu_quantized_rows are matvec /
+// matvec_swiglu with rows_per_warp given (cuda_kernel_check checks and times each).
+int quantized_rows_per_warp(int rows, bool swiglu);
 void matvec_quantized_rows(int rows_per_warp, float* out, const DeviceMatrix& w, const float* in,
                            const float* norm_weight, float eps, const float* bias, bool accumulate,
                            cudaStream_t stream);
@@ -188,8 +188,9 @@ void gemm(float* out, int out_pitch, const DeviceMatrix& w, const DeviceActivati
           const float* bias, bool accumulate, cudaStream_t stream);
 
 // The block tiles gemm chooses among (kernels/gemm.cuh: choose_gemm_tiles is the rule):
-// the SIMT GEMM (f32 weights; bf16 below sm_80), and three tensor-core tile shapes.
-enum class GemmTiles { kSimt, kSmallBatch, kMedium, kLarge };
+// the SIMT GEMM (f32 weights; bf16 below sm_80), and four tensor-core tile shapes (kWide: f16
+// and bf16 weights only).
+enum class GemmTiles { kSimt, kSmallBatch, kMedium, kLarge, kWide };
 // The tiles gemm picks for these sizes on the current GPU.
 GemmTiles gemm_tiles(DType dtype, int tokens, int rows);
 // gemm with the given tiles, whatever the sizes (tests and benchmarks reach every path

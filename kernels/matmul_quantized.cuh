@@ -1,5 +1,6 @@
 // Matrix-vector products for decode with Q8 (I8) and Q4 (U8) weights: the kernels of
-// matmul.cuh (one warp per row, 16-byte loads with kMatvecUnroll in flight per lane, the input
+// matmul.cuh (one warp per row, or two: choose_quantized_rows_per_warp; 16-byte loads with
+// kMatvecUnroll in flight per lane and row, the input
 // staged in shared memory with RMSNorm fused, the bias and the residual added in the store,
 // w1 and w3 read by one warp with SwiGLU applied before the store) for weights stored as integers
 // with one f16 scale per block of 32 columns (kernels.h: DeviceMatrix). The weights are dequantized
@@ -26,7 +27,9 @@
 //   values is subtracted once per block: Σ (q − 8)·x = Σ q·x − 8·Σ x).
 // - Per 16-byte weight vector a lane loads the vector and its block's f16 scale together
 //   (all loads of a round before any math), computes the vector's integer dot product, and
-//   adds it times the weight scale times the input block's scale to its f32 sum.
+//   adds it times the weight scale times the input block's scale to its f32 sum. The first
+//   round's loads go out before the input is staged, into registers, so that their DRAM
+//   latency overlaps the staging; each later round's go out before the previous round's math.
 #pragma once
 #include <type_traits>
 
@@ -196,34 +199,54 @@ __device__ __forceinline__ const uint4* quantized_row(const void* values, int ro
                                           size_t(row) * QuantizedFormat<D>::row_bytes(pitch));
 }
 
+// One round of a lane's weight loads over kRows quantized rows: kMatvecUnroll 16-byte vectors
+// of each row (vectors first, first + 32, ...) and their block scales, zeros past the row.
+template <int kRows>
+struct QuantizedRound {
+    uint4 raw[kRows][kMatvecUnroll];
+    uint16_t scale_bits[kRows][kMatvecUnroll];
+};
+
+template <DType D, int kRows>
+__device__ __forceinline__ void load_quantized_round(QuantizedRound<kRows>& round,
+                                                     const uint4* const (&rows)[kRows],
+                                                     const uint16_t* const (&row_scales)[kRows],
+                                                     int first, int vectors) {
+    constexpr int kVectorsPerBlock = kQuantizedBlock / QuantizedFormat<D>::kPerVector;
+#pragma unroll
+    for (int u = 0; u < kMatvecUnroll; ++u) {
+        const int v = first + u * kWarpSize;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+            round.raw[r][u] = v < vectors ? __ldcs(rows[r] + v) : make_uint4(0, 0, 0, 0);
+            round.scale_bits[r][u] = v < vectors ? __ldcs(row_scales[r] + v / kVectorsPerBlock) : 0;
+        }
+    }
+}
+
 // Dot products of kRows quantized weight rows (values and scales) with the staged input, for
-// the calling warp; every lane gets the sums. All 32 lanes must call it.
+// the calling warp; every lane gets the sums. `next` holds the lane's first round of loads
+// (load_quantized_round at first = lane), issued before the input was staged so that their
+// latency overlapped the staging; each round's math then runs while the next round's loads
+// are in flight. All 32 lanes must call it.
 template <DType D, bool kWidened, int kRows>
 __device__ __forceinline__ void dot_quantized_rows(const uint4* const (&rows)[kRows],
                                                    const uint16_t* const (&row_scales)[kRows],
                                                    const QuantizedInput& input, int pitch,
+                                                   QuantizedRound<kRows>& next,
                                                    float (&sums)[kRows]) {
     constexpr int kPerVector = QuantizedFormat<D>::kPerVector;
     constexpr int kVectorsPerBlock = kQuantizedBlock / kPerVector;  // 2 (Q8) or 1 (Q4)
+    constexpr int kRoundVectors = kWarpSize * kMatvecUnroll;
     const int vectors = pitch / kPerVector;
     const int lane = threadIdx.x % kWarpSize;
     float acc[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-    for (int first = lane; first < vectors; first += kWarpSize * kMatvecUnroll) {
-        // All loads of this round first (kRows * kMatvecUnroll vectors and their scales in
-        // flight), then the math.
-        uint4 raw[kRows][kMatvecUnroll];
-        uint16_t scale_bits[kRows][kMatvecUnroll];
-#pragma unroll
-        for (int u = 0; u < kMatvecUnroll; ++u) {
-            const int v = first + u * kWarpSize;
-#pragma unroll
-            for (int r = 0; r < kRows; ++r) {
-                raw[r][u] = v < vectors ? __ldcs(rows[r] + v) : make_uint4(0, 0, 0, 0);
-                scale_bits[r][u] = v < vectors ? __ldcs(row_scales[r] + v / kVectorsPerBlock) : 0;
-            }
-        }
+    for (int first = lane; first < vectors; first += kRoundVectors) {
+        const QuantizedRound<kRows> round = next;
+        if (first + kRoundVectors < vectors)
+            load_quantized_round<D, kRows>(next, rows, row_scales, first + kRoundVectors, vectors);
 #pragma unroll
         for (int u = 0; u < kMatvecUnroll; ++u) {
             const int v = first + u * kWarpSize;
@@ -232,9 +255,11 @@ __device__ __forceinline__ void dot_quantized_rows(const uint4* const (&rows)[kR
                 const float input_scale = kWidened ? 1.0f : input.scales[block];
 #pragma unroll
                 for (int r = 0; r < kRows; ++r) {
-                    const float dot = kWidened ? vector_dot_widened<D>(raw[r][u], input, v, pitch)
-                                               : float(vector_dot<D>(raw[r][u], input, v, pitch));
-                    acc[r] = fmaf(dot, half_bits_to_float(scale_bits[r][u]) * input_scale, acc[r]);
+                    const float dot = kWidened
+                                          ? vector_dot_widened<D>(round.raw[r][u], input, v, pitch)
+                                          : float(vector_dot<D>(round.raw[r][u], input, v, pitch));
+                    acc[r] =
+                        fmaf(dot, half_bits_to_float(round.scale_bits[r][u]) * input_scale, acc[r]);
                 }
             }
         }
@@ -285,9 +310,11 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     __shared__ float scratch[kWarpSize];
     __shared__ float results[kQuantizedMatvecWarps * kRowsPerWarp];
     const QuantizedWarpRows<D, kRowsPerWarp> warp_rows(values, scales, rows, pitch);
+    QuantizedRound<kRowsPerWarp> round;  // the first loads, before the staging
     if (warp_rows.has_rows)
-        prefetch_first_round<kRowsPerWarp>(warp_rows.values, threadIdx.x % kWarpSize,
-                                           pitch / QuantizedFormat<D>::kPerVector);
+        load_quantized_round<D, kRowsPerWarp>(round, warp_rows.values, warp_rows.scales,
+                                              threadIdx.x % kWarpSize,
+                                              pitch / QuantizedFormat<D>::kPerVector);
 
     const QuantizedInput input =
         stage_quantized_input<D, kWidened>(in, cols, pitch, norm_weight, eps, scratch);
@@ -295,7 +322,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     float sums[kRowsPerWarp] = {};
     if (warp_rows.has_rows)
         dot_quantized_rows<D, kWidened, kRowsPerWarp>(warp_rows.values, warp_rows.scales, input,
-                                                      pitch, sums);
+                                                      pitch, round, sums);
     store_warp_rows<kAccumulate, kRowsPerWarp>(out, sums, results, bias, rows);
 }
 
@@ -323,9 +350,11 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
         row_scales[i] = gate_rows.scales[i];
         row_scales[kRowsPerWarp + i] = up_rows.scales[i];
     }
+    QuantizedRound<2 * kRowsPerWarp> round;  // the first loads, before the staging
     if (gate_rows.has_rows)
-        prefetch_first_round<2 * kRowsPerWarp>(row_values, threadIdx.x % kWarpSize,
-                                               pitch / QuantizedFormat<D>::kPerVector);
+        load_quantized_round<D, 2 * kRowsPerWarp>(round, row_values, row_scales,
+                                                  threadIdx.x % kWarpSize,
+                                                  pitch / QuantizedFormat<D>::kPerVector);
 
     const QuantizedInput input =
         stage_quantized_input<D, kWidened>(in, cols, pitch, norm_weight, eps, scratch);
@@ -334,7 +363,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     if (gate_rows.has_rows) {
         float sums[2 * kRowsPerWarp];
         dot_quantized_rows<D, kWidened, 2 * kRowsPerWarp>(row_values, row_scales, input, pitch,
-                                                          sums);
+                                                          round, sums);
 #pragma unroll
         for (int i = 0; i < kRowsPerWarp; ++i)
             values[i] = swiglu_value(/*gate=*/sums[i], /*up=*/sums[kRowsPerWarp + i]);
@@ -352,12 +381,14 @@ inline dim3 quantized_matvec_grid(int rows, int rows_per_warp) {
     return dim3((rows + block_rows - 1) / block_rows);
 }
 
-// The rows per warp the int8 kernels take for a matrix of `rows` rows on a GPU of
-// `multiprocessors` SMs: the most of kQuantizedRowsPerWarp (4, 2, 1) whose grid still has a
-// block for every SM. More rows per warp share one staging of the input among more weight
-// bytes and keep more loads in flight, which the short rows of Q4 (and Q8) need to stream
-// at memory speed; fewer leave SMs without a block. The widened kernels take 1.
-constexpr int kQuantizedRowsPerWarp[] = {4, 2, 1};
+// The rows per warp the int8 matvec takes for a matrix of `rows` rows on a GPU of
+// `multiprocessors` SMs: 2 where its grid still has a block for every SM, else 1. Two rows
+// share one staging of the input and keep twice the loads in flight; measured on an H100
+// (docs/BENCHMARKS.md) they shorten Mistral-7B's qkv matvec by a fifth (Q4 and Q8) and lose
+// where the grid is left with fewer blocks than SMs (wo, w2), and four rows lose everywhere.
+// SwiGLU, which already reads a row of each of two matrices, takes 1. The widened kernels
+// take 1.
+constexpr int kQuantizedRowsPerWarp[] = {2, 1};
 inline int choose_quantized_rows_per_warp(int rows, int multiprocessors) {
     for (const int rows_per_warp : kQuantizedRowsPerWarp)
         if (int(quantized_matvec_grid(rows, rows_per_warp).x) >= multiprocessors)
@@ -365,7 +396,7 @@ inline int choose_quantized_rows_per_warp(int rows, int multiprocessors) {
     return 1;
 }
 
-// Calls use(std::integral_constant<int, R>) for rows_per_warp R (1, 2 or 4).
+// Calls use(std::integral_constant<int, R>) for rows_per_warp R (1 or 2).
 template <typename Use>
 void with_rows_per_warp(int rows_per_warp, Use&& use) {
     switch (rows_per_warp) {
@@ -373,10 +404,8 @@ void with_rows_per_warp(int rows_per_warp, Use&& use) {
             return use(std::integral_constant<int, 1>{});
         case 2:
             return use(std::integral_constant<int, 2>{});
-        case 4:
-            return use(std::integral_constant<int, 4>{});
         default:
-            throw Error("quantized matvec: rows per warp must be 1, 2 or 4");
+            throw Error("quantized matvec: rows per warp must be 1 or 2");
     }
 }
 
@@ -473,7 +502,7 @@ void launch_quantized_matvec_swiglu(float* out, const DeviceMatrix& w1, const De
                                     bool widened, int rows_per_warp, cudaStream_t stream) {
     check_quantized_matrix(w1, "matvec_swiglu");
     check_quantized_matrix(w3, "matvec_swiglu");
-    if (rows_per_warp == 0) rows_per_warp = widened ? 1 : quantized_rows_per_warp_here(w1.rows);
+    if (rows_per_warp == 0) rows_per_warp = 1;  // SwiGLU: choose_quantized_rows_per_warp
     if (widened && rows_per_warp != 1) throw Error("matvec_swiglu_widened: one row per warp");
     with_quantized_dtype(w1.dtype, [&](auto dtype) {
         constexpr DType D = decltype(dtype)::value;
@@ -493,7 +522,9 @@ void prepare_quantized_matvec(size_t bytes) {
     allow_quantized_shared_bytes<DType::U8>(bytes);
 }
 
-int quantized_rows_per_warp(int rows) { return quantized_rows_per_warp_here(rows); }
+int quantized_rows_per_warp(int rows, bool swiglu) {
+    return swiglu ? 1 : quantized_rows_per_warp_here(rows);
+}
 
 void matvec_quantized_rows(int rows_per_warp, float* out, const DeviceMatrix& w, const float* in,
                            const float* norm_weight, float eps, const float* bias, bool accumulate,

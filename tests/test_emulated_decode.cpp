@@ -411,7 +411,6 @@ void check_quantized_matvecs(const std::vector<int>& columns, std::mt19937& rng)
             const Fusion& f = kFusions[n++ % std::size(kFusions)];
             check_quantized_matvec<D, false, 1>(rows, cols, f, rng);
             check_quantized_matvec<D, false, 2>(rows, cols, f, rng);
-            check_quantized_matvec<D, false, 4>(rows, cols, f, rng);
             check_quantized_matvec<D, true, 1>(rows, cols, f, rng);
         }
 }

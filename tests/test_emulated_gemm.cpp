@@ -21,7 +21,7 @@ namespace {
 // above a tile; columns a multiple of 8 but not of the K tile, and not a multiple of 8.
 const GemmCase kCases[] = {
     {1, 24, 40, false, false},  {3, 200, 264, true, false}, {17, 24, 72, false, true},
-    {70, 200, 261, true, true}, {33, 72, 43, true, false},
+    {70, 200, 261, true, true}, {33, 72, 43, true, false},  {130, 300, 72, true, true},
 };
 
 const char* tiles_name(GemmTiles tiles) {
@@ -34,6 +34,8 @@ const char* tiles_name(GemmTiles tiles) {
             return "medium";
         case GemmTiles::kLarge:
             return "large";
+        case GemmTiles::kWide:
+            return "wide";
     }
     return "?";
 }
@@ -67,6 +69,9 @@ void launch_emulated_gemm(GemmTiles tiles, float* out, int out_pitch, PaddedRows
         case GemmTiles::kLarge:
             if constexpr (D != DType::F32) tensor_core(LargeTiles{});
             return;
+        case GemmTiles::kWide:
+            if constexpr (D != DType::F32) tensor_core(WideTiles{});
+            return;
     }
 }
 
@@ -86,7 +91,8 @@ void check_gemm(GemmTiles tiles, const GemmCase& c, std::mt19937& rng) {
 
 TEST_CASE("emulated tensor-core gemm matches a double reference", "[cuda_emulation][gemm]") {
     std::mt19937 rng(2024);
-    for (const GemmTiles tiles : {GemmTiles::kSmallBatch, GemmTiles::kMedium, GemmTiles::kLarge})
+    for (const GemmTiles tiles :
+         {GemmTiles::kSmallBatch, GemmTiles::kMedium, GemmTiles::kLarge, GemmTiles::kWide})
         for (const GemmCase& c : kCases) {
             check_gemm<DType::F16>(tiles, c, rng);
             check_gemm<DType::BF16>(tiles, c, rng);

@@ -100,6 +100,9 @@ void launch_emulated_gemm(GemmTiles tiles, float* out, int out_pitch, QuantizedR
             return launch(MediumTiles{});
         case GemmTiles::kLarge:
             return launch(LargeTiles{});
+        case GemmTiles::kWide:
+            FAIL("the wide tiles take f16 and bf16 weights");
+            return;
     }
 }
 

@@ -402,8 +402,7 @@ struct QuantizedVariant {
                                   : "int8, " + std::to_string(rows_per_warp) + " rows/warp";
     }
 };
-constexpr QuantizedVariant kQuantizedVariants[] = {
-    {false, 0}, {false, 1}, {false, 2}, {false, 4}, {true, 1}};
+constexpr QuantizedVariant kQuantizedVariants[] = {{false, 0}, {false, 1}, {false, 2}, {true, 1}};
 
 void quantized_matvec(const QuantizedVariant& variant, float* out, const DeviceMatrix& w,
                       const float* in, const float* norm_weight, float eps, const float* bias,
@@ -909,14 +908,17 @@ const char* tiles_label(cuda::GemmTiles tiles) {
             return "medium";
         case cuda::GemmTiles::kLarge:
             return "large";
+        case cuda::GemmTiles::kWide:
+            return "wide";
     }
     return "?";
 }
 
 // The tiles gemm_with_tiles can run for `dtype` on this GPU: the SIMT GEMM for f32 and bf16
 // (bf16's path below sm_80), the tensor-core tiles where the GPU multiplies dtype on tensor
-// cores (the large ones where they fit its shared memory: gemm picks them for a huge size).
-// f16, Q8 and Q4 weights run on tensor cores only.
+// cores (the large ones where they fit its shared memory: gemm picks them, or the wide ones,
+// for a huge size; the wide ones, which need less, for f16 and bf16 weights where the large
+// ones fit). f16, Q8 and Q4 weights run on tensor cores only.
 std::vector<cuda::GemmTiles> runnable_tiles(DType dtype) {
     std::vector<cuda::GemmTiles> tiles;
     if (dtype == DType::F32 || dtype == DType::BF16) tiles.push_back(cuda::GemmTiles::kSimt);
@@ -924,8 +926,11 @@ std::vector<cuda::GemmTiles> runnable_tiles(DType dtype) {
     tiles.push_back(cuda::GemmTiles::kSmallBatch);
     tiles.push_back(cuda::GemmTiles::kMedium);
     constexpr int kHuge = 1 << 20;
-    if (cuda::gemm_tiles(dtype, kHuge, kHuge) == cuda::GemmTiles::kLarge)
-        tiles.push_back(cuda::GemmTiles::kLarge);
+    const cuda::GemmTiles huge = cuda::gemm_tiles(dtype, kHuge, kHuge);
+    const bool large_fits = huge == cuda::GemmTiles::kLarge || huge == cuda::GemmTiles::kWide;
+    if (large_fits) tiles.push_back(cuda::GemmTiles::kLarge);
+    if (large_fits && (dtype == DType::F16 || dtype == DType::BF16))
+        tiles.push_back(cuda::GemmTiles::kWide);
     return tiles;
 }
 
@@ -1472,9 +1477,9 @@ void bench(int multiprocessors) {
         const DeviceMatrix dwo{dqkv.data, dtype, 4096, 4096, dqkv.pitch, dqkv.scales};
         for (const QuantizedVariant& variant : kQuantizedVariants) {
             if (!variant.widened && variant.rows_per_warp == 0) continue;  // marked below
-            const auto mark = [&](int rows) {
+            const auto mark = [&](int rows, bool swiglu = false) {
                 return !variant.widened &&
-                               variant.rows_per_warp == cuda::quantized_rows_per_warp(rows)
+                               variant.rows_per_warp == cuda::quantized_rows_per_warp(rows, swiglu)
                            ? ", matvec's"
                            : "";
             };
@@ -1504,7 +1509,7 @@ void bench(int multiprocessors) {
                                       nullptr, true, 0);
                  }),
                  double(dwo.bytes()));
-            line(("matvec_swiglu " + variant_label + mark(14336)).c_str(), "2 x 14336x4096",
+            line(("matvec_swiglu " + variant_label + mark(14336, true)).c_str(), "2 x 14336x4096",
                  time_ms([&](int) {
                      quantized_matvec_swiglu(variant, out.as<float>(), d1, d3, x.as<float>(),
                                              norm.as<float>(), 1e-5f, 0);
