@@ -30,10 +30,10 @@
 #   kernels       build/cuda_kernel_check --bench: every kernel against the CPU kernels,
 #                 then the hot kernels' time and bandwidth, and the GEMMs' TFLOPS and share
 #                 of the tensor-core peak, at Mistral-7B's shapes (cut at 120 s)
-#   gemm-tiles    dev/gpu/gemm_tiles.cu: the f16 GEMM kernel with other tile shapes, and the
-#                 wgmma experiment, at Mistral-7B's matrices (Hopper only; about 40 s), then,
-#                 where Nsight Compute (ncu) is installed, its report on the large tiles at
-#                 wo's shape (stall reasons, throughputs; about 60 s)
+#   gemm-tiles    dev/gpu/gemm_tiles.cu: the f16 GEMM kernel with each tile shape, and the
+#                 wgmma experiment, at Mistral-7B's matrices (Hopper only; about 40 s)
+#   gemm-ncu      after gemm-tiles: Nsight Compute's report (stall reasons, throughputs) on
+#                 the large tiles at wo's shape (about 60 s)
 #   tests         tests/test_cuda.py (CUDA logits against CPU logits at every position)
 #                 and tests/test_ladder.py -k gpu (every GPU rung gives the fast path's
 #                 text), cut at 120 and 30 s
@@ -114,8 +114,8 @@ fi
 STEPS=${*:-kernels tests compare}
 for name in $STEPS; do
     case $name in
-        kernels | gemm-tiles | tests | compare | bf16 | transformers | logits-7b | decode | \
-            ladder | ab | qwen3-8b | llama3-prefill) ;;
+        kernels | gemm-tiles | gemm-ncu | tests | compare | bf16 | transformers | logits-7b | \
+            decode | ladder | ab | qwen3-8b | llama3-prefill) ;;
         *) echo "check.sh: unknown step '$name' (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -410,7 +410,7 @@ if wants gemm-tiles && fits 60 "gemm-tiles"; then
         note "gemm_tiles: $(head -1 "$LOG/gemm_tiles.log") (exit $status)"
         # The large tiles' kernel (mangled: TensorCoreTiles<128, 128, 2, 2, 2, 32, 4, 1>), its
         # first launch at wo's shape; ncu leaves the clocks as they are.
-        if command -v ncu >/dev/null && fits 60 "ncu"; then
+        if wants gemm-ncu && command -v ncu >/dev/null && fits 60 "ncu"; then
             timeout "$(capped 60)" ncu --clock-control none --kernel-name-base mangled \
                 -k regex:'TensorCoreTilesILi128ELi128ELi2ELi2ELi2ELi32ELi4ELi1E' --launch-count 1 \
                 --section SpeedOfLight --section WarpStateStats --section Occupancy \
