@@ -27,9 +27,7 @@
 //   values is subtracted once per block: Σ (q − 8)·x = Σ q·x − 8·Σ x).
 // - Per 16-byte weight vector a lane loads the vector and its block's f16 scale together
 //   (all loads of a round before any math), computes the vector's integer dot product, and
-//   adds it times the weight scale times the input block's scale to its f32 sum. The first
-//   round's loads go out before the input is staged, into registers, so that their DRAM
-//   latency overlaps the staging; each later round's go out before the previous round's math.
+//   adds it times the weight scale times the input block's scale to its f32 sum.
 #pragma once
 #include <type_traits>
 
@@ -199,54 +197,34 @@ __device__ __forceinline__ const uint4* quantized_row(const void* values, int ro
                                           size_t(row) * QuantizedFormat<D>::row_bytes(pitch));
 }
 
-// One round of a lane's weight loads over kRows quantized rows: kMatvecUnroll 16-byte vectors
-// of each row (vectors first, first + 32, ...) and their block scales, zeros past the row.
-template <int kRows>
-struct QuantizedRound {
-    uint4 raw[kRows][kMatvecUnroll];
-    uint16_t scale_bits[kRows][kMatvecUnroll];
-};
-
-template <DType D, int kRows>
-__device__ __forceinline__ void load_quantized_round(QuantizedRound<kRows>& round,
-                                                     const uint4* const (&rows)[kRows],
-                                                     const uint16_t* const (&row_scales)[kRows],
-                                                     int first, int vectors) {
-    constexpr int kVectorsPerBlock = kQuantizedBlock / QuantizedFormat<D>::kPerVector;
-#pragma unroll
-    for (int u = 0; u < kMatvecUnroll; ++u) {
-        const int v = first + u * kWarpSize;
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-            round.raw[r][u] = v < vectors ? __ldcs(rows[r] + v) : make_uint4(0, 0, 0, 0);
-            round.scale_bits[r][u] = v < vectors ? __ldcs(row_scales[r] + v / kVectorsPerBlock) : 0;
-        }
-    }
-}
-
 // Dot products of kRows quantized weight rows (values and scales) with the staged input, for
-// the calling warp; every lane gets the sums. `next` holds the lane's first round of loads
-// (load_quantized_round at first = lane), issued before the input was staged so that their
-// latency overlapped the staging; each round's math then runs while the next round's loads
-// are in flight. All 32 lanes must call it.
+// the calling warp; every lane gets the sums. All 32 lanes must call it.
 template <DType D, bool kWidened, int kRows>
 __device__ __forceinline__ void dot_quantized_rows(const uint4* const (&rows)[kRows],
                                                    const uint16_t* const (&row_scales)[kRows],
                                                    const QuantizedInput& input, int pitch,
-                                                   QuantizedRound<kRows>& next,
                                                    float (&sums)[kRows]) {
     constexpr int kPerVector = QuantizedFormat<D>::kPerVector;
     constexpr int kVectorsPerBlock = kQuantizedBlock / kPerVector;  // 2 (Q8) or 1 (Q4)
-    constexpr int kRoundVectors = kWarpSize * kMatvecUnroll;
     const int vectors = pitch / kPerVector;
     const int lane = threadIdx.x % kWarpSize;
     float acc[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-    for (int first = lane; first < vectors; first += kRoundVectors) {
-        const QuantizedRound<kRows> round = next;
-        if (first + kRoundVectors < vectors)
-            load_quantized_round<D, kRows>(next, rows, row_scales, first + kRoundVectors, vectors);
+    for (int first = lane; first < vectors; first += kWarpSize * kMatvecUnroll) {
+        // All loads of this round first (kRows * kMatvecUnroll vectors and their scales in
+        // flight), then the math.
+        uint4 raw[kRows][kMatvecUnroll];
+        uint16_t scale_bits[kRows][kMatvecUnroll];
+#pragma unroll
+        for (int u = 0; u < kMatvecUnroll; ++u) {
+            const int v = first + u * kWarpSize;
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+                raw[r][u] = v < vectors ? __ldcs(rows[r] + v) : make_uint4(0, 0, 0, 0);
+                scale_bits[r][u] = v < vectors ? __ldcs(row_scales[r] + v / kVectorsPerBlock) : 0;
+            }
+        }
 #pragma unroll
         for (int u = 0; u < kMatvecUnroll; ++u) {
             const int v = first + u * kWarpSize;
@@ -255,11 +233,9 @@ __device__ __forceinline__ void dot_quantized_rows(const uint4* const (&rows)[kR
                 const float input_scale = kWidened ? 1.0f : input.scales[block];
 #pragma unroll
                 for (int r = 0; r < kRows; ++r) {
-                    const float dot = kWidened
-                                          ? vector_dot_widened<D>(round.raw[r][u], input, v, pitch)
-                                          : float(vector_dot<D>(round.raw[r][u], input, v, pitch));
-                    acc[r] =
-                        fmaf(dot, half_bits_to_float(round.scale_bits[r][u]) * input_scale, acc[r]);
+                    const float dot = kWidened ? vector_dot_widened<D>(raw[r][u], input, v, pitch)
+                                               : float(vector_dot<D>(raw[r][u], input, v, pitch));
+                    acc[r] = fmaf(dot, half_bits_to_float(scale_bits[r][u]) * input_scale, acc[r]);
                 }
             }
         }
@@ -310,11 +286,9 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     __shared__ float scratch[kWarpSize];
     __shared__ float results[kQuantizedMatvecWarps * kRowsPerWarp];
     const QuantizedWarpRows<D, kRowsPerWarp> warp_rows(values, scales, rows, pitch);
-    QuantizedRound<kRowsPerWarp> round;  // the first loads, before the staging
     if (warp_rows.has_rows)
-        load_quantized_round<D, kRowsPerWarp>(round, warp_rows.values, warp_rows.scales,
-                                              threadIdx.x % kWarpSize,
-                                              pitch / QuantizedFormat<D>::kPerVector);
+        prefetch_first_round<kRowsPerWarp>(warp_rows.values, threadIdx.x % kWarpSize,
+                                           pitch / QuantizedFormat<D>::kPerVector);
 
     const QuantizedInput input =
         stage_quantized_input<D, kWidened>(in, cols, pitch, norm_weight, eps, scratch);
@@ -322,7 +296,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     float sums[kRowsPerWarp] = {};
     if (warp_rows.has_rows)
         dot_quantized_rows<D, kWidened, kRowsPerWarp>(warp_rows.values, warp_rows.scales, input,
-                                                      pitch, round, sums);
+                                                      pitch, sums);
     store_warp_rows<kAccumulate, kRowsPerWarp>(out, sums, results, bias, rows);
 }
 
@@ -350,11 +324,9 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
         row_scales[i] = gate_rows.scales[i];
         row_scales[kRowsPerWarp + i] = up_rows.scales[i];
     }
-    QuantizedRound<2 * kRowsPerWarp> round;  // the first loads, before the staging
     if (gate_rows.has_rows)
-        load_quantized_round<D, 2 * kRowsPerWarp>(round, row_values, row_scales,
-                                                  threadIdx.x % kWarpSize,
-                                                  pitch / QuantizedFormat<D>::kPerVector);
+        prefetch_first_round<2 * kRowsPerWarp>(row_values, threadIdx.x % kWarpSize,
+                                               pitch / QuantizedFormat<D>::kPerVector);
 
     const QuantizedInput input =
         stage_quantized_input<D, kWidened>(in, cols, pitch, norm_weight, eps, scratch);
@@ -363,7 +335,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     if (gate_rows.has_rows) {
         float sums[2 * kRowsPerWarp];
         dot_quantized_rows<D, kWidened, 2 * kRowsPerWarp>(row_values, row_scales, input, pitch,
-                                                          round, sums);
+                                                          sums);
 #pragma unroll
         for (int i = 0; i < kRowsPerWarp; ++i)
             values[i] = swiglu_value(/*gate=*/sums[i], /*up=*/sums[kRowsPerWarp + i]);
@@ -383,11 +355,11 @@ inline dim3 quantized_matvec_grid(int rows, int rows_per_warp) {
 
 // The rows per warp the int8 matvec takes for a matrix of `rows` rows on a GPU of
 // `multiprocessors` SMs: 2 where its grid still has a block for every SM, else 1. Two rows
-// share one staging of the input and keep twice the loads in flight; measured on an H100
-// (docs/BENCHMARKS.md) they shorten Mistral-7B's qkv matvec by a fifth (Q4 and Q8) and lose
-// where the grid is left with fewer blocks than SMs (wo, w2), and four rows lose everywhere.
-// SwiGLU, which already reads a row of each of two matrices, takes 1. The widened kernels
-// take 1.
+// share one staging of the input and keep twice the loads in flight. Measured on an H100
+// (docs/BENCHMARKS.md), they shorten Mistral-7B's qkv matvec by a fifth (Q4 and Q8) and
+// gain little or lose where the grid is left with fewer blocks than SMs (wo, w2); four rows
+// gained nothing over two anywhere. SwiGLU, which already reads a row of each of two
+// matrices, lost with two (and more with four): it takes 1, as do the widened kernels.
 constexpr int kQuantizedRowsPerWarp[] = {2, 1};
 inline int choose_quantized_rows_per_warp(int rows, int multiprocessors) {
     for (const int rows_per_warp : kQuantizedRowsPerWarp)

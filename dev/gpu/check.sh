@@ -42,6 +42,8 @@
 #                 GGUF of the same weights: llama.cpp's Q4_0 is barellm's q4), then barellm
 #                 alone on q8 (tg128) and the f16 file's pp16/pp64 against tg64 (a short
 #                 prompt must not be slower than decoding it)
+#   quantized     the compare step's quantized rows alone: q4 against llama.cpp (pp512,
+#                 tg128) and q8 (tg128), without the f16 files (about 3 minutes with the build)
 #   bf16          the same comparison on a bf16 pair (pp512, tg128; about 4 minutes), the
 #                 compare step's GGUF files and q8 file removed first to make room
 #   transformers  CUDA logits against transformers' (dev/gpu/transformers_logits.py) on
@@ -114,8 +116,8 @@ fi
 STEPS=${*:-kernels tests compare}
 for name in $STEPS; do
     case $name in
-        kernels | gemm-tiles | gemm-ncu | tests | compare | bf16 | transformers | logits-7b | \
-            decode | ladder | ab | qwen3-8b | llama3-prefill) ;;
+        kernels | gemm-tiles | gemm-ncu | tests | compare | quantized | bf16 | transformers | \
+            logits-7b | decode | ladder | ab | qwen3-8b | llama3-prefill) ;;
         *) echo "check.sh: unknown step '$name' (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -275,8 +277,12 @@ declare -A GIB=(["$MISTRAL"]=$MISTRAL_GIB ["$MISTRAL_GGUF"]=$MISTRAL_GIB ["$MIST
 # beside the checkpoint (those that do not fit are noted and left out, the last first).
 MISTRAL_PLAN=()
 plan_mistral() {
-    local -a wanted=("$MISTRAL")
-    [ -n "$LLAMA_BENCH" ] && wanted+=("$MISTRAL_GGUF" "$MISTRAL_Q4_GGUF")
+    local -a wanted=()
+    if wants compare || wants logits-7b || wants decode || wants ladder || wants ab; then
+        wanted+=("$MISTRAL")
+        [ -n "$LLAMA_BENCH" ] && wanted+=("$MISTRAL_GGUF")
+    fi
+    [ -n "$LLAMA_BENCH" ] && wanted+=("$MISTRAL_Q4_GGUF")
     wanted+=("$MISTRAL_Q4" "$MISTRAL_Q8")
     local file need=0 free
     for file in "${wanted[@]}"; do
@@ -338,7 +344,8 @@ make_mistral() {
     done
     wants logits-7b || { rm -rf "$MISTRAL_HF" && made "removed $MISTRAL_HF"; }
 }
-if { wants compare || wants logits-7b || wants decode || wants ladder || wants ab; }; then
+if { wants compare || wants quantized || wants logits-7b || wants decode || wants ladder ||
+    wants ab; }; then
     plan_mistral
     if [ ${#MISTRAL_PLAN[@]} -gt 0 ]; then
         # Below the checks in priority: every process it starts inherits the niceness.
@@ -489,6 +496,13 @@ if wants compare; then
         bench mistral-7b-f16 build/barellm "$MISTRAL" 15 -p 64 -n 0 -r 3
     fi
     for file in "${MISTRAL_PLAN[@]}"; do [ -f "$file" ] || note "$(basename "$file") was not made"; done
+fi
+
+if wants quantized && ! wants compare; then
+    step "Mistral-7B shape against llama.cpp: q4 (pp512, tg128), q8 alone"
+    models_done 70
+    [ -f "$MISTRAL_Q4" ] && compare mistral-7b-q4 "$MISTRAL_Q4_GGUF" "$MISTRAL_Q4" 70 512 128
+    [ -f "$MISTRAL_Q8" ] && bench mistral-7b-q8 build/barellm "$MISTRAL_Q8" 20 -p 0 -n 128 -r 3
 fi
 
 if wants bf16; then
