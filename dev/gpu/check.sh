@@ -33,7 +33,11 @@
 #   gemm-tiles    dev/gpu/gemm_tiles.cu: the f16 GEMM kernel with each tile shape, and the
 #                 wgmma experiment, at Mistral-7B's matrices (Hopper only; about 40 s)
 #   gemm-ncu      after gemm-tiles: Nsight Compute's report (stall reasons, throughputs) on
-#                 the large tiles at wo's shape (about 60 s)
+#                 the large tiles and the wgmma experiment's 128 x 256 tiles at wo's shape
+#                 (about 90 s)
+#   matvec-ncu    Nsight Compute's report on the Q4 matvec (one row per warp, Mistral-7B's
+#                 w2 with the residual) and the Q4 SwiGLU matvec, their first launches in
+#                 `cuda_kernel_check --bench-only` (about 90 s)
 #   tests         tests/test_cuda.py (CUDA logits against CPU logits at every position)
 #                 and tests/test_ladder.py -k gpu (every GPU rung gives the fast path's
 #                 text), cut at 120 and 30 s
@@ -116,8 +120,8 @@ fi
 STEPS=${*:-kernels tests compare}
 for name in $STEPS; do
     case $name in
-        kernels | gemm-tiles | gemm-ncu | tests | compare | quantized | bf16 | transformers | \
-            logits-7b | decode | ladder | ab | qwen3-8b | llama3-prefill) ;;
+        kernels | gemm-tiles | gemm-ncu | matvec-ncu | tests | compare | quantized | bf16 | \
+            transformers | logits-7b | decode | ladder | ab | qwen3-8b | llama3-prefill) ;;
         *) echo "check.sh: unknown step '$name' (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -415,19 +419,34 @@ if wants gemm-tiles && fits 60 "gemm-tiles"; then
         status=$?
         grep "^|" "$LOG/gemm_tiles.log" >"$LOG/gemm_tiles.md"
         note "gemm_tiles: $(head -1 "$LOG/gemm_tiles.log") (exit $status)"
-        # The large tiles' kernel (mangled: TensorCoreTiles<128, 128, 2, 2, 2, 32, 4, 1>), its
-        # first launch at wo's shape; ncu leaves the clocks as they are.
-        if wants gemm-ncu && command -v ncu >/dev/null && fits 60 "ncu"; then
-            timeout "$(capped 60)" ncu --clock-control none --kernel-name-base mangled \
-                -k regex:'TensorCoreTilesILi128ELi128ELi2ELi2ELi2ELi32ELi4ELi1E' --launch-count 1 \
-                --section SpeedOfLight --section WarpStateStats --section Occupancy \
-                --section MemoryWorkloadAnalysis --section LaunchStats build/gemm_tiles wo \
-                >"$LOG/gemm_tiles_ncu.log" 2>&1
-            note "ncu on the large tiles (wo): exit $?, gemm_tiles_ncu.log"
-        fi
+        # The large tiles' kernel (mangled: TensorCoreTiles<128, 128, 2, 2, 2, 32, 4, 1>) and
+        # the wgmma experiment's 128 x 256 tiles (gemm_wgmma_kernel<256, 4>), their first
+        # launches at wo's shape; ncu leaves the clocks as they are.
+        for kernel in TensorCoreTilesILi128ELi128ELi2ELi2ELi2ELi32ELi4ELi1E \
+            gemm_wgmma_kernelILi256ELi4E; do
+            if wants gemm-ncu && command -v ncu >/dev/null && fits 60 "ncu $kernel"; then
+                timeout "$(capped 60)" ncu --clock-control none --kernel-name-base mangled \
+                    -k regex:"$kernel" --launch-count 1 --section SpeedOfLight \
+                    --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
+                    --section LaunchStats build/gemm_tiles wo >"$LOG/ncu_$kernel.log" 2>&1
+                note "ncu on $kernel (wo): exit $?, ncu_$kernel.log"
+            fi
+        done
     else
         note "gemm_tiles: build FAILED ($(tail -1 "$LOG/gemm_tiles_build.log"))"
     fi
+fi
+
+if wants matvec-ncu && command -v ncu >/dev/null; then
+    step "Nsight Compute on the Q4 matvecs"
+    for kernel in quantized_matvec_kernel quantized_matvec_swiglu_kernel; do
+        fits 60 "ncu $kernel" || continue
+        timeout "$(capped 60)" ncu --clock-control none -k regex:"$kernel" --launch-count 1 \
+            --section SpeedOfLight --section WarpStateStats --section Occupancy \
+            --section MemoryWorkloadAnalysis --section LaunchStats --section SchedulerStats \
+            build/cuda_kernel_check --bench-only >"$LOG/ncu_$kernel.log" 2>&1
+        note "ncu on $kernel: exit $?, ncu_$kernel.log"
+    done
 fi
 
 if wants tests && fits 60 "tests"; then

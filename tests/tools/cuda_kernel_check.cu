@@ -5,12 +5,14 @@
 // kernels (kernels/*_simple.cuh) are checked the same way, beside the fast kernel that
 // computes what they compute. Prints one line per check and ends
 // with "N passed, M failed"; exits 1 when a check failed, 2 when no GPU is usable.
-//   cuda_kernel_check [--bench]
+//   cuda_kernel_check [--bench | --bench-only]
 // --bench also times the decode matvecs (f16, bf16, f32; Q4 and Q8 with int8 products and
 // widened to f32) and attention at Mistral-7B shapes and prints their bandwidth next to a
 // device-to-device copy's, and the prefill GEMM's time, TFLOPS and share of the tensor
 // cores' peak (512 tokens), and its time next to that of as many decode matvecs (1-64
-// tokens), and the prefill attention of a 512-token prompt.
+// tokens), and the prefill attention of a 512-token prompt. --bench-only times them
+// without the checks (for a profiler: the first launch of each kernel is then the
+// benchmark's).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -1712,6 +1714,11 @@ int main(int argc, char** argv) {
         std::printf("GPU: %s (sm_%d%d, %d SMs)\n", properties.name, properties.major,
                     properties.minor, properties.multiProcessorCount);
         shared_memory_limit = properties.sharedMemPerBlockOptin - kStaticSharedAllowance;
+        if (argc > 1 && std::strcmp(argv[1], "--bench-only") == 0) {
+            bench(properties.multiProcessorCount);
+            bench_gemm(properties);
+            return 0;
+        }
         check_embedding();
         check_matvec();
         check_quantized_matvec();
