@@ -182,12 +182,13 @@ __device__ __forceinline__ void load_gemm_fragments(GemmFragments<Tiles>& f,
     // A (16 tokens x 16 columns): lanes 0-15 address rows 0-15 at column k, lanes 16-31 the
     // same rows at column k + 8; the four 8x8 matrices are a[0..3].
 #pragma unroll
-    for (int i = 0; i < Tiles::kFragmentsTokens; ++i)
+    for (int i = 0; i < Tiles::kFragmentsTokens; ++i) {
         ldmatrix_x4(f.a[i], activations + (place.token0 + i * kMmaTokens + lane % 16) * kStride +
                                 k + lane / 16 * kChunkElements);
-        // B for two n8 fragments (16 weight rows x 16 columns): matrix j = lane / 8 is rows
-        // (j / 2) * 8.. at column k + (j % 2) * 8, so r[0], r[1] are fragment 2g's b[0], b[1] and
-        // r[2], r[3] fragment 2g + 1's.
+    }
+    // B for two n8 fragments (16 weight rows x 16 columns): matrix j = lane / 8 is rows
+    // (j / 2) * 8.. at column k + (j % 2) * 8, so r[0], r[1] are fragment 2g's b[0], b[1] and
+    // r[2], r[3] fragment 2g + 1's.
 #pragma unroll
     for (int g = 0; g < Tiles::kFragmentsRows / 2; ++g) {
         uint32_t r[4];
