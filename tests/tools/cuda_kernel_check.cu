@@ -504,17 +504,20 @@ void check_quantized_matvec() {
                     // The int8 input of a normed row may differ from the CPU's where the
                     // GPU's norm differs in the last bit and moves a rounding of x / scale.
                     const double normed_tolerance = widened ? 1e-5 : 1e-4;
-                    const auto matvec = [&](float* out, const DeviceMatrix& m, const float* x,
-                                            const float* norm_weight, float eps, const float* bias,
-                                            bool accumulate, cudaStream_t stream) {
-                        quantized_matvec(variant, out, m, x, norm_weight, eps, bias, accumulate,
-                                         stream);
+                    // cuda::matvec and cuda::matvec_swiglu, for this variant.
+                    const auto matvec = [&](float* out, const DeviceMatrix& m, const float* input,
+                                            const float* weights, float epsilon,
+                                            const float* row_bias, bool accumulate,
+                                            cudaStream_t stream) {
+                        quantized_matvec(variant, out, m, input, weights, epsilon, row_bias,
+                                         accumulate, stream);
                     };
                     const auto matvec_swiglu = [&](float* out, const DeviceMatrix& m1,
-                                                   const DeviceMatrix& m3, const float* x,
-                                                   const float* norm_weight, float eps,
+                                                   const DeviceMatrix& m3, const float* input,
+                                                   const float* weights, float epsilon,
                                                    cudaStream_t stream) {
-                        quantized_matvec_swiglu(variant, out, m1, m3, x, norm_weight, eps, stream);
+                        quantized_matvec_swiglu(variant, out, m1, m3, input, weights, epsilon,
+                                                stream);
                     };
                     const std::string suffix = " (" + variant.label() + ") ";
                     auto check = [&](const std::string& kernel, const std::vector<float>& want,
