@@ -420,10 +420,10 @@ if wants gemm-tiles && fits 60 "gemm-tiles"; then
         grep "^|" "$LOG/gemm_tiles.log" >"$LOG/gemm_tiles.md"
         note "gemm_tiles: $(head -1 "$LOG/gemm_tiles.log") (exit $status)"
         # The large tiles' kernel (mangled: TensorCoreTiles<128, 128, 2, 2, 2, 32, 4, 1>) and
-        # the wgmma experiment's 128 x 256 tiles (gemm_wgmma_kernel<256, 4>), their first
-        # launches at wo's shape; ncu leaves the clocks as they are.
+        # the wgmma experiment's 128 x 256 tiles without swizzling (gemm_wgmma_kernel<256, 4,
+        # false>), their first launches at wo's shape; ncu leaves the clocks as they are.
         for kernel in TensorCoreTilesILi128ELi128ELi2ELi2ELi2ELi32ELi4ELi1E \
-            gemm_wgmma_kernelILi256ELi4E; do
+            gemm_wgmma_kernelILi256ELi4ELb0E; do
             if wants gemm-ncu && command -v ncu >/dev/null && fits 60 "ncu $kernel"; then
                 timeout "$(capped 60)" ncu --clock-control none --kernel-name-base mangled \
                     -k regex:"$kernel" --launch-count 1 --section SpeedOfLight \

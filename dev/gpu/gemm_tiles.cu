@@ -79,10 +79,10 @@ Variant variant(const char* name) {
     return {name, launch<Tiles>, Tiles::kSharedBytes};
 }
 
-template <int kRows, int kStages>
+template <int kRows, int kStages, bool kSwizzled>
 void launch_wgmma(const Operands& o) {
     using Tiles = wgmma_experiment::WgmmaTiles<kRows, kStages>;
-    auto kernel = wgmma_experiment::gemm_wgmma_kernel<kRows, kStages>;
+    auto kernel = wgmma_experiment::gemm_wgmma_kernel<kRows, kStages, kSwizzled>;
     CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(Tiles::kSharedBytes)));
@@ -94,9 +94,9 @@ void launch_wgmma(const Operands& o) {
     CUDA_CHECK_LAUNCH("gemm_wgmma_kernel");
 }
 
-template <int kRows, int kStages>
+template <int kRows, int kStages, bool kSwizzled>
 Variant wgmma_variant(const char* name) {
-    return {name, launch_wgmma<kRows, kStages>,
+    return {name, launch_wgmma<kRows, kStages, kSwizzled>,
             wgmma_experiment::WgmmaTiles<kRows, kStages>::kSharedBytes};
 }
 
@@ -144,14 +144,16 @@ int main(int argc, char** argv) {
                     properties.multiProcessorCount, clock_khz / 1000, peak_tflops);
 
         // name: tile tokens x rows / warps tokens x rows x K / columns per warp and K tile /
-        // stages (wgmma: tile / stages).
+        // stages (wgmma: tile / stages, and the shared-memory layout).
         const std::vector<Variant> variants = {
             variant<MediumTiles>("medium 64x64/2x2x1/32/4"),
             variant<LargeTiles>("large 128x128/2x2x2/32/4"),
             variant<WideTiles>("wide 128x256/2x4x1/32/4"),
-            wgmma_variant<128, 5>("wgmma 128x128/5"),
-            wgmma_variant<128, 6>("wgmma 128x128/6"),
-            wgmma_variant<256, 4>("wgmma 128x256/4"),
+            wgmma_variant<128, 5, false>("wgmma 128x128/5"),
+            wgmma_variant<128, 6, false>("wgmma 128x128/6"),
+            wgmma_variant<256, 4, false>("wgmma 128x256/4"),
+            wgmma_variant<128, 5, true>("wgmma 128x128/5, 128-byte swizzle"),
+            wgmma_variant<256, 4, true>("wgmma 128x256/4, 128-byte swizzle"),
         };
         const Shape shapes[] = {
             {"qkv", 6144, 4096}, {"wo", 4096, 4096}, {"w1", 14336, 4096}, {"w2", 4096, 14336}};

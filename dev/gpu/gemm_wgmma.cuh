@@ -16,11 +16,16 @@
 //   flight: the tensor cores multiply tile kt while the warps wait for tile kt + 1, and
 //   tile kt - 1's products are complete before the next barrier, after which its stage is
 //   overwritten.
-// - Shared memory, per stage: the 128 token rows then the kRows weight rows, each 64 columns,
-//   in wgmma's canonical K-major layout without swizzling: "core matrices" of 8 rows x 8
-//   columns (16 bytes a row, 128 bytes together), the 8 of a group of 8 rows side by side
-//   along K (LBO = 128 bytes apart), the groups of rows 1024 bytes apart (SBO). A thread's
-//   copy i lands at byte 16 i: consecutive threads fill consecutive bytes.
+// - Shared memory, per stage: the 128 token rows then the kRows weight rows, each 64 columns
+//   (128 bytes), in one of wgmma's canonical K-major layouts (kSwizzled):
+//   - without swizzling: "core matrices" of 8 rows x 8 columns (16 bytes a row, 128 bytes
+//     together), the 8 of a group of 8 rows side by side along K (LBO = 128 bytes apart),
+//     the groups of rows 1024 bytes apart (SBO). A thread's copy i lands at byte 16 i:
+//     consecutive threads fill consecutive bytes.
+//   - 128-byte swizzle: row r at byte 128 r, its 16-byte chunk c at chunk c ^ (r % 8) of the
+//     row (the tensor cores undo the XOR from the address bits, so the stages start on 1024
+//     bytes); groups of 8 rows 1024 bytes apart (SBO); a K step of 16 columns moves the
+//     start 32 bytes. Thread i copies chunk i % 8 of row i / 8: 8 threads fill one row.
 // - Accumulators (PTX ISA, wgmma m64nNk16 D fragments): warp w of the warpgroup holds rows
 //   16 w .. 16 w + 15 of the 64, lane 4 g + t the elements (g, 8 j + 2 t), (g, 8 j + 2 t + 1),
 //   (g + 8, 8 j + 2 t), (g + 8, 8 j + 2 t + 1) in d[4 j .. 4 j + 3].
@@ -36,6 +41,7 @@ constexpr int kThreads = 256;
 constexpr int kWarpgroupThreads = 128;
 constexpr int kTileK = 64;                                  // columns per stage
 constexpr int kChunkElements = 8;                           // f16 elements per 16-byte copy
+constexpr int kChunkBytes = 16;                             // one cp.async
 constexpr int kCoreRows = 8;                                // rows of a core matrix
 constexpr int kCoreBytes = 128;                             // a core matrix: 8 rows x 16 bytes
 constexpr int kChunksPerRow = kTileK / kChunkElements;      // 8
@@ -44,32 +50,40 @@ constexpr int kMmaK = 16;                                   // k of m64nNk16
 constexpr int kStepBytes = 2 * kCoreBytes;                  // 16 columns: two core matrices
 constexpr int kWarpgroupTokens = 64;                        // m
 
+constexpr int kSwizzleBytes = 128;                            // a row of the 128-byte swizzle
+constexpr int kSwizzleAtomBytes = kCoreRows * kSwizzleBytes;  // 1024: where the XOR repeats
+
 template <int kRows, int kStages>
 struct WgmmaTiles {
     static constexpr int kStageBytes = (kTokens + kRows) * kTileK * 2;
-    static constexpr size_t kSharedBytes = size_t(kStages) * kStageBytes;
+    // The stages, and room to start them on a swizzle atom.
+    static constexpr size_t kSharedBytes = size_t(kStages) * kStageBytes + kSwizzleAtomBytes;
     static constexpr int kChunks = (kTokens + kRows) * kChunksPerRow;
     static constexpr int kAccumulators = kRows / 2;  // per thread: 64 x kRows / 128 threads
     static_assert(kRows == 128 || kRows == 256, "one m64n128k16 or m64n256k16 per step");
     static_assert(kChunks % kThreads == 0, "every thread copies the same number of chunks");
     static_assert(kStages >= 3, "two tiles are read while a third is copied");
+    static_assert(kStageBytes % kSwizzleAtomBytes == 0, "every stage starts on a swizzle atom");
 };
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// The shared-memory matrix descriptor of a K-major operand without swizzling whose first
-// core matrix is at `start` (PTX ISA, "Matrix Descriptor Format"): start address, leading
-// (K) and stride (M/N) byte offsets, each in units of 16 bytes.
+// The shared-memory matrix descriptor of a K-major operand whose first row is at `start`
+// (PTX ISA, "Matrix Descriptor Format"): start address, leading (K) and stride (M/N) byte
+// offsets in units of 16 bytes, and the swizzle mode (bits 62-63: 0 none, 1 128-byte).
+template <bool kSwizzled>
 __device__ __forceinline__ uint64_t descriptor(const void* start) {
     constexpr uint64_t kField = 0x3fff;  // 14 bits
-    return (uint64_t(shared_address(start) >> 4) & kField) |
-           (uint64_t(kCoreBytes >> 4) & kField) << 16 |
-           (uint64_t(kRowGroupBytes >> 4) & kField) << 32;
+    constexpr uint64_t kSwizzle128 = 1;
+    constexpr int kSwizzleShift = 62;
+    // With the 128-byte swizzle the K offset of a 16-column step lies inside one swizzled
+    // row: LBO is not used (1 by convention).
+    constexpr uint64_t kLeading = kSwizzled ? 1 : kCoreBytes >> 4;
+    return (uint64_t(shared_address(start) >> 4) & kField) | (kLeading & kField) << 16 |
+           (uint64_t(kRowGroupBytes >> 4) & kField) << 32 |
+           (kSwizzled ? kSwizzle128 << kSwizzleShift : 0);
 }
 
-// d (64 x 128 f32, the fragments above) += A (64 x 16, descriptor a) * B (16 x 128, given
-// as 128 rows of 16 columns, descriptor b), f16 operands; asynchronous (wgmma_commit,
-// wgmma_wait).
 __device__ __forceinline__ void mma_64x128x16(float (&d)[64], uint64_t a, uint64_t b) {
     asm volatile(
         "{\n"
@@ -145,34 +159,45 @@ __device__ __forceinline__ void fence_operands(float (&d)[kCount]) {
 // out[t, r] = in[t, :] . W[r, :] for the block's tile (see the header).
 // Launch: grid (ceil(tokens / 128), ceil(rows / kRows)), block 256, dynamic shared memory
 // WgmmaTiles<kRows, kStages>::kSharedBytes.
-template <int kRows, int kStages>
+template <int kRows, int kStages, bool kSwizzled>
 __global__ void __launch_bounds__(kThreads, 1)
     gemm_wgmma_kernel(float* __restrict__ out, int out_pitch, const uint16_t* __restrict__ weights,
                       int rows, int w_pitch, const uint16_t* __restrict__ in, int tokens,
                       int in_pitch, int k_extent) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using Tiles = WgmmaTiles<kRows, kStages>;
-    extern __shared__ __align__(1024) uint8_t shared[];
+    extern __shared__ __align__(1024) uint8_t dynamic_shared[];
+    // The stages start on a swizzle atom whatever the dynamic memory's own alignment.
+    uint8_t* shared =
+        dynamic_shared + (kSwizzleAtomBytes - shared_address(dynamic_shared) % kSwizzleAtomBytes) %
+                             kSwizzleAtomBytes;
     const int first_token = blockIdx.x * kTokens, first_row = blockIdx.y * kRows;
     const int warpgroup = threadIdx.x / kWarpgroupThreads;
     const int k_tiles = (k_extent + kTileK - 1) / kTileK;
 
-    // Chunk i of a stage: row group i / 64, column chunk i / 8 % 8, row i % 8 of the group
-    // (byte 16 i); rows 0..127 are tokens, the rest weight rows.
+    // Copy i of a stage: rows 0..127 are tokens, the rest weight rows (see the header).
+    // Unswizzled: row group i / 64, column chunk i / 8 % 8, row i % 8 of the group, at byte
+    // 16 i. Swizzled: row i / 8, chunk i % 8, at chunk (i % 8) ^ (row % 8) of the row.
     auto load = [&](int kt) {
         if (kt < k_tiles) {
             uint8_t* stage = shared + kt % kStages * Tiles::kStageBytes;
 #pragma unroll
             for (int i = threadIdx.x; i < Tiles::kChunks; i += kThreads) {
-                const int tile_row = i / (kChunksPerRow * kCoreRows) * kCoreRows + i % kCoreRows;
-                const int column = kt * kTileK + i / kCoreRows % kChunksPerRow * kChunkElements;
+                const int tile_row =
+                    kSwizzled ? i / kChunksPerRow
+                              : i / (kChunksPerRow * kCoreRows) * kCoreRows + i % kCoreRows;
+                const int chunk = kSwizzled ? i % kChunksPerRow : i / kCoreRows % kChunksPerRow;
+                const int column = kt * kTileK + chunk * kChunkElements;
+                const int byte = kSwizzled ? tile_row * kSwizzleBytes +
+                                                 (chunk ^ tile_row % kCoreRows) * kChunkBytes
+                                           : kChunkBytes * i;
                 const bool is_token = tile_row < kTokens;
                 const int row = is_token ? first_token + tile_row : first_row + tile_row - kTokens;
                 const uint16_t* base = is_token ? in : weights;
                 const bool valid = row < (is_token ? tokens : rows) && column < k_extent;
                 const uint16_t* source =
                     valid ? base + size_t(row) * (is_token ? in_pitch : w_pitch) + column : base;
-                copy_async_16(stage + 16 * i, source, valid);
+                copy_async_16(stage + byte, source, valid);
             }
         }
         copy_async_commit();
@@ -180,10 +205,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 
     float acc[Tiles::kAccumulators];
 #pragma unroll
-    for (int i = 0; i < Tiles::kAccumulators; ++i) acc[i] = 0.0f;
+    for (int i = 0; i < Tiles::kAccumulators; ++i) {
+        acc[i] = 0.0f;
+    }
 
-        // One commit group per K tile: tile kt has landed when at most kStages - 3 are pending
-        // after the prologue's kStages - 2 and one per earlier iteration.
+    // One commit group per K tile: tile kt has landed when at most kStages - 3 are pending
+    // after the prologue's kStages - 2 and one per earlier iteration.
 #pragma unroll
     for (int kt = 0; kt < kStages - 2; ++kt) load(kt);
     for (int kt = 0; kt < k_tiles; ++kt) {
@@ -201,8 +228,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
         for (int step = 0; step < kTileK / kMmaK; ++step) {
-            const uint64_t a = descriptor(tokens_tile + step * kStepBytes);
-            const uint64_t b = descriptor(rows_tile + step * kStepBytes);
+            // 16 columns on: two core matrices on, or 32 bytes into the swizzled rows.
+            const int offset = step * (kSwizzled ? kMmaK * int(sizeof(uint16_t)) : kStepBytes);
+            const uint64_t a = descriptor<kSwizzled>(tokens_tile + offset);
+            const uint64_t b = descriptor<kSwizzled>(rows_tile + offset);
             if constexpr (kRows == 128)
                 mma_64x128x16(acc, a, b);
             else
