@@ -106,3 +106,30 @@ TEST_CASE("emulated SIMT gemm matches a double reference", "[cuda_emulation][gem
         check_gemm<DType::BF16>(GemmTiles::kSimt, c, rng);
     }
 }
+
+TEST_CASE("gemm's tile rule picks the tiles the H100 measurements favour",
+          "[cuda_emulation][gemm]") {
+    // An H100: sm_90, 132 SMs, 227 KiB of shared memory per block with opt-in.
+    constexpr int kSm90 = 90, kH100Sms = 132;
+    constexpr size_t kH100Shared = 227 * 1024;
+    const auto h100 = [&](DType dtype, int tokens, int rows) {
+        return choose_gemm_tiles(dtype, tokens, rows, kSm90, kH100Sms, kH100Shared);
+    };
+    // Mistral-7B at 512 tokens (docs/BENCHMARKS.md): the wide tiles for qkv and w1/w3, the
+    // large ones for wo and w2, whose wide grid (64 blocks) would leave half the SMs idle.
+    CHECK(h100(DType::F16, 512, 6144) == GemmTiles::kWide);
+    CHECK(h100(DType::F16, 512, 14336) == GemmTiles::kWide);
+    CHECK(h100(DType::BF16, 512, 14336) == GemmTiles::kWide);
+    CHECK(h100(DType::F16, 512, 4096) == GemmTiles::kLarge);
+    // Q8/Q4 weights have no wide tiles.
+    CHECK(h100(DType::U8, 512, 14336) == GemmTiles::kLarge);
+    CHECK(h100(DType::I8, 512, 6144) == GemmTiles::kLarge);
+    // Few tokens: the small-batch tiles; a grid too small for the large tiles: the medium.
+    CHECK(h100(DType::F16, 64, 14336) == GemmTiles::kSmallBatch);
+    CHECK(h100(DType::F16, 65, 1024) == GemmTiles::kMedium);
+    // f32 weights: SIMT; bf16 below sm_80 too.
+    CHECK(h100(DType::F32, 512, 4096) == GemmTiles::kSimt);
+    CHECK(choose_gemm_tiles(DType::BF16, 512, 4096, 75, 40, 64 * 1024) == GemmTiles::kSimt);
+    // An sm_86/89 GPU (99 KiB a block): neither the large nor the wide tiles fit.
+    CHECK(choose_gemm_tiles(DType::F16, 512, 14336, 89, 128, 99 * 1024) == GemmTiles::kMedium);
+}
