@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda_check.h"  // CUDA_CHECK (host code; empty for the emulation)
 #include "error.h"
 #include "kv_cache.h"
 #include "model.h"        // kQ4Offset
@@ -113,6 +114,27 @@ __device__ __forceinline__ float swiglu_value(float gate, float up) {
 }
 
 #ifndef BARELLM_CUDA_EMULATION
+// The current GPU's figures that launch rules need (gemm's tiles, the Q8/Q4 matvecs' rows
+// per warp), queried once.
+struct DeviceFigures {
+    int compute_capability = 0;  // 10 * major + minor
+    int multiprocessors = 0;
+    size_t shared_bytes_per_block = 0;  // with opt-in (cudaFuncSetAttribute)
+};
+
+inline const DeviceFigures& current_device() {
+    static const DeviceFigures device = [] {
+        int id = 0, major = 0, minor = 0, multiprocessors = 0, shared = 0;
+        CUDA_CHECK(cudaGetDevice(&id));
+        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, id));
+        CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, id));
+        CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, id));
+        CUDA_CHECK(cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, id));
+        return DeviceFigures{10 * major + minor, multiprocessors, size_t(shared)};
+    }();
+    return device;
+}
+
 // Asks L2 for the line holding `address` without waiting for it and without a register (a
 // hint: what later loads read is unchanged). The emulation supplies its own.
 __device__ __forceinline__ void prefetch_l2(const void* address) {

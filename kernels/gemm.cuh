@@ -823,26 +823,6 @@ inline GemmTiles choose_gemm_tiles(DType dtype, int tokens, int rows, int comput
 
 namespace {
 
-// The current GPU's figures the rule needs, queried once.
-struct GemmDevice {
-    int compute_capability = 0;  // 10 * major + minor
-    int multiprocessors = 0;
-    size_t shared_bytes_per_block = 0;  // with opt-in (cudaFuncSetAttribute)
-};
-
-const GemmDevice& gemm_device() {
-    static const GemmDevice device = [] {
-        int id = 0, major = 0, minor = 0, multiprocessors = 0, shared = 0;
-        CUDA_CHECK(cudaGetDevice(&id));
-        CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, id));
-        CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, id));
-        CUDA_CHECK(cudaDeviceGetAttribute(&multiprocessors, cudaDevAttrMultiProcessorCount, id));
-        CUDA_CHECK(cudaDeviceGetAttribute(&shared, cudaDevAttrMaxSharedMemoryPerBlockOptin, id));
-        return GemmDevice{10 * major + minor, multiprocessors, size_t(shared)};
-    }();
-    return device;
-}
-
 template <DType D, typename Tiles>
 void launch_gemm_tensor_core(float* out, int out_pitch, const DeviceMatrix& w,
                              const DeviceActivations& in, const float* bias, bool accumulate,
@@ -917,7 +897,7 @@ void check_gemm_operands(float* out, int out_pitch, const DeviceMatrix& w,
 }  // namespace
 
 GemmTiles gemm_tiles(DType dtype, int tokens, int rows) {
-    const GemmDevice& device = gemm_device();
+    const DeviceFigures& device = current_device();
     return choose_gemm_tiles(dtype, tokens, rows, device.compute_capability, device.multiprocessors,
                              device.shared_bytes_per_block);
 }
@@ -927,7 +907,7 @@ void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMat
                      cudaStream_t stream) {
     check_gemm_operands(out, out_pitch, w, in);
     if (in.tokens == 0 || w.rows == 0) return;
-    const GemmDevice& device = gemm_device();
+    const DeviceFigures& device = current_device();
     if (tiles != GemmTiles::kSimt && !has_tensor_core_product(w.dtype, device.compute_capability))
         throw Error("gemm: this GPU has no tensor-core product for these weights");
     if (tiles == GemmTiles::kLarge &&

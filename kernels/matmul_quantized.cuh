@@ -391,16 +391,9 @@ void check_quantized_matrix(const DeviceMatrix& w, const char* what) {
         throw Error(std::string(what) + ": not a Q8/Q4 device matrix with scales and whole blocks");
 }
 
-// The rows per warp matvec gives a Q8/Q4 matrix of `rows` rows on the current GPU (its SM
-// count queried once).
+// The rows per warp matvec gives a Q8/Q4 matrix of `rows` rows on the current GPU.
 int quantized_rows_per_warp_here(int rows) {
-    static const int multiprocessors = [] {
-        int id = 0, count = 0;
-        CUDA_CHECK(cudaGetDevice(&id));
-        CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, id));
-        return count;
-    }();
-    return choose_quantized_rows_per_warp(rows, multiprocessors);
+    return choose_quantized_rows_per_warp(rows, current_device().multiprocessors);
 }
 
 template <DType D, bool kWidened, int kRowsPerWarp>

@@ -280,9 +280,11 @@ declare -A GIB=(["$MISTRAL"]=$MISTRAL_GIB ["$MISTRAL_GGUF"]=$MISTRAL_GIB ["$MIST
 # The files to make, in the order of their worth: the missing ones that the free disk holds
 # beside the checkpoint (those that do not fit are noted and left out, the last first).
 MISTRAL_PLAN=()
+# True when a step wanted reads the Mistral-7B f16 file.
+wants_mistral_f16() { wants compare || wants logits-7b || wants decode || wants ladder || wants ab; }
 plan_mistral() {
     local -a wanted=()
-    if wants compare || wants logits-7b || wants decode || wants ladder || wants ab; then
+    if wants_mistral_f16; then
         wanted+=("$MISTRAL")
         [ -n "$LLAMA_BENCH" ] && wanted+=("$MISTRAL_GGUF")
     fi
@@ -348,8 +350,7 @@ make_mistral() {
     done
     wants logits-7b || { rm -rf "$MISTRAL_HF" && made "removed $MISTRAL_HF"; }
 }
-if { wants compare || wants quantized || wants logits-7b || wants decode || wants ladder ||
-    wants ab; }; then
+if wants_mistral_f16 || wants quantized; then
     plan_mistral
     if [ ${#MISTRAL_PLAN[@]} -gt 0 ]; then
         # Below the checks in priority: every process it starts inherits the niceness.
