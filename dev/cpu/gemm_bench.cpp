@@ -5,6 +5,7 @@
 //   ar rcs build/objects.a build/src/*.o build/src/*/*.o
 //   g++ -std=c++17 -O2 -fopenmp -Isrc -o build/gemm_bench dev/cpu/gemm_bench.cpp build/objects.a
 //   OMP_NUM_THREADS=1 build/gemm_bench [BATCH (default 128)]
+#include <sys/mman.h>
 #include <time.h>
 
 #include <algorithm>
@@ -33,11 +34,15 @@ int main(int argc, char** argv) {
     constexpr int kRepetitions = 30;
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> uniform(-1, 1);
-    std::vector<uint16_t> weights(size_t(rows) * cols);
-    for (uint16_t& w : weights) w = float_to_half(uniform(rng));
+    // On 2 MiB pages, as the CPU backend holds its weights (resident_weights.cpp).
+    constexpr size_t kHugePage = size_t(2) << 20;
+    const size_t weight_bytes = (size_t(rows) * cols * 2 + kHugePage - 1) / kHugePage * kHugePage;
+    uint16_t* weights = static_cast<uint16_t*>(std::aligned_alloc(kHugePage, weight_bytes));
+    madvise(weights, weight_bytes, MADV_HUGEPAGE);
+    for (size_t i = 0; i < size_t(rows) * cols; ++i) weights[i] = float_to_half(uniform(rng));
     std::vector<float> x(size_t(batch) * cols), out(size_t(batch) * rows);
     for (float& v : x) v = uniform(rng);
-    const Matrix m{weights.data(), DType::F16, rows, cols, nullptr};
+    const Matrix m{weights, DType::F16, rows, cols, nullptr};
     std::vector<double> rates;
     for (int r = 0; r < kRepetitions; ++r) {
         const double start = thread_seconds();
