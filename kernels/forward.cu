@@ -24,6 +24,10 @@
 //   graph (cuda_graph) or without the attention split (flash_decoding).
 // - Debugging knob: BARELLM_CUDA_GRAPHS=0 in the environment launches the kernels directly
 //   on the stream for every token instead of replaying the captured graph.
+// - BARELLM_CUDA_PDL=1 (sm_90 on) launches the decode kernels (the matvecs and the
+//   attention) as programmatic dependents of the kernel before each (common.cuh:
+//   launch_dependent): a kernel's blocks start in the SMs its predecessor's last blocks leave
+//   free and request their first weights before they wait for its output.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 

@@ -261,6 +261,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     const uint4* const row_pointer[1] = {weight_row<D>(weights, has_row ? row : 0, pitch)};
     if (has_row)
         prefetch_first_round<1>(row_pointer, threadIdx.x % kWarpSize, row_vectors<D>(pitch));
+    wait_then_allow_next_grid();  // the input (and out, with kAccumulate) come from before
 
     float* xs = dynamic_shared_floats();
     stage_input<WeightFormat<D>::kPerVector>(xs, in, cols, pitch, norm_weight, eps, scratch);
@@ -289,6 +290,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
                                           weight_row<D>(w3, safe_row, pitch)};
     if (has_row)
         prefetch_first_round<2>(row_pointers, threadIdx.x % kWarpSize, row_vectors<D>(pitch));
+    wait_then_allow_next_grid();  // the input comes from the kernel before
 
     float* xs = dynamic_shared_floats();
     stage_input<WeightFormat<D>::kPerVector>(xs, in, cols, pitch, norm_weight, eps, scratch);
@@ -319,12 +321,9 @@ void launch_matvec(float* out, const DeviceMatrix& w, const float* in, const flo
                    float eps, const float* bias, bool accumulate, cudaStream_t stream) {
     const dim3 grid = matvec_grid(w.rows, w.pitch), block = matvec_block(w.pitch);
     const size_t shared = staged_input_bytes(w.pitch);
-    if (accumulate)
-        matvec_kernel<D, true><<<grid, block, shared, stream>>>(out, w.data, w.rows, w.pitch, in,
-                                                                w.cols, norm_weight, eps, bias);
-    else
-        matvec_kernel<D, false><<<grid, block, shared, stream>>>(out, w.data, w.rows, w.pitch, in,
-                                                                 w.cols, norm_weight, eps, bias);
+    const auto kernel = accumulate ? matvec_kernel<D, true> : matvec_kernel<D, false>;
+    launch_dependent(kernel, grid, block, shared, stream, out, w.data, w.rows, w.pitch, in, w.cols,
+                     norm_weight, eps, bias);
 }
 
 template <DType D>
@@ -332,8 +331,8 @@ void launch_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix
                           const float* in, const float* norm_weight, float eps,
                           cudaStream_t stream) {
     const dim3 grid = matvec_grid(w1.rows, w1.pitch), block = matvec_block(w1.pitch);
-    matvec_swiglu_kernel<D><<<grid, block, staged_input_bytes(w1.pitch), stream>>>(
-        out, w1.data, w3.data, w1.rows, w1.pitch, in, w1.cols, norm_weight, eps);
+    launch_dependent(matvec_swiglu_kernel<D>, grid, block, staged_input_bytes(w1.pitch), stream,
+                     out, w1.data, w3.data, w1.rows, w1.pitch, in, w1.cols, norm_weight, eps);
 }
 
 // stage_input reads the input and the norm weight as float4s.

@@ -289,6 +289,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     if (warp_rows.has_rows)
         prefetch_first_round<kRowsPerWarp>(warp_rows.values, threadIdx.x % kWarpSize,
                                            pitch / QuantizedFormat<D>::kPerVector);
+    wait_then_allow_next_grid();  // the input (and out, with kAccumulate) come from before
 
     const QuantizedInput input =
         stage_quantized_input<D, kWidened>(in, cols, pitch, norm_weight, eps, scratch);
@@ -327,6 +328,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     if (gate_rows.has_rows)
         prefetch_first_round<2 * kRowsPerWarp>(row_values, threadIdx.x % kWarpSize,
                                                pitch / QuantizedFormat<D>::kPerVector);
+    wait_then_allow_next_grid();  // the input comes from the kernel before
 
     const QuantizedInput input =
         stage_quantized_input<D, kWidened>(in, cols, pitch, norm_weight, eps, scratch);
@@ -402,12 +404,10 @@ void launch_quantized_matvec_typed(float* out, const DeviceMatrix& w, const floa
                                    bool accumulate, cudaStream_t stream) {
     const dim3 grid = quantized_matvec_grid(w.rows, kRowsPerWarp), block(kQuantizedMatvecThreads);
     const size_t shared = quantized_staging_bytes(w.pitch);
-    if (accumulate)
-        quantized_matvec_kernel<D, kWidened, true, kRowsPerWarp><<<grid, block, shared, stream>>>(
-            out, w.data, w.scales, w.rows, w.pitch, in, w.cols, norm_weight, eps, bias);
-    else
-        quantized_matvec_kernel<D, kWidened, false, kRowsPerWarp><<<grid, block, shared, stream>>>(
-            out, w.data, w.scales, w.rows, w.pitch, in, w.cols, norm_weight, eps, bias);
+    const auto kernel = accumulate ? quantized_matvec_kernel<D, kWidened, true, kRowsPerWarp>
+                                   : quantized_matvec_kernel<D, kWidened, false, kRowsPerWarp>;
+    launch_dependent(kernel, grid, block, shared, stream, out, w.data, w.scales, w.rows, w.pitch,
+                     in, w.cols, norm_weight, eps, bias);
 }
 
 template <DType D, bool kWidened, int kRowsPerWarp>
@@ -416,10 +416,9 @@ void launch_quantized_matvec_swiglu_typed(float* out, const DeviceMatrix& w1,
                                           const float* norm_weight, float eps,
                                           cudaStream_t stream) {
     const dim3 grid = quantized_matvec_grid(w1.rows, kRowsPerWarp), block(kQuantizedMatvecThreads);
-    quantized_matvec_swiglu_kernel<D, kWidened, kRowsPerWarp>
-        <<<grid, block, quantized_staging_bytes(w1.pitch), stream>>>(
-            out, w1.data, w1.scales, w3.data, w3.scales, w1.rows, w1.pitch, in, w1.cols,
-            norm_weight, eps);
+    launch_dependent(quantized_matvec_swiglu_kernel<D, kWidened, kRowsPerWarp>, grid, block,
+                     quantized_staging_bytes(w1.pitch), stream, out, w1.data, w1.scales, w3.data,
+                     w3.scales, w1.rows, w1.pitch, in, w1.cols, norm_weight, eps);
 }
 
 template <DType D, int kRowsPerWarp>

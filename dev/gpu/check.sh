@@ -58,6 +58,11 @@
 #   decode        `barellm bench --device cuda -p 0` on stories260K (f16, q8, q4) and on the
 #                 Mistral-7B f16 file, at short and long context
 #   ladder        `barellm ladder --device cuda -n 64` on stories260K and Mistral-7B f16
+#   pdl           decode with and without programmatic dependent launch (BARELLM_CUDA_PDL=1
+#                 turns it on), alternated: cuda_kernel_check with it, the greedy text on
+#                 stories260K (f16, q8, q4) the same with and without, then tg128 on the
+#                 Mistral-7B f16, q4 and q8 files, 2 rounds (about 3 minutes after the files;
+#                 `BARELLM_CUDA_PDL=1 bash dev/gpu/check.sh tests` runs the tests with it)
 #   ab            decode speed of other trees beside this one, alternated in one run: each
 #                 gpu_data/ab/NAME.tgz (made here by `git archive -o gpu_data/ab/NAME.tgz
 #                 REV`) is built and must give this tree's greedy text first
@@ -121,7 +126,7 @@ STEPS=${*:-kernels tests compare}
 for name in $STEPS; do
     case $name in
         kernels | gemm-tiles | gemm-ncu | matvec-ncu | tests | compare | quantized | bf16 | \
-            transformers | logits-7b | decode | ladder | ab | qwen3-8b | llama3-prefill) ;;
+            transformers | logits-7b | decode | ladder | pdl | ab | qwen3-8b | llama3-prefill) ;;
         *) echo "check.sh: unknown step '$name' (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -626,6 +631,35 @@ if wants ladder; then
         else
             note "ladder $label FAILED: $(tail -1 "$LOG/ladder_$label.err")"
         fi
+    done
+fi
+
+if wants pdl; then
+    step "decode with and without programmatic dependent launch"
+    greedy_pdl() {  # PDL_SETTING FILE
+        BARELLM_CUDA_PDL=$1 build/barellm run "$2" --device cuda -p "Once upon a time" -n 60 \
+            --temp 0 2>/dev/null
+    }
+    if fits 60 "cuda_kernel_check with programmatic launch"; then
+        BARELLM_CUDA_PDL=1 timeout "$(capped 60)" build/cuda_kernel_check >"$LOG/pdl_kernels.log" 2>&1
+        note "pdl: cuda_kernel_check: exit $?, $(tail -1 "$LOG/pdl_kernels.log")"
+    fi
+    for dtype in f16 q8 q4; do
+        if [ "$(greedy_pdl 1 "$WORK/stories260K-$dtype.bin")" = \
+            "$(greedy_pdl 0 "$WORK/stories260K-$dtype.bin")" ]; then
+            note "pdl: stories260K $dtype greedy text the same with and without"
+        else
+            note "pdl: stories260K $dtype greedy text DIFFERS with and without"
+        fi
+    done
+    models_done 110
+    for round in 1 2; do
+        for file in "$MISTRAL" "$MISTRAL_Q4" "$MISTRAL_Q8"; do
+            [ -f "$file" ] || continue
+            label=$(basename "$file" .bin)
+            BARELLM_CUDA_PDL=0 bench "$label-nopdl-$round" build/barellm "$file" 30 -p 0 -n 128 -r 3
+            BARELLM_CUDA_PDL=1 bench "$label-pdl-$round" build/barellm "$file" 30 -p 0 -n 128 -r 3
+        done
     done
 fi
 
