@@ -358,13 +358,15 @@ __global__ void __launch_bounds__(Tiles::kThreads, Tiles::kMinBlocksPerSm)
 // gemm_quantized_tensor_core_kernel runs the pipeline of gemm_tensor_core_kernel with the
 // weights' K tiles copied as they lie in memory: a stage holds the activation rows (f16,
 // as above), the weight rows' raw bytes (kTileK int8 values a row for Q8, kTileK / 2 bytes
-// of nibbles for Q4) and their block scales. Once a stage has landed, the block dequantizes
-// its weights into one f16 tile in shared memory (each value scale * q rounded to f16 once,
-// dequantize_four) and multiplies that tile with the activations as for f16 weights
-// (multiply_gemm_stage). Dequantizing in shared memory rather than straight into the mma
-// fragments dequantizes each weight once per block instead of once per row of warps along
-// the tokens, and keeps the ldmatrix/mma step of the f16 path unchanged; it costs one more
-// __syncthreads per K tile and one f16 weight tile of shared memory.
+// of nibbles for Q4) and their block scales. The block dequantizes a stage's weights into
+// an f16 tile in shared memory (each value scale * q rounded to f16 once, dequantize_four)
+// and multiplies that tile with the activations as for f16 weights (multiply_gemm_stage).
+// Dequantizing in shared memory rather than straight into the mma fragments dequantizes
+// each weight once per block instead of once per row of warps along the tokens, and keeps
+// the ldmatrix/mma step of the f16 path unchanged. There are two such tiles: while the
+// warps multiply K tile kt from one, they dequantize tile kt + 1 into the other, so that
+// one warp's dequantizing overlaps another's products and each K tile costs one
+// __syncthreads.
 //
 // The scales (2 bytes per row and block of 32 columns, the rows blocks_per_row scales
 // apart) do not come in 16-byte pieces: each thread reads its share of a stage's scales
@@ -390,7 +392,7 @@ using QuantizedSmallBatchTiles = TensorCoreTiles<16, 16, 1, 1, 8, 32, 4, 1>;
 // The shared-memory layout of a quantized GEMM block with tile shape Tiles and weights W
 // (I8 for Q8, U8 for Q4). A stage is, in bytes: the activations [kTileTokens][kStageStride]
 // f16, the raw weights [kTileRows][kRowBytes], the scales [kTileRows][kBlocksPerRow] f16,
-// rounded up to 16 bytes. After kStages stages comes the dequantized weight tile
+// rounded up to 16 bytes. After kStages stages come the two dequantized weight tiles
 // [kTileRows][kStageStride] f16.
 template <DType W, typename Tiles>
 struct QuantizedTiles {
@@ -416,7 +418,7 @@ struct QuantizedTiles {
     static constexpr size_t kWeightTileBytes =
         size_t(Tiles::kTileRows) * Tiles::kStageStride * sizeof(uint16_t);
     static constexpr size_t kSharedBytes =
-        std::max(size_t(Tiles::kStages) * kStageBytes + kWeightTileBytes,
+        std::max(size_t(Tiles::kStages) * kStageBytes + 2 * kWeightTileBytes,
                  size_t(Tiles::kEpilogueFloats) * sizeof(float));
 
     static_assert(Tiles::kTileK % kQuantizedBlock == 0, "K tiles hold whole blocks");
@@ -425,6 +427,8 @@ struct QuantizedTiles {
                   "every thread dequantizes the same number of chunks");
     static_assert(kActivationBytes % kChunkBytes == 0 && kRawBytes % kChunkBytes == 0,
                   "the raw weights start on 16 bytes");
+    static_assert(Tiles::kStages >= 3,
+                  "tile kt + 1 is dequantized while tile kt is multiplied: one more stage landed");
 };
 
 // The f16 bits of 1024: 0x6400 | b is the f16 1024 + b for 0 <= b < 1024.
@@ -588,7 +592,7 @@ __global__ void __launch_bounds__(Tiles::kThreads, Tiles::kMinBlocksPerSm)
                                       bool accumulate) {
     using Q = QuantizedTiles<W, Tiles>;
     uint8_t* stages = reinterpret_cast<uint8_t*>(dynamic_shared_floats());
-    uint16_t* weight_tile = reinterpret_cast<uint16_t*>(stages + Tiles::kStages * Q::kStageBytes);
+    uint16_t* weight_tiles = reinterpret_cast<uint16_t*>(stages + Tiles::kStages * Q::kStageBytes);
     const WarpPlace<Tiles> place;
     const int first_token = blockIdx.x * Tiles::kTileTokens;
     const int first_row = blockIdx.y * Tiles::kTileRows;
@@ -600,12 +604,16 @@ __global__ void __launch_bounds__(Tiles::kThreads, Tiles::kMinBlocksPerSm)
     uint16_t held_scales[Q::kScalesPerThread];
 
     // The pipeline of gemm_tensor_core_kernel (K tile kt in stage kt % kStages, one commit
-    // group per K tile), over the weights' padded columns; the scales of tile kt reach its
-    // stage at the end of iteration kt - kStages + 1, after that iteration's first
-    // __syncthreads (every thread is done with the stage's previous tile) and before
-    // iteration kt's (which makes them visible).
+    // group per K tile), over the weights' padded columns, and K tile kt dequantized into
+    // weight tile kt % 2 one iteration ahead, in iteration kt - 1. The scales of tile kt
+    // reach its stage at the end of iteration kt - kStages + 1, after that iteration's
+    // __syncthreads (every thread is done with the stage's previous tile); the
+    // __syncthreads of iteration kt - 1 makes them visible to its dequantizing.
     const int k_tiles = (w_pitch + Tiles::kTileK - 1) / Tiles::kTileK;
     auto stage = [&](int kt) { return stages + kt % Tiles::kStages * Q::kStageBytes; };
+    auto weight_tile = [&](int kt) {
+        return weight_tiles + kt % 2 * Tiles::kTileRows * Tiles::kStageStride;
+    };
     auto load = [&](int kt) {
         if (kt < k_tiles) {
             load_quantized_stage<W, Tiles>(stage(kt), in, in_pitch, first_token, tokens, in_extent,
@@ -624,16 +632,19 @@ __global__ void __launch_bounds__(Tiles::kThreads, Tiles::kMinBlocksPerSm)
         load(kt);
         store_scales(kt);
     }
+    copy_async_wait<Tiles::kStages - 2>();  // tile 0 has landed
+    __syncthreads();                        // its copies and scales are visible
+    dequantize_stage<W, Tiles>(weight_tile(0), stage(0));
     for (int kt = 0; kt < k_tiles; ++kt) {
-        copy_async_wait<Tiles::kStages - 2>();
-        // Makes tile kt (copies and scales) visible, and ends every warp's work on tile
-        // kt - 1: its stage and the weight tile are written again below.
+        copy_async_wait<Tiles::kStages - 3>();  // tile kt + 1 has landed
+        // Makes weight tile kt complete and tile kt + 1 visible, and ends every warp's work
+        // on iteration kt - 1: the stage of tile kt - 1 and weight tile kt + 1 are written
+        // again below.
         __syncthreads();
         load(kt + Tiles::kStages - 1);
-        dequantize_stage<W, Tiles>(weight_tile, stage(kt));
-        __syncthreads();  // the weight tile is complete
         multiply_gemm_stage<DType::F16, Tiles>(acc, reinterpret_cast<const uint16_t*>(stage(kt)),
-                                               weight_tile, place);
+                                               weight_tile(kt), place);
+        if (kt + 1 < k_tiles) dequantize_stage<W, Tiles>(weight_tile(kt + 1), stage(kt + 1));
         store_scales(kt + Tiles::kStages - 1);
     }
     copy_async_wait<0>();
