@@ -59,10 +59,12 @@
 #                 Mistral-7B f16 file, at short and long context
 #   ladder        `barellm ladder --device cuda -n 64` on stories260K and Mistral-7B f16
 #   pdl           decode with and without programmatic dependent launch (BARELLM_CUDA_PDL=1
-#                 turns it on), alternated: cuda_kernel_check with it, the greedy text on
-#                 stories260K (f16, q8, q4) the same with and without, then tg128 on the
-#                 Mistral-7B f16, q4 and q8 files, 2 rounds (about 3 minutes after the files;
-#                 `BARELLM_CUDA_PDL=1 bash dev/gpu/check.sh tests` runs the tests with it)
+#                 turns it on): cuda_kernel_check with it, the logits of four models
+#                 bit for bit the same with and without (tests/test_cuda.py -k
+#                 programmatic), the greedy text on stories260K (f16, q8, q4) the same, then
+#                 tg128 on the Mistral-7B f16, q4 and q8 files alternated, 2 rounds (about 3
+#                 minutes after the files; `BARELLM_CUDA_PDL=1 bash dev/gpu/check.sh tests`
+#                 runs every test with it)
 #   ab            decode speed of other trees beside this one, alternated in one run: each
 #                 gpu_data/ab/NAME.tgz (made here by `git archive -o gpu_data/ab/NAME.tgz
 #                 REV`) is built and must give this tree's greedy text first
@@ -72,9 +74,10 @@
 #                 files: run it alone, on a machine without the Mistral-7B files)
 # The Mistral-7B checkpoints are made in the background from the start, on every core, while
 # the build and the first steps run: the Hugging Face f16 checkpoint (convert/synth.py), then
-# at once the f16 barellm file, its f16 GGUF, a Q4_0 GGUF and the q8 barellm file, then the
-# q4 barellm file from the Q4_0 GGUF (bit for bit); the Hugging Face checkpoint is removed
-# once they are written (about 52 GiB at the peak, 45 kept in $WORK). Files the free disk
+# at once the f16 barellm file, its f16 GGUF (compare), a Q4_0 GGUF (compare, quantized) and
+# the q8 barellm file, then the q4 barellm file from the Q4_0 GGUF (bit for bit; without that
+# GGUF, by convert.py); the Hugging Face checkpoint is removed once they are written (about
+# 52 GiB at the peak, 45 kept in $WORK, for the compare step). Files the free disk
 # cannot hold are left out, the least needed first, with a note; nothing is timed while
 # they are being made; every step is cut to end by DEADLINE.
 #
@@ -286,14 +289,17 @@ declare -A GIB=(["$MISTRAL"]=$MISTRAL_GIB ["$MISTRAL_GGUF"]=$MISTRAL_GIB ["$MIST
 # beside the checkpoint (those that do not fit are noted and left out, the last first).
 MISTRAL_PLAN=()
 # True when a step wanted reads the Mistral-7B f16 file.
-wants_mistral_f16() { wants compare || wants logits-7b || wants decode || wants ladder || wants ab; }
+wants_mistral_f16() {
+    wants compare || wants logits-7b || wants decode || wants ladder || wants pdl || wants ab
+}
 plan_mistral() {
     local -a wanted=()
-    if wants_mistral_f16; then
-        wanted+=("$MISTRAL")
-        [ -n "$LLAMA_BENCH" ] && wanted+=("$MISTRAL_GGUF")
+    wants_mistral_f16 && wanted+=("$MISTRAL")
+    # The GGUFs only for the steps that compare with llama.cpp.
+    if [ -n "$LLAMA_BENCH" ]; then
+        wants compare && wanted+=("$MISTRAL_GGUF")
+        { wants compare || wants quantized; } && wanted+=("$MISTRAL_Q4_GGUF")
     fi
-    [ -n "$LLAMA_BENCH" ] && wanted+=("$MISTRAL_Q4_GGUF")
     wanted+=("$MISTRAL_Q4" "$MISTRAL_Q8")
     local file need=0 free
     for file in "${wanted[@]}"; do
@@ -644,9 +650,17 @@ if wants pdl; then
         BARELLM_CUDA_PDL=1 timeout "$(capped 60)" build/cuda_kernel_check >"$LOG/pdl_kernels.log" 2>&1
         note "pdl: cuda_kernel_check: exit $?, $(tail -1 "$LOG/pdl_kernels.log")"
     fi
+    if fits 40 "the logits with and without programmatic launch"; then
+        timeout "$(capped 40)" python3 -m pytest -q -rs tests/test_cuda.py -k programmatic \
+            >"$LOG/pdl_tests.log" 2>&1
+        note "pdl: test_programmatic_launch_equals_plain_launches: $(tail -1 "$LOG/pdl_tests.log")"
+    fi
     for dtype in f16 q8 q4; do
-        if [ "$(greedy_pdl 1 "$WORK/stories260K-$dtype.bin")" = \
-            "$(greedy_pdl 0 "$WORK/stories260K-$dtype.bin")" ]; then
+        with=$(greedy_pdl 1 "$WORK/stories260K-$dtype.bin")
+        without=$(greedy_pdl 0 "$WORK/stories260K-$dtype.bin")
+        if [ -z "$with" ] || [ -z "$without" ]; then
+            note "pdl: stories260K $dtype: no greedy text"
+        elif [ "$with" = "$without" ]; then
             note "pdl: stories260K $dtype greedy text the same with and without"
         else
             note "pdl: stories260K $dtype greedy text DIFFERS with and without"
