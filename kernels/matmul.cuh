@@ -19,6 +19,9 @@
 //   access.
 // - w1 and w3 are read by the same warp and SwiGLU is applied before the store: the two
 //   hidden-size intermediates never reach global memory.
+// - With BARELLM_CUDA_PDL=1 (sm_90 on) they launch as programmatic dependents of the kernel
+//   before them (common.cuh: launch_dependent): a block asks for its first weights, then
+//   waits for the kernel that writes its input.
 #pragma once
 #include "common.cuh"
 #include "cuda_check.h"
