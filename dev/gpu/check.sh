@@ -469,6 +469,9 @@ if wants tests && fits 60 "tests"; then
     deselect=()
     wants kernels &&
         deselect=(--deselect tests/test_cuda.py::test_every_kernel_matches_the_cpu_kernels)
+    # The pdl step runs the test of programmatic launch itself.
+    wants pdl &&
+        deselect+=(--deselect tests/test_cuda.py::test_programmatic_launch_equals_plain_launches)
     OMP_NUM_THREADS=2 timeout "$(capped 120)" python3 -m pytest -q -rs "${xdist[@]}" \
         "${deselect[@]}" tests/test_cuda.py >"$LOG/test_cuda.log" 2>&1
     note "tests/test_cuda.py: $(tail -1 "$LOG/test_cuda.log")"
