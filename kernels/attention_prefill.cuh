@@ -523,8 +523,7 @@ void attention_prefill(const DeviceActivations& out, const float* qkv, int qkv_p
             const auto kernel = attention_prefill_mma_dims(shape.head_dim) == 64
                                     ? attention_prefill_mma_kernel<kOut, 64>
                                     : attention_prefill_mma_kernel<kOut, 128>;
-            CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            int(shared)));
+            allow_shared_bytes(kernel, shared);
             kernel<<<grid, kAttentionPrefillThreads, shared, stream>>>(
                 out.data, out.pitch, qkv, qkv_pitch, static_cast<const __half*>(key_cache),
                 static_cast<const __half*>(value_cache), first_pos, out.tokens, shape.heads,
@@ -541,8 +540,7 @@ void attention_prefill(const DeviceActivations& out, const float* qkv, int qkv_p
             with_prefill_dims_per_lane(shape.head_dim, [&](auto dims) {
                 const auto kernel =
                     attention_prefill_kernel<KvT, decltype(dtype)::value, decltype(dims)::value>;
-                CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                int(shared)));
+                allow_shared_bytes(kernel, shared);
                 kernel<<<grid, kAttentionPrefillThreads, shared, stream>>>(
                     out.data, out.pitch, qkv, qkv_pitch, static_cast<const KvT*>(key_cache),
                     static_cast<const KvT*>(value_cache), first_pos, out.tokens, shape.heads,

@@ -137,6 +137,14 @@ inline const DeviceFigures& current_device() {
     return device;
 }
 
+// Lets `kernel` launch with `bytes` of dynamic shared memory: above 48 KiB a kernel must
+// opt in.
+template <typename Kernel>
+void allow_shared_bytes(Kernel kernel, size_t bytes) {
+    CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+}
+
 // Whether launch_dependent launches kernels as programmatic dependents: on sm_90 on, with
 // BARELLM_CUDA_PDL=1 in the environment (opt-in; dev/gpu/check.sh's `pdl` step times decode
 // with and without it).

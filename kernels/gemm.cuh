@@ -840,12 +840,7 @@ void launch_gemm_tensor_core(float* out, int out_pitch, const DeviceMatrix& w,
                              cudaStream_t stream) {
     auto kernel = gemm_tensor_core_kernel<D, Tiles>;
     // Above 48 KiB of dynamic shared memory a kernel must opt in, once.
-    static const bool opted_in = [&] {
-        CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(Tiles::kSharedBytes)));
-        return true;
-    }();
+    static const bool opted_in = (allow_shared_bytes(kernel, Tiles::kSharedBytes), true);
     (void)opted_in;
     kernel<<<gemm_tensor_core_grid<Tiles>(in.tokens, w.rows), Tiles::kThreads, Tiles::kSharedBytes,
              stream>>>(out, out_pitch, static_cast<const uint16_t*>(w.data), w.rows, w.pitch,
@@ -859,12 +854,8 @@ void launch_gemm_quantized(float* out, int out_pitch, const DeviceMatrix& w,
                            cudaStream_t stream) {
     using Q = QuantizedTiles<W, Tiles>;
     auto kernel = gemm_quantized_tensor_core_kernel<W, Tiles>;
-    static const bool opted_in = [&] {  // above 48 KiB, as launch_gemm_tensor_core
-        CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        int(Q::kSharedBytes)));
-        return true;
-    }();
+    // Once, as launch_gemm_tensor_core.
+    static const bool opted_in = (allow_shared_bytes(kernel, Q::kSharedBytes), true);
     (void)opted_in;
     kernel<<<gemm_tensor_core_grid<Tiles>(in.tokens, w.rows), Tiles::kThreads, Q::kSharedBytes,
              stream>>>(out, out_pitch, static_cast<const uint8_t*>(w.data), w.scales, w.rows,

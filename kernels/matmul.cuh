@@ -350,12 +350,6 @@ void check_swiglu_shapes(const DeviceMatrix& w1, const DeviceMatrix& w3) {
         throw Error("matvec_swiglu: w1 and w3 differ in shape or dtype");
 }
 
-template <typename Kernel>
-void allow_shared_bytes(Kernel kernel, size_t bytes) {
-    CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
-
 }  // namespace
 
 // Q8 and Q4 weights (matmul_quantized.cuh): the launches matvec and matvec_swiglu hand them to

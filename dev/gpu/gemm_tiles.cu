@@ -55,14 +55,6 @@ struct Operands {
 
 using Launch = void (*)(const Operands&);
 
-// Lets `kernel` use `bytes` of dynamic shared memory (above 48 KiB a kernel must opt in);
-// done once per variant, outside the timed launches.
-template <typename Kernel>
-void allow_shared_bytes(Kernel kernel, size_t bytes) {
-    CUDA_CHECK(cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
-}
-
 template <typename Tiles>
 void launch(const Operands& o) {
     auto kernel = gemm_tensor_core_kernel<DType::F16, Tiles>;
@@ -79,6 +71,7 @@ struct Variant {
     size_t shared_bytes;
 };
 
+// Each variant opts in to its shared memory here, once, outside the timed launches.
 template <typename Tiles>
 Variant variant(const char* name, size_t shared_limit) {
     if (Tiles::kSharedBytes <= shared_limit)
