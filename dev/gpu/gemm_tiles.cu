@@ -1,5 +1,6 @@
 // The prefill GEMM's tensor-core kernel (kernels/gemm.cuh, gemm_tensor_core_kernel) with the
-// tile shapes gemm chooses among for 512 tokens, and the wgmma experiment (gemm_wgmma.cuh),
+// tile shapes gemm chooses among for 512 tokens, and the wgmma experiments (gemm_wgmma.cuh:
+// cp.async copies by every thread; gemm_wgmma_tma.cuh: TMA copies by a producer warpgroup),
 // at Mistral 7B's matrices: each one's time, TFLOPS and share of the dense f16 peak at the
 // GPU's reported clock, and its largest difference from the medium tiles' result (checked
 // against the CPU by cuda_kernel_check), relative to the largest output. Other shapes go
@@ -20,6 +21,7 @@
 
 #include "gemm.cuh"
 #include "gemm_wgmma.cuh"
+#include "gemm_wgmma_tma.cuh"
 
 // A named namespace: nvcc's generated launch stub cannot name a kernel in an anonymous one
 // beside gemm.cuh's.
@@ -51,6 +53,9 @@ struct Operands {
     __half* in;
     float* out;
     int tokens, rows, cols;
+    // The TMA experiment's views of the operands: the tokens in boxes of 128, the weights in
+    // boxes of 64 << i rows (weights_maps[i]: the slices of 64, 128 or 256 rows it copies).
+    CUtensorMap in_map, weights_maps[3];
 };
 
 using Launch = void (*)(const Operands&);
@@ -97,6 +102,30 @@ Variant wgmma_variant(const char* name, size_t shared_limit) {
     if (kBytes <= shared_limit)
         allow_shared_bytes(wgmma_experiment::gemm_wgmma_kernel<kRows, kStages, kSwizzled>, kBytes);
     return {name, launch_wgmma<kRows, kStages, kSwizzled>, kBytes};
+}
+
+template <int kRows, int kStages, int kCluster>
+void launch_wgmma_tma(const Operands& o) {
+    using Tiles = wgmma_tma_experiment::TmaTiles<kRows, kStages, kCluster>;
+    auto kernel = wgmma_tma_experiment::gemm_wgmma_tma_kernel<kRows, kStages, kCluster>;
+    const int token_tiles = (o.tokens + wgmma_experiment::kTokens - 1) / wgmma_experiment::kTokens;
+    const dim3 grid((token_tiles + kCluster - 1) / kCluster * kCluster,
+                    (o.rows + kRows - 1) / kRows);
+    static_assert(Tiles::kSliceRows >= 64, "weights_maps has slices of 64 rows and more");
+    const int slice_map = Tiles::kSliceRows == 64 ? 0 : Tiles::kSliceRows == 128 ? 1 : 2;
+    kernel<<<grid, wgmma_tma_experiment::kThreads, Tiles::kSharedBytes>>>(
+        o.out, o.rows, o.rows, o.tokens, o.cols, o.weights_maps[slice_map], o.in_map);
+    CUDA_CHECK_LAUNCH("gemm_wgmma_tma_kernel");
+}
+
+template <int kRows, int kStages, int kCluster>
+Variant wgmma_tma_variant(const char* name, size_t shared_limit) {
+    constexpr size_t kBytes =
+        wgmma_tma_experiment::TmaTiles<kRows, kStages, kCluster>::kSharedBytes;
+    if (kBytes <= shared_limit)
+        allow_shared_bytes(wgmma_tma_experiment::gemm_wgmma_tma_kernel<kRows, kStages, kCluster>,
+                           kBytes);
+    return {name, launch_wgmma_tma<kRows, kStages, kCluster>, kBytes};
 }
 
 double median_ms(const Operands& o, Launch run) {
@@ -154,25 +183,36 @@ int main(int argc, char** argv) {
             wgmma_variant<256, 4, false>("wgmma 128x256/4", limit),
             wgmma_variant<128, 5, true>("wgmma 128x128/5, 128-byte swizzle", limit),
             wgmma_variant<256, 4, true>("wgmma 128x256/4, 128-byte swizzle", limit),
+            wgmma_tma_variant<128, 6, 1>("wgmma+TMA 128x128/6", limit),
+            wgmma_tma_variant<256, 4, 1>("wgmma+TMA 128x256/4", limit),
+            wgmma_tma_variant<128, 6, 2>("wgmma+TMA 128x128/6, weights shared by 2", limit),
+            wgmma_tma_variant<256, 4, 2>("wgmma+TMA 128x256/4, weights shared by 2", limit),
+            wgmma_tma_variant<256, 4, 4>("wgmma+TMA 128x256/4, weights shared by 4", limit),
         };
         const Shape shapes[] = {
             {"qkv", 6144, 4096}, {"wo", 4096, 4096}, {"w1", 14336, 4096}, {"w2", 4096, 14336}};
         constexpr int kTokens = 512;
 
         // Every shape's operands first, and the medium tiles' result as the reference; then
-        // each variant over the shapes (the wgmma experiment last: a fault there leaves the
+        // each variant over the shapes (the wgmma experiments last: a fault there leaves the
         // others' rows printed).
         std::vector<Operands> operands;
         std::vector<std::vector<float>> references;
         std::vector<const char*> names;
         for (const Shape& shape : shapes) {
             if (argc > 1 && std::strcmp(argv[1], shape.name) != 0) continue;
-            Operands o{nullptr, nullptr, nullptr, kTokens, shape.rows, shape.cols};
+            Operands o{nullptr, nullptr, nullptr, kTokens, shape.rows, shape.cols, {}, {}};
             const size_t w_count = size_t(shape.rows) * shape.cols;
             const size_t in_count = size_t(kTokens) * shape.cols;
             CUDA_CHECK(cudaMalloc(&o.weights, w_count * sizeof(__half)));
             CUDA_CHECK(cudaMalloc(&o.in, in_count * sizeof(__half)));
             CUDA_CHECK(cudaMalloc(&o.out, size_t(kTokens) * shape.rows * sizeof(float)));
+            using wgmma_tma_experiment::make_tensor_map;
+            o.in_map =
+                make_tensor_map(o.in, kTokens, shape.cols, shape.cols, wgmma_experiment::kTokens);
+            for (int i = 0; i < 3; ++i)
+                o.weights_maps[i] =
+                    make_tensor_map(o.weights, shape.rows, shape.cols, shape.cols, 64 << i);
             fill_random_f16<<<1024, 256>>>(o.weights, w_count, 1);
             fill_random_f16<<<1024, 256>>>(o.in, in_count, 2);
             CUDA_CHECK_LAUNCH("fill_random_f16");
