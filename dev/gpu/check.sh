@@ -34,7 +34,7 @@
 #                 wgmma experiments, at Mistral-7B's matrices (Hopper only; about 40 s)
 #   gemm-ncu      after gemm-tiles: Nsight Compute's report (stall reasons, throughputs) on
 #                 the large tiles and the TMA wgmma experiment's 128 x 256 tiles (clusters
-#                 of 2) at wo's shape
+#                 of 2 x 2) at wo's shape
 #                 (about 90 s)
 #   matvec-ncu    Nsight Compute's report on the Q4 matvec (one row per warp, Mistral-7B's
 #                 w2 with the residual) and the Q4 SwiGLU matvec, their first launches in
@@ -433,10 +433,11 @@ if wants gemm-tiles && fits 60 "gemm-tiles"; then
         grep "^|" "$LOG/gemm_tiles.log" >"$LOG/gemm_tiles.md"
         note "gemm_tiles: $(head -1 "$LOG/gemm_tiles.log") (exit $status)"
         # The large tiles' kernel (mangled: TensorCoreTiles<128, 128, 2, 2, 2, 32, 4, 1>) and
-        # the TMA wgmma experiment's 128 x 256 tiles in clusters of 2 (gemm_wgmma_tma_kernel<256,
-        # 4, 2>), their first launches at wo's shape; ncu leaves the clocks as they are.
+        # the TMA wgmma experiment's 128 x 256 tiles in clusters of 2 x 2
+        # (gemm_wgmma_tma_kernel<256, 4, 2, 2>), their first launches at wo's shape; ncu
+        # leaves the clocks as they are.
         for kernel in TensorCoreTilesILi128ELi128ELi2ELi2ELi2ELi32ELi4ELi1E \
-            gemm_wgmma_tma_kernelILi256ELi4ELi2E; do
+            gemm_wgmma_tma_kernelILi256ELi4ELi2ELi2E; do
             if wants gemm-ncu && command -v ncu >/dev/null && fits 60 "ncu $kernel"; then
                 timeout "$(capped 60)" ncu --clock-control none --kernel-name-base mangled \
                     -k regex:"$kernel" --launch-count 1 --section SpeedOfLight \

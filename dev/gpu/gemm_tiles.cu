@@ -48,14 +48,24 @@ struct Shape {
     int rows, cols;
 };
 
+constexpr int kSliceRows = 32;  // the TMA experiment's smallest slice of rows
+constexpr int kSliceSizes = 4;  // 32, 64, 128, 256 rows
+
+// i with kSliceRows << i == rows.
+constexpr int slice_map(int rows) {
+    int i = 0;
+    while (kSliceRows << i < rows) ++i;
+    return i;
+}
+
 struct Operands {
     __half* weights;
     __half* in;
     float* out;
     int tokens, rows, cols;
-    // The TMA experiment's views of the operands: the tokens in boxes of 128, the weights in
-    // boxes of 64 << i rows (weights_maps[i]: the slices of 64, 128 or 256 rows it copies).
-    CUtensorMap in_map, weights_maps[3];
+    // The TMA experiment's views of the operands, in boxes of kSliceRows << i rows
+    // (in_maps[i], weights_maps[i]): the slices of 32 to 256 rows a block copies.
+    CUtensorMap in_maps[kSliceSizes], weights_maps[kSliceSizes];
 };
 
 using Launch = void (*)(const Operands&);
@@ -104,28 +114,33 @@ Variant wgmma_variant(const char* name, size_t shared_limit) {
     return {name, launch_wgmma<kRows, kStages, kSwizzled>, kBytes};
 }
 
-template <int kRows, int kStages, int kCluster>
+template <int kRows, int kStages, int kClusterTokens, int kClusterRows>
 void launch_wgmma_tma(const Operands& o) {
-    using Tiles = wgmma_tma_experiment::TmaTiles<kRows, kStages, kCluster>;
-    auto kernel = wgmma_tma_experiment::gemm_wgmma_tma_kernel<kRows, kStages, kCluster>;
+    using Tiles = wgmma_tma_experiment::TmaTiles<kRows, kStages, kClusterTokens, kClusterRows>;
+    auto kernel =
+        wgmma_tma_experiment::gemm_wgmma_tma_kernel<kRows, kStages, kClusterTokens, kClusterRows>;
     const int token_tiles = (o.tokens + wgmma_experiment::kTokens - 1) / wgmma_experiment::kTokens;
-    const dim3 grid((token_tiles + kCluster - 1) / kCluster * kCluster,
-                    (o.rows + kRows - 1) / kRows);
-    static_assert(Tiles::kSliceRows >= 64, "weights_maps has slices of 64 rows and more");
-    const int slice_map = Tiles::kSliceRows == 64 ? 0 : Tiles::kSliceRows == 128 ? 1 : 2;
+    const int row_tiles = (o.rows + kRows - 1) / kRows;
+    const dim3 grid((token_tiles + kClusterTokens - 1) / kClusterTokens * kClusterTokens,
+                    (row_tiles + kClusterRows - 1) / kClusterRows * kClusterRows);
+    static_assert(Tiles::kRowSlice >= kSliceRows && Tiles::kTokenSlice >= kSliceRows,
+                  "the maps' slices start at kSliceRows");
     kernel<<<grid, wgmma_tma_experiment::kThreads, Tiles::kSharedBytes>>>(
-        o.out, o.rows, o.rows, o.tokens, o.cols, o.weights_maps[slice_map], o.in_map);
+        o.out, o.rows, o.rows, o.tokens, o.cols, o.weights_maps[slice_map(Tiles::kRowSlice)],
+        o.in_maps[slice_map(Tiles::kTokenSlice)]);
     CUDA_CHECK_LAUNCH("gemm_wgmma_tma_kernel");
 }
 
-template <int kRows, int kStages, int kCluster>
+template <int kRows, int kStages, int kClusterTokens, int kClusterRows>
 Variant wgmma_tma_variant(const char* name, size_t shared_limit) {
-    constexpr size_t kBytes =
-        wgmma_tma_experiment::TmaTiles<kRows, kStages, kCluster>::kSharedBytes;
-    if (kBytes <= shared_limit)
-        allow_shared_bytes(wgmma_tma_experiment::gemm_wgmma_tma_kernel<kRows, kStages, kCluster>,
-                           kBytes);
-    return {name, launch_wgmma_tma<kRows, kStages, kCluster>, kBytes};
+    using Tiles = wgmma_tma_experiment::TmaTiles<kRows, kStages, kClusterTokens, kClusterRows>;
+    if (Tiles::kSharedBytes <= shared_limit)
+        allow_shared_bytes(
+            wgmma_tma_experiment::gemm_wgmma_tma_kernel<kRows, kStages, kClusterTokens,
+                                                        kClusterRows>,
+            Tiles::kSharedBytes);
+    return {name, launch_wgmma_tma<kRows, kStages, kClusterTokens, kClusterRows>,
+            Tiles::kSharedBytes};
 }
 
 double median_ms(const Operands& o, Launch run) {
@@ -183,11 +198,14 @@ int main(int argc, char** argv) {
             wgmma_variant<256, 4, false>("wgmma 128x256/4", limit),
             wgmma_variant<128, 5, true>("wgmma 128x128/5, 128-byte swizzle", limit),
             wgmma_variant<256, 4, true>("wgmma 128x256/4, 128-byte swizzle", limit),
-            wgmma_tma_variant<128, 6, 1>("wgmma+TMA 128x128/6", limit),
-            wgmma_tma_variant<256, 4, 1>("wgmma+TMA 128x256/4", limit),
-            wgmma_tma_variant<128, 6, 2>("wgmma+TMA 128x128/6, weights shared by 2", limit),
-            wgmma_tma_variant<256, 4, 2>("wgmma+TMA 128x256/4, weights shared by 2", limit),
-            wgmma_tma_variant<256, 4, 4>("wgmma+TMA 128x256/4, weights shared by 4", limit),
+            // TMA: tile / stages / cluster of token tiles x row tiles.
+            wgmma_tma_variant<128, 6, 1, 1>("wgmma+TMA 128x128/6/1x1", limit),
+            wgmma_tma_variant<256, 4, 1, 1>("wgmma+TMA 128x256/4/1x1", limit),
+            wgmma_tma_variant<256, 4, 2, 1>("wgmma+TMA 128x256/4/2x1", limit),
+            wgmma_tma_variant<256, 4, 4, 1>("wgmma+TMA 128x256/4/4x1", limit),
+            wgmma_tma_variant<256, 4, 2, 2>("wgmma+TMA 128x256/4/2x2", limit),
+            wgmma_tma_variant<128, 6, 2, 2>("wgmma+TMA 128x128/6/2x2", limit),
+            wgmma_tma_variant<128, 6, 4, 2>("wgmma+TMA 128x128/6/4x2", limit),
         };
         const Shape shapes[] = {
             {"qkv", 6144, 4096}, {"wo", 4096, 4096}, {"w1", 14336, 4096}, {"w2", 4096, 14336}};
@@ -208,11 +226,12 @@ int main(int argc, char** argv) {
             CUDA_CHECK(cudaMalloc(&o.in, in_count * sizeof(__half)));
             CUDA_CHECK(cudaMalloc(&o.out, size_t(kTokens) * shape.rows * sizeof(float)));
             using wgmma_tma_experiment::make_tensor_map;
-            o.in_map =
-                make_tensor_map(o.in, kTokens, shape.cols, shape.cols, wgmma_experiment::kTokens);
-            for (int i = 0; i < 3; ++i)
+            for (int i = 0; i < kSliceSizes; ++i) {
+                o.in_maps[i] =
+                    make_tensor_map(o.in, kTokens, shape.cols, shape.cols, kSliceRows << i);
                 o.weights_maps[i] =
-                    make_tensor_map(o.weights, shape.rows, shape.cols, shape.cols, 64 << i);
+                    make_tensor_map(o.weights, shape.rows, shape.cols, shape.cols, kSliceRows << i);
+            }
             fill_random_f16<<<1024, 256>>>(o.weights, w_count, 1);
             fill_random_f16<<<1024, 256>>>(o.in, in_count, 2);
             CUDA_CHECK_LAUNCH("fill_random_f16");

@@ -2,11 +2,15 @@
 // tiles come into shared memory by the Tensor Memory Accelerator (cp.async.bulk.tensor, one
 // instruction per operand and stage, issued by one thread of a producer warpgroup), and each
 // stage is handed between producer and consumers by two mbarriers instead of __syncthreads.
-// Optionally the blocks of kCluster consecutive token tiles, which multiply the same weight
-// rows, form a thread-block cluster and share those rows: each block copies 1/kCluster of
-// the weight tile into every block of the cluster (TMA multicast), so the weights leave L2
-// once per cluster instead of once per block. dev/gpu/gemm_tiles.cu times it beside the
-// mma.sync tiles and the cp.async wgmma kernel.
+// Optionally neighbouring blocks form a thread-block cluster of kClusterTokens x
+// kClusterRows blocks (grid x: token tiles, y: weight-row tiles) and share their operands:
+// the blocks of a cluster row (the same weight rows) each copy 1/kClusterTokens of the
+// weight tile into all of that row's blocks, and the blocks of a cluster column (the same
+// tokens) 1/kClusterRows of the token tile into all of that column's blocks (TMA
+// multicast). Each tile then leaves L2 once per cluster row or column instead of once per
+// block: L2's bandwidth, not the tensor cores, bounds these tiles on an H100 (a 128 x 256
+// tile without sharing needs about 47 bytes per SM and clock at half the tensor-core peak).
+// dev/gpu/gemm_tiles.cu times it beside the mma.sync tiles and the cp.async wgmma kernel.
 //
 // out[t, r] = sum_c in[t, c] * W[r, c] for f16 `in` [tokens, cols] and W [rows, cols], f32
 // accumulation; no bias, no residual. sm_90a only.
@@ -22,12 +26,12 @@
 //   at chunk c ^ (r % 8), stages on 1024-byte boundaries. Columns or rows past the matrix
 //   arrive as zeros (the TMA fills out-of-bounds elements with zeros).
 // - Hand-over, per stage s: `full[s]` completes when the block's producer has armed it with
-//   the stage's byte count and all of the stage's copies (the block's own token rows, and
-//   the kCluster slices of weight rows) have landed; `empty[s]` completes when every
-//   multiplying warp of every block of the cluster has finished the products that read the
-//   stage (a multicast writes into all of them). A stage's n-th use waits for phase parity
-//   n % 2 of `full` (consumers) and, from its second use on, for the previous phase of
-//   `empty` (producer).
+//   the stage's byte count and all of the stage's copies (the slices of token and weight
+//   rows from the blocks of its cluster column and row) have landed; `empty[s]` completes
+//   when every multiplying warp of every block of the cluster has finished the products
+//   that read the stage (the block's copies land in the blocks of its row and column). A
+//   stage's n-th use waits for phase parity n % 2 of `full` (consumers) and, from its second
+//   use on, for the previous phase of `empty` (producer).
 // - Consumers: at K tile kt they wait for full[kt % kStages], issue the tile's four
 //   instructions as one group, wait until at most that group is in flight, and then release
 //   tile kt - 1's stage: the tensor cores always have a group queued.
@@ -44,7 +48,6 @@
 
 namespace barellm::cuda::wgmma_tma_experiment {
 
-using wgmma_experiment::kCoreRows;
 using wgmma_experiment::kMmaK;
 using wgmma_experiment::kSwizzleAtomBytes;
 using wgmma_experiment::kSwizzleBytes;
@@ -58,10 +61,12 @@ constexpr int kThreads = (kConsumers + 1) * kWarpgroupThreads;       // and the 
 constexpr int kConsumerWarps = kConsumers * kWarpgroupThreads / 32;  // arrivals on `empty`
 constexpr int kProducerRegisters = 40;   // setmaxnreg: the producer issues copies only
 constexpr int kConsumerRegisters = 232;  // 128 accumulators (n256) and the loop's own
-static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumers * kConsumerRegisters) <= 65536,
+constexpr int kRegisterFile = 65536;     // 32-bit registers of an SM
+static_assert(kWarpgroupThreads * (kProducerRegisters + kConsumers * kConsumerRegisters) <=
+                  kRegisterFile,
               "the register file holds the three warpgroups after setmaxnreg");
 
-template <int kRows, int kStages, int kCluster>
+template <int kRows, int kStages, int kClusterTokens, int kClusterRows>
 struct TmaTiles {
     static constexpr int kTokenBytes = kTokens * kSwizzleBytes;  // 64 columns of f16 a row
     static constexpr int kRowBytes = kRows * kSwizzleBytes;
@@ -70,12 +75,15 @@ struct TmaTiles {
     // The stages, the barriers, and room to start the stages on a swizzle atom.
     static constexpr size_t kSharedBytes =
         size_t(kStages) * kStageBytes + kBarrierBytes + kSwizzleAtomBytes;
-    static constexpr int kAccumulators = kRows / 2;      // per thread: 64 x kRows / 128 threads
-    static constexpr int kSliceRows = kRows / kCluster;  // weight rows each block copies
-    static constexpr int kSliceBytes = kSliceRows * kSwizzleBytes;
+    static constexpr int kAccumulators = kRows / 2;  // per thread: 64 x kRows / 128 threads
+    static constexpr int kClusterBlocks = kClusterTokens * kClusterRows;
+    static constexpr int kRowSlice = kRows / kClusterTokens;    // weight rows a block copies
+    static constexpr int kTokenSlice = kTokens / kClusterRows;  // token rows a block copies
     static_assert(kRows == 128 || kRows == 256, "one m64n128k16 or m64n256k16 per step");
-    static_assert(kCluster == 1 || kCluster == 2 || kCluster == 4, "a portable cluster size");
-    static_assert(kSliceBytes % kSwizzleAtomBytes == 0, "every slice starts on a swizzle atom");
+    static_assert(kClusterBlocks <= 8, "a portable cluster size");
+    static_assert(kRowSlice * kSwizzleBytes % kSwizzleAtomBytes == 0 &&
+                      kTokenSlice * kSwizzleBytes % kSwizzleAtomBytes == 0,
+                  "every slice starts on a swizzle atom");
     static_assert(kTokenBytes % kSwizzleAtomBytes == 0 && kRowBytes % kSwizzleAtomBytes == 0,
                   "every operand tile starts on a swizzle atom");
     static_assert(kStages >= 2, "one stage is filled while another is multiplied");
@@ -112,6 +120,7 @@ __device__ __forceinline__ void barrier_arrive_in_block(uint64_t* barrier, uint3
                  : "memory");
 }
 
+// The block's rank in its cluster (the bit that names it in a multicast's `blocks`).
 __device__ __forceinline__ uint32_t rank_in_cluster() {
     uint32_t rank;
     asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
@@ -174,17 +183,19 @@ __device__ __forceinline__ void tensor_copy_to_blocks(void* destination, const C
 #endif
 
 // out[t, r] = in[t, :] . W[r, :] for the block's tile (see the header). `weights_map` has
-// boxes of 64 columns x kRows / kCluster rows, `in_map` 64 columns x 128 tokens
-// (make_tensor_map). Launch: grid (ceil(tokens / 128) rounded up to a multiple of kCluster,
-// ceil(rows / kRows)), clusters of kCluster x 1 x 1 blocks (the kernel's attribute), block
-// 384, dynamic shared memory TmaTiles<kRows, kStages, kCluster>::kSharedBytes.
-template <int kRows, int kStages, int kCluster>
-__global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
+// boxes of 64 columns x kRows / kClusterTokens rows, `in_map` 64 columns x 128 /
+// kClusterRows tokens (make_tensor_map). Launch: grid (ceil(tokens / 128), ceil(rows /
+// kRows)), each rounded up to a multiple of the cluster's side; clusters of kClusterTokens x
+// kClusterRows blocks (the kernel's attribute); block 384; dynamic shared memory
+// TmaTiles<...>::kSharedBytes.
+template <int kRows, int kStages, int kClusterTokens, int kClusterRows>
+__global__ void __cluster_dims__(kClusterTokens, kClusterRows, 1) __launch_bounds__(kThreads, 1)
     gemm_wgmma_tma_kernel(float* __restrict__ out, int out_pitch, int rows, int tokens,
                           int k_extent, const __grid_constant__ CUtensorMap weights_map,
                           const __grid_constant__ CUtensorMap in_map) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    using Tiles = TmaTiles<kRows, kStages, kCluster>;
+    using Tiles = TmaTiles<kRows, kStages, kClusterTokens, kClusterRows>;
+    constexpr bool kShared = Tiles::kClusterBlocks > 1;
     extern __shared__ __align__(1024) uint8_t dynamic_shared[];
     uint8_t* shared =
         dynamic_shared + (kSwizzleAtomBytes - shared_address(dynamic_shared) % kSwizzleAtomBytes) %
@@ -195,17 +206,15 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     const int warpgroup = threadIdx.x / kWarpgroupThreads;
     const int k_tiles = (k_extent + kTileK - 1) / kTileK;
 
-    const uint32_t rank = kCluster > 1 ? rank_in_cluster() : 0;
-
     if (threadIdx.x == 0) {
         for (int s = 0; s < kStages; ++s) {
             barrier_init(&full[s], 1);
-            barrier_init(&empty[s], kConsumerWarps * kCluster);
+            barrier_init(&empty[s], kConsumerWarps * Tiles::kClusterBlocks);
         }
         // The initialised barriers visible to the TMA unit (the async proxy) and the cluster.
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
-    if constexpr (kCluster > 1)
+    if constexpr (kShared)
         cluster_sync();
     else
         __syncthreads();
@@ -213,23 +222,39 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     if (warpgroup == kConsumers) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegisters));
         if (threadIdx.x % kWarpgroupThreads == 0) {
+            // The block's place in its cluster, whose ranks run along x first: it copies
+            // weight slice `column` for the blocks of its cluster row and token slice `row`
+            // for those of its cluster column.
+            const int column = blockIdx.x % kClusterTokens, row = blockIdx.y % kClusterRows;
+            uint16_t row_blocks = 0, column_blocks = 0;
+            for (int i = 0; i < kClusterTokens; ++i) row_blocks |= 1u << (row * kClusterTokens + i);
+            for (int i = 0; i < kClusterRows; ++i)
+                column_blocks |= 1u << (i * kClusterTokens + column);
+            if (kShared && rank_in_cluster() != uint32_t(row * kClusterTokens + column)) __trap();
+            const int token_offset = row * Tiles::kTokenSlice * kSwizzleBytes;
+            const int row_offset = Tiles::kTokenBytes + column * Tiles::kRowSlice * kSwizzleBytes;
             for (int kt = 0; kt < k_tiles; ++kt) {
                 const int s = kt % kStages;
                 barrier_wait(&empty[s], (kt / kStages & 1) ^ 1);
                 barrier_arrive_expecting(&full[s], Tiles::kStageBytes);
                 uint8_t* stage = shared + s * Tiles::kStageBytes;
-                tensor_copy(stage, &in_map, kt * kTileK, first_token, &full[s]);
-                uint8_t* slice = stage + Tiles::kTokenBytes + rank * Tiles::kSliceBytes;
-                const int slice_row = first_row + int(rank) * Tiles::kSliceRows;
-                if constexpr (kCluster > 1)
-                    tensor_copy_to_blocks(slice, &weights_map, kt * kTileK, slice_row, &full[s],
-                                          (1u << kCluster) - 1);
+                const int token = first_token + row * Tiles::kTokenSlice;
+                const int weight_row = first_row + column * Tiles::kRowSlice;
+                if constexpr (kClusterRows > 1)
+                    tensor_copy_to_blocks(stage + token_offset, &in_map, kt * kTileK, token,
+                                          &full[s], column_blocks);
                 else
-                    tensor_copy(slice, &weights_map, kt * kTileK, slice_row, &full[s]);
+                    tensor_copy(stage + token_offset, &in_map, kt * kTileK, token, &full[s]);
+                if constexpr (kClusterTokens > 1)
+                    tensor_copy_to_blocks(stage + row_offset, &weights_map, kt * kTileK, weight_row,
+                                          &full[s], row_blocks);
+                else
+                    tensor_copy(stage + row_offset, &weights_map, kt * kTileK, weight_row,
+                                &full[s]);
             }
         }
         __syncwarp();
-        if constexpr (kCluster > 1) cluster_sync();
+        if constexpr (kShared) cluster_sync();
         return;
     }
 
@@ -259,9 +284,9 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
         asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // tile kt - 1 done
         if (kt > 0 && signals) {
             uint64_t* released = &empty[(kt - 1) % kStages];
-            if constexpr (kCluster > 1) {
+            if constexpr (kShared) {
 #pragma unroll
-                for (int block = 0; block < kCluster; ++block)
+                for (int block = 0; block < Tiles::kClusterBlocks; ++block)
                     barrier_arrive_in_block(released, block);
             } else {
                 barrier_arrive(released);
@@ -270,7 +295,7 @@ __global__ void __cluster_dims__(kCluster, 1, 1) __launch_bounds__(kThreads, 1)
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     wgmma_experiment::fence_operands(acc);
-    if constexpr (kCluster > 1) cluster_sync();
+    if constexpr (kShared) cluster_sync();
 
     const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;
     const int g = lane / 4, t = lane % 4;
