@@ -10,7 +10,8 @@
 # The CUDA backend (kernels/*.cu) is built too when nvcc is found; variables:
 #   CUDA=0             build for the CPU only, even where nvcc exists
 #   NVCC=PATH          the nvcc to use (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc)
-#   CUDA_ARCHS="..."   GPU architectures compiled to machine code (default 75 80 86 89 90)
+#   CUDA_ARCHS="..."   GPU architectures compiled to machine code (default 75 80 86 89 90a;
+#                      90a: the H100/H200 code with the warpgroup GEMM)
 #   CUDA_PTX_ARCH=N    the architecture also embedded as PTX, which the driver compiles for
 #                      GPUs newer than CUDA_ARCHS (default 90)
 #   CUDA_LIBDIR=DIR    where libcudart_static.a is (default: next to nvcc)
@@ -68,7 +69,7 @@ override CUDA := 0
 endif
 
 CUDA          ?= 1
-CUDA_ARCHS    ?= 75 80 86 89 90
+CUDA_ARCHS    ?= 75 80 86 89 90a
 CUDA_PTX_ARCH ?= 90
 ifeq ($(CUDA),0)
 override NVCC :=

@@ -27,6 +27,9 @@
 //   dequantized to f16 in shared memory before the ldmatrix/mma steps; the section's comment
 //   below has the details. Small batches read 1.9x (Q8) or 3.6x (Q4) fewer weight bytes
 //   (scales included) than with f16 weights.
+// - On sm_90a, f16 and bf16 weights can run on the warpgroup instructions instead
+//   (gemm_warpgroup.cuh: TMA copies, wgmma, clusters sharing their operand tiles), where
+//   warpgroup_gemm_enabled says so.
 // - f32 weights, and bf16 weights on sm_75 (no bf16 mma there), run on a SIMT tiled GEMM
 //   (gemm_simt_kernel): shared-memory tiles of both operands, each thread a 4 x 4 block of
 //   outputs in registers.
@@ -45,6 +48,7 @@
 #include "tensor_core.cuh"
 #ifndef BARELLM_CUDA_EMULATION
 #include "cuda_check.h"
+#include "gemm_warpgroup.cuh"
 #endif
 
 namespace barellm::cuda {
@@ -806,11 +810,15 @@ inline double tile_waves(size_t blocks, int tile_outputs, int multiprocessors) {
 //   takes no longer by tile_waves (ties go to the wide tiles, which do more per byte): at
 //   512 tokens on an H100, Mistral-7B's qkv (6144 rows) and w1/w3 (14336 rows) but not its
 //   wo and w2 (4096 rows: 64 wide blocks for 132 SMs).
+// - With `warpgroup` (warpgroup_gemm_enabled: sm_90a), f16 and bf16 weights past the small
+//   batches take GemmTiles::kWarpgroup instead of the last two rules.
 // The columns do not enter: they set the length of each block's K loop, not the grid.
 inline GemmTiles choose_gemm_tiles(DType dtype, int tokens, int rows, int compute_capability,
-                                   int multiprocessors, size_t shared_bytes_per_block) {
+                                   int multiprocessors, size_t shared_bytes_per_block,
+                                   bool warpgroup = false) {
     if (!has_tensor_core_product(dtype, compute_capability)) return GemmTiles::kSimt;
     if (tokens <= kSmallBatchMaxTokens) return GemmTiles::kSmallBatch;
+    if (warpgroup && (dtype == DType::F16 || dtype == DType::BF16)) return GemmTiles::kWarpgroup;
     const dim3 large = gemm_tensor_core_grid<LargeTiles>(tokens, rows);
     const size_t large_blocks = size_t(large.x) * large.y;
     if (gemm_tensor_core_shared_bytes<LargeTiles>(dtype) > shared_bytes_per_block ||
@@ -863,6 +871,39 @@ void launch_gemm_quantized(float* out, int out_pitch, const DeviceMatrix& w,
                        gemm_k_extent(in.cols, DType::F16), bias, accumulate);
 }
 
+// The warpgroup GEMM: WarpgroupWideTiles unless the narrow tiles' grid takes fewer waves of
+// one block per SM, counted as tile_waves does (Mistral-7B at 512 tokens: wide for qkv and
+// w1/w3, narrow for wo and w2).
+template <DType D>
+void launch_gemm_warpgroup(float* out, int out_pitch, const DeviceMatrix& w,
+                           const DeviceActivations& in, const float* bias, bool accumulate,
+                           int multiprocessors, cudaStream_t stream) {
+    const int k_extent = gemm_k_extent(w.cols, D);
+    auto launch = [&](auto tiles) {
+        using Tiles = decltype(tiles);
+        auto kernel = gemm_warpgroup_kernel<D, Tiles>;
+        static const bool opted_in = (allow_shared_bytes(kernel, Tiles::kSharedBytes), true);
+        (void)opted_in;
+        const CUtensorMap weights_map =
+            warpgroup_tensor_map(w.data, D, w.rows, k_extent, w.pitch, Tiles::kRowSlice);
+        const CUtensorMap in_map =
+            warpgroup_tensor_map(in.data, D, in.tokens, k_extent, in.pitch, Tiles::kTokenSlice);
+        kernel<<<gemm_warpgroup_grid<Tiles>(in.tokens, w.rows), kWarpgroupGemmThreads,
+                 Tiles::kSharedBytes, stream>>>(out, out_pitch, w.rows, in.tokens, k_extent, bias,
+                                                accumulate, weights_map, in_map);
+    };
+    const auto waves = [&](auto tiles) {
+        using Tiles = decltype(tiles);
+        const dim3 grid = gemm_warpgroup_grid<Tiles>(in.tokens, w.rows);
+        return tile_waves(size_t(grid.x) * grid.y, kWarpgroupTileTokens * Tiles::kRows,
+                          multiprocessors);
+    };
+    if (waves(WarpgroupWideTiles{}) <= waves(WarpgroupNarrowTiles{}))
+        launch(WarpgroupWideTiles{});
+    else
+        launch(WarpgroupNarrowTiles{});
+}
+
 template <DType D>
 void launch_gemm_simt(float* out, int out_pitch, const DeviceMatrix& w, const DeviceActivations& in,
                       const float* bias, bool accumulate, cudaStream_t stream) {
@@ -898,10 +939,21 @@ void check_gemm_operands(float* out, int out_pitch, const DeviceMatrix& w,
 
 }  // namespace
 
+bool warpgroup_gemm_enabled() {
+    constexpr int kHopper = 90;  // the sm_90a image: H100, H200
+    static const bool enabled = [] {
+        const char* setting = std::getenv("BARELLM_CUDA_WGMMA");
+        return setting != nullptr && std::strcmp(setting, "1") == 0 &&
+               current_device().compute_capability == kHopper &&
+               WarpgroupWideTiles::kSharedBytes <= current_device().shared_bytes_per_block;
+    }();
+    return enabled;
+}
+
 GemmTiles gemm_tiles(DType dtype, int tokens, int rows) {
     const DeviceFigures& device = current_device();
     return choose_gemm_tiles(dtype, tokens, rows, device.compute_capability, device.multiprocessors,
-                             device.shared_bytes_per_block);
+                             device.shared_bytes_per_block, warpgroup_gemm_enabled());
 }
 
 void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMatrix& w,
@@ -917,6 +969,8 @@ void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMat
         throw Error("gemm: the large tiles need more shared memory than this GPU has");
     if (tiles == GemmTiles::kWide && WideTiles::kSharedBytes > device.shared_bytes_per_block)
         throw Error("gemm: the wide tiles need more shared memory than this GPU has");
+    if (tiles == GemmTiles::kWarpgroup && !warpgroup_gemm_enabled())
+        throw Error("gemm: the warpgroup GEMM runs on sm_90a with BARELLM_CUDA_WGMMA=1");
     if (w.dtype == DType::I8 || w.dtype == DType::U8) {
         with_quantized_dtype(w.dtype, [&](auto dtype) {
             constexpr DType W = decltype(dtype)::value;
@@ -933,7 +987,8 @@ void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMat
                     return launch_gemm_quantized<W, LargeTiles>(out, out_pitch, w, in, bias,
                                                                 accumulate, stream);
                 case GemmTiles::kWide:
-                    throw Error("gemm: the wide tiles take f16 and bf16 weights");
+                case GemmTiles::kWarpgroup:
+                    throw Error("gemm: the wide and warpgroup tiles take f16 and bf16 weights");
             }
         });
         CUDA_CHECK_LAUNCH("gemm kernel");
@@ -963,6 +1018,9 @@ void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMat
                 case GemmTiles::kWide:
                     return launch_gemm_tensor_core<D, WideTiles>(out, out_pitch, w, in, bias,
                                                                  accumulate, stream);
+                case GemmTiles::kWarpgroup:
+                    return launch_gemm_warpgroup<D>(out, out_pitch, w, in, bias, accumulate,
+                                                    device.multiprocessors, stream);
                 case GemmTiles::kSimt:
                     return;  // launched above
             }

@@ -188,9 +188,13 @@ void gemm(float* out, int out_pitch, const DeviceMatrix& w, const DeviceActivati
           const float* bias, bool accumulate, cudaStream_t stream);
 
 // The block tiles gemm chooses among (kernels/gemm.cuh: choose_gemm_tiles is the rule):
-// the SIMT GEMM (f32 weights; bf16 below sm_80), and four tensor-core tile shapes (kWide: f16
-// and bf16 weights only).
-enum class GemmTiles { kSimt, kSmallBatch, kMedium, kLarge, kWide };
+// the SIMT GEMM (f32 weights; bf16 below sm_80), four tensor-core tile shapes (kWide: f16
+// and bf16 weights only), and the warpgroup GEMM of sm_90a (f16 and bf16;
+// kernels/gemm_warpgroup.cuh), where warpgroup_gemm_enabled.
+enum class GemmTiles { kSimt, kSmallBatch, kMedium, kLarge, kWide, kWarpgroup };
+// Whether gemm may run the warpgroup GEMM: on sm_90a GPUs (H100, H200), when
+// BARELLM_CUDA_WGMMA=1 is set (opt-in until it has been measured against the other tiles).
+bool warpgroup_gemm_enabled();
 // The tiles gemm picks for these sizes on the current GPU.
 GemmTiles gemm_tiles(DType dtype, int tokens, int rows);
 // gemm with the given tiles, whatever the sizes (tests and benchmarks reach every path

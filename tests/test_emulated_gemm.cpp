@@ -36,6 +36,8 @@ const char* tiles_name(GemmTiles tiles) {
             return "large";
         case GemmTiles::kWide:
             return "wide";
+        case GemmTiles::kWarpgroup:
+            return "warpgroup";
     }
     return "?";
 }
@@ -71,6 +73,9 @@ void launch_emulated_gemm(GemmTiles tiles, float* out, int out_pitch, PaddedRows
             return;
         case GemmTiles::kWide:
             if constexpr (D != DType::F32) tensor_core(WideTiles{});
+            return;
+        case GemmTiles::kWarpgroup:  // wgmma and the TMA are not emulated
+            FAIL("the warpgroup GEMM runs on an sm_90a GPU only");
             return;
     }
 }
@@ -132,4 +137,14 @@ TEST_CASE("gemm's tile rule picks the tiles the H100 measurements favour",
     CHECK(choose_gemm_tiles(DType::BF16, 512, 4096, 75, 40, 64 * 1024) == GemmTiles::kSimt);
     // An sm_86/89 GPU (99 KiB a block): neither the large nor the wide tiles fit.
     CHECK(choose_gemm_tiles(DType::F16, 512, 14336, 89, 128, 99 * 1024) == GemmTiles::kMedium);
+    // With the warpgroup GEMM enabled: f16 and bf16 past the small batches take it; Q8, Q4
+    // and f32 weights and small batches keep their tiles.
+    const auto warpgroup = [&](DType dtype, int tokens, int rows) {
+        return choose_gemm_tiles(dtype, tokens, rows, kSm90, kH100Sms, kH100Shared, true);
+    };
+    CHECK(warpgroup(DType::F16, 512, 4096) == GemmTiles::kWarpgroup);
+    CHECK(warpgroup(DType::BF16, 65, 14336) == GemmTiles::kWarpgroup);
+    CHECK(warpgroup(DType::F16, 64, 14336) == GemmTiles::kSmallBatch);
+    CHECK(warpgroup(DType::U8, 512, 14336) == GemmTiles::kLarge);
+    CHECK(warpgroup(DType::F32, 512, 4096) == GemmTiles::kSimt);
 }

@@ -101,7 +101,8 @@ void launch_emulated_gemm(GemmTiles tiles, float* out, int out_pitch, QuantizedR
         case GemmTiles::kLarge:
             return launch(LargeTiles{});
         case GemmTiles::kWide:
-            FAIL("the wide tiles take f16 and bf16 weights");
+        case GemmTiles::kWarpgroup:
+            FAIL("the wide and warpgroup tiles take f16 and bf16 weights");
             return;
     }
 }

@@ -30,11 +30,12 @@
 #   kernels       build/cuda_kernel_check --bench: every kernel against the CPU kernels,
 #                 then the hot kernels' time and bandwidth, and the GEMMs' TFLOPS and share
 #                 of the tensor-core peak, at Mistral-7B's shapes (cut at 120 s)
-#   gemm-tiles    dev/gpu/gemm_tiles.cu: the f16 GEMM kernel with each tile shape, and the
-#                 wgmma experiments, at Mistral-7B's matrices (Hopper only; about 40 s)
+#   gemm-tiles    dev/gpu/gemm_tiles.cu: the f16 GEMM kernels with each tile shape (the
+#                 warpgroup GEMM's among them), at Mistral-7B's matrices (Hopper only; about
+#                 40 s)
 #   gemm-ncu      after gemm-tiles: Nsight Compute's report (stall reasons, throughputs) on
-#                 the large tiles and the TMA wgmma experiment's 128 x 256 tiles (clusters
-#                 of 2 x 2) at wo's shape
+#                 the large tiles and the warpgroup GEMM's 128 x 256 tiles (clusters of
+#                 2 x 2) at wo's shape
 #                 (about 90 s)
 #   matvec-ncu    Nsight Compute's report on the Q4 matvec (one row per warp, Mistral-7B's
 #                 w2 with the residual) and the Q4 SwiGLU matvec, their first launches in
@@ -66,6 +67,11 @@
 #                 tg128 on the Mistral-7B f16, q4 and q8 files alternated, 2 rounds (about 3
 #                 minutes after the files; `BARELLM_CUDA_PDL=1 bash dev/gpu/check.sh tests`
 #                 runs every test with it)
+#   wgmma         the warpgroup GEMM of sm_90a (BARELLM_CUDA_WGMMA=1 turns it on):
+#                 cuda_kernel_check with it (every GEMM case on its tiles too), the prefill,
+#                 ppl, Qwen and greedy-text tests of tests/test_cuda.py with it, then pp512
+#                 on the Mistral-7B f16 file with and without, alternated, 2 rounds (about 3
+#                 minutes after the file)
 #   ab            decode speed of other trees beside this one, alternated in one run: each
 #                 gpu_data/ab/NAME.tgz (made here by `git archive -o gpu_data/ab/NAME.tgz
 #                 REV`) is built and must give this tree's greedy text first
@@ -84,7 +90,7 @@
 #
 # Logs go to $WORK/logs; when OUT is set, they are also archived in $OUT/gpu_logs.tgz, and
 # the summary, the kernel timings and the comparison tables copied beside it as *.md (the
-# device tool brings back at most 8 files). Environment: CUDA_ARCHS (default 90), WORK
+# device tool brings back at most 8 files). Environment: CUDA_ARCHS (default 90a), WORK
 # (default /tmp/barellm-gpu), DEADLINE (default 540).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
@@ -130,14 +136,15 @@ STEPS=${*:-kernels tests compare}
 for name in $STEPS; do
     case $name in
         kernels | gemm-tiles | gemm-ncu | matvec-ncu | tests | compare | quantized | bf16 | \
-            transformers | logits-7b | decode | ladder | pdl | ab | qwen3-8b | llama3-prefill) ;;
+            transformers | logits-7b | decode | ladder | pdl | wgmma | ab | qwen3-8b | \
+            llama3-prefill) ;;
         *) echo "check.sh: unknown step '$name' (see the header of $0)" >&2; exit 2 ;;
     esac
 done
 ROOT=$PWD
 WORK=${WORK:-/tmp/barellm-gpu}
 LOG=$WORK/logs
-CUDA_ARCHS=${CUDA_ARCHS:-90}
+CUDA_ARCHS=${CUDA_ARCHS:-90a}
 DEADLINE=${DEADLINE:-540}
 rm -rf "$LOG" && mkdir -p "$LOG"
 SUMMARY=$LOG/summary.md
@@ -291,7 +298,8 @@ declare -A GIB=(["$MISTRAL"]=$MISTRAL_GIB ["$MISTRAL_GGUF"]=$MISTRAL_GIB ["$MIST
 MISTRAL_PLAN=()
 # True when a step wanted reads the Mistral-7B f16 file.
 wants_mistral_f16() {
-    wants compare || wants logits-7b || wants decode || wants ladder || wants pdl || wants ab
+    wants compare || wants logits-7b || wants decode || wants ladder || wants pdl ||
+        wants wgmma || wants ab
 }
 plan_mistral() {
     local -a wanted=()
@@ -433,11 +441,10 @@ if wants gemm-tiles && fits 60 "gemm-tiles"; then
         grep "^|" "$LOG/gemm_tiles.log" >"$LOG/gemm_tiles.md"
         note "gemm_tiles: $(head -1 "$LOG/gemm_tiles.log") (exit $status)"
         # The large tiles' kernel (mangled: TensorCoreTiles<128, 128, 2, 2, 2, 32, 4, 1>) and
-        # the TMA wgmma experiment's 128 x 256 tiles in clusters of 2 x 2
-        # (gemm_wgmma_tma_kernel<256, 4, 2, 2>), their first launches at wo's shape; ncu
-        # leaves the clocks as they are.
+        # the warpgroup GEMM's 128 x 256 tiles in clusters of 2 x 2 (WarpgroupTiles<256, 4, 2,
+        # 2>), their first launches at wo's shape; ncu leaves the clocks as they are.
         for kernel in TensorCoreTilesILi128ELi128ELi2ELi2ELi2ELi32ELi4ELi1E \
-            gemm_wgmma_tma_kernelILi256ELi4ELi2ELi2E; do
+            WarpgroupTilesILi256ELi4ELi2ELi2E; do
             if wants gemm-ncu && command -v ncu >/dev/null && fits 60 "ncu $kernel"; then
                 timeout "$(capped 60)" ncu --clock-control none --kernel-name-base mangled \
                     -k regex:"$kernel" --launch-count 1 --section SpeedOfLight \
@@ -679,6 +686,33 @@ if wants pdl; then
             BARELLM_CUDA_PDL=0 bench "$label-nopdl-$round" build/barellm "$file" 30 -p 0 -n 128 -r 3
             BARELLM_CUDA_PDL=1 bench "$label-pdl-$round" build/barellm "$file" 30 -p 0 -n 128 -r 3
         done
+    done
+fi
+
+if wants wgmma; then
+    step "prefill with and without the warpgroup GEMM"
+    if fits 60 "cuda_kernel_check with the warpgroup GEMM"; then
+        BARELLM_CUDA_WGMMA=1 timeout "$(capped 60)" build/cuda_kernel_check \
+            >"$LOG/wgmma_kernels.log" 2>&1
+        note "wgmma: cuda_kernel_check: exit $?, $(tail -1 "$LOG/wgmma_kernels.log")"
+        grep -v "^PASS" "$LOG/wgmma_kernels.log" | grep -v "^|" | head -20
+    fi
+    if fits 90 "the prefill tests with the warpgroup GEMM"; then
+        xdist=()
+        python3 -c "import xdist" 2>/dev/null && xdist=(-n 8)
+        BARELLM_CUDA_WGMMA=1 OMP_NUM_THREADS=2 timeout "$(capped 90)" python3 -m pytest -q -rs \
+            "${xdist[@]}" tests/test_cuda.py -k "prefill_cuda or ppl or qwen_cuda or greedy" \
+            >"$LOG/wgmma_tests.log" 2>&1
+        note "wgmma: test_cuda.py prefill/ppl/qwen/greedy: $(tail -1 "$LOG/wgmma_tests.log")"
+        grep -h "^FAILED" "$LOG/wgmma_tests.log" | head -10
+    fi
+    models_done 110
+    for round in 1 2; do
+        [ -f "$MISTRAL" ] || break
+        BARELLM_CUDA_WGMMA=0 bench "mistral-f16-mma-$round" build/barellm "$MISTRAL" 30 \
+            -p 512 -n 0 -r 3
+        BARELLM_CUDA_WGMMA=1 bench "mistral-f16-wgmma-$round" build/barellm "$MISTRAL" 30 \
+            -p 512 -n 0 -r 3
     done
 fi
 

@@ -1,9 +1,9 @@
 // The prefill GEMM's tensor-core kernel (kernels/gemm.cuh, gemm_tensor_core_kernel) with the
-// tile shapes gemm chooses among for 512 tokens, and the wgmma experiments (gemm_wgmma.cuh:
-// cp.async copies by every thread; gemm_wgmma_tma.cuh: TMA copies by a producer warpgroup),
-// at Mistral 7B's matrices: each one's time, TFLOPS and share of the dense f16 peak at the
-// GPU's reported clock, and its largest difference from the medium tiles' result (checked
-// against the CPU by cuda_kernel_check), relative to the largest output. Other shapes go
+// tile shapes gemm chooses among for 512 tokens, the warpgroup GEMM (kernels/gemm_warpgroup.cuh)
+// with several tile, stage and cluster shapes, and the cp.async wgmma experiment
+// (gemm_wgmma.cuh), at Mistral 7B's matrices: each one's time, TFLOPS and share of the dense f16
+// peak at the GPU's reported clock, and its largest difference from the medium tiles' result
+// (checked against the CPU by cuda_kernel_check), relative to the largest output. Other shapes go
 // into the list to be timed; those that win go into gemm.cuh's tiles and rule.
 //
 // Build and run on an H100 or H200, from the repository root (about a minute to build;
@@ -21,7 +21,6 @@
 
 #include "gemm.cuh"
 #include "gemm_wgmma.cuh"
-#include "gemm_wgmma_tma.cuh"
 
 // A named namespace: nvcc's generated launch stub cannot name a kernel in an anonymous one
 // beside gemm.cuh's.
@@ -48,7 +47,7 @@ struct Shape {
     int rows, cols;
 };
 
-constexpr int kSliceRows = 32;  // the TMA experiment's smallest slice of rows
+constexpr int kSliceRows = 32;  // the warpgroup GEMM's smallest slice of rows
 constexpr int kSliceSizes = 4;  // 32, 64, 128, 256 rows
 
 // i with kSliceRows << i == rows.
@@ -63,7 +62,7 @@ struct Operands {
     __half* in;
     float* out;
     int tokens, rows, cols;
-    // The TMA experiment's views of the operands, in boxes of kSliceRows << i rows
+    // The warpgroup GEMM's views of the operands, in boxes of kSliceRows << i rows
     // (in_maps[i], weights_maps[i]): the slices of 32 to 256 rows a block copies.
     CUtensorMap in_maps[kSliceSizes], weights_maps[kSliceSizes];
 };
@@ -114,33 +113,23 @@ Variant wgmma_variant(const char* name, size_t shared_limit) {
     return {name, launch_wgmma<kRows, kStages, kSwizzled>, kBytes};
 }
 
-template <int kRows, int kStages, int kClusterTokens, int kClusterRows>
-void launch_wgmma_tma(const Operands& o) {
-    using Tiles = wgmma_tma_experiment::TmaTiles<kRows, kStages, kClusterTokens, kClusterRows>;
-    auto kernel =
-        wgmma_tma_experiment::gemm_wgmma_tma_kernel<kRows, kStages, kClusterTokens, kClusterRows>;
-    const int token_tiles = (o.tokens + wgmma_experiment::kTokens - 1) / wgmma_experiment::kTokens;
-    const int row_tiles = (o.rows + kRows - 1) / kRows;
-    const dim3 grid((token_tiles + kClusterTokens - 1) / kClusterTokens * kClusterTokens,
-                    (row_tiles + kClusterRows - 1) / kClusterRows * kClusterRows);
+template <typename Tiles>
+void launch_warpgroup(const Operands& o) {
+    auto kernel = gemm_warpgroup_kernel<DType::F16, Tiles>;
     static_assert(Tiles::kRowSlice >= kSliceRows && Tiles::kTokenSlice >= kSliceRows,
                   "the maps' slices start at kSliceRows");
-    kernel<<<grid, wgmma_tma_experiment::kThreads, Tiles::kSharedBytes>>>(
-        o.out, o.rows, o.rows, o.tokens, o.cols, o.weights_maps[slice_map(Tiles::kRowSlice)],
-        o.in_maps[slice_map(Tiles::kTokenSlice)]);
-    CUDA_CHECK_LAUNCH("gemm_wgmma_tma_kernel");
+    kernel<<<gemm_warpgroup_grid<Tiles>(o.tokens, o.rows), kWarpgroupGemmThreads,
+             Tiles::kSharedBytes>>>(o.out, o.rows, o.rows, o.tokens, o.cols, nullptr, false,
+                                    o.weights_maps[slice_map(Tiles::kRowSlice)],
+                                    o.in_maps[slice_map(Tiles::kTokenSlice)]);
+    CUDA_CHECK_LAUNCH("gemm_warpgroup_kernel");
 }
 
-template <int kRows, int kStages, int kClusterTokens, int kClusterRows>
-Variant wgmma_tma_variant(const char* name, size_t shared_limit) {
-    using Tiles = wgmma_tma_experiment::TmaTiles<kRows, kStages, kClusterTokens, kClusterRows>;
+template <typename Tiles>
+Variant warpgroup_variant(const char* name, size_t shared_limit) {
     if (Tiles::kSharedBytes <= shared_limit)
-        allow_shared_bytes(
-            wgmma_tma_experiment::gemm_wgmma_tma_kernel<kRows, kStages, kClusterTokens,
-                                                        kClusterRows>,
-            Tiles::kSharedBytes);
-    return {name, launch_wgmma_tma<kRows, kStages, kClusterTokens, kClusterRows>,
-            Tiles::kSharedBytes};
+        allow_shared_bytes(gemm_warpgroup_kernel<DType::F16, Tiles>, Tiles::kSharedBytes);
+    return {name, launch_warpgroup<Tiles>, Tiles::kSharedBytes};
 }
 
 double median_ms(const Operands& o, Launch run) {
@@ -198,21 +187,22 @@ int main(int argc, char** argv) {
             wgmma_variant<256, 4, false>("wgmma 128x256/4", limit),
             wgmma_variant<128, 5, true>("wgmma 128x128/5, 128-byte swizzle", limit),
             wgmma_variant<256, 4, true>("wgmma 128x256/4, 128-byte swizzle", limit),
-            // TMA: tile / stages / cluster of token tiles x row tiles.
-            wgmma_tma_variant<128, 6, 1, 1>("wgmma+TMA 128x128/6/1x1", limit),
-            wgmma_tma_variant<256, 4, 1, 1>("wgmma+TMA 128x256/4/1x1", limit),
-            wgmma_tma_variant<256, 4, 2, 1>("wgmma+TMA 128x256/4/2x1", limit),
-            wgmma_tma_variant<256, 4, 4, 1>("wgmma+TMA 128x256/4/4x1", limit),
-            wgmma_tma_variant<256, 4, 2, 2>("wgmma+TMA 128x256/4/2x2", limit),
-            wgmma_tma_variant<128, 6, 2, 2>("wgmma+TMA 128x128/6/2x2", limit),
-            wgmma_tma_variant<128, 6, 4, 2>("wgmma+TMA 128x128/6/4x2", limit),
+            // The warpgroup GEMM: tile / stages / cluster of token tiles x row tiles
+            // (WarpgroupWideTiles: 128x256/4/2x2, WarpgroupNarrowTiles: 128x128/6/2x2).
+            warpgroup_variant<WarpgroupTiles<128, 6, 1, 1>>("warpgroup 128x128/6/1x1", limit),
+            warpgroup_variant<WarpgroupTiles<256, 4, 1, 1>>("warpgroup 128x256/4/1x1", limit),
+            warpgroup_variant<WarpgroupTiles<256, 4, 2, 1>>("warpgroup 128x256/4/2x1", limit),
+            warpgroup_variant<WarpgroupTiles<256, 4, 4, 1>>("warpgroup 128x256/4/4x1", limit),
+            warpgroup_variant<WarpgroupWideTiles>("warpgroup 128x256/4/2x2", limit),
+            warpgroup_variant<WarpgroupNarrowTiles>("warpgroup 128x128/6/2x2", limit),
+            warpgroup_variant<WarpgroupTiles<128, 6, 4, 2>>("warpgroup 128x128/6/4x2", limit),
         };
         const Shape shapes[] = {
             {"qkv", 6144, 4096}, {"wo", 4096, 4096}, {"w1", 14336, 4096}, {"w2", 4096, 14336}};
         constexpr int kTokens = 512;
 
         // Every shape's operands first, and the medium tiles' result as the reference; then
-        // each variant over the shapes (the wgmma experiments last: a fault there leaves the
+        // each variant over the shapes (the wgmma kernels last: a fault there leaves the
         // others' rows printed).
         std::vector<Operands> operands;
         std::vector<std::vector<float>> references;
@@ -225,12 +215,11 @@ int main(int argc, char** argv) {
             CUDA_CHECK(cudaMalloc(&o.weights, w_count * sizeof(__half)));
             CUDA_CHECK(cudaMalloc(&o.in, in_count * sizeof(__half)));
             CUDA_CHECK(cudaMalloc(&o.out, size_t(kTokens) * shape.rows * sizeof(float)));
-            using wgmma_tma_experiment::make_tensor_map;
             for (int i = 0; i < kSliceSizes; ++i) {
-                o.in_maps[i] =
-                    make_tensor_map(o.in, kTokens, shape.cols, shape.cols, kSliceRows << i);
-                o.weights_maps[i] =
-                    make_tensor_map(o.weights, shape.rows, shape.cols, shape.cols, kSliceRows << i);
+                o.in_maps[i] = warpgroup_tensor_map(o.in, DType::F16, kTokens, shape.cols,
+                                                    shape.cols, kSliceRows << i);
+                o.weights_maps[i] = warpgroup_tensor_map(o.weights, DType::F16, shape.rows,
+                                                         shape.cols, shape.cols, kSliceRows << i);
             }
             fill_random_f16<<<1024, 256>>>(o.weights, w_count, 1);
             fill_random_f16<<<1024, 256>>>(o.in, in_count, 2);

@@ -1,7 +1,7 @@
-// An experiment beside the production GEMM (kernels/gemm.cuh): the same product on sm_90a's
-// warpgroup tensor-core instruction, wgmma.mma_async, whose operands the tensor cores read
-// straight from shared memory (no ldmatrix, no fragments in registers) while the warps
-// issue the next copies. dev/gpu/gemm_tiles.cu times it beside the mma.sync tiles.
+// An experiment beside the production GEMMs (kernels/gemm.cuh, kernels/gemm_warpgroup.cuh):
+// the product on sm_90a's warpgroup tensor-core instruction, wgmma.mma_async (the wrappers
+// of kernels/wgmma.cuh), fed by cp.async copies from every thread instead of the TMA and a
+// producer warpgroup. dev/gpu/gemm_tiles.cu times it beside the other kernels.
 //
 // out[t, r] = sum_c in[t, c] * W[r, c] for f16 `in` [tokens, in_pitch] and W [rows, w_pitch]
 // (columns k_extent.. zero or absent), f32 accumulation; no bias, no residual.
@@ -26,19 +26,17 @@
 //     row (the tensor cores undo the XOR from the address bits, so the stages start on 1024
 //     bytes); groups of 8 rows 1024 bytes apart (SBO); a K step of 16 columns moves the
 //     start 32 bytes. Thread i copies chunk i % 8 of row i / 8: 8 threads fill one row.
-// - Accumulators (PTX ISA, wgmma m64nNk16 D fragments): warp w of the warpgroup holds rows
-//   16 w .. 16 w + 15 of the 64, lane 4 g + t the elements (g, 8 j + 2 t), (g, 8 j + 2 t + 1),
-//   (g + 8, 8 j + 2 t), (g + 8, 8 j + 2 t + 1) in d[4 j .. 4 j + 3].
+// - Accumulators: the wgmma D fragments (kernels/wgmma.cuh).
 #pragma once
 #include <cstdint>
 
-#include "tensor_core.cuh"  // shared_address, copy_async_*
+#include "tensor_core.cuh"  // copy_async_*
+#include "wgmma.cuh"        // matrix_descriptor, mma_64x{128,256}x16, warpgroup_*
 
 namespace barellm::cuda::wgmma_experiment {
 
 constexpr int kTokens = 128;  // tokens per block (two warpgroups of 64)
 constexpr int kThreads = 256;
-constexpr int kWarpgroupThreads = 128;
 constexpr int kTileK = 64;                                  // columns per stage
 constexpr int kChunkElements = 8;                           // f16 elements per 16-byte copy
 constexpr int kChunkBytes = 16;                             // one cp.async
@@ -65,96 +63,6 @@ struct WgmmaTiles {
     static_assert(kStages >= 3, "two tiles are read while a third is copied");
     static_assert(kStageBytes % kSwizzleAtomBytes == 0, "every stage starts on a swizzle atom");
 };
-
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-
-// The shared-memory matrix descriptor of a K-major operand whose first row is at `start`
-// (PTX ISA, "Matrix Descriptor Format"): start address, leading (K) and stride (M/N) byte
-// offsets in units of 16 bytes, and the swizzle mode (bits 62-63: 0 none, 1 128-byte).
-template <bool kSwizzled>
-__device__ __forceinline__ uint64_t descriptor(const void* start) {
-    constexpr uint64_t kField = 0x3fff;  // 14 bits
-    constexpr uint64_t kSwizzle128 = 1;
-    constexpr int kSwizzleShift = 62;
-    // With the 128-byte swizzle the K offset of a 16-column step lies inside one swizzled
-    // row: LBO is not used (1 by convention).
-    constexpr uint64_t kLeading = kSwizzled ? 1 : kCoreBytes >> 4;
-    return (uint64_t(shared_address(start) >> 4) & kField) | (kLeading & kField) << 16 |
-           (uint64_t(kRowGroupBytes >> 4) & kField) << 32 |
-           (kSwizzled ? kSwizzle128 << kSwizzleShift : 0);
-}
-
-__device__ __forceinline__ void mma_64x128x16(float (&d)[64], uint64_t a, uint64_t b) {
-    asm volatile(
-        "{\n"
-        ".reg .pred accumulate;\n"
-        "setp.ne.b32 accumulate, %66, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
-        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, "
-        "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, "
-        "%55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, accumulate, 1, 1, 0, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-          "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-          "+f"(d[63])
-        : "l"(a), "l"(b), "r"(1));
-}
-
-// d (64 x 256 f32, the fragments above) += A (64 x 16, descriptor a) * B (16 x 256, given
-// as 256 rows of 16 columns, descriptor b), f16 operands; asynchronous (wgmma_commit,
-// wgmma_wait).
-__device__ __forceinline__ void mma_64x256x16(float (&d)[128], uint64_t a, uint64_t b) {
-    asm volatile(
-        "{\n"
-        ".reg .pred accumulate;\n"
-        "setp.ne.b32 accumulate, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "
-        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, "
-        "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, "
-        "%55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, "
-        "%73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, "
-        "%91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, "
-        "%107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, "
-        "%122, %123, %124, %125, %126, %127}, %128, %129, accumulate, 1, 1, 0, 0;\n"
-        "}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-          "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-          "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-          "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-          "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-          "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
-          "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
-          "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
-          "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
-          "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
-          "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
-          "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
-          "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
-          "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-        : "l"(a), "l"(b), "r"(1));
-}
-
-template <int kCount>
-__device__ __forceinline__ void fence_operands(float (&d)[kCount]) {
-#pragma unroll
-    for (int i = 0; i < kCount; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-#endif
 
 // out[t, r] = in[t, :] . W[r, :] for the block's tile (see the header).
 // Launch: grid (ceil(tokens / 128), ceil(rows / kRows)), block 256, dynamic shared memory
@@ -225,23 +133,25 @@ __global__ void __launch_bounds__(kThreads, 1)
         const uint8_t* tokens_tile =
             stage + warpgroup * (kWarpgroupTokens / kCoreRows) * kRowGroupBytes;
         const uint8_t* rows_tile = stage + kTokens / kCoreRows * kRowGroupBytes;
-        asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+        warpgroup_fence();
 #pragma unroll
         for (int step = 0; step < kTileK / kMmaK; ++step) {
             // 16 columns on: two core matrices on, or 32 bytes into the swizzled rows.
             const int offset = step * (kSwizzled ? kMmaK * int(sizeof(uint16_t)) : kStepBytes);
-            const uint64_t a = descriptor<kSwizzled>(tokens_tile + offset);
-            const uint64_t b = descriptor<kSwizzled>(rows_tile + offset);
+            const uint64_t a =
+                matrix_descriptor<kSwizzled>(tokens_tile + offset, kCoreBytes, kRowGroupBytes);
+            const uint64_t b =
+                matrix_descriptor<kSwizzled>(rows_tile + offset, kCoreBytes, kRowGroupBytes);
             if constexpr (kRows == 128)
-                mma_64x128x16(acc, a, b);
+                mma_64x128x16<DType::F16>(acc, a, b);
             else
-                mma_64x256x16(acc, a, b);
+                mma_64x256x16<DType::F16>(acc, a, b);
         }
-        asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-        asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");  // tile kt - 1 done
+        warpgroup_commit();
+        warpgroup_wait<1>();  // tile kt - 1 done
     }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    fence_operands(acc);
+    warpgroup_wait<0>();
+    fence_accumulators(acc);
     copy_async_wait<0>();
 
     const int warp = threadIdx.x / 32 % 4, lane = threadIdx.x % 32;

@@ -915,6 +915,8 @@ const char* tiles_label(cuda::GemmTiles tiles) {
             return "large";
         case cuda::GemmTiles::kWide:
             return "wide";
+        case cuda::GemmTiles::kWarpgroup:
+            return "warpgroup";
     }
     return "?";
 }
@@ -923,7 +925,8 @@ const char* tiles_label(cuda::GemmTiles tiles) {
 // (bf16's path below sm_80), the tensor-core tiles where the GPU multiplies dtype on tensor
 // cores (the large ones where they fit its shared memory: gemm picks them, or the wide ones,
 // for a huge size; the wide ones, which need less, for f16 and bf16 weights where the large
-// ones fit). f16, Q8 and Q4 weights run on tensor cores only.
+// ones fit), and for f16 and bf16 the warpgroup GEMM where it is enabled (sm_90a,
+// BARELLM_CUDA_WGMMA=1). f16, Q8 and Q4 weights run on tensor cores only.
 std::vector<cuda::GemmTiles> runnable_tiles(DType dtype) {
     std::vector<cuda::GemmTiles> tiles;
     if (dtype == DType::F32 || dtype == DType::BF16) tiles.push_back(cuda::GemmTiles::kSimt);
@@ -932,10 +935,12 @@ std::vector<cuda::GemmTiles> runnable_tiles(DType dtype) {
     tiles.push_back(cuda::GemmTiles::kMedium);
     constexpr int kHuge = 1 << 20;
     const cuda::GemmTiles huge = cuda::gemm_tiles(dtype, kHuge, kHuge);
-    const bool large_fits = huge == cuda::GemmTiles::kLarge || huge == cuda::GemmTiles::kWide;
+    const bool large_fits = huge == cuda::GemmTiles::kLarge || huge == cuda::GemmTiles::kWide ||
+                            huge == cuda::GemmTiles::kWarpgroup;
     if (large_fits) tiles.push_back(cuda::GemmTiles::kLarge);
-    if (large_fits && (dtype == DType::F16 || dtype == DType::BF16))
-        tiles.push_back(cuda::GemmTiles::kWide);
+    const bool f16_or_bf16 = dtype == DType::F16 || dtype == DType::BF16;
+    if (large_fits && f16_or_bf16) tiles.push_back(cuda::GemmTiles::kWide);
+    if (f16_or_bf16 && cuda::warpgroup_gemm_enabled()) tiles.push_back(cuda::GemmTiles::kWarpgroup);
     return tiles;
 }
 

@@ -1,0 +1,297 @@
+// The prefill GEMM on sm_90a (H100, H200) for f16 and bf16 weights, on the warpgroup
+// instructions of wgmma.cuh: out[t, r] (+)= sum_c in[t, c] * W[r, c] (+ bias[r]), the
+// operands as in gemm.cuh (rows of K contiguous elements). gemm.cuh's rule runs it as
+// GemmTiles::kWarpgroup where it is enabled (warpgroup_gemm_enabled).
+//
+// Why a second kernel beside the mma.sync one: on an H100 that kernel's large tiles are
+// bound by L2's bandwidth at about a quarter of the tensor-core peak (Nsight Compute: L2 at
+// 72% of its throughput), because every block reads both of its operand tiles from L2 and
+// brings them through registers. Here:
+// - Block: three warpgroups (384 threads). Warpgroups 0 and 1 multiply a tile of 128 tokens
+//   x kRows weight rows (128 or 256), warpgroup g tokens 64 g .. 64 g + 63 with all kRows
+//   rows, one m64n{kRows}k16 instruction per 16 columns, straight from shared memory.
+//   Warpgroup 2 produces: its first thread issues the copies; it gives up registers
+//   (setmaxnreg) so that the multiplying warpgroups can hold their kRows / 2 accumulators.
+// - Copies by the Tensor Memory Accelerator, one instruction per operand slice and stage,
+//   into kStages buffers of 64 columns (the 128 token rows, then the kRows weight rows, each
+//   row 128 bytes in the 128-byte swizzle that the TMA writes and wgmma's descriptors read).
+//   Columns and rows past the matrices arrive as zeros.
+// - Clusters of kClusterTokens x kClusterRows neighbouring blocks (grid x: token tiles, y:
+//   weight-row tiles) share their operands: the blocks of a cluster row (the same weight
+//   rows) each copy 1/kClusterTokens of the weight tile into all of that row's blocks, the
+//   blocks of a cluster column (the same tokens) 1/kClusterRows of the token tile into all
+//   of that column's blocks (TMA multicast). Each tile then leaves L2 once per cluster row or
+//   column instead of once per block.
+// - Hand-over, per stage s: `full[s]` completes when the block's producer has armed it with
+//   the stage's byte count and all of the stage's slices have landed; `empty[s]` completes
+//   when every multiplying warp of every block of the cluster has finished the products that
+//   read the stage (a block's copies land in the blocks of its cluster row and column). A
+//   stage's n-th use waits for phase parity n % 2 of `full` (consumers) and, from its second
+//   use on, for the previous phase of `empty` (producer).
+// - Consumers: at K tile kt they wait for full[kt % kStages], issue the tile's four
+//   instructions as one group, wait until at most that group is in flight, and then release
+//   tile kt - 1's stage: the tensor cores always have a group queued.
+// - A cluster starts only when every block's barriers are initialised, and no block leaves
+//   while another may still arrive on its barriers (cluster barriers at both ends).
+// - Epilogue: each thread adds the bias and the residual to its accumulators and stores them
+//   (pairs of neighbouring rows of a token).
+//
+// The grid is rounded up to whole clusters: blocks past the tokens or rows multiply zeros
+// and store nothing. Not part of the CPU emulation of CUDA (gemm.cuh includes it for GPU
+// builds only): the emulation has no wgmma, TMA or clusters.
+#pragma once
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
+
+#include <cstdint>
+#include <string>
+
+#include "common.cuh"
+#include "cuda_check.h"
+#include "kernels.h"
+#include "wgmma.cuh"
+
+namespace barellm::cuda {
+
+constexpr int kWarpgroupTileTokens = 128;  // tokens per block: two multiplying warpgroups
+constexpr int kWarpgroupTokens = 64;       // m of wgmma: tokens per multiplying warpgroup
+constexpr int kWarpgroupTileK = 64;        // columns per stage: one 128-byte row of f16/bf16
+constexpr int kWarpgroupMmaK = 16;         // k of wgmma
+constexpr int kWarpgroupConsumers = kWarpgroupTileTokens / kWarpgroupTokens;
+constexpr int kWarpgroupGemmThreads = (kWarpgroupConsumers + 1) * kWarpgroupThreads;  // + producer
+constexpr int kWarpgroupConsumerWarps = kWarpgroupConsumers * kWarpgroupThreads / kWarpSize;
+constexpr int kProducerRegisters = 40;   // setmaxnreg: the producer only issues copies
+constexpr int kConsumerRegisters = 232;  // 128 accumulators (kRows 256) and the loop's own
+constexpr int kRegisterFile = 65536;     // 32-bit registers of an SM
+static_assert(kWarpgroupThreads * (kProducerRegisters + kWarpgroupConsumers * kConsumerRegisters) <=
+                  kRegisterFile,
+              "the register file holds the three warpgroups after setmaxnreg");
+constexpr unsigned kTensorMapDriverVersion = 12000;  // cuTensorMapEncodeTiled's ABI version
+constexpr int kTileRowBytes = 128;  // a swizzled row: kWarpgroupTileK 16-bit elements
+constexpr int kTileAtomBytes = 8 * kTileRowBytes;  // the swizzle's period: tiles start on it
+
+template <int kRows_, int kStages_, int kClusterTokens_, int kClusterRows_>
+struct WarpgroupTiles {
+    static constexpr int kRows = kRows_;
+    static constexpr int kStages = kStages_;
+    static constexpr int kClusterTokens = kClusterTokens_;
+    static constexpr int kClusterRows = kClusterRows_;
+    static constexpr int kClusterBlocks = kClusterTokens * kClusterRows;
+
+    static constexpr int kTokenBytes = kWarpgroupTileTokens * kTileRowBytes;
+    static constexpr int kStageBytes = kTokenBytes + kRows * kTileRowBytes;
+    static constexpr int kRowSlice = kRows / kClusterTokens;  // weight rows a block copies
+    static constexpr int kTokenSlice = kWarpgroupTileTokens / kClusterRows;  // token rows
+    static constexpr int kAccumulators = kRows / 2;  // per thread: 64 x kRows / 128 threads
+    // The stages, the barriers (full and empty per stage), and room to start the stages on
+    // a swizzle atom.
+    static constexpr size_t kSharedBytes =
+        size_t(kStages) * kStageBytes + 2 * kStages * sizeof(uint64_t) + kTileAtomBytes;
+
+    static_assert(kRows == 128 || kRows == 256, "one m64n128k16 or m64n256k16 per step");
+    static_assert(kClusterBlocks <= 8, "a portable cluster size");
+    static_assert(kRowSlice * kTileRowBytes % kTileAtomBytes == 0 &&
+                      kTokenSlice * kTileRowBytes % kTileAtomBytes == 0,
+                  "every slice starts on a swizzle atom");
+    static_assert(kStages >= 2, "one stage is filled while another is multiplied");
+};
+
+// Wide rows for grids with enough blocks, narrow ones otherwise (choose_gemm_tiles); both
+// in clusters of 2 x 2.
+using WarpgroupWideTiles = WarpgroupTiles<256, 4, 2, 2>;
+using WarpgroupNarrowTiles = WarpgroupTiles<128, 6, 2, 2>;
+
+// out[t, r] = (accumulate ? out[t, r] : 0) + in[t, :] . W[r, :] + (bias ? bias[r] : 0) for
+// the block's tile, t < tokens, r < rows (see the header). `weights_map` has boxes of 64
+// columns x kRowSlice rows, `in_map` 64 columns x kTokenSlice tokens (warpgroup_tensor_map).
+// Launch: gemm_warpgroup_grid, clusters of kClusterTokens x kClusterRows blocks (the
+// kernel's attribute), block kWarpgroupGemmThreads, dynamic shared memory kSharedBytes.
+template <DType D, typename Tiles>
+__global__ void __cluster_dims__(Tiles::kClusterTokens, Tiles::kClusterRows, 1)
+    __launch_bounds__(kWarpgroupGemmThreads, 1)
+        gemm_warpgroup_kernel(float* __restrict__ out, int out_pitch, int rows, int tokens,
+                              int k_extent, const float* __restrict__ bias, bool accumulate,
+                              const __grid_constant__ CUtensorMap weights_map,
+                              const __grid_constant__ CUtensorMap in_map) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr bool kShared = Tiles::kClusterBlocks > 1;
+    extern __shared__ __align__(1024) uint8_t dynamic_shared[];
+    uint8_t* shared =
+        dynamic_shared +
+        (kTileAtomBytes - shared_address(dynamic_shared) % kTileAtomBytes) % kTileAtomBytes;
+    uint64_t* full = reinterpret_cast<uint64_t*>(shared + Tiles::kStages * Tiles::kStageBytes);
+    uint64_t* empty = full + Tiles::kStages;
+    const int first_token = blockIdx.x * kWarpgroupTileTokens,
+              first_row = blockIdx.y * Tiles::kRows;
+    const int warpgroup = threadIdx.x / kWarpgroupThreads;
+    const int k_tiles = (k_extent + kWarpgroupTileK - 1) / kWarpgroupTileK;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < Tiles::kStages; ++s) {
+            barrier_init(&full[s], 1);
+            barrier_init(&empty[s], kWarpgroupConsumerWarps * Tiles::kClusterBlocks);
+        }
+        fence_barrier_init();
+    }
+    if constexpr (kShared)
+        cluster_sync();
+    else
+        __syncthreads();
+
+    if (warpgroup == kWarpgroupConsumers) {
+        warpgroup_decrease_registers<kProducerRegisters>();
+        if (threadIdx.x % kWarpgroupThreads == 0) {
+            // The block's place in its cluster, whose ranks run along x first: it copies
+            // weight slice `column` for the blocks of its cluster row and token slice `row`
+            // for those of its cluster column.
+            const int column = blockIdx.x % Tiles::kClusterTokens;
+            const int row = blockIdx.y % Tiles::kClusterRows;
+            uint16_t row_blocks = 0, column_blocks = 0;
+            for (int i = 0; i < Tiles::kClusterTokens; ++i)
+                row_blocks |= 1u << (row * Tiles::kClusterTokens + i);
+            for (int i = 0; i < Tiles::kClusterRows; ++i)
+                column_blocks |= 1u << (i * Tiles::kClusterTokens + column);
+            if (kShared && rank_in_cluster() != uint32_t(row * Tiles::kClusterTokens + column))
+                __trap();
+            const int token_offset = row * Tiles::kTokenSlice * kTileRowBytes;
+            const int row_offset = Tiles::kTokenBytes + column * Tiles::kRowSlice * kTileRowBytes;
+            const int slice_token = first_token + row * Tiles::kTokenSlice;
+            const int slice_row = first_row + column * Tiles::kRowSlice;
+            for (int kt = 0; kt < k_tiles; ++kt) {
+                const int s = kt % Tiles::kStages;
+                barrier_wait(&empty[s], (kt / Tiles::kStages & 1) ^ 1);
+                barrier_arrive_expecting(&full[s], Tiles::kStageBytes);
+                uint8_t* stage = shared + s * Tiles::kStageBytes;
+                const int column0 = kt * kWarpgroupTileK;
+                if constexpr (Tiles::kClusterRows > 1)
+                    tensor_copy_to_blocks(stage + token_offset, &in_map, column0, slice_token,
+                                          &full[s], column_blocks);
+                else
+                    tensor_copy(stage + token_offset, &in_map, column0, slice_token, &full[s]);
+                if constexpr (Tiles::kClusterTokens > 1)
+                    tensor_copy_to_blocks(stage + row_offset, &weights_map, column0, slice_row,
+                                          &full[s], row_blocks);
+                else
+                    tensor_copy(stage + row_offset, &weights_map, column0, slice_row, &full[s]);
+            }
+        }
+        __syncwarp();
+        if constexpr (kShared) cluster_sync();
+        return;
+    }
+
+    warpgroup_increase_registers<kConsumerRegisters>();
+    float acc[Tiles::kAccumulators];
+#pragma unroll
+    for (int i = 0; i < Tiles::kAccumulators; ++i) acc[i] = 0.0f;
+    const bool signals = threadIdx.x % kWarpSize == 0;  // one arrival per warp on `empty`
+    constexpr int kStepBytes = kWarpgroupMmaK * int(sizeof(uint16_t));  // 32: within a row
+    for (int kt = 0; kt < k_tiles; ++kt) {
+        const int s = kt % Tiles::kStages;
+        barrier_wait(&full[s], kt / Tiles::kStages & 1);
+        const uint8_t* stage = shared + s * Tiles::kStageBytes;
+        const uint8_t* token_tile = stage + warpgroup * kWarpgroupTokens * kTileRowBytes;
+        const uint8_t* row_tile = stage + Tiles::kTokenBytes;
+        warpgroup_fence();
+#pragma unroll
+        for (int step = 0; step < kWarpgroupTileK / kWarpgroupMmaK; ++step) {
+            const uint64_t a =
+                matrix_descriptor<true>(token_tile + step * kStepBytes, 0, kTileAtomBytes);
+            const uint64_t b =
+                matrix_descriptor<true>(row_tile + step * kStepBytes, 0, kTileAtomBytes);
+            if constexpr (Tiles::kRows == 128)
+                mma_64x128x16<D>(acc, a, b);
+            else
+                mma_64x256x16<D>(acc, a, b);
+        }
+        warpgroup_commit();
+        warpgroup_wait<1>();  // tile kt - 1's products are done: release its stage
+        if (kt > 0 && signals) {
+            uint64_t* released = &empty[(kt - 1) % Tiles::kStages];
+            if constexpr (kShared) {
+#pragma unroll
+                for (int block = 0; block < Tiles::kClusterBlocks; ++block)
+                    barrier_arrive_in_block(released, block);
+            } else {
+                barrier_arrive(released);
+            }
+        }
+    }
+    warpgroup_wait<0>();
+    fence_accumulators(acc);
+    if constexpr (kShared) cluster_sync();
+
+    // Accumulator 4 j + 2 half + e: token 16 warp + g + 8 half of the warpgroup's 64, row
+    // 8 j + 2 t + e (wgmma.cuh).
+    const int warp = threadIdx.x / kWarpSize % 4, lane = threadIdx.x % kWarpSize;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int j = 0; j < Tiles::kRows / 8; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int token = first_token + warpgroup * kWarpgroupTokens + warp * 16 + g + 8 * half;
+            if (token >= tokens) continue;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int row = first_row + 8 * j + 2 * t + e;
+                if (row >= rows) continue;
+                float sum = acc[4 * j + 2 * half + e];
+                if (bias != nullptr) sum += bias[row];
+                float* slot = out + size_t(token) * out_pitch + row;
+                *slot = accumulate ? *slot + sum : sum;
+            }
+        }
+#else
+    __trap();  // dispatched only where the sm_90a image runs (warpgroup_gemm_enabled)
+#endif
+}
+
+// The grid of gemm_warpgroup_kernel: token tiles along x, row tiles along y, each rounded
+// up to whole clusters.
+template <typename Tiles>
+inline dim3 gemm_warpgroup_grid(int tokens, int rows) {
+    const int token_tiles = (tokens + kWarpgroupTileTokens - 1) / kWarpgroupTileTokens;
+    const int row_tiles = (rows + Tiles::kRows - 1) / Tiles::kRows;
+    return dim3(
+        (token_tiles + Tiles::kClusterTokens - 1) / Tiles::kClusterTokens * Tiles::kClusterTokens,
+        (row_tiles + Tiles::kClusterRows - 1) / Tiles::kClusterRows * Tiles::kClusterRows);
+}
+
+// A 2-D tensor map over `rows` rows of `extent` 16-bit `dtype` elements (f16 or bf16),
+// `pitch` elements apart, read in boxes of kWarpgroupTileK columns x `box_rows` rows with
+// the 128-byte swizzle; elements past the extent or the rows read as zeros. The driver's
+// encoder is reached through the runtime (cudaGetDriverEntryPoint): nothing links libcuda.
+CUtensorMap warpgroup_tensor_map(const void* base, DType dtype, int rows, int extent, int pitch,
+                                 int box_rows) {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void* function = nullptr;
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function,
+                                                    kTensorMapDriverVersion, cudaEnableDefault,
+                                                    &found));
+#else
+        CUDA_CHECK(cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &function, cudaEnableDefault,
+                                           &found));
+#endif
+        if (found != cudaDriverEntryPointSuccess || function == nullptr)
+            throw Error("gemm: the GPU driver has no cuTensorMapEncodeTiled");
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
+    }();
+    CUtensorMap map;
+    const cuuint64_t extents[2] = {cuuint64_t(extent), cuuint64_t(rows)};
+    const cuuint64_t row_stride[1] = {cuuint64_t(pitch) * sizeof(uint16_t)};
+    const cuuint32_t box[2] = {cuuint32_t(kWarpgroupTileK), cuuint32_t(box_rows)};
+    const cuuint32_t element_strides[2] = {1, 1};
+    const CUresult result = encode(
+        &map,
+        dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        2, const_cast<void*>(base), extents, row_stride, box, element_strides,
+        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (result != CUDA_SUCCESS)
+        throw Error("gemm: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(result)) +
+                    ")");
+    return map;
+}
+
+}  // namespace barellm::cuda
