@@ -881,16 +881,12 @@ void launch_gemm_warpgroup(float* out, int out_pitch, const DeviceMatrix& w,
     const int k_extent = gemm_k_extent(w.cols, D);
     auto launch = [&](auto tiles) {
         using Tiles = decltype(tiles);
-        auto kernel = gemm_warpgroup_kernel<D, Tiles>;
-        static const bool opted_in = (allow_shared_bytes(kernel, Tiles::kSharedBytes), true);
-        (void)opted_in;
         const CUtensorMap weights_map =
             warpgroup_tensor_map(w.data, D, w.rows, k_extent, w.pitch, Tiles::kRowSlice);
         const CUtensorMap in_map =
             warpgroup_tensor_map(in.data, D, in.tokens, k_extent, in.pitch, Tiles::kTokenSlice);
-        kernel<<<gemm_warpgroup_grid<Tiles>(in.tokens, w.rows), kWarpgroupGemmThreads,
-                 Tiles::kSharedBytes, stream>>>(out, out_pitch, w.rows, in.tokens, k_extent, bias,
-                                                accumulate, weights_map, in_map);
+        launch_gemm_warpgroup_kernel<D, Tiles>(out, out_pitch, w.rows, in.tokens, k_extent, bias,
+                                               accumulate, weights_map, in_map, stream);
     };
     const auto waves = [&](auto tiles) {
         using Tiles = decltype(tiles);

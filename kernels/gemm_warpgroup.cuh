@@ -103,15 +103,15 @@ using WarpgroupNarrowTiles = WarpgroupTiles<128, 6, 2, 2>;
 // out[t, r] = (accumulate ? out[t, r] : 0) + in[t, :] . W[r, :] + (bias ? bias[r] : 0) for
 // the block's tile, t < tokens, r < rows (see the header). `weights_map` has boxes of 64
 // columns x kRowSlice rows, `in_map` 64 columns x kTokenSlice tokens (warpgroup_tensor_map).
-// Launch: gemm_warpgroup_grid, clusters of kClusterTokens x kClusterRows blocks (the
-// kernel's attribute), block kWarpgroupGemmThreads, dynamic shared memory kSharedBytes.
+// Launch: launch_gemm_warpgroup_kernel (grid gemm_warpgroup_grid, clusters of
+// kClusterTokens x kClusterRows blocks, block kWarpgroupGemmThreads, dynamic shared memory
+// kSharedBytes).
 template <DType D, typename Tiles>
-__global__ void __cluster_dims__(Tiles::kClusterTokens, Tiles::kClusterRows, 1)
-    __launch_bounds__(kWarpgroupGemmThreads, 1)
-        gemm_warpgroup_kernel(float* __restrict__ out, int out_pitch, int rows, int tokens,
-                              int k_extent, const float* __restrict__ bias, bool accumulate,
-                              const __grid_constant__ CUtensorMap weights_map,
-                              const __grid_constant__ CUtensorMap in_map) {
+__global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
+    gemm_warpgroup_kernel(float* __restrict__ out, int out_pitch, int rows, int tokens,
+                          int k_extent, const float* __restrict__ bias, bool accumulate,
+                          const __grid_constant__ CUtensorMap weights_map,
+                          const __grid_constant__ CUtensorMap in_map) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr bool kShared = Tiles::kClusterBlocks > 1;
     extern __shared__ __align__(1024) uint8_t dynamic_shared[];
@@ -254,6 +254,32 @@ inline dim3 gemm_warpgroup_grid(int tokens, int rows) {
     return dim3(
         (token_tiles + Tiles::kClusterTokens - 1) / Tiles::kClusterTokens * Tiles::kClusterTokens,
         (row_tiles + Tiles::kClusterRows - 1) / Tiles::kClusterRows * Tiles::kClusterRows);
+}
+
+// gemm_warpgroup_kernel<D, Tiles> on `stream`, in clusters (a launch attribute: a kernel
+// attribute would not compile for the GPUs before sm_90, whose images trap).
+template <DType D, typename Tiles>
+void launch_gemm_warpgroup_kernel(float* out, int out_pitch, int rows, int tokens, int k_extent,
+                                  const float* bias, bool accumulate,
+                                  const CUtensorMap& weights_map, const CUtensorMap& in_map,
+                                  cudaStream_t stream) {
+    auto kernel = gemm_warpgroup_kernel<D, Tiles>;
+    static const bool opted_in = (allow_shared_bytes(kernel, Tiles::kSharedBytes), true);
+    (void)opted_in;
+    cudaLaunchAttribute cluster = {};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = Tiles::kClusterTokens;
+    cluster.val.clusterDim.y = Tiles::kClusterRows;
+    cluster.val.clusterDim.z = 1;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = gemm_warpgroup_grid<Tiles>(tokens, rows);
+    config.blockDim = dim3(kWarpgroupGemmThreads);
+    config.dynamicSmemBytes = Tiles::kSharedBytes;
+    config.stream = stream;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, out, out_pitch, rows, tokens, k_extent, bias,
+                                  accumulate, weights_map, in_map));
 }
 
 // A 2-D tensor map over `rows` rows of `extent` 16-bit `dtype` elements (f16 or bf16),
