@@ -28,8 +28,8 @@
 // 16 w .. 16 w + 15, lane 4 g + t the elements (g, 8 j + 2 t), (g, 8 j + 2 t + 1),
 // (g + 8, 8 j + 2 t), (g + 8, 8 j + 2 t + 1) in d[4 j .. 4 j + 3].
 //
-// Everything here compiles to nothing outside sm_90a (__CUDA_ARCH_FEAT_SM90_ALL): its
-// callers guard their bodies the same way and trap elsewhere.
+// The device functions exist for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL): their callers
+// guard their bodies the same way and trap on other GPUs.
 #pragma once
 #include <cuda.h>  // CUtensorMap
 
