@@ -8,8 +8,9 @@ logits follow the CPU's within QUANTIZED_TOLERANCE; a q4 file keeps f16 the matr
 columns are not a multiple of 32), f32/f16 KV cache, contexts of 1, 7, 100 and 4096
 positions; the batched prefill's logits at every position (one batch and more than one;
 q8 and q4 against the CPU's scalar path and its prefill, QUANTIZED_PREFILL_TOLERANCE) and
-`ppl`; plus every kernel on its own (build/cuda_kernel_check), graph replay against
-direct launches, every rung of the GPU ladder on Qwen, `run` and `bench`.
+`ppl`; the prefill on the warpgroup GEMM of sm_90a (BARELLM_CUDA_WGMMA=1); plus every
+kernel on its own (build/cuda_kernel_check), graph replay against direct launches, every
+rung of the GPU ladder on Qwen, `run` and `bench`.
 
 Every test but the last skips, printing why, on a machine without a usable CUDA GPU (CI
 never has one); the last checks what `--device cuda` says there.
@@ -110,10 +111,11 @@ def compare_with_cpu(model, ids, kv, limit=TOLERANCE):
     assert_close(gpu, cpu, f"{os.path.basename(model)} kv {kv}, {len(ids)} positions", limit)
 
 
-def compare_prefill_with_cpu(model, dtype, ids, kv):
-    """Every position's logits from one prefill call (batches of up to 512 tokens)."""
+def compare_prefill_with_cpu(model, dtype, ids, kv, gpu_env=None):
+    """Every position's logits from one prefill call (batches of up to 512 tokens); the GPU
+    run in gpu_env when given."""
     cpu = dump_logits(model, ids, "--kv", kv, "--prefill", *CPU_REFERENCE)
-    gpu = dump_logits(model, ids, "--kv", kv, "--prefill", "--device", "cuda")
+    gpu = dump_logits(model, ids, "--kv", kv, "--prefill", "--device", "cuda", env=gpu_env)
     tolerance = PREFILL_TOLERANCE[dtype]
     if kv == "f16":
         tolerance = max(tolerance, PREFILL_F16_KV_TOLERANCE)
@@ -288,6 +290,27 @@ def test_prefill_cuda_matches_cpu(cuda, models, name, dtype, kv, length):
     """700 tokens: two batches, the second continuing the cache of the first (and crossing
     the sliding windows of gqa-window and qwen2-window). Qwen: biases, q/k norms."""
     compare_prefill_with_cpu(models(name, dtype), dtype, token_ids(length, seed=length), kv)
+
+
+def compute_capability():
+    """The first GPU's compute capability as nvidia-smi gives it ("9.0"), or None."""
+    result = subprocess.run(["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"],
+                            capture_output=True, text=True)
+    lines = result.stdout.split()
+    return lines[0] if result.returncode == 0 and lines else None
+
+
+@pytest.mark.parametrize("name", ["stories260K", "gqa-window", "wide-heads", "qwen2-window"])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("length", [100, 700])
+def test_warpgroup_gemm_prefill_matches_cpu(cuda, models, name, dtype, length):
+    """BARELLM_CUDA_WGMMA=1 runs the prefill's f16/bf16 GEMMs on the warpgroup GEMM of sm_90a
+    (kernels/gemm_warpgroup.cuh): TMA tiles whose columns (204, 260) and rows end inside a
+    tile, Qwen2's biases, a 700-token prompt in two batches."""
+    if compute_capability() != "9.0":
+        pytest.skip("the warpgroup GEMM runs on sm_90 GPUs (H100, H200) only")
+    compare_prefill_with_cpu(models(name, dtype), dtype, token_ids(length, seed=length), "f16",
+                             gpu_env={**os.environ, "BARELLM_CUDA_WGMMA": "1"})
 
 
 @pytest.mark.parametrize("name", ["stories260K", "gqa-window", "wide-heads"])
