@@ -226,7 +226,8 @@ __device__ __forceinline__ void barrier_arrive_in_block(uint64_t* barrier, uint3
 }
 
 // Returns once the barrier's phase of parity `parity` has completed (at once for the phase
-// before the current one: a fresh barrier has completed "parity 1"). A wait that outlasts
+// before the current one: a fresh barrier has completed "parity 1"), acquiring at cluster
+// scope what the arrivals released (those of other blocks' warps included). A wait that outlasts
 // kPatience tries (seconds, where a stage takes microseconds) can only be a hand-over bug:
 // it traps, so that the launch fails instead of hanging.
 __device__ __forceinline__ void barrier_wait(uint64_t* barrier, uint32_t parity) {
@@ -237,7 +238,7 @@ __device__ __forceinline__ void barrier_wait(uint64_t* barrier, uint32_t parity)
         asm volatile(
             "{\n"
             ".reg .pred complete;\n"
-            "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+            "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 complete, [%1], %2;\n"
             "selp.u32 %0, 1, 0, complete;\n"
             "}\n"
             : "=r"(done)
