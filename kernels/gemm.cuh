@@ -873,7 +873,9 @@ void launch_gemm_quantized(float* out, int out_pitch, const DeviceMatrix& w,
 
 // The warpgroup GEMM: WarpgroupWideTiles unless the narrow tiles' grid takes fewer waves of
 // one block per SM, counted as tile_waves does (Mistral-7B at 512 tokens: wide for qkv and
-// w1/w3, narrow for wo and w2).
+// w1/w3, narrow for wo and w2). Clusters pair the token tiles where their number is even;
+// an odd number would leave a whole token tile of blocks multiplying zeros (half the
+// blocks for 65-128 tokens), so there each cluster is one token tile by two row tiles.
 template <DType D>
 void launch_gemm_warpgroup(float* out, int out_pitch, const DeviceMatrix& w,
                            const DeviceActivations& in, const float* bias, bool accumulate,
@@ -894,10 +896,17 @@ void launch_gemm_warpgroup(float* out, int out_pitch, const DeviceMatrix& w,
         return tile_waves(size_t(grid.x) * grid.y, kWarpgroupTileTokens * Tiles::kRows,
                           multiprocessors);
     };
-    if (waves(WarpgroupWideTiles{}) <= waves(WarpgroupNarrowTiles{}))
-        launch(WarpgroupWideTiles{});
+    const auto choose = [&](auto wide, auto narrow) {
+        if (waves(wide) <= waves(narrow))
+            launch(wide);
+        else
+            launch(narrow);
+    };
+    const int token_tiles = (in.tokens + kWarpgroupTileTokens - 1) / kWarpgroupTileTokens;
+    if (token_tiles % 2 == 0)
+        choose(WarpgroupWideTiles<2>{}, WarpgroupNarrowTiles<2>{});
     else
-        launch(WarpgroupNarrowTiles{});
+        choose(WarpgroupWideTiles<1>{}, WarpgroupNarrowTiles<1>{});
 }
 
 template <DType D>
@@ -941,7 +950,7 @@ bool warpgroup_gemm_enabled() {
         const char* setting = std::getenv("BARELLM_CUDA_WGMMA");
         return setting != nullptr && std::strcmp(setting, "1") == 0 &&
                current_device().compute_capability == kHopper &&
-               WarpgroupWideTiles::kSharedBytes <= current_device().shared_bytes_per_block;
+               WarpgroupWideTiles<2>::kSharedBytes <= current_device().shared_bytes_per_block;
     }();
     return enabled;
 }

@@ -95,10 +95,12 @@ struct WarpgroupTiles {
     static_assert(kStages >= 2, "one stage is filled while another is multiplied");
 };
 
-// Wide rows for grids with enough blocks, narrow ones otherwise (choose_gemm_tiles); both
-// in clusters of 2 x 2.
-using WarpgroupWideTiles = WarpgroupTiles<256, 4, 2, 2>;
-using WarpgroupNarrowTiles = WarpgroupTiles<128, 6, 2, 2>;
+// Wide rows for grids with enough blocks, narrow ones otherwise, in clusters of
+// kClusterTokens x 2 blocks (launch_gemm_warpgroup chooses).
+template <int kClusterTokens>
+using WarpgroupWideTiles = WarpgroupTiles<256, 4, kClusterTokens, 2>;
+template <int kClusterTokens>
+using WarpgroupNarrowTiles = WarpgroupTiles<128, 6, kClusterTokens, 2>;
 
 // out[t, r] = (accumulate ? out[t, r] : 0) + in[t, :] . W[r, :] + (bias ? bias[r] : 0) for
 // the block's tile, t < tokens, r < rows (see the header). `weights_map` has boxes of 64

@@ -184,13 +184,14 @@ int main(int argc, char** argv) {
             wgmma_variant<128, 5, true>("wgmma 128x128/5, 128-byte swizzle", limit),
             wgmma_variant<256, 4, true>("wgmma 128x256/4, 128-byte swizzle", limit),
             // The warpgroup GEMM: tile / stages / cluster of token tiles x row tiles
-            // (WarpgroupWideTiles: 128x256/4/2x2, WarpgroupNarrowTiles: 128x128/6/2x2).
+            // (WarpgroupWideTiles<2>: 128x256/4/2x2, WarpgroupNarrowTiles<2>: 128x128/6/2x2;
+            // gemm takes 1x2 clusters where the token tiles are odd).
             warpgroup_variant<WarpgroupTiles<128, 6, 1, 1>>("warpgroup 128x128/6/1x1"),
             warpgroup_variant<WarpgroupTiles<256, 4, 1, 1>>("warpgroup 128x256/4/1x1"),
             warpgroup_variant<WarpgroupTiles<256, 4, 2, 1>>("warpgroup 128x256/4/2x1"),
             warpgroup_variant<WarpgroupTiles<256, 4, 4, 1>>("warpgroup 128x256/4/4x1"),
-            warpgroup_variant<WarpgroupWideTiles>("warpgroup 128x256/4/2x2"),
-            warpgroup_variant<WarpgroupNarrowTiles>("warpgroup 128x128/6/2x2"),
+            warpgroup_variant<WarpgroupWideTiles<2>>("warpgroup 128x256/4/2x2"),
+            warpgroup_variant<WarpgroupNarrowTiles<2>>("warpgroup 128x128/6/2x2"),
             warpgroup_variant<WarpgroupTiles<128, 6, 4, 2>>("warpgroup 128x128/6/4x2"),
         };
         const Shape shapes[] = {
