@@ -66,8 +66,7 @@ static_assert(kWarpgroupThreads * (kProducerRegisters + kWarpgroupConsumers * kC
                   kRegisterFile,
               "the register file holds the three warpgroups after setmaxnreg");
 constexpr unsigned kTensorMapDriverVersion = 12000;  // cuTensorMapEncodeTiled's ABI version
-constexpr int kTileRowBytes = 128;  // a swizzled row: kWarpgroupTileK 16-bit elements
-constexpr int kTileAtomBytes = 8 * kTileRowBytes;  // the swizzle's period: tiles start on it
+static_assert(kWarpgroupTileK * 2 == kSwizzleRowBytes, "a stage's rows are swizzled rows");
 
 template <int kRows_, int kStages_, int kClusterTokens_, int kClusterRows_>
 struct WarpgroupTiles {
@@ -77,20 +76,20 @@ struct WarpgroupTiles {
     static constexpr int kClusterRows = kClusterRows_;
     static constexpr int kClusterBlocks = kClusterTokens * kClusterRows;
 
-    static constexpr int kTokenBytes = kWarpgroupTileTokens * kTileRowBytes;
-    static constexpr int kStageBytes = kTokenBytes + kRows * kTileRowBytes;
+    static constexpr int kTokenBytes = kWarpgroupTileTokens * kSwizzleRowBytes;
+    static constexpr int kStageBytes = kTokenBytes + kRows * kSwizzleRowBytes;
     static constexpr int kRowSlice = kRows / kClusterTokens;  // weight rows a block copies
     static constexpr int kTokenSlice = kWarpgroupTileTokens / kClusterRows;  // token rows
     static constexpr int kAccumulators = kRows / 2;  // per thread: 64 x kRows / 128 threads
     // The stages, the barriers (full and empty per stage), and room to start the stages on
     // a swizzle atom.
     static constexpr size_t kSharedBytes =
-        size_t(kStages) * kStageBytes + 2 * kStages * sizeof(uint64_t) + kTileAtomBytes;
+        size_t(kStages) * kStageBytes + 2 * kStages * sizeof(uint64_t) + kSwizzleAtomBytes;
 
     static_assert(kRows == 128 || kRows == 256, "one m64n128k16 or m64n256k16 per step");
     static_assert(kClusterBlocks <= 8, "a portable cluster size");
-    static_assert(kRowSlice * kTileRowBytes % kTileAtomBytes == 0 &&
-                      kTokenSlice * kTileRowBytes % kTileAtomBytes == 0,
+    static_assert(kRowSlice * kSwizzleRowBytes % kSwizzleAtomBytes == 0 &&
+                      kTokenSlice * kSwizzleRowBytes % kSwizzleAtomBytes == 0,
                   "every slice starts on a swizzle atom");
     static_assert(kStages >= 2, "one stage is filled while another is multiplied");
 };
@@ -118,8 +117,8 @@ __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
     constexpr bool kShared = Tiles::kClusterBlocks > 1;
     extern __shared__ __align__(1024) uint8_t dynamic_shared[];
     uint8_t* shared =
-        dynamic_shared +
-        (kTileAtomBytes - shared_address(dynamic_shared) % kTileAtomBytes) % kTileAtomBytes;
+        dynamic_shared + (kSwizzleAtomBytes - shared_address(dynamic_shared) % kSwizzleAtomBytes) %
+                             kSwizzleAtomBytes;
     uint64_t* full = reinterpret_cast<uint64_t*>(shared + Tiles::kStages * Tiles::kStageBytes);
     uint64_t* empty = full + Tiles::kStages;
     const int first_token = blockIdx.x * kWarpgroupTileTokens,
@@ -154,8 +153,9 @@ __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
                 column_blocks |= 1u << (i * Tiles::kClusterTokens + column);
             if (kShared && rank_in_cluster() != uint32_t(row * Tiles::kClusterTokens + column))
                 __trap();
-            const int token_offset = row * Tiles::kTokenSlice * kTileRowBytes;
-            const int row_offset = Tiles::kTokenBytes + column * Tiles::kRowSlice * kTileRowBytes;
+            const int token_offset = row * Tiles::kTokenSlice * kSwizzleRowBytes;
+            const int row_offset =
+                Tiles::kTokenBytes + column * Tiles::kRowSlice * kSwizzleRowBytes;
             const int slice_token = first_token + row * Tiles::kTokenSlice;
             const int slice_row = first_row + column * Tiles::kRowSlice;
             for (int kt = 0; kt < k_tiles; ++kt) {
@@ -191,15 +191,15 @@ __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
         const int s = kt % Tiles::kStages;
         barrier_wait(&full[s], kt / Tiles::kStages & 1);
         const uint8_t* stage = shared + s * Tiles::kStageBytes;
-        const uint8_t* token_tile = stage + warpgroup * kWarpgroupTokens * kTileRowBytes;
+        const uint8_t* token_tile = stage + warpgroup * kWarpgroupTokens * kSwizzleRowBytes;
         const uint8_t* row_tile = stage + Tiles::kTokenBytes;
         warpgroup_fence();
 #pragma unroll
         for (int step = 0; step < kWarpgroupTileK / kWarpgroupMmaK; ++step) {
             const uint64_t a =
-                matrix_descriptor<true>(token_tile + step * kStepBytes, 0, kTileAtomBytes);
+                matrix_descriptor<true>(token_tile + step * kStepBytes, 0, kSwizzleAtomBytes);
             const uint64_t b =
-                matrix_descriptor<true>(row_tile + step * kStepBytes, 0, kTileAtomBytes);
+                matrix_descriptor<true>(row_tile + step * kStepBytes, 0, kSwizzleAtomBytes);
             if constexpr (Tiles::kRows == 128)
                 mma_64x128x16<D>(acc, a, b);
             else

@@ -41,6 +41,10 @@
 namespace barellm::cuda {
 
 constexpr int kWarpgroupThreads = 128;  // 4 warps
+// The 128-byte swizzle (above): a row of the operand, and the 8 rows over which the XOR
+// pattern repeats (a swizzled operand starts on this many bytes).
+constexpr int kSwizzleRowBytes = 128;
+constexpr int kSwizzleAtomBytes = 8 * kSwizzleRowBytes;
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 

@@ -470,10 +470,12 @@ if wants matvec-ncu && command -v ncu >/dev/null; then
     done
 fi
 
+# pytest's workers where pytest-xdist is installed (the tests and wgmma steps).
+xdist=()
+python3 -c "import xdist" 2>/dev/null && xdist=(-n 8)
+
 if wants tests && fits 60 "tests"; then
     step "tests/test_cuda.py, tests/test_ladder.py -k gpu"
-    xdist=()
-    python3 -c "import xdist" 2>/dev/null && xdist=(-n 8)
     # The kernels step already ran cuda_kernel_check, which one test wraps.
     deselect=()
     wants kernels &&
@@ -698,8 +700,6 @@ if wants wgmma; then
         grep -v "^PASS" "$LOG/wgmma_kernels.log" | grep -v "^|" | head -20
     fi
     if fits 90 "the prefill tests with the warpgroup GEMM"; then
-        xdist=()
-        python3 -c "import xdist" 2>/dev/null && xdist=(-n 8)
         BARELLM_CUDA_WGMMA=1 OMP_NUM_THREADS=2 timeout "$(capped 90)" python3 -m pytest -q -rs \
             "${xdist[@]}" tests/test_cuda.py -k "prefill_cuda or ppl or qwen_cuda or greedy" \
             >"$LOG/wgmma_tests.log" 2>&1

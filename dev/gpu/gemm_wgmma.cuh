@@ -48,9 +48,6 @@ constexpr int kMmaK = 16;                                   // k of m64nNk16
 constexpr int kStepBytes = 2 * kCoreBytes;                  // 16 columns: two core matrices
 constexpr int kWarpgroupTokens = 64;                        // m
 
-constexpr int kSwizzleBytes = 128;                            // a row of the 128-byte swizzle
-constexpr int kSwizzleAtomBytes = kCoreRows * kSwizzleBytes;  // 1024: where the XOR repeats
-
 template <int kRows, int kStages>
 struct WgmmaTiles {
     static constexpr int kStageBytes = (kTokens + kRows) * kTileK * 2;
@@ -96,7 +93,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                               : i / (kChunksPerRow * kCoreRows) * kCoreRows + i % kCoreRows;
                 const int chunk = kSwizzled ? i % kChunksPerRow : i / kCoreRows % kChunksPerRow;
                 const int column = kt * kTileK + chunk * kChunkElements;
-                const int byte = kSwizzled ? tile_row * kSwizzleBytes +
+                const int byte = kSwizzled ? tile_row * kSwizzleRowBytes +
                                                  (chunk ^ tile_row % kCoreRows) * kChunkBytes
                                            : kChunkBytes * i;
                 const bool is_token = tile_row < kTokens;
