@@ -85,6 +85,10 @@ NVCC_GENCODE := $(foreach arch,$(CUDA_ARCHS),-gencode arch=compute_$(arch),code=
                 -gencode arch=compute_$(CUDA_PTX_ARCH),code=compute_$(CUDA_PTX_ARCH)
 NVCCFLAGS := -std=c++17 -O3 -lineinfo -Isrc -Ikernels -DBARELLM_CUDA $(CPPFLAGS) $(NVCC_GENCODE) \
              -Xcompiler -Wall,-Wextra -MMD -MP
+# The warpgroup GEMM (kernels/gemm_warpgroup.cuh) has a body only in an sm_90a image.
+ifneq ($(filter 90a,$(CUDA_ARCHS)),)
+NVCCFLAGS += -DBARELLM_CUDA_SM90A_IMAGE
+endif
 CXXFLAGS  += -DBARELLM_CUDA
 LDLIBS    += -L$(CUDA_LIBDIR) -lcudart_static -ldl -lrt -lpthread
 CUDA_OBJS := $(patsubst kernels/%.cu,$(BUILD)/kernels/%.o,$(wildcard kernels/*.cu))

@@ -944,13 +944,22 @@ void check_gemm_operands(float* out, int out_pitch, const DeviceMatrix& w,
 
 }  // namespace
 
+// On where the build has an sm_90a image (the Makefile defines BARELLM_CUDA_SM90A_IMAGE
+// when CUDA_ARCHS lists 90a) and the GPU runs it.
 bool warpgroup_gemm_enabled() {
     constexpr int kHopper = 90;  // the sm_90a image: H100, H200
+#ifdef BARELLM_CUDA_SM90A_IMAGE
+    constexpr bool kImageBuilt = true;
+#else
+    constexpr bool kImageBuilt = false;
+#endif
     static const bool enabled = [] {
         const char* setting = std::getenv("BARELLM_CUDA_WGMMA");
-        return setting != nullptr && std::strcmp(setting, "1") == 0 &&
+        const size_t shared_bytes =
+            std::max(WarpgroupWideTiles<2>::kSharedBytes, WarpgroupNarrowTiles<2>::kSharedBytes);
+        return kImageBuilt && setting != nullptr && std::strcmp(setting, "1") == 0 &&
                current_device().compute_capability == kHopper &&
-               WarpgroupWideTiles<2>::kSharedBytes <= current_device().shared_bytes_per_block;
+               shared_bytes <= current_device().shared_bytes_per_block;
     }();
     return enabled;
 }

@@ -24,15 +24,17 @@
 //   column instead of once per block.
 // - Hand-over, per stage s: `full[s]` completes when the block's producer has armed it with
 //   the stage's byte count and all of the stage's slices have landed; `empty[s]` completes
-//   when every multiplying warp of every block of the cluster has finished the products that
-//   read the stage (a block's copies land in the blocks of its cluster row and column). A
+//   when every multiplying warp of the blocks its copies land in (its cluster row and
+//   column, itself included) has finished the products that read the stage. An arrival for
+//   the stage's next use cannot come early: that use needs this block's next copies. A
 //   stage's n-th use waits for phase parity n % 2 of `full` (consumers) and, from its second
 //   use on, for the previous phase of `empty` (producer).
 // - Consumers: at K tile kt they wait for full[kt % kStages], issue the tile's four
 //   instructions as one group, wait until at most that group is in flight, and then release
 //   tile kt - 1's stage: the tensor cores always have a group queued.
 // - A cluster starts only when every block's barriers are initialised, and no block leaves
-//   while another may still arrive on its barriers (cluster barriers at both ends).
+//   while another may still arrive on its barriers (cluster barriers at both ends; at the
+//   end a block arrives after its last product and waits after its stores).
 // - Epilogue: each thread adds the bias and the residual to its accumulators and stores them
 //   (pairs of neighbouring rows of a token).
 //
@@ -75,6 +77,8 @@ struct WarpgroupTiles {
     static constexpr int kClusterTokens = kClusterTokens_;
     static constexpr int kClusterRows = kClusterRows_;
     static constexpr int kClusterBlocks = kClusterTokens * kClusterRows;
+    // The blocks a block's copies land in, itself included: its cluster row and column.
+    static constexpr int kPeers = kClusterTokens + kClusterRows - 1;
 
     static constexpr int kTokenBytes = kWarpgroupTileTokens * kSwizzleRowBytes;
     static constexpr int kStageBytes = kTokenBytes + kRows * kSwizzleRowBytes;
@@ -129,23 +133,25 @@ __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
     if (threadIdx.x == 0) {
         for (int s = 0; s < Tiles::kStages; ++s) {
             barrier_init(&full[s], 1);
-            barrier_init(&empty[s], kWarpgroupConsumerWarps * Tiles::kClusterBlocks);
+            barrier_init(&empty[s], kWarpgroupConsumerWarps * Tiles::kPeers);
         }
         fence_barrier_init();
     }
-    if constexpr (kShared)
-        cluster_sync();
-    else
+    if constexpr (kShared) {
+        cluster_arrive();
+        cluster_wait();
+    } else {
         __syncthreads();
+    }
+    // The block's place in its cluster, whose ranks run along x first: it copies weight slice
+    // `column` for the blocks of its cluster row and token slice `row` for those of its
+    // cluster column.
+    const int column = blockIdx.x % Tiles::kClusterTokens;
+    const int row = blockIdx.y % Tiles::kClusterRows;
 
     if (warpgroup == kWarpgroupConsumers) {
         warpgroup_decrease_registers<kProducerRegisters>();
         if (threadIdx.x % kWarpgroupThreads == 0) {
-            // The block's place in its cluster, whose ranks run along x first: it copies
-            // weight slice `column` for the blocks of its cluster row and token slice `row`
-            // for those of its cluster column.
-            const int column = blockIdx.x % Tiles::kClusterTokens;
-            const int row = blockIdx.y % Tiles::kClusterRows;
             uint16_t row_blocks = 0, column_blocks = 0;
             for (int i = 0; i < Tiles::kClusterTokens; ++i)
                 row_blocks |= 1u << (row * Tiles::kClusterTokens + i);
@@ -177,7 +183,10 @@ __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
             }
         }
         __syncwarp();
-        if constexpr (kShared) cluster_sync();
+        if constexpr (kShared) {
+            cluster_arrive();
+            cluster_wait();
+        }
         return;
     }
 
@@ -185,7 +194,16 @@ __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
     float acc[Tiles::kAccumulators];
 #pragma unroll
     for (int i = 0; i < Tiles::kAccumulators; ++i) acc[i] = 0.0f;
-    const bool signals = threadIdx.x % kWarpSize == 0;  // one arrival per warp on `empty`
+    // Each warp releases a stage with one arrival on `empty` in each block whose copies land
+    // in this one: lane p on the p-th of them, the blocks of the cluster row first, then the
+    // cluster column's other blocks.
+    const int lane = threadIdx.x % kWarpSize;
+    const bool signals = lane < Tiles::kPeers;
+    int peer = row * Tiles::kClusterTokens + lane;
+    if (lane >= Tiles::kClusterTokens) {
+        const int other = lane - Tiles::kClusterTokens;  // among the column's other rows
+        peer = (other + (other >= row)) * Tiles::kClusterTokens + column;
+    }
     constexpr int kStepBytes = kWarpgroupMmaK * int(sizeof(uint16_t));  // 32: within a row
     for (int kt = 0; kt < k_tiles; ++kt) {
         const int s = kt % Tiles::kStages;
@@ -196,10 +214,8 @@ __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
         warpgroup_fence();
 #pragma unroll
         for (int step = 0; step < kWarpgroupTileK / kWarpgroupMmaK; ++step) {
-            const uint64_t a =
-                matrix_descriptor<true>(token_tile + step * kStepBytes, 0, kSwizzleAtomBytes);
-            const uint64_t b =
-                matrix_descriptor<true>(row_tile + step * kStepBytes, 0, kSwizzleAtomBytes);
+            const uint64_t a = swizzled_descriptor(token_tile + step * kStepBytes);
+            const uint64_t b = swizzled_descriptor(row_tile + step * kStepBytes);
             if constexpr (Tiles::kRows == 128)
                 mma_64x128x16<D>(acc, a, b);
             else
@@ -209,39 +225,54 @@ __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
         warpgroup_wait<1>();  // tile kt - 1's products are done: release its stage
         if (kt > 0 && signals) {
             uint64_t* released = &empty[(kt - 1) % Tiles::kStages];
-            if constexpr (kShared) {
-#pragma unroll
-                for (int block = 0; block < Tiles::kClusterBlocks; ++block)
-                    barrier_arrive_in_block(released, block);
-            } else {
+            if constexpr (kShared)
+                barrier_arrive_in_block(released, peer);
+            else
                 barrier_arrive(released);
-            }
         }
     }
     warpgroup_wait<0>();
     fence_accumulators(acc);
-    if constexpr (kShared) cluster_sync();
+    // Every remote arrival is out: the cluster may end once every block is here (no block
+    // leaves while another may still arrive on its barriers).
+    if constexpr (kShared) cluster_arrive();
 
     // Accumulator 4 j + 2 half + e: token 16 warp + g + 8 half of the warpgroup's 64, row
-    // 8 j + 2 t + e (wgmma.cuh).
-    const int warp = threadIdx.x / kWarpSize % 4, lane = threadIdx.x % kWarpSize;
+    // 8 j + 2 t + e (wgmma.cuh). Rows 2 t and 2 t + 1 go out as one 8-byte store where both
+    // exist and the rows of `out` keep them 8-byte aligned (first_row and 8 j + 2 t are even).
+    const int warp = threadIdx.x / kWarpSize % 4;
     const int g = lane / 4, t = lane % 4;
+    const bool paired =
+        out_pitch % 2 == 0 && reinterpret_cast<uintptr_t>(out) % sizeof(float2) == 0;
 #pragma unroll
     for (int j = 0; j < Tiles::kRows / 8; ++j)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int token = first_token + warpgroup * kWarpgroupTokens + warp * 16 + g + 8 * half;
-            if (token >= tokens) continue;
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-                const int row = first_row + 8 * j + 2 * t + e;
-                if (row >= rows) continue;
-                float sum = acc[4 * j + 2 * half + e];
-                if (bias != nullptr) sum += bias[row];
-                float* slot = out + size_t(token) * out_pitch + row;
-                *slot = accumulate ? *slot + sum : sum;
+            const int first = first_row + 8 * j + 2 * t;
+            if (token >= tokens || first >= rows) continue;
+            float* slot = out + size_t(token) * out_pitch + first;
+            float2 sum = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+            if (paired && first + 1 < rows) {
+                if (bias != nullptr)
+                    sum = make_float2(sum.x + bias[first], sum.y + bias[first + 1]);
+                if (accumulate) {
+                    const float2 before = *reinterpret_cast<const float2*>(slot);
+                    sum = make_float2(before.x + sum.x, before.y + sum.y);
+                }
+                *reinterpret_cast<float2*>(slot) = sum;
+            } else {
+                for (int e = 0; e < 2 && first + e < rows; ++e) {
+                    float value = e == 0 ? sum.x : sum.y;
+                    if (bias != nullptr) value += bias[first + e];
+                    slot[e] = accumulate ? slot[e] + value : value;
+                }
             }
         }
+    if constexpr (kShared) {
+        __syncwarp();  // the cluster barrier's .aligned form wants the warp converged
+        cluster_wait();
+    }
 #else
     __trap();  // dispatched only where the sm_90a image runs (warpgroup_gemm_enabled)
 #endif

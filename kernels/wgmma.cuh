@@ -13,16 +13,12 @@
 //
 // Matrix descriptors (PTX ISA, "Matrix Descriptor Format"): bits 0-13 the start address,
 // 16-29 the leading (K) byte offset, 32-45 the stride (M/N) byte offset, all in units of 16
-// bytes; bits 62-63 the swizzle mode (0 none, 1 the 128-byte swizzle). Operands here are
-// K-major: each row of A or B holds consecutive K elements.
-// - 128-byte swizzle: row r of the operand at byte 128 r, its 16-byte chunk c at chunk
-//   c ^ (r % 8) of the row, groups of 8 rows 1024 bytes apart (the stride offset); the
-//   tensor cores undo the XOR from the address bits, so the tile starts on 1024 bytes, and a
-//   K step of 16 columns moves the start 32 bytes within the row (the leading offset is
-//   unused).
-// - No swizzle: "core matrices" of 8 rows x 16 bytes (128 bytes together), those of a group
-//   of 8 rows side by side along K, the leading offset apart, the groups the stride offset
-//   apart.
+// bytes; bits 62-63 the swizzle mode (1: the 128-byte swizzle). Operands here are K-major
+// (each row of A or B holds consecutive K elements) in the 128-byte swizzle, as the TMA
+// writes them: row r of the operand at byte 128 r, its 16-byte chunk c at chunk c ^ (r % 8)
+// of the row, groups of 8 rows 1024 bytes apart (the stride offset). The tensor cores undo
+// the XOR from the address bits, so the operand starts on 1024 bytes, and a K step of 16
+// columns moves the start 32 bytes within the row (the leading offset is unused).
 //
 // Accumulators (wgmma m64nNk16 D fragments): warp w of the warpgroup holds rows
 // 16 w .. 16 w + 15, lane 4 g + t the elements (g, 8 j + 2 t), (g, 8 j + 2 t + 1),
@@ -48,21 +44,16 @@ constexpr int kSwizzleAtomBytes = 8 * kSwizzleRowBytes;
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
-// The descriptor of a K-major operand starting at `start`: swizzled (128 bytes), or
-// unswizzled with core matrices `leading_bytes` apart along K; groups of 8 rows
-// `stride_bytes` apart.
-template <bool kSwizzled>
-__device__ __forceinline__ uint64_t matrix_descriptor(const void* start, int leading_bytes,
-                                                      int stride_bytes) {
+// The descriptor of a K-major operand in the 128-byte swizzle starting at `start` (above).
+__device__ __forceinline__ uint64_t swizzled_descriptor(const void* start) {
     constexpr uint64_t kField = 0x3fff;  // 14 bits
     constexpr uint64_t kSwizzle128 = 1;
     constexpr int kLeadingShift = 16, kStrideShift = 32, kSwizzleShift = 62;
     constexpr int kUnit = 16;  // bytes per unit of the address fields
-    const uint64_t leading = kSwizzled ? 1 : uint64_t(leading_bytes / kUnit);
-    return (uint64_t(shared_address(start) / kUnit) & kField) |
-           (leading & kField) << kLeadingShift |
-           (uint64_t(stride_bytes / kUnit) & kField) << kStrideShift |
-           (kSwizzled ? kSwizzle128 << kSwizzleShift : 0);
+    constexpr uint64_t kUnusedLeading = 1;
+    return (uint64_t(shared_address(start) / kUnit) & kField) | kUnusedLeading << kLeadingShift |
+           (uint64_t(kSwizzleAtomBytes / kUnit) & kField) << kStrideShift |
+           kSwizzle128 << kSwizzleShift;
 }
 
 // d (64 x 128 f32, the fragments above) += A (64 x 16, descriptor a) * B (16 x 128, given
@@ -219,35 +210,54 @@ __device__ __forceinline__ void barrier_arrive(uint64_t* barrier) {
                  : "memory");
 }
 
-// One arrival on the barrier at the same place in block `rank` of the cluster.
+// One arrival on the barrier at the same place in block `rank` of the cluster (released at
+// the block's scope, as for a local arrival: what it orders, the completed wgmma reads of
+// a stage, goes through the copy engine's proxy anyway).
 __device__ __forceinline__ void barrier_arrive_in_block(uint64_t* barrier, uint32_t rank) {
     uint32_t remote;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
                  : "=r"(remote)
                  : "r"(shared_address(barrier)), "r"(rank));
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(remote)
-                 : "memory");
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(remote) : "memory");
 }
 
-// Returns once the barrier's phase of parity `parity` has completed (at once for the phase
-// before the current one: a fresh barrier has completed "parity 1"), acquiring at cluster
-// scope what the arrivals released (those of other blocks' warps included). A wait that outlasts
-// kPatience tries (seconds, where a stage takes microseconds) can only be a hand-over bug:
-// it traps, so that the launch fails instead of hanging.
+// Whether the barrier's phase of parity `parity` has completed (at once for the phase
+// before the current one: a fresh barrier has completed "parity 1"). The copies counted on
+// it are visible once it has. The thread may be suspended for a while inside, until the
+// phase completes or a time limit passes.
+__device__ __forceinline__ bool barrier_try_wait(uint64_t* barrier, uint32_t parity) {
+    uint32_t done;
+    asm volatile(
+        "{\n"
+        ".reg .pred complete;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 complete, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, complete;\n"
+        "}\n"
+        : "=r"(done)
+        : "r"(shared_address(barrier)), "r"(parity)
+        : "memory");
+    return done != 0;
+}
+
+// The GPU's clock in nanoseconds, the same in every SM.
+__device__ __forceinline__ uint64_t global_nanoseconds() {
+    uint64_t now;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(now));
+    return now;
+}
+
+// Returns once barrier_try_wait does. A wait of more than kPatienceNanoseconds (where a stage
+// takes microseconds) can only be a hand-over bug: it traps, so that the launch fails at once
+// instead of hanging.
 __device__ __forceinline__ void barrier_wait(uint64_t* barrier, uint32_t parity) {
-    constexpr uint32_t kPatience = 1u << 24;
-    uint32_t done = 0;
-    for (uint32_t tries = 0; !done; ++tries) {
-        if (tries == kPatience) __trap();
-        asm volatile(
-            "{\n"
-            ".reg .pred complete;\n"
-            "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 complete, [%1], %2;\n"
-            "selp.u32 %0, 1, 0, complete;\n"
-            "}\n"
-            : "=r"(done)
-            : "r"(shared_address(barrier)), "r"(parity)
-            : "memory");
+    constexpr uint64_t kPatienceNanoseconds = 2'000'000'000;
+    uint64_t deadline = 0;
+    while (!barrier_try_wait(barrier, parity)) {
+        const uint64_t now = global_nanoseconds();
+        if (deadline == 0)
+            deadline = now + kPatienceNanoseconds;
+        else if (now > deadline)
+            __trap();
     }
 }
 
@@ -286,12 +296,14 @@ __device__ __forceinline__ uint32_t rank_in_cluster() {
     return rank;
 }
 
-// Every thread of every block of the cluster arrives, then waits for all the others.
-__device__ __forceinline__ void cluster_sync() {
-    asm volatile(
-        "barrier.cluster.arrive.release.aligned;\n"
-        "barrier.cluster.wait.acquire.aligned;\n" ::
-            : "memory");
+// The cluster barrier in two halves: every thread of every block of the cluster arrives
+// (releasing its writes and remote arrivals), and cluster_wait returns once all have; the
+// thread may work in between.
+__device__ __forceinline__ void cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void cluster_wait() {
+    asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
 #endif  // sm_90a

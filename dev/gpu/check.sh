@@ -432,7 +432,7 @@ fi
 
 if wants gemm-tiles && fits 60 "gemm-tiles"; then
     step "dev/gpu/gemm_tiles.cu"
-    # sm_90a: the wgmma experiment's instructions (Hopper only).
+    # sm_90a: the warpgroup GEMM's instructions (Hopper only).
     if nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Ikernels \
         -I"$ROOT/gpu_data/include" -o build/gemm_tiles dev/gpu/gemm_tiles.cu src/safetensors.cpp \
         src/json.cpp src/files.cpp >"$LOG/gemm_tiles_build.log" 2>&1; then

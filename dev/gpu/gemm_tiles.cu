@@ -1,13 +1,13 @@
 // The prefill GEMM's tensor-core kernel (kernels/gemm.cuh, gemm_tensor_core_kernel) with the
-// tile shapes gemm chooses among for 512 tokens, the warpgroup GEMM (kernels/gemm_warpgroup.cuh)
-// with several tile, stage and cluster shapes, and the cp.async wgmma experiment
-// (gemm_wgmma.cuh), at Mistral 7B's matrices: each one's time, TFLOPS and share of the dense f16
-// peak at the GPU's reported clock, and its largest difference from the medium tiles' result
-// (checked against the CPU by cuda_kernel_check), relative to the largest output. Other shapes go
-// into the list to be timed; those that win go into gemm.cuh's tiles and rule.
+// tile shapes gemm chooses among for 512 tokens, and the warpgroup GEMM
+// (kernels/gemm_warpgroup.cuh) with several tile, stage and cluster shapes, at Mistral 7B's
+// matrices: each one's time, TFLOPS and share of the dense f16 peak at the GPU's reported
+// clock, and its largest difference from the medium tiles' result (checked against the CPU by
+// cuda_kernel_check), relative to the largest output. Other shapes go into the list to be
+// timed; those that win go into gemm.cuh's tiles and rule.
 //
 // Build and run on an H100 or H200, from the repository root (about a minute to build;
-// sm_90a for wgmma):
+// sm_90a for the warpgroup GEMM):
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Ikernels \
 //       -o build/gemm_tiles dev/gpu/gemm_tiles.cu src/safetensors.cpp src/json.cpp src/files.cpp
 //   build/gemm_tiles [SHAPE]     (SHAPE: qkv, wo, w1 or w2 alone)
@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "gemm.cuh"
-#include "gemm_wgmma.cuh"
 
 // A named namespace: nvcc's generated launch stub cannot name a kernel in an anonymous one
 // beside gemm.cuh's.
@@ -93,26 +92,6 @@ Variant variant(const char* name, size_t shared_limit) {
     return {name, launch<Tiles>, Tiles::kSharedBytes};
 }
 
-template <int kRows, int kStages, bool kSwizzled>
-void launch_wgmma(const Operands& o) {
-    using Tiles = wgmma_experiment::WgmmaTiles<kRows, kStages>;
-    auto kernel = wgmma_experiment::gemm_wgmma_kernel<kRows, kStages, kSwizzled>;
-    const dim3 grid((o.tokens + wgmma_experiment::kTokens - 1) / wgmma_experiment::kTokens,
-                    (o.rows + kRows - 1) / kRows);
-    kernel<<<grid, wgmma_experiment::kThreads, Tiles::kSharedBytes>>>(
-        o.out, o.rows, reinterpret_cast<const uint16_t*>(o.weights), o.rows, o.cols,
-        reinterpret_cast<const uint16_t*>(o.in), o.tokens, o.cols, o.cols);
-    CUDA_CHECK_LAUNCH("gemm_wgmma_kernel");
-}
-
-template <int kRows, int kStages, bool kSwizzled>
-Variant wgmma_variant(const char* name, size_t shared_limit) {
-    constexpr size_t kBytes = wgmma_experiment::WgmmaTiles<kRows, kStages>::kSharedBytes;
-    if (kBytes <= shared_limit)
-        allow_shared_bytes(wgmma_experiment::gemm_wgmma_kernel<kRows, kStages, kSwizzled>, kBytes);
-    return {name, launch_wgmma<kRows, kStages, kSwizzled>, kBytes};
-}
-
 template <typename Tiles>
 void launch_warpgroup(const Operands& o) {
     static_assert(Tiles::kRowSlice >= kSliceRows && Tiles::kTokenSlice >= kSliceRows,
@@ -172,17 +151,12 @@ int main(int argc, char** argv) {
                     properties.multiProcessorCount, clock_khz / 1000, peak_tflops);
 
         // name: tile tokens x rows / warps tokens x rows x K / columns per warp and K tile /
-        // stages (wgmma: tile / stages, and the shared-memory layout).
+        // stages (warpgroup: tile / stages / cluster).
         const size_t limit = properties.sharedMemPerBlockOptin;
         const std::vector<Variant> variants = {
             variant<MediumTiles>("medium 64x64/2x2x1/32/4", limit),
             variant<LargeTiles>("large 128x128/2x2x2/32/4", limit),
             variant<WideTiles>("wide 128x256/2x4x1/32/4", limit),
-            wgmma_variant<128, 5, false>("wgmma 128x128/5", limit),
-            wgmma_variant<128, 6, false>("wgmma 128x128/6", limit),
-            wgmma_variant<256, 4, false>("wgmma 128x256/4", limit),
-            wgmma_variant<128, 5, true>("wgmma 128x128/5, 128-byte swizzle", limit),
-            wgmma_variant<256, 4, true>("wgmma 128x256/4, 128-byte swizzle", limit),
             // The warpgroup GEMM: tile / stages / cluster of token tiles x row tiles
             // (WarpgroupWideTiles<2>: 128x256/4/2x2, WarpgroupNarrowTiles<2>: 128x128/6/2x2;
             // gemm takes 1x2 clusters where the token tiles are odd).
@@ -199,7 +173,7 @@ int main(int argc, char** argv) {
         constexpr int kTokens = 512;
 
         // Every shape's operands first, and the medium tiles' result as the reference; then
-        // each variant over the shapes (the wgmma kernels last: a fault there leaves the
+        // each variant over the shapes (the warpgroup GEMM last: a fault there leaves the
         // others' rows printed).
         std::vector<Operands> operands;
         std::vector<std::vector<float>> references;
