@@ -44,11 +44,11 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "gemm_warpgroup.cuh"
 #include "kernels.h"
 #include "tensor_core.cuh"
 #ifndef BARELLM_CUDA_EMULATION
 #include "cuda_check.h"
-#include "gemm_warpgroup.cuh"
 #endif
 
 namespace barellm::cuda {
@@ -871,15 +871,12 @@ void launch_gemm_quantized(float* out, int out_pitch, const DeviceMatrix& w,
                        gemm_k_extent(in.cols, DType::F16), bias, accumulate);
 }
 
-// The warpgroup GEMM: WarpgroupWideTiles unless the narrow tiles' grid takes fewer waves of
-// one block per SM, counted as tile_waves does (Mistral-7B at 512 tokens: wide for qkv and
-// w1/w3, narrow for wo and w2). Clusters pair the token tiles where their number is even;
-// an odd number would leave a whole token tile of blocks multiplying zeros (half the
-// blocks for 65-128 tokens), so there each cluster is one token tile by two row tiles.
-template <DType D>
-void launch_gemm_warpgroup(float* out, int out_pitch, const DeviceMatrix& w,
-                           const DeviceActivations& in, const float* bias, bool accumulate,
-                           int multiprocessors, cudaStream_t stream) {
+// The warpgroup GEMM with blocks of `tile_rows` weight rows (one of kWarpgroupRowChoices),
+// in clusters of kClusterTokens x kWarpgroupClusterRows blocks.
+template <DType D, int kClusterTokens>
+void launch_gemm_warpgroup_rows(int tile_rows, float* out, int out_pitch, const DeviceMatrix& w,
+                                const DeviceActivations& in, const float* bias, bool accumulate,
+                                cudaStream_t stream) {
     const int k_extent = gemm_k_extent(w.cols, D);
     auto launch = [&](auto tiles) {
         using Tiles = decltype(tiles);
@@ -890,23 +887,50 @@ void launch_gemm_warpgroup(float* out, int out_pitch, const DeviceMatrix& w,
         launch_gemm_warpgroup_kernel<D, Tiles>(out, out_pitch, w.rows, in.tokens, k_extent, bias,
                                                accumulate, weights_map, in_map, stream);
     };
-    const auto waves = [&](auto tiles) {
-        using Tiles = decltype(tiles);
-        const dim3 grid = gemm_warpgroup_grid<Tiles>(in.tokens, w.rows);
-        return tile_waves(size_t(grid.x) * grid.y, kWarpgroupTileTokens * Tiles::kRows,
-                          multiprocessors);
-    };
-    const auto choose = [&](auto wide, auto narrow) {
-        if (waves(wide) <= waves(narrow))
-            launch(wide);
-        else
-            launch(narrow);
+    switch (tile_rows) {
+        case kWarpgroupRowChoices[0]:
+            return launch(WarpgroupGemmTiles<kWarpgroupRowChoices[0], kClusterTokens>{});
+        case kWarpgroupRowChoices[1]:
+            return launch(WarpgroupGemmTiles<kWarpgroupRowChoices[1], kClusterTokens>{});
+        case kWarpgroupRowChoices[2]:
+            return launch(WarpgroupGemmTiles<kWarpgroupRowChoices[2], kClusterTokens>{});
+        case kWarpgroupRowChoices[3]:
+            return launch(WarpgroupGemmTiles<kWarpgroupRowChoices[3], kClusterTokens>{});
+    }
+    throw Error("gemm: the warpgroup GEMM's blocks take 128, 192, 224 or 256 weight rows");
+}
+
+// The warpgroup GEMM: clusters pair the token tiles where their number is even; an odd
+// number would leave a whole token tile of blocks multiplying zeros (half the blocks for
+// 65-128 tokens), so there each cluster is one token tile by two row tiles. The blocks take
+// `tile_rows` weight rows, or where that is 0 those of choose_warpgroup_rows for the
+// blocks this GPU runs at once.
+template <DType D>
+void launch_gemm_warpgroup(int tile_rows, float* out, int out_pitch, const DeviceMatrix& w,
+                           const DeviceActivations& in, const float* bias, bool accumulate,
+                           cudaStream_t stream) {
+    const auto run = [&](auto cluster_tokens) {
+        constexpr int kClusterTokens = decltype(cluster_tokens)::value;
+        if (tile_rows == 0) {
+            static const int concurrent[kWarpgroupRowKinds] = {
+                warpgroup_concurrent_blocks<
+                    D, WarpgroupGemmTiles<kWarpgroupRowChoices[0], kClusterTokens>>(),
+                warpgroup_concurrent_blocks<
+                    D, WarpgroupGemmTiles<kWarpgroupRowChoices[1], kClusterTokens>>(),
+                warpgroup_concurrent_blocks<
+                    D, WarpgroupGemmTiles<kWarpgroupRowChoices[2], kClusterTokens>>(),
+                warpgroup_concurrent_blocks<
+                    D, WarpgroupGemmTiles<kWarpgroupRowChoices[3], kClusterTokens>>()};
+            tile_rows = choose_warpgroup_rows(in.tokens, w.rows, kClusterTokens, concurrent);
+        }
+        launch_gemm_warpgroup_rows<D, kClusterTokens>(tile_rows, out, out_pitch, w, in, bias,
+                                                      accumulate, stream);
     };
     const int token_tiles = (in.tokens + kWarpgroupTileTokens - 1) / kWarpgroupTileTokens;
     if (token_tiles % 2 == 0)
-        choose(WarpgroupWideTiles<2>{}, WarpgroupNarrowTiles<2>{});
+        run(std::integral_constant<int, 2>{});
     else
-        choose(WarpgroupWideTiles<1>{}, WarpgroupNarrowTiles<1>{});
+        run(std::integral_constant<int, 1>{});
 }
 
 template <DType D>
@@ -955,11 +979,9 @@ bool warpgroup_gemm_enabled() {
 #endif
     static const bool enabled = [] {
         const char* setting = std::getenv("BARELLM_CUDA_WGMMA");
-        const size_t shared_bytes =
-            std::max(WarpgroupWideTiles<2>::kSharedBytes, WarpgroupNarrowTiles<2>::kSharedBytes);
         return kImageBuilt && setting != nullptr && std::strcmp(setting, "1") == 0 &&
                current_device().compute_capability == kHopper &&
-               shared_bytes <= current_device().shared_bytes_per_block;
+               kHopperSharedBytes <= current_device().shared_bytes_per_block;
     }();
     return enabled;
 }
@@ -972,7 +994,7 @@ GemmTiles gemm_tiles(DType dtype, int tokens, int rows) {
 
 void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMatrix& w,
                      const DeviceActivations& in, const float* bias, bool accumulate,
-                     cudaStream_t stream) {
+                     cudaStream_t stream, int warpgroup_rows) {
     check_gemm_operands(out, out_pitch, w, in);
     if (in.tokens == 0 || w.rows == 0) return;
     const DeviceFigures& device = current_device();
@@ -1033,8 +1055,8 @@ void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMat
                     return launch_gemm_tensor_core<D, WideTiles>(out, out_pitch, w, in, bias,
                                                                  accumulate, stream);
                 case GemmTiles::kWarpgroup:
-                    return launch_gemm_warpgroup<D>(out, out_pitch, w, in, bias, accumulate,
-                                                    device.multiprocessors, stream);
+                    return launch_gemm_warpgroup<D>(warpgroup_rows, out, out_pitch, w, in, bias,
+                                                    accumulate, stream);
                 case GemmTiles::kSimt:
                     return;  // launched above
             }

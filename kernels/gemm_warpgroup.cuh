@@ -8,8 +8,9 @@
 // 72% of its throughput), because every block reads both of its operand tiles from L2 and
 // brings them through registers. Here:
 // - Block: three warpgroups (384 threads). Warpgroups 0 and 1 multiply a tile of 128 tokens
-//   x kRows weight rows (128 or 256), warpgroup g tokens 64 g .. 64 g + 63 with all kRows
-//   rows, one m64n{kRows}k16 instruction per 16 columns, straight from shared memory.
+//   x kRows weight rows (128, 192, 224 or 256: choose_warpgroup_rows), warpgroup g tokens
+//   64 g .. 64 g + 63 with all kRows rows, one m64n{kRows}k16 instruction per 16 columns,
+//   straight from shared memory.
 //   Warpgroup 2 produces: its first thread issues the copies; it gives up registers
 //   (setmaxnreg) so that the multiplying warpgroups can hold their kRows / 2 accumulators.
 // - Copies by the Tensor Memory Accelerator, one instruction per operand slice and stage,
@@ -39,36 +40,86 @@
 //   (pairs of neighbouring rows of a token).
 //
 // The grid is rounded up to whole clusters: blocks past the tokens or rows multiply zeros
-// and store nothing. Not part of the CPU emulation of CUDA (gemm.cuh includes it for GPU
-// builds only): the emulation has no wgmma, TMA or clusters.
+// and store nothing. Only the tile rule (choose_warpgroup_rows) is part of the CPU emulation
+// of CUDA, which has no wgmma, TMA or clusters.
 #pragma once
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
-
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
+#include <limits>
 #include <string>
 
 #include "common.cuh"
-#include "cuda_check.h"
 #include "kernels.h"
+#ifndef BARELLM_CUDA_EMULATION
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
+
+#include "cuda_check.h"
 #include "wgmma.cuh"
+#endif
 
 namespace barellm::cuda {
 
 constexpr int kWarpgroupTileTokens = 128;  // tokens per block: two multiplying warpgroups
-constexpr int kWarpgroupTokens = 64;       // m of wgmma: tokens per multiplying warpgroup
-constexpr int kWarpgroupTileK = 64;        // columns per stage: one 128-byte row of f16/bf16
-constexpr int kWarpgroupMmaK = 16;         // k of wgmma
+// The weight rows of a block are one of kWarpgroupRowChoices (kernels.h): the m64nNk16
+// shapes of wgmma.cuh.
+constexpr int kWarpgroupRowKinds = int(std::size(kWarpgroupRowChoices));
+constexpr int kWarpgroupClusterRows = 2;  // row tiles per cluster
+
+// The grid of gemm_warpgroup_kernel for blocks of `tile_rows` weight rows in clusters of
+// cluster_tokens x cluster_rows blocks: token tiles along x, row tiles along y, each rounded
+// up to whole clusters.
+inline dim3 warpgroup_grid(int tokens, int rows, int tile_rows, int cluster_tokens,
+                           int cluster_rows) {
+    const int token_tiles = (tokens + kWarpgroupTileTokens - 1) / kWarpgroupTileTokens;
+    const int row_tiles = (rows + tile_rows - 1) / tile_rows;
+    return dim3((token_tiles + cluster_tokens - 1) / cluster_tokens * cluster_tokens,
+                (row_tiles + cluster_rows - 1) / cluster_rows * cluster_rows);
+}
+
+// The weight rows of the blocks (kWarpgroupRowChoices[i]) for a product of `tokens` x
+// `rows` in clusters of cluster_tokens x kWarpgroupClusterRows blocks, where
+// concurrent_blocks[i] blocks of choice i run at once (whole clusters on the GPU's SMs, one
+// block an SM): the one whose grid takes the least time, a wave of blocks costing its rows
+// (a block's time is proportional to them); ties go to the larger tiles, which read fewer
+// bytes per product. With 132 blocks at once (an H100) and 512 tokens: Mistral-7B's qkv
+// (6144 rows) takes 192 (128 blocks, one wave), w1/w3 (14336) 224 (256 blocks, two), wo
+// and w2 (4096) 128 (128 blocks, one).
+inline int choose_warpgroup_rows(int tokens, int rows, int cluster_tokens,
+                                 const int (&concurrent_blocks)[kWarpgroupRowKinds]) {
+    int best = kWarpgroupRowChoices[0];
+    double best_time = std::numeric_limits<double>::infinity();
+    for (int i = 0; i < kWarpgroupRowKinds; ++i) {
+        const dim3 grid = warpgroup_grid(tokens, rows, kWarpgroupRowChoices[i], cluster_tokens,
+                                         kWarpgroupClusterRows);
+        const size_t blocks = size_t(grid.x) * grid.y;
+        const size_t at_once = size_t(std::max(concurrent_blocks[i], 1));
+        const double time = double((blocks + at_once - 1) / at_once) * kWarpgroupRowChoices[i];
+        if (time < best_time) {
+            best = kWarpgroupRowChoices[i];
+            best_time = time;
+        }
+    }
+    return best;
+}
+
+#ifndef BARELLM_CUDA_EMULATION
+
+constexpr int kWarpgroupTokens = 64;  // m of wgmma: tokens per multiplying warpgroup
+constexpr int kWarpgroupTileK = 64;   // columns per stage: one 128-byte row of f16/bf16
+constexpr int kWarpgroupMmaK = 16;    // k of wgmma
 constexpr int kWarpgroupConsumers = kWarpgroupTileTokens / kWarpgroupTokens;
 constexpr int kWarpgroupGemmThreads = (kWarpgroupConsumers + 1) * kWarpgroupThreads;  // + producer
 constexpr int kWarpgroupConsumerWarps = kWarpgroupConsumers * kWarpgroupThreads / kWarpSize;
 constexpr int kProducerRegisters = 40;   // setmaxnreg: the producer only issues copies
-constexpr int kConsumerRegisters = 232;  // 128 accumulators (kRows 256) and the loop's own
+constexpr int kConsumerRegisters = 232;  // up to 128 accumulators (kRows 256) and the loop's
 constexpr int kRegisterFile = 65536;     // 32-bit registers of an SM
 static_assert(kWarpgroupThreads * (kProducerRegisters + kWarpgroupConsumers * kConsumerRegisters) <=
                   kRegisterFile,
               "the register file holds the three warpgroups after setmaxnreg");
 constexpr unsigned kTensorMapDriverVersion = 12000;  // cuTensorMapEncodeTiled's ABI version
 static_assert(kWarpgroupTileK * 2 == kSwizzleRowBytes, "a stage's rows are swizzled rows");
+constexpr size_t kHopperSharedBytes = 232448;  // opt-in shared memory of an sm_90 block
 
 template <int kRows_, int kStages_, int kClusterTokens_, int kClusterRows_>
 struct WarpgroupTiles {
@@ -90,7 +141,8 @@ struct WarpgroupTiles {
     static constexpr size_t kSharedBytes =
         size_t(kStages) * kStageBytes + 2 * kStages * sizeof(uint64_t) + kSwizzleAtomBytes;
 
-    static_assert(kRows == 128 || kRows == 256, "one m64n128k16 or m64n256k16 per step");
+    static_assert(kRows == 128 || kRows == 192 || kRows == 224 || kRows == 256,
+                  "one m64n{kRows}k16 per step (wgmma.cuh)");
     static_assert(kClusterBlocks <= 8, "a portable cluster size");
     static_assert(kRowSlice * kSwizzleRowBytes % kSwizzleAtomBytes == 0 &&
                       kTokenSlice * kSwizzleRowBytes % kSwizzleAtomBytes == 0,
@@ -98,12 +150,18 @@ struct WarpgroupTiles {
     static_assert(kStages >= 2, "one stage is filled while another is multiplied");
 };
 
-// Wide rows for grids with enough blocks, narrow ones otherwise, in clusters of
-// kClusterTokens x 2 blocks (launch_gemm_warpgroup chooses).
-template <int kClusterTokens>
-using WarpgroupWideTiles = WarpgroupTiles<256, 4, kClusterTokens, 2>;
-template <int kClusterTokens>
-using WarpgroupNarrowTiles = WarpgroupTiles<128, 6, kClusterTokens, 2>;
+// The stages of a tile of `rows` weight rows: as many as an sm_90 block's shared memory
+// holds (7 for 128 rows, 5 for 192 and 224, 4 for 256).
+constexpr int warpgroup_stages(int rows) {
+    const size_t stage = size_t(kWarpgroupTileTokens + rows) * kSwizzleRowBytes;
+    return int((kHopperSharedBytes - kSwizzleAtomBytes) / (stage + 2 * sizeof(uint64_t)));
+}
+
+// The tiles gemm runs: `kRows` weight rows, in clusters of kClusterTokens x
+// kWarpgroupClusterRows blocks (launch_gemm_warpgroup chooses both).
+template <int kRows, int kClusterTokens>
+using WarpgroupGemmTiles =
+    WarpgroupTiles<kRows, warpgroup_stages(kRows), kClusterTokens, kWarpgroupClusterRows>;
 
 // out[t, r] = (accumulate ? out[t, r] : 0) + in[t, :] . W[r, :] + (bias ? bias[r] : 0) for
 // the block's tile, t < tokens, r < rows (see the header). `weights_map` has boxes of 64
@@ -216,10 +274,7 @@ __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
         for (int step = 0; step < kWarpgroupTileK / kWarpgroupMmaK; ++step) {
             const uint64_t a = swizzled_descriptor(token_tile + step * kStepBytes);
             const uint64_t b = swizzled_descriptor(row_tile + step * kStepBytes);
-            if constexpr (Tiles::kRows == 128)
-                mma_64x128x16<D>(acc, a, b);
-            else
-                mma_64x256x16<D>(acc, a, b);
+            mma_64xNx16<Tiles::kRows, D>(acc, a, b);
         }
         warpgroup_commit();
         warpgroup_wait<1>();  // tile kt - 1's products are done: release its stage
@@ -278,41 +333,69 @@ __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
 #endif
 }
 
-// The grid of gemm_warpgroup_kernel: token tiles along x, row tiles along y, each rounded
-// up to whole clusters.
 template <typename Tiles>
 inline dim3 gemm_warpgroup_grid(int tokens, int rows) {
-    const int token_tiles = (tokens + kWarpgroupTileTokens - 1) / kWarpgroupTileTokens;
-    const int row_tiles = (rows + Tiles::kRows - 1) / Tiles::kRows;
-    return dim3(
-        (token_tiles + Tiles::kClusterTokens - 1) / Tiles::kClusterTokens * Tiles::kClusterTokens,
-        (row_tiles + Tiles::kClusterRows - 1) / Tiles::kClusterRows * Tiles::kClusterRows);
+    return warpgroup_grid(tokens, rows, Tiles::kRows, Tiles::kClusterTokens, Tiles::kClusterRows);
 }
 
-// gemm_warpgroup_kernel<D, Tiles> on `stream`, in clusters (a launch attribute: a kernel
-// attribute would not compile for the GPUs before sm_90, whose images trap).
+// gemm_warpgroup_kernel<D, Tiles>, allowed its shared memory (once).
 template <DType D, typename Tiles>
-void launch_gemm_warpgroup_kernel(float* out, int out_pitch, int rows, int tokens, int k_extent,
-                                  const float* bias, bool accumulate,
-                                  const CUtensorMap& weights_map, const CUtensorMap& in_map,
-                                  cudaStream_t stream) {
+auto prepared_warpgroup_kernel() {
     auto kernel = gemm_warpgroup_kernel<D, Tiles>;
     static const bool opted_in = (allow_shared_bytes(kernel, Tiles::kSharedBytes), true);
     (void)opted_in;
-    cudaLaunchAttribute cluster = {};
+    return kernel;
+}
+
+// The launch shape of gemm_warpgroup_kernel<D, Tiles> for `grid` (clusters as a launch
+// attribute: a kernel attribute would not compile for the GPUs before sm_90, whose images
+// trap), `cluster` holding the attribute.
+template <typename Tiles>
+cudaLaunchConfig_t warpgroup_launch_config(dim3 grid, cudaStream_t stream,
+                                           cudaLaunchAttribute& cluster) {
+    cluster = {};
     cluster.id = cudaLaunchAttributeClusterDimension;
     cluster.val.clusterDim.x = Tiles::kClusterTokens;
     cluster.val.clusterDim.y = Tiles::kClusterRows;
     cluster.val.clusterDim.z = 1;
     cudaLaunchConfig_t config = {};
-    config.gridDim = gemm_warpgroup_grid<Tiles>(tokens, rows);
+    config.gridDim = grid;
     config.blockDim = dim3(kWarpgroupGemmThreads);
     config.dynamicSmemBytes = Tiles::kSharedBytes;
     config.stream = stream;
     config.attrs = &cluster;
     config.numAttrs = 1;
-    CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, out, out_pitch, rows, tokens, k_extent, bias,
-                                  accumulate, weights_map, in_map));
+    return config;
+}
+
+// How many blocks of gemm_warpgroup_kernel<D, Tiles> the GPU runs at once: whole clusters,
+// as many as fit its SMs (cudaOccupancyMaxActiveClusters: an SM's block takes most of its
+// shared memory, and a cluster's blocks must share a GPC).
+template <DType D, typename Tiles>
+int warpgroup_concurrent_blocks() {
+    static const int blocks = [] {
+        cudaLaunchAttribute cluster;
+        const cudaLaunchConfig_t config = warpgroup_launch_config<Tiles>(
+            dim3(Tiles::kClusterTokens, Tiles::kClusterRows), 0, cluster);
+        int clusters = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, prepared_warpgroup_kernel<D, Tiles>(),
+                                                  &config));
+        return clusters * Tiles::kClusterBlocks;
+    }();
+    return blocks;
+}
+
+// gemm_warpgroup_kernel<D, Tiles> on `stream`.
+template <DType D, typename Tiles>
+void launch_gemm_warpgroup_kernel(float* out, int out_pitch, int rows, int tokens, int k_extent,
+                                  const float* bias, bool accumulate,
+                                  const CUtensorMap& weights_map, const CUtensorMap& in_map,
+                                  cudaStream_t stream) {
+    cudaLaunchAttribute cluster;
+    const cudaLaunchConfig_t config =
+        warpgroup_launch_config<Tiles>(gemm_warpgroup_grid<Tiles>(tokens, rows), stream, cluster);
+    CUDA_CHECK(cudaLaunchKernelEx(&config, prepared_warpgroup_kernel<D, Tiles>(), out, out_pitch,
+                                  rows, tokens, k_extent, bias, accumulate, weights_map, in_map));
 }
 
 // A 2-D tensor map over `rows` rows of `extent` 16-bit `dtype` elements (f16 or bf16),
@@ -352,5 +435,7 @@ CUtensorMap warpgroup_tensor_map(const void* base, DType dtype, int rows, int ex
                     ")");
     return map;
 }
+
+#endif  // BARELLM_CUDA_EMULATION
 
 }  // namespace barellm::cuda

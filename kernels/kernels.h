@@ -197,11 +197,15 @@ enum class GemmTiles { kSimt, kSmallBatch, kMedium, kLarge, kWide, kWarpgroup };
 bool warpgroup_gemm_enabled();
 // The tiles gemm picks for these sizes on the current GPU.
 GemmTiles gemm_tiles(DType dtype, int tokens, int rows);
+// The weight rows of the warpgroup GEMM's blocks gemm chooses among (largest first).
+constexpr int kWarpgroupRowChoices[] = {256, 224, 192, 128};
 // gemm with the given tiles, whatever the sizes (tests and benchmarks reach every path
-// with it); throws when the GPU or the dtype cannot run them.
+// with it); throws when the GPU or the dtype cannot run them. The warpgroup GEMM's blocks
+// take `warpgroup_rows` weight rows (one of kWarpgroupRowChoices), or with 0 those gemm
+// would.
 void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMatrix& w,
                      const DeviceActivations& in, const float* bias, bool accumulate,
-                     cudaStream_t stream);
+                     cudaStream_t stream, int warpgroup_rows = 0);
 
 // x[t, 0..dim) = table[tokens[t]] as f32 for t < count (tokens in device memory, checked on
 // the host before); x has pitch table.cols. (kernels/prefill.cuh)

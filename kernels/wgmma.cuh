@@ -56,99 +56,86 @@ __device__ __forceinline__ uint64_t swizzled_descriptor(const void* start) {
            kSwizzle128 << kSwizzleShift;
 }
 
-// d (64 x 128 f32, the fragments above) += A (64 x 16, descriptor a) * B (16 x 128, given
-// as 128 rows of 16 columns, descriptor b), D (f16 or bf16) operands; asynchronous.
-#define BARELLM_WGMMA_M64N128K16(type)                                                            \
-    asm volatile(                                                                                 \
-        "{\n"                                                                                     \
-        ".reg .pred accumulate;\n"                                                                \
-        "setp.ne.b32 accumulate, %66, 0;\n"                                                       \
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32." type "." type                              \
-        " "                                                                                       \
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "  \
-        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "   \
-        "%36, "                                                                                   \
-        "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, "   \
-        "%54, "                                                                                   \
-        "%55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, accumulate, 1, 1, 0, 0;\n"       \
-        "}\n"                                                                                     \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),     \
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
-          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),           \
-          "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),           \
-          "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),           \
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),           \
-          "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),           \
-          "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),           \
-          "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),           \
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),           \
-          "+f"(d[62]), "+f"(d[63])                                                                \
-        : "l"(a), "l"(b), "r"(1))
+// The accumulators of one instruction as asm operands, for n = 128, 192, 224 and 256 (64,
+// 96, 112 and 128 registers): their names in the instruction ("%0, %1, ...") and their
+// bindings to d[0], d[1], ... (read and written).
+#define BARELLM_WGMMA_NAMES_64                                          \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, "           \
+    "%13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, " \
+    "%26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, " \
+    "%39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, " \
+    "%52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define BARELLM_WGMMA_NAMES_96                                            \
+    BARELLM_WGMMA_NAMES_64                                                \
+    ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, " \
+    "%77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, "   \
+    "%90, %91, %92, %93, %94, %95"
+#define BARELLM_WGMMA_NAMES_112                                                    \
+    BARELLM_WGMMA_NAMES_96                                                         \
+    ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, " \
+    "%109, %110, %111"
+#define BARELLM_WGMMA_NAMES_128                                                        \
+    BARELLM_WGMMA_NAMES_112                                                            \
+    ", %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, " \
+    "%125, %126, %127"
+#define BARELLM_WGMMA_BIND_8(i)                                                                 \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+        "+f"(d[i + 6]), "+f"(d[i + 7])
+#define BARELLM_WGMMA_BIND_16(i) BARELLM_WGMMA_BIND_8(i), BARELLM_WGMMA_BIND_8(i + 8)
+#define BARELLM_WGMMA_BIND_64                                                       \
+    BARELLM_WGMMA_BIND_16(0), BARELLM_WGMMA_BIND_16(16), BARELLM_WGMMA_BIND_16(32), \
+        BARELLM_WGMMA_BIND_16(48)
+#define BARELLM_WGMMA_BIND_96 \
+    BARELLM_WGMMA_BIND_64, BARELLM_WGMMA_BIND_16(64), BARELLM_WGMMA_BIND_16(80)
+#define BARELLM_WGMMA_BIND_112 BARELLM_WGMMA_BIND_96, BARELLM_WGMMA_BIND_16(96)
+#define BARELLM_WGMMA_BIND_128 BARELLM_WGMMA_BIND_112, BARELLM_WGMMA_BIND_16(112)
 
-template <DType D>
-__device__ __forceinline__ void mma_64x128x16(float (&d)[64], uint64_t a, uint64_t b) {
+// wgmma m64n{n}k16 of `types` ("f16.f16" or "bf16.bf16") with f32 accumulators `names`
+// (bound by the trailing arguments) and `descriptors` naming the two operands after them
+// ("%64, %65" for n = 128). scale-d is 1 (d is added to); A and B are neither negated nor
+// transposed (K-major).
+#define BARELLM_WGMMA(n, types, names, descriptors, ...)                                     \
+    asm volatile(                                                                            \
+        "{\n.reg .pred add;\nsetp.ne.b32 add, 1, 0;\n"                                       \
+        "wgmma.mma_async.sync.aligned.m64n" #n "k16.f32." types " {" names "}, " descriptors \
+        ", add, 1, 1, 0, 0;\n}\n"                                                            \
+        : __VA_ARGS__                                                                        \
+        : "l"(a), "l"(b))
+// The same for the element type D.
+#define BARELLM_WGMMA_OF_D(n, names, descriptors, ...)                \
+    if constexpr (D == DType::F16)                                    \
+        BARELLM_WGMMA(n, "f16.f16", names, descriptors, __VA_ARGS__); \
+    else                                                              \
+        BARELLM_WGMMA(n, "bf16.bf16", names, descriptors, __VA_ARGS__)
+
+// d (64 x kN f32, the fragments above) += A (64 x 16, descriptor a) * B (16 x kN, given as
+// kN rows of 16 columns, descriptor b), D (f16 or bf16) operands; asynchronous.
+template <int kN, DType D>
+__device__ __forceinline__ void mma_64xNx16(float (&d)[kN / 2], uint64_t a, uint64_t b) {
     static_assert(D == DType::F16 || D == DType::BF16, "wgmma multiplies f16 or bf16 here");
-    if constexpr (D == DType::F16)
-        BARELLM_WGMMA_M64N128K16("f16");
-    else
-        BARELLM_WGMMA_M64N128K16("bf16");
+    static_assert(kN == 128 || kN == 192 || kN == 224 || kN == 256, "a shape listed above");
+    if constexpr (kN == 128) {
+        BARELLM_WGMMA_OF_D(128, BARELLM_WGMMA_NAMES_64, "%64, %65", BARELLM_WGMMA_BIND_64);
+    } else if constexpr (kN == 192) {
+        BARELLM_WGMMA_OF_D(192, BARELLM_WGMMA_NAMES_96, "%96, %97", BARELLM_WGMMA_BIND_96);
+    } else if constexpr (kN == 224) {
+        BARELLM_WGMMA_OF_D(224, BARELLM_WGMMA_NAMES_112, "%112, %113", BARELLM_WGMMA_BIND_112);
+    } else {
+        BARELLM_WGMMA_OF_D(256, BARELLM_WGMMA_NAMES_128, "%128, %129", BARELLM_WGMMA_BIND_128);
+    }
 }
-#undef BARELLM_WGMMA_M64N128K16
-
-// As mma_64x128x16 for B of 256 rows: d is 64 x 256.
-#define BARELLM_WGMMA_M64N256K16(type)                                                            \
-    asm volatile(                                                                                 \
-        "{\n"                                                                                     \
-        ".reg .pred accumulate;\n"                                                                \
-        "setp.ne.b32 accumulate, %130, 0;\n"                                                      \
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32." type "." type                              \
-        " "                                                                                       \
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "  \
-        "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "   \
-        "%36, "                                                                                   \
-        "%37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, "   \
-        "%54, "                                                                                   \
-        "%55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, "   \
-        "%72, "                                                                                   \
-        "%73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, "   \
-        "%90, "                                                                                   \
-        "%91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, " \
-        "%107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, "    \
-        "%121, "                                                                                  \
-        "%122, %123, %124, %125, %126, %127}, %128, %129, accumulate, 1, 1, 0, 0;\n"              \
-        "}\n"                                                                                     \
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),     \
-          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
-          "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),           \
-          "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),           \
-          "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),           \
-          "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),           \
-          "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),           \
-          "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),           \
-          "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),           \
-          "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),           \
-          "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]),           \
-          "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]),           \
-          "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]),           \
-          "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]),           \
-          "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]),           \
-          "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),           \
-          "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),       \
-          "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),     \
-          "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),     \
-          "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),     \
-          "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])      \
-        : "l"(a), "l"(b), "r"(1))
-
-template <DType D>
-__device__ __forceinline__ void mma_64x256x16(float (&d)[128], uint64_t a, uint64_t b) {
-    static_assert(D == DType::F16 || D == DType::BF16, "wgmma multiplies f16 or bf16 here");
-    if constexpr (D == DType::F16)
-        BARELLM_WGMMA_M64N256K16("f16");
-    else
-        BARELLM_WGMMA_M64N256K16("bf16");
-}
-#undef BARELLM_WGMMA_M64N256K16
+#undef BARELLM_WGMMA
+#undef BARELLM_WGMMA_OF_D
+#undef BARELLM_WGMMA_NAMES_64
+#undef BARELLM_WGMMA_NAMES_96
+#undef BARELLM_WGMMA_NAMES_112
+#undef BARELLM_WGMMA_NAMES_128
+#undef BARELLM_WGMMA_BIND_8
+#undef BARELLM_WGMMA_BIND_16
+#undef BARELLM_WGMMA_BIND_64
+#undef BARELLM_WGMMA_BIND_96
+#undef BARELLM_WGMMA_BIND_112
+#undef BARELLM_WGMMA_BIND_128
 
 // Orders the warpgroup's register accesses before the wgmma instructions that follow.
 __device__ __forceinline__ void warpgroup_fence() {

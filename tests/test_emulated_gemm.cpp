@@ -148,3 +148,31 @@ TEST_CASE("gemm's tile rule picks the tiles the H100 measurements favour",
     CHECK(warpgroup(DType::U8, 512, 14336) == GemmTiles::kLarge);
     CHECK(warpgroup(DType::F32, 512, 4096) == GemmTiles::kSimt);
 }
+
+TEST_CASE("the warpgroup GEMM's row rule fills the GPU's waves", "[cuda_emulation][gemm]") {
+    // Blocks at once for each of kWarpgroupRowChoices: an H100's 132 SMs, or 120 where its
+    // clusters of four cannot use every SM.
+    const int h100[] = {132, 132, 132, 132}, fewer[] = {120, 120, 120, 120};
+    // Mistral-7B at 512 tokens, clusters of 2 x 2: qkv in one wave of 128 blocks of 192 rows
+    // (256 would take 96, 73% of the SMs), w1/w3 in two of 256 blocks of 224 rows (256: 224
+    // blocks, 85%), wo and w2 in one of 128 blocks of 128 rows.
+    CHECK(choose_warpgroup_rows(512, 6144, 2, h100) == 192);
+    CHECK(choose_warpgroup_rows(512, 14336, 2, h100) == 224);
+    CHECK(choose_warpgroup_rows(512, 4096, 2, h100) == 128);
+    // Qwen3-8B's w1/w3 (12288 rows): 192 and 128 rows tie (2 waves of 256 blocks, 3 of
+    // 384): the larger tiles win.
+    CHECK(choose_warpgroup_rows(512, 12288, 2, h100) == 192);
+    // With 120 blocks at once w1/w3's 224-row grid needs a third wave: 256 rows (two waves
+    // of 224 blocks) tie with 128 (four of 448) and win.
+    CHECK(choose_warpgroup_rows(512, 14336, 2, fewer) == 256);
+    // One token tile (1 x 2 clusters): every grid is one wave, the smallest tiles finish
+    // first.
+    CHECK(choose_warpgroup_rows(100, 6144, 1, h100) == 128);
+    // Long prompts: many waves, the quantization evens out and the largest tiles win.
+    CHECK(choose_warpgroup_rows(4096, 14336, 2, h100) == 256);
+    // The grid rounds to whole clusters: 200 rows are one row tile of any size, padded to a
+    // cluster's two.
+    const dim3 grid = warpgroup_grid(511, 200, 224, 2, kWarpgroupClusterRows);
+    CHECK(grid.x == 4);
+    CHECK(grid.y == 2);
+}

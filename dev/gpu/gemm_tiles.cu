@@ -17,6 +17,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "gemm.cuh"
@@ -46,25 +48,26 @@ struct Shape {
     int rows, cols;
 };
 
-constexpr int kSliceRows = 32;  // the warpgroup GEMM's smallest slice of rows
-constexpr int kSliceSizes = 4;  // 32, 64, 128, 256 rows
-
-// i with kSliceRows << i == rows.
-constexpr int slice_map(int rows) {
-    int i = 0;
-    while (kSliceRows << i < rows) ++i;
-    return i;
-}
-
 struct Operands {
     __half* weights;
     __half* in;
     float* out;
     int tokens, rows, cols;
-    // The warpgroup GEMM's views of the operands, in boxes of kSliceRows << i rows
-    // (in_maps[i], weights_maps[i]): the slices of 32 to 256 rows a block copies.
-    CUtensorMap in_maps[kSliceSizes], weights_maps[kSliceSizes];
+    // The warpgroup GEMM's views of the operands by the rows of their boxes (the slices a
+    // block copies), made on first use: the timed launches find them made.
+    mutable std::map<int, CUtensorMap> in_maps, weights_maps;
 };
+
+// `maps`[box_rows] over the rows x o.cols matrix at `base`, made if missing.
+const CUtensorMap& tensor_map(std::map<int, CUtensorMap>& maps, const __half* base, int rows,
+                              int cols, int box_rows) {
+    auto found = maps.find(box_rows);
+    if (found == maps.end())
+        found = maps.emplace(box_rows,
+                             warpgroup_tensor_map(base, DType::F16, rows, cols, cols, box_rows))
+                    .first;
+    return found->second;
+}
 
 using Launch = void (*)(const Operands&);
 
@@ -82,6 +85,7 @@ struct Variant {
     const char* name;  // tokens x rows, warps tokens x rows x K, columns per warp, stages
     Launch run;
     size_t shared_bytes;
+    int concurrent_blocks = 0;  // the warpgroup GEMM's blocks at once (0: not counted)
 };
 
 // Each variant opts in to its shared memory here, once, outside the timed launches.
@@ -94,17 +98,17 @@ Variant variant(const char* name, size_t shared_limit) {
 
 template <typename Tiles>
 void launch_warpgroup(const Operands& o) {
-    static_assert(Tiles::kRowSlice >= kSliceRows && Tiles::kTokenSlice >= kSliceRows,
-                  "the maps' slices start at kSliceRows");
     launch_gemm_warpgroup_kernel<DType::F16, Tiles>(
         o.out, o.rows, o.rows, o.tokens, o.cols, nullptr, false,
-        o.weights_maps[slice_map(Tiles::kRowSlice)], o.in_maps[slice_map(Tiles::kTokenSlice)], 0);
+        tensor_map(o.weights_maps, o.weights, o.rows, o.cols, Tiles::kRowSlice),
+        tensor_map(o.in_maps, o.in, o.tokens, o.cols, Tiles::kTokenSlice), 0);
 }
 
-// The launch opts in to the shared memory (launch_gemm_warpgroup_kernel), where it fits.
+// With the blocks the GPU runs at once, which choose_warpgroup_rows weighs.
 template <typename Tiles>
 Variant warpgroup_variant(const char* name) {
-    return {name, launch_warpgroup<Tiles>, Tiles::kSharedBytes};
+    return {name, launch_warpgroup<Tiles>, Tiles::kSharedBytes,
+            warpgroup_concurrent_blocks<DType::F16, Tiles>()};
 }
 
 double median_ms(const Operands& o, Launch run) {
@@ -157,16 +161,19 @@ int main(int argc, char** argv) {
             variant<MediumTiles>("medium 64x64/2x2x1/32/4", limit),
             variant<LargeTiles>("large 128x128/2x2x2/32/4", limit),
             variant<WideTiles>("wide 128x256/2x4x1/32/4", limit),
-            // The warpgroup GEMM: tile / stages / cluster of token tiles x row tiles
-            // (WarpgroupWideTiles<2>: 128x256/4/2x2, WarpgroupNarrowTiles<2>: 128x128/6/2x2;
-            // gemm takes 1x2 clusters where the token tiles are odd).
-            warpgroup_variant<WarpgroupTiles<128, 6, 1, 1>>("warpgroup 128x128/6/1x1"),
+            // The warpgroup GEMM: tile / stages / cluster of token tiles x row tiles. gemm
+            // runs WarpgroupGemmTiles (2x2 clusters, 1x2 where the token tiles are odd) with
+            // the rows choose_warpgroup_rows picks; without clusters, and with others, for
+            // comparison.
+            warpgroup_variant<WarpgroupTiles<128, 7, 1, 1>>("warpgroup 128x128/7/1x1"),
             warpgroup_variant<WarpgroupTiles<256, 4, 1, 1>>("warpgroup 128x256/4/1x1"),
+            warpgroup_variant<WarpgroupGemmTiles<128, 2>>("warpgroup 128x128/7/2x2"),
+            warpgroup_variant<WarpgroupGemmTiles<192, 2>>("warpgroup 128x192/5/2x2"),
+            warpgroup_variant<WarpgroupGemmTiles<224, 2>>("warpgroup 128x224/5/2x2"),
+            warpgroup_variant<WarpgroupGemmTiles<256, 2>>("warpgroup 128x256/4/2x2"),
+            warpgroup_variant<WarpgroupGemmTiles<256, 1>>("warpgroup 128x256/4/1x2"),
             warpgroup_variant<WarpgroupTiles<256, 4, 2, 1>>("warpgroup 128x256/4/2x1"),
-            warpgroup_variant<WarpgroupTiles<256, 4, 4, 1>>("warpgroup 128x256/4/4x1"),
-            warpgroup_variant<WarpgroupWideTiles<2>>("warpgroup 128x256/4/2x2"),
-            warpgroup_variant<WarpgroupNarrowTiles<2>>("warpgroup 128x128/6/2x2"),
-            warpgroup_variant<WarpgroupTiles<128, 6, 4, 2>>("warpgroup 128x128/6/4x2"),
+            warpgroup_variant<WarpgroupTiles<128, 7, 4, 2>>("warpgroup 128x128/7/4x2"),
         };
         const Shape shapes[] = {
             {"qkv", 6144, 4096}, {"wo", 4096, 4096}, {"w1", 14336, 4096}, {"w2", 4096, 14336}};
@@ -186,12 +193,6 @@ int main(int argc, char** argv) {
             CUDA_CHECK(cudaMalloc(&o.weights, w_count * sizeof(__half)));
             CUDA_CHECK(cudaMalloc(&o.in, in_count * sizeof(__half)));
             CUDA_CHECK(cudaMalloc(&o.out, size_t(kTokens) * shape.rows * sizeof(float)));
-            for (int i = 0; i < kSliceSizes; ++i) {
-                o.in_maps[i] = warpgroup_tensor_map(o.in, DType::F16, kTokens, shape.cols,
-                                                    shape.cols, kSliceRows << i);
-                o.weights_maps[i] = warpgroup_tensor_map(o.weights, DType::F16, shape.rows,
-                                                         shape.cols, shape.cols, kSliceRows << i);
-            }
             fill_random_f16<<<1024, 256>>>(o.weights, w_count, 1);
             fill_random_f16<<<1024, 256>>>(o.in, in_count, 2);
             CUDA_CHECK_LAUNCH("fill_random_f16");
@@ -202,14 +203,14 @@ int main(int argc, char** argv) {
         }
 
         std::printf(
-            "\n| tiles | shape | us | TFLOPS | %% of peak | max diff vs medium |\n"
-            "| --- | --- | ---: | ---: | ---: | ---: |\n");
+            "\n| tiles | shape | us | TFLOPS | %% of peak | max diff vs medium | blocks at once |\n"
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: |\n");
         for (const Variant& v : variants) {
             for (size_t s = 0; s < operands.size(); ++s) {
                 const Operands& o = operands[s];
                 if (v.shared_bytes > limit) {
-                    std::printf("| %s | %s | more shared memory than the GPU has | | | |\n", v.name,
-                                names[s]);
+                    std::printf("| %s | %s | more shared memory than the GPU has | | | | |\n",
+                                v.name, names[s]);
                     continue;
                 }
                 const size_t out_count = size_t(o.tokens) * o.rows;
@@ -225,9 +226,11 @@ int main(int argc, char** argv) {
                 }
                 const double ms = median_ms(o, v.run);
                 const double tflops = 2.0 * o.tokens * o.rows * o.cols / ms / 1e9;
-                std::printf("| %s | %s %dx%dx%d | %.1f | %.1f | %.1f%% | %.2g |\n", v.name,
+                const std::string at_once =
+                    v.concurrent_blocks > 0 ? std::to_string(v.concurrent_blocks) : "";
+                std::printf("| %s | %s %dx%dx%d | %.1f | %.1f | %.1f%% | %.2g | %s |\n", v.name,
                             names[s], o.tokens, o.rows, o.cols, ms * 1e3, tflops,
-                            100 * tflops / peak_tflops, worst / scale);
+                            100 * tflops / peak_tflops, worst / scale, at_once.c_str());
                 std::fflush(stdout);
             }
         }

@@ -1034,21 +1034,34 @@ void check_gemm() {
             const std::string shape = std::string(dtype_label(dtype)) + " " +
                                       std::to_string(test.tokens) + "x" +
                                       std::to_string(test.rows) + "x" + std::to_string(test.cols);
-            // Every tile shape, gemm's own choice (empty) first.
-            std::vector<std::optional<cuda::GemmTiles>> choices = {std::nullopt};
-            for (cuda::GemmTiles t : tiles) choices.push_back(t);
-            for (const std::optional<cuda::GemmTiles>& choice : choices) {
+            // Every tile shape (the warpgroup GEMM with each of its row counts), gemm's own
+            // choice (empty) first.
+            struct TileChoice {
+                cuda::GemmTiles tiles;
+                int warpgroup_rows;
+            };
+            std::vector<std::optional<TileChoice>> choices = {std::nullopt};
+            for (cuda::GemmTiles t : tiles)
+                if (t == cuda::GemmTiles::kWarpgroup)
+                    for (int rows : cuda::kWarpgroupRowChoices)
+                        choices.push_back(TileChoice{t, rows});
+                else
+                    choices.push_back(TileChoice{t, 0});
+            for (const std::optional<TileChoice>& choice : choices) {
                 const std::string tiles_name =
-                    choice ? tiles_label(*choice)
-                           : std::string("gemm's ") +
-                                 tiles_label(cuda::gemm_tiles(dtype, test.tokens, test.rows));
+                    !choice ? std::string("gemm's ") +
+                                  tiles_label(cuda::gemm_tiles(dtype, test.tokens, test.rows))
+                    : choice->warpgroup_rows ? tiles_label(choice->tiles) + std::string(" ") +
+                                                   std::to_string(choice->warpgroup_rows)
+                                             : tiles_label(choice->tiles);
                 for (int variant = 0; variant < 4; ++variant) {
                     const bool with_bias = variant & 1, accumulate = variant & 2;
                     DeviceBuffer out = accumulate ? to_device(residual) : poisoned(out_count);
                     const float* bias_pointer = with_bias ? device_bias.as<float>() : nullptr;
                     if (choice)
-                        cuda::gemm_with_tiles(*choice, out.as<float>(), out_pitch, device_w, in,
-                                              bias_pointer, accumulate, 0);
+                        cuda::gemm_with_tiles(choice->tiles, out.as<float>(), out_pitch, device_w,
+                                              in, bias_pointer, accumulate, 0,
+                                              choice->warpgroup_rows);
                     else
                         cuda::gemm(out.as<float>(), out_pitch, device_w, in, bias_pointer,
                                    accumulate, 0);
