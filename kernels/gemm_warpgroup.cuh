@@ -120,6 +120,7 @@ static_assert(kWarpgroupThreads * (kProducerRegisters + kWarpgroupConsumers * kC
 constexpr unsigned kTensorMapDriverVersion = 12000;  // cuTensorMapEncodeTiled's ABI version
 static_assert(kWarpgroupTileK * 2 == kSwizzleRowBytes, "a stage's rows are swizzled rows");
 constexpr size_t kHopperSharedBytes = 232448;  // opt-in shared memory of an sm_90 block
+constexpr int kMaxBoxRows = 256;               // the TMA's largest box dimension
 
 template <int kRows_, int kStages_, int kClusterTokens_, int kClusterRows_>
 struct WarpgroupTiles {
@@ -144,6 +145,10 @@ struct WarpgroupTiles {
     static_assert(kRows == 128 || kRows == 192 || kRows == 224 || kRows == 256,
                   "one m64n{kRows}k16 per step (wgmma.cuh)");
     static_assert(kClusterBlocks <= 8, "a portable cluster size");
+    static_assert(kRows % kClusterTokens == 0 && kWarpgroupTileTokens % kClusterRows == 0,
+                  "the slices split the tiles evenly");
+    static_assert(kRowSlice <= kMaxBoxRows && kTokenSlice <= kMaxBoxRows, "a slice is one box");
+    static_assert(kSharedBytes <= kHopperSharedBytes, "the block fits an sm_90 SM");
     static_assert(kRowSlice * kSwizzleRowBytes % kSwizzleAtomBytes == 0 &&
                       kTokenSlice * kSwizzleRowBytes % kSwizzleAtomBytes == 0,
                   "every slice starts on a swizzle atom");

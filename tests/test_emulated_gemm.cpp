@@ -168,7 +168,8 @@ TEST_CASE("the warpgroup GEMM's row rule fills the GPU's waves", "[cuda_emulatio
     // One token tile (1 x 2 clusters): every grid is one wave, the smallest tiles finish
     // first.
     CHECK(choose_warpgroup_rows(100, 6144, 1, h100) == 128);
-    // Long prompts: many waves, the quantization evens out and the largest tiles win.
+    // Long prompts: many waves; 256, 224 and 128 rows tie (14, 16 and 28 waves) and the
+    // largest tiles win.
     CHECK(choose_warpgroup_rows(4096, 14336, 2, h100) == 256);
     // The grid rounds to whole clusters: 200 rows are one row tile of any size, padded to a
     // cluster's two.

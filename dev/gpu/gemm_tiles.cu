@@ -104,11 +104,13 @@ void launch_warpgroup(const Operands& o) {
         tensor_map(o.in_maps, o.in, o.tokens, o.cols, Tiles::kTokenSlice), 0);
 }
 
-// With the blocks the GPU runs at once, which choose_warpgroup_rows weighs.
+// With the blocks the GPU runs at once, which choose_warpgroup_rows weighs (where the
+// block fits the GPU's shared memory).
 template <typename Tiles>
-Variant warpgroup_variant(const char* name) {
+Variant warpgroup_variant(const char* name, size_t shared_limit) {
+    const bool fits = Tiles::kSharedBytes <= shared_limit;
     return {name, launch_warpgroup<Tiles>, Tiles::kSharedBytes,
-            warpgroup_concurrent_blocks<DType::F16, Tiles>()};
+            fits ? warpgroup_concurrent_blocks<DType::F16, Tiles>() : 0};
 }
 
 double median_ms(const Operands& o, Launch run) {
@@ -165,15 +167,15 @@ int main(int argc, char** argv) {
             // runs WarpgroupGemmTiles (2x2 clusters, 1x2 where the token tiles are odd) with
             // the rows choose_warpgroup_rows picks; without clusters, and with others, for
             // comparison.
-            warpgroup_variant<WarpgroupTiles<128, 7, 1, 1>>("warpgroup 128x128/7/1x1"),
-            warpgroup_variant<WarpgroupTiles<256, 4, 1, 1>>("warpgroup 128x256/4/1x1"),
-            warpgroup_variant<WarpgroupGemmTiles<128, 2>>("warpgroup 128x128/7/2x2"),
-            warpgroup_variant<WarpgroupGemmTiles<192, 2>>("warpgroup 128x192/5/2x2"),
-            warpgroup_variant<WarpgroupGemmTiles<224, 2>>("warpgroup 128x224/5/2x2"),
-            warpgroup_variant<WarpgroupGemmTiles<256, 2>>("warpgroup 128x256/4/2x2"),
-            warpgroup_variant<WarpgroupGemmTiles<256, 1>>("warpgroup 128x256/4/1x2"),
-            warpgroup_variant<WarpgroupTiles<256, 4, 2, 1>>("warpgroup 128x256/4/2x1"),
-            warpgroup_variant<WarpgroupTiles<128, 7, 4, 2>>("warpgroup 128x128/7/4x2"),
+            warpgroup_variant<WarpgroupTiles<128, 7, 1, 1>>("warpgroup 128x128/7/1x1", limit),
+            warpgroup_variant<WarpgroupTiles<256, 4, 1, 1>>("warpgroup 128x256/4/1x1", limit),
+            warpgroup_variant<WarpgroupGemmTiles<128, 2>>("warpgroup 128x128/7/2x2", limit),
+            warpgroup_variant<WarpgroupGemmTiles<192, 2>>("warpgroup 128x192/5/2x2", limit),
+            warpgroup_variant<WarpgroupGemmTiles<224, 2>>("warpgroup 128x224/5/2x2", limit),
+            warpgroup_variant<WarpgroupGemmTiles<256, 2>>("warpgroup 128x256/4/2x2", limit),
+            warpgroup_variant<WarpgroupGemmTiles<256, 1>>("warpgroup 128x256/4/1x2", limit),
+            warpgroup_variant<WarpgroupTiles<256, 4, 2, 1>>("warpgroup 128x256/4/2x1", limit),
+            warpgroup_variant<WarpgroupTiles<128, 7, 4, 2>>("warpgroup 128x128/7/4x2", limit),
         };
         const Shape shapes[] = {
             {"qkv", 6144, 4096}, {"wo", 4096, 4096}, {"w1", 14336, 4096}, {"w2", 4096, 14336}};
