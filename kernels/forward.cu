@@ -532,11 +532,8 @@ private:
 
             // Feed-forward: x += w2 · (silu(w1 · norm(x)) * (w3 · norm(x)))
             cuda::rmsnorm_rows(normed, s.x, layer.ffn_norm, c.norm_eps, stream);
-            cuda::gemm(s.gate, c.hidden_dim, layer.w1, normed, /*bias=*/nullptr,
-                       /*accumulate=*/false, stream);
-            cuda::gemm(s.up, c.hidden_dim, layer.w3, normed, /*bias=*/nullptr, /*accumulate=*/false,
-                       stream);
-            cuda::swiglu_rows(hidden, s.gate, s.up, c.hidden_dim, stream);
+            cuda::gemm_swiglu(hidden, layer.w1, layer.w3, normed, s.gate, s.up, c.hidden_dim,
+                              stream);
             cuda::gemm(s.x, c.dim, layer.w2, hidden, /*bias=*/nullptr, /*accumulate=*/true, stream);
         }
 

@@ -872,20 +872,34 @@ void launch_gemm_quantized(float* out, int out_pitch, const DeviceMatrix& w,
 }
 
 // The warpgroup GEMM with blocks of `tile_rows` weight rows (one of kWarpgroupRowChoices),
-// in clusters of kClusterTokens x kWarpgroupClusterRows blocks.
+// in clusters of kClusterTokens x kWarpgroupClusterRows blocks: the product out = in · Wᵀ
+// (+ bias) (+ out) into f32 `out`, or where `up` is given swiglu(in · Wᵀ, in · upᵀ) into
+// activations `out` of D with `out_cols` columns (gemm_warpgroup_kernel's gated form).
 template <DType D, int kClusterTokens>
-void launch_gemm_warpgroup_rows(int tile_rows, float* out, int out_pitch, const DeviceMatrix& w,
+void launch_gemm_warpgroup_rows(int tile_rows, void* out, int out_pitch, int out_cols,
+                                const DeviceMatrix& w, const DeviceMatrix* up,
                                 const DeviceActivations& in, const float* bias, bool accumulate,
                                 cudaStream_t stream) {
     const int k_extent = gemm_k_extent(w.cols, D);
     auto launch = [&](auto tiles) {
         using Tiles = decltype(tiles);
-        const CUtensorMap weights_map =
-            warpgroup_tensor_map(w.data, D, w.rows, k_extent, w.pitch, Tiles::kRowSlice);
         const CUtensorMap in_map =
             warpgroup_tensor_map(in.data, D, in.tokens, k_extent, in.pitch, Tiles::kTokenSlice);
-        launch_gemm_warpgroup_kernel<D, Tiles>(out, out_pitch, w.rows, in.tokens, k_extent, bias,
-                                               accumulate, weights_map, in_map, stream);
+        if (up == nullptr) {
+            const CUtensorMap weights_map =
+                warpgroup_tensor_map(w.data, D, w.rows, k_extent, w.pitch, Tiles::kRowSlice);
+            launch_gemm_warpgroup_kernel<D, Tiles, false>(out, out_pitch, w.rows, out_cols,
+                                                          in.tokens, k_extent, bias, accumulate,
+                                                          weights_map, weights_map, in_map, stream);
+        } else {
+            const CUtensorMap gate_map =
+                warpgroup_tensor_map(w.data, D, w.rows, k_extent, w.pitch, Tiles::kGateBox);
+            const CUtensorMap up_map =
+                warpgroup_tensor_map(up->data, D, up->rows, k_extent, up->pitch, Tiles::kGateBox);
+            launch_gemm_warpgroup_kernel<D, Tiles, true>(out, out_pitch, w.rows, out_cols,
+                                                         in.tokens, k_extent, nullptr, false,
+                                                         gate_map, up_map, in_map, stream);
+        }
     };
     switch (tile_rows) {
         case kWarpgroupRowChoices[0]:
@@ -900,13 +914,15 @@ void launch_gemm_warpgroup_rows(int tile_rows, float* out, int out_pitch, const 
     throw Error("gemm: the warpgroup GEMM's blocks take 128, 192, 224 or 256 weight rows");
 }
 
-// The warpgroup GEMM: clusters pair the token tiles where their number is even; an odd
-// number would leave a whole token tile of blocks multiplying zeros (half the blocks for
-// 65-128 tokens), so there each cluster is one token tile by two row tiles. The blocks take
-// `tile_rows` weight rows, or where that is 0 those of choose_warpgroup_rows for the
-// blocks this GPU runs at once.
+// The warpgroup GEMM (as launch_gemm_warpgroup_rows): clusters pair the token tiles where
+// their number is even; an odd number would leave a whole token tile of blocks multiplying
+// zeros (half the blocks for 65-128 tokens), so there each cluster is one token tile by two
+// row tiles. The blocks take `tile_rows` weight rows, or where that is 0 those of
+// choose_warpgroup_rows for the blocks this GPU runs at once (the gated form's tiles hold
+// the rows of both matrices).
 template <DType D>
-void launch_gemm_warpgroup(int tile_rows, float* out, int out_pitch, const DeviceMatrix& w,
+void launch_gemm_warpgroup(int tile_rows, void* out, int out_pitch, int out_cols,
+                           const DeviceMatrix& w, const DeviceMatrix* up,
                            const DeviceActivations& in, const float* bias, bool accumulate,
                            cudaStream_t stream) {
     const auto run = [&](auto cluster_tokens) {
@@ -921,10 +937,11 @@ void launch_gemm_warpgroup(int tile_rows, float* out, int out_pitch, const Devic
                     D, WarpgroupGemmTiles<kWarpgroupRowChoices[2], kClusterTokens>>(),
                 warpgroup_concurrent_blocks<
                     D, WarpgroupGemmTiles<kWarpgroupRowChoices[3], kClusterTokens>>()};
-            tile_rows = choose_warpgroup_rows(in.tokens, w.rows, kClusterTokens, concurrent);
+            const int product_rows = up != nullptr ? 2 * w.rows : w.rows;
+            tile_rows = choose_warpgroup_rows(in.tokens, product_rows, kClusterTokens, concurrent);
         }
-        launch_gemm_warpgroup_rows<D, kClusterTokens>(tile_rows, out, out_pitch, w, in, bias,
-                                                      accumulate, stream);
+        launch_gemm_warpgroup_rows<D, kClusterTokens>(tile_rows, out, out_pitch, out_cols, w, up,
+                                                      in, bias, accumulate, stream);
     };
     const int token_tiles = (in.tokens + kWarpgroupTileTokens - 1) / kWarpgroupTileTokens;
     if (token_tiles % 2 == 0)
@@ -941,6 +958,10 @@ void launch_gemm_simt(float* out, int out_pitch, const DeviceMatrix& w, const De
         gemm_k_extent(w.cols, D), bias, accumulate);
 }
 
+constexpr uintptr_t kGemmVectorBytes = 16;  // rows are read as 16-byte vectors
+
+inline uintptr_t address_of(const void* p) { return reinterpret_cast<uintptr_t>(p); }
+
 void check_gemm_operands(float* out, int out_pitch, const DeviceMatrix& w,
                          const DeviceActivations& in) {
     if (in.dtype != gemm_input_dtype(w.dtype))
@@ -952,16 +973,14 @@ void check_gemm_operands(float* out, int out_pitch, const DeviceMatrix& w,
     const bool quantized = w.dtype == DType::I8 || w.dtype == DType::U8;
     if (quantized && w.scales == nullptr) throw Error("gemm: Q8/Q4 weights without scales");
     if (out_pitch < w.rows) throw Error("gemm: the output pitch is smaller than the weight rows");
-    const auto address = [](const void* p) { return reinterpret_cast<uintptr_t>(p); };
-    constexpr uintptr_t kVectorBytes = 16;  // rows are read as 16-byte vectors
-    if (address(in.data) % kVectorBytes != 0 || address(w.data) % kVectorBytes != 0)
+    if (address_of(in.data) % kGemmVectorBytes != 0 || address_of(w.data) % kGemmVectorBytes != 0)
         throw Error("gemm: the activations and the weights must be 16-byte aligned");
     constexpr int kMaxGridY = 65535;  // row tiles run along the grid's y
     if ((w.rows + SmallBatchTiles::kTileRows - 1) / SmallBatchTiles::kTileRows > kMaxGridY)
         throw Error("gemm: too many weight rows for one grid");
-    const uintptr_t out_begin = address(out);
+    const uintptr_t out_begin = address_of(out);
     const uintptr_t out_end = out_begin + size_t(in.tokens) * out_pitch * sizeof(float);
-    const uintptr_t in_begin = address(in.data), in_end = in_begin + in.bytes();
+    const uintptr_t in_begin = address_of(in.data), in_end = in_begin + in.bytes();
     if (out_begin < in_end && in_begin < out_end)
         throw Error("gemm: the output overlaps the input");
 }
@@ -1055,8 +1074,8 @@ void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMat
                     return launch_gemm_tensor_core<D, WideTiles>(out, out_pitch, w, in, bias,
                                                                  accumulate, stream);
                 case GemmTiles::kWarpgroup:
-                    return launch_gemm_warpgroup<D>(warpgroup_rows, out, out_pitch, w, in, bias,
-                                                    accumulate, stream);
+                    return launch_gemm_warpgroup<D>(warpgroup_rows, out, out_pitch, w.rows, w,
+                                                    nullptr, in, bias, accumulate, stream);
                 case GemmTiles::kSimt:
                     return;  // launched above
             }
@@ -1069,6 +1088,35 @@ void gemm(float* out, int out_pitch, const DeviceMatrix& w, const DeviceActivati
           const float* bias, bool accumulate, cudaStream_t stream) {
     gemm_with_tiles(gemm_tiles(w.dtype, in.tokens, w.rows), out, out_pitch, w, in, bias, accumulate,
                     stream);
+}
+
+void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const DeviceMatrix& w3,
+                 const DeviceActivations& in, float* gate, float* up, int gate_pitch,
+                 cudaStream_t stream, int warpgroup_rows) {
+    if (w1.dtype != w3.dtype || w1.rows != w3.rows || w1.cols != w3.cols)
+        throw Error("gemm_swiglu: w1 and w3 differ in dtype or shape");
+    if (out.tokens != in.tokens || out.cols != w1.rows)
+        throw Error("gemm_swiglu: the output is not tokens x w1's rows");
+    const bool fused =
+        gemm_tiles(w1.dtype, in.tokens, w1.rows) == GemmTiles::kWarpgroup && out.dtype == w1.dtype;
+    if (!fused) {
+        gemm(gate, gate_pitch, w1, in, /*bias=*/nullptr, /*accumulate=*/false, stream);
+        gemm(up, gate_pitch, w3, in, /*bias=*/nullptr, /*accumulate=*/false, stream);
+        swiglu_rows(out, gate, up, gate_pitch, stream);
+        return;
+    }
+    check_gemm_operands(gate, gate_pitch, w1, in);  // the input's dtype, pitch and alignment
+    check_gemm_operands(up, gate_pitch, w3, in);
+    if (address_of(out.data) % kGemmVectorBytes != 0 || out.pitch % kChunkElements != 0)
+        throw Error("gemm_swiglu: the output rows must be 16-byte aligned");
+    if (in.tokens == 0 || w1.rows == 0) return;
+    with_weight_dtype(w1.dtype, [&](auto dtype) {
+        constexpr DType D = decltype(dtype)::value;
+        if constexpr (D == DType::F16 || D == DType::BF16)
+            launch_gemm_warpgroup<D>(warpgroup_rows, out.data, out.pitch, out.pitch, w1, &w3, in,
+                                     nullptr, false, stream);
+    });
+    CUDA_CHECK_LAUNCH("gemm_swiglu kernel");
 }
 
 #endif  // BARELLM_CUDA_EMULATION

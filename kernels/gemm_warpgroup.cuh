@@ -55,6 +55,7 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
 
 #include "cuda_check.h"
+#include "prefill.cuh"  // store_activation_pair
 #include "wgmma.cuh"
 #endif
 
@@ -135,6 +136,8 @@ struct WarpgroupTiles {
     static constexpr int kTokenBytes = kWarpgroupTileTokens * kSwizzleRowBytes;
     static constexpr int kStageBytes = kTokenBytes + kRows * kSwizzleRowBytes;
     static constexpr int kRowSlice = kRows / kClusterTokens;  // weight rows a block copies
+    // The gated form (gemm_warpgroup_kernel): a box of a slice within one half of the tile.
+    static constexpr int kGateBox = kRowSlice < kRows / 2 ? kRowSlice : kRows / 2;
     static constexpr int kTokenSlice = kWarpgroupTileTokens / kClusterRows;  // token rows
     static constexpr int kAccumulators = kRows / 2;  // per thread: 64 x kRows / 128 threads
     // The stages, the barriers (full and empty per stage), and room to start the stages on
@@ -153,6 +156,8 @@ struct WarpgroupTiles {
                       kTokenSlice * kSwizzleRowBytes % kSwizzleAtomBytes == 0,
                   "every slice starts on a swizzle atom");
     static_assert(kStages >= 2, "one stage is filled while another is multiplied");
+    static_assert(kRowSlice % kGateBox == 0 && kGateBox * kSwizzleRowBytes % kSwizzleAtomBytes == 0,
+                  "the gated form's boxes tile the slice on swizzle atoms");
 };
 
 // The stages of a tile of `rows` weight rows: as many as an sm_90 block's shared memory
@@ -168,17 +173,91 @@ template <int kRows, int kClusterTokens>
 using WarpgroupGemmTiles =
     WarpgroupTiles<kRows, warpgroup_stages(kRows), kClusterTokens, kWarpgroupClusterRows>;
 
-// out[t, r] = (accumulate ? out[t, r] : 0) + in[t, :] . W[r, :] + (bias ? bias[r] : 0) for
-// the block's tile, t < tokens, r < rows (see the header). `weights_map` has boxes of 64
-// columns x kRowSlice rows, `in_map` 64 columns x kTokenSlice tokens (warpgroup_tensor_map).
-// Launch: launch_gemm_warpgroup_kernel (grid gemm_warpgroup_grid, clusters of
-// kClusterTokens x kClusterRows blocks, block kWarpgroupGemmThreads, dynamic shared memory
-// kSharedBytes).
+// The epilogues of gemm_warpgroup_kernel. Accumulator 4 j + 2 half + e of a multiplying
+// thread holds token 16 warp + g + 8 half of its warpgroup's 64 and row 8 j + 2 t + e of the
+// tile (wgmma.cuh; lane = 4 g + t), so rows 2 t and 2 t + 1 go out together.
+
+// out[t, first_row + r] (+)= acc (+ bias) for the tile's rows r, t < tokens, first_row + r <
+// rows: two rows as one 8-byte store where the rows of `out` keep them 8-byte aligned
+// (first_row and 8 j + 2 t are even).
+template <typename Tiles>
+__device__ __forceinline__ void store_product_tile(const float (&acc)[Tiles::kAccumulators],
+                                                   float* out, int out_pitch, int rows, int tokens,
+                                                   int first_token, int first_row,
+                                                   const float* bias, bool accumulate) {
+    const int warp = threadIdx.x / kWarpSize % 4, lane = threadIdx.x % kWarpSize;
+    const int g = lane / 4, t = lane % 4;
+    const bool paired =
+        out_pitch % 2 == 0 && reinterpret_cast<uintptr_t>(out) % sizeof(float2) == 0;
+#pragma unroll
+    for (int j = 0; j < Tiles::kRows / 8; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int token = first_token + warp * 16 + g + 8 * half;
+            const int first = first_row + 8 * j + 2 * t;
+            if (token >= tokens || first >= rows) continue;
+            float* slot = out + size_t(token) * out_pitch + first;
+            float2 sum = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+            if (paired && first + 1 < rows) {
+                if (bias != nullptr)
+                    sum = make_float2(sum.x + bias[first], sum.y + bias[first + 1]);
+                if (accumulate) {
+                    const float2 before = *reinterpret_cast<const float2*>(slot);
+                    sum = make_float2(before.x + sum.x, before.y + sum.y);
+                }
+                *reinterpret_cast<float2*>(slot) = sum;
+            } else {
+                for (int e = 0; e < 2 && first + e < rows; ++e) {
+                    float value = e == 0 ? sum.x : sum.y;
+                    if (bias != nullptr) value += bias[first + e];
+                    slot[e] = accumulate ? slot[e] + value : value;
+                }
+            }
+        }
+}
+
+// The gated tile: its first kRows / 2 rows are gates, the rest the up projections of the
+// same outputs, so that accumulator group j + kRows / 16 is the up of group j's gates, in
+// the same thread. out[t, first_row + r] = swiglu(gate, up) as D, for r < kRows / 2, t <
+// tokens, first_row + r < cols (out's pitch, a multiple of 8: the pair never straddles it).
 template <DType D, typename Tiles>
+__device__ __forceinline__ void store_swiglu_tile(const float (&acc)[Tiles::kAccumulators],
+                                                  void* out, int out_pitch, int cols, int tokens,
+                                                  int first_token, int first_row) {
+    constexpr int kUp = Tiles::kRows / 16;  // accumulator groups of 8 gate rows
+    const int warp = threadIdx.x / kWarpSize % 4, lane = threadIdx.x % kWarpSize;
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int j = 0; j < kUp; ++j)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+            const int token = first_token + warp * 16 + g + 8 * half;
+            const int first = first_row + 8 * j + 2 * t;
+            if (token >= tokens || first >= cols) continue;
+            const int gate = 4 * j + 2 * half, up = 4 * (j + kUp) + 2 * half;
+            store_activation_pair<D>(activation_row<D>(out, out_pitch, token), first,
+                                     swiglu_value(acc[gate], acc[up]),
+                                     swiglu_value(acc[gate + 1], acc[up + 1]));
+        }
+}
+
+// The block's tile (see the header) of the product out[t, r] = (accumulate ? out[t, r] : 0) +
+// in[t, :] . W[r, :] + (bias ? bias[r] : 0) into f32 `out`, t < tokens, r < rows; or with
+// kGated, of out[t, r] = swiglu(in[t, :] . W1[r, :], in[t, :] . W3[r, :]) into activations
+// `out` of D, r < rows (out's pitch: the padding columns get zeros, as the weights' rows past
+// theirs arrive as zeros), each block taking kRows / 2 outputs from kRows / 2 rows of W1
+// (weights_map) and the same of W3 (up_map).
+// - `weights_map` (and `up_map`) have boxes of 64 columns x kRowSlice rows (gated:
+//   kGateBox), `in_map` 64 columns x kTokenSlice tokens (warpgroup_tensor_map).
+// Launch: launch_gemm_warpgroup_kernel (grid gemm_warpgroup_grid, for rows (gated: 2 rows),
+// clusters of kClusterTokens x kClusterRows blocks, block kWarpgroupGemmThreads, dynamic
+// shared memory kSharedBytes).
+template <DType D, typename Tiles, bool kGated>
 __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
-    gemm_warpgroup_kernel(float* __restrict__ out, int out_pitch, int rows, int tokens,
-                          int k_extent, const float* __restrict__ bias, bool accumulate,
+    gemm_warpgroup_kernel(void* __restrict__ out, int out_pitch, int rows, int tokens, int k_extent,
+                          const float* __restrict__ bias, bool accumulate,
                           const __grid_constant__ CUtensorMap weights_map,
+                          const __grid_constant__ CUtensorMap up_map,
                           const __grid_constant__ CUtensorMap in_map) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr bool kShared = Tiles::kClusterBlocks > 1;
@@ -188,8 +267,8 @@ __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
                              kSwizzleAtomBytes;
     uint64_t* full = reinterpret_cast<uint64_t*>(shared + Tiles::kStages * Tiles::kStageBytes);
     uint64_t* empty = full + Tiles::kStages;
-    const int first_token = blockIdx.x * kWarpgroupTileTokens,
-              first_row = blockIdx.y * Tiles::kRows;
+    constexpr int kOutputs = kGated ? Tiles::kRows / 2 : Tiles::kRows;  // output columns a block
+    const int first_token = blockIdx.x * kWarpgroupTileTokens, first_row = blockIdx.y * kOutputs;
     const int warpgroup = threadIdx.x / kWarpgroupThreads;
     const int k_tiles = (k_extent + kWarpgroupTileK - 1) / kWarpgroupTileK;
 
@@ -223,10 +302,17 @@ __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
             if (kShared && rank_in_cluster() != uint32_t(row * Tiles::kClusterTokens + column))
                 __trap();
             const int token_offset = row * Tiles::kTokenSlice * kSwizzleRowBytes;
-            const int row_offset =
-                Tiles::kTokenBytes + column * Tiles::kRowSlice * kSwizzleRowBytes;
             const int slice_token = first_token + row * Tiles::kTokenSlice;
-            const int slice_row = first_row + column * Tiles::kRowSlice;
+            // Rows `map_row`.. of a weight map into the stage's weight tile at `tile_row`, for
+            // the blocks of the cluster row.
+            const auto copy_weights = [&](uint8_t* stage, int tile_row, const CUtensorMap* map,
+                                          int column0, int map_row, uint64_t* barrier) {
+                uint8_t* destination = stage + Tiles::kTokenBytes + tile_row * kSwizzleRowBytes;
+                if constexpr (Tiles::kClusterTokens > 1)
+                    tensor_copy_to_blocks(destination, map, column0, map_row, barrier, row_blocks);
+                else
+                    tensor_copy(destination, map, column0, map_row, barrier);
+            };
             for (int kt = 0; kt < k_tiles; ++kt) {
                 const int s = kt % Tiles::kStages;
                 barrier_wait(&empty[s], (kt / Tiles::kStages & 1) ^ 1);
@@ -238,11 +324,19 @@ __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
                                           &full[s], column_blocks);
                 else
                     tensor_copy(stage + token_offset, &in_map, column0, slice_token, &full[s]);
-                if constexpr (Tiles::kClusterTokens > 1)
-                    tensor_copy_to_blocks(stage + row_offset, &weights_map, column0, slice_row,
-                                          &full[s], row_blocks);
-                else
-                    tensor_copy(stage + row_offset, &weights_map, column0, slice_row, &full[s]);
+                const int slice = column * Tiles::kRowSlice;  // the slice's first row in the tile
+                if constexpr (kGated) {
+                    // The gate half of the tile from W1, the up half from W3, a box at a time.
+#pragma unroll
+                    for (int box = 0; box < Tiles::kRowSlice / Tiles::kGateBox; ++box) {
+                        const int tile_row = slice + box * Tiles::kGateBox;
+                        const bool up = tile_row >= Tiles::kRows / 2;
+                        copy_weights(stage, tile_row, up ? &up_map : &weights_map, column0,
+                                     first_row + tile_row - (up ? Tiles::kRows / 2 : 0), &full[s]);
+                    }
+                } else {
+                    copy_weights(stage, slice, &weights_map, column0, first_row + slice, &full[s]);
+                }
             }
         }
         __syncwarp();
@@ -297,38 +391,12 @@ __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
     // leaves while another may still arrive on its barriers).
     if constexpr (kShared) cluster_arrive();
 
-    // Accumulator 4 j + 2 half + e: token 16 warp + g + 8 half of the warpgroup's 64, row
-    // 8 j + 2 t + e (wgmma.cuh). Rows 2 t and 2 t + 1 go out as one 8-byte store where both
-    // exist and the rows of `out` keep them 8-byte aligned (first_row and 8 j + 2 t are even).
-    const int warp = threadIdx.x / kWarpSize % 4;
-    const int g = lane / 4, t = lane % 4;
-    const bool paired =
-        out_pitch % 2 == 0 && reinterpret_cast<uintptr_t>(out) % sizeof(float2) == 0;
-#pragma unroll
-    for (int j = 0; j < Tiles::kRows / 8; ++j)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            const int token = first_token + warpgroup * kWarpgroupTokens + warp * 16 + g + 8 * half;
-            const int first = first_row + 8 * j + 2 * t;
-            if (token >= tokens || first >= rows) continue;
-            float* slot = out + size_t(token) * out_pitch + first;
-            float2 sum = make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
-            if (paired && first + 1 < rows) {
-                if (bias != nullptr)
-                    sum = make_float2(sum.x + bias[first], sum.y + bias[first + 1]);
-                if (accumulate) {
-                    const float2 before = *reinterpret_cast<const float2*>(slot);
-                    sum = make_float2(before.x + sum.x, before.y + sum.y);
-                }
-                *reinterpret_cast<float2*>(slot) = sum;
-            } else {
-                for (int e = 0; e < 2 && first + e < rows; ++e) {
-                    float value = e == 0 ? sum.x : sum.y;
-                    if (bias != nullptr) value += bias[first + e];
-                    slot[e] = accumulate ? slot[e] + value : value;
-                }
-            }
-        }
+    const int warpgroup_token = first_token + warpgroup * kWarpgroupTokens;
+    if constexpr (kGated)
+        store_swiglu_tile<D, Tiles>(acc, out, out_pitch, rows, tokens, warpgroup_token, first_row);
+    else
+        store_product_tile<Tiles>(acc, static_cast<float*>(out), out_pitch, rows, tokens,
+                                  warpgroup_token, first_row, bias, accumulate);
     if constexpr (kShared) {
         __syncwarp();  // the cluster barrier's .aligned form wants the warp converged
         cluster_wait();
@@ -343,10 +411,10 @@ inline dim3 gemm_warpgroup_grid(int tokens, int rows) {
     return warpgroup_grid(tokens, rows, Tiles::kRows, Tiles::kClusterTokens, Tiles::kClusterRows);
 }
 
-// gemm_warpgroup_kernel<D, Tiles>, allowed its shared memory (once).
-template <DType D, typename Tiles>
+// gemm_warpgroup_kernel<D, Tiles, kGated>, allowed its shared memory (once).
+template <DType D, typename Tiles, bool kGated>
 auto prepared_warpgroup_kernel() {
-    auto kernel = gemm_warpgroup_kernel<D, Tiles>;
+    auto kernel = gemm_warpgroup_kernel<D, Tiles, kGated>;
     static const bool opted_in = (allow_shared_bytes(kernel, Tiles::kSharedBytes), true);
     (void)opted_in;
     return kernel;
@@ -373,9 +441,10 @@ cudaLaunchConfig_t warpgroup_launch_config(dim3 grid, cudaStream_t stream,
     return config;
 }
 
-// How many blocks of gemm_warpgroup_kernel<D, Tiles> the GPU runs at once: whole clusters,
-// as many as fit its SMs (cudaOccupancyMaxActiveClusters: an SM's block takes most of its
-// shared memory, and a cluster's blocks must share a GPC).
+// How many blocks of gemm_warpgroup_kernel<D, Tiles> the GPU runs at once (the gated form
+// takes the same resources): whole clusters, as many as fit its SMs
+// (cudaOccupancyMaxActiveClusters: an SM's block takes most of its shared memory, and a
+// cluster's blocks must share a GPC).
 template <DType D, typename Tiles>
 int warpgroup_concurrent_blocks() {
     static const int blocks = [] {
@@ -383,24 +452,26 @@ int warpgroup_concurrent_blocks() {
         const cudaLaunchConfig_t config = warpgroup_launch_config<Tiles>(
             dim3(Tiles::kClusterTokens, Tiles::kClusterRows), 0, cluster);
         int clusters = 0;
-        CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, prepared_warpgroup_kernel<D, Tiles>(),
-                                                  &config));
+        CUDA_CHECK(cudaOccupancyMaxActiveClusters(
+            &clusters, prepared_warpgroup_kernel<D, Tiles, false>(), &config));
         return clusters * Tiles::kClusterBlocks;
     }();
     return blocks;
 }
 
-// gemm_warpgroup_kernel<D, Tiles> on `stream`.
-template <DType D, typename Tiles>
-void launch_gemm_warpgroup_kernel(float* out, int out_pitch, int rows, int tokens, int k_extent,
-                                  const float* bias, bool accumulate,
-                                  const CUtensorMap& weights_map, const CUtensorMap& in_map,
-                                  cudaStream_t stream) {
+// gemm_warpgroup_kernel<D, Tiles, kGated> on `stream`, for `rows` weight rows (gated: of W1
+// and of W3 each) and out's `cols` columns (not gated: rows).
+template <DType D, typename Tiles, bool kGated>
+void launch_gemm_warpgroup_kernel(void* out, int out_pitch, int rows, int cols, int tokens,
+                                  int k_extent, const float* bias, bool accumulate,
+                                  const CUtensorMap& weights_map, const CUtensorMap& up_map,
+                                  const CUtensorMap& in_map, cudaStream_t stream) {
     cudaLaunchAttribute cluster;
-    const cudaLaunchConfig_t config =
-        warpgroup_launch_config<Tiles>(gemm_warpgroup_grid<Tiles>(tokens, rows), stream, cluster);
-    CUDA_CHECK(cudaLaunchKernelEx(&config, prepared_warpgroup_kernel<D, Tiles>(), out, out_pitch,
-                                  rows, tokens, k_extent, bias, accumulate, weights_map, in_map));
+    const cudaLaunchConfig_t config = warpgroup_launch_config<Tiles>(
+        gemm_warpgroup_grid<Tiles>(tokens, kGated ? 2 * rows : rows), stream, cluster);
+    CUDA_CHECK(cudaLaunchKernelEx(&config, prepared_warpgroup_kernel<D, Tiles, kGated>(), out,
+                                  out_pitch, cols, tokens, k_extent, bias, accumulate, weights_map,
+                                  up_map, in_map));
 }
 
 // A 2-D tensor map over `rows` rows of `extent` 16-bit `dtype` elements (f16 or bf16),

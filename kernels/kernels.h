@@ -206,6 +206,15 @@ constexpr int kWarpgroupRowChoices[] = {256, 224, 192, 128};
 void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMatrix& w,
                      const DeviceActivations& in, const float* bias, bool accumulate,
                      cudaStream_t stream, int warpgroup_rows = 0);
+// The feed-forward's gate of a prefill batch: out[t, i] = silu(in[t, :] · W1[i, :]) ·
+// (in[t, :] · W3[i, :]) as out's dtype, i < W1's rows (out's padding columns 0). Where gemm
+// would run the warpgroup GEMM and out has the weights' dtype, one pass computes both
+// products and applies SwiGLU before its stores (warpgroup_rows as for gemm_with_tiles);
+// otherwise gemm writes them into gate and up ([tokens, gate_pitch] f32) and swiglu_rows
+// combines them.
+void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const DeviceMatrix& w3,
+                 const DeviceActivations& in, float* gate, float* up, int gate_pitch,
+                 cudaStream_t stream, int warpgroup_rows = 0);
 
 // x[t, 0..dim) = table[tokens[t]] as f32 for t < count (tokens in device memory, checked on
 // the host before); x has pitch table.cols. (kernels/prefill.cuh)

@@ -28,6 +28,18 @@ __device__ __forceinline__ void store_activation(void* row, int i, float value) 
         static_cast<__nv_bfloat16*>(row)[i] = __float2bfloat16_rn(value);
 }
 
+// Elements i and i + 1 (i even) of an f16 or bf16 activation row, as store_activation rounds
+// them, in one 4-byte store.
+template <DType D>
+__device__ __forceinline__ void store_activation_pair(void* row, int i, float first, float second) {
+    if constexpr (D == DType::F16)
+        reinterpret_cast<__half2*>(static_cast<__half*>(row) + i)[0] =
+            __floats2half2_rn(first, second);
+    else
+        reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(row) + i)[0] =
+            __floats2bfloat162_rn(first, second);
+}
+
 // Row t of activations [tokens, pitch] of dtype D.
 template <DType D>
 __device__ __forceinline__ void* activation_row(void* data, int pitch, int t) {

@@ -98,9 +98,10 @@ Variant variant(const char* name, size_t shared_limit) {
 
 template <typename Tiles>
 void launch_warpgroup(const Operands& o) {
-    launch_gemm_warpgroup_kernel<DType::F16, Tiles>(
-        o.out, o.rows, o.rows, o.tokens, o.cols, nullptr, false,
-        tensor_map(o.weights_maps, o.weights, o.rows, o.cols, Tiles::kRowSlice),
+    const CUtensorMap& weights_map =
+        tensor_map(o.weights_maps, o.weights, o.rows, o.cols, Tiles::kRowSlice);
+    launch_gemm_warpgroup_kernel<DType::F16, Tiles, false>(
+        o.out, o.rows, o.rows, o.rows, o.tokens, o.cols, nullptr, false, weights_map, weights_map,
         tensor_map(o.in_maps, o.in, o.tokens, o.cols, Tiles::kTokenSlice), 0);
 }
 

@@ -1234,6 +1234,73 @@ void check_prefill_rows() {
     }
 }
 
+// gemm_swiglu against silu(x · W1ᵀ) · (x · W3ᵀ) in double from the same rounded inputs,
+// rounded to the output's dtype, padding columns included: the warpgroup GEMM's gated form
+// with each of its row counts where gemm takes the warpgroup GEMM, otherwise gemm, gemm and
+// swiglu_rows. Hidden sizes end inside a tile and a TMA box; columns inside a K tile.
+void check_gemm_swiglu() {
+    struct Case {
+        int tokens, hidden, cols;
+    };
+    const Case cases[] = {
+        {3, 172, 72}, {100, 172, 72}, {130, 200, 4100}, {511, 1000, 300}, {600, 77, 1000}};
+    cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
+    for (DType dtype : {DType::F16, DType::BF16}) {
+        for (const Case& c : cases) {
+            const HostMatrix w1 = random_matrix(c.hidden, c.cols, dtype);
+            const HostMatrix w3 = random_matrix(c.hidden, c.cols, dtype);
+            const HostMatrix x = random_matrix(c.tokens, c.cols, dtype);
+            DeviceBuffer w1_memory, w3_memory, x_memory;
+            const DeviceMatrix device_w1 = cuda::upload_matrix(w1.matrix, w1_memory, staging, "w1");
+            const DeviceMatrix device_w3 = cuda::upload_matrix(w3.matrix, w3_memory, staging, "w3");
+            const DeviceMatrix device_x = cuda::upload_matrix(x.matrix, x_memory, staging, "x");
+            const cuda::DeviceActivations in{x_memory.as(), dtype, c.tokens, c.cols,
+                                             device_x.pitch};
+            const std::vector<float> w1_values = matrix_values(w1), w3_values = matrix_values(w3),
+                                     x_values = matrix_values(x);
+            std::vector<float> gated(size_t(c.tokens) * c.hidden), ups(gated.size());
+            for (int t = 0; t < c.tokens; ++t)
+                for (int i = 0; i < c.hidden; ++i) {
+                    double gate = 0, up = 0;
+                    for (int k = 0; k < c.cols; ++k) {
+                        const double xk = x_values[size_t(t) * c.cols + k];
+                        gate += xk * w1_values[size_t(i) * c.cols + k];
+                        up += xk * w3_values[size_t(i) * c.cols + k];
+                    }
+                    gated[size_t(t) * c.hidden + i] = float(gate);
+                    ups[size_t(t) * c.hidden + i] = float(up);
+                }
+            for (int t = 0; t < c.tokens; ++t)
+                cpu::swiglu(&gated[size_t(t) * c.hidden], &ups[size_t(t) * c.hidden], c.hidden);
+            const int pitch = cuda::padded_cols(c.hidden, dtype);
+            const std::vector<float> want =
+                with_pitch(rounded(gated, dtype), c.tokens, c.hidden, pitch);
+
+            const bool warpgroup =
+                cuda::gemm_tiles(dtype, c.tokens, c.hidden) == cuda::GemmTiles::kWarpgroup;
+            std::vector<int> row_counts = {0};  // 0: gemm_swiglu's own choice
+            if (warpgroup)
+                for (int rows : cuda::kWarpgroupRowChoices) row_counts.push_back(rows);
+            for (int rows : row_counts) {
+                DeviceBuffer memory;
+                const cuda::DeviceActivations out =
+                    poisoned_activations(memory, c.tokens, c.hidden, dtype);
+                DeviceBuffer gate = poisoned(size_t(c.tokens) * c.hidden),
+                             up = poisoned(size_t(c.tokens) * c.hidden);
+                cuda::gemm_swiglu(out, device_w1, device_w3, in, gate.as<float>(), up.as<float>(),
+                                  c.hidden, 0, rows);
+                const std::string path = !warpgroup  ? "gemm + swiglu_rows"
+                                         : rows == 0 ? "gated warpgroup"
+                                                     : "gated warpgroup " + std::to_string(rows);
+                report("gemm_swiglu " + path + " " + dtype_label(dtype) + " " +
+                           std::to_string(c.tokens) + "x" + std::to_string(c.hidden) + "x" +
+                           std::to_string(c.cols),
+                       activations_to_host(out), want, rounding_tolerance(dtype, 0));
+            }
+        }
+    }
+}
+
 // rope_kv_store_rows against the CPU prefill's per-token steps (Qwen3's per-head RMSNorm of q
 // and k when normed, cpu::rope, cpu::kv_store), continuing a cache at first_pos > 0 too.
 void check_rope_kv_store_rows() {
@@ -1748,6 +1815,7 @@ int main(int argc, char** argv) {
         check_attention(properties.multiProcessorCount);
         check_gemm();
         check_prefill_rows();
+        check_gemm_swiglu();
         check_rope_kv_store_rows();
         check_attention_prefill();
         if (argc > 1 && std::strcmp(argv[1], "--bench") == 0) {
