@@ -1107,8 +1107,14 @@ void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const Dev
     }
     check_gemm_operands(gate, gate_pitch, w1, in);  // the input's dtype, pitch and alignment
     check_gemm_operands(up, gate_pitch, w3, in);
-    if (address_of(out.data) % kGemmVectorBytes != 0 || out.pitch % kChunkElements != 0)
-        throw Error("gemm_swiglu: the output rows must be 16-byte aligned");
+    // The tiles write every column up to the padded pitch, zeros past the weights' rows.
+    if (address_of(out.data) % kGemmVectorBytes != 0 ||
+        out.pitch != padded_cols(out.cols, out.dtype))
+        throw Error("gemm_swiglu: the output rows must be 16-byte aligned and padded as usual");
+    const uintptr_t out_begin = address_of(out.data), out_end = out_begin + out.bytes();
+    const uintptr_t in_begin = address_of(in.data), in_end = in_begin + in.bytes();
+    if (out_begin < in_end && in_begin < out_end)
+        throw Error("gemm_swiglu: the output overlaps the input");
     if (in.tokens == 0 || w1.rows == 0) return;
     with_weight_dtype(w1.dtype, [&](auto dtype) {
         constexpr DType D = decltype(dtype)::value;

@@ -242,20 +242,20 @@ __device__ __forceinline__ void store_swiglu_tile(const float (&acc)[Tiles::kAcc
 }
 
 // The block's tile (see the header) of the product out[t, r] = (accumulate ? out[t, r] : 0) +
-// in[t, :] . W[r, :] + (bias ? bias[r] : 0) into f32 `out`, t < tokens, r < rows; or with
-// kGated, of out[t, r] = swiglu(in[t, :] . W1[r, :], in[t, :] . W3[r, :]) into activations
-// `out` of D, r < rows (out's pitch: the padding columns get zeros, as the weights' rows past
-// theirs arrive as zeros), each block taking kRows / 2 outputs from kRows / 2 rows of W1
-// (weights_map) and the same of W3 (up_map).
+// in[t, :] . W[r, :] + (bias ? bias[r] : 0) into f32 `out`, t < tokens, r < out_cols (W's
+// rows); or with kGated, of out[t, r] = swiglu(in[t, :] . W1[r, :], in[t, :] . W3[r, :])
+// into activations `out` of D, r < out_cols (out's pitch: the padding columns get zeros, as
+// the weights' rows past theirs arrive as zeros), each block taking kRows / 2 outputs from
+// kRows / 2 rows of W1 (weights_map) and the same of W3 (up_map).
 // - `weights_map` (and `up_map`) have boxes of 64 columns x kRowSlice rows (gated:
 //   kGateBox), `in_map` 64 columns x kTokenSlice tokens (warpgroup_tensor_map).
-// Launch: launch_gemm_warpgroup_kernel (grid gemm_warpgroup_grid, for rows (gated: 2 rows),
-// clusters of kClusterTokens x kClusterRows blocks, block kWarpgroupGemmThreads, dynamic
-// shared memory kSharedBytes).
+// Launch: launch_gemm_warpgroup_kernel (grid gemm_warpgroup_grid for W's rows, gated twice
+// W1's, clusters of kClusterTokens x kClusterRows blocks, block kWarpgroupGemmThreads,
+// dynamic shared memory kSharedBytes).
 template <DType D, typename Tiles, bool kGated>
 __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
-    gemm_warpgroup_kernel(void* __restrict__ out, int out_pitch, int rows, int tokens, int k_extent,
-                          const float* __restrict__ bias, bool accumulate,
+    gemm_warpgroup_kernel(void* __restrict__ out, int out_pitch, int out_cols, int tokens,
+                          int k_extent, const float* __restrict__ bias, bool accumulate,
                           const __grid_constant__ CUtensorMap weights_map,
                           const __grid_constant__ CUtensorMap up_map,
                           const __grid_constant__ CUtensorMap in_map) {
@@ -393,9 +393,10 @@ __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
 
     const int warpgroup_token = first_token + warpgroup * kWarpgroupTokens;
     if constexpr (kGated)
-        store_swiglu_tile<D, Tiles>(acc, out, out_pitch, rows, tokens, warpgroup_token, first_row);
+        store_swiglu_tile<D, Tiles>(acc, out, out_pitch, out_cols, tokens, warpgroup_token,
+                                    first_row);
     else
-        store_product_tile<Tiles>(acc, static_cast<float*>(out), out_pitch, rows, tokens,
+        store_product_tile<Tiles>(acc, static_cast<float*>(out), out_pitch, out_cols, tokens,
                                   warpgroup_token, first_row, bias, accumulate);
     if constexpr (kShared) {
         __syncwarp();  // the cluster barrier's .aligned form wants the warp converged

@@ -80,10 +80,8 @@ std::vector<float> cheap_random_floats(size_t count) {
     return values;
 }
 
-HostMatrix random_matrix(int rows, int cols, DType dtype, bool cheap = false) {
-    const std::vector<float> values =
-        cheap ? cheap_random_floats(size_t(rows) * cols)
-              : random_floats(size_t(rows) * cols, 1.0f / std::sqrt(float(cols)));
+// A host matrix [rows, cols] of `dtype` holding `values` rounded to it.
+HostMatrix host_matrix(const std::vector<float>& values, int rows, int cols, DType dtype) {
     HostMatrix m;
     m.bytes.resize(values.size() * dtype_size(dtype));
     for (size_t i = 0; i < values.size(); ++i) {
@@ -97,6 +95,15 @@ HostMatrix random_matrix(int rows, int cols, DType dtype, bool cheap = false) {
     }
     m.matrix = Matrix{m.bytes.data(), dtype, rows, cols};
     return m;
+}
+
+// Random values about 1 / sqrt(cols), so that a row's dot product with values about 1 is
+// about 1 (or, cheap, uniform in [-1, 1)).
+HostMatrix random_matrix(int rows, int cols, DType dtype, bool cheap = false) {
+    const std::vector<float> values =
+        cheap ? cheap_random_floats(size_t(rows) * cols)
+              : random_floats(size_t(rows) * cols, 1.0f / std::sqrt(float(cols)));
+    return host_matrix(values, rows, cols, dtype);
 }
 
 // A random Q8 (I8) or Q4 (U8) host matrix: every value and every f16 scale drawn at random
@@ -1249,7 +1256,9 @@ void check_gemm_swiglu() {
         for (const Case& c : cases) {
             const HostMatrix w1 = random_matrix(c.hidden, c.cols, dtype);
             const HostMatrix w3 = random_matrix(c.hidden, c.cols, dtype);
-            const HostMatrix x = random_matrix(c.tokens, c.cols, dtype);
+            // x about 1, as RMSNorm leaves it: gate and up about 1, where silu bends.
+            const HostMatrix x =
+                host_matrix(random_floats(size_t(c.tokens) * c.cols), c.tokens, c.cols, dtype);
             DeviceBuffer w1_memory, w3_memory, x_memory;
             const DeviceMatrix device_w1 = cuda::upload_matrix(w1.matrix, w1_memory, staging, "w1");
             const DeviceMatrix device_w3 = cuda::upload_matrix(w3.matrix, w3_memory, staging, "w3");
@@ -1292,10 +1301,17 @@ void check_gemm_swiglu() {
                 const std::string path = !warpgroup  ? "gemm + swiglu_rows"
                                          : rows == 0 ? "gated warpgroup"
                                                      : "gated warpgroup " + std::to_string(rows);
-                report("gemm_swiglu " + path + " " + dtype_label(dtype) + " " +
-                           std::to_string(c.tokens) + "x" + std::to_string(c.hidden) + "x" +
-                           std::to_string(c.cols),
-                       activations_to_host(out), want, rounding_tolerance(dtype, 0));
+                const std::string name = "gemm_swiglu " + path + " " + dtype_label(dtype) + " " +
+                                         std::to_string(c.tokens) + "x" + std::to_string(c.hidden) +
+                                         "x" + std::to_string(c.cols);
+                report(name, activations_to_host(out), want, rounding_tolerance(dtype, 0));
+                // The gated form leaves gate and up alone (poisoned): it ran, not the fallback.
+                if (warpgroup) {
+                    const std::vector<float> gate_after = to_host(gate.as(), c.tokens * c.hidden);
+                    const bool untouched = std::all_of(gate_after.begin(), gate_after.end(),
+                                                       [](float v) { return std::isnan(v); });
+                    report_error(name + " without gate and up", untouched ? 0 : INFINITY, 0);
+                }
             }
         }
     }
