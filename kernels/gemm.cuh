@@ -811,14 +811,22 @@ inline double tile_waves(size_t blocks, int tile_outputs, int multiprocessors) {
 //   512 tokens on an H100, Mistral-7B's qkv (6144 rows) and w1/w3 (14336 rows) but not its
 //   wo and w2 (4096 rows: 64 wide blocks for 132 SMs).
 // - With `warpgroup` (warpgroup_gemm_enabled: sm_90a), f16 and bf16 weights past the small
-//   batches take GemmTiles::kWarpgroup instead of the last two rules.
+//   batches take GemmTiles::kWarpgroup instead of the last two rules, where its grid of the
+//   smallest tiles (128 tokens x 128 rows) has at least 3 blocks per 4 SMs as for the large
+//   tiles (e.g. not Mistral-7B's qkv below 257 tokens: its weights must stream through
+//   every SM).
 // The columns do not enter: they set the length of each block's K loop, not the grid.
 inline GemmTiles choose_gemm_tiles(DType dtype, int tokens, int rows, int compute_capability,
                                    int multiprocessors, size_t shared_bytes_per_block,
                                    bool warpgroup = false) {
     if (!has_tensor_core_product(dtype, compute_capability)) return GemmTiles::kSimt;
     if (tokens <= kSmallBatchMaxTokens) return GemmTiles::kSmallBatch;
-    if (warpgroup && (dtype == DType::F16 || dtype == DType::BF16)) return GemmTiles::kWarpgroup;
+    if (warpgroup && (dtype == DType::F16 || dtype == DType::BF16)) {
+        constexpr int kSmallestRows = kWarpgroupRowChoices[kWarpgroupRowKinds - 1];
+        const dim3 grid = warpgroup_grid(tokens, rows, kSmallestRows, 1, kWarpgroupClusterRows);
+        if (4 * size_t(grid.x) * grid.y >= size_t(kLargeMinBlocksPerFourSms) * multiprocessors)
+            return GemmTiles::kWarpgroup;
+    }
     const dim3 large = gemm_tensor_core_grid<LargeTiles>(tokens, rows);
     const size_t large_blocks = size_t(large.x) * large.y;
     if (gemm_tensor_core_shared_bytes<LargeTiles>(dtype) > shared_bytes_per_block ||

@@ -137,13 +137,18 @@ TEST_CASE("gemm's tile rule picks the tiles the H100 measurements favour",
     CHECK(choose_gemm_tiles(DType::BF16, 512, 4096, 75, 40, 64 * 1024) == GemmTiles::kSimt);
     // An sm_86/89 GPU (99 KiB a block): neither the large nor the wide tiles fit.
     CHECK(choose_gemm_tiles(DType::F16, 512, 14336, 89, 128, 99 * 1024) == GemmTiles::kMedium);
-    // With the warpgroup GEMM enabled: f16 and bf16 past the small batches take it; Q8, Q4
-    // and f32 weights and small batches keep their tiles.
+    // With the warpgroup GEMM enabled: f16 and bf16 past the small batches take it where its
+    // grid has 3 blocks per 4 SMs; Q8, Q4 and f32 weights and small batches keep their tiles.
     const auto warpgroup = [&](DType dtype, int tokens, int rows) {
         return choose_gemm_tiles(dtype, tokens, rows, kSm90, kH100Sms, kH100Shared, true);
     };
     CHECK(warpgroup(DType::F16, 512, 4096) == GemmTiles::kWarpgroup);
-    CHECK(warpgroup(DType::BF16, 65, 14336) == GemmTiles::kWarpgroup);
+    CHECK(warpgroup(DType::BF16, 65, 14336) == GemmTiles::kWarpgroup);  // 112 blocks
+    // Mistral-7B's qkv: 48 blocks at 100 tokens (the medium tiles stream it on every SM),
+    // 96 at 256, 144 at 257.
+    CHECK(warpgroup(DType::F16, 100, 6144) == GemmTiles::kMedium);
+    CHECK(warpgroup(DType::F16, 256, 6144) != GemmTiles::kWarpgroup);
+    CHECK(warpgroup(DType::F16, 257, 6144) == GemmTiles::kWarpgroup);
     CHECK(warpgroup(DType::F16, 64, 14336) == GemmTiles::kSmallBatch);
     CHECK(warpgroup(DType::U8, 512, 14336) == GemmTiles::kLarge);
     CHECK(warpgroup(DType::F32, 512, 4096) == GemmTiles::kSimt);
