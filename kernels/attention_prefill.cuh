@@ -252,38 +252,141 @@ __device__ __forceinline__ float quad_max(float value) {
     return fmaxf(value, __shfl_xor_sync(kFullMask, value, 2));
 }
 
+// The rows a lane of attention_prefill_mma_kernel holds (half 0: row g, half 1: row g + 8
+// of its warp's 16): each one's position, or -1 past the batch, and its first visible key.
+struct MmaLaneRows {
+    int pos[2], first_key[2];
+};
+
+// One key tile of attention_prefill_mma_kernel for the calling warp: keys tile .. tile + 63
+// (key_tile, value_tile: [64][kDims + 8] halves in shared memory) against its 16 query rows
+// (q: A fragments, one per 16 dimensions), into the running max, the lane's partial sums
+// and the output accumulators acc (rescaled as the max grows).
+template <int kDims>
+__device__ __forceinline__ void attend_key_tile(const uint32_t (&q)[kDims / 16][4],
+                                                const __half* key_tile, const __half* value_tile,
+                                                int tile, int head_dim, float scale,
+                                                const MmaLaneRows& lane_rows,
+                                                float (&running_max)[2], float (&partial_sum)[2],
+                                                float (&acc)[kDims / 8][4]) {
+    constexpr int kStride = kDims + kMmaRowPad;
+    constexpr int kDimTiles = kDims / 8;
+    const int lane = threadIdx.x % kWarpSize, t = lane % 4;
+    const int matrix_row = lane % 8, matrix = lane / 8;  // ldmatrix: row, which of four
+
+    // S = Q Kᵀ for the warp's 16 rows and the tile's 64 keys.
+    float score[kMmaKeyTiles][4];
+#pragma unroll
+    for (int n = 0; n < kMmaKeyTiles; ++n)
+        for (int e = 0; e < 4; ++e) score[n][e] = 0.0f;
+#pragma unroll
+    for (int step = 0; step < kDims / 16; ++step) {
+        if (16 * step >= head_dim) break;
+        const int k0 = 16 * step;
+#pragma unroll
+        for (int n = 0; n < kMmaKeyTiles; n += 2) {
+            uint32_t b[4];  // matrices: keys of n-tile n / n + 1 (matrix / 2), k0 / k0 + 8
+            ldmatrix_x4(b, key_tile + ((n + matrix / 2) * 8 + matrix_row) * kStride + k0 +
+                               (matrix % 2) * 8);
+            const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+            mma_16x8x16<DType::F16>(score[n], q[step], b0);
+            mma_16x8x16<DType::F16>(score[n + 1], q[step], b1);
+        }
+    }
+
+    // Online softmax: element e of n-tile n is row g + 8 (e / 2), key tile + 8n + 2t + e % 2.
+    float correction[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+        float tile_max = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < kMmaKeyTiles; ++n)
+#pragma unroll
+            for (int e = 2 * half; e < 2 * half + 2; ++e) {
+                const int key = tile + 8 * n + 2 * t + e % 2;
+                const bool visible = key >= lane_rows.first_key[half] && key <= lane_rows.pos[half];
+                score[n][e] = visible ? score[n][e] * scale : -INFINITY;
+                tile_max = fmaxf(tile_max, score[n][e]);
+            }
+        const float new_max = fmaxf(running_max[half], quad_max(tile_max));
+        correction[half] = 1.0f;
+        float sum = 0.0f;
+#pragma unroll
+        for (int n = 0; n < kMmaKeyTiles; ++n)
+#pragma unroll
+            for (int e = 2 * half; e < 2 * half + 2; ++e) {
+                // exp(-inf) = 0 for hidden keys; a row with nothing visible yet keeps 0.
+                score[n][e] = new_max == -INFINITY ? 0.0f : expf(score[n][e] - new_max);
+                sum += score[n][e];
+            }
+        if (new_max != -INFINITY) correction[half] = expf(running_max[half] - new_max);
+        partial_sum[half] = partial_sum[half] * correction[half] + sum;
+        running_max[half] = new_max;
+    }
+#pragma unroll
+    for (int n = 0; n < kDimTiles; ++n) {
+        acc[n][0] *= correction[0];
+        acc[n][1] *= correction[0];
+        acc[n][2] *= correction[1];
+        acc[n][3] *= correction[1];
+    }
+
+    // acc += P V: k-step j covers keys 16j .. 16j + 15 (n-tiles 2j, 2j + 1 of S).
+#pragma unroll
+    for (int j = 0; j < kMmaKeyTiles / 2; ++j) {
+        const uint32_t a[4] = {pack_half2(score[2 * j][0], score[2 * j][1]),
+                               pack_half2(score[2 * j][2], score[2 * j][3]),
+                               pack_half2(score[2 * j + 1][0], score[2 * j + 1][1]),
+                               pack_half2(score[2 * j + 1][2], score[2 * j + 1][3])};
+#pragma unroll
+        for (int n = 0; n < kDimTiles; n += 2) {
+            if (n * 8 >= head_dim) break;  // head_dim is a multiple of 16: n + 1 is in too
+            uint32_t b[4];  // matrices: keys 16j / 16j + 8 (matrix % 2), dims of n / n + 1
+            ldmatrix_x4_trans(b, value_tile + (16 * j + (matrix % 2) * 8 + matrix_row) * kStride +
+                                     (n + matrix / 2) * 8);
+            const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
+            mma_16x8x16<DType::F16>(acc[n], a, b0);
+            mma_16x8x16<DType::F16>(acc[n + 1], a, b1);
+        }
+    }
+}
+
 // What attention_prefill_kernel computes, for an f16 cache and head_dim a multiple of 16 up
 // to kDims (64 or 128), on tensor cores. Lane = 4 g + t (tensor_core.cuh): in each fragment a
 // lane holds rows g and g + 8 of its warp's 16 rows, columns 2t and 2t + 1 of each 8-column
 // n-tile.
-// - Scores S [16 rows, 64 keys] per warp: kMmaKeyTiles n-tiles, head_dim / 16 k-steps; A =
-//   the queries (ldmatrix), B = the key rows as stored (ldmatrix: rows of K elements).
-// - The probabilities P, in the C layout of S, are the A fragments of PV as they are (n-tiles
-//   2j and 2j + 1 of S form k-step j); B = the value rows, transposed by ldmatrix .trans.
-// - Each row's running max is quad-uniform (quad_max); each lane keeps a partial sum of its
-//   columns, summed over the quad at the end.
+// - The queries: each lane loads its elements of the A fragments (rows g and g + 8, columns
+//   2t, 2t + 1 and 2t + 8, 2t + 9 of each 16 dimensions) once, rounded to f16, into
+//   registers.
+// - Keys and values arrive 64 rows at a time by cp.async into kBuffers tile buffers: with
+//   two, tile i + 1 is copied while the warps compute on tile i (sm_80+; sm_75 copies
+//   synchronously and takes one).
+// - Per tile (attend_key_tile): scores S [16 rows, 64 keys] per warp on tensor cores, B = the
+//   key rows as stored (ldmatrix); an online softmax; PV with the probabilities, in the C
+//   layout of S, as the A fragments (n-tiles 2j and 2j + 1 of S form k-step j) and B = the
+//   value rows transposed by ldmatrix .trans. Each row's running max is quad-uniform
+//   (quad_max); each lane keeps a partial sum of its columns, summed over the quad at the
+//   end.
 // Launch: attention_prefill (below; attention_prefill_mma_grid): grid (ceil(count * group /
-// 64), kv_heads), block 128, dynamic shared memory 3 * 64 * (kDims + 8) halves: q, keys and
-// values, one row per query row or key, each padded by 8 halves.
-template <DType kOut, int kDims>
+// 64), kv_heads), block 128, dynamic shared memory attention_prefill_mma_shared_bytes:
+// kBuffers x (keys, values) of 64 rows of kDims + 8 halves (the padding spreads the banks).
+template <DType kOut, int kDims, int kBuffers>
 __global__ void __launch_bounds__(kAttentionPrefillThreads)
     attention_prefill_mma_kernel(void* __restrict__ out, int out_pitch,
                                  const float* __restrict__ qkv, int qkv_pitch,
                                  const __half* __restrict__ key_cache,
                                  const __half* __restrict__ value_cache, int first_pos, int count,
                                  int heads, int kv_heads, int head_dim, int window) {
+    static_assert(kBuffers == 1 || kBuffers == 2, "one tile buffer, or two taking turns");
     constexpr int kStride = kDims + kMmaRowPad;  // halves per staged row
     constexpr int kDimTiles = kDims / 8;         // n-tiles of the output
+    constexpr int kTileHalves = kMmaKeyTile * kStride;
     const int group = heads / kv_heads, kv_head = blockIdx.y;
     const int kv_dim = kv_heads * head_dim;
     const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
     const int g = lane / 4, t = lane % 4;
-    // ldmatrix: this lane's row within its 8x8 matrix, and which of the four matrices.
-    const int matrix_row = lane % 8, matrix = lane / 8;
-
-    __half* q_tile = reinterpret_cast<__half*>(dynamic_shared_floats());  // [64][kStride]
-    __half* key_tile = q_tile + kMmaBlockRows * kStride;                  // [64][kStride]
-    __half* value_tile = key_tile + kMmaKeyTile * kStride;                // [64][kStride]
+    // Buffer b: its keys 2 b tiles from the start, its values 2 b + 1.
+    __half* tiles = reinterpret_cast<__half*>(dynamic_shared_floats());
 
     const int rows = count * group;
     const int first_row = blockIdx.x * kMmaBlockRows;
@@ -291,24 +394,30 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
     const int key_begin = prefill_first_key(first_pos + first_row / group, window);
     const int key_end = first_pos + last_row / group;
 
-    // The block's queries as f16, zero for rows past the last.
-    for (int i = threadIdx.x; i < kMmaBlockRows * head_dim; i += blockDim.x) {
-        const int r = i / head_dim, d = i % head_dim, row = first_row + r;
-        float q = 0.0f;
-        if (row < rows) {
-            const int head = kv_head * group + row % group;
-            q = qkv[size_t(row / group) * qkv_pitch + size_t(head) * head_dim + d];
-        }
-        q_tile[r * kStride + d] = __float2half_rn(q);
-    }
-
-    // The two rows this lane holds (half 0: row g, half 1: row g + 8 of the warp's 16).
+    // The lane's query elements as A fragments, zero for rows past the last.
     const int warp_row = first_row + warp * kMmaRowsPerWarp;
-    int row_pos[2], row_first_key[2];
+    uint32_t q[kDims / 16][4];
+#pragma unroll
+    for (int step = 0; step < kDims / 16; ++step)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // row g + 8 (i % 2), columns 16 step + 2t + 8 (i / 2)
+            const int row = warp_row + g + 8 * (i % 2), d = 16 * step + 2 * t + 8 * (i / 2);
+            float pair[2] = {0.0f, 0.0f};
+            if (row < rows && d < head_dim) {
+                const int head = kv_head * group + row % group;
+                const float* source =
+                    qkv + size_t(row / group) * qkv_pitch + size_t(head) * head_dim;
+                pair[0] = source[d];
+                pair[1] = source[d + 1];
+            }
+            q[step][i] = pack_half2(pair[0], pair[1]);
+        }
+
+    MmaLaneRows lane_rows;
     for (int half = 0; half < 2; ++half) {
         const int row = warp_row + g + 8 * half;
-        row_pos[half] = row < rows ? first_pos + row / group : -1;
-        row_first_key[half] = row < rows ? prefill_first_key(row_pos[half], window) : 0;
+        lane_rows.pos[half] = row < rows ? first_pos + row / group : -1;
+        lane_rows.first_key[half] = row < rows ? prefill_first_key(lane_rows.pos[half], window) : 0;
     }
     // The warp's key range: its first row sees from the earliest key, its last valid row
     // up to the latest.
@@ -324,11 +433,14 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
     for (int n = 0; n < kDimTiles; ++n)
         for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
     const float scale = 1.0f / sqrtf(float(head_dim));
-    const int copies_per_row = head_dim / kMmaHalvesPerCopy;
 
-    for (int tile = key_begin; tile <= key_end; tile += kMmaKeyTile) {
-        __syncthreads();  // the previous tile is read (and, the first time, the queries written)
-        // Keys and values tile .. tile + 63, zero past key_end (16 bytes a copy).
+    // The keys and values of tile `index` (keys key_begin + 64 index ..) into its buffer,
+    // zero past key_end (16 bytes a copy), as one group of copies.
+    const int copies_per_row = head_dim / kMmaHalvesPerCopy;
+    const auto copy_tile = [&](int index) {
+        __half* key_tile = tiles + 2 * (index % kBuffers) * kTileHalves;
+        __half* value_tile = key_tile + kTileHalves;
+        const int tile = key_begin + index * kMmaKeyTile;
         for (int i = threadIdx.x; i < kMmaKeyTile * copies_per_row; i += blockDim.x) {
             const int j = i / copies_per_row, d = (i % copies_per_row) * kMmaHalvesPerCopy;
             const int key = tile + j;
@@ -339,88 +451,31 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
             copy_async_16(value_tile + j * kStride + d, value_cache + offset, valid);
         }
         copy_async_commit();
-        copy_async_wait<0>();
+    };
+
+    const int key_tiles = (key_end - key_begin) / kMmaKeyTile + 1;  // key_begin <= key_end
+    if constexpr (kBuffers == 2) copy_tile(0);
+    for (int index = 0; index < key_tiles; ++index) {
+        // Tile `index` copied (the next one's copies may still be in flight), for all warps.
+        if constexpr (kBuffers == 2) {
+            if (index + 1 < key_tiles) {
+                copy_tile(index + 1);  // into the buffer every warp finished with last time
+                copy_async_wait<1>();
+            } else {
+                copy_async_wait<0>();
+            }
+        } else {
+            copy_tile(index);
+            copy_async_wait<0>();
+        }
         __syncthreads();
-        if (tile > warp_key_end || tile + kMmaKeyTile <= warp_key_begin) continue;
-
-        // S = Q Kᵀ for the warp's 16 rows and the tile's 64 keys.
-        float score[kMmaKeyTiles][4];
-#pragma unroll
-        for (int n = 0; n < kMmaKeyTiles; ++n)
-            for (int e = 0; e < 4; ++e) score[n][e] = 0.0f;
-        for (int k0 = 0; k0 < head_dim; k0 += 16) {
-            uint32_t a[4];  // matrices: rows 0-7 / 8-15 (matrix % 2), columns k0 / k0 + 8
-            ldmatrix_x4(a, q_tile +
-                               (warp * kMmaRowsPerWarp + matrix_row + (matrix % 2) * 8) * kStride +
-                               k0 + (matrix / 2) * 8);
-#pragma unroll
-            for (int n = 0; n < kMmaKeyTiles; n += 2) {
-                uint32_t b[4];  // matrices: keys of n-tile n / n + 1 (matrix / 2), k0 / k0 + 8
-                ldmatrix_x4(b, key_tile + ((n + matrix / 2) * 8 + matrix_row) * kStride + k0 +
-                                   (matrix % 2) * 8);
-                const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-                mma_16x8x16<DType::F16>(score[n], a, b0);
-                mma_16x8x16<DType::F16>(score[n + 1], a, b1);
-            }
+        const int tile = key_begin + index * kMmaKeyTile;
+        if (tile <= warp_key_end && tile + kMmaKeyTile > warp_key_begin) {
+            const __half* key_tile = tiles + 2 * (index % kBuffers) * kTileHalves;
+            attend_key_tile<kDims>(q, key_tile, key_tile + kTileHalves, tile, head_dim, scale,
+                                   lane_rows, running_max, partial_sum, acc);
         }
-
-        // Online softmax: element e of n-tile n is row g + 8 (e / 2), key tile + 8n + 2t +
-        // e % 2.
-        float correction[2];
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-            float tile_max = -INFINITY;
-#pragma unroll
-            for (int n = 0; n < kMmaKeyTiles; ++n)
-#pragma unroll
-                for (int e = 2 * half; e < 2 * half + 2; ++e) {
-                    const int key = tile + 8 * n + 2 * t + e % 2;
-                    const bool visible = key >= row_first_key[half] && key <= row_pos[half];
-                    score[n][e] = visible ? score[n][e] * scale : -INFINITY;
-                    tile_max = fmaxf(tile_max, score[n][e]);
-                }
-            const float new_max = fmaxf(running_max[half], quad_max(tile_max));
-            correction[half] = 1.0f;
-            float sum = 0.0f;
-#pragma unroll
-            for (int n = 0; n < kMmaKeyTiles; ++n)
-#pragma unroll
-                for (int e = 2 * half; e < 2 * half + 2; ++e) {
-                    // exp(-inf) = 0 for hidden keys; a row with nothing visible yet keeps 0.
-                    score[n][e] = new_max == -INFINITY ? 0.0f : expf(score[n][e] - new_max);
-                    sum += score[n][e];
-                }
-            if (new_max != -INFINITY) correction[half] = expf(running_max[half] - new_max);
-            partial_sum[half] = partial_sum[half] * correction[half] + sum;
-            running_max[half] = new_max;
-        }
-#pragma unroll
-        for (int n = 0; n < kDimTiles; ++n) {
-            acc[n][0] *= correction[0];
-            acc[n][1] *= correction[0];
-            acc[n][2] *= correction[1];
-            acc[n][3] *= correction[1];
-        }
-
-        // acc += P V: k-step j covers keys 16j .. 16j + 15 (n-tiles 2j, 2j + 1 of S).
-#pragma unroll
-        for (int j = 0; j < kMmaKeyTiles / 2; ++j) {
-            const uint32_t a[4] = {pack_half2(score[2 * j][0], score[2 * j][1]),
-                                   pack_half2(score[2 * j][2], score[2 * j][3]),
-                                   pack_half2(score[2 * j + 1][0], score[2 * j + 1][1]),
-                                   pack_half2(score[2 * j + 1][2], score[2 * j + 1][3])};
-#pragma unroll
-            for (int n = 0; n < kDimTiles; n += 2) {
-                if (n * 8 >= head_dim) break;  // head_dim is a multiple of 16: n + 1 is in too
-                uint32_t b[4];  // matrices: keys 16j / 16j + 8 (matrix % 2), dims of n / n + 1
-                ldmatrix_x4_trans(b, value_tile +
-                                         (16 * j + (matrix % 2) * 8 + matrix_row) * kStride +
-                                         (n + matrix / 2) * 8);
-                const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
-                mma_16x8x16<DType::F16>(acc[n], a, b0);
-                mma_16x8x16<DType::F16>(acc[n + 1], a, b1);
-            }
-        }
+        __syncthreads();  // every warp is done with the buffer: the copies may overwrite it
     }
 
     // out = acc / sum, and the padding columns of each token's row (KV head 0's blocks).
@@ -475,9 +530,15 @@ inline dim3 attention_prefill_grid(int count, const AttentionShape& shape) {
 // The tensor-core kernel's shape (it runs where attention_prefill_uses_mma, kernels.h): its
 // kDims for head_dim, its dynamic shared memory and grid.
 inline int attention_prefill_mma_dims(int head_dim) { return head_dim <= 64 ? 64 : 128; }
-inline size_t attention_prefill_mma_shared_bytes(int head_dim) {
+// Tile buffers: two on sm_80 and newer (cp.async), one on sm_75 (copies are synchronous
+// there, and two of head_dim 128 would pass its 64 KiB a block).
+inline int attention_prefill_mma_buffers(int compute_capability) {
+    constexpr int kAsyncCopies = 80;  // sm_80: cp.async
+    return compute_capability >= kAsyncCopies ? 2 : 1;
+}
+inline size_t attention_prefill_mma_shared_bytes(int head_dim, int buffers) {
     const size_t stride = size_t(attention_prefill_mma_dims(head_dim)) + kMmaRowPad;
-    return (kMmaBlockRows + 2 * kMmaKeyTile) * stride * sizeof(uint16_t);
+    return size_t(buffers) * 2 * kMmaKeyTile * stride * sizeof(uint16_t);
 }
 inline dim3 attention_prefill_mma_grid(int count, const AttentionShape& shape) {
     const int rows = count * (shape.heads / shape.kv_heads);
@@ -502,7 +563,9 @@ void with_prefill_dims_per_lane(int head_dim, Launch launch) {
 size_t attention_prefill_shared_bytes(int head_dim) {
     const size_t simt = attention_prefill_shared_floats(head_dim) * sizeof(float);
     return attention_prefill_uses_mma(KvType::F16, head_dim)
-               ? std::max(simt, attention_prefill_mma_shared_bytes(head_dim))
+               ? std::max(simt, attention_prefill_mma_shared_bytes(
+                                    head_dim, attention_prefill_mma_buffers(
+                                                  current_device().compute_capability)))
                : simt;
 }
 
@@ -516,13 +579,16 @@ void attention_prefill(const DeviceActivations& out, const float* qkv, int qkv_p
                     ", output of " + std::to_string(out.cols) + " columns)");
     if (out.tokens == 0) return;
     if (attention_prefill_uses_mma(kv_type, shape.head_dim)) {
-        const size_t shared = attention_prefill_mma_shared_bytes(shape.head_dim);
+        const int buffers = attention_prefill_mma_buffers(current_device().compute_capability);
+        const size_t shared = attention_prefill_mma_shared_bytes(shape.head_dim, buffers);
         const dim3 grid = attention_prefill_mma_grid(out.tokens, shape);
         with_weight_dtype(out.dtype, [&](auto dtype) {
             constexpr DType kOut = decltype(dtype)::value;
-            const auto kernel = attention_prefill_mma_dims(shape.head_dim) == 64
-                                    ? attention_prefill_mma_kernel<kOut, 64>
-                                    : attention_prefill_mma_kernel<kOut, 128>;
+            const bool dims_64 = attention_prefill_mma_dims(shape.head_dim) == 64;
+            const auto kernel = buffers == 2 ? dims_64 ? attention_prefill_mma_kernel<kOut, 64, 2>
+                                                       : attention_prefill_mma_kernel<kOut, 128, 2>
+                                : dims_64 ? attention_prefill_mma_kernel<kOut, 64, 1>
+                                             : attention_prefill_mma_kernel<kOut, 128, 1>;
             allow_shared_bytes(kernel, shared);
             kernel<<<grid, kAttentionPrefillThreads, shared, stream>>>(
                 out.data, out.pitch, qkv, qkv_pitch, static_cast<const __half*>(key_cache),

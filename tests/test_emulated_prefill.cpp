@@ -251,13 +251,15 @@ void store_cache(std::vector<KvT>& cache, const std::vector<float>& values) {
     }
 }
 
+// The tensor-core kernel runs with `mma_buffers` tile buffers (1 or 2) where it applies.
 template <typename KvT>
-void check_attention_prefill(const AttentionCase& c, std::mt19937& rng) {
+void check_attention_prefill(const AttentionCase& c, int mma_buffers, std::mt19937& rng) {
     const AttentionShape& shape = c.shape;
     INFO(shape.heads << "/" << shape.kv_heads << " heads of " << shape.head_dim << ", window "
                      << shape.window << ", " << c.count << " tokens from " << c.first_pos
                      << ", out " << dtype_name(c.out_dtype) << ", kv "
-                     << (c.kv_type == KvType::F32 ? "f32" : "f16"));
+                     << (c.kv_type == KvType::F32 ? "f32" : "f16") << ", " << mma_buffers
+                     << " tile buffers");
     const int group = shape.heads / shape.kv_heads, head_dim = shape.head_dim;
     const int q_dim = shape.heads * head_dim, kv_dim = shape.kv_heads * head_dim;
     const int qkv_pitch = q_dim + 2 * kv_dim + 1;
@@ -276,12 +278,15 @@ void check_attention_prefill(const AttentionCase& c, std::mt19937& rng) {
         constexpr DType kOut = decltype(dtype)::value;
         if constexpr (std::is_same_v<KvT, __half>) {
             if (mma) {
-                const auto kernel = attention_prefill_mma_dims(head_dim) == 64
-                                        ? attention_prefill_mma_kernel<kOut, 64>
-                                        : attention_prefill_mma_kernel<kOut, 128>;
+                const bool dims_64 = attention_prefill_mma_dims(head_dim) == 64;
+                const auto kernel = mma_buffers == 2
+                                        ? dims_64 ? attention_prefill_mma_kernel<kOut, 64, 2>
+                                                  : attention_prefill_mma_kernel<kOut, 128, 2>
+                                    : dims_64 ? attention_prefill_mma_kernel<kOut, 64, 1>
+                                              : attention_prefill_mma_kernel<kOut, 128, 1>;
                 emulate_launch(attention_prefill_mma_grid(c.count, shape),
                                dim3(kAttentionPrefillThreads),
-                               attention_prefill_mma_shared_bytes(head_dim), kernel,
+                               attention_prefill_mma_shared_bytes(head_dim, mma_buffers), kernel,
                                static_cast<void*>(out.data()), out_pitch, qkv.data(), qkv_pitch,
                                keys.data(), values.data(), c.first_pos, c.count, shape.heads,
                                shape.kv_heads, head_dim, shape.window);
@@ -366,12 +371,18 @@ TEST_CASE("emulated attention_prefill matches a double reference", "[cuda_emulat
         {{4, 4, 64, 9}, 17, 60, KvType::F16, DType::BF16},  // window, first_pos > 0
         {{2, 1, 80, 0}, 1, 130, KvType::F16, DType::F32},   // kDims 128 > head_dim, 3 tiles
         {{4, 2, 128, 0}, 3, 0, KvType::F16, DType::F16},
-        {{3, 1, 48, 70}, 33, 40, KvType::F16, DType::F16},  // output padding, long window
+        {{3, 1, 48, 70}, 33, 40, KvType::F16, DType::F16},    // output padding, long window
+        {{4, 2, 128, 0}, 150, 60, KvType::F16, DType::F16},   // 4 key tiles a block, two taking
+                                                              // turns in the buffers
+        {{4, 2, 32, 50}, 150, 60, KvType::F16, DType::BF16},  // warps skipping tiles (window)
     };
     for (const AttentionCase& c : cases) {
-        if (c.kv_type == KvType::F32)
-            check_attention_prefill<float>(c, rng);
-        else
-            check_attention_prefill<__half>(c, rng);
+        if (c.kv_type == KvType::F32) {
+            check_attention_prefill<float>(c, 1, rng);
+        } else {
+            check_attention_prefill<__half>(c, 1, rng);  // sm_75's one tile buffer
+            if (attention_prefill_uses_mma(c.kv_type, c.shape.head_dim))
+                check_attention_prefill<__half>(c, 2, rng);  // two, from sm_80
+        }
     }
 }
