@@ -37,12 +37,15 @@
 //   while another may still arrive on its barriers (cluster barriers at both ends; at the
 //   end a block arrives after its last product and waits after its stores).
 // - Epilogue: each thread adds the bias and the residual to its accumulators and stores them
-//   (pairs of neighbouring rows of a token).
+//   (pairs of neighbouring rows of a token). The gated form (gemm_swiglu) takes the same
+//   rows of w1 and w3 into the two halves of each tile and stores silu(gate) * up instead,
+//   as the next GEMM's f16/bf16 input.
 //
 // The grid is rounded up to whole clusters: blocks past the tokens or rows multiply zeros
 // and store nothing. Only the tile rule (choose_warpgroup_rows) is part of the CPU emulation
 // of CUDA, which has no wgmma, TMA or clusters.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
