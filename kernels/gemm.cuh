@@ -810,21 +810,22 @@ inline double tile_waves(size_t blocks, int tile_outputs, int multiprocessors) {
 //   takes no longer by tile_waves (ties go to the wide tiles, which do more per byte): at
 //   512 tokens on an H100, Mistral-7B's qkv (6144 rows) and w1/w3 (14336 rows) but not its
 //   wo and w2 (4096 rows: 64 wide blocks for 132 SMs).
-// - With `warpgroup` (warpgroup_gemm_enabled: sm_90a), f16 and bf16 weights past the small
-//   batches take GemmTiles::kWarpgroup instead of the last two rules, where its grid of the
-//   smallest tiles (128 tokens x 128 rows) has at least 3 blocks per 4 SMs as for the large
-//   tiles (e.g. not Mistral-7B's qkv below 257 tokens: its weights must stream through
-//   every SM).
+// - With `warpgroup` (warpgroup_gemm_use: sm_90a), f16 and bf16 weights past the small
+//   batches take GemmTiles::kWarpgroup instead of the last two rules: always, or
+//   (kWhereItFills) where its grid of the smallest tiles (128 tokens x 128 rows) has at
+//   least 3 blocks per 4 SMs as for the large tiles (e.g. not Mistral-7B's qkv below 257
+//   tokens: its weights must stream through every SM).
 // The columns do not enter: they set the length of each block's K loop, not the grid.
 inline GemmTiles choose_gemm_tiles(DType dtype, int tokens, int rows, int compute_capability,
                                    int multiprocessors, size_t shared_bytes_per_block,
-                                   bool warpgroup = false) {
+                                   WarpgroupUse warpgroup = WarpgroupUse::kNever) {
     if (!has_tensor_core_product(dtype, compute_capability)) return GemmTiles::kSimt;
     if (tokens <= kSmallBatchMaxTokens) return GemmTiles::kSmallBatch;
-    if (warpgroup && (dtype == DType::F16 || dtype == DType::BF16)) {
+    if (warpgroup != WarpgroupUse::kNever && (dtype == DType::F16 || dtype == DType::BF16)) {
         constexpr int kSmallestRows = kWarpgroupRowChoices[kWarpgroupRowKinds - 1];
         const dim3 grid = warpgroup_grid(tokens, rows, kSmallestRows, 1, kWarpgroupClusterRows);
-        if (4 * size_t(grid.x) * grid.y >= size_t(kLargeMinBlocksPerFourSms) * multiprocessors)
+        if (warpgroup == WarpgroupUse::kAlways ||
+            4 * size_t(grid.x) * grid.y >= size_t(kLargeMinBlocksPerFourSms) * multiprocessors)
             return GemmTiles::kWarpgroup;
     }
     const dim3 large = gemm_tensor_core_grid<LargeTiles>(tokens, rows);
@@ -995,28 +996,33 @@ void check_gemm_operands(float* out, int out_pitch, const DeviceMatrix& w,
 
 }  // namespace
 
-// On where the build has an sm_90a image (the Makefile defines BARELLM_CUDA_SM90A_IMAGE
-// when CUDA_ARCHS lists 90a) and the GPU runs it.
-bool warpgroup_gemm_enabled() {
+// As BARELLM_CUDA_WGMMA says, where the build has an sm_90a image (the Makefile defines
+// BARELLM_CUDA_SM90A_IMAGE when CUDA_ARCHS lists 90a) and the GPU runs it; else kNever.
+WarpgroupUse warpgroup_gemm_use() {
     constexpr int kHopper = 90;  // the sm_90a image: H100, H200
 #ifdef BARELLM_CUDA_SM90A_IMAGE
     constexpr bool kImageBuilt = true;
 #else
     constexpr bool kImageBuilt = false;
 #endif
-    static const bool enabled = [] {
+    static const WarpgroupUse use = [] {
         const char* setting = std::getenv("BARELLM_CUDA_WGMMA");
-        return kImageBuilt && setting != nullptr && std::strcmp(setting, "1") == 0 &&
-               current_device().compute_capability == kHopper &&
-               kHopperSharedBytes <= current_device().shared_bytes_per_block;
+        const bool runs = kImageBuilt && current_device().compute_capability == kHopper &&
+                          kHopperSharedBytes <= current_device().shared_bytes_per_block;
+        if (!runs || setting == nullptr) return WarpgroupUse::kNever;
+        if (std::strcmp(setting, "1") == 0) return WarpgroupUse::kWhereItFills;
+        if (std::strcmp(setting, "always") == 0) return WarpgroupUse::kAlways;
+        return WarpgroupUse::kNever;
     }();
-    return enabled;
+    return use;
 }
+
+bool warpgroup_gemm_enabled() { return warpgroup_gemm_use() != WarpgroupUse::kNever; }
 
 GemmTiles gemm_tiles(DType dtype, int tokens, int rows) {
     const DeviceFigures& device = current_device();
     return choose_gemm_tiles(dtype, tokens, rows, device.compute_capability, device.multiprocessors,
-                             device.shared_bytes_per_block, warpgroup_gemm_enabled());
+                             device.shared_bytes_per_block, warpgroup_gemm_use());
 }
 
 void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMatrix& w,
@@ -1105,8 +1111,12 @@ void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const Dev
         throw Error("gemm_swiglu: w1 and w3 differ in dtype or shape");
     if (out.tokens != in.tokens || out.cols != w1.rows)
         throw Error("gemm_swiglu: the output is not tokens x w1's rows");
-    const bool fused =
-        gemm_tiles(w1.dtype, in.tokens, w1.rows) == GemmTiles::kWarpgroup && out.dtype == w1.dtype;
+    // Given rows, the warpgroup GEMM runs wherever it can (tests); else where gemm takes it.
+    const bool warpgroup =
+        warpgroup_rows != 0
+            ? warpgroup_gemm_enabled() && (w1.dtype == DType::F16 || w1.dtype == DType::BF16)
+            : gemm_tiles(w1.dtype, in.tokens, w1.rows) == GemmTiles::kWarpgroup;
+    const bool fused = warpgroup && out.dtype == w1.dtype;
     if (!fused) {
         gemm(gate, gate_pitch, w1, in, /*bias=*/nullptr, /*accumulate=*/false, stream);
         gemm(up, gate_pitch, w3, in, /*bias=*/nullptr, /*accumulate=*/false, stream);

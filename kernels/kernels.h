@@ -192,8 +192,13 @@ void gemm(float* out, int out_pitch, const DeviceMatrix& w, const DeviceActivati
 // and bf16 weights only), and the warpgroup GEMM of sm_90a (f16 and bf16;
 // kernels/gemm_warpgroup.cuh), where warpgroup_gemm_enabled.
 enum class GemmTiles { kSimt, kSmallBatch, kMedium, kLarge, kWide, kWarpgroup };
-// Whether gemm may run the warpgroup GEMM: on sm_90a GPUs (H100, H200), when
-// BARELLM_CUDA_WGMMA=1 is set (opt-in until it has been measured against the other tiles).
+// Where gemm runs the warpgroup GEMM, on sm_90a GPUs (H100, H200) and opt-in until it has
+// been measured against the other tiles: nowhere, where its grid fills the GPU
+// (BARELLM_CUDA_WGMMA=1), or for every f16/bf16 product past the small batches, whatever its
+// grid (BARELLM_CUDA_WGMMA=always: the tests' small models).
+enum class WarpgroupUse { kNever, kWhereItFills, kAlways };
+WarpgroupUse warpgroup_gemm_use();
+// warpgroup_gemm_use() != kNever.
 bool warpgroup_gemm_enabled();
 // The tiles gemm picks for these sizes on the current GPU.
 GemmTiles gemm_tiles(DType dtype, int tokens, int rows);
@@ -208,8 +213,9 @@ void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMat
                      cudaStream_t stream, int warpgroup_rows = 0);
 // The feed-forward's gate of a prefill batch: out[t, i] = silu(in[t, :] · W1[i, :]) ·
 // (in[t, :] · W3[i, :]) as out's dtype, i < W1's rows (out's padding columns 0). Where gemm
-// would run the warpgroup GEMM and out has the weights' dtype, one pass computes both
-// products and applies SwiGLU before its stores (warpgroup_rows as for gemm_with_tiles);
+// would run the warpgroup GEMM (or with warpgroup_rows, as for gemm_with_tiles, wherever it
+// runs) and out has the weights' dtype, one pass computes both products and applies SwiGLU
+// before its stores;
 // otherwise gemm writes them into gate and up ([tokens, gate_pitch] f32) and swiglu_rows
 // combines them.
 void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const DeviceMatrix& w3,

@@ -8,7 +8,7 @@ logits follow the CPU's within QUANTIZED_TOLERANCE; a q4 file keeps f16 the matr
 columns are not a multiple of 32), f32/f16 KV cache, contexts of 1, 7, 100 and 4096
 positions; the batched prefill's logits at every position (one batch and more than one;
 q8 and q4 against the CPU's scalar path and its prefill, QUANTIZED_PREFILL_TOLERANCE) and
-`ppl`; the prefill on the warpgroup GEMM of sm_90a (BARELLM_CUDA_WGMMA=1); plus every
+`ppl`; the prefill on the warpgroup GEMM of sm_90a (BARELLM_CUDA_WGMMA=always); plus every
 kernel on its own (build/cuda_kernel_check), graph replay against direct launches, every
 rung of the GPU ladder on Qwen, `run` and `bench`.
 
@@ -304,13 +304,15 @@ def compute_capability():
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("length", [100, 700])
 def test_warpgroup_gemm_prefill_matches_cpu(cuda, models, name, dtype, length):
-    """BARELLM_CUDA_WGMMA=1 runs the prefill's f16/bf16 GEMMs on the warpgroup GEMM of sm_90a
-    (kernels/gemm_warpgroup.cuh): TMA tiles whose columns (204, 260) and rows end inside a
-    tile, Qwen2's biases, a 700-token prompt in two batches."""
+    """BARELLM_CUDA_WGMMA=always runs the prefill's f16/bf16 GEMMs on the warpgroup GEMM of
+    sm_90a (kernels/gemm_warpgroup.cuh), these models' small grids included (=1 would leave
+    them on the other tiles), and w1, w3 and SwiGLU in one pass: TMA tiles whose columns
+    (204, 260) and rows end inside a tile, Qwen2's biases, a 700-token prompt in two
+    batches."""
     if compute_capability() != "9.0":
         pytest.skip("the warpgroup GEMM runs on sm_90 GPUs (H100, H200) only")
     compare_prefill_with_cpu(models(name, dtype), dtype, token_ids(length, seed=length), "f16",
-                             gpu_env={**os.environ, "BARELLM_CUDA_WGMMA": "1"})
+                             gpu_env={**os.environ, "BARELLM_CUDA_WGMMA": "always"})
 
 
 @pytest.mark.parametrize("name", ["stories260K", "gqa-window", "wide-heads"])

@@ -140,7 +140,8 @@ TEST_CASE("gemm's tile rule picks the tiles the H100 measurements favour",
     // With the warpgroup GEMM enabled: f16 and bf16 past the small batches take it where its
     // grid has 3 blocks per 4 SMs; Q8, Q4 and f32 weights and small batches keep their tiles.
     const auto warpgroup = [&](DType dtype, int tokens, int rows) {
-        return choose_gemm_tiles(dtype, tokens, rows, kSm90, kH100Sms, kH100Shared, true);
+        return choose_gemm_tiles(dtype, tokens, rows, kSm90, kH100Sms, kH100Shared,
+                                 WarpgroupUse::kWhereItFills);
     };
     CHECK(warpgroup(DType::F16, 512, 4096) == GemmTiles::kWarpgroup);
     CHECK(warpgroup(DType::BF16, 65, 14336) == GemmTiles::kWarpgroup);  // 112 blocks
@@ -149,6 +150,15 @@ TEST_CASE("gemm's tile rule picks the tiles the H100 measurements favour",
     CHECK(warpgroup(DType::F16, 100, 6144) == GemmTiles::kMedium);
     CHECK(warpgroup(DType::F16, 256, 6144) != GemmTiles::kWarpgroup);
     CHECK(warpgroup(DType::F16, 257, 6144) == GemmTiles::kWarpgroup);
+    // BARELLM_CUDA_WGMMA=always: whatever the grid, past the small batches.
+    const auto always = [&](DType dtype, int tokens, int rows) {
+        return choose_gemm_tiles(dtype, tokens, rows, kSm90, kH100Sms, kH100Shared,
+                                 WarpgroupUse::kAlways);
+    };
+    CHECK(always(DType::F16, 100, 6144) == GemmTiles::kWarpgroup);
+    CHECK(always(DType::BF16, 65, 64) == GemmTiles::kWarpgroup);
+    CHECK(always(DType::F16, 64, 6144) == GemmTiles::kSmallBatch);
+    CHECK(always(DType::U8, 512, 14336) == GemmTiles::kLarge);
     CHECK(warpgroup(DType::F16, 64, 14336) == GemmTiles::kSmallBatch);
     CHECK(warpgroup(DType::U8, 512, 14336) == GemmTiles::kLarge);
     CHECK(warpgroup(DType::F32, 512, 4096) == GemmTiles::kSimt);

@@ -66,11 +66,13 @@
 #                 tg128 on the Mistral-7B f16, q4 and q8 files alternated, 2 rounds (about 3
 #                 minutes after the files; `BARELLM_CUDA_PDL=1 bash dev/gpu/check.sh tests`
 #                 runs every test with it)
-#   wgmma         the warpgroup GEMM of sm_90a (BARELLM_CUDA_WGMMA=1 turns it on):
-#                 cuda_kernel_check with it (every GEMM case on its tiles too), the prefill,
-#                 ppl, Qwen and greedy-text tests of tests/test_cuda.py with it, then pp512
-#                 on the Mistral-7B f16 file with and without, alternated, 2 rounds (about 3
-#                 minutes after the file)
+#   wgmma         the warpgroup GEMM of sm_90a (BARELLM_CUDA_WGMMA=1 turns it on where its
+#                 grid fills the GPU, =always everywhere): cuda_kernel_check with it (every
+#                 GEMM case on its tiles with each row count too, the gated form of the
+#                 feed-forward), the prefill, ppl, Qwen and greedy-text tests of
+#                 tests/test_cuda.py with =always (their models' grids are small), then pp512
+#                 on the Mistral-7B f16 file with and without (=1), alternated, 2 rounds
+#                 (about 3 minutes after the file)
 #   ab            decode speed of other trees beside this one, alternated in one run: each
 #                 gpu_data/ab/NAME.tgz (made here by `git archive -o gpu_data/ab/NAME.tgz
 #                 REV`) is built and must give this tree's greedy text first
@@ -699,7 +701,7 @@ if wants wgmma; then
         grep -v "^PASS" "$LOG/wgmma_kernels.log" | grep -v "^|" | head -20
     fi
     if fits 90 "the prefill tests with the warpgroup GEMM"; then
-        BARELLM_CUDA_WGMMA=1 OMP_NUM_THREADS=2 timeout "$(capped 90)" python3 -m pytest -q -rs \
+        BARELLM_CUDA_WGMMA=always OMP_NUM_THREADS=2 timeout "$(capped 90)" python3 -m pytest -q -rs \
             "${xdist[@]}" tests/test_cuda.py -k "prefill_cuda or ppl or qwen_cuda or greedy" \
             >"$LOG/wgmma_tests.log" 2>&1
         note "wgmma: test_cuda.py prefill/ppl/qwen/greedy: $(tail -1 "$LOG/wgmma_tests.log")"

@@ -1285,10 +1285,10 @@ void check_gemm_swiglu() {
             const std::vector<float> want =
                 with_pitch(rounded(gated, dtype), c.tokens, c.hidden, pitch);
 
-            const bool warpgroup =
-                cuda::gemm_tiles(dtype, c.tokens, c.hidden) == cuda::GemmTiles::kWarpgroup;
-            std::vector<int> row_counts = {0};  // 0: gemm_swiglu's own choice
-            if (warpgroup)
+            // 0: gemm_swiglu's own choice; then, where the warpgroup GEMM runs, its gated form
+            // with each row count, whatever gemm's rule would take.
+            std::vector<int> row_counts = {0};
+            if (cuda::warpgroup_gemm_enabled())
                 for (int rows : cuda::kWarpgroupRowChoices) row_counts.push_back(rows);
             for (int rows : row_counts) {
                 DeviceBuffer memory;
@@ -1298,7 +1298,9 @@ void check_gemm_swiglu() {
                              up = poisoned(size_t(c.tokens) * c.hidden);
                 cuda::gemm_swiglu(out, device_w1, device_w3, in, gate.as<float>(), up.as<float>(),
                                   c.hidden, 0, rows);
-                const std::string path = !warpgroup  ? "gemm + swiglu_rows"
+                const bool gated = rows != 0 || cuda::gemm_tiles(dtype, c.tokens, c.hidden) ==
+                                                    cuda::GemmTiles::kWarpgroup;
+                const std::string path = !gated      ? "gemm + swiglu_rows"
                                          : rows == 0 ? "gated warpgroup"
                                                      : "gated warpgroup " + std::to_string(rows);
                 const std::string name = "gemm_swiglu " + path + " " + dtype_label(dtype) + " " +
@@ -1306,7 +1308,7 @@ void check_gemm_swiglu() {
                                          "x" + std::to_string(c.cols);
                 report(name, activations_to_host(out), want, rounding_tolerance(dtype, 0));
                 // The gated form leaves gate and up alone (poisoned): it ran, not the fallback.
-                if (warpgroup) {
+                if (gated) {
                     const std::vector<float> gate_after = to_host(gate.as(), c.tokens * c.hidden);
                     const bool untouched = std::all_of(gate_after.begin(), gate_after.end(),
                                                        [](float v) { return std::isnan(v); });
