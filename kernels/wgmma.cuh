@@ -96,9 +96,9 @@ __device__ __forceinline__ uint64_t swizzled_descriptor(const void* start) {
 // transposed (K-major).
 #define BARELLM_WGMMA(n, types, names, descriptors, ...)                                     \
     asm volatile(                                                                            \
-        "{\n.reg .pred add;\nsetp.ne.b32 add, 1, 0;\n"                                       \
+        "{\n.reg .pred scale_d;\nsetp.ne.b32 scale_d, 1, 0;\n"                               \
         "wgmma.mma_async.sync.aligned.m64n" #n "k16.f32." types " {" names "}, " descriptors \
-        ", add, 1, 1, 0, 0;\n}\n"                                                            \
+        ", scale_d, 1, 1, 0, 0;\n}\n"                                                        \
         : __VA_ARGS__                                                                        \
         : "l"(a), "l"(b))
 // The same for the element type D.
