@@ -701,9 +701,9 @@ if wants wgmma; then
         grep -v "^PASS" "$LOG/wgmma_kernels.log" | grep -v "^|" | head -20
     fi
     if fits 90 "the prefill tests with the warpgroup GEMM"; then
-        BARELLM_CUDA_WGMMA=always OMP_NUM_THREADS=2 timeout "$(capped 90)" python3 -m pytest -q -rs \
-            "${xdist[@]}" tests/test_cuda.py -k "prefill_cuda or ppl or qwen_cuda or greedy" \
-            >"$LOG/wgmma_tests.log" 2>&1
+        BARELLM_CUDA_WGMMA=always OMP_NUM_THREADS=2 timeout "$(capped 90)" \
+            python3 -m pytest -q -rs "${xdist[@]}" tests/test_cuda.py \
+            -k "prefill_cuda or ppl or qwen_cuda or greedy" >"$LOG/wgmma_tests.log" 2>&1
         note "wgmma: test_cuda.py prefill/ppl/qwen/greedy: $(tail -1 "$LOG/wgmma_tests.log")"
         grep -h "^FAILED" "$LOG/wgmma_tests.log" | head -10
     fi
