@@ -540,6 +540,15 @@ inline size_t attention_prefill_mma_shared_bytes(int head_dim, int buffers) {
     const size_t stride = size_t(attention_prefill_mma_dims(head_dim)) + kMmaRowPad;
     return size_t(buffers) * 2 * kMmaKeyTile * stride * sizeof(uint16_t);
 }
+// The tensor-core kernel for head_dim with `buffers` tile buffers.
+template <DType kOut>
+auto attention_prefill_mma_kernel_for(int head_dim, int buffers) {
+    const bool dims_64 = attention_prefill_mma_dims(head_dim) == 64;
+    return buffers == 2 ? dims_64 ? attention_prefill_mma_kernel<kOut, 64, 2>
+                                  : attention_prefill_mma_kernel<kOut, 128, 2>
+           : dims_64 ? attention_prefill_mma_kernel<kOut, 64, 1>
+                        : attention_prefill_mma_kernel<kOut, 128, 1>;
+}
 inline dim3 attention_prefill_mma_grid(int count, const AttentionShape& shape) {
     const int rows = count * (shape.heads / shape.kv_heads);
     return dim3((rows + kMmaBlockRows - 1) / kMmaBlockRows, shape.kv_heads);
@@ -584,11 +593,7 @@ void attention_prefill(const DeviceActivations& out, const float* qkv, int qkv_p
         const dim3 grid = attention_prefill_mma_grid(out.tokens, shape);
         with_weight_dtype(out.dtype, [&](auto dtype) {
             constexpr DType kOut = decltype(dtype)::value;
-            const bool dims_64 = attention_prefill_mma_dims(shape.head_dim) == 64;
-            const auto kernel = buffers == 2 ? dims_64 ? attention_prefill_mma_kernel<kOut, 64, 2>
-                                                       : attention_prefill_mma_kernel<kOut, 128, 2>
-                                : dims_64 ? attention_prefill_mma_kernel<kOut, 64, 1>
-                                             : attention_prefill_mma_kernel<kOut, 128, 1>;
+            const auto kernel = attention_prefill_mma_kernel_for<kOut>(shape.head_dim, buffers);
             allow_shared_bytes(kernel, shared);
             kernel<<<grid, kAttentionPrefillThreads, shared, stream>>>(
                 out.data, out.pitch, qkv, qkv_pitch, static_cast<const __half*>(key_cache),

@@ -822,10 +822,10 @@ inline GemmTiles choose_gemm_tiles(DType dtype, int tokens, int rows, int comput
     if (!has_tensor_core_product(dtype, compute_capability)) return GemmTiles::kSimt;
     if (tokens <= kSmallBatchMaxTokens) return GemmTiles::kSmallBatch;
     if (warpgroup != WarpgroupUse::kNever && (dtype == DType::F16 || dtype == DType::BF16)) {
+        if (warpgroup == WarpgroupUse::kAlways) return GemmTiles::kWarpgroup;
         constexpr int kSmallestRows = kWarpgroupRowChoices[kWarpgroupRowKinds - 1];
         const dim3 grid = warpgroup_grid(tokens, rows, kSmallestRows, 1, kWarpgroupClusterRows);
-        if (warpgroup == WarpgroupUse::kAlways ||
-            4 * size_t(grid.x) * grid.y >= size_t(kLargeMinBlocksPerFourSms) * multiprocessors)
+        if (4 * size_t(grid.x) * grid.y >= size_t(kLargeMinBlocksPerFourSms) * multiprocessors)
             return GemmTiles::kWarpgroup;
     }
     const dim3 large = gemm_tensor_core_grid<LargeTiles>(tokens, rows);
@@ -880,17 +880,38 @@ void launch_gemm_quantized(float* out, int out_pitch, const DeviceMatrix& w,
                        gemm_k_extent(in.cols, DType::F16), bias, accumulate);
 }
 
-// The warpgroup GEMM with blocks of `tile_rows` weight rows (one of kWarpgroupRowChoices),
-// in clusters of kClusterTokens x kWarpgroupClusterRows blocks: the product out = in · Wᵀ
-// (+ bias) (+ out) into f32 `out`, or where `up` is given swiglu(in · Wᵀ, in · upᵀ) into
-// activations `out` of D with `out_cols` columns (gemm_warpgroup_kernel's gated form).
-template <DType D, int kClusterTokens>
-void launch_gemm_warpgroup_rows(int tile_rows, void* out, int out_pitch, int out_cols,
-                                const DeviceMatrix& w, const DeviceMatrix* up,
-                                const DeviceActivations& in, const float* bias, bool accumulate,
-                                cudaStream_t stream) {
+// f(WarpgroupGemmTiles<tile_rows, kClusterTokens>{}) for tile_rows one of
+// kWarpgroupRowChoices.
+template <int kClusterTokens, typename F>
+auto with_warpgroup_tiles(int tile_rows, F f) {
+    switch (tile_rows) {
+        case kWarpgroupRowChoices[0]:
+            return f(WarpgroupGemmTiles<kWarpgroupRowChoices[0], kClusterTokens>{});
+        case kWarpgroupRowChoices[1]:
+            return f(WarpgroupGemmTiles<kWarpgroupRowChoices[1], kClusterTokens>{});
+        case kWarpgroupRowChoices[2]:
+            return f(WarpgroupGemmTiles<kWarpgroupRowChoices[2], kClusterTokens>{});
+        case kWarpgroupRowChoices[3]:
+            return f(WarpgroupGemmTiles<kWarpgroupRowChoices[3], kClusterTokens>{});
+    }
+    throw Error("gemm: the warpgroup GEMM's blocks take 128, 192, 224 or 256 weight rows");
+}
+
+// The warpgroup GEMM: the product out = in · Wᵀ (+ bias) (+ out) into f32 `out`, or where
+// `up` is given swiglu(in · Wᵀ, in · upᵀ) into activations `out` of D with `out_cols`
+// columns (gemm_warpgroup_kernel's gated form). Clusters pair the token tiles where their
+// number is even; an odd number would leave a whole token tile of blocks multiplying zeros
+// (half the blocks for 65-128 tokens), so there each cluster is one token tile by two row
+// tiles. The blocks take `tile_rows` weight rows (one of kWarpgroupRowChoices), or where
+// that is 0 those of choose_warpgroup_rows for the blocks this GPU runs at once (the gated
+// form's tiles hold the rows of both matrices).
+template <DType D>
+void launch_gemm_warpgroup(int tile_rows, void* out, int out_pitch, int out_cols,
+                           const DeviceMatrix& w, const DeviceMatrix* up,
+                           const DeviceActivations& in, const float* bias, bool accumulate,
+                           cudaStream_t stream) {
     const int k_extent = gemm_k_extent(w.cols, D);
-    auto launch = [&](auto tiles) {
+    const auto launch = [&](auto tiles) {
         using Tiles = decltype(tiles);
         const CUtensorMap in_map =
             warpgroup_tensor_map(in.data, D, in.tokens, k_extent, in.pitch, Tiles::kTokenSlice);
@@ -910,47 +931,22 @@ void launch_gemm_warpgroup_rows(int tile_rows, void* out, int out_pitch, int out
                                                          gate_map, up_map, in_map, stream);
         }
     };
-    switch (tile_rows) {
-        case kWarpgroupRowChoices[0]:
-            return launch(WarpgroupGemmTiles<kWarpgroupRowChoices[0], kClusterTokens>{});
-        case kWarpgroupRowChoices[1]:
-            return launch(WarpgroupGemmTiles<kWarpgroupRowChoices[1], kClusterTokens>{});
-        case kWarpgroupRowChoices[2]:
-            return launch(WarpgroupGemmTiles<kWarpgroupRowChoices[2], kClusterTokens>{});
-        case kWarpgroupRowChoices[3]:
-            return launch(WarpgroupGemmTiles<kWarpgroupRowChoices[3], kClusterTokens>{});
-    }
-    throw Error("gemm: the warpgroup GEMM's blocks take 128, 192, 224 or 256 weight rows");
-}
-
-// The warpgroup GEMM (as launch_gemm_warpgroup_rows): clusters pair the token tiles where
-// their number is even; an odd number would leave a whole token tile of blocks multiplying
-// zeros (half the blocks for 65-128 tokens), so there each cluster is one token tile by two
-// row tiles. The blocks take `tile_rows` weight rows, or where that is 0 those of
-// choose_warpgroup_rows for the blocks this GPU runs at once (the gated form's tiles hold
-// the rows of both matrices).
-template <DType D>
-void launch_gemm_warpgroup(int tile_rows, void* out, int out_pitch, int out_cols,
-                           const DeviceMatrix& w, const DeviceMatrix* up,
-                           const DeviceActivations& in, const float* bias, bool accumulate,
-                           cudaStream_t stream) {
     const auto run = [&](auto cluster_tokens) {
         constexpr int kClusterTokens = decltype(cluster_tokens)::value;
         if (tile_rows == 0) {
-            static const int concurrent[kWarpgroupRowKinds] = {
-                warpgroup_concurrent_blocks<
-                    D, WarpgroupGemmTiles<kWarpgroupRowChoices[0], kClusterTokens>>(),
-                warpgroup_concurrent_blocks<
-                    D, WarpgroupGemmTiles<kWarpgroupRowChoices[1], kClusterTokens>>(),
-                warpgroup_concurrent_blocks<
-                    D, WarpgroupGemmTiles<kWarpgroupRowChoices[2], kClusterTokens>>(),
-                warpgroup_concurrent_blocks<
-                    D, WarpgroupGemmTiles<kWarpgroupRowChoices[3], kClusterTokens>>()};
+            static const std::array<int, kWarpgroupRowKinds> concurrent = [] {
+                std::array<int, kWarpgroupRowKinds> blocks{};
+                for (int i = 0; i < kWarpgroupRowKinds; ++i)
+                    blocks[i] = with_warpgroup_tiles<kClusterTokens>(
+                        kWarpgroupRowChoices[i], [](auto tiles) {
+                            return warpgroup_concurrent_blocks<D, decltype(tiles)>();
+                        });
+                return blocks;
+            }();
             const int product_rows = up != nullptr ? 2 * w.rows : w.rows;
             tile_rows = choose_warpgroup_rows(in.tokens, product_rows, kClusterTokens, concurrent);
         }
-        launch_gemm_warpgroup_rows<D, kClusterTokens>(tile_rows, out, out_pitch, out_cols, w, up,
-                                                      in, bias, accumulate, stream);
+        with_warpgroup_tiles<kClusterTokens>(tile_rows, launch);
     };
     const int token_tiles = (in.tokens + kWarpgroupTileTokens - 1) / kWarpgroupTileTokens;
     if (token_tiles % 2 == 0)
@@ -971,8 +967,8 @@ constexpr uintptr_t kGemmVectorBytes = 16;  // rows are read as 16-byte vectors
 
 inline uintptr_t address_of(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
-void check_gemm_operands(float* out, int out_pitch, const DeviceMatrix& w,
-                         const DeviceActivations& in) {
+// The weights and the activations of a product: dtypes, columns, pitches, alignment.
+void check_gemm_inputs(const DeviceMatrix& w, const DeviceActivations& in) {
     if (in.dtype != gemm_input_dtype(w.dtype))
         throw Error("gemm: the activations' dtype is not the one these weights take");
     if (in.cols != w.cols) throw Error("gemm: the activations' columns differ from the weights'");
@@ -981,17 +977,26 @@ void check_gemm_operands(float* out, int out_pitch, const DeviceMatrix& w,
         throw Error("gemm: a row pitch is not a whole number of vectors (blocks) covering the row");
     const bool quantized = w.dtype == DType::I8 || w.dtype == DType::U8;
     if (quantized && w.scales == nullptr) throw Error("gemm: Q8/Q4 weights without scales");
-    if (out_pitch < w.rows) throw Error("gemm: the output pitch is smaller than the weight rows");
     if (address_of(in.data) % kGemmVectorBytes != 0 || address_of(w.data) % kGemmVectorBytes != 0)
         throw Error("gemm: the activations and the weights must be 16-byte aligned");
     constexpr int kMaxGridY = 65535;  // row tiles run along the grid's y
     if ((w.rows + SmallBatchTiles::kTileRows - 1) / SmallBatchTiles::kTileRows > kMaxGridY)
         throw Error("gemm: too many weight rows for one grid");
-    const uintptr_t out_begin = address_of(out);
-    const uintptr_t out_end = out_begin + size_t(in.tokens) * out_pitch * sizeof(float);
+}
+
+// Throws unless the `out_bytes` at `out` lie apart from the activations.
+void check_apart_from_input(const void* out, size_t out_bytes, const DeviceActivations& in) {
+    const uintptr_t out_begin = address_of(out), out_end = out_begin + out_bytes;
     const uintptr_t in_begin = address_of(in.data), in_end = in_begin + in.bytes();
     if (out_begin < in_end && in_begin < out_end)
         throw Error("gemm: the output overlaps the input");
+}
+
+void check_gemm_operands(float* out, int out_pitch, const DeviceMatrix& w,
+                         const DeviceActivations& in) {
+    check_gemm_inputs(w, in);
+    if (out_pitch < w.rows) throw Error("gemm: the output pitch is smaller than the weight rows");
+    check_apart_from_input(out, size_t(in.tokens) * out_pitch * sizeof(float), in);
 }
 
 }  // namespace
@@ -1123,16 +1128,13 @@ void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const Dev
         swiglu_rows(out, gate, up, gate_pitch, stream);
         return;
     }
-    check_gemm_operands(gate, gate_pitch, w1, in);  // the input's dtype, pitch and alignment
-    check_gemm_operands(up, gate_pitch, w3, in);
+    check_gemm_inputs(w1, in);
+    check_gemm_inputs(w3, in);
     // The tiles write every column up to the padded pitch, zeros past the weights' rows.
     if (address_of(out.data) % kGemmVectorBytes != 0 ||
         out.pitch != padded_cols(out.cols, out.dtype))
         throw Error("gemm_swiglu: the output rows must be 16-byte aligned and padded as usual");
-    const uintptr_t out_begin = address_of(out.data), out_end = out_begin + out.bytes();
-    const uintptr_t in_begin = address_of(in.data), in_end = in_begin + in.bytes();
-    if (out_begin < in_end && in_begin < out_end)
-        throw Error("gemm_swiglu: the output overlaps the input");
+    check_apart_from_input(out.data, out.bytes(), in);
     if (in.tokens == 0 || w1.rows == 0) return;
     with_weight_dtype(w1.dtype, [&](auto dtype) {
         constexpr DType D = decltype(dtype)::value;

@@ -46,6 +46,7 @@
 // of CUDA, which has no wgmma, TMA or clusters.
 #pragma once
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -90,7 +91,7 @@ inline dim3 warpgroup_grid(int tokens, int rows, int tile_rows, int cluster_toke
 // (6144 rows) takes 192 (128 blocks, one wave), w1/w3 (14336) 224 (256 blocks, two), wo
 // and w2 (4096) 128 (128 blocks, one).
 inline int choose_warpgroup_rows(int tokens, int rows, int cluster_tokens,
-                                 const int (&concurrent_blocks)[kWarpgroupRowKinds]) {
+                                 const std::array<int, kWarpgroupRowKinds>& concurrent_blocks) {
     int best = kWarpgroupRowChoices[0];
     double best_time = std::numeric_limits<double>::infinity();
     for (int i = 0; i < kWarpgroupRowKinds; ++i) {

@@ -2,6 +2,7 @@
 // gemm_with_tiles launches them, against a double-precision reference from the same rounded
 // inputs: every tile shape, f16 and bf16 on tensor cores, f32 and bf16 on the SIMT kernel, at
 // sizes that are not multiples of the tiles, with bias, accumulation and a wider output pitch.
+#include <array>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
@@ -117,8 +118,9 @@ TEST_CASE("gemm's tile rule picks the tiles the H100 measurements favour",
     // An H100: sm_90, 132 SMs, 227 KiB of shared memory per block with opt-in.
     constexpr int kSm90 = 90, kH100Sms = 132;
     constexpr size_t kH100Shared = 227 * 1024;
-    const auto h100 = [&](DType dtype, int tokens, int rows) {
-        return choose_gemm_tiles(dtype, tokens, rows, kSm90, kH100Sms, kH100Shared);
+    const auto h100 = [&](DType dtype, int tokens, int rows,
+                          WarpgroupUse warpgroup = WarpgroupUse::kNever) {
+        return choose_gemm_tiles(dtype, tokens, rows, kSm90, kH100Sms, kH100Shared, warpgroup);
     };
     // Mistral-7B at 512 tokens (docs/BENCHMARKS.md): the wide tiles for qkv and w1/w3, the
     // large ones for wo and w2, whose wide grid (64 blocks) would leave half the SMs idle.
@@ -139,35 +141,29 @@ TEST_CASE("gemm's tile rule picks the tiles the H100 measurements favour",
     CHECK(choose_gemm_tiles(DType::F16, 512, 14336, 89, 128, 99 * 1024) == GemmTiles::kMedium);
     // With the warpgroup GEMM enabled: f16 and bf16 past the small batches take it where its
     // grid has 3 blocks per 4 SMs; Q8, Q4 and f32 weights and small batches keep their tiles.
-    const auto warpgroup = [&](DType dtype, int tokens, int rows) {
-        return choose_gemm_tiles(dtype, tokens, rows, kSm90, kH100Sms, kH100Shared,
-                                 WarpgroupUse::kWhereItFills);
-    };
-    CHECK(warpgroup(DType::F16, 512, 4096) == GemmTiles::kWarpgroup);
-    CHECK(warpgroup(DType::BF16, 65, 14336) == GemmTiles::kWarpgroup);  // 112 blocks
+    constexpr WarpgroupUse kFills = WarpgroupUse::kWhereItFills, kAlways = WarpgroupUse::kAlways;
+    CHECK(h100(DType::F16, 512, 4096, kFills) == GemmTiles::kWarpgroup);
+    CHECK(h100(DType::BF16, 65, 14336, kFills) == GemmTiles::kWarpgroup);  // 112 blocks
     // Mistral-7B's qkv: 48 blocks at 100 tokens (the medium tiles stream it on every SM),
     // 96 at 256, 144 at 257.
-    CHECK(warpgroup(DType::F16, 100, 6144) == GemmTiles::kMedium);
-    CHECK(warpgroup(DType::F16, 256, 6144) != GemmTiles::kWarpgroup);
-    CHECK(warpgroup(DType::F16, 257, 6144) == GemmTiles::kWarpgroup);
+    CHECK(h100(DType::F16, 100, 6144, kFills) == GemmTiles::kMedium);
+    CHECK(h100(DType::F16, 256, 6144, kFills) != GemmTiles::kWarpgroup);
+    CHECK(h100(DType::F16, 257, 6144, kFills) == GemmTiles::kWarpgroup);
+    CHECK(h100(DType::F16, 64, 14336, kFills) == GemmTiles::kSmallBatch);
+    CHECK(h100(DType::U8, 512, 14336, kFills) == GemmTiles::kLarge);
+    CHECK(h100(DType::F32, 512, 4096, kFills) == GemmTiles::kSimt);
     // BARELLM_CUDA_WGMMA=always: whatever the grid, past the small batches.
-    const auto always = [&](DType dtype, int tokens, int rows) {
-        return choose_gemm_tiles(dtype, tokens, rows, kSm90, kH100Sms, kH100Shared,
-                                 WarpgroupUse::kAlways);
-    };
-    CHECK(always(DType::F16, 100, 6144) == GemmTiles::kWarpgroup);
-    CHECK(always(DType::BF16, 65, 64) == GemmTiles::kWarpgroup);
-    CHECK(always(DType::F16, 64, 6144) == GemmTiles::kSmallBatch);
-    CHECK(always(DType::U8, 512, 14336) == GemmTiles::kLarge);
-    CHECK(warpgroup(DType::F16, 64, 14336) == GemmTiles::kSmallBatch);
-    CHECK(warpgroup(DType::U8, 512, 14336) == GemmTiles::kLarge);
-    CHECK(warpgroup(DType::F32, 512, 4096) == GemmTiles::kSimt);
+    CHECK(h100(DType::F16, 100, 6144, kAlways) == GemmTiles::kWarpgroup);
+    CHECK(h100(DType::BF16, 65, 64, kAlways) == GemmTiles::kWarpgroup);
+    CHECK(h100(DType::F16, 64, 6144, kAlways) == GemmTiles::kSmallBatch);
+    CHECK(h100(DType::U8, 512, 14336, kAlways) == GemmTiles::kLarge);
 }
 
 TEST_CASE("the warpgroup GEMM's row rule fills the GPU's waves", "[cuda_emulation][gemm]") {
     // Blocks at once for each of kWarpgroupRowChoices: an H100's 132 SMs, or 120 where its
     // clusters of four cannot use every SM.
-    const int h100[] = {132, 132, 132, 132}, fewer[] = {120, 120, 120, 120};
+    const std::array<int, kWarpgroupRowKinds> h100 = {132, 132, 132, 132},
+                                              fewer = {120, 120, 120, 120};
     // Mistral-7B at 512 tokens, clusters of 2 x 2: qkv in one wave of 128 blocks of 192 rows
     // (256 would take 96, 73% of the SMs), w1/w3 in two of 256 blocks of 224 rows (256: 224
     // blocks, 85%), wo and w2 in one of 128 blocks of 128 rows.

@@ -278,12 +278,7 @@ void check_attention_prefill(const AttentionCase& c, int mma_buffers, std::mt199
         constexpr DType kOut = decltype(dtype)::value;
         if constexpr (std::is_same_v<KvT, __half>) {
             if (mma) {
-                const bool dims_64 = attention_prefill_mma_dims(head_dim) == 64;
-                const auto kernel = mma_buffers == 2
-                                        ? dims_64 ? attention_prefill_mma_kernel<kOut, 64, 2>
-                                                  : attention_prefill_mma_kernel<kOut, 128, 2>
-                                    : dims_64 ? attention_prefill_mma_kernel<kOut, 64, 1>
-                                              : attention_prefill_mma_kernel<kOut, 128, 1>;
+                const auto kernel = attention_prefill_mma_kernel_for<kOut>(head_dim, mma_buffers);
                 emulate_launch(attention_prefill_mma_grid(c.count, shape),
                                dim3(kAttentionPrefillThreads),
                                attention_prefill_mma_shared_bytes(head_dim, mma_buffers), kernel,
