@@ -93,25 +93,35 @@ constexpr int kOuterProductTiles = 2;  // tiles per call at most: 24 accumulator
 //   sums[r][k] += Σ_i panel[r · panel_stride + i] · x_tile[i][k], r < ROWS, k < 16.
 // Registers: ROWS × TILES accumulators and TILES of x; each step broadcasts one panel value
 // per row.
-template <int ROWS, int TILES>
+// PANEL_STRIDE: the panel's row stride where it is known at compile time (the GEMM's packed
+// panels), which then overrides panel_stride; 0 where it comes at run time (attention's
+// queries). With a constant stride every row's broadcast reads the panel pointer plus an
+// immediate offset; with a run-time one the twelve row addresses take more general registers
+// than x86-64 has, and the loop reloads some of them from the stack at every step.
+template <int ROWS, int TILES, int PANEL_STRIDE = 0>
 void outer_product_kernel(float* sums, size_t sums_tile_stride, const float* panel,
                           size_t panel_stride, const float* x_tile, size_t x_tile_stride,
                           int depth) {
+    if constexpr (PANEL_STRIDE != 0) panel_stride = PANEL_STRIDE;
     __m512 acc[TILES][ROWS];
+#pragma GCC unroll 16
     for (int t = 0; t < TILES; ++t)
 #pragma GCC unroll 16
         for (int r = 0; r < ROWS; ++r)
             acc[t][r] = _mm512_loadu_ps(sums + t * sums_tile_stride + r * kTileFloats);
     for (int i = 0; i < depth; ++i) {
         __m512 x[TILES];
+#pragma GCC unroll 16
         for (int t = 0; t < TILES; ++t)
             x[t] = _mm512_loadu_ps(x_tile + t * x_tile_stride + i * kTileFloats);
 #pragma GCC unroll 16
         for (int r = 0; r < ROWS; ++r) {
             const __m512 weight = _mm512_set1_ps(panel[r * panel_stride + i]);
+#pragma GCC unroll 16
             for (int t = 0; t < TILES; ++t) acc[t][r] = _mm512_fmadd_ps(weight, x[t], acc[t][r]);
         }
     }
+#pragma GCC unroll 16
     for (int t = 0; t < TILES; ++t)
 #pragma GCC unroll 16
         for (int r = 0; r < ROWS; ++r)
@@ -122,21 +132,26 @@ using OuterProductKernel = void (*)(float* sums, size_t sums_tile_stride, const 
                                     size_t panel_stride, const float* x_tile, size_t x_tile_stride,
                                     int depth);
 
-template <int TILES, int... ROWS_MINUS_ONE>
+template <int TILES, int PANEL_STRIDE, int... ROWS_MINUS_ONE>
 constexpr std::array<OuterProductKernel, kOuterProductRows> outer_product_kernels_for_tiles(
     std::integer_sequence<int, ROWS_MINUS_ONE...>) {
-    return {outer_product_kernel<ROWS_MINUS_ONE + 1, TILES>...};
+    return {outer_product_kernel<ROWS_MINUS_ONE + 1, TILES, PANEL_STRIDE>...};
 }
 // [tiles - 1][rows - 1]: every shape up to kOuterProductTiles × kOuterProductRows.
+template <int PANEL_STRIDE>
 inline constexpr std::array<OuterProductKernel, kOuterProductRows>
     kOuterProductKernels[kOuterProductTiles] = {
-        outer_product_kernels_for_tiles<1>(std::make_integer_sequence<int, kOuterProductRows>()),
-        outer_product_kernels_for_tiles<2>(std::make_integer_sequence<int, kOuterProductRows>())};
+        outer_product_kernels_for_tiles<1, PANEL_STRIDE>(
+            std::make_integer_sequence<int, kOuterProductRows>()),
+        outer_product_kernels_for_tiles<2, PANEL_STRIDE>(
+            std::make_integer_sequence<int, kOuterProductRows>())};
 static_assert(kOuterProductTiles == 2, "kOuterProductKernels lists one entry per tile count");
 
-// The kernel for 1 ≤ rows ≤ kOuterProductRows and 1 ≤ tiles ≤ kOuterProductTiles.
+// The kernel for 1 ≤ rows ≤ kOuterProductRows and 1 ≤ tiles ≤ kOuterProductTiles, for a
+// panel of row stride PANEL_STRIDE (0: the stride passed at run time).
+template <int PANEL_STRIDE = 0>
 inline OuterProductKernel outer_product_kernel_for(int rows, int tiles) {
-    return kOuterProductKernels[tiles - 1][rows - 1];
+    return kOuterProductKernels<PANEL_STRIDE>[tiles - 1][rows - 1];
 }
 
 constexpr int kCacheLine = 64;  // bytes
