@@ -27,6 +27,7 @@ constexpr int kTilesPerCall = kOuterProductTiles;  // token tiles one micro-kern
 constexpr int kRowTile = kOuterProductRows;        // weight rows per micro-kernel call
 constexpr int kRowBlock = 8 * kRowTile;            // weight rows widened to f32 together
 constexpr int kDepthBlock = 256;                   // weight columns widened together (96 KB of L2)
+constexpr int kPackAheadRows = 8;  // packing asks for the weights of the row this far ahead
 
 // Transposes the 16 × 16 block held in rows[0..15] (rows[i] lane j becomes rows[j] lane i):
 // pairs of rows interleaved, then 4 × 4 blocks within each 128-bit lane, then those lanes.
@@ -68,6 +69,11 @@ void pack_rows(float* panel, const Matrix& w, int first_row, int rows, int first
     for (int r = 0; r < rows; ++r) {
         float* dest = panel + r * kDepthBlock;
         const uint8_t* source = data + (size_t(first_row + r) * w.cols + first_col) * element_bytes;
+        // The panel's rows lie a matrix row apart: each row's lines are requested while the
+        // rows before it are widened, instead of when its own loads miss.
+        if (r + kPackAheadRows < rows)
+            prefetch_ahead(source, int(kPackAheadRows * w.cols * element_bytes),
+                           int(depth * element_bytes));
         int i = 0;
         for (; i + kLanes <= depth; i += kLanes)
             _mm512_storeu_ps(dest + i, widen16<kType>(source + i * element_bytes));
