@@ -117,7 +117,7 @@ void batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, in
                 for (int group = 0; group < block_rows; group += kRowTile) {
                     const int rows = std::min(kRowTile, block_rows - group);
                     prefetcher.before_call();
-                    outer_product_kernel_for<kDepthBlock>(rows, tile_count)(
+                    outer_product_kernel_for(rows, tile_count)(
                         tile_sums + group * kTileFloats, sums_tile_stride,
                         panel + group * kDepthBlock, kDepthBlock, x_tile, x_tile_stride, depth);
                 }

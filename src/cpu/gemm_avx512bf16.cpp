@@ -50,16 +50,7 @@ void pair_product_kernel(float* sums, size_t sums_tile_stride, const uint16_t* w
 #pragma GCC unroll 16
         for (int r = 0; r < ROWS; ++r)
             acc[t][r] = _mm512_loadu_ps(sums + t * sums_tile_stride + r * kTileWords);
-    // Row r is read at rows_of_three[r / 3] + (r % 3) · row_bytes: four pointers and one
-    // stride address the twelve rows within x86-64's general registers (twelve row addresses
-    // do not fit, and the loop would reload some of them from the stack at every step).
-    constexpr int kRowsPerPointer = 3;
-    constexpr int kPointers = (ROWS + kRowsPerPointer - 1) / kRowsPerPointer;
-    const size_t row_bytes = weight_stride * sizeof(uint16_t);
-    const char* rows_of_three[kPointers];
-#pragma GCC unroll 16
-    for (int j = 0; j < kPointers; ++j)
-        rows_of_three[j] = reinterpret_cast<const char*>(weights) + j * kRowsPerPointer * row_bytes;
+    RowAddresses<ROWS> rows(weights, weight_stride * sizeof(uint16_t));
     for (int p = 0; p < pairs; ++p) {
         __m512bh x[TILES];
 #pragma GCC unroll 16
@@ -69,14 +60,12 @@ void pair_product_kernel(float* sums, size_t sums_tile_stride, const uint16_t* w
 #pragma GCC unroll 16
         for (int r = 0; r < ROWS; ++r) {
             uint32_t pair;  // rows of an odd width are 2-byte aligned only
-            std::memcpy(&pair, rows_of_three[r / kRowsPerPointer] + r % kRowsPerPointer * row_bytes,
-                        sizeof pair);
+            std::memcpy(&pair, rows.row(r), sizeof pair);
             const __m512bh weight = as_bf16_pairs(_mm512_set1_epi32(int(pair)));
 #pragma GCC unroll 16
             for (int t = 0; t < TILES; ++t) acc[t][r] = _mm512_dpbf16_ps(acc[t][r], weight, x[t]);
         }
-#pragma GCC unroll 16
-        for (int j = 0; j < kPointers; ++j) rows_of_three[j] += sizeof(uint32_t);
+        rows.advance(sizeof(uint32_t));  // one pair of columns
     }
 #pragma GCC unroll 16
     for (int t = 0; t < TILES; ++t)

@@ -89,26 +89,51 @@ constexpr int kTileFloats = 16;        // floats of one tile column: one registe
 constexpr int kOuterProductRows = 12;  // panel rows per call at most
 constexpr int kOuterProductTiles = 2;  // tiles per call at most: 24 accumulators of 32 registers
 
+// The addresses of ROWS rows `row_bytes` apart, as one pointer per three rows and the
+// stride (a row is its pointer plus 0, 1 or 2 strides: one x86-64 address each): a
+// micro-kernel reading 12 rows keeps them in five general registers. A pointer per row would
+// take twelve, which with the loop's others is more than x86-64's 16, and the loop would
+// reload some of them from the stack at every step.
+template <int ROWS>
+class RowAddresses {
+public:
+    RowAddresses(const void* first_row, size_t row_bytes) : row_bytes_(row_bytes) {
+#pragma GCC unroll 16
+        for (int j = 0; j < kPointers; ++j)
+            pointers_[j] = static_cast<const char*>(first_row) + j * kRowsPerPointer * row_bytes;
+    }
+    // Row r at the current column.
+    const char* row(int r) const {
+        return pointers_[r / kRowsPerPointer] + r % kRowsPerPointer * row_bytes_;
+    }
+    // Moves every row `bytes` further along.
+    void advance(size_t bytes) {
+#pragma GCC unroll 16
+        for (int j = 0; j < kPointers; ++j) pointers_[j] += bytes;
+    }
+
+private:
+    static constexpr int kRowsPerPointer = 3;
+    static constexpr int kPointers = (ROWS + kRowsPerPointer - 1) / kRowsPerPointer;
+    const char* pointers_[kPointers];
+    size_t row_bytes_;
+};
+
 // For each of TILES tiles t (x_tile + t · x_tile_stride, sums + t · sums_tile_stride):
 //   sums[r][k] += Σ_i panel[r · panel_stride + i] · x_tile[i][k], r < ROWS, k < 16.
 // Registers: ROWS × TILES accumulators and TILES of x; each step broadcasts one panel value
-// per row.
-// PANEL_STRIDE: the panel's row stride where it is known at compile time (the GEMM's packed
-// panels), which then overrides panel_stride; 0 where it comes at run time (attention's
-// queries). With a constant stride every row's broadcast reads the panel pointer plus an
-// immediate offset; with a run-time one the twelve row addresses take more general registers
-// than x86-64 has, and the loop reloads some of them from the stack at every step.
-template <int ROWS, int TILES, int PANEL_STRIDE = 0>
+// per row (RowAddresses).
+template <int ROWS, int TILES>
 void outer_product_kernel(float* sums, size_t sums_tile_stride, const float* panel,
                           size_t panel_stride, const float* x_tile, size_t x_tile_stride,
                           int depth) {
-    if constexpr (PANEL_STRIDE != 0) panel_stride = PANEL_STRIDE;
     __m512 acc[TILES][ROWS];
 #pragma GCC unroll 16
     for (int t = 0; t < TILES; ++t)
 #pragma GCC unroll 16
         for (int r = 0; r < ROWS; ++r)
             acc[t][r] = _mm512_loadu_ps(sums + t * sums_tile_stride + r * kTileFloats);
+    RowAddresses<ROWS> rows(panel, panel_stride * sizeof(float));
     for (int i = 0; i < depth; ++i) {
         __m512 x[TILES];
 #pragma GCC unroll 16
@@ -116,10 +141,11 @@ void outer_product_kernel(float* sums, size_t sums_tile_stride, const float* pan
             x[t] = _mm512_loadu_ps(x_tile + t * x_tile_stride + i * kTileFloats);
 #pragma GCC unroll 16
         for (int r = 0; r < ROWS; ++r) {
-            const __m512 weight = _mm512_set1_ps(panel[r * panel_stride + i]);
+            const __m512 weight = _mm512_set1_ps(*reinterpret_cast<const float*>(rows.row(r)));
 #pragma GCC unroll 16
             for (int t = 0; t < TILES; ++t) acc[t][r] = _mm512_fmadd_ps(weight, x[t], acc[t][r]);
         }
+        rows.advance(sizeof(float));
     }
 #pragma GCC unroll 16
     for (int t = 0; t < TILES; ++t)
@@ -132,26 +158,21 @@ using OuterProductKernel = void (*)(float* sums, size_t sums_tile_stride, const 
                                     size_t panel_stride, const float* x_tile, size_t x_tile_stride,
                                     int depth);
 
-template <int TILES, int PANEL_STRIDE, int... ROWS_MINUS_ONE>
+template <int TILES, int... ROWS_MINUS_ONE>
 constexpr std::array<OuterProductKernel, kOuterProductRows> outer_product_kernels_for_tiles(
     std::integer_sequence<int, ROWS_MINUS_ONE...>) {
-    return {outer_product_kernel<ROWS_MINUS_ONE + 1, TILES, PANEL_STRIDE>...};
+    return {outer_product_kernel<ROWS_MINUS_ONE + 1, TILES>...};
 }
 // [tiles - 1][rows - 1]: every shape up to kOuterProductTiles × kOuterProductRows.
-template <int PANEL_STRIDE>
 inline constexpr std::array<OuterProductKernel, kOuterProductRows>
     kOuterProductKernels[kOuterProductTiles] = {
-        outer_product_kernels_for_tiles<1, PANEL_STRIDE>(
-            std::make_integer_sequence<int, kOuterProductRows>()),
-        outer_product_kernels_for_tiles<2, PANEL_STRIDE>(
-            std::make_integer_sequence<int, kOuterProductRows>())};
+        outer_product_kernels_for_tiles<1>(std::make_integer_sequence<int, kOuterProductRows>()),
+        outer_product_kernels_for_tiles<2>(std::make_integer_sequence<int, kOuterProductRows>())};
 static_assert(kOuterProductTiles == 2, "kOuterProductKernels lists one entry per tile count");
 
-// The kernel for 1 ≤ rows ≤ kOuterProductRows and 1 ≤ tiles ≤ kOuterProductTiles, for a
-// panel of row stride PANEL_STRIDE (0: the stride passed at run time).
-template <int PANEL_STRIDE = 0>
+// The kernel for 1 ≤ rows ≤ kOuterProductRows and 1 ≤ tiles ≤ kOuterProductTiles.
 inline OuterProductKernel outer_product_kernel_for(int rows, int tiles) {
-    return kOuterProductKernels<PANEL_STRIDE>[tiles - 1][rows - 1];
+    return kOuterProductKernels[tiles - 1][rows - 1];
 }
 
 constexpr int kCacheLine = 64;  // bytes
