@@ -385,8 +385,12 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
     const int kv_dim = kv_heads * head_dim;
     const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
     const int g = lane / 4, t = lane % 4;
-    // Buffer b: its keys 2 b tiles from the start, its values 2 b + 1.
+    // Buffer b: its keys 2 b tiles from the start, its values 2 b + 1. Tile `index` of the
+    // loop below takes buffer index % kBuffers.
     __half* tiles = reinterpret_cast<__half*>(dynamic_shared_floats());
+    const auto keys_of_tile = [&](int index) {
+        return tiles + 2 * (index % kBuffers) * kTileHalves;
+    };
 
     const int rows = count * group;
     const int first_row = blockIdx.x * kMmaBlockRows;
@@ -438,7 +442,7 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
     // zero past key_end (16 bytes a copy), as one group of copies.
     const int copies_per_row = head_dim / kMmaHalvesPerCopy;
     const auto copy_tile = [&](int index) {
-        __half* key_tile = tiles + 2 * (index % kBuffers) * kTileHalves;
+        __half* key_tile = keys_of_tile(index);
         __half* value_tile = key_tile + kTileHalves;
         const int tile = key_begin + index * kMmaKeyTile;
         for (int i = threadIdx.x; i < kMmaKeyTile * copies_per_row; i += blockDim.x) {
@@ -471,7 +475,7 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
         __syncthreads();
         const int tile = key_begin + index * kMmaKeyTile;
         if (tile <= warp_key_end && tile + kMmaKeyTile > warp_key_begin) {
-            const __half* key_tile = tiles + 2 * (index % kBuffers) * kTileHalves;
+            const __half* key_tile = keys_of_tile(index);
             attend_key_tile<kDims>(q, key_tile, key_tile + kTileHalves, tile, head_dim, scale,
                                    lane_rows, running_max, partial_sum, acc);
         }
