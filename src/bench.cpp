@@ -5,7 +5,9 @@
 #include <immintrin.h>
 #include <omp.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -71,12 +73,26 @@ struct TestResult {
     std::vector<double> tokens_per_second;
     double bytes_per_run;  // weights and KV cache the run must read
     double seconds_per_run;
+    // The bandwidth measured right after each run, and each run's GB/s as a share of it: on a
+    // shared machine, whose neighbours take more or less of the memory from one second to
+    // the next, a run is set against the bandwidth of its own moment.
+    std::vector<double> bandwidths, bandwidth_shares;
 };
 
 size_t peak_resident_bytes() {
     struct rusage usage;
     getrusage(RUSAGE_SELF, &usage);
     return size_t(usage.ru_maxrss) * 1024;  // Linux reports KiB
+}
+
+// The resident memory now (/proc/self/statm's second field, in pages); 0 where unreadable.
+size_t resident_bytes_now() {
+    std::FILE* statm = std::fopen("/proc/self/statm", "r");
+    if (statm == nullptr) return 0;
+    unsigned long long size_pages = 0, resident_pages = 0;
+    const bool read = std::fscanf(statm, "%llu %llu", &size_pages, &resident_pages) == 2;
+    std::fclose(statm);
+    return read ? size_t(resident_pages) * size_t(sysconf(_SC_PAGESIZE)) : 0;
 }
 
 std::string model_label(const Model& model) {
@@ -134,11 +150,28 @@ void run_bench(const BenchOptions& options) {
     if (options.prompt_tokens > 0) backend->prefill(tokens.data(), options.prompt_tokens, 0, false);
     backend->forward(tokens[0], 0);
 
+    // The peak memory of the model, the buffers and the KV cache, comparable with another
+    // engine's: the peak before the first bandwidth measurement, whose buffer of up to 1 GiB
+    // is freed after each, then the resident memory before each later one (a later run can
+    // still touch pages of the KV cache).
+    size_t peak_rss = 0;
+    bool bandwidth_measured = false;
+    auto record_run = [&](TestResult* test, int tokens_per_run, double seconds) {
+        peak_rss =
+            std::max(peak_rss, bandwidth_measured ? resident_bytes_now() : peak_resident_bytes());
+        bandwidth_measured = true;
+        const double bandwidth = backend->measure_bandwidth_gbps();
+        test->tokens_per_second.push_back(tokens_per_run / seconds);
+        test->seconds_per_run += seconds / options.repetitions;
+        test->bandwidths.push_back(bandwidth);
+        test->bandwidth_shares.push_back(test->bytes_per_run / seconds / 1e9 / bandwidth);
+    };
+
     const double weight_bytes = double(model.weight_bytes_per_token());
     std::vector<TestResult> results;
     if (options.prompt_tokens > 0) {
         const int p = options.prompt_tokens;
-        TestResult test{"pp" + std::to_string(p), p, 0, {}, 0, 0};
+        TestResult test{"pp" + std::to_string(p), p, 0, {}, 0, 0, {}, {}};
         // Weights once per prefill batch (a lower bound) plus every query's KV reads.
         const int batches = (p + backend->max_batch() - 1) / backend->max_batch();
         test.bytes_per_run = weight_bytes * batches;
@@ -146,31 +179,22 @@ void run_bench(const BenchOptions& options) {
         for (int r = 0; r < options.repetitions; ++r) {
             const auto start = Clock::now();
             backend->prefill(tokens.data(), p, 0, false);
-            const double seconds = seconds_since(start);
-            test.tokens_per_second.push_back(p / seconds);
-            test.seconds_per_run += seconds / options.repetitions;
+            record_run(&test, p, seconds_since(start));
         }
         results.push_back(test);
     }
     if (options.gen_tokens > 0) {
         const int n = options.gen_tokens;
-        TestResult test{"tg" + std::to_string(n), 0, n, {}, 0, 0};
+        TestResult test{"tg" + std::to_string(n), 0, n, {}, 0, 0, {}, {}};
         for (int pos = 0; pos < n; ++pos)
             test.bytes_per_run += weight_bytes + backend->kv_bytes_read(pos);
         for (int r = 0; r < options.repetitions; ++r) {
             const auto start = Clock::now();
             for (int pos = 0; pos < n; ++pos) backend->forward(tokens[pos], pos);
-            const double seconds = seconds_since(start);
-            test.tokens_per_second.push_back(n / seconds);
-            test.seconds_per_run += seconds / options.repetitions;
+            record_run(&test, n, seconds_since(start));
         }
         results.push_back(test);
     }
-
-    // The peak before the bandwidth measurement: that of the model, the buffers and the KV
-    // cache, comparable with another engine's; the measurement's 1 GiB buffer comes after.
-    const size_t peak_rss = peak_resident_bytes();
-    const double bandwidth = backend->measure_bandwidth_gbps();
     const int threads = omp_get_max_threads();
     const double model_bytes = double(model.file->file_size());
     const std::string cpu_model = machine_cpu_model();
@@ -181,6 +205,7 @@ void run_bench(const BenchOptions& options) {
         for (const TestResult& test : results) {
             const Stats stats = mean_and_stddev(test.tokens_per_second);
             const double gbps = test.bytes_per_run / test.seconds_per_run / 1e9;
+            const double bandwidth = mean_and_stddev(test.bandwidths).mean;
             array.push_back({{"model_filename", options.model_path},
                              {"model_type", model_label(model)},
                              {"model_size", size_t(model_bytes)},
@@ -197,8 +222,9 @@ void run_bench(const BenchOptions& options) {
                              {"stddev_ts", stats.stddev},
                              {"samples_ts", test.tokens_per_second},
                              {"gbps", gbps},
-                             {"bw_pct", 100 * gbps / bandwidth},
+                             {"bw_pct", 100 * mean_and_stddev(test.bandwidth_shares).mean},
                              {"bandwidth_gbps", bandwidth},
+                             {"samples_bandwidth_gbps", test.bandwidths},
                              {"peak_rss_bytes", peak_rss}});
         }
         std::printf("%s\n", array.dump(2).c_str());
@@ -209,21 +235,26 @@ void run_bench(const BenchOptions& options) {
                 extensions.c_str(), threads);
     std::printf("| model | size | params | backend | threads | test | t/s | GB/s | %% bw |\n");
     std::printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |\n");
+    std::vector<double> bandwidths;
     for (const TestResult& test : results) {
         const Stats stats = mean_and_stddev(test.tokens_per_second);
         const double gbps = test.bytes_per_run / test.seconds_per_run / 1e9;
         std::printf("| %s | %.2f GiB | %.2f B | %s | %d | %s | %.2f ± %.2f | %.1f | %.0f%% |\n",
                     model_label(model).c_str(), model_bytes / (1u << 30),
                     model.parameter_count() / 1e9, backend->name().c_str(), threads,
-                    test.name.c_str(), stats.mean, stats.stddev, gbps, 100 * gbps / bandwidth);
+                    test.name.c_str(), stats.mean, stats.stddev, gbps,
+                    100 * mean_and_stddev(test.bandwidth_shares).mean);
+        bandwidths.insert(bandwidths.end(), test.bandwidths.begin(), test.bandwidths.end());
     }
+    if (bandwidths.empty()) return;
+    const auto [lowest, highest] = std::minmax_element(bandwidths.begin(), bandwidths.end());
     if (backend->name() == "cuda")
-        std::printf("\nmemory bandwidth (device-to-device copy, same run): %.1f GB/s; ", bandwidth);
+        std::printf("\nmemory bandwidth (device-to-device copy");
     else
-        std::printf("\nmemory bandwidth (streaming read, %d threads, same run): %.1f GB/s; ",
-                    threads, bandwidth);
-    std::printf("peak resident memory before that measurement %.2f GiB\n",
-                peak_rss / double(1u << 30));
+        std::printf("\nmemory bandwidth (streaming read, %d threads", threads);
+    std::printf(", after each run; %% bw: each run against the one after it): %.1f-%.1f GB/s; ",
+                *lowest, *highest);
+    std::printf("peak resident memory without its buffer %.2f GiB\n", peak_rss / double(1u << 30));
 }
 
 }  // namespace barellm

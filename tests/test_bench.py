@@ -1,5 +1,6 @@
 """`barellm bench`: the machine it reports (CPU model, SIMD level, physical cores, threads)
-against what Linux itself says in /proc/cpuinfo and /sys, and its peak-memory field."""
+against what Linux itself says in /proc/cpuinfo and /sys, its peak-memory field, and the
+bandwidth each run is set against."""
 
 import json
 import os
@@ -79,6 +80,22 @@ def test_json_names_the_machine_and_the_simd_level(model):
                               if cpuinfo_names.get(name, name) in flags], test["cpu_extensions"]
         # Read before the 1 GiB bandwidth buffer: a 1 MB model stays far below it.
         assert 0 < test["peak_rss_bytes"] < 256 << 20
+
+
+def test_each_run_is_set_against_the_bandwidth_measured_after_it(model):
+    result = bench(model, "-o", "json", "-r", "3")
+    assert result.returncode == 0, result.stderr
+    for test in json.loads(result.stdout):
+        tokens = test["n_prompt"] + test["n_gen"]
+        speeds, bandwidths = test["samples_ts"], test["samples_bandwidth_gbps"]
+        assert len(speeds) == len(bandwidths) == 3 and min(bandwidths) > 0
+        assert test["bandwidth_gbps"] == pytest.approx(sum(bandwidths) / 3, rel=1e-9)
+        # gbps is the bytes of a run over the mean seconds of a run; each run's own GB/s
+        # is those bytes over its seconds, tokens / its t/s.
+        seconds = [tokens / s for s in speeds]
+        bytes_per_run = test["gbps"] * 1e9 * sum(seconds) / 3
+        shares = [bytes_per_run / s / 1e9 / bw for s, bw in zip(seconds, bandwidths)]
+        assert test["bw_pct"] == pytest.approx(100 * sum(shares) / 3, rel=1e-9)
 
 
 def test_markdown_header_names_the_machine(model):
