@@ -42,6 +42,7 @@ namespace {
     X(attention_scratch_floats)    \
     X(attention_rows)              \
     X(quantize_token)              \
+    X(quantize_q8)                 \
     X(matmul_batch_rows_quantized) \
     X(matmul_batch_rows)           \
     X(pack_token_pair_tile)        \
@@ -430,6 +431,27 @@ TEST_CASE("AVX-512 quantize_token quantizes each token exactly as quantize_q8") 
         for (int cols : {1, 16, 17, 31, 32, 33, 100, 600}) {
             INFO(build.name << " cols " << cols);
             CHECK(quantize_token_difference(build.quantize_token, cols, rng) == "");
+        }
+}
+
+TEST_CASE("AVX-512 quantize_q8 equals the scalar quantize_q8 at every tail") {
+    std::mt19937 rng(516);
+    for (const Avx512Build& build : builds())
+        for (int n : {1, 15, 16, 17, 31, 32, 33, 100, 600}) {
+            INFO(build.name << " n " << n);
+            std::vector<float> x = random_floats(n, rng, 5.0f);
+            if (n >= 40) {  // ties after scaling by 1 (a group whose largest is 127), a zero group
+                const float halves[] = {127.0f, 2.5f, -2.5f, 0.5f, -0.5f, 0.49999997f, -1.5f};
+                std::copy(std::begin(halves), std::end(halves), x.begin() + 32);
+                std::fill(x.begin(), x.begin() + 32, 0.0f);
+            }
+            cpu::QuantizedVector want, got;
+            cpu::quantize_q8(&want, x.data(), n);
+            got.values.assign(n + 64, 99);  // stale contents, longer than n: resized to n
+            build.quantize_q8(&got, x.data(), n);
+            CHECK(got.values == want.values);
+            CHECK(got.scales == want.scales);
+            CHECK(got.group_sums == want.group_sums);
         }
 }
 

@@ -41,6 +41,8 @@ void round_to_bf16(uint16_t* bf16_x, const float* x, int n);
 
 // Q8 and Q4 weights, read from their tiles (Matrix::row_tiles, cpu/quantized_tiles.h),
 // against x quantized to Q8, as vpdpbusd integer dot products (matmul_avx512vnni.cpp).
+// quantize_q8 quantizes x for them exactly as cpu::quantize_q8 does, 16 values at a time.
+void quantize_q8(QuantizedVector* out, const float* x, int n);
 void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
 void matmul_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,

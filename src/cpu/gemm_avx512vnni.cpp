@@ -53,20 +53,7 @@ constexpr NibbleTable unsigned_nibbles() {
 }
 constexpr NibbleTable kUnsignedNibbles = unsigned_nibbles();
 
-constexpr float kQ8Largest = 127.0f;  // |quantized x| ≤ 127, as quantize_q8
-
 constexpr size_t kAlignment = 64;  // bytes: one register, one cache line
-
-// lround(v) (halves away from zero) for each lane, as quantize_q8 rounds: truncate, then
-// step away from zero where the part cut off is at least a half (exact in f32 here).
-inline __m512i round_half_away(__m512 v) {
-    const __m512i whole = _mm512_cvttps_epi32(v);
-    const __m512 fraction = _mm512_sub_ps(v, _mm512_cvtepi32_ps(whole));
-    const __mmask16 up = _mm512_cmp_ps_mask(fraction, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
-    const __mmask16 down = _mm512_cmp_ps_mask(fraction, _mm512_set1_ps(-0.5f), _CMP_LE_OQ);
-    const __m512i one = _mm512_set1_epi32(1);
-    return _mm512_mask_sub_epi32(_mm512_mask_add_epi32(whole, up, whole, one), down, whole, one);
-}
 
 // The panel of the 32 rows of tiles first_tile and first_tile + 1 (cpu/quantized_tiles.h):
 // panel[g][s][r][4] = the unsigned bytes (value + 128) of columns 4s..4s+3 of group g of
@@ -226,23 +213,14 @@ void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token) 
     float* scales = x->scales.data() + size_t(token) * x->groups;
     int32_t* starts = x->starts.data() + size_t(token) * x->groups;
     for (int g = 0; g < x->groups; ++g) {
-        const int first = g * kGroup, count = std::min(kGroup, cols - first);
-        const __m512 low = _mm512_maskz_loadu_ps(first_lanes(count), x_row + first);
-        const __m512 high =
-            _mm512_maskz_loadu_ps(first_lanes(std::max(0, count - kLanes)), x_row + first + kLanes);
-        const float largest =
-            _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(low), _mm512_abs_ps(high)));
-        const float scale = largest / kQ8Largest;
-        const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
-        const __m512i low_values = round_half_away(_mm512_mul_ps(low, _mm512_set1_ps(inverse)));
-        const __m512i high_values = round_half_away(_mm512_mul_ps(high, _mm512_set1_ps(inverse)));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(values + first),
-                         _mm512_cvtepi32_epi8(low_values));
+        const int first = g * kGroup;
+        // The whole group is stored: past cols, its zeros are the padding.
+        const QuantizedGroup q = quantize_group(x_row + first, std::min(kGroup, cols - first));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(values + first), _mm512_cvtepi32_epi8(q.low));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(values + first + kLanes),
-                         _mm512_cvtepi32_epi8(high_values));
-        scales[g] = scale;
-        starts[g] =
-            -kUnsignedOffset * _mm512_reduce_add_epi32(_mm512_add_epi32(low_values, high_values));
+                         _mm512_cvtepi32_epi8(q.high));
+        scales[g] = q.scale;
+        starts[g] = -kUnsignedOffset * _mm512_reduce_add_epi32(_mm512_add_epi32(q.low, q.high));
     }
 }
 

@@ -202,7 +202,9 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
     size_t total_rows = 0, work = 0;
     for (int t = 0; t < task_count; ++t) {
         const Matrix& w = *task_list[t].w;
-        if (use_simd && is_quantized(w.dtype)) quantize_q8(&quantized[t], task_list[t].x, w.cols);
+        if (use_simd && is_quantized(w.dtype))
+            (use_tiles && w.row_tiles ? avx512::quantize_q8 : quantize_q8)(&quantized[t],
+                                                                           task_list[t].x, w.cols);
         if (use_avx512 && bf16_dot_products && w.dtype == DType::BF16) {
             halves[t].resize(w.cols);
             avx512::round_to_bf16(halves[t].data(), task_list[t].x, w.cols);

@@ -1,6 +1,7 @@
 // The decode matvecs on AVX-512 + VNNI for Q8 and Q4 weights: out = W · x for one token,
-// x quantized to Q8 (quantize_q8), each group's dot product in integers with vpdpbusd, the
-// weights read from their tiles of 16 rows (cpu/quantized_tiles.h).
+// x quantized to Q8 (quantize_q8, as cpu::quantize_q8 but 16 values at a time), each group's dot
+// product in integers with vpdpbusd, the weights read from their tiles of 16 rows
+// (cpu/quantized_tiles.h).
 //
 // vpdpbusd multiplies unsigned bytes by signed bytes, four products into each int32 lane.
 // x supplies the signed bytes, four of them broadcast to every lane; the weights are
@@ -109,6 +110,23 @@ void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int firs
 }
 
 }  // namespace
+
+void quantize_q8(QuantizedVector* out, const float* x, int n) {
+    const int groups = (n + kGroup - 1) / kGroup;
+    out->values.resize(n);
+    out->scales.resize(groups);
+    out->group_sums.resize(groups);
+    for (int g = 0; g < groups; ++g) {
+        const int first = g * kGroup, count = std::min(kGroup, n - first);
+        const QuantizedGroup q = quantize_group(x + first, count);
+        alignas(16) int8_t values[kGroup];
+        _mm_store_si128(reinterpret_cast<__m128i*>(values), _mm512_cvtepi32_epi8(q.low));
+        _mm_store_si128(reinterpret_cast<__m128i*>(values + kLanes), _mm512_cvtepi32_epi8(q.high));
+        std::copy(values, values + count, out->values.begin() + first);
+        out->scales[g] = q.scale;
+        out->group_sums[g] = float(_mm512_reduce_add_epi32(_mm512_add_epi32(q.low, q.high)));
+    }
+}
 
 void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count) {
