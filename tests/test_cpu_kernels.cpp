@@ -50,6 +50,35 @@ TEST_CASE("every finite half survives a round trip through float") {
     }
 }
 
+TEST_CASE("quantize_q8: scale max|x| / 127, values rounded half away from zero (std::round)") {
+    std::mt19937 rng(31);
+    for (int n : {1, 31, 32, 33, 100}) {
+        INFO("n " << n);
+        std::vector<float> x = random_floats(n, rng, 5.0f);
+        if (n >= 40) {  // a group whose largest is 127 (scale 1): ties, and just below one
+            const float values[] = {127.0f, 2.5f, -2.5f, 0.5f, -0.5f, 0.49999997f, -1.5f, 126.5f};
+            std::copy(std::begin(values), std::end(values), x.begin() + 32);
+        }
+        cpu::QuantizedVector got;
+        cpu::quantize_q8(&got, x.data(), n);
+        REQUIRE(got.values.size() == size_t(n));
+        for (int first = 0, g = 0; first < n; first += 32, ++g) {
+            const int last = std::min(n, first + 32);
+            float largest = 0;
+            for (int i = first; i < last; ++i) largest = std::max(largest, std::fabs(x[i]));
+            const float scale = largest / 127, inverse = scale > 0 ? 1 / scale : 0;
+            CHECK(got.scales[g] == scale);
+            int sum = 0;
+            for (int i = first; i < last; ++i) {
+                const int want = int(std::round(x[i] * inverse));
+                CHECK(int(got.values[i]) == want);
+                sum += want;
+            }
+            CHECK(got.group_sums[g] == float(sum));
+        }
+    }
+}
+
 TEST_CASE("matmul matches a double-precision reference for every dtype and SIMD level") {
     std::mt19937 rng(1234);
     const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::I8);

@@ -148,6 +148,19 @@ void for_each_row(int rows, size_t row_work, const std::function<void(int)>& wor
     for (int r = 0; r < rows; ++r) work(r);
 }
 
+namespace {
+
+// lround(v) (halves away from zero) for |v| ≤ 127: truncate, then step away from zero where
+// the part cut off is at least a half (exact in f32), as the SIMD quantizers do; inline,
+// where lround is a call into libm for each value.
+inline int round_half_away(float v) {
+    const int whole = int(v);
+    const float fraction = v - float(whole);
+    return whole + (fraction >= 0.5f) - (fraction <= -0.5f);
+}
+
+}  // namespace
+
 void quantize_q8(QuantizedVector* out, const float* x, int n) {
     const int groups = (n + kQ8Group - 1) / kQ8Group;
     out->values.resize(n);
@@ -162,7 +175,7 @@ void quantize_q8(QuantizedVector* out, const float* x, int n) {
         out->scales[g] = scale;
         int sum = 0;
         for (int i = first; i < last; ++i) {
-            out->values[i] = int8_t(std::lround(x[i] * inverse));
+            out->values[i] = int8_t(round_half_away(x[i] * inverse));
             sum += out->values[i];
         }
         out->group_sums[g] = float(sum);
