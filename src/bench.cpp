@@ -73,11 +73,21 @@ struct TestResult {
     std::vector<double> tokens_per_second;
     double bytes_per_run;  // weights and KV cache the run must read
     double seconds_per_run;
-    // The bandwidth measured right after each run, and each run's GB/s as a share of it: on a
-    // shared machine, whose neighbours take more or less of the memory from one second to
-    // the next, a run is set against the bandwidth of its own moment.
-    std::vector<double> bandwidths, bandwidth_shares;
+    // The bandwidth measured right after each run: on a shared machine, whose neighbours
+    // take more or less of the memory from one second to the next, a run is set against the
+    // bandwidth of its own moment (bandwidth_share).
+    std::vector<double> bandwidths;
 };
+
+// The mean over the runs of each run's GB/s as a share of the bandwidth measured after it.
+double bandwidth_share(const TestResult& test) {
+    const int tokens_per_run = test.prompt_tokens + test.gen_tokens;
+    double sum = 0;
+    for (size_t r = 0; r < test.bandwidths.size(); ++r)
+        sum += test.bytes_per_run * test.tokens_per_second[r] / tokens_per_run / 1e9 /
+               test.bandwidths[r];
+    return sum / test.bandwidths.size();
+}
 
 size_t peak_resident_bytes() {
     struct rusage usage;
@@ -156,22 +166,20 @@ void run_bench(const BenchOptions& options) {
     // still touch pages of the KV cache).
     size_t peak_rss = 0;
     bool bandwidth_measured = false;
-    auto record_run = [&](TestResult* test, int tokens_per_run, double seconds) {
+    auto record_run = [&](TestResult* test, double seconds) {
         peak_rss =
             std::max(peak_rss, bandwidth_measured ? resident_bytes_now() : peak_resident_bytes());
         bandwidth_measured = true;
-        const double bandwidth = backend->measure_bandwidth_gbps();
-        test->tokens_per_second.push_back(tokens_per_run / seconds);
+        test->tokens_per_second.push_back((test->prompt_tokens + test->gen_tokens) / seconds);
         test->seconds_per_run += seconds / options.repetitions;
-        test->bandwidths.push_back(bandwidth);
-        test->bandwidth_shares.push_back(test->bytes_per_run / seconds / 1e9 / bandwidth);
+        test->bandwidths.push_back(backend->measure_bandwidth_gbps());
     };
 
     const double weight_bytes = double(model.weight_bytes_per_token());
     std::vector<TestResult> results;
     if (options.prompt_tokens > 0) {
         const int p = options.prompt_tokens;
-        TestResult test{"pp" + std::to_string(p), p, 0, {}, 0, 0, {}, {}};
+        TestResult test{"pp" + std::to_string(p), p, 0, {}, 0, 0, {}};
         // Weights once per prefill batch (a lower bound) plus every query's KV reads.
         const int batches = (p + backend->max_batch() - 1) / backend->max_batch();
         test.bytes_per_run = weight_bytes * batches;
@@ -179,19 +187,19 @@ void run_bench(const BenchOptions& options) {
         for (int r = 0; r < options.repetitions; ++r) {
             const auto start = Clock::now();
             backend->prefill(tokens.data(), p, 0, false);
-            record_run(&test, p, seconds_since(start));
+            record_run(&test, seconds_since(start));
         }
         results.push_back(test);
     }
     if (options.gen_tokens > 0) {
         const int n = options.gen_tokens;
-        TestResult test{"tg" + std::to_string(n), 0, n, {}, 0, 0, {}, {}};
+        TestResult test{"tg" + std::to_string(n), 0, n, {}, 0, 0, {}};
         for (int pos = 0; pos < n; ++pos)
             test.bytes_per_run += weight_bytes + backend->kv_bytes_read(pos);
         for (int r = 0; r < options.repetitions; ++r) {
             const auto start = Clock::now();
             for (int pos = 0; pos < n; ++pos) backend->forward(tokens[pos], pos);
-            record_run(&test, n, seconds_since(start));
+            record_run(&test, seconds_since(start));
         }
         results.push_back(test);
     }
@@ -222,7 +230,7 @@ void run_bench(const BenchOptions& options) {
                              {"stddev_ts", stats.stddev},
                              {"samples_ts", test.tokens_per_second},
                              {"gbps", gbps},
-                             {"bw_pct", 100 * mean_and_stddev(test.bandwidth_shares).mean},
+                             {"bw_pct", 100 * bandwidth_share(test)},
                              {"bandwidth_gbps", bandwidth},
                              {"samples_bandwidth_gbps", test.bandwidths},
                              {"peak_rss_bytes", peak_rss}});
@@ -242,8 +250,7 @@ void run_bench(const BenchOptions& options) {
         std::printf("| %s | %.2f GiB | %.2f B | %s | %d | %s | %.2f ± %.2f | %.1f | %.0f%% |\n",
                     model_label(model).c_str(), model_bytes / (1u << 30),
                     model.parameter_count() / 1e9, backend->name().c_str(), threads,
-                    test.name.c_str(), stats.mean, stats.stddev, gbps,
-                    100 * mean_and_stddev(test.bandwidth_shares).mean);
+                    test.name.c_str(), stats.mean, stats.stddev, gbps, 100 * bandwidth_share(test));
         bandwidths.insert(bandwidths.end(), test.bandwidths.begin(), test.bandwidths.end());
     }
     if (bandwidths.empty()) return;

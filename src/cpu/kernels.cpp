@@ -161,12 +161,16 @@ inline int round_half_away(float v) {
 
 }  // namespace
 
-void quantize_q8(QuantizedVector* out, const float* x, int n) {
+void resize_quantized_vector(QuantizedVector* x, int n) {
     const int groups = (n + kQ8Group - 1) / kQ8Group;
-    out->values.resize(n);
-    out->scales.resize(groups);
-    out->group_sums.resize(groups);
-    for (int g = 0; g < groups; ++g) {
+    x->values.resize(n);
+    x->scales.resize(groups);
+    x->group_sums.resize(groups);
+}
+
+void quantize_q8(QuantizedVector* out, const float* x, int n) {
+    resize_quantized_vector(out, n);
+    for (int g = 0; g < int(out->scales.size()); ++g) {
         const int first = g * kQ8Group, last = std::min(n, first + kQ8Group);
         float largest = 0.0f;
         for (int i = first; i < last; ++i) largest = std::max(largest, std::fabs(x[i]));

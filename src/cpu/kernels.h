@@ -82,6 +82,8 @@ struct QuantizedVector {
                                     // offset of 8 is applied once per group with it)
 };
 void quantize_q8(QuantizedVector* out, const float* x, int n);
+// Sizes x's buffers for n values (the quantize_q8s).
+void resize_quantized_vector(QuantizedVector* x, int n);
 
 // A batch of vectors quantized like quantize_q8, laid out for the VNNI prefill GEMMs
 // (AVX-512 VNNI and AVX-VNNI): each token's values padded with zeros to whole groups, and per group

@@ -122,11 +122,8 @@ void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int firs
 }  // namespace
 
 void quantize_q8(QuantizedVector* out, const float* x, int n) {
-    const int groups = (n + kGroup - 1) / kGroup;
-    out->values.resize(n);
-    out->scales.resize(groups);
-    out->group_sums.resize(groups);
-    for (int g = 0; g < groups; ++g) {
+    resize_quantized_vector(out, n);
+    for (int g = 0; g < int(out->scales.size()); ++g) {
         const int first = g * kGroup, count = std::min(kGroup, n - first);
         const QuantizedGroup q = quantize_group(x + first, count);
         alignas(16) int8_t values[kGroup];
