@@ -54,6 +54,7 @@ TEST_SRCS := $(wildcard tests/*.cpp) tests/fuzz/targets.cpp
 # run device code of kernels/ on it, compiled by $(CXX) with BARELLM_CUDA_EMULATION: they
 # need no CUDA toolkit and run under SAN=1 too. -Wno-unknown-pragmas: #pragma unroll.
 EMULATION_SRCS := $(wildcard tests/emulation/*.cpp) tests/test_cuda_emulation.cpp \
+                  tests/test_hopper_emulation.cpp \
                   $(wildcard tests/test_emulated_*.cpp)
 EMULATION_FLAGS := -DBARELLM_CUDA_EMULATION -Itests/emulation -Ikernels -Wno-unknown-pragmas
 TEST_SRCS += $(wildcard tests/emulation/*.cpp)

@@ -42,8 +42,8 @@
 //   as the next GEMM's f16/bf16 input.
 //
 // The grid is rounded up to whole clusters: blocks past the tokens or rows multiply zeros
-// and store nothing. Only the tile rule (choose_warpgroup_rows) is part of the CPU emulation
-// of CUDA, which has no wgmma, TMA or clusters.
+// and store nothing. The unit tests run the kernel, its tensor maps included, on the CPU
+// emulation of CUDA (tests/emulation/wgmma_emulation.h); the launch functions are CUDA's.
 #pragma once
 #include <algorithm>
 #include <array>
@@ -54,14 +54,10 @@
 #include <string>
 
 #include "common.cuh"
-#include "kernels.h"
-#ifndef BARELLM_CUDA_EMULATION
-#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
-
 #include "cuda_check.h"
+#include "kernels.h"
 #include "prefill.cuh"  // store_activation_pair
 #include "wgmma.cuh"
-#endif
 
 namespace barellm::cuda {
 
@@ -108,8 +104,6 @@ inline int choose_warpgroup_rows(int tokens, int rows, int cluster_tokens,
     return best;
 }
 
-#ifndef BARELLM_CUDA_EMULATION
-
 constexpr int kWarpgroupTokens = 64;  // m of wgmma: tokens per multiplying warpgroup
 constexpr int kWarpgroupTileK = 64;   // columns per stage: one 128-byte row of f16/bf16
 constexpr int kWarpgroupMmaK = 16;    // k of wgmma
@@ -122,7 +116,6 @@ constexpr int kRegisterFile = 65536;     // 32-bit registers of an SM
 static_assert(kWarpgroupThreads * (kProducerRegisters + kWarpgroupConsumers * kConsumerRegisters) <=
                   kRegisterFile,
               "the register file holds the three warpgroups after setmaxnreg");
-constexpr unsigned kTensorMapDriverVersion = 12000;  // cuTensorMapEncodeTiled's ABI version
 static_assert(kWarpgroupTileK * 2 == kSwizzleRowBytes, "a stage's rows are swizzled rows");
 constexpr size_t kHopperSharedBytes = 232448;  // opt-in shared memory of an sm_90 block
 constexpr int kMaxBoxRows = 256;               // the TMA's largest box dimension
@@ -263,9 +256,9 @@ __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
                           const __grid_constant__ CUtensorMap weights_map,
                           const __grid_constant__ CUtensorMap up_map,
                           const __grid_constant__ CUtensorMap in_map) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#ifdef BARELLM_WARPGROUP_INSTRUCTIONS
     constexpr bool kShared = Tiles::kClusterBlocks > 1;
-    extern __shared__ __align__(1024) uint8_t dynamic_shared[];
+    uint8_t* dynamic_shared = reinterpret_cast<uint8_t*>(dynamic_shared_floats());
     uint8_t* shared =
         dynamic_shared + (kSwizzleAtomBytes - shared_address(dynamic_shared) % kSwizzleAtomBytes) %
                              kSwizzleAtomBytes;
@@ -411,10 +404,35 @@ __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
 #endif
 }
 
+// A 2-D tensor map over `rows` rows of `extent` 16-bit `dtype` elements (f16 or bf16),
+// `pitch` elements apart, read in boxes of kWarpgroupTileK columns x `box_rows` rows with
+// the 128-byte swizzle; elements past the extent or the rows read as zeros.
+inline CUtensorMap warpgroup_tensor_map(const void* base, DType dtype, int rows, int extent,
+                                        int pitch, int box_rows) {
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    CUtensorMap map;
+    const cuuint64_t extents[2] = {cuuint64_t(extent), cuuint64_t(rows)};
+    const cuuint64_t row_stride[1] = {cuuint64_t(pitch) * sizeof(uint16_t)};
+    const cuuint32_t box[2] = {cuuint32_t(kWarpgroupTileK), cuuint32_t(box_rows)};
+    const cuuint32_t element_strides[2] = {1, 1};
+    const CUresult result = encode(
+        &map,
+        dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+        2, const_cast<void*>(base), extents, row_stride, box, element_strides,
+        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (result != CUDA_SUCCESS)
+        throw Error("gemm: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(result)) +
+                    ")");
+    return map;
+}
+
 template <typename Tiles>
 inline dim3 gemm_warpgroup_grid(int tokens, int rows) {
     return warpgroup_grid(tokens, rows, Tiles::kRows, Tiles::kClusterTokens, Tiles::kClusterRows);
 }
+
+#ifndef BARELLM_CUDA_EMULATION
 
 // gemm_warpgroup_kernel<D, Tiles, kGated>, allowed its shared memory (once).
 template <DType D, typename Tiles, bool kGated>
@@ -477,44 +495,6 @@ void launch_gemm_warpgroup_kernel(void* out, int out_pitch, int rows, int cols, 
     CUDA_CHECK(cudaLaunchKernelEx(&config, prepared_warpgroup_kernel<D, Tiles, kGated>(), out,
                                   out_pitch, cols, tokens, k_extent, bias, accumulate, weights_map,
                                   up_map, in_map));
-}
-
-// A 2-D tensor map over `rows` rows of `extent` 16-bit `dtype` elements (f16 or bf16),
-// `pitch` elements apart, read in boxes of kWarpgroupTileK columns x `box_rows` rows with
-// the 128-byte swizzle; elements past the extent or the rows read as zeros. The driver's
-// encoder is reached through the runtime (cudaGetDriverEntryPoint): nothing links libcuda.
-CUtensorMap warpgroup_tensor_map(const void* base, DType dtype, int rows, int extent, int pitch,
-                                 int box_rows) {
-    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-        void* function = nullptr;
-        cudaDriverEntryPointQueryResult found;
-#if CUDART_VERSION >= 12050
-        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function,
-                                                    kTensorMapDriverVersion, cudaEnableDefault,
-                                                    &found));
-#else
-        CUDA_CHECK(cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &function, cudaEnableDefault,
-                                           &found));
-#endif
-        if (found != cudaDriverEntryPointSuccess || function == nullptr)
-            throw Error("gemm: the GPU driver has no cuTensorMapEncodeTiled");
-        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
-    }();
-    CUtensorMap map;
-    const cuuint64_t extents[2] = {cuuint64_t(extent), cuuint64_t(rows)};
-    const cuuint64_t row_stride[1] = {cuuint64_t(pitch) * sizeof(uint16_t)};
-    const cuuint32_t box[2] = {cuuint32_t(kWarpgroupTileK), cuuint32_t(box_rows)};
-    const cuuint32_t element_strides[2] = {1, 1};
-    const CUresult result = encode(
-        &map,
-        dtype == DType::BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-        2, const_cast<void*>(base), extents, row_stride, box, element_strides,
-        CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-    if (result != CUDA_SUCCESS)
-        throw Error("gemm: cuTensorMapEncodeTiled failed (CUresult " + std::to_string(int(result)) +
-                    ")");
-    return map;
 }
 
 #endif  // BARELLM_CUDA_EMULATION

@@ -24,15 +24,33 @@
 // 16 w .. 16 w + 15, lane 4 g + t the elements (g, 8 j + 2 t), (g, 8 j + 2 t + 1),
 // (g + 8, 8 j + 2 t), (g + 8, 8 j + 2 t + 1) in d[4 j .. 4 j + 3].
 //
-// The device functions exist for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL): their callers
-// guard their bodies the same way and trap on other GPUs.
+// The instructions exist for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL), and on the CPU
+// emulation of the unit tests (BARELLM_CUDA_EMULATION: tests/emulation/wgmma_emulation.h
+// supplies the same functions); BARELLM_WARPGROUP_INSTRUCTIONS says where they are. Their
+// callers guard their bodies with it and trap elsewhere.
+//
+// Host side: tensor_map_encoder, the driver's cuTensorMapEncodeTiled that the TMA's maps
+// are made with.
 #pragma once
-#include <cuda.h>  // CUtensorMap
-
 #include <cstdint>
 
 #include "safetensors.h"    // DType
 #include "tensor_core.cuh"  // shared_address
+
+#ifdef BARELLM_CUDA_EMULATION
+#include "wgmma_emulation.h"
+#else
+#include <cuda.h>          // CUtensorMap
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
+
+#include "cuda_check.h"
+#include "error.h"
+#endif
+
+#if defined(BARELLM_CUDA_EMULATION) || \
+    (defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL))
+#define BARELLM_WARPGROUP_INSTRUCTIONS 1
+#endif
 
 namespace barellm::cuda {
 
@@ -42,7 +60,7 @@ constexpr int kWarpgroupThreads = 128;  // 4 warps
 constexpr int kSwizzleRowBytes = 128;
 constexpr int kSwizzleAtomBytes = 8 * kSwizzleRowBytes;
 
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#ifdef BARELLM_WARPGROUP_INSTRUCTIONS
 
 // The descriptor of a K-major operand in the 128-byte swizzle starting at `start` (above).
 __device__ __forceinline__ uint64_t swizzled_descriptor(const void* start) {
@@ -55,6 +73,10 @@ __device__ __forceinline__ uint64_t swizzled_descriptor(const void* start) {
            (uint64_t(kSwizzleAtomBytes / kUnit) & kField) << kStrideShift |
            kSwizzle128 << kSwizzleShift;
 }
+
+#endif  // BARELLM_WARPGROUP_INSTRUCTIONS
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)  // the instructions
 
 // The accumulators of one instruction as asm operands, for n = 128, 192, 224 and 256 (64,
 // 96, 112 and 128 registers): their names in the instruction ("%0, %1, ...") and their
@@ -294,5 +316,31 @@ __device__ __forceinline__ void cluster_wait() {
 }
 
 #endif  // sm_90a
+
+#ifndef BARELLM_CUDA_EMULATION
+
+// The driver's cuTensorMapEncodeTiled, reached through the runtime (cudaGetDriverEntryPoint):
+// nothing links libcuda.
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    constexpr unsigned kTensorMapDriverVersion = 12000;  // the function's ABI version
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void* function = nullptr;
+        cudaDriverEntryPointQueryResult found;
+#if CUDART_VERSION >= 12050
+        CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function,
+                                                    kTensorMapDriverVersion, cudaEnableDefault,
+                                                    &found));
+#else
+        CUDA_CHECK(cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &function, cudaEnableDefault,
+                                           &found));
+#endif
+        if (found != cudaDriverEntryPointSuccess || function == nullptr)
+            throw Error("gemm: the GPU driver has no cuTensorMapEncodeTiled");
+        return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(function);
+    }();
+    return encode;
+}
+
+#endif  // BARELLM_CUDA_EMULATION
 
 }  // namespace barellm::cuda

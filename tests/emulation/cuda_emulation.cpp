@@ -1,7 +1,7 @@
 // The runtime of the CUDA emulation (cuda_emulation.h): a scheduler of fibers (ucontext) that
-// runs a block's threads, the block barrier, the warp exchanges behind shuffles, ldmatrix and
-// mma, and the per-thread queues of cp.async.
-#include "cuda_emulation.h"
+// runs the threads of a cluster's blocks, the block barrier, the warp exchanges behind
+// shuffles, ldmatrix and mma, and the per-thread queues of cp.async. The sm_90 instructions
+// are in hopper_emulation.cpp.
 
 #include <elf.h>
 #include <sys/mman.h>
@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "emulation_runtime.h"
 #include "error.h"
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -42,6 +43,7 @@ constexpr size_t kFiberStackBytes = 256 * 1024;
 constexpr unsigned kMaxThreadsPerBlock = 1024;
 constexpr unsigned kMaxBlockZ = 64;
 constexpr unsigned kMaxGridYZ = 65535;
+constexpr unsigned kMaxClusterBlocks = 8;  // the portable cluster size
 // The most dynamic shared memory one block can have on any GPU the build targets (sm_90).
 constexpr size_t kMaxDynamicSharedBytes = 227 * 1024;
 constexpr unsigned char kPoisonByte = 0xff;
@@ -52,13 +54,6 @@ constexpr int kMatrixRows = 8;
 constexpr int kLanesPerRow = 4;  // an 8x8 matrix row of 16-bit elements is 4 registers' worth
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kMmaK = 16;
-
-// Thrown through a fiber's kernel frames to end it once the launch has failed.
-struct KernelAbort {};
-
-enum class FiberState { kReady, kAtBarrier, kAtWarpOp, kExited };
-
-enum class WarpOp { kSyncwarp, kShuffle, kLdmatrix, kLdmatrixTrans, kMmaF16, kMmaBf16 };
 
 const char* warp_op_name(WarpOp op) {
     switch (op) {
@@ -78,80 +73,7 @@ const char* warp_op_name(WarpOp op) {
     return "?";
 }
 
-// What one lane brings to a warp instruction and what it gets back.
-struct LaneOperands {
-    uint64_t value = 0;  // shuffle: the value; ldmatrix: the row address
-    int source_lane = 0;
-    int matrices = 0;
-    float c[4] = {};
-    uint32_t a[4] = {};
-    uint32_t b[2] = {};
-};
-
-struct LaneResult {
-    uint64_t value = 0;
-    uint32_t registers[4] = {};
-    float c[4] = {};
-};
-
-struct PendingCopy {
-    void* shared;
-    const void* global;
-    bool valid;
-};
-
-struct Fiber {
-    ucontext_t context;
-    char* stack = nullptr;
-    uint3 thread_index = {0, 0, 0};
-    int linear_index = 0;
-    FiberState state = FiberState::kReady;
-    WarpOp waiting_op = WarpOp::kSyncwarp;
-    std::vector<PendingCopy> copies;  // issued, not yet performed, oldest first
-    std::vector<size_t> group_ends;   // committed groups: copies [previous end, end)
-#ifdef BARELLM_EMULATION_ASAN
-    void* fake_stack = nullptr;
-#endif
-};
-
-struct Warp {
-    int arrived = 0;
-    WarpOp op = WarpOp::kSyncwarp;
-    LaneOperands operands[kWarpLanes];
-    LaneResult results[kWarpLanes];
-};
-
-struct Launch {
-    dim3 grid, block;
-    int threads = 0;
-    const std::function<void()>* body = nullptr;
-    std::vector<Fiber> fibers;
-    std::vector<Warp> warps;
-    char* stacks = nullptr;
-    size_t stacks_bytes = 0;
-    size_t guard_bytes = 0;
-    char* dynamic_shared = nullptr;
-    size_t dynamic_shared_bytes = 0;
-    ucontext_t scheduler_context;
-    Fiber* current = nullptr;
-    int live = 0;        // threads of the block that have not returned
-    int at_barrier = 0;  // of them, waiting at __syncthreads
-    bool reverse = false;
-    bool aborting = false;
-    std::string fault;
-#ifdef BARELLM_EMULATION_ASAN
-    void* scheduler_fake_stack = nullptr;
-    const void* scheduler_stack_bottom = nullptr;
-    size_t scheduler_stack_size = 0;
-#endif
-};
-
 thread_local Launch* active_launch = nullptr;
-
-Launch& launch() {
-    if (!active_launch) throw Error("CUDA emulation: device code called outside emulate_launch");
-    return *active_launch;
-}
 
 std::string describe(const uint3& v) {
     return "(" + std::to_string(v.x) + ", " + std::to_string(v.y) + ", " + std::to_string(v.z) +
@@ -168,18 +90,9 @@ void record_fault(Launch& l, const std::string& message) {
     l.aborting = true;
 }
 
-[[noreturn]] void fail(const std::string& message) {
-    record_fault(launch(), message);
-    throw KernelAbort{};
+Warp& warp_of(Launch& l, const Fiber& f) {
+    return l.blocks[size_t(f.block)].warps[size_t(f.linear_index / kWarpLanes)];
 }
-
-Fiber& current_fiber() {
-    Launch& l = launch();
-    if (!l.current) throw Error("CUDA emulation: device code called outside a kernel thread");
-    return *l.current;
-}
-
-Warp& warp_of(Launch& l, const Fiber& f) { return l.warps[f.linear_index / kWarpLanes]; }
 
 // From the running fiber back to the scheduler; returns when the scheduler resumes it.
 void yield_to_scheduler(Launch& l, Fiber& f) {
@@ -194,26 +107,33 @@ void yield_to_scheduler(Launch& l, Fiber& f) {
     if (l.aborting) throw KernelAbort{};
 }
 
-void release_barrier(Launch& l) {
+void release_barrier(Launch& l, Block& b) {
     for (Fiber& f : l.fibers)
-        if (f.state == FiberState::kAtBarrier) f.state = FiberState::kReady;
-    l.at_barrier = 0;
-    l.reverse = !l.reverse;
+        if (&l.blocks[size_t(f.block)] == &b && f.state == FiberState::kAtBarrier)
+            f.state = FiberState::kReady;
+    b.at_barrier = 0;
+    b.reverse = !b.reverse;
 }
 
 void thread_returned(Launch& l, Fiber& f) {
     f.state = FiberState::kExited;
     f.copies.clear();
     f.group_ends.clear();
-    --l.live;
+    Block& b = l.blocks[size_t(f.block)];
+    --b.live;
+    --l.cluster_live;
+    // A returned thread no longer counts at the cluster barrier, nor does its arrival.
+    if (f.cluster_arrived && f.cluster_phase == l.cluster_phase) --l.cluster_arrivals;
+    f.cluster_arrived = false;
     if (l.aborting) return;
     const Warp& w = warp_of(l, f);
     if (w.arrived > 0)
         record_fault(l, "returned while " + std::to_string(w.arrived) +
                             " lanes of its warp wait at " + warp_op_name(w.op) +
                             " (which needs all 32 lanes)");
-    else if (l.at_barrier > 0 && l.at_barrier == l.live)
-        release_barrier(l);
+    else if (b.at_barrier > 0 && b.at_barrier == b.live)
+        release_barrier(l, b);
+    complete_cluster_phase_if_all_arrived(l);
 }
 
 void fiber_main() {
@@ -242,6 +162,7 @@ void fiber_main() {
 void resume(Launch& l, Fiber& f) {
     l.current = &f;
     threadIdx = f.thread_index;
+    blockIdx = l.blocks[size_t(f.block)].index;
 #ifdef BARELLM_EMULATION_ASAN
     __sanitizer_start_switch_fiber(&l.scheduler_fake_stack, f.stack, kFiberStackBytes);
 #endif
@@ -253,12 +174,32 @@ void resume(Launch& l, Fiber& f) {
 }
 
 std::string describe_waits(const Launch& l) {
-    std::string text = std::to_string(l.at_barrier) + " threads wait at __syncthreads";
-    for (size_t w = 0; w < l.warps.size(); ++w)
-        if (l.warps[w].arrived > 0)
-            text += ", " + std::to_string(l.warps[w].arrived) + " lanes of warp " +
-                    std::to_string(w) + " at " + warp_op_name(l.warps[w].op);
-    return text + ", " + std::to_string(l.threads - l.live) + " threads returned";
+    std::string text;
+    for (size_t i = 0; i < l.blocks.size(); ++i) {
+        const Block& b = l.blocks[i];
+        if (l.blocks.size() > 1) text += "block " + describe(b.index) + ": ";
+        text += std::to_string(b.at_barrier) + " threads wait at __syncthreads";
+        for (size_t w = 0; w < b.warps.size(); ++w)
+            if (b.warps[w].arrived > 0)
+                text += ", " + std::to_string(b.warps[w].arrived) + " lanes of warp " +
+                        std::to_string(w) + " at " + warp_op_name(b.warps[w].op);
+        text += ", " + std::to_string(l.threads - b.live) + " threads returned";
+        if (i + 1 < l.blocks.size()) text += "; ";
+    }
+    // The other waits, by what they wait for.
+    std::vector<std::pair<std::string, int>> waits;
+    for (const Fiber& f : l.fibers) {
+        if (f.state != FiberState::kWaiting) continue;
+        auto it = std::find_if(waits.begin(), waits.end(),
+                               [&](const auto& w) { return w.first == f.waiting_for; });
+        if (it == waits.end())
+            waits.emplace_back(f.waiting_for, 1);
+        else
+            ++it->second;
+    }
+    for (const auto& [what, count] : waits)
+        text += "; " + std::to_string(count) + " threads wait for " + what;
+    return text;
 }
 
 // The mangled form of the ABI tag __shared__ puts on every static shared array's name.
@@ -335,7 +276,9 @@ const StaticSharedArrays& static_shared_arrays() {
 void poison_shared_memory(Launch& l) {
     for (const SharedArray& array : static_shared_arrays().arrays)
         std::memset(array.begin, kPoisonByte, array.bytes);
-    if (l.dynamic_shared_bytes) std::memset(l.dynamic_shared, kPoisonByte, l.dynamic_shared_bytes);
+    for (Block& b : l.blocks)
+        if (l.dynamic_shared_bytes)
+            std::memset(b.dynamic_shared, kPoisonByte, l.dynamic_shared_bytes);
 }
 
 // A fresh context for f that runs fiber_main on f's stack, then resumes the scheduler. Its own
@@ -351,28 +294,50 @@ __attribute__((noinline)) void make_fiber_context(Fiber& f, ucontext_t* schedule
 void start_fibers(Launch& l) {
     for (Fiber& f : l.fibers) {
         f.state = FiberState::kReady;
+        f.cluster_arrived = false;
         make_fiber_context(f, &l.scheduler_context);
     }
-    for (Warp& w : l.warps) w.arrived = 0;
-    l.live = l.threads;
-    l.at_barrier = 0;
+    for (Block& b : l.blocks) {
+        for (Warp& w : b.warps) w.arrived = 0;
+        for (Warpgroup& g : b.warpgroups) g = Warpgroup{};
+        b.live = l.threads;
+        b.at_barrier = 0;
+        b.reverse = false;
+    }
+    l.cluster_live = l.threads * int(l.blocks.size());
+    l.cluster_arrivals = 0;
 }
 
-// Runs the current block to its end (every thread returned) or to a fault.
-void run_block(Launch& l) {
+// Whether the scheduler may run f now: it is ready, or what it waits for has come.
+bool runnable(Fiber& f) {
+    if (f.state == FiberState::kWaiting && f.ready_when()) f.state = FiberState::kReady;
+    return f.state == FiberState::kReady;
+}
+
+// Runs the current cluster's blocks to their end (every thread returned) or to a fault: in
+// passes over the blocks, each block's threads in increasing or decreasing order.
+void run_cluster(Launch& l) {
     poison_shared_memory(l);
     start_fibers(l);
-    l.reverse = false;
-    while (l.live > 0 && !l.aborting) {
+    while (l.cluster_live > 0 && !l.aborting) {
         bool ran = false;
-        const bool reverse = l.reverse;  // a barrier released during the pass flips the next one
-        for (int k = 0; k < l.threads && !l.aborting; ++k) {
-            Fiber& f = l.fibers[size_t(reverse ? l.threads - 1 - k : k)];
-            if (f.state != FiberState::kReady) continue;
-            resume(l, f);
-            ran = true;
+        for (size_t i = 0; i < l.blocks.size() && !l.aborting; ++i) {
+            Fiber* fibers = &l.fibers[i * size_t(l.threads)];
+            // A barrier released during the pass flips the next one.
+            const bool reverse = l.blocks[i].reverse;
+            for (int k = 0; k < l.threads && !l.aborting; ++k) {
+                Fiber& f = fibers[reverse ? l.threads - 1 - k : k];
+                if (!runnable(f)) continue;
+                resume(l, f);
+                ran = true;
+            }
         }
-        if (!ran && l.live > 0 && !l.aborting) record_fault(l, "deadlock: " + describe_waits(l));
+        if (!ran && l.cluster_live > 0 && !l.aborting)
+            record_fault(l, "deadlock: " + describe_waits(l));
+    }
+    if (!l.aborting) {
+        const std::string busy = warpgroups_in_flight(l);
+        if (!busy.empty()) record_fault(l, busy);
     }
     if (!l.aborting) return;
     // End every thread still waiting: its wait throws KernelAbort, unwinding its frames.
@@ -386,15 +351,15 @@ struct StackMapping {
         const long page = sysconf(_SC_PAGESIZE);
         l.guard_bytes = size_t(page > 0 ? page : 4096);
         const size_t per_fiber = kFiberStackBytes + l.guard_bytes;
-        l.stacks_bytes = per_fiber * size_t(l.threads);
+        l.stacks_bytes = per_fiber * l.fibers.size();
         void* mapping = mmap(nullptr, l.stacks_bytes, PROT_READ | PROT_WRITE,
-                             MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (mapping == MAP_FAILED) throw Error("CUDA emulation: cannot map the fiber stacks");
         l.stacks = static_cast<char*>(mapping);
-        for (int i = 0; i < l.threads; ++i) {
-            char* base = l.stacks + per_fiber * size_t(i);
+        for (size_t i = 0; i < l.fibers.size(); ++i) {
+            char* base = l.stacks + per_fiber * i;
             mprotect(base, l.guard_bytes, PROT_NONE);  // an overflow faults instead of corrupting
-            l.fibers[size_t(i)].stack = base + l.guard_bytes;
+            l.fibers[i].stack = base + l.guard_bytes;
         }
     }
     ~StackMapping() {
@@ -405,7 +370,7 @@ struct StackMapping {
     }
 };
 
-void check_shape(dim3 grid, dim3 block, size_t dynamic_shared_bytes) {
+void check_shape(dim3 grid, dim3 cluster, dim3 block, size_t dynamic_shared_bytes) {
     const auto bad = [](const std::string& what) {
         throw Error("CUDA emulation: invalid launch: " + what);
     };
@@ -416,6 +381,11 @@ void check_shape(dim3 grid, dim3 block, size_t dynamic_shared_bytes) {
         bad("more than 1024 threads per block");
     if (dynamic_shared_bytes > kMaxDynamicSharedBytes)
         bad(std::to_string(dynamic_shared_bytes) + " bytes of dynamic shared memory");
+    if (!cluster.x || !cluster.y || !cluster.z) bad("a zero cluster dimension");
+    if (uint64_t(cluster.x) * cluster.y * cluster.z > kMaxClusterBlocks)
+        bad("more than 8 blocks per cluster");
+    if (grid.x % cluster.x || grid.y % cluster.y || grid.z % cluster.z)
+        bad("a grid that is not made of whole clusters");
 }
 
 // ldmatrix for every lane at once, from the row addresses lanes 0 .. 8 matrices - 1 gave.
@@ -522,8 +492,9 @@ const LaneResult& warp_collective(WarpOp op, unsigned mask, const LaneOperands& 
     if (first + kWarpLanes > l.threads)
         fail(std::string(warp_op_name(op)) + " in a warp of " + std::to_string(l.threads - first) +
              " threads (all 32 lanes must take part)");
+    Fiber* block_fibers = &l.fibers[size_t(f.block) * size_t(l.threads)];
     for (int other = first; other < first + kWarpLanes; ++other)
-        if (l.fibers[size_t(other)].state == FiberState::kExited)
+        if (block_fibers[other].state == FiberState::kExited)
             fail(std::string(warp_op_name(op)) + " after lane " + std::to_string(other - first) +
                  " of the warp returned");
     Warp& w = warp_of(l, f);
@@ -537,8 +508,8 @@ const LaneResult& warp_collective(WarpOp op, unsigned mask, const LaneOperands& 
         complete(w);
         w.arrived = 0;
         for (int other = first; other < first + kWarpLanes; ++other)
-            if (l.fibers[size_t(other)].state == FiberState::kAtWarpOp)
-                l.fibers[size_t(other)].state = FiberState::kReady;
+            if (block_fibers[other].state == FiberState::kAtWarpOp)
+                block_fibers[other].state = FiberState::kReady;
     } else {
         f.state = FiberState::kAtWarpOp;
         yield_to_scheduler(l, f);
@@ -548,13 +519,69 @@ const LaneResult& warp_collective(WarpOp op, unsigned mask, const LaneOperands& 
 
 }  // namespace
 
+Launch& launch() {
+    if (!active_launch) throw Error("CUDA emulation: device code called outside emulate_launch");
+    return *active_launch;
+}
+
+Fiber& current_fiber() {
+    Launch& l = launch();
+    if (!l.current) throw Error("CUDA emulation: device code called outside a kernel thread");
+    return *l.current;
+}
+
+Block& current_block() { return launch().blocks[size_t(current_fiber().block)]; }
+
+void complete_cluster_phase_if_all_arrived(Launch& l) {
+    if (l.cluster_arrivals > 0 && l.cluster_arrivals == l.cluster_live) {
+        l.cluster_arrivals = 0;
+        ++l.cluster_phase;
+    }
+}
+
+void fail(const std::string& message) {
+    record_fault(launch(), message);
+    throw KernelAbort{};
+}
+
+void wait_until(const char* what, std::function<bool()> ready) {
+    if (ready()) return;
+    Launch& l = launch();
+    Fiber& f = current_fiber();
+    f.state = FiberState::kWaiting;
+    f.waiting_for = what;
+    f.ready_when = std::move(ready);
+    yield_to_scheduler(l, f);
+    f.ready_when = nullptr;
+}
+
+uint32_t window_address(const Block& block, const void* pointer) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(pointer);
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(block.dynamic_shared);
+    if (p < begin || p - begin > launch().dynamic_shared_bytes)
+        fail(
+            "the shared address of memory outside the block's dynamic shared memory (the "
+            "emulation's shared window holds only that)");
+    return kSharedWindowStart + uint32_t(p - begin);
+}
+
+char* window_pointer(Block& block, uint32_t address, size_t bytes) {
+    const size_t size = launch().dynamic_shared_bytes;
+    if (address < kSharedWindowStart || address - kSharedWindowStart > size ||
+        bytes > size - (address - kSharedWindowStart))
+        fail("shared address " + std::to_string(address) + " (" + std::to_string(bytes) +
+             " bytes) outside the block's dynamic shared memory");
+    return block.dynamic_shared + (address - kSharedWindowStart);
+}
+
 void fault(const char* message) { fail(message); }
 
 void block_barrier() {
     Launch& l = launch();
     Fiber& f = current_fiber();
-    if (++l.at_barrier == l.live) {
-        release_barrier(l);
+    Block& b = current_block();
+    if (++b.at_barrier == b.live) {
+        release_barrier(l, b);
         return;
     }
     f.state = FiberState::kAtBarrier;
@@ -622,7 +649,7 @@ void copy_async_wait(int pending_groups) {
     for (size_t& end : f.group_ends) end -= done;
 }
 
-float* dynamic_shared_memory() { return reinterpret_cast<float*>(launch().dynamic_shared); }
+float* dynamic_shared_memory() { return reinterpret_cast<float*>(current_block().dynamic_shared); }
 
 int lane_index() { return current_fiber().linear_index % kWarpLanes; }
 
@@ -633,7 +660,8 @@ bool is_shared(const void* address, size_t bytes) {
         return begin && a >= b && a - b <= size && bytes <= size - (a - b);
     };
     const Launch* l = active_launch;
-    if (l && l->dynamic_shared_bytes && inside(l->dynamic_shared, l->dynamic_shared_bytes))
+    if (l && l->current && l->dynamic_shared_bytes &&
+        inside(l->blocks[size_t(l->current->block)].dynamic_shared, l->dynamic_shared_bytes))
         return true;
     const StaticSharedArrays& statics = static_shared_arrays();
     if (!statics.found) return inside(__data_start, size_t(_end - __data_start));
@@ -641,28 +669,36 @@ bool is_shared(const void* address, size_t bytes) {
                        [&](const SharedArray& array) { return inside(array.begin, array.bytes); });
 }
 
-void run_grid(dim3 grid, dim3 block, size_t dynamic_shared_bytes,
+void run_grid(dim3 grid, dim3 cluster, dim3 block, size_t dynamic_shared_bytes,
               const std::function<void()>& thread_body) {
     if (active_launch) throw Error("CUDA emulation: a launch inside a launch");
-    check_shape(grid, block, dynamic_shared_bytes);
+    check_shape(grid, cluster, block, dynamic_shared_bytes);
     Launch l;
     l.grid = grid;
     l.block = block;
+    l.cluster = cluster;
     l.threads = int(block.x * block.y * block.z);
     l.body = &thread_body;
-    l.fibers.resize(size_t(l.threads));
-    l.warps.resize(size_t((l.threads + kWarpLanes - 1) / kWarpLanes));
-    for (int i = 0; i < l.threads; ++i) {
-        Fiber& f = l.fibers[size_t(i)];
-        f.linear_index = i;
-        f.thread_index = {unsigned(i) % block.x, unsigned(i) / block.x % block.y,
-                          unsigned(i) / (block.x * block.y)};
-    }
-    // Dynamic shared memory: the bytes asked for, rounded up to 16 (AddressSanitizer sees
-    // overruns past that).
-    std::vector<float4> dynamic((dynamic_shared_bytes + sizeof(float4) - 1) / sizeof(float4));
-    l.dynamic_shared = reinterpret_cast<char*>(dynamic.data());
     l.dynamic_shared_bytes = dynamic_shared_bytes;
+    const size_t cluster_blocks = size_t(cluster.x) * cluster.y * cluster.z;
+    const size_t warps = size_t((l.threads + kWarpLanes - 1) / kWarpLanes);
+    l.blocks.resize(cluster_blocks);
+    for (Block& b : l.blocks) {
+        // Dynamic shared memory: the bytes asked for, rounded up to 16 (AddressSanitizer sees
+        // overruns past that).
+        b.dynamic_storage.resize((dynamic_shared_bytes + sizeof(float4) - 1) / sizeof(float4));
+        b.dynamic_shared = reinterpret_cast<char*>(b.dynamic_storage.data());
+        b.warps.resize(warps);
+        b.warpgroups.resize(size_t((l.threads + kWarpgroupLanes - 1) / kWarpgroupLanes));
+    }
+    l.fibers.resize(cluster_blocks * size_t(l.threads));
+    for (size_t i = 0; i < l.fibers.size(); ++i) {
+        Fiber& f = l.fibers[i];
+        const unsigned t = unsigned(i % size_t(l.threads));
+        f.block = int(i / size_t(l.threads));
+        f.linear_index = int(t);
+        f.thread_index = {t % block.x, t / block.x % block.y, t / (block.x * block.y)};
+    }
     const StackMapping stacks(l);
 
     struct ActiveLaunch {
@@ -671,11 +707,17 @@ void run_grid(dim3 grid, dim3 block, size_t dynamic_shared_bytes,
     } active(&l);
     gridDim = grid;
     blockDim = block;
-    for (unsigned z = 0; z < grid.z; ++z)
-        for (unsigned y = 0; y < grid.y; ++y)
-            for (unsigned x = 0; x < grid.x; ++x) {
-                blockIdx = {x, y, z};
-                run_block(l);
+    // Clusters one after another (x fastest, then y, then z); within a cluster the blocks by
+    // rank, x fastest.
+    for (unsigned z = 0; z < grid.z; z += cluster.z)
+        for (unsigned y = 0; y < grid.y; y += cluster.y)
+            for (unsigned x = 0; x < grid.x; x += cluster.x) {
+                for (size_t rank = 0; rank < cluster_blocks; ++rank)
+                    l.blocks[rank].index = {x + unsigned(rank % cluster.x),
+                                            y + unsigned(rank / cluster.x % cluster.y),
+                                            z + unsigned(rank / (size_t(cluster.x) * cluster.y))};
+                blockIdx = l.blocks[0].index;
+                run_cluster(l);
                 if (l.aborting) throw Error(l.fault);
             }
 }

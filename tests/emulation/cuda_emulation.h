@@ -10,6 +10,10 @@
 //   going through the threads in increasing order and in decreasing order on alternate
 //   __syncthreads phases, so that a read that misses a barrier sees stale data whichever of
 //   the two threads comes first. Everything is deterministic.
+// - emulate_cluster_launch runs clusters of blocks one after another, the blocks of a
+//   cluster at once (their threads in one pass after another, block by block), each with its
+//   own dynamic shared memory. wgmma_emulation.h adds the sm_90 instructions that clusters
+//   serve (wgmma, mbarriers, tensor copies, the cluster barrier).
 // - __syncthreads is a block barrier; a thread that has returned no longer counts. A barrier
 //   that can never complete (every thread left waits, at different barriers) is a deadlock:
 //   the launch throws barellm::Error naming who waits where (detected when it happens: no
@@ -17,7 +21,8 @@
 //   warp or with a lane exited, lanes of one warp at different warp instructions, a mask
 //   other than the full one, misaligned ldmatrix and cp.async addresses, addresses outside
 //   shared memory where shared memory is required, and __trap().
-// - __shared__ arrays are function-scope statics (blocks run one at a time), tagged so that
+// - __shared__ arrays are function-scope statics (one block runs at a time, except in a
+//   cluster launch, whose kernels keep to dynamic shared memory), tagged so that
 //   the emulation finds them in the program's symbol table. They and the dynamic shared
 //   memory (dynamic_shared_floats) are filled with 0xff bytes (NaN as f32, f16 and bf16)
 //   before each block, as uninitialised shared memory. ldmatrix and cp.async check that
@@ -54,6 +59,7 @@
 #define __forceinline__ inline
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
+#define __grid_constant__
 // The ABI tag marks the arrays' names in the symbol table, where the emulation finds them.
 #define __shared__ static __attribute__((abi_tag("barellm_shared")))
 
@@ -243,8 +249,8 @@ float* dynamic_shared_memory();
 // This thread's lane in its warp.
 int lane_index();
 
-// Runs `thread_body` for every thread of every block.
-void run_grid(dim3 grid, dim3 block, size_t dynamic_shared_bytes,
+// Runs `thread_body` for every thread of every block, in clusters of `cluster` blocks.
+void run_grid(dim3 grid, dim3 cluster, dim3 block, size_t dynamic_shared_bytes,
               const std::function<void()>& thread_body);
 
 // Whether [address, address + bytes) lies in shared memory (static or dynamic).
@@ -358,13 +364,33 @@ void emulate_launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, void (*k
                     Args&&... args) {
     static_assert(sizeof...(Params) == sizeof...(Args), "one argument per kernel parameter");
     const std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
-    emulation::run_grid(grid, block, dynamic_shared_bytes, [&] { std::apply(kernel, params); });
+    emulation::run_grid(grid, dim3(1), block, dynamic_shared_bytes,
+                        [&] { std::apply(kernel, params); });
 }
 
 // The same with the thread's work given as a callable (a lambda calling device code).
 template <typename Body>
 void emulate_launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, Body body) {
-    emulation::run_grid(grid, block, dynamic_shared_bytes, std::function<void()>(body));
+    emulation::run_grid(grid, dim3(1), block, dynamic_shared_bytes, std::function<void()>(body));
+}
+
+// emulate_launch for a grid of clusters of `cluster` blocks (a launch with the cluster
+// dimension attribute): the blocks of a cluster run at once, each with its own dynamic
+// shared memory (static __shared__ arrays are one per program: a cluster's kernel keeps to
+// dynamic shared memory).
+template <typename... Params, typename... Args>
+void emulate_cluster_launch(dim3 grid, dim3 cluster, dim3 block, size_t dynamic_shared_bytes,
+                            void (*kernel)(Params...), Args&&... args) {
+    static_assert(sizeof...(Params) == sizeof...(Args), "one argument per kernel parameter");
+    const std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
+    emulation::run_grid(grid, cluster, block, dynamic_shared_bytes,
+                        [&] { std::apply(kernel, params); });
+}
+
+template <typename Body>
+void emulate_cluster_launch(dim3 grid, dim3 cluster, dim3 block, size_t dynamic_shared_bytes,
+                            Body body) {
+    emulation::run_grid(grid, cluster, block, dynamic_shared_bytes, std::function<void()>(body));
 }
 
 }  // namespace barellm::cuda
