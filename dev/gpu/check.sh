@@ -73,7 +73,8 @@
 #                 tests/test_cuda.py with =always (their models' grids are small), then pp512
 #                 on the Mistral-7B f16 file with and without (=1), alternated, 2 rounds
 #                 (about 3 minutes after the file)
-#   ab            decode speed of other trees beside this one, alternated in one run: each
+#   ab            decode speed (tg128 on the Mistral-7B f16 and q4 files) of other trees
+#                 beside this one, alternated in one run: each
 #                 gpu_data/ab/NAME.tgz (made here by `git archive -o gpu_data/ab/NAME.tgz
 #                 REV`) is built and must give this tree's greedy text first
 #   qwen3-8b      `barellm bench --device cuda -p 0` on a Qwen3-8B-shaped f16 checkpoint at
@@ -719,9 +720,12 @@ fi
 
 if wants ab; then
     step "A/B: gpu_data/ab/*.tgz beside this tree"
-    greedy() {  # BINARY: its greedy completion on stories260K
-        "$1" run "$WORK/stories260K-f16.bin" --device cuda -p "Once upon a time" -n 60 --temp 0 \
-            2>/dev/null
+    greedy() {  # BINARY: its greedy completions on stories260K, f16 and q4
+        local dtype
+        for dtype in f16 q4; do
+            "$1" run "$WORK/stories260K-$dtype.bin" --device cuda -p "Once upon a time" -n 60 \
+                --temp 0 2>/dev/null
+        done
     }
     want=$(greedy build/barellm)
     trees=()
@@ -740,11 +744,17 @@ if wants ab; then
         fi
     done
     if [ "${#trees[@]}" -gt 0 ] && ready "$MISTRAL" 120; then
+        files=("$MISTRAL")
+        ready "$MISTRAL_Q4" 60 && files+=("$MISTRAL_Q4")
         for round in 1 2; do
-            for name in "${trees[@]}"; do
-                bench "$name-$round" "$WORK/ab/$name/build/barellm" "$MISTRAL" 30 -p 0 -n 128 -r 3
+            for file in "${files[@]}"; do
+                label=$(basename "$file" .bin)
+                for name in "${trees[@]}"; do
+                    bench "$name-$label-$round" "$WORK/ab/$name/build/barellm" "$file" 30 \
+                        -p 0 -n 128 -r 3
+                done
+                bench "this-$label-$round" build/barellm "$file" 30 -p 0 -n 128 -r 3
             done
-            bench "this-$round" build/barellm "$MISTRAL" 30 -p 0 -n 128 -r 3
         done
         for name in "${trees[@]}"; do
             bench "$name" "$WORK/ab/$name/build/barellm" "$MISTRAL" 60 -p 0 -n 4096 -r 1
