@@ -302,6 +302,7 @@ TEST_CASE("the emulation reports misused sm_90 instructions", "[cuda_emulation][
                 shared += (kPatternBytes - shared_address(shared) % kPatternBytes) % kPatternBytes;
                 float d[kN / 2] = {};
                 const uint64_t a = descriptor(shared_address(shared) + offset) | extra;
+                warpgroup_fence();
                 mma_64xNx16<kN, DType::F16>(d, a, descriptor(shared_address(shared)));
                 warpgroup_commit();
                 warpgroup_wait<0>();
@@ -321,10 +322,27 @@ TEST_CASE("the emulation reports misused sm_90 instructions", "[cuda_emulation][
                                          kPatternBytes;
                                float d[kN / 2] = {};
                                const uint64_t a = descriptor(shared_address(shared));
+                               warpgroup_fence();
                                mma_64xNx16<kN, DType::F16>(d, a, a);
                                warpgroup_commit();
                            }),
             Contains("in flight"));
+    }
+    SECTION("a wgmma before any wgmma.fence") {
+        CHECK_THROWS_WITH(
+            emulate_launch(dim3(1), dim3(kWarpgroupThreads), kWgmmaShared,
+                           [] {
+                               uint8_t* shared =
+                                   reinterpret_cast<uint8_t*>(dynamic_shared_floats());
+                               shared += (kPatternBytes - shared_address(shared) % kPatternBytes) %
+                                         kPatternBytes;
+                               float d[kN / 2] = {};
+                               const uint64_t a = descriptor(shared_address(shared));
+                               mma_64xNx16<kN, DType::F16>(d, a, a);
+                               warpgroup_commit();
+                               warpgroup_wait<0>();
+                           }),
+            Contains("first wgmma.fence"));
     }
     SECTION("a tensor copy to a destination off the swizzle pattern") {
         const Tensor tensor(4, 64);

@@ -82,7 +82,7 @@ struct WarpgroupMma {
     float* d[kWarpgroupLanes] = {};
 };
 
-enum class WarpgroupOp { kMma, kCommit, kWait };
+enum class WarpgroupOp { kFence, kMma, kCommit, kWait };
 
 // A warpgroup's collective instructions (the last of its 128 lanes to arrive performs one)
 // and its MMAs in flight: those issued since the last commit, then the committed groups,
@@ -93,6 +93,7 @@ struct Warpgroup {
     WarpgroupOp op = WarpgroupOp::kMma;
     WarpgroupMma deposit;  // the instruction being gathered
     int pending_groups = 0;
+    bool fenced = false;  // a wgmma.fence has completed (one must precede the first wgmma)
     std::vector<WarpgroupMma> open;
     std::deque<std::vector<WarpgroupMma>> committed;
 };

@@ -143,6 +143,8 @@ TensorMap read_map(const CUtensorMap* map) {
 
 const char* warpgroup_op_name(WarpgroupOp op) {
     switch (op) {
+        case WarpgroupOp::kFence:
+            return "wgmma.fence";
         case WarpgroupOp::kMma:
             return "wgmma.mma_async";
         case WarpgroupOp::kCommit:
@@ -256,10 +258,19 @@ uint32_t shared_window_address(const void* pointer) {
     return window_address(current_block(), pointer);
 }
 
+void warpgroup_fence() {
+    warpgroup_collective(
+        WarpgroupOp::kFence, [](Warpgroup&, int) {}, [](Warpgroup& g) { g.fenced = true; });
+}
+
 void warpgroup_mma(DType type, int n, float* accumulators, uint64_t a, uint64_t b) {
     warpgroup_collective(
         WarpgroupOp::kMma,
         [&](Warpgroup& g, int lane) {
+            if (!g.fenced)
+                fail(
+                    "wgmma.mma_async before the warpgroup's first wgmma.fence (which the PTX "
+                    "ISA requires before the first wgmma)");
             if (g.arrived == 0) {
                 g.deposit.type = type;
                 g.deposit.n = n;

@@ -28,8 +28,10 @@
 //   barrier_arrive_in_block arrives on the barrier at the same shared address in another
 //   block; the cluster barrier (cluster_arrive, cluster_wait) completes once every thread of
 //   the cluster still running has arrived.
-// - Register reallocation (setmaxnreg) and the fences are no-ops: they order nothing a
-//   one-fiber-at-a-time emulation could reorder.
+// - wgmma.fence is a warpgroup exchange that must come before the warpgroup's first wgmma
+//   (as the PTX ISA requires). Register reallocation (setmaxnreg), the accumulators' fence
+//   and the mbarrier-init fence are no-ops: they order nothing a one-fiber-at-a-time
+//   emulation could reorder.
 #pragma once
 #include <cstdint>
 
@@ -84,6 +86,7 @@ CUresult encode_tensor_map_tiled(CUtensorMap* map, CUtensorMapDataType type, cuu
                                  CUtensorMapL2promotion promotion, CUtensorMapFloatOOBfill fill);
 
 uint32_t shared_window_address(const void* pointer);
+void warpgroup_fence();
 void warpgroup_mma(DType type, int n, float* accumulators, uint64_t a, uint64_t b);
 void warpgroup_commit();
 void warpgroup_wait(int pending_groups);
@@ -115,7 +118,7 @@ void mma_64xNx16(float (&d)[kN / 2], uint64_t a, uint64_t b) {
     static_assert(D == DType::F16 || D == DType::BF16, "wgmma multiplies f16 or bf16 here");
     emulation::warpgroup_mma(D, kN, d, a, b);
 }
-inline void warpgroup_fence() {}
+inline void warpgroup_fence() { emulation::warpgroup_fence(); }
 inline void warpgroup_commit() { emulation::warpgroup_commit(); }
 template <int kPending>
 void warpgroup_wait() {
