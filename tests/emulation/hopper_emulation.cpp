@@ -2,6 +2,7 @@
 // through matrix descriptors, mbarriers, tensor copies and their maps, and clusters.
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "emulation_runtime.h"
 #include "error.h"
@@ -27,7 +28,7 @@ uint32_t swizzled(uint32_t address) {
 constexpr uint64_t kBarrierTag = 0x2a;
 constexpr int kPendingShift = 16, kTransactionShift = 32, kPhaseShift = 56, kTagShift = 57;
 constexpr uint64_t kCountMask = 0xffff, kTransactionMask = 0xffffff;
-constexpr int kTransactionLimit = 1 << 23;  // the count's magnitude stays below this
+constexpr int kTransactionLimit = 1 << 23;  // the count's sign bit: its magnitude stays below
 constexpr int kMaxArrivals = 0xffff;
 
 struct BarrierState {
@@ -41,8 +42,9 @@ BarrierState decode_barrier(uint64_t bits) {
     BarrierState s;
     s.expected = int(bits & kCountMask);
     s.pending = int(bits >> kPendingShift & kCountMask);
-    const uint32_t count = uint32_t(bits >> kTransactionShift & kTransactionMask);
-    s.transactions = int(count << 8) >> 8;  // sign-extend the 24 bits
+    // The 24-bit two's complement count, sign-extended.
+    const int count = int(bits >> kTransactionShift & kTransactionMask);
+    s.transactions = (count ^ kTransactionLimit) - kTransactionLimit;
     s.phase = uint32_t(bits >> kPhaseShift & 1);
     return s;
 }
