@@ -52,13 +52,34 @@ float initial_value(int lane, int i) { return float(lane % 13 + i % 7); }
 constexpr size_t kOperandBytes = size_t(kN / 8) * kPatternBytes;
 constexpr size_t kWgmmaShared = kPatternBytes + 2 * kOperandBytes;
 
+// The block's dynamic shared memory from its first 1024-byte pattern boundary on (the launch
+// asks for a pattern more than it uses).
+uint8_t* pattern_aligned_shared() {
+    uint8_t* shared = reinterpret_cast<uint8_t*>(dynamic_shared_floats());
+    return shared + (kPatternBytes - shared_address(shared) % kPatternBytes) % kPatternBytes;
+}
+
+// One warpgroup issues one m64n128k16 wgmma with B at the pattern and A `a_offset` bytes
+// past it (its descriptor ORed with `extra_bits`), after a wgmma.fence if `fence`, and
+// waits for it if `wait`.
+void issue_one_wgmma(uint64_t extra_bits, uint32_t a_offset, bool fence, bool wait) {
+    emulate_launch(dim3(1), dim3(kWarpgroupThreads), kWgmmaShared, [=] {
+        const uint32_t start = shared_address(pattern_aligned_shared());
+        float d[kN / 2] = {};
+        if (fence) warpgroup_fence();
+        mma_64xNx16<kN, DType::F16>(d, descriptor(start + a_offset) | extra_bits,
+                                    descriptor(start));
+        warpgroup_commit();
+        if (wait) warpgroup_wait<0>();
+    });
+}
+
 // One warpgroup: A at `a`, B at `b` (both starting on a pattern), the K elements stored
 // `first_k` elements into the rows; d = initial + A · Bᵀ (or, with overwrite, A replaced by
 // -A after issuing and before waiting), each lane's 64 accumulators into out[lane][64].
 void run_wgmma(std::vector<float>& out, int first_k, bool overwrite, uint64_t* descriptors) {
     emulate_launch(dim3(1), dim3(kWarpgroupThreads), kWgmmaShared, [&] {
-        uint8_t* shared = reinterpret_cast<uint8_t*>(dynamic_shared_floats());
-        shared += (kPatternBytes - shared_address(shared) % kPatternBytes) % kPatternBytes;
+        uint8_t* shared = pattern_aligned_shared();
         uint8_t* a = shared;
         uint8_t* b = shared + kOperandBytes;
         const int lane = threadIdx.x;
@@ -185,8 +206,7 @@ TEST_CASE(
     // copy: a phase completed without its bytes would show them the unwritten box.
     std::vector<int> wrong(kThreads, -1);
     emulate_launch(dim3(1), dim3(kThreads), 3 * kPatternBytes, [&] {
-        uint8_t* shared = reinterpret_cast<uint8_t*>(dynamic_shared_floats());
-        shared += (kPatternBytes - shared_address(shared) % kPatternBytes) % kPatternBytes;
+        uint8_t* shared = pattern_aligned_shared();
         uint64_t* barrier = reinterpret_cast<uint64_t*>(shared + kPatternBytes);
         uint64_t* go = barrier + 1;
         if (threadIdx.x == 0) {
@@ -236,8 +256,7 @@ TEST_CASE("emulated clusters: ranks, remote arrivals, multicast copies, the clus
     std::vector<int> after_barrier(kBlocks, 0);
     int arrived_before_barrier = 0;
     emulate_cluster_launch(grid, cluster, dim3(kThreads), 2 * kPatternBytes, [&] {
-        uint8_t* shared = reinterpret_cast<uint8_t*>(dynamic_shared_floats());
-        shared += (kPatternBytes - shared_address(shared) % kPatternBytes) % kPatternBytes;
+        uint8_t* shared = pattern_aligned_shared();
         uint64_t* copied = reinterpret_cast<uint64_t*>(shared + kPatternBytes);
         uint64_t* neighbour = copied + 1;
         const int block = int(blockIdx.x + grid.x * blockIdx.y);
@@ -296,53 +315,18 @@ TEST_CASE("the emulation reports misused sm_90 instructions", "[cuda_emulation][
             Contains("before mbarrier.init"));
     }
     SECTION("a descriptor with a reserved bit, or starting inside its swizzle pattern") {
-        const auto issue = [](uint64_t extra, uint32_t offset) {
-            emulate_launch(dim3(1), dim3(kWarpgroupThreads), kWgmmaShared, [=] {
-                uint8_t* shared = reinterpret_cast<uint8_t*>(dynamic_shared_floats());
-                shared += (kPatternBytes - shared_address(shared) % kPatternBytes) % kPatternBytes;
-                float d[kN / 2] = {};
-                const uint64_t a = descriptor(shared_address(shared) + offset) | extra;
-                warpgroup_fence();
-                mma_64xNx16<kN, DType::F16>(d, a, descriptor(shared_address(shared)));
-                warpgroup_commit();
-                warpgroup_wait<0>();
-            });
-        };
-        CHECK_THROWS_WITH(issue(uint64_t(1) << 47, 0), Contains("reserved bits"));
-        CHECK_THROWS_WITH(issue(0, kRowBytes), Contains("past the first row"));
-        CHECK_THROWS_WITH(issue(0, 112), Contains("crosses its 128-byte swizzled row"));
+        CHECK_THROWS_WITH(issue_one_wgmma(uint64_t(1) << 47, 0, true, true),
+                          Contains("reserved bits"));
+        CHECK_THROWS_WITH(issue_one_wgmma(0, kRowBytes, true, true),
+                          Contains("past the first row"));
+        CHECK_THROWS_WITH(issue_one_wgmma(0, 112, true, true),
+                          Contains("crosses its 128-byte swizzled row"));
     }
     SECTION("a block ending with products not waited for") {
-        CHECK_THROWS_WITH(
-            emulate_launch(dim3(1), dim3(kWarpgroupThreads), kWgmmaShared,
-                           [] {
-                               uint8_t* shared =
-                                   reinterpret_cast<uint8_t*>(dynamic_shared_floats());
-                               shared += (kPatternBytes - shared_address(shared) % kPatternBytes) %
-                                         kPatternBytes;
-                               float d[kN / 2] = {};
-                               const uint64_t a = descriptor(shared_address(shared));
-                               warpgroup_fence();
-                               mma_64xNx16<kN, DType::F16>(d, a, a);
-                               warpgroup_commit();
-                           }),
-            Contains("in flight"));
+        CHECK_THROWS_WITH(issue_one_wgmma(0, 0, true, false), Contains("in flight"));
     }
     SECTION("a wgmma before any wgmma.fence") {
-        CHECK_THROWS_WITH(
-            emulate_launch(dim3(1), dim3(kWarpgroupThreads), kWgmmaShared,
-                           [] {
-                               uint8_t* shared =
-                                   reinterpret_cast<uint8_t*>(dynamic_shared_floats());
-                               shared += (kPatternBytes - shared_address(shared) % kPatternBytes) %
-                                         kPatternBytes;
-                               float d[kN / 2] = {};
-                               const uint64_t a = descriptor(shared_address(shared));
-                               mma_64xNx16<kN, DType::F16>(d, a, a);
-                               warpgroup_commit();
-                               warpgroup_wait<0>();
-                           }),
-            Contains("first wgmma.fence"));
+        CHECK_THROWS_WITH(issue_one_wgmma(0, 0, false, true), Contains("first wgmma.fence"));
     }
     SECTION("a tensor copy to a destination off the swizzle pattern") {
         const Tensor tensor(4, 64);
@@ -351,10 +335,7 @@ TEST_CASE("the emulation reports misused sm_90 instructions", "[cuda_emulation][
         CHECK_THROWS_WITH(
             emulate_launch(dim3(1), dim3(32), 3 * kPatternBytes,
                            [&] {
-                               uint8_t* shared =
-                                   reinterpret_cast<uint8_t*>(dynamic_shared_floats());
-                               shared += (kPatternBytes - shared_address(shared) % kPatternBytes) %
-                                         kPatternBytes;
+                               uint8_t* shared = pattern_aligned_shared();
                                uint64_t* barrier = reinterpret_cast<uint64_t*>(shared);
                                if (threadIdx.x == 0) {
                                    barrier_init(barrier, 1);

@@ -108,9 +108,9 @@ void yield_to_scheduler(Launch& l, Fiber& f) {
 }
 
 void release_barrier(Launch& l, Block& b) {
-    for (Fiber& f : l.fibers)
-        if (&l.blocks[size_t(f.block)] == &b && f.state == FiberState::kAtBarrier)
-            f.state = FiberState::kReady;
+    Fiber* fibers = &l.fibers[size_t(&b - l.blocks.data()) * size_t(l.threads)];
+    for (int i = 0; i < l.threads; ++i)
+        if (fibers[i].state == FiberState::kAtBarrier) fibers[i].state = FiberState::kReady;
     b.at_barrier = 0;
     b.reverse = !b.reverse;
 }
@@ -674,9 +674,6 @@ void run_grid(dim3 grid, dim3 cluster, dim3 block, size_t dynamic_shared_bytes,
     if (active_launch) throw Error("CUDA emulation: a launch inside a launch");
     check_shape(grid, cluster, block, dynamic_shared_bytes);
     Launch l;
-    l.grid = grid;
-    l.block = block;
-    l.cluster = cluster;
     l.threads = int(block.x * block.y * block.z);
     l.body = &thread_body;
     l.dynamic_shared_bytes = dynamic_shared_bytes;

@@ -53,7 +53,6 @@ struct Fiber {
     int linear_index = 0;  // within its block
     int block = 0;         // its block's rank in the cluster (Launch::blocks)
     FiberState state = FiberState::kReady;
-    WarpOp waiting_op = WarpOp::kSyncwarp;
     // kWaiting: what the thread waits for (wait_until), checked by the scheduler.
     std::function<bool()> ready_when;
     const char* waiting_for = "";
@@ -111,7 +110,6 @@ struct Block {
 };
 
 struct Launch {
-    dim3 grid, block, cluster;
     int threads = 0;  // per block
     const std::function<void()>* body = nullptr;
     size_t dynamic_shared_bytes = 0;

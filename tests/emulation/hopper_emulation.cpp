@@ -164,18 +164,19 @@ void warpgroup_collective(WarpgroupOp op, Deposit deposit, Complete complete) {
     Launch& l = launch();
     Fiber& f = current_fiber();
     const int lane = f.linear_index % kWarpgroupLanes, first = f.linear_index - lane;
-    const std::string name = warpgroup_op_name(op);
     if (first + kWarpgroupLanes > l.threads)
-        fail(name + " in a warpgroup of fewer than 128 threads");
+        fail(std::string(warpgroup_op_name(op)) + " in a warpgroup of fewer than 128 threads");
     const Fiber* block_fibers = &l.fibers[size_t(f.block) * size_t(l.threads)];
     for (int other = first; other < first + kWarpgroupLanes; ++other)
         if (block_fibers[other].state == FiberState::kExited)
-            fail(name + " after thread " + std::to_string(other) + " of the warpgroup returned");
+            fail(std::string(warpgroup_op_name(op)) + " after thread " + std::to_string(other) +
+                 " of the warpgroup returned");
     Warpgroup& g = current_block().warpgroups[size_t(f.linear_index / kWarpgroupLanes)];
     if (g.arrived == 0)
         g.op = op;
     else if (g.op != op)
-        fail(name + " while other lanes of the warpgroup wait at " + warpgroup_op_name(g.op));
+        fail(std::string(warpgroup_op_name(op)) + " while other lanes of the warpgroup wait at " +
+             warpgroup_op_name(g.op));
     deposit(g, lane);
     const uint64_t generation = g.generation;
     if (++g.arrived == kWarpgroupLanes) {
