@@ -108,7 +108,7 @@ void yield_to_scheduler(Launch& l, Fiber& f) {
 }
 
 void release_barrier(Launch& l, Block& b) {
-    Fiber* fibers = &l.fibers[size_t(&b - l.blocks.data()) * size_t(l.threads)];
+    Fiber* fibers = block_fibers(l, size_t(&b - l.blocks.data()));
     for (int i = 0; i < l.threads; ++i)
         if (fibers[i].state == FiberState::kAtBarrier) fibers[i].state = FiberState::kReady;
     b.at_barrier = 0;
@@ -322,7 +322,7 @@ void run_cluster(Launch& l) {
     while (l.cluster_live > 0 && !l.aborting) {
         bool ran = false;
         for (size_t i = 0; i < l.blocks.size() && !l.aborting; ++i) {
-            Fiber* fibers = &l.fibers[i * size_t(l.threads)];
+            Fiber* fibers = block_fibers(l, i);
             // A barrier released during the pass flips the next one.
             const bool reverse = l.blocks[i].reverse;
             for (int k = 0; k < l.threads && !l.aborting; ++k) {
@@ -492,9 +492,9 @@ const LaneResult& warp_collective(WarpOp op, unsigned mask, const LaneOperands& 
     if (first + kWarpLanes > l.threads)
         fail(std::string(warp_op_name(op)) + " in a warp of " + std::to_string(l.threads - first) +
              " threads (all 32 lanes must take part)");
-    Fiber* block_fibers = &l.fibers[size_t(f.block) * size_t(l.threads)];
+    Fiber* threads = block_fibers(l, size_t(f.block));
     for (int other = first; other < first + kWarpLanes; ++other)
-        if (block_fibers[other].state == FiberState::kExited)
+        if (threads[other].state == FiberState::kExited)
             fail(std::string(warp_op_name(op)) + " after lane " + std::to_string(other - first) +
                  " of the warp returned");
     Warp& w = warp_of(l, f);
@@ -508,8 +508,8 @@ const LaneResult& warp_collective(WarpOp op, unsigned mask, const LaneOperands& 
         complete(w);
         w.arrived = 0;
         for (int other = first; other < first + kWarpLanes; ++other)
-            if (block_fibers[other].state == FiberState::kAtWarpOp)
-                block_fibers[other].state = FiberState::kReady;
+            if (threads[other].state == FiberState::kAtWarpOp)
+                threads[other].state = FiberState::kReady;
     } else {
         f.state = FiberState::kAtWarpOp;
         yield_to_scheduler(l, f);

@@ -135,6 +135,10 @@ Launch& launch();
 Fiber& current_fiber();
 Block& current_block();
 
+// The threads of the cluster's block of rank `block` (Launch::fibers holds them block after
+// block).
+inline Fiber* block_fibers(Launch& l, size_t block) { return &l.fibers[block * size_t(l.threads)]; }
+
 // Ends the calling thread's kernel: the launch fails with `message` (where it happened added).
 [[noreturn]] void fail(const std::string& message);
 

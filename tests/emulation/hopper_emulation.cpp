@@ -166,9 +166,9 @@ void warpgroup_collective(WarpgroupOp op, Deposit deposit, Complete complete) {
     const int lane = f.linear_index % kWarpgroupLanes, first = f.linear_index - lane;
     if (first + kWarpgroupLanes > l.threads)
         fail(std::string(warpgroup_op_name(op)) + " in a warpgroup of fewer than 128 threads");
-    const Fiber* block_fibers = &l.fibers[size_t(f.block) * size_t(l.threads)];
+    const Fiber* threads = block_fibers(l, size_t(f.block));
     for (int other = first; other < first + kWarpgroupLanes; ++other)
-        if (block_fibers[other].state == FiberState::kExited)
+        if (threads[other].state == FiberState::kExited)
             fail(std::string(warpgroup_op_name(op)) + " after thread " + std::to_string(other) +
                  " of the warpgroup returned");
     Warpgroup& g = current_block().warpgroups[size_t(f.linear_index / kWarpgroupLanes)];
