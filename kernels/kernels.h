@@ -97,17 +97,24 @@ void matvec_widened(float* out, const DeviceMatrix& w, const float* in, const fl
 void matvec_swiglu_widened(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                            const float* in, const float* norm_weight, float eps,
                            cudaStream_t stream);
-// The int8 kernels read one or two rows per warp (SwiGLU: of each matrix):
-// quantized_rows_per_warp is matvec's (swiglu: matvec_swiglu's) choice for a matrix of `rows`
-// rows on this GPU, and matvec_quantized_rows / matvec_swiglu_quantized_rows are matvec /
-// matvec_swiglu with rows_per_warp given (cuda_kernel_check checks and times each).
+// How the int8 kernels spread over the GPU: one or two rows per warp (SwiGLU: of each
+// matrix; 0: matvec's choice), and a block per row set of 16 warps' rows, or with one_wave
+// only as many blocks as the GPU holds at once, each staging the input once for several
+// row sets. quantized_rows_per_warp is matvec's (swiglu: matvec_swiglu's) choice of rows for
+// a matrix of `rows` rows on this GPU (matvec takes a block per row set), and
+// matvec_quantized_launch / matvec_swiglu_quantized_launch are matvec / matvec_swiglu
+// launched as given (cuda_kernel_check checks and times each).
+struct QuantizedLaunch {
+    int rows_per_warp = 0;
+    bool one_wave = false;
+};
 int quantized_rows_per_warp(int rows, bool swiglu);
-void matvec_quantized_rows(int rows_per_warp, float* out, const DeviceMatrix& w, const float* in,
-                           const float* norm_weight, float eps, const float* bias, bool accumulate,
-                           cudaStream_t stream);
-void matvec_swiglu_quantized_rows(int rows_per_warp, float* out, const DeviceMatrix& w1,
-                                  const DeviceMatrix& w3, const float* in, const float* norm_weight,
-                                  float eps, cudaStream_t stream);
+void matvec_quantized_launch(QuantizedLaunch launch, float* out, const DeviceMatrix& w,
+                             const float* in, const float* norm_weight, float eps,
+                             const float* bias, bool accumulate, cudaStream_t stream);
+void matvec_swiglu_quantized_launch(QuantizedLaunch launch, float* out, const DeviceMatrix& w1,
+                                    const DeviceMatrix& w3, const float* in,
+                                    const float* norm_weight, float eps, cudaStream_t stream);
 
 // Dynamic shared memory a matvec over rows of `cols` columns of `dtype` needs (the staged
 // input, and for Q8/Q4 its int8 copy).

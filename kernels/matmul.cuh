@@ -210,15 +210,16 @@ __device__ __forceinline__ void dot_rows(const uint4* const (&rows)[kRows], cons
     for (int r = 0; r < kRows; ++r) sums[r] = warp_sum(acc[r]);
 }
 
-// The block's outputs, kRowsPerWarp rows per warp: lane 0 of warp w gives values[i] for row
-// blockIdx.x * warps * kRowsPerWarp + i * warps + w (so the block's rows are consecutive); the
-// first warps * kRowsPerWarp threads then store them with one coalesced access, adding bias[r]
-// when given and, with kAccumulate, the row's previous out[r]. `results` is
-// warps * kRowsPerWarp floats of shared memory. Every thread of the block calls it.
+// The outputs of the block's row set `set`, kRowsPerWarp rows per warp: lane 0 of warp w
+// gives values[i] for row set * warps * kRowsPerWarp + i * warps + w (so the set's rows are
+// consecutive); the first warps * kRowsPerWarp threads then store them with one coalesced
+// access, adding bias[r] when given and, with kAccumulate, the row's previous out[r].
+// `results` is warps * kRowsPerWarp floats of shared memory. Every thread of the block calls
+// it.
 template <bool kAccumulate, int kRowsPerWarp>
 __device__ __forceinline__ void store_warp_rows(float* __restrict__ out,
                                                 const float (&values)[kRowsPerWarp], float* results,
-                                                const float* __restrict__ bias, int rows) {
+                                                const float* __restrict__ bias, int rows, int set) {
     const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
     if (threadIdx.x % kWarpSize == 0) {
 #pragma unroll
@@ -227,7 +228,7 @@ __device__ __forceinline__ void store_warp_rows(float* __restrict__ out,
     __syncthreads();
     const int block_rows = warps * kRowsPerWarp;
     if (int(threadIdx.x) < block_rows) {
-        const int r = blockIdx.x * block_rows + threadIdx.x;
+        const int r = set * block_rows + threadIdx.x;
         if (r < rows) {
             const float sum =
                 bias != nullptr ? results[threadIdx.x] + bias[r] : results[threadIdx.x];
@@ -236,13 +237,14 @@ __device__ __forceinline__ void store_warp_rows(float* __restrict__ out,
     }
 }
 
-// As above with one row per warp: warp w's `value` is row blockIdx.x * warps + w.
+// As above with one row per warp and a row set per block: warp w's `value` is row
+// blockIdx.x * warps + w.
 template <bool kAccumulate>
 __device__ __forceinline__ void store_warp_rows(float* __restrict__ out, float value,
                                                 float* results, const float* __restrict__ bias,
                                                 int rows) {
     const float values[1] = {value};
-    store_warp_rows<kAccumulate, 1>(out, values, results, bias, rows);
+    store_warp_rows<kAccumulate, 1>(out, values, results, bias, rows, blockIdx.x);
 }
 
 // out[r] = (kAccumulate ? out[r] : 0) + (W[r, :] · stage(in) + bias[r]), r in [0, rows), no
@@ -353,14 +355,15 @@ void check_swiglu_shapes(const DeviceMatrix& w1, const DeviceMatrix& w3) {
 }  // namespace
 
 // Q8 and Q4 weights (matmul_quantized.cuh): the launches matvec and matvec_swiglu hand them to
-// (widened: the f32 variant, else int8 products; rows_per_warp 0: the kernels' own choice),
-// their staging's shared memory, and the shared-memory allowance of their kernels.
+// (widened: the f32 variant, else int8 products; QuantizedLaunch{}: the kernels' own choice of
+// launch), their staging's shared memory, and the shared-memory allowance of their kernels.
 void launch_quantized_matvec(float* out, const DeviceMatrix& w, const float* in,
                              const float* norm_weight, float eps, const float* bias,
-                             bool accumulate, bool widened, int rows_per_warp, cudaStream_t stream);
+                             bool accumulate, bool widened, QuantizedLaunch launch,
+                             cudaStream_t stream);
 void launch_quantized_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                                     const float* in, const float* norm_weight, float eps,
-                                    bool widened, int rows_per_warp, cudaStream_t stream);
+                                    bool widened, QuantizedLaunch launch, cudaStream_t stream);
 inline size_t quantized_staging_bytes(int pitch);
 void prepare_quantized_matvec(size_t bytes);
 
@@ -374,7 +377,7 @@ void matvec(float* out, const DeviceMatrix& w, const float* in, const float* nor
     check_input_alignment(in, norm_weight);
     if (is_quantized(w.dtype))
         return launch_quantized_matvec(out, w, in, norm_weight, eps, bias, accumulate,
-                                       /*widened=*/false, /*rows_per_warp=*/0, stream);
+                                       /*widened=*/false, QuantizedLaunch{}, stream);
     with_weight_dtype(w.dtype, [&](auto dtype) {
         launch_matvec<decltype(dtype)::value>(out, w, in, norm_weight, eps, bias, accumulate,
                                               stream);
@@ -388,7 +391,7 @@ void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, c
     check_input_alignment(in, norm_weight);
     if (is_quantized(w1.dtype))
         return launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps,
-                                              /*widened=*/false, /*rows_per_warp=*/0, stream);
+                                              /*widened=*/false, QuantizedLaunch{}, stream);
     with_weight_dtype(w1.dtype, [&](auto dtype) {
         launch_matvec_swiglu<decltype(dtype)::value>(out, w1, w3, in, norm_weight, eps, stream);
     });

@@ -1,10 +1,15 @@
 // Matrix-vector products for decode with Q8 (I8) and Q4 (U8) weights: the kernels of
 // matmul.cuh (one warp per row, or two: choose_quantized_rows_per_warp; 16-byte loads with
-// kMatvecUnroll in flight per lane and row, the input
-// staged in shared memory with RMSNorm fused, the bias and the residual added in the store,
-// w1 and w3 read by one warp with SwiGLU applied before the store) for weights stored as integers
-// with one f16 scale per block of 32 columns (kernels.h: DeviceMatrix). The weights are dequantized
-// in registers only.
+// kMatvecUnroll in flight per lane and row, the input staged in shared memory with RMSNorm
+// fused, the bias and the residual added in the store, w1 and w3 read by one warp with SwiGLU
+// applied before the store) for weights stored as integers with one f16 scale per block of
+// 32 columns (kernels.h: DeviceMatrix). The weights are dequantized in registers only.
+//
+// A block stages the input once for 16 warps' rows (a row set); with one wave
+// (QuantizedLaunch::one_wave) the grid has only as many blocks as the GPU holds at once, and
+// each block stages once for several row sets. At 4096 columns a Q4 row set is 37 KB of
+// weights, read after the block has staged 16 KB of input (normed and quantized, two
+// barriers); one wave stages once per block instead of once per set.
 //
 // How the products are computed: int8 dot products (dp4a) against the input quantized to
 // int8 per block of 32 columns, as the CPU's Q8/Q4 matvec does (cpu::quantize_q8: scale =
@@ -29,6 +34,7 @@
 //   (all loads of a round before any math), computes the vector's integer dot product, and
 //   adds it times the weight scale times the input block's scale to its f32 sum.
 #pragma once
+#include <algorithm>
 #include <type_traits>
 
 #include "common.cuh"
@@ -244,115 +250,155 @@ __device__ __forceinline__ void dot_quantized_rows(const uint4* const (&rows)[kR
     for (int r = 0; r < kRows; ++r) sums[r] = warp_sum(acc[r]);
 }
 
-// The weight rows of a warp of a quantized matvec block: kRowsPerWarp rows per warp,
-// warp w of block b taking rows b * warps * kRowsPerWarp + i * warps + w (i < kRowsPerWarp),
-// the order store_warp_rows stores them in. Rows past `rows` point at row 0 (read, never
-// stored); has_rows is false for a warp all of whose rows are past the end.
-template <DType D, int kRowsPerWarp>
+// A row set is the kQuantizedMatvecWarps * kRowsPerWarp consecutive rows a block reads after
+// one staging of the input. A block takes row sets blockIdx.x, blockIdx.x + gridDim.x, ...:
+// with a block per set, one each; with fewer blocks (quantized_matvec_grid), several, so that
+// its staging is shared by more rows.
+__host__ __device__ inline int quantized_row_sets(int rows, int rows_per_warp) {
+    const int set_rows = kQuantizedMatvecWarps * rows_per_warp;
+    return (rows + set_rows - 1) / set_rows;
+}
+
+// The rows of the calling warp in row set `set` of kMatrices matrices of the same shape
+// (matvec: one; SwiGLU: W1 and W3): kRowsPerWarp rows of each, warp w taking rows
+// set * warps * kRowsPerWarp + i * warps + w (i < kRowsPerWarp), the order store_warp_rows
+// stores them in; values and scales hold the rows of matrix 0, then those of matrix 1. Rows
+// past `rows` point at row 0 (read, never stored); has_rows is false for a warp all of whose
+// rows are past the end.
+template <DType D, int kRowsPerWarp, int kMatrices>
 struct QuantizedWarpRows {
-    const uint4* values[kRowsPerWarp];
-    const uint16_t* scales[kRowsPerWarp];
+    static constexpr int kRows = kMatrices * kRowsPerWarp;
+    const uint4* values[kRows];
+    const uint16_t* scales[kRows];
     bool has_rows;
 
-    __device__ __forceinline__ QuantizedWarpRows(const void* matrix, const uint16_t* matrix_scales,
-                                                 int rows, int pitch) {
+    __device__ __forceinline__ QuantizedWarpRows(const void* const (&matrices)[kMatrices],
+                                                 const uint16_t* const (&matrix_scales)[kMatrices],
+                                                 int rows, int pitch, int set) {
         const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
-        const int first = blockIdx.x * warps * kRowsPerWarp + warp;
+        const int first = set * warps * kRowsPerWarp + warp;
         has_rows = first < rows;  // the same for the whole warp
 #pragma unroll
         for (int i = 0; i < kRowsPerWarp; ++i) {
             const int row = first + i * warps;
             const int safe_row = row < rows ? row : 0;
-            values[i] = quantized_row<D>(matrix, safe_row, pitch);
-            scales[i] = matrix_scales + size_t(safe_row) * (pitch / kQuantizedBlock);
+#pragma unroll
+            for (int m = 0; m < kMatrices; ++m) {
+                values[m * kRowsPerWarp + i] = quantized_row<D>(matrices[m], safe_row, pitch);
+                scales[m * kRowsPerWarp + i] =
+                    matrix_scales[m] + size_t(safe_row) * (pitch / kQuantizedBlock);
+            }
         }
+    }
+
+    // Asks L2 for the rows' first round of weights (prefetch_first_round).
+    __device__ __forceinline__ void prefetch(int pitch) const {
+        if (has_rows)
+            prefetch_first_round<kRows>(values, threadIdx.x % kWarpSize,
+                                        pitch / QuantizedFormat<D>::kPerVector);
     }
 };
 
+// A block's part of a quantized matvec over kMatrices matrices: stages the input (normed with
+// norm_weight when given) once, then for each of its row sets (kOneWave: blockIdx.x,
+// blockIdx.x + gridDim.x, ...; else the one set blockIdx.x) computes the calling warp's row
+// sums (QuantizedWarpRows order; zeros for a warp without rows) and hands them to
+// store(set, sums), which every thread of the block calls. The first set's weights are
+// asked for before the staging, each next set's before the current set's products.
+template <DType D, bool kWidened, bool kOneWave, int kRowsPerWarp, int kMatrices, typename Store>
+__device__ __forceinline__ void quantized_row_sets_of_block(
+    const void* const (&matrices)[kMatrices], const uint16_t* const (&scales)[kMatrices], int rows,
+    int pitch, const float* __restrict__ in, int cols, const float* __restrict__ norm_weight,
+    float eps, Store&& store) {
+    using WarpRows = QuantizedWarpRows<D, kRowsPerWarp, kMatrices>;
+    __shared__ float scratch[kWarpSize];
+    const int sets = quantized_row_sets(rows, kRowsPerWarp);
+    const int first_set = blockIdx.x, set_step = gridDim.x;
+    WarpRows(matrices, scales, rows, pitch, first_set).prefetch(pitch);
+    wait_then_allow_next_grid();  // the input (and out, with a residual) come from before
+
+    const QuantizedInput input =
+        stage_quantized_input<D, kWidened>(in, cols, pitch, norm_weight, eps, scratch);
+    for (int set = first_set; set < sets; set += set_step) {
+        const WarpRows warp_rows(matrices, scales, rows, pitch, set);
+        const bool more = kOneWave && set + set_step < sets;  // the same for the whole block
+        if (more) WarpRows(matrices, scales, rows, pitch, set + set_step).prefetch(pitch);
+        float sums[WarpRows::kRows] = {};
+        if (warp_rows.has_rows)
+            dot_quantized_rows<D, kWidened, WarpRows::kRows>(warp_rows.values, warp_rows.scales,
+                                                             input, pitch, sums);
+        store(set, sums);
+        if (!more) break;  // without kOneWave: one pass, no loop to keep registers for
+        __syncthreads();   // the next set's store reuses store's shared memory
+    }
+}
+
+// Blocks per SM a one-wave kernel is compiled for (__launch_bounds__: at most 64 registers a
+// thread): its loop over row sets costs registers, and one block of 512 threads per SM would
+// halve the loads in flight. The block-per-set kernels set no minimum (0).
+constexpr int kOneWaveBlocksPerMultiprocessor = 2;
+
 // out[r] = (kAccumulate ? out[r] : 0) + (W[r, :] · stage(in) + bias[r]), r in [0, rows), no
 // bias term when bias is null; W quantized (values [rows, row_bytes], scales
-// [rows, pitch / 32]). Each warp reads kRowsPerWarp rows (QuantizedWarpRows): the block's
-// staging of the input is shared by 16 * kRowsPerWarp rows, and each lane has
-// kRowsPerWarp * kMatvecUnroll loads in flight.
-// Launch: grid quantized_matvec_grid(rows, kRowsPerWarp), block 16 * 32 threads, dynamic
-// shared memory quantized_staging_bytes(pitch).
-template <DType D, bool kWidened, bool kAccumulate, int kRowsPerWarp>
-__global__ void __launch_bounds__(kMatvecThreadsMax)
+// [rows, pitch / 32]). Each warp reads kRowsPerWarp rows of a set at a time: the block's
+// staging of the input is shared by 16 * kRowsPerWarp rows per set it takes, and each lane
+// has kRowsPerWarp * kMatvecUnroll loads in flight.
+// Launch: grid quantized_matvec_grid(rows, kRowsPerWarp) (kOneWave: with the blocks the GPU
+// holds at once), block 16 * 32 threads, dynamic shared memory quantized_staging_bytes(pitch).
+template <DType D, bool kWidened, bool kOneWave, bool kAccumulate, int kRowsPerWarp>
+__global__ void __launch_bounds__(kMatvecThreadsMax, kOneWave ? kOneWaveBlocksPerMultiprocessor : 0)
     quantized_matvec_kernel(float* __restrict__ out, const void* __restrict__ values,
                             const uint16_t* __restrict__ scales, int rows, int pitch,
                             const float* __restrict__ in, int cols,
                             const float* __restrict__ norm_weight, float eps,
                             const float* __restrict__ bias) {
-    __shared__ float scratch[kWarpSize];
     __shared__ float results[kQuantizedMatvecWarps * kRowsPerWarp];
-    const QuantizedWarpRows<D, kRowsPerWarp> warp_rows(values, scales, rows, pitch);
-    if (warp_rows.has_rows)
-        prefetch_first_round<kRowsPerWarp>(warp_rows.values, threadIdx.x % kWarpSize,
-                                           pitch / QuantizedFormat<D>::kPerVector);
-    wait_then_allow_next_grid();  // the input (and out, with kAccumulate) come from before
-
-    const QuantizedInput input =
-        stage_quantized_input<D, kWidened>(in, cols, pitch, norm_weight, eps, scratch);
-
-    float sums[kRowsPerWarp] = {};
-    if (warp_rows.has_rows)
-        dot_quantized_rows<D, kWidened, kRowsPerWarp>(warp_rows.values, warp_rows.scales, input,
-                                                      pitch, sums);
-    store_warp_rows<kAccumulate, kRowsPerWarp>(out, sums, results, bias, rows);
+    const void* const matrices[1] = {values};
+    const uint16_t* const matrix_scales[1] = {scales};
+    quantized_row_sets_of_block<D, kWidened, kOneWave, kRowsPerWarp>(
+        matrices, matrix_scales, rows, pitch, in, cols, norm_weight, eps,
+        [&](int set, const float(&sums)[kRowsPerWarp]) {
+            store_warp_rows<kAccumulate, kRowsPerWarp>(out, sums, results, bias, rows, set);
+        });
 }
 
 // out[r] = silu(W1[r, :] · stage(in)) * (W3[r, :] · stage(in)), W1 and W3 quantized alike.
 // Launch: as quantized_matvec_kernel; each warp reads kRowsPerWarp rows of both matrices.
-template <DType D, bool kWidened, int kRowsPerWarp>
-__global__ void __launch_bounds__(kMatvecThreadsMax)
+template <DType D, bool kWidened, bool kOneWave, int kRowsPerWarp>
+__global__ void __launch_bounds__(kMatvecThreadsMax, kOneWave ? kOneWaveBlocksPerMultiprocessor : 0)
     quantized_matvec_swiglu_kernel(float* __restrict__ out, const void* __restrict__ w1,
                                    const uint16_t* __restrict__ scales1,
                                    const void* __restrict__ w3,
                                    const uint16_t* __restrict__ scales3, int rows, int pitch,
                                    const float* __restrict__ in, int cols,
                                    const float* __restrict__ norm_weight, float eps) {
-    __shared__ float scratch[kWarpSize];
     __shared__ float results[kQuantizedMatvecWarps * kRowsPerWarp];
-    const QuantizedWarpRows<D, kRowsPerWarp> gate_rows(w1, scales1, rows, pitch);
-    const QuantizedWarpRows<D, kRowsPerWarp> up_rows(w3, scales3, rows, pitch);
-    // Rows 0..kRowsPerWarp-1 of W1, then the same rows of W3.
-    const uint4* row_values[2 * kRowsPerWarp];
-    const uint16_t* row_scales[2 * kRowsPerWarp];
+    const void* const matrices[2] = {w1, w3};
+    const uint16_t* const matrix_scales[2] = {scales1, scales3};
+    quantized_row_sets_of_block<D, kWidened, kOneWave, kRowsPerWarp>(
+        matrices, matrix_scales, rows, pitch, in, cols, norm_weight, eps,
+        [&](int set, const float(&sums)[2 * kRowsPerWarp]) {
+            float values[kRowsPerWarp];
 #pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) {
-        row_values[i] = gate_rows.values[i];
-        row_values[kRowsPerWarp + i] = up_rows.values[i];
-        row_scales[i] = gate_rows.scales[i];
-        row_scales[kRowsPerWarp + i] = up_rows.scales[i];
-    }
-    if (gate_rows.has_rows)
-        prefetch_first_round<2 * kRowsPerWarp>(row_values, threadIdx.x % kWarpSize,
-                                               pitch / QuantizedFormat<D>::kPerVector);
-    wait_then_allow_next_grid();  // the input comes from the kernel before
-
-    const QuantizedInput input =
-        stage_quantized_input<D, kWidened>(in, cols, pitch, norm_weight, eps, scratch);
-
-    float values[kRowsPerWarp] = {};
-    if (gate_rows.has_rows) {
-        float sums[2 * kRowsPerWarp];
-        dot_quantized_rows<D, kWidened, 2 * kRowsPerWarp>(row_values, row_scales, input, pitch,
-                                                          sums);
-#pragma unroll
-        for (int i = 0; i < kRowsPerWarp; ++i)
-            values[i] = swiglu_value(/*gate=*/sums[i], /*up=*/sums[kRowsPerWarp + i]);
-    }
-    store_warp_rows</*kAccumulate=*/false, kRowsPerWarp>(out, values, results, /*bias=*/nullptr,
-                                                         rows);
+            for (int i = 0; i < kRowsPerWarp; ++i)
+                values[i] = swiglu_value(/*gate=*/sums[i], /*up=*/sums[kRowsPerWarp + i]);
+            store_warp_rows</*kAccumulate=*/false, kRowsPerWarp>(out, values, results,
+                                                                 /*bias=*/nullptr, rows, set);
+        });
 }
 
 // ---- Launch shapes (quantized_matvec_kernel and quantized_matvec_swiglu_kernel)
 
 constexpr int kQuantizedMatvecThreads = kQuantizedMatvecWarps * kWarpSize;
 
-inline dim3 quantized_matvec_grid(int rows, int rows_per_warp) {
-    const int block_rows = kQuantizedMatvecWarps * rows_per_warp;
-    return dim3((rows + block_rows - 1) / block_rows);
+// The grid of a quantized matvec: a block per row set, or, given the number of blocks the GPU
+// holds at once (blocks_at_once > 0; one wave), no more blocks than that, each taking as many
+// sets as the others or one fewer.
+inline dim3 quantized_matvec_grid(int rows, int rows_per_warp, int blocks_at_once = 0) {
+    const int sets = quantized_row_sets(rows, rows_per_warp);
+    if (blocks_at_once <= 0 || sets <= blocks_at_once) return dim3(sets);
+    const int sets_per_block = (sets + blocks_at_once - 1) / blocks_at_once;
+    return dim3((sets + sets_per_block - 1) / sets_per_block);
 }
 
 // The rows per warp the int8 matvec takes for a matrix of `rows` rows on a GPU of
@@ -398,64 +444,96 @@ int quantized_rows_per_warp_here(int rows) {
     return choose_quantized_rows_per_warp(rows, current_device().multiprocessors);
 }
 
-template <DType D, bool kWidened, int kRowsPerWarp>
+// The one-wave grid of `kernel` over `rows` rows: no more blocks than the GPU holds of it at
+// once (quantized_matvec_grid).
+template <typename Kernel>
+dim3 one_wave_grid(Kernel kernel, int rows, int rows_per_warp, size_t shared) {
+    int blocks_per_multiprocessor = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_multiprocessor, kernel,
+                                                             kQuantizedMatvecThreads, shared));
+    return quantized_matvec_grid(
+        rows, rows_per_warp,
+        std::max(1, blocks_per_multiprocessor) * current_device().multiprocessors);
+}
+
+template <DType D, bool kWidened, bool kOneWave, int kRowsPerWarp>
 void launch_quantized_matvec_typed(float* out, const DeviceMatrix& w, const float* in,
                                    const float* norm_weight, float eps, const float* bias,
                                    bool accumulate, cudaStream_t stream) {
-    const dim3 grid = quantized_matvec_grid(w.rows, kRowsPerWarp), block(kQuantizedMatvecThreads);
     const size_t shared = quantized_staging_bytes(w.pitch);
-    const auto kernel = accumulate ? quantized_matvec_kernel<D, kWidened, true, kRowsPerWarp>
-                                   : quantized_matvec_kernel<D, kWidened, false, kRowsPerWarp>;
-    launch_dependent(kernel, grid, block, shared, stream, out, w.data, w.scales, w.rows, w.pitch,
-                     in, w.cols, norm_weight, eps, bias);
+    const auto kernel = accumulate
+                            ? quantized_matvec_kernel<D, kWidened, kOneWave, true, kRowsPerWarp>
+                            : quantized_matvec_kernel<D, kWidened, kOneWave, false, kRowsPerWarp>;
+    const dim3 grid = kOneWave ? one_wave_grid(kernel, w.rows, kRowsPerWarp, shared)
+                               : quantized_matvec_grid(w.rows, kRowsPerWarp);
+    launch_dependent(kernel, grid, dim3(kQuantizedMatvecThreads), shared, stream, out, w.data,
+                     w.scales, w.rows, w.pitch, in, w.cols, norm_weight, eps, bias);
 }
 
-template <DType D, bool kWidened, int kRowsPerWarp>
+template <DType D, bool kWidened, bool kOneWave, int kRowsPerWarp>
 void launch_quantized_matvec_swiglu_typed(float* out, const DeviceMatrix& w1,
                                           const DeviceMatrix& w3, const float* in,
                                           const float* norm_weight, float eps,
                                           cudaStream_t stream) {
-    const dim3 grid = quantized_matvec_grid(w1.rows, kRowsPerWarp), block(kQuantizedMatvecThreads);
-    launch_dependent(quantized_matvec_swiglu_kernel<D, kWidened, kRowsPerWarp>, grid, block,
-                     quantized_staging_bytes(w1.pitch), stream, out, w1.data, w1.scales, w3.data,
-                     w3.scales, w1.rows, w1.pitch, in, w1.cols, norm_weight, eps);
+    const size_t shared = quantized_staging_bytes(w1.pitch);
+    const auto kernel = quantized_matvec_swiglu_kernel<D, kWidened, kOneWave, kRowsPerWarp>;
+    const dim3 grid = kOneWave ? one_wave_grid(kernel, w1.rows, kRowsPerWarp, shared)
+                               : quantized_matvec_grid(w1.rows, kRowsPerWarp);
+    launch_dependent(kernel, grid, dim3(kQuantizedMatvecThreads), shared, stream, out, w1.data,
+                     w1.scales, w3.data, w3.scales, w1.rows, w1.pitch, in, w1.cols, norm_weight,
+                     eps);
 }
 
-template <DType D, int kRowsPerWarp>
+// Calls use(std::bool_constant<B>) for one_wave B.
+template <typename Use>
+void with_one_wave(bool one_wave, Use&& use) {
+    if (one_wave) return use(std::true_type{});
+    use(std::false_type{});
+}
+
+template <DType D, bool kOneWave, int kRowsPerWarp>
 void allow_quantized_shared_bytes_rows(size_t bytes) {
-    allow_shared_bytes(quantized_matvec_kernel<D, false, false, kRowsPerWarp>, bytes);
-    allow_shared_bytes(quantized_matvec_kernel<D, false, true, kRowsPerWarp>, bytes);
-    allow_shared_bytes(quantized_matvec_swiglu_kernel<D, false, kRowsPerWarp>, bytes);
+    allow_shared_bytes(quantized_matvec_kernel<D, false, kOneWave, false, kRowsPerWarp>, bytes);
+    allow_shared_bytes(quantized_matvec_kernel<D, false, kOneWave, true, kRowsPerWarp>, bytes);
+    allow_shared_bytes(quantized_matvec_swiglu_kernel<D, false, kOneWave, kRowsPerWarp>, bytes);
 }
 
 template <DType D>
 void allow_quantized_shared_bytes(size_t bytes) {
-    for (const int rows_per_warp : kQuantizedRowsPerWarp)
-        with_rows_per_warp(rows_per_warp, [&](auto r) {
-            allow_quantized_shared_bytes_rows<D, decltype(r)::value>(bytes);
-        });
-    allow_shared_bytes(quantized_matvec_kernel<D, true, false, 1>, bytes);
-    allow_shared_bytes(quantized_matvec_kernel<D, true, true, 1>, bytes);
-    allow_shared_bytes(quantized_matvec_swiglu_kernel<D, true, 1>, bytes);
+    for (const bool one_wave : {false, true})
+        for (const int rows_per_warp : kQuantizedRowsPerWarp)
+            with_one_wave(one_wave, [&](auto o) {
+                with_rows_per_warp(rows_per_warp, [&](auto r) {
+                    allow_quantized_shared_bytes_rows<D, decltype(o)::value, decltype(r)::value>(
+                        bytes);
+                });
+            });
+    allow_shared_bytes(quantized_matvec_kernel<D, true, false, false, 1>, bytes);
+    allow_shared_bytes(quantized_matvec_kernel<D, true, false, true, 1>, bytes);
+    allow_shared_bytes(quantized_matvec_swiglu_kernel<D, true, false, 1>, bytes);
 }
 
 }  // namespace
 
 void launch_quantized_matvec(float* out, const DeviceMatrix& w, const float* in,
                              const float* norm_weight, float eps, const float* bias,
-                             bool accumulate, bool widened, int rows_per_warp,
+                             bool accumulate, bool widened, QuantizedLaunch launch,
                              cudaStream_t stream) {
     check_quantized_matrix(w, "matvec");
+    int rows_per_warp = launch.rows_per_warp;
     if (rows_per_warp == 0) rows_per_warp = widened ? 1 : quantized_rows_per_warp_here(w.rows);
-    if (widened && rows_per_warp != 1) throw Error("matvec_widened: one row per warp");
+    if (widened && (rows_per_warp != 1 || launch.one_wave))
+        throw Error("matvec_widened: one row per warp and a block per row set");
     with_quantized_dtype(w.dtype, [&](auto dtype) {
         constexpr DType D = decltype(dtype)::value;
         if (widened)
-            return launch_quantized_matvec_typed<D, true, 1>(out, w, in, norm_weight, eps, bias,
-                                                             accumulate, stream);
-        with_rows_per_warp(rows_per_warp, [&](auto r) {
-            launch_quantized_matvec_typed<D, false, decltype(r)::value>(
-                out, w, in, norm_weight, eps, bias, accumulate, stream);
+            return launch_quantized_matvec_typed<D, true, false, 1>(out, w, in, norm_weight, eps,
+                                                                    bias, accumulate, stream);
+        with_one_wave(launch.one_wave, [&](auto o) {
+            with_rows_per_warp(rows_per_warp, [&](auto r) {
+                launch_quantized_matvec_typed<D, false, decltype(o)::value, decltype(r)::value>(
+                    out, w, in, norm_weight, eps, bias, accumulate, stream);
+            });
         });
     });
     CUDA_CHECK_LAUNCH("quantized_matvec_kernel");
@@ -463,19 +541,24 @@ void launch_quantized_matvec(float* out, const DeviceMatrix& w, const float* in,
 
 void launch_quantized_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                                     const float* in, const float* norm_weight, float eps,
-                                    bool widened, int rows_per_warp, cudaStream_t stream) {
+                                    bool widened, QuantizedLaunch launch, cudaStream_t stream) {
     check_quantized_matrix(w1, "matvec_swiglu");
     check_quantized_matrix(w3, "matvec_swiglu");
-    if (rows_per_warp == 0) rows_per_warp = 1;  // SwiGLU: choose_quantized_rows_per_warp
-    if (widened && rows_per_warp != 1) throw Error("matvec_swiglu_widened: one row per warp");
+    // SwiGLU: one row per warp (choose_quantized_rows_per_warp).
+    const int rows_per_warp = launch.rows_per_warp == 0 ? 1 : launch.rows_per_warp;
+    if (widened && (rows_per_warp != 1 || launch.one_wave))
+        throw Error("matvec_swiglu_widened: one row per warp and a block per row set");
     with_quantized_dtype(w1.dtype, [&](auto dtype) {
         constexpr DType D = decltype(dtype)::value;
         if (widened)
-            return launch_quantized_matvec_swiglu_typed<D, true, 1>(out, w1, w3, in, norm_weight,
-                                                                    eps, stream);
-        with_rows_per_warp(rows_per_warp, [&](auto r) {
-            launch_quantized_matvec_swiglu_typed<D, false, decltype(r)::value>(
+            return launch_quantized_matvec_swiglu_typed<D, true, false, 1>(
                 out, w1, w3, in, norm_weight, eps, stream);
+        with_one_wave(launch.one_wave, [&](auto o) {
+            with_rows_per_warp(rows_per_warp, [&](auto r) {
+                launch_quantized_matvec_swiglu_typed<D, false, decltype(o)::value,
+                                                     decltype(r)::value>(out, w1, w3, in,
+                                                                         norm_weight, eps, stream);
+            });
         });
     });
     CUDA_CHECK_LAUNCH("quantized_matvec_swiglu_kernel");
@@ -490,28 +573,28 @@ int quantized_rows_per_warp(int rows, bool swiglu) {
     return swiglu ? 1 : quantized_rows_per_warp_here(rows);
 }
 
-void matvec_quantized_rows(int rows_per_warp, float* out, const DeviceMatrix& w, const float* in,
-                           const float* norm_weight, float eps, const float* bias, bool accumulate,
-                           cudaStream_t stream) {
+void matvec_quantized_launch(QuantizedLaunch launch, float* out, const DeviceMatrix& w,
+                             const float* in, const float* norm_weight, float eps,
+                             const float* bias, bool accumulate, cudaStream_t stream) {
     check_input_alignment(in, norm_weight);
     launch_quantized_matvec(out, w, in, norm_weight, eps, bias, accumulate, /*widened=*/false,
-                            rows_per_warp, stream);
+                            launch, stream);
 }
 
-void matvec_swiglu_quantized_rows(int rows_per_warp, float* out, const DeviceMatrix& w1,
-                                  const DeviceMatrix& w3, const float* in, const float* norm_weight,
-                                  float eps, cudaStream_t stream) {
+void matvec_swiglu_quantized_launch(QuantizedLaunch launch, float* out, const DeviceMatrix& w1,
+                                    const DeviceMatrix& w3, const float* in,
+                                    const float* norm_weight, float eps, cudaStream_t stream) {
     check_swiglu_shapes(w1, w3);
     check_input_alignment(in, norm_weight);
-    launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps, /*widened=*/false,
-                                   rows_per_warp, stream);
+    launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps, /*widened=*/false, launch,
+                                   stream);
 }
 
 void matvec_widened(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight,
                     float eps, const float* bias, bool accumulate, cudaStream_t stream) {
     check_input_alignment(in, norm_weight);
     launch_quantized_matvec(out, w, in, norm_weight, eps, bias, accumulate, /*widened=*/true,
-                            /*rows_per_warp=*/1, stream);
+                            QuantizedLaunch{/*rows_per_warp=*/1, /*one_wave=*/false}, stream);
 }
 
 void matvec_swiglu_widened(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
@@ -520,7 +603,8 @@ void matvec_swiglu_widened(float* out, const DeviceMatrix& w1, const DeviceMatri
     check_swiglu_shapes(w1, w3);
     check_input_alignment(in, norm_weight);
     launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps, /*widened=*/true,
-                                   /*rows_per_warp=*/1, stream);
+                                   QuantizedLaunch{/*rows_per_warp=*/1, /*one_wave=*/false},
+                                   stream);
 }
 
 #endif  // BARELLM_CUDA_EMULATION

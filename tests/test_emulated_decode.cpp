@@ -353,11 +353,14 @@ Sum widened_row_sum(const QuantizedMatrix& w, int r, const std::vector<double>& 
     return sum;
 }
 
-template <DType D, bool kWidened, int kRowsPerWarp>
+// kOneWave: the grid of a GPU that holds kOneWaveBlocks blocks at once
+// (quantized_matvec_grid), each block then taking several row sets; else a block per set.
+constexpr int kOneWaveBlocks = 2;
+template <DType D, bool kWidened, bool kOneWave, int kRowsPerWarp>
 void check_quantized_matvec(int rows, int cols, const Fusion& f, std::mt19937& rng) {
     INFO(dtype_name(D) << (kWidened ? " widened" : " int8") << ", " << rows << " x " << cols << ", "
-                       << kRowsPerWarp << " rows per warp, norm " << f.norm << ", bias " << f.bias
-                       << ", accumulate " << f.accumulate);
+                       << kRowsPerWarp << " rows per warp, one wave " << kOneWave << ", norm "
+                       << f.norm << ", bias " << f.bias << ", accumulate " << f.accumulate);
     const QuantizedMatrix w(D, rows, cols, rng), w3(D, rows, cols, rng);
     const AlignedArray<float> in = aligned_floats(size_t(cols), rng, 2.0f);
     const AlignedArray<float> norm = aligned_floats(size_t(cols), rng);
@@ -367,19 +370,21 @@ void check_quantized_matvec(int rows, int cols, const Fusion& f, std::mt19937& r
     const float* bias_or_null = f.bias ? bias.data() : nullptr;
     std::vector<float> out = f.accumulate ? old : nan_floats(size_t(rows));
     std::vector<float> gated = nan_floats(size_t(rows));
-    const dim3 grid = quantized_matvec_grid(rows, kRowsPerWarp), block(kQuantizedMatvecThreads);
+    const dim3 grid = quantized_matvec_grid(rows, kRowsPerWarp, kOneWave ? kOneWaveBlocks : 0),
+               block(kQuantizedMatvecThreads);
     const size_t shared = quantized_staging_bytes(w.pitch);
     if (f.accumulate)
         emulate_launch(grid, block, shared,
-                       quantized_matvec_kernel<D, kWidened, true, kRowsPerWarp>, out.data(),
-                       w.values.data(), w.scales.data(), rows, w.pitch, in.data(), cols,
+                       quantized_matvec_kernel<D, kWidened, kOneWave, true, kRowsPerWarp>,
+                       out.data(), w.values.data(), w.scales.data(), rows, w.pitch, in.data(), cols,
                        norm_weight, kEps, bias_or_null);
     else
         emulate_launch(grid, block, shared,
-                       quantized_matvec_kernel<D, kWidened, false, kRowsPerWarp>, out.data(),
-                       w.values.data(), w.scales.data(), rows, w.pitch, in.data(), cols,
+                       quantized_matvec_kernel<D, kWidened, kOneWave, false, kRowsPerWarp>,
+                       out.data(), w.values.data(), w.scales.data(), rows, w.pitch, in.data(), cols,
                        norm_weight, kEps, bias_or_null);
-    emulate_launch(grid, block, shared, quantized_matvec_swiglu_kernel<D, kWidened, kRowsPerWarp>,
+    emulate_launch(grid, block, shared,
+                   quantized_matvec_swiglu_kernel<D, kWidened, kOneWave, kRowsPerWarp>,
                    gated.data(), w.values.data(), w.scales.data(), w3.values.data(),
                    w3.scales.data(), rows, w.pitch, in.data(), cols, norm.data(), kEps);
 
@@ -409,13 +414,28 @@ void check_quantized_matvecs(const std::vector<int>& columns, std::mt19937& rng)
     for (const int cols : columns)
         for (const int rows : kRowCounts) {
             const Fusion& f = kFusions[n++ % std::size(kFusions)];
-            check_quantized_matvec<D, false, 1>(rows, cols, f, rng);
-            check_quantized_matvec<D, false, 2>(rows, cols, f, rng);
-            check_quantized_matvec<D, true, 1>(rows, cols, f, rng);
+            check_quantized_matvec<D, false, false, 1>(rows, cols, f, rng);
+            check_quantized_matvec<D, false, false, 2>(rows, cols, f, rng);
+            check_quantized_matvec<D, false, true, 1>(rows, cols, f, rng);
+            check_quantized_matvec<D, false, true, 2>(rows, cols, f, rng);
+            check_quantized_matvec<D, true, false, 1>(rows, cols, f, rng);
         }
 }
 
 }  // namespace
+
+TEST_CASE("a one-wave quantized matvec grid gives its blocks equal numbers of row sets",
+          "[cuda_emulation][decode]") {
+    // Mistral-7B's SwiGLU rows (14336, one row per warp: 896 sets of 16) on 132 SMs holding
+    // two blocks each: 4 sets a block, 224 blocks.
+    CHECK(quantized_matvec_grid(14336, 1, 264).x == 224);
+    CHECK(quantized_matvec_grid(14336, 1).x == 896);
+    // qkv (6144 rows, two per warp: 192 sets of 32) fits one wave of 264 as it is.
+    CHECK(quantized_matvec_grid(6144, 2, 264).x == 192);
+    // 70 rows: sets of 16 rows 5, at most 2 blocks: 3 sets and 2.
+    CHECK(quantized_matvec_grid(70, 1, 2).x == 2);
+    CHECK(quantized_matvec_grid(70, 1, 4).x == 3);
+}
 
 TEST_CASE("emulated Q8 matvecs (int8 and widened) match references", "[cuda_emulation][decode]") {
     std::mt19937 rng(14);

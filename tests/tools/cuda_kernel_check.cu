@@ -400,29 +400,33 @@ MatvecReference quantized_matvec_reference(const Matrix& w, const std::vector<fl
     return out;
 }
 
-// The Q8/Q4 matvec variants: int8 products with the rows per warp matvec chooses (0) or a
-// given number, and widened to f32.
+// The Q8/Q4 matvec variants: int8 products launched as matvec chooses (rows_per_warp 0) or
+// with a given number of rows per warp, a block per row set or one wave of blocks; and
+// widened to f32.
 struct QuantizedVariant {
     bool widened;
-    int rows_per_warp;
+    cuda::QuantizedLaunch launch;
     std::string label() const {
         if (widened) return "widened";
-        return rows_per_warp == 0 ? "int8"
-                                  : "int8, " + std::to_string(rows_per_warp) + " rows/warp";
+        if (launch.rows_per_warp == 0) return "int8";
+        return "int8, " + std::to_string(launch.rows_per_warp) + " rows/warp" +
+               (launch.one_wave ? ", one wave" : "");
     }
 };
-constexpr QuantizedVariant kQuantizedVariants[] = {{false, 0}, {false, 1}, {false, 2}, {true, 1}};
+constexpr QuantizedVariant kQuantizedVariants[] = {{false, {0, false}}, {false, {1, false}},
+                                                   {false, {2, false}}, {false, {1, true}},
+                                                   {false, {2, true}},  {true, {1, false}}};
 
 void quantized_matvec(const QuantizedVariant& variant, float* out, const DeviceMatrix& w,
                       const float* in, const float* norm_weight, float eps, const float* bias,
                       bool accumulate, cudaStream_t stream) {
     if (variant.widened)
         cuda::matvec_widened(out, w, in, norm_weight, eps, bias, accumulate, stream);
-    else if (variant.rows_per_warp == 0)
+    else if (variant.launch.rows_per_warp == 0)
         cuda::matvec(out, w, in, norm_weight, eps, bias, accumulate, stream);
     else
-        cuda::matvec_quantized_rows(variant.rows_per_warp, out, w, in, norm_weight, eps, bias,
-                                    accumulate, stream);
+        cuda::matvec_quantized_launch(variant.launch, out, w, in, norm_weight, eps, bias,
+                                      accumulate, stream);
 }
 
 void quantized_matvec_swiglu(const QuantizedVariant& variant, float* out, const DeviceMatrix& w1,
@@ -430,20 +434,22 @@ void quantized_matvec_swiglu(const QuantizedVariant& variant, float* out, const 
                              float eps, cudaStream_t stream) {
     if (variant.widened)
         cuda::matvec_swiglu_widened(out, w1, w3, in, norm_weight, eps, stream);
-    else if (variant.rows_per_warp == 0)
+    else if (variant.launch.rows_per_warp == 0)
         cuda::matvec_swiglu(out, w1, w3, in, norm_weight, eps, stream);
     else
-        cuda::matvec_swiglu_quantized_rows(variant.rows_per_warp, out, w1, w3, in, norm_weight, eps,
-                                           stream);
+        cuda::matvec_swiglu_quantized_launch(variant.launch, out, w1, w3, in, norm_weight, eps,
+                                             stream);
 }
 
 // The Q8 and Q4 matvecs (int8 products, and widened to f32) against the CPU's arithmetic:
 // plain, with RMSNorm fused, with the residual added, with a bias (after RMSNorm, before the
 // residual), and SwiGLU. Columns off every multiple of 32 * 8 (and, for Q8, off 32: a
 // shorter last group), rows off the 16 rows of a block; 14336 columns (more than 48 KiB of
-// shared memory) where the GPU allows it.
+// shared memory) where the GPU allows it. Short rows also come 20000 at a time: more row
+// sets than a wave of blocks, so that a one-wave block takes several.
 void check_quantized_matvec() {
-    const int row_counts[] = {1, 37, 300};
+    const std::vector<int> row_counts = {1, 37, 300}, short_row_counts = {1, 37, 300, 20000};
+    constexpr int kShortRow = 256;
     const std::vector<int> q8_cols = {45, 96, 160, 172, 4128, 14336};
     const std::vector<int> q4_cols = {32, 96, 160, 4128, 14336};
     cuda::prepare_matvec(
@@ -457,7 +463,7 @@ void check_quantized_matvec() {
                     dtype_label(dtype), cols);
                 continue;
             }
-            for (int rows : row_counts) {
+            for (int rows : cols <= kShortRow ? short_row_counts : row_counts) {
                 const HostMatrix w = random_quantized_matrix(rows, cols, dtype);
                 const HostMatrix w3 = random_quantized_matrix(rows, cols, dtype);
                 DeviceBuffer memory, memory3;
@@ -1584,10 +1590,11 @@ void bench(int multiprocessors) {
         const DeviceMatrix dqkv = cuda::upload_matrix(wqkv.matrix, mqkv, staging, "wqkv");
         const DeviceMatrix dwo{dqkv.data, dtype, 4096, 4096, dqkv.pitch, dqkv.scales};
         for (const QuantizedVariant& variant : kQuantizedVariants) {
-            if (!variant.widened && variant.rows_per_warp == 0) continue;  // marked below
+            if (!variant.widened && variant.launch.rows_per_warp == 0) continue;  // marked below
             const auto mark = [&](int rows, bool swiglu = false) {
-                return !variant.widened &&
-                               variant.rows_per_warp == cuda::quantized_rows_per_warp(rows, swiglu)
+                return !variant.widened && !variant.launch.one_wave &&
+                               variant.launch.rows_per_warp ==
+                                   cuda::quantized_rows_per_warp(rows, swiglu)
                            ? ", matvec's"
                            : "";
             };
