@@ -276,8 +276,8 @@ const StaticSharedArrays& static_shared_arrays() {
 void poison_shared_memory(Launch& l) {
     for (const SharedArray& array : static_shared_arrays().arrays)
         std::memset(array.begin, kPoisonByte, array.bytes);
-    for (Block& b : l.blocks)
-        if (l.dynamic_shared_bytes)
+    if (l.dynamic_shared_bytes)
+        for (Block& b : l.blocks)
             std::memset(b.dynamic_shared, kPoisonByte, l.dynamic_shared_bytes);
 }
 
@@ -486,17 +486,11 @@ void complete(Warp& w) {
 const LaneResult& warp_collective(WarpOp op, unsigned mask, const LaneOperands& operands) {
     Launch& l = launch();
     Fiber& f = current_fiber();
-    const int lane = f.linear_index % kWarpLanes, first = f.linear_index - lane;
     if (mask != kFullMask)
         fail(std::string(warp_op_name(op)) + " with a mask other than 0xffffffff");
-    if (first + kWarpLanes > l.threads)
-        fail(std::string(warp_op_name(op)) + " in a warp of " + std::to_string(l.threads - first) +
-             " threads (all 32 lanes must take part)");
+    const int lane = collective_lane(warp_op_name(op), "warp", kWarpLanes);
+    const int first = f.linear_index - lane;
     Fiber* threads = block_fibers(l, size_t(f.block));
-    for (int other = first; other < first + kWarpLanes; ++other)
-        if (threads[other].state == FiberState::kExited)
-            fail(std::string(warp_op_name(op)) + " after lane " + std::to_string(other - first) +
-                 " of the warp returned");
     Warp& w = warp_of(l, f);
     if (w.arrived == 0)
         w.op = op;
@@ -518,6 +512,22 @@ const LaneResult& warp_collective(WarpOp op, unsigned mask, const LaneOperands& 
 }
 
 }  // namespace
+
+int collective_lane(const char* instruction, const char* group, int lanes) {
+    Launch& l = launch();
+    const Fiber& f = current_fiber();
+    const int lane = f.linear_index % lanes, first = f.linear_index - lane;
+    if (first + lanes > l.threads)
+        fail(std::string(instruction) + " in a " + group + " of " +
+             std::to_string(l.threads - first) + " threads (all " + std::to_string(lanes) +
+             " lanes must take part)");
+    const Fiber* threads = block_fibers(l, size_t(f.block));
+    for (int other = first; other < first + lanes; ++other)
+        if (threads[other].state == FiberState::kExited)
+            fail(std::string(instruction) + " after lane " + std::to_string(other - first) +
+                 " of the " + group + " returned");
+    return lane;
+}
 
 Launch& launch() {
     if (!active_launch) throw Error("CUDA emulation: device code called outside emulate_launch");

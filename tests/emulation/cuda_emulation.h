@@ -355,29 +355,12 @@ void copy_async_wait() {
     emulation::copy_async_wait(kPending);
 }
 
-// Runs kernel(args...) on a grid of `grid` blocks of `block` threads with
-// `dynamic_shared_bytes` of dynamic shared memory, as kernel<<<grid, block, bytes>>>(args...)
-// would (the arguments converted to the kernel's parameter types, one copy per thread).
-// Throws barellm::Error when the emulation detects a fault.
-template <typename... Params, typename... Args>
-void emulate_launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, void (*kernel)(Params...),
-                    Args&&... args) {
-    static_assert(sizeof...(Params) == sizeof...(Args), "one argument per kernel parameter");
-    const std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
-    emulation::run_grid(grid, dim3(1), block, dynamic_shared_bytes,
-                        [&] { std::apply(kernel, params); });
-}
-
-// The same with the thread's work given as a callable (a lambda calling device code).
-template <typename Body>
-void emulate_launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, Body body) {
-    emulation::run_grid(grid, dim3(1), block, dynamic_shared_bytes, std::function<void()>(body));
-}
-
-// emulate_launch for a grid of clusters of `cluster` blocks (a launch with the cluster
-// dimension attribute): the blocks of a cluster run at once, each with its own dynamic
-// shared memory (static __shared__ arrays are one per program: a cluster's kernel keeps to
-// dynamic shared memory).
+// Runs kernel(args...) on a grid of `grid` blocks of `block` threads in clusters of
+// `cluster` blocks, with `dynamic_shared_bytes` of dynamic shared memory, as a launch with
+// that cluster dimension would (the arguments converted to the kernel's parameter types, one
+// copy per thread): the blocks of a cluster run at once, each with its own dynamic shared
+// memory (static __shared__ arrays are one per program: a cluster's kernel keeps to dynamic
+// shared memory). Throws barellm::Error when the emulation detects a fault.
 template <typename... Params, typename... Args>
 void emulate_cluster_launch(dim3 grid, dim3 cluster, dim3 block, size_t dynamic_shared_bytes,
                             void (*kernel)(Params...), Args&&... args) {
@@ -387,10 +370,20 @@ void emulate_cluster_launch(dim3 grid, dim3 cluster, dim3 block, size_t dynamic_
                         [&] { std::apply(kernel, params); });
 }
 
+// The same with the thread's work given as a callable (a lambda calling device code).
 template <typename Body>
 void emulate_cluster_launch(dim3 grid, dim3 cluster, dim3 block, size_t dynamic_shared_bytes,
                             Body body) {
     emulation::run_grid(grid, cluster, block, dynamic_shared_bytes, std::function<void()>(body));
+}
+
+// emulate_cluster_launch without clusters, as kernel<<<grid, block, bytes>>>(args...) runs
+// (kernel: a kernel or a callable).
+template <typename Kernel, typename... Args>
+void emulate_launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, Kernel&& kernel,
+                    Args&&... args) {
+    emulate_cluster_launch(grid, dim3(1), block, dynamic_shared_bytes, std::forward<Kernel>(kernel),
+                           std::forward<Args>(args)...);
 }
 
 }  // namespace barellm::cuda

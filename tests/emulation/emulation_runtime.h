@@ -142,6 +142,11 @@ inline Fiber* block_fibers(Launch& l, size_t block) { return &l.fibers[block * s
 // Ends the calling thread's kernel: the launch fails with `message` (where it happened added).
 [[noreturn]] void fail(const std::string& message);
 
+// The calling thread's lane in its group of `lanes` consecutive threads (a warp, a warpgroup)
+// about to run collective `instruction`; fails unless every thread of the group exists and has
+// not returned.
+int collective_lane(const char* instruction, const char* group, int lanes);
+
 // Returns once ready() holds, letting the other threads run meanwhile (the scheduler checks
 // it); `what` names the wait in a deadlock's report.
 void wait_until(const char* what, std::function<bool()> ready);

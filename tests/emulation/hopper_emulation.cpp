@@ -161,17 +161,9 @@ const char* warpgroup_op_name(WarpgroupOp op) {
 // last of the 128 lanes to arrive runs `complete(group)`; the others wait for it.
 template <typename Deposit, typename Complete>
 void warpgroup_collective(WarpgroupOp op, Deposit deposit, Complete complete) {
-    Launch& l = launch();
-    Fiber& f = current_fiber();
-    const int lane = f.linear_index % kWarpgroupLanes, first = f.linear_index - lane;
-    if (first + kWarpgroupLanes > l.threads)
-        fail(std::string(warpgroup_op_name(op)) + " in a warpgroup of fewer than 128 threads");
-    const Fiber* threads = block_fibers(l, size_t(f.block));
-    for (int other = first; other < first + kWarpgroupLanes; ++other)
-        if (threads[other].state == FiberState::kExited)
-            fail(std::string(warpgroup_op_name(op)) + " after thread " + std::to_string(other) +
-                 " of the warpgroup returned");
-    Warpgroup& g = current_block().warpgroups[size_t(f.linear_index / kWarpgroupLanes)];
+    const int lane = collective_lane(warpgroup_op_name(op), "warpgroup", kWarpgroupLanes);
+    Warpgroup& g =
+        current_block().warpgroups[size_t(current_fiber().linear_index / kWarpgroupLanes)];
     if (g.arrived == 0)
         g.op = op;
     else if (g.op != op)
