@@ -913,23 +913,19 @@ void launch_gemm_warpgroup(int tile_rows, void* out, int out_pitch, int out_cols
     const int k_extent = gemm_k_extent(w.cols, D);
     const auto launch = [&](auto tiles) {
         using Tiles = decltype(tiles);
-        const CUtensorMap in_map =
-            warpgroup_tensor_map(in.data, D, in.tokens, k_extent, in.pitch, Tiles::kTokenSlice);
-        if (up == nullptr) {
-            const CUtensorMap weights_map =
-                warpgroup_tensor_map(w.data, D, w.rows, k_extent, w.pitch, Tiles::kRowSlice);
+        const WarpgroupOperand up_operand =
+            up != nullptr ? WarpgroupOperand{up->data, up->rows, up->pitch} : WarpgroupOperand{};
+        const WarpgroupMaps maps = warpgroup_maps<D, Tiles>(
+            {w.data, w.rows, w.pitch}, up != nullptr ? &up_operand : nullptr,
+            {in.data, in.tokens, in.pitch}, k_extent);
+        if (up == nullptr)
             launch_gemm_warpgroup_kernel<D, Tiles, false>(out, out_pitch, w.rows, out_cols,
                                                           in.tokens, k_extent, bias, accumulate,
-                                                          weights_map, weights_map, in_map, stream);
-        } else {
-            const CUtensorMap gate_map =
-                warpgroup_tensor_map(w.data, D, w.rows, k_extent, w.pitch, Tiles::kGateBox);
-            const CUtensorMap up_map =
-                warpgroup_tensor_map(up->data, D, up->rows, k_extent, up->pitch, Tiles::kGateBox);
+                                                          maps, stream);
+        else
             launch_gemm_warpgroup_kernel<D, Tiles, true>(out, out_pitch, w.rows, out_cols,
-                                                         in.tokens, k_extent, nullptr, false,
-                                                         gate_map, up_map, in_map, stream);
-        }
+                                                         in.tokens, k_extent, nullptr, false, maps,
+                                                         stream);
     };
     const auto run = [&](auto cluster_tokens) {
         constexpr int kClusterTokens = decltype(cluster_tokens)::value;

@@ -427,6 +427,33 @@ inline CUtensorMap warpgroup_tensor_map(const void* base, DType dtype, int rows,
     return map;
 }
 
+// A 16-bit matrix a tensor map reads: `rows` rows, `pitch` elements apart.
+struct WarpgroupOperand {
+    const void* data;
+    int rows, pitch;
+};
+
+// The tensor maps gemm_warpgroup_kernel<D, Tiles, kGated> reads, over k_extent columns: the
+// input's in boxes of kTokenSlice tokens, and the weights' in boxes of kRowSlice rows (the
+// plain product: `up` is the same map) or, where up is given, W1's and W3's in boxes of
+// kGateBox rows.
+struct WarpgroupMaps {
+    CUtensorMap weights, up, in;
+};
+template <DType D, typename Tiles>
+WarpgroupMaps warpgroup_maps(const WarpgroupOperand& w, const WarpgroupOperand* up,
+                             const WarpgroupOperand& in, int k_extent) {
+    const auto map = [&](const WarpgroupOperand& m, int box_rows) {
+        return warpgroup_tensor_map(m.data, D, m.rows, k_extent, m.pitch, box_rows);
+    };
+    const CUtensorMap in_map = map(in, Tiles::kTokenSlice);
+    if (up == nullptr) {
+        const CUtensorMap weights = map(w, Tiles::kRowSlice);
+        return {weights, weights, in_map};
+    }
+    return {map(w, Tiles::kGateBox), map(*up, Tiles::kGateBox), in_map};
+}
+
 template <typename Tiles>
 inline dim3 gemm_warpgroup_grid(int tokens, int rows) {
     return warpgroup_grid(tokens, rows, Tiles::kRows, Tiles::kClusterTokens, Tiles::kClusterRows);
@@ -487,14 +514,13 @@ int warpgroup_concurrent_blocks() {
 template <DType D, typename Tiles, bool kGated>
 void launch_gemm_warpgroup_kernel(void* out, int out_pitch, int rows, int cols, int tokens,
                                   int k_extent, const float* bias, bool accumulate,
-                                  const CUtensorMap& weights_map, const CUtensorMap& up_map,
-                                  const CUtensorMap& in_map, cudaStream_t stream) {
+                                  const WarpgroupMaps& maps, cudaStream_t stream) {
     cudaLaunchAttribute cluster;
     const cudaLaunchConfig_t config = warpgroup_launch_config<Tiles>(
         gemm_warpgroup_grid<Tiles>(tokens, kGated ? 2 * rows : rows), stream, cluster);
     CUDA_CHECK(cudaLaunchKernelEx(&config, prepared_warpgroup_kernel<D, Tiles, kGated>(), out,
-                                  out_pitch, cols, tokens, k_extent, bias, accumulate, weights_map,
-                                  up_map, in_map));
+                                  out_pitch, cols, tokens, k_extent, bias, accumulate, maps.weights,
+                                  maps.up, maps.in));
 }
 
 #endif  // BARELLM_CUDA_EMULATION

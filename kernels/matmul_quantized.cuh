@@ -319,6 +319,8 @@ __device__ __forceinline__ void quantized_row_sets_of_block(
 
     const QuantizedInput input =
         stage_quantized_input<D, kWidened>(in, cols, pitch, norm_weight, eps, scratch);
+    // A set's row addresses are computed for its prefetch and again for its products: held
+    // in registers through the staging (or the set before), they spill in the one-wave kernels.
     for (int set = first_set; set < sets; set += set_step) {
         const WarpRows warp_rows(matrices, scales, rows, pitch, set);
         const bool more = kOneWave && set + set_step < sets;  // the same for the whole block

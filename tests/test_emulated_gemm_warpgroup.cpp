@@ -1,6 +1,6 @@
 // The warpgroup GEMM of kernels/gemm_warpgroup.cuh (sm_90a: wgmma, TMA copies, clusters
 // sharing their tiles) run on the CUDA emulation, launched as launch_gemm_warpgroup launches
-// it (its tensor maps made by warpgroup_tensor_map), against a double-precision reference
+// it (its tensor maps made by warpgroup_maps), against a double-precision reference
 // from the same rounded inputs: every row-tile shape, clusters of one and two token tiles, f16
 // and bf16, the plain product with bias and accumulation and the gated (SwiGLU) form, at
 // sizes that are not multiples of the tiles and with more K tiles than stages (each stage
@@ -25,27 +25,23 @@ template <DType D, typename Tiles>
 void launch_emulated_warpgroup(void* out, int out_pitch, int out_cols, PaddedRows& w,
                                PaddedRows* up, PaddedRows& in, const float* bias, bool accumulate) {
     const int k_extent = gemm_k_extent(w.cols, D);
-    const CUtensorMap in_map =
-        warpgroup_tensor_map(in.data(), D, in.rows, k_extent, in.pitch, Tiles::kTokenSlice);
+    const WarpgroupOperand up_operand =
+        up != nullptr ? WarpgroupOperand{up->data(), up->rows, up->pitch} : WarpgroupOperand{};
+    const WarpgroupMaps maps =
+        warpgroup_maps<D, Tiles>({w.data(), w.rows, w.pitch}, up != nullptr ? &up_operand : nullptr,
+                                 {in.data(), in.rows, in.pitch}, k_extent);
     const dim3 cluster(Tiles::kClusterTokens, Tiles::kClusterRows);
     const dim3 block(kWarpgroupGemmThreads);
-    if (up == nullptr) {
-        const CUtensorMap weights_map =
-            warpgroup_tensor_map(w.data(), D, w.rows, k_extent, w.pitch, Tiles::kRowSlice);
+    if (up == nullptr)
         emulate_cluster_launch(gemm_warpgroup_grid<Tiles>(in.rows, w.rows), cluster, block,
                                Tiles::kSharedBytes, gemm_warpgroup_kernel<D, Tiles, false>, out,
                                out_pitch, out_cols, in.rows, k_extent, bias, accumulate,
-                               weights_map, weights_map, in_map);
-    } else {
-        const CUtensorMap gate_map =
-            warpgroup_tensor_map(w.data(), D, w.rows, k_extent, w.pitch, Tiles::kGateBox);
-        const CUtensorMap up_map =
-            warpgroup_tensor_map(up->data(), D, up->rows, k_extent, up->pitch, Tiles::kGateBox);
+                               maps.weights, maps.up, maps.in);
+    else
         emulate_cluster_launch(gemm_warpgroup_grid<Tiles>(in.rows, 2 * w.rows), cluster, block,
                                Tiles::kSharedBytes, gemm_warpgroup_kernel<D, Tiles, true>, out,
-                               out_pitch, out_cols, in.rows, k_extent, nullptr, false, gate_map,
-                               up_map, in_map);
-    }
+                               out_pitch, out_cols, in.rows, k_extent, nullptr, false, maps.weights,
+                               maps.up, maps.in);
 }
 
 template <DType D, typename Tiles>

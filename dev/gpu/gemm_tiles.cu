@@ -19,6 +19,7 @@
 #include <cstring>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gemm.cuh"
@@ -53,21 +54,10 @@ struct Operands {
     __half* in;
     float* out;
     int tokens, rows, cols;
-    // The warpgroup GEMM's views of the operands by the rows of their boxes (the slices a
-    // block copies), made on first use: the timed launches find them made.
-    mutable std::map<int, CUtensorMap> in_maps, weights_maps;
+    // The warpgroup GEMM's views of the operands by the rows of their boxes (the weight rows
+    // and tokens a block copies), made on first use: the timed launches find them made.
+    mutable std::map<std::pair<int, int>, WarpgroupMaps> maps_by_boxes;
 };
-
-// `maps`[box_rows] over the rows x o.cols matrix at `base`, made if missing.
-const CUtensorMap& tensor_map(std::map<int, CUtensorMap>& maps, const __half* base, int rows,
-                              int cols, int box_rows) {
-    auto found = maps.find(box_rows);
-    if (found == maps.end())
-        found = maps.emplace(box_rows,
-                             warpgroup_tensor_map(base, DType::F16, rows, cols, cols, box_rows))
-                    .first;
-    return found->second;
-}
 
 using Launch = void (*)(const Operands&);
 
@@ -98,11 +88,16 @@ Variant variant(const char* name, size_t shared_limit) {
 
 template <typename Tiles>
 void launch_warpgroup(const Operands& o) {
-    const CUtensorMap& weights_map =
-        tensor_map(o.weights_maps, o.weights, o.rows, o.cols, Tiles::kRowSlice);
+    const std::pair<int, int> boxes(Tiles::kRowSlice, Tiles::kTokenSlice);
+    auto found = o.maps_by_boxes.find(boxes);
+    if (found == o.maps_by_boxes.end())
+        found = o.maps_by_boxes
+                    .emplace(boxes,
+                             warpgroup_maps<DType::F16, Tiles>({o.weights, o.rows, o.cols}, nullptr,
+                                                               {o.in, o.tokens, o.cols}, o.cols))
+                    .first;
     launch_gemm_warpgroup_kernel<DType::F16, Tiles, false>(
-        o.out, o.rows, o.rows, o.rows, o.tokens, o.cols, nullptr, false, weights_map, weights_map,
-        tensor_map(o.in_maps, o.in, o.tokens, o.cols, Tiles::kTokenSlice), 0);
+        o.out, o.rows, o.rows, o.rows, o.tokens, o.cols, nullptr, false, found->second, 0);
 }
 
 // With the blocks the GPU runs at once, which choose_warpgroup_rows weighs (where the
@@ -190,7 +185,7 @@ int main(int argc, char** argv) {
         std::vector<const char*> names;
         for (const Shape& shape : shapes) {
             if (argc > 1 && std::strcmp(argv[1], shape.name) != 0) continue;
-            Operands o{nullptr, nullptr, nullptr, kTokens, shape.rows, shape.cols, {}, {}};
+            Operands o{nullptr, nullptr, nullptr, kTokens, shape.rows, shape.cols, {}};
             const size_t w_count = size_t(shape.rows) * shape.cols;
             const size_t in_count = size_t(kTokens) * shape.cols;
             CUDA_CHECK(cudaMalloc(&o.weights, w_count * sizeof(__half)));
