@@ -1,4 +1,4 @@
-// Parsing the command line into Options (cli.h): every flag checked, bad ones refused with usage.
+// Parsing the command line into Options (cli.h): every flag checked, bad ones refused in one line.
 #include "cli.h"
 
 namespace barellm {

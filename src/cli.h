@@ -14,7 +14,8 @@ namespace barellm {
 
 extern const char* const kUsage;
 
-// A wrong command line: main prints the message and the usage, and exits with 2.
+// A wrong command line: main prints the message in one line (run with no arguments, the
+// usage after it) and exits with 2.
 struct UsageError : Error {
     using Error::Error;
 };

@@ -330,7 +330,11 @@ int main(int argc, char** argv) {
         check_standard_output();
         return status;
     } catch (const UsageError& e) {
-        std::fprintf(stderr, "barellm: %s\n\n%s", e.what(), kUsage);
+        // Run bare, barellm shows its usage; a wrong command line gets one line.
+        if (argc <= 1)
+            std::fprintf(stderr, "barellm: %s\n\n%s", e.what(), kUsage);
+        else
+            std::fprintf(stderr, "barellm: %s (barellm --help lists the options)\n", e.what());
         return kUsageExit;
     } catch (const Error& e) {
         std::fprintf(stderr, "barellm: %s\n", e.what());

@@ -18,18 +18,12 @@ import pytest
 
 from convert_testlib import BUILD, CONVERT, SYNTH, STORIES, need_shared, run
 from test_chat import TEMPLATES, hf_render
+from test_cli import assert_wrong_command_line, barellm
 
 BARELLM = os.path.join(BUILD, "barellm")
 LLAMA2_CHAT = TEMPLATES["llama2-chat"]
 STATS = re.compile(r"prompt: (\d+) tokens, .* \| generated: (\d+) tokens, .* \| "
                    r"stopped: ([^|\n]+) \| context: (\d+)/(\d+) tokens")
-
-
-def barellm(*args, input_text=None):
-    if not os.path.exists(BARELLM):
-        pytest.fail(f"{BARELLM} is missing: run `make` first")
-    return subprocess.run([BARELLM, *map(str, args)], capture_output=True, text=True,
-                          timeout=120, input=input_text)
 
 
 def with_template(hf_dir, template):
@@ -230,9 +224,8 @@ def test_chat_refusals(chat_model, tmp_path):
     for args, message in [(["-p", "Hi"], "chat reads its messages from standard input"),
                           (["--chat"], "--chat is for run"),
                           (["--top-k", "x"], "--top-k needs an integer")]:
-        result = barellm("chat", chat_model, *args, input_text="Hi\n")
-        assert result.returncode == 2 and message in result.stderr
-        assert "usage: barellm" in result.stderr
+        assert_wrong_command_line(barellm("chat", chat_model, *args, input_text="Hi\n"),
+                                  message)
 
 
 # ---- on a terminal -----------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The barellm command line: what a user sees, and how it refuses bad input.
 
 Every refusal is one line on stderr naming the problem and exit code 1 (2 for a wrong
-command line, followed by the usage) — never a signal, never a traceback."""
+command line; run with no arguments, the usage follows) — never a signal, never a
+traceback."""
 
 import json
 import re
@@ -99,8 +100,21 @@ def test_info_and_help(stories):
     assert re.search(r"^cpu kernels +scalar$", lowered.stdout, re.M), lowered.stdout
 
 
+def assert_wrong_command_line(result, message):
+    """Exit 2 with exactly one stderr line: `message`, then where the options are listed."""
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("barellm: ") and message in result.stderr, result.stderr
+    assert result.stderr.endswith(" (barellm --help lists the options)\n"), result.stderr
+
+
+def test_run_bare_it_prints_its_usage():
+    result = barellm()
+    assert result.returncode == 2
+    assert result.stderr == "barellm: no command given\n\n" + barellm("--help").stdout
+
+
 @pytest.mark.parametrize("args,message", [
-    ([], "no command given"),
     (["run"], "run needs a MODEL file"),
     (["run", "m.bin", "--bogus"], "unknown option --bogus"),
     (["run", "m.bin", "-p"], "-p needs a value"),
@@ -109,11 +123,8 @@ def test_info_and_help(stories):
     (["run", "m.bin", "--kv", "f8"], "--kv takes f16 or f32"),
     (["frobnicate", "m.bin"], "unknown command 'frobnicate'"),
 ])
-def test_wrong_command_lines_print_usage_and_exit_2(args, message):
-    result = barellm(*args)
-    assert result.returncode == 2
-    assert result.stderr.startswith("barellm: " + message)
-    assert "usage: barellm" in result.stderr
+def test_wrong_command_lines_are_one_line_and_exit_2(args, message):
+    assert_wrong_command_line(barellm(*args), message)
 
 
 def test_bad_requests_on_a_good_model(stories, tmp_path):

@@ -46,6 +46,7 @@ import pytest
 
 from convert_testlib import (BUILD, CONVERT, STORIES, SYNTH, cuda_unavailable_reason,
                              need_shared, require_cuda, run)
+from test_cli import assert_wrong_command_line
 
 BARELLM = os.path.join(BUILD, "barellm")
 COPY_CHECK = os.path.join(BUILD, "model_copy_check")
@@ -415,8 +416,7 @@ def test_the_gpu_ladder_refuses_without_a_gpu(stories):
     (["--device", "cuda", "-p", "12"], "ladder --device cuda times decode only"),
 ])
 def test_ladder_usage_errors(stories, args, message):
-    result = barellm("ladder", stories["f32"], *args)
-    assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert_wrong_command_line(barellm("ladder", stories["f32"], *args), message)
 
 
 def test_the_ladder_refuses_more_positions_than_the_model_has(stories):

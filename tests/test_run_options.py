@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from convert_testlib import BUILD, STORIES, need_shared
-from test_cli import barellm, stories  # noqa: F401  (stories: the f32 model fixture)
+from test_cli import (  # noqa: F401  (stories: the f32 model fixture)
+    assert_wrong_command_line, barellm, stories)
 
 import model as reference  # noqa: E402  (reference/model.py, via conftest.py)
 
@@ -214,18 +215,14 @@ def test_a_gguf_file_names_the_converter(tmp_path):
     (["--device", "gpu"], "--device takes auto, cpu or cuda"),
     (["--color", "yes"], "unexpected argument 'yes'"),
 ])
-def test_malformed_run_options_print_usage_and_exit_2(stories, args, message):
-    result = barellm("run", stories, "-p", PROMPT, *args)
-    assert result.returncode == 2, result.stderr
-    assert message in result.stderr and "usage: barellm" in result.stderr
+def test_malformed_run_options_are_one_line_and_exit_2(stories, args, message):
+    assert_wrong_command_line(barellm("run", stories, "-p", PROMPT, *args), message)
 
 
 @pytest.mark.parametrize("args", [["-p", PROMPT, "-f", "x.txt"], []])
 def test_run_takes_one_prompt(stories, args):
-    result = barellm("run", stories, *args)
-    assert result.returncode == 2, result.stderr
-    assert "run needs -p PROMPT, -p - or -f FILE (one of them)" in result.stderr
-    assert "usage: barellm" in result.stderr
+    assert_wrong_command_line(barellm("run", stories, *args),
+                              "run needs -p PROMPT, -p - or -f FILE (one of them)")
 
 
 def test_help_lists_every_new_option():
