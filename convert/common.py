@@ -1,6 +1,7 @@
 """Shared error type and small file, number and process helpers for the barellm
 conversion tools."""
 
+import argparse
 import contextlib
 import io
 import json
@@ -148,6 +149,15 @@ def stop_signals_held():
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse that refuses a wrong command line in one line on stderr, naming --help for
+    the options, with status 2 (argparse's own error prints its usage first)."""
+
+    def error(self, message):
+        print(f"{self.prog}: {message} ({self.prog} --help lists the options)", file=sys.stderr)
+        sys.exit(2)
 
 
 def run_main(main, prog):

@@ -21,7 +21,6 @@ The output appears only when the conversion succeeded; on any error a message
 `convert: ...` goes to stderr and the exit status is 1 (128 + N after signal N).
 """
 
-import argparse
 import math
 import os
 import sys
@@ -30,8 +29,8 @@ import tempfile
 import numpy as np
 
 import barellm_check
-from common import (ConvertError, compact_json, float32, read_json, refuse_output_among_inputs,
-                    run_main, stop_signals_held)
+from common import (ConvertError, OneLineParser, compact_json, float32, read_json,
+                    refuse_output_among_inputs, run_main, stop_signals_held)
 import dtypes
 import gguf_in
 import hf_tokenizer
@@ -632,7 +631,7 @@ def convert(source, output, weight_dtype=None, barellm=None):
 
 def parse_args(argv):
     """Command-line arguments."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="convert.py",
         description="Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3 checkpoint or a llama.cpp GGUF "
         "file to a barellm file.")

@@ -19,7 +19,6 @@ GGUF such as llama.cpp's models/ggml-vocab-llama-spm.gguf will do) and written a
 tokenizer.json and tokenizer_config.json.
 """
 
-import argparse
 import json
 import math
 import os
@@ -29,7 +28,7 @@ import zlib
 
 import numpy as np
 
-from common import ConvertError, run_main
+from common import ConvertError, OneLineParser, run_main
 import convert
 import dtypes
 import gguf_file
@@ -275,7 +274,7 @@ def synthesize(cfg, tokenizer_dir, out_dir, weight_dtype, seed, max_shard_bytes)
 
 def parse_args(argv):
     """Command-line arguments."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="synth.py",
         description="Write a Hugging Face Llama checkpoint with random weights.")
     source = parser.add_mutually_exclusive_group(required=True)

@@ -512,6 +512,24 @@ def test_refuses_missing_inputs(tmp_path):
     refuse(tmp_path, hf, "config.json: file not found")
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--dtype", "q5"], "argument --dtype: invalid choice: 'q5'"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["--output"], "argument -o/--output: expected one argument"),
+])
+def test_wrong_command_lines_are_one_line_and_exit_2(tmp_path, args, message):
+    hf = make_checkpoint(tmp_path / "hf")
+    out = tmp_path / "model.barellm"
+    if args != ["--output"]:
+        args = ["-o", out, *args]
+    result = run(CONVERT, hf, *args)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"convert.py: {message}"), result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.endswith(" (convert.py --help lists the options)\n"), result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["hf"]
+
+
 def test_tokenizer_model_only_checkpoint(tmp_path):
     need_shared(STORIES)
     hf = tmp_path / "hf"

@@ -118,7 +118,9 @@ def test_refusals(tmp_path, inputs):
     for quantized in ("q8", "q4"):   # a checkpoint's matrices are floats
         result = run(SYNTH, "--config", config, "--tokenizer", tok, "-o", tmp_path / "q",
                      "--dtype", quantized)
-        assert result.returncode == 2 and "invalid choice" in result.stderr
+        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+        assert result.stderr.startswith(
+            f"synth.py: argument --dtype: invalid choice: '{quantized}'"), result.stderr
         assert "Traceback" not in result.stderr and not os.path.exists(tmp_path / "q")
 
 
