@@ -81,6 +81,15 @@ def run(script, *args, env=None):
                           capture_output=True, text=True, timeout=120, env=env)
 
 
+def assert_wrong_command_line(result, program, message):
+    """Exit 2 with exactly one stderr line: `program: `, a message that starts with
+    `message`, then where the options are listed."""
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"{program}: {message}"), result.stderr
+    assert result.stderr.endswith(f" ({program} --help lists the options)\n"), result.stderr
+
+
 def write_safetensors(path, tensors, metadata=None):
     """Write {name: (dtype, array)} as a safetensors file (F32/F16, or BF16 given
     as uint16 bit patterns), tensors in the given order."""

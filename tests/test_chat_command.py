@@ -16,9 +16,10 @@ import time
 
 import pytest
 
-from convert_testlib import BUILD, CONVERT, SYNTH, STORIES, need_shared, run
+from convert_testlib import (BUILD, CONVERT, SYNTH, STORIES, assert_wrong_command_line,
+                             need_shared, run)
 from test_chat import TEMPLATES, hf_render
-from test_cli import assert_wrong_command_line, barellm
+from test_cli import barellm
 
 BARELLM = os.path.join(BUILD, "barellm")
 LLAMA2_CHAT = TEMPLATES["llama2-chat"]
@@ -225,7 +226,7 @@ def test_chat_refusals(chat_model, tmp_path):
                           (["--chat"], "--chat is for run"),
                           (["--top-k", "x"], "--top-k needs an integer")]:
         assert_wrong_command_line(barellm("chat", chat_model, *args, input_text="Hi\n"),
-                                  message)
+                                  "barellm", message)
 
 
 # ---- on a terminal -----------------------------------------------------------------------

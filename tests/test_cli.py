@@ -13,7 +13,8 @@ import subprocess
 
 import pytest
 
-from convert_testlib import BUILD, CONVERT, STORIES, need_shared, run
+from convert_testlib import (BUILD, CONVERT, STORIES, assert_wrong_command_line, need_shared,
+                             run)
 
 BARELLM = os.path.join(BUILD, "barellm")
 EVAL = os.path.join(os.path.dirname(STORIES), "..", "eval")
@@ -100,15 +101,7 @@ def test_info_and_help(stories):
     assert re.search(r"^cpu kernels +scalar$", lowered.stdout, re.M), lowered.stdout
 
 
-def assert_wrong_command_line(result, message):
-    """Exit 2 with exactly one stderr line: `message`, then where the options are listed."""
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.count("\n") == 1, result.stderr
-    assert result.stderr.startswith("barellm: ") and message in result.stderr, result.stderr
-    assert result.stderr.endswith(" (barellm --help lists the options)\n"), result.stderr
-
-
-def test_run_bare_it_prints_its_usage():
+def test_barellm_run_bare_prints_its_usage():
     result = barellm()
     assert result.returncode == 2
     assert result.stderr == "barellm: no command given\n\n" + barellm("--help").stdout
@@ -124,7 +117,7 @@ def test_run_bare_it_prints_its_usage():
     (["frobnicate", "m.bin"], "unknown command 'frobnicate'"),
 ])
 def test_wrong_command_lines_are_one_line_and_exit_2(args, message):
-    assert_wrong_command_line(barellm(*args), message)
+    assert_wrong_command_line(barellm(*args), "barellm", message)
 
 
 def test_bad_requests_on_a_good_model(stories, tmp_path):

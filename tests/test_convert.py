@@ -10,8 +10,8 @@ import pytest
 
 import model as reference
 from convert_testlib import (CONVERT, LLAMA2_TOKENIZER, STORIES, SYNTH, TINY_CONFIG,
-                             make_checkpoint, need_shared, read_raw, run, tiny_tensors,
-                             tiny_tokenizer_json)
+                             assert_wrong_command_line, make_checkpoint, need_shared, read_raw,
+                             run, tiny_tensors, tiny_tokenizer_json)
 
 sys.path.insert(0, os.path.join(os.path.dirname(CONVERT)))
 import dtypes  # noqa: E402  (convert/dtypes.py)
@@ -519,14 +519,8 @@ def test_refuses_missing_inputs(tmp_path):
 ])
 def test_wrong_command_lines_are_one_line_and_exit_2(tmp_path, args, message):
     hf = make_checkpoint(tmp_path / "hf")
-    out = tmp_path / "model.barellm"
-    if args != ["--output"]:
-        args = ["-o", out, *args]
-    result = run(CONVERT, hf, *args)
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.startswith(f"convert.py: {message}"), result.stderr
-    assert result.stderr.count("\n") == 1, result.stderr
-    assert result.stderr.endswith(" (convert.py --help lists the options)\n"), result.stderr
+    result = run(CONVERT, hf, "-o", tmp_path / "model.barellm", *args)
+    assert_wrong_command_line(result, "convert.py", message)
     assert sorted(os.listdir(tmp_path)) == ["hf"]
 
 

@@ -44,9 +44,8 @@ import sys
 
 import pytest
 
-from convert_testlib import (BUILD, CONVERT, STORIES, SYNTH, cuda_unavailable_reason,
-                             need_shared, require_cuda, run)
-from test_cli import assert_wrong_command_line
+from convert_testlib import (BUILD, CONVERT, STORIES, SYNTH, assert_wrong_command_line,
+                             cuda_unavailable_reason, need_shared, require_cuda, run)
 
 BARELLM = os.path.join(BUILD, "barellm")
 COPY_CHECK = os.path.join(BUILD, "model_copy_check")
@@ -416,7 +415,7 @@ def test_the_gpu_ladder_refuses_without_a_gpu(stories):
     (["--device", "cuda", "-p", "12"], "ladder --device cuda times decode only"),
 ])
 def test_ladder_usage_errors(stories, args, message):
-    assert_wrong_command_line(barellm("ladder", stories["f32"], *args), message)
+    assert_wrong_command_line(barellm("ladder", stories["f32"], *args), "barellm", message)
 
 
 def test_the_ladder_refuses_more_positions_than_the_model_has(stories):

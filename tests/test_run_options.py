@@ -12,9 +12,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from convert_testlib import BUILD, STORIES, need_shared
-from test_cli import (  # noqa: F401  (stories: the f32 model fixture)
-    assert_wrong_command_line, barellm, stories)
+from convert_testlib import BUILD, STORIES, assert_wrong_command_line, need_shared
+from test_cli import barellm, stories  # noqa: F401  (stories: the f32 model fixture)
 
 import model as reference  # noqa: E402  (reference/model.py, via conftest.py)
 
@@ -216,12 +215,12 @@ def test_a_gguf_file_names_the_converter(tmp_path):
     (["--color", "yes"], "unexpected argument 'yes'"),
 ])
 def test_malformed_run_options_are_one_line_and_exit_2(stories, args, message):
-    assert_wrong_command_line(barellm("run", stories, "-p", PROMPT, *args), message)
+    assert_wrong_command_line(barellm("run", stories, "-p", PROMPT, *args), "barellm", message)
 
 
 @pytest.mark.parametrize("args", [["-p", PROMPT, "-f", "x.txt"], []])
 def test_run_takes_one_prompt(stories, args):
-    assert_wrong_command_line(barellm("run", stories, *args),
+    assert_wrong_command_line(barellm("run", stories, *args), "barellm",
                               "run needs -p PROMPT, -p - or -f FILE (one of them)")
 
 

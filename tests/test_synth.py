@@ -10,8 +10,8 @@ import pytest
 
 import model as reference
 from convert_testlib import (CONVERT, LLAMA2_TOKENIZER, REPO, SMOLLM2_TOKENIZER, STORIES,
-                             SYNTH, TINY_CONFIG, need_shared, read_raw, run,
-                             tiny_tokenizer_json)
+                             SYNTH, TINY_CONFIG, assert_wrong_command_line, need_shared,
+                             read_raw, run, tiny_tokenizer_json)
 
 sys.path.insert(0, os.path.dirname(SYNTH))
 import convert  # noqa: E402  (convert/convert.py)
@@ -118,9 +118,8 @@ def test_refusals(tmp_path, inputs):
     for quantized in ("q8", "q4"):   # a checkpoint's matrices are floats
         result = run(SYNTH, "--config", config, "--tokenizer", tok, "-o", tmp_path / "q",
                      "--dtype", quantized)
-        assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
-        assert result.stderr.startswith(
-            f"synth.py: argument --dtype: invalid choice: '{quantized}'"), result.stderr
+        assert_wrong_command_line(result, "synth.py",
+                                  f"argument --dtype: invalid choice: '{quantized}'")
         assert "Traceback" not in result.stderr and not os.path.exists(tmp_path / "q")
 
 
