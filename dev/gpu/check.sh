@@ -76,7 +76,8 @@
 #   ab            decode speed (tg128 on the Mistral-7B f16 and q4 files) of other trees
 #                 beside this one, alternated in one run: each
 #                 gpu_data/ab/NAME.tgz (made here by `git archive -o gpu_data/ab/NAME.tgz
-#                 REV`) is built and must give this tree's greedy text first
+#                 REV`) is built (a later call on the warm machine keeps the build of an
+#                 unchanged archive) and must give this tree's greedy text first
 #   qwen3-8b      `barellm bench --device cuda -p 0` on a Qwen3-8B-shaped f16 checkpoint at
 #                 short and long context (16.4 GB: run it alone)
 #   llama3-prefill  pp512 of a Llama-3-8B-shaped f16 pair against llama.cpp (48 GiB of
@@ -733,10 +734,17 @@ if wants ab; then
         [ -f "$archive" ] || continue
         name=$(basename "$archive" .tgz)
         tree=$WORK/ab/$name
-        rm -rf "$tree" && mkdir -p "$tree" && tar xzf "$archive" -C "$tree"
-        if ! build "$tree" "$LOG/build_$name.log" build/barellm; then
+        # A tree built from the same archive by an earlier call on this machine is kept.
+        if cmp -s "$archive" "$tree.tgz" && [ -x "$tree/build/barellm" ]; then
+            note "tree $name: built by an earlier call"
+        elif ! fits 60 "tree $name"; then
+            continue
+        elif ! { rm -rf "$tree" "$tree.tgz" && mkdir -p "$tree" && tar xzf "$archive" -C "$tree" &&
+            build "$tree" "$LOG/build_$name.log" build/barellm && cp "$archive" "$tree.tgz"; }; then
             note "tree $name: build FAILED: $(grep -m1 -i error "$LOG/build_$name.log")"
-        elif [ "$(greedy "$tree/build/barellm")" != "$want" ]; then
+            continue
+        fi
+        if [ "$(greedy "$tree/build/barellm")" != "$want" ]; then
             note "tree $name: greedy text differs from this tree's on stories260K: not timed"
         else
             note "tree $name: the same greedy text as this tree on stories260K"
