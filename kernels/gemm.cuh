@@ -997,8 +997,9 @@ void check_gemm_operands(float* out, int out_pitch, const DeviceMatrix& w,
 
 }  // namespace
 
-// As BARELLM_CUDA_WGMMA says, where the build has an sm_90a image (the Makefile defines
-// BARELLM_CUDA_SM90A_IMAGE when CUDA_ARCHS lists 90a) and the GPU runs it; else kNever.
+// Where the build has an sm_90a image (the Makefile defines BARELLM_CUDA_SM90A_IMAGE when
+// CUDA_ARCHS lists 90a) and the GPU runs it: kWhereItFills, or as BARELLM_CUDA_WGMMA says
+// (0, 1 or always); elsewhere kNever.
 WarpgroupUse warpgroup_gemm_use() {
     constexpr int kHopper = 90;  // the sm_90a image: H100, H200
 #ifdef BARELLM_CUDA_SM90A_IMAGE
@@ -1008,12 +1009,17 @@ WarpgroupUse warpgroup_gemm_use() {
 #endif
     static const WarpgroupUse use = [] {
         const char* setting = std::getenv("BARELLM_CUDA_WGMMA");
+        WarpgroupUse asked = WarpgroupUse::kWhereItFills;
+        if (setting != nullptr && std::strcmp(setting, "0") == 0)
+            asked = WarpgroupUse::kNever;
+        else if (setting != nullptr && std::strcmp(setting, "always") == 0)
+            asked = WarpgroupUse::kAlways;
+        else if (setting != nullptr && std::strcmp(setting, "1") != 0)
+            throw Error(std::string("BARELLM_CUDA_WGMMA is '") + setting +
+                        "': it takes 0, 1 or always");
         const bool runs = kImageBuilt && current_device().compute_capability == kHopper &&
                           kHopperSharedBytes <= current_device().shared_bytes_per_block;
-        if (!runs || setting == nullptr) return WarpgroupUse::kNever;
-        if (std::strcmp(setting, "1") == 0) return WarpgroupUse::kWhereItFills;
-        if (std::strcmp(setting, "always") == 0) return WarpgroupUse::kAlways;
-        return WarpgroupUse::kNever;
+        return runs ? asked : WarpgroupUse::kNever;
     }();
     return use;
 }
@@ -1040,7 +1046,7 @@ void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMat
     if (tiles == GemmTiles::kWide && WideTiles::kSharedBytes > device.shared_bytes_per_block)
         throw Error("gemm: the wide tiles need more shared memory than this GPU has");
     if (tiles == GemmTiles::kWarpgroup && !warpgroup_gemm_enabled())
-        throw Error("gemm: the warpgroup GEMM runs on sm_90a with BARELLM_CUDA_WGMMA=1");
+        throw Error("gemm: the warpgroup GEMM runs on sm_90a, unless BARELLM_CUDA_WGMMA=0");
     if (w.dtype == DType::I8 || w.dtype == DType::U8) {
         with_quantized_dtype(w.dtype, [&](auto dtype) {
             constexpr DType W = decltype(dtype)::value;

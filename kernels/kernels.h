@@ -98,17 +98,18 @@ void matvec_swiglu_widened(float* out, const DeviceMatrix& w1, const DeviceMatri
                            const float* in, const float* norm_weight, float eps,
                            cudaStream_t stream);
 // How the int8 kernels spread over the GPU: one or two rows per warp (SwiGLU: of each
-// matrix; 0: matvec's choice), and a block per row set of 16 warps' rows, or with one_wave
-// only as many blocks as the GPU holds at once, each staging the input once for several
-// row sets. quantized_rows_per_warp is matvec's (swiglu: matvec_swiglu's) choice of rows for
-// a matrix of `rows` rows on this GPU (matvec takes a block per row set), and
-// matvec_quantized_launch / matvec_swiglu_quantized_launch are matvec / matvec_swiglu
-// launched as given (cuda_kernel_check checks and times each).
+// matrix), and a block per row set of 16 warps' rows, or one wave: only as many blocks as the
+// GPU holds at once, each staging the input once for several row sets. QuantizedLaunch{} is
+// matvec's choice of both; quantized_launch says what it is for the Q8/Q4 matrix w on this
+// GPU (swiglu: matvec_swiglu's, w being w1), and matvec_quantized_launch /
+// matvec_swiglu_quantized_launch are matvec / matvec_swiglu launched as given
+// (cuda_kernel_check checks and times each).
+enum class QuantizedGrid { kChosen, kBlockPerSet, kOneWave };
 struct QuantizedLaunch {
-    int rows_per_warp = 0;
-    bool one_wave = false;
+    int rows_per_warp = 0;  // 0: matvec's choice
+    QuantizedGrid grid = QuantizedGrid::kChosen;
 };
-int quantized_rows_per_warp(int rows, bool swiglu);
+QuantizedLaunch quantized_launch(const DeviceMatrix& w, bool swiglu);
 void matvec_quantized_launch(QuantizedLaunch launch, float* out, const DeviceMatrix& w,
                              const float* in, const float* norm_weight, float eps,
                              const float* bias, bool accumulate, cudaStream_t stream);
@@ -199,9 +200,9 @@ void gemm(float* out, int out_pitch, const DeviceMatrix& w, const DeviceActivati
 // and bf16 weights only), and the warpgroup GEMM of sm_90a (f16 and bf16;
 // kernels/gemm_warpgroup.cuh), where warpgroup_gemm_enabled.
 enum class GemmTiles { kSimt, kSmallBatch, kMedium, kLarge, kWide, kWarpgroup };
-// Where gemm runs the warpgroup GEMM, on sm_90a GPUs (H100, H200) and opt-in until it has
-// been measured against the other tiles: nowhere, where its grid fills the GPU
-// (BARELLM_CUDA_WGMMA=1), or for every f16/bf16 product past the small batches, whatever its
+// Where gemm runs the warpgroup GEMM on sm_90a GPUs (H100, H200): where its grid fills the
+// GPU (the default, or BARELLM_CUDA_WGMMA=1), nowhere (BARELLM_CUDA_WGMMA=0: the other
+// tiles, to compare), or for every f16/bf16 product past the small batches, whatever its
 // grid (BARELLM_CUDA_WGMMA=always: the tests' small models).
 enum class WarpgroupUse { kNever, kWhereItFills, kAlways };
 WarpgroupUse warpgroup_gemm_use();

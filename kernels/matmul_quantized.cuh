@@ -6,10 +6,11 @@
 // 32 columns (kernels.h: DeviceMatrix). The weights are dequantized in registers only.
 //
 // A block stages the input once for 16 warps' rows (a row set); with one wave
-// (QuantizedLaunch::one_wave) the grid has only as many blocks as the GPU holds at once, and
+// (QuantizedGrid::kOneWave) the grid has only as many blocks as the GPU holds at once, and
 // each block stages once for several row sets. At 4096 columns a Q4 row set is 37 KB of
 // weights, read after the block has staged 16 KB of input (normed and quantized, two
-// barriers); one wave stages once per block instead of once per set.
+// barriers); one wave stages once per block instead of once per set. matvec takes it where
+// a block per set would be more blocks than the GPU holds at once (choose_quantized_launch).
 //
 // How the products are computed: int8 dot products (dp4a) against the input quantized to
 // int8 per block of 32 columns, as the CPU's Q8/Q4 matvec does (cpu::quantize_q8: scale =
@@ -418,6 +419,17 @@ inline int choose_quantized_rows_per_warp(int rows, int multiprocessors) {
     return 1;
 }
 
+// The grid matvec takes for a matrix of `rows` rows at `rows_per_warp` where the GPU holds
+// `blocks_at_once` blocks of the one-wave kernel at once: one wave where a block per row
+// set would be more blocks than that, else a block per set. Measured on an H200 at
+// Mistral-7B's shapes (docs/BENCHMARKS.md), one wave takes the Q4 SwiGLU matvec from 31.0
+// to 24.8 us and a 14336-row Q4 matvec from 20.0 to 16.5 us; where a block per set is
+// already one wave (qkv, wo, w2), the one-wave kernel on the same grid was up to 12%
+// slower (w2: 18.2 us against 16.2).
+inline bool quantized_takes_one_wave(int rows, int rows_per_warp, int blocks_at_once) {
+    return quantized_row_sets(rows, rows_per_warp) > blocks_at_once;
+}
+
 // Calls use(std::integral_constant<int, R>) for rows_per_warp R (1 or 2).
 template <typename Use>
 void with_rows_per_warp(int rows_per_warp, Use&& use) {
@@ -441,21 +453,53 @@ void check_quantized_matrix(const DeviceMatrix& w, const char* what) {
         throw Error(std::string(what) + ": not a Q8/Q4 device matrix with scales and whole blocks");
 }
 
-// The rows per warp matvec gives a Q8/Q4 matrix of `rows` rows on the current GPU.
-int quantized_rows_per_warp_here(int rows) {
-    return choose_quantized_rows_per_warp(rows, current_device().multiprocessors);
+// The blocks of `kernel` the GPU holds at once with `shared` bytes of shared memory each.
+template <typename Kernel>
+int blocks_at_once(Kernel kernel, size_t shared) {
+    int blocks_per_multiprocessor = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_multiprocessor, kernel,
+                                                             kQuantizedMatvecThreads, shared));
+    return std::max(1, blocks_per_multiprocessor) * current_device().multiprocessors;
 }
 
 // The one-wave grid of `kernel` over `rows` rows: no more blocks than the GPU holds of it at
 // once (quantized_matvec_grid).
 template <typename Kernel>
 dim3 one_wave_grid(Kernel kernel, int rows, int rows_per_warp, size_t shared) {
-    int blocks_per_multiprocessor = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_multiprocessor, kernel,
-                                                             kQuantizedMatvecThreads, shared));
-    return quantized_matvec_grid(
-        rows, rows_per_warp,
-        std::max(1, blocks_per_multiprocessor) * current_device().multiprocessors);
+    return quantized_matvec_grid(rows, rows_per_warp, blocks_at_once(kernel, shared));
+}
+
+// quantized_takes_one_wave for the int8 kernel over w's rows (swiglu: the SwiGLU kernel)
+// on this GPU.
+template <DType D, int kRowsPerWarp>
+bool takes_one_wave_here(const DeviceMatrix& w, bool swiglu) {
+    const size_t shared = quantized_staging_bytes(w.pitch);
+    const int blocks =
+        swiglu
+            ? blocks_at_once(quantized_matvec_swiglu_kernel<D, false, true, kRowsPerWarp>, shared)
+            : blocks_at_once(quantized_matvec_kernel<D, false, true, false, kRowsPerWarp>, shared);
+    return quantized_takes_one_wave(w.rows, kRowsPerWarp, blocks);
+}
+
+// matvec's choice of launch for the Q8/Q4 matrix w (swiglu: matvec_swiglu's, w being w1),
+// filling in what `launch` leaves to it: rows per warp by choose_quantized_rows_per_warp
+// (SwiGLU one), the grid by quantized_takes_one_wave.
+QuantizedLaunch choose_quantized_launch(QuantizedLaunch launch, const DeviceMatrix& w,
+                                        bool swiglu) {
+    if (launch.rows_per_warp == 0)
+        launch.rows_per_warp =
+            swiglu ? 1 : choose_quantized_rows_per_warp(w.rows, current_device().multiprocessors);
+    if (launch.grid == QuantizedGrid::kChosen) {
+        bool one_wave = false;
+        with_quantized_dtype(w.dtype, [&](auto dtype) {
+            with_rows_per_warp(launch.rows_per_warp, [&](auto r) {
+                one_wave =
+                    takes_one_wave_here<decltype(dtype)::value, decltype(r)::value>(w, swiglu);
+            });
+        });
+        launch.grid = one_wave ? QuantizedGrid::kOneWave : QuantizedGrid::kBlockPerSet;
+    }
+    return launch;
 }
 
 template <DType D, bool kWidened, bool kOneWave, int kRowsPerWarp>
@@ -522,17 +566,16 @@ void launch_quantized_matvec(float* out, const DeviceMatrix& w, const float* in,
                              bool accumulate, bool widened, QuantizedLaunch launch,
                              cudaStream_t stream) {
     check_quantized_matrix(w, "matvec");
-    int rows_per_warp = launch.rows_per_warp;
-    if (rows_per_warp == 0) rows_per_warp = widened ? 1 : quantized_rows_per_warp_here(w.rows);
-    if (widened && (rows_per_warp != 1 || launch.one_wave))
+    if (widened && (launch.rows_per_warp != 1 || launch.grid != QuantizedGrid::kBlockPerSet))
         throw Error("matvec_widened: one row per warp and a block per row set");
+    if (!widened) launch = choose_quantized_launch(launch, w, /*swiglu=*/false);
     with_quantized_dtype(w.dtype, [&](auto dtype) {
         constexpr DType D = decltype(dtype)::value;
         if (widened)
             return launch_quantized_matvec_typed<D, true, false, 1>(out, w, in, norm_weight, eps,
                                                                     bias, accumulate, stream);
-        with_one_wave(launch.one_wave, [&](auto o) {
-            with_rows_per_warp(rows_per_warp, [&](auto r) {
+        with_one_wave(launch.grid == QuantizedGrid::kOneWave, [&](auto o) {
+            with_rows_per_warp(launch.rows_per_warp, [&](auto r) {
                 launch_quantized_matvec_typed<D, false, decltype(o)::value, decltype(r)::value>(
                     out, w, in, norm_weight, eps, bias, accumulate, stream);
             });
@@ -546,17 +589,16 @@ void launch_quantized_matvec_swiglu(float* out, const DeviceMatrix& w1, const De
                                     bool widened, QuantizedLaunch launch, cudaStream_t stream) {
     check_quantized_matrix(w1, "matvec_swiglu");
     check_quantized_matrix(w3, "matvec_swiglu");
-    // SwiGLU: one row per warp (choose_quantized_rows_per_warp).
-    const int rows_per_warp = launch.rows_per_warp == 0 ? 1 : launch.rows_per_warp;
-    if (widened && (rows_per_warp != 1 || launch.one_wave))
+    if (widened && (launch.rows_per_warp != 1 || launch.grid != QuantizedGrid::kBlockPerSet))
         throw Error("matvec_swiglu_widened: one row per warp and a block per row set");
+    if (!widened) launch = choose_quantized_launch(launch, w1, /*swiglu=*/true);
     with_quantized_dtype(w1.dtype, [&](auto dtype) {
         constexpr DType D = decltype(dtype)::value;
         if (widened)
             return launch_quantized_matvec_swiglu_typed<D, true, false, 1>(
                 out, w1, w3, in, norm_weight, eps, stream);
-        with_one_wave(launch.one_wave, [&](auto o) {
-            with_rows_per_warp(rows_per_warp, [&](auto r) {
+        with_one_wave(launch.grid == QuantizedGrid::kOneWave, [&](auto o) {
+            with_rows_per_warp(launch.rows_per_warp, [&](auto r) {
                 launch_quantized_matvec_swiglu_typed<D, false, decltype(o)::value,
                                                      decltype(r)::value>(out, w1, w3, in,
                                                                          norm_weight, eps, stream);
@@ -571,8 +613,9 @@ void prepare_quantized_matvec(size_t bytes) {
     allow_quantized_shared_bytes<DType::U8>(bytes);
 }
 
-int quantized_rows_per_warp(int rows, bool swiglu) {
-    return swiglu ? 1 : quantized_rows_per_warp_here(rows);
+QuantizedLaunch quantized_launch(const DeviceMatrix& w, bool swiglu) {
+    check_quantized_matrix(w, "quantized_launch");
+    return choose_quantized_launch(QuantizedLaunch{}, w, swiglu);
 }
 
 void matvec_quantized_launch(QuantizedLaunch launch, float* out, const DeviceMatrix& w,
@@ -596,7 +639,8 @@ void matvec_widened(float* out, const DeviceMatrix& w, const float* in, const fl
                     float eps, const float* bias, bool accumulate, cudaStream_t stream) {
     check_input_alignment(in, norm_weight);
     launch_quantized_matvec(out, w, in, norm_weight, eps, bias, accumulate, /*widened=*/true,
-                            QuantizedLaunch{/*rows_per_warp=*/1, /*one_wave=*/false}, stream);
+                            QuantizedLaunch{/*rows_per_warp=*/1, QuantizedGrid::kBlockPerSet},
+                            stream);
 }
 
 void matvec_swiglu_widened(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
@@ -604,9 +648,9 @@ void matvec_swiglu_widened(float* out, const DeviceMatrix& w1, const DeviceMatri
                            cudaStream_t stream) {
     check_swiglu_shapes(w1, w3);
     check_input_alignment(in, norm_weight);
-    launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps, /*widened=*/true,
-                                   QuantizedLaunch{/*rows_per_warp=*/1, /*one_wave=*/false},
-                                   stream);
+    launch_quantized_matvec_swiglu(
+        out, w1, w3, in, norm_weight, eps, /*widened=*/true,
+        QuantizedLaunch{/*rows_per_warp=*/1, QuantizedGrid::kBlockPerSet}, stream);
 }
 
 #endif  // BARELLM_CUDA_EMULATION

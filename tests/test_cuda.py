@@ -305,8 +305,8 @@ def compute_capability():
 @pytest.mark.parametrize("length", [100, 700])
 def test_warpgroup_gemm_prefill_matches_cpu(cuda, models, name, dtype, length):
     """BARELLM_CUDA_WGMMA=always runs the prefill's f16/bf16 GEMMs on the warpgroup GEMM of
-    sm_90a (kernels/gemm_warpgroup.cuh), these models' small grids included (=1 would leave
-    them on the other tiles), and w1, w3 and SwiGLU in one pass: TMA tiles whose columns
+    sm_90a (kernels/gemm_warpgroup.cuh), these models' small grids included (by default they
+    stay on the other tiles), and w1, w3 and SwiGLU in one pass: TMA tiles whose columns
     (204, 260) and rows end inside a tile, Qwen2's biases, a 700-token prompt in two
     batches."""
     if compute_capability() != "9.0":
@@ -456,6 +456,18 @@ def test_gpu_ladder_refuses_quantized_weights_in_one_line(cuda, models):
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Q8" in lines[0], result.stderr
+
+
+def test_wrong_warpgroup_setting_is_one_line(cuda, models):
+    """BARELLM_CUDA_WGMMA takes 0, 1 or always, on any GPU: another value stops the prefill
+    with one line naming it, exit status 1."""
+    result = subprocess.run([BARELLM, "run", models("stories260K", "f16"), "-p",
+                             "Once upon a time", "-n", "4", "--device", "cuda"],
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "BARELLM_CUDA_WGMMA": "yes"})
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "BARELLM_CUDA_WGMMA is 'yes'" in lines[0], result.stderr
 
 
 def test_device_cuda_without_gpu_says_so_in_one_line(tmp_path):

@@ -437,6 +437,20 @@ TEST_CASE("a one-wave quantized matvec grid gives its blocks equal numbers of ro
     CHECK(quantized_matvec_grid(70, 1, 4).x == 3);
 }
 
+TEST_CASE("matvec takes one wave only where a block per row set would exceed it",
+          "[cuda_emulation][decode]") {
+    // 132 SMs holding two blocks each: 264 at once. Mistral-7B's SwiGLU (896 sets of 16
+    // rows) and its 32000-row output matrix at two rows per warp (1000 sets of 32) exceed it.
+    CHECK(quantized_takes_one_wave(14336, 1, 264));
+    CHECK(quantized_takes_one_wave(32000, 2, 264));
+    // qkv (192 sets of 32), wo and w2 (4096 rows, one per warp: 256 sets) fit as they are.
+    CHECK_FALSE(quantized_takes_one_wave(6144, 2, 264));
+    CHECK_FALSE(quantized_takes_one_wave(4096, 1, 264));
+    // At the edge: 264 sets are one wave, 265 are not (4225 rows make 265 sets of 16).
+    CHECK_FALSE(quantized_takes_one_wave(264 * 16, 1, 264));
+    CHECK(quantized_takes_one_wave(264 * 16 + 1, 1, 264));
+}
+
 TEST_CASE("emulated Q8 matvecs (int8 and widened) match references", "[cuda_emulation][decode]") {
     std::mt19937 rng(14);
     check_quantized_matvecs<DType::I8>({96, 160, 45, 172}, rng);

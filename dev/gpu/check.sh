@@ -66,12 +66,13 @@
 #                 tg128 on the Mistral-7B f16, q4 and q8 files alternated, 2 rounds (about 3
 #                 minutes after the files; `BARELLM_CUDA_PDL=1 bash dev/gpu/check.sh tests`
 #                 runs every test with it)
-#   wgmma         the warpgroup GEMM of sm_90a (BARELLM_CUDA_WGMMA=1 turns it on where its
-#                 grid fills the GPU, =always everywhere): cuda_kernel_check with it (every
-#                 GEMM case on its tiles with each row count too, the gated form of the
-#                 feed-forward), the prefill, ppl, Qwen and greedy-text tests of
+#   wgmma         the GEMMs with and without the warpgroup GEMM of sm_90a (gemm takes it
+#                 where its grid fills the GPU; BARELLM_CUDA_WGMMA=0 turns it off, =always
+#                 takes it everywhere): cuda_kernel_check without it (the kernels step checks
+#                 it: every GEMM case on its tiles with each row count too, the gated form of
+#                 the feed-forward), the prefill, ppl, Qwen and greedy-text tests of
 #                 tests/test_cuda.py with =always (their models' grids are small), then pp512
-#                 on the Mistral-7B f16 file with and without (=1), alternated, 2 rounds
+#                 on the Mistral-7B f16 file without (=0) and with it, alternated, 2 rounds
 #                 (about 3 minutes after the file)
 #   ab            decode speed (tg128 on the Mistral-7B f16 and q4 files) of other trees
 #                 beside this one, alternated in one run: each
@@ -696,10 +697,10 @@ fi
 
 if wants wgmma; then
     step "prefill with and without the warpgroup GEMM"
-    if fits 60 "cuda_kernel_check with the warpgroup GEMM"; then
-        BARELLM_CUDA_WGMMA=1 timeout "$(capped 60)" build/cuda_kernel_check \
+    if fits 60 "cuda_kernel_check without the warpgroup GEMM"; then
+        BARELLM_CUDA_WGMMA=0 timeout "$(capped 60)" build/cuda_kernel_check \
             >"$LOG/wgmma_kernels.log" 2>&1
-        note "wgmma: cuda_kernel_check: exit $?, $(tail -1 "$LOG/wgmma_kernels.log")"
+        note "wgmma=0: cuda_kernel_check: exit $?, $(tail -1 "$LOG/wgmma_kernels.log")"
         grep -v "^PASS" "$LOG/wgmma_kernels.log" | grep -v "^|" | head -20
     fi
     if fits 90 "the prefill tests with the warpgroup GEMM"; then

@@ -400,8 +400,8 @@ MatvecReference quantized_matvec_reference(const Matrix& w, const std::vector<fl
     return out;
 }
 
-// The Q8/Q4 matvec variants: int8 products launched as matvec chooses (rows_per_warp 0) or
-// with a given number of rows per warp, a block per row set or one wave of blocks; and
+// The Q8/Q4 matvec variants: int8 products launched as matvec chooses (QuantizedLaunch{})
+// or with a given number of rows per warp, a block per row set or one wave of blocks; and
 // widened to f32.
 struct QuantizedVariant {
     bool widened;
@@ -410,12 +410,17 @@ struct QuantizedVariant {
         if (widened) return "widened";
         if (launch.rows_per_warp == 0) return "int8";
         return "int8, " + std::to_string(launch.rows_per_warp) + " rows/warp" +
-               (launch.one_wave ? ", one wave" : "");
+               (launch.grid == cuda::QuantizedGrid::kOneWave ? ", one wave" : "");
     }
 };
-constexpr QuantizedVariant kQuantizedVariants[] = {{false, {0, false}}, {false, {1, false}},
-                                                   {false, {2, false}}, {false, {1, true}},
-                                                   {false, {2, true}},  {true, {1, false}}};
+constexpr cuda::QuantizedGrid kBlockPerSet = cuda::QuantizedGrid::kBlockPerSet;
+constexpr cuda::QuantizedGrid kOneWave = cuda::QuantizedGrid::kOneWave;
+constexpr QuantizedVariant kQuantizedVariants[] = {{false, {}},
+                                                   {false, {1, kBlockPerSet}},
+                                                   {false, {2, kBlockPerSet}},
+                                                   {false, {1, kOneWave}},
+                                                   {false, {2, kOneWave}},
+                                                   {true, {1, kBlockPerSet}}};
 
 void quantized_matvec(const QuantizedVariant& variant, float* out, const DeviceMatrix& w,
                       const float* in, const float* norm_weight, float eps, const float* bias,
@@ -1583,48 +1588,48 @@ void bench(int multiprocessors) {
         const DeviceMatrix d2 = cuda::upload_matrix(w2.matrix, m2, staging, "w2");
         DeviceBuffer x = to_device(random_floats(14336)), norm = to_device(random_floats(14336));
         DeviceBuffer out = poisoned(14336);
-        // Mistral 7B's qkv and wo shapes too: the rows per warp matvec chooses depends on
-        // the rows (marked "matvec's").
+        // Mistral 7B's qkv and wo shapes too: the rows per warp and the grid matvec chooses
+        // depend on the rows (marked "matvec's").
         const HostMatrix wqkv = random_quantized_matrix(6144, 4096, dtype, true);
         DeviceBuffer mqkv;
         const DeviceMatrix dqkv = cuda::upload_matrix(wqkv.matrix, mqkv, staging, "wqkv");
         const DeviceMatrix dwo{dqkv.data, dtype, 4096, 4096, dqkv.pitch, dqkv.scales};
         for (const QuantizedVariant& variant : kQuantizedVariants) {
             if (!variant.widened && variant.launch.rows_per_warp == 0) continue;  // marked below
-            const auto mark = [&](int rows, bool swiglu = false) {
-                return !variant.widened && !variant.launch.one_wave &&
-                               variant.launch.rows_per_warp ==
-                                   cuda::quantized_rows_per_warp(rows, swiglu)
+            const auto mark = [&](const DeviceMatrix& w, bool swiglu = false) {
+                const cuda::QuantizedLaunch chosen = cuda::quantized_launch(w, swiglu);
+                return !variant.widened && variant.launch.rows_per_warp == chosen.rows_per_warp &&
+                               variant.launch.grid == chosen.grid
                            ? ", matvec's"
                            : "";
             };
             const std::string variant_label =
                 std::string(dtype_label(dtype)) + " " + variant.label();
-            line(("matvec " + variant_label + mark(4096) + " (w2, +residual)").c_str(),
-                 "4096x14336", time_ms([&](int) {
+            line(("matvec " + variant_label + mark(d2) + " (w2, +residual)").c_str(), "4096x14336",
+                 time_ms([&](int) {
                      quantized_matvec(variant, out.as<float>(), d2, x.as<float>(), nullptr, 0,
                                       nullptr, true, 0);
                  }),
                  double(d2.bytes()));
-            line(("matvec " + variant_label + mark(14336) + " (rmsnorm)").c_str(), "14336x4096",
+            line(("matvec " + variant_label + mark(d1) + " (rmsnorm)").c_str(), "14336x4096",
                  time_ms([&](int) {
                      quantized_matvec(variant, out.as<float>(), d1, x.as<float>(), norm.as<float>(),
                                       1e-5f, nullptr, false, 0);
                  }),
                  double(d1.bytes()));
-            line(("matvec " + variant_label + mark(6144) + " (qkv, rmsnorm)").c_str(), "6144x4096",
+            line(("matvec " + variant_label + mark(dqkv) + " (qkv, rmsnorm)").c_str(), "6144x4096",
                  time_ms([&](int) {
                      quantized_matvec(variant, out.as<float>(), dqkv, x.as<float>(),
                                       norm.as<float>(), 1e-5f, nullptr, false, 0);
                  }),
                  double(dqkv.bytes()));
-            line(("matvec " + variant_label + mark(4096) + " (wo, +residual)").c_str(), "4096x4096",
+            line(("matvec " + variant_label + mark(dwo) + " (wo, +residual)").c_str(), "4096x4096",
                  time_ms([&](int) {
                      quantized_matvec(variant, out.as<float>(), dwo, x.as<float>(), nullptr, 0,
                                       nullptr, true, 0);
                  }),
                  double(dwo.bytes()));
-            line(("matvec_swiglu " + variant_label + mark(14336, true)).c_str(), "2 x 14336x4096",
+            line(("matvec_swiglu " + variant_label + mark(d1, true)).c_str(), "2 x 14336x4096",
                  time_ms([&](int) {
                      quantized_matvec_swiglu(variant, out.as<float>(), d1, d3, x.as<float>(),
                                              norm.as<float>(), 1e-5f, 0);
