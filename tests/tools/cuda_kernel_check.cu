@@ -943,8 +943,8 @@ const char* tiles_label(cuda::GemmTiles tiles) {
 // (bf16's path below sm_80), the tensor-core tiles where the GPU multiplies dtype on tensor
 // cores (the large ones where they fit its shared memory: gemm picks them, or the wide ones,
 // for a huge size; the wide ones, which need less, for f16 and bf16 weights where the large
-// ones fit), and for f16 and bf16 the warpgroup GEMM where it is enabled (sm_90a,
-// BARELLM_CUDA_WGMMA=1). f16, Q8 and Q4 weights run on tensor cores only.
+// ones fit), and for f16 and bf16 the warpgroup GEMM where it is enabled (sm_90a, unless
+// BARELLM_CUDA_WGMMA=0). f16, Q8 and Q4 weights run on tensor cores only.
 std::vector<cuda::GemmTiles> runnable_tiles(DType dtype) {
     std::vector<cuda::GemmTiles> tiles;
     if (dtype == DType::F32 || dtype == DType::BF16) tiles.push_back(cuda::GemmTiles::kSimt);
@@ -1550,6 +1550,11 @@ void bench(int multiprocessors) {
         const DeviceMatrix d1 = cuda::upload_matrix(w1.matrix, m1, staging, "w1");
         const DeviceMatrix d3 = cuda::upload_matrix(w3.matrix, m3, staging, "w3");
         const DeviceMatrix d2 = cuda::upload_matrix(w2.matrix, m2, staging, "w2");
+        // Mistral 7B's qkv and wo shapes too (wo: the first 4096 rows of qkv's matrix).
+        const HostMatrix wqkv = random_matrix(6144, 4096, dtype, true);
+        DeviceBuffer mqkv;
+        const DeviceMatrix dqkv = cuda::upload_matrix(wqkv.matrix, mqkv, staging, "wqkv");
+        const DeviceMatrix dwo{dqkv.data, dtype, 4096, 4096, dqkv.pitch, nullptr};
         DeviceBuffer x = to_device(random_floats(14336)), norm = to_device(random_floats(14336));
         DeviceBuffer out = poisoned(14336);
         const std::string label = std::string("matvec ") + dtype_label(dtype);
@@ -1562,6 +1567,15 @@ void bench(int multiprocessors) {
                               false, 0);
              }),
              double(d1.bytes()));
+        line((label + " (qkv, rmsnorm)").c_str(), "6144x4096", time_ms([&](int) {
+                 cuda::matvec(out.as<float>(), dqkv, x.as<float>(), norm.as<float>(), 1e-5f,
+                              nullptr, false, 0);
+             }),
+             double(dqkv.bytes()));
+        line((label + " (wo, +residual)").c_str(), "4096x4096", time_ms([&](int) {
+                 cuda::matvec(out.as<float>(), dwo, x.as<float>(), nullptr, 0, nullptr, true, 0);
+             }),
+             double(dwo.bytes()));
         line((std::string("matvec_swiglu ") + dtype_label(dtype)).c_str(), "2 x 14336x4096",
              time_ms([&](int) {
                  cuda::matvec_swiglu(out.as<float>(), d1, d3, x.as<float>(), norm.as<float>(),
