@@ -74,8 +74,8 @@
 #                 tests/test_cuda.py with =always (their models' grids are small), then pp512
 #                 on the Mistral-7B f16 file without (=0) and with it, alternated, 2 rounds
 #                 (about 3 minutes after the file)
-#   ab            decode speed (tg128 on the Mistral-7B f16 and q4 files) of other trees
-#                 beside this one, alternated in one run: each
+#   ab            prefill and decode speed (pp512 and tg128 on the Mistral-7B f16 and q4
+#                 files) of other trees beside this one, alternated in one run: each
 #                 gpu_data/ab/NAME.tgz (made here by `git archive -o gpu_data/ab/NAME.tgz
 #                 REV`) is built (a later call on the warm machine keeps the build of an
 #                 unchanged archive) and must give this tree's greedy text first
@@ -760,9 +760,9 @@ if wants ab; then
                 label=$(basename "$file" .bin)
                 for name in "${trees[@]}"; do
                     bench "$name-$label-$round" "$WORK/ab/$name/build/barellm" "$file" 30 \
-                        -p 0 -n 128 -r 3
+                        -p 512 -n 128 -r 3
                 done
-                bench "this-$label-$round" build/barellm "$file" 30 -p 0 -n 128 -r 3
+                bench "this-$label-$round" build/barellm "$file" 30 -p 512 -n 128 -r 3
             done
         done
         for name in "${trees[@]}"; do
