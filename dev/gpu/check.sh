@@ -32,10 +32,10 @@
 #                 of the tensor-core peak, at Mistral-7B's shapes (cut at 120 s)
 #   gemm-tiles    dev/gpu/gemm_tiles.cu: the f16 GEMM kernels with each tile shape (the
 #                 warpgroup GEMM's among them), at Mistral-7B's matrices (Hopper only; about
-#                 40 s)
+#                 a minute)
 #   gemm-ncu      after gemm-tiles: Nsight Compute's report (stall reasons, throughputs) on
-#                 the large tiles and the warpgroup GEMM's tiles gemm takes at wo's shape
-#                 (128 x 128, clusters of 2 x 2) (about 90 s)
+#                 the large tiles and the warpgroup GEMM's tiles gemm takes at wo's shape on
+#                 an H200 (192 rows, clusters of 2 x 2) (about 90 s)
 #   matvec-ncu    Nsight Compute's report on the Q4 matvec (one row per warp, Mistral-7B's
 #                 w2 with the residual) and the Q4 SwiGLU matvec, their first launches in
 #                 `cuda_kernel_check --bench-only` (about 90 s)
@@ -445,10 +445,10 @@ if wants gemm-tiles && fits 60 "gemm-tiles"; then
         grep "^|" "$LOG/gemm_tiles.log" >"$LOG/gemm_tiles.md"
         note "gemm_tiles: $(head -1 "$LOG/gemm_tiles.log") (exit $status)"
         # The large tiles' kernel (mangled: TensorCoreTiles<128, 128, 2, 2, 2, 32, 4, 1>) and
-        # the warpgroup GEMM's 128 x 128 tiles in clusters of 2 x 2 (WarpgroupTiles<128, 7, 2,
+        # the warpgroup GEMM's 128 x 192 tiles in clusters of 2 x 2 (WarpgroupTiles<192, 5, 2,
         # 2>), their first launches at wo's shape; ncu leaves the clocks as they are.
         for kernel in TensorCoreTilesILi128ELi128ELi2ELi2ELi2ELi32ELi4ELi1E \
-            WarpgroupTilesILi128ELi7ELi2ELi2E; do
+            WarpgroupTilesILi192ELi5ELi2ELi2E; do
             if wants gemm-ncu && command -v ncu >/dev/null && fits 60 "ncu $kernel"; then
                 timeout "$(capped 60)" ncu --clock-control none --kernel-name-base mangled \
                     -k regex:"$kernel" --launch-count 1 --section SpeedOfLight \

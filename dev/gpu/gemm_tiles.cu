@@ -10,7 +10,7 @@
 // sm_90a for the warpgroup GEMM):
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Ikernels \
 //       -o build/gemm_tiles dev/gpu/gemm_tiles.cu src/safetensors.cpp src/json.cpp src/files.cpp
-//   build/gemm_tiles [SHAPE]     (SHAPE: qkv, wo, w1 or w2 alone)
+//   build/gemm_tiles [SHAPE]     (SHAPE: qkv, wo, w1, w1w3 or w2 alone)
 #include <cuda_fp16.h>
 
 #include <algorithm>
@@ -164,6 +164,8 @@ int main(int argc, char** argv) {
             // the rows choose_warpgroup_rows picks; without clusters, and with others, for
             // comparison.
             warpgroup_variant<WarpgroupTiles<128, 7, 1, 1>>("warpgroup 128x128/7/1x1", limit),
+            warpgroup_variant<WarpgroupTiles<192, 5, 1, 1>>("warpgroup 128x192/5/1x1", limit),
+            warpgroup_variant<WarpgroupTiles<224, 5, 1, 1>>("warpgroup 128x224/5/1x1", limit),
             warpgroup_variant<WarpgroupTiles<256, 4, 1, 1>>("warpgroup 128x256/4/1x1", limit),
             warpgroup_variant<WarpgroupGemmTiles<128, 2>>("warpgroup 128x128/7/2x2", limit),
             warpgroup_variant<WarpgroupGemmTiles<192, 2>>("warpgroup 128x192/5/2x2", limit),
@@ -173,8 +175,13 @@ int main(int argc, char** argv) {
             warpgroup_variant<WarpgroupTiles<256, 4, 2, 1>>("warpgroup 128x256/4/2x1", limit),
             warpgroup_variant<WarpgroupTiles<128, 7, 4, 2>>("warpgroup 128x128/7/4x2", limit),
         };
-        const Shape shapes[] = {
-            {"qkv", 6144, 4096}, {"wo", 4096, 4096}, {"w1", 14336, 4096}, {"w2", 4096, 14336}};
+        // w1w3: the rows of w1 and w3 together, as many as the gated product of gemm_swiglu
+        // (the same grid and FLOPs, a plain product).
+        const Shape shapes[] = {{"qkv", 6144, 4096},
+                                {"wo", 4096, 4096},
+                                {"w1", 14336, 4096},
+                                {"w1w3", 28672, 4096},
+                                {"w2", 4096, 14336}};
         constexpr int kTokens = 512;
 
         // Every shape's operands first, and the medium tiles' result as the reference; then
