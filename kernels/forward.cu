@@ -354,6 +354,7 @@ public:
         cudaDeviceProp properties;
         CUDA_CHECK(cudaGetDeviceProperties(&properties, 0));
         check_shape(properties);
+        cuda::warpgroup_gemm_use();  // a wrong BARELLM_CUDA_WGMMA stops here, before the upload
         if (options.flash_decoding)
             splits_ =
                 cuda::attention_splits(attention_shape(), context_, properties.multiProcessorCount);

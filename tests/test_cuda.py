@@ -459,8 +459,8 @@ def test_gpu_ladder_refuses_quantized_weights_in_one_line(cuda, models):
 
 
 def test_wrong_warpgroup_setting_is_one_line(cuda, models):
-    """BARELLM_CUDA_WGMMA takes 0, 1 or always, on any GPU: another value stops the prefill
-    with one line naming it, exit status 1."""
+    """BARELLM_CUDA_WGMMA takes 0, 1 or always, on any GPU: another value stops barellm
+    before it uploads the weights, with one line naming it, exit status 1."""
     result = subprocess.run([BARELLM, "run", models("stories260K", "f16"), "-p",
                              "Once upon a time", "-n", "4", "--device", "cuda"],
                             capture_output=True, text=True, timeout=120,
