@@ -83,9 +83,10 @@ inline dim3 warpgroup_grid(int tokens, int rows, int tile_rows, int cluster_toke
 // concurrent_blocks[i] blocks of choice i run at once (whole clusters on the GPU's SMs, one
 // block an SM): the one whose grid takes the least time, a wave of blocks costing its rows
 // (a block's time is proportional to them); ties go to the larger tiles, which read fewer
-// bytes per product. With 132 blocks at once (an H100) and 512 tokens: Mistral-7B's qkv
-// (6144 rows) takes 192 (128 blocks, one wave), w1/w3 (14336) 224 (256 blocks, two), wo
-// and w2 (4096) 128 (128 blocks, one).
+// bytes per product. Clusters of 2 x 2 run 120 blocks at once on an H200's 132 SMs
+// (dev/gpu/gemm_tiles.cu); there, at 512 tokens, Mistral-7B's qkv (6144 rows) takes 224 (112
+// blocks, one wave), wo and w2 (4096) 192 (88 blocks, one), and the gated w1/w3 (28672
+// product rows) 192 (600 blocks, five).
 inline int choose_warpgroup_rows(int tokens, int rows, int cluster_tokens,
                                  const std::array<int, kWarpgroupRowKinds>& concurrent_blocks) {
     int best = kWarpgroupRowChoices[0];
