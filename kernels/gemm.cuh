@@ -1008,15 +1008,15 @@ WarpgroupUse warpgroup_gemm_use() {
     constexpr bool kImageBuilt = false;
 #endif
     static const WarpgroupUse use = [] {
-        const char* setting = std::getenv("BARELLM_CUDA_WGMMA");
+        const char* variable = std::getenv("BARELLM_CUDA_WGMMA");
+        const std::string setting = variable != nullptr ? variable : "1";
         WarpgroupUse asked = WarpgroupUse::kWhereItFills;
-        if (setting != nullptr && std::strcmp(setting, "0") == 0)
+        if (setting == "0")
             asked = WarpgroupUse::kNever;
-        else if (setting != nullptr && std::strcmp(setting, "always") == 0)
+        else if (setting == "always")
             asked = WarpgroupUse::kAlways;
-        else if (setting != nullptr && std::strcmp(setting, "1") != 0)
-            throw Error(std::string("BARELLM_CUDA_WGMMA is '") + setting +
-                        "': it takes 0, 1 or always");
+        else if (setting != "1")
+            throw Error("BARELLM_CUDA_WGMMA is '" + setting + "': it takes 0, 1 or always");
         const bool runs = kImageBuilt && current_device().compute_capability == kHopper &&
                           kHopperSharedBytes <= current_device().shared_bytes_per_block;
         return runs ? asked : WarpgroupUse::kNever;
