@@ -132,6 +132,10 @@ struct PrefillState {
     float* up;                       // [B, hidden_dim]  w3 · normed
     cuda::DeviceActivations hidden;  // [B, hidden_dim]  silu(gate) * up, w2's input
     float* logits;                   // [B, vocab_size] with all_logits, else [1, vocab_size]
+    // Q8/Q4 weights dequantized to f16 for the warpgroup GEMM (kernels.h: DequantizeScratch),
+    // the largest matrix it takes at B tokens (w1 and w3 together); empty where none does or
+    // the GPU has no room for it.
+    cuda::DequantizeScratch dequantized;
 };
 
 // The first `tokens` rows of `rows`.
@@ -522,20 +526,22 @@ private:
             shape.window = layer.window;
             cuda::rmsnorm_rows(normed, s.x, layer.attn_norm, c.norm_eps, stream);
             cuda::gemm(s.qkv, qkv_pitch, layer.wqkv, normed, layer.qkv_bias, /*accumulate=*/false,
-                       stream);
+                       stream, s.dequantized);
             cuda::rope_kv_store_rows(s.qkv, qkv_pitch, state_.rope_frequencies, layer.key_cache,
                                      layer.value_cache, first_pos, B, c.heads, c.kv_heads,
                                      c.head_dim, layer.q_norm, layer.k_norm, c.norm_eps, kv_type_,
                                      stream);
             cuda::attention_prefill(att, s.qkv, qkv_pitch, layer.key_cache, layer.value_cache,
                                     first_pos, shape, kv_type_, stream);
-            cuda::gemm(s.x, c.dim, layer.wo, att, layer.o_bias, /*accumulate=*/true, stream);
+            cuda::gemm(s.x, c.dim, layer.wo, att, layer.o_bias, /*accumulate=*/true, stream,
+                       s.dequantized);
 
             // Feed-forward: x += w2 · (silu(w1 · norm(x)) * (w3 · norm(x)))
             cuda::rmsnorm_rows(normed, s.x, layer.ffn_norm, c.norm_eps, stream);
             cuda::gemm_swiglu(hidden, layer.w1, layer.w3, normed, s.gate, s.up, c.hidden_dim,
-                              stream);
-            cuda::gemm(s.x, c.dim, layer.w2, hidden, /*bias=*/nullptr, /*accumulate=*/true, stream);
+                              stream, s.dequantized);
+            cuda::gemm(s.x, c.dim, layer.w2, hidden, /*bias=*/nullptr, /*accumulate=*/true, stream,
+                       s.dequantized);
         }
 
         // logits = output · norm(x), of every row or of the last; the output matrix's dtype
@@ -547,7 +553,7 @@ private:
         cuda::rmsnorm_rows(final_normed, s.x + size_t(first_row) * c.dim, final_norm_, c.norm_eps,
                            stream);
         cuda::gemm(s.logits, c.vocab_size, output_, final_normed, /*bias=*/nullptr,
-                   /*accumulate=*/false, stream);
+                   /*accumulate=*/false, stream, s.dequantized);
         float* host = logits_out ? logits_out : host_logits_.as<float>();
         CUDA_CHECK(cudaMemcpyAsync(host, s.logits, size_t(rows) * c.vocab_size * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream));
@@ -666,6 +672,32 @@ private:
         size_t bytes = 0;
         for (DType dtype : {layer_gemm_input(), cuda::gemm_input_dtype(model_.output.dtype)})
             bytes = std::max(bytes, size_t(cuda::padded_cols(cols, dtype)) * dtype_size(dtype));
+        return bytes;
+    }
+
+    // Bytes of PrefillState::dequantized: the largest Q8/Q4 matrix as f16 that gemm takes the
+    // warpgroup GEMM for at prefill_batch_ tokens (w1 and w3 count together), or 0. A batch
+    // of fewer tokens takes it for no larger matrix.
+    size_t dequantize_scratch_bytes(bool all_logits) const {
+        const Config& c = model_.config;
+        size_t bytes = 0;
+        auto consider = [&](const Matrix& m, int rows, int matrices) {
+            if (!is_quantized(m.dtype) ||
+                cuda::gemm_tiles(m.dtype, prefill_batch_, rows) != cuda::GemmTiles::kWarpgroup)
+                return;
+            DeviceMatrix shape;
+            shape.dtype = m.dtype;
+            shape.rows = rows;
+            shape.cols = m.cols;
+            bytes = std::max(bytes, matrices * cuda::dequantized_bytes(shape));
+        };
+        for (const LayerWeights& w : model_.layers) {
+            consider(w.wq, c.q_dim() + 2 * c.kv_dim(), 1);  // wq, wk and wv as one matrix
+            consider(w.wo, w.wo.rows, 1);
+            consider(w.w1, w.w1.rows, 2);
+            consider(w.w2, w.w2.rows, 1);
+        }
+        if (all_logits) consider(model_.output, model_.output.rows, 1);
         return bytes;
     }
 
@@ -820,6 +852,13 @@ private:
         s.up = floats(size_t(B) * c.hidden_dim, "prefill up");
         s.hidden = activations(c.hidden_dim, "prefill hidden");
         s.logits = floats(size_t(all_logits ? B : 1) * c.vocab_size, "prefill logits");
+        // Where the GPU has room for it after everything else: without it, the quantized tiles
+        // multiply Q8/Q4 weights (no model is refused for want of it).
+        const size_t dequantized_bytes = dequantize_scratch_bytes(all_logits);
+        size_t free_bytes = 0, total_bytes = 0;
+        CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+        if (dequantized_bytes > 0 && dequantized_bytes + kMemoryHeadroom <= free_bytes)
+            s.dequantized = {bytes(dequantized_bytes, "prefill f16 weights"), dequantized_bytes};
         host_tokens_ = PinnedBuffer(size_t(B) * sizeof(int), "the prefill token ids");
     }
 

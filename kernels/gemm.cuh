@@ -29,7 +29,8 @@
 //   (scales included) than with f16 weights.
 // - On sm_90a, f16 and bf16 weights can run on the warpgroup instructions instead
 //   (gemm_warpgroup.cuh: TMA copies, wgmma, clusters sharing their operand tiles), where
-//   warpgroup_gemm_enabled says so.
+//   warpgroup_gemm_enabled says so; so can Q8 and Q4 weights, each matrix dequantized to f16
+//   in device memory the caller lends (dequantize.cuh, kernels.h: DequantizeScratch) first.
 // - f32 weights, and bf16 weights on sm_75 (no bf16 mma there), run on a SIMT tiled GEMM
 //   (gemm_simt_kernel): shared-memory tiles of both operands, each thread a 4 x 4 block of
 //   outputs in registers.
@@ -44,6 +45,7 @@
 #include <cstdint>
 
 #include "common.cuh"
+#include "dequantize.cuh"
 #include "gemm_warpgroup.cuh"
 #include "kernels.h"
 #include "tensor_core.cuh"
@@ -435,40 +437,6 @@ struct QuantizedTiles {
                   "tile kt + 1 is dequantized while tile kt is multiplied: one more stage landed");
 };
 
-// The f16 bits of 1024: 0x6400 | b is the f16 1024 + b for 0 <= b < 1024.
-constexpr uint32_t kF16Magic1024 = 0x6400u;
-constexpr float kF16Magic1024Value = 1024.0f;
-
-// Four weights held as the bytes of `bytes` (each q + bias, 0..255; the lowest byte is the
-// lowest column) dequantized to f16: q * scale rounded to f16 (scale: f16 bits), as two
-// f16x2 words, the lower column in the lower half. On the GPU the bytes become f16 1024 + b
-// by bit operations and two f16x2 instructions subtract 1024 + bias (exact) and multiply by
-// the scale (one rounding); the CPU emulation computes the same single rounding in f32, where
-// q * scale is exact.
-__device__ __forceinline__ uint2 dequantize_four(uint32_t bytes, int bias, uint16_t scale) {
-#ifdef __CUDA_ARCH__
-    const uint32_t magic_pair = kF16Magic1024 << 16 | kF16Magic1024;
-    const uint32_t low = (bytes & 0xffu) | (bytes & 0xff00u) << 8 | magic_pair;
-    const uint32_t high = (bytes >> 16 & 0xffu) | (bytes >> 8 & 0xff0000u) | magic_pair;
-    const __half2 offset = __float2half2_rn(kF16Magic1024Value + float(bias));
-    const __half2 scale_pair = __half2half2(__ushort_as_half(scale));
-    const __half2 low_values =
-        __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&low), offset), scale_pair);
-    const __half2 high_values =
-        __hmul2(__hsub2(*reinterpret_cast<const __half2*>(&high), offset), scale_pair);
-    return uint2{*reinterpret_cast<const uint32_t*>(&low_values),
-                 *reinterpret_cast<const uint32_t*>(&high_values)};
-#else
-    const float s = __half2float(__ushort_as_half(scale));
-    uint32_t halves[4];
-    for (int i = 0; i < 4; ++i) {
-        const int q = int(bytes >> (8 * i) & 0xffu) - bias;
-        halves[i] = __half_as_ushort(__float2half_rn(float(q) * s));
-    }
-    return uint2{halves[0] | halves[1] << 16, halves[2] | halves[3] << 16};
-#endif
-}
-
 // Issues the copies of K tile k0.. (columns k0 .. k0 + kTileK) into `stage`: the block's
 // token rows of `in` (f16, columns past in_extent zero-filled) and its weight rows' raw
 // bytes (w_row_bytes a row; bytes past the row zero-filled); rows past tokens or rows are
@@ -540,15 +508,11 @@ __device__ __forceinline__ void store_stage_scales(
 }
 
 // The stage's weights as f16 into `tile` [kTileRows][kStageStride]: each thread turns
-// 8 consecutive weights of a row (one 16-byte chunk of the tile) at a time.
-// - Q8: 8 int8 values; q + 128 is the byte with its top bit flipped.
-// - Q4: columns c..c+7 of a block are the low (c < 16) or high nibbles of its bytes
-//   c % 16 .. c % 16 + 7, each q + kQ4Offset.
+// 8 consecutive weights of a row (one 16-byte chunk of the tile) at a time
+// (dequantize.cuh: dequantize_eight).
 template <DType W, typename Tiles>
 __device__ __forceinline__ void dequantize_stage(uint16_t* tile, const uint8_t* stage) {
     using Q = QuantizedTiles<W, Tiles>;
-    constexpr uint32_t kSignBits = 0x80808080u, kLowNibbles = 0x0f0f0f0fu;
-    constexpr int kQ8Bias = 128, kNibbleBits = 4, kHalfBlock = kQuantizedBlock / 2;
     const uint8_t* raw = stage + Q::kActivationBytes;
     const uint16_t* stage_scales = reinterpret_cast<const uint16_t*>(raw + Q::kRawBytes);
 #pragma unroll
@@ -556,27 +520,9 @@ __device__ __forceinline__ void dequantize_stage(uint16_t* tile, const uint8_t* 
         const int chunk = threadIdx.x + j * Tiles::kThreads;
         const int tile_row = chunk / Tiles::kChunksPerRow;
         const int column = chunk % Tiles::kChunksPerRow * kChunkElements;  // in the K tile
-        const int block = column / kQuantizedBlock, within = column % kQuantizedBlock;
-        const uint16_t scale = stage_scales[tile_row * Q::kBlocksPerRow + block];
-        uint2 bytes;
-        int bias;
-        if constexpr (W == DType::I8) {
-            bytes = *reinterpret_cast<const uint2*>(raw + tile_row * Q::kRowBytes + column);
-            bytes.x ^= kSignBits;
-            bytes.y ^= kSignBits;
-            bias = kQ8Bias;
-        } else {
-            bytes = *reinterpret_cast<const uint2*>(raw + tile_row * Q::kRowBytes +
-                                                    block * kHalfBlock + within % kHalfBlock);
-            const int shift = within / kHalfBlock * kNibbleBits;
-            bytes.x = bytes.x >> shift & kLowNibbles;
-            bytes.y = bytes.y >> shift & kLowNibbles;
-            bias = kQ4Offset;
-        }
-        const uint2 low = dequantize_four(bytes.x, bias, scale);
-        const uint2 high = dequantize_four(bytes.y, bias, scale);
+        const uint16_t scale = stage_scales[tile_row * Q::kBlocksPerRow + column / kQuantizedBlock];
         *reinterpret_cast<uint4*>(tile + tile_row * Tiles::kStageStride + column) =
-            uint4{low.x, low.y, high.x, high.y};
+            dequantize_eight<W>(raw + tile_row * Q::kRowBytes, column, scale);
     }
 }
 
@@ -814,14 +760,15 @@ inline double tile_waves(size_t blocks, int tile_outputs, int multiprocessors) {
 //   batches take GemmTiles::kWarpgroup instead of the last two rules: always, or
 //   (kWhereItFills) where its grid of the smallest tiles (128 tokens x 128 rows) has at
 //   least 3 blocks per 4 SMs as for the large tiles (e.g. not Mistral-7B's qkv below 257
-//   tokens: its weights must stream through every SM).
+//   tokens: its weights must stream through every SM). Q8 and Q4 weights take it where f16
+//   weights would, dequantized to f16 first (gemm: where its scratch holds them).
 // The columns do not enter: they set the length of each block's K loop, not the grid.
 inline GemmTiles choose_gemm_tiles(DType dtype, int tokens, int rows, int compute_capability,
                                    int multiprocessors, size_t shared_bytes_per_block,
                                    WarpgroupUse warpgroup = WarpgroupUse::kNever) {
     if (!has_tensor_core_product(dtype, compute_capability)) return GemmTiles::kSimt;
     if (tokens <= kSmallBatchMaxTokens) return GemmTiles::kSmallBatch;
-    if (warpgroup != WarpgroupUse::kNever && (dtype == DType::F16 || dtype == DType::BF16)) {
+    if (warpgroup != WarpgroupUse::kNever && dtype != DType::F32) {
         if (warpgroup == WarpgroupUse::kAlways) return GemmTiles::kWarpgroup;
         constexpr int kSmallestRows = kWarpgroupRowChoices[kWarpgroupRowKinds - 1];
         const dim3 grid = warpgroup_grid(tokens, rows, kSmallestRows, 1, kWarpgroupClusterRows);
@@ -1026,15 +973,38 @@ WarpgroupUse warpgroup_gemm_use() {
 
 bool warpgroup_gemm_enabled() { return warpgroup_gemm_use() != WarpgroupUse::kNever; }
 
-GemmTiles gemm_tiles(DType dtype, int tokens, int rows) {
+namespace {
+
+// choose_gemm_tiles on this GPU, with or without the warpgroup GEMM.
+GemmTiles gemm_tiles_here(DType dtype, int tokens, int rows, WarpgroupUse warpgroup) {
     const DeviceFigures& device = current_device();
     return choose_gemm_tiles(dtype, tokens, rows, device.compute_capability, device.multiprocessors,
-                             device.shared_bytes_per_block, warpgroup_gemm_use());
+                             device.shared_bytes_per_block, warpgroup);
+}
+
+// Whether `scratch` holds `matrices` Q8/Q4 matrices of w's shape dequantized to f16.
+bool scratch_holds(const DequantizeScratch& scratch, const DeviceMatrix& w, int matrices) {
+    return scratch.data != nullptr && scratch.bytes >= matrices * dequantized_bytes(w);
+}
+
+// The tiles gemm takes for w: gemm_tiles', but Q8/Q4 weights keep the quantized tiles where
+// the scratch cannot hold `matrices` of them (gemm_swiglu: w1 and w3) as f16.
+GemmTiles gemm_tiles_for(const DeviceMatrix& w, int tokens, const DequantizeScratch& scratch,
+                         int matrices) {
+    const bool room = !is_quantized(w.dtype) || scratch_holds(scratch, w, matrices);
+    return gemm_tiles_here(w.dtype, tokens, w.rows,
+                           room ? warpgroup_gemm_use() : WarpgroupUse::kNever);
+}
+
+}  // namespace
+
+GemmTiles gemm_tiles(DType dtype, int tokens, int rows) {
+    return gemm_tiles_here(dtype, tokens, rows, warpgroup_gemm_use());
 }
 
 void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMatrix& w,
                      const DeviceActivations& in, const float* bias, bool accumulate,
-                     cudaStream_t stream, int warpgroup_rows) {
+                     cudaStream_t stream, const DequantizeScratch& scratch, int warpgroup_rows) {
     check_gemm_operands(out, out_pitch, w, in);
     if (in.tokens == 0 || w.rows == 0) return;
     const DeviceFigures& device = current_device();
@@ -1063,8 +1033,17 @@ void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMat
                     return launch_gemm_quantized<W, LargeTiles>(out, out_pitch, w, in, bias,
                                                                 accumulate, stream);
                 case GemmTiles::kWide:
-                case GemmTiles::kWarpgroup:
-                    throw Error("gemm: the wide and warpgroup tiles take f16 and bf16 weights");
+                    throw Error("gemm: the wide tiles take f16 and bf16 weights");
+                case GemmTiles::kWarpgroup: {
+                    if (!scratch_holds(scratch, w, 1))
+                        throw Error(
+                            "gemm: Q8/Q4 weights on the warpgroup GEMM need scratch "
+                            "for their f16 copy");
+                    const DeviceMatrix f16 = dequantize_to_f16(w, scratch.data, stream);
+                    return launch_gemm_warpgroup<DType::F16>(warpgroup_rows, out, out_pitch,
+                                                             f16.rows, f16, nullptr, in, bias,
+                                                             accumulate, stream);
+                }
             }
         });
         CUDA_CHECK_LAUNCH("gemm kernel");
@@ -1106,27 +1085,32 @@ void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMat
 }
 
 void gemm(float* out, int out_pitch, const DeviceMatrix& w, const DeviceActivations& in,
-          const float* bias, bool accumulate, cudaStream_t stream) {
-    gemm_with_tiles(gemm_tiles(w.dtype, in.tokens, w.rows), out, out_pitch, w, in, bias, accumulate,
-                    stream);
+          const float* bias, bool accumulate, cudaStream_t stream,
+          const DequantizeScratch& scratch) {
+    gemm_with_tiles(gemm_tiles_for(w, in.tokens, scratch, 1), out, out_pitch, w, in, bias,
+                    accumulate, stream, scratch);
 }
 
 void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                  const DeviceActivations& in, float* gate, float* up, int gate_pitch,
-                 cudaStream_t stream, int warpgroup_rows) {
+                 cudaStream_t stream, const DequantizeScratch& scratch, int warpgroup_rows) {
     if (w1.dtype != w3.dtype || w1.rows != w3.rows || w1.cols != w3.cols)
         throw Error("gemm_swiglu: w1 and w3 differ in dtype or shape");
     if (out.tokens != in.tokens || out.cols != w1.rows)
         throw Error("gemm_swiglu: the output is not tokens x w1's rows");
-    // Given rows, the warpgroup GEMM runs wherever it can (tests); else where gemm takes it.
+    // Q8/Q4 weights take the gated form only where the scratch holds both as f16. Given rows,
+    // the warpgroup GEMM runs wherever it can (tests); else where gemm takes it.
+    const bool quantized = is_quantized(w1.dtype);
+    const bool takes_warpgroup = w1.dtype == DType::F16 || w1.dtype == DType::BF16 ||
+                                 (quantized && scratch_holds(scratch, w1, 2));
     const bool warpgroup =
-        warpgroup_rows != 0
-            ? warpgroup_gemm_enabled() && (w1.dtype == DType::F16 || w1.dtype == DType::BF16)
-            : gemm_tiles(w1.dtype, in.tokens, w1.rows) == GemmTiles::kWarpgroup;
-    const bool fused = warpgroup && out.dtype == w1.dtype;
+        takes_warpgroup &&
+        (warpgroup_rows != 0 ? warpgroup_gemm_enabled()
+                             : gemm_tiles_for(w1, in.tokens, scratch, 2) == GemmTiles::kWarpgroup);
+    const bool fused = warpgroup && out.dtype == gemm_input_dtype(w1.dtype);
     if (!fused) {
-        gemm(gate, gate_pitch, w1, in, /*bias=*/nullptr, /*accumulate=*/false, stream);
-        gemm(up, gate_pitch, w3, in, /*bias=*/nullptr, /*accumulate=*/false, stream);
+        gemm(gate, gate_pitch, w1, in, /*bias=*/nullptr, /*accumulate=*/false, stream, scratch);
+        gemm(up, gate_pitch, w3, in, /*bias=*/nullptr, /*accumulate=*/false, stream, scratch);
         swiglu_rows(out, gate, up, gate_pitch, stream);
         return;
     }
@@ -1138,12 +1122,20 @@ void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const Dev
         throw Error("gemm_swiglu: the output rows must be 16-byte aligned and padded as usual");
     check_apart_from_input(out.data, out.bytes(), in);
     if (in.tokens == 0 || w1.rows == 0) return;
-    with_weight_dtype(w1.dtype, [&](auto dtype) {
-        constexpr DType D = decltype(dtype)::value;
-        if constexpr (D == DType::F16 || D == DType::BF16)
-            launch_gemm_warpgroup<D>(warpgroup_rows, out.data, out.pitch, out.pitch, w1, &w3, in,
-                                     nullptr, false, stream);
-    });
+    if (quantized) {  // both dequantized, w3's copy after w1's
+        const DeviceMatrix f16_w1 = dequantize_to_f16(w1, scratch.data, stream);
+        const DeviceMatrix f16_w3 =
+            dequantize_to_f16(w3, static_cast<char*>(scratch.data) + dequantized_bytes(w1), stream);
+        launch_gemm_warpgroup<DType::F16>(warpgroup_rows, out.data, out.pitch, out.pitch, f16_w1,
+                                          &f16_w3, in, nullptr, false, stream);
+    } else {
+        with_weight_dtype(w1.dtype, [&](auto dtype) {
+            constexpr DType D = decltype(dtype)::value;
+            if constexpr (D == DType::F16 || D == DType::BF16)
+                launch_gemm_warpgroup<D>(warpgroup_rows, out.data, out.pitch, out.pitch, w1, &w3,
+                                         in, nullptr, false, stream);
+        });
+    }
     CUDA_CHECK_LAUNCH("gemm_swiglu kernel");
 }
 

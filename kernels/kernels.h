@@ -2,10 +2,10 @@
 // no device code, so host code that only launches kernels does not recompile them.
 //
 // - The kernels live in the .cuh files named after what they compute (embedding.cuh,
-//   matmul.cuh, matmul_quantized.cuh, rope.cuh, attention.cuh, gemm.cuh; the GPU ladder's
-//   simple versions in matmul_simple.cuh, elementwise_simple.cuh, attention_simple.cuh),
-//   compiled once, in kernels.cu. forward.cu and tests/tools/cuda_kernel_check.cu launch
-//   them through here.
+//   matmul.cuh, matmul_quantized.cuh, rope.cuh, attention.cuh, gemm.cuh, dequantize.cuh;
+//   the GPU ladder's simple versions in matmul_simple.cuh, elementwise_simple.cuh,
+//   attention_simple.cuh), compiled once, in kernels.cu. forward.cu and
+//   tests/tools/cuda_kernel_check.cu launch them through here.
 // - Decode activations are f32 in device memory, the batched prefill's GEMM inputs f32, f16
 //   or bf16 (DeviceActivations); weights are f32, f16, bf16, Q8 (I8) or Q4 (U8): the decode
 //   kernels (embedding, matvec, matvec_swiglu) and the batched prefill's GEMM (gemm,
@@ -188,17 +188,34 @@ inline DType gemm_input_dtype(DType weights) {
     return weights == DType::I8 || weights == DType::U8 ? DType::F16 : weights;
 }
 
+// Device memory where gemm and gemm_swiglu dequantize Q8/Q4 weights to f16 for the warpgroup
+// GEMM of sm_90a: where that GEMM would take f16 weights of the same shape, a Q8/Q4 matrix is
+// first dequantized into the scratch (dequantized_bytes; gemm_swiglu's gated form both w1
+// and w3, w3 after w1), then multiplied as f16. Without room (or without scratch) Q8/Q4
+// weights take the quantized tiles. The product is that of the same f16 weights either way.
+struct DequantizeScratch {
+    void* data = nullptr;  // 16-byte aligned
+    size_t bytes = 0;
+};
+// Bytes of the f16 copy of the Q8/Q4 matrix w (rows of padded_cols(cols, F16) values).
+size_t dequantized_bytes(const DeviceMatrix& w);
+// The f16 matrix of w's weights (each q * scale rounded to f16, as the quantized tiles
+// dequantize them), written into f16 (dequantized_bytes(w), 16-byte aligned). (dequantize.cuh)
+DeviceMatrix dequantize_to_f16(const DeviceMatrix& w, void* f16, cudaStream_t stream);
+
 // out[t, r] = sum_c in[t, c] * W[r, c] (+ bias[r] when bias is given) for t < in.tokens,
 // r < w.rows, accumulated in f32; with accumulate, out[t, r] += that sum (the residual
 // connection). in.dtype == gemm_input_dtype(w.dtype), in.cols == w.cols; out is f32 [in.tokens,
 // out_pitch], out_pitch >= w.rows, and must not overlap in. (kernels/gemm.cuh)
 void gemm(float* out, int out_pitch, const DeviceMatrix& w, const DeviceActivations& in,
-          const float* bias, bool accumulate, cudaStream_t stream);
+          const float* bias, bool accumulate, cudaStream_t stream,
+          const DequantizeScratch& scratch = {});
 
 // The block tiles gemm chooses among (kernels/gemm.cuh: choose_gemm_tiles is the rule):
 // the SIMT GEMM (f32 weights; bf16 below sm_80), four tensor-core tile shapes (kWide: f16
-// and bf16 weights only), and the warpgroup GEMM of sm_90a (f16 and bf16;
-// kernels/gemm_warpgroup.cuh), where warpgroup_gemm_enabled.
+// and bf16 weights only), and the warpgroup GEMM of sm_90a (f16 and bf16, and Q8/Q4
+// dequantized to f16 in a DequantizeScratch; kernels/gemm_warpgroup.cuh), where
+// warpgroup_gemm_enabled.
 enum class GemmTiles { kSimt, kSmallBatch, kMedium, kLarge, kWide, kWarpgroup };
 // Where gemm runs the warpgroup GEMM on sm_90a GPUs (H100, H200): where its grid fills the
 // GPU (the default, or BARELLM_CUDA_WGMMA=1), nowhere (BARELLM_CUDA_WGMMA=0: the other
@@ -208,27 +225,29 @@ enum class WarpgroupUse { kNever, kWhereItFills, kAlways };
 WarpgroupUse warpgroup_gemm_use();
 // warpgroup_gemm_use() != kNever.
 bool warpgroup_gemm_enabled();
-// The tiles gemm picks for these sizes on the current GPU.
+// The tiles gemm picks for these sizes on the current GPU (Q8/Q4: given scratch with room).
 GemmTiles gemm_tiles(DType dtype, int tokens, int rows);
 // The weight rows of the warpgroup GEMM's blocks gemm chooses among (largest first).
 constexpr int kWarpgroupRowChoices[] = {256, 224, 192, 128};
 // gemm with the given tiles, whatever the sizes (tests and benchmarks reach every path
 // with it); throws when the GPU or the dtype cannot run them. The warpgroup GEMM's blocks
 // take `warpgroup_rows` weight rows (one of kWarpgroupRowChoices), or with 0 those gemm
-// would.
+// would. Q8/Q4 weights on the warpgroup GEMM need the scratch.
 void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMatrix& w,
                      const DeviceActivations& in, const float* bias, bool accumulate,
-                     cudaStream_t stream, int warpgroup_rows = 0);
+                     cudaStream_t stream, const DequantizeScratch& scratch = {},
+                     int warpgroup_rows = 0);
 // The feed-forward's gate of a prefill batch: out[t, i] = silu(in[t, :] · W1[i, :]) ·
 // (in[t, :] · W3[i, :]) as out's dtype, i < W1's rows (out's padding columns 0). Where gemm
 // would run the warpgroup GEMM (or with warpgroup_rows, as for gemm_with_tiles, wherever it
-// runs) and out has the weights' dtype, one pass computes both products and applies SwiGLU
-// before its stores;
+// runs; Q8/Q4 weights where the scratch holds both as f16) and out has the dtype of the
+// GEMM's input, one pass computes both products and applies SwiGLU before its stores;
 // otherwise gemm writes them into gate and up ([tokens, gate_pitch] f32) and swiglu_rows
 // combines them.
 void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                  const DeviceActivations& in, float* gate, float* up, int gate_pitch,
-                 cudaStream_t stream, int warpgroup_rows = 0);
+                 cudaStream_t stream, const DequantizeScratch& scratch = {},
+                 int warpgroup_rows = 0);
 
 // x[t, 0..dim) = table[tokens[t]] as f32 for t < count (tokens in device memory, checked on
 // the host before); x has pitch table.cols. (kernels/prefill.cuh)

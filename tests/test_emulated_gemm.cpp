@@ -140,7 +140,8 @@ TEST_CASE("gemm's tile rule picks the tiles the H100 measurements favour",
     // An sm_86/89 GPU (99 KiB a block): neither the large nor the wide tiles fit.
     CHECK(choose_gemm_tiles(DType::F16, 512, 14336, 89, 128, 99 * 1024) == GemmTiles::kMedium);
     // With the warpgroup GEMM enabled: f16 and bf16 past the small batches take it where its
-    // grid has 3 blocks per 4 SMs; Q8, Q4 and f32 weights and small batches keep their tiles.
+    // grid has 3 blocks per 4 SMs, and so do Q8 and Q4 (dequantized to f16 first); f32
+    // weights and small batches keep their tiles.
     constexpr WarpgroupUse kFills = WarpgroupUse::kWhereItFills, kAlways = WarpgroupUse::kAlways;
     CHECK(h100(DType::F16, 512, 4096, kFills) == GemmTiles::kWarpgroup);
     CHECK(h100(DType::BF16, 65, 14336, kFills) == GemmTiles::kWarpgroup);  // 112 blocks
@@ -150,13 +151,16 @@ TEST_CASE("gemm's tile rule picks the tiles the H100 measurements favour",
     CHECK(h100(DType::F16, 256, 6144, kFills) != GemmTiles::kWarpgroup);
     CHECK(h100(DType::F16, 257, 6144, kFills) == GemmTiles::kWarpgroup);
     CHECK(h100(DType::F16, 64, 14336, kFills) == GemmTiles::kSmallBatch);
-    CHECK(h100(DType::U8, 512, 14336, kFills) == GemmTiles::kLarge);
+    CHECK(h100(DType::U8, 512, 14336, kFills) == GemmTiles::kWarpgroup);
+    CHECK(h100(DType::I8, 257, 6144, kFills) == GemmTiles::kWarpgroup);
+    CHECK(h100(DType::I8, 100, 6144, kFills) == GemmTiles::kMedium);
+    CHECK(h100(DType::U8, 64, 14336, kFills) == GemmTiles::kSmallBatch);
     CHECK(h100(DType::F32, 512, 4096, kFills) == GemmTiles::kSimt);
     // BARELLM_CUDA_WGMMA=always: whatever the grid, past the small batches.
     CHECK(h100(DType::F16, 100, 6144, kAlways) == GemmTiles::kWarpgroup);
     CHECK(h100(DType::BF16, 65, 64, kAlways) == GemmTiles::kWarpgroup);
     CHECK(h100(DType::F16, 64, 6144, kAlways) == GemmTiles::kSmallBatch);
-    CHECK(h100(DType::U8, 512, 14336, kAlways) == GemmTiles::kLarge);
+    CHECK(h100(DType::U8, 100, 6144, kAlways) == GemmTiles::kWarpgroup);
 }
 
 TEST_CASE("the warpgroup GEMM's row rule fills the GPU's waves", "[cuda_emulation][gemm]") {

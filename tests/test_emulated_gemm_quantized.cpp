@@ -4,7 +4,8 @@
 // every byte, scales of either sign, Q8 rows padded to whole blocks) decoded here from the
 // format's definition and rounded to f16 as the kernel dequantizes them, times f16
 // activations; every tile shape, at sizes that are not multiples of the tiles, with bias,
-// accumulation and a wider output pitch. The batched prefill's Q8/Q4 embedding rows too.
+// accumulation and a wider output pitch. The batched prefill's Q8/Q4 embedding rows, and the
+// whole matrices dequantized to f16 for the warpgroup GEMM (dequantize.cuh), too.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <random>
@@ -147,7 +148,45 @@ void check_embedding_rows(std::mt19937& rng) {
         }
 }
 
+// dequantize_rows_kernel as dequantize_to_f16 launches it: every value the f16 of the
+// decoded weight (the rounding the GEMM tiles apply), the padding columns of the f16 rows
+// (Q8's padding values) zero, nothing written past the rows.
+template <DType W>
+void check_dequantize_rows(int rows, int cols, std::mt19937& rng) {
+    INFO(dtype_name(W) << " " << rows << " x " << cols);
+    QuantizedRows w(rows, cols, W, rng);
+    const int out_pitch = padded_cols(cols, DType::F16);
+    constexpr uint16_t kPoison = 0x7e00;  // f16 NaN
+    AlignedArray<uint16_t> out(size_t(rows + 1) * out_pitch, kPoison);
+    emulate_launch(dequantize_rows_grid(rows, out_pitch), dim3(kDequantizeThreads), 0,
+                   dequantize_rows_kernel<W>, out.data(), out_pitch,
+                   static_cast<const uint8_t*>(w.bytes.data()),
+                   static_cast<const uint16_t*>(w.scales()), rows, w.pitch);
+    int wrong = 0;
+    for (int r = 0; r < rows + 1; ++r)
+        for (int c = 0; c < out_pitch; ++c) {
+            const uint16_t got = out[size_t(r) * out_pitch + c];
+            if (r == rows)
+                wrong += got != kPoison;
+            else if (c < cols)
+                wrong += got != float_to_half(float(w.at(r, c)));
+            else  // 0 times the block's scale: zero of either sign
+                wrong += half_to_float(got) != 0.0f;
+        }
+    CHECK(wrong == 0);
+}
+
 }  // namespace
+
+TEST_CASE("emulated dequantize_rows_kernel gives the f16 of every decoded weight",
+          "[cuda_emulation][gemm]") {
+    std::mt19937 rng(2028);
+    // Q8: columns not a multiple of 8 (f16 padding inside a block) or of 32; Q4: whole blocks.
+    for (const int rows : {1, 5, 37}) {
+        for (const int cols : {8, 75, 261}) check_dequantize_rows<DType::I8>(rows, cols, rng);
+        for (const int cols : {32, 96, 288}) check_dequantize_rows<DType::U8>(rows, cols, rng);
+    }
+}
 
 TEST_CASE("emulated Q8/Q4 tensor-core gemm matches a double reference", "[cuda_emulation][gemm]") {
     std::mt19937 rng(2026);

@@ -172,6 +172,15 @@ DeviceBuffer poisoned(size_t count) {
     return buffer;
 }
 
+// For Q8/Q4 w: scratch (in `memory`) where gemm dequantizes `matrices` matrices of its shape
+// to f16, as the prefill lends it; none for other weights.
+cuda::DequantizeScratch dequantize_scratch(const DeviceMatrix& w, int matrices,
+                                           DeviceBuffer& memory) {
+    if (!is_quantized(w.dtype)) return {};
+    memory = DeviceBuffer(matrices * cuda::dequantized_bytes(w), "the f16 weights");
+    return {memory.as(), memory.bytes()};
+}
+
 std::vector<float> to_host(const void* device, size_t count) {
     CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<float> values(count);
@@ -958,7 +967,9 @@ std::vector<cuda::GemmTiles> runnable_tiles(DType dtype) {
     if (large_fits) tiles.push_back(cuda::GemmTiles::kLarge);
     const bool f16_or_bf16 = dtype == DType::F16 || dtype == DType::BF16;
     if (large_fits && f16_or_bf16) tiles.push_back(cuda::GemmTiles::kWide);
-    if (f16_or_bf16 && cuda::warpgroup_gemm_enabled()) tiles.push_back(cuda::GemmTiles::kWarpgroup);
+    // Q8/Q4 weights: dequantized to f16 first (dequantize_scratch).
+    if ((f16_or_bf16 || is_quantized(dtype)) && cuda::warpgroup_gemm_enabled())
+        tiles.push_back(cuda::GemmTiles::kWarpgroup);
     return tiles;
 }
 
@@ -1021,6 +1032,8 @@ void check_gemm() {
             const DeviceMatrix device_x = cuda::upload_matrix(x.matrix, x_memory, staging, "x");
             const cuda::DeviceActivations in{x_memory.as(), in_dtype, test.tokens, test.cols,
                                              device_x.pitch};
+            DeviceBuffer scratch_memory;
+            const cuda::DequantizeScratch scratch = dequantize_scratch(device_w, 1, scratch_memory);
             const std::vector<float> bias = random_floats(test.rows);
             DeviceBuffer device_bias = to_device(bias);
             const int out_pitch = test.rows + kPitchSlack;
@@ -1078,11 +1091,11 @@ void check_gemm() {
                     const float* bias_pointer = with_bias ? device_bias.as<float>() : nullptr;
                     if (choice)
                         cuda::gemm_with_tiles(choice->tiles, out.as<float>(), out_pitch, device_w,
-                                              in, bias_pointer, accumulate, 0,
+                                              in, bias_pointer, accumulate, 0, scratch,
                                               choice->warpgroup_rows);
                     else
                         cuda::gemm(out.as<float>(), out_pitch, device_w, in, bias_pointer,
-                                   accumulate, 0);
+                                   accumulate, 0, scratch);
                     const std::vector<float> got = to_host(out.as(), out_count);
                     double worst = 0;
                     for (int t = 0; t < test.tokens; ++t)  // written where due, nowhere else
@@ -1252,10 +1265,41 @@ void check_prefill_rows() {
     }
 }
 
+// dequantize_to_f16 against the CPU's dequantized weights rounded to f16 (matrix_values),
+// bit for bit, and the f16 rows' padding columns (Q8 padding: zero): columns that are not
+// a multiple of 8 (Q8) and more than one block.
+void check_dequantize_to_f16() {
+    cuda::PinnedBuffer staging(size_t(1) << 20, "staging");
+    for (DType dtype : {DType::I8, DType::U8}) {
+        const int rows = 37, cols = dtype == DType::I8 ? 75 : 96;
+        const HostMatrix w = random_quantized_matrix(rows, cols, dtype);
+        DeviceBuffer w_memory, scratch_memory;
+        const DeviceMatrix device_w = cuda::upload_matrix(w.matrix, w_memory, staging, "w");
+        const cuda::DequantizeScratch scratch = dequantize_scratch(device_w, 1, scratch_memory);
+        const DeviceMatrix f16 = cuda::dequantize_to_f16(device_w, scratch.data, 0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        std::vector<uint16_t> got(size_t(rows) * f16.pitch);
+        CUDA_CHECK(cudaMemcpy(got.data(), f16.data, got.size() * sizeof(uint16_t),
+                              cudaMemcpyDeviceToHost));
+        const std::vector<float> want = matrix_values(w);
+        int wrong = 0;
+        for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < f16.pitch; ++c) {
+                const float value = half_to_float(got[size_t(r) * f16.pitch + c]);
+                wrong += c < cols ? value != want[size_t(r) * cols + c] : value != 0.0f;
+            }
+        report_error(std::string("dequantize_to_f16 ") + dtype_label(dtype) + " " +
+                         std::to_string(rows) + "x" + std::to_string(cols) + " (values wrong)",
+                     wrong, 0);
+    }
+}
+
 // gemm_swiglu against silu(x · W1ᵀ) · (x · W3ᵀ) in double from the same rounded inputs,
 // rounded to the output's dtype, padding columns included: the warpgroup GEMM's gated form
 // with each of its row counts where gemm takes the warpgroup GEMM, otherwise gemm, gemm and
-// swiglu_rows. Hidden sizes end inside a tile and a TMA box; columns inside a K tile.
+// swiglu_rows. Hidden sizes end inside a tile and a TMA box; columns inside a K tile. Q8
+// and Q4 weights (Q4: columns rounded up to whole blocks) multiply f16 activations, with
+// scratch for both matrices as f16 (the gated form dequantizes them there).
 void check_gemm_swiglu() {
     struct Case {
         int tokens, hidden, cols;
@@ -1263,19 +1307,26 @@ void check_gemm_swiglu() {
     const Case cases[] = {
         {3, 172, 72}, {100, 172, 72}, {130, 200, 4100}, {511, 1000, 300}, {600, 77, 1000}};
     cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
-    for (DType dtype : {DType::F16, DType::BF16}) {
-        for (const Case& c : cases) {
-            const HostMatrix w1 = random_matrix(c.hidden, c.cols, dtype);
-            const HostMatrix w3 = random_matrix(c.hidden, c.cols, dtype);
+    for (DType dtype : {DType::F16, DType::BF16, DType::I8, DType::U8}) {
+        const DType in_dtype = cuda::gemm_input_dtype(dtype);  // and the output's
+        for (Case c : cases) {
+            if (dtype == DType::U8) c.cols = (c.cols + kQ4Block - 1) / kQ4Block * kQ4Block;
+            const auto weights = [&] {
+                return is_quantized(dtype) ? random_quantized_matrix(c.hidden, c.cols, dtype)
+                                           : random_matrix(c.hidden, c.cols, dtype);
+            };
+            const HostMatrix w1 = weights(), w3 = weights();
             // x about 1, as RMSNorm leaves it: gate and up about 1, where silu bends.
             const HostMatrix x =
-                host_matrix(random_floats(size_t(c.tokens) * c.cols), c.tokens, c.cols, dtype);
-            DeviceBuffer w1_memory, w3_memory, x_memory;
+                host_matrix(random_floats(size_t(c.tokens) * c.cols), c.tokens, c.cols, in_dtype);
+            DeviceBuffer w1_memory, w3_memory, x_memory, scratch_memory;
             const DeviceMatrix device_w1 = cuda::upload_matrix(w1.matrix, w1_memory, staging, "w1");
             const DeviceMatrix device_w3 = cuda::upload_matrix(w3.matrix, w3_memory, staging, "w3");
             const DeviceMatrix device_x = cuda::upload_matrix(x.matrix, x_memory, staging, "x");
-            const cuda::DeviceActivations in{x_memory.as(), dtype, c.tokens, c.cols,
+            const cuda::DeviceActivations in{x_memory.as(), in_dtype, c.tokens, c.cols,
                                              device_x.pitch};
+            const cuda::DequantizeScratch scratch =
+                dequantize_scratch(device_w1, 2, scratch_memory);
             const std::vector<float> w1_values = matrix_values(w1), w3_values = matrix_values(w3),
                                      x_values = matrix_values(x);
             std::vector<float> gated(size_t(c.tokens) * c.hidden), ups(gated.size());
@@ -1292,9 +1343,9 @@ void check_gemm_swiglu() {
                 }
             for (int t = 0; t < c.tokens; ++t)
                 cpu::swiglu(&gated[size_t(t) * c.hidden], &ups[size_t(t) * c.hidden], c.hidden);
-            const int pitch = cuda::padded_cols(c.hidden, dtype);
+            const int pitch = cuda::padded_cols(c.hidden, in_dtype);
             const std::vector<float> want =
-                with_pitch(rounded(gated, dtype), c.tokens, c.hidden, pitch);
+                with_pitch(rounded(gated, in_dtype), c.tokens, c.hidden, pitch);
 
             // 0: gemm_swiglu's own choice; then, where the warpgroup GEMM runs, its gated form
             // with each row count, whatever gemm's rule would take.
@@ -1304,11 +1355,11 @@ void check_gemm_swiglu() {
             for (int rows : row_counts) {
                 DeviceBuffer memory;
                 const cuda::DeviceActivations out =
-                    poisoned_activations(memory, c.tokens, c.hidden, dtype);
+                    poisoned_activations(memory, c.tokens, c.hidden, in_dtype);
                 DeviceBuffer gate = poisoned(size_t(c.tokens) * c.hidden),
                              up = poisoned(size_t(c.tokens) * c.hidden);
                 cuda::gemm_swiglu(out, device_w1, device_w3, in, gate.as<float>(), up.as<float>(),
-                                  c.hidden, 0, rows);
+                                  c.hidden, 0, scratch, rows);
                 const bool gated = rows != 0 || cuda::gemm_tiles(dtype, c.tokens, c.hidden) ==
                                                     cuda::GemmTiles::kWarpgroup;
                 const std::string path = !gated      ? "gemm + swiglu_rows"
@@ -1317,7 +1368,7 @@ void check_gemm_swiglu() {
                 const std::string name = "gemm_swiglu " + path + " " + dtype_label(dtype) + " " +
                                          std::to_string(c.tokens) + "x" + std::to_string(c.hidden) +
                                          "x" + std::to_string(c.cols);
-                report(name, activations_to_host(out), want, rounding_tolerance(dtype, 0));
+                report(name, activations_to_host(out), want, rounding_tolerance(in_dtype, 0));
                 // The gated form leaves gate and up alone (poisoned): it ran, not the fallback.
                 if (gated) {
                     const std::vector<float> gate_after = to_host(gate.as(), c.tokens * c.hidden);
@@ -1766,12 +1817,14 @@ void bench_gemm(const cudaDeviceProp& properties) {
             const DeviceMatrix device_x = cuda::upload_matrix(x.matrix, x_memory, staging, "x");
             const cuda::DeviceActivations in{x_memory.as(), in_dtype, kBatch, shape.cols,
                                              device_x.pitch};
-            DeviceBuffer out = poisoned(size_t(kBatch) * shape.rows);
+            DeviceBuffer out = poisoned(size_t(kBatch) * shape.rows), scratch_memory;
+            // Q8/Q4 on the warpgroup GEMM: the time to dequantize included.
+            const cuda::DequantizeScratch scratch = dequantize_scratch(device_w, 1, scratch_memory);
             const cuda::GemmTiles chosen = cuda::gemm_tiles(dtype, kBatch, shape.rows);
             for (cuda::GemmTiles tiles : runnable_tiles(dtype)) {
                 const double ms = time_ms([&](int) {
                     cuda::gemm_with_tiles(tiles, out.as<float>(), shape.rows, device_w, in, nullptr,
-                                          false, 0);
+                                          false, 0, scratch);
                 });
                 const double tflops = 2.0 * kBatch * shape.rows * shape.cols / ms / 1e9;
                 char share[16] = "-";
@@ -1799,7 +1852,8 @@ void bench_gemm(const cudaDeviceProp& properties) {
             const HostMatrix w = bench_matrix(shape.rows, shape.cols, dtype);
             DeviceBuffer w_memory;
             const DeviceMatrix device_w = cuda::upload_matrix(w.matrix, w_memory, staging, "w");
-            DeviceBuffer vector_in = to_device(random_floats(shape.cols));
+            DeviceBuffer vector_in = to_device(random_floats(shape.cols)), scratch_memory;
+            const cuda::DequantizeScratch scratch = dequantize_scratch(device_w, 1, scratch_memory);
             for (int tokens : {1, 4, 16, 64}) {
                 const HostMatrix x = random_matrix(tokens, shape.cols, in_dtype, true);
                 DeviceBuffer x_memory;
@@ -1817,7 +1871,7 @@ void bench_gemm(const cudaDeviceProp& properties) {
                     if (tiles == cuda::GemmTiles::kSimt) continue;
                     const double gemm_ms = time_ms([&](int) {
                         cuda::gemm_with_tiles(tiles, out.as<float>(), shape.rows, device_w, in,
-                                              nullptr, false, 0);
+                                              nullptr, false, 0, scratch);
                     });
                     std::printf("| %s %s %dx%d | %d | %s%s | %.1f | %.0f | %.1f | %.2f |\n",
                                 shape.name, dtype_label(dtype), shape.rows, shape.cols, tokens,
@@ -1858,6 +1912,7 @@ int main(int argc, char** argv) {
         check_rope();
         check_attention(properties.multiProcessorCount);
         check_gemm();
+        check_dequantize_to_f16();
         check_prefill_rows();
         check_gemm_swiglu();
         check_rope_kv_store_rows();
