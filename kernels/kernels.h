@@ -219,8 +219,8 @@ void gemm(float* out, int out_pitch, const DeviceMatrix& w, const DeviceActivati
 enum class GemmTiles { kSimt, kSmallBatch, kMedium, kLarge, kWide, kWarpgroup };
 // Where gemm runs the warpgroup GEMM on sm_90a GPUs (H100, H200): where its grid fills the
 // GPU (the default, or BARELLM_CUDA_WGMMA=1), nowhere (BARELLM_CUDA_WGMMA=0: the other
-// tiles, to compare), or for every f16/bf16 product past the small batches, whatever its
-// grid (BARELLM_CUDA_WGMMA=always: the tests' small models).
+// tiles, to compare), or for every f16/bf16 product past the small batches (and Q8/Q4
+// given scratch), whatever its grid (BARELLM_CUDA_WGMMA=always: the tests' small models).
 enum class WarpgroupUse { kNever, kWhereItFills, kAlways };
 WarpgroupUse warpgroup_gemm_use();
 // warpgroup_gemm_use() != kNever.

@@ -8,7 +8,8 @@ logits follow the CPU's within QUANTIZED_TOLERANCE; a q4 file keeps f16 the matr
 columns are not a multiple of 32), f32/f16 KV cache, contexts of 1, 7, 100 and 4096
 positions; the batched prefill's logits at every position (one batch and more than one;
 q8 and q4 against the CPU's scalar path and its prefill, QUANTIZED_PREFILL_TOLERANCE) and
-`ppl`; the prefill on the warpgroup GEMM of sm_90a (BARELLM_CUDA_WGMMA=always); plus every
+`ppl`; the prefill on the warpgroup GEMM of sm_90a (BARELLM_CUDA_WGMMA=always; q8 and q4
+dequantized to f16 for it); plus every
 kernel on its own (build/cuda_kernel_check), graph replay against direct launches, every
 rung of the GPU ladder on Qwen, `run` and `bench`.
 
@@ -123,11 +124,11 @@ def compare_prefill_with_cpu(model, dtype, ids, kv, gpu_env=None):
                  tolerance)
 
 
-def compare_quantized_prefill_with_cpu(model, ids, kv):
+def compare_quantized_prefill_with_cpu(model, ids, kv, gpu_env=None):
     """Every position's logits from one prefill call of a q8/q4 model against the CPU's
     scalar path and its prefill (QUANTIZED_PREFILL_SCALAR_TOLERANCE and
-    QUANTIZED_PREFILL_TOLERANCE)."""
-    gpu = dump_logits(model, ids, "--kv", kv, "--prefill", "--device", "cuda")
+    QUANTIZED_PREFILL_TOLERANCE); the GPU run in gpu_env when given."""
+    gpu = dump_logits(model, ids, "--kv", kv, "--prefill", "--device", "cuda", env=gpu_env)
     what = f"{os.path.basename(model)} prefill kv {kv}, {len(ids)} positions"
     scalar = dump_logits(model, ids, "--kv", kv, "--simd", "scalar")
     assert_close(gpu, scalar, what + " against the CPU's scalar path",
@@ -325,6 +326,19 @@ def test_quantized_prefill_cuda_matches_cpu(cuda, models, name, dtype, kv, lengt
     q8 pads every row's last block. The CPU's numbers behind the tolerances were measured
     with its AVX-512 VNNI prefill."""
     compare_quantized_prefill_with_cpu(models(name, dtype), token_ids(length, seed=length), kv)
+
+
+@pytest.mark.parametrize("name", ["stories260K", "wide-heads"])
+@pytest.mark.parametrize("dtype,kv", [("q8", "f16"), ("q4", "f32")])
+@pytest.mark.parametrize("length", [100, 700])
+def test_warpgroup_gemm_quantized_prefill_matches_cpu(cuda, models, name, dtype, kv, length):
+    """BARELLM_CUDA_WGMMA=always: the Q8/Q4 matrices of the prefill dequantized to f16
+    (kernels/dequantize.cuh) and multiplied on the warpgroup GEMM of sm_90a, w1 and w3 side
+    by side in the gated form; wide-heads' q4 mixes them with f16 matrices."""
+    if compute_capability() != "9.0":
+        pytest.skip("the warpgroup GEMM runs on sm_90 GPUs (H100, H200) only")
+    compare_quantized_prefill_with_cpu(models(name, dtype), token_ids(length, seed=length), kv,
+                                       gpu_env={**os.environ, "BARELLM_CUDA_WGMMA": "always"})
 
 
 # Every text of ../shared/eval; f32 weights (the SIMT GEMM) and f16 (the tensor cores, with an
