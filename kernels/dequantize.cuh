@@ -88,8 +88,9 @@ constexpr int kDequantizeThreads = 256;
 constexpr int kDequantizeChunk = 8;  // f16 values a thread writes at a time (16 bytes)
 
 // out[r, c] = W[r, c] as f16 (dequantize_eight) for r < rows, c < out_pitch: W a Q8/Q4
-// matrix (values [rows, w_row_bytes], scales [rows, w_pitch / 32]), out f16 [rows, out_pitch]
-// with out_pitch <= w_pitch a multiple of 8. Each thread writes 8 consecutive values of a
+// matrix of w_pitch columns a row (values: w_pitch bytes a row for Q8, w_pitch / 2 for Q4;
+// scales [rows, w_pitch / 32]), out f16 [rows, out_pitch] with out_pitch <= w_pitch a
+// multiple of 8. Each thread writes 8 consecutive values of a
 // row (one 16-byte store; consecutive threads, consecutive chunks).
 // Launch: grid dequantize_rows_grid(rows, out_pitch), block kDequantizeThreads.
 template <DType W>
@@ -114,7 +115,7 @@ inline dim3 dequantize_rows_grid(int rows, int out_pitch) {
     return dim3(unsigned((chunks + kDequantizeThreads - 1) / kDequantizeThreads));
 }
 
-// The f16 matrix a Q8/Q4 matrix of `rows` x `cols` dequantizes to: its pitch and bytes.
+// The row pitch of the f16 matrix a Q8/Q4 matrix of `cols` columns dequantizes to.
 inline int dequantized_pitch(int cols) { return padded_cols(cols, DType::F16); }
 
 #ifndef BARELLM_CUDA_EMULATION
