@@ -1098,15 +1098,14 @@ void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const Dev
         throw Error("gemm_swiglu: w1 and w3 differ in dtype or shape");
     if (out.tokens != in.tokens || out.cols != w1.rows)
         throw Error("gemm_swiglu: the output is not tokens x w1's rows");
-    // Q8/Q4 weights take the gated form only where the scratch holds both as f16. Given rows,
-    // the warpgroup GEMM runs wherever it can (tests); else where gemm takes it.
+    // Given rows, the warpgroup GEMM runs wherever it can (tests); else where gemm takes it.
+    // Q8/Q4 weights need the scratch to hold both as f16.
     const bool quantized = is_quantized(w1.dtype);
-    const bool takes_warpgroup = w1.dtype == DType::F16 || w1.dtype == DType::BF16 ||
-                                 (quantized && scratch_holds(scratch, w1, 2));
     const bool warpgroup =
-        takes_warpgroup &&
-        (warpgroup_rows != 0 ? warpgroup_gemm_enabled()
-                             : gemm_tiles_for(w1, in.tokens, scratch, 2) == GemmTiles::kWarpgroup);
+        warpgroup_rows != 0
+            ? warpgroup_gemm_enabled() && (w1.dtype == DType::F16 || w1.dtype == DType::BF16 ||
+                                           (quantized && scratch_holds(scratch, w1, 2)))
+            : gemm_tiles_for(w1, in.tokens, scratch, 2) == GemmTiles::kWarpgroup;
     const bool fused = warpgroup && out.dtype == gemm_input_dtype(w1.dtype);
     if (!fused) {
         gemm(gate, gate_pitch, w1, in, /*bias=*/nullptr, /*accumulate=*/false, stream, scratch);
