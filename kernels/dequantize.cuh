@@ -120,8 +120,8 @@ inline int dequantized_pitch(int cols) { return padded_cols(cols, DType::F16); }
 
 #ifndef BARELLM_CUDA_EMULATION
 
-size_t dequantized_bytes(const DeviceMatrix& w) {
-    return size_t(w.rows) * dequantized_pitch(w.cols) * sizeof(uint16_t);
+size_t dequantized_bytes(int rows, int cols) {
+    return size_t(rows) * dequantized_pitch(cols) * sizeof(uint16_t);
 }
 
 DeviceMatrix dequantize_to_f16(const DeviceMatrix& w, void* f16, cudaStream_t stream) {

@@ -59,6 +59,13 @@ constexpr int kBandwidthPasses = 10;
 constexpr size_t kMemoryHeadroom = size_t(256) << 20;  // left free for the CUDA context etc.
 constexpr int kMaxBatch = 512;  // prefill runs longer prompts in batches of this many tokens
 
+// Bytes of device memory still free on the current GPU.
+size_t free_device_bytes() {
+    size_t free_bytes = 0, total_bytes = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return free_bytes;
+}
+
 struct StreamDeleter {
     void operator()(cudaStream_t stream) const { cudaStreamDestroy(stream); }
 };
@@ -450,8 +457,7 @@ public:
     // A device-to-device copy of up to 1 GiB, best of several, counting bytes read and
     // written: the bandwidth a memory-bound kernel can hope for.
     double measure_bandwidth_gbps() override {
-        size_t free_bytes = 0, total_bytes = 0;
-        CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+        const size_t free_bytes = free_device_bytes();
         const size_t mib = size_t(1) << 20;
         const size_t bytes =
             std::max(mib, std::min(kBandwidthBufferBytes, free_bytes / 4) / mib * mib);
@@ -682,14 +688,9 @@ private:
         const Config& c = model_.config;
         size_t bytes = 0;
         auto consider = [&](const Matrix& m, int rows, int matrices) {
-            if (!is_quantized(m.dtype) ||
-                cuda::gemm_tiles(m.dtype, prefill_batch_, rows) != cuda::GemmTiles::kWarpgroup)
-                return;
-            DeviceMatrix shape;
-            shape.dtype = m.dtype;
-            shape.rows = rows;
-            shape.cols = m.cols;
-            bytes = std::max(bytes, matrices * cuda::dequantized_bytes(shape));
+            if (is_quantized(m.dtype) &&
+                cuda::gemm_tiles(m.dtype, prefill_batch_, rows) == cuda::GemmTiles::kWarpgroup)
+                bytes = std::max(bytes, matrices * cuda::dequantized_bytes(rows, m.cols));
         };
         for (const LayerWeights& w : model_.layers) {
             consider(w.wq, c.q_dim() + 2 * c.kv_dim(), 1);  // wq, wk and wv as one matrix
@@ -715,8 +716,7 @@ private:
 
     // Refuses, naming the sizes, a model that cannot fit rather than failing half-way.
     void check_free_memory(bool all_logits) const {
-        size_t free_bytes = 0, total_bytes = 0;
-        CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+        const size_t free_bytes = free_device_bytes();
         const size_t weights = weight_device_bytes(), cache = cache_bytes();
         const size_t prefill = prefill_bytes(all_logits);
         if (weights + cache + prefill + kMemoryHeadroom <= free_bytes) return;
@@ -855,8 +855,7 @@ private:
         // Where the GPU has room for it after everything else: without it, the quantized tiles
         // multiply Q8/Q4 weights (no model is refused for want of it).
         const size_t dequantized_bytes = dequantize_scratch_bytes(all_logits);
-        size_t free_bytes = 0, total_bytes = 0;
-        CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+        const size_t free_bytes = free_device_bytes();
         if (dequantized_bytes > 0 && dequantized_bytes + kMemoryHeadroom <= free_bytes)
             s.dequantized = {bytes(dequantized_bytes, "prefill f16 weights"), dequantized_bytes};
         host_tokens_ = PinnedBuffer(size_t(B) * sizeof(int), "the prefill token ids");

@@ -984,7 +984,7 @@ GemmTiles gemm_tiles_here(DType dtype, int tokens, int rows, WarpgroupUse warpgr
 
 // Whether `scratch` holds `matrices` Q8/Q4 matrices of w's shape dequantized to f16.
 bool scratch_holds(const DequantizeScratch& scratch, const DeviceMatrix& w, int matrices) {
-    return scratch.data != nullptr && scratch.bytes >= matrices * dequantized_bytes(w);
+    return scratch.data != nullptr && scratch.bytes >= matrices * dequantized_bytes(w.rows, w.cols);
 }
 
 // The tiles gemm takes for w: gemm_tiles', but Q8/Q4 weights keep the quantized tiles where
@@ -1121,20 +1121,19 @@ void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const Dev
         throw Error("gemm_swiglu: the output rows must be 16-byte aligned and padded as usual");
     check_apart_from_input(out.data, out.bytes(), in);
     if (in.tokens == 0 || w1.rows == 0) return;
-    if (quantized) {  // both dequantized, w3's copy after w1's
-        const DeviceMatrix f16_w1 = dequantize_to_f16(w1, scratch.data, stream);
-        const DeviceMatrix f16_w3 =
-            dequantize_to_f16(w3, static_cast<char*>(scratch.data) + dequantized_bytes(w1), stream);
-        launch_gemm_warpgroup<DType::F16>(warpgroup_rows, out.data, out.pitch, out.pitch, f16_w1,
-                                          &f16_w3, in, nullptr, false, stream);
-    } else {
-        with_weight_dtype(w1.dtype, [&](auto dtype) {
-            constexpr DType D = decltype(dtype)::value;
-            if constexpr (D == DType::F16 || D == DType::BF16)
-                launch_gemm_warpgroup<D>(warpgroup_rows, out.data, out.pitch, out.pitch, w1, &w3,
-                                         in, nullptr, false, stream);
-        });
-    }
+    // Q8/Q4 weights are multiplied as their f16 copies, w3's after w1's in the scratch.
+    const DeviceMatrix gate_weights = quantized ? dequantize_to_f16(w1, scratch.data, stream) : w1;
+    const DeviceMatrix up_weights =
+        quantized ? dequantize_to_f16(
+                        w3, static_cast<char*>(scratch.data) + dequantized_bytes(w1.rows, w1.cols),
+                        stream)
+                  : w3;
+    with_weight_dtype(gate_weights.dtype, [&](auto dtype) {
+        constexpr DType D = decltype(dtype)::value;
+        if constexpr (D == DType::F16 || D == DType::BF16)
+            launch_gemm_warpgroup<D>(warpgroup_rows, out.data, out.pitch, out.pitch, gate_weights,
+                                     &up_weights, in, nullptr, false, stream);
+    });
     CUDA_CHECK_LAUNCH("gemm_swiglu kernel");
 }
 

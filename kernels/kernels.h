@@ -197,10 +197,12 @@ struct DequantizeScratch {
     void* data = nullptr;  // 16-byte aligned
     size_t bytes = 0;
 };
-// Bytes of the f16 copy of the Q8/Q4 matrix w (rows of padded_cols(cols, F16) values).
-size_t dequantized_bytes(const DeviceMatrix& w);
+// Bytes of the f16 copy of a Q8/Q4 matrix of rows x cols (rows of padded_cols(cols, F16)
+// values).
+size_t dequantized_bytes(int rows, int cols);
 // The f16 matrix of w's weights (each q * scale rounded to f16, as the quantized tiles
-// dequantize them), written into f16 (dequantized_bytes(w), 16-byte aligned). (dequantize.cuh)
+// dequantize them), written into f16 (dequantized_bytes(w.rows, w.cols), 16-byte aligned).
+// (dequantize.cuh)
 DeviceMatrix dequantize_to_f16(const DeviceMatrix& w, void* f16, cudaStream_t stream);
 
 // out[t, r] = sum_c in[t, c] * W[r, c] (+ bias[r] when bias is given) for t < in.tokens,

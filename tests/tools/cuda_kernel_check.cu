@@ -177,7 +177,7 @@ DeviceBuffer poisoned(size_t count) {
 cuda::DequantizeScratch dequantize_scratch(const DeviceMatrix& w, int matrices,
                                            DeviceBuffer& memory) {
     if (!is_quantized(w.dtype)) return {};
-    memory = DeviceBuffer(matrices * cuda::dequantized_bytes(w), "the f16 weights");
+    memory = DeviceBuffer(matrices * cuda::dequantized_bytes(w.rows, w.cols), "the f16 weights");
     return {memory.as(), memory.bytes()};
 }
 
