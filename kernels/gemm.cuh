@@ -987,13 +987,19 @@ bool scratch_holds(const DequantizeScratch& scratch, const DeviceMatrix& w, int 
     return scratch.data != nullptr && scratch.bytes >= matrices * dequantized_bytes(w.rows, w.cols);
 }
 
+// Whether the scratch lets w reach the warpgroup GEMM: f16 and bf16 weights need none, Q8/Q4
+// weights room for `matrices` of them (gemm_swiglu: w1 and w3) as f16.
+bool scratch_admits(const DequantizeScratch& scratch, const DeviceMatrix& w, int matrices) {
+    return !is_quantized(w.dtype) || scratch_holds(scratch, w, matrices);
+}
+
 // The tiles gemm takes for w: gemm_tiles', but Q8/Q4 weights keep the quantized tiles where
-// the scratch cannot hold `matrices` of them (gemm_swiglu: w1 and w3) as f16.
+// the scratch does not admit them.
 GemmTiles gemm_tiles_for(const DeviceMatrix& w, int tokens, const DequantizeScratch& scratch,
                          int matrices) {
-    const bool room = !is_quantized(w.dtype) || scratch_holds(scratch, w, matrices);
-    return gemm_tiles_here(w.dtype, tokens, w.rows,
-                           room ? warpgroup_gemm_use() : WarpgroupUse::kNever);
+    return gemm_tiles_here(
+        w.dtype, tokens, w.rows,
+        scratch_admits(scratch, w, matrices) ? warpgroup_gemm_use() : WarpgroupUse::kNever);
 }
 
 }  // namespace
@@ -1100,11 +1106,9 @@ void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const Dev
         throw Error("gemm_swiglu: the output is not tokens x w1's rows");
     // Given rows, the warpgroup GEMM runs wherever it can (tests); else where gemm takes it.
     // Q8/Q4 weights need the scratch to hold both as f16.
-    const bool quantized = is_quantized(w1.dtype);
     const bool warpgroup =
         warpgroup_rows != 0
-            ? warpgroup_gemm_enabled() && (w1.dtype == DType::F16 || w1.dtype == DType::BF16 ||
-                                           (quantized && scratch_holds(scratch, w1, 2)))
+            ? warpgroup_gemm_enabled() && w1.dtype != DType::F32 && scratch_admits(scratch, w1, 2)
             : gemm_tiles_for(w1, in.tokens, scratch, 2) == GemmTiles::kWarpgroup;
     const bool fused = warpgroup && out.dtype == gemm_input_dtype(w1.dtype);
     if (!fused) {
@@ -1122,6 +1126,7 @@ void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const Dev
     check_apart_from_input(out.data, out.bytes(), in);
     if (in.tokens == 0 || w1.rows == 0) return;
     // Q8/Q4 weights are multiplied as their f16 copies, w3's after w1's in the scratch.
+    const bool quantized = is_quantized(w1.dtype);
     const DeviceMatrix gate_weights = quantized ? dequantize_to_f16(w1, scratch.data, stream) : w1;
     const DeviceMatrix up_weights =
         quantized ? dequantize_to_f16(
