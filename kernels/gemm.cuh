@@ -827,19 +827,19 @@ void launch_gemm_quantized(float* out, int out_pitch, const DeviceMatrix& w,
                        gemm_k_extent(in.cols, DType::F16), bias, accumulate);
 }
 
-// f(WarpgroupGemmTiles<tile_rows, kClusterTokens>{}) for tile_rows one of
+// f(WarpgroupGemmTiles<tile_rows, kClusterTokens, kClusterRows>{}) for tile_rows one of
 // kWarpgroupRowChoices.
-template <int kClusterTokens, typename F>
+template <int kClusterTokens, int kClusterRows, typename F>
 auto with_warpgroup_tiles(int tile_rows, F f) {
     switch (tile_rows) {
         case kWarpgroupRowChoices[0]:
-            return f(WarpgroupGemmTiles<kWarpgroupRowChoices[0], kClusterTokens>{});
+            return f(WarpgroupGemmTiles<kWarpgroupRowChoices[0], kClusterTokens, kClusterRows>{});
         case kWarpgroupRowChoices[1]:
-            return f(WarpgroupGemmTiles<kWarpgroupRowChoices[1], kClusterTokens>{});
+            return f(WarpgroupGemmTiles<kWarpgroupRowChoices[1], kClusterTokens, kClusterRows>{});
         case kWarpgroupRowChoices[2]:
-            return f(WarpgroupGemmTiles<kWarpgroupRowChoices[2], kClusterTokens>{});
+            return f(WarpgroupGemmTiles<kWarpgroupRowChoices[2], kClusterTokens, kClusterRows>{});
         case kWarpgroupRowChoices[3]:
-            return f(WarpgroupGemmTiles<kWarpgroupRowChoices[3], kClusterTokens>{});
+            return f(WarpgroupGemmTiles<kWarpgroupRowChoices[3], kClusterTokens, kClusterRows>{});
     }
     throw Error("gemm: the warpgroup GEMM's blocks take 128, 192, 224 or 256 weight rows");
 }
@@ -850,8 +850,8 @@ auto with_warpgroup_tiles(int tile_rows, F f) {
 // number is even; an odd number would leave a whole token tile of blocks multiplying zeros
 // (half the blocks for 65-128 tokens), so there each cluster is one token tile by two row
 // tiles. The blocks take `tile_rows` weight rows (one of kWarpgroupRowChoices), or where
-// that is 0 those of choose_warpgroup_rows for the blocks this GPU runs at once (the gated
-// form's tiles hold the rows of both matrices).
+// that is 0 the rows and clusters of choose_warpgroup_shape for the blocks this GPU runs at
+// once (the gated form's tiles hold the rows of both matrices).
 template <DType D>
 void launch_gemm_warpgroup(int tile_rows, void* out, int out_pitch, int out_cols,
                            const DeviceMatrix& w, const DeviceMatrix* up,
@@ -874,22 +874,33 @@ void launch_gemm_warpgroup(int tile_rows, void* out, int out_pitch, int out_cols
                                                          in.tokens, k_extent, nullptr, false, maps,
                                                          stream);
     };
+    // The blocks of each of kWarpgroupRowChoices the GPU runs at once in clusters of
+    // kClusterTokens x kClusterRows.
+    const auto blocks_at_once = [](auto cluster_tokens, auto cluster_rows) {
+        constexpr int kClusterTokens = decltype(cluster_tokens)::value;
+        constexpr int kClusterRows = decltype(cluster_rows)::value;
+        static const std::array<int, kWarpgroupRowKinds> concurrent = [] {
+            std::array<int, kWarpgroupRowKinds> blocks{};
+            for (int i = 0; i < kWarpgroupRowKinds; ++i)
+                blocks[i] = with_warpgroup_tiles<kClusterTokens, kClusterRows>(
+                    kWarpgroupRowChoices[i],
+                    [](auto tiles) { return warpgroup_concurrent_blocks<D, decltype(tiles)>(); });
+            return blocks;
+        }();
+        return concurrent;
+    };
     const auto run = [&](auto cluster_tokens) {
         constexpr int kClusterTokens = decltype(cluster_tokens)::value;
-        if (tile_rows == 0) {
-            static const std::array<int, kWarpgroupRowKinds> concurrent = [] {
-                std::array<int, kWarpgroupRowKinds> blocks{};
-                for (int i = 0; i < kWarpgroupRowKinds; ++i)
-                    blocks[i] = with_warpgroup_tiles<kClusterTokens>(
-                        kWarpgroupRowChoices[i], [](auto tiles) {
-                            return warpgroup_concurrent_blocks<D, decltype(tiles)>();
-                        });
-                return blocks;
-            }();
-            const int product_rows = up != nullptr ? 2 * w.rows : w.rows;
-            tile_rows = choose_warpgroup_rows(in.tokens, product_rows, kClusterTokens, concurrent);
-        }
-        with_warpgroup_tiles<kClusterTokens>(tile_rows, launch);
+        using One = std::integral_constant<int, 1>;
+        using ClusterRows = std::integral_constant<int, kWarpgroupClusterRows>;
+        if (tile_rows != 0)
+            return with_warpgroup_tiles<kClusterTokens, kWarpgroupClusterRows>(tile_rows, launch);
+        const int product_rows = up != nullptr ? 2 * w.rows : w.rows;
+        const WarpgroupShape shape = choose_warpgroup_shape(
+            in.tokens, product_rows, kClusterTokens, blocks_at_once(cluster_tokens, ClusterRows{}),
+            blocks_at_once(One{}, One{}));
+        if (!shape.clustered) return with_warpgroup_tiles<1, 1>(shape.tile_rows, launch);
+        with_warpgroup_tiles<kClusterTokens, kWarpgroupClusterRows>(shape.tile_rows, launch);
     };
     const int token_tiles = (in.tokens + kWarpgroupTileTokens - 1) / kWarpgroupTileTokens;
     if (token_tiles % 2 == 0)

@@ -8,7 +8,7 @@
 // 72% of its throughput), because every block reads both of its operand tiles from L2 and
 // brings them through registers. Here:
 // - Block: three warpgroups (384 threads). Warpgroups 0 and 1 multiply a tile of 128 tokens
-//   x kRows weight rows (128, 192, 224 or 256: choose_warpgroup_rows), warpgroup g tokens
+//   x kRows weight rows (128, 192, 224 or 256: choose_warpgroup_shape), warpgroup g tokens
 //   64 g .. 64 g + 63 with all kRows rows, one m64n{kRows}k16 instruction per 16 columns,
 //   straight from shared memory.
 //   Warpgroup 2 produces: its first thread issues the copies; it gives up registers
@@ -79,30 +79,50 @@ inline dim3 warpgroup_grid(int tokens, int rows, int tile_rows, int cluster_toke
 }
 
 // The weight rows of the blocks (kWarpgroupRowChoices[i]) for a product of `tokens` x
-// `rows` in clusters of cluster_tokens x kWarpgroupClusterRows blocks, where
-// concurrent_blocks[i] blocks of choice i run at once (whole clusters on the GPU's SMs, one
-// block an SM): the one whose grid takes the least time, a wave of blocks costing its rows
-// (a block's time is proportional to them); ties go to the larger tiles, which read fewer
-// bytes per product. Clusters of 2 x 2 run 120 blocks at once on an H200's 132 SMs
-// (dev/gpu/gemm_tiles.cu); there, at 512 tokens, Mistral-7B's qkv (6144 rows) takes 224 (112
-// blocks, one wave), wo and w2 (4096) 192 (88 blocks, one), and the gated w1/w3 (28672
-// product rows) 192 (600 blocks, five).
-inline int choose_warpgroup_rows(int tokens, int rows, int cluster_tokens,
-                                 const std::array<int, kWarpgroupRowKinds>& concurrent_blocks) {
-    int best = kWarpgroupRowChoices[0];
-    double best_time = std::numeric_limits<double>::infinity();
+// `rows` in clusters of cluster_tokens x cluster_rows blocks, where concurrent_blocks[i]
+// blocks of choice i run at once (whole clusters on the GPU's SMs, one block an SM): the one
+// whose grid takes the least time, a wave of blocks costing its rows (a block's time is
+// proportional to them), and that time; ties go to the larger tiles, which read fewer bytes
+// per product.
+struct WarpgroupRows {
+    int tile_rows;
+    double time;  // waves x tile rows
+};
+inline WarpgroupRows fastest_warpgroup_rows(
+    int tokens, int rows, int cluster_tokens, int cluster_rows,
+    const std::array<int, kWarpgroupRowKinds>& concurrent_blocks) {
+    WarpgroupRows best{kWarpgroupRowChoices[0], std::numeric_limits<double>::infinity()};
     for (int i = 0; i < kWarpgroupRowKinds; ++i) {
-        const dim3 grid = warpgroup_grid(tokens, rows, kWarpgroupRowChoices[i], cluster_tokens,
-                                         kWarpgroupClusterRows);
+        const dim3 grid =
+            warpgroup_grid(tokens, rows, kWarpgroupRowChoices[i], cluster_tokens, cluster_rows);
         const size_t blocks = size_t(grid.x) * grid.y;
         const size_t at_once = size_t(std::max(concurrent_blocks[i], 1));
         const double time = double((blocks + at_once - 1) / at_once) * kWarpgroupRowChoices[i];
-        if (time < best_time) {
-            best = kWarpgroupRowChoices[i];
-            best_time = time;
-        }
+        if (time < best.time) best = {kWarpgroupRowChoices[i], time};
     }
     return best;
+}
+
+// The tiles gemm gives a product of `tokens` x `rows`: the fastest rows
+// (fastest_warpgroup_rows) in clusters of cluster_tokens x kWarpgroupClusterRows blocks,
+// where clustered_blocks[i] of choice i run at once, or in blocks of their own, where
+// alone_blocks[i] do, whichever waves take less time (ties: the clusters, which share their
+// operand tiles). Clusters of 2 x 2 run only 120 blocks at once on an H200's 132 SMs
+// (dev/gpu/gemm_tiles.cu), so a grid of 121-132 blocks (at 512 tokens, wo and w2 in tiles
+// of 128 rows) takes one wave alone and two in clusters.
+struct WarpgroupShape {
+    int tile_rows;
+    bool clustered;
+};
+inline WarpgroupShape choose_warpgroup_shape(
+    int tokens, int rows, int cluster_tokens,
+    const std::array<int, kWarpgroupRowKinds>& clustered_blocks,
+    const std::array<int, kWarpgroupRowKinds>& alone_blocks) {
+    const WarpgroupRows clustered = fastest_warpgroup_rows(tokens, rows, cluster_tokens,
+                                                           kWarpgroupClusterRows, clustered_blocks);
+    const WarpgroupRows alone = fastest_warpgroup_rows(tokens, rows, 1, 1, alone_blocks);
+    if (alone.time < clustered.time) return {alone.tile_rows, false};
+    return {clustered.tile_rows, true};
 }
 
 constexpr int kWarpgroupTokens = 64;  // m of wgmma: tokens per multiplying warpgroup
@@ -165,11 +185,11 @@ constexpr int warpgroup_stages(int rows) {
     return int((kHopperSharedBytes - kSwizzleAtomBytes) / (stage + 2 * sizeof(uint64_t)));
 }
 
-// The tiles gemm runs: `kRows` weight rows, in clusters of kClusterTokens x
-// kWarpgroupClusterRows blocks (launch_gemm_warpgroup chooses both).
-template <int kRows, int kClusterTokens>
+// The tiles gemm runs: `kRows` weight rows, in clusters of kClusterTokens x kClusterRows
+// blocks (launch_gemm_warpgroup chooses them).
+template <int kRows, int kClusterTokens, int kClusterRows = kWarpgroupClusterRows>
 using WarpgroupGemmTiles =
-    WarpgroupTiles<kRows, warpgroup_stages(kRows), kClusterTokens, kWarpgroupClusterRows>;
+    WarpgroupTiles<kRows, warpgroup_stages(kRows), kClusterTokens, kClusterRows>;
 
 // The epilogues of gemm_warpgroup_kernel. Accumulator 4 j + 2 half + e of a multiplying
 // thread holds token 16 warp + g + 8 half of its warpgroup's 64 and row 8 j + 2 t + e of the

@@ -163,7 +163,39 @@ TEST_CASE("gemm's tile rule picks the tiles the H100 measurements favour",
     CHECK(h100(DType::U8, 100, 6144, kAlways) == GemmTiles::kWarpgroup);
 }
 
+TEST_CASE("the warpgroup GEMM leaves its clusters where their waves take longer",
+          "[cuda_emulation][gemm]") {
+    // An H200: clusters of 2 x 2 run 120 blocks at once, blocks of their own 132.
+    const std::array<int, kWarpgroupRowKinds> clustered = {120, 120, 120, 120},
+                                              alone = {132, 132, 132, 132};
+    // Mistral-7B at 512 tokens. wo and w2: 128 blocks of 128 rows are one wave alone, two
+    // in clusters (which take 192 rows: 88 blocks, one wave of 192).
+    WarpgroupShape shape = choose_warpgroup_shape(512, 4096, 2, clustered, alone);
+    CHECK(shape.tile_rows == 128);
+    CHECK_FALSE(shape.clustered);
+    // qkv: 128 blocks of 192 rows alone (one wave of 192) against 112 of 224 in clusters.
+    shape = choose_warpgroup_shape(512, 6144, 2, clustered, alone);
+    CHECK(shape.tile_rows == 192);
+    CHECK_FALSE(shape.clustered);
+    // The gated w1/w3 (28672 product rows): 512 blocks of 224 alone (four waves, 896)
+    // against 600 of 192 in clusters (five, 960).
+    shape = choose_warpgroup_shape(512, 28672, 2, clustered, alone);
+    CHECK(shape.tile_rows == 224);
+    CHECK_FALSE(shape.clustered);
+    // Where both take one wave of the same rows the clusters stay: 256 tokens of wo's rows,
+    // 64 blocks of 128 either way.
+    shape = choose_warpgroup_shape(256, 4096, 2, clustered, alone);
+    CHECK(shape.tile_rows == 128);
+    CHECK(shape.clustered);
+}
+
 TEST_CASE("the warpgroup GEMM's row rule fills the GPU's waves", "[cuda_emulation][gemm]") {
+    // The fastest rows in clusters of cluster_tokens x kWarpgroupClusterRows.
+    const auto clustered_rows = [](int tokens, int rows, int cluster_tokens,
+                                   const std::array<int, kWarpgroupRowKinds>& blocks) {
+        return fastest_warpgroup_rows(tokens, rows, cluster_tokens, kWarpgroupClusterRows, blocks)
+            .tile_rows;
+    };
     // Blocks at once for each of kWarpgroupRowChoices: an H100's 132 SMs, or 120 where its
     // clusters of four cannot use every SM.
     const std::array<int, kWarpgroupRowKinds> h100 = {132, 132, 132, 132},
@@ -171,21 +203,21 @@ TEST_CASE("the warpgroup GEMM's row rule fills the GPU's waves", "[cuda_emulatio
     // Mistral-7B at 512 tokens, clusters of 2 x 2: qkv in one wave of 128 blocks of 192 rows
     // (256 would take 96, 73% of the SMs), w1/w3 in two of 256 blocks of 224 rows (256: 224
     // blocks, 85%), wo and w2 in one of 128 blocks of 128 rows.
-    CHECK(choose_warpgroup_rows(512, 6144, 2, h100) == 192);
-    CHECK(choose_warpgroup_rows(512, 14336, 2, h100) == 224);
-    CHECK(choose_warpgroup_rows(512, 4096, 2, h100) == 128);
+    CHECK(clustered_rows(512, 6144, 2, h100) == 192);
+    CHECK(clustered_rows(512, 14336, 2, h100) == 224);
+    CHECK(clustered_rows(512, 4096, 2, h100) == 128);
     // Qwen3-8B's w1/w3 (12288 rows): 192 and 128 rows tie (2 waves of 256 blocks, 3 of
     // 384): the larger tiles win.
-    CHECK(choose_warpgroup_rows(512, 12288, 2, h100) == 192);
+    CHECK(clustered_rows(512, 12288, 2, h100) == 192);
     // With 120 blocks at once w1/w3's 224-row grid needs a third wave: 256 rows (two waves
     // of 224 blocks) tie with 128 (four of 448) and win.
-    CHECK(choose_warpgroup_rows(512, 14336, 2, fewer) == 256);
+    CHECK(clustered_rows(512, 14336, 2, fewer) == 256);
     // One token tile (1 x 2 clusters): every grid is one wave, the smallest tiles finish
     // first.
-    CHECK(choose_warpgroup_rows(100, 6144, 1, h100) == 128);
+    CHECK(clustered_rows(100, 6144, 1, h100) == 128);
     // Long prompts: many waves; 256, 224 and 128 rows tie (14, 16 and 28 waves) and the
     // largest tiles win.
-    CHECK(choose_warpgroup_rows(4096, 14336, 2, h100) == 256);
+    CHECK(clustered_rows(4096, 14336, 2, h100) == 256);
     // The grid rounds to whole clusters: 200 rows are one row tile of any size, padded to a
     // cluster's two.
     const dim3 grid = warpgroup_grid(511, 200, 224, 2, kWarpgroupClusterRows);

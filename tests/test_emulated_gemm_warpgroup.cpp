@@ -121,6 +121,9 @@ TEST_CASE("emulated warpgroup gemm matches a double reference", "[cuda_emulation
     check_product<DType::F16, WarpgroupGemmTiles<224, 2>>({200, 230, 136, false, true}, rng);
     // 256-row tiles: 4 stages, used twice over 6 K tiles.
     check_product<DType::BF16, WarpgroupGemmTiles<256, 1>>({33, 260, 330, false, false}, rng);
+    // Blocks of their own (clusters of 1 x 1: no multicast), as gemm takes them where
+    // clusters would take more waves.
+    check_product<DType::F16, WarpgroupGemmTiles<192, 1, 1>>({150, 410, 200, true, true}, rng);
 }
 
 TEST_CASE("emulated gated warpgroup gemm matches silu(gate) * up", "[cuda_emulation][gemm]") {
@@ -128,4 +131,5 @@ TEST_CASE("emulated gated warpgroup gemm matches silu(gate) * up", "[cuda_emulat
     check_gated<DType::F16, WarpgroupGemmTiles<128, 2>>(129, 100, 136, rng);
     check_gated<DType::BF16, WarpgroupGemmTiles<224, 1>>(17, 150, 300, rng);
     check_gated<DType::F16, WarpgroupGemmTiles<256, 2>>(140, 70, 64, rng);
+    check_gated<DType::BF16, WarpgroupGemmTiles<128, 1, 1>>(130, 90, 200, rng);
 }

@@ -100,7 +100,7 @@ void launch_warpgroup(const Operands& o) {
         o.out, o.rows, o.rows, o.rows, o.tokens, o.cols, nullptr, false, found->second, 0);
 }
 
-// With the blocks the GPU runs at once, which choose_warpgroup_rows weighs (where the
+// With the blocks the GPU runs at once, which choose_warpgroup_shape weighs (where the
 // block fits the GPU's shared memory).
 template <typename Tiles>
 Variant warpgroup_variant(const char* name, size_t shared_limit) {
@@ -160,8 +160,8 @@ int main(int argc, char** argv) {
             variant<LargeTiles>("large 128x128/2x2x2/32/4", limit),
             variant<WideTiles>("wide 128x256/2x4x1/32/4", limit),
             // The warpgroup GEMM: tile / stages / cluster of token tiles x row tiles. gemm
-            // runs WarpgroupGemmTiles (2x2 clusters, 1x2 where the token tiles are odd) with
-            // the rows choose_warpgroup_rows picks; without clusters, and with others, for
+            // runs WarpgroupGemmTiles (2x2 clusters, 1x2 where the token tiles are odd, or
+            // 1x1) with the rows and clusters choose_warpgroup_shape picks; others for
             // comparison.
             warpgroup_variant<WarpgroupTiles<128, 7, 1, 1>>("warpgroup 128x128/7/1x1", limit),
             warpgroup_variant<WarpgroupTiles<192, 5, 1, 1>>("warpgroup 128x192/5/1x1", limit),
