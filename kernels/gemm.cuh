@@ -844,6 +844,18 @@ auto with_warpgroup_tiles(int tile_rows, F f) {
     throw Error("gemm: the warpgroup GEMM's blocks take 128, 192, 224 or 256 weight rows");
 }
 
+// The blocks of each of kWarpgroupRowChoices the GPU runs at once in clusters of
+// kClusterTokens x kClusterRows (warpgroup_concurrent_blocks asks the driver once a shape).
+template <DType D, int kClusterTokens, int kClusterRows>
+std::array<int, kWarpgroupRowKinds> warpgroup_blocks_at_once() {
+    std::array<int, kWarpgroupRowKinds> blocks{};
+    for (int i = 0; i < kWarpgroupRowKinds; ++i)
+        blocks[i] = with_warpgroup_tiles<kClusterTokens, kClusterRows>(
+            kWarpgroupRowChoices[i],
+            [](auto tiles) { return warpgroup_concurrent_blocks<D, decltype(tiles)>(); });
+    return blocks;
+}
+
 // The warpgroup GEMM: the product out = in · Wᵀ (+ bias) (+ out) into f32 `out`, or where
 // `up` is given swiglu(in · Wᵀ, in · upᵀ) into activations `out` of D with `out_cols`
 // columns (gemm_warpgroup_kernel's gated form). Clusters pair the token tiles where their
@@ -874,31 +886,15 @@ void launch_gemm_warpgroup(int tile_rows, void* out, int out_pitch, int out_cols
                                                          in.tokens, k_extent, nullptr, false, maps,
                                                          stream);
     };
-    // The blocks of each of kWarpgroupRowChoices the GPU runs at once in clusters of
-    // kClusterTokens x kClusterRows.
-    const auto blocks_at_once = [](auto cluster_tokens, auto cluster_rows) {
-        constexpr int kClusterTokens = decltype(cluster_tokens)::value;
-        constexpr int kClusterRows = decltype(cluster_rows)::value;
-        static const std::array<int, kWarpgroupRowKinds> concurrent = [] {
-            std::array<int, kWarpgroupRowKinds> blocks{};
-            for (int i = 0; i < kWarpgroupRowKinds; ++i)
-                blocks[i] = with_warpgroup_tiles<kClusterTokens, kClusterRows>(
-                    kWarpgroupRowChoices[i],
-                    [](auto tiles) { return warpgroup_concurrent_blocks<D, decltype(tiles)>(); });
-            return blocks;
-        }();
-        return concurrent;
-    };
     const auto run = [&](auto cluster_tokens) {
         constexpr int kClusterTokens = decltype(cluster_tokens)::value;
-        using One = std::integral_constant<int, 1>;
-        using ClusterRows = std::integral_constant<int, kWarpgroupClusterRows>;
         if (tile_rows != 0)
             return with_warpgroup_tiles<kClusterTokens, kWarpgroupClusterRows>(tile_rows, launch);
         const int product_rows = up != nullptr ? 2 * w.rows : w.rows;
         const WarpgroupShape shape = choose_warpgroup_shape(
-            in.tokens, product_rows, kClusterTokens, blocks_at_once(cluster_tokens, ClusterRows{}),
-            blocks_at_once(One{}, One{}));
+            in.tokens, product_rows, kClusterTokens,
+            warpgroup_blocks_at_once<D, kClusterTokens, kWarpgroupClusterRows>(),
+            warpgroup_blocks_at_once<D, 1, 1>());
         if (!shape.clustered) return with_warpgroup_tiles<1, 1>(shape.tile_rows, launch);
         with_warpgroup_tiles<kClusterTokens, kWarpgroupClusterRows>(shape.tile_rows, launch);
     };
