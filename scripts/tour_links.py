@@ -16,7 +16,8 @@ The anchor `#Lnn` is the line of that definition where the name is written (the 
 definition, when there are several). Line numbers move as the code changes:
 scripts/update_tour_links.py rewrites every anchor to the current line, and
 tests/test_tour.py fails, naming that script, when one is stale. Every other relative link
-must point to an existing file."""
+must point to an existing file, and a link to a markdown heading (`BENCHMARKS.md#anchor`,
+`#anchor`) to an existing heading."""
 
 import os
 import re
@@ -197,14 +198,52 @@ def code_links(text, base_dir):
         yield match, label, path_part, anchor, os.path.normpath(os.path.join(base_dir, path_part))
 
 
+def heading_anchors(text):
+    """The anchors GitHub gives the headings of a markdown text: lower case, punctuation
+    dropped, spaces as hyphens, a repeated heading's anchor suffixed -1, -2... Lines in
+    fenced code blocks are not headings."""
+    anchors, seen, in_code = set(), {}, False
+    for line in text.split("\n"):
+        if line.lstrip().startswith("```"):
+            in_code = not in_code
+            continue
+        heading = None if in_code else re.match(r"^#{1,6}\s+(.*?)\s*$", line)
+        if not heading:
+            continue
+        title = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading.group(1))  # a link's text
+        slug = re.sub(r"[^\w\- ]", "", title.lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        anchors.add(slug if count == 0 else f"{slug}-{count}")
+    return anchors
+
+
+def markdown_anchor_problem(anchor, path):
+    """None when the markdown file at `path` has a heading whose anchor is `anchor`."""
+    with open(path, encoding="utf-8") as f:
+        if anchor in heading_anchors(f.read()):
+            return None
+    return f"no heading of {os.path.basename(path)} has the anchor #{anchor}"
+
+
 def check_document(text, base_dir):
     """(references checked, problems) for a markdown text whose links are relative to
-    base_dir."""
+    base_dir. A link to a heading (`FILE.md#anchor`, or `#anchor` in the same text) must
+    name an existing heading."""
     problems, references = [], 0
+    own_anchors = heading_anchors(text)
+    for match in LINK.finditer(text):
+        if match.group(2).startswith("#") and match.group(2)[1:] not in own_anchors:
+            problems.append(f"{match.group(0)}: no heading here has the anchor {match.group(2)}")
     for match, label, path_part, anchor, path in code_links(text, base_dir):
         where = match.group(0)
         if not os.path.isfile(path):
             problems.append(f"{where}: {path_part} does not exist")
+            continue
+        if path.endswith(".md") and anchor:
+            why = markdown_anchor_problem(anchor, path)
+            if why:
+                problems.append(f"{where}: {why}")
             continue
         if not path.endswith(CODE_EXTENSIONS):
             continue
