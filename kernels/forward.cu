@@ -4,7 +4,7 @@
 // through kernels.h).
 //
 // - Weights (f32, f16, bf16, Q8 or Q4) are uploaded once; decode activations are f32; the KV
-//   cache is f16 or f32. Q8/Q4 matrices run through the int8 matvecs of matmul_quantized.cuh
+//   cache is f16 or f32. Q8/Q4 matrices run through the int8 matvecs of matvec_quantized.cuh
 //   in decode (kernels.h: matvec and matvec_swiglu dispatch on the dtype) and through the
 //   GEMM's quantized tensor-core kernel in prefill.
 // - The kernel sequence of one token (CudaBackend::record_forward) is captured once as a CUDA

@@ -20,7 +20,7 @@ enum class CudaKernels {
                  // write as separate kernels; naive attention (attention_simple.cuh)
     WarpPerRow,  // + a warp per matrix row, shuffle sum (lane 0 stores)
     Fused,       // + RMSNorm, residual add and SwiGLU inside the matvecs, RoPE with the KV write
-    FastMatvec,  // + the fast matvecs (kernels/matmul.cuh)
+    FastMatvec,  // + the fast matvecs (kernels/matvec.cuh)
     Fast,        // + the fast attention (kernels/attention.cuh): every kernel the fast one
 };
 

@@ -22,7 +22,7 @@
 //     f32 KV cache, no graph                   6 + f16 KV cache
 //   2 + a warp per matrix row                  7 + CUDA graph
 //   3 + fused kernels                          8 + flash-decoding: the fast path
-//   4 + the fast matvecs (matmul.cuh)
+//   4 + the fast matvecs (matvec.cuh)
 // Every rung times N decode steps (no prefill rung); --check-text prints each rung's text.
 // docs/TOUR.md explains what each rung changes and why it helps.
 #pragma once

@@ -19,9 +19,9 @@
 #include "elementwise_simple.cuh"
 #include "embedding.cuh"
 #include "emulated_inputs.h"
-#include "matmul.cuh"
-#include "matmul_quantized.cuh"
-#include "matmul_simple.cuh"
+#include "matvec.cuh"
+#include "matvec_quantized.cuh"
+#include "matvec_simple.cuh"
 #include "rope.cuh"
 
 using namespace barellm;
@@ -251,7 +251,7 @@ TEST_CASE("emulated quantized embedding is the integer weight times its block's 
         }
 }
 
-// ---- Matvecs of f32, f16 and bf16 weights (matmul.cuh)
+// ---- Matvecs of f32, f16 and bf16 weights (matvec.cuh)
 
 namespace {
 
@@ -328,7 +328,7 @@ TEST_CASE("emulated matvec and matvec_swiglu match double references", "[cuda_em
     }
 }
 
-// ---- Q8 and Q4 matvecs (matmul_quantized.cuh)
+// ---- Q8 and Q4 matvecs (matvec_quantized.cuh)
 
 namespace {
 
@@ -664,7 +664,7 @@ TEST_CASE("emulated attention_split_kernel matches a double reference",
     }
 }
 
-// ---- The GPU ladder's simple kernels (attention_simple.cuh, matmul_simple.cuh,
+// ---- The GPU ladder's simple kernels (attention_simple.cuh, matvec_simple.cuh,
 // elementwise_simple.cuh)
 
 namespace {

@@ -354,7 +354,7 @@ void check_swiglu_shapes(const DeviceMatrix& w1, const DeviceMatrix& w3) {
 
 }  // namespace
 
-// Q8 and Q4 weights (matmul_quantized.cuh): the launches matvec and matvec_swiglu hand them to
+// Q8 and Q4 weights (matvec_quantized.cuh): the launches matvec and matvec_swiglu hand them to
 // (widened: the f32 variant, else int8 products; QuantizedLaunch{}: the kernels' own choice of
 // launch), their staging's shared memory, and the shared-memory allowance of their kernels.
 void launch_quantized_matvec(float* out, const DeviceMatrix& w, const float* in,

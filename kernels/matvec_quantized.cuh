@@ -1,5 +1,5 @@
 // Matrix-vector products for decode with Q8 (I8) and Q4 (U8) weights: the kernels of
-// matmul.cuh (one warp per row, or two: choose_quantized_rows_per_warp; 16-byte loads with
+// matvec.cuh (one warp per row, or two: choose_quantized_rows_per_warp; 16-byte loads with
 // kMatvecUnroll in flight per lane and row, the input staged in shared memory with RMSNorm
 // fused, the bias and the residual added in the store, w1 and w3 read by one warp with SwiGLU
 // applied before the store) for weights stored as integers with one f16 scale per block of
@@ -26,7 +26,7 @@
 // Q4 vector's 32 nibbles are unpacked with 8 logic operations, and the int8 input costs 1
 // byte of shared memory per weight; quantizing the input costs each block one pass over it.
 //
-// - Staging (stage_quantized_input): the f32 input is staged (and normed) as matmul.cuh
+// - Staging (stage_quantized_input): the f32 input is staged (and normed) as matvec.cuh
 //   does, then quantized, each 8 lanes taking a block of 32 columns (a float4 each), into
 //   int8 values laid out in the order the weight vectors consume them (quantized_index),
 //   with each block's scale and, for Q4, the sum of its values (the offset of 8 of Q4's
@@ -41,7 +41,7 @@
 #include "common.cuh"
 #include "cuda_check.h"
 #include "kernels.h"
-#include "matmul.cuh"
+#include "matvec.cuh"
 #include "model.h"
 
 namespace barellm::cuda {
