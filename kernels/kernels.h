@@ -89,14 +89,7 @@ void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, c
 
 // Q8 and Q4 weights (matvec_quantized.cuh): the input (normed, when norm_weight is given) is
 // quantized to int8 per block of 32 as the CPU's cpu::quantize_q8 does, and multiplied with
-// the weights in int8 dot products. matvec_widened and matvec_swiglu_widened compute the same
-// with the weights widened to f32 against the f32 input instead (Q8 and Q4 only):
-// cuda_kernel_check checks both and --bench times both.
-void matvec_widened(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight,
-                    float eps, const float* bias, bool accumulate, cudaStream_t stream);
-void matvec_swiglu_widened(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
-                           const float* in, const float* norm_weight, float eps,
-                           cudaStream_t stream);
+// the weights in int8 dot products.
 // How the int8 kernels spread over the GPU: one or two rows per warp (SwiGLU: of each
 // matrix), and a block per row set of 16 warps' rows, or one wave: only as many blocks as the
 // GPU holds at once, each staging the input once for several row sets. QuantizedLaunch{} is
