@@ -15,8 +15,8 @@
 // With --check-text, each rung instead completes the text greedily and prints it, one
 // JSON object per line (tests/test_ladder.py compares them with `barellm run --temp 0`).
 // With --device cuda, the GPU ladder: the CUDA backend with its kernels made simpler
-// (BackendOptions::cuda_kernels, kernels/*_simple.cuh) and its switches off, then each
-// optimisation added in turn, the file's weights on every rung:
+// (BackendOptions::cuda_kernels, kernels/*_simple.cuh run by kernels/ladder_forward.cu) and
+// its switches off, then each optimisation added in turn, the file's weights on every rung:
 //   1 naive port: a thread per matrix row,     5 + coalesced attention (attention.cuh,
 //     separate kernels, naive attention,          one split)
 //     f32 KV cache, no graph                   6 + f16 KV cache
