@@ -4,7 +4,7 @@
 // - The kernels live in the .cuh files named after what they compute (embedding.cuh,
 //   matvec.cuh, matvec_quantized.cuh, rope.cuh, attention.cuh, gemm.cuh, dequantize.cuh;
 //   the GPU ladder's simple versions in matvec_simple.cuh, elementwise_simple.cuh,
-//   attention_simple.cuh), compiled once, in kernels.cu. forward.cu and
+//   attention_simple.cuh), compiled once, in kernels.cu. forward.cu, ladder_forward.cu and
 //   tests/tools/cuda_kernel_check.cu launch them through here.
 // - Decode activations are f32 in device memory, the batched prefill's GEMM inputs f32, f16
 //   or bf16 (DeviceActivations); weights are f32, f16, bf16, Q8 (I8) or Q4 (U8): the decode

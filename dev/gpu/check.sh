@@ -8,15 +8,15 @@
 #   bash dev/gpu/check.sh [STEP...]   on the GPU machine, from the repository root
 #
 # What the GPU machine needs: the CUDA toolkit (nvcc, and Nsight Compute for the *-ncu
-# steps), a C++ compiler, Python 3 with numpy (torch and transformers for the transformers
-# and logits-7b steps), and gpu_data/ (git-ignored) from --stage: stories260K, the llama2
-# tokenizer (the Mistral-7B preset's), the smollm2-135m tokenizer (the Qwen3-8B and
-# Llama-3-8B presets'), the eval texts, the nlohmann/json headers, GNU time, and
-# llama.cpp's CUDA tools with the gguf Python package of the same sources, packed into
-# gpu_data/llamacpp-cuda.tar.xz. --stage builds those tools (scripts/build_llamacpp.sh
+# steps), a C++ compiler, Python 3 with numpy and pytest (torch and transformers for the
+# transformers and logits-7b steps), and gpu_data/ (git-ignored) from --stage:
+# stories260K, the llama2 tokenizer (the Mistral-7B preset's), the smollm2-135m tokenizer
+# (the Qwen3-8B and Llama-3-8B presets'), the eval texts, the nlohmann/json headers, GNU
+# time, and llama.cpp's CUDA tools with the gguf Python package of the same sources, packed
+# into gpu_data/llamacpp-cuda.tar.xz. --stage builds those tools (scripts/build_llamacpp.sh
 # --cuda 90 --portable, into $LLAMACPP_CUDA, default ../llamacpp-cuda: about 35 minutes on
-# 2 cores the first time); they link the toolkit's cuBLAS, so the GPU machine needs the same
-# major CUDA version (13). Without them every step times barellm alone.
+# 2 cores the first time); they link the toolkit's cuBLAS, so the GPU machine needs the
+# same major CUDA version (13). Without them every step times barellm alone.
 #
 # Time: the default steps (kernels tests compare) take about 5 minutes on an H100 or H200,
 # the build and the Mistral-7B files included. Every step is cut to end by DEADLINE
