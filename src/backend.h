@@ -14,8 +14,7 @@ enum class Device { Cpu, Cuda, Auto };
 
 // Which kernels the CUDA backend runs a token with: the fast ones by default. The GPU
 // ladder (`barellm ladder --device cuda`, src/ladder.cpp) picks simpler ones, each step
-// adding one optimisation to the step before (the simple kernels: kernels/*_simple.cuh,
-// launched by kernels/ladder_forward.cu).
+// adding one optimisation to the step before (kernels/ladder_forward.cu, *_simple.cuh).
 enum class CudaKernels {
     NaivePort,   // a thread per matrix row; RMSNorm, residual add, SwiGLU, RoPE and the KV
                  // write as separate kernels; naive attention (attention_simple.cuh)
