@@ -177,8 +177,6 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(Atte
     __shared__ float partial_shared[kAttentionWarps][kMaxHeadsPerBlock][kHeadDimMax];
     __shared__ bool last_shared;  // this block merges
 
-    wait_then_allow_next_grid();  // q, k and v come from the kernel before
-
     // This block's positions [begin, end): everything below is uniform across the block.
     const int pos = a.step[1];
     const int first = attention_first(pos, a.window);
@@ -462,8 +460,8 @@ template <typename KvT>
 void launch_attention(const AttentionArgs& args, cudaStream_t stream) {
     const dim3 grid = attention_grid(args.splits, args.heads, args.kv_heads);
     with_attention_head_dim_max(args.head_dim, [&](auto head_dim_max) {
-        launch_dependent(attention_split_kernel<KvT, decltype(head_dim_max)::value>, grid,
-                         dim3(kAttentionThreads), 0, stream, args);
+        attention_split_kernel<KvT, decltype(head_dim_max)::value>
+            <<<grid, kAttentionThreads, 0, stream>>>(args);
     });
     CUDA_CHECK_LAUNCH("attention_split_kernel");
 }

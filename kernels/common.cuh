@@ -14,8 +14,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "cuda_check.h"  // CUDA_CHECK (host code; empty for the emulation)
@@ -145,75 +143,12 @@ void allow_shared_bytes(Kernel kernel, size_t bytes) {
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
-// Whether launch_dependent launches kernels as programmatic dependents: on sm_90 on, with
-// BARELLM_CUDA_PDL=1 in the environment (opt-in; dev/gpu/check.sh's `pdl` step times decode
-// with and without it).
-inline bool programmatic_launch_enabled() {
-    static const bool enabled = [] {
-        const char* setting = std::getenv("BARELLM_CUDA_PDL");
-        const bool switched_on = setting != nullptr && std::strcmp(setting, "1") == 0;
-        return current_device().compute_capability >= 90 && switched_on;
-    }();
-    return enabled;
-}
-
-// kernel<<<grid, block, shared, stream>>>(arguments...), launched as a programmatic
-// dependent of the kernel before it on the stream where programmatic_launch_enabled(): it
-// may start before that kernel ends, so it must call wait_for_previous_grid (below) first.
-// Stream capture records the dependency in the graph.
-template <typename... Parameters, typename... Arguments>
-void launch_dependent(void (*kernel)(Parameters...), dim3 grid, dim3 block, size_t shared,
-                      cudaStream_t stream, Arguments... arguments) {
-    cudaLaunchAttribute attribute = {};
-    attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attribute.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = grid;
-    config.blockDim = block;
-    config.dynamicSmemBytes = shared;
-    config.stream = stream;
-    config.attrs = &attribute;
-    config.numAttrs = programmatic_launch_enabled() ? 1 : 0;
-    CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, arguments...));
-}
-
 // Asks L2 for the line holding `address` without waiting for it and without a register (a
 // hint: what later loads read is unchanged). The emulation supplies its own.
 __device__ __forceinline__ void prefetch_l2(const void* address) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(address));
 }
 #endif
-
-// ---- Programmatic dependent launch (sm_90 on). A kernel launched by launch_dependent may
-// start while the kernel before it on the stream is still running: its blocks take the SMs
-// that the earlier kernel's last blocks leave free, ask for their first weights meanwhile,
-// and only then wait for it. The kernel before it, if it calls allow_next_grid, lets that
-// happen before it ends. On older GPUs, in the emulation and in a kernel launched the usual
-// way, both are no-ops.
-
-// Blocks until every kernel this one depends on has finished and its writes are visible.
-// A kernel launched by launch_dependent calls it before it reads or writes any memory that
-// the kernels before it write or read (reading the weights before it is fine).
-__device__ __forceinline__ void wait_for_previous_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-// Lets the next kernel on the stream, if launch_dependent launched it, start once every
-// block of this one has called this (or ended). Called after wait_for_previous_grid, so at
-// most two kernels overlap.
-__device__ __forceinline__ void allow_next_grid() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-// Both, where a kernel has nothing to do before it waits.
-__device__ __forceinline__ void wait_then_allow_next_grid() {
-    wait_for_previous_grid();
-    allow_next_grid();
-}
 
 // Dynamic shared memory of a kernel as floats, 16-byte aligned (one declaration for all
 // kernels, as CUDA requires of extern __shared__ arrays).
@@ -257,7 +192,7 @@ struct WeightFormat<DType::F32> {
     }
 };
 
-// The 8 16-bit elements of a 16-byte vector, each widened to f32 by widen(bits16): element
+// The 8 16-bit elements of a 16-byte vector as f32, each converted by widen(bits16): element
 // 2k is the low half of word k (little-endian storage).
 template <typename Widen>
 __device__ __forceinline__ void unpack_16bit(const uint4& v, float (&out)[8], Widen widen) {
@@ -293,8 +228,7 @@ struct WeightFormat<DType::BF16> {
 
 // How a quantized weight dtype is read (kernels.h, DeviceMatrix): kPerVector columns per
 // 16-byte vector of a row; row_bytes(pitch) bytes of values per row; value(row, c), the
-// signed integer weight of column c of a row (times the block's scale it is the weight);
-// widen(vector, out), a vector's kPerVector integer weights as f32, in column order.
+// signed integer weight of column c of a row (times the block's scale it is the weight).
 template <DType D>
 struct QuantizedFormat;
 
@@ -305,14 +239,6 @@ struct QuantizedFormat<DType::I8> {
     __host__ __device__ static constexpr size_t row_bytes(int pitch) { return size_t(pitch); }
     __device__ static __forceinline__ int value(const void* row, int c) {
         return static_cast<const int8_t*>(row)[c];
-    }
-    __device__ static __forceinline__ void widen(const uint4& v, float (&out)[16]) {
-        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-#pragma unroll
-            for (int b = 0; b < 4; ++b)  // byte b of word k: column 4k + b
-                out[4 * k + b] = float(int8_t(words[k] >> (8 * b)));
     }
 };
 
@@ -328,17 +254,6 @@ struct QuantizedFormat<DType::U8> {
         const uint8_t byte =
             static_cast<const uint8_t*>(row)[c / kPerVector * half_block + within % half_block];
         return (within < half_block ? byte & 0x0f : byte >> 4) - kQ4Offset;
-    }
-    __device__ static __forceinline__ void widen(const uint4& v, float (&out)[32]) {
-        const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k)
-#pragma unroll
-            for (int b = 0; b < 4; ++b) {  // byte 4k + b: columns 4k + b and 16 + 4k + b
-                const uint32_t byte = words[k] >> (8 * b);
-                out[4 * k + b] = float(int(byte & 0x0f) - kQ4Offset);
-                out[16 + 4 * k + b] = float(int((byte >> 4) & 0x0f) - kQ4Offset);
-            }
     }
 };
 

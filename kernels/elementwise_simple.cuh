@@ -2,7 +2,7 @@
 // the residual add (also the bias add of Qwen's projections), SwiGLU, Qwen3's per-head q/k
 // RMSNorm, RoPE and the KV-cache write (the GPU ladder's rungs 1-2).
 // Every value makes a round trip through global memory between two of them; rung 3 fuses
-// them into the matvecs (matmul_simple.cuh) and into rope_kv_kernel (rope.cuh).
+// them into the matvecs (matvec_simple.cuh) and into rope_kv_kernel (rope.cuh).
 #pragma once
 #include "common.cuh"
 #include "cuda_check.h"

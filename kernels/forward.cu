@@ -4,7 +4,7 @@
 // through kernels.h).
 //
 // - Weights (f32, f16, bf16, Q8 or Q4) are uploaded once; decode activations are f32; the KV
-//   cache is f16 or f32. Q8/Q4 matrices run through the int8 matvecs of matmul_quantized.cuh
+//   cache is f16 or f32. Q8/Q4 matrices run through the int8 matvecs of matvec_quantized.cuh
 //   in decode (kernels.h: matvec and matvec_swiglu dispatch on the dtype) and through the
 //   GEMM's quantized tensor-core kernel in prefill.
 // - The kernel sequence of one token (CudaBackend::record_forward) is captured once as a CUDA
@@ -20,14 +20,12 @@
 //   matrices, where a Q4 file keeps some, read f16 too). The output matrix, which may be
 //   of another dtype, reads its own (a view of the same memory).
 // - The GPU ladder (`barellm ladder --device cuda`, src/ladder.cpp) runs this backend with
-//   simpler kernels (rung_kernels picks them from BackendOptions::cuda_kernels), without the
-//   graph (cuda_graph) or without the attention split (flash_decoding).
+//   the switches of BackendOptions: its rungs 1-4 decode with simpler kernels
+//   (ladder_forward.cu: LadderForward, chosen by cuda_kernels), rungs 5-8 with
+//   record_forward's, without the graph (cuda_graph) or without the attention split
+//   (flash_decoding).
 // - Debugging knob: BARELLM_CUDA_GRAPHS=0 in the environment launches the kernels directly
 //   on the stream for every token instead of replaying the captured graph.
-// - BARELLM_CUDA_PDL=1 (sm_90 on) launches the decode kernels (the matvecs and the
-//   attention) as programmatic dependents of the kernel before each (common.cuh:
-//   launch_dependent): a kernel's blocks start in the SMs its predecessor's last blocks leave
-//   free and request their first weights before they wait for its output.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
@@ -41,8 +39,10 @@
 #include "backend.h"
 #include "cuda_check.h"
 #include "device_memory.h"
+#include "device_model.h"
 #include "error.h"
 #include "kernels.h"
+#include "ladder_forward.h"
 #include "memory.h"
 
 namespace barellm {
@@ -50,7 +50,9 @@ namespace barellm {
 namespace {
 
 using cuda::DeviceBuffer;
+using cuda::DeviceLayer;
 using cuda::DeviceMatrix;
+using cuda::DeviceState;
 using cuda::PinnedBuffer;
 
 constexpr size_t kStagingBytes = size_t(64) << 20;         // upload chunk (pinned)
@@ -89,43 +91,6 @@ Event make_event() {
     return Event(event);
 }
 
-// One layer's weights and KV cache in device memory.
-struct DeviceLayer {
-    const float* attn_norm;  // [dim]
-    DeviceMatrix wqkv;       // [heads * head_dim + 2 * kv_heads * head_dim, dim]: wq, wk, wv
-    // Present only where the config says so (else nullptr):
-    const float* qkv_bias;  // [heads * head_dim + 2 * kv_heads * head_dim]: bq, bk, bv (qkv_bias)
-    const float* q_norm;    // [head_dim]  per-head RMSNorm of q before RoPE (qk_norm)
-    const float* k_norm;    // [head_dim]  the same of k (qk_norm)
-    DeviceMatrix wo;        // [dim, heads * head_dim]
-    const float* o_bias;    // [dim]  (o_bias; else nullptr)
-    const float* ffn_norm;  // [dim]
-    DeviceMatrix w1;        // [hidden_dim, dim]  gate
-    DeviceMatrix w3;        // [hidden_dim, dim]  up
-    DeviceMatrix w2;        // [dim, hidden_dim]  down
-    void* key_cache;        // [context, kv_dim] of kv_type: this layer's part of the key cache
-    void* value_cache;      // [context, kv_dim] of kv_type: the same of the value cache
-    int window;             // sliding window of this layer, 0 for none (Config::layer_window)
-};
-
-// Every activation buffer, in device memory, allocated once.
-struct DeviceState {
-    int* step;                // [2]  {token, pos} of the step being run
-    float* x;                 // [dim]  residual stream
-    float* qkv;               // [q_dim + 2 * kv_dim]  q (rotated in place), k, v of the token
-    float* att;               // [q_dim]  attention output
-    float* hidden;            // [hidden_dim]  silu(w1 · norm(x)) * (w3 · norm(x))
-    float* logits;            // [vocab_size]
-    float* partial_out;       // [heads, splits, head_dim]  flash-decoding partial outputs
-    float* partial_stats;     // [heads, splits, 2]  their running (max, sum)
-    unsigned* arrivals;       // [kv_heads * head groups]  attention blocks done (0 between steps)
-    float* normed;            // [dim]  rmsnorm(x) (separate-kernel steps only)
-    float* projected;         // [dim]  wo · att or w2 · hidden, before the residual add (same)
-    float* up;                // [hidden_dim]  w3 · norm(x) (same)
-    float* scores;            // [heads, context]  the naive attention's scores (its steps only)
-    float* rope_frequencies;  // [head_dim / 2]
-};
-
 // The activations of a prefill batch of B <= CudaBackend::prefill_batch_ tokens, one row
 // per token, allocated once for the largest batch (the DeviceActivations' tokens field is
 // that size; a batch uses its first B rows).
@@ -151,216 +116,12 @@ cuda::DeviceActivations first_rows(cuda::DeviceActivations rows, int tokens) {
     return rows;
 }
 
-// ==== The steps of a layer, in the ways the rungs of the GPU ladder run them
-
-// The matvec kernels a rung's steps launch (kernels.h).
-struct MatvecKernels {
-    // out = W · in: the separate-kernel steps' matvec.
-    void (*plain)(float* out, const DeviceMatrix& w, const float* in, cudaStream_t stream);
-    // out = W · rmsnorm(in) with norm_weight, + bias when given, out += with accumulate: the
-    // fused steps'.
-    void (*fused)(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight,
-                  float eps, const float* bias, bool accumulate, cudaStream_t stream);
-    // out = silu(W1 · rmsnorm(in)) * (W3 · rmsnorm(in)): the fused steps'.
-    void (*fused_swiglu)(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
-                         const float* in, const float* norm_weight, float eps, cudaStream_t stream);
-};
-
-// What every step launches with.
-struct StepContext {
-    cudaStream_t stream;
-    const Config& config;
-    const DeviceState& state;
-    AttentionShape shape;  // the widest layer window; each layer's own: layer_shape
-    KvType kv_type;
-    int context;  // positions of the KV cache
-    int splits;   // attention blocks per KV head (attention_fast)
-    const MatvecKernels& matvecs;
-};
-
-// How a rung runs each step of a layer, and the scratch buffers those steps need.
-struct Steps {
-    // out = W · rmsnorm(x) * norm_weight (+ bias when given): q, k and v; the logits.
-    void (*norm_matvec)(const StepContext& ctx, float* out, const DeviceMatrix& w, const float* x,
-                        const float* norm_weight, const float* bias);
-    // att = attention of rope(q) over the layer's cache, after row pos of the cache has
-    // received rope(k) and v (q, k, v: the qkv matvec's output; q and k per-head RMSNormed
-    // first where the layer has q_norm and k_norm).
-    void (*attention)(const StepContext& ctx, const DeviceLayer& layer);
-    // x += W · in (+ bias when given): wo and w2 with the residual connection.
-    void (*add_matvec)(const StepContext& ctx, float* x, const DeviceMatrix& w, const float* in,
-                       const float* bias);
-    // out = silu(W1 · rmsnorm(x) * norm_weight) * (W3 · rmsnorm(x) * norm_weight).
-    void (*norm_swiglu)(const StepContext& ctx, float* out, const DeviceMatrix& w1,
-                        const DeviceMatrix& w3, const float* x, const float* norm_weight);
-    bool uses_intermediates;  // DeviceState's normed, projected and up
-    bool uses_scores;         // DeviceState's scores
-};
-
-// ---- Separate kernels (rungs 1-2): every operation its own kernel, as the CPU runs them,
-// every intermediate through global memory.
-
-// The attention shape of `layer`: its own sliding window.
-AttentionShape layer_shape(const StepContext& ctx, const DeviceLayer& layer) {
-    AttentionShape shape = ctx.shape;
-    shape.window = layer.window;
-    return shape;
-}
-
-void norm_matvec_separate(const StepContext& ctx, float* out, const DeviceMatrix& w, const float* x,
-                          const float* norm_weight, const float* bias) {
-    const Config& c = ctx.config;
-    const DeviceState& s = ctx.state;
-    cuda::rmsnorm(s.normed, x, norm_weight, c.dim, c.norm_eps, ctx.stream);
-    ctx.matvecs.plain(out, w, s.normed, ctx.stream);
-    if (bias) cuda::residual_add(out, bias, w.rows, ctx.stream);
-}
-
-void attention_separate(const StepContext& ctx, const DeviceLayer& layer) {
-    const Config& c = ctx.config;
-    const DeviceState& s = ctx.state;
-    if (layer.q_norm)
-        cuda::rmsnorm_heads(s.qkv, layer.q_norm, layer.k_norm, c.heads, c.kv_heads, c.head_dim,
-                            c.norm_eps, ctx.stream);
-    cuda::rope(s.qkv, s.rope_frequencies, s.step, c.heads, c.kv_heads, c.head_dim, ctx.stream);
-    const float* k = s.qkv + c.q_dim();
-    cuda::store_kv_row(k, k + c.kv_dim(), layer.key_cache, layer.value_cache, s.step, c.kv_dim(),
-                       ctx.kv_type, ctx.stream);
-    cuda::attention_naive(s.att, s.qkv, layer.key_cache, layer.value_cache, s.step, s.scores,
-                          ctx.context, layer_shape(ctx, layer), ctx.kv_type, ctx.stream);
-}
-
-// x += (W · in + bias), in the CPU's order: the bias is added to the product first.
-void add_matvec_separate(const StepContext& ctx, float* x, const DeviceMatrix& w, const float* in,
-                         const float* bias) {
-    const DeviceState& s = ctx.state;
-    ctx.matvecs.plain(s.projected, w, in, ctx.stream);
-    if (bias) cuda::residual_add(s.projected, bias, ctx.config.dim, ctx.stream);
-    cuda::residual_add(x, s.projected, ctx.config.dim, ctx.stream);
-}
-
-void norm_swiglu_separate(const StepContext& ctx, float* out, const DeviceMatrix& w1,
-                          const DeviceMatrix& w3, const float* x, const float* norm_weight) {
-    const Config& c = ctx.config;
-    const DeviceState& s = ctx.state;
-    cuda::rmsnorm(s.normed, x, norm_weight, c.dim, c.norm_eps, ctx.stream);
-    ctx.matvecs.plain(out, w1, s.normed, ctx.stream);  // gate
-    ctx.matvecs.plain(s.up, w3, s.normed, ctx.stream);
-    cuda::swiglu(out, s.up, c.hidden_dim, ctx.stream);
-}
-
-// The warp-per-row matvec without its fused RMSNorm and residual add: out = W · in.
-void matvec_warp_per_row_plain(float* out, const DeviceMatrix& w, const float* in,
-                               cudaStream_t stream) {
-    cuda::matvec_warp_per_row(out, w, in, /*norm_weight=*/nullptr, /*eps=*/0.0f, /*bias=*/nullptr,
-                              /*accumulate=*/false, stream);
-}
-
-// ---- Fused kernels (rung 3 on): RMSNorm, the bias, the residual add and SwiGLU inside the
-// matvecs.
-
-void norm_matvec_fused(const StepContext& ctx, float* out, const DeviceMatrix& w, const float* x,
-                       const float* norm_weight, const float* bias) {
-    ctx.matvecs.fused(out, w, x, norm_weight, ctx.config.norm_eps, bias, /*accumulate=*/false,
-                      ctx.stream);
-}
-
-void add_matvec_fused(const StepContext& ctx, float* x, const DeviceMatrix& w, const float* in,
-                      const float* bias) {
-    ctx.matvecs.fused(x, w, in, /*norm_weight=*/nullptr, ctx.config.norm_eps, bias,
-                      /*accumulate=*/true, ctx.stream);
-}
-
-void norm_swiglu_fused(const StepContext& ctx, float* out, const DeviceMatrix& w1,
-                       const DeviceMatrix& w3, const float* x, const float* norm_weight) {
-    ctx.matvecs.fused_swiglu(out, w1, w3, x, norm_weight, ctx.config.norm_eps, ctx.stream);
-}
-
-// The q/k norm and RoPE with the KV write in one kernel (rope_kv_store rotates q in place),
-// then the naive attention (rungs 3-4).
-void attention_fused(const StepContext& ctx, const DeviceLayer& layer) {
-    const Config& c = ctx.config;
-    const DeviceState& s = ctx.state;
-    cuda::rope_kv_store(s.qkv, s.rope_frequencies, layer.key_cache, layer.value_cache, s.step,
-                        c.heads, c.kv_heads, c.head_dim, layer.q_norm, layer.k_norm, c.norm_eps,
-                        ctx.kv_type, ctx.stream);
-    cuda::attention_naive(s.att, s.qkv, layer.key_cache, layer.value_cache, s.step, s.scores,
-                          ctx.context, layer_shape(ctx, layer), ctx.kv_type, ctx.stream);
-}
-
-// One kernel: flash-decoding over ctx.splits blocks per KV head, the q/k norm, RoPE and the
-// cache write folded in (rung 5 on).
-void attention_fast(const StepContext& ctx, const DeviceLayer& layer) {
-    const DeviceState& s = ctx.state;
-    cuda::attention(s.att, s.qkv, s.rope_frequencies, layer.q_norm, layer.k_norm,
-                    ctx.config.norm_eps, layer.key_cache, layer.value_cache, s.step, s.partial_out,
-                    s.partial_stats, s.arrivals, layer_shape(ctx, layer), ctx.splits, ctx.kv_type,
-                    ctx.stream);
-}
-
-// Every operation its own kernel (rungs 1-2).
-constexpr Steps kSeparateSteps = {
-    norm_matvec_separate,  // rmsnorm, a plain matvec, residual_add of a bias
-    attention_separate,    // rmsnorm_heads (q/k norm), rope, store_kv_row, attention_naive
-    add_matvec_separate,   // a plain matvec, residual_add of a bias, residual_add
-    norm_swiglu_separate,  // rmsnorm, two plain matvecs, swiglu
-    /*uses_intermediates=*/true,
-    /*uses_scores=*/true,
-};
-// RMSNorm, the residual add and SwiGLU fused into the matvecs, RoPE into the KV write
-// (rungs 3-4).
-constexpr Steps kFusedSteps = {
-    norm_matvec_fused,  // a matvec with RMSNorm (and the bias)
-    attention_fused,    // rope_kv_store (with the q/k norm), attention_naive
-    add_matvec_fused,   // a matvec adding to x (with the bias)
-    norm_swiglu_fused,  // a matvec_swiglu with RMSNorm
-    /*uses_intermediates=*/false,
-    /*uses_scores=*/true,
-};
-// And the fast attention, RoPE and the KV write inside it (rung 5 on).
-constexpr Steps kFastSteps = {
-    norm_matvec_fused,
-    attention_fast,  // cuda::attention
-    add_matvec_fused,
-    norm_swiglu_fused,
-    /*uses_intermediates=*/false,
-    /*uses_scores=*/false,
-};
-
-// What one rung of the GPU ladder runs a token with.
-struct RungKernels {
-    Steps steps;
-    MatvecKernels matvecs;
-};
-
-// The kernels of each CudaKernels value (src/backend.h), rung by rung.
-RungKernels rung_kernels(CudaKernels kernels) {
-    switch (kernels) {
-        case CudaKernels::NaivePort:
-            return {kSeparateSteps, {cuda::matvec_thread_per_row, nullptr, nullptr}};
-        case CudaKernels::WarpPerRow:
-            return {kSeparateSteps, {matvec_warp_per_row_plain, nullptr, nullptr}};
-        case CudaKernels::Fused:
-            return {kFusedSteps,
-                    {nullptr, cuda::matvec_warp_per_row, cuda::matvec_swiglu_warp_per_row}};
-        case CudaKernels::FastMatvec:
-            return {kFusedSteps, {nullptr, cuda::matvec, cuda::matvec_swiglu}};
-        case CudaKernels::Fast:
-            return {kFastSteps, {nullptr, cuda::matvec, cuda::matvec_swiglu}};
-    }
-    throw Error("unknown CudaKernels value " + std::to_string(int(kernels)));
-}
-
 class CudaBackend : public Backend {
 public:
     CudaBackend(const Model& model, const BackendOptions& options)
-        : model_(model),
-          context_(options.context),
-          kv_type_(options.kv_type),
-          rung_(rung_kernels(options.cuda_kernels)) {
+        : model_(model), context_(options.context), kv_type_(options.kv_type) {
         const Config& c = model.config;
-        const bool quantized = c.weight_dtype == "Q8" || c.weight_dtype == "Q4";
-        if (quantized) check_quantized_rung(options);
+        cuda::check_ladder_weights(options.cuda_kernels, c.weight_dtype);
         CUDA_CHECK(cudaSetDevice(0));
         cudaDeviceProp properties;
         CUDA_CHECK(cudaGetDeviceProperties(&properties, 0));
@@ -383,6 +144,9 @@ public:
         check_free_memory(options.all_logits);
         upload_weights();
         allocate_state();
+        if (options.cuda_kernels != CudaKernels::Fast)
+            ladder_ = std::make_unique<cuda::LadderForward>(options.cuda_kernels, c, weights_,
+                                                            state_, kv_type_, context_);
         if (prefill_batch_ > 0) allocate_prefill(options.all_logits);
         host_step_ = PinnedBuffer(2 * sizeof(int), "the step parameters");
         host_logits_ = PinnedBuffer(size_t(c.vocab_size) * sizeof(float), "the logits");
@@ -426,7 +190,7 @@ public:
         if (graph_exec_)
             CUDA_CHECK(cudaGraphLaunch(graph_exec_.get(), stream_.get()));
         else
-            record_forward();
+            record_token();
         CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
         return host_logits_.as<float>();
     }
@@ -482,30 +246,52 @@ public:
     }
 
 private:
-    // The kernel sequence of one token, enqueued on the stream (captured into the graph
-    // once, or run directly). Token and position come from state_.step.
-    void record_forward() {
-        const DeviceState& s = state_;
-        const Steps& steps = rung_.steps;
-        const StepContext ctx = step_context();
-        cuda::embedding(s.x, embedding_, s.step, ctx.stream);
+    // The kernels of one token, enqueued on the stream (captured into the graph once, or run
+    // directly), and the copy of its logits to host_logits_: record_forward's, or on the GPU
+    // ladder's rungs 1-4 LadderForward's. Token and position come from state_.step.
+    void record_token() {
+        if (ladder_)
+            ladder_->record(stream_.get());
+        else
+            record_forward();
+        copy_logits_to_host();
+    }
 
-        for (const DeviceLayer& layer : layers_) {
+    // The fast kernels of one token, in the order of the math (src/cpu/forward.cpp runs the
+    // same steps on the CPU). Each layer is five kernels: RMSNorm is fused into the matvec
+    // that reads its output, the biases and the residual adds into the matvecs' stores,
+    // SwiGLU into the w1/w3 matvec, and RoPE, the q/k norm and the KV-cache write into the
+    // attention.
+    void record_forward() {
+        const Config& c = model_.config;
+        const DeviceState& s = state_;
+        cudaStream_t stream = stream_.get();
+        cuda::embedding(s.x, weights_.embedding, s.step, stream);
+
+        AttentionShape shape = attention_shape();  // its window set layer by layer below
+        for (const DeviceLayer& layer : weights_.layers) {
             // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
             //   (Qwen2: + bq, bk, bv after the projections; Qwen3: each head of q and k
             //    RMS-normed before RoPE; with attention_bias: + bo after wo)
-            steps.norm_matvec(ctx, s.qkv, layer.wqkv, s.x, layer.attn_norm, layer.qkv_bias);
-            steps.attention(ctx, layer);  // q/k norm, RoPE and the KV-cache write included
-            steps.add_matvec(ctx, s.x, layer.wo, s.att, layer.o_bias);
+            shape.window = layer.window;
+            cuda::matvec(s.qkv, layer.wqkv, s.x, layer.attn_norm, c.norm_eps, layer.qkv_bias,
+                         /*accumulate=*/false, stream);
+            cuda::attention(s.att, s.qkv, s.rope_frequencies, layer.q_norm, layer.k_norm,
+                            c.norm_eps, layer.key_cache, layer.value_cache, s.step, s.partial_out,
+                            s.partial_stats, s.arrivals, shape, splits_, kv_type_, stream);
+            cuda::matvec(s.x, layer.wo, s.att, /*norm_weight=*/nullptr, c.norm_eps, layer.o_bias,
+                         /*accumulate=*/true, stream);
 
             // Feed-forward: x += w2 · (silu(w1 · norm(x)) * (w3 · norm(x)))
-            steps.norm_swiglu(ctx, s.hidden, layer.w1, layer.w3, s.x, layer.ffn_norm);
-            steps.add_matvec(ctx, s.x, layer.w2, s.hidden, /*bias=*/nullptr);
+            cuda::matvec_swiglu(s.hidden, layer.w1, layer.w3, s.x, layer.ffn_norm, c.norm_eps,
+                                stream);
+            cuda::matvec(s.x, layer.w2, s.hidden, /*norm_weight=*/nullptr, c.norm_eps,
+                         /*bias=*/nullptr, /*accumulate=*/true, stream);
         }
 
         // logits = output · norm(x)
-        steps.norm_matvec(ctx, s.logits, output_, s.x, final_norm_, /*bias=*/nullptr);
-        copy_logits_to_host();
+        cuda::matvec(s.logits, weights_.output, s.x, weights_.final_norm, c.norm_eps,
+                     /*bias=*/nullptr, /*accumulate=*/false, stream);
     }
 
     // One batch of B tokens at positions first_pos.., the layers as record_forward runs them
@@ -523,10 +309,10 @@ private:
         const cuda::DeviceActivations normed = first_rows(s.normed, B);
         const cuda::DeviceActivations att = first_rows(s.att, B);
         const cuda::DeviceActivations hidden = first_rows(s.hidden, B);
-        cuda::embedding_rows(s.x, embedding_, s.tokens, B, stream);
+        cuda::embedding_rows(s.x, weights_.embedding, s.tokens, B, stream);
 
         AttentionShape shape = attention_shape();  // its window set layer by layer below
-        for (const DeviceLayer& layer : layers_) {
+        for (const DeviceLayer& layer : weights_.layers) {
             // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
             //   (the biases, q/k norms and window of the layer where it has them, as decode)
             shape.window = layer.window;
@@ -554,24 +340,17 @@ private:
         // may differ from the layers': its input is a view of the same memory.
         const int first_row = logits_out ? 0 : B - 1, rows = B - first_row;
         cuda::DeviceActivations final_normed = first_rows(s.normed, rows);
-        final_normed.dtype = cuda::gemm_input_dtype(output_.dtype);
+        final_normed.dtype = cuda::gemm_input_dtype(weights_.output.dtype);
         final_normed.pitch = cuda::padded_cols(c.dim, final_normed.dtype);
-        cuda::rmsnorm_rows(final_normed, s.x + size_t(first_row) * c.dim, final_norm_, c.norm_eps,
-                           stream);
-        cuda::gemm(s.logits, c.vocab_size, output_, final_normed, /*bias=*/nullptr,
+        cuda::rmsnorm_rows(final_normed, s.x + size_t(first_row) * c.dim, weights_.final_norm,
+                           c.norm_eps, stream);
+        cuda::gemm(s.logits, c.vocab_size, weights_.output, final_normed, /*bias=*/nullptr,
                    /*accumulate=*/false, stream, s.dequantized);
         float* host = logits_out ? logits_out : host_logits_.as<float>();
         CUDA_CHECK(cudaMemcpyAsync(host, s.logits, size_t(rows) * c.vocab_size * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream));
         CUDA_CHECK(cudaStreamSynchronize(stream));
         return host + size_t(rows - 1) * c.vocab_size;
-    }
-
-    StepContext step_context() const {
-        return {
-            stream_.get(), model_.config, state_,  attention_shape(),
-            kv_type_,      context_,      splits_, rung_.matvecs,
-        };
     }
 
     void copy_logits_to_host() {
@@ -584,7 +363,7 @@ private:
         cudaStream_t stream = stream_.get();
         CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
         try {
-            record_forward();
+            record_token();
         } catch (...) {
             cudaGraph_t broken = nullptr;
             cudaStreamEndCapture(stream, &broken);  // leave the stream usable
@@ -598,17 +377,6 @@ private:
         cudaGraphExec_t exec = nullptr;
         CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
         graph_exec_.reset(exec);
-    }
-
-    // The GPU ladder's simple matvecs (rungs 1-3) read f32, f16 and bf16 weights only.
-    void check_quantized_rung(const BackendOptions& options) const {
-        const CudaKernels kernels = options.cuda_kernels;
-        if (kernels == CudaKernels::NaivePort || kernels == CudaKernels::WarpPerRow ||
-            kernels == CudaKernels::Fused)
-            throw Error(
-                "the GPU ladder's simple matvecs (rungs 1-3) read f32, f16 and bf16 "
-                "weights, not " +
-                model_.config.weight_dtype + ": convert with --dtype f16 for the ladder");
     }
 
     void check_shape(const cudaDeviceProp& properties) const {
@@ -747,7 +515,7 @@ private:
         auto upload_norm = [&](const float* weight, const std::string& what) {
             return upload_vector(weight, c.dim, what);
         };
-        embedding_ = upload({&model_.token_embedding}, "token_embedding");
+        weights_.embedding = upload({&model_.token_embedding}, "token_embedding");
         for (int l = 0; l < c.layers; ++l) {
             const LayerWeights& w = model_.layers[l];
             const std::string prefix = "layers." + std::to_string(l) + ".";
@@ -769,10 +537,10 @@ private:
             layer.w3 = upload({&w.w3}, prefix + "w3");
             layer.w2 = upload({&w.w2}, prefix + "w2");
             layer.window = c.layer_window(l);
-            layers_.push_back(layer);
+            weights_.layers.push_back(layer);
         }
-        final_norm_ = upload_norm(model_.final_norm, "final_norm");
-        output_ = tied_output() ? embedding_ : upload({&model_.output}, "output");
+        weights_.final_norm = upload_norm(model_.final_norm, "final_norm");
+        weights_.output = tied_output() ? weights_.embedding : upload({&model_.output}, "output");
     }
 
     void allocate_state() {
@@ -796,13 +564,6 @@ private:
         memory_.emplace_back(counters * sizeof(unsigned), "the attention arrival counters");
         state_.arrivals = memory_.back().as<unsigned>();
         CUDA_CHECK(cudaMemset(state_.arrivals, 0, counters * sizeof(unsigned)));
-        if (rung_.steps.uses_intermediates) {
-            state_.normed = floats(c.dim, "normed");
-            state_.projected = floats(c.dim, "projected");
-            state_.up = floats(c.hidden_dim, "up");
-        }
-        if (rung_.steps.uses_scores)
-            state_.scores = floats(size_t(c.heads) * context_, "attention scores");
         const size_t one_cache = cache_bytes() / 2;
         memory_.emplace_back(one_cache, "the key cache");
         uint8_t* key_cache = memory_.back().as<uint8_t>();
@@ -812,8 +573,8 @@ private:
         CUDA_CHECK(cudaMemset(value_cache, 0, one_cache));
         const size_t layer_bytes = size_t(context_) * c.kv_dim() * kv_element_bytes(kv_type_);
         for (int l = 0; l < c.layers; ++l) {
-            layers_[l].key_cache = key_cache + l * layer_bytes;
-            layers_[l].value_cache = value_cache + l * layer_bytes;
+            weights_.layers[l].key_cache = key_cache + l * layer_bytes;
+            weights_.layers[l].value_cache = value_cache + l * layer_bytes;
         }
         const std::vector<float> frequencies = rope_inverse_frequencies(c);
         memory_.push_back(cuda::upload_floats(frequencies.data(), frequencies.size(), "RoPE"));
@@ -877,18 +638,17 @@ private:
     const Model& model_;
     const int context_;
     const KvType kv_type_;
-    const RungKernels rung_;  // the kernels of each step
-    int splits_ = 1;          // attention blocks per KV head, fixed for the context
-    int prefill_batch_ = 0;   // tokens per prefill batch; 0: prefill runs token by token
+    int splits_ = 1;         // attention blocks per KV head, fixed for the context
+    int prefill_batch_ = 0;  // tokens per prefill batch; 0: prefill runs token by token
     // Declared before everything that uses it: destroyed last.
     Stream stream_;
     std::vector<DeviceBuffer> memory_;  // every device allocation (weights, state, cache)
-    DeviceMatrix embedding_;            // [vocab_size, dim]
-    std::vector<DeviceLayer> layers_;
-    const float* final_norm_ = nullptr;  // [dim]
-    DeviceMatrix output_;                // [vocab_size, dim]; the embedding when tied
+    cuda::DeviceWeights weights_;
     DeviceState state_{};
     PrefillState prefill_{};
+    // The GPU ladder's rungs 1-4 (BackendOptions::cuda_kernels below Fast); null on the
+    // fast path.
+    std::unique_ptr<cuda::LadderForward> ladder_;
     PinnedBuffer host_tokens_;       // [prefill_batch_]  a batch's token ids, copied to prefill_
     PinnedBuffer host_step_;         // [2]  {token, pos}, copied to state_.step before each step
     PinnedBuffer host_logits_;       // [vocab_size]  what forward() returns

@@ -43,6 +43,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>  // std::getenv
 
 #include "common.cuh"
 #include "dequantize.cuh"

@@ -7,9 +7,9 @@
 #include "elementwise_simple.cuh"
 #include "embedding.cuh"
 #include "gemm.cuh"
-#include "matmul.cuh"
-#include "matmul_quantized.cuh"
-#include "matmul_simple.cuh"
+#include "matvec.cuh"
+#include "matvec_quantized.cuh"
+#include "matvec_simple.cuh"
 #include "prefill.cuh"
 #include "rope.cuh"
 

@@ -2,9 +2,9 @@
 // no device code, so host code that only launches kernels does not recompile them.
 //
 // - The kernels live in the .cuh files named after what they compute (embedding.cuh,
-//   matmul.cuh, matmul_quantized.cuh, rope.cuh, attention.cuh, gemm.cuh, dequantize.cuh;
-//   the GPU ladder's simple versions in matmul_simple.cuh, elementwise_simple.cuh,
-//   attention_simple.cuh), compiled once, in kernels.cu. forward.cu and
+//   matvec.cuh, matvec_quantized.cuh, rope.cuh, attention.cuh, gemm.cuh, dequantize.cuh;
+//   the GPU ladder's simple versions in matvec_simple.cuh, elementwise_simple.cuh,
+//   attention_simple.cuh), compiled once, in kernels.cu. forward.cu, ladder_forward.cu and
 //   tests/tools/cuda_kernel_check.cu launch them through here.
 // - Decode activations are f32 in device memory, the batched prefill's GEMM inputs f32, f16
 //   or bf16 (DeviceActivations); weights are f32, f16, bf16, Q8 (I8) or Q4 (U8): the decode
@@ -87,16 +87,9 @@ void matvec(float* out, const DeviceMatrix& w, const float* in, const float* nor
 void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, const float* in,
                    const float* norm_weight, float eps, cudaStream_t stream);
 
-// Q8 and Q4 weights (matmul_quantized.cuh): the input (normed, when norm_weight is given) is
+// Q8 and Q4 weights (matvec_quantized.cuh): the input (normed, when norm_weight is given) is
 // quantized to int8 per block of 32 as the CPU's cpu::quantize_q8 does, and multiplied with
-// the weights in int8 dot products. matvec_widened and matvec_swiglu_widened compute the same
-// with the weights widened to f32 against the f32 input instead (Q8 and Q4 only):
-// cuda_kernel_check checks both and --bench times both.
-void matvec_widened(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight,
-                    float eps, const float* bias, bool accumulate, cudaStream_t stream);
-void matvec_swiglu_widened(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
-                           const float* in, const float* norm_weight, float eps,
-                           cudaStream_t stream);
+// the weights in int8 dot products.
 // How the int8 kernels spread over the GPU: one or two rows per warp (SwiGLU: of each
 // matrix), and a block per row set of 16 warps' rows, or one wave: only as many blocks as the
 // GPU holds at once, each staging the input once for several row sets. QuantizedLaunch{} is
@@ -301,7 +294,7 @@ inline bool attention_prefill_uses_mma(KvType kv_type, int head_dim) {
 // --device cuda`): what the fast kernels above compute, the plain way, one optimisation
 // fewer per rung; cuda_kernel_check checks them against the CPU kernels like the fast ones.
 
-// out[rows] = W · in, one thread per row (rung 1; matmul_simple.cuh).
+// out[rows] = W · in, one thread per row (rung 1; matvec_simple.cuh).
 void matvec_thread_per_row(float* out, const DeviceMatrix& w, const float* in, cudaStream_t stream);
 // As matvec (RMSNorm fused when norm_weight is given, the bias added when given, out += with
 // accumulate), one warp per row, lane 0 storing (rung 2 without norm_weight, bias nor

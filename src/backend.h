@@ -14,13 +14,13 @@ enum class Device { Cpu, Cuda, Auto };
 
 // Which kernels the CUDA backend runs a token with: the fast ones by default. The GPU
 // ladder (`barellm ladder --device cuda`, src/ladder.cpp) picks simpler ones, each step
-// adding one optimisation to the step before (the simple kernels: kernels/*_simple.cuh).
+// adding one optimisation to the step before (kernels/ladder_forward.cu, *_simple.cuh).
 enum class CudaKernels {
     NaivePort,   // a thread per matrix row; RMSNorm, residual add, SwiGLU, RoPE and the KV
                  // write as separate kernels; naive attention (attention_simple.cuh)
     WarpPerRow,  // + a warp per matrix row, shuffle sum (lane 0 stores)
     Fused,       // + RMSNorm, residual add and SwiGLU inside the matvecs, RoPE with the KV write
-    FastMatvec,  // + the fast matvecs (kernels/matmul.cuh)
+    FastMatvec,  // + the fast matvecs (kernels/matvec.cuh)
     Fast,        // + the fast attention (kernels/attention.cuh): every kernel the fast one
 };
 

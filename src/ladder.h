@@ -15,14 +15,14 @@
 // With --check-text, each rung instead completes the text greedily and prints it, one
 // JSON object per line (tests/test_ladder.py compares them with `barellm run --temp 0`).
 // With --device cuda, the GPU ladder: the CUDA backend with its kernels made simpler
-// (BackendOptions::cuda_kernels, kernels/*_simple.cuh) and its switches off, then each
-// optimisation added in turn, the file's weights on every rung:
+// (BackendOptions::cuda_kernels, kernels/*_simple.cuh run by kernels/ladder_forward.cu) and
+// its switches off, then each optimisation added in turn, the file's weights on every rung:
 //   1 naive port: a thread per matrix row,     5 + coalesced attention (attention.cuh,
 //     separate kernels, naive attention,          one split)
 //     f32 KV cache, no graph                   6 + f16 KV cache
 //   2 + a warp per matrix row                  7 + CUDA graph
 //   3 + fused kernels                          8 + flash-decoding: the fast path
-//   4 + the fast matvecs (matmul.cuh)
+//   4 + the fast matvecs (matvec.cuh)
 // Every rung times N decode steps (no prefill rung); --check-text prints each rung's text.
 // docs/TOUR.md explains what each rung changes and why it helps.
 #pragma once

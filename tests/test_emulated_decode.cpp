@@ -1,8 +1,8 @@
 // The decode-path kernels (one token) run on the CUDA emulation, launched as their launch
 // functions launch them, against double-precision references from the same rounded inputs:
-// the embeddings, the matvecs of every weight type (Q8/Q4 with int8 products and widened,
-// RMSNorm fused, bias, residual, SwiGLU), RoPE with the cache write (q/k norm), the
-// flash-decoding attention (splits merged by the last block, GQA, windows, q/k norm), and
+// the embeddings, the matvecs of every weight type (Q8/Q4 with int8 products; RMSNorm
+// fused, bias, residual, SwiGLU), RoPE with the cache write (q/k norm), the flash-decoding
+// attention (splits merged by the last block, GQA, windows, q/k norm), and
 // the GPU ladder's simple kernels. Odd sizes throughout: rows 1, 37, 70; columns off the
 // 16-byte vector and off the 32-column block; head_dim 8, 34, 64, 72, 130.
 #include <algorithm>
@@ -19,9 +19,9 @@
 #include "elementwise_simple.cuh"
 #include "embedding.cuh"
 #include "emulated_inputs.h"
-#include "matmul.cuh"
-#include "matmul_quantized.cuh"
-#include "matmul_simple.cuh"
+#include "matvec.cuh"
+#include "matvec_quantized.cuh"
+#include "matvec_simple.cuh"
 #include "rope.cuh"
 
 using namespace barellm;
@@ -251,7 +251,7 @@ TEST_CASE("emulated quantized embedding is the integer weight times its block's 
         }
 }
 
-// ---- Matvecs of f32, f16 and bf16 weights (matmul.cuh)
+// ---- Matvecs of f32, f16 and bf16 weights (matvec.cuh)
 
 namespace {
 
@@ -328,7 +328,7 @@ TEST_CASE("emulated matvec and matvec_swiglu match double references", "[cuda_em
     }
 }
 
-// ---- Q8 and Q4 matvecs (matmul_quantized.cuh)
+// ---- Q8 and Q4 matvecs (matvec_quantized.cuh)
 
 namespace {
 
@@ -346,21 +346,14 @@ Sum quantized_row_sum(const QuantizedMatrix& w, int r, const cpu::QuantizedVecto
     return sum;
 }
 
-// The same with the weights dequantized against the input in double (the widened kernels).
-Sum widened_row_sum(const QuantizedMatrix& w, int r, const std::vector<double>& x) {
-    Sum sum;
-    for (int c = 0; c < w.cols; ++c) sum.add(w.weight(r, c) * w.scale(r, c) * x[c]);
-    return sum;
-}
-
 // kOneWave: the grid of a GPU that holds kOneWaveBlocks blocks at once
 // (quantized_matvec_grid), each block then taking several row sets; else a block per set.
 constexpr int kOneWaveBlocks = 2;
-template <DType D, bool kWidened, bool kOneWave, int kRowsPerWarp>
+template <DType D, bool kOneWave, int kRowsPerWarp>
 void check_quantized_matvec(int rows, int cols, const Fusion& f, std::mt19937& rng) {
-    INFO(dtype_name(D) << (kWidened ? " widened" : " int8") << ", " << rows << " x " << cols << ", "
-                       << kRowsPerWarp << " rows per warp, one wave " << kOneWave << ", norm "
-                       << f.norm << ", bias " << f.bias << ", accumulate " << f.accumulate);
+    INFO(dtype_name(D) << ", " << rows << " x " << cols << ", " << kRowsPerWarp
+                       << " rows per warp, one wave " << kOneWave << ", norm " << f.norm
+                       << ", bias " << f.bias << ", accumulate " << f.accumulate);
     const QuantizedMatrix w(D, rows, cols, rng), w3(D, rows, cols, rng);
     const AlignedArray<float> in = aligned_floats(size_t(cols), rng, 2.0f);
     const AlignedArray<float> norm = aligned_floats(size_t(cols), rng);
@@ -375,22 +368,20 @@ void check_quantized_matvec(int rows, int cols, const Fusion& f, std::mt19937& r
     const size_t shared = quantized_staging_bytes(w.pitch);
     if (f.accumulate)
         emulate_launch(grid, block, shared,
-                       quantized_matvec_kernel<D, kWidened, kOneWave, true, kRowsPerWarp>,
-                       out.data(), w.values.data(), w.scales.data(), rows, w.pitch, in.data(), cols,
+                       quantized_matvec_kernel<D, kOneWave, true, kRowsPerWarp>, out.data(),
+                       w.values.data(), w.scales.data(), rows, w.pitch, in.data(), cols,
                        norm_weight, kEps, bias_or_null);
     else
         emulate_launch(grid, block, shared,
-                       quantized_matvec_kernel<D, kWidened, kOneWave, false, kRowsPerWarp>,
-                       out.data(), w.values.data(), w.scales.data(), rows, w.pitch, in.data(), cols,
+                       quantized_matvec_kernel<D, kOneWave, false, kRowsPerWarp>, out.data(),
+                       w.values.data(), w.scales.data(), rows, w.pitch, in.data(), cols,
                        norm_weight, kEps, bias_or_null);
-    emulate_launch(grid, block, shared,
-                   quantized_matvec_swiglu_kernel<D, kWidened, kOneWave, kRowsPerWarp>,
+    emulate_launch(grid, block, shared, quantized_matvec_swiglu_kernel<D, kOneWave, kRowsPerWarp>,
                    gated.data(), w.values.data(), w.scales.data(), w3.values.data(),
                    w3.scales.data(), rows, w.pitch, in.data(), cols, norm.data(), kEps);
 
     // The references: the product, then bias and residual in double.
     auto reference = [&](const QuantizedMatrix& m, int r, const float* norm_or_null) {
-        if (kWidened) return widened_row_sum(m, r, normed_input(in.data(), cols, norm_or_null));
         const std::vector<float> staged = staged_input_f32(in.data(), cols, norm_or_null);
         cpu::QuantizedVector quantized;
         cpu::quantize_q8(&quantized, staged.data(), cols);
@@ -414,11 +405,10 @@ void check_quantized_matvecs(const std::vector<int>& columns, std::mt19937& rng)
     for (const int cols : columns)
         for (const int rows : kRowCounts) {
             const Fusion& f = kFusions[n++ % std::size(kFusions)];
-            check_quantized_matvec<D, false, false, 1>(rows, cols, f, rng);
-            check_quantized_matvec<D, false, false, 2>(rows, cols, f, rng);
-            check_quantized_matvec<D, false, true, 1>(rows, cols, f, rng);
-            check_quantized_matvec<D, false, true, 2>(rows, cols, f, rng);
-            check_quantized_matvec<D, true, false, 1>(rows, cols, f, rng);
+            check_quantized_matvec<D, false, 1>(rows, cols, f, rng);
+            check_quantized_matvec<D, false, 2>(rows, cols, f, rng);
+            check_quantized_matvec<D, true, 1>(rows, cols, f, rng);
+            check_quantized_matvec<D, true, 2>(rows, cols, f, rng);
         }
 }
 
@@ -451,12 +441,12 @@ TEST_CASE("matvec takes one wave only where a block per row set would exceed it"
     CHECK(quantized_takes_one_wave(264 * 16 + 1, 1, 264));
 }
 
-TEST_CASE("emulated Q8 matvecs (int8 and widened) match references", "[cuda_emulation][decode]") {
+TEST_CASE("emulated Q8 matvecs match references", "[cuda_emulation][decode]") {
     std::mt19937 rng(14);
     check_quantized_matvecs<DType::I8>({96, 160, 45, 172}, rng);
 }
 
-TEST_CASE("emulated Q4 matvecs (int8 and widened) match references", "[cuda_emulation][decode]") {
+TEST_CASE("emulated Q4 matvecs match references", "[cuda_emulation][decode]") {
     std::mt19937 rng(15);
     check_quantized_matvecs<DType::U8>({32, 96, 160}, rng);
 }
@@ -664,7 +654,7 @@ TEST_CASE("emulated attention_split_kernel matches a double reference",
     }
 }
 
-// ---- The GPU ladder's simple kernels (attention_simple.cuh, matmul_simple.cuh,
+// ---- The GPU ladder's simple kernels (attention_simple.cuh, matvec_simple.cuh,
 // elementwise_simple.cuh)
 
 namespace {

@@ -1,35 +1,43 @@
 #!/usr/bin/env bash
-# The CUDA backend on a GPU machine: builds it for the local GPU, checks it against the CPU
-# backend (and Hugging Face transformers), measures prefill and decode against llama.cpp's
-# CUDA build on the same weights, and prints a summary table last. Its results are in
-# docs/BENCHMARKS.md.
+# The CUDA backend checked and timed on a machine with an NVIDIA GPU: builds it for that GPU,
+# checks every kernel and the logits against the CPU backend (and Hugging Face
+# transformers), measures prefill and decode against llama.cpp's CUDA build on the same
+# weights, and prints a summary table last. Its results are in docs/BENCHMARKS.md.
 #
-#   dev/gpu/check.sh --stage          here first: what the GPU machine cannot fetch or build
+#   dev/gpu/check.sh --stage          first, on a machine with ../shared and a network
 #   bash dev/gpu/check.sh [STEP...]   on the GPU machine, from the repository root
 #
-# A GPU session has about 15 minutes of device time, the machine's start included, so the
-# default steps are one call that ends by DEADLINE (540 s; about 5 minutes on an H100
-# machine): `run` with timeout_s 600 and carry ["gpu_data"]. Within 30 s of its end the
-# machine is still warm and keeps $WORK: further calls on the files kept there fit what is
-# left (e.g. `DEADLINE=250 bash dev/gpu/check.sh qwen3-8b`, 80 s; transformers about 35 s
-# a checkpoint; bf16 about 4 minutes).
+# What the GPU machine needs: the CUDA toolkit (nvcc, and Nsight Compute for the *-ncu
+# steps), a C++ compiler, Python 3 with numpy and pytest (torch and transformers for the
+# transformers and logits-7b steps), and gpu_data/ (git-ignored) from --stage:
+# stories260K, the llama2 tokenizer (the Mistral-7B preset's), the smollm2-135m tokenizer
+# (the Qwen3-8B and Llama-3-8B presets'), the eval texts, the nlohmann/json headers, GNU
+# time, and llama.cpp's CUDA tools with the gguf Python package of the same sources, packed
+# into gpu_data/llamacpp-cuda.tar.xz. --stage builds those tools (scripts/build_llamacpp.sh
+# --cuda 90 --portable, into $LLAMACPP_CUDA, default ../llamacpp-cuda: about 35 minutes on
+# 2 cores the first time); they link the toolkit's cuBLAS, so the GPU machine needs the
+# same major CUDA version (13). Without them every step times barellm alone.
 #
-# The GPU machine reaches neither ../shared nor a package registry, and its minutes are too
-# few to build llama.cpp: --stage copies stories260K, the llama2 tokenizer (the Mistral-7B
-# preset's), the smollm2-135m tokenizer (the Qwen3-8B and Llama-3-8B presets'), the eval
-# texts, the nlohmann/json headers and GNU time into gpu_data/ (git-ignored), and packs
-# llama.cpp's CUDA tools, built here for sm_90 with portable CPU code
-# (scripts/build_llamacpp.sh --cuda 90 --portable, into $LLAMACPP_CUDA, default
-# ../llamacpp-cuda: about 35 minutes on 2 cores the first time, so start it early), with
-# the gguf Python package of the same sources (the GPU machine has none) into
-# gpu_data/llamacpp-cuda.tar.xz. The binaries link the toolkit's cuBLAS: they need the same
-# major CUDA version there (13).
+# Time: the default steps (kernels tests compare) take about 5 minutes on an H100 or H200,
+# the build and the Mistral-7B files included. Every step is cut to end by DEADLINE
+# (seconds, default 540): one that would end later is skipped with a note, so raise it to
+# run more steps at once. Files made in $WORK are kept for the next run (e.g.
+# `DEADLINE=250 bash dev/gpu/check.sh qwen3-8b` after the default steps, about 80 s).
+#
+# What it prints: each step's heading with the seconds spent ("==== [42s] ..."), a line per
+# finding ("== ..."), failures and timing tables as they come, and last the summary: the
+# GPU, the findings, a table of every `barellm bench` row (tok/s, GB/s, share of the copy
+# bandwidth) and the comparisons with llama.cpp (scripts/compare_llamacpp.py's tables).
+# Logs go to $WORK/logs; with OUT=DIR the summary and tables (*.md) are also copied into
+# DIR, the logs archived in DIR/gpu_logs.tgz.
 #
 # The build (barellm, dump_logits, cuda_kernel_check) always runs; then the STEPs, in this
 # order (default: kernels tests compare):
-#   kernels       build/cuda_kernel_check --bench: every kernel against the CPU kernels,
-#                 then the hot kernels' time and bandwidth, and the GEMMs' TFLOPS and share
-#                 of the tensor-core peak, at Mistral-7B's shapes (cut at 120 s)
+#   kernels       build/cuda_kernel_check --bench: every kernel against the CPU kernels
+#                 (prints the FAIL and SKIP lines and "N passed, M failed"; every check's
+#                 line is in kernel_check.log), then a table of the hot kernels' time and
+#                 bandwidth, and the GEMMs' TFLOPS and share of the tensor-core peak, at
+#                 Mistral-7B's shapes (cut at 120 s)
 #   gemm-tiles    dev/gpu/gemm_tiles.cu: the f16 GEMM kernels with each tile shape (the
 #                 warpgroup GEMM's among them), at Mistral-7B's matrices (Hopper only; about
 #                 a minute)
@@ -53,19 +61,13 @@
 #                 compare step's GGUF files and q8 file removed first to make room
 #   transformers  CUDA logits against transformers' (dev/gpu/transformers_logits.py) on
 #                 the synthetic Llama/Mistral and Qwen2/Qwen3 shapes of tests/test_cuda.py
+#                 (about 35 s a checkpoint)
 #   logits-7b     the Mistral-7B f16 file's prefill logits (512 tokens, f16 KV cache)
 #                 against transformers' on the GPU in f32, within 1e-2 at every position
 #                 (the Hugging Face checkpoint is then kept; about 2 minutes)
 #   decode        `barellm bench --device cuda -p 0` on stories260K (f16, q8, q4) and on the
 #                 Mistral-7B f16 file, at short and long context
 #   ladder        `barellm ladder --device cuda -n 64` on stories260K and Mistral-7B f16
-#   pdl           decode with and without programmatic dependent launch (BARELLM_CUDA_PDL=1
-#                 turns it on): cuda_kernel_check with it, the logits of four models
-#                 bit for bit the same with and without (tests/test_cuda.py -k
-#                 programmatic), the greedy text on stories260K (f16, q8, q4) the same, then
-#                 tg128 on the Mistral-7B f16, q4 and q8 files alternated, 2 rounds (about 3
-#                 minutes after the files; `BARELLM_CUDA_PDL=1 bash dev/gpu/check.sh tests`
-#                 runs every test with it)
 #   wgmma         the GEMMs with and without the warpgroup GEMM of sm_90a (gemm takes it
 #                 where its grid fills the GPU; BARELLM_CUDA_WGMMA=0 turns it off, =always
 #                 takes it everywhere): cuda_kernel_check without it (the kernels step checks
@@ -76,9 +78,9 @@
 #                 (about 3 minutes after the file)
 #   ab            prefill and decode speed (pp512 and tg128 on the Mistral-7B f16 and q4
 #                 files) of other trees beside this one, alternated in one run: each
-#                 gpu_data/ab/NAME.tgz (made here by `git archive -o gpu_data/ab/NAME.tgz
-#                 REV`) is built (a later call on the warm machine keeps the build of an
-#                 unchanged archive) and must give this tree's greedy text first
+#                 gpu_data/ab/NAME.tgz (made by `git archive -o gpu_data/ab/NAME.tgz REV`)
+#                 is built (a later run keeps the build of an unchanged archive) and must
+#                 give this tree's greedy text first
 #   qwen3-8b      `barellm bench --device cuda -p 0` on a Qwen3-8B-shaped f16 checkpoint at
 #                 short and long context (16.4 GB: run it alone)
 #   llama3-prefill  pp512 of a Llama-3-8B-shaped f16 pair against llama.cpp (48 GiB of
@@ -90,12 +92,10 @@
 # GGUF, by convert.py); the Hugging Face checkpoint is removed once they are written (about
 # 52 GiB at the peak, 45 kept in $WORK, for the compare step). Files the free disk
 # cannot hold are left out, the least needed first, with a note; nothing is timed while
-# they are being made; every step is cut to end by DEADLINE.
+# they are being made.
 #
-# Logs go to $WORK/logs; when OUT is set, they are also archived in $OUT/gpu_logs.tgz, and
-# the summary, the kernel timings and the comparison tables copied beside it as *.md (the
-# device tool brings back at most 8 files). Environment: CUDA_ARCHS (default 90a), WORK
-# (default /tmp/barellm-gpu), DEADLINE (default 540).
+# Environment: CUDA_ARCHS (default 90a), WORK (default /tmp/barellm-gpu), DEADLINE (default
+# 540), OUT (unset: the logs stay in $WORK/logs only).
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 
@@ -140,7 +140,7 @@ STEPS=${*:-kernels tests compare}
 for name in $STEPS; do
     case $name in
         kernels | gemm-tiles | gemm-ncu | matvec-ncu | tests | compare | quantized | bf16 | \
-            transformers | logits-7b | decode | ladder | pdl | wgmma | ab | qwen3-8b | \
+            transformers | logits-7b | decode | ladder | wgmma | ab | qwen3-8b | \
             llama3-prefill) ;;
         *) echo "check.sh: unknown step '$name' (see the header of $0)" >&2; exit 2 ;;
     esac
@@ -188,7 +188,7 @@ EOF
 trap finish EXIT
 export PYTHONUNBUFFERED=1
 # A note goes to the summary at once, so that a run cut off still leaves what it found (with
-# OUT set, into $OUT too: a command the device tool stops at its limit still brings it back).
+# OUT set, in $OUT too: a run stopped from outside leaves its findings there).
 note() {
     echo "== $1"
     echo "- $1" >>"$SUMMARY"
@@ -302,8 +302,7 @@ declare -A GIB=(["$MISTRAL"]=$MISTRAL_GIB ["$MISTRAL_GGUF"]=$MISTRAL_GIB ["$MIST
 MISTRAL_PLAN=()
 # True when a step wanted reads the Mistral-7B f16 file.
 wants_mistral_f16() {
-    wants compare || wants logits-7b || wants decode || wants ladder || wants pdl ||
-        wants wgmma || wants ab
+    wants compare || wants logits-7b || wants decode || wants ladder || wants wgmma || wants ab
 }
 plan_mistral() {
     local -a wanted=()
@@ -484,9 +483,6 @@ if wants tests && fits 60 "tests"; then
     deselect=()
     wants kernels &&
         deselect=(--deselect tests/test_cuda.py::test_every_kernel_matches_the_cpu_kernels)
-    # The pdl step runs the test of programmatic launch itself.
-    wants pdl &&
-        deselect+=(--deselect tests/test_cuda.py::test_programmatic_launch_equals_plain_launches)
     OMP_NUM_THREADS=2 timeout "$(capped 120)" python3 -m pytest -q -rs "${xdist[@]}" \
         "${deselect[@]}" tests/test_cuda.py >"$LOG/test_cuda.log" 2>&1
     note "tests/test_cuda.py: $(tail -1 "$LOG/test_cuda.log")"
@@ -658,43 +654,6 @@ if wants ladder; then
     done
 fi
 
-if wants pdl; then
-    step "decode with and without programmatic dependent launch"
-    greedy_pdl() {  # PDL_SETTING FILE
-        BARELLM_CUDA_PDL=$1 build/barellm run "$2" --device cuda -p "Once upon a time" -n 60 \
-            --temp 0 2>/dev/null
-    }
-    if fits 60 "cuda_kernel_check with programmatic launch"; then
-        BARELLM_CUDA_PDL=1 timeout "$(capped 60)" build/cuda_kernel_check >"$LOG/pdl_kernels.log" 2>&1
-        note "pdl: cuda_kernel_check: exit $?, $(tail -1 "$LOG/pdl_kernels.log")"
-    fi
-    if fits 40 "the logits with and without programmatic launch"; then
-        timeout "$(capped 40)" python3 -m pytest -q -rs tests/test_cuda.py -k programmatic \
-            >"$LOG/pdl_tests.log" 2>&1
-        note "pdl: test_programmatic_launch_equals_plain_launches: $(tail -1 "$LOG/pdl_tests.log")"
-    fi
-    for dtype in f16 q8 q4; do
-        with=$(greedy_pdl 1 "$WORK/stories260K-$dtype.bin")
-        without=$(greedy_pdl 0 "$WORK/stories260K-$dtype.bin")
-        if [ -z "$with" ] || [ -z "$without" ]; then
-            note "pdl: stories260K $dtype: no greedy text"
-        elif [ "$with" = "$without" ]; then
-            note "pdl: stories260K $dtype greedy text the same with and without"
-        else
-            note "pdl: stories260K $dtype greedy text DIFFERS with and without"
-        fi
-    done
-    models_done 110
-    for round in 1 2; do
-        for file in "$MISTRAL" "$MISTRAL_Q4" "$MISTRAL_Q8"; do
-            [ -f "$file" ] || continue
-            label=$(basename "$file" .bin)
-            BARELLM_CUDA_PDL=0 bench "$label-nopdl-$round" build/barellm "$file" 30 -p 0 -n 128 -r 3
-            BARELLM_CUDA_PDL=1 bench "$label-pdl-$round" build/barellm "$file" 30 -p 0 -n 128 -r 3
-        done
-    done
-fi
-
 if wants wgmma; then
     step "prefill with and without the warpgroup GEMM"
     if fits 60 "cuda_kernel_check without the warpgroup GEMM"; then
@@ -735,9 +694,9 @@ if wants ab; then
         [ -f "$archive" ] || continue
         name=$(basename "$archive" .tgz)
         tree=$WORK/ab/$name
-        # A tree built from the same archive by an earlier call on this machine is kept.
+        # A tree built from the same archive by an earlier run on this machine is kept.
         if cmp -s "$archive" "$tree.tgz" && [ -x "$tree/build/barellm" ]; then
-            note "tree $name: built by an earlier call"
+            note "tree $name: built by an earlier run"
         elif ! fits 60 "tree $name"; then
             continue
         elif ! { rm -rf "$tree" "$tree.tgz" && mkdir -p "$tree" && tar xzf "$archive" -C "$tree" &&

@@ -6,8 +6,8 @@
 // computes what they compute. Prints one line per check and ends
 // with "N passed, M failed"; exits 1 when a check failed, 2 when no GPU is usable.
 //   cuda_kernel_check [--bench | --bench-only]
-// --bench also times the decode matvecs (f16, bf16, f32; Q4 and Q8 with int8 products and
-// widened to f32) and attention at Mistral-7B shapes and prints their bandwidth next to a
+// --bench also times the decode matvecs (f16, bf16, f32; Q4 and Q8 in each launch shape of
+// their int8 products) and attention at Mistral-7B shapes and prints their bandwidth next to a
 // device-to-device copy's, and the prefill GEMM's time, TFLOPS and share of the tensor
 // cores' peak (512 tokens), and its time next to that of as many decode matvecs (1-64
 // tokens), and the prefill attention of a 512-token prompt. --bench-only times them
@@ -377,23 +377,19 @@ void check_matvec() {
 }
 
 // What the CPU's Q8/Q4 matvec computes, values[rows] = W · x: x quantized by
-// cpu::quantize_q8 (the int8 input of the CPU's integer dot products; with `widened`, x as it
-// is), the weights dequantized by cpu::embedding_row (the CPU's weight_at), the products
-// summed in double, so that it does not depend on the CPU's SIMD level; and magnitudes[r] =
-// Σ |w·x| over row r (report_scaled).
+// cpu::quantize_q8 (the int8 input of the CPU's integer dot products), the weights dequantized by
+// cpu::embedding_row (the CPU's weight_at), the products summed in double, so that it does not
+// depend on the CPU's SIMD level; and magnitudes[r] = Σ |w·x| over row r (report_scaled).
 struct MatvecReference {
     std::vector<float> values, magnitudes;
 };
 
-MatvecReference quantized_matvec_reference(const Matrix& w, const std::vector<float>& x,
-                                           bool widened) {
-    std::vector<double> input(x.begin(), x.end());
-    if (!widened) {
-        cpu::QuantizedVector quantized;
-        cpu::quantize_q8(&quantized, x.data(), w.cols);
-        for (int c = 0; c < w.cols; ++c)
-            input[c] = double(quantized.values[c]) * quantized.scales[c / kQ8Group];
-    }
+MatvecReference quantized_matvec_reference(const Matrix& w, const std::vector<float>& x) {
+    std::vector<double> input(w.cols);
+    cpu::QuantizedVector quantized;
+    cpu::quantize_q8(&quantized, x.data(), w.cols);
+    for (int c = 0; c < w.cols; ++c)
+        input[c] = double(quantized.values[c]) * quantized.scales[c / kQ8Group];
     std::vector<float> row(w.cols);
     MatvecReference out{std::vector<float>(w.rows), std::vector<float>(w.rows)};
     for (int r = 0; r < w.rows; ++r) {
@@ -410,13 +406,10 @@ MatvecReference quantized_matvec_reference(const Matrix& w, const std::vector<fl
 }
 
 // The Q8/Q4 matvec variants: int8 products launched as matvec chooses (QuantizedLaunch{})
-// or with a given number of rows per warp, a block per row set or one wave of blocks; and
-// widened to f32.
+// or with a given number of rows per warp, a block per row set or one wave of blocks.
 struct QuantizedVariant {
-    bool widened;
     cuda::QuantizedLaunch launch;
     std::string label() const {
-        if (widened) return "widened";
         if (launch.rows_per_warp == 0) return "int8";
         return "int8, " + std::to_string(launch.rows_per_warp) + " rows/warp" +
                (launch.grid == cuda::QuantizedGrid::kOneWave ? ", one wave" : "");
@@ -424,19 +417,13 @@ struct QuantizedVariant {
 };
 constexpr cuda::QuantizedGrid kBlockPerSet = cuda::QuantizedGrid::kBlockPerSet;
 constexpr cuda::QuantizedGrid kOneWave = cuda::QuantizedGrid::kOneWave;
-constexpr QuantizedVariant kQuantizedVariants[] = {{false, {}},
-                                                   {false, {1, kBlockPerSet}},
-                                                   {false, {2, kBlockPerSet}},
-                                                   {false, {1, kOneWave}},
-                                                   {false, {2, kOneWave}},
-                                                   {true, {1, kBlockPerSet}}};
+constexpr QuantizedVariant kQuantizedVariants[] = {
+    {{}}, {{1, kBlockPerSet}}, {{2, kBlockPerSet}}, {{1, kOneWave}}, {{2, kOneWave}}};
 
 void quantized_matvec(const QuantizedVariant& variant, float* out, const DeviceMatrix& w,
                       const float* in, const float* norm_weight, float eps, const float* bias,
                       bool accumulate, cudaStream_t stream) {
-    if (variant.widened)
-        cuda::matvec_widened(out, w, in, norm_weight, eps, bias, accumulate, stream);
-    else if (variant.launch.rows_per_warp == 0)
+    if (variant.launch.rows_per_warp == 0)
         cuda::matvec(out, w, in, norm_weight, eps, bias, accumulate, stream);
     else
         cuda::matvec_quantized_launch(variant.launch, out, w, in, norm_weight, eps, bias,
@@ -446,16 +433,14 @@ void quantized_matvec(const QuantizedVariant& variant, float* out, const DeviceM
 void quantized_matvec_swiglu(const QuantizedVariant& variant, float* out, const DeviceMatrix& w1,
                              const DeviceMatrix& w3, const float* in, const float* norm_weight,
                              float eps, cudaStream_t stream) {
-    if (variant.widened)
-        cuda::matvec_swiglu_widened(out, w1, w3, in, norm_weight, eps, stream);
-    else if (variant.launch.rows_per_warp == 0)
+    if (variant.launch.rows_per_warp == 0)
         cuda::matvec_swiglu(out, w1, w3, in, norm_weight, eps, stream);
     else
         cuda::matvec_swiglu_quantized_launch(variant.launch, out, w1, w3, in, norm_weight, eps,
                                              stream);
 }
 
-// The Q8 and Q4 matvecs (int8 products, and widened to f32) against the CPU's arithmetic:
+// The Q8 and Q4 matvecs (int8 products, in each launch shape) against the CPU's arithmetic:
 // plain, with RMSNorm fused, with the residual added, with a bias (after RMSNorm, before the
 // residual), and SwiGLU. Columns off every multiple of 32 * 8 (and, for Q8, off 32: a
 // shorter last group), rows off the 16 rows of a block; 14336 columns (more than 48 KiB of
@@ -500,12 +485,9 @@ void check_quantized_matvec() {
                                           std::to_string(rows) + "x" + std::to_string(cols);
 
                 for (const QuantizedVariant& variant : kQuantizedVariants) {
-                    const bool widened = variant.widened;
-                    const MatvecReference plain = quantized_matvec_reference(w.matrix, x, widened);
-                    const MatvecReference with_norm =
-                        quantized_matvec_reference(w.matrix, normed, widened);
-                    const MatvecReference up =
-                        quantized_matvec_reference(w3.matrix, normed, widened);
+                    const MatvecReference plain = quantized_matvec_reference(w.matrix, x);
+                    const MatvecReference with_norm = quantized_matvec_reference(w.matrix, normed);
+                    const MatvecReference up = quantized_matvec_reference(w3.matrix, normed);
                     std::vector<float> gated = with_norm.values;
                     cpu::swiglu(gated.data(), up.values.data(), rows);
                     // The bias is added to the product before the residual (as in
@@ -530,7 +512,7 @@ void check_quantized_matvec() {
 
                     // The int8 input of a normed row may differ from the CPU's where the
                     // GPU's norm differs in the last bit and moves a rounding of x / scale.
-                    const double normed_tolerance = widened ? 1e-5 : 1e-4;
+                    const double normed_tolerance = 1e-4;
                     // cuda::matvec and cuda::matvec_swiglu, for this variant.
                     const auto matvec = [&](float* out, const DeviceMatrix& m, const float* input,
                                             const float* weights, float epsilon,
@@ -1635,8 +1617,8 @@ void bench(int multiprocessors) {
              double(d1.bytes() + d3.bytes()));
     }
 
-    // Q4 and Q8, int8 products (what decode runs) and widened to f32 (the alternative); the
-    // bytes counted are the values and the scales.
+    // Q4 and Q8, int8 products in each launch shape; the bytes counted are the values and the
+    // scales.
     const bool quantized_fits = matvec_fits(14336, DType::I8);
     if (quantized_fits)
         cuda::prepare_matvec(cuda::matvec_shared_bytes(14336, DType::I8));
@@ -1660,10 +1642,10 @@ void bench(int multiprocessors) {
         const DeviceMatrix dqkv = cuda::upload_matrix(wqkv.matrix, mqkv, staging, "wqkv");
         const DeviceMatrix dwo{dqkv.data, dtype, 4096, 4096, dqkv.pitch, dqkv.scales};
         for (const QuantizedVariant& variant : kQuantizedVariants) {
-            if (!variant.widened && variant.launch.rows_per_warp == 0) continue;  // marked below
+            if (variant.launch.rows_per_warp == 0) continue;  // marked below
             const auto mark = [&](const DeviceMatrix& w, bool swiglu = false) {
                 const cuda::QuantizedLaunch chosen = cuda::quantized_launch(w, swiglu);
-                return !variant.widened && variant.launch.rows_per_warp == chosen.rows_per_warp &&
+                return variant.launch.rows_per_warp == chosen.rows_per_warp &&
                                variant.launch.grid == chosen.grid
                            ? ", matvec's"
                            : "";

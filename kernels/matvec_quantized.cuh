@@ -1,5 +1,5 @@
 // Matrix-vector products for decode with Q8 (I8) and Q4 (U8) weights: the kernels of
-// matmul.cuh (one warp per row, or two: choose_quantized_rows_per_warp; 16-byte loads with
+// matvec.cuh (one warp per row, or two: choose_quantized_rows_per_warp; 16-byte loads with
 // kMatvecUnroll in flight per lane and row, the input staged in shared memory with RMSNorm
 // fused, the bias and the residual added in the store, w1 and w3 read by one warp with SwiGLU
 // applied before the store) for weights stored as integers with one f16 scale per block of
@@ -15,18 +15,13 @@
 // How the products are computed: int8 dot products (dp4a) against the input quantized to
 // int8 per block of 32 columns, as the CPU's Q8/Q4 matvec does (cpu::quantize_q8: scale =
 // max |x| / 127, values rounded half away from zero), so the GPU's results follow the
-// CPU's. Why this is the default rather than widening the weights to f32 against the f32
-// input (matvec_widened, kept beside it for comparison; cuda_kernel_check --bench times
-// both): the kernel must stream weights at memory speed, and on an H100 (~3.35 TB/s over 132
-// SMs at ~1.75 GHz: ~14 bytes per SM per clock) that is ~14 Q8 or ~28 Q4 weights per SM per
-// clock. Widened, every weight costs an extract-and-convert and an FMA, and 4 bytes of
-// staged f32 input read from shared memory: for Q4 ~112 of the SM's 128 bytes per clock of
-// shared-memory bandwidth and over half its instruction issue, close to the point where the
-// kernel stops being bound by DRAM. With dp4a, one instruction multiplies four weights, a
-// Q4 vector's 32 nibbles are unpacked with 8 logic operations, and the int8 input costs 1
-// byte of shared memory per weight; quantizing the input costs each block one pass over it.
+// CPU's. Why int8 rather than the weights converted to f32 against the f32 input: the
+// kernel must stream weights at memory speed (on an H100 ~14 Q8 or ~28 Q4 weights per SM per
+// clock), and in f32 every weight costs a convert, an FMA and 4 bytes of shared memory, close
+// to the SM's limits; with dp4a one instruction multiplies four weights and the int8 input
+// costs 1 byte per weight. The f32 form was measured 1.1-1.5x slower (docs/BENCHMARKS.md).
 //
-// - Staging (stage_quantized_input): the f32 input is staged (and normed) as matmul.cuh
+// - Staging (stage_quantized_input): the f32 input is staged (and normed) as matvec.cuh
 //   does, then quantized, each 8 lanes taking a block of 32 columns (a float4 each), into
 //   int8 values laid out in the order the weight vectors consume them (quantized_index),
 //   with each block's scale and, for Q4, the sum of its values (the offset of 8 of Q4's
@@ -41,7 +36,7 @@
 #include "common.cuh"
 #include "cuda_check.h"
 #include "kernels.h"
-#include "matmul.cuh"
+#include "matvec.cuh"
 #include "model.h"
 
 namespace barellm::cuda {
@@ -69,7 +64,6 @@ inline size_t quantized_staging_bytes(int pitch) {
 
 // The staged input of a quantized matvec, in shared memory.
 struct QuantizedInput {
-    const float* xs;       // [pitch] f32 (matvec_widened: in staged_index<kPerVector> order)
     const int8_t* values;  // [pitch] int8, in quantized_index<kPerVector> order
     const float* scales;   // [blocks]
     const int* sums;       // [blocks] Σ values of each block
@@ -127,10 +121,9 @@ __device__ __forceinline__ void quantize_staged(const float* xs, int8_t* values,
 }
 
 // Stages in[0, cols) (normed with norm_weight when given, as stage_input) into shared
-// memory for a matvec over rows of `pitch` columns of D: quantized to int8 (the int8
-// products), or as f32 in the order the weight vectors consume it (kWidened). Every thread
-// of the block must call it; it ends with a barrier.
-template <DType D, bool kWidened>
+// memory for a matvec over rows of `pitch` columns of D, quantized to int8. Every thread of
+// the block must call it; it ends with a barrier.
+template <DType D>
 __device__ __forceinline__ QuantizedInput
 stage_quantized_input(const float* __restrict__ in, int cols, int pitch,
                       const float* __restrict__ norm_weight, float eps, float* scratch) {
@@ -139,14 +132,10 @@ stage_quantized_input(const float* __restrict__ in, int cols, int pitch,
     int8_t* values = reinterpret_cast<int8_t*>(xs + pitch);
     float* scales = reinterpret_cast<float*>(values + pitch);
     int* sums = reinterpret_cast<int*>(scales + pitch / kQuantizedBlock);
-    if constexpr (kWidened) {
-        stage_input<kPerVector>(xs, in, cols, pitch, norm_weight, eps, scratch);
-    } else {
-        stage_input<4>(xs, in, cols, pitch, norm_weight, eps, scratch);
-        quantize_staged<kPerVector>(xs, values, scales, sums, pitch);
-        __syncthreads();
-    }
-    return {xs, values, scales, sums};
+    stage_input<4>(xs, in, cols, pitch, norm_weight, eps, scratch);
+    quantize_staged<kPerVector>(xs, values, scales, sums, pitch);
+    __syncthreads();
+    return {values, scales, sums};
 }
 
 // The integer dot product of a weight vector (raw) with the int8 input it multiplies:
@@ -183,21 +172,6 @@ __device__ __forceinline__ int vector_dot<DType::U8>(const uint4& raw, const Qua
     return dot - kQ4Offset * input.sums[vector];  // a Q4 vector is one block
 }
 
-// Σ weight · input over a weight vector's columns, the weights widened to f32 (as integers,
-// the scale aside) against the f32 staged input (matvec_widened).
-template <DType D>
-__device__ __forceinline__ float vector_dot_widened(const uint4& raw, const QuantizedInput& input,
-                                                    int vector, int pitch) {
-    constexpr int kPerVector = QuantizedFormat<D>::kPerVector;
-    float w[kPerVector], x[kPerVector];
-    QuantizedFormat<D>::widen(raw, w);
-    load_staged<kPerVector>(input.xs, vector, pitch, x);
-    float dot = 0.0f;
-#pragma unroll
-    for (int e = 0; e < kPerVector; ++e) dot = fmaf(w[e], x[e], dot);
-    return dot;
-}
-
 template <DType D>
 __device__ __forceinline__ const uint4* quantized_row(const void* values, int row, int pitch) {
     return reinterpret_cast<const uint4*>(static_cast<const char*>(values) +
@@ -206,7 +180,7 @@ __device__ __forceinline__ const uint4* quantized_row(const void* values, int ro
 
 // Dot products of kRows quantized weight rows (values and scales) with the staged input, for
 // the calling warp; every lane gets the sums. All 32 lanes must call it.
-template <DType D, bool kWidened, int kRows>
+template <DType D, int kRows>
 __device__ __forceinline__ void dot_quantized_rows(const uint4* const (&rows)[kRows],
                                                    const uint16_t* const (&row_scales)[kRows],
                                                    const QuantizedInput& input, int pitch,
@@ -237,11 +211,10 @@ __device__ __forceinline__ void dot_quantized_rows(const uint4* const (&rows)[kR
             const int v = first + u * kWarpSize;
             if (v < vectors) {
                 const int block = v / kVectorsPerBlock;
-                const float input_scale = kWidened ? 1.0f : input.scales[block];
+                const float input_scale = input.scales[block];
 #pragma unroll
                 for (int r = 0; r < kRows; ++r) {
-                    const float dot = kWidened ? vector_dot_widened<D>(raw[r][u], input, v, pitch)
-                                               : float(vector_dot<D>(raw[r][u], input, v, pitch));
+                    const float dot = float(vector_dot<D>(raw[r][u], input, v, pitch));
                     acc[r] = fmaf(dot, half_bits_to_float(scale_bits[r][u]) * input_scale, acc[r]);
                 }
             }
@@ -306,7 +279,7 @@ struct QuantizedWarpRows {
 // sums (QuantizedWarpRows order; zeros for a warp without rows) and hands them to
 // store(set, sums), which every thread of the block calls. The first set's weights are
 // asked for before the staging, each next set's before the current set's products.
-template <DType D, bool kWidened, bool kOneWave, int kRowsPerWarp, int kMatrices, typename Store>
+template <DType D, bool kOneWave, int kRowsPerWarp, int kMatrices, typename Store>
 __device__ __forceinline__ void quantized_row_sets_of_block(
     const void* const (&matrices)[kMatrices], const uint16_t* const (&scales)[kMatrices], int rows,
     int pitch, const float* __restrict__ in, int cols, const float* __restrict__ norm_weight,
@@ -316,10 +289,9 @@ __device__ __forceinline__ void quantized_row_sets_of_block(
     const int sets = quantized_row_sets(rows, kRowsPerWarp);
     const int first_set = blockIdx.x, set_step = gridDim.x;
     WarpRows(matrices, scales, rows, pitch, first_set).prefetch(pitch);
-    wait_then_allow_next_grid();  // the input (and out, with a residual) come from before
 
     const QuantizedInput input =
-        stage_quantized_input<D, kWidened>(in, cols, pitch, norm_weight, eps, scratch);
+        stage_quantized_input<D>(in, cols, pitch, norm_weight, eps, scratch);
     // A set's row addresses are computed for its prefetch and again for its products: held
     // in registers through the staging (or the set before), they spill in the one-wave kernels.
     for (int set = first_set; set < sets; set += set_step) {
@@ -328,8 +300,8 @@ __device__ __forceinline__ void quantized_row_sets_of_block(
         if (more) WarpRows(matrices, scales, rows, pitch, set + set_step).prefetch(pitch);
         float sums[WarpRows::kRows] = {};
         if (warp_rows.has_rows)
-            dot_quantized_rows<D, kWidened, WarpRows::kRows>(warp_rows.values, warp_rows.scales,
-                                                             input, pitch, sums);
+            dot_quantized_rows<D, WarpRows::kRows>(warp_rows.values, warp_rows.scales, input, pitch,
+                                                   sums);
         store(set, sums);
         if (!more) break;  // without kOneWave: one pass, no loop to keep registers for
         __syncthreads();   // the next set's store reuses store's shared memory
@@ -348,7 +320,7 @@ constexpr int kOneWaveBlocksPerMultiprocessor = 2;
 // has kRowsPerWarp * kMatvecUnroll loads in flight.
 // Launch: grid quantized_matvec_grid(rows, kRowsPerWarp) (kOneWave: with the blocks the GPU
 // holds at once), block 16 * 32 threads, dynamic shared memory quantized_staging_bytes(pitch).
-template <DType D, bool kWidened, bool kOneWave, bool kAccumulate, int kRowsPerWarp>
+template <DType D, bool kOneWave, bool kAccumulate, int kRowsPerWarp>
 __global__ void __launch_bounds__(kMatvecThreadsMax, kOneWave ? kOneWaveBlocksPerMultiprocessor : 0)
     quantized_matvec_kernel(float* __restrict__ out, const void* __restrict__ values,
                             const uint16_t* __restrict__ scales, int rows, int pitch,
@@ -358,7 +330,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax, kOneWave ? kOneWaveBlocksPe
     __shared__ float results[kQuantizedMatvecWarps * kRowsPerWarp];
     const void* const matrices[1] = {values};
     const uint16_t* const matrix_scales[1] = {scales};
-    quantized_row_sets_of_block<D, kWidened, kOneWave, kRowsPerWarp>(
+    quantized_row_sets_of_block<D, kOneWave, kRowsPerWarp>(
         matrices, matrix_scales, rows, pitch, in, cols, norm_weight, eps,
         [&](int set, const float(&sums)[kRowsPerWarp]) {
             store_warp_rows<kAccumulate, kRowsPerWarp>(out, sums, results, bias, rows, set);
@@ -367,7 +339,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax, kOneWave ? kOneWaveBlocksPe
 
 // out[r] = silu(W1[r, :] · stage(in)) * (W3[r, :] · stage(in)), W1 and W3 quantized alike.
 // Launch: as quantized_matvec_kernel; each warp reads kRowsPerWarp rows of both matrices.
-template <DType D, bool kWidened, bool kOneWave, int kRowsPerWarp>
+template <DType D, bool kOneWave, int kRowsPerWarp>
 __global__ void __launch_bounds__(kMatvecThreadsMax, kOneWave ? kOneWaveBlocksPerMultiprocessor : 0)
     quantized_matvec_swiglu_kernel(float* __restrict__ out, const void* __restrict__ w1,
                                    const uint16_t* __restrict__ scales1,
@@ -378,7 +350,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax, kOneWave ? kOneWaveBlocksPe
     __shared__ float results[kQuantizedMatvecWarps * kRowsPerWarp];
     const void* const matrices[2] = {w1, w3};
     const uint16_t* const matrix_scales[2] = {scales1, scales3};
-    quantized_row_sets_of_block<D, kWidened, kOneWave, kRowsPerWarp>(
+    quantized_row_sets_of_block<D, kOneWave, kRowsPerWarp>(
         matrices, matrix_scales, rows, pitch, in, cols, norm_weight, eps,
         [&](int set, const float(&sums)[2 * kRowsPerWarp]) {
             float values[kRowsPerWarp];
@@ -406,11 +378,9 @@ inline dim3 quantized_matvec_grid(int rows, int rows_per_warp, int blocks_at_onc
 
 // The rows per warp the int8 matvec takes for a matrix of `rows` rows on a GPU of
 // `multiprocessors` SMs: 2 where its grid still has a block for every SM, else 1. Two rows
-// share one staging of the input and keep twice the loads in flight. Measured on an H100
-// (docs/BENCHMARKS.md), they shorten Mistral-7B's qkv matvec by a fifth (Q4 and Q8) and
-// gain little or lose where the grid is left with fewer blocks than SMs (wo, w2); four rows
-// gained nothing over two anywhere. SwiGLU, which already reads a row of each of two
-// matrices, lost with two (and more with four): it takes 1, as do the widened kernels.
+// share one staging of the input and keep twice the loads in flight, which pays only while
+// every SM still has a block; SwiGLU, already reading a row of each of two matrices, takes 1
+// (the measurements: docs/BENCHMARKS.md).
 constexpr int kQuantizedRowsPerWarp[] = {2, 1};
 inline int choose_quantized_rows_per_warp(int rows, int multiprocessors) {
     for (const int rows_per_warp : kQuantizedRowsPerWarp)
@@ -421,11 +391,9 @@ inline int choose_quantized_rows_per_warp(int rows, int multiprocessors) {
 
 // The grid matvec takes for a matrix of `rows` rows at `rows_per_warp` where the GPU holds
 // `blocks_at_once` blocks of the one-wave kernel at once: one wave where a block per row
-// set would be more blocks than that, else a block per set. Measured on an H200 at
-// Mistral-7B's shapes (docs/BENCHMARKS.md), one wave takes the Q4 SwiGLU matvec from 31.0
-// to 24.8 us and a 14336-row Q4 matvec from 20.0 to 16.5 us; where a block per set is
-// already one wave (qkv, wo, w2), the one-wave kernel on the same grid was up to 12%
-// slower (w2: 18.2 us against 16.2).
+// set would be more blocks than that, else a block per set: one wave saves stagings where
+// the sets outnumber the blocks, and costs its loop where they do not (the measurements:
+// docs/BENCHMARKS.md).
 inline bool quantized_takes_one_wave(int rows, int rows_per_warp, int blocks_at_once) {
     return quantized_row_sets(rows, rows_per_warp) > blocks_at_once;
 }
@@ -475,9 +443,8 @@ template <DType D, int kRowsPerWarp>
 bool takes_one_wave_here(const DeviceMatrix& w, bool swiglu) {
     const size_t shared = quantized_staging_bytes(w.pitch);
     const int blocks =
-        swiglu
-            ? blocks_at_once(quantized_matvec_swiglu_kernel<D, false, true, kRowsPerWarp>, shared)
-            : blocks_at_once(quantized_matvec_kernel<D, false, true, false, kRowsPerWarp>, shared);
+        swiglu ? blocks_at_once(quantized_matvec_swiglu_kernel<D, true, kRowsPerWarp>, shared)
+               : blocks_at_once(quantized_matvec_kernel<D, true, false, kRowsPerWarp>, shared);
     return quantized_takes_one_wave(w.rows, kRowsPerWarp, blocks);
 }
 
@@ -502,32 +469,31 @@ QuantizedLaunch choose_quantized_launch(QuantizedLaunch launch, const DeviceMatr
     return launch;
 }
 
-template <DType D, bool kWidened, bool kOneWave, int kRowsPerWarp>
+template <DType D, bool kOneWave, int kRowsPerWarp>
 void launch_quantized_matvec_typed(float* out, const DeviceMatrix& w, const float* in,
                                    const float* norm_weight, float eps, const float* bias,
                                    bool accumulate, cudaStream_t stream) {
     const size_t shared = quantized_staging_bytes(w.pitch);
-    const auto kernel = accumulate
-                            ? quantized_matvec_kernel<D, kWidened, kOneWave, true, kRowsPerWarp>
-                            : quantized_matvec_kernel<D, kWidened, kOneWave, false, kRowsPerWarp>;
+    const auto kernel = accumulate ? quantized_matvec_kernel<D, kOneWave, true, kRowsPerWarp>
+                                   : quantized_matvec_kernel<D, kOneWave, false, kRowsPerWarp>;
     const dim3 grid = kOneWave ? one_wave_grid(kernel, w.rows, kRowsPerWarp, shared)
                                : quantized_matvec_grid(w.rows, kRowsPerWarp);
-    launch_dependent(kernel, grid, dim3(kQuantizedMatvecThreads), shared, stream, out, w.data,
-                     w.scales, w.rows, w.pitch, in, w.cols, norm_weight, eps, bias);
+    kernel<<<grid, kQuantizedMatvecThreads, shared, stream>>>(
+        out, w.data, w.scales, w.rows, w.pitch, in, w.cols, norm_weight, eps, bias);
 }
 
-template <DType D, bool kWidened, bool kOneWave, int kRowsPerWarp>
+template <DType D, bool kOneWave, int kRowsPerWarp>
 void launch_quantized_matvec_swiglu_typed(float* out, const DeviceMatrix& w1,
                                           const DeviceMatrix& w3, const float* in,
                                           const float* norm_weight, float eps,
                                           cudaStream_t stream) {
     const size_t shared = quantized_staging_bytes(w1.pitch);
-    const auto kernel = quantized_matvec_swiglu_kernel<D, kWidened, kOneWave, kRowsPerWarp>;
+    const auto kernel = quantized_matvec_swiglu_kernel<D, kOneWave, kRowsPerWarp>;
     const dim3 grid = kOneWave ? one_wave_grid(kernel, w1.rows, kRowsPerWarp, shared)
                                : quantized_matvec_grid(w1.rows, kRowsPerWarp);
-    launch_dependent(kernel, grid, dim3(kQuantizedMatvecThreads), shared, stream, out, w1.data,
-                     w1.scales, w3.data, w3.scales, w1.rows, w1.pitch, in, w1.cols, norm_weight,
-                     eps);
+    kernel<<<grid, kQuantizedMatvecThreads, shared, stream>>>(out, w1.data, w1.scales, w3.data,
+                                                              w3.scales, w1.rows, w1.pitch, in,
+                                                              w1.cols, norm_weight, eps);
 }
 
 // Calls use(std::bool_constant<B>) for one_wave B.
@@ -539,9 +505,9 @@ void with_one_wave(bool one_wave, Use&& use) {
 
 template <DType D, bool kOneWave, int kRowsPerWarp>
 void allow_quantized_shared_bytes_rows(size_t bytes) {
-    allow_shared_bytes(quantized_matvec_kernel<D, false, kOneWave, false, kRowsPerWarp>, bytes);
-    allow_shared_bytes(quantized_matvec_kernel<D, false, kOneWave, true, kRowsPerWarp>, bytes);
-    allow_shared_bytes(quantized_matvec_swiglu_kernel<D, false, kOneWave, kRowsPerWarp>, bytes);
+    allow_shared_bytes(quantized_matvec_kernel<D, kOneWave, false, kRowsPerWarp>, bytes);
+    allow_shared_bytes(quantized_matvec_kernel<D, kOneWave, true, kRowsPerWarp>, bytes);
+    allow_shared_bytes(quantized_matvec_swiglu_kernel<D, kOneWave, kRowsPerWarp>, bytes);
 }
 
 template <DType D>
@@ -554,29 +520,20 @@ void allow_quantized_shared_bytes(size_t bytes) {
                         bytes);
                 });
             });
-    allow_shared_bytes(quantized_matvec_kernel<D, true, false, false, 1>, bytes);
-    allow_shared_bytes(quantized_matvec_kernel<D, true, false, true, 1>, bytes);
-    allow_shared_bytes(quantized_matvec_swiglu_kernel<D, true, false, 1>, bytes);
 }
 
 }  // namespace
 
 void launch_quantized_matvec(float* out, const DeviceMatrix& w, const float* in,
                              const float* norm_weight, float eps, const float* bias,
-                             bool accumulate, bool widened, QuantizedLaunch launch,
-                             cudaStream_t stream) {
+                             bool accumulate, QuantizedLaunch launch, cudaStream_t stream) {
     check_quantized_matrix(w, "matvec");
-    if (widened && (launch.rows_per_warp != 1 || launch.grid != QuantizedGrid::kBlockPerSet))
-        throw Error("matvec_widened: one row per warp and a block per row set");
-    if (!widened) launch = choose_quantized_launch(launch, w, /*swiglu=*/false);
+    launch = choose_quantized_launch(launch, w, /*swiglu=*/false);
     with_quantized_dtype(w.dtype, [&](auto dtype) {
         constexpr DType D = decltype(dtype)::value;
-        if (widened)
-            return launch_quantized_matvec_typed<D, true, false, 1>(out, w, in, norm_weight, eps,
-                                                                    bias, accumulate, stream);
         with_one_wave(launch.grid == QuantizedGrid::kOneWave, [&](auto o) {
             with_rows_per_warp(launch.rows_per_warp, [&](auto r) {
-                launch_quantized_matvec_typed<D, false, decltype(o)::value, decltype(r)::value>(
+                launch_quantized_matvec_typed<D, decltype(o)::value, decltype(r)::value>(
                     out, w, in, norm_weight, eps, bias, accumulate, stream);
             });
         });
@@ -586,22 +543,16 @@ void launch_quantized_matvec(float* out, const DeviceMatrix& w, const float* in,
 
 void launch_quantized_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                                     const float* in, const float* norm_weight, float eps,
-                                    bool widened, QuantizedLaunch launch, cudaStream_t stream) {
+                                    QuantizedLaunch launch, cudaStream_t stream) {
     check_quantized_matrix(w1, "matvec_swiglu");
     check_quantized_matrix(w3, "matvec_swiglu");
-    if (widened && (launch.rows_per_warp != 1 || launch.grid != QuantizedGrid::kBlockPerSet))
-        throw Error("matvec_swiglu_widened: one row per warp and a block per row set");
-    if (!widened) launch = choose_quantized_launch(launch, w1, /*swiglu=*/true);
+    launch = choose_quantized_launch(launch, w1, /*swiglu=*/true);
     with_quantized_dtype(w1.dtype, [&](auto dtype) {
         constexpr DType D = decltype(dtype)::value;
-        if (widened)
-            return launch_quantized_matvec_swiglu_typed<D, true, false, 1>(
-                out, w1, w3, in, norm_weight, eps, stream);
         with_one_wave(launch.grid == QuantizedGrid::kOneWave, [&](auto o) {
             with_rows_per_warp(launch.rows_per_warp, [&](auto r) {
-                launch_quantized_matvec_swiglu_typed<D, false, decltype(o)::value,
-                                                     decltype(r)::value>(out, w1, w3, in,
-                                                                         norm_weight, eps, stream);
+                launch_quantized_matvec_swiglu_typed<D, decltype(o)::value, decltype(r)::value>(
+                    out, w1, w3, in, norm_weight, eps, stream);
             });
         });
     });
@@ -622,8 +573,7 @@ void matvec_quantized_launch(QuantizedLaunch launch, float* out, const DeviceMat
                              const float* in, const float* norm_weight, float eps,
                              const float* bias, bool accumulate, cudaStream_t stream) {
     check_input_alignment(in, norm_weight);
-    launch_quantized_matvec(out, w, in, norm_weight, eps, bias, accumulate, /*widened=*/false,
-                            launch, stream);
+    launch_quantized_matvec(out, w, in, norm_weight, eps, bias, accumulate, launch, stream);
 }
 
 void matvec_swiglu_quantized_launch(QuantizedLaunch launch, float* out, const DeviceMatrix& w1,
@@ -631,26 +581,7 @@ void matvec_swiglu_quantized_launch(QuantizedLaunch launch, float* out, const De
                                     const float* norm_weight, float eps, cudaStream_t stream) {
     check_swiglu_shapes(w1, w3);
     check_input_alignment(in, norm_weight);
-    launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps, /*widened=*/false, launch,
-                                   stream);
-}
-
-void matvec_widened(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight,
-                    float eps, const float* bias, bool accumulate, cudaStream_t stream) {
-    check_input_alignment(in, norm_weight);
-    launch_quantized_matvec(out, w, in, norm_weight, eps, bias, accumulate, /*widened=*/true,
-                            QuantizedLaunch{/*rows_per_warp=*/1, QuantizedGrid::kBlockPerSet},
-                            stream);
-}
-
-void matvec_swiglu_widened(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
-                           const float* in, const float* norm_weight, float eps,
-                           cudaStream_t stream) {
-    check_swiglu_shapes(w1, w3);
-    check_input_alignment(in, norm_weight);
-    launch_quantized_matvec_swiglu(
-        out, w1, w3, in, norm_weight, eps, /*widened=*/true,
-        QuantizedLaunch{/*rows_per_warp=*/1, QuantizedGrid::kBlockPerSet}, stream);
+    launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps, launch, stream);
 }
 
 #endif  // BARELLM_CUDA_EMULATION

@@ -19,9 +19,6 @@
 //   access.
 // - w1 and w3 are read by the same warp and SwiGLU is applied before the store: the two
 //   hidden-size intermediates never reach global memory.
-// - With BARELLM_CUDA_PDL=1 (sm_90 on) they launch as programmatic dependents of the kernel
-//   before them (common.cuh: launch_dependent): a block asks for its first weights, then
-//   waits for the kernel that writes its input.
 #pragma once
 #include "common.cuh"
 #include "cuda_check.h"
@@ -266,7 +263,6 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     const uint4* const row_pointer[1] = {weight_row<D>(weights, has_row ? row : 0, pitch)};
     if (has_row)
         prefetch_first_round<1>(row_pointer, threadIdx.x % kWarpSize, row_vectors<D>(pitch));
-    wait_then_allow_next_grid();  // the input (and out, with kAccumulate) come from before
 
     float* xs = dynamic_shared_floats();
     stage_input<WeightFormat<D>::kPerVector>(xs, in, cols, pitch, norm_weight, eps, scratch);
@@ -295,7 +291,6 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
                                           weight_row<D>(w3, safe_row, pitch)};
     if (has_row)
         prefetch_first_round<2>(row_pointers, threadIdx.x % kWarpSize, row_vectors<D>(pitch));
-    wait_then_allow_next_grid();  // the input comes from the kernel before
 
     float* xs = dynamic_shared_floats();
     stage_input<WeightFormat<D>::kPerVector>(xs, in, cols, pitch, norm_weight, eps, scratch);
@@ -327,8 +322,8 @@ void launch_matvec(float* out, const DeviceMatrix& w, const float* in, const flo
     const dim3 grid = matvec_grid(w.rows, w.pitch), block = matvec_block(w.pitch);
     const size_t shared = staged_input_bytes(w.pitch);
     const auto kernel = accumulate ? matvec_kernel<D, true> : matvec_kernel<D, false>;
-    launch_dependent(kernel, grid, block, shared, stream, out, w.data, w.rows, w.pitch, in, w.cols,
-                     norm_weight, eps, bias);
+    kernel<<<grid, block, shared, stream>>>(out, w.data, w.rows, w.pitch, in, w.cols, norm_weight,
+                                            eps, bias);
 }
 
 template <DType D>
@@ -336,8 +331,8 @@ void launch_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix
                           const float* in, const float* norm_weight, float eps,
                           cudaStream_t stream) {
     const dim3 grid = matvec_grid(w1.rows, w1.pitch), block = matvec_block(w1.pitch);
-    launch_dependent(matvec_swiglu_kernel<D>, grid, block, staged_input_bytes(w1.pitch), stream,
-                     out, w1.data, w3.data, w1.rows, w1.pitch, in, w1.cols, norm_weight, eps);
+    matvec_swiglu_kernel<D><<<grid, block, staged_input_bytes(w1.pitch), stream>>>(
+        out, w1.data, w3.data, w1.rows, w1.pitch, in, w1.cols, norm_weight, eps);
 }
 
 // stage_input reads the input and the norm weight as float4s.
@@ -354,16 +349,15 @@ void check_swiglu_shapes(const DeviceMatrix& w1, const DeviceMatrix& w3) {
 
 }  // namespace
 
-// Q8 and Q4 weights (matmul_quantized.cuh): the launches matvec and matvec_swiglu hand them to
-// (widened: the f32 variant, else int8 products; QuantizedLaunch{}: the kernels' own choice of
-// launch), their staging's shared memory, and the shared-memory allowance of their kernels.
+// Q8 and Q4 weights (matvec_quantized.cuh): the launches matvec and matvec_swiglu hand them to
+// (QuantizedLaunch{}: the kernels' own choice of launch), their staging's shared memory, and
+// the shared-memory allowance of their kernels.
 void launch_quantized_matvec(float* out, const DeviceMatrix& w, const float* in,
                              const float* norm_weight, float eps, const float* bias,
-                             bool accumulate, bool widened, QuantizedLaunch launch,
-                             cudaStream_t stream);
+                             bool accumulate, QuantizedLaunch launch, cudaStream_t stream);
 void launch_quantized_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                                     const float* in, const float* norm_weight, float eps,
-                                    bool widened, QuantizedLaunch launch, cudaStream_t stream);
+                                    QuantizedLaunch launch, cudaStream_t stream);
 inline size_t quantized_staging_bytes(int pitch);
 void prepare_quantized_matvec(size_t bytes);
 
@@ -377,7 +371,7 @@ void matvec(float* out, const DeviceMatrix& w, const float* in, const float* nor
     check_input_alignment(in, norm_weight);
     if (is_quantized(w.dtype))
         return launch_quantized_matvec(out, w, in, norm_weight, eps, bias, accumulate,
-                                       /*widened=*/false, QuantizedLaunch{}, stream);
+                                       QuantizedLaunch{}, stream);
     with_weight_dtype(w.dtype, [&](auto dtype) {
         launch_matvec<decltype(dtype)::value>(out, w, in, norm_weight, eps, bias, accumulate,
                                               stream);
@@ -390,8 +384,8 @@ void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, c
     check_swiglu_shapes(w1, w3);
     check_input_alignment(in, norm_weight);
     if (is_quantized(w1.dtype))
-        return launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps,
-                                              /*widened=*/false, QuantizedLaunch{}, stream);
+        return launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps, QuantizedLaunch{},
+                                              stream);
     with_weight_dtype(w1.dtype, [&](auto dtype) {
         launch_matvec_swiglu<decltype(dtype)::value>(out, w1, w3, in, norm_weight, eps, stream);
     });

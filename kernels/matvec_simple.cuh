@@ -1,5 +1,5 @@
 // The GPU ladder's simple matrix-vector products (`barellm ladder --device cuda`, rungs 1-3):
-// what matmul.cuh computes, written the obvious ways, so that each step to the fast kernels
+// what matvec.cuh computes, written the obvious ways, so that each step to the fast kernels
 // can be timed on its own and every fast kernel has a plain reference beside it.
 //
 // - matvec_thread_per_row_kernel (rung 1): the CPU loop ported as it is, one thread per
@@ -13,13 +13,13 @@
 // - matvec_swiglu_warp_per_row_kernel (rung 3): the same warp reads its row of w1, then of
 //   w3, and stores silu(gate) * up.
 // The weights are read one element at a time, straight from global memory, and so is the
-// input; matmul.cuh adds 16-byte loads, several in flight, the input staged in shared
+// input; matvec.cuh adds 16-byte loads, several in flight, the input staged in shared
 // memory, and stores coalesced through shared memory.
 #pragma once
 #include "common.cuh"
 #include "cuda_check.h"
 #include "kernels.h"
-#include "matmul.cuh"
+#include "matvec.cuh"
 
 namespace barellm::cuda {
 

@@ -1,0 +1,53 @@
+// The model and the decode activations in device memory, as the CUDA backend's forward
+// passes read them: the fast path (forward.cu: CudaBackend::record_forward) and the GPU
+// ladder's simpler rungs (ladder_forward.cu). Pointers into memory the backend owns. Host
+// code only.
+#pragma once
+#include <vector>
+
+#include "kernels.h"  // DeviceMatrix
+
+namespace barellm::cuda {
+
+// One layer's weights and KV cache in device memory.
+struct DeviceLayer {
+    const float* attn_norm;  // [dim]
+    DeviceMatrix wqkv;       // [heads * head_dim + 2 * kv_heads * head_dim, dim]: wq, wk, wv
+    // Present only where the config says so (else nullptr):
+    const float* qkv_bias;  // [heads * head_dim + 2 * kv_heads * head_dim]: bq, bk, bv (qkv_bias)
+    const float* q_norm;    // [head_dim]  per-head RMSNorm of q before RoPE (qk_norm)
+    const float* k_norm;    // [head_dim]  the same of k (qk_norm)
+    DeviceMatrix wo;        // [dim, heads * head_dim]
+    const float* o_bias;    // [dim]  (o_bias; else nullptr)
+    const float* ffn_norm;  // [dim]
+    DeviceMatrix w1;        // [hidden_dim, dim]  gate
+    DeviceMatrix w3;        // [hidden_dim, dim]  up
+    DeviceMatrix w2;        // [dim, hidden_dim]  down
+    void* key_cache;        // [context, kv_dim] of kv_type: this layer's part of the key cache
+    void* value_cache;      // [context, kv_dim] of kv_type: the same of the value cache
+    int window;             // sliding window of this layer, 0 for none (Config::layer_window)
+};
+
+// Every weight of the model in device memory.
+struct DeviceWeights {
+    DeviceMatrix embedding;  // [vocab_size, dim]
+    std::vector<DeviceLayer> layers;
+    const float* final_norm = nullptr;  // [dim]
+    DeviceMatrix output;                // [vocab_size, dim]; the embedding when tied
+};
+
+// The activations of one decode step, in device memory, allocated once.
+struct DeviceState {
+    int* step;                // [2]  {token, pos} of the step being run
+    float* x;                 // [dim]  residual stream
+    float* qkv;               // [q_dim + 2 * kv_dim]  q (rotated in place), k, v of the token
+    float* att;               // [q_dim]  attention output
+    float* hidden;            // [hidden_dim]  silu(w1 · norm(x)) * (w3 · norm(x))
+    float* logits;            // [vocab_size]
+    float* partial_out;       // [heads, splits, head_dim]  flash-decoding partial outputs
+    float* partial_stats;     // [heads, splits, 2]  their running (max, sum)
+    unsigned* arrivals;       // [kv_heads * head groups]  attention blocks done (0 between steps)
+    float* rope_frequencies;  // [head_dim / 2]
+};
+
+}  // namespace barellm::cuda
