@@ -3,7 +3,7 @@
 A code link is a markdown link whose text is one identifier in backticks, possibly
 qualified, and whose target is a source file relative to docs/, with a line anchor:
 
-    [`cpu::rope`](../src/cpu/kernels.cpp#L250)    [`CudaBackend::forward`](../kernels/forward.cu#L812)
+    [`cpu::rope`](../src/cpu/dispatch.cpp#L250)    [`CudaBackend::forward`](../kernels/forward.cu#L812)
 
 The file must exist and define the identifier: a function definition (a body follows the
 parameter list: a call, a declaration or a mention in a comment does not count), a

@@ -1,5 +1,5 @@
 // The AVX2 path of the CPU kernels, private to src/cpu/: the functions of the *_avx2.cpp
-// files, which the dispatch in cpu/kernels.cpp calls when simd_level() is Avx2.
+// files, which the dispatch in cpu/dispatch.cpp calls when simd_level() is Avx2.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -8,7 +8,8 @@
 
 namespace barellm::cpu::avx2 {
 
-// ---- Decode matvecs (matmul_avx2.cpp): out[r] = W[r] · x for each row r of the run.
+// ---- Decode matvecs: out[r] = W[r] · x for each row r of the run; f32, f16 and bf16 weights
+// (matvec_float_avx2.cpp), Q8 and Q4 (matvec_quantized_avx2.cpp).
 
 void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
 void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,

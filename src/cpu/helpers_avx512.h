@@ -112,7 +112,7 @@ inline __m512 exp_nonpositive(__m512 x) {
                                 _mm512_setzero_ps());
 }
 
-// ---- The outer-product micro-kernel of the f32 GEMM (gemm_avx512.cpp) and of prefill
+// ---- The outer-product micro-kernel of the f32 GEMM (gemm_float_avx512.cpp) and of prefill
 // attention (attention_avx512.cpp).
 
 constexpr int kTileFloats = 16;        // floats of one tile column: one register

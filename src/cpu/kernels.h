@@ -1,6 +1,8 @@
 // The CPU kernels the forward pass calls. Each runs the path set by set_simd_level: the
 // scalar one (cpu/scalar.h, the readable reference) or, where it matters, AVX2 (cpu/avx2.h)
-// or AVX-512 (cpu/avx512.h; a kernel without an AVX-512 version runs its AVX2 one).
+// or AVX-512 (cpu/avx512.h; a kernel without an AVX-512 version runs its AVX2 one). The
+// choice is made in cpu/dispatch.cpp; the threads a call is worth in cpu/threads.cpp, the
+// quantization of x to Q8 in cpu/quantize_q8.cpp.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -87,7 +89,8 @@ void resize_quantized_vector(QuantizedVector* x, int n);
 
 // A batch of vectors quantized like quantize_q8, laid out for the VNNI prefill GEMMs
 // (AVX-512 VNNI and AVX-VNNI): each token's values padded with zeros to whole groups, and per group
-// the `start` its integer dot products begin from (−128 × Σ values; see gemm_avx512vnni.cpp).
+// the `start` its integer dot products begin from (−128 × Σ values; see
+// gemm_quantized_avx512vnni.cpp).
 struct QuantizedBatch {
     int batch = 0, groups = 0, padded_cols = 0;
     std::vector<int8_t> values;   // [batch, padded_cols]

@@ -1,7 +1,7 @@
 // The prefill GEMM on AVX2 + AVX-VNNI for Q8 and Q4 weights: out[token][row] = Σ_col
 // W[row][col] · x[token][col], x quantized to Q8 per token, each group of 32 columns an
 // exact int32 dot product by the 256-bit vpdpbusd. The design of the AVX-512 VNNI GEMM
-// (gemm_avx512vnni.cpp, whose comment explains the unsigned weights and each group's
+// (gemm_quantized_avx512vnni.cpp, whose comment explains the unsigned weights and each group's
 // start) on ymm registers, and on the weights as the file stores them:
 // - kQuantizedRowTile = 16 rows at a time are packed (pack_panel) into a panel of unsigned
 //   bytes (value + 128) laid out for the micro-kernel: per group, per step of four columns,

@@ -4,7 +4,7 @@
 // of an f32 FMA. The products and their sums are f32; only x loses digits, about 3 of its
 // decimal digits (8 significant bits), so results differ from the f32 path's by that much.
 //
-// The outer-product design of gemm_avx512.cpp on pairs of columns:
+// The outer-product design of gemm_float_avx512.cpp on pairs of columns:
 // - x is packed into pair tiles of kGemmTokenTile = 16 tokens: lane t of pair p's register is
 //   the 32-bit pair (x[t][2p], x[t][2p + 1]) in bf16 (pack_token_pair_tile).
 // - Weights need neither widening nor copying: the two columns 2p, 2p + 1 of a row are one

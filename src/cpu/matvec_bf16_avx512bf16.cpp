@@ -1,8 +1,8 @@
 // The decode matvec on AVX512_BF16 for bf16 weights: out = W · bf16(x) for one token, where
-// bf16() rounds x to bf16, to nearest even (as the bf16 prefill GEMM of gemm_avx512bf16.cpp
+// bf16() rounds x to bf16, to nearest even (as the bf16 prefill GEMM of gemm_bf16_avx512bf16.cpp
 // does). vdpbf16ps multiplies 32 bf16 weights by 32 bf16 inputs and adds the products in
 // pairs to 16 f32 sums: one instruction for 64 bytes of weights, which need neither widening
-// nor copying. Widened to f32 instead (matmul_avx512.cpp), each 16 weights cost a widening of
+// nor copying. Widened to f32 instead (matvec_float_avx512.cpp), each 16 weights cost a widening of
 // the weights, one of x and an FMA; on Zen 4, whose 512-bit instructions take both halves of
 // its 256-bit units, that left one-thread decode compute-bound, under the streaming read.
 //
