@@ -35,9 +35,9 @@ bool cpu_has_avx512_bf16();
 // Whether bf16 weights multiply with vdpbf16ps (x rounded to bf16, two products a lane per
 // instruction), in the prefill GEMM and the decode matvec, rather than widening the weights
 // to f32 for FMAs: where the CPU has AVX512_BF16 and is an AMD one. Zen 4 runs 512-bit FMAs
-// at half rate and vdpbf16ps at full (pp128 1.8x the f32 GEMM's, decode about 1.1x the
-// widening matvec's); Intel's full-rate 512-bit FMAs leave vdpbf16ps no faster and x's bf16
-// pairs a cost (pp128 0.63x; docs/BENCHMARKS.md).
+// at half rate and vdpbf16ps at full, which makes vdpbf16ps the faster there; Intel's
+// full-rate 512-bit FMAs leave vdpbf16ps no faster and x's bf16 pairs a cost
+// (docs/BENCHMARKS.md, history: "CPU: bf16 products through vdpbf16ps, by vendor").
 bool cpu_prefers_bf16_dot_products();
 void set_simd_level(SimdLevel level);
 SimdLevel simd_level();

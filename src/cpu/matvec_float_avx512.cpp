@@ -58,10 +58,9 @@ void rows_kernel(float* out, const Matrix& w, const void* x, int first_row, int 
 
 }  // namespace
 
-// On an Intel Xeon 12 cache lines took one-thread f16 decode of the TinyLlama shape from
-// 5.3-5.6 to 6.4-6.6 tok/s (512 or 1024 bytes gave a little less, 1536 and 2048 less than
-// none). On a Zen 4 (AMD EPYC) 4 lines gave 11.9 tok/s against 9.9-10.4 with 768 bytes
-// (192: 11.7, 384: 10.9-11.9, 1536: 10.5), the distances alternated in one run.
+// Twelve cache lines on Intel, four on AMD: the distances that gave the fastest one-thread
+// f16 decode of each (docs/BENCHMARKS.md, history: "CPU: software prefetch distances of the
+// decode matvecs").
 int matvec_prefetch_bytes() {
     static const int bytes = __builtin_cpu_is("amd") ? 4 * kCacheLine : 12 * kCacheLine;
     return bytes;

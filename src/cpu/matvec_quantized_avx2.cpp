@@ -11,10 +11,9 @@ namespace {
 
 // The Q8 and Q4 matvecs read each row's values and its scales as two streams, front to back,
 // and ask for the cache lines kPrefetchBytes ahead of the values (kScalePrefetchBytes ahead
-// of the scales) as they go: on an Intel Xeon (an AVX-512 CPU run at the AVX2 level), with
-// the hardware prefetcher alone leaving the loads waiting on memory, this took one-thread
-// decode of the TinyLlama shape from 7.9 to 18.7 tok/s for Q4 and 9.5 to 10.6 for Q8
-// (distances tried: 512, 768, 1536, 2048, 3072 bytes; 1536 was best for both).
+// of the scales) as they go: the hardware prefetcher alone left the loads waiting on memory.
+// The distances are the best measured (docs/BENCHMARKS.md, history:
+// "CPU: software prefetch distances of the decode matvecs").
 constexpr int kPrefetchBytes = 1536;
 constexpr int kScalePrefetchBytes = 256;
 constexpr int kCacheLine = 64;

@@ -16,12 +16,9 @@
 // 16 outputs. A tile is one stream of whole cache lines, read front to back; on Intel each
 // block of two groups asks for the cache lines tile_prefetch_bytes() ahead of it (into the
 // next tile at a tile's end: the tiles lie one after another; a prefetch past the matrix is
-// only a hint). On an Intel Xeon, TinyLlama shape, one thread, 768 bytes took decode from
-// 19.6 to 21.3 tok/s for Q4 and 12.0 to 12.2-13.0 for Q8 (distances tried: 512, 768, 1024,
-// 1536, 3072 bytes). On a Zen 4 (AMD EPYC) the hardware prefetcher alone streams the tiles
-// faster: one thread, Q4 50-51 tok/s with none against 41-42 with 768 bytes (256: 48-51,
-// 384-512: 42-45, 1536-3072: 44-47), Q8 27.2-28.2 against 25.2-26.2 (256: 26.3-26.8), the
-// distances alternated in one run.
+// only a hint), which the loads waited for otherwise; on AMD the hardware prefetcher alone
+// streams the tiles faster (docs/BENCHMARKS.md, history: "CPU: software prefetch distances
+// of the decode matvecs").
 #include <algorithm>
 #include <vector>
 
