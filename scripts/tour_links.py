@@ -10,7 +10,7 @@ parameter list: a call, a declaration or a mention in a comment does not count),
 class/struct/enum, a constant, or a member of the named class. Each qualifier must be a
 namespace opened in that file or a class/struct defined there (then the member must be
 defined inside it), unless the definition itself is written qualified (`void
-scalar::matmul_rows(...) {`). Python files: `def name` or `class name`.
+scalar::matvec_rows(...) {`). Python files: `def name` or `class name`.
 
 The anchor `#Lnn` is the line of that definition where the name is written (the first
 definition, when there are several). Line numbers move as the code changes:

@@ -27,13 +27,13 @@ namespace {
 
 // The kernels under test, each a function of both builds.
 #define AVX512_KERNELS(X)          \
-    X(matmul_rows)                 \
-    X(matmul_rows_half_x)          \
-    X(matmul_rows_bf16_x)          \
+    X(matvec_rows)                 \
+    X(matvec_rows_half_x)          \
+    X(matvec_rows_bf16_x)          \
     X(round_to_bf16)               \
     X(round_to_half)               \
-    X(matmul_rows_q8)              \
-    X(matmul_rows_q4)              \
+    X(matvec_rows_q8)              \
+    X(matvec_rows_q4)              \
     X(swiglu)                      \
     X(rmsnorm)                     \
     X(dot_kv)                      \
@@ -43,10 +43,10 @@ namespace {
     X(attention_rows)              \
     X(quantize_token)              \
     X(quantize_q8)                 \
-    X(matmul_batch_rows_quantized) \
-    X(matmul_batch_rows)           \
+    X(gemm_rows_quantized) \
+    X(gemm_rows)           \
     X(pack_token_pair_tile)        \
-    X(matmul_batch_rows_bf16)
+    X(gemm_rows_bf16)
 
 // One build of the AVX-512 kernels.
 struct Avx512Build {
@@ -135,7 +135,7 @@ TEST_CASE("AVX-512 f32/f16/bf16 matvecs match a double-precision reference at ev
             // A run of rows not starting at row 0, as a thread's share is.
             const int first = 2, count = 6;
             std::vector<float> got(rows, NAN);
-            build.matmul_rows(got.data(), m.matrix, x.data(), first, count);
+            build.matvec_rows(got.data(), m.matrix, x.data(), first, count);
             INFO(build.name << " " << dtype_name(dtype) << " cols " << cols);
             CHECK(relative_error(row_range(got, first, count), row_range(want, first, count)) <
                   1e-6);
@@ -163,7 +163,7 @@ TEST_CASE("AVX-512 f16/bf16 matvecs against x rounded to f16 match their referen
             }
             const std::vector<double> want = reference_matvec(m, x_rounded);
             std::vector<float> got(rows, NAN);
-            build.matmul_rows_half_x(got.data(), m.matrix, half_x.data(), 1, rows - 1);
+            build.matvec_rows_half_x(got.data(), m.matrix, half_x.data(), 1, rows - 1);
             INFO(build.name << " " << dtype_name(dtype) << " cols " << cols);
             CHECK(relative_error(row_range(got, 1, rows - 1), row_range(want, 1, rows - 1)) < 1e-6);
             CHECK(std::isnan(got[0]));
@@ -188,7 +188,7 @@ TEST_CASE("AVX512_BF16 matvec against x rounded to bf16 matches its reference at
             }
             const std::vector<double> want = reference_matvec(m, want_x);
             std::vector<float> got(rows, NAN);
-            build.matmul_rows_bf16_x(got.data(), m.matrix, bf16_x.data(), 1, rows - 1);
+            build.matvec_rows_bf16_x(got.data(), m.matrix, bf16_x.data(), 1, rows - 1);
             INFO(build.name << " cols " << cols);
             CHECK(relative_error(row_range(got, 1, rows - 1), row_range(want, 1, rows - 1)) < 1e-6);
             CHECK(std::isnan(got[0]));
@@ -232,7 +232,7 @@ TEST_CASE("AVX-512 VNNI Q8 and Q4 matvecs equal the integer dot products of quan
             const std::vector<double> want = reference_matvec(m, quantized_like_the_kernel(x));
             for (auto [first, count] : {std::pair{1, rows - 2}, {17, 3}, {5, 11}}) {
                 std::vector<float> got(rows, NAN);
-                (dtype == DType::I8 ? build.matmul_rows_q8 : build.matmul_rows_q4)(
+                (dtype == DType::I8 ? build.matvec_rows_q8 : build.matvec_rows_q4)(
                     got.data(), m.matrix, quantized, first, count);
                 INFO(build.name << " " << dtype_name(dtype) << " cols " << cols << " rows " << first
                                 << ".." << first + count - 1);
@@ -479,7 +479,7 @@ TEST_CASE("AVX-512 VNNI Q8 and Q4 prefill GEMM matches a reference on quantized 
                 // A run of rows not starting at row 0 (a thread's share), over two tiles.
                 const int first = 3, count = rows - 5;
                 std::vector<float> got(size_t(batch) * rows, NAN);
-                build.matmul_batch_rows_quantized(got.data(), m.matrix, quantized, first, count);
+                build.gemm_rows_quantized(got.data(), m.matrix, quantized, first, count);
                 INFO(build.name << " " << dtype_name(dtype) << " batch " << batch << " cols "
                                 << cols);
                 for (int b = 0; b < batch; ++b) {
@@ -508,7 +508,7 @@ TEST_CASE("AVX-512 VNNI prefill GEMM of several Q8 and Q4 matrices on several th
     const TestMatrix second = make_matrix(45, cols, dtype, rng);
     const std::vector<float> x = random_floats(size_t(batch) * cols, rng);
     std::vector<float> got_first(size_t(batch) * 301, NAN), got_second(size_t(batch) * 45, NAN);
-    cpu::matmul_batch_many(
+    cpu::gemm_many(
         x.data(), batch, {{got_first.data(), &first.matrix}, {got_second.data(), &second.matrix}});
     cpu::set_simd_level(cpu::detect_simd_level());
     omp_set_num_threads(saved_threads);
@@ -535,7 +535,7 @@ TEST_CASE("AVX-512 f32/f16/bf16 prefill GEMM matches a double-precision referenc
                 const std::vector<float> tiles = token_tiles(x, batch, cols);
                 const int first = 1, count = rows - 2;
                 std::vector<float> got(size_t(batch) * rows, NAN);
-                build.matmul_batch_rows(got.data(), m.matrix, tiles.data(), batch, first, count);
+                build.gemm_rows(got.data(), m.matrix, tiles.data(), batch, first, count);
                 INFO(build.name << " " << dtype_name(dtype) << " batch " << batch << " " << rows
                                 << "x" << cols);
                 CHECK(relative_error(gemm_rows(got, rows, first, count),
@@ -560,7 +560,7 @@ TEST_CASE("AVX512_BF16 prefill GEMM matches a double-precision reference on x ro
                     build.pack_token_pair_tile(pair_tiles.data(), x.data(), cols, batch, tile);
                 const int first = 1, count = rows - 2;
                 std::vector<float> got(size_t(batch) * rows, NAN);
-                build.matmul_batch_rows_bf16(got.data(), m.matrix, pair_tiles.data(), batch, first,
+                build.gemm_rows_bf16(got.data(), m.matrix, pair_tiles.data(), batch, first,
                                              count);
                 INFO(build.name << " batch " << batch << " " << rows << "x" << cols);
                 CHECK(relative_error(gemm_rows(got, rows, first, count),

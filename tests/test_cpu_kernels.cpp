@@ -109,7 +109,7 @@ TEST_CASE("matmul matches a double-precision reference for every dtype and SIMD 
                 want[r] += double(m.values[size_t(r) * cols + c]) * x_used[c];
         std::vector<float> got(rows, NAN);
         cpu::set_simd_level(level);
-        cpu::matmul(got.data(), x.data(), m.matrix);
+        cpu::matvec(got.data(), x.data(), m.matrix);
         cpu::set_simd_level(cpu::detect_simd_level());
         INFO(dtype_name(dtype) << " " << cpu::simd_level_name(level) << " " << rows << "x" << cols);
         CHECK(relative_error(got, want) < 1e-5);
@@ -322,7 +322,7 @@ TEST_CASE("batched matmul (prefill GEMM) matches a double-precision reference") 
         const std::vector<double> want = reference_gemm(m, x_used, batch);
         std::vector<float> got(size_t(batch) * rows, NAN);
         cpu::set_simd_level(level);
-        cpu::matmul_batch(got.data(), x.data(), batch, m.matrix);
+        cpu::gemm(got.data(), x.data(), batch, m.matrix);
         cpu::set_simd_level(cpu::detect_simd_level());
         INFO(dtype_name(dtype) << " " << cpu::simd_level_name(level) << " batch " << batch << " "
                                << rows << "x" << cols);
@@ -347,7 +347,7 @@ TEST_CASE("several GEMMs of one input each match their own reference") {
     std::vector<std::vector<float>> got;
     for (int rows : row_counts) got.emplace_back(size_t(batch) * rows, NAN);
     cpu::set_simd_level(level);
-    cpu::matmul_batch_many(x.data(), batch,
+    cpu::gemm_many(x.data(), batch,
                            {{got[0].data(), &matrices[0].matrix},
                             {got[1].data(), &matrices[1].matrix},
                             {got[2].data(), &matrices[2].matrix}});
@@ -367,7 +367,7 @@ TEST_CASE("several GEMMs of one input each match their own reference") {
     }
     const TestMatrix narrow = make_matrix(4, cols - 1, dtype, rng);
     std::vector<float> narrow_out(size_t(batch) * 4);
-    CHECK_THROWS_WITH(cpu::matmul_batch_many(x.data(), batch,
+    CHECK_THROWS_WITH(cpu::gemm_many(x.data(), batch,
                                              {{got[0].data(), &matrices[0].matrix},
                                               {narrow_out.data(), &narrow.matrix}}),
                       Catch::Contains("different widths"));
@@ -406,21 +406,21 @@ TEST_CASE(
             for (int c = 0; c < cols; ++c)
                 want[r] += double(m.values[size_t(r) * cols + c]) * x_used[c];
         std::vector<float> got(rows, NAN);
-        cpu::matmul(got.data(), x0.data(), m.matrix);
+        cpu::matvec(got.data(), x0.data(), m.matrix);
         CHECK(relative_error(got, want) < 1e-5);
         // Prefill, the whole batch.
         const std::vector<float> batch_x_used =
             gemm_quantizes_x(DType::U8, level) ? rows_quantized_like_the_kernel(x, cols) : x;
         const std::vector<double> batch_want = reference_gemm(m, batch_x_used, batch);
         std::vector<float> batch_got(size_t(batch) * rows, NAN);
-        cpu::matmul_batch(batch_got.data(), x.data(), batch, m.matrix);
+        cpu::gemm(batch_got.data(), x.data(), batch, m.matrix);
         CHECK(relative_error(batch_got, batch_want) < 1e-5);
     }
     cpu::set_simd_level(cpu::detect_simd_level());
     omp_set_num_threads(saved_threads);
 }
 
-TEST_CASE("Q4 and Q8 matvecs in one matmul_many call each match their own reference") {
+TEST_CASE("Q4 and Q8 matvecs in one matvec_many call each match their own reference") {
     std::mt19937 rng(405);
     if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
     const int cols = 224;
@@ -434,7 +434,7 @@ TEST_CASE("Q4 and Q8 matvecs in one matmul_many call each match their own refere
     if (cpu::simd_level() == cpu::SimdLevel::Avx512)
         for (float& value : x_for_f16) value = half_to_float(float_to_half(value));
     std::vector<float> got_q4(53, NAN), got_q8(29, NAN), got_f16(31, NAN);
-    cpu::matmul_many({{got_q4.data(), x.data(), &q4.matrix},
+    cpu::matvec_many({{got_q4.data(), x.data(), &q4.matrix},
                       {got_q8.data(), x.data(), &q8.matrix},
                       {got_f16.data(), x.data(), &f16.matrix}});
     const std::pair<TestMatrix*, std::vector<float>*> cases[] = {
@@ -465,12 +465,12 @@ TEST_CASE("Q4 nibbles: byte j of a block holds column j low and column j + 16 hi
     for (auto level : {cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512}) {
         if (level > cpu::detect_simd_level()) continue;
         cpu::set_simd_level(level);
-        cpu::matmul(&out, ones.data(), w);
+        cpu::matvec(&out, ones.data(), w);
         // 0.5 × Σ (q - 8) over both halves = 0.5 × 2 × Σ_{k=0..15} (k - 8) = 120 - 128.
         CHECK(out == -8.0f);
         float batch_out[2] = {NAN, NAN};
         const std::vector<float> two_tokens(64, 1.0f);
-        cpu::matmul_batch(batch_out, two_tokens.data(), 2, w);
+        cpu::gemm(batch_out, two_tokens.data(), 2, w);
         CHECK(batch_out[0] == -8.0f);
         CHECK(batch_out[1] == -8.0f);
     }
@@ -505,7 +505,7 @@ TEST_CASE("matvecs split across threads equal their reference at every level and
     REQUIRE(cpu::threads_for(size_t(rows) * cols) == 3);
     cpu::set_simd_level(level);
     std::vector<float> got(rows, NAN);
-    cpu::matmul(got.data(), x.data(), m.matrix);
+    cpu::matvec(got.data(), x.data(), m.matrix);
     cpu::set_simd_level(cpu::detect_simd_level());
     omp_set_num_threads(saved_threads);
     INFO(dtype_name(dtype) << " " << cpu::simd_level_name(level));

@@ -66,7 +66,7 @@ def test_the_update_script_finds_nothing_to_change():
 
 def test_the_tour_covers_every_step_of_the_forward_pass():
     text = read_tour()
-    for step in ["cpu::embedding_row", "cpu::rmsnorm", "cpu::matmul", "cpu::rope",
+    for step in ["cpu::embedding_row", "cpu::rmsnorm", "cpu::matvec", "cpu::rope",
                  "cpu::kv_store", "cpu::attention", "cpu::swiglu", "Sampler::sample",
                  "Tokenizer::encode", "CudaBackend::forward", "matvec_kernel",
                  "rope_kv_kernel", "attention_split_kernel", "embedding_kernel",
@@ -83,7 +83,7 @@ def test_the_tour_covers_every_step_of_the_forward_pass():
     ("[`cpu::no_such_kernel`](../src/cpu/dispatch.cpp#L1)", "is not defined"),
     ("[`cpu::rope`](../src/cpu/forward.cpp#L1)", "neither a namespace"),  # called there only
     ("[`measure_read_bandwidth`](../src/ladder.cpp#L1)", "is not defined"),  # called there only
-    ("[`cpu::matmul`](../src/cpu/kernels.h#L1)", "is not defined"),  # declared only
+    ("[`cpu::matvec`](../src/cpu/kernels.h#L1)", "is not defined"),  # declared only
     ("[`rope`](../src/nowhere.cpp#L1)", "does not exist"),
     ("[`CpuBackend::forward`](../kernels/forward.cu#L1)", "neither a namespace nor a class"),
     ("[`CpuBackend::no_method`](../src/cpu/forward.cpp#L1)", "defines no 'no_method'"),
@@ -102,7 +102,7 @@ def test_the_checker_catches_a_broken_reference(link, reason):
 
 @pytest.mark.parametrize("identifier, path, line_text", [
     ("cpu::rope", "../src/cpu/dispatch.cpp", "void rope("),
-    ("scalar::matmul_rows", "../src/cpu/scalar.cpp", "scalar::matmul_rows("),
+    ("scalar::matvec_rows", "../src/cpu/scalar.cpp", "scalar::matvec_rows("),
     ("Tokenizer::Impl", "../src/tokenizer/tokenizer.cpp", "struct Tokenizer::Impl"),
     ("CudaBackend::forward", "../kernels/forward.cu", "forward("),
     ("InferenceState::key_cache", "../src/cpu/forward.cpp", "key_cache"),

@@ -11,10 +11,10 @@ namespace barellm::cpu::avx2 {
 // ---- Decode matvecs: out[r] = W[r] · x for each row r of the run; f32, f16 and bf16 weights
 // (matvec_float_avx2.cpp), Q8 and Q4 (matvec_quantized_avx2.cpp).
 
-void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
-void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+void matvec_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
+void matvec_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
-void matmul_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
 
 // ---- The prefill GEMM (gemm_avx2.cpp), in two steps:
@@ -29,7 +29,7 @@ constexpr int kRowBlock = 16 * kRowTile;  // weight rows widened to f32 together
 int token_tile_count(int batch);
 size_t token_tiles_floats(int batch, int cols);  // buffer size, alignment slack included
 void pack_token_tile(float* x_tiles, const float* x, int cols, int batch, int tile);
-void matmul_batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
+void gemm_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
                        int row_count);
 
 // The first 32-byte aligned float at or after p.

@@ -66,11 +66,11 @@ std::string simd_description() {
     return description;
 }
 
-void matmul(float* out, const float* x, const Matrix& w) { matmul_many({{out, x, &w}}); }
+void matvec(float* out, const float* x, const Matrix& w) { matvec_many({{out, x, &w}}); }
 
-void matmul_many(std::initializer_list<MatmulTask> tasks) {
+void matvec_many(std::initializer_list<MatvecTask> tasks) {
     constexpr int kMaxTasks = 4;
-    const MatmulTask* task_list = tasks.begin();
+    const MatvecTask* task_list = tasks.begin();
     const int task_count = int(tasks.size());
     // Q8 and Q4 weights with SIMD use integer dot products: each input is quantized once, by
     // the calling thread, into one buffer per task; the workers only read them.
@@ -78,12 +78,12 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
     QuantizedVector* quantized = quantized_buffers;
     // f16 and bf16 weights with AVX-512 read x as 16-bit values, likewise rounded once by the
     // calling thread: to bf16 for bf16 weights where vdpbf16ps is preferred
-    // (avx512::matmul_rows_bf16_x), else to f16 (avx512::matmul_rows_half_x), where x fits
+    // (avx512::matvec_rows_bf16_x), else to f16 (avx512::matvec_rows_half_x), where x fits
     // f16's range.
     static thread_local std::vector<uint16_t> half_buffers[kMaxTasks];
     std::vector<uint16_t>* halves = half_buffers;  // the calling thread's, for the workers
     bool use_half_x[kMaxTasks] = {}, use_bf16_x[kMaxTasks] = {};
-    if (task_count > kMaxTasks) throw Error("matmul_many takes at most 4 tasks");
+    if (task_count > kMaxTasks) throw Error("matvec_many takes at most 4 tasks");
     const bool use_simd = active_level >= SimdLevel::Avx2;
     const bool use_avx512 = active_level == SimdLevel::Avx512;
     const bool use_tiles = uses_row_tiles();
@@ -112,7 +112,7 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
         const size_t last = total_rows * (thread + 1) / threads;
         size_t task_start = 0;
         for (int t = 0; t < task_count; ++t) {
-            const MatmulTask& task = task_list[t];
+            const MatvecTask& task = task_list[t];
             const size_t task_end = task_start + task.w->rows;
             const size_t begin = std::max(first, task_start), end = std::min(last, task_end);
             if (begin < end) {
@@ -120,19 +120,19 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
                 const DType dtype = task.w->dtype;
                 const bool tiled = use_tiles && task.w->row_tiles;
                 if (!use_simd)
-                    scalar::matmul_rows(task.out, *task.w, task.x, row, count);
+                    scalar::matvec_rows(task.out, *task.w, task.x, row, count);
                 else if (dtype == DType::I8)
-                    (tiled ? avx512::matmul_rows_q8 : avx2::matmul_rows_q8)(
+                    (tiled ? avx512::matvec_rows_q8 : avx2::matvec_rows_q8)(
                         task.out, *task.w, quantized[t], row, count);
                 else if (dtype == DType::U8)
-                    (tiled ? avx512::matmul_rows_q4 : avx2::matmul_rows_q4)(
+                    (tiled ? avx512::matvec_rows_q4 : avx2::matvec_rows_q4)(
                         task.out, *task.w, quantized[t], row, count);
                 else if (use_bf16_x[t])
-                    avx512::matmul_rows_bf16_x(task.out, *task.w, halves[t].data(), row, count);
+                    avx512::matvec_rows_bf16_x(task.out, *task.w, halves[t].data(), row, count);
                 else if (use_half_x[t])
-                    avx512::matmul_rows_half_x(task.out, *task.w, halves[t].data(), row, count);
+                    avx512::matvec_rows_half_x(task.out, *task.w, halves[t].data(), row, count);
                 else
-                    (use_avx512 ? avx512::matmul_rows : avx2::matmul_rows)(task.out, *task.w,
+                    (use_avx512 ? avx512::matvec_rows : avx2::matvec_rows)(task.out, *task.w,
                                                                            task.x, row, count);
             }
             task_start = task_end;
@@ -140,8 +140,8 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
     }
 }
 
-void matmul_batch(float* out, const float* x, int batch, const Matrix& w) {
-    matmul_batch_many(x, batch, {{out, &w}});
+void gemm(float* out, const float* x, int batch, const Matrix& w) {
+    gemm_many(x, batch, {{out, &w}});
 }
 
 namespace {
@@ -156,28 +156,28 @@ void batch_rows(const BatchOutput& o, const float* x_tiles, const uint32_t* pair
                 int first, int count) {
     const DType dtype = o.w->dtype;
     if (pair_tiles && dtype == DType::BF16)
-        avx512::matmul_batch_rows_bf16(o.out, *o.w, pair_tiles, batch, first, count);
+        avx512::gemm_rows_bf16(o.out, *o.w, pair_tiles, batch, first, count);
     else if (active_level == SimdLevel::Avx512 && !is_quantized(dtype))
-        avx512::matmul_batch_rows(o.out, *o.w, x_tiles, batch, first, count);
+        avx512::gemm_rows(o.out, *o.w, x_tiles, batch, first, count);
     else
-        avx2::matmul_batch_rows(o.out, *o.w, x_tiles, batch, first, count);
+        avx2::gemm_rows(o.out, *o.w, x_tiles, batch, first, count);
 }
 
 }  // namespace
 
-void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOutput> outputs) {
+void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> outputs) {
     if (outputs.size() == 0) return;
     const int cols = outputs.begin()->w->cols;
     int total_rows = 0;
     for (const BatchOutput& o : outputs) {
-        if (o.w->cols != cols) throw Error("matmul_batch_many: matrices of different widths");
+        if (o.w->cols != cols) throw Error("gemm_many: matrices of different widths");
         total_rows += o.w->rows;
     }
     const size_t row_work = size_t(cols) * batch;
     if (active_level < SimdLevel::Avx2) {
         for (const BatchOutput& o : outputs)
             split_rows(o.w->rows, row_work, [&](int first, int count) {
-                scalar::matmul_batch_rows(o.out, *o.w, x, batch, first, count);
+                scalar::gemm_rows(o.out, *o.w, x, batch, first, count);
             });
         return;
     }
@@ -199,8 +199,8 @@ void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOut
         QuantizedBatch* x_quantized = &storage;  // the calling thread's, shared
         resize_quantized_batch(x_quantized, batch, cols);
         const auto quantize_token = avx512_vnni ? avx512::quantize_token : avxvnni::quantize_token;
-        const auto rows_quantized = avx512_vnni ? avx512::matmul_batch_rows_quantized
-                                                : avxvnni::matmul_batch_rows_quantized;
+        const auto rows_quantized = avx512_vnni ? avx512::gemm_rows_quantized
+                                                : avxvnni::gemm_rows_quantized;
         const int row_tile = avx512_vnni ? avx512::kQuantizedRowTile : avxvnni::kQuantizedRowTile;
 #pragma omp parallel num_threads(threads)
         {

@@ -124,7 +124,7 @@ void pack_token_pair_tile(uint32_t* pair_tiles, const float* x, int cols, int ba
     }
 }
 
-void matmul_batch_rows_bf16(float* out, const Matrix& w, const uint32_t* pair_tiles, int batch,
+void gemm_rows_bf16(float* out, const Matrix& w, const uint32_t* pair_tiles, int batch,
                             int first_row, int row_count) {
     const int tiles = (batch + kGemmTokenTile - 1) / kGemmTokenTile;
     const size_t sums_tile_stride = size_t(kRowBlock) * kTileWords;

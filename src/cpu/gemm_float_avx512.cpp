@@ -153,7 +153,7 @@ void store_tile_sums(float* out, int stride, const float* tile_sums, int rows, i
     }
 }
 
-void matmul_batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
+void gemm_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
                        int row_count) {
     if (w.dtype == DType::F32)
         batch_rows<DType::F32>(out, w, x_tiles, batch, first_row, row_count);

@@ -225,7 +225,7 @@ inline __m256i lanes_in(int base, int first, int end) {
 }
 
 template <DType kType>
-void matmul_batch_rows_typed(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
+void gemm_rows_typed(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
                              int row_count) {
     // One panel and its scales, 32-byte aligned, kept from call to call.
     static thread_local std::vector<uint8_t> panel_storage;
@@ -317,12 +317,12 @@ void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token) 
     }
 }
 
-void matmul_batch_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x,
+void gemm_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x,
                                  int first_row, int row_count) {
     if (w.dtype == DType::I8)
-        matmul_batch_rows_typed<DType::I8>(out, w, x, first_row, row_count);
+        gemm_rows_typed<DType::I8>(out, w, x, first_row, row_count);
     else
-        matmul_batch_rows_typed<DType::U8>(out, w, x, first_row, row_count);
+        gemm_rows_typed<DType::U8>(out, w, x, first_row, row_count);
 }
 
 }  // namespace barellm::cpu::avxvnni

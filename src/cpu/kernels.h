@@ -64,16 +64,16 @@ void for_each_row(int rows, size_t row_work, const std::function<void(int)>& wor
 
 // out[rows] = W[rows, cols] · x[cols]; rows split across OpenMP threads. With AVX2 and
 // Q8 or Q4 weights, x is first quantized to Q8 and the dot products are integer.
-void matmul(float* out, const float* x, const Matrix& w);
+void matvec(float* out, const float* x, const Matrix& w);
 
 // Several independent matmuls (e.g. q, k and v of one input) in one parallel region:
 // their rows, one after another, are split across the threads (at most 4 tasks).
-struct MatmulTask {
+struct MatvecTask {
     float* out;
     const float* x;
     const Matrix* w;
 };
-void matmul_many(std::initializer_list<MatmulTask> tasks);
+void matvec_many(std::initializer_list<MatvecTask> tasks);
 
 // A vector quantized like a Q8 weight row: x[i] ≈ values[i] × scales[i / kQ8Group],
 // with scale = max |x| / 127 over each group.
@@ -102,7 +102,7 @@ void resize_quantized_batch(QuantizedBatch* x, int batch, int cols);
 
 // Prefill: out[batch, rows] = x[batch, cols] · W[rows, cols]ᵀ, a GEMM blocked so
 // that each weight row is read from memory once for the whole batch.
-void matmul_batch(float* out, const float* x, int batch, const Matrix& w);
+void gemm(float* out, const float* x, int batch, const Matrix& w);
 
 // Several GEMMs of the same x (e.g. q, k and v) in one parallel region: x is transposed
 // once, and the threads take their rows, one matrix after another, in chunks that shrink
@@ -111,7 +111,7 @@ struct BatchOutput {
     float* out;  // [batch, w->rows]
     const Matrix* w;
 };
-void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOutput> outputs);
+void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> outputs);
 
 // out[n] = x / rms(x) * weight
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps);

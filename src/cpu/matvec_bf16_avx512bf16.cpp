@@ -64,7 +64,7 @@ void round_to_bf16(uint16_t* bf16_x, const float* x, int n) {
     }
 }
 
-void matmul_rows_bf16_x(float* out, const Matrix& w, const uint16_t* bf16_x, int first_row,
+void matvec_rows_bf16_x(float* out, const Matrix& w, const uint16_t* bf16_x, int first_row,
                         int row_count) {
     const uint16_t* data = static_cast<const uint16_t*>(w.data);
     for (int r = first_row; r < first_row + row_count; ++r)

@@ -81,7 +81,7 @@ void rows_kernel(float* out, const Weight* w, DType dtype, int cols, const float
 
 }  // namespace
 
-void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count) {
+void matvec_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count) {
     if (w.dtype == DType::F32)
         rows_kernel(out, static_cast<const float*>(w.data), w.dtype, w.cols, x, first_row,
                     row_count);

@@ -66,7 +66,7 @@ int matvec_prefetch_bytes() {
     return bytes;
 }
 
-void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count) {
+void matvec_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count) {
     switch (w.dtype) {
         case DType::F32:
             return rows_kernel<DType::F32, DType::F32>(out, w, x, first_row, row_count);
@@ -75,11 +75,11 @@ void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int
         case DType::BF16:
             return rows_kernel<DType::BF16, DType::F32>(out, w, x, first_row, row_count);
         default:
-            return;  // Q8 and Q4: matmul_rows_q8 / matmul_rows_q4
+            return;  // Q8 and Q4: matvec_rows_q8 / matvec_rows_q4
     }
 }
 
-void matmul_rows_half_x(float* out, const Matrix& w, const uint16_t* half_x, int first_row,
+void matvec_rows_half_x(float* out, const Matrix& w, const uint16_t* half_x, int first_row,
                         int row_count) {
     if (w.dtype == DType::F16)
         rows_kernel<DType::F16, DType::F16>(out, w, half_x, first_row, row_count);

@@ -120,7 +120,7 @@ inline float q4_row_dot(const uint8_t* row, const uint16_t* row_scales, const Qu
 
 }  // namespace
 
-void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+void matvec_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count) {
     const int8_t* values = static_cast<const int8_t*>(w.data);
     const int groups = w.q8_groups();
@@ -128,7 +128,7 @@ void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int f
         out[r] = q8_row_dot(values + size_t(r) * w.cols, w.scales + size_t(r) * groups, x, w.cols);
 }
 
-void matmul_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count) {
     const uint8_t* values = static_cast<const uint8_t*>(w.data);
     const int blocks = w.q4_blocks();

@@ -132,12 +132,12 @@ void quantize_q8(QuantizedVector* out, const float* x, int n) {
     }
 }
 
-void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+void matvec_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count) {
     rows_kernel<DType::I8>(out, w, x, first_row, row_count);
 }
 
-void matmul_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count) {
     rows_kernel<DType::U8>(out, w, x, first_row, row_count);
 }

@@ -18,7 +18,7 @@ inline float kv_at(const void* cache, int i, KvType type) {
 
 }  // namespace
 
-void scalar::matmul_rows(float* out, const Matrix& w, const float* x, int first_row,
+void scalar::matvec_rows(float* out, const Matrix& w, const float* x, int first_row,
                          int row_count) {
     for (int r = first_row; r < first_row + row_count; ++r) {
         float sum = 0.0f;
@@ -27,7 +27,7 @@ void scalar::matmul_rows(float* out, const Matrix& w, const float* x, int first_
     }
 }
 
-void scalar::matmul_batch_rows(float* out, const Matrix& w, const float* x, int batch,
+void scalar::gemm_rows(float* out, const Matrix& w, const float* x, int batch,
                                int first_row, int row_count) {
     for (int b = 0; b < batch; ++b) {
         const float* x_row = x + size_t(b) * w.cols;

@@ -274,9 +274,9 @@ void check_embedding() {
         check_embedding_table(random_quantized_matrix(rows, cols, DType::U8));
 }
 
-// Every matvec kernel, fast and simple, against cpu::matmul: plain, with RMSNorm fused,
+// Every matvec kernel, fast and simple, against cpu::matvec: plain, with RMSNorm fused,
 // with the residual added, with a bias (alone, after RMSNorm, before the residual), and
-// SwiGLU. cpu::matmul runs at most at the AVX2 level, whose kernels read x in f32 as the
+// SwiGLU. cpu::matvec runs at most at the AVX2 level, whose kernels read x in f32 as the
 // GPU's do (the AVX-512 ones read it rounded to f16, a relative error near 2^-12).
 void check_matvec() {
     const cpu::SimdLevel best = cpu::simd_level();
@@ -305,11 +305,11 @@ void check_matvec() {
 
             // What each variant must give, from the CPU kernels.
             std::vector<float> normed(cols), plain(rows), with_norm(rows), gated(rows), up(rows);
-            cpu::matmul(plain.data(), x.data(), w.matrix);
+            cpu::matvec(plain.data(), x.data(), w.matrix);
             cpu::rmsnorm(normed.data(), x.data(), norm_weight.data(), cols, eps);
-            cpu::matmul(with_norm.data(), normed.data(), w.matrix);
-            cpu::matmul(gated.data(), normed.data(), w.matrix);
-            cpu::matmul(up.data(), normed.data(), w3.matrix);
+            cpu::matvec(with_norm.data(), normed.data(), w.matrix);
+            cpu::matvec(gated.data(), normed.data(), w.matrix);
+            cpu::matvec(up.data(), normed.data(), w3.matrix);
             cpu::swiglu(gated.data(), up.data(), rows);
             const std::vector<float> residual = random_floats(rows);
             std::vector<float> with_residual = plain;
