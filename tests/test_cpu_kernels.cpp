@@ -79,7 +79,7 @@ TEST_CASE("quantize_q8: scale max|x| / 127, values rounded half away from zero (
     }
 }
 
-TEST_CASE("matmul matches a double-precision reference for every dtype and SIMD level") {
+TEST_CASE("matvec matches a double-precision reference for every dtype and SIMD level") {
     std::mt19937 rng(1234);
     const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::I8);
     const auto level =
@@ -292,7 +292,7 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
     }
 }
 
-TEST_CASE("batched matmul (prefill GEMM) matches a double-precision reference") {
+TEST_CASE("gemm (the prefill product) matches a double-precision reference") {
     std::mt19937 rng(2024);
     const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::I8);
     const auto level =
@@ -374,7 +374,7 @@ TEST_CASE("several GEMMs of one input each match their own reference") {
 }
 
 TEST_CASE(
-    "Q4 matmul and prefill GEMM match a double-precision reference at several thread "
+    "Q4 matvec and prefill GEMM match a double-precision reference at several thread "
     "counts") {
     std::mt19937 rng(404);
     const auto level =

@@ -66,7 +66,7 @@ void for_each_row(int rows, size_t row_work, const std::function<void(int)>& wor
 // Q8 or Q4 weights, x is first quantized to Q8 and the dot products are integer.
 void matvec(float* out, const float* x, const Matrix& w);
 
-// Several independent matmuls (e.g. q, k and v of one input) in one parallel region:
+// Several independent matvecs (e.g. q, k and v of one input) in one parallel region:
 // their rows, one after another, are split across the threads (at most 4 tasks).
 struct MatvecTask {
     float* out;
