@@ -26,26 +26,26 @@ using namespace barellm::test;
 namespace {
 
 // The kernels under test, each a function of both builds.
-#define AVX512_KERNELS(X)          \
-    X(matvec_rows)                 \
-    X(matvec_rows_half_x)          \
-    X(matvec_rows_bf16_x)          \
-    X(round_to_bf16)               \
-    X(round_to_half)               \
-    X(matvec_rows_q8)              \
-    X(matvec_rows_q4)              \
-    X(swiglu)                      \
-    X(rmsnorm)                     \
-    X(dot_kv)                      \
-    X(add_scaled_kv)               \
-    X(softmax)                     \
-    X(attention_scratch_floats)    \
-    X(attention_rows)              \
-    X(quantize_token)              \
-    X(quantize_q8)                 \
-    X(gemm_rows_quantized) \
-    X(gemm_rows)           \
-    X(pack_token_pair_tile)        \
+#define AVX512_KERNELS(X)       \
+    X(matvec_rows)              \
+    X(matvec_rows_half_x)       \
+    X(matvec_rows_bf16_x)       \
+    X(round_to_bf16)            \
+    X(round_to_half)            \
+    X(matvec_rows_q8)           \
+    X(matvec_rows_q4)           \
+    X(swiglu)                   \
+    X(rmsnorm)                  \
+    X(dot_kv)                   \
+    X(add_scaled_kv)            \
+    X(softmax)                  \
+    X(attention_scratch_floats) \
+    X(attention_rows)           \
+    X(quantize_token)           \
+    X(quantize_q8)              \
+    X(gemm_rows_quantized)      \
+    X(gemm_rows)                \
+    X(pack_token_pair_tile)     \
     X(gemm_rows_bf16)
 
 // One build of the AVX-512 kernels.
@@ -508,8 +508,8 @@ TEST_CASE("AVX-512 VNNI prefill GEMM of several Q8 and Q4 matrices on several th
     const TestMatrix second = make_matrix(45, cols, dtype, rng);
     const std::vector<float> x = random_floats(size_t(batch) * cols, rng);
     std::vector<float> got_first(size_t(batch) * 301, NAN), got_second(size_t(batch) * 45, NAN);
-    cpu::gemm_many(
-        x.data(), batch, {{got_first.data(), &first.matrix}, {got_second.data(), &second.matrix}});
+    cpu::gemm_many(x.data(), batch,
+                   {{got_first.data(), &first.matrix}, {got_second.data(), &second.matrix}});
     cpu::set_simd_level(cpu::detect_simd_level());
     omp_set_num_threads(saved_threads);
     const std::vector<float> x_quantized = rows_quantized_like_the_kernel(x, cols);
@@ -560,8 +560,7 @@ TEST_CASE("AVX512_BF16 prefill GEMM matches a double-precision reference on x ro
                     build.pack_token_pair_tile(pair_tiles.data(), x.data(), cols, batch, tile);
                 const int first = 1, count = rows - 2;
                 std::vector<float> got(size_t(batch) * rows, NAN);
-                build.gemm_rows_bf16(got.data(), m.matrix, pair_tiles.data(), batch, first,
-                                             count);
+                build.gemm_rows_bf16(got.data(), m.matrix, pair_tiles.data(), batch, first, count);
                 INFO(build.name << " batch " << batch << " " << rows << "x" << cols);
                 CHECK(relative_error(gemm_rows(got, rows, first, count),
                                      gemm_rows(reference_gemm(m, rounded_to_bf16(x), batch), rows,

@@ -30,8 +30,8 @@ struct AvxVnniBuild {
 
 // SIMDe's always; the native one where this CPU has AVX-VNNI (printed once).
 std::vector<AvxVnniBuild> builds() {
-    std::vector<AvxVnniBuild> list = {{"simde", cpu::avxvnni_simde::quantize_token,
-                                       cpu::avxvnni_simde::gemm_rows_quantized}};
+    std::vector<AvxVnniBuild> list = {
+        {"simde", cpu::avxvnni_simde::quantize_token, cpu::avxvnni_simde::gemm_rows_quantized}};
     const bool native = cpu::cpu_has_avx_vnni();
     static bool said = false;
     if (!said) {
@@ -40,8 +40,7 @@ std::vector<AvxVnniBuild> builds() {
         said = true;
     }
     if (native)
-        list.push_back(
-            {"native", cpu::avxvnni::quantize_token, cpu::avxvnni::gemm_rows_quantized});
+        list.push_back({"native", cpu::avxvnni::quantize_token, cpu::avxvnni::gemm_rows_quantized});
     return list;
 }
 
@@ -82,8 +81,7 @@ TEST_CASE("AVX-VNNI Q8 and Q4 prefill GEMM matches a reference on quantized x") 
                 // and the whole matrix, whose last panel runs past its rows.
                 for (auto [first, count] : {std::pair{3, rows - 8}, {0, rows}}) {
                     std::vector<float> got(size_t(batch) * rows, NAN);
-                    build.gemm_rows_quantized(got.data(), m.matrix, quantized, first,
-                                                      count);
+                    build.gemm_rows_quantized(got.data(), m.matrix, quantized, first, count);
                     for (int b = 0; b < batch; ++b) {
                         const int row0 = b * rows;
                         CHECK(relative_error(row_range(got, row0 + first, count),

@@ -348,9 +348,9 @@ TEST_CASE("several GEMMs of one input each match their own reference") {
     for (int rows : row_counts) got.emplace_back(size_t(batch) * rows, NAN);
     cpu::set_simd_level(level);
     cpu::gemm_many(x.data(), batch,
-                           {{got[0].data(), &matrices[0].matrix},
-                            {got[1].data(), &matrices[1].matrix},
-                            {got[2].data(), &matrices[2].matrix}});
+                   {{got[0].data(), &matrices[0].matrix},
+                    {got[1].data(), &matrices[1].matrix},
+                    {got[2].data(), &matrices[2].matrix}});
     cpu::set_simd_level(cpu::detect_simd_level());
     const std::vector<float> x_used =
         gemm_quantizes_x(dtype, level) ? rows_quantized_like_the_kernel(x, cols) : x;
@@ -367,10 +367,10 @@ TEST_CASE("several GEMMs of one input each match their own reference") {
     }
     const TestMatrix narrow = make_matrix(4, cols - 1, dtype, rng);
     std::vector<float> narrow_out(size_t(batch) * 4);
-    CHECK_THROWS_WITH(cpu::gemm_many(x.data(), batch,
-                                             {{got[0].data(), &matrices[0].matrix},
-                                              {narrow_out.data(), &narrow.matrix}}),
-                      Catch::Contains("different widths"));
+    CHECK_THROWS_WITH(
+        cpu::gemm_many(x.data(), batch,
+                       {{got[0].data(), &matrices[0].matrix}, {narrow_out.data(), &narrow.matrix}}),
+        Catch::Contains("different widths"));
 }
 
 TEST_CASE(

@@ -30,7 +30,7 @@ int token_tile_count(int batch);
 size_t token_tiles_floats(int batch, int cols);  // buffer size, alignment slack included
 void pack_token_tile(float* x_tiles, const float* x, int cols, int batch, int tile);
 void gemm_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
-                       int row_count);
+               int row_count);
 
 // The first 32-byte aligned float at or after p.
 inline float* align32(float* p) {

@@ -76,8 +76,8 @@ constexpr int kQuantizedRowTile = 32;   // weight rows packed and computed toget
 constexpr int kQuantizedTokenTile = 6;  // tokens per micro-kernel call
 
 void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token);
-void gemm_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x,
-                                 int first_row, int row_count);
+void gemm_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
+                         int row_count);
 
 // ---- The prefill GEMM: out[token][row] = Σ_col W[row][col] · x[token][col] for a batch of
 // tokens, on tiles of x transposed once per call and shared by the threads.
@@ -95,7 +95,7 @@ inline Element* align64(Element* p) {
 // f32 and f16 weights (gemm_float_avx512.cpp), from x_tiles [tiles, cols, kGemmTokenTile]: x
 // transposed, zero past the last token (the layout of avx2::pack_token_tile).
 void gemm_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
-                       int row_count);
+               int row_count);
 
 // bf16 weights (gemm_bf16_avx512bf16.cpp), as vdpbf16ps on x rounded to bf16: from pair tiles
 // [tiles, ceil(cols / 2), kGemmTokenTile] of 32-bit lanes, each holding x[token][2p] (low
@@ -103,7 +103,7 @@ void gemm_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int
 size_t token_pair_tiles_words(int batch, int cols);  // buffer size, alignment slack included
 void pack_token_pair_tile(uint32_t* pair_tiles, const float* x, int cols, int batch, int tile);
 void gemm_rows_bf16(float* out, const Matrix& w, const uint32_t* pair_tiles, int batch,
-                            int first_row, int row_count);
+                    int first_row, int row_count);
 
 // Shared by both: out[first_token + t][k] = tile_sums[k][t] for the tile's tokens below
 // `batch` and k < rows; out has `stride` floats a token.

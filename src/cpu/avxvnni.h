@@ -23,7 +23,7 @@ constexpr int kQuantizedRowTile = 16;   // weight rows packed and computed toget
 constexpr int kQuantizedTokenTile = 3;  // tokens per micro-kernel call
 
 void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token);
-void gemm_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x,
-                                 int first_row, int row_count);
+void gemm_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
+                         int row_count);
 
 }  // namespace barellm::cpu::avxvnni

@@ -199,8 +199,8 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
         QuantizedBatch* x_quantized = &storage;  // the calling thread's, shared
         resize_quantized_batch(x_quantized, batch, cols);
         const auto quantize_token = avx512_vnni ? avx512::quantize_token : avxvnni::quantize_token;
-        const auto rows_quantized = avx512_vnni ? avx512::gemm_rows_quantized
-                                                : avxvnni::gemm_rows_quantized;
+        const auto rows_quantized =
+            avx512_vnni ? avx512::gemm_rows_quantized : avxvnni::gemm_rows_quantized;
         const int row_tile = avx512_vnni ? avx512::kQuantizedRowTile : avxvnni::kQuantizedRowTile;
 #pragma omp parallel num_threads(threads)
         {

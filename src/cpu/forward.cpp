@@ -166,7 +166,7 @@ private:
             const LayerWeights& w = weights_.layers[l];
             rmsnorm_rows(s.xb.data(), s.x.data(), w.attn_norm, B);
             cpu::gemm_many(s.xb.data(), B,
-                                   {{s.q.data(), &w.wq}, {s.k.data(), &w.wk}, {s.v.data(), &w.wv}});
+                           {{s.q.data(), &w.wq}, {s.k.data(), &w.wk}, {s.v.data(), &w.wv}});
             cpu::for_each_row(B, c.q_dim() + c.kv_dim(), [&](int b) {
                 const int pos = first_pos + b;
                 float* q_row = &s.q[size_t(b) * c.q_dim()];

@@ -199,7 +199,7 @@ void pack_token_tile(float* x_tiles, const float* x, int cols, int batch, int ti
 }
 
 void gemm_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
-                       int row_count) {
+               int row_count) {
     const int tiles = token_tile_count(batch);
     // One block of weight rows widened to f32, [kRowBlock, kDepthBlock], and its partial
     // sums [tiles, kRowBlock, kTokenTile], both 32-byte aligned.

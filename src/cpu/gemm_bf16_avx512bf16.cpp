@@ -125,7 +125,7 @@ void pack_token_pair_tile(uint32_t* pair_tiles, const float* x, int cols, int ba
 }
 
 void gemm_rows_bf16(float* out, const Matrix& w, const uint32_t* pair_tiles, int batch,
-                            int first_row, int row_count) {
+                    int first_row, int row_count) {
     const int tiles = (batch + kGemmTokenTile - 1) / kGemmTokenTile;
     const size_t sums_tile_stride = size_t(kRowBlock) * kTileWords;
     const size_t x_tile_stride = size_t(pair_count(w.cols)) * kTileWords;

@@ -154,7 +154,7 @@ void store_tile_sums(float* out, int stride, const float* tile_sums, int rows, i
 }
 
 void gemm_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
-                       int row_count) {
+               int row_count) {
     if (w.dtype == DType::F32)
         batch_rows<DType::F32>(out, w, x_tiles, batch, first_row, row_count);
     else if (w.dtype == DType::F16)

@@ -183,7 +183,7 @@ constexpr TileKernel kTileKernels[kQuantizedTokenTile] = {
 
 template <DType kType>
 void gemm_rows_typed(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
-                             int row_count) {
+                     int row_count) {
     // One tile's panel and scales, 64-byte aligned, kept from call to call.
     static thread_local std::vector<uint8_t> panel_storage;
     static thread_local std::vector<float> scale_storage;
@@ -224,8 +224,8 @@ void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token) 
     }
 }
 
-void gemm_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x,
-                                 int first_row, int row_count) {
+void gemm_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
+                         int row_count) {
     if (w.dtype == DType::I8)
         gemm_rows_typed<DType::I8>(out, w, x, first_row, row_count);
     else

@@ -27,8 +27,8 @@ void scalar::matvec_rows(float* out, const Matrix& w, const float* x, int first_
     }
 }
 
-void scalar::gemm_rows(float* out, const Matrix& w, const float* x, int batch,
-                               int first_row, int row_count) {
+void scalar::gemm_rows(float* out, const Matrix& w, const float* x, int batch, int first_row,
+                       int row_count) {
     for (int b = 0; b < batch; ++b) {
         const float* x_row = x + size_t(b) * w.cols;
         for (int r = first_row; r < first_row + row_count; ++r) {

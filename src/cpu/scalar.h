@@ -28,7 +28,7 @@ inline float weight_at(const Matrix& w, int row, int col) {
 
 void matvec_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
 void gemm_rows(float* out, const Matrix& w, const float* x, int batch, int first_row,
-                       int row_count);
+               int row_count);
 float dot_kv(const float* q, const void* keys, int n, KvType type);
 void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);
 void softmax(float* x, int n);
