@@ -92,7 +92,7 @@ inline Element* align64(Element* p) {
     return misalignment ? p + (64 - misalignment) / sizeof(Element) : p;
 }
 
-// f32 and f16 weights (gemm_float_avx512.cpp), from x_tiles [tiles, cols, kGemmTokenTile]: x
+// f32, f16 and bf16 weights (gemm_float_avx512.cpp), from x_tiles [tiles, cols, kGemmTokenTile]: x
 // transposed, zero past the last token (the layout of avx2::pack_token_tile).
 void gemm_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
                int row_count);

@@ -1,5 +1,6 @@
-// The prefill GEMM on AVX-512 for f32 and f16 weights: out[token][row] = Σ_col W[row][col] ·
-// x[token][col] for a batch of tokens, each weight row read from memory once for the batch.
+// The prefill GEMM on AVX-512 for f32, f16 and bf16 weights: out[token][row] = Σ_col
+// W[row][col] · x[token][col] for a batch of tokens, each weight row read from memory once for
+// the batch.
 //
 // The design of the AVX2 GEMM (gemm_avx2.cpp) on zmm registers, a sum of outer products:
 // - x comes transposed into tiles of kGemmTokenTile = 16 tokens: one column of a tile is
