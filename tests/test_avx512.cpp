@@ -211,13 +211,13 @@ TEST_CASE("AVX-512 rounding of x to f16 refuses values f16 cannot hold") {
 
 TEST_CASE("AVX-512 VNNI Q8 and Q4 matvecs equal the integer dot products of quantized x") {
     std::mt19937 rng(513);
-    const auto dtype = GENERATE(DType::I8, DType::U8);
+    const auto dtype = GENERATE(DType::Q8_0, DType::Q4_0);
     for (const Avx512Build& build : builds()) {
         if (!build.has_vnni) continue;
         // Q8: any width (a short last group); Q4: whole blocks of 32. Odd and even group
         // counts: a tile's blocks hold two groups, the last one maybe only one.
         const std::vector<int> widths =
-            dtype == DType::I8
+            dtype == DType::Q8_0
                 ? std::vector<int>{1, 5, 31, 32, 33, 63, 64, 65, 100, 511, 512, 513, 600, 1100}
                 : std::vector<int>{32, 64, 96, 160, 512, 544, 608, 1056};
         for (int cols : widths) {
@@ -232,7 +232,7 @@ TEST_CASE("AVX-512 VNNI Q8 and Q4 matvecs equal the integer dot products of quan
             const std::vector<double> want = reference_matvec(m, quantized_like_the_kernel(x));
             for (auto [first, count] : {std::pair{1, rows - 2}, {17, 3}, {5, 11}}) {
                 std::vector<float> got(rows, NAN);
-                (dtype == DType::I8 ? build.matvec_rows_q8 : build.matvec_rows_q4)(
+                (dtype == DType::Q8_0 ? build.matvec_rows_q8 : build.matvec_rows_q4)(
                     got.data(), m.matrix, quantized, first, count);
                 INFO(build.name << " " << dtype_name(dtype) << " cols " << cols << " rows " << first
                                 << ".." << first + count - 1);
@@ -457,13 +457,13 @@ TEST_CASE("AVX-512 quantize_q8 equals the scalar quantize_q8 at every tail") {
 
 TEST_CASE("AVX-512 VNNI Q8 and Q4 prefill GEMM matches a reference on quantized x") {
     std::mt19937 rng(515);
-    const auto dtype = GENERATE(DType::I8, DType::U8);
+    const auto dtype = GENERATE(DType::Q8_0, DType::Q4_0);
     for (const Avx512Build& build : builds()) {
         if (!build.has_vnni) continue;
         // Q8: short last groups; Q4: whole blocks. Rows are not multiples of the 32-row
         // tile, batches not multiples of the 6-token tile.
-        const std::vector<int> widths =
-            dtype == DType::I8 ? std::vector<int>{5, 33, 100, 600} : std::vector<int>{32, 96, 608};
+        const std::vector<int> widths = dtype == DType::Q8_0 ? std::vector<int>{5, 33, 100, 600}
+                                                             : std::vector<int>{32, 96, 608};
         for (int batch : {1, 3, 17, 70})
             for (int cols : widths) {
                 const int rows = 75;
@@ -496,14 +496,14 @@ TEST_CASE("AVX-512 VNNI Q8 and Q4 prefill GEMM matches a reference on quantized 
 TEST_CASE("AVX-512 VNNI prefill GEMM of several Q8 and Q4 matrices on several threads") {
     if (cpu::detect_simd_level() < cpu::SimdLevel::Avx512 || !cpu::cpu_has_avx512_vnni()) return;
     std::mt19937 rng(516);
-    const auto dtype = GENERATE(DType::I8, DType::U8);
+    const auto dtype = GENERATE(DType::Q8_0, DType::Q4_0);
     const int threads = GENERATE(2, 3);
     const int saved_threads = omp_get_max_threads();
     omp_set_num_threads(threads);
     cpu::set_simd_level(cpu::SimdLevel::Avx512);
     // Enough rows for every thread; row counts off the 32-row tile, so that the runs the
     // threads claim straddle the boundary between the matrices.
-    const int batch = 23, cols = dtype == DType::I8 ? 330 : 320;
+    const int batch = 23, cols = dtype == DType::Q8_0 ? 330 : 320;
     const TestMatrix first = make_matrix(301, cols, dtype, rng);
     const TestMatrix second = make_matrix(45, cols, dtype, rng);
     const std::vector<float> x = random_floats(size_t(batch) * cols, rng);

@@ -57,12 +57,12 @@ TEST_CASE("AVX-VNNI quantize_token quantizes each token exactly as quantize_q8")
 
 TEST_CASE("AVX-VNNI Q8 and Q4 prefill GEMM matches a reference on quantized x") {
     std::mt19937 rng(615);
-    const auto dtype = GENERATE(DType::I8, DType::U8);
+    const auto dtype = GENERATE(DType::Q8_0, DType::Q4_0);
     for (const AvxVnniBuild& build : builds()) {
         // Q8: short last groups; Q4: whole blocks. Rows are not multiples of the 16-row
         // panel, batches not multiples of the 3-token tile.
-        const std::vector<int> widths =
-            dtype == DType::I8 ? std::vector<int>{5, 33, 100, 600} : std::vector<int>{32, 96, 608};
+        const std::vector<int> widths = dtype == DType::Q8_0 ? std::vector<int>{5, 33, 100, 600}
+                                                             : std::vector<int>{32, 96, 608};
         for (int batch : {1, 2, 4, 17, 70})
             for (int cols : widths) {
                 const int rows = 43;

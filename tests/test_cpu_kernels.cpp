@@ -21,7 +21,7 @@ namespace {
 // integer GEMMs of Q8 and Q4 weights: AVX-512 VNNI, and AVX-VNNI at the AVX2 level): the
 // references then use x quantized the same way.
 bool gemm_quantizes_x(DType dtype, cpu::SimdLevel level) {
-    return (dtype == DType::I8 || dtype == DType::U8) &&
+    return (dtype == DType::Q8_0 || dtype == DType::Q4_0) &&
            ((level == cpu::SimdLevel::Avx512 && cpu::cpu_has_avx512_vnni()) ||
             (level == cpu::SimdLevel::Avx2 && cpu::cpu_has_avx_vnni()));
 }
@@ -81,7 +81,7 @@ TEST_CASE("quantize_q8: scale max|x| / 127, values rounded half away from zero (
 
 TEST_CASE("matvec matches a double-precision reference for every dtype and SIMD level") {
     std::mt19937 rng(1234);
-    const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::I8);
+    const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::Q8_0);
     const auto level =
         GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
     if (level > cpu::detect_simd_level()) {
@@ -94,7 +94,7 @@ TEST_CASE("matvec matches a double-precision reference for every dtype and SIMD 
         const std::vector<float> x = random_floats(cols, rng);
         // The SIMD Q8 kernels quantize x too (integer dot products): so does the reference.
         std::vector<float> x_used = x;
-        if (dtype == DType::I8 && level >= cpu::SimdLevel::Avx2)
+        if (dtype == DType::Q8_0 && level >= cpu::SimdLevel::Avx2)
             x_used = quantized_like_the_kernel(x);
         // The AVX-512 f16 and bf16 matvecs read x rounded to f16, or to bf16 for bf16 weights
         // where they multiply with vdpbf16ps.
@@ -294,7 +294,7 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
 
 TEST_CASE("gemm (the prefill product) matches a double-precision reference") {
     std::mt19937 rng(2024);
-    const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::I8);
+    const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::Q8_0);
     const auto level =
         GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
     if (level > cpu::detect_simd_level()) return;
@@ -332,7 +332,7 @@ TEST_CASE("gemm (the prefill product) matches a double-precision reference") {
 
 TEST_CASE("several GEMMs of one input each match their own reference") {
     std::mt19937 rng(77);
-    const auto dtype = GENERATE(DType::F16, DType::I8);
+    const auto dtype = GENERATE(DType::F16, DType::Q8_0);
     const auto level =
         GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
     if (level > cpu::detect_simd_level()) return;
@@ -393,7 +393,7 @@ TEST_CASE(
                                      {70, 101, 608},
                                      {37, 203, 544},
                                      {9, 389, 736}}) {
-        TestMatrix m = make_matrix(rows, cols, DType::U8, rng);
+        TestMatrix m = make_matrix(rows, cols, DType::Q4_0, rng);
         const std::vector<float> x = random_floats(size_t(batch) * cols, rng);
         INFO(cpu::simd_level_name(level)
              << " " << threads << " threads, batch " << batch << " " << rows << "x" << cols);
@@ -410,7 +410,7 @@ TEST_CASE(
         CHECK(relative_error(got, want) < 1e-5);
         // Prefill, the whole batch.
         const std::vector<float> batch_x_used =
-            gemm_quantizes_x(DType::U8, level) ? rows_quantized_like_the_kernel(x, cols) : x;
+            gemm_quantizes_x(DType::Q4_0, level) ? rows_quantized_like_the_kernel(x, cols) : x;
         const std::vector<double> batch_want = reference_gemm(m, batch_x_used, batch);
         std::vector<float> batch_got(size_t(batch) * rows, NAN);
         cpu::gemm(batch_got.data(), x.data(), batch, m.matrix);
@@ -424,8 +424,8 @@ TEST_CASE("Q4 and Q8 matvecs in one matvec_many call each match their own refere
     std::mt19937 rng(405);
     if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
     const int cols = 224;
-    TestMatrix q4 = make_matrix(53, cols, DType::U8, rng);
-    TestMatrix q8 = make_matrix(29, cols, DType::I8, rng);
+    TestMatrix q4 = make_matrix(53, cols, DType::Q4_0, rng);
+    TestMatrix q8 = make_matrix(29, cols, DType::Q8_0, rng);
     TestMatrix f16 = make_matrix(31, cols, DType::F16, rng);
     const std::vector<float> x = random_floats(cols, rng);
     const std::vector<float> x_quantized = quantized_like_the_kernel(x);
@@ -459,7 +459,7 @@ TEST_CASE("Q4 nibbles: byte j of a block holds column j low and column j + 16 hi
         CHECK(q4_value(block, col) == (col < 16 ? col : 15 - (col - 16)) - 8);
     // One row of that block with scale 0.5: the matvec against x = 1 sums it.
     const uint16_t scale = float_to_half(0.5f);
-    const Matrix w{block, DType::U8, 1, 32, &scale};
+    const Matrix w{block, DType::Q4_0, 1, 32, &scale};
     const std::vector<float> ones(32, 1.0f);
     float out = NAN;
     for (auto level : {cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512}) {
@@ -481,7 +481,7 @@ TEST_CASE("matvecs split across threads equal their reference at every level and
     // Large enough that threads_for gives each of 3 threads rows (the buffers each call
     // prepares, such as x rounded or quantized, are then read by other threads).
     std::mt19937 rng(611);
-    const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8);
+    const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0);
     const auto level =
         GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
     if (level > cpu::detect_simd_level()) return;
@@ -489,7 +489,7 @@ TEST_CASE("matvecs split across threads equal their reference at every level and
     const TestMatrix m = make_matrix(rows, cols, dtype, rng);
     const std::vector<float> x = random_floats(cols, rng);
     std::vector<float> x_used = x;
-    if ((dtype == DType::I8 || dtype == DType::U8) && level >= cpu::SimdLevel::Avx2)
+    if ((dtype == DType::Q8_0 || dtype == DType::Q4_0) && level >= cpu::SimdLevel::Avx2)
         x_used = quantized_like_the_kernel(x);
     else if (dtype == DType::BF16 && level == cpu::SimdLevel::Avx512 &&
              cpu::cpu_prefers_bf16_dot_products())

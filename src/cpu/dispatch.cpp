@@ -121,10 +121,10 @@ void matvec_many(std::initializer_list<MatvecTask> tasks) {
                 const bool tiled = use_tiles && task.w->row_tiles;
                 if (!use_simd)
                     scalar::matvec_rows(task.out, *task.w, task.x, row, count);
-                else if (dtype == DType::I8)
+                else if (dtype == DType::Q8_0)
                     (tiled ? avx512::matvec_rows_q8 : avx2::matvec_rows_q8)(
                         task.out, *task.w, quantized[t], row, count);
-                else if (dtype == DType::U8)
+                else if (dtype == DType::Q4_0)
                     (tiled ? avx512::matvec_rows_q4 : avx2::matvec_rows_q4)(
                         task.out, *task.w, quantized[t], row, count);
                 else if (use_bf16_x[t])

@@ -71,7 +71,7 @@ void pack_rows(float* panel, const Matrix& w, int first_row, int rows, int first
         if (w.dtype == DType::F32) {
             const float* source = static_cast<const float*>(w.data) + offset;
             std::copy(source, source + depth, dest);
-        } else if (w.dtype == DType::I8) {
+        } else if (w.dtype == DType::Q8_0) {
             // first_col is a multiple of kQ8Group: whole groups, one scale each.
             const int8_t* source = static_cast<const int8_t*>(w.data) + offset;
             const uint16_t* scales = w.scales + size_t(first_row + r) * w.q8_groups();
@@ -87,7 +87,7 @@ void pack_rows(float* panel, const Matrix& w, int first_row, int rows, int first
                 }
                 for (; k < group_end; ++k) dest[k] = source[k] * _mm256_cvtss_f32(scale);
             }
-        } else if (w.dtype == DType::U8) {
+        } else if (w.dtype == DType::Q4_0) {
             // first_col and depth are multiples of kQ4Block (Q4 rows are whole blocks).
             const uint8_t* source =
                 static_cast<const uint8_t*>(w.data) + (first_row + r) * w.row_bytes();

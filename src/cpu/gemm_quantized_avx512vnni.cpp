@@ -79,7 +79,7 @@ void pack_panel(uint8_t* panel, float* scales, const Matrix& w, int first_tile) 
             _mm512_store_ps(group_scales,
                             _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(
                                 tile_group_scales(tile, kType, g)))));
-            if constexpr (kType == DType::I8) {
+            if constexpr (kType == DType::Q8_0) {
                 for (int s = 0; s < kGroupSteps; ++s)
                     _mm512_store_si512(group_panel + s * kStepBytes,
                                        _mm512_load_si512(values + s * kTileRegisterBytes));
@@ -226,10 +226,10 @@ void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token) 
 
 void gemm_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
                          int row_count) {
-    if (w.dtype == DType::I8)
-        gemm_rows_typed<DType::I8>(out, w, x, first_row, row_count);
+    if (w.dtype == DType::Q8_0)
+        gemm_rows_typed<DType::Q8_0>(out, w, x, first_row, row_count);
     else
-        gemm_rows_typed<DType::U8>(out, w, x, first_row, row_count);
+        gemm_rows_typed<DType::Q4_0>(out, w, x, first_row, row_count);
 }
 
 }  // namespace barellm::cpu::avx512

@@ -63,7 +63,7 @@ Element* align32(Element* p) {
 template <DType kType>
 __m256i group_bytes(const Matrix& w, int r, int g) {
     const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes();
-    if constexpr (kType == DType::I8) {
+    if constexpr (kType == DType::Q8_0) {
         const __m256i flip = _mm256_set1_epi8(char(0x80));  // w + 128 = w with its top bit flipped
         const int first = g * kGroup, count = std::min(kGroup, w.cols - first);
         if (count == kGroup)
@@ -319,10 +319,10 @@ void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token) 
 
 void gemm_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
                          int row_count) {
-    if (w.dtype == DType::I8)
-        gemm_rows_typed<DType::I8>(out, w, x, first_row, row_count);
+    if (w.dtype == DType::Q8_0)
+        gemm_rows_typed<DType::Q8_0>(out, w, x, first_row, row_count);
     else
-        gemm_rows_typed<DType::U8>(out, w, x, first_row, row_count);
+        gemm_rows_typed<DType::Q4_0>(out, w, x, first_row, row_count);
 }
 
 }  // namespace barellm::cpu::avxvnni

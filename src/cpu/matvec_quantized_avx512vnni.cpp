@@ -62,7 +62,7 @@ const TileX& prepare_x(const QuantizedVector& x, int offset) {
 template <DType kType>
 inline __m512i group_dots(const uint8_t* values, const int8_t* x_group, int32_t start) {
     __m512i even = _mm512_set1_epi32(start), odd = _mm512_setzero_si512();
-    if constexpr (kType == DType::I8) {
+    if constexpr (kType == DType::Q8_0) {
         // Register j: columns 4j..4j+3.
         for (int j = 0; j < tile_registers(kType); j += 2) {
             even = _mm512_dpbusd_epi32(even, _mm512_load_si512(values + j * kTileRegisterBytes),
@@ -88,7 +88,7 @@ inline __m512i group_dots(const uint8_t* values, const int8_t* x_group, int32_t 
 template <DType kType>
 void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                  int row_count) {
-    constexpr int kOffset = kType == DType::I8 ? kTileQ8Zero : kQ4Offset;
+    constexpr int kOffset = kType == DType::Q8_0 ? kTileQ8Zero : kQ4Offset;
     const TileX& prepared = prepare_x(x, kOffset);
     const int groups = w.scale_count_per_row();
     const size_t bytes_per_tile = tile_bytes(w);
@@ -134,12 +134,12 @@ void quantize_q8(QuantizedVector* out, const float* x, int n) {
 
 void matvec_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count) {
-    rows_kernel<DType::I8>(out, w, x, first_row, row_count);
+    rows_kernel<DType::Q8_0>(out, w, x, first_row, row_count);
 }
 
 void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count) {
-    rows_kernel<DType::U8>(out, w, x, first_row, row_count);
+    rows_kernel<DType::Q4_0>(out, w, x, first_row, row_count);
 }
 
 }  // namespace barellm::cpu::avx512

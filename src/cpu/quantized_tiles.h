@@ -44,7 +44,7 @@ constexpr uint8_t kTileQ4Zero = 0x88;  // two Q4 nibbles of 0 (8 stands for 0)
 
 // Bytes of one group's values in a row: Q8 32 (a byte a column), Q4 16 (two columns a byte).
 constexpr int tile_row_group_bytes(DType type) {
-    return type == DType::I8 ? kQ8Group : kQ4BlockBytes;
+    return type == DType::Q8_0 ? kQ8Group : kQ4BlockBytes;
 }
 // Registers of one group's values in a tile: Q8 8, Q4 4.
 constexpr int tile_registers(DType type) { return tile_row_group_bytes(type) / kTileLaneBytes; }

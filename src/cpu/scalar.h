@@ -16,10 +16,10 @@ inline float weight_at(const Matrix& w, int row, int col) {
             return half_to_float(static_cast<const uint16_t*>(w.data)[i]);
         case DType::BF16:
             return bf16_to_float(static_cast<const uint16_t*>(w.data)[i]);
-        case DType::I8:
+        case DType::Q8_0:
             return static_cast<const int8_t*>(w.data)[i] *
                    half_to_float(w.scales[size_t(row) * w.q8_groups() + col / kQ8Group]);
-        case DType::U8:
+        case DType::Q4_0:
             return q4_value(static_cast<const uint8_t*>(w.data) + row * w.row_bytes(), col) *
                    half_to_float(w.scales[size_t(row) * w.q4_blocks() + col / kQ4Block]);
     }
