@@ -234,7 +234,7 @@ struct QuantizedFormat;
 
 // Q8: one int8 per column.
 template <>
-struct QuantizedFormat<DType::I8> {
+struct QuantizedFormat<DType::Q8_0> {
     static constexpr int kPerVector = 16;
     __host__ __device__ static constexpr size_t row_bytes(int pitch) { return size_t(pitch); }
     __device__ static __forceinline__ int value(const void* row, int c) {
@@ -245,7 +245,7 @@ struct QuantizedFormat<DType::I8> {
 // Q4: a 16-byte vector is one block of 32 columns; byte j holds column j (low nibble) and
 // column j + 16 (high nibble), each as q + 8 (model.h: kQ4Offset).
 template <>
-struct QuantizedFormat<DType::U8> {
+struct QuantizedFormat<DType::Q4_0> {
     static constexpr int kPerVector = 32;
     static constexpr uint32_t kLowNibbles = 0x0f0f0f0fu;
     __host__ __device__ static constexpr size_t row_bytes(int pitch) { return size_t(pitch) / 2; }
@@ -284,8 +284,8 @@ void with_weight_dtype(DType dtype, Launch launch) {
             return launch(std::integral_constant<DType, DType::F16>{});
         case DType::BF16:
             return launch(std::integral_constant<DType, DType::BF16>{});
-        case DType::I8:
-        case DType::U8:
+        case DType::Q8_0:
+        case DType::Q4_0:
             throw Error("this CUDA kernel reads f32, f16 and bf16 weights, not Q8 or Q4");
     }
 }
@@ -294,8 +294,8 @@ void with_weight_dtype(DType dtype, Launch launch) {
 // U8).
 template <typename Launch>
 void with_quantized_dtype(DType dtype, Launch launch) {
-    if (dtype == DType::I8) return launch(std::integral_constant<DType, DType::I8>{});
-    if (dtype == DType::U8) return launch(std::integral_constant<DType, DType::U8>{});
+    if (dtype == DType::Q8_0) return launch(std::integral_constant<DType, DType::Q8_0>{});
+    if (dtype == DType::Q4_0) return launch(std::integral_constant<DType, DType::Q4_0>{});
     throw Error("with_quantized_dtype: the weights are not Q8 or Q4");
 }
 

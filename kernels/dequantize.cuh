@@ -61,12 +61,12 @@ __device__ __forceinline__ uint2 dequantize_four(uint32_t bytes, int bias, uint1
 //   c % 16 .. c % 16 + 7, each q + kQ4Offset.
 template <DType W>
 __device__ __forceinline__ uint4 dequantize_eight(const uint8_t* row, int column, uint16_t scale) {
-    static_assert(W == DType::I8 || W == DType::U8, "Q8 (I8) or Q4 (U8) weights");
+    static_assert(W == DType::Q8_0 || W == DType::Q4_0, "Q8 (I8) or Q4 (U8) weights");
     constexpr uint32_t kSignBits = 0x80808080u, kLowNibbles = 0x0f0f0f0fu;
     constexpr int kQ8Bias = 128, kNibbleBits = 4, kHalfBlock = kQuantizedBlock / 2;
     uint2 bytes;
     int bias;
-    if constexpr (W == DType::I8) {
+    if constexpr (W == DType::Q8_0) {
         bytes = *reinterpret_cast<const uint2*>(row + column);
         bytes.x ^= kSignBits;
         bytes.y ^= kSignBits;
@@ -98,7 +98,7 @@ __global__ void __launch_bounds__(kDequantizeThreads)
     dequantize_rows_kernel(uint16_t* __restrict__ out, int out_pitch,
                            const uint8_t* __restrict__ values, const uint16_t* __restrict__ scales,
                            int rows, int w_pitch) {
-    const size_t row_bytes = W == DType::U8 ? size_t(w_pitch) / 2 : size_t(w_pitch);
+    const size_t row_bytes = W == DType::Q4_0 ? size_t(w_pitch) / 2 : size_t(w_pitch);
     const int chunks_per_row = out_pitch / kDequantizeChunk;
     const size_t chunk = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
     if (chunk >= size_t(rows) * chunks_per_row) return;
@@ -142,10 +142,10 @@ DeviceMatrix dequantize_to_f16(const DeviceMatrix& w, void* f16, cudaStream_t st
                                                         static_cast<const uint8_t*>(w.data),
                                                         w.scales, w.rows, w.pitch);
     };
-    if (w.dtype == DType::I8)
-        launch(dequantize_rows_kernel<DType::I8>);
+    if (w.dtype == DType::Q8_0)
+        launch(dequantize_rows_kernel<DType::Q8_0>);
     else
-        launch(dequantize_rows_kernel<DType::U8>);
+        launch(dequantize_rows_kernel<DType::Q4_0>);
     CUDA_CHECK_LAUNCH("dequantize_rows_kernel");
     return out;
 }

@@ -403,8 +403,8 @@ using QuantizedSmallBatchTiles = TensorCoreTiles<16, 16, 1, 1, 8, 32, 4, 1>;
 // [kTileRows][kStageStride] f16.
 template <DType W, typename Tiles>
 struct QuantizedTiles {
-    static_assert(W == DType::I8 || W == DType::U8, "Q8 (I8) or Q4 (U8) weights");
-    static constexpr int kRowBytes = W == DType::I8 ? Tiles::kTileK : Tiles::kTileK / 2;
+    static_assert(W == DType::Q8_0 || W == DType::Q4_0, "Q8 (I8) or Q4 (U8) weights");
+    static constexpr int kRowBytes = W == DType::Q8_0 ? Tiles::kTileK : Tiles::kTileK / 2;
     static constexpr int kRawChunksPerRow = kRowBytes / kChunkBytes;
     static constexpr int kBlocksPerRow = Tiles::kTileK / kQuantizedBlock;  // scales per K tile
     static constexpr int kActivationChunks = Tiles::kTileTokens * Tiles::kChunksPerRow;
@@ -549,7 +549,7 @@ __global__ void __launch_bounds__(Tiles::kThreads, Tiles::kMinBlocksPerSm)
     const int first_row = blockIdx.y * Tiles::kTileRows;
     const int blocks_per_row = w_pitch / kQuantizedBlock;
     const int w_row_bytes =
-        blocks_per_row * (W == DType::I8 ? kQuantizedBlock : kQuantizedBlock / 2);
+        blocks_per_row * (W == DType::Q8_0 ? kQuantizedBlock : kQuantizedBlock / 2);
 
     float acc[Tiles::kFragmentsTokens][Tiles::kFragmentsRows][4] = {};
     uint16_t held_scales[Q::kScalesPerThread];
@@ -715,7 +715,7 @@ inline int gemm_k_extent(int cols, DType dtype) { return padded_cols(cols, dtype
 // sm_80.
 inline bool has_tensor_core_product(DType dtype, int compute_capability) {
     constexpr int kF16Mma = 75, kBf16Mma = 80;
-    const bool f16_product = dtype == DType::F16 || dtype == DType::I8 || dtype == DType::U8;
+    const bool f16_product = dtype == DType::F16 || dtype == DType::Q8_0 || dtype == DType::Q4_0;
     return (f16_product && compute_capability >= kF16Mma) ||
            (dtype == DType::BF16 && compute_capability >= kBf16Mma);
 }
@@ -724,8 +724,8 @@ inline bool has_tensor_core_product(DType dtype, int compute_capability) {
 // `dtype` (f16, bf16, Q8 or Q4).
 template <typename Tiles>
 inline size_t gemm_tensor_core_shared_bytes(DType dtype) {
-    if (dtype == DType::I8) return QuantizedTiles<DType::I8, Tiles>::kSharedBytes;
-    if (dtype == DType::U8) return QuantizedTiles<DType::U8, Tiles>::kSharedBytes;
+    if (dtype == DType::Q8_0) return QuantizedTiles<DType::Q8_0, Tiles>::kSharedBytes;
+    if (dtype == DType::Q4_0) return QuantizedTiles<DType::Q4_0, Tiles>::kSharedBytes;
     return Tiles::kSharedBytes;
 }
 
@@ -926,7 +926,7 @@ void check_gemm_inputs(const DeviceMatrix& w, const DeviceActivations& in) {
     if (in.pitch % padded_cols(1, in.dtype) != 0 || w.pitch % padded_cols(1, w.dtype) != 0 ||
         in.pitch < in.cols || w.pitch < w.cols)
         throw Error("gemm: a row pitch is not a whole number of vectors (blocks) covering the row");
-    const bool quantized = w.dtype == DType::I8 || w.dtype == DType::U8;
+    const bool quantized = w.dtype == DType::Q8_0 || w.dtype == DType::Q4_0;
     if (quantized && w.scales == nullptr) throw Error("gemm: Q8/Q4 weights without scales");
     if (address_of(in.data) % kGemmVectorBytes != 0 || address_of(w.data) % kGemmVectorBytes != 0)
         throw Error("gemm: the activations and the weights must be 16-byte aligned");
@@ -1031,7 +1031,7 @@ void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMat
         throw Error("gemm: the wide tiles need more shared memory than this GPU has");
     if (tiles == GemmTiles::kWarpgroup && !warpgroup_gemm_enabled())
         throw Error("gemm: the warpgroup GEMM runs on sm_90a, unless BARELLM_CUDA_WGMMA=0");
-    if (w.dtype == DType::I8 || w.dtype == DType::U8) {
+    if (w.dtype == DType::Q8_0 || w.dtype == DType::Q4_0) {
         with_quantized_dtype(w.dtype, [&](auto dtype) {
             constexpr DType W = decltype(dtype)::value;
             switch (tiles) {

@@ -55,10 +55,10 @@ struct DeviceMatrix {
     int blocks_per_row() const { return pitch / kQuantizedBlock; }
     // Bytes of one row's values in device memory (scales aside).
     size_t row_bytes() const {
-        return dtype == DType::U8 ? size_t(pitch) / 2 : size_t(pitch) * dtype_size(dtype);
+        return dtype == DType::Q4_0 ? size_t(pitch) / 2 : size_t(pitch) * dtype_size(dtype);
     }
     size_t scale_bytes() const {
-        const bool quantized = dtype == DType::I8 || dtype == DType::U8;
+        const bool quantized = dtype == DType::Q8_0 || dtype == DType::Q4_0;
         return quantized ? size_t(rows) * blocks_per_row() * sizeof(uint16_t) : 0;
     }
     size_t bytes() const { return size_t(rows) * row_bytes() + scale_bytes(); }
@@ -66,8 +66,8 @@ struct DeviceMatrix {
 
 // Elements per row in device memory for `cols` columns of `dtype`.
 inline int padded_cols(int cols, DType dtype) {
-    const int multiple =
-        dtype == DType::I8 || dtype == DType::U8 ? kQuantizedBlock : 16 / int(dtype_size(dtype));
+    const int multiple = dtype == DType::Q8_0 || dtype == DType::Q4_0 ? kQuantizedBlock
+                                                                      : 16 / int(dtype_size(dtype));
     return (cols + multiple - 1) / multiple * multiple;
 }
 
@@ -178,7 +178,7 @@ struct DeviceActivations {
 // The activations' dtype a GEMM with weights of `weights` reads: F16 for Q8 (I8) and Q4
 // (U8), whose blocks are dequantized to f16 for the tensor cores; the weights' own otherwise.
 inline DType gemm_input_dtype(DType weights) {
-    return weights == DType::I8 || weights == DType::U8 ? DType::F16 : weights;
+    return weights == DType::Q8_0 || weights == DType::Q4_0 ? DType::F16 : weights;
 }
 
 // Device memory where gemm and gemm_swiglu dequantize Q8/Q4 weights to f16 for the warpgroup

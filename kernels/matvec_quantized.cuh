@@ -19,7 +19,7 @@
 // kernel must stream weights at memory speed (on an H100 ~14 Q8 or ~28 Q4 weights per SM per
 // clock), and in f32 every weight costs a convert, an FMA and 4 bytes of shared memory, close
 // to the SM's limits; with dp4a one instruction multiplies four weights and the int8 input
-// costs 1 byte per weight. The f32 form was measured 1.1-1.5x slower (docs/BENCHMARKS.md).
+// costs 1 byte per weight. The f32 form was measured 1.1-1.5x slower (docs/benchmarks-history.md).
 //
 // - Staging (stage_quantized_input): the f32 input is staged (and normed) as matvec.cuh
 //   does, then quantized, each 8 lanes taking a block of 32 columns (a float4 each), into
@@ -145,8 +145,9 @@ __device__ __forceinline__ int vector_dot(const uint4& raw, const QuantizedInput
                                           int pitch);
 
 template <>
-__device__ __forceinline__ int vector_dot<DType::I8>(const uint4& raw, const QuantizedInput& input,
-                                                     int vector, int /*pitch: one plane*/) {
+__device__ __forceinline__ int vector_dot<DType::Q8_0>(const uint4& raw,
+                                                       const QuantizedInput& input, int vector,
+                                                       int /*pitch: one plane*/) {
     const int4 x = reinterpret_cast<const int4*>(input.values)[vector];
     int dot = __dp4a(int(raw.x), x.x, 0);
     dot = __dp4a(int(raw.y), x.y, dot);
@@ -155,9 +156,10 @@ __device__ __forceinline__ int vector_dot<DType::I8>(const uint4& raw, const Qua
 }
 
 template <>
-__device__ __forceinline__ int vector_dot<DType::U8>(const uint4& raw, const QuantizedInput& input,
-                                                     int vector, int pitch) {
-    using Format = QuantizedFormat<DType::U8>;
+__device__ __forceinline__ int vector_dot<DType::Q4_0>(const uint4& raw,
+                                                       const QuantizedInput& input, int vector,
+                                                       int pitch) {
+    using Format = QuantizedFormat<DType::Q4_0>;
     // Plane 0: columns 0..15 of the block (the low nibbles), plane 1: 16..31 (the high).
     const int4 low = reinterpret_cast<const int4*>(input.values)[vector];
     const int4 high = reinterpret_cast<const int4*>(input.values + pitch / 2)[vector];
@@ -560,8 +562,8 @@ void launch_quantized_matvec_swiglu(float* out, const DeviceMatrix& w1, const De
 }
 
 void prepare_quantized_matvec(size_t bytes) {
-    allow_quantized_shared_bytes<DType::I8>(bytes);
-    allow_quantized_shared_bytes<DType::U8>(bytes);
+    allow_quantized_shared_bytes<DType::Q8_0>(bytes);
+    allow_quantized_shared_bytes<DType::Q4_0>(bytes);
 }
 
 QuantizedLaunch quantized_launch(const DeviceMatrix& w, bool swiglu) {

@@ -97,7 +97,7 @@ def transformer_block():
     d, hidden = c["dim"], c["hidden_dim"]
     steps = [  # (kind, what, kernel, shape), top to bottom
         ("norm", "RMSNorm (attn_norm)", "cpu::rmsnorm", f"x [{d}] → xb [{d}]"),
-        ("matmul", "q, k, v = wq·xb, wk·xb, wv·xb", "cpu::matmul_many",
+        ("matmul", "q, k, v = wq·xb, wk·xb, wv·xb", "cpu::matvec_many",
          f"q [{q_dim}] = {c['heads']} heads × {c['head_dim']};  "
          f"k, v [{kv_dim}] = {c['kv_heads']} × {c['head_dim']}"),
         ("attention", "RoPE: rotate q and k by position", "cpu::rope",
@@ -106,13 +106,13 @@ def transformer_block():
          f"2 × [{kv_dim}] into [{c['context']}, {kv_dim}] per layer"),
         ("attention", "attention over positions 0..pos", "cpu::attention",
          f"scores [{c['heads']}, pos+1] → att [{q_dim}]"),
-        ("matmul", "proj = wo · att, then x += proj", "cpu::matmul",
+        ("matmul", "proj = wo · att, then x += proj", "cpu::matvec",
          f"[{d}, {q_dim}] · [{q_dim}] → [{d}]"),
         ("norm", "RMSNorm (ffn_norm)", "cpu::rmsnorm", f"x [{d}] → xb [{d}]"),
-        ("matmul", "gate = w1·xb, up = w3·xb", "cpu::matmul_many",
+        ("matmul", "gate = w1·xb, up = w3·xb", "cpu::matvec_many",
          f"[{hidden}, {d}] · [{d}] → [{hidden}] each"),
         ("norm", "SwiGLU: silu(gate) * up", "cpu::swiglu", f"[{hidden}]"),
-        ("matmul", "proj = w2 · gate, then x += proj", "cpu::matmul",
+        ("matmul", "proj = w2 · gate, then x += proj", "cpu::matvec",
          f"[{d}, {hidden}] · [{hidden}] → [{d}]"),
     ]
     box_x, box_width, box_height, gap, top = 110, 300, 44, 14, 96
@@ -232,7 +232,7 @@ def prefill_gemm():
     registers = row_tile * token_tile // lanes
     svg = Svg(980, 580, "The prefill GEMM tiling")
     svg.text(20, 30, "Prefill: out[token][row] = Σ W[row][col] · x[token][col] as tiles "
-             "(avx2::matmul_batch_rows)", size=16, weight="bold")
+             "(avx2::gemm_rows)", size=16, weight="bold")
     svg.text(20, 52, "sizes from the constants kRowBlock, kDepthBlock, kTokenTile, kRowTile "
              "and kLanes in src/cpu/", size=12, colour=MUTED)
     # W, with one panel highlighted.

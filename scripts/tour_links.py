@@ -3,14 +3,14 @@
 A code link is a markdown link whose text is one identifier in backticks, possibly
 qualified, and whose target is a source file relative to docs/, with a line anchor:
 
-    [`cpu::rope`](../src/cpu/kernels.cpp#L250)    [`CudaBackend::forward`](../kernels/forward.cu#L812)
+    [`cpu::rope`](../src/cpu/dispatch.cpp#L250)    [`CudaBackend::forward`](../kernels/forward.cu#L812)
 
 The file must exist and define the identifier: a function definition (a body follows the
 parameter list: a call, a declaration or a mention in a comment does not count), a
 class/struct/enum, a constant, or a member of the named class. Each qualifier must be a
 namespace opened in that file or a class/struct defined there (then the member must be
 defined inside it), unless the definition itself is written qualified (`void
-scalar::matmul_rows(...) {`). Python files: `def name` or `class name`.
+scalar::matvec_rows(...) {`). Python files: `def name` or `class name`.
 
 The anchor `#Lnn` is the line of that definition where the name is written (the first
 definition, when there are several). Line numbers move as the code changes:

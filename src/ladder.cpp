@@ -250,8 +250,8 @@ std::vector<Rung> ladder_rungs(int threads, int prompt_tokens) {
         {3, avx2_change, threads, avx2, DType::F32, false},
         {4, avx512_change, threads, best, DType::F32, false},
         {5, "+ f16 weights", threads, best, DType::F16, false},
-        {6, "+ q8 weights", threads, best, DType::I8, false},
-        {7, prefill_change, threads, best, DType::I8, true},
+        {6, "+ q8 weights", threads, best, DType::Q8_0, false},
+        {7, prefill_change, threads, best, DType::Q8_0, true},
     };
 }
 

@@ -30,14 +30,14 @@ const TensorView& checked_tensor(const SafetensorsFile& file, const std::string&
 // The dtype a matrix of `cols` columns is stored in when the file's weight_dtype reads as
 // `weights`: with Q4 (U8), a matrix whose columns are not whole blocks stays F16.
 DType stored_dtype(DType weights, int cols) {
-    return weights == DType::U8 && cols % kQ4Block != 0 ? DType::F16 : weights;
+    return weights == DType::Q4_0 && cols % kQ4Block != 0 ? DType::F16 : weights;
 }
 
 Matrix matrix(const SafetensorsFile& file, const std::string& name, int rows, int cols,
               DType weights) {
     const DType dtype = stored_dtype(weights, cols);
     Matrix m{nullptr, dtype, rows, cols, nullptr};
-    const int64_t stored_cols = dtype == DType::U8 ? cols / 2 : cols;
+    const int64_t stored_cols = dtype == DType::Q4_0 ? cols / 2 : cols;
     m.data = checked_tensor(file, name, {rows, stored_cols}, dtype).data;
     if (m.scale_count_per_row() > 0)
         m.scales = static_cast<const uint16_t*>(
@@ -55,8 +55,8 @@ DType weight_dtype(const Config& config, const std::string& path) {
     if (config.weight_dtype == "F32") return DType::F32;
     if (config.weight_dtype == "F16") return DType::F16;
     if (config.weight_dtype == "BF16") return DType::BF16;
-    if (config.weight_dtype == "Q8") return DType::I8;
-    if (config.weight_dtype == "Q4") return DType::U8;
+    if (config.weight_dtype == "Q8") return DType::Q8_0;
+    if (config.weight_dtype == "Q4") return DType::Q4_0;
     throw Error(path + ": weight_dtype " + quoted_excerpt(config.weight_dtype) +
                 " is not supported");
 }

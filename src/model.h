@@ -33,7 +33,7 @@ inline int q4_value(const uint8_t* row, int col) {
 // I8 with `scales` [rows, q8_groups()] (the Q8 format), or U8 with `scales` [rows,
 // q4_blocks()] (the Q4 format: cols / 2 bytes a row).
 // Whether a matrix of this type is stored as integers with scales (Q8 or Q4).
-inline bool is_quantized(DType dtype) { return dtype == DType::I8 || dtype == DType::U8; }
+inline bool is_quantized(DType dtype) { return dtype == DType::Q8_0 || dtype == DType::Q4_0; }
 
 struct Matrix {
     const void* data = nullptr;
@@ -49,10 +49,10 @@ struct Matrix {
     int q4_blocks() const { return cols / kQ4Block; }
     // Bytes of one row's values (scales aside).
     size_t row_bytes() const {
-        return dtype == DType::U8 ? size_t(cols) / 2 : size_t(cols) * dtype_size(dtype);
+        return dtype == DType::Q4_0 ? size_t(cols) / 2 : size_t(cols) * dtype_size(dtype);
     }
     int scale_count_per_row() const {
-        return dtype == DType::I8 ? q8_groups() : dtype == DType::U8 ? q4_blocks() : 0;
+        return dtype == DType::Q8_0 ? q8_groups() : dtype == DType::Q4_0 ? q4_blocks() : 0;
     }
     size_t bytes() const {
         return size_t(rows) * (row_bytes() + 2 * size_t(scale_count_per_row()));

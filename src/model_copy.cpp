@@ -30,14 +30,14 @@ void row_to_float(float* out, const Matrix& w, int row) {
             for (int i = 0; i < w.cols; ++i)
                 out[i] = bf16_to_float(static_cast<const uint16_t*>(w.data)[first + i]);
             return;
-        case DType::I8: {
+        case DType::Q8_0: {
             const int8_t* values = static_cast<const int8_t*>(w.data) + first;
             const uint16_t* scales = w.scales + size_t(row) * w.q8_groups();
             for (int i = 0; i < w.cols; ++i)
                 out[i] = values[i] * half_to_float(scales[i / kQ8Group]);
             return;
         }
-        case DType::U8: {
+        case DType::Q4_0: {
             const uint8_t* values = static_cast<const uint8_t*>(w.data) + row * w.row_bytes();
             const uint16_t* scales = w.scales + size_t(row) * w.q4_blocks();
             for (int i = 0; i < w.cols; ++i)
@@ -104,7 +104,7 @@ public:
         uint8_t* data = allocate(value_bytes);
         m.data = data;
         uint16_t* scales = nullptr;
-        if (dtype_ == DType::I8) {
+        if (dtype_ == DType::Q8_0) {
             scales = reinterpret_cast<uint16_t*>(allocate(size_t(m.rows) * m.q8_groups() * 2));
             m.scales = scales;
         }
@@ -129,9 +129,9 @@ public:
                         for (int i = 0; i < m.cols; ++i)
                             reinterpret_cast<uint16_t*>(data)[first + i] = float_to_bf16(row[i]);
                         break;
-                    case DType::U8:  // refused by copy_model
+                    case DType::Q4_0:  // refused by copy_model
                         break;
-                    case DType::I8:
+                    case DType::Q8_0:
                         if (!quantize_row_q8(reinterpret_cast<int8_t*>(data) + first,
                                              scales + size_t(r) * m.q8_groups(), row.data(),
                                              m.cols))
@@ -156,8 +156,8 @@ private:
 const char* weight_dtype_name(DType dtype) {
     // Q8 and Q4 matrices are I8 and U8 tensors plus scales; the other names are the tensor
     // dtypes'.
-    if (dtype == DType::I8) return "Q8";
-    if (dtype == DType::U8) return "Q4";
+    if (dtype == DType::Q8_0) return "Q8";
+    if (dtype == DType::Q4_0) return "Q4";
     return dtype_name(dtype);
 }
 
@@ -177,7 +177,7 @@ size_t model_copy_bytes(const Model& source, DType dtype) {
 
 std::unique_ptr<ModelCopy> copy_model(const Model& source, DType dtype) {
     const char* name = weight_dtype_name(dtype);
-    if (dtype == DType::U8)
+    if (dtype == DType::Q4_0)
         throw Error("in-memory Q4 copies are not supported: convert the model with --dtype q4");
     require_memory(model_copy_bytes(source, dtype),
                    std::string("an in-memory ") + name + " copy of the weights");

@@ -29,9 +29,9 @@ bool parse_dtype(const std::string& name, DType* dtype) {
     else if (name == "BF16")
         *dtype = DType::BF16;
     else if (name == "I8")
-        *dtype = DType::I8;
+        *dtype = DType::Q8_0;
     else if (name == "U8")
-        *dtype = DType::U8;
+        *dtype = DType::Q4_0;
     else
         return false;
     return true;
@@ -59,9 +59,9 @@ const char* dtype_name(DType dtype) {
             return "F16";
         case DType::BF16:
             return "BF16";
-        case DType::I8:
+        case DType::Q8_0:
             return "I8";
-        case DType::U8:
+        case DType::Q4_0:
             return "U8";
     }
     return "?";
@@ -74,8 +74,8 @@ size_t dtype_size(DType dtype) {
         case DType::F16:
         case DType::BF16:
             return 2;
-        case DType::I8:
-        case DType::U8:
+        case DType::Q8_0:
+        case DType::Q4_0:
             return 1;
     }
     return 0;

@@ -9,7 +9,11 @@
 
 namespace barellm {
 
-enum class DType { F32, F16, BF16, I8, U8 };
+// The tensor types barellm reads. The last two are the quantized weight formats
+// (docs/FORMAT.md), Q8_0 and Q4_0, stored as safetensors' I8 tensors (int8 values) and U8
+// tensors (two 4-bit values a byte), each with its f16 scales in a tensor of its own;
+// dtype_name gives the stored name.
+enum class DType { F32, F16, BF16, Q8_0, Q4_0 };
 
 const char* dtype_name(DType dtype);
 size_t dtype_size(DType dtype);

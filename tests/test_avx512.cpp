@@ -26,27 +26,27 @@ using namespace barellm::test;
 namespace {
 
 // The kernels under test, each a function of both builds.
-#define AVX512_KERNELS(X)          \
-    X(matmul_rows)                 \
-    X(matmul_rows_half_x)          \
-    X(matmul_rows_bf16_x)          \
-    X(round_to_bf16)               \
-    X(round_to_half)               \
-    X(matmul_rows_q8)              \
-    X(matmul_rows_q4)              \
-    X(swiglu)                      \
-    X(rmsnorm)                     \
-    X(dot_kv)                      \
-    X(add_scaled_kv)               \
-    X(softmax)                     \
-    X(attention_scratch_floats)    \
-    X(attention_rows)              \
-    X(quantize_token)              \
-    X(quantize_q8)                 \
-    X(matmul_batch_rows_quantized) \
-    X(matmul_batch_rows)           \
-    X(pack_token_pair_tile)        \
-    X(matmul_batch_rows_bf16)
+#define AVX512_KERNELS(X)       \
+    X(matvec_rows)              \
+    X(matvec_rows_half_x)       \
+    X(matvec_rows_bf16_x)       \
+    X(round_to_bf16)            \
+    X(round_to_half)            \
+    X(matvec_rows_q8)           \
+    X(matvec_rows_q4)           \
+    X(swiglu)                   \
+    X(rmsnorm)                  \
+    X(dot_kv)                   \
+    X(add_scaled_kv)            \
+    X(softmax)                  \
+    X(attention_scratch_floats) \
+    X(attention_rows)           \
+    X(quantize_token)           \
+    X(quantize_q8)              \
+    X(gemm_rows_quantized)      \
+    X(gemm_rows)                \
+    X(pack_token_pair_tile)     \
+    X(gemm_rows_bf16)
 
 // One build of the AVX-512 kernels.
 struct Avx512Build {
@@ -135,7 +135,7 @@ TEST_CASE("AVX-512 f32/f16/bf16 matvecs match a double-precision reference at ev
             // A run of rows not starting at row 0, as a thread's share is.
             const int first = 2, count = 6;
             std::vector<float> got(rows, NAN);
-            build.matmul_rows(got.data(), m.matrix, x.data(), first, count);
+            build.matvec_rows(got.data(), m.matrix, x.data(), first, count);
             INFO(build.name << " " << dtype_name(dtype) << " cols " << cols);
             CHECK(relative_error(row_range(got, first, count), row_range(want, first, count)) <
                   1e-6);
@@ -163,7 +163,7 @@ TEST_CASE("AVX-512 f16/bf16 matvecs against x rounded to f16 match their referen
             }
             const std::vector<double> want = reference_matvec(m, x_rounded);
             std::vector<float> got(rows, NAN);
-            build.matmul_rows_half_x(got.data(), m.matrix, half_x.data(), 1, rows - 1);
+            build.matvec_rows_half_x(got.data(), m.matrix, half_x.data(), 1, rows - 1);
             INFO(build.name << " " << dtype_name(dtype) << " cols " << cols);
             CHECK(relative_error(row_range(got, 1, rows - 1), row_range(want, 1, rows - 1)) < 1e-6);
             CHECK(std::isnan(got[0]));
@@ -188,7 +188,7 @@ TEST_CASE("AVX512_BF16 matvec against x rounded to bf16 matches its reference at
             }
             const std::vector<double> want = reference_matvec(m, want_x);
             std::vector<float> got(rows, NAN);
-            build.matmul_rows_bf16_x(got.data(), m.matrix, bf16_x.data(), 1, rows - 1);
+            build.matvec_rows_bf16_x(got.data(), m.matrix, bf16_x.data(), 1, rows - 1);
             INFO(build.name << " cols " << cols);
             CHECK(relative_error(row_range(got, 1, rows - 1), row_range(want, 1, rows - 1)) < 1e-6);
             CHECK(std::isnan(got[0]));
@@ -211,13 +211,13 @@ TEST_CASE("AVX-512 rounding of x to f16 refuses values f16 cannot hold") {
 
 TEST_CASE("AVX-512 VNNI Q8 and Q4 matvecs equal the integer dot products of quantized x") {
     std::mt19937 rng(513);
-    const auto dtype = GENERATE(DType::I8, DType::U8);
+    const auto dtype = GENERATE(DType::Q8_0, DType::Q4_0);
     for (const Avx512Build& build : builds()) {
         if (!build.has_vnni) continue;
         // Q8: any width (a short last group); Q4: whole blocks of 32. Odd and even group
         // counts: a tile's blocks hold two groups, the last one maybe only one.
         const std::vector<int> widths =
-            dtype == DType::I8
+            dtype == DType::Q8_0
                 ? std::vector<int>{1, 5, 31, 32, 33, 63, 64, 65, 100, 511, 512, 513, 600, 1100}
                 : std::vector<int>{32, 64, 96, 160, 512, 544, 608, 1056};
         for (int cols : widths) {
@@ -232,7 +232,7 @@ TEST_CASE("AVX-512 VNNI Q8 and Q4 matvecs equal the integer dot products of quan
             const std::vector<double> want = reference_matvec(m, quantized_like_the_kernel(x));
             for (auto [first, count] : {std::pair{1, rows - 2}, {17, 3}, {5, 11}}) {
                 std::vector<float> got(rows, NAN);
-                (dtype == DType::I8 ? build.matmul_rows_q8 : build.matmul_rows_q4)(
+                (dtype == DType::Q8_0 ? build.matvec_rows_q8 : build.matvec_rows_q4)(
                     got.data(), m.matrix, quantized, first, count);
                 INFO(build.name << " " << dtype_name(dtype) << " cols " << cols << " rows " << first
                                 << ".." << first + count - 1);
@@ -457,13 +457,13 @@ TEST_CASE("AVX-512 quantize_q8 equals the scalar quantize_q8 at every tail") {
 
 TEST_CASE("AVX-512 VNNI Q8 and Q4 prefill GEMM matches a reference on quantized x") {
     std::mt19937 rng(515);
-    const auto dtype = GENERATE(DType::I8, DType::U8);
+    const auto dtype = GENERATE(DType::Q8_0, DType::Q4_0);
     for (const Avx512Build& build : builds()) {
         if (!build.has_vnni) continue;
         // Q8: short last groups; Q4: whole blocks. Rows are not multiples of the 32-row
         // tile, batches not multiples of the 6-token tile.
-        const std::vector<int> widths =
-            dtype == DType::I8 ? std::vector<int>{5, 33, 100, 600} : std::vector<int>{32, 96, 608};
+        const std::vector<int> widths = dtype == DType::Q8_0 ? std::vector<int>{5, 33, 100, 600}
+                                                             : std::vector<int>{32, 96, 608};
         for (int batch : {1, 3, 17, 70})
             for (int cols : widths) {
                 const int rows = 75;
@@ -479,7 +479,7 @@ TEST_CASE("AVX-512 VNNI Q8 and Q4 prefill GEMM matches a reference on quantized 
                 // A run of rows not starting at row 0 (a thread's share), over two tiles.
                 const int first = 3, count = rows - 5;
                 std::vector<float> got(size_t(batch) * rows, NAN);
-                build.matmul_batch_rows_quantized(got.data(), m.matrix, quantized, first, count);
+                build.gemm_rows_quantized(got.data(), m.matrix, quantized, first, count);
                 INFO(build.name << " " << dtype_name(dtype) << " batch " << batch << " cols "
                                 << cols);
                 for (int b = 0; b < batch; ++b) {
@@ -496,20 +496,20 @@ TEST_CASE("AVX-512 VNNI Q8 and Q4 prefill GEMM matches a reference on quantized 
 TEST_CASE("AVX-512 VNNI prefill GEMM of several Q8 and Q4 matrices on several threads") {
     if (cpu::detect_simd_level() < cpu::SimdLevel::Avx512 || !cpu::cpu_has_avx512_vnni()) return;
     std::mt19937 rng(516);
-    const auto dtype = GENERATE(DType::I8, DType::U8);
+    const auto dtype = GENERATE(DType::Q8_0, DType::Q4_0);
     const int threads = GENERATE(2, 3);
     const int saved_threads = omp_get_max_threads();
     omp_set_num_threads(threads);
     cpu::set_simd_level(cpu::SimdLevel::Avx512);
     // Enough rows for every thread; row counts off the 32-row tile, so that the runs the
     // threads claim straddle the boundary between the matrices.
-    const int batch = 23, cols = dtype == DType::I8 ? 330 : 320;
+    const int batch = 23, cols = dtype == DType::Q8_0 ? 330 : 320;
     const TestMatrix first = make_matrix(301, cols, dtype, rng);
     const TestMatrix second = make_matrix(45, cols, dtype, rng);
     const std::vector<float> x = random_floats(size_t(batch) * cols, rng);
     std::vector<float> got_first(size_t(batch) * 301, NAN), got_second(size_t(batch) * 45, NAN);
-    cpu::matmul_batch_many(
-        x.data(), batch, {{got_first.data(), &first.matrix}, {got_second.data(), &second.matrix}});
+    cpu::gemm_many(x.data(), batch,
+                   {{got_first.data(), &first.matrix}, {got_second.data(), &second.matrix}});
     cpu::set_simd_level(cpu::detect_simd_level());
     omp_set_num_threads(saved_threads);
     const std::vector<float> x_quantized = rows_quantized_like_the_kernel(x, cols);
@@ -535,7 +535,7 @@ TEST_CASE("AVX-512 f32/f16/bf16 prefill GEMM matches a double-precision referenc
                 const std::vector<float> tiles = token_tiles(x, batch, cols);
                 const int first = 1, count = rows - 2;
                 std::vector<float> got(size_t(batch) * rows, NAN);
-                build.matmul_batch_rows(got.data(), m.matrix, tiles.data(), batch, first, count);
+                build.gemm_rows(got.data(), m.matrix, tiles.data(), batch, first, count);
                 INFO(build.name << " " << dtype_name(dtype) << " batch " << batch << " " << rows
                                 << "x" << cols);
                 CHECK(relative_error(gemm_rows(got, rows, first, count),
@@ -560,8 +560,7 @@ TEST_CASE("AVX512_BF16 prefill GEMM matches a double-precision reference on x ro
                     build.pack_token_pair_tile(pair_tiles.data(), x.data(), cols, batch, tile);
                 const int first = 1, count = rows - 2;
                 std::vector<float> got(size_t(batch) * rows, NAN);
-                build.matmul_batch_rows_bf16(got.data(), m.matrix, pair_tiles.data(), batch, first,
-                                             count);
+                build.gemm_rows_bf16(got.data(), m.matrix, pair_tiles.data(), batch, first, count);
                 INFO(build.name << " batch " << batch << " " << rows << "x" << cols);
                 CHECK(relative_error(gemm_rows(got, rows, first, count),
                                      gemm_rows(reference_gemm(m, rounded_to_bf16(x), batch), rows,

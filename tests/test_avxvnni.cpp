@@ -25,13 +25,13 @@ namespace {
 struct AvxVnniBuild {
     std::string name;
     decltype(&cpu::avxvnni::quantize_token) quantize_token;
-    decltype(&cpu::avxvnni::matmul_batch_rows_quantized) matmul_batch_rows_quantized;
+    decltype(&cpu::avxvnni::gemm_rows_quantized) gemm_rows_quantized;
 };
 
 // SIMDe's always; the native one where this CPU has AVX-VNNI (printed once).
 std::vector<AvxVnniBuild> builds() {
-    std::vector<AvxVnniBuild> list = {{"simde", cpu::avxvnni_simde::quantize_token,
-                                       cpu::avxvnni_simde::matmul_batch_rows_quantized}};
+    std::vector<AvxVnniBuild> list = {
+        {"simde", cpu::avxvnni_simde::quantize_token, cpu::avxvnni_simde::gemm_rows_quantized}};
     const bool native = cpu::cpu_has_avx_vnni();
     static bool said = false;
     if (!said) {
@@ -40,8 +40,7 @@ std::vector<AvxVnniBuild> builds() {
         said = true;
     }
     if (native)
-        list.push_back(
-            {"native", cpu::avxvnni::quantize_token, cpu::avxvnni::matmul_batch_rows_quantized});
+        list.push_back({"native", cpu::avxvnni::quantize_token, cpu::avxvnni::gemm_rows_quantized});
     return list;
 }
 
@@ -58,12 +57,12 @@ TEST_CASE("AVX-VNNI quantize_token quantizes each token exactly as quantize_q8")
 
 TEST_CASE("AVX-VNNI Q8 and Q4 prefill GEMM matches a reference on quantized x") {
     std::mt19937 rng(615);
-    const auto dtype = GENERATE(DType::I8, DType::U8);
+    const auto dtype = GENERATE(DType::Q8_0, DType::Q4_0);
     for (const AvxVnniBuild& build : builds()) {
         // Q8: short last groups; Q4: whole blocks. Rows are not multiples of the 16-row
         // panel, batches not multiples of the 3-token tile.
-        const std::vector<int> widths =
-            dtype == DType::I8 ? std::vector<int>{5, 33, 100, 600} : std::vector<int>{32, 96, 608};
+        const std::vector<int> widths = dtype == DType::Q8_0 ? std::vector<int>{5, 33, 100, 600}
+                                                             : std::vector<int>{32, 96, 608};
         for (int batch : {1, 2, 4, 17, 70})
             for (int cols : widths) {
                 const int rows = 43;
@@ -82,8 +81,7 @@ TEST_CASE("AVX-VNNI Q8 and Q4 prefill GEMM matches a reference on quantized x") 
                 // and the whole matrix, whose last panel runs past its rows.
                 for (auto [first, count] : {std::pair{3, rows - 8}, {0, rows}}) {
                     std::vector<float> got(size_t(batch) * rows, NAN);
-                    build.matmul_batch_rows_quantized(got.data(), m.matrix, quantized, first,
-                                                      count);
+                    build.gemm_rows_quantized(got.data(), m.matrix, quantized, first, count);
                     for (int b = 0; b < batch; ++b) {
                         const int row0 = b * rows;
                         CHECK(relative_error(row_range(got, row0 + first, count),

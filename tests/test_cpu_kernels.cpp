@@ -21,7 +21,7 @@ namespace {
 // integer GEMMs of Q8 and Q4 weights: AVX-512 VNNI, and AVX-VNNI at the AVX2 level): the
 // references then use x quantized the same way.
 bool gemm_quantizes_x(DType dtype, cpu::SimdLevel level) {
-    return (dtype == DType::I8 || dtype == DType::U8) &&
+    return (dtype == DType::Q8_0 || dtype == DType::Q4_0) &&
            ((level == cpu::SimdLevel::Avx512 && cpu::cpu_has_avx512_vnni()) ||
             (level == cpu::SimdLevel::Avx2 && cpu::cpu_has_avx_vnni()));
 }
@@ -79,9 +79,9 @@ TEST_CASE("quantize_q8: scale max|x| / 127, values rounded half away from zero (
     }
 }
 
-TEST_CASE("matmul matches a double-precision reference for every dtype and SIMD level") {
+TEST_CASE("matvec matches a double-precision reference for every dtype and SIMD level") {
     std::mt19937 rng(1234);
-    const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::I8);
+    const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::Q8_0);
     const auto level =
         GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
     if (level > cpu::detect_simd_level()) {
@@ -94,7 +94,7 @@ TEST_CASE("matmul matches a double-precision reference for every dtype and SIMD 
         const std::vector<float> x = random_floats(cols, rng);
         // The SIMD Q8 kernels quantize x too (integer dot products): so does the reference.
         std::vector<float> x_used = x;
-        if (dtype == DType::I8 && level >= cpu::SimdLevel::Avx2)
+        if (dtype == DType::Q8_0 && level >= cpu::SimdLevel::Avx2)
             x_used = quantized_like_the_kernel(x);
         // The AVX-512 f16 and bf16 matvecs read x rounded to f16, or to bf16 for bf16 weights
         // where they multiply with vdpbf16ps.
@@ -109,7 +109,7 @@ TEST_CASE("matmul matches a double-precision reference for every dtype and SIMD 
                 want[r] += double(m.values[size_t(r) * cols + c]) * x_used[c];
         std::vector<float> got(rows, NAN);
         cpu::set_simd_level(level);
-        cpu::matmul(got.data(), x.data(), m.matrix);
+        cpu::matvec(got.data(), x.data(), m.matrix);
         cpu::set_simd_level(cpu::detect_simd_level());
         INFO(dtype_name(dtype) << " " << cpu::simd_level_name(level) << " " << rows << "x" << cols);
         CHECK(relative_error(got, want) < 1e-5);
@@ -292,9 +292,9 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
     }
 }
 
-TEST_CASE("batched matmul (prefill GEMM) matches a double-precision reference") {
+TEST_CASE("gemm (the prefill product) matches a double-precision reference") {
     std::mt19937 rng(2024);
-    const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::I8);
+    const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::Q8_0);
     const auto level =
         GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
     if (level > cpu::detect_simd_level()) return;
@@ -322,7 +322,7 @@ TEST_CASE("batched matmul (prefill GEMM) matches a double-precision reference") 
         const std::vector<double> want = reference_gemm(m, x_used, batch);
         std::vector<float> got(size_t(batch) * rows, NAN);
         cpu::set_simd_level(level);
-        cpu::matmul_batch(got.data(), x.data(), batch, m.matrix);
+        cpu::gemm(got.data(), x.data(), batch, m.matrix);
         cpu::set_simd_level(cpu::detect_simd_level());
         INFO(dtype_name(dtype) << " " << cpu::simd_level_name(level) << " batch " << batch << " "
                                << rows << "x" << cols);
@@ -332,7 +332,7 @@ TEST_CASE("batched matmul (prefill GEMM) matches a double-precision reference") 
 
 TEST_CASE("several GEMMs of one input each match their own reference") {
     std::mt19937 rng(77);
-    const auto dtype = GENERATE(DType::F16, DType::I8);
+    const auto dtype = GENERATE(DType::F16, DType::Q8_0);
     const auto level =
         GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
     if (level > cpu::detect_simd_level()) return;
@@ -347,10 +347,10 @@ TEST_CASE("several GEMMs of one input each match their own reference") {
     std::vector<std::vector<float>> got;
     for (int rows : row_counts) got.emplace_back(size_t(batch) * rows, NAN);
     cpu::set_simd_level(level);
-    cpu::matmul_batch_many(x.data(), batch,
-                           {{got[0].data(), &matrices[0].matrix},
-                            {got[1].data(), &matrices[1].matrix},
-                            {got[2].data(), &matrices[2].matrix}});
+    cpu::gemm_many(x.data(), batch,
+                   {{got[0].data(), &matrices[0].matrix},
+                    {got[1].data(), &matrices[1].matrix},
+                    {got[2].data(), &matrices[2].matrix}});
     cpu::set_simd_level(cpu::detect_simd_level());
     const std::vector<float> x_used =
         gemm_quantizes_x(dtype, level) ? rows_quantized_like_the_kernel(x, cols) : x;
@@ -367,14 +367,14 @@ TEST_CASE("several GEMMs of one input each match their own reference") {
     }
     const TestMatrix narrow = make_matrix(4, cols - 1, dtype, rng);
     std::vector<float> narrow_out(size_t(batch) * 4);
-    CHECK_THROWS_WITH(cpu::matmul_batch_many(x.data(), batch,
-                                             {{got[0].data(), &matrices[0].matrix},
-                                              {narrow_out.data(), &narrow.matrix}}),
-                      Catch::Contains("different widths"));
+    CHECK_THROWS_WITH(
+        cpu::gemm_many(x.data(), batch,
+                       {{got[0].data(), &matrices[0].matrix}, {narrow_out.data(), &narrow.matrix}}),
+        Catch::Contains("different widths"));
 }
 
 TEST_CASE(
-    "Q4 matmul and prefill GEMM match a double-precision reference at several thread "
+    "Q4 matvec and prefill GEMM match a double-precision reference at several thread "
     "counts") {
     std::mt19937 rng(404);
     const auto level =
@@ -393,7 +393,7 @@ TEST_CASE(
                                      {70, 101, 608},
                                      {37, 203, 544},
                                      {9, 389, 736}}) {
-        TestMatrix m = make_matrix(rows, cols, DType::U8, rng);
+        TestMatrix m = make_matrix(rows, cols, DType::Q4_0, rng);
         const std::vector<float> x = random_floats(size_t(batch) * cols, rng);
         INFO(cpu::simd_level_name(level)
              << " " << threads << " threads, batch " << batch << " " << rows << "x" << cols);
@@ -406,26 +406,26 @@ TEST_CASE(
             for (int c = 0; c < cols; ++c)
                 want[r] += double(m.values[size_t(r) * cols + c]) * x_used[c];
         std::vector<float> got(rows, NAN);
-        cpu::matmul(got.data(), x0.data(), m.matrix);
+        cpu::matvec(got.data(), x0.data(), m.matrix);
         CHECK(relative_error(got, want) < 1e-5);
         // Prefill, the whole batch.
         const std::vector<float> batch_x_used =
-            gemm_quantizes_x(DType::U8, level) ? rows_quantized_like_the_kernel(x, cols) : x;
+            gemm_quantizes_x(DType::Q4_0, level) ? rows_quantized_like_the_kernel(x, cols) : x;
         const std::vector<double> batch_want = reference_gemm(m, batch_x_used, batch);
         std::vector<float> batch_got(size_t(batch) * rows, NAN);
-        cpu::matmul_batch(batch_got.data(), x.data(), batch, m.matrix);
+        cpu::gemm(batch_got.data(), x.data(), batch, m.matrix);
         CHECK(relative_error(batch_got, batch_want) < 1e-5);
     }
     cpu::set_simd_level(cpu::detect_simd_level());
     omp_set_num_threads(saved_threads);
 }
 
-TEST_CASE("Q4 and Q8 matvecs in one matmul_many call each match their own reference") {
+TEST_CASE("Q4 and Q8 matvecs in one matvec_many call each match their own reference") {
     std::mt19937 rng(405);
     if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
     const int cols = 224;
-    TestMatrix q4 = make_matrix(53, cols, DType::U8, rng);
-    TestMatrix q8 = make_matrix(29, cols, DType::I8, rng);
+    TestMatrix q4 = make_matrix(53, cols, DType::Q4_0, rng);
+    TestMatrix q8 = make_matrix(29, cols, DType::Q8_0, rng);
     TestMatrix f16 = make_matrix(31, cols, DType::F16, rng);
     const std::vector<float> x = random_floats(cols, rng);
     const std::vector<float> x_quantized = quantized_like_the_kernel(x);
@@ -434,7 +434,7 @@ TEST_CASE("Q4 and Q8 matvecs in one matmul_many call each match their own refere
     if (cpu::simd_level() == cpu::SimdLevel::Avx512)
         for (float& value : x_for_f16) value = half_to_float(float_to_half(value));
     std::vector<float> got_q4(53, NAN), got_q8(29, NAN), got_f16(31, NAN);
-    cpu::matmul_many({{got_q4.data(), x.data(), &q4.matrix},
+    cpu::matvec_many({{got_q4.data(), x.data(), &q4.matrix},
                       {got_q8.data(), x.data(), &q8.matrix},
                       {got_f16.data(), x.data(), &f16.matrix}});
     const std::pair<TestMatrix*, std::vector<float>*> cases[] = {
@@ -459,18 +459,18 @@ TEST_CASE("Q4 nibbles: byte j of a block holds column j low and column j + 16 hi
         CHECK(q4_value(block, col) == (col < 16 ? col : 15 - (col - 16)) - 8);
     // One row of that block with scale 0.5: the matvec against x = 1 sums it.
     const uint16_t scale = float_to_half(0.5f);
-    const Matrix w{block, DType::U8, 1, 32, &scale};
+    const Matrix w{block, DType::Q4_0, 1, 32, &scale};
     const std::vector<float> ones(32, 1.0f);
     float out = NAN;
     for (auto level : {cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512}) {
         if (level > cpu::detect_simd_level()) continue;
         cpu::set_simd_level(level);
-        cpu::matmul(&out, ones.data(), w);
+        cpu::matvec(&out, ones.data(), w);
         // 0.5 × Σ (q - 8) over both halves = 0.5 × 2 × Σ_{k=0..15} (k - 8) = 120 - 128.
         CHECK(out == -8.0f);
         float batch_out[2] = {NAN, NAN};
         const std::vector<float> two_tokens(64, 1.0f);
-        cpu::matmul_batch(batch_out, two_tokens.data(), 2, w);
+        cpu::gemm(batch_out, two_tokens.data(), 2, w);
         CHECK(batch_out[0] == -8.0f);
         CHECK(batch_out[1] == -8.0f);
     }
@@ -481,7 +481,7 @@ TEST_CASE("matvecs split across threads equal their reference at every level and
     // Large enough that threads_for gives each of 3 threads rows (the buffers each call
     // prepares, such as x rounded or quantized, are then read by other threads).
     std::mt19937 rng(611);
-    const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8);
+    const auto dtype = GENERATE(DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0);
     const auto level =
         GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
     if (level > cpu::detect_simd_level()) return;
@@ -489,7 +489,7 @@ TEST_CASE("matvecs split across threads equal their reference at every level and
     const TestMatrix m = make_matrix(rows, cols, dtype, rng);
     const std::vector<float> x = random_floats(cols, rng);
     std::vector<float> x_used = x;
-    if ((dtype == DType::I8 || dtype == DType::U8) && level >= cpu::SimdLevel::Avx2)
+    if ((dtype == DType::Q8_0 || dtype == DType::Q4_0) && level >= cpu::SimdLevel::Avx2)
         x_used = quantized_like_the_kernel(x);
     else if (dtype == DType::BF16 && level == cpu::SimdLevel::Avx512 &&
              cpu::cpu_prefers_bf16_dot_products())
@@ -505,7 +505,7 @@ TEST_CASE("matvecs split across threads equal their reference at every level and
     REQUIRE(cpu::threads_for(size_t(rows) * cols) == 3);
     cpu::set_simd_level(level);
     std::vector<float> got(rows, NAN);
-    cpu::matmul(got.data(), x.data(), m.matrix);
+    cpu::matvec(got.data(), x.data(), m.matrix);
     cpu::set_simd_level(cpu::detect_simd_level());
     omp_set_num_threads(saved_threads);
     INFO(dtype_name(dtype) << " " << cpu::simd_level_name(level));

@@ -196,17 +196,17 @@ struct QuantizedMatrix {
           rows(rows_),
           cols(cols_),
           pitch(padded_cols(cols_, dtype_)),
-          values(size_t(rows_) * (dtype_ == DType::U8 ? pitch / 2 : pitch), 0),
+          values(size_t(rows_) * (dtype_ == DType::Q4_0 ? pitch / 2 : pitch), 0),
           scales(size_t(rows_) * (pitch / kQuantizedBlock)),
           weights(size_t(rows_) * cols_) {
         std::uniform_real_distribution<float> scale_dist(0.002f, 0.03f);
         for (uint16_t& s : scales) s = float_to_half(scale_dist(rng));
-        const size_t row_bytes = dtype == DType::U8 ? size_t(pitch) / 2 : size_t(pitch);
+        const size_t row_bytes = dtype == DType::Q4_0 ? size_t(pitch) / 2 : size_t(pitch);
         for (int r = 0; r < rows; ++r) {
             uint8_t* row = values.data() + size_t(r) * row_bytes;
             for (int c = 0; c < cols; ++c) {
                 int& w = weights[size_t(r) * cols + c];
-                if (dtype == DType::I8) {
+                if (dtype == DType::Q8_0) {
                     do w = int(rng() % 255) - 127;
                     while (w == 0);
                     row[c] = uint8_t(int8_t(w));
@@ -232,9 +232,9 @@ TEST_CASE("emulated quantized embedding is the integer weight times its block's 
           "[cuda_emulation][decode]") {
     std::mt19937 rng(12);
     constexpr int kVocab = 7;
-    for (const DType dtype : {DType::I8, DType::U8})
+    for (const DType dtype : {DType::Q8_0, DType::Q4_0})
         for (const int cols : {45, 96, 172, 64}) {
-            if (dtype == DType::U8 && cols % kQ4Block != 0) continue;
+            if (dtype == DType::Q4_0 && cols % kQ4Block != 0) continue;
             const QuantizedMatrix table(dtype, kVocab, cols, rng);
             const int step[2] = {int(rng() % kVocab), 0};
             std::vector<float> x = nan_floats(size_t(cols));
@@ -443,12 +443,12 @@ TEST_CASE("matvec takes one wave only where a block per row set would exceed it"
 
 TEST_CASE("emulated Q8 matvecs match references", "[cuda_emulation][decode]") {
     std::mt19937 rng(14);
-    check_quantized_matvecs<DType::I8>({96, 160, 45, 172}, rng);
+    check_quantized_matvecs<DType::Q8_0>({96, 160, 45, 172}, rng);
 }
 
 TEST_CASE("emulated Q4 matvecs match references", "[cuda_emulation][decode]") {
     std::mt19937 rng(15);
-    check_quantized_matvecs<DType::U8>({32, 96, 160}, rng);
+    check_quantized_matvecs<DType::Q4_0>({32, 96, 160}, rng);
 }
 
 // ---- RoPE with the KV-cache write (rope.cuh)

@@ -129,8 +129,8 @@ TEST_CASE("gemm's tile rule picks the tiles the H100 measurements favour",
     CHECK(h100(DType::BF16, 512, 14336) == GemmTiles::kWide);
     CHECK(h100(DType::F16, 512, 4096) == GemmTiles::kLarge);
     // Q8/Q4 weights have no wide tiles.
-    CHECK(h100(DType::U8, 512, 14336) == GemmTiles::kLarge);
-    CHECK(h100(DType::I8, 512, 6144) == GemmTiles::kLarge);
+    CHECK(h100(DType::Q4_0, 512, 14336) == GemmTiles::kLarge);
+    CHECK(h100(DType::Q8_0, 512, 6144) == GemmTiles::kLarge);
     // Few tokens: the small-batch tiles; a grid too small for the large tiles: the medium.
     CHECK(h100(DType::F16, 64, 14336) == GemmTiles::kSmallBatch);
     CHECK(h100(DType::F16, 65, 1024) == GemmTiles::kMedium);
@@ -151,16 +151,16 @@ TEST_CASE("gemm's tile rule picks the tiles the H100 measurements favour",
     CHECK(h100(DType::F16, 256, 6144, kFills) != GemmTiles::kWarpgroup);
     CHECK(h100(DType::F16, 257, 6144, kFills) == GemmTiles::kWarpgroup);
     CHECK(h100(DType::F16, 64, 14336, kFills) == GemmTiles::kSmallBatch);
-    CHECK(h100(DType::U8, 512, 14336, kFills) == GemmTiles::kWarpgroup);
-    CHECK(h100(DType::I8, 257, 6144, kFills) == GemmTiles::kWarpgroup);
-    CHECK(h100(DType::I8, 100, 6144, kFills) == GemmTiles::kMedium);
-    CHECK(h100(DType::U8, 64, 14336, kFills) == GemmTiles::kSmallBatch);
+    CHECK(h100(DType::Q4_0, 512, 14336, kFills) == GemmTiles::kWarpgroup);
+    CHECK(h100(DType::Q8_0, 257, 6144, kFills) == GemmTiles::kWarpgroup);
+    CHECK(h100(DType::Q8_0, 100, 6144, kFills) == GemmTiles::kMedium);
+    CHECK(h100(DType::Q4_0, 64, 14336, kFills) == GemmTiles::kSmallBatch);
     CHECK(h100(DType::F32, 512, 4096, kFills) == GemmTiles::kSimt);
     // BARELLM_CUDA_WGMMA=always: whatever the grid, past the small batches.
     CHECK(h100(DType::F16, 100, 6144, kAlways) == GemmTiles::kWarpgroup);
     CHECK(h100(DType::BF16, 65, 64, kAlways) == GemmTiles::kWarpgroup);
     CHECK(h100(DType::F16, 64, 6144, kAlways) == GemmTiles::kSmallBatch);
-    CHECK(h100(DType::U8, 100, 6144, kAlways) == GemmTiles::kWarpgroup);
+    CHECK(h100(DType::Q4_0, 100, 6144, kAlways) == GemmTiles::kWarpgroup);
 }
 
 TEST_CASE("the warpgroup GEMM leaves its clusters where their waves take longer",

@@ -47,7 +47,7 @@ struct QuantizedRows {
             for (int c = 0; c < cols; ++c) {
                 const float s = half_to_float(scales()[size_t(r) * blocks() + c / kQuantizedBlock]);
                 int q;
-                if (dtype == DType::I8) {
+                if (dtype == DType::Q8_0) {
                     q = q8(rng);
                     row[c] = uint8_t(int8_t(q));
                 } else {  // byte j of a block: column j in the low nibble, j + 16 in the high
@@ -62,7 +62,7 @@ struct QuantizedRows {
         }
     }
     int blocks() const { return pitch / kQuantizedBlock; }
-    size_t row_bytes() const { return dtype == DType::U8 ? size_t(pitch) / 2 : size_t(pitch); }
+    size_t row_bytes() const { return dtype == DType::Q4_0 ? size_t(pitch) / 2 : size_t(pitch); }
     uint16_t* scales() {
         return reinterpret_cast<uint16_t*>(bytes.data() + size_t(rows) * row_bytes());
     }
@@ -110,7 +110,8 @@ void launch_emulated_gemm(GemmTiles tiles, float* out, int out_pitch, QuantizedR
 
 template <DType W>
 void check_gemm(GemmTiles tiles, GemmCase c, std::mt19937& rng) {
-    if (W == DType::U8) c.cols = (c.cols + kQuantizedBlock - 1) / kQuantizedBlock * kQuantizedBlock;
+    if (W == DType::Q4_0)
+        c.cols = (c.cols + kQuantizedBlock - 1) / kQuantizedBlock * kQuantizedBlock;
     INFO(dtype_name(W) << " tiles " << int(tiles) << ": " << c.tokens << " tokens, " << c.rows
                        << " rows, " << c.cols << " cols, bias " << c.bias << ", accumulate "
                        << c.accumulate);
@@ -126,7 +127,7 @@ void check_gemm(GemmTiles tiles, GemmCase c, std::mt19937& rng) {
 // (exact: q * scale in f32).
 template <DType W>
 void check_embedding_rows(std::mt19937& rng) {
-    const int cols = W == DType::U8 ? 96 : 83, vocab = 37, count = 5;
+    const int cols = W == DType::Q4_0 ? 96 : 83, vocab = 37, count = 5;
     QuantizedRows table(vocab, cols, W, rng);
     const int tokens[count] = {0, 36, 5, 5, 17};
     std::vector<float> x(size_t(count) * cols, kUntouched);
@@ -139,8 +140,8 @@ void check_embedding_rows(std::mt19937& rng) {
             const uint8_t* row = table.bytes.data() + size_t(tokens[t]) * table.row_bytes();
             const int within = c % kQuantizedBlock, half = kQuantizedBlock / 2;
             const uint8_t byte = row[c / kQuantizedBlock * half + within % half];
-            const int q = W == DType::I8 ? int(int8_t(row[c]))
-                                         : (within < half ? byte & 0xf : byte >> 4) - kQ4Offset;
+            const int q = W == DType::Q8_0 ? int(int8_t(row[c]))
+                                           : (within < half ? byte & 0xf : byte >> 4) - kQ4Offset;
             const float scale = half_to_float(
                 table.scales()[size_t(tokens[t]) * table.blocks() + c / kQuantizedBlock]);
             INFO(dtype_name(W) << " token " << tokens[t] << " column " << c);
@@ -183,8 +184,8 @@ TEST_CASE("emulated dequantize_rows_kernel gives the f16 of every decoded weight
     std::mt19937 rng(2028);
     // Q8: columns not a multiple of 8 (f16 padding inside a block) or of 32; Q4: whole blocks.
     for (const int rows : {1, 5, 37}) {
-        for (const int cols : {8, 75, 261}) check_dequantize_rows<DType::I8>(rows, cols, rng);
-        for (const int cols : {32, 96, 288}) check_dequantize_rows<DType::U8>(rows, cols, rng);
+        for (const int cols : {8, 75, 261}) check_dequantize_rows<DType::Q8_0>(rows, cols, rng);
+        for (const int cols : {32, 96, 288}) check_dequantize_rows<DType::Q4_0>(rows, cols, rng);
     }
 }
 
@@ -192,13 +193,13 @@ TEST_CASE("emulated Q8/Q4 tensor-core gemm matches a double reference", "[cuda_e
     std::mt19937 rng(2026);
     for (const GemmTiles tiles : {GemmTiles::kSmallBatch, GemmTiles::kMedium, GemmTiles::kLarge})
         for (const GemmCase& c : kCases) {
-            check_gemm<DType::I8>(tiles, c, rng);
-            check_gemm<DType::U8>(tiles, c, rng);
+            check_gemm<DType::Q8_0>(tiles, c, rng);
+            check_gemm<DType::Q4_0>(tiles, c, rng);
         }
 }
 
 TEST_CASE("emulated Q8/Q4 embedding rows match the decoded table", "[cuda_emulation][prefill]") {
     std::mt19937 rng(2027);
-    check_embedding_rows<DType::I8>(rng);
-    check_embedding_rows<DType::U8>(rng);
+    check_embedding_rows<DType::Q8_0>(rng);
+    check_embedding_rows<DType::Q4_0>(rng);
 }

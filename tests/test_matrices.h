@@ -87,7 +87,7 @@ inline void quantize_q4_row(const float* values, int cols, uint8_t* packed, uint
 inline TestMatrix make_matrix(int rows, int cols, DType dtype, std::mt19937& rng) {
     TestMatrix m;
     m.values = random_floats(size_t(rows) * cols, rng);
-    if (dtype == DType::U8) {
+    if (dtype == DType::Q4_0) {
         const int blocks = cols / 32;
         m.storage.resize(size_t(rows) * cols / 2);
         m.scales.resize(size_t(rows) * blocks);
@@ -99,7 +99,7 @@ inline TestMatrix make_matrix(int rows, int cols, DType dtype, std::mt19937& rng
         return m;
     }
     m.storage.resize(m.values.size() * dtype_size(dtype));
-    if (dtype == DType::I8) {
+    if (dtype == DType::Q8_0) {
         const int groups = (cols + 31) / 32;
         m.scales.resize(size_t(rows) * groups);
         std::vector<float> scales(groups);

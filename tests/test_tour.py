@@ -4,9 +4,9 @@ points, on the line its anchor gives.
 The rules are those of scripts/tour_links.py (which scripts/update_tour_links.py uses to
 rewrite the anchors when code moves):
 
-    [`cpu::rope`](../src/cpu/kernels.cpp#L250)        [`CudaBackend::forward`](../kernels/forward.cu#L812)
+    [`cpu::rope`](../src/cpu/dispatch.cpp#L250)        [`CudaBackend::forward`](../kernels/forward.cu#L812)
 
-names a definition of `cpu::rope` in src/cpu/kernels.cpp whose name is written on line
+names a definition of `cpu::rope` in src/cpu/dispatch.cpp whose name is written on line
 250. Besides the checker's own reading, each anchored line is also read here as plain
 text: it must contain the name."""
 
@@ -66,7 +66,7 @@ def test_the_update_script_finds_nothing_to_change():
 
 def test_the_tour_covers_every_step_of_the_forward_pass():
     text = read_tour()
-    for step in ["cpu::embedding_row", "cpu::rmsnorm", "cpu::matmul", "cpu::rope",
+    for step in ["cpu::embedding_row", "cpu::rmsnorm", "cpu::matvec", "cpu::rope",
                  "cpu::kv_store", "cpu::attention", "cpu::swiglu", "Sampler::sample",
                  "Tokenizer::encode", "CudaBackend::forward", "matvec_kernel",
                  "rope_kv_kernel", "attention_split_kernel", "embedding_kernel",
@@ -80,18 +80,18 @@ def test_the_tour_covers_every_step_of_the_forward_pass():
 
 
 @pytest.mark.parametrize("link, reason", [
-    ("[`cpu::no_such_kernel`](../src/cpu/kernels.cpp#L1)", "is not defined"),
+    ("[`cpu::no_such_kernel`](../src/cpu/dispatch.cpp#L1)", "is not defined"),
     ("[`cpu::rope`](../src/cpu/forward.cpp#L1)", "neither a namespace"),  # called there only
     ("[`measure_read_bandwidth`](../src/ladder.cpp#L1)", "is not defined"),  # called there only
-    ("[`cpu::matmul`](../src/cpu/kernels.h#L1)", "is not defined"),  # declared only
+    ("[`cpu::matvec`](../src/cpu/kernels.h#L1)", "is not defined"),  # declared only
     ("[`rope`](../src/nowhere.cpp#L1)", "does not exist"),
     ("[`CpuBackend::forward`](../kernels/forward.cu#L1)", "neither a namespace nor a class"),
     ("[`CpuBackend::no_method`](../src/cpu/forward.cpp#L1)", "defines no 'no_method'"),
-    ("[`cpu::rope()`](../src/cpu/kernels.cpp#L1)", "not an identifier"),
-    ("[`cpu::rope`](../src/cpu/kernels.cpp)", "no line anchor"),
-    ("[`cpu::rope`](../src/cpu/kernels.cpp#L1)", "is stale"),
-    ("[`cpu::rope`](../src/cpu/kernels.cpp#rope)", "not a line anchor"),
-    ("[kernels](../src/cpu/kernels.cpp#L1)", "names no identifier"),
+    ("[`cpu::rope()`](../src/cpu/dispatch.cpp#L1)", "not an identifier"),
+    ("[`cpu::rope`](../src/cpu/dispatch.cpp)", "no line anchor"),
+    ("[`cpu::rope`](../src/cpu/dispatch.cpp#L1)", "is stale"),
+    ("[`cpu::rope`](../src/cpu/dispatch.cpp#rope)", "not a line anchor"),
+    ("[kernels](../src/cpu/dispatch.cpp#L1)", "names no identifier"),
     ("[`no_such_function`](../convert/dtypes.py#L1)", "is not defined"),
     ("[FORMAT](MISSING.md)", "does not exist"),
 ])
@@ -101,8 +101,8 @@ def test_the_checker_catches_a_broken_reference(link, reason):
 
 
 @pytest.mark.parametrize("identifier, path, line_text", [
-    ("cpu::rope", "../src/cpu/kernels.cpp", "void rope("),
-    ("scalar::matmul_rows", "../src/cpu/kernels.cpp", "scalar::matmul_rows("),
+    ("cpu::rope", "../src/cpu/dispatch.cpp", "void rope("),
+    ("scalar::matvec_rows", "../src/cpu/scalar.cpp", "scalar::matvec_rows("),
     ("Tokenizer::Impl", "../src/tokenizer/tokenizer.cpp", "struct Tokenizer::Impl"),
     ("CudaBackend::forward", "../kernels/forward.cu", "forward("),
     ("InferenceState::key_cache", "../src/cpu/forward.cpp", "key_cache"),
@@ -122,7 +122,7 @@ def test_the_checker_accepts_a_good_reference(identifier, path, line_text):
 def test_renaming_a_referenced_function_breaks_the_tour():
     """What happens when someone renames cpu::rope but not the tour: simulated on a copy
     of the source."""
-    with open(os.path.join(REPO, "src", "cpu/kernels.cpp"), encoding="utf-8") as f:
+    with open(os.path.join(REPO, "src", "cpu/dispatch.cpp"), encoding="utf-8") as f:
         renamed = f.read().replace("void rope(", "void rotate_positions(")
     assert check_cpp(strip_cpp_comments(renamed), "cpu::rope") is not None
     assert check_cpp(strip_cpp_comments(renamed), "cpu::rotate_positions") is None

@@ -1,4 +1,4 @@
-// One-core speed of the prefill GEMM (cpu::matmul_batch) on TinyLlama's w1 shape
+// One-core speed of the prefill GEMM (cpu::gemm) on TinyLlama's w1 shape
 // (5632 x 2048, f16 weights): the median and the best of 30 runs. Times are the thread's
 // CPU time, so other load on the machine counts less (shared caches still feel it).
 // After `make`, linked against an archive of its objects (only what is used is taken):
@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
     std::vector<double> rates;
     for (int r = 0; r < kRepetitions; ++r) {
         const double start = thread_seconds();
-        cpu::matmul_batch(out.data(), x.data(), batch, m);
+        cpu::gemm(out.data(), x.data(), batch, m);
         rates.push_back(2.0 * rows * cols * batch / (thread_seconds() - start) / 1e9);
     }
     std::sort(rates.begin(), rates.end());

@@ -1,4 +1,4 @@
-// One core of the AVX-512 VNNI decode matvec (avx512::matmul_rows_q8 / _q4 on weights in tiles
+// One core of the AVX-512 VNNI decode matvec (avx512::matvec_rows_q8 / _q4 on weights in tiles
 // of 16 rows, cpu/quantized_tiles.h; x quantized once beforehand), in GB/s of weights read: from L2
 // (a 0.3 MB matrix read again and again: the kernel's own speed) and from memory (a 600 MB matrix:
 // what decode meets), beside the streaming read `barellm bench` measures (measure_read_bandwidth).
@@ -68,7 +68,7 @@ double matvec_gbps(DType dtype, int cols, double bytes) {
     cpu::QuantizedVector quantized;
     cpu::quantize_q8(&quantized, x.data(), cols);
     const auto kernel =
-        dtype == DType::I8 ? cpu::avx512::matmul_rows_q8 : cpu::avx512::matmul_rows_q4;
+        dtype == DType::Q8_0 ? cpu::avx512::matvec_rows_q8 : cpu::avx512::matvec_rows_q4;
     return median_gbps(double(m.bytes()), [&] { kernel(out.data(), m, quantized, 0, m.rows); });
 }
 
@@ -82,8 +82,8 @@ int main(int argc, char** argv) {
     }
     std::printf("%d columns, one thread, GB/s of weights (median)\n", cols);
     std::printf("| weights | from L2 | from memory |\n| --- | ---: | ---: |\n");
-    for (DType dtype : {DType::I8, DType::U8})
-        std::printf("| %s | %.1f | %.1f |\n", dtype == DType::I8 ? "Q8" : "Q4",
+    for (DType dtype : {DType::Q8_0, DType::Q4_0})
+        std::printf("| %s | %.1f | %.1f |\n", dtype == DType::Q8_0 ? "Q8" : "Q4",
                     matvec_gbps(dtype, cols, kInCacheBytes),
                     matvec_gbps(dtype, cols, kInMemoryBytes));
     omp_set_num_threads(1);  // the streaming read of one thread, as the kernels above run

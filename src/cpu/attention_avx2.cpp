@@ -102,7 +102,7 @@ void softmax(float* x, int n) {
 //   "tokens");
 // - a causal softmax per row;
 // - out = P·V, the values cut into tiles of 16 columns.
-// Keys and values are widened to f32 once per KV head and shared by all rows.
+// Keys and values are converted to f32 once per KV head and shared by all rows.
 
 namespace {
 

@@ -15,7 +15,7 @@ namespace barellm::cpu::avx512 {
 
 namespace {
 
-// n cache elements at p (f32 or f16) from element i on, widened to f32; lanes outside
+// n cache elements at p (f32 or f16) from element i on, converted to f32; lanes outside
 // `mask` are 0.
 inline __m512 load_kv(const void* p, int i, KvType type, __mmask16 mask) {
     return type == KvType::F32 ? widen16<DType::F32>(static_cast<const float*>(p) + i, mask)

@@ -1,5 +1,5 @@
 // The AVX2 path of the CPU kernels, private to src/cpu/: the functions of the *_avx2.cpp
-// files, which the dispatch in cpu/kernels.cpp calls when simd_level() is Avx2.
+// files, which the dispatch in cpu/dispatch.cpp calls when simd_level() is Avx2.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -8,12 +8,13 @@
 
 namespace barellm::cpu::avx2 {
 
-// ---- Decode matvecs (matmul_avx2.cpp): out[r] = W[r] · x for each row r of the run.
+// ---- Decode matvecs: out[r] = W[r] · x for each row r of the run; f32, f16 and bf16 weights
+// (matvec_float_avx2.cpp), Q8 and Q4 (matvec_quantized_avx2.cpp).
 
-void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
-void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+void matvec_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
+void matvec_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
-void matmul_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
 
 // ---- The prefill GEMM (gemm_avx2.cpp), in two steps:
@@ -23,13 +24,13 @@ void matmul_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int f
 
 constexpr int kTokenTile = 16;            // tokens per tile: two registers of 8
 constexpr int kRowTile = 6;               // weight rows (or query rows) per micro-kernel call
-constexpr int kRowBlock = 16 * kRowTile;  // weight rows widened to f32 together (96 KB of L2)
+constexpr int kRowBlock = 16 * kRowTile;  // weight rows converted to f32 together (96 KB of L2)
 
 int token_tile_count(int batch);
 size_t token_tiles_floats(int batch, int cols);  // buffer size, alignment slack included
 void pack_token_tile(float* x_tiles, const float* x, int cols, int batch, int tile);
-void matmul_batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
-                       int row_count);
+void gemm_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
+               int row_count);
 
 // The first 32-byte aligned float at or after p.
 inline float* align32(float* p) {
@@ -55,7 +56,7 @@ void add_scaled_kv(float* out, float scale, const void* values, int n, KvType ty
 void softmax(float* x, int n);  // in place
 
 // Prefill, one KV head at a time:
-// - its cache rows [first_key, first_key + keys) are widened to f32 tiles (pack_kv_tile,
+// - its cache rows [first_key, first_key + keys) are converted to f32 tiles (pack_kv_tile,
 //   the threads sharing the tiles);
 // - then blocks of at most kRowTile query rows attend (attention_rows).
 // The rows of a KV head are its count × (heads / kv_heads) queries, token-major.

@@ -1,5 +1,5 @@
 // The AVX-512 path of the CPU kernels, private to src/cpu/: the functions of the
-// *_avx512*.cpp files, which the dispatch in cpu/kernels.cpp calls when simd_level() is
+// *_avx512*.cpp files, which the dispatch in cpu/dispatch.cpp calls when simd_level() is
 // Avx512 (those in *_avx512vnni.cpp only when the CPU also has AVX512_VNNI, those in
 // *_avx512bf16.cpp only when it has AVX512_BF16).
 //
@@ -16,36 +16,36 @@ namespace barellm::cpu::avx512 {
 
 // ---- Decode matvecs: out[r] = W[r] · x for each row r of the run.
 
-// f32, f16 and bf16 weights (matmul_avx512.cpp).
-void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
+// f32, f16 and bf16 weights (matvec_float_avx512.cpp).
+void matvec_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
 
 // How far ahead of the row being read the f16/bf16 matvecs' software prefetches ask, in
-// bytes: by CPU vendor, as measured (matmul_avx512.cpp).
+// bytes: by CPU vendor, as measured (matvec_float_avx512.cpp).
 int matvec_prefetch_bytes();
 
 // f16 and bf16 weights against x rounded to f16 (half_x, from round_to_half): half the
 // bytes of x to read for each weight row, which keeps x in L1 for rows of up to ~5000
-// columns and the loads at one stream of weights (matmul_avx512.cpp).
-void matmul_rows_half_x(float* out, const Matrix& w, const uint16_t* half_x, int first_row,
+// columns and the loads at one stream of weights (matvec_float_avx512.cpp).
+void matvec_rows_half_x(float* out, const Matrix& w, const uint16_t* half_x, int first_row,
                         int row_count);
 // half_x[n] = x rounded to f16 (nearest even); false, and half_x unspecified, where some
 // |x| is too large for f16 (or x is not finite).
 bool round_to_half(uint16_t* half_x, const float* x, int n);
 
 // bf16 weights against x rounded to bf16 (bf16_x, from round_to_bf16), as vdpbf16ps
-// (matmul_avx512bf16.cpp).
-void matmul_rows_bf16_x(float* out, const Matrix& w, const uint16_t* bf16_x, int first_row,
+// (matvec_bf16_avx512bf16.cpp).
+void matvec_rows_bf16_x(float* out, const Matrix& w, const uint16_t* bf16_x, int first_row,
                         int row_count);
 // bf16_x[n] = x rounded to bf16 (nearest even).
 void round_to_bf16(uint16_t* bf16_x, const float* x, int n);
 
 // Q8 and Q4 weights, read from their tiles (Matrix::row_tiles, cpu/quantized_tiles.h),
-// against x quantized to Q8, as vpdpbusd integer dot products (matmul_avx512vnni.cpp).
+// against x quantized to Q8, as vpdpbusd integer dot products (matvec_quantized_avx512vnni.cpp).
 // quantize_q8 quantizes x for them exactly as cpu::quantize_q8 does, 16 values at a time.
 void quantize_q8(QuantizedVector* out, const float* x, int n);
-void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+void matvec_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
-void matmul_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
 
 // ---- Attention (attention_avx512.cpp).
@@ -66,18 +66,18 @@ void attention_rows(float* out, const float* q, int first_row, int rows, int fir
 void swiglu(float* gate, const float* up, int n);
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps);
 
-// ---- The prefill GEMM for Q8 and Q4 weights (gemm_avx512vnni.cpp), in two steps:
+// ---- The prefill GEMM for Q8 and Q4 weights (gemm_quantized_avx512vnni.cpp), in two steps:
 // - x [batch, cols] is quantized to Q8 a token at a time (quantize_token, exactly as
 //   quantize_q8 does), into a QuantizedBatch (resize_quantized_batch) the threads share;
-// - then any run of weight rows is computed from it (matmul_batch_rows_quantized,
+// - then any run of weight rows is computed from it (gemm_rows_quantized,
 //   out [batch, w.rows]), each group's dot product in int32 with vpdpbusd.
 
 constexpr int kQuantizedRowTile = 32;   // weight rows packed and computed together: two registers
 constexpr int kQuantizedTokenTile = 6;  // tokens per micro-kernel call
 
 void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token);
-void matmul_batch_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x,
-                                 int first_row, int row_count);
+void gemm_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
+                         int row_count);
 
 // ---- The prefill GEMM: out[token][row] = Σ_col W[row][col] · x[token][col] for a batch of
 // tokens, on tiles of x transposed once per call and shared by the threads.
@@ -92,18 +92,18 @@ inline Element* align64(Element* p) {
     return misalignment ? p + (64 - misalignment) / sizeof(Element) : p;
 }
 
-// f32 and f16 weights (gemm_avx512.cpp), from x_tiles [tiles, cols, kGemmTokenTile]: x
+// f32, f16 and bf16 weights (gemm_float_avx512.cpp), from x_tiles [tiles, cols, kGemmTokenTile]: x
 // transposed, zero past the last token (the layout of avx2::pack_token_tile).
-void matmul_batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
-                       int row_count);
+void gemm_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
+               int row_count);
 
-// bf16 weights (gemm_avx512bf16.cpp), as vdpbf16ps on x rounded to bf16: from pair tiles
+// bf16 weights (gemm_bf16_avx512bf16.cpp), as vdpbf16ps on x rounded to bf16: from pair tiles
 // [tiles, ceil(cols / 2), kGemmTokenTile] of 32-bit lanes, each holding x[token][2p] (low
 // half) and x[token][2p + 1] (high half, 0 past an odd last column) as bf16.
 size_t token_pair_tiles_words(int batch, int cols);  // buffer size, alignment slack included
 void pack_token_pair_tile(uint32_t* pair_tiles, const float* x, int cols, int batch, int tile);
-void matmul_batch_rows_bf16(float* out, const Matrix& w, const uint32_t* pair_tiles, int batch,
-                            int first_row, int row_count);
+void gemm_rows_bf16(float* out, const Matrix& w, const uint32_t* pair_tiles, int batch,
+                    int first_row, int row_count);
 
 // Shared by both: out[first_token + t][k] = tile_sums[k][t] for the tile's tokens below
 // `batch` and k < rows; out has `stride` floats a token.

@@ -1,5 +1,5 @@
 // The AVX-VNNI part of the AVX2 path, private to src/cpu/: the functions of the
-// *_avxvnni.cpp files, which the dispatch in cpu/kernels.cpp calls when simd_level() is Avx2
+// *_avxvnni.cpp files, which the dispatch in cpu/dispatch.cpp calls when simd_level() is Avx2
 // and the CPU has AVX-VNNI (the 256-bit vpdpbusd of Intel's client CPUs from Alder Lake on,
 // which lack AVX-512; cpu_has_avx_vnni).
 //
@@ -12,18 +12,18 @@
 
 namespace barellm::cpu::avxvnni {
 
-// ---- The prefill GEMM for Q8 and Q4 weights (gemm_avxvnni.cpp), in two steps, as the
+// ---- The prefill GEMM for Q8 and Q4 weights (gemm_quantized_avxvnni.cpp), in two steps, as the
 // AVX-512 VNNI one:
 // - x [batch, cols] is quantized to Q8 a token at a time (quantize_token, exactly as
 //   quantize_q8 does) into a QuantizedBatch (resize_quantized_batch) the threads share;
 // - then any run of weight rows, read as the file stores them, is computed from it
-//   (matmul_batch_rows_quantized, out [batch, w.rows]), each group's dot product in int32.
+//   (gemm_rows_quantized, out [batch, w.rows]), each group's dot product in int32.
 
 constexpr int kQuantizedRowTile = 16;   // weight rows packed and computed together: two registers
 constexpr int kQuantizedTokenTile = 3;  // tokens per micro-kernel call
 
 void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token);
-void matmul_batch_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x,
-                                 int first_row, int row_count);
+void gemm_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
+                         int row_count);
 
 }  // namespace barellm::cpu::avxvnni

@@ -104,7 +104,7 @@ public:
             //   (Qwen2: + bq, bk, bv after the projections; Qwen3: each head of q and k
             //    RMS-normed before RoPE; with attention_bias: + bo after wo)
             cpu::rmsnorm(s.xb.data(), s.x.data(), w.attn_norm, c.dim, c.norm_eps);
-            cpu::matmul_many({{s.q.data(), s.xb.data(), &w.wq},
+            cpu::matvec_many({{s.q.data(), s.xb.data(), &w.wq},
                               {s.k.data(), s.xb.data(), &w.wk},
                               {s.v.data(), s.xb.data(), &w.wv}});
             add_bias(s.q.data(), w.bq, c.q_dim());
@@ -119,22 +119,22 @@ public:
             cpu::attention(s.att.data(), s.q.data(), pos, cache_row(s.key_cache, l, 0),
                            cache_row(s.value_cache, l, 0), s.scores.data(), attention_shape(l),
                            kv_type_);
-            cpu::matmul(s.proj.data(), s.att.data(), w.wo);
+            cpu::matvec(s.proj.data(), s.att.data(), w.wo);
             add_bias(s.proj.data(), w.bo, c.dim);
             for (int i = 0; i < c.dim; ++i) s.x[i] += s.proj[i];
 
             // Feed-forward: x += w2 · (silu(w1 · norm(x)) * (w3 · norm(x)))
             cpu::rmsnorm(s.xb.data(), s.x.data(), w.ffn_norm, c.dim, c.norm_eps);
-            cpu::matmul_many(
+            cpu::matvec_many(
                 {{s.gate.data(), s.xb.data(), &w.w1}, {s.up.data(), s.xb.data(), &w.w3}});
             cpu::swiglu(s.gate.data(), s.up.data(), c.hidden_dim);
-            cpu::matmul(s.proj.data(), s.gate.data(), w.w2);
+            cpu::matvec(s.proj.data(), s.gate.data(), w.w2);
             for (int i = 0; i < c.dim; ++i) s.x[i] += s.proj[i];
         }
 
         // logits = output · norm(x)
         cpu::rmsnorm(s.x.data(), s.x.data(), model_.final_norm, c.dim, c.norm_eps);
-        cpu::matmul(s.logits.data(), s.x.data(), weights_.output);
+        cpu::matvec(s.logits.data(), s.x.data(), weights_.output);
         return s.logits.data();
     }
 
@@ -165,8 +165,8 @@ private:
         for (int l = 0; l < c.layers; ++l) {
             const LayerWeights& w = weights_.layers[l];
             rmsnorm_rows(s.xb.data(), s.x.data(), w.attn_norm, B);
-            cpu::matmul_batch_many(s.xb.data(), B,
-                                   {{s.q.data(), &w.wq}, {s.k.data(), &w.wk}, {s.v.data(), &w.wv}});
+            cpu::gemm_many(s.xb.data(), B,
+                           {{s.q.data(), &w.wq}, {s.k.data(), &w.wk}, {s.v.data(), &w.wv}});
             cpu::for_each_row(B, c.q_dim() + c.kv_dim(), [&](int b) {
                 const int pos = first_pos + b;
                 float* q_row = &s.q[size_t(b) * c.q_dim()];
@@ -185,30 +185,30 @@ private:
             cpu::attention_batch(s.att.data(), s.q.data(), B, first_pos,
                                  cache_row(s.key_cache, l, 0), cache_row(s.value_cache, l, 0),
                                  attention_shape(l), kv_type_);
-            cpu::matmul_batch(s.proj.data(), s.att.data(), B, w.wo);
+            cpu::gemm(s.proj.data(), s.att.data(), B, w.wo);
             if (w.bo)
                 cpu::for_each_row(
                     B, c.dim, [&](int b) { add_bias(&s.proj[size_t(b) * c.dim], w.bo, c.dim); });
             add_rows(s.x.data(), s.proj.data(), B);
 
             rmsnorm_rows(s.xb.data(), s.x.data(), w.ffn_norm, B);
-            cpu::matmul_batch_many(s.xb.data(), B, {{s.gate.data(), &w.w1}, {s.up.data(), &w.w3}});
+            cpu::gemm_many(s.xb.data(), B, {{s.gate.data(), &w.w1}, {s.up.data(), &w.w3}});
             cpu::for_each_row(B, c.hidden_dim * kSwigluCost, [&](int b) {
                 const size_t row = size_t(b) * c.hidden_dim;
                 cpu::swiglu(&s.gate[row], &s.up[row], c.hidden_dim);
             });
-            cpu::matmul_batch(s.proj.data(), s.gate.data(), B, w.w2);
+            cpu::gemm(s.proj.data(), s.gate.data(), B, w.w2);
             add_rows(s.x.data(), s.proj.data(), B);
         }
 
         if (logits_out) {
             rmsnorm_rows(s.x.data(), s.x.data(), model_.final_norm, B);
-            cpu::matmul_batch(logits_out, s.x.data(), B, weights_.output);
+            cpu::gemm(logits_out, s.x.data(), B, weights_.output);
             return logits_out + size_t(B - 1) * c.vocab_size;
         }
         float* last_x = &s.x[size_t(B - 1) * c.dim];
         cpu::rmsnorm(last_x, last_x, model_.final_norm, c.dim, c.norm_eps);
-        cpu::matmul(s.logits.data(), last_x, weights_.output);
+        cpu::matvec(s.logits.data(), last_x, weights_.output);
         return s.logits.data();
     }
 

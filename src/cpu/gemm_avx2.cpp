@@ -5,7 +5,7 @@
 // - x is first transposed into tiles of kTokenTile tokens (x_tiles[tile][col][token]: one
 //   column of a tile is two registers); pack_token_tile, once per call, the threads sharing
 //   it; every weight row then reads them.
-// - A block of kRowBlock weight rows is widened to f32 one block of kDepthBlock columns at a
+// - A block of kRowBlock weight rows is converted to f32 one block of kDepthBlock columns at a
 //   time (panel[row][col], row-major: the weights are never transposed). The panel stays in
 //   L2 while each token tile, loaded into L1 once, meets all its rows.
 // - The micro-kernel keeps kRowTile × kTokenTile outputs in 12 registers. Each step loads
@@ -24,7 +24,7 @@ namespace barellm::cpu::avx2 {
 
 namespace {
 
-constexpr int kDepthBlock = 256;  // weight columns widened to f32 together
+constexpr int kDepthBlock = 256;  // weight columns converted to f32 together
 
 // Transposes the 8 × 8 block held in rows[0..7] (rows[i] lane j becomes rows[j] lane i).
 inline void transpose8x8(__m256 rows[8]) {
@@ -71,7 +71,7 @@ void pack_rows(float* panel, const Matrix& w, int first_row, int rows, int first
         if (w.dtype == DType::F32) {
             const float* source = static_cast<const float*>(w.data) + offset;
             std::copy(source, source + depth, dest);
-        } else if (w.dtype == DType::I8) {
+        } else if (w.dtype == DType::Q8_0) {
             // first_col is a multiple of kQ8Group: whole groups, one scale each.
             const int8_t* source = static_cast<const int8_t*>(w.data) + offset;
             const uint16_t* scales = w.scales + size_t(first_row + r) * w.q8_groups();
@@ -87,7 +87,7 @@ void pack_rows(float* panel, const Matrix& w, int first_row, int rows, int first
                 }
                 for (; k < group_end; ++k) dest[k] = source[k] * _mm256_cvtss_f32(scale);
             }
-        } else if (w.dtype == DType::U8) {
+        } else if (w.dtype == DType::Q4_0) {
             // first_col and depth are multiples of kQ4Block (Q4 rows are whole blocks).
             const uint8_t* source =
                 static_cast<const uint8_t*>(w.data) + (first_row + r) * w.row_bytes();
@@ -198,10 +198,10 @@ void pack_token_tile(float* x_tiles, const float* x, int cols, int batch, int ti
     }
 }
 
-void matmul_batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
-                       int row_count) {
+void gemm_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
+               int row_count) {
     const int tiles = token_tile_count(batch);
-    // One block of weight rows widened to f32, [kRowBlock, kDepthBlock], and its partial
+    // One block of weight rows converted to f32, [kRowBlock, kDepthBlock], and its partial
     // sums [tiles, kRowBlock, kTokenTile], both 32-byte aligned.
     static thread_local std::vector<float> panel_storage, sum_storage;
     panel_storage.resize(kRowBlock * kDepthBlock + kLanes);

@@ -12,7 +12,7 @@ namespace barellm::cpu::avx2 {
 
 constexpr int kLanes = 8;  // floats per 256-bit register
 
-// Eight consecutive weights starting at `p`, widened to f32.
+// Eight consecutive weights starting at `p`, converted to f32.
 inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
 inline __m256 load8(const uint16_t* p, DType dtype) {
     const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));

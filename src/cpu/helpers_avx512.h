@@ -1,4 +1,4 @@
-// Inline AVX-512 helpers shared by the *_avx512*.cpp kernels: weights widened to f32, tail
+// Inline AVX-512 helpers shared by the *_avx512*.cpp kernels: weights converted to f32, tail
 // masks and the GEMM's prefetch of weights. Include it only from those files (built with
 // -mavx512f -mavx512bw -mavx512vl -mavx512dq, or on SIMDe in the unit tests).
 #pragma once
@@ -112,7 +112,7 @@ inline __m512 exp_nonpositive(__m512 x) {
                                 _mm512_setzero_ps());
 }
 
-// ---- The outer-product micro-kernel of the f32 GEMM (gemm_avx512.cpp) and of prefill
+// ---- The outer-product micro-kernel of the f32 GEMM (gemm_float_avx512.cpp) and of prefill
 // attention (attention_avx512.cpp).
 
 constexpr int kTileFloats = 16;        // floats of one tile column: one register

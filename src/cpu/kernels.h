@@ -1,6 +1,8 @@
 // The CPU kernels the forward pass calls. Each runs the path set by set_simd_level: the
 // scalar one (cpu/scalar.h, the readable reference) or, where it matters, AVX2 (cpu/avx2.h)
-// or AVX-512 (cpu/avx512.h; a kernel without an AVX-512 version runs its AVX2 one).
+// or AVX-512 (cpu/avx512.h; a kernel without an AVX-512 version runs its AVX2 one). The
+// choice is made in cpu/dispatch.cpp; the threads a call is worth in cpu/threads.cpp, the
+// quantization of x to Q8 in cpu/quantize_q8.cpp.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -33,9 +35,9 @@ bool cpu_has_avx512_bf16();
 // Whether bf16 weights multiply with vdpbf16ps (x rounded to bf16, two products a lane per
 // instruction), in the prefill GEMM and the decode matvec, rather than widening the weights
 // to f32 for FMAs: where the CPU has AVX512_BF16 and is an AMD one. Zen 4 runs 512-bit FMAs
-// at half rate and vdpbf16ps at full (pp128 1.8x the f32 GEMM's, decode about 1.1x the
-// widening matvec's); Intel's full-rate 512-bit FMAs leave vdpbf16ps no faster and x's bf16
-// pairs a cost (pp128 0.63x; docs/BENCHMARKS.md).
+// at half rate and vdpbf16ps at full, which makes vdpbf16ps the faster there; Intel's
+// full-rate 512-bit FMAs leave vdpbf16ps no faster and x's bf16 pairs a cost
+// (docs/benchmarks-history.md: "CPU: bf16 products through vdpbf16ps, by vendor").
 bool cpu_prefers_bf16_dot_products();
 void set_simd_level(SimdLevel level);
 SimdLevel simd_level();
@@ -62,16 +64,16 @@ void for_each_row(int rows, size_t row_work, const std::function<void(int)>& wor
 
 // out[rows] = W[rows, cols] · x[cols]; rows split across OpenMP threads. With AVX2 and
 // Q8 or Q4 weights, x is first quantized to Q8 and the dot products are integer.
-void matmul(float* out, const float* x, const Matrix& w);
+void matvec(float* out, const float* x, const Matrix& w);
 
-// Several independent matmuls (e.g. q, k and v of one input) in one parallel region:
+// Several independent matvecs (e.g. q, k and v of one input) in one parallel region:
 // their rows, one after another, are split across the threads (at most 4 tasks).
-struct MatmulTask {
+struct MatvecTask {
     float* out;
     const float* x;
     const Matrix* w;
 };
-void matmul_many(std::initializer_list<MatmulTask> tasks);
+void matvec_many(std::initializer_list<MatvecTask> tasks);
 
 // A vector quantized like a Q8 weight row: x[i] ≈ values[i] × scales[i / kQ8Group],
 // with scale = max |x| / 127 over each group.
@@ -87,7 +89,8 @@ void resize_quantized_vector(QuantizedVector* x, int n);
 
 // A batch of vectors quantized like quantize_q8, laid out for the VNNI prefill GEMMs
 // (AVX-512 VNNI and AVX-VNNI): each token's values padded with zeros to whole groups, and per group
-// the `start` its integer dot products begin from (−128 × Σ values; see gemm_avx512vnni.cpp).
+// the `start` its integer dot products begin from (−128 × Σ values; see
+// gemm_quantized_avx512vnni.cpp).
 struct QuantizedBatch {
     int batch = 0, groups = 0, padded_cols = 0;
     std::vector<int8_t> values;   // [batch, padded_cols]
@@ -99,7 +102,7 @@ void resize_quantized_batch(QuantizedBatch* x, int batch, int cols);
 
 // Prefill: out[batch, rows] = x[batch, cols] · W[rows, cols]ᵀ, a GEMM blocked so
 // that each weight row is read from memory once for the whole batch.
-void matmul_batch(float* out, const float* x, int batch, const Matrix& w);
+void gemm(float* out, const float* x, int batch, const Matrix& w);
 
 // Several GEMMs of the same x (e.g. q, k and v) in one parallel region: x is transposed
 // once, and the threads take their rows, one matrix after another, in chunks that shrink
@@ -108,7 +111,7 @@ struct BatchOutput {
     float* out;  // [batch, w->rows]
     const Matrix* w;
 };
-void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOutput> outputs);
+void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> outputs);
 
 // out[n] = x / rms(x) * weight
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps);

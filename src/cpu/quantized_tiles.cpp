@@ -23,7 +23,7 @@ int tile_blocks(const Matrix& w) {
 void stored_group(uint8_t* dest, const Matrix& w, int r, int g) {
     const int group_bytes = tile_row_group_bytes(w.dtype);
     const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes();
-    if (w.dtype == DType::U8) {
+    if (w.dtype == DType::Q4_0) {
         std::memcpy(dest, row + size_t(g) * group_bytes, group_bytes);
         return;
     }
@@ -46,7 +46,7 @@ void write_row_tiles(const Matrix& w, uint8_t* tiles) {
     const size_t bytes = row_tiles_bytes(w);
     const DType type = w.dtype;
     const int groups = w.scale_count_per_row();
-    const uint8_t zero = type == DType::I8 ? kTileQ8Zero : kTileQ4Zero;
+    const uint8_t zero = type == DType::Q8_0 ? kTileQ8Zero : kTileQ4Zero;
     std::memset(tiles, zero, bytes);
     uint8_t group[kQ8Group];
     for (int t = 0; t < tile_count(w); ++t)

@@ -1,8 +1,8 @@
 // Q8 and Q4 matrices re-laid out in tiles of 16 rows for the AVX-512 VNNI kernels
-// (matmul_avx512vnni.cpp, gemm_avx512vnni.cpp). The CPU backend makes them once, when it
-// takes the model on the AVX-512 path of a CPU with AVX512_VNNI (cpu/resident_weights.h),
-// and points Matrix::row_tiles at them; the row-major values and scales stay in the file's
-// mapping for the other paths.
+// (matvec_quantized_avx512vnni.cpp, gemm_quantized_avx512vnni.cpp). The CPU backend makes them
+// once, when it takes the model on the AVX-512 path of a CPU with AVX512_VNNI
+// (cpu/resident_weights.h), and points Matrix::row_tiles at them; the row-major values and scales
+// stay in the file's mapping for the other paths.
 //
 // In a weight file a row's values and its scales are two streams, and each int32 lane of a
 // vpdpbusd holds four columns of one row. In a tile each lane is one row: a register holds
@@ -44,7 +44,7 @@ constexpr uint8_t kTileQ4Zero = 0x88;  // two Q4 nibbles of 0 (8 stands for 0)
 
 // Bytes of one group's values in a row: Q8 32 (a byte a column), Q4 16 (two columns a byte).
 constexpr int tile_row_group_bytes(DType type) {
-    return type == DType::I8 ? kQ8Group : kQ4BlockBytes;
+    return type == DType::Q8_0 ? kQ8Group : kQ4BlockBytes;
 }
 // Registers of one group's values in a tile: Q8 8, Q4 4.
 constexpr int tile_registers(DType type) { return tile_row_group_bytes(type) / kTileLaneBytes; }

@@ -3,8 +3,7 @@
 // "always" or, with the advice given here, "madvise"). Decode streams every matrix once per
 // token: from the file's mapping, 4 KiB pages cost a TLB entry and stop the hardware
 // prefetcher every 4 KiB, and how much of the page cache sits in larger pages changes from
-// run to run (one-thread f16 decode of the TinyLlama shape on an Intel Xeon: 5.9-6.0 tok/s
-// from the file's mapping, 7.1-7.3 from 2 MiB pages).
+// run to run, and one-thread decode with it (docs/BENCHMARKS.md, the Intel Xeon's results).
 #pragma once
 #include <vector>
 

@@ -1,5 +1,5 @@
 // SIMDe's AVX-512 (and AVX2) for the unit tests' second build of the AVX-512 and AVX-VNNI
-// kernels (src/cpu/intrinsics_avx512.h and src/cpu/gemm_avxvnni.cpp with BARELLM_SIMDE),
+// kernels (src/cpu/intrinsics_avx512.h and src/cpu/gemm_quantized_avxvnni.cpp with BARELLM_SIMDE),
 // plus the intrinsics those kernels use that Debian's SIMDe (0.7.4) lacks, written here lane
 // by lane from Intel's definitions. Each is defined only where SIMDe has no alias of that
 // name.

@@ -125,7 +125,7 @@ HostMatrix random_quantized_matrix(int rows, int cols, DType dtype, bool cheap =
             state ^= state << 17;
             m.bytes[i] = uint8_t(state >> 56);
         } else {
-            m.bytes[i] = uint8_t(dtype == DType::I8 ? q8(rng) : byte(rng));
+            m.bytes[i] = uint8_t(dtype == DType::Q8_0 ? q8(rng) : byte(rng));
         }
     }
     const float scale_size = 1.0f / (64.0f * std::sqrt(float(cols)));
@@ -147,9 +147,9 @@ const char* dtype_label(DType dtype) {
             return "f16";
         case DType::BF16:
             return "bf16";
-        case DType::I8:
+        case DType::Q8_0:
             return "q8";
-        case DType::U8:
+        case DType::Q4_0:
             return "q4";
     }
     return "?";
@@ -268,15 +268,15 @@ void check_embedding() {
     }
     const std::pair<int, int> q8_shapes[] = {{5, 1}, {37, 45}, {512, 64}, {100, 4100}};
     for (auto [rows, cols] : q8_shapes)
-        check_embedding_table(random_quantized_matrix(rows, cols, DType::I8));
+        check_embedding_table(random_quantized_matrix(rows, cols, DType::Q8_0));
     const std::pair<int, int> q4_shapes[] = {{5, 32}, {37, 96}, {512, 64}, {100, 4128}};
     for (auto [rows, cols] : q4_shapes)
-        check_embedding_table(random_quantized_matrix(rows, cols, DType::U8));
+        check_embedding_table(random_quantized_matrix(rows, cols, DType::Q4_0));
 }
 
-// Every matvec kernel, fast and simple, against cpu::matmul: plain, with RMSNorm fused,
+// Every matvec kernel, fast and simple, against cpu::matvec: plain, with RMSNorm fused,
 // with the residual added, with a bias (alone, after RMSNorm, before the residual), and
-// SwiGLU. cpu::matmul runs at most at the AVX2 level, whose kernels read x in f32 as the
+// SwiGLU. cpu::matvec runs at most at the AVX2 level, whose kernels read x in f32 as the
 // GPU's do (the AVX-512 ones read it rounded to f16, a relative error near 2^-12).
 void check_matvec() {
     const cpu::SimdLevel best = cpu::simd_level();
@@ -305,11 +305,11 @@ void check_matvec() {
 
             // What each variant must give, from the CPU kernels.
             std::vector<float> normed(cols), plain(rows), with_norm(rows), gated(rows), up(rows);
-            cpu::matmul(plain.data(), x.data(), w.matrix);
+            cpu::matvec(plain.data(), x.data(), w.matrix);
             cpu::rmsnorm(normed.data(), x.data(), norm_weight.data(), cols, eps);
-            cpu::matmul(with_norm.data(), normed.data(), w.matrix);
-            cpu::matmul(gated.data(), normed.data(), w.matrix);
-            cpu::matmul(up.data(), normed.data(), w3.matrix);
+            cpu::matvec(with_norm.data(), normed.data(), w.matrix);
+            cpu::matvec(gated.data(), normed.data(), w.matrix);
+            cpu::matvec(up.data(), normed.data(), w3.matrix);
             cpu::swiglu(gated.data(), up.data(), rows);
             const std::vector<float> residual = random_floats(rows);
             std::vector<float> with_residual = plain;
@@ -452,10 +452,10 @@ void check_quantized_matvec() {
     const std::vector<int> q8_cols = {45, 96, 160, 172, 4128, 14336};
     const std::vector<int> q4_cols = {32, 96, 160, 4128, 14336};
     cuda::prepare_matvec(
-        std::min(cuda::matvec_shared_bytes(14336, DType::I8), shared_memory_limit));
+        std::min(cuda::matvec_shared_bytes(14336, DType::Q8_0), shared_memory_limit));
     cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
-    for (DType dtype : {DType::I8, DType::U8}) {
-        for (int cols : dtype == DType::I8 ? q8_cols : q4_cols) {
+    for (DType dtype : {DType::Q8_0, DType::Q4_0}) {
+        for (int cols : dtype == DType::Q8_0 ? q8_cols : q4_cols) {
             if (!matvec_fits(cols, dtype)) {
                 std::printf(
                     "SKIP %s matvecs over %d columns: more shared memory than the GPU has\n",
@@ -1000,11 +1000,11 @@ void check_gemm() {
     constexpr int kPitchSlack = 5;  // output columns past the rows, left alone
     constexpr double kTolerance = 1e-5;
     cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
-    for (DType dtype : {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8}) {
+    for (DType dtype : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
         const std::vector<cuda::GemmTiles> tiles = runnable_tiles(dtype);
         const DType in_dtype = cuda::gemm_input_dtype(dtype);
         for (Case test : cases) {
-            if (dtype == DType::U8) test.cols = (test.cols + kQ4Block - 1) / kQ4Block * kQ4Block;
+            if (dtype == DType::Q4_0) test.cols = (test.cols + kQ4Block - 1) / kQ4Block * kQ4Block;
             const HostMatrix w = is_quantized(dtype)
                                      ? random_quantized_matrix(test.rows, test.cols, dtype)
                                      : random_matrix(test.rows, test.cols, dtype);
@@ -1183,8 +1183,8 @@ std::vector<float> with_pitch(const std::vector<float>& rows, int tokens, int co
 void check_prefill_rows() {
     cuda::PinnedBuffer staging(size_t(16) << 20, "staging");
     std::uniform_int_distribution<int> any_token(0, 514);
-    for (DType dtype : {DType::F32, DType::F16, DType::BF16, DType::I8, DType::U8}) {
-        const int cols = dtype == DType::U8 ? 224 : 204;  // Q4: whole blocks of 32
+    for (DType dtype : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
+        const int cols = dtype == DType::Q4_0 ? 224 : 204;  // Q4: whole blocks of 32
         const HostMatrix table = is_quantized(dtype) ? random_quantized_matrix(515, cols, dtype)
                                                      : random_matrix(515, cols, dtype);
         DeviceBuffer table_memory;
@@ -1252,8 +1252,8 @@ void check_prefill_rows() {
 // a multiple of 8 (Q8) and more than one block.
 void check_dequantize_to_f16() {
     cuda::PinnedBuffer staging(size_t(1) << 20, "staging");
-    for (DType dtype : {DType::I8, DType::U8}) {
-        const int rows = 37, cols = dtype == DType::I8 ? 75 : 96;
+    for (DType dtype : {DType::Q8_0, DType::Q4_0}) {
+        const int rows = 37, cols = dtype == DType::Q8_0 ? 75 : 96;
         const HostMatrix w = random_quantized_matrix(rows, cols, dtype);
         DeviceBuffer w_memory, scratch_memory;
         const DeviceMatrix device_w = cuda::upload_matrix(w.matrix, w_memory, staging, "w");
@@ -1289,10 +1289,10 @@ void check_gemm_swiglu() {
     const Case cases[] = {
         {3, 172, 72}, {100, 172, 72}, {130, 200, 4100}, {511, 1000, 300}, {600, 77, 1000}};
     cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
-    for (DType dtype : {DType::F16, DType::BF16, DType::I8, DType::U8}) {
+    for (DType dtype : {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
         const DType in_dtype = cuda::gemm_input_dtype(dtype);  // and the output's
         for (Case c : cases) {
-            if (dtype == DType::U8) c.cols = (c.cols + kQ4Block - 1) / kQ4Block * kQ4Block;
+            if (dtype == DType::Q4_0) c.cols = (c.cols + kQ4Block - 1) / kQ4Block * kQ4Block;
             const auto weights = [&] {
                 return is_quantized(dtype) ? random_quantized_matrix(c.hidden, c.cols, dtype)
                                            : random_matrix(c.hidden, c.cols, dtype);
@@ -1619,12 +1619,12 @@ void bench(int multiprocessors) {
 
     // Q4 and Q8, int8 products in each launch shape; the bytes counted are the values and the
     // scales.
-    const bool quantized_fits = matvec_fits(14336, DType::I8);
+    const bool quantized_fits = matvec_fits(14336, DType::Q8_0);
     if (quantized_fits)
-        cuda::prepare_matvec(cuda::matvec_shared_bytes(14336, DType::I8));
+        cuda::prepare_matvec(cuda::matvec_shared_bytes(14336, DType::Q8_0));
     else
         std::printf("| q4, q8 matvecs | not timed: 14336 columns need more shared memory |\n");
-    for (DType dtype : {DType::U8, DType::I8}) {
+    for (DType dtype : {DType::Q4_0, DType::Q8_0}) {
         if (!quantized_fits) break;
         const HostMatrix w1 = random_quantized_matrix(14336, 4096, dtype, true),
                          w3 = random_quantized_matrix(14336, 4096, dtype, true);
@@ -1776,16 +1776,16 @@ void bench_gemm(const cudaDeviceProp& properties) {
         {"qkv", 6144, 4096}, {"wo", 4096, 4096}, {"w1, w3", 14336, 4096}, {"w2", 4096, 14336}};
     constexpr int kBatch = 512;
     cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
-    const bool quantized_matvec_fits = matvec_fits(14336, DType::I8);
-    cuda::prepare_matvec(
-        std::max(cuda::matvec_shared_bytes(14336, DType::F32),
-                 quantized_matvec_fits ? cuda::matvec_shared_bytes(14336, DType::I8) : size_t(0)));
+    const bool quantized_matvec_fits = matvec_fits(14336, DType::Q8_0);
+    cuda::prepare_matvec(std::max(
+        cuda::matvec_shared_bytes(14336, DType::F32),
+        quantized_matvec_fits ? cuda::matvec_shared_bytes(14336, DType::Q8_0) : size_t(0)));
     // A weight matrix for the benchmark: random cheap values of dtype (Q8, Q4 included).
     const auto bench_matrix = [](int rows, int cols, DType dtype) {
         return is_quantized(dtype) ? random_quantized_matrix(rows, cols, dtype, true)
                                    : random_matrix(rows, cols, dtype, true);
     };
-    constexpr DType kGemmDtypes[] = {DType::F16, DType::BF16, DType::I8, DType::U8};
+    constexpr DType kGemmDtypes[] = {DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0};
     std::printf(
         "\n| gemm | tokens x rows x cols | tiles | us | TFLOPS | %% of peak |\n"
         "| --- | --- | --- | ---: | ---: | ---: |\n");

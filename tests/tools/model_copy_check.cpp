@@ -27,7 +27,7 @@ std::string compare(const Matrix& copy, const Matrix& file, const std::string& n
         return name + ": dtype or shape differs";
     const size_t values = size_t(copy.rows) * copy.cols * dtype_size(copy.dtype);
     std::string problem = compare_bytes(copy.data, file.data, values, name);
-    if (problem.empty() && copy.dtype == DType::I8)
+    if (problem.empty() && copy.dtype == DType::Q8_0)
         problem = compare_bytes(copy.scales, file.scales, size_t(copy.rows) * copy.q8_groups() * 2,
                                 name + ".scale");
     return problem;

@@ -1,10 +1,11 @@
-// The prefill GEMM on AVX-512 for f32 and f16 weights: out[token][row] = Σ_col W[row][col] ·
-// x[token][col] for a batch of tokens, each weight row read from memory once for the batch.
+// The prefill GEMM on AVX-512 for f32, f16 and bf16 weights: out[token][row] = Σ_col
+// W[row][col] · x[token][col] for a batch of tokens, each weight row read from memory once for
+// the batch.
 //
 // The design of the AVX2 GEMM (gemm_avx2.cpp) on zmm registers, a sum of outer products:
 // - x comes transposed into tiles of kGemmTokenTile = 16 tokens: one column of a tile is
 //   one register.
-// - A block of kRowBlock weight rows is widened to f32 one block of kDepthBlock columns at a
+// - A block of kRowBlock weight rows is converted to f32 one block of kDepthBlock columns at a
 //   time (panel[row][col]); the panel stays in L2 while the token tiles meet all its rows,
 //   the weights of the next panel prefetched meanwhile.
 // - The micro-kernel (outer_product_kernel, helpers_avx512.h) keeps kRowTile rows ×
@@ -25,8 +26,8 @@ namespace {
 
 constexpr int kTilesPerCall = kOuterProductTiles;  // token tiles one micro-kernel call computes
 constexpr int kRowTile = kOuterProductRows;        // weight rows per micro-kernel call
-constexpr int kRowBlock = 8 * kRowTile;            // weight rows widened to f32 together
-constexpr int kDepthBlock = 256;                   // weight columns widened together (96 KB of L2)
+constexpr int kRowBlock = 8 * kRowTile;            // weight rows converted to f32 together
+constexpr int kDepthBlock = 256;   // weight columns converted together (96 KB of L2)
 constexpr int kPackAheadRows = 8;  // packing asks for the weights of the row this far ahead
 
 // Transposes the 16 × 16 block held in rows[0..15] (rows[i] lane j becomes rows[j] lane i):
@@ -70,7 +71,7 @@ void pack_rows(float* panel, const Matrix& w, int first_row, int rows, int first
         float* dest = panel + r * kDepthBlock;
         const uint8_t* source = data + (size_t(first_row + r) * w.cols + first_col) * element_bytes;
         // The panel's rows lie a matrix row apart: each row's lines are requested while the
-        // rows before it are widened, instead of when its own loads miss.
+        // rows before it are converted, instead of when its own loads miss.
         if (r + kPackAheadRows < rows)
             prefetch_ahead(source, int(kPackAheadRows * w.cols * element_bytes),
                            int(depth * element_bytes));
@@ -90,7 +91,7 @@ void batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, in
     const int tiles = (batch + kGemmTokenTile - 1) / kGemmTokenTile;
     const size_t sums_tile_stride = size_t(kRowBlock) * kTileFloats;
     const size_t x_tile_stride = size_t(w.cols) * kTileFloats;
-    // One block of weight rows widened to f32, [kRowBlock, kDepthBlock], and its partial
+    // One block of weight rows converted to f32, [kRowBlock, kDepthBlock], and its partial
     // sums [tiles, kRowBlock, kGemmTokenTile], both 64-byte aligned.
     static thread_local std::vector<float> panel_storage, sum_storage;
     panel_storage.resize(kRowBlock * kDepthBlock + kLanes);
@@ -153,8 +154,8 @@ void store_tile_sums(float* out, int stride, const float* tile_sums, int rows, i
     }
 }
 
-void matmul_batch_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
-                       int row_count) {
+void gemm_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
+               int row_count) {
     if (w.dtype == DType::F32)
         batch_rows<DType::F32>(out, w, x_tiles, batch, first_row, row_count);
     else if (w.dtype == DType::F16)

@@ -1,7 +1,7 @@
 // The prefill GEMM on AVX2 + AVX-VNNI for Q8 and Q4 weights: out[token][row] = Σ_col
 // W[row][col] · x[token][col], x quantized to Q8 per token, each group of 32 columns an
 // exact int32 dot product by the 256-bit vpdpbusd. The design of the AVX-512 VNNI GEMM
-// (gemm_avx512vnni.cpp, whose comment explains the unsigned weights and each group's
+// (gemm_quantized_avx512vnni.cpp, whose comment explains the unsigned weights and each group's
 // start) on ymm registers, and on the weights as the file stores them:
 // - kQuantizedRowTile = 16 rows at a time are packed (pack_panel) into a panel of unsigned
 //   bytes (value + 128) laid out for the micro-kernel: per group, per step of four columns,
@@ -63,7 +63,7 @@ Element* align32(Element* p) {
 template <DType kType>
 __m256i group_bytes(const Matrix& w, int r, int g) {
     const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes();
-    if constexpr (kType == DType::I8) {
+    if constexpr (kType == DType::Q8_0) {
         const __m256i flip = _mm256_set1_epi8(char(0x80));  // w + 128 = w with its top bit flipped
         const int first = g * kGroup, count = std::min(kGroup, w.cols - first);
         if (count == kGroup)
@@ -225,8 +225,8 @@ inline __m256i lanes_in(int base, int first, int end) {
 }
 
 template <DType kType>
-void matmul_batch_rows_typed(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
-                             int row_count) {
+void gemm_rows_typed(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
+                     int row_count) {
     // One panel and its scales, 32-byte aligned, kept from call to call.
     static thread_local std::vector<uint8_t> panel_storage;
     static thread_local std::vector<float> scale_storage;
@@ -317,12 +317,12 @@ void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token) 
     }
 }
 
-void matmul_batch_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x,
-                                 int first_row, int row_count) {
-    if (w.dtype == DType::I8)
-        matmul_batch_rows_typed<DType::I8>(out, w, x, first_row, row_count);
+void gemm_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
+                         int row_count) {
+    if (w.dtype == DType::Q8_0)
+        gemm_rows_typed<DType::Q8_0>(out, w, x, first_row, row_count);
     else
-        matmul_batch_rows_typed<DType::U8>(out, w, x, first_row, row_count);
+        gemm_rows_typed<DType::Q4_0>(out, w, x, first_row, row_count);
 }
 
 }  // namespace barellm::cpu::avxvnni

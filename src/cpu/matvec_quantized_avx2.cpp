@@ -1,8 +1,6 @@
-// The decode matvecs on AVX2 + FMA + F16C: out = W · x for one token, with f32, f16 or bf16
-// weights widened in registers, and q8 and q4 weights as integer dot products.
+// The decode matvecs on AVX2 + FMA + F16C for Q8 and Q4 weights: out = W · x for one token,
+// x quantized to Q8 (cpu::quantize_q8) and each group's dot product in integers.
 #include <immintrin.h>
-
-#include <type_traits>
 
 #include "cpu/avx2.h"
 #include "cpu/helpers_avx2.h"
@@ -11,93 +9,11 @@ namespace barellm::cpu::avx2 {
 
 namespace {
 
-// Four rows at a time share each load of x; the tail columns (cols % 8) go scalar.
-template <typename Weight>
-void rows_kernel(float* out, const Weight* w, DType dtype, int cols, const float* x, int first_row,
-                 int row_count) {
-    const int vector_cols = cols - cols % kLanes;
-    constexpr int kLineWeights = 64 / sizeof(Weight);  // weights per 64-byte cache line
-    int r = first_row;
-    const int end = first_row + row_count;
-    for (; r + 4 <= end; r += 4) {
-        const Weight* row0 = w + size_t(r) * cols;
-        const Weight* row1 = row0 + cols;
-        const Weight* row2 = row1 + cols;
-        const Weight* row3 = row2 + cols;
-        __m256 sum0 = _mm256_setzero_ps(), sum1 = _mm256_setzero_ps();
-        __m256 sum2 = _mm256_setzero_ps(), sum3 = _mm256_setzero_ps();
-        for (int i = 0; i < vector_cols; i += kLanes) {
-            // The same columns of the next four rows, a cache line per row at a time: rows
-            // of 4 KB (2048 f16) each start a new page, where the hardware prefetcher stops.
-            if (i % kLineWeights == 0)
-                for (const Weight* row : {row0, row1, row2, row3})
-                    _mm_prefetch(reinterpret_cast<const char*>(row + 4 * size_t(cols) + i),
-                                 _MM_HINT_T0);
-            const __m256 xv = _mm256_loadu_ps(x + i);
-            if constexpr (std::is_same_v<Weight, float>) {
-                sum0 = _mm256_fmadd_ps(load8(row0 + i), xv, sum0);
-                sum1 = _mm256_fmadd_ps(load8(row1 + i), xv, sum1);
-                sum2 = _mm256_fmadd_ps(load8(row2 + i), xv, sum2);
-                sum3 = _mm256_fmadd_ps(load8(row3 + i), xv, sum3);
-            } else {
-                sum0 = _mm256_fmadd_ps(load8(row0 + i, dtype), xv, sum0);
-                sum1 = _mm256_fmadd_ps(load8(row1 + i, dtype), xv, sum1);
-                sum2 = _mm256_fmadd_ps(load8(row2 + i, dtype), xv, sum2);
-                sum3 = _mm256_fmadd_ps(load8(row3 + i, dtype), xv, sum3);
-            }
-        }
-        float totals[4] = {horizontal_sum(sum0), horizontal_sum(sum1), horizontal_sum(sum2),
-                           horizontal_sum(sum3)};
-        const Weight* rows[4] = {row0, row1, row2, row3};
-        for (int k = 0; k < 4; ++k) {
-            for (int i = vector_cols; i < cols; ++i) {
-                if constexpr (std::is_same_v<Weight, float>)
-                    totals[k] += rows[k][i] * x[i];
-                else
-                    totals[k] += scalar_weight(rows[k] + i, dtype) * x[i];
-            }
-            out[r + k] = totals[k];
-        }
-    }
-    for (; r < end; ++r) {  // fewer than four rows left
-        const Weight* row = w + size_t(r) * cols;
-        __m256 sum = _mm256_setzero_ps();
-        for (int i = 0; i < vector_cols; i += kLanes) {
-            if constexpr (std::is_same_v<Weight, float>)
-                sum = _mm256_fmadd_ps(load8(row + i), _mm256_loadu_ps(x + i), sum);
-            else
-                sum = _mm256_fmadd_ps(load8(row + i, dtype), _mm256_loadu_ps(x + i), sum);
-        }
-        float total = horizontal_sum(sum);
-        for (int i = vector_cols; i < cols; ++i) {
-            if constexpr (std::is_same_v<Weight, float>)
-                total += row[i] * x[i];
-            else
-                total += scalar_weight(row + i, dtype) * x[i];
-        }
-        out[r] = total;
-    }
-}
-
-}  // namespace
-
-void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count) {
-    if (w.dtype == DType::F32)
-        rows_kernel(out, static_cast<const float*>(w.data), w.dtype, w.cols, x, first_row,
-                    row_count);
-    else
-        rows_kernel(out, static_cast<const uint16_t*>(w.data), w.dtype, w.cols, x, first_row,
-                    row_count);
-}
-
-namespace {
-
 // The Q8 and Q4 matvecs read each row's values and its scales as two streams, front to back,
 // and ask for the cache lines kPrefetchBytes ahead of the values (kScalePrefetchBytes ahead
-// of the scales) as they go: on an Intel Xeon (an AVX-512 CPU run at the AVX2 level), with
-// the hardware prefetcher alone leaving the loads waiting on memory, this took one-thread
-// decode of the TinyLlama shape from 7.9 to 18.7 tok/s for Q4 and 9.5 to 10.6 for Q8
-// (distances tried: 512, 768, 1536, 2048, 3072 bytes; 1536 was best for both).
+// of the scales) as they go: the hardware prefetcher alone left the loads waiting on memory.
+// The distances are the best measured (docs/benchmarks-history.md:
+// "CPU: software prefetch distances of the decode matvecs").
 constexpr int kPrefetchBytes = 1536;
 constexpr int kScalePrefetchBytes = 256;
 constexpr int kCacheLine = 64;
@@ -204,7 +120,7 @@ inline float q4_row_dot(const uint8_t* row, const uint16_t* row_scales, const Qu
 
 }  // namespace
 
-void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+void matvec_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count) {
     const int8_t* values = static_cast<const int8_t*>(w.data);
     const int groups = w.q8_groups();
@@ -212,7 +128,7 @@ void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int f
         out[r] = q8_row_dot(values + size_t(r) * w.cols, w.scales + size_t(r) * groups, x, w.cols);
 }
 
-void matmul_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count) {
     const uint8_t* values = static_cast<const uint8_t*>(w.data);
     const int blocks = w.q4_blocks();

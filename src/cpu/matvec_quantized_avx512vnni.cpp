@@ -16,12 +16,9 @@
 // 16 outputs. A tile is one stream of whole cache lines, read front to back; on Intel each
 // block of two groups asks for the cache lines tile_prefetch_bytes() ahead of it (into the
 // next tile at a tile's end: the tiles lie one after another; a prefetch past the matrix is
-// only a hint). On an Intel Xeon, TinyLlama shape, one thread, 768 bytes took decode from
-// 19.6 to 21.3 tok/s for Q4 and 12.0 to 12.2-13.0 for Q8 (distances tried: 512, 768, 1024,
-// 1536, 3072 bytes). On a Zen 4 (AMD EPYC) the hardware prefetcher alone streams the tiles
-// faster: one thread, Q4 50-51 tok/s with none against 41-42 with 768 bytes (256: 48-51,
-// 384-512: 42-45, 1536-3072: 44-47), Q8 27.2-28.2 against 25.2-26.2 (256: 26.3-26.8), the
-// distances alternated in one run.
+// only a hint), which the loads waited for otherwise; on AMD the hardware prefetcher alone
+// streams the tiles faster (docs/benchmarks-history.md: "CPU: software prefetch distances
+// of the decode matvecs").
 #include <algorithm>
 #include <vector>
 
@@ -65,7 +62,7 @@ const TileX& prepare_x(const QuantizedVector& x, int offset) {
 template <DType kType>
 inline __m512i group_dots(const uint8_t* values, const int8_t* x_group, int32_t start) {
     __m512i even = _mm512_set1_epi32(start), odd = _mm512_setzero_si512();
-    if constexpr (kType == DType::I8) {
+    if constexpr (kType == DType::Q8_0) {
         // Register j: columns 4j..4j+3.
         for (int j = 0; j < tile_registers(kType); j += 2) {
             even = _mm512_dpbusd_epi32(even, _mm512_load_si512(values + j * kTileRegisterBytes),
@@ -91,7 +88,7 @@ inline __m512i group_dots(const uint8_t* values, const int8_t* x_group, int32_t 
 template <DType kType>
 void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                  int row_count) {
-    constexpr int kOffset = kType == DType::I8 ? kTileQ8Zero : kQ4Offset;
+    constexpr int kOffset = kType == DType::Q8_0 ? kTileQ8Zero : kQ4Offset;
     const TileX& prepared = prepare_x(x, kOffset);
     const int groups = w.scale_count_per_row();
     const size_t bytes_per_tile = tile_bytes(w);
@@ -135,14 +132,14 @@ void quantize_q8(QuantizedVector* out, const float* x, int n) {
     }
 }
 
-void matmul_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+void matvec_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count) {
-    rows_kernel<DType::I8>(out, w, x, first_row, row_count);
+    rows_kernel<DType::Q8_0>(out, w, x, first_row, row_count);
 }
 
-void matmul_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count) {
-    rows_kernel<DType::U8>(out, w, x, first_row, row_count);
+    rows_kernel<DType::Q4_0>(out, w, x, first_row, row_count);
 }
 
 }  // namespace barellm::cpu::avx512

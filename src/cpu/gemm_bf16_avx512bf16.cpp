@@ -4,7 +4,7 @@
 // of an f32 FMA. The products and their sums are f32; only x loses digits, about 3 of its
 // decimal digits (8 significant bits), so results differ from the f32 path's by that much.
 //
-// The outer-product design of gemm_avx512.cpp on pairs of columns:
+// The outer-product design of gemm_float_avx512.cpp on pairs of columns:
 // - x is packed into pair tiles of kGemmTokenTile = 16 tokens: lane t of pair p's register is
 //   the 32-bit pair (x[t][2p], x[t][2p + 1]) in bf16 (pack_token_pair_tile).
 // - Weights need neither widening nor copying: the two columns 2p, 2p + 1 of a row are one
@@ -124,8 +124,8 @@ void pack_token_pair_tile(uint32_t* pair_tiles, const float* x, int cols, int ba
     }
 }
 
-void matmul_batch_rows_bf16(float* out, const Matrix& w, const uint32_t* pair_tiles, int batch,
-                            int first_row, int row_count) {
+void gemm_rows_bf16(float* out, const Matrix& w, const uint32_t* pair_tiles, int batch,
+                    int first_row, int row_count) {
     const int tiles = (batch + kGemmTokenTile - 1) / kGemmTokenTile;
     const size_t sums_tile_stride = size_t(kRowBlock) * kTileWords;
     const size_t x_tile_stride = size_t(pair_count(w.cols)) * kTileWords;

@@ -58,7 +58,7 @@ constexpr size_t kAlignment = 64;  // bytes: one register, one cache line
 // The panel of the 32 rows of tiles first_tile and first_tile + 1 (cpu/quantized_tiles.h):
 // panel[g][s][r][4] = the unsigned bytes (value + 128) of columns 4s..4s+3 of group g of
 // row r (kZeroWeight past the matrix's tiles); scales[g][r] = that row's scale of group g.
-// A tile's registers are already laid out so: Q8 copied, Q4 nibbles widened to bytes.
+// A tile's registers are already laid out so: Q8 copied, Q4 nibbles expanded to bytes.
 template <DType kType>
 void pack_panel(uint8_t* panel, float* scales, const Matrix& w, int first_tile) {
     const int groups = w.scale_count_per_row();
@@ -79,7 +79,7 @@ void pack_panel(uint8_t* panel, float* scales, const Matrix& w, int first_tile) 
             _mm512_store_ps(group_scales,
                             _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(
                                 tile_group_scales(tile, kType, g)))));
-            if constexpr (kType == DType::I8) {
+            if constexpr (kType == DType::Q8_0) {
                 for (int s = 0; s < kGroupSteps; ++s)
                     _mm512_store_si512(group_panel + s * kStepBytes,
                                        _mm512_load_si512(values + s * kTileRegisterBytes));
@@ -182,8 +182,8 @@ constexpr TileKernel kTileKernels[kQuantizedTokenTile] = {
     tile_kernel<1>, tile_kernel<2>, tile_kernel<3>, tile_kernel<4>, tile_kernel<5>, tile_kernel<6>};
 
 template <DType kType>
-void matmul_batch_rows_typed(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
-                             int row_count) {
+void gemm_rows_typed(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
+                     int row_count) {
     // One tile's panel and scales, 64-byte aligned, kept from call to call.
     static thread_local std::vector<uint8_t> panel_storage;
     static thread_local std::vector<float> scale_storage;
@@ -224,12 +224,12 @@ void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token) 
     }
 }
 
-void matmul_batch_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x,
-                                 int first_row, int row_count) {
-    if (w.dtype == DType::I8)
-        matmul_batch_rows_typed<DType::I8>(out, w, x, first_row, row_count);
+void gemm_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
+                         int row_count) {
+    if (w.dtype == DType::Q8_0)
+        gemm_rows_typed<DType::Q8_0>(out, w, x, first_row, row_count);
     else
-        matmul_batch_rows_typed<DType::U8>(out, w, x, first_row, row_count);
+        gemm_rows_typed<DType::Q4_0>(out, w, x, first_row, row_count);
 }
 
 }  // namespace barellm::cpu::avx512

@@ -1,5 +1,5 @@
 // The decode matvecs on AVX-512 for f32, f16 and bf16 weights: out = W · x for one token,
-// the weights widened to f32 in registers (vcvtph2ps for f16, a shift for bf16), x in f32
+// the weights converted to f32 in registers (vcvtph2ps for f16, a shift for bf16), x in f32
 // or rounded to f16.
 #include <algorithm>
 #include <type_traits>
@@ -58,16 +58,15 @@ void rows_kernel(float* out, const Matrix& w, const void* x, int first_row, int 
 
 }  // namespace
 
-// On an Intel Xeon 12 cache lines took one-thread f16 decode of the TinyLlama shape from
-// 5.3-5.6 to 6.4-6.6 tok/s (512 or 1024 bytes gave a little less, 1536 and 2048 less than
-// none). On a Zen 4 (AMD EPYC) 4 lines gave 11.9 tok/s against 9.9-10.4 with 768 bytes
-// (192: 11.7, 384: 10.9-11.9, 1536: 10.5), the distances alternated in one run.
+// Twelve cache lines on Intel, four on AMD: the distances that gave the fastest one-thread
+// f16 decode of each (docs/benchmarks-history.md: "CPU: software prefetch distances of the
+// decode matvecs").
 int matvec_prefetch_bytes() {
     static const int bytes = __builtin_cpu_is("amd") ? 4 * kCacheLine : 12 * kCacheLine;
     return bytes;
 }
 
-void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count) {
+void matvec_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count) {
     switch (w.dtype) {
         case DType::F32:
             return rows_kernel<DType::F32, DType::F32>(out, w, x, first_row, row_count);
@@ -76,11 +75,11 @@ void matmul_rows(float* out, const Matrix& w, const float* x, int first_row, int
         case DType::BF16:
             return rows_kernel<DType::BF16, DType::F32>(out, w, x, first_row, row_count);
         default:
-            return;  // Q8 and Q4: matmul_rows_q8 / matmul_rows_q4
+            return;  // Q8 and Q4: matvec_rows_q8 / matvec_rows_q4
     }
 }
 
-void matmul_rows_half_x(float* out, const Matrix& w, const uint16_t* half_x, int first_row,
+void matvec_rows_half_x(float* out, const Matrix& w, const uint16_t* half_x, int first_row,
                         int row_count) {
     if (w.dtype == DType::F16)
         rows_kernel<DType::F16, DType::F16>(out, w, half_x, first_row, row_count);

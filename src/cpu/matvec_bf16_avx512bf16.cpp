@@ -1,8 +1,8 @@
 // The decode matvec on AVX512_BF16 for bf16 weights: out = W · bf16(x) for one token, where
-// bf16() rounds x to bf16, to nearest even (as the bf16 prefill GEMM of gemm_avx512bf16.cpp
+// bf16() rounds x to bf16, to nearest even (as the bf16 prefill GEMM of gemm_bf16_avx512bf16.cpp
 // does). vdpbf16ps multiplies 32 bf16 weights by 32 bf16 inputs and adds the products in
 // pairs to 16 f32 sums: one instruction for 64 bytes of weights, which need neither widening
-// nor copying. Widened to f32 instead (matmul_avx512.cpp), each 16 weights cost a widening of
+// nor copying. Widened to f32 instead (matvec_float_avx512.cpp), each 16 weights cost a widening of
 // the weights, one of x and an FMA; on Zen 4, whose 512-bit instructions take both halves of
 // its 256-bit units, that left one-thread decode compute-bound, under the streaming read.
 //
@@ -64,7 +64,7 @@ void round_to_bf16(uint16_t* bf16_x, const float* x, int n) {
     }
 }
 
-void matmul_rows_bf16_x(float* out, const Matrix& w, const uint16_t* bf16_x, int first_row,
+void matvec_rows_bf16_x(float* out, const Matrix& w, const uint16_t* bf16_x, int first_row,
                         int row_count) {
     const uint16_t* data = static_cast<const uint16_t*>(w.data);
     for (int r = first_row; r < first_row + row_count; ++r)

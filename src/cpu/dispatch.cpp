@@ -1,8 +1,7 @@
-// The CPU kernels of cpu/kernels.h: their scalar path (cpu/scalar.h), and the dispatch that
-// sends each call to it, to the AVX2 path (cpu/avx2.h) or to the AVX-512 path (cpu/avx512.h),
-// the work split across threads.
-#include "cpu/kernels.h"
-
+// The CPU kernels of cpu/kernels.h: the dispatch that sends each call to the scalar path
+// (cpu/scalar.h), the AVX2 path (cpu/avx2.h) or the AVX-512 path (cpu/avx512.h), by the
+// SIMD level in use and the weights' type, the work split across threads (cpu/threads.h);
+// and the kernels with one path for every level (RoPE, the embedding row, the KV store).
 #include <omp.h>
 
 #include <algorithm>
@@ -13,7 +12,9 @@
 #include "cpu/avx2.h"
 #include "cpu/avx512.h"
 #include "cpu/avxvnni.h"
+#include "cpu/kernels.h"
 #include "cpu/scalar.h"
+#include "cpu/threads.h"
 #include "error.h"
 #include "half.h"
 
@@ -26,31 +27,6 @@ const bool has_avx512_vnni = cpu_has_avx512_vnni();
 const bool has_avx512_bf16 = cpu_has_avx512_bf16();
 const bool has_avx_vnni = cpu_has_avx_vnni();
 const bool bf16_dot_products = cpu_prefers_bf16_dot_products();
-
-// Weight (row, col) of w as float, whatever its storage.
-inline float weight_at(const Matrix& w, int row, int col) {
-    const size_t i = size_t(row) * w.cols + col;
-    switch (w.dtype) {
-        case DType::F32:
-            return static_cast<const float*>(w.data)[i];
-        case DType::F16:
-            return half_to_float(static_cast<const uint16_t*>(w.data)[i]);
-        case DType::BF16:
-            return bf16_to_float(static_cast<const uint16_t*>(w.data)[i]);
-        case DType::I8:
-            return static_cast<const int8_t*>(w.data)[i] *
-                   half_to_float(w.scales[size_t(row) * w.q8_groups() + col / kQ8Group]);
-        case DType::U8:
-            return q4_value(static_cast<const uint8_t*>(w.data) + row * w.row_bytes(), col) *
-                   half_to_float(w.scales[size_t(row) * w.q4_blocks() + col / kQ4Block]);
-    }
-    return 0.0f;
-}
-
-inline float kv_at(const void* cache, int i, KvType type) {
-    return type == KvType::F32 ? static_cast<const float*>(cache)[i]
-                               : half_to_float(static_cast<const uint16_t*>(cache)[i]);
-}
 
 }  // namespace
 
@@ -90,116 +66,11 @@ std::string simd_description() {
     return description;
 }
 
-void scalar::matmul_rows(float* out, const Matrix& w, const float* x, int first_row,
-                         int row_count) {
-    for (int r = first_row; r < first_row + row_count; ++r) {
-        float sum = 0.0f;
-        for (int i = 0; i < w.cols; ++i) sum += weight_at(w, r, i) * x[i];
-        out[r] = sum;
-    }
-}
+void matvec(float* out, const float* x, const Matrix& w) { matvec_many({{out, x, &w}}); }
 
-void scalar::matmul_batch_rows(float* out, const Matrix& w, const float* x, int batch,
-                               int first_row, int row_count) {
-    for (int b = 0; b < batch; ++b) {
-        const float* x_row = x + size_t(b) * w.cols;
-        for (int r = first_row; r < first_row + row_count; ++r) {
-            float sum = 0.0f;
-            for (int i = 0; i < w.cols; ++i) sum += weight_at(w, r, i) * x_row[i];
-            out[size_t(b) * w.rows + r] = sum;
-        }
-    }
-}
-
-float scalar::dot_kv(const float* q, const void* keys, int n, KvType type) {
-    float sum = 0.0f;
-    for (int i = 0; i < n; ++i) sum += q[i] * kv_at(keys, i, type);
-    return sum;
-}
-
-void scalar::add_scaled_kv(float* out, float scale, const void* values, int n, KvType type) {
-    for (int i = 0; i < n; ++i) out[i] += scale * kv_at(values, i, type);
-}
-
-namespace {
-
-// Calls work(first, count) on each OpenMP thread with its own contiguous run of the
-// `rows` rows; `row_work` is the multiply-adds of one row.
-template <typename Work>
-void split_rows(int rows, size_t row_work, Work work) {
-#pragma omp parallel num_threads(threads_for(rows* row_work))
-    {
-        const int64_t threads = omp_get_num_threads(), thread = omp_get_thread_num();
-        const int first = int(rows * thread / threads);
-        const int last = int(rows * (thread + 1) / threads);
-        if (last > first) work(first, last - first);
-    }
-}
-
-}  // namespace
-
-int threads_for(size_t work) {
-    return int(
-        std::max<size_t>(1, std::min<size_t>(omp_get_max_threads(), work / kMinWorkPerThread)));
-}
-
-void for_each_row(int rows, size_t row_work, const std::function<void(int)>& work) {
-#pragma omp parallel for schedule(static) num_threads(threads_for(size_t(rows) * row_work))
-    for (int r = 0; r < rows; ++r) work(r);
-}
-
-namespace {
-
-// lround(v) (halves away from zero) for |v| ≤ 127: truncate, then step away from zero where
-// the part cut off is at least a half (exact in f32), as the SIMD quantizers do; inline,
-// where lround is a call into libm for each value.
-inline int round_half_away(float v) {
-    const int whole = int(v);
-    const float fraction = v - float(whole);
-    return whole + (fraction >= 0.5f) - (fraction <= -0.5f);
-}
-
-}  // namespace
-
-void resize_quantized_vector(QuantizedVector* x, int n) {
-    const int groups = (n + kQ8Group - 1) / kQ8Group;
-    x->values.resize(n);
-    x->scales.resize(groups);
-    x->group_sums.resize(groups);
-}
-
-void quantize_q8(QuantizedVector* out, const float* x, int n) {
-    resize_quantized_vector(out, n);
-    for (int g = 0; g < int(out->scales.size()); ++g) {
-        const int first = g * kQ8Group, last = std::min(n, first + kQ8Group);
-        float largest = 0.0f;
-        for (int i = first; i < last; ++i) largest = std::max(largest, std::fabs(x[i]));
-        const float scale = largest / 127.0f;
-        const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
-        out->scales[g] = scale;
-        int sum = 0;
-        for (int i = first; i < last; ++i) {
-            out->values[i] = int8_t(round_half_away(x[i] * inverse));
-            sum += out->values[i];
-        }
-        out->group_sums[g] = float(sum);
-    }
-}
-
-void resize_quantized_batch(QuantizedBatch* x, int batch, int cols) {
-    x->batch = batch;
-    x->groups = (cols + kQ8Group - 1) / kQ8Group;
-    x->padded_cols = x->groups * kQ8Group;
-    x->values.resize(size_t(batch) * x->padded_cols);
-    x->scales.resize(size_t(batch) * x->groups);
-    x->starts.resize(size_t(batch) * x->groups);
-}
-
-void matmul(float* out, const float* x, const Matrix& w) { matmul_many({{out, x, &w}}); }
-
-void matmul_many(std::initializer_list<MatmulTask> tasks) {
+void matvec_many(std::initializer_list<MatvecTask> tasks) {
     constexpr int kMaxTasks = 4;
-    const MatmulTask* task_list = tasks.begin();
+    const MatvecTask* task_list = tasks.begin();
     const int task_count = int(tasks.size());
     // Q8 and Q4 weights with SIMD use integer dot products: each input is quantized once, by
     // the calling thread, into one buffer per task; the workers only read them.
@@ -207,12 +78,12 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
     QuantizedVector* quantized = quantized_buffers;
     // f16 and bf16 weights with AVX-512 read x as 16-bit values, likewise rounded once by the
     // calling thread: to bf16 for bf16 weights where vdpbf16ps is preferred
-    // (avx512::matmul_rows_bf16_x), else to f16 (avx512::matmul_rows_half_x), where x fits
+    // (avx512::matvec_rows_bf16_x), else to f16 (avx512::matvec_rows_half_x), where x fits
     // f16's range.
     static thread_local std::vector<uint16_t> half_buffers[kMaxTasks];
     std::vector<uint16_t>* halves = half_buffers;  // the calling thread's, for the workers
     bool use_half_x[kMaxTasks] = {}, use_bf16_x[kMaxTasks] = {};
-    if (task_count > kMaxTasks) throw Error("matmul_many takes at most 4 tasks");
+    if (task_count > kMaxTasks) throw Error("matvec_many takes at most 4 tasks");
     const bool use_simd = active_level >= SimdLevel::Avx2;
     const bool use_avx512 = active_level == SimdLevel::Avx512;
     const bool use_tiles = uses_row_tiles();
@@ -241,7 +112,7 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
         const size_t last = total_rows * (thread + 1) / threads;
         size_t task_start = 0;
         for (int t = 0; t < task_count; ++t) {
-            const MatmulTask& task = task_list[t];
+            const MatvecTask& task = task_list[t];
             const size_t task_end = task_start + task.w->rows;
             const size_t begin = std::max(first, task_start), end = std::min(last, task_end);
             if (begin < end) {
@@ -249,19 +120,19 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
                 const DType dtype = task.w->dtype;
                 const bool tiled = use_tiles && task.w->row_tiles;
                 if (!use_simd)
-                    scalar::matmul_rows(task.out, *task.w, task.x, row, count);
-                else if (dtype == DType::I8)
-                    (tiled ? avx512::matmul_rows_q8 : avx2::matmul_rows_q8)(
+                    scalar::matvec_rows(task.out, *task.w, task.x, row, count);
+                else if (dtype == DType::Q8_0)
+                    (tiled ? avx512::matvec_rows_q8 : avx2::matvec_rows_q8)(
                         task.out, *task.w, quantized[t], row, count);
-                else if (dtype == DType::U8)
-                    (tiled ? avx512::matmul_rows_q4 : avx2::matmul_rows_q4)(
+                else if (dtype == DType::Q4_0)
+                    (tiled ? avx512::matvec_rows_q4 : avx2::matvec_rows_q4)(
                         task.out, *task.w, quantized[t], row, count);
                 else if (use_bf16_x[t])
-                    avx512::matmul_rows_bf16_x(task.out, *task.w, halves[t].data(), row, count);
+                    avx512::matvec_rows_bf16_x(task.out, *task.w, halves[t].data(), row, count);
                 else if (use_half_x[t])
-                    avx512::matmul_rows_half_x(task.out, *task.w, halves[t].data(), row, count);
+                    avx512::matvec_rows_half_x(task.out, *task.w, halves[t].data(), row, count);
                 else
-                    (use_avx512 ? avx512::matmul_rows : avx2::matmul_rows)(task.out, *task.w,
+                    (use_avx512 ? avx512::matvec_rows : avx2::matvec_rows)(task.out, *task.w,
                                                                            task.x, row, count);
             }
             task_start = task_end;
@@ -269,41 +140,11 @@ void matmul_many(std::initializer_list<MatmulTask> tasks) {
     }
 }
 
-void matmul_batch(float* out, const float* x, int batch, const Matrix& w) {
-    matmul_batch_many(x, batch, {{out, &w}});
+void gemm(float* out, const float* x, int batch, const Matrix& w) {
+    gemm_many(x, batch, {{out, &w}});
 }
 
 namespace {
-
-// The rows a thread claims next when `rows_left` rows of the GEMMs remain: whole blocks
-// while there is plenty, then ever smaller runs (whole tiles), so that no thread is left
-// with a long one while the others wait.
-int chunk_rows(int rows_left, int threads, int tile, int block) {
-    const int share = (rows_left / (2 * threads) + tile - 1) / tile;
-    return std::clamp(share * tile, tile, block);
-}
-
-// Run by every thread of a parallel region: claims runs of the rows of all outputs, one
-// matrix after another (next_row counts them), until none are left, and calls
-// work(output, first_row, row_count) for each run cut at the boundaries between matrices.
-template <typename Work>
-void claim_rows(std::initializer_list<BatchOutput> outputs, int total_rows,
-                std::atomic<int>* next_row, int tile, int block, Work work) {
-    const int threads = omp_get_num_threads();
-    for (;;) {
-        const int size = chunk_rows(total_rows - next_row->load(), threads, tile, block);
-        const int first = next_row->fetch_add(size);
-        if (first >= total_rows) break;
-        const int last = std::min(total_rows, first + size);
-        int matrix_start = 0;
-        for (const BatchOutput& o : outputs) {
-            const int begin = std::max(first, matrix_start);
-            const int end = std::min(last, matrix_start + o.w->rows);
-            if (begin < end) work(o, begin - matrix_start, end - begin);
-            matrix_start += o.w->rows;
-        }
-    }
-}
 
 // Row tiles a thread claims at most at once in the VNNI GEMMs.
 constexpr int kQuantizedRowTiles = 4;
@@ -315,28 +156,28 @@ void batch_rows(const BatchOutput& o, const float* x_tiles, const uint32_t* pair
                 int first, int count) {
     const DType dtype = o.w->dtype;
     if (pair_tiles && dtype == DType::BF16)
-        avx512::matmul_batch_rows_bf16(o.out, *o.w, pair_tiles, batch, first, count);
+        avx512::gemm_rows_bf16(o.out, *o.w, pair_tiles, batch, first, count);
     else if (active_level == SimdLevel::Avx512 && !is_quantized(dtype))
-        avx512::matmul_batch_rows(o.out, *o.w, x_tiles, batch, first, count);
+        avx512::gemm_rows(o.out, *o.w, x_tiles, batch, first, count);
     else
-        avx2::matmul_batch_rows(o.out, *o.w, x_tiles, batch, first, count);
+        avx2::gemm_rows(o.out, *o.w, x_tiles, batch, first, count);
 }
 
 }  // namespace
 
-void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOutput> outputs) {
+void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> outputs) {
     if (outputs.size() == 0) return;
     const int cols = outputs.begin()->w->cols;
     int total_rows = 0;
     for (const BatchOutput& o : outputs) {
-        if (o.w->cols != cols) throw Error("matmul_batch_many: matrices of different widths");
+        if (o.w->cols != cols) throw Error("gemm_many: matrices of different widths");
         total_rows += o.w->rows;
     }
     const size_t row_work = size_t(cols) * batch;
     if (active_level < SimdLevel::Avx2) {
         for (const BatchOutput& o : outputs)
             split_rows(o.w->rows, row_work, [&](int first, int count) {
-                scalar::matmul_batch_rows(o.out, *o.w, x, batch, first, count);
+                scalar::gemm_rows(o.out, *o.w, x, batch, first, count);
             });
         return;
     }
@@ -358,8 +199,8 @@ void matmul_batch_many(const float* x, int batch, std::initializer_list<BatchOut
         QuantizedBatch* x_quantized = &storage;  // the calling thread's, shared
         resize_quantized_batch(x_quantized, batch, cols);
         const auto quantize_token = avx512_vnni ? avx512::quantize_token : avxvnni::quantize_token;
-        const auto rows_quantized = avx512_vnni ? avx512::matmul_batch_rows_quantized
-                                                : avxvnni::matmul_batch_rows_quantized;
+        const auto rows_quantized =
+            avx512_vnni ? avx512::gemm_rows_quantized : avxvnni::gemm_rows_quantized;
         const int row_tile = avx512_vnni ? avx512::kQuantizedRowTile : avxvnni::kQuantizedRowTile;
 #pragma omp parallel num_threads(threads)
         {
@@ -410,13 +251,6 @@ void rmsnorm(float* out, const float* x, const float* weight, int n, float eps) 
         scalar::rmsnorm(out, x, weight, n, eps);
 }
 
-void scalar::rmsnorm(float* out, const float* x, const float* weight, int n, float eps) {
-    double sum_of_squares = 0.0;
-    for (int i = 0; i < n; ++i) sum_of_squares += double(x[i]) * x[i];
-    const float scale = float(1.0 / std::sqrt(sum_of_squares / n + eps));
-    for (int i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
-}
-
 void rope(float* vec, int heads, int head_dim, int pos, const float* inverse_frequencies) {
     const int half = head_dim / 2;
     for (int i = 0; i < half; ++i) {
@@ -443,16 +277,6 @@ void softmax(float* x, int n) {
         scalar::softmax(x, n);
 }
 
-void scalar::softmax(float* x, int n) {
-    const float max_value = *std::max_element(x, x + n);
-    float sum = 0.0f;
-    for (int i = 0; i < n; ++i) {
-        x[i] = std::exp(x[i] - max_value);
-        sum += x[i];
-    }
-    for (int i = 0; i < n; ++i) x[i] /= sum;
-}
-
 void swiglu(float* gate, const float* up, int n) {
     if (active_level == SimdLevel::Avx512)
         avx512::swiglu(gate, up, n);
@@ -462,12 +286,8 @@ void swiglu(float* gate, const float* up, int n) {
         scalar::swiglu(gate, up, n);
 }
 
-void scalar::swiglu(float* gate, const float* up, int n) {
-    for (int i = 0; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-}
-
 void embedding_row(float* out, const Matrix& table, int row) {
-    for (int i = 0; i < table.cols; ++i) out[i] = weight_at(table, row, i);
+    for (int i = 0; i < table.cols; ++i) out[i] = scalar::weight_at(table, row, i);
 }
 
 void kv_store(void* slot, const float* values, int n, KvType type) {

@@ -1,0 +1,73 @@
+// The scalar path of the CPU kernels (cpu/scalar.h): the readable reference of each SIMD
+// kernel, also run on CPUs without AVX2.
+#include "cpu/scalar.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "half.h"
+
+namespace barellm::cpu {
+
+namespace {
+
+inline float kv_at(const void* cache, int i, KvType type) {
+    return type == KvType::F32 ? static_cast<const float*>(cache)[i]
+                               : half_to_float(static_cast<const uint16_t*>(cache)[i]);
+}
+
+}  // namespace
+
+void scalar::matvec_rows(float* out, const Matrix& w, const float* x, int first_row,
+                         int row_count) {
+    for (int r = first_row; r < first_row + row_count; ++r) {
+        float sum = 0.0f;
+        for (int i = 0; i < w.cols; ++i) sum += weight_at(w, r, i) * x[i];
+        out[r] = sum;
+    }
+}
+
+void scalar::gemm_rows(float* out, const Matrix& w, const float* x, int batch, int first_row,
+                       int row_count) {
+    for (int b = 0; b < batch; ++b) {
+        const float* x_row = x + size_t(b) * w.cols;
+        for (int r = first_row; r < first_row + row_count; ++r) {
+            float sum = 0.0f;
+            for (int i = 0; i < w.cols; ++i) sum += weight_at(w, r, i) * x_row[i];
+            out[size_t(b) * w.rows + r] = sum;
+        }
+    }
+}
+
+float scalar::dot_kv(const float* q, const void* keys, int n, KvType type) {
+    float sum = 0.0f;
+    for (int i = 0; i < n; ++i) sum += q[i] * kv_at(keys, i, type);
+    return sum;
+}
+
+void scalar::add_scaled_kv(float* out, float scale, const void* values, int n, KvType type) {
+    for (int i = 0; i < n; ++i) out[i] += scale * kv_at(values, i, type);
+}
+
+void scalar::rmsnorm(float* out, const float* x, const float* weight, int n, float eps) {
+    double sum_of_squares = 0.0;
+    for (int i = 0; i < n; ++i) sum_of_squares += double(x[i]) * x[i];
+    const float scale = float(1.0 / std::sqrt(sum_of_squares / n + eps));
+    for (int i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
+}
+
+void scalar::softmax(float* x, int n) {
+    const float max_value = *std::max_element(x, x + n);
+    float sum = 0.0f;
+    for (int i = 0; i < n; ++i) {
+        x[i] = std::exp(x[i] - max_value);
+        sum += x[i];
+    }
+    for (int i = 0; i < n; ++i) x[i] /= sum;
+}
+
+void scalar::swiglu(float* gate, const float* up, int n) {
+    for (int i = 0; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+}  // namespace barellm::cpu
