@@ -4,7 +4,6 @@
 
 #include <immintrin.h>
 #include <omp.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -89,10 +88,18 @@ double bandwidth_share(const TestResult& test) {
     return sum / test.bandwidths.size();
 }
 
+// The peak resident memory of this program (/proc/self/status's VmHWM, in KiB); 0 where
+// unreadable. Not getrusage's ru_maxrss: Linux carries into it the peak of the process that
+// forked this one, so a barellm started by a large parent would report the parent's size.
 size_t peak_resident_bytes() {
-    struct rusage usage;
-    getrusage(RUSAGE_SELF, &usage);
-    return size_t(usage.ru_maxrss) * 1024;  // Linux reports KiB
+    std::FILE* status = std::fopen("/proc/self/status", "r");
+    if (status == nullptr) return 0;
+    char line[256];
+    unsigned long long kib = 0;
+    while (std::fgets(line, sizeof line, status) != nullptr)
+        if (std::sscanf(line, "VmHWM: %llu kB", &kib) == 1) break;
+    std::fclose(status);
+    return size_t(kib) * 1024;
 }
 
 // The resident memory now (/proc/self/statm's second field, in pages); 0 where unreadable.

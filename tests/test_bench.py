@@ -6,6 +6,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 
@@ -112,6 +113,21 @@ def test_markdown_header_names_the_machine(model):
     assert bool(match.group(5)) == (match.group(3) == "avx512" and "avx512_bf16" in flags)
     assert int(match.group(2)) == physical_cores_from_sys()
     assert int(match.group(7)) == physical_cores_from_sys()
+
+
+def test_peak_memory_is_barellms_own_not_its_parents(model):
+    """A parent holding 400 MiB starts bench on a 1 MB model: the peak reported is bench's own
+    (getrusage's ru_maxrss would carry the parent's peak through fork and exec)."""
+    script = ("import subprocess, sys\n"
+              "held = bytearray(400 << 20)\n"
+              "for i in range(0, len(held), 4096): held[i] = 1\n"
+              "sys.stdout.write(subprocess.run(sys.argv[1:], capture_output=True, text=True,"
+              " timeout=120).stdout)\n")
+    result = subprocess.run([sys.executable, "-c", script, BARELLM, "bench", model, "-p", "9",
+                             "-n", "5", "-r", "2", "-o", "json"], capture_output=True, text=True,
+                            timeout=180)
+    tests = json.loads(result.stdout)
+    assert all(0 < test["peak_rss_bytes"] < 256 << 20 for test in tests), tests
 
 
 @pytest.mark.parametrize("level", ["scalar", "avx2", "avx512"])
