@@ -20,10 +20,16 @@
 # CPPFLAGS is passed to every compilation (e.g. CPPFLAGS=-I/path/to/nlohmann/include).
 #
 #   SAN=1              build with AddressSanitizer and UndefinedBehaviorSanitizer (CPU only);
-#                      `make test SAN=1` runs the whole suite on that build
+#                      `make test SAN=1` runs the unit tests and the Python tests marked
+#                      `sanitize` on that build
 #   make bench         the standard benchmark set on this machine (scripts/bench.sh)
-#   make fuzz          builds the libFuzzer targets (tests/fuzz/) with clang++ and runs each
-#                      for FUZZ_SECONDS (default 60) from the seed corpus
+#   make fuzz          builds the libFuzzer targets (tests/fuzz/) with clang++ and runs them
+#                      side by side, each for FUZZ_SECONDS (default 60) from the seed corpus
+
+# Every target builds (and `make test` runs its tests) on all the cores, unless -j says
+# otherwise.
+NPROC := $(shell nproc 2>/dev/null || echo 1)
+MAKEFLAGS += -j$(NPROC)
 
 CXX      ?= g++
 SAN      ?= 0
@@ -176,40 +182,56 @@ $(BUILD)/unit_tests: $(TEST_OBJS) $(SIMDE_OBJS) $(LIB_OBJS) $(CUDA_OBJS)
 $(BUILD)/%: $(BUILD)/tools/%.o $(LIB_OBJS) $(CUDA_OBJS)
 	$(CXX) $^ $(LDFLAGS) $(LDLIBS) -o $@
 
+# The C++ unit tests, then pytest on every core (pytest-xdist, a test file per worker at a
+# time; one worker where xdist is not installed). SAN=1 runs the unit tests and the Python
+# tests marked `sanitize` (tests/conftest.py says which and why).
+PYTEST_WORKERS ?= $(NPROC)
+PYTEST_PARALLEL = $(shell $(PYTHON) -c 'import xdist' 2>/dev/null && \
+                    printf -- '-n %s --dist loadfile' $(PYTEST_WORKERS))
+PYTEST_SELECT   := $(if $(filter 1,$(SAN)),-m sanitize)
 test: all
 	$(BUILD)/unit_tests
-	BARELLM_BUILD=$(BUILD) $(PYTHON) -m pytest -q -rs tests
+	BARELLM_BUILD=$(BUILD) $(PYTHON) -m pytest -q -rs $(PYTEST_PARALLEL) $(PYTEST_SELECT) tests
 
 # The standard benchmark set (scripts/bench.sh): model speed and tokenizer speed.
 bench: $(BUILD)/barellm $(BUILD)/tokenize_json
 	scripts/bench.sh
 
-# libFuzzer targets: only the code that reads untrusted input (files, text, ids, argv).
+# libFuzzer targets: only the code that reads untrusted input (files, text, ids, argv). The
+# sources they share are compiled once (with -fsanitize=fuzzer-no-link: coverage without a
+# main) and linked into each target; the targets run side by side, one per core (make -j).
 FUZZ_CXX     ?= clang++
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := model_file tokenizer_encode tokenizer_decode command_line regex
 FUZZ_SRCS    := src/safetensors.cpp src/config.cpp src/model.cpp src/json.cpp src/files.cpp $(wildcard src/tokenizer/*.cpp) \
                 src/cli.cpp tests/fuzz/targets.cpp
+FUZZ_OBJS    := $(FUZZ_SRCS:%.cpp=$(BUILD)/fuzz/obj/%.o)
 FUZZ_FLAGS   := -std=c++17 -O1 -g -Isrc -Itests $(CPPFLAGS) \
-                -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined
+                -fsanitize=address,undefined -fno-sanitize-recover=undefined
 
-$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.cpp $(FUZZ_SRCS) tests/fuzz/targets.h
+.SECONDARY: $(FUZZ_OBJS)
+$(BUILD)/fuzz/obj/%.o: %.cpp $(CONFIG)
 	@mkdir -p $(dir $@)
-	$(FUZZ_CXX) $(FUZZ_FLAGS) $< $(FUZZ_SRCS) -o $@
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+
+$(BUILD)/fuzz/fuzz_%: tests/fuzz/fuzz_%.cpp $(FUZZ_OBJS) tests/fuzz/targets.h
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer $< $(FUZZ_OBJS) -o $@
 
 # Each target runs on a working copy of its seed corpus; a crash stops `make fuzz` and
 # leaves the input in $(BUILD)/fuzz/<target>-crash-*: fix it, then keep the input in
 # tests/fuzz/regressions/<target>/ (the unit tests replay that folder).
-fuzz: $(FUZZ_TARGETS:%=$(BUILD)/fuzz/fuzz_%)
-	@for target in $(FUZZ_TARGETS); do \
-	    mkdir -p $(BUILD)/fuzz/corpus/$$target && \
-	    cp -n tests/fuzz/corpus/$$target/* $(BUILD)/fuzz/corpus/$$target/ && \
-	    echo "fuzzing $$target for $(FUZZ_SECONDS) s" && \
-	    $(BUILD)/fuzz/fuzz_$$target -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
-	        -artifact_prefix=$(BUILD)/fuzz/$$target- $(BUILD)/fuzz/corpus/$$target \
-	        2>$(BUILD)/fuzz/$$target.log || { tail -40 $(BUILD)/fuzz/$$target.log; exit 1; }; \
-	    grep -E "stat::number_of_executed_units|cov:" $(BUILD)/fuzz/$$target.log | tail -2; \
-	done
+.PHONY: $(FUZZ_TARGETS:%=fuzz-%)
+$(FUZZ_TARGETS:%=fuzz-%): fuzz-%: $(BUILD)/fuzz/fuzz_%
+	@mkdir -p $(BUILD)/fuzz/corpus/$*
+	@cp -n tests/fuzz/corpus/$*/* $(BUILD)/fuzz/corpus/$*/
+	@echo "fuzzing $* for $(FUZZ_SECONDS) s"
+	@$(BUILD)/fuzz/fuzz_$* -max_total_time=$(FUZZ_SECONDS) -print_final_stats=1 \
+	    -artifact_prefix=$(BUILD)/fuzz/$*- $(BUILD)/fuzz/corpus/$* \
+	    2>$(BUILD)/fuzz/$*.log || { tail -40 $(BUILD)/fuzz/$*.log; exit 1; }
+	@echo "$*: $$(grep -E 'stat::number_of_executed_units' $(BUILD)/fuzz/$*.log | tail -1)"
+
+fuzz: $(FUZZ_TARGETS:%=fuzz-%)
 
 clean:
 	rm -rf $(BUILD)

@@ -36,6 +36,7 @@ f16. Over 40 tokens from "Once upon a time" every rung gives the text of
 `barellm run --device cuda --temp 0`, the fast path.
 """
 
+import functools
 import json
 import os
 import re
@@ -206,6 +207,14 @@ def ladder_table(model, *args):
     return parse_table(result.stdout), result.stdout
 
 
+@functools.lru_cache(maxsize=None)
+def shared_ladder_table(model, *args):
+    """ladder_table, run once for each model and arguments and shared by the tests that read
+    different columns of the same table: a run takes at least 10.5 s (7 rungs, 3 timings of at
+    least 0.5 s each)."""
+    return ladder_table(model, *args)
+
+
 def assert_rows_well_formed(rows):
     for row in rows:
         assert float(row[TOKS]) > 0 and float(row[GBPS]) > 0, row
@@ -235,7 +244,7 @@ def assert_warnings_match_the_table(rows, stdout, threads):
 
 @pytest.mark.parametrize("model", ["f32", "q8"])
 def test_the_ladder_table_has_seven_rungs_with_numbers(stories, model):
-    rows, stdout = ladder_table(stories[model], "-n", 8, "-p", 12, "--threads", 2)
+    rows, stdout = shared_ladder_table(stories[model], "-n", 8, "-p", 12, "--threads", 2)
     assert [row[RUNG] for row in rows] == ["1", "2", "3", "4", "5", "6", "7"]
     changes = [row[CHANGE] for row in rows]
     assert changes[0] == "scalar kernels, 1 thread, f32 weights"
@@ -277,7 +286,7 @@ def test_the_threads_column_says_what_each_rung_uses(stories):
     32768 multiply-adds, below the 65536 a thread must have, so decode uses 1 thread of
     the 2 asked; a 12-token prefill batches w1 and w3, 2 × 172 × 64 × 12 = 264192, enough
     for 2."""
-    rows, _ = ladder_table(stories["f32"], "-n", 8, "-p", 12, "--threads", 2)
+    rows, _ = shared_ladder_table(stories["f32"], "-n", 8, "-p", 12, "--threads", 2)
     assert [row[THREADS] for row in rows] == ["1", "1", "1", "1", "1", "1", "2"]
     assert rows[1][NOTE].startswith(
         "asks for 2 threads, uses 1: its largest step (the output matrix, 32768 "
@@ -285,7 +294,7 @@ def test_the_threads_column_says_what_each_rung_uses(stories):
     # Said once, where the threads change, not again on the rungs after it.
     assert all("asks for" not in row[NOTE] for row in rows[2:]), rows
     # With 4 tokens the prefill's w1 and w3 are 88064 multiply-adds: one thread.
-    rows, _ = ladder_table(stories["f32"], "-n", 8, "-p", 4, "--threads", 2)
+    rows, _ = shared_ladder_table(stories["f32"], "-n", 8, "-p", 4, "--threads", 2)
     assert rows[6][THREADS] == "1"
 
 
@@ -293,7 +302,7 @@ def test_a_model_in_the_cache_has_no_percent_of_bandwidth(stories):
     cache = last_level_cache_bytes()
     if cache < 1040128:
         pytest.skip(f"the last-level cache ({cache} bytes) does not hold stories260K in f32")
-    rows, stdout = ladder_table(stories["f32"], "-n", 8, "-p", 12, "--threads", 2)
+    rows, stdout = shared_ladder_table(stories["f32"], "-n", 8, "-p", 12, "--threads", 2)
     assert [row[PERCENT] for row in rows] == ["fits in cache"] * 7
     assert "last-level cache: L" in stdout and f"{cache / 1048576:.1f} MiB" in stdout
 
@@ -348,7 +357,7 @@ def test_a_slower_rung_says_why(stories):
                "costs more than", "the threads' start and join", "no AVX2 here",
                "no AVX-512 here", "memory-bound", "unexpected")
     for model in ("f32", "q8"):
-        rows, stdout = ladder_table(stories[model], "-n", 8, "-p", 12, "--threads", 2)
+        rows, stdout = shared_ladder_table(stories[model], "-n", 8, "-p", 12, "--threads", 2)
         token_by_token = re.search(r"rung 7: a 12-token prompt, ([\d.]+) tok/s token by token",
                                    stdout)
         before = [float(row[TOKS]) for row in rows[:5]] + [float(token_by_token.group(1))]
