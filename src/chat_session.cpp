@@ -131,8 +131,8 @@ void Conversation::save(const std::string& path, bool replace_existing) const {
     try {
         write_file_safely(path, text, rules);
     } catch (const Error& e) {
-        throw Error(std::string(replace_existing ? kReplacingSaveCommand : kSaveCommand) +
-                    ": " + e.what());
+        throw Error(std::string(replace_existing ? kReplacingSaveCommand : kSaveCommand) + ": " +
+                    e.what());
     }
 }
 
@@ -175,9 +175,9 @@ public:
     bool any() const { return count_ > 0; }
     // "barellm: 2 lines of the input failed: line 3 (/save), line 5 (/save!)"
     std::string summary() const {
-        std::string text = "barellm: " + std::to_string(count_) +
-                           (count_ == 1 ? " line of the input failed: "
-                                        : " lines of the input failed: ");
+        std::string text =
+            "barellm: " + std::to_string(count_) +
+            (count_ == 1 ? " line of the input failed: " : " lines of the input failed: ");
         for (size_t i = 0; i < listed_.size(); ++i) text += (i ? ", " : "") + listed_[i];
         if (count_ > listed_.size())
             text += " and " + std::to_string(count_ - listed_.size()) + " more";
@@ -247,11 +247,18 @@ int run_chat(const Model& model, const Tokenizer& tokenizer, Backend& backend, S
         std::string line;
         const LineReader::Status status = reader.read_line(&line);
         if (color) write_now(kColorReset);
-        if (status != LineReader::Status::Line) {
+        if (status == LineReader::Status::End || status == LineReader::Status::Interrupted) {
             if (interactive) write_now("\n");
             break;
         }
         ++line_number;
+        if (status == LineReader::Status::TooLong) {
+            say("barellm: line " + std::to_string(line_number) + " is longer than " +
+                std::to_string(LineReader::kMaxLineBytes) +
+                " bytes; it was not sent, the conversation goes on");
+            failures.add(line_number, "a line too long");
+            continue;
+        }
         std::string argument;
         const Command command = command_of(line, &argument);
         switch (command) {

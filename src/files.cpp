@@ -32,7 +32,7 @@ struct FileCloser {
     }
 };
 
-constexpr mode_t kNewFileMode = 0666;     // before the umask, as a shell's `>` creates
+constexpr mode_t kNewFileMode = 0666;      // before the umask, as a shell's `>` creates
 constexpr mode_t kPermissionBits = 07777;  // of a replaced file, kept by its replacement
 constexpr int kTemporaryNameTries = 100;
 
@@ -52,7 +52,6 @@ std::string replacement_target(const std::string& path, const WriteRules& rules,
         struct stat link;
         if (lstat(path.c_str(), &link) == 0)
             throw Error(path + ": a symbolic link to a file that does not exist");
-        std::memset(existing, 0, sizeof *existing);
         return path;
     }
     if (std::find(rules.inputs.begin(), rules.inputs.end(), identity_of(*existing)) !=
@@ -185,9 +184,9 @@ void write_file_safely(const std::string& path, const std::string& text, const W
         } catch (const Error& e) {
             throw Error("cannot write " + path + ": " + e.what());
         }
-        // What is there now, in case it changed while the text was written.
-        struct stat now;
-        replacement_target(path, rules, &now);
+        // Checked again: what is there may have changed while the text was written.
+        struct stat there_now;
+        replacement_target(path, rules, &there_now);
         if (rename(temporary.c_str(), target.c_str()) != 0)
             throw Error(system_error("cannot write " + path));
     } catch (const Error&) {

@@ -43,9 +43,9 @@ std::optional<FileIdentity> file_identity(const std::string& path);
 
 // What write_file_safely may replace.
 struct WriteRules {
-    bool replace_existing = false;      // false: a path that exists is refused
-    std::string how_to_replace;         // said when an existing path is refused
-    std::vector<FileIdentity> inputs;   // files being read, never replaced
+    bool replace_existing = false;     // false: a path that exists is refused
+    std::string how_to_replace;        // said when an existing path is refused
+    std::vector<FileIdentity> inputs;  // files being read, never replaced
 };
 
 // Writes `text` to `path`, or to standard output when `path` is "-". The text goes to a

@@ -301,12 +301,12 @@ void start_threads(const Options& options) {
     int error = 0;
     const int started = threads_that_start(wanted, &error);
     if (started < wanted) {
-        const std::string asked = options.threads > 0        ? "--threads"
+        const std::string asked = options.threads > 0              ? "--threads"
                                   : std::getenv("OMP_NUM_THREADS") ? "OMP_NUM_THREADS"
                                                                    : "one thread per core";
         throw Error("only " + std::to_string(started) + " of the " + std::to_string(wanted) +
-                    " threads asked for (" + asked + ") could be started: " +
-                    std::strerror(error) + "; ask for fewer with --threads");
+                    " threads asked for (" + asked + ") could be started: " + std::strerror(error) +
+                    "; ask for fewer with --threads");
     }
 #pragma omp parallel
     {

@@ -24,12 +24,12 @@ def model(tmp_path):
                        metadata={"barellm.chat_template": LLAMA2_CHAT})
 
 
-def chat(model, lines, *args, preexec_fn=None):
-    """barellm chat on `model`, its standard input the bytes of `lines` (a pipe); stderr
-    decoded with U+FFFD for bytes that are not UTF-8."""
+def chat(model, lines, *args, preexec_fn=None, input_tail=b""):
+    """barellm chat on `model`, its standard input the bytes of `lines` (a pipe), each with
+    a newline, then `input_tail`; stderr decoded with U+FFFD for bytes that are not UTF-8."""
     result = subprocess.run([BARELLM, "chat", str(model), "--temp", "0", "-n", "3",
                              *map(str, args)],
-                            input=b"".join(line + b"\n" for line in lines),
+                            input=b"".join(line + b"\n" for line in lines) + input_tail,
                             capture_output=True, timeout=120, preexec_fn=preexec_fn)
     result.stderr = result.stderr.decode(errors="replace")
     return result
@@ -181,6 +181,18 @@ def test_a_line_that_is_not_utf8_is_refused_and_the_session_goes_on(model, tmp_p
     assert result.returncode == 1
     assert last_line(result) == ("barellm: 2 lines of the input failed: line 2 (a message "
                                  "that is not UTF-8), line 3 (a message that is not UTF-8)")
+
+
+def test_a_line_longer_than_the_limit_is_dropped_and_the_session_goes_on(model):
+    result = chat(model, [b"ab", b"x" * (3 << 20), b"ba"])
+    assert ("barellm: line 2 is longer than 1048576 bytes; it was not sent, the conversation "
+            "goes on") in result.stderr
+    assert len(stats(result.stderr)) == 2
+    assert last_line(result) == "barellm: 1 line of the input failed: line 2 (a line too long)"
+    # Without a newline at the end of the input, too.
+    result = chat(model, [b"ab"], input_tail=b"y" * (2 << 20))
+    assert len(stats(result.stderr)) == 1
+    assert last_line(result) == "barellm: 1 line of the input failed: line 2 (a line too long)"
 
 
 def test_a_clean_session_exits_0_and_many_failures_are_counted(model):

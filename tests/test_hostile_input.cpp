@@ -172,9 +172,9 @@ TEST_CASE("first_invalid_utf8 names the first byte that starts no character", "[
     CHECK(first_invalid_utf8("") == std::string::npos);
     CHECK(first_invalid_utf8("caf\xC3\xA9 \xF0\x9F\x98\x80") == std::string::npos);
     CHECK(first_invalid_utf8("hi \xFF") == 3);
-    CHECK(first_invalid_utf8("ab\xE2\x82") == 2);          // cut off at the end
+    CHECK(first_invalid_utf8("ab\xE2\x82") == 2);        // cut off at the end
     CHECK(first_invalid_utf8("\xC3\xA9\xC0\xAF") == 2);  // an overlong '/'
-    CHECK(first_invalid_utf8("a\xED\xA0\x80") == 1);      // a surrogate
+    CHECK(first_invalid_utf8("a\xED\xA0\x80") == 1);     // a surrogate
     CHECK(first_invalid_utf8(std::string("a\0b", 3)) == std::string::npos);
 }
 
@@ -210,8 +210,8 @@ TEST_CASE("write_file_safely writes new files and replaces regular ones only whe
     const std::string hard_link = directory + "/hard.json";
     REQUIRE(link_path(path, hard_link));
     rules.inputs.push_back(*file_identity(path));
-    for (const std::string& name : {path, link, hard_link, directory + "/../" +
-                                                              directory.substr(5) + "/out.json"})
+    for (const std::string& name :
+         {path, link, hard_link, directory + "/../" + directory.substr(5) + "/out.json"})
         CHECK_THROWS_WITH(write_file_safely(name, "fourth\n", rules),
                           name + ": is a file being read, never replaced");
     CHECK(contents(path) == "third\n");
@@ -230,8 +230,7 @@ TEST_CASE("write_file_safely writes new files and replaces regular ones only whe
                       dangling + ": a symbolic link to a file that does not exist");
     CHECK_THROWS_WITH(write_file_safely(directory + "/missing/x", "x", rules),
                       "cannot write " + directory + "/missing/x: No such file or directory");
-    CHECK_THROWS_WITH(write_file_safely(path + "/x", "x", rules),
-                      path + "/x: Not a directory");
+    CHECK_THROWS_WITH(write_file_safely(path + "/x", "x", rules), path + "/x: Not a directory");
     CHECK_THROWS_WITH(write_file_safely("", "x", rules), "no file name given");
 
     // Nothing but what was written is left in the directory: no temporary file.
@@ -239,8 +238,8 @@ TEST_CASE("write_file_safely writes new files and replaces regular ones only whe
     for (const auto& entry : std::filesystem::directory_iterator(directory))
         names.push_back(entry.path().filename().string());
     std::sort(names.begin(), names.end());
-    CHECK(names == std::vector<std::string>{"dangling", "fifo", "hard.json", "link.json",
-                                            "out.json"});
+    CHECK(names ==
+          std::vector<std::string>{"dangling", "fifo", "hard.json", "link.json", "out.json"});
     std::filesystem::remove_all(directory);
 }
 
