@@ -275,7 +275,7 @@ int run_chat(const Model& model, const Tokenizer& tokenizer, Backend& backend, S
             case Command::ReplacingSave: {
                 const bool replace = command == Command::ReplacingSave;
                 const std::string name = replace ? kReplacingSaveCommand : kSaveCommand;
-                if (argument.empty()) {
+                if (argument.find_first_not_of(' ') == std::string::npos) {  // none, or spaces
                     say("barellm: " + name + " needs a file name: " + name + " FILE");
                     failures.add(line_number, name);
                     break;

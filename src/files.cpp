@@ -168,6 +168,8 @@ void write_file_safely(const std::string& path, const std::string& text, const W
         return;
     }
     if (path.empty()) throw Error("no file name given");
+    if (path.find('\0') != std::string::npos)
+        throw Error("a file name cannot hold a NUL byte");
     struct stat existing;
     const std::string target = replacement_target(path, rules, &existing);
     std::string temporary;

@@ -159,12 +159,12 @@ def test_help_lists_the_commands(model):
 
 
 def test_a_save_without_a_file_name_fails(model):
-    result = chat(model, [b"/save", b"/save!", b"ab"])
+    result = chat(model, [b"/save", b"/save!", b"ab", b"/save    "])
     assert "barellm: /save needs a file name: /save FILE" in result.stderr
     assert "barellm: /save! needs a file name: /save! FILE" in result.stderr
     assert len(stats(result.stderr)) == 1
-    assert last_line(result) == ("barellm: 2 lines of the input failed: line 1 (/save), "
-                                 "line 2 (/save!)")
+    assert last_line(result) == ("barellm: 3 lines of the input failed: line 1 (/save), "
+                                 "line 2 (/save!), line 4 (/save)")
 
 
 # ---- lines that are not UTF-8 --------------------------------------------------------------

@@ -232,6 +232,8 @@ TEST_CASE("write_file_safely writes new files and replaces regular ones only whe
                       "cannot write " + directory + "/missing/x: No such file or directory");
     CHECK_THROWS_WITH(write_file_safely(path + "/x", "x", rules), path + "/x: Not a directory");
     CHECK_THROWS_WITH(write_file_safely("", "x", rules), "no file name given");
+    CHECK_THROWS_WITH(write_file_safely(directory + std::string("/a\0b", 4), "x", rules),
+                      "a file name cannot hold a NUL byte");
 
     // Nothing but what was written is left in the directory: no temporary file.
     std::vector<std::string> names;
