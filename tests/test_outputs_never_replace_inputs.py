@@ -76,7 +76,7 @@ def test_gguf_from_hf_refuses_an_output_that_is_an_input(tmp_path, name):
     assert snapshot(tmp_path) == before
 
 
-def test_compare_refuses_a_raw_folder_with_files_and_a_plot_over_an_input(tools, tmp_path):  # noqa: F811
+def test_compare_refuses_a_full_raw_folder_and_a_plot_over_an_input(tools, tmp_path):  # noqa: F811
     bin_dir, models = tools
     raw = tmp_path / "raw"
     raw.mkdir()
