@@ -30,7 +30,8 @@ def chat(model, lines, *args, preexec_fn=None, input_tail=b""):
     result = subprocess.run([BARELLM, "chat", str(model), "--temp", "0", "-n", "3",
                              *map(str, args)],
                             input=b"".join(line + b"\n" for line in lines) + input_tail,
-                            capture_output=True, timeout=120, preexec_fn=preexec_fn)
+                            capture_output=True, timeout=120, preexec_fn=preexec_fn,
+                            cwd=os.path.dirname(model))  # a relative name lands there
     result.stderr = result.stderr.decode(errors="replace")
     return result
 
