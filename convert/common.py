@@ -107,6 +107,17 @@ def float32(value):
         return math.inf if value > 0 else -math.inf
 
 
+def refuse_output_in_place_of(output, what="output"):
+    """Refuse an output path whose replacement would destroy something other than a file:
+    a directory, or anything that is not a regular file (a device such as /dev/null, a
+    FIFO, a socket; a symbolic link to one), which os.replace would turn into a regular
+    file. A symbolic link to a regular file is replaced as a link, its target untouched."""
+    if os.path.isdir(output):
+        raise ConvertError(f"cannot write {what} '{output}': it is a directory")
+    if os.path.exists(output) and not os.path.isfile(output):
+        raise ConvertError(f"cannot write {what} '{output}': it is not a regular file")
+
+
 def refuse_output_among_inputs(output, inputs):
     """Refuse an output path that is one of the input files, however it is spelled
     (through a symbolic link, with '..', as another hard link)."""

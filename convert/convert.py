@@ -30,7 +30,8 @@ import numpy as np
 
 import barellm_check
 from common import (ConvertError, OneLineParser, compact_json, float32, read_json,
-                    refuse_output_among_inputs, run_main, stop_signals_held)
+                    refuse_output_among_inputs, refuse_output_in_place_of, run_main,
+                    stop_signals_held)
 import dtypes
 import gguf_in
 import hf_tokenizer
@@ -521,8 +522,7 @@ def write_output(path, plan, metadata, weight_dtype, barellm):
     header, data_bytes = st.encode_header(entries, metadata, ALIGNMENT)
     places = {name: (len(header) + begin, len(header) + end)
               for name, (begin, end) in st.data_offsets(entries).items()}
-    if os.path.isdir(path):
-        raise ConvertError(f"cannot write output '{path}': it is a directory")
+    refuse_output_in_place_of(path)
     tmp = None
     try:
         with stop_signals_held():  # a signal right after mkstemp still finds `tmp` set

@@ -24,12 +24,13 @@ Options:
                        blocks: every barellm round, then every llama.cpp round
   --threshold PCT      the disagreement that flags a row (default 10)
   --json | --csv       one merged JSON document, or CSV rows, instead of markdown
-  --plot FILE.png      also draw t/s per test, thread count and tool (needs matplotlib)
+  --plot FILE.png      also draw t/s per test, thread count and tool (needs matplotlib);
+                       never over an input file, a folder or a device
   --barellm PATH       another barellm binary (default: build/barellm of this tree)
   --device cpu|cuda    where both tools run (default cpu)
   --simd LEVEL         barellm's kernels of at most this level (scalar, avx2, avx512; its
                        `--simd`), e.g. avx2 against a llama.cpp built without AVX-512
-  --raw DIR            keep every tool's output and log in DIR
+  --raw DIR            keep every tool's output and log in DIR, a new or empty folder
 
 A row is flagged when either tool's repetitions spread by more than the threshold
 (standard deviation over mean), when its rounds' ratios disagree by more than it
@@ -636,7 +637,24 @@ def parse_args(argv):
                 parser.error(f"{path}: no such file")
     if args.plot and not args.plot.lower().endswith(".png"):
         parser.error("--plot writes a .png file")
+    inputs = [args.llama_bench, args.barellm, *args.files[1:]]
+    if args.plot and (os.path.isdir(args.plot) or
+                      (os.path.exists(args.plot) and not os.path.isfile(args.plot)) or
+                      any(same_file(args.plot, path) for path in inputs)):
+        parser.error(f"--plot {args.plot}: not a new or regular file apart from the inputs")
+    if args.raw and os.path.exists(args.raw) and not (os.path.isdir(args.raw) and
+                                                      not os.listdir(args.raw)):
+        parser.error(f"--raw {args.raw}: not a new or empty folder (the outputs it keeps "
+                     "would replace what is there)")
     return args
+
+
+def same_file(a, b):
+    """Whether two paths name one existing file, however spelled."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def compare(args, argv):

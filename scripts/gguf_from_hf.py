@@ -61,7 +61,8 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "convert"))
 
-from common import ConvertError, run_main  # noqa: E402
+from common import (ConvertError, refuse_output_among_inputs,  # noqa: E402
+                    refuse_output_in_place_of, run_main)
 import convert  # noqa: E402
 import dtypes  # noqa: E402
 import gguf_in  # noqa: E402
@@ -475,11 +476,13 @@ def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
     arch_name = config["architecture"]
     check_layer_flags(config, arch_name)
     arch = gguf_in.ARCHITECTURES[arch_name]
-    plan = convert.tensor_plan(config, st.open_checkpoint(hf_dir))
+    tensors = st.open_checkpoint(hf_dir)
+    refuse_output_among_inputs(output, [os.path.join(hf_dir, name) for name in convert.SIDE_FILES]
+                               + sorted({info.path for info in tensors.values()}))
+    plan = convert.tensor_plan(config, tensors)
     type_name = type_name or DEFAULT_TYPES[convert.default_weight_dtype(cfg, plan)]
     qtype, file_type = TYPES[type_name]
-    if os.path.isdir(output):
-        raise ConvertError(f"cannot write output '{output}': it is a directory")
+    refuse_output_in_place_of(output)
 
     fd, tmp = tempfile.mkstemp(prefix=".gguf-", suffix=".tmp",
                                dir=os.path.dirname(os.path.abspath(output)))

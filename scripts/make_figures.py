@@ -461,6 +461,11 @@ def main():
                         help="run the ladder on MODEL first and save its output")
     args = parser.parse_args()
     os.makedirs(args.output, exist_ok=True)
+    written = [os.path.join(args.output, name) for name in [*FIGURES_DRAWN, "ladder.svg",
+                                                             LADDER_OUTPUT]]
+    if args.measure and os.path.exists(args.measure) and any(
+            os.path.exists(path) and os.path.samefile(args.measure, path) for path in written):
+        parser.error(f"--measure {args.measure} is a file this script writes in {args.output}")
     if args.measure:
         measure_ladder(args.measure, args.output)
         ladder_source = os.path.join(args.output, LADDER_OUTPUT)

@@ -17,6 +17,7 @@
 #include "backend.h"
 #include "cpu/kernels.h"
 #include "error.h"
+#include "generate.h"
 #include "machine.h"
 #include "timing.h"
 
@@ -164,8 +165,11 @@ void run_bench(const BenchOptions& options) {
 
     // One untimed warm-up, as llama-bench does: the prefill test once (its buffers are
     // allocated and their pages touched before the clock starts), then one decode step.
-    if (options.prompt_tokens > 0) backend->prefill(tokens.data(), options.prompt_tokens, 0, false);
-    backend->forward(tokens[0], 0);
+    // Their logits must be finite: a model that computes NaN or Inf is refused, not timed.
+    if (options.prompt_tokens > 0)
+        check_finite(backend->prefill(tokens.data(), options.prompt_tokens, 0, false),
+                     config.vocab_size, options.prompt_tokens - 1);
+    check_finite(backend->forward(tokens[0], 0), config.vocab_size, 0);
 
     // The peak memory of the model, the buffers and the KV cache, comparable with another
     // engine's: the peak before the first bandwidth measurement, whose buffer of up to 1 GiB

@@ -1,14 +1,15 @@
 // The conversation of chat_session.h: turns rendered in the chat template, prefilled after
-// the earlier ones, replies streamed; the commands /reset, /save FILE and /exit.
+// the earlier ones, replies streamed; the commands /reset, /save FILE, /save! FILE, /help
+// and /exit.
 #include "chat_session.h"
 
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
 
 #include "json.h"
 #include "terminal.h"
+#include "tokenizer/unicode.h"
 
 namespace barellm {
 
@@ -18,6 +19,8 @@ const char* const kColorInput = "\x1b[32m";  // green, as llama-cli writes the u
 const char* const kColorReset = "\x1b[0m";
 const char* const kPromptMarker = "> ";
 const char* const kSaveCommand = "/save";
+const char* const kReplacingSaveCommand = "/save!";
+constexpr size_t kFailuresListed = 10;  // input lines named in the last line, at most
 
 void say(const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }
 
@@ -48,9 +51,10 @@ public:
         sampler_.clear_history();
     }
 
-    // Writes the messages as a JSON array of {"role", "content"}, through a temporary
-    // file renamed into place, so that FILE is never left half-written.
-    void save(const std::string& path) const;
+    // Writes the messages as a JSON array of {"role", "content"} (files.h's
+    // write_file_safely: never half-written, never over the model or a special file);
+    // an existing FILE only when `replace_existing` (/save!).
+    void save(const std::string& path, bool replace_existing) const;
 
 private:
     std::vector<int> turn_ids(const std::string& message) const;
@@ -114,42 +118,76 @@ bool Conversation::take_turn(const std::string& message) {
     return true;
 }
 
-void Conversation::save(const std::string& path) const {
+void Conversation::save(const std::string& path, bool replace_existing) const {
     nlohmann::json messages = nlohmann::json::array();
     for (const Message& message : messages_)
         messages.push_back({{"role", message.role}, {"content", message.content}});
     const std::string text =
         messages.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-    const std::string temporary = path + ".tmp" + std::to_string(getpid());
-    {
-        std::ofstream out(temporary, std::ios::binary | std::ios::trunc);
-        out << text;
-        out.flush();
-        if (!out) {
-            std::remove(temporary.c_str());
-            throw Error("/save: cannot write " + path);
-        }
-    }
-    if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-        std::remove(temporary.c_str());
-        throw Error("/save: cannot write " + path);
+    WriteRules rules;
+    rules.replace_existing = replace_existing;
+    rules.how_to_replace = std::string(kReplacingSaveCommand) + " " + path + " replaces it";
+    rules.inputs = settings_.inputs;
+    try {
+        write_file_safely(path, text, rules);
+    } catch (const Error& e) {
+        throw Error(std::string(replace_existing ? kReplacingSaveCommand : kSaveCommand) + ": " +
+                    e.what());
     }
 }
 
-enum class Command { Message, Exit, Reset, Save };
+enum class Command { Message, Exit, Reset, Save, ReplacingSave, Help };
 
-// What a typed line asks for: the commands are "/exit", "/reset" and "/save FILE"; any
-// other line, even one starting with "/", is a message.
+// What /help prints.
+const char* const kCommandHelp =
+    "barellm: the commands: /save FILE writes the conversation as JSON to a new FILE (- for "
+    "standard output); /save! FILE also replaces an existing regular FILE; /reset starts a "
+    "new conversation; /exit leaves; /help shows this. Any other line is a message.";
+
+// `line` is `command` alone or followed by a space and an argument, which goes to
+// `argument` ("" when alone).
+bool is_command(const std::string& line, const std::string& command, std::string* argument) {
+    if (line != command && line.compare(0, command.size() + 1, command + " ") != 0) return false;
+    *argument = line.size() > command.size() ? line.substr(command.size() + 1) : "";
+    return true;
+}
+
+// What a typed line asks for: the commands are "/exit", "/reset", "/help", "/save FILE" and
+// "/save! FILE"; any other line, even one starting with "/", is a message.
 Command command_of(const std::string& line, std::string* argument) {
     if (line == "/exit") return Command::Exit;
     if (line == "/reset") return Command::Reset;
-    const std::string save = std::string(kSaveCommand);
-    if (line == save || line.compare(0, save.size() + 1, save + " ") == 0) {
-        *argument = line.size() > save.size() ? line.substr(save.size() + 1) : "";
-        return Command::Save;
-    }
+    if (line == "/help") return Command::Help;
+    if (is_command(line, kSaveCommand, argument)) return Command::Save;
+    if (is_command(line, kReplacingSaveCommand, argument)) return Command::ReplacingSave;
     return Command::Message;
 }
+
+// The input lines whose turn or /save failed, for the last line of a session whose input
+// is not a terminal.
+class Failures {
+public:
+    void add(long line, const std::string& what) {
+        ++count_;
+        if (listed_.size() < kFailuresListed)
+            listed_.push_back("line " + std::to_string(line) + " (" + what + ")");
+    }
+    bool any() const { return count_ > 0; }
+    // "barellm: 2 lines of the input failed: line 3 (/save), line 5 (/save!)"
+    std::string summary() const {
+        std::string text =
+            "barellm: " + std::to_string(count_) +
+            (count_ == 1 ? " line of the input failed: " : " lines of the input failed: ");
+        for (size_t i = 0; i < listed_.size(); ++i) text += (i ? ", " : "") + listed_[i];
+        if (count_ > listed_.size())
+            text += " and " + std::to_string(count_ - listed_.size()) + " more";
+        return text;
+    }
+
+private:
+    size_t count_ = 0;
+    std::vector<std::string> listed_;
+};
 
 }  // namespace
 
@@ -193,46 +231,81 @@ int run_chat(const Model& model, const Tokenizer& tokenizer, Backend& backend, S
     if (interactive)
         say(std::string("barellm chat (") + chat_family_name(format.chat.family) +
             " template): Ctrl-C stops a reply; /reset starts over; /save FILE writes the "
-            "conversation; /exit, Ctrl-D or Ctrl-C at the prompt leaves");
+            "conversation (/save! FILE over an existing file); /help lists the commands; "
+            "/exit, Ctrl-D or Ctrl-C at the prompt leaves");
     catch_interrupts();
     LineReader reader;
-    bool refused = false;
+    Failures failures;
+    long line_number = 0;
+    const auto finish = [&] {
+        if (interactive || !failures.any()) return 0;
+        say(failures.summary());
+        return 1;
+    };
     for (;;) {
         if (interactive) write_now(std::string(color ? kColorInput : "") + kPromptMarker);
         std::string line;
         const LineReader::Status status = reader.read_line(&line);
         if (color) write_now(kColorReset);
-        if (status != LineReader::Status::Line) {
+        if (status == LineReader::Status::End || status == LineReader::Status::Interrupted) {
             if (interactive) write_now("\n");
             break;
         }
+        ++line_number;
+        if (status == LineReader::Status::TooLong) {
+            say("barellm: line " + std::to_string(line_number) + " is longer than " +
+                std::to_string(LineReader::kMaxLineBytes) +
+                " bytes; it was not sent, the conversation goes on");
+            failures.add(line_number, "a line too long");
+            continue;
+        }
         std::string argument;
-        switch (command_of(line, &argument)) {
+        const Command command = command_of(line, &argument);
+        switch (command) {
             case Command::Exit:
-                return refused && !interactive ? 1 : 0;
+                return finish();
             case Command::Reset:
                 conversation.reset();
                 say("barellm: a new conversation");
                 break;
+            case Command::Help:
+                say(kCommandHelp);
+                break;
             case Command::Save:
-                if (argument.empty()) {
-                    say("barellm: /save needs a file name: /save FILE");
+            case Command::ReplacingSave: {
+                const bool replace = command == Command::ReplacingSave;
+                const std::string name = replace ? kReplacingSaveCommand : kSaveCommand;
+                if (argument.find_first_not_of(' ') == std::string::npos) {  // none, or spaces
+                    say("barellm: " + name + " needs a file name: " + name + " FILE");
+                    failures.add(line_number, name);
                     break;
                 }
                 try {
-                    conversation.save(argument);
-                    say("barellm: the conversation is in " + argument);
+                    conversation.save(argument, replace);
+                    if (argument != "-") say("barellm: the conversation is in " + argument);
                 } catch (const Error& e) {
                     say(std::string("barellm: ") + e.what());
+                    failures.add(line_number, name);
                 }
                 break;
-            case Command::Message:
+            }
+            case Command::Message: {
                 if (line.empty()) break;
-                if (!conversation.take_turn(line)) refused = true;
+                const size_t invalid = unicode::first_invalid_utf8(line);
+                if (invalid != std::string::npos) {
+                    say("barellm: this message is not valid UTF-8 (byte " +
+                        std::to_string(invalid) + " of line " + std::to_string(line_number) +
+                        "); it was not sent, the conversation goes on");
+                    failures.add(line_number, "a message that is not UTF-8");
+                    break;
+                }
+                if (!conversation.take_turn(line))
+                    failures.add(line_number, "a turn the context had no room for");
                 break;
+            }
         }
     }
-    return refused && !interactive ? 1 : 0;
+    return finish();
 }
 
 }  // namespace barellm

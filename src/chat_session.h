@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend.h"
+#include "files.h"
 #include "generate.h"
 #include "model.h"
 #include "sampler.h"
@@ -42,13 +43,17 @@ struct ChatSettings {
     std::optional<std::string> system;  // --system
     std::vector<std::string> stop_strings;
     bool color = false;  // --color: the prompt marker and typed text in colour
+    // The files being read (the model): /save never replaces them.
+    std::vector<FileIdentity> inputs;
 };
 
 // Runs the conversation on standard input and output until /exit, Ctrl-D, the end of the
 // input or Ctrl-C at the prompt. On a terminal it prompts with "> "; otherwise each line
 // is one user message (empty lines are skipped) and only the replies are printed, each
-// followed by a newline. Returns the exit status: 0, or 1 when the input was not a
-// terminal and a turn was refused because the context was full.
+// followed by a newline. A refused turn (not valid UTF-8, longer than a line may be, no
+// room left in the context) or /save says why in one line and the conversation goes on.
+// Returns the exit status: 0, or 1 when the input was not a terminal and a turn or /save
+// failed, the last line on stderr then naming the input lines that failed.
 int run_chat(const Model& model, const Tokenizer& tokenizer, Backend& backend, Sampler& sampler,
              const ChatFormat& format, const ChatSettings& settings);
 

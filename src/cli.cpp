@@ -1,6 +1,8 @@
 // Parsing the command line into Options (cli.h): every flag checked, bad ones refused in one line.
 #include "cli.h"
 
+#include "tokenizer/unicode.h"
+
 namespace barellm {
 
 const char* const kUsage = R"(usage: barellm COMMAND MODEL [options]
@@ -25,11 +27,16 @@ commands:
                            the reply streams; each turn adds to the KV cache, so only
                            its own tokens are prefilled. Ctrl-C stops a reply; Ctrl-C
                            at the prompt, Ctrl-D or /exit leaves; /reset starts over;
-                           /save FILE writes the conversation as JSON messages. When
-                           the context is full, a turn is refused until /reset. With
+                           /help lists the commands;
+                           /save FILE writes the conversation as JSON messages to a
+                           new FILE (- : stdout), /save! FILE also over an existing
+                           regular file; never over the model, a directory or a
+                           device. When the context is full, a turn is refused until
+                           /reset; a message that is not UTF-8 is refused. With
                            stdin not a terminal, each line is a turn (empty lines
                            are skipped) and only the replies are printed, each
-                           followed by a newline.
+                           followed by a newline; the exit status is 1 when a turn
+                           or /save failed, the last stderr line naming the lines.
       --system TEXT        a system message before the conversation
       -n N                 the most tokens of one reply (default 256)
       --stop TEXT, --color and the sampling options below
@@ -103,6 +110,15 @@ constexpr float kMaxTemperature = 100.0f;
 constexpr float kMaxRepeatPenalty = 100.0f;
 constexpr long long kMaxRepeatLastN = 1 << 24;  // as many as the largest --ctx
 
+// `text` itself, refused unless it is valid UTF-8: it is compared with or tokenized as text.
+std::string utf8_text(const std::string& flag, const std::string& text) {
+    const size_t invalid = unicode::first_invalid_utf8(text);
+    if (invalid != std::string::npos)
+        throw UsageError(flag + " needs UTF-8 text; byte " + std::to_string(invalid) +
+                         " of its value is not");
+    return text;
+}
+
 float parse_float(const std::string& flag, const std::string& text, float lowest, float highest) {
     size_t used = 0;
     float value = 0;
@@ -161,7 +177,7 @@ Options parse_options(int argc, const char* const* argv) {
         } else if (arg == "--repeat-last-n") {
             options.sampling.repeat_last_n = int(parse_integer(arg, value(), 0, kMaxRepeatLastN));
         } else if (arg == "--stop") {
-            options.stop_strings.push_back(value());
+            options.stop_strings.push_back(utf8_text(arg, value()));
             if (options.stop_strings.back().empty())
                 throw UsageError("--stop needs a non-empty text");
         } else if (arg == "--color") {
@@ -195,7 +211,7 @@ Options parse_options(int argc, const char* const* argv) {
         } else if (arg == "--chat") {
             options.chat = true;
         } else if (arg == "--system") {
-            options.system = value();
+            options.system = utf8_text(arg, value());
         } else if (arg == "--no-think") {
             options.no_think = true;
         } else if (arg == "--show-think") {

@@ -1,4 +1,5 @@
-// Regular files only, and text up to a limit (files.h).
+// Regular files only, text up to a limit, and writes that replace nothing they must not
+// (files.h).
 #include "files.h"
 
 #include <fcntl.h>
@@ -7,11 +8,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <string_view>
 #include <vector>
 
 #include "error.h"
+#include "terminal.h"
 
 namespace barellm {
 
@@ -27,6 +31,68 @@ struct FileCloser {
         if (fd >= 0) close(fd);
     }
 };
+
+constexpr mode_t kNewFileMode = 0666;      // before the umask, as a shell's `>` creates
+constexpr mode_t kPermissionBits = 07777;  // of a replaced file, kept by its replacement
+constexpr int kTemporaryNameTries = 100;
+
+std::string system_error(const std::string& what) { return what + ": " + std::strerror(errno); }
+
+FileIdentity identity_of(const struct stat& info) { return {info.st_dev, info.st_ino}; }
+
+// The path that a write to `path` replaces: `path` itself when nothing is there, the
+// target of its symbolic links when it names a regular file. Throws Error for what must
+// not be replaced; `existing` receives the stat of what is there (st_mode 0: nothing).
+std::string replacement_target(const std::string& path, const WriteRules& rules,
+                               struct stat* existing) {
+    std::memset(existing, 0, sizeof *existing);
+    if (path.back() == '/') throw Error(path + ": is a directory");
+    if (stat(path.c_str(), existing) != 0) {
+        if (errno != ENOENT) throw Error(system_error(path));
+        struct stat link;
+        if (lstat(path.c_str(), &link) == 0)
+            throw Error(path + ": a symbolic link to a file that does not exist");
+        return path;
+    }
+    if (std::find(rules.inputs.begin(), rules.inputs.end(), identity_of(*existing)) !=
+        rules.inputs.end())
+        throw Error(path + ": is a file being read, never replaced");
+    if (S_ISDIR(existing->st_mode)) throw Error(path + ": is a directory");
+    if (!S_ISREG(existing->st_mode))
+        throw Error(path + ": not a regular file (a device, a FIFO or a socket), never replaced");
+    if (!rules.replace_existing)
+        throw Error(path + " exists already" +
+                    (rules.how_to_replace.empty() ? "" : "; " + rules.how_to_replace));
+    char resolved[PATH_MAX];
+    if (realpath(path.c_str(), resolved) == nullptr) throw Error(system_error(path));
+    return resolved;
+}
+
+// A new file beside `target` (same directory, so that rename(2) can replace `target` with
+// it), opened for writing; its path goes to `temporary`.
+int create_temporary_beside(const std::string& target, std::string* temporary) {
+    const size_t slash = target.rfind('/');
+    const std::string directory = slash == std::string::npos ? "" : target.substr(0, slash + 1);
+    const std::string name = slash == std::string::npos ? target : target.substr(slash + 1);
+    for (int attempt = 0; attempt < kTemporaryNameTries; ++attempt) {
+        *temporary = directory + "." + name + ".tmp" + std::to_string(getpid()) + "." +
+                     std::to_string(attempt);
+        const int fd =
+            open(temporary->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, kNewFileMode);
+        if (fd >= 0) return fd;
+        if (errno != EEXIST) throw Error(system_error("cannot write " + target));
+    }
+    throw Error("cannot write " + target + ": no free temporary name beside it");
+}
+
+void write_all(int fd, const std::string& text) {
+    for (size_t done = 0; done < text.size();) {
+        const ssize_t wrote = write(fd, text.data() + done, text.size() - done);
+        if (wrote < 0 && errno == EINTR) continue;
+        if (wrote < 0) throw Error(std::strerror(errno));
+        done += size_t(wrote);
+    }
+}
 
 }  // namespace
 
@@ -88,6 +154,57 @@ void check_model_path(const std::string& path) {
         std::string_view(magic, sizeof magic) == kGgufMagic)
         throw Error(path + " is a GGUF file, not a barellm weight file: convert it with `" +
                     convert + "`");
+}
+
+std::optional<FileIdentity> file_identity(const std::string& path) {
+    struct stat info;
+    if (stat(path.c_str(), &info) != 0) return std::nullopt;
+    return identity_of(info);
+}
+
+void write_file_safely(const std::string& path, const std::string& text, const WriteRules& rules) {
+    if (path == "-") {
+        write_now(text);
+        return;
+    }
+    if (path.empty()) throw Error("no file name given");
+    if (path.find('\0') != std::string::npos)
+        throw Error("a file name cannot hold a NUL byte");
+    struct stat existing;
+    const std::string target = replacement_target(path, rules, &existing);
+    std::string temporary;
+    int fd = create_temporary_beside(target, &temporary);
+    try {
+        try {
+            if (existing.st_mode != 0 && fchmod(fd, existing.st_mode & kPermissionBits) != 0)
+                throw Error(std::strerror(errno));
+            write_all(fd, text);
+            if (fsync(fd) != 0) throw Error(std::strerror(errno));
+            const int closed = close(fd);
+            fd = -1;
+            if (closed != 0) throw Error(std::strerror(errno));
+        } catch (const Error& e) {
+            throw Error("cannot write " + path + ": " + e.what());
+        }
+        // Checked again: what is there may have changed while the text was written.
+        struct stat there_now;
+        replacement_target(path, rules, &there_now);
+        if (rename(temporary.c_str(), target.c_str()) != 0)
+            throw Error(system_error("cannot write " + path));
+    } catch (const Error&) {
+        if (fd >= 0) close(fd);
+        unlink(temporary.c_str());
+        throw;
+    }
+    // The rename reaches the disk with its directory; a failure to sync that loses nothing
+    // the file system was not already told, so it is not reported.
+    const size_t slash = target.rfind('/');
+    const std::string directory = slash == std::string::npos ? "." : target.substr(0, slash + 1);
+    const int directory_fd = open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (directory_fd >= 0) {
+        fsync(directory_fd);
+        close(directory_fd);
+    }
 }
 
 }  // namespace barellm

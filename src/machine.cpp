@@ -1,6 +1,8 @@
-// The machine's CPU as bench reports it (machine.h), read from /proc/cpuinfo and CPUID.
+// The machine's CPU as bench reports it (machine.h), read from /proc/cpuinfo and CPUID, and
+// the threads it lets the process start.
 #include "machine.h"
 
+#include <pthread.h>
 #include <sched.h>
 
 #include <fstream>
@@ -8,6 +10,7 @@
 #include <sstream>
 #include <thread>
 #include <utility>
+#include <vector>
 
 namespace barellm {
 
@@ -90,6 +93,25 @@ int physical_core_count() {
     const int schedulable = schedulable_cpu_count();
     if (schedulable > 0 && (cores == 0 || schedulable < cores)) cores = schedulable;
     return cores > 0 ? cores : 1;
+}
+
+int threads_that_start(int wanted, int* error) {
+    // Each thread returns at once, but keeps its stack until it is joined: all of them
+    // are held together, as a team of `wanted` OpenMP threads holds them.
+    const auto do_nothing = [](void*) -> void* { return nullptr; };
+    std::vector<pthread_t> started;
+    *error = 0;
+    for (int i = 1; i < wanted; ++i) {
+        pthread_t thread;
+        const int result = pthread_create(&thread, nullptr, do_nothing, nullptr);
+        if (result != 0) {
+            *error = result;
+            break;
+        }
+        started.push_back(thread);
+    }
+    for (pthread_t thread : started) pthread_join(thread, nullptr);
+    return int(started.size()) + 1;
 }
 
 std::string machine_cpu_model() {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <map>
 
@@ -133,6 +134,8 @@ int command_chat(const Options& options) {
     settings.system = options.system;
     settings.stop_strings = options.stop_strings;
     settings.color = options.color;
+    if (const auto model_file = file_identity(options.model_path))
+        settings.inputs.push_back(*model_file);
     return run_chat(model, tokenizer, *backend, sampler, format, settings);
 }
 
@@ -286,6 +289,31 @@ int command_detokenize(const Options& options) {
     return 0;
 }
 
+// Sets the thread count: --threads, else OMP_NUM_THREADS when set, else one thread per
+// physical core; and starts the OpenMP threads now, having checked that they can start
+// (the OpenMP runtime ends the process when a thread it needs cannot be created).
+void start_threads(const Options& options) {
+    if (options.threads > 0)
+        omp_set_num_threads(options.threads);
+    else if (!std::getenv("OMP_NUM_THREADS"))
+        omp_set_num_threads(physical_core_count());
+    const int wanted = omp_get_max_threads();
+    int error = 0;
+    const int started = threads_that_start(wanted, &error);
+    if (started < wanted) {
+        const std::string asked = options.threads > 0              ? "--threads"
+                                  : std::getenv("OMP_NUM_THREADS") ? "OMP_NUM_THREADS"
+                                                                   : "one thread per core";
+        throw Error("only " + std::to_string(started) + " of the " + std::to_string(wanted) +
+                    " threads asked for (" + asked + ") could be started: " + std::strerror(error) +
+                    "; ask for fewer with --threads");
+    }
+#pragma omp parallel
+    {
+        // Nothing: the team of threads is created here, while they are known to fit.
+    }
+}
+
 int run_command(const Options& options) {
     if (options.command == "help") {
         write_now(kUsage);
@@ -304,11 +332,7 @@ int run_command(const Options& options) {
                              cpu::simd_level_name(best));
         cpu::set_simd_level(asked);
     }
-    // --threads, else OMP_NUM_THREADS when set, else one thread per physical core.
-    if (options.threads > 0)
-        omp_set_num_threads(options.threads);
-    else if (!std::getenv("OMP_NUM_THREADS"))
-        omp_set_num_threads(physical_core_count());
+    start_threads(options);
     using Command = int (*)(const Options&);
     static const std::map<std::string, Command> commands = {
         {"run", command_run},           {"chat", command_chat},

@@ -54,8 +54,10 @@ bool is_terminal(int fd) { return isatty(fd) == 1; }
 LineReader::Status LineReader::read_line(std::string* line) {
     size_t newline = buffer_.find('\n');
     while (newline == std::string::npos && !ended_) {
-        if (buffer_.size() > kMaxLineBytes)
-            throw Error("an input line is longer than " + std::to_string(kMaxLineBytes) + " bytes");
+        if (buffer_.size() > kMaxLineBytes) {  // dropped from here to its newline
+            skipping_ = true;
+            buffer_.clear();
+        }
         // poll() is never restarted after a signal: Ctrl-C ends the wait.
         if (interrupted) return Status::Interrupted;
         pollfd input{STDIN_FILENO, POLLIN, 0};
@@ -77,11 +79,16 @@ LineReader::Status LineReader::read_line(std::string* line) {
         newline = buffer_.find('\n', searched);
     }
     if (newline == std::string::npos) {
-        if (buffer_.empty()) return Status::End;
+        if (buffer_.empty() && !skipping_) return Status::End;
         newline = buffer_.size();
     }
     *line = buffer_.substr(0, newline);
     buffer_.erase(0, std::min(newline + 1, buffer_.size()));
+    if (skipping_) {
+        skipping_ = false;
+        line->clear();
+        return Status::TooLong;
+    }
     if (!line->empty() && line->back() == '\r') line->pop_back();
     return Status::Line;
 }

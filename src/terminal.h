@@ -29,11 +29,12 @@ bool is_terminal(int fd);
 // Lines of standard input, waited for with poll(2) so that Ctrl-C interrupts the wait.
 class LineReader {
 public:
-    enum class Status { Line, End, Interrupted };
+    enum class Status { Line, End, Interrupted, TooLong };
     // The next line, without its newline ("\r\n" too) in `line`. End: standard input ended
     // (a last line without a newline still comes as a Line first). Interrupted: Ctrl-C
-    // before or during the wait (`interrupted` is set). Throws Error when a line is longer than
-    // kMaxLineBytes or the read fails.
+    // before or during the wait (`interrupted` is set). TooLong: a line longer than
+    // kMaxLineBytes, read to its end and dropped (`line` is empty). Throws Error when the
+    // read fails.
     Status read_line(std::string* line);
 
     static constexpr size_t kMaxLineBytes = size_t(1) << 20;
@@ -41,6 +42,7 @@ public:
 private:
     std::string buffer_;  // read but not yet returned
     bool ended_ = false;
+    bool skipping_ = false;  // in a line longer than kMaxLineBytes, dropping it
 };
 
 }  // namespace barellm

@@ -285,6 +285,27 @@ TEST_CASE("AVX-512 rmsnorm matches its formula in double, every tail") {
         }
 }
 
+TEST_CASE("AVX-512 rmsnorm of values whose squares overflow f32 is their true norm") {
+    // |x| up to 3e38: x² overflows f32 (the sums would be Inf, every output 0), not double.
+    std::mt19937 rng(520);
+    for (const Avx512Build& build : builds())
+        for (int n : {1, 17, 64, 2051}) {
+            std::vector<float> x = random_floats(n, rng);
+            for (float& v : x) v *= 3e38f;
+            const std::vector<float> weight = random_floats(n, rng);
+            std::vector<float> out(n);
+            build.rmsnorm(out.data(), x.data(), weight.data(), n, 1e-5f);
+            double sum_of_squares = 0;
+            for (float v : x) sum_of_squares += double(v) * v;
+            const double scale = 1 / std::sqrt(sum_of_squares / n);
+            INFO(build.name << " n " << n);
+            for (int i = 0; i < n; ++i) {
+                const double want = x[i] * scale * weight[i];
+                CHECK(std::abs(out[i] - want) <= 1e-5 * std::abs(want) + 1e-30);
+            }
+        }
+}
+
 TEST_CASE("AVX-512 decode attention rows: q · key and out += scale · value, f32 and f16") {
     std::mt19937 rng(516);
     const auto type = GENERATE(KvType::F32, KvType::F16);

@@ -195,8 +195,11 @@ def test_save_writes_the_conversation_as_json(chat_model, tmp_path):
 def test_save_to_an_unwritable_place_says_so_and_goes_on(chat_model, tmp_path):
     result = barellm("chat", chat_model, "--temp", "0", "-n", 5,
                      input_text=f"/save {tmp_path}/no/such/dir/x.json\n/save\nHi\n")
-    assert result.returncode == 0, result.stderr
-    assert "/save: cannot write" in result.stderr
+    assert result.returncode == 1, result.stderr  # through a pipe, a failed /save fails
+    assert (f"/save: cannot write {tmp_path}/no/such/dir/x.json: No such file or directory"
+            in result.stderr)
+    assert result.stderr.splitlines()[-1] == ("barellm: 2 lines of the input failed: "
+                                              "line 1 (/save), line 2 (/save)")
     assert "/save needs a file name" in result.stderr
     assert len(stats(result.stderr)) == 1
     assert not os.path.exists(tmp_path / "no")

@@ -1,17 +1,23 @@
 """Hostile inputs to the command line: JSON nested too deep, token ids outside the model's
-vocabulary, a standard output that cannot be written, files that are not regular files, and
-requests too large for memory. Each is refused with one line naming the problem and a
+vocabulary, a standard output that cannot be written, files that are not regular files,
+requests too large for memory, weights that overflow in the forward pass and more threads
+than the process may start. Each is refused with one line naming the problem and a
 non-zero exit: never a signal, a hang, or exit 0."""
 
 import json
 import os
+import re
+import resource
 import subprocess
 
 import numpy as np
 import pytest
 
-from convert_testlib import tiny_tokenizer_json, write_safetensors
+from convert_testlib import BUILD, REPO, tiny_tokenizer_json, write_safetensors
 from test_cli import BARELLM, assert_refused, barellm
+
+with open(os.path.join(REPO, "tests", "data", "chat_templates.json"), encoding="utf-8") as f:
+    LLAMA2_CHAT = next(e for e in json.load(f) if e["name"] == "llama2-chat")["chat_template"]
 
 DEPTH = 100_000  # far past the nesting limit (src/json.h)
 DEEP_ARRAY = "[" * DEPTH + "]" * DEPTH
@@ -23,9 +29,9 @@ CONFIG = {"architecture": "llama", "dim": 8, "hidden_dim": 12, "layers": 1, "hea
           "eos_ids": [2], "add_bos": True, "weight_dtype": "F32"}
 
 
-def write_model(path, config=None, tokenizer=None):
-    """A barellm weight file with small constant weights; `config` is a dict, `tokenizer`
-    a dict or the text of a tokenizer.json."""
+def write_model(path, config=None, tokenizer=None, metadata=None, weight=0.01):
+    """A barellm weight file whose weights all equal `weight`; `config` is a dict,
+    `tokenizer` a dict or the text of a tokenizer.json, `metadata` more metadata entries."""
     config = CONFIG if config is None else config
     tokenizer = tiny_tokenizer_json() if tokenizer is None else tokenizer
     dim, hidden, vocab = config["dim"], config["hidden_dim"], config["vocab_size"]
@@ -33,7 +39,7 @@ def write_model(path, config=None, tokenizer=None):
     kv_dim = config["kv_heads"] * config["head_dim"]
 
     def filled(*shape):
-        return ("F32", np.full(shape, 0.01, dtype="<f4"))
+        return ("F32", np.full(shape, weight, dtype="<f4"))
 
     tensors = {"token_embedding": filled(vocab, dim)}
     for layer in range(config["layers"]):
@@ -46,7 +52,8 @@ def write_model(path, config=None, tokenizer=None):
     tensors["final_norm"] = filled(dim)
     write_safetensors(path, tensors, {
         "barellm.format": "1", "barellm.config": json.dumps(config),
-        "barellm.tokenizer": tokenizer if isinstance(tokenizer, str) else json.dumps(tokenizer)})
+        "barellm.tokenizer": tokenizer if isinstance(tokenizer, str) else json.dumps(tokenizer),
+        **(metadata or {})})
     return path
 
 
@@ -216,3 +223,58 @@ def test_ppl_counts_the_logits_of_every_position_before_allocating(tmp_path):
     assert_refused(barellm("ppl", path, "-f", text, "--ctx", str(2**19)),
                    "the KV cache, activations and logits of every position for a context of "
                    "524288 needs")
+
+
+# ------------------------------------------------------------------ overflow in the forward pass
+
+@pytest.mark.parametrize("simd", ["scalar", None])
+@pytest.mark.parametrize("args, position", [
+    (["run", "MODEL", "-p", "abc", "-n", "4", "--temp", "0"], 2),  # BOS, "▁ab", "c"
+    (["run", "MODEL", "-p", "abc", "-n", "4", "--chat"], None),
+    (["chat", "MODEL", "-n", "4"], None),
+    (["ppl", "MODEL", "-f", "TEXT", "--ctx", "16", "--chunks", "2"], 8),
+    (["bench", "MODEL", "-p", "8", "-n", "4", "-r", "1"], 7),
+    (["bench", "MODEL", "-p", "0", "-n", "4", "-r", "1"], 0),
+])
+def test_weights_that_overflow_in_the_forward_pass_are_refused(tmp_path, args, position, simd):
+    """Finite weights of 3e38: every product overflows to Inf, then NaN. The logits are not
+    finite, and the command says so (at the position whose logits they are) instead of
+    sampling from them; the RMSNorm must not turn the overflow into zeros either."""
+    path = write_model(tmp_path / "overflow.bin", weight=3e38,
+                       metadata={"barellm.chat_template": LLAMA2_CHAT})
+    args = [str(path) if a == "MODEL" else str(ppl_text(tmp_path)) if a == "TEXT" else a
+            for a in args] + ["--device", "cpu"] + (["--simd", simd] if simd else [])
+    result = subprocess.run([BARELLM, *args], input="abc\n", capture_output=True, text=True,
+                            timeout=120)
+    where = r"\d+" if position is None else str(position)
+    assert_refused(result, "")
+    assert re.fullmatch(rf"barellm: logits at position {where} are not finite \(NaN or Inf\): "
+                        r"the weights or the computation are broken\n", result.stderr), \
+        result.stderr
+    assert args[0] != "run" or result.stdout in ("", "abc")  # the prompt, and nothing drawn
+
+
+# ------------------------------------------------------------------ threads
+
+def limit_address_space():
+    """1 GiB of address space and 8 MiB stacks: 1024 threads' stacks do not fit."""
+    resource.setrlimit(resource.RLIMIT_STACK, (8 << 20, 8 << 20))
+    resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+
+@pytest.mark.skipif("san" in os.path.basename(BUILD),
+                    reason="AddressSanitizer reserves more address space than the limit")
+@pytest.mark.parametrize("how", ["--threads", "OMP_NUM_THREADS"])
+def test_more_threads_than_the_process_may_start_are_one_line(model, how):
+    def barellm_limited(threads):
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads)) if how != "--threads" else None
+        return subprocess.run([BARELLM, "run", model, "-p", "abc", "-n", "2", "--temp", "0",
+                               *(["--threads", str(threads)] if how == "--threads" else [])],
+                              capture_output=True, text=True, timeout=120, env=env,
+                              preexec_fn=limit_address_space)
+
+    assert barellm_limited(2).returncode == 0  # the limit leaves room for a few threads
+    result = barellm_limited(1024)
+    assert "libgomp" not in result.stderr
+    assert_refused(result, f"of the 1024 threads asked for ({how}) could be started: "
+                           "Resource temporarily unavailable; ask for fewer with --threads")

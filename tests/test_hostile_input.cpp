@@ -1,18 +1,24 @@
 // Untrusted input at the library's edges: JSON nested too deep and the excerpts of values
-// that messages quote (json.h), files that are not regular files and texts over the limit
-// (files.h), and token ids outside the model's vocabulary.
+// that messages quote (json.h), files that are not regular files and texts over the limit,
+// writes that must not replace what is there (files.h), text that is not UTF-8, token ids
+// outside the model's vocabulary, and more threads than the process may start.
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "error.h"
 #include "files.h"
 #include "json.h"
+#include "machine.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
 
@@ -40,6 +46,15 @@ void with_stdin(const std::string& text, Read read) {
     read();
     dup2(saved, STDIN_FILENO);
     close(saved);
+}
+
+bool link_path(const std::string& existing, const std::string& name) {
+    return link(existing.c_str(), name.c_str()) == 0;
+}
+
+std::string contents(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
 // A tokenizer.json whose vocabulary is "a" with id `a_id` and "b" with id 1.
@@ -150,4 +165,90 @@ TEST_CASE("a tokenizer nested too deep is refused before it is walked", "[hostil
     text.insert(1, "\"normalizer\": " + normalizer + ", ");
     CHECK_THROWS_WITH(Tokenizer::from_json(text),
                       "tokenizer.json: JSON nested deeper than 64 levels");
+}
+
+TEST_CASE("first_invalid_utf8 names the first byte that starts no character", "[hostile]") {
+    using unicode::first_invalid_utf8;
+    CHECK(first_invalid_utf8("") == std::string::npos);
+    CHECK(first_invalid_utf8("caf\xC3\xA9 \xF0\x9F\x98\x80") == std::string::npos);
+    CHECK(first_invalid_utf8("hi \xFF") == 3);
+    CHECK(first_invalid_utf8("ab\xE2\x82") == 2);        // cut off at the end
+    CHECK(first_invalid_utf8("\xC3\xA9\xC0\xAF") == 2);  // an overlong '/'
+    CHECK(first_invalid_utf8("a\xED\xA0\x80") == 1);     // a surrogate
+    CHECK(first_invalid_utf8(std::string("a\0b", 3)) == std::string::npos);
+}
+
+TEST_CASE("write_file_safely writes new files and replaces regular ones only when told",
+          "[hostile]") {
+    const std::string directory = temp_path("writes");
+    REQUIRE(mkdir(directory.c_str(), 0700) == 0);
+    const std::string path = directory + "/out.json";
+    WriteRules rules;
+    rules.how_to_replace = "say so to replace it";
+    write_file_safely(path, "first\n", rules);
+    CHECK(contents(path) == "first\n");
+    CHECK_THROWS_WITH(write_file_safely(path, "second\n", rules),
+                      path + " exists already; say so to replace it");
+    CHECK(contents(path) == "first\n");
+    REQUIRE(chmod(path.c_str(), 0604) == 0);
+    rules.replace_existing = true;
+    write_file_safely(path, "second\n", rules);
+    CHECK(contents(path) == "second\n");
+    struct stat info;
+    REQUIRE(stat(path.c_str(), &info) == 0);
+    CHECK((info.st_mode & 0777) == 0604);
+
+    // A symbolic link to a regular file stays a link; its target gets the text.
+    const std::string link = directory + "/link.json";
+    REQUIRE(symlink(path.c_str(), link.c_str()) == 0);
+    write_file_safely(link, "third\n", rules);
+    REQUIRE(lstat(link.c_str(), &info) == 0);
+    CHECK(S_ISLNK(info.st_mode));
+    CHECK(contents(path) == "third\n");
+
+    // A file being read is never replaced, however it is named.
+    const std::string hard_link = directory + "/hard.json";
+    REQUIRE(link_path(path, hard_link));
+    rules.inputs.push_back(*file_identity(path));
+    for (const std::string& name :
+         {path, link, hard_link, directory + "/../" + directory.substr(5) + "/out.json"})
+        CHECK_THROWS_WITH(write_file_safely(name, "fourth\n", rules),
+                          name + ": is a file being read, never replaced");
+    CHECK(contents(path) == "third\n");
+
+    CHECK_THROWS_WITH(write_file_safely(directory, "x", rules), directory + ": is a directory");
+    CHECK_THROWS_WITH(write_file_safely(directory + "/new/", "x", rules),
+                      directory + "/new/: is a directory");
+    const std::string fifo = directory + "/fifo";
+    REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+    const std::string dangling = directory + "/dangling";
+    REQUIRE(symlink((directory + "/nothing").c_str(), dangling.c_str()) == 0);
+    CHECK_THROWS_WITH(write_file_safely(fifo, "x", rules), Catch::Contains("not a regular file"));
+    CHECK_THROWS_WITH(write_file_safely("/dev/null", "x", rules),
+                      Catch::Contains("/dev/null: not a regular file"));
+    CHECK_THROWS_WITH(write_file_safely(dangling, "x", rules),
+                      dangling + ": a symbolic link to a file that does not exist");
+    CHECK_THROWS_WITH(write_file_safely(directory + "/missing/x", "x", rules),
+                      "cannot write " + directory + "/missing/x: No such file or directory");
+    CHECK_THROWS_WITH(write_file_safely(path + "/x", "x", rules), path + "/x: Not a directory");
+    CHECK_THROWS_WITH(write_file_safely("", "x", rules), "no file name given");
+    CHECK_THROWS_WITH(write_file_safely(directory + std::string("/a\0b", 4), "x", rules),
+                      "a file name cannot hold a NUL byte");
+
+    // Nothing but what was written is left in the directory: no temporary file.
+    std::vector<std::string> names;
+    for (const auto& entry : std::filesystem::directory_iterator(directory))
+        names.push_back(entry.path().filename().string());
+    std::sort(names.begin(), names.end());
+    CHECK(names ==
+          std::vector<std::string>{"dangling", "fifo", "hard.json", "link.json", "out.json"});
+    std::filesystem::remove_all(directory);
+}
+
+TEST_CASE("threads_that_start starts every thread it is asked for", "[hostile]") {
+    int error = -1;
+    CHECK(threads_that_start(1, &error) == 1);
+    CHECK(error == 0);
+    CHECK(threads_that_start(7, &error) == 7);
+    CHECK(error == 0);
 }

@@ -18,6 +18,7 @@ tolerance. Needs torch and transformers (present on the GPU machines, not in CI)
 """
 
 import argparse
+import os
 import sys
 
 import numpy as np
@@ -54,6 +55,11 @@ def main(argv=None):
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args(argv)
     ids = [int(i) for i in args.ids.split(",")]
+    if args.output and (os.path.isdir(args.output) or (os.path.exists(args.output) and (
+            not os.path.isfile(args.output) or os.path.samefile(
+                os.path.dirname(os.path.abspath(args.output)), args.hf_dir)))):
+        parser.error(f"-o {args.output}: a directory, a device or a file of the checkpoint, "
+                     "never replaced")
     want = transformers_logits(args.hf_dir, ids, args.device)
     if args.output:
         want.astype("<f4").tofile(args.output)

@@ -18,13 +18,10 @@ std::string utf8_of(char32_t cp) {
 }
 
 void require_valid_utf8(std::string_view text) {
-    for (size_t pos = 0; pos < text.size();) {
-        const Utf8Scan scan = scan_utf8(text, pos);
-        if (scan.status != Utf8Status::Complete)
-            throw Error("text to tokenize is not valid UTF-8 (at byte " + std::to_string(pos) +
-                        ")");
-        pos += scan.length;
-    }
+    const size_t invalid = unicode::first_invalid_utf8(text);
+    if (invalid != std::string_view::npos)
+        throw Error("text to tokenize is not valid UTF-8 (at byte " + std::to_string(invalid) +
+                    ")");
 }
 
 size_t append_lossy_utf8(std::string_view bytes, std::string& out, bool at_end) {

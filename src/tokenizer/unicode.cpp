@@ -95,13 +95,17 @@ Utf8Scan scan_utf8(std::string_view bytes, size_t pos) {
     return {Utf8Status::Complete, length};
 }
 
-bool is_valid_utf8(std::string_view bytes) {
+size_t first_invalid_utf8(std::string_view bytes) {
     for (size_t pos = 0; pos < bytes.size();) {
         const Utf8Scan scan = scan_utf8(bytes, pos);
-        if (scan.status != Utf8Status::Complete) return false;
+        if (scan.status != Utf8Status::Complete) return pos;
         pos += scan.length;
     }
-    return true;
+    return std::string_view::npos;
+}
+
+bool is_valid_utf8(std::string_view bytes) {
+    return first_invalid_utf8(bytes) == std::string_view::npos;
 }
 
 }  // namespace barellm::unicode

@@ -76,4 +76,8 @@ Utf8Scan scan_utf8(std::string_view bytes, size_t pos);
 
 bool is_valid_utf8(std::string_view bytes);
 
+// The offset of the first byte of `bytes` that does not begin a complete, well-formed
+// character; std::string_view::npos when all of `bytes` is valid UTF-8.
+size_t first_invalid_utf8(std::string_view bytes);
+
 }  // namespace barellm::unicode
