@@ -26,6 +26,7 @@ SANITIZE = {
     "test_cli_hostile.py": None,
     "test_chat.py": None,
     "test_chat_command.py": None,
+    "test_chat_hostile.py": None,
     "test_run_options.py": None,
     "test_end_to_end.py": None,
     "test_q4.py": None,
