@@ -100,6 +100,7 @@ CXXFLAGS  += -DBARELLM_CUDA
 LDLIBS    += -L$(CUDA_LIBDIR) -lcudart_static -ldl -lrt -lpthread
 CUDA_OBJS := $(patsubst kernels/%.cu,$(BUILD)/kernels/%.o,$(wildcard kernels/*.cu))
 TOOLS     += $(patsubst tests/tools/%.cu,$(BUILD)/%,$(wildcard tests/tools/*.cu))
+CUDA_TOOL_OBJS := $(patsubst tests/tools/%.cu,$(BUILD)/tools/%.o,$(wildcard tests/tools/*.cu))
 endif
 
 # The flags every object was built with: when they change (CUDA on or off, other archs),
@@ -116,7 +117,9 @@ endif
 
 .PHONY: all test clean fuzz bench
 .PRECIOUS: $(BUILD)/tools/%.o
-all: $(BUILD)/barellm $(BUILD)/unit_tests $(TOOLS)
+# The longest compilations (nvcc's, one image per GPU architecture, and the SIMDe objects) are
+# named first, so that with -j they start first instead of running alone at the end.
+all: $(CUDA_OBJS) $(CUDA_TOOL_OBJS) $(SIMDE_OBJS) $(BUILD)/barellm $(BUILD)/unit_tests $(TOOLS)
 
 $(CONFIG):
 	@mkdir -p $(dir $@)
