@@ -46,8 +46,16 @@ PYTHON   ?= python3
 
 LIB_SRCS  := $(filter-out src/main.cpp,$(wildcard src/*.cpp src/cpu/*.cpp src/tokenizer/*.cpp))
 LIB_OBJS  := $(LIB_SRCS:src/%.cpp=$(BUILD)/src/%.o)
-# The AVX-512 and AVX-VNNI kernels again, on SIMDe's portable intrinsics, for the unit tests.
-SIMDE_SRCS := $(wildcard src/cpu/*_avx512*.cpp src/cpu/*_avxvnni.cpp)
+# The AVX-512 and AVX-VNNI kernels again, on SIMDe's portable intrinsics, for the unit tests:
+# they run those kernels on CPUs without the features. Where this CPU has every AVX-512
+# feature the kernels use, `make test` runs the AVX-512 ones natively only and leaves their
+# SIMDe build to `make test SAN=1`, which builds it on every CPU (SIMDE_AVX512=1 asks for
+# it anyway).
+AVX512_FEATURES := avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16
+CPU_FLAGS       := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
+SIMDE_AVX512    := $(if $(filter 1,$(SAN))$(filter-out $(CPU_FLAGS),$(AVX512_FEATURES)),1,0)
+SIMDE_SRCS := $(if $(filter 1,$(SIMDE_AVX512)),$(wildcard src/cpu/*_avx512*.cpp)) \
+              $(wildcard src/cpu/*_avxvnni.cpp)
 SIMDE_OBJS := $(SIMDE_SRCS:src/cpu/%.cpp=$(BUILD)/simde/%.o)
 # -Wno-psabi: SIMDe's 256-bit vector types are returned by value, which GCC notes would be
 # passed differently in code built with -mavx (none is: these objects call only each other).
@@ -106,7 +114,8 @@ endif
 # The flags every object was built with: when they change (CUDA on or off, other archs),
 # everything is rebuilt rather than linked from objects of another configuration.
 CONFIG      := $(BUILD)/config.txt
-CONFIG_TEXT := $(CXX) $(CXXFLAGS) $(VNNI_FLAGS) $(BF16_FLAGS) $(AVXVNNI_FLAGS) | $(NVCC) $(NVCCFLAGS)
+CONFIG_TEXT := $(CXX) $(CXXFLAGS) $(VNNI_FLAGS) $(BF16_FLAGS) $(AVXVNNI_FLAGS) | $(NVCC) $(NVCCFLAGS) \
+               | SIMDE_AVX512=$(SIMDE_AVX512)
 $(shell mkdir -p $(BUILD) && (echo '$(CONFIG_TEXT)' | cmp -s - $(CONFIG) || \
     echo '$(CONFIG_TEXT)' > $(CONFIG)))
 
@@ -162,7 +171,7 @@ $(EMULATION_SRCS:tests/%.cpp=$(BUILD)/tests/%.o): CXXFLAGS += $(EMULATION_FLAGS)
 
 $(BUILD)/tests/%.o: tests/%.cpp $(CONFIG)
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -Itests -c $< -o $@
+	$(CXX) $(CXXFLAGS) -Itests -DBARELLM_SIMDE_AVX512=$(SIMDE_AVX512) -c $< -o $@
 
 $(BUILD)/tools/%.o: tests/tools/%.cpp $(CONFIG)
 	@mkdir -p $(dir $@)
