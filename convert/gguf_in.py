@@ -282,8 +282,10 @@ class GGUFModel:
         size = self.keys.integer(self._key("vocab_size"), required=False)
         if size is None:
             tokens = self.keys.array("tokenizer.ggml.tokens", {STRING_TYPE}, "strings")
-            if not tokens:
+            if tokens is None:
                 raise ConvertError("GGUF key 'tokenizer.ggml.tokens' is missing")
+            if not tokens:
+                raise ConvertError("GGUF key 'tokenizer.ggml.tokens' is empty")
             size = len(tokens)
         return size
 

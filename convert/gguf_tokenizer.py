@@ -148,8 +148,10 @@ def vocabulary(keys, vocab_size):
     """The Vocabulary of the `tokenizer.ggml.*` entries of `keys` (a dict of the GGUF's
     keys, values already type-checked) for a model of `vocab_size` ids."""
     tokens = keys.get("tokenizer.ggml.tokens")
+    if tokens is None:
+        raise ConvertError("GGUF key 'tokenizer.ggml.tokens' is missing")
     if not tokens:
-        raise ConvertError("tokenizer.ggml.tokens is missing")
+        raise ConvertError("GGUF key 'tokenizer.ggml.tokens' is empty")
     if len(tokens) > vocab_size:
         raise ConvertError(f"the tokenizer has {len(tokens)} tokens but the model only "
                            f"{vocab_size} embeddings")

@@ -94,10 +94,39 @@ __device__ __forceinline__ float block_max(float value, float* scratch) {
         [](float a, float b) { return fmaxf(a, b); }, -INFINITY);
 }
 
-// RMSNorm's scale rsqrt(mean(x²) + eps) of x[0, n), from each thread's sum of squares of
-// its elements; every thread gets it (block_sum's rules apply).
-__device__ __forceinline__ float block_rms_scale(float squares, int n, float eps, float* scratch) {
-    return 1.0f / sqrtf(block_sum(squares, scratch) / float(n) + eps);
+// Squares past f32's range (|x| above about 1.8e19) make an f32 sum of squares infinite, and
+// rsqrt of it 0, which would scale every output to 0 (a model whose finite weights overflow
+// would then print an empty continuation instead of failing the non-finite logits check).
+// Such a vector is summed again with every element scaled by kRmsRescue, an exact power of
+// two: no scaled square overflows, and one that underflows is too small to count beside a
+// sum past f32's range. The CPU sums such a vector again in double; both give the true norm.
+// Only a sum that is +inf is summed again, so the usual path costs one compare.
+constexpr float kRmsRescue = 0x1p-100f;
+
+// The RMSNorm scale of n elements whose squares sum to `sum` (f32, +inf when it overflowed),
+// or of their rescaled squares `rescued_sum` (the elements times kRmsRescue), where eps no
+// longer counts: mean(x²) is past 1e38 / n.
+__device__ __forceinline__ float rms_scale_of_sum(float sum, int n, float eps) {
+    return 1.0f / sqrtf(sum / float(n) + eps);
+}
+__device__ __forceinline__ float rms_scale_of_rescued_sum(float rescued_sum, int n) {
+    return kRmsRescue / sqrtf(rescued_sum / float(n));
+}
+
+// RMSNorm's scale rsqrt(mean(x²) + eps) of in[0, n), from each thread's sum of squares of
+// its elements (any share of them); every thread gets it (block_sum's rules apply). When
+// the block's sum overflows, the threads sum in[threadIdx.x], in[threadIdx.x + blockDim.x],
+// ... again, rescaled (kRmsRescue).
+__device__ __forceinline__ float block_rms_scale(float squares, const float* __restrict__ in, int n,
+                                                 float eps, float* scratch) {
+    const float sum = block_sum(squares, scratch);
+    if (sum != INFINITY) return rms_scale_of_sum(sum, n, eps);  // the same in every thread
+    float rescued = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        const float x = in[i] * kRmsRescue;
+        rescued += x * x;
+    }
+    return rms_scale_of_rescued_sum(block_sum(rescued, scratch), n);
 }
 
 // block_rms_scale of in[0, n), each thread reading elements threadIdx.x, + blockDim.x, ...
@@ -105,7 +134,7 @@ __device__ __forceinline__ float rms_scale(const float* __restrict__ in, int n, 
                                            float* scratch) {
     float squares = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) squares += in[i] * in[i];
-    return block_rms_scale(squares, n, eps, scratch);
+    return block_rms_scale(squares, in, n, eps, scratch);
 }
 
 // The feed-forward's gate: silu(gate) * up, silu(g) = g / (1 + e^-g).

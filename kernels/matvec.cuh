@@ -134,7 +134,7 @@ __device__ __forceinline__ void stage_input(float* xs, const float* __restrict__
         squares += value * value;
     }
     if (norm_weight != nullptr) {  // the same for the whole block
-        const float scale = block_rms_scale(squares, cols, eps, scratch);
+        const float scale = block_rms_scale(squares, in, cols, eps, scratch);
         // Each thread rescales the elements it staged itself: no barrier needed in between.
         for_each_float4(reinterpret_cast<const float4*>(norm_weight), whole, [&](int i, float4 w) {
             const float4 v = *slot(i);

@@ -141,9 +141,7 @@ __global__ void __launch_bounds__(kRopeRowsThreads)
     const float* norm = is_q ? q_norm : k_norm;
     float scale = 1.0f;
     if (norm) {
-        float squares = 0.0f;
-        for (int i = lane; i < head_dim; i += kWarpSize) squares += vec[i] * vec[i];
-        scale = 1.0f / sqrtf(warp_sum(squares) / float(head_dim) + eps);
+        scale = head_rms_scale(vec, head_dim, eps);
         __syncwarp();  // every lane's reads of vec before any lane writes it back
     }
     KvT* key = key_cache + cache_row + size_t(vector - heads) * head_dim;

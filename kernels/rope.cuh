@@ -34,11 +34,19 @@ __device__ __forceinline__ float2 rope_rotated_pair(const float* vec, int j, int
 
 // RMSNorm's scale rsqrt(mean(x²) + eps) of one head vector x[head_dim], for the calling warp
 // (lane l sums the squares of elements l, l + 32, ...); every lane gets it. All 32 lanes
-// must call it.
+// must call it. A sum that overflows is summed again rescaled (kRmsRescue).
 __device__ __forceinline__ float head_rms_scale(const float* x, int head_dim, float eps) {
+    const int lane = threadIdx.x % kWarpSize;
     float squares = 0.0f;
-    for (int i = threadIdx.x % kWarpSize; i < head_dim; i += kWarpSize) squares += x[i] * x[i];
-    return 1.0f / sqrtf(warp_sum(squares) / float(head_dim) + eps);
+    for (int i = lane; i < head_dim; i += kWarpSize) squares += x[i] * x[i];
+    const float sum = warp_sum(squares);
+    if (sum != INFINITY) return rms_scale_of_sum(sum, head_dim, eps);  // the same in every lane
+    float rescued = 0.0f;
+    for (int i = lane; i < head_dim; i += kWarpSize) {
+        const float scaled = x[i] * kRmsRescue;
+        rescued += scaled * scaled;
+    }
+    return rms_scale_of_rescued_sum(warp_sum(rescued), head_dim);
 }
 
 // Pair (j, j + half) of the head vector x, RMSNormed when norm_weight is given (x * scale *

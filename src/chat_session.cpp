@@ -126,7 +126,8 @@ void Conversation::save(const std::string& path, bool replace_existing) const {
         messages.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
     WriteRules rules;
     rules.replace_existing = replace_existing;
-    rules.how_to_replace = std::string(kReplacingSaveCommand) + " " + path + " replaces it";
+    rules.how_to_replace =
+        std::string(kReplacingSaveCommand) + " " + shown_path(path) + " replaces it";
     rules.inputs = settings_.inputs;
     try {
         write_file_safely(path, text, rules);
@@ -282,7 +283,8 @@ int run_chat(const Model& model, const Tokenizer& tokenizer, Backend& backend, S
                 }
                 try {
                     conversation.save(argument, replace);
-                    if (argument != "-") say("barellm: the conversation is in " + argument);
+                    if (argument != "-")
+                        say("barellm: the conversation is in " + shown_path(argument));
                 } catch (const Error& e) {
                     say(std::string("barellm: ") + e.what());
                     failures.add(line_number, name);

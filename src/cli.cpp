@@ -1,6 +1,7 @@
 // Parsing the command line into Options (cli.h): every flag checked, bad ones refused in one line.
 #include "cli.h"
 
+#include "json.h"
 #include "tokenizer/unicode.h"
 
 namespace barellm {
@@ -87,20 +88,65 @@ common options:
   -h, --help               this text
 )";
 
+namespace {
+
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
+// How many decimal digits `text` holds from `at` on.
+size_t digits_from(const std::string& text, size_t at) {
+    size_t end = at;
+    while (end < text.size() && is_digit(text[end])) ++end;
+    return end - at;
+}
+
+// Whether `text` is a plain decimal integer: an optional sign and digits, nothing else
+// (std::stoll alone also takes leading spaces, and std::stod hexadecimal and "inf").
+bool is_decimal_integer(const std::string& text) {
+    const size_t start = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+    const size_t digits = digits_from(text, start);
+    return digits > 0 && start + digits == text.size();
+}
+
+// Whether `text` is a plain decimal number: an optional sign, digits with an optional
+// fraction ("1", "0.8", ".5", "2."), and an optional exponent ("1e-3").
+bool is_decimal_number(const std::string& text) {
+    size_t at = !text.empty() && (text[0] == '-' || text[0] == '+') ? 1 : 0;
+    size_t mantissa_digits = digits_from(text, at);
+    at += mantissa_digits;
+    if (at < text.size() && text[at] == '.') {
+        const size_t fraction = digits_from(text, at + 1);
+        mantissa_digits += fraction;
+        at += 1 + fraction;
+    }
+    if (mantissa_digits == 0) return false;
+    if (at < text.size() && (text[at] == 'e' || text[at] == 'E')) {
+        ++at;
+        if (at < text.size() && (text[at] == '-' || text[at] == '+')) ++at;
+        const size_t exponent_digits = digits_from(text, at);
+        if (exponent_digits == 0) return false;
+        at += exponent_digits;
+    }
+    return at == text.size();
+}
+
+}  // namespace
+
 long long parse_integer(const std::string& flag, const std::string& text, long long lowest,
                         long long highest) {
     size_t used = 0;
     long long value = 0;
-    try {
-        value = std::stoll(text, &used);
-    } catch (const std::exception&) {
-        used = 0;
+    if (is_decimal_integer(text)) {
+        try {
+            value = std::stoll(text, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
     }
     if (used != text.size() || text.empty())
-        throw UsageError(flag + " needs an integer, got '" + text + "'");
+        throw UsageError(flag + " needs an integer, got " + quoted_excerpt(text));
     if (value < lowest || value > highest)
         throw UsageError(flag + " must be in [" + std::to_string(lowest) + ", " +
-                         std::to_string(highest) + "], got " + text);
+                         std::to_string(highest) + "], got " + quoted_excerpt(text));
     return value;
 }
 
@@ -122,14 +168,16 @@ std::string utf8_text(const std::string& flag, const std::string& text) {
 float parse_float(const std::string& flag, const std::string& text, float lowest, float highest) {
     size_t used = 0;
     float value = 0;
-    try {
-        value = std::stof(text, &used);
-    } catch (const std::exception&) {
-        used = 0;
+    if (is_decimal_number(text)) {
+        try {
+            value = std::stof(text, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
     }
     if (used != text.size() || text.empty() || !(value >= lowest && value <= highest))
         throw UsageError(flag + " needs a number in [" + std::to_string(lowest) + ", " +
-                         std::to_string(highest) + "], got '" + text + "'");
+                         std::to_string(highest) + "], got " + quoted_excerpt(text));
     return value;
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "error.h"
+#include "json.h"
 #include "terminal.h"
 
 namespace barellm {
@@ -46,25 +47,26 @@ FileIdentity identity_of(const struct stat& info) { return {info.st_dev, info.st
 std::string replacement_target(const std::string& path, const WriteRules& rules,
                                struct stat* existing) {
     std::memset(existing, 0, sizeof *existing);
-    if (path.back() == '/') throw Error(path + ": is a directory");
+    if (path.back() == '/') throw Error(shown_path(path) + ": is a directory");
     if (stat(path.c_str(), existing) != 0) {
-        if (errno != ENOENT) throw Error(system_error(path));
+        if (errno != ENOENT) throw Error(system_error(shown_path(path)));
         struct stat link;
         if (lstat(path.c_str(), &link) == 0)
-            throw Error(path + ": a symbolic link to a file that does not exist");
+            throw Error(shown_path(path) + ": a symbolic link to a file that does not exist");
         return path;
     }
     if (std::find(rules.inputs.begin(), rules.inputs.end(), identity_of(*existing)) !=
         rules.inputs.end())
-        throw Error(path + ": is a file being read, never replaced");
-    if (S_ISDIR(existing->st_mode)) throw Error(path + ": is a directory");
+        throw Error(shown_path(path) + ": is a file being read, never replaced");
+    if (S_ISDIR(existing->st_mode)) throw Error(shown_path(path) + ": is a directory");
     if (!S_ISREG(existing->st_mode))
-        throw Error(path + ": not a regular file (a device, a FIFO or a socket), never replaced");
+        throw Error(shown_path(path) +
+                    ": not a regular file (a device, a FIFO or a socket), never replaced");
     if (!rules.replace_existing)
-        throw Error(path + " exists already" +
+        throw Error(shown_path(path) + " exists already" +
                     (rules.how_to_replace.empty() ? "" : "; " + rules.how_to_replace));
     char resolved[PATH_MAX];
-    if (realpath(path.c_str(), resolved) == nullptr) throw Error(system_error(path));
+    if (realpath(path.c_str(), resolved) == nullptr) throw Error(system_error(shown_path(path)));
     return resolved;
 }
 
@@ -80,9 +82,9 @@ int create_temporary_beside(const std::string& target, std::string* temporary) {
         const int fd =
             open(temporary->c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, kNewFileMode);
         if (fd >= 0) return fd;
-        if (errno != EEXIST) throw Error(system_error("cannot write " + target));
+        if (errno != EEXIST) throw Error(system_error("cannot write " + shown_path(target)));
     }
-    throw Error("cannot write " + target + ": no free temporary name beside it");
+    throw Error("cannot write " + shown_path(target) + ": no free temporary name beside it");
 }
 
 void write_all(int fd, const std::string& text) {
@@ -156,6 +158,13 @@ void check_model_path(const std::string& path) {
                     convert + "`");
 }
 
+std::string shown_path(const std::string& path) {
+    const bool plain = std::none_of(path.begin(), path.end(), [](char c) {
+        return static_cast<unsigned char>(c) < 0x20 || c == 0x7F;
+    });
+    return plain && path.size() <= kShownPathBytes ? path : quoted_excerpt(path);
+}
+
 std::optional<FileIdentity> file_identity(const std::string& path) {
     struct stat info;
     if (stat(path.c_str(), &info) != 0) return std::nullopt;
@@ -184,13 +193,13 @@ void write_file_safely(const std::string& path, const std::string& text, const W
             fd = -1;
             if (closed != 0) throw Error(std::strerror(errno));
         } catch (const Error& e) {
-            throw Error("cannot write " + path + ": " + e.what());
+            throw Error("cannot write " + shown_path(path) + ": " + e.what());
         }
         // Checked again: what is there may have changed while the text was written.
         struct stat there_now;
         replacement_target(path, rules, &there_now);
         if (rename(temporary.c_str(), target.c_str()) != 0)
-            throw Error(system_error("cannot write " + path));
+            throw Error(system_error("cannot write " + shown_path(path)));
     } catch (const Error&) {
         if (fd >= 0) close(fd);
         unlink(temporary.c_str());

@@ -48,6 +48,14 @@ struct WriteRules {
     std::vector<FileIdentity> inputs;  // files being read, never replaced
 };
 
+// The most bytes of a path that messages quote in full.
+constexpr size_t kShownPathBytes = 256;
+
+// `path` as a message shows it: itself when at most kShownPathBytes bytes long and free of
+// control characters, else a quoted excerpt (json.h), so that a name typed in a chat
+// (untrusted text) cannot flood or break the line.
+std::string shown_path(const std::string& path);
+
 // Writes `text` to `path`, or to standard output when `path` is "-". The text goes to a
 // temporary file in the directory of `path`, which is renamed over `path` only once
 // written and fsync'ed, so that `path` is never left half-written. Refused, with an Error

@@ -143,6 +143,26 @@ def test_a_failed_write_says_why(model, tmp_path):
                                  "line 3 (/save)")
 
 
+def test_a_long_or_odd_file_name_is_quoted_as_an_excerpt(model, tmp_path):
+    """A name typed in a chat is untrusted text: a message quotes at most an excerpt of it,
+    on one line."""
+    long_name = b"n" * 5000
+    odd_name = b"a\x1b[2Jb.json"  # an escape sequence that would clear a terminal
+    (tmp_path / odd_name.decode()).write_text("old")
+    result = chat(model, [b"ab", b"/save " + long_name, b"/save " + odd_name])
+    lines = result.stderr.splitlines()
+    refusal = next(line for line in lines if line.startswith("barellm: /save: ") and
+                   "File name too long" in line)
+    assert refusal == "barellm: /save: '" + "n" * 60 + "...': File name too long"
+    assert "barellm: /save: 'a?[2Jb.json' exists already; /save! 'a?[2Jb.json' replaces it" \
+        in lines
+    assert "\x1b" not in result.stderr
+    assert max(map(len, lines)) < 200
+    assert result.returncode == 1
+    assert last_line(result) == ("barellm: 2 lines of the input failed: line 2 (/save), "
+                                 "line 3 (/save)")
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
 def test_a_write_without_permission_says_why(model, tmp_path):
     locked = tmp_path / "locked"

@@ -295,6 +295,10 @@ HOSTILE = {
                             "is not below"),
     "add BOS without a BOS id": (without_key("tokenizer.ggml.bos_token_id"),
                                  "tokenizer.ggml.bos_token_id is missing"),
+    "empty token list": (with_key("tokenizer.ggml.tokens", ARRAY, (STRING, [])),
+                         "GGUF key 'tokenizer.ggml.tokens' is empty"),
+    "no token list": (without_key("tokenizer.ggml.tokens"),
+                      "'tokenizer.ggml.tokens' is missing"),
     "duplicate token": (with_key("tokenizer.ggml.tokens", ARRAY,
                                  (STRING, TOKENS[:-1] + ["a"])), "is both id"),
 }

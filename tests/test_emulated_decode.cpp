@@ -276,12 +276,16 @@ Sum row_sum(Weight weight, int r, int cols, const std::vector<double>& in, const
     return sum;
 }
 
+// The matvecs of the input `in` (random in [-input_scale, input_scale]) against double
+// references.
 template <DType D>
-void check_matvec(int rows, int cols, const Fusion& f, std::mt19937& rng) {
+void check_matvec(int rows, int cols, const Fusion& f, std::mt19937& rng,
+                  float input_scale = 2.0f) {
     INFO(dtype_name(D) << ", " << rows << " x " << cols << ", norm " << f.norm << ", bias "
-                       << f.bias << ", accumulate " << f.accumulate);
+                       << f.bias << ", accumulate " << f.accumulate << ", input up to "
+                       << input_scale);
     PaddedRows w(rows, cols, D, rng), w3(rows, cols, D, rng);
-    const AlignedArray<float> in = aligned_floats(size_t(cols), rng, 2.0f);
+    const AlignedArray<float> in = aligned_floats(size_t(cols), rng, input_scale);
     const AlignedArray<float> norm = aligned_floats(size_t(cols), rng);
     const std::vector<float> bias = random_floats(size_t(rows), rng);
     const std::vector<float> old = random_floats(size_t(rows), rng);
@@ -786,6 +790,65 @@ TEST_CASE("emulated rmsnorm, residual_add and swiglu kernels match double refere
             wrong += !close(normed[i], want[i], 1e-6);
             wrong += sum[i] != x[i] + y[i];  // one f32 addition
             wrong += !close(gate[i], silu(x[i]) * y[i], 1e-6);
+        }
+        CHECK(wrong == 0);
+    }
+}
+
+namespace {
+
+// Inputs whose squares overflow f32 (|x| up to 1e38, squares up to 1e76): a sum of them in
+// f32 is infinite, and the RMSNorms must sum them again (kRmsRescue) instead of scaling
+// everything to 0.
+constexpr float kOverflowingInput = 1e38f;
+
+// Whether the f32 sum of the squares of x[n] overflows (the case the tests below are for).
+bool squares_overflow_f32(const float* x, int n) {
+    float sum = 0.0f;
+    for (int i = 0; i < n; ++i) sum += x[i] * x[i];
+    return std::isinf(sum);
+}
+
+}  // namespace
+
+TEST_CASE("emulated RMSNorms of inputs whose squares overflow f32 match double references",
+          "[cuda_emulation][decode]") {
+    std::mt19937 rng(22);
+    for (const int n : {45, 1000, 4100}) {
+        INFO(n << " elements");
+        const std::vector<float> x = random_floats(size_t(n), rng, kOverflowingInput);
+        REQUIRE(squares_overflow_f32(x.data(), n));
+        const std::vector<float> weight = random_floats(size_t(n), rng);
+        std::vector<float> normed = nan_floats(size_t(n));
+        emulate_launch(dim3(1), dim3(kElementwiseThreads), 0, rmsnorm_kernel, normed.data(),
+                       x.data(), weight.data(), n, kEps);
+        const std::vector<double> want = normed_input(x.data(), n, weight.data());
+        int wrong = 0;
+        for (int i = 0; i < n; ++i) wrong += !close(normed[i], want[i], 1e-6);
+        CHECK(wrong == 0);
+        // The matvecs' fused RMSNorm (stage_input), on the rows of one block and of several.
+        for (const int rows : kRowCounts)
+            check_matvec<DType::F32>(rows, n, {true, true, false}, rng, kOverflowingInput);
+    }
+    // The q/k head norms: 3 q heads and 1 k head.
+    for (const int head_dim : {34, 72, 130}) {
+        INFO("head_dim " << head_dim);
+        const int heads = 3, kv_heads = 1, count = (heads + kv_heads) * head_dim;
+        const std::vector<float> qk = random_floats(size_t(count), rng, kOverflowingInput);
+        const std::vector<float> q_norm = random_floats(size_t(head_dim), rng);
+        const std::vector<float> k_norm = random_floats(size_t(head_dim), rng);
+        std::vector<float> normed = qk;
+        emulate_launch(rmsnorm_heads_grid(heads, kv_heads), dim3(kElementwiseThreads), 0,
+                       rmsnorm_heads_kernel, normed.data(), q_norm.data(), k_norm.data(), heads,
+                       kv_heads, head_dim, kEps);
+        int wrong = 0;
+        for (int h = 0; h < heads + kv_heads; ++h) {
+            const float* x = &qk[size_t(h) * head_dim];
+            REQUIRE(squares_overflow_f32(x, head_dim));
+            const std::vector<double> want =
+                normed_input(x, head_dim, h < heads ? q_norm.data() : k_norm.data());
+            for (int i = 0; i < head_dim; ++i)
+                wrong += !close(normed[size_t(h) * head_dim + i], want[i], 1e-6);
         }
         CHECK(wrong == 0);
     }

@@ -137,8 +137,10 @@ double cache_value(const KvT* cache, size_t i) {
         return half_to_float(cache[i].bits);
 }
 
+// rope_kv_store_rows_kernel on qkv rows random in [-input_scale, input_scale] against a
+// double reference.
 template <typename KvT>
-void check_rope_kv_store_rows(const RopeCase& c, std::mt19937& rng) {
+void check_rope_kv_store_rows(const RopeCase& c, std::mt19937& rng, float input_scale = 2.0f) {
     const KvType kv_type = std::is_same_v<KvT, float> ? KvType::F32 : KvType::F16;
     INFO(c.heads << "/" << c.kv_heads << " heads of " << c.head_dim << ", " << c.count
                  << " tokens from " << c.first_pos << ", norms " << c.norms << ", kv "
@@ -149,7 +151,7 @@ void check_rope_kv_store_rows(const RopeCase& c, std::mt19937& rng) {
     std::vector<float> inverse_frequencies(half);
     for (int j = 0; j < half; ++j)
         inverse_frequencies[j] = float(std::pow(10000.0, -2.0 * j / c.head_dim));
-    const std::vector<float> qkv_in = random_floats(size_t(c.count) * qkv_pitch, rng, 2.0f);
+    const std::vector<float> qkv_in = random_floats(size_t(c.count) * qkv_pitch, rng, input_scale);
     const std::vector<float> q_norm = random_floats(size_t(c.head_dim), rng);
     const std::vector<float> k_norm = random_floats(size_t(c.head_dim), rng);
     std::vector<float> qkv = qkv_in;
@@ -229,6 +231,43 @@ TEST_CASE("emulated rope_kv_store_rows matches a double reference", "[cuda_emula
         check_rope_kv_store_rows<float>(c, rng);
         check_rope_kv_store_rows<__half>(c, rng);
     }
+}
+
+// Inputs whose squares overflow f32 (|x| up to 1e38): the RMSNorms sum them again
+// (kRmsRescue) instead of scaling every element to 0.
+TEST_CASE("emulated prefill RMSNorms of inputs whose squares overflow f32 match double references",
+          "[cuda_emulation][prefill]") {
+    constexpr float kOverflowingInput = 1e38f;
+    std::mt19937 rng(4);
+    for (const int cols : kColumns) {
+        const int tokens = 3, pitch = padded_cols(cols, DType::F32);
+        INFO(cols << " cols");
+        const std::vector<float> x = random_floats(size_t(tokens) * cols, rng, kOverflowingInput);
+        const std::vector<float> weight = random_floats(size_t(cols), rng);
+        AlignedArray<float> normed(size_t(tokens) * pitch);
+        emulate_launch(rmsnorm_rows_grid(tokens), dim3(kRowsThreads), 0,
+                       rmsnorm_rows_kernel<DType::F32>, normed.data(), cols, pitch, x.data(),
+                       weight.data(), kEps);
+        int wrong = 0;
+        for (int t = 0; t < tokens; ++t) {
+            const float* row = &x[size_t(t) * cols];
+            float f32_squares = 0.0f;
+            double squares = 0;
+            for (int i = 0; i < cols; ++i) {
+                f32_squares += row[i] * row[i];
+                squares += double(row[i]) * row[i];
+            }
+            REQUIRE(std::isinf(f32_squares));  // the case under test
+            const double scale = 1.0 / std::sqrt(squares / cols + kEps);
+            for (int i = 0; i < cols; ++i)
+                wrong += !close(normed[size_t(t) * pitch + i], row[i] * scale * weight[i],
+                                DType::F32, kF32Error);
+        }
+        CHECK(wrong == 0);
+    }
+    // The q/k head norms (an f32 cache: f16 cannot hold the v values, stored unchanged).
+    check_rope_kv_store_rows<float>({6, 2, 72, 3, 9, true}, rng, kOverflowingInput);
+    check_rope_kv_store_rows<float>({3, 1, 6, 3, 0, true}, rng, kOverflowingInput);
 }
 
 namespace {
