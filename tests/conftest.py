@@ -32,6 +32,7 @@ SANITIZE = {
     "test_q4.py": None,
     "test_qwen.py": None,
     "test_convert_barellm_check.py": None,
+    "test_outputs_never_replace_inputs.py": None,
     "test_q8.py": ["test_stories260k_q8_round_trip", "test_q8_logits_close_to_f32",
                    "test_odd_sizes", "test_refuses_scale_beyond_f16"],
     "test_bench.py": ["test_json_names_the_machine_and_the_simd_level"],
