@@ -164,7 +164,7 @@ Command command_of(const std::string& line, std::string* argument) {
     return Command::Message;
 }
 
-// The input lines whose turn or /save failed, for the last line of a session whose input
+// The input lines whose turn or /save failed, for the last line of a conversation whose input
 // is not a terminal.
 class Failures {
 public:

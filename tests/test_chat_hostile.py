@@ -1,6 +1,6 @@
 """Hostile input to `barellm chat`: /save aimed at the model being run, at a file that
 exists, at a directory or a device; writes that fail; lines that are not UTF-8; and the exit
-status of a session fed through a pipe. A refused line says why in one line and the
+status of a conversation fed through a pipe. A refused line says why in one line and the
 conversation goes on; nothing barellm was told to read is ever replaced."""
 
 import json
