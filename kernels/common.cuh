@@ -313,9 +313,8 @@ void with_weight_dtype(DType dtype, Launch launch) {
             return launch(std::integral_constant<DType, DType::F16>{});
         case DType::BF16:
             return launch(std::integral_constant<DType, DType::BF16>{});
-        case DType::Q8_0:
-        case DType::Q4_0:
-            throw Error("this CUDA kernel reads f32, f16 and bf16 weights, not Q8 or Q4");
+        default:
+            throw Error("this CUDA kernel reads f32, f16 and bf16 weights, not quantized ones");
     }
 }
 

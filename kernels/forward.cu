@@ -660,6 +660,10 @@ private:
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(const Model& model, const BackendOptions& options) {
+    for (const auto& [name, m] : model.named_matrices())
+        if (is_block_type(m->dtype))
+            throw Error("the CUDA backend does not run " + matrix_type_name(m->dtype) +
+                        " matrices ('" + name + "'); use --device cpu");
     return std::make_unique<CudaBackend>(model, options);
 }
 

@@ -3,6 +3,7 @@
 #include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -230,6 +231,31 @@ std::string attention_features(const Config& c) {
     return features.empty() ? "no biases, no q/k norm" : features;
 }
 
+// The table of matrix types: for each type, how many matrices, which, and their bytes.
+void print_matrix_types(const Model& model) {
+    struct Row {
+        int count = 0;
+        size_t bytes = 0;
+        std::vector<std::string> names;  // the matrices' names without "layers.N."
+    };
+    std::map<std::string, Row> rows;
+    for (const auto& [name, m] : model.named_matrices()) {
+        Row& row = rows[matrix_type_name(m->dtype)];
+        ++row.count;
+        row.bytes += m->bytes();
+        const std::string role = name.substr(name.rfind('.') + 1);
+        if (std::find(row.names.begin(), row.names.end(), role) == row.names.end())
+            row.names.push_back(role);
+    }
+    std::printf("matrix types    type    matrices       bytes  which\n");
+    for (const auto& [type, row] : rows) {
+        std::string which;
+        for (const std::string& name : row.names) which += (which.empty() ? "" : " ") + name;
+        std::printf("                %-7s %8d %11zu  %s\n", type.c_str(), row.count, row.bytes,
+                    which.c_str());
+    }
+}
+
 int command_info(const Options& options) {
     const Model model = Model::load(options.model_path);
     const Config& c = model.config;
@@ -257,6 +283,7 @@ int command_info(const Options& options) {
                 model.parameter_count());
     for (const auto& [dtype, bytes] : bytes_by_dtype)
         std::printf("bytes %-9s %zu\n", dtype.c_str(), bytes);
+    print_matrix_types(model);
     std::printf("weight bytes read per token %zu\n", model.weight_bytes_per_token());
     std::printf("cpu kernels     %s\n", cpu::simd_description().c_str());
     return 0;

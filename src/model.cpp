@@ -1,10 +1,64 @@
 // Loading a model (model.h): the weight file mapped, every tensor checked against the config.
 #include "model.h"
 
+#include <cstring>
+#include <map>
+#include <optional>
+
 #include "error.h"
+#include "half.h"
 #include "json.h"
 
 namespace barellm {
+
+// The `barellm.matrix_types` names of the types a matrix can have.
+std::string matrix_type_name(DType dtype) {
+    if (dtype == DType::Q8_0) return "Q8_0";
+    if (dtype == DType::Q4_0) return "Q4_0";
+    return dtype_name(dtype);
+}
+
+std::optional<DType> matrix_type(const std::string& name) {
+    for (DType dtype :
+         {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
+          DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS})
+        if (name == matrix_type_name(dtype)) return dtype;
+    return std::nullopt;
+}
+
+void matrix_row_to_float(float* out, const Matrix& w, int row) {
+    if (is_block_type(w.dtype)) return dequantize_row(w.dtype, w.row_data(row), out, w.cols);
+    const size_t first = size_t(row) * w.cols;
+    switch (w.dtype) {
+        case DType::F32:
+            std::memcpy(out, static_cast<const float*>(w.data) + first, w.cols * sizeof(float));
+            return;
+        case DType::F16:
+            for (int i = 0; i < w.cols; ++i)
+                out[i] = half_to_float(static_cast<const uint16_t*>(w.data)[first + i]);
+            return;
+        case DType::BF16:
+            for (int i = 0; i < w.cols; ++i)
+                out[i] = bf16_to_float(static_cast<const uint16_t*>(w.data)[first + i]);
+            return;
+        case DType::Q8_0: {
+            const int8_t* values = static_cast<const int8_t*>(w.data) + first;
+            const uint16_t* scales = w.scales + size_t(row) * w.q8_groups();
+            for (int i = 0; i < w.cols; ++i)
+                out[i] = values[i] * half_to_float(scales[i / kQ8Group]);
+            return;
+        }
+        case DType::Q4_0: {
+            const uint8_t* values = w.row_data(row);
+            const uint16_t* scales = w.scales + size_t(row) * w.q4_blocks();
+            for (int i = 0; i < w.cols; ++i)
+                out[i] = q4_value(values, i) * half_to_float(scales[i / kQ4Block]);
+            return;
+        }
+        default:
+            return;
+    }
+}
 
 namespace {
 
@@ -27,18 +81,92 @@ const TensorView& checked_tensor(const SafetensorsFile& file, const std::string&
     return view;
 }
 
-// The dtype a matrix of `cols` columns is stored in when the file's weight_dtype reads as
-// `weights`: with Q4 (U8), a matrix whose columns are not whole blocks stays F16.
-DType stored_dtype(DType weights, int cols) {
-    return weights == DType::Q4_0 && cols % kQ4Block != 0 ? DType::F16 : weights;
-}
+// The type of each matrix. In a file of one weight type (weight_dtype F32, F16, BF16, Q8 or
+// Q4) every matrix has it, except that with Q4 a matrix whose columns are not whole blocks
+// is F16. In a file of mixed types (any other weight_dtype, the name of the mix) the
+// metadata `barellm.matrix_types` names the type of every matrix, and of nothing else.
+class MatrixTypes {
+public:
+    MatrixTypes(const SafetensorsFile& file, const Config& config) : path_(file.path()) {
+        const std::string& name = config.weight_dtype;
+        const auto listed = file.metadata().find("barellm.matrix_types");
+        for (auto [uniform_name, dtype] : {std::pair{"F32", DType::F32},
+                                           {"F16", DType::F16},
+                                           {"BF16", DType::BF16},
+                                           {"Q8", DType::Q8_0},
+                                           {"Q4", DType::Q4_0}})
+            if (name == uniform_name) uniform_ = dtype;
+        if (uniform_) {
+            if (listed != file.metadata().end())
+                throw Error(path_ + ": barellm.matrix_types is present but weight_dtype " + name +
+                            " says every matrix has one type");
+            return;
+        }
+        if (listed == file.metadata().end())
+            throw Error(path_ + ": weight_dtype " + quoted_excerpt(name) +
+                        " is not one type (F32, F16, BF16, Q8, Q4) and the file has no "
+                        "barellm.matrix_types");
+        const nlohmann::json types = parse_json(listed->second, path_ + ": barellm.matrix_types");
+        if (!types.is_object()) throw Error(path_ + ": barellm.matrix_types is not a JSON object");
+        for (const auto& [matrix, type] : types.items()) {
+            const std::optional<DType> dtype =
+                type.is_string() ? matrix_type(type.get<std::string>()) : std::nullopt;
+            if (!dtype)
+                throw Error(path_ + ": barellm.matrix_types gives '" + quoted_excerpt(matrix) +
+                            "' the type " + json_excerpt(type) + ", which barellm does not run");
+            listed_[matrix] = *dtype;
+        }
+    }
+
+    // The type of matrix `name`, of `cols` columns.
+    DType of(const std::string& name, int cols) {
+        if (uniform_)
+            return *uniform_ == DType::Q4_0 && cols % kQ4Block != 0 ? DType::F16 : *uniform_;
+        const auto found = listed_.find(name);
+        if (found == listed_.end())
+            throw Error(path_ + ": barellm.matrix_types has no type for '" + name + "'");
+        const DType dtype = found->second;
+        listed_.erase(found);
+        const int block = is_block_type(dtype)   ? block_weights(dtype)
+                          : dtype == DType::Q4_0 ? kQ4Block
+                                                 : 1;
+        if (cols % block != 0)
+            throw Error(path_ + ": matrix '" + name + "' has " + std::to_string(cols) +
+                        " columns, not a multiple of the " + std::to_string(block) +
+                        " weights of a " + matrix_type_name(dtype) + " block");
+        return dtype;
+    }
+
+    // After every matrix has been asked for: refuses names that are not matrices.
+    void check_nothing_left() const {
+        if (!listed_.empty())
+            throw Error(path_ + ": barellm.matrix_types names '" +
+                        quoted_excerpt(listed_.begin()->first) +
+                        "', which is not a matrix of the model");
+    }
+
+private:
+    std::string path_;
+    std::optional<DType> uniform_;
+    std::map<std::string, DType> listed_;  // the types not yet asked for
+};
 
 Matrix matrix(const SafetensorsFile& file, const std::string& name, int rows, int cols,
-              DType weights) {
-    const DType dtype = stored_dtype(weights, cols);
+              MatrixTypes& types) {
+    const DType dtype = types.of(name, cols);
     Matrix m{nullptr, dtype, rows, cols, nullptr};
-    const int64_t stored_cols = dtype == DType::Q4_0 ? cols / 2 : cols;
-    m.data = checked_tensor(file, name, {rows, stored_cols}, dtype).data;
+    // Block types are stored as U8 tensors of whole blocks, [rows, row_bytes]; Q4_0 as U8
+    // [rows, cols / 2]; the others one element per weight.
+    const DType stored = is_block_type(dtype) ? DType::Q4_0 : dtype;
+    const int64_t stored_cols =
+        dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16 || dtype == DType::Q8_0
+            ? cols
+            : int64_t(m.row_bytes());
+    m.data = checked_tensor(file, name, {rows, stored_cols}, stored).data;
+    // The f16 fields of a block are read in place: the converter's order puts every U8
+    // tensor (all of even length) before the I8 ones, so blocks start on even offsets.
+    if (is_block_type(dtype) && reinterpret_cast<uintptr_t>(m.data) % alignof(uint16_t) != 0)
+        throw Error(file.path() + ": tensor '" + name + "' starts at an odd offset");
     if (m.scale_count_per_row() > 0)
         m.scales = static_cast<const uint16_t*>(
             checked_tensor(file, name + ".scale", {rows, m.scale_count_per_row()}, DType::F16)
@@ -49,16 +177,6 @@ Matrix matrix(const SafetensorsFile& file, const std::string& name, int rows, in
 // A norm weight or a bias: always f32.
 const float* f32_vector(const SafetensorsFile& file, const std::string& name, int dim) {
     return static_cast<const float*>(checked_tensor(file, name, {dim}, DType::F32).data);
-}
-
-DType weight_dtype(const Config& config, const std::string& path) {
-    if (config.weight_dtype == "F32") return DType::F32;
-    if (config.weight_dtype == "F16") return DType::F16;
-    if (config.weight_dtype == "BF16") return DType::BF16;
-    if (config.weight_dtype == "Q8") return DType::Q8_0;
-    if (config.weight_dtype == "Q4") return DType::Q4_0;
-    throw Error(path + ": weight_dtype " + quoted_excerpt(config.weight_dtype) +
-                " is not supported");
 }
 
 }  // namespace
@@ -83,7 +201,7 @@ Model Model::load(const std::string& path) {
                     " is not supported (expected 1)");
     model.config = Config::from_json(file.metadata_value("barellm.config"), path);
     const Config& c = model.config;
-    const DType dtype = weight_dtype(c, path);
+    MatrixTypes dtype(file, c);
 
     model.token_embedding = matrix(file, "token_embedding", c.vocab_size, c.dim, dtype);
     for (int l = 0; l < c.layers; ++l) {
@@ -118,6 +236,7 @@ Model Model::load(const std::string& path) {
     } else {
         model.output = matrix(file, "output", c.vocab_size, c.dim, dtype);
     }
+    dtype.check_nothing_left();
     const size_t vectors_per_layer =
         2 + (c.qkv_bias ? 3 : 0) + (c.o_bias ? 1 : 0) + (c.qk_norm ? 2 : 0);  // norms and biases
     size_t expected_tensors = 1 + vectors_per_layer * size_t(c.layers);
@@ -135,6 +254,25 @@ std::vector<const Matrix*> Model::matrices() const {
              {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w1, &layer.w3, &layer.w2})
             all.push_back(m);
     if (!config.tied_embeddings) all.push_back(&output);
+    return all;
+}
+
+std::vector<std::pair<std::string, const Matrix*>> Model::named_matrices() const {
+    std::vector<std::pair<std::string, const Matrix*>> all = {
+        {"token_embedding", &token_embedding}};
+    for (size_t l = 0; l < layers.size(); ++l) {
+        const LayerWeights& layer = layers[l];
+        const std::string prefix = "layers." + std::to_string(l) + ".";
+        for (const auto& [name, m] : {std::pair{"wq", &layer.wq},
+                                      {"wk", &layer.wk},
+                                      {"wv", &layer.wv},
+                                      {"wo", &layer.wo},
+                                      {"w1", &layer.w1},
+                                      {"w3", &layer.w3},
+                                      {"w2", &layer.w2}})
+            all.emplace_back(prefix + name, m);
+    }
+    if (!config.tied_embeddings) all.emplace_back("output", &output);
     return all;
 }
 

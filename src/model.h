@@ -7,6 +7,7 @@
 
 #include "config.h"
 #include "safetensors.h"
+#include "weight_blocks.h"
 
 namespace barellm {
 
@@ -29,11 +30,13 @@ inline int q4_value(const uint8_t* row, int col) {
     return (j < kQ4BlockBytes ? byte & 0x0f : byte >> 4) - kQ4Offset;
 }
 
-// A row-major [rows, cols] weight matrix stored in the file's dtype: F32, F16, BF16,
-// I8 with `scales` [rows, q8_groups()] (the Q8 format), or U8 with `scales` [rows,
-// q4_blocks()] (the Q4 format: cols / 2 bytes a row).
-// Whether a matrix of this type is stored as integers with scales (Q8 or Q4).
+// Whether a matrix of this type is stored as integers with scales apart (Q8 or Q4); the
+// block types (weight_blocks.h) keep their scales inside their blocks.
 inline bool is_quantized(DType dtype) { return dtype == DType::Q8_0 || dtype == DType::Q4_0; }
+
+// A row-major [rows, cols] weight matrix of its own type: F32, F16, BF16, I8 with `scales`
+// [rows, q8_groups()] (Q8_0), U8 with `scales` [rows, q4_blocks()] (Q4_0: cols / 2 bytes a
+// row), or a block type (cols / block_weights blocks a row, row after row).
 
 struct Matrix {
     const void* data = nullptr;
@@ -49,7 +52,12 @@ struct Matrix {
     int q4_blocks() const { return cols / kQ4Block; }
     // Bytes of one row's values (scales aside).
     size_t row_bytes() const {
+        if (is_block_type(dtype)) return size_t(cols / block_weights(dtype)) * block_bytes(dtype);
         return dtype == DType::Q4_0 ? size_t(cols) / 2 : size_t(cols) * dtype_size(dtype);
+    }
+    // The start of row r's values (its blocks, for a block type).
+    const uint8_t* row_data(int r) const {
+        return static_cast<const uint8_t*>(data) + size_t(r) * row_bytes();
     }
     int scale_count_per_row() const {
         return dtype == DType::Q8_0 ? q8_groups() : dtype == DType::Q4_0 ? q4_blocks() : 0;
@@ -58,6 +66,12 @@ struct Matrix {
         return size_t(rows) * (row_bytes() + 2 * size_t(scale_count_per_row()));
     }
 };
+
+// The name of a matrix type in `barellm.matrix_types` and `info`: "F16", "Q8_0", "Q4_K".
+std::string matrix_type_name(DType dtype);
+
+// Row `row` of w as f32 (out[w.cols]), whatever its type.
+void matrix_row_to_float(float* out, const Matrix& w, int row);
 
 struct LayerWeights {
     const float* attn_norm;  // [dim]
@@ -91,6 +105,8 @@ struct Model {
 
     // Every distinct matrix: the embedding, each layer's seven, the output when untied.
     std::vector<const Matrix*> matrices() const;
+    // The same with their names in the file ("token_embedding", "layers.0.wq", ...).
+    std::vector<std::pair<std::string, const Matrix*>> named_matrices() const;
 
     // Bytes of weights one decode step reads (every matrix once, embedding row aside).
     size_t weight_bytes_per_token() const;

@@ -15,38 +15,6 @@ namespace barellm {
 
 namespace {
 
-// Row `row` of w as f32, whatever its storage (a Q8 weight is value × scale).
-void row_to_float(float* out, const Matrix& w, int row) {
-    const size_t first = size_t(row) * w.cols;
-    switch (w.dtype) {
-        case DType::F32:
-            std::memcpy(out, static_cast<const float*>(w.data) + first, w.cols * sizeof(float));
-            return;
-        case DType::F16:
-            for (int i = 0; i < w.cols; ++i)
-                out[i] = half_to_float(static_cast<const uint16_t*>(w.data)[first + i]);
-            return;
-        case DType::BF16:
-            for (int i = 0; i < w.cols; ++i)
-                out[i] = bf16_to_float(static_cast<const uint16_t*>(w.data)[first + i]);
-            return;
-        case DType::Q8_0: {
-            const int8_t* values = static_cast<const int8_t*>(w.data) + first;
-            const uint16_t* scales = w.scales + size_t(row) * w.q8_groups();
-            for (int i = 0; i < w.cols; ++i)
-                out[i] = values[i] * half_to_float(scales[i / kQ8Group]);
-            return;
-        }
-        case DType::Q4_0: {
-            const uint8_t* values = static_cast<const uint8_t*>(w.data) + row * w.row_bytes();
-            const uint16_t* scales = w.scales + size_t(row) * w.q4_blocks();
-            for (int i = 0; i < w.cols; ++i)
-                out[i] = q4_value(values, i) * half_to_float(scales[i / kQ4Block]);
-            return;
-        }
-    }
-}
-
 // f32 -> bf16 bits, round to nearest even; NaN stays a quiet NaN (convert/dtypes.py).
 uint16_t float_to_bf16(float value) {
     const uint32_t bits = float_to_bits(value);
@@ -114,7 +82,7 @@ public:
             std::vector<float> row(m.cols);
 #pragma omp for schedule(static)
             for (int r = 0; r < m.rows; ++r) {
-                row_to_float(row.data(), source, r);
+                matrix_row_to_float(row.data(), source, r);
                 const size_t first = size_t(r) * m.cols;
                 switch (dtype_) {
                     case DType::F32:
@@ -129,7 +97,7 @@ public:
                         for (int i = 0; i < m.cols; ++i)
                             reinterpret_cast<uint16_t*>(data)[first + i] = float_to_bf16(row[i]);
                         break;
-                    case DType::Q4_0:  // refused by copy_model
+                    default:  // Q4_0 and the block types: refused by copy_model
                         break;
                     case DType::Q8_0:
                         if (!quantize_row_q8(reinterpret_cast<int8_t*>(data) + first,
@@ -177,8 +145,9 @@ size_t model_copy_bytes(const Model& source, DType dtype) {
 
 std::unique_ptr<ModelCopy> copy_model(const Model& source, DType dtype) {
     const char* name = weight_dtype_name(dtype);
-    if (dtype == DType::Q4_0)
-        throw Error("in-memory Q4 copies are not supported: convert the model with --dtype q4");
+    if (dtype == DType::Q4_0 || is_block_type(dtype))
+        throw Error(std::string("in-memory ") + name +
+                    " copies are not supported: convert the model to that type");
     require_memory(model_copy_bytes(source, dtype),
                    std::string("an in-memory ") + name + " copy of the weights");
     auto copy = std::make_unique<ModelCopy>();

@@ -63,6 +63,20 @@ const char* dtype_name(DType dtype) {
             return "I8";
         case DType::Q4_0:
             return "U8";
+        case DType::Q4_1:
+            return "Q4_1";
+        case DType::Q5_0:
+            return "Q5_0";
+        case DType::Q5_1:
+            return "Q5_1";
+        case DType::Q4_K:
+            return "Q4_K";
+        case DType::Q5_K:
+            return "Q5_K";
+        case DType::Q6_K:
+            return "Q6_K";
+        case DType::IQ4_XS:
+            return "IQ4_XS";
     }
     return "?";
 }
@@ -74,11 +88,9 @@ size_t dtype_size(DType dtype) {
         case DType::F16:
         case DType::BF16:
             return 2;
-        case DType::Q8_0:
-        case DType::Q4_0:
+        default:  // Q8_0, Q4_0 and the block types: stored as bytes
             return 1;
     }
-    return 0;
 }
 
 MappedFile::MappedFile(const std::string& path) {

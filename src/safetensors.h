@@ -9,11 +9,13 @@
 
 namespace barellm {
 
-// The tensor types barellm reads. The last two are the quantized weight formats
-// (docs/FORMAT.md), Q8_0 and Q4_0, stored as safetensors' I8 tensors (int8 values) and U8
-// tensors (two 4-bit values a byte), each with its f16 scales in a tensor of its own;
-// dtype_name gives the stored name.
-enum class DType { F32, F16, BF16, Q8_0, Q4_0 };
+// The tensor and matrix types barellm reads. The first five are stored types: F32, F16,
+// BF16, and Q8_0 and Q4_0 (docs/FORMAT.md), stored as safetensors' I8 tensors (int8 values)
+// and U8 tensors (two 4-bit values a byte), each with its f16 scales in a tensor of its own;
+// dtype_name gives the stored name ("I8", "U8"). The others are matrix types only: ggml's
+// block types (weight_blocks.h), stored as U8 tensors of whole blocks, that a file's
+// `barellm.matrix_types` names; dtype_name gives their ggml name ("Q4_K").
+enum class DType { F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_XS };
 
 const char* dtype_name(DType dtype);
 size_t dtype_size(DType dtype);

@@ -119,7 +119,7 @@ void matvec_many(std::initializer_list<MatvecTask> tasks) {
                 const int row = int(begin - task_start), count = int(end - begin);
                 const DType dtype = task.w->dtype;
                 const bool tiled = use_tiles && task.w->row_tiles;
-                if (!use_simd)
+                if (!use_simd || is_block_type(dtype))
                     scalar::matvec_rows(task.out, *task.w, task.x, row, count);
                 else if (dtype == DType::Q8_0)
                     (tiled ? avx512::matvec_rows_q8 : avx2::matvec_rows_q8)(
@@ -152,10 +152,12 @@ constexpr int kQuantizedRowTiles = 4;
 // The GEMM rows [first, first + count) of one output, on the path for its weights:
 // vdpbf16ps for bf16 where pair_tiles were packed, else AVX-512 FMAs for f32, f16 and
 // bf16, else AVX2.
-void batch_rows(const BatchOutput& o, const float* x_tiles, const uint32_t* pair_tiles, int batch,
-                int first, int count) {
+void batch_rows(const BatchOutput& o, const float* x, const float* x_tiles,
+                const uint32_t* pair_tiles, int batch, int first, int count) {
     const DType dtype = o.w->dtype;
-    if (pair_tiles && dtype == DType::BF16)
+    if (is_block_type(dtype))
+        scalar::gemm_rows(o.out, *o.w, x, batch, first, count);
+    else if (pair_tiles && dtype == DType::BF16)
         avx512::gemm_rows_bf16(o.out, *o.w, pair_tiles, batch, first, count);
     else if (active_level == SimdLevel::Avx512 && !is_quantized(dtype))
         avx512::gemm_rows(o.out, *o.w, x_tiles, batch, first, count);
@@ -239,7 +241,7 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
         }
         claim_rows(outputs, total_rows, &next_row, avx2::kRowTile, avx2::kRowBlock,
                    [&](const BatchOutput& o, int first, int count) {
-                       batch_rows(o, x_tiles, pair_tiles, batch, first, count);
+                       batch_rows(o, x, x_tiles, pair_tiles, batch, first, count);
                    });
     }
 }
@@ -287,7 +289,7 @@ void swiglu(float* gate, const float* up, int n) {
 }
 
 void embedding_row(float* out, const Matrix& table, int row) {
-    for (int i = 0; i < table.cols; ++i) out[i] = scalar::weight_at(table, row, i);
+    matrix_row_to_float(out, table, row);
 }
 
 void kv_store(void* slot, const float* values, int n, KvType type) {

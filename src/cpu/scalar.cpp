@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "half.h"
 
@@ -20,20 +21,24 @@ inline float kv_at(const void* cache, int i, KvType type) {
 
 void scalar::matvec_rows(float* out, const Matrix& w, const float* x, int first_row,
                          int row_count) {
+    std::vector<float> row(w.cols);
     for (int r = first_row; r < first_row + row_count; ++r) {
+        matrix_row_to_float(row.data(), w, r);
         float sum = 0.0f;
-        for (int i = 0; i < w.cols; ++i) sum += weight_at(w, r, i) * x[i];
+        for (int i = 0; i < w.cols; ++i) sum += row[i] * x[i];
         out[r] = sum;
     }
 }
 
 void scalar::gemm_rows(float* out, const Matrix& w, const float* x, int batch, int first_row,
                        int row_count) {
-    for (int b = 0; b < batch; ++b) {
-        const float* x_row = x + size_t(b) * w.cols;
-        for (int r = first_row; r < first_row + row_count; ++r) {
+    std::vector<float> row(w.cols);
+    for (int r = first_row; r < first_row + row_count; ++r) {
+        matrix_row_to_float(row.data(), w, r);
+        for (int b = 0; b < batch; ++b) {
+            const float* x_row = x + size_t(b) * w.cols;
             float sum = 0.0f;
-            for (int i = 0; i < w.cols; ++i) sum += weight_at(w, r, i) * x_row[i];
+            for (int i = 0; i < w.cols; ++i) sum += row[i] * x_row[i];
             out[size_t(b) * w.rows + r] = sum;
         }
     }

@@ -6,26 +6,6 @@
 
 namespace barellm::cpu::scalar {
 
-// Weight (row, col) of w as float, whatever its storage.
-inline float weight_at(const Matrix& w, int row, int col) {
-    const size_t i = size_t(row) * w.cols + col;
-    switch (w.dtype) {
-        case DType::F32:
-            return static_cast<const float*>(w.data)[i];
-        case DType::F16:
-            return half_to_float(static_cast<const uint16_t*>(w.data)[i]);
-        case DType::BF16:
-            return bf16_to_float(static_cast<const uint16_t*>(w.data)[i]);
-        case DType::Q8_0:
-            return static_cast<const int8_t*>(w.data)[i] *
-                   half_to_float(w.scales[size_t(row) * w.q8_groups() + col / kQ8Group]);
-        case DType::Q4_0:
-            return q4_value(static_cast<const uint8_t*>(w.data) + row * w.row_bytes(), col) *
-                   half_to_float(w.scales[size_t(row) * w.q4_blocks() + col / kQ4Block]);
-    }
-    return 0.0f;
-}
-
 void matvec_rows(float* out, const Matrix& w, const float* x, int first_row, int row_count);
 void gemm_rows(float* out, const Matrix& w, const float* x, int batch, int first_row,
                int row_count);

@@ -151,8 +151,9 @@ const char* dtype_label(DType dtype) {
             return "q8";
         case DType::Q4_0:
             return "q4";
+        default:
+            return dtype_name(dtype);
     }
-    return "?";
 }
 const char* kv_label(KvType type) { return type == KvType::F32 ? "f32" : "f16"; }
 

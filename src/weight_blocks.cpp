@@ -1,0 +1,158 @@
+// Scalar dequantization of the block types (weight_blocks.h), written to read like
+// docs/FORMAT.md's description of each block.
+#include "weight_blocks.h"
+
+#include <cstring>
+
+#include "half.h"
+
+namespace barellm {
+
+bool is_block_type(DType dtype) { return block_weights(dtype) != 0; }
+
+int block_weights(DType dtype) {
+    switch (dtype) {
+        case DType::Q4_1:
+        case DType::Q5_0:
+        case DType::Q5_1:
+            return kSmallBlock;
+        case DType::Q4_K:
+        case DType::Q5_K:
+        case DType::Q6_K:
+        case DType::IQ4_XS:
+            return kSuperBlock;
+        default:
+            return 0;
+    }
+}
+
+size_t block_bytes(DType dtype) {
+    switch (dtype) {
+        case DType::Q4_1:
+            return sizeof(BlockQ4_1);
+        case DType::Q5_0:
+            return sizeof(BlockQ5_0);
+        case DType::Q5_1:
+            return sizeof(BlockQ5_1);
+        case DType::Q4_K:
+            return sizeof(BlockQ4_K);
+        case DType::Q5_K:
+            return sizeof(BlockQ5_K);
+        case DType::Q6_K:
+            return sizeof(BlockQ6_K);
+        case DType::IQ4_XS:
+            return sizeof(BlockIQ4_XS);
+        default:
+            return 0;
+    }
+}
+
+namespace {
+
+// The 4-bit value of weight j (0..31) of a 32-weight block's 16 bytes.
+int nibble(const uint8_t* qs, int j) { return j < 16 ? qs[j] & 15 : qs[j - 16] >> 4; }
+
+// The fifth bit of weight j of a Q5_0/Q5_1 block.
+int fifth_bit(const uint8_t* qh, int j) {
+    uint32_t bits;
+    std::memcpy(&bits, qh, sizeof bits);
+    return (bits >> j) & 1;
+}
+
+void dequantize(const BlockQ4_1& b, float* out) {
+    const float d = half_to_float(b.d), m = half_to_float(b.m);
+    for (int j = 0; j < kSmallBlock; ++j) out[j] = d * nibble(b.qs, j) + m;
+}
+
+void dequantize(const BlockQ5_0& b, float* out) {
+    const float d = half_to_float(b.d);
+    for (int j = 0; j < kSmallBlock; ++j)
+        out[j] = d * ((nibble(b.qs, j) | fifth_bit(b.qh, j) << 4) - 16);
+}
+
+void dequantize(const BlockQ5_1& b, float* out) {
+    const float d = half_to_float(b.d), m = half_to_float(b.m);
+    for (int j = 0; j < kSmallBlock; ++j)
+        out[j] = d * (nibble(b.qs, j) | fifth_bit(b.qh, j) << 4) + m;
+}
+
+// Q4_K and Q5_K: sub-block j's weights are d·sc·q − dmin·m; `qh` null for Q4_K.
+void dequantize_k(uint16_t d_bits, uint16_t dmin_bits, const uint8_t* scales, const uint8_t* qs,
+                  const uint8_t* qh, float* out) {
+    const float d = half_to_float(d_bits), dmin = half_to_float(dmin_bits);
+    for (int j = 0; j < kSuperBlock / kSubBlock; ++j) {
+        int scale, min;
+        k_scale_min(scales, j, &scale, &min);
+        const int chunk = j / 2, shift = 4 * (j % 2);
+        for (int l = 0; l < kSubBlock; ++l) {
+            int q = (qs[kSubBlock * chunk + l] >> shift) & 15;
+            if (qh) q |= ((qh[l] >> j) & 1) << 4;
+            out[kSubBlock * j + l] = d * scale * q - dmin * min;
+        }
+    }
+}
+
+void dequantize(const BlockQ4_K& b, float* out) {
+    dequantize_k(b.d, b.dmin, b.scales, b.qs, nullptr, out);
+}
+
+void dequantize(const BlockQ5_K& b, float* out) {
+    dequantize_k(b.d, b.dmin, b.scales, b.qs, b.qh, out);
+}
+
+void dequantize(const BlockQ6_K& b, float* out) {
+    const float d = half_to_float(b.d);
+    for (int i = 0; i < kSuperBlock; ++i)
+        out[i] = d * b.scales[i / kQ6SubBlock] * (q6k_value(b, i) - 32);
+}
+
+void dequantize(const BlockIQ4_XS& b, float* out) {
+    const float d = half_to_float(b.d);
+    for (int j = 0; j < kSuperBlock / kSubBlock; ++j) {
+        const int low = (b.scales_l[j / 2] >> (4 * (j % 2))) & 15;
+        const int high = (b.scales_h >> (2 * j)) & 3;
+        const float scale = d * ((low | high << 4) - 32);
+        const uint8_t* qs = b.qs + 16 * j;
+        for (int l = 0; l < 16; ++l) {
+            out[kSubBlock * j + l] = scale * kIq4Values[qs[l] & 15];
+            out[kSubBlock * j + 16 + l] = scale * kIq4Values[qs[l] >> 4];
+        }
+    }
+}
+
+// Each block of a row, copied out first (a row's blocks are only 2-byte aligned).
+template <typename Block>
+void dequantize_blocks(const void* row, float* out, int blocks, int weights_per_block) {
+    for (int b = 0; b < blocks; ++b) {
+        Block block;
+        std::memcpy(&block, static_cast<const uint8_t*>(row) + size_t(b) * sizeof(Block),
+                    sizeof(Block));
+        dequantize(block, out + size_t(b) * weights_per_block);
+    }
+}
+
+}  // namespace
+
+void dequantize_row(DType dtype, const void* row, float* out, int cols) {
+    const int blocks = cols / block_weights(dtype), n = block_weights(dtype);
+    switch (dtype) {
+        case DType::Q4_1:
+            return dequantize_blocks<BlockQ4_1>(row, out, blocks, n);
+        case DType::Q5_0:
+            return dequantize_blocks<BlockQ5_0>(row, out, blocks, n);
+        case DType::Q5_1:
+            return dequantize_blocks<BlockQ5_1>(row, out, blocks, n);
+        case DType::Q4_K:
+            return dequantize_blocks<BlockQ4_K>(row, out, blocks, n);
+        case DType::Q5_K:
+            return dequantize_blocks<BlockQ5_K>(row, out, blocks, n);
+        case DType::Q6_K:
+            return dequantize_blocks<BlockQ6_K>(row, out, blocks, n);
+        case DType::IQ4_XS:
+            return dequantize_blocks<BlockIQ4_XS>(row, out, blocks, n);
+        default:
+            return;
+    }
+}
+
+}  // namespace barellm

@@ -1,0 +1,117 @@
+// The block-quantized weight types of llama.cpp's GGUF files that barellm runs as they are,
+// beside Q8_0 and Q4_0 (model.h): their blocks, byte for byte as ggml lays them out
+// (docs/FORMAT.md, "Block types"), and the scalar dequantization that every kernel is
+// tested against.
+//
+// A block holds `block_weights` consecutive weights of one row in `block_bytes` bytes: a few
+// f16 scales and the packed integers. The "K" types group 256 weights into a super-block of
+// sub-blocks (8 of 32, or 16 of 16 for Q6_K), each with its own small integer scale (and min)
+// that the super-block's f16 d (and dmin) multiply.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "safetensors.h"
+
+namespace barellm {
+
+constexpr int kSmallBlock = 32;   // weights in a Q4_1, Q5_0 or Q5_1 block
+constexpr int kSuperBlock = 256;  // weights in a Q4_K, Q5_K, Q6_K or IQ4_XS super-block
+constexpr int kSubBlock = 32;     // weights under one 6-bit scale of Q4_K/Q5_K, 4-bit of IQ4_XS
+constexpr int kQ6SubBlock = 16;   // weights under one int8 scale of Q6_K
+
+// Q4_1: w = d·q + m, q in 0..15 (byte j: weight j low nibble, weight j + 16 high nibble).
+struct BlockQ4_1 {
+    uint16_t d, m;  // f16
+    uint8_t qs[kSmallBlock / 2];
+};
+// Q5_0: w = d·(q − 16), q in 0..31: the nibbles as Q4_1, bit j of qh (a little-endian
+// u32) the fifth bit of weight j.
+struct BlockQ5_0 {
+    uint16_t d;  // f16
+    uint8_t qh[4];
+    uint8_t qs[kSmallBlock / 2];
+};
+// Q5_1: w = d·q + m, q as Q5_0.
+struct BlockQ5_1 {
+    uint16_t d, m;  // f16
+    uint8_t qh[4];
+    uint8_t qs[kSmallBlock / 2];
+};
+// Q4_K: 8 sub-blocks j of 32; w = d·sc_j·q − dmin·m_j, q in 0..15, sc_j and m_j 6-bit
+// (k_scale_min). qs: 4 chunks of 32 bytes, chunk c holding sub-block 2c in its low nibbles
+// and 2c + 1 in its high nibbles.
+struct BlockQ4_K {
+    uint16_t d, dmin;  // f16
+    uint8_t scales[12];
+    uint8_t qs[kSuperBlock / 2];
+};
+// Q5_K: as Q4_K with a fifth bit per weight: for chunk c, bit 2c of qh[l] belongs to
+// weight 64c + l and bit 2c + 1 to weight 64c + 32 + l; q in 0..31.
+struct BlockQ5_K {
+    uint16_t d, dmin;  // f16
+    uint8_t scales[12];
+    uint8_t qh[kSuperBlock / 8];
+    uint8_t qs[kSuperBlock / 2];
+};
+// Q6_K: 16 sub-blocks of 16; w = d·scales[i]·(q − 32), q in 0..63: the low 4 bits in ql,
+// the high 2 in qh (q6k_value gives the arrangement).
+struct BlockQ6_K {
+    uint8_t ql[kSuperBlock / 2];
+    uint8_t qh[kSuperBlock / 4];
+    int8_t scales[kSuperBlock / kQ6SubBlock];
+    uint16_t d;  // f16
+};
+// IQ4_XS: 8 sub-blocks j of 32; w = d·(ls_j − 32)·kIq4Values[q], q in 0..15, ls_j 6-bit
+// (low 4 bits in scales_l, high 2 in scales_h); byte l of sub-block j's 16 holds weight
+// 32j + l in its low nibble and 32j + 16 + l in its high nibble.
+struct BlockIQ4_XS {
+    uint16_t d;  // f16
+    uint16_t scales_h;
+    uint8_t scales_l[kSuperBlock / kSubBlock / 2];
+    uint8_t qs[kSuperBlock / 2];
+};
+// The 16 non-uniform levels of IQ4_XS (and IQ4_NL), denser near zero.
+constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                   1,    13,   25,  38,  53,  69,  89,  113};
+
+static_assert(sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24);
+static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockIQ4_XS) == 136);
+
+// Whether matrices of this type are stored as ggml blocks in one U8 tensor (the types
+// above); F32/F16/BF16 are plain and Q8_0/Q4_0 keep their values and scales apart.
+bool is_block_type(DType dtype);
+// Weights per block and bytes per block of a block type.
+int block_weights(DType dtype);
+size_t block_bytes(DType dtype);
+
+// Sub-block j's 6-bit scale and min of a Q4_K or Q5_K super-block: j < 4 in the low 6 bits
+// of scales[j] and scales[j + 4]; j ≥ 4 the low 4 bits in scales[j + 4] (scale low nibble,
+// min high nibble) and the top 2 in the top bits of scales[j − 4] (scale) and scales[j] (min).
+inline void k_scale_min(const uint8_t* scales, int j, int* scale, int* min) {
+    if (j < 4) {
+        *scale = scales[j] & 63;
+        *min = scales[j + 4] & 63;
+    } else {
+        *scale = (scales[j + 4] & 15) | ((scales[j - 4] >> 6) << 4);
+        *min = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+    }
+}
+
+// q of weight i (0..255) of a Q6_K super-block, 0..63: each half of 128 weights reads 64
+// bytes of ql and 32 of qh; weight 32t + l of a half (t 0..3, l 0..31) has its low 4 bits
+// in ql[l + 32 (t & 1)] (low nibble for t < 2, high for t ≥ 2) and its high 2 in bits
+// 2t, 2t + 1 of qh[l].
+inline int q6k_value(const BlockQ6_K& block, int i) {
+    const int half = i / 128, t = (i % 128) / 32, l = i % 32;
+    const uint8_t low = block.ql[64 * half + l + 32 * (t & 1)];
+    const int low_bits = t < 2 ? low & 15 : low >> 4;
+    const int high_bits = (block.qh[32 * half + l] >> (2 * t)) & 3;
+    return low_bits | high_bits << 4;
+}
+
+// Weights [0, cols) of one row of block type `dtype` (cols a multiple of its block) as f32.
+void dequantize_row(DType dtype, const void* row, float* out, int cols);
+
+}  // namespace barellm
