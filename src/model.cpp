@@ -112,8 +112,8 @@ public:
             const std::optional<DType> dtype =
                 type.is_string() ? matrix_type(type.get<std::string>()) : std::nullopt;
             if (!dtype)
-                throw Error(path_ + ": barellm.matrix_types gives '" + quoted_excerpt(matrix) +
-                            "' the type " + json_excerpt(type) + ", which barellm does not run");
+                throw Error(path_ + ": barellm.matrix_types gives " + quoted_excerpt(matrix) +
+                            " the type " + json_excerpt(type) + ", which barellm does not run");
             listed_[matrix] = *dtype;
         }
     }
@@ -140,9 +140,9 @@ public:
     // After every matrix has been asked for: refuses names that are not matrices.
     void check_nothing_left() const {
         if (!listed_.empty())
-            throw Error(path_ + ": barellm.matrix_types names '" +
+            throw Error(path_ + ": barellm.matrix_types names " +
                         quoted_excerpt(listed_.begin()->first) +
-                        "', which is not a matrix of the model");
+                        ", which is not a matrix of the model");
     }
 
 private:

@@ -263,3 +263,189 @@ TEST_CASE("config numbers are checked as the floats the model computes with") {
                    Catch::Contains("'rope_scaling' makes a RoPE frequency round to 0 as a float"));
     }
 }
+
+namespace {
+
+// A valid tiny model whose matrices each have their own type (barellm.matrix_types): dim 256,
+// hidden `hidden`, 1 layer, 2 heads of 128, 1 KV head, vocab 10. The blocks' bytes are
+// arbitrary but every f16 field is a finite 0.5.
+struct MixedModel {
+    json header;
+    std::string floats, halves, bytes, int8s;  // the four groups, in file order
+    json types = json::object();
+    json config = {{"architecture", "llama"},
+                   {"dim", 256},
+                   {"hidden_dim", 256},
+                   {"layers", 1},
+                   {"heads", 2},
+                   {"kv_heads", 1},
+                   {"head_dim", 128},
+                   {"vocab_size", 10},
+                   {"max_context", 16},
+                   {"rope_theta", 10000.0},
+                   {"norm_eps", 1e-5},
+                   {"tied_embeddings", true},
+                   {"bos_id", 1},
+                   {"eos_ids", {2}},
+                   {"weight_dtype", "Q4_K_M"}};
+    std::vector<std::pair<std::string, json>> entries;  // name, {group, dtype, shape, size}
+
+    void add(const std::string& name, const std::string& dtype, std::vector<int64_t> shape,
+             size_t size) {
+        std::string* group = dtype == "F32"   ? &floats
+                             : dtype == "F16" ? &halves
+                             : dtype == "U8"  ? &bytes
+                                              : &int8s;
+        const size_t begin = group->size();
+        for (size_t i = 0; i < size; i += 2) group->append(dtype == "F32" ? "\0\0" : "\0\x38", 2);
+        group->resize(begin + size);
+        if (dtype == "F32")
+            for (size_t i = begin; i < begin + size; i += 4) group->replace(i, 4, "\0\0\0\x3f", 4);
+        entries.emplace_back(
+            name,
+            json{{"dtype", dtype}, {"shape", shape}, {"begin", begin}, {"end", group->size()}});
+    }
+
+    // A matrix of `type` (a barellm.matrix_types name), rows × cols.
+    void matrix(const std::string& name, const std::string& type, int64_t rows, int64_t cols) {
+        types[name] = type;
+        const std::map<std::string, std::pair<int, int>> blocks = {
+            {"Q4_1", {32, 20}},   {"Q5_0", {32, 22}},   {"Q5_1", {32, 24}},    {"Q4_K", {256, 144}},
+            {"Q5_K", {256, 176}}, {"Q6_K", {256, 210}}, {"IQ4_XS", {256, 136}}};
+        if (type == "F16" || type == "F32") {
+            add(name, type, {rows, cols}, size_t(rows * cols) * (type == "F16" ? 2 : 4));
+        } else if (type == "Q8_0") {
+            add(name, "I8", {rows, cols}, size_t(rows * cols));
+            add(name + ".scale", "F16", {rows, (cols + 31) / 32},
+                size_t(rows * ((cols + 31) / 32)) * 2);
+        } else if (type == "Q4_0") {
+            add(name, "U8", {rows, cols / 2}, size_t(rows * cols / 2));
+            add(name + ".scale", "F16", {rows, cols / 32}, size_t(rows * cols / 32) * 2);
+        } else {
+            const auto [weights, block_bytes] = blocks.at(type);
+            const int64_t row_bytes = cols / weights * block_bytes;
+            add(name, "U8", {rows, row_bytes}, size_t(rows * row_bytes));
+        }
+    }
+
+    explicit MixedModel(int hidden = 256) {
+        config["hidden_dim"] = hidden;
+        matrix("token_embedding", "F16", 10, 256);
+        add("layers.0.attn_norm", "F32", {256}, 256 * 4);
+        matrix("layers.0.wq", "Q4_K", 256, 256);
+        matrix("layers.0.wk", "Q5_K", 128, 256);
+        matrix("layers.0.wv", "Q6_K", 128, 256);
+        matrix("layers.0.wo", "Q8_0", 256, 256);
+        add("layers.0.ffn_norm", "F32", {256}, 256 * 4);
+        matrix("layers.0.w1", "Q4_0", hidden, 256);
+        matrix("layers.0.w3", "IQ4_XS", hidden, 256);
+        matrix("layers.0.w2", "Q5_1", 256, hidden);
+        add("final_norm", "F32", {256}, 256 * 4);
+    }
+
+    std::string write(const std::string& name, bool with_types = true) {
+        const std::map<std::string, size_t> group_start = {
+            {"F32", 0},
+            {"F16", floats.size()},
+            {"U8", floats.size() + halves.size()},
+            {"I8", floats.size() + halves.size() + bytes.size()}};
+        for (const auto& [tensor, e] : entries) {
+            const size_t start =
+                group_start.at(e["dtype"] == "BF16" ? "F16" : e["dtype"].get<std::string>());
+            header[tensor] = {{"dtype", e["dtype"]},
+                              {"shape", e["shape"]},
+                              {"data_offsets",
+                               {start + e["begin"].get<size_t>(), start + e["end"].get<size_t>()}}};
+        }
+        header["__metadata__"] = {{"barellm.format", "1"}, {"barellm.config", config.dump()}};
+        if (with_types) header["__metadata__"]["barellm.matrix_types"] = types.dump();
+        return write_file(name, header, floats + halves + bytes + int8s);
+    }
+};
+
+}  // namespace
+
+TEST_CASE("a model whose matrices have their own types loads") {
+    MixedModel mixed;
+    const Model model = Model::load(mixed.write("mixed"));
+    const LayerWeights& layer = model.layers[0];
+    CHECK(model.token_embedding.dtype == DType::F16);
+    CHECK(layer.wq.dtype == DType::Q4_K);
+    CHECK(layer.wk.dtype == DType::Q5_K);
+    CHECK(layer.wv.dtype == DType::Q6_K);
+    CHECK(layer.wo.dtype == DType::Q8_0);
+    CHECK(layer.w1.dtype == DType::Q4_0);
+    CHECK(layer.w3.dtype == DType::IQ4_XS);
+    CHECK(layer.w2.dtype == DType::Q5_1);
+    CHECK(layer.wq.row_bytes() == 144);
+    CHECK(layer.wv.bytes() == 128 * 210);
+    CHECK(layer.w2.bytes() == 256 * 8 * 24);
+    // Every f16 field of the blocks is 0.5 and every byte of the values 0x38 or 0: the rows
+    // dequantize to finite numbers.
+    std::vector<float> row(256);
+    for (const auto& [name, m] : model.named_matrices()) {
+        matrix_row_to_float(row.data(), *m, m->rows - 1);
+        for (float value : row) CHECK(std::isfinite(value));
+    }
+}
+
+TEST_CASE("files of mixed types that disagree with their matrix types are refused") {
+    SECTION("no matrix_types") {
+        MixedModel mixed;
+        CHECK_THAT(load_error(mixed.write("no_types", false)),
+                   Catch::Contains("'Q4_K_M' is not one type") &&
+                       Catch::Contains("no barellm.matrix_types"));
+    }
+    SECTION("matrix_types in a file of one type") {
+        MixedModel mixed;
+        mixed.config["weight_dtype"] = "F16";
+        CHECK_THAT(load_error(mixed.write("uniform")),
+                   Catch::Contains("matrix_types is present but weight_dtype F16"));
+    }
+    SECTION("a type barellm does not run") {
+        MixedModel mixed;
+        mixed.types["layers.0.wq"] = "Q3_K";
+        CHECK_THAT(
+            load_error(mixed.write("q3k")),
+            Catch::Contains("gives 'layers.0.wq' the type \"Q3_K\", which barellm does not run"));
+    }
+    SECTION("a matrix without a type") {
+        MixedModel mixed;
+        mixed.types.erase("layers.0.w3");
+        CHECK_THAT(load_error(mixed.write("missing_type")),
+                   Catch::Contains("no type for 'layers.0.w3'"));
+    }
+    SECTION("a type for something that is not a matrix") {
+        MixedModel mixed;
+        mixed.types["layers.0.attn_norm"] = "F32";
+        CHECK_THAT(load_error(mixed.write("stray_type")),
+                   Catch::Contains("names 'layers.0.attn_norm', which is not a matrix"));
+    }
+    SECTION("a block type whose rows are not whole blocks") {
+        MixedModel mixed(288);  // w2's 288 columns are 9 Q5_1 blocks; w3's rows are fine
+        mixed.types["layers.0.w2"] = "Q6_K";
+        CHECK_THAT(load_error(mixed.write("partial_block")),
+                   Catch::Contains("'layers.0.w2' has 288 columns, not a multiple of the 256"));
+    }
+    SECTION("a block matrix of the wrong length") {
+        MixedModel mixed;
+        mixed.types["layers.0.wq"] = "Q5_K";  // stored as Q4_K: 144 bytes a block, not 176
+        CHECK_THAT(
+            load_error(mixed.write("wrong_length")),
+            Catch::Contains("'layers.0.wq' has shape [256, 144], the config needs [256, 176]"));
+    }
+    SECTION("a block matrix at an odd offset") {
+        MixedModel mixed;
+        // One byte before the blocks shifts every U8 tensor after it to an odd offset.
+        for (auto& [name, e] : mixed.entries)
+            if (e["dtype"] == "U8") {
+                e["begin"] = e["begin"].get<size_t>() + 1;
+                e["end"] = e["end"].get<size_t>() + 1;
+            }
+        mixed.entries.emplace_back("odd",
+                                   json{{"dtype", "U8"}, {"shape", {1}}, {"begin", 0}, {"end", 1}});
+        mixed.bytes.insert(0, 1, '\0');
+        CHECK_THAT(load_error(mixed.write("odd_offset")),
+                   Catch::Contains("starts at an odd offset"));
+    }
+}
