@@ -338,9 +338,15 @@ def samples(result):
 
 
 def weight_dtype(result):
-    """The weight type at the end of model_type ("llama 1B F16" -> "F16")."""
+    """The weight type after the architecture and size of model_type, in the spelling of
+    barellm's weight_dtype: "llama 1B F16" -> "F16", "llama 1B Q4_K - Medium" -> "Q4_K_M"."""
     words = str(result.get("model_type", "")).split()
-    return words[-1] if words else "?"
+    if len(words) < 3:
+        return words[-1] if words else "?"
+    name = " ".join(words[2:])
+    for size in ("Small", "Medium", "Large"):
+        name = name.replace(" - " + size, "_" + size[0])
+    return name
 
 
 def run_group(args, pair_index, gguf, model, threads, checks, work, header):

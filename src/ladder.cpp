@@ -262,7 +262,9 @@ public:
     explicit Weights(const Model& file_model) : file_model_(file_model) {}
 
     const Model& in(DType dtype) {
-        if (file_model_.token_embedding.dtype == dtype) {
+        const std::vector<const Matrix*> matrices = file_model_.matrices();
+        if (std::all_of(matrices.begin(), matrices.end(),
+                        [&](const Matrix* m) { return m->dtype == dtype; })) {
             copy_.reset();
             return file_model_;
         }
@@ -663,14 +665,15 @@ int run_gpu_ladder(const Options& options, int gen_tokens) {
     check_gpu();
     const Model model = Model::load(options.model_path);  // the file's weights, its dtype
     const Config& config = model.config;
-    if (config.weight_dtype == "Q8" || config.weight_dtype == "Q4")
-        throw Error(
-            "ladder --device cuda: its first rungs' simple matvecs read f32, f16 and bf16 "
-            "weights, not " +
-            config.weight_dtype +
-            " (run the ladder on an f16 file; `bench --device cuda` "
-            "times " +
-            config.weight_dtype + ")");
+    for (const Matrix* m : model.matrices())
+        if (m->dtype != DType::F32 && m->dtype != DType::F16 && m->dtype != DType::BF16)
+            throw Error(
+                "ladder --device cuda: its first rungs' simple matvecs read f32, f16 and bf16 "
+                "weights, not " +
+                config.weight_dtype +
+                " (run the ladder on an f16 file; `bench --device cuda` "
+                "times " +
+                config.weight_dtype + ")");
     const std::vector<GpuRung> rungs = gpu_ladder_rungs();
 
     if (options.has_check_text) {

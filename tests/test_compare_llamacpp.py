@@ -464,3 +464,15 @@ def test_simd_reaches_the_real_barellm(tools, tmp_path):
         env={**os.environ, "COMPARE_LLAMACPP_FAKE_CHECKS": json.dumps([IDLE])})
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["header"]["barellm_simd"] == "scalar"
+
+
+@pytest.mark.parametrize("model_type, expected", [
+    ("llama 1B F16", "F16"),
+    ("llama 1B Q8_0", "Q8_0"),
+    ("llama 1B Q4_K - Medium", "Q4_K_M"),
+    ("llama 7B Q5_K - Small", "Q5_K_S"),
+    ("llama 1B Q6_K", "Q6_K"),
+    ("qwen3 0.6B all F32", "all F32"),
+])
+def test_llama_bench_weight_types_read_as_barellm_spells_them(model_type, expected):
+    assert load_module().weight_dtype({"model_type": model_type}) == expected
