@@ -12,6 +12,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -220,13 +221,20 @@ struct Rung {
     std::string change;  // what this rung adds to the one before
     int threads;
     cpu::SimdLevel simd;
-    DType weights;
+    std::optional<DType> weights;  // none: the file's own, matrices of several types
     bool batched_prefill;
 };
 
+// The weights a rung runs, as `ladder` prints them: "F16", "Q8", or the file's mix ("Q4_K_M").
+std::string weights_name(const Rung& rung, const Config& file_config) {
+    return rung.weights ? weight_dtype_name(*rung.weights) : file_config.weight_dtype;
+}
+
 // prompt_tokens: the length the batched prefill rung (the last) is timed with, 0 when it
-// runs a given text. A rung whose SIMD level the CPU lacks runs the best level it has.
-std::vector<Rung> ladder_rungs(int threads, int prompt_tokens) {
+// runs a given text. A rung whose SIMD level the CPU lacks runs the best level it has. A file
+// with block-type matrices (Q4_K_M, ...) gets a rung of its own weights after q8's, and the
+// batched prefill runs them.
+std::vector<Rung> ladder_rungs(int threads, int prompt_tokens, const Model& file) {
     using cpu::SimdLevel;
     std::string missing;
     const SimdLevel best = cpu::detect_simd_level(&missing);
@@ -244,15 +252,24 @@ std::vector<Rung> ladder_rungs(int threads, int prompt_tokens) {
     const std::string prefill_change =
         prompt_tokens > 0 ? "+ batched prefill (" + std::to_string(prompt_tokens) + "-token prompt)"
                           : "+ batched prefill";
-    return {
+    std::vector<Rung> rungs = {
         {1, "scalar kernels, 1 thread, f32 weights", 1, SimdLevel::Scalar, DType::F32, false},
         {2, thread_change, threads, SimdLevel::Scalar, DType::F32, false},
         {3, avx2_change, threads, avx2, DType::F32, false},
         {4, avx512_change, threads, best, DType::F32, false},
         {5, "+ f16 weights", threads, best, DType::F16, false},
         {6, "+ q8 weights", threads, best, DType::Q8_0, false},
-        {7, prefill_change, threads, best, DType::Q8_0, true},
     };
+    const std::vector<const Matrix*> matrices = file.matrices();
+    if (std::any_of(matrices.begin(), matrices.end(),
+                    [](const Matrix* m) { return is_block_type(m->dtype); })) {
+        rungs.push_back({7, "+ the file's " + file.config.weight_dtype + " weights (super-blocks)",
+                         threads, best, std::nullopt, false});
+        rungs.push_back({8, prefill_change, threads, best, std::nullopt, true});
+    } else {
+        rungs.push_back({7, prefill_change, threads, best, DType::Q8_0, true});
+    }
+    return rungs;
 }
 
 // The model's weights in the dtype a rung needs: the file itself when its dtype matches,
@@ -261,16 +278,16 @@ class Weights {
 public:
     explicit Weights(const Model& file_model) : file_model_(file_model) {}
 
-    const Model& in(DType dtype) {
+    const Model& in(std::optional<DType> dtype) {
         const std::vector<const Matrix*> matrices = file_model_.matrices();
-        if (std::all_of(matrices.begin(), matrices.end(),
-                        [&](const Matrix* m) { return m->dtype == dtype; })) {
+        if (!dtype || std::all_of(matrices.begin(), matrices.end(),
+                                  [&](const Matrix* m) { return m->dtype == *dtype; })) {
             copy_.reset();
             return file_model_;
         }
         if (!copy_ || copy_->model.token_embedding.dtype != dtype) {
             copy_.reset();
-            copy_ = copy_model(file_model_, dtype);
+            copy_ = copy_model(file_model_, *dtype);
         }
         return copy_->model;
     }
@@ -431,6 +448,13 @@ std::string slower_reason(const Rung& rung, const Speed& speed, const Speed& bef
         return "the machine is busy: its " + std::to_string(threads) +
                " threads wait for each other at every parallel step, each for a CPU that other "
                "work holds";
+    if (rung.batched_prefill)
+        return "a short prompt: widening each weight to f32 once per batch costs more than "
+               "the batch saves; try -p 64 or more";
+    if (!rung.weights)
+        return fits_in_cache ? "weights fit in cache: unpacking the super-blocks' scales adds "
+                               "work, saves no memory traffic"
+                             : "unpacking the super-blocks costs more than the bytes saved";
     switch (rung.number) {
         case 2:
             return "the threads' start and join cost more than the work they share";
@@ -455,9 +479,6 @@ std::string slower_reason(const Rung& rung, const Speed& speed, const Speed& bef
                        ? "weights fit in cache: quantizing x to int8 and the scales add work, "
                          "save no memory traffic"
                        : "quantizing x and applying the scales cost more than the bytes saved";
-        case 7:
-            return "a short prompt: widening each weight to f32 once per batch costs more than "
-                   "the batch saves; try -p 64 or more";
         default:
             return "";
     }
@@ -472,7 +493,7 @@ int run_cpu_ladder(const Options& options, int gen_tokens) {
     const Config& config = file_model.config;
     Weights weights(file_model);
     const std::vector<Rung> rungs =
-        ladder_rungs(threads, options.has_check_text ? 0 : prompt_tokens);
+        ladder_rungs(threads, options.has_check_text ? 0 : prompt_tokens, file_model);
 
     if (options.has_check_text) {
         const Tokenizer tokenizer = load_tokenizer(file_model);
@@ -491,7 +512,7 @@ int run_cpu_ladder(const Options& options, int gen_tokens) {
             print_json_line(
                 {{"rung", rung.number},
                  {"change", rung.change},
-                 {"weights", weight_dtype_name(rung.weights)},
+                 {"weights", weights_name(rung, config)},
                  {"threads", rung.threads},
                  {"simd", cpu::simd_level_name(rung.simd)},
                  {"prompt", rung.batched_prefill ? "batched prefill" : "token by token"},
@@ -521,7 +542,7 @@ int run_cpu_ladder(const Options& options, int gen_tokens) {
                 options.model_path.c_str(), config.weight_dtype.c_str(), config.layers, config.dim,
                 threads, kv_name(options.kv_type));
     print_table_header();
-    std::vector<std::pair<DType, size_t>> bytes_per_token;
+    std::vector<std::pair<std::string, size_t>> bytes_per_token;
     std::vector<TableRow> rows;
     Speed previous;
     std::string previous_threads_note;
@@ -530,8 +551,8 @@ int run_cpu_ladder(const Options& options, int gen_tokens) {
         enter_rung(rung);
         const Model& model = weights.in(rung.weights);
         const size_t weight_bytes = model.weight_bytes_per_token();
-        if (bytes_per_token.empty() || bytes_per_token.back().first != rung.weights)
-            bytes_per_token.push_back({rung.weights, weight_bytes});
+        if (bytes_per_token.empty() || bytes_per_token.back().first != weights_name(rung, config))
+            bytes_per_token.push_back({weights_name(rung, config), weight_bytes});
         const auto [used, threads_note] =
             threads_used(rung.batched_prefill ? largest(prefill_regions(config, prompt_tokens))
                                               : largest(decode_regions(config, gen_tokens)),
@@ -588,8 +609,7 @@ int run_cpu_ladder(const Options& options, int gen_tokens) {
         "tok/s as one prefill batch; its speed-up is batch over token by token\n",
         prefill_rung, prompt_tokens, last.token_by_token.mean, prefill_rung - 1, last.speed.mean);
     std::printf("weight bytes read per token:");
-    for (const auto& [dtype, bytes] : bytes_per_token)
-        std::printf(" %s %zu;", weight_dtype_name(dtype), bytes);
+    for (const auto& [name, bytes] : bytes_per_token) std::printf(" %s %zu;", name.c_str(), bytes);
     std::printf(" KV cache per position %zu\n", 2 * size_t(config.layers) * config.kv_dim() *
                                                     (options.kv_type == KvType::F16 ? 2 : 4));
     print_busy_warnings(rows, others_at_start, online_cpus, threads);
