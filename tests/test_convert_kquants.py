@@ -374,6 +374,28 @@ def test_a_uniform_gguf_stays_a_uniform_file(tmp_path, f32_gguf):
     assert "barellm.matrix_types" not in metadata(out) and log == ""
 
 
+def test_a_mix_of_a_gguf_file_reuses_its_blocks(tmp_path, f32_gguf):
+    """--dtype q4_k_m on a GGUF file: a matrix already of the type the mix chooses (the
+    output, Q6_K) is copied; the others are quantized from their values."""
+    rng = np.random.default_rng(10)
+    output = random_matrix_blocks("Q6_K", KQ_CONFIG["vocab_size"], 256, rng)
+    wq = random_matrix_blocks("Q4_K", 256, 256, rng)
+    source = rewritten_gguf(f32_gguf, tmp_path / "m.gguf", {
+        "output.weight": ("Q6_K", output), "blk.0.attn_q.weight": ("Q4_K", wq)})
+    out, log = convert(source, tmp_path / "m.bin", "--dtype", "q4_k_m")
+    assert log == ""
+    types = json.loads(metadata(out)["barellm.matrix_types"])
+    assert types["output"] == "Q6_K" and types["layers.0.w2"] == "Q5_0"
+    tensors = read_raw(out)[2]
+    assert np.array_equal(tensors["output"], output)
+    assert np.array_equal(tensors["layers.0.wq"], rotate_half(wq, 64))
+    original = gguf.quants.dequantize(np.asarray(next(
+        t for t in gguf.GGUFReader(str(f32_gguf)).tensors if t.name == "blk.0.ffn_down.weight"
+    ).data), gguf.GGMLQuantizationType.F32)
+    got = matrix_values(tensors, "layers.0.w2", "Q5_0")
+    assert np.linalg.norm(got - original) / np.linalg.norm(original) < RELATIVE_ERROR["Q5_0"]
+
+
 # ---------------------------------------------------------------- hostile GGUF files
 
 def assert_refused(tmp_path, raw, message):
