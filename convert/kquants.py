@@ -291,12 +291,16 @@ def quantize_q8_0(values):
     to f16 (Inf when it overflows, for the caller to refuse)."""
     rows, cols = values.shape
     grouped = values.reshape(rows, cols // 32, 32)
-    d = (np.abs(grouped).max(axis=2) / F32(127)).astype(F32)
-    scaled = grouped * divide(F32(1), d)[..., None]
-    whole = np.trunc(scaled)  # roundf: to nearest, ties away from 0 (scaled - whole is exact)
-    rounded = np.where(np.abs(scaled - whole) >= F32(0.5), whole + np.sign(scaled), whole)
-    # roundf of x * id, |x * id| <= 127 up to rounding: never beyond the int8 range.
-    return rounded.astype(np.int8).reshape(rows, cols), to_f16(d)
+    # Where 1 / d overflows (d below about 3e-39), x * (1 / d) is Inf or NaN, as in ggml:
+    # such a scale is 0 as an f16, whatever the values.
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        d = (np.abs(grouped).max(axis=2) / F32(127)).astype(F32)
+        scaled = grouped * divide(F32(1), d)[..., None]
+        whole = np.trunc(scaled)  # roundf: ties away from 0 (scaled - whole is exact)
+        rounded = np.where(np.abs(scaled - whole) >= F32(0.5), whole + np.sign(scaled), whole)
+        # roundf of x * id, |x * id| <= 127 up to rounding: never beyond the int8 range.
+        values = np.nan_to_num(rounded, nan=0, posinf=0, neginf=0).astype(np.int8)
+    return values.reshape(rows, cols), to_f16(d)
 
 
 BLOCK_QUANTIZERS = {"Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k,
@@ -309,8 +313,10 @@ def quantize(values, type_name):
     overflows (values beyond the type's range)."""
     block = blocks.BLOCK_TYPES[type_name]
     rows = values.shape[0]
-    out = BLOCK_QUANTIZERS[type_name](
-        np.ascontiguousarray(values, dtype=F32).reshape(-1, block.weights))
+    # A scale that overflows f16 makes Inf and NaN on the way: the result is refused.
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        out = BLOCK_QUANTIZERS[type_name](
+            np.ascontiguousarray(values, dtype=F32).reshape(-1, block.weights))
     out = np.ascontiguousarray(out, dtype=np.uint8)
     for offset in block.f16_fields:
         if not np.isfinite(out[:, offset:offset + 2].copy().view("<f2")).all():

@@ -745,3 +745,19 @@ def test_k_quantizers_match_a_scalar_reference(type_name):
     for row, block in zip(x, got):
         expected = scalar_q6_k(row) if type_name == "Q6_K" else scalar_q45_k(row, type_name)
         assert block.tobytes() == expected
+
+
+@pytest.mark.parametrize("mix,kind", [("q4_k_m", "Q4_K"), ("q6_k", "Q6_K")])
+def test_weights_beyond_the_f16_scales_are_refused(tmp_path, mix, kind):
+    config = MIX_CONFIGS["untied"]
+    tensors = tiny_tensors(config, seed=3)
+    tensors["model.layers.1.self_attn.o_proj.weight"][1][7, 3] = 3e9
+    hf = make_checkpoint(tmp_path / "hf", config=config, tensors=tensors)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    result = run(CONVERT, hf, "-o", out_dir / "m.bin", "--dtype", mix)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("convert: tensor 'model.layers.1.self_attn.o_proj.weight' has "
+                               f"values beyond the {kind} range"), lines[0]
+    assert os.listdir(out_dir) == []
