@@ -28,6 +28,8 @@ Q6K_LEVELS = 32  # Q6_K's q - 32 in -32..31
 Q6K_STEPS = range(-9, 10)  # make_qx_quants tries nmax + 0.1 * step, step != 0
 GROUP_MAX_EPS = F32(1e-15)  # ggml: a Q6_K sub-block or block smaller than this is zero
 NEAREST_INT_MAGIC = F32(12582912.0)  # 1.5 * 2^23
+# Blocks quantized together: their working arrays (a few MB) stay in the caches.
+BLOCKS_AT_ONCE = 1024
 
 
 def nearest_int(values):
@@ -85,23 +87,34 @@ def make_qkx2_quants(x, weights, levels, rmin, rdelta, nstep):
     scale = (F32(1) / iscale).astype(F32)
     best_l = np.clip(nearest_int(iscale * (x - low)), 0, levels).astype(F32)
     best_error = running_sum(weights * np.square(scale * best_l + low - x))
+    # The trials reuse these buffers (in-place operations: the same values, less traffic).
+    levels_f = np.empty_like(x)
+    weighted_l = np.empty_like(x)
+    work = np.empty_like(x)
     for step in range(nstep + 1):
         trial = F32(rmin) + F32(rdelta) * F32(step) + F32(levels)
         iscale = (trial / (high - low)).astype(F32)
-        l = np.clip(nearest_int(iscale * (x - low)), 0, levels).astype(F32)
-        weighted_l = weights * l
+        np.subtract(x, low, out=work)
+        work *= iscale
+        np.clip(nearest_int(work), 0, levels, out=levels_f, casting="unsafe")
+        np.multiply(weights, levels_f, out=weighted_l)
         sum_l = running_sum(weighted_l)
-        sum_l2 = running_sum(weighted_l * l)
-        sum_xl = running_sum(weighted_l * x)
+        sum_l2 = running_sum(np.multiply(weighted_l, levels_f, out=work))
+        sum_xl = running_sum(np.multiply(weighted_l, x, out=work))
         det = sum_w * sum_l2 - sum_l * sum_l
         this_scale = divide(sum_w * sum_xl - sum_x * sum_l, det)
         this_min = divide(sum_l2 * sum_x - sum_l * sum_xl, det)
         positive = this_min > 0
         this_min = np.where(positive, F32(0), this_min)
         this_scale = np.where(positive, divide(sum_xl, sum_l2), this_scale)
-        error = running_sum(weights * np.square(this_scale * l + this_min - x))
+        np.multiply(this_scale, levels_f, out=work)  # (scale * l + min - x)^2 * w
+        work += this_min
+        work -= x
+        np.square(work, out=work)
+        work *= weights
+        error = running_sum(work)
         better = (det > 0) & (error < best_error)
-        best_l = np.where(better, l, best_l)
+        np.copyto(best_l, levels_f, where=better)
         best_error = np.where(better, error, best_error)
         scale = np.where(better, this_scale, scale)
         low = np.where(better, this_min, low)
@@ -313,11 +326,11 @@ def quantize(values, type_name):
     overflows (values beyond the type's range)."""
     block = blocks.BLOCK_TYPES[type_name]
     rows = values.shape[0]
+    flat = np.ascontiguousarray(values, dtype=F32).reshape(-1, block.weights)
     # A scale that overflows f16 makes Inf and NaN on the way: the result is refused.
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
-        out = BLOCK_QUANTIZERS[type_name](
-            np.ascontiguousarray(values, dtype=F32).reshape(-1, block.weights))
-    out = np.ascontiguousarray(out, dtype=np.uint8)
+        out = np.concatenate([BLOCK_QUANTIZERS[type_name](flat[start:start + BLOCKS_AT_ONCE])
+                              for start in range(0, len(flat), BLOCKS_AT_ONCE)])
     for offset in block.f16_fields:
         if not np.isfinite(out[:, offset:offset + 2].copy().view("<f2")).all():
             return None
