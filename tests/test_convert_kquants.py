@@ -9,12 +9,13 @@ The dequantization of every block type is written here from ggml's layouts
 import json
 import os
 import struct
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from convert_testlib import (CONVERT, REPO, TINY_CONFIG, make_checkpoint, read_raw, run,
+from convert_testlib import (BUILD, CONVERT, REPO, TINY_CONFIG, make_checkpoint, read_raw, run,
                              tiny_tensors)
 
 gguf = pytest.importorskip("gguf", reason="pip package gguf missing")
@@ -761,3 +762,47 @@ def test_weights_beyond_the_f16_scales_are_refused(tmp_path, mix, kind):
     assert lines[0].startswith("convert: tensor 'model.layers.1.self_attn.o_proj.weight' has "
                                f"values beyond the {kind} range"), lines[0]
     assert os.listdir(out_dir) == []
+
+
+# ------------------------------------------- running a mix (needs barellm's per-matrix types)
+
+def logits(model, ids):
+    dump_logits = os.path.join(BUILD, "dump_logits")
+    if not os.path.exists(dump_logits):
+        pytest.fail(f"{dump_logits} is missing: run `make` first")
+    out = str(model) + ".logits"
+    result = subprocess.run([dump_logits, str(model), out, *map(str, ids)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return np.fromfile(out, dtype="<f4").reshape(len(ids), -1)
+
+
+@pytest.mark.parametrize("shape", sorted(MIX_CONFIGS))
+@pytest.mark.parametrize("mix", ["q4_k_m", "q5_k_m", "q6_k"])
+def test_a_mix_runs_as_its_dequantized_weights(tmp_path, mix, shape):
+    """barellm's logits of a mix are those of an F32 file of the same weights dequantized
+    here, up to the quantization of the activations in the integer dot products."""
+    config = MIX_CONFIGS[shape]
+    tensors = tiny_tensors(config, seed=4)
+    hf = make_checkpoint(tmp_path / "hf", config=config, tensors=tensors)
+    mixed, _ = convert(hf, tmp_path / "mix.bin", "--dtype", mix)
+    types = json.loads(metadata(mixed)["barellm.matrix_types"])
+    stored = read_raw(mixed)[2]
+    names = {"token_embedding": "model.embed_tokens.weight", "output": "lm_head.weight"}
+    parts = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj",
+             "wo": "self_attn.o_proj", "w1": "mlp.gate_proj", "w3": "mlp.up_proj",
+             "w2": "mlp.down_proj"}
+    for layer in range(config["num_hidden_layers"]):
+        for short, part in parts.items():
+            names[f"layers.{layer}.{short}"] = f"model.layers.{layer}.{part}.weight"
+    dequantized = dict(tensors)
+    for name, kind in types.items():
+        values = matrix_values(stored, name, kind)
+        dequantized[names[name]] = ("F32", np.ascontiguousarray(values, dtype="<f4"))
+    exact_hf = make_checkpoint(tmp_path / "deq", config=config, tensors=dequantized)
+    exact, _ = convert(exact_hf, tmp_path / "f32.bin", "--dtype", "f32")
+    ids = [1, 5, 9, 30, 31, 7, 2, 17, 3, 12, 40]
+    want, got = logits(exact, ids), logits(mixed, ids)
+    relative = np.linalg.norm(got - want) / np.linalg.norm(want)
+    print(f"{mix} {shape}: logits relative error {relative:.2e}")
+    assert relative < 3e-2
