@@ -12,8 +12,9 @@ groups of 32 columns with f16 scales (tensors NAME and NAME.scale); q4 stores ev
 matrix whose columns are a multiple of 32 as llama.cpp's Q4_0 (4-bit values, two per
 byte, in blocks of 32 columns with f16 scales), the others as f16; a mix keeps ggml's
 blocks byte for byte (one U8 tensor NAME per matrix). Tensors are laid out by element
-size (4-byte, then 2-byte, then U8, then I8) so each is naturally aligned, and streamed one row block at a time, a tensor on each core (parallel.py), so memory
-stays bounded whatever the checkpoint size.
+size (4-byte, then 2-byte, then U8, then I8) so each is naturally aligned, and streamed
+one row block at a time, a tensor on each core (parallel.py), so memory stays bounded
+whatever the checkpoint size.
 A GGUF file is read by gguf_in.py; its tensors are sources with their own row blocks,
 and without --dtype each matrix keeps its own type where barellm runs it.
 Before the output is put in place, the barellm program loads it (barellm_check.py): a

@@ -274,7 +274,8 @@ def test_q4_1_is_kept_by_default(tmp_path):
     stored = {t.name: np.asarray(t.data) for t in reader.tensors}
     tensors = read_raw(out)[2]
     assert np.array_equal(tensors["layers.1.wv"], stored["blk.1.attn_v.weight"])
-    assert np.array_equal(tensors["layers.1.wq"], rotate_half_rows(stored["blk.1.attn_q.weight"], 8))
+    assert np.array_equal(tensors["layers.1.wq"],
+                          rotate_half_rows(stored["blk.1.attn_q.weight"], 8))
 
 
 def test_llama3_rope_freqs_become_the_rope_scaling(tmp_path):
