@@ -2,17 +2,21 @@
 """Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3 checkpoint, or a GGUF file of llama.cpp,
 into one barellm weight file.
 
-    python3 convert/convert.py HF_DIR -o OUT [--dtype f32|f16|bf16|q8|q4] [--barellm PATH]
-    python3 convert/convert.py MODEL.gguf -o OUT [--dtype f32|f16|bf16|q8|q4] [--barellm PATH]
+    python3 convert/convert.py HF_DIR -o OUT [--dtype DTYPE] [--barellm PATH]
+    python3 convert/convert.py MODEL.gguf -o OUT [--dtype DTYPE] [--barellm PATH]
 
+DTYPE is f32, f16, bf16, q8 or q4 (one type for every matrix), or q4_k_m, q5_k_m or q6_k
+(llama-quantize's mixes: a type per matrix, mixes.py, quantized by kquants.py).
 The output is described in docs/FORMAT.md; q8 stores every matrix as int8 values in
 groups of 32 columns with f16 scales (tensors NAME and NAME.scale); q4 stores every
 matrix whose columns are a multiple of 32 as llama.cpp's Q4_0 (4-bit values, two per
-byte, in blocks of 32 columns with f16 scales), the others as f16. Tensors are laid
-out by element size (4-byte, then 2-byte, then 1-byte) so each is naturally aligned,
-and streamed one row block at a time, a tensor on each core (parallel.py), so memory
-stays bounded whatever the checkpoint size.
-A GGUF file is read by gguf_in.py; its tensors are sources with their own row blocks.
+byte, in blocks of 32 columns with f16 scales), the others as f16; a mix keeps ggml's
+blocks byte for byte (one U8 tensor NAME per matrix). Tensors are laid out by element
+size (4-byte, then 2-byte, then U8, then I8) so each is naturally aligned, and streamed
+one row block at a time, a tensor on each core (parallel.py), so memory stays bounded
+whatever the checkpoint size.
+A GGUF file is read by gguf_in.py; its tensors are sources with their own row blocks,
+and without --dtype each matrix keeps its own type where barellm runs it.
 Before the output is put in place, the barellm program loads it (barellm_check.py): a
 file barellm refuses is not written, and barellm's message is shown. The program is
 --barellm PATH, else $BARELLM, else build/barellm; when that is not built, the file is
@@ -29,12 +33,15 @@ import tempfile
 import numpy as np
 
 import barellm_check
+import blocks
 from common import (ConvertError, OneLineParser, compact_json, float32, read_json,
                     refuse_output_among_inputs, refuse_output_in_place_of, run_main,
                     stop_signals_held)
 import dtypes
 import gguf_in
 import hf_tokenizer
+import kquants
+import mixes
 import parallel
 import safetensors_io as st
 
@@ -414,19 +421,27 @@ def write_tensor(out, info, out_dtype):
         out.write(converted)
 
 
-QUANTIZERS = {"Q8": dtypes.quantize_q8, "Q4": dtypes.quantize_q4}
+# Matrix types stored as values and f16 scales (NAME and NAME.scale) -> the kind of
+# quantized_blocks; the quantizers of a uniform file (Q8, Q4: dtypes.py) and of a file of
+# per-matrix types (Q8_0 by ggml's rule: such files reproduce llama.cpp's mixes).
+SCALED_TYPES = {"Q8_0": "Q8", "Q4_0": "Q4"}
+UNIFORM_QUANTIZERS = {"Q8_0": dtypes.quantize_q8, "Q4_0": dtypes.quantize_q4}
+MIXED_QUANTIZERS = {"Q8_0": kquants.quantize_q8_0, "Q4_0": dtypes.quantize_q4}
+# File order by dtype: 4-byte elements, 2-byte elements, then U8 (whose tensors all have
+# an even byte count), then I8 (docs/FORMAT.md).
+FILE_ORDER = {"F32": 0, "F16": 1, "BF16": 1, "U8": 2, "I8": 3}
 
 
-def quantized_blocks(info, kind):
+def quantized_blocks(info, kind, quantize):
     """Yield the matrix `info` as row blocks of `kind` ("Q8": int8 values, "Q4": packed
     u8 values; f16 scales): the source's own where it has them (a GGUF Q8_0 or Q4_0
-    tensor, copied bit for bit), else quantized from its float32 values."""
+    tensor, copied bit for bit), else quantized from its float32 values by `quantize`."""
     own = info.quantized_blocks(kind) if hasattr(info, "quantized_blocks") else None
     if own is not None:
         yield from own
         return
     for values in f32_blocks(info):
-        quantized, scales = QUANTIZERS[kind](values)
+        quantized, scales = quantize(values)
         if not np.isfinite(scales).all():
             raise ConvertError(
                 f"tensor '{info.name}' has values beyond the {kind} range "
@@ -435,27 +450,50 @@ def quantized_blocks(info, kind):
         yield quantized, scales
 
 
-def write_quantized_tensor(values_out, scales_out, info, kind):
+def write_quantized_tensor(values_out, scales_out, info, kind, quantize):
     """Stream one matrix as `kind` ("Q8": I8 values; "Q4": packed U8 values): its values
     through `values_out` and its F16 scales through `scales_out` (parallel.BlockWriters at
     the two parts' places in the file), block by block in one pass over the source."""
-    for quantized, scales in quantized_blocks(info, kind):
+    for quantized, scales in quantized_blocks(info, kind, quantize):
         values_out.write(quantized)
         scales_out.write(scales.astype("<f2", copy=False))
 
 
-def tensor_task(fd, name, info, stored, places):
-    """The task (for parallel.run_tasks) that writes the tensor `name`, stored as `stored`,
-    and its scales if it has any, at their places in the open file `fd`: `places` maps each
-    output tensor's name to its [start, end) in the file. A part that does not end where
-    the next begins is an error (the file is sized in advance: a short part would leave
-    zeros unnoticed)."""
-    parts = [name] + ([name + ".scale"] if stored in QUANTIZERS else [])
+def write_block_tensor(out, info, type_name):
+    """Stream one matrix of the block type `type_name` through `out`: the source's own
+    rows of blocks where it has them (a GGUF tensor of that type, byte for byte), else
+    its float32 values quantized by llama.cpp's rule for the type (kquants.py)."""
+    own = info.block_rows(type_name) if hasattr(info, "block_rows") else None
+    if own is not None:
+        for rows in own:
+            out.write(rows)
+        return
+    for values in f32_blocks(info):
+        rows = kquants.quantize(values, type_name)
+        if rows is None:
+            raise ConvertError(
+                f"tensor '{info.name}' has values beyond the {type_name} range (max |x| = "
+                f"{np.abs(values).max():g}, a scale over the F16 maximum); choose another "
+                "--dtype")
+        out.write(rows)
+
+
+def tensor_task(fd, name, info, stored, places, quantizers):
+    """The task (for parallel.run_tasks) that writes the tensor `name`, stored as `stored`
+    (a matrix type of blocks.py, or F32 for a vector), and its scales if it has any, at
+    their places in the open file `fd`: `places` maps each output tensor's name to its
+    [start, end) in the file; `quantizers` are those of SCALED_TYPES. A part that does not
+    end where the next begins is an error (the file is sized in advance: a short part
+    would leave zeros unnoticed)."""
+    parts = [name] + ([name + ".scale"] if stored in SCALED_TYPES else [])
 
     def task(stopping):
         out = [parallel.BlockWriter(fd, places[part][0], stopping) for part in parts]
-        if stored in QUANTIZERS:
-            write_quantized_tensor(out[0], out[1], info, stored)
+        if stored in SCALED_TYPES:
+            write_quantized_tensor(out[0], out[1], info, SCALED_TYPES[stored],
+                                   quantizers[stored])
+        elif stored in blocks.BLOCK_TYPES:
+            write_block_tensor(out[0], info, stored)
         else:
             write_tensor(out[0], info, stored)
         for part, writer in zip(parts, out):
@@ -465,60 +503,62 @@ def tensor_task(fd, name, info, stored, places):
     return task
 
 
-def matrix_dtype(weight_dtype, shape):
-    """How a matrix of `shape` is stored under `weight_dtype`: Q4 keeps F16 for a
-    matrix whose columns are not a multiple of the Q4 block."""
-    if weight_dtype == "Q4" and dtypes.q4_stays_f16(shape[1]):
-        return "F16"
-    return weight_dtype
+def uniform_types(plan, weight_dtype):
+    """{matrix name: type} of a uniform file of `weight_dtype`."""
+    return {name: blocks.uniform_matrix_type(weight_dtype, info.shape[1])
+            for name, info, is_norm in plan if not is_norm}
 
 
 def q4_f16_note(plan):
     """The stderr line naming the matrices a Q4 file keeps in F16, or None."""
     kept = sorted({f"{name.split('.')[-1]} ({info.shape[1]} columns)"
                    for name, info, is_norm in plan
-                   if not is_norm and matrix_dtype("Q4", info.shape) == "F16"})
+                   if not is_norm and blocks.uniform_matrix_type("Q4", info.shape[1]) == "F16"})
     if not kept:
         return None
     return (f"convert: note: q4 stores in F16 the matrices whose columns are not a multiple "
             f"of {dtypes.Q4_BLOCK}: {name_list(kept)}")
 
 
-def header_entries(plan, weight_dtype):
-    """(name, dtype, shape) of every output tensor in file order.
+def header_entries(plan, types):
+    """(name, dtype, shape) of every output tensor in file order; `types` maps each matrix
+    to its type (blocks.py).
 
-    With Q8 each matrix NAME is an I8 tensor NAME plus an F16 tensor NAME.scale; with Q4
-    a U8 tensor NAME [rows, cols / 2] plus NAME.scale, or one F16 tensor (matrix_dtype).
-    File order puts tensors of 4-byte elements first, then those of 2-byte elements,
-    then those of 1-byte elements, each class in model order. As the data section
-    starts at a multiple of 64 bytes, every tensor then starts at a multiple of its
-    element size (docs/FORMAT.md)."""
+    A Q8_0 matrix NAME is an I8 tensor NAME plus an F16 tensor NAME.scale; a Q4_0 one a
+    U8 tensor NAME [rows, cols / 2] plus NAME.scale; one of a block type a U8 tensor
+    [rows, bytes of a row of blocks]. File order (FILE_ORDER) puts tensors of 4-byte
+    elements first, then those of 2-byte elements, then U8, then I8, each class in model
+    order. As the data section starts at a multiple of 64 bytes and every U8 tensor has an
+    even size, every tensor then starts at a multiple of its element size, and every block
+    tensor at an even offset (docs/FORMAT.md)."""
     entries = []
     for name, info, is_norm in plan:
-        if is_norm:
-            entries.append((name, "F32", info.shape))
-        elif weight_dtype == "Q8":
+        kind = "F32" if is_norm else types[name]
+        if kind in SCALED_TYPES or kind in blocks.BLOCK_TYPES:
             rows, cols = info.shape
-            entries.append((name, "I8", info.shape))
-            entries.append((name + ".scale", "F16", (rows, dtypes.q8_groups(cols))))
-        elif matrix_dtype(weight_dtype, info.shape) == "Q4":
-            rows, cols = info.shape
-            entries.append((name, "U8", (rows, cols // 2)))
-            entries.append((name + ".scale", "F16", (rows, cols // dtypes.Q4_BLOCK)))
+            if kind == "Q8_0":
+                entries.append((name, "I8", info.shape))
+                entries.append((name + ".scale", "F16", (rows, dtypes.q8_groups(cols))))
+            elif kind == "Q4_0":
+                entries.append((name, "U8", (rows, cols // 2)))
+                entries.append((name + ".scale", "F16", (rows, cols // dtypes.Q4_BLOCK)))
+            else:
+                entries.append((name, "U8", (rows, blocks.row_bytes(kind, cols))))
         else:
-            entries.append((name, matrix_dtype(weight_dtype, info.shape), info.shape))
-    # sorted() is stable: model order within each element size.
-    return sorted(entries, key=lambda entry: -st.ITEM_SIZES[entry[1]])
+            entries.append((name, kind, info.shape))
+    # sorted() is stable: model order within each class.
+    return sorted(entries, key=lambda entry: FILE_ORDER[entry[1]])
 
 
-def write_output(path, plan, metadata, weight_dtype, barellm):
+def write_output(path, plan, metadata, types, quantizers, barellm):
     """Write the barellm file through a temporary file in the output's directory,
     renamed into place only once complete and loaded by the program `barellm` (None:
-    unchecked); the temporary file never survives.
+    unchecked); the temporary file never survives. `types` maps each matrix to its type,
+    `quantizers` are those of SCALED_TYPES.
 
     Each tensor is converted in one pass over its source and written at its place in the
     file layout (header_entries), several tensors at a time (parallel.run_tasks)."""
-    entries = header_entries(plan, weight_dtype)
+    entries = header_entries(plan, types)
     header, data_bytes = st.encode_header(entries, metadata, ALIGNMENT)
     places = {name: (len(header) + begin, len(header) + end)
               for name, (begin, end) in st.data_offsets(entries).items()}
@@ -532,8 +572,8 @@ def write_output(path, plan, metadata, weight_dtype, barellm):
             os.ftruncate(f.fileno(), len(header) + data_bytes)
             parallel.pwrite_all(f.fileno(), header, 0)
             parallel.run_tasks([
-                tensor_task(f.fileno(), name, info,
-                            "F32" if is_norm else matrix_dtype(weight_dtype, info.shape), places)
+                tensor_task(f.fileno(), name, info, "F32" if is_norm else types[name],
+                            places, quantizers)
                 for name, info, is_norm in plan])
         umask = os.umask(0)
         os.umask(umask)
@@ -550,9 +590,9 @@ def write_output(path, plan, metadata, weight_dtype, barellm):
 
 
 def read_checkpoint(hf_dir, output, weight_dtype):
-    """(config, tokenizer.json, chat template or None, plan, None) of the Hugging Face
-    checkpoint in `hf_dir`, the config's weight_dtype `weight_dtype` or the checkpoint's
-    own."""
+    """(config, tokenizer.json, chat template or None, plan, matrix types, None) of the
+    Hugging Face checkpoint in `hf_dir`, the config's weight_dtype `weight_dtype` or the
+    checkpoint's own."""
     cfg = json_object(os.path.join(hf_dir, "config.json"), required=True)
     gen = json_object(os.path.join(hf_dir, "generation_config.json"), required=False)
     tok_cfg = json_object(os.path.join(hf_dir, "tokenizer_config.json"), required=False)
@@ -573,14 +613,28 @@ def read_checkpoint(hf_dir, output, weight_dtype):
                                sorted({info.path for info in tensors.values()}))
     plan = tensor_plan(config, tensors)
     config["weight_dtype"] = weight_dtype or default_weight_dtype(cfg, plan)
-    return config, tokenizer, hf_tokenizer.chat_template(tok_cfg), plan, None
+    return config, tokenizer, hf_tokenizer.chat_template(tok_cfg), plan, \
+        requested_types(config, plan), None
+
+
+def requested_types(config, plan):
+    """{matrix name: type} for the config's weight_dtype: a uniform one, or a mix of
+    llama-quantize's (mixes.py)."""
+    if config["weight_dtype"] in mixes.MIXES:
+        return mixes.matrix_types(config["weight_dtype"], config, plan)
+    return uniform_types(plan, config["weight_dtype"])
 
 
 def read_gguf(path, output, weight_dtype):
-    """(config, tokenizer.json, chat template or None, plan, note) of the GGUF file
-    `path` (gguf_in.py), the config's weight_dtype `weight_dtype` or the one that keeps
-    most of the file's weights exactly; the note names the matrices that change type
-    (None when none does)."""
+    """(config, tokenizer.json, chat template or None, plan, matrix types, note) of the
+    GGUF file `path` (gguf_in.py).
+
+    With `weight_dtype` None every matrix keeps its own type: the file is uniform when
+    one weight_dtype stores them all exactly, else it has per-matrix types, named after
+    the GGUF's file type, and the matrices of types barellm does not run are dequantized
+    to F16; the note names those. Else the matrices take `weight_dtype` (a uniform one or
+    a mix), copied bit for bit where their GGUF type is already the one chosen; with a
+    uniform one the note names the matrices that change type (None when none does)."""
     refuse_output_among_inputs(output, [path])
     model = gguf_in.GGUFModel(path)
     config = model.config()
@@ -592,33 +646,48 @@ def read_gguf(path, output, weight_dtype):
     expected = {name: (shape, is_norm)
                 for name, shape, is_norm in expected_tensors(config).values()}
     plan = model.plan(config, expected)
-    config["weight_dtype"] = weight_dtype or gguf_in.default_weight_dtype(plan)
-    note = gguf_in.changed_types_note(plan, config["weight_dtype"])
     template = model.keys.string("tokenizer.chat_template")
-    return config, vocabulary.tokenizer, template, plan, note
+    if weight_dtype is None:
+        config["weight_dtype"] = gguf_in.uniform_weight_dtype(plan)
+        if config["weight_dtype"] is None:
+            config["weight_dtype"] = model.mix_name()
+            return (config, vocabulary.tokenizer, template, plan, gguf_in.kept_types(plan),
+                    gguf_in.dequantized_note(plan))
+    else:
+        config["weight_dtype"] = weight_dtype
+    note = (None if weight_dtype in mixes.MIXES
+            else gguf_in.changed_types_note(plan, config["weight_dtype"]))
+    return config, vocabulary.tokenizer, template, plan, requested_types(config, plan), note
 
 
 def convert(source, output, weight_dtype=None, barellm=None):
     """Convert `source`, a Hugging Face checkpoint directory or a GGUF file, to the
     barellm file `output`.
 
-    `weight_dtype` is "F32", "F16", "BF16", "Q8", "Q4" or None for the source's own dtype
-    (with Q4, a note naming the matrices kept in F16 goes to stderr).
+    `weight_dtype` is "F32", "F16", "BF16", "Q8", "Q4", a mix of mixes.MIXES, or None
+    for the source's own dtype (a GGUF file's own types; with Q4, a note naming the
+    matrices kept in F16 goes to stderr).
     `barellm` is the program that must load the file before it is put in place (None:
     no check). Returns a one-line summary; a note on what changed type goes to stderr once
     the file is written.
     """
     if os.path.isdir(source):
-        config, tokenizer, template, plan, note = read_checkpoint(source, output, weight_dtype)
+        config, tokenizer, template, plan, types, note = read_checkpoint(source, output,
+                                                                         weight_dtype)
     elif os.path.isfile(source):
-        config, tokenizer, template, plan, note = read_gguf(source, output, weight_dtype)
+        config, tokenizer, template, plan, types, note = read_gguf(source, output,
+                                                                   weight_dtype)
     else:
         raise ConvertError(f"{source}: not a directory or a GGUF file")
     metadata = {"barellm.format": "1", "barellm.config": compact_json(config),
                 "barellm.tokenizer": compact_json(tokenizer)}
     if template is not None:
         metadata["barellm.chat_template"] = template
-    size = write_output(output, plan, metadata, config["weight_dtype"], barellm)
+    uniform = config["weight_dtype"] in blocks.UNIFORM_TYPES
+    if not uniform:
+        metadata["barellm.matrix_types"] = compact_json(types)
+    size = write_output(output, plan, metadata, types,
+                        UNIFORM_QUANTIZERS if uniform else MIXED_QUANTIZERS, barellm)
     if note:
         print(f"convert: {note}", file=sys.stderr)
     q4_note = q4_f16_note(plan) if config["weight_dtype"] == "Q4" else None
@@ -637,12 +706,14 @@ def parse_args(argv):
         "file to a barellm file.")
     parser.add_argument("source", help="Hugging Face checkpoint directory, or GGUF file")
     parser.add_argument("-o", "--output", required=True, help="barellm file to write")
-    parser.add_argument("--dtype", choices=sorted(dtypes.CLI_NAMES),
+    parser.add_argument("--dtype", choices=sorted(dtypes.CLI_NAMES) + sorted(mixes.CLI_NAMES),
                         help="matrix dtype (default: the checkpoint's own; for a GGUF "
-                        "file, that of most of its weights where barellm has it, Q8_0 as "
-                        "q8, else f16); q8 is int8 with one f16 scale per 32 columns of a "
-                        "row; q4 is llama.cpp's Q4_0 (4-bit, one f16 scale per 32 "
-                        "columns), f16 for matrices whose columns are not a multiple of 32")
+                        "file, each matrix's own type where barellm runs it, else f16); "
+                        "q8 is int8 with one f16 scale per 32 columns of a row; q4 is "
+                        "llama.cpp's Q4_0 (4-bit, one f16 scale per 32 columns), f16 for "
+                        "matrices whose columns are not a multiple of 32; q4_k_m, q5_k_m "
+                        "and q6_k are llama-quantize's mixes of those names (K-quants, a "
+                        "type per matrix)")
     parser.add_argument("--barellm", metavar="PATH",
                         help="the barellm program that loads the output before it is put in "
                         "place, so that a file barellm refuses is never written (default: "
@@ -656,7 +727,8 @@ def main(argv=None):
     args = parse_args(argv)
     try:
         barellm = barellm_check.find_binary(args.barellm)
-        print(convert(args.source, args.output, dtypes.CLI_NAMES.get(args.dtype), barellm))
+        weight_dtype = dtypes.CLI_NAMES.get(args.dtype) or mixes.CLI_NAMES.get(args.dtype)
+        print(convert(args.source, args.output, weight_dtype, barellm))
     except ConvertError as e:
         print(f"convert: {e}", file=sys.stderr)
         return 1

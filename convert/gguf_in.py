@@ -9,10 +9,14 @@ barellm's terms.
   for Llama 3, from the `rope_freqs` tensor.
 - Tokenizer: gguf_tokenizer.py.
 - Tensors: GGUFTensor gives a tensor's float32 row blocks (any type the gguf package
-  can dequantize) and, for Q8_0, its own int8 values and f16 scales, which are exactly
-  barellm's Q8 groups. llama.cpp's converter reorders the q and k rows of each head so
-  that its RoPE rotates neighbouring elements; reading puts them back in Hugging Face's
-  rotate-half order, which barellm uses.
+  can dequantize); for Q8_0 and Q4_0, its own values and f16 scales, which are exactly
+  barellm's Q8 and Q4 blocks; for a block type (blocks.BLOCK_TYPES), its rows of blocks
+  byte for byte. llama.cpp's converter reorders the q and k rows of each head so that its
+  RoPE rotates neighbouring elements; reading puts them back in Hugging Face's rotate-half
+  order, which barellm uses (whole rows: a row's blocks stay together).
+- Matrix types: without --dtype, a file whose matrices one uniform weight_dtype keeps
+  exactly becomes that uniform file; any other keeps each matrix in its own type where
+  barellm runs it (blocks.MATRIX_TYPES) and dequantizes the rest to F16, naming them.
 """
 
 import math
@@ -21,7 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from common import ConvertError, float32
-import dtypes
+import blocks
 import gguf_file
 import gguf_tokenizer
 
@@ -32,8 +36,13 @@ INTEGER_TYPES = {0, 1, 2, 3, 4, 5, 10, 11}
 FLOAT32_TYPE = 6
 FLOAT_TYPES = {FLOAT32_TYPE, 12}
 BOOL_TYPE, STRING_TYPE, ARRAY_TYPE = 7, 8, 9
-# ggml type name -> barellm weight_dtype that keeps it exactly.
-KEPT_TYPES = {"F32": "F32", "F16": "F16", "BF16": "BF16", "Q8_0": "Q8", "Q4_0": "Q4"}
+# The type of a matrix whose GGUF type barellm does not run, in a file of per-matrix types.
+DEQUANTIZED_TYPE = "F16"
+# general.file_type values: the flag llama.cpp adds when it guessed the type.
+GUESSED_FILE_TYPE = 1024
+# The mix name of a file of per-matrix types whose file type is not known, or is a
+# uniform weight_dtype's name (F32, F16, BF16) although the matrices differ.
+UNKNOWN_MIX = "mixed"
 Q8_0_BLOCK_BYTES = 34  # an f16 scale, then 32 int8 values
 Q4_0_BLOCK_BYTES = 18  # an f16 scale, then 16 bytes of two 4-bit values each
 GGUF_BLOCK = 32  # weights per Q8_0 or Q4_0 block
@@ -123,6 +132,10 @@ class Keys:
         if value is not None and value <= 0:
             raise ConvertError(f"GGUF key '{key}' must be positive, not {value}")
         return value
+
+    def whole_number(self, key):
+        """An integer key that may be 0, or None when absent."""
+        return self._typed(key, INTEGER_TYPES, "an integer")
 
     def number(self, key, default=None):
         value = self._typed(key, INTEGER_TYPES | FLOAT_TYPES, "a number")
@@ -233,6 +246,22 @@ class GGUFTensor:
             return self._blocks(Q4_0_BLOCK_BYTES, np.uint8)
         return None
 
+    def block_rows(self, type_name):
+        """For a tensor of the block type `type_name` (blocks.BLOCK_TYPES), a generator of
+        its rows of blocks, byte for byte (uint8 [rows, row bytes] blocks of rows; q and k
+        rows put in rotate-half order whole, as a row's blocks cover only that row); else
+        None. Refuses blocks with a NaN or Inf f16 field."""
+        if self.dtype != type_name or type_name not in blocks.BLOCK_TYPES:
+            return None
+        return self._block_rows()
+
+    def _block_rows(self):
+        data = self._bytes()
+        for row_slice, order in self._row_slices():
+            raw = np.ascontiguousarray(data[row_slice])
+            blocks.check_blocks(raw, self.dtype, self.name)
+            yield raw if order is None else raw[order]
+
     def _blocks(self, block_bytes, value_type):
         """(values, scales) row blocks of a tensor whose blocks of 32 weights are an f16
         scale then `block_bytes - 2` bytes of values."""
@@ -273,6 +302,19 @@ class GGUFModel:
 
     def _key(self, suffix):
         return f"{self.arch_name}.{suffix}"
+
+    def mix_name(self):
+        """The name of the file's mix from general.file_type (MOSTLY_Q4_K_M: "Q4_K_M"),
+        UNKNOWN_MIX where that is absent, unknown or the name of a uniform weight_dtype."""
+        value = self.keys.whole_number("general.file_type")
+        if value is None:
+            return UNKNOWN_MIX
+        try:
+            name = gguf_file.gguf.LlamaFileType(value & ~GUESSED_FILE_TYPE).name
+        except ValueError:
+            return UNKNOWN_MIX
+        name = name.split("_", 1)[1]  # after MOSTLY_ or ALL_
+        return UNKNOWN_MIX if name in blocks.UNIFORM_TYPES else name
 
     def vocabulary(self, vocab_size):
         return gguf_tokenizer.vocabulary(self.keys.tokenizer_keys(), vocab_size)
@@ -437,25 +479,45 @@ def llama3_divisors(theta, scaling, head_dim):
     return np.array(divisors)
 
 
-def default_weight_dtype(plan):
-    """The barellm dtype that keeps exactly the type holding most matrix elements, when
-    there is one (F32, F16, BF16, Q8_0 as Q8, Q4_0 as Q4); else F16. A Q4_0 file whose
-    other matrices are finer (llama-quantize keeps the output matrix in Q6_K or Q8_0) becomes
-    Q8 instead: Q4 would round those to 4 bits, a loss the GGUF does not have."""
-    elements = {}
+def own_types(plan):
+    """{barellm name: the GGUF type of each matrix}, in model order."""
+    return {name: source.dtype for name, source, is_norm in plan if not is_norm}
+
+
+def uniform_weight_dtype(plan):
+    """The weight_dtype of a uniform file (F32, F16, BF16, Q8, Q4) that stores every matrix
+    of the GGUF file in its own type, or None when there is none: a file of several
+    types (beyond Q4's F16 matrices whose columns are not whole blocks) or of a block
+    type."""
+    types = own_types(plan)
+    shapes = {name: source.shape for name, source, is_norm in plan if not is_norm}
+    for weight_dtype in blocks.UNIFORM_TYPES:
+        if all(blocks.uniform_matrix_type(weight_dtype, shapes[name][-1]) == kind
+               for name, kind in types.items()):
+            return weight_dtype
+    return None
+
+
+def kept_types(plan):
+    """{barellm name: type} keeping each matrix in its own type where barellm has it
+    (blocks.MATRIX_TYPES), else F16 (dequantized)."""
+    return {name: kind if kind in blocks.MATRIX_TYPES else DEQUANTIZED_TYPE
+            for name, kind in own_types(plan).items()}
+
+
+def dequantized_note(plan):
+    """One line naming the matrices dequantized to F16 because barellm has no kernels
+    for their type, by type; None when there are none."""
+    changed = {}
     for _, source, is_norm in plan:
-        if not is_norm:
-            elements[source.dtype] = elements.get(source.dtype, 0) + math.prod(source.shape)
-    most = KEPT_TYPES.get(max(elements, key=elements.get), "F16")
-    if most == "Q4" and any(finer_than_q4(source) for _, source, is_norm in plan if not is_norm):
-        return "Q8"
-    return most
-
-
-def finer_than_q4(source):
-    """Whether a matrix would lose precision as Q4: one a Q4 file stores as Q4 (whole blocks
-    of columns) whose GGUF type is not Q4_0."""
-    return source.dtype != "Q4_0" and not dtypes.q4_stays_f16(source.shape[-1])
+        if not is_norm and source.dtype not in blocks.MATRIX_TYPES:
+            changed.setdefault(source.dtype, []).append(source.name)
+    if not changed:
+        return None
+    parts = [f"{len(names)} {kind} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+             for kind, names in sorted(changed.items())]
+    return (f"dequantized to {DEQUANTIZED_TYPE} (types barellm does not run): "
+            f"{'; '.join(parts)}")
 
 
 def changed_types_note(plan, weight_dtype):
@@ -463,9 +525,8 @@ def changed_types_note(plan, weight_dtype):
     changed = {}
     for _, source, is_norm in plan:
         # Under Q4 a matrix whose columns are not whole blocks is stored as F16.
-        stored = ("F16" if weight_dtype == "Q4" and dtypes.q4_stays_f16(source.shape[-1])
-                  else weight_dtype)
-        if not is_norm and KEPT_TYPES.get(source.dtype) != stored:
+        stored = blocks.uniform_matrix_type(weight_dtype, source.shape[-1])
+        if not is_norm and source.dtype != stored:
             changed.setdefault(source.dtype, []).append(source.name)
     if not changed:
         return None

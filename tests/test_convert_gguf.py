@@ -133,16 +133,23 @@ def gguf_q8_0_blocks(path, name):
     return values, scales
 
 
+def matrix_types_of(path):
+    return json.loads(metadata(path)["barellm.matrix_types"])
+
+
 def test_q8_0_is_copied_bit_for_bit(tmp_path):
     """Q8_0 blocks become barellm's Q8 values and scales unchanged (q rows in rotate-half
-    order); F16 matrices (rows of 172, not whole blocks) are quantized by barellm's rule,
-    and the stderr line names them."""
+    order); the F16 matrices (rows of 172, not whole blocks) stay F16: a file of per-matrix
+    types named after the GGUF's file type, with nothing dequantized."""
     need_shared(STORIES)
     need_tools()
     source = gguf_from_hf(STORIES, tmp_path / "s.gguf", "--type", "q8_0")
     out, log = convert(source, tmp_path / "q8.bin")
-    assert config_of(out)["weight_dtype"] == "Q8"
-    assert log.count("\n") == 1 and "5 tensors stored as Q8" in log and "5 F16" in log
+    assert config_of(out)["weight_dtype"] == "Q8_0"
+    types = matrix_types_of(out)
+    assert {name: kind for name, kind in types.items() if kind != "Q8_0"} == {
+        f"layers.{layer}.w2": "F16" for layer in range(5)}
+    assert "dequantized" not in log and "stored as" not in log, log
     tensors = read_raw(out)[2]
     values, scales = gguf_q8_0_blocks(source, "blk.2.attn_v.weight")
     assert np.array_equal(tensors["layers.2.wv"], values)
@@ -151,6 +158,19 @@ def test_q8_0_is_copied_bit_for_bit(tmp_path):
     assert np.array_equal(tensors["layers.1.wq"], rotate_half_rows(values, 8))
     assert np.array_equal(tensors["layers.1.wq.scale"].view("<u2"),
                           rotate_half_rows(scales, 8).view("<u2"))
+    assert tensors["layers.0.w2"].dtype == np.float16
+
+
+def test_q8_0_with_dtype_q8_is_a_uniform_file(tmp_path):
+    """--dtype q8 asks for one type: the F16 matrices are quantized by barellm's rule, and
+    the stderr line names them."""
+    need_shared(STORIES)
+    need_tools()
+    source = gguf_from_hf(STORIES, tmp_path / "s.gguf", "--type", "q8_0")
+    out, log = convert(source, tmp_path / "q8.bin", "--dtype", "q8")
+    assert config_of(out)["weight_dtype"] == "Q8"
+    assert "barellm.matrix_types" not in metadata(out)
+    assert log.count("\n") == 1 and "5 tensors stored as Q8" in log and "5 F16" in log
 
 
 def test_q4_0_is_copied_bit_for_bit(tmp_path):
@@ -189,7 +209,7 @@ def test_q8_0_against_the_checkpoints_q8(tmp_path):
     need_shared(STORIES)
     need_tools()
     source = gguf_from_hf(STORIES, tmp_path / "s.gguf", "--type", "q8_0")
-    from_gguf, _ = convert(source, tmp_path / "gguf.bin")
+    from_gguf, _ = convert(source, tmp_path / "gguf.bin", "--dtype", "q8")
     direct, _ = convert(STORIES, tmp_path / "hf.bin", "--dtype", "q8")
     a, b = read_raw(from_gguf)[2], read_raw(direct)[2]
     differing = total = 0
@@ -239,13 +259,23 @@ def test_quantized_types_close_to_f32(tmp_path, gguf_type):
     assert relative < QUANTIZED_TOLERANCE[gguf_type]
 
 
-def test_other_types_become_f16_by_default_with_one_line(tmp_path):
+def test_q4_1_is_kept_by_default(tmp_path):
+    """Q4_1 is a block type barellm runs: its tensors are copied byte for byte (q rows in
+    rotate-half order), the file named after the GGUF's file type, nothing dequantized."""
     need_shared(STORIES)
     need_tools()
     source = gguf_from_hf(STORIES, tmp_path / "s.gguf", "--type", "q4_1")
     out, log = convert(source, tmp_path / "q.bin")
-    assert config_of(out)["weight_dtype"] == "F16"
-    assert log.count("\n") == 1 and "31 tensors stored as F16 from other types: 31 Q4_1" in log
+    assert config_of(out)["weight_dtype"] == "Q4_1"
+    assert matrix_types_of(out)["layers.1.wq"] == "Q4_1"
+    assert matrix_types_of(out)["layers.1.w2"] == "F16"
+    assert "dequantized" not in log
+    reader = gguf.GGUFReader(str(source))
+    stored = {t.name: np.asarray(t.data) for t in reader.tensors}
+    tensors = read_raw(out)[2]
+    assert np.array_equal(tensors["layers.1.wv"], stored["blk.1.attn_v.weight"])
+    assert np.array_equal(tensors["layers.1.wq"],
+                          rotate_half_rows(stored["blk.1.attn_q.weight"], 8))
 
 
 def test_llama3_rope_freqs_become_the_rope_scaling(tmp_path):
@@ -468,11 +498,16 @@ DECODE_ONLY_SCALES = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": 
                       "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,)}
 
 
+# The decode-only types barellm runs, and those it dequantizes.
+KEPT_DECODE_ONLY = {"Q4_K", "Q5_K", "Q6_K", "IQ4_XS"}
+
+
 @pytest.mark.parametrize("type_name", sorted(DECODE_ONLY_SCALES))
 def test_decode_only_types_become_the_asked_dtype(tmp_path, type_name):
     """A K-quant or IQ matrix of random blocks (rows of 256) converts to f32 exactly as
-    the gguf package dequantizes it; by default it takes the type of the file's other
-    matrices (F32), with one line naming it."""
+    the gguf package dequantizes it; by default a type barellm runs is kept byte for byte
+    (a file of per-matrix types, `mixed` without a file type), and one it does not run
+    becomes F16, named in one line."""
     need_tools()
     qtype = gguf.GGMLQuantizationType[type_name]
     block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
@@ -490,21 +525,35 @@ def test_decode_only_types_become_the_asked_dtype(tmp_path, type_name):
     expected = gguf.quants.dequantize(blocks.reshape(dims[1], -1), qtype)
     assert np.isfinite(expected).all()
     assert np.array_equal(read_raw(out)[2]["layers.0.w2"], expected)
-    out, log = convert(source, tmp_path / "f16.bin")
-    assert config_of(out)["weight_dtype"] == "F32"
-    assert log.count("\n") == 1 and f"1 {type_name} (blk.0.ffn_down.weight)" in log
+    out, log = convert(source, tmp_path / "own.bin")
+    assert config_of(out)["weight_dtype"] == "mixed"
+    types = matrix_types_of(out)
+    stored = read_raw(out)[2]["layers.0.w2"]
+    assert {kind for name, kind in types.items() if name != "layers.0.w2"} == {"F32"}
+    if type_name in KEPT_DECODE_ONLY:
+        assert types["layers.0.w2"] == type_name and "dequantized" not in log
+        assert np.array_equal(stored, blocks.reshape(dims[1], -1))
+    else:
+        assert types["layers.0.w2"] == "F16"
+        assert np.array_equal(stored, expected.astype(np.float16))
+        assert log.count("\n") == 1 and log.startswith("convert: dequantized to F16")
+        assert f"1 {type_name} (blk.0.ffn_down.weight)" in log
 
 
-def test_a_q4_0_file_defaults_to_q4_only_when_no_matrix_is_finer():
-    """llama-quantize keeps a Q4_0 file's output matrix in Q6_K or Q8_0: Q4 would round it
-    to 4 bits, so such a file becomes Q8 by default. Matrices that Q4 stores as F16 anyway
-    (columns not whole blocks of 32) do not count."""
+def test_a_gguf_file_is_uniform_only_when_one_weight_dtype_keeps_every_matrix():
+    """llama-quantize keeps a Q4_0 file's output matrix in Q6_K or Q8_0: such a file has
+    per-matrix types. F16 matrices beside Q4_0 ones whose columns are not whole blocks
+    are what a Q4 file stores anyway."""
     sys.path.insert(0, os.path.join(REPO, "convert"))
     import gguf_in
     source = collections.namedtuple("Source", "dtype shape")
     layers = [("blk", source("Q4_0", (4096, 64)), False), ("norm", source("F32", (64,)), True),
               ("ffn_down", source("F16", (64, 172)), False)]
-    assert gguf_in.default_weight_dtype(layers) == "Q4"
+    assert gguf_in.uniform_weight_dtype(layers) == "Q4"
     for finer in ("Q6_K", "Q8_0", "F16"):
         plan = layers + [("output", source(finer, (512, 64)), False)]
-        assert gguf_in.default_weight_dtype(plan) == "Q8", finer
+        assert gguf_in.uniform_weight_dtype(plan) is None, finer
+    assert gguf_in.uniform_weight_dtype([("w", source("Q8_0", (64, 64)), False)]) == "Q8"
+    assert gguf_in.uniform_weight_dtype([("w", source("Q8_0", (64, 64)), False),
+                                         ("w2", source("F16", (64, 172)), False)]) is None
+    assert gguf_in.uniform_weight_dtype([("w", source("BF16", (64, 64)), False)]) == "BF16"

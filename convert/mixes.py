@@ -1,0 +1,82 @@
+"""The type of each matrix under llama-quantize's K-quant mixes Q4_K_M, Q5_K_M and Q6_K
+(without an importance matrix), for the dense models barellm runs.
+
+- Each mix has a base type (Q4_K, Q5_K, Q6_K).
+- The output matrix (or the token embedding when it is tied to the output) is Q6_K; Q8_0
+  where its rows are not whole blocks of the base type.
+- Q4_K_M and Q5_K_M give Q6_K to attn_v (wv) and ffn_down (w2) in the "more bits" layers:
+  the first and last eighth of the layers and every third layer between them
+  (more_bits). For a Llama of 80 layers with grouped-query attention (llama.cpp's 70B),
+  the other wv of Q4_K_M are Q5_K.
+- A matrix whose rows are not a multiple of 256 falls back to a type of 32-weight
+  blocks: Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0; rows not a multiple of 32 either
+  stay F16.
+"""
+
+from typing import NamedTuple
+
+import blocks
+
+
+class Mix(NamedTuple):
+    base: str  # the type of the matrices no rule singles out
+    more_bits: bool  # wv and w2 of the more_bits layers become Q6_K
+
+
+MIXES = {"Q4_K_M": Mix("Q4_K", True), "Q5_K_M": Mix("Q5_K", True), "Q6_K": Mix("Q6_K", False)}
+# --dtype spelling -> mix.
+CLI_NAMES = {name.lower(): name for name in MIXES}
+OUTPUT_TYPE = "Q6_K"
+MORE_BITS_TYPE = "Q6_K"
+WIDE_OUTPUT_TYPE = "Q8_0"  # an output matrix whose rows are not whole base blocks
+# A K-quant whose row is not whole super-blocks -> its 32-weight counterpart.
+FALLBACKS = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+FALLBACK_BLOCK = 32
+UNQUANTIZED_TYPE = "F16"  # rows that are not whole blocks of 32 either
+# llama.cpp's 70B (a Llama of this many layers with grouped-query attention): its wv of
+# Q4_K become Q5_K.
+LLAMA_70B_LAYERS = 80
+
+
+def more_bits(layer, layers):
+    """llama.cpp's use_more_bits: the first and last eighth of the layers, and every third
+    layer from the first eighth on."""
+    eighth = layers // 8
+    return layer < eighth or layer >= 7 * layers // 8 or (layer - eighth) % 3 == 2
+
+
+def block_weights(type_name):
+    return blocks.BLOCK_TYPES[type_name].weights if type_name in blocks.BLOCK_TYPES else 32
+
+
+def with_fallback(type_name, cols):
+    """`type_name`, or its fallback where rows of `cols` are not whole blocks of it."""
+    if cols % block_weights(type_name) == 0:
+        return type_name
+    fallback = FALLBACKS.get(type_name, type_name)
+    return fallback if cols % FALLBACK_BLOCK == 0 else UNQUANTIZED_TYPE
+
+
+def matrix_type(mix, name, cols, config):
+    """The type of the matrix `name` (barellm's name) of `cols` columns under `mix`."""
+    base = MIXES[mix].base
+    short = name.rsplit(".", 1)[-1]
+    is_output = name == "output" or (name == "token_embedding" and config["tied_embeddings"])
+    if is_output:
+        chosen = WIDE_OUTPUT_TYPE if cols % block_weights(base) else OUTPUT_TYPE
+    elif short in ("wv", "w2") and MIXES[mix].more_bits:
+        layer = int(name.split(".")[1])
+        chosen = MORE_BITS_TYPE if more_bits(layer, config["layers"]) else base
+        if (short == "wv" and chosen == "Q4_K" and config["architecture"] == "llama"
+                and config["layers"] == LLAMA_70B_LAYERS
+                and config["heads"] != config["kv_heads"]):
+            chosen = "Q5_K"
+    else:
+        chosen = base
+    return with_fallback(chosen, cols)
+
+
+def matrix_types(mix, config, plan):
+    """{matrix name: type} of every matrix of `plan` under `mix`, in model order."""
+    return {name: matrix_type(mix, name, info.shape[1], config)
+            for name, info, is_norm in plan if not is_norm}

@@ -1,0 +1,808 @@
+"""ggml's block types in the converter: GGUF tensors of the types barellm runs (Q4_1, Q5_0,
+Q5_1, Q4_K, Q5_K, Q6_K, IQ4_XS, beside Q8_0 and Q4_0) kept byte for byte in a file of
+per-matrix types; q4_k_m, q5_k_m and q6_k of a Hugging Face checkpoint (llama-quantize's
+mixes, ggml's reference quantizers); hostile blocks refused.
+
+The dequantization of every block type is written here from ggml's layouts
+(docs/FORMAT.md), independently of the converter, and checked against the gguf package's."""
+
+import json
+import os
+import struct
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from convert_testlib import (BUILD, CONVERT, REPO, TINY_CONFIG, make_checkpoint, read_raw, run,
+                             tiny_tensors)
+
+gguf = pytest.importorskip("gguf", reason="pip package gguf missing")
+
+GGUF_FROM_HF = os.path.join(REPO, "scripts", "gguf_from_hf.py")
+F32 = np.float32
+IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
+                       113], dtype=F32)
+
+
+# ------------------------------------------------------- dequantization, written here
+
+def half(blocks, offset):
+    """The f16 field at byte `offset` of each block, as float32 [n, 1]."""
+    return blocks[:, offset:offset + 2].copy().view("<f2").astype(F32)
+
+
+def nibbles(qs):
+    """Weights j (low nibble of byte j) then j + 16 (high nibble) of 16-byte runs."""
+    return np.concatenate([qs & 15, qs >> 4], axis=1).astype(F32)
+
+
+def fifth_bits(qh_bytes):
+    """Bit j of the little-endian u32 of each block's 4 bytes, for j = 0..31."""
+    word = qh_bytes.copy().view("<u4")
+    return ((word >> np.arange(32, dtype=np.uint32)) & 1).astype(F32)
+
+
+def dequantize_q4_1(b):
+    return half(b, 0) * nibbles(b[:, 4:20]) + half(b, 2)
+
+
+def dequantize_q5_0(b):
+    return half(b, 0) * (nibbles(b[:, 6:22]) + 16 * fifth_bits(b[:, 2:6]) - 16)
+
+
+def dequantize_q5_1(b):
+    return half(b, 0) * (nibbles(b[:, 8:24]) + 16 * fifth_bits(b[:, 4:8])) + half(b, 2)
+
+
+def k_scales(scales):
+    """The 6-bit scales and mins of the eight sub-blocks of Q4_K/Q5_K."""
+    sc = np.zeros((len(scales), 8), dtype=F32)
+    mn = np.zeros((len(scales), 8), dtype=F32)
+    for s in range(8):
+        if s < 4:
+            sc[:, s] = scales[:, s] & 63
+            mn[:, s] = scales[:, s + 4] & 63
+        else:
+            sc[:, s] = (scales[:, s + 4] & 15) | ((scales[:, s - 4] >> 6) << 4)
+            mn[:, s] = (scales[:, s + 4] >> 4) | ((scales[:, s] >> 6) << 4)
+    return sc, mn
+
+
+def dequantize_k(b, qs_at, qh_at):
+    """Q4_K (qh_at None) or Q5_K super-blocks."""
+    d, dmin = half(b, 0), half(b, 2)
+    sc, mn = k_scales(b[:, 4:16])
+    out = np.zeros((len(b), 256), dtype=F32)
+    for c in range(4):
+        chunk = b[:, qs_at + 32 * c:qs_at + 32 * c + 32]
+        for t, q in enumerate((chunk & 15, chunk >> 4)):
+            s = 2 * c + t
+            q = q.astype(F32)
+            if qh_at is not None:
+                q = q + 16 * ((b[:, qh_at:qh_at + 32] >> s) & 1)
+            out[:, 32 * s:32 * s + 32] = (d * sc[:, s:s + 1]) * q - dmin * mn[:, s:s + 1]
+    return out
+
+
+def dequantize_q6_k(b):
+    ql, qh, scales = b[:, :128], b[:, 128:192], b[:, 192:208].view(np.int8).astype(F32)
+    d = half(b, 208)
+    out = np.zeros((len(b), 256), dtype=F32)
+    for n in range(2):
+        low, high, sc = ql[:, 64 * n:64 * n + 64], qh[:, 32 * n:32 * n + 32], scales[:, 8 * n:]
+        for l in range(32):
+            i = l // 16
+            q = [(low[:, l] & 15) | ((high[:, l] & 3) << 4),
+                 (low[:, l + 32] & 15) | (((high[:, l] >> 2) & 3) << 4),
+                 (low[:, l] >> 4) | (((high[:, l] >> 4) & 3) << 4),
+                 (low[:, l + 32] >> 4) | ((high[:, l] >> 6) << 4)]
+            for k in range(4):
+                out[:, 128 * n + 32 * k + l] = (d[:, 0] * sc[:, i + 2 * k]) * (
+                    q[k].astype(F32) - 32)
+    return out
+
+
+def dequantize_iq4_xs(b):
+    d = half(b, 0)
+    scales_h = b[:, 2:4].copy().view("<u2")[:, 0].astype(np.int64)
+    out = np.zeros((len(b), 256), dtype=F32)
+    for s in range(8):
+        ls = ((b[:, 4 + s // 2] >> (4 * (s % 2))) & 15) | (((scales_h >> (2 * s)) & 3) << 4)
+        dl = d[:, 0] * (ls.astype(F32) - 32)
+        qs = b[:, 8 + 16 * s:8 + 16 * s + 16]
+        out[:, 32 * s:32 * s + 16] = dl[:, None] * IQ4_VALUES[qs & 15]
+        out[:, 32 * s + 16:32 * s + 32] = dl[:, None] * IQ4_VALUES[qs >> 4]
+    return out
+
+
+def dequantize_q8_0(b):
+    return half(b, 0) * b[:, 2:].view(np.int8).astype(F32)
+
+
+def dequantize_q4_0(b):
+    return half(b, 0) * (nibbles(b[:, 2:]) - 8)
+
+
+# type -> (weights per block, bytes per block, f16 field offsets, dequantization)
+TYPES = {
+    "Q4_1": (32, 20, (0, 2), dequantize_q4_1),
+    "Q5_0": (32, 22, (0,), dequantize_q5_0),
+    "Q5_1": (32, 24, (0, 2), dequantize_q5_1),
+    "Q4_K": (256, 144, (0, 2), lambda b: dequantize_k(b, 16, None)),
+    "Q5_K": (256, 176, (0, 2), lambda b: dequantize_k(b, 48, 16)),
+    "Q6_K": (256, 210, (208,), dequantize_q6_k),
+    "IQ4_XS": (256, 136, (0,), dequantize_iq4_xs),
+    "Q8_0": (32, 34, (0,), dequantize_q8_0),
+    "Q4_0": (32, 18, (0,), dequantize_q4_0),
+}
+BLOCK_TYPES = ("Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
+
+
+def dequantize(raw, type_name):
+    """float32 [rows, cols] of rows of blocks (uint8 [rows, row bytes])."""
+    weights, size, _, function = TYPES[type_name]
+    rows = raw.shape[0]
+    return function(np.ascontiguousarray(raw).reshape(-1, size)).reshape(rows, -1)
+
+
+# f16 scales of both signs, from the smallest subnormal to the largest finite.
+EXTREME_SCALES = np.array([6e-8, -6e-8, 1e-4, -3e-3, 0.0, -0.0, 1.0, -1.0, 65504.0, -65504.0,
+                           0.5, -2.0], dtype="<f2")
+
+
+def random_blocks(type_name, count, rng, extreme=False):
+    """`count` blocks of random bytes whose f16 fields are finite: small scales of both
+    signs, or with `extreme` the EXTREME_SCALES."""
+    _, size, fields, _ = TYPES[type_name]
+    raw = rng.integers(0, 256, (count, size), dtype=np.uint8)
+    for offset in fields:
+        if extreme:
+            values = rng.choice(EXTREME_SCALES, count)
+        else:
+            values = (rng.uniform(-0.02, 0.02, count)).astype("<f2")
+        raw[:, offset:offset + 2] = values.view(np.uint8).reshape(count, 2)
+    if type_name == "Q8_0":  # barellm's Q8 range is -127..127
+        values = raw[:, 2:].view(np.int8)
+        values[values == -128] = -127
+    return raw
+
+
+@pytest.mark.parametrize("extreme", [False, True])
+@pytest.mark.parametrize("type_name", sorted(TYPES))
+def test_dequantization_matches_the_gguf_package(type_name, extreme):
+    """This file's dequantization (ggml's layouts as docs/FORMAT.md gives them) and the
+    gguf package's agree on random blocks, small and extreme scales of both signs."""
+    rng = np.random.default_rng(11)
+    raw = random_blocks(type_name, 37, rng, extreme)
+    ours = dequantize(raw, type_name)
+    theirs = gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[type_name])
+    finite = np.isfinite(theirs)
+    assert np.array_equal(np.isfinite(ours), finite)
+    np.testing.assert_allclose(ours[finite], theirs[finite], rtol=2e-6, atol=0)
+    assert np.count_nonzero(ours) > ours.size // 2
+
+
+# ------------------------------------------------------------------- GGUF files in
+
+# A llama whose matrices all have rows of 256 (head_dim 64: q and k rows are permuted);
+# 37 vocabulary rows; ffn rows of 288 (not whole super-blocks).
+KQ_CONFIG = {**TINY_CONFIG, "hidden_size": 256, "intermediate_size": 288,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 41,
+             "num_hidden_layers": 2}
+
+
+def gguf_from_hf(hf, out):
+    result = run(GGUF_FROM_HF, hf, "-o", out, "--type", "f32")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def rewritten_gguf(source, out, replaced, file_type=None):
+    """A copy of the GGUF `source` whose tensors named in `replaced` hold the given raw
+    blocks ({name: (type name, uint8 [rows, row bytes])})."""
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(out), reader.fields["general.architecture"].contents())
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        if field.name == "general.file_type" and file_type is not None:
+            continue
+        kind = field.types[0]
+        writer.add_key_value(field.name, field.contents(), kind,
+                             field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
+    if file_type is not None:
+        writer.add_file_type(file_type)
+    for tensor in reader.tensors:
+        if tensor.name in replaced:
+            type_name, raw = replaced[tensor.name]
+            writer.add_tensor(tensor.name, raw,
+                              raw_dtype=gguf.GGMLQuantizationType[type_name])
+        else:
+            writer.add_tensor(tensor.name, np.asarray(tensor.data))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def random_matrix_blocks(type_name, rows, cols, rng):
+    weights, size = TYPES[type_name][:2]
+    return random_blocks(type_name, rows * cols // weights, rng).reshape(rows, -1)
+
+
+def rotate_half(rows, head_dim):
+    """llama.cpp's interleaved q/k rows in rotate-half order: within each head, row
+    t * head_dim/2 + i is interleaved row 2i + t."""
+    out = np.empty_like(rows)
+    half_dim = head_dim // 2
+    for head in range(rows.shape[0] // head_dim):
+        for t in range(2):
+            for i in range(half_dim):
+                out[head * head_dim + t * half_dim + i] = rows[head * head_dim + 2 * i + t]
+    return out
+
+
+def convert(source, out, *options):
+    result = run(CONVERT, source, "-o", out, *options)
+    assert result.returncode == 0, result.stderr
+    return out, result.stderr
+
+
+def metadata(path):
+    return read_raw(path)[1]["__metadata__"]
+
+
+def matrix_values(tensors, name, kind):
+    """The float32 weights of the matrix `name` of type `kind` in a converted file's
+    tensors (read_raw), dequantized here."""
+    if kind in ("F16", "F32"):
+        return tensors[name].astype(F32)
+    if kind in ("Q8_0", "Q4_0"):
+        scales = tensors[name + ".scale"].astype(F32)
+        rows = len(scales)
+        if kind == "Q8_0":
+            values = tensors[name].astype(F32)
+        else:
+            values = nibbles(tensors[name].reshape(-1, 16)).reshape(rows, -1) - 8
+        return (values.reshape(rows, -1, 32) * scales[..., None]).reshape(rows, -1)
+    return dequantize(tensors[name], kind)
+
+
+@pytest.fixture(scope="module")
+def f32_gguf(tmp_path_factory):
+    path = tmp_path_factory.mktemp("kq")
+    hf = make_checkpoint(path / "hf", config=KQ_CONFIG)
+    return gguf_from_hf(hf, path / "f32.gguf")
+
+
+@pytest.mark.parametrize("type_name", BLOCK_TYPES + ("Q8_0", "Q4_0"))
+def test_gguf_types_are_kept_byte_for_byte(tmp_path, f32_gguf, type_name):
+    """A matrix of each type barellm runs keeps its blocks (q and k rows moved whole into
+    rotate-half order); the file is named after general.file_type and maps every matrix
+    to its type; the others (F32 here) stay F32."""
+    rng = np.random.default_rng(5)
+    cols = 256
+    replaced = {name: (type_name, random_matrix_blocks(type_name, rows, cols, rng))
+                for name, rows in (("blk.0.attn_v.weight", 128), ("blk.1.attn_q.weight", 256),
+                                   ("blk.1.attn_k.weight", 128),
+                                   ("token_embd.weight", KQ_CONFIG["vocab_size"]))}
+    source = rewritten_gguf(f32_gguf, tmp_path / "m.gguf", replaced,
+                            file_type=gguf.LlamaFileType.MOSTLY_Q4_K_M)
+    out, log = convert(source, tmp_path / "m.bin")
+    assert "dequantized" not in log and "stored as" not in log, log
+    config = json.loads(metadata(out)["barellm.config"])
+    assert config["weight_dtype"] == "Q4_K_M"
+    types = json.loads(metadata(out)["barellm.matrix_types"])
+    mine = {"layers.0.wv", "layers.1.wq", "layers.1.wk", "token_embedding"}
+    assert {name for name, kind in types.items() if kind == type_name} == mine
+    assert set(types.values()) == {type_name, "F32"}
+    assert len(types) == 2 * 7 + 2
+    tensors = read_raw(out)[2]
+    for gguf_name, name in (("blk.0.attn_v.weight", "layers.0.wv"),
+                            ("token_embd.weight", "token_embedding"),
+                            ("blk.1.attn_q.weight", "layers.1.wq"),
+                            ("blk.1.attn_k.weight", "layers.1.wk")):
+        raw = replaced[gguf_name][1]
+        permuted = name.endswith((".wq", ".wk"))
+        if type_name in BLOCK_TYPES:
+            assert tensors[name].dtype == np.uint8
+            assert np.array_equal(tensors[name], rotate_half(raw, 64) if permuted else raw), name
+        weights = dequantize(raw, type_name)
+        got = matrix_values(tensors, name, type_name)
+        # The dequantized matrix is the GGUF's with its rows permuted.
+        assert np.array_equal(got, rotate_half(weights, 64) if permuted else weights), name
+
+
+def test_file_order_and_alignment(tmp_path, f32_gguf):
+    """F32, then F16 (scales and F16 matrices), then U8, then I8, each in model order;
+    every U8 tensor has an even size and starts at an even offset."""
+    rng = np.random.default_rng(6)
+    replaced = {"blk.0.attn_q.weight": ("Q8_0", random_matrix_blocks("Q8_0", 256, 256, rng)),
+                "blk.0.attn_k.weight": ("Q6_K", random_matrix_blocks("Q6_K", 128, 256, rng)),
+                "blk.0.attn_v.weight": ("Q5_0", random_matrix_blocks("Q5_0", 128, 256, rng)),
+                "blk.1.ffn_down.weight": ("F16", rng.standard_normal((256, 288)).astype("<f2")),
+                "blk.1.attn_q.weight": ("Q4_0", random_matrix_blocks("Q4_0", 256, 256, rng)),
+                "output.weight": ("Q4_K", random_matrix_blocks("Q4_K", 41, 256, rng))}
+    source = rewritten_gguf(f32_gguf, tmp_path / "m.gguf", replaced)
+    out, _ = convert(source, tmp_path / "m.bin")
+    length, header, _, _ = read_raw(out)
+    assert json.loads(metadata(out)["barellm.config"])["weight_dtype"] == "mixed"
+    entries = [(name, entry["dtype"], entry["data_offsets"]) for name, entry in header.items()
+               if name != "__metadata__"]
+    rank = {"F32": 0, "F16": 1, "U8": 2, "I8": 3}
+    ranks = [rank[dtype] for _, dtype, _ in entries]
+    assert ranks == sorted(ranks)
+    assert [name for name, dtype, _ in entries if dtype == "U8"] == [
+        "layers.0.wk", "layers.0.wv", "layers.1.wq", "output"]
+    assert [name for name, dtype, _ in entries if dtype == "I8"] == ["layers.0.wq"]
+    assert [name for name, dtype, _ in entries if dtype == "F16"] == [
+        "layers.0.wq.scale", "layers.1.wq.scale", "layers.1.w2"]
+    for name, dtype, (begin, end) in entries:
+        if dtype == "U8":
+            assert (8 + length + begin) % 2 == 0 and (end - begin) % 2 == 0, name
+
+
+def test_types_barellm_does_not_run_become_f16_in_one_line(tmp_path, f32_gguf):
+    rng = np.random.default_rng(7)
+    replaced = {}
+    for layer in range(2):
+        for part, rows in (("attn_q", 256), ("attn_k", 128)):
+            raw = rng.integers(0, 256, (rows, 110), dtype=np.uint8)  # Q3_K: 110 bytes
+            raw[:, 108:110] = rng.uniform(0.001, 0.01, (rows, 1)).astype("<f2").view(np.uint8)
+            replaced[f"blk.{layer}.{part}.weight"] = ("Q3_K", raw)
+    replaced["blk.0.ffn_gate.weight"] = ("Q4_K", random_matrix_blocks("Q4_K", 288, 256, rng))
+    source = rewritten_gguf(f32_gguf, tmp_path / "m.gguf", replaced,
+                            file_type=gguf.LlamaFileType.MOSTLY_Q3_K_M)
+    out, log = convert(source, tmp_path / "m.bin")
+    assert log.count("\n") == 1, log
+    assert log.startswith("convert: dequantized to F16") and "4 Q3_K (blk.0.attn_q.weight" in log
+    types = json.loads(metadata(out)["barellm.matrix_types"])
+    assert json.loads(metadata(out)["barellm.config"])["weight_dtype"] == "Q3_K_M"
+    assert types["layers.1.wk"] == "F16" and types["layers.0.w1"] == "Q4_K"
+    expected = gguf.quants.dequantize(replaced["blk.1.attn_k.weight"][1],
+                                      gguf.GGMLQuantizationType.Q3_K)
+    assert np.array_equal(read_raw(out)[2]["layers.1.wk"],
+                          rotate_half(expected, 64).astype(np.float16))
+
+
+def test_a_uniform_gguf_stays_a_uniform_file(tmp_path, f32_gguf):
+    """All F32: today's uniform F32 file, without barellm.matrix_types."""
+    out, log = convert(f32_gguf, tmp_path / "m.bin")
+    assert json.loads(metadata(out)["barellm.config"])["weight_dtype"] == "F32"
+    assert "barellm.matrix_types" not in metadata(out) and log == ""
+
+
+def test_a_mix_of_a_gguf_file_reuses_its_blocks(tmp_path, f32_gguf):
+    """--dtype q4_k_m on a GGUF file: a matrix already of the type the mix chooses (the
+    output, Q6_K) is copied; the others are quantized from their values."""
+    rng = np.random.default_rng(10)
+    output = random_matrix_blocks("Q6_K", KQ_CONFIG["vocab_size"], 256, rng)
+    wq = random_matrix_blocks("Q4_K", 256, 256, rng)
+    source = rewritten_gguf(f32_gguf, tmp_path / "m.gguf", {
+        "output.weight": ("Q6_K", output), "blk.0.attn_q.weight": ("Q4_K", wq)})
+    out, log = convert(source, tmp_path / "m.bin", "--dtype", "q4_k_m")
+    assert log == ""
+    types = json.loads(metadata(out)["barellm.matrix_types"])
+    assert types["output"] == "Q6_K" and types["layers.0.w2"] == "Q5_0"
+    tensors = read_raw(out)[2]
+    assert np.array_equal(tensors["output"], output)
+    assert np.array_equal(tensors["layers.0.wq"], rotate_half(wq, 64))
+    original = gguf.quants.dequantize(np.asarray(next(
+        t for t in gguf.GGUFReader(str(f32_gguf)).tensors if t.name == "blk.0.ffn_down.weight"
+    ).data), gguf.GGMLQuantizationType.F32)
+    got = matrix_values(tensors, "layers.0.w2", "Q5_0")
+    assert np.linalg.norm(got - original) / np.linalg.norm(original) < RELATIVE_ERROR["Q5_0"]
+
+
+# ---------------------------------------------------------------- hostile GGUF files
+
+def assert_refused(tmp_path, raw, message):
+    source = tmp_path / "bad.gguf"
+    source.write_bytes(raw)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    result = run(CONVERT, source, "-o", out_dir / "m.bin")
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1, result.stderr
+    assert len(lines) == 1 and lines[0].startswith("convert: "), result.stderr
+    assert message in lines[0], lines[0]
+    assert os.listdir(out_dir) == []
+
+
+def q4_k_gguf(tmp_path, f32_gguf, blocks_of_wv):
+    return rewritten_gguf(f32_gguf, tmp_path / "q.gguf",
+                          {"blk.1.attn_v.weight": ("Q4_K", blocks_of_wv)}).read_bytes()
+
+
+@pytest.mark.parametrize("field,value,kind", [(0, np.nan, "NaN"), (2, np.inf, "Inf"),
+                                               (0, -np.inf, "Inf")])
+def test_a_non_finite_f16_field_is_refused(tmp_path, f32_gguf, field, value, kind):
+    raw = random_matrix_blocks("Q4_K", 128, 256, np.random.default_rng(8))
+    raw[37, field:field + 2] = np.array([value], dtype="<f2").view(np.uint8)
+    assert_refused(tmp_path, q4_k_gguf(tmp_path, f32_gguf, raw),
+                   f"tensor 'blk.1.attn_v.weight' has a {kind} f16 field (byte {field})")
+
+
+def test_a_non_finite_q6_k_scale_is_refused(tmp_path, f32_gguf):
+    raw = random_matrix_blocks("Q6_K", 128, 256, np.random.default_rng(8))
+    raw[5, 208:210] = np.array([np.nan], dtype="<f2").view(np.uint8)
+    data = rewritten_gguf(f32_gguf, tmp_path / "q.gguf",
+                          {"blk.0.attn_k.weight": ("Q6_K", raw)}).read_bytes()
+    assert_refused(tmp_path, data, "NaN f16 field (byte 208) in Q6_K block 5")
+
+
+def tensor_info_at(data, name):
+    """The offset of the ggml type (u32) in the tensor info of `name`."""
+    at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name)
+    dims = struct.unpack("<I", data[at:at + 4])[0]
+    return at + 4 + 8 * dims
+
+
+def test_truncated_block_data_is_refused(tmp_path, f32_gguf):
+    data = rewritten_gguf(f32_gguf, tmp_path / "q.gguf",
+                          {"output.weight": ("Q4_K", random_matrix_blocks(
+                              "Q4_K", 41, 256, np.random.default_rng(9)))}).read_bytes()
+    assert_refused(tmp_path, data[:-100], "truncated")
+
+
+def test_an_unknown_type_id_is_refused(tmp_path, f32_gguf):
+    data = bytearray(q4_k_gguf(tmp_path, f32_gguf, random_matrix_blocks(
+        "Q4_K", 128, 256, np.random.default_rng(9))))
+    at = tensor_info_at(bytes(data), b"blk.1.attn_v.weight")
+    data[at:at + 4] = struct.pack("<I", 99)
+    assert_refused(tmp_path, bytes(data), "unknown ggml type 99")
+
+
+def test_rows_not_whole_super_blocks_are_refused(tmp_path, f32_gguf):
+    """A Q4_K tensor whose rows claim 288 weights (not a multiple of 256)."""
+    data = bytearray(rewritten_gguf(f32_gguf, tmp_path / "q.gguf", {
+        "blk.0.ffn_gate.weight": ("Q4_K", random_matrix_blocks(
+            "Q4_K", 288, 256, np.random.default_rng(9)))}).read_bytes())
+    name = b"blk.0.ffn_gate.weight"
+    at = data.index(struct.pack("<Q", len(name)) + name) + 8 + len(name) + 4
+    data[at:at + 8] = struct.pack("<Q", 288)  # row length 256 -> 288
+    data[at + 8:at + 16] = struct.pack("<Q", 256)
+    assert_refused(tmp_path, bytes(data), "rows of 288 are not whole Q4_K blocks of 256")
+
+
+# ------------------------------------------------------------- Hugging Face in: mixes
+
+def more_bits(layer, layers):
+    """llama-quantize's use_more_bits."""
+    return (layer < layers // 8 or layer >= 7 * layers // 8
+            or (layer - layers // 8) % 3 == 2)
+
+
+def expected_type(mix, name, cols, tied, layers):
+    """llama-quantize's choice for a dense llama (docs/FORMAT.md), written here."""
+    base = {"q4_k_m": "Q4_K", "q5_k_m": "Q5_K", "q6_k": "Q6_K"}[mix]
+    short = name.rsplit(".", 1)[-1]
+    if name == "output" or (tied and name == "token_embedding"):
+        kind = "Q6_K" if cols % 256 == 0 else "Q8_0"
+    elif mix != "q6_k" and short in ("wv", "w2") and more_bits(int(name.split(".")[1]), layers):
+        kind = "Q6_K"
+    else:
+        kind = base
+    if cols % TYPES.get(kind, (256,))[0]:
+        kind = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}.get(kind, kind)
+    if cols % 32:
+        kind = "F16"
+    return kind
+
+
+# Relative RMS error of each type on Gaussian weights, with a margin (measured: Q4_K
+# 0.072, Q5_K 0.036, Q6_K 0.018, Q5_0 0.043, Q5_1 0.038, Q8_0 0.004).
+RELATIVE_ERROR = {"Q4_K": 0.09, "Q5_K": 0.045, "Q6_K": 0.023, "Q5_0": 0.055, "Q5_1": 0.048,
+                  "Q8_0": 0.006, "F16": 0.001}
+
+
+MIX_CONFIGS = {
+    # 9 layers: the more-bits layers are 0, 3, 6, 7, 8; w2 rows of 288 fall back.
+    "untied": {**TINY_CONFIG, "hidden_size": 256, "intermediate_size": 288,
+               "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 41,
+               "num_hidden_layers": 9},
+    # rows of 96: everything falls back; the tied embedding is the output (Q8_0).
+    "tied-96": {**TINY_CONFIG, "hidden_size": 96, "intermediate_size": 80,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 41,
+                "num_hidden_layers": 3, "tie_word_embeddings": True},
+}
+
+
+@pytest.mark.parametrize("shape", sorted(MIX_CONFIGS))
+@pytest.mark.parametrize("mix", ["q4_k_m", "q5_k_m", "q6_k"])
+def test_mixes_of_a_checkpoint(tmp_path, mix, shape):
+    """Each matrix gets llama-quantize's type for the mix, and its dequantized values are
+    within the type's error of the checkpoint's."""
+    config = MIX_CONFIGS[shape]
+    tensors = tiny_tensors(config, seed=3)
+    hf = make_checkpoint(tmp_path / "hf", config=config, tensors=tensors)
+    out, log = convert(hf, tmp_path / "m.bin", "--dtype", mix)
+    assert json.loads(metadata(out)["barellm.config"])["weight_dtype"] == mix.upper()
+    types = json.loads(metadata(out)["barellm.matrix_types"])
+    stored = read_raw(out)[2]
+    hf_names = {"token_embedding": "model.embed_tokens.weight", "output": "lm_head.weight"}
+    parts = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj",
+             "wo": "self_attn.o_proj", "w1": "mlp.gate_proj", "w3": "mlp.up_proj",
+             "w2": "mlp.down_proj"}
+    for layer in range(config["num_hidden_layers"]):
+        for short, part in parts.items():
+            hf_names[f"layers.{layer}.{short}"] = f"model.layers.{layer}.{part}.weight"
+    if config.get("tie_word_embeddings"):
+        del hf_names["output"]
+    assert list(types) == [name for name in types if name in hf_names]
+    assert set(types) == set(hf_names)
+    seen = set()
+    for name, hf_name in hf_names.items():
+        original = tensors[hf_name][1]
+        kind = expected_type(mix, name, original.shape[1], bool(config.get(
+            "tie_word_embeddings")), config["num_hidden_layers"])
+        assert types[name] == kind, name
+        seen.add(kind)
+        got = matrix_values(stored, name, kind)
+        error = np.linalg.norm(got - original) / np.linalg.norm(original)
+        assert error < RELATIVE_ERROR[kind], (name, kind, error)
+    print(mix, shape, sorted(seen))
+
+
+def test_q4_k_m_more_bits_layers_of_tinyllama():
+    """TinyLlama's 22 layers: llama-quantize gives Q6_K to wv and w2 of layers 0, 1, 4, 7,
+    10, 13, 16, 19, 20, 21."""
+    sys.path.insert(0, os.path.join(REPO, "convert"))
+    import mixes
+    config = {"layers": 22, "tied_embeddings": False, "architecture": "llama", "heads": 32,
+              "kv_heads": 4}
+    chosen = [layer for layer in range(22)
+              if mixes.matrix_type("Q4_K_M", f"layers.{layer}.w2", 5632, config) == "Q6_K"]
+    assert chosen == [0, 1, 4, 7, 10, 13, 16, 19, 20, 21]
+    assert mixes.matrix_type("Q4_K_M", "layers.2.wv", 2048, config) == "Q4_K"
+    seventy = {**config, "layers": 80, "heads": 64, "kv_heads": 8}
+    assert mixes.matrix_type("Q4_K_M", "layers.11.wv", 8192, seventy) == "Q5_K"
+    assert mixes.matrix_type("Q4_K_M", "layers.11.wq", 8192, seventy) == "Q4_K"
+
+
+# ------------------------------------------- the quantizers against a scalar reference
+
+def nearest(value):
+    """ggml's nearest_int: to nearest, ties to even, of a float32."""
+    return int(np.rint(F32(value)))
+
+
+def scalar_qkx2(x, w, nmax, rmin, rdelta, nstep):
+    """make_qkx2_quants, one value at a time in float32 (ggml-quants.c's published rule)."""
+    low, high = x[0], x[0]
+    sum_w, sum_x = w[0], w[0] * x[0]
+    for i in range(1, len(x)):
+        low = x[i] if x[i] < low else low
+        high = x[i] if x[i] > high else high
+        sum_w = F32(sum_w + w[i])
+        sum_x = F32(sum_x + w[i] * x[i])
+    low = F32(0) if low > 0 else low
+    if high == low:
+        return F32(0), -low, [0] * len(x)
+    iscale = F32(nmax) / (high - low)
+    scale = F32(1) / iscale
+    levels = [min(nmax, max(0, nearest(iscale * (x[i] - low)))) for i in range(len(x))]
+    best = F32(0)
+    for i in range(len(x)):
+        diff = scale * F32(levels[i]) + low - x[i]
+        best = F32(best + w[i] * (diff * diff))
+    for step in range(nstep + 1):
+        iscale = (F32(rmin) + F32(rdelta) * F32(step) + F32(nmax)) / (high - low)
+        trial = [min(nmax, max(0, nearest(iscale * (x[i] - low)))) for i in range(len(x))]
+        sum_l = sum_l2 = sum_xl = F32(0)
+        for i in range(len(x)):
+            wl = w[i] * F32(trial[i])
+            sum_l, sum_l2, sum_xl = F32(sum_l + wl), F32(sum_l2 + wl * F32(trial[i])), \
+                F32(sum_xl + wl * x[i])
+        det = sum_w * sum_l2 - sum_l * sum_l
+        if det > 0:
+            this_scale = (sum_w * sum_xl - sum_x * sum_l) / det
+            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / det
+            if this_min > 0:
+                this_min, this_scale = F32(0), sum_xl / sum_l2
+            error = F32(0)
+            for i in range(len(x)):
+                diff = this_scale * F32(trial[i]) + this_min - x[i]
+                error = F32(error + w[i] * (diff * diff))
+            if error < best:
+                levels, best, scale, low = trial, error, this_scale, this_min
+    return scale, -low, levels
+
+
+def scalar_q45_k(x, type_name):
+    """One Q4_K or Q5_K super-block (256 float32) as bytes, value by value."""
+    nmax, rmin, nstep = {"Q4_K": (15, -1.0, 20), "Q5_K": (31, -0.5, 15)}[type_name]
+    scales, mins, levels = [], [], []
+    for j in range(8):
+        xs = x[32 * j:32 * j + 32]
+        sum_x2 = F32(0)
+        for value in xs:
+            sum_x2 = F32(sum_x2 + value * value)
+        average = np.sqrt(sum_x2 / F32(32))
+        w = [average + abs(value) for value in xs]
+        scale, the_min, sub = scalar_qkx2(xs, w, nmax, rmin, F32(0.1), nstep)
+        scales.append(scale)
+        mins.append(the_min)
+        levels += sub
+    max_scale = max([F32(0)] + scales)
+    max_min = max([F32(0)] + mins)
+    inv_scale = F32(63) / max_scale if max_scale > 0 else F32(0)
+    inv_min = F32(63) / max_min if max_min > 0 else F32(0)
+    ls = [min(63, nearest(inv_scale * s) & 255) for s in scales]
+    lm = [min(63, nearest(inv_min * m) & 255) for m in mins]
+    packed = [0] * 12
+    for j in range(8):
+        if j < 4:
+            packed[j], packed[j + 4] = ls[j], lm[j]
+        else:
+            packed[j + 4] = (ls[j] & 15) | ((lm[j] & 15) << 4)
+            packed[j - 4] |= (ls[j] >> 4) << 6
+            packed[j] |= (lm[j] >> 4) << 6
+    d = np.array(max_scale / F32(63), dtype="<f2")
+    dmin = np.array(max_min / F32(63), dtype="<f2")
+    for j in range(8):
+        dj = F32(d) * F32(ls[j])
+        if dj == 0:
+            continue
+        mj = F32(dmin) * F32(lm[j])
+        for i in range(32):
+            levels[32 * j + i] = min(nmax, max(0, nearest((x[32 * j + i] + mj) / dj)))
+    qs = [levels[64 * c + l] & 15 | (levels[64 * c + 32 + l] & 15) << 4
+          for c in range(4) for l in range(32)]
+    qh = [sum(((levels[64 * c + l] >> 4) << (2 * c)) | ((levels[64 * c + 32 + l] >> 4)
+                                                         << (2 * c + 1)) for c in range(4))
+          for l in range(32)]
+    head = d.tobytes() + dmin.tobytes() + bytes(packed)
+    return head + (bytes(qh) if type_name == "Q5_K" else b"") + bytes(qs)
+
+
+def scalar_qx(x):
+    """make_qx_quants(16, 32, rmse_type 1) value by value: (scale, levels + 32)."""
+    amax, largest = F32(0), F32(0)
+    for value in x:
+        if abs(value) > amax:
+            amax, largest = abs(value), value
+    if amax < F32(1e-15):
+        return F32(0), [0] * len(x)
+
+    def trial(iscale):
+        levels = [min(31, max(-32, nearest(iscale * value))) for value in x]
+        sumlx = suml2 = F32(0)
+        for value, l in zip(x, levels):
+            w = value * value
+            sumlx = F32(sumlx + w * value * F32(l))
+            suml2 = F32(suml2 + w * F32(l) * F32(l))
+        return levels, sumlx, suml2
+
+    levels, sumlx, suml2 = trial(F32(-32) / largest)
+    scale = sumlx / suml2 if suml2 else F32(0)
+    best = scale * sumlx
+    for step in range(-9, 10):
+        if step:
+            candidate, sumlx, suml2 = trial(-(F32(32) + F32(0.1) * F32(step)) / largest)
+            if suml2 > 0 and sumlx * sumlx > best * suml2:
+                levels, scale = candidate, sumlx / suml2
+                best = scale * sumlx
+    return scale, [l + 32 for l in levels]
+
+
+def scalar_q6_k(x):
+    scales, levels = [], []
+    for j in range(16):
+        scale, sub = scalar_qx(x[16 * j:16 * j + 16])
+        scales.append(scale)
+        levels += sub
+    max_scale, max_abs = F32(0), F32(0)
+    for scale in scales:
+        if abs(scale) > max_abs:
+            max_abs, max_scale = abs(scale), scale
+    if max_abs < F32(1e-15):
+        return bytes(210)
+    iscale = F32(-128) / max_scale
+    d = np.array(F32(1) / iscale, dtype="<f2")
+    sub_scales = [min(127, nearest(iscale * scale)) for scale in scales]
+    for j in range(16):
+        dj = F32(d) * F32(sub_scales[j])
+        if dj == 0:
+            continue
+        for i in range(16):
+            levels[16 * j + i] = min(31, max(-32, nearest(x[16 * j + i] / dj))) + 32
+    ql, qh = [], []
+    for n in range(2):
+        part = levels[128 * n:128 * n + 128]
+        ql += [part[l] & 15 | (part[l + 64] & 15) << 4 for l in range(32)]
+        ql += [part[l + 32] & 15 | (part[l + 96] & 15) << 4 for l in range(32)]
+        qh += [part[l] >> 4 | (part[l + 32] >> 4) << 2 | (part[l + 64] >> 4) << 4 |
+               (part[l + 96] >> 4) << 6 for l in range(32)]
+    return bytes(ql) + bytes(qh) + np.array(sub_scales, dtype=np.int8).tobytes() + d.tobytes()
+
+
+def edge_super_blocks(rng):
+    """Super-blocks (float32 [n, 256]) with the cases the rules single out: Gaussian,
+    heavy-tailed, all positive, all negative, a constant sub-block, zero sub-blocks with
+    signed zeros, a block of zeros, repeated values."""
+    gaussian = rng.standard_normal(256) * 0.02
+    heavy = rng.standard_t(2, 256) * 0.05
+    mixed = rng.standard_normal(256)
+    mixed[32:64] = 0.25
+    mixed[64:96] = np.where(rng.random(32) < 0.5, 0.0, -0.0)
+    mixed[96:112] = 0.0
+    steps = np.round(rng.standard_normal(256) * 3) / 8
+    return np.stack([gaussian, heavy, np.abs(mixed), -np.abs(gaussian), mixed, np.zeros(256),
+                     steps]).astype(F32)
+
+
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
+def test_k_quantizers_match_a_scalar_reference(type_name):
+    """The converter's vectorised quantizers (convert/kquants.py) give the bytes of ggml's
+    reference rules computed here one value at a time in float32."""
+    sys.path.insert(0, os.path.join(REPO, "convert"))
+    import kquants
+    x = edge_super_blocks(np.random.default_rng(12))
+    got = kquants.quantize(x, type_name)
+    for row, block in zip(x, got):
+        expected = scalar_q6_k(row) if type_name == "Q6_K" else scalar_q45_k(row, type_name)
+        assert block.tobytes() == expected
+
+
+@pytest.mark.parametrize("mix,kind", [("q4_k_m", "Q4_K"), ("q6_k", "Q6_K")])
+def test_weights_beyond_the_f16_scales_are_refused(tmp_path, mix, kind):
+    config = MIX_CONFIGS["untied"]
+    tensors = tiny_tensors(config, seed=3)
+    tensors["model.layers.1.self_attn.o_proj.weight"][1][7, 3] = 3e9
+    hf = make_checkpoint(tmp_path / "hf", config=config, tensors=tensors)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    result = run(CONVERT, hf, "-o", out_dir / "m.bin", "--dtype", mix)
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert lines[0].startswith("convert: tensor 'model.layers.1.self_attn.o_proj.weight' has "
+                               f"values beyond the {kind} range"), lines[0]
+    assert os.listdir(out_dir) == []
+
+
+# ------------------------------------------- running a mix (needs barellm's per-matrix types)
+
+def logits(model, ids):
+    dump_logits = os.path.join(BUILD, "dump_logits")
+    if not os.path.exists(dump_logits):
+        pytest.fail(f"{dump_logits} is missing: run `make` first")
+    out = str(model) + ".logits"
+    result = subprocess.run([dump_logits, str(model), out, *map(str, ids)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return np.fromfile(out, dtype="<f4").reshape(len(ids), -1)
+
+
+@pytest.mark.parametrize("shape", sorted(MIX_CONFIGS))
+@pytest.mark.parametrize("mix", ["q4_k_m", "q5_k_m", "q6_k"])
+def test_a_mix_runs_as_its_dequantized_weights(tmp_path, mix, shape):
+    """barellm's logits of a mix are those of an F32 file of the same weights dequantized
+    here, up to the quantization of the activations in the integer dot products."""
+    config = MIX_CONFIGS[shape]
+    tensors = tiny_tensors(config, seed=4)
+    hf = make_checkpoint(tmp_path / "hf", config=config, tensors=tensors)
+    mixed, _ = convert(hf, tmp_path / "mix.bin", "--dtype", mix)
+    types = json.loads(metadata(mixed)["barellm.matrix_types"])
+    stored = read_raw(mixed)[2]
+    names = {"token_embedding": "model.embed_tokens.weight", "output": "lm_head.weight"}
+    parts = {"wq": "self_attn.q_proj", "wk": "self_attn.k_proj", "wv": "self_attn.v_proj",
+             "wo": "self_attn.o_proj", "w1": "mlp.gate_proj", "w3": "mlp.up_proj",
+             "w2": "mlp.down_proj"}
+    for layer in range(config["num_hidden_layers"]):
+        for short, part in parts.items():
+            names[f"layers.{layer}.{short}"] = f"model.layers.{layer}.{part}.weight"
+    dequantized = dict(tensors)
+    for name, kind in types.items():
+        values = matrix_values(stored, name, kind)
+        dequantized[names[name]] = ("F32", np.ascontiguousarray(values, dtype="<f4"))
+    exact_hf = make_checkpoint(tmp_path / "deq", config=config, tensors=dequantized)
+    exact, _ = convert(exact_hf, tmp_path / "f32.bin", "--dtype", "f32")
+    ids = [1, 5, 9, 30, 31, 7, 2, 17, 3, 12, 40]
+    want, got = logits(exact, ids), logits(mixed, ids)
+    relative = np.linalg.norm(got - want) / np.linalg.norm(want)
+    print(f"{mix} {shape}: logits relative error {relative:.2e}")
+    assert relative < 3e-2
