@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-bench, llama-perplexity and llama-simple (greedy completion) for
-# CPU, or with --cuda for NVIDIA GPUs too, to compare barellm with on the same weights
+# Builds llama.cpp's llama-bench, llama-perplexity, llama-simple (greedy completion) and
+# llama-quantize (writes the Q4_K_M, Q5_K_M, Q6_K, ... GGUFs people download) for CPU, or
+# with --cuda for NVIDIA GPUs too, to compare barellm with on the same weights
 # (scripts/compare_llamacpp.sh; dev/gpu/check.sh --stage builds the CUDA one it carries).
 #
 #   scripts/build_llamacpp.sh DIR [--version V] [--sdist FILE] [--cuda ARCHS] [-j N]
@@ -41,7 +42,7 @@
 # dispatch picks its best kernels), Release, no curl.
 set -euo pipefail
 
-usage() { sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 [ $# -ge 1 ] || usage
 case "$1" in -h|--help) usage 0 ;; esac
@@ -51,7 +52,7 @@ sdist=""
 cpu_flags=""
 native=(-DGGML_NATIVE=ON)
 cuda_options=()
-targets=(llama-bench llama-perplexity llama-simple)
+targets=(llama-bench llama-perplexity llama-simple llama-quantize)
 jobs=$(nproc 2>/dev/null || echo 2)
 while [ $# -gt 0 ]; do
     case "$1" in
