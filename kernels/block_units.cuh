@@ -35,7 +35,6 @@
 
 namespace barellm::cuda {
 
-
 constexpr int kUnitWeights = 32;   // weights of a unit
 constexpr int kGroupWeights = 16;  // weights of a group (half a unit)
 // Threads of a block of the kernels that take one unit per thread (the embedding, the f16
@@ -221,8 +220,8 @@ __device__ __forceinline__ int iq4_level(int q) {
             uint32_t(uint8_t(kIq4Values[10])) << 16 | uint32_t(uint8_t(kIq4Values[11])) << 24,
         uint32_t(uint8_t(kIq4Values[12])) | uint32_t(uint8_t(kIq4Values[13])) << 8 |
             uint32_t(uint8_t(kIq4Values[14])) << 16 | uint32_t(uint8_t(kIq4Values[15])) << 24};
-    const uint32_t word = q & 8 ? (q & 4 ? kLevels[3] : kLevels[2])
-                                : (q & 4 ? kLevels[1] : kLevels[0]);
+    const uint32_t word =
+        q & 8 ? (q & 4 ? kLevels[3] : kLevels[2]) : (q & 4 ? kLevels[1] : kLevels[0]);
     return int(int8_t(uint8_t(word >> (8 * (q & 3)))));
 }
 

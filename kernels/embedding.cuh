@@ -64,8 +64,7 @@ __global__ void __launch_bounds__(kBlockRowsThreads)
 #pragma unroll
     for (int g = 0; g < 2; ++g)
 #pragma unroll
-        for (int i = 0; i < kGroupWeights; ++i)
-            out[w.column[g] + i] = unit_weight<D>(w, g, i);
+        for (int i = 0; i < kGroupWeights; ++i) out[w.column[g] + i] = unit_weight<D>(w, g, i);
 }
 
 inline dim3 block_embedding_grid(int cols, int tokens) {

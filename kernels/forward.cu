@@ -449,9 +449,8 @@ private:
                        size_t(c.dim) * sizeof(float);
         for (const LayerWeights& w : model_.layers) {
             for (const auto& run : qkv_runs(w)) bytes += cuda::stacked_bytes(run);
-            bytes += cuda::stacked_bytes({&w.wo}) +
-                     cuda::stacked_bytes({&w.w1}) + cuda::stacked_bytes({&w.w3}) +
-                     cuda::stacked_bytes({&w.w2}) +
+            bytes += cuda::stacked_bytes({&w.wo}) + cuda::stacked_bytes({&w.w1}) +
+                     cuda::stacked_bytes({&w.w3}) + cuda::stacked_bytes({&w.w2}) +
                      (2 * size_t(c.dim) + layer_vector_floats(c)) * sizeof(float);
         }
         return bytes;
@@ -512,7 +511,8 @@ private:
                 is_block_type(m.dtype) ||
                 (is_quantized(m.dtype) &&
                  cuda::gemm_tiles(m.dtype, prefill_batch_, rows) == cuda::GemmTiles::kWarpgroup);
-            if (dequantized) bytes = std::max(bytes, matrices * cuda::dequantized_bytes(rows, m.cols));
+            if (dequantized)
+                bytes = std::max(bytes, matrices * cuda::dequantized_bytes(rows, m.cols));
         };
         for (const LayerWeights& w : model_.layers) {
             for (const auto& run : qkv_runs(w)) {  // each run as one matrix
@@ -587,8 +587,9 @@ private:
             for (const auto& run : qkv_runs(w)) {
                 std::string names;
                 for (const Matrix* m : run)
-                    names += (names.empty() ? "" : "/") +
-                             std::string(m == &w.wq ? "wq" : m == &w.wk ? "wk" : "wv");
+                    names += (names.empty() ? "" : "/") + std::string(m == &w.wq   ? "wq"
+                                                                      : m == &w.wk ? "wk"
+                                                                                   : "wv");
                 layer.wqkv.push_back(upload(run, prefix + names));
             }
             if (c.qkv_bias) {  // stacked as wqkv's rows are

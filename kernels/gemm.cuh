@@ -989,7 +989,8 @@ namespace {
 GemmTiles gemm_tiles_here(DType dtype, int tokens, int rows, WarpgroupUse warpgroup) {
     const DeviceFigures& device = current_device();
     // Block types are multiplied as their f16 copies: they take f16's tiles.
-    return choose_gemm_tiles(is_block_type(dtype) ? DType::F16 : dtype, tokens, rows, device.compute_capability, device.multiprocessors,
+    return choose_gemm_tiles(is_block_type(dtype) ? DType::F16 : dtype, tokens, rows,
+                             device.compute_capability, device.multiprocessors,
                              device.shared_bytes_per_block, warpgroup);
 }
 

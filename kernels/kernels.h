@@ -205,8 +205,8 @@ struct DequantizeScratch {
     void* data = nullptr;  // 16-byte aligned
     size_t bytes = 0;
 };
-// Bytes of the f16 copy of a Q8/Q4 or block-type matrix of rows x cols (rows of padded_cols(cols, F16)
-// values).
+// Bytes of the f16 copy of a Q8/Q4 or block-type matrix of rows x cols (rows of padded_cols(cols,
+// F16) values).
 size_t dequantized_bytes(int rows, int cols);
 // The f16 matrix of w's weights (each q * scale rounded to f16, as the quantized tiles
 // dequantize them; a block type's weights computed in f32, then rounded), written into f16

@@ -36,8 +36,8 @@ void check_ladder_weights(CudaKernels kernels, const std::string& weight_dtype) 
             "the GPU ladder's simple matvecs (rungs 1-3) read f32, f16 and bf16 "
             "weights, not " +
             weight_dtype + ": convert with --dtype f16 for the ladder");
-    const bool uniform = quantized || weight_dtype == "F32" || weight_dtype == "F16" ||
-                         weight_dtype == "BF16";
+    const bool uniform =
+        quantized || weight_dtype == "F32" || weight_dtype == "F16" || weight_dtype == "BF16";
     if (kernels != CudaKernels::Fast && !uniform)
         throw Error("the GPU ladder runs files of one weight type, not a " + weight_dtype +
                     " mix: convert with --dtype f16 for the ladder");

@@ -110,9 +110,8 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
 template <DType D>
 __global__ void __launch_bounds__(kMatvecThreadsMax)
     block_matvec_swiglu_kernel(float* __restrict__ out, const void* __restrict__ w1,
-                               const void* __restrict__ w3, int rows,
-                               const float* __restrict__ in, int cols,
-                               const float* __restrict__ norm_weight, float eps) {
+                               const void* __restrict__ w3, int rows, const float* __restrict__ in,
+                               int cols, const float* __restrict__ norm_weight, float eps) {
     __shared__ float scratch[kWarpSize];
     __shared__ float results[kMatvecMaxWarps];
     const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -155,7 +154,8 @@ void launch_block_matvec(float* out, const DeviceMatrix& w, const float* in,
     const size_t shared = staged_input_bytes(w.cols);
     with_block_dtype(w.dtype, [&](auto dtype) {
         constexpr DType D = decltype(dtype)::value;
-        const auto kernel = accumulate ? block_matvec_kernel<D, true> : block_matvec_kernel<D, false>;
+        const auto kernel =
+            accumulate ? block_matvec_kernel<D, true> : block_matvec_kernel<D, false>;
         kernel<<<grid, block, shared, stream>>>(out, w.data, w.rows, in, w.cols, norm_weight, eps,
                                                 bias);
     });
@@ -171,7 +171,7 @@ void launch_block_matvec_swiglu(float* out, const DeviceMatrix& w1, const Device
     with_block_dtype(w1.dtype, [&](auto dtype) {
         block_matvec_swiglu_kernel<decltype(dtype)::value>
             <<<grid, block, staged_input_bytes(w1.cols), stream>>>(out, w1.data, w3.data, w1.rows,
-                                                                  in, w1.cols, norm_weight, eps);
+                                                                   in, w1.cols, norm_weight, eps);
     });
     CUDA_CHECK_LAUNCH("block_matvec_swiglu_kernel");
 }

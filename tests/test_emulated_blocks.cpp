@@ -31,7 +31,7 @@ constexpr int kRowCounts[] = {1, 37, 70};
 constexpr double kSumError = 2e-5;
 constexpr double kTiny = 1e-6;
 
-constexpr DType kBlockTypes[] = {DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q4_K,
+constexpr DType kBlockTypes[] = {DType::Q4_1, DType::Q5_0, DType::Q5_1,  DType::Q4_K,
                                  DType::Q5_K, DType::Q6_K, DType::IQ4_XS};
 
 // Byte offsets of a block's f16 fields (d, and dmin or m where the type has them).
@@ -228,8 +228,7 @@ void check_block_matvecs(std::mt19937& rng) {
 
 template <typename Check>
 void for_each_block_type(Check&& check) {
-    for (const DType dtype : kBlockTypes)
-        with_block_dtype(dtype, [&](auto d) { check(d); });
+    for (const DType dtype : kBlockTypes) with_block_dtype(dtype, [&](auto d) { check(d); });
 }
 
 }  // namespace
@@ -274,8 +273,7 @@ TEST_CASE("emulated block-type embedding and f16 dequantization match the scalar
                            tokens.data());
             int wrong = 0;
             for (size_t t = 0; t < tokens.size(); ++t)
-                for (int c = 0; c < cols; ++c)
-                    wrong += x[t * cols + c] != w.weight(tokens[t], c);
+                for (int c = 0; c < cols; ++c) wrong += x[t * cols + c] != w.weight(tokens[t], c);
             CHECK(wrong == 0);
 
             // Every weight rounded to f16 once.
