@@ -73,8 +73,9 @@ struct BlockLayout<DType::IQ4_XS> {
     static constexpr int kWeights = 256, kBytes = 136, kLoadBytes = 8;
 };
 
-// The raw bytes of one unit: up to 16 of its block's header (scales), 16 of packed low bits
-// and 16 of high bits (Q5_*'s fifth bits, Q6_K's qh), as little-endian words.
+// The raw bytes of one unit: up to 16 of its block's header (scales; Q5_0's and Q5_1's fifth
+// bits), 16 of packed low bits and 16 of high bits (Q5_K's fifth bits, Q6_K's qh), as
+// little-endian words.
 struct UnitBytes {
     uint32_t head[4];
     uint32_t low[4];

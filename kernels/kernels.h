@@ -2,14 +2,16 @@
 // no device code, so host code that only launches kernels does not recompile them.
 //
 // - The kernels live in the .cuh files named after what they compute (embedding.cuh,
-//   matvec.cuh, matvec_quantized.cuh, rope.cuh, attention.cuh, gemm.cuh, dequantize.cuh;
+//   matvec.cuh, matvec_quantized.cuh, matvec_blocks.cuh, rope.cuh, attention.cuh, gemm.cuh,
+//   dequantize.cuh; how block-type matrices are read in block_units.cuh;
 //   the GPU ladder's simple versions in matvec_simple.cuh, elementwise_simple.cuh,
 //   attention_simple.cuh), compiled once, in kernels.cu. forward.cu, ladder_forward.cu and
 //   tests/tools/cuda_kernel_check.cu launch them through here.
 // - Decode activations are f32 in device memory, the batched prefill's GEMM inputs f32, f16
-//   or bf16 (DeviceActivations); weights are f32, f16, bf16, Q8 (I8) or Q4 (U8): the decode
-//   kernels (embedding, matvec, matvec_swiglu) and the batched prefill's GEMM (gemm,
-//   embedding_rows) read all five, the GPU ladder's simple kernels the first three.
+//   or bf16 (DeviceActivations); weights are f32, f16, bf16, Q8 (I8), Q4 (U8) or one of
+//   ggml's block types (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_XS), each matrix its own:
+//   the decode kernels (embedding, matvec, matvec_swiglu) and the batched prefill's GEMM
+//   (gemm, embedding_rows) read them all, the GPU ladder's simple kernels the first three.
 // - Every launch goes on `stream` and is checked with cudaGetLastError (a failure throws
 //   barellm::Error).
 // - Kernels that depend on the token or the position read them from `step`, a device array

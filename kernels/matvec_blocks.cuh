@@ -11,6 +11,10 @@
 //   to f32, no int8 copy of the input.
 // - The row sums meet in shared memory and are stored with the bias and the residual
 //   (store_warp_rows); w1 and w3 are read by one warp with SwiGLU applied before the store.
+// Not yet timed on a GPU (cuda_kernel_check --bench times them): what it has to decide is
+// whether the plain staging order (a super-block's lanes read input columns 16 or 64 apart,
+// so their 16-byte shared loads meet in the same banks), the 2-byte loads of Q5_0 and Q6_K
+// (blocks of 22 and 210 bytes) and the f32 products keep these kernels at memory speed.
 #pragma once
 #include <cstdint>
 
