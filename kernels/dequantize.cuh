@@ -1,5 +1,8 @@
 // Q8 and Q4 weights dequantized to f16: each weight becomes q * scale rounded to f16, the
-// scale being its block's f16 scale (kernels.h: DeviceMatrix has the layout). Two users:
+// scale being its block's f16 scale (kernels.h: DeviceMatrix has the layout). The block types
+// (block_units.cuh) too: dequantize_block_rows_kernel computes each weight in f32 and rounds
+// it to f16 once; their prefill always multiplies that f16 copy (gemm.cuh). Q8/Q4 have two
+// users:
 // - the quantized tensor-core GEMM tiles (gemm.cuh: dequantize_stage) turn each K tile of
 //   raw bytes into f16 in shared memory, 8 weights at a time (dequantize_eight);
 // - on sm_90a, the prefill dequantizes a whole matrix into f16 device memory
@@ -11,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "block_units.cuh"
 #include "common.cuh"
 #include "kernels.h"
 #ifndef BARELLM_CUDA_EMULATION
@@ -115,18 +119,67 @@ inline dim3 dequantize_rows_grid(int rows, int out_pitch) {
     return dim3(unsigned((chunks + kDequantizeThreads - 1) / kDequantizeThreads));
 }
 
+// out[r, c] = W[r, c] rounded to f16 (each weight computed in f32 first, as the embedding),
+// W of block type D [rows, cols], out f16 [rows, cols] (cols, a multiple of 32, is its pitch).
+// Launch: grid ceil(rows * cols / 32 / 256), block 256; each thread writes the 32 values of
+// one unit as four 16-byte stores.
+template <DType D>
+__global__ void __launch_bounds__(kBlockRowsThreads)
+    dequantize_block_rows_kernel(uint16_t* __restrict__ out, const void* __restrict__ weights,
+                                 int rows, int cols) {
+    const int units_per_row = cols / kUnitWeights;
+    const size_t index = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (index >= size_t(rows) * units_per_row) return;
+    const int row = int(index / units_per_row), unit = int(index % units_per_row);
+    const WeightUnit w = decode_unit<D>(load_unit<D>(block_row<D>(weights, row, cols), unit), unit);
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+        uint32_t pairs[kGroupWeights / 2];
+#pragma unroll
+        for (int i = 0; i < kGroupWeights / 2; ++i) {
+            pairs[i] = uint32_t(__half_as_ushort(__float2half_rn(unit_weight<D>(w, g, 2 * i)))) |
+                       uint32_t(__half_as_ushort(__float2half_rn(unit_weight<D>(w, g, 2 * i + 1))))
+                           << 16;
+        }
+        uint4* target = reinterpret_cast<uint4*>(out + size_t(row) * cols + w.column[g]);
+        target[0] = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+        target[1] = make_uint4(pairs[4], pairs[5], pairs[6], pairs[7]);
+    }
+}
+
+inline dim3 dequantize_block_rows_grid(int rows, int cols) {
+    const size_t units = size_t(rows) * (cols / kUnitWeights);
+    return dim3(unsigned((units + kBlockRowsThreads - 1) / kBlockRowsThreads));
+}
+
 // The row pitch of the f16 matrix a Q8/Q4 matrix of `cols` columns dequantizes to.
 inline int dequantized_pitch(int cols) { return padded_cols(cols, DType::F16); }
 
 #ifndef BARELLM_CUDA_EMULATION
+
+namespace {
+
+void launch_dequantize_block_rows(uint16_t* out, const DeviceMatrix& w, cudaStream_t stream) {
+    check_block_matrix(w, "dequantize_to_f16");
+    if (w.rows == 0) return;
+    with_block_dtype(w.dtype, [&](auto dtype) {
+        dequantize_block_rows_kernel<decltype(dtype)::value>
+            <<<dequantize_block_rows_grid(w.rows, w.cols), kBlockRowsThreads, 0, stream>>>(
+                out, w.data, w.rows, w.cols);
+    });
+    CUDA_CHECK_LAUNCH("dequantize_block_rows_kernel");
+}
+
+}  // namespace
 
 size_t dequantized_bytes(int rows, int cols) {
     return size_t(rows) * dequantized_pitch(cols) * sizeof(uint16_t);
 }
 
 DeviceMatrix dequantize_to_f16(const DeviceMatrix& w, void* f16, cudaStream_t stream) {
-    if (!is_quantized(w.dtype) || w.scales == nullptr)
-        throw Error("dequantize_to_f16: not a Q8/Q4 device matrix with scales");
+    const bool blocks = is_block_type(w.dtype);
+    if (!blocks && (!is_quantized(w.dtype) || w.scales == nullptr))
+        throw Error("dequantize_to_f16: not a Q8/Q4 device matrix with scales, nor a block type");
     if (reinterpret_cast<uintptr_t>(f16) % 16 != 0)
         throw Error("dequantize_to_f16: the f16 rows must be 16-byte aligned");
     DeviceMatrix out;
@@ -136,6 +189,10 @@ DeviceMatrix dequantize_to_f16(const DeviceMatrix& w, void* f16, cudaStream_t st
     out.cols = w.cols;
     out.pitch = dequantized_pitch(w.cols);
     if (w.rows == 0) return out;
+    if (blocks) {  // whole blocks: cols, a multiple of 32, is the f16 pitch
+        launch_dequantize_block_rows(static_cast<uint16_t*>(f16), w, stream);
+        return out;
+    }
     const dim3 grid = dequantize_rows_grid(w.rows, out.pitch);
     const auto launch = [&](auto kernel) {
         kernel<<<grid, kDequantizeThreads, 0, stream>>>(static_cast<uint16_t*>(f16), out.pitch,

@@ -12,7 +12,9 @@ namespace barellm::cuda {
 // One layer's weights and KV cache in device memory.
 struct DeviceLayer {
     const float* attn_norm;  // [dim]
-    DeviceMatrix wqkv;       // [heads * head_dim + 2 * kv_heads * head_dim, dim]: wq, wk, wv
+    // [heads * head_dim + 2 * kv_heads * head_dim, dim]: wq, wk, wv stacked, one matrix where
+    // the three share a type (every uniform file), else runs of one type in row order
+    std::vector<DeviceMatrix> wqkv;
     // Present only where the config says so (else nullptr):
     const float* qkv_bias;  // [heads * head_dim + 2 * kv_heads * head_dim]: bq, bk, bv (qkv_bias)
     const float* q_norm;    // [head_dim]  per-head RMSNorm of q before RoPE (qk_norm)
@@ -43,6 +45,7 @@ struct DeviceState {
     float* qkv;               // [q_dim + 2 * kv_dim]  q (rotated in place), k, v of the token
     float* att;               // [q_dim]  attention output
     float* hidden;            // [hidden_dim]  silu(w1 · norm(x)) * (w3 · norm(x))
+    float* up;                // [hidden_dim]  w3 · norm(x) where w1 and w3 differ in type
     float* logits;            // [vocab_size]
     float* partial_out;       // [heads, splits, head_dim]  flash-decoding partial outputs
     float* partial_stats;     // [heads, splits, 2]  their running (max, sum)

@@ -1,6 +1,8 @@
 // Token embedding: the residual stream starts as the token's row of the embedding table
-// (f32, f16, bf16, or Q8/Q4 values times their block's scale).
+// (f32, f16, bf16, Q8/Q4 values times their block's scale, or a block type's units
+// dequantized: block_embedding_kernel).
 #pragma once
+#include "block_units.cuh"
 #include "common.cuh"
 #include "cuda_check.h"
 #include "kernels.h"
@@ -46,6 +48,30 @@ __global__ void __launch_bounds__(kEmbeddingThreads)
     x[i] = quantized_table_element<D>(table, scales, pitch, size_t(step[0]), i);
 }
 
+// x[t, :] = table[tokens[t], :] as f32 (t = blockIdx.y), table of block type D [.., cols].
+// Launch: grid (ceil(cols / 32 / 256), tokens), block 256, no shared memory; each thread
+// dequantizes one unit of 32 weights.
+template <DType D>
+__global__ void __launch_bounds__(kBlockRowsThreads)
+    block_embedding_kernel(float* __restrict__ x, const void* __restrict__ table, int cols,
+                           const int* __restrict__ tokens) {
+    const int unit = blockIdx.x * blockDim.x + threadIdx.x;
+    if (unit >= cols / kUnitWeights) return;
+    const int t = blockIdx.y;
+    const WeightUnit w =
+        decode_unit<D>(load_unit<D>(block_row<D>(table, tokens[t], cols), unit), unit);
+    float* out = x + size_t(t) * cols;
+#pragma unroll
+    for (int g = 0; g < 2; ++g)
+#pragma unroll
+        for (int i = 0; i < kGroupWeights; ++i) out[w.column[g] + i] = unit_weight<D>(w, g, i);
+}
+
+inline dim3 block_embedding_grid(int cols, int tokens) {
+    const int units = cols / kUnitWeights;
+    return dim3((units + kBlockRowsThreads - 1) / kBlockRowsThreads, tokens);
+}
+
 // ---- Launch shape (embedding_kernel and embedding_quantized_kernel)
 
 inline dim3 embedding_grid(int cols) {
@@ -54,7 +80,22 @@ inline dim3 embedding_grid(int cols) {
 
 #ifndef BARELLM_CUDA_EMULATION
 
+// x[t, :] = table[tokens[t], :] as f32 for t < count, table of a block type.
+void launch_block_embedding_rows(float* x, const DeviceMatrix& table, const int* tokens, int count,
+                                 cudaStream_t stream) {
+    check_block_matrix(table, "embedding");
+    if (count == 0) return;
+    with_block_dtype(table.dtype, [&](auto dtype) {
+        block_embedding_kernel<decltype(dtype)::value>
+            <<<block_embedding_grid(table.cols, count), kBlockRowsThreads, 0, stream>>>(
+                x, table.data, table.cols, tokens);
+    });
+    CUDA_CHECK_LAUNCH("block_embedding_kernel");
+}
+
 void embedding(float* x, const DeviceMatrix& table, const int* step, cudaStream_t stream) {
+    if (is_block_type(table.dtype))
+        return launch_block_embedding_rows(x, table, /*tokens=*/step, /*count=*/1, stream);
     const dim3 grid = embedding_grid(table.cols);
     if (is_quantized(table.dtype)) {
         with_quantized_dtype(table.dtype, [&](auto dtype) {

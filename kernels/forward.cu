@@ -3,10 +3,16 @@
 // step by step as src/cpu/forward.cpp runs them, with the kernels of kernels/*.cuh (launched
 // through kernels.h).
 //
-// - Weights (f32, f16, bf16, Q8 or Q4) are uploaded once; decode activations are f32; the KV
-//   cache is f16 or f32. Q8/Q4 matrices run through the int8 matvecs of matvec_quantized.cuh
-//   in decode (kernels.h: matvec and matvec_swiglu dispatch on the dtype) and through the
-//   GEMM's quantized tensor-core kernel in prefill.
+// - Weights (f32, f16, bf16, Q8, Q4, or ggml's block types: Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
+//   Q6_K, IQ4_XS) are uploaded once, each matrix in its own type; decode activations are
+//   f32; the KV cache is f16 or f32. Q8/Q4 matrices run through the int8 matvecs of
+//   matvec_quantized.cuh in decode (kernels.h: matvec and matvec_swiglu dispatch on the
+//   dtype) and through the GEMM's quantized tensor-core kernel in prefill; block-type
+//   matrices through matvec_blocks.cuh in decode and, dequantized to f16 first, through the
+//   f16 GEMM in prefill.
+// - Per-matrix types: wq, wk and wv are stacked into one matrix where they share a type
+//   (every uniform file), else into runs of one type, each its own matvec or GEMM writing
+//   its rows of qkv; w1 and w3 of different types run as two products and a SwiGLU step.
 // - The kernel sequence of one token (CudaBackend::record_forward) is captured once as a CUDA
 //   graph and replayed for every token. The token id and the position live in a small device
 //   buffer (`step`) that the host overwrites before each replay; no launch shape depends on
@@ -106,7 +112,8 @@ struct PrefillState {
     float* logits;                   // [B, vocab_size] with all_logits, else [1, vocab_size]
     // Q8/Q4 weights dequantized to f16 for the warpgroup GEMM (kernels.h: DequantizeScratch),
     // the largest matrix it takes at B tokens (w1 and w3 together); empty where none does or
-    // the GPU has no room for it.
+    // the GPU has no room for it. Block-type weights always take it (every product of theirs
+    // multiplies their f16 copy): for them it is allocated, and counted, with the rest.
     cuda::DequantizeScratch dequantized;
 };
 
@@ -274,8 +281,13 @@ private:
             //   (Qwen2: + bq, bk, bv after the projections; Qwen3: each head of q and k
             //    RMS-normed before RoPE; with attention_bias: + bo after wo)
             shape.window = layer.window;
-            cuda::matvec(s.qkv, layer.wqkv, s.x, layer.attn_norm, c.norm_eps, layer.qkv_bias,
-                         /*accumulate=*/false, stream);
+            int first_row = 0;  // of qkv: wq, wk and wv in runs of one type
+            for (const DeviceMatrix& part : layer.wqkv) {
+                cuda::matvec(s.qkv + first_row, part, s.x, layer.attn_norm, c.norm_eps,
+                             layer.qkv_bias ? layer.qkv_bias + first_row : nullptr,
+                             /*accumulate=*/false, stream);
+                first_row += part.rows;
+            }
             cuda::attention(s.att, s.qkv, s.rope_frequencies, layer.q_norm, layer.k_norm,
                             c.norm_eps, layer.key_cache, layer.value_cache, s.step, s.partial_out,
                             s.partial_stats, s.arrivals, shape, splits_, kv_type_, stream);
@@ -283,8 +295,16 @@ private:
                          /*accumulate=*/true, stream);
 
             // Feed-forward: x += w2 · (silu(w1 · norm(x)) * (w3 · norm(x)))
-            cuda::matvec_swiglu(s.hidden, layer.w1, layer.w3, s.x, layer.ffn_norm, c.norm_eps,
-                                stream);
+            if (layer.w1.dtype == layer.w3.dtype) {
+                cuda::matvec_swiglu(s.hidden, layer.w1, layer.w3, s.x, layer.ffn_norm, c.norm_eps,
+                                    stream);
+            } else {  // two types: two matvecs, then SwiGLU
+                cuda::matvec(s.hidden, layer.w1, s.x, layer.ffn_norm, c.norm_eps,
+                             /*bias=*/nullptr, /*accumulate=*/false, stream);
+                cuda::matvec(s.up, layer.w3, s.x, layer.ffn_norm, c.norm_eps, /*bias=*/nullptr,
+                             /*accumulate=*/false, stream);
+                cuda::swiglu(s.hidden, s.up, c.hidden_dim, stream);
+            }
             cuda::matvec(s.x, layer.w2, s.hidden, /*norm_weight=*/nullptr, c.norm_eps,
                          /*bias=*/nullptr, /*accumulate=*/true, stream);
         }
@@ -317,8 +337,13 @@ private:
             //   (the biases, q/k norms and window of the layer where it has them, as decode)
             shape.window = layer.window;
             cuda::rmsnorm_rows(normed, s.x, layer.attn_norm, c.norm_eps, stream);
-            cuda::gemm(s.qkv, qkv_pitch, layer.wqkv, normed, layer.qkv_bias, /*accumulate=*/false,
-                       stream, s.dequantized);
+            int first_row = 0;  // of qkv's rows: wq, wk and wv in runs of one type
+            for (const DeviceMatrix& part : layer.wqkv) {
+                cuda::gemm(s.qkv + first_row, qkv_pitch, part, normed,
+                           layer.qkv_bias ? layer.qkv_bias + first_row : nullptr,
+                           /*accumulate=*/false, stream, s.dequantized);
+                first_row += part.rows;
+            }
             cuda::rope_kv_store_rows(s.qkv, qkv_pitch, state_.rope_frequencies, layer.key_cache,
                                      layer.value_cache, first_pos, B, c.heads, c.kv_heads,
                                      c.head_dim, layer.q_norm, layer.k_norm, c.norm_eps, kv_type_,
@@ -330,8 +355,16 @@ private:
 
             // Feed-forward: x += w2 · (silu(w1 · norm(x)) * (w3 · norm(x)))
             cuda::rmsnorm_rows(normed, s.x, layer.ffn_norm, c.norm_eps, stream);
-            cuda::gemm_swiglu(hidden, layer.w1, layer.w3, normed, s.gate, s.up, c.hidden_dim,
-                              stream, s.dequantized);
+            if (layer.w1.dtype == layer.w3.dtype) {
+                cuda::gemm_swiglu(hidden, layer.w1, layer.w3, normed, s.gate, s.up, c.hidden_dim,
+                                  stream, s.dequantized);
+            } else {  // two types: two GEMMs, then SwiGLU
+                cuda::gemm(s.gate, c.hidden_dim, layer.w1, normed, /*bias=*/nullptr,
+                           /*accumulate=*/false, stream, s.dequantized);
+                cuda::gemm(s.up, c.hidden_dim, layer.w3, normed, /*bias=*/nullptr,
+                           /*accumulate=*/false, stream, s.dequantized);
+                cuda::swiglu_rows(hidden, s.gate, s.up, c.hidden_dim, stream);
+            }
             cuda::gemm(s.x, c.dim, layer.w2, hidden, /*bias=*/nullptr, /*accumulate=*/true, stream,
                        s.dequantized);
         }
@@ -414,12 +447,30 @@ private:
         size_t bytes = cuda::stacked_bytes({&model_.token_embedding}) +
                        (tied_output() ? 0 : cuda::stacked_bytes({&model_.output})) +
                        size_t(c.dim) * sizeof(float);
-        for (const LayerWeights& w : model_.layers)
-            bytes += cuda::stacked_bytes({&w.wq, &w.wk, &w.wv}) + cuda::stacked_bytes({&w.wo}) +
-                     cuda::stacked_bytes({&w.w1}) + cuda::stacked_bytes({&w.w3}) +
-                     cuda::stacked_bytes({&w.w2}) +
+        for (const LayerWeights& w : model_.layers) {
+            for (const auto& run : qkv_runs(w)) bytes += cuda::stacked_bytes(run);
+            bytes += cuda::stacked_bytes({&w.wo}) + cuda::stacked_bytes({&w.w1}) +
+                     cuda::stacked_bytes({&w.w3}) + cuda::stacked_bytes({&w.w2}) +
                      (2 * size_t(c.dim) + layer_vector_floats(c)) * sizeof(float);
+        }
         return bytes;
+    }
+
+    // wq, wk and wv as the runs of consecutive matrices of one type that are stacked into one
+    // device matrix each: one run where the three share a type.
+    static std::vector<std::vector<const Matrix*>> qkv_runs(const LayerWeights& w) {
+        std::vector<std::vector<const Matrix*>> runs;
+        for (const Matrix* m : {&w.wq, &w.wk, &w.wv}) {
+            if (runs.empty() || runs.back().front()->dtype != m->dtype) runs.emplace_back();
+            runs.back().push_back(m);
+        }
+        return runs;
+    }
+
+    bool has_block_types() const {
+        for (const Matrix* m : model_.matrices())
+            if (is_block_type(m->dtype)) return true;
+        return false;
     }
 
     size_t cache_bytes() const {
@@ -449,24 +500,34 @@ private:
         return bytes;
     }
 
-    // Bytes of PrefillState::dequantized: the largest Q8/Q4 matrix as f16 that gemm takes the
-    // warpgroup GEMM for at prefill_batch_ tokens (w1 and w3 count together), or 0. A batch
-    // of fewer tokens takes it for no larger matrix.
+    // Bytes of PrefillState::dequantized: the largest matrix as f16 that gemm dequantizes at
+    // prefill_batch_ tokens (w1 and w3 count together where they share a type), or 0: every
+    // block-type matrix, and the Q8/Q4 ones it takes the warpgroup GEMM for. A batch of fewer
+    // tokens dequantizes no larger matrix.
     size_t dequantize_scratch_bytes(bool all_logits) const {
-        const Config& c = model_.config;
         size_t bytes = 0;
         auto consider = [&](const Matrix& m, int rows, int matrices) {
-            if (is_quantized(m.dtype) &&
-                cuda::gemm_tiles(m.dtype, prefill_batch_, rows) == cuda::GemmTiles::kWarpgroup)
+            const bool dequantized =
+                is_block_type(m.dtype) ||
+                (is_quantized(m.dtype) &&
+                 cuda::gemm_tiles(m.dtype, prefill_batch_, rows) == cuda::GemmTiles::kWarpgroup);
+            if (dequantized)
                 bytes = std::max(bytes, matrices * cuda::dequantized_bytes(rows, m.cols));
         };
         for (const LayerWeights& w : model_.layers) {
-            consider(w.wq, c.q_dim() + 2 * c.kv_dim(), 1);  // wq, wk and wv as one matrix
+            for (const auto& run : qkv_runs(w)) {  // each run as one matrix
+                int rows = 0;
+                for (const Matrix* m : run) rows += m->rows;
+                consider(*run.front(), rows, 1);
+            }
             consider(w.wo, w.wo.rows, 1);
-            consider(w.w1, w.w1.rows, 2);
+            consider(w.w1, w.w1.rows, w.w1.dtype == w.w3.dtype ? 2 : 1);
+            consider(w.w3, w.w3.rows, 1);
             consider(w.w2, w.w2.rows, 1);
         }
-        if (all_logits) consider(model_.output, model_.output.rows, 1);
+        // The logits of the last row alone multiply the whole output matrix too.
+        if (all_logits || is_block_type(model_.output.dtype))
+            consider(model_.output, model_.output.rows, 1);
         return bytes;
     }
 
@@ -479,7 +540,9 @@ private:
             (size_t(c.q_dim()) + 2 * c.kv_dim()) * sizeof(float) + activation_row_bytes(c.q_dim()) +
             2 * size_t(c.hidden_dim) * sizeof(float) + activation_row_bytes(c.hidden_dim);
         const size_t logits_rows = all_logits ? prefill_batch_ : 1;
-        return per_token * prefill_batch_ + logits_rows * c.vocab_size * sizeof(float);
+        const size_t block_scratch = has_block_types() ? dequantize_scratch_bytes(all_logits) : 0;
+        return per_token * prefill_batch_ + logits_rows * c.vocab_size * sizeof(float) +
+               block_scratch;
     }
 
     // Refuses, naming the sizes, a model that cannot fit rather than failing half-way.
@@ -521,7 +584,14 @@ private:
             const std::string prefix = "layers." + std::to_string(l) + ".";
             DeviceLayer layer{};
             layer.attn_norm = upload_norm(w.attn_norm, prefix + "attn_norm");
-            layer.wqkv = upload({&w.wq, &w.wk, &w.wv}, prefix + "wq/wk/wv");
+            for (const auto& run : qkv_runs(w)) {
+                std::string names;
+                for (const Matrix* m : run)
+                    names += (names.empty() ? "" : "/") + std::string(m == &w.wq   ? "wq"
+                                                                      : m == &w.wk ? "wk"
+                                                                                   : "wv");
+                layer.wqkv.push_back(upload(run, prefix + names));
+            }
             if (c.qkv_bias) {  // stacked as wqkv's rows are
                 std::vector<float> bias(w.bq, w.bq + c.q_dim());
                 bias.insert(bias.end(), w.bk, w.bk + c.kv_dim());
@@ -557,6 +627,7 @@ private:
         state_.qkv = floats(size_t(c.q_dim()) + 2 * size_t(c.kv_dim()), "qkv");
         state_.att = floats(c.q_dim(), "att");
         state_.hidden = floats(c.hidden_dim, "hidden");
+        state_.up = floats(c.hidden_dim, "up");
         state_.logits = floats(c.vocab_size, "logits");
         state_.partial_out = floats(size_t(c.heads) * splits_ * c.head_dim, "attention partials");
         state_.partial_stats = floats(size_t(c.heads) * splits_ * 2, "attention partials");
@@ -613,11 +684,13 @@ private:
         s.up = floats(size_t(B) * c.hidden_dim, "prefill up");
         s.hidden = activations(c.hidden_dim, "prefill hidden");
         s.logits = floats(size_t(all_logits ? B : 1) * c.vocab_size, "prefill logits");
-        // Where the GPU has room for it after everything else: without it, the quantized tiles
-        // multiply Q8/Q4 weights (no model is refused for want of it).
+        // Block types: always (prefill_bytes counted it). Q8/Q4 only where the GPU has room
+        // for it after everything else: without it, the quantized tiles multiply Q8/Q4
+        // weights (no model is refused for want of it).
         const size_t dequantized_bytes = dequantize_scratch_bytes(all_logits);
         const size_t free_bytes = free_device_bytes();
-        if (dequantized_bytes > 0 && dequantized_bytes + kMemoryHeadroom <= free_bytes)
+        if (dequantized_bytes > 0 &&
+            (has_block_types() || dequantized_bytes + kMemoryHeadroom <= free_bytes))
             s.dequantized = {bytes(dequantized_bytes, "prefill f16 weights"), dequantized_bytes};
         host_tokens_ = PinnedBuffer(size_t(B) * sizeof(int), "the prefill token ids");
     }
@@ -660,10 +733,6 @@ private:
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(const Model& model, const BackendOptions& options) {
-    for (const auto& [name, m] : model.named_matrices())
-        if (is_block_type(m->dtype))
-            throw Error("the CUDA backend does not run " + matrix_type_name(m->dtype) +
-                        " matrices ('" + name + "'); use --device cpu");
     return std::make_unique<CudaBackend>(model, options);
 }
 

@@ -31,6 +31,8 @@
 //   (gemm_warpgroup.cuh: TMA copies, wgmma, clusters sharing their operand tiles), where
 //   warpgroup_gemm_enabled says so; so can Q8 and Q4 weights, each matrix dequantized to f16
 //   in device memory the caller lends (dequantize.cuh, kernels.h: DequantizeScratch) first.
+// - The block types (Q4_K, Q6_K, ...: block_units.cuh) are always dequantized whole to f16 in
+//   that scratch first, then multiplied on the tiles f16 weights would take.
 // - f32 weights, and bf16 weights on sm_75 (no bf16 mma there), run on a SIMT tiled GEMM
 //   (gemm_simt_kernel): shared-memory tiles of both operands, each thread a 4 x 4 block of
 //   outputs in registers.
@@ -986,19 +988,23 @@ namespace {
 // choose_gemm_tiles on this GPU, with or without the warpgroup GEMM.
 GemmTiles gemm_tiles_here(DType dtype, int tokens, int rows, WarpgroupUse warpgroup) {
     const DeviceFigures& device = current_device();
-    return choose_gemm_tiles(dtype, tokens, rows, device.compute_capability, device.multiprocessors,
+    // Block types are multiplied as their f16 copies: they take f16's tiles.
+    return choose_gemm_tiles(is_block_type(dtype) ? DType::F16 : dtype, tokens, rows,
+                             device.compute_capability, device.multiprocessors,
                              device.shared_bytes_per_block, warpgroup);
 }
 
-// Whether `scratch` holds `matrices` Q8/Q4 matrices of w's shape dequantized to f16.
+// Whether `scratch` holds `matrices` Q8/Q4 or block-type matrices of w's shape dequantized
+// to f16.
 bool scratch_holds(const DequantizeScratch& scratch, const DeviceMatrix& w, int matrices) {
     return scratch.data != nullptr && scratch.bytes >= matrices * dequantized_bytes(w.rows, w.cols);
 }
 
 // Whether the scratch lets w reach the warpgroup GEMM: f16 and bf16 weights need none, Q8/Q4
-// weights room for `matrices` of them (gemm_swiglu: w1 and w3) as f16.
+// and block-type weights room for `matrices` of them (gemm_swiglu: w1 and w3) as f16.
 bool scratch_admits(const DequantizeScratch& scratch, const DeviceMatrix& w, int matrices) {
-    return !is_quantized(w.dtype) || scratch_holds(scratch, w, matrices);
+    return !(is_quantized(w.dtype) || is_block_type(w.dtype)) ||
+           scratch_holds(scratch, w, matrices);
 }
 
 // The tiles gemm takes for w: gemm_tiles', but Q8/Q4 weights keep the quantized tiles where
@@ -1021,6 +1027,14 @@ void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMat
                      cudaStream_t stream, const DequantizeScratch& scratch, int warpgroup_rows) {
     check_gemm_operands(out, out_pitch, w, in);
     if (in.tokens == 0 || w.rows == 0) return;
+    if (is_block_type(w.dtype)) {  // dequantized to f16 in the scratch, then multiplied as f16
+        if (!scratch_holds(scratch, w, 1))
+            throw Error("gemm: " + matrix_type_name(w.dtype) +
+                        " weights need scratch for their f16 copy");
+        const DeviceMatrix f16 = dequantize_to_f16(w, scratch.data, stream);
+        return gemm_with_tiles(tiles, out, out_pitch, f16, in, bias, accumulate, stream,
+                               /*scratch=*/{}, warpgroup_rows);
+    }
     const DeviceFigures& device = current_device();
     if (tiles != GemmTiles::kSimt && !has_tensor_core_product(w.dtype, device.compute_capability))
         throw Error("gemm: this GPU has no tensor-core product for these weights");
@@ -1133,8 +1147,9 @@ void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const Dev
         throw Error("gemm_swiglu: the output rows must be 16-byte aligned and padded as usual");
     check_apart_from_input(out.data, out.bytes(), in);
     if (in.tokens == 0 || w1.rows == 0) return;
-    // Q8/Q4 weights are multiplied as their f16 copies, w3's after w1's in the scratch.
-    const bool quantized = is_quantized(w1.dtype);
+    // Q8/Q4 and block-type weights are multiplied as their f16 copies, w3's after w1's in
+    // the scratch.
+    const bool quantized = is_quantized(w1.dtype) || is_block_type(w1.dtype);
     const DeviceMatrix gate_weights = quantized ? dequantize_to_f16(w1, scratch.data, stream) : w1;
     const DeviceMatrix up_weights =
         quantized ? dequantize_to_f16(

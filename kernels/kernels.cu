@@ -8,6 +8,7 @@
 #include "embedding.cuh"
 #include "gemm.cuh"
 #include "matvec.cuh"
+#include "matvec_blocks.cuh"
 #include "matvec_quantized.cuh"
 #include "matvec_simple.cuh"
 #include "prefill.cuh"

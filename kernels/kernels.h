@@ -2,14 +2,16 @@
 // no device code, so host code that only launches kernels does not recompile them.
 //
 // - The kernels live in the .cuh files named after what they compute (embedding.cuh,
-//   matvec.cuh, matvec_quantized.cuh, rope.cuh, attention.cuh, gemm.cuh, dequantize.cuh;
+//   matvec.cuh, matvec_quantized.cuh, matvec_blocks.cuh, rope.cuh, attention.cuh, gemm.cuh,
+//   dequantize.cuh; how block-type matrices are read in block_units.cuh;
 //   the GPU ladder's simple versions in matvec_simple.cuh, elementwise_simple.cuh,
 //   attention_simple.cuh), compiled once, in kernels.cu. forward.cu, ladder_forward.cu and
 //   tests/tools/cuda_kernel_check.cu launch them through here.
 // - Decode activations are f32 in device memory, the batched prefill's GEMM inputs f32, f16
-//   or bf16 (DeviceActivations); weights are f32, f16, bf16, Q8 (I8) or Q4 (U8): the decode
-//   kernels (embedding, matvec, matvec_swiglu) and the batched prefill's GEMM (gemm,
-//   embedding_rows) read all five, the GPU ladder's simple kernels the first three.
+//   or bf16 (DeviceActivations); weights are f32, f16, bf16, Q8 (I8), Q4 (U8) or one of
+//   ggml's block types (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_XS), each matrix its own:
+//   the decode kernels (embedding, matvec, matvec_swiglu) and the batched prefill's GEMM
+//   (gemm, embedding_rows) read them all, the GPU ladder's simple kernels the first three.
 // - Every launch goes on `stream` and is checked with cudaGetLastError (a failure throws
 //   barellm::Error).
 // - Kernels that depend on the token or the position read them from `step`, a device array
@@ -26,7 +28,8 @@
 #include <cstdint>
 
 #include "kv_cache.h"
-#include "safetensors.h"  // DType
+#include "safetensors.h"    // DType
+#include "weight_blocks.h"  // is_block_type, block_weights, block_bytes
 
 namespace barellm::cuda {
 
@@ -44,6 +47,10 @@ constexpr int kQuantizedBlock = 32;
 //   add nothing to a dot product. `scales` [rows, pitch / kQuantizedBlock] holds each
 //   block's f16 scale, in the same allocation as the values, right after them (16-byte
 //   aligned). A Q8 row's last group may be shorter in the file; padded, it is a whole block.
+// - The block types (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_XS; src/weight_blocks.h): a row
+//   holds its cols / block_weights blocks as the file does, padded with zero bytes to a
+//   multiple of 16 bytes (so every row starts 16-byte aligned); pitch is cols, a whole
+//   number of blocks, and there are no separate scales.
 struct DeviceMatrix {
     const void* data = nullptr;
     DType dtype = DType::F32;
@@ -55,6 +62,10 @@ struct DeviceMatrix {
     int blocks_per_row() const { return pitch / kQuantizedBlock; }
     // Bytes of one row's values in device memory (scales aside).
     size_t row_bytes() const {
+        if (is_block_type(dtype)) {
+            const size_t bytes = size_t(cols) / block_weights(dtype) * block_bytes(dtype);
+            return (bytes + 15) / 16 * 16;
+        }
         return dtype == DType::Q4_0 ? size_t(pitch) / 2 : size_t(pitch) * dtype_size(dtype);
     }
     size_t scale_bytes() const {
@@ -66,6 +77,7 @@ struct DeviceMatrix {
 
 // Elements per row in device memory for `cols` columns of `dtype`.
 inline int padded_cols(int cols, DType dtype) {
+    if (is_block_type(dtype)) return cols;  // whole blocks already
     const int multiple = dtype == DType::Q8_0 || dtype == DType::Q4_0 ? kQuantizedBlock
                                                                       : 16 / int(dtype_size(dtype));
     return (cols + multiple - 1) / multiple * multiple;
@@ -175,10 +187,13 @@ struct DeviceActivations {
     size_t bytes() const { return size_t(tokens) * pitch * dtype_size(dtype); }
 };
 
-// The activations' dtype a GEMM with weights of `weights` reads: F16 for Q8 (I8) and Q4
-// (U8), whose blocks are dequantized to f16 for the tensor cores; the weights' own otherwise.
+// The activations' dtype a GEMM with weights of `weights` reads: F16 for Q8 (I8), Q4 (U8)
+// and the block types, whose blocks are dequantized to f16 for the tensor cores; the
+// weights' own otherwise.
 inline DType gemm_input_dtype(DType weights) {
-    return weights == DType::Q8_0 || weights == DType::Q4_0 ? DType::F16 : weights;
+    const bool dequantized =
+        weights == DType::Q8_0 || weights == DType::Q4_0 || is_block_type(weights);
+    return dequantized ? DType::F16 : weights;
 }
 
 // Device memory where gemm and gemm_swiglu dequantize Q8/Q4 weights to f16 for the warpgroup
@@ -186,15 +201,18 @@ inline DType gemm_input_dtype(DType weights) {
 // first dequantized into the scratch (dequantized_bytes; gemm_swiglu's gated form both w1
 // and w3, w3 after w1), then multiplied as f16. Without room (or without scratch) Q8/Q4
 // weights take the quantized tiles. The product is that of the same f16 weights either way.
+// Block-type weights (Q4_K, Q6_K, ...) always go through the scratch: gemm refuses them
+// without room for their f16 copy.
 struct DequantizeScratch {
     void* data = nullptr;  // 16-byte aligned
     size_t bytes = 0;
 };
-// Bytes of the f16 copy of a Q8/Q4 matrix of rows x cols (rows of padded_cols(cols, F16)
-// values).
+// Bytes of the f16 copy of a Q8/Q4 or block-type matrix of rows x cols (rows of padded_cols(cols,
+// F16) values).
 size_t dequantized_bytes(int rows, int cols);
 // The f16 matrix of w's weights (each q * scale rounded to f16, as the quantized tiles
-// dequantize them), written into f16 (dequantized_bytes(w.rows, w.cols), 16-byte aligned).
+// dequantize them; a block type's weights computed in f32, then rounded), written into f16
+// (dequantized_bytes(w.rows, w.cols), 16-byte aligned).
 // (dequantize.cuh)
 DeviceMatrix dequantize_to_f16(const DeviceMatrix& w, void* f16, cudaStream_t stream);
 

@@ -36,6 +36,11 @@ void check_ladder_weights(CudaKernels kernels, const std::string& weight_dtype) 
             "the GPU ladder's simple matvecs (rungs 1-3) read f32, f16 and bf16 "
             "weights, not " +
             weight_dtype + ": convert with --dtype f16 for the ladder");
+    const bool uniform =
+        quantized || weight_dtype == "F32" || weight_dtype == "F16" || weight_dtype == "BF16";
+    if (kernels != CudaKernels::Fast && !uniform)
+        throw Error("the GPU ladder runs files of one weight type, not a " + weight_dtype +
+                    " mix: convert with --dtype f16 for the ladder");
 }
 
 LadderForward::LadderForward(CudaKernels kernels, const Config& config,
@@ -62,7 +67,7 @@ void LadderForward::record(cudaStream_t stream) const {
     cuda::embedding(s.x, weights_.embedding, s.step, stream);
     for (const DeviceLayer& layer : weights_.layers) {
         // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
-        norm_matvec(s.qkv, layer.wqkv, s.x, layer.attn_norm, layer.qkv_bias, stream);
+        norm_matvec(s.qkv, layer.wqkv.front(), s.x, layer.attn_norm, layer.qkv_bias, stream);
         attention(layer, stream);
         add_matvec(s.x, layer.wo, s.att, layer.o_bias, stream);
 

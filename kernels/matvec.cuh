@@ -360,6 +360,15 @@ void launch_quantized_matvec_swiglu(float* out, const DeviceMatrix& w1, const De
                                     QuantizedLaunch launch, cudaStream_t stream);
 inline size_t quantized_staging_bytes(int pitch);
 void prepare_quantized_matvec(size_t bytes);
+// The block types (matvec_blocks.cuh): the launches matvec and matvec_swiglu hand them to,
+// and the shared-memory allowance of their kernels (their staging is the f32 input's).
+void launch_block_matvec(float* out, const DeviceMatrix& w, const float* in,
+                         const float* norm_weight, float eps, const float* bias, bool accumulate,
+                         cudaStream_t stream);
+void launch_block_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
+                                const float* in, const float* norm_weight, float eps,
+                                cudaStream_t stream);
+void prepare_block_matvec(size_t bytes);
 
 size_t matvec_shared_bytes(int cols, DType dtype) {
     const int pitch = padded_cols(cols, dtype);
@@ -372,6 +381,8 @@ void matvec(float* out, const DeviceMatrix& w, const float* in, const float* nor
     if (is_quantized(w.dtype))
         return launch_quantized_matvec(out, w, in, norm_weight, eps, bias, accumulate,
                                        QuantizedLaunch{}, stream);
+    if (is_block_type(w.dtype))
+        return launch_block_matvec(out, w, in, norm_weight, eps, bias, accumulate, stream);
     with_weight_dtype(w.dtype, [&](auto dtype) {
         launch_matvec<decltype(dtype)::value>(out, w, in, norm_weight, eps, bias, accumulate,
                                               stream);
@@ -386,6 +397,8 @@ void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, c
     if (is_quantized(w1.dtype))
         return launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps, QuantizedLaunch{},
                                               stream);
+    if (is_block_type(w1.dtype))
+        return launch_block_matvec_swiglu(out, w1, w3, in, norm_weight, eps, stream);
     with_weight_dtype(w1.dtype, [&](auto dtype) {
         launch_matvec_swiglu<decltype(dtype)::value>(out, w1, w3, in, norm_weight, eps, stream);
     });
@@ -403,6 +416,7 @@ void prepare_matvec(size_t bytes) {
     allow_shared_bytes(matvec_swiglu_kernel<DType::F16>, bytes);
     allow_shared_bytes(matvec_swiglu_kernel<DType::BF16>, bytes);
     prepare_quantized_matvec(bytes);
+    prepare_block_matvec(bytes);
 }
 
 #endif  // BARELLM_CUDA_EMULATION

@@ -7,7 +7,7 @@
 #pragma once
 #include "common.cuh"
 #include "cuda_check.h"
-#include "embedding.cuh"  // quantized_table_element
+#include "embedding.cuh"  // quantized_table_element, launch_block_embedding_rows
 #include "kernels.h"
 #include "rope.cuh"
 
@@ -180,6 +180,8 @@ inline dim3 rope_kv_store_rows_grid(int heads, int kv_heads, int count) {
 void embedding_rows(float* x, const DeviceMatrix& table, const int* tokens, int count,
                     cudaStream_t stream) {
     if (count == 0) return;
+    if (is_block_type(table.dtype))
+        return launch_block_embedding_rows(x, table, tokens, count, stream);
     if (is_quantized(table.dtype)) {
         with_quantized_dtype(table.dtype, [&](auto dtype) {
             embedding_rows_quantized_kernel<decltype(dtype)::value>

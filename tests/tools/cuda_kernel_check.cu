@@ -7,12 +7,11 @@
 // with "N passed, M failed"; exits 1 when a check failed, 2 when no GPU is usable.
 //   cuda_kernel_check [--bench | --bench-only]
 // --bench also times the decode matvecs (f16, bf16, f32; Q4 and Q8 in each launch shape of
-// their int8 products) and attention at Mistral-7B shapes and prints their bandwidth next to a
-// device-to-device copy's, and the prefill GEMM's time, TFLOPS and share of the tensor
-// cores' peak (512 tokens), and its time next to that of as many decode matvecs (1-64
-// tokens), and the prefill attention of a 512-token prompt. --bench-only times them
-// without the checks (for a profiler: the first launch of each kernel is then the
-// benchmark's).
+// their int8 products; the block types Q4_K, Q6_K, ...) and attention at Mistral-7B shapes and
+// prints their bandwidth next to a device-to-device copy's, and the prefill GEMM's time, TFLOPS and
+// share of the tensor cores' peak (512 tokens), and its time next to that of as many decode matvecs
+// (1-64 tokens), and the prefill attention of a 512-token prompt. --bench-only times them without
+// the checks (for a profiler: the first launch of each kernel is then the benchmark's).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -139,6 +138,68 @@ HostMatrix random_quantized_matrix(int rows, int cols, DType dtype, bool cheap =
     return m;
 }
 
+// The block types the CUDA backend runs (src/weight_blocks.h).
+constexpr DType kBlockTypes[] = {DType::Q4_K, DType::Q6_K, DType::Q5_K,  DType::Q4_1,
+                                 DType::Q5_0, DType::Q5_1, DType::IQ4_XS};
+
+// Byte offsets of a block's f16 fields (d, and dmin or m where the type has them).
+std::vector<int> block_half_fields(DType dtype) {
+    switch (dtype) {
+        case DType::Q4_1:
+        case DType::Q5_1:
+        case DType::Q4_K:
+        case DType::Q5_K:
+            return {0, 2};
+        case DType::Q6_K:
+            return {208};
+        default:  // Q5_0, IQ4_XS
+            return {0};
+    }
+}
+
+// A random host matrix of block type `dtype` (cols a multiple of its block): random bytes,
+// each block's f16 fields of either sign, sized so that the weights are about
+// 1 / sqrt(cols) (the largest integer factor of a weight, sub-block scales included, is
+// about 1000 for the K types and 30 for the small blocks). cheap: xorshift bytes, for timing
+// (the f16 fields still set: random bytes would hold infinities and NaNs).
+HostMatrix random_block_matrix(int rows, int cols, DType dtype, bool cheap = false) {
+    HostMatrix m;
+    m.matrix = Matrix{nullptr, dtype, rows, cols};
+    const size_t row_bytes = m.matrix.row_bytes();
+    m.bytes.resize(size_t(rows) * row_bytes);
+    std::uniform_int_distribution<int> byte(0, 255);
+    uint64_t state = 0x9e3779b97f4a7c15ull;
+    for (uint8_t& b : m.bytes) {
+        if (cheap) {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            b = uint8_t(state >> 56);
+        } else {
+            b = uint8_t(byte(rng));
+        }
+    }
+    const float integer_size = block_weights(dtype) == kSuperBlock ? 1000.0f : 30.0f;
+    const float scale_size = 1.0f / (integer_size * std::sqrt(float(cols)));
+    std::normal_distribution<float> normal(0.0f, scale_size);
+    const size_t blocks = size_t(rows) * (cols / block_weights(dtype));
+    for (size_t b = 0; b < blocks; ++b)
+        for (const int field : block_half_fields(dtype)) {
+            const uint16_t bits = float_to_half(cheap ? scale_size : normal(rng));
+            std::memcpy(&m.bytes[b * block_bytes(dtype) + field], &bits, 2);
+        }
+    m.matrix.data = m.bytes.data();
+    return m;
+}
+
+// A random matrix of any weight type (cols a whole number of blocks for Q4 and the block
+// types).
+HostMatrix random_weights(int rows, int cols, DType dtype) {
+    if (is_block_type(dtype)) return random_block_matrix(rows, cols, dtype);
+    if (is_quantized(dtype)) return random_quantized_matrix(rows, cols, dtype);
+    return random_matrix(rows, cols, dtype);
+}
+
 const char* dtype_label(DType dtype) {
     switch (dtype) {
         case DType::F32:
@@ -173,11 +234,11 @@ DeviceBuffer poisoned(size_t count) {
     return buffer;
 }
 
-// For Q8/Q4 w: scratch (in `memory`) where gemm dequantizes `matrices` matrices of its shape
-// to f16, as the prefill lends it; none for other weights.
+// For Q8/Q4 and block-type w: scratch (in `memory`) where gemm dequantizes `matrices`
+// matrices of its shape to f16, as the prefill lends it; none for other weights.
 cuda::DequantizeScratch dequantize_scratch(const DeviceMatrix& w, int matrices,
                                            DeviceBuffer& memory) {
-    if (!is_quantized(w.dtype)) return {};
+    if (!is_quantized(w.dtype) && !is_block_type(w.dtype)) return {};
     memory = DeviceBuffer(matrices * cuda::dequantized_bytes(w.rows, w.cols), "the f16 weights");
     return {memory.as(), memory.bytes()};
 }
@@ -571,6 +632,136 @@ void check_quantized_matvec() {
 }
 
 // The GPU ladder's separate RMSNorm, residual add and SwiGLU kernels against the CPU's.
+// The block types' kernels against dequantize_row: the embedding (exact), the f16 copy the
+// prefill multiplies (exact: each weight rounded once), and matvec and matvec_swiglu (plain,
+// RMSNorm with a bias, the residual added) against products in double, their errors measured
+// against Σ |w·x| as check_matvec's. Rows not a multiple of a block's warps, rows of fewer
+// units than a warp's lanes and of many rounds.
+void check_block_types() {
+    const std::vector<int> row_counts = {1, 37, 300};
+    cuda::prepare_matvec(
+        std::min(cuda::matvec_shared_bytes(14336, DType::Q4_K), shared_memory_limit));
+    cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
+    constexpr double kTolerance = 1e-5;
+    for (const DType dtype : kBlockTypes) {
+        const bool super = block_weights(dtype) == kSuperBlock;
+        const std::vector<int> columns =
+            super ? std::vector<int>{256, 4096, 14336} : std::vector<int>{32, 4128, 14336};
+        for (const int cols : columns) {
+            if (!matvec_fits(cols, dtype)) {
+                std::printf(
+                    "SKIP %s matvecs over %d columns: more shared memory than the GPU has\n",
+                    dtype_label(dtype), cols);
+                continue;
+            }
+            for (const int rows : row_counts) {
+                const std::string shape = std::string(dtype_label(dtype)) + " " +
+                                          std::to_string(rows) + "x" + std::to_string(cols);
+                const HostMatrix w = random_block_matrix(rows, cols, dtype);
+                const HostMatrix w3 = random_block_matrix(rows, cols, dtype);
+                DeviceBuffer memory, memory3;
+                const DeviceMatrix device_w = cuda::upload_matrix(w.matrix, memory, staging, "w");
+                const DeviceMatrix device_w3 =
+                    cuda::upload_matrix(w3.matrix, memory3, staging, "w3");
+                std::vector<float> weights(size_t(rows) * cols), weights3(weights.size());
+                for (int r = 0; r < rows; ++r) {
+                    dequantize_row(dtype, w.matrix.row_data(r), &weights[size_t(r) * cols], cols);
+                    dequantize_row(dtype, w3.matrix.row_data(r), &weights3[size_t(r) * cols], cols);
+                }
+
+                // The embedding of the last row.
+                const int step[2] = {rows - 1, 0};
+                DeviceBuffer device_step = to_device(step, sizeof step);
+                DeviceBuffer embedded = poisoned(cols);
+                cuda::embedding(embedded.as<float>(), device_w, device_step.as<int>(), 0);
+                report("embedding " + shape, to_host(embedded.as(), cols),
+                       std::vector<float>(weights.end() - cols, weights.end()), 0.0);
+
+                // The f16 copy.
+                DeviceBuffer scratch_memory;
+                const cuda::DequantizeScratch scratch =
+                    dequantize_scratch(device_w, 1, scratch_memory);
+                const DeviceMatrix f16 = cuda::dequantize_to_f16(device_w, scratch.data, 0);
+                CUDA_CHECK(cudaDeviceSynchronize());
+                std::vector<uint16_t> halves(size_t(rows) * f16.pitch);
+                CUDA_CHECK(cudaMemcpy(halves.data(), f16.data, halves.size() * sizeof(uint16_t),
+                                      cudaMemcpyDeviceToHost));
+                int wrong = 0;
+                for (int r = 0; r < rows; ++r)
+                    for (int c = 0; c < cols; ++c)
+                        wrong += halves[size_t(r) * f16.pitch + c] !=
+                                 float_to_half(weights[size_t(r) * cols + c]);
+                report_error("dequantize_to_f16 " + shape + " (values wrong)", wrong, 0);
+
+                // The matvecs.
+                const std::vector<float> x = random_floats(cols, 2.0f);
+                std::vector<float> norm_weight = random_floats(cols, 0.1f);
+                for (float& v : norm_weight) v += 1.0f;
+                const float eps = 1e-5f;
+                std::vector<float> normed(cols);
+                cpu::rmsnorm(normed.data(), x.data(), norm_weight.data(), cols, eps);
+                const std::vector<float> residual = random_floats(rows), bias = random_floats(rows);
+                DeviceBuffer device_x = to_device(x), device_norm = to_device(norm_weight);
+                DeviceBuffer device_bias = to_device(bias);
+                // Σ w·x and Σ |w·x| of each row of `m` with `v`.
+                auto product = [&](const std::vector<float>& m, const std::vector<float>& v,
+                                   std::vector<float>* sums, std::vector<float>* sizes) {
+                    sums->assign(rows, 0.0f);
+                    sizes->assign(rows, 0.0f);
+                    for (int r = 0; r < rows; ++r) {
+                        double sum = 0, size = 0;
+                        for (int c = 0; c < cols; ++c) {
+                            const double term = double(m[size_t(r) * cols + c]) * v[c];
+                            sum += term;
+                            size += std::fabs(term);
+                        }
+                        (*sums)[r] = float(sum);
+                        (*sizes)[r] = float(size);
+                    }
+                };
+                std::vector<float> plain, plain_size, with_norm, with_norm_size, up, up_size;
+                product(weights, x, &plain, &plain_size);
+                product(weights, normed, &with_norm, &with_norm_size);
+                product(weights3, normed, &up, &up_size);
+
+                DeviceBuffer out = poisoned(rows);
+                cuda::matvec(out.as<float>(), device_w, device_x.as<float>(), nullptr, eps, nullptr,
+                             false, 0);
+                report_scaled("matvec " + shape, to_host(out.as(), rows), plain, plain_size,
+                              kTolerance);
+
+                out = poisoned(rows);
+                cuda::matvec(out.as<float>(), device_w, device_x.as<float>(),
+                             device_norm.as<float>(), eps, device_bias.as<float>(), false, 0);
+                std::vector<float> want = with_norm, scale = with_norm_size;
+                for (int r = 0; r < rows; ++r) want[r] += bias[r], scale[r] += std::fabs(bias[r]);
+                report_scaled("matvec " + shape + " rmsnorm +bias", to_host(out.as(), rows), want,
+                              scale, kTolerance);
+
+                out = to_device(residual);
+                cuda::matvec(out.as<float>(), device_w, device_x.as<float>(), nullptr, eps, nullptr,
+                             true, 0);
+                want = plain, scale = plain_size;
+                for (int r = 0; r < rows; ++r)
+                    want[r] += residual[r], scale[r] += std::fabs(residual[r]);
+                report_scaled("matvec " + shape + " +=", to_host(out.as(), rows), want, scale,
+                              kTolerance);
+
+                out = poisoned(rows);
+                cuda::matvec_swiglu(out.as<float>(), device_w, device_w3, device_x.as<float>(),
+                                    device_norm.as<float>(), eps, 0);
+                want = with_norm;
+                cpu::swiglu(want.data(), up.data(), rows);
+                for (int r = 0; r < rows; ++r)
+                    scale[r] = 1.1f * std::fabs(up[r]) * with_norm_size[r] +
+                               std::fabs(with_norm[r]) * up_size[r];
+                report_scaled("matvec_swiglu " + shape, to_host(out.as(), rows), want, scale,
+                              kTolerance);
+            }
+        }
+    }
+}
+
 void check_elementwise() {
     for (int n : {1, 45, 172, 4097, 14339}) {
         const std::vector<float> x = random_floats(n, 2.0f), y = random_floats(n);
@@ -948,7 +1139,8 @@ std::vector<cuda::GemmTiles> runnable_tiles(DType dtype) {
     const bool large_fits = huge == cuda::GemmTiles::kLarge || huge == cuda::GemmTiles::kWide ||
                             huge == cuda::GemmTiles::kWarpgroup;
     if (large_fits) tiles.push_back(cuda::GemmTiles::kLarge);
-    const bool f16_or_bf16 = dtype == DType::F16 || dtype == DType::BF16;
+    // Block types are multiplied as their f16 copies, on f16's tiles.
+    const bool f16_or_bf16 = dtype == DType::F16 || dtype == DType::BF16 || is_block_type(dtype);
     if (large_fits && f16_or_bf16) tiles.push_back(cuda::GemmTiles::kWide);
     // Q8/Q4 weights: dequantized to f16 first (dequantize_scratch).
     if ((f16_or_bf16 || is_quantized(dtype)) && cuda::warpgroup_gemm_enabled())
@@ -957,14 +1149,20 @@ std::vector<cuda::GemmTiles> runnable_tiles(DType dtype) {
 }
 
 // The element values of a host matrix as f32 (exact: f16 and bf16 widen exactly). Q8 and Q4
-// values are dequantized by cpu::embedding_row (q * scale, exact in f32) and rounded to f16,
-// as the GEMM dequantizes them for its f16 tensor-core products.
+// values are dequantized by cpu::embedding_row (q * scale, exact in f32), block types by
+// dequantize_row, and rounded to f16, as the GEMM dequantizes them for its f16 tensor-core
+// products.
 std::vector<float> matrix_values(const HostMatrix& m) {
     const size_t count = size_t(m.matrix.rows) * m.matrix.cols;
     std::vector<float> values(count);
-    if (is_quantized(m.matrix.dtype)) {
-        for (int r = 0; r < m.matrix.rows; ++r)
-            cpu::embedding_row(&values[size_t(r) * m.matrix.cols], m.matrix, r);
+    if (is_quantized(m.matrix.dtype) || is_block_type(m.matrix.dtype)) {
+        for (int r = 0; r < m.matrix.rows; ++r) {
+            float* row = &values[size_t(r) * m.matrix.cols];
+            if (is_block_type(m.matrix.dtype))
+                dequantize_row(m.matrix.dtype, m.matrix.row_data(r), row, m.matrix.cols);
+            else
+                cpu::embedding_row(row, m.matrix, r);
+        }
         for (float& v : values) v = half_to_float(float_to_half(v));
         return values;
     }
@@ -1001,14 +1199,18 @@ void check_gemm() {
     constexpr int kPitchSlack = 5;  // output columns past the rows, left alone
     constexpr double kTolerance = 1e-5;
     cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
-    for (DType dtype : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0}) {
+    // Of the block types, those of a Q4_K_M file (Q5_0 where a row is not whole super-blocks).
+    for (DType dtype : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K,
+                        DType::Q6_K, DType::Q5_0}) {
         const std::vector<cuda::GemmTiles> tiles = runnable_tiles(dtype);
         const DType in_dtype = cuda::gemm_input_dtype(dtype);
         for (Case test : cases) {
             if (dtype == DType::Q4_0) test.cols = (test.cols + kQ4Block - 1) / kQ4Block * kQ4Block;
-            const HostMatrix w = is_quantized(dtype)
-                                     ? random_quantized_matrix(test.rows, test.cols, dtype)
-                                     : random_matrix(test.rows, test.cols, dtype);
+            if (is_block_type(dtype)) {
+                const int block = block_weights(dtype);
+                test.cols = (test.cols + block - 1) / block * block;
+            }
+            const HostMatrix w = random_weights(test.rows, test.cols, dtype);
             const HostMatrix x = random_matrix(test.tokens, test.cols, in_dtype);
             DeviceBuffer w_memory, x_memory;
             const DeviceMatrix device_w = cuda::upload_matrix(w.matrix, w_memory, staging, "w");
@@ -1686,6 +1888,48 @@ void bench(int multiprocessors) {
         }
     }
 
+    // The block types' matvecs (matvec_blocks.cuh) at the same shapes: the bytes they stream
+    // include their blocks' scales.
+    for (const DType dtype : kBlockTypes) {
+        if (!matvec_fits(14336, dtype)) {
+            std::printf(
+                "| block-type matvecs | not timed: 14336 columns need more shared memory |\n");
+            break;
+        }
+        const HostMatrix w1 = random_block_matrix(14336, 4096, dtype, true),
+                         w3 = random_block_matrix(14336, 4096, dtype, true);
+        const HostMatrix w2 = random_block_matrix(4096, 14336, dtype, true);
+        const HostMatrix wqkv = random_block_matrix(6144, 4096, dtype, true);
+        DeviceBuffer m1, m3, m2, mqkv;
+        const DeviceMatrix d1 = cuda::upload_matrix(w1.matrix, m1, staging, "w1");
+        const DeviceMatrix d3 = cuda::upload_matrix(w3.matrix, m3, staging, "w3");
+        const DeviceMatrix d2 = cuda::upload_matrix(w2.matrix, m2, staging, "w2");
+        const DeviceMatrix dqkv = cuda::upload_matrix(wqkv.matrix, mqkv, staging, "wqkv");
+        DeviceBuffer x = to_device(random_floats(14336)), norm = to_device(random_floats(14336));
+        DeviceBuffer out = poisoned(14336);
+        const std::string label = std::string("matvec ") + dtype_label(dtype);
+        line((label + " (w2, +residual)").c_str(), "4096x14336", time_ms([&](int) {
+                 cuda::matvec(out.as<float>(), d2, x.as<float>(), nullptr, 0, nullptr, true, 0);
+             }),
+             double(d2.bytes()));
+        line((label + " (rmsnorm)").c_str(), "14336x4096", time_ms([&](int) {
+                 cuda::matvec(out.as<float>(), d1, x.as<float>(), norm.as<float>(), 1e-5f, nullptr,
+                              false, 0);
+             }),
+             double(d1.bytes()));
+        line((label + " (qkv, rmsnorm)").c_str(), "6144x4096", time_ms([&](int) {
+                 cuda::matvec(out.as<float>(), dqkv, x.as<float>(), norm.as<float>(), 1e-5f,
+                              nullptr, false, 0);
+             }),
+             double(dqkv.bytes()));
+        line((std::string("matvec_swiglu ") + dtype_label(dtype)).c_str(), "2 x 14336x4096",
+             time_ms([&](int) {
+                 cuda::matvec_swiglu(out.as<float>(), d1, d3, x.as<float>(), norm.as<float>(),
+                                     1e-5f, 0);
+             }),
+             double(d1.bytes() + d3.bytes()));
+    }
+
     // Attention at Mistral 7B's shape, position 4095, rotating over 8 layers' caches.
     const AttentionShape shape{32, 8, 128, 4096};
     const int context = 4096, layers = 8;
@@ -1891,6 +2135,7 @@ int main(int argc, char** argv) {
         check_embedding();
         check_matvec();
         check_quantized_matvec();
+        check_block_types();
         check_elementwise();
         check_rope();
         check_attention(properties.multiProcessorCount);

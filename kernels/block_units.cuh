@@ -1,0 +1,355 @@
+// How the device code reads matrices stored as ggml's blocks (src/weight_blocks.h: Q4_1,
+// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_XS): the blocks as the file holds them, each device row
+// padded to 16 bytes (kernels.h: DeviceMatrix), dequantized in registers only. The decode
+// matvecs (matvec_blocks.cuh), the embedding (embedding.cuh) and the f16 copy for the
+// prefill's GEMMs (dequantize.cuh) all read them through load_unit and decode_unit.
+//
+// Every block type is read in "units" of 32 weights: a small block is one unit, a super-block
+// of 256 weights eight. A unit is two groups of 16 weights, each group 16 consecutive columns
+// sharing one f32 scale and offset: w = scale · q + offset, q a small integer (signed where
+// the type subtracts its midpoint: Q5_0, Q6_K; IQ4_XS's q is its non-uniform level). Which
+// bytes a unit reads, and which columns its groups cover:
+// - Q4_1, Q5_0, Q5_1: the block; group 0 the low nibbles (columns 0..15), group 1 the high.
+// - Q4_K, Q5_K: unit k reads 16 bytes of qs, 32c + 16h .. + 15 (c = k / 2, h = k % 2): their
+//   low nibbles are columns 64c + 16h + i of sub-block 2c, their high nibbles columns
+//   64c + 32 + 16h + i of sub-block 2c + 1; Q5_K's fifth bits are bits 2c and 2c + 1 of
+//   qh[16h + i]. So every byte of qs is read once, and the 16-byte header (d, dmin, the
+//   twelve bytes of scales) by the 8 units of a super-block.
+// - Q6_K: unit k = 4n + 2p + g reads ql[64n + 32p + 16g ..] and qh[32n + 16g ..] (16 bytes
+//   each): the low nibbles with bits 2p of qh are columns 128n + 32p + 16g + i, the high
+//   nibbles with bits 2p + 4 columns 128n + 32(p + 2) + 16g + i.
+// - IQ4_XS: unit k is sub-block k: its 16 bytes of qs, low nibbles columns 32k + i, high
+//   nibbles 32k + 16 + i.
+// A unit's loads are as wide as its alignment allows (BlockLayout::kLoadBytes): 16 bytes for
+// Q4_K and Q5_K, 8 for Q5_1 and IQ4_XS, 4 for Q4_1, 2 for Q5_0 and Q6_K (blocks of 22 and
+// 210 bytes).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "common.cuh"
+#include "error.h"
+#include "kernels.h"
+#include "weight_blocks.h"
+
+namespace barellm::cuda {
+
+constexpr int kUnitWeights = 32;   // weights of a unit
+constexpr int kGroupWeights = 16;  // weights of a group (half a unit)
+// Threads of a block of the kernels that take one unit per thread (the embedding, the f16
+// dequantization).
+constexpr int kBlockRowsThreads = 256;
+
+// Bytes, weights and load width of a block type's blocks.
+template <DType D>
+struct BlockLayout;
+template <>
+struct BlockLayout<DType::Q4_1> {
+    static constexpr int kWeights = 32, kBytes = 20, kLoadBytes = 4;
+};
+template <>
+struct BlockLayout<DType::Q5_0> {
+    static constexpr int kWeights = 32, kBytes = 22, kLoadBytes = 2;
+};
+template <>
+struct BlockLayout<DType::Q5_1> {
+    static constexpr int kWeights = 32, kBytes = 24, kLoadBytes = 8;
+};
+template <>
+struct BlockLayout<DType::Q4_K> {
+    static constexpr int kWeights = 256, kBytes = 144, kLoadBytes = 16;
+};
+template <>
+struct BlockLayout<DType::Q5_K> {
+    static constexpr int kWeights = 256, kBytes = 176, kLoadBytes = 16;
+};
+template <>
+struct BlockLayout<DType::Q6_K> {
+    static constexpr int kWeights = 256, kBytes = 210, kLoadBytes = 2;
+};
+template <>
+struct BlockLayout<DType::IQ4_XS> {
+    static constexpr int kWeights = 256, kBytes = 136, kLoadBytes = 8;
+};
+
+// The raw bytes of one unit: up to 16 of its block's header (scales; Q5_0's and Q5_1's fifth
+// bits), 16 of packed low bits and 16 of high bits (Q5_K's fifth bits, Q6_K's qh), as
+// little-endian words.
+struct UnitBytes {
+    uint32_t head[4];
+    uint32_t low[4];
+    uint32_t high[4];
+};
+
+// A unit dequantized: group g holds columns column[g] .. column[g] + 15 (of the row), their
+// weights scale[g] · q[g][i] + offset[g].
+struct WeightUnit {
+    int column[2];
+    float scale[2];
+    float offset[2];
+    int q[2][kGroupWeights];
+};
+
+// Whether the weights of type D have an offset (a min) beside scale · q.
+template <DType D>
+constexpr bool kHasOffset =
+    D == DType::Q4_1 || D == DType::Q5_1 || D == DType::Q4_K || D == DType::Q5_K;
+
+// Weight i of group g of a decoded unit, as dequantize_row computes it in f32: scale · q,
+// plus the offset where the type has one (adding a zero offset would turn −0 into +0).
+template <DType D>
+__device__ __forceinline__ float unit_weight(const WeightUnit& w, int g, int i) {
+    const float product = w.scale[g] * float(w.q[g][i]);
+    if constexpr (kHasOffset<D>)
+        return product + w.offset[g];
+    else
+        return product;
+}
+
+// Byte i (0..15) of 16 bytes held as 4 little-endian words.
+__device__ __forceinline__ int byte_of(const uint32_t (&words)[4], int i) {
+    return int(words[i / 4] >> (8 * (i % 4)) & 0xffu);
+}
+
+// `bytes` bytes (a multiple of kAlign, at most 16) from p (kAlign-aligned) into words,
+// in loads of kAlign bytes.
+template <int kAlign, int kBytes = 16>
+__device__ __forceinline__ void load_words(const uint8_t* p, uint32_t (&words)[4]) {
+    static_assert(kBytes % kAlign == 0 && kBytes <= 16, "whole loads of at most 16 bytes");
+    if constexpr (kAlign == 16) {
+        const uint4 v = __ldcs(reinterpret_cast<const uint4*>(p));
+        words[0] = v.x, words[1] = v.y, words[2] = v.z, words[3] = v.w;
+    } else if constexpr (kAlign == 8) {
+#pragma unroll
+        for (int i = 0; i < kBytes / 8; ++i) {
+            const uint2 v = __ldcs(reinterpret_cast<const uint2*>(p) + i);
+            words[2 * i] = v.x, words[2 * i + 1] = v.y;
+        }
+    } else if constexpr (kAlign == 4) {
+#pragma unroll
+        for (int i = 0; i < kBytes / 4; ++i)
+            words[i] = __ldcs(reinterpret_cast<const unsigned int*>(p) + i);
+    } else {
+        static_assert(kAlign == 2, "loads of 2, 4, 8 or 16 bytes");
+#pragma unroll
+        for (int i = 0; i < kBytes / 2; ++i) {
+            const uint32_t half = __ldcs(reinterpret_cast<const unsigned short*>(p) + i);
+            if (i % 2 == 0)
+                words[i / 2] = half;
+            else
+                words[i / 2] |= half << 16;
+        }
+    }
+}
+
+// The bytes of unit `unit` of a row (16-byte aligned) of block type D.
+template <DType D>
+__device__ __forceinline__ UnitBytes load_unit(const uint8_t* row, int unit) {
+    using Layout = BlockLayout<D>;
+    constexpr int kUnits = Layout::kWeights / kUnitWeights, kAlign = Layout::kLoadBytes;
+    const uint8_t* block = row + size_t(unit / kUnits) * Layout::kBytes;
+    const int k = unit % kUnits;
+    UnitBytes u{};
+    if constexpr (D == DType::Q4_1) {  // d, m | qs[16]
+        load_words<kAlign, 4>(block, u.head);
+        load_words<kAlign>(block + 4, u.low);
+    } else if constexpr (D == DType::Q5_0) {  // d | qh[4] | qs[16]
+        load_words<kAlign, 6>(block, u.head);
+        load_words<kAlign>(block + 6, u.low);
+    } else if constexpr (D == DType::Q5_1) {  // d, m | qh[4] | qs[16]
+        load_words<kAlign, 8>(block, u.head);
+        load_words<kAlign>(block + 8, u.low);
+    } else if constexpr (D == DType::Q4_K) {  // d, dmin, scales[12] | qs[128]
+        load_words<kAlign>(block, u.head);
+        load_words<kAlign>(block + 16 + 16 * k, u.low);
+    } else if constexpr (D == DType::Q5_K) {  // d, dmin, scales[12] | qh[32] | qs[128]
+        load_words<kAlign>(block, u.head);
+        load_words<kAlign>(block + 16 + 16 * (k % 2), u.high);
+        load_words<kAlign>(block + 48 + 16 * k, u.low);
+    } else if constexpr (D == DType::Q6_K) {  // ql[128] | qh[64] | scales[16] | d
+        const int n = k / 4, p = k / 2 % 2, g = k % 2;
+        load_words<kAlign>(block + 64 * n + 32 * p + 16 * g, u.low);
+        load_words<kAlign>(block + 128 + 32 * n + 16 * g, u.high);
+        // head: the two int8 scales of the unit's groups, then d.
+        u.head[0] = __ldcs(block + 192 + 8 * n + g + 2 * p) |
+                    uint32_t(__ldcs(block + 192 + 8 * n + g + 2 * p + 4)) << 8 |
+                    uint32_t(__ldcs(reinterpret_cast<const unsigned short*>(block + 208))) << 16;
+    } else {
+        static_assert(D == DType::IQ4_XS, "a block type");
+        load_words<kAlign, 8>(block, u.head);  // d, scales_h | scales_l[4]
+        load_words<kAlign>(block + 8 + 16 * k, u.low);
+    }
+    return u;
+}
+
+// The nibbles of 16 bytes: q[0][i] the low nibble of byte i, q[1][i] the high.
+__device__ __forceinline__ void split_nibbles(const uint32_t (&words)[4],
+                                              int (&q)[2][kGroupWeights]) {
+#pragma unroll
+    for (int i = 0; i < kGroupWeights; ++i) {
+        const int b = byte_of(words, i);
+        q[0][i] = b & 15;
+        q[1][i] = b >> 4;
+    }
+}
+
+// Sub-block j's 6-bit scale and min of a Q4_K/Q5_K header (scales at bytes 4..15 of head),
+// as k_scale_min reads them, from words.
+__device__ __forceinline__ void k_scale_min_of(const uint32_t (&head)[4], int j, int* scale,
+                                               int* min) {
+    // scales[i] is byte 4 + i of the header.
+    const auto s = [&](int i) { return byte_of(head, 4 + i); };
+    if (j < 4) {
+        *scale = s(j) & 63;
+        *min = s(j + 4) & 63;
+    } else {
+        *scale = (s(j + 4) & 15) | ((s(j - 4) >> 6) << 4);
+        *min = (s(j + 4) >> 4) | ((s(j) >> 6) << 4);
+    }
+}
+
+// IQ4_XS's level of q (0..15), kIq4Values[q], from four words of packed int8 (no table
+// in memory: two selects and a shift).
+__device__ __forceinline__ int iq4_level(int q) {
+    constexpr uint32_t kLevels[4] = {
+        uint32_t(uint8_t(kIq4Values[0])) | uint32_t(uint8_t(kIq4Values[1])) << 8 |
+            uint32_t(uint8_t(kIq4Values[2])) << 16 | uint32_t(uint8_t(kIq4Values[3])) << 24,
+        uint32_t(uint8_t(kIq4Values[4])) | uint32_t(uint8_t(kIq4Values[5])) << 8 |
+            uint32_t(uint8_t(kIq4Values[6])) << 16 | uint32_t(uint8_t(kIq4Values[7])) << 24,
+        uint32_t(uint8_t(kIq4Values[8])) | uint32_t(uint8_t(kIq4Values[9])) << 8 |
+            uint32_t(uint8_t(kIq4Values[10])) << 16 | uint32_t(uint8_t(kIq4Values[11])) << 24,
+        uint32_t(uint8_t(kIq4Values[12])) | uint32_t(uint8_t(kIq4Values[13])) << 8 |
+            uint32_t(uint8_t(kIq4Values[14])) << 16 | uint32_t(uint8_t(kIq4Values[15])) << 24};
+    const uint32_t word =
+        q & 8 ? (q & 4 ? kLevels[3] : kLevels[2]) : (q & 4 ? kLevels[1] : kLevels[0]);
+    return int(int8_t(uint8_t(word >> (8 * (q & 3)))));
+}
+
+// Unit `unit` of a row of block type D, from its bytes (load_unit), as scales, offsets and
+// integers: the weights src/weight_blocks.cpp's dequantize_row gives.
+template <DType D>
+__device__ __forceinline__ WeightUnit decode_unit(const UnitBytes& u, int unit) {
+    using Layout = BlockLayout<D>;
+    constexpr int kUnits = Layout::kWeights / kUnitWeights;
+    const int base = unit / kUnits * Layout::kWeights, k = unit % kUnits;
+    WeightUnit w;
+    split_nibbles(u.low, w.q);
+    if constexpr (D == DType::Q4_1 || D == DType::Q5_0 || D == DType::Q5_1) {
+        const float d = half_bits_to_float(u.head[0] & 0xffffu);
+        w.column[0] = base;
+        w.column[1] = base + kGroupWeights;
+        if constexpr (D != DType::Q4_1) {
+            // qh: a u32 after d (Q5_0: bytes 2..5) or after d and m (Q5_1: bytes 4..7).
+            const uint32_t qh = D == DType::Q5_0 ? (u.head[0] >> 16 | u.head[1] << 16) : u.head[1];
+#pragma unroll
+            for (int i = 0; i < kGroupWeights; ++i) {
+                w.q[0][i] |= int(qh >> i & 1u) << 4;
+                w.q[1][i] |= int(qh >> (i + kGroupWeights) & 1u) << 4;
+            }
+        }
+        if constexpr (D == DType::Q5_0) {
+#pragma unroll
+            for (int g = 0; g < 2; ++g) {
+#pragma unroll
+                for (int i = 0; i < kGroupWeights; ++i) w.q[g][i] -= 16;
+                w.scale[g] = d;
+                w.offset[g] = 0.0f;
+            }
+        } else {
+            const float m = half_bits_to_float(u.head[0] >> 16);
+            w.scale[0] = w.scale[1] = d;
+            w.offset[0] = w.offset[1] = m;
+        }
+    } else if constexpr (D == DType::Q4_K || D == DType::Q5_K) {
+        const int c = k / 2, h = k % 2;
+        const float d = half_bits_to_float(u.head[0] & 0xffffu);
+        const float dmin = half_bits_to_float(u.head[0] >> 16);
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+            int scale, min;
+            k_scale_min_of(u.head, 2 * c + g, &scale, &min);
+            w.column[g] = base + 64 * c + 32 * g + 16 * h;
+            w.scale[g] = d * float(scale);
+            w.offset[g] = -(dmin * float(min));
+            if constexpr (D == DType::Q5_K) {
+#pragma unroll
+                for (int i = 0; i < kGroupWeights; ++i)
+                    w.q[g][i] |= (byte_of(u.high, i) >> (2 * c + g) & 1) << 4;
+            }
+        }
+    } else if constexpr (D == DType::Q6_K) {
+        const int n = k / 4, p = k / 2 % 2, g16 = k % 2;
+        const float d = half_bits_to_float(u.head[0] >> 16);
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+            const int t = p + 2 * g;  // the quarter of the half: low nibbles p, high p + 2
+            w.column[g] = base + 128 * n + 32 * t + 16 * g16;
+            w.scale[g] = d * float(int8_t(uint8_t(u.head[0] >> (8 * g))));
+            w.offset[g] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < kGroupWeights; ++i)
+                w.q[g][i] = (w.q[g][i] | (byte_of(u.high, i) >> (2 * t) & 3) << 4) - 32;
+        }
+    } else {
+        const float d = half_bits_to_float(u.head[0] & 0xffffu);
+        const int low = byte_of(u.head, 4 + k / 2) >> (4 * (k % 2)) & 15;
+        const int high = int(u.head[0] >> 16 >> (2 * k) & 3u);
+        const float scale = d * float((low | high << 4) - 32);
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+            w.column[g] = base + kUnitWeights * k + kGroupWeights * g;
+            w.scale[g] = scale;
+            w.offset[g] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < kGroupWeights; ++i) w.q[g][i] = iq4_level(w.q[g][i]);
+        }
+    }
+    return w;
+}
+
+// Bytes of a device row of `cols` columns of block type `dtype` (kernels.h: DeviceMatrix).
+template <DType D>
+__host__ __device__ __forceinline__ size_t block_row_bytes(int cols) {
+    return (size_t(cols) / BlockLayout<D>::kWeights * BlockLayout<D>::kBytes + 15) / 16 * 16;
+}
+
+template <DType D>
+__device__ __forceinline__ const uint8_t* block_row(const void* weights, int row, int cols) {
+    return static_cast<const uint8_t*>(weights) + size_t(row) * block_row_bytes<D>(cols);
+}
+
+// Host side: calls use(std::integral_constant<DType, D>{}) for block type `dtype`.
+template <typename Use>
+void with_block_dtype(DType dtype, Use&& use) {
+    switch (dtype) {
+        case DType::Q4_1:
+            return use(std::integral_constant<DType, DType::Q4_1>{});
+        case DType::Q5_0:
+            return use(std::integral_constant<DType, DType::Q5_0>{});
+        case DType::Q5_1:
+            return use(std::integral_constant<DType, DType::Q5_1>{});
+        case DType::Q4_K:
+            return use(std::integral_constant<DType, DType::Q4_K>{});
+        case DType::Q5_K:
+            return use(std::integral_constant<DType, DType::Q5_K>{});
+        case DType::Q6_K:
+            return use(std::integral_constant<DType, DType::Q6_K>{});
+        case DType::IQ4_XS:
+            return use(std::integral_constant<DType, DType::IQ4_XS>{});
+        default:
+            throw Error("with_block_dtype: not a block type");
+    }
+}
+
+#ifndef BARELLM_CUDA_EMULATION
+
+// Throws unless w is a block-type device matrix of whole blocks (rows of block_row_bytes).
+inline void check_block_matrix(const DeviceMatrix& w, const char* what) {
+    if (!is_block_type(w.dtype) || w.cols % block_weights(w.dtype) != 0 || w.pitch != w.cols)
+        throw Error(std::string(what) + ": not a block-type device matrix of whole blocks");
+}
+
+#endif  // BARELLM_CUDA_EMULATION
+
+}  // namespace barellm::cuda

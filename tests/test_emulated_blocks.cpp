@@ -1,0 +1,290 @@
+// The block-type kernels (block_units.cuh, matvec_blocks.cuh, the block embedding of
+// embedding.cuh and the f16 dequantization of dequantize.cuh), run on the CPU emulation of
+// CUDA, against the scalar dequantization of src/weight_blocks.cpp times the input in double:
+// random blocks whose f16 scales (d, dmin, m) are drawn across their range with both signs,
+// rows not a multiple of a block's 8 or 16 warps, rows of more units than a warp takes in one
+// round.
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "dequantize.cuh"
+#include "embedding.cuh"
+#include "emulated_inputs.h"
+#include "half.h"
+#include "matvec_blocks.cuh"
+#include "weight_blocks.h"
+
+using namespace barellm;
+using namespace barellm::cuda;
+using namespace barellm::test;
+
+namespace {
+
+constexpr float kEps = 1e-5f;
+constexpr int kRowCounts[] = {1, 37, 70};
+// Relative error allowed against the magnitude of a sum: f32 products and sums over a few
+// thousand terms.
+constexpr double kSumError = 2e-5;
+constexpr double kTiny = 1e-6;
+
+constexpr DType kBlockTypes[] = {DType::Q4_1, DType::Q5_0, DType::Q5_1,  DType::Q4_K,
+                                 DType::Q5_K, DType::Q6_K, DType::IQ4_XS};
+
+// Byte offsets of a block's f16 fields (d, and dmin or m where the type has them).
+std::vector<int> half_fields(DType dtype) {
+    switch (dtype) {
+        case DType::Q4_1:
+        case DType::Q5_1:
+        case DType::Q4_K:
+        case DType::Q5_K:
+            return {0, 2};
+        case DType::Q6_K:
+            return {208};
+        default:  // Q5_0, IQ4_XS
+            return {0};
+    }
+}
+
+// A finite f16 of either sign: mostly of moderate size, some near the top of the range,
+// some tiny (subnormal).
+uint16_t random_scale(std::mt19937& rng) {
+    std::uniform_int_distribution<int> kind(0, 9), sign(0, 1);
+    std::uniform_real_distribution<float> moderate(1e-3f, 1.0f), large(1e3f, 6e4f);
+    const int k = kind(rng);
+    float magnitude = k < 7 ? moderate(rng) : k < 9 ? large(rng) : 6e-8f * float(1 + kind(rng));
+    return float_to_half(sign(rng) ? -magnitude : magnitude);
+}
+
+// A matrix of block type `dtype` [rows, cols] in the device layout (each row's blocks
+// padded to 16 bytes with a byte the kernels must not read into the result), random bytes
+// with random f16 scales, and its weights as the scalar reference dequantizes them.
+struct BlockMatrix {
+    DType dtype;
+    int rows, cols;
+    size_t row_bytes;     // device row: 16-byte multiple
+    size_t blocks_bytes;  // of the blocks in a row
+    AlignedArray<uint8_t> bytes;
+    std::vector<float> weights;  // [rows, cols]: dequantize_row
+    std::vector<float> offsets;  // [rows, cols]: the part of each weight not times its q
+
+    BlockMatrix(DType dtype_, int rows_, int cols_, std::mt19937& rng)
+        : dtype(dtype_),
+          rows(rows_),
+          cols(cols_),
+          row_bytes(DeviceMatrix{nullptr, dtype_, rows_, cols_, cols_}.row_bytes()),
+          blocks_bytes(size_t(cols_) / block_weights(dtype_) * block_bytes(dtype_)),
+          bytes(size_t(rows_) * row_bytes, uint8_t(0xa5)),
+          weights(size_t(rows_) * cols_),
+          offsets(size_t(rows_) * cols_, 0.0f) {
+        std::uniform_int_distribution<int> byte(0, 255);
+        const int blocks = cols / block_weights(dtype), n = block_weights(dtype);
+        for (int r = 0; r < rows; ++r) {
+            uint8_t* row = bytes.data() + r * row_bytes;
+            for (size_t i = 0; i < blocks_bytes; ++i) row[i] = uint8_t(byte(rng));
+            for (int b = 0; b < blocks; ++b) {
+                uint8_t* block = row + size_t(b) * block_bytes(dtype);
+                for (const int field : half_fields(dtype)) {
+                    const uint16_t h = random_scale(rng);
+                    std::memcpy(block + field, &h, 2);
+                }
+                record_offsets(block, &offsets[size_t(r) * cols + size_t(b) * n]);
+            }
+            dequantize_row(dtype, row, &weights[size_t(r) * cols], cols);
+        }
+    }
+
+    float weight(int r, int c) const { return weights[size_t(r) * cols + c]; }
+    // |w| plus its offset part: what the f32 error of a product with w scales with.
+    double magnitude(int r, int c) const {
+        return std::fabs(weight(r, c)) + 2.0 * std::fabs(offsets[size_t(r) * cols + c]);
+    }
+
+private:
+    // The offset (min) part of each weight of a block: m (Q4_1, Q5_1), dmin · m_j (Q4_K,
+    // Q5_K), none for the other types.
+    void record_offsets(const uint8_t* block, float* out) const {
+        auto half_at = [&](int offset) {
+            uint16_t h;
+            std::memcpy(&h, block + offset, 2);
+            return half_to_float(h);
+        };
+        if (dtype == DType::Q4_1 || dtype == DType::Q5_1)
+            for (int j = 0; j < kSmallBlock; ++j) out[j] = half_at(2);
+        if (dtype == DType::Q4_K || dtype == DType::Q5_K)
+            for (int j = 0; j < kSuperBlock / kSubBlock; ++j) {
+                int scale, min;
+                k_scale_min(block + 4, j, &scale, &min);
+                for (int l = 0; l < kSubBlock; ++l) out[kSubBlock * j + l] = half_at(2) * min;
+            }
+    }
+};
+
+// `count` random non-zero floats in 16-byte aligned storage.
+AlignedArray<float> aligned_floats(size_t count, std::mt19937& rng, float scale = 1.0f) {
+    AlignedArray<float> out(count);
+    const std::vector<float> drawn = random_floats(count, rng, scale);
+    std::copy(drawn.begin(), drawn.end(), out.data());
+    return out;
+}
+
+// The input as the kernels stage it: x * rsqrt(mean(x²) + eps) * norm_weight in f32 (the
+// scale rounded to f32), or x.
+std::vector<double> staged_input(const float* x, int n, const float* norm_weight) {
+    std::vector<double> out(x, x + n);
+    if (norm_weight == nullptr) return out;
+    double squares = 0;
+    for (int i = 0; i < n; ++i) squares += double(x[i]) * x[i];
+    const float scale = float(1.0 / std::sqrt(squares / n + kEps));
+    for (int i = 0; i < n; ++i) out[i] = x[i] * scale * norm_weight[i];
+    return out;
+}
+
+struct Sum {
+    double value = 0, magnitude = 0;
+};
+
+Sum row_sum(const BlockMatrix& w, int r, const std::vector<double>& x) {
+    Sum sum;
+    for (int c = 0; c < w.cols; ++c) {
+        sum.value += double(w.weight(r, c)) * x[c];
+        sum.magnitude += w.magnitude(r, c) * std::fabs(x[c]);
+    }
+    return sum;
+}
+
+bool close_sum(double got, const Sum& want) {
+    return std::fabs(got - want.value) <= kSumError * want.magnitude + kTiny;
+}
+
+double silu(double g) { return g / (1.0 + std::exp(-g)); }
+
+bool close_swiglu(double got, const Sum& gate, const Sum& up) {
+    const double want = silu(gate.value) * up.value;
+    const double bound = kSumError * (1.1 * gate.magnitude * std::fabs(up.value) +
+                                      std::fabs(silu(gate.value)) * up.magnitude);
+    return std::fabs(got - want) <= bound + kTiny * (1.0 + std::fabs(want));
+}
+
+struct Fusion {
+    bool norm, bias, accumulate;
+};
+constexpr Fusion kFusions[] = {{false, false, false},
+                               {true, false, false},
+                               {false, true, false},
+                               {false, false, true},
+                               {true, true, true}};
+
+template <DType D>
+void check_block_matvec(int rows, int cols, const Fusion& f, std::mt19937& rng) {
+    INFO(dtype_name(D) << ", " << rows << " x " << cols << ", norm " << f.norm << ", bias "
+                       << f.bias << ", accumulate " << f.accumulate);
+    const BlockMatrix w(D, rows, cols, rng), w3(D, rows, cols, rng);
+    const AlignedArray<float> in = aligned_floats(size_t(cols), rng, 2.0f);
+    const AlignedArray<float> norm = aligned_floats(size_t(cols), rng);
+    const std::vector<float> bias = random_floats(size_t(rows), rng);
+    const std::vector<float> old = random_floats(size_t(rows), rng);
+    const float* norm_weight = f.norm ? norm.data() : nullptr;
+    std::vector<float> out = f.accumulate ? old : std::vector<float>(size_t(rows), NAN);
+    std::vector<float> gated(size_t(rows), NAN);
+    const dim3 grid = matvec_grid(rows, cols), block = matvec_block(cols);
+    const size_t shared = staged_input_bytes(cols);
+    const auto kernel = f.accumulate ? block_matvec_kernel<D, true> : block_matvec_kernel<D, false>;
+    emulate_launch(grid, block, shared, kernel, out.data(), w.bytes.data(), rows, in.data(), cols,
+                   norm_weight, kEps, f.bias ? bias.data() : nullptr);
+    emulate_launch(grid, block, shared, block_matvec_swiglu_kernel<D>, gated.data(), w.bytes.data(),
+                   w3.bytes.data(), rows, in.data(), cols, norm.data(), kEps);
+
+    const std::vector<double> x = staged_input(in.data(), cols, norm_weight);
+    const std::vector<double> normed = staged_input(in.data(), cols, norm.data());
+    int wrong = 0;
+    for (int r = 0; r < rows; ++r) {
+        Sum want = row_sum(w, r, x);
+        if (f.bias) want.value += bias[r], want.magnitude += std::fabs(bias[r]);
+        if (f.accumulate) want.value += old[r], want.magnitude += std::fabs(old[r]);
+        wrong += !close_sum(out[r], want);
+        wrong += !close_swiglu(gated[r], row_sum(w, r, normed), row_sum(w3, r, normed));
+    }
+    CHECK(wrong == 0);
+}
+
+// Columns for each block type: one block, more units than a warp's lanes, and more than one
+// round of kBlockMatvecUnroll units per lane (with a last round only partly filled); rows
+// past 4096 columns take 16 warps a block.
+std::vector<int> columns_for(DType dtype) {
+    if (block_weights(dtype) == kSmallBlock) return {32, 96 * 12, 32 * 71, 4160};
+    return {256, 256 * 5, 256 * 9, 4352};
+}
+
+template <DType D>
+void check_block_matvecs(std::mt19937& rng) {
+    int n = 0;
+    for (const int cols : columns_for(D))
+        for (const int rows : kRowCounts) check_block_matvec<D>(rows, cols, kFusions[n++ % 5], rng);
+}
+
+template <typename Check>
+void for_each_block_type(Check&& check) {
+    for (const DType dtype : kBlockTypes) with_block_dtype(dtype, [&](auto d) { check(d); });
+}
+
+}  // namespace
+
+TEST_CASE("emulated block-type matvecs match the scalar dequantization in double",
+          "[cuda_emulation][decode][blocks]") {
+    std::mt19937 rng(57);
+    for_each_block_type([&](auto d) { check_block_matvecs<decltype(d)::value>(rng); });
+}
+
+TEST_CASE("a unit's groups cover each column of its block once", "[cuda_emulation][blocks]") {
+    // decode_unit's column map, without the data: every column of a super-block (or block)
+    // belongs to exactly one group of one unit.
+    for_each_block_type([&](auto d) {
+        constexpr DType D = decltype(d)::value;
+        INFO(dtype_name(D));
+        const int n = block_weights(D), units = n / kUnitWeights;
+        std::vector<int> covered(size_t(n) * 2, 0);  // two blocks: the second's base too
+        for (int unit = 0; unit < 2 * units; ++unit) {
+            const WeightUnit w = decode_unit<D>(UnitBytes{}, unit);
+            for (int g = 0; g < 2; ++g)
+                for (int i = 0; i < kGroupWeights; ++i) ++covered.at(size_t(w.column[g] + i));
+        }
+        CHECK(std::count(covered.begin(), covered.end(), 1) == 2 * n);
+    });
+}
+
+TEST_CASE("emulated block-type embedding and f16 dequantization match the scalar dequantization",
+          "[cuda_emulation][prefill][blocks]") {
+    std::mt19937 rng(58);
+    for_each_block_type([&](auto d) {
+        constexpr DType D = decltype(d)::value;
+        for (const int cols : columns_for(D)) {
+            const int rows = 37;
+            INFO(dtype_name(D) << ", " << rows << " x " << cols);
+            const BlockMatrix w(D, rows, cols, rng);
+            // The embedding of three tokens, the last row among them.
+            const std::vector<int> tokens = {5, rows - 1, 0};
+            std::vector<float> x(tokens.size() * cols, NAN);
+            emulate_launch(block_embedding_grid(cols, int(tokens.size())), dim3(kBlockRowsThreads),
+                           0, block_embedding_kernel<D>, x.data(), w.bytes.data(), cols,
+                           tokens.data());
+            int wrong = 0;
+            for (size_t t = 0; t < tokens.size(); ++t)
+                for (int c = 0; c < cols; ++c) wrong += x[t * cols + c] != w.weight(tokens[t], c);
+            CHECK(wrong == 0);
+
+            // Every weight rounded to f16 once.
+            AlignedArray<uint16_t> f16(size_t(rows) * cols, uint16_t(0x7e00));
+            emulate_launch(dequantize_block_rows_grid(rows, cols), dim3(kBlockRowsThreads), 0,
+                           dequantize_block_rows_kernel<D>, f16.data(), w.bytes.data(), rows, cols);
+            wrong = 0;
+            for (int r = 0; r < rows; ++r)
+                for (int c = 0; c < cols; ++c)
+                    wrong += f16.data()[size_t(r) * cols + c] != float_to_half(w.weight(r, c));
+            CHECK(wrong == 0);
+        }
+    });
+}
