@@ -151,12 +151,12 @@ constexpr int kQuantizedRowTiles = 4;
 
 // The GEMM rows [first, first + count) of one output, on the path for its weights:
 // vdpbf16ps for bf16 where pair_tiles were packed, else AVX-512 FMAs for f32, f16 and
-// bf16, else AVX2.
-void batch_rows(const BatchOutput& o, const float* x, const float* x_tiles,
-                const uint32_t* pair_tiles, int batch, int first, int count) {
+// bf16, else AVX2 (the block types dequantized to f32 there).
+void batch_rows(const BatchOutput& o, const float* x_tiles, const uint32_t* pair_tiles, int batch,
+                int first, int count) {
     const DType dtype = o.w->dtype;
     if (is_block_type(dtype))
-        scalar::gemm_rows(o.out, *o.w, x, batch, first, count);
+        avx2::gemm_rows(o.out, *o.w, x_tiles, batch, first, count);
     else if (pair_tiles && dtype == DType::BF16)
         avx512::gemm_rows_bf16(o.out, *o.w, pair_tiles, batch, first, count);
     else if (active_level == SimdLevel::Avx512 && !is_quantized(dtype))
@@ -243,7 +243,7 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
         }
         claim_rows(outputs, total_rows, &next_row, avx2::kRowTile, avx2::kRowBlock,
                    [&](const BatchOutput& o, int first, int count) {
-                       batch_rows(o, x, x_tiles, pair_tiles, batch, first, count);
+                       batch_rows(o, x_tiles, pair_tiles, batch, first, count);
                    });
     }
 }
