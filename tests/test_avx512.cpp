@@ -18,6 +18,7 @@
 #define avx512 avx512_simde
 #include "cpu/avx512.h"
 #undef avx512
+#include "block_matrices.h"
 #include "test_matrices.h"
 
 using namespace barellm;
@@ -44,6 +45,7 @@ namespace {
     X(quantize_token)           \
     X(quantize_q8)              \
     X(gemm_rows_quantized)      \
+    X(gemm_rows_blocks)         \
     X(gemm_rows)                \
     X(pack_token_pair_tile)     \
     X(gemm_rows_bf16)
@@ -520,6 +522,43 @@ TEST_CASE("AVX-512 VNNI Q8 and Q4 prefill GEMM matches a reference on quantized 
                 }
             }
     }
+}
+
+TEST_CASE("AVX-512 VNNI prefill GEMM of the block types matches a reference on quantized x") {
+    std::mt19937 rng(517);
+    for (const DType dtype : kBlockTypes)
+        for (const Avx512Build& build : builds()) {
+            if (!build.has_vnni) continue;
+            // Rows not a multiple of the 32-row tile, batches not of the 6-token tile; one and
+            // several blocks a row.
+            const int block = block_weights(dtype);
+            for (int batch : {1, 7, 13})
+                for (int cols : {block, 3 * block}) {
+                    const int rows = 37;
+                    const TestMatrix m = make_block_matrix(rows, cols, dtype, rng);
+                    // Large values: the int8 products reach their extremes (±127 × 255).
+                    const std::vector<float> x = random_floats(size_t(batch) * cols, rng, 50.0f);
+                    const std::vector<double> want =
+                        reference_gemm(m, rows_quantized_like_the_kernel(x, cols), batch);
+                    cpu::QuantizedBatch quantized;
+                    cpu::resize_quantized_batch(&quantized, batch, cols);
+                    for (int b = 0; b < batch; ++b)
+                        build.quantize_token(&quantized, x.data() + size_t(b) * cols, cols, b);
+                    // A run of rows not starting at row 0 (a thread's share), over two tiles.
+                    const int first = 3, count = rows - 5;
+                    std::vector<float> got(size_t(batch) * rows, NAN);
+                    build.gemm_rows_blocks(got.data(), m.matrix, quantized, first, count);
+                    INFO(build.name << " " << matrix_type_name(dtype) << " batch " << batch
+                                    << " cols " << cols);
+                    for (int b = 0; b < batch; ++b) {
+                        const size_t row0 = size_t(b) * rows;
+                        CHECK(relative_error(row_range(got, int(row0) + first, count),
+                                             row_range(want, int(row0) + first, count)) < 1e-6);
+                        CHECK(std::isnan(got[row0 + first - 1]));
+                        CHECK(std::isnan(got[row0 + first + count]));
+                    }
+                }
+        }
 }
 
 TEST_CASE("AVX-512 VNNI prefill GEMM of several Q8 and Q4 matrices on several threads") {

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "block_matrices.h"
 #include "cpu/kernels.h"
 #include "half.h"
 #include "test_matrices.h"
@@ -24,6 +25,12 @@ bool gemm_quantizes_x(DType dtype, cpu::SimdLevel level) {
     return (dtype == DType::Q8_0 || dtype == DType::Q4_0) &&
            ((level == cpu::SimdLevel::Avx512 && cpu::cpu_has_avx512_vnni()) ||
             (level == cpu::SimdLevel::Avx2 && cpu::cpu_has_avx_vnni()));
+}
+
+// Whether the prefill GEMM at `level` quantizes x per token for the block types (their
+// integer GEMM on AVX-512 VNNI; elsewhere they multiply x as it is).
+bool block_gemm_quantizes_x(cpu::SimdLevel level) {
+    return level == cpu::SimdLevel::Avx512 && cpu::cpu_has_avx512_vnni();
 }
 
 }  // namespace
@@ -371,6 +378,54 @@ TEST_CASE("several GEMMs of one input each match their own reference") {
         cpu::gemm_many(x.data(), batch,
                        {{got[0].data(), &matrices[0].matrix}, {narrow_out.data(), &narrow.matrix}}),
         Catch::Contains("different widths"));
+}
+
+TEST_CASE("GEMMs of matrices of mixed block types each match their own reference") {
+    std::mt19937 rng(57);
+    const auto level =
+        GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
+    const int threads = GENERATE(1, 3);
+    if (level > cpu::detect_simd_level()) return;
+    // q, k, v of a Q4_K_M file (Q4_K, Q4_K, Q6_K), and a fallback mix (Q5_0 beside Q8_0 and
+    // IQ4_XS beside Q5_1); row counts off every tile, so that the threads' runs straddle the
+    // boundaries between matrices; a batch off the 6-token tile.
+    const std::vector<std::vector<DType>> mixes = {{DType::Q4_K, DType::Q4_K, DType::Q6_K},
+                                                   {DType::Q5_0, DType::Q8_0, DType::Q5_1},
+                                                   {DType::IQ4_XS, DType::Q5_K, DType::Q4_1}};
+    const std::vector<int> row_counts = {197, 37, 45};
+    const int batch = 13, cols = 512;
+    const int saved_threads = omp_get_max_threads();
+    for (const std::vector<DType>& mix : mixes) {
+        std::vector<TestMatrix> matrices;
+        for (size_t m = 0; m < mix.size(); ++m)
+            matrices.push_back(is_block_type(mix[m])
+                                   ? make_block_matrix(row_counts[m], cols, mix[m], rng)
+                                   : make_matrix(row_counts[m], cols, mix[m], rng));
+        const std::vector<float> x = random_floats(size_t(batch) * cols, rng, 4.0f);
+        std::vector<std::vector<float>> got;
+        for (int rows : row_counts) got.emplace_back(size_t(batch) * rows, NAN);
+        omp_set_num_threads(threads);
+        cpu::set_simd_level(level);
+        cpu::gemm_many(x.data(), batch,
+                       {{got[0].data(), &matrices[0].matrix},
+                        {got[1].data(), &matrices[1].matrix},
+                        {got[2].data(), &matrices[2].matrix}});
+        cpu::set_simd_level(cpu::detect_simd_level());
+        omp_set_num_threads(saved_threads);
+        // Every output on its own type's path: all of them on quantized x, or none.
+        const bool quantized =
+            std::all_of(mix.begin(), mix.end(),
+                        [&](DType dtype) {
+                            return is_block_type(dtype) || gemm_quantizes_x(dtype, level);
+                        }) &&
+            block_gemm_quantizes_x(level);
+        const std::vector<float> x_used = quantized ? rows_quantized_like_the_kernel(x, cols) : x;
+        for (size_t m = 0; m < matrices.size(); ++m) {
+            INFO(matrix_type_name(mix[m])
+                 << " " << cpu::simd_level_name(level) << " " << threads << " threads");
+            CHECK(relative_error(got[m], reference_gemm(matrices[m], x_used, batch)) < 1e-6);
+        }
+    }
 }
 
 TEST_CASE(

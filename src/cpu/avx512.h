@@ -79,6 +79,12 @@ void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token);
 void gemm_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
                          int row_count);
 
+// The block types (weight_blocks.h), from the same QuantizedBatch: each row tile's blocks
+// unpacked to levels and f32 sub-block scales once, then met by every token
+// (gemm_blocks_avx512vnni.cpp).
+void gemm_rows_blocks(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
+                      int row_count);
+
 // ---- The prefill GEMM: out[token][row] = Σ_col W[row][col] · x[token][col] for a batch of
 // tokens, on tiles of x transposed once per call and shared by the threads.
 

@@ -151,12 +151,12 @@ constexpr int kQuantizedRowTiles = 4;
 
 // The GEMM rows [first, first + count) of one output, on the path for its weights:
 // vdpbf16ps for bf16 where pair_tiles were packed, else AVX-512 FMAs for f32, f16 and
-// bf16, else AVX2.
-void batch_rows(const BatchOutput& o, const float* x, const float* x_tiles,
-                const uint32_t* pair_tiles, int batch, int first, int count) {
+// bf16, else AVX2 (the block types dequantized to f32 there).
+void batch_rows(const BatchOutput& o, const float* x_tiles, const uint32_t* pair_tiles, int batch,
+                int first, int count) {
     const DType dtype = o.w->dtype;
     if (is_block_type(dtype))
-        scalar::gemm_rows(o.out, *o.w, x, batch, first, count);
+        avx2::gemm_rows(o.out, *o.w, x_tiles, batch, first, count);
     else if (pair_tiles && dtype == DType::BF16)
         avx512::gemm_rows_bf16(o.out, *o.w, pair_tiles, batch, first, count);
     else if (active_level == SimdLevel::Avx512 && !is_quantized(dtype))
@@ -185,11 +185,12 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
     }
     const int threads = threads_for(total_rows * row_work);
     std::atomic<int> next_row{0};  // rows of all outputs, one matrix after another
-    // Q8 and Q4 weights with VNNI (from their tiles with AVX-512 VNNI, their rows with AVX-VNNI):
-    // x is quantized once, a token at a time, the threads sharing the work and the result;
-    // the buffer belongs to the calling thread.
+    // Q8 and Q4 weights with VNNI (from their tiles with AVX-512 VNNI, their rows with AVX-VNNI),
+    // and the block types with AVX-512 VNNI (each output on its own type's kernel): x is
+    // quantized once, a token at a time, the threads sharing the work and the result; the
+    // buffer belongs to the calling thread.
     const bool all_tiled = std::all_of(outputs.begin(), outputs.end(), [](const BatchOutput& o) {
-        return is_quantized(o.w->dtype) && o.w->row_tiles;
+        return (is_quantized(o.w->dtype) && o.w->row_tiles) || is_block_type(o.w->dtype);
     });
     const bool all_quantized =
         std::all_of(outputs.begin(), outputs.end(),
@@ -211,7 +212,8 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
                 quantize_token(x_quantized, x + size_t(b) * cols, cols, b);
             claim_rows(outputs, total_rows, &next_row, row_tile, kQuantizedRowTiles * row_tile,
                        [&](const BatchOutput& o, int first, int count) {
-                           rows_quantized(o.out, *o.w, *x_quantized, first, count);
+                           (is_block_type(o.w->dtype) ? avx512::gemm_rows_blocks : rows_quantized)(
+                               o.out, *o.w, *x_quantized, first, count);
                        });
         }
         return;
@@ -241,7 +243,7 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
         }
         claim_rows(outputs, total_rows, &next_row, avx2::kRowTile, avx2::kRowBlock,
                    [&](const BatchOutput& o, int first, int count) {
-                       batch_rows(o, x, x_tiles, pair_tiles, batch, first, count);
+                       batch_rows(o, x_tiles, pair_tiles, batch, first, count);
                    });
     }
 }

@@ -95,6 +95,12 @@ void pack_rows(float* panel, const Matrix& w, int first_row, int rows, int first
             for (int i = 0; i < depth; i += kQ4Block)
                 unpack_q4_block(dest + i, source + (first_col + i) / 2,
                                 _cvtsh_ss(scales[(first_col + i) / kQ4Block]));
+        } else if (is_block_type(w.dtype)) {
+            // first_col and depth are whole blocks (kDepthBlock is a multiple of every block
+            // type's weights): the scalar dequantization, once per call for all the tokens.
+            const size_t first_block = size_t(first_col / block_weights(w.dtype));
+            dequantize_row(w.dtype, w.row_data(first_row + r) + first_block * block_bytes(w.dtype),
+                           dest, depth);
         } else {
             // One loop per type: load8 tests the type, and the compiler would otherwise
             // widen every vector both ways.

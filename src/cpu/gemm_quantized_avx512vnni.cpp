@@ -212,6 +212,7 @@ void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token) 
     int8_t* values = x->values.data() + size_t(token) * x->padded_cols;
     float* scales = x->scales.data() + size_t(token) * x->groups;
     int32_t* starts = x->starts.data() + size_t(token) * x->groups;
+    int32_t* half_sums = x->half_sums.data() + size_t(token) * x->groups * 2;
     for (int g = 0; g < x->groups; ++g) {
         const int first = g * kGroup;
         // The whole group is stored: past cols, its zeros are the padding.
@@ -220,7 +221,9 @@ void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token) 
         _mm_storeu_si128(reinterpret_cast<__m128i*>(values + first + kLanes),
                          _mm512_cvtepi32_epi8(q.high));
         scales[g] = q.scale;
-        starts[g] = -kUnsignedOffset * _mm512_reduce_add_epi32(_mm512_add_epi32(q.low, q.high));
+        half_sums[2 * g] = _mm512_reduce_add_epi32(q.low);
+        half_sums[2 * g + 1] = _mm512_reduce_add_epi32(q.high);
+        starts[g] = -kUnsignedOffset * (half_sums[2 * g] + half_sums[2 * g + 1]);
     }
 }
 

@@ -96,6 +96,8 @@ struct QuantizedBatch {
     std::vector<int8_t> values;   // [batch, padded_cols]
     std::vector<float> scales;    // [batch, groups]
     std::vector<int32_t> starts;  // [batch, groups]
+    std::vector<int32_t> half_sums;  // [batch, 2 × groups]: Σ values of each 16 (AVX-512 only;
+                                     // the block types' offsets and mins)
 };
 // Sizes x's buffers for `batch` tokens of `cols` columns.
 void resize_quantized_batch(QuantizedBatch* x, int batch, int cols);

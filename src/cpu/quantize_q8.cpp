@@ -53,6 +53,7 @@ void resize_quantized_batch(QuantizedBatch* x, int batch, int cols) {
     x->values.resize(size_t(batch) * x->padded_cols);
     x->scales.resize(size_t(batch) * x->groups);
     x->starts.resize(size_t(batch) * x->groups);
+    x->half_sums.resize(size_t(batch) * x->groups * 2);
 }
 
 }  // namespace barellm::cpu

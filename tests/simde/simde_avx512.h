@@ -234,3 +234,38 @@ inline simde__m512 _mm512_shuffle_f32x4(simde__m512 a, simde__m512 b, int select
     return bits<simde__m512>(out);
 }
 #endif
+#ifndef _mm512_mask_i32gather_epi32
+// Lane i: the 32-bit word at base + index[i] × scale where mask has bit i, else src's lane
+// (read with memcpy: the words need no alignment).
+inline simde__m512i _mm512_mask_i32gather_epi32(simde__m512i src, simde__mmask16 mask,
+                                                simde__m512i index, const void* base, int scale) {
+    using namespace barellm::simde_extra;
+    const I32x16 offsets = bits<I32x16>(index);
+    I32x16 out = bits<I32x16>(src);
+    for (int i = 0; i < 16; ++i)
+        if (mask >> i & 1)
+            std::memcpy(&out.lane[i],
+                        static_cast<const char*>(base) + int64_t(offsets.lane[i]) * scale,
+                        sizeof(int32_t));
+    return bits<simde__m512i>(out);
+}
+#endif
+#ifndef _mm512_cvtepi32_epi16
+// Each lane's low 16 bits (truncation, no saturation).
+inline simde__m256i _mm512_cvtepi32_epi16(simde__m512i values) {
+    using namespace barellm::simde_extra;
+    const I32x16 in = bits<I32x16>(values);
+    uint16_t out[16];
+    for (int i = 0; i < 16; ++i) out[i] = uint16_t(uint32_t(in.lane[i]) & 0xffff);
+    return bits<simde__m256i>(out);
+}
+#endif
+#ifndef _mm512_srai_epi32
+// Each lane shifted right by count (0..31), copies of its sign bit shifted in.
+inline simde__m512i _mm512_srai_epi32(simde__m512i values, unsigned count) {
+    using namespace barellm::simde_extra;
+    I32x16 lanes = bits<I32x16>(values);
+    for (int& lane : lanes.lane) lane = count > 31 ? (lane < 0 ? -1 : 0) : lane >> count;
+    return bits<simde__m512i>(lanes);
+}
+#endif
