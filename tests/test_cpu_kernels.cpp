@@ -10,6 +10,7 @@
 
 #include "cpu/kernels.h"
 #include "half.h"
+#include "test_block_matrices.h"
 #include "test_matrices.h"
 
 using namespace barellm;
@@ -510,4 +511,55 @@ TEST_CASE("matvecs split across threads equal their reference at every level and
     omp_set_num_threads(saved_threads);
     INFO(dtype_name(dtype) << " " << cpu::simd_level_name(level));
     CHECK(relative_error(got, want) < 1e-5);
+}
+
+TEST_CASE("quantize_q8_k gives the bytes of llama.cpp's Q8_K rule") {
+    std::mt19937 rng(701);
+    for (int n : {256, 768, 1280}) {
+        const std::vector<float> x = q8_k_test_input(n, rng);
+        const Q8K want = q8_k_by_rule(x);
+        cpu::Q8KVector got;
+        got.values.assign(n + 300, 99);  // stale contents, longer than n: resized to n
+        cpu::quantize_q8_k(&got, x.data(), n);
+        INFO("n " << n);
+        CHECK(got.values == want.values);
+        CHECK(got.d == want.d);
+        CHECK(got.sums == want.sums);
+    }
+}
+
+TEST_CASE("block-type matvecs of mixed types in one matvec_many call, every level and threads") {
+    // Each matrix against its dequantized rows: times x itself at the scalar level, times x
+    // quantized as Q8_K where the SIMD levels' integer dot products use it.
+    std::mt19937 rng(702);
+    const auto level =
+        GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
+    const auto threads = GENERATE(1, 3);
+    if (level > cpu::detect_simd_level()) return;
+    // Large enough that threads_for gives each of 3 threads rows.
+    const int cols = 1280;
+    const DType types[] = {DType::Q4_K, DType::Q6_K, DType::Q5_K};
+    const int rows[] = {101, 67, 45};
+    std::vector<TestMatrix> matrices;
+    for (int t = 0; t < 3; ++t) matrices.push_back(make_block_matrix(rows[t], cols, types[t], rng));
+    const std::vector<float> x = q8_k_test_input(cols, rng);
+    const Q8K quantized = q8_k_by_rule(x);
+    std::vector<std::vector<float>> got(3);
+    for (int t = 0; t < 3; ++t) got[t].assign(rows[t], NAN);
+    const int saved_threads = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    REQUIRE(cpu::threads_for(size_t(rows[0] + rows[1] + rows[2]) * cols) == threads);
+    cpu::set_simd_level(level);
+    cpu::matvec_many({{got[0].data(), x.data(), &matrices[0].matrix},
+                      {got[1].data(), x.data(), &matrices[1].matrix},
+                      {got[2].data(), x.data(), &matrices[2].matrix}});
+    cpu::set_simd_level(cpu::detect_simd_level());
+    omp_set_num_threads(saved_threads);
+    const std::vector<float>& x_used = level == cpu::SimdLevel::Scalar ? x : quantized.dequantized;
+    for (int t = 0; t < 3; ++t) {
+        INFO(matrix_type_name(types[t])
+             << " " << cpu::simd_level_name(level) << " threads " << threads);
+        const std::vector<double> want = block_reference(matrices[t], x_used);
+        CHECK(worst_row_error(got[t], want, matrices[t], x_used, 0, rows[t]) < 1e-6);
+    }
 }

@@ -17,6 +17,10 @@ void matvec_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int f
 void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
 
+// Q4_K, Q5_K and Q6_K weights against x quantized per 256 as Q8_K (matvec_kquants_avx2.cpp).
+void matvec_rows_kquants(float* out, const Matrix& w, const Q8KVector& x, int first_row,
+                         int row_count);
+
 // ---- The prefill GEMM (gemm_avx2.cpp), in two steps:
 // - x [batch, cols] is transposed into tiles of kTokenTile tokens (x_tiles [tiles, cols,
 //   kTokenTile], 32-byte aligned);

@@ -87,6 +87,20 @@ void quantize_q8(QuantizedVector* out, const float* x, int n);
 // Sizes x's buffers for n values (the quantize_q8s).
 void resize_quantized_vector(QuantizedVector* x, int n);
 
+// A vector quantized per super-block of 256 as llama.cpp's Q8_K, the x of the Q4_K, Q5_K
+// and Q6_K matvecs: x[i] ≈ d[i / 256] × values[i]. Per super-block, max is the value of
+// largest magnitude (the first such, sign kept), values = nearest integer (ties to even) to
+// x × (−127 / max), capped at 127, and d = 1 / (−127 / max); all zero where max is 0.
+struct Q8KVector {
+    std::vector<float> d;        // [n / 256]
+    std::vector<int8_t> values;  // [n]
+    std::vector<int16_t> sums;   // [n / 16]: Σ values of each 16 (Q6_K's offset of 32, the
+                                 // mins of Q4_K and Q5_K are applied with them)
+};
+// n a multiple of 256.
+void quantize_q8_k(Q8KVector* out, const float* x, int n);
+void resize_q8_k_vector(Q8KVector* x, int n);
+
 // A batch of vectors quantized like quantize_q8, laid out for the VNNI prefill GEMMs
 // (AVX-512 VNNI and AVX-VNNI): each token's values padded with zeros to whole groups, and per group
 // the `start` its integer dot products begin from (−128 × Σ values; see
