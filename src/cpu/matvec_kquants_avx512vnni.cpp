@@ -46,7 +46,11 @@ inline __m512i low_nibbles() { return _mm512_set1_epi8(0x0f); }
 inline float f16_at(const uint8_t* p) {
     uint16_t bits;
     std::memcpy(&bits, p, sizeof bits);
+#ifdef BARELLM_SIMDE
     return half_to_float(bits);
+#else
+    return _cvtsh_ss(bits);  // F16C
+#endif
 }
 
 // x's values with each 128's quarters in the order 0, 2, 1, 3: the order of Q4_K's and
@@ -111,7 +115,8 @@ float k_row_dot(const uint8_t* row, int blocks, const int8_t* x_interleaved, con
         if constexpr (kFifthBit)
             high_bits = _mm512_broadcast_i64x4(
                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(block + kQ5KHighOffset)));
-        __m512i dots = _mm512_setzero_si512();
+        // Two accumulators halve the chain of dependent vpdpwssd.
+        __m512i dots = _mm512_setzero_si512(), more_dots = _mm512_setzero_si512();
 #pragma GCC unroll 2
         for (int k = 0; k < 2; ++k) {
             const __m512i bytes = _mm512_loadu_si512(qs + 64 * k);
@@ -128,12 +133,12 @@ float k_row_dot(const uint8_t* row, int blocks, const int8_t* x_interleaved, con
             dots = _mm512_dpwssd_epi32(dots,
                                        _mm512_maddubs_epi16(low, _mm512_loadu_si512(xb + 128 * k)),
                                        _mm512_shuffle_epi8(scale_words, scale_picks[2 * k]));
-            dots = _mm512_dpwssd_epi32(
-                dots, _mm512_maddubs_epi16(high, _mm512_loadu_si512(xb + 128 * k + 64)),
+            more_dots = _mm512_dpwssd_epi32(
+                more_dots, _mm512_maddubs_epi16(high, _mm512_loadu_si512(xb + 128 * k + 64)),
                 _mm512_shuffle_epi8(scale_words, scale_picks[2 * k + 1]));
         }
         const float x_d = x.d[b];
-        sums = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_set1_ps(x_d * f16_at(block)), sums);
+        sums = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dots, more_dots)), _mm512_set1_ps(x_d * f16_at(block)), sums);
         // Σ_j m_j · (sums[2j] + sums[2j + 1]): each min twice, against x's sums of 16.
         const __m128i mins = _mm_cvtsi64_si128(int64_t(unpacked.mins));
         const __m256i min_dots = _mm256_madd_epi16(
