@@ -32,6 +32,10 @@ const bool bf16_dot_products = cpu_prefers_bf16_dot_products();
 bool matvec_on_q8_k(DType dtype) {
     return dtype == DType::Q4_K || dtype == DType::Q5_K || dtype == DType::Q6_K;
 }
+// Whether they read x quantized per 32 (quantize_q8), as Q8 and Q4 weights do.
+bool matvec_on_q8_groups(DType dtype) {
+    return dtype == DType::Q4_1 || dtype == DType::Q5_0 || dtype == DType::Q5_1;
+}
 
 }  // namespace
 
@@ -102,6 +106,9 @@ void matvec_many(std::initializer_list<MatvecTask> tasks) {
         if (use_simd && is_quantized(w.dtype))
             (use_tiles && w.row_tiles ? avx512::quantize_q8 : quantize_q8)(&quantized[t],
                                                                            task_list[t].x, w.cols);
+        if (use_simd && matvec_on_q8_groups(w.dtype))
+            (use_avx512_vnni ? avx512::quantize_q8 : quantize_q8)(&quantized[t], task_list[t].x,
+                                                                  w.cols);
         if (use_simd && matvec_on_q8_k(w.dtype))
             (use_avx512_vnni ? avx512::quantize_q8_k : quantize_q8_k)(&q8_k[t], task_list[t].x,
                                                                       w.cols);
@@ -134,6 +141,8 @@ void matvec_many(std::initializer_list<MatvecTask> tasks) {
                 if (use_simd && matvec_on_q8_k(dtype))
                     (use_avx512_vnni ? avx512::matvec_rows_kquants : avx2::matvec_rows_kquants)(
                         task.out, *task.w, q8_k[t], row, count);
+                else if (use_simd && matvec_on_q8_groups(dtype))
+                    avx2::matvec_rows_small_blocks(task.out, *task.w, quantized[t], row, count);
                 else if (!use_simd || is_block_type(dtype))
                     scalar::matvec_rows(task.out, *task.w, task.x, row, count);
                 else if (dtype == DType::Q8_0)
