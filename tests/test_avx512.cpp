@@ -45,7 +45,7 @@ namespace {
     X(quantize_token)           \
     X(quantize_q8)              \
     X(quantize_q8_k)            \
-    X(matvec_rows_kquants)      \
+    X(matvec_rows_super_blocks)      \
     X(gemm_rows_quantized)      \
     X(gemm_rows)                \
     X(pack_token_pair_tile)     \
@@ -618,9 +618,9 @@ TEST_CASE("AVX-512 quantize_q8_k gives the bytes of llama.cpp's Q8_K rule") {
         }
 }
 
-TEST_CASE("AVX-512 VNNI K-quant matvecs equal the dequantized rows times Q8_K x") {
+TEST_CASE("AVX-512 VNNI super-block matvecs equal the dequantized rows times Q8_K x") {
     std::mt19937 rng(518);
-    const auto dtype = GENERATE(DType::Q4_K, DType::Q5_K, DType::Q6_K);
+    const auto dtype = GENERATE(DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS);
     for (const Avx512Build& build : builds()) {
         if (!build.has_vnni) continue;
         for (int cols : {256, 768}) {
@@ -634,7 +634,7 @@ TEST_CASE("AVX-512 VNNI K-quant matvecs equal the dequantized rows times Q8_K x"
             const std::vector<double> want = block_reference(m, quantized.dequantized);
             for (auto [first, count] : {std::pair{1, rows - 2}, {17, 3}, {5, 11}}) {
                 std::vector<float> got(rows, NAN);
-                build.matvec_rows_kquants(got.data(), m.matrix, x_q8_k, first, count);
+                build.matvec_rows_super_blocks(got.data(), m.matrix, x_q8_k, first, count);
                 INFO(build.name << " " << matrix_type_name(dtype) << " cols " << cols << " rows "
                                 << first << ".." << first + count - 1);
                 CHECK(worst_row_error(got, want, m, quantized.dequantized, first, count) < 1e-6);

@@ -538,7 +538,7 @@ TEST_CASE("block-type matvecs of mixed types in one matvec_many call, every leve
     const auto threads = GENERATE(1, 3);
     const auto mix = GENERATE(0, 1);
     const std::vector<DType> types =
-        mix == 0 ? std::vector<DType>{DType::Q4_K, DType::Q6_K, DType::Q5_K}
+        mix == 0 ? std::vector<DType>{DType::Q4_K, DType::Q6_K, DType::Q5_K, DType::IQ4_XS}
                  : std::vector<DType>{DType::Q4_1, DType::Q6_K, DType::Q5_0, DType::Q5_1};
     if (level > cpu::detect_simd_level()) return;
     // Large enough that threads_for gives each of 3 threads rows.

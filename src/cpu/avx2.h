@@ -17,9 +17,10 @@ void matvec_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int f
 void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
 
-// Q4_K, Q5_K and Q6_K weights against x quantized per 256 as Q8_K (matvec_kquants_avx2.cpp).
-void matvec_rows_kquants(float* out, const Matrix& w, const Q8KVector& x, int first_row,
-                         int row_count);
+// Q4_K, Q5_K, Q6_K and IQ4_XS weights against x quantized per 256 as Q8_K
+// (matvec_super_blocks_avx2.cpp).
+void matvec_rows_super_blocks(float* out, const Matrix& w, const Q8KVector& x, int first_row,
+                              int row_count);
 
 // Q4_1, Q5_0 and Q5_1 weights against x quantized per 32 (matvec_small_blocks_avx2.cpp; the
 // AVX-512 level runs them too).

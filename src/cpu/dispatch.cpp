@@ -30,7 +30,8 @@ const bool bf16_dot_products = cpu_prefers_bf16_dot_products();
 
 // Whether the SIMD matvecs of weights of this type read x quantized per 256 as Q8_K.
 bool matvec_on_q8_k(DType dtype) {
-    return dtype == DType::Q4_K || dtype == DType::Q5_K || dtype == DType::Q6_K;
+    return dtype == DType::Q4_K || dtype == DType::Q5_K || dtype == DType::Q6_K ||
+           dtype == DType::IQ4_XS;
 }
 // Whether they read x quantized per 32 (quantize_q8), as Q8 and Q4 weights do.
 bool matvec_on_q8_groups(DType dtype) {
@@ -139,8 +140,9 @@ void matvec_many(std::initializer_list<MatvecTask> tasks) {
                 const DType dtype = task.w->dtype;
                 const bool tiled = use_tiles && task.w->row_tiles;
                 if (use_simd && matvec_on_q8_k(dtype))
-                    (use_avx512_vnni ? avx512::matvec_rows_kquants : avx2::matvec_rows_kquants)(
-                        task.out, *task.w, q8_k[t], row, count);
+                    (use_avx512_vnni
+                         ? avx512::matvec_rows_super_blocks
+                         : avx2::matvec_rows_super_blocks)(task.out, *task.w, q8_k[t], row, count);
                 else if (use_simd && matvec_on_q8_groups(dtype))
                     avx2::matvec_rows_small_blocks(task.out, *task.w, quantized[t], row, count);
                 else if (!use_simd || is_block_type(dtype))

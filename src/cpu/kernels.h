@@ -87,8 +87,8 @@ void quantize_q8(QuantizedVector* out, const float* x, int n);
 // Sizes x's buffers for n values (the quantize_q8s).
 void resize_quantized_vector(QuantizedVector* x, int n);
 
-// A vector quantized per super-block of 256 as llama.cpp's Q8_K, the x of the Q4_K, Q5_K
-// and Q6_K matvecs: x[i] ≈ d[i / 256] × values[i]. Per super-block, max is the value of
+// A vector quantized per super-block of 256 as llama.cpp's Q8_K, the x of the Q4_K, Q5_K,
+// Q6_K and IQ4_XS matvecs: x[i] ≈ d[i / 256] × values[i]. Per super-block, max is the value of
 // largest magnitude (the first such, sign kept), values = nearest integer (ties to even) to
 // x × (−127 / max), capped at 127, and d = 1 / (−127 / max); all zero where max is 0.
 struct Q8KVector {

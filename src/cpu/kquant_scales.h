@@ -1,5 +1,5 @@
 // The scales of Q4_K and Q5_K super-blocks (weight_blocks.h) unpacked for the K-quant
-// matvecs (matvec_kquants_*.cpp): scalar code, shared by their AVX2 and AVX-512 versions.
+// matvecs (matvec_super_blocks_*.cpp): scalar code, shared by their AVX2 and AVX-512 versions.
 #pragma once
 #include <cstdint>
 #include <cstring>

@@ -1,5 +1,5 @@
 // x quantized per super-block of 256 as llama.cpp's Q8_K (cpu/kernels.h, Q8KVector) for the
-// integer dot products of the Q4_K, Q5_K and Q6_K matvecs: the scalar quantizer, which the
+// integer dot products of the Q4_K, Q5_K, Q6_K and IQ4_XS matvecs: the scalar quantizer, which the
 // AVX2 level uses and avx512::quantize_q8_k matches byte for byte.
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,5 @@
-// The decode matvecs on AVX-512 + VNNI for Q4_K, Q5_K and Q6_K weights (weight_blocks.h):
+// The decode matvecs on AVX-512 + VNNI for the super-block types, Q4_K, Q5_K, Q6_K and IQ4_XS
+// (weight_blocks.h):
 // out = W · x for one token, x quantized per 256 as Q8_K (quantize_q8_k, byte for byte as
 // cpu::quantize_q8_k), each super-block's dot product in integers, a row at a time.
 //
@@ -20,6 +21,13 @@
 // (two chunks) hold sub-blocks 4k and 4k + 2 in their low nibbles, 4k + 1 and 4k + 3 in their
 // high ones: x is read in that order, each 128 values' second and third 32 swapped once per
 // call (interleave_for_k_chunks).
+//
+// IQ4_XS's weights are signed (kIq4Values): a table lookup (vpshufb) turns each nibble into
+// its value + 128 (unsigned), which vpdpbusd multiplies by x straight into int32 (a pair of
+// those products can exceed int16); the sub-block scales (ls − 32) multiply the int32 lanes
+// (vpmulld), and the excess 128 · Σ scale · Σx comes off through x's sums. Its 64 bytes of qs
+// hold 4 sub-blocks, one a 128-bit lane, the first 16 weights of each in the low nibbles: x
+// is read in that order too (interleave_for_iq4_xs).
 #include <algorithm>
 #include <vector>
 
@@ -65,6 +73,21 @@ const int8_t* interleave_for_k_chunks(const Q8KVector& x) {
             std::copy_n(x.values.data() + first + from * kQuarter, kQuarter,
                         interleaved.data() + first + quarter * kQuarter);
         }
+    return interleaved.data();
+}
+
+// x's values in IQ4_XS's order: of each 128, the first 16 of each 32, then the last 16 of each.
+const int8_t* interleave_for_iq4_xs(const Q8KVector& x) {
+    constexpr int kSixteen = kSubBlock / 2;
+    static thread_local std::vector<int8_t> interleaved;
+    const size_t n = x.values.size();
+    interleaved.resize(n);
+    for (size_t first = 0; first < n; first += 4 * kSubBlock)
+        for (int sub_block = 0; sub_block < 4; ++sub_block)
+            for (int part = 0; part < 2; ++part)
+                std::copy_n(
+                    x.values.data() + first + sub_block * kSubBlock + part * kSixteen, kSixteen,
+                    interleaved.data() + first + part * 4 * kSixteen + sub_block * kSixteen);
     return interleaved.data();
 }
 
@@ -138,7 +161,8 @@ float k_row_dot(const uint8_t* row, int blocks, const int8_t* x_interleaved, con
                 _mm512_shuffle_epi8(scale_words, scale_picks[2 * k + 1]));
         }
         const float x_d = x.d[b];
-        sums = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dots, more_dots)), _mm512_set1_ps(x_d * f16_at(block)), sums);
+        sums = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(dots, more_dots)),
+                               _mm512_set1_ps(x_d * f16_at(block)), sums);
         // Σ_j m_j · (sums[2j] + sums[2j + 1]): each min twice, against x's sums of 16.
         const __m128i mins = _mm_cvtsi64_si128(int64_t(unpacked.mins));
         const __m256i min_dots = _mm256_madd_epi16(
@@ -206,6 +230,61 @@ float q6_k_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
     return _mm512_reduce_add_ps(sums);
 }
 
+// One IQ4_XS row · x: Σ over super-blocks of x.d · d · Σ_j (ls_j − 32) · Σ K[q] · x.
+float iq4_xs_row_dot(const uint8_t* row, int blocks, const int8_t* x_interleaved,
+                     const Q8KVector& x) {
+    constexpr int kExcess = 128;  // the table holds each value + 128
+    constexpr int kScalesHighOffset = 2, kScalesLowOffset = 4, kValuesOffset = 8;
+    alignas(16) uint8_t shifted_values[16];
+    for (int i = 0; i < 16; ++i) shifted_values[i] = uint8_t(kIq4Values[i] + kExcess);
+    const __m512i table =
+        _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(shifted_values)));
+    // Register k holds sub-blocks 4k..4k + 3, four int32 lanes each: the vpermd indices of
+    // their scales.
+    const __m512i scale_picks[2] = {
+        _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+        _mm512_setr_epi32(4, 4, 4, 4, 5, 5, 5, 5, 6, 6, 6, 6, 7, 7, 7, 7)};
+    const __m512i nibble = low_nibbles();
+    __m512 sums = _mm512_setzero_ps();
+    for (int b = 0; b < blocks; ++b) {
+        const uint8_t* block = row + size_t(b) * sizeof(BlockIQ4_XS);
+        const int8_t* xb = x_interleaved + size_t(b) * kSuperBlock;
+        uint16_t scales_high;
+        std::memcpy(&scales_high, block + kScalesHighOffset, sizeof scales_high);
+        alignas(16) int8_t scales[16] = {};
+        for (int j = 0; j < kSuperBlock / kSubBlock; ++j)
+            scales[j] = int8_t((((block[kScalesLowOffset + j / 2] >> (4 * (j % 2))) & 15) |
+                                ((scales_high >> (2 * j)) & 3) << 4) -
+                               32);
+        const __m128i scale_bytes = _mm_load_si128(reinterpret_cast<const __m128i*>(scales));
+        const __m512i scale_lanes = _mm512_castsi256_si512(_mm256_cvtepi8_epi32(scale_bytes));
+        // 128 · Σ_j scale_j · (sums[2j] + sums[2j + 1]): each scale twice.
+        const __m256i excess = _mm256_slli_epi32(
+            _mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_unpacklo_epi8(scale_bytes, scale_bytes)),
+                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                                  x.sums.data() + size_t(b) * kSumsPerBlock))),
+            7);
+        __m512i dots = _mm512_sub_epi32(_mm512_setzero_si512(), widen_low(excess));
+#pragma GCC unroll 2
+        for (int k = 0; k < 2; ++k) {
+            const __m512i bytes = _mm512_loadu_si512(block + kValuesOffset + 64 * k);
+            const __m512i low = _mm512_shuffle_epi8(table, _mm512_and_si512(bytes, nibble));
+            const __m512i high =
+                _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble));
+            __m512i sub_block_dots =
+                _mm512_dpbusd_epi32(_mm512_setzero_si512(), low, _mm512_loadu_si512(xb + 128 * k));
+            sub_block_dots =
+                _mm512_dpbusd_epi32(sub_block_dots, high, _mm512_loadu_si512(xb + 128 * k + 64));
+            dots = _mm512_add_epi32(
+                dots, _mm512_mullo_epi32(sub_block_dots,
+                                         _mm512_permutexvar_epi32(scale_picks[k], scale_lanes)));
+        }
+        sums =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), _mm512_set1_ps(x.d[b] * f16_at(block)), sums);
+    }
+    return _mm512_reduce_add_ps(sums);
+}
+
 }  // namespace
 
 void quantize_q8_k(Q8KVector* out, const float* x, int n) {
@@ -249,8 +328,8 @@ void quantize_q8_k(Q8KVector* out, const float* x, int n) {
     }
 }
 
-void matvec_rows_kquants(float* out, const Matrix& w, const Q8KVector& x, int first_row,
-                         int row_count) {
+void matvec_rows_super_blocks(float* out, const Matrix& w, const Q8KVector& x, int first_row,
+                              int row_count) {
     const int blocks = w.cols / kSuperBlock;
     const int end_row = first_row + row_count;
     switch (w.dtype) {
@@ -270,6 +349,12 @@ void matvec_rows_kquants(float* out, const Matrix& w, const Q8KVector& x, int fi
             for (int r = first_row; r < end_row; ++r)
                 out[r] = q6_k_row_dot(w.row_data(r), blocks, x);
             return;
+        case DType::IQ4_XS: {
+            const int8_t* x_interleaved = interleave_for_iq4_xs(x);
+            for (int r = first_row; r < end_row; ++r)
+                out[r] = iq4_xs_row_dot(w.row_data(r), blocks, x_interleaved, x);
+            return;
+        }
         default:
             return;
     }

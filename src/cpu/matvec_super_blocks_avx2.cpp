@@ -1,13 +1,16 @@
-// The decode matvecs on AVX2 + FMA + F16C for Q4_K, Q5_K and Q6_K weights (weight_blocks.h):
+// The decode matvecs on AVX2 + FMA + F16C for the super-block types, Q4_K, Q5_K, Q6_K and
+// IQ4_XS (weight_blocks.h):
 // out = W · x for one token, x quantized per 256 as Q8_K (cpu::quantize_q8_k), each
 // super-block's dot product in integers, a row at a time.
 //
-// The arithmetic of the AVX-512 version (matvec_kquants_avx512vnni.cpp) in 256-bit registers
+// The arithmetic of the AVX-512 version (matvec_super_blocks_avx512vnni.cpp) in 256-bit registers
 // of 32 weights: vpmaddubsw multiplies the unsigned q by x's signed bytes into int16 pairs,
 // vpmaddwd multiplies those by the sub-block's scale into int32 lanes (exact), and what q
 // stands for (Q4_K/Q5_K's mins, Q6_K's offset of 32) comes in through x's sums of 16. A
 // register of Q4_K/Q5_K nibbles is one chunk's low (sub-block 2c) or high (2c + 1) nibbles,
 // one sub-block and one scale; a register of Q6_K holds two sub-blocks of 16, one a lane.
+// IQ4_XS's nibbles become their signed values by a table lookup (vpshufb); vpmaddubsw then
+// takes |value| and x with the value's sign (at most 2 · 127 · 127 a pair, no overflow).
 #include <immintrin.h>
 
 #include "cpu/avx2.h"
@@ -142,16 +145,53 @@ float q6_k_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
     return horizontal_sum(sums);
 }
 
+// One IQ4_XS row · x: Σ over super-blocks of x.d · d · Σ_j (ls_j − 32) · Σ K[q] · x.
+float iq4_xs_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
+    constexpr int kScalesHighOffset = 2, kScalesLowOffset = 4, kValuesOffset = 8;
+    const __m256i table =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values)));
+    const __m128i nibble = _mm_set1_epi8(0x0f);
+    __m256 sums = _mm256_setzero_ps();
+    for (int b = 0; b < blocks; ++b) {
+        const uint8_t* block = row + size_t(b) * sizeof(BlockIQ4_XS);
+        const int8_t* xb = x.values.data() + size_t(b) * kSuperBlock;
+        uint16_t scales_high;
+        std::memcpy(&scales_high, block + kScalesHighOffset, sizeof scales_high);
+        __m256i dots = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int j = 0; j < kSuperBlock / kSubBlock; ++j) {
+            const int scale = (((block[kScalesLowOffset + j / 2] >> (4 * (j % 2))) & 15) |
+                               ((scales_high >> (2 * j)) & 3) << 4) -
+                              32;
+            // Byte l of the sub-block's 16: weight l in its low nibble, 16 + l in its high.
+            const __m128i bytes =
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kValuesOffset + 16 * j));
+            const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), nibble),
+                                               _mm_and_si128(bytes, nibble));
+            const __m256i values = _mm256_shuffle_epi8(table, q);
+            const __m256i x_values = load256(xb + kSubBlock * j);
+            const __m256i products = _mm256_maddubs_epi16(_mm256_sign_epi8(values, values),
+                                                          _mm256_sign_epi8(x_values, values));
+            dots = _mm256_add_epi32(dots,
+                                    _mm256_madd_epi16(products, _mm256_set1_epi16(int16_t(scale))));
+        }
+        sums =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_set1_ps(x.d[b] * f16_at(block)), sums);
+    }
+    return horizontal_sum(sums);
+}
+
 }  // namespace
 
-void matvec_rows_kquants(float* out, const Matrix& w, const Q8KVector& x, int first_row,
-                         int row_count) {
+void matvec_rows_super_blocks(float* out, const Matrix& w, const Q8KVector& x, int first_row,
+                              int row_count) {
     const int blocks = w.cols / kSuperBlock;
     for (int r = first_row; r < first_row + row_count; ++r) {
         const uint8_t* row = w.row_data(r);
         out[r] = w.dtype == DType::Q4_K   ? k_row_dot<false>(row, blocks, x)
                  : w.dtype == DType::Q5_K ? k_row_dot<true>(row, blocks, x)
-                                          : q6_k_row_dot(row, blocks, x);
+                 : w.dtype == DType::Q6_K ? q6_k_row_dot(row, blocks, x)
+                                          : iq4_xs_row_dot(row, blocks, x);
     }
 }
 
