@@ -2,7 +2,7 @@
 // scalar one (cpu/scalar.h, the readable reference) or, where it matters, AVX2 (cpu/avx2.h)
 // or AVX-512 (cpu/avx512.h; a kernel without an AVX-512 version runs its AVX2 one). The
 // choice is made in cpu/dispatch.cpp; the threads a call is worth in cpu/threads.cpp, the
-// quantization of x to Q8 in cpu/quantize_q8.cpp.
+// quantization of x to Q8 in cpu/quantize_q8.cpp and to Q8_K in cpu/quantize_q8_k.cpp.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -63,7 +63,8 @@ int threads_for(size_t work);
 void for_each_row(int rows, size_t row_work, const std::function<void(int)>& work);
 
 // out[rows] = W[rows, cols] · x[cols]; rows split across OpenMP threads. With AVX2 and
-// Q8 or Q4 weights, x is first quantized to Q8 and the dot products are integer.
+// Q8, Q4, Q4_1, Q5_0 or Q5_1 weights, x is first quantized to Q8 (per 32), with Q4_K, Q5_K,
+// Q6_K or IQ4_XS weights to Q8_K (per 256), and the dot products are integer.
 void matvec(float* out, const float* x, const Matrix& w);
 
 // Several independent matvecs (e.g. q, k and v of one input) in one parallel region:
