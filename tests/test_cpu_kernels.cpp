@@ -8,9 +8,9 @@
 #include <random>
 #include <vector>
 
-#include "block_matrices.h"
 #include "cpu/kernels.h"
 #include "half.h"
+#include "test_block_matrices.h"
 #include "test_matrices.h"
 
 using namespace barellm;
@@ -565,4 +565,72 @@ TEST_CASE("matvecs split across threads equal their reference at every level and
     omp_set_num_threads(saved_threads);
     INFO(dtype_name(dtype) << " " << cpu::simd_level_name(level));
     CHECK(relative_error(got, want) < 1e-5);
+}
+
+TEST_CASE("quantize_q8_k gives the bytes of llama.cpp's Q8_K rule") {
+    std::mt19937 rng(701);
+    for (int n : {256, 768, 1280}) {
+        const std::vector<float> x = q8_k_test_input(n, rng);
+        const Q8K want = q8_k_by_rule(x);
+        cpu::Q8KVector got;
+        got.values.assign(n + 300, 99);  // stale contents, longer than n: resized to n
+        cpu::quantize_q8_k(&got, x.data(), n);
+        INFO("n " << n);
+        CHECK(got.values == want.values);
+        CHECK(got.d == want.d);
+        CHECK(got.sums == want.sums);
+    }
+}
+
+TEST_CASE("block-type matvecs of mixed types in one matvec_many call, every level and threads") {
+    // Each matrix against its dequantized rows: times x itself at the scalar level; where the
+    // SIMD levels' integer dot products quantize x, times x quantized as Q8_K (K-quants) or
+    // per 32 (the blocks of 32).
+    std::mt19937 rng(702);
+    const auto level =
+        GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
+    const auto threads = GENERATE(1, 3);
+    const auto mix = GENERATE(0, 1);
+    const std::vector<DType> types =
+        mix == 0 ? std::vector<DType>{DType::Q4_K, DType::Q6_K, DType::Q5_K, DType::IQ4_XS}
+                 : std::vector<DType>{DType::Q4_1, DType::Q6_K, DType::Q5_0, DType::Q5_1};
+    if (level > cpu::detect_simd_level()) return;
+    // Large enough that threads_for gives each of 3 threads rows.
+    const int cols = 1280;
+    const int rows[] = {101, 67, 45, 23};
+    const int count = int(types.size());
+    std::vector<TestMatrix> matrices;
+    for (int t = 0; t < count; ++t)
+        matrices.push_back(make_block_matrix(rows[t], cols, types[t], rng));
+    const std::vector<float> x = q8_k_test_input(cols, rng);
+    const Q8K quantized = q8_k_by_rule(x);
+    const std::vector<float> x_per_32 = quantized_like_the_kernel(x);
+    std::vector<std::vector<float>> got(count);
+    size_t work = 0;
+    for (int t = 0; t < count; ++t) {
+        got[t].assign(rows[t], NAN);
+        work += size_t(rows[t]) * cols;
+    }
+    std::vector<cpu::MatvecTask> tasks;
+    for (int t = 0; t < count; ++t) tasks.push_back({got[t].data(), x.data(), &matrices[t].matrix});
+    const int saved_threads = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    REQUIRE(cpu::threads_for(work) == threads);
+    cpu::set_simd_level(level);
+    if (count == 3)
+        cpu::matvec_many({tasks[0], tasks[1], tasks[2]});
+    else
+        cpu::matvec_many({tasks[0], tasks[1], tasks[2], tasks[3]});
+    cpu::set_simd_level(cpu::detect_simd_level());
+    omp_set_num_threads(saved_threads);
+    for (int t = 0; t < count; ++t) {
+        const bool per_32 = block_weights(types[t]) == kSmallBlock;
+        const std::vector<float>& x_used = level == cpu::SimdLevel::Scalar ? x
+                                           : per_32                        ? x_per_32
+                                                                           : quantized.dequantized;
+        INFO(matrix_type_name(types[t])
+             << " " << cpu::simd_level_name(level) << " threads " << threads);
+        const std::vector<double> want = block_reference(matrices[t], x_used);
+        CHECK(worst_row_error(got[t], want, matrices[t], x_used, 0, rows[t]) < 1e-6);
+    }
 }

@@ -17,6 +17,16 @@ void matvec_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int f
 void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
 
+// Q4_K, Q5_K, Q6_K and IQ4_XS weights against x quantized per 256 as Q8_K
+// (matvec_super_blocks_avx2.cpp).
+void matvec_rows_super_blocks(float* out, const Matrix& w, const Q8KVector& x, int first_row,
+                              int row_count);
+
+// Q4_1, Q5_0 and Q5_1 weights against x quantized per 32 (matvec_small_blocks_avx2.cpp; the
+// AVX-512 level runs them too).
+void matvec_rows_small_blocks(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+                              int row_count);
+
 // ---- The prefill GEMM (gemm_avx2.cpp), in two steps:
 // - x [batch, cols] is transposed into tiles of kTokenTile tokens (x_tiles [tiles, cols,
 //   kTokenTile], 32-byte aligned);

@@ -48,6 +48,13 @@ void matvec_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int f
 void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
 
+// Q4_K, Q5_K, Q6_K and IQ4_XS weights, a row at a time, against x quantized per 256 as Q8_K, as
+// integer dot products (matvec_super_blocks_avx512vnni.cpp). quantize_q8_k quantizes x for them
+// exactly as cpu::quantize_q8_k does, 16 values at a time.
+void quantize_q8_k(Q8KVector* out, const float* x, int n);
+void matvec_rows_super_blocks(float* out, const Matrix& w, const Q8KVector& x, int first_row,
+                              int row_count);
+
 // ---- Attention (attention_avx512.cpp).
 // Decode: one query head against one cache row, and the softmax of its scores in place.
 float dot_kv(const float* q, const void* keys, int n, KvType type);

@@ -28,6 +28,16 @@ const bool has_avx512_bf16 = cpu_has_avx512_bf16();
 const bool has_avx_vnni = cpu_has_avx_vnni();
 const bool bf16_dot_products = cpu_prefers_bf16_dot_products();
 
+// Whether the SIMD matvecs of weights of this type read x quantized per 256 as Q8_K.
+bool matvec_on_q8_k(DType dtype) {
+    return dtype == DType::Q4_K || dtype == DType::Q5_K || dtype == DType::Q6_K ||
+           dtype == DType::IQ4_XS;
+}
+// Whether they read x quantized per 32 (quantize_q8), as Q8 and Q4 weights do.
+bool matvec_on_q8_groups(DType dtype) {
+    return dtype == DType::Q4_1 || dtype == DType::Q5_0 || dtype == DType::Q5_1;
+}
+
 }  // namespace
 
 void set_simd_level(SimdLevel level) { active_level = level; }
@@ -76,6 +86,9 @@ void matvec_many(std::initializer_list<MatvecTask> tasks) {
     // the calling thread, into one buffer per task; the workers only read them.
     static thread_local QuantizedVector quantized_buffers[kMaxTasks];
     QuantizedVector* quantized = quantized_buffers;
+    // K-quant weights likewise, x quantized per 256 (Q8_K).
+    static thread_local Q8KVector q8_k_buffers[kMaxTasks];
+    Q8KVector* q8_k = q8_k_buffers;
     // f16 and bf16 weights with AVX-512 read x as 16-bit values, likewise rounded once by the
     // calling thread: to bf16 for bf16 weights where vdpbf16ps is preferred
     // (avx512::matvec_rows_bf16_x), else to f16 (avx512::matvec_rows_half_x), where x fits
@@ -87,12 +100,19 @@ void matvec_many(std::initializer_list<MatvecTask> tasks) {
     const bool use_simd = active_level >= SimdLevel::Avx2;
     const bool use_avx512 = active_level == SimdLevel::Avx512;
     const bool use_tiles = uses_row_tiles();
+    const bool use_avx512_vnni = use_avx512 && has_avx512_vnni;
     size_t total_rows = 0, work = 0;
     for (int t = 0; t < task_count; ++t) {
         const Matrix& w = *task_list[t].w;
         if (use_simd && is_quantized(w.dtype))
             (use_tiles && w.row_tiles ? avx512::quantize_q8 : quantize_q8)(&quantized[t],
                                                                            task_list[t].x, w.cols);
+        if (use_simd && matvec_on_q8_groups(w.dtype))
+            (use_avx512_vnni ? avx512::quantize_q8 : quantize_q8)(&quantized[t], task_list[t].x,
+                                                                  w.cols);
+        if (use_simd && matvec_on_q8_k(w.dtype))
+            (use_avx512_vnni ? avx512::quantize_q8_k : quantize_q8_k)(&q8_k[t], task_list[t].x,
+                                                                      w.cols);
         if (use_avx512 && bf16_dot_products && w.dtype == DType::BF16) {
             halves[t].resize(w.cols);
             avx512::round_to_bf16(halves[t].data(), task_list[t].x, w.cols);
@@ -119,7 +139,13 @@ void matvec_many(std::initializer_list<MatvecTask> tasks) {
                 const int row = int(begin - task_start), count = int(end - begin);
                 const DType dtype = task.w->dtype;
                 const bool tiled = use_tiles && task.w->row_tiles;
-                if (!use_simd || is_block_type(dtype))
+                if (use_simd && matvec_on_q8_k(dtype))
+                    (use_avx512_vnni
+                         ? avx512::matvec_rows_super_blocks
+                         : avx2::matvec_rows_super_blocks)(task.out, *task.w, q8_k[t], row, count);
+                else if (use_simd && matvec_on_q8_groups(dtype))
+                    avx2::matvec_rows_small_blocks(task.out, *task.w, quantized[t], row, count);
+                else if (!use_simd || is_block_type(dtype))
                     scalar::matvec_rows(task.out, *task.w, task.x, row, count);
                 else if (dtype == DType::Q8_0)
                     (tiled ? avx512::matvec_rows_q8 : avx2::matvec_rows_q8)(

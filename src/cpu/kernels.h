@@ -2,7 +2,7 @@
 // scalar one (cpu/scalar.h, the readable reference) or, where it matters, AVX2 (cpu/avx2.h)
 // or AVX-512 (cpu/avx512.h; a kernel without an AVX-512 version runs its AVX2 one). The
 // choice is made in cpu/dispatch.cpp; the threads a call is worth in cpu/threads.cpp, the
-// quantization of x to Q8 in cpu/quantize_q8.cpp.
+// quantization of x to Q8 in cpu/quantize_q8.cpp and to Q8_K in cpu/quantize_q8_k.cpp.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -63,7 +63,8 @@ int threads_for(size_t work);
 void for_each_row(int rows, size_t row_work, const std::function<void(int)>& work);
 
 // out[rows] = W[rows, cols] · x[cols]; rows split across OpenMP threads. With AVX2 and
-// Q8 or Q4 weights, x is first quantized to Q8 and the dot products are integer.
+// Q8, Q4, Q4_1, Q5_0 or Q5_1 weights, x is first quantized to Q8 (per 32), with Q4_K, Q5_K,
+// Q6_K or IQ4_XS weights to Q8_K (per 256), and the dot products are integer.
 void matvec(float* out, const float* x, const Matrix& w);
 
 // Several independent matvecs (e.g. q, k and v of one input) in one parallel region:
@@ -86,6 +87,20 @@ struct QuantizedVector {
 void quantize_q8(QuantizedVector* out, const float* x, int n);
 // Sizes x's buffers for n values (the quantize_q8s).
 void resize_quantized_vector(QuantizedVector* x, int n);
+
+// A vector quantized per super-block of 256 as llama.cpp's Q8_K, the x of the Q4_K, Q5_K,
+// Q6_K and IQ4_XS matvecs: x[i] ≈ d[i / 256] × values[i]. Per super-block, max is the value of
+// largest magnitude (the first such, sign kept), values = nearest integer (ties to even) to
+// x × (−127 / max), capped at 127, and d = 1 / (−127 / max); all zero where max is 0.
+struct Q8KVector {
+    std::vector<float> d;        // [n / 256]
+    std::vector<int8_t> values;  // [n]
+    std::vector<int16_t> sums;   // [n / 16]: Σ values of each 16 (Q6_K's offset of 32, the
+                                 // mins of Q4_K and Q5_K are applied with them)
+};
+// n a multiple of 256.
+void quantize_q8_k(Q8KVector* out, const float* x, int n);
+void resize_q8_k_vector(Q8KVector* x, int n);
 
 // A batch of vectors quantized like quantize_q8, laid out for the VNNI prefill GEMMs
 // (AVX-512 VNNI and AVX-VNNI): each token's values padded with zeros to whole groups, and per group

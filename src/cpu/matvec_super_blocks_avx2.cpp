@@ -1,0 +1,198 @@
+// The decode matvecs on AVX2 + FMA + F16C for the super-block types, Q4_K, Q5_K, Q6_K and
+// IQ4_XS (weight_blocks.h):
+// out = W · x for one token, x quantized per 256 as Q8_K (cpu::quantize_q8_k), each
+// super-block's dot product in integers, a row at a time.
+//
+// The arithmetic of the AVX-512 version (matvec_super_blocks_avx512vnni.cpp) in 256-bit registers
+// of 32 weights: vpmaddubsw multiplies the unsigned q by x's signed bytes into int16 pairs,
+// vpmaddwd multiplies those by the sub-block's scale into int32 lanes (exact), and what q
+// stands for (Q4_K/Q5_K's mins, Q6_K's offset of 32) comes in through x's sums of 16. A
+// register of Q4_K/Q5_K nibbles is one chunk's low (sub-block 2c) or high (2c + 1) nibbles,
+// one sub-block and one scale; a register of Q6_K holds two sub-blocks of 16, one a lane.
+// IQ4_XS's nibbles become their signed values by a table lookup (vpshufb); vpmaddubsw then
+// takes |value| and x with the value's sign (at most 2 · 127 · 127 a pair, no overflow).
+#include <immintrin.h>
+
+#include "cpu/avx2.h"
+#include "cpu/helpers_avx2.h"
+#include "cpu/kquant_scales.h"
+#include "weight_blocks.h"
+
+namespace barellm::cpu::avx2 {
+
+namespace {
+
+constexpr int kSumsPerBlock = kSuperBlock / kQ6SubBlock;  // Q8KVector::sums a super-block
+// Byte offsets in a block (weight_blocks.h).
+constexpr int kKScalesOffset = 4, kQ4KValuesOffset = 16, kQ5KHighOffset = 16, kQ5KValuesOffset = 48;
+constexpr int kQ6HighOffset = 128, kQ6ScalesOffset = 192, kQ6DOffset = 208;
+
+inline float f16_at(const uint8_t* p) {
+    uint16_t bits;
+    std::memcpy(&bits, p, sizeof bits);
+    return _cvtsh_ss(bits);
+}
+
+// 16-bit lanes shifted left by `shift` (right where negative): a bit moves within its byte
+// as long as it stays inside it, which is all the callers use.
+inline __m256i shift_words(__m256i v, int shift) {
+    return shift >= 0 ? _mm256_sll_epi16(v, _mm_cvtsi32_si128(shift))
+                      : _mm256_srl_epi16(v, _mm_cvtsi32_si128(-shift));
+}
+
+// The vpshufb control that repeats 16-bit word `lower` of the low 128-bit lane over that
+// lane and word `upper` of the high lane over the high lane.
+inline __m256i pick_words(int lower, int upper) {
+    return _mm256_setr_m128i(_mm_set1_epi16(int16_t(0x0100 + 0x0202 * lower)),
+                             _mm_set1_epi16(int16_t(0x0100 + 0x0202 * upper)));
+}
+
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// One Q4_K (kFifthBit false) or Q5_K row · x: Σ over super-blocks b of x.d[b] · (d · Σ sc·q·x −
+// dmin · Σ m · Σx).
+template <bool kFifthBit>
+float k_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
+    constexpr int kBlockBytes = kFifthBit ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
+    constexpr int kValuesOffset = kFifthBit ? kQ5KValuesOffset : kQ4KValuesOffset;
+    const __m256i nibble = _mm256_set1_epi8(0x0f), fifth_bit = _mm256_set1_epi8(0x10);
+    __m256 sums = _mm256_setzero_ps(), min_sums = _mm256_setzero_ps();
+    for (int b = 0; b < blocks; ++b) {
+        const uint8_t* block = row + size_t(b) * kBlockBytes;
+        const uint8_t* qs = block + kValuesOffset;
+        const int8_t* xb = x.values.data() + size_t(b) * kSuperBlock;
+        const KScalesMins unpacked = unpack_k_scales_mins(block + kKScalesOffset);
+        const __m256i scale_words = _mm256_broadcastsi128_si256(
+            _mm_cvtepu8_epi16(_mm_cvtsi64_si128(int64_t(unpacked.scales))));
+        const __m256i high_bits = kFifthBit ? load256(block + kQ5KHighOffset) : __m256i{};
+        __m256i dots = _mm256_setzero_si256();
+#pragma GCC unroll 4
+        for (int chunk = 0; chunk < 4; ++chunk) {
+            const __m256i bytes = load256(qs + 32 * chunk);
+            __m256i low = _mm256_and_si256(bytes, nibble);
+            __m256i high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+            if constexpr (kFifthBit) {
+                // Bit j of qh is sub-block j's fifth bit: moved to bit 4.
+                low = _mm256_or_si256(
+                    low, _mm256_and_si256(shift_words(high_bits, 4 - 2 * chunk), fifth_bit));
+                high = _mm256_or_si256(
+                    high, _mm256_and_si256(shift_words(high_bits, 3 - 2 * chunk), fifth_bit));
+            }
+            const __m256i low_scale =
+                _mm256_shuffle_epi8(scale_words, pick_words(2 * chunk, 2 * chunk));
+            const __m256i high_scale =
+                _mm256_shuffle_epi8(scale_words, pick_words(2 * chunk + 1, 2 * chunk + 1));
+            dots = _mm256_add_epi32(
+                dots,
+                _mm256_madd_epi16(_mm256_maddubs_epi16(low, load256(xb + 64 * chunk)), low_scale));
+            dots = _mm256_add_epi32(
+                dots, _mm256_madd_epi16(_mm256_maddubs_epi16(high, load256(xb + 64 * chunk + 32)),
+                                        high_scale));
+        }
+        const float x_d = x.d[b];
+        sums = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_set1_ps(x_d * f16_at(block)), sums);
+        // Σ_j m_j · (sums[2j] + sums[2j + 1]): each min twice, against x's sums of 16.
+        const __m128i mins = _mm_cvtsi64_si128(int64_t(unpacked.mins));
+        const __m256i min_dots =
+            _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mins, mins)),
+                              load256(x.sums.data() + size_t(b) * kSumsPerBlock));
+        min_sums = _mm256_fmadd_ps(_mm256_cvtepi32_ps(min_dots),
+                                   _mm256_set1_ps(x_d * f16_at(block + 2)), min_sums);
+    }
+    return horizontal_sum(_mm256_sub_ps(sums, min_sums));
+}
+
+// One Q6_K row · x: Σ over super-blocks of x.d · d · (Σ sc·q·x − 32 · Σ sc · Σx).
+float q6_k_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
+    const __m256i nibble = _mm256_set1_epi8(0x0f), high_two = _mm256_set1_epi8(0x30);
+    __m256 sums = _mm256_setzero_ps();
+    for (int b = 0; b < blocks; ++b) {
+        const uint8_t* block = row + size_t(b) * sizeof(BlockQ6_K);
+        const int8_t* xb = x.values.data() + size_t(b) * kSuperBlock;
+        const __m256i scales = _mm256_cvtepi8_epi16(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kQ6ScalesOffset)));
+        // Scales 0-7 and 8-15, each repeated in both lanes.
+        const __m256i first_scales = _mm256_permute2x128_si256(scales, scales, 0x00);
+        const __m256i last_scales = _mm256_permute2x128_si256(scales, scales, 0x11);
+        // 32 · Σ_i sc_i · Σx(sub-block i), in pairs.
+        __m256i dots = _mm256_sub_epi32(
+            _mm256_setzero_si256(),
+            _mm256_slli_epi32(
+                _mm256_madd_epi16(scales, load256(x.sums.data() + size_t(b) * kSumsPerBlock)), 5));
+#pragma GCC unroll 2
+        for (int half = 0; half < 2; ++half) {
+            const __m256i high_bits = load256(block + kQ6HighOffset + 32 * half);
+#pragma GCC unroll 4
+            for (int t = 0; t < 4; ++t) {
+                // Weights 128 half + 32t + l: low bits in ql[64 half + 32 (t & 1) + l] (low
+                // nibble for t < 2), high 2 in bits 2t, 2t + 1 of qh[32 half + l].
+                const __m256i bytes = load256(block + 64 * half + 32 * (t & 1));
+                const __m256i low =
+                    _mm256_and_si256(t < 2 ? bytes : _mm256_srli_epi16(bytes, 4), nibble);
+                const __m256i q = _mm256_or_si256(
+                    low, _mm256_and_si256(shift_words(high_bits, 4 - 2 * t), high_two));
+                // Sub-blocks 2g and 2g + 1 of the super-block, g = 4 half + t.
+                const int g = 4 * half + t;
+                const __m256i scale = _mm256_shuffle_epi8(g < 4 ? first_scales : last_scales,
+                                                          pick_words(2 * g % 8, 2 * g % 8 + 1));
+                dots = _mm256_add_epi32(
+                    dots, _mm256_madd_epi16(_mm256_maddubs_epi16(q, load256(xb + 32 * g)), scale));
+            }
+        }
+        sums = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots),
+                               _mm256_set1_ps(x.d[b] * f16_at(block + kQ6DOffset)), sums);
+    }
+    return horizontal_sum(sums);
+}
+
+// One IQ4_XS row · x: Σ over super-blocks of x.d · d · Σ_j (ls_j − 32) · Σ K[q] · x.
+float iq4_xs_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
+    constexpr int kScalesHighOffset = 2, kScalesLowOffset = 4, kValuesOffset = 8;
+    const __m256i table =
+        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values)));
+    const __m128i nibble = _mm_set1_epi8(0x0f);
+    __m256 sums = _mm256_setzero_ps();
+    for (int b = 0; b < blocks; ++b) {
+        const uint8_t* block = row + size_t(b) * sizeof(BlockIQ4_XS);
+        const int8_t* xb = x.values.data() + size_t(b) * kSuperBlock;
+        uint16_t scales_high;
+        std::memcpy(&scales_high, block + kScalesHighOffset, sizeof scales_high);
+        __m256i dots = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int j = 0; j < kSuperBlock / kSubBlock; ++j) {
+            const int scale = (((block[kScalesLowOffset + j / 2] >> (4 * (j % 2))) & 15) |
+                               ((scales_high >> (2 * j)) & 3) << 4) -
+                              32;
+            // Byte l of the sub-block's 16: weight l in its low nibble, 16 + l in its high.
+            const __m128i bytes =
+                _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kValuesOffset + 16 * j));
+            const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), nibble),
+                                               _mm_and_si128(bytes, nibble));
+            const __m256i values = _mm256_shuffle_epi8(table, q);
+            const __m256i x_values = load256(xb + kSubBlock * j);
+            const __m256i products = _mm256_maddubs_epi16(_mm256_sign_epi8(values, values),
+                                                          _mm256_sign_epi8(x_values, values));
+            dots = _mm256_add_epi32(dots,
+                                    _mm256_madd_epi16(products, _mm256_set1_epi16(int16_t(scale))));
+        }
+        sums =
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_set1_ps(x.d[b] * f16_at(block)), sums);
+    }
+    return horizontal_sum(sums);
+}
+
+}  // namespace
+
+void matvec_rows_super_blocks(float* out, const Matrix& w, const Q8KVector& x, int first_row,
+                              int row_count) {
+    const int blocks = w.cols / kSuperBlock;
+    for (int r = first_row; r < first_row + row_count; ++r) {
+        const uint8_t* row = w.row_data(r);
+        out[r] = w.dtype == DType::Q4_K   ? k_row_dot<false>(row, blocks, x)
+                 : w.dtype == DType::Q5_K ? k_row_dot<true>(row, blocks, x)
+                 : w.dtype == DType::Q6_K ? q6_k_row_dot(row, blocks, x)
+                                          : iq4_xs_row_dot(row, blocks, x);
+    }
+}
+
+}  // namespace barellm::cpu::avx2

@@ -1,0 +1,55 @@
+// x quantized per super-block of 256 as llama.cpp's Q8_K (cpu/kernels.h, Q8KVector) for the
+// integer dot products of the Q4_K, Q5_K, Q6_K and IQ4_XS matvecs: the scalar quantizer, which the
+// AVX2 level uses and avx512::quantize_q8_k matches byte for byte.
+#include <algorithm>
+#include <cmath>
+
+#include "cpu/kernels.h"
+#include "weight_blocks.h"
+
+namespace barellm::cpu {
+
+namespace {
+
+constexpr float kQ8KLargest = 127.0f;  // |values| ≤ 127
+// 1.5 × 2^23: v + this, for |v| < 2^22, is rounded to a whole number (ties to even) by the
+// f32 addition itself, so subtracting it back gives v rounded; exact in f32 (and left as it
+// is by the compiler, which keeps IEEE arithmetic without -ffast-math).
+constexpr float kRoundingShift = 12582912.0f;
+
+inline int round_to_nearest_even(float v) { return int((v + kRoundingShift) - kRoundingShift); }
+
+}  // namespace
+
+void resize_q8_k_vector(Q8KVector* x, int n) {
+    x->d.resize(n / kSuperBlock);
+    x->values.resize(n);
+    x->sums.resize(n / kQ6SubBlock);
+}
+
+void quantize_q8_k(Q8KVector* out, const float* x, int n) {
+    resize_q8_k_vector(out, n);
+    for (int b = 0; b < n / kSuperBlock; ++b) {
+        const float* block = x + size_t(b) * kSuperBlock;
+        int8_t* values = out->values.data() + size_t(b) * kSuperBlock;
+        float largest = 0.0f;  // the first value of largest magnitude, sign kept
+        for (int i = 0; i < kSuperBlock; ++i)
+            if (std::fabs(block[i]) > std::fabs(largest)) largest = block[i];
+        if (largest == 0.0f) {
+            out->d[b] = 0.0f;
+            std::fill(values, values + kSuperBlock, int8_t(0));
+        } else {
+            const float inverse = -kQ8KLargest / largest;
+            for (int i = 0; i < kSuperBlock; ++i)
+                values[i] = int8_t(std::min(127, round_to_nearest_even(inverse * block[i])));
+            out->d[b] = 1.0f / inverse;
+        }
+        for (int s = 0; s < kSuperBlock / kQ6SubBlock; ++s) {
+            int sum = 0;
+            for (int i = 0; i < kQ6SubBlock; ++i) sum += values[s * kQ6SubBlock + i];
+            out->sums[size_t(b) * (kSuperBlock / kQ6SubBlock) + s] = int16_t(sum);
+        }
+    }
+}
+
+}  // namespace barellm::cpu

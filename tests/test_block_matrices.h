@@ -1,0 +1,155 @@
+// Test inputs for the kernels of the block types (weight_blocks.h): matrices of random
+// blocks (every byte random, except the f16 scales, which are finite, of both signs, from
+// subnormal to the largest f16, and now and then zero), so that sub-block scales and mins
+// reach 0 and 63 (int8 −128 and 127 for Q6_K) and levels every value, with the values
+// dequantize_row gives them; and x quantized per 256 by llama.cpp's Q8_K rule written out
+// here, independently of the kernels.
+#pragma once
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cpu/kernels.h"
+#include "half.h"
+#include "test_matrices.h"
+#include "weight_blocks.h"
+
+namespace barellm::test {
+
+constexpr DType kBlockTypes[] = {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS,
+                                 DType::Q4_1, DType::Q5_0, DType::Q5_1};
+
+// A random finite f16 of either sign: mostly ± 2^e for e in [−12, 4) times a random
+// mantissa; one time in 16 each, 0, the largest f16 (65504) or a subnormal.
+inline uint16_t random_block_scale(std::mt19937& rng) {
+    std::uniform_int_distribution<int> pick(0, 15);
+    const float sign = pick(rng) < 8 ? 1.0f : -1.0f;
+    switch (pick(rng)) {
+        case 0:
+            return float_to_half(0.0f);
+        case 1:
+            return float_to_half(sign * 65504.0f);
+        case 2:
+            return float_to_half(sign * 3.0e-7f);  // subnormal in f16
+        default:
+            break;
+    }
+    std::uniform_real_distribution<float> mantissa(1.0f, 2.0f);
+    std::uniform_int_distribution<int> exponent(-12, 3);
+    return float_to_half(sign * std::ldexp(mantissa(rng), exponent(rng)));
+}
+
+// Byte offsets of a block's f16 scales (d, and dmin or m where the type has one).
+inline std::vector<size_t> block_scale_offsets(DType dtype) {
+    switch (dtype) {
+        case DType::Q4_K:
+        case DType::Q5_K:
+        case DType::Q4_1:
+        case DType::Q5_1:
+            return {0, 2};
+        case DType::Q6_K:
+            return {offsetof(BlockQ6_K, d)};
+        default:  // Q5_0, IQ4_XS
+            return {0};
+    }
+}
+
+// rows × cols (a multiple of the type's block) of random blocks. The rows start 2 bytes past
+// a 4-byte boundary, as a file's block tensors may (they are only 2-byte aligned).
+inline TestMatrix make_block_matrix(int rows, int cols, DType dtype, std::mt19937& rng) {
+    constexpr size_t kMisalignment = 2;
+    TestMatrix m;
+    const int blocks = rows * (cols / block_weights(dtype));
+    m.storage.resize(kMisalignment + blocks * block_bytes(dtype));
+    std::uniform_int_distribution<int> byte(0, 255);
+    for (uint8_t& b : m.storage) b = uint8_t(byte(rng));
+    uint8_t* data = m.storage.data() + kMisalignment;
+    for (int b = 0; b < blocks; ++b)
+        for (size_t offset : block_scale_offsets(dtype)) {
+            const uint16_t scale = random_block_scale(rng);
+            std::memcpy(data + b * block_bytes(dtype) + offset, &scale, sizeof scale);
+        }
+    m.matrix = Matrix{data, dtype, rows, cols};
+    m.values.resize(size_t(rows) * cols);
+    for (int r = 0; r < rows; ++r)
+        dequantize_row(dtype, m.matrix.row_data(r), &m.values[size_t(r) * cols], cols);
+    return m;
+}
+
+// llama.cpp's Q8_K of x (n a multiple of 256), written from its rule: per 256, max = the
+// first value of largest magnitude, sign kept; scale = −127 / max; q = round(scale · x) to
+// nearest, ties to even, at most 127; d = 1 / scale; all 0 where max is 0. Sums of 16.
+struct Q8K {
+    std::vector<float> d;
+    std::vector<int8_t> values;
+    std::vector<int16_t> sums;
+    std::vector<float> dequantized;  // d · q, what the kernels' integer dot products stand for
+};
+inline Q8K q8_k_by_rule(const std::vector<float>& x) {
+    Q8K q;
+    const int n = int(x.size());
+    for (int first = 0; first < n; first += 256) {
+        float max = 0;
+        for (int i = first; i < first + 256; ++i)
+            if (std::fabs(x[i]) > std::fabs(max)) max = x[i];
+        const float scale = max != 0 ? -127.0f / max : 0.0f;
+        q.d.push_back(max != 0 ? 1.0f / scale : 0.0f);
+        for (int i = first; i < first + 256; ++i) {
+            const float product = scale * x[i];
+            q.values.push_back(int8_t(std::min(127.0f, std::nearbyint(product))));
+            q.dequantized.push_back(q.d.back() * q.values.back());
+        }
+        for (int s = first; s < first + 256; s += 16) {
+            int sum = 0;
+            for (int i = s; i < s + 16; ++i) sum += q.values[i];
+            q.sums.push_back(int16_t(sum));
+        }
+    }
+    return q;
+}
+
+// Random x [n] with the cases of the Q8_K rule: a super-block of zeros, one whose largest
+// value is negative and appears again with the other sign, one with exact ties at a scale of
+// 1 (largest −127).
+inline std::vector<float> q8_k_test_input(int n, std::mt19937& rng) {
+    std::vector<float> x = random_floats(n, rng, 3.0f);
+    if (n >= 3 * 256) {
+        std::fill(x.begin(), x.begin() + 256, 0.0f);
+        x[256 + 7] = -5.0f;
+        x[256 + 100] = 5.0f;
+        const float ties[] = {-127.0f, 2.5f, -2.5f, 0.5f, -0.5f, 3.5f, 127.0f, 126.5f};
+        std::copy(std::begin(ties), std::end(ties), x.begin() + 512);
+    }
+    return x;
+}
+
+// want[r] = Σ_c values[r][c] · x[c] in double.
+inline std::vector<double> block_reference(const TestMatrix& m, const std::vector<float>& x) {
+    std::vector<double> want(m.matrix.rows);
+    for (int r = 0; r < m.matrix.rows; ++r)
+        for (int c = 0; c < m.matrix.cols; ++c)
+            want[r] += double(m.values[size_t(r) * m.matrix.cols + c]) * x[c];
+    return want;
+}
+
+// The largest |got[r] − want[r]| relative to Σ_c |values[r][c] · x[c]|, over the rows
+// [first, first + count): float summation's error measure, row by row (a row of small
+// blocks is checked as closely as one of extreme ones).
+inline double worst_row_error(const std::vector<float>& got, const std::vector<double>& want,
+                              const TestMatrix& m, const std::vector<float>& x, int first,
+                              int count) {
+    double worst = 0;
+    for (int r = first; r < first + count; ++r) {
+        double magnitude = 0;
+        for (int c = 0; c < m.matrix.cols; ++c)
+            magnitude += std::fabs(double(m.values[size_t(r) * m.matrix.cols + c]) * x[c]);
+        if (!std::isfinite(got[r])) return INFINITY;  // NaN: never written
+        const double error = std::fabs(got[r] - want[r]);
+        worst = std::max(worst, magnitude > 0 ? error / magnitude : error);
+    }
+    return worst;
+}
+
+}  // namespace barellm::test
