@@ -215,7 +215,8 @@ bench: $(BUILD)/barellm $(BUILD)/tokenize_json
 FUZZ_CXX     ?= clang++
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := model_file tokenizer_encode tokenizer_decode command_line regex
-FUZZ_SRCS    := src/safetensors.cpp src/config.cpp src/model.cpp src/json.cpp src/files.cpp src/terminal.cpp \
+FUZZ_SRCS    := src/safetensors.cpp src/config.cpp src/model.cpp src/weight_blocks.cpp src/json.cpp \
+                src/files.cpp src/terminal.cpp \
                 $(wildcard src/tokenizer/*.cpp) \
                 src/cli.cpp tests/fuzz/targets.cpp
 FUZZ_OBJS    := $(FUZZ_SRCS:%.cpp=$(BUILD)/fuzz/obj/%.o)

@@ -552,11 +552,13 @@ TEST_CASE("AVX-512 VNNI prefill GEMM of the block types matches a reference on q
                     build.gemm_rows_blocks(got.data(), m.matrix, quantized, first, count);
                     INFO(build.name << " " << matrix_type_name(dtype) << " batch " << batch
                                     << " cols " << cols);
-                    // f32 sums of scales from subnormal to 65504: rounding reaches ~1e-6.
+                    // f32 sums of terms scaled from subnormal to 65504, which cancel in
+                    // part: rounding reaches some 1e-5 of the result (a wrong level, scale
+                    // or min moves it by far more).
                     for (int b = 0; b < batch; ++b) {
                         const size_t row0 = size_t(b) * rows;
                         CHECK(relative_error(row_range(got, int(row0) + first, count),
-                                             row_range(want, int(row0) + first, count)) < 4e-6);
+                                             row_range(want, int(row0) + first, count)) < 3e-5);
                         CHECK(std::isnan(got[row0 + first - 1]));
                         CHECK(std::isnan(got[row0 + first + count]));
                     }
