@@ -16,6 +16,7 @@
 #include "emulated_inputs.h"
 #include "half.h"
 #include "matvec_blocks.cuh"
+#include "test_block_matrices.h"
 #include "weight_blocks.h"
 
 using namespace barellm;
@@ -30,24 +31,6 @@ constexpr int kRowCounts[] = {1, 37, 70};
 // thousand terms.
 constexpr double kSumError = 2e-5;
 constexpr double kTiny = 1e-6;
-
-constexpr DType kBlockTypes[] = {DType::Q4_1, DType::Q5_0, DType::Q5_1,  DType::Q4_K,
-                                 DType::Q5_K, DType::Q6_K, DType::IQ4_XS};
-
-// Byte offsets of a block's f16 fields (d, and dmin or m where the type has them).
-std::vector<int> half_fields(DType dtype) {
-    switch (dtype) {
-        case DType::Q4_1:
-        case DType::Q5_1:
-        case DType::Q4_K:
-        case DType::Q5_K:
-            return {0, 2};
-        case DType::Q6_K:
-            return {208};
-        default:  // Q5_0, IQ4_XS
-            return {0};
-    }
-}
 
 // A finite f16 of either sign: mostly of moderate size, some near the top of the range,
 // some tiny (subnormal).
@@ -87,7 +70,7 @@ struct BlockMatrix {
             for (size_t i = 0; i < blocks_bytes; ++i) row[i] = uint8_t(byte(rng));
             for (int b = 0; b < blocks; ++b) {
                 uint8_t* block = row + size_t(b) * block_bytes(dtype);
-                for (const int field : half_fields(dtype)) {
+                for (const size_t field : block_scale_offsets(dtype)) {
                     const uint16_t h = random_scale(rng);
                     std::memcpy(block + field, &h, 2);
                 }
