@@ -52,7 +52,7 @@ sdist=""
 cpu_flags=""
 native=(-DGGML_NATIVE=ON)
 cuda_options=()
-targets=(llama-bench llama-perplexity llama-simple llama-quantize)
+targets=(llama-bench llama-perplexity llama-simple llama-quantize llama-tokenize)
 jobs=$(nproc 2>/dev/null || echo 2)
 while [ $# -gt 0 ]; do
     case "$1" in
