@@ -93,6 +93,8 @@ GEMMA3_SWA_PATTERN = 6
 GEMMA3_LOCAL_ROPE_THETA = 10000.0
 GEMMA3_27B_LAYERS = 62
 SOFTCAPPING_KEYS = ("attn_logit_softcapping", "final_logit_softcapping")
+# What barellm lacks for architectures close to those it runs.
+UNSUPPORTED = {"gemma2": "Gemma 2's logit soft-capping is not implemented"}
 
 ARCHITECTURES = {
     "llama": Architecture("llama", LLAMA_GLOBAL_TENSORS, LLAMA_LAYER_TENSORS, True),
@@ -320,7 +322,8 @@ class GGUFModel:
         if arch is None:
             raise ConvertError("GGUF key 'general.architecture' is missing")
         if arch not in ARCHITECTURES:
-            raise ConvertError(f"architecture '{arch}' is not supported "
+            why = f": {UNSUPPORTED[arch]}" if arch in UNSUPPORTED else ""
+            raise ConvertError(f"architecture '{arch}' is not supported{why} "
                                f"(only {', '.join(sorted(ARCHITECTURES))})")
         self.arch_name, self.arch = arch, ARCHITECTURES[arch]
 

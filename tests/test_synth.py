@@ -344,3 +344,28 @@ def test_gemma3_vocabulary_as_tokenizer_model(tmp_path, inputs):
             texts.append(f.read(6000))
     for text in texts:
         assert model.encode(text) == fast.encode(text, add_special_tokens=False).ids, text[:40]
+
+
+def test_tokenizer_model_refusals():
+    """A GGUF vocabulary that cannot be a tokenizer.model is refused with a message: no
+    unknown token, a type that is no SentencePiece piece type, a special id out of range."""
+    from common import ConvertError
+    import gguf_in
+
+    def keys(types, **ids):
+        entries = {"tokenizer.ggml.token_type": ([gguf_in.ARRAY_TYPE, 5], types)}
+        entries.update({f"tokenizer.ggml.{name}_token_id": ([4], value)
+                        for name, value in ids.items()})
+        return gguf_in.Keys(entries)
+
+    tokens = ["<pad>", "<unk>", "a"]
+    with pytest.raises(ConvertError, match="has no unknown token"):
+        synth.sentencepiece_model(keys([3, 3, 1]), tokens)
+    with pytest.raises(ConvertError, match="token 'a' has type 9, not a SentencePiece"):
+        synth.sentencepiece_model(keys([3, 3, 9], unknown=1), tokens)
+    with pytest.raises(ConvertError, match="tokenizer.ggml.bos_token_id 3 is not a token id"):
+        synth.sentencepiece_model(keys([3, 3, 1], unknown=1, bos=3), tokens)
+    model = synth.spm.parse_model(synth.sentencepiece_model(keys([3, 3, 1], unknown=1), tokens))
+    assert model["pieces"] == [("<pad>", 0.0, 3), ("<unk>", 0.0, 2), ("a", 0.0, 1)]
+    assert model["model_type"] == 2 and model["bos_id"] is None
+    assert model["add_dummy_prefix"] is True  # the GGUF does not say: SentencePiece's default
