@@ -8,7 +8,10 @@ Two tokenizer models:
   `ignore_merges` of the Hugging Face tokenizer that `tokenizer.ggml.pre` names
   (PRE_TOKENIZERS: the names whose tokenizer.json is known exactly); another name is
   refused.
-Token types CONTROL, USER_DEFINED and UNKNOWN become added tokens (CONTROL ones special).
+Token types CONTROL, USER_DEFINED and UNKNOWN become added tokens (CONTROL ones special);
+in a `llama` vocabulary all of them are matched in the raw text, as llama.cpp does.
+Generation ends at the EOS, EOT and EOM ids the file names, and at Gemma's <end_of_turn>
+control token, which llama.cpp recognises by its text.
 """
 
 from typing import NamedTuple
@@ -17,8 +20,11 @@ from common import ConvertError
 import spm
 
 # llama.cpp's token types (gguf.TokenType), the same values as SentencePiece's piece types.
+# (llama.cpp writes the USER_DEFINED ones with spaces where SentencePiece has U+2581.)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED = spm.NORMAL, spm.UNKNOWN, spm.CONTROL, spm.USER_DEFINED
 ADDED_TYPES = (UNKNOWN, CONTROL, USER_DEFINED)
+# Control tokens that end a turn although no tokenizer.ggml.*_token_id names them.
+END_OF_TURN_TOKENS = ("<end_of_turn>",)
 
 GPT2_REGEX = (r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+")
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
@@ -108,7 +114,7 @@ def _sentencepiece(keys, tokens, types):
     model = {"pieces": list(zip(tokens, scores, types)), "model_type": 2,
              "unk_piece": "<unk>",
              "add_dummy_prefix": bool(keys.get("tokenizer.ggml.add_space_prefix", True))}
-    return spm.tokenizer_json(model), True
+    return spm.tokenizer_json(model, user_defined_in_raw_text=True), True
 
 
 def _byte_level_bpe(keys, tokens, types):
@@ -173,5 +179,8 @@ def vocabulary(keys, vocab_size):
     for name in ("eos", "eot", "eom"):
         token_id = _special_id(keys, name, len(tokens))
         if token_id is not None and token_id not in eos_ids:
+            eos_ids.append(token_id)
+    for token_id, (token, kind) in enumerate(zip(tokens, types)):
+        if kind == CONTROL and token in END_OF_TURN_TOKENS and token_id not in eos_ids:
             eos_ids.append(token_id)
     return Vocabulary(tokenizer, add_bos, bos_id, eos_ids)

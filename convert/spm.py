@@ -4,7 +4,9 @@ The ModelProto is decoded with a minimal protobuf wire-format reader. The output
 what transformers' LlamaConverter (legacy=True) produces from a BPE model: a BPE model
 with byte fallback whose merges come from SentencePieceExtractor (transformers 4.40),
 a Prepend/Replace normalizer, no pre-tokenizer and a Replace/ByteFallback/Fuse/Strip
-decoder.
+decoder. Control and unknown pieces become special added tokens, user-defined pieces
+(Gemma's runs of spaces, tabs and newlines, HTML tags) plain added tokens: SentencePiece
+matches them before BPE and never merges them.
 """
 
 import struct
@@ -136,20 +138,27 @@ def bpe_merges(pieces):
     return [[left, right] for left, right, _ in merges]
 
 
-def _added_token(token_id, content, special):
+def _added_token(token_id, content, special, normalized):
     """One `added_tokens` entry of tokenizer.json."""
     return {"id": token_id, "content": content, "single_word": False, "lstrip": False,
-            "rstrip": False, "normalized": False, "special": special}
+            "rstrip": False, "normalized": normalized, "special": special}
 
 
-def tokenizer_json(model):
-    """Build the tokenizer.json dict for a parsed SentencePiece BPE model."""
+def tokenizer_json(model, user_defined_in_raw_text=False):
+    """Build the tokenizer.json dict for a parsed SentencePiece BPE model.
+
+    SentencePiece matches user-defined pieces in the normalized text, where a piece of
+    spaces is written with the space marker ("\u2581\u2581"): they become `normalized`
+    added tokens. llama.cpp's GGUF files write those pieces with spaces ("  ") and match
+    every user-defined piece in the raw text: with `user_defined_in_raw_text` they are
+    matched there too."""
     if model["model_type"] != 2:
         kind = MODEL_TYPES.get(model["model_type"], str(model["model_type"]))
         raise ConvertError(
             f"tokenizer.model: SentencePiece model type {kind} is not supported (only BPE)")
     pieces = model["pieces"]
-    added = [_added_token(i, piece, kind != USER_DEFINED)
+    added = [_added_token(i, piece, kind != USER_DEFINED,
+                          kind == USER_DEFINED and not user_defined_in_raw_text)
              for i, (piece, _, kind) in enumerate(pieces)
              if kind in (UNKNOWN, CONTROL, USER_DEFINED)]
     unk = next((piece for piece, _, kind in pieces if kind == UNKNOWN), model["unk_piece"])

@@ -40,7 +40,7 @@ PROMPTS = [
 
 SYSTEMS = ["You are a pirate.", "  Answer in French.\n\n", "", "\u65e5\u672c\u8a9e <|eot_id|>"]
 # Templates that raise_exception on a system message.
-NO_SYSTEM_ROLE = {"mistral-instruct-v0.1", "mixtral-instruct-v0.1"}
+NO_SYSTEM_ROLE = {"mistral-instruct-v0.1", "mixtral-instruct-v0.1", "gemma2-it"}
 
 
 def hf_render(entry, prompt, system=None, **variables):
@@ -130,13 +130,22 @@ def test_the_exact_renderings(tmp_path):
         "qwen3": "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n",
         "llama2-chat": "<s>[INST] Hi [/INST]",
         "mistral-instruct-v0.1": "<s>[INST] Hi [/INST]",
+        "gemma3-it": "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n",
+        "gemma2-it": "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n",
     }
     for name, text in want.items():
         entry = TEMPLATES[name]
         code, out, err = chat_render(tmp_path, entry["chat_template"], " Hi " if
-                                     name.startswith("llama") else "Hi", entry["bos_token"])
+                                     name.startswith(("llama", "gemma")) else "Hi",
+                                     entry["bos_token"])
         assert code == 0, err
         assert out.decode() == text
+    # Gemma 3 folds the system message, untrimmed, into the first user turn.
+    entry = TEMPLATES["gemma3-it"]
+    code, out, err = chat_render(tmp_path, entry["chat_template"], " Hi ", "<bos>", " Be brief.")
+    assert code == 0, err
+    assert out.decode() == ("<bos><start_of_turn>user\n Be brief.\n\nHi<end_of_turn>\n"
+                            "<start_of_turn>model\n")
 
 
 # Templates with Qwen3's enable_thinking switch.
@@ -181,6 +190,13 @@ def test_no_think_is_refused_where_the_template_has_no_switch(tmp_path, name):
      "'[/INST]' }}{% endfor %}", "[INST] chat template of a variant"),
     ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
      "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}", "generation prompt"),
+    # Gemma-like, but the system message neither folded in as Gemma 3 does nor refused.
+    ("{{ bos_token }}{% for message in messages %}{{ '<start_of_turn>' + message['role'] + "
+     "'\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+     "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}",
+     "Gemma-style chat template"),
+    ("{{ bos_token }}{% for message in messages %}{{ '<start_of_turn>' + message['role'] + "
+     "'\n' + message['content'] + '<end_of_turn>\n' }}{% endfor %}", "| trim"),
 ])
 def test_unknown_templates_are_refused(tmp_path, template, message):
     code, out, err = chat_render(tmp_path, template, "Hi", "<s>")

@@ -16,26 +16,20 @@ using unicode::decode_utf8;
 using unicode::utf8_length;
 
 // U+2581, SentencePiece's space marker.
-// - A SentencePiece vocabulary has it only at the start of tokens.
-// - Then no merge can join a marker to a character before it other than a marker.
-// - So a word splits there into segments that BPE independently, with exactly the result of
-//   merging the whole word, only faster and cacheable.
+// - A merge joins the tokens on either side of a marker only into a token that holds the
+//   character before the marker followed by the marker.
+// - A SentencePiece vocabulary has few such tokens (Llama 2: "▁▁"; Gemma: ">▁</"), so
+//   before most markers a word splits into segments that BPE independently, with exactly
+//   the result of merging the whole word, only faster and cacheable.
 // - This matters because SentencePiece-style tokenizers have no pre-tokenizer, which makes a
 //   whole text one word.
 constexpr std::string_view kSpaceMarker = "\xE2\x96\x81";
 
-bool follows_marker(std::string_view text, size_t pos) {
-    return pos >= kSpaceMarker.size() &&
-           text.substr(pos - kSpaceMarker.size(), kSpaceMarker.size()) == kSpaceMarker;
-}
-
-// Whether `text` has a space marker right after a character that is not one.
-bool has_marker_after_other(std::string_view text) {
-    for (size_t pos = text.find(kSpaceMarker, 1); pos != std::string_view::npos;
-         pos = text.find(kSpaceMarker, pos + 1)) {
-        if (!follows_marker(text, pos)) return true;
-    }
-    return false;
+// The code point of the character that ends at `end` (a character boundary after one).
+char32_t character_before(std::string_view text, size_t end) {
+    size_t start = end - 1;
+    while (start > 0 && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) --start;
+    return decode_utf8(text, start);
 }
 
 uint64_t pair_key(int left, int right) { return uint64_t(uint32_t(left)) << 32 | uint32_t(right); }
@@ -73,10 +67,20 @@ void BpeModel::index_vocab() {
         const auto found = vocab.find(*unk_token);
         if (found != vocab.end()) unk_id_ = found->second;
     }
-    segment_at_space_markers_ = vocab.count(std::string(kSpaceMarker)) != 0 &&
-                                std::none_of(vocab.begin(), vocab.end(), [](const auto& entry) {
-                                    return has_marker_after_other(entry.first);
-                                });
+    segment_at_space_markers_ = vocab.count(std::string(kSpaceMarker)) != 0;
+    for (const auto& [text, id] : vocab) {
+        for (size_t pos = text.find(kSpaceMarker, 1); pos != std::string::npos;
+             pos = text.find(kSpaceMarker, pos + 1))
+            joined_before_marker_.insert_or_assign(character_before(text, pos), 1);
+    }
+}
+
+// The character before the marker at `marker` is a token of its own (so the symbol that
+// ends there ends with it, not with a byte or unknown token) and no token holds it
+// followed by the marker: no merge can cross.
+bool BpeModel::splits_before_marker(std::string_view word, size_t marker) const {
+    const char32_t before = character_before(word, marker);
+    return char_ids_.find(before) != nullptr && joined_before_marker_.find(before) == nullptr;
 }
 
 void BpeModel::add_merge(const std::string& left, const std::string& right, uint32_t rank) {
@@ -104,7 +108,7 @@ void BpeModel::encode_word(std::string_view word, std::vector<int>& ids,
     size_t begin = 0;
     for (size_t marker = word.find(kSpaceMarker, 1); marker != std::string_view::npos;
          marker = word.find(kSpaceMarker, marker + kSpaceMarker.size())) {
-        if (!follows_marker(word, marker)) {
+        if (splits_before_marker(word, marker)) {
             merge_segment(word.substr(begin, marker - begin), ids, scratch);
             begin = marker;
         }

@@ -95,6 +95,7 @@ public:
     void encode_word(std::string_view word, std::vector<int>& ids, EncodeScratch& scratch) const;
 
 private:
+    bool splits_before_marker(std::string_view word, size_t marker) const;
     void merge_segment(std::string_view word, std::vector<int>& ids, EncodeScratch& scratch) const;
     int vocab_id(const std::string& token, const std::string& left, const std::string& right) const;
     int unk_id() const;
@@ -109,6 +110,7 @@ private:
     std::array<int, 256> byte_ids_{};
     std::optional<int> unk_id_;
     bool segment_at_space_markers_ = false;  // see kSpaceMarker in bpe.cpp
+    FlatMap joined_before_marker_;           // code points some token holds right before a marker
 };
 
 }  // namespace barellm::tok

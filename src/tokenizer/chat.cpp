@@ -47,6 +47,14 @@ char escaped_char(char c) {
     }
 }
 
+// Whether `text` holds `part`, whose newlines stand for newlines inside the template's Jinja
+// string literals: written all as real newlines or all as "\n" escapes.
+bool contains_literal(const std::string& text, const std::string& part) {
+    std::string escaped;
+    for (char c : part) escaped += c == '\n' ? std::string("\\n") : std::string(1, c);
+    return contains(text, part) || contains(text, escaped);
+}
+
 // Decodes the escapes of a Jinja string literal's body, which holds only escapes
 // escaped_char handles.
 std::string unescape(const std::string& body) {
@@ -210,6 +218,34 @@ size_t partial_marker_length(const std::string& text, const std::string& marker)
     return 0;
 }
 
+// Gemma's <start_of_turn>/<end_of_turn> templates. Fills `chat` or throws naming what is
+// missing.
+void recognise_gemma(const std::string& text, ChatTemplate& chat) {
+    chat.family = ChatFamily::Gemma;
+    chat.strip_prompt = true;
+    chat.needs_bos = true;
+    const auto refuse = [](const std::string& what) {
+        throw Error(
+            "--chat: a Gemma-style chat template (<start_of_turn>, <end_of_turn>) without " + what +
+            " is not recognised");
+    };
+    if (!contains(text, "{{ bos_token }}")) refuse("{{ bos_token }}");
+    if (!contains(text, "message['content'] | trim")) refuse("message['content'] | trim");
+    if (!contains(text, "\"model\"") && !contains(text, "'model'"))
+        refuse("the assistant's role written \"model\"");
+    if (!contains_literal(text, "'<start_of_turn>model\n'"))
+        refuse("a '<start_of_turn>model\\n' generation prompt");
+    if (!contains_literal(text, "'<end_of_turn>\n'")) refuse("'<end_of_turn>\\n' after a turn");
+    if (contains(text, "System role not supported")) {
+        chat.system_role = false;  // Gemma 1 and 2
+        return;
+    }
+    if (!contains_literal(text, "set first_user_prefix = messages[0]['content'] + '\n\n'"))
+        refuse(
+            "Gemma 3's system message folded into the first user turn (first_user_prefix = "
+            "messages[0]['content'] + '\\n\\n') or Gemma 2's refusal of one");
+}
+
 }  // namespace
 
 std::string ThinkBlockFilter::feed(const std::string& piece) {
@@ -302,6 +338,10 @@ ChatTemplate recognise_chat_template(const std::string& text) {
                 "\"bos_token + ... message['content'] | trim\" is not recognised");
         return chat;
     }
+    if (contains(text, "<start_of_turn>") && contains(text, "<end_of_turn>")) {
+        recognise_gemma(text, chat);
+        return chat;
+    }
     if (contains(text, "[INST]")) {
         chat.family = ChatFamily::Llama2;
         chat.needs_bos = true;
@@ -323,8 +363,8 @@ ChatTemplate recognise_chat_template(const std::string& text) {
     }
     throw Error(
         "--chat: the model's chat template is not one barellm knows (no ChatML "
-        "<|im_start|>/<|im_end|>, Llama 3 <|start_header_id|>/<|eot_id|> or "
-        "Llama 2/Mistral [INST] markers)");
+        "<|im_start|>/<|im_end|>, Llama 3 <|start_header_id|>/<|eot_id|>, "
+        "Llama 2/Mistral [INST] or Gemma <start_of_turn>/<end_of_turn> markers)");
 }
 
 namespace {
@@ -333,6 +373,11 @@ namespace {
 std::string llama3_user_turn(const std::string& content) {
     return "<|start_header_id|>user<|end_header_id|>\n\n" + content +
            "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+}
+
+// The Gemma user turn with the generation prompt.
+std::string gemma_user_turn(const std::string& content) {
+    return "<start_of_turn>user\n" + content + "<end_of_turn>\n<start_of_turn>model\n";
 }
 
 }  // namespace
@@ -376,6 +421,8 @@ std::string render_chat(const ChatTemplate& chat, const std::optional<std::strin
             return bos_token + "[INST] " +
                    (chat.strip_prompt ? python_strip(with_system) : with_system) + " [/INST]";
         }
+        case ChatFamily::Gemma:
+            return bos_token + gemma_user_turn(system ? *system + "\n\n" + content : content);
     }
     return "";
 }
@@ -399,6 +446,8 @@ std::string render_next_turn(const ChatTemplate& chat, const std::string& prompt
                 return " " + eos_token + bos_token + "[INST] " + content + " [/INST]";
             return eos_token + (chat.space_after_eos ? " " : "") + "[INST] " + content + " [/INST]";
         }
+        case ChatFamily::Gemma:
+            return "<end_of_turn>\n" + gemma_user_turn(content);
     }
     return "";
 }
@@ -412,6 +461,8 @@ std::string chat_end_of_turn(ChatFamily family) {
             return "<|eot_id|>";
         case ChatFamily::Llama2:
             return "";
+        case ChatFamily::Gemma:
+            return "<end_of_turn>";
     }
     return "";
 }
@@ -426,6 +477,8 @@ const char* chat_family_name(ChatFamily family) {
             return "Llama 3.1";
         case ChatFamily::Llama2:
             return "Llama 2";
+        case ChatFamily::Gemma:
+            return "Gemma";
     }
     return "";
 }

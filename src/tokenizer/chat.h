@@ -35,6 +35,12 @@
 //                {bos}[INST] {strip([<<SYS>>\n{system}\n<</SYS>>\n\n]prompt)} [/INST]
 //              Mistral-Instruct v0.1/v0.2 (no system role):  {bos}[INST] {prompt} [/INST]
 //            The turn ends with EOS, already a stop token.
+//   Gemma    <start_of_turn> ... <end_of_turn> templates (`message['content'] | trim`, the
+//            assistant's role written "model"):
+//              {bos}<start_of_turn>user\n[{system}\n\n]{trim(prompt)}<end_of_turn>\n
+//              <start_of_turn>model\n
+//            Gemma 3 folds the system message (untrimmed) into the first user turn; Gemma 1
+//            and 2 refuse one. End of turn: <end_of_turn>.
 // A conversation goes on after the assistant's reply with render_next_turn: the end of the
 // reply's turn, then the next user message and the generation prompt, as the template
 // writes them between an assistant message and the next user message (the system message
@@ -44,8 +50,10 @@
 //   Llama2   Llama-2-chat:       " " eos {bos}[INST] {strip(prompt)} [/INST]
 //            Mistral-Instruct:   eos[ ][INST] {prompt} [/INST]  (v0.1 writes the space,
 //                                Mixtral-Instruct v0.1 does not)
-// The reply itself is what the model generated, as the KV cache holds it; Llama-2-chat and
-// the Llama 3 families write it stripped, so a reply with surrounding spaces (other than
+//   Gemma    <end_of_turn>\n<start_of_turn>user\n{trim(prompt)}<end_of_turn>\n
+//              <start_of_turn>model\n
+// The reply itself is what the model generated, as the KV cache holds it; Llama-2-chat,
+// the Llama 3 families and Gemma write it stripped, so a reply with surrounding spaces (other than
 // the one Llama-2-chat writes before it) renders differently there.
 // trim/strip remove leading and trailing whitespace as Python's str.strip() does.
 #pragma once
@@ -54,14 +62,15 @@
 
 namespace barellm {
 
-enum class ChatFamily { ChatML, Llama3, Llama31, Llama2 };
+enum class ChatFamily { ChatML, Llama3, Llama31, Llama2, Gemma };
 
 struct ChatTemplate {
     ChatFamily family = ChatFamily::ChatML;
     std::string default_system;    // ChatML: the system turn written when none is given
-    bool strip_prompt = false;     // Llama3, Llama-2-chat: the prompt is stripped
+    bool strip_prompt = false;     // Llama3, Llama-2-chat, Gemma: the prompt is stripped
     bool needs_bos = false;        // the rendering starts with the BOS token's text
-    bool system_role = true;       // false: the template refuses system messages
+    bool system_role = true;       // false: the template refuses system messages (Gemma:
+                                   // true where it folds one into the first user turn)
     bool space_after_eos = false;  // Mistral-Instruct v0.1: a space between a reply's EOS
                                    // and the next [INST]
     std::string knowledge_date;    // Llama31: "December 2023"
@@ -105,7 +114,8 @@ private:
 std::string render_next_turn(const ChatTemplate& chat, const std::string& prompt,
                              const std::string& bos_token, const std::string& eos_token);
 
-// The token text that ends the assistant's turn ("<|im_end|>", "<|eot_id|>"), or "" for
+// The token text that ends the assistant's turn ("<|im_end|>", "<|eot_id|>",
+// "<end_of_turn>"), or "" for
 // families whose turn ends with EOS.
 std::string chat_end_of_turn(ChatFamily family);
 

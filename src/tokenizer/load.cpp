@@ -235,6 +235,7 @@ void parse_model(const json& node, int id_limit, BpeModel& model) {
 
     const json& vocab = member(node, "vocab", "model");
     if (!vocab.is_object()) throw Error(describe("model vocab is not an object"));
+    model.vocab.reserve(vocab.size());
     for (const auto& [text, id] : vocab.items()) {
         if (!id.is_number_unsigned())
             throw Error(describe("vocab entry " + quoted_excerpt(text) + " has an invalid id"));
