@@ -410,7 +410,9 @@ TEST_CASE("AVX-512 prefill attention rows match softmax(q·k/√d)·v in double"
                     const auto keys = random_floats(size_t(positions) * kv_dim, rng);
                     const auto values = random_floats(size_t(positions) * kv_dim, rng);
                     const auto q = random_floats(size_t(count) * q_dim, rng, 2.0f);
-                    const AttentionShape shape{heads, kv_heads, head_dim, window};
+                    // Not 1/√head_dim: the kernel must take the shape's scale.
+                    const float scale = 1.25f / std::sqrt(float(head_dim));
+                    const AttentionShape shape{heads, kv_heads, head_dim, window, scale};
                     const int first_key = attention_start(first_pos, window);
                     const int kv_head = 1, rows = count * group;
                     const TestKvTiles packed = pack_kv_tiles(
@@ -441,7 +443,7 @@ TEST_CASE("AVX-512 prefill attention rows match softmax(q·k/√d)·v in double"
                                 for (int d = 0; d < head_dim; ++d)
                                     dot += double(query[d]) *
                                            keys[size_t(k) * kv_dim + kv_head * head_dim + d];
-                                scores.push_back(dot / std::sqrt(double(head_dim)));
+                                scores.push_back(dot * scale);
                             }
                             const double largest = *std::max_element(scores.begin(), scores.end());
                             double sum = 0;

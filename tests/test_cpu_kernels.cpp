@@ -210,7 +210,7 @@ TEST_CASE("rope rotates pair (i, i + head_dim/2) by pos * theta^(-2i/head_dim)")
 static std::vector<double> reference_attention(const float* q, int pos, int first,
                                                const std::vector<float>& keys,
                                                const std::vector<float>& values, int heads,
-                                               int kv_heads, int head_dim) {
+                                               int kv_heads, int head_dim, double scale) {
     const int kv_dim = kv_heads * head_dim;
     std::vector<double> out(heads * head_dim, 0.0);
     for (int h = 0; h < heads; ++h) {
@@ -221,7 +221,7 @@ static std::vector<double> reference_attention(const float* q, int pos, int firs
             for (int i = 0; i < head_dim; ++i)
                 scores[t] +=
                     double(q[h * head_dim + i]) * keys[size_t(t) * kv_dim + kv_head * head_dim + i];
-            scores[t] /= std::sqrt(double(head_dim));
+            scores[t] *= scale;
             max_score = std::max(max_score, scores[t]);
         }
         for (int t = first; t <= pos; ++t) total += (scores[t] = std::exp(scores[t] - max_score));
@@ -262,7 +262,10 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
                     stored_keys[i] = half_to_float(float_to_half(keys[i]));
                     stored_values[i] = half_to_float(float_to_half(values[i]));
                 }
-            const AttentionShape shape{heads, kv_heads, head_dim, window};
+            // A scale other than 1/√head_dim (as Gemma's query_pre_attn_scalar gives), so
+            // that a kernel which recomputes it fails.
+            const float scale = 1.25f / std::sqrt(float(head_dim));
+            const AttentionShape shape{heads, kv_heads, head_dim, window, scale};
             const int pos = positions - 1;
             const int first = window ? std::max(0, pos + 1 - window) : 0;
             INFO("positions " << positions << " window " << window << " head_dim " << head_dim);
@@ -275,7 +278,7 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
                            scores.data(), shape, type);
             CHECK(relative_error(
                       out, reference_attention(q.data(), pos, first, stored_keys, stored_values,
-                                               heads, kv_heads, head_dim)) < 1e-5);
+                                               heads, kv_heads, head_dim, scale)) < 1e-5);
 
             // Prefill: the last `count` positions as one batch, each causal (40 tokens ×
             // 3 heads per KV head: several blocks of query rows and tiles of keys).
@@ -289,10 +292,11 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
                 const int p = first_pos + i;
                 const std::vector<float> row(batch_out.begin() + i * heads * head_dim,
                                              batch_out.begin() + (i + 1) * heads * head_dim);
-                CHECK(relative_error(row, reference_attention(
-                                              &queries[i * heads * head_dim], p,
-                                              window ? std::max(0, p + 1 - window) : 0, stored_keys,
-                                              stored_values, heads, kv_heads, head_dim)) < 1e-5);
+                CHECK(relative_error(
+                          row, reference_attention(&queries[i * heads * head_dim], p,
+                                                   window ? std::max(0, p + 1 - window) : 0,
+                                                   stored_keys, stored_values, heads, kv_heads,
+                                                   head_dim, scale)) < 1e-5);
             }
             cpu::set_simd_level(cpu::detect_simd_level());
         }

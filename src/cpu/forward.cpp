@@ -249,7 +249,8 @@ private:
 
     AttentionShape attention_shape(int layer) const {
         const Config& c = model_.config;
-        return AttentionShape{c.heads, c.kv_heads, c.head_dim, c.layer_window(layer)};
+        return AttentionShape{c.heads, c.kv_heads, c.head_dim, c.layer_window(layer),
+                              c.attention_scale};
     }
 
     // The KV-cache row of layer `layer` at position `pos`.
