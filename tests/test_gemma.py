@@ -233,3 +233,15 @@ def test_the_reference_refuses_soft_capping(tmp_path):
     hf = make_checkpoint(str(tmp_path / "hf"), config, gemma_tensors(config))
     with pytest.raises(ValueError, match="final_logit_softcapping"):
         reference.load(hf)
+
+
+def test_info_shows_gemmas_fields(tmp_path):
+    model = convert(checkpoint(tmp_path, "gemma3"), tmp_path / "model.bin", "f32")
+    result = barellm("info", model)
+    assert result.returncode == 0, result.stderr
+    for line in ("architecture    gemma3", "attention       q/k norm per head",
+                 "rope_theta_local 10000 (sliding layers)",
+                 "sliding_window  5 (layers 0 1 3 4 6)", "attention_scale 0.204124",
+                 "embedding_scale 6", "post_norms      attention and feed-forward outputs",
+                 "activation      gelu_tanh (GeGLU)"):
+        assert line + "\n" in result.stdout
