@@ -58,7 +58,7 @@ struct AttentionArgs {
     unsigned* arrivals;                // [kv_heads * head groups]: blocks done; 0 between launches
     float* out;                        // [heads * head_dim]
     int heads, kv_heads, head_dim, window, splits;
-    float scale;     // 1 / sqrt(head_dim)
+    float scale;     // of q·k (AttentionShape::scale)
     float norm_eps;  // of q_norm and k_norm
 };
 
@@ -436,7 +436,7 @@ inline AttentionArgs attention_args(float* out, const float* qkv, const float* i
     args.head_dim = shape.head_dim;
     args.window = shape.window;
     args.splits = splits;
-    args.scale = 1.0f / std::sqrt(float(shape.head_dim));
+    args.scale = shape.scale;
     args.norm_eps = eps;
     return args;
 }

@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
     attention_prefill_kernel(void* __restrict__ out, int out_pitch, const float* __restrict__ qkv,
                              int qkv_pitch, const KvT* __restrict__ key_cache,
                              const KvT* __restrict__ value_cache, int first_pos, int count,
-                             int heads, int kv_heads, int head_dim, int window) {
+                             int heads, int kv_heads, int head_dim, int window, float scale) {
     constexpr int kRowsPerWarp = kPrefillRowsPerWarp<kDimsPerLane>;
     constexpr int kBlockRows = kAttentionPrefillWarps * kRowsPerWarp;
     const int group = heads / kv_heads, kv_head = blockIdx.y;
@@ -123,7 +123,6 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
 #pragma unroll
         for (int i = 0; i < kDimsPerLane; ++i) acc[r][i] = 0.0f;
     }
-    const float scale = 1.0f / sqrtf(float(head_dim));
     const float* warp_queries = q_tile + warp * kRowsPerWarp * stride;
     float* warp_probabilities = probabilities + warp * kRowsPerWarp * kPrefillKeyTile;
 
@@ -376,7 +375,7 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
                                  const float* __restrict__ qkv, int qkv_pitch,
                                  const __half* __restrict__ key_cache,
                                  const __half* __restrict__ value_cache, int first_pos, int count,
-                                 int heads, int kv_heads, int head_dim, int window) {
+                                 int heads, int kv_heads, int head_dim, int window, float scale) {
     static_assert(kBuffers == 1 || kBuffers == 2, "one tile buffer, or two taking turns");
     constexpr int kStride = kDims + kMmaRowPad;  // halves per staged row
     constexpr int kDimTiles = kDims / 8;         // n-tiles of the output
@@ -436,7 +435,6 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
 #pragma unroll
     for (int n = 0; n < kDimTiles; ++n)
         for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
-    const float scale = 1.0f / sqrtf(float(head_dim));
 
     // The keys and values of tile `index` (keys key_begin + 64 index ..) into its buffer,
     // zero past key_end (16 bytes a copy), as one group of copies.
@@ -602,7 +600,7 @@ void attention_prefill(const DeviceActivations& out, const float* qkv, int qkv_p
             kernel<<<grid, kAttentionPrefillThreads, shared, stream>>>(
                 out.data, out.pitch, qkv, qkv_pitch, static_cast<const __half*>(key_cache),
                 static_cast<const __half*>(value_cache), first_pos, out.tokens, shape.heads,
-                shape.kv_heads, shape.head_dim, shape.window);
+                shape.kv_heads, shape.head_dim, shape.window, shape.scale);
         });
         CUDA_CHECK_LAUNCH("attention_prefill_mma_kernel");
         return;
@@ -619,7 +617,7 @@ void attention_prefill(const DeviceActivations& out, const float* qkv, int qkv_p
                 kernel<<<grid, kAttentionPrefillThreads, shared, stream>>>(
                     out.data, out.pitch, qkv, qkv_pitch, static_cast<const KvT*>(key_cache),
                     static_cast<const KvT*>(value_cache), first_pos, out.tokens, shape.heads,
-                    shape.kv_heads, shape.head_dim, shape.window);
+                    shape.kv_heads, shape.head_dim, shape.window, shape.scale);
             });
         });
     });

@@ -705,7 +705,7 @@ private:
             const int window = c.layer_window(l);
             widest = widest == 0 || window == 0 ? 0 : std::max(widest, window);
         }
-        return AttentionShape{c.heads, c.kv_heads, c.head_dim, widest};
+        return AttentionShape{c.heads, c.kv_heads, c.head_dim, widest, c.attention_scale};
     }
 
     const Model& model_;

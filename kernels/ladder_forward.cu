@@ -122,7 +122,7 @@ void LadderForward::attention(const DeviceLayer& layer, cudaStream_t stream) con
                             c.heads, c.kv_heads, c.head_dim, layer.q_norm, layer.k_norm, c.norm_eps,
                             kv_type_, stream);
     }
-    const AttentionShape shape{c.heads, c.kv_heads, c.head_dim, layer.window};
+    const AttentionShape shape{c.heads, c.kv_heads, c.head_dim, layer.window, c.attention_scale};
     cuda::attention_naive(s.att, s.qkv, layer.key_cache, layer.value_cache, s.step,
                           scores_.as<float>(), context_, shape, kv_type_, stream);
 }

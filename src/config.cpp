@@ -1,6 +1,7 @@
 // Reading and checking the model hyper-parameters stored in the weight file (config.h).
 #include "config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "error.h"
@@ -43,7 +44,7 @@ float read_positive_float(const json& object, const char* key, const std::string
 }
 
 bool is_known_architecture(const json& value) {
-    return value == "llama" || value == "qwen2" || value == "qwen3";
+    return value == "llama" || value == "qwen2" || value == "qwen3" || value == "gemma3";
 }
 
 // A boolean field that is false when absent.
@@ -83,11 +84,35 @@ RopeScaling read_rope_scaling(const json& config, const std::string& source) {
 
 // Every RoPE inverse frequency must be a positive finite float; `key` names the config
 // field blamed when one is not.
-void check_rope_frequencies(const Config& config, const char* key, const std::string& source) {
-    for (float frequency : rope_inverse_frequencies(config))
+void check_rope_frequencies(const std::vector<float>& frequencies, const char* key,
+                            const std::string& source) {
+    for (float frequency : frequencies)
         if (!(frequency > 0) || !std::isfinite(frequency))
             throw Error(source + ": config field '" + key + "' makes a RoPE frequency " +
                         (frequency > 0 ? "overflow" : "round to 0") + " as a float");
+}
+
+// "layer_types": one "sliding" or "full" per layer, in place of sliding_window_first_layer.
+void read_layer_types(const json& object, const std::string& source, Config* config) {
+    const json& types = object["layer_types"];
+    if (!types.is_array() || types.size() != size_t(config->layers))
+        throw Error(source + ": config field 'layer_types' is not a list of " +
+                    std::to_string(config->layers) + " layer types");
+    if (object.contains("sliding_window_first_layer"))
+        throw Error(source +
+                    ": config fields 'layer_types' and 'sliding_window_first_layer' exclude "
+                    "each other");
+    for (const json& type : types) {
+        if (type != "sliding" && type != "full")
+            throw Error(source + ": config field 'layer_types' holds " + json_excerpt(type) +
+                        ", not \"sliding\" or \"full\"");
+        config->sliding_layers.push_back(type == "sliding");
+    }
+    if (config->sliding_window == 0 &&
+        std::find(config->sliding_layers.begin(), config->sliding_layers.end(), true) !=
+            config->sliding_layers.end())
+        throw Error(source +
+                    ": config field 'layer_types' has sliding layers but no sliding_window");
 }
 
 }  // namespace
@@ -99,7 +124,7 @@ Config Config::from_json(const std::string& json_text, const std::string& source
         throw Error(
             source + ": architecture " +
             (object.contains("architecture") ? json_excerpt(object["architecture"]) : "(missing)") +
-            " is not supported (barellm runs llama, qwen2 and qwen3)");
+            " is not supported (barellm runs llama, qwen2, qwen3 and gemma3)");
     Config config;
     config.architecture = object["architecture"].get<std::string>();
     config.dim = read_int(object, "dim", source, 1, kMaxDim);
@@ -111,15 +136,16 @@ Config Config::from_json(const std::string& json_text, const std::string& source
     config.vocab_size = read_int(object, "vocab_size", source, 1, Tokenizer::kMaxVocabSize);
     config.max_context = read_int(object, "max_context", source, 1, kMaxContext);
     config.rope_theta = read_positive_float(object, "rope_theta", source);
-    check_rope_frequencies(config, "rope_theta", source);
+    check_rope_frequencies(rope_inverse_frequencies(config), "rope_theta", source);
     config.rope_scaling = read_rope_scaling(object, source);
-    check_rope_frequencies(config, "rope_scaling", source);
+    check_rope_frequencies(rope_inverse_frequencies(config), "rope_scaling", source);
     config.norm_eps = read_positive_float(object, "norm_eps", source);
     if (object.contains("sliding_window") && !object["sliding_window"].is_null())
         config.sliding_window = read_int(object, "sliding_window", source, 1, kMaxContext);
     if (object.contains("sliding_window_first_layer"))
         config.sliding_window_first_layer =
             read_int(object, "sliding_window_first_layer", source, 0, config.layers - 1);
+    if (object.contains("layer_types")) read_layer_types(object, source, &config);
     config.qkv_bias = read_optional_bool(object, "qkv_bias", source);
     config.o_bias = read_optional_bool(object, "o_bias", source);
     config.qk_norm = read_optional_bool(object, "qk_norm", source);
@@ -146,6 +172,23 @@ Config Config::from_json(const std::string& json_text, const std::string& source
     if (!object.contains("weight_dtype") || !object["weight_dtype"].is_string())
         throw Error(source + ": config field 'weight_dtype' is missing or not a string");
     config.weight_dtype = object["weight_dtype"].get<std::string>();
+    if (object.contains("activation")) {
+        const json& name = object["activation"];
+        if (name == "silu")
+            config.activation = Activation::Silu;
+        else if (name == "gelu_tanh")
+            config.activation = Activation::GeluTanh;
+        else
+            throw Error(source + ": config field 'activation' " + json_excerpt(name) +
+                        " is not \"silu\" or \"gelu_tanh\"");
+    }
+    if (object.contains("embedding_scale"))
+        config.embedding_scale = read_positive_float(object, "embedding_scale", source);
+    config.post_norms = read_optional_bool(object, "post_norms", source);
+    if (object.contains("rope_theta_local")) {
+        config.rope_theta_local = read_positive_float(object, "rope_theta_local", source);
+        check_rope_frequencies(rope_local_inverse_frequencies(config), "rope_theta_local", source);
+    }
 
     if (config.heads % config.kv_heads != 0)
         throw Error(source + ": heads (" + std::to_string(config.heads) +
@@ -155,7 +198,19 @@ Config Config::from_json(const std::string& json_text, const std::string& source
                     " is odd; RoPE rotates pairs");
     if (int64_t(config.heads) * config.head_dim > 4 * kMaxDim)
         throw Error(source + ": heads * head_dim is too large");
+    config.attention_scale = object.contains("attention_scale")
+                                 ? read_positive_float(object, "attention_scale", source)
+                                 : float(1.0 / std::sqrt(double(config.head_dim)));
     return config;
+}
+
+std::vector<float> rope_local_inverse_frequencies(const Config& config) {
+    if (!(config.rope_theta_local > 0))
+        throw Error("rope_local_inverse_frequencies: the model has no rope_theta_local");
+    Config local = config;
+    local.rope_theta = config.rope_theta_local;
+    local.rope_scaling = RopeScaling{};
+    return rope_inverse_frequencies(local);
 }
 
 std::vector<float> rope_inverse_frequencies(const Config& config) {

@@ -15,6 +15,10 @@ struct RopeScaling {
     int original_context = 0;       // llama3 only: original_max_position_embeddings
 };
 
+// The feed-forward gate's activation: SiLU (SwiGLU, Llama and Qwen) or GELU with the tanh
+// approximation (GeGLU, Gemma).
+enum class Activation { Silu, GeluTanh };
+
 struct Config {
     int dim = 0;         // residual stream width (hidden_size)
     int hidden_dim = 0;  // feed-forward width (intermediate_size)
@@ -29,7 +33,7 @@ struct Config {
     float norm_eps = 1e-5f;
     int sliding_window = 0;              // 0: attend to the whole context
     int sliding_window_first_layer = 0;  // layers before it attend to the whole context
-    std::string architecture = "llama";  // llama, qwen2 or qwen3: the family, as `info` shows
+    std::string architecture = "llama";  // llama, qwen2, qwen3, gemma3 (`info`)
     bool qkv_bias = false;  // q, k and v projections add a bias (Qwen2, attention_bias)
     bool o_bias = false;    // the output projection adds a bias (attention_bias)
     bool qk_norm = false;   // RMSNorm over each head of q and of k before RoPE (Qwen3)
@@ -38,19 +42,36 @@ struct Config {
     std::vector<int> eos_ids;
     bool add_bos = true;
     std::string weight_dtype;
+    Activation activation = Activation::Silu;
+    float embedding_scale = 1.0f;      // multiplies the embedding row (Gemma: sqrt(dim))
+    bool post_norms = false;           // RMSNorm of the attention and feed-forward outputs (Gemma)
+    std::vector<bool> sliding_layers;  // per layer (Gemma); empty: sliding_window_first_layer
+    float rope_theta_local = 0.0f;     // RoPE base of sliding layers, unscaled; 0: rope_theta
+    float attention_scale = 0.0f;      // multiplies q·k; from_json: given or 1/sqrt(head_dim)
 
     int q_dim() const { return heads * head_dim; }
     int kv_dim() const { return kv_heads * head_dim; }
     // The sliding window of layer `layer`, 0 where it attends to the whole context.
     int layer_window(int layer) const {
+        if (!sliding_layers.empty()) return sliding_layers[layer] ? sliding_window : 0;
         return layer >= sliding_window_first_layer ? sliding_window : 0;
+    }
+    // Whether layer `layer` rotates with rope_local_inverse_frequencies (a sliding layer of a
+    // model with rope_theta_local).
+    bool uses_local_rope(int layer) const {
+        return rope_theta_local > 0 && layer_window(layer) > 0;
     }
 
     // Parses and validates the JSON text; `source` names the file in errors.
     static Config from_json(const std::string& json_text, const std::string& source);
 };
 
-// The inverse frequency of each rotated pair (head_dim / 2 values), with scaling applied.
+// The inverse frequency of each rotated pair (head_dim / 2 values) from rope_theta, with
+// rope_scaling applied: the RoPE of every layer, or of the full-attention layers of a model
+// with rope_theta_local.
 std::vector<float> rope_inverse_frequencies(const Config& config);
+// The same from rope_theta_local, unscaled: the RoPE of the sliding layers (Gemma 3).
+// Requires rope_theta_local > 0.
+std::vector<float> rope_local_inverse_frequencies(const Config& config);
 
 }  // namespace barellm

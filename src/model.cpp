@@ -183,7 +183,8 @@ const float* f32_vector(const SafetensorsFile& file, const std::string& name, in
 
 size_t layer_vector_floats(const Config& c) {
     return (c.qkv_bias ? size_t(c.q_dim()) + 2 * size_t(c.kv_dim()) : 0) +
-           (c.o_bias ? size_t(c.dim) : 0) + (c.qk_norm ? 2 * size_t(c.head_dim) : 0);
+           (c.o_bias ? size_t(c.dim) : 0) + (c.qk_norm ? 2 * size_t(c.head_dim) : 0) +
+           (c.post_norms ? 2 * size_t(c.dim) : 0);
 }
 
 Model Model::load(const std::string& path) {
@@ -226,6 +227,10 @@ Model Model::load(const std::string& path) {
         layer.w1 = matrix(file, prefix + "w1", c.hidden_dim, c.dim, dtype);
         layer.w3 = matrix(file, prefix + "w3", c.hidden_dim, c.dim, dtype);
         layer.w2 = matrix(file, prefix + "w2", c.dim, c.hidden_dim, dtype);
+        if (c.post_norms) {
+            layer.post_attn_norm = f32_vector(file, prefix + "post_attn_norm", c.dim);
+            layer.post_ffn_norm = f32_vector(file, prefix + "post_ffn_norm", c.dim);
+        }
         model.layers.push_back(layer);
     }
     model.final_norm = f32_vector(file, "final_norm", c.dim);
@@ -237,8 +242,8 @@ Model Model::load(const std::string& path) {
         model.output = matrix(file, "output", c.vocab_size, c.dim, dtype);
     }
     dtype.check_nothing_left();
-    const size_t vectors_per_layer =
-        2 + (c.qkv_bias ? 3 : 0) + (c.o_bias ? 1 : 0) + (c.qk_norm ? 2 : 0);  // norms and biases
+    const size_t vectors_per_layer = 2 + (c.qkv_bias ? 3 : 0) + (c.o_bias ? 1 : 0) +
+                                     (c.qk_norm ? 2 : 0) + (c.post_norms ? 2 : 0);  // norms, biases
     size_t expected_tensors = 1 + vectors_per_layer * size_t(c.layers);
     for (const Matrix* m : model.matrices()) expected_tensors += m->scales ? 2 : 1;
     if (file.tensors().size() != expected_tensors)

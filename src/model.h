@@ -90,6 +90,10 @@ struct LayerWeights {
     Matrix w1;                      // [hidden_dim, dim]  gate
     Matrix w3;                      // [hidden_dim, dim]  up
     Matrix w2;                      // [dim, hidden_dim]  down
+    // Present only with post_norms (Gemma), f32: the RMSNorm weights of wo's and w2's outputs,
+    // applied before the residual add.
+    const float* post_attn_norm = nullptr;  // [dim]
+    const float* post_ffn_norm = nullptr;   // [dim]
 };
 
 struct Model {
@@ -113,7 +117,7 @@ struct Model {
     size_t parameter_count() const;
 };
 
-// Floats per layer of the optional biases and q/k norms the config asks for.
+// Floats per layer of the optional biases, q/k norms and post norms the config asks for.
 size_t layer_vector_floats(const Config& config);
 
 }  // namespace barellm

@@ -177,6 +177,8 @@ std::unique_ptr<ModelCopy> copy_model(const Model& source, DType dtype) {
         layer.w1 = copier.matrix(w.w1, prefix + "w1");
         layer.w3 = copier.matrix(w.w3, prefix + "w3");
         layer.w2 = copier.matrix(w.w2, prefix + "w2");
+        layer.post_attn_norm = copier.norm(w.post_attn_norm, dim);
+        layer.post_ffn_norm = copier.norm(w.post_ffn_norm, dim);
         m.layers.push_back(layer);
     }
     m.final_norm = copier.norm(source.final_norm, source.config.dim);

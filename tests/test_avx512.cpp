@@ -36,6 +36,7 @@ namespace {
     X(matvec_rows_q8)           \
     X(matvec_rows_q4)           \
     X(swiglu)                   \
+    X(geglu)                    \
     X(rmsnorm)                  \
     X(dot_kv)                   \
     X(add_scaled_kv)            \
@@ -257,6 +258,31 @@ TEST_CASE("AVX-512 VNNI Q8 and Q4 matvecs equal the integer dot products of quan
     }
 }
 
+TEST_CASE("AVX-512 geglu matches its formula in double, far into both tails") {
+    std::mt19937 rng(516);
+    for (const Avx512Build& build : builds())
+        for (int n : {1, 15, 16, 17, 172})
+            for (float scale : {0.5f, 3.0f, 120.0f}) {
+                const std::vector<float> gate_in = random_floats(n, rng, scale);
+                const std::vector<float> up = random_floats(n, rng);
+                std::vector<float> gate = gate_in;
+                gate.push_back(NAN);  // past the end: must stay untouched
+                build.geglu(gate.data(), up.data(), n);
+                INFO(build.name << " n " << n << " scale " << scale);
+                for (int i = 0; i < n; ++i) {
+                    // gelu_tanh(g) · up in double; the bound as test_cpu_kernels.cpp's:
+                    // relative, and relative to g · up where tanh's argument rounds.
+                    const double g = gate_in[i];
+                    const double want =
+                        0.5 * g *
+                        (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) * up[i];
+                    CHECK(std::abs(gate[i] - want) <=
+                          2e-6 * std::abs(want) + 1e-7 * std::abs(g * up[i]));
+                }
+                CHECK(std::isnan(gate[n]));
+            }
+}
+
 TEST_CASE("AVX-512 swiglu matches its formula, far into both tails") {
     std::mt19937 rng(515);
     for (const Avx512Build& build : builds())
@@ -410,7 +436,9 @@ TEST_CASE("AVX-512 prefill attention rows match softmax(q·k/√d)·v in double"
                     const auto keys = random_floats(size_t(positions) * kv_dim, rng);
                     const auto values = random_floats(size_t(positions) * kv_dim, rng);
                     const auto q = random_floats(size_t(count) * q_dim, rng, 2.0f);
-                    const AttentionShape shape{heads, kv_heads, head_dim, window};
+                    // Not 1/√head_dim: the kernel must take the shape's scale.
+                    const float scale = 1.25f / std::sqrt(float(head_dim));
+                    const AttentionShape shape{heads, kv_heads, head_dim, window, scale};
                     const int first_key = attention_start(first_pos, window);
                     const int kv_head = 1, rows = count * group;
                     const TestKvTiles packed = pack_kv_tiles(
@@ -441,7 +469,7 @@ TEST_CASE("AVX-512 prefill attention rows match softmax(q·k/√d)·v in double"
                                 for (int d = 0; d < head_dim; ++d)
                                     dot += double(query[d]) *
                                            keys[size_t(k) * kv_dim + kv_head * head_dim + d];
-                                scores.push_back(dot / std::sqrt(double(head_dim)));
+                                scores.push_back(dot * scale);
                             }
                             const double largest = *std::max_element(scores.begin(), scores.end());
                             double sum = 0;

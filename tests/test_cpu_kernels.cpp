@@ -184,6 +184,40 @@ TEST_CASE("swiglu matches its formula at every SIMD level, far into both tails")
     }
 }
 
+// GELU with the tanh approximation (Hugging Face's gelu_pytorch_tanh) times up, in double.
+static double reference_geglu(float gate, float up) {
+    const double g = gate;
+    return 0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) * up;
+}
+
+// The bound of one GeGLU output: relative to the output, and to g · up where the output is a
+// small part of it (float's rounding of √(2/π)(g + 0.044715 g³) moves tanh there).
+static bool close_geglu(float got, float gate, float up) {
+    const double want = reference_geglu(gate, up);
+    return std::abs(got - want) <= 2e-6 * std::abs(want) + 1e-7 * std::abs(double(gate) * up);
+}
+
+TEST_CASE("geglu matches its formula in double at every SIMD level, far into both tails") {
+    std::mt19937 rng(9);
+    const auto level =
+        GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
+    if (level > cpu::detect_simd_level()) return;
+    for (int n : {1, 9, 17, 172}) {
+        for (float scale : {0.5f, 3.0f, 120.0f}) {
+            const auto gate_in = random_floats(n, rng, scale), up = random_floats(n, rng);
+            std::vector<float> gate = gate_in;
+            cpu::set_simd_level(level);
+            cpu::geglu(gate.data(), up.data(), n);
+            cpu::set_simd_level(cpu::detect_simd_level());
+            std::vector<double> want(n);
+            for (int i = 0; i < n; ++i) want[i] = reference_geglu(gate_in[i], up[i]);
+            INFO(cpu::simd_level_name(level) << " n " << n << " scale " << scale);
+            CHECK(relative_error(gate, want) < 1e-6);
+            for (int i = 0; i < n; ++i) CHECK(close_geglu(gate[i], gate_in[i], up[i]));
+        }
+    }
+}
+
 TEST_CASE("rope rotates pair (i, i + head_dim/2) by pos * theta^(-2i/head_dim)") {
     std::mt19937 rng(99);
     const int heads = 3, head_dim = 10, pos = 17;
@@ -210,7 +244,7 @@ TEST_CASE("rope rotates pair (i, i + head_dim/2) by pos * theta^(-2i/head_dim)")
 static std::vector<double> reference_attention(const float* q, int pos, int first,
                                                const std::vector<float>& keys,
                                                const std::vector<float>& values, int heads,
-                                               int kv_heads, int head_dim) {
+                                               int kv_heads, int head_dim, double scale) {
     const int kv_dim = kv_heads * head_dim;
     std::vector<double> out(heads * head_dim, 0.0);
     for (int h = 0; h < heads; ++h) {
@@ -221,7 +255,7 @@ static std::vector<double> reference_attention(const float* q, int pos, int firs
             for (int i = 0; i < head_dim; ++i)
                 scores[t] +=
                     double(q[h * head_dim + i]) * keys[size_t(t) * kv_dim + kv_head * head_dim + i];
-            scores[t] /= std::sqrt(double(head_dim));
+            scores[t] *= scale;
             max_score = std::max(max_score, scores[t]);
         }
         for (int t = first; t <= pos; ++t) total += (scores[t] = std::exp(scores[t] - max_score));
@@ -262,7 +296,10 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
                     stored_keys[i] = half_to_float(float_to_half(keys[i]));
                     stored_values[i] = half_to_float(float_to_half(values[i]));
                 }
-            const AttentionShape shape{heads, kv_heads, head_dim, window};
+            // A scale other than 1/√head_dim (as Gemma's query_pre_attn_scalar gives), so
+            // that a kernel which recomputes it fails.
+            const float scale = 1.25f / std::sqrt(float(head_dim));
+            const AttentionShape shape{heads, kv_heads, head_dim, window, scale};
             const int pos = positions - 1;
             const int first = window ? std::max(0, pos + 1 - window) : 0;
             INFO("positions " << positions << " window " << window << " head_dim " << head_dim);
@@ -275,7 +312,7 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
                            scores.data(), shape, type);
             CHECK(relative_error(
                       out, reference_attention(q.data(), pos, first, stored_keys, stored_values,
-                                               heads, kv_heads, head_dim)) < 1e-5);
+                                               heads, kv_heads, head_dim, scale)) < 1e-5);
 
             // Prefill: the last `count` positions as one batch, each causal (40 tokens ×
             // 3 heads per KV head: several blocks of query rows and tiles of keys).
@@ -289,10 +326,11 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
                 const int p = first_pos + i;
                 const std::vector<float> row(batch_out.begin() + i * heads * head_dim,
                                              batch_out.begin() + (i + 1) * heads * head_dim);
-                CHECK(relative_error(row, reference_attention(
-                                              &queries[i * heads * head_dim], p,
-                                              window ? std::max(0, p + 1 - window) : 0, stored_keys,
-                                              stored_values, heads, kv_heads, head_dim)) < 1e-5);
+                CHECK(relative_error(
+                          row, reference_attention(&queries[i * heads * head_dim], p,
+                                                   window ? std::max(0, p + 1 - window) : 0,
+                                                   stored_keys, stored_values, heads, kv_heads,
+                                                   head_dim, scale)) < 1e-5);
             }
             cpu::set_simd_level(cpu::detect_simd_level());
         }

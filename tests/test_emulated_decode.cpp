@@ -541,7 +541,11 @@ std::vector<KvT> attention_cache(int context, int kv_dim, int first, int pos, st
     return cache;
 }
 
-// Σ_t softmax(q · key(t) / sqrt(head_dim))_t value(t) over the cache rows t = first..pos of
+// The attention scale of the cases: not 1/√head_dim, so that a kernel which recomputes that
+// instead of taking the shape's scale fails.
+double case_scale(int head_dim) { return 1.25 / std::sqrt(double(head_dim)); }
+
+// Σ_t softmax(q · key(t) × case_scale)_t value(t) over the cache rows t = first..pos of
 // query head h's KV head, in double; q [head_dim].
 template <typename KvT>
 std::vector<double> attend(const std::vector<double>& q, int h, const AttentionCase& c,
@@ -554,7 +558,7 @@ std::vector<double> attend(const std::vector<double>& q, int h, const AttentionC
         double dot = 0;
         for (int d = 0; d < head_dim; ++d)
             dot += q[d] * from_kv(keys[size_t(t) * kv_dim + head_offset + d]);
-        p.push_back(dot / std::sqrt(double(head_dim)));
+        p.push_back(dot * float(case_scale(head_dim)));
     }
     const double largest = *std::max_element(p.begin(), p.end());
     double total = 0;
@@ -576,7 +580,8 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
     INFO(c.heads << "/" << c.kv_heads << " heads of " << c.head_dim << ", pos " << c.pos
                  << ", window " << c.window << ", " << c.splits << " splits, norms " << c.norms
                  << ", kv " << (std::is_same_v<KvT, float> ? "f32" : "f16"));
-    const AttentionShape shape{c.heads, c.kv_heads, c.head_dim, c.window};
+    const AttentionShape shape{c.heads, c.kv_heads, c.head_dim, c.window,
+                               float(case_scale(c.head_dim))};
     const int head_dim = c.head_dim, q_dim = c.heads * head_dim, kv_dim = c.kv_heads * head_dim;
     const int context = c.pos + 3, first = attention_start(c.pos, c.window);
     const std::vector<float> inverse_frequencies = inverse_frequencies_for(head_dim);
@@ -679,10 +684,9 @@ void check_attention_naive(const AttentionCase& c, std::mt19937& rng) {
     std::vector<float> out = nan_floats(size_t(q_dim));
     std::vector<float> scores = nan_floats(size_t(c.heads) * context);
     const int step[2] = {1, c.pos};
-    const float scale = 1.0f / std::sqrt(float(head_dim));
     emulate_launch(dim3(c.heads), dim3(kNaiveAttentionThreads), 0, attention_naive_kernel<KvT>,
                    out.data(), q.data(), keys.data(), values.data(), step, scores.data(), context,
-                   c.heads, c.kv_heads, head_dim, c.window, scale);
+                   c.heads, c.kv_heads, head_dim, c.window, float(case_scale(head_dim)));
     // The reference from q as given (this kernel takes it rotated already).
     int wrong = 0;
     for (int h = 0; h < c.heads; ++h) {

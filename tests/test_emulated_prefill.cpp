@@ -323,7 +323,7 @@ void check_attention_prefill(const AttentionCase& c, int mma_buffers, std::mt199
                                attention_prefill_mma_shared_bytes(head_dim, mma_buffers), kernel,
                                static_cast<void*>(out.data()), out_pitch, qkv.data(), qkv_pitch,
                                keys.data(), values.data(), c.first_pos, c.count, shape.heads,
-                               shape.kv_heads, head_dim, shape.window);
+                               shape.kv_heads, head_dim, shape.window, shape.scale);
                 return;
             }
         }
@@ -333,7 +333,7 @@ void check_attention_prefill(const AttentionCase& c, int mma_buffers, std::mt199
                            attention_prefill_kernel<KvT, kOut, decltype(dims)::value>,
                            static_cast<void*>(out.data()), out_pitch, qkv.data(), qkv_pitch,
                            keys.data(), values.data(), c.first_pos, c.count, shape.heads,
-                           shape.kv_heads, head_dim, shape.window);
+                           shape.kv_heads, head_dim, shape.window, shape.scale);
         });
     });
     // The tensor-core kernel rounds the queries to f16 (an input of the reference below) and
@@ -359,7 +359,7 @@ void check_attention_prefill(const AttentionCase& c, int mma_buffers, std::mt199
                 double dot = 0;
                 for (int d = 0; d < head_dim; ++d)
                     dot += q[d] * cache_value(keys.data(), size_t(key) * kv_dim + head_offset + d);
-                scores[key - first] = dot / std::sqrt(double(head_dim));
+                scores[key - first] = dot * shape.scale;
                 largest = std::max(largest, scores[key - first]);
             }
             double total = 0;
@@ -393,22 +393,25 @@ void check_attention_prefill(const AttentionCase& c, int mma_buffers, std::mt199
 
 TEST_CASE("emulated attention_prefill matches a double reference", "[cuda_emulation][prefill]") {
     std::mt19937 rng(4);
+    // Scales about 1.25/√head_dim, not 1/√head_dim: the kernels must take the shape's.
     const AttentionCase cases[] = {
-        {{6, 2, 8, 0}, 17, 0, KvType::F16, DType::F16},      // GQA, 2 dims per lane
-        {{4, 4, 72, 0}, 3, 40, KvType::F32, DType::F32},     // 4 dims per lane, first_pos > 0
-        {{6, 3, 160, 20}, 70, 5, KvType::F16, DType::BF16},  // 8 dims per lane, sliding window
-        {{2, 1, 64, 0}, 1, 100, KvType::F32, DType::F16},    // one token after a long cache
-        {{3, 1, 6, 7}, 33, 2, KvType::F16, DType::F16},      // output padding, window
-        {{8, 2, 32, 0}, 70, 0, KvType::F32, DType::BF16},    // several key tiles from 0
+        {{6, 2, 8, 0, 0.44f}, 17, 0, KvType::F16, DType::F16},   // GQA, 2 dims per lane
+        {{4, 4, 72, 0, 0.15f}, 3, 40, KvType::F32, DType::F32},  // 4 dims per lane, first_pos > 0
+        // 8 dims per lane, sliding window:
+        {{6, 3, 160, 20, 0.1f}, 70, 5, KvType::F16, DType::BF16},
+        {{2, 1, 64, 0, 0.16f}, 1, 100, KvType::F32, DType::F16},  // one token after a long cache
+        {{3, 1, 6, 7, 0.51f}, 33, 2, KvType::F16, DType::F16},    // output padding, window
+        {{8, 2, 32, 0, 0.22f}, 70, 0, KvType::F32, DType::BF16},  // several key tiles from 0
         // Tensor cores (f16 cache, head_dim a multiple of 16 up to 128):
-        {{6, 2, 16, 0}, 70, 0, KvType::F16, DType::F16},    // GQA, two row blocks
-        {{4, 4, 64, 9}, 17, 60, KvType::F16, DType::BF16},  // window, first_pos > 0
-        {{2, 1, 80, 0}, 1, 130, KvType::F16, DType::F32},   // kDims 128 > head_dim, 3 tiles
-        {{4, 2, 128, 0}, 3, 0, KvType::F16, DType::F16},
-        {{3, 1, 48, 70}, 33, 40, KvType::F16, DType::F16},    // output padding, long window
-        {{4, 2, 128, 0}, 150, 60, KvType::F16, DType::F16},   // 4 key tiles a block, two taking
-                                                              // turns in the buffers
-        {{4, 2, 32, 50}, 150, 60, KvType::F16, DType::BF16},  // warps skipping tiles (window)
+        {{6, 2, 16, 0, 0.31f}, 70, 0, KvType::F16, DType::F16},    // GQA, two row blocks
+        {{4, 4, 64, 9, 0.16f}, 17, 60, KvType::F16, DType::BF16},  // window, first_pos > 0
+        {{2, 1, 80, 0, 0.14f}, 1, 130, KvType::F16, DType::F32},   // kDims 128 > head_dim, 3 tiles
+        {{4, 2, 128, 0, 0.11f}, 3, 0, KvType::F16, DType::F16},
+        {{3, 1, 48, 70, 0.18f}, 33, 40, KvType::F16, DType::F16},   // output padding, long window
+        {{4, 2, 128, 0, 0.11f}, 150, 60, KvType::F16, DType::F16},  // 4 key tiles a block, two
+                                                                    // taking turns in the buffers
+        // warps skipping tiles (window):
+        {{4, 2, 32, 50, 0.22f}, 150, 60, KvType::F16, DType::BF16},
     };
     for (const AttentionCase& c : cases) {
         if (c.kv_type == KvType::F32) {

@@ -98,7 +98,7 @@ void softmax(float* x, int n) {
 // For one KV head, the batch's queries that read it attend through two small GEMMs:
 // - rows: count tokens × group heads; row ρ is token ρ / group, query head
 //   kv_head · group + ρ % group;
-// - scores = Q·Kᵀ / √head_dim, the keys transposed into tiles of 16 keys (the GEMM's
+// - scores = Q·Kᵀ × shape.scale, the keys transposed into tiles of 16 keys (the GEMM's
 //   "tokens");
 // - a causal softmax per row;
 // - out = P·V, the values cut into tiles of 16 columns.
@@ -193,7 +193,7 @@ void attention_rows(float* out, const float* q, int first_row, int rows, int fir
     const int end_tile = kv_tile_count(*std::max_element(end, end + rows));
     const OuterProductKernel kernel = outer_product_kernel_for(rows);
 
-    // scores[r][k] = q_r · key_k / √head_dim, for the key tiles the rows reach.
+    // scores[r][k] = q_r · key_k × shape.scale, for the key tiles the rows reach.
     for (int tile = first_tile; tile < end_tile; ++tile) {
         std::fill(sums, sums + kRowTile * kTokenTile, 0.0f);
         kernel(sums, queries, head_dim, tiles.key_tiles + size_t(tile) * head_dim * kTokenTile,

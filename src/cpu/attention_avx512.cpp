@@ -103,7 +103,7 @@ void attention_rows(float* out, const float* q, int first_row, int rows, int fir
     const int first_tile = *std::min_element(begin, begin + rows) / kTileFloats;
     const int end_tile = tiles_of_16(*std::max_element(end, end + rows));
 
-    // scores[r][k] = q_r · key_k / √head_dim, two tiles of 16 keys a call.
+    // scores[r][k] = q_r · key_k × shape.scale, two tiles of 16 keys a call.
     const size_t key_tile_stride = size_t(head_dim) * kTileFloats;
     for (int tile = first_tile; tile < end_tile; tile += kOuterProductTiles) {
         const int tile_count = std::min(kOuterProductTiles, end_tile - tile);

@@ -4,7 +4,6 @@
 // its own instruction set (one shared copy could carry AVX-512 instructions into the AVX2
 // path).
 #pragma once
-#include <cmath>
 #include <cstddef>
 
 #include "kv_cache.h"
@@ -17,13 +16,12 @@ namespace {
 // token ρ / group, query head kv_head · group + ρ % group), for queries q [count, heads *
 // head_dim] at positions first_pos..: row r attends to keys [begin[r], end[r]) counted from
 // the cache row first_key, writes out_rows[r] (in out, shaped like q), and its query times
-// 1 / √head_dim is queries[r · head_dim ..].
+// shape.scale is queries[r · head_dim ..].
 inline void gather_query_rows(const float* q, float* out, int first_row, int rows, int first_pos,
                               int kv_head, int first_key, const AttentionShape& shape, int* begin,
                               int* end, float** out_rows, float* queries) {
     const int head_dim = shape.head_dim, group = shape.heads / shape.kv_heads;
     const size_t q_dim = size_t(shape.heads) * head_dim;
-    const float scale = 1.0f / std::sqrt(float(head_dim));
     for (int r = 0; r < rows; ++r) {
         const int token = (first_row + r) / group;
         const int head = kv_head * group + (first_row + r) % group;
@@ -31,7 +29,7 @@ inline void gather_query_rows(const float* q, float* out, int first_row, int row
         begin[r] = attention_start(pos, shape.window) - first_key;
         end[r] = pos + 1 - first_key;
         const float* query = q + token * q_dim + size_t(head) * head_dim;
-        for (int d = 0; d < head_dim; ++d) queries[r * head_dim + d] = query[d] * scale;
+        for (int d = 0; d < head_dim; ++d) queries[r * head_dim + d] = query[d] * shape.scale;
         out_rows[r] = out + token * q_dim + size_t(head) * head_dim;
     }
 }

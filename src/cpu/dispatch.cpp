@@ -316,6 +316,15 @@ void swiglu(float* gate, const float* up, int n) {
         scalar::swiglu(gate, up, n);
 }
 
+void geglu(float* gate, const float* up, int n) {
+    if (active_level == SimdLevel::Avx512)
+        avx512::geglu(gate, up, n);
+    else if (active_level == SimdLevel::Avx2)
+        avx2::geglu(gate, up, n);
+    else
+        scalar::geglu(gate, up, n);
+}
+
 void embedding_row(float* out, const Matrix& table, int row) {
     matrix_row_to_float(out, table, row);
 }
@@ -331,7 +340,7 @@ void kv_store(void* slot, const float* values, int n, KvType type) {
 
 namespace {
 
-// One query head attending to cache rows [first, pos]: softmax(q·k / sqrt(head_dim)) · v.
+// One query head attending to cache rows [first, pos]: softmax(q·k × scale) · v.
 //   out_head [head_dim], q_head [head_dim], scores [pos - first + 1] scratch
 void attend_one_head(float* out_head, const float* q_head, int head, int pos, const void* key_cache,
                      const void* value_cache, float* scores, const AttentionShape& shape,
@@ -350,9 +359,8 @@ void attend_one_head(float* out_head, const float* q_head, int head, int pos, co
     const uint8_t* keys = static_cast<const uint8_t*>(key_cache) + first * row_bytes + head_offset;
     const uint8_t* values =
         static_cast<const uint8_t*>(value_cache) + first * row_bytes + head_offset;
-    const float scale = 1.0f / std::sqrt(float(shape.head_dim));
     for (int t = 0; t < positions; ++t)
-        scores[t] = dot(q_head, keys + t * row_bytes, shape.head_dim, type) * scale;
+        scores[t] = dot(q_head, keys + t * row_bytes, shape.head_dim, type) * shape.scale;
     softmax(scores, positions);
     std::fill(out_head, out_head + shape.head_dim, 0.0f);
     for (int t = 0; t < positions; ++t)

@@ -998,7 +998,9 @@ void check_attention(int multiprocessors) {
         {{12, 2, 256}, 40, true}};
     for (const Case& test : cases) {
         const HeadShape& s = test.shape;
-        const AttentionShape shape{s.heads, s.kv_heads, s.head_dim, test.window};
+        // A scale other than 1/√head_dim: both sides must take the shape's.
+        const AttentionShape shape{s.heads, s.kv_heads, s.head_dim, test.window,
+                                   1.25f / std::sqrt(float(s.head_dim))};
         const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
         const std::vector<float> frequencies = test_rope_frequencies(s.head_dim);
         DeviceBuffer device_frequencies = to_device(frequencies);
@@ -1676,7 +1678,9 @@ void check_attention_prefill() {
                           {{3, 3, 130}, 0},  {{6, 3, 96}, 5},     {{4, 2, 16}, 0}};
     for (const Case& test : cases) {
         const HeadShape& s = test.shape;
-        const AttentionShape shape{s.heads, s.kv_heads, s.head_dim, test.window};
+        // A scale other than 1/√head_dim: both sides must take the shape's.
+        const AttentionShape shape{s.heads, s.kv_heads, s.head_dim, test.window,
+                                   1.25f / std::sqrt(float(s.head_dim))};
         const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
         const int qkv_pitch = q_dim + 2 * kv_dim;
         for (int count : kBatchSizes) {
@@ -1931,7 +1935,7 @@ void bench(int multiprocessors) {
     }
 
     // Attention at Mistral 7B's shape, position 4095, rotating over 8 layers' caches.
-    const AttentionShape shape{32, 8, 128, 4096};
+    const AttentionShape shape{32, 8, 128, 4096, 1.0f / std::sqrt(128.0f)};
     const int context = 4096, layers = 8;
     for (KvType type : {KvType::F16, KvType::F32}) {
         const size_t layer_bytes = size_t(context) * 1024 * kv_element_bytes(type);
