@@ -1,7 +1,8 @@
 // The CPU forward pass: tokens through the Llama transformer, top to bottom, with what the
 // other families change where the model has it: Qwen2's q/k/v biases, Qwen3's per-head q/k
 // norms, and Gemma 3's scaled embedding, norms of the sub-blocks' outputs, GeGLU, sliding
-// layers with their own RoPE base, and attention scale.
+// layers with their own RoPE base, and attention scale (Gemma's norms, x · (1 + w), are plain
+// RMSNorms here: the weight file holds the multipliers 1 + w).
 // `forward` runs one token (decode); `prefill` runs a batch of tokens as matrices.
 #include <algorithm>
 #include <vector>
