@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3 checkpoint, or a GGUF file of llama.cpp,
-into one barellm weight file.
+"""Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 3 checkpoint, or a GGUF file of
+llama.cpp, into one barellm weight file.
 
     python3 convert/convert.py HF_DIR -o OUT [--dtype DTYPE] [--barellm PATH]
     python3 convert/convert.py MODEL.gguf -o OUT [--dtype DTYPE] [--barellm PATH]
@@ -29,6 +29,7 @@ import math
 import os
 import sys
 import tempfile
+from typing import NamedTuple
 
 import numpy as np
 
@@ -57,8 +58,27 @@ CONFIG_DEFAULTS = {
     "qwen3": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "sliding_window": 4096,
               "max_window_layers": 28, "head_dim": 128},
 }
+# transformers' Gemma3TextConfig defaults: the text part of a multimodal Gemma 3 config
+# (4B and up) gives little more than its sizes.
+GEMMA3_DEFAULTS = {
+    "vocab_size": 262208, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+    "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0, "rope_scaling": None, "sliding_window": 4096,
+    "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+    "bos_token_id": 2, "eos_token_id": 1,
+}
+CONFIG_DEFAULTS["gemma3_text"] = GEMMA3_DEFAULTS
+# Keys of a multimodal config's top level that its text part inherits when it lacks them.
+GEMMA3_INHERITED_KEYS = ("bos_token_id", "eos_token_id", "tie_word_embeddings", "torch_dtype",
+                         "dtype")
+# Gemma 3's GeGLU: GELU with the tanh approximation (transformers' name).
+GEMMA3_ACTIVATION = "gelu_pytorch_tanh"
+# Gemma 2's soft-capping, which barellm does not compute; Gemma 3 sets neither.
+SOFTCAPPING_KEYS = ("attn_logit_softcapping", "final_logit_softcapping")
 # The barellm architecture (docs/FORMAT.md) of each model_type.
-ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
+                 "gemma3_text": "gemma3"}
 # Mixture-of-experts model types, refused with what barellm lacks for them.
 MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe", "mixtral")
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
@@ -87,6 +107,45 @@ LAYER_TENSORS = (
     ("w3", "mlp.up_proj.weight", False, None),
     ("w2", "mlp.down_proj.weight", False, None),
 )
+# Gemma 3's layer: four norms, two of them on the outputs of attention and feed-forward
+# (transformers' post_attention_layernorm is barellm's post_attn_norm, its
+# pre_feedforward_layernorm barellm's ffn_norm).
+GEMMA3_LAYER_TENSORS = (
+    ("attn_norm", "input_layernorm.weight", True, None),
+    ("wq", "self_attn.q_proj.weight", False, None),
+    ("wk", "self_attn.k_proj.weight", False, None),
+    ("wv", "self_attn.v_proj.weight", False, None),
+    ("q_norm", "self_attn.q_norm.weight", True, None),
+    ("k_norm", "self_attn.k_norm.weight", True, None),
+    ("wo", "self_attn.o_proj.weight", False, None),
+    ("post_attn_norm", "post_attention_layernorm.weight", True, None),
+    ("ffn_norm", "pre_feedforward_layernorm.weight", True, None),
+    ("w1", "mlp.gate_proj.weight", False, None),
+    ("w3", "mlp.up_proj.weight", False, None),
+    ("w2", "mlp.down_proj.weight", False, None),
+    ("post_ffn_norm", "post_feedforward_layernorm.weight", True, None),
+)
+
+
+class Layout(NamedTuple):
+    """Where a checkpoint keeps its language model's tensors: the prefix of the model's
+    own (embed_tokens, layers, norm), the name of the output matrix, and the prefixes of
+    the tensors of other parts (a vision tower), which are not converted."""
+
+    prefix: str
+    lm_head: str
+    skipped: tuple = ()
+
+
+TEXT_LAYOUT = Layout("model.", "lm_head.weight")
+# A multimodal Gemma 3 (Gemma3ForConditionalGeneration), as transformers saves it before
+# 4.52 and from then on.
+MULTIMODAL_LAYOUTS = (
+    Layout("language_model.model.", "language_model.lm_head.weight",
+           ("vision_tower.", "multi_modal_projector.")),
+    Layout("model.language_model.", "lm_head.weight",
+           ("model.vision_tower.", "model.multi_modal_projector.")),
+)
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # The files of a checkpoint besides its *.safetensors, which -o must not overwrite.
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer_config.json",
@@ -103,16 +162,61 @@ def json_object(path, required):
     return value
 
 
+def language_model_config(cfg):
+    """The config of the language model of config.json: the text part of a multimodal
+    Gemma 3 config (`text_config`, with the top level's BOS/EOS ids, tying and dtype where
+    it lacks them), else the config itself; Gemma 3's omitted keys take transformers'
+    defaults (GEMMA3_DEFAULTS)."""
+    if cfg.get("model_type") == "gemma3":
+        text = cfg.get("text_config")
+        if not isinstance(text, dict):
+            raise ConvertError("config.json: a multimodal gemma3 config needs a 'text_config' "
+                               "object")
+        if text.get("model_type", "gemma3_text") != "gemma3_text":
+            raise ConvertError(f"config.json: text_config has model_type "
+                               f"'{text.get('model_type')}', not gemma3_text")
+        inherited = {key: cfg[key] for key in GEMMA3_INHERITED_KEYS if key in cfg}
+        cfg = {**inherited, **text, "model_type": "gemma3_text"}
+    if cfg.get("model_type") == "gemma3_text":
+        cfg = {**GEMMA3_DEFAULTS, **cfg}
+    return cfg
+
+
+def check_gemma3(cfg):
+    """Refuse Gemma 3 configurations barellm does not implement, naming the key."""
+    for key in SOFTCAPPING_KEYS:
+        if cfg.get(key) is not None:
+            raise ConvertError(f"{key}={cfg[key]} is not supported (barellm has no logit "
+                               "soft-capping)")
+    act = cfg.get("hidden_activation")
+    if act != GEMMA3_ACTIVATION:
+        raise ConvertError(f"hidden_activation '{act}' is not supported (only "
+                           f"{GEMMA3_ACTIVATION} for gemma3)")
+    if cfg.get("use_bidirectional_attention"):
+        raise ConvertError("use_bidirectional_attention=true is not supported (barellm "
+                           "attends causally)")
+    if cfg.get("attention_bias"):
+        raise ConvertError("attention_bias=true is not supported for gemma3")
+
+
 def check_architecture(cfg):
-    """Refuse configurations barellm does not implement, naming the feature."""
+    """Refuse configurations barellm does not implement, naming the feature. `cfg` is
+    config.json as read (a multimodal Gemma 3 one is checked on its text part)."""
     model_type = cfg.get("model_type")
+    if model_type == "gemma2":
+        raise ConvertError("model_type 'gemma2' is not supported: Gemma 2's logit "
+                           "soft-capping (attn_logit_softcapping, final_logit_softcapping) "
+                           "is not implemented (gemma3 is)")
+    if model_type == "gemma3":
+        cfg = language_model_config(cfg)
+        model_type = cfg["model_type"]
     if model_type in MOE_MODEL_TYPES:
         raise ConvertError(f"model_type '{model_type}' is a mixture-of-experts model: barellm "
                            "has no expert router or expert feed-forward layers (it runs dense "
                            "llama, mistral, qwen2 and qwen3)")
     if model_type not in CONFIG_DEFAULTS:
         raise ConvertError(f"model_type '{model_type}' is not supported (only llama, mistral, "
-                           "qwen2 and qwen3)")
+                           "qwen2, qwen3, gemma3_text and gemma3)")
     if cfg.get("quantization_config"):
         raise ConvertError("quantized checkpoints (quantization_config) are not supported")
     if cfg.get("mlp_bias"):
@@ -122,6 +226,9 @@ def check_architecture(cfg):
     for key in MOE_KEYS:
         if cfg.get(key):
             raise ConvertError(f"mixture-of-experts models ({key}={cfg[key]}) are not supported")
+    if model_type == "gemma3_text":
+        check_gemma3(language_model_config(cfg))
+        return
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise ConvertError(f"hidden_act '{act}' is not supported (only silu)")
@@ -246,6 +353,73 @@ def sliding_window(cfg, defaults, layers):
     return positive_int({"sliding_window": window}, "sliding_window"), first_layer
 
 
+def gemma3_rope(cfg):
+    """(rope_theta, rope_scaling, rope_theta_local) of a Gemma 3 config: the global layers'
+    RoPE (rope_theta and rope_scaling, or rope_parameters' full_attention in newer
+    transformers) and the sliding layers' base (rope_local_base_freq, or rope_parameters'
+    sliding_attention), which has no scaling."""
+    params = cfg.get("rope_parameters")
+    if isinstance(params, dict) and ("full_attention" in params
+                                     or "sliding_attention" in params):
+        full, local = params.get("full_attention", {}), params.get("sliding_attention", {})
+        if not isinstance(full, dict) or not isinstance(local, dict):
+            raise ConvertError("config.json: rope_parameters' full_attention and "
+                               "sliding_attention must be objects")
+        theta, scaling = rope_settings({"rope_parameters": full})
+        kind = local.get("rope_type", "default")
+        if kind != "default":
+            raise ConvertError(f"rope_scaling type '{kind}' on sliding layers is not "
+                               "supported (barellm scales only the global layers' RoPE)")
+        local_theta = local.get("rope_theta", GEMMA3_DEFAULTS["rope_local_base_freq"])
+    else:
+        theta, scaling = rope_settings(cfg)
+        local_theta = cfg.get("rope_local_base_freq")
+    return theta, scaling, positive_number(local_theta, "rope_local_base_freq")
+
+
+def gemma3_layer_types(cfg, layers):
+    """"sliding" or "full" for each layer: config.json's layer_types, else its
+    sliding_window_pattern P (layer l is global when (l + 1) % P == 0, as transformers
+    derives layer_types)."""
+    names = {"sliding_attention": "sliding", "full_attention": "full"}
+    given = cfg.get("layer_types")
+    if given is not None:
+        if (not isinstance(given, list) or len(given) != layers
+                or not all(isinstance(kind, str) and kind in names for kind in given)):
+            raise ConvertError(f"config.json: 'layer_types' must list {layers} values, each "
+                               "sliding_attention or full_attention")
+        return [names[kind] for kind in given]
+    pattern = positive_int(cfg, "sliding_window_pattern")
+    return ["full" if (layer + 1) % pattern == 0 else "sliding" for layer in range(layers)]
+
+
+def gemma3_fields(cfg, dim, head_dim, layers):
+    """The fields a Gemma 3 config adds (docs/FORMAT.md), with rope_theta, rope_scaling
+    and sliding_window: √dim scales the embedding, post-norms, GeGLU, the layers'
+    pattern of sliding and global attention, the sliding layers' RoPE base, and queries
+    scaled by query_pre_attn_scalar^-1/2 (in float32, as computed)."""
+    theta, scaling, local_theta = gemma3_rope(cfg)
+    check_rope_frequencies(theta, scaling, head_dim)
+    check_rope_frequencies(local_theta, None, head_dim)
+    layer_types = gemma3_layer_types(cfg, layers)
+    window = None
+    if "sliding" in layer_types:
+        window = positive_int(cfg, "sliding_window")
+    scalar = positive_number(cfg.get("query_pre_attn_scalar"), "query_pre_attn_scalar")
+    return {
+        "rope_theta": theta,
+        "rope_scaling": scaling,
+        "sliding_window": window,
+        "qk_norm": True,
+        "activation": "gelu_tanh",
+        "embedding_scale": float(np.float32(math.sqrt(dim))),
+        "post_norms": True,
+        "layer_types": layer_types,
+        "rope_theta_local": local_theta,
+        "attention_scale": float(np.float32(scalar ** -0.5)),
+    }
+
+
 def token_id_list(value, what):
     """Normalize an id or list of ids (or null) to a list of non-negative ints."""
     ids = [] if value is None else value if isinstance(value, list) else [value]
@@ -272,10 +446,17 @@ def model_config(cfg, gen):
     head_dim = positive_int(cfg, "head_dim", default_head_dim or dim // heads)
     if head_dim % 2:
         raise ConvertError(f"head_dim {head_dim} is odd (RoPE needs an even head_dim)")
-    theta, scaling = rope_settings(cfg)
-    check_rope_frequencies(theta, scaling, head_dim)
     layers = positive_int(cfg, "num_hidden_layers")
-    window, window_first_layer = sliding_window(cfg, defaults, layers)
+    if cfg["model_type"] == "gemma3_text":
+        gemma3 = gemma3_fields(cfg, dim, head_dim, layers)
+        theta, scaling, window = (gemma3.pop(key) for key in
+                                  ("rope_theta", "rope_scaling", "sliding_window"))
+        window_first_layer = 0
+    else:
+        gemma3 = {}
+        theta, scaling = rope_settings(cfg)
+        check_rope_frequencies(theta, scaling, head_dim)
+        window, window_first_layer = sliding_window(cfg, defaults, layers)
     gen = gen or {}
     eos_source = gen if gen.get("eos_token_id") is not None else cfg
     bos_ids = token_id_list(cfg.get("bos_token_id", gen.get("bos_token_id")), "bos_token_id")
@@ -300,6 +481,7 @@ def model_config(cfg, gen):
         **optional_fields(sliding_window_first_layer=window_first_layer,
                           qkv_bias=model_type == "qwen2" or attention_bias,
                           o_bias=attention_bias, qk_norm=model_type == "qwen3"),
+        **gemma3,
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         "bos_id": bos_ids[0] if bos_ids else None,
         "eos_ids": token_id_list(eos_source.get("eos_token_id"), "eos_token_id"),
@@ -320,10 +502,10 @@ def check_token_ids(config, tokenizer):
             raise ConvertError(f"special token id {token_id} is not below vocab_size {vocab}")
 
 
-def expected_tensors(config):
-    """Map each expected Hugging Face tensor name to (barellm name, shape, is_norm), where
-    is_norm marks the vectors kept in F32 (norm weights and biases),
-    in output order."""
+def expected_tensors(config, layout=TEXT_LAYOUT):
+    """Map each expected Hugging Face tensor name (under `layout`) to (barellm name, shape,
+    is_norm), where is_norm marks the vectors kept in F32 (norm weights and biases), in
+    output order."""
     dim, hidden, vocab = config["dim"], config["hidden_dim"], config["vocab_size"]
     q_rows = config["heads"] * config["head_dim"]
     kv_rows = config["kv_heads"] * config["head_dim"]
@@ -331,17 +513,57 @@ def expected_tensors(config):
               "wv": (kv_rows, dim), "wo": (dim, q_rows), "ffn_norm": (dim,),
               "w1": (hidden, dim), "w3": (hidden, dim), "w2": (dim, hidden),
               "bq": (q_rows,), "bk": (kv_rows,), "bv": (kv_rows,), "bo": (dim,),
-              "q_norm": (config["head_dim"],), "k_norm": (config["head_dim"],)}
-    expected = {"model.embed_tokens.weight": ("token_embedding", (vocab, dim), False)}
+              "q_norm": (config["head_dim"],), "k_norm": (config["head_dim"],),
+              "post_attn_norm": (dim,), "post_ffn_norm": (dim,)}
+    prefix = layout.prefix
+    table = GEMMA3_LAYER_TENSORS if config["architecture"] == "gemma3" else LAYER_TENSORS
+    expected = {f"{prefix}embed_tokens.weight": ("token_embedding", (vocab, dim), False)}
     for layer in range(config["layers"]):
-        for short, hf, is_vector, flag in LAYER_TENSORS:
+        for short, hf, is_vector, flag in table:
             if flag is None or config.get(flag):
-                expected[f"model.layers.{layer}.{hf}"] = (
+                expected[f"{prefix}layers.{layer}.{hf}"] = (
                     f"layers.{layer}.{short}", shapes[short], is_vector)
-    expected["model.norm.weight"] = ("final_norm", (dim,), True)
+    expected[f"{prefix}norm.weight"] = ("final_norm", (dim,), True)
     if not config["tied_embeddings"]:
-        expected["lm_head.weight"] = ("output", (vocab, dim), False)
+        expected[layout.lm_head] = ("output", (vocab, dim), False)
     return expected
+
+
+class NormPlusOne:
+    """A Gemma norm weight w of a checkpoint as the multiplier 1 + w (float32, as
+    transformers computes it) that barellm files store: a source for the writer, like a
+    safetensors TensorInfo."""
+
+    def __init__(self, info):
+        self.info = info
+        self.name, self.shape, self.dtype, self.path = info.name, info.shape, info.dtype, info.path
+
+    def f32_blocks(self):
+        for values in safetensors_f32_blocks(self.info):
+            yield np.float32(1) + values
+
+
+def checkpoint_layout(cfg, tensors):
+    """The Layout of the checkpoint's tensors: TEXT_LAYOUT, or for a multimodal Gemma 3
+    config the one whose embedding the checkpoint holds."""
+    if cfg.get("model_type") != "gemma3":
+        return TEXT_LAYOUT
+    for layout in MULTIMODAL_LAYOUTS:
+        if f"{layout.prefix}embed_tokens.weight" in tensors:
+            return layout
+    return MULTIMODAL_LAYOUTS[0]  # tensor_plan names what is missing
+
+
+def skipped_note(layout, tensors):
+    """The stderr line naming the tensors of other parts than the language model (a
+    vision tower), which are not converted; None when there are none."""
+    skipped = sorted(name for name in tensors if name.startswith(layout.skipped))
+    if not skipped:
+        return None
+    parts = sorted({name.split(".")[1 if name.startswith("model.") else 0]
+                    for name in skipped})
+    return (f"note: {len(skipped)} tensors of the {' and '.join(parts)} are not converted "
+            "(barellm runs the language model only, on text)")
 
 
 def name_list(names):
@@ -350,10 +572,15 @@ def name_list(names):
     return shown + (f" (and {len(names) - 5} more)" if len(names) > 5 else "")
 
 
-def tensor_plan(config, tensors):
-    """Check the checkpoint holds exactly the expected tensors with the right shapes
-    and dtypes; return [(barellm name, TensorInfo, is_norm)] in output order."""
-    expected = expected_tensors(config)
+def tensor_plan(config, tensors, layout=TEXT_LAYOUT):
+    """Check the checkpoint holds exactly the expected tensors (under `layout`, whose
+    skipped parts are left out) with the right shapes and dtypes; return [(barellm name,
+    source, is_norm)] in output order, the source a TensorInfo, or NormPlusOne for a
+    Gemma 3 norm."""
+    expected = expected_tensors(config, layout)
+    if layout.skipped:
+        tensors = {name: info for name, info in tensors.items()
+                   if not name.startswith(layout.skipped)}
     biases = sorted(n for n in tensors if n.endswith(".bias") and n not in expected)
     if biases:
         raise ConvertError(f"bias tensors are not supported: {name_list(biases)}")
@@ -361,7 +588,7 @@ def tensor_plan(config, tensors):
     if missing:
         hint = " (tie_word_embeddings is false)" if "lm_head.weight" in missing else ""
         raise ConvertError(f"missing tensors: {name_list(missing)}{hint}")
-    ignored = {"lm_head.weight"} if config["tied_embeddings"] else set()
+    ignored = {layout.lm_head} if config["tied_embeddings"] else set()
     extra = sorted(n for n in tensors if n not in expected and n not in ignored
                    and not n.endswith(IGNORED_SUFFIXES))
     if extra:
@@ -375,6 +602,8 @@ def tensor_plan(config, tensors):
         if info.dtype not in dtypes.STORAGE:
             raise ConvertError(f"tensor '{hf_name}' has dtype {info.dtype} "
                                "(only F32, F16 and BF16 are supported)")
+        if is_norm and config["architecture"] == "gemma3":
+            info = NormPlusOne(info)
         plan.append((name, info, is_norm))
     return plan
 
@@ -590,14 +819,15 @@ def write_output(path, plan, metadata, types, quantizers, barellm):
 
 
 def read_checkpoint(hf_dir, output, weight_dtype):
-    """(config, tokenizer.json, chat template or None, plan, matrix types, None) of the
+    """(config, tokenizer.json, chat template or None, plan, matrix types, note) of the
     Hugging Face checkpoint in `hf_dir`, the config's weight_dtype `weight_dtype` or the
-    checkpoint's own."""
+    checkpoint's own; the note names the tensors not converted (a vision tower), or is
+    None."""
     cfg = json_object(os.path.join(hf_dir, "config.json"), required=True)
     gen = json_object(os.path.join(hf_dir, "generation_config.json"), required=False)
     tok_cfg = json_object(os.path.join(hf_dir, "tokenizer_config.json"), required=False)
     check_architecture(cfg)
-    config = model_config(cfg, gen)
+    config = model_config(language_model_config(cfg), gen)
     tokenizer, from_sentencepiece = hf_tokenizer.load_tokenizer(hf_dir)
     hf_tokenizer.check_supported(tokenizer)
     check_token_ids(config, tokenizer)
@@ -611,10 +841,12 @@ def read_checkpoint(hf_dir, output, weight_dtype):
     tensors = st.open_checkpoint(hf_dir)
     refuse_output_among_inputs(output, [os.path.join(hf_dir, name) for name in SIDE_FILES] +
                                sorted({info.path for info in tensors.values()}))
-    plan = tensor_plan(config, tensors)
-    config["weight_dtype"] = weight_dtype or default_weight_dtype(cfg, plan)
+    layout = checkpoint_layout(cfg, tensors)
+    plan = tensor_plan(config, tensors, layout)
+    config["weight_dtype"] = weight_dtype or default_weight_dtype(language_model_config(cfg),
+                                                                  plan)
     return config, tokenizer, hf_tokenizer.chat_template(tok_cfg), plan, \
-        requested_types(config, plan), None
+        requested_types(config, plan), skipped_note(layout, tensors)
 
 
 def requested_types(config, plan):
@@ -702,8 +934,8 @@ def parse_args(argv):
     """Command-line arguments."""
     parser = OneLineParser(
         prog="convert.py",
-        description="Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3 checkpoint or a llama.cpp GGUF "
-        "file to a barellm file.")
+        description="Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 3 checkpoint or a "
+        "llama.cpp GGUF file to a barellm file.")
     parser.add_argument("source", help="Hugging Face checkpoint directory, or GGUF file")
     parser.add_argument("-o", "--output", required=True, help="barellm file to write")
     parser.add_argument("--dtype", choices=sorted(dtypes.CLI_NAMES) + sorted(mixes.CLI_NAMES),

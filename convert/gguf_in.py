@@ -1,10 +1,11 @@
 """A GGUF file (llama.cpp) as the converter's input: its config, tokenizer and tensors in
 barellm's terms.
 
-- Architectures: ARCHITECTURES maps `general.architecture` (llama, qwen2, qwen3) to what
-  differs between them (tensor names, the config flags of q/k/v biases and per-head q/k
-  norms, whether llama.cpp stored q and k rows interleaved for its RoPE: llama yes, the
-  Qwens no); another architecture is refused, naming it.
+- Architectures: ARCHITECTURES maps `general.architecture` (llama, qwen2, qwen3, gemma3) to
+  what differs between them (tensor names, the config flags of q/k/v biases, per-head q/k
+  norms and Gemma's post-norms, whether llama.cpp stored q and k rows interleaved for its
+  RoPE: llama yes, the Qwens and Gemma 3 no); another architecture is refused, naming it.
+  Gemma 3's further fields follow llama.cpp's rules for gemma3 (_gemma3_fields).
 - Config: from the `{arch}.*` keys (CONFIG_KEYS); RoPE scaling from `rope.scaling.*` or,
   for Llama 3, from the `rope_freqs` tensor.
 - Tokenizer: gguf_tokenizer.py.
@@ -79,6 +80,22 @@ class Architecture(NamedTuple):
     optional_flags: dict = {}
 
 
+# Gemma 3's norms on the outputs of attention and of the feed-forward network.
+POST_NORM_TENSORS = {"post_attn_norm": "post_attention_norm.weight",
+                     "post_ffn_norm": "post_ffw_norm.weight"}
+# llama.cpp's rules for gemma3 (src/models/gemma3.cpp): without a
+# `attention.sliding_window_pattern` key, of each GEMMA3_SWA_PATTERN layers all but the last
+# are sliding; the sliding layers' RoPE base is `rope.freq_base_swa`, else
+# GEMMA3_LOCAL_ROPE_THETA, without scaling; queries are scaled by head_dim^-1/2, but by
+# (dim / heads)^-1/2 in the 27B model (query_pre_attn_scalar 168), which has
+# GEMMA3_27B_LAYERS layers.
+GEMMA3_SWA_PATTERN = 6
+GEMMA3_LOCAL_ROPE_THETA = 10000.0
+GEMMA3_27B_LAYERS = 62
+SOFTCAPPING_KEYS = ("attn_logit_softcapping", "final_logit_softcapping")
+# What barellm lacks for architectures close to those it runs.
+UNSUPPORTED = {"gemma2": "Gemma 2's logit soft-capping is not implemented"}
+
 ARCHITECTURES = {
     "llama": Architecture("llama", LLAMA_GLOBAL_TENSORS, LLAMA_LAYER_TENSORS, True),
     "qwen2": Architecture("qwen2", LLAMA_GLOBAL_TENSORS,
@@ -88,6 +105,11 @@ ARCHITECTURES = {
                           {**LLAMA_LAYER_TENSORS, **QKV_BIAS_TENSORS, **QK_NORM_TENSORS},
                           False, flags=("qk_norm",),
                           optional_flags={"qkv_bias": QKV_BIAS_TENSORS["bq"]}),
+    # llama.cpp's gemma3 norms already hold the multiplier 1 + w (its converter adds 1),
+    # as barellm files do.
+    "gemma3": Architecture("gemma3", LLAMA_GLOBAL_TENSORS,
+                           {**LLAMA_LAYER_TENSORS, **QK_NORM_TENSORS, **POST_NORM_TENSORS},
+                           False, flags=("qk_norm", "post_norms")),
 }
 
 
@@ -136,6 +158,10 @@ class Keys:
     def whole_number(self, key):
         """An integer key that may be 0, or None when absent."""
         return self._typed(key, INTEGER_TYPES, "an integer")
+
+    def any_number(self, key):
+        """A number key of any value, or None when absent."""
+        return self._typed(key, INTEGER_TYPES | FLOAT_TYPES, "a number")
 
     def number(self, key, default=None):
         value = self._typed(key, INTEGER_TYPES | FLOAT_TYPES, "a number")
@@ -296,7 +322,8 @@ class GGUFModel:
         if arch is None:
             raise ConvertError("GGUF key 'general.architecture' is missing")
         if arch not in ARCHITECTURES:
-            raise ConvertError(f"architecture '{arch}' is not supported "
+            why = f": {UNSUPPORTED[arch]}" if arch in UNSUPPORTED else ""
+            raise ConvertError(f"architecture '{arch}' is not supported{why} "
                                f"(only {', '.join(sorted(ARCHITECTURES))})")
         self.arch_name, self.arch = arch, ARCHITECTURES[arch]
 
@@ -352,6 +379,12 @@ class GGUFModel:
         if head_dim % 2:
             raise ConvertError(f"head size {head_dim} is odd (RoPE needs it even)")
         theta = self.keys.number(k("rope.freq_base"), 10000.0)
+        layers = integer(k("block_count"))
+        if self.arch_name == "gemma3":
+            window, gemma3 = self._gemma3_fields(dim, heads, head_dim, layers)
+        else:
+            window = integer(k("attention.sliding_window"), required=False)
+            gemma3 = {}
         flags = {flag: True for flag in self.arch.flags}
         flags.update({flag: True for flag, suffix in self.arch.optional_flags.items()
                       if f"blk.0.{suffix}" in self.tensors})
@@ -359,7 +392,7 @@ class GGUFModel:
             "architecture": self.arch.barellm_name,
             "dim": dim,
             "hidden_dim": integer(k("feed_forward_length")),
-            "layers": integer(k("block_count")),
+            "layers": layers,
             "heads": heads,
             "kv_heads": kv_heads,
             "head_dim": head_dim,
@@ -368,14 +401,60 @@ class GGUFModel:
             "rope_theta": theta,
             "rope_scaling": self._rope_scaling(theta, head_dim),
             "norm_eps": self.keys.number(k("attention.layer_norm_rms_epsilon")),
-            "sliding_window": integer(k("attention.sliding_window"), required=False),
+            "sliding_window": window,
             **flags,
+            **gemma3,
             "tied_embeddings": self.arch.global_tensors["output"] not in self.tensors,
             "bos_id": None,
             "eos_ids": [],
             "add_bos": None,
             "weight_dtype": None,
         }
+
+    def _gemma3_fields(self, dim, heads, head_dim, layers):
+        """(sliding_window, the fields gemma3 adds to the config) by llama.cpp's rules
+        (GEMMA3_*); a soft-capping key is refused."""
+        k = self._key
+        for key in SOFTCAPPING_KEYS:
+            value = self.keys.any_number(k(key))
+            if value:
+                raise ConvertError(f"GGUF key '{k(key)}' is {value:g}: logit soft-capping is "
+                                   "not supported")
+        window = self.keys.whole_number(k("attention.sliding_window"))
+        if window is not None and window < 0:
+            raise ConvertError(f"GGUF key '{k('attention.sliding_window')}' must not be "
+                               f"negative, not {window}")
+        if window:
+            sliding = self._gemma3_sliding_layers(layers)
+        else:
+            window, sliding = None, [False] * layers
+        scalar = dim // heads if layers == GEMMA3_27B_LAYERS else head_dim
+        return window, {
+            "activation": "gelu_tanh",
+            "embedding_scale": float(np.sqrt(np.float32(dim))),
+            "layer_types": ["sliding" if is_sliding else "full" for is_sliding in sliding],
+            "rope_theta_local": self.keys.number(k("rope.freq_base_swa"),
+                                                 GEMMA3_LOCAL_ROPE_THETA),
+            "attention_scale": float(np.float32(1) / np.sqrt(np.float32(scalar))),
+        }
+
+    def _gemma3_sliding_layers(self, layers):
+        """Whether each layer is sliding: `attention.sliding_window_pattern` as one flag per
+        layer, or as a period N (layer l slides unless l % N == N - 1; N = 0: every layer
+        slides), GEMMA3_SWA_PATTERN when absent."""
+        key = self._key("attention.sliding_window_pattern")
+        types, value = self.keys.entries.get(key, (None, None))
+        if types and types[0] == ARRAY_TYPE:
+            flags = self.keys.array(key, INTEGER_TYPES | {BOOL_TYPE}, "flags")
+            if len(flags) != layers:
+                raise ConvertError(f"GGUF key '{key}' has {len(flags)} entries for {layers} "
+                                   "layers")
+            return [bool(flag) for flag in flags]
+        period = self.keys.whole_number(key)
+        period = GEMMA3_SWA_PATTERN if period is None else period
+        if period < 0:
+            raise ConvertError(f"GGUF key '{key}' must not be negative, not {period}")
+        return [period == 0 or layer % period < period - 1 for layer in range(layers)]
 
     def _rope_scaling(self, theta, head_dim):
         """rope_scaling from `rope.scaling.type` (none or linear) or the rope_freqs tensor

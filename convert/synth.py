@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Write a Hugging Face Llama/Mistral/Qwen checkpoint with deterministic random weights.
+"""Write a Hugging Face Llama/Mistral/Qwen/Gemma 3 checkpoint with deterministic random
+weights.
 
     python3 convert/synth.py --preset NAME -o HF_DIR [--tokenizer DIR|FILE.gguf] [--dtype D]
                              [--seed N]
     python3 convert/synth.py --config CONFIG_JSON --tokenizer DIR|FILE.gguf -o HF_DIR [...]
 
 Presets carry the config.json of real models (tinyllama-1.1b, mistral-7b, llama3-8b,
-smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, qwen3-8b) so that speed and memory can be measured at their exact shapes. Weights
+smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, qwen3-8b, gemma3-270m, gemma3-1b, gemma3-4b) so
+that speed and memory can be measured at their exact shapes. Weights
 are generated per tensor from numpy's Generator seeded by (seed, tensor name) and written
 in row blocks, a tensor on each core (parallel.py), so multi-GB checkpoints never sit in
 memory. Checkpoints larger than the shard limit (4 GB) are split into
@@ -16,7 +18,8 @@ Face does.
 The tokenizer is copied from a Hugging Face directory (tokenizer.json and/or
 tokenizer.model), or taken from a GGUF file's `tokenizer.ggml.*` keys (a vocabulary-only
 GGUF such as llama.cpp's models/ggml-vocab-llama-spm.gguf will do) and written as
-tokenizer.json and tokenizer_config.json.
+tokenizer.json and tokenizer_config.json, plus tokenizer.model for a SentencePiece-style
+vocabulary (spm_writer.py), which llama.cpp's converter reads for Gemma 3.
 """
 
 import json
@@ -37,6 +40,8 @@ import gguf_tokenizer
 import hf_tokenizer
 import parallel
 import safetensors_io as st
+import spm
+import spm_writer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHARED_TOKENIZERS = os.path.join(REPO, "..", "shared", "tokenizers")
@@ -95,6 +100,33 @@ PRESETS.update({
         **_QWEN3, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
         "num_attention_heads": 32, "max_window_layers": 36, "tie_word_embeddings": False}),
 })
+# Gemma 3 checkpoints as their config.json files give them (google/gemma-3-270m,
+# google/gemma-3-1b-it; the language model of google/gemma-3-4b-it, a multimodal
+# checkpoint, as a text-only one), with the real vocabulary (a vocabulary-only GGUF).
+_GEMMA3 = {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+           "attention_bias": False, "attention_dropout": 0.0, "attn_logit_softcapping": None,
+           "final_logit_softcapping": None, "head_dim": 256,
+           "hidden_activation": "gelu_pytorch_tanh", "initializer_range": 0.02,
+           "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-6, "rope_local_base_freq": 10000.0,
+           "rope_theta": 1000000.0, "sliding_window_pattern": 6, "use_cache": True,
+           "bos_token_id": 2, "eos_token_id": [1, 106], "pad_token_id": 0,
+           "tie_word_embeddings": True}
+GEMMA3_TOKENIZER = os.path.join("gemma3", "gemma3-vocab.gguf")
+PRESETS.update({
+    "gemma3-270m": (GEMMA3_TOKENIZER, {
+        **_GEMMA3, "hidden_size": 640, "intermediate_size": 2048, "num_hidden_layers": 18,
+        "num_attention_heads": 4, "num_key_value_heads": 1, "max_position_embeddings": 32768,
+        "rope_scaling": None, "sliding_window": 512, "vocab_size": 262144}),
+    "gemma3-1b": (GEMMA3_TOKENIZER, {
+        **_GEMMA3, "hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26,
+        "num_attention_heads": 4, "num_key_value_heads": 1, "max_position_embeddings": 32768,
+        "rope_scaling": None, "sliding_window": 512, "vocab_size": 262144}),
+    "gemma3-4b": (GEMMA3_TOKENIZER, {
+        **_GEMMA3, "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 34,
+        "num_attention_heads": 8, "num_key_value_heads": 4, "max_position_embeddings": 131072,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window": 1024,
+        "vocab_size": 262208}),
+})
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
                    "special_tokens_map.json")
 MAX_SHARD_BYTES = 4 * 10**9
@@ -102,19 +134,22 @@ BLOCK_ELEMENTS = 1 << 22
 TORCH_DTYPES = {v: k for k, v in dtypes.TORCH_NAMES.items()}
 
 
-def tensor_blocks(name, shape, is_norm, seed):
+def tensor_blocks(name, shape, is_norm, seed, norm_offset=1.0):
     """Yield float32 row blocks of one random tensor, identical for a given seed.
 
-    Norms (Qwen3's q/k norms too) are 1 + N(0, 0.05); biases are N(0, 0.25); matrices
-    (embeddings included) are N(0, 1/in_features), which keeps activations O(1) through any
-    number of pre-norm residual layers and logits with a standard deviation near 1.
+    Norms (Qwen3's q/k norms too) are norm_offset + N(0, 0.05): multipliers near 1, as
+    Gemma's weights w are with norm_offset 0 (it multiplies by 1 + w); biases are
+    N(0, 0.25); matrices (embeddings included) are N(0, 1/in_features), which keeps
+    activations O(1) through any number of pre-norm residual layers and logits with a
+    standard deviation near 1.
     """
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     if name.endswith(".bias"):
         yield np.float32(0.25) * rng.standard_normal(shape, dtype=np.float32)
         return
     if is_norm:
-        yield 1.0 + np.float32(0.05) * rng.standard_normal(shape, dtype=np.float32)
+        yield np.float32(norm_offset) + np.float32(0.05) * rng.standard_normal(
+            shape, dtype=np.float32)
         return
     rows, cols = shape
     scale = np.float32(1.0 / math.sqrt(cols))
@@ -137,17 +172,17 @@ def shard_groups(entries, max_bytes):
     return groups
 
 
-def tensor_task(fd, offset, name, dtype, shape, is_norm, seed):
+def tensor_task(fd, offset, name, dtype, shape, is_norm, seed, norm_offset):
     """The task (for parallel.run_tasks) that writes one random tensor at `offset` of the
     open file `fd`."""
     def task(stopping):
         out = parallel.BlockWriter(fd, offset, stopping)
-        for block in tensor_blocks(name, shape, is_norm, seed):
+        for block in tensor_blocks(name, shape, is_norm, seed, norm_offset):
             out.write(dtypes.from_f32(block, dtype))
     return task
 
 
-def write_shards(shards, seed):
+def write_shards(shards, seed, norm_offset):
     """Write safetensors files of random tensors, [(path, group)], each through a
     temporary name; their tensors are generated on every core (parallel.py)."""
     files = []  # (temporary path, final path, open file)
@@ -162,7 +197,7 @@ def write_shards(shards, seed):
             parallel.pwrite_all(f.fileno(), header, 0)
             offsets = st.data_offsets(entries)
             tasks += [tensor_task(f.fileno(), len(header) + offsets[name][0], name, dtype, shape,
-                                  is_norm, seed)
+                                  is_norm, seed, norm_offset)
                       for name, dtype, shape, is_norm in group]
         parallel.run_tasks(tasks)
         for tmp, path, f in files:
@@ -175,17 +210,21 @@ def write_shards(shards, seed):
                 os.unlink(tmp)
 
 
-def write_weights(out_dir, config, weight_dtype, seed, max_shard_bytes):
-    """Write model.safetensors, or shards plus model.safetensors.index.json."""
+def write_weights(out_dir, config, layout, weight_dtype, seed, max_shard_bytes):
+    """Write model.safetensors, or shards plus model.safetensors.index.json, with the
+    tensor names of `layout` (convert.Layout)."""
     entries = [(hf, "F32" if is_norm else weight_dtype, shape, is_norm)
-               for hf, (_, shape, is_norm) in convert.expected_tensors(config).items()]
+               for hf, (_, shape, is_norm) in convert.expected_tensors(config, layout).items()]
     groups = shard_groups(entries, max_shard_bytes)
+    # Gemma's checkpoints hold norm weights w for the multipliers 1 + w.
+    norm_offset = 0.0 if config["architecture"] == "gemma3" else 1.0
     if len(groups) == 1:
-        write_shards([(os.path.join(out_dir, "model.safetensors"), groups[0])], seed)
+        write_shards([(os.path.join(out_dir, "model.safetensors"), groups[0])], seed,
+                     norm_offset)
         return
     names = [f"model-{i + 1:05d}-of-{len(groups):05d}.safetensors" for i in range(len(groups))]
     write_shards([(os.path.join(out_dir, name), group) for name, group in zip(names, groups)],
-                 seed)
+                 seed, norm_offset)
     weight_map, total = {}, 0
     for file_name, group in zip(names, groups):
         for name, dtype, shape, _ in group:
@@ -228,12 +267,43 @@ def copy_tokenizer(tokenizer_dir, out_dir, vocab):
         write_json(os.path.join(out_dir, "tokenizer_config.json"), tok_config)
 
 
+def sentencepiece_model(keys, tokens):
+    """The bytes of the tokenizer.model of a GGUF file's SentencePiece-style (`llama`)
+    vocabulary: its tokens, scores and types, and its special ids. The unknown token's id
+    gets the UNKNOWN type that SentencePiece requires of it, whatever type the GGUF
+    gives it."""
+    scores = keys.array("tokenizer.ggml.scores", gguf_in.FLOAT_TYPES, "floats")
+    types = keys.array("tokenizer.ggml.token_type", gguf_in.INTEGER_TYPES, "integers")
+    scores = [0.0] * len(tokens) if scores is None else scores
+    types = [spm.NORMAL] * len(tokens) if types is None else list(types)
+    ids = {}
+    for name in ("unknown", "bos", "eos", "padding"):
+        value = keys.whole_number(f"tokenizer.ggml.{name}_token_id")
+        if value is not None and not 0 <= value < len(tokens):
+            raise ConvertError(f"tokenizer.ggml.{name}_token_id {value} is not a token id")
+        ids[name] = value
+    if ids["unknown"] is None:
+        ids["unknown"] = next((i for i, kind in enumerate(types) if kind == spm.UNKNOWN), None)
+    if ids["unknown"] is None:
+        raise ConvertError("the GGUF vocabulary has no unknown token, which a SentencePiece "
+                           "tokenizer.model needs")
+    types[ids["unknown"]] = spm.UNKNOWN
+    add_prefix = keys.flag("tokenizer.ggml.add_space_prefix")
+    return spm_writer.model_bytes(list(zip(tokens, scores, types)), ids["unknown"],
+                                  ids["bos"], ids["eos"], ids["padding"],
+                                  add_dummy_prefix=True if add_prefix is None else add_prefix)
+
+
 def tokenizer_from_gguf(gguf_path, out_dir, vocab):
-    """Write tokenizer.json and tokenizer_config.json from a GGUF file's tokenizer."""
+    """Write tokenizer.json and tokenizer_config.json from a GGUF file's tokenizer, and for
+    a SentencePiece-style vocabulary (model `llama`) tokenizer.model too."""
     gguf_file.require_package()
     keys = gguf_in.Keys(gguf_file.read_header(gguf_path).keys)
     vocabulary = gguf_tokenizer.vocabulary(keys.tokenizer_keys(), vocab)
     tokens = keys.array("tokenizer.ggml.tokens", {gguf_in.STRING_TYPE}, "strings")
+    if keys.string("tokenizer.ggml.model") == "llama":
+        with open(os.path.join(out_dir, "tokenizer.model"), "wb") as f:
+            f.write(sentencepiece_model(keys, tokens))
     tok_config = {"add_bos_token": vocabulary.add_bos, "add_eos_token": False,
                   "tokenizer_class": "PreTrainedTokenizerFast"}
     if vocabulary.bos_id is not None:
@@ -243,6 +313,12 @@ def tokenizer_from_gguf(gguf_path, out_dir, vocab):
     template = keys.string("tokenizer.chat_template")
     if template is not None:
         tok_config["chat_template"] = template
+    # The added tokens by id, as transformers saves them; llama.cpp's converter takes the
+    # types of tokenizer.model's pieces from them (special: control, else user-defined).
+    tok_config["added_tokens_decoder"] = {
+        str(entry["id"]): {"content": entry["content"], "lstrip": False, "normalized": False,
+                           "rstrip": False, "single_word": False, "special": entry["special"]}
+        for entry in vocabulary.tokenizer.get("added_tokens") or []}
     write_json(os.path.join(out_dir, "tokenizer.json"), vocabulary.tokenizer)
     write_json(os.path.join(out_dir, "tokenizer_config.json"), tok_config)
 
@@ -251,7 +327,9 @@ def synthesize(cfg, tokenizer_dir, out_dir, weight_dtype, seed, max_shard_bytes)
     """Write the whole Hugging Face directory; returns a one-line summary."""
     cfg = {**cfg, "torch_dtype": TORCH_DTYPES[weight_dtype]}
     convert.check_architecture(cfg)
-    config = convert.model_config(cfg, None)
+    config = convert.model_config(convert.language_model_config(cfg), None)
+    layout = (convert.MULTIMODAL_LAYOUTS[0] if cfg.get("model_type") == "gemma3"
+              else convert.TEXT_LAYOUT)
     from_gguf = os.path.isfile(tokenizer_dir) and tokenizer_dir.endswith(".gguf")
     if not from_gguf and not os.path.isdir(tokenizer_dir):
         raise ConvertError(f"tokenizer {tokenizer_dir} is neither a directory nor a .gguf "
@@ -267,7 +345,7 @@ def synthesize(cfg, tokenizer_dir, out_dir, weight_dtype, seed, max_shard_bytes)
     write_json(os.path.join(out_dir, "generation_config.json"),
                {"bos_token_id": cfg.get("bos_token_id"),
                 "eos_token_id": cfg.get("eos_token_id")})
-    write_weights(out_dir, config, weight_dtype, seed, max_shard_bytes)
+    write_weights(out_dir, config, layout, weight_dtype, seed, max_shard_bytes)
     return (f"wrote {out_dir}: {config['layers']} layers, dim {config['dim']}, "
             f"vocab {config['vocab_size']}, {weight_dtype}, seed {seed}")
 
@@ -276,7 +354,7 @@ def parse_args(argv):
     """Command-line arguments."""
     parser = OneLineParser(
         prog="synth.py",
-        description="Write a Hugging Face Llama checkpoint with random weights.")
+        description="Write a Hugging Face checkpoint with random weights.")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--preset", choices=sorted(PRESETS), help="a real model's shape")
     source.add_argument("--config", help="a Hugging Face config.json to use")

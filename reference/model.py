@@ -2,10 +2,16 @@
 """Independent numpy reference of the Llama forward pass.
 
 Computes what transformers' LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM /
-Qwen3ForCausalLM compute (with the weights upcast, math in float64): RMSNorm, rotate-half
-RoPE (default, linear and llama3 scaling), grouped-query causal attention (Mistral's sliding
-window, Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm before RoPE, a sliding window on
-the layers from max_window_layers on), SwiGLU MLP, tied or separate output projection. It shares no code with convert/: it has its own
+Qwen3ForCausalLM / Gemma3ForCausalLM compute (with the weights upcast, math in float64):
+RMSNorm, rotate-half RoPE (default, linear and llama3 scaling), grouped-query causal attention
+(Mistral's sliding window, Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm before RoPE, a
+sliding window on the layers from max_window_layers on), SwiGLU MLP, tied or separate output
+projection. Gemma 3 changes: the embedding times sqrt(dim); every RMSNorm x * (1 + w) (the
+Hugging Face weights hold w; a barellm file holds 1 + w and says nothing, its norms are plain);
+the attention and MLP outputs RMS-normed before the residual add; GeGLU (GELU, tanh
+approximation); per-head q/k RMSNorm; scores scaled by query_pre_attn_scalar^-1/2; sliding
+and full layers in the config's pattern, the sliding ones with RoPE base rope_local_base_freq
+and no scaling. It shares no code with convert/: it has its own
 safetensors reader and reads either a Hugging Face directory or a barellm file; a
 barellm Q8 matrix (I8 values NAME, F16 scales NAME.scale per 32 columns of a row) is
 dequantized to value * scale, and a Q4 matrix (U8 NAME holding two 4-bit q per byte,
@@ -65,6 +71,27 @@ def read_safetensors(path):
     return tensors, metadata
 
 
+# Gemma 3's layers: the four norms (HF's post_attention_layernorm normalises the attention
+# OUTPUT, barellm's post_attn_norm; pre_feedforward_layernorm is barellm's ffn_norm) and q/k
+# norms, besides the projections.
+GEMMA3_LAYER_NAMES = {
+    "attn_norm": "input_layernorm.weight", "wq": "self_attn.q_proj.weight",
+    "wk": "self_attn.k_proj.weight", "wv": "self_attn.v_proj.weight",
+    "wo": "self_attn.o_proj.weight", "q_norm": "self_attn.q_norm.weight",
+    "k_norm": "self_attn.k_norm.weight", "post_attn_norm": "post_attention_layernorm.weight",
+    "ffn_norm": "pre_feedforward_layernorm.weight",
+    "post_ffn_norm": "post_feedforward_layernorm.weight", "w1": "mlp.gate_proj.weight",
+    "w3": "mlp.up_proj.weight", "w2": "mlp.down_proj.weight",
+}
+# Gemma3TextConfig's defaults, for the fields a config.json may leave out.
+GEMMA3_DEFAULTS = {
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+    "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
+    "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
+    "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "bos_token_id": 2,
+}
+
+
 def load_hf(hf_dir):
     """Load a Hugging Face checkpoint as (config, weights) with barellm tensor names."""
     with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
@@ -72,6 +99,8 @@ def load_hf(hf_dir):
     raw = {}
     for path in sorted(glob.glob(os.path.join(hf_dir, "*.safetensors"))):
         raw.update(read_safetensors(path)[0])
+    if hf["model_type"] in ("gemma3", "gemma3_text"):
+        return load_hf_gemma3(hf, raw)
     dim, heads = hf["hidden_size"], hf["num_attention_heads"]
     model_type = hf["model_type"]
     scaling = hf.get("rope_scaling")
@@ -97,6 +126,51 @@ def load_hf(hf_dir):
         for short, hf_name in HF_OPTIONAL_LAYER_NAMES.items():
             if f"model.layers.{layer}.{hf_name}" in raw:
                 weights[f"layers.{layer}.{short}"] = raw[f"model.layers.{layer}.{hf_name}"]
+    return config, weights
+
+
+def load_hf_gemma3(hf, raw):
+    """(config, weights) of a Gemma 3 checkpoint: Gemma3ForCausalLM (gemma3_text), or the
+    text part of Gemma3ForConditionalGeneration (gemma3: text_config, tensors under
+    language_model.model. or model.language_model.; the vision tower's are left unread)."""
+    if hf["model_type"] == "gemma3":
+        tied = hf.get("tie_word_embeddings", True)
+        hf = dict(hf.get("text_config") or {}, tie_word_embeddings=tied)
+    hf = dict(GEMMA3_DEFAULTS, **{key: value for key, value in hf.items() if value is not None})
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        if key in hf:
+            raise ValueError(f"Gemma 3 reference: {key} (soft-capping) is not supported")
+    if hf["hidden_activation"] != "gelu_pytorch_tanh":
+        raise ValueError(f"Gemma 3 reference: activation {hf['hidden_activation']!r}")
+    prefix = next(p for p in ("model.", "language_model.model.", "model.language_model.")
+                  if p + "embed_tokens.weight" in raw)
+    layers = hf["num_hidden_layers"]
+    if "layer_types" in hf:
+        sliding = [kind == "sliding_attention" for kind in hf["layer_types"]]
+    else:
+        sliding = [(layer + 1) % hf["sliding_window_pattern"] != 0 for layer in range(layers)]
+    scaling = hf.get("rope_scaling")
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "default":
+        scaling = None
+    config = {
+        "architecture": "gemma3", "dim": hf["hidden_size"], "layers": layers,
+        "heads": hf["num_attention_heads"], "kv_heads": hf["num_key_value_heads"],
+        "head_dim": hf["head_dim"], "rope_theta": hf["rope_theta"], "rope_scaling": scaling,
+        "rope_theta_local": hf["rope_local_base_freq"], "norm_eps": hf["rms_norm_eps"],
+        "sliding_window": hf["sliding_window"],
+        "layer_types": ["sliding" if s else "full" for s in sliding],
+        "attention_scale": hf["query_pre_attn_scalar"] ** -0.5,
+        "embedding_scale": math.sqrt(hf["hidden_size"]), "activation": "gelu_tanh",
+        "tied_embeddings": hf["tie_word_embeddings"], "bos_id": hf["bos_token_id"],
+        "norms_add_one": True,
+    }
+    weights = {"token_embedding": raw[prefix + "embed_tokens.weight"],
+               "final_norm": raw[prefix + "norm.weight"]}
+    if not config["tied_embeddings"]:
+        weights["output"] = raw["lm_head.weight"]
+    for layer in range(layers):
+        for short, hf_name in GEMMA3_LAYER_NAMES.items():
+            weights[f"layers.{layer}.{short}"] = raw[f"{prefix}layers.{layer}.{hf_name}"]
     return config, weights
 
 
@@ -167,11 +241,30 @@ def rms_norm(x, weight, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
 
 
-def inverse_frequencies(config):
-    """RoPE inverse frequencies for one head, with linear or llama3 scaling applied."""
+def norm(config, x, weight):
+    """The model's RMSNorm: x * rsqrt(mean(x^2) + eps) * weight, or * (1 + weight) where the
+    weights hold w of Gemma's x * (1 + w) (a Hugging Face Gemma checkpoint)."""
+    return rms_norm(x, 1 + weight if config.get("norms_add_one") else weight, config["norm_eps"])
+
+
+def layer_window(config, layer):
+    """The sliding window of `layer`, None where it attends to the whole context: per layer
+    from layer_types (Gemma 3), else from sliding_window_first_layer on."""
+    if "layer_types" in config:
+        return config["sliding_window"] if config["layer_types"][layer] == "sliding" else None
+    if layer >= config.get("sliding_window_first_layer", 0):
+        return config.get("sliding_window")
+    return None
+
+
+def inverse_frequencies(config, layer=0):
+    """RoPE inverse frequencies for one head of `layer`, with linear or llama3 scaling applied;
+    Gemma 3's sliding layers: from rope_theta_local, unscaled."""
     head_dim = config["head_dim"]
+    if config.get("rope_theta_local") and layer_window(config, layer):
+        return 1.0 / config["rope_theta_local"] ** (np.arange(0, head_dim, 2) / head_dim)
     inv = 1.0 / config["rope_theta"] ** (np.arange(0, head_dim, 2) / head_dim)
-    scaling = config["rope_scaling"]
+    scaling = config.get("rope_scaling")
     if not scaling:
         return inv
     kind = scaling.get("rope_type", scaling.get("type"))
@@ -203,8 +296,9 @@ def attention_mask(config, length, layer=0):
     query = np.arange(length)[:, None]
     key = np.arange(length)[None, :]
     allowed = key <= query
-    if config.get("sliding_window") and layer >= config.get("sliding_window_first_layer", 0):
-        allowed &= query - key < config["sliding_window"]
+    window = layer_window(config, layer)
+    if window:
+        allowed &= query - key < window
     return allowed
 
 
@@ -216,19 +310,20 @@ def projection(weights, prefix, name, h):
 
 
 def attention(config, weights, prefix, h, cos, sin, mask):
-    """Grouped-query causal self-attention of the normed hidden states h [T, dim]. Qwen3
-    RMS-normalises each head of q and k (q_norm, k_norm) before RoPE."""
+    """Grouped-query causal self-attention of the normed hidden states h [T, dim]. Qwen3 and
+    Gemma 3 RMS-normalise each head of q and k (q_norm, k_norm) before RoPE; Gemma 3 scales
+    the scores by attention_scale rather than 1/sqrt(head_dim)."""
     length, heads, kv_heads, hd = len(h), config["heads"], config["kv_heads"], config["head_dim"]
     q = projection(weights, prefix, "q", h).reshape(length, heads, hd).transpose(1, 0, 2)
     k = projection(weights, prefix, "k", h).reshape(length, kv_heads, hd).transpose(1, 0, 2)
     v = projection(weights, prefix, "v", h).reshape(length, kv_heads, hd).transpose(1, 0, 2)
     if prefix + "q_norm" in weights:
-        q = rms_norm(q, weights[prefix + "q_norm"], config["norm_eps"])
-        k = rms_norm(k, weights[prefix + "k_norm"], config["norm_eps"])
+        q = norm(config, q, weights[prefix + "q_norm"])
+        k = norm(config, k, weights[prefix + "k_norm"])
     q, k = rope(q, cos, sin), rope(k, cos, sin)
     group = heads // kv_heads
     k, v = np.repeat(k, group, axis=0), np.repeat(v, group, axis=0)
-    scores = q @ k.transpose(0, 2, 1) / math.sqrt(hd)
+    scores = q @ k.transpose(0, 2, 1) * config.get("attention_scale", 1 / math.sqrt(hd))
     scores = np.where(mask, scores, -np.inf)
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = scores / scores.sum(axis=-1, keepdims=True)
@@ -236,27 +331,45 @@ def attention(config, weights, prefix, h, cos, sin, mask):
     return projection(weights, prefix, "o", out)
 
 
-def mlp(weights, prefix, h):
-    """SwiGLU: w2(silu(w1 h) * w3 h)."""
+def mlp(config, weights, prefix, h):
+    """SwiGLU: w2(silu(w1 h) * w3 h); Gemma 3's GeGLU: w2(gelu_tanh(w1 h) * w3 h), with
+    gelu_tanh(g) = g/2 (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))."""
     gate = h @ weights[prefix + "w1"].T
     up = h @ weights[prefix + "w3"].T
-    return (gate / (1.0 + np.exp(-gate)) * up) @ weights[prefix + "w2"].T
+    if config.get("activation", "silu") == "gelu_tanh":
+        activated = 0.5 * gate * (1 + np.tanh(math.sqrt(2 / math.pi) *
+                                              (gate + 0.044715 * gate ** 3)))
+    else:
+        activated = gate / (1.0 + np.exp(-gate))
+    return (activated * up) @ weights[prefix + "w2"].T
+
+
+def post_norm(config, weights, name, y):
+    """Gemma 3: a sub-block's output RMS-normed with `name` before the residual add; y itself
+    where the model has no such norm."""
+    return norm(config, y, weights[name]) if name in weights else y
+
+
+def rope_tables(config, layer, length, dtype):
+    """(cos, sin) [T, head_dim] of `layer`'s RoPE at positions 0 .. length - 1."""
+    angles = np.arange(length)[:, None] * inverse_frequencies(config, layer)[None, :]
+    angles = np.concatenate([angles, angles], axis=-1).astype(dtype)
+    return np.cos(angles), np.sin(angles)
 
 
 def forward(config, weights, token_ids, dtype=np.float64):
     """Logits [T, vocab] for every position of `token_ids`."""
     w = {name: value.astype(dtype) for name, value in weights.items()}
-    eps = config["norm_eps"]
-    x = w["token_embedding"][np.asarray(token_ids)]
-    angles = np.arange(len(token_ids))[:, None] * inverse_frequencies(config)[None, :]
-    angles = np.concatenate([angles, angles], axis=-1).astype(dtype)
-    cos, sin = np.cos(angles), np.sin(angles)
+    x = w["token_embedding"][np.asarray(token_ids)] * config.get("embedding_scale", 1.0)
     for layer in range(config["layers"]):
         prefix = f"layers.{layer}."
-        x = x + attention(config, w, prefix, rms_norm(x, w[prefix + "attn_norm"], eps),
-                          cos, sin, attention_mask(config, len(token_ids), layer))
-        x = x + mlp(w, prefix, rms_norm(x, w[prefix + "ffn_norm"], eps))
-    x = rms_norm(x, w["final_norm"], eps)
+        cos, sin = rope_tables(config, layer, len(token_ids), dtype)
+        attended = attention(config, w, prefix, norm(config, x, w[prefix + "attn_norm"]),
+                             cos, sin, attention_mask(config, len(token_ids), layer))
+        x = x + post_norm(config, w, prefix + "post_attn_norm", attended)
+        mixed = mlp(config, w, prefix, norm(config, x, w[prefix + "ffn_norm"]))
+        x = x + post_norm(config, w, prefix + "post_ffn_norm", mixed)
+    x = norm(config, x, w["final_norm"])
     output = w["token_embedding"] if config["tied_embeddings"] else w["output"]
     return x @ output.T
 

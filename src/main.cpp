@@ -271,10 +271,25 @@ int command_info(const Options& options) {
     std::printf("heads           %d\nkv_heads        %d\nhead_dim        %d\n", c.heads, c.kv_heads,
                 c.head_dim);
     std::printf("vocab_size      %d\nmax_context     %d\n", c.vocab_size, c.max_context);
-    std::printf("rope_theta      %g\nnorm_eps        %g\n", c.rope_theta, c.norm_eps);
+    std::printf("rope_theta      %g\n", c.rope_theta);
+    if (c.rope_theta_local > 0)
+        std::printf("rope_theta_local %g (sliding layers)\n", c.rope_theta_local);
+    std::printf("norm_eps        %g\n", c.norm_eps);
     std::printf("sliding_window  %d", c.sliding_window);
-    if (c.sliding_window_first_layer > 0)
+    if (!c.sliding_layers.empty()) {
+        std::printf(" (layers");
+        for (int l = 0; l < c.layers; ++l)
+            if (c.layer_window(l) > 0) std::printf(" %d", l);
+        std::printf(")");
+    } else if (c.sliding_window_first_layer > 0) {
         std::printf(" (layers %d and up)", c.sliding_window_first_layer);
+    }
+    // Gemma's departures from Llama, shown where the model has them.
+    if (c.attention_scale != float(1.0 / std::sqrt(double(c.head_dim))))
+        std::printf("\nattention_scale %g", c.attention_scale);
+    if (c.embedding_scale != 1.0f) std::printf("\nembedding_scale %g", c.embedding_scale);
+    if (c.post_norms) std::printf("\npost_norms      attention and feed-forward outputs");
+    if (c.activation == Activation::GeluTanh) std::printf("\nactivation      gelu_tanh (GeGLU)");
     std::printf("\ntied_embeddings %s\n", c.tied_embeddings ? "yes" : "no");
     std::printf("bos_id          %d\neos_ids        ", c.bos_id);
     for (int id : c.eos_ids) std::printf(" %d", id);

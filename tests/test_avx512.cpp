@@ -36,6 +36,7 @@ namespace {
     X(matvec_rows_q8)           \
     X(matvec_rows_q4)           \
     X(swiglu)                   \
+    X(geglu)                    \
     X(rmsnorm)                  \
     X(dot_kv)                   \
     X(add_scaled_kv)            \
@@ -255,6 +256,31 @@ TEST_CASE("AVX-512 VNNI Q8 and Q4 matvecs equal the integer dot products of quan
             }
         }
     }
+}
+
+TEST_CASE("AVX-512 geglu matches its formula in double, far into both tails") {
+    std::mt19937 rng(516);
+    for (const Avx512Build& build : builds())
+        for (int n : {1, 15, 16, 17, 172})
+            for (float scale : {0.5f, 3.0f, 120.0f}) {
+                const std::vector<float> gate_in = random_floats(n, rng, scale);
+                const std::vector<float> up = random_floats(n, rng);
+                std::vector<float> gate = gate_in;
+                gate.push_back(NAN);  // past the end: must stay untouched
+                build.geglu(gate.data(), up.data(), n);
+                INFO(build.name << " n " << n << " scale " << scale);
+                for (int i = 0; i < n; ++i) {
+                    // gelu_tanh(g) · up in double; the bound as test_cpu_kernels.cpp's:
+                    // relative, and relative to g · up where tanh's argument rounds.
+                    const double g = gate_in[i];
+                    const double want =
+                        0.5 * g *
+                        (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) * up[i];
+                    CHECK(std::abs(gate[i] - want) <=
+                          2e-6 * std::abs(want) + 1e-7 * std::abs(g * up[i]));
+                }
+                CHECK(std::isnan(gate[n]));
+            }
 }
 
 TEST_CASE("AVX-512 swiglu matches its formula, far into both tails") {

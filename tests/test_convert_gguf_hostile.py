@@ -268,7 +268,8 @@ HOSTILE = {
     "huge dimensions": (with_tensor("blk.0.ffn_up.weight", 0, (2**31, 2**31, 2**31)),
                         "ends at byte"),
     "other architecture": (with_key("general.architecture", STRING, "gemma2"),
-                           "architecture 'gemma2' is not supported (only llama, qwen2, qwen3)"),
+                           "architecture 'gemma2' is not supported: Gemma 2's logit "
+                           "soft-capping is not implemented (only gemma3, llama, qwen2, qwen3)"),
     "no architecture": (without_key("general.architecture"), "general.architecture"),
     "missing config key": (without_key("llama.block_count"), "'llama.block_count' is missing"),
     "config key of the wrong type": (with_key("llama.block_count", STRING, "1"),

@@ -184,6 +184,40 @@ TEST_CASE("swiglu matches its formula at every SIMD level, far into both tails")
     }
 }
 
+// GELU with the tanh approximation (Hugging Face's gelu_pytorch_tanh) times up, in double.
+static double reference_geglu(float gate, float up) {
+    const double g = gate;
+    return 0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) * up;
+}
+
+// The bound of one GeGLU output: relative to the output, and to g · up where the output is a
+// small part of it (float's rounding of √(2/π)(g + 0.044715 g³) moves tanh there).
+static bool close_geglu(float got, float gate, float up) {
+    const double want = reference_geglu(gate, up);
+    return std::abs(got - want) <= 2e-6 * std::abs(want) + 1e-7 * std::abs(double(gate) * up);
+}
+
+TEST_CASE("geglu matches its formula in double at every SIMD level, far into both tails") {
+    std::mt19937 rng(9);
+    const auto level =
+        GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
+    if (level > cpu::detect_simd_level()) return;
+    for (int n : {1, 9, 17, 172}) {
+        for (float scale : {0.5f, 3.0f, 120.0f}) {
+            const auto gate_in = random_floats(n, rng, scale), up = random_floats(n, rng);
+            std::vector<float> gate = gate_in;
+            cpu::set_simd_level(level);
+            cpu::geglu(gate.data(), up.data(), n);
+            cpu::set_simd_level(cpu::detect_simd_level());
+            std::vector<double> want(n);
+            for (int i = 0; i < n; ++i) want[i] = reference_geglu(gate_in[i], up[i]);
+            INFO(cpu::simd_level_name(level) << " n " << n << " scale " << scale);
+            CHECK(relative_error(gate, want) < 1e-6);
+            for (int i = 0; i < n; ++i) CHECK(close_geglu(gate[i], gate_in[i], up[i]));
+        }
+    }
+}
+
 TEST_CASE("rope rotates pair (i, i + head_dim/2) by pos * theta^(-2i/head_dim)") {
     std::mt19937 rng(99);
     const int heads = 3, head_dim = 10, pos = 17;

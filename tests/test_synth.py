@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import model as reference
-from convert_testlib import (CONVERT, LLAMA2_TOKENIZER, REPO, SMOLLM2_TOKENIZER, STORIES,
-                             SYNTH, TINY_CONFIG, assert_wrong_command_line, need_shared,
-                             read_raw, run, tiny_tokenizer_json)
+from convert_testlib import (CONVERT, LLAMA2_TOKENIZER, REPO, SHARED, SMOLLM2_TOKENIZER,
+                             STORIES, SYNTH, TINY_CONFIG, assert_wrong_command_line,
+                             need_shared, read_raw, run, tiny_tokenizer_json)
 
 sys.path.insert(0, os.path.dirname(SYNTH))
 import convert  # noqa: E402  (convert/convert.py)
@@ -248,3 +248,124 @@ def test_tokenizer_refusals(tmp_path, inputs):
     result = run(SYNTH, "--config", config, "--tokenizer", truncated, "-o", tmp_path / "hf")
     assert result.returncode == 1 and result.stderr.startswith("synth: ")
     assert "Traceback" not in result.stderr and len(result.stderr.splitlines()) == 1
+
+
+GEMMA3_VOCAB = os.path.join(SHARED, "tokenizers", "gemma3", "gemma3-vocab.gguf")
+# The Gemma 3 presets, as the checkpoints' config.json files give them: name: hidden,
+# intermediate, layers, heads, kv heads, vocab, max pos, sliding window, rope_scaling.
+GEMMA3_PRESET_SHAPES = {
+    "gemma3-270m": (640, 2048, 18, 4, 1, 262144, 32768, 512, None),
+    "gemma3-1b": (1152, 6912, 26, 4, 1, 262144, 32768, 512, None),
+    "gemma3-4b": (2560, 10240, 34, 8, 4, 262208, 131072, 1024,
+                  {"rope_type": "linear", "factor": 8.0}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(GEMMA3_PRESET_SHAPES))
+def test_gemma3_preset_shapes(name):
+    tokenizer, cfg = synth.PRESETS[name]
+    assert os.path.normpath(os.path.join(synth.SHARED_TOKENIZERS, tokenizer)) == \
+        os.path.normpath(GEMMA3_VOCAB)
+    convert.check_architecture(cfg)
+    config = convert.model_config(convert.language_model_config(cfg), None)
+    keys = ("dim", "hidden_dim", "layers", "heads", "kv_heads", "vocab_size", "max_context",
+            "sliding_window", "rope_scaling")
+    assert tuple(config[k] for k in keys) == GEMMA3_PRESET_SHAPES[name]
+    assert config["architecture"] == "gemma3" and config["head_dim"] == 256
+    assert config["layer_types"] == ["full" if (layer + 1) % 6 == 0 else "sliding"
+                                     for layer in range(config["layers"])]
+    assert (config["rope_theta"], config["rope_theta_local"]) == (1e6, 1e4)
+    assert config["attention_scale"] == 1 / 16 and config["norm_eps"] == 1e-6
+    assert config["embedding_scale"] == float(np.float32(math.sqrt(config["dim"])))
+    assert config["tied_embeddings"] and config["bos_id"] == 2 and config["eos_ids"] == [1, 106]
+
+
+def test_gemma3_weights_hold_norms_w_for_one_plus_w(tmp_path, inputs):
+    """A Gemma checkpoint's norm weights are w of the multiplier 1 + w: synth draws them
+    near 0 (near 1 for the other families), under Gemma's tensor names."""
+    config, tok = inputs
+    config.write_text(json.dumps({**synth.PRESETS["gemma3-270m"][1], "hidden_size": 16,
+                                  "intermediate_size": 24, "num_hidden_layers": 2,
+                                  "head_dim": 8, "vocab_size": 64}))
+    hf = synthesize(tmp_path / "hf", config, tok, "--dtype", "f32")
+    _, _, arrays, _ = read_raw(hf / "model.safetensors")
+    norms = [name for name in arrays if name.endswith("norm.weight")]
+    assert len(norms) == 2 * 6 + 1 and "model.layers.1.post_feedforward_layernorm.weight" in norms
+    values = np.concatenate([arrays[name] for name in norms])
+    assert abs(values.mean()) < 0.02 and 0.03 < values.std() < 0.07
+
+
+def test_gemma3_vocabulary_as_tokenizer_model(tmp_path, inputs):
+    """--tokenizer gemma3-vocab.gguf writes a tokenizer.model that the sentencepiece package
+    loads, holding the GGUF's pieces, scores, types and special ids, and encoding the eval
+    texts as the tokenizer.json written beside it does (pip tokenizers); tokenizer_config's
+    added_tokens_decoder gives the control and user-defined tokens."""
+    gguf = pytest.importorskip("gguf", reason="pip package gguf missing")
+    sentencepiece = pytest.importorskip("sentencepiece",
+                                        reason="pip package sentencepiece missing")
+    tokenizers = pytest.importorskip("tokenizers", reason="pip package tokenizers missing")
+    need_shared(GEMMA3_VOCAB)
+    config, _ = inputs
+    config.write_text(json.dumps({**TINY_CONFIG, "hidden_size": 4, "num_attention_heads": 1,
+                                  "num_key_value_heads": 1, "num_hidden_layers": 1,
+                                  "vocab_size": 262144}))
+    hf = synthesize(tmp_path / "hf", config, GEMMA3_VOCAB, "--dtype", "f32")
+    reader = gguf.GGUFReader(GEMMA3_VOCAB)
+
+    def field(name):
+        return reader.fields[f"tokenizer.ggml.{name}"].contents()
+
+    tokens, scores, types = field("tokens"), field("scores"), field("token_type")
+    model = sentencepiece.SentencePieceProcessor(model_file=str(hf / "tokenizer.model"))
+    assert model.vocab_size() == len(tokens) == 262144
+    assert (model.bos_id(), model.eos_id(), model.unk_id(), model.pad_id()) == (
+        field("bos_token_id"), field("eos_token_id"), field("unknown_token_id"),
+        field("padding_token_id"))
+    rng = np.random.default_rng(0)
+    for i in sorted({*range(300), *rng.integers(0, len(tokens), 2000).tolist()}):
+        kind = types[i]
+        expected = tokens[i].replace(" ", "\u2581") if kind == 4 else tokens[i]
+        assert model.id_to_piece(i) == expected, i
+        assert model.get_score(i) == pytest.approx(scores[i], rel=1e-7), i
+        assert model.is_control(i) == (kind == 3 and i != model.unk_id()), i
+        assert model.is_byte(i) == (kind == 6), i
+    with open(hf / "tokenizer_config.json") as f:
+        decoder = json.load(f)["added_tokens_decoder"]
+    assert decoder["106"]["content"] == "<end_of_turn>" and decoder["106"]["special"]
+    assert decoder["107"] == {"content": "\n", "lstrip": False, "normalized": False,
+                              "rstrip": False, "single_word": False, "special": False}
+    assert len(decoder) == sum(kind in (2, 3, 4) for kind in types)
+    fast = tokenizers.Tokenizer.from_file(str(hf / "tokenizer.json"))
+    eval_dir = os.path.join(SHARED, "eval")
+    texts = ["Hello  world\t\n  x", " leading space", "déjà vu 😀 日本語のテキスト",
+             "tabs\t\tand\n\n\nnewlines   end  "]
+    for name in ("wiki.test.raw", "tinyshakespeare.txt", "tinystories_valid_sample.txt"):
+        with open(need_shared(os.path.join(eval_dir, name)), encoding="utf-8") as f:
+            texts.append(f.read(6000))
+    for text in texts:
+        assert model.encode(text) == fast.encode(text, add_special_tokens=False).ids, text[:40]
+
+
+def test_tokenizer_model_refusals():
+    """A GGUF vocabulary that cannot be a tokenizer.model is refused with a message: no
+    unknown token, a type that is no SentencePiece piece type, a special id out of range."""
+    from common import ConvertError
+    import gguf_in
+
+    def keys(types, **ids):
+        entries = {"tokenizer.ggml.token_type": ([gguf_in.ARRAY_TYPE, 5], types)}
+        entries.update({f"tokenizer.ggml.{name}_token_id": ([4], value)
+                        for name, value in ids.items()})
+        return gguf_in.Keys(entries)
+
+    tokens = ["<pad>", "<unk>", "a"]
+    with pytest.raises(ConvertError, match="has no unknown token"):
+        synth.sentencepiece_model(keys([3, 3, 1]), tokens)
+    with pytest.raises(ConvertError, match="token 'a' has type 9, not a SentencePiece"):
+        synth.sentencepiece_model(keys([3, 3, 9], unknown=1), tokens)
+    with pytest.raises(ConvertError, match="tokenizer.ggml.bos_token_id 3 is not a token id"):
+        synth.sentencepiece_model(keys([3, 3, 1], unknown=1, bos=3), tokens)
+    model = synth.spm.parse_model(synth.sentencepiece_model(keys([3, 3, 1], unknown=1), tokens))
+    assert model["pieces"] == [("<pad>", 0.0, 3), ("<unk>", 0.0, 2), ("a", 0.0, 1)]
+    assert model["model_type"] == 2 and model["bos_id"] is None
+    assert model["add_dummy_prefix"] is True  # the GGUF does not say: SentencePiece's default

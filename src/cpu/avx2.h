@@ -90,5 +90,6 @@ void attention_rows(float* out, const float* q, int first_row, int rows, int fir
 // ---- Element-wise (swiglu_avx2.cpp).
 
 void swiglu(float* gate, const float* up, int n);
+void geglu(float* gate, const float* up, int n);
 
 }  // namespace barellm::cpu::avx2

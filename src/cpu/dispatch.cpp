@@ -316,6 +316,15 @@ void swiglu(float* gate, const float* up, int n) {
         scalar::swiglu(gate, up, n);
 }
 
+void geglu(float* gate, const float* up, int n) {
+    if (active_level == SimdLevel::Avx512)
+        avx512::geglu(gate, up, n);
+    else if (active_level == SimdLevel::Avx2)
+        avx2::geglu(gate, up, n);
+    else
+        scalar::geglu(gate, up, n);
+}
+
 void embedding_row(float* out, const Matrix& table, int row) {
     matrix_row_to_float(out, table, row);
 }

@@ -1,5 +1,8 @@
-// The CPU forward pass: tokens through the Llama transformer (with Qwen2's q/k/v biases
-// and Qwen3's per-head q/k norms where the model has them), top to bottom.
+// The CPU forward pass: tokens through the Llama transformer, top to bottom, with what the
+// other families change where the model has it: Qwen2's q/k/v biases, Qwen3's per-head q/k
+// norms, and Gemma 3's scaled embedding, norms of the sub-blocks' outputs, GeGLU, sliding
+// layers with their own RoPE base, and attention scale (Gemma's norms, x · (1 + w), are plain
+// RMSNorms here: the weight file holds the multipliers 1 + w).
 // `forward` runs one token (decode); `prefill` runs a batch of tokens as matrices.
 #include <algorithm>
 #include <vector>
@@ -17,24 +20,26 @@ namespace {
 
 constexpr int kMaxBatch = 512;     // prefill processes longer prompts in chunks of this size
 constexpr size_t kSwigluCost = 8;  // one SiLU (an exp and a division) in multiply-adds
+constexpr size_t kGegluCost = 12;  // one tanh-approximated GELU (SiLU's and a cubic)
 
 // Every activation buffer and the KV cache, allocated once. Decode uses batch 1;
 // prefill uses up to kMaxBatch rows (B below).
 struct InferenceState {
-    std::vector<float> x;                 // [B, dim]           residual stream
-    std::vector<float> xb;                // [B, dim]           normed input of a sub-block
-    std::vector<float> q;                 // [B, heads * head_dim]
-    std::vector<float> k;                 // [B, kv_heads * head_dim]
-    std::vector<float> v;                 // [B, kv_heads * head_dim]
-    std::vector<float> att;               // [B, heads * head_dim]  attention output
-    std::vector<float> scores;            // [heads, context]   decode attention scratch
-    std::vector<float> proj;              // [B, dim]           output of wo or w2
-    std::vector<float> gate;              // [B, hidden_dim]    w1 x, then silu(w1 x) * w3 x
-    std::vector<float> up;                // [B, hidden_dim]    w3 x
-    std::vector<float> logits;            // [vocab_size]       of the last token
-    std::vector<uint8_t> key_cache;       // [layers, context, kv_dim] of kv_type
-    std::vector<uint8_t> value_cache;     // [layers, context, kv_dim] of kv_type
-    std::vector<float> rope_frequencies;  // [head_dim / 2]
+    std::vector<float> x;                       // [B, dim]           residual stream
+    std::vector<float> xb;                      // [B, dim]           normed input of a sub-block
+    std::vector<float> q;                       // [B, heads * head_dim]
+    std::vector<float> k;                       // [B, kv_heads * head_dim]
+    std::vector<float> v;                       // [B, kv_heads * head_dim]
+    std::vector<float> att;                     // [B, heads * head_dim]  attention output
+    std::vector<float> scores;                  // [heads, context]   decode attention scratch
+    std::vector<float> proj;                    // [B, dim]           output of wo or w2
+    std::vector<float> gate;                    // [B, hidden_dim]    w1 x, then act(w1 x) * w3 x
+    std::vector<float> up;                      // [B, hidden_dim]    w3 x
+    std::vector<float> logits;                  // [vocab_size]       of the last token
+    std::vector<uint8_t> key_cache;             // [layers, context, kv_dim] of kv_type
+    std::vector<uint8_t> value_cache;           // [layers, context, kv_dim] of kv_type
+    std::vector<float> rope_frequencies;        // [head_dim / 2]
+    std::vector<float> rope_local_frequencies;  // [head_dim / 2] with rope_theta_local, else empty
 };
 
 class CpuBackend : public Backend {
@@ -75,6 +80,7 @@ public:
         s.key_cache.resize(cache_bytes);
         s.value_cache.resize(cache_bytes);
         s.rope_frequencies = rope_inverse_frequencies(c);
+        if (c.rope_theta_local > 0) s.rope_local_frequencies = rope_local_inverse_frequencies(c);
         all_logits_.resize(all_logits_floats);
     }
 
@@ -95,14 +101,19 @@ public:
         const Config& c = model_.config;
         InferenceState& s = state_;
         check_tokens(c, &token, 1, pos, context_);
-        // x = the token's row of the embedding table
+        // x = the token's row of the embedding table (Gemma: times √dim)
         cpu::embedding_row(s.x.data(), model_.token_embedding, token);
+        scale_embedding(s.x.data(), 1);
 
         for (int l = 0; l < c.layers; ++l) {
             const LayerWeights& w = weights_.layers[l];
+            const float* rope_frequencies = layer_rope_frequencies(l);
             // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
-            //   (Qwen2: + bq, bk, bv after the projections; Qwen3: each head of q and k
-            //    RMS-normed before RoPE; with attention_bias: + bo after wo)
+            //   (Qwen2: + bq, bk, bv after the projections; Qwen3 and Gemma: each head of q and
+            //    k RMS-normed before RoPE; with attention_bias: + bo after wo; Gemma: wo's
+            //    output RMS-normed before the add, and scores scaled by attention_scale, not
+            //    1/√head_dim; sliding layers attend to the last `window` positions, and Gemma's
+            //    rotate with their own RoPE base)
             cpu::rmsnorm(s.xb.data(), s.x.data(), w.attn_norm, c.dim, c.norm_eps);
             cpu::matvec_many({{s.q.data(), s.xb.data(), &w.wq},
                               {s.k.data(), s.xb.data(), &w.wk},
@@ -112,8 +123,8 @@ public:
             add_bias(s.v.data(), w.bv, c.kv_dim());
             rmsnorm_heads(s.q.data(), w.q_norm, c.heads);
             rmsnorm_heads(s.k.data(), w.k_norm, c.kv_heads);
-            cpu::rope(s.q.data(), c.heads, c.head_dim, pos, s.rope_frequencies.data());
-            cpu::rope(s.k.data(), c.kv_heads, c.head_dim, pos, s.rope_frequencies.data());
+            cpu::rope(s.q.data(), c.heads, c.head_dim, pos, rope_frequencies);
+            cpu::rope(s.k.data(), c.kv_heads, c.head_dim, pos, rope_frequencies);
             cpu::kv_store(cache_row(s.key_cache, l, pos), s.k.data(), c.kv_dim(), kv_type_);
             cpu::kv_store(cache_row(s.value_cache, l, pos), s.v.data(), c.kv_dim(), kv_type_);
             cpu::attention(s.att.data(), s.q.data(), pos, cache_row(s.key_cache, l, 0),
@@ -121,14 +132,18 @@ public:
                            kv_type_);
             cpu::matvec(s.proj.data(), s.att.data(), w.wo);
             add_bias(s.proj.data(), w.bo, c.dim);
+            post_norm(s.proj.data(), w.post_attn_norm, 1);
             for (int i = 0; i < c.dim; ++i) s.x[i] += s.proj[i];
 
-            // Feed-forward: x += w2 · (silu(w1 · norm(x)) * (w3 · norm(x)))
+            // Feed-forward: x += w2 · (act(w1 · norm(x)) * (w3 · norm(x)))
+            //   (act: silu, SwiGLU; Gemma: gelu_tanh, GeGLU, and w2's output RMS-normed
+            //    before the add)
             cpu::rmsnorm(s.xb.data(), s.x.data(), w.ffn_norm, c.dim, c.norm_eps);
             cpu::matvec_many(
                 {{s.gate.data(), s.xb.data(), &w.w1}, {s.up.data(), s.xb.data(), &w.w3}});
-            cpu::swiglu(s.gate.data(), s.up.data(), c.hidden_dim);
+            gated_activation(s.gate.data(), s.up.data());
             cpu::matvec(s.proj.data(), s.gate.data(), w.w2);
+            post_norm(s.proj.data(), w.post_ffn_norm, 1);
             for (int i = 0; i < c.dim; ++i) s.x[i] += s.proj[i];
         }
 
@@ -161,9 +176,11 @@ private:
         InferenceState& s = state_;
         for (int b = 0; b < B; ++b)
             cpu::embedding_row(&s.x[size_t(b) * c.dim], model_.token_embedding, tokens[b]);
+        scale_embedding(s.x.data(), B);
 
         for (int l = 0; l < c.layers; ++l) {
             const LayerWeights& w = weights_.layers[l];
+            const float* rope_frequencies = layer_rope_frequencies(l);
             rmsnorm_rows(s.xb.data(), s.x.data(), w.attn_norm, B);
             cpu::gemm_many(s.xb.data(), B,
                            {{s.q.data(), &w.wq}, {s.k.data(), &w.wk}, {s.v.data(), &w.wv}});
@@ -177,8 +194,8 @@ private:
                 add_bias(v_row, w.bv, c.kv_dim());
                 rmsnorm_heads(q_row, w.q_norm, c.heads);
                 rmsnorm_heads(k_row, w.k_norm, c.kv_heads);
-                cpu::rope(q_row, c.heads, c.head_dim, pos, s.rope_frequencies.data());
-                cpu::rope(k_row, c.kv_heads, c.head_dim, pos, s.rope_frequencies.data());
+                cpu::rope(q_row, c.heads, c.head_dim, pos, rope_frequencies);
+                cpu::rope(k_row, c.kv_heads, c.head_dim, pos, rope_frequencies);
                 cpu::kv_store(cache_row(s.key_cache, l, pos), k_row, c.kv_dim(), kv_type_);
                 cpu::kv_store(cache_row(s.value_cache, l, pos), v_row, c.kv_dim(), kv_type_);
             });
@@ -189,15 +206,19 @@ private:
             if (w.bo)
                 cpu::for_each_row(
                     B, c.dim, [&](int b) { add_bias(&s.proj[size_t(b) * c.dim], w.bo, c.dim); });
+            post_norm(s.proj.data(), w.post_attn_norm, B);
             add_rows(s.x.data(), s.proj.data(), B);
 
             rmsnorm_rows(s.xb.data(), s.x.data(), w.ffn_norm, B);
             cpu::gemm_many(s.xb.data(), B, {{s.gate.data(), &w.w1}, {s.up.data(), &w.w3}});
-            cpu::for_each_row(B, c.hidden_dim * kSwigluCost, [&](int b) {
+            const size_t activation_cost =
+                c.activation == Activation::GeluTanh ? kGegluCost : kSwigluCost;
+            cpu::for_each_row(B, c.hidden_dim * activation_cost, [&](int b) {
                 const size_t row = size_t(b) * c.hidden_dim;
-                cpu::swiglu(&s.gate[row], &s.up[row], c.hidden_dim);
+                gated_activation(&s.gate[row], &s.up[row]);
             });
             cpu::gemm(s.proj.data(), s.gate.data(), B, w.w2);
+            post_norm(s.proj.data(), w.post_ffn_norm, B);
             add_rows(s.x.data(), s.proj.data(), B);
         }
 
@@ -220,6 +241,35 @@ private:
             cpu::rmsnorm(out + size_t(r) * dim, x + size_t(r) * dim, weight, dim,
                          model_.config.norm_eps);
         });
+    }
+
+    // x [rows, dim] *= embedding_scale (Gemma's √dim); nothing when it is 1.
+    void scale_embedding(float* x, int rows) const {
+        const float scale = model_.config.embedding_scale;
+        if (scale == 1.0f) return;
+        for (size_t i = 0; i < size_t(rows) * model_.config.dim; ++i) x[i] *= scale;
+    }
+
+    // A sub-block's output y [rows, dim] RMS-normed in place with `weight` before the residual
+    // add (Gemma's post_attn_norm and post_ffn_norm); nothing when weight is nullptr.
+    void post_norm(float* y, const float* weight, int rows) const {
+        if (weight) rmsnorm_rows(y, y, weight, rows);
+    }
+
+    // gate[hidden_dim] = act(gate) * up: SwiGLU, or GeGLU where the config says (Gemma).
+    void gated_activation(float* gate, const float* up) const {
+        const Config& c = model_.config;
+        if (c.activation == Activation::GeluTanh)
+            cpu::geglu(gate, up, c.hidden_dim);
+        else
+            cpu::swiglu(gate, up, c.hidden_dim);
+    }
+
+    // The RoPE table of layer `layer`: the sliding layers' own with rope_theta_local (Gemma 3),
+    // else the model's.
+    const float* layer_rope_frequencies(int layer) const {
+        return model_.config.uses_local_rope(layer) ? state_.rope_local_frequencies.data()
+                                                    : state_.rope_frequencies.data();
     }
 
     // x += y, both [rows, dim]: the residual connection.

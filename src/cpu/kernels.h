@@ -108,9 +108,9 @@ void resize_q8_k_vector(Q8KVector* x, int n);
 // gemm_quantized_avx512vnni.cpp).
 struct QuantizedBatch {
     int batch = 0, groups = 0, padded_cols = 0;
-    std::vector<int8_t> values;   // [batch, padded_cols]
-    std::vector<float> scales;    // [batch, groups]
-    std::vector<int32_t> starts;  // [batch, groups]
+    std::vector<int8_t> values;      // [batch, padded_cols]
+    std::vector<float> scales;       // [batch, groups]
+    std::vector<int32_t> starts;     // [batch, groups]
     std::vector<int32_t> half_sums;  // [batch, 2 × groups]: Σ values of each 16 (AVX-512 only;
                                      // the block types' offsets and mins)
 };
@@ -140,8 +140,11 @@ void rope(float* vec, int heads, int head_dim, int pos, const float* inverse_fre
 // In place: x = exp(x - max) / sum.
 void softmax(float* x, int n);
 
-// gate[n] = silu(gate) * up
+// gate[n] = silu(gate) * up (Llama, Qwen), silu(g) = g / (1 + e^-g)
 void swiglu(float* gate, const float* up, int n);
+
+// gate[n] = gelu_tanh(gate) * up (Gemma), gelu_tanh(g) = g/2 (1 + tanh(√(2/π) (g + 0.044715 g³)))
+void geglu(float* gate, const float* up, int n);
 
 // One embedding row as f32: out[cols] = table[row].
 void embedding_row(float* out, const Matrix& table, int row);

@@ -75,4 +75,13 @@ void scalar::swiglu(float* gate, const float* up, int n) {
     for (int i = 0; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
+void scalar::geglu(float* gate, const float* up, int n) {
+    const float sqrt_2_over_pi = 0.7978845608f;
+    for (int i = 0; i < n; ++i) {
+        const float g = gate[i];
+        gate[i] =
+            0.5f * g * (1.0f + std::tanh(sqrt_2_over_pi * (g + 0.044715f * g * g * g))) * up[i];
+    }
+}
+
 }  // namespace barellm::cpu

@@ -13,6 +13,7 @@ float dot_kv(const float* q, const void* keys, int n, KvType type);
 void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);
 void softmax(float* x, int n);
 void swiglu(float* gate, const float* up, int n);
+void geglu(float* gate, const float* up, int n);
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps);
 
 }  // namespace barellm::cpu::scalar

@@ -1,5 +1,5 @@
-// SwiGLU, the feed-forward block's activation, on AVX2 + FMA: silu(gate) · up with a
-// vectorised e^x.
+// The feed-forward block's gated activations on AVX2 + FMA, with a vectorised e^x: SwiGLU,
+// silu(gate) · up (Llama, Qwen), and GeGLU, gelu_tanh(gate) · up (Gemma).
 #include <immintrin.h>
 
 #include "cpu/avx2.h"
@@ -23,6 +23,28 @@ void swiglu(float* gate, const float* up, int n) {
                          _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), _mm256_loadu_ps(up + i)));
     }
     scalar::swiglu(gate + i, up + i, n - i);
+}
+
+// gate[n] = gelu_tanh(gate) · up, where gelu_tanh(g) = g/2 · (1 + tanh(u)) with
+// u = √(2/π) (g + 0.044715 g³), written as g · σ(2u) (1 + tanh(u) = 2σ(2u)) and σ as in
+// swiglu.
+void geglu(float* gate, const float* up, int n) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+    const __m256 cubic = _mm256_set1_ps(0.044715f);
+    const __m256 two_sqrt_2_over_pi = _mm256_set1_ps(1.5957691216f);  // 2 √(2/π)
+    int i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+        const __m256 g = _mm256_loadu_ps(gate + i);
+        const __m256 g_cubed = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
+        const __m256 two_u = _mm256_mul_ps(two_sqrt_2_over_pi, _mm256_fmadd_ps(cubic, g_cubed, g));
+        const __m256 e = exp_nonpositive(_mm256_or_ps(two_u, sign_bit));  // e^-|2u|
+        const __m256 numerator = _mm256_blendv_ps(one, e, two_u);         // e where 2u < 0
+        const __m256 sigmoid = _mm256_div_ps(numerator, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(gate + i,
+                         _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), _mm256_loadu_ps(up + i)));
+    }
+    scalar::geglu(gate + i, up + i, n - i);
 }
 
 }  // namespace barellm::cpu::avx2
