@@ -372,7 +372,9 @@ void check_matvec() {
             cpu::matvec(with_norm.data(), normed.data(), w.matrix);
             cpu::matvec(gated.data(), normed.data(), w.matrix);
             cpu::matvec(up.data(), normed.data(), w3.matrix);
+            std::vector<float> geglu = gated;
             cpu::swiglu(gated.data(), up.data(), rows);
+            cpu::geglu(geglu.data(), up.data(), rows);
             const std::vector<float> residual = random_floats(rows);
             std::vector<float> with_residual = plain;
             for (int r = 0; r < rows; ++r) with_residual[r] += residual[r];
@@ -429,6 +431,10 @@ void check_matvec() {
             }
             check("matvec_swiglu", gated, [&](float* out) {
                 cuda::matvec_swiglu(out, device_w, device_w3, in, norm, eps, Activation::Silu, 0);
+            });
+            check("matvec_swiglu (GeGLU)", geglu, [&](float* out) {
+                cuda::matvec_swiglu(out, device_w, device_w3, in, norm, eps, Activation::GeluTanh,
+                                    0);
             });
             check("matvec_swiglu_warp_per_row", gated, [&](float* out) {
                 cuda::matvec_swiglu_warp_per_row(out, device_w, device_w3, in, norm, eps, 0);
@@ -788,6 +794,20 @@ void check_elementwise() {
         want = x;
         cpu::swiglu(want.data(), y.data(), n);
         report("swiglu" + size, to_host(gate.as(), n), want, 1e-6);
+
+        gate = to_device(x);
+        cuda::swiglu(gate.as<float>(), device_y.as<float>(), n, Activation::GeluTanh, 0);
+        want = x;
+        cpu::geglu(want.data(), y.data(), n);
+        report("swiglu (GeGLU)" + size, to_host(gate.as(), n), want, 1e-6);
+
+        // Gemma's post norm: x += rmsnorm(y) * weight, as the CPU's rmsnorm then the add.
+        sum = to_device(x);
+        cuda::add_rmsnorm_rows(sum.as<float>(), device_y.as<float>(), device_weight.as<float>(), n,
+                               1, 1e-5f, 0);
+        cpu::rmsnorm(want.data(), y.data(), weight.data(), n, 1e-5f);
+        for (int i = 0; i < n; ++i) want[i] += x[i];
+        report("add_rmsnorm_rows" + size, to_host(sum.as(), n), want, 1e-6);
     }
 }
 
