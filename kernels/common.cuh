@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "config.h"      // Activation
 #include "cuda_check.h"  // CUDA_CHECK (host code; empty for the emulation)
 #include "error.h"
 #include "kv_cache.h"
@@ -137,9 +138,26 @@ __device__ __forceinline__ float rms_scale(const float* __restrict__ in, int n, 
     return block_rms_scale(squares, in, n, eps, scratch);
 }
 
-// The feed-forward's gate: silu(gate) * up, silu(g) = g / (1 + e^-g).
-__device__ __forceinline__ float swiglu_value(float gate, float up) {
-    return gate / (1.0f + expf(-gate)) * up;
+// The gated feed-forward's value act(gate) * up: SwiGLU, silu(g) = g / (1 + e^-g), or GeGLU
+// (Gemma), GELU's tanh approximation gelu(g) = g / 2 * (1 + tanh(sqrt(2 / pi) (g + 0.044715
+// g³))). The activation is a template parameter of every kernel that applies it.
+template <Activation A>
+__device__ __forceinline__ float gated_value(float gate, float up) {
+    if constexpr (A == Activation::Silu) {
+        return gate / (1.0f + expf(-gate)) * up;
+    } else {
+        constexpr float kSqrt2OverPi = 0.7978845608028654f;
+        const float inner = kSqrt2OverPi * (gate + 0.044715f * gate * gate * gate);
+        return 0.5f * gate * (1.0f + tanhf(inner)) * up;
+    }
+}
+
+// Host side: calls launch(std::integral_constant<Activation, A>{}) for the activation A.
+template <typename Launch>
+void with_activation(Activation activation, Launch launch) {
+    if (activation == Activation::GeluTanh)
+        return launch(std::integral_constant<Activation, Activation::GeluTanh>{});
+    return launch(std::integral_constant<Activation, Activation::Silu>{});
 }
 
 #ifndef BARELLM_CUDA_EMULATION

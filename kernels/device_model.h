@@ -21,13 +21,18 @@ struct DeviceLayer {
     const float* k_norm;    // [head_dim]  the same of k (qk_norm)
     DeviceMatrix wo;        // [dim, heads * head_dim]
     const float* o_bias;    // [dim]  (o_bias; else nullptr)
-    const float* ffn_norm;  // [dim]
-    DeviceMatrix w1;        // [hidden_dim, dim]  gate
-    DeviceMatrix w3;        // [hidden_dim, dim]  up
-    DeviceMatrix w2;        // [dim, hidden_dim]  down
-    void* key_cache;        // [context, kv_dim] of kv_type: this layer's part of the key cache
-    void* value_cache;      // [context, kv_dim] of kv_type: the same of the value cache
-    int window;             // sliding window of this layer, 0 for none (Config::layer_window)
+    const float* post_attn_norm;  // [dim]  RMSNorm of wo's output (post_norms; else nullptr)
+    const float* ffn_norm;        // [dim]
+    DeviceMatrix w1;              // [hidden_dim, dim]  gate
+    DeviceMatrix w3;              // [hidden_dim, dim]  up
+    DeviceMatrix w2;              // [dim, hidden_dim]  down
+    const float* post_ffn_norm;   // [dim]  RMSNorm of w2's output (post_norms; else nullptr)
+    void* key_cache;    // [context, kv_dim] of kv_type: this layer's part of the key cache
+    void* value_cache;  // [context, kv_dim] of kv_type: the same of the value cache
+    int window;         // sliding window of this layer, 0 for none (Config::layer_window)
+    // [head_dim / 2]  the layer's RoPE: DeviceState::rope_frequencies, or for a sliding layer
+    // of a model with rope_theta_local (Gemma 3) DeviceState::rope_local_frequencies
+    const float* rope_frequencies;
 };
 
 // Every weight of the model in device memory.
@@ -44,13 +49,15 @@ struct DeviceState {
     float* x;                 // [dim]  residual stream
     float* qkv;               // [q_dim + 2 * kv_dim]  q (rotated in place), k, v of the token
     float* att;               // [q_dim]  attention output
-    float* hidden;            // [hidden_dim]  silu(w1 · norm(x)) * (w3 · norm(x))
+    float* projected;         // [dim]  wo's or w2's output before its post norm (post_norms)
+    float* hidden;            // [hidden_dim]  act(w1 · norm(x)) * (w3 · norm(x))
     float* up;                // [hidden_dim]  w3 · norm(x) where w1 and w3 differ in type
     float* logits;            // [vocab_size]
     float* partial_out;       // [heads, splits, head_dim]  flash-decoding partial outputs
     float* partial_stats;     // [heads, splits, 2]  their running (max, sum)
     unsigned* arrivals;       // [kv_heads * head groups]  attention blocks done (0 between steps)
-    float* rope_frequencies;  // [head_dim / 2]
+    float* rope_frequencies;  // [head_dim / 2]  rope_inverse_frequencies
+    float* rope_local_frequencies;  // [head_dim / 2]  rope_local_inverse_frequencies, or null
 };
 
 }  // namespace barellm::cuda

@@ -1,6 +1,7 @@
 // The steps the fast kernels fuse, each as its own kernel, as the CPU runs them: RMSNorm,
 // the residual add (also the bias add of Qwen's projections), SwiGLU, Qwen3's per-head q/k
-// RMSNorm, RoPE and the KV-cache write (the GPU ladder's rungs 1-2).
+// RMSNorm, RoPE and the KV-cache write (the GPU ladder's rungs 1-2; the gate's activation
+// also on the fast path, where w1 and w3 differ in type).
 // Every value makes a round trip through global memory between two of them; rung 3 fuses
 // them into the matvecs (matvec_simple.cuh) and into rope_kv_kernel (rope.cuh).
 #pragma once
@@ -35,11 +36,12 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     if (i < n) x[i] += y[i];
 }
 
-// gate[i] = silu(gate[i]) * up[i]. Launch: grid ceil(n / 256), block 256.
+// gate[i] = act(gate[i]) * up[i], act of A (gated_value). Launch: grid ceil(n / 256), block 256.
+template <Activation A>
 __global__ void __launch_bounds__(kElementwiseThreads)
     swiglu_kernel(float* __restrict__ gate, const float* __restrict__ up, int n) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) gate[i] = swiglu_value(gate[i], up[i]);
+    if (i < n) gate[i] = gated_value<A>(gate[i], up[i]);
 }
 
 // Each of the heads + kv_heads vectors of head_dim at the start of qk (q then k) RMSNormed in
@@ -112,8 +114,11 @@ void residual_add(float* x, const float* y, int n, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH("residual_add_kernel");
 }
 
-void swiglu(float* gate, const float* up, int n, cudaStream_t stream) {
-    swiglu_kernel<<<elementwise_grid(n), kElementwiseThreads, 0, stream>>>(gate, up, n);
+void swiglu(float* gate, const float* up, int n, Activation activation, cudaStream_t stream) {
+    with_activation(activation, [&](auto act) {
+        swiglu_kernel<decltype(act)::value>
+            <<<elementwise_grid(n), kElementwiseThreads, 0, stream>>>(gate, up, n);
+    });
     CUDA_CHECK_LAUNCH("swiglu_kernel");
 }
 

@@ -1,7 +1,8 @@
 // The CUDA backend: tokens through the Llama transformer on the GPU (with Qwen2's q/k/v
-// biases, Qwen3's per-head q/k norms and per-layer sliding windows where the model has them),
-// step by step as src/cpu/forward.cpp runs them, with the kernels of kernels/*.cuh (launched
-// through kernels.h).
+// biases, Qwen3's per-head q/k norms and per-layer sliding windows where the model has them,
+// and Gemma 3's scaled embeddings, post norms, GeGLU and local RoPE), step by step as
+// src/cpu/forward.cpp runs them, with the kernels of kernels/*.cuh (launched through
+// kernels.h).
 //
 // - Weights (f32, f16, bf16, Q8, Q4, or ggml's block types: Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
 //   Q6_K, IQ4_XS) are uploaded once, each matrix in its own type; decode activations are
@@ -106,9 +107,11 @@ struct PrefillState {
     cuda::DeviceActivations normed;  // [B, dim]  rmsnorm(x), the GEMMs' input
     float* qkv;                      // [B, q_dim + 2 * kv_dim]  q (rotated in place), k, v
     cuda::DeviceActivations att;     // [B, q_dim]  attention output, wo's input
+    float* projected;                // [B, dim]  wo's or w2's output before its post norm
+                                     // (post_norms; else null)
     float* gate;                     // [B, hidden_dim]  w1 · normed
     float* up;                       // [B, hidden_dim]  w3 · normed
-    cuda::DeviceActivations hidden;  // [B, hidden_dim]  silu(gate) * up, w2's input
+    cuda::DeviceActivations hidden;  // [B, hidden_dim]  act(gate) * up, w2's input
     float* logits;                   // [B, vocab_size] with all_logits, else [1, vocab_size]
     // Q8/Q4 weights dequantized to f16 for the warpgroup GEMM (kernels.h: DequantizeScratch),
     // the largest matrix it takes at B tokens (w1 and w3 together); empty where none does or
@@ -128,7 +131,7 @@ public:
     CudaBackend(const Model& model, const BackendOptions& options)
         : model_(model), context_(options.context), kv_type_(options.kv_type) {
         const Config& c = model.config;
-        cuda::check_ladder_weights(options.cuda_kernels, c.weight_dtype);
+        cuda::check_ladder_model(options.cuda_kernels, c);
         CUDA_CHECK(cudaSetDevice(0));
         cudaDeviceProp properties;
         CUDA_CHECK(cudaGetDeviceProperties(&properties, 0));
@@ -267,19 +270,22 @@ private:
     // The fast kernels of one token, in the order of the math (src/cpu/forward.cpp runs the
     // same steps on the CPU). Each layer is five kernels: RMSNorm is fused into the matvec
     // that reads its output, the biases and the residual adds into the matvecs' stores,
-    // SwiGLU into the w1/w3 matvec, and RoPE, the q/k norm and the KV-cache write into the
-    // attention.
+    // SwiGLU (GeGLU) into the w1/w3 matvec, and RoPE, the q/k norm and the KV-cache write into
+    // the attention. Gemma's post norms take a kernel each: wo and w2 store their output, which
+    // add_rmsnorm_rows norms into x.
     void record_forward() {
         const Config& c = model_.config;
         const DeviceState& s = state_;
         cudaStream_t stream = stream_.get();
-        cuda::embedding(s.x, weights_.embedding, s.step, stream);
+        // x = embed[token] * embedding_scale (Gemma: sqrt(dim); 1 elsewhere)
+        cuda::embedding(s.x, weights_.embedding, c.embedding_scale, s.step, stream);
 
         AttentionShape shape = attention_shape();  // its window set layer by layer below
         for (const DeviceLayer& layer : weights_.layers) {
             // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
-            //   (Qwen2: + bq, bk, bv after the projections; Qwen3: each head of q and k
-            //    RMS-normed before RoPE; with attention_bias: + bo after wo)
+            //   (Qwen2: + bq, bk, bv after the projections; Qwen3 and Gemma: each head of q and
+            //    k RMS-normed before RoPE; with attention_bias: + bo after wo; Gemma: the
+            //    layer's RoPE table and window, and x += rmsnorm(wo · a) * post_attn_norm)
             shape.window = layer.window;
             int first_row = 0;  // of qkv: wq, wk and wv in runs of one type
             for (const DeviceMatrix& part : layer.wqkv) {
@@ -288,25 +294,40 @@ private:
                              /*accumulate=*/false, stream);
                 first_row += part.rows;
             }
-            cuda::attention(s.att, s.qkv, s.rope_frequencies, layer.q_norm, layer.k_norm,
+            cuda::attention(s.att, s.qkv, layer.rope_frequencies, layer.q_norm, layer.k_norm,
                             c.norm_eps, layer.key_cache, layer.value_cache, s.step, s.partial_out,
                             s.partial_stats, s.arrivals, shape, splits_, kv_type_, stream);
-            cuda::matvec(s.x, layer.wo, s.att, /*norm_weight=*/nullptr, c.norm_eps, layer.o_bias,
-                         /*accumulate=*/true, stream);
+            if (layer.post_attn_norm) {  // Gemma: the output normed before the residual add
+                cuda::matvec(s.projected, layer.wo, s.att, /*norm_weight=*/nullptr, c.norm_eps,
+                             layer.o_bias, /*accumulate=*/false, stream);
+                cuda::add_rmsnorm_rows(s.x, s.projected, layer.post_attn_norm, c.dim, 1, c.norm_eps,
+                                       stream);
+            } else {
+                cuda::matvec(s.x, layer.wo, s.att, /*norm_weight=*/nullptr, c.norm_eps,
+                             layer.o_bias, /*accumulate=*/true, stream);
+            }
 
-            // Feed-forward: x += w2 · (silu(w1 · norm(x)) * (w3 · norm(x)))
+            // Feed-forward: x += w2 · (act(w1 · norm(x)) * (w3 · norm(x)))
+            //   (act: silu, or Gemma's gelu_tanh; Gemma: x += rmsnorm(w2 · ...) * post_ffn_norm)
             if (layer.w1.dtype == layer.w3.dtype) {
                 cuda::matvec_swiglu(s.hidden, layer.w1, layer.w3, s.x, layer.ffn_norm, c.norm_eps,
-                                    stream);
-            } else {  // two types: two matvecs, then SwiGLU
+                                    c.activation, stream);
+            } else {  // two types: two matvecs, then the activation
                 cuda::matvec(s.hidden, layer.w1, s.x, layer.ffn_norm, c.norm_eps,
                              /*bias=*/nullptr, /*accumulate=*/false, stream);
                 cuda::matvec(s.up, layer.w3, s.x, layer.ffn_norm, c.norm_eps, /*bias=*/nullptr,
                              /*accumulate=*/false, stream);
-                cuda::swiglu(s.hidden, s.up, c.hidden_dim, stream);
+                cuda::swiglu(s.hidden, s.up, c.hidden_dim, c.activation, stream);
             }
-            cuda::matvec(s.x, layer.w2, s.hidden, /*norm_weight=*/nullptr, c.norm_eps,
-                         /*bias=*/nullptr, /*accumulate=*/true, stream);
+            if (layer.post_ffn_norm) {  // Gemma
+                cuda::matvec(s.projected, layer.w2, s.hidden, /*norm_weight=*/nullptr, c.norm_eps,
+                             /*bias=*/nullptr, /*accumulate=*/false, stream);
+                cuda::add_rmsnorm_rows(s.x, s.projected, layer.post_ffn_norm, c.dim, 1, c.norm_eps,
+                                       stream);
+            } else {
+                cuda::matvec(s.x, layer.w2, s.hidden, /*norm_weight=*/nullptr, c.norm_eps,
+                             /*bias=*/nullptr, /*accumulate=*/true, stream);
+            }
         }
 
         // logits = output · norm(x)
@@ -329,12 +350,14 @@ private:
         const cuda::DeviceActivations normed = first_rows(s.normed, B);
         const cuda::DeviceActivations att = first_rows(s.att, B);
         const cuda::DeviceActivations hidden = first_rows(s.hidden, B);
-        cuda::embedding_rows(s.x, weights_.embedding, s.tokens, B, stream);
+        // x = embed[tokens] * embedding_scale
+        cuda::embedding_rows(s.x, weights_.embedding, c.embedding_scale, s.tokens, B, stream);
 
         AttentionShape shape = attention_shape();  // its window set layer by layer below
         for (const DeviceLayer& layer : weights_.layers) {
             // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
-            //   (the biases, q/k norms and window of the layer where it has them, as decode)
+            //   (the biases, q/k norms, RoPE table, window and post norm of the layer where it
+            //    has them, as decode)
             shape.window = layer.window;
             cuda::rmsnorm_rows(normed, s.x, layer.attn_norm, c.norm_eps, stream);
             int first_row = 0;  // of qkv's rows: wq, wk and wv in runs of one type
@@ -344,29 +367,44 @@ private:
                            /*accumulate=*/false, stream, s.dequantized);
                 first_row += part.rows;
             }
-            cuda::rope_kv_store_rows(s.qkv, qkv_pitch, state_.rope_frequencies, layer.key_cache,
+            cuda::rope_kv_store_rows(s.qkv, qkv_pitch, layer.rope_frequencies, layer.key_cache,
                                      layer.value_cache, first_pos, B, c.heads, c.kv_heads,
                                      c.head_dim, layer.q_norm, layer.k_norm, c.norm_eps, kv_type_,
                                      stream);
             cuda::attention_prefill(att, s.qkv, qkv_pitch, layer.key_cache, layer.value_cache,
                                     first_pos, shape, kv_type_, stream);
-            cuda::gemm(s.x, c.dim, layer.wo, att, layer.o_bias, /*accumulate=*/true, stream,
-                       s.dequantized);
+            if (layer.post_attn_norm) {  // Gemma: x += rmsnorm(wo · a) * post_attn_norm
+                cuda::gemm(s.projected, c.dim, layer.wo, att, layer.o_bias, /*accumulate=*/false,
+                           stream, s.dequantized);
+                cuda::add_rmsnorm_rows(s.x, s.projected, layer.post_attn_norm, c.dim, B, c.norm_eps,
+                                       stream);
+            } else {
+                cuda::gemm(s.x, c.dim, layer.wo, att, layer.o_bias, /*accumulate=*/true, stream,
+                           s.dequantized);
+            }
 
-            // Feed-forward: x += w2 · (silu(w1 · norm(x)) * (w3 · norm(x)))
+            // Feed-forward: x += w2 · (act(w1 · norm(x)) * (w3 · norm(x)))
+            //   (act: silu, or Gemma's gelu_tanh; Gemma: x += rmsnorm(w2 · ...) * post_ffn_norm)
             cuda::rmsnorm_rows(normed, s.x, layer.ffn_norm, c.norm_eps, stream);
             if (layer.w1.dtype == layer.w3.dtype) {
                 cuda::gemm_swiglu(hidden, layer.w1, layer.w3, normed, s.gate, s.up, c.hidden_dim,
-                                  stream, s.dequantized);
-            } else {  // two types: two GEMMs, then SwiGLU
+                                  c.activation, stream, s.dequantized);
+            } else {  // two types: two GEMMs, then the activation
                 cuda::gemm(s.gate, c.hidden_dim, layer.w1, normed, /*bias=*/nullptr,
                            /*accumulate=*/false, stream, s.dequantized);
                 cuda::gemm(s.up, c.hidden_dim, layer.w3, normed, /*bias=*/nullptr,
                            /*accumulate=*/false, stream, s.dequantized);
-                cuda::swiglu_rows(hidden, s.gate, s.up, c.hidden_dim, stream);
+                cuda::swiglu_rows(hidden, s.gate, s.up, c.hidden_dim, c.activation, stream);
             }
-            cuda::gemm(s.x, c.dim, layer.w2, hidden, /*bias=*/nullptr, /*accumulate=*/true, stream,
-                       s.dequantized);
+            if (layer.post_ffn_norm) {  // Gemma
+                cuda::gemm(s.projected, c.dim, layer.w2, hidden, /*bias=*/nullptr,
+                           /*accumulate=*/false, stream, s.dequantized);
+                cuda::add_rmsnorm_rows(s.x, s.projected, layer.post_ffn_norm, c.dim, B, c.norm_eps,
+                                       stream);
+            } else {
+                cuda::gemm(s.x, c.dim, layer.w2, hidden, /*bias=*/nullptr, /*accumulate=*/true,
+                           stream, s.dequantized);
+            }
         }
 
         // logits = output · norm(x), of every row or of the last; the output matrix's dtype
@@ -538,7 +576,8 @@ private:
         const size_t per_token =
             sizeof(int) + size_t(c.dim) * sizeof(float) + activation_row_bytes(c.dim) +
             (size_t(c.q_dim()) + 2 * c.kv_dim()) * sizeof(float) + activation_row_bytes(c.q_dim()) +
-            2 * size_t(c.hidden_dim) * sizeof(float) + activation_row_bytes(c.hidden_dim);
+            2 * size_t(c.hidden_dim) * sizeof(float) + activation_row_bytes(c.hidden_dim) +
+            (c.post_norms ? size_t(c.dim) * sizeof(float) : 0);
         const size_t logits_rows = all_logits ? prefill_batch_ : 1;
         const size_t block_scratch = has_block_types() ? dequantize_scratch_bytes(all_logits) : 0;
         return per_token * prefill_batch_ + logits_rows * c.vocab_size * sizeof(float) +
@@ -602,10 +641,13 @@ private:
             layer.k_norm = upload_vector(w.k_norm, c.head_dim, prefix + "k_norm");
             layer.wo = upload({&w.wo}, prefix + "wo");
             layer.o_bias = upload_vector(w.bo, c.dim, prefix + "bo");
+            layer.post_attn_norm =
+                upload_vector(w.post_attn_norm, c.dim, prefix + "post_attn_norm");
             layer.ffn_norm = upload_norm(w.ffn_norm, prefix + "ffn_norm");
             layer.w1 = upload({&w.w1}, prefix + "w1");
             layer.w3 = upload({&w.w3}, prefix + "w3");
             layer.w2 = upload({&w.w2}, prefix + "w2");
+            layer.post_ffn_norm = upload_vector(w.post_ffn_norm, c.dim, prefix + "post_ffn_norm");
             layer.window = c.layer_window(l);
             weights_.layers.push_back(layer);
         }
@@ -626,6 +668,7 @@ private:
         state_.x = floats(c.dim, "x");
         state_.qkv = floats(size_t(c.q_dim()) + 2 * size_t(c.kv_dim()), "qkv");
         state_.att = floats(c.q_dim(), "att");
+        state_.projected = floats(c.dim, "projected");
         state_.hidden = floats(c.hidden_dim, "hidden");
         state_.up = floats(c.hidden_dim, "up");
         state_.logits = floats(c.vocab_size, "logits");
@@ -650,6 +693,15 @@ private:
         const std::vector<float> frequencies = rope_inverse_frequencies(c);
         memory_.push_back(cuda::upload_floats(frequencies.data(), frequencies.size(), "RoPE"));
         state_.rope_frequencies = memory_.back().as<float>();
+        state_.rope_local_frequencies = nullptr;
+        if (c.rope_theta_local > 0) {  // Gemma 3's sliding layers
+            const std::vector<float> local = rope_local_inverse_frequencies(c);
+            memory_.push_back(cuda::upload_floats(local.data(), local.size(), "the local RoPE"));
+            state_.rope_local_frequencies = memory_.back().as<float>();
+        }
+        for (int l = 0; l < c.layers; ++l)
+            weights_.layers[l].rope_frequencies =
+                c.uses_local_rope(l) ? state_.rope_local_frequencies : state_.rope_frequencies;
     }
 
     // PrefillState for batches of prefill_batch_ tokens (zeroed: the padding columns of the
@@ -680,6 +732,7 @@ private:
         s.normed = activations(c.dim, "prefill normed");
         s.qkv = floats(size_t(B) * (c.q_dim() + 2 * c.kv_dim()), "prefill qkv");
         s.att = activations(c.q_dim(), "prefill att");
+        s.projected = c.post_norms ? floats(size_t(B) * c.dim, "prefill projected") : nullptr;
         s.gate = floats(size_t(B) * c.hidden_dim, "prefill gate");
         s.up = floats(size_t(B) * c.hidden_dim, "prefill up");
         s.hidden = activations(c.hidden_dim, "prefill hidden");

@@ -860,10 +860,10 @@ std::array<int, kWarpgroupRowKinds> warpgroup_blocks_at_once() {
 }
 
 // The warpgroup GEMM: the product out = in · Wᵀ (+ bias) (+ out) into f32 `out`, or where
-// `up` is given swiglu(in · Wᵀ, in · upᵀ) into activations `out` of D with `out_cols`
-// columns (gemm_warpgroup_kernel's gated form). Clusters pair the token tiles where their
-// number is even; an odd number would leave a whole token tile of blocks multiplying zeros
-// (half the blocks for 65-128 tokens), so there each cluster is one token tile by two row
+// `up` is given act(in · Wᵀ) * (in · upᵀ) into activations `out` of D with `out_cols`
+// columns, act by `activation` (gemm_warpgroup_kernel's gated form). Clusters pair the token tiles
+// where their number is even; an odd number would leave a whole token tile of blocks multiplying
+// zeros (half the blocks for 65-128 tokens), so there each cluster is one token tile by two row
 // tiles. The blocks take `tile_rows` weight rows (one of kWarpgroupRowChoices), or where
 // that is 0 the rows and clusters of choose_warpgroup_shape for the blocks this GPU runs at
 // once (the gated form's tiles hold the rows of both matrices).
@@ -871,7 +871,7 @@ template <DType D>
 void launch_gemm_warpgroup(int tile_rows, void* out, int out_pitch, int out_cols,
                            const DeviceMatrix& w, const DeviceMatrix* up,
                            const DeviceActivations& in, const float* bias, bool accumulate,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, Activation activation = Activation::Silu) {
     const int k_extent = gemm_k_extent(w.cols, D);
     const auto launch = [&](auto tiles) {
         using Tiles = decltype(tiles);
@@ -885,9 +885,11 @@ void launch_gemm_warpgroup(int tile_rows, void* out, int out_pitch, int out_cols
                                                           in.tokens, k_extent, bias, accumulate,
                                                           maps, stream);
         else
-            launch_gemm_warpgroup_kernel<D, Tiles, true>(out, out_pitch, w.rows, out_cols,
-                                                         in.tokens, k_extent, nullptr, false, maps,
-                                                         stream);
+            with_activation(activation, [&](auto act) {
+                launch_gemm_warpgroup_kernel<D, Tiles, true, decltype(act)::value>(
+                    out, out_pitch, w.rows, out_cols, in.tokens, k_extent, nullptr, false, maps,
+                    stream);
+            });
     };
     const auto run = [&](auto cluster_tokens) {
         constexpr int kClusterTokens = decltype(cluster_tokens)::value;
@@ -1121,7 +1123,8 @@ void gemm(float* out, int out_pitch, const DeviceMatrix& w, const DeviceActivati
 
 void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                  const DeviceActivations& in, float* gate, float* up, int gate_pitch,
-                 cudaStream_t stream, const DequantizeScratch& scratch, int warpgroup_rows) {
+                 Activation activation, cudaStream_t stream, const DequantizeScratch& scratch,
+                 int warpgroup_rows) {
     if (w1.dtype != w3.dtype || w1.rows != w3.rows || w1.cols != w3.cols)
         throw Error("gemm_swiglu: w1 and w3 differ in dtype or shape");
     if (out.tokens != in.tokens || out.cols != w1.rows)
@@ -1136,7 +1139,7 @@ void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const Dev
     if (!fused) {
         gemm(gate, gate_pitch, w1, in, /*bias=*/nullptr, /*accumulate=*/false, stream, scratch);
         gemm(up, gate_pitch, w3, in, /*bias=*/nullptr, /*accumulate=*/false, stream, scratch);
-        swiglu_rows(out, gate, up, gate_pitch, stream);
+        swiglu_rows(out, gate, up, gate_pitch, activation, stream);
         return;
     }
     check_gemm_inputs(w1, in);
@@ -1160,7 +1163,7 @@ void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const Dev
         constexpr DType D = decltype(dtype)::value;
         if constexpr (D == DType::F16 || D == DType::BF16)
             launch_gemm_warpgroup<D>(warpgroup_rows, out.data, out.pitch, out.pitch, gate_weights,
-                                     &up_weights, in, nullptr, false, stream);
+                                     &up_weights, in, nullptr, false, stream, activation);
     });
     CUDA_CHECK_LAUNCH("gemm_swiglu kernel");
 }

@@ -38,8 +38,8 @@
 //   end a block arrives after its last product and waits after its stores).
 // - Epilogue: each thread adds the bias and the residual to its accumulators and stores them
 //   (pairs of neighbouring rows of a token). The gated form (gemm_swiglu) takes the same
-//   rows of w1 and w3 into the two halves of each tile and stores silu(gate) * up instead,
-//   as the next GEMM's f16/bf16 input.
+//   rows of w1 and w3 into the two halves of each tile and stores silu(gate) * up (SwiGLU)
+//   or gelu_tanh(gate) * up (GeGLU) instead, as the next GEMM's f16/bf16 input.
 //
 // The grid is rounded up to whole clusters: blocks past the tokens or rows multiply zeros
 // and store nothing. The unit tests run the kernel, its tensor maps included, on the CPU
@@ -236,9 +236,10 @@ __device__ __forceinline__ void store_product_tile(const float (&acc)[Tiles::kAc
 
 // The gated tile: its first kRows / 2 rows are gates, the rest the up projections of the
 // same outputs, so that accumulator group j + kRows / 16 is the up of group j's gates, in
-// the same thread. out[t, first_row + r] = swiglu(gate, up) as D, for r < kRows / 2, t <
-// tokens, first_row + r < cols (out's pitch, a multiple of 8: the pair never straddles it).
-template <DType D, typename Tiles>
+// the same thread. out[t, first_row + r] = act(gate) * up as D (act of A: gated_value), for
+// r < kRows / 2, t < tokens, first_row + r < cols (out's pitch, a multiple of 8: the pair
+// never straddles it).
+template <DType D, typename Tiles, Activation A>
 __device__ __forceinline__ void store_swiglu_tile(const float (&acc)[Tiles::kAccumulators],
                                                   void* out, int out_pitch, int cols, int tokens,
                                                   int first_token, int first_row) {
@@ -254,23 +255,23 @@ __device__ __forceinline__ void store_swiglu_tile(const float (&acc)[Tiles::kAcc
             if (token >= tokens || first >= cols) continue;
             const int gate = 4 * j + 2 * half, up = 4 * (j + kUp) + 2 * half;
             store_activation_pair<D>(activation_row<D>(out, out_pitch, token), first,
-                                     swiglu_value(acc[gate], acc[up]),
-                                     swiglu_value(acc[gate + 1], acc[up + 1]));
+                                     gated_value<A>(acc[gate], acc[up]),
+                                     gated_value<A>(acc[gate + 1], acc[up + 1]));
         }
 }
 
 // The block's tile (see the header) of the product out[t, r] = (accumulate ? out[t, r] : 0) +
 // in[t, :] . W[r, :] + (bias ? bias[r] : 0) into f32 `out`, t < tokens, r < out_cols (W's
-// rows); or with kGated, of out[t, r] = swiglu(in[t, :] . W1[r, :], in[t, :] . W3[r, :])
-// into activations `out` of D, r < out_cols (out's pitch: the padding columns get zeros, as
-// the weights' rows past theirs arrive as zeros), each block taking kRows / 2 outputs from
-// kRows / 2 rows of W1 (weights_map) and the same of W3 (up_map).
+// rows); or with kGated, of out[t, r] = act(in[t, :] . W1[r, :]) * (in[t, :] . W3[r, :])
+// (act of kGate: SwiGLU or GeGLU) into activations `out` of D, r < out_cols (out's pitch: the
+// padding columns get zeros, as the weights' rows past theirs arrive as zeros), each block taking
+// kRows / 2 outputs from kRows / 2 rows of W1 (weights_map) and the same of W3 (up_map).
 // - `weights_map` (and `up_map`) have boxes of 64 columns x kRowSlice rows (gated:
 //   kGateBox), `in_map` 64 columns x kTokenSlice tokens (warpgroup_tensor_map).
 // Launch: launch_gemm_warpgroup_kernel (grid gemm_warpgroup_grid for W's rows, gated twice
 // W1's, clusters of kClusterTokens x kClusterRows blocks, block kWarpgroupGemmThreads,
 // dynamic shared memory kSharedBytes).
-template <DType D, typename Tiles, bool kGated>
+template <DType D, typename Tiles, bool kGated, Activation kGate = Activation::Silu>
 __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
     gemm_warpgroup_kernel(void* __restrict__ out, int out_pitch, int out_cols, int tokens,
                           int k_extent, const float* __restrict__ bias, bool accumulate,
@@ -411,8 +412,8 @@ __global__ void __launch_bounds__(kWarpgroupGemmThreads, 1)
 
     const int warpgroup_token = first_token + warpgroup * kWarpgroupTokens;
     if constexpr (kGated)
-        store_swiglu_tile<D, Tiles>(acc, out, out_pitch, out_cols, tokens, warpgroup_token,
-                                    first_row);
+        store_swiglu_tile<D, Tiles, kGate>(acc, out, out_pitch, out_cols, tokens, warpgroup_token,
+                                           first_row);
     else
         store_product_tile<Tiles>(acc, static_cast<float*>(out), out_pitch, out_cols, tokens,
                                   warpgroup_token, first_row, bias, accumulate);
@@ -482,10 +483,10 @@ inline dim3 gemm_warpgroup_grid(int tokens, int rows) {
 
 #ifndef BARELLM_CUDA_EMULATION
 
-// gemm_warpgroup_kernel<D, Tiles, kGated>, allowed its shared memory (once).
-template <DType D, typename Tiles, bool kGated>
+// gemm_warpgroup_kernel<D, Tiles, kGated, kGate>, allowed its shared memory (once).
+template <DType D, typename Tiles, bool kGated, Activation kGate = Activation::Silu>
 auto prepared_warpgroup_kernel() {
-    auto kernel = gemm_warpgroup_kernel<D, Tiles, kGated>;
+    auto kernel = gemm_warpgroup_kernel<D, Tiles, kGated, kGate>;
     static const bool opted_in = (allow_shared_bytes(kernel, Tiles::kSharedBytes), true);
     (void)opted_in;
     return kernel;
@@ -530,18 +531,18 @@ int warpgroup_concurrent_blocks() {
     return blocks;
 }
 
-// gemm_warpgroup_kernel<D, Tiles, kGated> on `stream`, for `rows` weight rows (gated: of W1
-// and of W3 each) and out's `cols` columns (not gated: rows).
-template <DType D, typename Tiles, bool kGated>
+// gemm_warpgroup_kernel<D, Tiles, kGated, kGate> on `stream`, for `rows` weight rows (gated:
+// of W1 and of W3 each) and out's `cols` columns (not gated: rows).
+template <DType D, typename Tiles, bool kGated, Activation kGate = Activation::Silu>
 void launch_gemm_warpgroup_kernel(void* out, int out_pitch, int rows, int cols, int tokens,
                                   int k_extent, const float* bias, bool accumulate,
                                   const WarpgroupMaps& maps, cudaStream_t stream) {
     cudaLaunchAttribute cluster;
     const cudaLaunchConfig_t config = warpgroup_launch_config<Tiles>(
         gemm_warpgroup_grid<Tiles>(tokens, kGated ? 2 * rows : rows), stream, cluster);
-    CUDA_CHECK(cudaLaunchKernelEx(&config, prepared_warpgroup_kernel<D, Tiles, kGated>(), out,
-                                  out_pitch, cols, tokens, k_extent, bias, accumulate, maps.weights,
-                                  maps.up, maps.in));
+    CUDA_CHECK(cudaLaunchKernelEx(&config, prepared_warpgroup_kernel<D, Tiles, kGated, kGate>(),
+                                  out, out_pitch, cols, tokens, k_extent, bias, accumulate,
+                                  maps.weights, maps.up, maps.in));
 }
 
 #endif  // BARELLM_CUDA_EMULATION

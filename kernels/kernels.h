@@ -3,7 +3,7 @@
 //
 // - The kernels live in the .cuh files named after what they compute (embedding.cuh,
 //   matvec.cuh, matvec_quantized.cuh, matvec_blocks.cuh, rope.cuh, attention.cuh, gemm.cuh,
-//   dequantize.cuh; how block-type matrices are read in block_units.cuh;
+//   dequantize.cuh, post_norm.cuh; how block-type matrices are read in block_units.cuh;
 //   the GPU ladder's simple versions in matvec_simple.cuh, elementwise_simple.cuh,
 //   attention_simple.cuh), compiled once, in kernels.cu. forward.cu, ladder_forward.cu and
 //   tests/tools/cuda_kernel_check.cu launch them through here.
@@ -27,6 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "config.h"  // Activation
 #include "kv_cache.h"
 #include "safetensors.h"    // DType
 #include "weight_blocks.h"  // is_block_type, block_weights, block_bytes
@@ -83,8 +84,10 @@ inline int padded_cols(int cols, DType dtype) {
     return (cols + multiple - 1) / multiple * multiple;
 }
 
-// x[dim] = table[token] as f32, token = step[0].
-void embedding(float* x, const DeviceMatrix& table, const int* step, cudaStream_t stream);
+// x[dim] = table[token] as f32 times scale (Config::embedding_scale: 1 but for Gemma), token =
+// step[0].
+void embedding(float* x, const DeviceMatrix& table, float scale, const int* step,
+               cudaStream_t stream);
 
 // Matrix-vector product for one token: out[rows] = W[rows, cols] · in'[cols] + bias, where
 // in' = in * rsqrt(mean(in²) + eps) * norm_weight when norm_weight is given (RMSNorm fused
@@ -94,10 +97,11 @@ void embedding(float* x, const DeviceMatrix& table, const int* step, cudaStream_
 void matvec(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight, float eps,
             const float* bias, bool accumulate, cudaStream_t stream);
 
-// The feed-forward's first half in one pass: out[rows] = silu(W1 · in') * (W3 · in'), in' as
-// for matvec with norm_weight (always given). W1 and W3 have the same shape.
+// The feed-forward's first half in one pass: out[rows] = act(W1 · in') * (W3 · in'), in' as
+// for matvec with norm_weight (always given), act silu (SwiGLU) or gelu_tanh (GeGLU, Gemma)
+// by `activation`. W1 and W3 have the same shape.
 void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, const float* in,
-                   const float* norm_weight, float eps, cudaStream_t stream);
+                   const float* norm_weight, float eps, Activation activation, cudaStream_t stream);
 
 // Q8 and Q4 weights (matvec_quantized.cuh): the input (normed, when norm_weight is given) is
 // quantized to int8 per block of 32 as the CPU's cpu::quantize_q8 does, and multiplied with
@@ -120,7 +124,8 @@ void matvec_quantized_launch(QuantizedLaunch launch, float* out, const DeviceMat
                              const float* bias, bool accumulate, cudaStream_t stream);
 void matvec_swiglu_quantized_launch(QuantizedLaunch launch, float* out, const DeviceMatrix& w1,
                                     const DeviceMatrix& w3, const float* in,
-                                    const float* norm_weight, float eps, cudaStream_t stream);
+                                    const float* norm_weight, float eps, Activation activation,
+                                    cudaStream_t stream);
 
 // Dynamic shared memory a matvec over rows of `cols` columns of `dtype` needs (the staged
 // input, and for Q8/Q4 its int8 copy).
@@ -250,21 +255,21 @@ void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMat
                      const DeviceActivations& in, const float* bias, bool accumulate,
                      cudaStream_t stream, const DequantizeScratch& scratch = {},
                      int warpgroup_rows = 0);
-// The feed-forward's gate of a prefill batch: out[t, i] = silu(in[t, :] · W1[i, :]) ·
-// (in[t, :] · W3[i, :]) as out's dtype, i < W1's rows (out's padding columns 0). Where gemm
-// would run the warpgroup GEMM (or with warpgroup_rows, as for gemm_with_tiles, wherever it
-// runs; Q8/Q4 weights where the scratch holds both as f16) and out has the dtype of the
-// GEMM's input, one pass computes both products and applies SwiGLU before its stores;
-// otherwise gemm writes them into gate and up ([tokens, gate_pitch] f32) and swiglu_rows
-// combines them.
+// The feed-forward's gate of a prefill batch: out[t, i] = act(in[t, :] · W1[i, :]) ·
+// (in[t, :] · W3[i, :]) as out's dtype, i < W1's rows (out's padding columns 0), act by
+// `activation` (matvec_swiglu). Where gemm would run the warpgroup GEMM (or with
+// warpgroup_rows, as for gemm_with_tiles, wherever it runs; Q8/Q4 weights where the scratch
+// holds both as f16) and out has the dtype of the GEMM's input, one pass computes both
+// products and applies the activation before its stores; otherwise gemm writes them into
+// gate and up ([tokens, gate_pitch] f32) and swiglu_rows combines them.
 void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                  const DeviceActivations& in, float* gate, float* up, int gate_pitch,
-                 cudaStream_t stream, const DequantizeScratch& scratch = {},
+                 Activation activation, cudaStream_t stream, const DequantizeScratch& scratch = {},
                  int warpgroup_rows = 0);
 
-// x[t, 0..dim) = table[tokens[t]] as f32 for t < count (tokens in device memory, checked on
-// the host before); x has pitch table.cols. (kernels/prefill.cuh)
-void embedding_rows(float* x, const DeviceMatrix& table, const int* tokens, int count,
+// x[t, 0..dim) = table[tokens[t]] as f32 times scale (as embedding) for t < count (tokens in
+// device memory, checked on the host before); x has pitch table.cols. (kernels/prefill.cuh)
+void embedding_rows(float* x, const DeviceMatrix& table, float scale, const int* tokens, int count,
                     cudaStream_t stream);
 
 // out[t] = x[t] * rsqrt(mean(x[t]²) + eps) * weight, rounded to out.dtype, for t < out.tokens;
@@ -272,10 +277,17 @@ void embedding_rows(float* x, const DeviceMatrix& table, const int* tokens, int 
 void rmsnorm_rows(const DeviceActivations& out, const float* x, const float* weight, float eps,
                   cudaStream_t stream);
 
-// out[t, i] = silu(gate[t, i]) * up[t, i] rounded to out.dtype, i < out.cols, t < out.tokens;
-// gate and up are f32 [out.tokens, in_pitch]. (kernels/prefill.cuh)
+// out[t, i] = act(gate[t, i]) * up[t, i] rounded to out.dtype, i < out.cols, t < out.tokens,
+// act by `activation` (matvec_swiglu); gate and up are f32 [out.tokens, in_pitch].
+// (kernels/prefill.cuh)
 void swiglu_rows(const DeviceActivations& out, const float* gate, const float* up, int in_pitch,
-                 cudaStream_t stream);
+                 Activation activation, cudaStream_t stream);
+
+// Gemma's post norms, the residual add of its attention and feed-forward outputs:
+// x[t] += y[t] * rsqrt(mean(y[t]²) + eps) * weight for t < count, x and y f32 [count, cols]
+// (y: wo's or w2's output; decode runs it on one row). (kernels/post_norm.cuh)
+void add_rmsnorm_rows(float* x, const float* y, const float* weight, int cols, int count, float eps,
+                      cudaStream_t stream);
 
 // RoPE and the KV-cache write of `count` tokens, as rope_kv_store does for one: row t of qkv
 // [count, qkv_pitch] (f32, as the qkv GEMM leaves it) holds q, k and v of the token at
@@ -331,8 +343,9 @@ void rmsnorm(float* out, const float* in, const float* weight, int n, float eps,
              cudaStream_t stream);
 // x[n] += y (the residual connection).
 void residual_add(float* x, const float* y, int n, cudaStream_t stream);
-// gate[n] = silu(gate) * up.
-void swiglu(float* gate, const float* up, int n, cudaStream_t stream);
+// gate[n] = act(gate) * up, act by `activation` (matvec_swiglu; the fast path's
+// feed-forward runs it where w1 and w3 differ in type).
+void swiglu(float* gate, const float* up, int n, Activation activation, cudaStream_t stream);
 // RoPE, in place, on the heads q vectors then kv_heads k vectors at the start of qk, for
 // pos = step[1] (the rotation of rope_kv_store).
 void rope(float* qk, const float* inverse_frequencies, const int* step, int heads, int kv_heads,

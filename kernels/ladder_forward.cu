@@ -27,7 +27,13 @@ DeviceBuffer zeroed_floats(size_t count, const std::string& what) {
 
 }  // namespace
 
-void check_ladder_weights(CudaKernels kernels, const std::string& weight_dtype) {
+void check_ladder_model(CudaKernels kernels, const Config& config) {
+    const bool gemma_steps = config.activation != Activation::Silu || config.post_norms ||
+                             config.embedding_scale != 1.0f || config.rope_theta_local > 0;
+    if (kernels != CudaKernels::Fast && gemma_steps)
+        throw Error("the GPU ladder's rungs 1-4 run the Llama-family layer, not " +
+                    config.architecture + "'s (GeGLU, post norms, scaled embeddings, local RoPE)");
+    const std::string& weight_dtype = config.weight_dtype;
     const bool simple_matvecs = kernels == CudaKernels::NaivePort ||
                                 kernels == CudaKernels::WarpPerRow || kernels == CudaKernels::Fused;
     const bool quantized = weight_dtype == "Q8" || weight_dtype == "Q4";
@@ -64,7 +70,7 @@ LadderForward::LadderForward(CudaKernels kernels, const Config& config,
 
 void LadderForward::record(cudaStream_t stream) const {
     const DeviceState& s = state_;
-    cuda::embedding(s.x, weights_.embedding, s.step, stream);
+    cuda::embedding(s.x, weights_.embedding, /*scale=*/1.0f, s.step, stream);
     for (const DeviceLayer& layer : weights_.layers) {
         // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
         norm_matvec(s.qkv, layer.wqkv.front(), s.x, layer.attn_norm, layer.qkv_bias, stream);
@@ -155,11 +161,11 @@ void LadderForward::norm_swiglu(float* out, const DeviceMatrix& w1, const Device
         cuda::rmsnorm(normed, x, norm_weight, c.dim, c.norm_eps, stream);
         plain_matvec(out, w1, normed, stream);  // gate
         plain_matvec(up, w3, normed, stream);
-        cuda::swiglu(out, up, c.hidden_dim, stream);
+        cuda::swiglu(out, up, c.hidden_dim, Activation::Silu, stream);
     } else if (kernels_ == CudaKernels::Fused) {  // one matvec_swiglu with RMSNorm
         cuda::matvec_swiglu_warp_per_row(out, w1, w3, x, norm_weight, c.norm_eps, stream);
     } else {
-        cuda::matvec_swiglu(out, w1, w3, x, norm_weight, c.norm_eps, stream);
+        cuda::matvec_swiglu(out, w1, w3, x, norm_weight, c.norm_eps, Activation::Silu, stream);
     }
 }
 

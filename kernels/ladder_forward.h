@@ -16,9 +16,10 @@
 
 namespace barellm::cuda {
 
-// The GPU ladder's simple matvecs (rungs 1-3) read f32, f16 and bf16 weights only: throws,
-// naming weight_dtype, for the other formats on those rungs.
-void check_ladder_weights(CudaKernels kernels, const std::string& weight_dtype);
+// What the GPU ladder's rungs 1-4 run: the Llama-family layer (SwiGLU, no post norms, one
+// RoPE table, unscaled embeddings; Gemma 3 runs from rung 5 on), and on the simple matvecs
+// (rungs 1-3) f32, f16 and bf16 weights only. Throws, naming what the model has, otherwise.
+void check_ladder_model(CudaKernels kernels, const Config& config);
 
 class LadderForward {
 public:

@@ -17,8 +17,9 @@
 // - The row sums meet in shared memory; the block's first warp stores them (adding the bias,
 //   for Qwen's q/k/v and o projections, and the residual, for wo and w2) with one coalesced
 //   access.
-// - w1 and w3 are read by the same warp and SwiGLU is applied before the store: the two
-//   hidden-size intermediates never reach global memory.
+// - w1 and w3 are read by the same warp and the gate's activation (SwiGLU, or Gemma's
+//   GeGLU) is applied before the store: the two hidden-size intermediates never reach global
+//   memory.
 #pragma once
 #include "common.cuh"
 #include "cuda_check.h"
@@ -272,10 +273,10 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     store_warp_rows<kAccumulate>(out, sum[0], results, bias, rows);
 }
 
-// out[r] = silu(W1[r, :] · stage(in)) * (W3[r, :] · stage(in)), silu(g) = g / (1 + e^-g).
+// out[r] = act(W1[r, :] · stage(in)) * (W3[r, :] · stage(in)), act of A (gated_value).
 // Launch: as matvec_kernel (grid ceil(rows / warps), block warps * 32, shared pitch * 4 B);
 // each warp reads its row of both matrices, 2 * kMatvecUnroll loads in flight per lane.
-template <DType D>
+template <DType D, Activation A>
 __global__ void __launch_bounds__(kMatvecThreadsMax)
     matvec_swiglu_kernel(float* __restrict__ out, const void* __restrict__ w1,
                          const void* __restrict__ w3, int rows, int pitch,
@@ -299,7 +300,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     if (has_row) {
         float sums[2];
         dot_rows<D, 2>(row_pointers, xs, pitch, sums);
-        value = swiglu_value(/*gate=*/sums[0], /*up=*/sums[1]);
+        value = gated_value<A>(/*gate=*/sums[0], /*up=*/sums[1]);
     }
     store_warp_rows</*kAccumulate=*/false>(out, value, results, /*bias=*/nullptr, rows);
 }
@@ -326,12 +327,12 @@ void launch_matvec(float* out, const DeviceMatrix& w, const float* in, const flo
                                             eps, bias);
 }
 
-template <DType D>
+template <DType D, Activation A>
 void launch_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                           const float* in, const float* norm_weight, float eps,
                           cudaStream_t stream) {
     const dim3 grid = matvec_grid(w1.rows, w1.pitch), block = matvec_block(w1.pitch);
-    matvec_swiglu_kernel<D><<<grid, block, staged_input_bytes(w1.pitch), stream>>>(
+    matvec_swiglu_kernel<D, A><<<grid, block, staged_input_bytes(w1.pitch), stream>>>(
         out, w1.data, w3.data, w1.rows, w1.pitch, in, w1.cols, norm_weight, eps);
 }
 
@@ -357,7 +358,8 @@ void launch_quantized_matvec(float* out, const DeviceMatrix& w, const float* in,
                              bool accumulate, QuantizedLaunch launch, cudaStream_t stream);
 void launch_quantized_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                                     const float* in, const float* norm_weight, float eps,
-                                    QuantizedLaunch launch, cudaStream_t stream);
+                                    Activation activation, QuantizedLaunch launch,
+                                    cudaStream_t stream);
 inline size_t quantized_staging_bytes(int pitch);
 void prepare_quantized_matvec(size_t bytes);
 // The block types (matvec_blocks.cuh): the launches matvec and matvec_swiglu hand them to,
@@ -367,7 +369,7 @@ void launch_block_matvec(float* out, const DeviceMatrix& w, const float* in,
                          cudaStream_t stream);
 void launch_block_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                                 const float* in, const float* norm_weight, float eps,
-                                cudaStream_t stream);
+                                Activation activation, cudaStream_t stream);
 void prepare_block_matvec(size_t bytes);
 
 size_t matvec_shared_bytes(int cols, DType dtype) {
@@ -391,16 +393,20 @@ void matvec(float* out, const DeviceMatrix& w, const float* in, const float* nor
 }
 
 void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, const float* in,
-                   const float* norm_weight, float eps, cudaStream_t stream) {
+                   const float* norm_weight, float eps, Activation activation,
+                   cudaStream_t stream) {
     check_swiglu_shapes(w1, w3);
     check_input_alignment(in, norm_weight);
     if (is_quantized(w1.dtype))
-        return launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps, QuantizedLaunch{},
-                                              stream);
+        return launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps, activation,
+                                              QuantizedLaunch{}, stream);
     if (is_block_type(w1.dtype))
-        return launch_block_matvec_swiglu(out, w1, w3, in, norm_weight, eps, stream);
+        return launch_block_matvec_swiglu(out, w1, w3, in, norm_weight, eps, activation, stream);
     with_weight_dtype(w1.dtype, [&](auto dtype) {
-        launch_matvec_swiglu<decltype(dtype)::value>(out, w1, w3, in, norm_weight, eps, stream);
+        with_activation(activation, [&](auto act) {
+            launch_matvec_swiglu<decltype(dtype)::value, decltype(act)::value>(
+                out, w1, w3, in, norm_weight, eps, stream);
+        });
     });
     CUDA_CHECK_LAUNCH("matvec_swiglu_kernel");
 }
@@ -412,9 +418,13 @@ void prepare_matvec(size_t bytes) {
     allow_shared_bytes(matvec_kernel<DType::F16, true>, bytes);
     allow_shared_bytes(matvec_kernel<DType::BF16, false>, bytes);
     allow_shared_bytes(matvec_kernel<DType::BF16, true>, bytes);
-    allow_shared_bytes(matvec_swiglu_kernel<DType::F32>, bytes);
-    allow_shared_bytes(matvec_swiglu_kernel<DType::F16>, bytes);
-    allow_shared_bytes(matvec_swiglu_kernel<DType::BF16>, bytes);
+    for (const Activation activation : {Activation::Silu, Activation::GeluTanh})
+        with_activation(activation, [&](auto act) {
+            constexpr Activation A = decltype(act)::value;
+            allow_shared_bytes(matvec_swiglu_kernel<DType::F32, A>, bytes);
+            allow_shared_bytes(matvec_swiglu_kernel<DType::F16, A>, bytes);
+            allow_shared_bytes(matvec_swiglu_kernel<DType::BF16, A>, bytes);
+        });
     prepare_quantized_matvec(bytes);
     prepare_block_matvec(bytes);
 }

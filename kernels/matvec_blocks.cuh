@@ -109,9 +109,10 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     store_warp_rows<kAccumulate>(out, sum[0], results, bias, rows);
 }
 
-// out[r] = silu(W1[r, :] · stage(in)) * (W3[r, :] · stage(in)), W1 and W3 of block type D.
+// out[r] = act(W1[r, :] · stage(in)) * (W3[r, :] · stage(in)), W1 and W3 of block type D,
+// act of A (gated_value).
 // Launch: as block_matvec_kernel; each warp reads its row of both matrices.
-template <DType D>
+template <DType D, Activation A>
 __global__ void __launch_bounds__(kMatvecThreadsMax)
     block_matvec_swiglu_kernel(float* __restrict__ out, const void* __restrict__ w1,
                                const void* __restrict__ w3, int rows, const float* __restrict__ in,
@@ -132,7 +133,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     if (has_row) {
         float sums[2];
         dot_block_rows<D, 2>(row_pointers, xs, cols, sums);
-        value = swiglu_value(/*gate=*/sums[0], /*up=*/sums[1]);
+        value = gated_value<A>(/*gate=*/sums[0], /*up=*/sums[1]);
     }
     store_warp_rows</*kAccumulate=*/false>(out, value, results, /*bias=*/nullptr, rows);
 }
@@ -145,7 +146,8 @@ template <DType D>
 void allow_block_shared_bytes(size_t bytes) {
     allow_shared_bytes(block_matvec_kernel<D, false>, bytes);
     allow_shared_bytes(block_matvec_kernel<D, true>, bytes);
-    allow_shared_bytes(block_matvec_swiglu_kernel<D>, bytes);
+    allow_shared_bytes(block_matvec_swiglu_kernel<D, Activation::Silu>, bytes);
+    allow_shared_bytes(block_matvec_swiglu_kernel<D, Activation::GeluTanh>, bytes);
 }
 
 }  // namespace
@@ -168,14 +170,16 @@ void launch_block_matvec(float* out, const DeviceMatrix& w, const float* in,
 
 void launch_block_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                                 const float* in, const float* norm_weight, float eps,
-                                cudaStream_t stream) {
+                                Activation activation, cudaStream_t stream) {
     check_block_matrix(w1, "matvec_swiglu");
     check_block_matrix(w3, "matvec_swiglu");
     const dim3 grid = matvec_grid(w1.rows, w1.cols), block = matvec_block(w1.cols);
     with_block_dtype(w1.dtype, [&](auto dtype) {
-        block_matvec_swiglu_kernel<decltype(dtype)::value>
-            <<<grid, block, staged_input_bytes(w1.cols), stream>>>(out, w1.data, w3.data, w1.rows,
-                                                                   in, w1.cols, norm_weight, eps);
+        with_activation(activation, [&](auto act) {
+            block_matvec_swiglu_kernel<decltype(dtype)::value, decltype(act)::value>
+                <<<grid, block, staged_input_bytes(w1.cols), stream>>>(
+                    out, w1.data, w3.data, w1.rows, in, w1.cols, norm_weight, eps);
+        });
     });
     CUDA_CHECK_LAUNCH("block_matvec_swiglu_kernel");
 }

@@ -2,7 +2,7 @@
 // matvec.cuh (one warp per row, or two: choose_quantized_rows_per_warp; 16-byte loads with
 // kMatvecUnroll in flight per lane and row, the input staged in shared memory with RMSNorm
 // fused, the bias and the residual added in the store, w1 and w3 read by one warp with SwiGLU
-// applied before the store) for weights stored as integers with one f16 scale per block of
+// or GeGLU applied before the store) for weights stored as integers with one f16 scale per block of
 // 32 columns (kernels.h: DeviceMatrix). The weights are dequantized in registers only.
 //
 // A block stages the input once for 16 warps' rows (a row set); with one wave
@@ -339,9 +339,10 @@ __global__ void __launch_bounds__(kMatvecThreadsMax, kOneWave ? kOneWaveBlocksPe
         });
 }
 
-// out[r] = silu(W1[r, :] · stage(in)) * (W3[r, :] · stage(in)), W1 and W3 quantized alike.
+// out[r] = act(W1[r, :] · stage(in)) * (W3[r, :] · stage(in)), W1 and W3 quantized alike,
+// act of A (gated_value).
 // Launch: as quantized_matvec_kernel; each warp reads kRowsPerWarp rows of both matrices.
-template <DType D, bool kOneWave, int kRowsPerWarp>
+template <DType D, bool kOneWave, int kRowsPerWarp, Activation A>
 __global__ void __launch_bounds__(kMatvecThreadsMax, kOneWave ? kOneWaveBlocksPerMultiprocessor : 0)
     quantized_matvec_swiglu_kernel(float* __restrict__ out, const void* __restrict__ w1,
                                    const uint16_t* __restrict__ scales1,
@@ -358,7 +359,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax, kOneWave ? kOneWaveBlocksPe
             float values[kRowsPerWarp];
 #pragma unroll
             for (int i = 0; i < kRowsPerWarp; ++i)
-                values[i] = swiglu_value(/*gate=*/sums[i], /*up=*/sums[kRowsPerWarp + i]);
+                values[i] = gated_value<A>(/*gate=*/sums[i], /*up=*/sums[kRowsPerWarp + i]);
             store_warp_rows</*kAccumulate=*/false, kRowsPerWarp>(out, values, results,
                                                                  /*bias=*/nullptr, rows, set);
         });
@@ -439,14 +440,17 @@ dim3 one_wave_grid(Kernel kernel, int rows, int rows_per_warp, size_t shared) {
     return quantized_matvec_grid(rows, rows_per_warp, blocks_at_once(kernel, shared));
 }
 
-// quantized_takes_one_wave for the int8 kernel over w's rows (swiglu: the SwiGLU kernel)
-// on this GPU.
+// quantized_takes_one_wave for the int8 kernel over w's rows (swiglu: the SwiGLU kernel,
+// whose occupancy stands for the GeGLU one's too: they differ in the activation only) on this
+// GPU.
 template <DType D, int kRowsPerWarp>
 bool takes_one_wave_here(const DeviceMatrix& w, bool swiglu) {
     const size_t shared = quantized_staging_bytes(w.pitch);
     const int blocks =
-        swiglu ? blocks_at_once(quantized_matvec_swiglu_kernel<D, true, kRowsPerWarp>, shared)
-               : blocks_at_once(quantized_matvec_kernel<D, true, false, kRowsPerWarp>, shared);
+        swiglu
+            ? blocks_at_once(
+                  quantized_matvec_swiglu_kernel<D, true, kRowsPerWarp, Activation::Silu>, shared)
+            : blocks_at_once(quantized_matvec_kernel<D, true, false, kRowsPerWarp>, shared);
     return quantized_takes_one_wave(w.rows, kRowsPerWarp, blocks);
 }
 
@@ -484,13 +488,13 @@ void launch_quantized_matvec_typed(float* out, const DeviceMatrix& w, const floa
         out, w.data, w.scales, w.rows, w.pitch, in, w.cols, norm_weight, eps, bias);
 }
 
-template <DType D, bool kOneWave, int kRowsPerWarp>
+template <DType D, bool kOneWave, int kRowsPerWarp, Activation A>
 void launch_quantized_matvec_swiglu_typed(float* out, const DeviceMatrix& w1,
                                           const DeviceMatrix& w3, const float* in,
                                           const float* norm_weight, float eps,
                                           cudaStream_t stream) {
     const size_t shared = quantized_staging_bytes(w1.pitch);
-    const auto kernel = quantized_matvec_swiglu_kernel<D, kOneWave, kRowsPerWarp>;
+    const auto kernel = quantized_matvec_swiglu_kernel<D, kOneWave, kRowsPerWarp, A>;
     const dim3 grid = kOneWave ? one_wave_grid(kernel, w1.rows, kRowsPerWarp, shared)
                                : quantized_matvec_grid(w1.rows, kRowsPerWarp);
     kernel<<<grid, kQuantizedMatvecThreads, shared, stream>>>(out, w1.data, w1.scales, w3.data,
@@ -509,7 +513,10 @@ template <DType D, bool kOneWave, int kRowsPerWarp>
 void allow_quantized_shared_bytes_rows(size_t bytes) {
     allow_shared_bytes(quantized_matvec_kernel<D, kOneWave, false, kRowsPerWarp>, bytes);
     allow_shared_bytes(quantized_matvec_kernel<D, kOneWave, true, kRowsPerWarp>, bytes);
-    allow_shared_bytes(quantized_matvec_swiglu_kernel<D, kOneWave, kRowsPerWarp>, bytes);
+    allow_shared_bytes(quantized_matvec_swiglu_kernel<D, kOneWave, kRowsPerWarp, Activation::Silu>,
+                       bytes);
+    allow_shared_bytes(
+        quantized_matvec_swiglu_kernel<D, kOneWave, kRowsPerWarp, Activation::GeluTanh>, bytes);
 }
 
 template <DType D>
@@ -545,7 +552,8 @@ void launch_quantized_matvec(float* out, const DeviceMatrix& w, const float* in,
 
 void launch_quantized_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                                     const float* in, const float* norm_weight, float eps,
-                                    QuantizedLaunch launch, cudaStream_t stream) {
+                                    Activation activation, QuantizedLaunch launch,
+                                    cudaStream_t stream) {
     check_quantized_matrix(w1, "matvec_swiglu");
     check_quantized_matrix(w3, "matvec_swiglu");
     launch = choose_quantized_launch(launch, w1, /*swiglu=*/true);
@@ -553,8 +561,11 @@ void launch_quantized_matvec_swiglu(float* out, const DeviceMatrix& w1, const De
         constexpr DType D = decltype(dtype)::value;
         with_one_wave(launch.grid == QuantizedGrid::kOneWave, [&](auto o) {
             with_rows_per_warp(launch.rows_per_warp, [&](auto r) {
-                launch_quantized_matvec_swiglu_typed<D, decltype(o)::value, decltype(r)::value>(
-                    out, w1, w3, in, norm_weight, eps, stream);
+                with_activation(activation, [&](auto act) {
+                    launch_quantized_matvec_swiglu_typed<D, decltype(o)::value, decltype(r)::value,
+                                                         decltype(act)::value>(
+                        out, w1, w3, in, norm_weight, eps, stream);
+                });
             });
         });
     });
@@ -580,10 +591,11 @@ void matvec_quantized_launch(QuantizedLaunch launch, float* out, const DeviceMat
 
 void matvec_swiglu_quantized_launch(QuantizedLaunch launch, float* out, const DeviceMatrix& w1,
                                     const DeviceMatrix& w3, const float* in,
-                                    const float* norm_weight, float eps, cudaStream_t stream) {
+                                    const float* norm_weight, float eps, Activation activation,
+                                    cudaStream_t stream) {
     check_swiglu_shapes(w1, w3);
     check_input_alignment(in, norm_weight);
-    launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps, launch, stream);
+    launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps, activation, launch, stream);
 }
 
 #endif  // BARELLM_CUDA_EMULATION

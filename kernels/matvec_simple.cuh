@@ -88,7 +88,7 @@ __global__ void __launch_bounds__(kSimpleMatvecThreads)
     if (row >= rows) return;
     const float gate = warp_row_dot<D>(weight_row<D>(w1, row, pitch), in, cols, norm_weight, scale);
     const float up = warp_row_dot<D>(weight_row<D>(w3, row, pitch), in, cols, norm_weight, scale);
-    if (threadIdx.x % kWarpSize == 0) out[row] = swiglu_value(gate, up);
+    if (threadIdx.x % kWarpSize == 0) out[row] = gated_value<Activation::Silu>(gate, up);
 }
 
 // ---- Launch shapes

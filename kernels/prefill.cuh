@@ -1,6 +1,7 @@
 // The row-wise steps of batched prefill (kernels.h, "Batched prefill"): one row per prompt
-// token. The embedding rows, RMSNorm into the GEMM's input type, SwiGLU into the same, and
-// RoPE with the KV-cache writes (Qwen3's per-head q/k RMSNorm before it when given).
+// token. The embedding rows (scaled), RMSNorm into the GEMM's input type, SwiGLU or GeGLU
+// into the same, and RoPE with the KV-cache writes (Qwen3's per-head q/k RMSNorm before it
+// when given).
 //
 // Device code first; the launch shapes as host functions outside the CUDA-only part, so that
 // the emulated unit tests launch the kernels exactly as the launch functions at the end do.
@@ -46,18 +47,18 @@ __device__ __forceinline__ void* activation_row(void* data, int pitch, int t) {
     return static_cast<char*>(data) + size_t(t) * pitch * dtype_size_v<D>;
 }
 
-// x[t, i] = table[tokens[t], i] as f32; x has pitch cols.
+// x[t, i] = table[tokens[t], i] as f32 times scale; x has pitch cols.
 // Launch: grid (ceil(cols / 256), count), block 256, no shared memory; thread i of block row
 // t copies element i of token t.
 template <DType D>
 __global__ void __launch_bounds__(kRowsThreads)
     embedding_rows_kernel(float* __restrict__ x, const void* __restrict__ table, int cols,
-                          int pitch, const int* __restrict__ tokens) {
+                          int pitch, float scale, const int* __restrict__ tokens) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= cols) return;
     const int t = blockIdx.y;
     const char* row = static_cast<const char*>(table) + size_t(tokens[t]) * pitch * dtype_size_v<D>;
-    x[size_t(t) * cols + i] = WeightFormat<D>::element(row, i);
+    x[size_t(t) * cols + i] = WeightFormat<D>::element(row, i) * scale;
 }
 
 // As embedding_rows_kernel for a Q8 (I8) or Q4 (U8) table (quantized_table_element, as
@@ -68,12 +69,12 @@ template <DType D>
 __global__ void __launch_bounds__(kRowsThreads)
     embedding_rows_quantized_kernel(float* __restrict__ x, const void* __restrict__ table,
                                     const uint16_t* __restrict__ scales, int cols, int pitch,
-                                    const int* __restrict__ tokens) {
+                                    float scale, const int* __restrict__ tokens) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= cols) return;
     const int t = blockIdx.y;
     x[size_t(t) * cols + i] =
-        quantized_table_element<D>(table, scales, pitch, size_t(tokens[t]), i);
+        quantized_table_element<D>(table, scales, pitch, size_t(tokens[t]), i) * scale;
 }
 
 // out[t, i] = x[t, i] * rsqrt(mean(x[t]²) + eps) * weight[i] as D for i < cols, 0 for
@@ -92,10 +93,10 @@ __global__ void __launch_bounds__(kRowsThreads)
         store_activation<D>(row, i, i < cols ? in[i] * scale * weight[i] : 0.0f);
 }
 
-// out[t, i] = silu(gate[t, i]) * up[t, i] as D for i < cols, 0 for cols <= i < pitch;
-// gate and up are f32 [tokens, in_pitch].
+// out[t, i] = act(gate[t, i]) * up[t, i] as D for i < cols, 0 for cols <= i < pitch, act of
+// A (gated_value); gate and up are f32 [tokens, in_pitch].
 // Launch: grid (ceil(pitch / 256), tokens), block 256, no shared memory; one element a thread.
-template <DType D>
+template <DType D, Activation A>
 __global__ void __launch_bounds__(kRowsThreads)
     swiglu_rows_kernel(void* __restrict__ out, int cols, int pitch, const float* __restrict__ gate,
                        const float* __restrict__ up, int in_pitch) {
@@ -104,7 +105,7 @@ __global__ void __launch_bounds__(kRowsThreads)
     const int t = blockIdx.y;
     const size_t in = size_t(t) * in_pitch + i;
     store_activation<D>(activation_row<D>(out, pitch, t), i,
-                        i < cols ? swiglu_value(gate[in], up[in]) : 0.0f);
+                        i < cols ? gated_value<A>(gate[in], up[in]) : 0.0f);
 }
 
 // RoPE and the cache write of token t = blockIdx.y at pos = first_pos + t. Row t of qkv
@@ -177,16 +178,16 @@ inline dim3 rope_kv_store_rows_grid(int heads, int kv_heads, int count) {
 
 #ifndef BARELLM_CUDA_EMULATION
 
-void embedding_rows(float* x, const DeviceMatrix& table, const int* tokens, int count,
+void embedding_rows(float* x, const DeviceMatrix& table, float scale, const int* tokens, int count,
                     cudaStream_t stream) {
     if (count == 0) return;
     if (is_block_type(table.dtype))
-        return launch_block_embedding_rows(x, table, tokens, count, stream);
+        return launch_block_embedding_rows(x, table, scale, tokens, count, stream);
     if (is_quantized(table.dtype)) {
         with_quantized_dtype(table.dtype, [&](auto dtype) {
             embedding_rows_quantized_kernel<decltype(dtype)::value>
                 <<<embedding_rows_grid(table.cols, count), kRowsThreads, 0, stream>>>(
-                    x, table.data, table.scales, table.cols, table.pitch, tokens);
+                    x, table.data, table.scales, table.cols, table.pitch, scale, tokens);
         });
         CUDA_CHECK_LAUNCH("embedding_rows_quantized_kernel");
         return;
@@ -194,7 +195,7 @@ void embedding_rows(float* x, const DeviceMatrix& table, const int* tokens, int 
     with_weight_dtype(table.dtype, [&](auto dtype) {
         embedding_rows_kernel<decltype(dtype)::value>
             <<<embedding_rows_grid(table.cols, count), kRowsThreads, 0, stream>>>(
-                x, table.data, table.cols, table.pitch, tokens);
+                x, table.data, table.cols, table.pitch, scale, tokens);
     });
     CUDA_CHECK_LAUNCH("embedding_rows_kernel");
 }
@@ -211,12 +212,14 @@ void rmsnorm_rows(const DeviceActivations& out, const float* x, const float* wei
 }
 
 void swiglu_rows(const DeviceActivations& out, const float* gate, const float* up, int in_pitch,
-                 cudaStream_t stream) {
+                 Activation activation, cudaStream_t stream) {
     if (out.tokens == 0) return;
     with_weight_dtype(out.dtype, [&](auto dtype) {
-        swiglu_rows_kernel<decltype(dtype)::value>
-            <<<swiglu_rows_grid(out.pitch, out.tokens), kRowsThreads, 0, stream>>>(
-                out.data, out.cols, out.pitch, gate, up, in_pitch);
+        with_activation(activation, [&](auto act) {
+            swiglu_rows_kernel<decltype(dtype)::value, decltype(act)::value>
+                <<<swiglu_rows_grid(out.pitch, out.tokens), kRowsThreads, 0, stream>>>(
+                    out.data, out.cols, out.pitch, gate, up, in_pitch);
+        });
     });
     CUDA_CHECK_LAUNCH("swiglu_rows_kernel");
 }

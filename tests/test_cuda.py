@@ -2,7 +2,9 @@
 synthetic checkpoints with awkward shapes (sizes off every vector width, GQA, a group of 8
 query heads per KV head, head_dim 34/64/128, a sliding window shorter than the prompt,
 llama3 RoPE scaling, tied and untied output), synthetic Qwen2 and Qwen3 checkpoints (q/k/v
-and o biases, per-head q/k norms, a sliding window on some layers only), f32/f16/bf16/q8/q4
+and o biases, per-head q/k norms, a sliding window on some layers only), synthetic Gemma 3
+checkpoints (scaled embeddings, post norms, GeGLU, sliding and full layers with their own
+RoPE, query_pre_attn_scalar; Gemma 3 1B's heads of 256), f32/f16/bf16/q8/q4
 weights (q8 and q4: the GPU quantizes the activations to int8 as the CPU does, and the
 logits follow the CPU's within QUANTIZED_TOLERANCE; a q4 file keeps f16 the matrices whose
 columns are not a multiple of 32), f32/f16 KV cache, contexts of 1, 7, 100 and 4096
@@ -11,7 +13,7 @@ q8 and q4 against the CPU's scalar path and its prefill, QUANTIZED_PREFILL_TOLER
 `ppl`; the prefill on the warpgroup GEMM of sm_90a (BARELLM_CUDA_WGMMA=always; q8 and q4
 dequantized to f16 for it); plus every
 kernel on its own (build/cuda_kernel_check), graph replay against direct launches, every
-rung of the GPU ladder on Qwen, `run` and `bench`.
+rung of the GPU ladder on Qwen (and its refusal of Gemma on rungs 1-4), `run` and `bench`.
 
 Every test but the last skips, printing why, on a machine without a usable CUDA GPU (CI
 never has one); the last checks what `--device cuda` says there.
@@ -29,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from convert_testlib import (BUILD, CONVERT, SHARED, STORIES, SYNTH,  # noqa: E402
                              cuda_unavailable_reason, make_checkpoint, need_shared,
                              require_cuda, run, tiny_tokenizer_json)
+from test_gemma import CONFIGS as GEMMA_CPU_CONFIGS, gemma_tensors  # noqa: E402
 from test_qwen import CONFIGS as QWEN_CPU_CONFIGS, qwen_tensors  # noqa: E402
 
 BARELLM = os.path.join(BUILD, "barellm")
@@ -206,6 +209,24 @@ QWEN = {
 }
 
 
+# Gemma 3 as tests/test_gemma.py makes them (gemma_tensors: norms 1 + w around 1, the tied
+# embedding scaled so that the logits are far from uniform), with a context for the long
+# prompts, and Gemma 3 1B's attention: 4 query heads of 256 on one KV head.
+GEMMA = {
+    # Windows of 5 (layers 2 and 5 full), head_dim 18, scale 24^-1/2.
+    "gemma3": {**GEMMA_CPU_CONFIGS["gemma3"], "max_position_embeddings": 4096},
+    # layer_types; linear RoPE scaling on the full layers; head_dim 10.
+    "gemma3-scaled": {**GEMMA_CPU_CONFIGS["gemma3-scaled"], "max_position_embeddings": 4096},
+    # Heads of 256 (the decode attention's largest, prefill's CUDA-core kernel), a window of
+    # 50 on layers 0 and 1, query_pre_attn_scalar 168 (27B's) rather than head_dim.
+    "gemma3-1b-heads": {
+        **GEMMA_CPU_CONFIGS["gemma3"], "max_position_embeddings": 4096, "hidden_size": 200,
+        "intermediate_size": 301, "num_hidden_layers": 3, "num_attention_heads": 4,
+        "num_key_value_heads": 1, "head_dim": 256, "sliding_window": 50,
+        "sliding_window_pattern": 3, "query_pre_attn_scalar": 168},
+}
+
+
 def qwen_tokenizer():
     """The tiny tokenizer with one more piece per id up to the vocabulary's end (" t40",
     " t41", ...): every generated id shows in the text."""
@@ -217,9 +238,13 @@ def qwen_tokenizer():
 
 def write_hf_checkpoint(name, hf_dir, seed):
     """The Hugging Face directory of SYNTHETIC[name] (convert/synth.py, the stories260K
-    tokenizer) or QWEN[name] (qwen_tensors, qwen_tokenizer) at hf_dir."""
+    tokenizer), QWEN[name] (qwen_tensors, qwen_tokenizer) or GEMMA[name] (gemma_tensors) at
+    hf_dir."""
     if name in QWEN:
         make_checkpoint(hf_dir, QWEN[name], qwen_tensors(QWEN[name], seed), qwen_tokenizer())
+        return
+    if name in GEMMA:
+        make_checkpoint(hf_dir, GEMMA[name], gemma_tensors(GEMMA[name], seed))
         return
     config_path = os.path.join(os.path.dirname(hf_dir), f"{name}.config.json")
     with open(config_path, "w") as f:
@@ -232,7 +257,7 @@ def write_hf_checkpoint(name, hf_dir, seed):
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     """models(name, dtype) -> path of a converted checkpoint, made once per test module.
-    name is "stories260K", a SYNTHETIC key or a QWEN key."""
+    name is "stories260K", a SYNTHETIC key, a QWEN key or a GEMMA key."""
     made = {}
 
     def get(name, dtype):
@@ -403,7 +428,54 @@ def test_every_gpu_rung_runs_qwen_as_the_cpu(cuda, models, name):
         assert rung["text"] == cpu.stdout.rstrip("\n"), f"rung {rung['rung']}: {rung}"
 
 
-@pytest.mark.parametrize("name,dtype", [("gqa-window", "bf16"), ("stories260K", "q4")])
+@pytest.mark.parametrize("name", sorted(GEMMA))
+@pytest.mark.parametrize("dtype,kv", [("f32", "f32"), ("f16", "f16"), ("bf16", "f16"),
+                                      ("q8", "f16"), ("q4", "f32")])
+@pytest.mark.parametrize("length", [1, 7, 100])
+def test_gemma_cuda_matches_cpu(cuda, models, name, dtype, kv, length):
+    """Decode: the scaled embedding, GeGLU in the fused matvecs, the post norms, each layer's
+    RoPE table and window."""
+    model = models(name, dtype)
+    ids = token_ids(length, seed=length)
+    cpu = dump_logits(model, ids, "--kv", kv, *CPU_REFERENCE)
+    assert cpu.std(axis=1).min() > 2.0  # far from uniform: a missing norm or scale shows
+    gpu = dump_logits(model, ids, "--kv", kv, "--device", "cuda")
+    assert_close(gpu, cpu, f"{name} {dtype} kv {kv}, {length} positions", tolerance(dtype))
+
+
+@pytest.mark.parametrize("name", sorted(GEMMA))
+@pytest.mark.parametrize("dtype,kv", [("f32", "f32"), ("f16", "f16"), ("bf16", "f16")])
+@pytest.mark.parametrize("length", [7, 100, 700])
+def test_gemma_prefill_cuda_matches_cpu(cuda, models, name, dtype, kv, length):
+    """Prefill: GeGLU in gemm_swiglu (or swiglu_rows), the post norms on the batch's rows;
+    700 tokens take two batches, the second crossing every window."""
+    compare_prefill_with_cpu(models(name, dtype), dtype, token_ids(length, seed=length), kv)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "gemma3-1b-heads"])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_gemma_warpgroup_prefill_matches_cpu(cuda, models, name, dtype):
+    """The gated warpgroup GEMM's GeGLU epilogue (sm_90a; elsewhere the other tiles)."""
+    compare_prefill_with_cpu(models(name, dtype), dtype, token_ids(300, seed=300), "f16",
+                             gpu_env={**os.environ, "BARELLM_CUDA_WGMMA": "always"})
+
+
+def test_gemma_long_context_cuda_matches_cpu(cuda, models):
+    compare_with_cpu(models("gemma3-1b-heads", "f16"), token_ids(1000, seed=1000), "f16")
+
+
+def test_gpu_ladder_refuses_gemma_in_one_line(cuda, models):
+    """The GPU ladder's rungs 1-4 run the Llama-family layer: Gemma 3 is refused in one
+    line naming it, exit status 1."""
+    result = subprocess.run([BARELLM, "ladder", models("gemma3", "f16"), "--device", "cuda",
+                             "-n", "8"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "gemma3" in lines[0], result.stderr
+
+
+@pytest.mark.parametrize("name,dtype", [("gqa-window", "bf16"), ("stories260K", "q4"),
+                                        ("gemma3-1b-heads", "f16")])
 def test_graph_replay_equals_direct_launches(cuda, models, name, dtype):
     """The captured graph and plain launches run the same kernels: identical logits."""
     model = models(name, dtype)

@@ -14,6 +14,7 @@
 #include "dequantize.cuh"
 #include "embedding.cuh"
 #include "emulated_inputs.h"
+#include "gated_reference.h"
 #include "half.h"
 #include "matvec_blocks.cuh"
 #include "test_block_matrices.h"
@@ -143,12 +144,12 @@ bool close_sum(double got, const Sum& want) {
     return std::fabs(got - want.value) <= kSumError * want.magnitude + kTiny;
 }
 
-double silu(double g) { return g / (1.0 + std::exp(-g)); }
-
-bool close_swiglu(double got, const Sum& gate, const Sum& up) {
-    const double want = silu(gate.value) * up.value;
-    const double bound = kSumError * (1.1 * gate.magnitude * std::fabs(up.value) +
-                                      std::fabs(silu(gate.value)) * up.magnitude);
+// act(gate) * up against sums with their magnitudes (kActivationSlope bounds act's slope).
+bool close_gated(Activation activation, double got, const Sum& gate, const Sum& up) {
+    const double act = activation_reference(activation, gate.value);
+    const double want = act * up.value;
+    const double bound = kSumError * (kActivationSlope * gate.magnitude * std::fabs(up.value) +
+                                      std::fabs(act) * up.magnitude);
     return std::fabs(got - want) <= bound + kTiny * (1.0 + std::fabs(want));
 }
 
@@ -172,14 +173,18 @@ void check_block_matvec(int rows, int cols, const Fusion& f, std::mt19937& rng) 
     const std::vector<float> old = random_floats(size_t(rows), rng);
     const float* norm_weight = f.norm ? norm.data() : nullptr;
     std::vector<float> out = f.accumulate ? old : std::vector<float>(size_t(rows), NAN);
-    std::vector<float> gated(size_t(rows), NAN);
+    std::vector<float> swiglu(size_t(rows), NAN), geglu(size_t(rows), NAN);
     const dim3 grid = matvec_grid(rows, cols), block = matvec_block(cols);
     const size_t shared = staged_input_bytes(cols);
     const auto kernel = f.accumulate ? block_matvec_kernel<D, true> : block_matvec_kernel<D, false>;
     emulate_launch(grid, block, shared, kernel, out.data(), w.bytes.data(), rows, in.data(), cols,
                    norm_weight, kEps, f.bias ? bias.data() : nullptr);
-    emulate_launch(grid, block, shared, block_matvec_swiglu_kernel<D>, gated.data(), w.bytes.data(),
-                   w3.bytes.data(), rows, in.data(), cols, norm.data(), kEps);
+    emulate_launch(grid, block, shared, block_matvec_swiglu_kernel<D, Activation::Silu>,
+                   swiglu.data(), w.bytes.data(), w3.bytes.data(), rows, in.data(), cols,
+                   norm.data(), kEps);
+    emulate_launch(grid, block, shared, block_matvec_swiglu_kernel<D, Activation::GeluTanh>,
+                   geglu.data(), w.bytes.data(), w3.bytes.data(), rows, in.data(), cols,
+                   norm.data(), kEps);
 
     const std::vector<double> x = staged_input(in.data(), cols, norm_weight);
     const std::vector<double> normed = staged_input(in.data(), cols, norm.data());
@@ -189,7 +194,9 @@ void check_block_matvec(int rows, int cols, const Fusion& f, std::mt19937& rng) 
         if (f.bias) want.value += bias[r], want.magnitude += std::fabs(bias[r]);
         if (f.accumulate) want.value += old[r], want.magnitude += std::fabs(old[r]);
         wrong += !close_sum(out[r], want);
-        wrong += !close_swiglu(gated[r], row_sum(w, r, normed), row_sum(w3, r, normed));
+        const Sum gate = row_sum(w, r, normed), up = row_sum(w3, r, normed);
+        wrong += !close_gated(Activation::Silu, swiglu[r], gate, up);
+        wrong += !close_gated(Activation::GeluTanh, geglu[r], gate, up);
     }
     CHECK(wrong == 0);
 }
@@ -248,15 +255,17 @@ TEST_CASE("emulated block-type embedding and f16 dequantization match the scalar
             const int rows = 37;
             INFO(dtype_name(D) << ", " << rows << " x " << cols);
             const BlockMatrix w(D, rows, cols, rng);
-            // The embedding of three tokens, the last row among them.
+            // The embedding of three tokens, the last row among them, scaled as Gemma's.
             const std::vector<int> tokens = {5, rows - 1, 0};
+            const float scale = std::sqrt(float(cols));
             std::vector<float> x(tokens.size() * cols, NAN);
             emulate_launch(block_embedding_grid(cols, int(tokens.size())), dim3(kBlockRowsThreads),
-                           0, block_embedding_kernel<D>, x.data(), w.bytes.data(), cols,
+                           0, block_embedding_kernel<D>, x.data(), w.bytes.data(), cols, scale,
                            tokens.data());
             int wrong = 0;
             for (size_t t = 0; t < tokens.size(); ++t)
-                for (int c = 0; c < cols; ++c) wrong += x[t * cols + c] != w.weight(tokens[t], c);
+                for (int c = 0; c < cols; ++c)
+                    wrong += x[t * cols + c] != float(w.weight(tokens[t], c)) * scale;
             CHECK(wrong == 0);
 
             // Every weight rounded to f16 once.

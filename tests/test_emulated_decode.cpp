@@ -1,10 +1,11 @@
 // The decode-path kernels (one token) run on the CUDA emulation, launched as their launch
 // functions launch them, against double-precision references from the same rounded inputs:
-// the embeddings, the matvecs of every weight type (Q8/Q4 with int8 products; RMSNorm
-// fused, bias, residual, SwiGLU), RoPE with the cache write (q/k norm), the flash-decoding
-// attention (splits merged by the last block, GQA, windows, q/k norm), and
-// the GPU ladder's simple kernels. Odd sizes throughout: rows 1, 37, 70; columns off the
-// 16-byte vector and off the 32-column block; head_dim 8, 34, 64, 72, 130.
+// the embeddings (scaled, as Gemma's), the matvecs of every weight type (Q8/Q4 with int8
+// products; RMSNorm fused, bias, residual, SwiGLU and GeGLU), RoPE with the cache write (q/k
+// norm), the flash-decoding attention (splits merged by the last block, GQA, windows, q/k
+// norm, Gemma 3's heads of 256), and the GPU ladder's simple kernels. Odd sizes throughout:
+// rows 1, 37, 70; columns off the 16-byte vector and off the 32-column block; head_dim 8, 34,
+// 64, 72, 130, 256.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -19,6 +20,7 @@
 #include "elementwise_simple.cuh"
 #include "embedding.cuh"
 #include "emulated_inputs.h"
+#include "gated_reference.h"
 #include "matvec.cuh"
 #include "matvec_quantized.cuh"
 #include "matvec_simple.cuh"
@@ -86,14 +88,12 @@ bool close_sum(double got, const Sum& want) {
     return std::fabs(got - want.value) <= kSumError * want.magnitude + kTiny;
 }
 
-double silu(double g) { return g / (1.0 + std::exp(-g)); }
-
-// silu(gate) * up against sums with their magnitudes (silu's slope is below 1.1).
-bool close_swiglu(double got, const Sum& gate, const Sum& up) {
-    const double want = silu(gate.value) * up.value;
-    const double bound = kSumError * (1.1 * gate.magnitude * std::fabs(up.value) +
-                                      std::fabs(silu(gate.value)) * up.magnitude);
-    return std::fabs(got - want) <= bound + kTiny;
+// act(gate) * up against sums with their magnitudes (kActivationSlope bounds act's slope).
+bool close_gated(Activation activation, double got, const Sum& gate, const Sum& up) {
+    const double act = activation_reference(activation, gate.value);
+    const double bound = kSumError * (kActivationSlope * gate.magnitude * std::fabs(up.value) +
+                                      std::fabs(act) * up.magnitude);
+    return std::fabs(got - act * up.value) <= bound + kTiny;
 }
 
 // ---- KV-cache elements
@@ -159,24 +159,26 @@ bool close(double got, double want, double error) {
 
 // ---- Embedding
 
-TEST_CASE("emulated embedding kernels copy the token's row", "[cuda_emulation][decode]") {
+TEST_CASE("emulated embedding kernels copy the token's row, scaled", "[cuda_emulation][decode]") {
     std::mt19937 rng(11);
     constexpr int kVocab = 9;
     for (const DType dtype : {DType::F32, DType::F16, DType::BF16})
-        for (const int cols : {45, 72, 300}) {
-            PaddedRows table(kVocab, cols, dtype, rng);
-            const int step[2] = {int(rng() % kVocab), 3};
-            std::vector<float> x = nan_floats(size_t(cols));
-            with_weight_dtype(dtype, [&](auto d) {
-                emulate_launch(embedding_grid(cols), dim3(kEmbeddingThreads), 0,
-                               embedding_kernel<decltype(d)::value>, x.data(), table.data(), cols,
-                               table.pitch, step);
-            });
-            int wrong = 0;
-            for (int i = 0; i < cols; ++i) wrong += x[i] != table.at(step[0], i);
-            INFO(dtype_name(dtype) << ", " << cols << " cols");
-            CHECK(wrong == 0);
-        }
+        for (const int cols : {45, 72, 300})
+            for (const float scale : {1.0f, std::sqrt(float(cols))}) {  // Gemma: sqrt(dim)
+                PaddedRows table(kVocab, cols, dtype, rng);
+                const int step[2] = {int(rng() % kVocab), 3};
+                std::vector<float> x = nan_floats(size_t(cols));
+                with_weight_dtype(dtype, [&](auto d) {
+                    emulate_launch(embedding_grid(cols), dim3(kEmbeddingThreads), 0,
+                                   embedding_kernel<decltype(d)::value>, x.data(), table.data(),
+                                   cols, table.pitch, scale, step);
+                });
+                int wrong = 0;
+                for (int i = 0; i < cols; ++i)  // one f32 product
+                    wrong += x[i] != float(table.at(step[0], i)) * scale;
+                INFO(dtype_name(dtype) << ", " << cols << " cols, scale " << scale);
+                CHECK(wrong == 0);
+            }
 }
 
 namespace {
@@ -237,16 +239,18 @@ TEST_CASE("emulated quantized embedding is the integer weight times its block's 
             if (dtype == DType::Q4_0 && cols % kQ4Block != 0) continue;
             const QuantizedMatrix table(dtype, kVocab, cols, rng);
             const int step[2] = {int(rng() % kVocab), 0};
+            const float scale = cols == 64 ? 1.0f : std::sqrt(float(cols));  // Gemma: sqrt(dim)
             std::vector<float> x = nan_floats(size_t(cols));
             with_quantized_dtype(dtype, [&](auto d) {
                 emulate_launch(embedding_grid(cols), dim3(kEmbeddingThreads), 0,
                                embedding_quantized_kernel<decltype(d)::value>, x.data(),
-                               table.values.data(), table.scales.data(), cols, table.pitch, step);
+                               table.values.data(), table.scales.data(), cols, table.pitch, scale,
+                               step);
             });
             int wrong = 0;
-            for (int i = 0; i < cols; ++i)
-                wrong += x[i] != table.weight(step[0], i) * table.scale(step[0], i);
-            INFO(dtype_name(dtype) << ", " << cols << " cols");
+            for (int i = 0; i < cols; ++i)  // the f32 weight, then one f32 product
+                wrong += x[i] != float(table.weight(step[0], i) * table.scale(step[0], i)) * scale;
+            INFO(dtype_name(dtype) << ", " << cols << " cols, scale " << scale);
             CHECK(wrong == 0);
         }
 }
@@ -291,7 +295,7 @@ void check_matvec(int rows, int cols, const Fusion& f, std::mt19937& rng,
     const std::vector<float> old = random_floats(size_t(rows), rng);
     const float* norm_weight = f.norm ? norm.data() : nullptr;
     std::vector<float> out = f.accumulate ? old : nan_floats(size_t(rows));
-    std::vector<float> gated = nan_floats(size_t(rows));
+    std::vector<float> swiglu = nan_floats(size_t(rows)), geglu = nan_floats(size_t(rows));
     const dim3 grid = matvec_grid(rows, w.pitch), block = matvec_block(w.pitch);
     const size_t shared = staged_input_bytes(w.pitch);
     if (f.accumulate)
@@ -300,8 +304,10 @@ void check_matvec(int rows, int cols, const Fusion& f, std::mt19937& rng,
     else
         emulate_launch(grid, block, shared, matvec_kernel<D, false>, out.data(), w.data(), rows,
                        w.pitch, in.data(), cols, norm_weight, kEps, f.bias ? bias.data() : nullptr);
-    emulate_launch(grid, block, shared, matvec_swiglu_kernel<D>, gated.data(), w.data(), w3.data(),
-                   rows, w.pitch, in.data(), cols, norm.data(), kEps);
+    emulate_launch(grid, block, shared, matvec_swiglu_kernel<D, Activation::Silu>, swiglu.data(),
+                   w.data(), w3.data(), rows, w.pitch, in.data(), cols, norm.data(), kEps);
+    emulate_launch(grid, block, shared, matvec_swiglu_kernel<D, Activation::GeluTanh>, geglu.data(),
+                   w.data(), w3.data(), rows, w.pitch, in.data(), cols, norm.data(), kEps);
 
     const std::vector<double> x = normed_input(in.data(), cols, norm_weight);
     const std::vector<double> x_normed = normed_input(in.data(), cols, norm.data());
@@ -311,15 +317,18 @@ void check_matvec(int rows, int cols, const Fusion& f, std::mt19937& rng,
     for (int r = 0; r < rows; ++r) {
         wrong += !close_sum(out[r], row_sum(w1_at, r, cols, x, f.bias ? bias.data() : nullptr,
                                             f.accumulate ? old.data() : nullptr));
-        wrong += !close_swiglu(gated[r], row_sum(w1_at, r, cols, x_normed, nullptr, nullptr),
-                               row_sum(w3_at, r, cols, x_normed, nullptr, nullptr));
+        const Sum gate = row_sum(w1_at, r, cols, x_normed, nullptr, nullptr);
+        const Sum up = row_sum(w3_at, r, cols, x_normed, nullptr, nullptr);
+        wrong += !close_gated(Activation::Silu, swiglu[r], gate, up);
+        wrong += !close_gated(Activation::GeluTanh, geglu[r], gate, up);
     }
     CHECK(wrong == 0);
 }
 
 }  // namespace
 
-TEST_CASE("emulated matvec and matvec_swiglu match double references", "[cuda_emulation][decode]") {
+TEST_CASE("emulated matvec and matvec_swiglu (SwiGLU, GeGLU) match double references",
+          "[cuda_emulation][decode]") {
     std::mt19937 rng(13);
     int n = 0;
     for (const int cols : {45, 72, 136, 4100}) {  // 4100: 16 warps a block
@@ -366,7 +375,7 @@ void check_quantized_matvec(int rows, int cols, const Fusion& f, std::mt19937& r
     const float* norm_weight = f.norm ? norm.data() : nullptr;
     const float* bias_or_null = f.bias ? bias.data() : nullptr;
     std::vector<float> out = f.accumulate ? old : nan_floats(size_t(rows));
-    std::vector<float> gated = nan_floats(size_t(rows));
+    std::vector<float> swiglu = nan_floats(size_t(rows)), geglu = nan_floats(size_t(rows));
     const dim3 grid = quantized_matvec_grid(rows, kRowsPerWarp, kOneWave ? kOneWaveBlocks : 0),
                block(kQuantizedMatvecThreads);
     const size_t shared = quantized_staging_bytes(w.pitch);
@@ -380,8 +389,13 @@ void check_quantized_matvec(int rows, int cols, const Fusion& f, std::mt19937& r
                        quantized_matvec_kernel<D, kOneWave, false, kRowsPerWarp>, out.data(),
                        w.values.data(), w.scales.data(), rows, w.pitch, in.data(), cols,
                        norm_weight, kEps, bias_or_null);
-    emulate_launch(grid, block, shared, quantized_matvec_swiglu_kernel<D, kOneWave, kRowsPerWarp>,
-                   gated.data(), w.values.data(), w.scales.data(), w3.values.data(),
+    emulate_launch(grid, block, shared,
+                   quantized_matvec_swiglu_kernel<D, kOneWave, kRowsPerWarp, Activation::Silu>,
+                   swiglu.data(), w.values.data(), w.scales.data(), w3.values.data(),
+                   w3.scales.data(), rows, w.pitch, in.data(), cols, norm.data(), kEps);
+    emulate_launch(grid, block, shared,
+                   quantized_matvec_swiglu_kernel<D, kOneWave, kRowsPerWarp, Activation::GeluTanh>,
+                   geglu.data(), w.values.data(), w.scales.data(), w3.values.data(),
                    w3.scales.data(), rows, w.pitch, in.data(), cols, norm.data(), kEps);
 
     // The references: the product, then bias and residual in double.
@@ -397,8 +411,9 @@ void check_quantized_matvec(int rows, int cols, const Fusion& f, std::mt19937& r
         if (f.bias) want.add(bias[r]);
         if (f.accumulate) want.add(old[r]);
         wrong += !close_sum(out[r], want);
-        wrong +=
-            !close_swiglu(gated[r], reference(w, r, norm.data()), reference(w3, r, norm.data()));
+        const Sum gate = reference(w, r, norm.data()), up = reference(w3, r, norm.data());
+        wrong += !close_gated(Activation::Silu, swiglu[r], gate, up);
+        wrong += !close_gated(Activation::GeluTanh, geglu[r], gate, up);
     }
     CHECK(wrong == 0);
 }
@@ -640,16 +655,17 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
 }
 
 constexpr AttentionCase kAttentionCases[] = {
-    {8, 4, 8, 0, 0, 1, false, 2.0f},      // the first token
-    {8, 4, 8, 5, 0, 3, true, 2.0f},       // two empty splits
-    {6, 2, 34, 70, 0, 3, false, 2.0f},    // three splits merged
-    {12, 2, 64, 70, 0, 4, true, 2.0f},    // head groups of 4 and 2; split 3 empty
-    {12, 2, 64, 70, 50, 2, false, 2.0f},  // a window over two splits
-    {4, 4, 34, 70, 16, 3, true, 2.0f},    // a window inside one split
-    {5, 1, 72, 150, 0, 5, true, 2.0f},    // kHeadDimMax 128, five splits
-    {8, 2, 64, 150, 0, 1, false, 2.0f},   // one split of three tiles (the online softmax)
-    {2, 1, 130, 40, 0, 2, true, 2.0f},    // kHeadDimMax 256
-    {8, 2, 64, 150, 0, 5, false, 12.0f},  // scores past 88: exp overflows without the max
+    {8, 4, 8, 0, 0, 1, false, 2.0f},       // the first token
+    {8, 4, 8, 5, 0, 3, true, 2.0f},        // two empty splits
+    {6, 2, 34, 70, 0, 3, false, 2.0f},     // three splits merged
+    {12, 2, 64, 70, 0, 4, true, 2.0f},     // head groups of 4 and 2; split 3 empty
+    {12, 2, 64, 70, 50, 2, false, 2.0f},   // a window over two splits
+    {4, 4, 34, 70, 16, 3, true, 2.0f},     // a window inside one split
+    {5, 1, 72, 150, 0, 5, true, 2.0f},     // kHeadDimMax 128, five splits
+    {8, 2, 64, 150, 0, 1, false, 2.0f},    // one split of three tiles (the online softmax)
+    {2, 1, 130, 40, 0, 2, true, 2.0f},     // kHeadDimMax 256
+    {4, 1, 256, 600, 512, 4, true, 2.0f},  // Gemma 3 1B's heads, its window of 512
+    {8, 2, 64, 150, 0, 5, false, 12.0f},   // scores past 88: exp overflows without the max
 };
 
 }  // namespace
@@ -753,8 +769,9 @@ void check_simple_matvecs(int rows, int cols, const Fusion& f, std::mt19937& rng
         wrong += !close_sum(plain[r], row_sum(w1_at, r, cols, x, nullptr, nullptr));
         wrong += !close_sum(fused[r], row_sum(w1_at, r, cols, x_fused, bias_or_null,
                                               f.accumulate ? old.data() : nullptr));
-        wrong += !close_swiglu(gated[r], row_sum(w1_at, r, cols, x_normed, nullptr, nullptr),
-                               row_sum(w3_at, r, cols, x_normed, nullptr, nullptr));
+        wrong += !close_gated(Activation::Silu, gated[r],
+                              row_sum(w1_at, r, cols, x_normed, nullptr, nullptr),
+                              row_sum(w3_at, r, cols, x_normed, nullptr, nullptr));
     }
     CHECK(wrong == 0);
 }
@@ -781,19 +798,23 @@ TEST_CASE("emulated rmsnorm, residual_add and swiglu kernels match double refere
         const std::vector<float> x = random_floats(size_t(n), rng, 3.0f);
         const std::vector<float> y = random_floats(size_t(n), rng);
         const std::vector<float> weight = random_floats(size_t(n), rng);
-        std::vector<float> normed = nan_floats(size_t(n)), sum = x, gate = x;
+        std::vector<float> normed = nan_floats(size_t(n)), sum = x, swiglu = x, geglu = x;
         emulate_launch(dim3(1), dim3(kElementwiseThreads), 0, rmsnorm_kernel, normed.data(),
                        x.data(), weight.data(), n, kEps);
         emulate_launch(elementwise_grid(n), dim3(kElementwiseThreads), 0, residual_add_kernel,
                        sum.data(), y.data(), n);
-        emulate_launch(elementwise_grid(n), dim3(kElementwiseThreads), 0, swiglu_kernel,
-                       gate.data(), y.data(), n);
+        emulate_launch(elementwise_grid(n), dim3(kElementwiseThreads), 0,
+                       swiglu_kernel<Activation::Silu>, swiglu.data(), y.data(), n);
+        emulate_launch(elementwise_grid(n), dim3(kElementwiseThreads), 0,
+                       swiglu_kernel<Activation::GeluTanh>, geglu.data(), y.data(), n);
         const std::vector<double> want = normed_input(x.data(), n, weight.data());
         int wrong = 0;
         for (int i = 0; i < n; ++i) {
             wrong += !close(normed[i], want[i], 1e-6);
             wrong += sum[i] != x[i] + y[i];  // one f32 addition
-            wrong += !close(gate[i], silu(x[i]) * y[i], 1e-6);
+            wrong += !close(swiglu[i], activation_reference(Activation::Silu, x[i]) * y[i], 1e-6);
+            wrong +=
+                !close(geglu[i], activation_reference(Activation::GeluTanh, x[i]) * y[i], 1e-6);
         }
         CHECK(wrong == 0);
     }

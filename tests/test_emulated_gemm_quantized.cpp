@@ -124,17 +124,18 @@ void check_gemm(GemmTiles tiles, GemmCase c, std::mt19937& rng) {
 }
 
 // embedding_rows_quantized_kernel as embedding_rows launches it, against the decoded table
-// (exact: q * scale in f32).
+// (exact: q * scale in f32, then times the embedding scale).
 template <DType W>
 void check_embedding_rows(std::mt19937& rng) {
     const int cols = W == DType::Q4_0 ? 96 : 83, vocab = 37, count = 5;
     QuantizedRows table(vocab, cols, W, rng);
     const int tokens[count] = {0, 36, 5, 5, 17};
+    const float embedding_scale = std::sqrt(float(cols));  // Gemma: sqrt(dim)
     std::vector<float> x(size_t(count) * cols, kUntouched);
-    emulate_launch(embedding_rows_grid(cols, count), dim3(kRowsThreads), 0,
-                   embedding_rows_quantized_kernel<W>, x.data(),
-                   static_cast<const void*>(table.bytes.data()),
-                   static_cast<const uint16_t*>(table.scales()), cols, table.pitch, tokens);
+    emulate_launch(
+        embedding_rows_grid(cols, count), dim3(kRowsThreads), 0, embedding_rows_quantized_kernel<W>,
+        x.data(), static_cast<const void*>(table.bytes.data()),
+        static_cast<const uint16_t*>(table.scales()), cols, table.pitch, embedding_scale, tokens);
     for (int t = 0; t < count; ++t)
         for (int c = 0; c < cols; ++c) {
             const uint8_t* row = table.bytes.data() + size_t(tokens[t]) * table.row_bytes();
@@ -145,7 +146,7 @@ void check_embedding_rows(std::mt19937& rng) {
             const float scale = half_to_float(
                 table.scales()[size_t(tokens[t]) * table.blocks() + c / kQuantizedBlock]);
             INFO(dtype_name(W) << " token " << tokens[t] << " column " << c);
-            CHECK(x[size_t(t) * cols + c] == float(q) * scale);
+            CHECK(x[size_t(t) * cols + c] == float(q) * scale * embedding_scale);
         }
 }
 

@@ -2,7 +2,7 @@
 // sharing their tiles) run on the CUDA emulation, launched as launch_gemm_warpgroup launches
 // it (its tensor maps made by warpgroup_maps), against a double-precision reference
 // from the same rounded inputs: every row-tile shape, clusters of one and two token tiles, f16
-// and bf16, the plain product with bias and accumulation and the gated (SwiGLU) form, at
+// and bf16, the plain product with bias and accumulation and the gated (SwiGLU, GeGLU) form, at
 // sizes that are not multiples of the tiles and with more K tiles than stages (each stage
 // used several times).
 #include <catch2/catch.hpp>
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "emulated_gemm.h"
+#include "gated_reference.h"
 #include "gemm.cuh"
 
 using namespace barellm;
@@ -19,9 +20,10 @@ using namespace barellm::test;
 
 namespace {
 
-// Runs gemm_warpgroup_kernel<D, Tiles, gated> as launch_gemm_warpgroup would: the plain
-// product into f32 `out` (up null), or the gated one of w and up into activations of D.
-template <DType D, typename Tiles>
+// Runs gemm_warpgroup_kernel<D, Tiles, gated, A> as launch_gemm_warpgroup would: the plain
+// product into f32 `out` (up null), or the gated one of w and up (activation A) into
+// activations of D.
+template <DType D, typename Tiles, Activation A = Activation::Silu>
 void launch_emulated_warpgroup(void* out, int out_pitch, int out_cols, PaddedRows& w,
                                PaddedRows* up, PaddedRows& in, const float* bias, bool accumulate) {
     const int k_extent = gemm_k_extent(w.cols, D);
@@ -39,7 +41,7 @@ void launch_emulated_warpgroup(void* out, int out_pitch, int out_cols, PaddedRow
                                maps.weights, maps.up, maps.in);
     else
         emulate_cluster_launch(gemm_warpgroup_grid<Tiles>(in.rows, 2 * w.rows), cluster, block,
-                               Tiles::kSharedBytes, gemm_warpgroup_kernel<D, Tiles, true>, out,
+                               Tiles::kSharedBytes, gemm_warpgroup_kernel<D, Tiles, true, A>, out,
                                out_pitch, out_cols, in.rows, k_extent, nullptr, false, maps.weights,
                                maps.up, maps.in);
 }
@@ -58,22 +60,21 @@ void check_product(const GemmCase& c, std::mt19937& rng) {
     result.check(c, w, in);
 }
 
-double silu(double x) { return x / (1.0 + std::exp(-x)); }
-
-// out[t, r] = silu(in · w1[r]) * (in · w3[r]) as D for r < rows, zeros in the padding columns
-// up to out's pitch.
-template <DType D, typename Tiles>
+// out[t, r] = act(in · w1[r]) * (in · w3[r]) as D for r < rows (act of A), zeros in the
+// padding columns up to out's pitch.
+template <DType D, typename Tiles, Activation A>
 void check_gated(int tokens, int rows, int cols, std::mt19937& rng) {
-    INFO(dtype_name(D) << " gated warpgroup tiles of " << Tiles::kRows << " rows, clusters of "
-                       << Tiles::kClusterTokens << " x " << Tiles::kClusterRows << ": " << tokens
-                       << " tokens, " << rows << " rows, " << cols << " cols");
+    INFO(dtype_name(D) << " gated (" << activation_name(A) << ") warpgroup tiles of "
+                       << Tiles::kRows << " rows, clusters of " << Tiles::kClusterTokens << " x "
+                       << Tiles::kClusterRows << ": " << tokens << " tokens, " << rows << " rows, "
+                       << cols << " cols");
     PaddedRows w1(rows, cols, D, rng), w3(rows, cols, D, rng), in(tokens, cols, D, rng);
     const int pitch = padded_cols(rows, D);
     constexpr uint16_t kPoison = 0x7e00;  // NaN in f16 and a large value in bf16: must go
     AlignedArray<uint16_t> out(size_t(tokens) * pitch, kPoison);
-    launch_emulated_warpgroup<D, Tiles>(out.data(), pitch, pitch, w1, &w3, in, nullptr, false);
+    launch_emulated_warpgroup<D, Tiles, A>(out.data(), pitch, pitch, w1, &w3, in, nullptr, false);
     // The output's rounding to D, and the sums' f32 error (as emulated_gemm.h) carried
-    // through silu (slope below 1.1) and the product.
+    // through act (slope below kActivationSlope) and the product.
     const double rounding = D == DType::F16 ? std::ldexp(1.0, -11) : std::ldexp(1.0, -8);
     int wrong = 0;
     for (int t = 0; t < tokens; ++t) {
@@ -96,10 +97,12 @@ void check_gated(int tokens, int rows, int cols, std::mt19937& rng) {
             const auto sum_error = [&](double sum, double magnitude) {
                 return 1e-6 * (magnitude + std::fabs(sum) + 1.0) * std::sqrt(cols);
             };
-            const double want = silu(gate) * up;
-            const double tolerance = rounding * std::fabs(want) +
-                                     1.1 * std::fabs(up) * sum_error(gate, gate_magnitude) +
-                                     std::fabs(silu(gate)) * sum_error(up, up_magnitude) + 1e-6;
+            const double act = activation_reference(A, gate);
+            const double want = act * up;
+            const double tolerance =
+                rounding * std::fabs(want) +
+                kActivationSlope * std::fabs(up) * sum_error(gate, gate_magnitude) +
+                std::fabs(act) * sum_error(up, up_magnitude) + 1e-6;
             if (!(std::fabs(got - want) <= tolerance) && ++wrong <= 5) {
                 INFO("token " << t << " row " << r << ": got " << got << ", want " << want);
                 CHECK(false);
@@ -126,10 +129,14 @@ TEST_CASE("emulated warpgroup gemm matches a double reference", "[cuda_emulation
     check_product<DType::F16, WarpgroupGemmTiles<192, 1, 1>>({150, 410, 200, true, true}, rng);
 }
 
-TEST_CASE("emulated gated warpgroup gemm matches silu(gate) * up", "[cuda_emulation][gemm]") {
+TEST_CASE("emulated gated warpgroup gemm matches silu(gate) * up and gelu_tanh(gate) * up",
+          "[cuda_emulation][gemm]") {
     std::mt19937 rng(2027);
-    check_gated<DType::F16, WarpgroupGemmTiles<128, 2>>(129, 100, 136, rng);
-    check_gated<DType::BF16, WarpgroupGemmTiles<224, 1>>(17, 150, 300, rng);
-    check_gated<DType::F16, WarpgroupGemmTiles<256, 2>>(140, 70, 64, rng);
-    check_gated<DType::BF16, WarpgroupGemmTiles<128, 1, 1>>(130, 90, 200, rng);
+    constexpr Activation kSilu = Activation::Silu, kGelu = Activation::GeluTanh;
+    check_gated<DType::F16, WarpgroupGemmTiles<128, 2>, kSilu>(129, 100, 136, rng);
+    check_gated<DType::BF16, WarpgroupGemmTiles<224, 1>, kSilu>(17, 150, 300, rng);
+    check_gated<DType::F16, WarpgroupGemmTiles<256, 2>, kSilu>(140, 70, 64, rng);
+    check_gated<DType::BF16, WarpgroupGemmTiles<128, 1, 1>, kSilu>(130, 90, 200, rng);
+    check_gated<DType::F16, WarpgroupGemmTiles<192, 2>, kGelu>(131, 101, 200, rng);
+    check_gated<DType::BF16, WarpgroupGemmTiles<128, 1, 1>, kGelu>(17, 70, 136, rng);
 }

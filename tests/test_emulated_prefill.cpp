@@ -1,7 +1,8 @@
-// The batched-prefill kernels of kernels/prefill.cuh and kernels/attention_prefill.cuh run on
-// the CUDA emulation, launched as their launch functions launch them, against double-precision
-// references from the same rounded inputs: odd token counts, GQA, a sliding window,
-// first_pos > 0, f32/f16/bf16 outputs and f32/f16 caches.
+// The batched-prefill kernels of kernels/prefill.cuh, kernels/post_norm.cuh and
+// kernels/attention_prefill.cuh run on the CUDA emulation, launched as their launch functions
+// launch them, against double-precision references from the same rounded inputs: odd token
+// counts, GQA, a sliding window, first_pos > 0, f32/f16/bf16 outputs and f32/f16 caches,
+// SwiGLU and GeGLU, Gemma's scaled embeddings and post norms, head_dim 256.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -12,6 +13,8 @@
 
 #include "attention_prefill.cuh"
 #include "emulated_inputs.h"
+#include "gated_reference.h"
+#include "post_norm.cuh"
 #include "prefill.cuh"
 
 using namespace barellm;
@@ -47,79 +50,122 @@ constexpr double kF32Error = 2e-6;
 
 }  // namespace
 
-TEST_CASE("emulated embedding_rows copies the tokens' rows", "[cuda_emulation][prefill]") {
+TEST_CASE("emulated embedding_rows copies the tokens' rows, scaled", "[cuda_emulation][prefill]") {
     std::mt19937 rng(1);
     constexpr int kVocab = 11;
     for (const DType dtype : kActivationTypes)
-        for (const int cols : {40, 264, 300, 43}) {
-            PaddedRows table(kVocab, cols, dtype, rng);
-            const int count = 17;
-            std::vector<int> tokens(count);
-            for (int t = 0; t < count; ++t) tokens[t] = int(rng() % kVocab);
-            std::vector<float> x(size_t(count) * cols, NAN);
-            with_weight_dtype(dtype, [&](auto d) {
-                emulate_launch(embedding_rows_grid(cols, count), dim3(kRowsThreads), 0,
-                               embedding_rows_kernel<decltype(d)::value>, x.data(), table.data(),
-                               cols, table.pitch, tokens.data());
-            });
-            int wrong = 0;
-            for (int t = 0; t < count; ++t)
-                for (int i = 0; i < cols; ++i)
-                    wrong += x[size_t(t) * cols + i] != table.at(tokens[t], i);
-            INFO(dtype_name(dtype) << ", " << cols << " cols");
-            CHECK(wrong == 0);
-        }
+        for (const int cols : {40, 264, 300, 43})
+            for (const float scale : {1.0f, std::sqrt(float(cols))}) {  // Gemma: sqrt(dim)
+                PaddedRows table(kVocab, cols, dtype, rng);
+                const int count = 17;
+                std::vector<int> tokens(count);
+                for (int t = 0; t < count; ++t) tokens[t] = int(rng() % kVocab);
+                std::vector<float> x(size_t(count) * cols, NAN);
+                with_weight_dtype(dtype, [&](auto d) {
+                    emulate_launch(embedding_rows_grid(cols, count), dim3(kRowsThreads), 0,
+                                   embedding_rows_kernel<decltype(d)::value>, x.data(),
+                                   table.data(), cols, table.pitch, scale, tokens.data());
+                });
+                int wrong = 0;
+                for (int t = 0; t < count; ++t)
+                    for (int i = 0; i < cols; ++i)  // one f32 product
+                        wrong += x[size_t(t) * cols + i] != float(table.at(tokens[t], i)) * scale;
+                INFO(dtype_name(dtype) << ", " << cols << " cols, scale " << scale);
+                CHECK(wrong == 0);
+            }
 }
 
-TEST_CASE("emulated rmsnorm_rows and swiglu_rows match double references",
+TEST_CASE("emulated rmsnorm_rows and swiglu_rows (SwiGLU, GeGLU) match double references",
           "[cuda_emulation][prefill]") {
     std::mt19937 rng(2);
     for (const DType dtype : kActivationTypes)
-        for (const int cols : kColumns) {
-            const int tokens = kCounts[rng() % std::size(kCounts)];
-            const int pitch = padded_cols(cols, dtype);
-            const int in_pitch = cols + 3;  // the GEMM output's pitch may exceed cols
-            INFO(dtype_name(dtype) << ", " << tokens << " tokens, " << cols << " cols");
-            const std::vector<float> x = random_floats(size_t(tokens) * cols, rng, 3.0f);
-            const std::vector<float> weight = random_floats(size_t(cols), rng);
-            const std::vector<float> gate = random_floats(size_t(tokens) * in_pitch, rng, 4.0f);
-            const std::vector<float> up = random_floats(size_t(tokens) * in_pitch, rng);
-            AlignedArray<uint8_t> normed(size_t(tokens) * pitch * dtype_size(dtype), 0xee);
-            AlignedArray<uint8_t> gated(size_t(tokens) * pitch * dtype_size(dtype), 0xee);
-            with_weight_dtype(dtype, [&](auto d) {
-                constexpr DType D = decltype(d)::value;
-                emulate_launch(rmsnorm_rows_grid(tokens), dim3(kRowsThreads), 0,
-                               rmsnorm_rows_kernel<D>, normed.data(), cols, pitch, x.data(),
-                               weight.data(), kEps);
-                emulate_launch(swiglu_rows_grid(pitch, tokens), dim3(kRowsThreads), 0,
-                               swiglu_rows_kernel<D>, gated.data(), cols, pitch, gate.data(),
-                               up.data(), in_pitch);
-            });
-            int wrong = 0;
-            const size_t row_bytes = size_t(pitch) * dtype_size(dtype);
-            for (int t = 0; t < tokens; ++t) {
-                double squares = 0;
-                for (int i = 0; i < cols; ++i) squares += double(x[t * cols + i]) * x[t * cols + i];
-                const double scale = 1.0 / std::sqrt(squares / cols + kEps);
-                const void* normed_row = normed.data() + t * row_bytes;
-                const void* gated_row = gated.data() + t * row_bytes;
-                for (int i = 0; i < pitch; ++i) {
-                    const double got_norm = stored_element(normed_row, dtype, i);
-                    const double got_swiglu = stored_element(gated_row, dtype, i);
-                    if (i >= cols) {
-                        wrong += got_norm != 0.0 || got_swiglu != 0.0;  // exact zero padding
-                        continue;
+        for (const int cols : kColumns)
+            for (const Activation activation : kActivations) {
+                const int tokens = kCounts[rng() % std::size(kCounts)];
+                const int pitch = padded_cols(cols, dtype);
+                const int in_pitch = cols + 3;  // the GEMM output's pitch may exceed cols
+                INFO(dtype_name(dtype) << ", " << tokens << " tokens, " << cols << " cols, "
+                                       << activation_name(activation));
+                const std::vector<float> x = random_floats(size_t(tokens) * cols, rng, 3.0f);
+                const std::vector<float> weight = random_floats(size_t(cols), rng);
+                const std::vector<float> gate = random_floats(size_t(tokens) * in_pitch, rng, 4.0f);
+                const std::vector<float> up = random_floats(size_t(tokens) * in_pitch, rng);
+                AlignedArray<uint8_t> normed(size_t(tokens) * pitch * dtype_size(dtype), 0xee);
+                AlignedArray<uint8_t> gated(size_t(tokens) * pitch * dtype_size(dtype), 0xee);
+                with_weight_dtype(dtype, [&](auto d) {
+                    constexpr DType D = decltype(d)::value;
+                    emulate_launch(rmsnorm_rows_grid(tokens), dim3(kRowsThreads), 0,
+                                   rmsnorm_rows_kernel<D>, normed.data(), cols, pitch, x.data(),
+                                   weight.data(), kEps);
+                    with_activation(activation, [&](auto act) {
+                        emulate_launch(swiglu_rows_grid(pitch, tokens), dim3(kRowsThreads), 0,
+                                       swiglu_rows_kernel<D, decltype(act)::value>, gated.data(),
+                                       cols, pitch, gate.data(), up.data(), in_pitch);
+                    });
+                });
+                int wrong = 0;
+                const size_t row_bytes = size_t(pitch) * dtype_size(dtype);
+                for (int t = 0; t < tokens; ++t) {
+                    double squares = 0;
+                    for (int i = 0; i < cols; ++i)
+                        squares += double(x[t * cols + i]) * x[t * cols + i];
+                    const double scale = 1.0 / std::sqrt(squares / cols + kEps);
+                    const void* normed_row = normed.data() + t * row_bytes;
+                    const void* gated_row = gated.data() + t * row_bytes;
+                    for (int i = 0; i < pitch; ++i) {
+                        const double got_norm = stored_element(normed_row, dtype, i);
+                        const double got_swiglu = stored_element(gated_row, dtype, i);
+                        if (i >= cols) {
+                            wrong += got_norm != 0.0 || got_swiglu != 0.0;  // exact zero padding
+                            continue;
+                        }
+                        const double g = gate[size_t(t) * in_pitch + i];
+                        const double want_norm = x[t * cols + i] * scale * weight[i];
+                        const double u = up[size_t(t) * in_pitch + i];
+                        const double want_swiglu = activation_reference(activation, g) * u;
+                        wrong += !close(got_norm, want_norm, dtype, kF32Error);
+                        // GeGLU's 1 + tanh cancels for negative gates: f32's error there is
+                        // absolute, about an ulp of 1 times |g u|.
+                        wrong += !close(got_swiglu, want_swiglu, dtype,
+                                        kF32Error + 2e-7 * std::fabs(g * u));
                     }
-                    const double g = gate[size_t(t) * in_pitch + i];
-                    const double want_norm = x[t * cols + i] * scale * weight[i];
-                    const double want_swiglu =
-                        g / (1.0 + std::exp(-g)) * up[size_t(t) * in_pitch + i];
-                    wrong += !close(got_norm, want_norm, dtype, kF32Error);
-                    wrong += !close(got_swiglu, want_swiglu, dtype, kF32Error);
                 }
+                CHECK(wrong == 0);
             }
-            CHECK(wrong == 0);
-        }
+}
+
+// Gemma's post norms: x += rmsnorm(y) * weight, row by row (decode: one row), including
+// outputs whose squares overflow f32 (the norm's rescue sum, kRmsRescue).
+TEST_CASE("emulated add_rmsnorm_rows matches a double reference", "[cuda_emulation][prefill]") {
+    std::mt19937 rng(5);
+    for (const int cols : {43, 264, 1155})
+        for (const int count : {1, 3, 17})
+            for (const float magnitude : {5.0f, 1e38f}) {
+                INFO(count << " rows of " << cols << ", y up to " << magnitude);
+                const std::vector<float> x = random_floats(size_t(count) * cols, rng, 3.0f);
+                const std::vector<float> y = random_floats(size_t(count) * cols, rng, magnitude);
+                const std::vector<float> weight = random_floats(size_t(cols), rng);
+                std::vector<float> sum = x;
+                emulate_launch(add_rmsnorm_rows_grid(count), dim3(kPostNormThreads), 0,
+                               add_rmsnorm_rows_kernel, sum.data(), y.data(), weight.data(), cols,
+                               kEps);
+                int wrong = 0;
+                for (int t = 0; t < count; ++t) {
+                    const float* row = &y[size_t(t) * cols];
+                    double squares = 0;
+                    for (int i = 0; i < cols; ++i) squares += double(row[i]) * row[i];
+                    const double scale = 1.0 / std::sqrt(squares / cols + kEps);
+                    for (int i = 0; i < cols; ++i) {
+                        const size_t at = size_t(t) * cols + i;
+                        const double normed = row[i] * scale * weight[i];
+                        // The normed term's f32 error, then the sum's rounding.
+                        const double bound = kF32Error * std::fabs(normed) +
+                                             std::ldexp(std::fabs(x[at] + normed), -24) + 1e-7;
+                        wrong += !(std::fabs(sum[at] - (x[at] + normed)) <= bound);
+                    }
+                }
+                CHECK(wrong == 0);
+            }
 }
 
 namespace {
@@ -412,6 +458,12 @@ TEST_CASE("emulated attention_prefill matches a double reference", "[cuda_emulat
                                                                     // taking turns in the buffers
         // warps skipping tiles (window):
         {{4, 2, 32, 50, 0.22f}, 150, 60, KvType::F16, DType::BF16},
+        // Gemma 3 1B's heads (4 of 256, one KV head) on CUDA cores: a window crossing the batch
+        // and one past its start, the scale of query_pre_attn_scalar 168 (27B's); f32 and f16
+        // caches.
+        {{4, 1, 256, 37, 0.0772f}, 70, 10, KvType::F16, DType::BF16},
+        {{4, 1, 256, 21, 0.0625f}, 17, 40, KvType::F32, DType::F16},
+        {{4, 1, 256, 0, 0.0772f}, 5, 33, KvType::F16, DType::F32},
     };
     for (const AttentionCase& c : cases) {
         if (c.kv_type == KvType::F32) {

@@ -315,7 +315,7 @@ void check_embedding_table(const HostMatrix& table) {
     const int step[2] = {token, 0};
     DeviceBuffer device_step = to_device(step, sizeof step);
     DeviceBuffer out = poisoned(cols);
-    cuda::embedding(out.as<float>(), device_table, device_step.as<int>(), 0);
+    cuda::embedding(out.as<float>(), device_table, 1.0f, device_step.as<int>(), 0);
     std::vector<float> want(cols);
     cpu::embedding_row(want.data(), table.matrix, token);
     report(std::string("embedding ") + dtype_label(table.matrix.dtype) + " " +
@@ -372,7 +372,9 @@ void check_matvec() {
             cpu::matvec(with_norm.data(), normed.data(), w.matrix);
             cpu::matvec(gated.data(), normed.data(), w.matrix);
             cpu::matvec(up.data(), normed.data(), w3.matrix);
+            std::vector<float> geglu = gated;
             cpu::swiglu(gated.data(), up.data(), rows);
+            cpu::geglu(geglu.data(), up.data(), rows);
             const std::vector<float> residual = random_floats(rows);
             std::vector<float> with_residual = plain;
             for (int r = 0; r < rows; ++r) with_residual[r] += residual[r];
@@ -428,7 +430,11 @@ void check_matvec() {
                         f.residual ? residual : std::vector<float>{});
             }
             check("matvec_swiglu", gated, [&](float* out) {
-                cuda::matvec_swiglu(out, device_w, device_w3, in, norm, eps, 0);
+                cuda::matvec_swiglu(out, device_w, device_w3, in, norm, eps, Activation::Silu, 0);
+            });
+            check("matvec_swiglu (GeGLU)", geglu, [&](float* out) {
+                cuda::matvec_swiglu(out, device_w, device_w3, in, norm, eps, Activation::GeluTanh,
+                                    0);
             });
             check("matvec_swiglu_warp_per_row", gated, [&](float* out) {
                 cuda::matvec_swiglu_warp_per_row(out, device_w, device_w3, in, norm, eps, 0);
@@ -496,10 +502,10 @@ void quantized_matvec_swiglu(const QuantizedVariant& variant, float* out, const 
                              const DeviceMatrix& w3, const float* in, const float* norm_weight,
                              float eps, cudaStream_t stream) {
     if (variant.launch.rows_per_warp == 0)
-        cuda::matvec_swiglu(out, w1, w3, in, norm_weight, eps, stream);
+        cuda::matvec_swiglu(out, w1, w3, in, norm_weight, eps, Activation::Silu, stream);
     else
         cuda::matvec_swiglu_quantized_launch(variant.launch, out, w1, w3, in, norm_weight, eps,
-                                             stream);
+                                             Activation::Silu, stream);
 }
 
 // The Q8 and Q4 matvecs (int8 products, in each launch shape) against the CPU's arithmetic:
@@ -673,7 +679,7 @@ void check_block_types() {
                 const int step[2] = {rows - 1, 0};
                 DeviceBuffer device_step = to_device(step, sizeof step);
                 DeviceBuffer embedded = poisoned(cols);
-                cuda::embedding(embedded.as<float>(), device_w, device_step.as<int>(), 0);
+                cuda::embedding(embedded.as<float>(), device_w, 1.0f, device_step.as<int>(), 0);
                 report("embedding " + shape, to_host(embedded.as(), cols),
                        std::vector<float>(weights.end() - cols, weights.end()), 0.0);
 
@@ -749,7 +755,7 @@ void check_block_types() {
 
                 out = poisoned(rows);
                 cuda::matvec_swiglu(out.as<float>(), device_w, device_w3, device_x.as<float>(),
-                                    device_norm.as<float>(), eps, 0);
+                                    device_norm.as<float>(), eps, Activation::Silu, 0);
                 want = with_norm;
                 cpu::swiglu(want.data(), up.data(), rows);
                 for (int r = 0; r < rows; ++r)
@@ -784,10 +790,24 @@ void check_elementwise() {
         report("residual_add" + size, to_host(sum.as(), n), want, 0.0);
 
         DeviceBuffer gate = to_device(x);
-        cuda::swiglu(gate.as<float>(), device_y.as<float>(), n, 0);
+        cuda::swiglu(gate.as<float>(), device_y.as<float>(), n, Activation::Silu, 0);
         want = x;
         cpu::swiglu(want.data(), y.data(), n);
         report("swiglu" + size, to_host(gate.as(), n), want, 1e-6);
+
+        gate = to_device(x);
+        cuda::swiglu(gate.as<float>(), device_y.as<float>(), n, Activation::GeluTanh, 0);
+        want = x;
+        cpu::geglu(want.data(), y.data(), n);
+        report("swiglu (GeGLU)" + size, to_host(gate.as(), n), want, 1e-6);
+
+        // Gemma's post norm: x += rmsnorm(y) * weight, as the CPU's rmsnorm then the add.
+        sum = to_device(x);
+        cuda::add_rmsnorm_rows(sum.as<float>(), device_y.as<float>(), device_weight.as<float>(), n,
+                               1, 1e-5f, 0);
+        cpu::rmsnorm(want.data(), y.data(), weight.data(), n, 1e-5f);
+        for (int i = 0; i < n; ++i) want[i] += x[i];
+        report("add_rmsnorm_rows" + size, to_host(sum.as(), n), want, 1e-6);
     }
 }
 
@@ -1400,7 +1420,8 @@ void check_prefill_rows() {
             for (int& token : tokens) token = any_token(rng);
             DeviceBuffer device_tokens = to_device(tokens.data(), count * sizeof(int));
             DeviceBuffer x = poisoned(size_t(count) * cols);
-            cuda::embedding_rows(x.as<float>(), device_table, device_tokens.as<int>(), count, 0);
+            cuda::embedding_rows(x.as<float>(), device_table, 1.0f, device_tokens.as<int>(), count,
+                                 0);
             std::vector<float> want(size_t(count) * cols);
             for (int t = 0; t < count; ++t)
                 cpu::embedding_row(&want[size_t(t) * cols], table.matrix, tokens[t]);
@@ -1443,7 +1464,8 @@ void check_prefill_rows() {
                        rounding_tolerance(dtype, 1e-6));
 
                 out = poisoned_activations(memory, count, cols, dtype);
-                cuda::swiglu_rows(out, device_gate.as<float>(), device_up.as<float>(), in_pitch, 0);
+                cuda::swiglu_rows(out, device_gate.as<float>(), device_up.as<float>(), in_pitch,
+                                  Activation::Silu, 0);
                 report("swiglu_rows " + shape, activations_to_host(out),
                        with_pitch(rounded(gated, dtype), count, cols, pitch),
                        rounding_tolerance(dtype, 1e-6));
@@ -1546,7 +1568,7 @@ void check_gemm_swiglu() {
                 DeviceBuffer gate = poisoned(size_t(c.tokens) * c.hidden),
                              up = poisoned(size_t(c.tokens) * c.hidden);
                 cuda::gemm_swiglu(out, device_w1, device_w3, in, gate.as<float>(), up.as<float>(),
-                                  c.hidden, 0, scratch, rows);
+                                  c.hidden, Activation::Silu, 0, scratch, rows);
                 const bool gated = rows != 0 || cuda::gemm_tiles(dtype, c.tokens, c.hidden) ==
                                                     cuda::GemmTiles::kWarpgroup;
                 const std::string path = !gated      ? "gemm + swiglu_rows"
@@ -1819,7 +1841,7 @@ void bench(int multiprocessors) {
         line((std::string("matvec_swiglu ") + dtype_label(dtype)).c_str(), "2 x 14336x4096",
              time_ms([&](int) {
                  cuda::matvec_swiglu(out.as<float>(), d1, d3, x.as<float>(), norm.as<float>(),
-                                     1e-5f, 0);
+                                     1e-5f, Activation::Silu, 0);
              }),
              double(d1.bytes() + d3.bytes()));
     }
@@ -1929,7 +1951,7 @@ void bench(int multiprocessors) {
         line((std::string("matvec_swiglu ") + dtype_label(dtype)).c_str(), "2 x 14336x4096",
              time_ms([&](int) {
                  cuda::matvec_swiglu(out.as<float>(), d1, d3, x.as<float>(), norm.as<float>(),
-                                     1e-5f, 0);
+                                     1e-5f, Activation::Silu, 0);
              }),
              double(d1.bytes() + d3.bytes()));
     }
