@@ -99,28 +99,33 @@ struct Panel {
     float* mins;
 };
 
-// Where one row's span of kSpanGroups groups goes: its levels to a staging area
-// [group][8 rows][32 columns], its A and B to its lane of the panel.
+// Where one row's span of kSpanGroups groups goes: its levels and its A and B to staging
+// areas that unpack_tile transposes into the panel.
 struct RowSpan {
-    uint8_t* levels;  // group g at levels + g · kLanes · kGroup
-    float* scales;    // sub-block j at scales[j · kBlockRowTile]
-    float* mins;      // group g at mins[g · kBlockRowTile]
+    uint8_t* levels;  // [group][kLanes rows][32]: group g at levels + g · kLanes · kGroup
+    float* scales;    // A of the row's sub-blocks: [2 registers][kLanes rows][8]
+    float* mins;      // B of the row's groups: [kLanes rows][8]
     void level(int g, __m256i v) const {
         _mm256_store_si256(reinterpret_cast<__m256i*>(levels + g * kLanes * kGroup), v);
     }
-    void scale(int j, float a) const { scales[size_t(j) * kBlockRowTile] = a; }
-    void min(int g, float b) const { mins[size_t(g) * kBlockRowTile] = b; }
+    // A (or B) of sub-blocks 8·r .. 8·r + 7 (groups 0..7).
+    void scales8(int r, __m256 a) const { _mm256_store_ps(scales + r * kLanes * kLanes, a); }
+    void mins8(__m256 b) const { _mm256_store_ps(mins, b); }
 };
+
+// Eight unsigned bytes of `bytes` as f32 times `factor`.
+inline __m256 bytes_times(uint64_t bytes, float factor) {
+    return _mm256_mul_ps(
+        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(bytes)))),
+        _mm256_set1_ps(factor));
+}
 
 // Q4_K and Q5_K: 8 groups, A = d·sc_j, B = −dmin·m_j.
 template <bool kFifthBit>
 void unpack_k(const RowSpan& out, const uint8_t* block) {
-    const float d = f16_at(block), minus_dmin = -f16_at(block + 2);
     const KScalesMins unpacked = unpack_k_scales_mins(block + kKScalesOffset);
-    for (int j = 0; j < kSpanGroups; ++j) {
-        out.scale(j, d * float((unpacked.scales >> (8 * j)) & 0xff));
-        out.min(j, minus_dmin * float((unpacked.mins >> (8 * j)) & 0xff));
-    }
+    out.scales8(0, bytes_times(unpacked.scales, f16_at(block)));
+    out.mins8(bytes_times(unpacked.mins, -f16_at(block + 2)));
     const __m256i high_bits = kFifthBit ? load256(block + kQ5KHighOffset) : __m256i{};
     for (int chunk = 0; chunk < kSpanGroups / 2; ++chunk) {
         __m256i low, high;
@@ -132,9 +137,12 @@ void unpack_k(const RowSpan& out, const uint8_t* block) {
 
 // Q6_K: 16 sub-blocks of 16, A = d·scales[i]; levels 0..63, offset 32.
 void unpack_q6_k(const RowSpan& out, const uint8_t* block) {
-    const float d = f16_at(block + kQ6DOffset);
-    for (int i = 0; i < kSuperBlock / kQ6SubBlock; ++i)
-        out.scale(i, d * float(int8_t(block[kQ6ScalesOffset + i])));
+    const __m256 d = _mm256_set1_ps(f16_at(block + kQ6DOffset));
+    for (int r = 0; r < 2; ++r) {
+        const __m128i scales =
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + kQ6ScalesOffset + 8 * r));
+        out.scales8(r, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(scales))));
+    }
     for (int half = 0; half < 2; ++half)
         for (int t = 0; t < kSpanGroups / 2; ++t)
             out.level(kSpanGroups / 2 * half + t, q6_k_levels(block, half, t));
@@ -142,92 +150,114 @@ void unpack_q6_k(const RowSpan& out, const uint8_t* block) {
 
 // IQ4_XS: 8 groups, A = d·(ls_j − 32); the signed values kIq4Values[q].
 void unpack_iq4_xs(const RowSpan& out, const uint8_t* block) {
-    const float d = f16_at(block);
+    alignas(32) float scales[kSpanGroups];
+    for (int j = 0; j < kSpanGroups; ++j) scales[j] = float(iq4_xs_scale(block, j));
+    out.scales8(0, _mm256_mul_ps(_mm256_load_ps(scales), _mm256_set1_ps(f16_at(block))));
     const __m256i table = iq4_table();
-    for (int j = 0; j < kSpanGroups; ++j) {
-        out.scale(j, d * float(iq4_xs_scale(block, j)));
-        out.level(j, iq4_xs_values(block, j, table));
-    }
+    for (int j = 0; j < kSpanGroups; ++j) out.level(j, iq4_xs_values(block, j, table));
 }
 
-// `blocks` Q4_1, Q5_0 or Q5_1 blocks, a group each: A = d, B = m (Q4_1, Q5_1).
+// `blocks` (≤ 8) Q4_1, Q5_0 or Q5_1 blocks, a group each: A = d, B = m (Q4_1, Q5_1).
 template <DType kType>
 void unpack_small(const RowSpan& out, const uint8_t* first_block, int blocks) {
+    constexpr size_t kBytes = kType == DType::Q4_1   ? sizeof(BlockQ4_1)
+                              : kType == DType::Q5_0 ? sizeof(BlockQ5_0)
+                                                     : sizeof(BlockQ5_1);
+    alignas(16) uint16_t d[kSpanGroups] = {}, m[kSpanGroups] = {};
     for (int b = 0; b < blocks; ++b) {
-        const uint8_t* block = first_block + size_t(b) * block_bytes(kType);
-        out.scale(b, f16_at(block));
-        if constexpr (kType != DType::Q5_0) out.min(b, f16_at(block + 2));
+        const uint8_t* block = first_block + b * kBytes;
+        std::memcpy(&d[b], block, sizeof d[b]);
+        if constexpr (kType != DType::Q5_0) std::memcpy(&m[b], block + 2, sizeof m[b]);
         out.level(b, small_block_levels<kType>(block));
     }
+    out.scales8(0, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(d))));
+    out.mins8(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(m))));
 }
 
-// Groups [first_group, first_group + groups) of `row` (groups ≤ kSpanGroups; a whole
-// super-block for the K types and IQ4_XS).
-void unpack_row_span(const RowSpan& out, DType dtype, const uint8_t* row, int first_group,
-                     int groups) {
-    const size_t first_block = size_t(first_group) * kGroup / block_weights(dtype);
-    const uint8_t* block = row + first_block * block_bytes(dtype);
-    switch (dtype) {
-        case DType::Q4_K:
-            unpack_k<false>(out, block);
-            break;
-        case DType::Q5_K:
-            unpack_k<true>(out, block);
-            break;
-        case DType::Q6_K:
-            unpack_q6_k(out, block);
-            break;
-        case DType::IQ4_XS:
-            unpack_iq4_xs(out, block);
-            break;
-        case DType::Q4_1:
-            unpack_small<DType::Q4_1>(out, block, groups);
-            break;
-        case DType::Q5_0:
-            unpack_small<DType::Q5_0>(out, block, groups);
-            break;
-        default:  // Q5_1
-            unpack_small<DType::Q5_1>(out, block, groups);
-            break;
-    }
+// `groups` (≤ kSpanGroups) groups of one row from `block` (a whole super-block for the K
+// types and IQ4_XS).
+template <DType kType>
+void unpack_row_span(const RowSpan& out, const uint8_t* block, int groups) {
+    if constexpr (kType == DType::Q4_K) unpack_k<false>(out, block);
+    if constexpr (kType == DType::Q5_K) unpack_k<true>(out, block);
+    if constexpr (kType == DType::Q6_K) unpack_q6_k(out, block);
+    if constexpr (kType == DType::IQ4_XS) unpack_iq4_xs(out, block);
+    if constexpr (kType == DType::Q4_1 || kType == DType::Q5_0 || kType == DType::Q5_1)
+        unpack_small<kType>(out, block, groups);
+}
+
+// Transposes 8 rows of 8 words at `rows` (`row_stride` words apart) and stores the first
+// `count` of the results (word j of every row) at `out`, `out_stride` words apart.
+template <typename Word>
+void transpose_words(Word* out, size_t out_stride, const Word* rows, size_t row_stride,
+                     int count) {
+    __m256 words[kLanes];
+    for (int i = 0; i < kLanes; ++i)
+        words[i] = _mm256_load_ps(reinterpret_cast<const float*>(rows + i * row_stride));
+    transpose8x8(words);
+    for (int j = 0; j < count; ++j)
+        _mm256_store_ps(reinterpret_cast<float*>(out + j * out_stride), words[j]);
 }
 
 // The panel of rows [tile_row, tile_row + 32) of w; rows past the matrix hold levels 0 and
 // A = B = 0.
-void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
-    const LevelShape shape = level_shape(w.dtype);
-    const int groups = w.cols / kGroup, subs = kGroup / shape.sub_cols;
-    alignas(32) uint8_t staging[kSpanGroups][kLanes][kGroup];
+template <DType kType>
+void unpack_tile_typed(const Panel& panel, const Matrix& w, int tile_row) {
+    constexpr LevelShape kShape = level_shape(kType);
+    constexpr int kSubs = kGroup / kShape.sub_cols;  // sub-blocks a group
+    const int groups = w.cols / kGroup;
+    // Bytes of a span's blocks: one super-block, or kSpanGroups small blocks.
+    const size_t span_bytes = block_bytes(kType) * (kSpanGroups * kGroup / block_weights(kType));
+    alignas(32) uint8_t levels[kSpanGroups][kLanes][kGroup];
+    alignas(32) float scales[kSubs][kLanes][kLanes], mins[kLanes][kLanes];
     for (int rb = 0; rb < kRowRegisters; ++rb)
         for (int span = 0; span < groups; span += kSpanGroups) {
             const int span_groups = std::min(kSpanGroups, groups - span);
             for (int i = 0; i < kLanes; ++i) {
-                const int lane = rb * kLanes + i, r = tile_row + lane;
-                const RowSpan out{&staging[0][i][0],
-                                  panel.scales + size_t(span) * subs * kBlockRowTile + lane,
-                                  panel.mins + size_t(span) * kBlockRowTile + lane};
+                const RowSpan out{&levels[0][i][0], &scales[0][i][0], &mins[i][0]};
+                const int r = tile_row + rb * kLanes + i;
                 if (r < w.rows) {
-                    unpack_row_span(out, w.dtype, w.row_data(r), span, span_groups);
+                    unpack_row_span<kType>(out, w.row_data(r) + span / kSpanGroups * span_bytes,
+                                           span_groups);
                     continue;
                 }
-                for (int g = 0; g < span_groups; ++g) {
-                    out.level(g, _mm256_setzero_si256());
-                    out.min(g, 0.0f);
-                    for (int s = 0; s < subs; ++s) out.scale(subs * g + s, 0.0f);
-                }
+                for (int g = 0; g < span_groups; ++g) out.level(g, _mm256_setzero_si256());
+                for (int s = 0; s < kSubs; ++s) out.scales8(s, _mm256_setzero_ps());
+                out.mins8(_mm256_setzero_ps());
             }
-            for (int g = 0; g < span_groups; ++g) {
-                __m256 words[kLanes];  // row i's 8 steps, then step s's 8 rows
-                for (int i = 0; i < kLanes; ++i)
-                    words[i] = _mm256_load_ps(reinterpret_cast<const float*>(staging[g][i]));
-                transpose8x8(words);
-                uint8_t* group_panel =
-                    panel.levels + size_t(span + g) * kGroupBytes + rb * kRegisterBytes;
-                for (int s = 0; s < kGroupSteps; ++s)
-                    _mm256_store_ps(reinterpret_cast<float*>(group_panel + s * kStepBytes),
-                                    words[s]);
-            }
+            // Word s of row i's group g is its step s: the 8 × 8 transpose puts it in lane i
+            // of the panel's register of step s.
+            for (int g = 0; g < span_groups; ++g)
+                transpose_words(panel.levels + size_t(span + g) * kGroupBytes + rb * kRegisterBytes,
+                                kStepBytes, &levels[g][0][0], kGroup, kGroupSteps);
+            for (int s = 0; s < kSubs; ++s)
+                transpose_words(panel.scales + (size_t(span) * kSubs + kLanes * s) * kBlockRowTile +
+                                    rb * kLanes,
+                                kBlockRowTile, &scales[s][0][0], kLanes,
+                                std::min(kLanes, span_groups * kSubs - kLanes * s));
+            if constexpr (kShape.has_min)
+                transpose_words(panel.mins + size_t(span) * kBlockRowTile + rb * kLanes,
+                                kBlockRowTile, &mins[0][0], kLanes, span_groups);
         }
+}
+
+void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
+    switch (w.dtype) {
+        case DType::Q4_K:
+            return unpack_tile_typed<DType::Q4_K>(panel, w, tile_row);
+        case DType::Q5_K:
+            return unpack_tile_typed<DType::Q5_K>(panel, w, tile_row);
+        case DType::Q6_K:
+            return unpack_tile_typed<DType::Q6_K>(panel, w, tile_row);
+        case DType::IQ4_XS:
+            return unpack_tile_typed<DType::IQ4_XS>(panel, w, tile_row);
+        case DType::Q4_1:
+            return unpack_tile_typed<DType::Q4_1>(panel, w, tile_row);
+        case DType::Q5_0:
+            return unpack_tile_typed<DType::Q5_0>(panel, w, tile_row);
+        default:  // Q5_1
+            return unpack_tile_typed<DType::Q5_1>(panel, w, tile_row);
+    }
 }
 
 // sums[k][r] += the dot products of groups [first_group, end_group) for TOKENS tokens from
@@ -297,8 +327,11 @@ void block_tile_kernel(float* sums, const Panel& panel, int row_register, const 
                         for (int h = 0; h < R; ++h) {
                             const __m256i product = _mm256_maddubs_epi16(
                                 magnitudes[h], kSigned ? _mm256_sign_epi8(x_word, levels[h]) : x_word);
+                            // A saturating add, which never saturates here: unlike a
+                            // plain one, the compiler keeps the sum in step order, one
+                            // register a pair, rather than holding every product at once.
                             pairs[k][h] = s == first_step ? product
-                                                          : _mm256_add_epi16(pairs[k][h], product);
+                                                          : _mm256_adds_epi16(pairs[k][h], product);
                         }
                     }
                 }
