@@ -29,8 +29,7 @@ struct AvxVnniBuild {
 
 // SIMDe's always; the native one where this CPU has AVX-VNNI (printed once).
 std::vector<AvxVnniBuild> builds() {
-    std::vector<AvxVnniBuild> list = {
-        {"simde", cpu::avxvnni_simde::gemm_rows_quantized}};
+    std::vector<AvxVnniBuild> list = {{"simde", cpu::avxvnni_simde::gemm_rows_quantized}};
     const bool native = cpu::cpu_has_avx_vnni();
     static bool said = false;
     if (!said) {
@@ -38,8 +37,7 @@ std::vector<AvxVnniBuild> builds() {
                     native ? " and native" : " only (this CPU has no AVX-VNNI)");
         said = true;
     }
-    if (native)
-        list.push_back({"native", cpu::avxvnni::gemm_rows_quantized});
+    if (native) list.push_back({"native", cpu::avxvnni::gemm_rows_quantized});
     return list;
 }
 

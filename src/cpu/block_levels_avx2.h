@@ -82,8 +82,8 @@ inline void k_chunk_levels(const uint8_t* block, __m256i high_bits, int chunk, _
     if constexpr (kFifthBit) {
         *low = _mm256_or_si256(*low,
                                _mm256_and_si256(shift_words(high_bits, 4 - 2 * chunk), fifth_bit));
-        *high = _mm256_or_si256(
-            *high, _mm256_and_si256(shift_words(high_bits, 3 - 2 * chunk), fifth_bit));
+        *high = _mm256_or_si256(*high,
+                                _mm256_and_si256(shift_words(high_bits, 3 - 2 * chunk), fifth_bit));
     }
 }
 

@@ -233,9 +233,9 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
         const auto rows_quantized =
             avx512_vnni ? avx512::gemm_rows_quantized : avxvnni::gemm_rows_quantized;
         const auto rows_blocks = avx512_vnni ? avx512::gemm_rows_blocks : avx2::gemm_rows_blocks;
-        const bool any_blocks = std::any_of(outputs.begin(), outputs.end(), [](const BatchOutput& o) {
-            return is_block_type(o.w->dtype);
-        });
+        const bool any_blocks =
+            std::any_of(outputs.begin(), outputs.end(),
+                        [](const BatchOutput& o) { return is_block_type(o.w->dtype); });
         const int row_tile = avx512_vnni  ? avx512::kQuantizedRowTile
                              : any_blocks ? avx2::kBlockRowTile
                                           : avxvnni::kQuantizedRowTile;

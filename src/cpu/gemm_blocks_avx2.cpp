@@ -26,11 +26,14 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "cpu/avx2.h"
 #include "cpu/block_levels_avx2.h"
+#include "cpu/block_sub_blocks.h"
 #include "cpu/helpers_avx2.h"
 #include "cpu/kquant_scales.h"
 #include "weight_blocks.h"
@@ -39,18 +42,18 @@ namespace barellm::cpu::avx2 {
 
 namespace {
 
-constexpr int kGroup = kQ8Group;                          // x's columns per scale: 32
-constexpr int kLaneBytes = 4;                             // columns in one int32 lane
-constexpr int kGroupSteps = kGroup / kLaneBytes;          // steps per group: 8
-constexpr int kRowRegisters = kBlockRowTile / kLanes;     // registers of rows in a tile: 4
-constexpr int kRegisterBytes = kLanes * kLaneBytes;       // 32
-constexpr int kStepBytes = kBlockRowTile * kLaneBytes;    // panel bytes of one step: 128
-constexpr int kGroupBytes = kGroupSteps * kStepBytes;     // panel bytes of one group: 1024
-constexpr int kSpanGroups = kSuperBlock / kGroup;         // groups a row unpacks at once: 8
-constexpr int kDepthGroups = 16;                          // groups per micro-kernel call
-constexpr int kKernelRegisters = 2;                       // row registers per call: 16 rows
-constexpr int kBlockTokenTile = 3;                        // tokens per micro-kernel call
-constexpr int kQ8Largest = 127;                           // |q| of x
+constexpr int kGroup = kQ8Group;                        // x's columns per scale: 32
+constexpr int kLaneBytes = 4;                           // columns in one int32 lane
+constexpr int kGroupSteps = kGroup / kLaneBytes;        // steps per group: 8
+constexpr int kRowRegisters = kBlockRowTile / kLanes;   // registers of rows in a tile: 4
+constexpr int kRegisterBytes = kLanes * kLaneBytes;     // 32
+constexpr int kStepBytes = kBlockRowTile * kLaneBytes;  // panel bytes of one step: 128
+constexpr int kGroupBytes = kGroupSteps * kStepBytes;   // panel bytes of one group: 1024
+constexpr int kSpanGroups = kSuperBlock / kGroup;       // groups a row unpacks at once: 8
+constexpr int kDepthGroups = 16;                        // groups per micro-kernel call
+constexpr int kKernelRegisters = 2;                     // row registers per call: 16 rows
+constexpr int kBlockTokenTile = 3;                      // tokens per micro-kernel call
+constexpr int kQ8Largest = 127;                         // |q| of x
 constexpr int kInt16Largest = 32767;
 
 // How the micro-kernel reads a type's levels (see the file comment).
@@ -189,8 +192,7 @@ void unpack_row_span(const RowSpan& out, const uint8_t* block, int groups) {
 // Transposes 8 rows of 8 words at `rows` (`row_stride` words apart) and stores the first
 // `count` of the results (word j of every row) at `out`, `out_stride` words apart.
 template <typename Word>
-void transpose_words(Word* out, size_t out_stride, const Word* rows, size_t row_stride,
-                     int count) {
+void transpose_words(Word* out, size_t out_stride, const Word* rows, size_t row_stride, int count) {
     __m256 words[kLanes];
     for (int i = 0; i < kLanes; ++i)
         words[i] = _mm256_load_ps(reinterpret_cast<const float*>(rows + i * row_stride));
@@ -299,9 +301,8 @@ void block_tile_kernel(float* sums, const Panel& panel, int row_register, const 
             __m256i dots[TOKENS][R];
 #pragma GCC unroll 4
             for (int k = 0; k < TOKENS; ++k) {
-                const int32_t* sums16 = half_sums[k] + 2 * g;
                 const int start =
-                    kHasMin ? 0 : -offset * (kSubs == 2 ? sums16[sub] : sums16[0] + sums16[1]);
+                    kHasMin ? 0 : sub_block_start(half_sums[k] + 2 * g, sub, kSubs, offset);
 #pragma GCC unroll 4
                 for (int h = 0; h < R; ++h) dots[k][h] = _mm256_set1_epi32(start);
             }
@@ -316,7 +317,8 @@ void block_tile_kernel(float* sums, const Panel& panel, int row_register, const 
                     for (int h = 0; h < R; ++h) {
                         levels[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(
                             group_levels + s * kStepBytes + h * kRegisterBytes));
-                        magnitudes[h] = kSigned ? _mm256_sign_epi8(levels[h], levels[h]) : levels[h];
+                        magnitudes[h] =
+                            kSigned ? _mm256_sign_epi8(levels[h], levels[h]) : levels[h];
                     }
 #pragma GCC unroll 4
                     for (int k = 0; k < TOKENS; ++k) {
@@ -326,12 +328,13 @@ void block_tile_kernel(float* sums, const Panel& panel, int row_register, const 
 #pragma GCC unroll 4
                         for (int h = 0; h < R; ++h) {
                             const __m256i product = _mm256_maddubs_epi16(
-                                magnitudes[h], kSigned ? _mm256_sign_epi8(x_word, levels[h]) : x_word);
+                                magnitudes[h],
+                                kSigned ? _mm256_sign_epi8(x_word, levels[h]) : x_word);
                             // A saturating add, which never saturates here: unlike a
                             // plain one, the compiler keeps the sum in step order, one
                             // register a pair, rather than holding every product at once.
-                            pairs[k][h] = s == first_step ? product
-                                                          : _mm256_adds_epi16(pairs[k][h], product);
+                            pairs[k][h] =
+                                s == first_step ? product : _mm256_adds_epi16(pairs[k][h], product);
                         }
                     }
                 }
@@ -339,10 +342,11 @@ void block_tile_kernel(float* sums, const Panel& panel, int row_register, const 
                 for (int k = 0; k < TOKENS; ++k)
 #pragma GCC unroll 4
                     for (int h = 0; h < R; ++h)
-                        dots[k][h] = _mm256_add_epi32(dots[k][h], _mm256_madd_epi16(pairs[k][h], ones));
+                        dots[k][h] =
+                            _mm256_add_epi32(dots[k][h], _mm256_madd_epi16(pairs[k][h], ones));
             }
-            const float* scales = panel.scales + size_t(g * kSubs + sub) * kBlockRowTile +
-                                  row_register * kLanes;
+            const float* scales =
+                panel.scales + size_t(g * kSubs + sub) * kBlockRowTile + row_register * kLanes;
 #pragma GCC unroll 4
             for (int k = 0; k < TOKENS; ++k) {
                 const __m256 x_scale = _mm256_set1_ps(x_scales[k][g]);
@@ -361,7 +365,8 @@ void block_tile_kernel(float* sums, const Panel& panel, int row_register, const 
                 const __m256 x_sum = _mm256_set1_ps(x_scales[k][g] * float(sums16[0] + sums16[1]));
 #pragma GCC unroll 4
                 for (int h = 0; h < R; ++h)
-                    acc[k][h] = _mm256_fmadd_ps(_mm256_load_ps(mins + h * kLanes), x_sum, acc[k][h]);
+                    acc[k][h] =
+                        _mm256_fmadd_ps(_mm256_load_ps(mins + h * kLanes), x_sum, acc[k][h]);
             }
         }
     }
@@ -374,15 +379,17 @@ void block_tile_kernel(float* sums, const Panel& panel, int row_register, const 
 
 using BlockTileKernel = void (*)(float*, const Panel&, int, const QuantizedBatch&, int, int, int,
                                  int);
+// The kernels for 1 .. kBlockTokenTile tokens.
+template <int kSubCols, bool kHasMin, bool kSigned, int kWidenSteps, int... kTokens>
+constexpr std::array<BlockTileKernel, kBlockTokenTile> kernel_table(
+    std::integer_sequence<int, kTokens...>) {
+    return {block_tile_kernel<kTokens + 1, kSubCols, kHasMin, kSigned, kWidenSteps>...};
+}
 template <DType kType>
 constexpr BlockTileKernel kernel_of(int tokens) {
     constexpr LevelShape shape = level_shape(kType);
-    constexpr int kWiden = widen_steps(shape);
-    constexpr BlockTileKernel kernels[kBlockTokenTile] = {
-        block_tile_kernel<1, shape.sub_cols, shape.has_min, shape.is_signed, kWiden>,
-        block_tile_kernel<2, shape.sub_cols, shape.has_min, shape.is_signed, kWiden>,
-        block_tile_kernel<3, shape.sub_cols, shape.has_min, shape.is_signed, kWiden>};
-    return kernels[tokens - 1];
+    return kernel_table<shape.sub_cols, shape.has_min, shape.is_signed, widen_steps(shape)>(
+        std::make_integer_sequence<int, kBlockTokenTile>())[tokens - 1];
 }
 
 // The micro-kernel for `tokens` tokens of a type (types of one LevelShape share theirs).
@@ -433,8 +440,8 @@ void gemm_rows_blocks(float* out, const Matrix& w, const QuantizedBatch& x, int 
         const int kernel_rows = kKernelRegisters * kLanes;
         const int first_register =
             std::max(0, first_row - tile_row) / kernel_rows * kKernelRegisters;
-        const int end_register = std::min(kRowRegisters, (end_row - tile_row + kernel_rows - 1) /
-                                                             kernel_rows * kKernelRegisters);
+        const int end_register = std::min(
+            kRowRegisters, (end_row - tile_row + kernel_rows - 1) / kernel_rows * kKernelRegisters);
         for (int first_group = 0; first_group < groups; first_group += kDepthGroups) {
             const int end_group = std::min(groups, first_group + kDepthGroups);
             for (int token = 0; token < x.batch; token += kBlockTokenTile) {

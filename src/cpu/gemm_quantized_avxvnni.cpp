@@ -37,7 +37,7 @@ constexpr int kStepBytes = kQuantizedRowTile * kBytesPerLane;  // panel bytes of
 constexpr int kGroupBytes = kGroupSteps * kStepBytes;          // panel bytes of one group: 512
 constexpr int kUnsignedOffset = 128;                           // stored weight = value + 128
 constexpr char kZeroWeight = char(kUnsignedOffset);            // the stored form of 0
-constexpr size_t kAlignment = 32;     // bytes: one register
+constexpr size_t kAlignment = 32;                              // bytes: one register
 
 static_assert(kGroupSteps == kLanes, "a group's steps are one 8 x 8 transpose of words");
 

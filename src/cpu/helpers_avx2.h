@@ -1,5 +1,6 @@
 // Inline AVX2 helpers shared by the *_avx2.cpp kernels: loads that widen weights to f32,
-// an 8 × 8 transpose, a horizontal sum, e^x. Include it only from *_avx2.cpp files (built with -mavx2 -mfma -mf16c).
+// an 8 × 8 transpose, a horizontal sum, e^x. Include it only from *_avx2.cpp files (built with
+// -mavx2 -mfma -mf16c).
 #pragma once
 #include <immintrin.h>
 

@@ -108,9 +108,9 @@ void resize_q8_k_vector(Q8KVector* x, int n);
 // values; see gemm_quantized_avx512vnni.cpp).
 struct QuantizedBatch {
     int batch = 0, groups = 0, padded_cols = 0;
-    std::vector<int8_t> values;   // [batch, padded_cols]
-    std::vector<float> scales;    // [batch, groups]
-    std::vector<int32_t> starts;  // [batch, groups]
+    std::vector<int8_t> values;      // [batch, padded_cols]
+    std::vector<float> scales;       // [batch, groups]
+    std::vector<int32_t> starts;     // [batch, groups]
     std::vector<int32_t> half_sums;  // [batch, 2 × groups]: Σ values of each 16 (the block
                                      // types' offsets and mins)
 };

@@ -123,8 +123,9 @@ float iq4_xs_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
             const __m256i x_values = load256(xb + kSubBlock * j);
             const __m256i products = _mm256_maddubs_epi16(_mm256_sign_epi8(values, values),
                                                           _mm256_sign_epi8(x_values, values));
-            dots = _mm256_add_epi32(dots, _mm256_madd_epi16(products, _mm256_set1_epi16(int16_t(
-                                                                          iq4_xs_scale(block, j)))));
+            dots = _mm256_add_epi32(
+                dots,
+                _mm256_madd_epi16(products, _mm256_set1_epi16(int16_t(iq4_xs_scale(block, j)))));
         }
         sums =
             _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_set1_ps(x.d[b] * f16_at(block)), sums);
