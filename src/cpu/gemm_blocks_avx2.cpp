@@ -36,6 +36,7 @@
 #include "cpu/block_sub_blocks.h"
 #include "cpu/helpers_avx2.h"
 #include "cpu/kquant_scales.h"
+#include "cpu/panel_prefetcher.h"
 #include "weight_blocks.h"
 
 namespace barellm::cpu::avx2 {
@@ -442,13 +443,25 @@ void gemm_rows_blocks(float* out, const Matrix& w, const QuantizedBatch& x, int 
             std::max(0, first_row - tile_row) / kernel_rows * kKernelRegisters;
         const int end_register = std::min(
             kRowRegisters, (end_row - tile_row + kernel_rows - 1) / kernel_rows * kKernelRegisters);
+        // The next tile's blocks, fetched into L2 over this tile's kernel calls: the unpacking
+        // then reads them from cache, not row by row from memory.
+        const int next_tile = tile_row + kBlockRowTile;
+        const int calls = (groups + kDepthGroups - 1) / kDepthGroups *
+                          ((x.batch + kBlockTokenTile - 1) / kBlockTokenTile) *
+                          ((end_register - first_register) / kKernelRegisters);
+        PanelPrefetcher prefetcher(
+            w.row_data(std::min(next_tile, w.rows - 1)), w.row_bytes(),
+            std::max(0, std::min(next_tile + kBlockRowTile, end_row) - next_tile),
+            int(w.row_bytes()), calls);
         for (int first_group = 0; first_group < groups; first_group += kDepthGroups) {
             const int end_group = std::min(groups, first_group + kDepthGroups);
             for (int token = 0; token < x.batch; token += kBlockTokenTile) {
                 const BlockTileKernel kernel =
                     kernel_for(w.dtype, std::min(kBlockTokenTile, x.batch - token));
-                for (int reg = first_register; reg < end_register; reg += kKernelRegisters)
+                for (int reg = first_register; reg < end_register; reg += kKernelRegisters) {
+                    prefetcher.before_call();
                     kernel(sums, panel, reg, x, token, first_group, end_group, shape.offset);
+                }
             }
         }
         // This run's rows of the tile, to out.
