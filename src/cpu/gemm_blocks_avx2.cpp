@@ -62,7 +62,7 @@ struct LevelShape {
     int sub_cols;       // columns under one A: 32, or 16 (Q6_K)
     bool has_min;       // w = A·u + B; else w = A·(u − offset)
     bool is_signed;     // IQ4_XS: signed values, offset 0
-    int offset;         //
+    int offset;         // (offset types) u stands for u − offset
     int largest_level;  // of u (of |value| for IQ4_XS)
 };
 constexpr LevelShape level_shape(DType dtype) {
@@ -112,7 +112,7 @@ struct RowSpan {
     void level(int g, __m256i v) const {
         _mm256_store_si256(reinterpret_cast<__m256i*>(levels + g * kLanes * kGroup), v);
     }
-    // A (or B) of sub-blocks 8·r .. 8·r + 7 (groups 0..7).
+    // A of sub-blocks 8·r .. 8·r + 7; B of groups 0..7.
     void scales8(int r, __m256 a) const { _mm256_store_ps(scales + r * kLanes * kLanes, a); }
     void mins8(__m256 b) const { _mm256_store_ps(mins, b); }
 };
