@@ -1,4 +1,4 @@
-// The AVX-VNNI kernels called directly, against the scalar quantize_q8 and a
+// The AVX-VNNI kernel called directly, on x quantized by the scalar quantize_q8, against a
 // double-precision reference: built on SIMDe (namespace avxvnni_simde, any CPU) and, where
 // the CPU has AVX-VNNI, natively (avxvnni). Sizes cover every tail: columns in short last
 // groups, rows past whole 16-row panels, tokens past whole 3-token tiles.
@@ -24,14 +24,12 @@ namespace {
 // One build of the AVX-VNNI kernels.
 struct AvxVnniBuild {
     std::string name;
-    decltype(&cpu::avxvnni::quantize_token) quantize_token;
     decltype(&cpu::avxvnni::gemm_rows_quantized) gemm_rows_quantized;
 };
 
 // SIMDe's always; the native one where this CPU has AVX-VNNI (printed once).
 std::vector<AvxVnniBuild> builds() {
-    std::vector<AvxVnniBuild> list = {
-        {"simde", cpu::avxvnni_simde::quantize_token, cpu::avxvnni_simde::gemm_rows_quantized}};
+    std::vector<AvxVnniBuild> list = {{"simde", cpu::avxvnni_simde::gemm_rows_quantized}};
     const bool native = cpu::cpu_has_avx_vnni();
     static bool said = false;
     if (!said) {
@@ -39,21 +37,11 @@ std::vector<AvxVnniBuild> builds() {
                     native ? " and native" : " only (this CPU has no AVX-VNNI)");
         said = true;
     }
-    if (native)
-        list.push_back({"native", cpu::avxvnni::quantize_token, cpu::avxvnni::gemm_rows_quantized});
+    if (native) list.push_back({"native", cpu::avxvnni::gemm_rows_quantized});
     return list;
 }
 
 }  // namespace
-
-TEST_CASE("AVX-VNNI quantize_token quantizes each token exactly as quantize_q8") {
-    std::mt19937 rng(614);
-    for (const AvxVnniBuild& build : builds())
-        for (int cols : {1, 7, 8, 9, 16, 17, 31, 32, 33, 100, 600}) {
-            INFO(build.name << " cols " << cols);
-            CHECK(quantize_token_difference(build.quantize_token, cols, rng) == "");
-        }
-}
 
 TEST_CASE("AVX-VNNI Q8 and Q4 prefill GEMM matches a reference on quantized x") {
     std::mt19937 rng(615);
@@ -71,10 +59,7 @@ TEST_CASE("AVX-VNNI Q8 and Q4 prefill GEMM matches a reference on quantized x") 
                 const std::vector<float> x = random_floats(size_t(batch) * cols, rng, 50.0f);
                 const std::vector<double> want =
                     reference_gemm(m, rows_quantized_like_the_kernel(x, cols), batch);
-                cpu::QuantizedBatch quantized;
-                cpu::resize_quantized_batch(&quantized, batch, cols);
-                for (int b = 0; b < batch; ++b)
-                    build.quantize_token(&quantized, x.data() + size_t(b) * cols, cols, b);
+                const cpu::QuantizedBatch quantized = quantized_batch_by_rule(x, batch, cols);
                 INFO(build.name << " " << dtype_name(dtype) << " batch " << batch << " cols "
                                 << cols);
                 // A run of rows not starting at row 0 (a thread's share) over three panels,

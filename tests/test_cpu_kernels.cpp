@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "cpu/avx2.h"
 #include "cpu/kernels.h"
 #include "half.h"
 #include "test_block_matrices.h"
@@ -28,10 +29,8 @@ bool gemm_quantizes_x(DType dtype, cpu::SimdLevel level) {
 }
 
 // Whether the prefill GEMM at `level` quantizes x per token for the block types (their
-// integer GEMM on AVX-512 VNNI; elsewhere they multiply x as it is).
-bool block_gemm_quantizes_x(cpu::SimdLevel level) {
-    return level == cpu::SimdLevel::Avx512 && cpu::cpu_has_avx512_vnni();
-}
+// integer GEMMs, on AVX-512 VNNI and AVX2; the scalar one multiplies x as it is).
+bool block_gemm_quantizes_x(cpu::SimdLevel level) { return level >= cpu::SimdLevel::Avx2; }
 
 }  // namespace
 
@@ -670,5 +669,74 @@ TEST_CASE("block-type matvecs of mixed types in one matvec_many call, every leve
              << " " << cpu::simd_level_name(level) << " threads " << threads);
         const std::vector<double> want = block_reference(matrices[t], x_used);
         CHECK(worst_row_error(got[t], want, matrices[t], x_used, 0, rows[t]) < 1e-6);
+    }
+}
+
+TEST_CASE("AVX2 quantize_token quantizes each token exactly as quantize_q8") {
+    if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
+    std::mt19937 rng(614);
+    for (int cols : {1, 7, 8, 9, 16, 17, 31, 32, 33, 100, 600}) {
+        INFO("cols " << cols);
+        CHECK(quantize_token_difference(cpu::avx2::quantize_token, cols, rng) == "");
+    }
+}
+
+TEST_CASE("AVX2 prefill GEMM of the block types matches a reference on quantized x") {
+    if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
+    std::mt19937 rng(518);
+    for (const DType dtype : kBlockTypes) {
+        // Rows off the 32-row tile and its 16-row halves, batches off the 3-token tile; one
+        // block a row, and enough for the 16 groups of a micro-kernel call and a part (and,
+        // for the blocks of 32, a part of a span of 8 blocks).
+        const int block = block_weights(dtype);
+        for (int batch : {1, 5, 13})
+            for (int cols : {block, block == kSmallBlock ? 21 * block : 3 * block}) {
+                const int rows = 45;
+                TestMatrix m = make_block_matrix(rows, cols, dtype, rng);
+                // Rows 1 and 2 of the largest levels: every byte but the f16 scales 0xff
+                // (levels 15, 31, 63; IQ4_XS's 113), or 0 (IQ4_XS's −127); with x of one
+                // sign, every int16 sum of vpmaddubsw pairs then reaches its bound.
+                const std::vector<size_t> scales = block_scale_offsets(dtype);
+                for (int r : {1, 2}) {
+                    uint8_t* row = m.storage.data() + (m.matrix.row_data(r) - m.storage.data());
+                    for (size_t i = 0; i < m.matrix.row_bytes(); ++i)
+                        if (std::none_of(scales.begin(), scales.end(), [&](size_t at) {
+                                const size_t in_block = i % block_bytes(dtype);
+                                return in_block == at || in_block == at + 1;
+                            }))
+                            row[i] = r == 1 ? 0xff : 0;
+                    dequantize_row(dtype, row, &m.values[size_t(r) * cols], cols);
+                }
+                // Large values (the products reach ±127 × the largest level); token 0 all
+                // positive, token 1 (where there is one) all negative.
+                std::vector<float> x = random_floats(size_t(batch) * cols, rng, 50.0f);
+                for (int c = 0; c < cols; ++c) {
+                    x[c] = std::fabs(x[c]);
+                    if (batch > 1) x[cols + c] = -std::fabs(x[cols + c]);
+                }
+                const std::vector<double> want =
+                    reference_gemm(m, rows_quantized_like_the_kernel(x, cols), batch);
+                cpu::QuantizedBatch quantized;
+                cpu::resize_quantized_batch(&quantized, batch, cols);
+                for (int b = 0; b < batch; ++b)
+                    cpu::avx2::quantize_token(&quantized, x.data() + size_t(b) * cols, cols, b);
+                INFO(matrix_type_name(dtype) << " batch " << batch << " cols " << cols);
+                // A run of rows not starting at row 0 (a thread's share) over two tiles, one
+                // that ends inside the first half of a tile, and the whole matrix, whose last
+                // tile runs past its rows.
+                for (auto [first, count] : {std::pair{1, rows - 5}, {20, 19}, {0, rows}}) {
+                    std::vector<float> got(size_t(batch) * rows, NAN);
+                    cpu::avx2::gemm_rows_blocks(got.data(), m.matrix, quantized, first, count);
+                    // f32 sums of terms scaled from subnormal to 65504, which cancel in part
+                    // (as for the AVX-512 VNNI kernel).
+                    for (int b = 0; b < batch; ++b) {
+                        const size_t row0 = size_t(b) * rows;
+                        CHECK(relative_error(row_range(got, int(row0) + first, count),
+                                             row_range(want, int(row0) + first, count)) < 3e-5);
+                        if (first > 0) CHECK(std::isnan(got[row0 + first - 1]));
+                        if (first + count < rows) CHECK(std::isnan(got[row0 + first + count]));
+                    }
+                }
+            }
     }
 }

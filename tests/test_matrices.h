@@ -186,11 +186,37 @@ inline std::vector<float> rounded_to_bf16(const std::vector<float>& x) {
     return out;
 }
 
-// Quantizes three tokens of random x of `cols` columns with a VNNI GEMM's quantize_token
-// and compares them with quantize_q8: "" where every value, scale and start (−128 × Σ
-// values, see cpu::QuantizedBatch) is equal and the padding is 0, else the first
-// difference. x includes exact halves where the scale is 1 (a largest value of 127):
-// quantize_q8 rounds them away from zero; just below a half rounds to 0.
+// x [batch, cols] as the integer GEMMs' quantize_token lays it out, from quantize_q8 (the
+// rule they follow): each token's values padded with zeros to whole groups, its scales, each
+// group's start (−128 × Σ values, see cpu::QuantizedBatch) and its sums of 16.
+inline cpu::QuantizedBatch quantized_batch_by_rule(const std::vector<float>& x, int batch,
+                                                   int cols) {
+    cpu::QuantizedBatch q;
+    cpu::resize_quantized_batch(&q, batch, cols);
+    for (int b = 0; b < batch; ++b) {
+        cpu::QuantizedVector v;
+        cpu::quantize_q8(&v, x.data() + size_t(b) * cols, cols);
+        for (int c = 0; c < q.padded_cols; ++c)
+            q.values[size_t(b) * q.padded_cols + c] = c < cols ? v.values[c] : 0;
+        for (int g = 0; g < q.groups; ++g) {
+            q.scales[size_t(b) * q.groups + g] = v.scales[g];
+            q.starts[size_t(b) * q.groups + g] = -128 * int(v.group_sums[g]);
+            for (int half = 0; half < 2; ++half) {
+                int sum = 0;
+                for (int c = 32 * g + 16 * half; c < 32 * g + 16 * (half + 1); ++c)
+                    sum += q.values[size_t(b) * q.padded_cols + c];
+                q.half_sums[(size_t(b) * q.groups + g) * 2 + half] = sum;
+            }
+        }
+    }
+    return q;
+}
+
+// Quantizes three tokens of random x of `cols` columns with an integer GEMM's quantize_token
+// and compares them with quantized_batch_by_rule: "" where every value (padding included),
+// scale, start and sum of 16 is equal, else the first difference. x includes exact halves
+// where the scale is 1 (a largest value of 127): quantize_q8 rounds them away from zero; just
+// below a half rounds to 0.
 using QuantizeToken = void (*)(cpu::QuantizedBatch*, const float*, int, int);
 inline std::string quantize_token_difference(QuantizeToken quantize_token, int cols,
                                              std::mt19937& rng) {
@@ -200,26 +226,18 @@ inline std::string quantize_token_difference(QuantizeToken quantize_token, int c
         const float halves[] = {127.0f, 2.5f, -2.5f, 0.5f, -0.5f, 0.49999997f, -1.5f};
         std::copy(std::begin(halves), std::end(halves), x.begin() + cols);
     }
-    cpu::QuantizedBatch quantized;
-    cpu::resize_quantized_batch(&quantized, batch, cols);
-    for (int b = 0; b < batch; ++b)
-        quantize_token(&quantized, x.data() + size_t(b) * cols, cols, b);
-    for (int b = 0; b < batch; ++b) {
-        const std::string token = "token " + std::to_string(b);
-        cpu::QuantizedVector want;
-        cpu::quantize_q8(&want, x.data() + size_t(b) * cols, cols);
-        for (int c = 0; c < quantized.padded_cols; ++c)
-            if (int(quantized.values[size_t(b) * quantized.padded_cols + c]) !=
-                (c < cols ? int(want.values[c]) : 0))
-                return token + " value " + std::to_string(c);
-        for (int g = 0; g < quantized.groups; ++g) {
-            if (quantized.scales[size_t(b) * quantized.groups + g] != want.scales[g])
-                return token + " scale " + std::to_string(g);
-            if (quantized.starts[size_t(b) * quantized.groups + g] !=
-                -128 * int(want.group_sums[g]))
-                return token + " start " + std::to_string(g);
-        }
+    cpu::QuantizedBatch got;
+    cpu::resize_quantized_batch(&got, batch, cols);
+    for (int b = 0; b < batch; ++b) quantize_token(&got, x.data() + size_t(b) * cols, cols, b);
+    const cpu::QuantizedBatch want = quantized_batch_by_rule(x, batch, cols);
+    for (size_t i = 0; i < want.values.size(); ++i)
+        if (got.values[i] != want.values[i]) return "value " + std::to_string(i);
+    for (size_t i = 0; i < want.scales.size(); ++i) {
+        if (got.scales[i] != want.scales[i]) return "scale " + std::to_string(i);
+        if (got.starts[i] != want.starts[i]) return "start " + std::to_string(i);
     }
+    for (size_t i = 0; i < want.half_sums.size(); ++i)
+        if (got.half_sums[i] != want.half_sums[i]) return "sum of 16 " + std::to_string(i);
     return "";
 }
 

@@ -42,6 +42,22 @@ void pack_token_tile(float* x_tiles, const float* x, int cols, int batch, int ti
 void gemm_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int first_row,
                int row_count);
 
+// ---- The prefill GEMM of the block types (weight_blocks.h) in integers, in two steps, as
+// the VNNI ones:
+// - x [batch, cols] is quantized to Q8 a token at a time (quantize_token, exactly as
+//   quantize_q8 does, in quantize_batch_avx2.cpp; with each group's start and sums of 16)
+//   into a QuantizedBatch (resize_quantized_batch) the threads share; AVX-VNNI's Q8/Q4 GEMM
+//   reads it too;
+// - then any run of weight rows is computed from it (gemm_rows_blocks, gemm_blocks_avx2.cpp,
+//   out [batch, w.rows]): each tile of kBlockRowTile rows unpacked to levels and f32
+//   sub-block scales once, then met by every token, vpmaddubsw and vpmaddwd in int32.
+
+constexpr int kBlockRowTile = 32;  // weight rows unpacked and computed together
+
+void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token);
+void gemm_rows_blocks(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
+                      int row_count);
+
 // The first 32-byte aligned float at or after p.
 inline float* align32(float* p) {
     const uintptr_t misalignment = reinterpret_cast<uintptr_t>(p) % 32;

@@ -14,7 +14,7 @@ namespace barellm::cpu::avxvnni {
 
 // ---- The prefill GEMM for Q8 and Q4 weights (gemm_quantized_avxvnni.cpp), in two steps, as the
 // AVX-512 VNNI one:
-// - x [batch, cols] is quantized to Q8 a token at a time (quantize_token, exactly as
+// - x [batch, cols] is quantized to Q8 a token at a time (avx2::quantize_token, exactly as
 //   quantize_q8 does) into a QuantizedBatch (resize_quantized_batch) the threads share;
 // - then any run of weight rows, read as the file stores them, is computed from it
 //   (gemm_rows_quantized, out [batch, w.rows]), each group's dot product in int32.
@@ -22,7 +22,6 @@ namespace barellm::cpu::avxvnni {
 constexpr int kQuantizedRowTile = 16;   // weight rows packed and computed together: two registers
 constexpr int kQuantizedTokenTile = 3;  // tokens per micro-kernel call
 
-void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token);
 void gemm_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
                          int row_count);
 

@@ -177,7 +177,8 @@ constexpr int kQuantizedRowTiles = 4;
 
 // The GEMM rows [first, first + count) of one output, on the path for its weights:
 // vdpbf16ps for bf16 where pair_tiles were packed, else AVX-512 FMAs for f32, f16 and
-// bf16, else AVX2 (the block types dequantized to f32 there).
+// bf16, else AVX2 (the block types dequantized to f32 there, where they share a call with
+// matrices of other types).
 void batch_rows(const BatchOutput& o, const float* x_tiles, const uint32_t* pair_tiles, int batch,
                 int first, int count) {
     const DType dtype = o.w->dtype;
@@ -212,25 +213,32 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
     const int threads = threads_for(total_rows * row_work);
     std::atomic<int> next_row{0};  // rows of all outputs, one matrix after another
     // Q8 and Q4 weights with VNNI (from their tiles with AVX-512 VNNI, their rows with AVX-VNNI),
-    // and the block types with AVX-512 VNNI (each output on its own type's kernel): x is
-    // quantized once, a token at a time, the threads sharing the work and the result; the
-    // buffer belongs to the calling thread.
+    // and the block types (with AVX-512 VNNI on its kernel, else on AVX2's; each output on its
+    // own type's kernel): x is quantized once, a token at a time, the threads sharing the work
+    // and the result; the buffer belongs to the calling thread.
     const bool all_tiled = std::all_of(outputs.begin(), outputs.end(), [](const BatchOutput& o) {
         return (is_quantized(o.w->dtype) && o.w->row_tiles) || is_block_type(o.w->dtype);
     });
-    const bool all_quantized =
-        std::all_of(outputs.begin(), outputs.end(),
-                    [](const BatchOutput& o) { return is_quantized(o.w->dtype); });
     const bool avx512_vnni = uses_row_tiles() && all_tiled;
-    const bool avx_vnni = active_level == SimdLevel::Avx2 && has_avx_vnni && all_quantized;
-    if (avx512_vnni || avx_vnni) {
+    const bool avx_vnni = active_level == SimdLevel::Avx2 && has_avx_vnni;
+    const bool avx2_integer =
+        !avx512_vnni && std::all_of(outputs.begin(), outputs.end(), [&](const BatchOutput& o) {
+            return is_block_type(o.w->dtype) || (avx_vnni && is_quantized(o.w->dtype));
+        });
+    if (avx512_vnni || avx2_integer) {
         static thread_local QuantizedBatch storage;
         QuantizedBatch* x_quantized = &storage;  // the calling thread's, shared
         resize_quantized_batch(x_quantized, batch, cols);
-        const auto quantize_token = avx512_vnni ? avx512::quantize_token : avxvnni::quantize_token;
+        const auto quantize_token = avx512_vnni ? avx512::quantize_token : avx2::quantize_token;
         const auto rows_quantized =
             avx512_vnni ? avx512::gemm_rows_quantized : avxvnni::gemm_rows_quantized;
-        const int row_tile = avx512_vnni ? avx512::kQuantizedRowTile : avxvnni::kQuantizedRowTile;
+        const auto rows_blocks = avx512_vnni ? avx512::gemm_rows_blocks : avx2::gemm_rows_blocks;
+        const bool any_blocks =
+            std::any_of(outputs.begin(), outputs.end(),
+                        [](const BatchOutput& o) { return is_block_type(o.w->dtype); });
+        const int row_tile = avx512_vnni  ? avx512::kQuantizedRowTile
+                             : any_blocks ? avx2::kBlockRowTile
+                                          : avxvnni::kQuantizedRowTile;
 #pragma omp parallel num_threads(threads)
         {
 #pragma omp for schedule(static)
@@ -238,7 +246,7 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
                 quantize_token(x_quantized, x + size_t(b) * cols, cols, b);
             claim_rows(outputs, total_rows, &next_row, row_tile, kQuantizedRowTiles * row_tile,
                        [&](const BatchOutput& o, int first, int count) {
-                           (is_block_type(o.w->dtype) ? avx512::gemm_rows_blocks : rows_quantized)(
+                           (is_block_type(o.w->dtype) ? rows_blocks : rows_quantized)(
                                o.out, *o.w, *x_quantized, first, count);
                        });
         }

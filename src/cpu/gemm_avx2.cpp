@@ -26,25 +26,6 @@ namespace {
 
 constexpr int kDepthBlock = 256;  // weight columns converted to f32 together
 
-// Transposes the 8 × 8 block held in rows[0..7] (rows[i] lane j becomes rows[j] lane i).
-inline void transpose8x8(__m256 rows[8]) {
-    __m256 pairs[8], quads[8];
-    for (int i = 0; i < 8; i += 2) {
-        pairs[i] = _mm256_unpacklo_ps(rows[i], rows[i + 1]);
-        pairs[i + 1] = _mm256_unpackhi_ps(rows[i], rows[i + 1]);
-    }
-    for (int i = 0; i < 8; i += 4) {
-        quads[i] = _mm256_shuffle_ps(pairs[i], pairs[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        quads[i + 1] = _mm256_shuffle_ps(pairs[i], pairs[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        quads[i + 2] = _mm256_shuffle_ps(pairs[i + 1], pairs[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        quads[i + 3] = _mm256_shuffle_ps(pairs[i + 1], pairs[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    for (int i = 0; i < 4; ++i) {
-        rows[i] = _mm256_permute2f128_ps(quads[i], quads[i + 4], 0x20);
-        rows[i + 4] = _mm256_permute2f128_ps(quads[i], quads[i + 4], 0x31);
-    }
-}
-
 // dest[0..31] = the 32 weights of one Q4 block as f32: (q - 8) × scale, eight at a time
 // (low nibbles of bytes 0-15 are columns 0-15, high nibbles columns 16-31).
 inline void unpack_q4_block(float* dest, const uint8_t* block, float scale) {

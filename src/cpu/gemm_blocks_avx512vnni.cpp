@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "cpu/avx512.h"
+#include "cpu/block_sub_blocks.h"
 #include "cpu/helpers_avx512.h"
 #include "weight_blocks.h"
 
@@ -339,9 +340,8 @@ void block_tile_kernel(float* out, int stride, const __mmask16 store_masks[kHalv
             __m512i dots[TOKENS][kHalves];
 #pragma GCC unroll 8
             for (int k = 0; k < TOKENS; ++k) {
-                const int32_t* sums16 = half_sums[k] + 2 * g;
                 const int start =
-                    kHasMin ? 0 : -offset * (kSubs == 2 ? sums16[sub] : sums16[0] + sums16[1]);
+                    kHasMin ? 0 : sub_block_start(half_sums[k] + 2 * g, sub, kSubs, offset);
 #pragma GCC unroll 8
                 for (int h = 0; h < kHalves; ++h) dots[k][h] = _mm512_set1_epi32(start);
             }

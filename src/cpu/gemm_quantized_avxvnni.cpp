@@ -37,8 +37,7 @@ constexpr int kStepBytes = kQuantizedRowTile * kBytesPerLane;  // panel bytes of
 constexpr int kGroupBytes = kGroupSteps * kStepBytes;          // panel bytes of one group: 512
 constexpr int kUnsignedOffset = 128;                           // stored weight = value + 128
 constexpr char kZeroWeight = char(kUnsignedOffset);            // the stored form of 0
-constexpr float kQ8Largest = 127.0f;  // |quantized x| ≤ 127, as quantize_q8
-constexpr size_t kAlignment = 32;     // bytes: one register
+constexpr size_t kAlignment = 32;                              // bytes: one register
 
 static_assert(kGroupSteps == kLanes, "a group's steps are one 8 x 8 transpose of words");
 
@@ -249,73 +248,7 @@ void gemm_rows_typed(float* out, const Matrix& w, const QuantizedBatch& x, int f
     }
 }
 
-// lround(v) (halves away from zero) for each lane, as quantize_q8 rounds: truncate, then
-// step away from zero where the part cut off is at least a half (exact in f32 here).
-inline __m256i round_half_away(__m256 v) {
-    const __m256i whole = _mm256_cvttps_epi32(v);
-    const __m256 fraction = _mm256_sub_ps(v, _mm256_cvtepi32_ps(whole));
-    // All-ones (−1) where a step is due.
-    const __m256i up =
-        _mm256_castps_si256(_mm256_cmp_ps(fraction, _mm256_set1_ps(0.5f), _CMP_GE_OQ));
-    const __m256i down =
-        _mm256_castps_si256(_mm256_cmp_ps(fraction, _mm256_set1_ps(-0.5f), _CMP_LE_OQ));
-    return _mm256_add_epi32(_mm256_sub_epi32(whole, up), down);
-}
-
-inline float horizontal_max(__m256 v) {
-    const __m128 halves = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    const __m128 pairs = _mm_max_ps(halves, _mm_movehl_ps(halves, halves));
-    return _mm_cvtss_f32(_mm_max_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
-}
-
-inline int horizontal_sum(__m256i v) {
-    const __m128i halves = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    const __m128i pairs = _mm_add_epi32(halves, _mm_unpackhi_epi64(halves, halves));
-    return _mm_cvtsi128_si32(_mm_add_epi32(pairs, _mm_shuffle_epi32(pairs, 1)));
-}
-
 }  // namespace
-
-void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token) {
-    constexpr int kRegisters = kGroup / kLanes;  // registers of one group: 4
-    int8_t* values = x->values.data() + size_t(token) * x->padded_cols;
-    float* scales = x->scales.data() + size_t(token) * x->groups;
-    int32_t* starts = x->starts.data() + size_t(token) * x->groups;
-    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
-    // A short last group is read through a copy padded with zeros (not a masked load, whose
-    // emulation on SIMDe reads past x).
-    alignas(kAlignment) float tail[kGroup];
-    for (int g = 0; g < x->groups; ++g) {
-        const int first = g * kGroup, count = std::min(kGroup, cols - first);
-        const float* group = x_row + first;
-        if (count < kGroup) {
-            std::fill(std::copy_n(group, count, tail), tail + kGroup, 0.0f);
-            group = tail;
-        }
-        __m256 v[kRegisters];
-        __m256 largest = _mm256_setzero_ps();
-        for (int j = 0; j < kRegisters; ++j) {
-            v[j] = _mm256_loadu_ps(group + j * kLanes);
-            largest = _mm256_max_ps(largest, _mm256_andnot_ps(sign_bit, v[j]));
-        }
-        const float scale = horizontal_max(largest) / kQ8Largest;
-        const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
-        __m256i q[kRegisters];
-        for (int j = 0; j < kRegisters; ++j)
-            q[j] = round_half_away(_mm256_mul_ps(v[j], _mm256_set1_ps(inverse)));
-        // int32 -> int8 (|q| ≤ 127: no saturation). The packs work within 128-bit halves:
-        // their word k (four bytes) holds the first (k < 4) or second half of q[k % 4].
-        const __m256i bytes =
-            _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-        _mm256_storeu_si256(
-            reinterpret_cast<__m256i*>(values + first),
-            _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-        scales[g] = scale;
-        starts[g] =
-            -kUnsignedOffset * horizontal_sum(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]),
-                                                               _mm256_add_epi32(q[2], q[3])));
-    }
-}
 
 void gemm_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
                          int row_count) {

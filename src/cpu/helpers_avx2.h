@@ -1,5 +1,6 @@
 // Inline AVX2 helpers shared by the *_avx2.cpp kernels: loads that widen weights to f32,
-// a horizontal sum, e^x. Include it only from *_avx2.cpp files (built with -mavx2 -mfma -mf16c).
+// an 8 × 8 transpose, a horizontal sum, e^x. Include it only from *_avx2.cpp files (built with
+// -mavx2 -mfma -mf16c).
 #pragma once
 #include <immintrin.h>
 
@@ -24,6 +25,25 @@ inline __m256 load8(const uint16_t* p, DType dtype) {
 // One f16 or bf16 weight as f32, for the columns past the last whole register.
 inline float scalar_weight(const uint16_t* p, DType dtype) {
     return dtype == DType::F16 ? half_to_float(*p) : bf16_to_float(*p);
+}
+
+// Transposes the 8 × 8 block held in rows[0..7] (rows[i] lane j becomes rows[j] lane i).
+inline void transpose8x8(__m256 rows[8]) {
+    __m256 pairs[8], quads[8];
+    for (int i = 0; i < 8; i += 2) {
+        pairs[i] = _mm256_unpacklo_ps(rows[i], rows[i + 1]);
+        pairs[i + 1] = _mm256_unpackhi_ps(rows[i], rows[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+        quads[i] = _mm256_shuffle_ps(pairs[i], pairs[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        quads[i + 1] = _mm256_shuffle_ps(pairs[i], pairs[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        quads[i + 2] = _mm256_shuffle_ps(pairs[i + 1], pairs[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        quads[i + 3] = _mm256_shuffle_ps(pairs[i + 1], pairs[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    for (int i = 0; i < 4; ++i) {
+        rows[i] = _mm256_permute2f128_ps(quads[i], quads[i + 4], 0x20);
+        rows[i + 4] = _mm256_permute2f128_ps(quads[i], quads[i + 4], 0x31);
+    }
 }
 
 inline float horizontal_sum(__m256 v) {

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "cpu/intrinsics_avx512.h"
+#include "cpu/panel_prefetcher.h"
 #include "model.h"
 
 namespace barellm::cpu::avx512 {
@@ -205,42 +206,12 @@ inline OuterProductKernel outer_product_kernel_for(int rows, int tiles) {
     return kOuterProductKernels[tiles - 1][rows - 1];
 }
 
-constexpr int kCacheLine = 64;  // bytes
-
 // Asks for the cache lines of [p + distance, p + distance + bytes) (a hint: it never faults,
 // past the end of a buffer included).
 inline void prefetch_ahead(const void* p, int distance, int bytes) {
     const char* ahead = static_cast<const char*>(p) + distance;
     for (int line = 0; line < bytes; line += kCacheLine) _mm_prefetch(ahead + line, _MM_HINT_T0);
 }
-
-// Requests the weights of the GEMM's next panel from memory while the current one is
-// computed, a share of its rows before each of the current panel's micro-kernel calls, so
-// that the next panel's first reads find them in cache instead of waiting on memory.
-class PanelPrefetcher {
-public:
-    // The next panel: `rows` rows of `bytes` bytes from `first`, `stride` bytes apart (no
-    // rows: nothing to fetch), spread over `calls` calls of before_call().
-    PanelPrefetcher(const void* first, size_t stride, int rows, int bytes, int calls)
-        : first_(static_cast<const char*>(first)),
-          stride_(stride),
-          rows_(rows),
-          bytes_(bytes),
-          rows_per_call_((rows + calls - 1) / calls) {}
-
-    void before_call() {
-        const int end = std::min(rows_, next_row_ + rows_per_call_);
-        for (; next_row_ < end; ++next_row_)
-            for (int offset = 0; offset < bytes_; offset += kCacheLine)
-                _mm_prefetch(first_ + next_row_ * stride_ + offset, _MM_HINT_T1);
-    }
-
-private:
-    const char* first_;
-    size_t stride_;
-    int rows_, bytes_, rows_per_call_;
-    int next_row_ = 0;
-};
 
 // The prefetcher, over `calls` micro-kernel calls, of the GEMM panel after the one of rows
 // [block, block + row_block) and columns [depth_start, depth_start + depth_block) of w, in

@@ -102,17 +102,17 @@ struct Q8KVector {
 void quantize_q8_k(Q8KVector* out, const float* x, int n);
 void resize_q8_k_vector(Q8KVector* x, int n);
 
-// A batch of vectors quantized like quantize_q8, laid out for the VNNI prefill GEMMs
-// (AVX-512 VNNI and AVX-VNNI): each token's values padded with zeros to whole groups, and per group
-// the `start` its integer dot products begin from (−128 × Σ values; see
-// gemm_quantized_avx512vnni.cpp).
+// A batch of vectors quantized like quantize_q8, laid out for the integer prefill GEMMs
+// (AVX-512 VNNI, AVX-VNNI, the block types' on AVX2): each token's values padded with zeros
+// to whole groups, and per group the `start` its integer dot products begin from (−128 × Σ
+// values; see gemm_quantized_avx512vnni.cpp).
 struct QuantizedBatch {
     int batch = 0, groups = 0, padded_cols = 0;
     std::vector<int8_t> values;      // [batch, padded_cols]
     std::vector<float> scales;       // [batch, groups]
     std::vector<int32_t> starts;     // [batch, groups]
-    std::vector<int32_t> half_sums;  // [batch, 2 × groups]: Σ values of each 16 (AVX-512 only;
-                                     // the block types' offsets and mins)
+    std::vector<int32_t> half_sums;  // [batch, 2 × groups]: Σ values of each 16 (the block
+                                     // types' offsets and mins)
 };
 // Sizes x's buffers for `batch` tokens of `cols` columns.
 void resize_quantized_batch(QuantizedBatch* x, int batch, int cols);

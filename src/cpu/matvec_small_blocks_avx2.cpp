@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "cpu/avx2.h"
+#include "cpu/block_levels_avx2.h"
 #include "cpu/helpers_avx2.h"
 #include "weight_blocks.h"
 
@@ -19,51 +20,18 @@ namespace barellm::cpu::avx2 {
 
 namespace {
 
-constexpr int kQ5Offset = 16;  // Q5_0's q stands for q − 16
-
-inline float f16_at(const uint8_t* p) {
-    uint16_t bits;
-    std::memcpy(&bits, p, sizeof bits);
-    return _cvtsh_ss(bits);
-}
-
-// The 32 nibbles of 16 bytes in column order: low nibbles are columns 0-15, high 16-31.
-inline __m256i nibbles(const uint8_t* qs) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-    const __m128i low_nibble = _mm_set1_epi8(0x0f);
-    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble),
-                            _mm_and_si128(bytes, low_nibble));
-}
-
-// 16 in byte j where bit j of the little-endian u32 at qh is set, else 0: byte j takes qh's
-// byte j / 8, then keeps bit j % 8.
-inline __m256i fifth_bits(const uint8_t* qh) {
-    uint32_t bits;
-    std::memcpy(&bits, qh, sizeof bits);
-    const __m256i spread =
-        _mm256_shuffle_epi8(_mm256_set1_epi32(int32_t(bits)),
-                            _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101,
-                                               0x0202020202020202, 0x0303030303030303));
-    const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
-    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
-                            _mm256_set1_epi8(kQ5Offset));
-}
-
 template <DType kType>
 float small_block_row_dot(const uint8_t* row, int blocks, const QuantizedVector& x) {
     constexpr size_t kBytes = kType == DType::Q4_1   ? sizeof(BlockQ4_1)
                               : kType == DType::Q5_0 ? sizeof(BlockQ5_0)
                                                      : sizeof(BlockQ5_1);
     constexpr bool kHasMin = kType != DType::Q5_0;
-    constexpr int kHighOffset = kHasMin ? 4 : 2;  // qh of Q5_0/Q5_1
-    constexpr int kValuesOffset = kType == DType::Q4_1 ? 4 : kHighOffset + 4;
     const __m256i ones = _mm256_set1_epi16(1);
     __m256 sums = _mm256_setzero_ps();
     float offsets = 0.0f;  // Σ of the m · Σx (or −16 · d · Σx) terms, times x's scales
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = row + size_t(b) * kBytes;
-        __m256i q = nibbles(block + kValuesOffset);
-        if constexpr (kType != DType::Q4_1) q = _mm256_or_si256(q, fifth_bits(block + kHighOffset));
+        const __m256i q = small_block_levels<kType>(block);
         const __m256i values =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.values.data() + b * kSmallBlock));
         const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(q, values), ones);

@@ -14,6 +14,7 @@
 #include <immintrin.h>
 
 #include "cpu/avx2.h"
+#include "cpu/block_levels_avx2.h"
 #include "cpu/helpers_avx2.h"
 #include "cpu/kquant_scales.h"
 #include "weight_blocks.h"
@@ -23,22 +24,6 @@ namespace barellm::cpu::avx2 {
 namespace {
 
 constexpr int kSumsPerBlock = kSuperBlock / kQ6SubBlock;  // Q8KVector::sums a super-block
-// Byte offsets in a block (weight_blocks.h).
-constexpr int kKScalesOffset = 4, kQ4KValuesOffset = 16, kQ5KHighOffset = 16, kQ5KValuesOffset = 48;
-constexpr int kQ6HighOffset = 128, kQ6ScalesOffset = 192, kQ6DOffset = 208;
-
-inline float f16_at(const uint8_t* p) {
-    uint16_t bits;
-    std::memcpy(&bits, p, sizeof bits);
-    return _cvtsh_ss(bits);
-}
-
-// 16-bit lanes shifted left by `shift` (right where negative): a bit moves within its byte
-// as long as it stays inside it, which is all the callers use.
-inline __m256i shift_words(__m256i v, int shift) {
-    return shift >= 0 ? _mm256_sll_epi16(v, _mm_cvtsi32_si128(shift))
-                      : _mm256_srl_epi16(v, _mm_cvtsi32_si128(-shift));
-}
 
 // The vpshufb control that repeats 16-bit word `lower` of the low 128-bit lane over that
 // lane and word `upper` of the high lane over the high lane.
@@ -47,19 +32,14 @@ inline __m256i pick_words(int lower, int upper) {
                              _mm_set1_epi16(int16_t(0x0100 + 0x0202 * upper)));
 }
 
-inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
-
 // One Q4_K (kFifthBit false) or Q5_K row · x: Σ over super-blocks b of x.d[b] · (d · Σ sc·q·x −
 // dmin · Σ m · Σx).
 template <bool kFifthBit>
 float k_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
     constexpr int kBlockBytes = kFifthBit ? sizeof(BlockQ5_K) : sizeof(BlockQ4_K);
-    constexpr int kValuesOffset = kFifthBit ? kQ5KValuesOffset : kQ4KValuesOffset;
-    const __m256i nibble = _mm256_set1_epi8(0x0f), fifth_bit = _mm256_set1_epi8(0x10);
     __m256 sums = _mm256_setzero_ps(), min_sums = _mm256_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = row + size_t(b) * kBlockBytes;
-        const uint8_t* qs = block + kValuesOffset;
         const int8_t* xb = x.values.data() + size_t(b) * kSuperBlock;
         const KScalesMins unpacked = unpack_k_scales_mins(block + kKScalesOffset);
         const __m256i scale_words = _mm256_broadcastsi128_si256(
@@ -68,16 +48,8 @@ float k_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
         __m256i dots = _mm256_setzero_si256();
 #pragma GCC unroll 4
         for (int chunk = 0; chunk < 4; ++chunk) {
-            const __m256i bytes = load256(qs + 32 * chunk);
-            __m256i low = _mm256_and_si256(bytes, nibble);
-            __m256i high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
-            if constexpr (kFifthBit) {
-                // Bit j of qh is sub-block j's fifth bit: moved to bit 4.
-                low = _mm256_or_si256(
-                    low, _mm256_and_si256(shift_words(high_bits, 4 - 2 * chunk), fifth_bit));
-                high = _mm256_or_si256(
-                    high, _mm256_and_si256(shift_words(high_bits, 3 - 2 * chunk), fifth_bit));
-            }
+            __m256i low, high;
+            k_chunk_levels<kFifthBit>(block, high_bits, chunk, &low, &high);
             const __m256i low_scale =
                 _mm256_shuffle_epi8(scale_words, pick_words(2 * chunk, 2 * chunk));
             const __m256i high_scale =
@@ -104,7 +76,6 @@ float k_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
 
 // One Q6_K row · x: Σ over super-blocks of x.d · d · (Σ sc·q·x − 32 · Σ sc · Σx).
 float q6_k_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
-    const __m256i nibble = _mm256_set1_epi8(0x0f), high_two = _mm256_set1_epi8(0x30);
     __m256 sums = _mm256_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = row + size_t(b) * sizeof(BlockQ6_K);
@@ -121,16 +92,9 @@ float q6_k_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
                 _mm256_madd_epi16(scales, load256(x.sums.data() + size_t(b) * kSumsPerBlock)), 5));
 #pragma GCC unroll 2
         for (int half = 0; half < 2; ++half) {
-            const __m256i high_bits = load256(block + kQ6HighOffset + 32 * half);
 #pragma GCC unroll 4
             for (int t = 0; t < 4; ++t) {
-                // Weights 128 half + 32t + l: low bits in ql[64 half + 32 (t & 1) + l] (low
-                // nibble for t < 2), high 2 in bits 2t, 2t + 1 of qh[32 half + l].
-                const __m256i bytes = load256(block + 64 * half + 32 * (t & 1));
-                const __m256i low =
-                    _mm256_and_si256(t < 2 ? bytes : _mm256_srli_epi16(bytes, 4), nibble);
-                const __m256i q = _mm256_or_si256(
-                    low, _mm256_and_si256(shift_words(high_bits, 4 - 2 * t), high_two));
+                const __m256i q = q6_k_levels(block, half, t);
                 // Sub-blocks 2g and 2g + 1 of the super-block, g = 4 half + t.
                 const int g = 4 * half + t;
                 const __m256i scale = _mm256_shuffle_epi8(g < 4 ? first_scales : last_scales,
@@ -147,33 +111,21 @@ float q6_k_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
 
 // One IQ4_XS row · x: Σ over super-blocks of x.d · d · Σ_j (ls_j − 32) · Σ K[q] · x.
 float iq4_xs_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
-    constexpr int kScalesHighOffset = 2, kScalesLowOffset = 4, kValuesOffset = 8;
-    const __m256i table =
-        _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values)));
-    const __m128i nibble = _mm_set1_epi8(0x0f);
+    const __m256i table = iq4_table();
     __m256 sums = _mm256_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = row + size_t(b) * sizeof(BlockIQ4_XS);
         const int8_t* xb = x.values.data() + size_t(b) * kSuperBlock;
-        uint16_t scales_high;
-        std::memcpy(&scales_high, block + kScalesHighOffset, sizeof scales_high);
         __m256i dots = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int j = 0; j < kSuperBlock / kSubBlock; ++j) {
-            const int scale = (((block[kScalesLowOffset + j / 2] >> (4 * (j % 2))) & 15) |
-                               ((scales_high >> (2 * j)) & 3) << 4) -
-                              32;
-            // Byte l of the sub-block's 16: weight l in its low nibble, 16 + l in its high.
-            const __m128i bytes =
-                _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + kValuesOffset + 16 * j));
-            const __m256i q = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), nibble),
-                                               _mm_and_si128(bytes, nibble));
-            const __m256i values = _mm256_shuffle_epi8(table, q);
+            const __m256i values = iq4_xs_values(block, j, table);
             const __m256i x_values = load256(xb + kSubBlock * j);
             const __m256i products = _mm256_maddubs_epi16(_mm256_sign_epi8(values, values),
                                                           _mm256_sign_epi8(x_values, values));
-            dots = _mm256_add_epi32(dots,
-                                    _mm256_madd_epi16(products, _mm256_set1_epi16(int16_t(scale))));
+            dots = _mm256_add_epi32(
+                dots,
+                _mm256_madd_epi16(products, _mm256_set1_epi16(int16_t(iq4_xs_scale(block, j)))));
         }
         sums =
             _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_set1_ps(x.d[b] * f16_at(block)), sums);

@@ -1,0 +1,121 @@
+// Inline AVX2 helpers that read the block types' weights (weight_blocks.h) as registers of
+// 32 unsigned levels (or IQ4_XS's signed values) in column order, shared by the AVX2 decode
+// matvecs (matvec_super_blocks_avx2.cpp, matvec_small_blocks_avx2.cpp) and the AVX2 prefill
+// GEMM (gemm_blocks_avx2.cpp). Include it only from *_avx2.cpp files.
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "weight_blocks.h"
+
+namespace barellm::cpu::avx2 {
+
+constexpr int kQ5Offset = 16;  // Q5_0's q stands for q − 16
+constexpr int kQ6Offset = 32;  // Q6_K's q stands for q − 32
+// Byte offsets in a block (weight_blocks.h).
+constexpr int kKScalesOffset = 4, kQ4KValuesOffset = 16, kQ5KHighOffset = 16, kQ5KValuesOffset = 48;
+constexpr int kQ6HighOffset = 128, kQ6ScalesOffset = 192, kQ6DOffset = 208;
+constexpr int kIq4ScalesHighOffset = 2, kIq4ScalesLowOffset = 4, kIq4ValuesOffset = 8;
+
+inline float f16_at(const uint8_t* p) {
+    uint16_t bits;
+    std::memcpy(&bits, p, sizeof bits);
+    return _cvtsh_ss(bits);
+}
+
+inline __m256i load256(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+
+// 16-bit lanes shifted left by `shift` (right where negative): a bit moves within its byte
+// as long as it stays inside it, which is all the callers use.
+inline __m256i shift_words(__m256i v, int shift) {
+    return shift >= 0 ? _mm256_sll_epi16(v, _mm_cvtsi32_si128(shift))
+                      : _mm256_srl_epi16(v, _mm_cvtsi32_si128(-shift));
+}
+
+// The 32 nibbles of 16 bytes in column order: low nibbles are columns 0-15, high 16-31 (the
+// small blocks' and an IQ4_XS sub-block's arrangement).
+inline __m256i nibbles(const uint8_t* qs) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    const __m128i low_nibble = _mm_set1_epi8(0x0f);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble),
+                            _mm_and_si128(bytes, low_nibble));
+}
+
+// 16 in byte j where bit j of the little-endian u32 at qh is set, else 0 (Q5_0/Q5_1's fifth
+// bits): byte j takes qh's byte j / 8, then keeps bit j % 8.
+inline __m256i fifth_bits(const uint8_t* qh) {
+    uint32_t bits;
+    std::memcpy(&bits, qh, sizeof bits);
+    const __m256i spread =
+        _mm256_shuffle_epi8(_mm256_set1_epi32(int32_t(bits)),
+                            _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101,
+                                               0x0202020202020202, 0x0303030303030303));
+    const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit),
+                            _mm256_set1_epi8(kQ5Offset));
+}
+
+// The levels q (0..15, or 0..31 with the fifth bits) of a Q4_1, Q5_0 or Q5_1 block.
+template <DType kType>
+inline __m256i small_block_levels(const uint8_t* block) {
+    constexpr bool kHasMin = kType != DType::Q5_0;
+    constexpr int kHighOffset = kHasMin ? 4 : 2;  // qh of Q5_0/Q5_1
+    constexpr int kValuesOffset = kType == DType::Q4_1 ? 4 : kHighOffset + 4;
+    const __m256i q = nibbles(block + kValuesOffset);
+    if constexpr (kType == DType::Q4_1) return q;
+    return _mm256_or_si256(q, fifth_bits(block + kHighOffset));
+}
+
+// Chunk c of a Q4_K (kFifthBit false) or Q5_K super-block: the levels of sub-block 2c (low
+// nibbles) and 2c + 1 (high), with bit 2c (or 2c + 1) of qh moved to bit 4 for Q5_K;
+// high_bits is the block's qh (Q5_K).
+template <bool kFifthBit>
+inline void k_chunk_levels(const uint8_t* block, __m256i high_bits, int chunk, __m256i* low,
+                           __m256i* high) {
+    constexpr int kValuesOffset = kFifthBit ? kQ5KValuesOffset : kQ4KValuesOffset;
+    const __m256i nibble = _mm256_set1_epi8(0x0f), fifth_bit = _mm256_set1_epi8(0x10);
+    const __m256i bytes = load256(block + kValuesOffset + 32 * chunk);
+    *low = _mm256_and_si256(bytes, nibble);
+    *high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+    if constexpr (kFifthBit) {
+        *low = _mm256_or_si256(*low,
+                               _mm256_and_si256(shift_words(high_bits, 4 - 2 * chunk), fifth_bit));
+        *high = _mm256_or_si256(*high,
+                                _mm256_and_si256(shift_words(high_bits, 3 - 2 * chunk), fifth_bit));
+    }
+}
+
+// The levels q (0..63) of weights 128·half + 32t .. + 31 of a Q6_K super-block (sub-blocks
+// 8·half + 2t and + 1): the low bits in ql[64·half + 32·(t & 1) + l] (low nibble for t < 2),
+// the high two in bits 2t, 2t + 1 of qh[32·half + l].
+inline __m256i q6_k_levels(const uint8_t* block, int half, int t) {
+    const __m256i nibble = _mm256_set1_epi8(0x0f), high_two = _mm256_set1_epi8(0x30);
+    const __m256i bytes = load256(block + 64 * half + 32 * (t & 1));
+    const __m256i low = _mm256_and_si256(t < 2 ? bytes : _mm256_srli_epi16(bytes, 4), nibble);
+    const __m256i high_bits = load256(block + kQ6HighOffset + 32 * half);
+    return _mm256_or_si256(low, _mm256_and_si256(shift_words(high_bits, 4 - 2 * t), high_two));
+}
+
+// IQ4_XS sub-block j's scale, ls_j − 32 (−32..31).
+inline int iq4_xs_scale(const uint8_t* block, int j) {
+    uint16_t scales_high;
+    std::memcpy(&scales_high, block + kIq4ScalesHighOffset, sizeof scales_high);
+    return (((block[kIq4ScalesLowOffset + j / 2] >> (4 * (j % 2))) & 15) |
+            ((scales_high >> (2 * j)) & 3) << 4) -
+           32;
+}
+
+// The table of kIq4Values in both 128-bit lanes, for iq4_xs_values.
+inline __m256i iq4_table() {
+    return _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values)));
+}
+
+// The signed values kIq4Values[q] of IQ4_XS sub-block j (table: iq4_table()).
+inline __m256i iq4_xs_values(const uint8_t* block, int j, __m256i table) {
+    return _mm256_shuffle_epi8(table, nibbles(block + kIq4ValuesOffset + 16 * j));
+}
+
+}  // namespace barellm::cpu::avx2

@@ -1,0 +1,40 @@
+// The prefetch of a GEMM's next panel of weights, shared by the AVX-512 and AVX2 GEMMs; ISA
+// neutral (the compiler's prefetch builtin: prefetcht1, into L2, on x86).
+#pragma once
+#include <algorithm>
+#include <cstddef>
+
+namespace barellm::cpu {
+
+constexpr int kCacheLine = 64;  // bytes
+
+// Requests the weights of the GEMM's next panel from memory while the current one is
+// computed, a share of its rows before each of the current panel's micro-kernel calls, so
+// that the next panel's first reads find them in cache instead of waiting on memory.
+class PanelPrefetcher {
+public:
+    // The next panel: `rows` rows of `bytes` bytes from `first`, `stride` bytes apart (no
+    // rows: nothing to fetch), spread over `calls` calls of before_call().
+    PanelPrefetcher(const void* first, size_t stride, int rows, int bytes, int calls)
+        : first_(static_cast<const char*>(first)),
+          stride_(stride),
+          rows_(rows),
+          bytes_(bytes),
+          rows_per_call_((rows + calls - 1) / calls) {}
+
+    void before_call() {
+        const int end = std::min(rows_, next_row_ + rows_per_call_);
+        for (; next_row_ < end; ++next_row_)
+            for (int offset = 0; offset < bytes_; offset += kCacheLine)
+                __builtin_prefetch(first_ + next_row_ * stride_ + offset, 0, kIntoL2);
+    }
+
+private:
+    static constexpr int kIntoL2 = 2;  // __builtin_prefetch's locality of prefetcht1
+    const char* first_;
+    size_t stride_;
+    int rows_, bytes_, rows_per_call_;
+    int next_row_ = 0;
+};
+
+}  // namespace barellm::cpu
