@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's llama-bench, llama-perplexity, llama-simple (greedy completion) and
-# llama-quantize (writes the Q4_K_M, Q5_K_M, Q6_K, ... GGUFs people download) for CPU, or
+# Builds llama.cpp's llama-bench, llama-perplexity, llama-simple (greedy completion),
+# llama-quantize (writes the Q4_K_M, Q5_K_M, Q6_K, ... GGUFs people download) and
+# llama-tokenize (token ids, for tests/test_gemma_tokenizer.py) for CPU, or
 # with --cuda for NVIDIA GPUs too, to compare barellm with on the same weights
 # (scripts/compare_llamacpp.sh; dev/gpu/check.sh --stage builds the CUDA one it carries).
 #
@@ -42,7 +43,7 @@
 # dispatch picks its best kernels), Release, no curl.
 set -euo pipefail
 
-usage() { sed -n '2,38p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 [ $# -ge 1 ] || usage
 case "$1" in -h|--help) usage 0 ;; esac
