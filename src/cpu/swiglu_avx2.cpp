@@ -8,29 +8,33 @@
 
 namespace barellm::cpu::avx2 {
 
-// gate[n] = silu(gate) · up, where silu(g) = g · σ(g) and σ(g) = 1 / (1 + e^-g), written
-// with e = e^-|g| ≤ 1 as 1 / (1 + e) for g ≥ 0 and e / (1 + e) for g < 0.
-void swiglu(float* gate, const float* up, int n) {
+namespace {
+
+// σ(x) = 1 / (1 + e^-x), written with e = e^-|x| ≤ 1 (no overflow) as 1 / (1 + e) for
+// x ≥ 0 and e / (1 + e) for x < 0.
+__m256 sigmoid(__m256 x) {
     const __m256 one = _mm256_set1_ps(1.0f);
-    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+    const __m256 e = exp_nonpositive(_mm256_or_ps(x, _mm256_set1_ps(-0.0f)));  // e^-|x|
+    const __m256 numerator = _mm256_blendv_ps(one, e, x);  // e where x's sign is set
+    return _mm256_div_ps(numerator, _mm256_add_ps(one, e));
+}
+
+}  // namespace
+
+// gate[n] = silu(gate) · up, where silu(g) = g · σ(g).
+void swiglu(float* gate, const float* up, int n) {
     int i = 0;
     for (; i + kLanes <= n; i += kLanes) {
         const __m256 g = _mm256_loadu_ps(gate + i);
-        const __m256 e = exp_nonpositive(_mm256_or_ps(g, sign_bit));  // e^-|g|
-        const __m256 numerator = _mm256_blendv_ps(one, e, g);         // e where g's sign is set
-        const __m256 sigmoid = _mm256_div_ps(numerator, _mm256_add_ps(one, e));
         _mm256_storeu_ps(gate + i,
-                         _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), _mm256_loadu_ps(up + i)));
+                         _mm256_mul_ps(_mm256_mul_ps(g, sigmoid(g)), _mm256_loadu_ps(up + i)));
     }
     scalar::swiglu(gate + i, up + i, n - i);
 }
 
 // gate[n] = gelu_tanh(gate) · up, where gelu_tanh(g) = g/2 · (1 + tanh(u)) with
-// u = √(2/π) (g + 0.044715 g³), written as g · σ(2u) (1 + tanh(u) = 2σ(2u)) and σ as in
-// swiglu.
+// u = √(2/π) (g + 0.044715 g³), written as g · σ(2u) (1 + tanh(u) = 2σ(2u)).
 void geglu(float* gate, const float* up, int n) {
-    const __m256 one = _mm256_set1_ps(1.0f);
-    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
     const __m256 cubic = _mm256_set1_ps(0.044715f);
     const __m256 two_sqrt_2_over_pi = _mm256_set1_ps(1.5957691216f);  // 2 √(2/π)
     int i = 0;
@@ -38,11 +42,8 @@ void geglu(float* gate, const float* up, int n) {
         const __m256 g = _mm256_loadu_ps(gate + i);
         const __m256 g_cubed = _mm256_mul_ps(_mm256_mul_ps(g, g), g);
         const __m256 two_u = _mm256_mul_ps(two_sqrt_2_over_pi, _mm256_fmadd_ps(cubic, g_cubed, g));
-        const __m256 e = exp_nonpositive(_mm256_or_ps(two_u, sign_bit));  // e^-|2u|
-        const __m256 numerator = _mm256_blendv_ps(one, e, two_u);         // e where 2u < 0
-        const __m256 sigmoid = _mm256_div_ps(numerator, _mm256_add_ps(one, e));
         _mm256_storeu_ps(gate + i,
-                         _mm256_mul_ps(_mm256_mul_ps(g, sigmoid), _mm256_loadu_ps(up + i)));
+                         _mm256_mul_ps(_mm256_mul_ps(g, sigmoid(two_u)), _mm256_loadu_ps(up + i)));
     }
     scalar::geglu(gate + i, up + i, n - i);
 }

@@ -6,28 +6,34 @@
 
 namespace barellm::cpu::avx512 {
 
-// gate[n] = silu(gate) · up, where silu(g) = g · σ(g) and σ(g) = 1 / (1 + e^-g), written
-// with e = e^-|g| ≤ 1 as 1 / (1 + e) for g ≥ 0 and e / (1 + e) for g < 0.
-void swiglu(float* gate, const float* up, int n) {
+namespace {
+
+// σ(x) = 1 / (1 + e^-x), written with e = e^-|x| ≤ 1 (no overflow) as 1 / (1 + e) for
+// x ≥ 0 and e / (1 + e) for x < 0.
+__m512 sigmoid(__m512 x) {
     const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(x)));
+    const __mmask16 negative = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+    const __m512 numerator = _mm512_mask_blend_ps(negative, one, e);
+    return _mm512_div_ps(numerator, _mm512_add_ps(one, e));
+}
+
+}  // namespace
+
+// gate[n] = silu(gate) · up, where silu(g) = g · σ(g).
+void swiglu(float* gate, const float* up, int n) {
     for (int i = 0; i < n; i += kLanes) {
         const __mmask16 mask = first_lanes(n - i);
         const __m512 g = _mm512_maskz_loadu_ps(mask, gate + i);
-        const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(g)));
-        const __mmask16 negative = _mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ);
-        const __m512 numerator = _mm512_mask_blend_ps(negative, one, e);
-        const __m512 sigmoid = _mm512_div_ps(numerator, _mm512_add_ps(one, e));
         _mm512_mask_storeu_ps(
             gate + i, mask,
-            _mm512_mul_ps(_mm512_mul_ps(g, sigmoid), _mm512_maskz_loadu_ps(mask, up + i)));
+            _mm512_mul_ps(_mm512_mul_ps(g, sigmoid(g)), _mm512_maskz_loadu_ps(mask, up + i)));
     }
 }
 
 // gate[n] = gelu_tanh(gate) · up, where gelu_tanh(g) = g/2 · (1 + tanh(u)) with
-// u = √(2/π) (g + 0.044715 g³), written as g · σ(2u) (1 + tanh(u) = 2σ(2u)) and σ as in
-// swiglu.
+// u = √(2/π) (g + 0.044715 g³), written as g · σ(2u) (1 + tanh(u) = 2σ(2u)).
 void geglu(float* gate, const float* up, int n) {
-    const __m512 one = _mm512_set1_ps(1.0f);
     const __m512 cubic = _mm512_set1_ps(0.044715f);
     const __m512 two_sqrt_2_over_pi = _mm512_set1_ps(1.5957691216f);  // 2 √(2/π)
     for (int i = 0; i < n; i += kLanes) {
@@ -35,13 +41,9 @@ void geglu(float* gate, const float* up, int n) {
         const __m512 g = _mm512_maskz_loadu_ps(mask, gate + i);
         const __m512 g_cubed = _mm512_mul_ps(_mm512_mul_ps(g, g), g);
         const __m512 two_u = _mm512_mul_ps(two_sqrt_2_over_pi, _mm512_fmadd_ps(cubic, g_cubed, g));
-        const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_abs_ps(two_u)));
-        const __mmask16 negative = _mm512_cmp_ps_mask(two_u, _mm512_setzero_ps(), _CMP_LT_OQ);
-        const __m512 numerator = _mm512_mask_blend_ps(negative, one, e);
-        const __m512 sigmoid = _mm512_div_ps(numerator, _mm512_add_ps(one, e));
         _mm512_mask_storeu_ps(
             gate + i, mask,
-            _mm512_mul_ps(_mm512_mul_ps(g, sigmoid), _mm512_maskz_loadu_ps(mask, up + i)));
+            _mm512_mul_ps(_mm512_mul_ps(g, sigmoid(two_u)), _mm512_maskz_loadu_ps(mask, up + i)));
     }
 }
 
