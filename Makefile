@@ -44,7 +44,7 @@ LDFLAGS  := -fopenmp
 LDLIBS   :=
 PYTHON   ?= python3
 
-LIB_SRCS  := $(filter-out src/main.cpp,$(wildcard src/*.cpp src/cpu/*.cpp src/tokenizer/*.cpp))
+LIB_SRCS  := $(filter-out src/commands/main.cpp,$(wildcard src/*.cpp src/*/*.cpp))
 LIB_OBJS  := $(LIB_SRCS:src/%.cpp=$(BUILD)/src/%.o)
 # The AVX-512 and AVX-VNNI kernels again, on SIMDe's portable intrinsics, for the unit tests:
 # they run those kernels on CPUs without the features. Where this CPU has every AVX-512
@@ -185,7 +185,7 @@ $(BUILD)/tools/%.o: tests/tools/%.cu $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-$(BUILD)/barellm: $(BUILD)/src/main.o $(LIB_OBJS) $(CUDA_OBJS)
+$(BUILD)/barellm: $(BUILD)/src/commands/main.o $(LIB_OBJS) $(CUDA_OBJS)
 	$(CXX) $^ $(LDFLAGS) $(LDLIBS) -o $@
 
 $(BUILD)/unit_tests: $(TEST_OBJS) $(SIMDE_OBJS) $(LIB_OBJS) $(CUDA_OBJS)
@@ -215,10 +215,11 @@ bench: $(BUILD)/barellm $(BUILD)/tokenize_json
 FUZZ_CXX     ?= clang++
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := model_file tokenizer_encode tokenizer_decode command_line regex
-FUZZ_SRCS    := src/safetensors.cpp src/config.cpp src/model.cpp src/weight_blocks.cpp src/json.cpp \
-                src/files.cpp src/terminal.cpp \
+FUZZ_SRCS    := src/weights/safetensors.cpp src/weights/config.cpp src/weights/model.cpp \
+                src/weights/weight_blocks.cpp src/util/json.cpp src/util/files.cpp \
+                src/util/terminal.cpp \
                 $(wildcard src/tokenizer/*.cpp) \
-                src/cli.cpp tests/fuzz/targets.cpp
+                src/commands/cli.cpp tests/fuzz/targets.cpp
 FUZZ_OBJS    := $(FUZZ_SRCS:%.cpp=$(BUILD)/fuzz/obj/%.o)
 FUZZ_FLAGS   := -std=c++17 -O1 -g -Isrc -Itests $(CPPFLAGS) \
                 -fsanitize=address,undefined -fno-sanitize-recover=undefined

@@ -290,7 +290,7 @@ def rope_settings(cfg):
 
 def rope_frequencies(theta, scaling, head_dim):
     """The RoPE inverse frequencies barellm derives from these settings, computed as
-    rope_inverse_frequencies in src/config.cpp does: float32 settings, float64 arithmetic."""
+    rope_inverse_frequencies in src/weights/config.cpp does: float32 settings, float64 arithmetic."""
     kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
     frequencies = []
     for i in range(head_dim // 2):

@@ -539,7 +539,7 @@ class GGUFModel:
 
 
 def llama3_divisors(theta, scaling, head_dim):
-    """The divisor of each RoPE frequency under llama3 scaling (as src/config.cpp
+    """The divisor of each RoPE frequency under llama3 scaling (as src/weights/config.cpp
     scales them: float32 settings, float64 arithmetic)."""
     factor, low, high = (float32(scaling[key]) for key in
                          ("factor", "low_freq_factor", "high_freq_factor"))

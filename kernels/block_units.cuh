@@ -1,4 +1,4 @@
-// How the device code reads matrices stored as ggml's blocks (src/weight_blocks.h: Q4_1,
+// How the device code reads matrices stored as ggml's blocks (src/weights/weight_blocks.h: Q4_1,
 // Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_XS): the blocks as the file holds them, each device row
 // padded to 16 bytes (kernels.h: DeviceMatrix), dequantized in registers only. The decode
 // matvecs (matvec_blocks.cuh), the embedding (embedding.cuh) and the f16 copy for the
@@ -29,9 +29,9 @@
 #include <type_traits>
 
 #include "common.cuh"
-#include "error.h"
+#include "util/error.h"
 #include "kernels.h"
-#include "weight_blocks.h"
+#include "weights/weight_blocks.h"
 
 namespace barellm::cuda {
 
@@ -227,7 +227,7 @@ __device__ __forceinline__ int iq4_level(int q) {
 }
 
 // Unit `unit` of a row of block type D, from its bytes (load_unit), as scales, offsets and
-// integers: the weights src/weight_blocks.cpp's dequantize_row gives.
+// integers: the weights src/weights/weight_blocks.cpp's dequantize_row gives.
 template <DType D>
 __device__ __forceinline__ WeightUnit decode_unit(const UnitBytes& u, int unit) {
     using Layout = BlockLayout<D>;

@@ -16,12 +16,12 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "config.h"      // Activation
+#include "weights/config.h"      // Activation
 #include "cuda_check.h"  // CUDA_CHECK (host code; empty for the emulation)
-#include "error.h"
+#include "util/error.h"
 #include "kv_cache.h"
-#include "model.h"        // kQ4Offset
-#include "safetensors.h"  // DType
+#include "weights/model.h"        // kQ4Offset
+#include "weights/safetensors.h"  // DType
 
 namespace barellm::cuda {
 

@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "error.h"
+#include "util/error.h"
 
 namespace barellm::cuda {
 

@@ -14,7 +14,7 @@
 
 #include "cuda_check.h"
 #include "kernels.h"
-#include "model.h"
+#include "weights/model.h"
 
 namespace barellm::cuda {
 

@@ -26,7 +26,7 @@
 //   weights' dtype for f32, f16 and bf16 models, f16 for Q8 and Q4 models (whose f16
 //   matrices, where a Q4 file keeps some, read f16 too). The output matrix, which may be
 //   of another dtype, reads its own (a view of the same memory).
-// - The GPU ladder (`barellm ladder --device cuda`, src/ladder.cpp) runs this backend with
+// - The GPU ladder (`barellm ladder --device cuda`, src/commands/ladder.cpp) runs this backend with
 //   the switches of BackendOptions: its rungs 1-4 decode with simpler kernels
 //   (ladder_forward.cu: LadderForward, chosen by cuda_kernels), rungs 5-8 with
 //   record_forward's, without the graph (cuda_graph) or without the attention split
@@ -47,10 +47,10 @@
 #include "cuda_check.h"
 #include "device_memory.h"
 #include "device_model.h"
-#include "error.h"
+#include "util/error.h"
 #include "kernels.h"
 #include "ladder_forward.h"
-#include "memory.h"
+#include "util/memory.h"
 
 namespace barellm {
 

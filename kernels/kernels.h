@@ -27,10 +27,10 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "config.h"  // Activation
+#include "weights/config.h"  // Activation
 #include "kv_cache.h"
-#include "safetensors.h"    // DType
-#include "weight_blocks.h"  // is_block_type, block_weights, block_bytes
+#include "weights/safetensors.h"    // DType
+#include "weights/weight_blocks.h"  // is_block_type, block_weights, block_bytes
 
 namespace barellm::cuda {
 
@@ -48,7 +48,7 @@ constexpr int kQuantizedBlock = 32;
 //   add nothing to a dot product. `scales` [rows, pitch / kQuantizedBlock] holds each
 //   block's f16 scale, in the same allocation as the values, right after them (16-byte
 //   aligned). A Q8 row's last group may be shorter in the file; padded, it is a whole block.
-// - The block types (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_XS; src/weight_blocks.h): a row
+// - The block types (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_XS; src/weights/weight_blocks.h): a row
 //   holds its cols / block_weights blocks as the file does, padded with zero bytes to a
 //   multiple of 16 bytes (so every row starts 16-byte aligned); pitch is cols, a whole
 //   number of blocks, and there are no separate scales.

@@ -10,7 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "cuda_check.h"
-#include "error.h"
+#include "util/error.h"
 #include "kernels.h"
 #include "ladder_forward.h"
 

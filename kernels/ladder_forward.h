@@ -1,5 +1,5 @@
 // The decode step of the GPU ladder's simpler rungs (`barellm ladder --device cuda`,
-// src/ladder.cpp): the kernels of one token as rungs 1 to 4 run them (BackendOptions::
+// src/commands/ladder.cpp): the kernels of one token as rungs 1 to 4 run them (BackendOptions::
 // cuda_kernels NaivePort, WarpPerRow, Fused, FastMatvec), on the CudaBackend's weights, KV
 // cache and activations. Rungs 5 to 8 run the fast path itself (forward.cu:
 // CudaBackend::record_forward). Host code only.
@@ -12,7 +12,7 @@
 #include "device_memory.h"
 #include "device_model.h"
 #include "kv_cache.h"
-#include "model.h"  // Config
+#include "weights/model.h"  // Config
 
 namespace barellm::cuda {
 

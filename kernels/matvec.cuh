@@ -24,7 +24,7 @@
 #include "common.cuh"
 #include "cuda_check.h"
 #include "kernels.h"
-#include "model.h"  // is_quantized
+#include "weights/model.h"  // is_quantized
 
 namespace barellm::cuda {
 

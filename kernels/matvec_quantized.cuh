@@ -37,7 +37,7 @@
 #include "cuda_check.h"
 #include "kernels.h"
 #include "matvec.cuh"
-#include "model.h"
+#include "weights/model.h"
 
 namespace barellm::cuda {
 

@@ -24,7 +24,7 @@
 #pragma once
 #include <cstdint>
 
-#include "safetensors.h"  // DType
+#include "weights/safetensors.h"  // DType
 
 #ifdef BARELLM_CUDA_EMULATION
 #include "cuda_emulation.h"

@@ -34,7 +34,7 @@
 #pragma once
 #include <cstdint>
 
-#include "safetensors.h"    // DType
+#include "weights/safetensors.h"    // DType
 #include "tensor_core.cuh"  // shared_address
 
 #ifdef BARELLM_CUDA_EMULATION
@@ -44,7 +44,7 @@
 #include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled_v12000
 
 #include "cuda_check.h"
-#include "error.h"
+#include "util/error.h"
 #endif
 
 #if defined(BARELLM_CUDA_EMULATION) || \

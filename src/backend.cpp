@@ -1,7 +1,7 @@
 // The backend chosen by --device, and the token/position checks every backend runs first.
 #include "backend.h"
 
-#include "error.h"
+#include "util/error.h"
 
 namespace barellm {
 

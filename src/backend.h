@@ -4,7 +4,7 @@
 #include <string>
 
 #include "kv_cache.h"
-#include "model.h"
+#include "weights/model.h"
 
 namespace barellm {
 

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "cpu/kernels.h"
-#include "half.h"
+#include "weights/half.h"
 #include "test_matrices.h"
-#include "weight_blocks.h"
+#include "weights/weight_blocks.h"
 
 namespace barellm::test {
 

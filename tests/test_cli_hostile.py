@@ -19,7 +19,7 @@ from test_cli import BARELLM, assert_refused, barellm
 with open(os.path.join(REPO, "tests", "data", "chat_templates.json"), encoding="utf-8") as f:
     LLAMA2_CHAT = next(e for e in json.load(f) if e["name"] == "llama2-chat")["chat_template"]
 
-DEPTH = 100_000  # far past the nesting limit (src/json.h)
+DEPTH = 100_000  # far past the nesting limit (src/util/json.h)
 DEEP_ARRAY = "[" * DEPTH + "]" * DEPTH
 
 # A tiny model in barellm's own format: dim 8, 1 layer, the 40 ids of tiny_tokenizer_json().

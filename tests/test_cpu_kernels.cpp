@@ -10,7 +10,7 @@
 
 #include "cpu/avx2.h"
 #include "cpu/kernels.h"
-#include "half.h"
+#include "weights/half.h"
 #include "test_block_matrices.h"
 #include "test_matrices.h"
 

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "common.cuh"
-#include "error.h"
+#include "util/error.h"
 #include "tensor_core.cuh"
 
 using namespace barellm;

@@ -1,6 +1,6 @@
 // The block-type kernels (block_units.cuh, matvec_blocks.cuh, the block embedding of
 // embedding.cuh and the f16 dequantization of dequantize.cuh), run on the CPU emulation of
-// CUDA, against the scalar dequantization of src/weight_blocks.cpp times the input in double:
+// CUDA, against the scalar dequantization of src/weights/weight_blocks.cpp times the input in double:
 // random blocks whose f16 scales (d, dmin, m) are drawn across their range with both signs,
 // rows not a multiple of a block's 8 or 16 warps, rows of more units than a warp takes in one
 // round.
@@ -15,10 +15,10 @@
 #include "embedding.cuh"
 #include "emulated_inputs.h"
 #include "gated_reference.h"
-#include "half.h"
+#include "weights/half.h"
 #include "matvec_blocks.cuh"
 #include "test_block_matrices.h"
-#include "weight_blocks.h"
+#include "weights/weight_blocks.h"
 
 using namespace barellm;
 using namespace barellm::cuda;

@@ -10,9 +10,9 @@
 
 #include "common.cuh"
 #include "emulated_inputs.h"
-#include "error.h"
+#include "util/error.h"
 #include "gemm_warpgroup.cuh"  // warpgroup_tensor_map
-#include "half.h"
+#include "weights/half.h"
 #include "wgmma.cuh"
 
 using namespace barellm;

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "error.h"
-#include "files.h"
-#include "json.h"
-#include "machine.h"
+#include "util/error.h"
+#include "util/files.h"
+#include "util/json.h"
+#include "util/machine.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
 

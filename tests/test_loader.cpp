@@ -8,8 +8,8 @@
 #include <set>
 #include <string>
 
-#include "error.h"
-#include "model.h"
+#include "util/error.h"
+#include "weights/model.h"
 
 using namespace barellm;
 using nlohmann::json;

@@ -5,7 +5,7 @@
 #include <string>
 #include <thread>
 
-#include "machine.h"
+#include "util/machine.h"
 
 using namespace barellm;
 

@@ -12,8 +12,8 @@
 
 #include "cpu/kernels.h"
 #include "cpu/quantized_tiles.h"
-#include "half.h"
-#include "model.h"
+#include "weights/half.h"
+#include "weights/model.h"
 
 namespace barellm::test {
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "error.h"
+#include "util/error.h"
 #include "tokenizer/regex.h"
 
 using barellm::Error;

@@ -9,7 +9,7 @@
 #include <set>
 #include <vector>
 
-#include "sampler.h"
+#include "generation/sampler.h"
 
 using namespace barellm;
 

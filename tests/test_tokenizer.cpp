@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "error.h"
+#include "util/error.h"
 #include "tokenizer/tokenizer.h"
 
 using barellm::Error;

@@ -82,7 +82,7 @@ def test_the_tour_covers_every_step_of_the_forward_pass():
 @pytest.mark.parametrize("link, reason", [
     ("[`cpu::no_such_kernel`](../src/cpu/dispatch.cpp#L1)", "is not defined"),
     ("[`cpu::rope`](../src/cpu/forward.cpp#L1)", "neither a namespace"),  # called there only
-    ("[`measure_read_bandwidth`](../src/ladder.cpp#L1)", "is not defined"),  # called there only
+    ("[`measure_read_bandwidth`](../src/commands/ladder.cpp#L1)", "is not defined"),  # called there only
     ("[`cpu::matvec`](../src/cpu/kernels.h#L1)", "is not defined"),  # declared only
     ("[`rope`](../src/nowhere.cpp#L1)", "does not exist"),
     ("[`CpuBackend::forward`](../kernels/forward.cu#L1)", "neither a namespace nor a class"),

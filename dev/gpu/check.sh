@@ -437,8 +437,8 @@ if wants gemm-tiles && fits 60 "gemm-tiles"; then
     step "dev/gpu/gemm_tiles.cu"
     # sm_90a: the warpgroup GEMM's instructions (Hopper only).
     if nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Ikernels \
-        -I"$ROOT/gpu_data/include" -o build/gemm_tiles dev/gpu/gemm_tiles.cu src/safetensors.cpp \
-        src/json.cpp src/files.cpp >"$LOG/gemm_tiles_build.log" 2>&1; then
+        -I"$ROOT/gpu_data/include" -o build/gemm_tiles dev/gpu/gemm_tiles.cu src/weights/safetensors.cpp \
+        src/util/json.cpp src/util/files.cpp >"$LOG/gemm_tiles_build.log" 2>&1; then
         timeout "$(capped 90)" build/gemm_tiles >"$LOG/gemm_tiles.log" 2>&1
         status=$?
         grep "^|" "$LOG/gemm_tiles.log" >"$LOG/gemm_tiles.md"

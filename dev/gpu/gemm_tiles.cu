@@ -9,7 +9,7 @@
 // Build and run on an H100 or H200, from the repository root (about a minute to build;
 // sm_90a for the warpgroup GEMM):
 //   nvcc -std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a -Isrc -Ikernels \
-//       -o build/gemm_tiles dev/gpu/gemm_tiles.cu src/safetensors.cpp src/json.cpp src/files.cpp
+//       -o build/gemm_tiles dev/gpu/gemm_tiles.cu src/weights/safetensors.cpp src/util/json.cpp src/util/files.cpp
 //   build/gemm_tiles [SHAPE]     (SHAPE: qkv, wo, w1, w1w3 or w2 alone)
 #include <cuda_fp16.h>
 

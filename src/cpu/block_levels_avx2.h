@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "weight_blocks.h"
+#include "weights/weight_blocks.h"
 
 namespace barellm::cpu::avx2 {
 

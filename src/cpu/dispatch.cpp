@@ -15,8 +15,8 @@
 #include "cpu/kernels.h"
 #include "cpu/scalar.h"
 #include "cpu/threads.h"
-#include "error.h"
-#include "half.h"
+#include "util/error.h"
+#include "weights/half.h"
 
 namespace barellm::cpu {
 

@@ -8,11 +8,11 @@
 #include <vector>
 
 #include "backend.h"
-#include "bench.h"
+#include "commands/bench.h"
 #include "cpu/kernels.h"
 #include "cpu/resident_weights.h"
-#include "error.h"
-#include "memory.h"
+#include "util/error.h"
+#include "util/memory.h"
 
 namespace barellm {
 

@@ -37,7 +37,7 @@
 #include "cpu/helpers_avx2.h"
 #include "cpu/kquant_scales.h"
 #include "cpu/panel_prefetcher.h"
-#include "weight_blocks.h"
+#include "weights/weight_blocks.h"
 
 namespace barellm::cpu::avx2 {
 

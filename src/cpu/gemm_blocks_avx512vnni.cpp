@@ -23,7 +23,7 @@
 #include "cpu/avx512.h"
 #include "cpu/block_sub_blocks.h"
 #include "cpu/helpers_avx512.h"
-#include "weight_blocks.h"
+#include "weights/weight_blocks.h"
 
 namespace barellm::cpu::avx512 {
 

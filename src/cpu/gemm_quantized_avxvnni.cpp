@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "cpu/avxvnni.h"
-#include "half.h"
+#include "weights/half.h"
 
 namespace barellm::cpu::avxvnni {
 

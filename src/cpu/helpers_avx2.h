@@ -6,8 +6,8 @@
 
 #include <cstdint>
 
-#include "half.h"
-#include "model.h"
+#include "weights/half.h"
+#include "weights/model.h"
 
 namespace barellm::cpu::avx2 {
 

@@ -10,7 +10,7 @@
 
 #include "cpu/intrinsics_avx512.h"
 #include "cpu/panel_prefetcher.h"
-#include "model.h"
+#include "weights/model.h"
 
 namespace barellm::cpu::avx512 {
 

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "kv_cache.h"
-#include "model.h"
+#include "weights/model.h"
 
 namespace barellm::cpu {
 

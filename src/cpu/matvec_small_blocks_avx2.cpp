@@ -14,7 +14,7 @@
 #include "cpu/avx2.h"
 #include "cpu/block_levels_avx2.h"
 #include "cpu/helpers_avx2.h"
-#include "weight_blocks.h"
+#include "weights/weight_blocks.h"
 
 namespace barellm::cpu::avx2 {
 

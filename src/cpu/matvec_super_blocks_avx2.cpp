@@ -17,7 +17,7 @@
 #include "cpu/block_levels_avx2.h"
 #include "cpu/helpers_avx2.h"
 #include "cpu/kquant_scales.h"
-#include "weight_blocks.h"
+#include "weights/weight_blocks.h"
 
 namespace barellm::cpu::avx2 {
 

@@ -34,8 +34,8 @@
 #include "cpu/avx512.h"
 #include "cpu/helpers_avx512.h"
 #include "cpu/kquant_scales.h"
-#include "half.h"
-#include "weight_blocks.h"
+#include "weights/half.h"
+#include "weights/weight_blocks.h"
 
 namespace barellm::cpu::avx512 {
 

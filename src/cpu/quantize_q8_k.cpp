@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "cpu/kernels.h"
-#include "weight_blocks.h"
+#include "weights/weight_blocks.h"
 
 namespace barellm::cpu {
 

@@ -5,8 +5,8 @@
 #include <new>
 #include <string>
 
-#include "error.h"
-#include "safetensors.h"
+#include "util/error.h"
+#include "weights/safetensors.h"
 
 namespace barellm::cpu {
 

@@ -30,7 +30,7 @@
 #include <memory>
 #include <vector>
 
-#include "model.h"
+#include "weights/model.h"
 
 namespace barellm::cpu {
 

@@ -8,9 +8,9 @@
 #include <cstring>
 #include <string>
 
-#include "error.h"
-#include "memory.h"
-#include "safetensors.h"
+#include "util/error.h"
+#include "util/memory.h"
+#include "weights/safetensors.h"
 
 namespace barellm::cpu {
 

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "cpu/quantized_tiles.h"
-#include "model.h"
+#include "weights/model.h"
 
 namespace barellm::cpu {
 

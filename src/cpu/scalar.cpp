@@ -6,7 +6,7 @@
 #include <cmath>
 #include <vector>
 
-#include "half.h"
+#include "weights/half.h"
 
 namespace barellm::cpu {
 

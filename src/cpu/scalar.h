@@ -2,7 +2,7 @@
 // SIMD kernel, also run on CPUs without AVX2. Defined in cpu/scalar.cpp.
 #pragma once
 #include "cpu/kernels.h"
-#include "half.h"
+#include "weights/half.h"
 
 namespace barellm::cpu::scalar {
 

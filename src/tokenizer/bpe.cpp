@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "error.h"
-#include "json.h"
+#include "util/error.h"
+#include "util/json.h"
 #include "tokenizer/unicode.h"
 
 namespace barellm::tok {

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <ctime>
 
-#include "error.h"
+#include "util/error.h"
 
 namespace barellm {
 

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <utility>
 
-#include "error.h"
-#include "json.h"
+#include "util/error.h"
+#include "util/json.h"
 #include "tokenizer/unicode.h"
 
 namespace barellm::tok {

@@ -6,7 +6,7 @@
 #include <optional>
 #include <string_view>
 
-#include "error.h"
+#include "util/error.h"
 #include "tokenizer/text.h"
 #include "tokenizer/unicode.h"
 

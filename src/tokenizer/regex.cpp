@@ -13,7 +13,7 @@
 #include <optional>
 #include <utility>
 
-#include "error.h"
+#include "util/error.h"
 #include "tokenizer/unicode.h"
 
 namespace barellm {

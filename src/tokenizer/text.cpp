@@ -1,7 +1,7 @@
 // UTF-8 string helpers shared by the tokenizer's components (declared in text.h).
 #include "tokenizer/text.h"
 
-#include "error.h"
+#include "util/error.h"
 #include "tokenizer/unicode.h"
 
 namespace barellm::tok {

@@ -8,7 +8,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "error.h"
+#include "util/error.h"
 #include "tokenizer/load.h"
 #include "tokenizer/text.h"
 

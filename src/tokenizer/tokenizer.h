@@ -22,7 +22,7 @@ namespace barellm {
 class Tokenizer {
 public:
     // The most ids a tokenizer may have when no model bounds them, and the largest vocab_size
-    // a model may declare (src/config.cpp): above any real vocabulary.
+    // a model may declare (src/weights/config.cpp): above any real vocabulary.
     static constexpr int kMaxVocabSize = 1 << 22;
 
     // Parses a tokenizer.json document. Throws Error naming any unsupported feature, and any

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "emulation_runtime.h"
-#include "error.h"
+#include "util/error.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define BARELLM_EMULATION_ASAN 1

@@ -47,8 +47,8 @@
 #include <type_traits>
 #include <utility>
 
-#include "half.h"
-#include "safetensors.h"  // DType
+#include "weights/half.h"
+#include "weights/safetensors.h"  // DType
 
 // ---- Qualifiers. A kernel is a static inline function: a header may define it for several
 // tests, and the kernel's own name stays inside the test's translation unit (nvcc's objects,

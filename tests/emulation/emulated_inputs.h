@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "cuda_emulation.h"
-#include "half.h"
+#include "weights/half.h"
 #include "kernels.h"  // padded_cols
-#include "safetensors.h"
+#include "weights/safetensors.h"
 #include "test_matrices.h"
 
 namespace barellm::test {

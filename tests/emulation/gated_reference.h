@@ -4,7 +4,7 @@
 #pragma once
 #include <cmath>
 
-#include "config.h"  // Activation
+#include "weights/config.h"  // Activation
 
 namespace barellm::test {
 

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "emulation_runtime.h"
-#include "error.h"
-#include "half.h"
+#include "util/error.h"
+#include "weights/half.h"
 #include "wgmma_emulation.h"
 
 namespace barellm::cuda::emulation {

@@ -36,7 +36,7 @@
 #include <cstdint>
 
 #include "cuda_emulation.h"
-#include "safetensors.h"  // DType
+#include "weights/safetensors.h"  // DType
 
 // ---- The driver API's tensor maps (cuda.h, cudaTypedefs.h), as far as the kernels use them
 using cuuint32_t = uint32_t;

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "cli.h"
-#include "error.h"
-#include "model.h"
+#include "commands/cli.h"
+#include "util/error.h"
+#include "weights/model.h"
 #include "tokenizer/regex.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "half.h"
+#include "weights/half.h"
 
 // The mask types, which SIMDe names simde__mmaskN only.
 using __mmask16 = simde__mmask16;

@@ -15,7 +15,7 @@
 #include <sstream>
 #include <string>
 
-#include "error.h"
+#include "util/error.h"
 #include "tokenizer/chat.h"
 
 namespace {

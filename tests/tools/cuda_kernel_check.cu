@@ -27,7 +27,7 @@
 #include "cpu/kernels.h"
 #include "cuda_check.h"
 #include "device_memory.h"
-#include "half.h"
+#include "weights/half.h"
 #include "kernels.h"
 
 using namespace barellm;
@@ -138,7 +138,7 @@ HostMatrix random_quantized_matrix(int rows, int cols, DType dtype, bool cheap =
     return m;
 }
 
-// The block types the CUDA backend runs (src/weight_blocks.h).
+// The block types the CUDA backend runs (src/weights/weight_blocks.h).
 constexpr DType kBlockTypes[] = {DType::Q4_K, DType::Q6_K, DType::Q5_K,  DType::Q4_1,
                                  DType::Q5_0, DType::Q5_1, DType::IQ4_XS};
 

@@ -16,7 +16,7 @@
 
 #include "backend.h"
 #include "cpu/kernels.h"
-#include "error.h"
+#include "util/error.h"
 
 using namespace barellm;
 

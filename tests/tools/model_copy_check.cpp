@@ -1,4 +1,4 @@
-// model_copy_check SOURCE TARGET: converts SOURCE's weights in memory (src/model_copy.h) to
+// model_copy_check SOURCE TARGET: converts SOURCE's weights in memory (src/weights/model_copy.h) to
 // TARGET's weight dtype and compares every matrix, Q8 scale and norm byte for byte with
 // TARGET (a file convert.py wrote from the same checkpoint). Prints one line; exit 0 when
 // identical, 1 at the first difference.
@@ -6,8 +6,8 @@
 #include <cstring>
 #include <string>
 
-#include "error.h"
-#include "model_copy.h"
+#include "util/error.h"
+#include "weights/model_copy.h"
 
 using namespace barellm;
 

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "error.h"
-#include "timing.h"
+#include "util/error.h"
+#include "util/timing.h"
 #include "tokenizer/tokenizer.h"
 
 namespace {

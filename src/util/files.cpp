@@ -1,6 +1,6 @@
 // Regular files only, text up to a limit, and writes that replace nothing they must not
 // (files.h).
-#include "files.h"
+#include "util/files.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,9 +14,9 @@
 #include <string_view>
 #include <vector>
 
-#include "error.h"
-#include "json.h"
-#include "terminal.h"
+#include "util/error.h"
+#include "util/json.h"
+#include "util/terminal.h"
 
 namespace barellm {
 

@@ -1,11 +1,11 @@
 // Available memory from /proc/meminfo, and the check made before each large allocation.
-#include "memory.h"
+#include "util/memory.h"
 
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 
-#include "error.h"
+#include "util/error.h"
 
 namespace barellm {
 

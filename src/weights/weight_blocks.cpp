@@ -1,10 +1,10 @@
 // Scalar dequantization of the block types (weight_blocks.h), written to read like
 // docs/FORMAT.md's description of each block.
-#include "weight_blocks.h"
+#include "weights/weight_blocks.h"
 
 #include <cstring>
 
-#include "half.h"
+#include "weights/half.h"
 
 namespace barellm {
 

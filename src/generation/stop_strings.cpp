@@ -1,5 +1,5 @@
 // The stop strings of stop_strings.h.
-#include "stop_strings.h"
+#include "generation/stop_strings.h"
 
 #include <algorithm>
 

@@ -1,6 +1,6 @@
 // The sampler of sampler.h: repeat penalty, top-k, top-p, min-p and temperature, in
 // llama.cpp's order, from a seeded generator.
-#include "sampler.h"
+#include "generation/sampler.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,6 +1,6 @@
 // The machine's CPU as bench reports it (machine.h), read from /proc/cpuinfo and CPUID, and
 // the threads it lets the process start.
-#include "machine.h"
+#include "util/machine.h"
 
 #include <pthread.h>
 #include <sched.h>

@@ -1,5 +1,5 @@
 // Mapping a safetensors file and checking its header (safetensors.h).
-#include "safetensors.h"
+#include "weights/safetensors.h"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -8,9 +8,9 @@
 #include <cerrno>
 #include <cstring>
 
-#include "error.h"
-#include "files.h"
-#include "json.h"
+#include "util/error.h"
+#include "util/files.h"
+#include "util/json.h"
 
 namespace barellm {
 

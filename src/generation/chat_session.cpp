@@ -1,14 +1,14 @@
 // The conversation of chat_session.h: turns rendered in the chat template, prefilled after
 // the earlier ones, replies streamed; the commands /reset, /save FILE, /save! FILE, /help
 // and /exit.
-#include "chat_session.h"
+#include "generation/chat_session.h"
 
 #include <unistd.h>
 
 #include <cstdio>
 
-#include "json.h"
-#include "terminal.h"
+#include "util/json.h"
+#include "util/terminal.h"
 #include "tokenizer/unicode.h"
 
 namespace barellm {

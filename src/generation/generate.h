@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "backend.h"
-#include "model.h"
-#include "sampler.h"
+#include "weights/model.h"
+#include "generation/sampler.h"
 #include "tokenizer/tokenizer.h"
 
 namespace barellm {

@@ -28,7 +28,7 @@
 #pragma once
 #include <string>
 
-#include "cli.h"
+#include "commands/cli.h"
 
 namespace barellm {
 

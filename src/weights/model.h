@@ -5,9 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "config.h"
-#include "safetensors.h"
-#include "weight_blocks.h"
+#include "weights/config.h"
+#include "weights/safetensors.h"
+#include "weights/weight_blocks.h"
 
 namespace barellm {
 

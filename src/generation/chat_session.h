@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "backend.h"
-#include "files.h"
-#include "generate.h"
-#include "model.h"
-#include "sampler.h"
+#include "util/files.h"
+#include "generation/generate.h"
+#include "weights/model.h"
+#include "generation/sampler.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 

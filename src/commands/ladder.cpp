@@ -1,6 +1,6 @@
 // `barellm ladder` (ladder.h): the same model timed with one optimisation added per rung,
 // on the CPU or on the GPU.
-#include "ladder.h"
+#include "commands/ladder.h"
 
 #include <omp.h>
 #include <unistd.h>
@@ -21,13 +21,13 @@
 #include <vector>
 
 #include "backend.h"
-#include "bench.h"
+#include "commands/bench.h"
 #include "cpu/kernels.h"
-#include "error.h"
-#include "generate.h"
-#include "model_copy.h"
-#include "sampler.h"
-#include "timing.h"
+#include "util/error.h"
+#include "generation/generate.h"
+#include "weights/model_copy.h"
+#include "generation/sampler.h"
+#include "util/timing.h"
 #include "tokenizer/tokenizer.h"
 
 namespace barellm {

@@ -12,20 +12,20 @@
 #include <map>
 
 #include "backend.h"
-#include "bench.h"
-#include "chat_session.h"
-#include "cli.h"
+#include "commands/bench.h"
+#include "generation/chat_session.h"
+#include "commands/cli.h"
 #include "cpu/kernels.h"
-#include "error.h"
-#include "files.h"
-#include "generate.h"
-#include "json.h"
-#include "ladder.h"
-#include "machine.h"
-#include "model.h"
-#include "sampler.h"
-#include "terminal.h"
-#include "timing.h"
+#include "util/error.h"
+#include "util/files.h"
+#include "generation/generate.h"
+#include "util/json.h"
+#include "commands/ladder.h"
+#include "util/machine.h"
+#include "weights/model.h"
+#include "generation/sampler.h"
+#include "util/terminal.h"
+#include "util/timing.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace barellm;
@@ -75,7 +75,7 @@ int command_run(const Options& options) {
     const auto [model, tokenizer] = load_model_and_tokenizer(options.model_path);
     const Config& config = model.config;
     const int context = context_length(options, config, kDefaultContextCap);
-    // --chat: the prompt rendered by the model's chat template (src/chat_session.h).
+    // --chat: the prompt rendered by the model's chat template (src/generation/chat_session.h).
     std::vector<int> prompt;
     int end_of_turn = -1;
     if (options.chat) {

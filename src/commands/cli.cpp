@@ -1,7 +1,7 @@
 // Parsing the command line into Options (cli.h): every flag checked, bad ones refused in one line.
-#include "cli.h"
+#include "commands/cli.h"
 
-#include "json.h"
+#include "util/json.h"
 #include "tokenizer/unicode.h"
 
 namespace barellm {

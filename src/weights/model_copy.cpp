@@ -1,5 +1,5 @@
 // Converting a loaded model's matrices to another dtype in memory, as the converter would.
-#include "model_copy.h"
+#include "weights/model_copy.h"
 
 #include <algorithm>
 #include <atomic>
@@ -7,9 +7,9 @@
 #include <cstring>
 #include <string>
 
-#include "error.h"
-#include "half.h"
-#include "memory.h"
+#include "util/error.h"
+#include "weights/half.h"
+#include "util/memory.h"
 
 namespace barellm {
 

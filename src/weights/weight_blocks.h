@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "safetensors.h"
+#include "weights/safetensors.h"
 
 namespace barellm {
 

@@ -1,11 +1,11 @@
 // Reading and checking the model hyper-parameters stored in the weight file (config.h).
-#include "config.h"
+#include "weights/config.h"
 
 #include <algorithm>
 #include <cmath>
 
-#include "error.h"
-#include "json.h"
+#include "util/error.h"
+#include "util/json.h"
 #include "tokenizer/tokenizer.h"  // Tokenizer::kMaxVocabSize
 
 namespace barellm {

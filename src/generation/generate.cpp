@@ -1,13 +1,13 @@
 // The generation loop (generate.h): prompt, then sample, stream and feed back until a stop.
-#include "generate.h"
+#include "generation/generate.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 
-#include "error.h"
-#include "stop_strings.h"
-#include "timing.h"
+#include "util/error.h"
+#include "generation/stop_strings.h"
+#include "util/timing.h"
 
 namespace barellm {
 

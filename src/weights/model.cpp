@@ -1,13 +1,13 @@
 // Loading a model (model.h): the weight file mapped, every tensor checked against the config.
-#include "model.h"
+#include "weights/model.h"
 
 #include <cstring>
 #include <map>
 #include <optional>
 
-#include "error.h"
-#include "half.h"
-#include "json.h"
+#include "util/error.h"
+#include "weights/half.h"
+#include "util/json.h"
 
 namespace barellm {
 

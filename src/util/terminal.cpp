@@ -1,5 +1,5 @@
 // Standard output, Ctrl-C and standard input lines (terminal.h).
-#include "terminal.h"
+#include "util/terminal.h"
 
 #include <poll.h>
 #include <unistd.h>

@@ -1,7 +1,7 @@
 // Parsing untrusted JSON with a nesting limit, and short excerpts for messages (json.h).
-#include "json.h"
+#include "util/json.h"
 
-#include "error.h"
+#include "util/error.h"
 
 namespace barellm {
 

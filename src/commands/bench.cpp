@@ -1,6 +1,6 @@
 // `barellm bench` (bench.h): timed prefill and decode runs, and the streaming-read bandwidth
 // they are set against.
-#include "bench.h"
+#include "commands/bench.h"
 
 #include <immintrin.h>
 #include <omp.h>
@@ -16,10 +16,10 @@
 
 #include "backend.h"
 #include "cpu/kernels.h"
-#include "error.h"
-#include "generate.h"
-#include "machine.h"
-#include "timing.h"
+#include "util/error.h"
+#include "generation/generate.h"
+#include "util/machine.h"
+#include "util/timing.h"
 
 namespace barellm {
 

@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "error.h"
+#include "util/error.h"
 
 namespace barellm {
 

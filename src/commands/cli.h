@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "backend.h"
-#include "error.h"
-#include "sampler.h"
+#include "util/error.h"
+#include "generation/sampler.h"
 
 namespace barellm {
 
