@@ -13,7 +13,7 @@ namespace barellm {
 enum class Device { Cpu, Cuda, Auto };
 
 // Which kernels the CUDA backend runs a token with: the fast ones by default. The GPU
-// ladder (`barellm ladder --device cuda`, src/ladder.cpp) picks simpler ones, each step
+// ladder (`barellm ladder --device cuda`, src/commands/ladder.cpp) picks simpler ones, each step
 // adding one optimisation to the step before (kernels/ladder_forward.cu, *_simple.cuh).
 enum class CudaKernels {
     NaivePort,   // a thread per matrix row; RMSNorm, residual add, SwiGLU, RoPE and the KV
@@ -35,6 +35,20 @@ struct BackendOptions {
     CudaKernels cuda_kernels = CudaKernels::Fast;
     bool cuda_graph = true;      // replay one captured CUDA graph per token
     bool flash_decoding = true;  // split the attended positions across blocks (Fast only)
+    // The server's paged KV cache (src/serve/): `kv_blocks` blocks of `kv_block_size`
+    // positions each, for Backend::step. 0 blocks: none (run, chat, ppl, bench).
+    int kv_blocks = 0;
+    int kv_block_size = 16;
+};
+
+// One row of a batched step (Backend::step): one token of one sequence.
+struct StepRow {
+    int token;
+    int pos;  // its position in its sequence, 0-based
+    // The sequence's blocks in the paged KV cache: position p is slot p % kv_block_size of
+    // block block_table[p / kv_block_size]. The table covers positions 0..pos.
+    const int* block_table;
+    bool wants_logits;  // whether the step returns this row's logits
 };
 
 class Backend {
@@ -48,8 +62,19 @@ public:
     // (which needs BackendOptions::all_logits).
     virtual const float* prefill(const int* tokens, int count, int first_pos, bool all_logits) = 0;
     virtual std::string name() const = 0;
-    // The most tokens one prefill batch holds; longer prompts run in several batches.
+    // The most tokens one prefill batch (or one step) holds; longer prompts run in several.
     virtual int max_batch() const = 0;
+    // The server's step, with the paged KV cache (BackendOptions::kv_blocks > 0): runs
+    // rows[0..count) (count <= max_batch()) as one batch. Each row's key and value are
+    // written to its slot, then the row attends to positions 0..pos of its own sequence
+    // (its window's on sliding layers): earlier steps' keys and values read through its block
+    // table, and this step's rows of the same sequence at lower positions. Rows of one
+    // sequence come in increasing positions and share one block table. Returns the logits
+    // of the rows that want them, [wanting rows, vocab_size] in row order, in host memory.
+    virtual const float* step(const StepRow* rows, int count) = 0;
+    // Copies every layer's keys and values of block `from` to block `to` (copy on write of
+    // a block that sequences share).
+    virtual void copy_kv_block(int from, int to) = 0;
     // Bytes of KV cache a step at `pos` reads (for bandwidth figures).
     virtual size_t kv_bytes_read(int pos) const = 0;
     // The memory bandwidth this backend's kernels can hope for, GB/s, measured now: a
