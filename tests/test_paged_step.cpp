@@ -430,9 +430,9 @@ TEST_CASE("a row's logits do not depend on the rows that share its step") {
     for (cpu::SimdLevel level : kLevels) {
         if (level > cpu::detect_simd_level()) continue;
         SimdLevelScope scope(level);
-        std::vector<PlannedSequence> together(3), alone(1);
+        std::vector<PlannedSequence> together(3), beside(2);
         together[0].chunks = {20, 1, 1, 1, 1, 1};
-        together[1].chunks = {3, 6, 1, 1, 1, 1, 1};
+        together[1].chunks = {3, 6, 1, 1, 1, 1};
         together[2].chunks = {1, 1, 1, 9, 1, 1};
         const int block_size = 32, blocks = 12;
         const std::vector<int> free_blocks = random_blocks(blocks, blocks, rng);
@@ -445,19 +445,50 @@ TEST_CASE("a row's logits do not depend on the rows that share its step") {
         }
         auto batched = make_cpu_backend(model, paged_options(blocks, block_size, KvType::F16));
         const PlanLogits batched_logits = run_plan(*batched, together, rng);
-        // Each sequence alone, one token a step, in other blocks.
+        // Each sequence again, one token a step, beside a different sequence (steps of two
+        // rows: one row runs forward's kernels, below), in other blocks.
         for (size_t s = 0; s < together.size(); ++s) {
-            alone[0].tokens = together[s].tokens;
-            alone[0].chunks.assign(alone[0].tokens.size(), 1);
-            alone[0].block_table = {free_blocks.at(next_free % blocks)};
-            auto single = make_cpu_backend(model, paged_options(blocks, block_size, KvType::F16));
-            const PlanLogits single_logits = run_plan(*single, alone, rng);
-            for (size_t pos = 0; pos < alone[0].tokens.size(); ++pos) {
+            const int length = int(together[s].tokens.size());
+            beside[0].tokens = together[s].tokens;
+            beside[1].tokens = random_tokens(length, rng);
+            for (int i = 0; i < 2; ++i) {
+                beside[i].chunks.assign(length, 1);
+                beside[i].block_table = {free_blocks.at((next_free + i) % blocks)};
+            }
+            auto other = make_cpu_backend(model, paged_options(blocks, block_size, KvType::F16));
+            const PlanLogits beside_logits = run_plan(*other, beside, rng);
+            for (int pos = 0; pos < length; ++pos) {
                 INFO(family << " " << dtype_name(dtype) << " " << cpu::simd_level_name(level)
                             << " sequence " << s << " position " << pos);
-                if (!batched_logits[s][pos].empty() && !single_logits[0][pos].empty())
-                    CHECK(batched_logits[s][pos] == single_logits[0][pos]);
+                if (!batched_logits[s][pos].empty() && !beside_logits[0][pos].empty())
+                    CHECK(batched_logits[s][pos] == beside_logits[0][pos]);
             }
+        }
+    }
+}
+
+TEST_CASE("steps of one row give forward's logits bit for bit") {
+    const std::string family = GENERATE("llama", "gemma3");
+    const DType dtype = GENERATE(DType::F32, DType::Q8_0, DType::BF16);
+    std::mt19937 rng(59001);
+    const auto file = write_model(family, rng);
+    const Model source = Model::load(file->path);
+    const auto copy = copy_model(source, dtype);
+    const Model& model = copy->model;
+    const std::vector<int> tokens = random_tokens(40, rng);
+    const std::vector<int> table = {3, 0, 2};
+    for (cpu::SimdLevel level : kLevels) {
+        if (level > cpu::detect_simd_level()) continue;
+        SimdLevelScope scope(level);
+        auto paged = make_cpu_backend(model, paged_options(4, 16, KvType::F16));
+        auto decoding = make_cpu_backend(model, BackendOptions{128, KvType::F16});
+        for (int pos = 0; pos < int(tokens.size()); ++pos) {
+            const StepRow row{tokens[pos], pos, table.data(), true};
+            const float* stepped = paged->step(&row, 1);
+            const float* forward = decoding->forward(tokens[pos], pos);
+            INFO(family << " " << dtype_name(dtype) << " " << cpu::simd_level_name(level)
+                        << " position " << pos);
+            CHECK(std::equal(stepped, stepped + model.config.vocab_size, forward));
         }
     }
 }
@@ -485,8 +516,9 @@ TEST_CASE("a step reads a block copied with copy_kv_block as it read the origina
 
     auto reference = make_cpu_backend(model, paged_options(blocks, block_size, KvType::F16));
     for (int pos = 0; pos < length; ++pos) rows[pos] = {tokens[pos], pos, table.data(), false};
-    rows.push_back({tokens[length], length, table.data(), true});
-    const float* want = reference->step(rows.data(), length + 1);
+    reference->step(rows.data(), length);
+    const StepRow next_original{tokens[length], length, table.data(), true};
+    const float* want = reference->step(&next_original, 1);
     CHECK(through_copy == std::vector<float>(want, want + model.config.vocab_size));
 }
 
