@@ -187,7 +187,8 @@ public:
     // token, its position and its own sequence's keys and values, never on which rows share
     // the step or how many: every kernel computes each row on its own in a fixed order (the
     // GEMMs' per-token sums, the element-wise steps, attention_paged per (row, head)), so the
-    // bits are the same in any batch, for every weight type. A step of one row runs forward's
+    // bits are the same in any batch, for every weight type (block types: in any batch on the
+    // same side of 8 rows, cpu::gemm). A step of one row runs forward's
     // kernels (matvecs, the same attention sums) and gives forward's bits; it differs from a
     // batched row by rounding (a matvec and a GEMM sum in different orders).
     const float* step(const StepRow* rows, int count) override {
