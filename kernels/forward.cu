@@ -31,6 +31,12 @@
 //   (ladder_forward.cu: LadderForward, chosen by cuda_kernels), rungs 5-8 with
 //   record_forward's, without the graph (cuda_graph) or without the attention split
 //   (flash_decoding).
+// - The server's step (CudaBackend::step; BackendOptions::kv_blocks > 0): the KV cache is a
+//   pool of blocks per layer instead of one row per position; each row of a step is one token
+//   of some sequence at its own position. The step runs as a prefill batch does (the
+//   projections on the GEMMs), with RoPE and the cache writes through each row's block table
+//   (rope_kv_store_paged) and flash-decoding over the blocks (attention_paged.cuh); the
+//   positions, block tables and the rows that want logits are uploaded once per step.
 // - Debugging knob: BARELLM_CUDA_GRAPHS=0 in the environment launches the kernels directly
 //   on the stream for every token instead of replaying the captured graph.
 #include <cuda_runtime.h>
@@ -47,9 +53,9 @@
 #include "cuda_check.h"
 #include "device_memory.h"
 #include "device_model.h"
-#include "util/error.h"
 #include "kernels.h"
 #include "ladder_forward.h"
+#include "util/error.h"
 #include "util/memory.h"
 
 namespace barellm {
@@ -120,6 +126,30 @@ struct PrefillState {
     cuda::DequantizeScratch dequantized;
 };
 
+// What a server step (CudaBackend::step) needs besides PrefillState, for steps of up to B
+// rows: its rows' token ids, positions and block tables, the rows that want logits, and the
+// attention's partials.
+struct StepState {
+    int* rows;             // [3 * B + B * table_stride]: StepRowsLayout
+    float* wanting_x;      // [B, dim]  x of the rows that want logits
+    float* partial_out;    // [partial_rows, heads * head_dim]  attention_paged's runs
+    float* partial_stats;  // [partial_rows, heads * 2]
+};
+
+// Where a step's row data lie in StepState::rows (and its pinned host copy), for steps of up
+// to B rows: token ids, positions, the indices of the rows that want logits, block tables.
+struct StepRowsLayout {
+    int B, table_stride;
+    int tokens() const { return 0; }
+    int positions() const { return B; }
+    int logit_rows() const { return 2 * B; }
+    int tables() const { return 3 * B; }
+    size_t ints(int rows) const { return size_t(tables()) + size_t(rows) * table_stride; }
+};
+
+// Rows of attention_paged's partials StepState holds: with B rows, B runs / row or more.
+constexpr int kPagedPartialRows = 1024;
+
 // The first `tokens` rows of `rows`.
 cuda::DeviceActivations first_rows(cuda::DeviceActivations rows, int tokens) {
     rows.tokens = tokens;
@@ -129,7 +159,11 @@ cuda::DeviceActivations first_rows(cuda::DeviceActivations rows, int tokens) {
 class CudaBackend : public Backend {
 public:
     CudaBackend(const Model& model, const BackendOptions& options)
-        : model_(model), context_(options.context), kv_type_(options.kv_type) {
+        : model_(model),
+          context_(options.context),
+          kv_type_(options.kv_type),
+          kv_blocks_(options.kv_blocks),
+          kv_block_size_(options.kv_block_size) {
         const Config& c = model.config;
         cuda::check_ladder_model(options.cuda_kernels, c);
         CUDA_CHECK(cudaSetDevice(0));
@@ -142,10 +176,13 @@ public:
                 cuda::attention_splits(attention_shape(), context_, properties.multiProcessorCount);
         // Batched prefill with the fast kernels; the GPU ladder's simpler rungs, a head size
         // whose attention tiles exceed the GPU's shared memory and a model whose layer
-        // matrices take different GEMM input dtypes prefill token by token.
-        if (options.cuda_kernels == CudaKernels::Fast && layers_share_gemm_input() &&
-            cuda::attention_prefill_shared_bytes(c.head_dim) <= properties.sharedMemPerBlockOptin)
+        // matrices take different GEMM input dtypes prefill token by token. The paged cache's
+        // step runs on the batched kernels (but for attention_prefill) or not at all.
+        const bool batched = options.cuda_kernels == CudaKernels::Fast && layers_share_gemm_input();
+        if (batched && (paged() || cuda::attention_prefill_shared_bytes(c.head_dim) <=
+                                       properties.sharedMemPerBlockOptin))
             prefill_batch_ = std::min(context_, kMaxBatch);
+        if (paged()) check_paged(batched);
 
         cudaStream_t stream = nullptr;
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -157,7 +194,8 @@ public:
         if (options.cuda_kernels != CudaKernels::Fast)
             ladder_ = std::make_unique<cuda::LadderForward>(options.cuda_kernels, c, weights_,
                                                             state_, kv_type_, context_);
-        if (prefill_batch_ > 0) allocate_prefill(options.all_logits);
+        if (prefill_batch_ > 0) allocate_prefill(options.all_logits || paged());
+        if (paged()) allocate_step();
         host_step_ = PinnedBuffer(2 * sizeof(int), "the step parameters");
         host_logits_ = PinnedBuffer(size_t(c.vocab_size) * sizeof(float), "the logits");
         if (options.all_logits) {  // host memory, for ppl: every position's logits
@@ -173,7 +211,8 @@ public:
         CUDA_CHECK(cudaDeviceSynchronize());
 
         const char* graphs = std::getenv("BARELLM_CUDA_GRAPHS");
-        if (options.cuda_graph && !(graphs && std::strcmp(graphs, "0") == 0)) capture_graph();
+        if (options.cuda_graph && !paged() && !(graphs && std::strcmp(graphs, "0") == 0))
+            capture_graph();
     }
 
     std::string name() const override { return "cuda"; }
@@ -191,6 +230,7 @@ public:
     }
 
     const float* forward(int token, int pos) override {
+        refuse_if_paged("forward");
         check_tokens(model_.config, &token, 1, pos, context_);
         int* step = host_step_.as<int>();  // the previous step's copy has completed
         step[0] = token;
@@ -208,6 +248,7 @@ public:
     // Batches of up to prefill_batch_ tokens (prefill_batch), or one forward() per token
     // when the backend runs without batched prefill.
     const float* prefill(const int* tokens, int count, int first_pos, bool all_logits) override {
+        refuse_if_paged("prefill");
         check_tokens(model_.config, tokens, count, first_pos, context_);
         const size_t vocab = model_.config.vocab_size;
         if (all_logits && size_t(count) * vocab > all_logits_.size())
@@ -226,6 +267,131 @@ public:
             logits = prefill_batch(tokens + start, batch, first_pos + start, logits_out);
         }
         return all_logits ? all_logits_.data() : logits;
+    }
+
+    // The server's step over the paged KV cache: rows[0..count) as one batch, the layers as
+    // prefill_batch runs them, each row at its own position with its own block table.
+    const float* step(const StepRow* rows, int count) override {
+        if (!paged())
+            throw Error(
+                "step needs a CUDA backend made with a paged KV cache "
+                "(BackendOptions::kv_blocks)");
+        if (count < 1 || count > prefill_batch_)
+            throw Error("step: " + std::to_string(count) + " rows, but a step holds 1 to " +
+                        std::to_string(prefill_batch_));
+        const Config& c = model_.config;
+        const PrefillState& s = prefill_;
+        cudaStream_t stream = stream_.get();
+        const int wanting = upload_step_rows(rows, count);
+        const StepRowsLayout layout = step_layout();
+        const int* positions = step_.rows + layout.positions();
+        const int* tables = step_.rows + layout.tables();
+        const int qkv_pitch = c.q_dim() + 2 * c.kv_dim();
+        const cuda::DeviceActivations normed = first_rows(s.normed, count);
+        const cuda::DeviceActivations att = first_rows(s.att, count);
+        const cuda::DeviceActivations hidden = first_rows(s.hidden, count);
+        int longest = 0;  // positions, before any window
+        for (int t = 0; t < count; ++t) longest = std::max(longest, rows[t].pos + 1);
+        const int splits = cuda::attention_paged_splits(count, longest, kPagedPartialRows);
+        // x = embed[tokens] * embedding_scale
+        cuda::embedding_rows(s.x, weights_.embedding, c.embedding_scale,
+                             step_.rows + layout.tokens(), count, stream);
+
+        AttentionShape shape = attention_shape();  // its window set layer by layer below
+        for (const DeviceLayer& layer : weights_.layers) {
+            // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
+            //   (the biases, q/k norms, RoPE table, window and post norm of the layer where it
+            //    has them, as decode); keys and values through the rows' block tables
+            shape.window = layer.window;
+            cuda::rmsnorm_rows(normed, s.x, layer.attn_norm, c.norm_eps, stream);
+            int first_row = 0;  // of qkv's rows: wq, wk and wv in runs of one type
+            for (const DeviceMatrix& part : layer.wqkv) {
+                cuda::gemm(s.qkv + first_row, qkv_pitch, part, normed,
+                           layer.qkv_bias ? layer.qkv_bias + first_row : nullptr,
+                           /*accumulate=*/false, stream, s.dequantized);
+                first_row += part.rows;
+            }
+            cuda::rope_kv_store_paged(s.qkv, qkv_pitch, layer.rope_frequencies, layer.key_cache,
+                                      layer.value_cache, positions, tables, layout.table_stride,
+                                      kv_block_size_, count, c.heads, c.kv_heads, c.head_dim,
+                                      layer.q_norm, layer.k_norm, c.norm_eps, kv_type_, stream);
+            cuda::attention_paged(att, s.qkv, qkv_pitch, layer.key_cache, layer.value_cache,
+                                  positions, tables, layout.table_stride, kv_block_size_, splits,
+                                  step_.partial_out, step_.partial_stats, shape, kv_type_, stream);
+            if (layer.post_attn_norm) {  // Gemma: x += rmsnorm(wo · a) * post_attn_norm
+                cuda::gemm(s.projected, c.dim, layer.wo, att, layer.o_bias, /*accumulate=*/false,
+                           stream, s.dequantized);
+                cuda::add_rmsnorm_rows(s.x, s.projected, layer.post_attn_norm, c.dim, count,
+                                       c.norm_eps, stream);
+            } else {
+                cuda::gemm(s.x, c.dim, layer.wo, att, layer.o_bias, /*accumulate=*/true, stream,
+                           s.dequantized);
+            }
+
+            // Feed-forward: x += w2 · (act(w1 · norm(x)) * (w3 · norm(x))), as prefill_batch
+            cuda::rmsnorm_rows(normed, s.x, layer.ffn_norm, c.norm_eps, stream);
+            if (layer.w1.dtype == layer.w3.dtype) {
+                cuda::gemm_swiglu(hidden, layer.w1, layer.w3, normed, s.gate, s.up, c.hidden_dim,
+                                  c.activation, stream, s.dequantized);
+            } else {  // two types: two GEMMs, then the activation
+                cuda::gemm(s.gate, c.hidden_dim, layer.w1, normed, /*bias=*/nullptr,
+                           /*accumulate=*/false, stream, s.dequantized);
+                cuda::gemm(s.up, c.hidden_dim, layer.w3, normed, /*bias=*/nullptr,
+                           /*accumulate=*/false, stream, s.dequantized);
+                cuda::swiglu_rows(hidden, s.gate, s.up, c.hidden_dim, c.activation, stream);
+            }
+            if (layer.post_ffn_norm) {  // Gemma
+                cuda::gemm(s.projected, c.dim, layer.w2, hidden, /*bias=*/nullptr,
+                           /*accumulate=*/false, stream, s.dequantized);
+                cuda::add_rmsnorm_rows(s.x, s.projected, layer.post_ffn_norm, c.dim, count,
+                                       c.norm_eps, stream);
+            } else {
+                cuda::gemm(s.x, c.dim, layer.w2, hidden, /*bias=*/nullptr, /*accumulate=*/true,
+                           stream, s.dequantized);
+            }
+        }
+
+        // logits = output · norm(x) of the rows that want them, gathered first
+        float* host = host_step_logits_.as<float>();
+        if (wanting > 0) {
+            cuda::gather_rows(step_.wanting_x, s.x, step_.rows + layout.logit_rows(), wanting,
+                              c.dim, stream);
+            cuda::DeviceActivations final_normed = first_rows(s.normed, wanting);
+            final_normed.dtype = cuda::gemm_input_dtype(weights_.output.dtype);
+            final_normed.pitch = cuda::padded_cols(c.dim, final_normed.dtype);
+            cuda::rmsnorm_rows(final_normed, step_.wanting_x, weights_.final_norm, c.norm_eps,
+                               stream);
+            cuda::gemm(s.logits, c.vocab_size, weights_.output, final_normed, /*bias=*/nullptr,
+                       /*accumulate=*/false, stream, s.dequantized);
+            CUDA_CHECK(cudaMemcpyAsync(host, s.logits,
+                                       size_t(wanting) * c.vocab_size * sizeof(float),
+                                       cudaMemcpyDeviceToHost, stream));
+        }
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        return host;
+    }
+
+    // Every layer's keys and values of pool block `from` copied to block `to`, in stream
+    // order with the steps.
+    void copy_kv_block(int from, int to) override {
+        if (!paged())
+            throw Error(
+                "copy_kv_block needs a CUDA backend made with a paged KV cache "
+                "(BackendOptions::kv_blocks)");
+        for (int block : {from, to})
+            if (block < 0 || block >= kv_blocks_)
+                throw Error("copy_kv_block: block " + std::to_string(block) +
+                            " is outside the paged KV cache's " + std::to_string(kv_blocks_));
+        if (from == to) return;
+        const size_t block_bytes =
+            size_t(kv_block_size_) * model_.config.kv_dim() * kv_element_bytes(kv_type_);
+        for (const DeviceLayer& layer : weights_.layers)
+            for (void* pool : {layer.key_cache, layer.value_cache}) {
+                uint8_t* bytes = static_cast<uint8_t*>(pool);
+                CUDA_CHECK(cudaMemcpyAsync(bytes + size_t(to) * block_bytes,
+                                           bytes + size_t(from) * block_bytes, block_bytes,
+                                           cudaMemcpyDeviceToDevice, stream_.get()));
+            }
     }
 
     // A device-to-device copy of up to 1 GiB, best of several, counting bytes read and
@@ -424,6 +590,89 @@ private:
         return host + size_t(rows - 1) * c.vocab_size;
     }
 
+    bool paged() const { return kv_blocks_ > 0; }
+
+    void refuse_if_paged(const char* what) const {
+        if (paged())
+            throw Error(std::string(what) +
+                        " runs on the contiguous KV cache, but this CUDA backend holds the "
+                        "server's paged one (BackendOptions::kv_blocks): use step");
+    }
+
+    void check_paged(bool batched) const {
+        if (kv_block_size_ < 1)
+            throw Error("the paged KV cache needs blocks of at least 1 position, not " +
+                        std::to_string(kv_block_size_));
+        if (!batched)
+            throw Error(
+                "the CUDA backend's paged KV cache runs on its fast kernels, with every "
+                "layer matrix taking one GEMM input dtype");
+    }
+
+    StepRowsLayout step_layout() const {
+        return StepRowsLayout{prefill_batch_, (context_ + kv_block_size_ - 1) / kv_block_size_};
+    }
+
+    // Checks the rows (tokens, positions inside the context, blocks inside the pool), copies
+    // their token ids, positions, block tables and the indices of the rows that want logits
+    // to StepState::rows, and returns how many want logits.
+    int upload_step_rows(const StepRow* rows, int count) {
+        const StepRowsLayout layout = step_layout();
+        int* host = host_step_rows_.as<int>();  // the previous step has completed
+        int wanting = 0;
+        for (int t = 0; t < count; ++t) {
+            const StepRow& row = rows[t];
+            check_tokens(model_.config, &row.token, 1, row.pos, context_);
+            host[layout.tokens() + t] = row.token;
+            host[layout.positions() + t] = row.pos;
+            if (row.wants_logits) host[layout.logit_rows() + wanting++] = t;
+            int* table = host + layout.tables() + size_t(t) * layout.table_stride;
+            for (int b = 0; b <= row.pos / kv_block_size_; ++b) {
+                const int block = row.block_table[b];
+                if (block < 0 || block >= kv_blocks_)
+                    throw Error("step: row " + std::to_string(t) + " names block " +
+                                std::to_string(block) + " outside the paged KV cache's " +
+                                std::to_string(kv_blocks_));
+                table[b] = block;
+            }
+        }
+        CUDA_CHECK(cudaMemcpyAsync(step_.rows, host, layout.ints(count) * sizeof(int),
+                                   cudaMemcpyHostToDevice, stream_.get()));
+        return wanting;
+    }
+
+    // StepState for steps of up to prefill_batch_ rows, and the pinned host copies of the
+    // rows' data and the logits.
+    void allocate_step() {
+        const Config& c = model_.config;
+        const StepRowsLayout layout = step_layout();
+        const int B = prefill_batch_;
+        auto bytes = [&](size_t count, const std::string& what) {
+            memory_.emplace_back(count, what);
+            CUDA_CHECK(cudaMemset(memory_.back().as(), 0, count));
+            return memory_.back().as();
+        };
+        step_.rows = static_cast<int*>(bytes(layout.ints(B) * sizeof(int), "the step's rows"));
+        step_.wanting_x =
+            static_cast<float*>(bytes(size_t(B) * c.dim * sizeof(float), "the step's logit rows"));
+        step_.partial_out = static_cast<float*>(
+            bytes(size_t(kPagedPartialRows) * c.q_dim() * sizeof(float), "attention partials"));
+        step_.partial_stats = static_cast<float*>(
+            bytes(size_t(kPagedPartialRows) * c.heads * 2 * sizeof(float), "attention partials"));
+        host_step_rows_ = PinnedBuffer(layout.ints(B) * sizeof(int), "the step's rows");
+        host_step_logits_ =
+            PinnedBuffer(size_t(B) * c.vocab_size * sizeof(float), "the step's logits");
+    }
+
+    // Device bytes allocate_step takes.
+    size_t step_bytes() const {
+        if (!paged()) return 0;
+        const Config& c = model_.config;
+        return step_layout().ints(prefill_batch_) * sizeof(int) +
+               size_t(prefill_batch_) * c.dim * sizeof(float) +
+               size_t(kPagedPartialRows) * (c.q_dim() + 2 * c.heads) * sizeof(float);
+    }
+
     void copy_logits_to_host() {
         CUDA_CHECK(cudaMemcpyAsync(host_logits_.as(), state_.logits,
                                    size_t(model_.config.vocab_size) * sizeof(float),
@@ -511,9 +760,14 @@ private:
         return false;
     }
 
+    // Positions of one layer's cache: the context's, or the paged pool's.
+    size_t cache_positions() const {
+        return paged() ? size_t(kv_blocks_) * kv_block_size_ : size_t(context_);
+    }
+
     size_t cache_bytes() const {
         const Config& c = model_.config;
-        return 2 * size_t(c.layers) * context_ * c.kv_dim() * kv_element_bytes(kv_type_);
+        return 2 * size_t(c.layers) * cache_positions() * c.kv_dim() * kv_element_bytes(kv_type_);
     }
 
     // The dtype every layer GEMM of the prefill reads its activations in.
@@ -588,16 +842,19 @@ private:
     void check_free_memory(bool all_logits) const {
         const size_t free_bytes = free_device_bytes();
         const size_t weights = weight_device_bytes(), cache = cache_bytes();
-        const size_t prefill = prefill_bytes(all_logits);
+        const size_t prefill = prefill_bytes(all_logits || paged()) + step_bytes();
         if (weights + cache + prefill + kMemoryHeadroom <= free_bytes) return;
+        const std::string cache_text =
+            paged() ? "the paged KV cache of " + std::to_string(kv_blocks_) + " blocks of " +
+                          std::to_string(kv_block_size_) + " positions"
+                    : "the KV cache of " + std::to_string(context_) + " positions";
         const std::string batches =
             prefill_batch_ > 0 ? " and " + cuda::gib_text(prefill) + " for prefill batches of " +
                                      std::to_string(prefill_batch_) + " tokens"
                                : "";
         throw Error("the model needs " + cuda::gib_text(weights) +
-                    " of GPU memory for weights and " + cuda::gib_text(cache) +
-                    " for the KV cache of " + std::to_string(context_) + " positions" + batches +
-                    ", but only " + cuda::gib_text(free_bytes) +
+                    " of GPU memory for weights and " + cuda::gib_text(cache) + " for " +
+                    cache_text + batches + ", but only " + cuda::gib_text(free_bytes) +
                     " are free (try a smaller --ctx or --kv f16)");
     }
 
@@ -685,7 +942,7 @@ private:
         uint8_t* value_cache = memory_.back().as<uint8_t>();
         CUDA_CHECK(cudaMemset(key_cache, 0, one_cache));
         CUDA_CHECK(cudaMemset(value_cache, 0, one_cache));
-        const size_t layer_bytes = size_t(context_) * c.kv_dim() * kv_element_bytes(kv_type_);
+        const size_t layer_bytes = cache_positions() * c.kv_dim() * kv_element_bytes(kv_type_);
         for (int l = 0; l < c.layers; ++l) {
             weights_.layers[l].key_cache = key_cache + l * layer_bytes;
             weights_.layers[l].value_cache = value_cache + l * layer_bytes;
@@ -764,20 +1021,25 @@ private:
     const Model& model_;
     const int context_;
     const KvType kv_type_;
-    int splits_ = 1;         // attention blocks per KV head, fixed for the context
-    int prefill_batch_ = 0;  // tokens per prefill batch; 0: prefill runs token by token
+    const int kv_blocks_;      // the paged KV cache's blocks (BackendOptions::kv_blocks), or 0
+    const int kv_block_size_;  // positions per block
+    int splits_ = 1;           // attention blocks per KV head, fixed for the context
+    int prefill_batch_ = 0;    // tokens per prefill batch; 0: prefill runs token by token
     // Declared before everything that uses it: destroyed last.
     Stream stream_;
     std::vector<DeviceBuffer> memory_;  // every device allocation (weights, state, cache)
     cuda::DeviceWeights weights_;
     DeviceState state_{};
     PrefillState prefill_{};
+    StepState step_{};  // the paged cache's steps only
     // The GPU ladder's rungs 1-4 (BackendOptions::cuda_kernels below Fast); null on the
     // fast path.
     std::unique_ptr<cuda::LadderForward> ladder_;
     PinnedBuffer host_tokens_;       // [prefill_batch_]  a batch's token ids, copied to prefill_
     PinnedBuffer host_step_;         // [2]  {token, pos}, copied to state_.step before each step
     PinnedBuffer host_logits_;       // [vocab_size]  what forward() returns
+    PinnedBuffer host_step_rows_;    // StepState::rows' host copy
+    PinnedBuffer host_step_logits_;  // [prefill_batch_, vocab_size]  what step() returns
     std::vector<float> all_logits_;  // [context, vocab_size] with BackendOptions::all_logits
     Graph graph_;
     GraphExec graph_exec_;
