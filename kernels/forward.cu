@@ -130,10 +130,15 @@ struct PrefillState {
 // rows: its rows' token ids, positions and block tables, the rows that want logits, and the
 // attention's partials.
 struct StepState {
-    int* rows;             // [3 * B + B * table_stride]: StepRowsLayout
-    float* wanting_x;      // [B, dim]  x of the rows that want logits
-    float* partial_out;    // [partial_rows, heads * head_dim]  attention_paged's runs
-    float* partial_stats;  // [partial_rows, heads * 2]
+    int* rows;  // [3 * B + B * table_stride]: StepRowsLayout
+    // The f32 inputs of the batched matvec (steps below kStepGemmRows rows), each row padded
+    // with zeros to whole blocks of kQuantizedBlock columns:
+    cuda::DeviceActivations normed;  // [kStepGemmRows, dim]  rmsnorm(x)
+    cuda::DeviceActivations att;     // [kStepGemmRows, q_dim]  attention output
+    cuda::DeviceActivations hidden;  // [kStepGemmRows, hidden_dim]  act(gate) * up
+    float* wanting_x;                // [B, dim]  x of the rows that want logits
+    float* partial_out;              // [partial_rows, heads * head_dim]  attention_paged's runs
+    float* partial_stats;            // [partial_rows, heads * 2]
 };
 
 // Where a step's row data lie in StepState::rows (and its pinned host copy), for steps of up
@@ -149,6 +154,14 @@ struct StepRowsLayout {
 
 // Rows of attention_paged's partials StepState holds: with B rows, B runs / row or more.
 constexpr int kPagedPartialRows = 1024;
+// A step of this many rows or more multiplies on the GEMMs (whose tensor-core tiles it
+// fills); fewer, on the batched matvec, which reads each weight once for all of them.
+constexpr int kStepGemmRows = cuda::kMatvecRowsMax;
+
+// Columns of a batched matvec input row of `cols` columns: whole blocks of kQuantizedBlock.
+int matvec_rows_pitch(int cols) {
+    return (cols + cuda::kQuantizedBlock - 1) / cuda::kQuantizedBlock * cuda::kQuantizedBlock;
+}
 
 // The first `tokens` rows of `rows`.
 cuda::DeviceActivations first_rows(cuda::DeviceActivations rows, int tokens) {
@@ -287,9 +300,12 @@ public:
         const int* positions = step_.rows + layout.positions();
         const int* tables = step_.rows + layout.tables();
         const int qkv_pitch = c.q_dim() + 2 * c.kv_dim();
-        const cuda::DeviceActivations normed = first_rows(s.normed, count);
-        const cuda::DeviceActivations att = first_rows(s.att, count);
-        const cuda::DeviceActivations hidden = first_rows(s.hidden, count);
+        // The products' inputs: f32 rows for the batched matvec below kStepGemmRows rows, the
+        // GEMM's input dtype from there (step_product)
+        const bool few = count < kStepGemmRows;
+        const cuda::DeviceActivations normed = first_rows(few ? step_.normed : s.normed, count);
+        const cuda::DeviceActivations att = first_rows(few ? step_.att : s.att, count);
+        const cuda::DeviceActivations hidden = first_rows(few ? step_.hidden : s.hidden, count);
         int longest = 0;  // positions, before any window
         for (int t = 0; t < count; ++t) longest = std::max(longest, rows[t].pos + 1);
         const int splits = cuda::attention_paged_splits(count, longest, kPagedPartialRows);
@@ -306,9 +322,9 @@ public:
             cuda::rmsnorm_rows(normed, s.x, layer.attn_norm, c.norm_eps, stream);
             int first_row = 0;  // of qkv's rows: wq, wk and wv in runs of one type
             for (const DeviceMatrix& part : layer.wqkv) {
-                cuda::gemm(s.qkv + first_row, qkv_pitch, part, normed,
-                           layer.qkv_bias ? layer.qkv_bias + first_row : nullptr,
-                           /*accumulate=*/false, stream, s.dequantized);
+                step_product(s.qkv + first_row, qkv_pitch, part, normed,
+                             layer.qkv_bias ? layer.qkv_bias + first_row : nullptr,
+                             /*accumulate=*/false);
                 first_row += part.rows;
             }
             cuda::rope_kv_store_paged(s.qkv, qkv_pitch, layer.rope_frequencies, layer.key_cache,
@@ -319,35 +335,33 @@ public:
                                   positions, tables, layout.table_stride, kv_block_size_, splits,
                                   step_.partial_out, step_.partial_stats, shape, kv_type_, stream);
             if (layer.post_attn_norm) {  // Gemma: x += rmsnorm(wo · a) * post_attn_norm
-                cuda::gemm(s.projected, c.dim, layer.wo, att, layer.o_bias, /*accumulate=*/false,
-                           stream, s.dequantized);
+                step_product(s.projected, c.dim, layer.wo, att, layer.o_bias,
+                             /*accumulate=*/false);
                 cuda::add_rmsnorm_rows(s.x, s.projected, layer.post_attn_norm, c.dim, count,
                                        c.norm_eps, stream);
             } else {
-                cuda::gemm(s.x, c.dim, layer.wo, att, layer.o_bias, /*accumulate=*/true, stream,
-                           s.dequantized);
+                step_product(s.x, c.dim, layer.wo, att, layer.o_bias, /*accumulate=*/true);
             }
 
             // Feed-forward: x += w2 · (act(w1 · norm(x)) * (w3 · norm(x))), as prefill_batch
             cuda::rmsnorm_rows(normed, s.x, layer.ffn_norm, c.norm_eps, stream);
-            if (layer.w1.dtype == layer.w3.dtype) {
+            if (!few && layer.w1.dtype == layer.w3.dtype) {
                 cuda::gemm_swiglu(hidden, layer.w1, layer.w3, normed, s.gate, s.up, c.hidden_dim,
                                   c.activation, stream, s.dequantized);
-            } else {  // two types: two GEMMs, then the activation
-                cuda::gemm(s.gate, c.hidden_dim, layer.w1, normed, /*bias=*/nullptr,
-                           /*accumulate=*/false, stream, s.dequantized);
-                cuda::gemm(s.up, c.hidden_dim, layer.w3, normed, /*bias=*/nullptr,
-                           /*accumulate=*/false, stream, s.dequantized);
+            } else {  // two products, then the activation
+                step_product(s.gate, c.hidden_dim, layer.w1, normed, /*bias=*/nullptr,
+                             /*accumulate=*/false);
+                step_product(s.up, c.hidden_dim, layer.w3, normed, /*bias=*/nullptr,
+                             /*accumulate=*/false);
                 cuda::swiglu_rows(hidden, s.gate, s.up, c.hidden_dim, c.activation, stream);
             }
             if (layer.post_ffn_norm) {  // Gemma
-                cuda::gemm(s.projected, c.dim, layer.w2, hidden, /*bias=*/nullptr,
-                           /*accumulate=*/false, stream, s.dequantized);
+                step_product(s.projected, c.dim, layer.w2, hidden, /*bias=*/nullptr,
+                             /*accumulate=*/false);
                 cuda::add_rmsnorm_rows(s.x, s.projected, layer.post_ffn_norm, c.dim, count,
                                        c.norm_eps, stream);
             } else {
-                cuda::gemm(s.x, c.dim, layer.w2, hidden, /*bias=*/nullptr, /*accumulate=*/true,
-                           stream, s.dequantized);
+                step_product(s.x, c.dim, layer.w2, hidden, /*bias=*/nullptr, /*accumulate=*/true);
             }
         }
 
@@ -356,13 +370,16 @@ public:
         if (wanting > 0) {
             cuda::gather_rows(step_.wanting_x, s.x, step_.rows + layout.logit_rows(), wanting,
                               c.dim, stream);
-            cuda::DeviceActivations final_normed = first_rows(s.normed, wanting);
-            final_normed.dtype = cuda::gemm_input_dtype(weights_.output.dtype);
-            final_normed.pitch = cuda::padded_cols(c.dim, final_normed.dtype);
+            cuda::DeviceActivations final_normed = first_rows(step_.normed, wanting);
+            if (wanting >= kStepGemmRows) {  // the output matrix's GEMM input dtype
+                final_normed = first_rows(s.normed, wanting);
+                final_normed.dtype = cuda::gemm_input_dtype(weights_.output.dtype);
+                final_normed.pitch = cuda::padded_cols(c.dim, final_normed.dtype);
+            }
             cuda::rmsnorm_rows(final_normed, step_.wanting_x, weights_.final_norm, c.norm_eps,
                                stream);
-            cuda::gemm(s.logits, c.vocab_size, weights_.output, final_normed, /*bias=*/nullptr,
-                       /*accumulate=*/false, stream, s.dequantized);
+            step_product(s.logits, c.vocab_size, weights_.output, final_normed, /*bias=*/nullptr,
+                         /*accumulate=*/false);
             CUDA_CHECK(cudaMemcpyAsync(host, s.logits,
                                        size_t(wanting) * c.vocab_size * sizeof(float),
                                        cudaMemcpyDeviceToHost, stream));
@@ -592,6 +609,17 @@ private:
 
     bool paged() const { return kv_blocks_ > 0; }
 
+    // out = W · in (+ bias; out += with accumulate) for `in.tokens` rows of a step: the
+    // batched matvec below kStepGemmRows rows (in: StepState's f32 rows), the GEMM from there.
+    void step_product(float* out, int out_pitch, const DeviceMatrix& w,
+                      const cuda::DeviceActivations& in, const float* bias, bool accumulate) {
+        if (in.tokens < kStepGemmRows)
+            cuda::matvec_rows(out, out_pitch, w, in, bias, accumulate, stream_.get());
+        else
+            cuda::gemm(out, out_pitch, w, in, bias, accumulate, stream_.get(),
+                       prefill_.dequantized);
+    }
+
     void refuse_if_paged(const char* what) const {
         if (paged())
             throw Error(std::string(what) +
@@ -653,6 +681,18 @@ private:
             return memory_.back().as();
         };
         step_.rows = static_cast<int*>(bytes(layout.ints(B) * sizeof(int), "the step's rows"));
+        auto few_rows = [&](int cols, const std::string& what) {
+            cuda::DeviceActivations a;
+            a.dtype = DType::F32;
+            a.tokens = kStepGemmRows;
+            a.cols = cols;
+            a.pitch = matvec_rows_pitch(cols);
+            a.data = bytes(a.bytes(), what);
+            return a;
+        };
+        step_.normed = few_rows(c.dim, "the step's normed rows");
+        step_.att = few_rows(c.q_dim(), "the step's attention rows");
+        step_.hidden = few_rows(c.hidden_dim, "the step's hidden rows");
         step_.wanting_x =
             static_cast<float*>(bytes(size_t(B) * c.dim * sizeof(float), "the step's logit rows"));
         step_.partial_out = static_cast<float*>(
@@ -668,7 +708,11 @@ private:
     size_t step_bytes() const {
         if (!paged()) return 0;
         const Config& c = model_.config;
-        return step_layout().ints(prefill_batch_) * sizeof(int) +
+        const size_t few_rows = size_t(kStepGemmRows) *
+                                (matvec_rows_pitch(c.dim) + matvec_rows_pitch(c.q_dim()) +
+                                 matvec_rows_pitch(c.hidden_dim)) *
+                                sizeof(float);
+        return step_layout().ints(prefill_batch_) * sizeof(int) + few_rows +
                size_t(prefill_batch_) * c.dim * sizeof(float) +
                size_t(kPagedPartialRows) * (c.q_dim() + 2 * c.heads) * sizeof(float);
     }

@@ -11,6 +11,7 @@
 #include "matvec.cuh"
 #include "matvec_blocks.cuh"
 #include "matvec_quantized.cuh"
+#include "matvec_rows.cuh"
 #include "matvec_simple.cuh"
 #include "post_norm.cuh"
 #include "prefill.cuh"

@@ -328,6 +328,16 @@ inline bool attention_prefill_uses_mma(KvType kv_type, int head_dim) {
 // device memory; the projections run on gemm (or, for a few rows, matvec_rows) and the
 // steps between them on the prefill's row kernels.
 
+// The most input rows matvec_rows takes.
+constexpr int kMatvecRowsMax = 16;
+// out[t, r] = sum_c W[r, c] * in[t, c] (+ bias[r] when given; with accumulate out[t, r] +=
+// that) for t < in.tokens <= kMatvecRowsMax, r < w.rows: each weight read and dequantized
+// once for all the rows (every dtype matvec takes). in is f32, in.cols == w.cols, its pitch a
+// multiple of kQuantizedBlock (and >= w.pitch), zero past cols; out f32 [in.tokens,
+// out_pitch], not overlapping in. (kernels/matvec_rows.cuh)
+void matvec_rows(float* out, int out_pitch, const DeviceMatrix& w, const DeviceActivations& in,
+                 const float* bias, bool accumulate, cudaStream_t stream);
+
 // As rope_kv_store_rows, row t at position positions[t], its key and value stored into its
 // slot of one layer's key_pool / value_pool through its block table. (kernels/prefill.cuh)
 void rope_kv_store_paged(float* qkv, int qkv_pitch, const float* inverse_frequencies,
