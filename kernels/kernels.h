@@ -3,10 +3,11 @@
 //
 // - The kernels live in the .cuh files named after what they compute (embedding.cuh,
 //   matvec.cuh, matvec_quantized.cuh, matvec_blocks.cuh, rope.cuh, attention.cuh, gemm.cuh,
-//   dequantize.cuh, post_norm.cuh; how block-type matrices are read in block_units.cuh;
-//   the GPU ladder's simple versions in matvec_simple.cuh, elementwise_simple.cuh,
-//   attention_simple.cuh), compiled once, in kernels.cu. forward.cu, ladder_forward.cu and
-//   tests/tools/cuda_kernel_check.cu launch them through here.
+//   dequantize.cuh, post_norm.cuh; the server's step: matvec_rows.cuh, attention_paged.cuh;
+//   how block-type matrices are read in block_units.cuh; the GPU ladder's simple versions in
+//   matvec_simple.cuh, elementwise_simple.cuh, attention_simple.cuh), compiled once, in
+//   kernels.cu. forward.cu, ladder_forward.cu and tests/tools/cuda_kernel_check.cu launch
+//   them through here.
 // - Decode activations are f32 in device memory, the batched prefill's GEMM inputs f32, f16
 //   or bf16 (DeviceActivations); weights are f32, f16, bf16, Q8 (I8), Q4 (U8) or one of
 //   ggml's block types (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_XS), each matrix its own:

@@ -1,7 +1,9 @@
 // The row-wise steps of batched prefill (kernels.h, "Batched prefill"): one row per prompt
 // token. The embedding rows (scaled), RMSNorm into the GEMM's input type, SwiGLU or GeGLU
 // into the same, and RoPE with the KV-cache writes (Qwen3's per-head q/k RMSNorm before it
-// when given).
+// when given). The server's step (kernels.h, "The server's step") runs them too, with RoPE
+// and the cache writes through each row's block table (rope_kv_store_paged_kernel) and the
+// rows that want logits gathered (gather_rows_kernel).
 //
 // Device code first; the launch shapes as host functions outside the CUDA-only part, so that
 // the emulated unit tests launch the kernels exactly as the launch functions at the end do.
