@@ -6,14 +6,14 @@
 //
 // Flash-decoding over blocks, in two kernels:
 // - attention_paged_split_kernel: a row's visible KV blocks are cut into `splits` runs of
-//   whole blocks; one CUDA block per (run, query head, row) keeps an online softmax (running
-//   max and sum) over its positions and writes its unnormalised output and (max, sum). A
-//   short row leaves its later runs empty: those write (-inf, 0) and zeros.
-//   Inside a block, warp w takes positions w, w + 4, ... of the run: its lanes hold the query
-//   as pairs (lane l: pairs l, l + 32, ...), read the key's pairs, meet in a warp sum for the
-//   score, and mix in the value's pairs. The four warps' states are merged in shared memory.
-//   The query heads of one KV head read the same keys and values (through L2), each in its
-//   own block.
+//   whole blocks; one CUDA block per (run, up to 4 query heads of one KV head, row) keeps an
+//   online softmax (running max and sum) per query head over its positions and writes its
+//   unnormalised outputs and (max, sum). A short row leaves its later runs empty: those write
+//   (-inf, 0) and zeros.
+//   Inside a block, warp w takes positions w, w + 4, ... of the run: its lanes hold each
+//   head's query as pairs (lane l: pairs l, l + 32, ...), read the key's pairs once for all
+//   the heads, meet in a warp sum per head for the scores, and mix the value's pairs, read
+//   once, into each head's output. The four warps' states are merged in shared memory.
 // - attention_paged_merge_kernel: per (query head, row), rescales the runs' partials to a
 //   common max, divides by the total sum and stores the head's output in the wo product's
 //   input dtype.
@@ -33,6 +33,7 @@ namespace barellm::cuda {
 
 constexpr int kPagedWarps = 4;
 constexpr int kPagedThreads = kPagedWarps * kWarpSize;
+constexpr int kPagedHeadsPerBlock = 4;  // query heads of one KV head per block
 
 struct PagedAttentionArgs {
     const float* qkv;  // [rows, qkv_pitch]: each row's rotated q first
@@ -64,17 +65,26 @@ __host__ __device__ inline int2 paged_split_positions(int pos, int window, int b
     return make_int2(begin, end);
 }
 
-// The partial output of run blockIdx.x of query head blockIdx.y of row blockIdx.z (see the
-// file's comment). kPairs: the query pairs a lane holds (head_dim <= 64 * kPairs).
-// Launch: grid (splits, heads, rows), block 128, no dynamic shared memory.
+// The partial outputs of run blockIdx.x of row blockIdx.z for up to kPagedHeadsPerBlock
+// query heads of one KV head: blockIdx.y = kv_head * head_groups + g takes query heads
+// kv_head * group + 4g .. (see the file's comment). kPairs: the pairs of a head a lane holds
+// (head_dim <= 64 * kPairs).
+// Launch: grid (splits, kv_heads * ceil(group / 4), rows), block 128, static shared memory
+// only (the warps' states: 16 KiB).
 template <typename KvT, int kPairs>
 __global__ void __launch_bounds__(kPagedThreads)
     attention_paged_split_kernel(PagedAttentionArgs a) {
-    __shared__ float warp_out[kPagedWarps][kMaxHeadDim];
-    __shared__ float warp_max_sum[kPagedWarps][2];
-    const int split = blockIdx.x, head = blockIdx.y, row = blockIdx.z;
+    constexpr int kHeads = kPagedHeadsPerBlock;
+    __shared__ float warp_out[kPagedWarps][kHeads][kMaxHeadDim];
+    __shared__ float warp_max_sum[kPagedWarps][kHeads][2];
+    const int split = blockIdx.x, row = blockIdx.z;
     const int warp = threadIdx.x / kWarpSize, lane = threadIdx.x % kWarpSize;
-    const int group = a.heads / a.kv_heads, kv_head = head / group;
+    const int group = a.heads / a.kv_heads;
+    const int head_groups = (group + kHeads - 1) / kHeads;
+    const int kv_head = blockIdx.y / head_groups;
+    const int first_in_group = blockIdx.y % head_groups * kHeads;
+    const int first_head = kv_head * group + first_in_group;
+    const int heads = min(kHeads, group - first_in_group);  // this block's query heads
     const int kv_dim = a.kv_heads * a.head_dim, half_dim = a.head_dim / 2;
     const int pos = a.positions[row];
     const int2 range = paged_split_positions(pos, a.window, a.block_size, split, a.splits);
@@ -82,76 +92,96 @@ __global__ void __launch_bounds__(kPagedThreads)
     const KvT* keys = static_cast<const KvT*>(a.keys) + size_t(kv_head) * a.head_dim;
     const KvT* values = static_cast<const KvT*>(a.values) + size_t(kv_head) * a.head_dim;
 
-    float2 q[kPairs], acc[kPairs];
-    const float* query = a.qkv + size_t(row) * a.qkv_pitch + size_t(head) * a.head_dim;
+    // Each warp: every head's query pairs, output pairs and softmax state, in registers.
+    float2 q[kHeads][kPairs], acc[kHeads][kPairs];
+    float running_max[kHeads], running_sum[kHeads];
 #pragma unroll
-    for (int i = 0; i < kPairs; ++i) {
-        const int pair = lane + i * kWarpSize;
-        q[i] = pair < half_dim ? reinterpret_cast<const float2*>(query)[pair] : make_float2(0, 0);
-        acc[i] = make_float2(0.0f, 0.0f);
+    for (int h = 0; h < kHeads; ++h) {
+        const float* query =
+            a.qkv + size_t(row) * a.qkv_pitch + size_t(first_head + h) * a.head_dim;
+#pragma unroll
+        for (int i = 0; i < kPairs; ++i) {
+            const int pair = lane + i * kWarpSize;
+            q[h][i] = h < heads && pair < half_dim ? reinterpret_cast<const float2*>(query)[pair]
+                                                   : make_float2(0.0f, 0.0f);
+            acc[h][i] = make_float2(0.0f, 0.0f);
+        }
+        running_max[h] = -INFINITY;
+        running_sum[h] = 0.0f;
     }
-    float running_max = -INFINITY, running_sum = 0.0f;
     for (int p = range.x + warp; p <= range.y; p += kPagedWarps) {
         const size_t slot = size_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
-        const KvT* key = keys + slot * kv_dim;
-        float dot = 0.0f;
+        float2 k[kPairs];  // the key, read once for every head
 #pragma unroll
         for (int i = 0; i < kPairs; ++i) {
             const int pair = lane + i * kWarpSize;
-            if (pair < half_dim) {
-                const float2 k = kv_load_pair(key, pair);
-                dot += q[i].x * k.x + q[i].y * k.y;
-            }
+            k[i] = pair < half_dim ? kv_load_pair(keys + slot * kv_dim, pair)
+                                   : make_float2(0.0f, 0.0f);
         }
-        const float score = warp_sum(dot) * a.scale;
-        const float new_max = fmaxf(running_max, score);
-        const float rescale = expf(running_max - new_max);  // 0 the first time
-        const float weight = expf(score - new_max);
-        running_sum = running_sum * rescale + weight;
-        running_max = new_max;
-        const KvT* value = values + slot * kv_dim;
+        float rescale[kHeads], weight[kHeads];
+#pragma unroll
+        for (int h = 0; h < kHeads; ++h) {
+            float dot = 0.0f;
+#pragma unroll
+            for (int i = 0; i < kPairs; ++i) dot += q[h][i].x * k[i].x + q[h][i].y * k[i].y;
+            const float score = warp_sum(dot) * a.scale;
+            const float new_max = fmaxf(running_max[h], score);
+            rescale[h] = expf(running_max[h] - new_max);  // 0 the first time
+            weight[h] = expf(score - new_max);
+            running_sum[h] = running_sum[h] * rescale[h] + weight[h];
+            running_max[h] = new_max;
+        }
 #pragma unroll
         for (int i = 0; i < kPairs; ++i) {
             const int pair = lane + i * kWarpSize;
             if (pair < half_dim) {
-                const float2 v = kv_load_pair(value, pair);
-                acc[i].x = acc[i].x * rescale + weight * v.x;
-                acc[i].y = acc[i].y * rescale + weight * v.y;
+                const float2 v = kv_load_pair(values + slot * kv_dim, pair);  // read once
+#pragma unroll
+                for (int h = 0; h < kHeads; ++h) {
+                    acc[h][i].x = acc[h][i].x * rescale[h] + weight[h] * v.x;
+                    acc[h][i].y = acc[h][i].y * rescale[h] + weight[h] * v.y;
+                }
             }
         }
     }
 
-    // The warps' states merged: rescaled to the block's max.
+    // The warps' states merged per head: rescaled to the block's max.
 #pragma unroll
-    for (int i = 0; i < kPairs; ++i) {
-        const int pair = lane + i * kWarpSize;
-        if (pair < half_dim) {
-            warp_out[warp][2 * pair] = acc[i].x;
-            warp_out[warp][2 * pair + 1] = acc[i].y;
+    for (int h = 0; h < kHeads; ++h) {
+#pragma unroll
+        for (int i = 0; i < kPairs; ++i) {
+            const int pair = lane + i * kWarpSize;
+            if (pair < half_dim) {
+                warp_out[warp][h][2 * pair] = acc[h][i].x;
+                warp_out[warp][h][2 * pair + 1] = acc[h][i].y;
+            }
+        }
+        if (lane == 0) {
+            warp_max_sum[warp][h][0] = running_max[h];
+            warp_max_sum[warp][h][1] = running_sum[h];
         }
     }
-    if (lane == 0) {
-        warp_max_sum[warp][0] = running_max;
-        warp_max_sum[warp][1] = running_sum;
-    }
     __syncthreads();
-    float block_max = -INFINITY;
-    for (int w = 0; w < kPagedWarps; ++w) block_max = fmaxf(block_max, warp_max_sum[w][0]);
-    float weights[kPagedWarps];
-    float block_sum = 0.0f;
-    for (int w = 0; w < kPagedWarps; ++w) {  // a warp without positions weighs 0
-        weights[w] = warp_max_sum[w][0] == -INFINITY ? 0.0f : expf(warp_max_sum[w][0] - block_max);
-        block_sum += weights[w] * warp_max_sum[w][1];
-    }
-    const size_t partial = (size_t(row) * a.heads + head) * a.splits + split;
-    for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) {
-        float out = 0.0f;
-        for (int w = 0; w < kPagedWarps; ++w) out += weights[w] * warp_out[w][d];
-        a.partial_out[partial * a.head_dim + d] = out;
-    }
-    if (threadIdx.x == 0) {
-        a.partial_stats[2 * partial] = block_max;
-        a.partial_stats[2 * partial + 1] = block_sum;
+    for (int h = 0; h < heads; ++h) {
+        float block_max = -INFINITY;
+        for (int w = 0; w < kPagedWarps; ++w) block_max = fmaxf(block_max, warp_max_sum[w][h][0]);
+        float weights[kPagedWarps];
+        float block_sum = 0.0f;
+        for (int w = 0; w < kPagedWarps; ++w) {  // a warp without positions weighs 0
+            const float warp_max = warp_max_sum[w][h][0];
+            weights[w] = warp_max == -INFINITY ? 0.0f : expf(warp_max - block_max);
+            block_sum += weights[w] * warp_max_sum[w][h][1];
+        }
+        const size_t partial = (size_t(row) * a.heads + first_head + h) * a.splits + split;
+        for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) {
+            float out = 0.0f;
+            for (int w = 0; w < kPagedWarps; ++w) out += weights[w] * warp_out[w][h][d];
+            a.partial_out[partial * a.head_dim + d] = out;
+        }
+        if (threadIdx.x == 0) {
+            a.partial_stats[2 * partial] = block_max;
+            a.partial_stats[2 * partial + 1] = block_sum;
+        }
     }
 }
 
@@ -194,8 +224,10 @@ __global__ void __launch_bounds__(kPagedThreads)
 
 // ---- Launch shape
 
-inline dim3 attention_paged_split_grid(int rows, int heads, int splits) {
-    return dim3(splits, heads, rows);
+inline dim3 attention_paged_split_grid(int rows, const AttentionShape& shape, int splits) {
+    const int group = shape.heads / shape.kv_heads;
+    const int head_groups = (group + kPagedHeadsPerBlock - 1) / kPagedHeadsPerBlock;
+    return dim3(splits, shape.kv_heads * head_groups, rows);
 }
 inline dim3 attention_paged_merge_grid(int rows, int heads) { return dim3(heads, rows); }
 
@@ -227,7 +259,7 @@ void attention_paged(const DeviceActivations& out, const float* qkv, int qkv_pit
     with_kv_type(kv_type, [&](auto element) {
         with_paged_pairs(shape.head_dim, [&](auto pairs) {
             attention_paged_split_kernel<decltype(element), decltype(pairs)::value>
-                <<<attention_paged_split_grid(out.tokens, shape.heads, splits), kPagedThreads, 0,
+                <<<attention_paged_split_grid(out.tokens, shape, splits), kPagedThreads, 0,
                    stream>>>(args);
         });
     });

@@ -140,8 +140,8 @@ void check_attention_paged(const PagedCase& c, std::mt19937& rng) {
                                   splits,
                                   shape.scale};
     with_paged_pairs(head_dim, [&](auto pairs) {
-        emulate_launch(attention_paged_split_grid(rows, shape.heads, splits), dim3(kPagedThreads),
-                       0, attention_paged_split_kernel<KvT, decltype(pairs)::value>, args);
+        emulate_launch(attention_paged_split_grid(rows, shape, splits), dim3(kPagedThreads), 0,
+                       attention_paged_split_kernel<KvT, decltype(pairs)::value>, args);
     });
     with_weight_dtype(c.out_dtype, [&](auto dtype) {
         emulate_launch(attention_paged_merge_grid(rows, shape.heads), dim3(kPagedThreads), 0,
@@ -211,8 +211,11 @@ TEST_CASE("emulated attention_paged matches a double reference over scattered bl
         {{4, 1, 256, 0, 0.0625f}, 16, {200, 17}, {1, 4}, DType::F16, 13},
         // A window shorter than a block, crossing block edges; the output's padding.
         {{3, 1, 6, 7, 0.51f}, 16, {33, 64, 65}, {5, 1, 2}, DType::F16, 3},
-        // head_dim 64 (one pair a lane): a long decode row and the splits chosen for it.
-        {{8, 2, 64, 0, 0.16f}, 32, {700, 12}, {1, 1}, DType::F32, 0},
+        // head_dim 64 (one pair a lane), 8 query heads on one KV head (two blocks of 4): a
+        // long decode row and the splits chosen for it.
+        {{8, 1, 64, 0, 0.16f}, 32, {700, 12}, {1, 1}, DType::F32, 0},
+        // Groups of 5 query heads (a block of 4 and a block of 1), a chunk and a window.
+        {{10, 2, 16, 20, 0.3f}, 16, {90, 50}, {6, 1}, DType::BF16, 4},
     };
     for (const PagedCase& c : cases) {
         check_attention_paged<float>(c, rng);
