@@ -36,9 +36,12 @@
 //   of some sequence at its own position. The step runs as a prefill batch does (the
 //   projections on the GEMMs), with RoPE and the cache writes through each row's block table
 //   (rope_kv_store_paged) and flash-decoding over the blocks (attention_paged.cuh); the
-//   positions, block tables and the rows that want logits are uploaded once per step.
+//   positions, block tables and the rows that want logits are uploaded once per step. The
+//   layers replay a CUDA graph per bucket of row counts (the rows padded to the bucket),
+//   the logits of the rows that want them follow outside it.
 // - Debugging knob: BARELLM_CUDA_GRAPHS=0 in the environment launches the kernels directly
-//   on the stream for every token instead of replaying the captured graph.
+//   on the stream for every token (and every server step) instead of replaying the
+//   captured graphs.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
@@ -224,8 +227,12 @@ public:
         CUDA_CHECK(cudaDeviceSynchronize());
 
         const char* graphs = std::getenv("BARELLM_CUDA_GRAPHS");
-        if (options.cuda_graph && !paged() && !(graphs && std::strcmp(graphs, "0") == 0))
-            capture_graph();
+        if (options.cuda_graph && !(graphs && std::strcmp(graphs, "0") == 0)) {
+            if (paged())
+                make_step_buckets();
+            else
+                capture([&] { record_token(); }, &graph_, &graph_exec_);
+        }
     }
 
     std::string name() const override { return "cuda"; }
@@ -295,75 +302,32 @@ public:
         const Config& c = model_.config;
         const PrefillState& s = prefill_;
         cudaStream_t stream = stream_.get();
-        const int wanting = upload_step_rows(rows, count);
-        const StepRowsLayout layout = step_layout();
-        const int* positions = step_.rows + layout.positions();
-        const int* tables = step_.rows + layout.tables();
-        const int qkv_pitch = c.q_dim() + 2 * c.kv_dim();
-        // The products' inputs: f32 rows for the batched matvec below kStepGemmRows rows, the
-        // GEMM's input dtype from there (step_product)
-        const bool few = count < kStepGemmRows;
-        const cuda::DeviceActivations normed = first_rows(few ? step_.normed : s.normed, count);
-        const cuda::DeviceActivations att = first_rows(few ? step_.att : s.att, count);
-        const cuda::DeviceActivations hidden = first_rows(few ? step_.hidden : s.hidden, count);
-        int longest = 0;  // positions, before any window
-        for (int t = 0; t < count; ++t) longest = std::max(longest, rows[t].pos + 1);
-        const int splits = cuda::attention_paged_splits(count, longest, kPagedPartialRows);
-        // x = embed[tokens] * embedding_scale
-        cuda::embedding_rows(s.x, weights_.embedding, c.embedding_scale,
-                             step_.rows + layout.tokens(), count, stream);
-
-        AttentionShape shape = attention_shape();  // its window set layer by layer below
-        for (const DeviceLayer& layer : weights_.layers) {
-            // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
-            //   (the biases, q/k norms, RoPE table, window and post norm of the layer where it
-            //    has them, as decode); keys and values through the rows' block tables
-            shape.window = layer.window;
-            cuda::rmsnorm_rows(normed, s.x, layer.attn_norm, c.norm_eps, stream);
-            int first_row = 0;  // of qkv's rows: wq, wk and wv in runs of one type
-            for (const DeviceMatrix& part : layer.wqkv) {
-                step_product(s.qkv + first_row, qkv_pitch, part, normed,
-                             layer.qkv_bias ? layer.qkv_bias + first_row : nullptr,
-                             /*accumulate=*/false);
-                first_row += part.rows;
-            }
-            cuda::rope_kv_store_paged(s.qkv, qkv_pitch, layer.rope_frequencies, layer.key_cache,
-                                      layer.value_cache, positions, tables, layout.table_stride,
-                                      kv_block_size_, count, c.heads, c.kv_heads, c.head_dim,
-                                      layer.q_norm, layer.k_norm, c.norm_eps, kv_type_, stream);
-            cuda::attention_paged(att, s.qkv, qkv_pitch, layer.key_cache, layer.value_cache,
-                                  positions, tables, layout.table_stride, kv_block_size_, splits,
-                                  step_.partial_out, step_.partial_stats, shape, kv_type_, stream);
-            if (layer.post_attn_norm) {  // Gemma: x += rmsnorm(wo · a) * post_attn_norm
-                step_product(s.projected, c.dim, layer.wo, att, layer.o_bias,
-                             /*accumulate=*/false);
-                cuda::add_rmsnorm_rows(s.x, s.projected, layer.post_attn_norm, c.dim, count,
-                                       c.norm_eps, stream);
+        // With graphs, the step runs as its bucket's row count (padding rows after the real
+        // ones), its attention split as for the longest context; without, as it comes.
+        const int bucket = step_bucket(count);
+        const int run_rows = bucket >= 0 ? step_buckets_[bucket].rows : count;
+        const int wanting = upload_step_rows(rows, count, run_rows);
+        int longest = context_;  // positions, before any window
+        if (bucket < 0) {
+            longest = 0;
+            for (int t = 0; t < count; ++t) longest = std::max(longest, rows[t].pos + 1);
+        }
+        const int splits = cuda::attention_paged_splits(run_rows, longest, kPagedPartialRows);
+        if (bucket < 0) {
+            record_step_layers(run_rows, splits);
+        } else {
+            StepGraph& graph = step_buckets_[bucket];
+            if (graph.exec) {
+                CUDA_CHECK(cudaGraphLaunch(graph.exec.get(), stream));
+            } else if (!graph.seen) {  // the first time: directly (kernels opt in to memory)
+                record_step_layers(run_rows, splits);
+                graph.seen = true;
             } else {
-                step_product(s.x, c.dim, layer.wo, att, layer.o_bias, /*accumulate=*/true);
-            }
-
-            // Feed-forward: x += w2 · (act(w1 · norm(x)) * (w3 · norm(x))), as prefill_batch
-            cuda::rmsnorm_rows(normed, s.x, layer.ffn_norm, c.norm_eps, stream);
-            if (!few && layer.w1.dtype == layer.w3.dtype) {
-                cuda::gemm_swiglu(hidden, layer.w1, layer.w3, normed, s.gate, s.up, c.hidden_dim,
-                                  c.activation, stream, s.dequantized);
-            } else {  // two products, then the activation
-                step_product(s.gate, c.hidden_dim, layer.w1, normed, /*bias=*/nullptr,
-                             /*accumulate=*/false);
-                step_product(s.up, c.hidden_dim, layer.w3, normed, /*bias=*/nullptr,
-                             /*accumulate=*/false);
-                cuda::swiglu_rows(hidden, s.gate, s.up, c.hidden_dim, c.activation, stream);
-            }
-            if (layer.post_ffn_norm) {  // Gemma
-                step_product(s.projected, c.dim, layer.w2, hidden, /*bias=*/nullptr,
-                             /*accumulate=*/false);
-                cuda::add_rmsnorm_rows(s.x, s.projected, layer.post_ffn_norm, c.dim, count,
-                                       c.norm_eps, stream);
-            } else {
-                step_product(s.x, c.dim, layer.w2, hidden, /*bias=*/nullptr, /*accumulate=*/true);
+                capture([&] { record_step_layers(run_rows, splits); }, &graph.graph, &graph.exec);
+                CUDA_CHECK(cudaGraphLaunch(graph.exec.get(), stream));
             }
         }
+        const StepRowsLayout layout = step_layout();
 
         // logits = output · norm(x) of the rows that want them, gathered first
         float* host = host_step_logits_.as<float>();
@@ -607,6 +571,80 @@ private:
         return host + size_t(rows - 1) * c.vocab_size;
     }
 
+    // The embedding and the layers of a step of `count` rows (StepState::rows holds their
+    // tokens, positions and tables), the attention split in `splits` runs: captured once per
+    // bucket into a CUDA graph, or run directly.
+    void record_step_layers(int count, int splits) {
+        const Config& c = model_.config;
+        const PrefillState& s = prefill_;
+        cudaStream_t stream = stream_.get();
+        const StepRowsLayout layout = step_layout();
+        const int* positions = step_.rows + layout.positions();
+        const int* tables = step_.rows + layout.tables();
+        const int qkv_pitch = c.q_dim() + 2 * c.kv_dim();
+        // The products' inputs: f32 rows for the batched matvec below kStepGemmRows rows, the
+        // GEMM's input dtype from there (step_product)
+        const bool few = count < kStepGemmRows;
+        const cuda::DeviceActivations normed = first_rows(few ? step_.normed : s.normed, count);
+        const cuda::DeviceActivations att = first_rows(few ? step_.att : s.att, count);
+        const cuda::DeviceActivations hidden = first_rows(few ? step_.hidden : s.hidden, count);
+        // x = embed[tokens] * embedding_scale
+        cuda::embedding_rows(s.x, weights_.embedding, c.embedding_scale,
+                             step_.rows + layout.tokens(), count, stream);
+
+        AttentionShape shape = attention_shape();  // its window set layer by layer below
+        for (const DeviceLayer& layer : weights_.layers) {
+            // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
+            //   (the biases, q/k norms, RoPE table, window and post norm of the layer where it
+            //    has them, as decode); keys and values through the rows' block tables
+            shape.window = layer.window;
+            cuda::rmsnorm_rows(normed, s.x, layer.attn_norm, c.norm_eps, stream);
+            int first_row = 0;  // of qkv's rows: wq, wk and wv in runs of one type
+            for (const DeviceMatrix& part : layer.wqkv) {
+                step_product(s.qkv + first_row, qkv_pitch, part, normed,
+                             layer.qkv_bias ? layer.qkv_bias + first_row : nullptr,
+                             /*accumulate=*/false);
+                first_row += part.rows;
+            }
+            cuda::rope_kv_store_paged(s.qkv, qkv_pitch, layer.rope_frequencies, layer.key_cache,
+                                      layer.value_cache, positions, tables, layout.table_stride,
+                                      kv_block_size_, count, c.heads, c.kv_heads, c.head_dim,
+                                      layer.q_norm, layer.k_norm, c.norm_eps, kv_type_, stream);
+            cuda::attention_paged(att, s.qkv, qkv_pitch, layer.key_cache, layer.value_cache,
+                                  positions, tables, layout.table_stride, kv_block_size_, splits,
+                                  step_.partial_out, step_.partial_stats, shape, kv_type_, stream);
+            if (layer.post_attn_norm) {  // Gemma: x += rmsnorm(wo · a) * post_attn_norm
+                step_product(s.projected, c.dim, layer.wo, att, layer.o_bias,
+                             /*accumulate=*/false);
+                cuda::add_rmsnorm_rows(s.x, s.projected, layer.post_attn_norm, c.dim, count,
+                                       c.norm_eps, stream);
+            } else {
+                step_product(s.x, c.dim, layer.wo, att, layer.o_bias, /*accumulate=*/true);
+            }
+
+            // Feed-forward: x += w2 · (act(w1 · norm(x)) * (w3 · norm(x))), as prefill_batch
+            cuda::rmsnorm_rows(normed, s.x, layer.ffn_norm, c.norm_eps, stream);
+            if (!few && layer.w1.dtype == layer.w3.dtype) {
+                cuda::gemm_swiglu(hidden, layer.w1, layer.w3, normed, s.gate, s.up, c.hidden_dim,
+                                  c.activation, stream, s.dequantized);
+            } else {  // two products, then the activation
+                step_product(s.gate, c.hidden_dim, layer.w1, normed, /*bias=*/nullptr,
+                             /*accumulate=*/false);
+                step_product(s.up, c.hidden_dim, layer.w3, normed, /*bias=*/nullptr,
+                             /*accumulate=*/false);
+                cuda::swiglu_rows(hidden, s.gate, s.up, c.hidden_dim, c.activation, stream);
+            }
+            if (layer.post_ffn_norm) {  // Gemma
+                step_product(s.projected, c.dim, layer.w2, hidden, /*bias=*/nullptr,
+                             /*accumulate=*/false);
+                cuda::add_rmsnorm_rows(s.x, s.projected, layer.post_ffn_norm, c.dim, count,
+                                       c.norm_eps, stream);
+            } else {
+                step_product(s.x, c.dim, layer.w2, hidden, /*bias=*/nullptr, /*accumulate=*/true);
+            }
+        }
+    }
+
     bool paged() const { return kv_blocks_ > 0; }
 
     // out = W · in (+ bias; out += with accumulate) for `in.tokens` rows of a step: the
@@ -643,8 +681,9 @@ private:
 
     // Checks the rows (tokens, positions inside the context, blocks inside the pool), copies
     // their token ids, positions, block tables and the indices of the rows that want logits
-    // to StepState::rows, and returns how many want logits.
-    int upload_step_rows(const StepRow* rows, int count) {
+    // to StepState::rows, and returns how many want logits. Rows count .. run_rows - 1 are
+    // padding: token 0 at position 0 in the pool's spare block (kv_blocks_), no logits.
+    int upload_step_rows(const StepRow* rows, int count, int run_rows) {
         const StepRowsLayout layout = step_layout();
         int* host = host_step_rows_.as<int>();  // the previous step has completed
         int wanting = 0;
@@ -664,7 +703,12 @@ private:
                 table[b] = block;
             }
         }
-        CUDA_CHECK(cudaMemcpyAsync(step_.rows, host, layout.ints(count) * sizeof(int),
+        for (int t = count; t < run_rows; ++t) {
+            host[layout.tokens() + t] = 0;
+            host[layout.positions() + t] = 0;
+            host[layout.tables() + size_t(t) * layout.table_stride] = kv_blocks_;
+        }
+        CUDA_CHECK(cudaMemcpyAsync(step_.rows, host, layout.ints(run_rows) * sizeof(int),
                                    cudaMemcpyHostToDevice, stream_.get()));
         return wanting;
     }
@@ -723,11 +767,13 @@ private:
                                    cudaMemcpyDeviceToHost, stream_.get()));
     }
 
-    void capture_graph() {
+    // The kernels `record` enqueues, captured into *graph and instantiated into *exec.
+    template <typename Record>
+    void capture(Record record, Graph* graph_out, GraphExec* exec_out) {
         cudaStream_t stream = stream_.get();
         CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
         try {
-            record_token();
+            record();
         } catch (...) {
             cudaGraph_t broken = nullptr;
             cudaStreamEndCapture(stream, &broken);  // leave the stream usable
@@ -737,10 +783,31 @@ private:
         }
         cudaGraph_t graph = nullptr;
         CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-        graph_.reset(graph);
+        graph_out->reset(graph);
         cudaGraphExec_t exec = nullptr;
         CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        graph_exec_.reset(exec);
+        exec_out->reset(exec);
+    }
+
+    // The row counts a step runs as with graphs: 1, 2, 4, 8, the batched matvec's largest
+    // (kStepGemmRows - 1), then kStepGemmRows doubling, up to prefill_batch_ (the last).
+    void make_step_buckets() {
+        std::vector<int> counts = {1, 2, 4, 8, kStepGemmRows - 1};
+        for (int rows = kStepGemmRows; rows < prefill_batch_; rows *= 2) counts.push_back(rows);
+        counts.push_back(prefill_batch_);
+        for (int rows : counts)
+            if (rows <= prefill_batch_ &&
+                (step_buckets_.empty() || rows > step_buckets_.back().rows)) {
+                step_buckets_.emplace_back();
+                step_buckets_.back().rows = rows;
+            }
+    }
+
+    // The bucket of a step of `count` rows (the fewest rows that hold it), -1 without graphs.
+    int step_bucket(int count) const {
+        for (size_t b = 0; b < step_buckets_.size(); ++b)
+            if (step_buckets_[b].rows >= count) return int(b);
+        return -1;
     }
 
     void check_shape(const cudaDeviceProp& properties) const {
@@ -804,9 +871,10 @@ private:
         return false;
     }
 
-    // Positions of one layer's cache: the context's, or the paged pool's.
+    // Positions of one layer's cache: the context's, or the paged pool's (with one spare
+    // block, where a step's padding rows write).
     size_t cache_positions() const {
-        return paged() ? size_t(kv_blocks_) * kv_block_size_ : size_t(context_);
+        return paged() ? size_t(kv_blocks_ + 1) * kv_block_size_ : size_t(context_);
     }
 
     size_t cache_bytes() const {
@@ -1087,6 +1155,16 @@ private:
     std::vector<float> all_logits_;  // [context, vocab_size] with BackendOptions::all_logits
     Graph graph_;
     GraphExec graph_exec_;
+    // The server step's graphs, one per bucket of row counts (make_step_buckets; none without
+    // graphs): a bucket's first step runs its kernels directly (each opting in to its shared
+    // memory outside any capture), the second captures them, later ones replay the graph.
+    struct StepGraph {
+        int rows = 0;
+        bool seen = false;
+        Graph graph;
+        GraphExec exec;
+    };
+    std::vector<StepGraph> step_buckets_;
 };
 
 }  // namespace

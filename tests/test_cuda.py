@@ -559,7 +559,7 @@ def test_device_cuda_without_gpu_says_so_in_one_line(tmp_path):
     assert result.stdout == ""
 
 
-def step_logits(model, sequences, *flags):
+def step_logits(model, sequences, *flags, env=None):
     """Logits [sum of the lengths, vocab] of every position of each sequence from
     build/step_logits (Backend::step over the paged KV cache); NaN rows where none were
     asked for."""
@@ -567,7 +567,8 @@ def step_logits(model, sequences, *flags):
     args = [STEP_LOGITS, model, out]
     for ids in sequences:
         args += ["--seq", ",".join(map(str, ids))]
-    result = subprocess.run([*args, *flags], capture_output=True, text=True, timeout=600)
+    result = subprocess.run([*args, *flags], capture_output=True, text=True, env=env,
+                            timeout=600)
     assert result.returncode == 0, result.stderr
     logits = np.fromfile(out, dtype=np.float32).reshape(sum(map(len, sequences)), -1)
     os.unlink(out)
@@ -623,3 +624,16 @@ def test_step_sparse_logits_and_copied_blocks(cuda, models):
     assert 0 < asked.sum() < len(asked)
     assert np.isnan(sparse[~asked]).all()
     assert_close(sparse[asked], full[asked], "sparse logits over copied blocks", 1e-5)
+
+
+def test_step_graphs_match_direct_launches(cuda, models):
+    """The server step's graphs (one per bucket of row counts, the rows padded to it) and
+    plain launches of the same step (unpadded, the attention split for the step's own
+    lengths): the same logits but for the order of float sums."""
+    model = models("gqa-window", "f16")
+    sequences = [token_ids(n, seed=300 + n) for n in STEP_LENGTHS]
+    flags = ("--chunks", STEP_CHUNKS, "--kv", "f16", "--device", "cuda")
+    replayed = step_logits(model, sequences, *flags)
+    direct = step_logits(model, sequences, *flags,
+                         env={**os.environ, "BARELLM_CUDA_GRAPHS": "0"})
+    assert_close(replayed, direct, "graphs against direct launches", 1e-4)
