@@ -110,9 +110,9 @@ void check_matvec_rows(DType dtype, int cols, std::mt19937& rng) {
         const std::vector<float> initial = random_floats(size_t(count) * out_pitch, rng);
         std::vector<float> out = initial;
         with_any_weight_dtype(dtype, [&](auto d) {
-            emulate_launch(matvec_rows_grid(kWeightRows), dim3(kMatvecRowsThreads), 0,
-                           matvec_rows_kernel<decltype(d)::value>, out.data(), out_pitch,
-                           static_cast<const void*>(w.bytes.data()),
+            emulate_launch(matvec_rows_grid<decltype(d)::value>(kWeightRows),
+                           dim3(kMatvecRowsThreads), 0, matvec_rows_kernel<decltype(d)::value>,
+                           out.data(), out_pitch, static_cast<const void*>(w.bytes.data()),
                            w.scales.empty() ? nullptr : w.scales.data(), kWeightRows, cols, w.pitch,
                            static_cast<const float*>(in.data()), in_pitch, count,
                            with_bias ? bias.data() : nullptr, accumulate);
