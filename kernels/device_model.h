@@ -27,8 +27,10 @@ struct DeviceLayer {
     DeviceMatrix w3;              // [hidden_dim, dim]  up
     DeviceMatrix w2;              // [dim, hidden_dim]  down
     const float* post_ffn_norm;   // [dim]  RMSNorm of w2's output (post_norms; else nullptr)
-    void* key_cache;    // [context, kv_dim] of kv_type: this layer's part of the key cache
-    void* value_cache;  // [context, kv_dim] of kv_type: the same of the value cache
+    // [context, kv_dim] of kv_type: this layer's part of the key cache; with the server's
+    // paged cache (BackendOptions::kv_blocks) its pool [kv_blocks * kv_block_size, kv_dim]
+    void* key_cache;
+    void* value_cache;  // the same of the value cache
     int window;         // sliding window of this layer, 0 for none (Config::layer_window)
     // [head_dim / 2]  the layer's RoPE: DeviceState::rope_frequencies, or for a sliding layer
     // of a model with rope_theta_local (Gemma 3) DeviceState::rope_local_frequencies

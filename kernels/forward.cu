@@ -31,8 +31,17 @@
 //   (ladder_forward.cu: LadderForward, chosen by cuda_kernels), rungs 5-8 with
 //   record_forward's, without the graph (cuda_graph) or without the attention split
 //   (flash_decoding).
+// - The server's step (CudaBackend::step; BackendOptions::kv_blocks > 0): the KV cache is a
+//   pool of blocks per layer instead of one row per position; each row of a step is one token
+//   of some sequence at its own position. The step runs as a prefill batch does (the
+//   projections on the GEMMs), with RoPE and the cache writes through each row's block table
+//   (rope_kv_store_paged) and flash-decoding over the blocks (attention_paged.cuh); the
+//   positions, block tables and the rows that want logits are uploaded once per step. The
+//   layers replay a CUDA graph per bucket of row counts (the rows padded to the bucket),
+//   the logits of the rows that want them follow outside it.
 // - Debugging knob: BARELLM_CUDA_GRAPHS=0 in the environment launches the kernels directly
-//   on the stream for every token instead of replaying the captured graph.
+//   on the stream for every token (and every server step) instead of replaying the
+//   captured graphs.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
@@ -47,9 +56,9 @@
 #include "cuda_check.h"
 #include "device_memory.h"
 #include "device_model.h"
-#include "util/error.h"
 #include "kernels.h"
 #include "ladder_forward.h"
+#include "util/error.h"
 #include "util/memory.h"
 
 namespace barellm {
@@ -120,6 +129,43 @@ struct PrefillState {
     cuda::DequantizeScratch dequantized;
 };
 
+// What a server step (CudaBackend::step) needs besides PrefillState, for steps of up to B
+// rows: its rows' token ids, positions and block tables, the rows that want logits, and the
+// attention's partials.
+struct StepState {
+    int* rows;  // [3 * B + B * table_stride]: StepRowsLayout
+    // The f32 inputs of the batched matvec (steps below kStepGemmRows rows), each row padded
+    // with zeros to whole blocks of kQuantizedBlock columns:
+    cuda::DeviceActivations normed;  // [kStepGemmRows, dim]  rmsnorm(x)
+    cuda::DeviceActivations att;     // [kStepGemmRows, q_dim]  attention output
+    cuda::DeviceActivations hidden;  // [kStepGemmRows, hidden_dim]  act(gate) * up
+    float* wanting_x;                // [B, dim]  x of the rows that want logits
+    float* partial_out;              // [partial_rows, heads * head_dim]  attention_paged's runs
+    float* partial_stats;            // [partial_rows, heads * 2]
+};
+
+// Where a step's row data lie in StepState::rows (and its pinned host copy), for steps of up
+// to B rows: token ids, positions, the indices of the rows that want logits, block tables.
+struct StepRowsLayout {
+    int B, table_stride;
+    int tokens() const { return 0; }
+    int positions() const { return B; }
+    int logit_rows() const { return 2 * B; }
+    int tables() const { return 3 * B; }
+    size_t ints(int rows) const { return size_t(tables()) + size_t(rows) * table_stride; }
+};
+
+// Rows of attention_paged's partials StepState holds: with B rows, B runs / row or more.
+constexpr int kPagedPartialRows = 1024;
+// A step of this many rows or more multiplies on the GEMMs (whose tensor-core tiles it
+// fills); fewer, on the batched matvec, which reads each weight once for all of them.
+constexpr int kStepGemmRows = cuda::kMatvecRowsMax;
+
+// Columns of a batched matvec input row of `cols` columns: whole blocks of kQuantizedBlock.
+int matvec_rows_pitch(int cols) {
+    return (cols + cuda::kQuantizedBlock - 1) / cuda::kQuantizedBlock * cuda::kQuantizedBlock;
+}
+
 // The first `tokens` rows of `rows`.
 cuda::DeviceActivations first_rows(cuda::DeviceActivations rows, int tokens) {
     rows.tokens = tokens;
@@ -129,7 +175,11 @@ cuda::DeviceActivations first_rows(cuda::DeviceActivations rows, int tokens) {
 class CudaBackend : public Backend {
 public:
     CudaBackend(const Model& model, const BackendOptions& options)
-        : model_(model), context_(options.context), kv_type_(options.kv_type) {
+        : model_(model),
+          context_(options.context),
+          kv_type_(options.kv_type),
+          kv_blocks_(options.kv_blocks),
+          kv_block_size_(options.kv_block_size) {
         const Config& c = model.config;
         cuda::check_ladder_model(options.cuda_kernels, c);
         CUDA_CHECK(cudaSetDevice(0));
@@ -142,10 +192,13 @@ public:
                 cuda::attention_splits(attention_shape(), context_, properties.multiProcessorCount);
         // Batched prefill with the fast kernels; the GPU ladder's simpler rungs, a head size
         // whose attention tiles exceed the GPU's shared memory and a model whose layer
-        // matrices take different GEMM input dtypes prefill token by token.
-        if (options.cuda_kernels == CudaKernels::Fast && layers_share_gemm_input() &&
-            cuda::attention_prefill_shared_bytes(c.head_dim) <= properties.sharedMemPerBlockOptin)
+        // matrices take different GEMM input dtypes prefill token by token. The paged cache's
+        // step runs on the batched kernels (but for attention_prefill) or not at all.
+        const bool batched = options.cuda_kernels == CudaKernels::Fast && layers_share_gemm_input();
+        if (batched && (paged() || cuda::attention_prefill_shared_bytes(c.head_dim) <=
+                                       properties.sharedMemPerBlockOptin))
             prefill_batch_ = std::min(context_, kMaxBatch);
+        if (paged()) check_paged(batched);
 
         cudaStream_t stream = nullptr;
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -157,7 +210,8 @@ public:
         if (options.cuda_kernels != CudaKernels::Fast)
             ladder_ = std::make_unique<cuda::LadderForward>(options.cuda_kernels, c, weights_,
                                                             state_, kv_type_, context_);
-        if (prefill_batch_ > 0) allocate_prefill(options.all_logits);
+        if (prefill_batch_ > 0) allocate_prefill(options.all_logits || paged());
+        if (paged()) allocate_step();
         host_step_ = PinnedBuffer(2 * sizeof(int), "the step parameters");
         host_logits_ = PinnedBuffer(size_t(c.vocab_size) * sizeof(float), "the logits");
         if (options.all_logits) {  // host memory, for ppl: every position's logits
@@ -173,7 +227,12 @@ public:
         CUDA_CHECK(cudaDeviceSynchronize());
 
         const char* graphs = std::getenv("BARELLM_CUDA_GRAPHS");
-        if (options.cuda_graph && !(graphs && std::strcmp(graphs, "0") == 0)) capture_graph();
+        if (options.cuda_graph && !(graphs && std::strcmp(graphs, "0") == 0)) {
+            if (paged())
+                make_step_buckets();
+            else
+                capture([&] { record_token(); }, &graph_, &graph_exec_);
+        }
     }
 
     std::string name() const override { return "cuda"; }
@@ -191,6 +250,7 @@ public:
     }
 
     const float* forward(int token, int pos) override {
+        refuse_if_paged("forward");
         check_tokens(model_.config, &token, 1, pos, context_);
         int* step = host_step_.as<int>();  // the previous step's copy has completed
         step[0] = token;
@@ -208,6 +268,7 @@ public:
     // Batches of up to prefill_batch_ tokens (prefill_batch), or one forward() per token
     // when the backend runs without batched prefill.
     const float* prefill(const int* tokens, int count, int first_pos, bool all_logits) override {
+        refuse_if_paged("prefill");
         check_tokens(model_.config, tokens, count, first_pos, context_);
         const size_t vocab = model_.config.vocab_size;
         if (all_logits && size_t(count) * vocab > all_logits_.size())
@@ -226,6 +287,92 @@ public:
             logits = prefill_batch(tokens + start, batch, first_pos + start, logits_out);
         }
         return all_logits ? all_logits_.data() : logits;
+    }
+
+    // The server's step over the paged KV cache: rows[0..count) as one batch, the layers as
+    // prefill_batch runs them, each row at its own position with its own block table.
+    const float* step(const StepRow* rows, int count) override {
+        if (!paged())
+            throw Error(
+                "step needs a CUDA backend made with a paged KV cache "
+                "(BackendOptions::kv_blocks)");
+        if (count < 1 || count > prefill_batch_)
+            throw Error("step: " + std::to_string(count) + " rows, but a step holds 1 to " +
+                        std::to_string(prefill_batch_));
+        const Config& c = model_.config;
+        const PrefillState& s = prefill_;
+        cudaStream_t stream = stream_.get();
+        // With graphs, the step runs as its bucket's row count (padding rows after the real
+        // ones), its attention split as for the longest context; without, as it comes.
+        const int bucket = step_bucket(count);
+        const int run_rows = bucket >= 0 ? step_buckets_[bucket].rows : count;
+        const int wanting = upload_step_rows(rows, count, run_rows);
+        int longest = context_;  // positions, before any window
+        if (bucket < 0) {
+            longest = 0;
+            for (int t = 0; t < count; ++t) longest = std::max(longest, rows[t].pos + 1);
+        }
+        const int splits = cuda::attention_paged_splits(run_rows, longest, kPagedPartialRows);
+        if (bucket < 0) {
+            record_step_layers(run_rows, splits);
+        } else {
+            StepGraph& graph = step_buckets_[bucket];
+            if (graph.exec) {
+                CUDA_CHECK(cudaGraphLaunch(graph.exec.get(), stream));
+            } else if (!graph.seen) {  // the first time: directly (kernels opt in to memory)
+                record_step_layers(run_rows, splits);
+                graph.seen = true;
+            } else {
+                capture([&] { record_step_layers(run_rows, splits); }, &graph.graph, &graph.exec);
+                CUDA_CHECK(cudaGraphLaunch(graph.exec.get(), stream));
+            }
+        }
+        const StepRowsLayout layout = step_layout();
+
+        // logits = output · norm(x) of the rows that want them, gathered first
+        float* host = host_step_logits_.as<float>();
+        if (wanting > 0) {
+            cuda::gather_rows(step_.wanting_x, s.x, step_.rows + layout.logit_rows(), wanting,
+                              c.dim, stream);
+            cuda::DeviceActivations final_normed = first_rows(step_.normed, wanting);
+            if (wanting >= kStepGemmRows) {  // the output matrix's GEMM input dtype
+                final_normed = first_rows(s.normed, wanting);
+                final_normed.dtype = cuda::gemm_input_dtype(weights_.output.dtype);
+                final_normed.pitch = cuda::padded_cols(c.dim, final_normed.dtype);
+            }
+            cuda::rmsnorm_rows(final_normed, step_.wanting_x, weights_.final_norm, c.norm_eps,
+                               stream);
+            step_product(s.logits, c.vocab_size, weights_.output, final_normed, /*bias=*/nullptr,
+                         /*accumulate=*/false);
+            CUDA_CHECK(cudaMemcpyAsync(host, s.logits,
+                                       size_t(wanting) * c.vocab_size * sizeof(float),
+                                       cudaMemcpyDeviceToHost, stream));
+        }
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        return host;
+    }
+
+    // Every layer's keys and values of pool block `from` copied to block `to`, in stream
+    // order with the steps.
+    void copy_kv_block(int from, int to) override {
+        if (!paged())
+            throw Error(
+                "copy_kv_block needs a CUDA backend made with a paged KV cache "
+                "(BackendOptions::kv_blocks)");
+        for (int block : {from, to})
+            if (block < 0 || block >= kv_blocks_)
+                throw Error("copy_kv_block: block " + std::to_string(block) +
+                            " is outside the paged KV cache's " + std::to_string(kv_blocks_));
+        if (from == to) return;
+        const size_t block_bytes =
+            size_t(kv_block_size_) * model_.config.kv_dim() * kv_element_bytes(kv_type_);
+        for (const DeviceLayer& layer : weights_.layers)
+            for (void* pool : {layer.key_cache, layer.value_cache}) {
+                uint8_t* bytes = static_cast<uint8_t*>(pool);
+                CUDA_CHECK(cudaMemcpyAsync(bytes + size_t(to) * block_bytes,
+                                           bytes + size_t(from) * block_bytes, block_bytes,
+                                           cudaMemcpyDeviceToDevice, stream_.get()));
+            }
     }
 
     // A device-to-device copy of up to 1 GiB, best of several, counting bytes read and
@@ -424,17 +571,209 @@ private:
         return host + size_t(rows - 1) * c.vocab_size;
     }
 
+    // The embedding and the layers of a step of `count` rows (StepState::rows holds their
+    // tokens, positions and tables), the attention split in `splits` runs: captured once per
+    // bucket into a CUDA graph, or run directly.
+    void record_step_layers(int count, int splits) {
+        const Config& c = model_.config;
+        const PrefillState& s = prefill_;
+        cudaStream_t stream = stream_.get();
+        const StepRowsLayout layout = step_layout();
+        const int* positions = step_.rows + layout.positions();
+        const int* tables = step_.rows + layout.tables();
+        const int qkv_pitch = c.q_dim() + 2 * c.kv_dim();
+        // The products' inputs: f32 rows for the batched matvec below kStepGemmRows rows, the
+        // GEMM's input dtype from there (step_product)
+        const bool few = count < kStepGemmRows;
+        const cuda::DeviceActivations normed = first_rows(few ? step_.normed : s.normed, count);
+        const cuda::DeviceActivations att = first_rows(few ? step_.att : s.att, count);
+        const cuda::DeviceActivations hidden = first_rows(few ? step_.hidden : s.hidden, count);
+        // x = embed[tokens] * embedding_scale
+        cuda::embedding_rows(s.x, weights_.embedding, c.embedding_scale,
+                             step_.rows + layout.tokens(), count, stream);
+
+        AttentionShape shape = attention_shape();  // its window set layer by layer below
+        for (const DeviceLayer& layer : weights_.layers) {
+            // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
+            //   (the biases, q/k norms, RoPE table, window and post norm of the layer where it
+            //    has them, as decode); keys and values through the rows' block tables
+            shape.window = layer.window;
+            cuda::rmsnorm_rows(normed, s.x, layer.attn_norm, c.norm_eps, stream);
+            int first_row = 0;  // of qkv's rows: wq, wk and wv in runs of one type
+            for (const DeviceMatrix& part : layer.wqkv) {
+                step_product(s.qkv + first_row, qkv_pitch, part, normed,
+                             layer.qkv_bias ? layer.qkv_bias + first_row : nullptr,
+                             /*accumulate=*/false);
+                first_row += part.rows;
+            }
+            cuda::rope_kv_store_paged(s.qkv, qkv_pitch, layer.rope_frequencies, layer.key_cache,
+                                      layer.value_cache, positions, tables, layout.table_stride,
+                                      kv_block_size_, count, c.heads, c.kv_heads, c.head_dim,
+                                      layer.q_norm, layer.k_norm, c.norm_eps, kv_type_, stream);
+            cuda::attention_paged(att, s.qkv, qkv_pitch, layer.key_cache, layer.value_cache,
+                                  positions, tables, layout.table_stride, kv_block_size_, splits,
+                                  step_.partial_out, step_.partial_stats, shape, kv_type_, stream);
+            if (layer.post_attn_norm) {  // Gemma: x += rmsnorm(wo · a) * post_attn_norm
+                step_product(s.projected, c.dim, layer.wo, att, layer.o_bias,
+                             /*accumulate=*/false);
+                cuda::add_rmsnorm_rows(s.x, s.projected, layer.post_attn_norm, c.dim, count,
+                                       c.norm_eps, stream);
+            } else {
+                step_product(s.x, c.dim, layer.wo, att, layer.o_bias, /*accumulate=*/true);
+            }
+
+            // Feed-forward: x += w2 · (act(w1 · norm(x)) * (w3 · norm(x))), as prefill_batch
+            cuda::rmsnorm_rows(normed, s.x, layer.ffn_norm, c.norm_eps, stream);
+            if (!few && layer.w1.dtype == layer.w3.dtype) {
+                cuda::gemm_swiglu(hidden, layer.w1, layer.w3, normed, s.gate, s.up, c.hidden_dim,
+                                  c.activation, stream, s.dequantized);
+            } else {  // two products, then the activation
+                step_product(s.gate, c.hidden_dim, layer.w1, normed, /*bias=*/nullptr,
+                             /*accumulate=*/false);
+                step_product(s.up, c.hidden_dim, layer.w3, normed, /*bias=*/nullptr,
+                             /*accumulate=*/false);
+                cuda::swiglu_rows(hidden, s.gate, s.up, c.hidden_dim, c.activation, stream);
+            }
+            if (layer.post_ffn_norm) {  // Gemma
+                step_product(s.projected, c.dim, layer.w2, hidden, /*bias=*/nullptr,
+                             /*accumulate=*/false);
+                cuda::add_rmsnorm_rows(s.x, s.projected, layer.post_ffn_norm, c.dim, count,
+                                       c.norm_eps, stream);
+            } else {
+                step_product(s.x, c.dim, layer.w2, hidden, /*bias=*/nullptr, /*accumulate=*/true);
+            }
+        }
+    }
+
+    bool paged() const { return kv_blocks_ > 0; }
+
+    // out = W · in (+ bias; out += with accumulate) for `in.tokens` rows of a step: the
+    // batched matvec below kStepGemmRows rows (in: StepState's f32 rows), the GEMM from there.
+    void step_product(float* out, int out_pitch, const DeviceMatrix& w,
+                      const cuda::DeviceActivations& in, const float* bias, bool accumulate) {
+        if (in.tokens < kStepGemmRows)
+            cuda::matvec_rows(out, out_pitch, w, in, bias, accumulate, stream_.get());
+        else
+            cuda::gemm(out, out_pitch, w, in, bias, accumulate, stream_.get(),
+                       prefill_.dequantized);
+    }
+
+    void refuse_if_paged(const char* what) const {
+        if (paged())
+            throw Error(std::string(what) +
+                        " runs on the contiguous KV cache, but this CUDA backend holds the "
+                        "server's paged one (BackendOptions::kv_blocks): use step");
+    }
+
+    void check_paged(bool batched) const {
+        if (kv_block_size_ < 1)
+            throw Error("the paged KV cache needs blocks of at least 1 position, not " +
+                        std::to_string(kv_block_size_));
+        if (!batched)
+            throw Error(
+                "the CUDA backend's paged KV cache runs on its fast kernels, with every "
+                "layer matrix taking one GEMM input dtype");
+    }
+
+    StepRowsLayout step_layout() const {
+        return StepRowsLayout{prefill_batch_, (context_ + kv_block_size_ - 1) / kv_block_size_};
+    }
+
+    // Checks the rows (tokens, positions inside the context, blocks inside the pool), copies
+    // their token ids, positions, block tables and the indices of the rows that want logits
+    // to StepState::rows, and returns how many want logits. Rows count .. run_rows - 1 are
+    // padding: token 0 at position 0 in the pool's spare block (kv_blocks_), no logits.
+    int upload_step_rows(const StepRow* rows, int count, int run_rows) {
+        const StepRowsLayout layout = step_layout();
+        int* host = host_step_rows_.as<int>();  // the previous step has completed
+        int wanting = 0;
+        for (int t = 0; t < count; ++t) {
+            const StepRow& row = rows[t];
+            check_tokens(model_.config, &row.token, 1, row.pos, context_);
+            host[layout.tokens() + t] = row.token;
+            host[layout.positions() + t] = row.pos;
+            if (row.wants_logits) host[layout.logit_rows() + wanting++] = t;
+            int* table = host + layout.tables() + size_t(t) * layout.table_stride;
+            for (int b = 0; b <= row.pos / kv_block_size_; ++b) {
+                const int block = row.block_table[b];
+                if (block < 0 || block >= kv_blocks_)
+                    throw Error("step: row " + std::to_string(t) + " names block " +
+                                std::to_string(block) + " outside the paged KV cache's " +
+                                std::to_string(kv_blocks_));
+                table[b] = block;
+            }
+        }
+        for (int t = count; t < run_rows; ++t) {
+            host[layout.tokens() + t] = 0;
+            host[layout.positions() + t] = 0;
+            host[layout.tables() + size_t(t) * layout.table_stride] = kv_blocks_;
+        }
+        CUDA_CHECK(cudaMemcpyAsync(step_.rows, host, layout.ints(run_rows) * sizeof(int),
+                                   cudaMemcpyHostToDevice, stream_.get()));
+        return wanting;
+    }
+
+    // StepState for steps of up to prefill_batch_ rows, and the pinned host copies of the
+    // rows' data and the logits.
+    void allocate_step() {
+        const Config& c = model_.config;
+        const StepRowsLayout layout = step_layout();
+        const int B = prefill_batch_;
+        auto bytes = [&](size_t count, const std::string& what) {
+            memory_.emplace_back(count, what);
+            CUDA_CHECK(cudaMemset(memory_.back().as(), 0, count));
+            return memory_.back().as();
+        };
+        step_.rows = static_cast<int*>(bytes(layout.ints(B) * sizeof(int), "the step's rows"));
+        auto few_rows = [&](int cols, const std::string& what) {
+            cuda::DeviceActivations a;
+            a.dtype = DType::F32;
+            a.tokens = kStepGemmRows;
+            a.cols = cols;
+            a.pitch = matvec_rows_pitch(cols);
+            a.data = bytes(a.bytes(), what);
+            return a;
+        };
+        step_.normed = few_rows(c.dim, "the step's normed rows");
+        step_.att = few_rows(c.q_dim(), "the step's attention rows");
+        step_.hidden = few_rows(c.hidden_dim, "the step's hidden rows");
+        step_.wanting_x =
+            static_cast<float*>(bytes(size_t(B) * c.dim * sizeof(float), "the step's logit rows"));
+        step_.partial_out = static_cast<float*>(
+            bytes(size_t(kPagedPartialRows) * c.q_dim() * sizeof(float), "attention partials"));
+        step_.partial_stats = static_cast<float*>(
+            bytes(size_t(kPagedPartialRows) * c.heads * 2 * sizeof(float), "attention partials"));
+        host_step_rows_ = PinnedBuffer(layout.ints(B) * sizeof(int), "the step's rows");
+        host_step_logits_ =
+            PinnedBuffer(size_t(B) * c.vocab_size * sizeof(float), "the step's logits");
+    }
+
+    // Device bytes allocate_step takes.
+    size_t step_bytes() const {
+        if (!paged()) return 0;
+        const Config& c = model_.config;
+        const size_t few_rows = size_t(kStepGemmRows) *
+                                (matvec_rows_pitch(c.dim) + matvec_rows_pitch(c.q_dim()) +
+                                 matvec_rows_pitch(c.hidden_dim)) *
+                                sizeof(float);
+        return step_layout().ints(prefill_batch_) * sizeof(int) + few_rows +
+               size_t(prefill_batch_) * c.dim * sizeof(float) +
+               size_t(kPagedPartialRows) * (c.q_dim() + 2 * c.heads) * sizeof(float);
+    }
+
     void copy_logits_to_host() {
         CUDA_CHECK(cudaMemcpyAsync(host_logits_.as(), state_.logits,
                                    size_t(model_.config.vocab_size) * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream_.get()));
     }
 
-    void capture_graph() {
+    // The kernels `record` enqueues, captured into *graph and instantiated into *exec.
+    template <typename Record>
+    void capture(Record record, Graph* graph_out, GraphExec* exec_out) {
         cudaStream_t stream = stream_.get();
         CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
         try {
-            record_token();
+            record();
         } catch (...) {
             cudaGraph_t broken = nullptr;
             cudaStreamEndCapture(stream, &broken);  // leave the stream usable
@@ -444,10 +783,31 @@ private:
         }
         cudaGraph_t graph = nullptr;
         CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-        graph_.reset(graph);
+        graph_out->reset(graph);
         cudaGraphExec_t exec = nullptr;
         CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-        graph_exec_.reset(exec);
+        exec_out->reset(exec);
+    }
+
+    // The row counts a step runs as with graphs: 1, 2, 4, 8, the batched matvec's largest
+    // (kStepGemmRows - 1), then kStepGemmRows doubling, up to prefill_batch_ (the last).
+    void make_step_buckets() {
+        std::vector<int> counts = {1, 2, 4, 8, kStepGemmRows - 1};
+        for (int rows = kStepGemmRows; rows < prefill_batch_; rows *= 2) counts.push_back(rows);
+        counts.push_back(prefill_batch_);
+        for (int rows : counts)
+            if (rows <= prefill_batch_ &&
+                (step_buckets_.empty() || rows > step_buckets_.back().rows)) {
+                step_buckets_.emplace_back();
+                step_buckets_.back().rows = rows;
+            }
+    }
+
+    // The bucket of a step of `count` rows (the fewest rows that hold it), -1 without graphs.
+    int step_bucket(int count) const {
+        for (size_t b = 0; b < step_buckets_.size(); ++b)
+            if (step_buckets_[b].rows >= count) return int(b);
+        return -1;
     }
 
     void check_shape(const cudaDeviceProp& properties) const {
@@ -511,9 +871,15 @@ private:
         return false;
     }
 
+    // Positions of one layer's cache: the context's, or the paged pool's (with one spare
+    // block, where a step's padding rows write).
+    size_t cache_positions() const {
+        return paged() ? size_t(kv_blocks_ + 1) * kv_block_size_ : size_t(context_);
+    }
+
     size_t cache_bytes() const {
         const Config& c = model_.config;
-        return 2 * size_t(c.layers) * context_ * c.kv_dim() * kv_element_bytes(kv_type_);
+        return 2 * size_t(c.layers) * cache_positions() * c.kv_dim() * kv_element_bytes(kv_type_);
     }
 
     // The dtype every layer GEMM of the prefill reads its activations in.
@@ -588,16 +954,19 @@ private:
     void check_free_memory(bool all_logits) const {
         const size_t free_bytes = free_device_bytes();
         const size_t weights = weight_device_bytes(), cache = cache_bytes();
-        const size_t prefill = prefill_bytes(all_logits);
+        const size_t prefill = prefill_bytes(all_logits || paged()) + step_bytes();
         if (weights + cache + prefill + kMemoryHeadroom <= free_bytes) return;
+        const std::string cache_text =
+            paged() ? "the paged KV cache of " + std::to_string(kv_blocks_) + " blocks of " +
+                          std::to_string(kv_block_size_) + " positions"
+                    : "the KV cache of " + std::to_string(context_) + " positions";
         const std::string batches =
             prefill_batch_ > 0 ? " and " + cuda::gib_text(prefill) + " for prefill batches of " +
                                      std::to_string(prefill_batch_) + " tokens"
                                : "";
         throw Error("the model needs " + cuda::gib_text(weights) +
-                    " of GPU memory for weights and " + cuda::gib_text(cache) +
-                    " for the KV cache of " + std::to_string(context_) + " positions" + batches +
-                    ", but only " + cuda::gib_text(free_bytes) +
+                    " of GPU memory for weights and " + cuda::gib_text(cache) + " for " +
+                    cache_text + batches + ", but only " + cuda::gib_text(free_bytes) +
                     " are free (try a smaller --ctx or --kv f16)");
     }
 
@@ -685,7 +1054,7 @@ private:
         uint8_t* value_cache = memory_.back().as<uint8_t>();
         CUDA_CHECK(cudaMemset(key_cache, 0, one_cache));
         CUDA_CHECK(cudaMemset(value_cache, 0, one_cache));
-        const size_t layer_bytes = size_t(context_) * c.kv_dim() * kv_element_bytes(kv_type_);
+        const size_t layer_bytes = cache_positions() * c.kv_dim() * kv_element_bytes(kv_type_);
         for (int l = 0; l < c.layers; ++l) {
             weights_.layers[l].key_cache = key_cache + l * layer_bytes;
             weights_.layers[l].value_cache = value_cache + l * layer_bytes;
@@ -764,23 +1133,38 @@ private:
     const Model& model_;
     const int context_;
     const KvType kv_type_;
-    int splits_ = 1;         // attention blocks per KV head, fixed for the context
-    int prefill_batch_ = 0;  // tokens per prefill batch; 0: prefill runs token by token
+    const int kv_blocks_;      // the paged KV cache's blocks (BackendOptions::kv_blocks), or 0
+    const int kv_block_size_;  // positions per block
+    int splits_ = 1;           // attention blocks per KV head, fixed for the context
+    int prefill_batch_ = 0;    // tokens per prefill batch; 0: prefill runs token by token
     // Declared before everything that uses it: destroyed last.
     Stream stream_;
     std::vector<DeviceBuffer> memory_;  // every device allocation (weights, state, cache)
     cuda::DeviceWeights weights_;
     DeviceState state_{};
     PrefillState prefill_{};
+    StepState step_{};  // the paged cache's steps only
     // The GPU ladder's rungs 1-4 (BackendOptions::cuda_kernels below Fast); null on the
     // fast path.
     std::unique_ptr<cuda::LadderForward> ladder_;
     PinnedBuffer host_tokens_;       // [prefill_batch_]  a batch's token ids, copied to prefill_
     PinnedBuffer host_step_;         // [2]  {token, pos}, copied to state_.step before each step
     PinnedBuffer host_logits_;       // [vocab_size]  what forward() returns
+    PinnedBuffer host_step_rows_;    // StepState::rows' host copy
+    PinnedBuffer host_step_logits_;  // [prefill_batch_, vocab_size]  what step() returns
     std::vector<float> all_logits_;  // [context, vocab_size] with BackendOptions::all_logits
     Graph graph_;
     GraphExec graph_exec_;
+    // The server step's graphs, one per bucket of row counts (make_step_buckets; none without
+    // graphs): a bucket's first step runs its kernels directly (each opting in to its shared
+    // memory outside any capture), the second captures them, later ones replay the graph.
+    struct StepGraph {
+        int rows = 0;
+        bool seen = false;
+        Graph graph;
+        GraphExec exec;
+    };
+    std::vector<StepGraph> step_buckets_;
 };
 
 }  // namespace

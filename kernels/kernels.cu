@@ -2,6 +2,7 @@
 // launch function (declared in kernels.h). Keeping device code in one file keeps the build
 // fast when nvcc compiles it for several GPU architectures.
 #include "attention.cuh"
+#include "attention_paged.cuh"
 #include "attention_prefill.cuh"
 #include "attention_simple.cuh"
 #include "elementwise_simple.cuh"
@@ -10,6 +11,7 @@
 #include "matvec.cuh"
 #include "matvec_blocks.cuh"
 #include "matvec_quantized.cuh"
+#include "matvec_rows.cuh"
 #include "matvec_simple.cuh"
 #include "post_norm.cuh"
 #include "prefill.cuh"

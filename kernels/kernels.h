@@ -3,10 +3,11 @@
 //
 // - The kernels live in the .cuh files named after what they compute (embedding.cuh,
 //   matvec.cuh, matvec_quantized.cuh, matvec_blocks.cuh, rope.cuh, attention.cuh, gemm.cuh,
-//   dequantize.cuh, post_norm.cuh; how block-type matrices are read in block_units.cuh;
-//   the GPU ladder's simple versions in matvec_simple.cuh, elementwise_simple.cuh,
-//   attention_simple.cuh), compiled once, in kernels.cu. forward.cu, ladder_forward.cu and
-//   tests/tools/cuda_kernel_check.cu launch them through here.
+//   dequantize.cuh, post_norm.cuh; the server's step: matvec_rows.cuh, attention_paged.cuh;
+//   how block-type matrices are read in block_units.cuh; the GPU ladder's simple versions in
+//   matvec_simple.cuh, elementwise_simple.cuh, attention_simple.cuh), compiled once, in
+//   kernels.cu. forward.cu, ladder_forward.cu and tests/tools/cuda_kernel_check.cu launch
+//   them through here.
 // - Decode activations are f32 in device memory, the batched prefill's GEMM inputs f32, f16
 //   or bf16 (DeviceActivations); weights are f32, f16, bf16, Q8 (I8), Q4 (U8) or one of
 //   ggml's block types (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_XS), each matrix its own:
@@ -27,8 +28,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "weights/config.h"  // Activation
 #include "kv_cache.h"
+#include "weights/config.h"         // Activation
 #include "weights/safetensors.h"    // DType
 #include "weights/weight_blocks.h"  // is_block_type, block_weights, block_bytes
 
@@ -48,7 +49,8 @@ constexpr int kQuantizedBlock = 32;
 //   add nothing to a dot product. `scales` [rows, pitch / kQuantizedBlock] holds each
 //   block's f16 scale, in the same allocation as the values, right after them (16-byte
 //   aligned). A Q8 row's last group may be shorter in the file; padded, it is a whole block.
-// - The block types (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_XS; src/weights/weight_blocks.h): a row
+// - The block types (Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_XS; src/weights/weight_blocks.h): a
+// row
 //   holds its cols / block_weights blocks as the file does, padded with zero bytes to a
 //   multiple of 16 bytes (so every row starts 16-byte aligned); pitch is cols, a whole
 //   number of blocks, and there are no separate scales.
@@ -318,6 +320,62 @@ constexpr int kAttentionPrefillMmaMaxHeadDim = 128;
 inline bool attention_prefill_uses_mma(KvType kv_type, int head_dim) {
     return kv_type == KvType::F16 && head_dim % 16 == 0 &&
            head_dim <= kAttentionPrefillMmaMaxHeadDim;
+}
+
+// ==== The server's step (Backend::step) over the paged KV cache: `count` rows, each one token
+// of some sequence at its own position; a layer's keys and values live in pools [kv_blocks *
+// block_size, kv_dim] of kv_type, and row t's position p in slot p % block_size of block
+// block_tables[t * table_stride + p / block_size]. positions [count] and block_tables are in
+// device memory; the projections run on gemm (or, for a few rows, matvec_rows) and the
+// steps between them on the prefill's row kernels.
+
+// The most input rows matvec_rows takes.
+constexpr int kMatvecRowsMax = 16;
+// out[t, r] = sum_c W[r, c] * in[t, c] (+ bias[r] when given; with accumulate out[t, r] +=
+// that) for t < in.tokens <= kMatvecRowsMax, r < w.rows: each weight read and dequantized
+// once for all the rows (every dtype matvec takes). in is f32, in.cols == w.cols, its pitch a
+// multiple of kQuantizedBlock (and >= w.pitch), zero past cols; out f32 [in.tokens,
+// out_pitch], not overlapping in. (kernels/matvec_rows.cuh)
+void matvec_rows(float* out, int out_pitch, const DeviceMatrix& w, const DeviceActivations& in,
+                 const float* bias, bool accumulate, cudaStream_t stream);
+
+// As rope_kv_store_rows, row t at position positions[t], its key and value stored into its
+// slot of one layer's key_pool / value_pool through its block table. (kernels/prefill.cuh)
+void rope_kv_store_paged(float* qkv, int qkv_pitch, const float* inverse_frequencies,
+                         void* key_pool, void* value_pool, const int* positions,
+                         const int* block_tables, int table_stride, int block_size, int count,
+                         int heads, int kv_heads, int head_dim, const float* q_norm,
+                         const float* k_norm, float eps, KvType kv_type, cudaStream_t stream);
+
+// out[t, 0..cols) = x[rows[t], 0..cols) for t < count; x and out f32 with pitch cols, rows in
+// device memory. (kernels/prefill.cuh)
+void gather_rows(float* out, const float* x, const int* rows, int count, int cols,
+                 cudaStream_t stream);
+
+// Attention of out.tokens rows over one layer's pools: row t (rotated q at the start of row t
+// of qkv [out.tokens, qkv_pitch]) attends to positions attention_start(pos, shape.window) ..
+// pos = positions[t] of its sequence, read through its block table (written before by
+// rope_kv_store_paged, this step's rows included). Flash-decoding: each row's KV blocks are
+// cut into `splits` runs (attention_paged_splits), whose partials, in partial_out [count,
+// heads, splits, head_dim] and partial_stats [count, heads, splits, 2], a second kernel
+// merges into out [out.tokens, heads * head_dim] of out.dtype (padding columns zeroed).
+// (kernels/attention_paged.cuh)
+void attention_paged(const DeviceActivations& out, const float* qkv, int qkv_pitch,
+                     const void* keys, const void* values, const int* positions,
+                     const int* block_tables, int table_stride, int block_size, int splits,
+                     float* partial_out, float* partial_stats, const AttentionShape& shape,
+                     KvType kv_type, cudaStream_t stream);
+// The runs per row for a step of `rows` rows whose longest sees `longest_positions`
+// positions: about one per kPagedMinSplitPositions, at most kPagedMaxSplits, and at most
+// partial_rows / rows (the rows of runs the partials hold; at least 1).
+constexpr int kPagedMaxSplits = 32;
+constexpr int kPagedMinSplitPositions = 128;
+inline int attention_paged_splits(int rows, int longest_positions, int partial_rows) {
+    const int wanted = (longest_positions + kPagedMinSplitPositions - 1) / kPagedMinSplitPositions;
+    const int room = partial_rows / (rows > 0 ? rows : 1);
+    int splits = wanted < kPagedMaxSplits ? wanted : kPagedMaxSplits;
+    if (splits > room) splits = room;
+    return splits > 1 ? splits : 1;
 }
 
 // ==== The GPU ladder's simple kernels (BackendOptions::cuda_kernels, `barellm ladder

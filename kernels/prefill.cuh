@@ -1,7 +1,9 @@
 // The row-wise steps of batched prefill (kernels.h, "Batched prefill"): one row per prompt
 // token. The embedding rows (scaled), RMSNorm into the GEMM's input type, SwiGLU or GeGLU
 // into the same, and RoPE with the KV-cache writes (Qwen3's per-head q/k RMSNorm before it
-// when given).
+// when given). The server's step (kernels.h, "The server's step") runs them too, with RoPE
+// and the cache writes through each row's block table (rope_kv_store_paged_kernel) and the
+// rows that want logits gathered (gather_rows_kernel).
 //
 // Device code first; the launch shapes as host functions outside the CUDA-only part, so that
 // the emulated unit tests launch the kernels exactly as the launch functions at the end do.
@@ -108,33 +110,25 @@ __global__ void __launch_bounds__(kRowsThreads)
                         i < cols ? gated_value<A>(gate[in], up[in]) : 0.0f);
 }
 
-// RoPE and the cache write of token t = blockIdx.y at pos = first_pos + t. Row t of qkv
-// [count, qkv_pitch] holds heads q vectors, kv_heads k vectors and kv_heads v vectors of
-// head_dim; "vector" n < heads + 2 * kv_heads is the n-th of them.
-// - Warp w of block x handles vector n = x * 4 + w: a q vector is (RMSNormed with q_norm,
-//   then) rotated in place, a k vector (RMSNormed with k_norm, then) rotated into row pos of
-//   key_cache, a v vector copied into row pos of value_cache.
+// RoPE and the cache write of one token at `pos`: `qkv_row` holds heads q vectors, kv_heads k
+// vectors and kv_heads v vectors of head_dim; "vector" n < heads + 2 * kv_heads is the n-th
+// of them; key_row and value_row are the token's cache rows [kv_dim].
+// - The calling warp handles `vector`: a q vector is (RMSNormed with q_norm, then) rotated
+//   in place, a k vector (RMSNormed with k_norm, then) rotated into key_row, a v vector
+//   copied into value_row.
 // - Lane l rotates the pairs (j, j + head_dim/2) for j = l, l + 32, ... (rope_rotate, the
 //   angle in double); with a norm, the warp first sums the squares of the whole vector.
-// Launch: grid (ceil((heads + 2 * kv_heads) / 4), count), block 128, no shared memory.
 template <typename KvT>
-__global__ void __launch_bounds__(kRopeRowsThreads)
-    rope_kv_store_rows_kernel(float* __restrict__ qkv, int qkv_pitch,
-                              const float* __restrict__ inverse_frequencies,
-                              KvT* __restrict__ key_cache, KvT* __restrict__ value_cache,
-                              int first_pos, int heads, int kv_heads, int head_dim,
-                              const float* __restrict__ q_norm, const float* __restrict__ k_norm,
-                              float eps) {
+__device__ __forceinline__ void rope_kv_store_vector(float* qkv_row, int vector, int pos,
+                                                     const float* inverse_frequencies, KvT* key_row,
+                                                     KvT* value_row, int heads, int kv_heads,
+                                                     int head_dim, const float* q_norm,
+                                                     const float* k_norm, float eps) {
     const int lane = threadIdx.x % kWarpSize;
-    const int vector = blockIdx.x * kRopeRowsWarps + threadIdx.x / kWarpSize;
-    if (vector >= heads + 2 * kv_heads) return;  // the whole warp
-    const int t = blockIdx.y, pos = first_pos + t;
-    const int kv_dim = kv_heads * head_dim, half = head_dim / 2;
-    float* vec = qkv + size_t(t) * qkv_pitch + size_t(vector) * head_dim;
-    const size_t cache_row = size_t(pos) * kv_dim;
-
+    const int half = head_dim / 2;
+    float* vec = qkv_row + size_t(vector) * head_dim;
     if (vector >= heads + kv_heads) {  // v: stored unchanged
-        KvT* value = value_cache + cache_row + size_t(vector - heads - kv_heads) * head_dim;
+        KvT* value = value_row + size_t(vector - heads - kv_heads) * head_dim;
         for (int i = lane; i < head_dim; i += kWarpSize) kv_store(value + i, vec[i]);
         return;
     }
@@ -145,7 +139,7 @@ __global__ void __launch_bounds__(kRopeRowsThreads)
         scale = head_rms_scale(vec, head_dim, eps);
         __syncwarp();  // every lane's reads of vec before any lane writes it back
     }
-    KvT* key = key_cache + cache_row + size_t(vector - heads) * head_dim;
+    KvT* key = key_row + size_t(vector - heads) * head_dim;
     for (int j = lane; j < half; j += kWarpSize) {
         float a = vec[j], b = vec[j + half];
         if (norm) {
@@ -163,6 +157,61 @@ __global__ void __launch_bounds__(kRopeRowsThreads)
     }
 }
 
+// RoPE and the cache write of token t = blockIdx.y at pos = first_pos + t, into cache row
+// pos (rope_kv_store_vector; row t of qkv [count, qkv_pitch]). Warp w of block x handles
+// vector x * 4 + w.
+// Launch: grid (ceil((heads + 2 * kv_heads) / 4), count), block 128, no shared memory.
+template <typename KvT>
+__global__ void __launch_bounds__(kRopeRowsThreads)
+    rope_kv_store_rows_kernel(float* __restrict__ qkv, int qkv_pitch,
+                              const float* __restrict__ inverse_frequencies,
+                              KvT* __restrict__ key_cache, KvT* __restrict__ value_cache,
+                              int first_pos, int heads, int kv_heads, int head_dim,
+                              const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                              float eps) {
+    const int vector = blockIdx.x * kRopeRowsWarps + threadIdx.x / kWarpSize;
+    if (vector >= heads + 2 * kv_heads) return;  // the whole warp
+    const int t = blockIdx.y, pos = first_pos + t;
+    const size_t cache_row = size_t(pos) * kv_heads * head_dim;
+    rope_kv_store_vector(qkv + size_t(t) * qkv_pitch, vector, pos, inverse_frequencies,
+                         key_cache + cache_row, value_cache + cache_row, heads, kv_heads, head_dim,
+                         q_norm, k_norm, eps);
+}
+
+// As rope_kv_store_rows_kernel for the rows of a server step over the paged KV cache: row t
+// is at positions[t], and its key and value go to slot pos % block_size of pool block
+// block_tables[t * table_stride + pos / block_size] (key_pool, value_pool [kv_blocks *
+// block_size, kv_dim], one layer's).
+// Launch: as rope_kv_store_rows_kernel (grid (ceil((heads + 2 * kv_heads) / 4), count),
+// block 128, no shared memory).
+template <typename KvT>
+__global__ void __launch_bounds__(kRopeRowsThreads) rope_kv_store_paged_kernel(
+    float* __restrict__ qkv, int qkv_pitch, const float* __restrict__ inverse_frequencies,
+    KvT* __restrict__ key_pool, KvT* __restrict__ value_pool, const int* __restrict__ positions,
+    const int* __restrict__ block_tables, int table_stride, int block_size, int heads, int kv_heads,
+    int head_dim, const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps) {
+    const int vector = blockIdx.x * kRopeRowsWarps + threadIdx.x / kWarpSize;
+    if (vector >= heads + 2 * kv_heads) return;  // the whole warp
+    const int t = blockIdx.y, pos = positions[t];
+    const int block = block_tables[size_t(t) * table_stride + pos / block_size];
+    const size_t slot = size_t(block) * block_size + pos % block_size;
+    const size_t cache_row = slot * kv_heads * head_dim;
+    rope_kv_store_vector(qkv + size_t(t) * qkv_pitch, vector, pos, inverse_frequencies,
+                         key_pool + cache_row, value_pool + cache_row, heads, kv_heads, head_dim,
+                         q_norm, k_norm, eps);
+}
+
+// out[t, 0..cols) = x[rows[t], 0..cols) for t < count (the rows of a step that want logits).
+// Launch: grid (ceil(cols / 256), count), block 256, no shared memory.
+__global__ void __launch_bounds__(kRowsThreads)
+    gather_rows_kernel(float* __restrict__ out, const float* __restrict__ x,
+                       const int* __restrict__ rows, int cols) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= cols) return;
+    const int t = blockIdx.y;
+    out[size_t(t) * cols + i] = x[size_t(rows[t]) * cols + i];
+}
+
 // ---- Launch shapes
 
 inline dim3 embedding_rows_grid(int cols, int count) {
@@ -175,6 +224,7 @@ inline dim3 swiglu_rows_grid(int pitch, int tokens) {
 inline dim3 rope_kv_store_rows_grid(int heads, int kv_heads, int count) {
     return dim3((heads + 2 * kv_heads + kRopeRowsWarps - 1) / kRopeRowsWarps, count);
 }
+inline dim3 gather_rows_grid(int cols, int count) { return embedding_rows_grid(cols, count); }
 
 #ifndef BARELLM_CUDA_EMULATION
 
@@ -240,6 +290,33 @@ void rope_kv_store_rows(float* qkv, int qkv_pitch, const float* inverse_frequenc
                 k_norm, eps);
     });
     CUDA_CHECK_LAUNCH("rope_kv_store_rows_kernel");
+}
+
+void rope_kv_store_paged(float* qkv, int qkv_pitch, const float* inverse_frequencies,
+                         void* key_pool, void* value_pool, const int* positions,
+                         const int* block_tables, int table_stride, int block_size, int count,
+                         int heads, int kv_heads, int head_dim, const float* q_norm,
+                         const float* k_norm, float eps, KvType kv_type, cudaStream_t stream) {
+    if ((q_norm == nullptr) != (k_norm == nullptr))
+        throw Error("rope_kv_store_paged: q_norm and k_norm are given together or not at all");
+    if (count == 0) return;
+    with_kv_type(kv_type, [&](auto element) {
+        using KvT = decltype(element);
+        rope_kv_store_paged_kernel<KvT>
+            <<<rope_kv_store_rows_grid(heads, kv_heads, count), kRopeRowsThreads, 0, stream>>>(
+                qkv, qkv_pitch, inverse_frequencies, static_cast<KvT*>(key_pool),
+                static_cast<KvT*>(value_pool), positions, block_tables, table_stride, block_size,
+                heads, kv_heads, head_dim, q_norm, k_norm, eps);
+    });
+    CUDA_CHECK_LAUNCH("rope_kv_store_paged_kernel");
+}
+
+void gather_rows(float* out, const float* x, const int* rows, int count, int cols,
+                 cudaStream_t stream) {
+    if (count == 0) return;
+    gather_rows_kernel<<<gather_rows_grid(cols, count), kRowsThreads, 0, stream>>>(out, x, rows,
+                                                                                   cols);
+    CUDA_CHECK_LAUNCH("gather_rows_kernel");
 }
 
 #endif  // BARELLM_CUDA_EMULATION

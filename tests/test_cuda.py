@@ -12,7 +12,9 @@ positions; the batched prefill's logits at every position (one batch and more th
 q8 and q4 against the CPU's scalar path and its prefill, QUANTIZED_PREFILL_TOLERANCE) and
 `ppl`; the prefill on the warpgroup GEMM of sm_90a (BARELLM_CUDA_WGMMA=always; q8 and q4
 dequantized to f16 for it); plus every
-kernel on its own (build/cuda_kernel_check), graph replay against direct launches, every
+kernel on its own (build/cuda_kernel_check), the server's step over the paged KV cache
+(build/step_logits: several sequences at once, decode rows beside prompt chunks, on the
+batched matvec and on the GEMMs, scattered block tables, copied blocks), graph replay against direct launches, every
 rung of the GPU ladder on Qwen (and its refusal of Gemma on rungs 1-4), `run` and `bench`.
 
 Every test but the last skips, printing why, on a machine without a usable CUDA GPU (CI
@@ -36,6 +38,7 @@ from test_qwen import CONFIGS as QWEN_CPU_CONFIGS, qwen_tensors  # noqa: E402
 
 BARELLM = os.path.join(BUILD, "barellm")
 DUMP_LOGITS = os.path.join(BUILD, "dump_logits")
+STEP_LOGITS = os.path.join(BUILD, "step_logits")
 KERNEL_CHECK = os.path.join(BUILD, "cuda_kernel_check")
 
 TOLERANCE = 1e-3  # relative error of the logits of each position, CUDA against CPU
@@ -554,3 +557,83 @@ def test_device_cuda_without_gpu_says_so_in_one_line(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--device cuda" in lines[0], result.stderr
     assert result.stdout == ""
+
+
+def step_logits(model, sequences, *flags, env=None):
+    """Logits [sum of the lengths, vocab] of every position of each sequence from
+    build/step_logits (Backend::step over the paged KV cache); NaN rows where none were
+    asked for."""
+    out = f"{model}.{os.getpid()}.step"
+    args = [STEP_LOGITS, model, out]
+    for ids in sequences:
+        args += ["--seq", ",".join(map(str, ids))]
+    result = subprocess.run([*args, *flags], capture_output=True, text=True, env=env,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr
+    logits = np.fromfile(out, dtype=np.float32).reshape(sum(map(len, sequences)), -1)
+    os.unlink(out)
+    return logits
+
+
+# Four sequences of different lengths; chunks of 1 (decode rows), 5 and 24 positions: the
+# first steps hold 1 + 5 + 24 + 1 rows (the GEMMs), the later ones fewer than 16 (the batched
+# matvec).
+STEP_LENGTHS = (70, 37, 100, 19)
+STEP_CHUNKS = "1,5,24,1"
+
+
+@pytest.mark.parametrize("name,dtype,kv", [
+    ("stories260K", "f32", "f32"), ("gqa-window", "f32", "f16"), ("qwen2-window", "f32", "f32"),
+    ("qwen3-attention-bias", "f32", "f16"), ("gemma3", "f32", "f32"),
+    ("gemma3-1b-heads", "f32", "f16"), ("stories260K", "f16", "f16"),
+    ("wide-heads", "bf16", "f16"), ("stories260K", "q8", "f16"), ("group-of-8", "q4", "f32")])
+@pytest.mark.parametrize("block_size", [16, 32])
+def test_step_matches_cpu_forward(cuda, models, name, dtype, kv, block_size):
+    """The CUDA step, several sequences at once over scattered block tables, against each
+    sequence alone on the CPU backend (contiguous cache, token by token). Steps of many rows
+    read their inputs rounded to the GEMM's dtype, as prefill does: PREFILL_TOLERANCE; q8
+    and q4 against the CPU's scalar path, as the quantized prefill is."""
+    model = models(name, dtype)
+    sequences = [token_ids(n, seed=100 + n) for n in STEP_LENGTHS]
+    gpu = step_logits(model, sequences, "--chunks", STEP_CHUNKS, "--block-size", str(block_size),
+                      "--kv", kv, "--device", "cuda", "--seed", str(block_size))
+    assert np.isfinite(gpu).all()
+    if dtype in ("q8", "q4"):
+        reference, limit = ("--simd", "scalar"), QUANTIZED_PREFILL_SCALAR_TOLERANCE
+    else:
+        reference = CPU_REFERENCE
+        limit = max(PREFILL_TOLERANCE[dtype], PREFILL_F16_KV_TOLERANCE if kv == "f16" else 0)
+    first = 0
+    for ids in sequences:
+        cpu = dump_logits(model, ids, "--kv", kv, *reference)
+        assert_close(gpu[first:first + len(ids)], cpu,
+                     f"{name} {dtype} step, blocks of {block_size}, {len(ids)} positions", limit)
+        first += len(ids)
+
+
+def test_step_sparse_logits_and_copied_blocks(cuda, models):
+    """Rows that want no logits get none, and the others are the same logits; blocks copied
+    (copy_kv_block) into other places of the pool between steps change nothing."""
+    model = models("qwen2-window", "f32")
+    sequences = [token_ids(n, seed=200 + n) for n in STEP_LENGTHS]
+    flags = ("--chunks", STEP_CHUNKS, "--kv", "f32", "--device", "cuda")
+    full = step_logits(model, sequences, *flags)
+    sparse = step_logits(model, sequences, *flags, "--sparse-logits", "--copy-blocks",
+                         "--block-size", "64", "--seed", "7")
+    asked = np.isfinite(sparse).all(axis=1)
+    assert 0 < asked.sum() < len(asked)
+    assert np.isnan(sparse[~asked]).all()
+    assert_close(sparse[asked], full[asked], "sparse logits over copied blocks", 1e-5)
+
+
+def test_step_graphs_match_direct_launches(cuda, models):
+    """The server step's graphs (one per bucket of row counts, the rows padded to it) and
+    plain launches of the same step (unpadded, the attention split for the step's own
+    lengths): the same logits but for the order of float sums."""
+    model = models("gqa-window", "f16")
+    sequences = [token_ids(n, seed=300 + n) for n in STEP_LENGTHS]
+    flags = ("--chunks", STEP_CHUNKS, "--kv", "f16", "--device", "cuda")
+    replayed = step_logits(model, sequences, *flags)
+    direct = step_logits(model, sequences, *flags,
+                         env={**os.environ, "BARELLM_CUDA_GRAPHS": "0"})
+    assert_close(replayed, direct, "graphs against direct launches", 1e-4)
