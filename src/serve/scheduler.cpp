@@ -87,7 +87,7 @@ struct Scheduler::State {
     SchedulerMetrics metrics;
 
     // The loop's thread only:
-    std::vector<std::unique_ptr<Sequence>> running;  // oldest first
+    std::vector<std::unique_ptr<Sequence>> running;  // sorted oldest first by plan_rows()
     std::vector<float> scratch;                      // [vocab_size], the sampler's input
     std::thread loop;
 
