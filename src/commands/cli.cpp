@@ -3,8 +3,8 @@
 
 #include <cctype>
 
-#include "util/json.h"
 #include "tokenizer/unicode.h"
+#include "util/json.h"
 
 namespace barellm {
 
@@ -170,9 +170,9 @@ size_t parse_size(const std::string& flag, const std::string& text, size_t highe
     std::string unit = text.substr(digits);
     for (char& c : unit) c = char(std::toupper(static_cast<unsigned char>(c)));
     size_t scale = 0;
-    for (const auto& [name, bytes] : {std::pair{"", size_t(1)}, std::pair{"K", size_t(1) << 10},
-                                      std::pair{"M", size_t(1) << 20},
-                                      std::pair{"G", size_t(1) << 30}}) {
+    for (const auto& [name, bytes] :
+         {std::pair{"", size_t(1)}, std::pair{"K", size_t(1) << 10},
+          std::pair{"M", size_t(1) << 20}, std::pair{"G", size_t(1) << 30}}) {
         const std::string base = name;
         if (unit == base || (!base.empty() && (unit == base + "B" || unit == base + "IB")))
             scale = bytes;

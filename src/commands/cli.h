@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "backend.h"
-#include "util/error.h"
 #include "generation/sampler.h"
+#include "util/error.h"
 
 namespace barellm {
 
@@ -50,11 +50,11 @@ struct Options {
     // serve:
     std::string host = "127.0.0.1";
     int port = 8080;
-    int parallel = 4;       // sequences in the running batch
-    size_t kv_memory = 0;   // bytes of the paged KV cache; 0: --parallel sequences of --ctx
-    int block_size = 16;    // positions per KV block
-    std::string api_key;    // "": none
-    std::string serve_flag; // the first serve-only flag given (refused by other commands)
+    int parallel = 4;        // sequences in the running batch
+    size_t kv_memory = 0;    // bytes of the paged KV cache; 0: --parallel sequences of --ctx
+    int block_size = 16;     // positions per KV block
+    std::string api_key;     // "": none
+    std::string serve_flag;  // the first serve-only flag given (refused by other commands)
 };
 
 // Parses argv; throws UsageError for anything malformed. "-h"/"--help" give command "help".

@@ -13,23 +13,23 @@
 
 #include "backend.h"
 #include "commands/bench.h"
-#include "generation/chat_session.h"
 #include "commands/cli.h"
-#include "cpu/kernels.h"
-#include "util/error.h"
-#include "util/files.h"
-#include "generation/generate.h"
-#include "util/json.h"
 #include "commands/ladder.h"
-#include "util/machine.h"
-#include "util/memory.h"
-#include "weights/model.h"
+#include "cpu/kernels.h"
+#include "generation/chat_session.h"
+#include "generation/generate.h"
 #include "generation/sampler.h"
 #include "serve/http_server.h"
 #include "serve/scheduler.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+#include "util/files.h"
+#include "util/json.h"
+#include "util/machine.h"
+#include "util/memory.h"
 #include "util/terminal.h"
 #include "util/timing.h"
-#include "tokenizer/tokenizer.h"
+#include "weights/model.h"
 
 using namespace barellm;
 
@@ -443,12 +443,15 @@ int run_command(const Options& options) {
     }
     start_threads(options);
     using Command = int (*)(const Options&);
-    static const std::map<std::string, Command> commands = {
-        {"run", command_run},           {"chat", command_chat},
-        {"serve", command_serve},
-        {"ppl", command_ppl},           {"info", command_info},
-        {"bench", command_bench},       {"ladder", run_ladder_command},
-        {"tokenize", command_tokenize}, {"detokenize", command_detokenize}};
+    static const std::map<std::string, Command> commands = {{"run", command_run},
+                                                            {"chat", command_chat},
+                                                            {"serve", command_serve},
+                                                            {"ppl", command_ppl},
+                                                            {"info", command_info},
+                                                            {"bench", command_bench},
+                                                            {"ladder", run_ladder_command},
+                                                            {"tokenize", command_tokenize},
+                                                            {"detokenize", command_detokenize}};
     const auto command = commands.find(options.command);
     if (command == commands.end())
         throw UsageError("unknown command " + quoted_excerpt(options.command));
