@@ -203,14 +203,26 @@ TEST_CASE("conversations render as the template's first turn and next turns", "[
           "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nA<|im_end|>\n<|im_start|>"
           "assistant\nB<|im_end|>\n<|im_start|>user\nC<|im_end|>\n<|im_start|>assistant\n");
 
-    ChatTemplate llama2;
+    ChatTemplate llama2;  // Llama-2-chat: a space, then the stripped reply
     llama2.family = ChatFamily::Llama2;
     llama2.strip_prompt = true;
     llama2.needs_bos = true;
-    const std::vector<ChatMessage> turns = {{"user", "A"}, {"assistant", "B"}, {"user", "C"}};
+    const std::vector<ChatMessage> turns = {{"user", "A"}, {"assistant", "\n B \n"}, {"user", "C"}};
     CHECK(render_conversation(llama2, turns, "<s>", "</s>") ==
-          render_chat(llama2, std::nullopt, "A", "<s>") + "B" +
+          render_chat(llama2, std::nullopt, "A", "<s>") + " B" +
               render_next_turn(llama2, "C", "<s>", "</s>"));
+    CHECK(render_conversation(llama2, turns, "<s>", "</s>") ==
+          "<s>[INST] A [/INST] B </s><s>[INST] C [/INST]");
+    ChatTemplate gemma;
+    gemma.family = ChatFamily::Gemma;
+    gemma.strip_prompt = true;
+    gemma.needs_bos = true;
+    CHECK(render_conversation(gemma, turns, "<bos>", "<eos>") ==
+          "<bos><start_of_turn>user\nA<end_of_turn>\n<start_of_turn>model\nB<end_of_turn>\n"
+          "<start_of_turn>user\nC<end_of_turn>\n<start_of_turn>model\n");
+    // ChatML keeps the reply as it is.
+    CHECK(render_conversation(chat, turns, "", "").find("assistant\n\n B \n<|im_end|>") !=
+          std::string::npos);
 
     // What no template renders: the order is wrong, or the template refuses a part of it.
     const std::vector<std::vector<ChatMessage>> refused = {
