@@ -491,8 +491,9 @@ def test_serve_command_line(model):
                               "--port must be in [0, 65535]")
     assert_wrong_command_line(barellm("serve", model, "--parallel", "0"), "barellm",
                               "--parallel must be in")
-    assert_wrong_command_line(barellm("serve", model, "--kv-memory", "12Q"), "barellm",
-                              "--kv-memory needs a size")
+    for size in ("12Q", "0", "-5M", "1.5G", "M", "2000000G"):
+        assert_wrong_command_line(barellm("serve", model, "--kv-memory", size), "barellm",
+                                  "--kv-memory needs a size")
     assert_wrong_command_line(barellm("serve", model, "--api-key", ""), "barellm",
                               "--api-key needs")
     assert_wrong_command_line(barellm("run", model, "-p", "x", "--port", "1"), "barellm",
@@ -500,9 +501,12 @@ def test_serve_command_line(model):
     assert_wrong_command_line(barellm("serve", model, "-p", "x"), "barellm",
                               "serve takes its prompts")
     # One sequence of the whole context does not fit: one line, exit 1.
-    result = barellm("serve", model, "--ctx", 256, "--kv-memory", "1K")
-    assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
-    assert "--kv-memory 1024 holds" in result.stderr
+    # (5 layers, 4 KV heads of 8, f16 keys and values: 10240 bytes a block of 16 positions.)
+    for size, blocks in (("1K", 0), ("64KiB", 6), ("150kb", 15)):
+        result = barellm("serve", model, "--ctx", 256, "--kv-memory", size)
+        assert result.returncode == 1 and result.stderr.count("\n") == 1, result.stderr
+        assert f"holds {blocks} KV blocks of 16 positions (10240 bytes each); one sequence " \
+               "of --ctx 256 needs 16" in result.stderr
     # A port taken: one line, exit 1.
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
