@@ -119,8 +119,15 @@ public:
                 return fill_error(req, res);
             }));
         http_.set_exception_handler(
-            [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-                send_error(res, ApiError(500, "internal error"));
+            [](const httplib::Request&, httplib::Response& res, std::exception_ptr thrown) {
+                std::string what = "unknown";
+                try {
+                    std::rethrow_exception(thrown);
+                } catch (const std::exception& e) {
+                    what = e.what();
+                } catch (...) {
+                }
+                send_error(res, ApiError(500, "internal error: " + what));
             });
         http_.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
             log_request(req, res);
