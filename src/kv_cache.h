@@ -27,4 +27,12 @@ inline int attention_start(int pos, int window) {
     return window > 0 ? std::max(0, pos + 1 - window) : 0;
 }
 
+// The server's paged KV cache (Backend::step): per layer, blocks of `block_size` positions,
+// laid out [blocks, block_size, kv_heads * head_dim]. Position `pos` of a sequence is the
+// pool row paged_row(its block table, pos, block_size): slot pos % block_size of block
+// block_table[pos / block_size].
+inline size_t paged_row(const int* block_table, int pos, int block_size) {
+    return size_t(block_table[pos / block_size]) * block_size + pos % block_size;
+}
+
 }  // namespace barellm

@@ -348,11 +348,14 @@ void kv_store(void* slot, const float* values, int n, KvType type) {
 
 namespace {
 
-// One query head attending to cache rows [first, pos]: softmax(q·k × scale) · v.
+// One query head attending to cache rows [first, pos]: softmax(q·k × scale) · v. The cache
+// row of position p is row_of(p): p itself in the contiguous cache, the row its block table
+// gives in the paged one.
 //   out_head [head_dim], q_head [head_dim], scores [pos - first + 1] scratch
-void attend_one_head(float* out_head, const float* q_head, int head, int pos, const void* key_cache,
-                     const void* value_cache, float* scores, const AttentionShape& shape,
-                     KvType type) {
+template <typename RowOf>
+void attend_one_head(float* out_head, const float* q_head, int head, int pos, RowOf row_of,
+                     const void* key_cache, const void* value_cache, float* scores,
+                     const AttentionShape& shape, KvType type) {
     const auto dot = active_level == SimdLevel::Avx512 ? avx512::dot_kv
                      : active_level == SimdLevel::Avx2 ? avx2::dot_kv
                                                        : scalar::dot_kv;
@@ -364,16 +367,20 @@ void attend_one_head(float* out_head, const float* q_head, int head, int pos, co
     const int group = shape.heads / shape.kv_heads;  // query heads per KV head
     const size_t row_bytes = size_t(shape.kv_heads) * shape.head_dim * kv_element_bytes(type);
     const size_t head_offset = size_t(head / group) * shape.head_dim * kv_element_bytes(type);
-    const uint8_t* keys = static_cast<const uint8_t*>(key_cache) + first * row_bytes + head_offset;
-    const uint8_t* values =
-        static_cast<const uint8_t*>(value_cache) + first * row_bytes + head_offset;
+    const uint8_t* keys = static_cast<const uint8_t*>(key_cache) + head_offset;
+    const uint8_t* values = static_cast<const uint8_t*>(value_cache) + head_offset;
     for (int t = 0; t < positions; ++t)
-        scores[t] = dot(q_head, keys + t * row_bytes, shape.head_dim, type) * shape.scale;
+        scores[t] =
+            dot(q_head, keys + row_of(first + t) * row_bytes, shape.head_dim, type) * shape.scale;
     softmax(scores, positions);
     std::fill(out_head, out_head + shape.head_dim, 0.0f);
     for (int t = 0; t < positions; ++t)
-        add_scaled(out_head, scores[t], values + t * row_bytes, shape.head_dim, type);
+        add_scaled(out_head, scores[t], values + row_of(first + t) * row_bytes, shape.head_dim,
+                   type);
 }
+
+// The contiguous cache: position p is row p.
+size_t contiguous_row(int pos) { return size_t(pos); }
 
 }  // namespace
 
@@ -383,7 +390,37 @@ void attention(float* out, const float* q, int pos, const void* key_cache, const
 #pragma omp parallel for schedule(static) num_threads(threads_for(work))
     for (int h = 0; h < shape.heads; ++h)
         attend_one_head(out + size_t(h) * shape.head_dim, q + size_t(h) * shape.head_dim, h, pos,
-                        key_cache, value_cache, scores + size_t(h) * (pos + 1), shape, type);
+                        contiguous_row, key_cache, value_cache, scores + size_t(h) * (pos + 1),
+                        shape, type);
+}
+
+void attention_paged(float* out, const float* q, int count, const int* positions,
+                     const int* const* block_tables, const PagedKvLayer& cache,
+                     const AttentionShape& shape) {
+    const size_t q_dim = size_t(shape.heads) * shape.head_dim;
+    int longest = 0;  // positions attended by one row at most
+    size_t work = 0;
+    for (int i = 0; i < count; ++i) {
+        const int attended = positions[i] + 1 - attention_start(positions[i], shape.window);
+        longest = std::max(longest, attended);
+        work += q_dim * attended * 2;
+    }
+#pragma omp parallel num_threads(threads_for(work))
+    {
+        static thread_local std::vector<float> scores;  // this thread's scratch
+        scores.resize(longest);
+#pragma omp for collapse(2) schedule(dynamic, 4)
+        for (int i = 0; i < count; ++i)
+            for (int h = 0; h < shape.heads; ++h) {
+                const int* block_table = block_tables[i];
+                const auto row_of = [&](int pos) {
+                    return paged_row(block_table, pos, cache.block_size);
+                };
+                attend_one_head(out + i * q_dim + size_t(h) * shape.head_dim,
+                                q + i * q_dim + size_t(h) * shape.head_dim, h, positions[i], row_of,
+                                cache.keys, cache.values, scores.data(), shape, cache.type);
+            }
+    }
 }
 
 void attention_batch(float* out, const float* q, int count, int first_pos, const void* key_cache,
@@ -399,7 +436,8 @@ void attention_batch(float* out, const float* q, int count, int first_pos, const
                 for (int h = 0; h < shape.heads; ++h)
                     attend_one_head(out + i * q_dim + size_t(h) * shape.head_dim,
                                     q + i * q_dim + size_t(h) * shape.head_dim, h, first_pos + i,
-                                    key_cache, value_cache, scores.data(), shape, type);
+                                    contiguous_row, key_cache, value_cache, scores.data(), shape,
+                                    type);
         }
         return;
     }

@@ -3,7 +3,10 @@
 // norms, and Gemma 3's scaled embedding, norms of the sub-blocks' outputs, GeGLU, sliding
 // layers with their own RoPE base, and attention scale (Gemma's norms, x · (1 + w), are plain
 // RMSNorms here: the weight file holds the multipliers 1 + w).
-// `forward` runs one token (decode); `prefill` runs a batch of tokens as matrices.
+// `forward` runs one token (decode); `prefill` runs a batch of tokens of one sequence as
+// matrices; `step` (the server's) runs a batch of rows of many sequences as matrices, over the
+// paged KV cache. prefill and step share the layers (run_layers): only where the keys and
+// values are written and read differs.
 #include <algorithm>
 #include <vector>
 
@@ -23,7 +26,8 @@ constexpr size_t kSwigluCost = 8;  // one SiLU (an exp and a division) in multip
 constexpr size_t kGegluCost = 12;  // one tanh-approximated GELU (SiLU's and a cubic)
 
 // Every activation buffer and the KV cache, allocated once. Decode uses batch 1;
-// prefill uses up to kMaxBatch rows (B below).
+// prefill and step use up to kMaxBatch rows (B below). The KV cache is the contiguous one
+// (run, chat, ppl, bench) or, with BackendOptions::kv_blocks, the paged one (the server).
 struct InferenceState {
     std::vector<float> x;                       // [B, dim]           residual stream
     std::vector<float> xb;                      // [B, dim]           normed input of a sub-block
@@ -36,8 +40,8 @@ struct InferenceState {
     std::vector<float> gate;                    // [B, hidden_dim]    w1 x, then act(w1 x) * w3 x
     std::vector<float> up;                      // [B, hidden_dim]    w3 x
     std::vector<float> logits;                  // [vocab_size]       of the last token
-    std::vector<uint8_t> key_cache;             // [layers, context, kv_dim] of kv_type
-    std::vector<uint8_t> value_cache;           // [layers, context, kv_dim] of kv_type
+    std::vector<uint8_t> key_cache;             // [layers, context, kv_dim] of kv_type,
+    std::vector<uint8_t> value_cache;           //   or [layers, kv_blocks, block_size, kv_dim]
     std::vector<float> rope_frequencies;        // [head_dim / 2]
     std::vector<float> rope_local_frequencies;  // [head_dim / 2] with rope_theta_local, else empty
 };
@@ -48,21 +52,30 @@ public:
         : model_(model),
           context_(options.context),
           kv_type_(options.kv_type),
+          kv_blocks_(options.kv_blocks),
+          kv_block_size_(options.kv_block_size),
           max_batch_(std::min(options.context, kMaxBatch)),
           // The layer and output matrices copied to 2 MiB pages; Q8 and Q4 ones in tiles of
           // 16 rows where the AVX-512 VNNI kernels will read them (cpu/resident_weights.h).
           weights_(cpu::resident_weights(model, cpu::uses_row_tiles())) {
         const Config& c = model.config;
+        if (kv_blocks_ < 0 || (kv_blocks_ > 0 && kv_block_size_ < 1))
+            throw Error("the paged KV cache needs kv_blocks >= 0 and kv_block_size >= 1");
+        const size_t cache_positions =
+            paged() ? size_t(kv_blocks_) * kv_block_size_ : size_t(context_);
         const size_t cache_bytes =
-            size_t(c.layers) * context_ * c.kv_dim() * kv_element_bytes(kv_type_);
+            size_t(c.layers) * cache_positions * c.kv_dim() * kv_element_bytes(kv_type_);
         const size_t B = max_batch_;
+        const size_t decode_scores = paged() ? 0 : size_t(c.heads) * context_;  // forward's
         const size_t activation_floats =
             B * (4 * size_t(c.dim) + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * size_t(c.hidden_dim)) +
-            size_t(c.heads) * context_ + c.vocab_size;
+            decode_scores + c.vocab_size;
         const size_t all_logits_floats = options.all_logits ? size_t(context_) * c.vocab_size : 0;
-        const std::string what = options.all_logits
-                                     ? "the KV cache, activations and logits of every position"
-                                     : "the KV cache and activations";
+        const std::string what =
+            paged() ? "the paged KV cache (" + std::to_string(kv_blocks_) + " blocks of " +
+                          std::to_string(kv_block_size_) + " positions) and activations"
+            : options.all_logits ? "the KV cache, activations and logits of every position"
+                                 : "the KV cache and activations";
         require_memory(2 * cache_bytes + (activation_floats + all_logits_floats) * sizeof(float),
                        what + " for a context of " + std::to_string(context_));
         InferenceState& s = state_;
@@ -72,7 +85,7 @@ public:
         s.k.resize(B * c.kv_dim());
         s.v.resize(B * c.kv_dim());
         s.att.resize(B * c.q_dim());
-        s.scores.resize(size_t(c.heads) * context_);
+        s.scores.resize(decode_scores);
         s.proj.resize(B * c.dim);
         s.gate.resize(B * c.hidden_dim);
         s.up.resize(B * c.hidden_dim);
@@ -100,6 +113,7 @@ public:
     const float* forward(int token, int pos) override {
         const Config& c = model_.config;
         InferenceState& s = state_;
+        require_contiguous_cache("forward");
         check_tokens(c, &token, 1, pos, context_);
         // x = the token's row of the embedding table (Gemma: times √dim)
         cpu::embedding_row(s.x.data(), model_.token_embedding, token);
@@ -154,6 +168,7 @@ public:
     }
 
     const float* prefill(const int* tokens, int count, int first_pos, bool all_logits) override {
+        require_contiguous_cache("prefill");
         check_tokens(model_.config, tokens, count, first_pos, context_);
         if (all_logits && size_t(count) * model_.config.vocab_size > all_logits_.size())
             throw Error("prefill: every position's logits need BackendOptions::all_logits");
@@ -168,7 +183,67 @@ public:
         return all_logits ? all_logits_.data() : last;
     }
 
+    // Row independence: a row's logits depend only on its token, its position and its own
+    // sequence's keys and values, never on the other rows of the step or on their number:
+    // every kernel of a step computes each row on its own in a fixed order (the GEMMs' per
+    // token sums, the element-wise steps, attention_paged per (row, head)), so a step gives
+    // each row bitwise the logits it gets in a step of its own, for every weight type.
+    const float* step(const StepRow* rows, int count) override {
+        const Config& c = model_.config;
+        InferenceState& s = state_;
+        if (!paged()) throw Error("step needs the paged KV cache (BackendOptions::kv_blocks)");
+        check_step_rows(rows, count);
+        for (int b = 0; b < count; ++b)
+            cpu::embedding_row(&s.x[size_t(b) * c.dim], model_.token_embedding, rows[b].token);
+        scale_embedding(s.x.data(), count);
+        const BatchPlaces places{rows, 0};
+        run_layers(count, places);
+
+        // logits = output · norm(x), for the rows that want them, gathered into one GEMM.
+        int wanting = 0;
+        for (int b = 0; b < count; ++b)
+            if (rows[b].wants_logits)
+                std::copy_n(&s.x[size_t(b) * c.dim], c.dim, &s.xb[size_t(wanting++) * c.dim]);
+        if (wanting == 0) return nullptr;
+        rmsnorm_rows(s.xb.data(), s.xb.data(), model_.final_norm, wanting);
+        const size_t logits_floats = size_t(wanting) * c.vocab_size;
+        if (step_logits_.size() < logits_floats) {
+            require_memory((logits_floats - step_logits_.size()) * sizeof(float),
+                           "the logits of " + std::to_string(wanting) + " rows");
+            step_logits_.resize(logits_floats);
+        }
+        cpu::gemm(step_logits_.data(), s.xb.data(), wanting, weights_.output);
+        return step_logits_.data();
+    }
+
+    void copy_kv_block(int from, int to) override {
+        if (!paged())
+            throw Error("copy_kv_block needs the paged KV cache (BackendOptions::kv_blocks)");
+        if (from < 0 || from >= kv_blocks_ || to < 0 || to >= kv_blocks_)
+            throw Error("copy_kv_block: block " +
+                        std::to_string(from < 0 || from >= kv_blocks_ ? from : to) +
+                        " is outside the " + std::to_string(kv_blocks_) + " blocks");
+        const size_t block_bytes =
+            size_t(kv_block_size_) * model_.config.kv_dim() * kv_element_bytes(kv_type_);
+        for (int l = 0; l < model_.config.layers; ++l)
+            for (std::vector<uint8_t>* cache : {&state_.key_cache, &state_.value_cache}) {
+                const uint8_t* source = paged_slot(*cache, l, size_t(from) * kv_block_size_);
+                std::copy_n(source, block_bytes,
+                            paged_slot(*cache, l, size_t(to) * kv_block_size_));
+            }
+    }
+
 private:
+    // Where the rows of a batch keep their keys and values, the one thing prefill and step
+    // do differently: prefill's rows are tokens of one sequence at positions first_pos.. of
+    // the contiguous cache; a step's rows are each at its own position of its own sequence,
+    // in the paged cache through the row's block table.
+    struct BatchPlaces {
+        const StepRow* step_rows;  // the step's rows; nullptr for prefill
+        int first_pos;             // prefill's first position
+        int pos(int b) const { return step_rows ? step_rows[b].pos : first_pos + b; }
+    };
+
     // One batch of B tokens at positions first_pos.., the same math as `forward` on matrices.
     // Writes every row's logits to logits_out [B, vocab] if given; returns the last row's.
     const float* prefill_batch(const int* tokens, int B, int first_pos, float* logits_out) {
@@ -177,7 +252,24 @@ private:
         for (int b = 0; b < B; ++b)
             cpu::embedding_row(&s.x[size_t(b) * c.dim], model_.token_embedding, tokens[b]);
         scale_embedding(s.x.data(), B);
+        run_layers(B, BatchPlaces{nullptr, first_pos});
 
+        if (logits_out) {
+            rmsnorm_rows(s.x.data(), s.x.data(), model_.final_norm, B);
+            cpu::gemm(logits_out, s.x.data(), B, weights_.output);
+            return logits_out + size_t(B - 1) * c.vocab_size;
+        }
+        float* last_x = &s.x[size_t(B - 1) * c.dim];
+        cpu::rmsnorm(last_x, last_x, model_.final_norm, c.dim, c.norm_eps);
+        cpu::matvec(s.logits.data(), last_x, weights_.output);
+        return s.logits.data();
+    }
+
+    // Every layer over the residual stream x [B, dim] of a batch: the math of `forward`
+    // (its comments say what each step is) on matrices, the weights read once for all rows.
+    void run_layers(int B, const BatchPlaces& places) {
+        const Config& c = model_.config;
+        InferenceState& s = state_;
         for (int l = 0; l < c.layers; ++l) {
             const LayerWeights& w = weights_.layers[l];
             const float* rope_frequencies = layer_rope_frequencies(l);
@@ -185,7 +277,7 @@ private:
             cpu::gemm_many(s.xb.data(), B,
                            {{s.q.data(), &w.wq}, {s.k.data(), &w.wk}, {s.v.data(), &w.wv}});
             cpu::for_each_row(B, c.q_dim() + c.kv_dim(), [&](int b) {
-                const int pos = first_pos + b;
+                const int pos = places.pos(b);
                 float* q_row = &s.q[size_t(b) * c.q_dim()];
                 float* k_row = &s.k[size_t(b) * c.kv_dim()];
                 float* v_row = &s.v[size_t(b) * c.kv_dim()];
@@ -196,12 +288,10 @@ private:
                 rmsnorm_heads(k_row, w.k_norm, c.kv_heads);
                 cpu::rope(q_row, c.heads, c.head_dim, pos, rope_frequencies);
                 cpu::rope(k_row, c.kv_heads, c.head_dim, pos, rope_frequencies);
-                cpu::kv_store(cache_row(s.key_cache, l, pos), k_row, c.kv_dim(), kv_type_);
-                cpu::kv_store(cache_row(s.value_cache, l, pos), v_row, c.kv_dim(), kv_type_);
+                cpu::kv_store(kv_slot(s.key_cache, l, places, b), k_row, c.kv_dim(), kv_type_);
+                cpu::kv_store(kv_slot(s.value_cache, l, places, b), v_row, c.kv_dim(), kv_type_);
             });
-            cpu::attention_batch(s.att.data(), s.q.data(), B, first_pos,
-                                 cache_row(s.key_cache, l, 0), cache_row(s.value_cache, l, 0),
-                                 attention_shape(l), kv_type_);
+            attend(l, B, places);
             cpu::gemm(s.proj.data(), s.att.data(), B, w.wo);
             if (w.bo)
                 cpu::for_each_row(
@@ -221,19 +311,69 @@ private:
             post_norm(s.proj.data(), w.post_ffn_norm, B);
             add_rows(s.x.data(), s.proj.data(), B);
         }
-
-        if (logits_out) {
-            rmsnorm_rows(s.x.data(), s.x.data(), model_.final_norm, B);
-            cpu::gemm(logits_out, s.x.data(), B, weights_.output);
-            return logits_out + size_t(B - 1) * c.vocab_size;
-        }
-        float* last_x = &s.x[size_t(B - 1) * c.dim];
-        cpu::rmsnorm(last_x, last_x, model_.final_norm, c.dim, c.norm_eps);
-        cpu::matvec(s.logits.data(), last_x, weights_.output);
-        return s.logits.data();
     }
 
-    // The element-wise steps of prefill, a row (token) per call, rows split across threads.
+    // att [B, q_dim] = each row's query q attending to its sequence's keys and values of layer
+    // `layer`, those of this batch already stored.
+    void attend(int layer, int B, const BatchPlaces& places) {
+        InferenceState& s = state_;
+        if (!places.step_rows) {
+            cpu::attention_batch(
+                s.att.data(), s.q.data(), B, places.first_pos, cache_row(s.key_cache, layer, 0),
+                cache_row(s.value_cache, layer, 0), attention_shape(layer), kv_type_);
+            return;
+        }
+        std::vector<int>& positions = step_positions_;
+        std::vector<const int*>& block_tables = step_block_tables_;
+        positions.resize(B);
+        block_tables.resize(B);
+        for (int b = 0; b < B; ++b) {
+            positions[b] = places.step_rows[b].pos;
+            block_tables[b] = places.step_rows[b].block_table;
+        }
+        const cpu::PagedKvLayer cache{paged_slot(s.key_cache, layer, 0),
+                                      paged_slot(s.value_cache, layer, 0), kv_block_size_,
+                                      kv_type_};
+        cpu::attention_paged(s.att.data(), s.q.data(), B, positions.data(), block_tables.data(),
+                             cache, attention_shape(layer));
+    }
+
+    // Where row b of a batch stores its key (or value) of layer `layer`.
+    uint8_t* kv_slot(std::vector<uint8_t>& cache, int layer, const BatchPlaces& places,
+                     int b) const {
+        if (!places.step_rows) return cache_row(cache, layer, places.first_pos + b);
+        const StepRow& row = places.step_rows[b];
+        return paged_slot(cache, layer, paged_row(row.block_table, row.pos, kv_block_size_));
+    }
+
+    // Throws Error unless each row's token is in the vocabulary, its position inside the
+    // context, and the blocks its attention reads inside the paged cache; rows of one sequence
+    // (one block table) come in increasing positions.
+    void check_step_rows(const StepRow* rows, int count) const {
+        const Config& c = model_.config;
+        if (count < 1 || count > max_batch_)
+            throw Error("step: " + std::to_string(count) + " rows, expected 1 to " +
+                        std::to_string(max_batch_));
+        for (int b = 0; b < count; ++b) {
+            const StepRow& row = rows[b];
+            check_tokens(c, &row.token, 1, row.pos, context_);
+            if (!row.block_table)
+                throw Error("step: row " + std::to_string(b) + " has no block table");
+            for (int p = 0; p <= row.pos; p += kv_block_size_) {
+                const int block = row.block_table[p / kv_block_size_];
+                if (block < 0 || block >= kv_blocks_)
+                    throw Error("step: row " + std::to_string(b) + " names block " +
+                                std::to_string(block) + ", outside the " +
+                                std::to_string(kv_blocks_) + " blocks");
+            }
+            for (int earlier = 0; earlier < b; ++earlier)
+                if (rows[earlier].block_table == row.block_table && rows[earlier].pos >= row.pos)
+                    throw Error("step: rows of one sequence must come in increasing positions");
+        }
+    }
+
+    // The element-wise steps of prefill and step, a row (token) per call, rows split across
+    // threads.
     //   out, x [rows, dim]
     void rmsnorm_rows(float* out, const float* x, const float* weight, int rows) const {
         const int dim = model_.config.dim;
@@ -303,19 +443,40 @@ private:
                               c.attention_scale};
     }
 
-    // The KV-cache row of layer `layer` at position `pos`.
+    // The contiguous KV cache's row of layer `layer` at position `pos`.
     uint8_t* cache_row(std::vector<uint8_t>& cache, int layer, int pos) const {
         const size_t row_bytes = size_t(model_.config.kv_dim()) * kv_element_bytes(kv_type_);
         return cache.data() + (size_t(layer) * context_ + pos) * row_bytes;
     }
 
+    // The paged KV cache's row `row` (src/kv_cache.h: paged_row) of layer `layer`.
+    uint8_t* paged_slot(std::vector<uint8_t>& cache, int layer, size_t row) const {
+        const size_t row_bytes = size_t(model_.config.kv_dim()) * kv_element_bytes(kv_type_);
+        const size_t layer_rows = size_t(kv_blocks_) * kv_block_size_;
+        return cache.data() + (size_t(layer) * layer_rows + row) * row_bytes;
+    }
+
+    bool paged() const { return kv_blocks_ > 0; }
+
+    void require_contiguous_cache(const char* what) const {
+        if (paged())
+            throw Error(std::string(what) +
+                        ": this backend holds the paged KV cache (BackendOptions::kv_blocks); "
+                        "use step");
+    }
+
     const Model& model_;
     const int context_;
     const KvType kv_type_;
+    const int kv_blocks_;      // 0: the contiguous KV cache of context_ positions
+    const int kv_block_size_;  // positions per block of the paged one
     const int max_batch_;
     const cpu::ResidentWeights weights_;
     InferenceState state_;
-    std::vector<float> all_logits_;  // [context, vocab_size] with BackendOptions::all_logits
+    std::vector<float> all_logits_;    // [context, vocab_size] with BackendOptions::all_logits
+    std::vector<float> step_logits_;   // [rows wanting logits, vocab_size] of the last step
+    std::vector<int> step_positions_;  // [B] each step row's position
+    std::vector<const int*> step_block_tables_;  // [B] each step row's block table
 };
 
 }  // namespace

@@ -159,6 +159,25 @@ void kv_store(void* slot, const float* values, int n, KvType type);
 void attention(float* out, const float* q, int pos, const void* key_cache, const void* value_cache,
                float* scores, const AttentionShape& shape, KvType type);
 
+// One layer of the paged KV cache (src/kv_cache.h): keys and values [blocks, block_size,
+// kv_heads * head_dim] of `type`.
+struct PagedKvLayer {
+    const void* keys;
+    const void* values;
+    int block_size;
+    KvType type;
+};
+
+// Step: query rows q [count, heads * head_dim], row i at position positions[i] of its own
+// sequence, whose keys and values are already in the paged cache, read through its block
+// table block_tables[i]; (row, head) pairs in parallel. Each (row, head) runs the kernels of
+// `attention` in the same order, so its output is bitwise what `attention` gives over a
+// contiguous cache holding the same keys and values, whatever the other rows.
+//   out [count, heads * head_dim]
+void attention_paged(float* out, const float* q, int count, const int* positions,
+                     const int* const* block_tables, const PagedKvLayer& cache,
+                     const AttentionShape& shape);
+
 // Prefill: queries q [count, heads * head_dim] at positions first_pos.., whose keys and
 // values are already in the cache; (token, head) pairs in parallel. out [count, heads * head_dim]
 void attention_batch(float* out, const float* q, int count, int first_pos, const void* key_cache,
