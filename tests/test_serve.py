@@ -212,12 +212,13 @@ def test_max_tokens_and_finish_reason(server):
                                                   max_tokens=5, temperature=0)
     assert response.choices[0].finish_reason == "length"
     assert response.usage.completion_tokens == 5
-    # Without max_tokens the reply may run until the context is full.
+    # Without max_tokens the reply may run until the context is full: as in `run`, the last
+    # token is drawn from the logits of the last position.
     response = server.client().completions.create(model=server.model_id, prompt=PROMPTS[1],
                                                   temperature=0)
     usage = response.usage
     if response.choices[0].finish_reason == "length":
-        assert usage.prompt_tokens + usage.completion_tokens == CONTEXT
+        assert usage.prompt_tokens + usage.completion_tokens == CONTEXT + 1
 
 
 def test_streaming_equals_the_whole_reply(server):
