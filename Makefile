@@ -41,7 +41,12 @@ AVX512_FLAGS := $(SIMD_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq
 VNNI_FLAGS   := $(AVX512_FLAGS) -mavx512vnni
 BF16_FLAGS   := $(AVX512_FLAGS) -mavx512bf16
 LDFLAGS  := -fopenmp
-LDLIBS   :=
+# cpp-httplib (`barellm serve`): Debian's libcpp-httplib-dev, a header and a shared library
+# built with OpenSSL, zlib and brotli, whose defines the header must see the same way.
+HTTPLIB_CFLAGS := $(shell pkg-config --cflags cpp-httplib 2>/dev/null || \
+                    echo -DCPPHTTPLIB_OPENSSL_SUPPORT -DCPPHTTPLIB_ZLIB_SUPPORT \
+                         -DCPPHTTPLIB_BROTLI_SUPPORT)
+LDLIBS   := $(shell pkg-config --libs cpp-httplib 2>/dev/null || echo -lcpp-httplib)
 PYTHON   ?= python3
 
 LIB_SRCS  := $(filter-out src/commands/main.cpp,$(wildcard src/*.cpp src/*/*.cpp))
@@ -162,6 +167,8 @@ $(BUILD)/simde/%.o: src/cpu/%.cpp $(CONFIG)
 $(BUILD)/src/%.o: src/%.cpp $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+$(BUILD)/src/serve/http_server.o: CXXFLAGS += $(HTTPLIB_CFLAGS)
 
 # Catch2's main pulls in std::regex, where GCC 12 with the sanitizers reports a false
 # -Wmaybe-uninitialized inside the standard library's headers.

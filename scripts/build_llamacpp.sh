@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's llama-bench, llama-perplexity, llama-simple (greedy completion),
-# llama-quantize (writes the Q4_K_M, Q5_K_M, Q6_K, ... GGUFs people download) and
-# llama-tokenize (token ids, for tests/test_gemma_tokenizer.py) for CPU, or
+# llama-quantize (writes the Q4_K_M, Q5_K_M, Q6_K, ... GGUFs people download),
+# llama-tokenize (token ids, for tests/test_gemma_tokenizer.py) and llama-server (the HTTP
+# server scripts/load_test.py measures `barellm serve` against) for CPU, or
 # with --cuda for NVIDIA GPUs too, to compare barellm with on the same weights
 # (scripts/compare_llamacpp.sh; dev/gpu/check.sh --stage builds the CUDA one it carries).
 #
@@ -43,7 +44,7 @@
 # dispatch picks its best kernels), Release, no curl.
 set -euo pipefail
 
-usage() { sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 
 [ $# -ge 1 ] || usage
 case "$1" in -h|--help) usage 0 ;; esac
@@ -53,7 +54,7 @@ sdist=""
 cpu_flags=""
 native=(-DGGML_NATIVE=ON)
 cuda_options=()
-targets=(llama-bench llama-perplexity llama-simple llama-quantize llama-tokenize)
+targets=(llama-bench llama-perplexity llama-simple llama-quantize llama-tokenize llama-server)
 jobs=$(nproc 2>/dev/null || echo 2)
 while [ $# -gt 0 ]; do
     case "$1" in

@@ -1,8 +1,10 @@
 // Parsing the command line into Options (cli.h): every flag checked, bad ones refused in one line.
 #include "commands/cli.h"
 
-#include "util/json.h"
+#include <cctype>
+
 #include "tokenizer/unicode.h"
+#include "util/json.h"
 
 namespace barellm {
 
@@ -53,13 +55,26 @@ commands:
       -n N                 decode steps per rung (default 64)
       -p P                 prompt tokens of the CPU's batched-prefill rung (default: N)
       --check-text TEXT    print each rung's greedy completion of TEXT instead
+  serve MODEL              an OpenAI-compatible HTTP server (/v1/completions,
+                           /v1/chat/completions, /v1/models, /health, /metrics) that
+                           batches the requests it holds into one step per token
+      --host H             the address to listen on (default 127.0.0.1)
+      --port P             the port (default 8080; 0: any free one, named on stderr)
+      --parallel N         the most sequences generated at once (default 4); more
+                           requests wait in a queue, beyond 256 they get 503
+      --kv-memory SIZE     bytes of KV cache, e.g. 512M or 2G (default: --parallel
+                           sequences of --ctx, at most half the available memory)
+      --block-size B       positions per KV cache block (default 16)
+      --api-key KEY        requests to /v1/ and /metrics must send
+                           'Authorization: Bearer KEY'
+      and the sampling options below as the defaults of a request's fields
   info MODEL               config, tensors, dtypes and bytes
   tokenize MODEL (-p TEXT | -f FILE) [--bos] [--no-special]
                            print the token ids as one JSON array
   detokenize MODEL -p "[ids...]"
                            print the text of the ids
 
-sampling options (run, chat), applied in llama.cpp's order: repeat penalty, top-k,
+sampling options (run, chat, serve), applied in llama.cpp's order: repeat penalty, top-k,
 top-p, min-p, temperature:
   --repeat-penalty R       divide positive and multiply negative logits of the tokens
                            seen in the last --repeat-last-n tokens by R (default 1, off)
@@ -150,7 +165,29 @@ long long parse_integer(const std::string& flag, const std::string& text, long l
     return value;
 }
 
+size_t parse_size(const std::string& flag, const std::string& text, size_t highest) {
+    const size_t digits = digits_from(text, 0);
+    std::string unit = text.substr(digits);
+    for (char& c : unit) c = char(std::toupper(static_cast<unsigned char>(c)));
+    size_t scale = 0;
+    for (const auto& [name, bytes] :
+         {std::pair{"", size_t(1)}, std::pair{"K", size_t(1) << 10},
+          std::pair{"M", size_t(1) << 20}, std::pair{"G", size_t(1) << 30}}) {
+        const std::string base = name;
+        if (unit == base || (!base.empty() && (unit == base + "B" || unit == base + "IB")))
+            scale = bytes;
+    }
+    const std::string needs = flag + " needs a size in bytes, e.g. 1048576, 512M or 2G, at most " +
+                              std::to_string(highest >> 30) + "G, got " + quoted_excerpt(text);
+    if (digits == 0 || digits > 12 || scale == 0) throw UsageError(needs);
+    const size_t number = std::stoull(text.substr(0, digits));
+    if (number == 0 || number > highest / scale) throw UsageError(needs);
+    return number * scale;
+}
+
 namespace {
+
+constexpr size_t kMaxKvMemory = size_t(1) << 40;  // 1 TiB: beyond any machine's memory
 
 constexpr float kMaxTemperature = 100.0f;
 constexpr float kMaxRepeatPenalty = 100.0f;
@@ -269,6 +306,24 @@ Options parse_options(int argc, const char* const* argv) {
         } else if (arg == "--check-text") {
             options.check_text = value();
             options.has_check_text = true;
+        } else if (arg == "--host" || arg == "--port" || arg == "--parallel" ||
+                   arg == "--kv-memory" || arg == "--block-size" || arg == "--api-key") {
+            if (options.serve_flag.empty()) options.serve_flag = arg;
+            if (arg == "--host") {
+                options.host = value();
+                if (options.host.empty()) throw UsageError("--host needs an address");
+            } else if (arg == "--port") {
+                options.port = int(parse_integer(arg, value(), 0, 65535));
+            } else if (arg == "--parallel") {
+                options.parallel = int(parse_integer(arg, value(), 1, 256));
+            } else if (arg == "--kv-memory") {
+                options.kv_memory = parse_size(arg, value(), kMaxKvMemory);
+            } else if (arg == "--block-size") {
+                options.block_size = int(parse_integer(arg, value(), 1, 1024));
+            } else {
+                options.api_key = value();
+                if (options.api_key.empty()) throw UsageError("--api-key needs a non-empty key");
+            }
         } else if (arg.size() > 1 && arg[0] == '-') {
             throw UsageError("unknown option " + arg);
         } else {
@@ -282,6 +337,13 @@ Options parse_options(int argc, const char* const* argv) {
     options.model_path = positional[1];
     if (options.system && !options.chat && options.command != "chat")
         throw UsageError("--system needs --chat (or the chat command)");
+    if (!options.serve_flag.empty() && options.command != "serve")
+        throw UsageError(options.serve_flag + " is for serve");
+    if (options.command == "serve" && (options.has_prompt || options.has_file || options.chat ||
+                                       options.has_generate || !options.stop_strings.empty()))
+        throw UsageError(
+            "serve takes its prompts, lengths and stop strings over HTTP: no -p, -f, -n, --stop "
+            "or --chat");
     if ((options.no_think || options.show_think) && !options.chat)
         throw UsageError(std::string(options.no_think ? "--no-think" : "--show-think") +
                          " needs --chat");

@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "backend.h"
-#include "util/error.h"
 #include "generation/sampler.h"
+#include "util/error.h"
 
 namespace barellm {
 
@@ -47,10 +47,22 @@ struct Options {
     bool show_think = false;            // run --chat --show-think: print <think> blocks
     std::string check_text;             // ladder --check-text
     bool has_check_text = false;
+    // serve:
+    std::string host = "127.0.0.1";
+    int port = 8080;
+    int parallel = 4;        // sequences in the running batch
+    size_t kv_memory = 0;    // bytes of the paged KV cache; 0: --parallel sequences of --ctx
+    int block_size = 16;     // positions per KV block
+    std::string api_key;     // "": none
+    std::string serve_flag;  // the first serve-only flag given (refused by other commands)
 };
 
 // Parses argv; throws UsageError for anything malformed. "-h"/"--help" give command "help".
 Options parse_options(int argc, const char* const* argv);
+
+// Parses a size in bytes: digits with an optional K, M or G (KiB, MiB, GiB; "KB", "KiB" and
+// lower case too) in [1, highest]; throws UsageError naming `flag`.
+size_t parse_size(const std::string& flag, const std::string& text, size_t highest);
 
 // Parses a whole decimal integer in [lowest, highest]; throws UsageError naming `flag`.
 long long parse_integer(const std::string& flag, const std::string& text, long long lowest,

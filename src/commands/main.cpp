@@ -1,4 +1,4 @@
-// barellm command line: run, chat, ppl, bench, ladder, info, tokenize, detokenize.
+// barellm command line: run, chat, serve, ppl, bench, ladder, info, tokenize, detokenize.
 // Every failure arrives here as a barellm::Error and is printed as one line.
 #include <omp.h>
 #include <unistd.h>
@@ -13,20 +13,23 @@
 
 #include "backend.h"
 #include "commands/bench.h"
-#include "generation/chat_session.h"
 #include "commands/cli.h"
+#include "commands/ladder.h"
 #include "cpu/kernels.h"
+#include "generation/chat_session.h"
+#include "generation/generate.h"
+#include "generation/sampler.h"
+#include "serve/http_server.h"
+#include "serve/scheduler.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/files.h"
-#include "generation/generate.h"
 #include "util/json.h"
-#include "commands/ladder.h"
 #include "util/machine.h"
-#include "weights/model.h"
-#include "generation/sampler.h"
+#include "util/memory.h"
 #include "util/terminal.h"
 #include "util/timing.h"
-#include "tokenizer/tokenizer.h"
+#include "weights/model.h"
 
 using namespace barellm;
 
@@ -138,6 +141,70 @@ int command_chat(const Options& options) {
     if (const auto model_file = file_identity(options.model_path))
         settings.inputs.push_back(*model_file);
     return run_chat(model, tokenizer, *backend, sampler, format, settings);
+}
+
+// The blocks of serve's paged KV cache: --kv-memory's worth, else enough for --parallel
+// sequences of the whole context, as far as half the available memory allows. Either way at
+// least the blocks one sequence of the whole context needs.
+int serve_kv_blocks(const Options& options, const Config& config, int context) {
+    const size_t block_bytes = size_t(config.layers) * config.kv_heads * config.head_dim * 2 *
+                               kv_element_bytes(options.kv_type) * options.block_size;
+    const size_t per_sequence = (size_t(context) + options.block_size - 1) / options.block_size;
+    size_t blocks = per_sequence * options.parallel;
+    if (options.kv_memory > 0) {
+        blocks = options.kv_memory / block_bytes;
+        if (blocks < per_sequence)
+            throw Error("--kv-memory " + std::to_string(options.kv_memory) + " holds " +
+                        std::to_string(blocks) + " KV blocks of " +
+                        std::to_string(options.block_size) + " positions (" +
+                        std::to_string(block_bytes) + " bytes each); one sequence of --ctx " +
+                        std::to_string(context) + " needs " + std::to_string(per_sequence));
+    } else if (const size_t available = available_memory_bytes();
+               available > 0 && blocks * block_bytes > available / 2) {
+        blocks = std::max(per_sequence, available / 2 / block_bytes);
+        std::fprintf(stderr,
+                     "barellm: %zu KV blocks (%zu MiB, half the available memory) hold fewer "
+                     "than --parallel %d sequences of --ctx %d; longer ones wait or are "
+                     "preempted\n",
+                     blocks, blocks * block_bytes >> 20, options.parallel, context);
+    }
+    constexpr size_t kMaxBlocks = size_t(1) << 30;
+    return int(std::min(blocks, kMaxBlocks));
+}
+
+int command_serve(const Options& options) {
+    const auto [model, tokenizer] = load_model_and_tokenizer(options.model_path);
+    const Config& config = model.config;
+    const int context = context_length(options, config, kDefaultContextCap);
+    if (context < 2) throw Error("serve needs --ctx of at least 2: a prompt and a reply");
+    BackendOptions backend_options{context, options.kv_type, options.device};
+    backend_options.kv_blocks = serve_kv_blocks(options, config, context);
+    backend_options.kv_block_size = options.block_size;
+    auto backend = make_backend_saying_device(model, backend_options);
+
+    serve::ServerOptions server;
+    server.host = options.host;
+    server.port = options.port;
+    server.api_key = options.api_key;
+    const size_t slash = options.model_path.find_last_of('/');
+    server.model_id =
+        slash == std::string::npos ? options.model_path : options.model_path.substr(slash + 1);
+    server.context = context;
+    server.parallel = options.parallel;
+    server.sampling = options.sampling;
+    if (options.has_seed) server.seed = options.seed;
+    try {
+        server.chat = load_chat_format(model, tokenizer, "/v1/chat/completions");
+    } catch (const Error& e) {
+        server.no_chat = e.what();
+    }
+    serve::SchedulerOptions scheduling;
+    scheduling.parallel = options.parallel;
+    scheduling.context = context;
+    serve::Scheduler scheduler(*backend, config, tokenizer, scheduling, backend_options.kv_blocks,
+                               options.block_size);
+    serve::serve_http(config, tokenizer, scheduler, server);
+    return 0;
 }
 
 // Perplexity as llama.cpp's llama-perplexity computes it: the text tokenized once with
@@ -376,11 +443,15 @@ int run_command(const Options& options) {
     }
     start_threads(options);
     using Command = int (*)(const Options&);
-    static const std::map<std::string, Command> commands = {
-        {"run", command_run},           {"chat", command_chat},
-        {"ppl", command_ppl},           {"info", command_info},
-        {"bench", command_bench},       {"ladder", run_ladder_command},
-        {"tokenize", command_tokenize}, {"detokenize", command_detokenize}};
+    static const std::map<std::string, Command> commands = {{"run", command_run},
+                                                            {"chat", command_chat},
+                                                            {"serve", command_serve},
+                                                            {"ppl", command_ppl},
+                                                            {"info", command_info},
+                                                            {"bench", command_bench},
+                                                            {"ladder", run_ladder_command},
+                                                            {"tokenize", command_tokenize},
+                                                            {"detokenize", command_detokenize}};
     const auto command = commands.find(options.command);
     if (command == commands.end())
         throw UsageError("unknown command " + quoted_excerpt(options.command));

@@ -1,0 +1,118 @@
+// The OpenAI protocol of `barellm serve`, as pure functions: request bodies parsed and checked
+// into plain structs (every wrong field refused with an ApiError naming it), and the response,
+// stream-chunk and error objects built from plain values. No I/O, no model: the unit tests
+// (tests/test_openai_api.cpp) run them alone; src/serve/http_server.cpp puts them on the wire.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tokenizer/chat.h"
+#include "util/error.h"
+
+namespace barellm::serve {
+
+// A request refused: the HTTP status and OpenAI's error object {"error": {"message", "type",
+// "param", "code"}} (error_body). `param` and `code` are "" when they are null.
+struct ApiError : Error {
+    ApiError(int status, const std::string& message, std::string param = "", std::string code = "");
+    int status;
+    std::string type;  // "invalid_request_error", "authentication_error", ... from the status
+    std::string param;
+    std::string code;
+};
+
+constexpr int kMaxStopStrings = 4;  // OpenAI's limit
+
+// The fields both endpoints share; absent (or null) fields stay empty and the server's
+// defaults apply.
+struct GenerationFields {
+    std::string model;              // "" when absent
+    std::optional<int> max_tokens;  // max_tokens, or max_completion_tokens; >= 1
+    std::optional<float> temperature, top_p, min_p, repeat_penalty;
+    std::optional<int> top_k;
+    std::optional<uint64_t> seed;   // any 64-bit integer, negative ones as their bits
+    std::vector<std::string> stop;  // at most kMaxStopStrings, each non-empty
+    bool stream = false;
+    bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
+};
+
+// POST /v1/completions: prompt as a string, a list of one string, a list of token ids or a
+// list of one list of token ids (the ids are checked against the vocabulary later).
+struct CompletionRequest {
+    GenerationFields fields;
+    std::string prompt_text;
+    std::vector<int> prompt_ids;
+    bool has_prompt_ids = false;
+};
+
+struct ChatMessage {
+    std::string role;  // "system" ("developer" is read as "system"), "user" or "assistant"
+    std::string content;
+};
+
+// POST /v1/chat/completions.
+struct ChatRequest {
+    GenerationFields fields;
+    std::vector<ChatMessage> messages;
+};
+
+// Parse a request body; ApiError 400 for anything malformed: not JSON, not an object, a
+// field of the wrong type or out of range, n other than 1, more than 4 stop strings.
+CompletionRequest parse_completion_request(std::string_view body);
+ChatRequest parse_chat_request(std::string_view body);
+
+// The text a chat template renders for `messages`: an optional system message first, then
+// user and assistant messages in turn, ending with a user message. The first user message is
+// rendered with the system message by render_chat, each assistant message follows as the
+// template writes it (trimmed by Llama 3 and Gemma; trimmed after a space by Llama-2-chat;
+// as it is by ChatML and Mistral), and each later user message by render_next_turn: the
+// text Hugging Face's apply_chat_template gives for the conversation. ApiError 400 for any other order
+// and for what the template refuses (a system message where it has none, an empty BOS or EOS
+// text it needs).
+std::string render_conversation(const ChatTemplate& chat, const std::vector<ChatMessage>& messages,
+                                const std::string& bos_text, const std::string& eos_text);
+
+// What every response object names.
+struct ResponseHeader {
+    std::string id;       // "cmpl-..." or "chatcmpl-..."
+    int64_t created = 0;  // Unix seconds
+    std::string model;
+};
+
+struct Usage {
+    int prompt_tokens = 0;
+    int completion_tokens = 0;
+};
+
+// finish_reason is "stop" or "length"; "" writes null (a chunk before the last).
+nlohmann::json completion_response(const ResponseHeader& header, const std::string& text,
+                                   const std::string& finish_reason, const Usage& usage);
+nlohmann::json completion_chunk(const ResponseHeader& header, const std::string& text,
+                                const std::string& finish_reason);
+nlohmann::json chat_response(const ResponseHeader& header, const std::string& text,
+                             const std::string& finish_reason, const Usage& usage);
+// The first chunk of a chat stream carries the role: {"role": "assistant", "content": ""}.
+nlohmann::json chat_role_chunk(const ResponseHeader& header);
+// A chunk with `text` as its delta's content, or with an empty delta when finish_reason is
+// given.
+nlohmann::json chat_chunk(const ResponseHeader& header, const std::string& text,
+                          const std::string& finish_reason);
+// The chunk after the last when stream_options.include_usage: no choices, the usage.
+nlohmann::json usage_chunk(const ResponseHeader& header, bool chat, const Usage& usage);
+nlohmann::json usage_object(const Usage& usage);
+
+// GET /v1/models: the one model the server holds.
+nlohmann::json models_response(const std::string& model, int64_t created);
+
+nlohmann::json error_body(const ApiError& error);
+
+// One server-sent event: "data: " + the object's JSON + "\n\n"; the stream ends with
+// kSseDone.
+std::string sse_event(const nlohmann::json& object);
+extern const char* const kSseDone;
+
+}  // namespace barellm::serve
