@@ -299,6 +299,7 @@ struct PlannedSequence {
     std::vector<int> tokens;
     std::vector<int> block_table;
     std::vector<int> chunks;
+    bool logits = true;  // false: no row of the sequence wants its logits
 };
 
 // Logits of a plan's rows: [sequence][position], empty where the row did not ask for them.
@@ -306,7 +307,7 @@ using PlanLogits = std::vector<std::vector<std::vector<float>>>;
 
 // Runs the plan's steps on `backend`: step i holds chunk i of every sequence, the rows of the
 // sequences interleaved at random (each sequence's in increasing positions); a row wants its
-// logits at random, and always at the end of its chunk.
+// logits at random, and always at the end of its chunk (if its sequence wants any).
 PlanLogits run_plan(Backend& backend, const std::vector<PlannedSequence>& plan, std::mt19937& rng) {
     const int vocab = 67;
     PlanLogits logits(plan.size());
@@ -328,8 +329,8 @@ PlanLogits run_plan(Backend& backend, const std::vector<PlannedSequence>& plan, 
         for (int s : owners) {
             const int pos = next[s]++;
             const bool last = --remaining[s] == 0;
-            rows.push_back(
-                {plan[s].tokens[pos], pos, plan[s].block_table.data(), last || rng() % 2 == 0});
+            rows.push_back({plan[s].tokens[pos], pos, plan[s].block_table.data(),
+                            plan[s].logits && (last || rng() % 2 == 0)});
         }
         const float* out = backend.step(rows.data(), int(rows.size()));
         for (size_t r = 0, wanting = 0; r < rows.size(); ++r) {
@@ -448,8 +449,9 @@ TEST_CASE("a row's logits do not depend on the rows that share its step") {
         }
         auto batched = make_cpu_backend(model, paged_options(blocks, block_size, KvType::F16));
         const PlanLogits batched_logits = run_plan(*batched, together, rng);
-        // Each sequence again, one token a step, beside a different sequence (steps of two
-        // rows: one row runs forward's kernels, below), in other blocks.
+        // Each sequence again, one token a step, beside a different sequence that wants no
+        // logits (steps of two rows, one wanting logits; one row alone runs forward's kernels,
+        // below), in other blocks.
         for (size_t s = 0; s < together.size(); ++s) {
             const int length = int(together[s].tokens.size());
             beside[0].tokens = together[s].tokens;
@@ -458,6 +460,7 @@ TEST_CASE("a row's logits do not depend on the rows that share its step") {
                 beside[i].chunks.assign(length, 1);
                 beside[i].block_table = {free_blocks.at((next_free + i) % blocks)};
             }
+            beside[1].logits = false;
             auto other = make_cpu_backend(model, paged_options(blocks, block_size, KvType::F16));
             const PlanLogits beside_logits = run_plan(*other, beside, rng);
             for (int pos = 0; pos < length; ++pos) {

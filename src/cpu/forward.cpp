@@ -185,12 +185,13 @@ public:
 
     // Row independence: in a step of two rows or more, a row's logits depend only on its
     // token, its position and its own sequence's keys and values, never on which rows share
-    // the step or how many: every kernel computes each row on its own in a fixed order (the
-    // GEMMs' per-token sums, the element-wise steps, attention_paged per (row, head)), so the
-    // bits are the same in any batch, for every weight type (block types: in any batch on the
-    // same side of 8 rows, cpu::gemm). A step of one row runs forward's
-    // kernels (matvecs, the same attention sums) and gives forward's bits; it differs from a
-    // batched row by rounding (a matvec and a GEMM sum in different orders).
+    // the step or how many, or how many want logits: every kernel computes each row on its
+    // own in a fixed order (the GEMMs' per-token sums, the element-wise steps,
+    // attention_paged per (row, head)), so the bits are the same in any batch, for every
+    // weight type (block types: in any batch on the same side of 8 rows, cpu::gemm). A step
+    // of one row runs forward's kernels (matvecs, the same attention sums) and gives forward's
+    // bits; they differ from a batched row's by rounding (a matvec and a GEMM sum in
+    // different orders). Returns nullptr when no row wants logits.
     const float* step(const StepRow* rows, int count) override {
         const Config& c = model_.config;
         InferenceState& s = state_;
@@ -215,7 +216,12 @@ public:
                            "the logits of " + std::to_string(wanting) + " rows");
             step_logits_.resize(logits_floats);
         }
-        multiply(s.xb.data(), wanting, {{step_logits_.data(), &weights_.output}});
+        // The GEMM for a step of several rows even when one wants logits: its bits then do not
+        // depend on how many do.
+        if (count > 1)
+            cpu::gemm(step_logits_.data(), s.xb.data(), wanting, weights_.output);
+        else
+            multiply(s.xb.data(), 1, {{step_logits_.data(), &weights_.output}});
         return step_logits_.data();
     }
 
