@@ -193,12 +193,13 @@ public:
         // Batched prefill with the fast kernels; the GPU ladder's simpler rungs, a head size
         // whose attention tiles exceed the GPU's shared memory and a model whose layer
         // matrices take different GEMM input dtypes prefill token by token. The paged cache's
-        // step runs on the batched kernels (but for attention_prefill) or not at all.
+        // step runs on the batched kernels (but for attention_prefill) or not at all, its rows
+        // from several sequences (not bounded by one sequence's context).
         const bool batched = options.cuda_kernels == CudaKernels::Fast && layers_share_gemm_input();
         if (batched && (paged() || cuda::attention_prefill_shared_bytes(c.head_dim) <=
                                        properties.sharedMemPerBlockOptin))
-            prefill_batch_ = std::min(context_, kMaxBatch);
-        if (paged()) check_paged(batched);
+            prefill_batch_ = paged() ? kMaxBatch : std::min(context_, kMaxBatch);
+        if (kv_blocks_ != 0) check_paged(batched);
 
         cudaStream_t stream = nullptr;
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -666,6 +667,9 @@ private:
     }
 
     void check_paged(bool batched) const {
+        if (kv_blocks_ < 0)
+            throw Error("the paged KV cache needs at least 1 block, not " +
+                        std::to_string(kv_blocks_));
         if (kv_block_size_ < 1)
             throw Error("the paged KV cache needs blocks of at least 1 position, not " +
                         std::to_string(kv_block_size_));
