@@ -2,7 +2,8 @@
 // other families change where the model has it: Qwen2's q/k/v biases, Qwen3's per-head q/k
 // norms, and Gemma 3's scaled embedding, norms of the sub-blocks' outputs, GeGLU, sliding
 // layers with their own RoPE base, and attention scale (Gemma's norms, x · (1 + w), are plain
-// RMSNorms here: the weight file holds the multipliers 1 + w).
+// RMSNorms here: the weight file holds the multipliers 1 + w); and Mixtral's and Qwen3-MoE's
+// sparse layers, whose feed-forward is a mixture of experts (cpu/moe.h).
 // `forward` runs one token (decode); `prefill` runs a batch of tokens as matrices.
 #include <algorithm>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "backend.h"
 #include "commands/bench.h"
 #include "cpu/kernels.h"
+#include "cpu/moe.h"
 #include "cpu/resident_weights.h"
 #include "util/error.h"
 #include "util/memory.h"
@@ -51,14 +53,16 @@ public:
           max_batch_(std::min(options.context, kMaxBatch)),
           // The layer and output matrices copied to 2 MiB pages; Q8 and Q4 ones in tiles of
           // 16 rows where the AVX-512 VNNI kernels will read them (cpu/resident_weights.h).
-          weights_(cpu::resident_weights(model, cpu::uses_row_tiles())) {
+          weights_(cpu::resident_weights(model, cpu::uses_row_tiles())),
+          experts_(model.config, max_batch_) {
         const Config& c = model.config;
         const size_t cache_bytes =
             size_t(c.layers) * context_ * c.kv_dim() * kv_element_bytes(kv_type_);
         const size_t B = max_batch_;
         const size_t activation_floats =
             B * (4 * size_t(c.dim) + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * size_t(c.hidden_dim)) +
-            size_t(c.heads) * context_ + c.vocab_size;
+            size_t(c.heads) * context_ + c.vocab_size +
+            cpu::MixtureOfExperts::buffer_floats(c, max_batch_);
         const size_t all_logits_floats = options.all_logits ? size_t(context_) * c.vocab_size : 0;
         const std::string what = options.all_logits
                                      ? "the KV cache, activations and logits of every position"
@@ -137,12 +141,13 @@ public:
 
             // Feed-forward: x += w2 · (act(w1 · norm(x)) * (w3 · norm(x)))
             //   (act: silu, SwiGLU; Gemma: gelu_tanh, GeGLU, and w2's output RMS-normed
-            //    before the add)
+            //    before the add; a sparse layer: the router picks k experts, and the sum of
+            //    their feed-forwards, weighted by the router, takes the place of w1, w3, w2)
             cpu::rmsnorm(s.xb.data(), s.x.data(), w.ffn_norm, c.dim, c.norm_eps);
-            cpu::matvec_many(
-                {{s.gate.data(), s.xb.data(), &w.w1}, {s.up.data(), s.xb.data(), &w.w3}});
-            gated_activation(s.gate.data(), s.up.data());
-            cpu::matvec(s.proj.data(), s.gate.data(), w.w2);
+            if (c.is_sparse(l))
+                experts_.decode(s.proj.data(), s.xb.data(), w);
+            else
+                dense_ffn(w);
             post_norm(s.proj.data(), w.post_ffn_norm, 1);
             for (int i = 0; i < c.dim; ++i) s.x[i] += s.proj[i];
         }
@@ -210,14 +215,10 @@ private:
             add_rows(s.x.data(), s.proj.data(), B);
 
             rmsnorm_rows(s.xb.data(), s.x.data(), w.ffn_norm, B);
-            cpu::gemm_many(s.xb.data(), B, {{s.gate.data(), &w.w1}, {s.up.data(), &w.w3}});
-            const size_t activation_cost =
-                c.activation == Activation::GeluTanh ? kGegluCost : kSwigluCost;
-            cpu::for_each_row(B, c.hidden_dim * activation_cost, [&](int b) {
-                const size_t row = size_t(b) * c.hidden_dim;
-                gated_activation(&s.gate[row], &s.up[row]);
-            });
-            cpu::gemm(s.proj.data(), s.gate.data(), B, w.w2);
+            if (c.is_sparse(l))
+                experts_.prefill(s.proj.data(), s.xb.data(), B, w);
+            else
+                dense_ffn_rows(w, B);
             post_norm(s.proj.data(), w.post_ffn_norm, B);
             add_rows(s.x.data(), s.proj.data(), B);
         }
@@ -231,6 +232,28 @@ private:
         cpu::rmsnorm(last_x, last_x, model_.final_norm, c.dim, c.norm_eps);
         cpu::matvec(s.logits.data(), last_x, weights_.output);
         return s.logits.data();
+    }
+
+    // The dense feed-forward of one token: proj = w2 · (act(w1 · xb) * (w3 · xb)).
+    void dense_ffn(const LayerWeights& w) {
+        InferenceState& s = state_;
+        cpu::matvec_many({{s.gate.data(), s.xb.data(), &w.w1}, {s.up.data(), s.xb.data(), &w.w3}});
+        gated_activation(s.gate.data(), s.up.data());
+        cpu::matvec(s.proj.data(), s.gate.data(), w.w2);
+    }
+
+    // The same for the B rows of xb, into the B rows of proj.
+    void dense_ffn_rows(const LayerWeights& w, int B) {
+        const Config& c = model_.config;
+        InferenceState& s = state_;
+        cpu::gemm_many(s.xb.data(), B, {{s.gate.data(), &w.w1}, {s.up.data(), &w.w3}});
+        const size_t activation_cost =
+            c.activation == Activation::GeluTanh ? kGegluCost : kSwigluCost;
+        cpu::for_each_row(B, c.hidden_dim * activation_cost, [&](int b) {
+            const size_t row = size_t(b) * c.hidden_dim;
+            gated_activation(&s.gate[row], &s.up[row]);
+        });
+        cpu::gemm(s.proj.data(), s.gate.data(), B, w.w2);
     }
 
     // The element-wise steps of prefill, a row (token) per call, rows split across threads.
@@ -314,6 +337,7 @@ private:
     const KvType kv_type_;
     const int max_batch_;
     const cpu::ResidentWeights weights_;
+    cpu::MixtureOfExperts experts_;  // the sparse layers' feed-forward
     InferenceState state_;
     std::vector<float> all_logits_;  // [context, vocab_size] with BackendOptions::all_logits
 };
