@@ -290,6 +290,14 @@ def test_info_shows_the_experts(tmp_path):
     total = int(result.stdout.split("parameters      ")[1].split()[0])
     active = int(result.stdout.split("active parameters ")[1].split()[0])
     assert total - active == layers * (12 - 3) * 3 * dim * width
+    # bench's bytes per token: the dense model's less the experts not chosen (f32 matrices).
+    read = int(result.stdout.split("weight bytes read per token ")[1].split()[0])
+    file_matrices = sum(int(line.split()[2]) for line in
+                        result.stdout.split("matrix types")[1].splitlines()[1:]
+                        if line.startswith("                F"))
+    norms = 4 * (2 * dim * 3 + dim + 2 * 18 * 3 + layers * 12 * dim)  # + q/k norms, routers
+    embedding = 4 * c["vocab_size"] * dim  # read a row at a time, not counted
+    assert read == file_matrices - embedding - layers * (12 - 3) * 3 * 4 * dim * width + norms
 
 
 @pytest.mark.parametrize("model_type,message", [
