@@ -2,7 +2,8 @@
 """Independent numpy reference of the Llama forward pass.
 
 Computes what transformers' LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM /
-Qwen3ForCausalLM / Gemma3ForCausalLM / MixtralForCausalLM / Qwen3MoeForCausalLM compute (with the weights upcast, math in float64):
+Qwen3ForCausalLM / Gemma3ForCausalLM / MixtralForCausalLM / Qwen3MoeForCausalLM compute (with
+the weights upcast, math in float64):
 RMSNorm, rotate-half RoPE (default, linear and llama3 scaling), grouped-query causal attention
 (Mistral's sliding window, Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm before RoPE, a
 sliding window on the layers from max_window_layers on), SwiGLU MLP, tied or separate output

@@ -340,3 +340,76 @@ def test_the_loader_refuses_bad_expert_fields(tmp_path, edit, message):
     result = barellm("info", edited)
     assert result.returncode != 0 and message in result.stderr
     assert result.stderr.count("\n") == 1
+
+
+# ---- GGUF input (llama.cpp's names: a llama file with experts, qwen3moe) ----------------
+
+GGUF_CONFIGS = {
+    "mixtral": CONFIGS["mixtral"],
+    # llama.cpp's qwen3moe: every layer sparse, the chosen weights rescaled.
+    "qwen3_moe": {**CONFIGS["qwen3_moe"], "mlp_only_layers": [], "norm_topk_prob": True},
+}
+
+
+@pytest.mark.parametrize("name", sorted(GGUF_CONFIGS))
+@pytest.mark.parametrize("gguf_type,dtype", [("f32", "f32"), ("f16", "f16")])
+def test_a_gguf_file_converts_to_the_checkpoints_file(tmp_path, name, gguf_type, dtype):
+    """The checkpoint written as llama.cpp's GGUF (scripts/gguf_from_hf.py: Mixtral as llama
+    with expert_count, q and k rows interleaved; Qwen3-MoE as qwen3moe; the experts stacked
+    in ffn_*_exps, the routers in ffn_gate_inp) converts back to the checkpoint's own file:
+    config, every tensor, logits."""
+    gguf = pytest.importorskip("gguf", reason="pip package gguf missing")
+    from test_convert_gguf import gguf_from_hf
+    config = GGUF_CONFIGS[name]
+    hf = checkpoint(tmp_path, name, config)
+    source = gguf_from_hf(hf, tmp_path / "m.gguf", "--type", gguf_type)
+    reader = gguf.GGUFReader(str(source))
+    arch = reader.fields["general.architecture"].contents()
+    assert arch == {"mixtral": "llama", "qwen3_moe": "qwen3moe"}[name]
+    assert reader.fields[f"{arch}.expert_count"].contents() == reference.hf_experts(config)[
+        "experts"]
+    shapes = {t.name: tuple(int(d) for d in t.shape) for t in reader.tensors}
+    experts, width = (reference.hf_experts(config)[k] for k in ("experts", "moe_hidden_dim"))
+    assert shapes["blk.0.ffn_gate_exps.weight"] == (config["hidden_size"], width, experts)
+    assert shapes["blk.0.ffn_down_exps.weight"] == (width, config["hidden_size"], experts)
+    result = run(CONVERT, source, "-o", tmp_path / "gguf.bin")
+    assert result.returncode == 0, result.stderr
+    from_gguf = str(tmp_path / "gguf.bin")
+    direct = convert(hf, tmp_path / "hf.bin", dtype)
+    header_a, a = read_raw(from_gguf)[1:3]
+    header_b, b = read_raw(direct)[1:3]
+    config_a = json.loads(header_a["__metadata__"]["barellm.config"])
+    config_b = json.loads(header_b["__metadata__"]["barellm.config"])
+    for key in ("architecture", "experts", "experts_per_token", "moe_hidden_dim",
+                "norm_topk_prob", "qk_norm", "dim", "hidden_dim", "head_dim"):
+        assert config_a.get(key) == config_b.get(key), key
+    assert sorted(a) == sorted(b)
+    for tensor in a:
+        assert np.array_equal(a[tensor], b[tensor]), tensor
+    assert np.array_equal(barellm_logits(from_gguf, IDS, "--kv", "f32"),
+                          barellm_logits(direct, IDS, "--kv", "f32"))
+
+
+def test_a_gguf_file_with_shared_experts_is_refused(tmp_path):
+    from test_convert_gguf import gguf_from_hf
+    hf = checkpoint(tmp_path, "mixtral")
+    source = gguf_from_hf(hf, tmp_path / "m.gguf", "--type", "f32")
+    gguf = pytest.importorskip("gguf")
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(tmp_path / "shared.gguf"), "llama")
+    for field in reader.fields.values():
+        if field.name.startswith("GGUF.") or field.name == "general.architecture":
+            continue
+        writer.add_key_value(field.name, field.contents(), field.types[0],
+                             field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY
+                             else None)
+    writer.add_uint32("llama.expert_shared_count", 1)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, np.asarray(tensor.data), raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    result = run(CONVERT, tmp_path / "shared.gguf", "-o", tmp_path / "m.bin")
+    assert result.returncode == 1
+    assert "'llama.expert_shared_count': shared experts are not supported" in result.stderr
