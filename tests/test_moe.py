@@ -413,3 +413,13 @@ def test_a_gguf_file_with_shared_experts_is_refused(tmp_path):
     result = run(CONVERT, tmp_path / "shared.gguf", "-o", tmp_path / "m.bin")
     assert result.returncode == 1
     assert "'llama.expert_shared_count': shared experts are not supported" in result.stderr
+
+
+def test_the_ladder_refuses_a_mixture_of_experts(tmp_path):
+    """The ladder's rungs are dense forward passes: one line, no crash."""
+    model = convert(checkpoint(tmp_path, "mixtral"), tmp_path / "m.bin", "f32")
+    result = barellm("ladder", model, "-n", "4")
+    assert result.returncode == 1
+    assert result.stderr.strip().endswith("ladder runs dense models; mixtral has a mixture of "
+                                          "experts (use bench)")
+    assert result.stderr.count("\n") == 1
