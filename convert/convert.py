@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 3 checkpoint, or a GGUF file of
-llama.cpp, into one barellm weight file.
+"""Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 3/Mixtral/Qwen3-MoE checkpoint, or a
+GGUF file of llama.cpp, into one barellm weight file.
 
     python3 convert/convert.py HF_DIR -o OUT [--dtype DTYPE] [--barellm PATH]
     python3 convert/convert.py MODEL.gguf -o OUT [--dtype DTYPE] [--barellm PATH]
@@ -57,6 +57,21 @@ CONFIG_DEFAULTS = {
               "max_window_layers": 28},
     "qwen3": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "sliding_window": 4096,
               "max_window_layers": 28, "head_dim": 128},
+    # Mixture-of-experts models (MOE_DEFAULTS adds their experts' defaults).
+    "mixtral": {"max_position_embeddings": 4096 * 32, "rms_norm_eps": 1e-5,
+                "sliding_window": None},
+    "qwen3_moe": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+                  "sliding_window": 4096},
+}
+# transformers' defaults of the mixture-of-experts keys: Mixtral routes each token to 2 of 8
+# experts of width intermediate_size and always rescales their weights to sum to 1; Qwen3-MoE
+# to num_experts_per_tok of num_experts of width moe_intermediate_size, rescaled with
+# norm_topk_prob, its layers sparse where (layer + 1) % decoder_sparse_step == 0 unless listed
+# in mlp_only_layers.
+MOE_DEFAULTS = {
+    "mixtral": {"num_local_experts": 8, "num_experts_per_tok": 2},
+    "qwen3_moe": {"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                  "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": None},
 }
 # transformers' Gemma3TextConfig defaults: the text part of a multimodal Gemma 3 config
 # (4B and up) gives little more than its sizes.
@@ -78,11 +93,29 @@ GEMMA3_ACTIVATION = "gelu_pytorch_tanh"
 SOFTCAPPING_KEYS = ("attn_logit_softcapping", "final_logit_softcapping")
 # The barellm architecture (docs/FORMAT.md) of each model_type.
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-                 "gemma3_text": "gemma3"}
-# Mixture-of-experts model types, refused with what barellm lacks for them.
-MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe", "mixtral")
+                 "gemma3_text": "gemma3", "mixtral": "mixtral", "qwen3_moe": "qwen3_moe"}
+# Mixture-of-experts model types barellm does not run, with what it lacks for them.
+UNSUPPORTED_MOE = {
+    "qwen2_moe": "Qwen2-MoE's shared expert and its sigmoid gate are not implemented (mixtral "
+                 "and qwen3_moe are)",
+    "deepseek_v2": "DeepSeek's shared experts and grouped routing are not implemented",
+    "deepseek_v3": "DeepSeek's shared experts and grouped routing are not implemented",
+}
 MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "num_experts_per_tok",
             "moe_intermediate_size")
+# A sparse layer's tensors: the router (kept in F32, as barellm computes it) and each
+# expert's three matrices, stacked expert after expert into one tensor each (docs/FORMAT.md).
+# Per model type: the router's Hugging Face name and each expert's, {expert} its index.
+MOE_TENSORS = {
+    "mixtral": ("block_sparse_moe.gate.weight",
+                {"w1": "block_sparse_moe.experts.{expert}.w1.weight",
+                 "w3": "block_sparse_moe.experts.{expert}.w3.weight",
+                 "w2": "block_sparse_moe.experts.{expert}.w2.weight"}),
+    "qwen3_moe": ("mlp.gate.weight",
+                  {"w1": "mlp.experts.{expert}.gate_proj.weight",
+                   "w3": "mlp.experts.{expert}.up_proj.weight",
+                   "w2": "mlp.experts.{expert}.down_proj.weight"}),
+}
 ROPE_SCALING_KEYS = {
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor",
@@ -210,13 +243,12 @@ def check_architecture(cfg):
     if model_type == "gemma3":
         cfg = language_model_config(cfg)
         model_type = cfg["model_type"]
-    if model_type in MOE_MODEL_TYPES:
-        raise ConvertError(f"model_type '{model_type}' is a mixture-of-experts model: barellm "
-                           "has no expert router or expert feed-forward layers (it runs dense "
-                           "llama, mistral, qwen2 and qwen3)")
+    if model_type in UNSUPPORTED_MOE:
+        raise ConvertError(f"model_type '{model_type}' is not supported: "
+                           f"{UNSUPPORTED_MOE[model_type]}")
     if model_type not in CONFIG_DEFAULTS:
         raise ConvertError(f"model_type '{model_type}' is not supported (only llama, mistral, "
-                           "qwen2, qwen3, gemma3_text and gemma3)")
+                           "qwen2, qwen3, gemma3_text, gemma3, mixtral and qwen3_moe)")
     if cfg.get("quantization_config"):
         raise ConvertError("quantized checkpoints (quantization_config) are not supported")
     if cfg.get("mlp_bias"):
@@ -224,8 +256,14 @@ def check_architecture(cfg):
     if model_type == "mistral" and cfg.get("attention_bias"):
         raise ConvertError("attention_bias=true is not supported for mistral")
     for key in MOE_KEYS:
-        if cfg.get(key):
-            raise ConvertError(f"mixture-of-experts models ({key}={cfg[key]}) are not supported")
+        if cfg.get(key) and model_type not in MOE_DEFAULTS:
+            raise ConvertError(f"mixture-of-experts models ({key}={cfg[key]}) are not supported "
+                               f"for model_type '{model_type}' (only mixtral and qwen3_moe)")
+    if model_type == "qwen3_moe" and cfg.get("use_sliding_window"):
+        raise ConvertError("use_sliding_window=true is not supported for qwen3_moe")
+    if model_type == "mixtral" and cfg.get("router_jitter_noise"):
+        raise ConvertError(f"router_jitter_noise={cfg['router_jitter_noise']} is not supported "
+                           "(it only perturbs training)")
     if model_type == "gemma3_text":
         check_gemma3(language_model_config(cfg))
         return
@@ -332,6 +370,8 @@ def sliding_window(cfg, defaults, layers):
     layers from max_window_layers on (none when that is past the last layer)."""
     window = cfg.get("sliding_window", defaults["sliding_window"])
     first_layer = 0
+    if cfg["model_type"] == "qwen3_moe":
+        return None, 0
     if cfg["model_type"] in ("qwen2", "qwen3"):
         if not cfg.get("use_sliding_window", False):
             window = None
@@ -346,7 +386,7 @@ def sliding_window(cfg, defaults, layers):
         if cfg.get("layer_types") is not None and cfg["layer_types"] != derived:
             raise ConvertError("config.json: 'layer_types' differs from what use_sliding_window "
                                "and max_window_layers give; barellm cannot run that layer mix")
-    elif cfg["model_type"] != "mistral":
+    elif cfg["model_type"] not in ("mistral", "mixtral"):
         return None, 0
     if window is None:
         return None, 0
@@ -420,6 +460,48 @@ def gemma3_fields(cfg, dim, head_dim, layers):
     }
 
 
+def moe_fields(cfg, layers):
+    """The mixture-of-experts fields of barellm.config (docs/FORMAT.md) of a mixtral or
+    qwen3_moe config, {} for another: experts, experts_per_token, moe_hidden_dim,
+    norm_topk_prob and the dense layers among the sparse ones."""
+    model_type = cfg["model_type"]
+    if model_type not in MOE_DEFAULTS:
+        return {}
+    cfg = {**MOE_DEFAULTS[model_type], **{k: v for k, v in cfg.items() if v is not None}}
+    if model_type == "mixtral":
+        experts = positive_int(cfg, "num_local_experts")
+        width, normalized, dense = positive_int(cfg, "intermediate_size"), True, []
+    else:
+        experts = positive_int(cfg, "num_experts")
+        width = positive_int(cfg, "moe_intermediate_size")
+        normalized = cfg["norm_topk_prob"]
+        if not isinstance(normalized, bool):
+            raise ConvertError(f"config.json: 'norm_topk_prob' must be true or false, not "
+                               f"{normalized!r}")
+        step = positive_int(cfg, "decoder_sparse_step")
+        only_mlp = cfg["mlp_only_layers"] or []
+        if not isinstance(only_mlp, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in only_mlp):
+            raise ConvertError(f"config.json: 'mlp_only_layers' must be a list of layer "
+                               f"indices, not {only_mlp!r}")
+        dense = [layer for layer in range(layers)
+                 if layer in only_mlp or (layer + 1) % step != 0]
+    per_token = positive_int(cfg, "num_experts_per_tok")
+    if per_token > experts:
+        raise ConvertError(f"config.json: num_experts_per_tok {per_token} is more than the "
+                           f"{experts} experts")
+    fields = {"experts": experts, "experts_per_token": per_token, "moe_hidden_dim": width,
+              "norm_topk_prob": normalized}
+    if dense:
+        fields["dense_layers"] = dense
+    return fields
+
+
+def is_sparse(config, layer):
+    """Whether `layer` of barellm.config `config` is a mixture of experts."""
+    return bool(config.get("experts")) and layer not in config.get("dense_layers", [])
+
+
 def token_id_list(value, what):
     """Normalize an id or list of ids (or null) to a list of non-negative ints."""
     ids = [] if value is None else value if isinstance(value, list) else [value]
@@ -480,8 +562,10 @@ def model_config(cfg, gen):
         "sliding_window": window,
         **optional_fields(sliding_window_first_layer=window_first_layer,
                           qkv_bias=model_type == "qwen2" or attention_bias,
-                          o_bias=attention_bias, qk_norm=model_type == "qwen3"),
+                          o_bias=attention_bias,
+                          qk_norm=model_type in ("qwen3", "qwen3_moe")),
         **gemma3,
+        **moe_fields(cfg, layers),
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         "bos_id": bos_ids[0] if bos_ids else None,
         "eos_ids": token_id_list(eos_source.get("eos_token_id"), "eos_token_id"),
@@ -520,13 +604,46 @@ def expected_tensors(config, layout=TEXT_LAYOUT):
     expected = {f"{prefix}embed_tokens.weight": ("token_embedding", (vocab, dim), False)}
     for layer in range(config["layers"]):
         for short, hf, is_vector, flag in table:
+            if short in ("w1", "w3", "w2") and is_sparse(config, layer):
+                continue
             if flag is None or config.get(flag):
                 expected[f"{prefix}layers.{layer}.{hf}"] = (
                     f"layers.{layer}.{short}", shapes[short], is_vector)
+            if short == "ffn_norm" and is_sparse(config, layer):
+                expected.update(moe_layer_tensors(config, prefix, layer))
     expected[f"{prefix}norm.weight"] = ("final_norm", (dim,), True)
     if not config["tied_embeddings"]:
         expected[layout.lm_head] = ("output", (vocab, dim), False)
     return expected
+
+
+def moe_layer_tensors(config, prefix, layer):
+    """The expected entries of sparse layer `layer` (as expected_tensors'): the router
+    (F32), then w1, w3 and w2 stacked over the experts, whose key is the tuple of the
+    experts' Hugging Face names."""
+    dim, experts, width = config["dim"], config["experts"], config["moe_hidden_dim"]
+    router, names = MOE_TENSORS[config["architecture"]]
+    layer_prefix = f"{prefix}layers.{layer}."
+    entries = {layer_prefix + router: (f"layers.{layer}.router", (experts, dim), True)}
+    for short, shape in (("w1", (experts * width, dim)), ("w3", (experts * width, dim)),
+                         ("w2", (experts * dim, width))):
+        key = tuple(layer_prefix + names[short].format(expert=e) for e in range(experts))
+        entries[key] = (f"layers.{layer}.experts.{short}", shape, False)
+    return entries
+
+
+class StackedExperts:
+    """The experts' tensors of one stacked matrix, expert after expert (rows of expert e
+    follow those of e - 1): a source for the writer, like a safetensors TensorInfo."""
+
+    def __init__(self, infos, shape):
+        self.infos = infos
+        self.name = infos[0].name.replace(".0.", ".*.", 1)
+        self.shape, self.dtype, self.path = shape, infos[0].dtype, infos[0].path
+
+    def f32_blocks(self):
+        for info in self.infos:
+            yield from safetensors_f32_blocks(info)
 
 
 class NormPlusOne:
@@ -581,20 +698,26 @@ def tensor_plan(config, tensors, layout=TEXT_LAYOUT):
     if layout.skipped:
         tensors = {name: info for name, info in tensors.items()
                    if not name.startswith(layout.skipped)}
-    biases = sorted(n for n in tensors if n.endswith(".bias") and n not in expected)
+    # Each expert's tensor on its own (a stacked matrix's key is the tuple of them).
+    names = dict.fromkeys(part for key in expected
+                          for part in (key if isinstance(key, tuple) else (key,)))
+    biases = sorted(n for n in tensors if n.endswith(".bias") and n not in names)
     if biases:
         raise ConvertError(f"bias tensors are not supported: {name_list(biases)}")
-    missing = [n for n in expected if n not in tensors]
+    missing = [n for n in names if n not in tensors]
     if missing:
         hint = " (tie_word_embeddings is false)" if "lm_head.weight" in missing else ""
         raise ConvertError(f"missing tensors: {name_list(missing)}{hint}")
     ignored = {layout.lm_head} if config["tied_embeddings"] else set()
-    extra = sorted(n for n in tensors if n not in expected and n not in ignored
+    extra = sorted(n for n in tensors if n not in names and n not in ignored
                    and not n.endswith(IGNORED_SUFFIXES))
     if extra:
         raise ConvertError(f"unexpected tensors: {name_list(extra)}")
     plan = []
     for hf_name, (name, shape, is_norm) in expected.items():
+        if isinstance(hf_name, tuple):
+            plan.append((name, stacked_experts(tensors, hf_name, shape), is_norm))
+            continue
         info = tensors[hf_name]
         if info.shape != shape:
             raise ConvertError(f"tensor '{hf_name}' has shape {list(info.shape)}, "
@@ -606,6 +729,21 @@ def tensor_plan(config, tensors, layout=TEXT_LAYOUT):
             info = NormPlusOne(info)
         plan.append((name, info, is_norm))
     return plan
+
+
+def stacked_experts(tensors, names, shape):
+    """The StackedExperts source of the experts' tensors `names` (one per expert), which
+    together have `shape`; each must have an expert's part of it and a float dtype."""
+    part = (shape[0] // len(names), shape[1])
+    for name in names:
+        info = tensors[name]
+        if info.shape != part:
+            raise ConvertError(f"tensor '{name}' has shape {list(info.shape)}, expected "
+                               f"{list(part)}")
+        if info.dtype not in dtypes.STORAGE:
+            raise ConvertError(f"tensor '{name}' has dtype {info.dtype} "
+                               "(only F32, F16 and BF16 are supported)")
+    return StackedExperts([tensors[name] for name in names], shape)
 
 
 def default_weight_dtype(cfg, plan):
@@ -934,8 +1072,8 @@ def parse_args(argv):
     """Command-line arguments."""
     parser = OneLineParser(
         prog="convert.py",
-        description="Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 3 checkpoint or a "
-        "llama.cpp GGUF file to a barellm file.")
+        description="Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 3/Mixtral/Qwen3-MoE "
+        "checkpoint or a llama.cpp GGUF file to a barellm file.")
     parser.add_argument("source", help="Hugging Face checkpoint directory, or GGUF file")
     parser.add_argument("-o", "--output", required=True, help="barellm file to write")
     parser.add_argument("--dtype", choices=sorted(dtypes.CLI_NAMES) + sorted(mixes.CLI_NAMES),

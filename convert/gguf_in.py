@@ -1,7 +1,8 @@
 """A GGUF file (llama.cpp) as the converter's input: its config, tokenizer and tensors in
 barellm's terms.
 
-- Architectures: ARCHITECTURES maps `general.architecture` (llama, qwen2, qwen3, gemma3) to
+- Architectures: ARCHITECTURES maps `general.architecture` (llama, qwen2, qwen3, gemma3,
+  qwen3moe; llama with `llama.expert_count` is Mixtral) to
   what differs between them (tensor names, the config flags of q/k/v biases, per-head q/k
   norms and Gemma's post-norms, whether llama.cpp stored q and k rows interleaved for its
   RoPE: llama yes, the Qwens and Gemma 3 no); another architecture is refused, naming it.
@@ -15,6 +16,11 @@ barellm's terms.
   byte for byte. llama.cpp's converter reorders the q and k rows of each head so that its
   RoPE rotates neighbouring elements; reading puts them back in Hugging Face's rotate-half
   order, which barellm uses (whole rows: a row's blocks stay together).
+- Experts: llama.cpp stacks each sparse layer's experts into one 3-dimensional tensor per
+  matrix (ffn_gate_exps, ffn_up_exps, ffn_down_exps), expert after expert, which is
+  barellm's stacked matrix with the first two dimensions merged; its router
+  (ffn_gate_inp) becomes the F32 `router`. llama.cpp rescales the chosen experts' weights
+  to sum to 1 for both Mixtral and Qwen3-MoE (norm_topk_prob).
 - Matrix types: without --dtype, a file whose matrices one uniform weight_dtype keeps
   exactly becomes that uniform file; any other keeps each matrix in its own type where
   barellm runs it (blocks.MATRIX_TYPES) and dequantizes the rest to F16, naming them.
@@ -60,6 +66,17 @@ LLAMA_LAYER_TENSORS = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight",
                        "w2": "ffn_down.weight"}
 
 
+# A sparse layer's router and stacked experts (a dense layer's w1, w3, w2 it has not).
+MOE_TENSORS = {"router": "ffn_gate_inp.weight", "experts.w1": "ffn_gate_exps.weight",
+               "experts.w3": "ffn_up_exps.weight", "experts.w2": "ffn_down_exps.weight"}
+# The barellm architecture of a GGUF architecture whose layers have experts.
+MOE_ARCHITECTURES = {"llama": "mixtral", "qwen3moe": "qwen3_moe"}
+# Mixture-of-experts keys of what barellm does not compute: shared experts (Qwen2-MoE,
+# DeepSeek), dense leading layers (DeepSeek).
+UNSUPPORTED_MOE_KEYS = {"expert_shared_count": "shared experts",
+                        "expert_shared_feed_forward_length": "shared experts",
+                        "leading_dense_block_count": "dense leading layers"}
+
 # The optional parts of a layer (barellm config flags, docs/FORMAT.md): their tensors.
 QKV_BIAS_TENSORS = {"bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias"}
 QK_NORM_TENSORS = {"q_norm": "attn_q_norm.weight", "k_norm": "attn_k_norm.weight"}
@@ -97,7 +114,8 @@ SOFTCAPPING_KEYS = ("attn_logit_softcapping", "final_logit_softcapping")
 UNSUPPORTED = {"gemma2": "Gemma 2's logit soft-capping is not implemented"}
 
 ARCHITECTURES = {
-    "llama": Architecture("llama", LLAMA_GLOBAL_TENSORS, LLAMA_LAYER_TENSORS, True),
+    "llama": Architecture("llama", LLAMA_GLOBAL_TENSORS, {**LLAMA_LAYER_TENSORS, **MOE_TENSORS},
+                          True),
     "qwen2": Architecture("qwen2", LLAMA_GLOBAL_TENSORS,
                           {**LLAMA_LAYER_TENSORS, **QKV_BIAS_TENSORS}, False,
                           optional_flags={"qkv_bias": QKV_BIAS_TENSORS["bq"]}),
@@ -110,6 +128,9 @@ ARCHITECTURES = {
     "gemma3": Architecture("gemma3", LLAMA_GLOBAL_TENSORS,
                            {**LLAMA_LAYER_TENSORS, **QK_NORM_TENSORS, **POST_NORM_TENSORS},
                            False, flags=("qk_norm", "post_norms")),
+    "qwen3moe": Architecture("qwen3_moe", LLAMA_GLOBAL_TENSORS,
+                             {**LLAMA_LAYER_TENSORS, **QK_NORM_TENSORS, **MOE_TENSORS},
+                             False, flags=("qk_norm",)),
 }
 
 
@@ -388,10 +409,16 @@ class GGUFModel:
         flags = {flag: True for flag in self.arch.flags}
         flags.update({flag: True for flag, suffix in self.arch.optional_flags.items()
                       if f"blk.0.{suffix}" in self.tensors})
+        experts = self._expert_fields()
+        architecture = self.arch.barellm_name
+        if experts:
+            architecture = MOE_ARCHITECTURES[self.arch_name]
+        elif self.arch_name == "qwen3moe":
+            raise ConvertError(f"GGUF key '{k('expert_count')}' is missing")
         return {
-            "architecture": self.arch.barellm_name,
+            "architecture": architecture,
             "dim": dim,
-            "hidden_dim": integer(k("feed_forward_length")),
+            "hidden_dim": integer(k("feed_forward_length"), experts.get("moe_hidden_dim")),
             "layers": layers,
             "heads": heads,
             "kv_heads": kv_heads,
@@ -404,12 +431,43 @@ class GGUFModel:
             "sliding_window": window,
             **flags,
             **gemma3,
+            **experts,
             "tied_embeddings": self.arch.global_tensors["output"] not in self.tensors,
             "bos_id": None,
             "eos_ids": [],
             "add_bos": None,
             "weight_dtype": None,
         }
+
+    def _expert_fields(self):
+        """The mixture-of-experts fields of the config ({} without `expert_count`): every
+        layer sparse, the chosen experts' weights rescaled to sum to 1, as llama.cpp
+        computes them."""
+        k = self._key
+        count = self.keys.whole_number(k("expert_count"))
+        if not count:
+            return {}
+        if self.arch_name not in MOE_ARCHITECTURES:
+            raise ConvertError(f"architecture '{self.arch_name}' with experts is not supported "
+                               "(only llama, as Mixtral, and qwen3moe)")
+        for key, what in UNSUPPORTED_MOE_KEYS.items():
+            if self.keys.whole_number(k(key)):
+                raise ConvertError(f"GGUF key '{k(key)}': {what} are not supported")
+        scale = self.keys.any_number(k("expert_weights_scale"))
+        if scale not in (None, 0, 1):
+            raise ConvertError(f"GGUF key '{k('expert_weights_scale')}' is {scale:g}: scaled "
+                               "expert weights are not supported")
+        if count < 0:
+            raise ConvertError(f"GGUF key '{k('expert_count')}' must be positive, not {count}")
+        per_token = self.keys.integer(k("expert_used_count"))
+        if per_token > count:
+            raise ConvertError(f"GGUF key '{k('expert_used_count')}' is {per_token}, more "
+                               f"than the {count} experts")
+        width = self.keys.integer(k("expert_feed_forward_length"), required=False)
+        if width is None:
+            width = self.keys.integer(k("feed_forward_length"))
+        return {"experts": count, "experts_per_token": per_token, "moe_hidden_dim": width,
+                "norm_topk_prob": True}
 
     def _gemma3_fields(self, dim, heads, head_dim, layers):
         """(sliding_window, the fields gemma3 adds to the config) by llama.cpp's rules
@@ -509,7 +567,7 @@ class GGUFModel:
 
     def _gguf_name(self, name):
         if name.startswith("layers."):
-            _, layer, short = name.split(".")
+            _, layer, short = name.split(".", 2)
             return f"blk.{layer}.{self.arch.layer_tensors[short]}"
         return self.arch.global_tensors[name]
 
@@ -531,6 +589,9 @@ class GGUFModel:
             short = name.rsplit(".", 1)[-1]
             interleaved = self.arch.interleaved_qk and short in ("wq", "wk")
             source = GGUFTensor(self.path, tensor, config["head_dim"] if interleaved else None)
+            if short in ("w1", "w3", "w2") and len(source.shape) == 3:
+                # Stacked experts [experts, rows, cols]: one matrix, expert after expert.
+                source.shape = (source.shape[0] * source.shape[1], source.shape[2])
             if source.shape != tuple(shape):
                 raise ConvertError(f"tensor '{gguf_name}' has shape {list(source.shape)}, "
                                    f"expected {list(shape)} from the config")

@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""Write a Hugging Face Llama/Mistral/Qwen/Gemma 3 checkpoint with deterministic random
-weights.
+"""Write a Hugging Face Llama/Mistral/Qwen/Gemma 3/Mixtral/Qwen3-MoE checkpoint with
+deterministic random weights.
 
     python3 convert/synth.py --preset NAME -o HF_DIR [--tokenizer DIR|FILE.gguf] [--dtype D]
-                             [--seed N]
+                             [--seed N] [--layers N]
     python3 convert/synth.py --config CONFIG_JSON --tokenizer DIR|FILE.gguf -o HF_DIR [...]
 
 Presets carry the config.json of real models (tinyllama-1.1b, mistral-7b, llama3-8b,
-smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, qwen3-8b, gemma3-270m, gemma3-1b, gemma3-4b) so
-that speed and memory can be measured at their exact shapes. Weights
+smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, qwen3-8b, gemma3-270m, gemma3-1b, gemma3-4b,
+mixtral-8x7b, qwen3-30b-a3b) so that speed and memory can be measured at their exact shapes;
+--layers N keeps the first N layers of the shape (a 30B model with 8 layers fits a small
+machine, its per-layer speed unchanged). A mixture-of-experts checkpoint holds each expert's
+matrices as Hugging Face's do, one tensor per expert; its routers are random matrices like
+the others. Weights
 are generated per tensor from numpy's Generator seeded by (seed, tensor name) and written
 in row blocks, a tensor on each core (parallel.py), so multi-GB checkpoints never sit in
 memory. Checkpoints larger than the shard limit (4 GB) are split into
@@ -127,6 +131,28 @@ PRESETS.update({
         "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window": 1024,
         "vocab_size": 262208}),
 })
+# Mixture-of-experts checkpoints as their config.json files give them
+# (mistralai/Mixtral-8x7B-v0.1, Qwen/Qwen3-30B-A3B; the latter with the SmolLM2 tokenizer, as
+# the Qwen presets above).
+PRESETS.update({
+    "mixtral-8x7b": ("llama2", {
+        "architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "hidden_act": "silu",
+        "initializer_range": 0.02, "use_cache": True, "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32,
+        "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 32768,
+        "rope_theta": 1000000.0, "sliding_window": None, "rms_norm_eps": 1e-5,
+        "num_local_experts": 8, "num_experts_per_tok": 2, "router_aux_loss_coef": 0.02,
+        "output_router_logits": False, "tie_word_embeddings": False, "bos_token_id": 1,
+        "eos_token_id": 2}),
+    "qwen3-30b-a3b": ("smollm2-135m", {
+        **_QWEN3, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "hidden_size": 2048, "intermediate_size": 6144, "moe_intermediate_size": 768,
+        "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+        "max_window_layers": 48, "num_experts": 128, "num_experts_per_tok": 8,
+        "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+        "output_router_logits": False, "router_aux_loss_coef": 0.001,
+        "tie_word_embeddings": False}),
+})
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
                    "special_tokens_map.json")
 MAX_SHARD_BYTES = 4 * 10**9
@@ -213,8 +239,15 @@ def write_shards(shards, seed, norm_offset):
 def write_weights(out_dir, config, layout, weight_dtype, seed, max_shard_bytes):
     """Write model.safetensors, or shards plus model.safetensors.index.json, with the
     tensor names of `layout` (convert.Layout)."""
-    entries = [(hf, "F32" if is_norm else weight_dtype, shape, is_norm)
-               for hf, (_, shape, is_norm) in convert.expected_tensors(config, layout).items()]
+    entries = []
+    for hf, (name, shape, is_norm) in convert.expected_tensors(config, layout).items():
+        if isinstance(hf, tuple):  # a stacked matrix: each expert's part is a tensor
+            entries += [(part, weight_dtype, (shape[0] // len(hf), shape[1]), False)
+                        for part in hf]
+        elif name.endswith(".router"):  # a matrix of the checkpoint, F32 in barellm's file
+            entries.append((hf, weight_dtype, shape, False))
+        else:
+            entries.append((hf, "F32" if is_norm else weight_dtype, shape, is_norm))
     groups = shard_groups(entries, max_shard_bytes)
     # Gemma's checkpoints hold norm weights w for the multipliers 1 + w.
     norm_offset = 0.0 if config["architecture"] == "gemma3" else 1.0
@@ -368,6 +401,7 @@ def parse_args(argv):
     parser.add_argument("--dtype", choices=float_names, default="bf16",
                         help="matrix dtype (default bf16)")
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument("--layers", type=int, help="keep only the first N layers of the shape")
     parser.add_argument("--max-shard-bytes", type=int, default=MAX_SHARD_BYTES,
                         help="largest shard before splitting (default 4 GB)")
     return parser.parse_args(argv)
@@ -380,10 +414,17 @@ def main(argv=None):
         if args.preset:
             tokenizer_name, cfg = PRESETS[args.preset]
             tokenizer_dir = args.tokenizer or os.path.join(SHARED_TOKENIZERS, tokenizer_name)
+            if args.layers is not None:
+                if not 0 < args.layers <= cfg["num_hidden_layers"]:
+                    raise ConvertError(f"--layers {args.layers} is not between 1 and the "
+                                       f"preset's {cfg['num_hidden_layers']}")
+                cfg = {**cfg, "num_hidden_layers": args.layers}
         else:
             cfg = convert.json_object(args.config, required=True)
             if not args.tokenizer:
                 raise ConvertError("--tokenizer is required with --config")
+            if args.layers is not None:
+                raise ConvertError("--layers goes with --preset")
             tokenizer_dir = args.tokenizer
         print(synthesize(cfg, os.path.normpath(tokenizer_dir), args.output,
                          dtypes.CLI_NAMES[args.dtype], args.seed, args.max_shard_bytes))

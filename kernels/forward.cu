@@ -1174,6 +1174,9 @@ private:
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(const Model& model, const BackendOptions& options) {
+    if (model.config.experts > 0)  // --device auto then runs it on the CPU
+        throw Error("the CUDA backend does not run mixture-of-experts models (" +
+                    model.config.architecture + "); use --device cpu");
     return std::make_unique<CudaBackend>(model, options);
 }
 

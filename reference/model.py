@@ -2,7 +2,8 @@
 """Independent numpy reference of the Llama forward pass.
 
 Computes what transformers' LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM /
-Qwen3ForCausalLM / Gemma3ForCausalLM compute (with the weights upcast, math in float64):
+Qwen3ForCausalLM / Gemma3ForCausalLM / MixtralForCausalLM / Qwen3MoeForCausalLM compute (with
+the weights upcast, math in float64):
 RMSNorm, rotate-half RoPE (default, linear and llama3 scaling), grouped-query causal attention
 (Mistral's sliding window, Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm before RoPE, a
 sliding window on the layers from max_window_layers on), SwiGLU MLP, tied or separate output
@@ -11,7 +12,12 @@ Hugging Face weights hold w; a barellm file holds 1 + w and says nothing, its no
 the attention and MLP outputs RMS-normed before the residual add; GeGLU (GELU, tanh
 approximation); per-head q/k RMSNorm; scores scaled by query_pre_attn_scalar^-1/2; sliding
 and full layers in the config's pattern, the sliding ones with RoPE base rope_local_base_freq
-and no scaling. It shares no code with convert/: it has its own
+and no scaling. Mixtral and Qwen3-MoE (a mixture of experts in place of the MLP of their sparse
+layers): the router's logits, a softmax over all experts, the experts_per_token most probable
+(an exact tie to the lower index), their probabilities rescaled to sum to 1 (Mixtral always,
+Qwen3-MoE with norm_topk_prob), and the sum of those experts' SwiGLU MLPs weighted by them
+(Mixtral's softmax over the chosen logits is this renormalised softmax over all). It shares
+no code with convert/: it has its own
 safetensors reader and reads either a Hugging Face directory or a barellm file; a
 barellm Q8 matrix (I8 values NAME, F16 scales NAME.scale per 32 columns of a row) is
 dequantized to value * scale, and a Q4 matrix (U8 NAME holding two 4-bit q per byte,
@@ -92,6 +98,44 @@ GEMMA3_DEFAULTS = {
 }
 
 
+# A sparse layer's router and each expert's matrices ({expert}: its index) in a Mixtral and a
+# Qwen3-MoE checkpoint, by barellm name.
+HF_MOE_NAMES = {
+    "mixtral": ("block_sparse_moe.gate.weight",
+                {"w1": "block_sparse_moe.experts.{expert}.w1.weight",
+                 "w3": "block_sparse_moe.experts.{expert}.w3.weight",
+                 "w2": "block_sparse_moe.experts.{expert}.w2.weight"}),
+    "qwen3_moe": ("mlp.gate.weight",
+                  {"w1": "mlp.experts.{expert}.gate_proj.weight",
+                   "w3": "mlp.experts.{expert}.up_proj.weight",
+                   "w2": "mlp.experts.{expert}.down_proj.weight"}),
+}
+
+
+def hf_experts(hf):
+    """The mixture-of-experts part of the reference config of a Mixtral or Qwen3-MoE
+    config.json (transformers' defaults for absent keys), {} for another model."""
+    if hf["model_type"] == "mixtral":
+        return {"experts": hf.get("num_local_experts", 8),
+                "experts_per_token": hf.get("num_experts_per_tok", 2),
+                "moe_hidden_dim": hf["intermediate_size"], "norm_topk_prob": True}
+    if hf["model_type"] != "qwen3_moe":
+        return {}
+    layers, step = hf["num_hidden_layers"], hf.get("decoder_sparse_step", 1)
+    only_mlp = hf.get("mlp_only_layers") or []
+    return {"experts": hf.get("num_experts", 128),
+            "experts_per_token": hf.get("num_experts_per_tok", 8),
+            "moe_hidden_dim": hf.get("moe_intermediate_size", 768),
+            "norm_topk_prob": hf.get("norm_topk_prob", False),
+            "dense_layers": [layer for layer in range(layers)
+                             if layer in only_mlp or (layer + 1) % step != 0]}
+
+
+def is_sparse(config, layer):
+    """Whether `layer`'s MLP is a mixture of experts."""
+    return bool(config.get("experts")) and layer not in config.get("dense_layers", [])
+
+
 def load_hf(hf_dir):
     """Load a Hugging Face checkpoint as (config, weights) with barellm tensor names."""
     with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
@@ -110,6 +154,7 @@ def load_hf(hf_dir):
         "dim": dim, "layers": hf["num_hidden_layers"], "heads": heads,
         "kv_heads": hf.get("num_key_value_heads") or heads,
         "head_dim": hf.get("head_dim") or (128 if model_type == "qwen3" else dim // heads),
+        **hf_experts(hf),
         "rope_theta": hf.get("rope_theta", 10000.0), "rope_scaling": scaling,
         "norm_eps": hf.get("rms_norm_eps", 1e-6),
         "tied_embeddings": hf.get("tie_word_embeddings", False),
@@ -122,7 +167,16 @@ def load_hf(hf_dir):
         weights["output"] = raw["lm_head.weight"]
     for layer in range(config["layers"]):
         for short, hf_name in HF_LAYER_NAMES.items():
+            if short in ("w1", "w3", "w2") and is_sparse(config, layer):
+                continue
             weights[f"layers.{layer}.{short}"] = raw[f"model.layers.{layer}.{hf_name}"]
+        if is_sparse(config, layer):
+            router, names = HF_MOE_NAMES[model_type]
+            prefix = f"model.layers.{layer}."
+            weights[f"layers.{layer}.router"] = raw[prefix + router]
+            for short, name in names.items():  # stacked as in a barellm file
+                weights[f"layers.{layer}.experts.{short}"] = np.concatenate(
+                    [raw[prefix + name.format(expert=e)] for e in range(config["experts"])])
         for short, hf_name in HF_OPTIONAL_LAYER_NAMES.items():
             if f"model.layers.{layer}.{hf_name}" in raw:
                 weights[f"layers.{layer}.{short}"] = raw[f"model.layers.{layer}.{hf_name}"]
@@ -180,6 +234,8 @@ def hf_sliding_window(hf):
     on layers max_window_layers (default 28) and up."""
     if hf["model_type"] == "mistral":
         return hf.get("sliding_window", 4096), 0
+    if hf["model_type"] == "mixtral":
+        return hf.get("sliding_window"), 0
     if hf["model_type"] in ("qwen2", "qwen3") and hf.get("use_sliding_window"):
         return hf.get("sliding_window", 4096), hf.get("max_window_layers", 28)
     return None, 0
@@ -344,6 +400,35 @@ def mlp(config, weights, prefix, h):
     return (activated * up) @ weights[prefix + "w2"].T
 
 
+def route(config, logits):
+    """(experts [k], weights [k]) of one token from its router logits [experts]: softmax
+    over all experts, the k = experts_per_token most probable (a stable sort: an exact tie
+    to the lower index), their probabilities, rescaled to sum to 1 with norm_topk_prob."""
+    probabilities = np.exp(logits - logits.max())
+    probabilities /= probabilities.sum()
+    chosen = np.argsort(-probabilities, kind="stable")[:config["experts_per_token"]]
+    weights = probabilities[chosen]
+    if config["norm_topk_prob"]:
+        weights = weights / weights.sum()
+    return chosen, weights
+
+
+def mixture_of_experts(config, weights, prefix, h):
+    """A sparse layer's MLP of the normed hidden states h [T, dim]: for each token, the sum
+    over the experts route() picks of weight * SwiGLU MLP of that expert (its rows of the
+    stacked experts.w1, experts.w3 and experts.w2)."""
+    width, dim = config["moe_hidden_dim"], config["dim"]
+    w1, w3, w2 = (weights[prefix + "experts." + short] for short in ("w1", "w3", "w2"))
+    out = np.zeros_like(h)
+    for t, logits in enumerate(h @ weights[prefix + "router"].T):
+        for expert, weight in zip(*route(config, logits)):
+            rows = slice(expert * width, (expert + 1) * width)
+            gate, up = w1[rows] @ h[t], w3[rows] @ h[t]
+            activated = gate / (1.0 + np.exp(-gate)) * up
+            out[t] += weight * (w2[expert * dim:(expert + 1) * dim] @ activated)
+    return out
+
+
 def post_norm(config, weights, name, y):
     """Gemma 3: a sub-block's output RMS-normed with `name` before the residual add; y itself
     where the model has no such norm."""
@@ -367,7 +452,8 @@ def forward(config, weights, token_ids, dtype=np.float64):
         attended = attention(config, w, prefix, norm(config, x, w[prefix + "attn_norm"]),
                              cos, sin, attention_mask(config, len(token_ids), layer))
         x = x + post_norm(config, w, prefix + "post_attn_norm", attended)
-        mixed = mlp(config, w, prefix, norm(config, x, w[prefix + "ffn_norm"]))
+        mix = mixture_of_experts if is_sparse(config, layer) else mlp
+        mixed = mix(config, w, prefix, norm(config, x, w[prefix + "ffn_norm"]))
         x = x + post_norm(config, w, prefix + "post_ffn_norm", mixed)
     x = norm(config, x, w["final_norm"])
     output = w["token_embedding"] if config["tied_embeddings"] else w["output"]

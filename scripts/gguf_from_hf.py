@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Write a GGUF file for llama.cpp from a Hugging Face Llama/Mistral/Qwen2/Qwen3 checkpoint.
+"""Write a GGUF file for llama.cpp from a Hugging Face Llama/Mistral/Qwen2/Qwen3/Mixtral/Qwen3-MoE
+checkpoint.
 
     python3 scripts/gguf_from_hf.py HF_DIR -o OUT.gguf [--type TYPE] [--pre NAME]
 
@@ -22,6 +23,12 @@ What is written (GGUF v3, through the `gguf` package, scripts/requirements.txt):
   (use_sliding_window, which the released Qwen2/Qwen3 models leave off). An output
   projection bias (attention_bias) is refused (llama.cpp's qwen2 and qwen3 have none),
   and so are q/k/v biases on llama (convert/gguf_in.py reads none there).
+- mixtures of experts as llama.cpp writes them: Mixtral as `llama` and Qwen3-MoE as
+  `qwen3moe`, with `expert_count`, `expert_used_count` and `expert_feed_forward_length`;
+  each sparse layer's router as `ffn_gate_inp` (F32) and its experts' matrices stacked into
+  the 3-dimensional `ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`. llama.cpp has no dense
+  layers among sparse ones, and rescales the chosen experts' weights always: a checkpoint
+  with dense layers or without norm_topk_prob is refused.
 - the tokenizer: SentencePiece (`llama`: pieces, scores, types, from tokenizer.model
   decoded by convert/spm.py, or from a byte-fallback BPE tokenizer.json with scores
   taken from the merge ranks) or byte-level BPE (`gpt2`: tokens, types, merges, and the
@@ -97,13 +104,27 @@ DEFAULT_TYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
 LAYER_FLAGS = ("qkv_bias", "o_bias", "qk_norm")
 
 
+# The GGUF architecture of a barellm one where they differ (mixtures of experts).
+GGUF_ARCHITECTURES = {barellm: gguf for gguf, barellm in gguf_in.MOE_ARCHITECTURES.items()}
+
+
 def gguf_name(name, arch):
     """llama.cpp's name of the barellm tensor `name` (docs/FORMAT.md) in the
     architecture `arch` (a gguf_in.Architecture)."""
     if name.startswith("layers."):
-        _, layer, short = name.split(".")
+        _, layer, short = name.split(".", 2)
         return f"blk.{layer}.{arch.layer_tensors[short]}"
     return arch.global_tensors[name]
+
+
+def check_experts(config):
+    """Refuse the mixtures of experts llama.cpp computes otherwise (see the top)."""
+    if config.get("dense_layers"):
+        raise ConvertError("dense layers among sparse ones: llama.cpp's GGUF has none; cannot "
+                           "write this checkpoint as GGUF")
+    if config.get("experts") and not config["norm_topk_prob"]:
+        raise ConvertError("norm_topk_prob false: llama.cpp rescales the chosen experts' "
+                           "weights always; cannot write this checkpoint as GGUF")
 
 
 def check_layer_flags(config, arch_name):
@@ -402,11 +423,13 @@ def convert_tensor(info, qtype, row_order):
 
 
 def converted_in_order(jobs):
-    """The data of every (gguf name, source, type, row order) job, in job order, converted
-    a tensor per core ahead of the one being written (numpy releases the GIL)."""
+    """The data of every (gguf name, source, type, row order, shape) job, in job order,
+    converted a tensor per core ahead of the one being written (numpy releases the GIL)."""
     def data(job):
-        _, source, ttype, order = job
-        return source if isinstance(source, np.ndarray) else convert_tensor(source, ttype, order)
+        _, source, ttype, order, shape = job
+        if isinstance(source, np.ndarray):
+            return source
+        return convert_tensor(source, ttype, order).reshape(byte_shape(shape, ttype))
 
     workers = parallel.cores()
     with ThreadPoolExecutor(max_workers=workers) as pool:
@@ -458,6 +481,10 @@ def add_hparams(writer, config, name):
     writer.add_rope_dimension_count(config["head_dim"])
     writer.add_rope_freq_base(config["rope_theta"])
     writer.add_layer_norm_rms_eps(config["norm_eps"])
+    if config.get("experts"):
+        writer.add_expert_count(config["experts"])
+        writer.add_expert_used_count(config["experts_per_token"])
+        writer.add_expert_feed_forward_length(config["moe_hidden_dim"])
     scaling = config["rope_scaling"]
     kind = scaling and scaling.get("rope_type", scaling.get("type"))
     if kind == "linear":
@@ -473,7 +500,8 @@ def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
     gen = convert.json_object(os.path.join(hf_dir, "generation_config.json"), required=False)
     convert.check_architecture(cfg)
     config = convert.model_config(cfg, gen)
-    arch_name = config["architecture"]
+    arch_name = GGUF_ARCHITECTURES.get(config["architecture"], config["architecture"])
+    check_experts(config)
     check_layer_flags(config, arch_name)
     arch = gguf_in.ARCHITECTURES[arch_name]
     tensors = st.open_checkpoint(hf_dir)
@@ -495,10 +523,11 @@ def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
             writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
         tokenizer = add_tokenizer(writer, hf_dir, config, pre)
 
-        jobs = []  # (gguf name, TensorInfo or array, type, row order)
+        jobs = []  # (gguf name, TensorInfo or array, type, row order, shape)
         scaling = config["rope_scaling"]
         if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
-            jobs.append(("rope_freqs.weight", llama3_rope_factors(config), QT.F32, None))
+            factors = llama3_rope_factors(config)
+            jobs.append(("rope_freqs.weight", factors, QT.F32, None, factors.shape))
         kept_f16 = []
         for name, info, is_norm in plan:
             ttype = tensor_type(name, info, is_norm, qtype)
@@ -509,9 +538,11 @@ def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
                 heads = config["heads"] if name.endswith(".wq") else config["kv_heads"]
                 assert info.shape[0] == heads * config["head_dim"]
                 order = gguf_in.rope_row_order(info.shape[0], config["head_dim"])
-            jobs.append((gguf_name(name, arch), info, ttype, order))
-        for gname, source, ttype, _ in jobs:
-            shape = source.shape
+            shape = info.shape
+            if ".experts." in name:  # [experts, rows, cols]
+                shape = (config["experts"], shape[0] // config["experts"], shape[1])
+            jobs.append((gguf_name(name, arch), info, ttype, order, shape))
+        for gname, source, ttype, _, shape in jobs:
             nbytes = math.prod(byte_shape(shape, ttype)) * np.dtype(numpy_type(ttype)).itemsize
             writer.add_tensor_info(gname, byte_shape(shape, ttype),
                                    np.dtype(numpy_type(ttype)), nbytes, raw_dtype=ttype)

@@ -340,10 +340,13 @@ def edited_config(**changes):
 
 CONFIG_REFUSALS = [
     ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
-    ({"model_type": "mixtral"}, "model_type 'mixtral' is a mixture-of-experts model"),
-    ({"model_type": "qwen2_moe"}, "model_type 'qwen2_moe' is a mixture-of-experts model: "
-     "barellm has no expert router"),
-    ({"model_type": "qwen3_moe"}, "model_type 'qwen3_moe' is a mixture-of-experts model"),
+    # Mixtral and Qwen3-MoE need their routers and experts (tests/test_moe.py).
+    ({"model_type": "mixtral"},
+     "missing tensors: model.layers.0.block_sparse_moe.gate.weight"),
+    ({"model_type": "qwen2_moe"}, "model_type 'qwen2_moe' is not supported: Qwen2-MoE's "
+     "shared expert"),
+    ({"model_type": "qwen3_moe", "head_dim": 4},
+     "missing tensors: model.layers.0.self_attn.q_norm.weight"),
     # attention_bias asks for q/k/v/o biases, which this checkpoint lacks.
     ({"attention_bias": True}, "missing tensors: model.layers.0.self_attn.q_proj.bias"),
     ({"model_type": "mistral", "attention_bias": True},

@@ -290,7 +290,8 @@ def rewritten(tmp_path, model, edit_config=None, drop=None):
     ({"qk_norm": False}, None, "tensors, the config needs"),
     ({"o_bias": False}, None, "tensors, the config needs"),
     ({"qkv_bias": "yes"}, None, "config field 'qkv_bias' is not a boolean"),
-    ({"architecture": "qwen3_moe"}, None, "architecture \"qwen3_moe\" is not supported"),
+    ({"architecture": "qwen2_moe"}, None, "architecture \"qwen2_moe\" is not supported"),
+    ({"architecture": "qwen3_moe"}, None, "architecture qwen3_moe needs 'experts'"),
     ({"sliding_window_first_layer": 2}, None, "'sliding_window_first_layer' = 2 is outside"),
 ])
 def test_the_loader_refuses_tensors_the_config_does_not_match(tmp_path, edit_config, drop,

@@ -168,6 +168,61 @@ def test_qwen_preset_shapes(name):
     assert ("model.layers.0.self_attn.q_proj.bias" in entries) is not qwen3
 
 
+# The mixture-of-experts presets' barellm configs (mistralai/Mixtral-8x7B-v0.1,
+# Qwen/Qwen3-30B-A3B): dim, layers, heads, kv_heads, head_dim, experts, k, expert width,
+# norm_topk_prob, and the parameters of the whole model and of one token (the published
+# 46.7 B of which 12.9 B active, and 30.5 B of which 3.3 B active).
+MOE_PRESET_SHAPES = {
+    "mixtral-8x7b": (4096, 32, 32, 8, 128, 8, 2, 14336, True, 46_702_792_704, 12_879_925_248),
+    "qwen3-30b-a3b": (2048, 48, 32, 4, 128, 128, 8, 768, True, 30_532_122_624, 3_353_032_704),
+}
+
+
+def parameters(config, entries, active):
+    """The parameters of `entries` (convert.expected_tensors), counting `active` of each
+    stacked matrix's experts (all when None)."""
+    total = 0
+    for key, (name, shape, _) in entries.items():
+        count = math.prod(shape)
+        if isinstance(key, tuple) and active is not None:
+            count = count * active // config["experts"]
+        total += count
+    return total
+
+
+@pytest.mark.parametrize("name", sorted(MOE_PRESET_SHAPES))
+def test_moe_preset_shapes(name):
+    _, cfg = synth.PRESETS[name]
+    convert.check_architecture(cfg)
+    config = convert.model_config(cfg, None)
+    keys = ("dim", "layers", "heads", "kv_heads", "head_dim", "experts", "experts_per_token",
+            "moe_hidden_dim", "norm_topk_prob")
+    entries = convert.expected_tensors(config)
+    assert (*(config[k] for k in keys), parameters(config, entries, None),
+            parameters(config, entries, config["experts_per_token"])) == MOE_PRESET_SHAPES[name]
+    assert "dense_layers" not in config and config["architecture"] == cfg["model_type"]
+
+
+@pytest.mark.parametrize("layers,message", [(0, "--layers 0 is not between 1 and the "
+                                                "preset's 48"),
+                                            (49, "--layers 49 is not between")])
+def test_layers_out_of_range_are_refused(tmp_path, layers, message):
+    result = run(SYNTH, "--preset", "qwen3-30b-a3b", "--layers", str(layers), "-o",
+                 tmp_path / "out")
+    assert result.returncode == 1 and message in result.stderr
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_layers_keeps_the_first_layers_of_the_shape(tmp_path):
+    """smollm2-135m with 2 of its 30 layers: the real per-layer shapes."""
+    out = tmp_path / "hf"
+    result = run(SYNTH, "--preset", "smollm2-135m", "--layers", "2", "--dtype", "f16", "-o", out)
+    assert result.returncode == 0, result.stderr
+    with open(out / "config.json") as f:
+        cfg = json.load(f)
+    assert cfg["num_hidden_layers"] == 2 and cfg["hidden_size"] == 576
+
+
 def test_bias_scale():
     bias = next(synth.tensor_blocks("model.layers.0.self_attn.q_proj.bias", (4000,), True, 0))
     assert abs(bias.mean()) < 0.02 and abs(bias.std() - 0.25) < 0.01

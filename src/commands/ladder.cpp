@@ -484,12 +484,20 @@ std::string slower_reason(const Rung& rung, const Speed& speed, const Speed& bef
     }
 }
 
+// The ladder's rungs are dense forward passes: a mixture-of-experts model is refused.
+void refuse_experts(const Model& model) {
+    if (model.config.experts > 0)
+        throw Error("ladder runs dense models; " + model.config.architecture +
+                    " has a mixture of experts (use bench)");
+}
+
 int run_cpu_ladder(const Options& options, int gen_tokens) {
     const int prompt_tokens =
         options.has_prompt ? int(parse_integer("-p", options.prompt, 1, 1 << 20)) : gen_tokens;
     const int threads = omp_get_max_threads();  // --threads, or OpenMP's default
     const cpu::SimdLevel initial_level = cpu::simd_level();
     const Model file_model = Model::load(options.model_path);
+    refuse_experts(file_model);
     const Config& config = file_model.config;
     Weights weights(file_model);
     const std::vector<Rung> rungs =
@@ -684,6 +692,7 @@ int run_gpu_ladder(const Options& options, int gen_tokens) {
             "not apply");
     check_gpu();
     const Model model = Model::load(options.model_path);  // the file's weights, its dtype
+    refuse_experts(model);
     const Config& config = model.config;
     for (const Matrix* m : model.matrices())
         if (m->dtype != DType::F32 && m->dtype != DType::F16 && m->dtype != DType::BF16)

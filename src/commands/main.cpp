@@ -303,14 +303,16 @@ void print_matrix_types(const Model& model) {
     struct Row {
         int count = 0;
         size_t bytes = 0;
-        std::vector<std::string> names;  // the matrices' names without "layers.N."
+        std::vector<std::string> names;  // the matrices' names without "layers.N." or "[e]"
     };
     std::map<std::string, Row> rows;
     for (const auto& [name, m] : model.named_matrices()) {
         Row& row = rows[matrix_type_name(m->dtype)];
         ++row.count;
         row.bytes += m->bytes();
-        const std::string role = name.substr(name.rfind('.') + 1);
+        std::string role = name.substr(name.rfind('.') + 1);
+        if (name.find(".experts.") != std::string::npos)  // "layers.N.experts.w1[e]"
+            role = "experts." + role.substr(0, role.find('['));
         if (std::find(row.names.begin(), row.names.end(), role) == row.names.end())
             row.names.push_back(role);
     }
@@ -337,6 +339,14 @@ int command_info(const Options& options) {
                 c.layers);
     std::printf("heads           %d\nkv_heads        %d\nhead_dim        %d\n", c.heads, c.kv_heads,
                 c.head_dim);
+    if (c.experts > 0) {
+        int sparse = 0;
+        for (int l = 0; l < c.layers; ++l) sparse += c.is_sparse(l);
+        std::printf("experts         %d, %d active per token, moe_hidden_dim %d, weights %s\n",
+                    c.experts, c.experts_per_token, c.moe_hidden_dim,
+                    c.norm_topk_prob ? "rescaled to sum to 1" : "as the softmax gives them");
+        std::printf("sparse layers   %d of %d\n", sparse, c.layers);
+    }
     std::printf("vocab_size      %d\nmax_context     %d\n", c.vocab_size, c.max_context);
     std::printf("rope_theta      %g\n", c.rope_theta);
     if (c.rope_theta_local > 0)
@@ -363,6 +373,7 @@ int command_info(const Options& options) {
     std::printf("\nweight_dtype    %s\n", c.weight_dtype.c_str());
     std::printf("tensors         %zu\nparameters      %zu\n", model.file->tensors().size(),
                 model.parameter_count());
+    if (c.experts > 0) std::printf("active parameters %zu\n", model.active_parameter_count());
     for (const auto& [dtype, bytes] : bytes_by_dtype)
         std::printf("bytes %-9s %zu\n", dtype.c_str(), bytes);
     print_matrix_types(model);

@@ -79,24 +79,34 @@ std::string simd_description() {
 void matvec(float* out, const float* x, const Matrix& w) { matvec_many({{out, x, &w}}); }
 
 void matvec_many(std::initializer_list<MatvecTask> tasks) {
-    constexpr int kMaxTasks = 4;
-    const MatvecTask* task_list = tasks.begin();
-    const int task_count = int(tasks.size());
+    matvec_many(tasks.begin(), int(tasks.size()));
+}
+
+void matvec_many(const MatvecTask* task_list, int task_count) {
     // Q8 and Q4 weights with SIMD use integer dot products: each input is quantized once, by
     // the calling thread, into one buffer per task; the workers only read them.
-    static thread_local QuantizedVector quantized_buffers[kMaxTasks];
-    QuantizedVector* quantized = quantized_buffers;
+    static thread_local std::vector<QuantizedVector> quantized_buffers;
     // K-quant weights likewise, x quantized per 256 (Q8_K).
-    static thread_local Q8KVector q8_k_buffers[kMaxTasks];
-    Q8KVector* q8_k = q8_k_buffers;
+    static thread_local std::vector<Q8KVector> q8_k_buffers;
     // f16 and bf16 weights with AVX-512 read x as 16-bit values, likewise rounded once by the
     // calling thread: to bf16 for bf16 weights where vdpbf16ps is preferred
     // (avx512::matvec_rows_bf16_x), else to f16 (avx512::matvec_rows_half_x), where x fits
     // f16's range.
-    static thread_local std::vector<uint16_t> half_buffers[kMaxTasks];
-    std::vector<uint16_t>* halves = half_buffers;  // the calling thread's, for the workers
-    bool use_half_x[kMaxTasks] = {}, use_bf16_x[kMaxTasks] = {};
-    if (task_count > kMaxTasks) throw Error("matvec_many takes at most 4 tasks");
+    static thread_local std::vector<std::vector<uint16_t>> half_buffers;
+    static thread_local std::vector<uint8_t> half_x_flags, bf16_x_flags;
+    if (quantized_buffers.size() < size_t(task_count)) {
+        quantized_buffers.resize(task_count);
+        q8_k_buffers.resize(task_count);
+        half_buffers.resize(task_count);
+    }
+    half_x_flags.assign(task_count, 0);
+    bf16_x_flags.assign(task_count, 0);
+    // The calling thread's buffers, for the workers.
+    QuantizedVector* quantized = quantized_buffers.data();
+    Q8KVector* q8_k = q8_k_buffers.data();
+    std::vector<uint16_t>* halves = half_buffers.data();
+    uint8_t* use_half_x = half_x_flags.data();
+    uint8_t* use_bf16_x = bf16_x_flags.data();
     const bool use_simd = active_level >= SimdLevel::Avx2;
     const bool use_avx512 = active_level == SimdLevel::Avx512;
     const bool use_tiles = uses_row_tiles();
@@ -116,7 +126,7 @@ void matvec_many(std::initializer_list<MatvecTask> tasks) {
         if (use_avx512 && bf16_dot_products && w.dtype == DType::BF16) {
             halves[t].resize(w.cols);
             avx512::round_to_bf16(halves[t].data(), task_list[t].x, w.cols);
-            use_bf16_x[t] = true;
+            use_bf16_x[t] = 1;
         } else if (use_avx512 && (w.dtype == DType::F16 || w.dtype == DType::BF16)) {
             halves[t].resize(w.cols);
             use_half_x[t] = avx512::round_to_half(halves[t].data(), task_list[t].x, w.cols);

@@ -2,7 +2,8 @@
 // other families change where the model has it: Qwen2's q/k/v biases, Qwen3's per-head q/k
 // norms, and Gemma 3's scaled embedding, norms of the sub-blocks' outputs, GeGLU, sliding
 // layers with their own RoPE base, and attention scale (Gemma's norms, x · (1 + w), are plain
-// RMSNorms here: the weight file holds the multipliers 1 + w).
+// RMSNorms here: the weight file holds the multipliers 1 + w); and Mixtral's and Qwen3-MoE's
+// sparse layers, whose feed-forward is a mixture of experts (cpu/moe.h).
 // `forward` runs one token (decode); `prefill` runs a batch of tokens of one sequence as
 // matrices; `step` (the server's) runs a batch of rows of many sequences as matrices, over the
 // paged KV cache. prefill and step share the layers (run_layers): only where the keys and
@@ -13,6 +14,7 @@
 #include "backend.h"
 #include "commands/bench.h"
 #include "cpu/kernels.h"
+#include "cpu/moe.h"
 #include "cpu/resident_weights.h"
 #include "util/error.h"
 #include "util/memory.h"
@@ -57,7 +59,8 @@ public:
           max_batch_(std::min(options.context, kMaxBatch)),
           // The layer and output matrices copied to 2 MiB pages; Q8 and Q4 ones in tiles of
           // 16 rows where the AVX-512 VNNI kernels will read them (cpu/resident_weights.h).
-          weights_(cpu::resident_weights(model, cpu::uses_row_tiles())) {
+          weights_(cpu::resident_weights(model, cpu::uses_row_tiles())),
+          experts_(model.config, max_batch_) {
         const Config& c = model.config;
         if (kv_blocks_ < 0 || (kv_blocks_ > 0 && kv_block_size_ < 1))
             throw Error("the paged KV cache needs kv_blocks >= 0 and kv_block_size >= 1");
@@ -69,7 +72,7 @@ public:
         const size_t decode_scores = paged() ? 0 : size_t(c.heads) * context_;  // forward's
         const size_t activation_floats =
             B * (4 * size_t(c.dim) + 2 * c.q_dim() + 2 * c.kv_dim() + 2 * size_t(c.hidden_dim)) +
-            decode_scores + c.vocab_size;
+            decode_scores + c.vocab_size + cpu::MixtureOfExperts::buffer_floats(c, max_batch_);
         const size_t all_logits_floats = options.all_logits ? size_t(context_) * c.vocab_size : 0;
         const std::string what =
             paged() ? "the paged KV cache (" + std::to_string(kv_blocks_) + " blocks of " +
@@ -151,12 +154,13 @@ public:
 
             // Feed-forward: x += w2 · (act(w1 · norm(x)) * (w3 · norm(x)))
             //   (act: silu, SwiGLU; Gemma: gelu_tanh, GeGLU, and w2's output RMS-normed
-            //    before the add)
+            //    before the add; a sparse layer: the router picks k experts, and the sum of
+            //    their feed-forwards, weighted by the router, takes the place of w1, w3, w2)
             cpu::rmsnorm(s.xb.data(), s.x.data(), w.ffn_norm, c.dim, c.norm_eps);
-            cpu::matvec_many(
-                {{s.gate.data(), s.xb.data(), &w.w1}, {s.up.data(), s.xb.data(), &w.w3}});
-            gated_activation(s.gate.data(), s.up.data());
-            cpu::matvec(s.proj.data(), s.gate.data(), w.w2);
+            if (c.is_sparse(l))
+                experts_.decode(s.proj.data(), s.xb.data(), w);
+            else
+                dense_ffn(w);
             post_norm(s.proj.data(), w.post_ffn_norm, 1);
             for (int i = 0; i < c.dim; ++i) s.x[i] += s.proj[i];
         }
@@ -309,14 +313,10 @@ private:
             add_rows(s.x.data(), s.proj.data(), B);
 
             rmsnorm_rows(s.xb.data(), s.x.data(), w.ffn_norm, B);
-            multiply(s.xb.data(), B, {{s.gate.data(), &w.w1}, {s.up.data(), &w.w3}});
-            const size_t activation_cost =
-                c.activation == Activation::GeluTanh ? kGegluCost : kSwigluCost;
-            cpu::for_each_row(B, c.hidden_dim * activation_cost, [&](int b) {
-                const size_t row = size_t(b) * c.hidden_dim;
-                gated_activation(&s.gate[row], &s.up[row]);
-            });
-            multiply(s.gate.data(), B, {{s.proj.data(), &w.w2}});
+            if (c.is_sparse(l))
+                experts_.prefill(s.proj.data(), s.xb.data(), B, w);
+            else
+                dense_ffn_rows(w, B);
             post_norm(s.proj.data(), w.post_ffn_norm, B);
             add_rows(s.x.data(), s.proj.data(), B);
         }
@@ -398,6 +398,28 @@ private:
             default:
                 throw Error("multiply: 1 to 3 outputs");
         }
+    }
+
+    // The dense feed-forward of one token: proj = w2 · (act(w1 · xb) * (w3 · xb)).
+    void dense_ffn(const LayerWeights& w) {
+        InferenceState& s = state_;
+        cpu::matvec_many({{s.gate.data(), s.xb.data(), &w.w1}, {s.up.data(), s.xb.data(), &w.w3}});
+        gated_activation(s.gate.data(), s.up.data());
+        cpu::matvec(s.proj.data(), s.gate.data(), w.w2);
+    }
+
+    // The same for the B rows of xb, into the B rows of proj.
+    void dense_ffn_rows(const LayerWeights& w, int B) {
+        const Config& c = model_.config;
+        InferenceState& s = state_;
+        multiply(s.xb.data(), B, {{s.gate.data(), &w.w1}, {s.up.data(), &w.w3}});
+        const size_t activation_cost =
+            c.activation == Activation::GeluTanh ? kGegluCost : kSwigluCost;
+        cpu::for_each_row(B, c.hidden_dim * activation_cost, [&](int b) {
+            const size_t row = size_t(b) * c.hidden_dim;
+            gated_activation(&s.gate[row], &s.up[row]);
+        });
+        multiply(s.gate.data(), B, {{s.proj.data(), &w.w2}});
     }
 
     // The element-wise steps of prefill and step, a row (token) per call, rows split across
@@ -500,6 +522,7 @@ private:
     const int kv_block_size_;  // positions per block of the paged one
     const int max_batch_;
     const cpu::ResidentWeights weights_;
+    cpu::MixtureOfExperts experts_;  // the sparse layers' feed-forward
     InferenceState state_;
     std::vector<float> all_logits_;    // [context, vocab_size] with BackendOptions::all_logits
     std::vector<float> step_logits_;   // [rows wanting logits, vocab_size] of the last step

@@ -67,14 +67,15 @@ void for_each_row(int rows, size_t row_work, const std::function<void(int)>& wor
 // Q6_K or IQ4_XS weights to Q8_K (per 256), and the dot products are integer.
 void matvec(float* out, const float* x, const Matrix& w);
 
-// Several independent matvecs (e.g. q, k and v of one input) in one parallel region:
-// their rows, one after another, are split across the threads (at most 4 tasks).
+// Several independent matvecs (e.g. q, k and v of one input, or the chosen experts' of a
+// token) in one parallel region: their rows, one after another, are split across the threads.
 struct MatvecTask {
     float* out;
     const float* x;
     const Matrix* w;
 };
 void matvec_many(std::initializer_list<MatvecTask> tasks);
+void matvec_many(const MatvecTask* tasks, int count);
 
 // A vector quantized like a Q8 weight row: x[i] ≈ values[i] × scales[i / kQ8Group],
 // with scale = max |x| / 127 over each group.

@@ -73,10 +73,13 @@ void copy_matrix(Matrix* w, uint8_t* at, bool tiles, const SafetensorsFile* file
 ResidentWeights resident_weights(const Model& model, bool tiles) {
     ResidentWeights resident{model.layers, model.output, nullptr};
     std::vector<Matrix*> matrices;
-    for (LayerWeights& layer : resident.layers)
+    for (LayerWeights& layer : resident.layers) {
         for (Matrix* w :
              {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w1, &layer.w3, &layer.w2})
-            matrices.push_back(w);
+            if (w->data) matrices.push_back(w);  // a sparse layer has no w1, w3, w2
+        for (std::vector<Matrix>* experts : {&layer.expert_w1, &layer.expert_w3, &layer.expert_w2})
+            for (Matrix& w : *experts) matrices.push_back(&w);
+    }
     matrices.push_back(&resident.output);
     std::vector<size_t> offsets;  // of each matrix in the copy
     size_t total = 0;

@@ -4,9 +4,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "tokenizer/tokenizer.h"  // Tokenizer::kMaxVocabSize
 #include "util/error.h"
 #include "util/json.h"
-#include "tokenizer/tokenizer.h"  // Tokenizer::kMaxVocabSize
 
 namespace barellm {
 
@@ -44,7 +44,8 @@ float read_positive_float(const json& object, const char* key, const std::string
 }
 
 bool is_known_architecture(const json& value) {
-    return value == "llama" || value == "qwen2" || value == "qwen3" || value == "gemma3";
+    return value == "llama" || value == "qwen2" || value == "qwen3" || value == "gemma3" ||
+           value == "mixtral" || value == "qwen3_moe";
 }
 
 // A boolean field that is false when absent.
@@ -115,6 +116,36 @@ void read_layer_types(const json& object, const std::string& source, Config* con
                     ": config field 'layer_types' has sliding layers but no sliding_window");
 }
 
+// The mixture-of-experts fields: experts, experts_per_token, moe_hidden_dim, norm_topk_prob and
+// dense_layers (the indices of the layers that keep a dense feed-forward), all or none.
+void read_experts(const json& object, const std::string& source, Config* config) {
+    if (!object.contains("experts")) {
+        for (const char* key :
+             {"experts_per_token", "moe_hidden_dim", "norm_topk_prob", "dense_layers"})
+            if (object.contains(key))
+                throw Error(source + ": config field '" + key + "' needs 'experts'");
+        return;
+    }
+    constexpr int kMaxExperts = 1024;
+    config->experts = read_int(object, "experts", source, 1, kMaxExperts);
+    config->experts_per_token = read_int(object, "experts_per_token", source, 1, config->experts);
+    config->moe_hidden_dim = read_int(object, "moe_hidden_dim", source, 1, 4 * kMaxDim);
+    config->norm_topk_prob = read_optional_bool(object, "norm_topk_prob", source);
+    if (!object.contains("dense_layers")) return;
+    const json& dense = object["dense_layers"];
+    if (!dense.is_array())
+        throw Error(source + ": config field 'dense_layers' is not a list of layer indices");
+    config->dense_layers.assign(config->layers, false);
+    for (const json& layer : dense) {
+        if (!layer.is_number_integer() || layer.get<int64_t>() < 0 ||
+            layer.get<int64_t>() >= config->layers || config->dense_layers[layer.get<int>()])
+            throw Error(source + ": config field 'dense_layers' holds " + json_excerpt(layer) +
+                        ", not a layer index below " + std::to_string(config->layers) +
+                        " given once");
+        config->dense_layers[layer.get<int>()] = true;
+    }
+}
+
 }  // namespace
 
 Config Config::from_json(const std::string& json_text, const std::string& source) {
@@ -124,7 +155,8 @@ Config Config::from_json(const std::string& json_text, const std::string& source
         throw Error(
             source + ": architecture " +
             (object.contains("architecture") ? json_excerpt(object["architecture"]) : "(missing)") +
-            " is not supported (barellm runs llama, qwen2, qwen3 and gemma3)");
+            " is not supported (barellm runs llama, qwen2, qwen3, gemma3, mixtral and "
+            "qwen3_moe)");
     Config config;
     config.architecture = object["architecture"].get<std::string>();
     config.dim = read_int(object, "dim", source, 1, kMaxDim);
@@ -189,6 +221,15 @@ Config Config::from_json(const std::string& json_text, const std::string& source
         config.rope_theta_local = read_positive_float(object, "rope_theta_local", source);
         check_rope_frequencies(rope_local_inverse_frequencies(config), "rope_theta_local", source);
     }
+
+    read_experts(object, source, &config);
+    const bool moe_architecture =
+        config.architecture == "mixtral" || config.architecture == "qwen3_moe";
+    if (moe_architecture && config.experts == 0)
+        throw Error(source + ": architecture " + config.architecture + " needs 'experts'");
+    if (!moe_architecture && config.experts > 0)
+        throw Error(source + ": architecture " + config.architecture +
+                    " has no experts (mixtral and qwen3_moe have)");
 
     if (config.heads % config.kv_heads != 0)
         throw Error(source + ": heads (" + std::to_string(config.heads) +

@@ -48,6 +48,14 @@ struct Config {
     std::vector<bool> sliding_layers;  // per layer (Gemma); empty: sliding_window_first_layer
     float rope_theta_local = 0.0f;     // RoPE base of sliding layers, unscaled; 0: rope_theta
     float attention_scale = 0.0f;      // multiplies q·k; from_json: given or 1/sqrt(head_dim)
+    // Mixture of experts (Mixtral, Qwen3-MoE); experts 0: every layer dense. A sparse layer's
+    // feed-forward is `experts` networks of width moe_hidden_dim and a router that sends
+    // each token to experts_per_token of them; the dense ones (dense_layers) keep hidden_dim.
+    int experts = 0;
+    int experts_per_token = 0;
+    int moe_hidden_dim = 0;
+    bool norm_topk_prob = false;     // the chosen experts' weights rescaled to sum to 1
+    std::vector<bool> dense_layers;  // per layer with experts; empty: every layer sparse
 
     int q_dim() const { return heads * head_dim; }
     int kv_dim() const { return kv_heads * head_dim; }
@@ -55,6 +63,10 @@ struct Config {
     int layer_window(int layer) const {
         if (!sliding_layers.empty()) return sliding_layers[layer] ? sliding_window : 0;
         return layer >= sliding_window_first_layer ? sliding_window : 0;
+    }
+    // Whether layer `layer`'s feed-forward is a mixture of experts.
+    bool is_sparse(int layer) const {
+        return experts > 0 && (dense_layers.empty() || !dense_layers[layer]);
     }
     // Whether layer `layer` rotates with rope_local_inverse_frequencies (a sliding layer of a
     // model with rope_theta_local).

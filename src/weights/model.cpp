@@ -6,8 +6,8 @@
 #include <optional>
 
 #include "util/error.h"
-#include "weights/half.h"
 #include "util/json.h"
+#include "weights/half.h"
 
 namespace barellm {
 
@@ -181,6 +181,15 @@ const float* f32_vector(const SafetensorsFile& file, const std::string& name, in
 
 }  // namespace
 
+Matrix matrix_rows(const Matrix& w, int first_row, int rows) {
+    Matrix part = w;
+    part.data = w.row_data(first_row);
+    part.rows = rows;
+    if (w.scales) part.scales = w.scales + size_t(first_row) * w.scale_count_per_row();
+    part.row_tiles = nullptr;
+    return part;
+}
+
 size_t layer_vector_floats(const Config& c) {
     return (c.qkv_bias ? size_t(c.q_dim()) + 2 * size_t(c.kv_dim()) : 0) +
            (c.o_bias ? size_t(c.dim) : 0) + (c.qk_norm ? 2 * size_t(c.head_dim) : 0) +
@@ -224,9 +233,25 @@ Model Model::load(const std::string& path) {
             layer.k_norm = f32_vector(file, prefix + "k_norm", c.head_dim);
         }
         layer.ffn_norm = f32_vector(file, prefix + "ffn_norm", c.dim);
-        layer.w1 = matrix(file, prefix + "w1", c.hidden_dim, c.dim, dtype);
-        layer.w3 = matrix(file, prefix + "w3", c.hidden_dim, c.dim, dtype);
-        layer.w2 = matrix(file, prefix + "w2", c.dim, c.hidden_dim, dtype);
+        if (c.is_sparse(l)) {
+            layer.router = static_cast<const float*>(
+                checked_tensor(file, prefix + "router", {c.experts, c.dim}, DType::F32).data);
+            // Expert e's rows of each stacked matrix: e × moe_hidden_dim on for w1 and w3,
+            // e × dim on for w2.
+            const int E = c.experts, H = c.moe_hidden_dim;
+            const Matrix w1 = matrix(file, prefix + "experts.w1", E * H, c.dim, dtype);
+            const Matrix w3 = matrix(file, prefix + "experts.w3", E * H, c.dim, dtype);
+            const Matrix w2 = matrix(file, prefix + "experts.w2", E * c.dim, H, dtype);
+            for (int e = 0; e < E; ++e) {
+                layer.expert_w1.push_back(matrix_rows(w1, e * H, H));
+                layer.expert_w3.push_back(matrix_rows(w3, e * H, H));
+                layer.expert_w2.push_back(matrix_rows(w2, e * c.dim, c.dim));
+            }
+        } else {
+            layer.w1 = matrix(file, prefix + "w1", c.hidden_dim, c.dim, dtype);
+            layer.w3 = matrix(file, prefix + "w3", c.hidden_dim, c.dim, dtype);
+            layer.w2 = matrix(file, prefix + "w2", c.dim, c.hidden_dim, dtype);
+        }
         if (c.post_norms) {
             layer.post_attn_norm = f32_vector(file, prefix + "post_attn_norm", c.dim);
             layer.post_ffn_norm = f32_vector(file, prefix + "post_ffn_norm", c.dim);
@@ -246,6 +271,14 @@ Model Model::load(const std::string& path) {
                                      (c.qk_norm ? 2 : 0) + (c.post_norms ? 2 : 0);  // norms, biases
     size_t expected_tensors = 1 + vectors_per_layer * size_t(c.layers);
     for (const Matrix* m : model.matrices()) expected_tensors += m->scales ? 2 : 1;
+    // A sparse layer's tensors are its router and three stacked ones, not one per expert.
+    for (int l = 0; l < c.layers; ++l) {
+        if (!c.is_sparse(l)) continue;
+        const LayerWeights& layer = model.layers[l];
+        expected_tensors += 1;
+        for (const Matrix* first : {&layer.expert_w1[0], &layer.expert_w3[0], &layer.expert_w2[0]})
+            expected_tensors -= (first->scales ? 2 : 1) * (size_t(c.experts) - 1);
+    }
     if (file.tensors().size() != expected_tensors)
         throw Error(path + ": holds " + std::to_string(file.tensors().size()) +
                     " tensors, the config needs " + std::to_string(expected_tensors));
@@ -253,12 +286,8 @@ Model Model::load(const std::string& path) {
 }
 
 std::vector<const Matrix*> Model::matrices() const {
-    std::vector<const Matrix*> all = {&token_embedding};
-    for (const LayerWeights& layer : layers)
-        for (const Matrix* m :
-             {&layer.wq, &layer.wk, &layer.wv, &layer.wo, &layer.w1, &layer.w3, &layer.w2})
-            all.push_back(m);
-    if (!config.tied_embeddings) all.push_back(&output);
+    std::vector<const Matrix*> all;
+    for (const auto& named : named_matrices()) all.push_back(named.second);
     return all;
 }
 
@@ -268,35 +297,64 @@ std::vector<std::pair<std::string, const Matrix*>> Model::named_matrices() const
     for (size_t l = 0; l < layers.size(); ++l) {
         const LayerWeights& layer = layers[l];
         const std::string prefix = "layers." + std::to_string(l) + ".";
-        for (const auto& [name, m] : {std::pair{"wq", &layer.wq},
-                                      {"wk", &layer.wk},
-                                      {"wv", &layer.wv},
-                                      {"wo", &layer.wo},
-                                      {"w1", &layer.w1},
-                                      {"w3", &layer.w3},
-                                      {"w2", &layer.w2}})
+        for (const auto& [name, m] :
+             {std::pair{"wq", &layer.wq}, {"wk", &layer.wk}, {"wv", &layer.wv}, {"wo", &layer.wo}})
             all.emplace_back(prefix + name, m);
+        if (config.is_sparse(int(l))) {
+            for (const auto& [name, experts] : {std::pair{"experts.w1", &layer.expert_w1},
+                                                {"experts.w3", &layer.expert_w3},
+                                                {"experts.w2", &layer.expert_w2}})
+                for (size_t e = 0; e < experts->size(); ++e)
+                    all.emplace_back(prefix + name + "[" + std::to_string(e) + "]", &(*experts)[e]);
+        } else {
+            for (const auto& [name, m] :
+                 {std::pair{"w1", &layer.w1}, {"w3", &layer.w3}, {"w2", &layer.w2}})
+                all.emplace_back(prefix + name, m);
+        }
     }
     if (!config.tied_embeddings) all.emplace_back("output", &output);
     return all;
 }
 
 size_t Model::weight_bytes_per_token() const {
-    size_t bytes = output.bytes() + size_t(config.dim) * sizeof(float);  // + final norm
-    for (const LayerWeights& layer : layers)
+    const Config& c = config;
+    size_t bytes = output.bytes() + size_t(c.dim) * sizeof(float);  // + final norm
+    for (size_t l = 0; l < layers.size(); ++l) {
+        const LayerWeights& layer = layers[l];
         bytes += layer.wq.bytes() + layer.wk.bytes() + layer.wv.bytes() + layer.wo.bytes() +
-                 layer.w1.bytes() + layer.w3.bytes() + layer.w2.bytes() +
-                 2 * size_t(config.dim) * sizeof(float);
-    return bytes + layer_vector_floats(config) * layers.size() * sizeof(float);
+                 2 * size_t(c.dim) * sizeof(float);
+        if (c.is_sparse(int(l)))  // the router and k experts (all of one size)
+            bytes += size_t(c.experts) * c.dim * sizeof(float) +
+                     size_t(c.experts_per_token) *
+                         (layer.expert_w1[0].bytes() + layer.expert_w3[0].bytes() +
+                          layer.expert_w2[0].bytes());
+        else
+            bytes += layer.w1.bytes() + layer.w3.bytes() + layer.w2.bytes();
+    }
+    return bytes + layer_vector_floats(c) * layers.size() * sizeof(float);
 }
 
-size_t Model::parameter_count() const {
-    const Config& c = config;
-    const size_t per_layer = 2 * size_t(c.dim) * c.q_dim() + 2 * size_t(c.dim) * c.kv_dim() +
-                             3 * size_t(c.dim) * c.hidden_dim + 2 * size_t(c.dim) +
-                             layer_vector_floats(c);
-    const size_t embeddings = size_t(c.vocab_size) * c.dim * (c.tied_embeddings ? 1 : 2);
-    return embeddings + per_layer * c.layers + c.dim;
+namespace {
+
+// The parameters of the model with `experts_used` experts of each sparse layer counted.
+size_t parameters(const Config& c, int experts_used) {
+    const size_t attention = 2 * size_t(c.dim) * c.q_dim() + 2 * size_t(c.dim) * c.kv_dim() +
+                             2 * size_t(c.dim) + layer_vector_floats(c);
+    size_t total = size_t(c.vocab_size) * c.dim * (c.tied_embeddings ? 1 : 2) + c.dim;
+    for (int l = 0; l < c.layers; ++l)
+        total +=
+            attention + (c.is_sparse(l) ? size_t(c.experts) * c.dim +
+                                              size_t(experts_used) * 3 * c.dim * c.moe_hidden_dim
+                                        : 3 * size_t(c.dim) * c.hidden_dim);
+    return total;
+}
+
+}  // namespace
+
+size_t Model::parameter_count() const { return parameters(config, config.experts); }
+
+size_t Model::active_parameter_count() const {
+    return parameters(config, config.experts_per_token);
 }
 
 }  // namespace barellm

@@ -87,9 +87,16 @@ struct LayerWeights {
     const float* q_norm = nullptr;  // [head_dim]             qk_norm
     const float* k_norm = nullptr;  // [head_dim]             qk_norm
     const float* ffn_norm;          // [dim]
-    Matrix w1;                      // [hidden_dim, dim]  gate
-    Matrix w3;                      // [hidden_dim, dim]  up
-    Matrix w2;                      // [dim, hidden_dim]  down
+    // A dense layer's feed-forward (empty in a sparse one):
+    Matrix w1;  // [hidden_dim, dim]  gate
+    Matrix w3;  // [hidden_dim, dim]  up
+    Matrix w2;  // [dim, hidden_dim]  down
+    // A sparse layer's (Config::is_sparse): the router, f32, and each expert's three matrices,
+    // views of the file's stacked tensors (docs/FORMAT.md); empty in a dense layer.
+    const float* router = nullptr;  // [experts, dim]
+    std::vector<Matrix> expert_w1;  // [experts] of [moe_hidden_dim, dim]  gate
+    std::vector<Matrix> expert_w3;  // [experts] of [moe_hidden_dim, dim]  up
+    std::vector<Matrix> expert_w2;  // [experts] of [dim, moe_hidden_dim]  down
     // Present only with post_norms (Gemma), f32: the RMSNorm weights of wo's and w2's outputs,
     // applied before the residual add.
     const float* post_attn_norm = nullptr;  // [dim]
@@ -107,15 +114,25 @@ struct Model {
     // Maps and validates a converted weight file; throws Error naming the problem.
     static Model load(const std::string& path);
 
-    // Every distinct matrix: the embedding, each layer's seven, the output when untied.
+    // Every distinct matrix: the embedding, each layer's (its attention's four, then its dense
+    // feed-forward's three or every expert's three), the output when untied.
     std::vector<const Matrix*> matrices() const;
-    // The same with their names in the file ("token_embedding", "layers.0.wq", ...).
+    // The same with their names ("token_embedding", "layers.0.wq", an expert's
+    // "layers.1.experts.w1[5]": expert 5's rows of the stacked tensor "layers.1.experts.w1").
     std::vector<std::pair<std::string, const Matrix*>> named_matrices() const;
 
-    // Bytes of weights one decode step reads (every matrix once, embedding row aside).
+    // Bytes of weights one decode step reads (every matrix once, embedding row aside; of a
+    // sparse layer, the router and experts_per_token experts' matrices).
     size_t weight_bytes_per_token() const;
     size_t parameter_count() const;
+    // The parameters one token computes with: parameter_count less the experts it is not
+    // routed to (the same for a dense model).
+    size_t active_parameter_count() const;
 };
+
+// Rows first_row .. first_row + rows - 1 of w as a matrix of its own (an expert's part of
+// a stacked tensor).
+Matrix matrix_rows(const Matrix& w, int first_row, int rows);
 
 // Floats per layer of the optional biases, q/k norms and post norms the config asks for.
 size_t layer_vector_floats(const Config& config);
