@@ -49,15 +49,8 @@ SANITIZE = {
     "test_convert_gguf.py": ["test_quantized_types_close_to_f32",
                              "test_sentencepiece_tokenizer_of_stories260k"],
     "test_convert_kquants.py": ["test_a_mix_runs_as_its_dequantized_weights"],
-    "test_serve.py": ["test_health_models_and_the_log", "test_greedy_completion_equals_run",
-                      "test_streaming_equals_the_whole_reply", "test_stop_strings",
-                      "test_chat_completion_equals_run_chat",
-                      "test_concurrent_greedy_requests_equal_each_alone_and_run",
-                      "test_malformed_requests_get_400",
-                      "test_prompts_beyond_the_context_get_400_with_a_message",
-                      "test_a_10_mb_body_gets_413", "test_500_connections_at_once",
-                      "test_a_client_that_never_reads_its_stream", "test_api_key",
-                      "test_serve_command_line", "test_still_healthy_after_everything"],
+    "test_serve.py": None,
+
 }
 
 
