@@ -178,24 +178,27 @@ TEST_CASE("a GEMM gives each token the same bits whatever the batch around it") 
         matrices.push_back(make_matrix(rows, cols, dtype, rng));
     for (DType dtype : {DType::Q4_K, DType::Q6_K, DType::Q5_0})
         matrices.push_back(make_block_matrix(rows, cols, dtype, rng));
-    const int batch = 13;
-    const std::vector<float> x = random_floats(size_t(batch) * cols, rng);
+    // Batches of 13 and of 8 tokens against parts of them: block-type weights meet up to 8
+    // tokens through the matvec (cpu/kernels.h, gemm), the same in every batch on each side.
+    const std::vector<float> x = random_floats(size_t(13) * cols, rng);
     for (cpu::SimdLevel level : kLevels) {
         if (level > cpu::detect_simd_level()) continue;
         SimdLevelScope scope(level);
-        for (const TestMatrix& m : matrices) {
-            INFO(cpu::simd_level_name(level) << " " << dtype_name(m.matrix.dtype));
-            std::vector<float> together(size_t(batch) * rows);
-            cpu::gemm(together.data(), x.data(), batch, m.matrix);
-            for (int first : {0, 5, 12})
-                for (int size : {1, 2, 7}) {
-                    if (first + size > batch) continue;
+        for (const TestMatrix& m : matrices)
+            for (auto [batch, parts] :
+                 {std::pair{13, std::vector<std::pair<int, int>>{{0, 9}, {1, 12}, {4, 9}}},
+                  std::pair{8, std::vector<std::pair<int, int>>{{0, 1}, {3, 2}, {1, 7}}}}) {
+                INFO(cpu::simd_level_name(level)
+                     << " " << dtype_name(m.matrix.dtype) << " batch " << batch);
+                std::vector<float> together(size_t(batch) * rows);
+                cpu::gemm(together.data(), x.data(), batch, m.matrix);
+                for (auto [first, size] : parts) {
                     std::vector<float> part(size_t(size) * rows);
                     cpu::gemm(part.data(), &x[size_t(first) * cols], size, m.matrix);
                     CHECK(std::equal(part.begin(), part.end(),
                                      together.begin() + size_t(first) * rows));
                 }
-        }
+            }
     }
 }
 
@@ -296,6 +299,7 @@ struct PlannedSequence {
     std::vector<int> tokens;
     std::vector<int> block_table;
     std::vector<int> chunks;
+    bool logits = true;  // false: no row of the sequence wants its logits
 };
 
 // Logits of a plan's rows: [sequence][position], empty where the row did not ask for them.
@@ -303,7 +307,7 @@ using PlanLogits = std::vector<std::vector<std::vector<float>>>;
 
 // Runs the plan's steps on `backend`: step i holds chunk i of every sequence, the rows of the
 // sequences interleaved at random (each sequence's in increasing positions); a row wants its
-// logits at random, and always at the end of its chunk.
+// logits at random, and always at the end of its chunk (if its sequence wants any).
 PlanLogits run_plan(Backend& backend, const std::vector<PlannedSequence>& plan, std::mt19937& rng) {
     const int vocab = 67;
     PlanLogits logits(plan.size());
@@ -325,8 +329,8 @@ PlanLogits run_plan(Backend& backend, const std::vector<PlannedSequence>& plan, 
         for (int s : owners) {
             const int pos = next[s]++;
             const bool last = --remaining[s] == 0;
-            rows.push_back(
-                {plan[s].tokens[pos], pos, plan[s].block_table.data(), last || rng() % 2 == 0});
+            rows.push_back({plan[s].tokens[pos], pos, plan[s].block_table.data(),
+                            plan[s].logits && (last || rng() % 2 == 0)});
         }
         const float* out = backend.step(rows.data(), int(rows.size()));
         for (size_t r = 0, wanting = 0; r < rows.size(); ++r) {
@@ -430,9 +434,9 @@ TEST_CASE("a row's logits do not depend on the rows that share its step") {
     for (cpu::SimdLevel level : kLevels) {
         if (level > cpu::detect_simd_level()) continue;
         SimdLevelScope scope(level);
-        std::vector<PlannedSequence> together(3), alone(1);
+        std::vector<PlannedSequence> together(3), beside(2);
         together[0].chunks = {20, 1, 1, 1, 1, 1};
-        together[1].chunks = {3, 6, 1, 1, 1, 1, 1};
+        together[1].chunks = {3, 6, 1, 1, 1, 1};
         together[2].chunks = {1, 1, 1, 9, 1, 1};
         const int block_size = 32, blocks = 12;
         const std::vector<int> free_blocks = random_blocks(blocks, blocks, rng);
@@ -445,19 +449,52 @@ TEST_CASE("a row's logits do not depend on the rows that share its step") {
         }
         auto batched = make_cpu_backend(model, paged_options(blocks, block_size, KvType::F16));
         const PlanLogits batched_logits = run_plan(*batched, together, rng);
-        // Each sequence alone, one token a step, in other blocks.
+        // Each sequence again, one token a step, beside a different sequence that wants no
+        // logits (steps of two rows, one wanting logits; one row alone runs forward's kernels,
+        // below), in other blocks.
         for (size_t s = 0; s < together.size(); ++s) {
-            alone[0].tokens = together[s].tokens;
-            alone[0].chunks.assign(alone[0].tokens.size(), 1);
-            alone[0].block_table = {free_blocks.at(next_free % blocks)};
-            auto single = make_cpu_backend(model, paged_options(blocks, block_size, KvType::F16));
-            const PlanLogits single_logits = run_plan(*single, alone, rng);
-            for (size_t pos = 0; pos < alone[0].tokens.size(); ++pos) {
+            const int length = int(together[s].tokens.size());
+            beside[0].tokens = together[s].tokens;
+            beside[1].tokens = random_tokens(length, rng);
+            for (int i = 0; i < 2; ++i) {
+                beside[i].chunks.assign(length, 1);
+                beside[i].block_table = {free_blocks.at((next_free + i) % blocks)};
+            }
+            beside[1].logits = false;
+            auto other = make_cpu_backend(model, paged_options(blocks, block_size, KvType::F16));
+            const PlanLogits beside_logits = run_plan(*other, beside, rng);
+            for (int pos = 0; pos < length; ++pos) {
                 INFO(family << " " << dtype_name(dtype) << " " << cpu::simd_level_name(level)
                             << " sequence " << s << " position " << pos);
-                if (!batched_logits[s][pos].empty() && !single_logits[0][pos].empty())
-                    CHECK(batched_logits[s][pos] == single_logits[0][pos]);
+                if (!batched_logits[s][pos].empty() && !beside_logits[0][pos].empty())
+                    CHECK(batched_logits[s][pos] == beside_logits[0][pos]);
             }
+        }
+    }
+}
+
+TEST_CASE("steps of one row give forward's logits bit for bit") {
+    const std::string family = GENERATE("llama", "gemma3");
+    const DType dtype = GENERATE(DType::F32, DType::Q8_0, DType::BF16);
+    std::mt19937 rng(59001);
+    const auto file = write_model(family, rng);
+    const Model source = Model::load(file->path);
+    const auto copy = copy_model(source, dtype);
+    const Model& model = copy->model;
+    const std::vector<int> tokens = random_tokens(40, rng);
+    const std::vector<int> table = {3, 0, 2};
+    for (cpu::SimdLevel level : kLevels) {
+        if (level > cpu::detect_simd_level()) continue;
+        SimdLevelScope scope(level);
+        auto paged = make_cpu_backend(model, paged_options(4, 16, KvType::F16));
+        auto decoding = make_cpu_backend(model, BackendOptions{128, KvType::F16});
+        for (int pos = 0; pos < int(tokens.size()); ++pos) {
+            const StepRow row{tokens[pos], pos, table.data(), true};
+            const float* stepped = paged->step(&row, 1);
+            const float* forward = decoding->forward(tokens[pos], pos);
+            INFO(family << " " << dtype_name(dtype) << " " << cpu::simd_level_name(level)
+                        << " position " << pos);
+            CHECK(std::equal(stepped, stepped + model.config.vocab_size, forward));
         }
     }
 }
@@ -485,8 +522,9 @@ TEST_CASE("a step reads a block copied with copy_kv_block as it read the origina
 
     auto reference = make_cpu_backend(model, paged_options(blocks, block_size, KvType::F16));
     for (int pos = 0; pos < length; ++pos) rows[pos] = {tokens[pos], pos, table.data(), false};
-    rows.push_back({tokens[length], length, table.data(), true});
-    const float* want = reference->step(rows.data(), length + 1);
+    reference->step(rows.data(), length);
+    const StepRow next_original{tokens[length], length, table.data(), true};
+    const float* want = reference->step(&next_original, 1);
     CHECK(through_copy == std::vector<float>(want, want + model.config.vocab_size));
 }
 

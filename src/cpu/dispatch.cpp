@@ -175,6 +175,9 @@ namespace {
 // Row tiles a thread claims at most at once in the VNNI GEMMs.
 constexpr int kQuantizedRowTiles = 4;
 
+// The most tokens gemm_many multiplies by block-type weights through matvecs.
+constexpr int kBlockMatvecBatch = 8;
+
 // The GEMM rows [first, first + count) of one output, on the path for its weights:
 // vdpbf16ps for bf16 where pair_tiles were packed, else AVX-512 FMAs for f32, f16 and
 // bf16, else AVX2 (the block types dequantized to f32 there, where they share a call with
@@ -203,6 +206,18 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
         total_rows += o.w->rows;
     }
     const size_t row_work = size_t(cols) * batch;
+    // Block-type weights meet a few tokens faster through the decode matvec, a token at a
+    // time: the GEMM unpacks each tile of weights to levels and f32 scales, which costs about
+    // as much as kBlockMatvecBatch matvecs (measured on TinyLlama Q4_K_M and Q6_K).
+    const bool all_blocks = std::all_of(outputs.begin(), outputs.end(), [](const BatchOutput& o) {
+        return is_block_type(o.w->dtype);
+    });
+    if (active_level >= SimdLevel::Avx2 && all_blocks && batch <= kBlockMatvecBatch) {
+        for (int b = 0; b < batch; ++b)
+            for (const BatchOutput& o : outputs)
+                matvec(o.out + size_t(b) * o.w->rows, x + size_t(b) * cols, *o.w);
+        return;
+    }
     if (active_level < SimdLevel::Avx2) {
         for (const BatchOutput& o : outputs)
             split_rows(o.w->rows, row_work, [&](int first, int count) {

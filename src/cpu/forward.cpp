@@ -183,11 +183,15 @@ public:
         return all_logits ? all_logits_.data() : last;
     }
 
-    // Row independence: a row's logits depend only on its token, its position and its own
-    // sequence's keys and values, never on the other rows of the step or on their number:
-    // every kernel of a step computes each row on its own in a fixed order (the GEMMs' per
-    // token sums, the element-wise steps, attention_paged per (row, head)), so a step gives
-    // each row bitwise the logits it gets in a step of its own, for every weight type.
+    // Row independence: in a step of two rows or more, a row's logits depend only on its
+    // token, its position and its own sequence's keys and values, never on which rows share
+    // the step or how many, or how many want logits: every kernel computes each row on its
+    // own in a fixed order (the GEMMs' per-token sums, the element-wise steps,
+    // attention_paged per (row, head)), so the bits are the same in any batch, for every
+    // weight type (block types: in any batch on the same side of 8 rows, cpu::gemm). A step
+    // of one row runs forward's kernels (matvecs, the same attention sums) and gives forward's
+    // bits; they differ from a batched row's by rounding (a matvec and a GEMM sum in
+    // different orders). Returns nullptr when no row wants logits.
     const float* step(const StepRow* rows, int count) override {
         const Config& c = model_.config;
         InferenceState& s = state_;
@@ -212,7 +216,12 @@ public:
                            "the logits of " + std::to_string(wanting) + " rows");
             step_logits_.resize(logits_floats);
         }
-        cpu::gemm(step_logits_.data(), s.xb.data(), wanting, weights_.output);
+        // The GEMM for a step of several rows even when one wants logits: its bits then do not
+        // depend on how many do.
+        if (count > 1)
+            cpu::gemm(step_logits_.data(), s.xb.data(), wanting, weights_.output);
+        else
+            multiply(s.xb.data(), 1, {{step_logits_.data(), &weights_.output}});
         return step_logits_.data();
     }
 
@@ -274,8 +283,8 @@ private:
             const LayerWeights& w = weights_.layers[l];
             const float* rope_frequencies = layer_rope_frequencies(l);
             rmsnorm_rows(s.xb.data(), s.x.data(), w.attn_norm, B);
-            cpu::gemm_many(s.xb.data(), B,
-                           {{s.q.data(), &w.wq}, {s.k.data(), &w.wk}, {s.v.data(), &w.wv}});
+            multiply(s.xb.data(), B,
+                     {{s.q.data(), &w.wq}, {s.k.data(), &w.wk}, {s.v.data(), &w.wv}});
             cpu::for_each_row(B, c.q_dim() + c.kv_dim(), [&](int b) {
                 const int pos = places.pos(b);
                 float* q_row = &s.q[size_t(b) * c.q_dim()];
@@ -292,7 +301,7 @@ private:
                 cpu::kv_store(kv_slot(s.value_cache, l, places, b), v_row, c.kv_dim(), kv_type_);
             });
             attend(l, B, places);
-            cpu::gemm(s.proj.data(), s.att.data(), B, w.wo);
+            multiply(s.att.data(), B, {{s.proj.data(), &w.wo}});
             if (w.bo)
                 cpu::for_each_row(
                     B, c.dim, [&](int b) { add_bias(&s.proj[size_t(b) * c.dim], w.bo, c.dim); });
@@ -300,14 +309,14 @@ private:
             add_rows(s.x.data(), s.proj.data(), B);
 
             rmsnorm_rows(s.xb.data(), s.x.data(), w.ffn_norm, B);
-            cpu::gemm_many(s.xb.data(), B, {{s.gate.data(), &w.w1}, {s.up.data(), &w.w3}});
+            multiply(s.xb.data(), B, {{s.gate.data(), &w.w1}, {s.up.data(), &w.w3}});
             const size_t activation_cost =
                 c.activation == Activation::GeluTanh ? kGegluCost : kSwigluCost;
             cpu::for_each_row(B, c.hidden_dim * activation_cost, [&](int b) {
                 const size_t row = size_t(b) * c.hidden_dim;
                 gated_activation(&s.gate[row], &s.up[row]);
             });
-            cpu::gemm(s.proj.data(), s.gate.data(), B, w.w2);
+            multiply(s.gate.data(), B, {{s.proj.data(), &w.w2}});
             post_norm(s.proj.data(), w.post_ffn_norm, B);
             add_rows(s.x.data(), s.proj.data(), B);
         }
@@ -369,6 +378,25 @@ private:
             for (int earlier = 0; earlier < b; ++earlier)
                 if (rows[earlier].block_table == row.block_table && rows[earlier].pos >= row.pos)
                     throw Error("step: rows of one sequence must come in increasing positions");
+        }
+    }
+
+    // out = W · x for each of the B rows of x [B, cols] and each of the 1 to 3 outputs (one
+    // input, e.g. q, k and v): the GEMM, which reads each weight once for every row; a single
+    // row through forward's matvecs, faster than a GEMM of one row.
+    static void multiply(const float* x, int B, std::initializer_list<cpu::BatchOutput> outputs) {
+        if (B > 1) return cpu::gemm_many(x, B, outputs);
+        const cpu::BatchOutput* o = outputs.begin();
+        switch (outputs.size()) {
+            case 1:
+                return cpu::matvec(o[0].out, x, *o[0].w);
+            case 2:
+                return cpu::matvec_many({{o[0].out, x, o[0].w}, {o[1].out, x, o[1].w}});
+            case 3:
+                return cpu::matvec_many(
+                    {{o[0].out, x, o[0].w}, {o[1].out, x, o[1].w}, {o[2].out, x, o[2].w}});
+            default:
+                throw Error("multiply: 1 to 3 outputs");
         }
     }
 

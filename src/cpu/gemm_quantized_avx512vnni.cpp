@@ -18,6 +18,8 @@
 //   for the micro-kernel: per group, per step of four columns, the four bytes of each row
 //   side by side, 16 rows a register, and the group's scales as f32. The panel (32 KB for
 //   1024 columns) stays in L2 while every token of the batch meets it.
+//   Batches of up to kDirectBatch tokens skip the panel and read the tiles as they are
+//   (TileWeights), which gives the same sums.
 // - The micro-kernel (tile_kernel) holds kQuantizedTokenTile tokens × kQuantizedRowTile
 //   rows: lanes are rows, two registers of 16 per token. See its comment for the register
 //   budget.
@@ -105,19 +107,58 @@ void pack_panel(uint8_t* panel, float* scales, const Matrix& w, int first_tile) 
     }
 }
 
-// out[first_token + k][row] = Σ_g panel scale[g][row] × x scale[k][g] × (exact int32 dot of
-// group g) for TOKENS tokens and the tile's rows (store_masks[h]: those of rows 16h..16h+15
-// that exist); out has `stride` floats a token.
+// Where the micro-kernel reads the unsigned weight bytes (registers of step s of group g,
+// rows 16h..16h+15) and the f32 scales of two tiles: a packed panel (pack_panel), or the
+// tiles as they are, for a batch that meets them once (no panel worth packing). Both give the
+// same values, so a token's sums do not depend on which one its batch used.
+struct PanelWeights {
+    const uint8_t* panel;
+    const float* scales;
+    __m512i values(int g, int s, int h) const {
+        return _mm512_load_si512(panel + size_t(g) * kGroupBytes + s * kStepBytes +
+                                 h * kLanes * kBytesPerLane);
+    }
+    __m512 group_scales(int g, int h) const {
+        return _mm512_load_ps(scales + g * kQuantizedRowTile + h * kLanes);
+    }
+};
+template <DType kType>
+struct TileWeights {
+    const uint8_t* tiles[kRowRegisters];
+    __m512i values(int g, int s, int h) const {
+        const uint8_t* group = tile_group_values(tiles[h], kType, g);
+        if constexpr (kType == DType::Q8_0) {
+            return _mm512_load_si512(group + s * kTileRegisterBytes);
+        } else {
+            // As pack_panel: register j holds steps j (low nibbles) and j + 4 (high).
+            constexpr int kHighSteps = kGroupSteps / 2;
+            const __m512i bytes = _mm512_load_si512(group + (s % kHighSteps) * kTileRegisterBytes);
+            const __m512i nibbles = _mm512_and_si512(
+                s < kHighSteps ? bytes : _mm512_srli_epi16(bytes, 4), _mm512_set1_epi8(0x0f));
+            return _mm512_shuffle_epi8(
+                _mm512_broadcast_i32x4(
+                    _mm_load_si128(reinterpret_cast<const __m128i*>(kUnsignedNibbles.bytes))),
+                nibbles);
+        }
+    }
+    __m512 group_scales(int g, int h) const {
+        return _mm512_cvtph_ps(_mm256_load_si256(
+            reinterpret_cast<const __m256i*>(tile_group_scales(tiles[h], kType, g))));
+    }
+};
+
+// out[first_token + k][row] = Σ_g weight scale[g][row] × x scale[k][g] × (exact int32 dot of
+// group g) for TOKENS tokens and the two tiles' rows (store_masks[h]: those of rows
+// 16h..16h+15 that exist); out has `stride` floats a token.
 //
 // Register tile: TOKENS ≤ kQuantizedTokenTile = 6 tokens × kQuantizedRowTile = 32 rows (two
 // registers of 16 rows): 12 int32 dot registers and 12 f32 sum registers, plus the step's two
 // weight registers and one broadcast of x: 27 of the 32. Each step (four columns) loads two panel
 // registers and broadcasts four bytes of each token's x: 12 vpdpbusd for 2 + 6 loads.
 // After a group's eight steps its dots are converted, scaled and added to the sums.
-template <int TOKENS>
+template <int TOKENS, typename Weights>
 void tile_kernel(float* out, int stride, const __mmask16 store_masks[kRowRegisters],
-                 const uint8_t* panel, const float* panel_scales, const QuantizedBatch& x,
-                 int first_token) {
+                 const Weights& w, const QuantizedBatch& x, int first_token) {
     const int8_t* values[TOKENS];
     const float* x_scales[TOKENS];
     const int32_t* starts[TOKENS];
@@ -138,14 +179,11 @@ void tile_kernel(float* out, int stride, const __mmask16 store_masks[kRowRegiste
         for (int k = 0; k < TOKENS; ++k)
 #pragma GCC unroll 8
             for (int h = 0; h < kRowRegisters; ++h) dots[k][h] = _mm512_set1_epi32(starts[k][g]);
-        const uint8_t* group_panel = panel + size_t(g) * kGroupBytes;
 #pragma GCC unroll 8
         for (int s = 0; s < kGroupSteps; ++s) {
             __m512i weights[kRowRegisters];
 #pragma GCC unroll 8
-            for (int h = 0; h < kRowRegisters; ++h)
-                weights[h] =
-                    _mm512_load_si512(group_panel + s * kStepBytes + h * kLanes * kBytesPerLane);
+            for (int h = 0; h < kRowRegisters; ++h) weights[h] = w.values(g, s, h);
 #pragma GCC unroll 8
             for (int k = 0; k < TOKENS; ++k) {
                 const __m512i x_word = broadcast_word(values[k] + g * kGroup + s * kBytesPerLane);
@@ -156,8 +194,7 @@ void tile_kernel(float* out, int stride, const __mmask16 store_masks[kRowRegiste
         }
         __m512 weight_scales[kRowRegisters];
 #pragma GCC unroll 8
-        for (int h = 0; h < kRowRegisters; ++h)
-            weight_scales[h] = _mm512_load_ps(panel_scales + g * kQuantizedRowTile + h * kLanes);
+        for (int h = 0; h < kRowRegisters; ++h) weight_scales[h] = w.group_scales(g, h);
 #pragma GCC unroll 8
         for (int k = 0; k < TOKENS; ++k) {
             const __m512 x_scale = _mm512_set1_ps(x_scales[k][g]);
@@ -176,10 +213,22 @@ void tile_kernel(float* out, int stride, const __mmask16 store_masks[kRowRegiste
                                   store_masks[h], sums[k][h]);
 }
 
-using TileKernel = void (*)(float*, int, const __mmask16*, const uint8_t*, const float*,
-                            const QuantizedBatch&, int);
-constexpr TileKernel kTileKernels[kQuantizedTokenTile] = {
-    tile_kernel<1>, tile_kernel<2>, tile_kernel<3>, tile_kernel<4>, tile_kernel<5>, tile_kernel<6>};
+// tile_kernel for `tokens` (1 ≤ tokens ≤ kQuantizedTokenTile) tokens from first_token on.
+template <typename Weights>
+void run_tile_kernel(int tokens, float* out, int stride, const __mmask16* store_masks,
+                     const Weights& w, const QuantizedBatch& x, int first_token) {
+    using Kernel =
+        void (*)(float*, int, const __mmask16*, const Weights&, const QuantizedBatch&, int);
+    static constexpr Kernel kernels[kQuantizedTokenTile] = {
+        tile_kernel<1, Weights>, tile_kernel<2, Weights>, tile_kernel<3, Weights>,
+        tile_kernel<4, Weights>, tile_kernel<5, Weights>, tile_kernel<6, Weights>};
+    kernels[tokens - 1](out, stride, store_masks, w, x, first_token);
+}
+
+// Batches of up to this many tokens (a step of a few decoding sequences) read the weights
+// from their tiles, with no panel: packing one costs more than the few kernel calls that
+// would read it gain (measured on TinyLlama's shapes, q8 and q4, 2 to 16 tokens).
+constexpr int kDirectBatch = 16;
 
 template <DType kType>
 void gemm_rows_typed(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
@@ -192,6 +241,23 @@ void gemm_rows_typed(float* out, const Matrix& w, const QuantizedBatch& x, int f
     uint8_t* panel = align64(panel_storage.data());
     float* scales = align64(scale_storage.data());
     const int end_row = first_row + row_count;
+    // A small batch (kDirectBatch) reads the tiles as they are. A second tile past the
+    // matrix's end stands in as the first, its rows not stored.
+    if (x.batch <= kDirectBatch) {
+        for (int tile_row = first_row / kTileRows * kTileRows; tile_row < end_row;
+             tile_row += kQuantizedRowTile) {
+            const int tile = tile_row / kTileRows;
+            const uint8_t* first = w.row_tiles + size_t(tile) * tile_bytes(w);
+            const uint8_t* second = tile + 1 < tile_count(w) ? first + tile_bytes(w) : first;
+            const __mmask16 store_masks[kRowRegisters] = {
+                lanes_in(tile_row, first_row, end_row),
+                lanes_in(tile_row + kLanes, first_row, end_row)};
+            for (int token = 0; token < x.batch; token += kQuantizedTokenTile)
+                run_tile_kernel(std::min(kQuantizedTokenTile, x.batch - token), out + tile_row,
+                                w.rows, store_masks, TileWeights<kType>{{first, second}}, x, token);
+        }
+        return;
+    }
     // Panels of two whole tiles; one the run shares with another thread's is computed by
     // both, each storing its own rows.
     for (int tile_row = first_row / kTileRows * kTileRows; tile_row < end_row;
@@ -201,8 +267,8 @@ void gemm_rows_typed(float* out, const Matrix& w, const QuantizedBatch& x, int f
             lanes_in(tile_row, first_row, end_row),
             lanes_in(tile_row + kLanes, first_row, end_row)};
         for (int token = 0; token < x.batch; token += kQuantizedTokenTile)
-            kTileKernels[std::min(kQuantizedTokenTile, x.batch - token) - 1](
-                out + tile_row, w.rows, store_masks, panel, scales, x, token);
+            run_tile_kernel(std::min(kQuantizedTokenTile, x.batch - token), out + tile_row, w.rows,
+                            store_masks, PanelWeights{panel, scales}, x, token);
     }
 }
 
