@@ -87,7 +87,7 @@ struct Scheduler::State {
     SchedulerMetrics metrics;
 
     // The loop's thread only:
-    std::vector<std::unique_ptr<Sequence>> running;  // oldest first
+    std::vector<std::unique_ptr<Sequence>> running;  // sorted oldest first by plan_rows()
     std::vector<float> scratch;                      // [vocab_size], the sampler's input
     std::thread loop;
 
@@ -389,10 +389,10 @@ uint64_t Scheduler::submit(Request request) {
     if (request.max_tokens < 0)
         throw Error("max_tokens must be 0 (until the context is full) or more, got " +
                     std::to_string(request.max_tokens));
-    const int blocks = (count + s.metrics.kv_block_size - 1) / s.metrics.kv_block_size;
-    if (blocks > s.books.total_blocks())
+    // The pool's size and block size never change: read here without the loop's thread.
+    if (s.books.blocks_for(count) > s.books.total_blocks())
         throw Error("the prompt has " + std::to_string(count) + " tokens; the KV cache holds " +
-                    std::to_string(s.books.total_blocks() * s.metrics.kv_block_size));
+                    std::to_string(s.books.total_blocks() * s.books.block_size()));
     // The sampler and decoder read the whole prompt: outside the lock. The id (the age that
     // preemption goes by) is given under it.
     auto seq = std::make_unique<Sequence>(std::move(request), s.config, s.tokenizer);
