@@ -70,8 +70,8 @@ ChatRequest parse_chat_request(std::string_view body);
 // rendered with the system message by render_chat, each assistant message follows as the
 // template writes it (trimmed by Llama 3 and Gemma; trimmed after a space by Llama-2-chat;
 // as it is by ChatML and Mistral), and each later user message by render_next_turn: the
-// text Hugging Face's apply_chat_template gives for the conversation. ApiError 400 for any other order
-// and for what the template refuses (a system message where it has none, an empty BOS or EOS
+// text Hugging Face's apply_chat_template gives for the conversation. ApiError 400 for any other
+// order and for what the template refuses (a system message where it has none, an empty BOS or EOS
 // text it needs).
 std::string render_conversation(const ChatTemplate& chat, const std::vector<ChatMessage>& messages,
                                 const std::string& bos_text, const std::string& eos_text);
