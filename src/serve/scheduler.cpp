@@ -15,6 +15,8 @@
 // block books and the running sequences belong to the loop's thread alone.
 #include "serve/scheduler.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
@@ -363,7 +365,13 @@ Scheduler::Scheduler(Backend& backend, const Config& config, const Tokenizer& to
                      const SchedulerOptions& options, int kv_blocks, int kv_block_size)
     : state_(
           std::make_unique<State>(backend, config, tokenizer, options, kv_blocks, kv_block_size)) {
-    state_->loop = std::thread([this] { state_->run_loop(); });
+    // The backend's kernels run OpenMP teams on the loop's thread, which would otherwise
+    // start with OpenMP's initial thread count rather than the one set here (--threads).
+    const int threads = omp_get_max_threads();
+    state_->loop = std::thread([this, threads] {
+        omp_set_num_threads(threads);
+        state_->run_loop();
+    });
 }
 
 Scheduler::~Scheduler() {
