@@ -47,7 +47,7 @@ constexpr size_t kLoggedPathBytes = 200;
 struct Channel {
     std::mutex mutex;
     std::condition_variable changed;
-    std::string text;  // arrived, not sent yet
+    std::vector<std::string> pieces;  // arrived, not sent yet: one per token's text
     bool done = false;
     Completion completion;
 };
@@ -341,7 +341,7 @@ private:
         auto channel = std::make_shared<Channel>();
         request.on_text = [channel](const std::string& text) {
             std::lock_guard<std::mutex> lock(channel->mutex);
-            channel->text += text;
+            channel->pieces.push_back(text);
             channel->changed.notify_all();
         };
         request.on_done = [channel](const Completion& completion) {
@@ -381,9 +381,11 @@ private:
             throw unfinished_error(completion);
         const Usage usage{completion.prompt_tokens, completion.completion_tokens};
         const std::string reason = finish_reason_name(completion.finish_reason);
+        std::string text;
+        for (const std::string& piece : channel.pieces) text += piece;
         send_json(res, 200,
-                  chat ? chat_response(header, channel.text, reason, usage)
-                       : completion_response(header, channel.text, reason, usage));
+                  chat ? chat_response(header, text, reason, usage)
+                       : completion_response(header, text, reason, usage));
     }
 
     void stream(httplib::Response& res, bool chat, bool include_usage, const ResponseHeader& header,
@@ -399,15 +401,17 @@ private:
                     return sink.write(first.data(), first.size());
                 }
                 std::unique_lock<std::mutex> lock(channel->mutex);
-                channel->changed.wait_for(lock, kStreamHeartbeat,
-                                          [&] { return !channel->text.empty() || channel->done; });
-                const std::string text = std::move(channel->text);
-                channel->text.clear();
+                channel->changed.wait_for(lock, kStreamHeartbeat, [&] {
+                    return !channel->pieces.empty() || channel->done;
+                });
+                const std::vector<std::string> pieces = std::move(channel->pieces);
+                channel->pieces.clear();
                 const bool done = channel->done;
                 const Completion completion = channel->completion;
                 lock.unlock();
+                // An event per token's text, even when several arrived since the last write.
                 std::string out;
-                if (!text.empty())
+                for (const std::string& text : pieces)
                     out += sse_event(chat ? chat_chunk(header, text, "")
                                           : completion_chunk(header, text, ""));
                 if (done) out += last_events(chat, include_usage, header, completion);
