@@ -201,6 +201,7 @@ int command_serve(const Options& options) {
     serve::SchedulerOptions scheduling;
     scheduling.parallel = options.parallel;
     scheduling.context = context;
+    scheduling.loop_thread = serve::LoopThread::Caller;  // on this thread: serve_http
     serve::Scheduler scheduler(*backend, config, tokenizer, scheduling, backend_options.kv_blocks,
                                options.block_size);
     serve::serve_http(config, tokenizer, scheduler, server);

@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -480,7 +481,21 @@ private:
 
 void serve_http(const Config& config, const Tokenizer& tokenizer, Scheduler& scheduler,
                 const ServerOptions& options) {
-    HttpServer(config, tokenizer, scheduler, options).run();
+    HttpServer server(config, tokenizer, scheduler, options);
+    // HTTP on a thread of its own; the scheduler's loop here, on the caller's thread
+    // (LoopThread::Caller), until the server has stopped listening.
+    std::exception_ptr failure;
+    std::thread http([&] {
+        try {
+            server.run();
+        } catch (...) {
+            failure = std::current_exception();
+        }
+        scheduler.stop();
+    });
+    scheduler.run();
+    http.join();
+    if (failure) std::rethrow_exception(failure);
 }
 
 }  // namespace barellm::serve

@@ -33,7 +33,8 @@ struct ServerOptions {
 };
 
 // Listens on host:port and answers until SIGINT or SIGTERM, then cancels the open requests
-// and returns. Throws Error when the address cannot be listened on.
+// and returns. Runs the scheduler's loop (made with LoopThread::Caller) on the calling thread
+// meanwhile. Throws Error when the address cannot be listened on.
 void serve_http(const Config& config, const Tokenizer& tokenizer, Scheduler& scheduler,
                 const ServerOptions& options);
 

@@ -365,6 +365,7 @@ Scheduler::Scheduler(Backend& backend, const Config& config, const Tokenizer& to
                      const SchedulerOptions& options, int kv_blocks, int kv_block_size)
     : state_(
           std::make_unique<State>(backend, config, tokenizer, options, kv_blocks, kv_block_size)) {
+    if (options.loop_thread == LoopThread::Caller) return;
     // The backend's kernels run OpenMP teams on the loop's thread, which would otherwise
     // start with OpenMP's initial thread count rather than the one set here (--threads).
     const int threads = omp_get_max_threads();
@@ -375,12 +376,22 @@ Scheduler::Scheduler(Backend& backend, const Config& config, const Tokenizer& to
 }
 
 Scheduler::~Scheduler() {
+    stop();
+    if (state_->loop.joinable()) state_->loop.join();
+}
+
+void Scheduler::run() {
+    if (state_->options.loop_thread != LoopThread::Caller)
+        throw Error("scheduler: run() is for a loop on the caller's thread");
+    state_->run_loop();
+}
+
+void Scheduler::stop() {
     {
         std::lock_guard<std::mutex> lock(state_->mutex);
         state_->stopping = true;
     }
     state_->wake.notify_one();
-    state_->loop.join();
 }
 
 uint64_t Scheduler::submit(Request request) {

@@ -27,10 +27,10 @@ enum class FinishReason { Stop, Length, Cancelled, Failed };
 struct Completion {
     FinishReason finish_reason = FinishReason::Stop;
     int prompt_tokens = 0;
-    int completion_tokens = 0;         // the tokens drawn, a stopping EOS included
-    int cached_prompt_tokens = 0;      // prompt tokens whose keys and values were shared
-    double seconds_to_first_token = 0; // from submit to the first token drawn
-    std::string error;                 // FinishReason::Failed only
+    int completion_tokens = 0;          // the tokens drawn, a stopping EOS included
+    int cached_prompt_tokens = 0;       // prompt tokens whose keys and values were shared
+    double seconds_to_first_token = 0;  // from submit to the first token drawn
+    std::string error;                  // FinishReason::Failed only
 };
 
 struct Request {
@@ -47,11 +47,18 @@ struct Request {
     std::function<void(const Completion& completion)> on_done;
 };
 
+// Where the loop runs: on a thread the scheduler starts (Own), or on the thread that calls
+// run() (Caller). `barellm serve` runs it on the main thread, whose OpenMP team the backend's
+// kernels then use: a second team on another thread would make more OpenMP threads than
+// cores, and their waits between kernels would sleep and wake at every step.
+enum class LoopThread { Own, Caller };
+
 struct SchedulerOptions {
-    int parallel = 8;          // the most sequences in the running batch
-    int context = 0;           // the most positions of one sequence
-    int max_queue = 256;       // waiting requests beyond this are refused
-    int prefill_chunk = 256;   // the most prompt tokens one step runs
+    int parallel = 8;         // the most sequences in the running batch
+    int context = 0;          // the most positions of one sequence
+    int max_queue = 256;      // waiting requests beyond this are refused
+    int prefill_chunk = 256;  // the most prompt tokens one step runs
+    LoopThread loop_thread = LoopThread::Own;
 };
 
 // What /metrics reports: counters since start, and the state now.
@@ -60,13 +67,13 @@ struct SchedulerMetrics {
     uint64_t prompt_tokens_total = 0;
     uint64_t generated_tokens_total = 0;
     uint64_t preemptions_total = 0;
-    int queue_length = 0;      // requests waiting to be admitted
-    int running = 0;           // sequences in the batch
-    int last_batch_rows = 0;   // rows of the last step
+    int queue_length = 0;     // requests waiting to be admitted
+    int running = 0;          // sequences in the batch
+    int last_batch_rows = 0;  // rows of the last step
     int kv_blocks_used = 0;
     int kv_blocks_free = 0;
     int kv_block_size = 0;
-    int kv_tokens_held = 0;    // positions the running sequences hold
+    int kv_tokens_held = 0;  // positions the running sequences hold
 };
 
 class Scheduler {
@@ -75,6 +82,12 @@ public:
     Scheduler(Backend& backend, const Config& config, const Tokenizer& tokenizer,
               const SchedulerOptions& options, int kv_blocks, int kv_block_size);
     ~Scheduler();  // stops the loop; requests still open end as Cancelled
+
+    // LoopThread::Caller: runs the loop on the calling thread until stop() (once).
+    void run();
+    // Ends the loop (run() returns, or the own thread ends); requests still open end as
+    // Cancelled.
+    void stop();
 
     // Queues a request and returns its id. Throws Error (nothing queued) when the prompt is
     // empty, has ids outside the vocabulary or does not fit the context, or the queue is full.
