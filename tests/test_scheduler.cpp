@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -441,6 +442,14 @@ TEST_CASE("shared prompt beginnings are computed once, copied on write", "[sched
         Request first = greedy_request(whole, 10);
         requests.push_back(first);
         replies.attach(first);
+        // The loop waits in the first reply's on_done until the next four are queued: they
+        // are then admitted together and share the cached blocks, whatever the threads' speed.
+        std::promise<void> queued;
+        std::shared_future<void> all_queued = queued.get_future().share();
+        first.on_done = [done = first.on_done, all_queued](const Completion& completion) {
+            done(completion);
+            all_queued.wait();
+        };
         scheduler.submit(first);
         replies.wait_all();
         for (int i = 0; i < 4; ++i) {
@@ -450,6 +459,7 @@ TEST_CASE("shared prompt beginnings are computed once, copied on write", "[sched
             replies.attach(requests.back());
             scheduler.submit(requests.back());
         }
+        queued.set_value();
         replies.wait_all();
         CHECK(Replies::idle_metrics(scheduler).kv_blocks_used == 0);
     }
