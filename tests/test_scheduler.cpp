@@ -19,6 +19,7 @@
 #include <set>
 #include <thread>
 
+#include "scheduler_tokenizer.h"
 #include "serve/scheduler.h"
 #include "util/error.h"
 
@@ -28,7 +29,7 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kVocab = 40;
+constexpr int kVocab = kSchedulerVocab;
 constexpr int kEos = 2;
 
 uint64_t mix(uint64_t x) {
@@ -114,43 +115,6 @@ private:
     std::vector<int> positions_;
     std::vector<float> logits_;
 };
-
-// Pieces "a".."z", "th", "é" as two byte tokens, " " and an end-of-turn special token.
-std::string tokenizer_json() {
-    json vocab = {{"<unk>", 0}, {"<s>", 1},    {"</s>", 2},
-                  {"<eot>", 3}, {"<0xC3>", 4}, {"<0xA9>", 5}};
-    for (int i = 0; i < 26; ++i) vocab[std::string(1, char('a' + i))] = 6 + i;
-    vocab["th"] = 32;
-    vocab["\xE2\x96\x81"] = 33;
-    for (int i = 34; i < kVocab; ++i) vocab["w" + std::to_string(i)] = i;
-    json added = json::array();
-    for (auto [text, id] : {std::pair<const char*, int>{"<s>", 1}, {"</s>", 2}, {"<eot>", 3}})
-        added.push_back({{"id", id},
-                         {"content", text},
-                         {"single_word", false},
-                         {"lstrip", false},
-                         {"rstrip", false},
-                         {"normalized", false},
-                         {"special", true}});
-    return json{
-        {"version", "1.0"},
-        {"added_tokens", added},
-        {"normalizer", nullptr},
-        {"pre_tokenizer", nullptr},
-        {"decoder",
-         {{"type", "Sequence"},
-          {"decoders",
-           {{{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}}, {"content", " "}},
-            {{"type", "ByteFallback"}},
-            {{"type", "Fuse"}}}}}},
-        {"model",
-         {{"type", "BPE"},
-          {"unk_token", "<unk>"},
-          {"byte_fallback", true},
-          {"vocab", vocab},
-          {"merges", {"t h"}}}}}
-        .dump();
-}
 
 Config chain_config(int context) {
     Config config;
@@ -318,7 +282,7 @@ struct RunResult {
 
 // Runs `requests` on one scheduler, all submitted at once, and checks every reply.
 RunResult run_and_check(const Setup& setup, std::vector<Request> requests) {
-    const Tokenizer tokenizer = Tokenizer::from_json(tokenizer_json(), kVocab);
+    const Tokenizer tokenizer = Tokenizer::from_json(scheduler_tokenizer_json(), kVocab);
     const Config config = chain_config(setup.context);
     ChainBackend backend(setup.blocks, setup.block_size, setup.max_batch);
     std::vector<Expected> expected;
@@ -351,7 +315,7 @@ RunResult run_and_check(const Setup& setup, std::vector<Request> requests) {
 }  // namespace
 
 TEST_CASE("the chain reference and the tokenizer give texts worth comparing", "[scheduler]") {
-    const Tokenizer tokenizer = Tokenizer::from_json(tokenizer_json(), kVocab);
+    const Tokenizer tokenizer = Tokenizer::from_json(scheduler_tokenizer_json(), kVocab);
     CHECK(tokenizer.decode({4, 5, 32, 33, 6}, true) == "\xC3\xA9th a");
     std::mt19937 random(1);
     std::set<std::string> texts;
@@ -396,7 +360,7 @@ TEST_CASE("seeds give the same text alone and batched, and other seeds other tex
     Setup setup;
     setup.options.parallel = 4;
     run_and_check(setup, requests);
-    const Tokenizer tokenizer = Tokenizer::from_json(tokenizer_json(), kVocab);
+    const Tokenizer tokenizer = Tokenizer::from_json(scheduler_tokenizer_json(), kVocab);
     std::set<std::string> texts;
     for (int i = 0; i < 3; ++i) texts.insert(expected_reply(tokenizer, requests[i], 96).text);
     CHECK(texts.size() == 3);
@@ -406,7 +370,7 @@ TEST_CASE("a pool too small for everyone preempts and still gives every reply", 
     std::mt19937 random(4);
     for (const int block_size : {1, 4, 16}) {
         DYNAMIC_SECTION("blocks of " << block_size) {
-            const Tokenizer tokenizer = Tokenizer::from_json(tokenizer_json(), kVocab);
+            const Tokenizer tokenizer = Tokenizer::from_json(scheduler_tokenizer_json(), kVocab);
             std::vector<Request> requests;
             while (requests.size() < 8) {  // replies of 40 to 50 tokens
                 std::vector<int> prompt = random_prompt(random, 12, 20);
@@ -430,7 +394,7 @@ TEST_CASE("shared prompt beginnings are computed once, copied on write", "[sched
     whole.pop_back();     // 11 tokens
     whole.push_back(20);  // 12: a prompt of whole blocks only
     Setup setup;
-    const Tokenizer tokenizer = Tokenizer::from_json(tokenizer_json(), kVocab);
+    const Tokenizer tokenizer = Tokenizer::from_json(scheduler_tokenizer_json(), kVocab);
     ChainBackend backend(setup.blocks, setup.block_size, setup.max_batch);
     Replies replies;
     std::vector<Request> requests;
@@ -473,7 +437,7 @@ TEST_CASE("shared prompt beginnings are computed once, copied on write", "[sched
 
 TEST_CASE("stop strings, end of turn, max_tokens and a full context end a reply", "[scheduler]") {
     std::mt19937 random(6);
-    const Tokenizer tokenizer = Tokenizer::from_json(tokenizer_json(), kVocab);
+    const Tokenizer tokenizer = Tokenizer::from_json(scheduler_tokenizer_json(), kVocab);
     std::vector<Request> requests;
     // Find prompts whose greedy replies are long enough to cut.
     while (requests.size() < 3) {
@@ -527,7 +491,7 @@ TEST_CASE("stop strings, end of turn, max_tokens and a full context end a reply"
 }
 
 TEST_CASE("the pool is the context of a request that outgrows it alone", "[scheduler]") {
-    const Tokenizer tokenizer = Tokenizer::from_json(tokenizer_json(), kVocab);
+    const Tokenizer tokenizer = Tokenizer::from_json(scheduler_tokenizer_json(), kVocab);
     std::mt19937 random(7);
     Request r;
     do {
@@ -556,7 +520,7 @@ TEST_CASE("the pool is the context of a request that outgrows it alone", "[sched
 }
 
 TEST_CASE("submit refuses bad requests with a message, and a full queue", "[scheduler]") {
-    const Tokenizer tokenizer = Tokenizer::from_json(tokenizer_json(), kVocab);
+    const Tokenizer tokenizer = Tokenizer::from_json(scheduler_tokenizer_json(), kVocab);
     ChainBackend backend(64, 4, 16);
     SchedulerOptions options;
     options.context = 32;
@@ -578,7 +542,7 @@ TEST_CASE("submit refuses bad requests with a message, and a full queue", "[sche
 }
 
 TEST_CASE("a request whose logits are not finite fails alone", "[scheduler]") {
-    const Tokenizer tokenizer = Tokenizer::from_json(tokenizer_json(), kVocab);
+    const Tokenizer tokenizer = Tokenizer::from_json(scheduler_tokenizer_json(), kVocab);
     std::mt19937 random(8);
     Setup setup;
     ChainBackend backend(setup.blocks, setup.block_size, setup.max_batch);
@@ -619,7 +583,7 @@ TEST_CASE("a request whose logits are not finite fails alone", "[scheduler]") {
 }
 
 TEST_CASE("cancel ends a running or a waiting request once, at the next step", "[scheduler]") {
-    const Tokenizer tokenizer = Tokenizer::from_json(tokenizer_json(), kVocab);
+    const Tokenizer tokenizer = Tokenizer::from_json(scheduler_tokenizer_json(), kVocab);
     Setup setup;
     setup.options.parallel = 1;
     ChainBackend backend(setup.blocks, setup.block_size, setup.max_batch);
@@ -664,7 +628,7 @@ TEST_CASE("cancel ends a running or a waiting request once, at the next step", "
 }
 
 TEST_CASE("requests still open when the scheduler ends end as cancelled", "[scheduler]") {
-    const Tokenizer tokenizer = Tokenizer::from_json(tokenizer_json(), kVocab);
+    const Tokenizer tokenizer = Tokenizer::from_json(scheduler_tokenizer_json(), kVocab);
     ChainBackend backend(64, 4, 16);
     Replies replies;
     {
@@ -683,7 +647,7 @@ TEST_CASE("requests still open when the scheduler ends end as cancelled", "[sche
 
 TEST_CASE("1,000 requests with random cancels and preemptions end with every block free",
           "[scheduler]") {
-    const Tokenizer tokenizer = Tokenizer::from_json(tokenizer_json(), kVocab);
+    const Tokenizer tokenizer = Tokenizer::from_json(scheduler_tokenizer_json(), kVocab);
     std::mt19937 random(10);
     Setup setup;
     setup.blocks = 40;  // 160 positions for 8 sequences of up to 70

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "generation/generate.h"
+#include "scheduler_tokenizer.h"
 #include "serve/scheduler.h"
 
 using namespace barellm;
@@ -26,46 +27,8 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kVocab = 40;
+constexpr int kVocab = kSchedulerVocab;
 constexpr int kContext = 160;
-
-// Pieces "a".."z", "th", "▁" (a space), "w34".."w39", byte tokens for "é", BOS, EOS, an
-// end-of-turn token.
-std::string tokenizer_json() {
-    json vocab = {{"<unk>", 0}, {"<s>", 1},    {"</s>", 2},
-                  {"<eot>", 3}, {"<0xC3>", 4}, {"<0xA9>", 5}};
-    for (int i = 0; i < 26; ++i) vocab[std::string(1, char('a' + i))] = 6 + i;
-    vocab["th"] = 32;
-    vocab["\xE2\x96\x81"] = 33;
-    for (int i = 34; i < kVocab; ++i) vocab["w" + std::to_string(i)] = i;
-    json added = json::array();
-    for (auto [text, id] : {std::pair<const char*, int>{"<s>", 1}, {"</s>", 2}, {"<eot>", 3}})
-        added.push_back({{"id", id},
-                         {"content", text},
-                         {"single_word", false},
-                         {"lstrip", false},
-                         {"rstrip", false},
-                         {"normalized", false},
-                         {"special", true}});
-    return json{
-        {"version", "1.0"},
-        {"added_tokens", added},
-        {"normalizer", nullptr},
-        {"pre_tokenizer", nullptr},
-        {"decoder",
-         {{"type", "Sequence"},
-          {"decoders",
-           {{{"type", "Replace"}, {"pattern", {{"String", "\xE2\x96\x81"}}}, {"content", " "}},
-            {{"type", "ByteFallback"}},
-            {{"type", "Fuse"}}}}}},
-        {"model",
-         {{"type", "BPE"},
-          {"unk_token", "<unk>"},
-          {"byte_fallback", true},
-          {"vocab", vocab},
-          {"merges", {"t h"}}}}}
-        .dump();
-}
 
 // A llama-shaped f32 model with random weights (dim 48, feed-forward 100, 2 layers, 4 query
 // heads over 2 KV heads of 12), written once per process, removed at its end.
@@ -121,7 +84,7 @@ struct SynthModel {
         add("final_norm", {dim}, 0.1f, 1.0f);
         header["__metadata__"] = {{"barellm.format", "1"},
                                   {"barellm.config", config.dump()},
-                                  {"barellm.tokenizer", tokenizer_json()}};
+                                  {"barellm.tokenizer", scheduler_tokenizer_json()}};
         std::string text = header.dump();
         text.resize((text.size() + 7) / 8 * 8, ' ');
         const uint64_t length = text.size();
