@@ -148,81 +148,104 @@ struct TileWeights {
 };
 
 // out[first_token + k][row] = Σ_g weight scale[g][row] × x scale[k][g] × (exact int32 dot of
-// group g) for TOKENS tokens and the two tiles' rows (store_masks[h]: those of rows
+// group g) for TOKENS tokens and ROW_REGISTERS × 16 rows (store_masks[h]: those of rows
 // 16h..16h+15 that exist); out has `stride` floats a token.
 //
-// Register tile: TOKENS ≤ kQuantizedTokenTile = 6 tokens × kQuantizedRowTile = 32 rows (two
-// registers of 16 rows): 12 int32 dot registers and 12 f32 sum registers, plus the step's two
-// weight registers and one broadcast of x: 27 of the 32. Each step (four columns) loads two panel
-// registers and broadcasts four bytes of each token's x: 12 vpdpbusd for 2 + 6 loads.
+// Register tile, two shapes:
+// - TOKENS ≤ kQuantizedTokenTile = 6 tokens × kQuantizedRowTile = 32 rows (two registers of
+//   16 rows): 12 int32 dot registers and 12 f32 sum registers, plus the step's two weight
+//   registers and one broadcast of x: 27 of the 32. Each step (four columns) loads two
+//   weight registers and broadcasts four bytes of each token's x: 12 vpdpbusd for 2 + 6 loads.
+// - TOKENS ≤ kWideTokenTile = 10 tokens × 16 rows (one register): 10 + 10 + 2 registers. A
+//   step of a few decoding sequences (7 to 16 tokens) meets Q4 weights through it, each
+//   register of nibbles expanded to bytes once for all its tokens instead of once per 6.
 // After a group's eight steps its dots are converted, scaled and added to the sums.
-template <int TOKENS, typename Weights>
-void tile_kernel(float* out, int stride, const __mmask16 store_masks[kRowRegisters],
+template <int TOKENS, int ROW_REGISTERS, typename Weights>
+void tile_kernel(float* out, int stride, const __mmask16 store_masks[ROW_REGISTERS],
                  const Weights& w, const QuantizedBatch& x, int first_token) {
     const int8_t* values[TOKENS];
     const float* x_scales[TOKENS];
     const int32_t* starts[TOKENS];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int k = 0; k < TOKENS; ++k) {
         values[k] = x.values.data() + size_t(first_token + k) * x.padded_cols;
         x_scales[k] = x.scales.data() + size_t(first_token + k) * x.groups;
         starts[k] = x.starts.data() + size_t(first_token + k) * x.groups;
     }
-    __m512 sums[TOKENS][kRowRegisters];
-#pragma GCC unroll 8
+    __m512 sums[TOKENS][ROW_REGISTERS];
+#pragma GCC unroll 16
     for (int k = 0; k < TOKENS; ++k)
 #pragma GCC unroll 8
-        for (int h = 0; h < kRowRegisters; ++h) sums[k][h] = _mm512_setzero_ps();
+        for (int h = 0; h < ROW_REGISTERS; ++h) sums[k][h] = _mm512_setzero_ps();
     for (int g = 0; g < x.groups; ++g) {
-        __m512i dots[TOKENS][kRowRegisters];
-#pragma GCC unroll 8
+        __m512i dots[TOKENS][ROW_REGISTERS];
+#pragma GCC unroll 16
         for (int k = 0; k < TOKENS; ++k)
 #pragma GCC unroll 8
-            for (int h = 0; h < kRowRegisters; ++h) dots[k][h] = _mm512_set1_epi32(starts[k][g]);
+            for (int h = 0; h < ROW_REGISTERS; ++h) dots[k][h] = _mm512_set1_epi32(starts[k][g]);
 #pragma GCC unroll 8
         for (int s = 0; s < kGroupSteps; ++s) {
-            __m512i weights[kRowRegisters];
+            __m512i weights[ROW_REGISTERS];
 #pragma GCC unroll 8
-            for (int h = 0; h < kRowRegisters; ++h) weights[h] = w.values(g, s, h);
-#pragma GCC unroll 8
+            for (int h = 0; h < ROW_REGISTERS; ++h) weights[h] = w.values(g, s, h);
+#pragma GCC unroll 16
             for (int k = 0; k < TOKENS; ++k) {
                 const __m512i x_word = broadcast_word(values[k] + g * kGroup + s * kBytesPerLane);
 #pragma GCC unroll 8
-                for (int h = 0; h < kRowRegisters; ++h)
+                for (int h = 0; h < ROW_REGISTERS; ++h)
                     dots[k][h] = _mm512_dpbusd_epi32(dots[k][h], weights[h], x_word);
             }
         }
-        __m512 weight_scales[kRowRegisters];
+        __m512 weight_scales[ROW_REGISTERS];
 #pragma GCC unroll 8
-        for (int h = 0; h < kRowRegisters; ++h) weight_scales[h] = w.group_scales(g, h);
-#pragma GCC unroll 8
+        for (int h = 0; h < ROW_REGISTERS; ++h) weight_scales[h] = w.group_scales(g, h);
+#pragma GCC unroll 16
         for (int k = 0; k < TOKENS; ++k) {
             const __m512 x_scale = _mm512_set1_ps(x_scales[k][g]);
 #pragma GCC unroll 8
-            for (int h = 0; h < kRowRegisters; ++h)
+            for (int h = 0; h < ROW_REGISTERS; ++h)
                 sums[k][h] =
                     _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dots[k][h]), weight_scales[h]),
                                     x_scale, sums[k][h]);
         }
     }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int k = 0; k < TOKENS; ++k)
 #pragma GCC unroll 8
-        for (int h = 0; h < kRowRegisters; ++h)
+        for (int h = 0; h < ROW_REGISTERS; ++h)
             _mm512_mask_storeu_ps(out + size_t(first_token + k) * stride + h * kLanes,
                                   store_masks[h], sums[k][h]);
 }
 
-// tile_kernel for `tokens` (1 ≤ tokens ≤ kQuantizedTokenTile) tokens from first_token on.
+// tile_kernel for `tokens` (1 ≤ tokens ≤ kQuantizedTokenTile) tokens from first_token on, on
+// 32 rows.
 template <typename Weights>
 void run_tile_kernel(int tokens, float* out, int stride, const __mmask16* store_masks,
                      const Weights& w, const QuantizedBatch& x, int first_token) {
     using Kernel =
         void (*)(float*, int, const __mmask16*, const Weights&, const QuantizedBatch&, int);
     static constexpr Kernel kernels[kQuantizedTokenTile] = {
-        tile_kernel<1, Weights>, tile_kernel<2, Weights>, tile_kernel<3, Weights>,
-        tile_kernel<4, Weights>, tile_kernel<5, Weights>, tile_kernel<6, Weights>};
+        tile_kernel<1, kRowRegisters, Weights>, tile_kernel<2, kRowRegisters, Weights>,
+        tile_kernel<3, kRowRegisters, Weights>, tile_kernel<4, kRowRegisters, Weights>,
+        tile_kernel<5, kRowRegisters, Weights>, tile_kernel<6, kRowRegisters, Weights>};
     kernels[tokens - 1](out, stride, store_masks, w, x, first_token);
+}
+
+constexpr int kWideTokenTile = 10;  // tokens per call of the one-register (16-row) kernel
+
+// tile_kernel for `tokens` (1 ≤ tokens ≤ kWideTokenTile) tokens from first_token on, on the 16
+// rows of one tile (Weights' h = 0).
+template <typename Weights>
+void run_wide_tile_kernel(int tokens, float* out, int stride, __mmask16 store_mask,
+                          const Weights& w, const QuantizedBatch& x, int first_token) {
+    using Kernel =
+        void (*)(float*, int, const __mmask16*, const Weights&, const QuantizedBatch&, int);
+    static constexpr Kernel kernels[kWideTokenTile] = {
+        tile_kernel<1, 1, Weights>, tile_kernel<2, 1, Weights>, tile_kernel<3, 1, Weights>,
+        tile_kernel<4, 1, Weights>, tile_kernel<5, 1, Weights>, tile_kernel<6, 1, Weights>,
+        tile_kernel<7, 1, Weights>, tile_kernel<8, 1, Weights>, tile_kernel<9, 1, Weights>,
+        tile_kernel<10, 1, Weights>};
+    kernels[tokens - 1](out, stride, &store_mask, w, x, first_token);
 }
 
 // Batches of up to this many tokens (a step of a few decoding sequences) read the weights
@@ -241,8 +264,24 @@ void gemm_rows_typed(float* out, const Matrix& w, const QuantizedBatch& x, int f
     uint8_t* panel = align64(panel_storage.data());
     float* scales = align64(scale_storage.data());
     const int end_row = first_row + row_count;
-    // A small batch (kDirectBatch) reads the tiles as they are. A second tile past the
-    // matrix's end stands in as the first, its rows not stored.
+    // A small batch (kDirectBatch) reads the tiles as they are. Q4 weights meet more tokens
+    // than one 32-row call holds a tile at a time, in as few calls as the 16-row kernel
+    // allows, each register of nibbles expanded once a call.
+    if (kType == DType::Q4_0 && x.batch > kQuantizedTokenTile && x.batch <= kDirectBatch) {
+        const int calls = (x.batch + kWideTokenTile - 1) / kWideTokenTile;
+        const int call_tokens = (x.batch + calls - 1) / calls;
+        for (int tile_row = first_row / kTileRows * kTileRows; tile_row < end_row;
+             tile_row += kTileRows) {
+            const uint8_t* tile = w.row_tiles + size_t(tile_row / kTileRows) * tile_bytes(w);
+            const __mmask16 store_mask = lanes_in(tile_row, first_row, end_row);
+            for (int token = 0; token < x.batch; token += call_tokens)
+                run_wide_tile_kernel(std::min(call_tokens, x.batch - token), out + tile_row, w.rows,
+                                     store_mask, TileWeights<kType>{{tile, tile}}, x, token);
+        }
+        return;
+    }
+    // Otherwise a small batch goes 32 rows a call. A second tile past the matrix's end stands
+    // in as the first, its rows not stored.
     if (x.batch <= kDirectBatch) {
         for (int tile_row = first_row / kTileRows * kTileRows; tile_row < end_row;
              tile_row += kQuantizedRowTile) {
