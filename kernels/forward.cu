@@ -127,6 +127,21 @@ struct PrefillState {
     // the GPU has no room for it. Block-type weights always take it (every product of theirs
     // multiplies their f16 copy): for them it is allocated, and counted, with the rest.
     cuda::DequantizeScratch dequantized;
+    // A sparse layer's (models with experts; else null), routes = B * experts_per_token: the
+    // router's input (f32, as the CPU's) and logits, each token's routes, and the routes
+    // grouped by expert (expert e's first, in token order: prefill_experts).
+    cuda::DeviceActivations router_input;    // [B, dim] f32  rmsnorm(x)
+    float* router_logits;                    // [B, experts]
+    int* chosen;                             // [routes]  token t's j-th expert at t * k + j
+    float* route_weights;                    // [routes]  its weight
+    int* route_rows;                         // [2 * routes]  each route's grouped row, then
+                                             // each grouped row's token
+    float* grouped_x;                        // [routes, dim]  x of each grouped row's token
+    cuda::DeviceActivations grouped_normed;  // [routes, dim]  rmsnorm(grouped_x), the GEMM input
+    float* expert_gate;                      // [routes, moe_hidden_dim]  w1_e · normed
+    float* expert_up;                        // [routes, moe_hidden_dim]  w3_e · normed
+    cuda::DeviceActivations expert_hidden;   // [routes, moe_hidden_dim]  act(gate) * up
+    float* expert_out;                       // [routes, dim]  w2_e · hidden
 };
 
 // What a server step (CudaBackend::step) needs besides PrefillState, for steps of up to B
@@ -171,6 +186,18 @@ cuda::DeviceActivations first_rows(cuda::DeviceActivations rows, int tokens) {
     rows.tokens = tokens;
     return rows;
 }
+
+// Rows first .. first + tokens - 1 of `rows`.
+cuda::DeviceActivations rows_from(cuda::DeviceActivations rows, int first, int tokens) {
+    rows.data =
+        static_cast<uint8_t*>(rows.data) + size_t(first) * rows.pitch * dtype_size(rows.dtype);
+    rows.tokens = tokens;
+    return rows;
+}
+
+// Floats per row of a decode expert's hidden activations (16-byte aligned rows, the expert
+// matvecs' input).
+int expert_hidden_pitch(const Config& c) { return cuda::padded_cols(c.moe_hidden_dim, DType::F32); }
 
 class CudaBackend : public Backend {
 public:
@@ -456,31 +483,75 @@ private:
             }
 
             // Feed-forward: x += w2 · (act(w1 · norm(x)) * (w3 · norm(x)))
-            //   (act: silu, or Gemma's gelu_tanh; Gemma: x += rmsnorm(w2 · ...) * post_ffn_norm)
-            if (layer.w1.dtype == layer.w3.dtype) {
-                cuda::matvec_swiglu(s.hidden, layer.w1, layer.w3, s.x, layer.ffn_norm, c.norm_eps,
-                                    c.activation, stream);
-            } else {  // two types: two matvecs, then the activation
-                cuda::matvec(s.hidden, layer.w1, s.x, layer.ffn_norm, c.norm_eps,
-                             /*bias=*/nullptr, /*accumulate=*/false, stream);
-                cuda::matvec(s.up, layer.w3, s.x, layer.ffn_norm, c.norm_eps, /*bias=*/nullptr,
-                             /*accumulate=*/false, stream);
-                cuda::swiglu(s.hidden, s.up, c.hidden_dim, c.activation, stream);
-            }
-            if (layer.post_ffn_norm) {  // Gemma
-                cuda::matvec(s.projected, layer.w2, s.hidden, /*norm_weight=*/nullptr, c.norm_eps,
-                             /*bias=*/nullptr, /*accumulate=*/false, stream);
-                cuda::add_rmsnorm_rows(s.x, s.projected, layer.post_ffn_norm, c.dim, 1, c.norm_eps,
-                                       stream);
-            } else {
-                cuda::matvec(s.x, layer.w2, s.hidden, /*norm_weight=*/nullptr, c.norm_eps,
-                             /*bias=*/nullptr, /*accumulate=*/true, stream);
-            }
+            //   (act: silu, or Gemma's gelu_tanh; Gemma: x += rmsnorm(w2 · ...) * post_ffn_norm;
+            //    a sparse layer: the weighted sum of the feed-forwards of the experts its
+            //    router picks)
+            if (layer.sparse())
+                record_experts(layer);
+            else
+                record_feed_forward(layer);
         }
 
         // logits = output · norm(x)
         cuda::matvec(s.logits, weights_.output, s.x, weights_.final_norm, c.norm_eps,
                      /*bias=*/nullptr, /*accumulate=*/false, stream);
+    }
+
+    // A dense layer's feed-forward for one token: x += w2 · (act(w1 · norm(x)) * (w3 ·
+    // norm(x))) (act: silu, or Gemma's gelu_tanh; Gemma: x += rmsnorm(w2 · ...) *
+    // post_ffn_norm).
+    void record_feed_forward(const DeviceLayer& layer) {
+        const Config& c = model_.config;
+        const DeviceState& s = state_;
+        cudaStream_t stream = stream_.get();
+        if (layer.w1.dtype == layer.w3.dtype) {
+            cuda::matvec_swiglu(s.hidden, layer.w1, layer.w3, s.x, layer.ffn_norm, c.norm_eps,
+                                c.activation, stream);
+        } else {  // two types: two matvecs, then the activation
+            cuda::matvec(s.hidden, layer.w1, s.x, layer.ffn_norm, c.norm_eps,
+                         /*bias=*/nullptr, /*accumulate=*/false, stream);
+            cuda::matvec(s.up, layer.w3, s.x, layer.ffn_norm, c.norm_eps, /*bias=*/nullptr,
+                         /*accumulate=*/false, stream);
+            cuda::swiglu(s.hidden, s.up, c.hidden_dim, c.activation, stream);
+        }
+        if (layer.post_ffn_norm) {  // Gemma
+            cuda::matvec(s.projected, layer.w2, s.hidden, /*norm_weight=*/nullptr, c.norm_eps,
+                         /*bias=*/nullptr, /*accumulate=*/false, stream);
+            cuda::add_rmsnorm_rows(s.x, s.projected, layer.post_ffn_norm, c.dim, 1, c.norm_eps,
+                                   stream);
+        } else {
+            cuda::matvec(s.x, layer.w2, s.hidden, /*norm_weight=*/nullptr, c.norm_eps,
+                         /*bias=*/nullptr, /*accumulate=*/true, stream);
+        }
+    }
+
+    // A sparse layer's feed-forward for one token (src/cpu/moe.h): the router's logits of
+    // norm(x), the k experts and their weights picked on the device, then
+    // x += Σ_j weight_j · w2_j (act(w1_j · norm(x)) * (w3_j · norm(x))), each expert matvec
+    // reading its expert from s.chosen.
+    void record_experts(const DeviceLayer& layer) {
+        const Config& c = model_.config;
+        const DeviceState& s = state_;
+        cudaStream_t stream = stream_.get();
+        const int k = c.experts_per_token, hidden_pitch = expert_hidden_pitch(c);
+        cuda::matvec(s.router_logits, layer.router, s.x, layer.ffn_norm, c.norm_eps,
+                     /*bias=*/nullptr, /*accumulate=*/false, stream);
+        cuda::route_tokens(s.chosen, s.route_weights, s.router_logits, /*tokens=*/1, c.experts, k,
+                           c.norm_topk_prob, stream);
+        // gate_j = w1_j · norm(x), up_j = w3_j · norm(x): the one input for all k routes
+        cuda::expert_matvec(s.expert_gate, hidden_pitch, layer.experts_w1, s.chosen, k,
+                            /*routes_per_input=*/k, s.x, /*in_pitch=*/0, layer.ffn_norm, c.norm_eps,
+                            stream);
+        cuda::expert_matvec(s.expert_up, hidden_pitch, layer.experts_w3, s.chosen, k,
+                            /*routes_per_input=*/k, s.x, /*in_pitch=*/0, layer.ffn_norm, c.norm_eps,
+                            stream);
+        cuda::swiglu(s.expert_gate, s.expert_up, k * hidden_pitch, c.activation, stream);
+        // out_j = w2_j · hidden_j, then x += Σ_j weight_j out_j
+        cuda::expert_matvec(s.expert_out, c.dim, layer.experts_w2, s.chosen, k,
+                            /*routes_per_input=*/1, s.expert_gate, hidden_pitch,
+                            /*norm_weight=*/nullptr, c.norm_eps, stream);
+        cuda::moe_combine(s.x, c.dim, s.expert_out, /*slots=*/nullptr, s.route_weights, k, c.dim,
+                          /*tokens=*/1, stream);
     }
 
     // One batch of B tokens at positions first_pos.., the layers as record_forward runs them
@@ -497,7 +568,6 @@ private:
                                    stream));
         const cuda::DeviceActivations normed = first_rows(s.normed, B);
         const cuda::DeviceActivations att = first_rows(s.att, B);
-        const cuda::DeviceActivations hidden = first_rows(s.hidden, B);
         // x = embed[tokens] * embedding_scale
         cuda::embedding_rows(s.x, weights_.embedding, c.embedding_scale, s.tokens, B, stream);
 
@@ -532,27 +602,12 @@ private:
             }
 
             // Feed-forward: x += w2 · (act(w1 · norm(x)) * (w3 · norm(x)))
-            //   (act: silu, or Gemma's gelu_tanh; Gemma: x += rmsnorm(w2 · ...) * post_ffn_norm)
-            cuda::rmsnorm_rows(normed, s.x, layer.ffn_norm, c.norm_eps, stream);
-            if (layer.w1.dtype == layer.w3.dtype) {
-                cuda::gemm_swiglu(hidden, layer.w1, layer.w3, normed, s.gate, s.up, c.hidden_dim,
-                                  c.activation, stream, s.dequantized);
-            } else {  // two types: two GEMMs, then the activation
-                cuda::gemm(s.gate, c.hidden_dim, layer.w1, normed, /*bias=*/nullptr,
-                           /*accumulate=*/false, stream, s.dequantized);
-                cuda::gemm(s.up, c.hidden_dim, layer.w3, normed, /*bias=*/nullptr,
-                           /*accumulate=*/false, stream, s.dequantized);
-                cuda::swiglu_rows(hidden, s.gate, s.up, c.hidden_dim, c.activation, stream);
-            }
-            if (layer.post_ffn_norm) {  // Gemma
-                cuda::gemm(s.projected, c.dim, layer.w2, hidden, /*bias=*/nullptr,
-                           /*accumulate=*/false, stream, s.dequantized);
-                cuda::add_rmsnorm_rows(s.x, s.projected, layer.post_ffn_norm, c.dim, B, c.norm_eps,
-                                       stream);
-            } else {
-                cuda::gemm(s.x, c.dim, layer.w2, hidden, /*bias=*/nullptr, /*accumulate=*/true,
-                           stream, s.dequantized);
-            }
+            //   (act: silu, or Gemma's gelu_tanh; Gemma: x += rmsnorm(w2 · ...) * post_ffn_norm;
+            //    a sparse layer: each token's experts, grouped by expert)
+            if (layer.sparse())
+                prefill_experts(layer, B);
+            else
+                prefill_feed_forward(layer, B);
         }
 
         // logits = output · norm(x), of every row or of the last; the output matrix's dtype
@@ -570,6 +625,101 @@ private:
                                    cudaMemcpyDeviceToHost, stream));
         CUDA_CHECK(cudaStreamSynchronize(stream));
         return host + size_t(rows - 1) * c.vocab_size;
+    }
+
+    // A dense layer's feed-forward for a prefill batch of B tokens, as record_feed_forward.
+    void prefill_feed_forward(const DeviceLayer& layer, int B) {
+        const Config& c = model_.config;
+        const PrefillState& s = prefill_;
+        cudaStream_t stream = stream_.get();
+        const cuda::DeviceActivations normed = first_rows(s.normed, B);
+        const cuda::DeviceActivations hidden = first_rows(s.hidden, B);
+        cuda::rmsnorm_rows(normed, s.x, layer.ffn_norm, c.norm_eps, stream);
+        if (layer.w1.dtype == layer.w3.dtype) {
+            cuda::gemm_swiglu(hidden, layer.w1, layer.w3, normed, s.gate, s.up, c.hidden_dim,
+                              c.activation, stream, s.dequantized);
+        } else {  // two types: two GEMMs, then the activation
+            cuda::gemm(s.gate, c.hidden_dim, layer.w1, normed, /*bias=*/nullptr,
+                       /*accumulate=*/false, stream, s.dequantized);
+            cuda::gemm(s.up, c.hidden_dim, layer.w3, normed, /*bias=*/nullptr,
+                       /*accumulate=*/false, stream, s.dequantized);
+            cuda::swiglu_rows(hidden, s.gate, s.up, c.hidden_dim, c.activation, stream);
+        }
+        if (layer.post_ffn_norm) {  // Gemma
+            cuda::gemm(s.projected, c.dim, layer.w2, hidden, /*bias=*/nullptr,
+                       /*accumulate=*/false, stream, s.dequantized);
+            cuda::add_rmsnorm_rows(s.x, s.projected, layer.post_ffn_norm, c.dim, B, c.norm_eps,
+                                   stream);
+        } else {
+            cuda::gemm(s.x, c.dim, layer.w2, hidden, /*bias=*/nullptr, /*accumulate=*/true, stream,
+                       s.dequantized);
+        }
+    }
+
+    // A sparse layer's feed-forward for a prefill batch of B tokens, as cpu::MixtureOfExperts
+    // ::prefill: every token routed on the device; the routes copied to the host (one
+    // synchronisation) and grouped by expert there; each expert with tokens then runs once,
+    // a GEMM over its tokens for w1, w3 and w2; the results added back into x, weighted.
+    void prefill_experts(const DeviceLayer& layer, int B) {
+        const Config& c = model_.config;
+        const PrefillState& s = prefill_;
+        cudaStream_t stream = stream_.get();
+        const int k = c.experts_per_token, routes = B * k, H = c.moe_hidden_dim;
+        // Route every token (the router's input in f32, as its weights).
+        const cuda::DeviceActivations router_input = first_rows(s.router_input, B);
+        cuda::rmsnorm_rows(router_input, s.x, layer.ffn_norm, c.norm_eps, stream);
+        cuda::gemm(s.router_logits, c.experts, layer.router, router_input, /*bias=*/nullptr,
+                   /*accumulate=*/false, stream);
+        cuda::route_tokens(s.chosen, s.route_weights, s.router_logits, B, c.experts, k,
+                           c.norm_topk_prob, stream);
+        int* host = host_routes_.as<int>();  // [3 * routes]: chosen, then route_rows
+        CUDA_CHECK(
+            cudaMemcpyAsync(host, s.chosen, routes * sizeof(int), cudaMemcpyDeviceToHost, stream));
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        // Group the routes by expert: expert e's take grouped rows expert_start[e] ..
+        // expert_start[e + 1] - 1, in token order.
+        std::vector<int> expert_start(c.experts + 1, 0);
+        for (int r = 0; r < routes; ++r) ++expert_start[host[r] + 1];
+        for (int e = 0; e < c.experts; ++e) expert_start[e + 1] += expert_start[e];
+        std::vector<int> next(expert_start.begin(), expert_start.end() - 1);
+        int* slot_of_route = host + routes;
+        int* token_of_slot = host + 2 * routes;
+        for (int r = 0; r < routes; ++r) {
+            const int slot = next[host[r]]++;
+            slot_of_route[r] = slot;
+            token_of_slot[slot] = r / k;
+        }
+        CUDA_CHECK(cudaMemcpyAsync(s.route_rows, slot_of_route, 2 * routes * sizeof(int),
+                                   cudaMemcpyHostToDevice, stream));
+        // Each grouped row's input: its token's x, normed.
+        cuda::gather_rows(s.grouped_x, s.x, s.route_rows + routes, routes, c.dim, stream);
+        cuda::rmsnorm_rows(first_rows(s.grouped_normed, routes), s.grouped_x, layer.ffn_norm,
+                           c.norm_eps, stream);
+        // Each expert once, over its rows.
+        for (int e = 0; e < c.experts; ++e) {
+            const int first = expert_start[e], count = expert_start[e + 1] - first;
+            if (count == 0) continue;
+            const cuda::DeviceActivations normed = rows_from(s.grouped_normed, first, count);
+            const cuda::DeviceActivations hidden = rows_from(s.expert_hidden, first, count);
+            float* gate = s.expert_gate + size_t(first) * H;
+            float* up = s.expert_up + size_t(first) * H;
+            const DeviceMatrix w1 = layer.experts_w1.expert(e), w3 = layer.experts_w3.expert(e);
+            if (w1.dtype == w3.dtype) {
+                cuda::gemm_swiglu(hidden, w1, w3, normed, gate, up, H, c.activation, stream,
+                                  s.dequantized);
+            } else {  // two types: two GEMMs, then the activation
+                cuda::gemm(gate, H, w1, normed, /*bias=*/nullptr, /*accumulate=*/false, stream,
+                           s.dequantized);
+                cuda::gemm(up, H, w3, normed, /*bias=*/nullptr, /*accumulate=*/false, stream,
+                           s.dequantized);
+                cuda::swiglu_rows(hidden, gate, up, H, c.activation, stream);
+            }
+            cuda::gemm(s.expert_out + size_t(first) * c.dim, c.dim, layer.experts_w2.expert(e),
+                       hidden, /*bias=*/nullptr, /*accumulate=*/false, stream, s.dequantized);
+        }
+        // x += Σ_j weight_j · (token's j-th expert's output)
+        cuda::moe_combine(s.x, c.dim, s.expert_out, s.route_rows, s.route_weights, k, c.dim, B,
+                          stream);
     }
 
     // The embedding and the layers of a step of `count` rows (StepState::rows holds their
@@ -677,6 +827,9 @@ private:
             throw Error(
                 "the CUDA backend's paged KV cache runs on its fast kernels, with every "
                 "layer matrix taking one GEMM input dtype");
+        if (model_.config.experts > 0)
+            throw Error("the CUDA backend's server step does not run mixture-of-experts models (" +
+                        model_.config.architecture + "); serve them with --device cpu");
     }
 
     StepRowsLayout step_layout() const {
@@ -849,11 +1002,21 @@ private:
         size_t bytes = cuda::stacked_bytes({&model_.token_embedding}) +
                        (tied_output() ? 0 : cuda::stacked_bytes({&model_.output})) +
                        size_t(c.dim) * sizeof(float);
-        for (const LayerWeights& w : model_.layers) {
+        for (int l = 0; l < c.layers; ++l) {
+            const LayerWeights& w = model_.layers[l];
             for (const auto& run : qkv_runs(w)) bytes += cuda::stacked_bytes(run);
-            bytes += cuda::stacked_bytes({&w.wo}) + cuda::stacked_bytes({&w.w1}) +
-                     cuda::stacked_bytes({&w.w3}) + cuda::stacked_bytes({&w.w2}) +
+            bytes += cuda::stacked_bytes({&w.wo}) +
                      (2 * size_t(c.dim) + layer_vector_floats(c)) * sizeof(float);
+            if (c.is_sparse(l)) {
+                const Matrix router = router_matrix(w);
+                bytes += cuda::stacked_bytes({&router});
+                for (const std::vector<Matrix>* experts :
+                     {&w.expert_w1, &w.expert_w3, &w.expert_w2})
+                    bytes += cuda::stacked_bytes(expert_parts(*experts));
+            } else {
+                bytes += cuda::stacked_bytes({&w.w1}) + cuda::stacked_bytes({&w.w3}) +
+                         cuda::stacked_bytes({&w.w2});
+            }
         }
         return bytes;
     }
@@ -867,6 +1030,28 @@ private:
             runs.back().push_back(m);
         }
         return runs;
+    }
+
+    // A sparse layer's router as a matrix: f32 [experts, dim].
+    Matrix router_matrix(const LayerWeights& w) const {
+        const Config& c = model_.config;
+        return Matrix{w.router, DType::F32, c.experts, c.dim, nullptr};
+    }
+
+    // The experts' matrices of one role, in expert order: the parts of their stacked upload.
+    static std::vector<const Matrix*> expert_parts(const std::vector<Matrix>& experts) {
+        std::vector<const Matrix*> parts;
+        for (const Matrix& m : experts) parts.push_back(&m);
+        return parts;
+    }
+
+    // The feed-forward's matrices of a layer: w1, w3 and w2, or every expert's.
+    static std::vector<const Matrix*> feed_forward_matrices(const LayerWeights& w) {
+        if (w.expert_w1.empty()) return {&w.w1, &w.w3, &w.w2};
+        std::vector<const Matrix*> out;
+        for (const std::vector<Matrix>* experts : {&w.expert_w1, &w.expert_w3, &w.expert_w2})
+            for (const Matrix& m : *experts) out.push_back(&m);
+        return out;
     }
 
     bool has_block_types() const {
@@ -893,9 +1078,12 @@ private:
     // share the activation buffers (true of every file convert writes: a Q4 file's f16
     // matrices take f16 as its Q4 ones do).
     bool layers_share_gemm_input() const {
-        for (const LayerWeights& w : model_.layers)
-            for (const Matrix* m : {&w.wq, &w.wk, &w.wv, &w.wo, &w.w1, &w.w3, &w.w2})
+        for (const LayerWeights& w : model_.layers) {
+            std::vector<const Matrix*> matrices = feed_forward_matrices(w);
+            matrices.insert(matrices.end(), {&w.wq, &w.wk, &w.wv, &w.wo});
+            for (const Matrix* m : matrices)
                 if (cuda::gemm_input_dtype(m->dtype) != layer_gemm_input()) return false;
+        }
         return true;
     }
 
@@ -929,9 +1117,16 @@ private:
                 consider(*run.front(), rows, 1);
             }
             consider(w.wo, w.wo.rows, 1);
-            consider(w.w1, w.w1.rows, w.w1.dtype == w.w3.dtype ? 2 : 1);
-            consider(w.w3, w.w3.rows, 1);
-            consider(w.w2, w.w2.rows, 1);
+            if (w.expert_w1.empty()) {
+                consider(w.w1, w.w1.rows, w.w1.dtype == w.w3.dtype ? 2 : 1);
+                consider(w.w3, w.w3.rows, 1);
+                consider(w.w2, w.w2.rows, 1);
+            } else {  // one expert at a time (the scratch is reused)
+                const Matrix &w1 = w.expert_w1.front(), &w3 = w.expert_w3.front();
+                consider(w1, w1.rows, w1.dtype == w3.dtype ? 2 : 1);
+                consider(w3, w3.rows, 1);
+                consider(w.expert_w2.front(), w.expert_w2.front().rows, 1);
+            }
         }
         // The logits of the last row alone multiply the whole output matrix too.
         if (all_logits || is_block_type(model_.output.dtype))
@@ -950,8 +1145,22 @@ private:
             (c.post_norms ? size_t(c.dim) * sizeof(float) : 0);
         const size_t logits_rows = all_logits ? prefill_batch_ : 1;
         const size_t block_scratch = has_block_types() ? dequantize_scratch_bytes(all_logits) : 0;
-        return per_token * prefill_batch_ + logits_rows * c.vocab_size * sizeof(float) +
-               block_scratch;
+        return (per_token + experts_bytes_per_token()) * prefill_batch_ +
+               logits_rows * c.vocab_size * sizeof(float) + block_scratch;
+    }
+
+    // Device bytes per token of a prefill batch's sparse-layer buffers (PrefillState): 0
+    // without experts.
+    size_t experts_bytes_per_token() const {
+        const Config& c = model_.config;
+        if (c.experts == 0) return 0;
+        const size_t k = c.experts_per_token;
+        const size_t per_route =
+            3 * sizeof(int) + sizeof(float) + size_t(c.dim) * sizeof(float) +
+            activation_row_bytes(c.dim) + 2 * size_t(c.moe_hidden_dim) * sizeof(float) +
+            activation_row_bytes(c.moe_hidden_dim) + size_t(c.dim) * sizeof(float);
+        return size_t(cuda::padded_cols(c.dim, DType::F32)) * sizeof(float) +
+               size_t(c.experts) * sizeof(float) + k * per_route;
     }
 
     // Refuses, naming the sizes, a model that cannot fit rather than failing half-way.
@@ -990,6 +1199,12 @@ private:
         auto upload_norm = [&](const float* weight, const std::string& what) {
             return upload_vector(weight, c.dim, what);
         };
+        auto upload_experts = [&](const std::vector<Matrix>& experts, const std::string& what) {
+            cuda::DeviceExperts out;
+            out.stacked = upload(expert_parts(experts), what);
+            out.rows = experts.front().rows;
+            return out;
+        };
         weights_.embedding = upload({&model_.token_embedding}, "token_embedding");
         for (int l = 0; l < c.layers; ++l) {
             const LayerWeights& w = model_.layers[l];
@@ -1017,9 +1232,17 @@ private:
             layer.post_attn_norm =
                 upload_vector(w.post_attn_norm, c.dim, prefix + "post_attn_norm");
             layer.ffn_norm = upload_norm(w.ffn_norm, prefix + "ffn_norm");
-            layer.w1 = upload({&w.w1}, prefix + "w1");
-            layer.w3 = upload({&w.w3}, prefix + "w3");
-            layer.w2 = upload({&w.w2}, prefix + "w2");
+            if (c.is_sparse(l)) {
+                const Matrix router = router_matrix(w);
+                layer.router = upload({&router}, prefix + "router");
+                layer.experts_w1 = upload_experts(w.expert_w1, prefix + "experts.w1");
+                layer.experts_w3 = upload_experts(w.expert_w3, prefix + "experts.w3");
+                layer.experts_w2 = upload_experts(w.expert_w2, prefix + "experts.w2");
+            } else {
+                layer.w1 = upload({&w.w1}, prefix + "w1");
+                layer.w3 = upload({&w.w3}, prefix + "w3");
+                layer.w2 = upload({&w.w2}, prefix + "w2");
+            }
             layer.post_ffn_norm = upload_vector(w.post_ffn_norm, c.dim, prefix + "post_ffn_norm");
             layer.window = c.layer_window(l);
             weights_.layers.push_back(layer);
@@ -1045,6 +1268,17 @@ private:
         state_.hidden = floats(c.hidden_dim, "hidden");
         state_.up = floats(c.hidden_dim, "up");
         state_.logits = floats(c.vocab_size, "logits");
+        if (c.experts > 0) {
+            const int k = c.experts_per_token;
+            state_.router_logits = floats(c.experts, "router logits");
+            memory_.emplace_back(k * sizeof(int), "the chosen experts");
+            state_.chosen = memory_.back().as<int>();
+            CUDA_CHECK(cudaMemset(state_.chosen, 0, k * sizeof(int)));
+            state_.route_weights = floats(k, "routing weights");
+            state_.expert_gate = floats(size_t(k) * expert_hidden_pitch(c), "expert gate");
+            state_.expert_up = floats(size_t(k) * expert_hidden_pitch(c), "expert up");
+            state_.expert_out = floats(size_t(k) * c.dim, "expert outputs");
+        }
         state_.partial_out = floats(size_t(c.heads) * splits_ * c.head_dim, "attention partials");
         state_.partial_stats = floats(size_t(c.heads) * splits_ * 2, "attention partials");
         const size_t counters = cuda::attention_arrival_counters(attention_shape());
@@ -1090,13 +1324,13 @@ private:
         auto floats = [&](size_t count, const std::string& what) {
             return static_cast<float*>(bytes(count * sizeof(float), what));
         };
-        auto activations = [&](int cols, const std::string& what) {
+        auto activations = [&](int cols, const std::string& what, size_t rows = 0) {
             cuda::DeviceActivations a;
             a.dtype = layer_gemm_input();
-            a.tokens = B;
+            a.tokens = rows > 0 ? int(rows) : B;
             a.cols = cols;
             a.pitch = cuda::padded_cols(cols, a.dtype);
-            a.data = bytes(size_t(B) * activation_row_bytes(cols), what);
+            a.data = bytes(size_t(a.tokens) * activation_row_bytes(cols), what);
             return a;
         };
         PrefillState& s = prefill_;
@@ -1110,6 +1344,25 @@ private:
         s.up = floats(size_t(B) * c.hidden_dim, "prefill up");
         s.hidden = activations(c.hidden_dim, "prefill hidden");
         s.logits = floats(size_t(all_logits ? B : 1) * c.vocab_size, "prefill logits");
+        if (c.experts > 0) {
+            const size_t routes = size_t(B) * c.experts_per_token;
+            s.router_input.dtype = DType::F32;
+            s.router_input.tokens = B;
+            s.router_input.cols = c.dim;
+            s.router_input.pitch = cuda::padded_cols(c.dim, DType::F32);
+            s.router_input.data = bytes(s.router_input.bytes(), "prefill router input");
+            s.router_logits = floats(size_t(B) * c.experts, "prefill router logits");
+            s.chosen = static_cast<int*>(bytes(routes * sizeof(int), "prefill routes"));
+            s.route_weights = floats(routes, "prefill routing weights");
+            s.route_rows = static_cast<int*>(bytes(2 * routes * sizeof(int), "prefill routes"));
+            s.grouped_x = floats(routes * c.dim, "prefill expert inputs");
+            s.grouped_normed = activations(c.dim, "prefill expert inputs", routes);
+            s.expert_gate = floats(routes * c.moe_hidden_dim, "prefill expert gate");
+            s.expert_up = floats(routes * c.moe_hidden_dim, "prefill expert up");
+            s.expert_hidden = activations(c.moe_hidden_dim, "prefill expert hidden", routes);
+            s.expert_out = floats(routes * c.dim, "prefill expert outputs");
+            host_routes_ = PinnedBuffer(3 * routes * sizeof(int), "the prefill routes");
+        }
         // Block types: always (prefill_bytes counted it). Q8/Q4 only where the GPU has room
         // for it after everything else: without it, the quantized tiles multiply Q8/Q4
         // weights (no model is refused for want of it).
@@ -1152,6 +1405,7 @@ private:
     // fast path.
     std::unique_ptr<cuda::LadderForward> ladder_;
     PinnedBuffer host_tokens_;       // [prefill_batch_]  a batch's token ids, copied to prefill_
+    PinnedBuffer host_routes_;       // [3 * prefill_batch_ * k]  prefill_experts' routes
     PinnedBuffer host_step_;         // [2]  {token, pos}, copied to state_.step before each step
     PinnedBuffer host_logits_;       // [vocab_size]  what forward() returns
     PinnedBuffer host_step_rows_;    // StepState::rows' host copy
@@ -1174,9 +1428,6 @@ private:
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(const Model& model, const BackendOptions& options) {
-    if (model.config.experts > 0)  // --device auto then runs it on the CPU
-        throw Error("the CUDA backend does not run mixture-of-experts models (" +
-                    model.config.architecture + "); use --device cpu");
     return std::make_unique<CudaBackend>(model, options);
 }
 

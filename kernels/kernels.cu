@@ -13,6 +13,7 @@
 #include "matvec_quantized.cuh"
 #include "matvec_rows.cuh"
 #include "matvec_simple.cuh"
+#include "moe.cuh"
 #include "post_norm.cuh"
 #include "prefill.cuh"
 #include "rope.cuh"

@@ -378,6 +378,44 @@ inline int attention_paged_splits(int rows, int longest_positions, int partial_r
     return splits > 1 ? splits : 1;
 }
 
+// ==== A sparse layer's feed-forward, a mixture of experts (kernels/moe.cuh; what it computes:
+// src/cpu/moe.h). The routing stays on the device: the expert matvecs read each route's expert
+// from device memory, so decode's launches do not depend on it.
+
+// One sparse layer's experts of one role (w1, w3 or w2): the experts' matrices stacked in
+// expert order into one device matrix [experts * rows, cols] (upload_stacked), expert e's
+// rows e * rows .. (e + 1) * rows - 1 (and, for Q8/Q4, its scales likewise).
+struct DeviceExperts {
+    DeviceMatrix stacked;
+    int rows = 0;  // of one expert
+    // Expert e's matrix, a view into `stacked`.
+    DeviceMatrix expert(int e) const {
+        DeviceMatrix m = stacked;
+        m.rows = rows;
+        m.data = static_cast<const uint8_t*>(stacked.data) + size_t(e) * rows * stacked.row_bytes();
+        if (stacked.scales) m.scales = stacked.scales + size_t(e) * rows * stacked.blocks_per_row();
+        return m;
+    }
+};
+
+// chosen[t * k + j] and weights[t * k + j] (j < k <= 32) for t < tokens: token t's j-th
+// expert and its weight from its router logits [tokens, experts] (cpu::route_token's rule:
+// softmax, the k best, a tie to the lower index; with normalize the k weights rescaled to
+// sum 1).
+void route_tokens(int* chosen, float* weights, const float* logits, int tokens, int experts, int k,
+                  bool normalize, cudaStream_t stream);
+// out[r * out_pitch + i] = W_e[i, :] · in'_r for each route r < routes and row i < w.rows, W_e
+// the matrix of expert e = experts[r] (device memory), in'_r row r / routes_per_input of in
+// (f32, in_pitch floats apart, 16-byte aligned), RMSNormed with norm_weight when given (as
+// matvec). Every weight dtype matvec takes.
+void expert_matvec(float* out, int out_pitch, const DeviceExperts& w, const int* experts,
+                   int routes, int routes_per_input, const float* in, int in_pitch,
+                   const float* norm_weight, float eps, cudaStream_t stream);
+// x[t * x_pitch + i] += Σ_j weights[t * k + j] · expert_out[slot * dim + i] for t < tokens,
+// i < dim, slot = slots[t * k + j] (device memory), or t * k + j without slots.
+void moe_combine(float* x, int x_pitch, const float* expert_out, const int* slots,
+                 const float* weights, int k, int dim, int tokens, cudaStream_t stream);
+
 // ==== The GPU ladder's simple kernels (BackendOptions::cuda_kernels, `barellm ladder
 // --device cuda`): what the fast kernels above compute, the plain way, one optimisation
 // fewer per rung; cuda_kernel_check checks them against the CPU kernels like the fast ones.

@@ -10,9 +10,9 @@
 #include <cuda_runtime.h>
 
 #include "cuda_check.h"
-#include "util/error.h"
 #include "kernels.h"
 #include "ladder_forward.h"
+#include "util/error.h"
 
 namespace barellm::cuda {
 
@@ -33,6 +33,9 @@ void check_ladder_model(CudaKernels kernels, const Config& config) {
     if (kernels != CudaKernels::Fast && gemma_steps)
         throw Error("the GPU ladder's rungs 1-4 run the Llama-family layer, not " +
                     config.architecture + "'s (GeGLU, post norms, scaled embeddings, local RoPE)");
+    if (kernels != CudaKernels::Fast && config.experts > 0)
+        throw Error("the GPU ladder's rungs 1-4 run dense feed-forwards, not " +
+                    config.architecture + "'s mixture of experts");
     const std::string& weight_dtype = config.weight_dtype;
     const bool simple_matvecs = kernels == CudaKernels::NaivePort ||
                                 kernels == CudaKernels::WarpPerRow || kernels == CudaKernels::Fused;

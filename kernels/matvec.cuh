@@ -245,15 +245,15 @@ __device__ __forceinline__ void store_warp_rows(float* __restrict__ out, float v
     store_warp_rows<kAccumulate, 1>(out, values, results, bias, rows, blockIdx.x);
 }
 
-// out[r] = (kAccumulate ? out[r] : 0) + (W[r, :] · stage(in) + bias[r]), r in [0, rows), no
-// bias term when bias is null.
-// Launch: grid ceil(rows / warps), block warps * 32 threads (warps = matvec_warps(pitch),
-// one warp per row), dynamic shared memory pitch * 4 bytes (the staged input).
+// The block's part of matvec_kernel: out[r] for its row set (rows blockIdx.x * warps ..),
+// one warp per row. Every thread of the block calls it.
 template <DType D, bool kAccumulate>
-__global__ void __launch_bounds__(kMatvecThreadsMax)
-    matvec_kernel(float* __restrict__ out, const void* __restrict__ weights, int rows, int pitch,
-                  const float* __restrict__ in, int cols, const float* __restrict__ norm_weight,
-                  float eps, const float* __restrict__ bias) {
+__device__ __forceinline__ void matvec_rows_of_block(float* __restrict__ out,
+                                                     const void* __restrict__ weights, int rows,
+                                                     int pitch, const float* __restrict__ in,
+                                                     int cols,
+                                                     const float* __restrict__ norm_weight,
+                                                     float eps, const float* __restrict__ bias) {
     __shared__ float scratch[kWarpSize];
     __shared__ float results[kMatvecMaxWarps];
     const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -271,6 +271,19 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     float sum[1] = {0.0f};
     if (has_row) dot_rows<D, 1>(row_pointer, xs, pitch, sum);
     store_warp_rows<kAccumulate>(out, sum[0], results, bias, rows);
+}
+
+// out[r] = (kAccumulate ? out[r] : 0) + (W[r, :] · stage(in) + bias[r]), r in [0, rows), no
+// bias term when bias is null.
+// Launch: grid ceil(rows / warps), block warps * 32 threads (warps = matvec_warps(pitch),
+// one warp per row), dynamic shared memory pitch * 4 bytes (the staged input).
+template <DType D, bool kAccumulate>
+__global__ void __launch_bounds__(kMatvecThreadsMax)
+    matvec_kernel(float* __restrict__ out, const void* __restrict__ weights, int rows, int pitch,
+                  const float* __restrict__ in, int cols, const float* __restrict__ norm_weight,
+                  float eps, const float* __restrict__ bias) {
+    matvec_rows_of_block<D, kAccumulate>(out, weights, rows, pitch, in, cols, norm_weight, eps,
+                                         bias);
 }
 
 // out[r] = act(W1[r, :] · stage(in)) * (W3[r, :] · stage(in)), act of A (gated_value).
@@ -371,6 +384,8 @@ void launch_block_matvec_swiglu(float* out, const DeviceMatrix& w1, const Device
                                 const float* in, const float* norm_weight, float eps,
                                 Activation activation, cudaStream_t stream);
 void prepare_block_matvec(size_t bytes);
+// The experts' matvecs (moe.cuh): the shared-memory allowance of their kernels.
+void prepare_expert_matvec(size_t bytes);
 
 size_t matvec_shared_bytes(int cols, DType dtype) {
     const int pitch = padded_cols(cols, dtype);
@@ -427,6 +442,7 @@ void prepare_matvec(size_t bytes) {
         });
     prepare_quantized_matvec(bytes);
     prepare_block_matvec(bytes);
+    prepare_expert_matvec(bytes);
 }
 
 #endif  // BARELLM_CUDA_EMULATION

@@ -84,16 +84,13 @@ __device__ __forceinline__ void dot_block_rows(const uint8_t* const (&rows)[kRow
     for (int r = 0; r < kRows; ++r) sums[r] = warp_sum(acc[r]);
 }
 
-// out[r] = (kAccumulate ? out[r] : 0) + (W[r, :] · stage(in) + bias[r]), r in [0, rows), no
-// bias term when bias is null; W of block type D [rows, cols].
-// Launch: grid matvec_grid(rows, cols), block matvec_block(cols) (one warp per row), dynamic
-// shared memory staged_input_bytes(cols).
+// The block's part of block_matvec_kernel: out[r] for its row set (rows blockIdx.x * warps
+// ..), one warp per row. Every thread of the block calls it.
 template <DType D, bool kAccumulate>
-__global__ void __launch_bounds__(kMatvecThreadsMax)
-    block_matvec_kernel(float* __restrict__ out, const void* __restrict__ weights, int rows,
-                        const float* __restrict__ in, int cols,
-                        const float* __restrict__ norm_weight, float eps,
-                        const float* __restrict__ bias) {
+__device__ __forceinline__ void block_matvec_rows_of_block(
+    float* __restrict__ out, const void* __restrict__ weights, int rows,
+    const float* __restrict__ in, int cols, const float* __restrict__ norm_weight, float eps,
+    const float* __restrict__ bias) {
     __shared__ float scratch[kWarpSize];
     __shared__ float results[kMatvecMaxWarps];
     const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
@@ -107,6 +104,20 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     float sum[1] = {0.0f};
     if (has_row) dot_block_rows<D, 1>(row_pointer, xs, cols, sum);
     store_warp_rows<kAccumulate>(out, sum[0], results, bias, rows);
+}
+
+// out[r] = (kAccumulate ? out[r] : 0) + (W[r, :] · stage(in) + bias[r]), r in [0, rows), no
+// bias term when bias is null; W of block type D [rows, cols].
+// Launch: grid matvec_grid(rows, cols), block matvec_block(cols) (one warp per row), dynamic
+// shared memory staged_input_bytes(cols).
+template <DType D, bool kAccumulate>
+__global__ void __launch_bounds__(kMatvecThreadsMax)
+    block_matvec_kernel(float* __restrict__ out, const void* __restrict__ weights, int rows,
+                        const float* __restrict__ in, int cols,
+                        const float* __restrict__ norm_weight, float eps,
+                        const float* __restrict__ bias) {
+    block_matvec_rows_of_block<D, kAccumulate>(out, weights, rows, in, cols, norm_weight, eps,
+                                               bias);
 }
 
 // out[r] = act(W1[r, :] · stage(in)) * (W3[r, :] · stage(in)), W1 and W3 of block type D,

@@ -15,7 +15,8 @@ dequantized to f16 for it); plus every
 kernel on its own (build/cuda_kernel_check), the server's step over the paged KV cache
 (build/step_logits: several sequences at once, decode rows beside prompt chunks, on the
 batched matvec and on the GEMMs, scattered block tables, copied blocks), graph replay against direct launches, every
-rung of the GPU ladder on Qwen (and its refusal of Gemma on rungs 1-4), `run` and `bench`.
+rung of the GPU ladder on Qwen (and its refusal of Gemma on rungs 1-4), `run` and `bench`;
+synthetic Mixtral and Qwen3-MoE checkpoints (decode and prefill; the step refuses them).
 
 Every test but the last skips, printing why, on a machine without a usable CUDA GPU (CI
 never has one); the last checks what `--device cuda` says there.
@@ -34,6 +35,8 @@ from convert_testlib import (BUILD, CONVERT, SHARED, STORIES, SYNTH,  # noqa: E4
                              cuda_unavailable_reason, make_checkpoint, need_shared,
                              require_cuda, run, tiny_tokenizer_json)
 from test_gemma import CONFIGS as GEMMA_CPU_CONFIGS, gemma_tensors  # noqa: E402
+from test_moe import checkpoint as moe_checkpoint  # noqa: E402
+from test_qwen import convert as convert_model  # noqa: E402
 from test_qwen import CONFIGS as QWEN_CPU_CONFIGS, qwen_tensors  # noqa: E402
 
 BARELLM = os.path.join(BUILD, "barellm")
@@ -559,6 +562,25 @@ def test_device_cuda_without_gpu_says_so_in_one_line(tmp_path):
     assert result.stdout == ""
 
 
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("dtype", ["f32", "f16", "q8", "q4"])
+@pytest.mark.parametrize("length", [1, 7, 60])
+def test_mixture_of_experts_cuda_matches_cpu(cuda, tmp_path, name, dtype, length):
+    """Mixtral (every layer sparse, top 2 of 8) and Qwen3-MoE (dense layers among sparse ones,
+    top 3 of 12): decode routes on the device and reads the chosen experts (inside the CUDA
+    graph), prefill groups the batch's routes by expert, one GEMM per expert. The routers
+    here have no deliberate near-ties (test_moe.py's), which float sums in another order
+    could route the other way."""
+    model = convert_model(moe_checkpoint(tmp_path, name, near_tie=False),
+                          tmp_path / "model.bin", dtype)
+    ids = token_ids(length, seed=length)
+    compare_with_cpu(model, ids, "f32", tolerance(dtype))
+    if dtype in ("q8", "q4"):
+        compare_quantized_prefill_with_cpu(model, ids, "f32")
+    else:
+        compare_prefill_with_cpu(model, dtype, ids, "f32")
+
+
 def step_logits(model, sequences, *flags, env=None):
     """Logits [sum of the lengths, vocab] of every position of each sequence from
     build/step_logits (Backend::step over the paged KV cache); NaN rows where none were
@@ -573,6 +595,19 @@ def step_logits(model, sequences, *flags, env=None):
     logits = np.fromfile(out, dtype=np.float32).reshape(sum(map(len, sequences)), -1)
     os.unlink(out)
     return logits
+
+
+def test_step_refuses_a_mixture_of_experts_in_one_line(cuda, tmp_path):
+    model = convert_model(moe_checkpoint(tmp_path, "mixtral", near_tie=False),
+                          tmp_path / "model.bin", "f32")
+    result = subprocess.run([STEP_LOGITS, model, str(tmp_path / "out"), "--seq", "1,2,3",
+                             "--device", "cuda"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1
+    assert result.stderr.strip().endswith(
+        "the CUDA backend's server step does not run mixture-of-experts models (mixtral); "
+        "serve them with --device cpu")
+    assert result.stderr.count("\n") == 1
 
 
 # Four sequences of different lengths; chunks of 1 (decode rows), 5 and 24 positions: the
