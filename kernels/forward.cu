@@ -56,6 +56,7 @@
 #include "cuda_check.h"
 #include "device_memory.h"
 #include "device_model.h"
+#include "expert_groups.h"
 #include "kernels.h"
 #include "ladder_forward.h"
 #include "util/error.h"
@@ -678,18 +679,11 @@ private:
         CUDA_CHECK(cudaStreamSynchronize(stream));
         // Group the routes by expert: expert e's take grouped rows expert_start[e] ..
         // expert_start[e + 1] - 1, in token order.
-        std::vector<int> expert_start(c.experts + 1, 0);
-        for (int r = 0; r < routes; ++r) ++expert_start[host[r] + 1];
-        for (int e = 0; e < c.experts; ++e) expert_start[e + 1] += expert_start[e];
-        std::vector<int> next(expert_start.begin(), expert_start.end() - 1);
-        int* slot_of_route = host + routes;
-        int* token_of_slot = host + 2 * routes;
-        for (int r = 0; r < routes; ++r) {
-            const int slot = next[host[r]]++;
-            slot_of_route[r] = slot;
-            token_of_slot[slot] = r / k;
-        }
-        CUDA_CHECK(cudaMemcpyAsync(s.route_rows, slot_of_route, 2 * routes * sizeof(int),
+        int* grouped_row = host + routes;
+        int* token_of_row = host + 2 * routes;
+        const std::vector<int> expert_start =
+            cuda::group_routes_by_expert(host, routes, k, c.experts, grouped_row, token_of_row);
+        CUDA_CHECK(cudaMemcpyAsync(s.route_rows, grouped_row, 2 * routes * sizeof(int),
                                    cudaMemcpyHostToDevice, stream));
         // Each grouped row's input: its token's x, normed.
         cuda::gather_rows(s.grouped_x, s.x, s.route_rows + routes, routes, c.dim, stream);

@@ -4,18 +4,29 @@
 // 8, 60 and 128 experts), the expert matvecs (each route's expert read from device memory)
 // against the plain matvec kernels on that expert's matrix and a double reference, and a whole
 // sparse feed-forward for one token, launched as CudaBackend::record_experts launches it,
-// against the CPU backend's cpu::MixtureOfExperts::decode (f32 and Q8 weights).
+// against the CPU backend's cpu::MixtureOfExperts::decode (f32 and Q8 weights). A prefill
+// batch: the grouping of its routes by expert (expert_groups.h), the gather of each grouped
+// row's input and the weighted scatter back (moe_combine_kernel with grouped rows) against
+// scalar references written here (empty experts, one expert in every token's routes), and a
+// whole sparse feed-forward of a few tokens, launched as CudaBackend::prefill_experts runs it
+// (f32: the SIMT GEMM of each expert over its rows; Q8: the expert matvec of each grouped row),
+// against cpu::MixtureOfExperts::prefill (f32) or its decode of each token (Q8).
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cpu/moe.h"
 #include "elementwise_simple.cuh"
 #include "emulated_inputs.h"
+#include "expert_groups.h"
+#include "gemm.cuh"
 #include "moe.cuh"
+#include "prefill.cuh"
+#include "test_block_matrices.h"
 #include "test_matrices.h"
 
 using namespace barellm;
@@ -187,8 +198,13 @@ void launch_expert_matvec(float* out, const ExpertLaunch& w, DType dtype, int ro
             return emulate_launch(grid, block, shared, expert_quantized_matvec_kernel<DType::Q4_0>,
                                   out, w, in, norm_weight, kEps);
         default:
-            FAIL("no expert matvec launch for this dtype here");
+            break;
     }
+    REQUIRE(is_block_type(dtype));
+    with_block_dtype(dtype, [&](auto d) {
+        emulate_launch(grid, block, shared, expert_block_matvec_kernel<decltype(d)::value>, out, w,
+                       in, norm_weight, kEps);
+    });
 }
 
 // The plain matvec of one matrix (matvec.cuh, matvec_quantized.cuh), unnormed, no bias.
@@ -209,7 +225,12 @@ void launch_plain_matvec(float* out, const DeviceMatrix& m, DType dtype, const f
     }
     const dim3 grid = matvec_grid(m.rows, m.pitch), block = matvec_block(m.pitch);
     const size_t shared = staged_input_bytes(m.pitch);
-    if (dtype == DType::F32)
+    if (is_block_type(dtype)) {
+        with_block_dtype(dtype, [&](auto d) {
+            emulate_launch(grid, block, shared, block_matvec_kernel<decltype(d)::value, false>, out,
+                           m.data, m.rows, in, m.cols, norm_weight, kEps, nullptr);
+        });
+    } else if (dtype == DType::F32)
         emulate_launch(grid, block, shared, matvec_kernel<DType::F32, false>, out, m.data, m.rows,
                        m.pitch, in, m.cols, norm_weight, kEps, nullptr);
     else
@@ -229,7 +250,9 @@ void check_expert_matvec(DType dtype, int rows, int cols, bool shared_input, std
     INFO(dtype_name(dtype) << ", experts of " << rows << " x " << cols << ", shared input "
                            << shared_input);
     const int experts = 5, routes = 6, k = 3;
-    const TestMatrix stacked = make_matrix(experts * rows, cols, dtype, rng);
+    const TestMatrix stacked = is_block_type(dtype)
+                                   ? make_block_matrix(experts * rows, cols, dtype, rng)
+                                   : make_matrix(experts * rows, cols, dtype, rng);
     const DeviceCopy device(stacked.matrix);
     const std::vector<int> chosen = {4, 0, 2, 2, 4, 1};  // a repeat, the first and last
     const int in_pitch = padded_cols(cols, DType::Q8_0);
@@ -277,6 +300,106 @@ void check_expert_matvec(DType dtype, int rows, int cols, bool shared_input, std
             different += !std::isnan(out[size_t(r) * out_pitch + i]);
     }
     CHECK(different == 0);
+    CHECK(far == 0);
+}
+
+// ---- A prefill batch: its routes grouped by expert, gathered and scattered back
+
+// How the routes of a test batch are drawn: each token's k experts distinct, from a few of the
+// experts only (so that most experts get none), or with one expert in every token's routes.
+enum class RoutePattern { FewExperts, OneExpertEverywhere };
+
+std::vector<int> random_routes(int tokens, int experts, int k, RoutePattern pattern,
+                               std::mt19937& rng) {
+    std::vector<int> pool(experts);
+    std::iota(pool.begin(), pool.end(), 0);
+    std::shuffle(pool.begin(), pool.end(), rng);
+    // FewExperts: the tokens' experts come from k + 2 of them (all where fewer).
+    const int drawn_from = pattern == RoutePattern::FewExperts ? std::min(experts, k + 2) : experts;
+    const int everywhere = pool[0];
+    std::vector<int> routes;
+    for (int t = 0; t < tokens; ++t) {
+        std::vector<int> candidates(pool.begin(), pool.begin() + drawn_from);
+        std::shuffle(candidates.begin(), candidates.end(), rng);
+        if (pattern == RoutePattern::OneExpertEverywhere) {
+            // `everywhere` at a random place among the token's k.
+            candidates.erase(std::find(candidates.begin(), candidates.end(), everywhere));
+            candidates.insert(
+                candidates.begin() + std::uniform_int_distribution<int>(0, k - 1)(rng), everywhere);
+        }
+        routes.insert(routes.end(), candidates.begin(), candidates.begin() + k);
+    }
+    return routes;
+}
+
+// The grouping written plainly: for each expert in order, each route of it in route order.
+struct ReferenceGroups {
+    std::vector<int> start, grouped_row, token_of_row;
+};
+
+ReferenceGroups group_reference(const std::vector<int>& chosen, int k, int experts) {
+    ReferenceGroups g;
+    const int routes = int(chosen.size());
+    g.grouped_row.assign(routes, -1);
+    for (int e = 0; e < experts; ++e) {
+        g.start.push_back(int(g.token_of_row.size()));
+        for (int r = 0; r < routes; ++r)
+            if (chosen[r] == e) {
+                g.grouped_row[r] = int(g.token_of_row.size());
+                g.token_of_row.push_back(r / k);
+            }
+    }
+    g.start.push_back(routes);
+    return g;
+}
+
+void check_grouping(int tokens, int experts, int k, RoutePattern pattern, std::mt19937& rng) {
+    INFO(tokens << " tokens, " << experts << " experts, top " << k << ", pattern " << int(pattern));
+    const int routes = tokens * k, dim = 37;
+    const std::vector<int> chosen = random_routes(tokens, experts, k, pattern, rng);
+    std::vector<int> grouped_row(routes, -1), token_of_row(routes, -1);
+    const std::vector<int> start = group_routes_by_expert(chosen.data(), routes, k, experts,
+                                                          grouped_row.data(), token_of_row.data());
+    const ReferenceGroups want = group_reference(chosen, k, experts);
+    CHECK(start == want.start);
+    CHECK(grouped_row == want.grouped_row);
+    CHECK(token_of_row == want.token_of_row);
+    if (pattern == RoutePattern::OneExpertEverywhere) {  // the shared expert has every token
+        int largest = 0;
+        for (int e = 0; e < experts; ++e) largest = std::max(largest, start[e + 1] - start[e]);
+        CHECK(largest == tokens);
+    }
+
+    // Each grouped row's token's x (gather_rows_kernel, as prefill_experts launches it).
+    const std::vector<float> x = random_floats(size_t(tokens) * dim, rng, 2.0f);
+    std::vector<float> grouped_x(size_t(routes) * dim, NAN);
+    emulate_launch(gather_rows_grid(dim, routes), dim3(kRowsThreads), 0, gather_rows_kernel,
+                   grouped_x.data(), x.data(), token_of_row.data(), dim);
+    int wrong = 0;
+    for (int r = 0; r < routes; ++r)
+        for (int i = 0; i < dim; ++i)
+            wrong += grouped_x[size_t(want.grouped_row[r]) * dim + i] != x[size_t(r / k) * dim + i];
+    CHECK(wrong == 0);
+
+    // The weighted scatter back: x[t] += Σ_j weight(t, j) · (grouped row of route (t, j)).
+    const std::vector<float> expert_out = random_floats(size_t(routes) * dim, rng, 3.0f);
+    const std::vector<float> weights = random_floats(size_t(routes), rng);
+    std::vector<float> got = x;
+    emulate_launch(moe_combine_grid(dim, tokens), dim3(kCombineThreads), 0, moe_combine_kernel,
+                   got.data(), dim, expert_out.data(), grouped_row.data(), weights.data(), k, dim);
+    int far = 0;
+    for (int t = 0; t < tokens; ++t)
+        for (int i = 0; i < dim; ++i) {
+            double sum = x[size_t(t) * dim + i], magnitude = std::fabs(sum);
+            for (int j = 0; j < k; ++j) {
+                const int r = t * k + j;
+                const double term =
+                    double(weights[r]) * expert_out[size_t(want.grouped_row[r]) * dim + i];
+                sum += term;
+                magnitude += std::fabs(term);
+            }
+            far += std::fabs(got[size_t(t) * dim + i] - sum) > 1e-6 * magnitude;
+        }
     CHECK(far == 0);
 }
 
@@ -374,6 +497,161 @@ void check_sparse_feed_forward(int experts, int k, bool normalize, int dim, int 
     CHECK(worst <= allowed);
 }
 
+// The experts of a prefill batch over their grouped rows, as prefill_experts runs them for f32
+// weights with w1 and w3 apart: the grouped rows normed (rmsnorm_rows_kernel), then for each
+// expert with rows the SIMT GEMM of w1 and of w3 over its rows, act(gate) * up
+// (swiglu_rows_kernel) and the GEMM of w2. expert_out [routes, dim].
+void experts_by_gemm(float* expert_out, const SparseLayer& layer, const DeviceMatrix& w1,
+                     const DeviceMatrix& w3, const DeviceMatrix& w2, const std::vector<int>& start,
+                     const float* grouped_x, const float* ffn_norm) {
+    const Config& c = layer.config;
+    const int routes = start.back(), H = c.moe_hidden_dim;
+    const int dim_pitch = padded_cols(c.dim, DType::F32), hidden_pitch = padded_cols(H, DType::F32);
+    AlignedArray<float> normed(size_t(routes) * dim_pitch, NAN);
+    AlignedArray<float> gate(size_t(routes) * H, NAN), up(size_t(routes) * H, NAN);
+    AlignedArray<float> hidden(size_t(routes) * hidden_pitch, NAN);
+    emulate_launch(rmsnorm_rows_grid(routes), dim3(kRowsThreads), 0,
+                   rmsnorm_rows_kernel<DType::F32>, normed.data(), c.dim, dim_pitch, grouped_x,
+                   ffn_norm, kEps);
+    for (int e = 0; e < c.experts; ++e) {
+        const int first = start[e], count = start[e + 1] - first;
+        if (count == 0) continue;
+        const float* in = normed.data() + size_t(first) * dim_pitch;
+        for (const auto& [w, out] : {std::pair{&w1, gate.data()}, std::pair{&w3, up.data()}}) {
+            const DeviceMatrix m = expert_view(*w, e, H);
+            emulate_launch(gemm_simt_grid(count, H), dim3(kSimtThreads), 0,
+                           gemm_simt_kernel<DType::F32>, out + size_t(first) * H, H, m.data, H,
+                           m.pitch, static_cast<const void*>(in), count, dim_pitch,
+                           gemm_k_extent(c.dim, DType::F32), nullptr, false);
+        }
+        float* expert_hidden = hidden.data() + size_t(first) * hidden_pitch;
+        emulate_launch(swiglu_rows_grid(hidden_pitch, count), dim3(kRowsThreads), 0,
+                       swiglu_rows_kernel<DType::F32, Activation::Silu>, expert_hidden, H,
+                       hidden_pitch, gate.data() + size_t(first) * H, up.data() + size_t(first) * H,
+                       H);
+        const DeviceMatrix m2 = expert_view(w2, e, c.dim);
+        emulate_launch(gemm_simt_grid(count, c.dim), dim3(kSimtThreads), 0,
+                       gemm_simt_kernel<DType::F32>, expert_out + size_t(first) * c.dim, c.dim,
+                       m2.data, c.dim, m2.pitch, static_cast<const void*>(expert_hidden), count,
+                       hidden_pitch, gemm_k_extent(H, DType::F32), nullptr, false);
+    }
+}
+
+// The same with the expert matvecs (for Q8 weights, whose GEMM runs on tensor cores the
+// emulation does not reach here): a route per grouped row, its expert the one whose rows hold
+// it, the norm fused.
+void experts_by_matvec(float* expert_out, const SparseLayer& layer, const DeviceMatrix& w1,
+                       const DeviceMatrix& w3, const DeviceMatrix& w2,
+                       const std::vector<int>& start, const float* grouped_x,
+                       const float* ffn_norm) {
+    const Config& c = layer.config;
+    const int routes = start.back(), H = c.moe_hidden_dim, dim = c.dim;
+    std::vector<int> expert_of_row(routes, -1);
+    for (int e = 0; e < c.experts; ++e)
+        for (int g = start[e]; g < start[e + 1]; ++g) expert_of_row[g] = e;
+    const int hidden_pitch = padded_cols(H, DType::F32);
+    AlignedArray<float> gate(size_t(routes) * hidden_pitch, 0.0f),
+        up(size_t(routes) * hidden_pitch, 0.0f);
+    launch_expert_matvec(gate.data(),
+                         expert_launch(w1, H, expert_of_row.data(), 1, dim, hidden_pitch), w1.dtype,
+                         routes, grouped_x, ffn_norm);
+    launch_expert_matvec(up.data(),
+                         expert_launch(w3, H, expert_of_row.data(), 1, dim, hidden_pitch), w3.dtype,
+                         routes, grouped_x, ffn_norm);
+    const int n = routes * hidden_pitch;
+    emulate_launch(dim3((n + kElementwiseThreads - 1) / kElementwiseThreads),
+                   dim3(kElementwiseThreads), 0, swiglu_kernel<Activation::Silu>, gate.data(),
+                   up.data(), n);
+    launch_expert_matvec(expert_out,
+                         expert_launch(w2, dim, expert_of_row.data(), 1, hidden_pitch, dim),
+                         w2.dtype, routes, gate.data(), nullptr);
+}
+
+// A sparse feed-forward for `tokens` tokens in CudaBackend::prefill_experts's steps: each
+// token's router logits and routes, the routes grouped by expert on the host, each grouped
+// row's token's x gathered, each expert over its grouped rows (a GEMM an expert for f32
+// weights, else the expert matvecs), and the weighted sum back into x; against
+// cpu::MixtureOfExperts::prefill (f32; Q8: its decode of each token).
+void check_sparse_prefill(int tokens, int experts, int k, bool normalize, int dim, int hidden,
+                          DType dtype, std::mt19937& rng) {
+    INFO(dtype_name(dtype) << ", " << tokens << " tokens, " << experts << " experts, top " << k
+                           << ", dim " << dim << ", hidden " << hidden);
+    const SparseLayer layer = make_sparse_layer(experts, k, normalize, dim, hidden, dtype, rng);
+    const Config& c = layer.config;
+    const int routes = tokens * k;
+    AlignedArray<float> x(size_t(tokens) * dim), ffn_norm(dim);
+    const std::vector<float> x_drawn = random_floats(size_t(tokens) * dim, rng, 2.0f);
+    const std::vector<float> norm_drawn = random_floats(dim, rng);
+    std::copy(x_drawn.begin(), x_drawn.end(), x.data());
+    std::copy(norm_drawn.begin(), norm_drawn.end(), ffn_norm.data());
+
+    // The CPU: out = moe(rmsnorm(x)) row by row, then x + out. Its prefill multiplies Q8
+    // weights by the f32 input, where the expert matvecs (and the CPU's decode) round the input
+    // to int8 per 32 first: for Q8 the reference is the CPU's decode of each token.
+    std::vector<float> normed(size_t(tokens) * dim), cpu_out(size_t(tokens) * dim, NAN);
+    for (int t = 0; t < tokens; ++t)
+        cpu::rmsnorm(&normed[size_t(t) * dim], x.data() + size_t(t) * dim, ffn_norm.data(), dim,
+                     kEps);
+    if (dtype == DType::F32) {
+        cpu::MixtureOfExperts cpu_experts(c, tokens);
+        cpu_experts.prefill(cpu_out.data(), normed.data(), tokens, layer.weights);
+    } else {
+        cpu::MixtureOfExperts cpu_experts(c, 1);
+        for (int t = 0; t < tokens; ++t)
+            cpu_experts.decode(&cpu_out[size_t(t) * dim], &normed[size_t(t) * dim], layer.weights);
+    }
+
+    // Routing.
+    const Matrix router_matrix{layer.router.data(), DType::F32, experts, dim, nullptr};
+    const DeviceCopy router(router_matrix), w1(layer.w1.matrix), w3(layer.w3.matrix),
+        w2(layer.w2.matrix);
+    std::vector<float> logits(size_t(tokens) * experts, NAN), route_weights(routes, NAN);
+    std::vector<int> chosen(routes, -1);
+    for (int t = 0; t < tokens; ++t)
+        launch_plain_matvec(&logits[size_t(t) * experts], router.matrix, DType::F32,
+                            x.data() + size_t(t) * dim, ffn_norm.data());
+    emulate_launch(dim3(tokens), dim3(kRouteThreads), 0, route_tokens_kernel, chosen.data(),
+                   route_weights.data(), logits.data(), experts, k, normalize);
+    // The CPU's routing of the same logits (its own softmax): the same experts.
+    for (int t = 0; t < tokens; ++t) {
+        std::vector<float> cpu_logits(&logits[size_t(t) * experts],
+                                      &logits[size_t(t) * experts] + experts);
+        std::vector<int> cpu_chosen(k);
+        std::vector<float> cpu_weights(k);
+        cpu::route_token(cpu_chosen.data(), cpu_weights.data(), cpu_logits.data(), c);
+        CHECK(std::equal(cpu_chosen.begin(), cpu_chosen.end(), chosen.begin() + size_t(t) * k));
+    }
+    // Grouping, and each grouped row's input.
+    std::vector<int> grouped_row(routes), token_of_row(routes);
+    const std::vector<int> start = group_routes_by_expert(chosen.data(), routes, k, experts,
+                                                          grouped_row.data(), token_of_row.data());
+    AlignedArray<float> grouped_x(size_t(routes) * dim, NAN);
+    emulate_launch(gather_rows_grid(dim, routes), dim3(kRowsThreads), 0, gather_rows_kernel,
+                   grouped_x.data(), x.data(), token_of_row.data(), dim);
+    std::vector<float> expert_out(size_t(routes) * dim, NAN);
+    if (dtype == DType::F32)
+        experts_by_gemm(expert_out.data(), layer, w1.matrix, w3.matrix, w2.matrix, start,
+                        grouped_x.data(), ffn_norm.data());
+    else
+        experts_by_matvec(expert_out.data(), layer, w1.matrix, w3.matrix, w2.matrix, start,
+                          grouped_x.data(), ffn_norm.data());
+    // The weighted sum back into x.
+    std::vector<float> gpu_x(x.data(), x.data() + size_t(tokens) * dim);
+    emulate_launch(moe_combine_grid(dim, tokens), dim3(kCombineThreads), 0, moe_combine_kernel,
+                   gpu_x.data(), dim, expert_out.data(), grouped_row.data(), route_weights.data(),
+                   k, dim);
+
+    double largest = 0, worst = 0;
+    for (size_t i = 0; i < cpu_out.size(); ++i) {
+        largest = std::max(largest, std::fabs(double(cpu_out[i])));
+        worst = std::max(worst, std::fabs(double(gpu_x[i]) - (double(x[i]) + cpu_out[i])));
+    }
+    // f32: the same sums in other orders; Q8: the int8 input may round one step apart.
+    const double allowed = (dtype == DType::F32 ? 1e-5 : 2e-3) * largest;
+    INFO("worst difference " << worst << " of outputs up to " << largest);
+    CHECK(worst <= allowed);
+}
+
 }  // namespace
 
 TEST_CASE("emulated route_tokens_kernel picks the experts and weights of the scalar routing",
@@ -396,6 +674,9 @@ TEST_CASE("emulated expert matvecs read each route's expert from device memory",
         check_expert_matvec(DType::F16, 19, 40, shared_input, rng);
         check_expert_matvec(DType::Q8_0, 37, 45, shared_input, rng);
         check_expert_matvec(DType::Q4_0, 21, 64, shared_input, rng);
+        check_expert_matvec(DType::Q4_K, 13, 512, shared_input, rng);
+        check_expert_matvec(DType::Q6_K, 11, 768, shared_input, rng);
+        check_expert_matvec(DType::Q5_0, 9, 96, shared_input, rng);
     }
 }
 
@@ -407,4 +688,33 @@ TEST_CASE("an emulated sparse feed-forward matches the CPU backend's mixture of 
     check_sparse_feed_forward(36, 8, false, 64, 40, DType::F32, rng);  // not renormalised
     check_sparse_feed_forward(8, 2, true, 96, 64, DType::Q8_0, rng);
     check_sparse_feed_forward(36, 8, true, 64, 96, DType::Q8_0, rng);
+}
+
+TEST_CASE("a prefill batch's routes grouped by expert, gathered and scattered back",
+          "[cuda_emulation][moe]") {
+    std::mt19937 rng(63);
+    for (const int tokens : {1, 7, 60})
+        for (const RoutePattern pattern :
+             {RoutePattern::FewExperts, RoutePattern::OneExpertEverywhere}) {
+            check_grouping(tokens, 8, 2, pattern, rng);
+            check_grouping(tokens, 60, 8, pattern, rng);
+            check_grouping(tokens, 128, 8, pattern, rng);
+        }
+}
+
+TEST_CASE("grouping rejects an expert index out of range", "[cuda_emulation][moe]") {
+    const std::vector<int> chosen = {0, 3, 8, 1};
+    std::vector<int> grouped_row(4), token_of_row(4);
+    CHECK_THROWS_AS(
+        group_routes_by_expert(chosen.data(), 4, 2, 8, grouped_row.data(), token_of_row.data()),
+        Error);
+}
+
+TEST_CASE("an emulated sparse prefill matches the CPU backend's mixture of experts",
+          "[cuda_emulation][moe]") {
+    std::mt19937 rng(64);
+    check_sparse_prefill(1, 8, 2, true, 96, 52, DType::F32, rng);
+    check_sparse_prefill(5, 8, 2, true, 96, 52, DType::F32, rng);
+    check_sparse_prefill(7, 36, 8, false, 64, 40, DType::F32, rng);
+    check_sparse_prefill(6, 36, 8, true, 64, 96, DType::Q8_0, rng);
 }
