@@ -450,7 +450,8 @@ void check_sparse_feed_forward(int experts, int k, bool normalize, int dim, int 
     // The CPU: out = moe(rmsnorm(x)), then x + out.
     std::vector<float> normed(dim), cpu_out(dim, NAN);
     cpu::rmsnorm(normed.data(), x.data(), ffn_norm.data(), dim, kEps);
-    cpu::MixtureOfExperts cpu_experts(c, 1);
+    cpu::MixtureOfExperts cpu_experts(c);
+    cpu_experts.reserve(1);
     cpu_experts.decode(cpu_out.data(), normed.data(), layer.weights);
 
     // The GPU's kernels in CudaBackend::record_experts's order.
@@ -594,10 +595,12 @@ void check_sparse_prefill(int tokens, int experts, int k, bool normalize, int di
         cpu::rmsnorm(&normed[size_t(t) * dim], x.data() + size_t(t) * dim, ffn_norm.data(), dim,
                      kEps);
     if (dtype == DType::F32) {
-        cpu::MixtureOfExperts cpu_experts(c, tokens);
+        cpu::MixtureOfExperts cpu_experts(c);
+        cpu_experts.reserve(tokens);
         cpu_experts.prefill(cpu_out.data(), normed.data(), tokens, layer.weights);
     } else {
-        cpu::MixtureOfExperts cpu_experts(c, 1);
+        cpu::MixtureOfExperts cpu_experts(c);
+        cpu_experts.reserve(1);
         for (int t = 0; t < tokens; ++t)
             cpu_experts.decode(&cpu_out[size_t(t) * dim], &normed[size_t(t) * dim], layer.weights);
     }

@@ -60,7 +60,7 @@ public:
           // The layer and output matrices copied to 2 MiB pages; Q8 and Q4 ones in tiles of
           // 16 rows where the AVX-512 VNNI kernels will read them (cpu/resident_weights.h).
           weights_(cpu::resident_weights(model, cpu::uses_row_tiles())),
-          experts_(model.config, max_batch_) {
+          experts_(model.config) {
         const Config& c = model.config;
         if (kv_blocks_ < 0 || (kv_blocks_ > 0 && kv_block_size_ < 1))
             throw Error("the paged KV cache needs kv_blocks >= 0 and kv_block_size >= 1");
@@ -82,6 +82,7 @@ public:
         require_memory(2 * cache_bytes + (activation_floats + all_logits_floats) * sizeof(float),
                        what + " for a context of " + std::to_string(context_));
         InferenceState& s = state_;
+        experts_.reserve(max_batch_);
         s.x.resize(B * c.dim);
         s.xb.resize(B * c.dim);
         s.q.resize(B * c.q_dim());

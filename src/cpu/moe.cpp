@@ -38,7 +38,8 @@ size_t MixtureOfExperts::buffer_floats(const Config& c, int max_batch) {
     return B * c.experts + routed * (2 * size_t(c.dim) + 2 * size_t(c.moe_hidden_dim)) + 2 * routed;
 }
 
-MixtureOfExperts::MixtureOfExperts(const Config& c, int max_batch) : config_(c) {
+void MixtureOfExperts::reserve(int max_batch) {
+    const Config& c = config_;
     if (c.experts == 0) return;
     const size_t B = max_batch, routed = B * c.experts_per_token;
     logits_.resize(B * c.experts);

@@ -21,8 +21,11 @@ void route_token(int* experts, float* weights, float* logits, const Config& conf
 
 class MixtureOfExperts {
 public:
-    // Buffers for batches of up to max_batch tokens.
-    MixtureOfExperts(const Config& config, int max_batch);
+    // No buffers until reserve.
+    explicit MixtureOfExperts(const Config& config) : config_(config) {}
+
+    // Allocates the buffers for batches of up to max_batch tokens (buffer_floats of them).
+    void reserve(int max_batch);
 
     // Decode: out[dim] = Σ_j weight_j · w2_j (act(w1_j · x) * (w3_j · x)) over the k experts
     // j the router of layer `w` picks for x [dim] (the normed residual).
