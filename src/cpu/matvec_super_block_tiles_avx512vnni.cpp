@@ -99,6 +99,7 @@ void tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* ti
                                                     high_scales)));
         }
         __m512i mins[kMinPairs];
+#pragma GCC unroll 4
         for (int p = 0; p < kMinPairs; ++p)
             mins[p] = _mm512_cvtepu8_epi16(_mm256_load_si256(
                 reinterpret_cast<const __m256i*>(block + kQ4KTileMinsOffset + 2 * kTileRows * p)));
@@ -109,6 +110,7 @@ void tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* ti
 #pragma GCC unroll 8
         for (int t = 0; t < kTokens; ++t) {
             __m512i min_dots = _mm512_setzero_si512();  // Σ_j m_j · Σ x
+#pragma GCC unroll 4
             for (int p = 0; p < kMinPairs; ++p)
                 min_dots = _mm512_dpwssd_epi32(
                     min_dots, mins[p], _mm512_set1_epi32(x[t].min_pairs[b * kMinPairs + p]));
