@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <utility>
@@ -582,6 +583,17 @@ TEST_CASE("AVX-512 VNNI prefill GEMM of the block types matches a reference on q
                     build.gemm_rows_blocks(got.data(), m.matrix, quantized, first, count);
                     INFO(build.name << " " << matrix_type_name(dtype) << " batch " << batch
                                     << " cols " << cols);
+                    // Q4_K from its tiles (those of make_block_matrix) and from its rows: the
+                    // same panel, the same bits.
+                    if (m.matrix.row_tiles) {
+                        Matrix rows_only = m.matrix;
+                        rows_only.row_tiles = nullptr;
+                        std::vector<float> from_rows(size_t(batch) * rows, NAN);
+                        build.gemm_rows_blocks(from_rows.data(), rows_only, quantized, first,
+                                               count);
+                        CHECK(std::memcmp(from_rows.data(), got.data(),
+                                          got.size() * sizeof(float)) == 0);
+                    }
                     // f32 sums of terms scaled from subnormal to 65504, which cancel in
                     // part: rounding reaches some 1e-5 of the result (a wrong level, scale
                     // or min moves it by far more).
