@@ -705,10 +705,10 @@ TEST_CASE("AVX-512 VNNI Q4_K matvec from tiles equals the dequantized rows times
     std::mt19937 rng(519);
     for (const Avx512Build& build : builds()) {
         if (!build.has_vnni) continue;
-        // Rows a multiple of no tile; one and several super-blocks a row; a token, a pass of
-        // tokens and more (passes of 4).
+        // Rows a multiple of no tile; one and several super-blocks a row; a token, a part of a
+        // pass, a pass of tokens (8) and more.
         for (int cols : {256, 1280})
-            for (int tokens : {1, 4, 7}) {
+            for (int tokens : {1, 3, 8, 9}) {
                 const int rows = 37;
                 TestMatrix m = make_block_matrix(rows, cols, DType::Q4_K, rng);
                 // Rows of the largest levels, scales and mins (fill_rows): with x of one sign
