@@ -219,7 +219,8 @@ void tiled_block_matvecs(const float* x, int batch, const std::vector<BatchOutpu
     for (int b = 0; b < batch; ++b) avx512::quantize_q8_k(&storage[b], x + size_t(b) * cols, cols);
     size_t total_rows = 0;
     for (const BatchOutput& o : outputs) total_rows += o.w->rows;
-#pragma omp parallel num_threads(threads_for(total_rows* cols* batch))
+    const size_t work = total_rows * cols * batch;
+#pragma omp parallel num_threads(threads_for(work))
     {
         const size_t threads = omp_get_num_threads(), thread = omp_get_thread_num();
         const size_t first = total_rows * thread / threads;
@@ -255,13 +256,14 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
     });
     // Those with tiles (Q4_K on AVX-512 VNNI) meet every token at once, each tile read once.
     if (active_level >= SimdLevel::Avx2 && all_blocks && batch <= kBlockMatvecBatch) {
+        const bool tiles = uses_row_tiles();
         std::vector<BatchOutput> tiled;
         for (const BatchOutput& o : outputs)
-            if (uses_row_tiles() && o.w->row_tiles) tiled.push_back(o);
+            if (tiles && o.w->row_tiles) tiled.push_back(o);
         if (!tiled.empty()) tiled_block_matvecs(x, batch, tiled);
         for (int b = 0; b < batch; ++b)
             for (const BatchOutput& o : outputs)
-                if (!(uses_row_tiles() && o.w->row_tiles))
+                if (!(tiles && o.w->row_tiles))
                     matvec(o.out + size_t(b) * o.w->rows, x + size_t(b) * cols, *o.w);
         return;
     }
