@@ -48,7 +48,7 @@ namespace {
     X(quantize_q8)              \
     X(quantize_q8_k)            \
     X(matvec_rows_super_blocks) \
-    X(matvec_rows_q4_k_tiles)   \
+    X(matvec_rows_block_tiles)  \
     X(gemm_rows_quantized)      \
     X(gemm_rows_blocks)         \
     X(gemm_rows)                \
@@ -583,8 +583,8 @@ TEST_CASE("AVX-512 VNNI prefill GEMM of the block types matches a reference on q
                     build.gemm_rows_blocks(got.data(), m.matrix, quantized, first, count);
                     INFO(build.name << " " << matrix_type_name(dtype) << " batch " << batch
                                     << " cols " << cols);
-                    // Q4_K from its tiles (those of make_block_matrix) and from its rows: the
-                    // same panel, the same bits.
+                    // Q4_K and Q6_K from their tiles (those of make_block_matrix) and from their
+                    // rows: the same panel, the same bits.
                     if (m.matrix.row_tiles) {
                         Matrix rows_only = m.matrix;
                         rows_only.row_tiles = nullptr;
@@ -701,8 +701,9 @@ TEST_CASE("AVX-512 quantize_q8_k gives the bytes of llama.cpp's Q8_K rule") {
         }
 }
 
-TEST_CASE("AVX-512 VNNI Q4_K matvec from tiles equals the dequantized rows times Q8_K x") {
+TEST_CASE("AVX-512 VNNI Q4_K and Q6_K matvecs from tiles equal the dequantized rows times Q8_K x") {
     std::mt19937 rng(519);
+    const auto dtype = GENERATE(DType::Q4_K, DType::Q6_K);
     for (const Avx512Build& build : builds()) {
         if (!build.has_vnni) continue;
         // Rows a multiple of no tile; one and several super-blocks a row; a token, a part of a
@@ -710,7 +711,7 @@ TEST_CASE("AVX-512 VNNI Q4_K matvec from tiles equals the dequantized rows times
         for (int cols : {256, 1280})
             for (int tokens : {1, 3, 8, 9}) {
                 const int rows = 37;
-                TestMatrix m = make_block_matrix(rows, cols, DType::Q4_K, rng);
+                TestMatrix m = make_block_matrix(rows, cols, dtype, rng);
                 // Rows of the largest levels, scales and mins (fill_rows): with x of one sign
                 // the int32 sums reach their bounds.
                 fill_rows(&m, {16, 36}, 0xff);
@@ -725,11 +726,12 @@ TEST_CASE("AVX-512 VNNI Q4_K matvec from tiles equals the dequantized rows times
                 }
                 for (auto [first, count] : {std::pair{1, rows - 2}, {17, 3}, {5, 11}}) {
                     std::vector<float> got(size_t(tokens) * rows, NAN);
-                    build.matvec_rows_q4_k_tiles(got.data(), rows, m.matrix, x_q8_k.data(), tokens,
-                                                 first, count);
+                    build.matvec_rows_block_tiles(got.data(), rows, m.matrix, x_q8_k.data(), tokens,
+                                                  first, count);
                     for (int t = 0; t < tokens; ++t) {
-                        INFO(build.name << " cols " << cols << " token " << t << " of " << tokens
-                                        << " rows " << first << ".." << first + count - 1);
+                        INFO(build.name << " " << matrix_type_name(dtype) << " cols " << cols
+                                        << " token " << t << " of " << tokens << " rows " << first
+                                        << ".." << first + count - 1);
                         const std::vector<float> token_got(got.begin() + size_t(t) * rows,
                                                            got.begin() + size_t(t + 1) * rows);
                         const std::vector<double> want =

@@ -77,7 +77,7 @@ inline TestMatrix make_block_matrix(int rows, int cols, DType dtype, std::mt1993
     m.values.resize(size_t(rows) * cols);
     for (int r = 0; r < rows; ++r)
         dequantize_row(dtype, m.matrix.row_data(r), &m.values[size_t(r) * cols], cols);
-    if (cpu::has_row_tiles(dtype)) add_row_tiles(&m);  // Q4_K, as the CPU backend's
+    if (cpu::has_row_tiles(dtype)) add_row_tiles(&m);  // Q4_K and Q6_K, as the CPU backend's
     return m;
 }
 

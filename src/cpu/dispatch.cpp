@@ -149,8 +149,8 @@ void matvec_many(const MatvecTask* task_list, int task_count) {
                 const int row = int(begin - task_start), count = int(end - begin);
                 const DType dtype = task.w->dtype;
                 const bool tiled = use_tiles && task.w->row_tiles;
-                if (tiled && dtype == DType::Q4_K)
-                    avx512::matvec_rows_q4_k_tiles(task.out, 0, *task.w, &q8_k[t], 1, row, count);
+                if (tiled && is_block_type(dtype))  // Q4_K, Q6_K
+                    avx512::matvec_rows_block_tiles(task.out, 0, *task.w, &q8_k[t], 1, row, count);
                 else if (use_simd && matvec_on_q8_k(dtype))
                     (use_avx512_vnni
                          ? avx512::matvec_rows_super_blocks
@@ -208,8 +208,8 @@ void batch_rows(const BatchOutput& o, const float* x_tiles, const uint32_t* pair
 }
 
 // out = W · x for each of `batch` tokens of x [batch, cols] and each output, all of them
-// Q4_K with tiles: x quantized as Q8_K a token at a time by the calling thread, then the rows
-// of all outputs, one after another, cut into one contiguous run per thread, each run meeting
+// Q4_K or Q6_K with tiles: x quantized as Q8_K a token at a time by the calling thread, then the
+// rows of all outputs, one after another, cut into one contiguous run per thread, each run meeting
 // every token.
 void tiled_block_matvecs(const float* x, int batch, const std::vector<BatchOutput>& outputs) {
     static thread_local std::vector<Q8KVector> storage;
@@ -230,8 +230,8 @@ void tiled_block_matvecs(const float* x, int batch, const std::vector<BatchOutpu
             const size_t output_end = output_start + o.w->rows;
             const size_t begin = std::max(first, output_start), end = std::min(last, output_end);
             if (begin < end)
-                avx512::matvec_rows_q4_k_tiles(o.out, o.w->rows, *o.w, x_q8_k, batch,
-                                               int(begin - output_start), int(end - begin));
+                avx512::matvec_rows_block_tiles(o.out, o.w->rows, *o.w, x_q8_k, batch,
+                                                int(begin - output_start), int(end - begin));
             output_start = output_end;
         }
     }
@@ -254,7 +254,7 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
     const bool all_blocks = std::all_of(outputs.begin(), outputs.end(), [](const BatchOutput& o) {
         return is_block_type(o.w->dtype);
     });
-    // Those with tiles (Q4_K on AVX-512 VNNI) meet every token at once, each tile read once.
+    // Those with tiles (Q4_K, Q6_K on AVX-512 VNNI) meet every token at once, each tile read once.
     if (active_level >= SimdLevel::Avx2 && all_blocks && batch <= kBlockMatvecBatch) {
         const bool tiles = uses_row_tiles();
         std::vector<BatchOutput> tiled;

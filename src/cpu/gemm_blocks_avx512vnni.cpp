@@ -15,8 +15,8 @@
 // panel laid out as the Q8/Q4 GEMM's (per group of 32 columns, per step of four columns, the
 // four levels of each row side by side, 16 rows a register) and the sub-blocks' A and B as
 // f32, 16 rows at a time with gathers of one 32-bit word of each row's block (the rows'
-// blocks are row_bytes apart; Q4_K from its tiles of 16 rows where it has them, with no
-// gathers). The panel (33 KB a 1024 columns) stays in L2 while every token
+// blocks are row_bytes apart; Q4_K and Q6_K from their tiles of 16 rows where they have them,
+// with no gathers). The panel (33 KB a 1024 columns) stays in L2 while every token
 // of the batch meets it in the micro-kernel (block_tile_kernel).
 #include <algorithm>
 #include <vector>
@@ -299,8 +299,39 @@ void unpack_q4_k_tile(const HalfPanel& out, const uint8_t* block, int b) {
         }
 }
 
+// Q6_K super-block b of 16 rows from its tile (`block`, cpu/super_block_tiles.h), as
+// unpack_q6_k gives it from the rows: step s of a group is step s % 4 of sub-block 2g + s / 4,
+// whose levels join a nibble and a pair of high bits.
+void unpack_q6_k_tile(const HalfPanel& out, const uint8_t* block, int b) {
+    const __m512 d = _mm512_cvtph_ps(
+        _mm256_load_si256(reinterpret_cast<const __m256i*>(block + kQ6KTileDOffset)));
+    const __m512i two_bits = bytes_of(0x30303030);
+    for (int i = 0; i < kQ6KSubBlocks; ++i) {
+        const __m512i scale = _mm512_cvtepi8_epi32(_mm_load_si128(
+            reinterpret_cast<const __m128i*>(block + kQ6KTileScalesOffset + kTileRows * i)));
+        out.scale(kQ6KSubBlocks * b + i, _mm512_mul_ps(d, to_float(scale)));
+        const uint8_t* values = block + kQ6KTileValuesOffset + i * kQ6KTileSubBlockBytes;
+        const __m512i first = _mm512_load_si512(values);
+        const __m512i second = _mm512_load_si512(values + kTileRegisterBytes);
+        const __m512i high = _mm512_load_si512(values + 2 * kTileRegisterBytes);
+        const int group = (kQ6KSubBlocks * b + i) / 2, step = i % 2 * 4;
+        out.levels(
+            group, step,
+            _mm512_or_si512(low_nibbles(first), _mm512_and_si512(shift_left(high, 4), two_bits)));
+        out.levels(
+            group, step + 1,
+            _mm512_or_si512(high_nibbles(first), _mm512_and_si512(shift_left(high, 2), two_bits)));
+        out.levels(group, step + 2,
+                   _mm512_or_si512(low_nibbles(second), _mm512_and_si512(high, two_bits)));
+        out.levels(group, step + 3,
+                   _mm512_or_si512(high_nibbles(second),
+                                   _mm512_and_si512(shift_right(high, 2), two_bits)));
+    }
+}
+
 // The panel of rows [tile_row, tile_row + 32) of w; rows past the matrix hold A = B = 0. Q4_K
-// is read from its tiles where it has them (the rows may then be out of memory).
+// and Q6_K are read from their tiles where they have them (the rows may then be out of
+// memory).
 void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
     const int blocks = w.cols / block_weights(w.dtype);
     const int row_bytes = int(w.row_bytes());
@@ -308,12 +339,16 @@ void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
     for (int half = 0; half < kHalves; ++half) {
         const int first = tile_row + half * kLanes;
         const HalfPanel out{panel, half};
-        if (w.dtype == DType::Q4_K && w.row_tiles) {
-            alignas(64) static const uint8_t zeros[kQ4KTileBlockBytes] = {};  // past the matrix
+        if (w.row_tiles) {  // Q4_K, Q6_K
+            const bool q4_k = w.dtype == DType::Q4_K;
+            const int block_bytes = super_block_tile_bytes(w.dtype);
+            alignas(64) static const uint8_t zeros[kQ6KTileBlockBytes] = {};  // past the matrix
+            static_assert(kQ6KTileBlockBytes >= kQ4KTileBlockBytes);
             const uint8_t* tile =
                 first < w.rows ? w.row_tiles + size_t(first / kTileRows) * tile_bytes(w) : nullptr;
             for (int b = 0; b < blocks; ++b)
-                unpack_q4_k_tile(out, tile ? tile + size_t(b) * kQ4KTileBlockBytes : zeros, b);
+                (q4_k ? unpack_q4_k_tile : unpack_q6_k_tile)(
+                    out, tile ? tile + size_t(b) * block_bytes : zeros, b);
             continue;
         }
         const RowWords words{

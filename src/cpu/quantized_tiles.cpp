@@ -39,15 +39,15 @@ void stored_group(uint8_t* dest, const Matrix& w, int r, int g) {
 int tile_count(const Matrix& w) { return (w.rows + kTileRows - 1) / kTileRows; }
 
 size_t tile_bytes(const Matrix& w) {
-    if (w.dtype == DType::Q4_K) return q4_k_tile_bytes(w);
+    if (is_block_type(w.dtype)) return super_block_tile_bytes(w);
     return size_t(tile_blocks(w)) * tile_block_bytes(w.dtype);
 }
 
 size_t row_tiles_bytes(const Matrix& w) { return size_t(tile_count(w)) * tile_bytes(w); }
 
 void write_row_tiles(const Matrix& w, uint8_t* tiles) {
-    if (w.dtype == DType::Q4_K) return write_q4_k_tiles(w, tiles);
-    if (!is_quantized(w.dtype)) throw Error("write_row_tiles: not a Q8, Q4 or Q4_K matrix");
+    if (is_block_type(w.dtype)) return write_super_block_tiles(w, tiles);
+    if (!is_quantized(w.dtype)) throw Error("write_row_tiles: not a Q8 or Q4 matrix");
     const size_t bytes = row_tiles_bytes(w);
     const DType type = w.dtype;
     const int groups = w.scale_count_per_row();

@@ -1,17 +1,19 @@
-// Q4_K matrices re-laid out in tiles of 16 rows for the AVX-512 VNNI decode matvec
-// (matvec_super_block_tiles_avx512vnni.cpp), as Q8 and Q4 are (cpu/quantized_tiles.h). The CPU
-// backend makes them once, when it takes the model on the AVX-512 path of a CPU with
-// AVX512_VNNI (cpu/resident_weights.h), and points Matrix::row_tiles at them; the rows of
-// super-blocks stay in the file's mapping for the other paths (AVX2, scalar, the prefill GEMM).
+// Q4_K and Q6_K matrices re-laid out in tiles of 16 rows for the AVX-512 VNNI decode matvec
+// (matvec_super_block_tiles_avx512vnni.cpp) and prefill GEMM (gemm_blocks_avx512vnni.cpp), as Q8
+// and Q4 are (cpu/quantized_tiles.h). The CPU backend makes them once, when it takes the model
+// on the AVX-512 path of a CPU with AVX512_VNNI (cpu/resident_weights.h), and points
+// Matrix::row_tiles at them; the rows of super-blocks stay in the file's mapping for the other
+// paths (AVX2, scalar).
 //
 // In a row of super-blocks each int32 lane of a vpdpbusd holds four columns of one row, and
-// the 6-bit scales and mins come packed in 12 bytes a super-block. In a tile each lane is one
-// row: a register holds four columns of 16 rows, so a matvec needs no horizontal sums, and the
-// scales and mins are unpacked to a byte each, 16 rows side by side, ready to widen.
+// Q4_K's 6-bit scales and mins come packed in 12 bytes a super-block. In a tile each lane is
+// one row: a register holds four columns of 16 rows, so a matvec needs no horizontal sums, and
+// the scales (and mins) are a byte each, 16 rows side by side, ready to widen.
 //
 // A matrix is its tiles one after another (rows 16t..16t+15), each tile its super-blocks of
-// 256 columns one after another, each super-block kQ4KTileBlockBytes (2368, 37 cache lines;
-// the 16 rows' blocks take 2304):
+// 256 columns one after another. Rows past the matrix's end are zero throughout.
+//
+// Q4_K: a super-block kQ4KTileBlockBytes (2368, 37 cache lines; the 16 rows' blocks take 2304):
 //
 //   bytes 0-31      the 16 rows' f16 d, in row order
 //   bytes 32-63     the 16 rows' f16 dmin
@@ -24,7 +26,17 @@
 //                   (columns 64c + 4k..64c + 4k + 3, sub-block 2c, in the low nibbles, and
 //                   those 32 columns on, sub-block 2c + 1, in the high).
 //
-// Rows past the matrix's end are zero throughout.
+// Q6_K: a super-block kQ6KTileBlockBytes (3392, 53 cache lines; the 16 rows' blocks take 3360):
+//
+//   bytes 0-31      the 16 rows' f16 d, in row order
+//   bytes 32-63     zero
+//   bytes 64-319    the scales: byte 16i + r the int8 scale of sub-block i (0..15) of row r
+//   bytes 320-3391  the levels q (0..63), sub-block i (16 columns) after another, 192 bytes
+//                   each: three registers; in lane r, byte m (0..3) of the first holds the low
+//                   4 bits of q of column 16i + m (low nibble) and 16i + 4 + m (high nibble),
+//                   of the second those of columns 16i + 8 + m and 16i + 12 + m, of the
+//                   third the high 2 bits of q of column 16i + 4s + m in bits 2s, 2s + 1
+//                   (s 0..3).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -49,9 +61,23 @@ constexpr int kQ4KTileChunkBytes = kQ4KChunkRegisters * kTileRegisterBytes;     
 constexpr int kQ4KTileBlockBytes = kQ4KTileValuesOffset + kQ4KChunks * kQ4KTileChunkBytes;
 static_assert(kQ4KTileBlockBytes == 2368 && kQ4KTileBlockBytes % 64 == 0);
 
-// For tile_bytes and write_row_tiles (cpu/quantized_tiles.h): bytes of one tile of a Q4_K
-// matrix, and its tiles written to the row_tiles_bytes(w) bytes at `tiles`, 64-byte aligned.
-size_t q4_k_tile_bytes(const Matrix& w);
-void write_q4_k_tiles(const Matrix& w, uint8_t* tiles);
+constexpr int kQ6KSubBlocks = kSuperBlock / kQ6SubBlock;  // 16 sub-blocks of 16 columns
+constexpr int kQ6KTileDOffset = 0;
+constexpr int kQ6KTileScalesOffset = 64;
+constexpr int kQ6KTileValuesOffset = kQ6KTileScalesOffset + kQ6KSubBlocks * kTileRows;  // 320
+constexpr int kQ6KTileSubBlockBytes = 3 * kTileRegisterBytes;                           // 192
+constexpr int kQ6KTileBlockBytes = kQ6KTileValuesOffset + kQ6KSubBlocks * kQ6KTileSubBlockBytes;
+static_assert(kQ6KTileBlockBytes == 3392 && kQ6KTileBlockBytes % 64 == 0);
+
+// Bytes of one super-block of a tile: Q4_K's or Q6_K's.
+constexpr int super_block_tile_bytes(DType type) {
+    return type == DType::Q4_K ? kQ4KTileBlockBytes : kQ6KTileBlockBytes;
+}
+
+// For tile_bytes and write_row_tiles (cpu/quantized_tiles.h): bytes of one tile of a Q4_K or
+// Q6_K matrix, and its tiles written to the row_tiles_bytes(w) bytes at `tiles`, 64-byte
+// aligned.
+size_t super_block_tile_bytes(const Matrix& w);
+void write_super_block_tiles(const Matrix& w, uint8_t* tiles);
 
 }  // namespace barellm::cpu
