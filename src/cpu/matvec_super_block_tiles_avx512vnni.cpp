@@ -17,7 +17,7 @@
 // Q6_K: a sub-block of 16 columns is three registers, whose nibbles and 2-bit pairs make four
 // registers of levels q (0..63), four columns each; its dot product starts from −32 · Σ x
 // (x's sums of 16), so that vpdpbusd leaves Σ (q − 32) · x, which vpmulld scales by the int8
-// sub-block scales (at most 16 · 16 · 95 · 128 · 128 over a super-block); per super-block the
+// sub-block scales (at most 16 · 16 · 32 · 127 · 128 over a super-block); per super-block the
 // f32 sums gain x.d · d · that.
 //
 // Tokens share each register of weights: up to kTileTokens at a time, as many as gemm_many

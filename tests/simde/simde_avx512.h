@@ -104,6 +104,16 @@ inline simde__m512i _mm512_cvtepu8_epi32(simde__m128i bytes) {
     return bits<simde__m512i>(out);
 }
 #endif
+#ifndef _mm512_cvtepi8_epi32
+inline simde__m512i _mm512_cvtepi8_epi32(simde__m128i bytes) {
+    using namespace barellm::simde_extra;
+    int8_t in[16];
+    std::memcpy(in, &bytes, sizeof in);
+    I32x16 out;
+    for (int i = 0; i < 16; ++i) out.lane[i] = in[i];
+    return bits<simde__m512i>(out);
+}
+#endif
 #ifndef _mm512_cvtepu8_epi16
 inline simde__m512i _mm512_cvtepu8_epi16(simde__m256i bytes) {
     uint8_t in[32];
