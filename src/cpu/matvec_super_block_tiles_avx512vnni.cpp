@@ -20,6 +20,12 @@
 // sub-block scales (at most 16 · 16 · 32 · 127 · 128 over a super-block); per super-block the
 // f32 sums gain x.d · d · that.
 //
+// A tile is one stream of whole cache lines, but a super-block's are not read front to back
+// (the scales and d after the values they scale): on Zen 4 the hardware prefetcher then falls
+// behind, and each super-block asks for the lines of the one kPrefetchBlocks ahead (into the
+// next tile at a tile's end; past the matrix only a hint). Measured on Zen 4, one token, a
+// 32000 × 2048 matrix out of cache: Q4_K 41 → 52 GB/s, Q6_K 27 → 50 (the rows: 30 and 34).
+//
 // Tokens share each register of weights: up to kTileTokens at a time, as many as gemm_many
 // sends here (a step of 8 sequences then reads each tile once). Each token keeps a few
 // accumulators (Q4_K four: two of a chunk, one of the super-block, one of f32 sums): at 8
@@ -37,7 +43,9 @@ namespace barellm::cpu::avx512 {
 
 namespace {
 
-constexpr int kTileTokens = 8;                            // tokens a pass over a tile
+constexpr int kTileTokens = 8;  // tokens a pass over a tile
+// How far ahead of the super-block being read the software prefetch asks, in super-blocks.
+constexpr int kPrefetchBlocks = 4;
 constexpr int kSumsPerBlock = kSuperBlock / kQ6SubBlock;  // Q8KVector::sums a super-block
 constexpr int kMinPairs = kKSubBlocks / 2;                // pairs of sub-blocks a super-block
 constexpr int kHighNibbleShift = 4;
@@ -83,6 +91,7 @@ void q4_k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_
     for (int t = 0; t < kTokens; ++t) sums[t] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = tile + size_t(b) * kQ4KTileBlockBytes;
+        prefetch_ahead(block, kPrefetchBlocks * kQ4KTileBlockBytes, kQ4KTileBlockBytes);
         __m512i dots[kTokens];  // Σ_j sc_j · Σ q · x
 #pragma GCC unroll 8
         for (int t = 0; t < kTokens; ++t) dots[t] = _mm512_setzero_si512();
@@ -154,6 +163,7 @@ void q6_k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_
     for (int t = 0; t < kTokens; ++t) sums[t] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = tile + size_t(b) * kQ6KTileBlockBytes;
+        prefetch_ahead(block, kPrefetchBlocks * kQ6KTileBlockBytes, kQ6KTileBlockBytes);
         __m512i dots[kTokens];  // Σ_i sc_i · Σ (q − 32) · x
 #pragma GCC unroll 8
         for (int t = 0; t < kTokens; ++t) dots[t] = _mm512_setzero_si512();
