@@ -5,15 +5,17 @@
 // dequantize_row gives them; and x quantized per 256 by llama.cpp's Q8_K rule written out
 // here, independently of the kernels.
 #pragma once
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <initializer_list>
 #include <random>
 #include <vector>
 
 #include "cpu/kernels.h"
-#include "weights/half.h"
 #include "test_matrices.h"
+#include "weights/half.h"
 #include "weights/weight_blocks.h"
 
 namespace barellm::test {
@@ -75,7 +77,28 @@ inline TestMatrix make_block_matrix(int rows, int cols, DType dtype, std::mt1993
     m.values.resize(size_t(rows) * cols);
     for (int r = 0; r < rows; ++r)
         dequantize_row(dtype, m.matrix.row_data(r), &m.values[size_t(r) * cols], cols);
+    if (cpu::has_row_tiles(dtype)) add_row_tiles(&m);  // Q4_K and Q6_K, as the CPU backend's
     return m;
+}
+
+// Rows `rows` of m made of the largest levels, scales and mins: every byte but the f16 scales
+// 0xff (levels 15, 31, 63, IQ4_XS's 113; 6-bit scales and mins 63) where `fill` is 0xff, or
+// 0 (IQ4_XS's −127); their values and tiles follow. With x of one sign the integer sums of
+// the kernels then reach their bounds.
+inline void fill_rows(TestMatrix* m, std::initializer_list<int> rows, uint8_t fill) {
+    const DType dtype = m->matrix.dtype;
+    const std::vector<size_t> scales = block_scale_offsets(dtype);
+    for (int r : rows) {
+        uint8_t* row = m->storage.data() + (m->matrix.row_data(r) - m->storage.data());
+        for (size_t i = 0; i < m->matrix.row_bytes(); ++i)
+            if (std::none_of(scales.begin(), scales.end(), [&](size_t at) {
+                    const size_t in_block = i % block_bytes(dtype);
+                    return in_block == at || in_block == at + 1;
+                }))
+                row[i] = fill;
+        dequantize_row(dtype, row, &m->values[size_t(r) * m->matrix.cols], m->matrix.cols);
+    }
+    if (m->row_tiles) add_row_tiles(m);
 }
 
 // llama.cpp's Q8_K of x (n a multiple of 256), written from its rule: per 256, max = the

@@ -10,9 +10,9 @@
 
 #include "cpu/avx2.h"
 #include "cpu/kernels.h"
-#include "weights/half.h"
 #include "test_block_matrices.h"
 #include "test_matrices.h"
+#include "weights/half.h"
 
 using namespace barellm;
 using namespace barellm::test;
@@ -430,7 +430,8 @@ TEST_CASE("GEMMs of matrices of mixed block types each match their own reference
                                                    {DType::Q5_0, DType::Q8_0, DType::Q5_1},
                                                    {DType::IQ4_XS, DType::Q5_K, DType::Q4_1}};
     const std::vector<int> row_counts = {197, 37, 45};
-    const int batch = 13, cols = 512;
+    // 13 tokens on the GEMM; 5 on the matvecs (Q4_K's from its tiles, every token at once).
+    const int batch = GENERATE(5, 13), cols = 512;
     const int saved_threads = omp_get_max_threads();
     for (const std::vector<DType>& mix : mixes) {
         std::vector<TestMatrix> matrices;
@@ -457,10 +458,22 @@ TEST_CASE("GEMMs of matrices of mixed block types each match their own reference
                         }) &&
             block_gemm_quantizes_x(level);
         const std::vector<float> x_used = quantized ? rows_quantized_like_the_kernel(x, cols) : x;
+        // A few tokens of block types alone meet the matvecs, the super-block types' on x
+        // quantized per 256 as Q8_K (the others' per 32, as the GEMM's).
+        const bool on_matvecs =
+            level >= cpu::SimdLevel::Avx2 && batch <= 8 &&
+            std::all_of(mix.begin(), mix.end(), [](DType dtype) { return is_block_type(dtype); });
+        std::vector<float> x_q8_k;
+        for (int b = 0; b < batch; ++b) {
+            const Q8K token = q8_k_by_rule({&x[size_t(b) * cols], &x[size_t(b + 1) * cols]});
+            x_q8_k.insert(x_q8_k.end(), token.dequantized.begin(), token.dequantized.end());
+        }
         for (size_t m = 0; m < matrices.size(); ++m) {
-            INFO(matrix_type_name(mix[m])
-                 << " " << cpu::simd_level_name(level) << " " << threads << " threads");
-            CHECK(relative_error(got[m], reference_gemm(matrices[m], x_used, batch)) < 1e-6);
+            INFO(matrix_type_name(mix[m]) << " " << cpu::simd_level_name(level) << " " << threads
+                                          << " threads, batch " << batch);
+            const bool on_q8_k = on_matvecs && block_weights(mix[m]) == kSuperBlock;
+            CHECK(relative_error(got[m], reference_gemm(matrices[m], on_q8_k ? x_q8_k : x_used,
+                                                        batch)) < 1e-6);
         }
     }
 }
@@ -693,20 +706,10 @@ TEST_CASE("AVX2 prefill GEMM of the block types matches a reference on quantized
             for (int cols : {block, block == kSmallBlock ? 21 * block : 3 * block}) {
                 const int rows = 45;
                 TestMatrix m = make_block_matrix(rows, cols, dtype, rng);
-                // Rows 1 and 2 of the largest levels: every byte but the f16 scales 0xff
-                // (levels 15, 31, 63; IQ4_XS's 113), or 0 (IQ4_XS's −127); with x of one
-                // sign, every int16 sum of vpmaddubsw pairs then reaches its bound.
-                const std::vector<size_t> scales = block_scale_offsets(dtype);
-                for (int r : {1, 2}) {
-                    uint8_t* row = m.storage.data() + (m.matrix.row_data(r) - m.storage.data());
-                    for (size_t i = 0; i < m.matrix.row_bytes(); ++i)
-                        if (std::none_of(scales.begin(), scales.end(), [&](size_t at) {
-                                const size_t in_block = i % block_bytes(dtype);
-                                return in_block == at || in_block == at + 1;
-                            }))
-                            row[i] = r == 1 ? 0xff : 0;
-                    dequantize_row(dtype, row, &m.values[size_t(r) * cols], cols);
-                }
+                // Rows 1 and 2 of the largest levels (fill_rows); with x of one sign, every
+                // int16 sum of vpmaddubsw pairs then reaches its bound.
+                fill_rows(&m, {1}, 0xff);
+                fill_rows(&m, {2}, 0);
                 // Large values (the products reach ±127 × the largest level); token 0 all
                 // positive, token 1 (where there is one) all negative.
                 std::vector<float> x = random_floats(size_t(batch) * cols, rng, 50.0f);

@@ -149,7 +149,9 @@ void matvec_many(const MatvecTask* task_list, int task_count) {
                 const int row = int(begin - task_start), count = int(end - begin);
                 const DType dtype = task.w->dtype;
                 const bool tiled = use_tiles && task.w->row_tiles;
-                if (use_simd && matvec_on_q8_k(dtype))
+                if (tiled && is_block_type(dtype))  // Q4_K, Q6_K
+                    avx512::matvec_rows_block_tiles(task.out, 0, *task.w, &q8_k[t], 1, row, count);
+                else if (use_simd && matvec_on_q8_k(dtype))
                     (use_avx512_vnni
                          ? avx512::matvec_rows_super_blocks
                          : avx2::matvec_rows_super_blocks)(task.out, *task.w, q8_k[t], row, count);
@@ -205,6 +207,36 @@ void batch_rows(const BatchOutput& o, const float* x_tiles, const uint32_t* pair
         avx2::gemm_rows(o.out, *o.w, x_tiles, batch, first, count);
 }
 
+// out = W · x for each of `batch` tokens of x [batch, cols] and each output, all of them
+// Q4_K or Q6_K with tiles: x quantized as Q8_K a token at a time by the calling thread, then the
+// rows of all outputs, one after another, cut into one contiguous run per thread, each run meeting
+// every token.
+void tiled_block_matvecs(const float* x, int batch, const std::vector<BatchOutput>& outputs) {
+    static thread_local std::vector<Q8KVector> storage;
+    if (storage.size() < size_t(batch)) storage.resize(batch);
+    const Q8KVector* x_q8_k = storage.data();  // the calling thread's, for the workers
+    const int cols = outputs.front().w->cols;
+    for (int b = 0; b < batch; ++b) avx512::quantize_q8_k(&storage[b], x + size_t(b) * cols, cols);
+    size_t total_rows = 0;
+    for (const BatchOutput& o : outputs) total_rows += o.w->rows;
+    const size_t work = total_rows * cols * batch;
+#pragma omp parallel num_threads(threads_for(work))
+    {
+        const size_t threads = omp_get_num_threads(), thread = omp_get_thread_num();
+        const size_t first = total_rows * thread / threads;
+        const size_t last = total_rows * (thread + 1) / threads;
+        size_t output_start = 0;
+        for (const BatchOutput& o : outputs) {
+            const size_t output_end = output_start + o.w->rows;
+            const size_t begin = std::max(first, output_start), end = std::min(last, output_end);
+            if (begin < end)
+                avx512::matvec_rows_block_tiles(o.out, o.w->rows, *o.w, x_q8_k, batch,
+                                                int(begin - output_start), int(end - begin));
+            output_start = output_end;
+        }
+    }
+}
+
 }  // namespace
 
 void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> outputs) {
@@ -222,10 +254,17 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
     const bool all_blocks = std::all_of(outputs.begin(), outputs.end(), [](const BatchOutput& o) {
         return is_block_type(o.w->dtype);
     });
+    // Those with tiles (Q4_K, Q6_K on AVX-512 VNNI) meet every token at once, each tile read once.
     if (active_level >= SimdLevel::Avx2 && all_blocks && batch <= kBlockMatvecBatch) {
+        const bool tiles = uses_row_tiles();
+        std::vector<BatchOutput> tiled;
+        for (const BatchOutput& o : outputs)
+            if (tiles && o.w->row_tiles) tiled.push_back(o);
+        if (!tiled.empty()) tiled_block_matvecs(x, batch, tiled);
         for (int b = 0; b < batch; ++b)
             for (const BatchOutput& o : outputs)
-                matvec(o.out + size_t(b) * o.w->rows, x + size_t(b) * cols, *o.w);
+                if (!(tiles && o.w->row_tiles))
+                    matvec(o.out + size_t(b) * o.w->rows, x + size_t(b) * cols, *o.w);
         return;
     }
     if (active_level < SimdLevel::Avx2) {

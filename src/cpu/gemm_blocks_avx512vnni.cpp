@@ -15,7 +15,8 @@
 // panel laid out as the Q8/Q4 GEMM's (per group of 32 columns, per step of four columns, the
 // four levels of each row side by side, 16 rows a register) and the sub-blocks' A and B as
 // f32, 16 rows at a time with gathers of one 32-bit word of each row's block (the rows'
-// blocks are row_bytes apart). The panel (33 KB a 1024 columns) stays in L2 while every token
+// blocks are row_bytes apart; Q4_K and Q6_K from their tiles of 16 rows where they have them,
+// with no gathers). The panel (33 KB a 1024 columns) stays in L2 while every token
 // of the batch meets it in the micro-kernel (block_tile_kernel).
 #include <algorithm>
 #include <vector>
@@ -23,6 +24,7 @@
 #include "cpu/avx512.h"
 #include "cpu/block_sub_blocks.h"
 #include "cpu/helpers_avx512.h"
+#include "cpu/super_block_tiles.h"
 #include "weights/weight_blocks.h"
 
 namespace barellm::cpu::avx512 {
@@ -267,19 +269,93 @@ void unpack_small(const HalfPanel& out, const RowWords& words, int b) {
     }
 }
 
-// The panel of rows [tile_row, tile_row + 32) of w; rows past the matrix hold A = B = 0.
+// Q4_K super-block b of 16 rows from its tile (`block`, cpu/super_block_tiles.h), as unpack_k
+// gives it from the rows: the scales and mins are a byte a row already, and each register of a
+// chunk holds one step of two groups (sub-blocks 2c, 2c + 1 in the low and high nibbles).
+void unpack_q4_k_tile(const HalfPanel& out, const uint8_t* block, int b) {
+    const __m512 d = _mm512_cvtph_ps(
+        _mm256_load_si256(reinterpret_cast<const __m256i*>(block + kQ4KTileDOffset)));
+    const __m512 minus_dmin = _mm512_sub_ps(
+        _mm512_setzero_ps(), _mm512_cvtph_ps(_mm256_load_si256(
+                                 reinterpret_cast<const __m256i*>(block + kQ4KTileDMinOffset))));
+    for (int j = 0; j < kKSubBlocks; ++j) {
+        const __m512i scale = _mm512_cvtepu8_epi32(_mm_load_si128(
+            reinterpret_cast<const __m128i*>(block + kQ4KTileScalesOffset + kTileRows * j)));
+        // Lane r: the mins of sub-blocks 2p and 2p + 1 of row r, a word each.
+        const __m512i min_pair =
+            _mm512_cvtepu8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(
+                block + kQ4KTileMinsOffset + 2 * kTileRows * (j / 2))));
+        const __m512i min = j % 2 == 0 ? _mm512_and_si512(min_pair, _mm512_set1_epi32(0xffff))
+                                       : shift_right(min_pair, 16);
+        out.scale(kKSubBlocks * b + j, _mm512_mul_ps(d, to_float(scale)));
+        out.min(kKSubBlocks * b + j, _mm512_mul_ps(minus_dmin, to_float(min)));
+    }
+    for (int c = 0; c < kQ4KChunks; ++c)
+        for (int step = 0; step < kGroupSteps; ++step) {
+            const __m512i q = _mm512_load_si512(block + kQ4KTileValuesOffset +
+                                                c * kQ4KTileChunkBytes + step * kTileRegisterBytes);
+            out.levels(kKSubBlocks * b + 2 * c, step, low_nibbles(q));
+            out.levels(kKSubBlocks * b + 2 * c + 1, step, high_nibbles(q));
+        }
+}
+
+// Q6_K super-block b of 16 rows from its tile (`block`, cpu/super_block_tiles.h), as
+// unpack_q6_k gives it from the rows: step s of a group is step s % 4 of sub-block 2g + s / 4,
+// whose levels join a nibble and a pair of high bits.
+void unpack_q6_k_tile(const HalfPanel& out, const uint8_t* block, int b) {
+    const __m512 d = _mm512_cvtph_ps(
+        _mm256_load_si256(reinterpret_cast<const __m256i*>(block + kQ6KTileDOffset)));
+    const __m512i two_bits = bytes_of(0x30303030);
+    for (int i = 0; i < kQ6KSubBlocks; ++i) {
+        const __m512i scale = _mm512_cvtepi8_epi32(_mm_load_si128(
+            reinterpret_cast<const __m128i*>(block + kQ6KTileScalesOffset + kTileRows * i)));
+        out.scale(kQ6KSubBlocks * b + i, _mm512_mul_ps(d, to_float(scale)));
+        const uint8_t* values = block + kQ6KTileValuesOffset + i * kQ6KTileSubBlockBytes;
+        const __m512i first = _mm512_load_si512(values);
+        const __m512i second = _mm512_load_si512(values + kTileRegisterBytes);
+        const __m512i high = _mm512_load_si512(values + 2 * kTileRegisterBytes);
+        const int group = (kQ6KSubBlocks * b + i) / 2, step = i % 2 * 4;
+        out.levels(
+            group, step,
+            _mm512_or_si512(low_nibbles(first), _mm512_and_si512(shift_left(high, 4), two_bits)));
+        out.levels(
+            group, step + 1,
+            _mm512_or_si512(high_nibbles(first), _mm512_and_si512(shift_left(high, 2), two_bits)));
+        out.levels(group, step + 2,
+                   _mm512_or_si512(low_nibbles(second), _mm512_and_si512(high, two_bits)));
+        out.levels(group, step + 3,
+                   _mm512_or_si512(high_nibbles(second),
+                                   _mm512_and_si512(shift_right(high, 2), two_bits)));
+    }
+}
+
+// The panel of rows [tile_row, tile_row + 32) of w; rows past the matrix hold A = B = 0. Q4_K
+// and Q6_K are read from their tiles where they have them (the rows may then be out of
+// memory).
 void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
     const int blocks = w.cols / block_weights(w.dtype);
     const int row_bytes = int(w.row_bytes());
     const __m512i lanes = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     for (int half = 0; half < kHalves; ++half) {
         const int first = tile_row + half * kLanes;
+        const HalfPanel out{panel, half};
+        if (w.row_tiles) {  // Q4_K, Q6_K
+            const bool q4_k = w.dtype == DType::Q4_K;
+            const int block_bytes = super_block_tile_bytes(w.dtype);
+            alignas(64) static const uint8_t zeros[kQ6KTileBlockBytes] = {};  // past the matrix
+            static_assert(kQ6KTileBlockBytes >= kQ4KTileBlockBytes);
+            const uint8_t* tile =
+                first < w.rows ? w.row_tiles + size_t(first / kTileRows) * tile_bytes(w) : nullptr;
+            for (int b = 0; b < blocks; ++b)
+                (q4_k ? unpack_q4_k_tile : unpack_q6_k_tile)(
+                    out, tile ? tile + size_t(b) * block_bytes : zeros, b);
+            continue;
+        }
         const RowWords words{
             w.row_data(tile_row),
             _mm512_mullo_epi32(_mm512_add_epi32(lanes, _mm512_set1_epi32(half * kLanes)),
                                _mm512_set1_epi32(row_bytes)),
             first_lanes(std::max(0, w.rows - first))};
-        const HalfPanel out{panel, half};
         for (int b = 0; b < blocks; ++b) switch (w.dtype) {
                 case DType::Q4_K:
                     unpack_k<false>(out, words, b);

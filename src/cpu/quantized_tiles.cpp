@@ -5,6 +5,7 @@
 #include <new>
 #include <string>
 
+#include "cpu/super_block_tiles.h"
 #include "util/error.h"
 #include "weights/safetensors.h"
 
@@ -37,11 +38,15 @@ void stored_group(uint8_t* dest, const Matrix& w, int r, int g) {
 
 int tile_count(const Matrix& w) { return (w.rows + kTileRows - 1) / kTileRows; }
 
-size_t tile_bytes(const Matrix& w) { return size_t(tile_blocks(w)) * tile_block_bytes(w.dtype); }
+size_t tile_bytes(const Matrix& w) {
+    if (is_block_type(w.dtype)) return super_block_tile_bytes(w);
+    return size_t(tile_blocks(w)) * tile_block_bytes(w.dtype);
+}
 
 size_t row_tiles_bytes(const Matrix& w) { return size_t(tile_count(w)) * tile_bytes(w); }
 
 void write_row_tiles(const Matrix& w, uint8_t* tiles) {
+    if (is_block_type(w.dtype)) return write_super_block_tiles(w, tiles);
     if (!is_quantized(w.dtype)) throw Error("write_row_tiles: not a Q8 or Q4 matrix");
     const size_t bytes = row_tiles_bytes(w);
     const DType type = w.dtype;

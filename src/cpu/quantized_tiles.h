@@ -2,7 +2,8 @@
 // (matvec_quantized_avx512vnni.cpp, gemm_quantized_avx512vnni.cpp). The CPU backend makes them
 // once, when it takes the model on the AVX-512 path of a CPU with AVX512_VNNI
 // (cpu/resident_weights.h), and points Matrix::row_tiles at them; the row-major values and scales
-// stay in the file's mapping for the other paths.
+// stay in the file's mapping for the other paths. (Q4_K's and Q6_K's tiles:
+// cpu/super_block_tiles.h.)
 //
 // In a weight file a row's values and its scales are two streams, and each int32 lane of a
 // vpdpbusd holds four columns of one row. In a tile each lane is one row: a register holds
@@ -68,6 +69,13 @@ inline const uint8_t* tile_group_values(const uint8_t* tile, DType type, int g) 
            (g % kTileBlockGroups) * tile_group_bytes(type);
 }
 
+// Whether matrices of this type have tiles on the AVX-512 VNNI path: Q8 and Q4 (here), Q4_K
+// and Q6_K (cpu/super_block_tiles.h).
+inline bool has_row_tiles(DType dtype) {
+    return is_quantized(dtype) || dtype == DType::Q4_K || dtype == DType::Q6_K;
+}
+
+// Of a matrix of a type that has tiles:
 int tile_count(const Matrix& w);          // ceil(rows / 16)
 size_t tile_bytes(const Matrix& w);       // bytes of one tile
 size_t row_tiles_bytes(const Matrix& w);  // bytes of all the tiles of w
@@ -78,7 +86,7 @@ struct FreeBytes {
 };
 using AlignedBytes = std::unique_ptr<uint8_t, FreeBytes>;
 
-// Writes the tiles of w (Q8 or Q4) to the row_tiles_bytes(w) bytes at `tiles`, 64-byte
+// Writes the tiles of w (Q8, Q4, Q4_K or Q6_K) to the row_tiles_bytes(w) bytes at `tiles`, 64-byte
 // aligned.
 void write_row_tiles(const Matrix& w, uint8_t* tiles);
 // The tiles of w in a new buffer; throws Error when memory runs out.

@@ -28,7 +28,7 @@ size_t scales_bytes(const Matrix& w) {
 
 // The bytes one matrix takes in the copy.
 size_t resident_bytes(const Matrix& w, bool tiles) {
-    if (tiles && is_quantized(w.dtype)) return aligned(row_tiles_bytes(w));
+    if (tiles && has_row_tiles(w.dtype)) return aligned(row_tiles_bytes(w));
     return aligned(values_bytes(w)) + aligned(scales_bytes(w));
 }
 
@@ -50,7 +50,7 @@ void copy_matrix(Matrix* w, uint8_t* at, bool tiles, const SafetensorsFile* file
     const size_t values = values_bytes(*w), scales = scales_bytes(*w);
     const void* file_values = w->data;
     const uint16_t* file_scales = w->scales;
-    if (tiles && is_quantized(w->dtype)) {
+    if (tiles && has_row_tiles(w->dtype)) {
         write_row_tiles(*w, at);
         w->row_tiles = at;  // the rows stay in the mapping, for the other paths
     } else {

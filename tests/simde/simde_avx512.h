@@ -94,6 +94,35 @@ inline simde__m512i _mm512_cvtepu16_epi32(simde__m256i halves) {
     return bits<simde__m512i>(out);
 }
 #endif
+#ifndef _mm512_cvtepu8_epi32
+inline simde__m512i _mm512_cvtepu8_epi32(simde__m128i bytes) {
+    using namespace barellm::simde_extra;
+    uint8_t in[16];
+    std::memcpy(in, &bytes, sizeof in);
+    I32x16 out;
+    for (int i = 0; i < 16; ++i) out.lane[i] = in[i];
+    return bits<simde__m512i>(out);
+}
+#endif
+#ifndef _mm512_cvtepi8_epi32
+inline simde__m512i _mm512_cvtepi8_epi32(simde__m128i bytes) {
+    using namespace barellm::simde_extra;
+    int8_t in[16];
+    std::memcpy(in, &bytes, sizeof in);
+    I32x16 out;
+    for (int i = 0; i < 16; ++i) out.lane[i] = in[i];
+    return bits<simde__m512i>(out);
+}
+#endif
+#ifndef _mm512_cvtepu8_epi16
+inline simde__m512i _mm512_cvtepu8_epi16(simde__m256i bytes) {
+    uint8_t in[32];
+    std::memcpy(in, &bytes, sizeof in);
+    int16_t out[32];
+    for (int i = 0; i < 32; ++i) out[i] = in[i];
+    return barellm::simde_extra::bits<simde__m512i>(out);
+}
+#endif
 #ifndef _mm512_cvtepi32_ps
 inline simde__m512 _mm512_cvtepi32_ps(simde__m512i values) {
     using namespace barellm::simde_extra;

@@ -1,0 +1,78 @@
+// Q4_K and Q6_K matrices in tiles of 16 rows (the layout: cpu/super_block_tiles.h).
+#include "cpu/super_block_tiles.h"
+
+#include <cstring>
+
+#include "util/error.h"
+
+namespace barellm::cpu {
+
+namespace {
+
+int super_blocks(const Matrix& w) { return w.cols / kSuperBlock; }
+
+// Row `lane` of a tile's super-block `tile_block` from the block as the file has it.
+void write_row(uint8_t* tile_block, int lane, const BlockQ4_K& block) {
+    std::memcpy(tile_block + kQ4KTileDOffset + 2 * lane, &block.d, sizeof block.d);
+    std::memcpy(tile_block + kQ4KTileDMinOffset + 2 * lane, &block.dmin, sizeof block.dmin);
+    for (int j = 0; j < kKSubBlocks; ++j) {
+        int scale, min;
+        k_scale_min(block.scales, j, &scale, &min);
+        tile_block[kQ4KTileScalesOffset + kTileRows * j + lane] = uint8_t(scale);
+        tile_block[kQ4KTileMinsOffset + 2 * kTileRows * (j / 2) + 2 * lane + j % 2] = uint8_t(min);
+    }
+    for (int c = 0; c < kQ4KChunks; ++c)
+        for (int k = 0; k < kQ4KChunkRegisters; ++k)
+            std::memcpy(tile_block + kQ4KTileValuesOffset + c * kQ4KTileChunkBytes +
+                            k * kTileRegisterBytes + lane * kTileLaneBytes,
+                        block.qs + c * kQ4KChunkBytes + k * kTileLaneBytes, kTileLaneBytes);
+}
+
+void write_row(uint8_t* tile_block, int lane, const BlockQ6_K& block) {
+    std::memcpy(tile_block + kQ6KTileDOffset + 2 * lane, &block.d, sizeof block.d);
+    for (int i = 0; i < kQ6KSubBlocks; ++i) {
+        tile_block[kQ6KTileScalesOffset + kTileRows * i + lane] = uint8_t(block.scales[i]);
+        uint8_t* registers =
+            tile_block + kQ6KTileValuesOffset + i * kQ6KTileSubBlockBytes + lane * kTileLaneBytes;
+        for (int m = 0; m < kTileLaneBytes; ++m) {
+            int q[4];  // columns 16i + 4s + m
+            for (int s = 0; s < 4; ++s) q[s] = q6k_value(block, kQ6SubBlock * i + 4 * s + m);
+            registers[m] = uint8_t((q[0] & 15) | (q[1] & 15) << 4);
+            registers[kTileRegisterBytes + m] = uint8_t((q[2] & 15) | (q[3] & 15) << 4);
+            registers[2 * kTileRegisterBytes + m] =
+                uint8_t(q[0] >> 4 | (q[1] >> 4) << 2 | (q[2] >> 4) << 4 | (q[3] >> 4) << 6);
+        }
+    }
+}
+
+template <typename Block>
+void write_tiles(const Matrix& w, uint8_t* tiles) {
+    const size_t bytes_per_tile = super_block_tile_bytes(w);
+    for (int r = 0; r < w.rows; ++r) {
+        uint8_t* tile = tiles + size_t(r / kTileRows) * bytes_per_tile;
+        for (int b = 0; b < super_blocks(w); ++b) {
+            // The file's blocks are only 2-byte aligned: copied out before being read.
+            Block block;
+            std::memcpy(&block, w.row_data(r) + size_t(b) * sizeof block, sizeof block);
+            write_row(tile + size_t(b) * super_block_tile_bytes(w.dtype), r % kTileRows, block);
+        }
+    }
+}
+
+}  // namespace
+
+size_t super_block_tile_bytes(const Matrix& w) {
+    return size_t(super_blocks(w)) * super_block_tile_bytes(w.dtype);
+}
+
+void write_super_block_tiles(const Matrix& w, uint8_t* tiles) {
+    std::memset(tiles, 0, row_tiles_bytes(w));
+    if (w.dtype == DType::Q4_K)
+        write_tiles<BlockQ4_K>(w, tiles);
+    else if (w.dtype == DType::Q6_K)
+        write_tiles<BlockQ6_K>(w, tiles);
+    else
+        throw Error("write_super_block_tiles: not a Q4_K or Q6_K matrix");
+}
+
+}  // namespace barellm::cpu

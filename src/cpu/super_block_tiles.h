@@ -1,0 +1,83 @@
+// Q4_K and Q6_K matrices re-laid out in tiles of 16 rows for the AVX-512 VNNI decode matvec
+// (matvec_super_block_tiles_avx512vnni.cpp) and prefill GEMM (gemm_blocks_avx512vnni.cpp), as Q8
+// and Q4 are (cpu/quantized_tiles.h). The CPU backend makes them once, when it takes the model
+// on the AVX-512 path of a CPU with AVX512_VNNI (cpu/resident_weights.h), and points
+// Matrix::row_tiles at them; the rows of super-blocks stay in the file's mapping for the other
+// paths (AVX2, scalar).
+//
+// In a row of super-blocks each int32 lane of a vpdpbusd holds four columns of one row, and
+// Q4_K's 6-bit scales and mins come packed in 12 bytes a super-block. In a tile each lane is
+// one row: a register holds four columns of 16 rows, so a matvec needs no horizontal sums, and
+// the scales (and mins) are a byte each, 16 rows side by side, ready to widen.
+//
+// A matrix is its tiles one after another (rows 16t..16t+15), each tile its super-blocks of
+// 256 columns one after another. Rows past the matrix's end are zero throughout.
+//
+// Q4_K: a super-block kQ4KTileBlockBytes (2368, 37 cache lines; the 16 rows' blocks take 2304):
+//
+//   bytes 0-31      the 16 rows' f16 d, in row order
+//   bytes 32-63     the 16 rows' f16 dmin
+//   bytes 64-191    the scales: byte 16j + r the 6-bit scale of sub-block j (0..7) of row r
+//   bytes 192-319   the mins by pairs of sub-blocks: bytes 32p + 2r and 32p + 2r + 1 the 6-bit
+//                   mins of sub-blocks 2p and 2p + 1 (p 0..3) of row r
+//   bytes 320-2367  the values, chunk c (0..3) of 32 bytes of each row's qs after another, 512
+//                   bytes each: 8 registers of 64 bytes; register k holds in lane r (bytes
+//                   4r..4r+3) bytes 4k..4k+3 of chunk c of row r, as the block has them
+//                   (columns 64c + 4k..64c + 4k + 3, sub-block 2c, in the low nibbles, and
+//                   those 32 columns on, sub-block 2c + 1, in the high).
+//
+// Q6_K: a super-block kQ6KTileBlockBytes (3392, 53 cache lines; the 16 rows' blocks take 3360):
+//
+//   bytes 0-31      the 16 rows' f16 d, in row order
+//   bytes 32-63     zero
+//   bytes 64-319    the scales: byte 16i + r the int8 scale of sub-block i (0..15) of row r
+//   bytes 320-3391  the levels q (0..63), sub-block i (16 columns) after another, 192 bytes
+//                   each: three registers; in lane r, byte m (0..3) of the first holds the low
+//                   4 bits of q of column 16i + m (low nibble) and 16i + 4 + m (high nibble),
+//                   of the second those of columns 16i + 8 + m and 16i + 12 + m, of the
+//                   third the high 2 bits of q of column 16i + 4s + m in bits 2s, 2s + 1
+//                   (s 0..3).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "cpu/quantized_tiles.h"
+#include "weights/model.h"
+#include "weights/weight_blocks.h"
+
+namespace barellm::cpu {
+
+constexpr int kKSubBlocks = kSuperBlock / kSubBlock;          // 8 sub-blocks of 32 columns
+constexpr int kQ4KChunks = 4;                                 // chunks of qs: two sub-blocks each
+constexpr int kQ4KChunkBytes = kSuperBlock / 2 / kQ4KChunks;  // 32 bytes of a row
+constexpr int kQ4KChunkRegisters = kQ4KChunkBytes / kTileLaneBytes;  // 8
+// Byte offsets in a tile's super-block.
+constexpr int kQ4KTileDOffset = 0;
+constexpr int kQ4KTileDMinOffset = kTileRows * 2;                                   // 32
+constexpr int kQ4KTileScalesOffset = 2 * kTileRows * 2;                             // 64
+constexpr int kQ4KTileMinsOffset = kQ4KTileScalesOffset + kKSubBlocks * kTileRows;  // 192
+constexpr int kQ4KTileValuesOffset = kQ4KTileMinsOffset + kKSubBlocks * kTileRows;  // 320
+constexpr int kQ4KTileChunkBytes = kQ4KChunkRegisters * kTileRegisterBytes;         // 512
+constexpr int kQ4KTileBlockBytes = kQ4KTileValuesOffset + kQ4KChunks * kQ4KTileChunkBytes;
+static_assert(kQ4KTileBlockBytes == 2368 && kQ4KTileBlockBytes % 64 == 0);
+
+constexpr int kQ6KSubBlocks = kSuperBlock / kQ6SubBlock;  // 16 sub-blocks of 16 columns
+constexpr int kQ6KTileDOffset = 0;
+constexpr int kQ6KTileScalesOffset = 64;
+constexpr int kQ6KTileValuesOffset = kQ6KTileScalesOffset + kQ6KSubBlocks * kTileRows;  // 320
+constexpr int kQ6KTileSubBlockBytes = 3 * kTileRegisterBytes;                           // 192
+constexpr int kQ6KTileBlockBytes = kQ6KTileValuesOffset + kQ6KSubBlocks * kQ6KTileSubBlockBytes;
+static_assert(kQ6KTileBlockBytes == 3392 && kQ6KTileBlockBytes % 64 == 0);
+
+// Bytes of one super-block of a tile: Q4_K's or Q6_K's.
+constexpr int super_block_tile_bytes(DType type) {
+    return type == DType::Q4_K ? kQ4KTileBlockBytes : kQ6KTileBlockBytes;
+}
+
+// For tile_bytes and write_row_tiles (cpu/quantized_tiles.h): bytes of one tile of a Q4_K or
+// Q6_K matrix, and its tiles written to the row_tiles_bytes(w) bytes at `tiles`, 64-byte
+// aligned.
+size_t super_block_tile_bytes(const Matrix& w);
+void write_super_block_tiles(const Matrix& w, uint8_t* tiles);
+
+}  // namespace barellm::cpu
