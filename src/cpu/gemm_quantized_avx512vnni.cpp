@@ -112,7 +112,6 @@ void pack_panel(uint8_t* panel, float* scales, const Matrix& w, int first_tile) 
 // tiles as they are, for a batch that meets them once (no panel worth packing). Both give the
 // same values, so a token's sums do not depend on which one its batch used.
 struct PanelWeights {
-    static constexpr int kStartDivisor = 1;  // values stored value + 128
     const uint8_t* panel;
     const float* scales;
     __m512i values(int g, int s, int h) const {
@@ -125,10 +124,6 @@ struct PanelWeights {
 };
 template <DType kType>
 struct TileWeights {
-    // Q8 values are stored value + 128, as in a panel. A Q4 nibble q (standing for q − 8) is
-    // multiplied as it is, 0..15: its group's dot then starts from −8 × Σx, the token's start
-    // divided by 16, and comes out the same exact int32 as from a panel.
-    static constexpr int kStartDivisor = kType == DType::Q8_0 ? 1 : kUnsignedOffset / kQ4Offset;
     const uint8_t* tiles[kRowRegisters];
     __m512i values(int g, int s, int h) const {
         const uint8_t* group = tile_group_values(tiles[h], kType, g);
@@ -138,8 +133,12 @@ struct TileWeights {
             // As pack_panel: register j holds steps j (low nibbles) and j + 4 (high).
             constexpr int kHighSteps = kGroupSteps / 2;
             const __m512i bytes = _mm512_load_si512(group + (s % kHighSteps) * kTileRegisterBytes);
-            return _mm512_and_si512(s < kHighSteps ? bytes : _mm512_srli_epi16(bytes, 4),
-                                    _mm512_set1_epi8(0x0f));
+            const __m512i nibbles = _mm512_and_si512(
+                s < kHighSteps ? bytes : _mm512_srli_epi16(bytes, 4), _mm512_set1_epi8(0x0f));
+            return _mm512_shuffle_epi8(
+                _mm512_broadcast_i32x4(
+                    _mm_load_si128(reinterpret_cast<const __m128i*>(kUnsignedNibbles.bytes))),
+                nibbles);
         }
     }
     __m512 group_scales(int g, int h) const {
@@ -183,8 +182,7 @@ void tile_kernel(float* out, int stride, const __mmask16 store_masks[ROW_REGISTE
 #pragma GCC unroll 16
         for (int k = 0; k < TOKENS; ++k)
 #pragma GCC unroll 8
-            for (int h = 0; h < ROW_REGISTERS; ++h)
-                dots[k][h] = _mm512_set1_epi32(starts[k][g] / Weights::kStartDivisor);
+            for (int h = 0; h < ROW_REGISTERS; ++h) dots[k][h] = _mm512_set1_epi32(starts[k][g]);
 #pragma GCC unroll 8
         for (int s = 0; s < kGroupSteps; ++s) {
             __m512i weights[ROW_REGISTERS];
