@@ -705,46 +705,9 @@ TEST_CASE("AVX-512 quantize_q8_k gives the bytes of llama.cpp's Q8_K rule") {
 TEST_CASE("AVX-512 VNNI Q4_K and Q6_K matvecs from tiles equal the dequantized rows times Q8_K x") {
     std::mt19937 rng(519);
     const auto dtype = GENERATE(DType::Q4_K, DType::Q6_K);
-    for (const Avx512Build& build : builds()) {
-        if (!build.has_vnni) continue;
-        // Rows a multiple of no tile; one and several super-blocks a row; a token, a part of a
-        // pass, a pass of tokens (8) and more.
-        for (int cols : {256, 1280})
-            for (int tokens : {1, 3, 8, 9}) {
-                const int rows = 37;
-                TestMatrix m = make_block_matrix(rows, cols, dtype, rng);
-                // Rows of the largest levels, scales and mins (fill_rows): with x of one sign
-                // the int32 sums reach their bounds.
-                fill_rows(&m, {16, 36}, 0xff);
-                std::vector<cpu::Q8KVector> x_q8_k(tokens);
-                std::vector<Q8K> quantized;
-                for (int t = 0; t < tokens; ++t) {
-                    std::vector<float> x = q8_k_test_input(cols, rng);
-                    if (t == 1)
-                        for (float& v : x) v = std::fabs(v) + 1.0f;  // one sign, no zeros
-                    quantized.push_back(q8_k_by_rule(x));
-                    cpu::quantize_q8_k(&x_q8_k[t], x.data(), cols);
-                }
-                for (auto [first, count] : {std::pair{1, rows - 2}, {17, 3}, {5, 11}}) {
-                    std::vector<float> got(size_t(tokens) * rows, NAN);
-                    build.matvec_rows_block_tiles(got.data(), rows, m.matrix, x_q8_k.data(), tokens,
-                                                  first, count);
-                    for (int t = 0; t < tokens; ++t) {
-                        INFO(build.name << " " << matrix_type_name(dtype) << " cols " << cols
-                                        << " token " << t << " of " << tokens << " rows " << first
-                                        << ".." << first + count - 1);
-                        const std::vector<float> token_got(got.begin() + size_t(t) * rows,
-                                                           got.begin() + size_t(t + 1) * rows);
-                        const std::vector<double> want =
-                            block_reference(m, quantized[t].dequantized);
-                        CHECK(worst_row_error(token_got, want, m, quantized[t].dequantized, first,
-                                              count) < 1e-6);
-                        CHECK(std::isnan(token_got[first - 1]));
-                        CHECK(std::isnan(token_got[first + count]));
-                    }
-                }
-            }
-    }
+    for (const Avx512Build& build : builds())
+        if (build.has_vnni)
+            check_block_tile_matvec(build.matvec_rows_block_tiles, build.name, dtype, rng);
 }
 
 TEST_CASE("AVX-512 VNNI super-block matvecs equal the dequantized rows times Q8_K x") {

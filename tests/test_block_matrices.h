@@ -6,11 +6,14 @@
 // here, independently of the kernels.
 #pragma once
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <initializer_list>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "cpu/kernels.h"
@@ -173,6 +176,49 @@ inline double worst_row_error(const std::vector<float>& got, const std::vector<d
         worst = std::max(worst, magnitude > 0 ? error / magnitude : error);
     }
     return worst;
+}
+
+// A decode matvec of Q4_K or Q6_K tiles (avx512:: or avx2::matvec_rows_block_tiles) against the
+// dequantized rows times x quantized by the Q8_K rule: 37 rows (a multiple of no tile, rows of
+// the largest levels, scales and mins among them), one and several super-blocks a row, a token,
+// part of a pass of tokens, a whole pass (8 tokens on AVX-512, 4 on AVX2) and more, runs of rows
+// as threads are given (each starting and ending inside a tile, or a tile's half).
+using BlockTileMatvec = void (*)(float* out, size_t out_stride, const Matrix& w,
+                                 const cpu::Q8KVector* x, int tokens, int first_row, int row_count);
+inline void check_block_tile_matvec(BlockTileMatvec kernel, const std::string& name, DType dtype,
+                                    std::mt19937& rng) {
+    for (int cols : {256, 1280})
+        for (int tokens : {1, 3, 4, 5, 8, 9}) {
+            const int rows = 37;
+            TestMatrix m = make_block_matrix(rows, cols, dtype, rng);
+            // With x of one sign the int32 (and AVX2's int16) sums reach their bounds.
+            fill_rows(&m, {16, 36}, 0xff);
+            std::vector<cpu::Q8KVector> x_q8_k(tokens);
+            std::vector<Q8K> quantized;
+            for (int t = 0; t < tokens; ++t) {
+                std::vector<float> x = q8_k_test_input(cols, rng);
+                if (t == 1)
+                    for (float& v : x) v = std::fabs(v) + 1.0f;  // one sign, no zeros
+                quantized.push_back(q8_k_by_rule(x));
+                cpu::quantize_q8_k(&x_q8_k[t], x.data(), cols);
+            }
+            for (auto [first, count] : {std::pair{1, rows - 2}, {17, 3}, {5, 11}, {9, 20}}) {
+                std::vector<float> got(size_t(tokens) * rows, NAN);
+                kernel(got.data(), rows, m.matrix, x_q8_k.data(), tokens, first, count);
+                for (int t = 0; t < tokens; ++t) {
+                    INFO(name << " " << matrix_type_name(dtype) << " cols " << cols << " token "
+                              << t << " of " << tokens << " rows " << first << ".."
+                              << first + count - 1);
+                    const std::vector<float> token_got(got.begin() + size_t(t) * rows,
+                                                       got.begin() + size_t(t + 1) * rows);
+                    const std::vector<double> want = block_reference(m, quantized[t].dequantized);
+                    CHECK(worst_row_error(token_got, want, m, quantized[t].dequantized, first,
+                                          count) < 1e-6);
+                    CHECK(std::isnan(token_got[first - 1]));
+                    CHECK(std::isnan(token_got[first + count]));
+                }
+            }
+        }
 }
 
 }  // namespace barellm::test

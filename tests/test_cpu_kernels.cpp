@@ -685,6 +685,13 @@ TEST_CASE("block-type matvecs of mixed types in one matvec_many call, every leve
     }
 }
 
+TEST_CASE("AVX2 Q4_K and Q6_K matvecs from tiles equal the dequantized rows times Q8_K x") {
+    if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
+    std::mt19937 rng(703);
+    const auto dtype = GENERATE(DType::Q4_K, DType::Q6_K);
+    check_block_tile_matvec(cpu::avx2::matvec_rows_block_tiles, "avx2", dtype, rng);
+}
+
 TEST_CASE("AVX2 quantize_token quantizes each token exactly as quantize_q8") {
     if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
     std::mt19937 rng(614);

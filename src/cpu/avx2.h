@@ -21,6 +21,11 @@ void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int f
 // (matvec_super_blocks_avx2.cpp).
 void matvec_rows_super_blocks(float* out, const Matrix& w, const Q8KVector& x, int first_row,
                               int row_count);
+// Q4_K and Q6_K weights read from their tiles (Matrix::row_tiles, cpu/super_block_tiles.h)
+// against `tokens` vectors x[t] quantized as Q8_K, out[t · out_stride + r] for each of them,
+// each tile read once for a few tokens (matvec_super_block_tiles_avx2.cpp).
+void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, const Q8KVector* x,
+                             int tokens, int first_row, int row_count);
 
 // Q4_1, Q5_0 and Q5_1 weights against x quantized per 32 (matvec_small_blocks_avx2.cpp; the
 // AVX-512 level runs them too).

@@ -13,6 +13,7 @@
 #include "cpu/avx512.h"
 #include "cpu/avxvnni.h"
 #include "cpu/kernels.h"
+#include "cpu/quantized_tiles.h"
 #include "cpu/scalar.h"
 #include "cpu/threads.h"
 #include "util/error.h"
@@ -38,11 +39,20 @@ bool matvec_on_q8_groups(DType dtype) {
     return dtype == DType::Q4_1 || dtype == DType::Q5_0 || dtype == DType::Q5_1;
 }
 
+// Whether the kernels in use are AVX-512's with AVX512_VNNI.
+bool on_avx512_vnni() { return active_level == SimdLevel::Avx512 && has_avx512_vnni; }
+
+// Whether w is read from its tiles at the level in use.
+bool reads_tiles(const Matrix& w) { return w.row_tiles && uses_row_tiles(w.dtype); }
+
 }  // namespace
 
 void set_simd_level(SimdLevel level) { active_level = level; }
 
-bool uses_row_tiles() { return active_level == SimdLevel::Avx512 && has_avx512_vnni; }
+bool uses_row_tiles(DType dtype) {
+    if (!has_row_tiles(dtype)) return false;
+    return is_quantized(dtype) ? on_avx512_vnni() : active_level >= SimdLevel::Avx2;
+}
 SimdLevel simd_level() { return active_level; }
 const char* simd_level_name(SimdLevel level) {
     switch (level) {
@@ -109,14 +119,13 @@ void matvec_many(const MatvecTask* task_list, int task_count) {
     uint8_t* use_bf16_x = bf16_x_flags.data();
     const bool use_simd = active_level >= SimdLevel::Avx2;
     const bool use_avx512 = active_level == SimdLevel::Avx512;
-    const bool use_tiles = uses_row_tiles();
-    const bool use_avx512_vnni = use_avx512 && has_avx512_vnni;
+    const bool use_avx512_vnni = on_avx512_vnni();
     size_t total_rows = 0, work = 0;
     for (int t = 0; t < task_count; ++t) {
         const Matrix& w = *task_list[t].w;
         if (use_simd && is_quantized(w.dtype))
-            (use_tiles && w.row_tiles ? avx512::quantize_q8 : quantize_q8)(&quantized[t],
-                                                                           task_list[t].x, w.cols);
+            (reads_tiles(w) ? avx512::quantize_q8 : quantize_q8)(&quantized[t], task_list[t].x,
+                                                                 w.cols);
         if (use_simd && matvec_on_q8_groups(w.dtype))
             (use_avx512_vnni ? avx512::quantize_q8 : quantize_q8)(&quantized[t], task_list[t].x,
                                                                   w.cols);
@@ -148,9 +157,11 @@ void matvec_many(const MatvecTask* task_list, int task_count) {
             if (begin < end) {
                 const int row = int(begin - task_start), count = int(end - begin);
                 const DType dtype = task.w->dtype;
-                const bool tiled = use_tiles && task.w->row_tiles;
+                const bool tiled = reads_tiles(*task.w);
                 if (tiled && is_block_type(dtype))  // Q4_K, Q6_K
-                    avx512::matvec_rows_block_tiles(task.out, 0, *task.w, &q8_k[t], 1, row, count);
+                    (use_avx512_vnni ? avx512::matvec_rows_block_tiles
+                                     : avx2::matvec_rows_block_tiles)(task.out, 0, *task.w,
+                                                                      &q8_k[t], 1, row, count);
                 else if (use_simd && matvec_on_q8_k(dtype))
                     (use_avx512_vnni
                          ? avx512::matvec_rows_super_blocks
@@ -208,15 +219,18 @@ void batch_rows(const BatchOutput& o, const float* x_tiles, const uint32_t* pair
 }
 
 // out = W · x for each of `batch` tokens of x [batch, cols] and each output, all of them
-// Q4_K or Q6_K with tiles: x quantized as Q8_K a token at a time by the calling thread, then the
-// rows of all outputs, one after another, cut into one contiguous run per thread, each run meeting
-// every token.
+// Q4_K or Q6_K read from tiles (AVX-512 VNNI's kernel or AVX2's): x quantized as Q8_K a token at a
+// time by the calling thread, then the rows of all outputs, one after another, cut into one
+// contiguous run per thread, each run meeting every token.
 void tiled_block_matvecs(const float* x, int batch, const std::vector<BatchOutput>& outputs) {
     static thread_local std::vector<Q8KVector> storage;
     if (storage.size() < size_t(batch)) storage.resize(batch);
     const Q8KVector* x_q8_k = storage.data();  // the calling thread's, for the workers
     const int cols = outputs.front().w->cols;
-    for (int b = 0; b < batch; ++b) avx512::quantize_q8_k(&storage[b], x + size_t(b) * cols, cols);
+    const bool avx512_vnni = on_avx512_vnni();
+    for (int b = 0; b < batch; ++b)
+        (avx512_vnni ? avx512::quantize_q8_k : quantize_q8_k)(&storage[b], x + size_t(b) * cols,
+                                                              cols);
     size_t total_rows = 0;
     for (const BatchOutput& o : outputs) total_rows += o.w->rows;
     const size_t work = total_rows * cols * batch;
@@ -230,8 +244,9 @@ void tiled_block_matvecs(const float* x, int batch, const std::vector<BatchOutpu
             const size_t output_end = output_start + o.w->rows;
             const size_t begin = std::max(first, output_start), end = std::min(last, output_end);
             if (begin < end)
-                avx512::matvec_rows_block_tiles(o.out, o.w->rows, *o.w, x_q8_k, batch,
-                                                int(begin - output_start), int(end - begin));
+                (avx512_vnni ? avx512::matvec_rows_block_tiles : avx2::matvec_rows_block_tiles)(
+                    o.out, o.w->rows, *o.w, x_q8_k, batch, int(begin - output_start),
+                    int(end - begin));
             output_start = output_end;
         }
     }
@@ -254,16 +269,15 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
     const bool all_blocks = std::all_of(outputs.begin(), outputs.end(), [](const BatchOutput& o) {
         return is_block_type(o.w->dtype);
     });
-    // Those with tiles (Q4_K, Q6_K on AVX-512 VNNI) meet every token at once, each tile read once.
+    // Those read from tiles (Q4_K, Q6_K) meet every token at once, each tile read once.
     if (active_level >= SimdLevel::Avx2 && all_blocks && batch <= kBlockMatvecBatch) {
-        const bool tiles = uses_row_tiles();
         std::vector<BatchOutput> tiled;
         for (const BatchOutput& o : outputs)
-            if (tiles && o.w->row_tiles) tiled.push_back(o);
+            if (reads_tiles(*o.w)) tiled.push_back(o);
         if (!tiled.empty()) tiled_block_matvecs(x, batch, tiled);
         for (int b = 0; b < batch; ++b)
             for (const BatchOutput& o : outputs)
-                if (!(tiles && o.w->row_tiles))
+                if (!reads_tiles(*o.w))
                     matvec(o.out + size_t(b) * o.w->rows, x + size_t(b) * cols, *o.w);
         return;
     }
@@ -283,7 +297,7 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
     const bool all_tiled = std::all_of(outputs.begin(), outputs.end(), [](const BatchOutput& o) {
         return (is_quantized(o.w->dtype) && o.w->row_tiles) || is_block_type(o.w->dtype);
     });
-    const bool avx512_vnni = uses_row_tiles() && all_tiled;
+    const bool avx512_vnni = on_avx512_vnni() && all_tiled;
     const bool avx_vnni = active_level == SimdLevel::Avx2 && has_avx_vnni;
     const bool avx2_integer =
         !avx512_vnni && std::all_of(outputs.begin(), outputs.end(), [&](const BatchOutput& o) {

@@ -59,7 +59,7 @@ public:
           max_batch_(std::min(options.context, kMaxBatch)),
           // The layer and output matrices copied to 2 MiB pages; Q8 and Q4 ones in tiles of
           // 16 rows where the AVX-512 VNNI kernels will read them (cpu/resident_weights.h).
-          weights_(cpu::resident_weights(model, cpu::uses_row_tiles())),
+          weights_(cpu::resident_weights(model)),
           experts_(model.config) {
         const Config& c = model.config;
         if (kv_blocks_ < 0 || (kv_blocks_ > 0 && kv_block_size_ < 1))

@@ -206,13 +206,6 @@ inline OuterProductKernel outer_product_kernel_for(int rows, int tiles) {
     return kOuterProductKernels[tiles - 1][rows - 1];
 }
 
-// Asks for the cache lines of [p + distance, p + distance + bytes) (a hint: it never faults,
-// past the end of a buffer included).
-inline void prefetch_ahead(const void* p, int distance, int bytes) {
-    const char* ahead = static_cast<const char*>(p) + distance;
-    for (int line = 0; line < bytes; line += kCacheLine) _mm_prefetch(ahead + line, _MM_HINT_T0);
-}
-
 // The prefetcher, over `calls` micro-kernel calls, of the GEMM panel after the one of rows
 // [block, block + row_block) and columns [depth_start, depth_start + depth_block) of w, in
 // a thread's rows up to end_row: the next columns of the same rows, else the first columns of

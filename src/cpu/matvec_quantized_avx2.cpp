@@ -4,6 +4,7 @@
 
 #include "cpu/avx2.h"
 #include "cpu/helpers_avx2.h"
+#include "cpu/panel_prefetcher.h"
 
 namespace barellm::cpu::avx2 {
 
@@ -16,13 +17,6 @@ namespace {
 // "CPU: software prefetch distances of the decode matvecs").
 constexpr int kPrefetchBytes = 1536;
 constexpr int kScalePrefetchBytes = 256;
-constexpr int kCacheLine = 64;
-
-// Prefetches the cache lines of [p + distance, p + distance + bytes).
-inline void prefetch_ahead(const void* p, int distance, int bytes) {
-    const char* ahead = static_cast<const char*>(p) + distance;
-    for (int line = 0; line < bytes; line += kCacheLine) _mm_prefetch(ahead + line, _MM_HINT_T0);
-}
 
 // Sum over one group of 32 of w[i] * x[i] as int32 lanes: |w| (unsigned) times x with
 // w's sign, multiplied in pairs into int16 (at most 2 * 127 * 127, no overflow), then

@@ -54,25 +54,13 @@ constexpr int kHighNibbleShift = 4;
 constexpr int kAndOr = 0xEA;
 
 // One token's x as the kernels read it: Q8_K values and d, and `extra`, per type:
-// - Q4_K: per pair of sub-blocks (2p, 2p + 1) their sums of 32 values as two int16 in an
-//   int32 (the low one 2p's);
+// - Q4_K: per pair of sub-blocks (2p, 2p + 1) their sums of 32 values (pair_sums_of_32);
 // - Q6_K: per 16 values −32 · their sum.
 struct TokenX {
     const int8_t* values;
     const float* d;
     const int32_t* extra;
 };
-
-// The sums of 32 of x, by pairs, into `pairs` [n / 64].
-void pair_sums(std::vector<int32_t>* pairs, const Q8KVector& x) {
-    const size_t count = x.values.size() / (2 * kSubBlock);
-    pairs->resize(count);
-    for (size_t p = 0; p < count; ++p) {
-        const int16_t* sums = x.sums.data() + 4 * p;  // four sums of 16
-        const int first = sums[0] + sums[1], second = sums[2] + sums[3];
-        (*pairs)[p] = int32_t(uint32_t(uint16_t(first)) | uint32_t(uint16_t(second)) << 16);
-    }
-}
 
 // −32 · x's sums of 16 into `offsets` [n / 16].
 void q6_k_offsets(std::vector<int32_t>* offsets, const Q8KVector& x) {
@@ -230,7 +218,7 @@ void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, con
     static thread_local std::vector<TokenX> token_x;
     token_x.resize(tokens);
     for (int t = 0; t < tokens; ++t) {
-        (q4_k ? pair_sums : q6_k_offsets)(&extras[t], x[t]);
+        (q4_k ? pair_sums_of_32 : q6_k_offsets)(&extras[t], x[t]);
         token_x[t] = {x[t].values.data(), x[t].d.data(), extras[t].data()};
     }
     const int blocks = w.cols / kSuperBlock;

@@ -1,5 +1,6 @@
-// The prefetch of a GEMM's next panel of weights, shared by the AVX-512 and AVX2 GEMMs; ISA
-// neutral (the compiler's prefetch builtin: prefetcht1, into L2, on x86).
+// Software prefetch shared by the AVX-512 and AVX2 kernels, ISA neutral (the compiler's prefetch
+// builtin): a few cache lines ahead of a matvec's stream (prefetcht0, into L1), and a GEMM's next
+// panel of weights (prefetcht1, into L2).
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -7,6 +8,15 @@
 namespace barellm::cpu {
 
 constexpr int kCacheLine = 64;  // bytes
+
+// Asks for the cache lines of [p + distance, p + distance + bytes) (a hint: it never faults,
+// past the end of a buffer included).
+inline void prefetch_ahead(const void* p, int distance, int bytes) {
+    constexpr int kIntoL1 = 3;  // __builtin_prefetch's locality of prefetcht0
+    const char* ahead = static_cast<const char*>(p) + distance;
+    for (int line = 0; line < bytes; line += kCacheLine)
+        __builtin_prefetch(ahead + line, 0, kIntoL1);
+}
 
 // Requests the weights of the GEMM's next panel from memory while the current one is
 // computed, a share of its rows before each of the current panel's micro-kernel calls, so

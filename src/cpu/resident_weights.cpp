@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "cpu/kernels.h"
 #include "util/error.h"
 #include "util/memory.h"
 #include "weights/safetensors.h"
@@ -27,8 +28,8 @@ size_t scales_bytes(const Matrix& w) {
 }
 
 // The bytes one matrix takes in the copy.
-size_t resident_bytes(const Matrix& w, bool tiles) {
-    if (tiles && has_row_tiles(w.dtype)) return aligned(row_tiles_bytes(w));
+size_t resident_bytes(const Matrix& w) {
+    if (uses_row_tiles(w.dtype)) return aligned(row_tiles_bytes(w));
     return aligned(values_bytes(w)) + aligned(scales_bytes(w));
 }
 
@@ -44,13 +45,13 @@ AlignedBytes allocate_on_huge_pages(size_t bytes) {
     return memory;
 }
 
-// Copies w to `at` (resident_bytes(w, tiles) bytes) and points it there. The file's pages of
+// Copies w to `at` (resident_bytes(w) bytes) and points it there. The file's pages of
 // what was copied go back to the system.
-void copy_matrix(Matrix* w, uint8_t* at, bool tiles, const SafetensorsFile* file) {
+void copy_matrix(Matrix* w, uint8_t* at, const SafetensorsFile* file) {
     const size_t values = values_bytes(*w), scales = scales_bytes(*w);
     const void* file_values = w->data;
     const uint16_t* file_scales = w->scales;
-    if (tiles && has_row_tiles(w->dtype)) {
+    if (uses_row_tiles(w->dtype)) {
         write_row_tiles(*w, at);
         w->row_tiles = at;  // the rows stay in the mapping, for the other paths
     } else {
@@ -70,7 +71,7 @@ void copy_matrix(Matrix* w, uint8_t* at, bool tiles, const SafetensorsFile* file
 
 }  // namespace
 
-ResidentWeights resident_weights(const Model& model, bool tiles) {
+ResidentWeights resident_weights(const Model& model) {
     ResidentWeights resident{model.layers, model.output, nullptr};
     std::vector<Matrix*> matrices;
     for (LayerWeights& layer : resident.layers) {
@@ -85,13 +86,13 @@ ResidentWeights resident_weights(const Model& model, bool tiles) {
     size_t total = 0;
     for (const Matrix* w : matrices) {
         offsets.push_back(total);
-        total += resident_bytes(*w, tiles);
+        total += resident_bytes(*w);
     }
     resident.memory = allocate_on_huge_pages(total);
     // The threads copy a matrix each (the copy is bound by page faults and memory bandwidth).
 #pragma omp parallel for schedule(dynamic)
     for (size_t i = 0; i < matrices.size(); ++i)
-        copy_matrix(matrices[i], resident.memory.get() + offsets[i], tiles, model.file.get());
+        copy_matrix(matrices[i], resident.memory.get() + offsets[i], model.file.get());
     return resident;
 }
 

@@ -75,4 +75,22 @@ void write_super_block_tiles(const Matrix& w, uint8_t* tiles) {
         throw Error("write_super_block_tiles: not a Q4_K or Q6_K matrix");
 }
 
+void pair_sums_of_32(std::vector<int32_t>* pairs, const Q8KVector& x) {
+    const size_t count = x.values.size() / (2 * kSubBlock);
+    pairs->resize(count);
+    for (size_t p = 0; p < count; ++p) {
+        const int16_t* sums = x.sums.data() + 4 * p;  // four sums of 16
+        const int first = sums[0] + sums[1], second = sums[2] + sums[3];
+        (*pairs)[p] = int32_t(uint32_t(uint16_t(first)) | uint32_t(uint16_t(second)) << 16);
+    }
+}
+
+void pair_sums_of_16(std::vector<int32_t>* pairs, const Q8KVector& x) {
+    const size_t count = x.sums.size() / 2;
+    pairs->resize(count);
+    for (size_t p = 0; p < count; ++p)
+        (*pairs)[p] = int32_t(uint32_t(uint16_t(x.sums[2 * p])) |
+                              uint32_t(uint16_t(x.sums[2 * p + 1])) << 16);
+}
+
 }  // namespace barellm::cpu

@@ -1,9 +1,10 @@
-// Q4_K and Q6_K matrices re-laid out in tiles of 16 rows for the AVX-512 VNNI decode matvec
-// (matvec_super_block_tiles_avx512vnni.cpp) and prefill GEMM (gemm_blocks_avx512vnni.cpp), as Q8
-// and Q4 are (cpu/quantized_tiles.h). The CPU backend makes them once, when it takes the model
-// on the AVX-512 path of a CPU with AVX512_VNNI (cpu/resident_weights.h), and points
-// Matrix::row_tiles at them; the rows of super-blocks stay in the file's mapping for the other
-// paths (AVX2, scalar).
+// Q4_K and Q6_K matrices re-laid out in tiles of 16 rows for the decode matvecs on AVX-512 VNNI
+// (matvec_super_block_tiles_avx512vnni.cpp) and AVX2 (matvec_super_block_tiles_avx2.cpp, a
+// tile's register read as two halves of 8 rows) and the AVX-512 VNNI prefill GEMM
+// (gemm_blocks_avx512vnni.cpp), as Q8 and Q4 are (cpu/quantized_tiles.h). The CPU backend makes
+// them once, when it takes the model on the AVX2 or AVX-512 path (cpu/resident_weights.h), and
+// points Matrix::row_tiles at them; the rows of super-blocks stay in the file's mapping for the
+// other paths (AVX2's prefill GEMM, scalar).
 //
 // In a row of super-blocks each int32 lane of a vpdpbusd holds four columns of one row, and
 // Q4_K's 6-bit scales and mins come packed in 12 bytes a super-block. In a tile each lane is
@@ -40,7 +41,9 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
+#include "cpu/kernels.h"
 #include "cpu/quantized_tiles.h"
 #include "weights/model.h"
 #include "weights/weight_blocks.h"
@@ -79,5 +82,11 @@ constexpr int super_block_tile_bytes(DType type) {
 // aligned.
 size_t super_block_tile_bytes(const Matrix& w);
 void write_super_block_tiles(const Matrix& w, uint8_t* tiles);
+
+// x's sums by pairs as the tile kernels read them, two int16 in an int32 (the lower one
+// first): of 32 values (Q4_K's mins are applied with them), into `pairs` [n / 64], and of 16
+// (Q6_K's offset of 32), into `pairs` [n / 32].
+void pair_sums_of_32(std::vector<int32_t>* pairs, const Q8KVector& x);
+void pair_sums_of_16(std::vector<int32_t>* pairs, const Q8KVector& x);
 
 }  // namespace barellm::cpu

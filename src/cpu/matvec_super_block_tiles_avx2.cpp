@@ -1,0 +1,279 @@
+// The decode matvec on AVX2 + FMA + F16C for Q4_K and Q6_K weights read from their tiles of 16
+// rows (cpu/super_block_tiles.h): out[t][r] = W[r] · x_t for one token or a few, each x_t
+// quantized per 256 as Q8_K (quantize_q8_k), each super-block's dot products in integers.
+//
+// The tiles are the AVX-512 VNNI kernel's (matvec_super_block_tiles_avx512vnni.cpp); here a
+// 64-byte register of a tile is two halves of 8 rows, one 256-bit register each, and a
+// super-block is computed a half after the other (its 37 or 53 cache lines are in L1 by the
+// second). Each int32 lane is a row, so no horizontal sums are needed, as there.
+//
+// AVX2 has no vpdpbusd: vpmaddubsw multiplies four columns of unsigned levels by x's signed
+// bytes (broadcast to every lane) into two int16 sums a lane, and those add up in int16 while
+// they cannot overflow, then vpmaddwd multiplies them by the sub-block's scale (the lane's row's,
+// in both words) into int32, exactly:
+// - Q4_K: a chunk's 8 registers of nibbles add up per sub-block in int16 (at most
+//   8 · 2 · 15 · 128 = 30720); the mins meet x's sums of 32 through vpmaddwd, a pair of
+//   sub-blocks a register (the tile keeps them side by side), as on AVX-512.
+// - Q6_K: a sub-block's four registers of levels (0..63) in two int16 sums of two (at most
+//   2 · 2 · 63 · 128 = 32256); the offset of 32 comes in once a super-block as
+//   −32 · Σ_i sc_i · Σ x_i, the int8 scales of two sub-blocks side by side in a lane's words
+//   against x's sums of 16 by pairs.
+// Per super-block the f32 sums of 8 rows gain x.d · (d · Σ sc · q · x − dmin · Σ m · Σ x), d and
+// dmin those of the rows.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "cpu/avx2.h"
+#include "cpu/helpers_avx2.h"
+#include "cpu/panel_prefetcher.h"
+#include "cpu/super_block_tiles.h"
+
+namespace barellm::cpu::avx2 {
+
+namespace {
+
+constexpr int kTileTokens = 4;  // tokens a pass over a tile
+constexpr int kHalves = 2;      // halves of a tile: 8 rows each, one 256-bit register
+constexpr int kHalfBytes = 32;  // bytes of a half of a tile's register
+constexpr int kHalfRows = kTileRows / kHalves;
+// How far ahead of the super-block being read the software prefetch asks, in super-blocks.
+constexpr int kPrefetchBlocks = 4;
+constexpr int kMinPairs = kKSubBlocks / 2;  // pairs of sub-blocks a super-block
+constexpr int kQ6KOffset = 32;              // a Q6_K level q stands for q − 32
+constexpr int kNibbleBits = 4;
+
+// One token's x as the kernels read it: Q8_K values and d, and its sums by pairs: Q4_K's of 32
+// (pair_sums_of_32), Q6_K's of 16 (Q8KVector::sums read two at a time).
+struct TokenX {
+    const int8_t* values;
+    const float* d;
+    const int32_t* pair_sums;
+};
+
+// The four bytes at p in every 32-bit lane.
+inline __m256i broadcast_word(const int8_t* p) {
+    int32_t word;
+    std::memcpy(&word, p, sizeof word);
+    return _mm256_set1_epi32(word);
+}
+
+// Eight bytes at p, one a lane, unsigned (Q4_K's scales) or signed (Q6_K's), in both 16-bit
+// words of the lane: a vpmaddwd multiplier.
+inline __m256i scale_words(const uint8_t* p) {
+    const __m256i scales =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_or_si256(scales, _mm256_slli_epi32(scales, 16));
+}
+inline __m256i signed_scale_words(const uint8_t* p) {
+    const __m256i scales =
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    return _mm256_blend_epi16(scales, _mm256_slli_epi32(scales, 16), 0xaa);
+}
+
+// Eight f16 at p as f32.
+inline __m256 load_halves(const uint8_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Sums of 8 rows into out[t · out_stride + row], the rows of [first, end) of row_base..+7.
+inline void store_rows(float* out, __m256 sums, int row_base, int first, int end) {
+    if (row_base >= first && row_base + kHalfRows <= end) {
+        _mm256_storeu_ps(out + row_base, sums);
+        return;
+    }
+    alignas(32) float lanes[kHalfRows];
+    _mm256_store_ps(lanes, sums);
+    for (int lane = std::max(0, first - row_base); lane < std::min(kHalfRows, end - row_base);
+         ++lane)
+        out[row_base + lane] = lanes[lane];
+}
+
+// Half h of super-block b of a Q4_K tile against kTokens tokens: sums[t] gains the 8 rows'
+// x.d · (d · Σ sc · q · x − dmin · Σ m · Σ x).
+template <int kTokens>
+inline void q4_k_half_block(__m256* sums, const uint8_t* block, int b, int h, const TokenX* x) {
+    const __m256i low_nibbles = _mm256_set1_epi8(0x0f);
+    __m256i dots[kTokens];  // Σ_j sc_j · Σ q · x
+#pragma GCC unroll 4
+    for (int t = 0; t < kTokens; ++t) dots[t] = _mm256_setzero_si256();
+    for (int c = 0; c < kQ4KChunks; ++c) {
+        const uint8_t* values =
+            block + kQ4KTileValuesOffset + c * kQ4KTileChunkBytes + h * kHalfBytes;
+        __m256i low[kTokens], high[kTokens];  // int16 pairs of sub-blocks 2c and 2c + 1
+#pragma GCC unroll 4
+        for (int t = 0; t < kTokens; ++t) low[t] = high[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int k = 0; k < kQ4KChunkRegisters; ++k) {
+            const __m256i bytes = _mm256_load_si256(
+                reinterpret_cast<const __m256i*>(values + k * kTileRegisterBytes));
+            const __m256i q_low = _mm256_and_si256(bytes, low_nibbles);
+            const __m256i q_high =
+                _mm256_and_si256(_mm256_srli_epi16(bytes, kNibbleBits), low_nibbles);
+#pragma GCC unroll 4
+            for (int t = 0; t < kTokens; ++t) {
+                const int8_t* xc =
+                    x[t].values + size_t(b) * kSuperBlock + c * 2 * kSubBlock + k * 4;
+                low[t] = _mm256_add_epi16(low[t], _mm256_maddubs_epi16(q_low, broadcast_word(xc)));
+                high[t] = _mm256_add_epi16(
+                    high[t], _mm256_maddubs_epi16(q_high, broadcast_word(xc + kSubBlock)));
+            }
+        }
+        const uint8_t* scales = block + kQ4KTileScalesOffset + h * kHalfRows;
+        const __m256i low_scales = scale_words(scales + kTileRows * 2 * c);
+        const __m256i high_scales = scale_words(scales + kTileRows * (2 * c + 1));
+#pragma GCC unroll 4
+        for (int t = 0; t < kTokens; ++t)
+            dots[t] = _mm256_add_epi32(dots[t],
+                                       _mm256_add_epi32(_mm256_madd_epi16(low[t], low_scales),
+                                                        _mm256_madd_epi16(high[t], high_scales)));
+    }
+    __m256i mins[kMinPairs];  // a lane's words: the mins of sub-blocks 2p and 2p + 1
+#pragma GCC unroll 4
+    for (int p = 0; p < kMinPairs; ++p)
+        mins[p] = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(
+            block + kQ4KTileMinsOffset + 2 * kTileRows * p + 2 * kHalfRows * h)));
+    const __m256 d = load_halves(block + kQ4KTileDOffset + 2 * kHalfRows * h);
+    const __m256 dmin = load_halves(block + kQ4KTileDMinOffset + 2 * kHalfRows * h);
+#pragma GCC unroll 4
+    for (int t = 0; t < kTokens; ++t) {
+        __m256i min_dots = _mm256_setzero_si256();  // Σ_j m_j · Σ x
+#pragma GCC unroll 4
+        for (int p = 0; p < kMinPairs; ++p)
+            min_dots = _mm256_add_epi32(
+                min_dots,
+                _mm256_madd_epi16(mins[p], _mm256_set1_epi32(x[t].pair_sums[b * kMinPairs + p])));
+        const __m256 x_d = _mm256_set1_ps(x[t].d[b]);
+        sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[t]), _mm256_mul_ps(d, x_d), sums[t]);
+        sums[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(min_dots), _mm256_mul_ps(dmin, x_d), sums[t]);
+    }
+}
+
+// Half h of super-block b of a Q6_K tile against kTokens tokens: sums[t] gains the 8 rows'
+// x.d · d · Σ_i sc_i · Σ (q − 32) · x.
+template <int kTokens>
+inline void q6_k_half_block(__m256* sums, const uint8_t* block, int b, int h, const TokenX* x) {
+    const __m256i low_nibbles = _mm256_set1_epi8(0x0f), high_pair = _mm256_set1_epi8(0x30);
+    __m256i dots[kTokens];  // Σ_i sc_i · Σ q · x
+#pragma GCC unroll 4
+    for (int t = 0; t < kTokens; ++t) dots[t] = _mm256_setzero_si256();
+    const uint8_t* scales = block + kQ6KTileScalesOffset + h * kHalfRows;
+    for (int i = 0; i < kQ6KSubBlocks; ++i) {
+        const uint8_t* values =
+            block + kQ6KTileValuesOffset + i * kQ6KTileSubBlockBytes + h * kHalfBytes;
+        const __m256i first = _mm256_load_si256(reinterpret_cast<const __m256i*>(values));
+        const __m256i second =
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(values + kTileRegisterBytes));
+        const __m256i high =
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(values + 2 * kTileRegisterBytes));
+        // Levels of columns 4s..4s + 3 of the sub-block.
+        const __m256i q[4] = {
+            _mm256_or_si256(_mm256_and_si256(first, low_nibbles),
+                            _mm256_and_si256(_mm256_slli_epi16(high, 4), high_pair)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(first, 4), low_nibbles),
+                            _mm256_and_si256(_mm256_slli_epi16(high, 2), high_pair)),
+            _mm256_or_si256(_mm256_and_si256(second, low_nibbles),
+                            _mm256_and_si256(high, high_pair)),
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(second, 4), low_nibbles),
+                            _mm256_and_si256(_mm256_srli_epi16(high, 2), high_pair))};
+        const __m256i scale = signed_scale_words(scales + kTileRows * i);
+#pragma GCC unroll 4
+        for (int t = 0; t < kTokens; ++t) {
+            const int8_t* xi = x[t].values + size_t(b) * kSuperBlock + i * kQ6SubBlock;
+            const __m256i first_half =
+                _mm256_add_epi16(_mm256_maddubs_epi16(q[0], broadcast_word(xi)),
+                                 _mm256_maddubs_epi16(q[1], broadcast_word(xi + 4)));
+            const __m256i second_half =
+                _mm256_add_epi16(_mm256_maddubs_epi16(q[2], broadcast_word(xi + 8)),
+                                 _mm256_maddubs_epi16(q[3], broadcast_word(xi + 12)));
+            dots[t] =
+                _mm256_add_epi32(dots[t], _mm256_add_epi32(_mm256_madd_epi16(first_half, scale),
+                                                           _mm256_madd_epi16(second_half, scale)));
+        }
+    }
+    // A lane's words: the int8 scales of sub-blocks 2p and 2p + 1, widened.
+    __m256i scale_pairs[kQ6KSubBlocks / 2];
+#pragma GCC unroll 8
+    for (int p = 0; p < kQ6KSubBlocks / 2; ++p)
+        scale_pairs[p] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + kTileRows * 2 * p)),
+            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + kTileRows * (2 * p + 1)))));
+    const __m256 d = load_halves(block + kQ6KTileDOffset + 2 * kHalfRows * h);
+#pragma GCC unroll 4
+    for (int t = 0; t < kTokens; ++t) {
+        __m256i scaled_sums = _mm256_setzero_si256();  // Σ_i sc_i · Σ x_i
+#pragma GCC unroll 8
+        for (int p = 0; p < kQ6KSubBlocks / 2; ++p)
+            scaled_sums = _mm256_add_epi32(
+                scaled_sums,
+                _mm256_madd_epi16(scale_pairs[p],
+                                  _mm256_set1_epi32(x[t].pair_sums[b * kQ6KSubBlocks / 2 + p])));
+        const __m256i dot = _mm256_sub_epi32(
+            dots[t], _mm256_mullo_epi32(scaled_sums, _mm256_set1_epi32(kQ6KOffset)));
+        sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                                  _mm256_mul_ps(d, _mm256_set1_ps(x[t].d[b])), sums[t]);
+    }
+}
+
+// The rows [first, end) of the 16 of one tile (rows tile_row..tile_row + 15) against kTokens
+// tokens: out[t · out_stride + row].
+template <int kTokens, bool kQ4K>
+void tile_rows(float* out, size_t out_stride, int tile_row, int first, int end, const uint8_t* tile,
+               int blocks, const TokenX* x) {
+    constexpr int block_bytes = kQ4K ? kQ4KTileBlockBytes : kQ6KTileBlockBytes;
+    // The halves holding rows of [first, end).
+    const int first_half = first - tile_row >= kHalfRows ? 1 : 0;
+    const int end_half = end - tile_row <= kHalfRows ? 1 : kHalves;
+    __m256 sums[kHalves][kTokens];
+#pragma GCC unroll 4
+    for (int t = 0; t < kTokens; ++t) sums[0][t] = sums[1][t] = _mm256_setzero_ps();
+    for (int b = 0; b < blocks; ++b) {
+        const uint8_t* block = tile + size_t(b) * block_bytes;
+        prefetch_ahead(block, kPrefetchBlocks * block_bytes, block_bytes);
+        for (int h = first_half; h < end_half; ++h)
+            (kQ4K ? q4_k_half_block<kTokens> : q6_k_half_block<kTokens>)(sums[h], block, b, h, x);
+    }
+    for (int h = first_half; h < end_half; ++h)
+#pragma GCC unroll 4
+        for (int t = 0; t < kTokens; ++t)
+            store_rows(out + t * out_stride, sums[h][t], tile_row + h * kHalfRows, first, end);
+}
+
+// The kernels of each type for 1..kTileTokens tokens.
+using TileKernel = void (*)(float*, size_t, int, int, int, const uint8_t*, int, const TokenX*);
+constexpr TileKernel kQ4KKernels[kTileTokens] = {tile_rows<1, true>, tile_rows<2, true>,
+                                                 tile_rows<3, true>, tile_rows<4, true>};
+constexpr TileKernel kQ6KKernels[kTileTokens] = {tile_rows<1, false>, tile_rows<2, false>,
+                                                 tile_rows<3, false>, tile_rows<4, false>};
+
+}  // namespace
+
+void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, const Q8KVector* x,
+                             int tokens, int first_row, int row_count) {
+    const bool q4_k = w.dtype == DType::Q4_K;
+    const TileKernel* kernels = q4_k ? kQ4KKernels : kQ6KKernels;
+    // Each token's sums by pairs, this thread's, kept from call to call.
+    static thread_local std::vector<std::vector<int32_t>> pair_sums;
+    if (pair_sums.size() < size_t(tokens)) pair_sums.resize(tokens);
+    static thread_local std::vector<TokenX> token_x;
+    token_x.resize(tokens);
+    for (int t = 0; t < tokens; ++t) {
+        (q4_k ? pair_sums_of_32 : pair_sums_of_16)(&pair_sums[t], x[t]);
+        token_x[t] = {x[t].values.data(), x[t].d.data(), pair_sums[t].data()};
+    }
+    const int blocks = w.cols / kSuperBlock;
+    const size_t bytes_per_tile = tile_bytes(w);
+    const int end_row = first_row + row_count;
+    for (int tile_row = first_row / kTileRows * kTileRows; tile_row < end_row;
+         tile_row += kTileRows) {
+        const uint8_t* tile = w.row_tiles + size_t(tile_row / kTileRows) * bytes_per_tile;
+        for (int t = 0; t < tokens; t += kTileTokens)
+            kernels[std::min(kTileTokens, tokens - t) - 1](out + t * out_stride, out_stride,
+                                                           tile_row, first_row, end_row, tile,
+                                                           blocks, token_x.data() + t);
+    }
+}
+
+}  // namespace barellm::cpu::avx2
