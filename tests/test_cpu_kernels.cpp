@@ -617,15 +617,18 @@ TEST_CASE("matvecs split across threads equal their reference at every level and
     CHECK(relative_error(got, want) < 1e-5);
 }
 
-TEST_CASE("quantize_q8_k gives the bytes of llama.cpp's Q8_K rule") {
+TEST_CASE("quantize_q8_k gives the bytes of llama.cpp's Q8_K rule, scalar and AVX2") {
     std::mt19937 rng(701);
+    const bool avx2 = GENERATE(false, true);
+    if (avx2 && cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
     for (int n : {256, 768, 1280}) {
         const std::vector<float> x = q8_k_test_input(n, rng);
         const Q8K want = q8_k_by_rule(x);
         cpu::Q8KVector got;
         got.values.assign(n + 300, 99);  // stale contents, longer than n: resized to n
-        cpu::quantize_q8_k(&got, x.data(), n);
-        INFO("n " << n);
+        got.sums.assign(n, 99);
+        (avx2 ? cpu::avx2::quantize_q8_k : cpu::quantize_q8_k)(&got, x.data(), n);
+        INFO((avx2 ? "avx2" : "scalar") << " n " << n);
         CHECK(got.values == want.values);
         CHECK(got.d == want.d);
         CHECK(got.sums == want.sums);

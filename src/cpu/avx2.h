@@ -18,7 +18,8 @@ void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int f
                     int row_count);
 
 // Q4_K, Q5_K, Q6_K and IQ4_XS weights against x quantized per 256 as Q8_K
-// (matvec_super_blocks_avx2.cpp).
+// (matvec_super_blocks_avx2.cpp), by quantize_q8_k here, byte for byte as cpu::quantize_q8_k.
+void quantize_q8_k(Q8KVector* out, const float* x, int n);
 void matvec_rows_super_blocks(float* out, const Matrix& w, const Q8KVector& x, int first_row,
                               int row_count);
 // Q4_K and Q6_K weights read from their tiles (Matrix::row_tiles, cpu/super_block_tiles.h)

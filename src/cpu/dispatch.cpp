@@ -104,6 +104,10 @@ void matvec_many(const MatvecTask* task_list, int task_count) {
     // f16's range.
     static thread_local std::vector<std::vector<uint16_t>> half_buffers;
     static thread_local std::vector<uint8_t> half_x_flags, bf16_x_flags;
+    // Consecutive tasks of one x (q, k and v; gate and up) quantize it once: each task reads
+    // its quantized x through these.
+    static thread_local std::vector<const QuantizedVector*> task_quantized;
+    static thread_local std::vector<const Q8KVector*> task_q8_k;
     if (quantized_buffers.size() < size_t(task_count)) {
         quantized_buffers.resize(task_count);
         q8_k_buffers.resize(task_count);
@@ -111,27 +115,41 @@ void matvec_many(const MatvecTask* task_list, int task_count) {
     }
     half_x_flags.assign(task_count, 0);
     bf16_x_flags.assign(task_count, 0);
+    task_quantized.assign(task_count, nullptr);
+    task_q8_k.assign(task_count, nullptr);
     // The calling thread's buffers, for the workers.
     QuantizedVector* quantized = quantized_buffers.data();
     Q8KVector* q8_k = q8_k_buffers.data();
     std::vector<uint16_t>* halves = half_buffers.data();
     uint8_t* use_half_x = half_x_flags.data();
     uint8_t* use_bf16_x = bf16_x_flags.data();
+    const QuantizedVector* const* quantized_x = task_quantized.data();
+    const Q8KVector* const* q8_k_x = task_q8_k.data();
     const bool use_simd = active_level >= SimdLevel::Avx2;
     const bool use_avx512 = active_level == SimdLevel::Avx512;
     const bool use_avx512_vnni = on_avx512_vnni();
     size_t total_rows = 0, work = 0;
     for (int t = 0; t < task_count; ++t) {
         const Matrix& w = *task_list[t].w;
-        if (use_simd && is_quantized(w.dtype))
-            (reads_tiles(w) ? avx512::quantize_q8 : quantize_q8)(&quantized[t], task_list[t].x,
-                                                                 w.cols);
-        if (use_simd && matvec_on_q8_groups(w.dtype))
-            (use_avx512_vnni ? avx512::quantize_q8 : quantize_q8)(&quantized[t], task_list[t].x,
-                                                                  w.cols);
-        if (use_simd && matvec_on_q8_k(w.dtype))
-            (use_avx512_vnni ? avx512::quantize_q8_k : quantize_q8_k)(&q8_k[t], task_list[t].x,
-                                                                      w.cols);
+        const float* x = task_list[t].x;
+        const bool same_x = t > 0 && task_list[t - 1].x == x && task_list[t - 1].w->cols == w.cols;
+        if (use_simd && (is_quantized(w.dtype) || matvec_on_q8_groups(w.dtype))) {
+            if (same_x && task_quantized[t - 1]) {
+                task_quantized[t] = task_quantized[t - 1];
+            } else {  // avx512::quantize_q8 is quantize_q8, 16 values at a time
+                (use_avx512_vnni ? avx512::quantize_q8 : quantize_q8)(&quantized[t], x, w.cols);
+                task_quantized[t] = &quantized[t];
+            }
+        }
+        if (use_simd && matvec_on_q8_k(w.dtype)) {
+            if (same_x && task_q8_k[t - 1]) {
+                task_q8_k[t] = task_q8_k[t - 1];
+            } else {
+                (use_avx512_vnni ? avx512::quantize_q8_k : avx2::quantize_q8_k)(&q8_k[t], x,
+                                                                                w.cols);
+                task_q8_k[t] = &q8_k[t];
+            }
+        }
         if (use_avx512 && bf16_dot_products && w.dtype == DType::BF16) {
             halves[t].resize(w.cols);
             avx512::round_to_bf16(halves[t].data(), task_list[t].x, w.cols);
@@ -161,21 +179,21 @@ void matvec_many(const MatvecTask* task_list, int task_count) {
                 if (tiled && is_block_type(dtype))  // Q4_K, Q6_K
                     (use_avx512_vnni ? avx512::matvec_rows_block_tiles
                                      : avx2::matvec_rows_block_tiles)(task.out, 0, *task.w,
-                                                                      &q8_k[t], 1, row, count);
+                                                                      q8_k_x[t], 1, row, count);
                 else if (use_simd && matvec_on_q8_k(dtype))
-                    (use_avx512_vnni
-                         ? avx512::matvec_rows_super_blocks
-                         : avx2::matvec_rows_super_blocks)(task.out, *task.w, q8_k[t], row, count);
+                    (use_avx512_vnni ? avx512::matvec_rows_super_blocks
+                                     : avx2::matvec_rows_super_blocks)(task.out, *task.w,
+                                                                       *q8_k_x[t], row, count);
                 else if (use_simd && matvec_on_q8_groups(dtype))
-                    avx2::matvec_rows_small_blocks(task.out, *task.w, quantized[t], row, count);
+                    avx2::matvec_rows_small_blocks(task.out, *task.w, *quantized_x[t], row, count);
                 else if (!use_simd || is_block_type(dtype))
                     scalar::matvec_rows(task.out, *task.w, task.x, row, count);
                 else if (dtype == DType::Q8_0)
                     (tiled ? avx512::matvec_rows_q8 : avx2::matvec_rows_q8)(
-                        task.out, *task.w, quantized[t], row, count);
+                        task.out, *task.w, *quantized_x[t], row, count);
                 else if (dtype == DType::Q4_0)
                     (tiled ? avx512::matvec_rows_q4 : avx2::matvec_rows_q4)(
-                        task.out, *task.w, quantized[t], row, count);
+                        task.out, *task.w, *quantized_x[t], row, count);
                 else if (use_bf16_x[t])
                     avx512::matvec_rows_bf16_x(task.out, *task.w, halves[t].data(), row, count);
                 else if (use_half_x[t])
@@ -229,8 +247,8 @@ void tiled_block_matvecs(const float* x, int batch, const std::vector<BatchOutpu
     const int cols = outputs.front().w->cols;
     const bool avx512_vnni = on_avx512_vnni();
     for (int b = 0; b < batch; ++b)
-        (avx512_vnni ? avx512::quantize_q8_k : quantize_q8_k)(&storage[b], x + size_t(b) * cols,
-                                                              cols);
+        (avx512_vnni ? avx512::quantize_q8_k : avx2::quantize_q8_k)(&storage[b],
+                                                                    x + size_t(b) * cols, cols);
     size_t total_rows = 0;
     for (const BatchOutput& o : outputs) total_rows += o.w->rows;
     const size_t work = total_rows * cols * batch;

@@ -52,6 +52,17 @@ inline float horizontal_sum(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
 }
 
+inline float horizontal_max(__m256 v) {
+    const __m128 halves = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 pairs = _mm_max_ps(halves, _mm_movehl_ps(halves, halves));
+    return _mm_cvtss_f32(_mm_max_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+}
+inline int horizontal_sum(__m256i v) {
+    const __m128i halves = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    const __m128i pairs = _mm_add_epi32(halves, _mm_unpackhi_epi64(halves, halves));
+    return _mm_cvtsi128_si32(_mm_add_epi32(pairs, _mm_shuffle_epi32(pairs, 1)));
+}
+
 // Below this e^x is taken as 0: e^-87 ≈ 1.6e-38 is near the smallest normal float.
 constexpr float kExpLowest = -87.0f;
 

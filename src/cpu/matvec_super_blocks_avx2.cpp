@@ -13,6 +13,8 @@
 // takes |value| and x with the value's sign (at most 2 · 127 · 127 a pair, no overflow).
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "cpu/avx2.h"
 #include "cpu/block_levels_avx2.h"
 #include "cpu/helpers_avx2.h"
@@ -144,6 +146,56 @@ void matvec_rows_super_blocks(float* out, const Matrix& w, const Q8KVector& x, i
                  : w.dtype == DType::Q5_K ? k_row_dot<true>(row, blocks, x)
                  : w.dtype == DType::Q6_K ? q6_k_row_dot(row, blocks, x)
                                           : iq4_xs_row_dot(row, blocks, x);
+    }
+}
+
+void quantize_q8_k(Q8KVector* out, const float* x, int n) {
+    constexpr float kQ8KLargest = 127.0f;
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+    resize_q8_k_vector(out, n);
+    for (int b = 0; b < n / kSuperBlock; ++b) {
+        const float* block = x + size_t(b) * kSuperBlock;
+        int8_t* values = out->values.data() + size_t(b) * kSuperBlock;
+        int16_t* sums = out->sums.data() + size_t(b) * kSumsPerBlock;
+        __m256 magnitudes = _mm256_setzero_ps();
+        for (int i = 0; i < kSuperBlock; i += kLanes)
+            magnitudes =
+                _mm256_max_ps(magnitudes, _mm256_andnot_ps(sign_bit, _mm256_loadu_ps(block + i)));
+        const float magnitude = horizontal_max(magnitudes);
+        if (magnitude == 0.0f) {
+            out->d[b] = 0.0f;
+            std::fill(values, values + kSuperBlock, int8_t(0));
+            std::fill(sums, sums + kSumsPerBlock, int16_t(0));
+            continue;
+        }
+        // The first value of that magnitude, sign kept.
+        float largest = 0.0f;
+        for (int i = 0; i < kSuperBlock; i += kLanes) {
+            const int at = _mm256_movemask_ps(
+                _mm256_cmp_ps(_mm256_andnot_ps(sign_bit, _mm256_loadu_ps(block + i)),
+                              _mm256_set1_ps(magnitude), _CMP_EQ_OQ));
+            if (at) {
+                largest = block[i + __builtin_ctz(at)];
+                break;
+            }
+        }
+        const float inverse = -kQ8KLargest / largest;
+        for (int i = 0; i < kSuperBlock; i += kQ6SubBlock) {
+            // Rounded to nearest, ties to even (the default rounding mode), 16 values.
+            __m256i q[2];
+            for (int half = 0; half < 2; ++half)
+                q[half] = _mm256_min_epi32(
+                    _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_set1_ps(inverse),
+                                                     _mm256_loadu_ps(block + i + kLanes * half))),
+                    _mm256_set1_epi32(127));
+            // packs_epi32 interleaves the halves by 128-bit lanes; the permute restores the order.
+            const __m256i words = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xd8);
+            _mm_storeu_si128(
+                reinterpret_cast<__m128i*>(values + i),
+                _mm_packs_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1)));
+            sums[i / kQ6SubBlock] = int16_t(horizontal_sum(_mm256_add_epi32(q[0], q[1])));
+        }
+        out->d[b] = 1.0f / inverse;
     }
 }
 

@@ -1,6 +1,6 @@
 // x quantized per super-block of 256 as llama.cpp's Q8_K (cpu/kernels.h, Q8KVector) for the
 // integer dot products of the Q4_K, Q5_K, Q6_K and IQ4_XS matvecs: the scalar quantizer, which the
-// AVX2 level uses and avx512::quantize_q8_k matches byte for byte.
+// SIMD levels' (avx2::quantize_q8_k, avx512::quantize_q8_k) match byte for byte.
 #include <algorithm>
 #include <cmath>
 
