@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -740,6 +741,17 @@ TEST_CASE("AVX2 prefill GEMM of the block types matches a reference on quantized
                 for (auto [first, count] : {std::pair{1, rows - 5}, {20, 19}, {0, rows}}) {
                     std::vector<float> got(size_t(batch) * rows, NAN);
                     cpu::avx2::gemm_rows_blocks(got.data(), m.matrix, quantized, first, count);
+                    // Q4_K and Q6_K from their tiles (those of make_block_matrix) and from their
+                    // rows: the same panel, the same bits.
+                    if (m.matrix.row_tiles) {
+                        Matrix rows_only = m.matrix;
+                        rows_only.row_tiles = nullptr;
+                        std::vector<float> from_rows(size_t(batch) * rows, NAN);
+                        cpu::avx2::gemm_rows_blocks(from_rows.data(), rows_only, quantized, first,
+                                                    count);
+                        CHECK(std::memcmp(from_rows.data(), got.data(),
+                                          got.size() * sizeof(float)) == 0);
+                    }
                     // f32 sums of terms scaled from subnormal to 65504, which cancel in part
                     // (as for the AVX-512 VNNI kernel).
                     for (int b = 0; b < batch; ++b) {

@@ -1,13 +1,16 @@
 // Inline AVX2 helpers that read the block types' weights (weight_blocks.h) as registers of
-// 32 unsigned levels (or IQ4_XS's signed values) in column order, shared by the AVX2 decode
-// matvecs (matvec_super_blocks_avx2.cpp, matvec_small_blocks_avx2.cpp) and the AVX2 prefill
-// GEMM (gemm_blocks_avx2.cpp). Include it only from *_avx2.cpp files.
+// 32 unsigned levels (or IQ4_XS's signed values) in column order, and Q4_K's and Q6_K's tiles
+// (cpu/super_block_tiles.h) as registers of four columns of 8 rows, shared by the AVX2 decode
+// matvecs (matvec_super_blocks_avx2.cpp, matvec_small_blocks_avx2.cpp,
+// matvec_super_block_tiles_avx2.cpp) and the AVX2 prefill GEMM (gemm_blocks_avx2.cpp). Include
+// it only from *_avx2.cpp files.
 #pragma once
 #include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/super_block_tiles.h"
 #include "weights/weight_blocks.h"
 
 namespace barellm::cpu::avx2 {
@@ -116,6 +119,49 @@ inline __m256i iq4_table() {
 // The signed values kIq4Values[q] of IQ4_XS sub-block j (table: iq4_table()).
 inline __m256i iq4_xs_values(const uint8_t* block, int j, __m256i table) {
     return _mm256_shuffle_epi8(table, nibbles(block + kIq4ValuesOffset + 16 * j));
+}
+
+// A tile's 64-byte register is two halves of 8 rows, a 256-bit register each.
+constexpr int kTileHalves = 2;
+constexpr int kTileHalfBytes = kTileRegisterBytes / kTileHalves;  // 32
+constexpr int kTileHalfRows = kTileRows / kTileHalves;            // 8
+
+// Half h of register k of chunk c of a Q4_K tile's super-block `block`: the levels of columns
+// 64c + 4k..64c + 4k + 3 (sub-block 2c, `low`) and of the 32 columns on (sub-block 2c + 1,
+// `high`), four a lane, rows 8h..8h + 7.
+inline void q4_k_tile_levels(const uint8_t* block, int c, int k, int h, __m256i* low,
+                             __m256i* high) {
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
+    const __m256i bytes = _mm256_load_si256(
+        reinterpret_cast<const __m256i*>(block + kQ4KTileValuesOffset + c * kQ4KTileChunkBytes +
+                                         k * kTileRegisterBytes + h * kTileHalfBytes));
+    *low = _mm256_and_si256(bytes, nibble);
+    *high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+}
+
+// Half h of sub-block i of a Q6_K tile's super-block `block`: q[s] the levels (0..63) of
+// columns 16i + 4s..16i + 4s + 3, four a lane, rows 8h..8h + 7.
+inline void q6_k_tile_levels(const uint8_t* block, int i, int h, __m256i q[4]) {
+    const __m256i nibble = _mm256_set1_epi8(0x0f), high_pair = _mm256_set1_epi8(0x30);
+    const uint8_t* values =
+        block + kQ6KTileValuesOffset + i * kQ6KTileSubBlockBytes + h * kTileHalfBytes;
+    const __m256i first = _mm256_load_si256(reinterpret_cast<const __m256i*>(values));
+    const __m256i second =
+        _mm256_load_si256(reinterpret_cast<const __m256i*>(values + kTileRegisterBytes));
+    const __m256i high =
+        _mm256_load_si256(reinterpret_cast<const __m256i*>(values + 2 * kTileRegisterBytes));
+    q[0] = _mm256_or_si256(_mm256_and_si256(first, nibble),
+                           _mm256_and_si256(_mm256_slli_epi16(high, 4), high_pair));
+    q[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(first, 4), nibble),
+                           _mm256_and_si256(_mm256_slli_epi16(high, 2), high_pair));
+    q[2] = _mm256_or_si256(_mm256_and_si256(second, nibble), _mm256_and_si256(high, high_pair));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(second, 4), nibble),
+                           _mm256_and_si256(_mm256_srli_epi16(high, 2), high_pair));
+}
+
+// The 8 f16 at p (a tile's d or dmin of 8 rows) as f32.
+inline __m256 tile_halves(const uint8_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
 
 }  // namespace barellm::cpu::avx2

@@ -20,7 +20,9 @@
 // (block_levels_avx2.h, the matvecs' unpacking) to 32 levels a group and f32 A and B; 8 rows'
 // groups then go through an 8 × 8 transpose of 32-bit words into a panel laid out for the
 // micro-kernel: per group, per step of four columns, the four levels of each row side by
-// side, 8 rows a register. The micro-kernel (block_tile_kernel) meets kDepthGroups groups of
+// side, 8 rows a register. Q4_K and Q6_K come from their tiles of 16 rows where they have them
+// (cpu/super_block_tiles.h, the decode matvec's), already in that order: no transposes, and
+// the rows stay out of memory. The micro-kernel (block_tile_kernel) meets kDepthGroups groups of
 // the panel (16 KB, in L1) with every token before the next groups, its f32 sums kept per
 // tile and token between the calls.
 #include <immintrin.h>
@@ -37,6 +39,7 @@
 #include "cpu/helpers_avx2.h"
 #include "cpu/kquant_scales.h"
 #include "cpu/panel_prefetcher.h"
+#include "cpu/super_block_tiles.h"
 #include "weights/weight_blocks.h"
 
 namespace barellm::cpu::avx2 {
@@ -244,7 +247,102 @@ void unpack_tile_typed(const Panel& panel, const Matrix& w, int tile_row) {
         }
 }
 
+// The 16 rows of one Q4_K or Q6_K tile (cpu/super_block_tiles.h) into row registers
+// first_register and first_register + 1 of the panel, with no transposes: a half of a tile's
+// register is already a step of 8 rows. The same levels, A and B as from the rows, bit for bit.
+// No tile (past the matrix): levels 0, A = B = 0.
+void unpack_from_tile(const Panel& panel, const Matrix& w, const uint8_t* tile,
+                      int first_register) {
+    alignas(64) static const uint8_t zeros[kQ6KTileBlockBytes] = {};
+    static_assert(kQ6KTileBlockBytes >= kQ4KTileBlockBytes);
+    const int blocks = w.cols / kSuperBlock;
+    const int block_bytes = super_block_tile_bytes(w.dtype);
+    for (int b = 0; b < blocks; ++b) {
+        const uint8_t* block = tile ? tile + size_t(b) * block_bytes : zeros;
+        for (int h = 0; h < kTileHalves; ++h) {
+            const int reg = first_register + h;
+            // Where group g's step s and sub-block i's A, B of this register go.
+            auto levels_at = [&](int g, int s) {
+                return reinterpret_cast<__m256i*>(panel.levels + size_t(g) * kGroupBytes +
+                                                  s * kStepBytes + reg * kRegisterBytes);
+            };
+            auto scales_at = [&](int i) {
+                return panel.scales + size_t(i) * kBlockRowTile + reg * kLanes;
+            };
+            auto widened = [](const uint8_t* p, bool is_signed) {  // 8 bytes as f32
+                const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+                return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(bytes)
+                                                    : _mm256_cvtepu8_epi32(bytes));
+            };
+            if (w.dtype == DType::Q4_K) {
+                const int first_group = b * kSpanGroups;
+                const __m256 d = tile_halves(block + kQ4KTileDOffset + 2 * kTileHalfRows * h);
+                const __m256 minus_dmin =
+                    _mm256_sub_ps(_mm256_setzero_ps(),
+                                  tile_halves(block + kQ4KTileDMinOffset + 2 * kTileHalfRows * h));
+                for (int c = 0; c < kQ4KChunks; ++c)
+                    for (int k = 0; k < kQ4KChunkRegisters; ++k) {
+                        __m256i low, high;
+                        q4_k_tile_levels(block, c, k, h, &low, &high);
+                        _mm256_store_si256(levels_at(first_group + 2 * c, k), low);
+                        _mm256_store_si256(levels_at(first_group + 2 * c + 1, k), high);
+                    }
+                for (int j = 0; j < kKSubBlocks; ++j) {
+                    _mm256_store_ps(scales_at(first_group + j),
+                                    _mm256_mul_ps(widened(block + kQ4KTileScalesOffset +
+                                                              kTileRows * j + kTileHalfRows * h,
+                                                          false),
+                                                  d));
+                    // The mins of a pair of sub-blocks sit side by side: sub-block j's are
+                    // every other byte.
+                    const __m128i pair = _mm_load_si128(reinterpret_cast<const __m128i*>(
+                        block + kQ4KTileMinsOffset + 2 * kTileRows * (j / 2) +
+                        2 * kTileHalfRows * h));
+                    alignas(16) uint8_t mins[16];
+                    _mm_store_si128(
+                        reinterpret_cast<__m128i*>(mins),
+                        _mm_shuffle_epi8(
+                            pair, _mm_setr_epi8(j % 2, j % 2 + 2, j % 2 + 4, j % 2 + 6, j % 2 + 8,
+                                                j % 2 + 10, j % 2 + 12, j % 2 + 14, -1, -1, -1, -1,
+                                                -1, -1, -1, -1)));
+                    _mm256_store_ps(
+                        panel.mins + size_t(first_group + j) * kBlockRowTile + reg * kLanes,
+                        _mm256_mul_ps(widened(mins, false), minus_dmin));
+                }
+            } else {  // Q6_K: group g holds sub-blocks 2g and 2g + 1, four steps each
+                const int first_sub_block = b * kQ6KSubBlocks;
+                const __m256 d = tile_halves(block + kQ6KTileDOffset + 2 * kTileHalfRows * h);
+                for (int i = 0; i < kQ6KSubBlocks; ++i) {
+                    __m256i q[4];
+                    q6_k_tile_levels(block, i, h, q);
+                    const int group = (first_sub_block + i) / 2;
+                    for (int s = 0; s < 4; ++s)
+                        _mm256_store_si256(levels_at(group, i % 2 * 4 + s), q[s]);
+                    _mm256_store_ps(scales_at(first_sub_block + i),
+                                    _mm256_mul_ps(widened(block + kQ6KTileScalesOffset +
+                                                              kTileRows * i + kTileHalfRows * h,
+                                                          true),
+                                                  d));
+                }
+            }
+        }
+    }
+}
+
+// The panel of rows [tile_row, tile_row + 32) of w; rows past the matrix hold levels 0 and
+// A = B = 0. Q4_K and Q6_K are read from their tiles where they have them (the rows may then
+// be out of memory).
 void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
+    if (w.row_tiles) {
+        for (int t = 0; t < kBlockRowTile / kTileRows; ++t) {
+            const int first = tile_row + t * kTileRows;
+            unpack_from_tile(
+                panel, w,
+                first < w.rows ? w.row_tiles + size_t(first / kTileRows) * tile_bytes(w) : nullptr,
+                t * kTileHalves);
+        }
+        return;
+    }
     switch (w.dtype) {
         case DType::Q4_K:
             return unpack_tile_typed<DType::Q4_K>(panel, w, tile_row);
@@ -443,16 +541,21 @@ void gemm_rows_blocks(float* out, const Matrix& w, const QuantizedBatch& x, int 
             std::max(0, first_row - tile_row) / kernel_rows * kKernelRegisters;
         const int end_register = std::min(
             kRowRegisters, (end_row - tile_row + kernel_rows - 1) / kernel_rows * kKernelRegisters);
-        // The next tile's blocks, fetched into L2 over this tile's kernel calls: the unpacking
-        // then reads them from cache, not row by row from memory.
+        // The next tile's blocks (or Q4_K/Q6_K tiles of 16 rows), fetched into L2 over this
+        // tile's kernel calls: the unpacking then reads them from cache, not from memory.
         const int next_tile = tile_row + kBlockRowTile;
         const int calls = (groups + kDepthGroups - 1) / kDepthGroups *
                           ((x.batch + kBlockTokenTile - 1) / kBlockTokenTile) *
                           ((end_register - first_register) / kKernelRegisters);
-        PanelPrefetcher prefetcher(
-            w.row_data(std::min(next_tile, w.rows - 1)), w.row_bytes(),
-            std::max(0, std::min(next_tile + kBlockRowTile, end_row) - next_tile),
-            int(w.row_bytes()), calls);
+        const int next_rows = std::max(0, std::min(next_tile + kBlockRowTile, end_row) - next_tile);
+        PanelPrefetcher prefetcher =
+            w.row_tiles ? PanelPrefetcher(
+                              w.row_tiles + size_t(std::min(next_tile, w.rows - 1) / kTileRows) *
+                                                tile_bytes(w),
+                              tile_bytes(w), (next_rows + kTileRows - 1) / kTileRows,
+                              int(tile_bytes(w)), calls)
+                        : PanelPrefetcher(w.row_data(std::min(next_tile, w.rows - 1)),
+                                          w.row_bytes(), next_rows, int(w.row_bytes()), calls);
         for (int first_group = 0; first_group < groups; first_group += kDepthGroups) {
             const int end_group = std::min(groups, first_group + kDepthGroups);
             for (int token = 0; token < x.batch; token += kBlockTokenTile) {

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "cpu/avx2.h"
+#include "cpu/block_levels_avx2.h"
 #include "cpu/helpers_avx2.h"
 #include "cpu/panel_prefetcher.h"
 #include "cpu/super_block_tiles.h"
@@ -36,15 +37,9 @@ namespace barellm::cpu::avx2 {
 namespace {
 
 constexpr int kTileTokens = 4;  // tokens a pass over a tile
-constexpr int kHalves = 2;      // halves of a tile: 8 rows each, one 256-bit register
-constexpr int kHalfBytes = 32;  // bytes of a half of a tile's register
-constexpr int kHalfRows = kTileRows / kHalves;
 // How far ahead of the super-block being read the software prefetch asks, in super-blocks.
 constexpr int kPrefetchBlocks = 4;
 constexpr int kMinPairs = kKSubBlocks / 2;  // pairs of sub-blocks a super-block
-constexpr int kQ6KOffset = 32;              // a Q6_K level q stands for q − 32
-constexpr int kNibbleBits = 4;
-
 // One token's x as the kernels read it: Q8_K values and d, and its sums by pairs: Q4_K's of 32
 // (pair_sums_of_32), Q6_K's of 16 (Q8KVector::sums read two at a time).
 struct TokenX {
@@ -73,20 +68,15 @@ inline __m256i signed_scale_words(const uint8_t* p) {
     return _mm256_blend_epi16(scales, _mm256_slli_epi32(scales, 16), 0xaa);
 }
 
-// Eight f16 at p as f32.
-inline __m256 load_halves(const uint8_t* p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
 // Sums of 8 rows into out[t · out_stride + row], the rows of [first, end) of row_base..+7.
 inline void store_rows(float* out, __m256 sums, int row_base, int first, int end) {
-    if (row_base >= first && row_base + kHalfRows <= end) {
+    if (row_base >= first && row_base + kTileHalfRows <= end) {
         _mm256_storeu_ps(out + row_base, sums);
         return;
     }
-    alignas(32) float lanes[kHalfRows];
+    alignas(32) float lanes[kTileHalfRows];
     _mm256_store_ps(lanes, sums);
-    for (int lane = std::max(0, first - row_base); lane < std::min(kHalfRows, end - row_base);
+    for (int lane = std::max(0, first - row_base); lane < std::min(kTileHalfRows, end - row_base);
          ++lane)
         out[row_base + lane] = lanes[lane];
 }
@@ -95,23 +85,17 @@ inline void store_rows(float* out, __m256 sums, int row_base, int first, int end
 // x.d · (d · Σ sc · q · x − dmin · Σ m · Σ x).
 template <int kTokens>
 inline void q4_k_half_block(__m256* sums, const uint8_t* block, int b, int h, const TokenX* x) {
-    const __m256i low_nibbles = _mm256_set1_epi8(0x0f);
     __m256i dots[kTokens];  // Σ_j sc_j · Σ q · x
 #pragma GCC unroll 4
     for (int t = 0; t < kTokens; ++t) dots[t] = _mm256_setzero_si256();
     for (int c = 0; c < kQ4KChunks; ++c) {
-        const uint8_t* values =
-            block + kQ4KTileValuesOffset + c * kQ4KTileChunkBytes + h * kHalfBytes;
         __m256i low[kTokens], high[kTokens];  // int16 pairs of sub-blocks 2c and 2c + 1
 #pragma GCC unroll 4
         for (int t = 0; t < kTokens; ++t) low[t] = high[t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int k = 0; k < kQ4KChunkRegisters; ++k) {
-            const __m256i bytes = _mm256_load_si256(
-                reinterpret_cast<const __m256i*>(values + k * kTileRegisterBytes));
-            const __m256i q_low = _mm256_and_si256(bytes, low_nibbles);
-            const __m256i q_high =
-                _mm256_and_si256(_mm256_srli_epi16(bytes, kNibbleBits), low_nibbles);
+            __m256i q_low, q_high;
+            q4_k_tile_levels(block, c, k, h, &q_low, &q_high);
 #pragma GCC unroll 4
             for (int t = 0; t < kTokens; ++t) {
                 const int8_t* xc =
@@ -121,7 +105,7 @@ inline void q4_k_half_block(__m256* sums, const uint8_t* block, int b, int h, co
                     high[t], _mm256_maddubs_epi16(q_high, broadcast_word(xc + kSubBlock)));
             }
         }
-        const uint8_t* scales = block + kQ4KTileScalesOffset + h * kHalfRows;
+        const uint8_t* scales = block + kQ4KTileScalesOffset + h * kTileHalfRows;
         const __m256i low_scales = scale_words(scales + kTileRows * 2 * c);
         const __m256i high_scales = scale_words(scales + kTileRows * (2 * c + 1));
 #pragma GCC unroll 4
@@ -134,9 +118,9 @@ inline void q4_k_half_block(__m256* sums, const uint8_t* block, int b, int h, co
 #pragma GCC unroll 4
     for (int p = 0; p < kMinPairs; ++p)
         mins[p] = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(
-            block + kQ4KTileMinsOffset + 2 * kTileRows * p + 2 * kHalfRows * h)));
-    const __m256 d = load_halves(block + kQ4KTileDOffset + 2 * kHalfRows * h);
-    const __m256 dmin = load_halves(block + kQ4KTileDMinOffset + 2 * kHalfRows * h);
+            block + kQ4KTileMinsOffset + 2 * kTileRows * p + 2 * kTileHalfRows * h)));
+    const __m256 d = tile_halves(block + kQ4KTileDOffset + 2 * kTileHalfRows * h);
+    const __m256 dmin = tile_halves(block + kQ4KTileDMinOffset + 2 * kTileHalfRows * h);
 #pragma GCC unroll 4
     for (int t = 0; t < kTokens; ++t) {
         __m256i min_dots = _mm256_setzero_si256();  // Σ_j m_j · Σ x
@@ -155,29 +139,13 @@ inline void q4_k_half_block(__m256* sums, const uint8_t* block, int b, int h, co
 // x.d · d · Σ_i sc_i · Σ (q − 32) · x.
 template <int kTokens>
 inline void q6_k_half_block(__m256* sums, const uint8_t* block, int b, int h, const TokenX* x) {
-    const __m256i low_nibbles = _mm256_set1_epi8(0x0f), high_pair = _mm256_set1_epi8(0x30);
     __m256i dots[kTokens];  // Σ_i sc_i · Σ q · x
 #pragma GCC unroll 4
     for (int t = 0; t < kTokens; ++t) dots[t] = _mm256_setzero_si256();
-    const uint8_t* scales = block + kQ6KTileScalesOffset + h * kHalfRows;
+    const uint8_t* scales = block + kQ6KTileScalesOffset + h * kTileHalfRows;
     for (int i = 0; i < kQ6KSubBlocks; ++i) {
-        const uint8_t* values =
-            block + kQ6KTileValuesOffset + i * kQ6KTileSubBlockBytes + h * kHalfBytes;
-        const __m256i first = _mm256_load_si256(reinterpret_cast<const __m256i*>(values));
-        const __m256i second =
-            _mm256_load_si256(reinterpret_cast<const __m256i*>(values + kTileRegisterBytes));
-        const __m256i high =
-            _mm256_load_si256(reinterpret_cast<const __m256i*>(values + 2 * kTileRegisterBytes));
-        // Levels of columns 4s..4s + 3 of the sub-block.
-        const __m256i q[4] = {
-            _mm256_or_si256(_mm256_and_si256(first, low_nibbles),
-                            _mm256_and_si256(_mm256_slli_epi16(high, 4), high_pair)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(first, 4), low_nibbles),
-                            _mm256_and_si256(_mm256_slli_epi16(high, 2), high_pair)),
-            _mm256_or_si256(_mm256_and_si256(second, low_nibbles),
-                            _mm256_and_si256(high, high_pair)),
-            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(second, 4), low_nibbles),
-                            _mm256_and_si256(_mm256_srli_epi16(high, 2), high_pair))};
+        __m256i q[4];  // levels of columns 4s..4s + 3 of the sub-block
+        q6_k_tile_levels(block, i, h, q);
         const __m256i scale = signed_scale_words(scales + kTileRows * i);
 #pragma GCC unroll 4
         for (int t = 0; t < kTokens; ++t) {
@@ -200,7 +168,7 @@ inline void q6_k_half_block(__m256* sums, const uint8_t* block, int b, int h, co
         scale_pairs[p] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(
             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + kTileRows * 2 * p)),
             _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + kTileRows * (2 * p + 1)))));
-    const __m256 d = load_halves(block + kQ6KTileDOffset + 2 * kHalfRows * h);
+    const __m256 d = tile_halves(block + kQ6KTileDOffset + 2 * kTileHalfRows * h);
 #pragma GCC unroll 4
     for (int t = 0; t < kTokens; ++t) {
         __m256i scaled_sums = _mm256_setzero_si256();  // Σ_i sc_i · Σ x_i
@@ -211,7 +179,7 @@ inline void q6_k_half_block(__m256* sums, const uint8_t* block, int b, int h, co
                 _mm256_madd_epi16(scale_pairs[p],
                                   _mm256_set1_epi32(x[t].pair_sums[b * kQ6KSubBlocks / 2 + p])));
         const __m256i dot = _mm256_sub_epi32(
-            dots[t], _mm256_mullo_epi32(scaled_sums, _mm256_set1_epi32(kQ6KOffset)));
+            dots[t], _mm256_mullo_epi32(scaled_sums, _mm256_set1_epi32(kQ6Offset)));
         sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
                                   _mm256_mul_ps(d, _mm256_set1_ps(x[t].d[b])), sums[t]);
     }
@@ -224,9 +192,9 @@ void tile_rows(float* out, size_t out_stride, int tile_row, int first, int end, 
                int blocks, const TokenX* x) {
     constexpr int block_bytes = kQ4K ? kQ4KTileBlockBytes : kQ6KTileBlockBytes;
     // The halves holding rows of [first, end).
-    const int first_half = first - tile_row >= kHalfRows ? 1 : 0;
-    const int end_half = end - tile_row <= kHalfRows ? 1 : kHalves;
-    __m256 sums[kHalves][kTokens];
+    const int first_half = first - tile_row >= kTileHalfRows ? 1 : 0;
+    const int end_half = end - tile_row <= kTileHalfRows ? 1 : kTileHalves;
+    __m256 sums[kTileHalves][kTokens];
 #pragma GCC unroll 4
     for (int t = 0; t < kTokens; ++t) sums[0][t] = sums[1][t] = _mm256_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
@@ -238,7 +206,7 @@ void tile_rows(float* out, size_t out_stride, int tile_row, int first, int end, 
     for (int h = first_half; h < end_half; ++h)
 #pragma GCC unroll 4
         for (int t = 0; t < kTokens; ++t)
-            store_rows(out + t * out_stride, sums[h][t], tile_row + h * kHalfRows, first, end);
+            store_rows(out + t * out_stride, sums[h][t], tile_row + h * kTileHalfRows, first, end);
 }
 
 // The kernels of each type for 1..kTileTokens tokens.
