@@ -40,13 +40,9 @@ constexpr int kTileTokens = 4;  // tokens a pass over a tile
 // How far ahead of the super-block being read the software prefetch asks, in super-blocks.
 constexpr int kPrefetchBlocks = 4;
 constexpr int kMinPairs = kKSubBlocks / 2;  // pairs of sub-blocks a super-block
-// One token's x as the kernels read it: Q8_K values and d, and its sums by pairs: Q4_K's of 32
-// (pair_sums_of_32), Q6_K's of 16 (Q8KVector::sums read two at a time).
-struct TokenX {
-    const int8_t* values;
-    const float* d;
-    const int32_t* pair_sums;
-};
+// A token's x (TileTokenX) carries in `sums` its sums by pairs: Q4_K's of 32
+// (pair_sums_of_32), Q6_K's of 16 (pair_sums_of_16).
+using TokenX = TileTokenX;
 
 // The four bytes at p in every 32-bit lane.
 inline __m256i broadcast_word(const int8_t* p) {
@@ -128,7 +124,7 @@ inline void q4_k_half_block(__m256* sums, const uint8_t* block, int b, int h, co
         for (int p = 0; p < kMinPairs; ++p)
             min_dots = _mm256_add_epi32(
                 min_dots,
-                _mm256_madd_epi16(mins[p], _mm256_set1_epi32(x[t].pair_sums[b * kMinPairs + p])));
+                _mm256_madd_epi16(mins[p], _mm256_set1_epi32(x[t].sums[b * kMinPairs + p])));
         const __m256 x_d = _mm256_set1_ps(x[t].d[b]);
         sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[t]), _mm256_mul_ps(d, x_d), sums[t]);
         sums[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(min_dots), _mm256_mul_ps(dmin, x_d), sums[t]);
@@ -177,7 +173,7 @@ inline void q6_k_half_block(__m256* sums, const uint8_t* block, int b, int h, co
             scaled_sums = _mm256_add_epi32(
                 scaled_sums,
                 _mm256_madd_epi16(scale_pairs[p],
-                                  _mm256_set1_epi32(x[t].pair_sums[b * kQ6KSubBlocks / 2 + p])));
+                                  _mm256_set1_epi32(x[t].sums[b * kQ6KSubBlocks / 2 + p])));
         const __m256i dot = _mm256_sub_epi32(
             dots[t], _mm256_mullo_epi32(scaled_sums, _mm256_set1_epi32(kQ6Offset)));
         sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
@@ -222,15 +218,7 @@ void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, con
                              int tokens, int first_row, int row_count) {
     const bool q4_k = w.dtype == DType::Q4_K;
     const TileKernel* kernels = q4_k ? kQ4KKernels : kQ6KKernels;
-    // Each token's sums by pairs, this thread's, kept from call to call.
-    static thread_local std::vector<std::vector<int32_t>> pair_sums;
-    if (pair_sums.size() < size_t(tokens)) pair_sums.resize(tokens);
-    static thread_local std::vector<TokenX> token_x;
-    token_x.resize(tokens);
-    for (int t = 0; t < tokens; ++t) {
-        (q4_k ? pair_sums_of_32 : pair_sums_of_16)(&pair_sums[t], x[t]);
-        token_x[t] = {x[t].values.data(), x[t].d.data(), pair_sums[t].data()};
-    }
+    const TokenX* token_x = tile_tokens(x, tokens, q4_k ? pair_sums_of_32 : pair_sums_of_16);
     const int blocks = w.cols / kSuperBlock;
     const size_t bytes_per_tile = tile_bytes(w);
     const int end_row = first_row + row_count;
@@ -240,7 +228,7 @@ void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, con
         for (int t = 0; t < tokens; t += kTileTokens)
             kernels[std::min(kTileTokens, tokens - t) - 1](out + t * out_stride, out_stride,
                                                            tile_row, first_row, end_row, tile,
-                                                           blocks, token_x.data() + t);
+                                                           blocks, token_x + t);
     }
 }
 

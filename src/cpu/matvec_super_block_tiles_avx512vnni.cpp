@@ -53,14 +53,10 @@ constexpr int kHighNibbleShift = 4;
 // vpternlogd's truth table for (a & b) | c.
 constexpr int kAndOr = 0xEA;
 
-// One token's x as the kernels read it: Q8_K values and d, and `extra`, per type:
+// A token's x (TileTokenX) carries in `sums`, per type:
 // - Q4_K: per pair of sub-blocks (2p, 2p + 1) their sums of 32 values (pair_sums_of_32);
-// - Q6_K: per 16 values −32 · their sum.
-struct TokenX {
-    const int8_t* values;
-    const float* d;
-    const int32_t* extra;
-};
+// - Q6_K: per 16 values −32 · their sum (q6_k_offsets).
+using TokenX = TileTokenX;
 
 // −32 · x's sums of 16 into `offsets` [n / 16].
 void q6_k_offsets(std::vector<int32_t>* offsets, const Q8KVector& x) {
@@ -130,7 +126,7 @@ void q4_k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_
 #pragma GCC unroll 4
             for (int p = 0; p < kMinPairs; ++p)
                 min_dots = _mm512_dpwssd_epi32(min_dots, mins[p],
-                                               _mm512_set1_epi32(x[t].extra[b * kMinPairs + p]));
+                                               _mm512_set1_epi32(x[t].sums[b * kMinPairs + p]));
             const __m512 x_d = _mm512_set1_ps(x[t].d[b]);
             sums[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[t]), _mm512_mul_ps(d, x_d), sums[t]);
             sums[t] =
@@ -178,7 +174,7 @@ void q6_k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_
 #pragma GCC unroll 8
             for (int t = 0; t < kTokens; ++t) {
                 const int8_t* xi = x[t].values + size_t(b) * kSuperBlock + i * kQ6SubBlock;
-                __m512i dot = _mm512_set1_epi32(x[t].extra[b * kQ6KSubBlocks + i]);
+                __m512i dot = _mm512_set1_epi32(x[t].sums[b * kQ6KSubBlocks + i]);
 #pragma GCC unroll 4
                 for (int s = 0; s < 4; ++s)
                     dot = _mm512_dpbusd_epi32(dot, q[s], broadcast_word(xi + 4 * s));
@@ -212,15 +208,7 @@ void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, con
     static_assert(kSumsPerBlock == 4 * kMinPairs && kSumsPerBlock == kQ6KSubBlocks);
     const bool q4_k = w.dtype == DType::Q4_K;
     const TileKernel* kernels = q4_k ? kQ4KKernels : kQ6KKernels;
-    // Each token's `extra`, this thread's, kept from call to call.
-    static thread_local std::vector<std::vector<int32_t>> extras;
-    if (extras.size() < size_t(tokens)) extras.resize(tokens);
-    static thread_local std::vector<TokenX> token_x;
-    token_x.resize(tokens);
-    for (int t = 0; t < tokens; ++t) {
-        (q4_k ? pair_sums_of_32 : q6_k_offsets)(&extras[t], x[t]);
-        token_x[t] = {x[t].values.data(), x[t].d.data(), extras[t].data()};
-    }
+    const TokenX* token_x = tile_tokens(x, tokens, q4_k ? pair_sums_of_32 : q6_k_offsets);
     const int blocks = w.cols / kSuperBlock;
     const size_t bytes_per_tile = tile_bytes(w);
     const int end_row = first_row + row_count;
@@ -231,9 +219,8 @@ void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, con
         const uint8_t* tile = w.row_tiles + size_t(tile_row / kTileRows) * bytes_per_tile;
         const __mmask16 store = lanes_in(tile_row, first_row, end_row);
         for (int t = 0; t < tokens; t += kTileTokens)
-            kernels[std::min(kTileTokens, tokens - t) - 1](out + t * out_stride + tile_row,
-                                                           out_stride, store, tile, blocks,
-                                                           token_x.data() + t);
+            kernels[std::min(kTileTokens, tokens - t) - 1](
+                out + t * out_stride + tile_row, out_stride, store, tile, blocks, token_x + t);
     }
 }
 

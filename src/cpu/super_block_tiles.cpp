@@ -93,4 +93,16 @@ void pair_sums_of_16(std::vector<int32_t>* pairs, const Q8KVector& x) {
                               uint32_t(uint16_t(x.sums[2 * p + 1])) << 16);
 }
 
+const TileTokenX* tile_tokens(const Q8KVector* x, int tokens, TileSums sums_of) {
+    static thread_local std::vector<std::vector<int32_t>> sums;
+    static thread_local std::vector<TileTokenX> token_x;
+    if (sums.size() < size_t(tokens)) sums.resize(tokens);
+    token_x.resize(tokens);
+    for (int t = 0; t < tokens; ++t) {
+        sums_of(&sums[t], x[t]);
+        token_x[t] = {x[t].values.data(), x[t].d.data(), sums[t].data()};
+    }
+    return token_x.data();
+}
+
 }  // namespace barellm::cpu

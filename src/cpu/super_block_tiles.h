@@ -89,4 +89,15 @@ void write_super_block_tiles(const Matrix& w, uint8_t* tiles);
 void pair_sums_of_32(std::vector<int32_t>* pairs, const Q8KVector& x);
 void pair_sums_of_16(std::vector<int32_t>* pairs, const Q8KVector& x);
 
+// One token's x as a tile kernel reads it: Q8_K values and d, and `sums`, what `sums_of` (one
+// of the above, or a kernel's own) makes of x's sums.
+struct TileTokenX {
+    const int8_t* values;
+    const float* d;
+    const int32_t* sums;
+};
+using TileSums = void (*)(std::vector<int32_t>* sums, const Q8KVector& x);
+// The `tokens` x[t] so, in the calling thread's storage, kept until its next call.
+const TileTokenX* tile_tokens(const Q8KVector* x, int tokens, TileSums sums_of);
+
 }  // namespace barellm::cpu
