@@ -36,9 +36,11 @@
 //   of some sequence at its own position. The step runs as a prefill batch does (the
 //   projections on the GEMMs), with RoPE and the cache writes through each row's block table
 //   (rope_kv_store_paged) and flash-decoding over the blocks (attention_paged.cuh); the
-//   positions, block tables and the rows that want logits are uploaded once per step. The
-//   layers replay a CUDA graph per bucket of row counts (the rows padded to the bucket),
-//   the logits of the rows that want them follow outside it.
+//   positions, block tables and the rows that want logits are uploaded once per step. A
+//   sparse layer routes every row on the device and runs the expert matvecs over each
+//   (row, expert) route, as decode does for one token (no grouping by expert, which would
+//   wait on the host). The layers replay a CUDA graph per bucket of row counts (the rows
+//   padded to the bucket), the logits of the rows that want them follow outside it.
 // - Debugging knob: BARELLM_CUDA_GRAPHS=0 in the environment launches the kernels directly
 //   on the stream for every token (and every server step) instead of replaying the
 //   captured graphs.
@@ -156,8 +158,12 @@ struct StepState {
     cuda::DeviceActivations att;     // [kStepGemmRows, q_dim]  attention output
     cuda::DeviceActivations hidden;  // [kStepGemmRows, hidden_dim]  act(gate) * up
     float* wanting_x;                // [B, dim]  x of the rows that want logits
-    float* partial_out;              // [partial_rows, heads * head_dim]  attention_paged's runs
-    float* partial_stats;            // [partial_rows, heads * 2]
+    // A sparse model's (else null): the expert matvecs' outputs for B * experts_per_token
+    // routes, rows expert_hidden_pitch apart (the w2 matvec's 16-byte aligned input).
+    float* expert_gate;    // [routes, expert_hidden_pitch]  w1_e · norm(x), then act(gate) * up
+    float* expert_up;      // [routes, expert_hidden_pitch]  w3_e · norm(x)
+    float* partial_out;    // [partial_rows, heads * head_dim]  attention_paged's runs
+    float* partial_stats;  // [partial_rows, heads * 2]
 };
 
 // Where a step's row data lie in StepState::rows (and its pinned host copy), for steps of up
@@ -767,27 +773,78 @@ private:
                 step_product(s.x, c.dim, layer.wo, att, layer.o_bias, /*accumulate=*/true);
             }
 
-            // Feed-forward: x += w2 · (act(w1 · norm(x)) * (w3 · norm(x))), as prefill_batch
-            cuda::rmsnorm_rows(normed, s.x, layer.ffn_norm, c.norm_eps, stream);
-            if (!few && layer.w1.dtype == layer.w3.dtype) {
-                cuda::gemm_swiglu(hidden, layer.w1, layer.w3, normed, s.gate, s.up, c.hidden_dim,
-                                  c.activation, stream, s.dequantized);
-            } else {  // two products, then the activation
-                step_product(s.gate, c.hidden_dim, layer.w1, normed, /*bias=*/nullptr,
-                             /*accumulate=*/false);
-                step_product(s.up, c.hidden_dim, layer.w3, normed, /*bias=*/nullptr,
-                             /*accumulate=*/false);
-                cuda::swiglu_rows(hidden, s.gate, s.up, c.hidden_dim, c.activation, stream);
-            }
-            if (layer.post_ffn_norm) {  // Gemma
-                step_product(s.projected, c.dim, layer.w2, hidden, /*bias=*/nullptr,
-                             /*accumulate=*/false);
-                cuda::add_rmsnorm_rows(s.x, s.projected, layer.post_ffn_norm, c.dim, count,
-                                       c.norm_eps, stream);
-            } else {
-                step_product(s.x, c.dim, layer.w2, hidden, /*bias=*/nullptr, /*accumulate=*/true);
-            }
+            // Feed-forward: x += w2 · (act(w1 · norm(x)) * (w3 · norm(x))), as prefill_batch;
+            //   a sparse layer: each row's experts
+            if (layer.sparse())
+                step_experts(layer, count);
+            else
+                step_feed_forward(layer, normed, hidden);
         }
+    }
+
+    // A dense layer's feed-forward for the rows of a step, as prefill_feed_forward: normed
+    // and hidden are the step's rows in the products' input dtype (record_step_layers).
+    void step_feed_forward(const DeviceLayer& layer, const cuda::DeviceActivations& normed,
+                           const cuda::DeviceActivations& hidden) {
+        const Config& c = model_.config;
+        const PrefillState& s = prefill_;
+        cudaStream_t stream = stream_.get();
+        const int count = normed.tokens;
+        cuda::rmsnorm_rows(normed, s.x, layer.ffn_norm, c.norm_eps, stream);
+        if (count >= kStepGemmRows && layer.w1.dtype == layer.w3.dtype) {
+            cuda::gemm_swiglu(hidden, layer.w1, layer.w3, normed, s.gate, s.up, c.hidden_dim,
+                              c.activation, stream, s.dequantized);
+        } else {  // two products, then the activation
+            step_product(s.gate, c.hidden_dim, layer.w1, normed, /*bias=*/nullptr,
+                         /*accumulate=*/false);
+            step_product(s.up, c.hidden_dim, layer.w3, normed, /*bias=*/nullptr,
+                         /*accumulate=*/false);
+            cuda::swiglu_rows(hidden, s.gate, s.up, c.hidden_dim, c.activation, stream);
+        }
+        if (layer.post_ffn_norm) {  // Gemma
+            step_product(s.projected, c.dim, layer.w2, hidden, /*bias=*/nullptr,
+                         /*accumulate=*/false);
+            cuda::add_rmsnorm_rows(s.x, s.projected, layer.post_ffn_norm, c.dim, count, c.norm_eps,
+                                   stream);
+        } else {
+            step_product(s.x, c.dim, layer.w2, hidden, /*bias=*/nullptr, /*accumulate=*/true);
+        }
+    }
+
+    // A sparse layer's feed-forward for the `count` rows of a step, as record_experts for one
+    // token: every row routed on the device, then the expert matvecs over all count × k
+    // routes (route r: row r / k's r % k-th expert, read from s.chosen), so nothing waits on
+    // the host and the step's CUDA graph replays it; then x += Σ_j weight_j · out_j per row.
+    // A row's experts are read for it alone, never grouped with other rows' as prefill does.
+    void step_experts(const DeviceLayer& layer, int count) {
+        const Config& c = model_.config;
+        const PrefillState& s = prefill_;
+        cudaStream_t stream = stream_.get();
+        const int k = c.experts_per_token, routes = count * k;
+        const int hidden_pitch = expert_hidden_pitch(c);
+        // norm(x) in f32: the router's input (as its weights) and the expert matvecs'.
+        const cuda::DeviceActivations normed = first_rows(s.router_input, count);
+        cuda::rmsnorm_rows(normed, s.x, layer.ffn_norm, c.norm_eps, stream);
+        cuda::gemm(s.router_logits, c.experts, layer.router, normed, /*bias=*/nullptr,
+                   /*accumulate=*/false, stream);
+        cuda::route_tokens(s.chosen, s.route_weights, s.router_logits, count, c.experts, k,
+                           c.norm_topk_prob, stream);
+        // gate_r = w1_e · norm(x_t), up_r = w3_e · norm(x_t), then act(gate) * up
+        const float* normed_rows = static_cast<const float*>(normed.data);
+        cuda::expert_matvec(step_.expert_gate, hidden_pitch, layer.experts_w1, s.chosen, routes,
+                            /*routes_per_input=*/k, normed_rows, normed.pitch,
+                            /*norm_weight=*/nullptr, c.norm_eps, stream);
+        cuda::expert_matvec(step_.expert_up, hidden_pitch, layer.experts_w3, s.chosen, routes,
+                            /*routes_per_input=*/k, normed_rows, normed.pitch,
+                            /*norm_weight=*/nullptr, c.norm_eps, stream);
+        cuda::swiglu(step_.expert_gate, step_.expert_up, routes * hidden_pitch, c.activation,
+                     stream);
+        // out_r = w2_e · hidden_r, then x_t += Σ_j weight_j out_(t k + j)
+        cuda::expert_matvec(s.expert_out, c.dim, layer.experts_w2, s.chosen, routes,
+                            /*routes_per_input=*/1, step_.expert_gate, hidden_pitch,
+                            /*norm_weight=*/nullptr, c.norm_eps, stream);
+        cuda::moe_combine(s.x, c.dim, s.expert_out, /*slots=*/nullptr, s.route_weights, k, c.dim,
+                          count, stream);
     }
 
     bool paged() const { return kv_blocks_ > 0; }
@@ -821,9 +878,6 @@ private:
             throw Error(
                 "the CUDA backend's paged KV cache runs on its fast kernels, with every "
                 "layer matrix taking one GEMM input dtype");
-        if (model_.config.experts > 0)
-            throw Error("the CUDA backend's server step does not run mixture-of-experts models (" +
-                        model_.config.architecture + "); serve them with --device cpu");
     }
 
     StepRowsLayout step_layout() const {
@@ -890,6 +944,13 @@ private:
         step_.hidden = few_rows(c.hidden_dim, "the step's hidden rows");
         step_.wanting_x =
             static_cast<float*>(bytes(size_t(B) * c.dim * sizeof(float), "the step's logit rows"));
+        if (c.experts > 0) {
+            const size_t route_floats = size_t(B) * c.experts_per_token * expert_hidden_pitch(c);
+            step_.expert_gate =
+                static_cast<float*>(bytes(route_floats * sizeof(float), "the step's expert gate"));
+            step_.expert_up =
+                static_cast<float*>(bytes(route_floats * sizeof(float), "the step's expert up"));
+        }
         step_.partial_out = static_cast<float*>(
             bytes(size_t(kPagedPartialRows) * c.q_dim() * sizeof(float), "attention partials"));
         step_.partial_stats = static_cast<float*>(
@@ -907,8 +968,12 @@ private:
                                 (matvec_rows_pitch(c.dim) + matvec_rows_pitch(c.q_dim()) +
                                  matvec_rows_pitch(c.hidden_dim)) *
                                 sizeof(float);
+        const size_t expert_rows = c.experts > 0
+                                       ? 2 * size_t(prefill_batch_) * c.experts_per_token *
+                                             expert_hidden_pitch(c) * sizeof(float)
+                                       : 0;
         return step_layout().ints(prefill_batch_) * sizeof(int) + few_rows +
-               size_t(prefill_batch_) * c.dim * sizeof(float) +
+               size_t(prefill_batch_) * c.dim * sizeof(float) + expert_rows +
                size_t(kPagedPartialRows) * (c.q_dim() + 2 * c.heads) * sizeof(float);
     }
 

@@ -16,7 +16,7 @@ kernel on its own (build/cuda_kernel_check), the server's step over the paged KV
 (build/step_logits: several sequences at once, decode rows beside prompt chunks, on the
 batched matvec and on the GEMMs, scattered block tables, copied blocks), graph replay against direct launches, every
 rung of the GPU ladder on Qwen (and its refusal of Gemma on rungs 1-4), `run` and `bench`;
-synthetic Mixtral and Qwen3-MoE checkpoints (decode and prefill; the step refuses them).
+synthetic Mixtral and Qwen3-MoE checkpoints (decode, prefill and the server's step).
 
 Every test but the last skips, printing why, on a machine without a usable CUDA GPU (CI
 never has one); the last checks what `--device cuda` says there.
@@ -597,19 +597,6 @@ def step_logits(model, sequences, *flags, env=None):
     return logits
 
 
-def test_step_refuses_a_mixture_of_experts_in_one_line(cuda, tmp_path):
-    model = convert_model(moe_checkpoint(tmp_path, "mixtral", near_tie=False),
-                          tmp_path / "model.bin", "f32")
-    result = subprocess.run([STEP_LOGITS, model, str(tmp_path / "out"), "--seq", "1,2,3",
-                             "--device", "cuda"],
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 1
-    assert result.stderr.strip().endswith(
-        "the CUDA backend's server step does not run mixture-of-experts models (mixtral); "
-        "serve them with --device cpu")
-    assert result.stderr.count("\n") == 1
-
-
 # Four sequences of different lengths; chunks of 1 (decode rows), 5 and 24 positions: the
 # first steps hold 1 + 5 + 24 + 1 rows (the GEMMs), the later ones fewer than 16 (the batched
 # matvec).
@@ -643,6 +630,30 @@ def test_step_matches_cpu_forward(cuda, models, name, dtype, kv, block_size):
         cpu = dump_logits(model, ids, "--kv", kv, *reference)
         assert_close(gpu[first:first + len(ids)], cpu,
                      f"{name} {dtype} step, blocks of {block_size}, {len(ids)} positions", limit)
+        first += len(ids)
+
+
+@pytest.mark.parametrize("name", ["mixtral", "qwen3_moe"])
+@pytest.mark.parametrize("dtype", ["f32", "q8"])
+def test_step_mixture_of_experts_matches_cpu(cuda, tmp_path, name, dtype):
+    """The CUDA step of a mixture of experts (every row routed on the device, the expert
+    matvecs over each row's routes), several sequences at once, against each sequence alone
+    on the CPU backend, as test_step_matches_cpu_forward."""
+    model = convert_model(moe_checkpoint(tmp_path, name, near_tie=False),
+                          tmp_path / "model.bin", dtype)
+    sequences = [token_ids(n, seed=200 + n) for n in STEP_LENGTHS]
+    gpu = step_logits(model, sequences, "--chunks", STEP_CHUNKS, "--block-size", "16",
+                      "--kv", "f32", "--device", "cuda")
+    assert np.isfinite(gpu).all()
+    if dtype == "q8":
+        reference, limit = ("--simd", "scalar"), QUANTIZED_PREFILL_SCALAR_TOLERANCE
+    else:
+        reference, limit = CPU_REFERENCE, PREFILL_TOLERANCE[dtype]
+    first = 0
+    for ids in sequences:
+        cpu = dump_logits(model, ids, "--kv", "f32", *reference)
+        assert_close(gpu[first:first + len(ids)], cpu,
+                     f"{name} {dtype} step, {len(ids)} positions", limit)
         first += len(ids)
 
 

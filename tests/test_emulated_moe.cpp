@@ -656,6 +656,90 @@ void check_sparse_prefill(int tokens, int experts, int k, bool normalize, int di
     CHECK(worst <= allowed);
 }
 
+// A sparse feed-forward for the `tokens` rows of a server step in CudaBackend::step_experts's
+// order: the rows normed in f32 (rmsnorm_rows_kernel), the router's SIMT GEMM, each row routed
+// on the device, the expert matvecs over all tokens × k routes (route r reading row r / k, no
+// norm: the rows are normed already), act(gate) * up, the w2 matvecs, and the weighted sum
+// into x without slots; against the CPU's decode of each row.
+void check_sparse_step(int tokens, int experts, int k, bool normalize, int dim, int hidden,
+                       DType dtype, std::mt19937& rng) {
+    INFO(dtype_name(dtype) << ", a step of " << tokens << " rows, " << experts << " experts, top "
+                           << k << ", dim " << dim << ", hidden " << hidden);
+    const SparseLayer layer = make_sparse_layer(experts, k, normalize, dim, hidden, dtype, rng);
+    const Config& c = layer.config;
+    const int routes = tokens * k;
+    AlignedArray<float> x(size_t(tokens) * dim), ffn_norm(dim);
+    const std::vector<float> x_drawn = random_floats(size_t(tokens) * dim, rng, 2.0f);
+    const std::vector<float> norm_drawn = random_floats(dim, rng);
+    std::copy(x_drawn.begin(), x_drawn.end(), x.data());
+    std::copy(norm_drawn.begin(), norm_drawn.end(), ffn_norm.data());
+
+    // The CPU: each row's moe(rmsnorm(x)) as decode computes it, then x + out.
+    std::vector<float> normed(dim), cpu_out(size_t(tokens) * dim, NAN);
+    cpu::MixtureOfExperts cpu_experts(c);
+    cpu_experts.reserve(1);
+    for (int t = 0; t < tokens; ++t) {
+        cpu::rmsnorm(normed.data(), x.data() + size_t(t) * dim, ffn_norm.data(), dim, kEps);
+        cpu_experts.decode(&cpu_out[size_t(t) * dim], normed.data(), layer.weights);
+    }
+
+    // The GPU's kernels.
+    const Matrix router_matrix{layer.router.data(), DType::F32, experts, dim, nullptr};
+    const DeviceCopy router(router_matrix), w1(layer.w1.matrix), w3(layer.w3.matrix),
+        w2(layer.w2.matrix);
+    const int dim_pitch = padded_cols(dim, DType::F32),
+              hidden_pitch = padded_cols(hidden, DType::F32);
+    AlignedArray<float> gpu_normed(size_t(tokens) * dim_pitch, 0.0f);
+    emulate_launch(rmsnorm_rows_grid(tokens), dim3(kRowsThreads), 0,
+                   rmsnorm_rows_kernel<DType::F32>, gpu_normed.data(), dim, dim_pitch, x.data(),
+                   ffn_norm.data(), kEps);
+    std::vector<float> logits(size_t(tokens) * experts, NAN), route_weights(routes, NAN);
+    std::vector<int> chosen(routes, -1);
+    emulate_launch(gemm_simt_grid(tokens, experts), dim3(kSimtThreads), 0,
+                   gemm_simt_kernel<DType::F32>, logits.data(), experts, router.matrix.data,
+                   experts, router.matrix.pitch, static_cast<const void*>(gpu_normed.data()),
+                   tokens, dim_pitch, gemm_k_extent(dim, DType::F32), nullptr, false);
+    emulate_launch(dim3(tokens), dim3(kRouteThreads), 0, route_tokens_kernel, chosen.data(),
+                   route_weights.data(), logits.data(), experts, k, normalize);
+    for (int t = 0; t < tokens; ++t) {  // the CPU's routing of the same logits
+        std::vector<float> cpu_logits(&logits[size_t(t) * experts],
+                                      &logits[size_t(t) * experts] + experts);
+        std::vector<int> cpu_chosen(k);
+        std::vector<float> cpu_weights(k);
+        cpu::route_token(cpu_chosen.data(), cpu_weights.data(), cpu_logits.data(), c);
+        CHECK(std::equal(cpu_chosen.begin(), cpu_chosen.end(), chosen.begin() + size_t(t) * k));
+    }
+    AlignedArray<float> gate(size_t(routes) * hidden_pitch, 0.0f),
+        up(size_t(routes) * hidden_pitch, 0.0f);
+    launch_expert_matvec(
+        gate.data(), expert_launch(w1.matrix, hidden, chosen.data(), k, dim_pitch, hidden_pitch),
+        dtype, routes, gpu_normed.data(), nullptr);
+    launch_expert_matvec(
+        up.data(), expert_launch(w3.matrix, hidden, chosen.data(), k, dim_pitch, hidden_pitch),
+        dtype, routes, gpu_normed.data(), nullptr);
+    const int n = routes * hidden_pitch;
+    emulate_launch(dim3((n + kElementwiseThreads - 1) / kElementwiseThreads),
+                   dim3(kElementwiseThreads), 0, swiglu_kernel<Activation::Silu>, gate.data(),
+                   up.data(), n);
+    std::vector<float> expert_out(size_t(routes) * dim, NAN);
+    launch_expert_matvec(expert_out.data(),
+                         expert_launch(w2.matrix, dim, chosen.data(), 1, hidden_pitch, dim), dtype,
+                         routes, gate.data(), nullptr);
+    std::vector<float> gpu_x(x.data(), x.data() + size_t(tokens) * dim);
+    emulate_launch(moe_combine_grid(dim, tokens), dim3(kCombineThreads), 0, moe_combine_kernel,
+                   gpu_x.data(), dim, expert_out.data(), nullptr, route_weights.data(), k, dim);
+
+    double largest = 0, worst = 0;
+    for (size_t i = 0; i < cpu_out.size(); ++i) {
+        largest = std::max(largest, std::fabs(double(cpu_out[i])));
+        worst = std::max(worst, std::fabs(double(gpu_x[i]) - (double(x[i]) + cpu_out[i])));
+    }
+    // f32: the same sums in other orders; Q8: the int8 input may round one step apart.
+    const double allowed = (dtype == DType::F32 ? 1e-5 : 2e-3) * largest;
+    INFO("worst difference " << worst << " of outputs up to " << largest);
+    CHECK(worst <= allowed);
+}
+
 }  // namespace
 
 TEST_CASE("emulated route_tokens_kernel picks the experts and weights of the scalar routing",
@@ -721,4 +805,14 @@ TEST_CASE("an emulated sparse prefill matches the CPU backend's mixture of exper
     check_sparse_prefill(5, 8, 2, true, 96, 52, DType::F32, rng);
     check_sparse_prefill(7, 36, 8, false, 64, 40, DType::F32, rng);
     check_sparse_prefill(6, 36, 8, true, 64, 96, DType::Q8_0, rng);
+}
+
+TEST_CASE("an emulated sparse server step matches the CPU backend's mixture of experts per row",
+          "[cuda_emulation][moe]") {
+    std::mt19937 rng(65);
+    check_sparse_step(1, 8, 2, true, 96, 52, DType::F32, rng);
+    check_sparse_step(5, 8, 2, true, 92, 52, DType::F32, rng);  // rows 23 × 16 bytes apart
+    check_sparse_step(7, 36, 8, false, 64, 40, DType::F32, rng);
+    check_sparse_step(3, 36, 8, true, 64, 96, DType::Q8_0, rng);
+    check_sparse_step(6, 8, 2, true, 64, 64, DType::Q4_0, rng);
 }
