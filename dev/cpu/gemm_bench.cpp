@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "cpu/kernels.h"
-#include "half.h"
+#include "weights/half.h"
 
 using namespace barellm;
 

@@ -7,6 +7,8 @@
 //   ar rcs build/objects.a build/src/*.o build/src/*/*.o
 //   g++ -std=c++17 -O2 -fopenmp -Isrc -o build/quantized_matvec_bench
 //       dev/cpu/quantized_matvec_bench.cpp build/objects.a        (one command)
+//   (a build with CUDA: add build/kernels/*.o -L/usr/local/cuda/lib64 -lcudart_static -ldl -lrt
+//   -lpthread, for the backend that bench's objects name)
 //   build/quantized_matvec_bench [COLS (default 2048)]
 #include <omp.h>
 #include <time.h>
@@ -17,7 +19,7 @@
 #include <random>
 #include <vector>
 
-#include "bench.h"
+#include "commands/bench.h"
 #include "cpu/avx512.h"
 #include "cpu/kernels.h"
 #include "cpu/quantized_tiles.h"
