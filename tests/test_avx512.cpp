@@ -525,11 +525,11 @@ TEST_CASE("AVX-512 VNNI Q8 and Q4 prefill GEMM matches a reference on quantized 
     for (const Avx512Build& build : builds()) {
         if (!build.has_vnni) continue;
         // Q8: short last groups; Q4: whole blocks. Rows are not multiples of the 32-row
-        // tile, batches not multiples of the 6-token tile; 8 and 13 tokens go through the
-        // 16-row kernel on Q4 (one call of 8, calls of 7 and 6).
+        // tile, batches not multiples of the 6-token tile; 8, 12 and 13 tokens go through the
+        // 16-row kernel on Q4 (one call of 8, one of 12, calls of 7 and 6).
         const std::vector<int> widths = dtype == DType::Q8_0 ? std::vector<int>{5, 33, 100, 600}
                                                              : std::vector<int>{32, 96, 608};
-        for (int batch : {1, 3, 8, 13, 17, 70})
+        for (int batch : {1, 3, 8, 12, 13, 17, 70})
             for (int cols : widths) {
                 const int rows = 75;
                 const TestMatrix m = make_matrix(rows, cols, dtype, rng);
