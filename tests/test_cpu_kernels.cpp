@@ -20,13 +20,22 @@ using namespace barellm::test;
 
 namespace {
 
-// Whether the prefill GEMM at `level` quantizes x per token for weights of `dtype` (the
-// integer GEMMs of Q8 and Q4 weights: AVX-512 VNNI, and AVX-VNNI at the AVX2 level): the
-// references then use x quantized the same way.
-bool gemm_quantizes_x(DType dtype, cpu::SimdLevel level) {
+// Whether the integer GEMMs of Q8 and Q4 weights (AVX-512 VNNI, and AVX-VNNI at the AVX2
+// level) run at `level`: they multiply x quantized per token, and the references then use x
+// quantized the same way.
+bool integer_gemm(DType dtype, cpu::SimdLevel level) {
     return (dtype == DType::Q8_0 || dtype == DType::Q4_0) &&
            ((level == cpu::SimdLevel::Avx512 && cpu::cpu_has_avx512_vnni()) ||
             (level == cpu::SimdLevel::Avx2 && cpu::cpu_has_avx_vnni()));
+}
+
+// Whether the prefill GEMM of `batch` tokens of weights of one `dtype` at `level` quantizes x
+// per token: on the integer GEMMs, or on the AVX2 decode matvecs, which take Q8 and Q4 batches
+// of fewer tokens than the f32 GEMM's tile.
+bool gemm_quantizes_x(DType dtype, cpu::SimdLevel level, int batch) {
+    return integer_gemm(dtype, level) ||
+           ((dtype == DType::Q8_0 || dtype == DType::Q4_0) && level >= cpu::SimdLevel::Avx2 &&
+            batch < cpu::avx2::kTokenTile);
 }
 
 // Whether the prefill GEMM at `level` quantizes x per token for the block types (their
@@ -360,7 +369,7 @@ TEST_CASE("gemm (the prefill product) matches a double-precision reference") {
         // rounded to bf16.
         const bool rounds_x = dtype == DType::BF16 && level == cpu::SimdLevel::Avx512 &&
                               cpu::cpu_prefers_bf16_dot_products();
-        const std::vector<float> x_used = gemm_quantizes_x(dtype, level)
+        const std::vector<float> x_used = gemm_quantizes_x(dtype, level, batch)
                                               ? rows_quantized_like_the_kernel(x, cols)
                                           : rounds_x ? rounded_to_bf16(x)
                                                      : x;
@@ -398,7 +407,7 @@ TEST_CASE("several GEMMs of one input each match their own reference") {
                     {got[2].data(), &matrices[2].matrix}});
     cpu::set_simd_level(cpu::detect_simd_level());
     const std::vector<float> x_used =
-        gemm_quantizes_x(dtype, level) ? rows_quantized_like_the_kernel(x, cols) : x;
+        gemm_quantizes_x(dtype, level, batch) ? rows_quantized_like_the_kernel(x, cols) : x;
     for (size_t m = 0; m < matrices.size(); ++m) {
         const int rows = row_counts[m];
         std::vector<double> want(size_t(batch) * rows);
@@ -453,10 +462,9 @@ TEST_CASE("GEMMs of matrices of mixed block types each match their own reference
         omp_set_num_threads(saved_threads);
         // Every output on its own type's path: all of them on quantized x, or none.
         const bool quantized =
-            std::all_of(mix.begin(), mix.end(),
-                        [&](DType dtype) {
-                            return is_block_type(dtype) || gemm_quantizes_x(dtype, level);
-                        }) &&
+            std::all_of(
+                mix.begin(), mix.end(),
+                [&](DType dtype) { return is_block_type(dtype) || integer_gemm(dtype, level); }) &&
             block_gemm_quantizes_x(level);
         const std::vector<float> x_used = quantized ? rows_quantized_like_the_kernel(x, cols) : x;
         // A few tokens of block types alone meet the matvecs, the super-block types' on x
@@ -515,8 +523,9 @@ TEST_CASE(
         cpu::matvec(got.data(), x0.data(), m.matrix);
         CHECK(relative_error(got, want) < 1e-5);
         // Prefill, the whole batch.
-        const std::vector<float> batch_x_used =
-            gemm_quantizes_x(DType::Q4_0, level) ? rows_quantized_like_the_kernel(x, cols) : x;
+        const std::vector<float> batch_x_used = gemm_quantizes_x(DType::Q4_0, level, batch)
+                                                    ? rows_quantized_like_the_kernel(x, cols)
+                                                    : x;
         const std::vector<double> batch_want = reference_gemm(m, batch_x_used, batch);
         std::vector<float> batch_got(size_t(batch) * rows, NAN);
         cpu::gemm(batch_got.data(), x.data(), batch, m.matrix);
@@ -524,6 +533,38 @@ TEST_CASE(
     }
     cpu::set_simd_level(cpu::detect_simd_level());
     omp_set_num_threads(saved_threads);
+}
+
+TEST_CASE("AVX2 Q8 and Q4 matvecs of several tokens give each token the one-token matvec's bits") {
+    if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
+    std::mt19937 rng(406);
+    // Q8: a short last group and groups past the last eight; Q4: blocks past the last eight.
+    for (auto [dtype, cols] :
+         {std::pair{DType::Q8_0, 600}, {DType::Q8_0, 256}, {DType::Q4_0, 608}, {DType::Q4_0, 96}}) {
+        const int rows = 37;
+        TestMatrix m = make_matrix(rows, cols, dtype, rng);
+        for (int tokens : {1, 3, 4, 5, 9, 15}) {
+            const std::vector<float> x = random_floats(size_t(tokens) * cols, rng, 3.0f);
+            std::vector<cpu::QuantizedVector> quantized(tokens);
+            for (int t = 0; t < tokens; ++t)
+                cpu::quantize_q8(&quantized[t], &x[size_t(t) * cols], cols);
+            const int first = 2, count = rows - 5;  // a run inside the matrix
+            std::vector<float> together(size_t(tokens) * rows, NAN);
+            (dtype == DType::Q8_0 ? cpu::avx2::matvec_rows_q8_tokens
+                                  : cpu::avx2::matvec_rows_q4_tokens)(
+                together.data(), rows, m.matrix, quantized.data(), tokens, first, count);
+            INFO(dtype_name(dtype) << " " << cols << " columns, " << tokens << " tokens");
+            for (int t = 0; t < tokens; ++t) {
+                std::vector<float> alone(rows, NAN);
+                (dtype == DType::Q8_0 ? cpu::avx2::matvec_rows_q8 : cpu::avx2::matvec_rows_q4)(
+                    alone.data(), m.matrix, quantized[t], first, count);
+                for (int r = first; r < first + count; ++r)
+                    CHECK(std::memcmp(&together[size_t(t) * rows + r], &alone[r], sizeof(float)) ==
+                          0);
+                CHECK(std::isnan(together[size_t(t) * rows]));  // outside the run: untouched
+            }
+        }
+    }
 }
 
 TEST_CASE("Q4 and Q8 matvecs in one matvec_many call each match their own reference") {

@@ -16,6 +16,12 @@ void matvec_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int f
                     int row_count);
 void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
+// The same for `tokens` vectors x[t], out[t · out_stride + r], each row read from memory once
+// for all of them; each token's sums are the one-token matvec's bits.
+void matvec_rows_q8_tokens(float* out, size_t out_stride, const Matrix& w, const QuantizedVector* x,
+                           int tokens, int first_row, int row_count);
+void matvec_rows_q4_tokens(float* out, size_t out_stride, const Matrix& w, const QuantizedVector* x,
+                           int tokens, int first_row, int row_count);
 
 // Q4_K, Q5_K, Q6_K and IQ4_XS weights against x quantized per 256 as Q8_K
 // (matvec_super_blocks_avx2.cpp), by quantize_q8_k here, byte for byte as cpu::quantize_q8_k.

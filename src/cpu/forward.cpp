@@ -193,7 +193,8 @@ public:
     // the step or how many, or how many want logits: every kernel computes each row on its
     // own in a fixed order (the GEMMs' per-token sums, the element-wise steps,
     // attention_paged per (row, head)), so the bits are the same in any batch, for every
-    // weight type (block types: in any batch on the same side of 8 rows, cpu::gemm). A step
+    // weight type (block types: in any batch on the same side of 8 rows; Q8 and Q4 on AVX2
+    // without VNNI: of 16; cpu::gemm). A step
     // of one row runs forward's kernels (matvecs, the same attention sums) and gives forward's
     // bits; they differ from a batched row's by rounding (a matvec and a GEMM sum in
     // different orders). Returns nullptr when no row wants logits.

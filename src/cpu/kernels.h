@@ -121,9 +121,10 @@ void resize_quantized_batch(QuantizedBatch* x, int batch, int cols);
 
 // Prefill: out[batch, rows] = x[batch, cols] · W[rows, cols]ᵀ, a GEMM blocked so
 // that each weight row is read from memory once for the whole batch. Each token's sums do not
-// depend on the other tokens of the batch or their number, with one exception: block-type weights
-// (Q4_K, Q6_K, ...) meet batches of up to 8 tokens through the matvec, faster there, whose
-// sums differ from the GEMM's by rounding.
+// depend on the other tokens of the batch or their number, with two exceptions, faster through
+// the matvec, whose sums differ from the GEMM's by rounding: block-type weights (Q4_K, Q6_K, ...)
+// meet batches of up to 8 tokens there, and Q8 and Q4 weights where no integer GEMM runs (AVX2
+// without VNNI; Q8 with AVX-VNNI's) batches of fewer than 16.
 void gemm(float* out, const float* x, int batch, const Matrix& w);
 
 // Several GEMMs of the same x (e.g. q, k and v) in one parallel region: x is transposed
