@@ -435,6 +435,34 @@ SparseLayer make_sparse_layer(int experts, int k, bool normalize, int dim, int h
     return layer;
 }
 
+// The GPU's x after the weighted sum, x + out, against the CPU's out for the same x.
+void check_residual_sums(const float* x, const std::vector<float>& cpu_out,
+                         const std::vector<float>& gpu_x, DType dtype) {
+    double largest = 0, worst = 0;
+    for (size_t i = 0; i < cpu_out.size(); ++i) {
+        largest = std::max(largest, std::fabs(double(cpu_out[i])));
+        worst = std::max(worst, std::fabs(double(gpu_x[i]) - (double(x[i]) + cpu_out[i])));
+    }
+    // f32: the same sums in other orders; Q8: the int8 input may round one step apart.
+    const double allowed = (dtype == DType::F32 ? 1e-5 : 2e-3) * largest;
+    INFO("worst difference " << worst << " of outputs up to " << largest);
+    CHECK(worst <= allowed);
+}
+
+// The CPU's routing of the same logits [tokens, experts] (its own softmax): the same experts.
+void check_routes_match_cpu(const std::vector<float>& logits, const std::vector<int>& chosen,
+                            int tokens, const Config& c) {
+    const int k = c.experts_per_token;
+    for (int t = 0; t < tokens; ++t) {
+        std::vector<float> cpu_logits(&logits[size_t(t) * c.experts],
+                                      &logits[size_t(t) * c.experts] + c.experts);
+        std::vector<int> cpu_chosen(k);
+        std::vector<float> cpu_weights(k);
+        cpu::route_token(cpu_chosen.data(), cpu_weights.data(), cpu_logits.data(), c);
+        CHECK(std::equal(cpu_chosen.begin(), cpu_chosen.end(), chosen.begin() + size_t(t) * k));
+    }
+}
+
 void check_sparse_feed_forward(int experts, int k, bool normalize, int dim, int hidden, DType dtype,
                                std::mt19937& rng) {
     INFO(dtype_name(dtype) << ", " << experts << " experts, top " << k << ", normalize "
@@ -483,20 +511,8 @@ void check_sparse_feed_forward(int experts, int k, bool normalize, int dim, int 
     emulate_launch(moe_combine_grid(dim, 1), dim3(kCombineThreads), 0, moe_combine_kernel,
                    gpu_x.data(), dim, expert_out.data(), nullptr, route_weights.data(), k, dim);
 
-    // The CPU's routing of the same logits (its own softmax): the same experts.
-    std::vector<float> cpu_logits = logits;
-    std::vector<int> cpu_chosen(k);
-    std::vector<float> cpu_weights(k);
-    cpu::route_token(cpu_chosen.data(), cpu_weights.data(), cpu_logits.data(), c);
-    CHECK(chosen == cpu_chosen);
-    double largest = 0, worst = 0;
-    for (int i = 0; i < dim; ++i) largest = std::max(largest, std::fabs(double(cpu_out[i])));
-    for (int i = 0; i < dim; ++i)
-        worst = std::max(worst, std::fabs(double(gpu_x[i]) - (double(x[i]) + cpu_out[i])));
-    // f32: the same sums in other orders; Q8: the int8 input may round one step apart.
-    const double allowed = (dtype == DType::F32 ? 1e-5 : 2e-3) * largest;
-    INFO("worst difference " << worst << " of outputs up to " << largest);
-    CHECK(worst <= allowed);
+    check_routes_match_cpu(logits, chosen, 1, c);
+    check_residual_sums(x.data(), cpu_out, gpu_x, dtype);
 }
 
 // The experts of a prefill batch over their grouped rows, as prefill_experts runs them for f32
@@ -616,15 +632,7 @@ void check_sparse_prefill(int tokens, int experts, int k, bool normalize, int di
                             x.data() + size_t(t) * dim, ffn_norm.data());
     emulate_launch(dim3(tokens), dim3(kRouteThreads), 0, route_tokens_kernel, chosen.data(),
                    route_weights.data(), logits.data(), experts, k, normalize);
-    // The CPU's routing of the same logits (its own softmax): the same experts.
-    for (int t = 0; t < tokens; ++t) {
-        std::vector<float> cpu_logits(&logits[size_t(t) * experts],
-                                      &logits[size_t(t) * experts] + experts);
-        std::vector<int> cpu_chosen(k);
-        std::vector<float> cpu_weights(k);
-        cpu::route_token(cpu_chosen.data(), cpu_weights.data(), cpu_logits.data(), c);
-        CHECK(std::equal(cpu_chosen.begin(), cpu_chosen.end(), chosen.begin() + size_t(t) * k));
-    }
+    check_routes_match_cpu(logits, chosen, tokens, c);
     // Grouping, and each grouped row's input.
     std::vector<int> grouped_row(routes), token_of_row(routes);
     const std::vector<int> start = group_routes_by_expert(chosen.data(), routes, k, experts,
@@ -645,15 +653,7 @@ void check_sparse_prefill(int tokens, int experts, int k, bool normalize, int di
                    gpu_x.data(), dim, expert_out.data(), grouped_row.data(), route_weights.data(),
                    k, dim);
 
-    double largest = 0, worst = 0;
-    for (size_t i = 0; i < cpu_out.size(); ++i) {
-        largest = std::max(largest, std::fabs(double(cpu_out[i])));
-        worst = std::max(worst, std::fabs(double(gpu_x[i]) - (double(x[i]) + cpu_out[i])));
-    }
-    // f32: the same sums in other orders; Q8: the int8 input may round one step apart.
-    const double allowed = (dtype == DType::F32 ? 1e-5 : 2e-3) * largest;
-    INFO("worst difference " << worst << " of outputs up to " << largest);
-    CHECK(worst <= allowed);
+    check_residual_sums(x.data(), cpu_out, gpu_x, dtype);
 }
 
 // A sparse feed-forward for the `tokens` rows of a server step in CudaBackend::step_experts's
@@ -701,14 +701,7 @@ void check_sparse_step(int tokens, int experts, int k, bool normalize, int dim, 
                    tokens, dim_pitch, gemm_k_extent(dim, DType::F32), nullptr, false);
     emulate_launch(dim3(tokens), dim3(kRouteThreads), 0, route_tokens_kernel, chosen.data(),
                    route_weights.data(), logits.data(), experts, k, normalize);
-    for (int t = 0; t < tokens; ++t) {  // the CPU's routing of the same logits
-        std::vector<float> cpu_logits(&logits[size_t(t) * experts],
-                                      &logits[size_t(t) * experts] + experts);
-        std::vector<int> cpu_chosen(k);
-        std::vector<float> cpu_weights(k);
-        cpu::route_token(cpu_chosen.data(), cpu_weights.data(), cpu_logits.data(), c);
-        CHECK(std::equal(cpu_chosen.begin(), cpu_chosen.end(), chosen.begin() + size_t(t) * k));
-    }
+    check_routes_match_cpu(logits, chosen, tokens, c);
     AlignedArray<float> gate(size_t(routes) * hidden_pitch, 0.0f),
         up(size_t(routes) * hidden_pitch, 0.0f);
     launch_expert_matvec(
@@ -729,15 +722,7 @@ void check_sparse_step(int tokens, int experts, int k, bool normalize, int dim, 
     emulate_launch(moe_combine_grid(dim, tokens), dim3(kCombineThreads), 0, moe_combine_kernel,
                    gpu_x.data(), dim, expert_out.data(), nullptr, route_weights.data(), k, dim);
 
-    double largest = 0, worst = 0;
-    for (size_t i = 0; i < cpu_out.size(); ++i) {
-        largest = std::max(largest, std::fabs(double(cpu_out[i])));
-        worst = std::max(worst, std::fabs(double(gpu_x[i]) - (double(x[i]) + cpu_out[i])));
-    }
-    // f32: the same sums in other orders; Q8: the int8 input may round one step apart.
-    const double allowed = (dtype == DType::F32 ? 1e-5 : 2e-3) * largest;
-    INFO("worst difference " << worst << " of outputs up to " << largest);
-    CHECK(worst <= allowed);
+    check_residual_sums(x.data(), cpu_out, gpu_x, dtype);
 }
 
 }  // namespace
