@@ -283,9 +283,9 @@ void tiled_block_matvecs(const float* x, int batch, const std::vector<BatchOutpu
         });
 }
 
-// The same for Q8 and Q4 weights where no integer GEMM runs (AVX2 without VNNI): x quantized
-// to Q8 a token at a time, then each thread's run of rows meeting every token, a few a pass
-// over each row, in the decode matvec's integer dot products.
+// The same for Q8 and Q4 weights on AVX2 (where gemm_many finds the matvec faster than the
+// GEMM): x quantized to Q8 a token at a time, then each thread's run of rows meeting every
+// token, a few a pass over each row, in the decode matvec's integer dot products.
 void quantized_matvecs(const float* x, int batch, const std::vector<BatchOutput>& outputs) {
     static thread_local std::vector<QuantizedVector> storage;
     if (storage.size() < size_t(batch)) storage.resize(batch);
