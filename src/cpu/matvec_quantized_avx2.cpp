@@ -1,6 +1,7 @@
 // The decode matvecs on AVX2 + FMA + F16C for Q8 and Q4 weights: out = W · x for one token,
-// or for a few (a server step's decoding sequences, where no integer GEMM runs: AVX2 without
-// VNNI), x quantized to Q8 (cpu::quantize_q8) and each group's dot product in integers.
+// or for a few at once (a server step's decoding sequences, where gemm_many in
+// cpu/dispatch.cpp finds them faster than a GEMM), x quantized to Q8 (cpu::quantize_q8) and
+// each group's dot product in integers.
 #include <immintrin.h>
 
 #include <algorithm>
