@@ -8,11 +8,13 @@ the first to the last, as `barellm run` counts its generation), time to first to
 inter-token latency, p50 and p99.
 
     scripts/load_test.py MODEL.bin [--gguf MODEL.gguf --llama-server PATH]
-        [--clients 8] [--rounds 3] [--max-tokens 128] [--threads 2] [--ctx 1024] [--json]
+        [--clients 8] [--rounds 3] [--max-tokens 128] [--threads 2] [--ctx 1024]
+        [--simd avx2] [--json]
 
 MODEL.bin is barellm's file of the weights the GGUF holds (convert/convert.py MODEL.gguf).
 Each server is started here on a free port with --parallel/-np N and a context of --ctx
-positions per sequence, and stopped at the end. Every client asks for --max-tokens tokens
+positions per sequence (barellm's at --simd's kernel level when given, e.g. against a
+llama-server built without AVX-512), and stopped at the end. Every client asks for --max-tokens tokens
 greedily, with a story prompt that keeps going (llama-server also gets ignore_eos); the table
 reports how many tokens the clients got, in case one stopped early. A running server can be
 measured instead with --url (its model is then whatever it serves).
@@ -145,10 +147,14 @@ def main():
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--ctx", type=int, default=1024, help="positions per sequence")
+    parser.add_argument("--simd", choices=["scalar", "avx2", "avx512"],
+                        help="barellm serve's CPU kernel level (default: the best this CPU runs)")
     parser.add_argument("--json", action="store_true", help="JSON instead of a markdown table")
     args = parser.parse_args()
     if bool(args.model) == bool(args.url):
         parser.error("give a MODEL to start barellm serve with, or --url (one of them)")
+    if args.url and args.simd:
+        parser.error("--simd is for the barellm serve started here, not with --url")
     if bool(args.gguf) != bool(args.llama_server):
         parser.error("--gguf and --llama-server go together")
 
@@ -159,9 +165,11 @@ def main():
             wait_healthy(servers[-1][1], None)
         else:
             port = free_port()
+            simd = ["--simd", args.simd] if args.simd else []
             processes.append(start_server(
                 [args.barellm, "serve", args.model, "--port", str(port), "--parallel",
-                 str(args.clients), "--ctx", str(args.ctx), "--threads", str(args.threads)]))
+                 str(args.clients), "--ctx", str(args.ctx), "--threads", str(args.threads),
+                 *simd]))
             servers.append(("barellm serve", f"http://127.0.0.1:{port}", {}))
             wait_healthy(servers[-1][1], processes[-1])
         if args.llama_server:
@@ -195,7 +203,8 @@ def main():
     rows = [summary(name, rounds[name]) for name, _, _ in servers]
     if args.json:
         print(json.dumps({"clients": args.clients, "max_tokens": args.max_tokens,
-                          "threads": args.threads, "ctx": args.ctx, "results": rows}, indent=1))
+                          "threads": args.threads, "ctx": args.ctx, "simd": args.simd,
+                          "results": rows}, indent=1))
     else:
         print(markdown(rows))
 
