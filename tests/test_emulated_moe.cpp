@@ -435,6 +435,14 @@ SparseLayer make_sparse_layer(int experts, int k, bool normalize, int dim, int h
     return layer;
 }
 
+// random_floats in 16-byte aligned memory (the kernels' vector loads).
+AlignedArray<float> aligned_random_floats(size_t n, std::mt19937& rng, float scale = 1.0f) {
+    const std::vector<float> drawn = random_floats(n, rng, scale);
+    AlignedArray<float> values(n);
+    std::copy(drawn.begin(), drawn.end(), values.data());
+    return values;
+}
+
 // The GPU's x after the weighted sum, x + out, against the CPU's out for the same x.
 void check_residual_sums(const float* x, const std::vector<float>& cpu_out,
                          const std::vector<float>& gpu_x, DType dtype) {
@@ -469,11 +477,8 @@ void check_sparse_feed_forward(int experts, int k, bool normalize, int dim, int 
                            << normalize << ", dim " << dim << ", hidden " << hidden);
     const SparseLayer layer = make_sparse_layer(experts, k, normalize, dim, hidden, dtype, rng);
     const Config& c = layer.config;
-    AlignedArray<float> x(dim), ffn_norm(dim);
-    const std::vector<float> x_drawn = random_floats(dim, rng, 2.0f);
-    const std::vector<float> norm_drawn = random_floats(dim, rng);
-    std::copy(x_drawn.begin(), x_drawn.end(), x.data());
-    std::copy(norm_drawn.begin(), norm_drawn.end(), ffn_norm.data());
+    const AlignedArray<float> x = aligned_random_floats(dim, rng, 2.0f);
+    const AlignedArray<float> ffn_norm = aligned_random_floats(dim, rng);
 
     // The CPU: out = moe(rmsnorm(x)), then x + out.
     std::vector<float> normed(dim), cpu_out(dim, NAN);
@@ -597,11 +602,8 @@ void check_sparse_prefill(int tokens, int experts, int k, bool normalize, int di
     const SparseLayer layer = make_sparse_layer(experts, k, normalize, dim, hidden, dtype, rng);
     const Config& c = layer.config;
     const int routes = tokens * k;
-    AlignedArray<float> x(size_t(tokens) * dim), ffn_norm(dim);
-    const std::vector<float> x_drawn = random_floats(size_t(tokens) * dim, rng, 2.0f);
-    const std::vector<float> norm_drawn = random_floats(dim, rng);
-    std::copy(x_drawn.begin(), x_drawn.end(), x.data());
-    std::copy(norm_drawn.begin(), norm_drawn.end(), ffn_norm.data());
+    const AlignedArray<float> x = aligned_random_floats(size_t(tokens) * dim, rng, 2.0f);
+    const AlignedArray<float> ffn_norm = aligned_random_floats(dim, rng);
 
     // The CPU: out = moe(rmsnorm(x)) row by row, then x + out. Its prefill multiplies Q8
     // weights by the f32 input, where the expert matvecs (and the CPU's decode) round the input
@@ -668,11 +670,8 @@ void check_sparse_step(int tokens, int experts, int k, bool normalize, int dim, 
     const SparseLayer layer = make_sparse_layer(experts, k, normalize, dim, hidden, dtype, rng);
     const Config& c = layer.config;
     const int routes = tokens * k;
-    AlignedArray<float> x(size_t(tokens) * dim), ffn_norm(dim);
-    const std::vector<float> x_drawn = random_floats(size_t(tokens) * dim, rng, 2.0f);
-    const std::vector<float> norm_drawn = random_floats(dim, rng);
-    std::copy(x_drawn.begin(), x_drawn.end(), x.data());
-    std::copy(norm_drawn.begin(), norm_drawn.end(), ffn_norm.data());
+    const AlignedArray<float> x = aligned_random_floats(size_t(tokens) * dim, rng, 2.0f);
+    const AlignedArray<float> ffn_norm = aligned_random_floats(dim, rng);
 
     // The CPU: each row's moe(rmsnorm(x)) as decode computes it, then x + out.
     std::vector<float> normed(dim), cpu_out(size_t(tokens) * dim, NAN);
