@@ -14,8 +14,8 @@
 //
 // How the products are computed: int8 dot products (dp4a) against the input quantized to
 // int8 per block of 32 columns, as the CPU's Q8/Q4 matvec does (cpu::quantize_q8: scale =
-// max |x| / 127, values rounded half away from zero), so the GPU's results follow the
-// CPU's. Why int8 rather than the weights converted to f32 against the f32 input: the
+// max |x| / 127 rounded to f16, values rounded to even: llama.cpp's Q8_0 rule), so the GPU's
+// results follow the CPU's. Why int8 rather than the weights converted to f32 against the f32 input: the
 // kernel must stream weights at memory speed (on an H100 ~14 Q8 or ~28 Q4 weights per SM per
 // clock), and in f32 every weight costs a convert, an FMA and 4 bytes of shared memory, close
 // to the SM's limits; with dp4a one instruction multiplies four weights and the int8 input
@@ -84,9 +84,21 @@ __device__ __forceinline__ int quantized_index(int c, int pitch) {
            within % kPlaneValues;
 }
 
+// A block of x's Q8 scale and multiplier (cpu/kernels.h's q8_group_scale, llama.cpp's rule):
+// {max |x| / 127 rounded to f16 where f16 has a normal number for it, 127 / max |x|}.
+__device__ __forceinline__ float2 q8_group_scale(float largest) {
+    constexpr float kHalfSmallestNormal = 6.1035156e-5f;  // 2^-14
+    constexpr float kHalfLargest = 65504.0f;
+    if (largest == 0.0f) return make_float2(0.0f, 0.0f);
+    float scale = largest / kInt8Largest;
+    if (scale >= kHalfSmallestNormal && scale <= kHalfLargest)
+        scale = __half2float(__float2half_rn(scale));
+    return make_float2(scale, kInt8Largest / largest);
+}
+
 // Quantizes the staged f32 input xs[pitch] (plain order) per block of 32 as cpu::quantize_q8
-// does: scale = max |x| / 127, value = round(x / scale) (half away from zero; 0 where the
-// scale is 0). Each warp takes kBlocksPerWarpPass blocks at a time, 8 lanes a block. Every
+// does (cpu/kernels.h, q8_group_scale): scale = max |x| / 127 rounded to f16 (f32 where f16
+// has no normal number for it), value = x × (127 / max |x|) rounded to even (0 for zeros). Each warp takes kBlocksPerWarpPass blocks at a time, 8 lanes a block. Every
 // thread of the block must call it; the caller synchronises before reading the result.
 template <int kPerVector>
 __device__ __forceinline__ void quantize_staged(const float* xs, int8_t* values, float* scales,
@@ -102,10 +114,10 @@ __device__ __forceinline__ void quantize_staged(const float* xs, int8_t* values,
             inside ? *reinterpret_cast<const float4*>(xs + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         const float largest = group_max<kLanesPerBlock>(
             fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w))));
-        const float scale = largest / kInt8Largest;
-        const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
-        const int q[4] = {int(roundf(x.x * inverse)), int(roundf(x.y * inverse)),
-                          int(roundf(x.z * inverse)), int(roundf(x.w * inverse))};
+        const float2 rule = q8_group_scale(largest);  // scale, multiplier
+        const float scale = rule.x, multiplier = rule.y;
+        const int q[4] = {int(rintf(x.x * multiplier)), int(rintf(x.y * multiplier)),
+                          int(rintf(x.z * multiplier)), int(rintf(x.w * multiplier))};
         // Exact in f32: |sum| <= 32 * 127.
         const float sum = group_sum<kLanesPerBlock>(float(q[0] + q[1] + q[2] + q[3]));
         if (inside) {

@@ -66,7 +66,8 @@ TEST_CASE("every finite half survives a round trip through float") {
     }
 }
 
-TEST_CASE("quantize_q8: scale max|x| / 127, values rounded half away from zero (std::round)") {
+TEST_CASE(
+    "quantize_q8: llama.cpp's Q8_0 rule: f16 scale, values rounded to even (std::nearbyint)") {
     std::mt19937 rng(31);
     for (int n : {1, 31, 32, 33, 100}) {
         INFO("n " << n);
@@ -82,11 +83,11 @@ TEST_CASE("quantize_q8: scale max|x| / 127, values rounded half away from zero (
             const int last = std::min(n, first + 32);
             float largest = 0;
             for (int i = first; i < last; ++i) largest = std::max(largest, std::fabs(x[i]));
-            const float scale = largest / 127, inverse = scale > 0 ? 1 / scale : 0;
-            CHECK(got.scales[g] == scale);
+            const Q8Rule rule = q8_rule(largest);
+            CHECK(got.scales[g] == rule.scale);
             int sum = 0;
             for (int i = first; i < last; ++i) {
-                const int want = int(std::round(x[i] * inverse));
+                const int want = int(std::nearbyint(x[i] * rule.multiplier));
                 CHECK(int(got.values[i]) == want);
                 sum += want;
             }
@@ -604,22 +605,24 @@ TEST_CASE("Q4 nibbles: byte j of a block holds column j low and column j + 16 hi
     for (int j = 0; j < 16; ++j) block[j] = uint8_t(j | ((15 - j) << 4));
     for (int col = 0; col < 32; ++col)
         CHECK(q4_value(block, col) == (col < 16 ? col : 15 - (col - 16)) - 8);
-    // One row of that block with scale 0.5: the matvec against x = 1 sums it.
+    // One row of that block with scale 0.5: the matvec against x = 127 (x's Q8 scale exactly 1)
+    // sums it, times 127.
     const uint16_t scale = float_to_half(0.5f);
     const Matrix w{block, DType::Q4_0, 1, 32, &scale};
-    const std::vector<float> ones(32, 1.0f);
+    const std::vector<float> ones(32, 127.0f);
     float out = NAN;
     for (auto level : {cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512}) {
         if (level > cpu::detect_simd_level()) continue;
         cpu::set_simd_level(level);
         cpu::matvec(&out, ones.data(), w);
-        // 0.5 × Σ (q - 8) over both halves = 0.5 × 2 × Σ_{k=0..15} (k - 8) = 120 - 128.
-        CHECK(out == -8.0f);
+        // 127 × 0.5 × Σ (q - 8) over both halves = 127 × 0.5 × 2 × Σ_{k=0..15} (k - 8).
+        const float want = 127.0f * (120 - 128);
+        CHECK(out == want);
         float batch_out[2] = {NAN, NAN};
-        const std::vector<float> two_tokens(64, 1.0f);
+        const std::vector<float> two_tokens(64, 127.0f);
         cpu::gemm(batch_out, two_tokens.data(), 2, w);
-        CHECK(batch_out[0] == -8.0f);
-        CHECK(batch_out[1] == -8.0f);
+        CHECK(batch_out[0] == want);
+        CHECK(batch_out[1] == want);
     }
     cpu::set_simd_level(cpu::detect_simd_level());
 }

@@ -138,8 +138,21 @@ inline double relative_error(const std::vector<float>& got, const std::vector<do
     return std::sqrt(diff / norm);
 }
 
-// x as the SIMD Q8/Q4 matvecs and the VNNI GEMMs use it: per group of 32, scale = max |x| /
-// 127 and q = x · (1 / scale) rounded half away from zero, in f32 as the kernels compute it.
+// x's Q8 scale and multiplier by the rule llama.cpp's block_q8_0 follows, written out here:
+// scale = max |x| / 127 rounded to f16 where that is a normal f16 (else the f32 quotient),
+// multiplier = 127 / max |x| (0 for zeros); q = x · multiplier, nearest integer, ties to even.
+struct Q8Rule {
+    float scale, multiplier;
+};
+inline Q8Rule q8_rule(float largest) {
+    if (largest == 0) return {0, 0};
+    const float quotient = largest / 127;
+    const bool normal_half = quotient >= std::ldexp(1.0f, -14) && quotient <= 65504.0f;
+    return {normal_half ? half_to_float(float_to_half(quotient)) : quotient, 127 / largest};
+}
+
+// x as the SIMD Q8/Q4 matvecs and the VNNI GEMMs use it: per group of 32, q8_rule's q × scale,
+// in f32 as the kernels compute it.
 inline std::vector<float> quantized_like_the_kernel(const std::vector<float>& x) {
     const int n = int(x.size());
     std::vector<float> out(n);
@@ -147,11 +160,9 @@ inline std::vector<float> quantized_like_the_kernel(const std::vector<float>& x)
         const int last = std::min(n, first + 32);
         float largest = 0;
         for (int i = first; i < last; ++i) largest = std::max(largest, std::fabs(x[i]));
-        const float scale = largest / 127, inverse = scale > 0 ? 1 / scale : 0;
-        for (int i = first; i < last; ++i) {
-            const float product = x[i] * inverse;
-            out[i] = std::round(product) * scale;
-        }
+        const Q8Rule rule = q8_rule(largest);
+        for (int i = first; i < last; ++i)
+            out[i] = std::nearbyint(x[i] * rule.multiplier) * rule.scale;
     }
     return out;
 }
@@ -215,7 +226,7 @@ inline cpu::QuantizedBatch quantized_batch_by_rule(const std::vector<float>& x, 
 // Quantizes three tokens of random x of `cols` columns with an integer GEMM's quantize_token
 // and compares them with quantized_batch_by_rule: "" where every value (padding included),
 // scale, start and sum of 16 is equal, else the first difference. x includes exact halves
-// where the scale is 1 (a largest value of 127): quantize_q8 rounds them away from zero; just
+// where the multiplier is 1 (a largest value of 127): quantize_q8 rounds them to even; just
 // below a half rounds to 0.
 using QuantizeToken = void (*)(cpu::QuantizedBatch*, const float*, int, int);
 inline std::string quantize_token_difference(QuantizeToken quantize_token, int cols,

@@ -34,34 +34,23 @@ inline __mmask64 first_bytes(int count) {
     return count >= 64 ? ~__mmask64(0) : (__mmask64(1) << count) - 1;
 }
 
-// lround(v) (halves away from zero) for each lane, as quantize_q8 rounds: truncate, then
-// step away from zero where the part cut off is at least a half (exact in f32 here).
-inline __m512i round_half_away(__m512 v) {
-    const __m512i whole = _mm512_cvttps_epi32(v);
-    const __m512 fraction = _mm512_sub_ps(v, _mm512_cvtepi32_ps(whole));
-    const __mmask16 up = _mm512_cmp_ps_mask(fraction, _mm512_set1_ps(0.5f), _CMP_GE_OQ);
-    const __mmask16 down = _mm512_cmp_ps_mask(fraction, _mm512_set1_ps(-0.5f), _CMP_LE_OQ);
-    const __m512i one = _mm512_set1_epi32(1);
-    return _mm512_mask_sub_epi32(_mm512_mask_add_epi32(whole, up, whole, one), down, whole, one);
-}
-
-// One group of x quantized to Q8 as quantize_q8 does: scale = max |x| / 127, values
-// round(x / scale) (0 where the scale is 0), as int32 lanes: the group's columns 0-15 in
+// One group of x quantized to Q8 as quantize_q8 does (cpu/kernels.h, q8_group_scale), as int32
+// lanes: the group's columns 0-15 in
 // `low`, 16-31 in `high`, 0 past the `count` values read from x (count ≤ 32).
 struct QuantizedGroup {
     __m512i low, high;
     float scale;
 };
 inline QuantizedGroup quantize_group(const float* x, int count) {
-    constexpr float kQ8Largest = 127.0f;  // |values| ≤ 127
     const __m512 low = _mm512_maskz_loadu_ps(first_lanes(count), x);
     const __m512 high = _mm512_maskz_loadu_ps(first_lanes(std::max(0, count - kLanes)), x + kLanes);
     const float largest =
         _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(low), _mm512_abs_ps(high)));
-    const float scale = largest / kQ8Largest;
-    const __m512 inverse = _mm512_set1_ps(scale > 0.0f ? 1.0f / scale : 0.0f);
-    return {round_half_away(_mm512_mul_ps(low, inverse)),
-            round_half_away(_mm512_mul_ps(high, inverse)), scale};
+    const Q8GroupScale rule = q8_group_scale(largest);
+    const __m512 multiplier = _mm512_set1_ps(rule.multiplier);
+    // cvtps2dq rounds to the nearest integer, ties to even (the default MXCSR mode).
+    return {_mm512_cvtps_epi32(_mm512_mul_ps(low, multiplier)),
+            _mm512_cvtps_epi32(_mm512_mul_ps(high, multiplier)), rule.scale};
 }
 
 // The weights of storage type kType at p[0..15] as f32; lanes outside `mask` are 0 and

@@ -4,6 +4,7 @@
 // choice is made in cpu/dispatch.cpp; the threads a call is worth in cpu/threads.cpp, the
 // quantization of x to Q8 in cpu/quantize_q8.cpp and to Q8_K in cpu/quantize_q8_k.cpp.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "kv_cache.h"
+#include "weights/half.h"
 #include "weights/model.h"
 
 namespace barellm::cpu {
@@ -78,8 +80,33 @@ struct MatvecTask {
 void matvec_many(std::initializer_list<MatvecTask> tasks);
 void matvec_many(const MatvecTask* tasks, int count);
 
-// A vector quantized like a Q8 weight row: x[i] ≈ values[i] × scales[i / kQ8Group],
-// with scale = max |x| / 127 over each group.
+// x's Q8 rule, as llama.cpp quantizes the x of its Q8_0 and Q4_0 dot products (block_q8_0),
+// so that both engines round x alike: per group, scale = max |x| / 127 rounded to f16 (kept
+// f32 where f16 has no normal number for it), multiplier = 127 / max |x| (0 for a group of
+// zeros), values = x × multiplier rounded to the nearest integer, ties to even.
+struct Q8GroupScale {
+    float scale, multiplier;
+};
+inline Q8GroupScale q8_group_scale(float largest) {
+    constexpr float kQ8Largest = 127.0f;                  // |values| ≤ 127
+    constexpr float kHalfSmallestNormal = 6.1035156e-5f;  // 2^-14
+    constexpr float kHalfLargest = 65504.0f;
+    if (largest == 0.0f) return {0.0f, 0.0f};
+    float scale = largest / kQ8Largest;
+    if (scale >= kHalfSmallestNormal && scale <= kHalfLargest)
+        scale = half_to_float(float_to_half(scale));
+    return {scale, kQ8Largest / largest};
+}
+// v rounded to the nearest integer, ties to even, for |v| < 2^22: adding 1.5 × 2^23 rounds
+// in the f32 addition itself (exact IEEE arithmetic: no -ffast-math here), as the SIMD
+// conversions (cvtps2dq) round.
+inline int round_to_nearest_even(float v) {
+    constexpr float kRoundingShift = 12582912.0f;
+    return int((v + kRoundingShift) - kRoundingShift);
+}
+
+// A vector quantized like a Q8 weight row by the rule above: x[i] ≈ values[i] ×
+// scales[i / kQ8Group].
 struct QuantizedVector {
     std::vector<int8_t> values;     // [n]
     std::vector<float> scales;      // [ceil(n / kQ8Group)]
@@ -138,6 +165,20 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
 
 // out[n] = x / rms(x) * weight
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps);
+// RMSNorm's 1 / sqrt(mean(x²) + eps) of x[n] from Σ x² (each square rounded to f32, summed in
+// double), the mean and the rest in f32: llama.cpp's RMSNorm bit for bit (its output is then
+// x × scale × weight, in that order), so that both engines feed their quantized matvecs the
+// same x. Where an f32 square overflowed (|x| above about 1.8e19), the true scale, from exact
+// squares in double (an infinite sum would scale every output to 0).
+inline float rms_scale(const float* x, int n, double sum_of_f32_squares, float eps) {
+    if (!std::isinf(sum_of_f32_squares)) {
+        const float mean = float(sum_of_f32_squares / n);
+        return 1.0f / std::sqrt(mean + eps);
+    }
+    double sum_of_squares = 0.0;
+    for (int i = 0; i < n; ++i) sum_of_squares += double(x[i]) * x[i];
+    return float(1.0 / std::sqrt(sum_of_squares / n + eps));
+}
 
 // Rotates each head of vec[heads * head_dim] for position `pos` (rotate-half pairs i,
 // i+head_dim/2).

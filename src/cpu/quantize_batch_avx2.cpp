@@ -15,21 +15,7 @@ namespace barellm::cpu::avx2 {
 namespace {
 
 constexpr int kGroup = kQ8Group;
-constexpr float kQ8Largest = 127.0f;  // |quantized x| ≤ 127, as quantize_q8
 constexpr int kUnsignedOffset = 128;  // AVX-VNNI's stored weight = value + 128
-
-// lround(v) (halves away from zero) for each lane, as quantize_q8 rounds: truncate, then
-// step away from zero where the part cut off is at least a half (exact in f32 here).
-inline __m256i round_half_away(__m256 v) {
-    const __m256i whole = _mm256_cvttps_epi32(v);
-    const __m256 fraction = _mm256_sub_ps(v, _mm256_cvtepi32_ps(whole));
-    // All-ones (−1) where a step is due.
-    const __m256i up =
-        _mm256_castps_si256(_mm256_cmp_ps(fraction, _mm256_set1_ps(0.5f), _CMP_GE_OQ));
-    const __m256i down =
-        _mm256_castps_si256(_mm256_cmp_ps(fraction, _mm256_set1_ps(-0.5f), _CMP_LE_OQ));
-    return _mm256_add_epi32(_mm256_sub_epi32(whole, up), down);
-}
 
 }  // namespace
 
@@ -55,11 +41,11 @@ void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token) 
             v[j] = _mm256_loadu_ps(group + j * kLanes);
             largest = _mm256_max_ps(largest, _mm256_andnot_ps(sign_bit, v[j]));
         }
-        const float scale = horizontal_max(largest) / kQ8Largest;
-        const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+        const Q8GroupScale rule = q8_group_scale(horizontal_max(largest));
+        // cvtps2dq rounds to the nearest integer, ties to even (the default MXCSR mode).
         __m256i q[kRegisters];
         for (int j = 0; j < kRegisters; ++j)
-            q[j] = round_half_away(_mm256_mul_ps(v[j], _mm256_set1_ps(inverse)));
+            q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], _mm256_set1_ps(rule.multiplier)));
         // int32 -> int8 (|q| ≤ 127: no saturation). The packs work within 128-bit halves:
         // their word k (four bytes) holds the first (k < 4) or second half of q[k % 4].
         const __m256i bytes =
@@ -67,7 +53,7 @@ void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token) 
         _mm256_storeu_si256(
             reinterpret_cast<__m256i*>(values + first),
             _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-        scales[g] = scale;
+        scales[g] = rule.scale;
         half_sums[2 * g] = horizontal_sum(_mm256_add_epi32(q[0], q[1]));
         half_sums[2 * g + 1] = horizontal_sum(_mm256_add_epi32(q[2], q[3]));
         starts[g] = -kUnsignedOffset * (half_sums[2 * g] + half_sums[2 * g + 1]);

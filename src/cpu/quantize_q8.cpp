@@ -8,19 +8,6 @@
 
 namespace barellm::cpu {
 
-namespace {
-
-// lround(v) (halves away from zero) for |v| ≤ 127: truncate, then step away from zero where
-// the part cut off is at least a half (exact in f32), as the SIMD quantizers do; inline,
-// where lround is a call into libm for each value.
-inline int round_half_away(float v) {
-    const int whole = int(v);
-    const float fraction = v - float(whole);
-    return whole + (fraction >= 0.5f) - (fraction <= -0.5f);
-}
-
-}  // namespace
-
 void resize_quantized_vector(QuantizedVector* x, int n) {
     const int groups = (n + kQ8Group - 1) / kQ8Group;
     x->values.resize(n);
@@ -34,12 +21,11 @@ void quantize_q8(QuantizedVector* out, const float* x, int n) {
         const int first = g * kQ8Group, last = std::min(n, first + kQ8Group);
         float largest = 0.0f;
         for (int i = first; i < last; ++i) largest = std::max(largest, std::fabs(x[i]));
-        const float scale = largest / 127.0f;
-        const float inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
-        out->scales[g] = scale;
+        const Q8GroupScale rule = q8_group_scale(largest);
+        out->scales[g] = rule.scale;
         int sum = 0;
         for (int i = first; i < last; ++i) {
-            out->values[i] = int8_t(round_half_away(x[i] * inverse));
+            out->values[i] = int8_t(round_to_nearest_even(x[i] * rule.multiplier));
             sum += out->values[i];
         }
         out->group_sums[g] = float(sum);

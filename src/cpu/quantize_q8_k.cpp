@@ -12,12 +12,6 @@ namespace barellm::cpu {
 namespace {
 
 constexpr float kQ8KLargest = 127.0f;  // |values| ≤ 127
-// 1.5 × 2^23: v + this, for |v| < 2^22, is rounded to a whole number (ties to even) by the
-// f32 addition itself, so subtracting it back gives v rounded; exact in f32 (and left as it
-// is by the compiler, which keeps IEEE arithmetic without -ffast-math).
-constexpr float kRoundingShift = 12582912.0f;
-
-inline int round_to_nearest_even(float v) { return int((v + kRoundingShift) - kRoundingShift); }
 
 }  // namespace
 

@@ -1,36 +1,22 @@
 // RMSNorm on AVX-512: out = x / sqrt(mean(x²) + eps) · weight, 16 lanes at a time, the tail
-// masked. The sum of squares runs in four registers of f32 (64 partial sums, each of at most
-// n / 64 squares, so its rounding stays near f32's own; the scalar rmsnorm sums in double)
-// and the partial sums are added in double; a vector whose f32 sums overflow is summed again
-// in double.
-#include <cmath>
-
+// masked. Each square is rounded to f32 and summed in double, eight lanes a register (the
+// double sum of f32 squares rounds to the same f32 mean in any order but for rare ties), and
+// the scale is cpu/kernels.h's rms_scale: llama.cpp's RMSNorm, bit for bit.
 #include "cpu/avx512.h"
 #include "cpu/helpers_avx512.h"
 
 namespace barellm::cpu::avx512 {
 
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps) {
-    constexpr int kSums = 4;  // independent accumulators, so that the FMAs overlap
-    __m512 sums[kSums] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                          _mm512_setzero_ps()};
-    for (int i = 0, step = 0; i < n; i += kLanes, step = (step + 1) % kSums) {
+    __m512d sums[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
+    for (int i = 0; i < n; i += kLanes) {
         const __m512 v = _mm512_maskz_loadu_ps(first_lanes(n - i), x + i);
-        sums[step] = _mm512_fmadd_ps(v, v, sums[step]);
+        const __m512 squares = _mm512_mul_ps(v, v);
+        sums[0] = _mm512_add_pd(sums[0], _mm512_cvtps_pd(_mm512_castps512_ps256(squares)));
+        sums[1] = _mm512_add_pd(sums[1], _mm512_cvtps_pd(_mm512_extractf32x8_ps(squares, 1)));
     }
-    alignas(64) float partial[kSums][kLanes];
-    for (int s = 0; s < kSums; ++s) _mm512_store_ps(partial[s], sums[s]);
-    double sum_of_squares = 0.0;
-    for (int s = 0; s < kSums; ++s)
-        for (int lane = 0; lane < kLanes; ++lane) sum_of_squares += partial[s][lane];
-    // Squares past f32's range (|x| above about 1.8e19) made the f32 sums infinite, which
-    // would scale every output to 0: such a vector is summed again in double, as the
-    // scalar rmsnorm does, and the result is the true norm (or Inf/NaN for x that is).
-    if (std::isinf(sum_of_squares)) {
-        sum_of_squares = 0.0;
-        for (int i = 0; i < n; ++i) sum_of_squares += double(x[i]) * x[i];
-    }
-    const __m512 scale = _mm512_set1_ps(float(1.0 / std::sqrt(sum_of_squares / n + eps)));
+    const __m512 scale =
+        _mm512_set1_ps(rms_scale(x, n, _mm512_reduce_add_pd(_mm512_add_pd(sums[0], sums[1])), eps));
     for (int i = 0; i < n; i += kLanes) {
         const __mmask16 mask = first_lanes(n - i);
         const __m512 normalised = _mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + i), scale);
