@@ -197,7 +197,8 @@ QUANTIZED_SHAPES = {"mixtral": {"hidden_size": 64, "intermediate_size": 96},
 def test_quantized_matches_the_reference_on_the_dequantized_weights(tmp_path, name, dtype):
     """The scalar path uses the dequantized weights exactly. The SIMD paths, decode and
     prefill, also quantize the activations to 8 bits, which every expert's matrices add to
-    (measured: 1.6e-2 to 4.2e-2, the same with every expert chosen, so not from routing)."""
+    (measured: 2.3e-2 to 3.6e-2, and 7.3e-2 for Mixtral q8, 2.5e-2 there before x's Q8 rule
+    became llama.cpp's: where the rounding of x falls is chance on so small a model)."""
     config = {**CONFIGS[name], **QUANTIZED_SHAPES[name]}
     hf = checkpoint(tmp_path, name, config, moe_tensors(config, near_tie=False))
     model = convert(hf, tmp_path / "model.bin", dtype)
@@ -206,7 +207,7 @@ def test_quantized_matches_the_reference_on_the_dequantized_weights(tmp_path, na
     assert relative_error(scalar, want) < 1e-4
     for flags in ([], ["--prefill"], ["--simd", "avx2"], ["--simd", "avx2", "--prefill"]):
         got = barellm_logits(model, IDS, "--kv", "f32", *flags)
-        assert relative_error(got, want) < 6e-2
+        assert relative_error(got, want) < 1e-1
         assert (got.argmax(axis=1) == want.argmax(axis=1)).mean() >= 0.8
 
 
