@@ -15,11 +15,12 @@
 // How the products are computed: int8 dot products (dp4a) against the input quantized to
 // int8 per block of 32 columns, as the CPU's Q8/Q4 matvec does (cpu::quantize_q8: scale =
 // max |x| / 127 rounded to f16, values rounded to even: llama.cpp's Q8_0 rule), so the GPU's
-// results follow the CPU's. Why int8 rather than the weights converted to f32 against the f32 input: the
-// kernel must stream weights at memory speed (on an H100 ~14 Q8 or ~28 Q4 weights per SM per
-// clock), and in f32 every weight costs a convert, an FMA and 4 bytes of shared memory, close
-// to the SM's limits; with dp4a one instruction multiplies four weights and the int8 input
-// costs 1 byte per weight. The f32 form was measured 1.1-1.5x slower (docs/benchmarks-history.md).
+// results follow the CPU's. Why int8 rather than the weights converted to f32 against the
+// f32 input: the kernel must stream weights at memory speed (on an H100 ~14 Q8 or ~28 Q4
+// weights per SM per clock), and in f32 every weight costs a convert, an FMA and 4 bytes of
+// shared memory, close to the SM's limits; with dp4a one instruction multiplies four weights
+// and the int8 input costs 1 byte per weight. The f32 form was measured 1.1-1.5x slower
+// (docs/benchmarks-history.md).
 //
 // - Staging (stage_quantized_input): the f32 input is staged (and normed) as matvec.cuh
 //   does, then quantized, each 8 lanes taking a block of 32 columns (a float4 each), into
@@ -98,8 +99,9 @@ __device__ __forceinline__ float2 q8_group_scale(float largest) {
 
 // Quantizes the staged f32 input xs[pitch] (plain order) per block of 32 as cpu::quantize_q8
 // does (cpu/kernels.h, q8_group_scale): scale = max |x| / 127 rounded to f16 (f32 where f16
-// has no normal number for it), value = x × (127 / max |x|) rounded to even (0 for zeros). Each warp takes kBlocksPerWarpPass blocks at a time, 8 lanes a block. Every
-// thread of the block must call it; the caller synchronises before reading the result.
+// has no normal number for it), value = x × (127 / max |x|) rounded to even (0 for zeros).
+// Each warp takes kBlocksPerWarpPass blocks at a time, 8 lanes a block. Every thread of the
+// block must call it; the caller synchronises before reading the result.
 template <int kPerVector>
 __device__ __forceinline__ void quantize_staged(const float* xs, int8_t* values, float* scales,
                                                 int* sums, int pitch) {

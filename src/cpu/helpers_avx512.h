@@ -34,9 +34,9 @@ inline __mmask64 first_bytes(int count) {
     return count >= 64 ? ~__mmask64(0) : (__mmask64(1) << count) - 1;
 }
 
-// One group of x quantized to Q8 as quantize_q8 does (cpu/kernels.h, q8_group_scale), as int32
-// lanes: the group's columns 0-15 in
-// `low`, 16-31 in `high`, 0 past the `count` values read from x (count ≤ 32).
+// One group of x quantized to Q8 as quantize_q8 does (cpu/kernels.h, q8_group_scale), as
+// int32 lanes: the group's columns 0-15 in `low`, 16-31 in `high`, 0 past the `count` values
+// read from x (count ≤ 32).
 struct QuantizedGroup {
     __m512i low, high;
     float scale;
