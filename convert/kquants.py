@@ -1,6 +1,6 @@
 """llama.cpp's reference quantizers (quantize_row_*_ref of ggml, the ones llama-quantize uses
 without an importance matrix) for the block types the mixes of mixes.py choose: Q4_K, Q5_K,
-Q6_K, and the fallbacks Q5_0, Q5_1 and Q8_0. numpy, vectorised over blocks.
+Q6_K, IQ4_XS, and the fallbacks Q5_0, Q5_1 and Q8_0. numpy, vectorised over blocks.
 
 Every step is float32 in ggml's order of operations, sums included (accumulated element
 after element, never pairwise), and rounding is ggml's: nearest_int (to nearest, ties to
@@ -316,7 +316,86 @@ def quantize_q8_0(values):
     return values.reshape(rows, cols), to_f16(d)
 
 
-BLOCK_QUANTIZERS = {"Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k,
+# ------------------------------------------------------------------------------ IQ4_XS
+
+# kvalues_iq4nl: the 16 levels of IQ4_XS (and IQ4_NL), non-uniform, as float32.
+IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+                      dtype=F32)
+IQ4_SUB = 32  # weights per IQ4_XS sub-block (8 of them, a 6-bit scale each)
+IQ4_TRIES = range(-7, 8)  # quantize_iq4_xs's search: a multiplier of (try + levels[0]) / max
+IQ4_SCALE_OFFSET = 32  # a sub-block scale l in -32..31 is stored as l + 32 (6 bits)
+
+
+def nearest_level(x):
+    """ggml's best_index_int8 over IQ4_LEVELS of float32 x: the index of the nearest level,
+    the upper of two equally near (the distances computed in float32)."""
+    upper = np.clip(np.searchsorted(IQ4_LEVELS, x, side="right"), 1, len(IQ4_LEVELS) - 1)
+    index = np.where(x - IQ4_LEVELS[upper - 1] < IQ4_LEVELS[upper] - x, upper - 1, upper)
+    return np.where(x <= IQ4_LEVELS[0], 0, np.where(x >= IQ4_LEVELS[-1], len(IQ4_LEVELS) - 1,
+                                                     index))
+
+
+def iq4_sub_block_scales(x):
+    """quantize_row_iq4_nl_impl's scale of each sub-block given as a column (float32 [32,
+    count]), without an importance matrix: weights x², a first multiplier 127 / max (max: the
+    first value of the largest magnitude, sign kept), the least-squares scale of its levels,
+    then those of the multipliers (try − 127) / max for each try, the best kept. Sub-blocks
+    whose largest |x| is below GROUP_MAX_EPS get 0."""
+    largest = np.zeros(x.shape[1], dtype=F32)
+    amax = np.zeros(x.shape[1], dtype=F32)
+    for row in x:
+        bigger = np.abs(row) > amax
+        amax = np.where(bigger, np.abs(row), amax)
+        largest = np.where(bigger, row, largest)
+    zero = amax < GROUP_MAX_EPS
+    largest = np.where(zero, F32(1), largest)
+    weights = x * x
+
+    def sums(multiplier):
+        q = IQ4_LEVELS[nearest_level(multiplier * x)]
+        weighted = weights * q
+        return running_sum(weighted * x), running_sum(weighted * q)
+
+    # ggml: d = -max / levels[0], then 1 / d.
+    sumqx, sumq2 = sums((F32(1) / (-largest / IQ4_LEVELS[0])).astype(F32))
+    scale = np.where(sumq2 > 0, divide(sumqx, sumq2), F32(0))
+    best = scale * sumqx
+    for attempt in IQ4_TRIES:
+        sumqx, sumq2 = sums((F32(attempt + int(IQ4_LEVELS[0])) / largest).astype(F32))
+        better = (sumq2 > 0) & (sumqx * sumqx > best * sumq2)
+        scale = np.where(better, divide(sumqx, sumq2), scale)
+        best = np.where(better, scale * sumqx, best)
+    return np.where(zero, F32(0), scale).astype(F32)
+
+
+def quantize_iq4_xs(x):
+    """IQ4_XS blocks (uint8 [n, 136]) of float32 super-blocks x [n, 256]."""
+    count = x.shape[0]
+    subs = SUPER_BLOCK // IQ4_SUB
+    scales = iq4_sub_block_scales(np.ascontiguousarray(x.reshape(count * subs, IQ4_SUB).T))
+    scales = scales.reshape(count, subs)
+    max_scale = np.zeros(count, dtype=F32)
+    max_abs = np.zeros(count, dtype=F32)
+    for sub in scales.T:  # the first scale of the largest magnitude, with its sign
+        bigger = np.abs(sub) > max_abs
+        max_abs = np.where(bigger, np.abs(sub), max_abs)
+        max_scale = np.where(bigger, sub, max_scale)
+    d = (-max_scale / F32(IQ4_SCALE_OFFSET)).astype(F32)  # -0.0 for a block of zeros
+    l = np.clip(nearest_int(divide(F32(1), d)[:, None] * scales), -IQ4_SCALE_OFFSET,
+                IQ4_SCALE_OFFSET - 1)
+    sub_d = d[:, None] * l.astype(F32)  # ggml uses d in f32 here, not its f16 rounding
+    grouped = x.reshape(count, subs, IQ4_SUB)
+    levels = nearest_level(divide(F32(1), sub_d)[..., None] * grouped).astype(np.uint8)
+    stored = (l + IQ4_SCALE_OFFSET).astype(np.uint16)  # 6 bits: low 4 and high 2
+    scales_l = (stored[:, 0::2] & 15 | (stored[:, 1::2] & 15) << 4).astype(np.uint8)
+    scales_h = np.bitwise_or.reduce((stored >> 4) << (2 * np.arange(subs, dtype=np.uint16)),
+                                    axis=1).astype("<u2")
+    qs = (levels[:, :, :16] | levels[:, :, 16:] << 4).reshape(count, 128)
+    return np.concatenate([to_f16(d).view(np.uint8).reshape(-1, 2),
+                           scales_h.view(np.uint8).reshape(-1, 2), scales_l, qs], axis=1)
+
+
+BLOCK_QUANTIZERS = {"IQ4_XS": quantize_iq4_xs, "Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k,
                     "Q5_0": quantize_q5_0, "Q5_1": quantize_q5_1}
 
 

@@ -1,4 +1,4 @@
-"""The type of each matrix under llama-quantize's K-quant mixes Q4_K_M, Q5_K_M and Q6_K
+"""The type of each matrix under llama-quantize's mixes Q4_K_M, Q5_K_M, Q6_K and IQ4_XS
 (without an importance matrix), for the dense models barellm runs.
 
 - Each mix has a base type (Q4_K, Q5_K, Q6_K).
@@ -8,14 +8,18 @@
   the first and last eighth of the layers and every third layer between them
   (more_bits). For a Llama of 80 layers with grouped-query attention (llama.cpp's 70B),
   the other wv of Q4_K_M are Q5_K.
+- IQ4_XS gives Q5_K to attn_v (wv) where four or more query heads share a KV head, and to
+  ffn_down (w2) in the first eighth of the layers.
 - A matrix whose rows are not a multiple of 256 falls back to a type of 32-weight
   blocks: Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0; rows not a multiple of 32 either
-  stay F16.
+  stay F16. IQ4_XS would fall back to IQ4_NL, which barellm does not run: such a
+  matrix is refused.
 """
 
 from typing import NamedTuple
 
 import blocks
+from common import ConvertError
 
 
 class Mix(NamedTuple):
@@ -23,7 +27,8 @@ class Mix(NamedTuple):
     more_bits: bool  # wv and w2 of the more_bits layers become Q6_K
 
 
-MIXES = {"Q4_K_M": Mix("Q4_K", True), "Q5_K_M": Mix("Q5_K", True), "Q6_K": Mix("Q6_K", False)}
+MIXES = {"Q4_K_M": Mix("Q4_K", True), "Q5_K_M": Mix("Q5_K", True), "Q6_K": Mix("Q6_K", False),
+         "IQ4_XS": Mix("IQ4_XS", False)}
 # --dtype spelling -> mix.
 CLI_NAMES = {name.lower(): name for name in MIXES}
 OUTPUT_TYPE = "Q6_K"
@@ -36,6 +41,10 @@ UNQUANTIZED_TYPE = "F16"  # rows that are not whole blocks of 32 either
 # llama.cpp's 70B (a Llama of this many layers with grouped-query attention): its wv of
 # Q4_K become Q5_K.
 LLAMA_70B_LAYERS = 80
+# IQ4_XS's wv where at least this many query heads share a KV head, and its w2 in the first
+# eighth of the layers, are of this type.
+IQ4_XS_WIDER_TYPE = "Q5_K"
+IQ4_XS_WIDER_WV_GROUP = 4
 
 
 def more_bits(layer, layers):
@@ -64,6 +73,11 @@ def matrix_type(mix, name, cols, config):
     is_output = name == "output" or (name == "token_embedding" and config["tied_embeddings"])
     if is_output:
         chosen = WIDE_OUTPUT_TYPE if cols % block_weights(base) else OUTPUT_TYPE
+    elif short in ("wv", "w2") and base == "IQ4_XS":
+        layer = int(name.split(".")[1])
+        wider = (config["heads"] // config["kv_heads"] >= IQ4_XS_WIDER_WV_GROUP if short == "wv"
+                 else layer < config["layers"] // 8)
+        chosen = IQ4_XS_WIDER_TYPE if wider else base
     elif short in ("wv", "w2") and MIXES[mix].more_bits:
         layer = int(name.split(".")[1])
         chosen = MORE_BITS_TYPE if more_bits(layer, config["layers"]) else base
@@ -73,6 +87,10 @@ def matrix_type(mix, name, cols, config):
             chosen = "Q5_K"
     else:
         chosen = base
+    if chosen == "IQ4_XS" and cols % block_weights(chosen):
+        raise ConvertError(f"--dtype iq4_xs: matrix '{name}' has rows of {cols} columns, not "
+                           f"whole blocks of {block_weights(chosen)}; llama-quantize would "
+                           "store it as IQ4_NL, which barellm does not run")
     return with_fallback(chosen, cols)
 
 

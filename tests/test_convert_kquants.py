@@ -476,12 +476,16 @@ def more_bits(layer, layers):
             or (layer - layers // 8) % 3 == 2)
 
 
-def expected_type(mix, name, cols, tied, layers):
+def expected_type(mix, name, cols, tied, layers, query_heads_per_kv=1):
     """llama-quantize's choice for a dense llama (docs/FORMAT.md), written here."""
-    base = {"q4_k_m": "Q4_K", "q5_k_m": "Q5_K", "q6_k": "Q6_K"}[mix]
+    base = {"q4_k_m": "Q4_K", "q5_k_m": "Q5_K", "q6_k": "Q6_K", "iq4_xs": "IQ4_XS"}[mix]
     short = name.rsplit(".", 1)[-1]
     if name == "output" or (tied and name == "token_embedding"):
         kind = "Q6_K" if cols % 256 == 0 else "Q8_0"
+    elif mix == "iq4_xs" and short == "wv":
+        kind = "Q5_K" if query_heads_per_kv >= 4 else base
+    elif mix == "iq4_xs" and short == "w2":
+        kind = "Q5_K" if int(name.split(".")[1]) < layers // 8 else base
     elif mix != "q6_k" and short in ("wv", "w2") and more_bits(int(name.split(".")[1]), layers):
         kind = "Q6_K"
     else:
@@ -495,7 +499,7 @@ def expected_type(mix, name, cols, tied, layers):
 
 # Relative RMS error of each type on Gaussian weights, with a margin (measured: Q4_K
 # 0.072, Q5_K 0.036, Q6_K 0.018, Q5_0 0.043, Q5_1 0.038, Q8_0 0.004).
-RELATIVE_ERROR = {"Q4_K": 0.09, "Q5_K": 0.045, "Q6_K": 0.023, "Q5_0": 0.055, "Q5_1": 0.048,
+RELATIVE_ERROR = {"IQ4_XS": 0.09, "Q4_K": 0.09, "Q5_K": 0.045, "Q6_K": 0.023, "Q5_0": 0.055, "Q5_1": 0.048,
                   "Q8_0": 0.006, "F16": 0.001}
 
 
@@ -509,14 +513,24 @@ MIX_CONFIGS = {
                 "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 41,
                 "num_hidden_layers": 3, "tie_word_embeddings": True},
 }
+# IQ4_XS needs rows of whole super-blocks; 4 query heads a KV head give wv Q5_K, 9 layers
+# w2 of layer 0 Q5_K.
+IQ4_CONFIG = {**TINY_CONFIG, "hidden_size": 256, "intermediate_size": 512,
+              "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 41,
+              "num_hidden_layers": 9}
+MIX_CASES = [(mix, shape) for mix in ("q4_k_m", "q5_k_m", "q6_k") for shape in MIX_CONFIGS]
+MIX_CASES.append(("iq4_xs", "iq4"))
 
 
-@pytest.mark.parametrize("shape", sorted(MIX_CONFIGS))
-@pytest.mark.parametrize("mix", ["q4_k_m", "q5_k_m", "q6_k"])
+def mix_config(shape):
+    return IQ4_CONFIG if shape == "iq4" else MIX_CONFIGS[shape]
+
+
+@pytest.mark.parametrize("mix,shape", MIX_CASES)
 def test_mixes_of_a_checkpoint(tmp_path, mix, shape):
     """Each matrix gets llama-quantize's type for the mix, and its dequantized values are
     within the type's error of the checkpoint's."""
-    config = MIX_CONFIGS[shape]
+    config = mix_config(shape)
     tensors = tiny_tensors(config, seed=3)
     hf = make_checkpoint(tmp_path / "hf", config=config, tensors=tensors)
     out, log = convert(hf, tmp_path / "m.bin", "--dtype", mix)
@@ -538,7 +552,8 @@ def test_mixes_of_a_checkpoint(tmp_path, mix, shape):
     for name, hf_name in hf_names.items():
         original = tensors[hf_name][1]
         kind = expected_type(mix, name, original.shape[1], bool(config.get(
-            "tie_word_embeddings")), config["num_hidden_layers"])
+            "tie_word_embeddings")), config["num_hidden_layers"],
+            config["num_attention_heads"] // config["num_key_value_heads"])
         assert types[name] == kind, name
         seen.add(kind)
         got = matrix_values(stored, name, kind)
@@ -720,6 +735,73 @@ def scalar_q6_k(x):
     return bytes(ql) + bytes(qh) + np.array(sub_scales, dtype=np.int8).tobytes() + d.tobytes()
 
 
+IQ4_LEVELS = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
+
+
+def scalar_best_index(value):
+    """best_index_int8 over the IQ4 levels: the nearest, the upper one on a tie."""
+    if value <= IQ4_LEVELS[0]:
+        return 0
+    if value >= IQ4_LEVELS[-1]:
+        return len(IQ4_LEVELS) - 1
+    upper = next(i for i, level in enumerate(IQ4_LEVELS) if level > value)
+    below = F32(value - F32(IQ4_LEVELS[upper - 1]))
+    above = F32(F32(IQ4_LEVELS[upper]) - value)
+    return upper - 1 if below < above else upper
+
+
+def scalar_iq4_xs(x):
+    """One IQ4_XS super-block (256 float32) as bytes, value by value (quantize_iq4_xs of
+    ggml-quants.c without an importance matrix: seven tries either side)."""
+    scales = []
+    for j in range(8):
+        xs = x[32 * j:32 * j + 32]
+        amax, largest = F32(0), F32(0)
+        for value in xs:
+            if abs(value) > amax:
+                amax, largest = abs(value), value
+        if amax < F32(1e-15):
+            scales.append(F32(0))
+            continue
+
+        def sums(inverse):
+            sumqx = sumq2 = F32(0)
+            for value in xs:
+                q = F32(IQ4_LEVELS[scalar_best_index(F32(inverse * value))])
+                w = F32(value * value)
+                sumqx = F32(sumqx + F32(w * q) * value)
+                sumq2 = F32(sumq2 + F32(w * q) * q)
+            return sumqx, sumq2
+
+        sumqx, sumq2 = sums(F32(1) / (-largest / F32(-127)))
+        d = sumqx / sumq2 if sumq2 > 0 else F32(0)
+        best = F32(d * sumqx)
+        for attempt in range(-7, 8):
+            sumqx, sumq2 = sums(F32(attempt - 127) / largest)
+            if sumq2 > 0 and F32(sumqx * sumqx) > F32(best * sumq2):
+                d = F32(sumqx / sumq2)
+                best = F32(d * sumqx)
+        scales.append(F32(d))
+    max_abs, max_scale = F32(0), F32(0)
+    for scale in scales:
+        if abs(scale) > max_abs:
+            max_abs, max_scale = abs(scale), scale
+    d = F32(-max_scale / F32(32))
+    inverse = F32(1) / d if d else F32(0)
+    levels, stored = [], []
+    for j in range(8):
+        l = max(-32, min(31, nearest(F32(inverse * scales[j]))))
+        dl = F32(d * F32(l))
+        idl = F32(1) / dl if dl else F32(0)
+        levels += [scalar_best_index(F32(idl * value)) for value in x[32 * j:32 * j + 32]]
+        stored.append(l + 32)
+    scales_h = sum((l >> 4) << (2 * j) for j, l in enumerate(stored))
+    scales_l = [(stored[2 * k] & 15) | (stored[2 * k + 1] & 15) << 4 for k in range(4)]
+    qs = [levels[32 * i + j] | levels[32 * i + 16 + j] << 4 for i in range(8) for j in range(16)]
+    return (np.array(d, dtype="<f2").tobytes() + int(scales_h).to_bytes(2, "little") +
+            bytes(scales_l) + bytes(qs))
+
+
 def edge_super_blocks(rng):
     """Super-blocks (float32 [n, 256]) with the cases the rules single out: Gaussian,
     heavy-tailed, all positive, all negative, a constant sub-block, zero sub-blocks with
@@ -735,16 +817,21 @@ def edge_super_blocks(rng):
                      steps]).astype(F32)
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K"])
+@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K", "IQ4_XS"])
 def test_k_quantizers_match_a_scalar_reference(type_name):
     """The converter's vectorised quantizers (convert/kquants.py) give the bytes of ggml's
     reference rules computed here one value at a time in float32."""
     sys.path.insert(0, os.path.join(REPO, "convert"))
     import kquants
-    x = edge_super_blocks(np.random.default_rng(12))
+    rng = np.random.default_rng(12)
+    x = edge_super_blocks(rng)
+    if type_name == "IQ4_XS":  # the outermost tries of its search win on some uniform blocks
+        x = np.concatenate([x, rng.uniform(-1, 1, (24, 256)).astype(F32),
+                            rng.standard_normal((24, 256)).astype(F32)])
     got = kquants.quantize(x, type_name)
     for row, block in zip(x, got):
-        expected = scalar_q6_k(row) if type_name == "Q6_K" else scalar_q45_k(row, type_name)
+        expected = (scalar_q6_k(row) if type_name == "Q6_K" else scalar_iq4_xs(row)
+                    if type_name == "IQ4_XS" else scalar_q45_k(row, type_name))
         assert block.tobytes() == expected
 
 
@@ -764,6 +851,19 @@ def test_weights_beyond_the_f16_scales_are_refused(tmp_path, mix, kind):
     assert os.listdir(out_dir) == []
 
 
+def test_iq4_xs_of_rows_not_whole_super_blocks_is_refused(tmp_path):
+    """llama-quantize stores such rows as IQ4_NL, which barellm does not run: one line."""
+    hf = make_checkpoint(tmp_path / "hf", config=MIX_CONFIGS["untied"],
+                         tensors=tiny_tensors(MIX_CONFIGS["untied"], seed=3))
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    result = run(CONVERT, hf, "-o", out_dir / "m.bin", "--dtype", "iq4_xs")
+    lines = result.stderr.splitlines()
+    assert result.returncode == 1 and len(lines) == 1, result.stderr
+    assert "rows of 288 columns" in lines[0] and "IQ4_NL" in lines[0], lines[0]
+    assert os.listdir(out_dir) == []
+
+
 # ------------------------------------------- running a mix (needs barellm's per-matrix types)
 
 def logits(model, ids, *flags):
@@ -777,12 +877,11 @@ def logits(model, ids, *flags):
     return np.fromfile(out, dtype="<f4").reshape(len(ids), -1)
 
 
-@pytest.mark.parametrize("shape", sorted(MIX_CONFIGS))
-@pytest.mark.parametrize("mix", ["q4_k_m", "q5_k_m", "q6_k"])
+@pytest.mark.parametrize("mix,shape", MIX_CASES)
 def test_a_mix_runs_as_its_dequantized_weights(tmp_path, mix, shape):
     """barellm's logits of a mix are those of an F32 file of the same weights dequantized
     here, up to the quantization of the activations in the integer dot products."""
-    config = MIX_CONFIGS[shape]
+    config = mix_config(shape)
     tensors = tiny_tensors(config, seed=4)
     hf = make_checkpoint(tmp_path / "hf", config=config, tensors=tensors)
     mixed, _ = convert(hf, tmp_path / "mix.bin", "--dtype", mix)
