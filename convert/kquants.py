@@ -395,8 +395,8 @@ def quantize_iq4_xs(x):
                            scales_h.view(np.uint8).reshape(-1, 2), scales_l, qs], axis=1)
 
 
-BLOCK_QUANTIZERS = {"IQ4_XS": quantize_iq4_xs, "Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k,
-                    "Q5_0": quantize_q5_0, "Q5_1": quantize_q5_1}
+BLOCK_QUANTIZERS = {"IQ4_XS": quantize_iq4_xs, "Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k,
+                    "Q6_K": quantize_q6_k, "Q5_0": quantize_q5_0, "Q5_1": quantize_q5_1}
 
 
 def quantize(values, type_name):

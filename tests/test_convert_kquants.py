@@ -497,10 +497,10 @@ def expected_type(mix, name, cols, tied, layers, query_heads_per_kv=1):
     return kind
 
 
-# Relative RMS error of each type on Gaussian weights, with a margin (measured: Q4_K
-# 0.072, Q5_K 0.036, Q6_K 0.018, Q5_0 0.043, Q5_1 0.038, Q8_0 0.004).
-RELATIVE_ERROR = {"IQ4_XS": 0.09, "Q4_K": 0.09, "Q5_K": 0.045, "Q6_K": 0.023, "Q5_0": 0.055, "Q5_1": 0.048,
-                  "Q8_0": 0.006, "F16": 0.001}
+# Relative RMS error of each type on Gaussian weights, with a margin (measured: IQ4_XS
+# 0.077, Q4_K 0.072, Q5_K 0.036, Q6_K 0.018, Q5_0 0.043, Q5_1 0.038, Q8_0 0.004).
+RELATIVE_ERROR = {"IQ4_XS": 0.09, "Q4_K": 0.09, "Q5_K": 0.045, "Q6_K": 0.023, "Q5_0": 0.055,
+                  "Q5_1": 0.048, "Q8_0": 0.006, "F16": 0.001}
 
 
 MIX_CONFIGS = {
