@@ -1,5 +1,5 @@
 """The type of each matrix under llama-quantize's mixes Q4_K_M, Q5_K_M, Q6_K and IQ4_XS
-(without an importance matrix), for the dense models barellm runs.
+(without an importance matrix), for the models barellm runs.
 
 - Each mix has a base type (Q4_K, Q5_K, Q6_K).
 - The output matrix (or the token embedding when it is tied to the output) is Q6_K; Q8_0
@@ -10,6 +10,8 @@
   the other wv of Q4_K_M are Q5_K.
 - IQ4_XS gives Q5_K to attn_v (wv) where four or more query heads share a KV head, and to
   ffn_down (w2) in the first eighth of the layers.
+- A model of exactly 8 experts (Mixtral) has its wk and wv in Q8_0 under every mix, and its
+  wo in Q5_K under Q4_K_M and IQ4_XS.
 - A matrix whose rows are not a multiple of 256 falls back to a type of 32-weight
   blocks: Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0; rows not a multiple of 32 either
   stay F16. IQ4_XS would fall back to IQ4_NL, which barellm does not run: such a
@@ -45,6 +47,12 @@ LLAMA_70B_LAYERS = 80
 # eighth of the layers, are of this type.
 IQ4_XS_WIDER_TYPE = "Q5_K"
 IQ4_XS_WIDER_WV_GROUP = 4
+# A model of this many experts per sparse layer: wk and wv of this type, and wo of the
+# listed mixes of the other.
+EIGHT_EXPERTS = 8
+EIGHT_EXPERTS_KV_TYPE = "Q8_0"
+EIGHT_EXPERTS_WO_TYPE = "Q5_K"
+EIGHT_EXPERTS_WO_MIXES = ("Q4_K_M", "IQ4_XS")
 
 
 def more_bits(layer, layers):
@@ -87,6 +95,10 @@ def matrix_type(mix, name, cols, config):
             chosen = "Q5_K"
     else:
         chosen = base
+    if config.get("experts") == EIGHT_EXPERTS and short in ("wk", "wv"):
+        chosen = EIGHT_EXPERTS_KV_TYPE
+    elif config.get("experts") == EIGHT_EXPERTS and short == "wo" and mix in EIGHT_EXPERTS_WO_MIXES:
+        chosen = EIGHT_EXPERTS_WO_TYPE
     if chosen == "IQ4_XS" and cols % block_weights(chosen):
         raise ConvertError(f"--dtype iq4_xs: matrix '{name}' has rows of {cols} columns, not "
                            f"whole blocks of {block_weights(chosen)}; llama-quantize would "

@@ -562,6 +562,26 @@ def test_mixes_of_a_checkpoint(tmp_path, mix, shape):
     print(mix, shape, sorted(seen))
 
 
+@pytest.mark.parametrize("mix,base,wo", [("Q4_K_M", "Q4_K", "Q5_K"), ("Q5_K_M", "Q5_K", "Q5_K"),
+                                         ("Q6_K", "Q6_K", "Q6_K"), ("IQ4_XS", "IQ4_XS", "Q5_K")])
+def test_eight_experts_keep_wk_and_wv_in_q8_0(mix, base, wo):
+    """llama-quantize's rules for a model of 8 experts (Mixtral): wk and wv Q8_0 under every
+    mix, wo Q5_K under Q4_K_M and IQ4_XS; the experts' w2 follow the dense rules."""
+    sys.path.insert(0, os.path.join(REPO, "convert"))
+    import mixes
+    config = {"layers": 32, "tied_embeddings": False, "architecture": "mixtral", "heads": 32,
+              "kv_heads": 8, "experts": 8}
+    assert mixes.matrix_type(mix, "layers.5.wk", 4096, config) == "Q8_0"
+    assert mixes.matrix_type(mix, "layers.5.wv", 4096, config) == "Q8_0"
+    assert mixes.matrix_type(mix, "layers.5.wo", 4096, config) == wo
+    assert mixes.matrix_type(mix, "layers.5.wq", 4096, config) == base
+    assert mixes.matrix_type(mix, "layers.5.experts.w1", 4096, config) == base
+    more_bits_w2 = {"Q4_K_M": "Q6_K", "Q5_K_M": "Q6_K", "Q6_K": "Q6_K", "IQ4_XS": "Q5_K"}[mix]
+    assert mixes.matrix_type(mix, "layers.0.experts.w2", 14336, config) == more_bits_w2
+    sixteen = {**config, "experts": 16}
+    assert mixes.matrix_type(mix, "layers.5.wk", 4096, sixteen) == base
+
+
 def test_q4_k_m_more_bits_layers_of_tinyllama():
     """TinyLlama's 22 layers: llama-quantize gives Q6_K to wv and w2 of layers 0, 1, 4, 7,
     10, 13, 16, 19, 20, 21."""
