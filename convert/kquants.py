@@ -329,8 +329,13 @@ IQ4_SCALE_OFFSET = 32  # a sub-block scale l in -32..31 is stored as l + 32 (6 b
 def nearest_level(x):
     """ggml's best_index_int8 over IQ4_LEVELS of float32 x: the index of the nearest level,
     the upper of two equally near (the distances computed in float32)."""
-    upper = np.clip(np.searchsorted(IQ4_LEVELS, x, side="right"), 1, len(IQ4_LEVELS) - 1)
-    index = np.where(x - IQ4_LEVELS[upper - 1] < IQ4_LEVELS[upper] - x, upper - 1, upper)
+    # upper: the first level above x (1..15 for x within the levels), counted by comparisons
+    # (a 16-entry table: faster than numpy's searchsorted).
+    upper = np.ones(np.shape(x), dtype=np.uint8)
+    for level in IQ4_LEVELS[1:-1]:
+        upper += x >= level
+    index = np.where(x - np.take(IQ4_LEVELS, upper - 1) < np.take(IQ4_LEVELS, upper) - x,
+                     upper - 1, upper)
     return np.where(x <= IQ4_LEVELS[0], 0, np.where(x >= IQ4_LEVELS[-1], len(IQ4_LEVELS) - 1,
                                                      index))
 
