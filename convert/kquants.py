@@ -60,6 +60,18 @@ def first_extreme(x, beats):
     return extreme
 
 
+def first_largest_magnitude(x):
+    """Along axis 0: (the first value of the largest magnitude, sign kept, scanning as C does
+    from 0; that magnitude)."""
+    largest = np.zeros(x.shape[1:], dtype=F32)
+    amax = np.zeros(x.shape[1:], dtype=F32)
+    for row in x:
+        bigger = np.abs(row) > amax
+        amax = np.where(bigger, np.abs(row), amax)
+        largest = np.where(bigger, row, largest)
+    return largest, amax
+
+
 def running_sum(terms):
     """Sum of terms[0], terms[1], ... (along axis 0) in that order, in float32."""
     total = np.zeros(terms.shape[1:], dtype=F32)
@@ -194,12 +206,7 @@ def make_qx_quants(x):
     columns (float32 [16, count]): the scale (of either sign) and the levels L in 0..63
     (l + 32). Sub-blocks whose largest |x| is below GROUP_MAX_EPS get scale 0, L 0."""
     nmax = Q6K_LEVELS
-    largest = np.zeros(x.shape[1], dtype=F32)
-    amax = np.zeros(x.shape[1], dtype=F32)
-    for row in x:  # the first value of the largest magnitude, with its sign
-        bigger = np.abs(row) > amax
-        amax = np.where(bigger, np.abs(row), amax)
-        largest = np.where(bigger, row, largest)
+    largest, amax = first_largest_magnitude(x)
     zero = amax < GROUP_MAX_EPS
     largest = np.where(zero, F32(1), largest)
     weights = x * x
@@ -235,12 +242,7 @@ def quantize_q6_k(x):
     columns = np.ascontiguousarray(x.reshape(count * subs, Q6K_SUB).T)  # [16, n * 16]
     scales, first = make_qx_quants(columns)
     scales = scales.reshape(count, subs)
-    max_scale = np.zeros(count, dtype=F32)
-    max_abs = np.zeros(count, dtype=F32)
-    for sub in scales.T:  # the first scale of the largest magnitude, with its sign
-        bigger = np.abs(sub) > max_abs
-        max_abs = np.where(bigger, np.abs(sub), max_abs)
-        max_scale = np.where(bigger, sub, max_scale)
+    max_scale, max_abs = first_largest_magnitude(scales.T)
     zero = max_abs < GROUP_MAX_EPS
     iscale = divide(F32(-128), np.where(zero, F32(1), max_scale))
     d = to_f16(divide(F32(1), iscale))
@@ -346,12 +348,7 @@ def iq4_sub_block_scales(x):
     first value of the largest magnitude, sign kept), the least-squares scale of its levels,
     then those of the multipliers (try − 127) / max for each try, the best kept. Sub-blocks
     whose largest |x| is below GROUP_MAX_EPS get 0."""
-    largest = np.zeros(x.shape[1], dtype=F32)
-    amax = np.zeros(x.shape[1], dtype=F32)
-    for row in x:
-        bigger = np.abs(row) > amax
-        amax = np.where(bigger, np.abs(row), amax)
-        largest = np.where(bigger, row, largest)
+    largest, amax = first_largest_magnitude(x)
     zero = amax < GROUP_MAX_EPS
     largest = np.where(zero, F32(1), largest)
     weights = x * x
@@ -379,12 +376,7 @@ def quantize_iq4_xs(x):
     subs = SUPER_BLOCK // IQ4_SUB
     scales = iq4_sub_block_scales(np.ascontiguousarray(x.reshape(count * subs, IQ4_SUB).T))
     scales = scales.reshape(count, subs)
-    max_scale = np.zeros(count, dtype=F32)
-    max_abs = np.zeros(count, dtype=F32)
-    for sub in scales.T:  # the first scale of the largest magnitude, with its sign
-        bigger = np.abs(sub) > max_abs
-        max_abs = np.where(bigger, np.abs(sub), max_abs)
-        max_scale = np.where(bigger, sub, max_scale)
+    max_scale, _ = first_largest_magnitude(scales.T)
     d = (-max_scale / F32(IQ4_SCALE_OFFSET)).astype(F32)  # -0.0 for a block of zeros
     l = np.clip(nearest_int(divide(F32(1), d)[:, None] * scales), -IQ4_SCALE_OFFSET,
                 IQ4_SCALE_OFFSET - 1)
