@@ -387,7 +387,9 @@ def quantize_iq4_xs(x):
     scales_l = (stored[:, 0::2] & 15 | (stored[:, 1::2] & 15) << 4).astype(np.uint8)
     scales_h = np.bitwise_or.reduce((stored >> 4) << (2 * np.arange(subs, dtype=np.uint16)),
                                     axis=1).astype("<u2")
-    qs = (levels[:, :, :16] | levels[:, :, 16:] << 4).reshape(count, 128)
+    # Byte j of a sub-block's 16: weight j in the low nibble, weight j + 16 in the high.
+    half = IQ4_SUB // 2
+    qs = (levels[:, :, :half] | levels[:, :, half:] << 4).reshape(count, SUPER_BLOCK // 2)
     return np.concatenate([to_f16(d).view(np.uint8).reshape(-1, 2),
                            scales_h.view(np.uint8).reshape(-1, 2), scales_l, qs], axis=1)
 

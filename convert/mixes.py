@@ -1,7 +1,7 @@
 """The type of each matrix under llama-quantize's mixes Q4_K_M, Q5_K_M, Q6_K and IQ4_XS
 (without an importance matrix), for the models barellm runs.
 
-- Each mix has a base type (Q4_K, Q5_K, Q6_K).
+- Each mix has a base type (Q4_K, Q5_K, Q6_K, IQ4_XS).
 - The output matrix (or the token embedding when it is tied to the output) is Q6_K; Q8_0
   where its rows are not whole blocks of the base type.
 - Q4_K_M and Q5_K_M give Q6_K to attn_v (wv) and ffn_down (w2) in the "more bits" layers:
