@@ -584,8 +584,8 @@ TEST_CASE("AVX-512 VNNI prefill GEMM of the block types matches a reference on q
                     build.gemm_rows_blocks(got.data(), m.matrix, quantized, first, count);
                     INFO(build.name << " " << matrix_type_name(dtype) << " batch " << batch
                                     << " cols " << cols);
-                    // Q4_K and Q6_K from their tiles (those of make_block_matrix) and from their
-                    // rows: the same panel, the same bits.
+                    // Q4_K, Q6_K and IQ4_XS from their tiles (those of make_block_matrix) and from
+                    // their rows: the same panel, the same bits.
                     if (m.matrix.row_tiles) {
                         Matrix rows_only = m.matrix;
                         rows_only.row_tiles = nullptr;
@@ -702,9 +702,11 @@ TEST_CASE("AVX-512 quantize_q8_k gives the bytes of llama.cpp's Q8_K rule") {
         }
 }
 
-TEST_CASE("AVX-512 VNNI Q4_K and Q6_K matvecs from tiles equal the dequantized rows times Q8_K x") {
+TEST_CASE(
+    "AVX-512 VNNI Q4_K, Q6_K and IQ4_XS matvecs from tiles equal the dequantized rows times Q8_K "
+    "x") {
     std::mt19937 rng(519);
-    const auto dtype = GENERATE(DType::Q4_K, DType::Q6_K);
+    const auto dtype = GENERATE(DType::Q4_K, DType::Q6_K, DType::IQ4_XS);
     for (const Avx512Build& build : builds())
         if (build.has_vnni)
             check_block_tile_matvec(build.matvec_rows_block_tiles, build.name, dtype, rng);

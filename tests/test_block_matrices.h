@@ -80,7 +80,7 @@ inline TestMatrix make_block_matrix(int rows, int cols, DType dtype, std::mt1993
     m.values.resize(size_t(rows) * cols);
     for (int r = 0; r < rows; ++r)
         dequantize_row(dtype, m.matrix.row_data(r), &m.values[size_t(r) * cols], cols);
-    if (cpu::has_row_tiles(dtype)) add_row_tiles(&m);  // Q4_K and Q6_K, as the CPU backend's
+    if (cpu::has_row_tiles(dtype)) add_row_tiles(&m);  // Q4_K, Q6_K, IQ4_XS: as the CPU backend's
     return m;
 }
 
@@ -178,8 +178,8 @@ inline double worst_row_error(const std::vector<float>& got, const std::vector<d
     return worst;
 }
 
-// A decode matvec of Q4_K or Q6_K tiles (avx512:: or avx2::matvec_rows_block_tiles) against the
-// dequantized rows times x quantized by the Q8_K rule: 37 rows (a multiple of no tile, rows of
+// A decode matvec of Q4_K, Q6_K or IQ4_XS tiles (avx512:: or avx2::matvec_rows_block_tiles) against
+// the dequantized rows times x quantized by the Q8_K rule: 37 rows (a multiple of no tile, rows of
 // the largest levels, scales and mins among them), one and several super-blocks a row, a token,
 // part of a pass of tokens, a whole pass (8 tokens on AVX-512, 4 on AVX2) and more, runs of rows
 // as threads are given (each starting and ending inside a tile, or a tile's half).
@@ -191,8 +191,10 @@ inline void check_block_tile_matvec(BlockTileMatvec kernel, const std::string& n
         for (int tokens : {1, 3, 4, 5, 8, 9}) {
             const int rows = 37;
             TestMatrix m = make_block_matrix(rows, cols, dtype, rng);
-            // With x of one sign the int32 (and AVX2's int16) sums reach their bounds.
+            // With x of one sign the int32 (and AVX2's int16) sums reach their bounds; row 20
+            // holds IQ4_XS's largest magnitude, −127, under the scale −32.
             fill_rows(&m, {16, 36}, 0xff);
+            fill_rows(&m, {20}, 0);
             std::vector<cpu::Q8KVector> x_q8_k(tokens);
             std::vector<Q8K> quantized;
             for (int t = 0; t < tokens; ++t) {

@@ -1,7 +1,7 @@
 // Inline AVX2 helpers that read the block types' weights (weight_blocks.h) as registers of
-// 32 unsigned levels (or IQ4_XS's signed values) in column order, and Q4_K's and Q6_K's tiles
-// (cpu/super_block_tiles.h) as registers of four columns of 8 rows, shared by the AVX2 decode
-// matvecs (matvec_super_blocks_avx2.cpp, matvec_small_blocks_avx2.cpp,
+// 32 unsigned levels (or IQ4_XS's signed values) in column order, and Q4_K's, Q6_K's and
+// IQ4_XS's tiles (cpu/super_block_tiles.h) as registers of four columns of 8 rows, shared by the
+// AVX2 decode matvecs (matvec_super_blocks_avx2.cpp, matvec_small_blocks_avx2.cpp,
 // matvec_super_block_tiles_avx2.cpp) and the AVX2 prefill GEMM (gemm_blocks_avx2.cpp). Include
 // it only from *_avx2.cpp files.
 #pragma once
@@ -157,6 +157,19 @@ inline void q6_k_tile_levels(const uint8_t* block, int i, int h, __m256i q[4]) {
     q[2] = _mm256_or_si256(_mm256_and_si256(second, nibble), _mm256_and_si256(high, high_pair));
     q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(second, 4), nibble),
                            _mm256_and_si256(_mm256_srli_epi16(high, 2), high_pair));
+}
+
+// Half h of register k of sub-block j of an IQ4_XS tile's super-block `block`: the signed
+// values (table: iq4_table()) of columns 32j + 4k..32j + 4k + 3 (`low`) and of the 16 columns
+// on (`high`), four a lane, rows 8h..8h + 7.
+inline void iq4_xs_tile_values(const uint8_t* block, int j, int k, int h, __m256i table,
+                               __m256i* low, __m256i* high) {
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
+    const __m256i bytes = _mm256_load_si256(reinterpret_cast<const __m256i*>(
+        block + kIq4XSTileValuesOffset + j * kIq4XSTileSubBlockBytes + k * kTileRegisterBytes +
+        h * kTileHalfBytes));
+    *low = _mm256_shuffle_epi8(table, _mm256_and_si256(bytes, nibble));
+    *high = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble));
 }
 
 // The 8 f16 at p (a tile's d or dmin of 8 rows) as f32.

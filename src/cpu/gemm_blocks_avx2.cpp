@@ -20,8 +20,8 @@
 // (block_levels_avx2.h, the matvecs' unpacking) to 32 levels a group and f32 A and B; 8 rows'
 // groups then go through an 8 × 8 transpose of 32-bit words into a panel laid out for the
 // micro-kernel: per group, per step of four columns, the four levels of each row side by
-// side, 8 rows a register. Q4_K and Q6_K come from their tiles of 16 rows where they have them
-// (cpu/super_block_tiles.h, the decode matvec's), already in that order: no transposes, and
+// side, 8 rows a register. Q4_K, Q6_K and IQ4_XS come from their tiles of 16 rows where they have
+// them (cpu/super_block_tiles.h, the decode matvec's), already in that order: no transposes, and
 // the rows stay out of memory. The micro-kernel (block_tile_kernel) meets kDepthGroups groups of
 // the panel (16 KB, in L1) with every token before the next groups, its f32 sums kept per
 // tile and token between the calls.
@@ -247,14 +247,13 @@ void unpack_tile_typed(const Panel& panel, const Matrix& w, int tile_row) {
         }
 }
 
-// The 16 rows of one Q4_K or Q6_K tile (cpu/super_block_tiles.h) into row registers
+// The 16 rows of one Q4_K, Q6_K or IQ4_XS tile (cpu/super_block_tiles.h) into row registers
 // first_register and first_register + 1 of the panel, with no transposes: a half of a tile's
 // register is already a step of 8 rows. The same levels, A and B as from the rows, bit for bit.
 // No tile (past the matrix): levels 0, A = B = 0.
 void unpack_from_tile(const Panel& panel, const Matrix& w, const uint8_t* tile,
                       int first_register) {
-    alignas(64) static const uint8_t zeros[kQ6KTileBlockBytes] = {};
-    static_assert(kQ6KTileBlockBytes >= kQ4KTileBlockBytes);
+    alignas(64) static const uint8_t zeros[kLargestTileBlockBytes] = {};
     const int blocks = w.cols / kSuperBlock;
     const int block_bytes = super_block_tile_bytes(w.dtype);
     for (int b = 0; b < blocks; ++b) {
@@ -309,6 +308,24 @@ void unpack_from_tile(const Panel& panel, const Matrix& w, const uint8_t* tile,
                         panel.mins + size_t(first_group + j) * kBlockRowTile + reg * kLanes,
                         _mm256_mul_ps(widened(mins, false), minus_dmin));
                 }
+            } else if (w.dtype == DType::IQ4_XS) {  // register k: steps k and k + 4 of group j
+                const int first_group = b * kIq4XSSubBlocks;
+                const __m256 d = tile_halves(block + kIq4XSTileDOffset + 2 * kTileHalfRows * h);
+                const __m256i table = iq4_table();
+                for (int j = 0; j < kIq4XSSubBlocks; ++j) {
+                    for (int k = 0; k < kIq4XSSubBlockRegisters; ++k) {
+                        __m256i low, high;
+                        iq4_xs_tile_values(block, j, k, h, table, &low, &high);
+                        _mm256_store_si256(levels_at(first_group + j, k), low);
+                        _mm256_store_si256(levels_at(first_group + j, k + kIq4XSSubBlockRegisters),
+                                           high);
+                    }
+                    _mm256_store_ps(scales_at(first_group + j),
+                                    _mm256_mul_ps(widened(block + kIq4XSTileScalesOffset +
+                                                              kTileRows * j + kTileHalfRows * h,
+                                                          true),
+                                                  d));
+                }
             } else {  // Q6_K: group g holds sub-blocks 2g and 2g + 1, four steps each
                 const int first_sub_block = b * kQ6KSubBlocks;
                 const __m256 d = tile_halves(block + kQ6KTileDOffset + 2 * kTileHalfRows * h);
@@ -330,8 +347,8 @@ void unpack_from_tile(const Panel& panel, const Matrix& w, const uint8_t* tile,
 }
 
 // The panel of rows [tile_row, tile_row + 32) of w; rows past the matrix hold levels 0 and
-// A = B = 0. Q4_K and Q6_K are read from their tiles where they have them (the rows may then
-// be out of memory).
+// A = B = 0. Q4_K, Q6_K and IQ4_XS are read from their tiles where they have them (the rows
+// may then be out of memory).
 void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
     if (w.row_tiles) {
         for (int t = 0; t < kBlockRowTile / kTileRows; ++t) {

@@ -15,8 +15,8 @@
 // panel laid out as the Q8/Q4 GEMM's (per group of 32 columns, per step of four columns, the
 // four levels of each row side by side, 16 rows a register) and the sub-blocks' A and B as
 // f32, 16 rows at a time with gathers of one 32-bit word of each row's block (the rows'
-// blocks are row_bytes apart; Q4_K and Q6_K from their tiles of 16 rows where they have them,
-// with no gathers). The panel (33 KB a 1024 columns) stays in L2 while every token
+// blocks are row_bytes apart; Q4_K, Q6_K and IQ4_XS from their tiles of 16 rows where they
+// have them, with no gathers). The panel (33 KB a 1024 columns) stays in L2 while every token
 // of the batch meets it in the micro-kernel (block_tile_kernel).
 #include <algorithm>
 #include <vector>
@@ -53,7 +53,7 @@ constexpr LevelShape level_shape(DType dtype) {
         case DType::Q5_0:
             return {kGroup, false, 16};
         case DType::IQ4_XS:
-            return {kGroup, false, 128};
+            return {kGroup, false, kIq4Excess};
         default:  // Q4_K, Q5_K, Q4_1, Q5_1
             return {kGroup, true, 0};
     }
@@ -204,25 +204,13 @@ void unpack_q6_k(const HalfPanel& out, const RowWords& words, int b) {
         }
 }
 
-// IQ4_XS level + 128 of each 4-bit index: a vpshufb table.
-struct LevelTable {
-    alignas(16) uint8_t bytes[16];
-};
-constexpr LevelTable iq4_unsigned_levels() {
-    LevelTable table{};
-    for (int i = 0; i < 16; ++i) table.bytes[i] = uint8_t(kIq4Values[i] + 128);
-    return table;
-}
-constexpr LevelTable kIq4UnsignedLevels = iq4_unsigned_levels();
-
 // IQ4_XS super-block b: 8 groups, A = d·(ls − 32); levels kIq4Values + 128, offset 128.
 void unpack_iq4_xs(const HalfPanel& out, const RowWords& words, int b) {
     const size_t at = size_t(b) * sizeof(BlockIQ4_XS);
     const __m512i head = words.at(at), scales_low = words.at(at + 4);
     const __m512 d = low_half(head);
     const __m512i scales_high = shift_right(head, 16);
-    const __m512i table = _mm512_broadcast_i32x4(
-        _mm_load_si128(reinterpret_cast<const __m128i*>(kIq4UnsignedLevels.bytes)));
+    const __m512i table = iq4_unsigned_levels();
     constexpr int kGroups = kSuperBlock / kSubBlock, kHalfSteps = kGroupSteps / 2;
     for (int g = 0; g < kGroups; ++g) {
         const __m512i low = _mm512_and_si512(shift_right(byte_at(scales_low, g / 2), 4 * (g % 2)),
@@ -329,8 +317,30 @@ void unpack_q6_k_tile(const HalfPanel& out, const uint8_t* block, int b) {
     }
 }
 
-// The panel of rows [tile_row, tile_row + 32) of w; rows past the matrix hold A = B = 0. Q4_K
-// and Q6_K are read from their tiles where they have them (the rows may then be out of
+// IQ4_XS super-block b of 16 rows from its tile (`block`, cpu/super_block_tiles.h), as
+// unpack_iq4_xs gives it from the rows: register k of sub-block j holds steps k (low nibbles)
+// and k + 4 (high) of group j.
+void unpack_iq4_xs_tile(const HalfPanel& out, const uint8_t* block, int b) {
+    const __m512 d = _mm512_cvtph_ps(
+        _mm256_load_si256(reinterpret_cast<const __m256i*>(block + kIq4XSTileDOffset)));
+    const __m512i table = iq4_unsigned_levels();
+    for (int j = 0; j < kIq4XSSubBlocks; ++j) {
+        const __m512i scale = _mm512_cvtepi8_epi32(_mm_load_si128(
+            reinterpret_cast<const __m128i*>(block + kIq4XSTileScalesOffset + kTileRows * j)));
+        out.scale(kIq4XSSubBlocks * b + j, _mm512_mul_ps(d, to_float(scale)));
+        for (int k = 0; k < kIq4XSSubBlockRegisters; ++k) {
+            const __m512i q =
+                _mm512_load_si512(block + kIq4XSTileValuesOffset + j * kIq4XSTileSubBlockBytes +
+                                  k * kTileRegisterBytes);
+            out.levels(kIq4XSSubBlocks * b + j, k, _mm512_shuffle_epi8(table, low_nibbles(q)));
+            out.levels(kIq4XSSubBlocks * b + j, k + kIq4XSSubBlockRegisters,
+                       _mm512_shuffle_epi8(table, high_nibbles(q)));
+        }
+    }
+}
+
+// The panel of rows [tile_row, tile_row + 32) of w; rows past the matrix hold A = B = 0. Q4_K,
+// Q6_K and IQ4_XS are read from their tiles where they have them (the rows may then be out of
 // memory).
 void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
     const int blocks = w.cols / block_weights(w.dtype);
@@ -339,16 +349,16 @@ void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
     for (int half = 0; half < kHalves; ++half) {
         const int first = tile_row + half * kLanes;
         const HalfPanel out{panel, half};
-        if (w.row_tiles) {  // Q4_K, Q6_K
-            const bool q4_k = w.dtype == DType::Q4_K;
+        if (w.row_tiles) {  // Q4_K, Q6_K, IQ4_XS
+            const auto unpack_block = w.dtype == DType::Q4_K   ? unpack_q4_k_tile
+                                      : w.dtype == DType::Q6_K ? unpack_q6_k_tile
+                                                               : unpack_iq4_xs_tile;
             const int block_bytes = super_block_tile_bytes(w.dtype);
-            alignas(64) static const uint8_t zeros[kQ6KTileBlockBytes] = {};  // past the matrix
-            static_assert(kQ6KTileBlockBytes >= kQ4KTileBlockBytes);
+            alignas(64) static const uint8_t zeros[kLargestTileBlockBytes] = {};  // past the matrix
             const uint8_t* tile =
                 first < w.rows ? w.row_tiles + size_t(first / kTileRows) * tile_bytes(w) : nullptr;
             for (int b = 0; b < blocks; ++b)
-                (q4_k ? unpack_q4_k_tile : unpack_q6_k_tile)(
-                    out, tile ? tile + size_t(b) * block_bytes : zeros, b);
+                unpack_block(out, tile ? tile + size_t(b) * block_bytes : zeros, b);
             continue;
         }
         const RowWords words{

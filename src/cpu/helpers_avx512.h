@@ -11,6 +11,7 @@
 #include "cpu/intrinsics_avx512.h"
 #include "cpu/panel_prefetcher.h"
 #include "weights/model.h"
+#include "weights/weight_blocks.h"
 
 namespace barellm::cpu::avx512 {
 
@@ -28,6 +29,14 @@ inline __mmask16 lanes_in(int base, int first, int end) {
 // The four bytes at p in every 32-bit lane.
 inline __m512i broadcast_word(const int8_t* p) {
     return _mm512_broadcastd_epi32(_mm_loadu_si32(p));
+}
+// IQ4_XS's levels + kIq4Excess (1..241, unsigned), a vpshufb table in each 128-bit lane: what
+// the VNNI kernels multiply by x, taking kIq4Excess · Σ x off through x's sums.
+constexpr int kIq4Excess = 128;
+inline __m512i iq4_unsigned_levels() {
+    alignas(16) uint8_t levels[16];
+    for (int i = 0; i < 16; ++i) levels[i] = uint8_t(kIq4Values[i] + kIq4Excess);
+    return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(levels)));
 }
 // The first `count` bytes of 64.
 inline __mmask64 first_bytes(int count) {

@@ -47,9 +47,9 @@ const char* simd_level_name(SimdLevel level);
 // The level for a name of simd_level_name ("scalar", "avx2", "avx512"); false if none.
 bool parse_simd_level(const std::string& name, SimdLevel* level);
 // Whether the decode kernels of the level in use read matrices of `dtype` in tiles of 16 rows
-// (Matrix::row_tiles): Q8 and Q4 on AVX-512 with AVX512_VNNI (cpu/quantized_tiles.h), Q4_K and
-// Q6_K on AVX2 and AVX-512 (cpu/super_block_tiles.h). Elsewhere, and for matrices without
-// tiles, they read the rows.
+// (Matrix::row_tiles): Q8 and Q4 on AVX-512 with AVX512_VNNI (cpu/quantized_tiles.h), Q4_K,
+// Q6_K and IQ4_XS on AVX2 and AVX-512 (cpu/super_block_tiles.h). Elsewhere, and for matrices
+// without tiles, they read the rows.
 bool uses_row_tiles(DType dtype);
 // The level in use and its optional features, e.g. "avx512+vnni+bf16" or "avx2+avxvnni".
 std::string simd_description();

@@ -1,5 +1,5 @@
-// The decode matvec on AVX2 + FMA + F16C for Q4_K and Q6_K weights read from their tiles of 16
-// rows (cpu/super_block_tiles.h): out[t][r] = W[r] · x_t for one token or a few, each x_t
+// The decode matvec on AVX2 + FMA + F16C for Q4_K, Q6_K and IQ4_XS weights read from their tiles of
+// 16 rows (cpu/super_block_tiles.h): out[t][r] = W[r] · x_t for one token or a few, each x_t
 // quantized per 256 as Q8_K (quantize_q8_k), each super-block's dot products in integers.
 //
 // The tiles are the AVX-512 VNNI kernel's (matvec_super_block_tiles_avx512vnni.cpp); here a
@@ -18,6 +18,9 @@
 //   2 · 2 · 63 · 128 = 32256); the offset of 32 comes in once a super-block as
 //   −32 · Σ_i sc_i · Σ x_i, the int8 scales of two sub-blocks side by side in a lane's words
 //   against x's sums of 16 by pairs.
+// - IQ4_XS: its signed values (−127..113, looked up by vpshufb) are multiplied as
+//   |value| by x with the value's sign (vpsignb), two products into int16 (at most
+//   2 · 127 · 127 = 32258), which vpmaddwd widens at once by the sub-block's ls − 32.
 // Per super-block the f32 sums of 8 rows gain x.d · (d · Σ sc · q · x − dmin · Σ m · Σ x), d and
 // dmin those of the rows.
 #include <immintrin.h>
@@ -41,7 +44,7 @@ constexpr int kTileTokens = 4;  // tokens a pass over a tile
 constexpr int kPrefetchBlocks = 4;
 constexpr int kMinPairs = kKSubBlocks / 2;  // pairs of sub-blocks a super-block
 // A token's x (TileTokenX) carries in `sums` its sums by pairs: Q4_K's of 32
-// (pair_sums_of_32), Q6_K's of 16 (pair_sums_of_16).
+// (pair_sums_of_32), Q6_K's of 16 (pair_sums_of_16); none for IQ4_XS.
 using TokenX = TileTokenX;
 
 // The four bytes at p in every 32-bit lane.
@@ -181,12 +184,49 @@ inline void q6_k_half_block(__m256* sums, const uint8_t* block, int b, int h, co
     }
 }
 
+// Half h of super-block b of an IQ4_XS tile against kTokens tokens: sums[t] gains the 8 rows'
+// x.d · d · Σ_j (ls_j − 32) · Σ value · x.
+template <int kTokens>
+inline void iq4_xs_half_block(__m256* sums, const uint8_t* block, int b, int h, const TokenX* x) {
+    const __m256i table = iq4_table();
+    __m256i dots[kTokens];  // Σ_j (ls_j − 32) · Σ value · x
+#pragma GCC unroll 4
+    for (int t = 0; t < kTokens; ++t) dots[t] = _mm256_setzero_si256();
+    const uint8_t* scales = block + kIq4XSTileScalesOffset + h * kTileHalfRows;
+    for (int j = 0; j < kIq4XSSubBlocks; ++j) {
+        const __m256i scale = signed_scale_words(scales + kTileRows * j);
+#pragma GCC unroll 4
+        for (int k = 0; k < kIq4XSSubBlockRegisters; ++k) {
+            __m256i low, high;
+            iq4_xs_tile_values(block, j, k, h, table, &low, &high);
+            const __m256i low_magnitudes = _mm256_abs_epi8(low);
+            const __m256i high_magnitudes = _mm256_abs_epi8(high);
+#pragma GCC unroll 4
+            for (int t = 0; t < kTokens; ++t) {
+                const int8_t* xj = x[t].values + size_t(b) * kSuperBlock + j * kSubBlock + k * 4;
+                const __m256i low_pairs =
+                    _mm256_maddubs_epi16(low_magnitudes, _mm256_sign_epi8(broadcast_word(xj), low));
+                const __m256i high_pairs = _mm256_maddubs_epi16(
+                    high_magnitudes, _mm256_sign_epi8(broadcast_word(xj + kSubBlock / 2), high));
+                dots[t] = _mm256_add_epi32(dots[t],
+                                           _mm256_add_epi32(_mm256_madd_epi16(low_pairs, scale),
+                                                            _mm256_madd_epi16(high_pairs, scale)));
+            }
+        }
+    }
+    const __m256 d = tile_halves(block + kIq4XSTileDOffset + 2 * kTileHalfRows * h);
+#pragma GCC unroll 4
+    for (int t = 0; t < kTokens; ++t)
+        sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[t]),
+                                  _mm256_mul_ps(d, _mm256_set1_ps(x[t].d[b])), sums[t]);
+}
+
 // The rows [first, end) of the 16 of one tile (rows tile_row..tile_row + 15) against kTokens
 // tokens: out[t · out_stride + row].
-template <int kTokens, bool kQ4K>
+template <int kTokens, DType kType>
 void tile_rows(float* out, size_t out_stride, int tile_row, int first, int end, const uint8_t* tile,
                int blocks, const TokenX* x) {
-    constexpr int block_bytes = kQ4K ? kQ4KTileBlockBytes : kQ6KTileBlockBytes;
+    constexpr int block_bytes = super_block_tile_bytes(kType);
     // The halves holding rows of [first, end).
     const int first_half = first - tile_row >= kTileHalfRows ? 1 : 0;
     const int end_half = end - tile_row <= kTileHalfRows ? 1 : kTileHalves;
@@ -197,7 +237,9 @@ void tile_rows(float* out, size_t out_stride, int tile_row, int first, int end, 
         const uint8_t* block = tile + size_t(b) * block_bytes;
         prefetch_ahead(block, kPrefetchBlocks * block_bytes, block_bytes);
         for (int h = first_half; h < end_half; ++h)
-            (kQ4K ? q4_k_half_block<kTokens> : q6_k_half_block<kTokens>)(sums[h], block, b, h, x);
+            (kType == DType::Q4_K   ? q4_k_half_block<kTokens>
+             : kType == DType::Q6_K ? q6_k_half_block<kTokens>
+                                    : iq4_xs_half_block<kTokens>)(sums[h], block, b, h, x);
     }
     for (int h = first_half; h < end_half; ++h)
 #pragma GCC unroll 4
@@ -207,18 +249,24 @@ void tile_rows(float* out, size_t out_stride, int tile_row, int first, int end, 
 
 // The kernels of each type for 1..kTileTokens tokens.
 using TileKernel = void (*)(float*, size_t, int, int, int, const uint8_t*, int, const TokenX*);
-constexpr TileKernel kQ4KKernels[kTileTokens] = {tile_rows<1, true>, tile_rows<2, true>,
-                                                 tile_rows<3, true>, tile_rows<4, true>};
-constexpr TileKernel kQ6KKernels[kTileTokens] = {tile_rows<1, false>, tile_rows<2, false>,
-                                                 tile_rows<3, false>, tile_rows<4, false>};
+template <DType kType>
+constexpr TileKernel kKernels[kTileTokens] = {tile_rows<1, kType>, tile_rows<2, kType>,
+                                              tile_rows<3, kType>, tile_rows<4, kType>};
+
+// IQ4_XS's kernel reads no sums of x.
+void no_sums(std::vector<int32_t>* sums, const Q8KVector&) { sums->clear(); }
 
 }  // namespace
 
 void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, const Q8KVector* x,
                              int tokens, int first_row, int row_count) {
-    const bool q4_k = w.dtype == DType::Q4_K;
-    const TileKernel* kernels = q4_k ? kQ4KKernels : kQ6KKernels;
-    const TokenX* token_x = tile_tokens(x, tokens, q4_k ? pair_sums_of_32 : pair_sums_of_16);
+    const TileKernel* kernels = w.dtype == DType::Q4_K   ? kKernels<DType::Q4_K>
+                                : w.dtype == DType::Q6_K ? kKernels<DType::Q6_K>
+                                                         : kKernels<DType::IQ4_XS>;
+    const TokenX* token_x = tile_tokens(x, tokens,
+                                        w.dtype == DType::Q4_K   ? pair_sums_of_32
+                                        : w.dtype == DType::Q6_K ? pair_sums_of_16
+                                                                 : no_sums);
     const int blocks = w.cols / kSuperBlock;
     const size_t bytes_per_tile = tile_bytes(w);
     const int end_row = first_row + row_count;

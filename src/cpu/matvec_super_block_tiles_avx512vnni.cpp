@@ -1,4 +1,4 @@
-// The decode matvec on AVX-512 + VNNI for Q4_K and Q6_K weights read from their tiles of 16
+// The decode matvec on AVX-512 + VNNI for Q4_K, Q6_K and IQ4_XS weights read from their tiles of 16
 // rows (cpu/super_block_tiles.h): out[t][r] = W[r] · x_t for one token or a few, each x_t
 // quantized per 256 as Q8_K (quantize_q8_k), each super-block's dot products in integers.
 //
@@ -19,6 +19,12 @@
 // (x's sums of 16), so that vpdpbusd leaves Σ (q − 32) · x, which vpmulld scales by the int8
 // sub-block scales (at most 16 · 16 · 32 · 127 · 128 over a super-block); per super-block the
 // f32 sums gain x.d · d · that.
+//
+// IQ4_XS: a sub-block of 32 columns is four registers, each of whose nibbles a vpshufb table
+// turns into the level + 128 (1..241, unsigned), four columns of 16 rows a register; the dot
+// product starts from −128 · Σ x (x's sums of 32), so that vpdpbusd leaves Σ level · x, which
+// vpmulld scales by the sub-blocks' ls − 32 (at most 8 · 32 · 32 · 127 · 128 over a
+// super-block); per super-block the f32 sums gain x.d · d · that.
 //
 // A tile is one stream of whole cache lines, but a super-block's are not read front to back
 // (the scales and d after the values they scale): on Zen 4 the hardware prefetcher then falls
@@ -55,7 +61,8 @@ constexpr int kAndOr = 0xEA;
 
 // A token's x (TileTokenX) carries in `sums`, per type:
 // - Q4_K: per pair of sub-blocks (2p, 2p + 1) their sums of 32 values (pair_sums_of_32);
-// - Q6_K: per 16 values −32 · their sum (q6_k_offsets).
+// - Q6_K: per 16 values −32 · their sum (q6_k_offsets);
+// - IQ4_XS: per 32 values −128 · their sum (iq4_xs_offsets).
 using TokenX = TileTokenX;
 
 // −32 · x's sums of 16 into `offsets` [n / 16].
@@ -192,6 +199,65 @@ void q6_k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_
     for (int t = 0; t < kTokens; ++t) _mm512_mask_storeu_ps(out + t * out_stride, store, sums[t]);
 }
 
+// −128 · x's sums of 32 into `offsets` [n / 32].
+void iq4_xs_offsets(std::vector<int32_t>* offsets, const Q8KVector& x) {
+    offsets->resize(x.sums.size() / 2);
+    for (size_t j = 0; j < offsets->size(); ++j)
+        (*offsets)[j] = -kIq4Excess * (x.sums[2 * j] + x.sums[2 * j + 1]);
+}
+
+// The 16 rows of one IQ4_XS tile against kTokens tokens, as q4_k_tile_rows.
+template <int kTokens>
+void iq4_xs_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* tile,
+                      int blocks, const TokenX* x) {
+    const __m512i low_nibbles = _mm512_set1_epi8(0x0f), table = iq4_unsigned_levels();
+    __m512 sums[kTokens];
+#pragma GCC unroll 8
+    for (int t = 0; t < kTokens; ++t) sums[t] = _mm512_setzero_ps();
+    for (int b = 0; b < blocks; ++b) {
+        const uint8_t* block = tile + size_t(b) * kIq4XSTileBlockBytes;
+        prefetch_ahead(block, kPrefetchBlocks * kIq4XSTileBlockBytes, kIq4XSTileBlockBytes);
+        __m512i dots[kTokens];  // Σ_j (ls_j − 32) · Σ level · x
+#pragma GCC unroll 8
+        for (int t = 0; t < kTokens; ++t) dots[t] = _mm512_setzero_si512();
+        for (int j = 0; j < kIq4XSSubBlocks; ++j) {
+            const uint8_t* values = block + kIq4XSTileValuesOffset + j * kIq4XSTileSubBlockBytes;
+            __m512i dot[kTokens];
+#pragma GCC unroll 8
+            for (int t = 0; t < kTokens; ++t)
+                dot[t] = _mm512_set1_epi32(x[t].sums[b * kIq4XSSubBlocks + j]);
+#pragma GCC unroll 4
+            for (int k = 0; k < kIq4XSSubBlockRegisters; ++k) {
+                const __m512i bytes = _mm512_load_si512(values + k * kTileRegisterBytes);
+                const __m512i low =
+                    _mm512_shuffle_epi8(table, _mm512_and_si512(bytes, low_nibbles));
+                const __m512i high = _mm512_shuffle_epi8(
+                    table, _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_nibbles));
+#pragma GCC unroll 8
+                for (int t = 0; t < kTokens; ++t) {
+                    const int8_t* xj =
+                        x[t].values + size_t(b) * kSuperBlock + j * kSubBlock + k * 4;
+                    dot[t] = _mm512_dpbusd_epi32(dot[t], low, broadcast_word(xj));
+                    dot[t] = _mm512_dpbusd_epi32(dot[t], high, broadcast_word(xj + kSubBlock / 2));
+                }
+            }
+            const __m512i scales = _mm512_cvtepi8_epi32(_mm_load_si128(
+                reinterpret_cast<const __m128i*>(block + kIq4XSTileScalesOffset + kTileRows * j)));
+#pragma GCC unroll 8
+            for (int t = 0; t < kTokens; ++t)
+                dots[t] = _mm512_add_epi32(dots[t], _mm512_mullo_epi32(dot[t], scales));
+        }
+        const __m512 d = _mm512_cvtph_ps(
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(block + kIq4XSTileDOffset)));
+#pragma GCC unroll 8
+        for (int t = 0; t < kTokens; ++t)
+            sums[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[t]),
+                                      _mm512_mul_ps(d, _mm512_set1_ps(x[t].d[b])), sums[t]);
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < kTokens; ++t) _mm512_mask_storeu_ps(out + t * out_stride, store, sums[t]);
+}
+
 // The kernels of each type for 1..kTileTokens tokens.
 using TileKernel = void (*)(float*, size_t, __mmask16, const uint8_t*, int, const TokenX*);
 constexpr TileKernel kQ4KKernels[kTileTokens] = {
@@ -200,15 +266,22 @@ constexpr TileKernel kQ4KKernels[kTileTokens] = {
 constexpr TileKernel kQ6KKernels[kTileTokens] = {
     q6_k_tile_rows<1>, q6_k_tile_rows<2>, q6_k_tile_rows<3>, q6_k_tile_rows<4>,
     q6_k_tile_rows<5>, q6_k_tile_rows<6>, q6_k_tile_rows<7>, q6_k_tile_rows<8>};
+constexpr TileKernel kIq4XSKernels[kTileTokens] = {
+    iq4_xs_tile_rows<1>, iq4_xs_tile_rows<2>, iq4_xs_tile_rows<3>, iq4_xs_tile_rows<4>,
+    iq4_xs_tile_rows<5>, iq4_xs_tile_rows<6>, iq4_xs_tile_rows<7>, iq4_xs_tile_rows<8>};
 
 }  // namespace
 
 void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, const Q8KVector* x,
                              int tokens, int first_row, int row_count) {
     static_assert(kSumsPerBlock == 4 * kMinPairs && kSumsPerBlock == kQ6KSubBlocks);
-    const bool q4_k = w.dtype == DType::Q4_K;
-    const TileKernel* kernels = q4_k ? kQ4KKernels : kQ6KKernels;
-    const TokenX* token_x = tile_tokens(x, tokens, q4_k ? pair_sums_of_32 : q6_k_offsets);
+    const TileKernel* kernels = w.dtype == DType::Q4_K   ? kQ4KKernels
+                                : w.dtype == DType::Q6_K ? kQ6KKernels
+                                                         : kIq4XSKernels;
+    const TokenX* token_x = tile_tokens(x, tokens,
+                                        w.dtype == DType::Q4_K   ? pair_sums_of_32
+                                        : w.dtype == DType::Q6_K ? q6_k_offsets
+                                                                 : iq4_xs_offsets);
     const int blocks = w.cols / kSuperBlock;
     const size_t bytes_per_tile = tile_bytes(w);
     const int end_row = first_row + row_count;

@@ -233,12 +233,8 @@ float q6_k_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
 // One IQ4_XS row · x: Σ over super-blocks of x.d · d · Σ_j (ls_j − 32) · Σ K[q] · x.
 float iq4_xs_row_dot(const uint8_t* row, int blocks, const int8_t* x_interleaved,
                      const Q8KVector& x) {
-    constexpr int kExcess = 128;  // the table holds each value + 128
     constexpr int kScalesHighOffset = 2, kScalesLowOffset = 4, kValuesOffset = 8;
-    alignas(16) uint8_t shifted_values[16];
-    for (int i = 0; i < 16; ++i) shifted_values[i] = uint8_t(kIq4Values[i] + kExcess);
-    const __m512i table =
-        _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(shifted_values)));
+    const __m512i table = iq4_unsigned_levels();
     // Register k holds sub-blocks 4k..4k + 3, four int32 lanes each: the vpermd indices of
     // their scales.
     const __m512i scale_picks[2] = {

@@ -1,4 +1,4 @@
-// Q4_K and Q6_K matrices in tiles of 16 rows (the layout: cpu/super_block_tiles.h).
+// Q4_K, Q6_K and IQ4_XS matrices in tiles of 16 rows (the layout: cpu/super_block_tiles.h).
 #include "cpu/super_block_tiles.h"
 
 #include <cstring>
@@ -45,6 +45,18 @@ void write_row(uint8_t* tile_block, int lane, const BlockQ6_K& block) {
     }
 }
 
+void write_row(uint8_t* tile_block, int lane, const BlockIQ4_XS& block) {
+    std::memcpy(tile_block + kIq4XSTileDOffset + 2 * lane, &block.d, sizeof block.d);
+    for (int j = 0; j < kIq4XSSubBlocks; ++j) {
+        tile_block[kIq4XSTileScalesOffset + kTileRows * j + lane] =
+            uint8_t(int8_t(iq4_xs_scale(block, j)));
+        for (int k = 0; k < kIq4XSSubBlockRegisters; ++k)
+            std::memcpy(tile_block + kIq4XSTileValuesOffset + j * kIq4XSTileSubBlockBytes +
+                            k * kTileRegisterBytes + lane * kTileLaneBytes,
+                        block.qs + kSubBlock / 2 * j + k * kTileLaneBytes, kTileLaneBytes);
+    }
+}
+
 template <typename Block>
 void write_tiles(const Matrix& w, uint8_t* tiles) {
     const size_t bytes_per_tile = super_block_tile_bytes(w);
@@ -71,8 +83,10 @@ void write_super_block_tiles(const Matrix& w, uint8_t* tiles) {
         write_tiles<BlockQ4_K>(w, tiles);
     else if (w.dtype == DType::Q6_K)
         write_tiles<BlockQ6_K>(w, tiles);
+    else if (w.dtype == DType::IQ4_XS)
+        write_tiles<BlockIQ4_XS>(w, tiles);
     else
-        throw Error("write_super_block_tiles: not a Q4_K or Q6_K matrix");
+        throw Error("write_super_block_tiles: not a Q4_K, Q6_K or IQ4_XS matrix");
 }
 
 void pair_sums_of_32(std::vector<int32_t>* pairs, const Q8KVector& x) {

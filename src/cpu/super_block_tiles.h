@@ -1,5 +1,5 @@
-// Q4_K and Q6_K matrices re-laid out in tiles of 16 rows for the decode matvecs on AVX-512 VNNI
-// (matvec_super_block_tiles_avx512vnni.cpp) and AVX2 (matvec_super_block_tiles_avx2.cpp, a
+// Q4_K, Q6_K and IQ4_XS matrices re-laid out in tiles of 16 rows for the decode matvecs on AVX-512
+// VNNI (matvec_super_block_tiles_avx512vnni.cpp) and AVX2 (matvec_super_block_tiles_avx2.cpp, a
 // tile's register read as two halves of 8 rows) and the AVX-512 VNNI prefill GEMM
 // (gemm_blocks_avx512vnni.cpp), as Q8 and Q4 are (cpu/quantized_tiles.h). The CPU backend makes
 // them once, when it takes the model on the AVX2 or AVX-512 path (cpu/resident_weights.h), and
@@ -38,6 +38,18 @@
 //                   of the second those of columns 16i + 8 + m and 16i + 12 + m, of the
 //                   third the high 2 bits of q of column 16i + 4s + m in bits 2s, 2s + 1
 //                   (s 0..3).
+//
+// IQ4_XS: a super-block kIq4XSTileBlockBytes (2240, 35 cache lines; the 16 rows' blocks take
+// 2176):
+//
+//   bytes 0-31      the 16 rows' f16 d, in row order
+//   bytes 32-63     zero
+//   bytes 64-191    the scales: byte 16j + r the int8 scale ls − 32 of sub-block j (0..7) of
+//                   row r
+//   bytes 192-2239  the 4-bit indices, sub-block j (32 columns) after another, 256 bytes each:
+//                   four registers; register k holds in lane r bytes 4k..4k+3 of sub-block j's
+//                   16 bytes of qs of row r, as the block has them (columns 32j + 4k..32j + 4k
+//                   + 3 in the low nibbles, the 16 columns on in the high).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -72,14 +84,31 @@ constexpr int kQ6KTileSubBlockBytes = 3 * kTileRegisterBytes;                   
 constexpr int kQ6KTileBlockBytes = kQ6KTileValuesOffset + kQ6KSubBlocks * kQ6KTileSubBlockBytes;
 static_assert(kQ6KTileBlockBytes == 3392 && kQ6KTileBlockBytes % 64 == 0);
 
-// Bytes of one super-block of a tile: Q4_K's or Q6_K's.
+constexpr int kIq4XSSubBlocks = kSuperBlock / kSubBlock;  // 8 sub-blocks of 32 columns
+constexpr int kIq4XSSubBlockRegisters = kSubBlock / 2 / kTileLaneBytes;  // 4
+constexpr int kIq4XSTileDOffset = 0;
+constexpr int kIq4XSTileScalesOffset = 64;
+constexpr int kIq4XSTileValuesOffset = kIq4XSTileScalesOffset + kIq4XSSubBlocks * kTileRows;  // 192
+constexpr int kIq4XSTileSubBlockBytes = kIq4XSSubBlockRegisters * kTileRegisterBytes;         // 256
+constexpr int kIq4XSTileBlockBytes =
+    kIq4XSTileValuesOffset + kIq4XSSubBlocks * kIq4XSTileSubBlockBytes;
+static_assert(kIq4XSTileBlockBytes == 2240 && kIq4XSTileBlockBytes % 64 == 0);
+
+// The largest super-block of a tile, of any type.
+constexpr int kLargestTileBlockBytes = kQ6KTileBlockBytes;
+static_assert(kLargestTileBlockBytes >= kQ4KTileBlockBytes &&
+              kLargestTileBlockBytes >= kIq4XSTileBlockBytes);
+
+// Bytes of one super-block of a tile: Q4_K's, Q6_K's or IQ4_XS's.
 constexpr int super_block_tile_bytes(DType type) {
-    return type == DType::Q4_K ? kQ4KTileBlockBytes : kQ6KTileBlockBytes;
+    return type == DType::Q4_K   ? kQ4KTileBlockBytes
+           : type == DType::Q6_K ? kQ6KTileBlockBytes
+                                 : kIq4XSTileBlockBytes;
 }
 
-// For tile_bytes and write_row_tiles (cpu/quantized_tiles.h): bytes of one tile of a Q4_K or
-// Q6_K matrix, and its tiles written to the row_tiles_bytes(w) bytes at `tiles`, 64-byte
-// aligned.
+// For tile_bytes and write_row_tiles (cpu/quantized_tiles.h): bytes of one tile of a Q4_K,
+// Q6_K or IQ4_XS matrix, and its tiles written to the row_tiles_bytes(w) bytes at `tiles`,
+// 64-byte aligned.
 size_t super_block_tile_bytes(const Matrix& w);
 void write_super_block_tiles(const Matrix& w, uint8_t* tiles);
 

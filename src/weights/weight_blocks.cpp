@@ -109,9 +109,7 @@ void dequantize(const BlockQ6_K& b, float* out) {
 void dequantize(const BlockIQ4_XS& b, float* out) {
     const float d = half_to_float(b.d);
     for (int j = 0; j < kSuperBlock / kSubBlock; ++j) {
-        const int low = (b.scales_l[j / 2] >> (4 * (j % 2))) & 15;
-        const int high = (b.scales_h >> (2 * j)) & 3;
-        const float scale = d * ((low | high << 4) - 32);
+        const float scale = d * iq4_xs_scale(b, j);
         const uint8_t* qs = b.qs + 16 * j;
         for (int l = 0; l < 16; ++l) {
             out[kSubBlock * j + l] = scale * kIq4Values[qs[l] & 15];

@@ -111,6 +111,14 @@ inline int q6k_value(const BlockQ6_K& block, int i) {
     return low_bits | high_bits << 4;
 }
 
+// Sub-block j's scale ls_j − 32 (−32..31) of an IQ4_XS super-block: the low 4 bits of ls_j in
+// nibble j % 2 of scales_l[j / 2], the high 2 in bits 2j, 2j + 1 of scales_h.
+inline int iq4_xs_scale(const BlockIQ4_XS& block, int j) {
+    const int low = (block.scales_l[j / 2] >> (4 * (j % 2))) & 15;
+    const int high = (block.scales_h >> (2 * j)) & 3;
+    return (low | high << 4) - 32;
+}
+
 // Weights [0, cols) of one row of block type `dtype` (cols a multiple of its block) as f32.
 void dequantize_row(DType dtype, const void* row, float* out, int cols);
 
