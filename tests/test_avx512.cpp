@@ -584,7 +584,7 @@ TEST_CASE("AVX-512 VNNI prefill GEMM of the block types matches a reference on q
                     build.gemm_rows_blocks(got.data(), m.matrix, quantized, first, count);
                     INFO(build.name << " " << matrix_type_name(dtype) << " batch " << batch
                                     << " cols " << cols);
-                    // Q4_K, Q6_K and IQ4_XS from their tiles (those of make_block_matrix) and from
+                    // The super-block types from their tiles (those of make_block_matrix) and from
                     // their rows: the same panel, the same bits.
                     if (m.matrix.row_tiles) {
                         Matrix rows_only = m.matrix;
@@ -703,10 +703,10 @@ TEST_CASE("AVX-512 quantize_q8_k gives the bytes of llama.cpp's Q8_K rule") {
 }
 
 TEST_CASE(
-    "AVX-512 VNNI Q4_K, Q6_K and IQ4_XS matvecs from tiles equal the dequantized rows times Q8_K "
-    "x") {
+    "AVX-512 VNNI super-block matvecs from tiles (Q4_K, Q5_K, Q6_K, IQ4_XS) equal the dequantized "
+    "rows times Q8_K x") {
     std::mt19937 rng(519);
-    const auto dtype = GENERATE(DType::Q4_K, DType::Q6_K, DType::IQ4_XS);
+    const auto dtype = GENERATE(DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS);
     for (const Avx512Build& build : builds())
         if (build.has_vnni)
             check_block_tile_matvec(build.matvec_rows_block_tiles, build.name, dtype, rng);

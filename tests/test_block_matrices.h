@@ -80,7 +80,8 @@ inline TestMatrix make_block_matrix(int rows, int cols, DType dtype, std::mt1993
     m.values.resize(size_t(rows) * cols);
     for (int r = 0; r < rows; ++r)
         dequantize_row(dtype, m.matrix.row_data(r), &m.values[size_t(r) * cols], cols);
-    if (cpu::has_row_tiles(dtype)) add_row_tiles(&m);  // Q4_K, Q6_K, IQ4_XS: as the CPU backend's
+    if (cpu::has_row_tiles(dtype))
+        add_row_tiles(&m);  // the super-block types, as the CPU backend's
     return m;
 }
 
@@ -178,11 +179,11 @@ inline double worst_row_error(const std::vector<float>& got, const std::vector<d
     return worst;
 }
 
-// A decode matvec of Q4_K, Q6_K or IQ4_XS tiles (avx512:: or avx2::matvec_rows_block_tiles) against
-// the dequantized rows times x quantized by the Q8_K rule: 37 rows (a multiple of no tile, rows of
-// the largest levels, scales and mins among them), one and several super-blocks a row, a token,
-// part of a pass of tokens, a whole pass (8 tokens on AVX-512, 4 on AVX2) and more, runs of rows
-// as threads are given (each starting and ending inside a tile, or a tile's half).
+// A decode matvec of tiles of a super-block type (avx512:: or avx2::matvec_rows_block_tiles)
+// against the dequantized rows times x quantized by the Q8_K rule: 37 rows (a multiple of no tile,
+// rows of the largest levels, scales and mins among them), one and several super-blocks a row, a
+// token, part of a pass of tokens, a whole pass (8 tokens on AVX-512, 4 on AVX2) and more, runs of
+// rows as threads are given (each starting and ending inside a tile, or a tile's half).
 using BlockTileMatvec = void (*)(float* out, size_t out_stride, const Matrix& w,
                                  const cpu::Q8KVector* x, int tokens, int first_row, int row_count);
 inline void check_block_tile_matvec(BlockTileMatvec kernel, const std::string& name, DType dtype,

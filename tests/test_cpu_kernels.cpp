@@ -733,10 +733,12 @@ TEST_CASE("block-type matvecs of mixed types in one matvec_many call, every leve
     }
 }
 
-TEST_CASE("AVX2 Q4_K, Q6_K and IQ4_XS matvecs from tiles equal the dequantized rows times Q8_K x") {
+TEST_CASE(
+    "AVX2 super-block matvecs from tiles (Q4_K, Q5_K, Q6_K, IQ4_XS) equal the dequantized rows "
+    "times Q8_K x") {
     if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
     std::mt19937 rng(703);
-    const auto dtype = GENERATE(DType::Q4_K, DType::Q6_K, DType::IQ4_XS);
+    const auto dtype = GENERATE(DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS);
     check_block_tile_matvec(cpu::avx2::matvec_rows_block_tiles, "avx2", dtype, rng);
 }
 
@@ -785,7 +787,7 @@ TEST_CASE("AVX2 prefill GEMM of the block types matches a reference on quantized
                 for (auto [first, count] : {std::pair{1, rows - 5}, {20, 19}, {0, rows}}) {
                     std::vector<float> got(size_t(batch) * rows, NAN);
                     cpu::avx2::gemm_rows_blocks(got.data(), m.matrix, quantized, first, count);
-                    // Q4_K, Q6_K and IQ4_XS from their tiles (those of make_block_matrix) and from
+                    // The super-block types from their tiles (those of make_block_matrix) and from
                     // their rows: the same panel, the same bits.
                     if (m.matrix.row_tiles) {
                         Matrix rows_only = m.matrix;

@@ -1,7 +1,7 @@
 // Inline AVX2 helpers that read the block types' weights (weight_blocks.h) as registers of
-// 32 unsigned levels (or IQ4_XS's signed values) in column order, and Q4_K's, Q6_K's and
-// IQ4_XS's tiles (cpu/super_block_tiles.h) as registers of four columns of 8 rows, shared by the
-// AVX2 decode matvecs (matvec_super_blocks_avx2.cpp, matvec_small_blocks_avx2.cpp,
+// 32 unsigned levels (or IQ4_XS's signed values) in column order, and Q4_K's, Q5_K's, Q6_K's
+// and IQ4_XS's tiles (cpu/super_block_tiles.h) as registers of four columns of 8 rows, shared by
+// the AVX2 decode matvecs (matvec_super_blocks_avx2.cpp, matvec_small_blocks_avx2.cpp,
 // matvec_super_block_tiles_avx2.cpp) and the AVX2 prefill GEMM (gemm_blocks_avx2.cpp). Include
 // it only from *_avx2.cpp files.
 #pragma once
@@ -126,17 +126,27 @@ constexpr int kTileHalves = 2;
 constexpr int kTileHalfBytes = kTileRegisterBytes / kTileHalves;  // 32
 constexpr int kTileHalfRows = kTileRows / kTileHalves;            // 8
 
-// Half h of register k of chunk c of a Q4_K tile's super-block `block`: the levels of columns
-// 64c + 4k..64c + 4k + 3 (sub-block 2c, `low`) and of the 32 columns on (sub-block 2c + 1,
-// `high`), four a lane, rows 8h..8h + 7.
-inline void q4_k_tile_levels(const uint8_t* block, int c, int k, int h, __m256i* low,
-                             __m256i* high) {
+// Half h of register k of chunk c of a Q4_K (kFifthBit false) or Q5_K tile's super-block
+// `block`: the levels of columns 64c + 4k..64c + 4k + 3 (sub-block 2c, `low`) and of the 32
+// columns on (sub-block 2c + 1, `high`), four a lane, rows 8h..8h + 7; Q5_K's fifth bits,
+// bits 2c and 2c + 1 of the tile's qh, shifted to bit 4.
+template <bool kFifthBit>
+inline void k_tile_levels(const uint8_t* block, int c, int k, int h, __m256i* low, __m256i* high) {
     const __m256i nibble = _mm256_set1_epi8(0x0f);
     const __m256i bytes = _mm256_load_si256(
         reinterpret_cast<const __m256i*>(block + kQ4KTileValuesOffset + c * kQ4KTileChunkBytes +
                                          k * kTileRegisterBytes + h * kTileHalfBytes));
     *low = _mm256_and_si256(bytes, nibble);
     *high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
+    if constexpr (kFifthBit) {
+        const __m256i fifth_bit = _mm256_set1_epi8(0x10);
+        const __m256i high_bits = _mm256_load_si256(reinterpret_cast<const __m256i*>(
+            block + kQ5KTileHighOffset + k * kTileRegisterBytes + h * kTileHalfBytes));
+        *low =
+            _mm256_or_si256(*low, _mm256_and_si256(shift_words(high_bits, 4 - 2 * c), fifth_bit));
+        *high =
+            _mm256_or_si256(*high, _mm256_and_si256(shift_words(high_bits, 3 - 2 * c), fifth_bit));
+    }
 }
 
 // Half h of sub-block i of a Q6_K tile's super-block `block`: q[s] the levels (0..63) of

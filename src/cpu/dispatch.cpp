@@ -176,7 +176,7 @@ void matvec_many(const MatvecTask* task_list, int task_count) {
                 const int row = int(begin - task_start), count = int(end - begin);
                 const DType dtype = task.w->dtype;
                 const bool tiled = reads_tiles(*task.w);
-                if (tiled && is_block_type(dtype))  // Q4_K, Q6_K, IQ4_XS
+                if (tiled && is_block_type(dtype))  // the super-block types
                     (use_avx512_vnni ? avx512::matvec_rows_block_tiles
                                      : avx2::matvec_rows_block_tiles)(task.out, 0, *task.w,
                                                                       q8_k_x[t], 1, row, count);
@@ -265,7 +265,7 @@ size_t batch_work(const std::vector<BatchOutput>& outputs, int batch) {
 }
 
 // out = W · x for each of `batch` tokens of x [batch, cols] and each output, all of them
-// Q4_K, Q6_K or IQ4_XS read from tiles (AVX-512 VNNI's kernel or AVX2's): x quantized as Q8_K a
+// of the super-block types read from tiles (AVX-512 VNNI's kernel or AVX2's): x quantized as Q8_K a
 // token at a time by the calling thread, then each thread's run of rows meeting every token.
 void tiled_block_matvecs(const float* x, int batch, const std::vector<BatchOutput>& outputs) {
     static thread_local std::vector<Q8KVector> storage;
@@ -316,7 +316,7 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
     const bool all_blocks = std::all_of(outputs.begin(), outputs.end(), [](const BatchOutput& o) {
         return is_block_type(o.w->dtype);
     });
-    // Those read from tiles (Q4_K, Q6_K, IQ4_XS) meet every token at once, each tile read once.
+    // Those read from tiles (the super-block types) meet every token at once, each tile read once.
     if (active_level >= SimdLevel::Avx2 && all_blocks && batch <= kBlockMatvecBatch) {
         std::vector<BatchOutput> tiled;
         for (const BatchOutput& o : outputs)

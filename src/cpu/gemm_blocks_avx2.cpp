@@ -20,11 +20,11 @@
 // (block_levels_avx2.h, the matvecs' unpacking) to 32 levels a group and f32 A and B; 8 rows'
 // groups then go through an 8 × 8 transpose of 32-bit words into a panel laid out for the
 // micro-kernel: per group, per step of four columns, the four levels of each row side by
-// side, 8 rows a register. Q4_K, Q6_K and IQ4_XS come from their tiles of 16 rows where they have
-// them (cpu/super_block_tiles.h, the decode matvec's), already in that order: no transposes, and
-// the rows stay out of memory. The micro-kernel (block_tile_kernel) meets kDepthGroups groups of
-// the panel (16 KB, in L1) with every token before the next groups, its f32 sums kept per
-// tile and token between the calls.
+// side, 8 rows a register. Q4_K, Q5_K, Q6_K and IQ4_XS come from their tiles of 16 rows where they
+// have them (cpu/super_block_tiles.h, the decode matvec's), already in that order: no transposes,
+// and the rows stay out of memory. The micro-kernel (block_tile_kernel) meets kDepthGroups groups
+// of the panel (16 KB, in L1) with every token before the next groups, its f32 sums kept per tile
+// and token between the calls.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -247,7 +247,7 @@ void unpack_tile_typed(const Panel& panel, const Matrix& w, int tile_row) {
         }
 }
 
-// The 16 rows of one Q4_K, Q6_K or IQ4_XS tile (cpu/super_block_tiles.h) into row registers
+// The 16 rows of one Q4_K, Q5_K, Q6_K or IQ4_XS tile (cpu/super_block_tiles.h) into row registers
 // first_register and first_register + 1 of the panel, with no transposes: a half of a tile's
 // register is already a step of 8 rows. The same levels, A and B as from the rows, bit for bit.
 // No tile (past the matrix): levels 0, A = B = 0.
@@ -273,7 +273,7 @@ void unpack_from_tile(const Panel& panel, const Matrix& w, const uint8_t* tile,
                 return _mm256_cvtepi32_ps(is_signed ? _mm256_cvtepi8_epi32(bytes)
                                                     : _mm256_cvtepu8_epi32(bytes));
             };
-            if (w.dtype == DType::Q4_K) {
+            if (w.dtype == DType::Q4_K || w.dtype == DType::Q5_K) {
                 const int first_group = b * kSpanGroups;
                 const __m256 d = tile_halves(block + kQ4KTileDOffset + 2 * kTileHalfRows * h);
                 const __m256 minus_dmin =
@@ -282,7 +282,9 @@ void unpack_from_tile(const Panel& panel, const Matrix& w, const uint8_t* tile,
                 for (int c = 0; c < kQ4KChunks; ++c)
                     for (int k = 0; k < kQ4KChunkRegisters; ++k) {
                         __m256i low, high;
-                        q4_k_tile_levels(block, c, k, h, &low, &high);
+                        (w.dtype == DType::Q5_K
+                             ? k_tile_levels<true>
+                             : k_tile_levels<false>)(block, c, k, h, &low, &high);
                         _mm256_store_si256(levels_at(first_group + 2 * c, k), low);
                         _mm256_store_si256(levels_at(first_group + 2 * c + 1, k), high);
                     }
@@ -347,7 +349,7 @@ void unpack_from_tile(const Panel& panel, const Matrix& w, const uint8_t* tile,
 }
 
 // The panel of rows [tile_row, tile_row + 32) of w; rows past the matrix hold levels 0 and
-// A = B = 0. Q4_K, Q6_K and IQ4_XS are read from their tiles where they have them (the rows
+// A = B = 0. Q4_K, Q5_K, Q6_K and IQ4_XS are read from their tiles where they have them (the rows
 // may then be out of memory).
 void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
     if (w.row_tiles) {

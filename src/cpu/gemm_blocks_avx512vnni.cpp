@@ -15,7 +15,7 @@
 // panel laid out as the Q8/Q4 GEMM's (per group of 32 columns, per step of four columns, the
 // four levels of each row side by side, 16 rows a register) and the sub-blocks' A and B as
 // f32, 16 rows at a time with gathers of one 32-bit word of each row's block (the rows'
-// blocks are row_bytes apart; Q4_K, Q6_K and IQ4_XS from their tiles of 16 rows where they
+// blocks are row_bytes apart; Q4_K, Q5_K, Q6_K and IQ4_XS from their tiles of 16 rows where they
 // have them, with no gathers). The panel (33 KB a 1024 columns) stays in L2 while every token
 // of the batch meets it in the micro-kernel (block_tile_kernel).
 #include <algorithm>
@@ -257,10 +257,12 @@ void unpack_small(const HalfPanel& out, const RowWords& words, int b) {
     }
 }
 
-// Q4_K super-block b of 16 rows from its tile (`block`, cpu/super_block_tiles.h), as unpack_k
-// gives it from the rows: the scales and mins are a byte a row already, and each register of a
-// chunk holds one step of two groups (sub-blocks 2c, 2c + 1 in the low and high nibbles).
-void unpack_q4_k_tile(const HalfPanel& out, const uint8_t* block, int b) {
+// Q4_K (kFifthBit false) or Q5_K super-block b of 16 rows from its tile (`block`,
+// cpu/super_block_tiles.h), as unpack_k gives it from the rows: the scales and mins are a byte a
+// row already, and each register of a chunk holds one step of two groups (sub-blocks 2c, 2c + 1
+// in the low and high nibbles; Q5_K's fifth bits in bits 2c, 2c + 1 of the step's qh).
+template <bool kFifthBit>
+void unpack_k_tile(const HalfPanel& out, const uint8_t* block, int b) {
     const __m512 d = _mm512_cvtph_ps(
         _mm256_load_si256(reinterpret_cast<const __m256i*>(block + kQ4KTileDOffset)));
     const __m512 minus_dmin = _mm512_sub_ps(
@@ -278,12 +280,22 @@ void unpack_q4_k_tile(const HalfPanel& out, const uint8_t* block, int b) {
         out.scale(kKSubBlocks * b + j, _mm512_mul_ps(d, to_float(scale)));
         out.min(kKSubBlocks * b + j, _mm512_mul_ps(minus_dmin, to_float(min)));
     }
+    const __m512i bit = bytes_of(0x01010101);
     for (int c = 0; c < kQ4KChunks; ++c)
         for (int step = 0; step < kGroupSteps; ++step) {
             const __m512i q = _mm512_load_si512(block + kQ4KTileValuesOffset +
                                                 c * kQ4KTileChunkBytes + step * kTileRegisterBytes);
-            out.levels(kKSubBlocks * b + 2 * c, step, low_nibbles(q));
-            out.levels(kKSubBlocks * b + 2 * c + 1, step, high_nibbles(q));
+            __m512i low = low_nibbles(q), high = high_nibbles(q);
+            if constexpr (kFifthBit) {
+                const __m512i high_bits =
+                    _mm512_load_si512(block + kQ5KTileHighOffset + step * kTileRegisterBytes);
+                low = _mm512_or_si512(
+                    low, shift_left(_mm512_and_si512(shift_right(high_bits, 2 * c), bit), 4));
+                high = _mm512_or_si512(
+                    high, shift_left(_mm512_and_si512(shift_right(high_bits, 2 * c + 1), bit), 4));
+            }
+            out.levels(kKSubBlocks * b + 2 * c, step, low);
+            out.levels(kKSubBlocks * b + 2 * c + 1, step, high);
         }
 }
 
@@ -340,7 +352,7 @@ void unpack_iq4_xs_tile(const HalfPanel& out, const uint8_t* block, int b) {
 }
 
 // The panel of rows [tile_row, tile_row + 32) of w; rows past the matrix hold A = B = 0. Q4_K,
-// Q6_K and IQ4_XS are read from their tiles where they have them (the rows may then be out of
+// Q5_K, Q6_K and IQ4_XS are read from their tiles where they have them (the rows may then be out of
 // memory).
 void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
     const int blocks = w.cols / block_weights(w.dtype);
@@ -349,8 +361,9 @@ void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
     for (int half = 0; half < kHalves; ++half) {
         const int first = tile_row + half * kLanes;
         const HalfPanel out{panel, half};
-        if (w.row_tiles) {  // Q4_K, Q6_K, IQ4_XS
-            const auto unpack_block = w.dtype == DType::Q4_K   ? unpack_q4_k_tile
+        if (w.row_tiles) {  // Q4_K, Q5_K, Q6_K, IQ4_XS
+            const auto unpack_block = w.dtype == DType::Q4_K   ? unpack_k_tile<false>
+                                      : w.dtype == DType::Q5_K ? unpack_k_tile<true>
                                       : w.dtype == DType::Q6_K ? unpack_q6_k_tile
                                                                : unpack_iq4_xs_tile;
             const int block_bytes = super_block_tile_bytes(w.dtype);

@@ -1,6 +1,6 @@
-// The decode matvec on AVX2 + FMA + F16C for Q4_K, Q6_K and IQ4_XS weights read from their tiles of
-// 16 rows (cpu/super_block_tiles.h): out[t][r] = W[r] · x_t for one token or a few, each x_t
-// quantized per 256 as Q8_K (quantize_q8_k), each super-block's dot products in integers.
+// The decode matvec on AVX2 + FMA + F16C for Q4_K, Q5_K, Q6_K and IQ4_XS weights read from their
+// tiles of 16 rows (cpu/super_block_tiles.h): out[t][r] = W[r] · x_t for one token or a few, each
+// x_t quantized per 256 as Q8_K (quantize_q8_k), each super-block's dot products in integers.
 //
 // The tiles are the AVX-512 VNNI kernel's (matvec_super_block_tiles_avx512vnni.cpp); here a
 // 64-byte register of a tile is two halves of 8 rows, one 256-bit register each, and a
@@ -14,6 +14,8 @@
 // - Q4_K: a chunk's 8 registers of nibbles add up per sub-block in int16 (at most
 //   8 · 2 · 15 · 128 = 30720); the mins meet x's sums of 32 through vpmaddwd, a pair of
 //   sub-blocks a register (the tile keeps them side by side), as on AVX-512.
+// - Q5_K: as Q4_K, the levels (0..31) with their fifth bits; half a chunk's registers add up
+//   in int16 (at most 4 · 2 · 31 · 127 = 31496) before each widening.
 // - Q6_K: a sub-block's four registers of levels (0..63) in two int16 sums of two (at most
 //   2 · 2 · 63 · 128 = 32256); the offset of 32 comes in once a super-block as
 //   −32 · Σ_i sc_i · Σ x_i, the int8 scales of two sub-blocks side by side in a lane's words
@@ -43,7 +45,7 @@ constexpr int kTileTokens = 4;  // tokens a pass over a tile
 // How far ahead of the super-block being read the software prefetch asks, in super-blocks.
 constexpr int kPrefetchBlocks = 4;
 constexpr int kMinPairs = kKSubBlocks / 2;  // pairs of sub-blocks a super-block
-// A token's x (TileTokenX) carries in `sums` its sums by pairs: Q4_K's of 32
+// A token's x (TileTokenX) carries in `sums` its sums by pairs: Q4_K's and Q5_K's of 32
 // (pair_sums_of_32), Q6_K's of 16 (pair_sums_of_16); none for IQ4_XS.
 using TokenX = TileTokenX;
 
@@ -80,38 +82,44 @@ inline void store_rows(float* out, __m256 sums, int row_base, int first, int end
         out[row_base + lane] = lanes[lane];
 }
 
-// Half h of super-block b of a Q4_K tile against kTokens tokens: sums[t] gains the 8 rows'
-// x.d · (d · Σ sc · q · x − dmin · Σ m · Σ x).
-template <int kTokens>
-inline void q4_k_half_block(__m256* sums, const uint8_t* block, int b, int h, const TokenX* x) {
+// Half h of super-block b of a Q4_K (kFifthBit false) or Q5_K tile against kTokens tokens:
+// sums[t] gains the 8 rows' x.d · (d · Σ sc · q · x − dmin · Σ m · Σ x).
+template <int kTokens, bool kFifthBit>
+inline void k_half_block(__m256* sums, const uint8_t* block, int b, int h, const TokenX* x) {
+    // Registers whose int16 pairs add up before vpmaddwd widens them: at most 8 · 2 · 15 · 127
+    // for 4-bit levels, 4 · 2 · 31 · 127 for 5-bit.
+    constexpr int kWidenRegisters = kFifthBit ? kQ4KChunkRegisters / 2 : kQ4KChunkRegisters;
     __m256i dots[kTokens];  // Σ_j sc_j · Σ q · x
 #pragma GCC unroll 4
     for (int t = 0; t < kTokens; ++t) dots[t] = _mm256_setzero_si256();
     for (int c = 0; c < kQ4KChunks; ++c) {
-        __m256i low[kTokens], high[kTokens];  // int16 pairs of sub-blocks 2c and 2c + 1
-#pragma GCC unroll 4
-        for (int t = 0; t < kTokens; ++t) low[t] = high[t] = _mm256_setzero_si256();
-#pragma GCC unroll 8
-        for (int k = 0; k < kQ4KChunkRegisters; ++k) {
-            __m256i q_low, q_high;
-            q4_k_tile_levels(block, c, k, h, &q_low, &q_high);
-#pragma GCC unroll 4
-            for (int t = 0; t < kTokens; ++t) {
-                const int8_t* xc =
-                    x[t].values + size_t(b) * kSuperBlock + c * 2 * kSubBlock + k * 4;
-                low[t] = _mm256_add_epi16(low[t], _mm256_maddubs_epi16(q_low, broadcast_word(xc)));
-                high[t] = _mm256_add_epi16(
-                    high[t], _mm256_maddubs_epi16(q_high, broadcast_word(xc + kSubBlock)));
-            }
-        }
         const uint8_t* scales = block + kQ4KTileScalesOffset + h * kTileHalfRows;
         const __m256i low_scales = scale_words(scales + kTileRows * 2 * c);
         const __m256i high_scales = scale_words(scales + kTileRows * (2 * c + 1));
+        for (int first = 0; first < kQ4KChunkRegisters; first += kWidenRegisters) {
+            __m256i low[kTokens], high[kTokens];  // int16 pairs of sub-blocks 2c and 2c + 1
 #pragma GCC unroll 4
-        for (int t = 0; t < kTokens; ++t)
-            dots[t] = _mm256_add_epi32(dots[t],
-                                       _mm256_add_epi32(_mm256_madd_epi16(low[t], low_scales),
-                                                        _mm256_madd_epi16(high[t], high_scales)));
+            for (int t = 0; t < kTokens; ++t) low[t] = high[t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int k = first; k < first + kWidenRegisters; ++k) {
+                __m256i q_low, q_high;
+                k_tile_levels<kFifthBit>(block, c, k, h, &q_low, &q_high);
+#pragma GCC unroll 4
+                for (int t = 0; t < kTokens; ++t) {
+                    const int8_t* xc =
+                        x[t].values + size_t(b) * kSuperBlock + c * 2 * kSubBlock + k * 4;
+                    low[t] =
+                        _mm256_add_epi16(low[t], _mm256_maddubs_epi16(q_low, broadcast_word(xc)));
+                    high[t] = _mm256_add_epi16(
+                        high[t], _mm256_maddubs_epi16(q_high, broadcast_word(xc + kSubBlock)));
+                }
+            }
+#pragma GCC unroll 4
+            for (int t = 0; t < kTokens; ++t)
+                dots[t] = _mm256_add_epi32(
+                    dots[t], _mm256_add_epi32(_mm256_madd_epi16(low[t], low_scales),
+                                              _mm256_madd_epi16(high[t], high_scales)));
+        }
     }
     __m256i mins[kMinPairs];  // a lane's words: the mins of sub-blocks 2p and 2p + 1
 #pragma GCC unroll 4
@@ -237,7 +245,8 @@ void tile_rows(float* out, size_t out_stride, int tile_row, int first, int end, 
         const uint8_t* block = tile + size_t(b) * block_bytes;
         prefetch_ahead(block, kPrefetchBlocks * block_bytes, block_bytes);
         for (int h = first_half; h < end_half; ++h)
-            (kType == DType::Q4_K   ? q4_k_half_block<kTokens>
+            (kType == DType::Q4_K   ? k_half_block<kTokens, false>
+             : kType == DType::Q5_K ? k_half_block<kTokens, true>
              : kType == DType::Q6_K ? q6_k_half_block<kTokens>
                                     : iq4_xs_half_block<kTokens>)(sums[h], block, b, h, x);
     }
@@ -261,12 +270,14 @@ void no_sums(std::vector<int32_t>* sums, const Q8KVector&) { sums->clear(); }
 void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, const Q8KVector* x,
                              int tokens, int first_row, int row_count) {
     const TileKernel* kernels = w.dtype == DType::Q4_K   ? kKernels<DType::Q4_K>
+                                : w.dtype == DType::Q5_K ? kKernels<DType::Q5_K>
                                 : w.dtype == DType::Q6_K ? kKernels<DType::Q6_K>
                                                          : kKernels<DType::IQ4_XS>;
-    const TokenX* token_x = tile_tokens(x, tokens,
-                                        w.dtype == DType::Q4_K   ? pair_sums_of_32
-                                        : w.dtype == DType::Q6_K ? pair_sums_of_16
-                                                                 : no_sums);
+    const TokenX* token_x =
+        tile_tokens(x, tokens,
+                    w.dtype == DType::Q4_K || w.dtype == DType::Q5_K ? pair_sums_of_32
+                    : w.dtype == DType::Q6_K                         ? pair_sums_of_16
+                                                                     : no_sums);
     const int blocks = w.cols / kSuperBlock;
     const size_t bytes_per_tile = tile_bytes(w);
     const int end_row = first_row + row_count;

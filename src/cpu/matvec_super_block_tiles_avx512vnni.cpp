@@ -1,5 +1,5 @@
-// The decode matvec on AVX-512 + VNNI for Q4_K, Q6_K and IQ4_XS weights read from their tiles of 16
-// rows (cpu/super_block_tiles.h): out[t][r] = W[r] · x_t for one token or a few, each x_t
+// The decode matvec on AVX-512 + VNNI for Q4_K, Q5_K, Q6_K and IQ4_XS weights read from their tiles
+// of 16 rows (cpu/super_block_tiles.h): out[t][r] = W[r] · x_t for one token or a few, each x_t
 // quantized per 256 as Q8_K (quantize_q8_k), each super-block's dot products in integers.
 //
 // Each int32 lane is a row. Q4_K: a register of a chunk holds four bytes of each row:
@@ -13,6 +13,10 @@
 // vpdpwssd: Σ_j m_j · Σ x. Per super-block, a register of 16 f32 sums per token gains
 // x.d · (d · Σ sc · q · x − dmin · Σ m · Σ x), d and dmin those of the 16 rows; the sums are
 // the 16 outputs.
+//
+// Q5_K: as Q4_K, each register's nibbles joined by their fifth bits (bit 2c or 2c + 1 of the
+// tile's qh, rotated to bit 4), the high nibbles shifted down first (levels 0..31; at most
+// 8 · 63 · 32 · 31 · 127 over a super-block).
 //
 // Q6_K: a sub-block of 16 columns is three registers, whose nibbles and 2-bit pairs make four
 // registers of levels q (0..63), four columns each; its dot product starts from −32 · Σ x
@@ -60,7 +64,7 @@ constexpr int kHighNibbleShift = 4;
 constexpr int kAndOr = 0xEA;
 
 // A token's x (TileTokenX) carries in `sums`, per type:
-// - Q4_K: per pair of sub-blocks (2p, 2p + 1) their sums of 32 values (pair_sums_of_32);
+// - Q4_K, Q5_K: per pair of sub-blocks (2p, 2p + 1) their sums of 32 values (pair_sums_of_32);
 // - Q6_K: per 16 values −32 · their sum (q6_k_offsets);
 // - IQ4_XS: per 32 values −128 · their sum (iq4_xs_offsets).
 using TokenX = TileTokenX;
@@ -71,31 +75,51 @@ void q6_k_offsets(std::vector<int32_t>* offsets, const Q8KVector& x) {
     for (size_t i = 0; i < x.sums.size(); ++i) (*offsets)[i] = -32 * x.sums[i];
 }
 
-// The 16 rows of one Q4_K tile against kTokens tokens: out[t · out_stride + lane] for the
-// lanes of `store`.
-template <int kTokens>
-void q4_k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* tile, int blocks,
-                    const TokenX* x) {
+// The 16 rows of one Q4_K (kFifthBit false) or Q5_K tile against kTokens tokens:
+// out[t · out_stride + lane] for the lanes of `store`.
+template <int kTokens, bool kFifthBit>
+void k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* tile, int blocks,
+                 const TokenX* x) {
+    constexpr int kBlockBytes = kFifthBit ? kQ5KTileBlockBytes : kQ4KTileBlockBytes;
     const __m512i low_nibbles = _mm512_set1_epi8(0x0f), high_nibbles = _mm512_set1_epi8(-16);
+    const __m512i fifth_bit = _mm512_set1_epi8(0x10);
     __m512 sums[kTokens];
 #pragma GCC unroll 8
     for (int t = 0; t < kTokens; ++t) sums[t] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
-        const uint8_t* block = tile + size_t(b) * kQ4KTileBlockBytes;
-        prefetch_ahead(block, kPrefetchBlocks * kQ4KTileBlockBytes, kQ4KTileBlockBytes);
+        const uint8_t* block = tile + size_t(b) * kBlockBytes;
+        prefetch_ahead(block, kPrefetchBlocks * kBlockBytes, kBlockBytes);
         __m512i dots[kTokens];  // Σ_j sc_j · Σ q · x
 #pragma GCC unroll 8
         for (int t = 0; t < kTokens; ++t) dots[t] = _mm512_setzero_si512();
         for (int c = 0; c < kQ4KChunks; ++c) {
             const uint8_t* values = block + kQ4KTileValuesOffset + c * kQ4KTileChunkBytes;
+            // Q5_K: the rotations (left, in 32-bit lanes) that move bits 2c and 2c + 1 of each
+            // byte of qh to bit 4.
+            const __m512i low_rotation = _mm512_set1_epi32((4 - 2 * c) & 31);
+            const __m512i high_rotation = _mm512_set1_epi32((3 - 2 * c) & 31);
             __m512i low[kTokens], high[kTokens];
 #pragma GCC unroll 8
             for (int t = 0; t < kTokens; ++t) low[t] = high[t] = _mm512_setzero_si512();
 #pragma GCC unroll 8
             for (int k = 0; k < kQ4KChunkRegisters; ++k) {
                 const __m512i bytes = _mm512_load_si512(values + k * kTileRegisterBytes);
-                const __m512i q = _mm512_and_si512(bytes, low_nibbles);
-                const __m512i q16 = _mm512_and_si512(bytes, high_nibbles);
+                __m512i q, q16;  // the low nibbles' levels; the high ones' (Q4_K: 16 times)
+                if constexpr (kFifthBit) {
+                    const __m512i high_bits =
+                        _mm512_load_si512(block + kQ5KTileHighOffset + k * kTileRegisterBytes);
+                    q = _mm512_ternarylogic_epi32(
+                        bytes, low_nibbles,
+                        _mm512_and_si512(_mm512_rolv_epi32(high_bits, low_rotation), fifth_bit),
+                        kAndOr);
+                    q16 = _mm512_ternarylogic_epi32(
+                        _mm512_srli_epi16(bytes, kHighNibbleShift), low_nibbles,
+                        _mm512_and_si512(_mm512_rolv_epi32(high_bits, high_rotation), fifth_bit),
+                        kAndOr);
+                } else {
+                    q = _mm512_and_si512(bytes, low_nibbles);
+                    q16 = _mm512_and_si512(bytes, high_nibbles);
+                }
 #pragma GCC unroll 8
                 for (int t = 0; t < kTokens; ++t) {
                     const int8_t* xc =
@@ -113,10 +137,12 @@ void q4_k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_
 #pragma GCC unroll 8
             for (int t = 0; t < kTokens; ++t)
                 dots[t] = _mm512_add_epi32(
-                    dots[t], _mm512_add_epi32(
-                                 _mm512_mullo_epi32(low[t], low_scales),
-                                 _mm512_mullo_epi32(_mm512_srai_epi32(high[t], kHighNibbleShift),
-                                                    high_scales)));
+                    dots[t],
+                    _mm512_add_epi32(
+                        _mm512_mullo_epi32(low[t], low_scales),
+                        _mm512_mullo_epi32(
+                            kFifthBit ? high[t] : _mm512_srai_epi32(high[t], kHighNibbleShift),
+                            high_scales)));
         }
         __m512i mins[kMinPairs];
 #pragma GCC unroll 4
@@ -144,7 +170,7 @@ void q4_k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_
     for (int t = 0; t < kTokens; ++t) _mm512_mask_storeu_ps(out + t * out_stride, store, sums[t]);
 }
 
-// The 16 rows of one Q6_K tile against kTokens tokens, as q4_k_tile_rows.
+// The 16 rows of one Q6_K tile against kTokens tokens, as k_tile_rows.
 template <int kTokens>
 void q6_k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* tile, int blocks,
                     const TokenX* x) {
@@ -206,7 +232,7 @@ void iq4_xs_offsets(std::vector<int32_t>* offsets, const Q8KVector& x) {
         (*offsets)[j] = -kIq4Excess * (x.sums[2 * j] + x.sums[2 * j + 1]);
 }
 
-// The 16 rows of one IQ4_XS tile against kTokens tokens, as q4_k_tile_rows.
+// The 16 rows of one IQ4_XS tile against kTokens tokens, as k_tile_rows.
 template <int kTokens>
 void iq4_xs_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* tile,
                       int blocks, const TokenX* x) {
@@ -260,9 +286,11 @@ void iq4_xs_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint
 
 // The kernels of each type for 1..kTileTokens tokens.
 using TileKernel = void (*)(float*, size_t, __mmask16, const uint8_t*, int, const TokenX*);
-constexpr TileKernel kQ4KKernels[kTileTokens] = {
-    q4_k_tile_rows<1>, q4_k_tile_rows<2>, q4_k_tile_rows<3>, q4_k_tile_rows<4>,
-    q4_k_tile_rows<5>, q4_k_tile_rows<6>, q4_k_tile_rows<7>, q4_k_tile_rows<8>};
+template <bool kFifthBit>
+constexpr TileKernel kKKernels[kTileTokens] = {
+    k_tile_rows<1, kFifthBit>, k_tile_rows<2, kFifthBit>, k_tile_rows<3, kFifthBit>,
+    k_tile_rows<4, kFifthBit>, k_tile_rows<5, kFifthBit>, k_tile_rows<6, kFifthBit>,
+    k_tile_rows<7, kFifthBit>, k_tile_rows<8, kFifthBit>};
 constexpr TileKernel kQ6KKernels[kTileTokens] = {
     q6_k_tile_rows<1>, q6_k_tile_rows<2>, q6_k_tile_rows<3>, q6_k_tile_rows<4>,
     q6_k_tile_rows<5>, q6_k_tile_rows<6>, q6_k_tile_rows<7>, q6_k_tile_rows<8>};
@@ -275,11 +303,13 @@ constexpr TileKernel kIq4XSKernels[kTileTokens] = {
 void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, const Q8KVector* x,
                              int tokens, int first_row, int row_count) {
     static_assert(kSumsPerBlock == 4 * kMinPairs && kSumsPerBlock == kQ6KSubBlocks);
-    const TileKernel* kernels = w.dtype == DType::Q4_K   ? kQ4KKernels
+    const bool with_mins = w.dtype == DType::Q4_K || w.dtype == DType::Q5_K;
+    const TileKernel* kernels = w.dtype == DType::Q4_K   ? kKKernels<false>
+                                : w.dtype == DType::Q5_K ? kKKernels<true>
                                 : w.dtype == DType::Q6_K ? kQ6KKernels
                                                          : kIq4XSKernels;
     const TokenX* token_x = tile_tokens(x, tokens,
-                                        w.dtype == DType::Q4_K   ? pair_sums_of_32
+                                        with_mins                ? pair_sums_of_32
                                         : w.dtype == DType::Q6_K ? q6_k_offsets
                                                                  : iq4_xs_offsets);
     const int blocks = w.cols / kSuperBlock;

@@ -2,7 +2,7 @@
 // (matvec_quantized_avx512vnni.cpp, gemm_quantized_avx512vnni.cpp). The CPU backend makes them
 // once, when it takes the model on the AVX-512 path of a CPU with AVX512_VNNI
 // (cpu/resident_weights.h), and points Matrix::row_tiles at them; the row-major values and scales
-// stay in the file's mapping for the other paths. (Q4_K's, Q6_K's and IQ4_XS's tiles:
+// stay in the file's mapping for the other paths. (Q4_K's, Q5_K's, Q6_K's and IQ4_XS's tiles:
 // cpu/super_block_tiles.h.)
 //
 // In a weight file a row's values and its scales are two streams, and each int32 lane of a
@@ -69,11 +69,12 @@ inline const uint8_t* tile_group_values(const uint8_t* tile, DType type, int g) 
            (g % kTileBlockGroups) * tile_group_bytes(type);
 }
 
-// Whether matrices of this type can have tiles: Q8 and Q4 (here), Q4_K, Q6_K and IQ4_XS
+// Whether matrices of this type can have tiles: Q8 and Q4 (here), Q4_K, Q5_K, Q6_K and
+// IQ4_XS
 // (cpu/super_block_tiles.h); which level reads them: uses_row_tiles (cpu/kernels.h).
 inline bool has_row_tiles(DType dtype) {
-    return is_quantized(dtype) || dtype == DType::Q4_K || dtype == DType::Q6_K ||
-           dtype == DType::IQ4_XS;
+    return is_quantized(dtype) || dtype == DType::Q4_K || dtype == DType::Q5_K ||
+           dtype == DType::Q6_K || dtype == DType::IQ4_XS;
 }
 
 // Of a matrix of a type that has tiles:
@@ -87,8 +88,8 @@ struct FreeBytes {
 };
 using AlignedBytes = std::unique_ptr<uint8_t, FreeBytes>;
 
-// Writes the tiles of w (Q8, Q4, Q4_K, Q6_K or IQ4_XS) to the row_tiles_bytes(w) bytes at `tiles`,
-// 64-byte aligned.
+// Writes the tiles of w (Q8, Q4 or a type of cpu/super_block_tiles.h) to the row_tiles_bytes(w)
+// bytes at `tiles`, 64-byte aligned.
 void write_row_tiles(const Matrix& w, uint8_t* tiles);
 // The tiles of w in a new buffer; throws Error when memory runs out.
 AlignedBytes make_row_tiles(const Matrix& w);

@@ -1,7 +1,8 @@
-// Q4_K, Q6_K and IQ4_XS matrices in tiles of 16 rows (the layout: cpu/super_block_tiles.h).
+// Q4_K, Q5_K, Q6_K and IQ4_XS matrices in tiles of 16 rows (the layout: cpu/super_block_tiles.h).
 #include "cpu/super_block_tiles.h"
 
 #include <cstring>
+#include <type_traits>
 
 #include "util/error.h"
 
@@ -11,8 +12,10 @@ namespace {
 
 int super_blocks(const Matrix& w) { return w.cols / kSuperBlock; }
 
-// Row `lane` of a tile's super-block `tile_block` from the block as the file has it.
-void write_row(uint8_t* tile_block, int lane, const BlockQ4_K& block) {
+// Row `lane` of a tile's super-block `tile_block` from the block as the file has it: Q4_K's,
+// or the same fields of Q5_K's and its fifth bits.
+template <typename KBlock>
+void write_row(uint8_t* tile_block, int lane, const KBlock& block) {
     std::memcpy(tile_block + kQ4KTileDOffset + 2 * lane, &block.d, sizeof block.d);
     std::memcpy(tile_block + kQ4KTileDMinOffset + 2 * lane, &block.dmin, sizeof block.dmin);
     for (int j = 0; j < kKSubBlocks; ++j) {
@@ -26,6 +29,11 @@ void write_row(uint8_t* tile_block, int lane, const BlockQ4_K& block) {
             std::memcpy(tile_block + kQ4KTileValuesOffset + c * kQ4KTileChunkBytes +
                             k * kTileRegisterBytes + lane * kTileLaneBytes,
                         block.qs + c * kQ4KChunkBytes + k * kTileLaneBytes, kTileLaneBytes);
+    if constexpr (std::is_same_v<KBlock, BlockQ5_K>)
+        for (int k = 0; k < kQ4KChunkRegisters; ++k)
+            std::memcpy(
+                tile_block + kQ5KTileHighOffset + k * kTileRegisterBytes + lane * kTileLaneBytes,
+                block.qh + k * kTileLaneBytes, kTileLaneBytes);
 }
 
 void write_row(uint8_t* tile_block, int lane, const BlockQ6_K& block) {
@@ -81,12 +89,14 @@ void write_super_block_tiles(const Matrix& w, uint8_t* tiles) {
     std::memset(tiles, 0, row_tiles_bytes(w));
     if (w.dtype == DType::Q4_K)
         write_tiles<BlockQ4_K>(w, tiles);
+    else if (w.dtype == DType::Q5_K)
+        write_tiles<BlockQ5_K>(w, tiles);
     else if (w.dtype == DType::Q6_K)
         write_tiles<BlockQ6_K>(w, tiles);
     else if (w.dtype == DType::IQ4_XS)
         write_tiles<BlockIQ4_XS>(w, tiles);
     else
-        throw Error("write_super_block_tiles: not a Q4_K, Q6_K or IQ4_XS matrix");
+        throw Error("write_super_block_tiles: not a Q4_K, Q5_K, Q6_K or IQ4_XS matrix");
 }
 
 void pair_sums_of_32(std::vector<int32_t>* pairs, const Q8KVector& x) {

@@ -1,10 +1,10 @@
-// Q4_K, Q6_K and IQ4_XS matrices re-laid out in tiles of 16 rows for the decode matvecs on AVX-512
-// VNNI (matvec_super_block_tiles_avx512vnni.cpp) and AVX2 (matvec_super_block_tiles_avx2.cpp, a
-// tile's register read as two halves of 8 rows) and the AVX-512 VNNI prefill GEMM
-// (gemm_blocks_avx512vnni.cpp), as Q8 and Q4 are (cpu/quantized_tiles.h). The CPU backend makes
-// them once, when it takes the model on the AVX2 or AVX-512 path (cpu/resident_weights.h), and
-// points Matrix::row_tiles at them; the rows of super-blocks stay in the file's mapping for the
-// other paths (AVX2's prefill GEMM, scalar).
+// Q4_K, Q5_K, Q6_K and IQ4_XS matrices re-laid out in tiles of 16 rows for the decode matvecs on
+// AVX-512 VNNI (matvec_super_block_tiles_avx512vnni.cpp) and AVX2
+// (matvec_super_block_tiles_avx2.cpp, a tile's register read as two halves of 8 rows) and the
+// AVX-512 VNNI prefill GEMM (gemm_blocks_avx512vnni.cpp), as Q8 and Q4 are (cpu/quantized_tiles.h).
+// The CPU backend makes them once, when it takes the model on the AVX2 or AVX-512 path
+// (cpu/resident_weights.h), and points Matrix::row_tiles at them; the rows of super-blocks stay in
+// the file's mapping for the other paths (AVX2's prefill GEMM, scalar).
 //
 // In a row of super-blocks each int32 lane of a vpdpbusd holds four columns of one row, and
 // Q4_K's 6-bit scales and mins come packed in 12 bytes a super-block. In a tile each lane is
@@ -26,6 +26,14 @@
 //                   4r..4r+3) bytes 4k..4k+3 of chunk c of row r, as the block has them
 //                   (columns 64c + 4k..64c + 4k + 3, sub-block 2c, in the low nibbles, and
 //                   those 32 columns on, sub-block 2c + 1, in the high).
+//
+// Q5_K: a super-block kQ5KTileBlockBytes (2880, 45 cache lines; the 16 rows' blocks take
+// 2816): Q4_K's 2368 bytes (its qs in the nibbles), then
+//
+//   bytes 2368-2879 the fifth bits: 8 registers; register k holds in lane r bytes
+//                   4k..4k+3 of qh of row r, whose bit j is the fifth bit of column 32j + 4k
+//                   + m (m 0..3, the byte): of the columns of chunk c's register k, bit 2c
+//                   for the low nibbles, 2c + 1 for the high.
 //
 // Q6_K: a super-block kQ6KTileBlockBytes (3392, 53 cache lines; the 16 rows' blocks take 3360):
 //
@@ -76,6 +84,10 @@ constexpr int kQ4KTileChunkBytes = kQ4KChunkRegisters * kTileRegisterBytes;     
 constexpr int kQ4KTileBlockBytes = kQ4KTileValuesOffset + kQ4KChunks * kQ4KTileChunkBytes;
 static_assert(kQ4KTileBlockBytes == 2368 && kQ4KTileBlockBytes % 64 == 0);
 
+constexpr int kQ5KTileHighOffset = kQ4KTileBlockBytes;  // 2368
+constexpr int kQ5KTileBlockBytes = kQ5KTileHighOffset + kQ4KChunkRegisters * kTileRegisterBytes;
+static_assert(kQ5KTileBlockBytes == 2880 && kQ5KTileBlockBytes % 64 == 0);
+
 constexpr int kQ6KSubBlocks = kSuperBlock / kQ6SubBlock;  // 16 sub-blocks of 16 columns
 constexpr int kQ6KTileDOffset = 0;
 constexpr int kQ6KTileScalesOffset = 64;
@@ -97,24 +109,26 @@ static_assert(kIq4XSTileBlockBytes == 2240 && kIq4XSTileBlockBytes % 64 == 0);
 // The largest super-block of a tile, of any type.
 constexpr int kLargestTileBlockBytes = kQ6KTileBlockBytes;
 static_assert(kLargestTileBlockBytes >= kQ4KTileBlockBytes &&
+              kLargestTileBlockBytes >= kQ5KTileBlockBytes &&
               kLargestTileBlockBytes >= kIq4XSTileBlockBytes);
 
-// Bytes of one super-block of a tile: Q4_K's, Q6_K's or IQ4_XS's.
+// Bytes of one super-block of a tile: Q4_K's, Q5_K's, Q6_K's or IQ4_XS's.
 constexpr int super_block_tile_bytes(DType type) {
     return type == DType::Q4_K   ? kQ4KTileBlockBytes
+           : type == DType::Q5_K ? kQ5KTileBlockBytes
            : type == DType::Q6_K ? kQ6KTileBlockBytes
                                  : kIq4XSTileBlockBytes;
 }
 
 // For tile_bytes and write_row_tiles (cpu/quantized_tiles.h): bytes of one tile of a Q4_K,
-// Q6_K or IQ4_XS matrix, and its tiles written to the row_tiles_bytes(w) bytes at `tiles`,
+// Q5_K, Q6_K or IQ4_XS matrix, and its tiles written to the row_tiles_bytes(w) bytes at `tiles`,
 // 64-byte aligned.
 size_t super_block_tile_bytes(const Matrix& w);
 void write_super_block_tiles(const Matrix& w, uint8_t* tiles);
 
 // x's sums by pairs as the tile kernels read them, two int16 in an int32 (the lower one
-// first): of 32 values (Q4_K's mins are applied with them), into `pairs` [n / 64], and of 16
-// (Q6_K's offset of 32), into `pairs` [n / 32].
+// first): of 32 values (Q4_K's and Q5_K's mins are applied with them), into `pairs` [n / 64], and
+// of 16 (Q6_K's offset of 32), into `pairs` [n / 32].
 void pair_sums_of_32(std::vector<int32_t>* pairs, const Q8KVector& x);
 void pair_sums_of_16(std::vector<int32_t>* pairs, const Q8KVector& x);
 
