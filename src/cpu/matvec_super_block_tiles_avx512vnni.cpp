@@ -170,6 +170,18 @@ void k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* 
     for (int t = 0; t < kTokens; ++t) _mm512_mask_storeu_ps(out + t * out_stride, store, sums[t]);
 }
 
+// Super-block b's share of the sums of 16 rows and kTokens tokens, where each row has one d
+// (Q6_K, IQ4_XS): sums[t] += x_t.d[b] · d · dots[t], d the rows' f16 at `d_at`.
+template <int kTokens>
+inline void add_block_sums(__m512* sums, const __m512i* dots, const uint8_t* d_at, const TokenX* x,
+                           int b) {
+    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(d_at)));
+#pragma GCC unroll 8
+    for (int t = 0; t < kTokens; ++t)
+        sums[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[t]),
+                                  _mm512_mul_ps(d, _mm512_set1_ps(x[t].d[b])), sums[t]);
+}
+
 // The 16 rows of one Q6_K tile against kTokens tokens, as k_tile_rows.
 template <int kTokens>
 void q6_k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* tile, int blocks,
@@ -214,12 +226,7 @@ void q6_k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_
                 dots[t] = _mm512_add_epi32(dots[t], _mm512_mullo_epi32(dot, scales));
             }
         }
-        const __m512 d = _mm512_cvtph_ps(
-            _mm256_load_si256(reinterpret_cast<const __m256i*>(block + kQ6KTileDOffset)));
-#pragma GCC unroll 8
-        for (int t = 0; t < kTokens; ++t)
-            sums[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[t]),
-                                      _mm512_mul_ps(d, _mm512_set1_ps(x[t].d[b])), sums[t]);
+        add_block_sums<kTokens>(sums, dots, block + kQ6KTileDOffset, x, b);
     }
 #pragma GCC unroll 8
     for (int t = 0; t < kTokens; ++t) _mm512_mask_storeu_ps(out + t * out_stride, store, sums[t]);
@@ -273,12 +280,7 @@ void iq4_xs_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint
             for (int t = 0; t < kTokens; ++t)
                 dots[t] = _mm512_add_epi32(dots[t], _mm512_mullo_epi32(dot[t], scales));
         }
-        const __m512 d = _mm512_cvtph_ps(
-            _mm256_load_si256(reinterpret_cast<const __m256i*>(block + kIq4XSTileDOffset)));
-#pragma GCC unroll 8
-        for (int t = 0; t < kTokens; ++t)
-            sums[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[t]),
-                                      _mm512_mul_ps(d, _mm512_set1_ps(x[t].d[b])), sums[t]);
+        add_block_sums<kTokens>(sums, dots, block + kIq4XSTileDOffset, x, b);
     }
 #pragma GCC unroll 8
     for (int t = 0; t < kTokens; ++t) _mm512_mask_storeu_ps(out + t * out_stride, store, sums[t]);
