@@ -4,7 +4,7 @@
 //
 // The tiles are the AVX-512 VNNI kernel's (matvec_super_block_tiles_avx512vnni.cpp); here a
 // 64-byte register of a tile is two halves of 8 rows, one 256-bit register each, and a
-// super-block is computed a half after the other (its 37 or 53 cache lines are in L1 by the
+// super-block is computed a half after the other (its 35 to 53 cache lines are in L1 by the
 // second). Each int32 lane is a row, so no horizontal sums are needed, as there.
 //
 // AVX2 has no vpdpbusd: vpmaddubsw multiplies four columns of unsigned levels by x's signed

@@ -1,10 +1,10 @@
 // Q4_K, Q5_K, Q6_K and IQ4_XS matrices re-laid out in tiles of 16 rows for the decode matvecs on
 // AVX-512 VNNI (matvec_super_block_tiles_avx512vnni.cpp) and AVX2
 // (matvec_super_block_tiles_avx2.cpp, a tile's register read as two halves of 8 rows) and the
-// AVX-512 VNNI prefill GEMM (gemm_blocks_avx512vnni.cpp), as Q8 and Q4 are (cpu/quantized_tiles.h).
-// The CPU backend makes them once, when it takes the model on the AVX2 or AVX-512 path
-// (cpu/resident_weights.h), and points Matrix::row_tiles at them; the rows of super-blocks stay in
-// the file's mapping for the other paths (AVX2's prefill GEMM, scalar).
+// prefill GEMMs (gemm_blocks_avx512vnni.cpp, gemm_blocks_avx2.cpp), as Q8 and Q4 are
+// (cpu/quantized_tiles.h). The CPU backend makes them once, when it takes the model on the AVX2
+// or AVX-512 path (cpu/resident_weights.h), and points Matrix::row_tiles at them; the rows of
+// super-blocks stay in the file's mapping for the scalar path.
 //
 // In a row of super-blocks each int32 lane of a vpdpbusd holds four columns of one row, and
 // Q4_K's 6-bit scales and mins come packed in 12 bytes a super-block. In a tile each lane is
