@@ -215,6 +215,7 @@ def test_layers_out_of_range_are_refused(tmp_path, layers, message):
 
 def test_layers_keeps_the_first_layers_of_the_shape(tmp_path):
     """smollm2-135m with 2 of its 30 layers: the real per-layer shapes."""
+    need_shared(SMOLLM2_TOKENIZER)  # the preset's default tokenizer
     out = tmp_path / "hf"
     result = run(SYNTH, "--preset", "smollm2-135m", "--layers", "2", "--dtype", "f16", "-o", out)
     assert result.returncode == 0, result.stderr
