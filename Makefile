@@ -66,8 +66,11 @@ SIMDE_OBJS := $(SIMDE_SRCS:src/cpu/%.cpp=$(BUILD)/simde/%.o)
 # passed differently in code built with -mavx (none is: these objects call only each other).
 # -Davx512=avx512_simde -Davxvnni=avxvnni_simde: the SIMDe objects define their kernels in
 # namespaces avx512_simde and avxvnni_simde, beside the native ones.
+# -O1: at -O2 GCC unrolls the tile kernels' SIMDe loops (every intrinsic a loop of its own)
+# inside every kernel for 1..8 tokens; under the sanitizers one such file took 50 minutes to
+# compile, at -O1 5. These objects check results, not speed.
 SIMDE_FLAGS := -DBARELLM_SIMDE -Davx512=avx512_simde -Davxvnni=avxvnni_simde -Itests/simde \
-               -DSIMDE_ENABLE_NATIVE_ALIASES -Wno-psabi
+               -DSIMDE_ENABLE_NATIVE_ALIASES -Wno-psabi -O1
 TEST_SRCS := $(wildcard tests/*.cpp) tests/fuzz/targets.cpp
 # The CUDA emulation (tests/emulation/: CUDA's execution model on the CPU) and the tests that
 # run device code of kernels/ on it, compiled by $(CXX) with BARELLM_CUDA_EMULATION: they
