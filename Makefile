@@ -123,7 +123,7 @@ endif
 # everything is rebuilt rather than linked from objects of another configuration.
 CONFIG      := $(BUILD)/config.txt
 CONFIG_TEXT := $(CXX) $(CXXFLAGS) $(VNNI_FLAGS) $(BF16_FLAGS) $(AVXVNNI_FLAGS) | $(NVCC) $(NVCCFLAGS) \
-               | SIMDE_AVX512=$(SIMDE_AVX512)
+               | SIMDE_AVX512=$(SIMDE_AVX512) $(SIMDE_FLAGS)
 $(shell mkdir -p $(BUILD) && (echo '$(CONFIG_TEXT)' | cmp -s - $(CONFIG) || \
     echo '$(CONFIG_TEXT)' > $(CONFIG)))
 
