@@ -1,6 +1,7 @@
 # barellm build. `make` builds build/barellm; `make test` builds and runs every test.
-# Files named *_avx2.cpp hold the AVX2 code paths and are compiled with AVX2/FMA/F16C;
-# *_avxvnni.cpp with AVX-VNNI too; *_avx512.cpp are compiled with AVX-512 F/BW/VL/DQ too,
+# The CPU kernels of one instruction set are in src/cpu/avx2/ and src/cpu/avx512/, their
+# names saying what they are compiled with: *_avx2.cpp with AVX2/FMA/F16C; *_avxvnni.cpp
+# with AVX-VNNI too; *_avx512.cpp are compiled with AVX-512 F/BW/VL/DQ too,
 # *_avx512vnni.cpp with AVX512_VNNI as well and *_avx512bf16.cpp with AVX512_BF16 as well
 # (headers named *_avx2.h / *_avx512.h hold their inline helpers and are included by them
 # only); the rest of the program runs on any x86-64 CPU and picks a path at start-up. The
@@ -49,7 +50,7 @@ HTTPLIB_CFLAGS := $(shell pkg-config --cflags cpp-httplib 2>/dev/null || \
 LDLIBS   := $(shell pkg-config --libs cpp-httplib 2>/dev/null || echo -lcpp-httplib)
 PYTHON   ?= python3
 
-LIB_SRCS  := $(filter-out src/commands/main.cpp,$(wildcard src/*.cpp src/*/*.cpp))
+LIB_SRCS  := $(filter-out src/commands/main.cpp,$(wildcard src/*.cpp src/*/*.cpp src/*/*/*.cpp))
 LIB_OBJS  := $(LIB_SRCS:src/%.cpp=$(BUILD)/src/%.o)
 # The AVX-512 and AVX-VNNI kernels again, on SIMDe's portable intrinsics, for the unit tests:
 # they run those kernels on CPUs without the features. Where this CPU has every AVX-512
@@ -59,8 +60,8 @@ LIB_OBJS  := $(LIB_SRCS:src/%.cpp=$(BUILD)/src/%.o)
 AVX512_FEATURES := avx512f avx512bw avx512vl avx512dq avx512_vnni avx512_bf16
 CPU_FLAGS       := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
 SIMDE_AVX512    := $(if $(filter 1,$(SAN))$(filter-out $(CPU_FLAGS),$(AVX512_FEATURES)),1,0)
-SIMDE_SRCS := $(if $(filter 1,$(SIMDE_AVX512)),$(wildcard src/cpu/*_avx512*.cpp)) \
-              $(wildcard src/cpu/*_avxvnni.cpp)
+SIMDE_SRCS := $(if $(filter 1,$(SIMDE_AVX512)),$(wildcard src/cpu/avx512/*_avx512*.cpp)) \
+              $(wildcard src/cpu/avx2/*_avxvnni.cpp)
 SIMDE_OBJS := $(SIMDE_SRCS:src/cpu/%.cpp=$(BUILD)/simde/%.o)
 # -Wno-psabi: SIMDe's 256-bit vector types are returned by value, which GCC notes would be
 # passed differently in code built with -mavx (none is: these objects call only each other).

@@ -11,7 +11,7 @@ Figures:
   transformer_block.svg  one block of CpuBackend::forward with stories260K's tensor shapes
   kv_cache_gqa.svg       the KV cache of one layer, and which KV head each query head reads
   prefill_gemm.svg       the prefill GEMM's tiles, sizes read from the constants of
-                         src/cpu/avx2.h, src/cpu/helpers_avx2.h and src/cpu/gemm_avx2.cpp
+                         src/cpu/avx2/: avx2.h, helpers_avx2.h and gemm_avx2.cpp
   gpu_decode.svg         the kernels of one decode step on the GPU and what each reads
   ladder.svg             tok/s per rung of `barellm ladder`, from docs/figures/ladder.txt
                          (the saved output of a real run, the command on its first line)
@@ -213,8 +213,8 @@ def cpp_constants():
     """The integer constants of the prefill GEMM, read from the source (`constexpr int kX =
     expression;`, the expression made of numbers and earlier constants)."""
     values = {}
-    for path in ("src/cpu/helpers_avx2.h", "src/cpu/avx2.h", "src/cpu/gemm_avx2.cpp"):
-        with open(os.path.join(REPO, path), encoding="utf-8") as f:
+    for file_name in ("helpers_avx2.h", "avx2.h", "gemm_avx2.cpp"):
+        with open(os.path.join(REPO, "src", "cpu", "avx2", file_name), encoding="utf-8") as f:
             for name, expression in re.findall(r"constexpr int (k\w+) = ([^;]+);", f.read()):
                 tokens = re.findall(r"k\w+|\d+|[*+/()-]", expression)
                 if "".join(tokens) != expression.replace(" ", ""):

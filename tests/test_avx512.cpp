@@ -13,11 +13,11 @@
 #include <utility>
 #include <vector>
 
-#include "cpu/avx512.h"
+#include "cpu/avx512/avx512.h"
 #include "kv_cache.h"
 // The SIMDe build's declarations: its files were compiled with avx512 defined so.
 #define avx512 avx512_simde
-#include "cpu/avx512.h"
+#include "cpu/avx512/avx512.h"
 #undef avx512
 #include "test_block_matrices.h"
 #include "test_matrices.h"

@@ -9,10 +9,10 @@
 #include <string>
 #include <vector>
 
-#include "cpu/avxvnni.h"
+#include "cpu/avx2/avxvnni.h"
 // The SIMDe build's declarations: its files were compiled with avxvnni defined so.
 #define avxvnni avxvnni_simde
-#include "cpu/avxvnni.h"
+#include "cpu/avx2/avxvnni.h"
 #undef avxvnni
 #include "test_matrices.h"
 

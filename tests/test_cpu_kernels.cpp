@@ -9,7 +9,7 @@
 #include <random>
 #include <vector>
 
-#include "cpu/avx2.h"
+#include "cpu/avx2/avx2.h"
 #include "cpu/kernels.h"
 #include "test_block_matrices.h"
 #include "test_matrices.h"

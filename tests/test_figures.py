@@ -43,7 +43,7 @@ def test_the_tour_shows_every_figure():
 def test_the_gemm_figure_takes_its_sizes_from_the_code():
     """The constants as written in src/cpu (read here with a plain search), and the
     figure's text built from them."""
-    with open(os.path.join(REPO, "src", "cpu", "avx2.h"), encoding="utf-8") as f:
+    with open(os.path.join(REPO, "src", "cpu", "avx2", "avx2.h"), encoding="utf-8") as f:
         header = f.read()
     token_tile = int(re.search(r"kTokenTile = (\d+);", header).group(1))
     row_tile = int(re.search(r"kRowTile = (\d+);", header).group(1))

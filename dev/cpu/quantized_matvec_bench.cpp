@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "commands/bench.h"
-#include "cpu/avx512.h"
+#include "cpu/avx512/avx512.h"
 #include "cpu/kernels.h"
 #include "cpu/quantized_tiles.h"
 

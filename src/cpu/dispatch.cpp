@@ -1,6 +1,6 @@
 // The CPU kernels of cpu/kernels.h: the dispatch that sends each call to the scalar path
-// (cpu/scalar.h), the AVX2 path (cpu/avx2.h) or the AVX-512 path (cpu/avx512.h), by the
-// SIMD level in use and the weights' type, the work split across threads (cpu/threads.h);
+// (cpu/scalar.h), the AVX2 path (cpu/avx2/avx2.h) or the AVX-512 path (cpu/avx512/avx512.h),
+// by the SIMD level in use and the weights' type, the work split across threads (cpu/threads.h);
 // and the kernels with one path for every level (RoPE, the embedding row, the KV store).
 #include <omp.h>
 
@@ -9,9 +9,9 @@
 #include <cmath>
 #include <vector>
 
-#include "cpu/avx2.h"
-#include "cpu/avx512.h"
-#include "cpu/avxvnni.h"
+#include "cpu/avx2/avx2.h"
+#include "cpu/avx2/avxvnni.h"
+#include "cpu/avx512/avx512.h"
 #include "cpu/kernels.h"
 #include "cpu/quantized_tiles.h"
 #include "cpu/scalar.h"

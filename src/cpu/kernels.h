@@ -1,6 +1,6 @@
 // The CPU kernels the forward pass calls. Each runs the path set by set_simd_level: the
-// scalar one (cpu/scalar.h, the readable reference) or, where it matters, AVX2 (cpu/avx2.h)
-// or AVX-512 (cpu/avx512.h; a kernel without an AVX-512 version runs its AVX2 one). The
+// scalar one (cpu/scalar.h, the readable reference) or, where it matters, AVX2 (cpu/avx2/avx2.h)
+// or AVX-512 (cpu/avx512/avx512.h; a kernel without an AVX-512 version runs its AVX2 one). The
 // choice is made in cpu/dispatch.cpp; the threads a call is worth in cpu/threads.cpp, the
 // quantization of x to Q8 in cpu/quantize_q8.cpp and to Q8_K in cpu/quantize_q8_k.cpp.
 #pragma once

@@ -11,9 +11,9 @@
 
 #include <cstring>
 
-#include "cpu/avx2.h"
-#include "cpu/block_levels_avx2.h"
-#include "cpu/helpers_avx2.h"
+#include "cpu/avx2/avx2.h"
+#include "cpu/avx2/block_levels_avx2.h"
+#include "cpu/avx2/helpers_avx2.h"
 #include "weights/weight_blocks.h"
 
 namespace barellm::cpu::avx2 {

@@ -1,8 +1,8 @@
 // RMSNorm on AVX-512: out = x / sqrt(mean(x²) + eps) · weight, 16 lanes at a time, the tail
 // masked. Each square is rounded to f32 and summed in double in order, as the scalar rmsnorm
 // sums them, and the scale is cpu/kernels.h's rms_scale: llama.cpp's RMSNorm, bit for bit.
-#include "cpu/avx512.h"
-#include "cpu/helpers_avx512.h"
+#include "cpu/avx512/avx512.h"
+#include "cpu/avx512/helpers_avx512.h"
 
 namespace barellm::cpu::avx512 {
 

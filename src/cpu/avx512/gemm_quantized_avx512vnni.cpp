@@ -26,8 +26,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "cpu/avx512.h"
-#include "cpu/helpers_avx512.h"
+#include "cpu/avx512/avx512.h"
+#include "cpu/avx512/helpers_avx512.h"
 #include "cpu/panel_prefetcher.h"
 #include "cpu/quantized_tiles.h"
 

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <utility>
 
-#include "cpu/intrinsics_avx512.h"
+#include "cpu/avx512/intrinsics_avx512.h"
 #include "cpu/panel_prefetcher.h"
 #include "weights/model.h"
 #include "weights/weight_blocks.h"

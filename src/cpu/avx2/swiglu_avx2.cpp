@@ -2,8 +2,8 @@
 // silu(gate) · up (Llama, Qwen), and GeGLU, gelu_tanh(gate) · up (Gemma).
 #include <immintrin.h>
 
-#include "cpu/avx2.h"
-#include "cpu/helpers_avx2.h"
+#include "cpu/avx2/avx2.h"
+#include "cpu/avx2/helpers_avx2.h"
 #include "cpu/scalar.h"
 
 namespace barellm::cpu::avx2 {

@@ -6,8 +6,8 @@
 
 #include <algorithm>
 
-#include "cpu/avx2.h"
-#include "cpu/helpers_avx2.h"
+#include "cpu/avx2/avx2.h"
+#include "cpu/avx2/helpers_avx2.h"
 #include "cpu/panel_prefetcher.h"
 
 namespace barellm::cpu::avx2 {

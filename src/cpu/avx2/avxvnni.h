@@ -3,7 +3,7 @@
 // and the CPU has AVX-VNNI (the 256-bit vpdpbusd of Intel's client CPUs from Alder Lake on,
 // which lack AVX-512; cpu_has_avx_vnni).
 //
-// As cpu/avx512.h, the unit tests include this header a second time with the name avxvnni
+// As cpu/avx512/avx512.h, the unit tests include this header a second time with the name avxvnni
 // defined as avxvnni_simde, for the SIMDe build of those files (hence no include guard).
 #include <cstddef>
 #include <cstdint>

@@ -7,8 +7,8 @@
 #include <cmath>
 
 #include "cpu/attention_rows.h"
-#include "cpu/avx512.h"
-#include "cpu/helpers_avx512.h"
+#include "cpu/avx512/avx512.h"
+#include "cpu/avx512/helpers_avx512.h"
 #include "kv_cache.h"
 
 namespace barellm::cpu::avx512 {

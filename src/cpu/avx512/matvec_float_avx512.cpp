@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <type_traits>
 
-#include "cpu/avx512.h"
-#include "cpu/helpers_avx512.h"
+#include "cpu/avx512/avx512.h"
+#include "cpu/avx512/helpers_avx512.h"
 
 namespace barellm::cpu::avx512 {
 

@@ -33,10 +33,10 @@
 #include <utility>
 #include <vector>
 
-#include "cpu/avx2.h"
-#include "cpu/block_levels_avx2.h"
+#include "cpu/avx2/avx2.h"
+#include "cpu/avx2/block_levels_avx2.h"
+#include "cpu/avx2/helpers_avx2.h"
 #include "cpu/block_sub_blocks.h"
-#include "cpu/helpers_avx2.h"
 #include "cpu/kquant_scales.h"
 #include "cpu/panel_prefetcher.h"
 #include "cpu/super_block_tiles.h"

@@ -31,8 +31,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "cpu/avx512.h"
-#include "cpu/helpers_avx512.h"
+#include "cpu/avx512/avx512.h"
+#include "cpu/avx512/helpers_avx512.h"
 #include "cpu/kquant_scales.h"
 #include "weights/half.h"
 #include "weights/weight_blocks.h"

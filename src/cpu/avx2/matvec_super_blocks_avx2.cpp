@@ -15,9 +15,9 @@
 
 #include <algorithm>
 
-#include "cpu/avx2.h"
-#include "cpu/block_levels_avx2.h"
-#include "cpu/helpers_avx2.h"
+#include "cpu/avx2/avx2.h"
+#include "cpu/avx2/block_levels_avx2.h"
+#include "cpu/avx2/helpers_avx2.h"
 #include "cpu/kquant_scales.h"
 #include "weights/weight_blocks.h"
 

@@ -9,8 +9,8 @@
 // One row is read front to back, one stream, each step prefetching matvec_prefetch_bytes() ahead
 // (into the next row at its end), as the f16 matvec does; the last columns go through masked loads
 // of 16-bit elements, so odd widths need no padding and nothing past a row is read.
-#include "cpu/avx512.h"
-#include "cpu/helpers_avx512.h"
+#include "cpu/avx512/avx512.h"
+#include "cpu/avx512/helpers_avx512.h"
 
 namespace barellm::cpu::avx512 {
 

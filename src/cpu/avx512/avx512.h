@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "cpu/avx2.h"
+#include "cpu/avx2/avx2.h"
 #include "cpu/kernels.h"
 
 namespace barellm::cpu::avx512 {

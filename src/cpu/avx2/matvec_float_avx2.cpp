@@ -4,8 +4,8 @@
 
 #include <type_traits>
 
-#include "cpu/avx2.h"
-#include "cpu/helpers_avx2.h"
+#include "cpu/avx2/avx2.h"
+#include "cpu/avx2/helpers_avx2.h"
 
 namespace barellm::cpu::avx2 {
 

@@ -21,9 +21,9 @@
 #include <algorithm>
 #include <vector>
 
-#include "cpu/avx512.h"
+#include "cpu/avx512/avx512.h"
+#include "cpu/avx512/helpers_avx512.h"
 #include "cpu/block_sub_blocks.h"
-#include "cpu/helpers_avx512.h"
 #include "cpu/super_block_tiles.h"
 #include "weights/weight_blocks.h"
 

@@ -20,7 +20,7 @@
 #include <cstring>
 #include <vector>
 
-#include "cpu/avxvnni.h"
+#include "cpu/avx2/avxvnni.h"
 #include "weights/half.h"
 
 namespace barellm::cpu::avxvnni {

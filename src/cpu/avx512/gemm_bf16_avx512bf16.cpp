@@ -19,8 +19,8 @@
 #include <utility>
 #include <vector>
 
-#include "cpu/avx512.h"
-#include "cpu/helpers_avx512.h"
+#include "cpu/avx512/avx512.h"
+#include "cpu/avx512/helpers_avx512.h"
 
 namespace barellm::cpu::avx512 {
 

@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "cpu/attention_rows.h"
-#include "cpu/avx2.h"
-#include "cpu/helpers_avx2.h"
+#include "cpu/avx2/avx2.h"
+#include "cpu/avx2/helpers_avx2.h"
 #include "kv_cache.h"
 
 namespace barellm::cpu::avx2 {

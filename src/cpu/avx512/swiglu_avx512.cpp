@@ -1,8 +1,8 @@
 // The feed-forward block's gated activations on AVX-512, with a vectorised e^x, 16 lanes at a
 // time, the tail masked: SwiGLU, silu(gate) · up (Llama, Qwen), and GeGLU, gelu_tanh(gate) ·
 // up (Gemma).
-#include "cpu/avx512.h"
-#include "cpu/helpers_avx512.h"
+#include "cpu/avx512/avx512.h"
+#include "cpu/avx512/helpers_avx512.h"
 
 namespace barellm::cpu::avx512 {
 

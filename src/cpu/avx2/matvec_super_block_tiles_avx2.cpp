@@ -31,9 +31,9 @@
 #include <cstring>
 #include <vector>
 
-#include "cpu/avx2.h"
-#include "cpu/block_levels_avx2.h"
-#include "cpu/helpers_avx2.h"
+#include "cpu/avx2/avx2.h"
+#include "cpu/avx2/block_levels_avx2.h"
+#include "cpu/avx2/helpers_avx2.h"
 #include "cpu/panel_prefetcher.h"
 #include "cpu/super_block_tiles.h"
 
