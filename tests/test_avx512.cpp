@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cpu/avx512/avx512.h"
+#include "cpu/scalar.h"
 #include "kv_cache.h"
 // The SIMDe build's declarations: its files were compiled with avx512 defined so.
 #define avx512 avx512_simde
@@ -326,6 +327,36 @@ TEST_CASE("AVX-512 rmsnorm matches its formula in double, every tail") {
         }
 }
 
+TEST_CASE("AVX-512 rmsnorm gives the scalar rmsnorm's bits, its squares summed in lanes") {
+    // Values spread over twelve orders of magnitude, so that summing the squares in lanes
+    // rounds differently from summing them in order; and squares whose mean is exactly halfway
+    // between two f32 values, 1 and 1 + 2^-23, where the lanes' sum is not taken.
+    std::mt19937 rng(521);
+    std::uniform_real_distribution<float> exponent(-6.0f, 6.0f);
+    for (const Avx512Build& build : builds())
+        for (int n : {1, 2, 15, 17, 64, 100, 2048, 2051, 5632}) {
+            for (int trial = 0; trial < 20; ++trial) {
+                std::vector<float> x = random_floats(n, rng);
+                if (trial % 2)
+                    for (float& v : x) v *= std::pow(10.0f, exponent(rng));
+                // n - 1 ones and one square of 1 + n · 2^-24: Σ x² = n · (1 + 2^-24), exactly
+                // (where f32 holds that square).
+                const float square = 1.0f + 0x1p-24f * n;
+                const float root = std::sqrt(square);
+                if (trial == 2 && root * root == square && square == 1.0 + 0x1p-24 * n) {
+                    std::fill(x.begin(), x.end(), 1.0f);
+                    x[0] = root;
+                }
+                const std::vector<float> weight = random_floats(n, rng);
+                std::vector<float> want(n), got(n);
+                cpu::scalar::rmsnorm(want.data(), x.data(), weight.data(), n, 1e-5f);
+                build.rmsnorm(got.data(), x.data(), weight.data(), n, 1e-5f);
+                INFO(build.name << " n " << n << " trial " << trial);
+                CHECK(std::memcmp(got.data(), want.data(), sizeof(float) * n) == 0);
+            }
+        }
+}
+
 TEST_CASE("AVX-512 rmsnorm of values whose squares overflow f32 is their true norm") {
     // |x| up to 3e38: x² overflows f32 (the sums would be Inf, every output 0), not double.
     std::mt19937 rng(520);
@@ -508,6 +539,10 @@ TEST_CASE("AVX-512 quantize_q8 equals the scalar quantize_q8 at every tail") {
                 const float halves[] = {127.0f, 2.5f, -2.5f, 0.5f, -0.5f, 0.49999997f, -1.5f};
                 std::copy(std::begin(halves), std::end(halves), x.begin() + 32);
                 std::fill(x.begin(), x.begin() + 32, 0.0f);
+            }
+            if (n >= 600) {  // scales below f16's normal numbers and above its largest: f32
+                for (int i = 64; i < 96; ++i) x[i] *= 1e-5f;
+                for (int i = 96; i < 128; ++i) x[i] *= 1e7f;
             }
             cpu::QuantizedVector want, got;
             cpu::quantize_q8(&want, x.data(), n);

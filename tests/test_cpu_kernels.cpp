@@ -133,6 +133,21 @@ TEST_CASE("matvec matches a double-precision reference for every dtype and SIMD 
     }
 }
 
+TEST_CASE(
+    "mean_of_squares_settled: a sum in another order settles the mean unless near a boundary") {
+    // 1 + 2^-24 lies halfway between the f32 values 1 and 1 + 2^-23: a sum of 64 squares
+    // whose mean is that close to it may round either way, as the order of the sum decides.
+    const int n = 64;
+    const double halfway = 1.0 + 0x1p-24;
+    CHECK_FALSE(cpu::mean_of_squares_settled(halfway * n, n));
+    CHECK_FALSE(cpu::mean_of_squares_settled((halfway + 0x1p-50) * n, n));
+    CHECK(cpu::mean_of_squares_settled((halfway + 0x1p-30) * n, n));
+    CHECK(cpu::mean_of_squares_settled(1.0 * n, n));
+    CHECK(cpu::mean_of_squares_settled(0.0, n));
+    CHECK_FALSE(cpu::mean_of_squares_settled(INFINITY, n));
+    CHECK_FALSE(cpu::mean_of_squares_settled(NAN, n));
+}
+
 TEST_CASE("rmsnorm and softmax match their formulas") {
     std::mt19937 rng(7);
     const auto level =

@@ -237,6 +237,14 @@ inline std::string quantize_token_difference(QuantizeToken quantize_token, int c
         const float halves[] = {127.0f, 2.5f, -2.5f, 0.5f, -0.5f, 0.49999997f, -1.5f};
         std::copy(std::begin(halves), std::end(halves), x.begin() + cols);
     }
+    // The last token's groups with scales outside f16's normal numbers (kept in f32) and at
+    // its edges: largest |x| of 1e-4, 127 · 2^-14, 127 · 65504 and 1e8.
+    const float largest[] = {1e-4f, 127.0f * 6.1035156e-5f, 127.0f * 65504.0f, 1e8f};
+    for (int g = 0; g < 4 && (g + 1) * 32 <= cols; ++g) {
+        float* group = x.data() + size_t(batch - 1) * cols + g * 32;
+        for (int i = 0; i < 32; ++i) group[i] *= largest[g] / 5.0f;
+        group[g] = largest[g];
+    }
     cpu::QuantizedBatch got;
     cpu::resize_quantized_batch(&got, batch, cols);
     for (int b = 0; b < batch; ++b) quantize_token(&got, x.data() + size_t(b) * cols, cols, b);

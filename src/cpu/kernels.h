@@ -87,10 +87,10 @@ void matvec_many(const MatvecTask* tasks, int count);
 struct Q8GroupScale {
     float scale, multiplier;
 };
+constexpr int kQ8Largest = 127;                       // |values| ≤ 127
+constexpr float kHalfSmallestNormal = 6.1035156e-5f;  // 2^-14
+constexpr float kHalfLargest = 65504.0f;
 inline Q8GroupScale q8_group_scale(float largest) {
-    constexpr float kQ8Largest = 127.0f;                  // |values| ≤ 127
-    constexpr float kHalfSmallestNormal = 6.1035156e-5f;  // 2^-14
-    constexpr float kHalfLargest = 65504.0f;
     if (largest == 0.0f) return {0.0f, 0.0f};
     float scale = largest / kQ8Largest;
     if (scale >= kHalfSmallestNormal && scale <= kHalfLargest)
@@ -165,6 +165,13 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
 
 // out[n] = x / rms(x) * weight
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps);
+// Σ x² of x[n] as llama.cpp's RMSNorm takes it: each square rounded to f32, summed in double in
+// order.
+inline double sum_of_f32_squares(const float* x, int n) {
+    double sum = 0.0;
+    for (int i = 0; i < n; ++i) sum += double(x[i] * x[i]);
+    return sum;
+}
 // RMSNorm's 1 / sqrt(mean(x²) + eps) of x[n] from Σ x² (each square rounded to f32, summed in
 // double), the mean and the rest in f32: llama.cpp's RMSNorm bit for bit (its output is then
 // x × scale × weight, in that order), so that both engines feed their quantized matvecs the
@@ -178,6 +185,18 @@ inline float rms_scale(const float* x, int n, double sum_of_f32_squares, float e
     double sum_of_squares = 0.0;
     for (int i = 0; i < n; ++i) sum_of_squares += double(x[i]) * x[i];
     return float(1.0 / std::sqrt(sum_of_squares / n + eps));
+}
+
+// Whether `sum`, the n f32 squares of x summed in double in another order than x's (in SIMD
+// lanes), gives rms_scale the f32 mean that the in-order sum gives. In any order, n terms ≥ 0
+// sum to within (n - 1)·2^-53 of their exact sum (relative), so the in-order sum lies within
+// 4n·2^-53·sum of this one; where both ends of that interval round to the same f32 mean, it
+// does too. Otherwise (an f32 rounding boundary that close: rare), or where sum is not finite,
+// the caller sums in order.
+inline bool mean_of_squares_settled(double sum, int n) {
+    constexpr double kUnitRoundoff = 0x1p-53;
+    const double margin = 4.0 * n * kUnitRoundoff * sum;
+    return float((sum - margin) / n) == float((sum + margin) / n);
 }
 
 // Rotates each head of vec[heads * head_dim] for position `pos` (rotate-half pairs i,

@@ -55,9 +55,7 @@ void scalar::add_scaled_kv(float* out, float scale, const void* values, int n, K
 }
 
 void scalar::rmsnorm(float* out, const float* x, const float* weight, int n, float eps) {
-    double sum_of_squares = 0.0;
-    for (int i = 0; i < n; ++i) sum_of_squares += double(x[i] * x[i]);
-    const float scale = rms_scale(x, n, sum_of_squares, eps);
+    const float scale = rms_scale(x, n, sum_of_f32_squares(x, n), eps);
     for (int i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
 }
 

@@ -57,7 +57,6 @@ constexpr int kSpanGroups = kSuperBlock / kGroup;       // groups a row unpacks 
 constexpr int kDepthGroups = 16;                        // groups per micro-kernel call
 constexpr int kKernelRegisters = 2;                     // row registers per call: 16 rows
 constexpr int kBlockTokenTile = 3;                      // tokens per micro-kernel call
-constexpr int kQ8Largest = 127;                         // |q| of x
 constexpr int kInt16Largest = 32767;
 
 // How the micro-kernel reads a type's levels (see the file comment).

@@ -340,17 +340,22 @@ void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token) 
     float* scales = x->scales.data() + size_t(token) * x->groups;
     int32_t* starts = x->starts.data() + size_t(token) * x->groups;
     int32_t* half_sums = x->half_sums.data() + size_t(token) * x->groups * 2;
-    for (int g = 0; g < x->groups; ++g) {
-        const int first = g * kGroup;
-        // The whole group is stored: past cols, its zeros are the padding.
-        const QuantizedGroup q = quantize_group(x_row + first, std::min(kGroup, cols - first));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(values + first), _mm512_cvtepi32_epi8(q.low));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(values + first + kLanes),
-                         _mm512_cvtepi32_epi8(q.high));
-        scales[g] = q.scale;
-        half_sums[2 * g] = _mm512_reduce_add_epi32(q.low);
-        half_sums[2 * g + 1] = _mm512_reduce_add_epi32(q.high);
-        starts[g] = -kUnsignedOffset * (half_sums[2 * g] + half_sums[2 * g + 1]);
+    for (int first_group = 0; first_group < x->groups; first_group += kLanes) {
+        const int count = std::min(kLanes, x->groups - first_group);
+        alignas(64) float multipliers[kLanes];
+        q8_group_scales(x_row, cols, first_group, count, scales + first_group, multipliers);
+        for (int j = 0; j < count; ++j) {
+            const int g = first_group + j, first = g * kGroup;
+            // The whole group is stored: past cols, its zeros are the padding.
+            const QuantizedGroup q =
+                quantize_group(x_row + first, std::min(kGroup, cols - first), multipliers[j]);
+            const __m128i low = _mm512_cvtepi32_epi8(q.low), high = _mm512_cvtepi32_epi8(q.high);
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(values + first), low);
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(values + first + kLanes), high);
+            half_sums[2 * g] = sum_of_16_bytes(low);
+            half_sums[2 * g + 1] = sum_of_16_bytes(high);
+            starts[g] = -kUnsignedOffset * (half_sums[2 * g] + half_sums[2 * g + 1]);
+        }
     }
 }
 

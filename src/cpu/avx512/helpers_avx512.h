@@ -43,23 +43,54 @@ inline __mmask64 first_bytes(int count) {
     return count >= 64 ? ~__mmask64(0) : (__mmask64(1) << count) - 1;
 }
 
-// One group of x quantized to Q8 as quantize_q8 does (cpu/kernels.h, q8_group_scale), as
-// int32 lanes: the group's columns 0-15 in `low`, 16-31 in `high`, 0 past the `count` values
-// read from x (count ≤ 32).
+// x's Q8 rule (cpu/kernels.h, q8_group_scale) for up to 16 groups of 32 at once: the scale and
+// multiplier of groups first_group .. first_group + count - 1 of x[cols]. Each group's largest
+// |x| in a lane, then one division for the 16 scales, one for the 16 multipliers, and f16's
+// rounding by vcvtps2ph (to nearest even): the bits of q8_group_scale.
+inline void q8_group_scales(const float* x, int cols, int first_group, int count, float* scales,
+                            float* multipliers) {
+    alignas(64) float largest[kLanes] = {};
+    for (int j = 0; j < count; ++j) {
+        const int first = (first_group + j) * kQ8Group, in_group = std::min(kQ8Group, cols - first);
+        const __m512 low = _mm512_maskz_loadu_ps(first_lanes(in_group), x + first);
+        const __m512 high =
+            _mm512_maskz_loadu_ps(first_lanes(std::max(0, in_group - kLanes)), x + first + kLanes);
+        largest[j] = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(low), _mm512_abs_ps(high)));
+    }
+    const __m512 q8_largest = _mm512_set1_ps(kQ8Largest);
+    const __m512 l = _mm512_load_ps(largest);
+    const __mmask16 nonzero = _mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_NEQ_OQ);
+    const __m512 scale = _mm512_maskz_div_ps(nonzero, l, q8_largest);
+    const __mmask16 half_normal =
+        _mm512_cmp_ps_mask(scale, _mm512_set1_ps(kHalfSmallestNormal), _CMP_GE_OQ) &
+        _mm512_cmp_ps_mask(scale, _mm512_set1_ps(kHalfLargest), _CMP_LE_OQ);
+    const __m512 rounded =
+        _mm512_cvtph_ps(_mm512_cvtps_ph(scale, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __mmask16 stored = first_lanes(count);
+    _mm512_mask_storeu_ps(scales, stored, _mm512_mask_mov_ps(scale, half_normal, rounded));
+    _mm512_mask_storeu_ps(multipliers, stored, _mm512_maskz_div_ps(nonzero, q8_largest, l));
+}
+
+// The sum of 16 int8 values: vpsadbw adds the 8 bytes of each half, taken as value + 128.
+inline int32_t sum_of_16_bytes(__m128i values) {
+    constexpr int kByteOffset = 128;
+    const __m128i sums =
+        _mm_sad_epu8(_mm_xor_si128(values, _mm_set1_epi8(char(kByteOffset))), _mm_setzero_si128());
+    return _mm_cvtsi128_si32(sums) + _mm_extract_epi16(sums, 4) - 16 * kByteOffset;
+}
+
+// One group of x quantized to Q8 by its multiplier (q8_group_scales), as int32 lanes: the
+// group's columns 0-15 in `low`, 16-31 in `high`, 0 past the `count` values read from x
+// (count ≤ 32).
 struct QuantizedGroup {
     __m512i low, high;
-    float scale;
 };
-inline QuantizedGroup quantize_group(const float* x, int count) {
+inline QuantizedGroup quantize_group(const float* x, int count, float multiplier) {
     const __m512 low = _mm512_maskz_loadu_ps(first_lanes(count), x);
     const __m512 high = _mm512_maskz_loadu_ps(first_lanes(std::max(0, count - kLanes)), x + kLanes);
-    const float largest =
-        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(low), _mm512_abs_ps(high)));
-    const Q8GroupScale rule = q8_group_scale(largest);
-    const __m512 multiplier = _mm512_set1_ps(rule.multiplier);
+    const __m512 m = _mm512_set1_ps(multiplier);
     // cvtps2dq rounds to the nearest integer, ties to even (the default MXCSR mode).
-    return {_mm512_cvtps_epi32(_mm512_mul_ps(low, multiplier)),
-            _mm512_cvtps_epi32(_mm512_mul_ps(high, multiplier)), rule.scale};
+    return {_mm512_cvtps_epi32(_mm512_mul_ps(low, m)), _mm512_cvtps_epi32(_mm512_mul_ps(high, m))};
 }
 
 // The weights of storage type kType at p[0..15] as f32; lanes outside `mask` are 0 and
