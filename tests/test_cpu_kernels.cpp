@@ -148,6 +148,30 @@ TEST_CASE(
     CHECK_FALSE(cpu::mean_of_squares_settled(NAN, n));
 }
 
+TEST_CASE("rmsnorm gives the scalar rmsnorm's bits at every SIMD level") {
+    // Values over twelve orders of magnitude: the SIMD levels sum the squares in lanes, which
+    // rounds differently from the scalar sum in order, and must still give its f32 mean.
+    std::mt19937 rng(9);
+    std::uniform_real_distribution<float> exponent(-6.0f, 6.0f);
+    const auto level = GENERATE(cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
+    if (level > cpu::detect_simd_level()) return;
+    for (int n : {1, 7, 9, 64, 172, 2051}) {
+        for (int trial = 0; trial < 10; ++trial) {
+            std::vector<float> x = random_floats(n, rng);
+            for (float& v : x) v *= std::pow(10.0f, exponent(rng));
+            const auto weight = random_floats(n, rng);
+            std::vector<float> want(n), got(n);
+            cpu::set_simd_level(cpu::SimdLevel::Scalar);
+            cpu::rmsnorm(want.data(), x.data(), weight.data(), n, 1e-5f);
+            cpu::set_simd_level(level);
+            cpu::rmsnorm(got.data(), x.data(), weight.data(), n, 1e-5f);
+            cpu::set_simd_level(cpu::detect_simd_level());
+            INFO(cpu::simd_level_name(level) << " n " << n << " trial " << trial);
+            CHECK(std::memcmp(got.data(), want.data(), sizeof(float) * n) == 0);
+        }
+    }
+}
+
 TEST_CASE("rmsnorm and softmax match their formulas") {
     std::mt19937 rng(7);
     const auto level =

@@ -424,6 +424,8 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps) {
     if (active_level == SimdLevel::Avx512)
         avx512::rmsnorm(out, x, weight, n, eps);
+    else if (active_level == SimdLevel::Avx2)
+        avx2::rmsnorm(out, x, weight, n, eps);
     else
         scalar::rmsnorm(out, x, weight, n, eps);
 }

@@ -6,6 +6,7 @@
 #pragma once
 #include <simde/x86/avx512.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -140,6 +141,34 @@ inline float _mm512_reduce_add_ps(simde__m512 v) {
     for (int width = 8; width >= 1; width /= 2)
         for (int i = 0; i < width; ++i) x.lane[i] += x.lane[i + width];
     return x.lane[0];
+}
+#endif
+#ifndef _mm512_cvtps_pd
+inline simde__m512d _mm512_cvtps_pd(simde__m256 values) {
+    using namespace barellm::simde_extra;
+    const std::array<float, 8> in = bits<std::array<float, 8>>(values);
+    std::array<double, 8> out;
+    for (int i = 0; i < 8; ++i) out[i] = in[i];
+    return bits<simde__m512d>(out);
+}
+#endif
+#ifndef _mm512_extractf32x8_ps
+inline simde__m256 _mm512_extractf32x8_ps(simde__m512 v, int half) {
+    using namespace barellm::simde_extra;
+    const F32x16 x = bits<F32x16>(v);
+    std::array<float, 8> out;
+    for (int i = 0; i < 8; ++i) out[i] = x.lane[8 * (half & 1) + i];
+    return bits<simde__m256>(out);
+}
+#endif
+#ifndef _mm512_reduce_add_pd
+// Intel's order: halves added pairwise down to one lane.
+inline double _mm512_reduce_add_pd(simde__m512d v) {
+    using namespace barellm::simde_extra;
+    std::array<double, 8> x = bits<std::array<double, 8>>(v);
+    for (int width = 4; width >= 1; width /= 2)
+        for (int i = 0; i < width; ++i) x[i] += x[i + width];
+    return x[0];
 }
 #endif
 #ifndef _mm512_cvtps_ph

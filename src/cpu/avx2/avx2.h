@@ -115,9 +115,10 @@ size_t attention_scratch_floats(int keys, int head_dim);  // per thread
 void attention_rows(float* out, const float* q, int first_row, int rows, int first_pos, int kv_head,
                     const KvTiles& tiles, const AttentionShape& shape, float* scratch);
 
-// ---- Element-wise (swiglu_avx2.cpp).
+// ---- Element-wise (swiglu_avx2.cpp, rmsnorm_avx2.cpp).
 
 void swiglu(float* gate, const float* up, int n);
+void rmsnorm(float* out, const float* x, const float* weight, int n, float eps);
 void geglu(float* gate, const float* up, int n);
 
 }  // namespace barellm::cpu::avx2

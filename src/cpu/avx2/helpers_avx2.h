@@ -1,11 +1,13 @@
 // Inline AVX2 helpers shared by the *_avx2.cpp kernels: loads that widen weights to f32,
-// an 8 × 8 transpose, a horizontal sum, e^x. Include it only from *_avx2.cpp files (built with
-// -mavx2 -mfma -mf16c).
+// an 8 × 8 transpose, a horizontal sum, e^x, x's Q8 scales. Include it only from *_avx2.cpp files
+// (built with -mavx2 -mfma -mf16c).
 #pragma once
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
+#include "cpu/kernels.h"
 #include "weights/half.h"
 #include "weights/model.h"
 
@@ -61,6 +63,27 @@ inline int horizontal_sum(__m256i v) {
     const __m128i halves = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     const __m128i pairs = _mm_add_epi32(halves, _mm_unpackhi_epi64(halves, halves));
     return _mm_cvtsi128_si32(_mm_add_epi32(pairs, _mm_shuffle_epi32(pairs, 1)));
+}
+
+// x's Q8 rule (cpu/kernels.h, q8_group_scale) for up to 8 groups at once, from the largest |x|
+// of each: one division for the scales, one for the multipliers, and f16's rounding by
+// vcvtps2ph (to nearest even): the bits of q8_group_scale. Stores `count` of each.
+inline void q8_group_scales(const float* largest, int count, float* scales, float* multipliers) {
+    alignas(32) float lanes[kLanes] = {};
+    std::copy(largest, largest + count, lanes);
+    const __m256 q8_largest = _mm256_set1_ps(kQ8Largest);
+    const __m256 l = _mm256_load_ps(lanes);
+    const __m256 nonzero = _mm256_cmp_ps(l, _mm256_setzero_ps(), _CMP_NEQ_OQ);
+    const __m256 scale = _mm256_and_ps(nonzero, _mm256_div_ps(l, q8_largest));
+    const __m256 half_normal =
+        _mm256_and_ps(_mm256_cmp_ps(scale, _mm256_set1_ps(kHalfSmallestNormal), _CMP_GE_OQ),
+                      _mm256_cmp_ps(scale, _mm256_set1_ps(kHalfLargest), _CMP_LE_OQ));
+    const __m256 rounded =
+        _mm256_cvtph_ps(_mm256_cvtps_ph(scale, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    _mm256_store_ps(lanes, _mm256_blendv_ps(scale, rounded, half_normal));
+    std::copy(lanes, lanes + count, scales);
+    _mm256_store_ps(lanes, _mm256_and_ps(nonzero, _mm256_div_ps(q8_largest, l)));
+    std::copy(lanes, lanes + count, multipliers);
 }
 
 // Below this e^x is taken as 0: e^-87 ≈ 1.6e-38 is near the smallest normal float.

@@ -28,35 +28,45 @@ void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token) 
     const __m256 sign_bit = _mm256_set1_ps(-0.0f);
     // A short last group is read through a copy padded with zeros.
     alignas(32) float tail[kGroup];
-    for (int g = 0; g < x->groups; ++g) {
+    const auto group_values = [&](int g) {
         const int first = g * kGroup, count = std::min(kGroup, cols - first);
-        const float* group = x_row + first;
-        if (count < kGroup) {
-            std::fill(std::copy_n(group, count, tail), tail + kGroup, 0.0f);
-            group = tail;
+        if (count == kGroup) return x_row + first;
+        std::fill(std::copy_n(x_row + first, count, tail), tail + kGroup, 0.0f);
+        return static_cast<const float*>(tail);
+    };
+    // Eight groups at a time: their largest |x|, their scales and multipliers, their values.
+    for (int first_group = 0; first_group < x->groups; first_group += kLanes) {
+        const int count = std::min(kLanes, x->groups - first_group);
+        float largest[kLanes], multipliers[kLanes];
+        for (int j = 0; j < count; ++j) {
+            const float* group = group_values(first_group + j);
+            __m256 group_largest = _mm256_setzero_ps();
+            for (int r = 0; r < kRegisters; ++r)
+                group_largest = _mm256_max_ps(
+                    group_largest, _mm256_andnot_ps(sign_bit, _mm256_loadu_ps(group + r * kLanes)));
+            largest[j] = horizontal_max(group_largest);
         }
-        __m256 v[kRegisters];
-        __m256 largest = _mm256_setzero_ps();
-        for (int j = 0; j < kRegisters; ++j) {
-            v[j] = _mm256_loadu_ps(group + j * kLanes);
-            largest = _mm256_max_ps(largest, _mm256_andnot_ps(sign_bit, v[j]));
+        q8_group_scales(largest, count, scales + first_group, multipliers);
+        for (int j = 0; j < count; ++j) {
+            const int g = first_group + j;
+            const float* group = group_values(g);
+            const __m256 multiplier = _mm256_set1_ps(multipliers[j]);
+            // cvtps2dq rounds to the nearest integer, ties to even (the default MXCSR mode).
+            __m256i q[kRegisters];
+            for (int r = 0; r < kRegisters; ++r)
+                q[r] = _mm256_cvtps_epi32(
+                    _mm256_mul_ps(_mm256_loadu_ps(group + r * kLanes), multiplier));
+            // int32 -> int8 (|q| ≤ 127: no saturation). The packs work within 128-bit halves:
+            // their word k (four bytes) holds the first (k < 4) or second half of q[k % 4].
+            const __m256i bytes =
+                _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+            _mm256_storeu_si256(
+                reinterpret_cast<__m256i*>(values + g * kGroup),
+                _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+            half_sums[2 * g] = horizontal_sum(_mm256_add_epi32(q[0], q[1]));
+            half_sums[2 * g + 1] = horizontal_sum(_mm256_add_epi32(q[2], q[3]));
+            starts[g] = -kUnsignedOffset * (half_sums[2 * g] + half_sums[2 * g + 1]);
         }
-        const Q8GroupScale rule = q8_group_scale(horizontal_max(largest));
-        // cvtps2dq rounds to the nearest integer, ties to even (the default MXCSR mode).
-        __m256i q[kRegisters];
-        for (int j = 0; j < kRegisters; ++j)
-            q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], _mm256_set1_ps(rule.multiplier)));
-        // int32 -> int8 (|q| ≤ 127: no saturation). The packs work within 128-bit halves:
-        // their word k (four bytes) holds the first (k < 4) or second half of q[k % 4].
-        const __m256i bytes =
-            _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
-        _mm256_storeu_si256(
-            reinterpret_cast<__m256i*>(values + first),
-            _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-        scales[g] = rule.scale;
-        half_sums[2 * g] = horizontal_sum(_mm256_add_epi32(q[0], q[1]));
-        half_sums[2 * g + 1] = horizontal_sum(_mm256_add_epi32(q[2], q[3]));
-        starts[g] = -kUnsignedOffset * (half_sums[2 * g] + half_sums[2 * g + 1]);
     }
 }
 
