@@ -73,7 +73,7 @@ inline void q8_group_scales(const float* largest, int count, float* scales, floa
     std::copy(largest, largest + count, lanes);
     const __m256 q8_largest = _mm256_set1_ps(kQ8Largest);
     const __m256 l = _mm256_load_ps(lanes);
-    const __m256 nonzero = _mm256_cmp_ps(l, _mm256_setzero_ps(), _CMP_NEQ_OQ);
+    const __m256 nonzero = _mm256_cmp_ps(l, _mm256_setzero_ps(), _CMP_NEQ_UQ);
     const __m256 scale = _mm256_and_ps(nonzero, _mm256_div_ps(l, q8_largest));
     const __m256 half_normal =
         _mm256_and_ps(_mm256_cmp_ps(scale, _mm256_set1_ps(kHalfSmallestNormal), _CMP_GE_OQ),

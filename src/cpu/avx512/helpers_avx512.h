@@ -59,7 +59,7 @@ inline void q8_group_scales(const float* x, int cols, int first_group, int count
     }
     const __m512 q8_largest = _mm512_set1_ps(kQ8Largest);
     const __m512 l = _mm512_load_ps(largest);
-    const __mmask16 nonzero = _mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_NEQ_OQ);
+    const __mmask16 nonzero = _mm512_cmp_ps_mask(l, _mm512_setzero_ps(), _CMP_NEQ_UQ);
     const __m512 scale = _mm512_maskz_div_ps(nonzero, l, q8_largest);
     const __mmask16 half_normal =
         _mm512_cmp_ps_mask(scale, _mm512_set1_ps(kHalfSmallestNormal), _CMP_GE_OQ) &
