@@ -340,23 +340,14 @@ void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token) 
     float* scales = x->scales.data() + size_t(token) * x->groups;
     int32_t* starts = x->starts.data() + size_t(token) * x->groups;
     int32_t* half_sums = x->half_sums.data() + size_t(token) * x->groups * 2;
-    for (int first_group = 0; first_group < x->groups; first_group += kLanes) {
-        const int count = std::min(kLanes, x->groups - first_group);
-        alignas(64) float multipliers[kLanes];
-        q8_group_scales(x_row, cols, first_group, count, scales + first_group, multipliers);
-        for (int j = 0; j < count; ++j) {
-            const int g = first_group + j, first = g * kGroup;
-            // The whole group is stored: past cols, its zeros are the padding.
-            const QuantizedGroup q =
-                quantize_group(x_row + first, std::min(kGroup, cols - first), multipliers[j]);
-            const __m128i low = _mm512_cvtepi32_epi8(q.low), high = _mm512_cvtepi32_epi8(q.high);
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(values + first), low);
-            _mm_storeu_si128(reinterpret_cast<__m128i*>(values + first + kLanes), high);
-            half_sums[2 * g] = sum_of_16_bytes(low);
-            half_sums[2 * g + 1] = sum_of_16_bytes(high);
-            starts[g] = -kUnsignedOffset * (half_sums[2 * g] + half_sums[2 * g + 1]);
-        }
-    }
+    // The whole group is stored: past cols, its zeros are the padding.
+    quantize_groups(x_row, cols, x->groups, scales, [&](int g, __m128i low, __m128i high) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(values + g * kGroup), low);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(values + g * kGroup + kLanes), high);
+        half_sums[2 * g] = sum_of_16_bytes(low);
+        half_sums[2 * g + 1] = sum_of_16_bytes(high);
+        starts[g] = -kUnsignedOffset * (half_sums[2 * g] + half_sums[2 * g + 1]);
+    });
 }
 
 void gemm_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,

@@ -79,18 +79,27 @@ inline int32_t sum_of_16_bytes(__m128i values) {
     return _mm_cvtsi128_si32(sums) + _mm_extract_epi16(sums, 4) - 16 * kByteOffset;
 }
 
-// One group of x quantized to Q8 by its multiplier (q8_group_scales), as int32 lanes: the
-// group's columns 0-15 in `low`, 16-31 in `high`, 0 past the `count` values read from x
-// (count ≤ 32).
-struct QuantizedGroup {
-    __m512i low, high;
-};
-inline QuantizedGroup quantize_group(const float* x, int count, float multiplier) {
-    const __m512 low = _mm512_maskz_loadu_ps(first_lanes(count), x);
-    const __m512 high = _mm512_maskz_loadu_ps(first_lanes(std::max(0, count - kLanes)), x + kLanes);
-    const __m512 m = _mm512_set1_ps(multiplier);
-    // cvtps2dq rounds to the nearest integer, ties to even (the default MXCSR mode).
-    return {_mm512_cvtps_epi32(_mm512_mul_ps(low, m)), _mm512_cvtps_epi32(_mm512_mul_ps(high, m))};
+// x[cols] quantized to Q8 a group of 32 at a time, by x's Q8 rule (q8_group_scales): the
+// scale of group g in scales[g], its values handed to store(g, low, high) as int8 lanes,
+// columns 0-15 in `low` and 16-31 in `high`, 0 past cols.
+template <typename Store>
+inline void quantize_groups(const float* x, int cols, int groups, float* scales, Store store) {
+    for (int first_group = 0; first_group < groups; first_group += kLanes) {
+        const int count = std::min(kLanes, groups - first_group);
+        alignas(64) float multipliers[kLanes];
+        q8_group_scales(x, cols, first_group, count, scales + first_group, multipliers);
+        for (int j = 0; j < count; ++j) {
+            const int g = first_group + j, first = g * kQ8Group;
+            const int in_group = std::min(kQ8Group, cols - first);
+            const __m512 low = _mm512_maskz_loadu_ps(first_lanes(in_group), x + first);
+            const __m512 high = _mm512_maskz_loadu_ps(first_lanes(std::max(0, in_group - kLanes)),
+                                                      x + first + kLanes);
+            const __m512 m = _mm512_set1_ps(multipliers[j]);
+            // cvtps2dq rounds to the nearest integer, ties to even (the default MXCSR mode).
+            store(g, _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(low, m))),
+                  _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(high, m))));
+        }
+    }
 }
 
 // The weights of storage type kType at p[0..15] as f32; lanes outside `mask` are 0 and

@@ -121,22 +121,14 @@ void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int firs
 void quantize_q8(QuantizedVector* out, const float* x, int n) {
     resize_quantized_vector(out, n);
     const int groups = int(out->scales.size());
-    for (int first_group = 0; first_group < groups; first_group += kLanes) {
-        const int count = std::min(kLanes, groups - first_group);
-        alignas(64) float multipliers[kLanes];
-        q8_group_scales(x, n, first_group, count, out->scales.data() + first_group, multipliers);
-        for (int j = 0; j < count; ++j) {
-            const int g = first_group + j, first = g * kGroup,
-                      in_group = std::min(kGroup, n - first);
-            const QuantizedGroup q = quantize_group(x + first, in_group, multipliers[j]);
-            alignas(16) int8_t values[kGroup];
-            const __m128i low = _mm512_cvtepi32_epi8(q.low), high = _mm512_cvtepi32_epi8(q.high);
-            _mm_store_si128(reinterpret_cast<__m128i*>(values), low);
-            _mm_store_si128(reinterpret_cast<__m128i*>(values + kLanes), high);
-            std::copy(values, values + in_group, out->values.begin() + first);
-            out->group_sums[g] = float(sum_of_16_bytes(low) + sum_of_16_bytes(high));
-        }
-    }
+    quantize_groups(x, n, groups, out->scales.data(), [&](int g, __m128i low, __m128i high) {
+        alignas(16) int8_t values[kGroup];
+        _mm_store_si128(reinterpret_cast<__m128i*>(values), low);
+        _mm_store_si128(reinterpret_cast<__m128i*>(values + kLanes), high);
+        const int first = g * kGroup;
+        std::copy(values, values + std::min(kGroup, n - first), out->values.begin() + first);
+        out->group_sums[g] = float(sum_of_16_bytes(low) + sum_of_16_bytes(high));
+    });
 }
 
 void matvec_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
