@@ -473,9 +473,10 @@ TEST_CASE("GEMMs of matrices of mixed block types each match their own reference
         GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
     const int threads = GENERATE(1, 3);
     if (level > cpu::detect_simd_level()) return;
-    // q, k, v of a Q4_K_M file (Q4_K, Q4_K, Q6_K), and a fallback mix (Q5_0 beside Q8_0 and
-    // IQ4_XS beside Q5_1); row counts off every tile, so that the threads' runs straddle the
-    // boundaries between matrices; a batch off the 6-token tile.
+    // q, k, v of a Q4_K_M file (Q4_K, Q4_K, Q6_K), a fallback mix (Q5_0 beside Q8_0 and Q5_1),
+    // and super-block types beside a type of blocks of 32 (IQ4_XS and Q5_K, on x quantized per
+    // 256, beside Q4_1, on x per 32); row counts off every tile, so that the threads' runs
+    // straddle the boundaries between matrices; a batch off the 6-token tile.
     const std::vector<std::vector<DType>> mixes = {{DType::Q4_K, DType::Q4_K, DType::Q6_K},
                                                    {DType::Q5_0, DType::Q8_0, DType::Q5_1},
                                                    {DType::IQ4_XS, DType::Q5_K, DType::Q4_1}};
@@ -507,11 +508,8 @@ TEST_CASE("GEMMs of matrices of mixed block types each match their own reference
                 [&](DType dtype) { return is_block_type(dtype) || integer_gemm(dtype, level); }) &&
             block_gemm_quantizes_x(level);
         const std::vector<float> x_used = quantized ? rows_quantized_like_the_kernel(x, cols) : x;
-        // A few tokens of block types alone meet the matvecs, the super-block types' on x
-        // quantized per 256 as Q8_K (the others' per 32, as the GEMM's).
-        const bool on_matvecs =
-            level >= cpu::SimdLevel::Avx2 && batch <= 8 &&
-            std::all_of(mix.begin(), mix.end(), [](DType dtype) { return is_block_type(dtype); });
+        // There the super-block types read x quantized per 256 as Q8_K, on the GEMM as on the
+        // matvecs (which a few tokens of block types alone meet), the others per 32.
         std::vector<float> x_q8_k;
         for (int b = 0; b < batch; ++b) {
             const Q8K token = q8_k_by_rule({&x[size_t(b) * cols], &x[size_t(b + 1) * cols]});
@@ -520,7 +518,7 @@ TEST_CASE("GEMMs of matrices of mixed block types each match their own reference
         for (size_t m = 0; m < matrices.size(); ++m) {
             INFO(matrix_type_name(mix[m]) << " " << cpu::simd_level_name(level) << " " << threads
                                           << " threads, batch " << batch);
-            const bool on_q8_k = on_matvecs && block_weights(mix[m]) == kSuperBlock;
+            const bool on_q8_k = quantized && block_weights(mix[m]) == kSuperBlock;
             CHECK(relative_error(got[m], reference_gemm(matrices[m], on_q8_k ? x_q8_k : x_used,
                                                         batch)) < 1e-6);
         }

@@ -340,7 +340,7 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
     // Q8 and Q4 weights with VNNI (from their tiles with AVX-512 VNNI, their rows with AVX-VNNI),
     // and the block types (with AVX-512 VNNI on its kernel, else on AVX2's; each output on its
     // own type's kernel): x is quantized once, a token at a time, the threads sharing the work
-    // and the result; the buffer belongs to the calling thread.
+    // and the result; the buffers belong to the calling thread.
     const bool all_tiled = std::all_of(outputs.begin(), outputs.end(), [](const BatchOutput& o) {
         return (is_quantized(o.w->dtype) && o.w->row_tiles) || is_block_type(o.w->dtype);
     });
@@ -365,10 +365,21 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
         return;
     }
     if (avx512_vnni || avx2_integer) {
-        static thread_local QuantizedBatch storage;
-        QuantizedBatch* x_quantized = &storage;  // the calling thread's, shared
-        resize_quantized_batch(x_quantized, batch, cols);
+        // x quantized per 32 for Q8, Q4 and the small block types, per 256 as Q8_K for the
+        // super-block types (as their matvecs read it); each as some output needs it.
+        static thread_local QuantizedBatch group_storage, super_block_storage;
+        QuantizedBatch* x_groups = &group_storage;  // the calling thread's, shared
+        QuantizedBatch* x_super_blocks = &super_block_storage;
+        const bool any_groups =
+            std::any_of(outputs.begin(), outputs.end(),
+                        [](const BatchOutput& o) { return !matvec_on_q8_k(o.w->dtype); });
+        const bool any_super_blocks =
+            std::any_of(outputs.begin(), outputs.end(),
+                        [](const BatchOutput& o) { return matvec_on_q8_k(o.w->dtype); });
+        if (any_groups) resize_quantized_batch(x_groups, batch, cols);
+        if (any_super_blocks) resize_quantized_batch(x_super_blocks, batch, cols);
         const auto quantize_token = avx512_vnni ? avx512::quantize_token : avx2::quantize_token;
+        const auto quantize_q8_k = avx512_vnni ? avx512::quantize_q8_k : avx2::quantize_q8_k;
         const auto rows_quantized =
             avx512_vnni ? avx512::gemm_rows_quantized : avxvnni::gemm_rows_quantized;
         const auto rows_blocks = avx512_vnni ? avx512::gemm_rows_blocks : avx2::gemm_rows_blocks;
@@ -380,13 +391,22 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
                                           : avxvnni::kQuantizedRowTile;
 #pragma omp parallel num_threads(threads)
         {
+            static thread_local Q8KVector token_q8_k;  // each thread's
 #pragma omp for schedule(static)
-            for (int b = 0; b < batch; ++b)
-                quantize_token(x_quantized, x + size_t(b) * cols, cols, b);
+            for (int b = 0; b < batch; ++b) {
+                const float* x_row = x + size_t(b) * cols;
+                if (any_groups) quantize_token(x_groups, x_row, cols, b);
+                if (any_super_blocks) {
+                    quantize_q8_k(&token_q8_k, x_row, cols);
+                    store_q8_k_token(x_super_blocks, token_q8_k, b);
+                }
+            }
             claim_rows(outputs, total_rows, &next_row, row_tile, kQuantizedRowTiles * row_tile,
                        [&](const BatchOutput& o, int first, int count) {
+                           const QuantizedBatch& x_quantized =
+                               matvec_on_q8_k(o.w->dtype) ? *x_super_blocks : *x_groups;
                            (is_block_type(o.w->dtype) ? rows_blocks : rows_quantized)(
-                               o.out, *o.w, *x_quantized, first, count);
+                               o.out, *o.w, x_quantized, first, count);
                        });
         }
         return;

@@ -131,10 +131,12 @@ struct Q8KVector {
 void quantize_q8_k(Q8KVector* out, const float* x, int n);
 void resize_q8_k_vector(Q8KVector* x, int n);
 
-// A batch of vectors quantized like quantize_q8, laid out for the integer prefill GEMMs
+// A batch of vectors quantized per group of 32, laid out for the integer prefill GEMMs
 // (AVX-512 VNNI, AVX-VNNI, the block types' on AVX2): each token's values padded with zeros
-// to whole groups, and per group the `start` its integer dot products begin from (−128 × Σ
-// values; see gemm_quantized_avx512vnni.cpp).
+// to whole groups, and per group its scale, the `start` its integer dot products begin from
+// (−128 × Σ values; see gemm_quantized_avx512vnni.cpp) and its two sums of 16. Tokens come
+// from quantize_token (each group quantized as quantize_q8 does) or, for the super-block
+// types, from store_q8_k_token (x quantized per 256 as their matvecs' Q8_K).
 struct QuantizedBatch {
     int batch = 0, groups = 0, padded_cols = 0;
     std::vector<int8_t> values;      // [batch, padded_cols]
@@ -145,6 +147,12 @@ struct QuantizedBatch {
 };
 // Sizes x's buffers for `batch` tokens of `cols` columns.
 void resize_quantized_batch(QuantizedBatch* x, int batch, int cols);
+// Stores token `token` of x from its Q8_K quantization (cols a multiple of 256): the values as
+// they are, each super-block's d the scale of its eight groups, its sums of 16 the groups' halves
+// (not the starts, which only the Q8 and Q4 GEMMs read).
+// The GEMM then sums what the super-block matvecs sum: a token's result is the same, up to the
+// order of f32 additions, whether it came in a prompt or alone.
+void store_q8_k_token(QuantizedBatch* x, const Q8KVector& q8_k, int token);
 
 // Prefill: out[batch, rows] = x[batch, cols] · W[rows, cols]ᵀ, a GEMM blocked so
 // that each weight row is read from memory once for the whole batch. Each token's sums do not

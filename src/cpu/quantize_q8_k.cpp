@@ -1,8 +1,10 @@
 // x quantized per super-block of 256 as llama.cpp's Q8_K (cpu/kernels.h, Q8KVector) for the
 // integer dot products of the Q4_K, Q5_K, Q6_K and IQ4_XS matvecs: the scalar quantizer, which the
-// SIMD levels' (avx2::quantize_q8_k, avx512::quantize_q8_k) match byte for byte.
+// SIMD levels' (avx2::quantize_q8_k, avx512::quantize_q8_k) match byte for byte; and the same
+// x laid out for their prefill GEMMs (store_q8_k_token).
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "cpu/kernels.h"
 #include "weights/weight_blocks.h"
@@ -43,6 +45,20 @@ void quantize_q8_k(Q8KVector* out, const float* x, int n) {
             for (int i = 0; i < kQ6SubBlock; ++i) sum += values[s * kQ6SubBlock + i];
             out->sums[size_t(b) * (kSuperBlock / kQ6SubBlock) + s] = int16_t(sum);
         }
+    }
+}
+
+void store_q8_k_token(QuantizedBatch* x, const Q8KVector& q8_k, int token) {
+    constexpr int kGroupsPerSuperBlock = kSuperBlock / kQ8Group;
+    constexpr int kHalvesPerGroup = kQ8Group / kQ6SubBlock;
+    const int cols = int(q8_k.values.size());
+    std::memcpy(x->values.data() + size_t(token) * x->padded_cols, q8_k.values.data(), cols);
+    float* scales = x->scales.data() + size_t(token) * x->groups;
+    int32_t* half_sums = x->half_sums.data() + size_t(token) * x->groups * kHalvesPerGroup;
+    for (int g = 0; g < cols / kQ8Group; ++g) {
+        scales[g] = q8_k.d[g / kGroupsPerSuperBlock];
+        for (int h = 0; h < kHalvesPerGroup; ++h)
+            half_sums[kHalvesPerGroup * g + h] = q8_k.sums[size_t(kHalvesPerGroup) * g + h];
     }
 }
 

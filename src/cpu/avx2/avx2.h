@@ -59,7 +59,8 @@ void gemm_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int
 // - x [batch, cols] is quantized to Q8 a token at a time (quantize_token, exactly as
 //   quantize_q8 does, in quantize_batch_avx2.cpp; with each group's start and sums of 16)
 //   into a QuantizedBatch (resize_quantized_batch) the threads share; AVX-VNNI's Q8/Q4 GEMM
-//   reads it too;
+//   reads it too. The super-block types read x quantized per 256 instead (quantize_q8_k,
+//   cpu::store_q8_k_token), as their matvecs do;
 // - then any run of weight rows is computed from it (gemm_rows_blocks, gemm_blocks_avx2.cpp,
 //   out [batch, w.rows]): each tile of kBlockRowTile rows unpacked to levels and f32
 //   sub-block scales once, then met by every token, vpmaddubsw and vpmaddwd in int32.

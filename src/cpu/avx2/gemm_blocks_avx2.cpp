@@ -1,7 +1,8 @@
 // The prefill GEMM on AVX2 for the block types (weight_blocks.h: Q4_K, Q5_K, Q6_K, IQ4_XS,
-// Q4_1, Q5_0, Q5_1): out[token][row] = Σ_col W[row][col] · x[token][col], x quantized to Q8
-// per group of 32 columns (QuantizedBatch, avx2::quantize_token), each sub-block an exact
-// int32 dot product by vpmaddubsw and vpmaddwd. The arithmetic is that of the AVX-512 VNNI
+// Q4_1, Q5_0, Q5_1): out[token][row] = Σ_col W[row][col] · x[token][col], x in int8 with a
+// scale per group of 32 columns (QuantizedBatch: quantized per 32 by avx2::quantize_token, or per
+// 256 as Q8_K for the super-block types), each sub-block an exact int32 dot product by vpmaddubsw
+// and vpmaddwd. The arithmetic is that of the AVX-512 VNNI
 // GEMM (gemm_blocks_avx512vnni.cpp): per sub-block s of a row, w = A_s · u + B, and
 // - "min" types (Q4_K, Q5_K: A = d·sc, B = −dmin·m; Q4_1, Q5_1: A = d, B = m): the group's sum
 //   is A · sx · Σ u·q + B · sx · Σ q, the second term from x's sums of 16;

@@ -92,8 +92,9 @@ void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token);
 void gemm_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
                          int row_count);
 
-// The block types (weight_blocks.h), from the same QuantizedBatch: each row tile's blocks
-// unpacked to levels and f32 sub-block scales once, then met by every token
+// The block types (weight_blocks.h), from a QuantizedBatch as well (the super-block types' x
+// quantized per 256 by quantize_q8_k and cpu::store_q8_k_token, as their matvecs read it): each
+// row tile's blocks unpacked to levels and f32 sub-block scales once, then met by every token
 // (gemm_blocks_avx512vnni.cpp).
 void gemm_rows_blocks(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
                       int row_count);

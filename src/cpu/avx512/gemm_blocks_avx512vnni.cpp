@@ -1,7 +1,8 @@
 // The prefill GEMM on AVX-512 + VNNI for the block types (weight_blocks.h: Q4_K, Q5_K, Q6_K,
-// IQ4_XS, Q4_1, Q5_0, Q5_1): out[token][row] = Σ_col W[row][col] · x[token][col], x quantized
-// to Q8 per group of 32 columns (QuantizedBatch, as for the Q8/Q4 GEMM), each sub-block an
-// exact int32 dot product by vpdpbusd.
+// IQ4_XS, Q4_1, Q5_0, Q5_1): out[token][row] = Σ_col W[row][col] · x[token][col], x in int8
+// with a scale per group of 32 columns (QuantizedBatch: quantized per 32 as for the Q8/Q4 GEMM,
+// or per 256 as Q8_K for the super-block types), each sub-block an exact int32 dot product by
+// vpdpbusd.
 //
 // Every block type reads, per sub-block s of a row, w = A_s · u + B (u an unsigned level
 // 0..255):
