@@ -43,12 +43,11 @@ void write_row(uint8_t* tile_block, int lane, const BlockQ6_K& block) {
         uint8_t* registers =
             tile_block + kQ6KTileValuesOffset + i * kQ6KTileSubBlockBytes + lane * kTileLaneBytes;
         for (int m = 0; m < kTileLaneBytes; ++m) {
-            int q[4];  // columns 16i + 4s + m
-            for (int s = 0; s < 4; ++s) q[s] = q6k_value(block, kQ6SubBlock * i + 4 * s + m);
-            registers[m] = uint8_t((q[0] & 15) | (q[1] & 15) << 4);
-            registers[kTileRegisterBytes + m] = uint8_t((q[2] & 15) | (q[3] & 15) << 4);
-            registers[2 * kTileRegisterBytes + m] =
-                uint8_t(q[0] >> 4 | (q[1] >> 4) << 2 | (q[2] >> 4) << 4 | (q[3] >> 4) << 6);
+            // Column 16i + 12 + m, spread two bits a register over the top of the other three.
+            const int spread = q6k_value(block, kQ6SubBlock * i + 12 + m);
+            for (int s = 0; s < 3; ++s)
+                registers[s * kTileRegisterBytes + m] = uint8_t(
+                    q6k_value(block, kQ6SubBlock * i + 4 * s + m) | (spread >> (2 * s) & 3) << 6);
         }
     }
 }

@@ -41,11 +41,10 @@
 //   bytes 32-63     zero
 //   bytes 64-319    the scales: byte 16i + r the int8 scale of sub-block i (0..15) of row r
 //   bytes 320-3391  the levels q (0..63), sub-block i (16 columns) after another, 192 bytes
-//                   each: three registers; in lane r, byte m (0..3) of the first holds the low
-//                   4 bits of q of column 16i + m (low nibble) and 16i + 4 + m (high nibble),
-//                   of the second those of columns 16i + 8 + m and 16i + 12 + m, of the
-//                   third the high 2 bits of q of column 16i + 4s + m in bits 2s, 2s + 1
-//                   (s 0..3).
+//                   each: three registers; in lane r, byte m (0..3) of register s (0..2)
+//                   holds q of column 16i + 4s + m in bits 0-5 and two bits of q of column
+//                   16i + 12 + m in bits 6-7: its bits 2s and 2s + 1. So three levels come
+//                   out by one AND each, and the fourth is gathered from the three top pairs.
 //
 // IQ4_XS: a super-block kIq4XSTileBlockBytes (2240, 35 cache lines; the 16 rows' blocks take
 // 2176):

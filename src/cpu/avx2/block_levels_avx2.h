@@ -150,23 +150,25 @@ inline void k_tile_levels(const uint8_t* block, int c, int k, int h, __m256i* lo
 }
 
 // Half h of sub-block i of a Q6_K tile's super-block `block`: q[s] the levels (0..63) of
-// columns 16i + 4s..16i + 4s + 3, four a lane, rows 8h..8h + 7.
+// columns 16i + 4s..16i + 4s + 3, four a lane, rows 8h..8h + 7. Registers 0-2 hold levels 0-2
+// in their low 6 bits; level 3's pairs of bits, at the top of each byte, shift down into place
+// (the word shifts carry the next byte's bits in above them, which the masks drop).
 inline void q6_k_tile_levels(const uint8_t* block, int i, int h, __m256i q[4]) {
-    const __m256i nibble = _mm256_set1_epi8(0x0f), high_pair = _mm256_set1_epi8(0x30);
+    const __m256i six_bits = _mm256_set1_epi8(0x3f);
     const uint8_t* values =
         block + kQ6KTileValuesOffset + i * kQ6KTileSubBlockBytes + h * kTileHalfBytes;
-    const __m256i first = _mm256_load_si256(reinterpret_cast<const __m256i*>(values));
-    const __m256i second =
-        _mm256_load_si256(reinterpret_cast<const __m256i*>(values + kTileRegisterBytes));
-    const __m256i high =
-        _mm256_load_si256(reinterpret_cast<const __m256i*>(values + 2 * kTileRegisterBytes));
-    q[0] = _mm256_or_si256(_mm256_and_si256(first, nibble),
-                           _mm256_and_si256(_mm256_slli_epi16(high, 4), high_pair));
-    q[1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(first, 4), nibble),
-                           _mm256_and_si256(_mm256_slli_epi16(high, 2), high_pair));
-    q[2] = _mm256_or_si256(_mm256_and_si256(second, nibble), _mm256_and_si256(high, high_pair));
-    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(second, 4), nibble),
-                           _mm256_and_si256(_mm256_srli_epi16(high, 2), high_pair));
+    __m256i registers[3];
+#pragma GCC unroll 3
+    for (int s = 0; s < 3; ++s) {
+        registers[s] =
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(values + s * kTileRegisterBytes));
+        q[s] = _mm256_and_si256(registers[s], six_bits);
+    }
+    q[3] = _mm256_or_si256(
+        _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(registers[0], 6), _mm256_set1_epi8(0x03)),
+            _mm256_and_si256(_mm256_srli_epi16(registers[1], 4), _mm256_set1_epi8(0x0c))),
+        _mm256_and_si256(_mm256_srli_epi16(registers[2], 2), _mm256_set1_epi8(0x30)));
 }
 
 // Half h of register k of sub-block j of an IQ4_XS tile's super-block `block`: the signed

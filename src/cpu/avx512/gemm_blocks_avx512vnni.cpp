@@ -301,32 +301,18 @@ void unpack_k_tile(const HalfPanel& out, const uint8_t* block, int b) {
 }
 
 // Q6_K super-block b of 16 rows from its tile (`block`, cpu/super_block_tiles.h), as
-// unpack_q6_k gives it from the rows: step s of a group is step s % 4 of sub-block 2g + s / 4,
-// whose levels join a nibble and a pair of high bits.
+// unpack_q6_k gives it from the rows: step s of a group is step s % 4 of sub-block 2g + s / 4.
 void unpack_q6_k_tile(const HalfPanel& out, const uint8_t* block, int b) {
     const __m512 d = _mm512_cvtph_ps(
         _mm256_load_si256(reinterpret_cast<const __m256i*>(block + kQ6KTileDOffset)));
-    const __m512i two_bits = bytes_of(0x30303030);
     for (int i = 0; i < kQ6KSubBlocks; ++i) {
         const __m512i scale = _mm512_cvtepi8_epi32(_mm_load_si128(
             reinterpret_cast<const __m128i*>(block + kQ6KTileScalesOffset + kTileRows * i)));
         out.scale(kQ6KSubBlocks * b + i, _mm512_mul_ps(d, to_float(scale)));
-        const uint8_t* values = block + kQ6KTileValuesOffset + i * kQ6KTileSubBlockBytes;
-        const __m512i first = _mm512_load_si512(values);
-        const __m512i second = _mm512_load_si512(values + kTileRegisterBytes);
-        const __m512i high = _mm512_load_si512(values + 2 * kTileRegisterBytes);
+        __m512i q[4];
+        q6_k_tile_levels(block, i, q);
         const int group = (kQ6KSubBlocks * b + i) / 2, step = i % 2 * 4;
-        out.levels(
-            group, step,
-            _mm512_or_si512(low_nibbles(first), _mm512_and_si512(shift_left(high, 4), two_bits)));
-        out.levels(
-            group, step + 1,
-            _mm512_or_si512(high_nibbles(first), _mm512_and_si512(shift_left(high, 2), two_bits)));
-        out.levels(group, step + 2,
-                   _mm512_or_si512(low_nibbles(second), _mm512_and_si512(high, two_bits)));
-        out.levels(group, step + 3,
-                   _mm512_or_si512(high_nibbles(second),
-                                   _mm512_and_si512(shift_right(high, 2), two_bits)));
+        for (int s = 0; s < 4; ++s) out.levels(group, step + s, q[s]);
     }
 }
 

@@ -10,6 +10,7 @@
 
 #include "cpu/avx512/intrinsics_avx512.h"
 #include "cpu/panel_prefetcher.h"
+#include "cpu/super_block_tiles.h"
 #include "weights/model.h"
 #include "weights/weight_blocks.h"
 
@@ -38,6 +39,28 @@ inline __m512i iq4_unsigned_levels() {
     for (int i = 0; i < 16; ++i) levels[i] = uint8_t(kIq4Values[i] + kIq4Excess);
     return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(levels)));
 }
+// The levels (0..63) of sub-block i of a Q6_K tile's super-block `block`
+// (cpu/super_block_tiles.h): q[s] those of columns 16i + 4s..16i + 4s + 3, four a lane, the
+// tile's 16 rows. Registers 0-2 hold levels 0-2 in their low 6 bits; level 3's pairs of bits,
+// at the top of each byte, shift down into place (the word shifts carry the next byte's bits
+// in above them, which the masks drop).
+inline void q6_k_tile_levels(const uint8_t* block, int i, __m512i q[4]) {
+    constexpr int kAndOr = 0xEA;  // vpternlogd's truth table for (a & b) | c
+    const uint8_t* values = block + kQ6KTileValuesOffset + i * kQ6KTileSubBlockBytes;
+    __m512i registers[3];
+#pragma GCC unroll 3
+    for (int s = 0; s < 3; ++s) {
+        registers[s] = _mm512_load_si512(values + s * kTileRegisterBytes);
+        q[s] = _mm512_and_si512(registers[s], _mm512_set1_epi8(0x3f));
+    }
+    const __m512i bits_0_1 =
+        _mm512_and_si512(_mm512_srli_epi16(registers[0], 6), _mm512_set1_epi8(0x03));
+    const __m512i bits_0_3 = _mm512_ternarylogic_epi32(_mm512_srli_epi16(registers[1], 4),
+                                                       _mm512_set1_epi8(0x0c), bits_0_1, kAndOr);
+    q[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(registers[2], 2), _mm512_set1_epi8(0x30),
+                                     bits_0_3, kAndOr);
+}
+
 // The first `count` bytes of 64.
 inline __mmask64 first_bytes(int count) {
     return count >= 64 ? ~__mmask64(0) : (__mmask64(1) << count) - 1;

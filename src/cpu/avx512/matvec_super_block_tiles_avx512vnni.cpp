@@ -18,11 +18,11 @@
 // tile's qh, rotated to bit 4), the high nibbles shifted down first (levels 0..31; at most
 // 8 · 63 · 32 · 31 · 127 over a super-block).
 //
-// Q6_K: a sub-block of 16 columns is three registers, whose nibbles and 2-bit pairs make four
-// registers of levels q (0..63), four columns each; its dot product starts from −32 · Σ x
-// (x's sums of 16), so that vpdpbusd leaves Σ (q − 32) · x, which vpmulld scales by the int8
-// sub-block scales (at most 16 · 16 · 32 · 127 · 128 over a super-block); per super-block the
-// f32 sums gain x.d · d · that.
+// Q6_K: a sub-block of 16 columns is three registers, whose low 6 bits and top pairs of bits
+// make four registers of levels q (0..63), four columns each (q6_k_tile_levels); its dot product
+// starts from −32 · Σ x (x's sums of 16), so that vpdpbusd leaves Σ (q − 32) · x, which vpmulld
+// scales by the int8 sub-block scales (at most 16 · 16 · 32 · 127 · 128 over a super-block); per
+// super-block the f32 sums gain x.d · d · that.
 //
 // IQ4_XS: a sub-block of 32 columns is four registers, each of whose nibbles a vpshufb table
 // turns into the level + 128 (1..241, unsigned), four columns of 16 rows a register; the dot
@@ -186,7 +186,6 @@ inline void add_block_sums(__m512* sums, const __m512i* dots, const uint8_t* d_a
 template <int kTokens>
 void q6_k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* tile, int blocks,
                     const TokenX* x) {
-    const __m512i low_nibbles = _mm512_set1_epi8(0x0f), high_pair = _mm512_set1_epi8(0x30);
     __m512 sums[kTokens];
 #pragma GCC unroll 8
     for (int t = 0; t < kTokens; ++t) sums[t] = _mm512_setzero_ps();
@@ -197,23 +196,8 @@ void q6_k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_
 #pragma GCC unroll 8
         for (int t = 0; t < kTokens; ++t) dots[t] = _mm512_setzero_si512();
         for (int i = 0; i < kQ6KSubBlocks; ++i) {
-            const uint8_t* values = block + kQ6KTileValuesOffset + i * kQ6KTileSubBlockBytes;
-            const __m512i first = _mm512_load_si512(values);
-            const __m512i second = _mm512_load_si512(values + kTileRegisterBytes);
-            const __m512i high = _mm512_load_si512(values + 2 * kTileRegisterBytes);
-            // Levels of columns 4s..4s + 3 of the sub-block.
-            const __m512i q[4] = {
-                _mm512_ternarylogic_epi32(first, low_nibbles,
-                                          _mm512_and_si512(_mm512_slli_epi16(high, 4), high_pair),
-                                          kAndOr),
-                _mm512_ternarylogic_epi32(_mm512_srli_epi16(first, 4), low_nibbles,
-                                          _mm512_and_si512(_mm512_slli_epi16(high, 2), high_pair),
-                                          kAndOr),
-                _mm512_ternarylogic_epi32(second, low_nibbles, _mm512_and_si512(high, high_pair),
-                                          kAndOr),
-                _mm512_ternarylogic_epi32(_mm512_srli_epi16(second, 4), low_nibbles,
-                                          _mm512_and_si512(_mm512_srli_epi16(high, 2), high_pair),
-                                          kAndOr)};
+            __m512i q[4];  // levels of columns 4s..4s + 3 of the sub-block
+            q6_k_tile_levels(block, i, q);
             const __m512i scales = _mm512_cvtepi8_epi32(_mm_load_si128(
                 reinterpret_cast<const __m128i*>(block + kQ6KTileScalesOffset + kTileRows * i)));
 #pragma GCC unroll 8
