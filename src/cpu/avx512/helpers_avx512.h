@@ -17,6 +17,8 @@
 namespace barellm::cpu::avx512 {
 
 constexpr int kLanes = 16;  // floats per 512-bit register
+// vpternlogd's truth table for (a & b) | c.
+constexpr int kAndOr = 0xEA;
 
 // The first `count` lanes of 16 (all of them when count ≥ 16).
 inline __mmask16 first_lanes(int count) {
@@ -45,7 +47,6 @@ inline __m512i iq4_unsigned_levels() {
 // at the top of each byte, shift down into place (the word shifts carry the next byte's bits
 // in above them, which the masks drop).
 inline void q6_k_tile_levels(const uint8_t* block, int i, __m512i q[4]) {
-    constexpr int kAndOr = 0xEA;  // vpternlogd's truth table for (a & b) | c
     const uint8_t* values = block + kQ6KTileValuesOffset + i * kQ6KTileSubBlockBytes;
     __m512i registers[3];
 #pragma GCC unroll 3

@@ -60,9 +60,6 @@ constexpr int kSumsPerBlock = kSuperBlock / kQ6SubBlock;  // Q8KVector::sums a s
 constexpr int kMinPairs = kKSubBlocks / 2;                // pairs of sub-blocks a super-block
 constexpr int kHighNibbleShift = 4;
 
-// vpternlogd's truth table for (a & b) | c.
-constexpr int kAndOr = 0xEA;
-
 // A token's x (TileTokenX) carries in `sums`, per type:
 // - Q4_K, Q5_K: per pair of sub-blocks (2p, 2p + 1) their sums of 32 values (pair_sums_of_32);
 // - Q6_K: per 16 values −32 · their sum (q6_k_offsets);

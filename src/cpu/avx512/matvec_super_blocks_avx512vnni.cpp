@@ -46,9 +46,6 @@ constexpr int kQuarter = 32;                              // values: one chunk o
 // Byte offsets in a block (weight_blocks.h).
 constexpr int kKScalesOffset = 4, kQ4KValuesOffset = 16, kQ5KHighOffset = 16, kQ5KValuesOffset = 48;
 constexpr int kQ6HighOffset = 128, kQ6ScalesOffset = 192, kQ6DOffset = 208;
-// vpternlogd's truth table for (a & b) | c.
-constexpr int kAndOr = 0xEA;
-
 inline __m512i low_nibbles() { return _mm512_set1_epi8(0x0f); }
 
 inline float f16_at(const uint8_t* p) {
