@@ -26,8 +26,8 @@ void write_row(uint8_t* tile_block, int lane, const KBlock& block) {
     }
     for (int c = 0; c < kQ4KChunks; ++c)
         for (int k = 0; k < kQ4KChunkRegisters; ++k)
-            std::memcpy(tile_block + kQ4KTileValuesOffset + c * kQ4KTileChunkBytes +
-                            k * kTileRegisterBytes + lane * kTileLaneBytes,
+            std::memcpy(tile_block + k_tile_values_offset(std::is_same_v<KBlock, BlockQ5_K>) +
+                            c * kQ4KTileChunkBytes + k * kTileRegisterBytes + lane * kTileLaneBytes,
                         block.qs + c * kQ4KChunkBytes + k * kTileLaneBytes, kTileLaneBytes);
     if constexpr (std::is_same_v<KBlock, BlockQ5_K>)
         for (int k = 0; k < kQ4KChunkRegisters; ++k)
@@ -114,6 +114,12 @@ void pair_sums_of_16(std::vector<int32_t>* pairs, const Q8KVector& x) {
     for (size_t p = 0; p < count; ++p)
         (*pairs)[p] = int32_t(uint32_t(uint16_t(x.sums[2 * p])) |
                               uint32_t(uint16_t(x.sums[2 * p + 1])) << 16);
+}
+
+int super_block_prefetch_bytes(DType type) {
+    constexpr int kPrefetchBlocks = 4;  // super-blocks ahead
+    static const bool hardware_keeps_ahead = __builtin_cpu_is("amd");
+    return hardware_keeps_ahead ? 0 : kPrefetchBlocks * super_block_tile_bytes(type);
 }
 
 const TileTokenX* tile_tokens(const Q8KVector* x, int tokens, TileSums sums_of) {

@@ -28,12 +28,15 @@
 //                   those 32 columns on, sub-block 2c + 1, in the high).
 //
 // Q5_K: a super-block kQ5KTileBlockBytes (2880, 45 cache lines; the 16 rows' blocks take
-// 2816): Q4_K's 2368 bytes (its qs in the nibbles), then
+// 2816): Q4_K's fields (its qs in the nibbles), the fifth bits before the values, so that a
+// super-block is read front to back, as one stream:
 //
-//   bytes 2368-2879 the fifth bits: 8 registers; register k holds in lane r bytes
+//   bytes 0-319     as Q4_K's: d, dmin, scales, mins
+//   bytes 320-831   the fifth bits: 8 registers; register k holds in lane r bytes
 //                   4k..4k+3 of qh of row r, whose bit j is the fifth bit of column 32j + 4k
 //                   + m (m 0..3, the byte): of the columns of chunk c's register k, bit 2c
-//                   for the low nibbles, 2c + 1 for the high.
+//                   for the low nibbles, 2c + 1 for the high
+//   bytes 832-2879  the values, as Q4_K's bytes 320-2367.
 //
 // Q6_K: a super-block kQ6KTileBlockBytes (3392, 53 cache lines; the 16 rows' blocks take 3360):
 //
@@ -83,9 +86,15 @@ constexpr int kQ4KTileChunkBytes = kQ4KChunkRegisters * kTileRegisterBytes;     
 constexpr int kQ4KTileBlockBytes = kQ4KTileValuesOffset + kQ4KChunks * kQ4KTileChunkBytes;
 static_assert(kQ4KTileBlockBytes == 2368 && kQ4KTileBlockBytes % 64 == 0);
 
-constexpr int kQ5KTileHighOffset = kQ4KTileBlockBytes;  // 2368
-constexpr int kQ5KTileBlockBytes = kQ5KTileHighOffset + kQ4KChunkRegisters * kTileRegisterBytes;
+constexpr int kQ5KTileHighOffset = kQ4KTileValuesOffset;  // 320
+constexpr int kQ5KTileValuesOffset =
+    kQ5KTileHighOffset + kQ4KChunkRegisters * kTileRegisterBytes;  // 832
+constexpr int kQ5KTileBlockBytes = kQ5KTileValuesOffset + kQ4KChunks * kQ4KTileChunkBytes;
 static_assert(kQ5KTileBlockBytes == 2880 && kQ5KTileBlockBytes % 64 == 0);
+// Where the values start in a Q4_K (fifth_bit false) or Q5_K tile's super-block.
+constexpr int k_tile_values_offset(bool fifth_bit) {
+    return fifth_bit ? kQ5KTileValuesOffset : kQ4KTileValuesOffset;
+}
 
 constexpr int kQ6KSubBlocks = kSuperBlock / kQ6SubBlock;  // 16 sub-blocks of 16 columns
 constexpr int kQ6KTileDOffset = 0;
@@ -124,6 +133,14 @@ constexpr int super_block_tile_bytes(DType type) {
 // 64-byte aligned.
 size_t super_block_tile_bytes(const Matrix& w);
 void write_super_block_tiles(const Matrix& w, uint8_t* tiles);
+
+// How far ahead of the super-block being read a decode matvec on `type`'s tiles asks for cache
+// lines by software prefetch, in bytes (0: none); the lines of one super-block each time. A
+// tile is read as one stream, front to back. On AMD the hardware prefetcher alone keeps ahead
+// of it, and prefetch instructions would only take load slots from the kernel (Zen 4,
+// docs/benchmarks-history.md: "CPU: software prefetch of the super-block tiles"); elsewhere
+// they ask, as the Q4 and Q8 tiles' do on Intel.
+int super_block_prefetch_bytes(DType type);
 
 // x's sums by pairs as the tile kernels read them, two int16 in an int32 (the lower one
 // first): of 32 values (Q4_K's and Q5_K's mins are applied with them), into `pairs` [n / 64], and

@@ -133,9 +133,9 @@ constexpr int kTileHalfRows = kTileRows / kTileHalves;            // 8
 template <bool kFifthBit>
 inline void k_tile_levels(const uint8_t* block, int c, int k, int h, __m256i* low, __m256i* high) {
     const __m256i nibble = _mm256_set1_epi8(0x0f);
-    const __m256i bytes = _mm256_load_si256(
-        reinterpret_cast<const __m256i*>(block + kQ4KTileValuesOffset + c * kQ4KTileChunkBytes +
-                                         k * kTileRegisterBytes + h * kTileHalfBytes));
+    const __m256i bytes = _mm256_load_si256(reinterpret_cast<const __m256i*>(
+        block + k_tile_values_offset(kFifthBit) + c * kQ4KTileChunkBytes + k * kTileRegisterBytes +
+        h * kTileHalfBytes));
     *low = _mm256_and_si256(bytes, nibble);
     *high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
     if constexpr (kFifthBit) {

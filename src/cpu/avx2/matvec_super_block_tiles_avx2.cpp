@@ -41,9 +41,7 @@ namespace barellm::cpu::avx2 {
 
 namespace {
 
-constexpr int kTileTokens = 4;  // tokens a pass over a tile
-// How far ahead of the super-block being read the software prefetch asks, in super-blocks.
-constexpr int kPrefetchBlocks = 4;
+constexpr int kTileTokens = 4;              // tokens a pass over a tile
 constexpr int kMinPairs = kKSubBlocks / 2;  // pairs of sub-blocks a super-block
 // A token's x (TileTokenX) carries in `sums` its sums by pairs: Q4_K's and Q5_K's of 32
 // (pair_sums_of_32), Q6_K's of 16 (pair_sums_of_16); none for IQ4_XS.
@@ -233,7 +231,7 @@ inline void iq4_xs_half_block(__m256* sums, const uint8_t* block, int b, int h, 
 // tokens: out[t · out_stride + row].
 template <int kTokens, DType kType>
 void tile_rows(float* out, size_t out_stride, int tile_row, int first, int end, const uint8_t* tile,
-               int blocks, const TokenX* x) {
+               int blocks, const TokenX* x, int prefetch_bytes) {
     constexpr int block_bytes = super_block_tile_bytes(kType);
     // The halves holding rows of [first, end).
     const int first_half = first - tile_row >= kTileHalfRows ? 1 : 0;
@@ -243,7 +241,7 @@ void tile_rows(float* out, size_t out_stride, int tile_row, int first, int end, 
     for (int t = 0; t < kTokens; ++t) sums[0][t] = sums[1][t] = _mm256_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = tile + size_t(b) * block_bytes;
-        prefetch_ahead(block, kPrefetchBlocks * block_bytes, block_bytes);
+        if (prefetch_bytes > 0) prefetch_ahead(block, prefetch_bytes, block_bytes);
         for (int h = first_half; h < end_half; ++h)
             (kType == DType::Q4_K   ? k_half_block<kTokens, false>
              : kType == DType::Q5_K ? k_half_block<kTokens, true>
@@ -257,7 +255,7 @@ void tile_rows(float* out, size_t out_stride, int tile_row, int first, int end, 
 }
 
 // The kernels of each type for 1..kTileTokens tokens.
-using TileKernel = void (*)(float*, size_t, int, int, int, const uint8_t*, int, const TokenX*);
+using TileKernel = void (*)(float*, size_t, int, int, int, const uint8_t*, int, const TokenX*, int);
 template <DType kType>
 constexpr TileKernel kKernels[kTileTokens] = {tile_rows<1, kType>, tile_rows<2, kType>,
                                               tile_rows<3, kType>, tile_rows<4, kType>};
@@ -279,6 +277,7 @@ void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, con
                     : w.dtype == DType::Q6_K                         ? pair_sums_of_16
                                                                      : no_sums);
     const int blocks = w.cols / kSuperBlock;
+    const int prefetch_bytes = super_block_prefetch_bytes(w.dtype);
     const size_t bytes_per_tile = tile_bytes(w);
     const int end_row = first_row + row_count;
     for (int tile_row = first_row / kTileRows * kTileRows; tile_row < end_row;
@@ -287,7 +286,7 @@ void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, con
         for (int t = 0; t < tokens; t += kTileTokens)
             kernels[std::min(kTileTokens, tokens - t) - 1](out + t * out_stride, out_stride,
                                                            tile_row, first_row, end_row, tile,
-                                                           blocks, token_x + t);
+                                                           blocks, token_x + t, prefetch_bytes);
     }
 }
 

@@ -284,7 +284,7 @@ void unpack_k_tile(const HalfPanel& out, const uint8_t* block, int b) {
     const __m512i bit = bytes_of(0x01010101);
     for (int c = 0; c < kQ4KChunks; ++c)
         for (int step = 0; step < kGroupSteps; ++step) {
-            const __m512i q = _mm512_load_si512(block + kQ4KTileValuesOffset +
+            const __m512i q = _mm512_load_si512(block + k_tile_values_offset(kFifthBit) +
                                                 c * kQ4KTileChunkBytes + step * kTileRegisterBytes);
             __m512i low = low_nibbles(q), high = high_nibbles(q);
             if constexpr (kFifthBit) {

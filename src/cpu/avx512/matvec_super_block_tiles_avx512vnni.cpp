@@ -30,11 +30,8 @@
 // vpmulld scales by the sub-blocks' ls − 32 (at most 8 · 32 · 32 · 127 · 128 over a
 // super-block); per super-block the f32 sums gain x.d · d · that.
 //
-// A tile is one stream of whole cache lines, but a super-block's are not read front to back
-// (the scales and d after the values they scale): on Zen 4 the hardware prefetcher then falls
-// behind, and each super-block asks for the lines of the one kPrefetchBlocks ahead (into the
-// next tile at a tile's end; past the matrix only a hint). Measured on Zen 4, one token, a
-// 32000 × 2048 matrix out of cache: Q4_K 41 → 52 GB/s, Q6_K 27 → 50 (the rows: 30 and 34).
+// Where super_block_prefetch_bytes says so, each super-block asks for the lines of the one that
+// many bytes ahead (into the next tile at a tile's end; past the matrix only a hint).
 //
 // Tokens share each register of weights: up to kTileTokens at a time, as many as gemm_many
 // sends here (a step of 8 sequences then reads each tile once). Each token keeps a few
@@ -53,9 +50,7 @@ namespace barellm::cpu::avx512 {
 
 namespace {
 
-constexpr int kTileTokens = 8;  // tokens a pass over a tile
-// How far ahead of the super-block being read the software prefetch asks, in super-blocks.
-constexpr int kPrefetchBlocks = 4;
+constexpr int kTileTokens = 8;                            // tokens a pass over a tile
 constexpr int kSumsPerBlock = kSuperBlock / kQ6SubBlock;  // Q8KVector::sums a super-block
 constexpr int kMinPairs = kKSubBlocks / 2;                // pairs of sub-blocks a super-block
 constexpr int kHighNibbleShift = 4;
@@ -76,7 +71,7 @@ void q6_k_offsets(std::vector<int32_t>* offsets, const Q8KVector& x) {
 // out[t · out_stride + lane] for the lanes of `store`.
 template <int kTokens, bool kFifthBit>
 void k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* tile, int blocks,
-                 const TokenX* x) {
+                 const TokenX* x, int prefetch_bytes) {
     constexpr int kBlockBytes = kFifthBit ? kQ5KTileBlockBytes : kQ4KTileBlockBytes;
     const __m512i low_nibbles = _mm512_set1_epi8(0x0f), high_nibbles = _mm512_set1_epi8(-16);
     const __m512i fifth_bit = _mm512_set1_epi8(0x10);
@@ -85,12 +80,13 @@ void k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* 
     for (int t = 0; t < kTokens; ++t) sums[t] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = tile + size_t(b) * kBlockBytes;
-        prefetch_ahead(block, kPrefetchBlocks * kBlockBytes, kBlockBytes);
+        if (prefetch_bytes > 0) prefetch_ahead(block, prefetch_bytes, kBlockBytes);
         __m512i dots[kTokens];  // Σ_j sc_j · Σ q · x
 #pragma GCC unroll 8
         for (int t = 0; t < kTokens; ++t) dots[t] = _mm512_setzero_si512();
         for (int c = 0; c < kQ4KChunks; ++c) {
-            const uint8_t* values = block + kQ4KTileValuesOffset + c * kQ4KTileChunkBytes;
+            const uint8_t* values =
+                block + k_tile_values_offset(kFifthBit) + c * kQ4KTileChunkBytes;
             // Q5_K: the rotations (left, in 32-bit lanes) that move bits 2c and 2c + 1 of each
             // byte of qh to bit 4.
             const __m512i low_rotation = _mm512_set1_epi32((4 - 2 * c) & 31);
@@ -182,13 +178,13 @@ inline void add_block_sums(__m512* sums, const __m512i* dots, const uint8_t* d_a
 // The 16 rows of one Q6_K tile against kTokens tokens, as k_tile_rows.
 template <int kTokens>
 void q6_k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* tile, int blocks,
-                    const TokenX* x) {
+                    const TokenX* x, int prefetch_bytes) {
     __m512 sums[kTokens];
 #pragma GCC unroll 8
     for (int t = 0; t < kTokens; ++t) sums[t] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = tile + size_t(b) * kQ6KTileBlockBytes;
-        prefetch_ahead(block, kPrefetchBlocks * kQ6KTileBlockBytes, kQ6KTileBlockBytes);
+        if (prefetch_bytes > 0) prefetch_ahead(block, prefetch_bytes, kQ6KTileBlockBytes);
         __m512i dots[kTokens];  // Σ_i sc_i · Σ (q − 32) · x
 #pragma GCC unroll 8
         for (int t = 0; t < kTokens; ++t) dots[t] = _mm512_setzero_si512();
@@ -223,14 +219,14 @@ void iq4_xs_offsets(std::vector<int32_t>* offsets, const Q8KVector& x) {
 // The 16 rows of one IQ4_XS tile against kTokens tokens, as k_tile_rows.
 template <int kTokens>
 void iq4_xs_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* tile,
-                      int blocks, const TokenX* x) {
+                      int blocks, const TokenX* x, int prefetch_bytes) {
     const __m512i low_nibbles = _mm512_set1_epi8(0x0f), table = iq4_unsigned_levels();
     __m512 sums[kTokens];
 #pragma GCC unroll 8
     for (int t = 0; t < kTokens; ++t) sums[t] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = tile + size_t(b) * kIq4XSTileBlockBytes;
-        prefetch_ahead(block, kPrefetchBlocks * kIq4XSTileBlockBytes, kIq4XSTileBlockBytes);
+        if (prefetch_bytes > 0) prefetch_ahead(block, prefetch_bytes, kIq4XSTileBlockBytes);
         __m512i dots[kTokens];  // Σ_j (ls_j − 32) · Σ level · x
 #pragma GCC unroll 8
         for (int t = 0; t < kTokens; ++t) dots[t] = _mm512_setzero_si512();
@@ -268,7 +264,7 @@ void iq4_xs_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint
 }
 
 // The kernels of each type for 1..kTileTokens tokens.
-using TileKernel = void (*)(float*, size_t, __mmask16, const uint8_t*, int, const TokenX*);
+using TileKernel = void (*)(float*, size_t, __mmask16, const uint8_t*, int, const TokenX*, int);
 template <bool kFifthBit>
 constexpr TileKernel kKKernels[kTileTokens] = {
     k_tile_rows<1, kFifthBit>, k_tile_rows<2, kFifthBit>, k_tile_rows<3, kFifthBit>,
@@ -296,6 +292,7 @@ void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, con
                                         : w.dtype == DType::Q6_K ? q6_k_offsets
                                                                  : iq4_xs_offsets);
     const int blocks = w.cols / kSuperBlock;
+    const int prefetch_bytes = super_block_prefetch_bytes(w.dtype);
     const size_t bytes_per_tile = tile_bytes(w);
     const int end_row = first_row + row_count;
     // Whole tiles; a tile the run shares with another thread's is computed by both, each
@@ -305,8 +302,9 @@ void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, con
         const uint8_t* tile = w.row_tiles + size_t(tile_row / kTileRows) * bytes_per_tile;
         const __mmask16 store = lanes_in(tile_row, first_row, end_row);
         for (int t = 0; t < tokens; t += kTileTokens)
-            kernels[std::min(kTileTokens, tokens - t) - 1](
-                out + t * out_stride + tile_row, out_stride, store, tile, blocks, token_x + t);
+            kernels[std::min(kTileTokens, tokens - t) - 1](out + t * out_stride + tile_row,
+                                                           out_stride, store, tile, blocks,
+                                                           token_x + t, prefetch_bytes);
     }
 }
 
