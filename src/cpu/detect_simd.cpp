@@ -53,4 +53,9 @@ bool cpu_has_avx512_bf16() {
 
 bool cpu_prefers_bf16_dot_products() { return cpu_has_avx512_bf16() && __builtin_cpu_is("amd"); }
 
+bool cpu_prefetches_tiles_unaided() {
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd");
+}
+
 }  // namespace barellm::cpu

@@ -41,6 +41,12 @@ bool cpu_has_avx512_bf16();
 // full-rate 512-bit FMAs leave vdpbf16ps no faster and x's bf16 pairs a cost
 // (docs/benchmarks-history.md: "CPU: bf16 products through vdpbf16ps, by vendor").
 bool cpu_prefers_bf16_dot_products();
+// Whether the hardware prefetcher alone keeps ahead of a decode matvec reading tiles of 16 rows
+// (Q8 and Q4's, cpu/quantized_tiles.h, and the super-block types', cpu/super_block_tiles.h), so
+// that software prefetches would only take load slots from the kernel: on AMD (Zen 4). On
+// Intel the tile matvecs ask for the lines ahead (docs/benchmarks-history.md: "CPU: software
+// prefetch distances of the decode matvecs", "CPU: software prefetch of the super-block tiles").
+bool cpu_prefetches_tiles_unaided();
 void set_simd_level(SimdLevel level);
 SimdLevel simd_level();
 const char* simd_level_name(SimdLevel level);

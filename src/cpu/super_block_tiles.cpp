@@ -118,8 +118,8 @@ void pair_sums_of_16(std::vector<int32_t>* pairs, const Q8KVector& x) {
 
 int super_block_prefetch_bytes(DType type) {
     constexpr int kPrefetchBlocks = 4;  // super-blocks ahead
-    static const bool hardware_keeps_ahead = __builtin_cpu_is("amd");
-    return hardware_keeps_ahead ? 0 : kPrefetchBlocks * super_block_tile_bytes(type);
+    static const bool unaided = cpu_prefetches_tiles_unaided();
+    return unaided ? 0 : kPrefetchBlocks * super_block_tile_bytes(type);
 }
 
 const TileTokenX* tile_tokens(const Q8KVector* x, int tokens, TileSums sums_of) {

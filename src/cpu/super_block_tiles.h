@@ -135,11 +135,8 @@ size_t super_block_tile_bytes(const Matrix& w);
 void write_super_block_tiles(const Matrix& w, uint8_t* tiles);
 
 // How far ahead of the super-block being read a decode matvec on `type`'s tiles asks for cache
-// lines by software prefetch, in bytes (0: none); the lines of one super-block each time. A
-// tile is read as one stream, front to back. On AMD the hardware prefetcher alone keeps ahead
-// of it, and prefetch instructions would only take load slots from the kernel (Zen 4,
-// docs/benchmarks-history.md: "CPU: software prefetch of the super-block tiles"); elsewhere
-// they ask, as the Q4 and Q8 tiles' do on Intel.
+// lines by software prefetch, in bytes (0: none, where cpu_prefetches_tiles_unaided); the lines
+// of one super-block each time. A tile is read as one stream, front to back.
 int super_block_prefetch_bytes(DType type);
 
 // x's sums by pairs as the tile kernels read them, two int16 in an int32 (the lower one

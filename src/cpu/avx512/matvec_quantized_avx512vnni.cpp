@@ -36,7 +36,7 @@ constexpr int kHalfGroup = kGroup / 2;  // Q4: the high nibbles are columns 16-3
 
 // How far ahead of the block being read the software prefetch asks, in bytes; 0: none.
 int tile_prefetch_bytes() {
-    static const int bytes = __builtin_cpu_is("amd") ? 0 : 12 * kCacheLine;
+    static const int bytes = cpu_prefetches_tiles_unaided() ? 0 : 12 * kCacheLine;
     return bytes;
 }
 
