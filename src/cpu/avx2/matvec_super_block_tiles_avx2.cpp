@@ -3,9 +3,11 @@
 // x_t quantized per 256 as Q8_K (quantize_q8_k), each super-block's dot products in integers.
 //
 // The tiles are the AVX-512 VNNI kernel's (matvec_super_block_tiles_avx512vnni.cpp); here a
-// 64-byte register of a tile is two halves of 8 rows, one 256-bit register each, and a
-// super-block is computed a half after the other (its 35 to 53 cache lines are in L1 by the
-// second). Each int32 lane is a row, so no horizontal sums are needed, as there.
+// 64-byte register of a tile is two halves of 8 rows, one 256-bit register each. For one token
+// (decode) a super-block's two halves are computed together, each broadcast word of x serving
+// both; for more tokens, whose sums would not fit in the registers twice, a half after the
+// other (the super-block's 35 to 53 cache lines are in L1 by the second). Each int32 lane is a
+// row, so no horizontal sums are needed, as there.
 //
 // AVX2 has no vpdpbusd: vpmaddubsw multiplies four columns of unsigned levels by x's signed
 // bytes (broadcast to every lane) into two int16 sums a lane, and those add up in int16 while
@@ -80,151 +82,229 @@ inline void store_rows(float* out, __m256 sums, int row_base, int first, int end
         out[row_base + lane] = lanes[lane];
 }
 
-// Half h of super-block b of a Q4_K (kFifthBit false) or Q5_K tile against kTokens tokens:
-// sums[t] gains the 8 rows' x.d · (d · Σ sc · q · x − dmin · Σ m · Σ x).
-template <int kTokens, bool kFifthBit>
-inline void k_half_block(__m256* sums, const uint8_t* block, int b, int h, const TokenX* x) {
+// Halves h0..h0 + kHalves − 1 of super-block b of a Q4_K (kFifthBit false) or Q5_K tile against
+// kTokens tokens: sums[h][t] gains the 8 rows' x.d · (d · Σ sc · q · x − dmin · Σ m · Σ x). Both
+// halves at once (kHalves 2, one token) share x's broadcasts.
+template <int kTokens, int kHalves, bool kFifthBit>
+inline void k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b, int h0,
+                           const TokenX* x) {
     // Registers whose int16 pairs add up before vpmaddwd widens them: at most 8 · 2 · 15 · 127
     // for 4-bit levels, 4 · 2 · 31 · 127 for 5-bit.
     constexpr int kWidenRegisters = kFifthBit ? kQ4KChunkRegisters / 2 : kQ4KChunkRegisters;
-    __m256i dots[kTokens];  // Σ_j sc_j · Σ q · x
+    __m256i dots[kHalves][kTokens];  // Σ_j sc_j · Σ q · x
+#pragma GCC unroll 2
+    for (int i = 0; i < kHalves; ++i)
 #pragma GCC unroll 4
-    for (int t = 0; t < kTokens; ++t) dots[t] = _mm256_setzero_si256();
+        for (int t = 0; t < kTokens; ++t) dots[i][t] = _mm256_setzero_si256();
     for (int c = 0; c < kQ4KChunks; ++c) {
-        const uint8_t* scales = block + kQ4KTileScalesOffset + h * kTileHalfRows;
-        const __m256i low_scales = scale_words(scales + kTileRows * 2 * c);
-        const __m256i high_scales = scale_words(scales + kTileRows * (2 * c + 1));
         for (int first = 0; first < kQ4KChunkRegisters; first += kWidenRegisters) {
-            __m256i low[kTokens], high[kTokens];  // int16 pairs of sub-blocks 2c and 2c + 1
+            // int16 pairs of sub-blocks 2c and 2c + 1
+            __m256i low[kHalves][kTokens], high[kHalves][kTokens];
+#pragma GCC unroll 2
+            for (int i = 0; i < kHalves; ++i)
 #pragma GCC unroll 4
-            for (int t = 0; t < kTokens; ++t) low[t] = high[t] = _mm256_setzero_si256();
+                for (int t = 0; t < kTokens; ++t) low[i][t] = high[i][t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
             for (int k = first; k < first + kWidenRegisters; ++k) {
-                __m256i q_low, q_high;
-                k_tile_levels<kFifthBit>(block, c, k, h, &q_low, &q_high);
+                __m256i x_low[kTokens], x_high[kTokens];
 #pragma GCC unroll 4
                 for (int t = 0; t < kTokens; ++t) {
                     const int8_t* xc =
                         x[t].values + size_t(b) * kSuperBlock + c * 2 * kSubBlock + k * 4;
-                    low[t] =
-                        _mm256_add_epi16(low[t], _mm256_maddubs_epi16(q_low, broadcast_word(xc)));
-                    high[t] = _mm256_add_epi16(
-                        high[t], _mm256_maddubs_epi16(q_high, broadcast_word(xc + kSubBlock)));
+                    x_low[t] = broadcast_word(xc);
+                    x_high[t] = broadcast_word(xc + kSubBlock);
+                }
+#pragma GCC unroll 2
+                for (int i = 0; i < kHalves; ++i) {
+                    __m256i q_low, q_high;
+                    k_tile_levels<kFifthBit>(block, c, k, h0 + i, &q_low, &q_high);
+#pragma GCC unroll 4
+                    for (int t = 0; t < kTokens; ++t) {
+                        low[i][t] =
+                            _mm256_add_epi16(low[i][t], _mm256_maddubs_epi16(q_low, x_low[t]));
+                        high[i][t] =
+                            _mm256_add_epi16(high[i][t], _mm256_maddubs_epi16(q_high, x_high[t]));
+                    }
                 }
             }
+            const uint8_t* scales = block + kQ4KTileScalesOffset + kTileRows * 2 * c;
+#pragma GCC unroll 2
+            for (int i = 0; i < kHalves; ++i) {
+                const __m256i low_scales = scale_words(scales + (h0 + i) * kTileHalfRows);
+                const __m256i high_scales =
+                    scale_words(scales + kTileRows + (h0 + i) * kTileHalfRows);
 #pragma GCC unroll 4
-            for (int t = 0; t < kTokens; ++t)
-                dots[t] = _mm256_add_epi32(
-                    dots[t], _mm256_add_epi32(_mm256_madd_epi16(low[t], low_scales),
-                                              _mm256_madd_epi16(high[t], high_scales)));
+                for (int t = 0; t < kTokens; ++t)
+                    dots[i][t] = _mm256_add_epi32(
+                        dots[i][t], _mm256_add_epi32(_mm256_madd_epi16(low[i][t], low_scales),
+                                                     _mm256_madd_epi16(high[i][t], high_scales)));
+            }
         }
     }
-    __m256i mins[kMinPairs];  // a lane's words: the mins of sub-blocks 2p and 2p + 1
-#pragma GCC unroll 4
-    for (int p = 0; p < kMinPairs; ++p)
-        mins[p] = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(
-            block + kQ4KTileMinsOffset + 2 * kTileRows * p + 2 * kTileHalfRows * h)));
-    const __m256 d = tile_halves(block + kQ4KTileDOffset + 2 * kTileHalfRows * h);
-    const __m256 dmin = tile_halves(block + kQ4KTileDMinOffset + 2 * kTileHalfRows * h);
-#pragma GCC unroll 4
-    for (int t = 0; t < kTokens; ++t) {
-        __m256i min_dots = _mm256_setzero_si256();  // Σ_j m_j · Σ x
+#pragma GCC unroll 2
+    for (int i = 0; i < kHalves; ++i) {
+        const int h = h0 + i;
+        __m256i mins[kMinPairs];  // a lane's words: the mins of sub-blocks 2p and 2p + 1
 #pragma GCC unroll 4
         for (int p = 0; p < kMinPairs; ++p)
-            min_dots = _mm256_add_epi32(
-                min_dots,
-                _mm256_madd_epi16(mins[p], _mm256_set1_epi32(x[t].sums[b * kMinPairs + p])));
-        const __m256 x_d = _mm256_set1_ps(x[t].d[b]);
-        sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[t]), _mm256_mul_ps(d, x_d), sums[t]);
-        sums[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(min_dots), _mm256_mul_ps(dmin, x_d), sums[t]);
-    }
-}
-
-// Half h of super-block b of a Q6_K tile against kTokens tokens: sums[t] gains the 8 rows'
-// x.d · d · Σ_i sc_i · Σ (q − 32) · x.
-template <int kTokens>
-inline void q6_k_half_block(__m256* sums, const uint8_t* block, int b, int h, const TokenX* x) {
-    __m256i dots[kTokens];  // Σ_i sc_i · Σ q · x
-#pragma GCC unroll 4
-    for (int t = 0; t < kTokens; ++t) dots[t] = _mm256_setzero_si256();
-    const uint8_t* scales = block + kQ6KTileScalesOffset + h * kTileHalfRows;
-    for (int i = 0; i < kQ6KSubBlocks; ++i) {
-        __m256i q[4];  // levels of columns 4s..4s + 3 of the sub-block
-        q6_k_tile_levels(block, i, h, q);
-        const __m256i scale = signed_scale_words(scales + kTileRows * i);
+            mins[p] = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(
+                block + kQ4KTileMinsOffset + 2 * kTileRows * p + 2 * kTileHalfRows * h)));
+        const __m256 d = tile_halves(block + kQ4KTileDOffset + 2 * kTileHalfRows * h);
+        const __m256 dmin = tile_halves(block + kQ4KTileDMinOffset + 2 * kTileHalfRows * h);
 #pragma GCC unroll 4
         for (int t = 0; t < kTokens; ++t) {
-            const int8_t* xi = x[t].values + size_t(b) * kSuperBlock + i * kQ6SubBlock;
-            const __m256i first_half =
-                _mm256_add_epi16(_mm256_maddubs_epi16(q[0], broadcast_word(xi)),
-                                 _mm256_maddubs_epi16(q[1], broadcast_word(xi + 4)));
-            const __m256i second_half =
-                _mm256_add_epi16(_mm256_maddubs_epi16(q[2], broadcast_word(xi + 8)),
-                                 _mm256_maddubs_epi16(q[3], broadcast_word(xi + 12)));
-            dots[t] =
-                _mm256_add_epi32(dots[t], _mm256_add_epi32(_mm256_madd_epi16(first_half, scale),
-                                                           _mm256_madd_epi16(second_half, scale)));
-        }
-    }
-    // A lane's words: the int8 scales of sub-blocks 2p and 2p + 1, widened.
-    __m256i scale_pairs[kQ6KSubBlocks / 2];
-#pragma GCC unroll 8
-    for (int p = 0; p < kQ6KSubBlocks / 2; ++p)
-        scale_pairs[p] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + kTileRows * 2 * p)),
-            _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + kTileRows * (2 * p + 1)))));
-    const __m256 d = tile_halves(block + kQ6KTileDOffset + 2 * kTileHalfRows * h);
+            __m256i min_dots = _mm256_setzero_si256();  // Σ_j m_j · Σ x
 #pragma GCC unroll 4
-    for (int t = 0; t < kTokens; ++t) {
-        __m256i scaled_sums = _mm256_setzero_si256();  // Σ_i sc_i · Σ x_i
-#pragma GCC unroll 8
-        for (int p = 0; p < kQ6KSubBlocks / 2; ++p)
-            scaled_sums = _mm256_add_epi32(
-                scaled_sums,
-                _mm256_madd_epi16(scale_pairs[p],
-                                  _mm256_set1_epi32(x[t].sums[b * kQ6KSubBlocks / 2 + p])));
-        const __m256i dot = _mm256_sub_epi32(
-            dots[t], _mm256_mullo_epi32(scaled_sums, _mm256_set1_epi32(kQ6Offset)));
-        sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
-                                  _mm256_mul_ps(d, _mm256_set1_ps(x[t].d[b])), sums[t]);
+            for (int p = 0; p < kMinPairs; ++p)
+                min_dots = _mm256_add_epi32(
+                    min_dots,
+                    _mm256_madd_epi16(mins[p], _mm256_set1_epi32(x[t].sums[b * kMinPairs + p])));
+            const __m256 x_d = _mm256_set1_ps(x[t].d[b]);
+            sums[h][t] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[i][t]), _mm256_mul_ps(d, x_d), sums[h][t]);
+            sums[h][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(min_dots), _mm256_mul_ps(dmin, x_d),
+                                          sums[h][t]);
+        }
     }
 }
 
-// Half h of super-block b of an IQ4_XS tile against kTokens tokens: sums[t] gains the 8 rows'
-// x.d · d · Σ_j (ls_j − 32) · Σ value · x.
-template <int kTokens>
-inline void iq4_xs_half_block(__m256* sums, const uint8_t* block, int b, int h, const TokenX* x) {
-    const __m256i table = iq4_table();
-    __m256i dots[kTokens];  // Σ_j (ls_j − 32) · Σ value · x
+// Halves h0..h0 + kHalves − 1 of super-block b of a Q6_K tile against kTokens tokens:
+// sums[h][t] gains the 8 rows' x.d · d · Σ_i sc_i · Σ (q − 32) · x. Both halves at once
+// (kHalves 2, one token) share x's broadcasts.
+template <int kTokens, int kHalves>
+inline void q6_k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b, int h0,
+                              const TokenX* x) {
+    __m256i dots[kHalves][kTokens];  // Σ_i sc_i · Σ q · x
+#pragma GCC unroll 2
+    for (int i = 0; i < kHalves; ++i)
 #pragma GCC unroll 4
-    for (int t = 0; t < kTokens; ++t) dots[t] = _mm256_setzero_si256();
-    const uint8_t* scales = block + kIq4XSTileScalesOffset + h * kTileHalfRows;
+        for (int t = 0; t < kTokens; ++t) dots[i][t] = _mm256_setzero_si256();
+    const uint8_t* scales = block + kQ6KTileScalesOffset;
+    for (int s = 0; s < kQ6KSubBlocks; ++s) {
+        __m256i x_words[kTokens][4];  // x of columns 4m..4m + 3 of the sub-block, broadcast
+#pragma GCC unroll 4
+        for (int t = 0; t < kTokens; ++t)
+#pragma GCC unroll 4
+            for (int m = 0; m < 4; ++m)
+                x_words[t][m] =
+                    broadcast_word(x[t].values + size_t(b) * kSuperBlock + s * kQ6SubBlock + 4 * m);
+#pragma GCC unroll 2
+        for (int i = 0; i < kHalves; ++i) {
+            __m256i q[4];  // levels of columns 4m..4m + 3 of the sub-block
+            q6_k_tile_levels(block, s, h0 + i, q);
+            const __m256i scale =
+                signed_scale_words(scales + kTileRows * s + (h0 + i) * kTileHalfRows);
+#pragma GCC unroll 4
+            for (int t = 0; t < kTokens; ++t) {
+                const __m256i first_half =
+                    _mm256_add_epi16(_mm256_maddubs_epi16(q[0], x_words[t][0]),
+                                     _mm256_maddubs_epi16(q[1], x_words[t][1]));
+                const __m256i second_half =
+                    _mm256_add_epi16(_mm256_maddubs_epi16(q[2], x_words[t][2]),
+                                     _mm256_maddubs_epi16(q[3], x_words[t][3]));
+                dots[i][t] = _mm256_add_epi32(
+                    dots[i][t], _mm256_add_epi32(_mm256_madd_epi16(first_half, scale),
+                                                 _mm256_madd_epi16(second_half, scale)));
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < kHalves; ++i) {
+        const int h = h0 + i;
+        // A lane's words: the int8 scales of sub-blocks 2p and 2p + 1, widened.
+        __m256i scale_pairs[kQ6KSubBlocks / 2];
+#pragma GCC unroll 8
+        for (int p = 0; p < kQ6KSubBlocks / 2; ++p)
+            scale_pairs[p] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(
+                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + kTileRows * 2 * p +
+                                                                 h * kTileHalfRows)),
+                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + kTileRows * (2 * p + 1) +
+                                                                 h * kTileHalfRows))));
+        const __m256 d = tile_halves(block + kQ6KTileDOffset + 2 * kTileHalfRows * h);
+#pragma GCC unroll 4
+        for (int t = 0; t < kTokens; ++t) {
+            __m256i scaled_sums = _mm256_setzero_si256();  // Σ_i sc_i · Σ x_i
+#pragma GCC unroll 8
+            for (int p = 0; p < kQ6KSubBlocks / 2; ++p)
+                scaled_sums = _mm256_add_epi32(
+                    scaled_sums,
+                    _mm256_madd_epi16(scale_pairs[p],
+                                      _mm256_set1_epi32(x[t].sums[b * kQ6KSubBlocks / 2 + p])));
+            const __m256i dot = _mm256_sub_epi32(
+                dots[i][t], _mm256_mullo_epi32(scaled_sums, _mm256_set1_epi32(kQ6Offset)));
+            sums[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                                         _mm256_mul_ps(d, _mm256_set1_ps(x[t].d[b])), sums[h][t]);
+        }
+    }
+}
+
+// Halves h0..h0 + kHalves − 1 of super-block b of an IQ4_XS tile against kTokens tokens:
+// sums[h][t] gains the 8 rows' x.d · d · Σ_j (ls_j − 32) · Σ value · x. Both halves at once
+// (kHalves 2, one token) share x's broadcasts.
+template <int kTokens, int kHalves>
+inline void iq4_xs_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b, int h0,
+                                const TokenX* x) {
+    const __m256i table = iq4_table();
+    __m256i dots[kHalves][kTokens];  // Σ_j (ls_j − 32) · Σ value · x
+#pragma GCC unroll 2
+    for (int i = 0; i < kHalves; ++i)
+#pragma GCC unroll 4
+        for (int t = 0; t < kTokens; ++t) dots[i][t] = _mm256_setzero_si256();
+    const uint8_t* scales = block + kIq4XSTileScalesOffset;
     for (int j = 0; j < kIq4XSSubBlocks; ++j) {
-        const __m256i scale = signed_scale_words(scales + kTileRows * j);
+        __m256i scale[kHalves];
+#pragma GCC unroll 2
+        for (int i = 0; i < kHalves; ++i)
+            scale[i] = signed_scale_words(scales + kTileRows * j + (h0 + i) * kTileHalfRows);
 #pragma GCC unroll 4
         for (int k = 0; k < kIq4XSSubBlockRegisters; ++k) {
-            __m256i low, high;
-            iq4_xs_tile_values(block, j, k, h, table, &low, &high);
-            const __m256i low_magnitudes = _mm256_abs_epi8(low);
-            const __m256i high_magnitudes = _mm256_abs_epi8(high);
+            __m256i x_low[kTokens], x_high[kTokens];
 #pragma GCC unroll 4
             for (int t = 0; t < kTokens; ++t) {
                 const int8_t* xj = x[t].values + size_t(b) * kSuperBlock + j * kSubBlock + k * 4;
-                const __m256i low_pairs =
-                    _mm256_maddubs_epi16(low_magnitudes, _mm256_sign_epi8(broadcast_word(xj), low));
-                const __m256i high_pairs = _mm256_maddubs_epi16(
-                    high_magnitudes, _mm256_sign_epi8(broadcast_word(xj + kSubBlock / 2), high));
-                dots[t] = _mm256_add_epi32(dots[t],
-                                           _mm256_add_epi32(_mm256_madd_epi16(low_pairs, scale),
-                                                            _mm256_madd_epi16(high_pairs, scale)));
+                x_low[t] = broadcast_word(xj);
+                x_high[t] = broadcast_word(xj + kSubBlock / 2);
+            }
+#pragma GCC unroll 2
+            for (int i = 0; i < kHalves; ++i) {
+                __m256i low, high;
+                iq4_xs_tile_values(block, j, k, h0 + i, table, &low, &high);
+                const __m256i low_magnitudes = _mm256_abs_epi8(low);
+                const __m256i high_magnitudes = _mm256_abs_epi8(high);
+#pragma GCC unroll 4
+                for (int t = 0; t < kTokens; ++t) {
+                    const __m256i low_pairs =
+                        _mm256_maddubs_epi16(low_magnitudes, _mm256_sign_epi8(x_low[t], low));
+                    const __m256i high_pairs =
+                        _mm256_maddubs_epi16(high_magnitudes, _mm256_sign_epi8(x_high[t], high));
+                    dots[i][t] = _mm256_add_epi32(
+                        dots[i][t], _mm256_add_epi32(_mm256_madd_epi16(low_pairs, scale[i]),
+                                                     _mm256_madd_epi16(high_pairs, scale[i])));
+                }
             }
         }
     }
-    const __m256 d = tile_halves(block + kIq4XSTileDOffset + 2 * kTileHalfRows * h);
+#pragma GCC unroll 2
+    for (int i = 0; i < kHalves; ++i) {
+        const int h = h0 + i;
+        const __m256 d = tile_halves(block + kIq4XSTileDOffset + 2 * kTileHalfRows * h);
 #pragma GCC unroll 4
-    for (int t = 0; t < kTokens; ++t)
-        sums[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[t]),
-                                  _mm256_mul_ps(d, _mm256_set1_ps(x[t].d[b])), sums[t]);
+        for (int t = 0; t < kTokens; ++t)
+            sums[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[i][t]),
+                                         _mm256_mul_ps(d, _mm256_set1_ps(x[t].d[b])), sums[h][t]);
+    }
+}
+
+// Halves h0..h0 + kHalves − 1 of super-block b of a kType tile against kTokens tokens.
+template <DType kType, int kTokens, int kHalves>
+inline void halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b, int h0,
+                         const TokenX* x) {
+    if constexpr (kType == DType::Q4_K || kType == DType::Q5_K)
+        k_halves_block<kTokens, kHalves, kType == DType::Q5_K>(sums, block, b, h0, x);
+    else if constexpr (kType == DType::Q6_K)
+        q6_k_halves_block<kTokens, kHalves>(sums, block, b, h0, x);
+    else
+        iq4_xs_halves_block<kTokens, kHalves>(sums, block, b, h0, x);
 }
 
 // The rows [first, end) of the 16 of one tile (rows tile_row..tile_row + 15) against kTokens
@@ -242,11 +322,16 @@ void tile_rows(float* out, size_t out_stride, int tile_row, int first, int end, 
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = tile + size_t(b) * block_bytes;
         if (prefetch_bytes > 0) prefetch_ahead(block, prefetch_bytes, block_bytes);
+        // One token: both halves at once where the rows take both (with more tokens their
+        // sums would not fit in the 16 registers); otherwise a half after the other.
+        if constexpr (kTokens == 1) {
+            if (first_half == 0 && end_half == kTileHalves) {
+                halves_block<kType, kTokens, kTileHalves>(sums, block, b, 0, x);
+                continue;
+            }
+        }
         for (int h = first_half; h < end_half; ++h)
-            (kType == DType::Q4_K   ? k_half_block<kTokens, false>
-             : kType == DType::Q5_K ? k_half_block<kTokens, true>
-             : kType == DType::Q6_K ? q6_k_half_block<kTokens>
-                                    : iq4_xs_half_block<kTokens>)(sums[h], block, b, h, x);
+            halves_block<kType, kTokens, 1>(sums, block, b, h, x);
     }
     for (int h = first_half; h < end_half; ++h)
 #pragma GCC unroll 4
