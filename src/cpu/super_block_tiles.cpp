@@ -2,7 +2,6 @@
 #include "cpu/super_block_tiles.h"
 
 #include <cstring>
-#include <type_traits>
 
 #include "util/error.h"
 
@@ -12,10 +11,9 @@ namespace {
 
 int super_blocks(const Matrix& w) { return w.cols / kSuperBlock; }
 
-// Row `lane` of a tile's super-block `tile_block` from the block as the file has it: Q4_K's,
-// or the same fields of Q5_K's and its fifth bits.
+// The d, dmin, scales and mins of row `lane` of a Q4_K or Q5_K tile's super-block `tile_block`.
 template <typename KBlock>
-void write_row(uint8_t* tile_block, int lane, const KBlock& block) {
+void write_row_scales(uint8_t* tile_block, int lane, const KBlock& block) {
     std::memcpy(tile_block + kQ4KTileDOffset + 2 * lane, &block.d, sizeof block.d);
     std::memcpy(tile_block + kQ4KTileDMinOffset + 2 * lane, &block.dmin, sizeof block.dmin);
     for (int j = 0; j < kKSubBlocks; ++j) {
@@ -24,16 +22,35 @@ void write_row(uint8_t* tile_block, int lane, const KBlock& block) {
         tile_block[kQ4KTileScalesOffset + kTileRows * j + lane] = uint8_t(scale);
         tile_block[kQ4KTileMinsOffset + 2 * kTileRows * (j / 2) + 2 * lane + j % 2] = uint8_t(min);
     }
+}
+
+// Row `lane` of a tile's super-block `tile_block` from the block as the file has it.
+void write_row(uint8_t* tile_block, int lane, const BlockQ4_K& block) {
+    write_row_scales(tile_block, lane, block);
     for (int c = 0; c < kQ4KChunks; ++c)
         for (int k = 0; k < kQ4KChunkRegisters; ++k)
-            std::memcpy(tile_block + k_tile_values_offset(std::is_same_v<KBlock, BlockQ5_K>) +
-                            c * kQ4KTileChunkBytes + k * kTileRegisterBytes + lane * kTileLaneBytes,
+            std::memcpy(tile_block + kQ4KTileValuesOffset + c * kQ4KTileChunkBytes +
+                            k * kTileRegisterBytes + lane * kTileLaneBytes,
                         block.qs + c * kQ4KChunkBytes + k * kTileLaneBytes, kTileLaneBytes);
-    if constexpr (std::is_same_v<KBlock, BlockQ5_K>)
-        for (int k = 0; k < kQ4KChunkRegisters; ++k)
-            std::memcpy(
-                tile_block + kQ5KTileHighOffset + k * kTileRegisterBytes + lane * kTileLaneBytes,
-                block.qh + k * kTileLaneBytes, kTileLaneBytes);
+}
+
+void write_row(uint8_t* tile_block, int lane, const BlockQ5_K& block) {
+    write_row_scales(tile_block, lane, block);
+    for (int c = 0; c < kQ4KChunks; ++c)
+        for (int column = 0; column < kQ4KChunkBytes; ++column) {
+            constexpr int kNibbleBits = 4;
+            const int packed = block.qs[c * kQ4KChunkBytes + column];
+            const int first = (packed & 15) | (block.qh[column] >> (2 * c) & 1) << kNibbleBits;
+            const int second = (packed >> kNibbleBits) | (block.qh[column] >> (2 * c + 1) & 1)
+                                                             << kNibbleBits;
+            // Register k = column / 4 of the chunk, byte column % 4 of lane `lane`.
+            const int at = column / kTileLaneBytes * kTileRegisterBytes + lane * kTileLaneBytes +
+                           column % kTileLaneBytes;
+            tile_block[kQ5KTileValuesOffset + c * kQ4KTileChunkBytes + at] =
+                uint8_t(first | (second & ((1 << kQ5KSecondLowBits) - 1)) << kQ5KLowBits);
+            tile_block[kQ5KTileHighOffset + at] |=  // the tiles start zeroed
+                uint8_t((second >> kQ5KSecondLowBits) << (2 * c));
+        }
 }
 
 void write_row(uint8_t* tile_block, int lane, const BlockQ6_K& block) {
@@ -119,7 +136,11 @@ void pair_sums_of_16(std::vector<int32_t>* pairs, const Q8KVector& x) {
 int super_block_prefetch_bytes(DType type) {
     constexpr int kPrefetchBlocks = 4;  // super-blocks ahead
     static const bool unaided = cpu_prefetches_tiles_unaided();
-    return unaided ? 0 : kPrefetchBlocks * super_block_tile_bytes(type);
+    // But for Q5_K's tiles on an AMD CPU without AVX-512 (Zen 3), where the prefetch made a
+    // Q5_K_M file decode faster and Q4_K_M's and Q6_K's not.
+    static const bool q5_k_unaided = unaided && detect_simd_level() == SimdLevel::Avx512;
+    const bool asks = type == DType::Q5_K ? !q5_k_unaided : !unaided;
+    return asks ? kPrefetchBlocks * super_block_tile_bytes(type) : 0;
 }
 
 const TileTokenX* tile_tokens(const Q8KVector* x, int tokens, TileSums sums_of) {

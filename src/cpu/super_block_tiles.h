@@ -28,15 +28,19 @@
 //                   those 32 columns on, sub-block 2c + 1, in the high).
 //
 // Q5_K: a super-block kQ5KTileBlockBytes (2880, 45 cache lines; the 16 rows' blocks take
-// 2816): Q4_K's fields (its qs in the nibbles), the fifth bits before the values, so that a
-// super-block is read front to back, as one stream:
+// 2816): Q4_K's fields, then the levels q (0..31) of each pair of columns a chunk takes in one
+// byte, sub-block 2c's whole and three bits of sub-block 2c + 1's, and the top two bits of the
+// latter before them, so that a super-block is read front to back, as one stream:
 //
 //   bytes 0-319     as Q4_K's: d, dmin, scales, mins
-//   bytes 320-831   the fifth bits: 8 registers; register k holds in lane r bytes
-//                   4k..4k+3 of qh of row r, whose bit j is the fifth bit of column 32j + 4k
-//                   + m (m 0..3, the byte): of the columns of chunk c's register k, bit 2c
-//                   for the low nibbles, 2c + 1 for the high
-//   bytes 832-2879  the values, as Q4_K's bytes 320-2367.
+//   bytes 320-831   the top bits: 8 registers; register k holds in lane r four bytes, of
+//                   columns 4k + m (m 0..3), whose bits 2c and 2c + 1 are bits 3 and 4 of q
+//                   of column 64c + 32 + 4k + m of row r (c 0..3)
+//   bytes 832-2879  the values, laid out as Q4_K's bytes 320-2367: the byte of chunk c's
+//                   register k, lane r, byte m holds q of column 64c + 4k + m (sub-block 2c)
+//                   in bits 0-4 and bits 0-2 of q of column 64c + 32 + 4k + m (sub-block
+//                   2c + 1) in bits 5-7. So sub-block 2c's levels come out by one AND, and
+//                   2c + 1's by a shift and an AND joined to their two top bits.
 //
 // Q6_K: a super-block kQ6KTileBlockBytes (3392, 53 cache lines; the 16 rows' blocks take 3360):
 //
@@ -86,7 +90,10 @@ constexpr int kQ4KTileChunkBytes = kQ4KChunkRegisters * kTileRegisterBytes;     
 constexpr int kQ4KTileBlockBytes = kQ4KTileValuesOffset + kQ4KChunks * kQ4KTileChunkBytes;
 static_assert(kQ4KTileBlockBytes == 2368 && kQ4KTileBlockBytes % 64 == 0);
 
-constexpr int kQ5KTileHighOffset = kQ4KTileValuesOffset;  // 320
+constexpr int kQ5KTileHighOffset = kQ4KTileValuesOffset;  // 320: the top bits
+// A Q5_K tile's value byte: sub-block 2c's level in its low kQ5KLowBits, the low
+// kQ5KSecondLowBits of sub-block 2c + 1's above.
+constexpr int kQ5KLowBits = 5, kQ5KSecondLowBits = 8 - kQ5KLowBits;
 constexpr int kQ5KTileValuesOffset =
     kQ5KTileHighOffset + kQ4KChunkRegisters * kTileRegisterBytes;  // 832
 constexpr int kQ5KTileBlockBytes = kQ5KTileValuesOffset + kQ4KChunks * kQ4KTileChunkBytes;
@@ -135,8 +142,10 @@ size_t super_block_tile_bytes(const Matrix& w);
 void write_super_block_tiles(const Matrix& w, uint8_t* tiles);
 
 // How far ahead of the super-block being read a decode matvec on `type`'s tiles asks for cache
-// lines by software prefetch, in bytes (0: none, where cpu_prefetches_tiles_unaided); the lines
-// of one super-block each time. A tile is read as one stream, front to back.
+// lines by software prefetch, in bytes (0: none, where cpu_prefetches_tiles_unaided, but for
+// Q5_K on an AMD CPU without AVX-512); the lines of one super-block each time. A tile is read
+// as one stream, front to back (docs/benchmarks-history.md: "CPU: software prefetch of the
+// super-block tiles", "CPU: Q5_K's tiles on the Zen 3").
 int super_block_prefetch_bytes(DType type);
 
 // x's sums by pairs as the tile kernels read them, two int16 in an int32 (the lower one

@@ -128,24 +128,25 @@ constexpr int kTileHalfRows = kTileRows / kTileHalves;            // 8
 
 // Half h of register k of chunk c of a Q4_K (kFifthBit false) or Q5_K tile's super-block
 // `block`: the levels of columns 64c + 4k..64c + 4k + 3 (sub-block 2c, `low`) and of the 32
-// columns on (sub-block 2c + 1, `high`), four a lane, rows 8h..8h + 7; Q5_K's fifth bits,
-// bits 2c and 2c + 1 of the tile's qh, shifted to bit 4.
+// columns on (sub-block 2c + 1, `high`), four a lane, rows 8h..8h + 7. Q5_K: `low` is a byte's
+// bits 0-4, `high` its bits 5-7 below bits 2c and 2c + 1 of the tile's top bits, shifted to
+// bits 3 and 4 (c a constant, so that the shifts are immediates).
 template <bool kFifthBit>
 inline void k_tile_levels(const uint8_t* block, int c, int k, int h, __m256i* low, __m256i* high) {
-    const __m256i nibble = _mm256_set1_epi8(0x0f);
     const __m256i bytes = _mm256_load_si256(reinterpret_cast<const __m256i*>(
         block + k_tile_values_offset(kFifthBit) + c * kQ4KTileChunkBytes + k * kTileRegisterBytes +
         h * kTileHalfBytes));
-    *low = _mm256_and_si256(bytes, nibble);
-    *high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
     if constexpr (kFifthBit) {
-        const __m256i fifth_bit = _mm256_set1_epi8(0x10);
-        const __m256i high_bits = _mm256_load_si256(reinterpret_cast<const __m256i*>(
+        const __m256i top_bits = _mm256_load_si256(reinterpret_cast<const __m256i*>(
             block + kQ5KTileHighOffset + k * kTileRegisterBytes + h * kTileHalfBytes));
-        *low =
-            _mm256_or_si256(*low, _mm256_and_si256(shift_words(high_bits, 4 - 2 * c), fifth_bit));
-        *high =
-            _mm256_or_si256(*high, _mm256_and_si256(shift_words(high_bits, 3 - 2 * c), fifth_bit));
+        *low = _mm256_and_si256(bytes, _mm256_set1_epi8(0x1f));
+        *high = _mm256_or_si256(
+            _mm256_and_si256(_mm256_srli_epi16(bytes, kQ5KLowBits), _mm256_set1_epi8(0x07)),
+            _mm256_and_si256(shift_words(top_bits, 3 - 2 * c), _mm256_set1_epi8(0x18)));
+    } else {
+        const __m256i nibble = _mm256_set1_epi8(0x0f);
+        *low = _mm256_and_si256(bytes, nibble);
+        *high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble);
     }
 }
 

@@ -96,7 +96,8 @@ inline void k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b,
     for (int i = 0; i < kHalves; ++i)
 #pragma GCC unroll 4
         for (int t = 0; t < kTokens; ++t) dots[i][t] = _mm256_setzero_si256();
-    for (int c = 0; c < kQ4KChunks; ++c) {
+#pragma GCC unroll 4
+    for (int c = 0; c < kQ4KChunks; ++c) {  // unrolled: Q5_K's shifts of its top bits immediate
         for (int first = 0; first < kQ4KChunkRegisters; first += kWidenRegisters) {
             // int16 pairs of sub-blocks 2c and 2c + 1
             __m256i low[kHalves][kTokens], high[kHalves][kTokens];

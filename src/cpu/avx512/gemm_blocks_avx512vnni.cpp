@@ -261,7 +261,7 @@ void unpack_small(const HalfPanel& out, const RowWords& words, int b) {
 // Q4_K (kFifthBit false) or Q5_K super-block b of 16 rows from its tile (`block`,
 // cpu/super_block_tiles.h), as unpack_k gives it from the rows: the scales and mins are a byte a
 // row already, and each register of a chunk holds one step of two groups (sub-blocks 2c, 2c + 1
-// in the low and high nibbles; Q5_K's fifth bits in bits 2c, 2c + 1 of the step's qh).
+// in the low and high nibbles; Q5_K's levels as cpu/super_block_tiles.h lays them out).
 template <bool kFifthBit>
 void unpack_k_tile(const HalfPanel& out, const uint8_t* block, int b) {
     const __m512 d = _mm512_cvtph_ps(
@@ -281,19 +281,23 @@ void unpack_k_tile(const HalfPanel& out, const uint8_t* block, int b) {
         out.scale(kKSubBlocks * b + j, _mm512_mul_ps(d, to_float(scale)));
         out.min(kKSubBlocks * b + j, _mm512_mul_ps(minus_dmin, to_float(min)));
     }
-    const __m512i bit = bytes_of(0x01010101);
+    const __m512i two_bits = bytes_of(0x03030303);
     for (int c = 0; c < kQ4KChunks; ++c)
         for (int step = 0; step < kGroupSteps; ++step) {
             const __m512i q = _mm512_load_si512(block + k_tile_values_offset(kFifthBit) +
                                                 c * kQ4KTileChunkBytes + step * kTileRegisterBytes);
-            __m512i low = low_nibbles(q), high = high_nibbles(q);
+            __m512i low, high;
             if constexpr (kFifthBit) {
-                const __m512i high_bits =
+                const __m512i top_bits =
                     _mm512_load_si512(block + kQ5KTileHighOffset + step * kTileRegisterBytes);
-                low = _mm512_or_si512(
-                    low, shift_left(_mm512_and_si512(shift_right(high_bits, 2 * c), bit), 4));
+                low = _mm512_and_si512(q, bytes_of(0x1f1f1f1f));
                 high = _mm512_or_si512(
-                    high, shift_left(_mm512_and_si512(shift_right(high_bits, 2 * c + 1), bit), 4));
+                    _mm512_and_si512(shift_right(q, kQ5KLowBits), bytes_of(0x07070707)),
+                    shift_left(_mm512_and_si512(shift_right(top_bits, 2 * c), two_bits),
+                               kQ5KSecondLowBits));
+            } else {
+                low = low_nibbles(q);
+                high = high_nibbles(q);
             }
             out.levels(kKSubBlocks * b + 2 * c, step, low);
             out.levels(kKSubBlocks * b + 2 * c + 1, step, high);

@@ -14,9 +14,10 @@
 // x.d · (d · Σ sc · q · x − dmin · Σ m · Σ x), d and dmin those of the 16 rows; the sums are
 // the 16 outputs.
 //
-// Q5_K: as Q4_K, each register's nibbles joined by their fifth bits (bit 2c or 2c + 1 of the
-// tile's qh, rotated to bit 4), the high nibbles shifted down first (levels 0..31; at most
-// 8 · 63 · 32 · 31 · 127 over a super-block).
+// Q5_K: as Q4_K, on levels 0..31 (at most 8 · 63 · 32 · 31 · 127 over a super-block): each
+// byte of a register holds sub-block 2c's level in bits 0-4, masked out, and three bits of
+// sub-block 2c + 1's in bits 5-7, shifted down and joined to its top two bits (bits 2c and
+// 2c + 1 of the tile's top bits, rotated to bits 3 and 4).
 //
 // Q6_K: a sub-block of 16 columns is three registers, whose low 6 bits and top pairs of bits
 // make four registers of levels q (0..63), four columns each (q6_k_tile_levels); its dot product
@@ -74,7 +75,9 @@ void k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* 
                  const TokenX* x, int prefetch_bytes) {
     constexpr int kBlockBytes = kFifthBit ? kQ5KTileBlockBytes : kQ4KTileBlockBytes;
     const __m512i low_nibbles = _mm512_set1_epi8(0x0f), high_nibbles = _mm512_set1_epi8(-16);
-    const __m512i fifth_bit = _mm512_set1_epi8(0x10);
+    // Q5_K's masks: sub-block 2c's level; sub-block 2c + 1's low three bits and top two.
+    const __m512i low_five_bits = _mm512_set1_epi8(0x1f), low_three_bits = _mm512_set1_epi8(0x07);
+    const __m512i top_two_bits = _mm512_set1_epi8(0x18);
     __m512 sums[kTokens];
 #pragma GCC unroll 8
     for (int t = 0; t < kTokens; ++t) sums[t] = _mm512_setzero_ps();
@@ -87,10 +90,9 @@ void k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* 
         for (int c = 0; c < kQ4KChunks; ++c) {
             const uint8_t* values =
                 block + k_tile_values_offset(kFifthBit) + c * kQ4KTileChunkBytes;
-            // Q5_K: the rotations (left, in 32-bit lanes) that move bits 2c and 2c + 1 of each
-            // byte of qh to bit 4.
-            const __m512i low_rotation = _mm512_set1_epi32((4 - 2 * c) & 31);
-            const __m512i high_rotation = _mm512_set1_epi32((3 - 2 * c) & 31);
+            // Q5_K: the rotation (left, in 32-bit lanes) that moves bits 2c and 2c + 1 of each
+            // byte of the top bits to bits 3 and 4.
+            const __m512i top_rotation = _mm512_set1_epi32((3 - 2 * c) & 31);
             __m512i low[kTokens], high[kTokens];
 #pragma GCC unroll 8
             for (int t = 0; t < kTokens; ++t) low[t] = high[t] = _mm512_setzero_si512();
@@ -99,15 +101,12 @@ void k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* 
                 const __m512i bytes = _mm512_load_si512(values + k * kTileRegisterBytes);
                 __m512i q, q16;  // the low nibbles' levels; the high ones' (Q4_K: 16 times)
                 if constexpr (kFifthBit) {
-                    const __m512i high_bits =
+                    const __m512i top_bits =
                         _mm512_load_si512(block + kQ5KTileHighOffset + k * kTileRegisterBytes);
-                    q = _mm512_ternarylogic_epi32(
-                        bytes, low_nibbles,
-                        _mm512_and_si512(_mm512_rolv_epi32(high_bits, low_rotation), fifth_bit),
-                        kAndOr);
+                    q = _mm512_and_si512(bytes, low_five_bits);
                     q16 = _mm512_ternarylogic_epi32(
-                        _mm512_srli_epi16(bytes, kHighNibbleShift), low_nibbles,
-                        _mm512_and_si512(_mm512_rolv_epi32(high_bits, high_rotation), fifth_bit),
+                        _mm512_srli_epi16(bytes, kQ5KLowBits), low_three_bits,
+                        _mm512_and_si512(_mm512_rolv_epi32(top_bits, top_rotation), top_two_bits),
                         kAndOr);
                 } else {
                     q = _mm512_and_si512(bytes, low_nibbles);
