@@ -16,7 +16,7 @@
 // - Q4_K: a chunk's 8 registers of nibbles add up per sub-block in int16 (at most
 //   8 · 2 · 15 · 128 = 30720); the mins meet x's sums of 32 through vpmaddwd, a pair of
 //   sub-blocks a register (the tile keeps them side by side), as on AVX-512.
-// - Q5_K: as Q4_K, the levels (0..31) with their fifth bits; half a chunk's registers add up
+// - Q5_K: as Q4_K, on the levels (0..31) the tile holds; half a chunk's registers add up
 //   in int16 (at most 4 · 2 · 31 · 127 = 31496) before each widening.
 // - Q6_K: a sub-block's four registers of levels (0..63) in two int16 sums of two (at most
 //   2 · 2 · 63 · 128 = 32256); the offset of 32 comes in once a super-block as
