@@ -16,7 +16,9 @@ kernel on its own (build/cuda_kernel_check), the server's step over the paged KV
 (build/step_logits: several sequences at once, decode rows beside prompt chunks, on the
 batched matvec and on the GEMMs, scattered block tables, copied blocks), graph replay against direct launches, every
 rung of the GPU ladder on Qwen (and its refusal of Gemma on rungs 1-4), `run` and `bench`;
-synthetic Mixtral and Qwen3-MoE checkpoints (decode, prefill and the server's step).
+synthetic Mixtral and Qwen3-MoE checkpoints (decode, prefill and the server's step); files
+of ggml's block types, a type per matrix (Q4_K_M, Q5_K_M, Q6_K and IQ4_XS mixes: decode,
+prefill and the server's step against the CPU's scalar path).
 
 Every test but the last skips, printing why, on a machine without a usable CUDA GPU (CI
 never has one); the last checks what `--device cuda` says there.
@@ -31,9 +33,9 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from convert_testlib import (BUILD, CONVERT, SHARED, STORIES, SYNTH,  # noqa: E402
+from convert_testlib import (BUILD, CONVERT, SHARED, STORIES, SYNTH, TINY_CONFIG,  # noqa: E402
                              cuda_unavailable_reason, make_checkpoint, need_shared,
-                             require_cuda, run, tiny_tokenizer_json)
+                             require_cuda, run, tiny_tensors, tiny_tokenizer_json)
 from test_gemma import CONFIGS as GEMMA_CPU_CONFIGS, gemma_tensors  # noqa: E402
 from test_moe import checkpoint as moe_checkpoint  # noqa: E402
 from test_qwen import convert as convert_model  # noqa: E402
@@ -374,6 +376,56 @@ def test_warpgroup_gemm_quantized_prefill_matches_cpu(cuda, models, name, dtype,
 
 # Every text of ../shared/eval; f32 weights (the SIMT GEMM) and f16 (the tensor cores, with an
 # f16 KV cache: the tensor-core prefill attention).
+# Files of ggml's block types, each matrix its own type (convert.py's q4_k_m, q5_k_m, q6_k and
+# iq4_xs of a checkpoint, llama-quantize's mixes): rows of 256 (whole super-blocks), 9 layers
+# (the mixes' more-bits layers Q6_K). KQUANT_SHAPE's w2 has 288 columns, so it falls back
+# (Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0); IQ4_SHAPE's fall back nowhere (IQ4_XS, Q5_K,
+# Q6_K). The vocabulary of 41 is off every tile.
+KQUANT_SHAPE = {**TINY_CONFIG, "hidden_size": 256, "intermediate_size": 288,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 41,
+                "num_hidden_layers": 9, "max_position_embeddings": 128}
+IQ4_SHAPE = {**KQUANT_SHAPE, "intermediate_size": 512, "num_attention_heads": 8}
+BLOCK_MIXES = {"q4_k_m": KQUANT_SHAPE, "q5_k_m": KQUANT_SHAPE, "q6_k": KQUANT_SHAPE,
+               "iq4_xs": IQ4_SHAPE}
+
+
+@pytest.fixture(scope="module")
+def block_mix(tmp_path_factory):
+    """block_mix(mix) -> path of BLOCK_MIXES[mix]'s file, made once per test module."""
+    made = {}
+
+    def get(mix):
+        if mix not in made:
+            directory = tmp_path_factory.mktemp(mix)
+            config = BLOCK_MIXES[mix]
+            hf = make_checkpoint(str(directory / "hf"), config, tiny_tensors(config, seed=5))
+            made[mix] = str(directory / "model.bin")
+            result = run(CONVERT, hf, "-o", made[mix], "--dtype", mix)
+            assert result.returncode == 0, result.stderr
+        return made[mix]
+
+    return get
+
+
+@pytest.mark.parametrize("mix", sorted(BLOCK_MIXES))
+@pytest.mark.parametrize("length", [1, 7, 100])
+def test_block_types_cuda_match_cpu(cuda, block_mix, mix, length):
+    """Decode dequantizes each block type in registers against the f32 input: the CPU's
+    scalar path (the dequantized weights exactly, f32 activations) within TOLERANCE, or
+    QUANTIZED_TOLERANCE where a mix holds Q8_0 matrices (their matvec rounds its input to
+    int8). Prefill dequantizes each matrix to f16 for the GEMM: as q8 and q4 prefill are."""
+    model = block_mix(mix)
+    ids = token_ids(length, seed=length, vocab=BLOCK_MIXES[mix]["vocab_size"])
+    scalar = dump_logits(model, ids, "--kv", "f32", "--simd", "scalar")
+    gpu = dump_logits(model, ids, "--kv", "f32", "--device", "cuda")
+    decode_limit = TOLERANCE if mix == "iq4_xs" else QUANTIZED_TOLERANCE
+    assert_close(gpu, scalar, f"{mix} decode, {length} positions", decode_limit)
+    if length > 1:
+        prefill = dump_logits(model, ids, "--kv", "f32", "--prefill", "--device", "cuda")
+        assert_close(prefill, scalar, f"{mix} prefill, {length} positions",
+                     QUANTIZED_PREFILL_SCALAR_TOLERANCE)
+
+
 @pytest.mark.parametrize("name,text,context", [
     ("stories260K", "tinystories_valid_sample.txt", 512),
     ("stories260K", "tinyshakespeare.txt", 512),
@@ -654,6 +706,25 @@ def test_step_mixture_of_experts_matches_cpu(cuda, tmp_path, name, dtype):
         cpu = dump_logits(model, ids, "--kv", "f32", *reference)
         assert_close(gpu[first:first + len(ids)], cpu,
                      f"{name} {dtype} step, {len(ids)} positions", limit)
+        first += len(ids)
+
+
+@pytest.mark.parametrize("mix", ["q4_k_m", "iq4_xs"])
+def test_step_block_types_match_cpu(cuda, block_mix, mix):
+    """The CUDA step of a file of block types (the batched matvec dequantizing each block
+    once for every row, the GEMMs on matrices dequantized to f16) against each sequence
+    alone on the CPU's scalar path, as test_step_matches_cpu_forward's q8 and q4."""
+    model = block_mix(mix)
+    vocab = BLOCK_MIXES[mix]["vocab_size"]
+    sequences = [token_ids(n, seed=400 + n, vocab=vocab) for n in STEP_LENGTHS]
+    gpu = step_logits(model, sequences, "--chunks", STEP_CHUNKS, "--block-size", "16",
+                      "--kv", "f32", "--device", "cuda")
+    assert np.isfinite(gpu).all()
+    first = 0
+    for ids in sequences:
+        cpu = dump_logits(model, ids, "--kv", "f32", "--simd", "scalar")
+        assert_close(gpu[first:first + len(ids)], cpu, f"{mix} step, {len(ids)} positions",
+                     QUANTIZED_PREFILL_SCALAR_TOLERANCE)
         first += len(ids)
 
 

@@ -49,7 +49,7 @@
 #                 `cuda_kernel_check --bench-only` (about 90 s)
 #   tests         tests/test_cuda.py (CUDA logits against CPU logits at every position)
 #                 and tests/test_ladder.py -k gpu (every GPU rung gives the fast path's
-#                 text), cut at 120 and 30 s
+#                 text), cut at 180 and 30 s
 #   compare       Mistral-7B shape: scripts/compare_llamacpp.py --device cuda (pp512 and
 #                 tg128, 2 alternated rounds) on the f16 and q4 pairs (barellm file and
 #                 GGUF of the same weights: llama.cpp's Q4_0 is barellm's q4), then barellm
@@ -57,6 +57,10 @@
 #                 prompt must not be slower than decoding it)
 #   quantized     the compare step's quantized rows alone: q4 against llama.cpp (pp512,
 #                 tg128) and q8 (tg128), without the f16 files (about 3 minutes with the build)
+#   kquants       Mistral-7B shape in the file most people download: a Q4_K_M GGUF made by
+#                 llama-quantize from the f16 GGUF, converted to barellm's file (every matrix
+#                 keeps its block type), against llama.cpp (pp512, tg128, 2 alternated
+#                 rounds; about 4 minutes with its files, which need llama.cpp staged)
 #   bf16          the same comparison on a bf16 pair (pp512, tg128; about 4 minutes), the
 #                 compare step's GGUF files and q8 file removed first to make room
 #   transformers  CUDA logits against transformers' (dev/gpu/transformers_logits.py) on
@@ -89,7 +93,8 @@
 # the build and the first steps run: the Hugging Face f16 checkpoint (convert/synth.py), then
 # at once the f16 barellm file, its f16 GGUF (compare), a Q4_0 GGUF (compare, quantized) and
 # the q8 barellm file, then the q4 barellm file from the Q4_0 GGUF (bit for bit; without that
-# GGUF, by convert.py); the Hugging Face checkpoint is removed once they are written (about
+# GGUF, by convert.py), and for kquants a Q4_K_M GGUF quantized from the f16 GGUF and its
+# barellm file; each only where a step wanted reads it; the Hugging Face checkpoint is removed once they are written (about
 # 52 GiB at the peak, 45 kept in $WORK, for the compare step). Files the free disk
 # cannot hold are left out, the least needed first, with a note; nothing is timed while
 # they are being made.
@@ -125,7 +130,7 @@ if [ "${1:-}" = "--stage" ]; then
         packed=$(mktemp -d)
         mkdir -p "$packed/llamacpp-cuda/bin"
         cp -a "$built"/llama-bench "$built"/llama-perplexity "$built"/llama-simple \
-            "$built"/*.so* "$packed/llamacpp-cuda/bin/"
+            "$built"/llama-quantize "$built"/*.so* "$packed/llamacpp-cuda/bin/"
         cp -r "$built/../../gguf-py" "$packed/llamacpp-cuda/"
         tar -cJf gpu_data/llamacpp-cuda.tar.xz -C "$packed" llamacpp-cuda
         rm -rf "$packed"
@@ -139,7 +144,7 @@ fi
 STEPS=${*:-kernels tests compare}
 for name in $STEPS; do
     case $name in
-        kernels | gemm-tiles | gemm-ncu | matvec-ncu | tests | compare | quantized | bf16 | \
+        kernels | gemm-tiles | gemm-ncu | matvec-ncu | tests | compare | quantized | kquants | bf16 | \
             transformers | logits-7b | decode | ladder | wgmma | ab | qwen3-8b | \
             llama3-prefill) ;;
         *) echo "check.sh: unknown step '$name' (see the header of $0)" >&2; exit 2 ;;
@@ -293,10 +298,13 @@ MISTRAL_GGUF=$WORK/mistral-7b-f16.gguf
 MISTRAL_Q4=$WORK/mistral-7b-q4.bin
 MISTRAL_Q4_GGUF=$WORK/mistral-7b-q4_0.gguf
 MISTRAL_Q8=$WORK/mistral-7b-q8.bin
+MISTRAL_Q4KM_GGUF=$WORK/mistral-7b-q4_k_m.gguf
+MISTRAL_Q4KM=$WORK/mistral-7b-q4_k_m.bin
+LLAMA_QUANTIZE=$LLAMACPP/bin/llama-quantize
 MISTRAL_GIB=14    # a Mistral-7B-shaped f16 or bf16 file, or its GGUF, rounded up
 # GiB of each file, rounded up (the Hugging Face checkpoint is another MISTRAL_GIB).
 declare -A GIB=(["$MISTRAL"]=$MISTRAL_GIB ["$MISTRAL_GGUF"]=$MISTRAL_GIB ["$MISTRAL_Q4"]=4
-    ["$MISTRAL_Q4_GGUF"]=4 ["$MISTRAL_Q8"]=8)
+    ["$MISTRAL_Q4_GGUF"]=4 ["$MISTRAL_Q8"]=8 ["$MISTRAL_Q4KM_GGUF"]=5 ["$MISTRAL_Q4KM"]=5)
 # The files to make, in the order of their worth: the missing ones that the free disk holds
 # beside the checkpoint (those that do not fit are noted and left out, the last first).
 MISTRAL_PLAN=()
@@ -309,10 +317,12 @@ plan_mistral() {
     wants_mistral_f16 && wanted+=("$MISTRAL")
     # The GGUFs only for the steps that compare with llama.cpp.
     if [ -n "$LLAMA_BENCH" ]; then
-        wants compare && wanted+=("$MISTRAL_GGUF")
+        { wants compare || wants kquants; } && wanted+=("$MISTRAL_GGUF")
         { wants compare || wants quantized; } && wanted+=("$MISTRAL_Q4_GGUF")
+        wants kquants && [ -x "$LLAMA_QUANTIZE" ] && wanted+=("$MISTRAL_Q4KM_GGUF" "$MISTRAL_Q4KM")
     fi
-    wanted+=("$MISTRAL_Q4" "$MISTRAL_Q8")
+    { wants compare || wants quantized || wants ab; } && wanted+=("$MISTRAL_Q4")
+    { wants compare || wants quantized; } && wanted+=("$MISTRAL_Q8")
     local file need=0 free
     for file in "${wanted[@]}"; do
         [ -f "$file" ] || { MISTRAL_PLAN+=("$file"); need=$((need + GIB[$file])); }
@@ -346,7 +356,17 @@ make_mistral() {
         jobs+=($!)
     fi
     if planned "$MISTRAL_GGUF"; then
-        gguf_from_hf "$MISTRAL_HF" "$MISTRAL_GGUF" f16 && made "$MISTRAL_GGUF" &
+        # The Q4_K_M GGUF as people get it: llama-quantize of the f16 GGUF.
+        {
+            gguf_from_hf "$MISTRAL_HF" "$MISTRAL_GGUF" f16 && made "$MISTRAL_GGUF" &&
+                { ! planned "$MISTRAL_Q4KM_GGUF" || {
+                    "$LLAMA_QUANTIZE" "$MISTRAL_GGUF" "$MISTRAL_Q4KM_GGUF.part" Q4_K_M \
+                        "$(nproc)" >"$LOG/llama_quantize.log" 2>&1 &&
+                        mv "$MISTRAL_Q4KM_GGUF.part" "$MISTRAL_Q4KM_GGUF" &&
+                        made "$MISTRAL_Q4KM_GGUF" &&
+                        PYTHONPATH=$GGUF_PY python3 convert/convert.py "$MISTRAL_Q4KM_GGUF" \
+                            -o "$MISTRAL_Q4KM" && made "$MISTRAL_Q4KM"; }; }
+        } &
         jobs+=($!)
     fi
     if planned "$MISTRAL_Q4_GGUF"; then
@@ -373,7 +393,7 @@ make_mistral() {
     done
     wants logits-7b || { rm -rf "$MISTRAL_HF" && made "removed $MISTRAL_HF"; }
 }
-if wants_mistral_f16 || wants quantized; then
+if wants_mistral_f16 || wants quantized || wants kquants; then
     plan_mistral
     if [ ${#MISTRAL_PLAN[@]} -gt 0 ]; then
         # Below the checks in priority: every process it starts inherits the niceness.
@@ -406,7 +426,8 @@ build() {  # DIRECTORY LOGFILE TARGET...
         CPPFLAGS="-I$ROOT/gpu_data/include" "$@") >"$log" 2>&1
 }
 step "build (CUDA_ARCHS=$CUDA_ARCHS)"
-if ! build . "$LOG/build.log" build/barellm build/dump_logits build/cuda_kernel_check; then
+if ! build . "$LOG/build.log" build/barellm build/dump_logits build/step_logits \
+    build/cuda_kernel_check; then
     tail -30 "$LOG/build.log"
     note "build FAILED (build.log)"
     exit 1
@@ -473,9 +494,10 @@ if wants matvec-ncu && command -v ncu >/dev/null; then
     done
 fi
 
-# pytest's workers where pytest-xdist is installed (the tests and wgmma steps).
+# pytest's workers where pytest-xdist is installed, three for every four cores (the tests and
+# wgmma steps).
 xdist=()
-python3 -c "import xdist" 2>/dev/null && xdist=(-n 8)
+python3 -c "import xdist" 2>/dev/null && xdist=(-n $(($(nproc) * 3 / 4)))
 
 if wants tests && fits 60 "tests"; then
     step "tests/test_cuda.py, tests/test_ladder.py -k gpu"
@@ -483,7 +505,7 @@ if wants tests && fits 60 "tests"; then
     deselect=()
     wants kernels &&
         deselect=(--deselect tests/test_cuda.py::test_every_kernel_matches_the_cpu_kernels)
-    OMP_NUM_THREADS=2 timeout "$(capped 120)" python3 -m pytest -q -rs "${xdist[@]}" \
+    OMP_NUM_THREADS=2 timeout "$(capped 180)" python3 -m pytest -q -rs "${xdist[@]}" \
         "${deselect[@]}" tests/test_cuda.py >"$LOG/test_cuda.log" 2>&1
     note "tests/test_cuda.py: $(tail -1 "$LOG/test_cuda.log")"
     if fits 30 "tests/test_ladder.py -k gpu"; then
@@ -548,6 +570,16 @@ if wants quantized && ! wants compare; then
     models_done 70
     [ -f "$MISTRAL_Q4" ] && compare mistral-7b-q4 "$MISTRAL_Q4_GGUF" "$MISTRAL_Q4" 70 512 128
     [ -f "$MISTRAL_Q8" ] && bench mistral-7b-q8 build/barellm "$MISTRAL_Q8" 20 -p 0 -n 128 -r 3
+fi
+
+if wants kquants; then
+    step "Mistral-7B shape, Q4_K_M (llama-quantize's) against llama.cpp: pp512, tg128"
+    if [ -z "$LLAMA_BENCH" ] || [ ! -x "$LLAMA_QUANTIZE" ]; then
+        note "kquants: skipped, no llama.cpp (llama-bench and llama-quantize) staged"
+    elif ready "$MISTRAL_Q4KM" 90; then
+        models_done 90
+        compare mistral-7b-q4_k_m "$MISTRAL_Q4KM_GGUF" "$MISTRAL_Q4KM" 90 512 128
+    fi
 fi
 
 if wants bf16; then
