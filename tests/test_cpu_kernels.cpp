@@ -20,13 +20,13 @@ using namespace barellm::test;
 
 namespace {
 
-// Whether the integer GEMMs of Q8 and Q4 weights (AVX-512 VNNI, and AVX-VNNI at the AVX2
-// level) run at `level`: they multiply x quantized per token, and the references then use x
-// quantized the same way.
+// Whether the integer GEMMs of Q8 and Q4 weights (AVX-512 VNNI, and at the AVX2 level
+// AVX-VNNI's, or for Q4 without it vpmaddubsw's) run at `level`: they multiply x quantized per
+// token, and the references then use x quantized the same way.
 bool integer_gemm(DType dtype, cpu::SimdLevel level) {
     return (dtype == DType::Q8_0 || dtype == DType::Q4_0) &&
            ((level == cpu::SimdLevel::Avx512 && cpu::cpu_has_avx512_vnni()) ||
-            (level == cpu::SimdLevel::Avx2 && cpu::cpu_has_avx_vnni()));
+            (level == cpu::SimdLevel::Avx2 && (cpu::cpu_has_avx_vnni() || dtype == DType::Q4_0)));
 }
 
 // Whether the prefill GEMM of `batch` tokens of weights of one `dtype` at `level` quantizes x
@@ -847,4 +847,51 @@ TEST_CASE("AVX2 prefill GEMM of the block types matches a reference on quantized
                 }
             }
     }
+}
+
+TEST_CASE("AVX2 Q4 prefill GEMM (vpmaddubsw) matches a reference on quantized x") {
+    if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
+    std::mt19937 rng(626);
+    // Rows off the 16-row panel, batches off the 3-token tile, columns of 1 to 19 blocks.
+    for (int batch : {1, 2, 4, 17, 70})
+        for (int cols : {32, 96, 608}) {
+            const int rows = 43;
+            TestMatrix m = make_matrix(rows, cols, DType::Q4_0, rng);
+            // Row 1 of nibbles 15 (value 7), row 2 of nibbles 0 (value −8): with x of one sign,
+            // each int16 sum of a group's vpmaddubsw pairs reaches its bound (16 × 15 × 127).
+            const int blocks = cols / kQ4Block;
+            for (auto [row, fill, value] : {std::tuple{1, 0xff, 7}, {2, 0x00, -8}}) {
+                std::fill_n(&m.storage[size_t(row) * cols / 2], cols / 2, uint8_t(fill));
+                for (int c = 0; c < cols; ++c)
+                    m.values[size_t(row) * cols + c] =
+                        value * half_to_float(m.scales[size_t(row) * blocks + c / kQ4Block]);
+            }
+            // Large values (the products reach 15 × 127); token 0 all positive, token 1 (where
+            // there is one) all negative.
+            std::vector<float> x = random_floats(size_t(batch) * cols, rng, 50.0f);
+            for (int c = 0; c < cols; ++c) {
+                x[c] = std::fabs(x[c]);
+                if (batch > 1) x[cols + c] = -std::fabs(x[cols + c]);
+            }
+            const std::vector<double> want =
+                reference_gemm(m, rows_quantized_like_the_kernel(x, cols), batch);
+            cpu::QuantizedBatch quantized;
+            cpu::resize_quantized_batch(&quantized, batch, cols);
+            for (int b = 0; b < batch; ++b)
+                cpu::avx2::quantize_token(&quantized, x.data() + size_t(b) * cols, cols, b);
+            INFO("batch " << batch << " cols " << cols);
+            // A run of rows not starting at row 0 (a thread's share) over three panels, and the
+            // whole matrix, whose last panel runs past its rows.
+            for (auto [first, count] : {std::pair{3, rows - 8}, {0, rows}}) {
+                std::vector<float> got(size_t(batch) * rows, NAN);
+                cpu::avx2::gemm_rows_q4(got.data(), m.matrix, quantized, first, count);
+                for (int b = 0; b < batch; ++b) {
+                    const int row0 = b * rows;
+                    CHECK(relative_error(row_range(got, row0 + first, count),
+                                         row_range(want, row0 + first, count)) < 1e-6);
+                    if (first > 0) CHECK(std::isnan(got[row0 + first - 1]));
+                    if (first + count < rows) CHECK(std::isnan(got[row0 + first + count]));
+                }
+            }
+        }
 }

@@ -33,9 +33,9 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from convert_testlib import (BUILD, CONVERT, SHARED, STORIES, SYNTH, TINY_CONFIG,  # noqa: E402
-                             cuda_unavailable_reason, make_checkpoint, need_shared,
-                             require_cuda, run, tiny_tensors, tiny_tokenizer_json)
+from convert_testlib import (BUILD, CONVERT, SHARED, STORIES, SYNTH,  # noqa: E402
+                             TINY_CONFIG, cuda_unavailable_reason, make_checkpoint,
+                             need_shared, require_cuda, run, tiny_tensors, tiny_tokenizer_json)
 from test_gemma import CONFIGS as GEMMA_CPU_CONFIGS, gemma_tensors  # noqa: E402
 from test_moe import checkpoint as moe_checkpoint  # noqa: E402
 from test_qwen import convert as convert_model  # noqa: E402

@@ -179,7 +179,7 @@ TEST_CASE("a GEMM gives each token the same bits whatever the batch around it") 
     for (DType dtype : {DType::Q4_K, DType::Q6_K, DType::Q5_0})
         matrices.push_back(make_block_matrix(rows, cols, dtype, rng));
     // Batches of 13 and of 8 tokens against parts of them: block-type weights meet up to 8
-    // tokens through the matvec (cpu/kernels.h, gemm), Q8 and Q4 without an integer GEMM fewer
+    // tokens through the matvec (cpu/kernels.h, gemm), Q8 and Q4 without a VNNI GEMM fewer
     // than 16, the same in every batch on each side.
     const std::vector<float> x = random_floats(size_t(13) * cols, rng);
     for (cpu::SimdLevel level : kLevels) {

@@ -94,8 +94,9 @@
 # at once the f16 barellm file, its f16 GGUF (compare), a Q4_0 GGUF (compare, quantized) and
 # the q8 barellm file, then the q4 barellm file from the Q4_0 GGUF (bit for bit; without that
 # GGUF, by convert.py), and for kquants a Q4_K_M GGUF quantized from the f16 GGUF and its
-# barellm file; each only where a step wanted reads it; the Hugging Face checkpoint is removed once they are written (about
-# 52 GiB at the peak, 45 kept in $WORK, for the compare step). Files the free disk
+# barellm file; each only where a step wanted reads it. The Hugging Face checkpoint is
+# removed once they are written (about 52 GiB at the peak, 45 kept in $WORK, for the compare
+# step). Files the free disk
 # cannot hold are left out, the least needed first, with a note; nothing is timed while
 # they are being made.
 #
@@ -144,8 +145,8 @@ fi
 STEPS=${*:-kernels tests compare}
 for name in $STEPS; do
     case $name in
-        kernels | gemm-tiles | gemm-ncu | matvec-ncu | tests | compare | quantized | kquants | bf16 | \
-            transformers | logits-7b | decode | ladder | wgmma | ab | qwen3-8b | \
+        kernels | gemm-tiles | gemm-ncu | matvec-ncu | tests | compare | quantized | kquants | \
+            bf16 | transformers | logits-7b | decode | ladder | wgmma | ab | qwen3-8b | \
             llama3-prefill) ;;
         *) echo "check.sh: unknown step '$name' (see the header of $0)" >&2; exit 2 ;;
     esac
@@ -319,7 +320,8 @@ plan_mistral() {
     if [ -n "$LLAMA_BENCH" ]; then
         { wants compare || wants kquants; } && wanted+=("$MISTRAL_GGUF")
         { wants compare || wants quantized; } && wanted+=("$MISTRAL_Q4_GGUF")
-        wants kquants && [ -x "$LLAMA_QUANTIZE" ] && wanted+=("$MISTRAL_Q4KM_GGUF" "$MISTRAL_Q4KM")
+        wants kquants && [ -x "$LLAMA_QUANTIZE" ] &&
+            wanted+=("$MISTRAL_Q4KM_GGUF" "$MISTRAL_Q4KM")
     fi
     { wants compare || wants quantized || wants ab; } && wanted+=("$MISTRAL_Q4")
     { wants compare || wants quantized; } && wanted+=("$MISTRAL_Q8")

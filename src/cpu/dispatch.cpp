@@ -338,27 +338,33 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
     const int threads = threads_for(total_rows * row_work);
     std::atomic<int> next_row{0};  // rows of all outputs, one matrix after another
     // Q8 and Q4 weights with VNNI (from their tiles with AVX-512 VNNI, their rows with AVX-VNNI),
-    // and the block types (with AVX-512 VNNI on its kernel, else on AVX2's; each output on its
-    // own type's kernel): x is quantized once, a token at a time, the threads sharing the work
-    // and the result; the buffers belong to the calling thread.
+    // Q4 on AVX2 without it (vpmaddubsw), and the block types (with AVX-512 VNNI on its kernel,
+    // else on AVX2's; each output on its own type's kernel): x is quantized once, a token at a
+    // time, the threads sharing the work and the result; the buffers belong to the calling
+    // thread.
     const bool all_tiled = std::all_of(outputs.begin(), outputs.end(), [](const BatchOutput& o) {
         return (is_quantized(o.w->dtype) && o.w->row_tiles) || is_block_type(o.w->dtype);
     });
     const bool avx512_vnni = on_avx512_vnni() && all_tiled;
     const bool avx_vnni = active_level == SimdLevel::Avx2 && has_avx_vnni;
+    const bool q4_maddubs = active_level == SimdLevel::Avx2 && !has_avx_vnni;
     const bool avx2_integer =
         !avx512_vnni && std::all_of(outputs.begin(), outputs.end(), [&](const BatchOutput& o) {
-            return is_block_type(o.w->dtype) || (avx_vnni && is_quantized(o.w->dtype));
+            return is_block_type(o.w->dtype) || (avx_vnni && is_quantized(o.w->dtype)) ||
+                   (q4_maddubs && o.w->dtype == DType::Q4_0);
         });
-    // Fewer Q8 and Q4 tokens than the f32 GEMM's tile where no integer GEMM runs (AVX2
-    // without VNNI), and Q8 with AVX-VNNI's, go faster through the decode matvec's integer dot
-    // products, each row read once for all of them (a server step of 8 TinyLlama sequences on
-    // Zen 4 with --simd avx2: Q4 57 tok/s against the f32 GEMM's 25.5, Q8 53 against 31; Q8
-    // with AVX-VNNI 64 against its GEMM's 41, Q4 62 against 70, kept on the GEMM).
+    // Fewer Q8 and Q4 tokens than the f32 GEMM's tile where no VNNI GEMM runs (AVX2 without
+    // VNNI: Q4 on vpmaddubsw's GEMM from that tile on), and Q8 with AVX-VNNI's, go faster
+    // through the decode matvec's integer dot products, each row read once for all of them (a
+    // server step of 8 TinyLlama sequences on Zen 4 with --simd avx2: Q4 57 tok/s against the
+    // f32 GEMM's 25.5, Q8 53 against 31; Q8 with AVX-VNNI 64 against its GEMM's 41, Q4 62
+    // against 70, kept on the GEMM). Q4's switch stays at the tile: a token's result has the
+    // same bits in every batch on one side of it (as the server's step needs).
     const bool small_quantized =
         batch < avx2::kTokenTile &&
         std::all_of(outputs.begin(), outputs.end(), [&](const BatchOutput& o) {
-            return o.w->dtype == DType::Q8_0 || (o.w->dtype == DType::Q4_0 && !avx2_integer);
+            return o.w->dtype == DType::Q8_0 ||
+                   (o.w->dtype == DType::Q4_0 && (!avx2_integer || q4_maddubs));
         });
     if (!avx512_vnni && small_quantized) {
         quantized_matvecs(x, batch, std::vector<BatchOutput>(outputs));
@@ -380,8 +386,9 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
         if (any_super_blocks) resize_quantized_batch(x_super_blocks, batch, cols);
         const auto quantize_token = avx512_vnni ? avx512::quantize_token : avx2::quantize_token;
         const auto quantize_q8_k = avx512_vnni ? avx512::quantize_q8_k : avx2::quantize_q8_k;
-        const auto rows_quantized =
-            avx512_vnni ? avx512::gemm_rows_quantized : avxvnni::gemm_rows_quantized;
+        const auto rows_quantized = avx512_vnni ? avx512::gemm_rows_quantized
+                                    : avx_vnni  ? avxvnni::gemm_rows_quantized
+                                                : avx2::gemm_rows_q4;
         const auto rows_blocks = avx512_vnni ? avx512::gemm_rows_blocks : avx2::gemm_rows_blocks;
         const bool any_blocks =
             std::any_of(outputs.begin(), outputs.end(),

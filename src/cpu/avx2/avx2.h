@@ -71,6 +71,11 @@ void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token);
 void gemm_rows_blocks(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
                       int row_count);
 
+// Q4 weights from the same QuantizedBatch, without VNNI (gemm_quantized_avx2.cpp): AVX-VNNI's
+// Q8/Q4 GEMM (avxvnni.h) with vpmaddubsw in place of vpdpbusd, out [batch, w.rows].
+void gemm_rows_q4(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
+                  int row_count);
+
 // The first 32-byte aligned float at or after p.
 inline float* align32(float* p) {
     const uintptr_t misalignment = reinterpret_cast<uintptr_t>(p) % 32;

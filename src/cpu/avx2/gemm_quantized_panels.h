@@ -1,0 +1,304 @@
+// The Q8 and Q4 prefill GEMM's panels and micro-kernel (out[token][row] = Σ_col
+// W[row][col] · x[token][col], x quantized to Q8 per token, each group of 32 columns an exact
+// int32 dot product), shared by its two builds:
+// - gemm_quantized_avxvnni.cpp, AVX2 + AVX-VNNI: Q8 and Q4 on the 256-bit vpdpbusd; the design
+//   of the AVX-512 VNNI GEMM (gemm_quantized_avx512vnni.cpp, whose comment explains the
+//   unsigned weights and each group's start) on ymm registers, and on the weights as the file
+//   stores them;
+// - gemm_quantized_avx2.cpp, plain AVX2 (no VNNI, e.g. AMD Zen 3): Q4 on vpmaddubsw, whose
+//   int16 sums hold a whole group of nibble products.
+// kQuantizedRowTile = 16 rows at a time are packed (pack_panel) into a panel of bytes laid out
+// for the micro-kernel: per group, per step of four columns, the four bytes of each row side
+// by side, 8 rows a register (an 8 × 8 transpose of 32-bit words), and the group's scales as
+// f32. The panel (16 KB for 1024 columns) stays in L1/L2 while every token of the batch meets
+// it. The micro-kernel (tile_kernel) holds kQuantizedTokenTile = 3 tokens × 16 rows; see its
+// comment for the register budget.
+//
+// Included by those two files alone, after the intrinsics (immintrin.h, or SIMDe's in the unit
+// tests): everything here has internal linkage, each file compiling it for its own
+// instructions.
+#pragma once
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "cpu/kernels.h"
+#include "weights/half.h"
+
+namespace barellm::cpu {
+namespace {
+
+constexpr int kQuantizedRowTile = 16;   // weight rows packed and computed together: two registers
+constexpr int kQuantizedTokenTile = 3;  // tokens per micro-kernel call
+
+constexpr int kGroup = kQ8Group;  // columns per scale (Q4's blocks are as wide)
+static_assert(kQ4Block == kGroup);
+constexpr int kLanes = 8;                                      // 32-bit lanes per register
+constexpr int kBytesPerLane = 4;                               // columns summed into one lane
+constexpr int kGroupSteps = kGroup / kBytesPerLane;            // vpdpbusd steps per group: 8
+constexpr int kRowRegisters = kQuantizedRowTile / kLanes;      // registers of rows per token: 2
+constexpr int kStepBytes = kQuantizedRowTile * kBytesPerLane;  // panel bytes of one step: 64
+constexpr int kGroupBytes = kGroupSteps * kStepBytes;          // panel bytes of one group: 512
+constexpr int kUnsignedOffset = 128;                           // stored weight = value + 128
+constexpr char kZeroWeight = char(kUnsignedOffset);            // the stored form of 0
+constexpr size_t kAlignment = 32;                              // bytes: one register
+// vpmaddubsw's form of Q4: a nibble q stored as is (0..15), its value q − kQ4Offset; each
+// group's int32 start is then −kQ4Offset · Σx, the VNNI form's (−128 · Σx, which
+// QuantizedBatch::starts holds) divided exactly by kStartDivisor.
+constexpr int kStartDivisor = kUnsignedOffset / kQ4Offset;
+static_assert(kUnsignedOffset % kQ4Offset == 0);
+// vpmaddubsw sums two products of nibble (≤ 15) and x (|x| ≤ 127) into an int16; a group's
+// kGroupSteps steps add up to 2 · kGroupSteps of them in one int16, which holds them.
+constexpr int kLargestNibble = 15, kLargestX = 127;
+static_assert(2 * kGroupSteps * kLargestNibble * kLargestX <= INT16_MAX);
+
+static_assert(kGroupSteps == kLanes, "a group's steps are one 8 x 8 transpose of words");
+
+// The stored byte of each Q4 nibble q, whose value is q − kQ4Offset: a vpshufb table.
+struct NibbleTable {
+    alignas(16) uint8_t bytes[16];
+};
+constexpr NibbleTable unsigned_nibbles() {
+    NibbleTable table{};
+    for (int q = 0; q < 16; ++q) table.bytes[q] = uint8_t(q - kQ4Offset + kUnsignedOffset);
+    return table;
+}
+constexpr NibbleTable kUnsignedNibbles = unsigned_nibbles();
+constexpr NibbleTable plain_nibbles() {
+    NibbleTable table{};
+    for (int q = 0; q < 16; ++q) table.bytes[q] = uint8_t(q);
+    return table;
+}
+constexpr NibbleTable kPlainNibbles = plain_nibbles();
+
+// Stored weights, value + 128 for vpdpbusd (Q8 and Q4), or Q4's nibbles as they are for
+// vpmaddubsw.
+enum class GroupDot { Vnni, Maddubs };
+
+template <GroupDot kDot>
+constexpr char kStoredZero = kDot == GroupDot::Vnni ? kZeroWeight : char(kQ4Offset);
+
+template <typename Element>
+Element* align32(Element* p) {
+    const uintptr_t misalignment = reinterpret_cast<uintptr_t>(p) % kAlignment;
+    return misalignment ? p + (kAlignment - misalignment) / sizeof(Element) : p;
+}
+
+// The 32 stored bytes of group g of row r, in column order.
+template <DType kType, GroupDot kDot>
+__m256i group_bytes(const Matrix& w, int r, int g) {
+    const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes();
+    if constexpr (kType == DType::Q8_0) {
+        static_assert(kDot == GroupDot::Vnni, "Q8 on vpdpbusd only");
+        const __m256i flip = _mm256_set1_epi8(char(0x80));  // w + 128 = w with its top bit flipped
+        const int first = g * kGroup, count = std::min(kGroup, w.cols - first);
+        if (count == kGroup)
+            return _mm256_xor_si256(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + first)), flip);
+        alignas(kAlignment) uint8_t tail[kGroup] = {};  // a short last group, 0 past the row
+        std::memcpy(tail, row + first, count);
+        return _mm256_xor_si256(_mm256_load_si256(reinterpret_cast<const __m256i*>(tail)), flip);
+    } else {
+        // A Q4 block: low nibbles are columns 0-15, high nibbles 16-31; a nibble q stands for
+        // q − 8, stored as q + 120 for vpdpbusd through a 16-byte table (an 8-bit add would
+        // overflow a signed byte in SIMDe's portable code), as q for vpmaddubsw.
+        const __m128i bytes =
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + size_t(g) * kQ4BlockBytes));
+        const __m128i low_nibble = _mm_set1_epi8(0x0f);
+        const __m128i to_unsigned = _mm_load_si128(reinterpret_cast<const __m128i*>(
+            kDot == GroupDot::Vnni ? kUnsignedNibbles.bytes : kPlainNibbles.bytes));
+        const __m128i low = _mm_shuffle_epi8(to_unsigned, _mm_and_si128(bytes, low_nibble));
+        const __m128i high =
+            _mm_shuffle_epi8(to_unsigned, _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble));
+        return _mm256_set_m128i(high, low);
+    }
+}
+
+// Transposes the 8 × 8 block of 32-bit words in rows[0..7] (rows[i] word j becomes rows[j]
+// word i): pairs of rows interleaved, then pairs of pairs, then the 128-bit halves.
+inline void transpose8x8_words(__m256i rows[8]) {
+    __m256i pairs[8], quads[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i += 2) {
+        pairs[i] = _mm256_unpacklo_epi32(rows[i], rows[i + 1]);
+        pairs[i + 1] = _mm256_unpackhi_epi32(rows[i], rows[i + 1]);
+    }
+    // quads[i + j] (i = 0, 4), 128-bit half l: rows i .. i + 3 of word 4l + j.
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i += 4) {
+        quads[i] = _mm256_unpacklo_epi64(pairs[i], pairs[i + 2]);
+        quads[i + 1] = _mm256_unpackhi_epi64(pairs[i], pairs[i + 2]);
+        quads[i + 2] = _mm256_unpacklo_epi64(pairs[i + 1], pairs[i + 3]);
+        quads[i + 3] = _mm256_unpackhi_epi64(pairs[i + 1], pairs[i + 3]);
+    }
+    constexpr int kLowHalves = 0x20, kHighHalves = 0x31;
+#pragma GCC unroll 8
+    for (int j = 0; j < 4; ++j) {
+        rows[j] = _mm256_permute2x128_si256(quads[j], quads[4 + j], kLowHalves);
+        rows[4 + j] = _mm256_permute2x128_si256(quads[j], quads[4 + j], kHighHalves);
+    }
+}
+
+// The panel of rows first_row .. first_row + 15: panel[g][s][r][4] = the stored bytes of
+// columns 4s..4s+3 of group g of row r (the stored zero past the matrix); scales[g][r] = that
+// row's scale of group g (0 past the matrix).
+template <DType kType, GroupDot kDot>
+void pack_panel(uint8_t* panel, float* scales, const Matrix& w, int first_row) {
+    const int groups = w.scale_count_per_row();
+    for (int h = 0; h < kRowRegisters; ++h)
+        for (int g = 0; g < groups; ++g) {
+            __m256i rows[kLanes];
+            for (int i = 0; i < kLanes; ++i) {
+                const int r = first_row + h * kLanes + i;
+                const bool inside = r < w.rows;
+                rows[i] = inside ? group_bytes<kType, kDot>(w, r, g)
+                                 : _mm256_set1_epi8(kStoredZero<kDot>);
+                scales[g * kQuantizedRowTile + h * kLanes + i] =
+                    inside ? half_to_float(w.scales[size_t(r) * groups + g]) : 0.0f;
+            }
+            transpose8x8_words(rows);
+            uint8_t* group_panel = panel + size_t(g) * kGroupBytes + h * kLanes * kBytesPerLane;
+            for (int s = 0; s < kGroupSteps; ++s)
+                _mm256_store_si256(reinterpret_cast<__m256i*>(group_panel + s * kStepBytes),
+                                   rows[s]);
+        }
+}
+
+// out[first_token + k][row] = Σ_g panel scale[g][row] × x scale[k][g] × (exact int32 dot of
+// group g) for TOKENS tokens and the panel's 16 rows (store_masks[h]: those of rows
+// 8h..8h+7 to write); out has `stride` floats a token.
+//
+// Register tile: TOKENS ≤ kQuantizedTokenTile = 3 tokens × 16 rows (two registers of 8): 6
+// int32 dot registers and 6 f32 sum registers, plus the step's two weight registers and one
+// broadcast of x: 15 of the 16. Each step (four columns) loads two panel registers and
+// broadcasts four bytes of each token's x: 6 vpdpbusd for 2 + 3 loads. After a group's eight
+// steps its dots are converted, scaled and added to the sums.
+// With vpmaddubsw (kDot Maddubs, Q4) each step adds its pairs of products to int16 sums, in
+// the registers of the dots, and the group's end widens them to int32 with vpmaddwd (exact:
+// kLargestNibble above) and adds the group's start.
+template <int TOKENS, GroupDot kDot>
+void tile_kernel(float* out, int stride, const __m256i store_masks[kRowRegisters],
+                 const uint8_t* panel, const float* panel_scales, const QuantizedBatch& x,
+                 int first_token) {
+    const int8_t* values[TOKENS];
+    const float* x_scales[TOKENS];
+    const int32_t* starts[TOKENS];
+#pragma GCC unroll 4
+    for (int k = 0; k < TOKENS; ++k) {
+        values[k] = x.values.data() + size_t(first_token + k) * x.padded_cols;
+        x_scales[k] = x.scales.data() + size_t(first_token + k) * x.groups;
+        starts[k] = x.starts.data() + size_t(first_token + k) * x.groups;
+    }
+    __m256 sums[TOKENS][kRowRegisters];
+#pragma GCC unroll 4
+    for (int k = 0; k < TOKENS; ++k)
+#pragma GCC unroll 4
+        for (int h = 0; h < kRowRegisters; ++h) sums[k][h] = _mm256_setzero_ps();
+    for (int g = 0; g < x.groups; ++g) {
+        __m256i dots[TOKENS][kRowRegisters];
+#pragma GCC unroll 4
+        for (int k = 0; k < TOKENS; ++k)
+#pragma GCC unroll 4
+            for (int h = 0; h < kRowRegisters; ++h)
+                dots[k][h] = kDot == GroupDot::Vnni ? _mm256_set1_epi32(starts[k][g])
+                                                    : _mm256_setzero_si256();
+        const uint8_t* group_panel = panel + size_t(g) * kGroupBytes;
+#pragma GCC unroll 8
+        for (int s = 0; s < kGroupSteps; ++s) {
+            __m256i weights[kRowRegisters];
+#pragma GCC unroll 4
+            for (int h = 0; h < kRowRegisters; ++h)
+                weights[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(
+                    group_panel + s * kStepBytes + h * kLanes * kBytesPerLane));
+#pragma GCC unroll 4
+            for (int k = 0; k < TOKENS; ++k) {
+                int32_t word;
+                std::memcpy(&word, values[k] + g * kGroup + s * kBytesPerLane, sizeof(word));
+                const __m256i x_word = _mm256_set1_epi32(word);
+#pragma GCC unroll 4
+                for (int h = 0; h < kRowRegisters; ++h) {
+                    if constexpr (kDot == GroupDot::Vnni)
+                        dots[k][h] = _mm256_dpbusd_avx_epi32(dots[k][h], weights[h], x_word);
+                    else
+                        dots[k][h] =
+                            _mm256_add_epi16(dots[k][h], _mm256_maddubs_epi16(weights[h], x_word));
+                }
+            }
+        }
+        if constexpr (kDot == GroupDot::Maddubs) {
+            const __m256i ones = _mm256_set1_epi16(1);
+#pragma GCC unroll 4
+            for (int k = 0; k < TOKENS; ++k)
+#pragma GCC unroll 4
+                for (int h = 0; h < kRowRegisters; ++h)
+                    dots[k][h] = _mm256_add_epi32(_mm256_madd_epi16(dots[k][h], ones),
+                                                  _mm256_set1_epi32(starts[k][g] / kStartDivisor));
+        }
+        __m256 weight_scales[kRowRegisters];
+#pragma GCC unroll 4
+        for (int h = 0; h < kRowRegisters; ++h)
+            weight_scales[h] = _mm256_load_ps(panel_scales + g * kQuantizedRowTile + h * kLanes);
+#pragma GCC unroll 4
+        for (int k = 0; k < TOKENS; ++k) {
+            const __m256 x_scale = _mm256_set1_ps(x_scales[k][g]);
+#pragma GCC unroll 4
+            for (int h = 0; h < kRowRegisters; ++h)
+                sums[k][h] =
+                    _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dots[k][h]), weight_scales[h]),
+                                    x_scale, sums[k][h]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < TOKENS; ++k)
+#pragma GCC unroll 4
+        for (int h = 0; h < kRowRegisters; ++h)
+            _mm256_maskstore_ps(out + size_t(first_token + k) * stride + h * kLanes, store_masks[h],
+                                sums[k][h]);
+}
+
+using TileKernel = void (*)(float*, int, const __m256i*, const uint8_t*, const float*,
+                            const QuantizedBatch&, int);
+template <GroupDot kDot>
+constexpr TileKernel kTileKernels[kQuantizedTokenTile] = {
+    tile_kernel<1, kDot>, tile_kernel<2, kDot>, tile_kernel<3, kDot>};
+
+// The lanes i of 8 with base + i in [first, end), as a maskstore mask.
+inline __m256i lanes_in(int base, int first, int end) {
+    const __m256i index =
+        _mm256_add_epi32(_mm256_set1_epi32(base), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    const __m256i at_or_after_first = _mm256_cmpgt_epi32(index, _mm256_set1_epi32(first - 1));
+    const __m256i before_end = _mm256_cmpgt_epi32(_mm256_set1_epi32(end), index);
+    return _mm256_and_si256(at_or_after_first, before_end);
+}
+
+// out[token][row] for every token of x and the rows [first_row, first_row + row_count) of w,
+// out having w.rows floats a token.
+template <DType kType, GroupDot kDot>
+void gemm_rows_typed(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
+                     int row_count) {
+    // One panel and its scales, 32-byte aligned, kept from call to call.
+    static thread_local std::vector<uint8_t> panel_storage;
+    static thread_local std::vector<float> scale_storage;
+    panel_storage.resize(size_t(x.groups) * kGroupBytes + kAlignment);
+    scale_storage.resize(size_t(x.groups) * kQuantizedRowTile + kAlignment / sizeof(float));
+    uint8_t* panel = align32(panel_storage.data());
+    float* scales = align32(scale_storage.data());
+    const int end_row = first_row + row_count;
+    // Panels of 16 rows from a multiple of 16; one the run shares with another thread's is
+    // computed by both, each storing its own rows.
+    for (int panel_row = first_row / kQuantizedRowTile * kQuantizedRowTile; panel_row < end_row;
+         panel_row += kQuantizedRowTile) {
+        pack_panel<kType, kDot>(panel, scales, w, panel_row);
+        const __m256i store_masks[kRowRegisters] = {
+            lanes_in(panel_row, first_row, end_row),
+            lanes_in(panel_row + kLanes, first_row, end_row)};
+        for (int token = 0; token < x.batch; token += kQuantizedTokenTile)
+            kTileKernels<kDot>[std::min(kQuantizedTokenTile, x.batch - token) - 1](
+                out + panel_row, w.rows, store_masks, panel, scales, x, token);
+    }
+}
+
+}  // namespace
+}  // namespace barellm::cpu
