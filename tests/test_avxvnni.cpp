@@ -67,13 +67,7 @@ TEST_CASE("AVX-VNNI Q8 and Q4 prefill GEMM matches a reference on quantized x") 
                 for (auto [first, count] : {std::pair{3, rows - 8}, {0, rows}}) {
                     std::vector<float> got(size_t(batch) * rows, NAN);
                     build.gemm_rows_quantized(got.data(), m.matrix, quantized, first, count);
-                    for (int b = 0; b < batch; ++b) {
-                        const int row0 = b * rows;
-                        CHECK(relative_error(row_range(got, row0 + first, count),
-                                             row_range(want, row0 + first, count)) < 1e-6);
-                        if (first > 0) CHECK(std::isnan(got[row0 + first - 1]));
-                        if (first + count < rows) CHECK(std::isnan(got[row0 + first + count]));
-                    }
+                    check_row_run(got, want, batch, rows, first, count, 1e-6);
                 }
             }
     }

@@ -804,13 +804,8 @@ TEST_CASE("AVX2 prefill GEMM of the block types matches a reference on quantized
                 // int16 sum of vpmaddubsw pairs then reaches its bound.
                 fill_rows(&m, {1}, 0xff);
                 fill_rows(&m, {2}, 0);
-                // Large values (the products reach ±127 × the largest level); token 0 all
-                // positive, token 1 (where there is one) all negative.
-                std::vector<float> x = random_floats(size_t(batch) * cols, rng, 50.0f);
-                for (int c = 0; c < cols; ++c) {
-                    x[c] = std::fabs(x[c]);
-                    if (batch > 1) x[cols + c] = -std::fabs(x[cols + c]);
-                }
+                // The products reach ±127 × the largest level.
+                const std::vector<float> x = one_sign_tokens(batch, cols, rng);
                 const std::vector<double> want =
                     reference_gemm(m, rows_quantized_like_the_kernel(x, cols), batch);
                 cpu::QuantizedBatch quantized;
@@ -866,13 +861,7 @@ TEST_CASE("AVX2 Q4 prefill GEMM (vpmaddubsw) matches a reference on quantized x"
                     m.values[size_t(row) * cols + c] =
                         value * half_to_float(m.scales[size_t(row) * blocks + c / kQ4Block]);
             }
-            // Large values (the products reach 15 × 127); token 0 all positive, token 1 (where
-            // there is one) all negative.
-            std::vector<float> x = random_floats(size_t(batch) * cols, rng, 50.0f);
-            for (int c = 0; c < cols; ++c) {
-                x[c] = std::fabs(x[c]);
-                if (batch > 1) x[cols + c] = -std::fabs(x[cols + c]);
-            }
+            const std::vector<float> x = one_sign_tokens(batch, cols, rng);  // 15 × ±127
             const std::vector<double> want =
                 reference_gemm(m, rows_quantized_like_the_kernel(x, cols), batch);
             cpu::QuantizedBatch quantized;
@@ -885,13 +874,7 @@ TEST_CASE("AVX2 Q4 prefill GEMM (vpmaddubsw) matches a reference on quantized x"
             for (auto [first, count] : {std::pair{3, rows - 8}, {0, rows}}) {
                 std::vector<float> got(size_t(batch) * rows, NAN);
                 cpu::avx2::gemm_rows_q4(got.data(), m.matrix, quantized, first, count);
-                for (int b = 0; b < batch; ++b) {
-                    const int row0 = b * rows;
-                    CHECK(relative_error(row_range(got, row0 + first, count),
-                                         row_range(want, row0 + first, count)) < 1e-6);
-                    if (first > 0) CHECK(std::isnan(got[row0 + first - 1]));
-                    if (first + count < rows) CHECK(std::isnan(got[row0 + first + count]));
-                }
+                check_row_run(got, want, batch, rows, first, count, 1e-6);
             }
         }
 }

@@ -4,6 +4,7 @@
 // compare with.
 #pragma once
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -264,6 +265,32 @@ inline std::string quantize_token_difference(QuantizeToken quantize_token, int c
 template <typename Value>
 std::vector<Value> row_range(const std::vector<Value>& out, int first, int count) {
     return {out.begin() + first, out.begin() + first + count};
+}
+
+// Random x [batch, cols] of large values (its quantized products reach their extremes), token
+// 0 all positive and token 1 (where there is one) all negative: with weights of one sign an
+// integer GEMM's sums then reach their bounds.
+inline std::vector<float> one_sign_tokens(int batch, int cols, std::mt19937& rng) {
+    std::vector<float> x = random_floats(size_t(batch) * cols, rng, 50.0f);
+    for (int c = 0; c < cols; ++c) {
+        x[c] = std::fabs(x[c]);
+        if (batch > 1) x[cols + c] = -std::fabs(x[cols + c]);
+    }
+    return x;
+}
+
+// Checks the rows [first, first + count) of each token of got [batch, rows] against want
+// within `limit` (relative), and that the rows just outside the run were left NaN.
+template <typename Want>
+void check_row_run(const std::vector<float>& got, const std::vector<Want>& want, int batch,
+                   int rows, int first, int count, double limit) {
+    for (int b = 0; b < batch; ++b) {
+        const int row0 = b * rows;
+        CHECK(relative_error(row_range(got, row0 + first, count),
+                             row_range(want, row0 + first, count)) < limit);
+        if (first > 0) CHECK(std::isnan(got[row0 + first - 1]));
+        if (first + count < rows) CHECK(std::isnan(got[row0 + first + count]));
+    }
 }
 
 // want[b][r] = Σ_c W[r][c] · x[b][c] for x [batch, cols], out [batch, rows].
