@@ -42,6 +42,16 @@ bool gemm_quantizes_x(DType dtype, cpu::SimdLevel level, int batch) {
 // integer GEMMs, on AVX-512 VNNI and AVX2; the scalar one multiplies x as it is).
 bool block_gemm_quantizes_x(cpu::SimdLevel level) { return level >= cpu::SimdLevel::Avx2; }
 
+// x [batch, cols] quantized a token at a time by avx2::quantize_token, as the AVX2 integer
+// GEMMs read it.
+cpu::QuantizedBatch quantized_on_avx2(const std::vector<float>& x, int batch, int cols) {
+    cpu::QuantizedBatch quantized;
+    cpu::resize_quantized_batch(&quantized, batch, cols);
+    for (int b = 0; b < batch; ++b)
+        cpu::avx2::quantize_token(&quantized, x.data() + size_t(b) * cols, cols, b);
+    return quantized;
+}
+
 }  // namespace
 
 TEST_CASE("half conversion matches hand-checked values") {
@@ -808,10 +818,7 @@ TEST_CASE("AVX2 prefill GEMM of the block types matches a reference on quantized
                 const std::vector<float> x = one_sign_tokens(batch, cols, rng);
                 const std::vector<double> want =
                     reference_gemm(m, rows_quantized_like_the_kernel(x, cols), batch);
-                cpu::QuantizedBatch quantized;
-                cpu::resize_quantized_batch(&quantized, batch, cols);
-                for (int b = 0; b < batch; ++b)
-                    cpu::avx2::quantize_token(&quantized, x.data() + size_t(b) * cols, cols, b);
+                const cpu::QuantizedBatch quantized = quantized_on_avx2(x, batch, cols);
                 INFO(matrix_type_name(dtype) << " batch " << batch << " cols " << cols);
                 // A run of rows not starting at row 0 (a thread's share) over two tiles, one
                 // that ends inside the first half of a tile, and the whole matrix, whose last
@@ -864,10 +871,7 @@ TEST_CASE("AVX2 Q4 prefill GEMM (vpmaddubsw) matches a reference on quantized x"
             const std::vector<float> x = one_sign_tokens(batch, cols, rng);  // 15 × ±127
             const std::vector<double> want =
                 reference_gemm(m, rows_quantized_like_the_kernel(x, cols), batch);
-            cpu::QuantizedBatch quantized;
-            cpu::resize_quantized_batch(&quantized, batch, cols);
-            for (int b = 0; b < batch; ++b)
-                cpu::avx2::quantize_token(&quantized, x.data() + size_t(b) * cols, cols, b);
+            const cpu::QuantizedBatch quantized = quantized_on_avx2(x, batch, cols);
             INFO("batch " << batch << " cols " << cols);
             // A run of rows not starting at row 0 (a thread's share) over three panels, and the
             // whole matrix, whose last panel runs past its rows.
