@@ -19,7 +19,6 @@
 // instructions.
 #pragma once
 #include <algorithm>
-#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -66,12 +65,6 @@ constexpr NibbleTable unsigned_nibbles() {
     return table;
 }
 constexpr NibbleTable kUnsignedNibbles = unsigned_nibbles();
-constexpr NibbleTable plain_nibbles() {
-    NibbleTable table{};
-    for (int q = 0; q < 16; ++q) table.bytes[q] = uint8_t(q);
-    return table;
-}
-constexpr NibbleTable kPlainNibbles = plain_nibbles();
 
 // Stored weights, value + 128 for vpdpbusd (Q8 and Q4), or Q4's nibbles as they are for
 // vpmaddubsw.
@@ -107,11 +100,14 @@ __m256i group_bytes(const Matrix& w, int r, int g) {
         const __m128i bytes =
             _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + size_t(g) * kQ4BlockBytes));
         const __m128i low_nibble = _mm_set1_epi8(0x0f);
-        const __m128i to_unsigned = _mm_load_si128(reinterpret_cast<const __m128i*>(
-            kDot == GroupDot::Vnni ? kUnsignedNibbles.bytes : kPlainNibbles.bytes));
-        const __m128i low = _mm_shuffle_epi8(to_unsigned, _mm_and_si128(bytes, low_nibble));
-        const __m128i high =
-            _mm_shuffle_epi8(to_unsigned, _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble));
+        __m128i low = _mm_and_si128(bytes, low_nibble);
+        __m128i high = _mm_and_si128(_mm_srli_epi16(bytes, 4), low_nibble);
+        if constexpr (kDot == GroupDot::Vnni) {
+            const __m128i to_unsigned =
+                _mm_load_si128(reinterpret_cast<const __m128i*>(kUnsignedNibbles.bytes));
+            low = _mm_shuffle_epi8(to_unsigned, low);
+            high = _mm_shuffle_epi8(to_unsigned, high);
+        }
         return _mm256_set_m128i(high, low);
     }
 }
