@@ -551,6 +551,7 @@ TEST_CASE("AVX-512 quantize_q8 equals the scalar quantize_q8 at every tail") {
             CHECK(got.values == want.values);
             CHECK(got.scales == want.scales);
             CHECK(got.group_sums == want.group_sums);
+            CHECK(got.q4_pair_values == want.q4_pair_values);
         }
 }
 

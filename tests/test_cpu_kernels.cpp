@@ -615,6 +615,52 @@ TEST_CASE("AVX2 Q8 and Q4 matvecs of several tokens give each token the one-toke
     }
 }
 
+TEST_CASE(
+    "quantize_q8's q4_pair_values: each pair of whole groups as the AVX2 Q4 matvec reads it") {
+    std::mt19937 rng(407);
+    for (int n : {1, 31, 32, 63, 64, 96, 100, 160, 200}) {
+        const std::vector<float> x = random_floats(n, rng, 4.0f);
+        cpu::QuantizedVector q;
+        cpu::quantize_q8(&q, x.data(), n);
+        INFO("n " << n);
+        REQUIRE(q.q4_pair_values.size() == size_t(n));
+        // Position i of a whole pair of groups [64p, 64p + 64) holds column 64p + 16 ×
+        // source_quarter[i % 64 / 16] + i % 16; past the whole pairs, column i.
+        const int source_quarter[] = {0, 2, 1, 3};  // g 0-15, g + 1 0-15, g 16-31, g + 1 16-31
+        for (int i = 0; i < n; ++i) {
+            const int pair_start = i / 64 * 64, within = i % 64;
+            const int column = pair_start + 64 <= n
+                                   ? pair_start + source_quarter[within / 16] * 16 + within % 16
+                                   : i;
+            CHECK(q.q4_pair_values[i] == q.values[column]);
+        }
+    }
+}
+
+TEST_CASE("AVX2 Q4 decode matvec (two blocks a load) matches a reference on quantized x") {
+    if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
+    std::mt19937 rng(408);
+    // 1 to 19 blocks: none, one or two runs of eight (two blocks a load), and a short rest.
+    for (int cols : {32, 96, 256, 288, 544, 608})
+        for (int tokens : {1, 2, 3, 5}) {
+            const int rows = 23;
+            TestMatrix m = make_matrix(rows, cols, DType::Q4_0, rng);
+            set_extreme_q4_rows(&m);  // int16 sums of a pair of blocks at 4 × 15 × 127
+            const std::vector<float> x = one_sign_tokens(tokens, cols, rng);
+            const std::vector<double> want =
+                reference_gemm(m, rows_quantized_like_the_kernel(x, cols), tokens);
+            std::vector<cpu::QuantizedVector> quantized(tokens);
+            for (int t = 0; t < tokens; ++t)
+                cpu::quantize_q8(&quantized[t], &x[size_t(t) * cols], cols);
+            INFO("cols " << cols << " tokens " << tokens);
+            const int first = 2, count = rows - 4;
+            std::vector<float> got(size_t(tokens) * rows, NAN);
+            cpu::avx2::matvec_rows_q4_tokens(got.data(), rows, m.matrix, quantized.data(), tokens,
+                                             first, count);
+            check_row_run(got, want, tokens, rows, first, count, 1e-6);
+        }
+}
+
 TEST_CASE("Q4 and Q8 matvecs in one matvec_many call each match their own reference") {
     std::mt19937 rng(405);
     if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
@@ -859,15 +905,8 @@ TEST_CASE("AVX2 Q4 prefill GEMM (vpmaddubsw) matches a reference on quantized x"
         for (int cols : {32, 96, 608}) {
             const int rows = 43;
             TestMatrix m = make_matrix(rows, cols, DType::Q4_0, rng);
-            // Row 1 of nibbles 15 (value 7), row 2 of nibbles 0 (value −8): with x of one sign,
-            // each int16 sum of a group's vpmaddubsw pairs reaches its bound (16 × 15 × 127).
-            const int blocks = cols / kQ4Block;
-            for (auto [row, fill, value] : {std::tuple{1, 0xff, 7}, {2, 0x00, -8}}) {
-                std::fill_n(&m.storage[size_t(row) * cols / 2], cols / 2, uint8_t(fill));
-                for (int c = 0; c < cols; ++c)
-                    m.values[size_t(row) * cols + c] =
-                        value * half_to_float(m.scales[size_t(row) * blocks + c / kQ4Block]);
-            }
+            // Each int16 sum of a group's vpmaddubsw pairs reaches its bound (16 × 15 × 127).
+            set_extreme_q4_rows(&m);
             const std::vector<float> x = one_sign_tokens(batch, cols, rng);  // 15 × ±127
             const std::vector<double> want =
                 reference_gemm(m, rows_quantized_like_the_kernel(x, cols), batch);

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cpu/kernels.h"
@@ -277,6 +278,19 @@ inline std::vector<float> one_sign_tokens(int batch, int cols, std::mt19937& rng
         if (batch > 1) x[cols + c] = -std::fabs(x[cols + c]);
     }
     return x;
+}
+
+// Rows 1 and 2 of a Q4 test matrix (at least three rows) made all nibbles 15 (value 7) and all
+// nibbles 0 (value −8): with x of one sign (one_sign_tokens), the int16 sums of the Q4 kernels'
+// vpmaddubsw pairs reach their bounds.
+inline void set_extreme_q4_rows(TestMatrix* m) {
+    const int cols = m->matrix.cols, blocks = cols / kQ4Block;
+    for (auto [row, fill, value] : {std::tuple{1, 0xff, 7}, {2, 0x00, -8}}) {
+        std::fill_n(&m->storage[size_t(row) * cols / 2], cols / 2, uint8_t(fill));
+        for (int c = 0; c < cols; ++c)
+            m->values[size_t(row) * cols + c] =
+                value * half_to_float(m->scales[size_t(row) * blocks + c / kQ4Block]);
+    }
 }
 
 // Checks the rows [first, first + count) of each token of got [batch, rows] against want

@@ -118,8 +118,15 @@ struct QuantizedVector {
     std::vector<float> scales;      // [ceil(n / kQ8Group)]
     std::vector<float> group_sums;  // [ceil(n / kQ8Group)]: Σ values of each group (Q4's
                                     // offset of 8 is applied once per group with it)
+    // [n]: the values in the order the AVX2 Q4 matvec reads them. One 32-byte load there holds
+    // two Q4 blocks, g and g + 1 (g even), the first 16 columns of each in its low nibbles and
+    // the last 16 in its high nibbles; so, for each such pair of whole groups, values of g
+    // 0-15, g + 1 0-15, g 16-31, g + 1 16-31. Values past the last whole pair as they are.
+    std::vector<int8_t> q4_pair_values;
 };
+// Both quantizers fill every field, q4_pair_values from values by order_q4_pairs.
 void quantize_q8(QuantizedVector* out, const float* x, int n);
+void order_q4_pairs(QuantizedVector* x);
 // Sizes x's buffers for n values (the quantize_q8s).
 void resize_quantized_vector(QuantizedVector* x, int n);
 

@@ -1,6 +1,7 @@
 // x quantized to Q8 for the integer dot products of the Q8 and Q4 kernels (cpu/kernels.h):
-// the buffers, and quantize_q8, the scalar quantizer that the AVX2 matvecs use and that
-// avx512::quantize_q8 matches exactly.
+// the buffers; quantize_q8, the scalar quantizer that the AVX2 matvecs use and that
+// avx512::quantize_q8 matches exactly; and order_q4_pairs, the values reordered for the AVX2
+// Q4 matvec.
 #include <algorithm>
 #include <cmath>
 
@@ -13,6 +14,24 @@ void resize_quantized_vector(QuantizedVector* x, int n) {
     x->values.resize(n);
     x->scales.resize(groups);
     x->group_sums.resize(groups);
+    x->q4_pair_values.resize(n);
+}
+
+void order_q4_pairs(QuantizedVector* x) {
+    constexpr int kHalf = kQ8Group / 2, kPair = 2 * kQ8Group;
+    const int n = int(x->values.size()), paired = n / kPair * kPair;
+    const int8_t* values = x->values.data();
+    int8_t* ordered = x->q4_pair_values.data();
+    for (int first = 0; first < paired; first += kPair) {
+        const int8_t* g = values + first;
+        const int8_t* next = g + kQ8Group;
+        int8_t* out = ordered + first;
+        std::copy_n(g, kHalf, out);
+        std::copy_n(next, kHalf, out + kHalf);
+        std::copy_n(g + kHalf, kHalf, out + 2 * kHalf);
+        std::copy_n(next + kHalf, kHalf, out + 3 * kHalf);
+    }
+    std::copy(values + paired, values + n, ordered + paired);
 }
 
 void quantize_q8(QuantizedVector* out, const float* x, int n) {
@@ -30,6 +49,7 @@ void quantize_q8(QuantizedVector* out, const float* x, int n) {
         }
         out->group_sums[g] = float(sum);
     }
+    order_q4_pairs(out);
 }
 
 void resize_quantized_batch(QuantizedBatch* x, int batch, int cols) {

@@ -49,6 +49,21 @@ inline __m256 q4_block_dot(__m256i levels, const int8_t* x) {
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(products, _mm256_set1_epi16(1)));
 }
 
+// Two consecutive Q4 blocks against x as int32 lanes, lanes 0-3 block one's Σ q × x and lanes
+// 4-7 block two's: `low` and `high`, the low and high nibbles of their 32 bytes (one load),
+// hold columns 0-15 of each, then columns 16-31 of each; `x` is the pair's 64 values in that
+// order (QuantizedVector::q4_pair_values). Both halves' q × x in pairs into int16, added (at
+// most 4 × 15 × 127), then pairs of those into int32: per block half the instructions of
+// q4_block_levels and q4_block_dot, which bound this matvec on AVX2 (not the memory).
+inline __m256 q4_block_pair_dot(__m256i low, __m256i high, const int8_t* x) {
+    static_assert(4 * 15 * 127 <= INT16_MAX, "a pair of blocks' int16 sums cannot overflow");
+    const __m256i low_x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+    const __m256i high_x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + kQ4Block));
+    const __m256i products =
+        _mm256_add_epi16(_mm256_maddubs_epi16(low, low_x), _mm256_maddubs_epi16(high, high_x));
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(products, _mm256_set1_epi16(1)));
+}
+
 // One Q8 row · quantized x[t] for TOKENS tokens, totals[t]: whole groups with AVX2, a short
 // last group in scalar. Each group's weights are loaded once for all the tokens; each token's
 // sums run in the same order whatever TOKENS is, so its bits are the one-token matvec's.
@@ -105,8 +120,9 @@ inline void q8_row_dots(float* totals, const int8_t* row, const uint16_t* row_sc
 
 // One Q4 row · quantized x[t] for TOKENS tokens (Q4 rows are whole blocks), totals[t]: Σ
 // over blocks b of weight scale × x scale × (Σ q × x − 8 × Σ x), the second sum
-// x.group_sums[b], eight blocks at a time. Each block's levels are unpacked once for all the
-// tokens; each token's bits are the one-token matvec's, as q8_row_dots.
+// x.group_sums[b], eight blocks at a time, two a load (q4_block_pair_dot; the last blocks
+// short of eight one at a time). Each block's levels are unpacked once for all the tokens;
+// each token's bits are the one-token matvec's, as q8_row_dots.
 template <int TOKENS>
 inline void q4_row_dots(float* totals, const uint8_t* row, const uint16_t* row_scales,
                         const QuantizedVector* x, int cols) {
@@ -125,13 +141,20 @@ inline void q4_row_dots(float* totals, const uint8_t* row, const uint16_t* row_s
             offsets[t] =
                 _mm256_fmadd_ps(scales[t], _mm256_loadu_ps(x[t].group_sums.data() + b), offsets[t]);
         }
-#pragma GCC unroll 8
-        for (int k = 0; k < kLanes; ++k) {
-            const __m256i levels = q4_block_levels(row + (b + k) * kQ4BlockBytes);
+        // Two blocks a load; each block's scale broadcast to its four lanes of the pair's dot.
+        const __m256i low_nibble = _mm256_set1_epi8(0x0f);
+#pragma GCC unroll 4
+        for (int k = 0; k < kLanes; k += 2) {
+            const __m256i bytes =
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + (b + k) * kQ4BlockBytes));
+            const __m256i low = _mm256_and_si256(bytes, low_nibble);
+            const __m256i high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low_nibble);
+            const __m256i pair_lanes = _mm256_setr_epi32(k, k, k, k, k + 1, k + 1, k + 1, k + 1);
             for (int t = 0; t < TOKENS; ++t) {
-                const __m256 scale = _mm256_permutevar8x32_ps(scales[t], _mm256_set1_epi32(k));
+                const __m256 scale = _mm256_permutevar8x32_ps(scales[t], pair_lanes);
                 sums[t] = _mm256_fmadd_ps(
-                    q4_block_dot(levels, x[t].values.data() + (b + k) * kQ4Block), scale, sums[t]);
+                    q4_block_pair_dot(low, high, x[t].q4_pair_values.data() + (b + k) * kQ4Block),
+                    scale, sums[t]);
             }
         }
     }

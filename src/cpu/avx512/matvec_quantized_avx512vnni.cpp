@@ -129,6 +129,7 @@ void quantize_q8(QuantizedVector* out, const float* x, int n) {
         std::copy(values, values + std::min(kGroup, n - first), out->values.begin() + first);
         out->group_sums[g] = float(sum_of_16_bytes(low) + sum_of_16_bytes(high));
     });
+    order_q4_pairs(out);
 }
 
 void matvec_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
