@@ -1,10 +1,12 @@
-// One core of the AVX-512 VNNI decode matvec (avx512::matvec_rows_q8 / _q4 on weights in tiles
-// of 16 rows, cpu/quantized_tiles.h; x quantized once beforehand), in GB/s of weights read: from L2
-// (a 0.3 MB matrix read again and again: the kernel's own speed) and from memory (a 600 MB matrix:
-// what decode meets), beside the streaming read `barellm bench` measures (measure_read_bandwidth).
-// A matvec well above the streaming read from L2 leaves the memory to set decode's pace. After
-// `make`, linked against an archive of its objects (only what is used is taken):
-//   ar rcs build/objects.a build/src/*.o build/src/*/*.o
+// One core of the decode matvec on Q8 and Q4 weights, x quantized once beforehand
+// (quantize_q8): AVX2 (avx2::matvec_rows_q8 / _q4, row by row) and AVX-512 VNNI
+// (avx512::matvec_rows_q8 / _q4 on weights in tiles of 16 rows, cpu/quantized_tiles.h), in
+// GB/s of weights read: from L2 (a 0.3 MB matrix read again and again: the kernel's own speed)
+// and from memory (a 600 MB matrix: what decode meets), beside the streaming read `barellm
+// bench` measures (measure_read_bandwidth). A matvec well above the streaming read from L2
+// leaves the memory to set decode's pace. After `make`, linked against an archive of its
+// objects (only what is used is taken):
+//   ar rcs build/objects.a build/src/*.o build/src/*/*.o build/src/*/*/*.o
 //   g++ -std=c++17 -O2 -fopenmp -Isrc -o build/quantized_matvec_bench
 //       dev/cpu/quantized_matvec_bench.cpp build/objects.a        (one command)
 //   (a build with CUDA: add build/kernels/*.o -L/usr/local/cuda/lib64 -lcudart_static -ldl -lrt
@@ -20,6 +22,7 @@
 #include <vector>
 
 #include "commands/bench.h"
+#include "cpu/avx2/avx2.h"
 #include "cpu/avx512/avx512.h"
 #include "cpu/kernels.h"
 #include "cpu/quantized_tiles.h"
@@ -52,7 +55,7 @@ double median_gbps(double bytes, Run run) {
     return rates[rates.size() / 2];
 }
 
-double matvec_gbps(DType dtype, int cols, double bytes) {
+double matvec_gbps(DType dtype, bool avx512, int cols, double bytes) {
     std::mt19937 rng(1);
     Matrix m{nullptr, dtype, 1, cols, nullptr};
     const size_t row_bytes = m.row_bytes() + m.scale_count_per_row() * sizeof(uint16_t);
@@ -63,14 +66,15 @@ double matvec_gbps(DType dtype, int cols, double bytes) {
     std::vector<uint16_t> scales(size_t(m.rows) * m.scale_count_per_row(), kScale);
     m.data = values.data();
     m.scales = scales.data();
-    const cpu::AlignedBytes tiles = cpu::make_row_tiles(m);
+    const cpu::AlignedBytes tiles = avx512 ? cpu::make_row_tiles(m) : cpu::AlignedBytes();
     m.row_tiles = tiles.get();
     std::vector<float> x(cols), out(m.rows);
     for (float& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
     cpu::QuantizedVector quantized;
     cpu::quantize_q8(&quantized, x.data(), cols);
-    const auto kernel =
-        dtype == DType::Q8_0 ? cpu::avx512::matvec_rows_q8 : cpu::avx512::matvec_rows_q4;
+    const auto kernel = dtype == DType::Q8_0
+                            ? (avx512 ? cpu::avx512::matvec_rows_q8 : cpu::avx2::matvec_rows_q8)
+                            : (avx512 ? cpu::avx512::matvec_rows_q4 : cpu::avx2::matvec_rows_q4);
     return median_gbps(double(m.bytes()), [&] { kernel(out.data(), m, quantized, 0, m.rows); });
 }
 
@@ -78,16 +82,22 @@ double matvec_gbps(DType dtype, int cols, double bytes) {
 
 int main(int argc, char** argv) {
     const int cols = argc > 1 ? std::atoi(argv[1]) : 2048;
-    if (cpu::detect_simd_level() < cpu::SimdLevel::Avx512 || !cpu::cpu_has_avx512_vnni()) {
-        std::printf("this CPU has no AVX-512 VNNI: nothing to measure\n");
+    if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) {
+        std::printf("this CPU has no AVX2: nothing to measure\n");
         return 1;
     }
+    const bool has_avx512 =
+        cpu::detect_simd_level() >= cpu::SimdLevel::Avx512 && cpu::cpu_has_avx512_vnni();
+    omp_set_num_threads(1);  // one core, the streaming read's too
     std::printf("%d columns, one thread, GB/s of weights (median)\n", cols);
-    std::printf("| weights | from L2 | from memory |\n| --- | ---: | ---: |\n");
+    std::printf("| weights | kernel | from L2 | from memory |\n| --- | --- | ---: | ---: |\n");
     for (DType dtype : {DType::Q8_0, DType::Q4_0})
-        std::printf("| %s | %.1f | %.1f |\n", dtype == DType::Q8_0 ? "Q8" : "Q4",
-                    matvec_gbps(dtype, cols, kInCacheBytes),
-                    matvec_gbps(dtype, cols, kInMemoryBytes));
-    omp_set_num_threads(1);  // the streaming read of one thread, as the kernels above run
-    std::printf("| streaming read | | %.1f |\n", measure_read_bandwidth());
+        for (bool avx512 : {false, true}) {
+            if (avx512 && !has_avx512) continue;
+            std::printf("| %s | %s | %.1f | %.1f |\n", dtype == DType::Q8_0 ? "Q8" : "Q4",
+                        avx512 ? "AVX-512 VNNI" : "AVX2",
+                        matvec_gbps(dtype, avx512, cols, kInCacheBytes),
+                        matvec_gbps(dtype, avx512, cols, kInMemoryBytes));
+        }
+    std::printf("| streaming read | | | %.1f |\n", measure_read_bandwidth());
 }
