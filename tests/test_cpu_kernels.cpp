@@ -885,13 +885,7 @@ TEST_CASE("AVX2 prefill GEMM of the block types matches a reference on quantized
                     }
                     // f32 sums of terms scaled from subnormal to 65504, which cancel in part
                     // (as for the AVX-512 VNNI kernel).
-                    for (int b = 0; b < batch; ++b) {
-                        const size_t row0 = size_t(b) * rows;
-                        CHECK(relative_error(row_range(got, int(row0) + first, count),
-                                             row_range(want, int(row0) + first, count)) < 3e-5);
-                        if (first > 0) CHECK(std::isnan(got[row0 + first - 1]));
-                        if (first + count < rows) CHECK(std::isnan(got[row0 + first + count]));
-                    }
+                    check_row_run(got, want, batch, rows, first, count, 3e-5);
                 }
             }
     }
