@@ -1,6 +1,6 @@
-// Software prefetch shared by the AVX-512 and AVX2 kernels, ISA neutral (the compiler's prefetch
-// builtin): a few cache lines ahead of a matvec's stream (prefetcht0, into L1), and a GEMM's next
-// panel of weights (prefetcht1, into L2).
+// Software prefetch shared by the AVX-512 and AVX2 kernels: a few cache lines ahead of a
+// matvec's stream (prefetcht0, into L1), a block's lines spread over the steps of a kernel
+// (prefetcht0), and a GEMM's next panel of weights (prefetcht1, into L2).
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -16,6 +16,18 @@ inline void prefetch_ahead(const void* p, int distance, int bytes) {
     const char* ahead = static_cast<const char*>(p) + distance;
     for (int line = 0; line < bytes; line += kCacheLine)
         __builtin_prefetch(ahead + line, 0, kIntoL1);
+}
+
+// Step `step` of the kSteps a kernel takes over a block of kLines cache lines asks for its share
+// of the lines from `ahead` (nothing where `ahead` is null), so that the block ahead is asked
+// for a line or two at a time, spread over the block, not all at its start.
+// Each request is an asm statement, which the compiler keeps: GCC 12's dead-code elimination
+// dropped the builtin's prefetches here, in a loop whose bounds depend on the step.
+template <int kLines, int kSteps>
+inline void prefetch_share(const void* ahead, int step) {
+    if (ahead == nullptr) return;
+    for (int line = step * kLines / kSteps; line < (step + 1) * kLines / kSteps; ++line)
+        asm volatile("prefetcht0 %0" : : "m"(static_cast<const char*>(ahead)[line * kCacheLine]));
 }
 
 // Requests the weights of the GEMM's next panel from memory while the current one is

@@ -134,13 +134,12 @@ void pair_sums_of_16(std::vector<int32_t>* pairs, const Q8KVector& x) {
 }
 
 int super_block_prefetch_bytes(DType type) {
-    constexpr int kPrefetchBlocks = 4;  // super-blocks ahead
-    static const bool unaided = cpu_prefetches_tiles_unaided();
-    // But for Q5_K's tiles on an AMD CPU without AVX-512 (Zen 3), where the prefetch made a
-    // Q5_K_M file decode faster and Q4_K_M's and Q6_K's not.
-    static const bool q5_k_unaided = unaided && detect_simd_level() == SimdLevel::Avx512;
-    const bool asks = type == DType::Q5_K ? !q5_k_unaided : !unaided;
-    return asks ? kPrefetchBlocks * super_block_tile_bytes(type) : 0;
+    constexpr int kIntelPrefetchBlocks = 4;  // super-blocks ahead
+    static const bool amd = cpu_prefetches_tiles_unaided();
+    static const bool avx512 = detect_simd_level() == SimdLevel::Avx512;
+    if (!amd) return kIntelPrefetchBlocks * super_block_tile_bytes(type);
+    // Zen 3 (AMD without AVX-512): the next super-block. Zen 4: none.
+    return avx512 ? 0 : super_block_tile_bytes(type);
 }
 
 const TileTokenX* tile_tokens(const Q8KVector* x, int tokens, TileSums sums_of) {

@@ -142,10 +142,13 @@ size_t super_block_tile_bytes(const Matrix& w);
 void write_super_block_tiles(const Matrix& w, uint8_t* tiles);
 
 // How far ahead of the super-block being read a decode matvec on `type`'s tiles asks for cache
-// lines by software prefetch, in bytes (0: none, where cpu_prefetches_tiles_unaided, but for
-// Q5_K on an AMD CPU without AVX-512); the lines of one super-block each time. A tile is read
-// as one stream, front to back (docs/benchmarks-history.md: "CPU: software prefetch of the
-// super-block tiles", "CPU: Q5_K's tiles on the Zen 3").
+// lines by software prefetch, in bytes: 4 super-blocks on Intel; the next super-block on an
+// AMD CPU without AVX-512 (Zen 3), where the AVX2 kernel, asking for a line or two at each step
+// of a super-block, reads its tiles from memory 1.25-1.7 times as fast as without; none on
+// AMD with AVX-512 (Zen 4, cpu_prefetches_tiles_unaided). The AVX-512 kernel asks for one
+// super-block's lines at a time. A tile is read as one stream, front to back
+// (docs/benchmarks-history.md: "CPU: software prefetch of the super-block tiles";
+// docs/BENCHMARKS.md: "CPU: the AVX2 super-block tiles asked for a line at a time").
 int super_block_prefetch_bytes(DType type);
 
 // x's sums by pairs as the tile kernels read them, two int16 in an int32 (the lower one

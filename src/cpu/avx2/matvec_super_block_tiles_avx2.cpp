@@ -27,6 +27,14 @@
 //   2 · 127 · 127 = 32258), which vpmaddwd widens at once by the sub-block's ls − 32.
 // Per super-block the f32 sums of 8 rows gain x.d · (d · Σ sc · q · x − dmin · Σ m · Σ x), d and
 // dmin those of the rows.
+//
+// A super-block is read front to back: the mins (Q4_K, Q5_K) and the scales' part of the offset
+// (Q6_K), which lie before the values, are taken first. Where super_block_prefetch_bytes says
+// so, each step over a super-block's values asks for its share of the lines of the super-block
+// that far ahead (prefetch_share), a line or two at a time: on the Zen 3 the kernel then reads
+// its tiles from memory faster than a plain streaming read, where all of a super-block's lines
+// asked for at once at its start, or none, left it waiting on memory (docs/BENCHMARKS.md: "CPU:
+// the AVX2 super-block tiles asked for a line at a time").
 #include <immintrin.h>
 
 #include <algorithm>
@@ -87,10 +95,34 @@ inline void store_rows(float* out, __m256 sums, int row_base, int first, int end
 // halves at once (kHalves 2, one token) share x's broadcasts.
 template <int kTokens, int kHalves, bool kFifthBit>
 inline void k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b, int h0,
-                           const TokenX* x) {
+                           const TokenX* x, const uint8_t* ahead) {
+    constexpr int kLines = (kFifthBit ? kQ5KTileBlockBytes : kQ4KTileBlockBytes) / kCacheLine;
     // Registers whose int16 pairs add up before vpmaddwd widens them: at most 8 · 2 · 15 · 127
     // for 4-bit levels, 4 · 2 · 31 · 127 for 5-bit.
     constexpr int kWidenRegisters = kFifthBit ? kQ4KChunkRegisters / 2 : kQ4KChunkRegisters;
+    // − dmin · Σ m · Σ x first: the mins lie before the values.
+#pragma GCC unroll 2
+    for (int i = 0; i < kHalves; ++i) {
+        const int h = h0 + i;
+        __m256i mins[kMinPairs];  // a lane's words: the mins of sub-blocks 2p and 2p + 1
+#pragma GCC unroll 4
+        for (int p = 0; p < kMinPairs; ++p)
+            mins[p] = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(
+                block + kQ4KTileMinsOffset + 2 * kTileRows * p + 2 * kTileHalfRows * h)));
+        const __m256 dmin = tile_halves(block + kQ4KTileDMinOffset + 2 * kTileHalfRows * h);
+#pragma GCC unroll 4
+        for (int t = 0; t < kTokens; ++t) {
+            __m256i min_dots = _mm256_setzero_si256();  // Σ_j m_j · Σ x
+#pragma GCC unroll 4
+            for (int p = 0; p < kMinPairs; ++p)
+                min_dots = _mm256_add_epi32(
+                    min_dots,
+                    _mm256_madd_epi16(mins[p], _mm256_set1_epi32(x[t].sums[b * kMinPairs + p])));
+            const __m256 x_d = _mm256_set1_ps(x[t].d[b]);
+            sums[h][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(min_dots), _mm256_mul_ps(dmin, x_d),
+                                          sums[h][t]);
+        }
+    }
     __m256i dots[kHalves][kTokens];  // Σ_j sc_j · Σ q · x
 #pragma GCC unroll 2
     for (int i = 0; i < kHalves; ++i)
@@ -107,6 +139,8 @@ inline void k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b,
                 for (int t = 0; t < kTokens; ++t) low[i][t] = high[i][t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
             for (int k = first; k < first + kWidenRegisters; ++k) {
+                prefetch_share<kLines, kQ4KChunks * kQ4KChunkRegisters>(ahead,
+                                                                        c * kQ4KChunkRegisters + k);
                 __m256i x_low[kTokens], x_high[kTokens];
 #pragma GCC unroll 4
                 for (int t = 0; t < kTokens; ++t) {
@@ -145,26 +179,12 @@ inline void k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b,
 #pragma GCC unroll 2
     for (int i = 0; i < kHalves; ++i) {
         const int h = h0 + i;
-        __m256i mins[kMinPairs];  // a lane's words: the mins of sub-blocks 2p and 2p + 1
-#pragma GCC unroll 4
-        for (int p = 0; p < kMinPairs; ++p)
-            mins[p] = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(
-                block + kQ4KTileMinsOffset + 2 * kTileRows * p + 2 * kTileHalfRows * h)));
         const __m256 d = tile_halves(block + kQ4KTileDOffset + 2 * kTileHalfRows * h);
-        const __m256 dmin = tile_halves(block + kQ4KTileDMinOffset + 2 * kTileHalfRows * h);
 #pragma GCC unroll 4
         for (int t = 0; t < kTokens; ++t) {
-            __m256i min_dots = _mm256_setzero_si256();  // Σ_j m_j · Σ x
-#pragma GCC unroll 4
-            for (int p = 0; p < kMinPairs; ++p)
-                min_dots = _mm256_add_epi32(
-                    min_dots,
-                    _mm256_madd_epi16(mins[p], _mm256_set1_epi32(x[t].sums[b * kMinPairs + p])));
             const __m256 x_d = _mm256_set1_ps(x[t].d[b]);
             sums[h][t] =
                 _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[i][t]), _mm256_mul_ps(d, x_d), sums[h][t]);
-            sums[h][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(min_dots), _mm256_mul_ps(dmin, x_d),
-                                          sums[h][t]);
         }
     }
 }
@@ -174,14 +194,36 @@ inline void k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b,
 // (kHalves 2, one token) share x's broadcasts.
 template <int kTokens, int kHalves>
 inline void q6_k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b, int h0,
-                              const TokenX* x) {
-    __m256i dots[kHalves][kTokens];  // Σ_i sc_i · Σ q · x
-#pragma GCC unroll 2
-    for (int i = 0; i < kHalves; ++i)
-#pragma GCC unroll 4
-        for (int t = 0; t < kTokens; ++t) dots[i][t] = _mm256_setzero_si256();
+                              const TokenX* x, const uint8_t* ahead) {
     const uint8_t* scales = block + kQ6KTileScalesOffset;
+    // dots start at −32 · Σ_i sc_i · Σ x_i: the scales lie before the values.
+    __m256i dots[kHalves][kTokens];  // Σ_i sc_i · Σ (q − 32) · x
+#pragma GCC unroll 2
+    for (int i = 0; i < kHalves; ++i) {
+        const int h = h0 + i;
+        // A lane's words: the int8 scales of sub-blocks 2p and 2p + 1, widened.
+        __m256i scale_pairs[kQ6KSubBlocks / 2];
+#pragma GCC unroll 8
+        for (int p = 0; p < kQ6KSubBlocks / 2; ++p)
+            scale_pairs[p] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(
+                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + kTileRows * 2 * p +
+                                                                 h * kTileHalfRows)),
+                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + kTileRows * (2 * p + 1) +
+                                                                 h * kTileHalfRows))));
+#pragma GCC unroll 4
+        for (int t = 0; t < kTokens; ++t) {
+            __m256i scaled_sums = _mm256_setzero_si256();  // Σ_i sc_i · Σ x_i
+#pragma GCC unroll 8
+            for (int p = 0; p < kQ6KSubBlocks / 2; ++p)
+                scaled_sums = _mm256_add_epi32(
+                    scaled_sums,
+                    _mm256_madd_epi16(scale_pairs[p],
+                                      _mm256_set1_epi32(x[t].sums[b * kQ6KSubBlocks / 2 + p])));
+            dots[i][t] = _mm256_mullo_epi32(scaled_sums, _mm256_set1_epi32(-kQ6Offset));
+        }
+    }
     for (int s = 0; s < kQ6KSubBlocks; ++s) {
+        prefetch_share<kQ6KTileBlockBytes / kCacheLine, kQ6KSubBlocks>(ahead, s);
         __m256i x_words[kTokens][4];  // x of columns 4m..4m + 3 of the sub-block, broadcast
 #pragma GCC unroll 4
         for (int t = 0; t < kTokens; ++t)
@@ -212,30 +254,11 @@ inline void q6_k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int
 #pragma GCC unroll 2
     for (int i = 0; i < kHalves; ++i) {
         const int h = h0 + i;
-        // A lane's words: the int8 scales of sub-blocks 2p and 2p + 1, widened.
-        __m256i scale_pairs[kQ6KSubBlocks / 2];
-#pragma GCC unroll 8
-        for (int p = 0; p < kQ6KSubBlocks / 2; ++p)
-            scale_pairs[p] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(
-                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + kTileRows * 2 * p +
-                                                                 h * kTileHalfRows)),
-                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(scales + kTileRows * (2 * p + 1) +
-                                                                 h * kTileHalfRows))));
         const __m256 d = tile_halves(block + kQ6KTileDOffset + 2 * kTileHalfRows * h);
 #pragma GCC unroll 4
-        for (int t = 0; t < kTokens; ++t) {
-            __m256i scaled_sums = _mm256_setzero_si256();  // Σ_i sc_i · Σ x_i
-#pragma GCC unroll 8
-            for (int p = 0; p < kQ6KSubBlocks / 2; ++p)
-                scaled_sums = _mm256_add_epi32(
-                    scaled_sums,
-                    _mm256_madd_epi16(scale_pairs[p],
-                                      _mm256_set1_epi32(x[t].sums[b * kQ6KSubBlocks / 2 + p])));
-            const __m256i dot = _mm256_sub_epi32(
-                dots[i][t], _mm256_mullo_epi32(scaled_sums, _mm256_set1_epi32(kQ6Offset)));
-            sums[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+        for (int t = 0; t < kTokens; ++t)
+            sums[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[i][t]),
                                          _mm256_mul_ps(d, _mm256_set1_ps(x[t].d[b])), sums[h][t]);
-        }
     }
 }
 
@@ -244,7 +267,7 @@ inline void q6_k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int
 // (kHalves 2, one token) share x's broadcasts.
 template <int kTokens, int kHalves>
 inline void iq4_xs_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b, int h0,
-                                const TokenX* x) {
+                                const TokenX* x, const uint8_t* ahead) {
     const __m256i table = iq4_table();
     __m256i dots[kHalves][kTokens];  // Σ_j (ls_j − 32) · Σ value · x
 #pragma GCC unroll 2
@@ -259,6 +282,9 @@ inline void iq4_xs_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, i
             scale[i] = signed_scale_words(scales + kTileRows * j + (h0 + i) * kTileHalfRows);
 #pragma GCC unroll 4
         for (int k = 0; k < kIq4XSSubBlockRegisters; ++k) {
+            prefetch_share<kIq4XSTileBlockBytes / kCacheLine,
+                           kIq4XSSubBlocks * kIq4XSSubBlockRegisters>(
+                ahead, j * kIq4XSSubBlockRegisters + k);
             __m256i x_low[kTokens], x_high[kTokens];
 #pragma GCC unroll 4
             for (int t = 0; t < kTokens; ++t) {
@@ -299,13 +325,13 @@ inline void iq4_xs_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, i
 // Halves h0..h0 + kHalves − 1 of super-block b of a kType tile against kTokens tokens.
 template <DType kType, int kTokens, int kHalves>
 inline void halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b, int h0,
-                         const TokenX* x) {
+                         const TokenX* x, const uint8_t* ahead) {
     if constexpr (kType == DType::Q4_K || kType == DType::Q5_K)
-        k_halves_block<kTokens, kHalves, kType == DType::Q5_K>(sums, block, b, h0, x);
+        k_halves_block<kTokens, kHalves, kType == DType::Q5_K>(sums, block, b, h0, x, ahead);
     else if constexpr (kType == DType::Q6_K)
-        q6_k_halves_block<kTokens, kHalves>(sums, block, b, h0, x);
+        q6_k_halves_block<kTokens, kHalves>(sums, block, b, h0, x, ahead);
     else
-        iq4_xs_halves_block<kTokens, kHalves>(sums, block, b, h0, x);
+        iq4_xs_halves_block<kTokens, kHalves>(sums, block, b, h0, x, ahead);
 }
 
 // The rows [first, end) of the 16 of one tile (rows tile_row..tile_row + 15) against kTokens
@@ -322,17 +348,19 @@ void tile_rows(float* out, size_t out_stride, int tile_row, int first, int end, 
     for (int t = 0; t < kTokens; ++t) sums[0][t] = sums[1][t] = _mm256_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = tile + size_t(b) * block_bytes;
-        if (prefetch_bytes > 0) prefetch_ahead(block, prefetch_bytes, block_bytes);
+        // The lines prefetch_bytes on, asked for in the first pass over the block.
+        const uint8_t* ahead = prefetch_bytes > 0 ? block + prefetch_bytes : nullptr;
         // One token: both halves at once where the rows take both (with more tokens their
         // sums would not fit in the 16 registers); otherwise a half after the other.
         if constexpr (kTokens == 1) {
             if (first_half == 0 && end_half == kTileHalves) {
-                halves_block<kType, kTokens, kTileHalves>(sums, block, b, 0, x);
+                halves_block<kType, kTokens, kTileHalves>(sums, block, b, 0, x, ahead);
                 continue;
             }
         }
         for (int h = first_half; h < end_half; ++h)
-            halves_block<kType, kTokens, 1>(sums, block, b, h, x);
+            halves_block<kType, kTokens, 1>(sums, block, b, h, x,
+                                            h == first_half ? ahead : nullptr);
     }
     for (int h = first_half; h < end_half; ++h)
 #pragma GCC unroll 4
