@@ -144,7 +144,7 @@ void write_super_block_tiles(const Matrix& w, uint8_t* tiles);
 // How far ahead of the super-block being read a decode matvec on `type`'s tiles asks for cache
 // lines by software prefetch, in bytes: 4 super-blocks on Intel; the next super-block on an
 // AMD CPU without AVX-512 (Zen 3), where the AVX2 kernel, asking for a line or two at each step
-// of a super-block, reads its tiles from memory 1.25-1.7 times as fast as without; none on
+// of a super-block, reads its tiles from memory 1.3-1.5 times as fast as before; none on
 // AMD with AVX-512 (Zen 4, cpu_prefetches_tiles_unaided). The AVX-512 kernel asks for one
 // super-block's lines at a time. A tile is read as one stream, front to back
 // (docs/benchmarks-history.md: "CPU: software prefetch of the super-block tiles";
