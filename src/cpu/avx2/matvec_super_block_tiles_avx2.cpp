@@ -96,7 +96,8 @@ inline void store_rows(float* out, __m256 sums, int row_base, int first, int end
 template <int kTokens, int kHalves, bool kFifthBit>
 inline void k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b, int h0,
                            const TokenX* x, const uint8_t* ahead) {
-    constexpr int kLines = (kFifthBit ? kQ5KTileBlockBytes : kQ4KTileBlockBytes) / kCacheLine;
+    constexpr int kLines =
+        super_block_tile_bytes(kFifthBit ? DType::Q5_K : DType::Q4_K) / kCacheLine;
     // Registers whose int16 pairs add up before vpmaddwd widens them: at most 8 · 2 · 15 · 127
     // for 4-bit levels, 4 · 2 · 31 · 127 for 5-bit.
     constexpr int kWidenRegisters = kFifthBit ? kQ4KChunkRegisters / 2 : kQ4KChunkRegisters;
@@ -397,10 +398,12 @@ void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, con
     for (int tile_row = first_row / kTileRows * kTileRows; tile_row < end_row;
          tile_row += kTileRows) {
         const uint8_t* tile = w.row_tiles + size_t(tile_row / kTileRows) * bytes_per_tile;
+        // Only the first pass over a tile asks for the lines ahead: the later ones (more than
+        // kTileTokens tokens) find them in cache.
         for (int t = 0; t < tokens; t += kTileTokens)
-            kernels[std::min(kTileTokens, tokens - t) - 1](out + t * out_stride, out_stride,
-                                                           tile_row, first_row, end_row, tile,
-                                                           blocks, token_x + t, prefetch_bytes);
+            kernels[std::min(kTileTokens, tokens - t) - 1](
+                out + t * out_stride, out_stride, tile_row, first_row, end_row, tile, blocks,
+                token_x + t, t == 0 ? prefetch_bytes : 0);
     }
 }
 
