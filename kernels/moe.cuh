@@ -28,9 +28,15 @@ namespace barellm::cuda {
 constexpr int kRouteThreads = kWarpSize;  // one warp per token
 constexpr int kCombineThreads = 256;
 
+// Below every probability: a NaN probability (from weights that are not finite) ranks so, and
+// each pick starts from it with no expert, so that a pick always finds one.
+constexpr float kBelowEveryProbability = -1.0f;
+
 // Whether (p, i) comes before (q, j) in the routing order: larger first, the lower index first
 // among equals.
 __device__ __forceinline__ bool routed_before(float p, int i, float q, int j) {
+    if (std::isnan(p)) p = kBelowEveryProbability;
+    if (std::isnan(q)) q = kBelowEveryProbability;
     return p > q || (p == q && i < j);
 }
 
@@ -54,8 +60,8 @@ __global__ void __launch_bounds__(kRouteThreads)
     float previous_p = INFINITY, picked[kWarpSize];  // k <= kWarpSize (route_tokens checks)
     int previous_i = -1;
     for (int j = 0; j < k; ++j) {
-        float best_p = -1.0f;  // below every probability
-        int best_i = experts;
+        float best_p = kBelowEveryProbability;
+        int best_i = experts;  // after every expert
         for (int i = lane; i < experts; i += kWarpSize) {
             const float p = probability(i);
             if (routed_before(previous_p, previous_i, p, i) &&

@@ -738,6 +738,46 @@ TEST_CASE("emulated route_tokens_kernel picks the experts and weights of the sca
     }
 }
 
+TEST_CASE("routing logits that are not numbers still pick k distinct experts in range",
+          "[cuda_emulation][moe]") {
+    // A file whose weights are not finite gives NaN router logits (an infinite logit makes
+    // the softmax NaN too); the picks index the stacked experts, so they must stay in range.
+    const int experts = 40, k = 4, tokens = 3;
+    std::mt19937 rng(62);
+    std::vector<float> logits = random_floats(size_t(tokens) * experts, rng);
+    std::fill_n(logits.begin(), experts, NAN);   // token 0: every logit
+    logits[size_t(experts) + 7] = NAN;           // token 1: one
+    logits[size_t(2) * experts + 5] = INFINITY;  // token 2: one infinite
+    std::vector<int> chosen(size_t(tokens) * k, -1);
+    std::vector<float> weights(size_t(tokens) * k);
+    emulate_launch(dim3(tokens), dim3(kRouteThreads), 0, route_tokens_kernel, chosen.data(),
+                   weights.data(), logits.data(), experts, k, true);
+    Config c;
+    c.experts = experts;
+    c.experts_per_token = k;
+    c.norm_topk_prob = true;
+    for (int t = 0; t < tokens; ++t) {
+        INFO("token " << t);
+        std::vector<float> cpu_logits(logits.begin() + size_t(t) * experts,
+                                      logits.begin() + size_t(t + 1) * experts);
+        std::vector<int> cpu_chosen(k, -1);
+        std::vector<float> cpu_weights(k);
+        cpu::route_token(cpu_chosen.data(), cpu_weights.data(), cpu_logits.data(), c);
+        const std::vector<int> device_chosen(chosen.begin() + size_t(t) * k,
+                                             chosen.begin() + size_t(t + 1) * k);
+        for (const std::vector<int>& picks : {device_chosen, cpu_chosen}) {
+            std::vector<int> sorted = picks;
+            std::sort(sorted.begin(), sorted.end());
+            CHECK(sorted.front() >= 0);
+            CHECK(sorted.back() < experts);
+            CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end());
+        }
+        // The kernel's softmax sum is NaN in each of these rows, so every probability is:
+        // equal in rank, they go to the lowest indices.
+        CHECK(device_chosen == std::vector<int>{0, 1, 2, 3});
+    }
+}
+
 TEST_CASE("emulated expert matvecs read each route's expert from device memory",
           "[cuda_emulation][moe]") {
     std::mt19937 rng(61);

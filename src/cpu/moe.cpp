@@ -2,6 +2,7 @@
 #include "cpu/moe.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 namespace barellm::cpu {
@@ -20,8 +21,11 @@ void route_token(int* experts, float* weights, float* logits, const Config& conf
     softmax(logits, config.experts);
     std::vector<int> order(config.experts);
     std::iota(order.begin(), order.end(), 0);
+    // Larger first, ties to the lower index (transformers' rule). A NaN (from weights that
+    // are not finite) ranks as −inf, so that the order stays a strict weak order.
+    const auto rank = [&](int e) { return std::isnan(logits[e]) ? -INFINITY : logits[e]; };
     std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
-        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+        return rank(a) > rank(b) || (rank(a) == rank(b) && a < b);
     });
     float sum = 0;
     for (int j = 0; j < k; ++j) {
