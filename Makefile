@@ -220,22 +220,25 @@ test: all
 bench: $(BUILD)/barellm $(BUILD)/tokenize_json
 	scripts/bench.sh
 
-# libFuzzer targets: only the code that reads untrusted input (files, text, ids, argv). The
-# sources they share are compiled once (with -fsanitize=fuzzer-no-link: coverage without a
-# main) and linked into each target; the targets run side by side, one per core (make -j).
+# libFuzzer targets: the code that reads untrusted input (files, text, ids, argv), and the CPU
+# backend that runs the weight files the loader takes. The sources they share (the library
+# but the HTTP server) are compiled once (with -fsanitize=fuzzer-no-link: coverage without a
+# main), each kernel file with its instruction set's flags, and linked into each target; the
+# targets run side by side, one per core (make -j).
 FUZZ_CXX     ?= clang++
 FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := model_file tokenizer_encode tokenizer_decode command_line regex
-FUZZ_SRCS    := src/weights/safetensors.cpp src/weights/config.cpp src/weights/model.cpp \
-                src/weights/weight_blocks.cpp src/util/json.cpp src/util/files.cpp \
-                src/util/terminal.cpp \
-                $(wildcard src/tokenizer/*.cpp) \
-                src/commands/cli.cpp tests/fuzz/targets.cpp
+FUZZ_SRCS    := $(filter-out src/serve/http_server.cpp,$(LIB_SRCS)) tests/fuzz/targets.cpp
 FUZZ_OBJS    := $(FUZZ_SRCS:%.cpp=$(BUILD)/fuzz/obj/%.o)
-FUZZ_FLAGS   := -std=c++17 -O1 -g -Isrc -Itests $(CPPFLAGS) \
+FUZZ_FLAGS   := -std=c++17 -O1 -g -fopenmp -Isrc -Itests $(CPPFLAGS) \
                 -fsanitize=address,undefined -fno-sanitize-recover=undefined
 
 .SECONDARY: $(FUZZ_OBJS)
+$(BUILD)/fuzz/obj/%_avx2.o: FUZZ_FLAGS += $(SIMD_FLAGS)
+$(BUILD)/fuzz/obj/%_avxvnni.o: FUZZ_FLAGS += $(AVXVNNI_FLAGS)
+$(BUILD)/fuzz/obj/%_avx512.o: FUZZ_FLAGS += $(AVX512_FLAGS)
+$(BUILD)/fuzz/obj/%_avx512vnni.o: FUZZ_FLAGS += $(VNNI_FLAGS)
+$(BUILD)/fuzz/obj/%_avx512bf16.o: FUZZ_FLAGS += $(BF16_FLAGS)
 $(BUILD)/fuzz/obj/%.o: %.cpp $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@

@@ -7,13 +7,32 @@ namespace barellm::cpu {
 
 namespace {
 
+// What CPUID answers for one leaf and subleaf.
+struct CpuidRegisters {
+    unsigned eax, ebx, ecx, edx;
+};
+CpuidRegisters cpuid(unsigned leaf, unsigned subleaf) {
+    CpuidRegisters r;
+    __asm__("cpuid" : "=a"(r.eax), "=b"(r.ebx), "=c"(r.ecx), "=d"(r.edx) : "a"(leaf), "c"(subleaf));
+    return r;
+}
+
 // GCC's __builtin_cpu_supports has no "f16c"; every AVX2 CPU made has F16C, and this
 // check keeps us honest on emulators that drop it.
 bool cpu_has_f16c() {
-    unsigned eax, ebx, ecx, edx;
-    __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(1), "c"(0));
-    constexpr unsigned kF16cBit = 1u << 29;
-    return ecx & kF16cBit;
+    constexpr unsigned kF16cBit = 1u << 29;  // leaf 1, ecx
+    return cpuid(1, 0).ecx & kF16cBit;
+}
+
+// AVX-VNNI (the VEX-encoded vpdpbusd of Intel client CPUs), asked of CPUID: clang's
+// __builtin_cpu_supports (which the fuzz build uses) has no "avxvnni". The ymm registers it
+// uses are the AVX2 path's, whose detection checks that the operating system saves them.
+bool cpu_has_avx_vnni_bit() {
+    constexpr unsigned kHighestLeafQuery = 0;  // leaf 0's eax: the highest leaf there is
+    constexpr unsigned kFeatureLeaf = 7, kAvxVnniSubleaf = 1;
+    constexpr unsigned kAvxVnniBit = 1u << 4;  // leaf 7, subleaf 1, eax
+    return cpuid(kHighestLeafQuery, 0).eax >= kFeatureLeaf &&
+           (cpuid(kFeatureLeaf, kAvxVnniSubleaf).eax & kAvxVnniBit);
 }
 
 // The AVX-512 subsets the AVX-512 kernels are compiled for (__builtin_cpu_supports also
@@ -43,7 +62,7 @@ bool cpu_has_avx512_vnni() {
 
 bool cpu_has_avx_vnni() {
     __builtin_cpu_init();
-    return detect_simd_level() >= SimdLevel::Avx2 && __builtin_cpu_supports("avxvnni");
+    return detect_simd_level() >= SimdLevel::Avx2 && cpu_has_avx_vnni_bit();
 }
 
 bool cpu_has_avx512_bf16() {

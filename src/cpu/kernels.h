@@ -106,9 +106,11 @@ inline Q8GroupScale q8_group_scale(float largest) {
 }
 // v rounded to the nearest integer, ties to even, for |v| < 2^22: adding 1.5 × 2^23 rounds
 // in the f32 addition itself (exact IEEE arithmetic: no -ffast-math here), as the SIMD
-// conversions (cvtps2dq) round.
+// conversions (cvtps2dq) round. A NaN (from a file whose weights are not finite) gives 0,
+// where converting it to int would be undefined.
 inline int round_to_nearest_even(float v) {
     constexpr float kRoundingShift = 12582912.0f;
+    if (std::isnan(v)) return 0;
     return int((v + kRoundingShift) - kRoundingShift);
 }
 

@@ -2,23 +2,29 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "backend.h"
 #include "commands/cli.h"
-#include "util/error.h"
-#include "weights/model.h"
 #include "tokenizer/regex.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
+#include "util/error.h"
+#include "weights/model.h"
 
 namespace barellm::fuzz {
 
 namespace {
+
+// Positions model_file's forward pass takes: a prompt of two tokens and one decoded.
+constexpr int kForwardPositions = 3;
 
 // A small SentencePiece-style tokenizer with byte fallback, used when the real one in
 // ../shared is not there.
@@ -73,6 +79,15 @@ void model_file(const uint8_t* data, size_t size) {
         const auto& metadata = model.file->metadata();
         if (const auto found = metadata.find("barellm.tokenizer"); found != metadata.end())
             Tokenizer::from_json(found->second, model.config.vocab_size);
+        // A file the loader takes must run: the CPU backend takes it (re-laying out its
+        // matrices for the kernels of this CPU), prefills two tokens and decodes a third.
+        BackendOptions options;
+        options.context = std::min(model.config.max_context, kForwardPositions);
+        const std::unique_ptr<Backend> backend = make_cpu_backend(model, options);
+        const int last_token = model.config.vocab_size - 1;
+        const int prompt[] = {std::max(model.config.bos_id, 0), last_token};
+        backend->prefill(prompt, 2, 0, false);
+        backend->forward(last_token, 2);
     } catch (const Error&) {
     }
     std::remove(path.c_str());  // the mapping is gone with `model`: leave nothing in /tmp

@@ -8,8 +8,9 @@
 
 namespace barellm::fuzz {
 
-// The bytes as a weight file: header, tensor and config validation (Model::load), then the
-// tokenizer stored in it.
+// The bytes as a weight file: header, tensor and config validation (Model::load), the
+// tokenizer stored in it, then, where the loader takes the file, three tokens through the CPU
+// backend.
 void model_file(const uint8_t* data, size_t size);
 // The bytes as text for the tokenizer, then decoded back.
 void tokenizer_encode(const uint8_t* data, size_t size);

@@ -9,7 +9,9 @@
 // register (e.g. in _mm512_cvtph_ps), which -Wuninitialized reports at every use.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#ifndef __clang__  // GCC's name only
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #endif
