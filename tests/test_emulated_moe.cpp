@@ -1,9 +1,10 @@
 // The mixture-of-experts kernels (kernels/moe.cuh) on the CUDA emulation: the routing
 // (route_tokens_kernel) against a scalar reference written here (softmax, the k best with the
 // lower index winning an exact tie, renormalised or not; exact ties, near-ties one ulp apart,
-// 8, 60 and 128 experts), the expert matvecs (each route's expert read from device memory;
-// f32, f16, Q8, Q4, and random Q4_K, Q6_K and Q5_0 blocks) against the plain matvec kernels on
-// that expert's matrix and a double reference, and a whole sparse feed-forward for one token,
+// 8, 60 and 128 experts; NaN and infinite logits, whose picks must stay in range, on the
+// kernel and the CPU's route_token), the expert matvecs (each route's expert read from device
+// memory; f32, f16, Q8, Q4, and random Q4_K, Q6_K and Q5_0 blocks) against the plain matvec kernels
+// on that expert's matrix and a double reference, and a whole sparse feed-forward for one token,
 // launched as CudaBackend::record_experts launches it, against the CPU backend's
 // cpu::MixtureOfExperts::decode (f32 and Q8 weights). A prefill
 // batch: the grouping of its routes by expert (expert_groups.h), the gather of each grouped
