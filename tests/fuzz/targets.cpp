@@ -23,8 +23,8 @@ namespace barellm::fuzz {
 
 namespace {
 
-// Positions model_file's forward pass takes: a prompt of two tokens and one decoded.
-constexpr int kForwardPositions = 3;
+// model_file's forward pass: a prompt of kPromptTokens, then one token decoded after it.
+constexpr int kPromptTokens = 2;
 
 // A small SentencePiece-style tokenizer with byte fallback, used when the real one in
 // ../shared is not there.
@@ -82,12 +82,12 @@ void model_file(const uint8_t* data, size_t size) {
         // A file the loader takes must run: the CPU backend takes it (re-laying out its
         // matrices for the kernels of this CPU), prefills two tokens and decodes a third.
         BackendOptions options;
-        options.context = std::min(model.config.max_context, kForwardPositions);
+        options.context = std::min(model.config.max_context, kPromptTokens + 1);
         const std::unique_ptr<Backend> backend = make_cpu_backend(model, options);
         const int last_token = model.config.vocab_size - 1;
-        const int prompt[] = {std::max(model.config.bos_id, 0), last_token};
-        backend->prefill(prompt, 2, 0, false);
-        backend->forward(last_token, 2);
+        const int prompt[kPromptTokens] = {std::max(model.config.bos_id, 0), last_token};
+        backend->prefill(prompt, kPromptTokens, 0, false);
+        backend->forward(last_token, kPromptTokens);
     } catch (const Error&) {
     }
     std::remove(path.c_str());  // the mapping is gone with `model`: leave nothing in /tmp
