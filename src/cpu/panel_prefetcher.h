@@ -1,6 +1,6 @@
 // Software prefetch shared by the AVX-512 and AVX2 kernels: a few cache lines ahead of a
 // matvec's stream (prefetcht0, into L1), a block's lines spread over the steps of a kernel
-// (prefetcht0), and a GEMM's next panel of weights (prefetcht1, into L2).
+// (prefetcht0 into L1, or prefetcht1 into L2), and a GEMM's next panel of weights (prefetcht1).
 #pragma once
 #include <algorithm>
 #include <cstddef>
@@ -18,16 +18,28 @@ inline void prefetch_ahead(const void* p, int distance, int bytes) {
         __builtin_prefetch(ahead + line, 0, kIntoL1);
 }
 
+// The block a kernel asks for while it reads another: its first line (none where null), and
+// whether its lines go into L2 only (prefetcht1) or on into L1 (prefetcht0).
+struct LinesAhead {
+    const void* from = nullptr;
+    bool into_l2 = false;
+};
+
 // Step `step` of the kSteps a kernel takes over a block of kLines cache lines asks for its share
-// of the lines from `ahead` (nothing where `ahead` is null), so that the block ahead is asked
-// for a line or two at a time, spread over the block, not all at its start.
+// of the lines of `ahead`, so that the block ahead is asked for a line or two at a time, spread
+// over the block, not all at its start.
 // Each request is an asm statement, which the compiler keeps: GCC 12's dead-code elimination
 // dropped the builtin's prefetches here, in a loop whose bounds depend on the step.
 template <int kLines, int kSteps>
-inline void prefetch_share(const void* ahead, int step) {
-    if (ahead == nullptr) return;
-    for (int line = step * kLines / kSteps; line < (step + 1) * kLines / kSteps; ++line)
-        asm volatile("prefetcht0 %0" : : "m"(static_cast<const char*>(ahead)[line * kCacheLine]));
+inline void prefetch_share(LinesAhead ahead, int step) {
+    if (ahead.from == nullptr) return;
+    const char* lines = static_cast<const char*>(ahead.from);
+    for (int line = step * kLines / kSteps; line < (step + 1) * kLines / kSteps; ++line) {
+        if (ahead.into_l2)
+            asm volatile("prefetcht1 %0" : : "m"(lines[line * kCacheLine]));
+        else
+            asm volatile("prefetcht0 %0" : : "m"(lines[line * kCacheLine]));
+    }
 }
 
 // Requests the weights of the GEMM's next panel from memory while the current one is

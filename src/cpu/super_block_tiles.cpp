@@ -133,13 +133,13 @@ void pair_sums_of_16(std::vector<int32_t>* pairs, const Q8KVector& x) {
                               uint32_t(uint16_t(x.sums[2 * p + 1])) << 16);
 }
 
-int super_block_prefetch_bytes(DType type) {
-    constexpr int kIntelPrefetchBlocks = 4;  // super-blocks ahead
+TilePrefetch super_block_prefetch(DType type) {
     static const bool amd = cpu_prefetches_tiles_unaided();
     static const bool avx512 = detect_simd_level() == SimdLevel::Avx512;
-    if (!amd) return kIntelPrefetchBlocks * super_block_tile_bytes(type);
-    // Zen 3 (AMD without AVX-512): the next super-block. Zen 4: none.
-    return avx512 ? 0 : super_block_tile_bytes(type);
+    if (!amd) return {super_block_tile_bytes(type), /*into_l2=*/true};
+    // Zen 3 (AMD without AVX-512): the next super-block, into L1. Zen 4: none.
+    if (avx512) return {};
+    return {super_block_tile_bytes(type), /*into_l2=*/false};
 }
 
 const TileTokenX* tile_tokens(const Q8KVector* x, int tokens, TileSums sums_of) {

@@ -70,6 +70,7 @@
 #include <vector>
 
 #include "cpu/kernels.h"
+#include "cpu/panel_prefetcher.h"
 #include "cpu/quantized_tiles.h"
 #include "weights/model.h"
 #include "weights/weight_blocks.h"
@@ -141,15 +142,27 @@ constexpr int super_block_tile_bytes(DType type) {
 size_t super_block_tile_bytes(const Matrix& w);
 void write_super_block_tiles(const Matrix& w, uint8_t* tiles);
 
-// How far ahead of the super-block being read a decode matvec on `type`'s tiles asks for cache
-// lines by software prefetch, in bytes: 4 super-blocks on Intel; the next super-block on an
-// AMD CPU without AVX-512 (Zen 3), where the AVX2 kernel, asking for a line or two at each step
-// of a super-block, reads its tiles from memory 1.3-1.5 times as fast as before; none on
-// AMD with AVX-512 (Zen 4, cpu_prefetches_tiles_unaided). The AVX-512 kernel asks for one
-// super-block's lines at a time. A tile is read as one stream, front to back
-// (docs/benchmarks-history.md: "CPU: software prefetch of the super-block tiles";
-// docs/BENCHMARKS.md: "CPU: the AVX2 super-block tiles asked for a line at a time").
-int super_block_prefetch_bytes(DType type);
+// How a decode matvec on `type`'s tiles asks for cache lines by software prefetch: `bytes` ahead
+// of the super-block it reads (0: none), each step over a super-block asking for its share of
+// that one's lines, a line or two at a time (prefetch_share), into L2 only or on into L1. A tile
+// is read as one stream, front to back. Measured per CPU, one thread, against a plain streaming
+// read (docs/BENCHMARKS.md: "CPU: the super-block tiles asked for a line at a time";
+// docs/benchmarks-history.md: "CPU: software prefetch of the super-block tiles"):
+// - Intel: the next super-block, into L2 (prefetcht1), on AVX-512 and AVX2 alike. Decode reads
+//   the tiles at 90-100% of the streaming read, where four super-blocks ahead into L1 left it
+//   at 55-80% (Q6_K on AVX2: 55%) and none at 80-95%.
+// - AMD without AVX-512 (Zen 3): the next super-block, into L1: the AVX2 kernel reads its
+//   tiles 1.3-1.5 times as fast as with none.
+// - AMD with AVX-512 (Zen 4, cpu_prefetches_tiles_unaided): none.
+struct TilePrefetch {
+    int bytes = 0;
+    bool into_l2 = false;
+};
+TilePrefetch super_block_prefetch(DType type);
+// The lines that `prefetch` asks for while super-block `block` is read.
+inline LinesAhead lines_ahead(const uint8_t* block, TilePrefetch prefetch) {
+    return {prefetch.bytes > 0 ? block + prefetch.bytes : nullptr, prefetch.into_l2};
+}
 
 // x's sums by pairs as the tile kernels read them, two int16 in an int32 (the lower one
 // first): of 32 values (Q4_K's and Q5_K's mins are applied with them), into `pairs` [n / 64], and

@@ -29,12 +29,13 @@
 // dmin those of the rows.
 //
 // A super-block is read front to back: the mins (Q4_K, Q5_K) and the scales' part of the offset
-// (Q6_K), which lie before the values, are taken first. Where super_block_prefetch_bytes says
-// so, each step over a super-block's values asks for its share of the lines of the super-block
-// that far ahead (prefetch_share), a line or two at a time: on the Zen 3 the kernel then reads
-// its tiles from memory faster than a plain streaming read, where all of a super-block's lines
+// (Q6_K), which lie before the values, are taken first. Where super_block_prefetch says so, each
+// step over a super-block's values asks for its share of the lines of the next super-block
+// (prefetch_share), a line or two at a time: on the Zen 3 and on Intel the kernel then reads its
+// tiles from memory about as fast as a plain streaming read, where all of a super-block's lines
 // asked for at once at its start, or none, left it waiting on memory (docs/BENCHMARKS.md: "CPU:
-// the AVX2 super-block tiles asked for a line at a time").
+// the AVX2 super-block tiles asked for a line at a time", "CPU: the super-block tiles asked for
+// a line at a time into L2").
 #include <immintrin.h>
 
 #include <algorithm>
@@ -95,7 +96,7 @@ inline void store_rows(float* out, __m256 sums, int row_base, int first, int end
 // halves at once (kHalves 2, one token) share x's broadcasts.
 template <int kTokens, int kHalves, bool kFifthBit>
 inline void k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b, int h0,
-                           const TokenX* x, const uint8_t* ahead) {
+                           const TokenX* x, LinesAhead ahead) {
     constexpr int kLines =
         super_block_tile_bytes(kFifthBit ? DType::Q5_K : DType::Q4_K) / kCacheLine;
     // Registers whose int16 pairs add up before vpmaddwd widens them: at most 8 · 2 · 15 · 127
@@ -195,7 +196,7 @@ inline void k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b,
 // (kHalves 2, one token) share x's broadcasts.
 template <int kTokens, int kHalves>
 inline void q6_k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b, int h0,
-                              const TokenX* x, const uint8_t* ahead) {
+                              const TokenX* x, LinesAhead ahead) {
     const uint8_t* scales = block + kQ6KTileScalesOffset;
     // dots start at −32 · Σ_i sc_i · Σ x_i: the scales lie before the values.
     __m256i dots[kHalves][kTokens];  // Σ_i sc_i · Σ (q − 32) · x
@@ -268,7 +269,7 @@ inline void q6_k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int
 // (kHalves 2, one token) share x's broadcasts.
 template <int kTokens, int kHalves>
 inline void iq4_xs_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b, int h0,
-                                const TokenX* x, const uint8_t* ahead) {
+                                const TokenX* x, LinesAhead ahead) {
     const __m256i table = iq4_table();
     __m256i dots[kHalves][kTokens];  // Σ_j (ls_j − 32) · Σ value · x
 #pragma GCC unroll 2
@@ -326,7 +327,7 @@ inline void iq4_xs_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, i
 // Halves h0..h0 + kHalves − 1 of super-block b of a kType tile against kTokens tokens.
 template <DType kType, int kTokens, int kHalves>
 inline void halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b, int h0,
-                         const TokenX* x, const uint8_t* ahead) {
+                         const TokenX* x, LinesAhead ahead) {
     if constexpr (kType == DType::Q4_K || kType == DType::Q5_K)
         k_halves_block<kTokens, kHalves, kType == DType::Q5_K>(sums, block, b, h0, x, ahead);
     else if constexpr (kType == DType::Q6_K)
@@ -339,7 +340,7 @@ inline void halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b, i
 // tokens: out[t · out_stride + row].
 template <int kTokens, DType kType>
 void tile_rows(float* out, size_t out_stride, int tile_row, int first, int end, const uint8_t* tile,
-               int blocks, const TokenX* x, int prefetch_bytes) {
+               int blocks, const TokenX* x, TilePrefetch prefetch) {
     constexpr int block_bytes = super_block_tile_bytes(kType);
     // The halves holding rows of [first, end).
     const int first_half = first - tile_row >= kTileHalfRows ? 1 : 0;
@@ -349,8 +350,8 @@ void tile_rows(float* out, size_t out_stride, int tile_row, int first, int end, 
     for (int t = 0; t < kTokens; ++t) sums[0][t] = sums[1][t] = _mm256_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = tile + size_t(b) * block_bytes;
-        // The lines prefetch_bytes on, asked for in the first pass over the block.
-        const uint8_t* ahead = prefetch_bytes > 0 ? block + prefetch_bytes : nullptr;
+        // The lines ahead, asked for in the first pass over the block.
+        const LinesAhead ahead = lines_ahead(block, prefetch);
         // One token: both halves at once where the rows take both (with more tokens their
         // sums would not fit in the 16 registers); otherwise a half after the other.
         if constexpr (kTokens == 1) {
@@ -361,7 +362,7 @@ void tile_rows(float* out, size_t out_stride, int tile_row, int first, int end, 
         }
         for (int h = first_half; h < end_half; ++h)
             halves_block<kType, kTokens, 1>(sums, block, b, h, x,
-                                            h == first_half ? ahead : nullptr);
+                                            h == first_half ? ahead : LinesAhead{});
     }
     for (int h = first_half; h < end_half; ++h)
 #pragma GCC unroll 4
@@ -370,7 +371,8 @@ void tile_rows(float* out, size_t out_stride, int tile_row, int first, int end, 
 }
 
 // The kernels of each type for 1..kTileTokens tokens.
-using TileKernel = void (*)(float*, size_t, int, int, int, const uint8_t*, int, const TokenX*, int);
+using TileKernel = void (*)(float*, size_t, int, int, int, const uint8_t*, int, const TokenX*,
+                            TilePrefetch);
 template <DType kType>
 constexpr TileKernel kKernels[kTileTokens] = {tile_rows<1, kType>, tile_rows<2, kType>,
                                               tile_rows<3, kType>, tile_rows<4, kType>};
@@ -392,7 +394,7 @@ void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, con
                     : w.dtype == DType::Q6_K                         ? pair_sums_of_16
                                                                      : no_sums);
     const int blocks = w.cols / kSuperBlock;
-    const int prefetch_bytes = super_block_prefetch_bytes(w.dtype);
+    const TilePrefetch prefetch = super_block_prefetch(w.dtype);
     const size_t bytes_per_tile = tile_bytes(w);
     const int end_row = first_row + row_count;
     for (int tile_row = first_row / kTileRows * kTileRows; tile_row < end_row;
@@ -403,7 +405,7 @@ void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, con
         for (int t = 0; t < tokens; t += kTileTokens)
             kernels[std::min(kTileTokens, tokens - t) - 1](
                 out + t * out_stride, out_stride, tile_row, first_row, end_row, tile, blocks,
-                token_x + t, t == 0 ? prefetch_bytes : 0);
+                token_x + t, t == 0 ? prefetch : TilePrefetch{});
     }
 }
 

@@ -31,8 +31,9 @@
 // vpmulld scales by the sub-blocks' ls − 32 (at most 8 · 32 · 32 · 127 · 128 over a
 // super-block); per super-block the f32 sums gain x.d · d · that.
 //
-// Where super_block_prefetch_bytes says so, each super-block asks for the lines of the one that
-// many bytes ahead (into the next tile at a tile's end; past the matrix only a hint).
+// Where super_block_prefetch says so, each step over a super-block asks for its share of the
+// lines of the next super-block (prefetch_share: into the next tile at a tile's end; past the
+// matrix only a hint), a line or two at a time.
 //
 // Tokens share each register of weights: up to kTileTokens at a time, as many as gemm_many
 // sends here (a step of 8 sequences then reads each tile once). Each token keeps a few
@@ -72,7 +73,7 @@ void q6_k_offsets(std::vector<int32_t>* offsets, const Q8KVector& x) {
 // out[t · out_stride + lane] for the lanes of `store`.
 template <int kTokens, bool kFifthBit>
 void k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* tile, int blocks,
-                 const TokenX* x, int prefetch_bytes) {
+                 const TokenX* x, TilePrefetch prefetch) {
     constexpr int kBlockBytes = kFifthBit ? kQ5KTileBlockBytes : kQ4KTileBlockBytes;
     const __m512i low_nibbles = _mm512_set1_epi8(0x0f), high_nibbles = _mm512_set1_epi8(-16);
     // Q5_K's masks: sub-block 2c's level; sub-block 2c + 1's low three bits and top two.
@@ -83,7 +84,7 @@ void k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* 
     for (int t = 0; t < kTokens; ++t) sums[t] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = tile + size_t(b) * kBlockBytes;
-        if (prefetch_bytes > 0) prefetch_ahead(block, prefetch_bytes, kBlockBytes);
+        const LinesAhead ahead = lines_ahead(block, prefetch);
         __m512i dots[kTokens];  // Σ_j sc_j · Σ q · x
 #pragma GCC unroll 8
         for (int t = 0; t < kTokens; ++t) dots[t] = _mm512_setzero_si512();
@@ -98,6 +99,8 @@ void k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* 
             for (int t = 0; t < kTokens; ++t) low[t] = high[t] = _mm512_setzero_si512();
 #pragma GCC unroll 8
             for (int k = 0; k < kQ4KChunkRegisters; ++k) {
+                prefetch_share<kBlockBytes / kCacheLine, kQ4KChunks * kQ4KChunkRegisters>(
+                    ahead, c * kQ4KChunkRegisters + k);
                 const __m512i bytes = _mm512_load_si512(values + k * kTileRegisterBytes);
                 __m512i q, q16;  // the low nibbles' levels; the high ones' (Q4_K: 16 times)
                 if constexpr (kFifthBit) {
@@ -177,17 +180,18 @@ inline void add_block_sums(__m512* sums, const __m512i* dots, const uint8_t* d_a
 // The 16 rows of one Q6_K tile against kTokens tokens, as k_tile_rows.
 template <int kTokens>
 void q6_k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* tile, int blocks,
-                    const TokenX* x, int prefetch_bytes) {
+                    const TokenX* x, TilePrefetch prefetch) {
     __m512 sums[kTokens];
 #pragma GCC unroll 8
     for (int t = 0; t < kTokens; ++t) sums[t] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = tile + size_t(b) * kQ6KTileBlockBytes;
-        if (prefetch_bytes > 0) prefetch_ahead(block, prefetch_bytes, kQ6KTileBlockBytes);
+        const LinesAhead ahead = lines_ahead(block, prefetch);
         __m512i dots[kTokens];  // Σ_i sc_i · Σ (q − 32) · x
 #pragma GCC unroll 8
         for (int t = 0; t < kTokens; ++t) dots[t] = _mm512_setzero_si512();
         for (int i = 0; i < kQ6KSubBlocks; ++i) {
+            prefetch_share<kQ6KTileBlockBytes / kCacheLine, kQ6KSubBlocks>(ahead, i);
             __m512i q[4];  // levels of columns 4s..4s + 3 of the sub-block
             q6_k_tile_levels(block, i, q);
             const __m512i scales = _mm512_cvtepi8_epi32(_mm_load_si128(
@@ -218,14 +222,14 @@ void iq4_xs_offsets(std::vector<int32_t>* offsets, const Q8KVector& x) {
 // The 16 rows of one IQ4_XS tile against kTokens tokens, as k_tile_rows.
 template <int kTokens>
 void iq4_xs_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* tile,
-                      int blocks, const TokenX* x, int prefetch_bytes) {
+                      int blocks, const TokenX* x, TilePrefetch prefetch) {
     const __m512i low_nibbles = _mm512_set1_epi8(0x0f), table = iq4_unsigned_levels();
     __m512 sums[kTokens];
 #pragma GCC unroll 8
     for (int t = 0; t < kTokens; ++t) sums[t] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = tile + size_t(b) * kIq4XSTileBlockBytes;
-        if (prefetch_bytes > 0) prefetch_ahead(block, prefetch_bytes, kIq4XSTileBlockBytes);
+        const LinesAhead ahead = lines_ahead(block, prefetch);
         __m512i dots[kTokens];  // Σ_j (ls_j − 32) · Σ level · x
 #pragma GCC unroll 8
         for (int t = 0; t < kTokens; ++t) dots[t] = _mm512_setzero_si512();
@@ -237,6 +241,9 @@ void iq4_xs_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint
                 dot[t] = _mm512_set1_epi32(x[t].sums[b * kIq4XSSubBlocks + j]);
 #pragma GCC unroll 4
             for (int k = 0; k < kIq4XSSubBlockRegisters; ++k) {
+                prefetch_share<kIq4XSTileBlockBytes / kCacheLine,
+                               kIq4XSSubBlocks * kIq4XSSubBlockRegisters>(
+                    ahead, j * kIq4XSSubBlockRegisters + k);
                 const __m512i bytes = _mm512_load_si512(values + k * kTileRegisterBytes);
                 const __m512i low =
                     _mm512_shuffle_epi8(table, _mm512_and_si512(bytes, low_nibbles));
@@ -263,7 +270,8 @@ void iq4_xs_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint
 }
 
 // The kernels of each type for 1..kTileTokens tokens.
-using TileKernel = void (*)(float*, size_t, __mmask16, const uint8_t*, int, const TokenX*, int);
+using TileKernel = void (*)(float*, size_t, __mmask16, const uint8_t*, int, const TokenX*,
+                            TilePrefetch);
 template <bool kFifthBit>
 constexpr TileKernel kKKernels[kTileTokens] = {
     k_tile_rows<1, kFifthBit>, k_tile_rows<2, kFifthBit>, k_tile_rows<3, kFifthBit>,
@@ -291,7 +299,7 @@ void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, con
                                         : w.dtype == DType::Q6_K ? q6_k_offsets
                                                                  : iq4_xs_offsets);
     const int blocks = w.cols / kSuperBlock;
-    const int prefetch_bytes = super_block_prefetch_bytes(w.dtype);
+    const TilePrefetch prefetch = super_block_prefetch(w.dtype);
     const size_t bytes_per_tile = tile_bytes(w);
     const int end_row = first_row + row_count;
     // Whole tiles; a tile the run shares with another thread's is computed by both, each
@@ -300,10 +308,12 @@ void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, con
          tile_row += kTileRows) {
         const uint8_t* tile = w.row_tiles + size_t(tile_row / kTileRows) * bytes_per_tile;
         const __mmask16 store = lanes_in(tile_row, first_row, end_row);
+        // Only the first pass over a tile asks for the lines ahead: the later ones (more than
+        // kTileTokens tokens) find them in cache.
         for (int t = 0; t < tokens; t += kTileTokens)
-            kernels[std::min(kTileTokens, tokens - t) - 1](out + t * out_stride + tile_row,
-                                                           out_stride, store, tile, blocks,
-                                                           token_x + t, prefetch_bytes);
+            kernels[std::min(kTileTokens, tokens - t) - 1](
+                out + t * out_stride + tile_row, out_stride, store, tile, blocks, token_x + t,
+                t == 0 ? prefetch : TilePrefetch{});
     }
 }
 
