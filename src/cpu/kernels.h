@@ -44,7 +44,7 @@ bool cpu_prefers_bf16_dot_products();
 // Whether the hardware prefetcher alone keeps ahead of a decode matvec reading tiles of 16 rows
 // (Q8 and Q4's, cpu/quantized_tiles.h, and the super-block types', cpu/super_block_tiles.h), so
 // that software prefetches would only take load slots from the kernel: on AMD (Zen 4; but the
-// Zen 3's AVX2 super-block tile matvec asks for them, super_block_prefetch_bytes). On Intel the
+// Zen 3's AVX2 super-block tile matvec asks for them, super_block_prefetch). On Intel the
 // tile matvecs ask for the lines ahead (docs/benchmarks-history.md: "CPU: software prefetch
 // distances of the decode matvecs", "CPU: software prefetch of the super-block tiles").
 bool cpu_prefetches_tiles_unaided();

@@ -145,12 +145,12 @@ void write_super_block_tiles(const Matrix& w, uint8_t* tiles);
 // How a decode matvec on `type`'s tiles asks for cache lines by software prefetch: `bytes` ahead
 // of the super-block it reads (0: none), each step over a super-block asking for its share of
 // that one's lines, a line or two at a time (prefetch_share), into L2 only or on into L1. A tile
-// is read as one stream, front to back. Measured per CPU, one thread, against a plain streaming
-// read (docs/BENCHMARKS.md: "CPU: the super-block tiles asked for a line at a time";
-// docs/benchmarks-history.md: "CPU: software prefetch of the super-block tiles"):
-// - Intel: the next super-block, into L2 (prefetcht1), on AVX-512 and AVX2 alike. Decode reads
-//   the tiles at 90-100% of the streaming read, where four super-blocks ahead into L1 left it
-//   at 55-80% (Q6_K on AVX2: 55%) and none at 80-95%.
+// is read as one stream, front to back. Measured per CPU (docs/BENCHMARKS.md: "The change: the
+// next super-block asked for into L2", "CPU: the AVX2 super-block tiles asked for a line at a
+// time"; docs/benchmarks-history.md: "CPU: software prefetch of the super-block tiles"):
+// - Intel: the next super-block, into L2 (prefetcht1), on AVX-512 and AVX2 alike: K-quant
+//   decode 1.2-1.6 times as fast as with four super-blocks ahead into L1 (Q6_K on AVX2 from 55%
+//   of the streaming read to 90%), and faster than with none.
 // - AMD without AVX-512 (Zen 3): the next super-block, into L1: the AVX2 kernel reads its
 //   tiles 1.3-1.5 times as fast as with none.
 // - AMD with AVX-512 (Zen 4, cpu_prefetches_tiles_unaided): none.

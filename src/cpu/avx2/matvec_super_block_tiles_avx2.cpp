@@ -34,8 +34,8 @@
 // (prefetch_share), a line or two at a time: on the Zen 3 and on Intel the kernel then reads its
 // tiles from memory about as fast as a plain streaming read, where all of a super-block's lines
 // asked for at once at its start, or none, left it waiting on memory (docs/BENCHMARKS.md: "CPU:
-// the AVX2 super-block tiles asked for a line at a time", "CPU: the super-block tiles asked for
-// a line at a time into L2").
+// the AVX2 super-block tiles asked for a line at a time", "The change: the next super-block
+// asked for into L2").
 #include <immintrin.h>
 
 #include <algorithm>
