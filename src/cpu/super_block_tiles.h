@@ -149,8 +149,8 @@ void write_super_block_tiles(const Matrix& w, uint8_t* tiles);
 // next super-block asked for into L2", "CPU: the AVX2 super-block tiles asked for a line at a
 // time"; docs/benchmarks-history.md: "CPU: software prefetch of the super-block tiles"):
 // - Intel: the next super-block, into L2 (prefetcht1), on AVX-512 and AVX2 alike: K-quant
-//   decode 1.2-1.6 times as fast as with four super-blocks ahead into L1 (Q6_K on AVX2 from 55%
-//   of the streaming read to 90%), and faster than with none.
+//   decode 1.2-1.6 times as fast as with four super-blocks ahead into L1 (Q6_K on AVX2 from
+//   54-59% of the streaming read to 86-92%), and faster than with none.
 // - AMD without AVX-512 (Zen 3): the next super-block, into L1: the AVX2 kernel reads its
 //   tiles 1.3-1.5 times as fast as with none.
 // - AMD with AVX-512 (Zen 4, cpu_prefetches_tiles_unaided): none.
