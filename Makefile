@@ -168,6 +168,10 @@ $(BUILD)/simde/%.o: src/cpu/%.cpp $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) $(SIMDE_FLAGS) -c $< -o $@
 
+# The AVX-VNNI files share the AVX2 headers' inline helpers (namespace avx2): their SIMDe
+# objects compile those on SIMDe's intrinsics, as avx2_simde, apart from the native ones.
+$(BUILD)/simde/avx2/%_avxvnni.o: SIMDE_FLAGS += -Davx2=avx2_simde
+
 $(BUILD)/src/%.o: src/%.cpp $(CONFIG)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -c $< -o $@

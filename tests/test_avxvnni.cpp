@@ -1,7 +1,8 @@
-// The AVX-VNNI kernel called directly, on x quantized by the scalar quantize_q8, against a
-// double-precision reference: built on SIMDe (namespace avxvnni_simde, any CPU) and, where
-// the CPU has AVX-VNNI, natively (avxvnni). Sizes cover every tail: columns in short last
-// groups, rows past whole 16-row panels, tokens past whole 3-token tiles.
+// The AVX-VNNI kernels (the Q8/Q4 GEMM, the block types' GEMM) called directly, on x quantized
+// by the scalar quantize_q8, against a double-precision reference: built on SIMDe (namespace
+// avxvnni_simde, any CPU) and, where the CPU has AVX-VNNI, natively (avxvnni). Sizes cover every
+// tail: columns in short last groups, rows past whole panels and tiles, tokens past whole
+// 3-token tiles.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -9,11 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "cpu/avx2/avx2.h"
 #include "cpu/avx2/avxvnni.h"
 // The SIMDe build's declarations: its files were compiled with avxvnni defined so.
 #define avxvnni avxvnni_simde
 #include "cpu/avx2/avxvnni.h"
 #undef avxvnni
+#include "test_block_matrices.h"
 #include "test_matrices.h"
 
 using namespace barellm;
@@ -25,11 +28,13 @@ namespace {
 struct AvxVnniBuild {
     std::string name;
     decltype(&cpu::avxvnni::gemm_rows_quantized) gemm_rows_quantized;
+    decltype(&cpu::avxvnni::gemm_rows_blocks) gemm_rows_blocks;
 };
 
 // SIMDe's always; the native one where this CPU has AVX-VNNI (printed once).
 std::vector<AvxVnniBuild> builds() {
-    std::vector<AvxVnniBuild> list = {{"simde", cpu::avxvnni_simde::gemm_rows_quantized}};
+    std::vector<AvxVnniBuild> list = {
+        {"simde", cpu::avxvnni_simde::gemm_rows_quantized, cpu::avxvnni_simde::gemm_rows_blocks}};
     const bool native = cpu::cpu_has_avx_vnni();
     static bool said = false;
     if (!said) {
@@ -37,7 +42,9 @@ std::vector<AvxVnniBuild> builds() {
                     native ? " and native" : " only (this CPU has no AVX-VNNI)");
         said = true;
     }
-    if (native) list.push_back({"native", cpu::avxvnni::gemm_rows_quantized});
+    if (native)
+        list.push_back(
+            {"native", cpu::avxvnni::gemm_rows_quantized, cpu::avxvnni::gemm_rows_blocks});
     return list;
 }
 
@@ -71,4 +78,13 @@ TEST_CASE("AVX-VNNI Q8 and Q4 prefill GEMM matches a reference on quantized x") 
                 }
             }
     }
+}
+
+TEST_CASE("AVX-VNNI prefill GEMM of the block types matches a reference and the AVX2 one's bits") {
+    std::mt19937 rng(519);
+    // The native build gives the plain AVX2 build's results: the same int32 dots in the same f32
+    // order. (SIMDe's fused multiply-add rounds twice, so its build only comes near them.)
+    for (const AvxVnniBuild& build : builds())
+        check_block_gemm(build.gemm_rows_blocks, build.name, quantized_batch_by_rule,
+                         build.name == "native" ? cpu::avx2::gemm_rows_blocks : nullptr, rng);
 }

@@ -226,4 +226,65 @@ inline void check_block_tile_matvec(BlockTileMatvec kernel, const std::string& n
         }
 }
 
+// A prefill GEMM of the block types on 256-bit registers (avx2::gemm_rows_blocks,
+// avxvnni::gemm_rows_blocks): out [batch, w.rows] for a run of rows.
+using BlockGemmRows = void (*)(float* out, const Matrix& w, const cpu::QuantizedBatch& x,
+                               int first_row, int row_count);
+
+// Checks `gemm` on every block type against the double-precision reference, on x quantized per
+// 32 by `quantize` (avx2::quantize_token's rule); where `same_bits_as` is given, its results
+// must also equal that GEMM's bit for bit.
+inline void check_block_gemm(BlockGemmRows gemm, const std::string& name,
+                             cpu::QuantizedBatch (*quantize)(const std::vector<float>&, int, int),
+                             BlockGemmRows same_bits_as, std::mt19937& rng) {
+    for (const DType dtype : kBlockTypes) {
+        // Rows off the 32-row tile and its 16-row halves, batches off the 3-token tile; one
+        // block a row, and enough for the 16 groups of a micro-kernel call and a part (and,
+        // for the blocks of 32, a part of a span of 8 blocks).
+        const int block = block_weights(dtype);
+        for (int batch : {1, 5, 13})
+            for (int cols : {block, block == kSmallBlock ? 21 * block : 3 * block}) {
+                const int rows = 45;
+                TestMatrix m = make_block_matrix(rows, cols, dtype, rng);
+                // Rows 1 and 2 of the largest levels (fill_rows); with x of one sign, every
+                // int16 sum of vpmaddubsw pairs then reaches its bound.
+                fill_rows(&m, {1}, 0xff);
+                fill_rows(&m, {2}, 0);
+                // The products reach ±127 × the largest level.
+                const std::vector<float> x = one_sign_tokens(batch, cols, rng);
+                const std::vector<double> want =
+                    reference_gemm(m, rows_quantized_like_the_kernel(x, cols), batch);
+                const cpu::QuantizedBatch quantized = quantize(x, batch, cols);
+                INFO(name << " " << matrix_type_name(dtype) << " batch " << batch << " cols "
+                          << cols);
+                // A run of rows not starting at row 0 (a thread's share) over two tiles, one
+                // that ends inside the first half of a tile, and the whole matrix, whose last
+                // tile runs past its rows.
+                for (auto [first, count] : {std::pair{1, rows - 5}, {20, 19}, {0, rows}}) {
+                    std::vector<float> got(size_t(batch) * rows, NAN);
+                    gemm(got.data(), m.matrix, quantized, first, count);
+                    // The super-block types from their tiles (those of make_block_matrix) and
+                    // from their rows: the same panel, the same bits.
+                    if (m.matrix.row_tiles) {
+                        Matrix rows_only = m.matrix;
+                        rows_only.row_tiles = nullptr;
+                        std::vector<float> from_rows(size_t(batch) * rows, NAN);
+                        gemm(from_rows.data(), rows_only, quantized, first, count);
+                        CHECK(std::memcmp(from_rows.data(), got.data(),
+                                          got.size() * sizeof(float)) == 0);
+                    }
+                    if (same_bits_as) {
+                        std::vector<float> other(size_t(batch) * rows, NAN);
+                        same_bits_as(other.data(), m.matrix, quantized, first, count);
+                        CHECK(std::memcmp(other.data(), got.data(), got.size() * sizeof(float)) ==
+                              0);
+                    }
+                    // f32 sums of terms scaled from subnormal to 65504, which cancel in part
+                    // (as for the AVX-512 VNNI kernel).
+                    check_row_run(got, want, batch, rows, first, count, 3e-5);
+                }
+            }
+    }
+}
+
 }  // namespace barellm::test

@@ -847,48 +847,7 @@ TEST_CASE("AVX2 quantize_token quantizes each token exactly as quantize_q8") {
 TEST_CASE("AVX2 prefill GEMM of the block types matches a reference on quantized x") {
     if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
     std::mt19937 rng(518);
-    for (const DType dtype : kBlockTypes) {
-        // Rows off the 32-row tile and its 16-row halves, batches off the 3-token tile; one
-        // block a row, and enough for the 16 groups of a micro-kernel call and a part (and,
-        // for the blocks of 32, a part of a span of 8 blocks).
-        const int block = block_weights(dtype);
-        for (int batch : {1, 5, 13})
-            for (int cols : {block, block == kSmallBlock ? 21 * block : 3 * block}) {
-                const int rows = 45;
-                TestMatrix m = make_block_matrix(rows, cols, dtype, rng);
-                // Rows 1 and 2 of the largest levels (fill_rows); with x of one sign, every
-                // int16 sum of vpmaddubsw pairs then reaches its bound.
-                fill_rows(&m, {1}, 0xff);
-                fill_rows(&m, {2}, 0);
-                // The products reach ±127 × the largest level.
-                const std::vector<float> x = one_sign_tokens(batch, cols, rng);
-                const std::vector<double> want =
-                    reference_gemm(m, rows_quantized_like_the_kernel(x, cols), batch);
-                const cpu::QuantizedBatch quantized = quantized_on_avx2(x, batch, cols);
-                INFO(matrix_type_name(dtype) << " batch " << batch << " cols " << cols);
-                // A run of rows not starting at row 0 (a thread's share) over two tiles, one
-                // that ends inside the first half of a tile, and the whole matrix, whose last
-                // tile runs past its rows.
-                for (auto [first, count] : {std::pair{1, rows - 5}, {20, 19}, {0, rows}}) {
-                    std::vector<float> got(size_t(batch) * rows, NAN);
-                    cpu::avx2::gemm_rows_blocks(got.data(), m.matrix, quantized, first, count);
-                    // The super-block types from their tiles (those of make_block_matrix) and from
-                    // their rows: the same panel, the same bits.
-                    if (m.matrix.row_tiles) {
-                        Matrix rows_only = m.matrix;
-                        rows_only.row_tiles = nullptr;
-                        std::vector<float> from_rows(size_t(batch) * rows, NAN);
-                        cpu::avx2::gemm_rows_blocks(from_rows.data(), rows_only, quantized, first,
-                                                    count);
-                        CHECK(std::memcmp(from_rows.data(), got.data(),
-                                          got.size() * sizeof(float)) == 0);
-                    }
-                    // f32 sums of terms scaled from subnormal to 65504, which cancel in part
-                    // (as for the AVX-512 VNNI kernel).
-                    check_row_run(got, want, batch, rows, first, count, 3e-5);
-                }
-            }
-    }
+    check_block_gemm(cpu::avx2::gemm_rows_blocks, "avx2", quantized_on_avx2, nullptr, rng);
 }
 
 TEST_CASE("AVX2 Q4 prefill GEMM (vpmaddubsw) matches a reference on quantized x") {

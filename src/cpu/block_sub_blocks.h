@@ -1,5 +1,5 @@
 // ISA-neutral arithmetic shared by the integer prefill GEMMs of the block types
-// (gemm_blocks_avx2.cpp, gemm_blocks_avx512vnni.cpp).
+// (avx2/gemm_blocks_panels.h, gemm_blocks_avx512vnni.cpp).
 #pragma once
 #include <cstdint>
 

@@ -389,7 +389,9 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
         const auto rows_quantized = avx512_vnni ? avx512::gemm_rows_quantized
                                     : avx_vnni  ? avxvnni::gemm_rows_quantized
                                                 : avx2::gemm_rows_q4;
-        const auto rows_blocks = avx512_vnni ? avx512::gemm_rows_blocks : avx2::gemm_rows_blocks;
+        const auto rows_blocks = avx512_vnni ? avx512::gemm_rows_blocks
+                                 : avx_vnni  ? avxvnni::gemm_rows_blocks
+                                             : avx2::gemm_rows_blocks;
         const bool any_blocks =
             std::any_of(outputs.begin(), outputs.end(),
                         [](const BatchOutput& o) { return is_block_type(o.w->dtype); });

@@ -1,7 +1,7 @@
 // Q4_K, Q5_K, Q6_K and IQ4_XS matrices re-laid out in tiles of 16 rows for the decode matvecs on
 // AVX-512 VNNI (matvec_super_block_tiles_avx512vnni.cpp) and AVX2
 // (matvec_super_block_tiles_avx2.cpp, a tile's register read as two halves of 8 rows) and the
-// prefill GEMMs (gemm_blocks_avx512vnni.cpp, gemm_blocks_avx2.cpp), as Q8 and Q4 are
+// prefill GEMMs (gemm_blocks_avx512vnni.cpp, avx2/gemm_blocks_panels.h), as Q8 and Q4 are
 // (cpu/quantized_tiles.h). The CPU backend makes them once, when it takes the model on the AVX2
 // or AVX-512 path (cpu/resident_weights.h), and points Matrix::row_tiles at them; the rows of
 // super-blocks stay in the file's mapping for the scalar path.

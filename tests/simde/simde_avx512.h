@@ -1,10 +1,12 @@
-// SIMDe's AVX-512 (and AVX2) for the unit tests' second build of the AVX-512 and AVX-VNNI
-// kernels (src/cpu/intrinsics_avx512.h and src/cpu/gemm_quantized_avxvnni.cpp with BARELLM_SIMDE),
+// SIMDe's AVX-512 (and AVX2, F16C) for the unit tests' second build of the AVX-512 and AVX-VNNI
+// kernels (src/cpu/avx512/intrinsics_avx512.h and src/cpu/avx2/intrinsics_avx2.h with
+// BARELLM_SIMDE),
 // plus the intrinsics those kernels use that Debian's SIMDe (0.7.4) lacks, written here lane
 // by lane from Intel's definitions. Each is defined only where SIMDe has no alias of that
 // name.
 #pragma once
 #include <simde/x86/avx512.h>
+#include <simde/x86/f16c.h>
 
 #include <array>
 #include <cmath>
@@ -76,6 +78,9 @@ inline simde__m256i _mm256_maskz_loadu_epi8(simde__mmask32 mask, const void* p) 
 inline simde__m256i _mm256_maskz_loadu_epi16(simde__mmask16 mask, const void* p) {
     return barellm::simde_extra::masked_load<simde__m256i>(p, mask, 16, 2);
 }
+#endif
+#ifndef _cvtsh_ss
+inline float _cvtsh_ss(unsigned short half) { return barellm::half_to_float(half); }
 #endif
 #ifndef _mm512_cvtph_ps
 inline simde__m512 _mm512_cvtph_ps(simde__m256i halves) {

@@ -61,9 +61,10 @@ void gemm_rows(float* out, const Matrix& w, const float* x_tiles, int batch, int
 //   into a QuantizedBatch (resize_quantized_batch) the threads share; AVX-VNNI's Q8/Q4 GEMM
 //   reads it too. The super-block types read x quantized per 256 instead (quantize_q8_k,
 //   cpu::store_q8_k_token), as their matvecs do;
-// - then any run of weight rows is computed from it (gemm_rows_blocks, gemm_blocks_avx2.cpp,
-//   out [batch, w.rows]): each tile of kBlockRowTile rows unpacked to levels and f32
-//   sub-block scales once, then met by every token, vpmaddubsw and vpmaddwd in int32.
+// - then any run of weight rows is computed from it (gemm_rows_blocks, gemm_blocks_avx2.cpp on
+//   gemm_blocks_panels.h, out [batch, w.rows]): each tile of kBlockRowTile rows unpacked to
+//   levels and f32 sub-block scales once, then met by every token, vpmaddubsw and vpmaddwd in
+//   int32 (with AVX-VNNI, avxvnni::gemm_rows_blocks: vpdpbusd, the same results).
 
 constexpr int kBlockRowTile = 32;  // weight rows unpacked and computed together
 

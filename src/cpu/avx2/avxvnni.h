@@ -25,4 +25,10 @@ constexpr int kQuantizedTokenTile = 3;  // tokens per micro-kernel call
 void gemm_rows_quantized(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
                          int row_count);
 
+// ---- The prefill GEMM of the block types (gemm_blocks_avxvnni.cpp): avx2::gemm_rows_blocks
+// (avx2.h) on vpdpbusd: the same QuantizedBatch, tiles of avx2::kBlockRowTile rows, the same
+// results.
+void gemm_rows_blocks(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
+                      int row_count);
+
 }  // namespace barellm::cpu::avxvnni

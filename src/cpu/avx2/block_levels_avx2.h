@@ -2,14 +2,14 @@
 // 32 unsigned levels (or IQ4_XS's signed values) in column order, and Q4_K's, Q5_K's, Q6_K's
 // and IQ4_XS's tiles (cpu/super_block_tiles.h) as registers of four columns of 8 rows, shared by
 // the AVX2 decode matvecs (matvec_super_blocks_avx2.cpp, matvec_small_blocks_avx2.cpp,
-// matvec_super_block_tiles_avx2.cpp) and the AVX2 prefill GEMM (gemm_blocks_avx2.cpp). Include
-// it only from *_avx2.cpp files.
+// matvec_super_block_tiles_avx2.cpp) and the prefill GEMM on 256-bit registers
+// (gemm_blocks_panels.h). Include it only from the *_avx2.cpp and *_avxvnni.cpp files.
 #pragma once
-#include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/avx2/intrinsics_avx2.h"
 #include "cpu/super_block_tiles.h"
 #include "weights/weight_blocks.h"
 

@@ -2,11 +2,11 @@
 // an 8 × 8 transpose, a horizontal sum, e^x, x's Q8 scales. Include it only from *_avx2.cpp files
 // (built with -mavx2 -mfma -mf16c).
 #pragma once
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cstdint>
 
+#include "cpu/avx2/intrinsics_avx2.h"
 #include "cpu/kernels.h"
 #include "weights/half.h"
 #include "weights/model.h"

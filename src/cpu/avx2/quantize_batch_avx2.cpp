@@ -1,5 +1,5 @@
 // x quantized to Q8 a token at a time for the integer prefill GEMMs of the AVX2 level (the
-// block types' on AVX2, gemm_blocks_avx2.cpp; Q8 and Q4 with AVX-VNNI,
+// block types' on AVX2 and AVX-VNNI, gemm_blocks_panels.h; Q8 and Q4 with AVX-VNNI,
 // gemm_quantized_avxvnni.cpp): each group of 32 exactly as quantize_q8, into a QuantizedBatch
 // with each group's start (−128 × Σ values, for AVX-VNNI's unsigned weights) and its sums of
 // 16 (the block types' offsets and mins).
