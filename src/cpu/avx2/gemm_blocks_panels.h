@@ -34,8 +34,9 @@
 // of the panel (16 KB, in L1) with every token before the next groups, its f32 sums kept per tile
 // and token between the calls.
 //
-// Included by those two files alone, after the intrinsics (immintrin.h, or SIMDe's in the unit
-// tests): everything here has internal linkage, each file compiling it for its own instructions.
+// Included by those two files alone (the SIMDe build of the second in the unit tests too, on
+// SIMDe's intrinsics: intrinsics_avx2.h): everything here has internal linkage, each file
+// compiling it for its own instructions.
 #pragma once
 #include <algorithm>
 #include <array>
