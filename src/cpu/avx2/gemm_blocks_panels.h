@@ -13,8 +13,8 @@
 // - "offset" types (Q5_0: offset 16; Q6_K: offset 32, sub-blocks of 16): the int32 dot starts
 //   from −offset · Σ q, so it is Σ (u − offset)·q exactly, then scaled by A · sx;
 // - IQ4_XS keeps its signed values (−127..113): vpmaddubsw multiplies |value| by x with the
-//   value's sign; vpdpbusd takes value + 128 (its sign bit flipped) as unsigned, an offset type
-//   of offset 128.
+//   value's sign; for vpdpbusd the panel holds value + 128 (the lookup table's sign bits
+//   flipped) as unsigned, an offset type of offset 128.
 // Both builds give the same int32 dots and add them to the same f32 sums in the same order:
 // the same bits.
 //
@@ -70,11 +70,20 @@ constexpr int kDepthGroups = 16;                        // groups per micro-kern
 constexpr int kKernelRegisters = 2;                     // row registers per call: 16 rows
 constexpr int kBlockTokenTile = 3;                      // tokens per micro-kernel call
 constexpr int kInt16Largest = 32767;
-// IQ4_XS on vpdpbusd: a value v read as the unsigned v + 128 (its sign bit flipped).
+// IQ4_XS on vpdpbusd: a value v held in the panel as the unsigned v + 128 (its sign bit flipped).
 constexpr int kSignFlip = 128;
 
 // How a build computes a sub-block's int32 dot (see the file comment).
 enum class BlockDot { Maddubs, Vnni };
+
+// The vpshufb table of IQ4_XS's 16 values as the panel holds them: signed for vpmaddubsw, each
+// plus 128 (its sign bit flipped) for vpdpbusd.
+template <BlockDot kDot>
+__m256i iq4_panel_table() {
+    if constexpr (kDot == BlockDot::Vnni)
+        return _mm256_xor_si256(iq4_table(), _mm256_set1_epi8(char(kSignFlip)));
+    return iq4_table();
+}
 
 // How the micro-kernel reads a type's levels (see the file comment).
 struct LevelShape {
@@ -172,11 +181,12 @@ void unpack_q6_k(const RowSpan& out, const uint8_t* block) {
 }
 
 // IQ4_XS: 8 groups, A = d·(ls_j − 32); the signed values kIq4Values[q].
+template <BlockDot kDot>
 void unpack_iq4_xs(const RowSpan& out, const uint8_t* block) {
     alignas(32) float scales[kSpanGroups];
     for (int j = 0; j < kSpanGroups; ++j) scales[j] = float(iq4_xs_scale(block, j));
     out.scales8(0, _mm256_mul_ps(_mm256_load_ps(scales), _mm256_set1_ps(f16_at(block))));
-    const __m256i table = iq4_table();
+    const __m256i table = iq4_panel_table<kDot>();
     for (int j = 0; j < kSpanGroups; ++j) out.level(j, iq4_xs_values(block, j, table));
 }
 
@@ -199,12 +209,12 @@ void unpack_small(const RowSpan& out, const uint8_t* first_block, int blocks) {
 
 // `groups` (≤ kSpanGroups) groups of one row from `block` (a whole super-block for the K
 // types and IQ4_XS).
-template <DType kType>
+template <DType kType, BlockDot kDot>
 void unpack_row_span(const RowSpan& out, const uint8_t* block, int groups) {
     if constexpr (kType == DType::Q4_K) unpack_k<false>(out, block);
     if constexpr (kType == DType::Q5_K) unpack_k<true>(out, block);
     if constexpr (kType == DType::Q6_K) unpack_q6_k(out, block);
-    if constexpr (kType == DType::IQ4_XS) unpack_iq4_xs(out, block);
+    if constexpr (kType == DType::IQ4_XS) unpack_iq4_xs<kDot>(out, block);
     if constexpr (kType == DType::Q4_1 || kType == DType::Q5_0 || kType == DType::Q5_1)
         unpack_small<kType>(out, block, groups);
 }
@@ -223,7 +233,7 @@ void transpose_words(Word* out, size_t out_stride, const Word* rows, size_t row_
 
 // The panel of rows [tile_row, tile_row + 32) of w; rows past the matrix hold levels 0 and
 // A = B = 0.
-template <DType kType>
+template <DType kType, BlockDot kDot>
 void unpack_tile_typed(const Panel& panel, const Matrix& w, int tile_row) {
     constexpr LevelShape kShape = level_shape(kType);
     constexpr int kSubs = kGroup / kShape.sub_cols;  // sub-blocks a group
@@ -239,8 +249,8 @@ void unpack_tile_typed(const Panel& panel, const Matrix& w, int tile_row) {
                 const RowSpan out{&levels[0][i][0], &scales[0][i][0], &mins[i][0]};
                 const int r = tile_row + rb * kLanes + i;
                 if (r < w.rows) {
-                    unpack_row_span<kType>(out, w.row_data(r) + span / kSpanGroups * span_bytes,
-                                           span_groups);
+                    unpack_row_span<kType, kDot>(
+                        out, w.row_data(r) + span / kSpanGroups * span_bytes, span_groups);
                     continue;
                 }
                 for (int g = 0; g < span_groups; ++g) out.level(g, _mm256_setzero_si256());
@@ -267,6 +277,7 @@ void unpack_tile_typed(const Panel& panel, const Matrix& w, int tile_row) {
 // first_register and first_register + 1 of the panel, with no transposes: a half of a tile's
 // register is already a step of 8 rows. The same levels, A and B as from the rows, bit for bit.
 // No tile (past the matrix): levels 0, A = B = 0.
+template <BlockDot kDot>
 void unpack_from_tile(const Panel& panel, const Matrix& w, const uint8_t* tile,
                       int first_register) {
     alignas(64) static const uint8_t zeros[kLargestTileBlockBytes] = {};
@@ -329,7 +340,7 @@ void unpack_from_tile(const Panel& panel, const Matrix& w, const uint8_t* tile,
             } else if (w.dtype == DType::IQ4_XS) {  // register k: steps k and k + 4 of group j
                 const int first_group = b * kIq4XSSubBlocks;
                 const __m256 d = tile_halves(block + kIq4XSTileDOffset + 2 * kTileHalfRows * h);
-                const __m256i table = iq4_table();
+                const __m256i table = iq4_panel_table<kDot>();
                 for (int j = 0; j < kIq4XSSubBlocks; ++j) {
                     for (int k = 0; k < kIq4XSSubBlockRegisters; ++k) {
                         __m256i low, high;
@@ -367,11 +378,12 @@ void unpack_from_tile(const Panel& panel, const Matrix& w, const uint8_t* tile,
 // The panel of rows [tile_row, tile_row + 32) of w; rows past the matrix hold levels 0 and
 // A = B = 0. Q4_K, Q5_K, Q6_K and IQ4_XS are read from their tiles where they have them (the rows
 // may then be out of memory).
+template <BlockDot kDot>
 void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
     if (w.row_tiles) {
         for (int t = 0; t < kBlockRowTile / kTileRows; ++t) {
             const int first = tile_row + t * kTileRows;
-            unpack_from_tile(
+            unpack_from_tile<kDot>(
                 panel, w,
                 first < w.rows ? w.row_tiles + size_t(first / kTileRows) * tile_bytes(w) : nullptr,
                 t * kTileHalves);
@@ -380,38 +392,35 @@ void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
     }
     switch (w.dtype) {
         case DType::Q4_K:
-            return unpack_tile_typed<DType::Q4_K>(panel, w, tile_row);
+            return unpack_tile_typed<DType::Q4_K, kDot>(panel, w, tile_row);
         case DType::Q5_K:
-            return unpack_tile_typed<DType::Q5_K>(panel, w, tile_row);
+            return unpack_tile_typed<DType::Q5_K, kDot>(panel, w, tile_row);
         case DType::Q6_K:
-            return unpack_tile_typed<DType::Q6_K>(panel, w, tile_row);
+            return unpack_tile_typed<DType::Q6_K, kDot>(panel, w, tile_row);
         case DType::IQ4_XS:
-            return unpack_tile_typed<DType::IQ4_XS>(panel, w, tile_row);
+            return unpack_tile_typed<DType::IQ4_XS, kDot>(panel, w, tile_row);
         case DType::Q4_1:
-            return unpack_tile_typed<DType::Q4_1>(panel, w, tile_row);
+            return unpack_tile_typed<DType::Q4_1, kDot>(panel, w, tile_row);
         case DType::Q5_0:
-            return unpack_tile_typed<DType::Q5_0>(panel, w, tile_row);
+            return unpack_tile_typed<DType::Q5_0, kDot>(panel, w, tile_row);
         default:  // Q5_1
-            return unpack_tile_typed<DType::Q5_1>(panel, w, tile_row);
+            return unpack_tile_typed<DType::Q5_1, kDot>(panel, w, tile_row);
     }
 }
 
 // dots[k][h] += Σ levels · x over kSubSteps steps of one group of the panel from first_step, for
 // TOKENS tokens (x of token k at values[k] + column) and the 16 rows of group_levels' two
-// registers: a vpdpbusd a step (IQ4_XS's signed levels flipped to value + 128 first).
-template <int TOKENS, int kSubSteps, bool kSigned>
+// registers: a vpdpbusd a step.
+template <int TOKENS, int kSubSteps>
 inline void add_steps_vnni(__m256i (&dots)[TOKENS][kKernelRegisters], const uint8_t* group_levels,
                            const int8_t* const (&values)[TOKENS], int column, int first_step) {
 #pragma GCC unroll 8
     for (int s = first_step; s < first_step + kSubSteps; ++s) {
         __m256i levels[kKernelRegisters];
 #pragma GCC unroll 4
-        for (int h = 0; h < kKernelRegisters; ++h) {
+        for (int h = 0; h < kKernelRegisters; ++h)
             levels[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(
                 group_levels + s * kStepBytes + h * kRegisterBytes));
-            if constexpr (kSigned)
-                levels[h] = _mm256_xor_si256(levels[h], _mm256_set1_epi8(char(kSignFlip)));
-        }
 #pragma GCC unroll 4
         for (int k = 0; k < TOKENS; ++k) {
             int32_t word;
@@ -432,7 +441,7 @@ inline void add_steps_vnni(__m256i (&dots)[TOKENS][kKernelRegisters], const uint
 // registers and 6 f32 sums, the step's two level registers and one broadcast of x (15 of
 // 16). Per kWidenSteps steps: their vpmaddubsw pairs added in int16, then widened by
 // vpmaddwd into the sub-block's int32 dot; on vpdpbusd, each step straight into it (IQ4_XS's
-// levels first flipped to value + 128, `offset` then 128). Per sub-block each dot converted
+// levels there value + 128, `offset` then 128). Per sub-block each dot converted
 // and added to the sums times A × x's scale; min types then add B × x's scale × x's group sum.
 template <int TOKENS, int kSubCols, bool kHasMin, bool kSigned, int kWidenSteps, BlockDot kDot>
 void block_tile_kernel(float* sums, const Panel& panel, int row_register, const QuantizedBatch& x,
@@ -469,8 +478,8 @@ void block_tile_kernel(float* sums, const Panel& panel, int row_register, const 
                 for (int h = 0; h < R; ++h) dots[k][h] = _mm256_set1_epi32(start);
             }
             if constexpr (kDot == BlockDot::Vnni) {
-                add_steps_vnni<TOKENS, kSubSteps, kSigned>(dots, group_levels, values, g * kGroup,
-                                                           sub * kSubSteps);
+                add_steps_vnni<TOKENS, kSubSteps>(dots, group_levels, values, g * kGroup,
+                                                  sub * kSubSteps);
             } else {
                 // On vpmaddubsw: the pairs of kWidenSteps steps added in int16, then widened by
                 // vpmaddwd (IQ4_XS: |level| times x with the level's sign). Inline rather than a
@@ -617,7 +626,7 @@ void gemm_rows_blocks_on(float* out, const Matrix& w, const QuantizedBatch& x, i
     // each computing and storing only the 16-row halves and rows of its own run.
     for (int tile_row = first_row / kBlockRowTile * kBlockRowTile; tile_row < end_row;
          tile_row += kBlockRowTile) {
-        unpack_tile(panel, w, tile_row);
+        unpack_tile<kDot>(panel, w, tile_row);
         std::fill(sums, sums + size_t(x.batch) * kBlockRowTile, 0.0f);
         const int kernel_rows = kKernelRegisters * kLanes;
         const int first_register =
