@@ -54,6 +54,8 @@ import safetensors_io as st  # noqa: E402
 
 # Files of the checkpoint that are written anew rather than copied (and *.safetensors).
 KEPT_OUT = ("config.json", "model.safetensors.index.json")
+# The most parameters of a padded model: the whole model is built in memory in float64.
+MAX_PARAMETERS = 1 << 27
 
 
 def checked_config(hf_dir):
@@ -81,6 +83,12 @@ def check_sizes(config, dim, head_dim, ffn, seed):
     if head_dim < config["head_dim"] or head_dim % config["head_dim"]:
         raise ConvertError(f"--head-dim {head_dim} is not a multiple of the model's "
                            f"{config['head_dim']} (RoPE's frequencies must stay the same)")
+    attention = (2 * config["heads"] + 2 * config["kv_heads"]) * head_dim * dim
+    parameters = (2 * config["vocab_size"] * dim + dim * dim
+                  + config["layers"] * (attention + 3 * dim * ffn))
+    if parameters > MAX_PARAMETERS:
+        raise ConvertError(f"the padded model would hold {parameters} parameters; this tool is "
+                           f"for small models (at most {MAX_PARAMETERS})")
 
 
 def random_rotation(size, seed):
@@ -225,6 +233,9 @@ def pad_model(hf_dir, out_dir, dim, head_dim, ffn, seed):
     try:
         os.makedirs(parent, exist_ok=True)
         staging = tempfile.mkdtemp(prefix=".pad_model-", dir=parent)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's folder is the owner's alone
         write_checkpoint(staging, new_cfg, tensors, hf_dir)
         os.rename(staging, out_dir)
     except OSError as e:

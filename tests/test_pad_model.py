@@ -95,6 +95,8 @@ def test_what_cannot_be_padded_is_refused_in_one_line(tmp_path):
     qwen3_dir = make_checkpoint(str(tmp_path / "qwen3"), qwen3, tiny_tensors(TINY_CONFIG))
     one_line_refusal(run(PAD_MODEL, qwen3_dir, "-o", out), "model_type 'qwen3'")
     one_line_refusal(run(PAD_MODEL, source, "-o", out, "--seed", "-1"), "--seed -1 is negative")
+    one_line_refusal(run(PAD_MODEL, source, "-o", out, "--dim", "100000"),
+                     "the padded model would hold")
     tensors = tiny_tensors(TINY_CONFIG)
     del tensors["model.layers.1.mlp.up_proj.weight"]
     missing = make_checkpoint(str(tmp_path / "missing"), TINY_CONFIG, tensors)
