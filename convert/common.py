@@ -130,6 +130,14 @@ def refuse_output_among_inputs(output, inputs):
             raise ConvertError(f"output '{output}' is the input file {path}")
 
 
+def umask_applied(mode):
+    """`mode` less the process's umask: the permissions a new file or folder gets, for one
+    made by mkstemp or mkdtemp (which give the owner's alone) before it is put in place."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return mode & ~umask
+
+
 class Interrupted(BaseException):
     """One of the STOP_SIGNALS arrived. A BaseException, as KeyboardInterrupt is: no
     handler of errors catches it, every `finally` (removing a temporary output) runs."""

@@ -37,7 +37,7 @@ import barellm_check
 import blocks
 from common import (ConvertError, OneLineParser, compact_json, float32, read_json,
                     refuse_output_among_inputs, refuse_output_in_place_of, run_main,
-                    stop_signals_held)
+                    stop_signals_held, umask_applied)
 import dtypes
 import gguf_in
 import hf_tokenizer
@@ -942,9 +942,7 @@ def write_output(path, plan, metadata, types, quantizers, barellm):
                 tensor_task(f.fileno(), name, info, "F32" if is_norm else types[name],
                             places, quantizers)
                 for name, info, is_norm in plan])
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, umask_applied(0o666))
         if barellm is not None:
             barellm_check.check_loads(barellm, tmp, path)
         os.replace(tmp, path)

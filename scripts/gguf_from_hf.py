@@ -69,7 +69,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "convert"))
 
 from common import (ConvertError, refuse_output_among_inputs,  # noqa: E402
-                    refuse_output_in_place_of, run_main)
+                    refuse_output_in_place_of, run_main, umask_applied)
 import convert  # noqa: E402
 import dtypes  # noqa: E402
 import gguf_in  # noqa: E402
@@ -553,9 +553,7 @@ def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
             writer.write_tensor_data(data)
             del data
         writer.close()
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, umask_applied(0o666))
         os.replace(tmp, output)
     except OSError as e:
         raise ConvertError(f"cannot write output '{output}': {e.strerror or e}") from None

@@ -47,7 +47,8 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "convert"))
 
-from common import ConvertError, OneLineParser, read_json, run_main  # noqa: E402
+from common import (ConvertError, OneLineParser, read_json, run_main,  # noqa: E402
+                    stop_signals_held, umask_applied)
 import convert  # noqa: E402
 import dtypes  # noqa: E402
 import safetensors_io as st  # noqa: E402
@@ -232,10 +233,9 @@ def pad_model(hf_dir, out_dir, dim, head_dim, ffn, seed):
     staging = None
     try:
         os.makedirs(parent, exist_ok=True)
-        staging = tempfile.mkdtemp(prefix=".pad_model-", dir=parent)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(staging, 0o777 & ~umask)  # mkdtemp's folder is the owner's alone
+        with stop_signals_held():  # a signal right after mkdtemp still finds `staging` set
+            staging = tempfile.mkdtemp(prefix=".pad_model-", dir=parent)
+        os.chmod(staging, umask_applied(0o777))
         write_checkpoint(staging, new_cfg, tensors, hf_dir)
         os.rename(staging, out_dir)
     except OSError as e:
