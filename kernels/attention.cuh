@@ -31,6 +31,7 @@
 
 #include "common.cuh"
 #include "cuda_check.h"
+#include "dependent_launch.cuh"
 #include "kernels.h"
 #include "rope.cuh"
 
@@ -207,6 +208,7 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(Atte
         sum_shared[threadIdx.x] = 0.0f;
         rescale_shared[threadIdx.x] = 0.0f;
     }
+    finish_prologue();  // qkv, the cache and the merge's buffers: the kernels ahead wrote them
     __syncthreads();
     // The query heads of this block (consecutive: q starts at qkv + head0 * head_dim), normed
     // (with q_norm) and rotated, warp h taking head h.
@@ -460,8 +462,8 @@ template <typename KvT>
 void launch_attention(const AttentionArgs& args, cudaStream_t stream) {
     const dim3 grid = attention_grid(args.splits, args.heads, args.kv_heads);
     with_attention_head_dim_max(args.head_dim, [&](auto head_dim_max) {
-        attention_split_kernel<KvT, decltype(head_dim_max)::value>
-            <<<grid, kAttentionThreads, 0, stream>>>(args);
+        launch_after_previous(attention_split_kernel<KvT, decltype(head_dim_max)::value>, grid,
+                              dim3(kAttentionThreads), 0, stream, args);
     });
     CUDA_CHECK_LAUNCH("attention_split_kernel");
 }

@@ -44,6 +44,9 @@
 // - Debugging knob: BARELLM_CUDA_GRAPHS=0 in the environment launches the kernels directly
 //   on the stream for every token (and every server step) instead of replaying the
 //   captured graphs.
+// - BARELLM_CUDA_PDL=1 (sm_90 and later) lets each decode matvec and the attention start
+//   while the kernel ahead of it ends, its weight prefetch overlapping that kernel's tail
+//   (dependent_launch.cuh); off by default.
 #include <cuda_runtime.h>
 #include <dlfcn.h>
 
@@ -221,6 +224,7 @@ public:
         CUDA_CHECK(cudaGetDeviceProperties(&properties, 0));
         check_shape(properties);
         cuda::warpgroup_gemm_use();  // a wrong BARELLM_CUDA_WGMMA stops here, before the upload
+        cuda::dependent_launch_enabled();  // and a wrong BARELLM_CUDA_PDL
         if (options.flash_decoding)
             splits_ =
                 cuda::attention_splits(attention_shape(), context_, properties.multiProcessorCount);

@@ -461,6 +461,12 @@ void attention_naive(float* out, const float* q, const void* key_cache, const vo
                      const int* step, float* scores, int context, const AttentionShape& shape,
                      KvType kv_type, cudaStream_t stream);
 
+// Whether the decode kernels that finish a prologue start while the kernel ahead of them ends
+// (programmatic dependent launch; kernels/dependent_launch.cuh): BARELLM_CUDA_PDL=1 (0, the
+// default, turns it off; another value is refused, throwing), on a GPU of compute capability
+// 9.0 or later running kernel images built for it.
+bool dependent_launch_enabled();
+
 // cudaSuccess when this binary holds kernels the current GPU can run (otherwise, typically
 // cudaErrorNoKernelImageForDevice: it was built for other architectures).
 cudaError_t kernel_image_status();

@@ -13,7 +13,8 @@
 //   kernel and its round trip through global memory.
 // - Staging reads float4s, several in flight per thread, and each warp asks L2 for its
 //   first weights before it starts: the block's start-up (staging, the norm's reduction)
-//   overlaps the first trip to DRAM instead of preceding it.
+//   overlaps the first trip to DRAM instead of preceding it. That request is the kernel's
+//   prologue (dependent_launch.cuh): launched early, it overlaps the previous kernel's tail.
 // - The row sums meet in shared memory; the block's first warp stores them (adding the bias,
 //   for Qwen's q/k/v and o projections, and the residual, for wo and w2) with one coalesced
 //   access.
@@ -23,6 +24,7 @@
 #pragma once
 #include "common.cuh"
 #include "cuda_check.h"
+#include "dependent_launch.cuh"
 #include "kernels.h"
 #include "weights/model.h"  // is_quantized
 
@@ -264,6 +266,7 @@ __device__ __forceinline__ void matvec_rows_of_block(float* __restrict__ out,
     const uint4* const row_pointer[1] = {weight_row<D>(weights, has_row ? row : 0, pitch)};
     if (has_row)
         prefetch_first_round<1>(row_pointer, threadIdx.x % kWarpSize, row_vectors<D>(pitch));
+    finish_prologue();  // the input and out: the kernels ahead wrote them
 
     float* xs = dynamic_shared_floats();
     stage_input<WeightFormat<D>::kPerVector>(xs, in, cols, pitch, norm_weight, eps, scratch);
@@ -305,6 +308,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
                                           weight_row<D>(w3, safe_row, pitch)};
     if (has_row)
         prefetch_first_round<2>(row_pointers, threadIdx.x % kWarpSize, row_vectors<D>(pitch));
+    finish_prologue();
 
     float* xs = dynamic_shared_floats();
     stage_input<WeightFormat<D>::kPerVector>(xs, in, cols, pitch, norm_weight, eps, scratch);
@@ -336,8 +340,8 @@ void launch_matvec(float* out, const DeviceMatrix& w, const float* in, const flo
     const dim3 grid = matvec_grid(w.rows, w.pitch), block = matvec_block(w.pitch);
     const size_t shared = staged_input_bytes(w.pitch);
     const auto kernel = accumulate ? matvec_kernel<D, true> : matvec_kernel<D, false>;
-    kernel<<<grid, block, shared, stream>>>(out, w.data, w.rows, w.pitch, in, w.cols, norm_weight,
-                                            eps, bias);
+    launch_after_previous(kernel, grid, block, shared, stream, out, w.data, w.rows, w.pitch, in,
+                          w.cols, norm_weight, eps, bias);
 }
 
 template <DType D, Activation A>
@@ -345,8 +349,9 @@ void launch_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix
                           const float* in, const float* norm_weight, float eps,
                           cudaStream_t stream) {
     const dim3 grid = matvec_grid(w1.rows, w1.pitch), block = matvec_block(w1.pitch);
-    matvec_swiglu_kernel<D, A><<<grid, block, staged_input_bytes(w1.pitch), stream>>>(
-        out, w1.data, w3.data, w1.rows, w1.pitch, in, w1.cols, norm_weight, eps);
+    launch_after_previous(matvec_swiglu_kernel<D, A>, grid, block, staged_input_bytes(w1.pitch),
+                          stream, out, w1.data, w3.data, w1.rows, w1.pitch, in, w1.cols,
+                          norm_weight, eps);
 }
 
 // stage_input reads the input and the norm weight as float4s.

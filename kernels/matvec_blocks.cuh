@@ -97,6 +97,7 @@ __device__ __forceinline__ void block_matvec_rows_of_block(
     const int row = blockIdx.x * warps + warp;
     const bool has_row = row < rows;  // the same for the whole warp
     const uint8_t* const row_pointer[1] = {block_row<D>(weights, has_row ? row : 0, cols)};
+    finish_prologue();  // the input and out: the kernels ahead wrote them
 
     float* xs = dynamic_shared_floats();
     stage_input<4>(xs, in, cols, cols, norm_weight, eps, scratch);
@@ -136,6 +137,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     const int safe_row = has_row ? row : 0;
     const uint8_t* const row_pointers[2] = {block_row<D>(w1, safe_row, cols),
                                             block_row<D>(w3, safe_row, cols)};
+    finish_prologue();
 
     float* xs = dynamic_shared_floats();
     stage_input<4>(xs, in, cols, cols, norm_weight, eps, scratch);
@@ -173,8 +175,8 @@ void launch_block_matvec(float* out, const DeviceMatrix& w, const float* in,
         constexpr DType D = decltype(dtype)::value;
         const auto kernel =
             accumulate ? block_matvec_kernel<D, true> : block_matvec_kernel<D, false>;
-        kernel<<<grid, block, shared, stream>>>(out, w.data, w.rows, in, w.cols, norm_weight, eps,
-                                                bias);
+        launch_after_previous(kernel, grid, block, shared, stream, out, w.data, w.rows, in, w.cols,
+                              norm_weight, eps, bias);
     });
     CUDA_CHECK_LAUNCH("block_matvec_kernel");
 }
@@ -187,9 +189,10 @@ void launch_block_matvec_swiglu(float* out, const DeviceMatrix& w1, const Device
     const dim3 grid = matvec_grid(w1.rows, w1.cols), block = matvec_block(w1.cols);
     with_block_dtype(w1.dtype, [&](auto dtype) {
         with_activation(activation, [&](auto act) {
-            block_matvec_swiglu_kernel<decltype(dtype)::value, decltype(act)::value>
-                <<<grid, block, staged_input_bytes(w1.cols), stream>>>(
-                    out, w1.data, w3.data, w1.rows, in, w1.cols, norm_weight, eps);
+            launch_after_previous(
+                block_matvec_swiglu_kernel<decltype(dtype)::value, decltype(act)::value>, grid,
+                block, staged_input_bytes(w1.cols), stream, out, w1.data, w3.data, w1.rows, in,
+                w1.cols, norm_weight, eps);
         });
     });
     CUDA_CHECK_LAUNCH("block_matvec_swiglu_kernel");

@@ -305,6 +305,7 @@ __device__ __forceinline__ void quantized_row_sets_of_block(
     const int sets = quantized_row_sets(rows, kRowsPerWarp);
     const int first_set = blockIdx.x, set_step = gridDim.x;
     WarpRows(matrices, scales, rows, pitch, first_set).prefetch(pitch);
+    finish_prologue();  // the input and out: the kernels ahead wrote them
 
     const QuantizedInput input =
         stage_quantized_input<D>(in, cols, pitch, norm_weight, eps, scratch);
@@ -498,8 +499,8 @@ void launch_quantized_matvec_typed(float* out, const DeviceMatrix& w, const floa
                                    : quantized_matvec_kernel<D, kOneWave, false, kRowsPerWarp>;
     const dim3 grid = kOneWave ? one_wave_grid(kernel, w.rows, kRowsPerWarp, shared)
                                : quantized_matvec_grid(w.rows, kRowsPerWarp);
-    kernel<<<grid, kQuantizedMatvecThreads, shared, stream>>>(
-        out, w.data, w.scales, w.rows, w.pitch, in, w.cols, norm_weight, eps, bias);
+    launch_after_previous(kernel, grid, dim3(kQuantizedMatvecThreads), shared, stream, out, w.data,
+                          w.scales, w.rows, w.pitch, in, w.cols, norm_weight, eps, bias);
 }
 
 template <DType D, bool kOneWave, int kRowsPerWarp, Activation A>
@@ -511,9 +512,9 @@ void launch_quantized_matvec_swiglu_typed(float* out, const DeviceMatrix& w1,
     const auto kernel = quantized_matvec_swiglu_kernel<D, kOneWave, kRowsPerWarp, A>;
     const dim3 grid = kOneWave ? one_wave_grid(kernel, w1.rows, kRowsPerWarp, shared)
                                : quantized_matvec_grid(w1.rows, kRowsPerWarp);
-    kernel<<<grid, kQuantizedMatvecThreads, shared, stream>>>(out, w1.data, w1.scales, w3.data,
-                                                              w3.scales, w1.rows, w1.pitch, in,
-                                                              w1.cols, norm_weight, eps);
+    launch_after_previous(kernel, grid, dim3(kQuantizedMatvecThreads), shared, stream, out, w1.data,
+                          w1.scales, w3.data, w3.scales, w1.rows, w1.pitch, in, w1.cols,
+                          norm_weight, eps);
 }
 
 // Calls use(std::bool_constant<B>) for one_wave B.

@@ -14,7 +14,8 @@ q8 and q4 against the CPU's scalar path and its prefill, QUANTIZED_PREFILL_TOLER
 dequantized to f16 for it); plus every
 kernel on its own (build/cuda_kernel_check), the server's step over the paged KV cache
 (build/step_logits: several sequences at once, decode rows beside prompt chunks, on the
-batched matvec and on the GEMMs, scattered block tables, copied blocks), graph replay against direct launches, every
+batched matvec and on the GEMMs, scattered block tables, copied blocks), graph replay against direct launches,
+decode with programmatic dependent launch (BARELLM_CUDA_PDL=1) against plain launches, every
 rung of the GPU ladder on Qwen (and its refusal of Gemma on rungs 1-4), `run` and `bench`;
 synthetic Mixtral and Qwen3-MoE checkpoints (decode, prefill and the server's step); files
 of ggml's block types, a type per matrix (Q4_K_M, Q5_K_M, Q6_K and IQ4_XS mixes: decode,
@@ -544,6 +545,34 @@ def test_graph_replay_equals_direct_launches(cuda, models, name, dtype):
     assert np.array_equal(replayed, direct)
 
 
+@pytest.mark.parametrize("name,dtype", [("gqa-window", "bf16"), ("stories260K", "q4"),
+                                        ("stories260K", "q8"), ("gemma3-1b-heads", "f16"),
+                                        ("qwen3-attention-bias", "f32")])
+def test_dependent_launch_equals_stream_order(cuda, models, name, dtype):
+    """BARELLM_CUDA_PDL=1 (kernels/dependent_launch.cuh) starts each decode matvec and the
+    attention while the kernel ahead of it ends; they wait for its writes before reading
+    them: the same logits, bit for bit, in the graph and launched directly."""
+    model = models(name, dtype)
+    ids = token_ids(64, seed=65)
+    in_order = dump_logits(model, ids, "--device", "cuda")
+    for graphs in ("1", "0"):
+        overlapped = dump_logits(model, ids, "--device", "cuda",
+                                 env={**os.environ, "BARELLM_CUDA_PDL": "1",
+                                      "BARELLM_CUDA_GRAPHS": graphs})
+        assert np.array_equal(in_order, overlapped), f"graphs {graphs}"
+
+
+@pytest.mark.parametrize("mix", sorted(BLOCK_MIXES))
+def test_dependent_launch_block_types_equal_stream_order(cuda, block_mix, mix):
+    """The block types' matvecs under BARELLM_CUDA_PDL=1: the same logits, bit for bit."""
+    model = block_mix(mix)
+    ids = token_ids(40, seed=66, vocab=BLOCK_MIXES[mix]["vocab_size"])
+    in_order = dump_logits(model, ids, "--kv", "f32", "--device", "cuda")
+    overlapped = dump_logits(model, ids, "--kv", "f32", "--device", "cuda",
+                             env={**os.environ, "BARELLM_CUDA_PDL": "1"})
+    assert np.array_equal(in_order, overlapped)
+
+
 @pytest.mark.parametrize("prompt", ["Once upon a time", "The little dog",
                                     "Tom and his mom went to the park. They saw"])
 def test_run_greedy_text_matches_cpu(cuda, models, prompt):
@@ -597,6 +626,18 @@ def test_wrong_warpgroup_setting_is_one_line(cuda, models):
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "BARELLM_CUDA_WGMMA is 'yes'" in lines[0], result.stderr
+
+
+def test_wrong_dependent_launch_setting_is_one_line(cuda, models):
+    """BARELLM_CUDA_PDL takes 0 or 1, on any GPU: another value stops barellm before it
+    uploads the weights, with one line naming it, exit status 1."""
+    result = subprocess.run([BARELLM, "run", models("stories260K", "f16"), "-p",
+                             "Once upon a time", "-n", "4", "--device", "cuda"],
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "BARELLM_CUDA_PDL": "on"})
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "BARELLM_CUDA_PDL is 'on'" in lines[0], result.stderr
 
 
 def test_device_cuda_without_gpu_says_so_in_one_line(tmp_path):

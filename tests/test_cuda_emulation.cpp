@@ -10,8 +10,9 @@
 #include <vector>
 
 #include "common.cuh"
-#include "util/error.h"
+#include "dependent_launch.cuh"
 #include "tensor_core.cuh"
+#include "util/error.h"
 
 using namespace barellm;
 using namespace barellm::cuda;
@@ -397,6 +398,47 @@ TEST_CASE("emulated grids run every thread of every block once", "[cuda_emulatio
     });
     CHECK(counter == unsigned(threads));
     CHECK(std::all_of(visits.begin(), visits.end(), [](int v) { return v == 1; }));
+}
+
+TEST_CASE("an EarlyLaunchCheck holds back the memory of the kernels ahead until finish_prologue",
+          "[cuda_emulation]") {
+    // 3 blocks of 37 threads: thread i of block b reads ahead[i] before and after
+    // finish_prologue, and writes mine[b * 37 + i] before it (lost) and after it (kept); block 2
+    // returns without waiting and must leave both arrays as it found them.
+    constexpr int kBlocks = 3, kThreads = 37;
+    std::vector<float> ahead(kThreads), mine(kBlocks * kThreads, 0.0f);
+    for (int i = 0; i < kThreads; ++i) ahead[i] = float(i + 1);
+    std::vector<float> before(kBlocks * kThreads, 0.0f), after(kBlocks * kThreads, 0.0f);
+    {
+        const emulation::EarlyLaunchCheck check({{ahead.data(), ahead.size() * sizeof(float)},
+                                                 {mine.data(), mine.size() * sizeof(float)}});
+        emulate_launch(dim3(kBlocks), dim3(kThreads), 0, [&] {
+            const int i = int(threadIdx.x), slot = int(blockIdx.x) * kThreads + i;
+            if (blockIdx.x == kBlocks - 1) return;
+            before[slot] = ahead[i];
+            mine[slot] = -1.0f;
+            finish_prologue();
+            after[slot] = ahead[i];
+            if (mine[slot] == 0.0f) mine[slot] = 2.0f;
+        });
+    }
+    for (int b = 0; b < kBlocks; ++b)
+        for (int i = 0; i < kThreads; ++i) {
+            const int slot = b * kThreads + i;
+            const bool waited = b < kBlocks - 1;
+            INFO("block " << b << ", thread " << i);
+            CHECK((waited ? std::isnan(before[slot]) : before[slot] == 0.0f));
+            CHECK(after[slot] == (waited ? float(i + 1) : 0.0f));
+            CHECK(mine[slot] == (waited ? 2.0f : 0.0f));
+        }
+    for (int i = 0; i < kThreads; ++i) CHECK(ahead[i] == float(i + 1));
+    // Without a check, finish_prologue is a barrier and the memory reads as it is.
+    std::vector<float> plain(kThreads, 0.0f);
+    emulate_launch(dim3(1), dim3(kThreads), 0, [&] {
+        plain[threadIdx.x] = ahead[threadIdx.x];
+        finish_prologue();
+    });
+    CHECK(plain == ahead);
 }
 
 TEST_CASE("emulated 16-bit conversions round to nearest even", "[cuda_emulation]") {

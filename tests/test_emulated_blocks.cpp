@@ -167,7 +167,7 @@ void check_block_matvec(int rows, int cols, const Fusion& f, std::mt19937& rng) 
     INFO(dtype_name(D) << ", " << rows << " x " << cols << ", norm " << f.norm << ", bias "
                        << f.bias << ", accumulate " << f.accumulate);
     const BlockMatrix w(D, rows, cols, rng), w3(D, rows, cols, rng);
-    const AlignedArray<float> in = aligned_floats(size_t(cols), rng, 2.0f);
+    AlignedArray<float> in = aligned_floats(size_t(cols), rng, 2.0f);
     const AlignedArray<float> norm = aligned_floats(size_t(cols), rng);
     const std::vector<float> bias = random_floats(size_t(rows), rng);
     const std::vector<float> old = random_floats(size_t(rows), rng);
@@ -177,14 +177,19 @@ void check_block_matvec(int rows, int cols, const Fusion& f, std::mt19937& rng) 
     const dim3 grid = matvec_grid(rows, cols), block = matvec_block(cols);
     const size_t shared = staged_input_bytes(cols);
     const auto kernel = f.accumulate ? block_matvec_kernel<D, true> : block_matvec_kernel<D, false>;
-    emulate_launch(grid, block, shared, kernel, out.data(), w.bytes.data(), rows, in.data(), cols,
-                   norm_weight, kEps, f.bias ? bias.data() : nullptr);
-    emulate_launch(grid, block, shared, block_matvec_swiglu_kernel<D, Activation::Silu>,
-                   swiglu.data(), w.bytes.data(), w3.bytes.data(), rows, in.data(), cols,
-                   norm.data(), kEps);
-    emulate_launch(grid, block, shared, block_matvec_swiglu_kernel<D, Activation::GeluTanh>,
-                   geglu.data(), w.bytes.data(), w3.bytes.data(), rows, in.data(), cols,
-                   norm.data(), kEps);
+    {
+        // The input and the outputs come from the kernels ahead (dependent_launch.cuh).
+        const emulation::EarlyLaunchCheck ahead(
+            {region_of(in), region_of(out), region_of(swiglu), region_of(geglu)});
+        emulate_launch(grid, block, shared, kernel, out.data(), w.bytes.data(), rows, in.data(),
+                       cols, norm_weight, kEps, f.bias ? bias.data() : nullptr);
+        emulate_launch(grid, block, shared, block_matvec_swiglu_kernel<D, Activation::Silu>,
+                       swiglu.data(), w.bytes.data(), w3.bytes.data(), rows, in.data(), cols,
+                       norm.data(), kEps);
+        emulate_launch(grid, block, shared, block_matvec_swiglu_kernel<D, Activation::GeluTanh>,
+                       geglu.data(), w.bytes.data(), w3.bytes.data(), rows, in.data(), cols,
+                       norm.data(), kEps);
+    }
 
     const std::vector<double> x = staged_input(in.data(), cols, norm_weight);
     const std::vector<double> normed = staged_input(in.data(), cols, norm.data());

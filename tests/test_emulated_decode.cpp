@@ -289,7 +289,7 @@ void check_matvec(int rows, int cols, const Fusion& f, std::mt19937& rng,
                        << f.bias << ", accumulate " << f.accumulate << ", input up to "
                        << input_scale);
     PaddedRows w(rows, cols, D, rng), w3(rows, cols, D, rng);
-    const AlignedArray<float> in = aligned_floats(size_t(cols), rng, input_scale);
+    AlignedArray<float> in = aligned_floats(size_t(cols), rng, input_scale);
     const AlignedArray<float> norm = aligned_floats(size_t(cols), rng);
     const std::vector<float> bias = random_floats(size_t(rows), rng);
     const std::vector<float> old = random_floats(size_t(rows), rng);
@@ -298,16 +298,25 @@ void check_matvec(int rows, int cols, const Fusion& f, std::mt19937& rng,
     std::vector<float> swiglu = nan_floats(size_t(rows)), geglu = nan_floats(size_t(rows));
     const dim3 grid = matvec_grid(rows, w.pitch), block = matvec_block(w.pitch);
     const size_t shared = staged_input_bytes(w.pitch);
-    if (f.accumulate)
-        emulate_launch(grid, block, shared, matvec_kernel<D, true>, out.data(), w.data(), rows,
-                       w.pitch, in.data(), cols, norm_weight, kEps, f.bias ? bias.data() : nullptr);
-    else
-        emulate_launch(grid, block, shared, matvec_kernel<D, false>, out.data(), w.data(), rows,
-                       w.pitch, in.data(), cols, norm_weight, kEps, f.bias ? bias.data() : nullptr);
-    emulate_launch(grid, block, shared, matvec_swiglu_kernel<D, Activation::Silu>, swiglu.data(),
-                   w.data(), w3.data(), rows, w.pitch, in.data(), cols, norm.data(), kEps);
-    emulate_launch(grid, block, shared, matvec_swiglu_kernel<D, Activation::GeluTanh>, geglu.data(),
-                   w.data(), w3.data(), rows, w.pitch, in.data(), cols, norm.data(), kEps);
+    {
+        // The input and the outputs come from the kernels ahead (dependent_launch.cuh).
+        const emulation::EarlyLaunchCheck ahead(
+            {region_of(in), region_of(out), region_of(swiglu), region_of(geglu)});
+        if (f.accumulate)
+            emulate_launch(grid, block, shared, matvec_kernel<D, true>, out.data(), w.data(), rows,
+                           w.pitch, in.data(), cols, norm_weight, kEps,
+                           f.bias ? bias.data() : nullptr);
+        else
+            emulate_launch(grid, block, shared, matvec_kernel<D, false>, out.data(), w.data(), rows,
+                           w.pitch, in.data(), cols, norm_weight, kEps,
+                           f.bias ? bias.data() : nullptr);
+        emulate_launch(grid, block, shared, matvec_swiglu_kernel<D, Activation::Silu>,
+                       swiglu.data(), w.data(), w3.data(), rows, w.pitch, in.data(), cols,
+                       norm.data(), kEps);
+        emulate_launch(grid, block, shared, matvec_swiglu_kernel<D, Activation::GeluTanh>,
+                       geglu.data(), w.data(), w3.data(), rows, w.pitch, in.data(), cols,
+                       norm.data(), kEps);
+    }
 
     const std::vector<double> x = normed_input(in.data(), cols, norm_weight);
     const std::vector<double> x_normed = normed_input(in.data(), cols, norm.data());
@@ -368,7 +377,7 @@ void check_quantized_matvec(int rows, int cols, const Fusion& f, std::mt19937& r
                        << " rows per warp, one wave " << kOneWave << ", norm " << f.norm
                        << ", bias " << f.bias << ", accumulate " << f.accumulate);
     const QuantizedMatrix w(D, rows, cols, rng), w3(D, rows, cols, rng);
-    const AlignedArray<float> in = aligned_floats(size_t(cols), rng, 2.0f);
+    AlignedArray<float> in = aligned_floats(size_t(cols), rng, 2.0f);
     const AlignedArray<float> norm = aligned_floats(size_t(cols), rng);
     const std::vector<float> bias = random_floats(size_t(rows), rng);
     const std::vector<float> old = random_floats(size_t(rows), rng);
@@ -379,6 +388,9 @@ void check_quantized_matvec(int rows, int cols, const Fusion& f, std::mt19937& r
     const dim3 grid = quantized_matvec_grid(rows, kRowsPerWarp, kOneWave ? kOneWaveBlocks : 0),
                block(kQuantizedMatvecThreads);
     const size_t shared = quantized_staging_bytes(w.pitch);
+    // The input and the outputs come from the kernels ahead (dependent_launch.cuh).
+    const emulation::EarlyLaunchCheck ahead(
+        {region_of(in), region_of(out), region_of(swiglu), region_of(geglu)});
     if (f.accumulate)
         emulate_launch(grid, block, shared,
                        quantized_matvec_kernel<D, kOneWave, true, kRowsPerWarp>, out.data(),
@@ -600,7 +612,7 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
     const int head_dim = c.head_dim, q_dim = c.heads * head_dim, kv_dim = c.kv_heads * head_dim;
     const int context = c.pos + 3, first = attention_start(c.pos, c.window);
     const std::vector<float> inverse_frequencies = inverse_frequencies_for(head_dim);
-    const std::vector<float> qkv = random_floats(size_t(q_dim + 2 * kv_dim), rng, c.magnitude);
+    std::vector<float> qkv = random_floats(size_t(q_dim + 2 * kv_dim), rng, c.magnitude);
     const std::vector<float> q_norm = random_floats(size_t(head_dim), rng);
     const std::vector<float> k_norm = random_floats(size_t(head_dim), rng);
     std::vector<KvT> keys = attention_cache<KvT>(context, kv_dim, first, c.pos, rng, c.magnitude);
@@ -616,10 +628,17 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
         out.data(), qkv.data(), inverse_frequencies.data(), c.norms ? q_norm.data() : nullptr,
         c.norms ? k_norm.data() : nullptr, kEps, keys.data(), values.data(), step,
         partial_out.data(), partial_stats.data(), arrivals.data(), shape, c.splits);
-    with_attention_head_dim_max(head_dim, [&](auto head_dim_max) {
-        emulate_launch(attention_grid(c.splits, c.heads, c.kv_heads), dim3(kAttentionThreads), 0,
-                       attention_split_kernel<KvT, decltype(head_dim_max)::value>, args);
-    });
+    {
+        // All but the weights, the RoPE frequencies and the step come from kernels ahead
+        // (dependent_launch.cuh).
+        const emulation::EarlyLaunchCheck ahead({region_of(qkv), region_of(keys), region_of(values),
+                                                 region_of(out), region_of(partial_out),
+                                                 region_of(partial_stats), region_of(arrivals)});
+        with_attention_head_dim_max(head_dim, [&](auto head_dim_max) {
+            emulate_launch(attention_grid(c.splits, c.heads, c.kv_heads), dim3(kAttentionThreads),
+                           0, attention_split_kernel<KvT, decltype(head_dim_max)::value>, args);
+        });
+    }
 
     int wrong = 0;
     // Row pos: the normed, rotated key and the value; no other row written.

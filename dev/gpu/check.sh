@@ -80,6 +80,11 @@
 #                 tests/test_cuda.py with =always (their models' grids are small), then pp512
 #                 on the Mistral-7B f16 file without (=0) and with it, alternated, 2 rounds
 #                 (about 3 minutes after the file)
+#   pdl           decode with programmatic dependent launch (BARELLM_CUDA_PDL=1,
+#                 kernels/dependent_launch.cuh): the decode tests of tests/test_cuda.py
+#                 against the CPU with it (cut at 120 s), then tg128 on the Mistral-7B f16
+#                 and q4 files (and the Q4_K_M file where the kquants step made it) with it
+#                 off and on, alternated, 2 rounds (about 3 minutes after the files)
 #   ab            prefill and decode speed (pp512 and tg128 on the Mistral-7B f16 and q4
 #                 files) of other trees beside this one, alternated in one run: each
 #                 gpu_data/ab/NAME.tgz (made by `git archive -o gpu_data/ab/NAME.tgz REV`)
@@ -146,7 +151,7 @@ STEPS=${*:-kernels tests compare}
 for name in $STEPS; do
     case $name in
         kernels | gemm-tiles | gemm-ncu | matvec-ncu | tests | compare | quantized | kquants | \
-            bf16 | transformers | logits-7b | decode | ladder | wgmma | ab | qwen3-8b | \
+            bf16 | transformers | logits-7b | decode | ladder | wgmma | pdl | ab | qwen3-8b | \
             llama3-prefill) ;;
         *) echo "check.sh: unknown step '$name' (see the header of $0)" >&2; exit 2 ;;
     esac
@@ -311,7 +316,8 @@ declare -A GIB=(["$MISTRAL"]=$MISTRAL_GIB ["$MISTRAL_GGUF"]=$MISTRAL_GIB ["$MIST
 MISTRAL_PLAN=()
 # True when a step wanted reads the Mistral-7B f16 file.
 wants_mistral_f16() {
-    wants compare || wants logits-7b || wants decode || wants ladder || wants wgmma || wants ab
+    wants compare || wants logits-7b || wants decode || wants ladder || wants wgmma || wants pdl ||
+        wants ab
 }
 plan_mistral() {
     local -a wanted=()
@@ -323,7 +329,7 @@ plan_mistral() {
         wants kquants && [ -x "$LLAMA_QUANTIZE" ] &&
             wanted+=("$MISTRAL_Q4KM_GGUF" "$MISTRAL_Q4KM")
     fi
-    { wants compare || wants quantized || wants ab; } && wanted+=("$MISTRAL_Q4")
+    { wants compare || wants quantized || wants ab || wants pdl; } && wanted+=("$MISTRAL_Q4")
     { wants compare || wants quantized; } && wanted+=("$MISTRAL_Q8")
     local file need=0 free
     for file in "${wanted[@]}"; do
@@ -710,6 +716,31 @@ if wants wgmma; then
             -p 512 -n 0 -r 3
         BARELLM_CUDA_WGMMA=1 bench "mistral-f16-wgmma-$round" build/barellm "$MISTRAL" 30 \
             -p 512 -n 0 -r 3
+    done
+fi
+
+if wants pdl; then
+    step "decode with and without programmatic dependent launch (BARELLM_CUDA_PDL)"
+    if fits 60 "the decode tests with BARELLM_CUDA_PDL=1"; then
+        BARELLM_CUDA_PDL=1 OMP_NUM_THREADS=2 timeout "$(capped 120)" \
+            python3 -m pytest -q -rs "${xdist[@]}" tests/test_cuda.py -k "dependent_launch or \
+stories260k_cuda_matches_cpu or synthetic_cuda_matches_cpu or block_types_cuda_match_cpu or \
+mixture_of_experts_cuda or gemma_cuda_matches_cpu or qwen_cuda_matches_cpu or greedy" \
+            >"$LOG/pdl_tests.log" 2>&1
+        note "pdl: test_cuda.py decode tests with BARELLM_CUDA_PDL=1: $(tail -1 "$LOG/pdl_tests.log")"
+        grep -h "^FAILED" "$LOG/pdl_tests.log" | head -10
+    fi
+    models_done 120
+    files=()
+    [ -f "$MISTRAL" ] && files+=("$MISTRAL")
+    [ -f "$MISTRAL_Q4" ] && files+=("$MISTRAL_Q4")
+    [ -f "$MISTRAL_Q4KM" ] && files+=("$MISTRAL_Q4KM")
+    for round in 1 2; do
+        for file in "${files[@]}"; do
+            label=$(basename "$file" .bin)
+            BARELLM_CUDA_PDL=0 bench "$label-pdl0-$round" build/barellm "$file" 25 -p 0 -n 128 -r 3
+            BARELLM_CUDA_PDL=1 bench "$label-pdl1-$round" build/barellm "$file" 25 -p 0 -n 128 -r 3
+        done
     done
 fi
 

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -74,6 +75,8 @@ const char* warp_op_name(WarpOp op) {
 }
 
 thread_local Launch* active_launch = nullptr;
+// The EarlyLaunchCheck alive, if any.
+thread_local EarlyLaunchCheck* early_launch_check = nullptr;
 
 std::string describe(const uint3& v) {
     return "(" + std::to_string(v.x) + ", " + std::to_string(v.y) + ", " + std::to_string(v.z) +
@@ -318,6 +321,11 @@ bool runnable(Fiber& f) {
 // passes over the blocks, each block's threads in increasing or decreasing order.
 void run_cluster(Launch& l) {
     poison_shared_memory(l);
+    if (early_launch_check) {
+        if (l.blocks.size() != 1)
+            throw Error("CUDA emulation: an EarlyLaunchCheck takes clusters of one block");
+        early_launch_check->hold_back();
+    }
     start_fibers(l);
     while (l.cluster_live > 0 && !l.aborting) {
         bool ran = false;
@@ -335,6 +343,7 @@ void run_cluster(Launch& l) {
         if (!ran && l.cluster_live > 0 && !l.aborting)
             record_fault(l, "deadlock: " + describe_waits(l));
     }
+    if (early_launch_check) early_launch_check->give_back();  // no thread reached the wait
     if (!l.aborting) {
         const std::string busy = warpgroups_in_flight(l);
         if (!busy.empty()) record_fault(l, busy);
@@ -677,6 +686,36 @@ bool is_shared(const void* address, size_t bytes) {
     if (!statics.found) return inside(__data_start, size_t(_end - __data_start));
     return std::any_of(statics.arrays.begin(), statics.arrays.end(),
                        [&](const SharedArray& array) { return inside(array.begin, array.bytes); });
+}
+
+void grid_dependency_wait() {
+    block_barrier();
+    // The first thread past the barrier gives the regions back before any other runs on.
+    if (early_launch_check) early_launch_check->give_back();
+}
+
+EarlyLaunchCheck::EarlyLaunchCheck(std::vector<MemoryRegion> regions)
+    : regions_(std::move(regions)), saved_(regions_.size()) {
+    if (early_launch_check) throw Error("CUDA emulation: an EarlyLaunchCheck inside another");
+    early_launch_check = this;
+}
+
+EarlyLaunchCheck::~EarlyLaunchCheck() { early_launch_check = nullptr; }
+
+void EarlyLaunchCheck::hold_back() {
+    for (size_t i = 0; i < regions_.size(); ++i) {
+        const auto* begin = static_cast<const unsigned char*>(regions_[i].begin);
+        saved_[i].assign(begin, begin + regions_[i].bytes);
+        std::memset(regions_[i].begin, kPoisonByte, regions_[i].bytes);
+    }
+    held_ = true;
+}
+
+void EarlyLaunchCheck::give_back() {
+    if (!held_) return;
+    for (size_t i = 0; i < regions_.size(); ++i)
+        std::memcpy(regions_[i].begin, saved_[i].data(), regions_[i].bytes);
+    held_ = false;
 }
 
 void run_grid(dim3 grid, dim3 cluster, dim3 block, size_t dynamic_shared_bytes,

@@ -46,6 +46,7 @@
 #include <tuple>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "weights/half.h"
 #include "weights/safetensors.h"  // DType
@@ -255,6 +256,36 @@ void run_grid(dim3 grid, dim3 cluster, dim3 block, size_t dynamic_shared_bytes,
 
 // Whether [address, address + bytes) lies in shared memory (static or dynamic).
 bool is_shared(const void* address, size_t bytes);
+
+// kernels/dependent_launch.cuh's finish_prologue: a block barrier, after which the memory an
+// EarlyLaunchCheck holds back reads as it is.
+void grid_dependency_wait();
+
+// The rule of a programmatic dependent launch (kernels/dependent_launch.cuh), checked: while
+// an EarlyLaunchCheck lives, every block of a launch (clusters of one block only) starts with
+// its regions (what the kernels ahead of the launch wrote) saved and filled with 0xff bytes
+// (NaN as f32, f16 and bf16; -1 as integers), and gets them back once all its threads have
+// reached finish_prologue, or at its end if they never do. A kernel that reads a region
+// before finish_prologue reads poison; one that writes it there loses the write.
+struct MemoryRegion {
+    void* begin;
+    size_t bytes;
+};
+class EarlyLaunchCheck {
+public:
+    explicit EarlyLaunchCheck(std::vector<MemoryRegion> regions);
+    ~EarlyLaunchCheck();
+    EarlyLaunchCheck(const EarlyLaunchCheck&) = delete;
+    EarlyLaunchCheck& operator=(const EarlyLaunchCheck&) = delete;
+
+    void hold_back();  // a block starts: save and poison the regions
+    void give_back();  // restore them (once per hold_back)
+
+private:
+    std::vector<MemoryRegion> regions_;
+    std::vector<std::vector<unsigned char>> saved_;
+    bool held_ = false;
+};
 
 }  // namespace barellm::cuda::emulation
 

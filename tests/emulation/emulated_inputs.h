@@ -44,6 +44,13 @@ private:
     size_t count_;
 };
 
+// The memory of a vector or an AlignedArray, for an EarlyLaunchCheck (what the kernels ahead
+// of a launch wrote).
+template <typename Container>
+cuda::emulation::MemoryRegion region_of(Container& c) {
+    return {c.data(), c.size() * sizeof(*c.data())};
+}
+
 // rows x cols random non-zero values stored as `dtype` with pitch padded_cols(cols, dtype)
 // (columns cols..pitch-1 zero).
 struct PaddedRows {
