@@ -18,7 +18,9 @@
 #   CUDA_LIBDIR=DIR    where libcudart_static.a is (default: next to nvcc)
 # The CUDA runtime is linked statically: build/barellm runs on machines without a GPU
 # driver (and says so in one line when asked for --device cuda).
-# CPPFLAGS is passed to every compilation (e.g. CPPFLAGS=-I/path/to/nlohmann/include).
+# CPPFLAGS is passed to every compilation (e.g. CPPFLAGS=-I/path/to/nlohmann/include), and
+# LINKFLAGS to every link (e.g. LINKFLAGS="-L/path/to/lib -Wl,-rpath,/path/to/lib" for a
+# cpp-httplib outside the system's library paths).
 #
 #   SAN=1              build with AddressSanitizer and UndefinedBehaviorSanitizer (CPU only);
 #                      `make test SAN=1` runs the unit tests and the Python tests marked
@@ -41,7 +43,7 @@ AVXVNNI_FLAGS := $(SIMD_FLAGS) -mavxvnni
 AVX512_FLAGS := $(SIMD_FLAGS) -mavx512f -mavx512bw -mavx512vl -mavx512dq
 VNNI_FLAGS   := $(AVX512_FLAGS) -mavx512vnni
 BF16_FLAGS   := $(AVX512_FLAGS) -mavx512bf16
-LDFLAGS  := -fopenmp
+LDFLAGS  := -fopenmp $(LINKFLAGS)
 # cpp-httplib (`barellm serve`): Debian's libcpp-httplib-dev, a header and a shared library
 # built with OpenSSL, zlib and brotli, whose defines the header must see the same way.
 HTTPLIB_CFLAGS := $(shell pkg-config --cflags cpp-httplib 2>/dev/null || \

@@ -9,12 +9,13 @@ inter-token latency, p50 and p99.
 
     scripts/load_test.py MODEL.bin [--gguf MODEL.gguf --llama-server PATH]
         [--clients 8] [--rounds 3] [--max-tokens 128] [--threads 2] [--ctx 1024]
-        [--simd avx2] [--json]
+        [--simd avx2] [--device cuda] [--json]
 
 MODEL.bin is barellm's file of the weights the GGUF holds (convert/convert.py MODEL.gguf).
 Each server is started here on a free port with --parallel/-np N and a context of --ctx
 positions per sequence (barellm's at --simd's kernel level when given, e.g. against a
-llama-server built without AVX-512), and stopped at the end. Every client asks for --max-tokens tokens
+llama-server built without AVX-512; with --device cuda, barellm on the GPU and every layer of
+llama-server's model offloaded to it), and stopped at the end. Every client asks for --max-tokens tokens
 greedily, with a story prompt that keeps going (llama-server also gets ignore_eos); the table
 reports how many tokens the clients got, in case one stopped early. A running server can be
 measured instead with --url (its model is then whatever it serves).
@@ -34,6 +35,8 @@ import urllib.request
 import openai
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# llama-server's -ngl that offloads every layer of any model to the GPU.
+LLAMA_ALL_LAYERS = "999"
 PROMPTS = [
     "Once upon a time, in a small village by the sea, there lived an old fisherman who",
     "The robot woke up in the empty laboratory and slowly began to remember how",
@@ -149,12 +152,14 @@ def main():
     parser.add_argument("--ctx", type=int, default=1024, help="positions per sequence")
     parser.add_argument("--simd", choices=["scalar", "avx2", "avx512"],
                         help="barellm serve's CPU kernel level (default: the best this CPU runs)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where both servers run the model (default cpu)")
     parser.add_argument("--json", action="store_true", help="JSON instead of a markdown table")
     args = parser.parse_args()
     if bool(args.model) == bool(args.url):
         parser.error("give a MODEL to start barellm serve with, or --url (one of them)")
-    if args.url and args.simd:
-        parser.error("--simd is for the barellm serve started here, not with --url")
+    if args.url and (args.simd or args.device != "cpu"):
+        parser.error("--simd and --device are for the servers started here, not with --url")
     if bool(args.gguf) != bool(args.llama_server):
         parser.error("--gguf and --llama-server go together")
 
@@ -169,7 +174,7 @@ def main():
             processes.append(start_server(
                 [args.barellm, "serve", args.model, "--port", str(port), "--parallel",
                  str(args.clients), "--ctx", str(args.ctx), "--threads", str(args.threads),
-                 *simd]))
+                 "--device", args.device, *simd]))
             servers.append(("barellm serve", f"http://127.0.0.1:{port}", {}))
             wait_healthy(servers[-1][1], processes[-1])
         if args.llama_server:
@@ -178,7 +183,8 @@ def main():
             processes.append(start_server(
                 [args.llama_server, "-m", args.gguf, "--host", "127.0.0.1", "--port", str(port),
                  "-np", str(args.clients), "-c", str(args.ctx * args.clients), "-t",
-                 str(args.threads), "--no-webui"]))
+                 str(args.threads), "--no-webui",
+                 "-ngl", LLAMA_ALL_LAYERS if args.device == "cuda" else "0"]))
             servers.append((f"llama-server -np {args.clients}", f"http://127.0.0.1:{port}",
                             {"ignore_eos": True}))
             wait_healthy(servers[-1][1], processes[-1])
@@ -204,6 +210,7 @@ def main():
     if args.json:
         print(json.dumps({"clients": args.clients, "max_tokens": args.max_tokens,
                           "threads": args.threads, "ctx": args.ctx, "simd": args.simd,
+                          "device": args.device,
                           "results": rows}, indent=1))
     else:
         print(markdown(rows))

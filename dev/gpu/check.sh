@@ -9,10 +9,14 @@
 #
 # What the GPU machine needs: the CUDA toolkit (nvcc, and Nsight Compute for the *-ncu
 # steps), a C++ compiler, Python 3 with numpy and pytest (torch and transformers for the
-# transformers and logits-7b steps), and gpu_data/ (git-ignored) from --stage:
-# stories260K, the llama2 tokenizer (the Mistral-7B preset's), the smollm2-135m tokenizer
-# (the Qwen3-8B and Llama-3-8B presets'), the eval texts, the nlohmann/json headers, GNU
-# time, and llama.cpp's CUDA tools with the gguf Python package of the same sources, packed
+# transformers and logits-7b steps), OpenSSL's and zlib's shared libraries, and gpu_data/
+# (git-ignored) from --stage: stories260K, the llama2 tokenizer (the Mistral-7B preset's),
+# the smollm2-135m tokenizer (the Qwen3-8B and Llama-3-8B presets'), the eval texts, the
+# nlohmann/json headers, cpp-httplib (`barellm serve`; Debian's libcpp-httplib-dev: its
+# header with the OpenSSL, zlib and Brotli headers it includes, its shared library and
+# Brotli's, which the build links with an rpath), the `openai` package's wheels and those
+# of its dependencies (WHEELS, for Python 3.12; the serve step), GNU time, and llama.cpp's
+# CUDA tools (llama-server among them) with the gguf Python package of the same sources, packed
 # into gpu_data/llamacpp-cuda.tar.xz. --stage builds those tools (scripts/build_llamacpp.sh
 # --cuda 90 --portable, into $LLAMACPP_CUDA, default ../llamacpp-cuda: about 35 minutes on
 # 2 cores the first time); they link the toolkit's cuBLAS, so the GPU machine needs the
@@ -85,6 +89,18 @@
 #                 against the CPU with it (cut at 120 s), then tg128 on the Mistral-7B f16
 #                 and q4 files (and the Q4_K_M file where the kquants step made it) with it
 #                 off and on, alternated, 2 rounds (about 3 minutes after the files)
+#   moe           mixture of experts: the Qwen3-30B-A3B shape with its first 8 layers
+#                 (convert/synth.py --preset qwen3-30b-a3b --layers 8: 5.4 B parameters, 11
+#                 GB in f16), llama-quantize's Q4_K_M and Q4_0 of its f16 GGUF, each
+#                 converted to barellm's file (every matrix in its type), against llama.cpp
+#                 (pp512, tg128, 2 alternated rounds; the share of the copy counts the active
+#                 experts' bytes). About 10 minutes, the files 6 of them: run it alone, on a
+#                 machine without the Mistral-7B files; without llama.cpp, barellm's q4 of
+#                 the checkpoint alone
+#   serve         `barellm serve --device cuda` against `llama-server -np 32` (every layer on
+#                 the GPU) on the Mistral-7B f16 file and its GGUF: 32 streaming clients of
+#                 128 tokens each, 2 alternated rounds (scripts/load_test.py, on the `openai`
+#                 package of the staged wheels; about 3 minutes after the files)
 #   ab            prefill and decode speed (pp512 and tg128 on the Mistral-7B f16 and q4
 #                 files) of other trees beside this one, alternated in one run: each
 #                 gpu_data/ab/NAME.tgz (made by `git archive -o gpu_data/ab/NAME.tgz REV`)
@@ -110,15 +126,49 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 2
 
+# The wheels of the serve step's client: the `openai` package and what it needs, pinned.
+WHEELS="openai==3.63.0 httpx2==2.17.0 httpcore2==2.17.0 h11==0.16.0 truststore==0.10.5
+    anyio==4.16.0 idna==3.20 sniffio==1.3.1 jiter==0.19.0 pydantic==2.13.4 pydantic-core==2.46.4
+    annotated-types==0.7.0 typing-inspection==0.4.2 typing-extensions==4.16.0"
+
 if [ "${1:-}" = "--stage" ]; then
     shared=${SHARED:-../shared}
-    rm -rf gpu_data/shared gpu_data/include
-    mkdir -p gpu_data/shared/models gpu_data/shared/tokenizers gpu_data/include
+    rm -rf gpu_data/shared gpu_data/include gpu_data/lib
+    mkdir -p gpu_data/shared/models gpu_data/shared/tokenizers gpu_data/include gpu_data/lib
     cp -r "$shared/models/stories260K" gpu_data/shared/models/
     cp -r "$shared/tokenizers/llama2" "$shared/tokenizers/smollm2-135m" \
         gpu_data/shared/tokenizers/
     cp -r "$shared/eval" gpu_data/shared/  # tests/test_cuda.py's ppl comparison
     [ -d /usr/include/nlohmann ] && cp -r /usr/include/nlohmann gpu_data/include/
+    # cpp-httplib as the Makefile builds against it: its header and the OpenSSL, zlib and
+    # Brotli headers it includes with their defines (the Makefile's when pkg-config is
+    # missing), and its library under its soname (the build adds the linker's name for it).
+    multiarch=$(gcc -print-multiarch)
+    httplib=$(realpath "/usr/lib/$multiarch/libcpp-httplib.so" 2>/dev/null)
+    if [ -f /usr/include/httplib.h ] && [ -f "$httplib" ]; then
+        for header in $(g++ -std=c++17 -M -DCPPHTTPLIB_OPENSSL_SUPPORT -DCPPHTTPLIB_ZLIB_SUPPORT \
+            -DCPPHTTPLIB_BROTLI_SUPPORT -x c++ /usr/include/httplib.h | tr ' \\' '\n\n' |
+            grep -E "^/usr/include/(httplib\.h|zlib\.h|zconf\.h|openssl/|brotli/|$multiarch/openssl/)"); do
+            relative=${header#/usr/include/}
+            relative=${relative#"$multiarch"/}
+            mkdir -p "gpu_data/include/$(dirname "$relative")"
+            cp "$header" "gpu_data/include/$relative"
+        done
+        cp "$httplib" "gpu_data/lib/$(objdump -p "$httplib" | awk '/SONAME/ {print $2}')"
+        for lib in $(ldd "$httplib" | awk '/libbrotli/ {print $3}'); do
+            cp -L "$lib" gpu_data/lib/
+        done
+    else
+        echo "check.sh --stage: no cpp-httplib (apt-get install libcpp-httplib-dev): the GPU" \
+            "machine's build needs it"
+    fi
+    # The GPU image's Python (3.12) has no `openai` package.
+    rm -rf gpu_data/wheels
+    # shellcheck disable=SC2086  # one word per wheel
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+        --platform manylinux2014_x86_64 --platform any -d gpu_data/wheels $WHEELS ||
+        echo "check.sh --stage: the wheels did not download: no serve step there"
     # compare_llamacpp.py reads each tool's peak memory from GNU time (libc only).
     mkdir -p gpu_data/bin && cp /usr/bin/time gpu_data/bin/time ||
         echo "check.sh --stage: no GNU time (apt-get install time): no comparison there"
@@ -136,7 +186,8 @@ if [ "${1:-}" = "--stage" ]; then
         packed=$(mktemp -d)
         mkdir -p "$packed/llamacpp-cuda/bin"
         cp -a "$built"/llama-bench "$built"/llama-perplexity "$built"/llama-simple \
-            "$built"/llama-quantize "$built"/*.so* "$packed/llamacpp-cuda/bin/"
+            "$built"/llama-quantize "$built"/llama-server "$built"/*.so* \
+            "$packed/llamacpp-cuda/bin/"
         cp -r "$built/../../gguf-py" "$packed/llamacpp-cuda/"
         tar -cJf gpu_data/llamacpp-cuda.tar.xz -C "$packed" llamacpp-cuda
         rm -rf "$packed"
@@ -151,8 +202,8 @@ STEPS=${*:-kernels tests compare}
 for name in $STEPS; do
     case $name in
         kernels | gemm-tiles | gemm-ncu | matvec-ncu | tests | compare | quantized | kquants | \
-            bf16 | transformers | logits-7b | decode | ladder | wgmma | pdl | ab | qwen3-8b | \
-            llama3-prefill) ;;
+            bf16 | transformers | logits-7b | decode | ladder | wgmma | pdl | moe | serve | \
+            ab | qwen3-8b | llama3-prefill) ;;
         *) echo "check.sh: unknown step '$name' (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -317,14 +368,14 @@ MISTRAL_PLAN=()
 # True when a step wanted reads the Mistral-7B f16 file.
 wants_mistral_f16() {
     wants compare || wants logits-7b || wants decode || wants ladder || wants wgmma || wants pdl ||
-        wants ab
+        wants serve || wants ab
 }
 plan_mistral() {
     local -a wanted=()
     wants_mistral_f16 && wanted+=("$MISTRAL")
     # The GGUFs only for the steps that compare with llama.cpp.
     if [ -n "$LLAMA_BENCH" ]; then
-        { wants compare || wants kquants; } && wanted+=("$MISTRAL_GGUF")
+        { wants compare || wants kquants || wants serve; } && wanted+=("$MISTRAL_GGUF")
         { wants compare || wants quantized; } && wanted+=("$MISTRAL_Q4_GGUF")
         wants kquants && [ -x "$LLAMA_QUANTIZE" ] &&
             wanted+=("$MISTRAL_Q4KM_GGUF" "$MISTRAL_Q4KM")
@@ -426,12 +477,20 @@ models_done() {  # SECONDS
     return 0
 }
 
-# One architecture keeps nvcc fast; CPPFLAGS points at the staged nlohmann/json headers.
+# One architecture keeps nvcc fast; CPPFLAGS points at the staged headers (nlohmann/json,
+# cpp-httplib and what it includes), LINKFLAGS at the staged cpp-httplib library (given the
+# name the linker looks for here) with an RPATH, which, unlike a RUNPATH, also finds the
+# staged Brotli libraries that cpp-httplib itself needs.
+for lib in gpu_data/lib/libcpp-httplib.so.*; do
+    [ -f "$lib" ] && ln -sf "$(basename "$lib")" gpu_data/lib/libcpp-httplib.so
+done
 build() {  # DIRECTORY LOGFILE TARGET...
     local dir=$1 log=$2
     shift 2
     (cd "$dir" && make -j"$(nproc)" CUDA_ARCHS="$CUDA_ARCHS" CUDA_PTX_ARCH="${CUDA_ARCHS##* }" \
-        CPPFLAGS="-I$ROOT/gpu_data/include" "$@") >"$log" 2>&1
+        CPPFLAGS="-I$ROOT/gpu_data/include" \
+        LINKFLAGS="-L$ROOT/gpu_data/lib -Wl,-rpath,$ROOT/gpu_data/lib -Wl,--disable-new-dtags" \
+        "$@") >"$log" 2>&1
 }
 step "build (CUDA_ARCHS=$CUDA_ARCHS)"
 if ! build . "$LOG/build.log" build/barellm build/dump_logits build/step_logits \
@@ -742,6 +801,72 @@ mixture_of_experts_cuda or gemma_cuda_matches_cpu or qwen_cuda_matches_cpu or gr
             BARELLM_CUDA_PDL=1 bench "$label-pdl1-$round" build/barellm "$file" 25 -p 0 -n 128 -r 3
         done
     done
+fi
+
+if wants moe; then
+    step "mixture of experts: the Qwen3-30B-A3B shape, 8 layers, against llama.cpp"
+    MOE=$WORK/qwen3-30b-a3b-8l MOE_GIB=11  # the f16 checkpoint or GGUF, rounded up
+    moe_files() {  # the f16 GGUF, its Q4_K_M and Q4_0, and their barellm files
+        rm -rf "$MOE-hf" &&
+            python3 convert/synth.py --preset qwen3-30b-a3b --layers 8 --dtype f16 -o "$MOE-hf" &&
+            gguf_from_hf "$MOE-hf" "$MOE-f16.gguf" f16 || return 1
+        rm -rf "$MOE-hf"
+        local type
+        for type in q4_k_m q4_0; do
+            "$LLAMA_QUANTIZE" "$MOE-f16.gguf" "$MOE-$type.gguf.part" "${type^^}" "$(nproc)" &&
+                mv "$MOE-$type.gguf.part" "$MOE-$type.gguf" &&
+                PYTHONPATH=$GGUF_PY python3 convert/convert.py "$MOE-$type.gguf" -o "$MOE-$type.bin" ||
+                return 1
+        done
+        rm -f "$MOE-f16.gguf"
+    }
+    if [ -z "$LLAMA_BENCH" ] || [ ! -x "$LLAMA_QUANTIZE" ]; then
+        if [ ! -f "$MOE-q4.bin" ] && fits 300 "moe files" && disk_has $((2 * MOE_GIB)) "moe files"; then
+            { rm -rf "$MOE-hf" &&
+                python3 convert/synth.py --preset qwen3-30b-a3b --layers 8 --dtype f16 \
+                    -o "$MOE-hf" &&
+                python3 convert/convert.py "$MOE-hf" -o "$MOE-q4.bin" --dtype q4
+              rm -rf "$MOE-hf"; } >"$LOG/moe_files.log" 2>&1
+        fi
+        [ -f "$MOE-q4.bin" ] && bench qwen3-30b-a3b-8l-q4 build/barellm "$MOE-q4.bin" 60 -p 512 \
+            -n 128 -r 3
+    else
+        if { [ ! -f "$MOE-q4_k_m.bin" ] || [ ! -f "$MOE-q4_0.bin" ]; } && fits 420 "moe files" &&
+            disk_has $((3 * MOE_GIB)) "moe files"; then
+            moe_files >"$LOG/moe_files.log" 2>&1
+            made_files=()
+            for file in "$MOE"-*.bin; do [ -f "$file" ] && made_files+=("$(basename "$file")"); done
+            note "moe files: ${made_files[*]:-none} at ${SECONDS}s ($(tail -1 "$LOG/moe_files.log"))"
+        fi
+        for type in q4_k_m q4_0; do
+            [ -f "$MOE-$type.bin" ] && compare "qwen3-30b-a3b-8l-$type" "$MOE-$type.gguf" \
+                "$MOE-$type.bin" 120 512 128
+        done
+    fi
+fi
+
+if wants serve; then
+    step "barellm serve against llama-server -np 32 on the GPU (Mistral-7B f16)"
+    site=$WORK/site
+    llama_server=()
+    [ -n "$LLAMA_BENCH" ] && [ -x "$LLAMACPP/bin/llama-server" ] &&
+        llama_server=(--llama-server "$LLAMACPP/bin/llama-server" --gguf "$MISTRAL_GGUF")
+    if ! python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
+        gpu_data/wheels/*.whl >"$LOG/wheels.log" 2>&1; then
+        note "serve: the staged wheels do not install: $(tail -1 "$LOG/wheels.log")"
+    elif ready "$MISTRAL" 180 && { [ ${#llama_server[@]} -eq 0 ] || ready "$MISTRAL_GGUF" 180; } &&
+        fits 180 "serve"; then
+        models_done 180
+        [ ${#llama_server[@]} -eq 0 ] && note "serve: no llama-server staged: barellm alone"
+        if PYTHONPATH=$site timeout "$(capped 300)" python3 scripts/load_test.py "$MISTRAL" \
+            --device cuda --clients 32 --rounds 2 --max-tokens 128 --ctx 1024 --threads 4 \
+            "${llama_server[@]}" >"$LOG/compare_serve.md" 2>"$LOG/serve.err"; then
+            note "serve: 32 streams (compare_serve.md)"
+        else
+            note "serve FAILED: $(tail -1 "$LOG/serve.err")"
+            rm -f "$LOG/compare_serve.md"
+        fi
+    fi
 fi
 
 if wants ab; then
