@@ -73,6 +73,15 @@ PRESETS = {
         "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256,
         "max_position_embeddings": 8192, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
         "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001}),
+    # meta-llama/Llama-3.2-1B: tied embeddings, llama3 RoPE scaling.
+    "llama3.2-1b": ("smollm2-135m", {
+        **_LLAMA, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+        "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+        "vocab_size": 128256, "max_position_embeddings": 131072, "rope_theta": 500000.0,
+        "rms_norm_eps": 1e-5, "rope_scaling": {
+            "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        "tie_word_embeddings": True, "bos_token_id": 128000, "eos_token_id": 128001}),
     "smollm2-135m": ("smollm2-135m", {
         **_LLAMA, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
         "num_attention_heads": 9, "num_key_value_heads": 3, "vocab_size": 49152,

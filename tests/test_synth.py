@@ -128,6 +128,7 @@ PRESET_SHAPES = {
     "tinyllama-1.1b": (2048, 5632, 22, 32, 4, 32000, 2048, 10000, False),
     "mistral-7b": (4096, 14336, 32, 32, 8, 32000, 32768, 10000, False),
     "llama3-8b": (4096, 14336, 32, 32, 8, 128256, 8192, 500000, False),
+    "llama3.2-1b": (2048, 8192, 16, 32, 8, 128256, 131072, 500000, True),
     "smollm2-135m": (576, 1536, 30, 9, 3, 49152, 8192, 100000, True),
 }
 # The Qwen presets, as the checkpoints' config.json files give them:

@@ -85,10 +85,11 @@
 #                 on the Mistral-7B f16 file without (=0) and with it, alternated, 2 rounds
 #                 (about 3 minutes after the file)
 #   pdl           decode with programmatic dependent launch (BARELLM_CUDA_PDL=1,
-#                 kernels/dependent_launch.cuh): the decode tests of tests/test_cuda.py
-#                 against the CPU with it (cut at 120 s), then tg128 on the Mistral-7B f16
-#                 and q4 files (and the Q4_K_M file where the kquants step made it) with it
-#                 off and on, alternated, 2 rounds (about 3 minutes after the files)
+#                 kernels/dependent_launch.cuh): its tests in tests/test_cuda.py (logits
+#                 equal to those without it; part of the tests step, run here without it),
+#                 then tg128 on a Llama-3.2-1B-shaped f16 file (made here), the Mistral-7B
+#                 f16 and q4 files (and the Q4_K_M file where the kquants step made it) with
+#                 it off and on, alternated, 2 rounds (about 3 minutes after the files)
 #   moe           mixture of experts: the Qwen3-30B-A3B shape with its first 8 layers
 #                 (convert/synth.py --preset qwen3-30b-a3b --layers 8: 5.4 B parameters, 11
 #                 GB in f16), llama-quantize's Q4_K_M and Q4_0 of its f16 GGUF, each
@@ -780,17 +781,25 @@ fi
 
 if wants pdl; then
     step "decode with and without programmatic dependent launch (BARELLM_CUDA_PDL)"
-    if fits 60 "the decode tests with BARELLM_CUDA_PDL=1"; then
-        BARELLM_CUDA_PDL=1 OMP_NUM_THREADS=2 timeout "$(capped 120)" \
-            python3 -m pytest -q -rs "${xdist[@]}" tests/test_cuda.py -k "dependent_launch or \
-stories260k_cuda_matches_cpu or synthetic_cuda_matches_cpu or block_types_cuda_match_cpu or \
-mixture_of_experts_cuda or gemma_cuda_matches_cpu or qwen_cuda_matches_cpu or greedy" \
-            >"$LOG/pdl_tests.log" 2>&1
-        note "pdl: test_cuda.py decode tests with BARELLM_CUDA_PDL=1: $(tail -1 "$LOG/pdl_tests.log")"
+    # Logits with it equal to those without, bit for bit (the tests step compares those
+    # with the CPU's).
+    if ! wants tests && fits 60 "the dependent-launch tests"; then
+        OMP_NUM_THREADS=2 timeout "$(capped 90)" python3 -m pytest -q -rs "${xdist[@]}" \
+            tests/test_cuda.py -k dependent_launch >"$LOG/pdl_tests.log" 2>&1
+        note "pdl: test_cuda.py -k dependent_launch: $(tail -1 "$LOG/pdl_tests.log")"
         grep -h "^FAILED" "$LOG/pdl_tests.log" | head -10
+    fi
+    # The Llama-3.2-1B shape (f16), where each kernel's fixed cost weighs most.
+    LLAMA1B=$WORK/llama3.2-1b-f16.bin
+    if [ ! -f "$LLAMA1B" ] && fits 150 "the Llama-3.2-1B file"; then
+        { rm -rf "$WORK/llama1b-hf" &&
+            python3 convert/synth.py --preset llama3.2-1b --dtype f16 -o "$WORK/llama1b-hf" &&
+            python3 convert/convert.py "$WORK/llama1b-hf" -o "$LLAMA1B" --dtype f16
+          rm -rf "$WORK/llama1b-hf"; } >"$LOG/llama1b.log" 2>&1
     fi
     models_done 120
     files=()
+    [ -f "$LLAMA1B" ] && files+=("$LLAMA1B")
     [ -f "$MISTRAL" ] && files+=("$MISTRAL")
     [ -f "$MISTRAL_Q4" ] && files+=("$MISTRAL_Q4")
     [ -f "$MISTRAL_Q4KM" ] && files+=("$MISTRAL_Q4KM")
