@@ -616,28 +616,19 @@ def test_gpu_ladder_refuses_quantized_weights_in_one_line(cuda, models):
     assert len(lines) == 1 and "Q8" in lines[0], result.stderr
 
 
-def test_wrong_warpgroup_setting_is_one_line(cuda, models):
-    """BARELLM_CUDA_WGMMA takes 0, 1 or always, on any GPU: another value stops barellm
-    before it uploads the weights, with one line naming it, exit status 1."""
+@pytest.mark.parametrize("variable,value", [("BARELLM_CUDA_WGMMA", "yes"),
+                                            ("BARELLM_CUDA_PDL", "on")])
+def test_wrong_cuda_switch_is_one_line(cuda, models, variable, value):
+    """BARELLM_CUDA_WGMMA takes 0, 1 or always and BARELLM_CUDA_PDL 0 or 1, on any GPU:
+    another value stops barellm before it uploads the weights, with one line naming it,
+    exit status 1."""
     result = subprocess.run([BARELLM, "run", models("stories260K", "f16"), "-p",
                              "Once upon a time", "-n", "4", "--device", "cuda"],
                             capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "BARELLM_CUDA_WGMMA": "yes"})
+                            env={**os.environ, variable: value})
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "BARELLM_CUDA_WGMMA is 'yes'" in lines[0], result.stderr
-
-
-def test_wrong_dependent_launch_setting_is_one_line(cuda, models):
-    """BARELLM_CUDA_PDL takes 0 or 1, on any GPU: another value stops barellm before it
-    uploads the weights, with one line naming it, exit status 1."""
-    result = subprocess.run([BARELLM, "run", models("stories260K", "f16"), "-p",
-                             "Once upon a time", "-n", "4", "--device", "cuda"],
-                            capture_output=True, text=True, timeout=120,
-                            env={**os.environ, "BARELLM_CUDA_PDL": "on"})
-    assert result.returncode == 1
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "BARELLM_CUDA_PDL is 'on'" in lines[0], result.stderr
+    assert len(lines) == 1 and f"{variable} is '{value}'" in lines[0], result.stderr
 
 
 def test_device_cuda_without_gpu_says_so_in_one_line(tmp_path):
