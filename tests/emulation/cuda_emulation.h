@@ -37,6 +37,9 @@
 // - Atomics, loads and math are plain host operations (one fiber runs at a time). A thread
 //   that spins on memory another thread writes never lets that thread run: such waits
 //   (outside the primitive set kernels/ keeps to) hang.
+// - Programmatic dependent launch (kernels/dependent_launch.cuh): finish_prologue is a block
+//   barrier; under an EarlyLaunchCheck, what the kernels ahead wrote reads as poison before
+//   it (below).
 #pragma once
 #include <cmath>
 #include <cstddef>
