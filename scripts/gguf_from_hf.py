@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Write a GGUF file for llama.cpp from a Hugging Face Llama/Mistral/Qwen2/Qwen3/Mixtral/Qwen3-MoE
-checkpoint.
+"""Write a GGUF file for llama.cpp from a Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 3/Mixtral/
+Qwen3-MoE checkpoint.
 
     python3 scripts/gguf_from_hf.py HF_DIR -o OUT.gguf [--type TYPE] [--pre NAME]
 
@@ -23,6 +23,13 @@ What is written (GGUF v3, through the `gguf` package, scripts/requirements.txt):
   (use_sliding_window, which the released Qwen2/Qwen3 models leave off). An output
   projection bias (attention_bias) is refused (llama.cpp's qwen2 and qwen3 have none),
   and so are q/k/v biases on llama (convert/gguf_in.py reads none there).
+- Gemma 3 as llama.cpp's `gemma3`: the norm weights as their multipliers 1 + w (as
+  llama.cpp's converter writes them, and barellm files hold them), the embedding unscaled
+  (llama.cpp multiplies by sqrt(dim) itself), q and k rows in Hugging Face's order (NEOX
+  RoPE), the sliding window, which layers slide (`attention.sliding_window_pattern`, one
+  flag per layer) and their RoPE base (`rope.freq_base_swa`). llama.cpp scales queries by
+  head_dim^-1/2 (by (dim / heads)^-1/2 with 62 layers, the 27B model): another
+  query_pre_attn_scalar is refused.
 - mixtures of experts as llama.cpp writes them: Mixtral as `llama` and Qwen3-MoE as
   `qwen3moe`, with `expert_count`, `expert_used_count` and `expert_feed_forward_length`;
   each sparse layer's router as `ffn_gate_inp` (F32) and its experts' matrices stacked into
@@ -490,6 +497,26 @@ def add_hparams(writer, config, name):
     if kind == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(scaling["factor"]))
+    if config["architecture"] == "gemma3":
+        add_gemma3_hparams(writer, config)
+
+
+def add_gemma3_hparams(writer, config):
+    """Gemma 3's keys (read back by convert/gguf_in.py as llama.cpp reads them), after
+    refusing a query scale llama.cpp would not take."""
+    dim, heads, layers = config["dim"], config["heads"], config["layers"]
+    scalar = dim // heads if layers == gguf_in.GEMMA3_27B_LAYERS else config["head_dim"]
+    llama_scale = float(np.float32(1) / np.sqrt(np.float32(scalar)))
+    if config["attention_scale"] != llama_scale:
+        raise ConvertError(f"query_pre_attn_scalar gives the scale {config['attention_scale']:g}; "
+                           f"llama.cpp's gemma3 takes {llama_scale:g} (1/sqrt({scalar})) for "
+                           f"{layers} layers: cannot write this checkpoint as GGUF")
+    sliding = [kind == "sliding" for kind in config["layer_types"]]
+    arch = writer.arch
+    if any(sliding):
+        writer.add_uint32(f"{arch}.attention.sliding_window", config["sliding_window"])
+        writer.add_array(f"{arch}.attention.sliding_window_pattern", sliding)
+        writer.add_float32(f"{arch}.rope.freq_base_swa", config["rope_theta_local"])
 
 
 def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
@@ -572,8 +599,8 @@ def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
 def main(argv=None):
     parser = argparse.ArgumentParser(
         prog="gguf_from_hf.py",
-        description="Write a llama.cpp GGUF file from a Hugging Face Llama/Mistral/Qwen2/Qwen3 "
-        "checkpoint (the same input as convert/convert.py).")
+        description="Write a llama.cpp GGUF file from a Hugging Face Llama/Mistral/Qwen2/Qwen3/"
+        "Gemma 3 checkpoint (the same input as convert/convert.py).")
     parser.add_argument("hf_dir", help="Hugging Face checkpoint directory")
     parser.add_argument("-o", "--output", required=True, help="GGUF file to write")
     parser.add_argument("--type", choices=sorted(TYPES),

@@ -1,7 +1,8 @@
 """convert/convert.py on Gemma 3: Hugging Face checkpoints (gemma3_text, and the text part
 of a multimodal gemma3 in both of transformers' layouts) and GGUF files written here with the
-`gguf` package under llama.cpp's names and rules. The barellm file's config holds Gemma's
-fields (docs/FORMAT.md) and its norms the multipliers 1 + w; refusals are one line."""
+`gguf` package under llama.cpp's names and rules, and by scripts/gguf_from_hf.py. The barellm
+file's config holds Gemma's fields (docs/FORMAT.md) and its norms the multipliers 1 + w;
+refusals are one line."""
 
 import json
 import math
@@ -11,8 +12,8 @@ import sys
 import numpy as np
 import pytest
 
-from convert_testlib import (CONVERT, make_checkpoint, read_raw, run, tiny_tokenizer_json,
-                             write_safetensors)
+from convert_testlib import (CONVERT, REPO, make_checkpoint, read_raw, run,
+                             tiny_tokenizer_json, write_safetensors)
 
 sys.path.insert(0, os.path.dirname(CONVERT))
 import convert  # noqa: E402  (convert/convert.py)
@@ -330,6 +331,51 @@ def test_gguf_refusals(tmp_path, keys, message):
     source = write_gemma3_gguf(tmp_path / "m.gguf", GEMMA3_CONFIG,
                                gemma3_tensors(GEMMA3_CONFIG), keys)
     refused(tmp_path, source, message)
+
+
+GGUF_FROM_HF = os.path.join(REPO, "scripts", "gguf_from_hf.py")
+
+
+def test_gguf_from_hf_writes_llama_cpps_gemma3(tmp_path):
+    """scripts/gguf_from_hf.py writes a Gemma 3 checkpoint as llama.cpp's gemma3 (the norms
+    as 1 + w in F32, the window, one sliding flag per layer, the local RoPE base, linear
+    scaling); converted back, it is the checkpoint's own file: config and tensors."""
+    cfg = {**GEMMA3_CONFIG, "sliding_window_pattern": 3, "rope_local_base_freq": 20000.0,
+           "rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+    tensors = gemma3_tensors(cfg, seed=3)
+    hf = make_checkpoint(tmp_path / "hf", cfg, tensors)
+    result = run(GGUF_FROM_HF, hf, "-o", tmp_path / "m.gguf")
+    assert result.returncode == 0, result.stderr
+    reader = gguf.GGUFReader(str(tmp_path / "m.gguf"))
+    fields = {name: field.contents() for name, field in reader.fields.items()}
+    assert fields["general.architecture"] == "gemma3"
+    assert fields["gemma3.attention.sliding_window"] == 4
+    assert fields["gemma3.attention.sliding_window_pattern"] == [True, True, False] * 2 + [True]
+    assert fields["gemma3.rope.freq_base_swa"] == 20000.0
+    assert fields["gemma3.rope.scaling.factor"] == 8.0
+    stored = {t.name: np.asarray(t.data) for t in reader.tensors}
+    norm = tensors["model.layers.0.post_attention_layernorm.weight"][1]
+    assert np.array_equal(stored["blk.0.post_attention_norm.weight"], np.float32(1) + norm)
+    from_hf, hf_arrays, _ = converted(hf, tmp_path / "hf.barellm", "--dtype", "f32")
+    from_gguf, arrays, _ = converted(tmp_path / "m.gguf", tmp_path / "gguf.barellm")
+    for field in GEMMA3_FIELDS:
+        assert from_gguf.get(field) == from_hf.get(field), field
+    assert sorted(arrays) == sorted(hf_arrays)
+    for name, values in hf_arrays.items():
+        assert np.array_equal(arrays[name], values), name
+
+
+def test_gguf_from_hf_refuses_a_query_scale_llama_cpp_does_not_take(tmp_path):
+    """llama.cpp scales Gemma 3's queries by head_dim^-1/2 (but with 62 layers): another
+    query_pre_attn_scalar cannot be written, in one line, and nothing is left behind."""
+    cfg = {**GEMMA3_CONFIG, "query_pre_attn_scalar": 24}
+    hf = make_checkpoint(tmp_path / "hf", cfg, gemma3_tensors(cfg))
+    result = run(GGUF_FROM_HF, hf, "-o", tmp_path / "m.gguf")
+    assert result.returncode == 1
+    assert result.stderr == ("gguf_from_hf: query_pre_attn_scalar gives the scale 0.204124; "
+                             "llama.cpp's gemma3 takes 0.353553 (1/sqrt(8)) for 7 layers: "
+                             "cannot write this checkpoint as GGUF\n")
+    assert sorted(os.listdir(tmp_path)) == ["hf"]
 
 
 def test_gguf_without_post_norms_is_refused(tmp_path):
