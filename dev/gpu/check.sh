@@ -10,10 +10,10 @@
 # What the GPU machine needs: the CUDA toolkit (nvcc, and Nsight Compute for the *-ncu
 # steps), a C++ compiler, Python 3 with numpy and pytest (torch and transformers for the
 # transformers and logits-7b steps), OpenSSL's and zlib's shared libraries, and gpu_data/
-# (git-ignored) from --stage: stories260K, the llama2 tokenizer (the Mistral-7B preset's),
-# the smollm2-135m tokenizer (the Qwen3-8B and Llama-3-8B presets'), the eval texts, the
-# nlohmann/json headers, cpp-httplib (`barellm serve`; Debian's libcpp-httplib-dev: its
-# header with the OpenSSL, zlib and Brotli headers it includes, its shared library and
+# (git-ignored) from --stage: stories260K, the llama2, smollm2-135m and gemma3 tokenizers
+# (the presets'), the eval texts, the nlohmann/json headers (those in data.tar.xz, unpacked
+# here), cpp-httplib (`barellm serve`; Debian's libcpp-httplib-dev: its header with the
+# OpenSSL, zlib and Brotli headers it includes, in data.tar.xz too, its shared library and
 # Brotli's, which the build links with an rpath), the `openai` package's wheels and those
 # of its dependencies (WHEELS, for Python 3.12; the serve step), GNU time, and llama.cpp's
 # CUDA tools (llama-server among them) with the gguf Python package of the same sources, packed
@@ -90,6 +90,11 @@
 #                 then tg128 on a Llama-3.2-1B-shaped f16 file (made here), the Mistral-7B
 #                 f16 and q4 files (and the Q4_K_M file where the kquants step made it) with
 #                 it off and on, alternated, 2 rounds (about 3 minutes after the files)
+#   gemma3        Gemma 3 at the 1B and 4B shapes (convert/synth.py --preset gemma3-1b and
+#                 gemma3-4b, the real vocabulary of 262,144 pieces): an f16 GGUF written by
+#                 scripts/gguf_from_hf.py and llama-quantize's Q4_K_M of it, each converted
+#                 to barellm's file, against llama.cpp (pp512, tg128, 2 alternated rounds).
+#                 About 10 minutes, the files 4 of them: run it alone
 #   moe           mixture of experts: the Qwen3-30B-A3B shape with its first 8 layers
 #                 (convert/synth.py --preset qwen3-30b-a3b --layers 8: 5.4 B parameters, 11
 #                 GB in f16), llama-quantize's Q4_K_M and Q4_0 of its f16 GGUF, each
@@ -132,15 +137,27 @@ WHEELS="openai==3.63.0 httpx2==2.17.0 httpcore2==2.17.0 h11==0.16.0 truststore==
     anyio==4.16.0 idna==3.20 sniffio==1.3.1 jiter==0.19.0 pydantic==2.13.4 pydantic-core==2.46.4
     annotated-types==0.7.0 typing-inspection==0.4.2 typing-extensions==4.16.0"
 
+# Unpacks the archive $1 into the folder $2 with Python's tarfile (the GPU machine's image
+# may have no xz).
+unpack() {
+    python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], \
+**({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))" "$1" "$2"
+}
+
 if [ "${1:-}" = "--stage" ]; then
     shared=${SHARED:-../shared}
-    rm -rf gpu_data/shared gpu_data/include gpu_data/lib
-    mkdir -p gpu_data/shared/models gpu_data/shared/tokenizers gpu_data/include gpu_data/lib
-    cp -r "$shared/models/stories260K" gpu_data/shared/models/
+    # shared/ and include/ travel as one archive, gpu_data/data.tar.xz (text, a quarter of
+    # their size), unpacked on the GPU machine.
+    packed=$(mktemp -d)
+    rm -rf gpu_data/shared gpu_data/include gpu_data/lib gpu_data/data.tar.xz
+    mkdir -p "$packed/shared/models" "$packed/shared/tokenizers" "$packed/include" gpu_data/lib
+    cp -r "$shared/models/stories260K" "$packed/shared/models/"
+    # llama2: the Mistral-7B preset's; smollm2-135m: the Llama-3 and Qwen presets'; gemma3:
+    # the Gemma 3 presets' (the gemma3 step).
     cp -r "$shared/tokenizers/llama2" "$shared/tokenizers/smollm2-135m" \
-        gpu_data/shared/tokenizers/
-    cp -r "$shared/eval" gpu_data/shared/  # tests/test_cuda.py's ppl comparison
-    [ -d /usr/include/nlohmann ] && cp -r /usr/include/nlohmann gpu_data/include/
+        "$shared/tokenizers/gemma3" "$packed/shared/tokenizers/"
+    cp -r "$shared/eval" "$packed/shared/"  # tests/test_cuda.py's ppl comparison
+    [ -d /usr/include/nlohmann ] && cp -r /usr/include/nlohmann "$packed/include/"
     # cpp-httplib as the Makefile builds against it: its header and the OpenSSL, zlib and
     # Brotli headers it includes with their defines (the Makefile's when pkg-config is
     # missing), and its library under its soname (the build adds the linker's name for it).
@@ -152,8 +169,8 @@ if [ "${1:-}" = "--stage" ]; then
             grep -E "^/usr/include/(httplib\.h|zlib\.h|zconf\.h|openssl/|brotli/|$multiarch/openssl/)"); do
             relative=${header#/usr/include/}
             relative=${relative#"$multiarch"/}
-            mkdir -p "gpu_data/include/$(dirname "$relative")"
-            cp "$header" "gpu_data/include/$relative"
+            mkdir -p "$packed/include/$(dirname "$relative")"
+            cp "$header" "$packed/include/$relative"
         done
         cp "$httplib" "gpu_data/lib/$(objdump -p "$httplib" | awk '/SONAME/ {print $2}')"
         for lib in $(ldd "$httplib" | awk '/libbrotli/ {print $3}'); do
@@ -163,6 +180,8 @@ if [ "${1:-}" = "--stage" ]; then
         echo "check.sh --stage: no cpp-httplib (apt-get install libcpp-httplib-dev): the GPU" \
             "machine's build needs it"
     fi
+    tar -cJf gpu_data/data.tar.xz -C "$packed" shared include
+    rm -rf "$packed"
     # The GPU image's Python (3.12) has no `openai` package.
     rm -rf gpu_data/wheels
     # shellcheck disable=SC2086  # one word per wheel
@@ -203,8 +222,8 @@ STEPS=${*:-kernels tests compare}
 for name in $STEPS; do
     case $name in
         kernels | gemm-tiles | gemm-ncu | matvec-ncu | tests | compare | quantized | kquants | \
-            bf16 | transformers | logits-7b | decode | ladder | wgmma | pdl | moe | serve | \
-            ab | qwen3-8b | llama3-prefill) ;;
+            bf16 | transformers | logits-7b | decode | ladder | wgmma | pdl | gemma3 | moe | \
+            serve | ab | qwen3-8b | llama3-prefill) ;;
         *) echo "check.sh: unknown step '$name' (see the header of $0)" >&2; exit 2 ;;
     esac
 done
@@ -284,6 +303,7 @@ disk_has() {
 QWEN3_8B_GIB=16   # a Qwen3-8B-shaped f16 file, rounded up
 LLAMA3_8B_GIB=16  # a Llama-3-8B-shaped f16 file, or its GGUF, rounded up
 
+[ -d gpu_data/shared ] || [ ! -f gpu_data/data.tar.xz ] || unpack gpu_data/data.tar.xz gpu_data
 [ -e ../shared ] || [ ! -d gpu_data/shared ] || ln -s "$PWD/gpu_data/shared" ../shared
 STORIES_HF=../shared/models/stories260K
 [ -d "$STORIES_HF" ] || note "$STORIES_HF missing: run dev/gpu/check.sh --stage first"
@@ -299,9 +319,7 @@ LLAMACPP=$WORK/llamacpp-cuda
 LLAMA_BENCH=$LLAMACPP/bin/llama-bench
 GGUF_PY=$LLAMACPP/gguf-py
 if [ ! -d "$LLAMACPP" ] && [ -f gpu_data/llamacpp-cuda.tar.xz ]; then
-    python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], \
-**({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))" \
-        gpu_data/llamacpp-cuda.tar.xz "$WORK"
+    unpack gpu_data/llamacpp-cuda.tar.xz "$WORK"
 fi
 # Its cuBLAS: the toolkit's, else the one of the nvidia-cublas Python package.
 cublas=$(find /usr/local/cuda*/ -name 'libcublas.so.13' 2>/dev/null | head -1)
@@ -808,6 +826,36 @@ if wants pdl; then
             label=$(basename "$file" .bin)
             BARELLM_CUDA_PDL=0 bench "$label-pdl0-$round" build/barellm "$file" 25 -p 0 -n 128 -r 3
             BARELLM_CUDA_PDL=1 bench "$label-pdl1-$round" build/barellm "$file" 25 -p 0 -n 128 -r 3
+        done
+    done
+fi
+
+if wants gemma3; then
+    step "Gemma 3 at the 1B and 4B shapes, f16 and Q4_K_M, against llama.cpp"
+    gemma_files() {  # PRESET: the f16 GGUF and barellm file, Q4_K_M GGUF and barellm file
+        local base=$WORK/$1
+        rm -rf "$base-hf" &&
+            python3 convert/synth.py --preset "$1" --dtype f16 -o "$base-hf" &&
+            gguf_from_hf "$base-hf" "$base-f16.gguf" f16 &&
+            python3 convert/convert.py "$base-hf" -o "$base-f16.bin" --dtype f16 || return 1
+        rm -rf "$base-hf"
+        "$LLAMA_QUANTIZE" "$base-f16.gguf" "$base-q4_k_m.gguf.part" Q4_K_M "$(nproc)" &&
+            mv "$base-q4_k_m.gguf.part" "$base-q4_k_m.gguf" &&
+            PYTHONPATH=$GGUF_PY python3 convert/convert.py "$base-q4_k_m.gguf" \
+                -o "$base-q4_k_m.bin"
+    }
+    for preset in gemma3-1b gemma3-4b; do
+        if [ -z "$LLAMA_BENCH" ] || [ ! -x "$LLAMA_QUANTIZE" ]; then
+            note "gemma3: skipped, no llama.cpp (llama-bench and llama-quantize) staged"
+            break
+        fi
+        if [ ! -f "$WORK/$preset-q4_k_m.bin" ] && fits 240 "$preset files"; then
+            gemma_files "$preset" >"$LOG/${preset}_files.log" 2>&1 ||
+                note "$preset files FAILED: $(tail -1 "$LOG/${preset}_files.log")"
+        fi
+        for type in f16 q4_k_m; do
+            [ -f "$WORK/$preset-$type.bin" ] && compare "$preset-$type" "$WORK/$preset-$type.gguf" \
+                "$WORK/$preset-$type.bin" 90 512 128
         done
     done
 fi
