@@ -5,9 +5,13 @@
 //
 // - A kernel that takes part calls finish_prologue() once every thread of its block has read
 //   all it reads of what no kernel writes (weights, norm weights, RoPE frequencies, the step's
-//   token and position, which the host writes before the graph runs). It lets the next
-//   kernel launch, then waits until the kernels ahead of it have ended and their writes can
-//   be seen. Nothing before it may read or write what another kernel writes.
+//   token and position, which the host writes before the graph runs). It waits until the
+//   kernels ahead of it have ended and their writes can be seen, then lets the next kernel
+//   launch. Nothing before it may read or write what another kernel writes.
+// - So the next kernel launches once every block of this one is past its prologue: it runs
+//   its own prologue during this kernel's main work and tail, and one kernel at most runs
+//   ahead (letting it launch before the wait would let a chain of prologues hold SM slots
+//   and L2 while the kernel doing the work runs).
 // - Its host side launches it with launch_after_previous: with BARELLM_CUDA_PDL=1, on a GPU
 //   of compute capability 9.0 or later running images built for it, as a programmatic
 //   dependent launch (cudaLaunchAttributeProgrammaticStreamSerialization; captured into the
@@ -30,14 +34,14 @@
 
 namespace barellm::cuda {
 
-// Lets the next kernel launch and waits for the kernels ahead (the header). Every thread of
-// the block calls it, at the same point (in the emulation it holds a block barrier).
+// Waits for the kernels ahead, then lets the next kernel launch (the header). Every thread
+// of the block calls it, at the same point (in the emulation it holds a block barrier).
 __device__ __forceinline__ void finish_prologue() {
 #ifdef BARELLM_CUDA_EMULATION
     emulation::grid_dependency_wait();
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
