@@ -3,7 +3,8 @@
 // CUDA, against the scalar dequantization of src/weights/weight_blocks.cpp times the input in double:
 // random blocks whose f16 scales (d, dmin, m) are drawn across their range with both signs,
 // rows not a multiple of a block's 8 or 16 warps, rows of more units than a warp takes in one
-// round.
+// round. The matvecs run under an EarlyLaunchCheck (dependent_launch.cuh): what the kernels
+// ahead wrote reads as NaN until their finish_prologue.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>

@@ -5,7 +5,9 @@
 // norm), the flash-decoding attention (splits merged by the last block, GQA, windows, q/k
 // norm, Gemma 3's heads of 256), and the GPU ladder's simple kernels. Odd sizes throughout:
 // rows 1, 37, 70; columns off the 16-byte vector and off the 32-column block; head_dim 8, 34,
-// 64, 72, 130, 256.
+// 64, 72, 130, 256. The matvecs and the attention, which may start before the kernel ahead
+// of them ends (dependent_launch.cuh), run under an EarlyLaunchCheck: what the kernels ahead
+// wrote reads as NaN until their finish_prologue.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
