@@ -110,6 +110,17 @@ GEMMA3_SWA_PATTERN = 6
 GEMMA3_LOCAL_ROPE_THETA = 10000.0
 GEMMA3_27B_LAYERS = 62
 SOFTCAPPING_KEYS = ("attn_logit_softcapping", "final_logit_softcapping")
+
+
+def gemma3_query_scalar(dim, heads, head_dim, layers):
+    """The s of the scale s^-1/2 llama.cpp's gemma3 gives the queries (the rules above)."""
+    return dim // heads if layers == GEMMA3_27B_LAYERS else head_dim
+
+
+def gemma3_attention_scale(dim, heads, head_dim, layers):
+    """That scale, as an f32 value."""
+    scalar = gemma3_query_scalar(dim, heads, head_dim, layers)
+    return float(np.float32(1) / np.sqrt(np.float32(scalar)))
 # What barellm lacks for architectures close to those it runs.
 UNSUPPORTED = {"gemma2": "Gemma 2's logit soft-capping is not implemented"}
 
@@ -486,14 +497,13 @@ class GGUFModel:
             sliding = self._gemma3_sliding_layers(layers)
         else:
             window, sliding = None, [False] * layers
-        scalar = dim // heads if layers == GEMMA3_27B_LAYERS else head_dim
         return window, {
             "activation": "gelu_tanh",
             "embedding_scale": float(np.sqrt(np.float32(dim))),
             "layer_types": ["sliding" if is_sliding else "full" for is_sliding in sliding],
             "rope_theta_local": self.keys.number(k("rope.freq_base_swa"),
                                                  GEMMA3_LOCAL_ROPE_THETA),
-            "attention_scale": float(np.float32(1) / np.sqrt(np.float32(scalar))),
+            "attention_scale": gemma3_attention_scale(dim, heads, head_dim, layers),
         }
 
     def _gemma3_sliding_layers(self, layers):

@@ -504,13 +504,13 @@ def add_hparams(writer, config, name):
 def add_gemma3_hparams(writer, config):
     """Gemma 3's keys (read back by convert/gguf_in.py as llama.cpp reads them), after
     refusing a query scale llama.cpp would not take."""
-    dim, heads, layers = config["dim"], config["heads"], config["layers"]
-    scalar = dim // heads if layers == gguf_in.GEMMA3_27B_LAYERS else config["head_dim"]
-    llama_scale = float(np.float32(1) / np.sqrt(np.float32(scalar)))
+    shape = config["dim"], config["heads"], config["head_dim"], config["layers"]
+    llama_scale = gguf_in.gemma3_attention_scale(*shape)
     if config["attention_scale"] != llama_scale:
         raise ConvertError(f"query_pre_attn_scalar gives the scale {config['attention_scale']:g}; "
-                           f"llama.cpp's gemma3 takes {llama_scale:g} (1/sqrt({scalar})) for "
-                           f"{layers} layers: cannot write this checkpoint as GGUF")
+                           f"llama.cpp's gemma3 takes {llama_scale:g} "
+                           f"(1/sqrt({gguf_in.gemma3_query_scalar(*shape)})) for "
+                           f"{config['layers']} layers: cannot write this checkpoint as GGUF")
     sliding = [kind == "sliding" for kind in config["layer_types"]]
     arch = writer.arch
     if any(sliding):
