@@ -351,6 +351,14 @@ fi
 gguf_from_hf() {  # HF_DIR OUT TYPE
     PYTHONPATH=$GGUF_PY python3 scripts/gguf_from_hf.py "$1" -o "$2" --type "$3"
 }
+# True when llama.cpp is staged to compare with and to quantize GGUFs.
+can_quantize() { [ -n "$LLAMA_BENCH" ] && [ -x "$LLAMA_QUANTIZE" ]; }
+# llama-quantize's TYPE of the GGUF $1 as the GGUF $2 (under its final name once complete),
+# and that GGUF converted to the barellm file $4 (every matrix in its own type).
+quantize_gguf() {  # GGUF OUT_GGUF TYPE OUT_BARELLM
+    "$LLAMA_QUANTIZE" "$1" "$2.part" "$3" "$(nproc)" && mv "$2.part" "$2" &&
+        PYTHONPATH=$GGUF_PY python3 convert/convert.py "$2" -o "$4"
+}
 
 # True when the barellm file $1 is missing, or its GGUF $2 where llama.cpp is there to use it.
 pair_missing() { [ ! -f "$1" ] || { [ -n "$LLAMA_BENCH" ] && [ ! -f "$2" ]; }; }
@@ -438,12 +446,9 @@ make_mistral() {
         {
             gguf_from_hf "$MISTRAL_HF" "$MISTRAL_GGUF" f16 && made "$MISTRAL_GGUF" &&
                 { ! planned "$MISTRAL_Q4KM_GGUF" || {
-                    "$LLAMA_QUANTIZE" "$MISTRAL_GGUF" "$MISTRAL_Q4KM_GGUF.part" Q4_K_M \
-                        "$(nproc)" >"$LOG/llama_quantize.log" 2>&1 &&
-                        mv "$MISTRAL_Q4KM_GGUF.part" "$MISTRAL_Q4KM_GGUF" &&
-                        made "$MISTRAL_Q4KM_GGUF" &&
-                        PYTHONPATH=$GGUF_PY python3 convert/convert.py "$MISTRAL_Q4KM_GGUF" \
-                            -o "$MISTRAL_Q4KM" && made "$MISTRAL_Q4KM"; }; }
+                    quantize_gguf "$MISTRAL_GGUF" "$MISTRAL_Q4KM_GGUF" Q4_K_M "$MISTRAL_Q4KM" \
+                        >"$LOG/llama_quantize.log" 2>&1 &&
+                        made "$MISTRAL_Q4KM_GGUF" && made "$MISTRAL_Q4KM"; }; }
         } &
         jobs+=($!)
     fi
@@ -660,7 +665,7 @@ fi
 
 if wants kquants; then
     step "Mistral-7B shape, Q4_K_M (llama-quantize's) against llama.cpp: pp512, tg128"
-    if [ -z "$LLAMA_BENCH" ] || [ ! -x "$LLAMA_QUANTIZE" ]; then
+    if ! can_quantize; then
         note "kquants: skipped, no llama.cpp (llama-bench and llama-quantize) staged"
     elif ready "$MISTRAL_Q4KM" 90; then
         models_done 90
@@ -839,16 +844,14 @@ if wants gemma3; then
             gguf_from_hf "$base-hf" "$base-f16.gguf" f16 &&
             python3 convert/convert.py "$base-hf" -o "$base-f16.bin" --dtype f16 || return 1
         rm -rf "$base-hf"
-        "$LLAMA_QUANTIZE" "$base-f16.gguf" "$base-q4_k_m.gguf.part" Q4_K_M "$(nproc)" &&
-            mv "$base-q4_k_m.gguf.part" "$base-q4_k_m.gguf" &&
-            PYTHONPATH=$GGUF_PY python3 convert/convert.py "$base-q4_k_m.gguf" \
-                -o "$base-q4_k_m.bin"
+        quantize_gguf "$base-f16.gguf" "$base-q4_k_m.gguf" Q4_K_M "$base-q4_k_m.bin"
     }
-    for preset in gemma3-1b gemma3-4b; do
-        if [ -z "$LLAMA_BENCH" ] || [ ! -x "$LLAMA_QUANTIZE" ]; then
-            note "gemma3: skipped, no llama.cpp (llama-bench and llama-quantize) staged"
-            break
-        fi
+    presets=(gemma3-1b gemma3-4b)
+    if ! can_quantize; then
+        note "gemma3: skipped, no llama.cpp (llama-bench and llama-quantize) staged"
+        presets=()
+    fi
+    for preset in "${presets[@]}"; do
         if [ ! -f "$WORK/$preset-q4_k_m.bin" ] && fits 240 "$preset files"; then
             gemma_files "$preset" >"$LOG/${preset}_files.log" 2>&1 ||
                 note "$preset files FAILED: $(tail -1 "$LOG/${preset}_files.log")"
@@ -870,14 +873,11 @@ if wants moe; then
         rm -rf "$MOE-hf"
         local type
         for type in q4_k_m q4_0; do
-            "$LLAMA_QUANTIZE" "$MOE-f16.gguf" "$MOE-$type.gguf.part" "${type^^}" "$(nproc)" &&
-                mv "$MOE-$type.gguf.part" "$MOE-$type.gguf" &&
-                PYTHONPATH=$GGUF_PY python3 convert/convert.py "$MOE-$type.gguf" -o "$MOE-$type.bin" ||
-                return 1
+            quantize_gguf "$MOE-f16.gguf" "$MOE-$type.gguf" "${type^^}" "$MOE-$type.bin" || return 1
         done
         rm -f "$MOE-f16.gguf"
     }
-    if [ -z "$LLAMA_BENCH" ] || [ ! -x "$LLAMA_QUANTIZE" ]; then
+    if ! can_quantize; then
         if [ ! -f "$MOE-q4.bin" ] && fits 300 "moe files" && disk_has $((2 * MOE_GIB)) "moe files"; then
             { rm -rf "$MOE-hf" &&
                 python3 convert/synth.py --preset qwen3-30b-a3b --layers 8 --dtype f16 \
