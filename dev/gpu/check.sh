@@ -89,24 +89,24 @@
 #                 equal to those without it; part of the tests step, run here without it),
 #                 then tg128 on a Llama-3.2-1B-shaped f16 file (made here), the Mistral-7B
 #                 f16 and q4 files (and the Q4_K_M file where the kquants step made it) with
-#                 it off and on, alternated, 2 rounds (about 3 minutes after the files)
+#                 it off and on, alternated, 2 rounds (not yet timed on a GPU machine)
 #   gemma3        Gemma 3 at the 1B and 4B shapes (convert/synth.py --preset gemma3-1b and
 #                 gemma3-4b, the real vocabulary of 262,144 pieces): an f16 GGUF written by
 #                 scripts/gguf_from_hf.py and llama-quantize's Q4_K_M of it, each converted
 #                 to barellm's file, against llama.cpp (pp512, tg128, 2 alternated rounds).
-#                 About 10 minutes, the files 4 of them: run it alone
+#                 Not yet timed on a GPU machine: run it alone
 #   moe           mixture of experts: the Qwen3-30B-A3B shape with its first 8 layers
-#                 (convert/synth.py --preset qwen3-30b-a3b --layers 8: 5.4 B parameters, 11
-#                 GB in f16), llama-quantize's Q4_K_M and Q4_0 of its f16 GGUF, each
+#                 (convert/synth.py --preset qwen3-30b-a3b --layers 8: 5.61 B parameters, 2
+#                 bytes each in f16), llama-quantize's Q4_K_M and Q4_0 of its f16 GGUF, each
 #                 converted to barellm's file (every matrix in its type), against llama.cpp
 #                 (pp512, tg128, 2 alternated rounds; the share of the copy counts the active
-#                 experts' bytes). About 10 minutes, the files 6 of them: run it alone, on a
+#                 experts' bytes). Not yet timed on a GPU machine: run it alone, on a
 #                 machine without the Mistral-7B files; without llama.cpp, barellm's q4 of
 #                 the checkpoint alone
 #   serve         `barellm serve --device cuda` against `llama-server -np 32` (every layer on
 #                 the GPU) on the Mistral-7B f16 file and its GGUF: 32 streaming clients of
 #                 128 tokens each, 2 alternated rounds (scripts/load_test.py, on the `openai`
-#                 package of the staged wheels; about 3 minutes after the files)
+#                 package of the staged wheels; not yet timed on a GPU machine)
 #   ab            prefill and decode speed (pp512 and tg128 on the Mistral-7B f16 and q4
 #                 files) of other trees beside this one, alternated in one run: each
 #                 gpu_data/ab/NAME.tgz (made by `git archive -o gpu_data/ab/NAME.tgz REV`)
