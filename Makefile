@@ -49,7 +49,8 @@ LDFLAGS  := -fopenmp $(LINKFLAGS)
 HTTPLIB_CFLAGS := $(shell pkg-config --cflags cpp-httplib 2>/dev/null || \
                     echo -DCPPHTTPLIB_OPENSSL_SUPPORT -DCPPHTTPLIB_ZLIB_SUPPORT \
                          -DCPPHTTPLIB_BROTLI_SUPPORT)
-LDLIBS   := $(shell pkg-config --libs cpp-httplib 2>/dev/null || echo -lcpp-httplib)
+HTTPLIB_LIBS := $(shell pkg-config --libs cpp-httplib 2>/dev/null || echo -lcpp-httplib)
+LDLIBS   := $(HTTPLIB_LIBS)
 PYTHON   ?= python3
 
 LIB_SRCS  := $(filter-out src/commands/main.cpp,$(wildcard src/*.cpp src/*/*.cpp src/*/*/*.cpp))
@@ -122,6 +123,22 @@ TOOLS     += $(patsubst tests/tools/%.cu,$(BUILD)/%,$(wildcard tests/tools/*.cu)
 CUDA_TOOL_OBJS := $(patsubst tests/tools/%.cu,$(BUILD)/tools/%.o,$(wildcard tests/tools/*.cu))
 endif
 
+# The emulated backend (`make emulated`): the CUDA backend whole (kernels/*.cu, the launch
+# functions and forward passes with them) compiled by $(CXX) on the CUDA emulation and its
+# emulated runtime (tests/emulation/cuda_runtime_emulation.h), into build/emulated/barellm,
+# dump_logits and step_logits, whose --device cuda runs every kernel on the CPU. The sources
+# that say whether the build has CUDA are compiled again with BARELLM_CUDA; the rest of the
+# library is the CPU build's. No CUDA toolkit needed; tests/test_cuda_emulated.py runs them.
+EMULATED         := $(BUILD)/emulated
+EMULATED_FLAGS   := $(EMULATION_FLAGS) -DBARELLM_EMULATED_BACKEND -DBARELLM_CUDA \
+                    -DBARELLM_CUDA_SM90A_IMAGE
+EMULATED_AGAIN   := src/backend.cpp src/commands/ladder.cpp
+EMULATED_KERNELS := $(patsubst kernels/%.cu,$(EMULATED)/kernels/%.o,$(wildcard kernels/*.cu))
+EMULATED_LIB     := $(filter-out $(EMULATED_AGAIN:src/%.cpp=$(BUILD)/src/%.o),$(LIB_OBJS)) \
+                    $(EMULATED_AGAIN:src/%.cpp=$(EMULATED)/src/%.o) $(EMULATED_KERNELS) \
+                    $(patsubst tests/%.cpp,$(BUILD)/tests/%.o,$(wildcard tests/emulation/*.cpp))
+EMULATED_TOOLS   := $(EMULATED)/barellm $(EMULATED)/dump_logits $(EMULATED)/step_logits
+
 # The flags every object was built with: when they change (CUDA on or off, other archs),
 # everything is rebuilt rather than linked from objects of another configuration.
 CONFIG      := $(BUILD)/config.txt
@@ -135,11 +152,13 @@ ifneq ($(filter clean,$(MAKECMDGOALS)),)
 .NOTPARALLEL:
 endif
 
-.PHONY: all test clean fuzz bench
+.PHONY: all test clean fuzz bench emulated
 .PRECIOUS: $(BUILD)/tools/%.o
 # The longest compilations (nvcc's, one image per GPU architecture, and the SIMDe objects) are
 # named first, so that with -j they start first instead of running alone at the end.
-all: $(CUDA_OBJS) $(CUDA_TOOL_OBJS) $(SIMDE_OBJS) $(BUILD)/barellm $(BUILD)/unit_tests $(TOOLS)
+# The emulated backend is left out of SAN=1 (whose tests do not run it).
+all: $(CUDA_OBJS) $(CUDA_TOOL_OBJS) $(SIMDE_OBJS) $(BUILD)/barellm $(BUILD)/unit_tests $(TOOLS) \
+     $(if $(filter 1,$(SAN)),,$(EMULATED_TOOLS))
 
 $(CONFIG):
 	@mkdir -p $(dir $@)
@@ -210,6 +229,26 @@ $(BUILD)/unit_tests: $(TEST_OBJS) $(SIMDE_OBJS) $(LIB_OBJS) $(CUDA_OBJS)
 
 $(BUILD)/%: $(BUILD)/tools/%.o $(LIB_OBJS) $(CUDA_OBJS)
 	$(CXX) $^ $(LDFLAGS) $(LDLIBS) -o $@
+
+emulated: $(EMULATED_TOOLS)
+
+$(EMULATED)/kernels/%.o: kernels/%.cu $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(CXX) -x c++ $(CXXFLAGS) $(EMULATED_FLAGS) -c $< -o $@
+
+$(EMULATED)/src/%.o: src/%.cpp $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -DBARELLM_CUDA -c $< -o $@
+
+$(EMULATED)/tools/%.o: tests/tools/%.cpp $(CONFIG)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -DBARELLM_CUDA -c $< -o $@
+
+$(EMULATED)/barellm: $(EMULATED)/src/commands/main.o $(EMULATED_LIB)
+	$(CXX) $^ $(LDFLAGS) $(HTTPLIB_LIBS) -o $@
+
+$(EMULATED)/%: $(EMULATED)/tools/%.o $(EMULATED_LIB)
+	$(CXX) $^ $(LDFLAGS) $(HTTPLIB_LIBS) -o $@
 
 # The C++ unit tests, then pytest on every core (pytest-xdist, a test file per worker at a
 # time; one worker where xdist is not installed). SAN=1 runs the unit tests and the Python

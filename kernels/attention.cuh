@@ -443,7 +443,7 @@ inline AttentionArgs attention_args(float* out, const float* qkv, const float* i
     return args;
 }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 
 int attention_splits(const AttentionShape& shape, int context, int multiprocessors) {
     const int head_blocks = attention_head_blocks(shape.heads, shape.kv_heads);
@@ -490,6 +490,6 @@ void attention(float* out, const float* qkv, const float* inverse_frequencies, c
     with_kv_type(kv_type, [&](auto element) { launch_attention<decltype(element)>(args, stream); });
 }
 
-#endif  // BARELLM_CUDA_EMULATION
+#endif  // BARELLM_LAUNCH_FUNCTIONS
 
 }  // namespace barellm::cuda

@@ -240,7 +240,7 @@ void with_paged_pairs(int head_dim, Launch launch) {
     return launch(std::integral_constant<int, 4>{});
 }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 
 void attention_paged(const DeviceActivations& out, const float* qkv, int qkv_pitch,
                      const void* keys, const void* values, const int* positions,
@@ -258,21 +258,21 @@ void attention_paged(const DeviceActivations& out, const float* qkv, int qkv_pit
         shape.scale};
     with_kv_type(kv_type, [&](auto element) {
         with_paged_pairs(shape.head_dim, [&](auto pairs) {
-            attention_paged_split_kernel<decltype(element), decltype(pairs)::value>
-                <<<attention_paged_split_grid(out.tokens, shape, splits), kPagedThreads, 0,
-                   stream>>>(args);
+            launch_kernel(attention_paged_split_kernel<decltype(element), decltype(pairs)::value>,
+                          attention_paged_split_grid(out.tokens, shape, splits), kPagedThreads, 0,
+                          stream, args);
         });
     });
     CUDA_CHECK_LAUNCH("attention_paged_split_kernel");
     with_weight_dtype(out.dtype, [&](auto dtype) {
-        attention_paged_merge_kernel<decltype(dtype)::value>
-            <<<attention_paged_merge_grid(out.tokens, shape.heads), kPagedThreads, 0, stream>>>(
-                out.data, out.pitch, partial_out, partial_stats, shape.heads, shape.head_dim,
-                splits);
+        launch_kernel(attention_paged_merge_kernel<decltype(dtype)::value>,
+                      attention_paged_merge_grid(out.tokens, shape.heads), kPagedThreads, 0, stream,
+                      out.data, out.pitch, partial_out, partial_stats, shape.heads, shape.head_dim,
+                      splits);
     });
     CUDA_CHECK_LAUNCH("attention_paged_merge_kernel");
 }
 
-#endif  // BARELLM_CUDA_EMULATION
+#endif  // BARELLM_LAUNCH_FUNCTIONS
 
 }  // namespace barellm::cuda

@@ -569,7 +569,7 @@ void with_prefill_dims_per_lane(int head_dim, Launch launch) {
     }
 }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 
 size_t attention_prefill_shared_bytes(int head_dim) {
     const size_t simt = attention_prefill_shared_floats(head_dim) * sizeof(float);
@@ -597,10 +597,10 @@ void attention_prefill(const DeviceActivations& out, const float* qkv, int qkv_p
             constexpr DType kOut = decltype(dtype)::value;
             const auto kernel = attention_prefill_mma_kernel_for<kOut>(shape.head_dim, buffers);
             allow_shared_bytes(kernel, shared);
-            kernel<<<grid, kAttentionPrefillThreads, shared, stream>>>(
-                out.data, out.pitch, qkv, qkv_pitch, static_cast<const __half*>(key_cache),
-                static_cast<const __half*>(value_cache), first_pos, out.tokens, shape.heads,
-                shape.kv_heads, shape.head_dim, shape.window, shape.scale);
+            launch_kernel(kernel, grid, kAttentionPrefillThreads, shared, stream, out.data,
+                          out.pitch, qkv, qkv_pitch, static_cast<const __half*>(key_cache),
+                          static_cast<const __half*>(value_cache), first_pos, out.tokens,
+                          shape.heads, shape.kv_heads, shape.head_dim, shape.window, shape.scale);
         });
         CUDA_CHECK_LAUNCH("attention_prefill_mma_kernel");
         return;
@@ -614,16 +614,17 @@ void attention_prefill(const DeviceActivations& out, const float* qkv, int qkv_p
                 const auto kernel =
                     attention_prefill_kernel<KvT, decltype(dtype)::value, decltype(dims)::value>;
                 allow_shared_bytes(kernel, shared);
-                kernel<<<grid, kAttentionPrefillThreads, shared, stream>>>(
-                    out.data, out.pitch, qkv, qkv_pitch, static_cast<const KvT*>(key_cache),
-                    static_cast<const KvT*>(value_cache), first_pos, out.tokens, shape.heads,
-                    shape.kv_heads, shape.head_dim, shape.window, shape.scale);
+                launch_kernel(kernel, grid, kAttentionPrefillThreads, shared, stream, out.data,
+                              out.pitch, qkv, qkv_pitch, static_cast<const KvT*>(key_cache),
+                              static_cast<const KvT*>(value_cache), first_pos, out.tokens,
+                              shape.heads, shape.kv_heads, shape.head_dim, shape.window,
+                              shape.scale);
             });
         });
     });
     CUDA_CHECK_LAUNCH("attention_prefill_kernel");
 }
 
-#endif  // BARELLM_CUDA_EMULATION
+#endif  // BARELLM_LAUNCH_FUNCTIONS
 
 }  // namespace barellm::cuda

@@ -76,21 +76,21 @@ __global__ void __launch_bounds__(kNaiveAttentionThreads)
     }
 }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 
 void attention_naive(float* out, const float* q, const void* key_cache, const void* value_cache,
                      const int* step, float* scores, int context, const AttentionShape& shape,
                      KvType kv_type, cudaStream_t stream) {
     with_kv_type(kv_type, [&](auto element) {
         using KvT = decltype(element);
-        attention_naive_kernel<KvT><<<shape.heads, kNaiveAttentionThreads, 0, stream>>>(
-            out, q, static_cast<const KvT*>(key_cache), static_cast<const KvT*>(value_cache), step,
-            scores, context, shape.heads, shape.kv_heads, shape.head_dim, shape.window,
-            shape.scale);
+        launch_kernel(attention_naive_kernel<KvT>, shape.heads, kNaiveAttentionThreads, 0, stream,
+                      out, q, static_cast<const KvT*>(key_cache),
+                      static_cast<const KvT*>(value_cache), step, scores, context, shape.heads,
+                      shape.kv_heads, shape.head_dim, shape.window, shape.scale);
     });
     CUDA_CHECK_LAUNCH("attention_naive_kernel");
 }
 
-#endif  // BARELLM_CUDA_EMULATION
+#endif  // BARELLM_LAUNCH_FUNCTIONS
 
 }  // namespace barellm::cuda

@@ -29,8 +29,8 @@
 #include <type_traits>
 
 #include "common.cuh"
-#include "util/error.h"
 #include "kernels.h"
+#include "util/error.h"
 #include "weights/weight_blocks.h"
 
 namespace barellm::cuda {
@@ -342,7 +342,7 @@ void with_block_dtype(DType dtype, Use&& use) {
     }
 }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 
 // Throws unless w is a block-type device matrix of whole blocks (rows of block_row_bytes).
 inline void check_block_matrix(const DeviceMatrix& w, const char* what) {
@@ -350,6 +350,6 @@ inline void check_block_matrix(const DeviceMatrix& w, const char* what) {
         throw Error(std::string(what) + ": not a block-type device matrix of whole blocks");
 }
 
-#endif  // BARELLM_CUDA_EMULATION
+#endif  // BARELLM_LAUNCH_FUNCTIONS
 
 }  // namespace barellm::cuda

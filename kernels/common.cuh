@@ -16,12 +16,20 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "weights/config.h"      // Activation
 #include "cuda_check.h"  // CUDA_CHECK (host code; empty for the emulation)
-#include "util/error.h"
 #include "kv_cache.h"
+#include "util/error.h"
+#include "weights/config.h"       // Activation
 #include "weights/model.h"        // kQ4Offset
 #include "weights/safetensors.h"  // DType
+
+// The launch functions (the host code beside the kernels of each .cuh file) are compiled in
+// kernels.cu by nvcc, and by g++ for the emulated backend (BARELLM_EMULATED_BACKEND: `make
+// emulated`, tests/emulation/cuda_runtime_emulation.h); the unit tests that include the
+// .cuh files on the emulation launch the kernels themselves.
+#if !defined(BARELLM_CUDA_EMULATION) || defined(BARELLM_EMULATED_BACKEND)
+#define BARELLM_LAUNCH_FUNCTIONS 1
+#endif
 
 namespace barellm::cuda {
 
@@ -160,7 +168,7 @@ void with_activation(Activation activation, Launch launch) {
     return launch(std::integral_constant<Activation, Activation::Silu>{});
 }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 // The current GPU's figures that launch rules need (gemm's tiles, the Q8/Q4 matvecs' rows
 // per warp), queried once.
 struct DeviceFigures {
@@ -190,6 +198,28 @@ void allow_shared_bytes(Kernel kernel, size_t bytes) {
                                     cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
+// kernel<<<grid, block, shared_bytes, stream>>>(args...), the arguments converted to the
+// kernel's parameter types (on the emulation: run on its stream, cuda_runtime_emulation.h).
+template <typename... Params, typename... Args>
+void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                   cudaStream_t stream, Args... args) {
+#ifdef BARELLM_CUDA_EMULATION
+    cudaLaunchConfig_t config{};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = shared_bytes;
+    config.stream = stream;
+    cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+#else
+    // (clang-format reads the closing >>> of this launch as three >)
+    // clang-format off
+    kernel<<<grid, block, shared_bytes, stream>>>(static_cast<Params>(args)...);
+    // clang-format on
+#endif
+}
+#endif  // BARELLM_LAUNCH_FUNCTIONS
+
+#ifndef BARELLM_CUDA_EMULATION
 // Asks L2 for the line holding `address` without waiting for it and without a register (a
 // hint: what later loads read is unchanged). The emulation supplies its own.
 __device__ __forceinline__ void prefetch_l2(const void* address) {

@@ -1,10 +1,14 @@
 // Host-side CUDA error checking: the status of every CUDA runtime call, and of every kernel
 // launch (cudaGetLastError right after it), becomes a barellm::Error with a one-line message
-// naming the call and where it was made. Nothing here exits the program. Host code only: empty
-// for the CPU emulation of CUDA (tests/emulation/), which has no CUDA runtime.
+// naming the call and where it was made. Nothing here exits the program. Host code only.
+// The runtime API comes from here for all host code: CUDA's, or on the CPU emulation of CUDA
+// (tests/emulation/) the emulated one (cuda_runtime_emulation.h).
 #pragma once
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_CUDA_EMULATION
+#include "cuda_emulation.h"
+#else
 #include <cuda_runtime_api.h>
+#endif
 
 #include <string>
 
@@ -32,5 +36,3 @@ inline void check_cuda(cudaError_t status, const char* what, const char* file, i
 // synchronisation, which is checked too.
 #define CUDA_CHECK_LAUNCH(kernel_name) \
     ::barellm::cuda::check_cuda(cudaGetLastError(), "launch of " kernel_name, __FILE__, __LINE__)
-
-#endif  // BARELLM_CUDA_EMULATION

@@ -45,7 +45,7 @@ __device__ __forceinline__ void finish_prologue() {
 #endif
 }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 
 // kernel<<<grid, block, shared_bytes, stream>>>(args...), as a programmatic dependent launch
 // where dependent_launch_enabled; the kernel calls finish_prologue.
@@ -65,6 +65,6 @@ void launch_after_previous(void (*kernel)(Params...), dim3 grid, dim3 block, siz
     CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
 }
 
-#endif  // BARELLM_CUDA_EMULATION
+#endif  // BARELLM_LAUNCH_FUNCTIONS
 
 }  // namespace barellm::cuda

@@ -16,10 +16,8 @@
 
 #include "block_units.cuh"
 #include "common.cuh"
-#include "kernels.h"
-#ifndef BARELLM_CUDA_EMULATION
 #include "cuda_check.h"
-#endif
+#include "kernels.h"
 
 namespace barellm::cuda {
 
@@ -155,7 +153,7 @@ inline dim3 dequantize_block_rows_grid(int rows, int cols) {
 // The row pitch of the f16 matrix a Q8/Q4 matrix of `cols` columns dequantizes to.
 inline int dequantized_pitch(int cols) { return padded_cols(cols, DType::F16); }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 
 namespace {
 
@@ -163,9 +161,9 @@ void launch_dequantize_block_rows(uint16_t* out, const DeviceMatrix& w, cudaStre
     check_block_matrix(w, "dequantize_to_f16");
     if (w.rows == 0) return;
     with_block_dtype(w.dtype, [&](auto dtype) {
-        dequantize_block_rows_kernel<decltype(dtype)::value>
-            <<<dequantize_block_rows_grid(w.rows, w.cols), kBlockRowsThreads, 0, stream>>>(
-                out, w.data, w.rows, w.cols);
+        launch_kernel(dequantize_block_rows_kernel<decltype(dtype)::value>,
+                      dequantize_block_rows_grid(w.rows, w.cols), kBlockRowsThreads, 0, stream, out,
+                      w.data, w.rows, w.cols);
     });
     CUDA_CHECK_LAUNCH("dequantize_block_rows_kernel");
 }
@@ -195,9 +193,8 @@ DeviceMatrix dequantize_to_f16(const DeviceMatrix& w, void* f16, cudaStream_t st
     }
     const dim3 grid = dequantize_rows_grid(w.rows, out.pitch);
     const auto launch = [&](auto kernel) {
-        kernel<<<grid, kDequantizeThreads, 0, stream>>>(static_cast<uint16_t*>(f16), out.pitch,
-                                                        static_cast<const uint8_t*>(w.data),
-                                                        w.scales, w.rows, w.pitch);
+        launch_kernel(kernel, grid, kDequantizeThreads, 0, stream, static_cast<uint16_t*>(f16),
+                      out.pitch, static_cast<const uint8_t*>(w.data), w.scales, w.rows, w.pitch);
     };
     if (w.dtype == DType::Q8_0)
         launch(dequantize_rows_kernel<DType::Q8_0>);
@@ -207,6 +204,6 @@ DeviceMatrix dequantize_to_f16(const DeviceMatrix& w, void* f16, cudaStream_t st
     return out;
 }
 
-#endif  // BARELLM_CUDA_EMULATION
+#endif  // BARELLM_LAUNCH_FUNCTIONS
 
 }  // namespace barellm::cuda

@@ -2,8 +2,6 @@
 // f16, bf16, Q8, Q4) into the padded-row layout the kernels read (kernels.h: DeviceMatrix).
 // Host code only.
 #pragma once
-#include <cuda_runtime_api.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>

@@ -101,31 +101,32 @@ inline dim3 rope_grid(int heads, int kv_heads, int head_dim) {
     return elementwise_grid((heads + kv_heads) * (head_dim / 2));
 }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 
 void rmsnorm(float* out, const float* in, const float* weight, int n, float eps,
              cudaStream_t stream) {
-    rmsnorm_kernel<<<1, kElementwiseThreads, 0, stream>>>(out, in, weight, n, eps);
+    launch_kernel(rmsnorm_kernel, 1, kElementwiseThreads, 0, stream, out, in, weight, n, eps);
     CUDA_CHECK_LAUNCH("rmsnorm_kernel");
 }
 
 void residual_add(float* x, const float* y, int n, cudaStream_t stream) {
-    residual_add_kernel<<<elementwise_grid(n), kElementwiseThreads, 0, stream>>>(x, y, n);
+    launch_kernel(residual_add_kernel, elementwise_grid(n), kElementwiseThreads, 0, stream, x, y,
+                  n);
     CUDA_CHECK_LAUNCH("residual_add_kernel");
 }
 
 void swiglu(float* gate, const float* up, int n, Activation activation, cudaStream_t stream) {
     with_activation(activation, [&](auto act) {
-        swiglu_kernel<decltype(act)::value>
-            <<<elementwise_grid(n), kElementwiseThreads, 0, stream>>>(gate, up, n);
+        launch_kernel(swiglu_kernel<decltype(act)::value>, elementwise_grid(n), kElementwiseThreads,
+                      0, stream, gate, up, n);
     });
     CUDA_CHECK_LAUNCH("swiglu_kernel");
 }
 
 void rope(float* qk, const float* inverse_frequencies, const int* step, int heads, int kv_heads,
           int head_dim, cudaStream_t stream) {
-    rope_kernel<<<rope_grid(heads, kv_heads, head_dim), kElementwiseThreads, 0, stream>>>(
-        qk, inverse_frequencies, step, heads + kv_heads, head_dim);
+    launch_kernel(rope_kernel, rope_grid(heads, kv_heads, head_dim), kElementwiseThreads, 0, stream,
+                  qk, inverse_frequencies, step, heads + kv_heads, head_dim);
     CUDA_CHECK_LAUNCH("rope_kernel");
 }
 
@@ -134,8 +135,8 @@ void rmsnorm_heads(float* qk, const float* q_norm, const float* k_norm, int head
     if (q_norm == nullptr || k_norm == nullptr)
         throw Error("rmsnorm_heads: q_norm and k_norm must both be given");
     const dim3 grid = rmsnorm_heads_grid(heads, kv_heads);
-    rmsnorm_heads_kernel<<<grid, kElementwiseThreads, 0, stream>>>(qk, q_norm, k_norm, heads,
-                                                                   kv_heads, head_dim, eps);
+    launch_kernel(rmsnorm_heads_kernel, grid, kElementwiseThreads, 0, stream, qk, q_norm, k_norm,
+                  heads, kv_heads, head_dim, eps);
     CUDA_CHECK_LAUNCH("rmsnorm_heads_kernel");
 }
 
@@ -143,12 +144,13 @@ void store_kv_row(const float* k, const float* v, void* key_cache, void* value_c
                   const int* step, int kv_dim, KvType kv_type, cudaStream_t stream) {
     with_kv_type(kv_type, [&](auto element) {
         using KvT = decltype(element);
-        store_kv_row_kernel<KvT><<<elementwise_grid(kv_dim), kElementwiseThreads, 0, stream>>>(
-            k, v, static_cast<KvT*>(key_cache), static_cast<KvT*>(value_cache), step, kv_dim);
+        launch_kernel(store_kv_row_kernel<KvT>, elementwise_grid(kv_dim), kElementwiseThreads, 0,
+                      stream, k, v, static_cast<KvT*>(key_cache), static_cast<KvT*>(value_cache),
+                      step, kv_dim);
     });
     CUDA_CHECK_LAUNCH("store_kv_row_kernel");
 }
 
-#endif  // BARELLM_CUDA_EMULATION
+#endif  // BARELLM_LAUNCH_FUNCTIONS
 
 }  // namespace barellm::cuda

@@ -82,7 +82,7 @@ inline dim3 embedding_grid(int cols) {
     return dim3((cols + kEmbeddingThreads - 1) / kEmbeddingThreads);
 }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 
 // x[t, :] = table[tokens[t], :] as f32 times scale for t < count, table of a block type.
 void launch_block_embedding_rows(float* x, const DeviceMatrix& table, float scale,
@@ -90,9 +90,9 @@ void launch_block_embedding_rows(float* x, const DeviceMatrix& table, float scal
     check_block_matrix(table, "embedding");
     if (count == 0) return;
     with_block_dtype(table.dtype, [&](auto dtype) {
-        block_embedding_kernel<decltype(dtype)::value>
-            <<<block_embedding_grid(table.cols, count), kBlockRowsThreads, 0, stream>>>(
-                x, table.data, table.cols, scale, tokens);
+        launch_kernel(block_embedding_kernel<decltype(dtype)::value>,
+                      block_embedding_grid(table.cols, count), kBlockRowsThreads, 0, stream, x,
+                      table.data, table.cols, scale, tokens);
     });
     CUDA_CHECK_LAUNCH("block_embedding_kernel");
 }
@@ -104,20 +104,20 @@ void embedding(float* x, const DeviceMatrix& table, float scale, const int* step
     const dim3 grid = embedding_grid(table.cols);
     if (is_quantized(table.dtype)) {
         with_quantized_dtype(table.dtype, [&](auto dtype) {
-            embedding_quantized_kernel<decltype(dtype)::value>
-                <<<grid, kEmbeddingThreads, 0, stream>>>(x, table.data, table.scales, table.cols,
-                                                         table.pitch, scale, step);
+            launch_kernel(embedding_quantized_kernel<decltype(dtype)::value>, grid,
+                          kEmbeddingThreads, 0, stream, x, table.data, table.scales, table.cols,
+                          table.pitch, scale, step);
         });
         CUDA_CHECK_LAUNCH("embedding_quantized_kernel");
         return;
     }
     with_weight_dtype(table.dtype, [&](auto dtype) {
-        embedding_kernel<decltype(dtype)::value><<<grid, kEmbeddingThreads, 0, stream>>>(
-            x, table.data, table.cols, table.pitch, scale, step);
+        launch_kernel(embedding_kernel<decltype(dtype)::value>, grid, kEmbeddingThreads, 0, stream,
+                      x, table.data, table.cols, table.pitch, scale, step);
     });
     CUDA_CHECK_LAUNCH("embedding_kernel");
 }
 
-#endif  // BARELLM_CUDA_EMULATION
+#endif  // BARELLM_LAUNCH_FUNCTIONS
 
 }  // namespace barellm::cuda

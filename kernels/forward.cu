@@ -47,7 +47,6 @@
 // - BARELLM_CUDA_PDL=1 (sm_90 and later) lets each decode matvec and the attention start
 //   while the kernel ahead of it ends, its weight prefetch overlapping that kernel's tail
 //   (dependent_launch.cuh); off by default.
-#include <cuda_runtime.h>
 #include <dlfcn.h>
 
 #include <algorithm>
@@ -1499,12 +1498,14 @@ bool cuda_device_available(std::string* reason) {
         if (reason) *reason = why;
         return false;
     };
+#ifndef BARELLM_CUDA_EMULATION  // whose GPU needs no driver
     // The CUDA runtime loads the driver library itself; trying first gives a plain message
     // for the common case of a machine without an NVIDIA driver.
     if (void* driver = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL))
         dlclose(driver);
     else
         return unavailable("no NVIDIA GPU driver found (libcuda.so.1 cannot be loaded)");
+#endif
     int count = 0;
     cudaError_t status = cudaGetDeviceCount(&count);
     if (status != cudaSuccess) {

@@ -48,13 +48,11 @@
 #include <cstdlib>  // std::getenv
 
 #include "common.cuh"
+#include "cuda_check.h"
 #include "dequantize.cuh"
 #include "gemm_warpgroup.cuh"
 #include "kernels.h"
 #include "tensor_core.cuh"
-#ifndef BARELLM_CUDA_EMULATION
-#include "cuda_check.h"
-#endif
 
 namespace barellm::cuda {
 
@@ -797,7 +795,7 @@ inline GemmTiles choose_gemm_tiles(DType dtype, int tokens, int rows, int comput
     return GemmTiles::kLarge;
 }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 
 namespace {
 
@@ -809,10 +807,10 @@ void launch_gemm_tensor_core(float* out, int out_pitch, const DeviceMatrix& w,
     // Above 48 KiB of dynamic shared memory a kernel must opt in, once.
     static const bool opted_in = (allow_shared_bytes(kernel, Tiles::kSharedBytes), true);
     (void)opted_in;
-    kernel<<<gemm_tensor_core_grid<Tiles>(in.tokens, w.rows), Tiles::kThreads, Tiles::kSharedBytes,
-             stream>>>(out, out_pitch, static_cast<const uint16_t*>(w.data), w.rows, w.pitch,
-                       static_cast<const uint16_t*>(in.data), in.tokens, in.pitch,
-                       gemm_k_extent(w.cols, D), bias, accumulate);
+    launch_kernel(kernel, gemm_tensor_core_grid<Tiles>(in.tokens, w.rows), Tiles::kThreads,
+                  Tiles::kSharedBytes, stream, out, out_pitch, static_cast<const uint16_t*>(w.data),
+                  w.rows, w.pitch, static_cast<const uint16_t*>(in.data), in.tokens, in.pitch,
+                  gemm_k_extent(w.cols, D), bias, accumulate);
 }
 
 template <DType W, typename Tiles>
@@ -824,10 +822,10 @@ void launch_gemm_quantized(float* out, int out_pitch, const DeviceMatrix& w,
     // Once, as launch_gemm_tensor_core.
     static const bool opted_in = (allow_shared_bytes(kernel, Q::kSharedBytes), true);
     (void)opted_in;
-    kernel<<<gemm_tensor_core_grid<Tiles>(in.tokens, w.rows), Tiles::kThreads, Q::kSharedBytes,
-             stream>>>(out, out_pitch, static_cast<const uint8_t*>(w.data), w.scales, w.rows,
-                       w.pitch, static_cast<const uint16_t*>(in.data), in.tokens, in.pitch,
-                       gemm_k_extent(in.cols, DType::F16), bias, accumulate);
+    launch_kernel(kernel, gemm_tensor_core_grid<Tiles>(in.tokens, w.rows), Tiles::kThreads,
+                  Q::kSharedBytes, stream, out, out_pitch, static_cast<const uint8_t*>(w.data),
+                  w.scales, w.rows, w.pitch, static_cast<const uint16_t*>(in.data), in.tokens,
+                  in.pitch, gemm_k_extent(in.cols, DType::F16), bias, accumulate);
 }
 
 // f(WarpgroupGemmTiles<tile_rows, kClusterTokens, kClusterRows>{}) for tile_rows one of
@@ -913,9 +911,9 @@ void launch_gemm_warpgroup(int tile_rows, void* out, int out_pitch, int out_cols
 template <DType D>
 void launch_gemm_simt(float* out, int out_pitch, const DeviceMatrix& w, const DeviceActivations& in,
                       const float* bias, bool accumulate, cudaStream_t stream) {
-    gemm_simt_kernel<D><<<gemm_simt_grid(in.tokens, w.rows), kSimtThreads, 0, stream>>>(
-        out, out_pitch, w.data, w.rows, w.pitch, in.data, in.tokens, in.pitch,
-        gemm_k_extent(w.cols, D), bias, accumulate);
+    launch_kernel(gemm_simt_kernel<D>, gemm_simt_grid(in.tokens, w.rows), kSimtThreads, 0, stream,
+                  out, out_pitch, w.data, w.rows, w.pitch, in.data, in.tokens, in.pitch,
+                  gemm_k_extent(w.cols, D), bias, accumulate);
 }
 
 constexpr uintptr_t kGemmVectorBytes = 16;  // rows are read as 16-byte vectors
@@ -1168,6 +1166,6 @@ void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const Dev
     CUDA_CHECK_LAUNCH("gemm_swiglu kernel");
 }
 
-#endif  // BARELLM_CUDA_EMULATION
+#endif  // BARELLM_LAUNCH_FUNCTIONS
 
 }  // namespace barellm::cuda

@@ -481,7 +481,7 @@ inline dim3 gemm_warpgroup_grid(int tokens, int rows) {
     return warpgroup_grid(tokens, rows, Tiles::kRows, Tiles::kClusterTokens, Tiles::kClusterRows);
 }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 
 // gemm_warpgroup_kernel<D, Tiles, kGated, kGate>, allowed its shared memory (once).
 template <DType D, typename Tiles, bool kGated, Activation kGate = Activation::Silu>
@@ -545,6 +545,6 @@ void launch_gemm_warpgroup_kernel(void* out, int out_pitch, int rows, int cols, 
                                   maps.weights, maps.up, maps.in));
 }
 
-#endif  // BARELLM_CUDA_EMULATION
+#endif  // BARELLM_LAUNCH_FUNCTIONS
 
 }  // namespace barellm::cuda

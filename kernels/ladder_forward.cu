@@ -7,8 +7,6 @@
 //   3 Fused       + RMSNorm, the bias, the residual add and SwiGLU inside the (warp-per-row)
 //                 matvecs, the q/k norm and RoPE with the KV write (rope_kv_store)
 //   4 FastMatvec  + the fast matvecs (matvec.cuh, matvec_quantized.cuh)
-#include <cuda_runtime.h>
-
 #include "cuda_check.h"
 #include "kernels.h"
 #include "ladder_forward.h"

@@ -4,8 +4,6 @@
 // cache and activations. Rungs 5 to 8 run the fast path itself (forward.cu:
 // CudaBackend::record_forward). Host code only.
 #pragma once
-#include <cuda_runtime_api.h>
-
 #include <string>
 
 #include "backend.h"  // CudaKernels

@@ -330,7 +330,7 @@ inline dim3 matvec_grid(int rows, int pitch) {
 }
 inline dim3 matvec_block(int pitch) { return dim3(matvec_warps(pitch) * kWarpSize); }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 
 namespace {
 
@@ -450,6 +450,6 @@ void prepare_matvec(size_t bytes) {
     prepare_expert_matvec(bytes);
 }
 
-#endif  // BARELLM_CUDA_EMULATION
+#endif  // BARELLM_LAUNCH_FUNCTIONS
 
 }  // namespace barellm::cuda

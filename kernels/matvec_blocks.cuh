@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     store_warp_rows</*kAccumulate=*/false>(out, value, results, /*bias=*/nullptr, rows);
 }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 
 namespace {
 
@@ -208,6 +208,6 @@ void prepare_block_matvec(size_t bytes) {
     allow_block_shared_bytes<DType::IQ4_XS>(bytes);
 }
 
-#endif  // BARELLM_CUDA_EMULATION
+#endif  // BARELLM_LAUNCH_FUNCTIONS
 
 }  // namespace barellm::cuda

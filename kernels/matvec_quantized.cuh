@@ -429,7 +429,7 @@ void with_rows_per_warp(int rows_per_warp, Use&& use) {
     }
 }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 
 namespace {
 
@@ -613,6 +613,6 @@ void matvec_swiglu_quantized_launch(QuantizedLaunch launch, float* out, const De
     launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps, activation, launch, stream);
 }
 
-#endif  // BARELLM_CUDA_EMULATION
+#endif  // BARELLM_LAUNCH_FUNCTIONS
 
 }  // namespace barellm::cuda

@@ -216,7 +216,7 @@ void with_any_weight_dtype(DType dtype, Launch launch) {
     with_weight_dtype(dtype, launch);
 }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 
 void matvec_rows(float* out, int out_pitch, const DeviceMatrix& w, const DeviceActivations& in,
                  const float* bias, bool accumulate, cudaStream_t stream) {
@@ -228,13 +228,13 @@ void matvec_rows(float* out, int out_pitch, const DeviceMatrix& w, const DeviceA
                     std::to_string(kQuantizedBlock));
     with_any_weight_dtype(w.dtype, [&](auto dtype) {
         constexpr DType D = decltype(dtype)::value;
-        matvec_rows_kernel<D><<<matvec_rows_grid<D>(w.rows), kMatvecRowsThreads, 0, stream>>>(
-            out, out_pitch, w.data, w.scales, w.rows, w.cols, w.pitch,
-            static_cast<const float*>(in.data), in.pitch, in.tokens, bias, accumulate);
+        launch_kernel(matvec_rows_kernel<D>, matvec_rows_grid<D>(w.rows), kMatvecRowsThreads, 0,
+                      stream, out, out_pitch, w.data, w.scales, w.rows, w.cols, w.pitch,
+                      static_cast<const float*>(in.data), in.pitch, in.tokens, bias, accumulate);
     });
     CUDA_CHECK_LAUNCH("matvec_rows_kernel");
 }
 
-#endif  // BARELLM_CUDA_EMULATION
+#endif  // BARELLM_LAUNCH_FUNCTIONS
 
 }  // namespace barellm::cuda

@@ -101,14 +101,14 @@ inline dim3 matvec_warp_per_row_grid(int rows) {
     return dim3((rows + kSimpleMatvecWarps - 1) / kSimpleMatvecWarps);
 }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 
 void matvec_thread_per_row(float* out, const DeviceMatrix& w, const float* in,
                            cudaStream_t stream) {
     const dim3 grid = matvec_thread_per_row_grid(w.rows);
     with_weight_dtype(w.dtype, [&](auto dtype) {
-        matvec_thread_per_row_kernel<decltype(dtype)::value>
-            <<<grid, kSimpleMatvecThreads, 0, stream>>>(out, w.data, w.rows, w.pitch, in, w.cols);
+        launch_kernel(matvec_thread_per_row_kernel<decltype(dtype)::value>, grid,
+                      kSimpleMatvecThreads, 0, stream, out, w.data, w.rows, w.pitch, in, w.cols);
     });
     CUDA_CHECK_LAUNCH("matvec_thread_per_row_kernel");
 }
@@ -120,11 +120,11 @@ void matvec_warp_per_row(float* out, const DeviceMatrix& w, const float* in,
     with_weight_dtype(w.dtype, [&](auto dtype) {
         constexpr DType D = decltype(dtype)::value;
         if (accumulate)
-            matvec_warp_per_row_kernel<D, true><<<grid, kSimpleMatvecThreads, 0, stream>>>(
-                out, w.data, w.rows, w.pitch, in, w.cols, norm_weight, eps, bias);
+            launch_kernel(matvec_warp_per_row_kernel<D, true>, grid, kSimpleMatvecThreads, 0,
+                          stream, out, w.data, w.rows, w.pitch, in, w.cols, norm_weight, eps, bias);
         else
-            matvec_warp_per_row_kernel<D, false><<<grid, kSimpleMatvecThreads, 0, stream>>>(
-                out, w.data, w.rows, w.pitch, in, w.cols, norm_weight, eps, bias);
+            launch_kernel(matvec_warp_per_row_kernel<D, false>, grid, kSimpleMatvecThreads, 0,
+                          stream, out, w.data, w.rows, w.pitch, in, w.cols, norm_weight, eps, bias);
     });
     CUDA_CHECK_LAUNCH("matvec_warp_per_row_kernel");
 }
@@ -135,13 +135,13 @@ void matvec_swiglu_warp_per_row(float* out, const DeviceMatrix& w1, const Device
     check_swiglu_shapes(w1, w3);
     const dim3 grid = matvec_warp_per_row_grid(w1.rows);
     with_weight_dtype(w1.dtype, [&](auto dtype) {
-        matvec_swiglu_warp_per_row_kernel<decltype(dtype)::value>
-            <<<grid, kSimpleMatvecThreads, 0, stream>>>(out, w1.data, w3.data, w1.rows, w1.pitch,
-                                                        in, w1.cols, norm_weight, eps);
+        launch_kernel(matvec_swiglu_warp_per_row_kernel<decltype(dtype)::value>, grid,
+                      kSimpleMatvecThreads, 0, stream, out, w1.data, w3.data, w1.rows, w1.pitch, in,
+                      w1.cols, norm_weight, eps);
     });
     CUDA_CHECK_LAUNCH("matvec_swiglu_warp_per_row_kernel");
 }
 
-#endif  // BARELLM_CUDA_EMULATION
+#endif  // BARELLM_LAUNCH_FUNCTIONS
 
 }  // namespace barellm::cuda

@@ -198,15 +198,15 @@ inline dim3 moe_combine_grid(int dim, int tokens) {
     return dim3((dim + kCombineThreads - 1) / kCombineThreads, tokens);
 }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 
 void route_tokens(int* chosen, float* weights, const float* logits, int tokens, int experts, int k,
                   bool normalize, cudaStream_t stream) {
     if (k < 1 || k > kWarpSize || k > experts)
         throw Error("route_tokens: " + std::to_string(k) + " experts per token of " +
                     std::to_string(experts) + " (at most " + std::to_string(kWarpSize) + ")");
-    route_tokens_kernel<<<tokens, kRouteThreads, 0, stream>>>(chosen, weights, logits, experts, k,
-                                                              normalize);
+    launch_kernel(route_tokens_kernel, tokens, kRouteThreads, 0, stream, chosen, weights, logits,
+                  experts, k, normalize);
     CUDA_CHECK_LAUNCH("route_tokens_kernel");
 }
 
@@ -235,19 +235,19 @@ void expert_matvec(float* out, int out_pitch, const DeviceExperts& w, const int*
     const size_t shared = expert_matvec_shared_bytes(m.dtype, m.pitch);
     if (is_quantized(m.dtype)) {
         with_quantized_dtype(m.dtype, [&](auto dtype) {
-            expert_quantized_matvec_kernel<decltype(dtype)::value>
-                <<<grid, block, shared, stream>>>(out, launch, in, norm_weight, eps);
+            launch_kernel(expert_quantized_matvec_kernel<decltype(dtype)::value>, grid, block,
+                          shared, stream, out, launch, in, norm_weight, eps);
         });
     } else if (is_block_type(m.dtype)) {
         check_block_matrix(m, "expert_matvec");
         with_block_dtype(m.dtype, [&](auto dtype) {
-            expert_block_matvec_kernel<decltype(dtype)::value>
-                <<<grid, block, shared, stream>>>(out, launch, in, norm_weight, eps);
+            launch_kernel(expert_block_matvec_kernel<decltype(dtype)::value>, grid, block, shared,
+                          stream, out, launch, in, norm_weight, eps);
         });
     } else {
         with_weight_dtype(m.dtype, [&](auto dtype) {
-            expert_matvec_kernel<decltype(dtype)::value>
-                <<<grid, block, shared, stream>>>(out, launch, in, norm_weight, eps);
+            launch_kernel(expert_matvec_kernel<decltype(dtype)::value>, grid, block, shared, stream,
+                          out, launch, in, norm_weight, eps);
         });
     }
     CUDA_CHECK_LAUNCH("expert_matvec_kernel");
@@ -255,8 +255,8 @@ void expert_matvec(float* out, int out_pitch, const DeviceExperts& w, const int*
 
 void moe_combine(float* x, int x_pitch, const float* expert_out, const int* slots,
                  const float* weights, int k, int dim, int tokens, cudaStream_t stream) {
-    moe_combine_kernel<<<moe_combine_grid(dim, tokens), kCombineThreads, 0, stream>>>(
-        x, x_pitch, expert_out, slots, weights, k, dim);
+    launch_kernel(moe_combine_kernel, moe_combine_grid(dim, tokens), kCombineThreads, 0, stream, x,
+                  x_pitch, expert_out, slots, weights, k, dim);
     CUDA_CHECK_LAUNCH("moe_combine_kernel");
 }
 
@@ -273,6 +273,6 @@ void prepare_expert_matvec(size_t bytes) {
         });
 }
 
-#endif  // BARELLM_CUDA_EMULATION
+#endif  // BARELLM_LAUNCH_FUNCTIONS
 
 }  // namespace barellm::cuda

@@ -28,16 +28,16 @@ __global__ void __launch_bounds__(kPostNormThreads)
 
 inline dim3 add_rmsnorm_rows_grid(int count) { return dim3(count); }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 
 void add_rmsnorm_rows(float* x, const float* y, const float* weight, int cols, int count, float eps,
                       cudaStream_t stream) {
     if (count == 0) return;
-    add_rmsnorm_rows_kernel<<<add_rmsnorm_rows_grid(count), kPostNormThreads, 0, stream>>>(
-        x, y, weight, cols, eps);
+    launch_kernel(add_rmsnorm_rows_kernel, add_rmsnorm_rows_grid(count), kPostNormThreads, 0,
+                  stream, x, y, weight, cols, eps);
     CUDA_CHECK_LAUNCH("add_rmsnorm_rows_kernel");
 }
 
-#endif  // BARELLM_CUDA_EMULATION
+#endif  // BARELLM_LAUNCH_FUNCTIONS
 
 }  // namespace barellm::cuda

@@ -226,7 +226,7 @@ inline dim3 rope_kv_store_rows_grid(int heads, int kv_heads, int count) {
 }
 inline dim3 gather_rows_grid(int cols, int count) { return embedding_rows_grid(cols, count); }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 
 void embedding_rows(float* x, const DeviceMatrix& table, float scale, const int* tokens, int count,
                     cudaStream_t stream) {
@@ -235,17 +235,17 @@ void embedding_rows(float* x, const DeviceMatrix& table, float scale, const int*
         return launch_block_embedding_rows(x, table, scale, tokens, count, stream);
     if (is_quantized(table.dtype)) {
         with_quantized_dtype(table.dtype, [&](auto dtype) {
-            embedding_rows_quantized_kernel<decltype(dtype)::value>
-                <<<embedding_rows_grid(table.cols, count), kRowsThreads, 0, stream>>>(
-                    x, table.data, table.scales, table.cols, table.pitch, scale, tokens);
+            launch_kernel(embedding_rows_quantized_kernel<decltype(dtype)::value>,
+                          embedding_rows_grid(table.cols, count), kRowsThreads, 0, stream, x,
+                          table.data, table.scales, table.cols, table.pitch, scale, tokens);
         });
         CUDA_CHECK_LAUNCH("embedding_rows_quantized_kernel");
         return;
     }
     with_weight_dtype(table.dtype, [&](auto dtype) {
-        embedding_rows_kernel<decltype(dtype)::value>
-            <<<embedding_rows_grid(table.cols, count), kRowsThreads, 0, stream>>>(
-                x, table.data, table.cols, table.pitch, scale, tokens);
+        launch_kernel(embedding_rows_kernel<decltype(dtype)::value>,
+                      embedding_rows_grid(table.cols, count), kRowsThreads, 0, stream, x,
+                      table.data, table.cols, table.pitch, scale, tokens);
     });
     CUDA_CHECK_LAUNCH("embedding_rows_kernel");
 }
@@ -254,9 +254,8 @@ void rmsnorm_rows(const DeviceActivations& out, const float* x, const float* wei
                   cudaStream_t stream) {
     if (out.tokens == 0) return;
     with_weight_dtype(out.dtype, [&](auto dtype) {
-        rmsnorm_rows_kernel<decltype(dtype)::value>
-            <<<rmsnorm_rows_grid(out.tokens), kRowsThreads, 0, stream>>>(out.data, out.cols,
-                                                                         out.pitch, x, weight, eps);
+        launch_kernel(rmsnorm_rows_kernel<decltype(dtype)::value>, rmsnorm_rows_grid(out.tokens),
+                      kRowsThreads, 0, stream, out.data, out.cols, out.pitch, x, weight, eps);
     });
     CUDA_CHECK_LAUNCH("rmsnorm_rows_kernel");
 }
@@ -266,9 +265,9 @@ void swiglu_rows(const DeviceActivations& out, const float* gate, const float* u
     if (out.tokens == 0) return;
     with_weight_dtype(out.dtype, [&](auto dtype) {
         with_activation(activation, [&](auto act) {
-            swiglu_rows_kernel<decltype(dtype)::value, decltype(act)::value>
-                <<<swiglu_rows_grid(out.pitch, out.tokens), kRowsThreads, 0, stream>>>(
-                    out.data, out.cols, out.pitch, gate, up, in_pitch);
+            launch_kernel(swiglu_rows_kernel<decltype(dtype)::value, decltype(act)::value>,
+                          swiglu_rows_grid(out.pitch, out.tokens), kRowsThreads, 0, stream,
+                          out.data, out.cols, out.pitch, gate, up, in_pitch);
         });
     });
     CUDA_CHECK_LAUNCH("swiglu_rows_kernel");
@@ -283,11 +282,11 @@ void rope_kv_store_rows(float* qkv, int qkv_pitch, const float* inverse_frequenc
     if (count == 0) return;
     with_kv_type(kv_type, [&](auto element) {
         using KvT = decltype(element);
-        rope_kv_store_rows_kernel<KvT>
-            <<<rope_kv_store_rows_grid(heads, kv_heads, count), kRopeRowsThreads, 0, stream>>>(
-                qkv, qkv_pitch, inverse_frequencies, static_cast<KvT*>(key_cache),
-                static_cast<KvT*>(value_cache), first_pos, heads, kv_heads, head_dim, q_norm,
-                k_norm, eps);
+        launch_kernel(rope_kv_store_rows_kernel<KvT>,
+                      rope_kv_store_rows_grid(heads, kv_heads, count), kRopeRowsThreads, 0, stream,
+                      qkv, qkv_pitch, inverse_frequencies, static_cast<KvT*>(key_cache),
+                      static_cast<KvT*>(value_cache), first_pos, heads, kv_heads, head_dim, q_norm,
+                      k_norm, eps);
     });
     CUDA_CHECK_LAUNCH("rope_kv_store_rows_kernel");
 }
@@ -302,11 +301,11 @@ void rope_kv_store_paged(float* qkv, int qkv_pitch, const float* inverse_frequen
     if (count == 0) return;
     with_kv_type(kv_type, [&](auto element) {
         using KvT = decltype(element);
-        rope_kv_store_paged_kernel<KvT>
-            <<<rope_kv_store_rows_grid(heads, kv_heads, count), kRopeRowsThreads, 0, stream>>>(
-                qkv, qkv_pitch, inverse_frequencies, static_cast<KvT*>(key_pool),
-                static_cast<KvT*>(value_pool), positions, block_tables, table_stride, block_size,
-                heads, kv_heads, head_dim, q_norm, k_norm, eps);
+        launch_kernel(rope_kv_store_paged_kernel<KvT>,
+                      rope_kv_store_rows_grid(heads, kv_heads, count), kRopeRowsThreads, 0, stream,
+                      qkv, qkv_pitch, inverse_frequencies, static_cast<KvT*>(key_pool),
+                      static_cast<KvT*>(value_pool), positions, block_tables, table_stride,
+                      block_size, heads, kv_heads, head_dim, q_norm, k_norm, eps);
     });
     CUDA_CHECK_LAUNCH("rope_kv_store_paged_kernel");
 }
@@ -314,11 +313,11 @@ void rope_kv_store_paged(float* qkv, int qkv_pitch, const float* inverse_frequen
 void gather_rows(float* out, const float* x, const int* rows, int count, int cols,
                  cudaStream_t stream) {
     if (count == 0) return;
-    gather_rows_kernel<<<gather_rows_grid(cols, count), kRowsThreads, 0, stream>>>(out, x, rows,
-                                                                                   cols);
+    launch_kernel(gather_rows_kernel, gather_rows_grid(cols, count), kRowsThreads, 0, stream, out,
+                  x, rows, cols);
     CUDA_CHECK_LAUNCH("gather_rows_kernel");
 }
 
-#endif  // BARELLM_CUDA_EMULATION
+#endif  // BARELLM_LAUNCH_FUNCTIONS
 
 }  // namespace barellm::cuda

@@ -116,7 +116,7 @@ inline dim3 rope_kv_grid(int heads, int kv_heads) {
     return dim3((heads + kv_heads + kRopeWarps - 1) / kRopeWarps);
 }
 
-#ifndef BARELLM_CUDA_EMULATION
+#ifdef BARELLM_LAUNCH_FUNCTIONS
 
 void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache, void* value_cache,
                    const int* step, int heads, int kv_heads, int head_dim, const float* q_norm,
@@ -126,13 +126,13 @@ void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache
     const dim3 grid = rope_kv_grid(heads, kv_heads);
     with_kv_type(kv_type, [&](auto element) {
         using KvT = decltype(element);
-        rope_kv_kernel<KvT><<<grid, kRopeThreads, 0, stream>>>(
-            qkv, inverse_frequencies, static_cast<KvT*>(key_cache), static_cast<KvT*>(value_cache),
-            step, heads, kv_heads, head_dim, q_norm, k_norm, eps);
+        launch_kernel(rope_kv_kernel<KvT>, grid, kRopeThreads, 0, stream, qkv, inverse_frequencies,
+                      static_cast<KvT*>(key_cache), static_cast<KvT*>(value_cache), step, heads,
+                      kv_heads, head_dim, q_norm, k_norm, eps);
     });
     CUDA_CHECK_LAUNCH("rope_kv_kernel");
 }
 
-#endif  // BARELLM_CUDA_EMULATION
+#endif  // BARELLM_LAUNCH_FUNCTIONS
 
 }  // namespace barellm::cuda

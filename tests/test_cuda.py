@@ -722,7 +722,9 @@ def test_step_matches_cpu_forward(cuda, models, name, dtype, kv, block_size):
 def test_step_mixture_of_experts_matches_cpu(cuda, tmp_path, name, dtype):
     """The CUDA step of a mixture of experts (every row routed on the device, the expert
     matvecs over each row's routes), several sequences at once, against each sequence alone
-    on the CPU backend, as test_step_matches_cpu_forward."""
+    on the CPU backend, as test_step_matches_cpu_forward; but q8's expert matvecs round
+    their input to int8 in every step, however many rows it has, as q8 decode does: its
+    QUANTIZED_TOLERANCE (the emulated step of qwen3_moe, 1.4e-2 against the scalar path)."""
     model = convert_model(moe_checkpoint(tmp_path, name, near_tie=False),
                           tmp_path / "model.bin", dtype)
     sequences = [token_ids(n, seed=200 + n) for n in STEP_LENGTHS]
@@ -730,7 +732,7 @@ def test_step_mixture_of_experts_matches_cpu(cuda, tmp_path, name, dtype):
                       "--kv", "f32", "--device", "cuda")
     assert np.isfinite(gpu).all()
     if dtype == "q8":
-        reference, limit = ("--simd", "scalar"), QUANTIZED_PREFILL_SCALAR_TOLERANCE
+        reference, limit = ("--simd", "scalar"), QUANTIZED_TOLERANCE
     else:
         reference, limit = CPU_REFERENCE, PREFILL_TOLERANCE[dtype]
     first = 0

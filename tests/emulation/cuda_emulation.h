@@ -1,7 +1,9 @@
 // A CPU emulation of the CUDA execution model, for running the device code of kernels/ in the
 // unit tests with g++ (no GPU, and under AddressSanitizer). Included instead of the CUDA
 // headers when BARELLM_CUDA_EMULATION is defined (kernels/common.cuh, tensor_core.cuh,
-// kernels.h); the kernels' host launch functions are not compiled then.
+// kernels.h, cuda_check.h); the kernels' host launch functions are compiled then only for the
+// emulated backend (BARELLM_EMULATED_BACKEND, `make emulated`), on the CUDA runtime of
+// cuda_runtime_emulation.h, included at the end of this file.
 //
 // - emulate_launch(grid, block, dynamic_shared_bytes, kernel, args...) runs a kernel: the
 //   blocks one after another (x fastest, then y, then z), each block's threads as fibers
@@ -70,7 +72,15 @@
 // ---- The runtime types kernels.h declares its (host-only) launch functions with
 struct CUstream_st;
 using cudaStream_t = CUstream_st*;
-enum cudaError { cudaSuccess = 0 };
+enum cudaError {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorInvalidDevicePointer = 17,
+    cudaErrorInvalidResourceHandle = 400,
+    cudaErrorStreamCaptureUnsupported = 900,
+};
 using cudaError_t = cudaError;
 
 // ---- Vector types
@@ -421,3 +431,5 @@ void emulate_launch(dim3 grid, dim3 block, size_t dynamic_shared_bytes, Kernel&&
 }
 
 }  // namespace barellm::cuda
+
+#include "cuda_runtime_emulation.h"  // the host API, on this emulation

@@ -3,8 +3,6 @@
 // instructions of kernels/wgmma.cuh: warpgroup MMAs, mbarriers, tensor copies, clusters).
 // Internal to tests/emulation: kernels and tests include cuda_emulation.h.
 #pragma once
-#include <ucontext.h>
-
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -47,7 +45,7 @@ struct PendingCopy {
 };
 
 struct Fiber {
-    ucontext_t context;
+    void* stack_pointer = nullptr;  // saved by switch_stacks while it does not run
     char* stack = nullptr;
     uint3 thread_index = {0, 0, 0};
     int linear_index = 0;  // within its block
@@ -118,7 +116,7 @@ struct Launch {
     char* stacks = nullptr;
     size_t stacks_bytes = 0;
     size_t guard_bytes = 0;
-    ucontext_t scheduler_context;
+    void* scheduler_stack_pointer = nullptr;  // likewise, the scheduler's
     Fiber* current = nullptr;
     int cluster_live = 0;  // threads of the cluster that have not returned
     // The cluster barrier: arrivals in the current phase.
