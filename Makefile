@@ -156,9 +156,8 @@ endif
 .PRECIOUS: $(BUILD)/tools/%.o
 # The longest compilations (nvcc's, one image per GPU architecture, and the SIMDe objects) are
 # named first, so that with -j they start first instead of running alone at the end.
-# The emulated backend is left out of SAN=1 (whose tests do not run it).
-all: $(CUDA_OBJS) $(CUDA_TOOL_OBJS) $(SIMDE_OBJS) $(BUILD)/barellm $(BUILD)/unit_tests $(TOOLS) \
-     $(if $(filter 1,$(SAN)),,$(EMULATED_TOOLS))
+all: $(CUDA_OBJS) $(CUDA_TOOL_OBJS) $(SIMDE_OBJS) $(EMULATED_KERNELS) $(BUILD)/barellm \
+     $(BUILD)/unit_tests $(TOOLS) $(EMULATED_TOOLS)
 
 $(CONFIG):
 	@mkdir -p $(dir $@)

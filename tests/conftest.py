@@ -50,6 +50,13 @@ SANITIZE = {
                              "test_sentencepiece_tokenizer_of_stories260k"],
     "test_convert_kquants.py": ["test_a_mix_runs_as_its_dequantized_weights"],
     "test_serve.py": None,
+    # The CUDA backend on the emulation: its device memory is heap memory of the exact size
+    # asked for, so a kernel or host step that reads or writes past a buffer fails here.
+    "test_cuda_emulated.py": ["test_stories260k_decode_and_prefill",
+                              "test_gemma_decode_and_prefill",
+                              "test_block_types_decode_and_prefill",
+                              "test_mixture_of_experts_decode_and_prefill",
+                              "test_step_matches_cpu_forward", "test_warpgroup_gemm_prefill_on_sm90"],
     "test_moe.py": ["test_f32_logits_match_the_reference",
                     "test_quantized_matches_the_reference_on_the_dequantized_weights",
                     "test_the_loader_refuses_bad_expert_fields",

@@ -346,6 +346,10 @@ void make_fiber_stack(Fiber& f) {
     constexpr uint16_t kDefaultFpuControl = 0x037f;
     constexpr int kSavedRegisters = 6;
     constexpr size_t kStackAlignment = 16;
+#ifdef BARELLM_EMULATION_ASAN
+    // The stack's earlier fiber (of the cluster before) left its frames' redzones poisoned.
+    ASAN_UNPOISON_MEMORY_REGION(f.stack, kFiberStackBytes);
+#endif
     auto top = reinterpret_cast<uintptr_t>(f.stack + kFiberStackBytes) & ~(kStackAlignment - 1);
     auto* slot = reinterpret_cast<uint64_t*>(top);
     *--slot = 0;  // fiber_entry's return address: never used
