@@ -52,11 +52,8 @@ def environment(**variables):
     return {**os.environ, **variables}
 
 
-@pytest.mark.parametrize("dtype,kv", [("f32", "f32"), ("f16", "f16"), ("bf16", "f16"),
-                                      ("q8", "f16"), ("q4", "f32")])
-def test_stories260k_decode_and_prefill(models, dtype, kv):
-    model = models("stories260K", dtype)
-    ids = token_ids(LENGTH, seed=1)
+def decode_and_prefill(model, dtype, kv, ids):
+    """Decode's logits at every position, then one prefill call's, against the CPU's."""
     compare_with_cpu(model, ids, kv, tolerance(dtype))
     if dtype in ("q8", "q4"):
         compare_quantized_prefill_with_cpu(model, ids, kv)
@@ -64,18 +61,18 @@ def test_stories260k_decode_and_prefill(models, dtype, kv):
         compare_prefill_with_cpu(model, dtype, ids, kv)
 
 
+@pytest.mark.parametrize("dtype,kv", [("f32", "f32"), ("f16", "f16"), ("bf16", "f16"),
+                                      ("q8", "f16"), ("q4", "f32")])
+def test_stories260k_decode_and_prefill(models, dtype, kv):
+    decode_and_prefill(models("stories260K", dtype), dtype, kv, token_ids(LENGTH, seed=1))
+
+
 @pytest.mark.parametrize("name", sorted(SYNTHETIC) + sorted(QWEN))
 @pytest.mark.parametrize("dtype,kv", [("f16", "f16"), ("q4", "f32")])
 def test_shapes_decode_and_prefill(models, name, dtype, kv):
     """Widths off every vector, GQA, groups of 8, windows, tied output; Qwen's biases and
     q/k norms."""
-    model = models(name, dtype)
-    ids = token_ids(LENGTH, seed=2)
-    compare_with_cpu(model, ids, kv, tolerance(dtype))
-    if dtype == "f16":
-        compare_prefill_with_cpu(model, dtype, ids, kv)
-    else:
-        compare_quantized_prefill_with_cpu(model, ids, kv)
+    decode_and_prefill(models(name, dtype), dtype, kv, token_ids(LENGTH, seed=2))
 
 
 @pytest.mark.parametrize("name", sorted(GEMMA))
@@ -83,13 +80,7 @@ def test_shapes_decode_and_prefill(models, name, dtype, kv):
 def test_gemma_decode_and_prefill(models, name, dtype, kv):
     """Scaled embeddings, post norms, GeGLU, sliding and full layers (heads of 256 in
     gemma3-1b-heads)."""
-    model = models(name, dtype)
-    ids = token_ids(LENGTH, seed=3)
-    compare_with_cpu(model, ids, kv, tolerance(dtype))
-    if dtype == "bf16":
-        compare_prefill_with_cpu(model, dtype, ids, kv)
-    else:
-        compare_quantized_prefill_with_cpu(model, ids, kv)
+    decode_and_prefill(models(name, dtype), dtype, kv, token_ids(LENGTH, seed=3))
 
 
 @pytest.mark.parametrize("mix", sorted(BLOCK_MIXES))

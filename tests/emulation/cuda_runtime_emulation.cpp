@@ -42,53 +42,37 @@ constexpr unsigned kMaxThreadsPerBlock = 1024;
 constexpr size_t kEmulatedMemoryBytes = size_t(1) << 30;
 constexpr int kMaxBlocksPerMultiprocessor = 32;
 
-// The emulated GPU: its compute capability and SM count (BARELLM_EMULATED_GPU), and what
-// they give.
-struct EmulatedGpu {
-    int capability = 80;
-    int multiprocessors = 3;
-    size_t shared_per_block_optin = 0;     // dynamic shared memory a block may opt in to
-    size_t shared_per_multiprocessor = 0;  //
-    int threads_per_multiprocessor = 0;
+// What a GPU of one compute capability offers, as NVIDIA's tables give it.
+struct Architecture {
+    int capability;
+    size_t shared_per_block_optin;     // dynamic shared memory a block may opt in to
+    size_t shared_per_multiprocessor;  // what an SM's blocks share
+    int threads_per_multiprocessor;
+};
+constexpr Architecture kArchitectures[] = {{75, 64 * kKiB, 64 * kKiB, 1024},
+                                           {80, 163 * kKiB, 164 * kKiB, 2048},
+                                           {86, 99 * kKiB, 100 * kKiB, 1536},
+                                           {89, 99 * kKiB, 100 * kKiB, 1536},
+                                           {90, 227 * kKiB, 228 * kKiB, 2048}};
+
+// The emulated GPU (BARELLM_EMULATED_GPU): its architecture and SM count.
+struct EmulatedGpu : Architecture {
+    int multiprocessors;
 };
 
 EmulatedGpu make_gpu() {
-    EmulatedGpu gpu;
+    int capability = 80, multiprocessors = 3;
     if (const char* setting = std::getenv("BARELLM_EMULATED_GPU")) {
         char rest = 0;
-        if (std::sscanf(setting, "%d:%d%c", &gpu.capability, &gpu.multiprocessors, &rest) != 2 ||
-            gpu.multiprocessors < 1)
+        if (std::sscanf(setting, "%d:%d%c", &capability, &multiprocessors, &rest) != 2 ||
+            multiprocessors < 1)
             throw Error(std::string("BARELLM_EMULATED_GPU is '") + setting +
                         "': it takes CAPABILITY:SMS, e.g. 80:3");
     }
-    // Per architecture, as NVIDIA's tables give them.
-    switch (gpu.capability) {
-        case 75:
-            gpu.shared_per_block_optin = 64 * kKiB;
-            gpu.shared_per_multiprocessor = 64 * kKiB;
-            gpu.threads_per_multiprocessor = 1024;
-            break;
-        case 80:
-            gpu.shared_per_block_optin = 163 * kKiB;
-            gpu.shared_per_multiprocessor = 164 * kKiB;
-            gpu.threads_per_multiprocessor = 2048;
-            break;
-        case 86:
-        case 89:
-            gpu.shared_per_block_optin = 99 * kKiB;
-            gpu.shared_per_multiprocessor = 100 * kKiB;
-            gpu.threads_per_multiprocessor = 1536;
-            break;
-        case 90:
-            gpu.shared_per_block_optin = 227 * kKiB;
-            gpu.shared_per_multiprocessor = 228 * kKiB;
-            gpu.threads_per_multiprocessor = 2048;
-            break;
-        default:
-            throw Error("BARELLM_EMULATED_GPU: compute capability " +
-                        std::to_string(gpu.capability) + " is not one of 75, 80, 86, 89, 90");
-    }
-    return gpu;
+    for (const Architecture& architecture : kArchitectures)
+        if (architecture.capability == capability) return {architecture, multiprocessors};
+    throw Error("BARELLM_EMULATED_GPU: compute capability " + std::to_string(capability) +
+                " is not one of 75, 80, 86, 89, 90");
 }
 
 const EmulatedGpu& gpu() {
