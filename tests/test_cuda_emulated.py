@@ -6,7 +6,8 @@ enough for the emulation (seconds per token): logits at every position against t
 backend, for decode and the batched prefill of every weight type, the block-type mixes, the
 Qwen, Gemma 3 and mixture-of-experts shapes, the server's step over the paged KV cache, graph
 replay against direct launches, dependent launch and the warpgroup GEMM of an emulated sm_90,
-the simple tiles of an sm_75, `run`, `bench` and the GPU ladder.
+the simple tiles of an sm_75, `run`, `bench`, `serve` (four clients at once) and the GPU
+ladder.
 
 What this adds to the unit tests, which run each kernel alone on the emulation: the host side
 of the backend (kernels/forward.cu: uploads, buffers, launch shapes and rules, graph capture
@@ -18,6 +19,7 @@ starts as NaN, so a buffer read before it is written shows.
 The emulated GPU is an sm_80 with 3 SMs unless a test says otherwise (BARELLM_EMULATED_GPU).
 """
 
+import concurrent.futures
 import os
 import subprocess
 
@@ -192,6 +194,29 @@ def test_bench_runs(models):
 
 def test_every_gpu_rung_runs_qwen_as_the_cpu(models):
     gpu.test_every_gpu_rung_runs_qwen_as_the_cpu(None, models, "qwen3-attention-bias")
+
+
+def test_serve_concurrent_greedy_requests_equal_run(tmp_path_factory):
+    """`barellm serve --device cuda`: the scheduler's steps on the CUDA backend (prompt chunks
+    beside decode rows, graphs per bucket of rows, the paged cache), four clients at once
+    through the `openai` client, each the greedy text of `run` on the CPU."""
+    serve = pytest.importorskip("test_serve")
+    model = serve.make_chat_model(tmp_path_factory)
+    server = serve.Server(model, "--ctx", serve.CONTEXT, "--parallel", 4, program=gpu.BARELLM,
+                          device="cuda")
+    try:
+        client = server.client()
+
+        def complete(prompt):
+            return client.completions.create(model=server.model_id, prompt=prompt,
+                                             max_tokens=16, temperature=0).choices[0].text
+
+        prompts = serve.PROMPTS[:4]
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            together = list(pool.map(complete, prompts))
+        assert together == [serve.run_greedy(model, p, 16) for p in prompts]
+    finally:
+        assert server.stop() == 0, "".join(server.lines)
 
 
 def test_wrong_emulated_gpu_is_one_line(models):

@@ -42,14 +42,15 @@ def barellm(*args):
 
 
 class Server:
-    """build/barellm serve on a free port, its stderr collected line by line."""
+    """build/barellm serve on a free port, its stderr collected line by line (`program` and
+    `device`: another barellm, and the device it serves on)."""
 
-    def __init__(self, model, *args):
-        if not os.path.exists(BARELLM):
-            pytest.fail(f"{BARELLM} is missing: run `make` first")
+    def __init__(self, model, *args, program=BARELLM, device="cpu"):
+        if not os.path.exists(program):
+            pytest.fail(f"{program} is missing: run `make` first")
         self.model_id = os.path.basename(model)
         self.process = subprocess.Popen(
-            [BARELLM, "serve", model, "--port", "0", "--device", "cpu", "--threads", "1",
+            [program, "serve", model, "--port", "0", "--device", device, "--threads", "1",
              *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.lines = []
         self.url = None
