@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "cuda_check.h"  // CUDA_CHECK (host code; empty for the emulation)
+#include "cuda_check.h"  // CUDA_CHECK, and the runtime API (host code)
 #include "kv_cache.h"
 #include "util/error.h"
 #include "weights/config.h"       // Activation

@@ -28,12 +28,10 @@ import pytest
 
 import test_cuda as gpu
 from convert_testlib import BUILD
-from test_cuda import (BLOCK_MIXES, CPU_REFERENCE, GEMMA, PREFILL_TOLERANCE, QWEN,  # noqa: F401
-                       QUANTIZED_PREFILL_SCALAR_TOLERANCE, SYNTHETIC, assert_close,
-                       block_mix, compare_prefill_with_cpu, compare_quantized_prefill_with_cpu,
-                       compare_with_cpu, dump_logits, models, step_logits, token_ids, tolerance)
-from test_moe import checkpoint as moe_checkpoint
-from test_qwen import convert as convert_model
+from test_cuda import (BLOCK_MIXES, GEMMA, QWEN, SYNTHETIC, compare_prefill_with_cpu,
+                       compare_quantized_prefill_with_cpu, compare_with_cpu, dump_logits,
+                       token_ids, tolerance)
+from test_cuda import block_mix, models  # noqa: F401 (fixtures)
 
 EMULATED = os.path.join(BUILD, "emulated")
 LENGTH = 7  # positions per prompt: a few per window and split, seconds on the emulation

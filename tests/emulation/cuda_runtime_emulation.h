@@ -8,11 +8,11 @@
 // - One emulated GPU. BARELLM_EMULATED_GPU="CAPABILITY:SMS" sets its compute capability
 //   (75, 80, 86, 89 or 90; the launch rules and the shared memory per block follow it) and
 //   its SM count (what grids sized to the GPU are sized to); default "80:3".
-// - Device memory is host memory of exactly the bytes asked for (aligned to 256 bytes, as
-//   cudaMalloc's; filled with 0xff, NaN as f32, f16 and bf16, as memory never written), each
-//   allocation recorded: a copy or memset whose device side leaves the allocations fails, as
-//   does a free of what was not allocated; under AddressSanitizer (`make SAN=1`) so does a
-//   kernel that reads or writes past a buffer.
+// - Device memory (1 GiB of it) is host memory of exactly the bytes asked for (aligned to
+//   256 bytes, as cudaMalloc's; filled with 0xff, NaN as f32, f16 and bf16, as memory never
+//   written), each allocation recorded: a copy or memset whose device side leaves the
+//   allocations fails, as does a free of what was not allocated; under AddressSanitizer
+//   (`make SAN=1`) so does a kernel that reads or writes past a buffer.
 // - Streams run their work at once, in order, on the calling thread: a kernel launch runs the
 //   grid before returning. A stream being captured (cudaStreamBeginCapture) records its
 //   launches, asynchronous copies, memsets and event records instead, and the graph replays
@@ -21,7 +21,7 @@
 //   synchronising the captured stream.
 // - A launch is checked as the GPU checks it: at most 1024 threads a block, and dynamic
 //   shared memory within 48 KiB unless cudaFuncSetAttribute raised the kernel's allowance
-//   (to at most the emulated GPU's opt-in limit). The first failure becomes the error that
+//   (to at most the emulated GPU's opt-in limit). A refused call sets the error that
 //   cudaGetLastError returns; a fault inside a kernel throws barellm::Error.
 // - Programmatic dependent launches run as plain launches (every launch ends before the next
 //   begins); clusters run as cuda_emulation.h's cluster launches.
