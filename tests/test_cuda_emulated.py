@@ -2,12 +2,12 @@
 kernels/*.cu compiled by g++ on tests/emulation/, with the CUDA runtime's host API emulated
 by cuda_runtime_emulation.h) runs `--device cuda` with every kernel of the forward pass on
 the CPU. tests/test_cuda.py's checks run on it here, on every machine, with prompts short
-enough for the emulation (seconds per token): logits at every position against the CPU
-backend, for decode and the batched prefill of every weight type, the block-type mixes, the
-Qwen, Gemma 3 and mixture-of-experts shapes, the server's step over the paged KV cache, graph
-replay against direct launches, dependent launch and the warpgroup GEMM of an emulated sm_90,
-the simple tiles of an sm_75, `run`, `bench`, `serve` (four clients at once) and the GPU
-ladder.
+enough for the emulation (a fraction of a second per token): logits at every position
+against the CPU backend, for decode and the batched prefill of every weight type (and a
+prompt of two batches), the block-type mixes, the Qwen, Gemma 3 and mixture-of-experts
+shapes, the server's step over the paged KV cache, graph replay against direct launches,
+dependent launch and the warpgroup GEMM of an emulated sm_90, the simple tiles of an sm_75,
+`run`, `bench`, `serve` (four clients at once) and the GPU ladder.
 
 What this adds to the unit tests, which run each kernel alone on the emulation: the host side
 of the backend (kernels/forward.cu: uploads, buffers, launch shapes and rules, graph capture
@@ -65,6 +65,18 @@ def decode_and_prefill(model, dtype, kv, ids):
                                       ("q8", "f16"), ("q4", "f32")])
 def test_stories260k_decode_and_prefill(models, dtype, kv):
     decode_and_prefill(models("stories260K", dtype), dtype, kv, token_ids(LENGTH, seed=1))
+
+
+@pytest.mark.parametrize("name,dtype,kv", [("stories260K", "f16", "f16"),
+                                           ("gqa-window", "f32", "f32"), ("stories260K", "q4", "f32")])
+def test_prefill_in_two_batches(models, name, dtype, kv):
+    """520 tokens: a batch of 512, then one of 8 continuing its cache (gqa-window's window of
+    50 crossing from one to the other)."""
+    ids = token_ids(520, seed=8)
+    if dtype == "q4":
+        compare_quantized_prefill_with_cpu(models(name, dtype), ids, kv)
+    else:
+        compare_prefill_with_cpu(models(name, dtype), dtype, ids, kv)
 
 
 @pytest.mark.parametrize("name", sorted(SYNTHETIC) + sorted(QWEN))
