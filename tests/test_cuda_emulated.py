@@ -107,8 +107,9 @@ def test_mixture_of_experts_decode_and_prefill(tmp_path, name, dtype):
 
 
 # The server's step: four sequences, the first steps of 1 + 5 + 24 + 1 rows (the GEMMs),
-# the later ones fewer than 16 (the batched matvec); the longest crosses two blocks of 16.
-STEP_LENGTHS = (10, 9, 33, 4)
+# the later ones fewer than 16 (the batched matvec). The longest, 24 positions a step, fills
+# a block of 64 over three steps: a block copied between them must be copied whole.
+STEP_LENGTHS = (10, 9, 66, 4)
 
 
 @pytest.fixture
