@@ -52,13 +52,19 @@ def environment(**variables):
     return {**os.environ, **variables}
 
 
+def prefill(model, dtype, kv, ids, gpu_env=None):
+    """One prefill call's logits at every position against the CPU's (q8 and q4: against
+    its scalar path and its prefill); the emulated GPU run in gpu_env when given."""
+    if dtype in ("q8", "q4"):
+        compare_quantized_prefill_with_cpu(model, ids, kv, gpu_env=gpu_env)
+    else:
+        compare_prefill_with_cpu(model, dtype, ids, kv, gpu_env=gpu_env)
+
+
 def decode_and_prefill(model, dtype, kv, ids):
     """Decode's logits at every position, then one prefill call's, against the CPU's."""
     compare_with_cpu(model, ids, kv, tolerance(dtype))
-    if dtype in ("q8", "q4"):
-        compare_quantized_prefill_with_cpu(model, ids, kv)
-    else:
-        compare_prefill_with_cpu(model, dtype, ids, kv)
+    prefill(model, dtype, kv, ids)
 
 
 @pytest.mark.parametrize("dtype,kv", [("f32", "f32"), ("f16", "f16"), ("bf16", "f16"),
@@ -72,11 +78,7 @@ def test_stories260k_decode_and_prefill(models, dtype, kv):
 def test_prefill_in_two_batches(models, name, dtype, kv):
     """520 tokens: a batch of 512, then one of 8 continuing its cache (gqa-window's window of
     50 crossing from one to the other)."""
-    ids = token_ids(520, seed=8)
-    if dtype == "q4":
-        compare_quantized_prefill_with_cpu(models(name, dtype), ids, kv)
-    else:
-        compare_prefill_with_cpu(models(name, dtype), dtype, ids, kv)
+    prefill(models(name, dtype), dtype, kv, token_ids(520, seed=8))
 
 
 @pytest.mark.parametrize("name", sorted(SYNTHETIC) + sorted(QWEN))
@@ -168,11 +170,8 @@ def test_warpgroup_gemm_prefill_on_sm90(models, name, dtype):
     sm_90a: tensor maps, clusters and the gated form from the host code's own launches."""
     model = models(name, dtype)
     ids = token_ids(20, seed=6)
-    hopper = environment(**HOPPER, BARELLM_CUDA_WGMMA="always")
-    if dtype == "q4":
-        compare_quantized_prefill_with_cpu(model, ids, "f32", gpu_env=hopper)
-    else:
-        compare_prefill_with_cpu(model, dtype, ids, "f16", gpu_env=hopper)
+    prefill(model, dtype, "f32" if dtype == "q4" else "f16", ids,
+            gpu_env=environment(**HOPPER, BARELLM_CUDA_WGMMA="always"))
 
 
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])

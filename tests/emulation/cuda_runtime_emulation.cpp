@@ -80,6 +80,24 @@ const EmulatedGpu& gpu() {
     return figures;
 }
 
+// The errors the emulated runtime returns: their names and texts, as CUDA's.
+struct ErrorText {
+    cudaError_t status;
+    const char* name;
+    const char* text;
+};
+constexpr ErrorText kErrorTexts[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
+     "invalid configuration argument"},
+    {cudaErrorInvalidDevicePointer, "cudaErrorInvalidDevicePointer", "invalid device pointer"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorStreamCaptureUnsupported, "cudaErrorStreamCaptureUnsupported",
+     "operation not permitted when stream is capturing"},
+};
+
 struct RuntimeState {
     cudaError_t last_error = cudaSuccess;
     std::map<const char*, size_t> device_allocations;  // start -> bytes
@@ -92,6 +110,18 @@ struct RuntimeState {
 RuntimeState& state() {
     static RuntimeState runtime;
     return runtime;
+}
+
+// The dynamic shared memory `kernel` may launch with (cudaFuncSetAttribute's, else 48 KiB).
+size_t shared_allowance(const void* kernel) {
+    const auto& allowance = state().shared_allowance;
+    const auto found = allowance.find(kernel);
+    return found != allowance.end() ? size_t(found->second) : kDefaultSharedBytes;
+}
+
+// The device memory an allocation of `bytes` takes: whole units of cudaMalloc's alignment.
+size_t allocated_bytes(size_t bytes) {
+    return (bytes + kAllocationAlignment - 1) / kAllocationAlignment * kAllocationAlignment;
 }
 
 cudaError_t fail(cudaError_t status) {
@@ -126,12 +156,19 @@ void enqueue(cudaStream_t stream, std::function<void()> work) {
         work();
 }
 
+dim3 cluster_dimension(const cudaLaunchConfig_t& config) {
+    dim3 cluster(1, 1, 1);
+    for (unsigned i = 0; i < config.numAttrs; ++i)
+        if (config.attrs[i].id == cudaLaunchAttributeClusterDimension) {
+            const auto& dims = config.attrs[i].val.clusterDim;
+            cluster = dim3(dims.x, dims.y, dims.z);
+        }
+    return cluster;
+}
+
 bool check_launch(const void* kernel, dim3 block, size_t dynamic_shared_bytes) {
-    const auto& allowance = state().shared_allowance;
-    const auto found = allowance.find(kernel);
-    const size_t allowed = found != allowance.end() ? size_t(found->second) : kDefaultSharedBytes;
     if (size_t(block.x) * block.y * block.z > kMaxThreadsPerBlock ||
-        dynamic_shared_bytes > allowed) {
+        dynamic_shared_bytes > shared_allowance(kernel)) {
         fail(cudaErrorInvalidConfiguration);
         return false;
     }
@@ -151,42 +188,14 @@ cudaError_t cudaGetLastError() {
 cudaError_t cudaPeekAtLastError() { return state().last_error; }
 
 const char* cudaGetErrorName(cudaError_t status) {
-    switch (status) {
-        case cudaSuccess:
-            return "cudaSuccess";
-        case cudaErrorInvalidValue:
-            return "cudaErrorInvalidValue";
-        case cudaErrorMemoryAllocation:
-            return "cudaErrorMemoryAllocation";
-        case cudaErrorInvalidConfiguration:
-            return "cudaErrorInvalidConfiguration";
-        case cudaErrorInvalidDevicePointer:
-            return "cudaErrorInvalidDevicePointer";
-        case cudaErrorInvalidResourceHandle:
-            return "cudaErrorInvalidResourceHandle";
-        case cudaErrorStreamCaptureUnsupported:
-            return "cudaErrorStreamCaptureUnsupported";
-    }
+    for (const ErrorText& error : kErrorTexts)
+        if (error.status == status) return error.name;
     return "cudaErrorUnknown";
 }
 
 const char* cudaGetErrorString(cudaError_t status) {
-    switch (status) {
-        case cudaSuccess:
-            return "no error";
-        case cudaErrorInvalidValue:
-            return "invalid argument";
-        case cudaErrorMemoryAllocation:
-            return "out of memory";
-        case cudaErrorInvalidConfiguration:
-            return "invalid configuration argument";
-        case cudaErrorInvalidDevicePointer:
-            return "invalid device pointer";
-        case cudaErrorInvalidResourceHandle:
-            return "invalid resource handle";
-        case cudaErrorStreamCaptureUnsupported:
-            return "operation not permitted when stream is capturing";
-    }
+    for (const ErrorText& error : kErrorTexts)
+        if (error.status == status) return error.text;
     return "unknown error";
 }
 
@@ -248,8 +257,7 @@ cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
 cudaError_t cudaMalloc(void** pointer, size_t bytes) {
     RuntimeState& s = state();
     if (s.capturing_streams > 0) return fail(cudaErrorStreamCaptureUnsupported);
-    const size_t rounded =
-        (bytes + kAllocationAlignment - 1) / kAllocationAlignment * kAllocationAlignment;
+    const size_t rounded = allocated_bytes(bytes);
     if (rounded > kEmulatedMemoryBytes - s.device_bytes) return fail(cudaErrorMemoryAllocation);
     // The bytes asked for, no more: under AddressSanitizer a kernel that reads past them fails.
     void* memory = nullptr;
@@ -268,8 +276,7 @@ cudaError_t cudaFree(void* pointer) {
     if (pointer == nullptr) return cudaSuccess;
     const auto found = s.device_allocations.find(static_cast<const char*>(pointer));
     if (found == s.device_allocations.end()) return fail(cudaErrorInvalidDevicePointer);
-    s.device_bytes -=
-        (found->second + kAllocationAlignment - 1) / kAllocationAlignment * kAllocationAlignment;
+    s.device_bytes -= allocated_bytes(found->second);
     s.device_allocations.erase(found);
     std::free(pointer);
     return cudaSuccess;
@@ -408,12 +415,9 @@ cudaError_t cudaFuncSetAttribute(const void* kernel, cudaFuncAttribute attribute
 }
 
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, const void* kernel) {
-    const auto& allowance = state().shared_allowance;
-    const auto found = allowance.find(kernel);
     *attributes = {};
     attributes->ptxVersion = attributes->binaryVersion = gpu().capability;
-    attributes->maxDynamicSharedSizeBytes =
-        int(found != allowance.end() ? size_t(found->second) : kDefaultSharedBytes);
+    attributes->maxDynamicSharedSizeBytes = int(shared_allowance(kernel));
     return cudaSuccess;
 }
 
@@ -434,13 +438,8 @@ cudaError_t cudaOccupancyMaxActiveClusters(int* clusters, const void* kernel,
         &per_multiprocessor, kernel,
         int(config->blockDim.x * config->blockDim.y * config->blockDim.z),
         config->dynamicSmemBytes);
-    unsigned cluster_blocks = 1;
-    for (unsigned i = 0; i < config->numAttrs; ++i)
-        if (config->attrs[i].id == cudaLaunchAttributeClusterDimension) {
-            const auto& dims = config->attrs[i].val.clusterDim;
-            cluster_blocks = dims.x * dims.y * dims.z;
-        }
-    *clusters = per_multiprocessor * gpu().multiprocessors / int(cluster_blocks);
+    const dim3 cluster = cluster_dimension(*config);
+    *clusters = per_multiprocessor * gpu().multiprocessors / int(cluster.x * cluster.y * cluster.z);
     return cudaSuccess;
 }
 

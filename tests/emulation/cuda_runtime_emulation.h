@@ -164,6 +164,8 @@ cudaError_t cudaOccupancyMaxActiveClusters(int* clusters, Kernel* kernel,
 
 namespace barellm::cuda::emulation {
 
+// The cluster shape config's attributes ask for (1 x 1 x 1 without one).
+dim3 cluster_dimension(const cudaLaunchConfig_t& config);
 // Runs `work` on `stream` (the section above: now, or into the graph being captured).
 void enqueue(cudaStream_t stream, std::function<void()> work);
 // Whether a launch of `kernel` with this shape may run (the checks above); if not, records
@@ -180,12 +182,7 @@ namespace barellm::cuda::emulation::runtime {
 template <typename... Params, typename... Args>
 cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t* config, void (*kernel)(Params...),
                                Args&&... args) {
-    dim3 cluster(1, 1, 1);
-    for (unsigned i = 0; i < config->numAttrs; ++i)
-        if (config->attrs[i].id == cudaLaunchAttributeClusterDimension) {
-            const auto& dims = config->attrs[i].val.clusterDim;
-            cluster = dim3(dims.x, dims.y, dims.z);
-        }
+    const dim3 cluster = barellm::cuda::emulation::cluster_dimension(*config);
     if (!barellm::cuda::emulation::check_launch(reinterpret_cast<const void*>(kernel),
                                                 config->blockDim, config->dynamicSmemBytes))
         return cudaPeekAtLastError();
