@@ -1,14 +1,17 @@
 // How the device code reads matrices stored as ggml's blocks (src/weights/weight_blocks.h: Q4_1,
 // Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_XS): the blocks as the file holds them, each device row
-// padded to 16 bytes (kernels.h: DeviceMatrix), dequantized in registers only. The decode
-// matvecs (matvec_blocks.cuh), the embedding (embedding.cuh) and the f16 copy for the
-// prefill's GEMMs (dequantize.cuh) all read them through load_unit and decode_unit.
+// padded to 16 bytes (kernels.h: DeviceMatrix), unpacked in registers only. Every reader
+// loads a unit's bytes with load_unit; its stored values come out four to a word, in column
+// order (group_words), and its scales as floats (unit_factors). The decode matvecs
+// (matvec_blocks.cuh) multiply the words with an int8 input (dp4a); the embedding
+// (embedding.cuh), the f16 copy for the prefill's GEMMs (dequantize.cuh) and the server
+// step's batched matvec (matvec_rows.cuh) take the weights in f32 (decode_unit).
 //
 // Every block type is read in "units" of 32 weights: a small block is one unit, a super-block
 // of 256 weights eight. A unit is two groups of 16 weights, each group 16 consecutive columns
-// sharing one f32 scale and offset: w = scale · q + offset, q a small integer (signed where
-// the type subtracts its midpoint: Q5_0, Q6_K; IQ4_XS's q is its non-uniform level). Which
-// bytes a unit reads, and which columns its groups cover:
+// (group_column) sharing one f32 scale and offset: w = scale · (q − midpoint) + offset, q a
+// small non-negative integer (the midpoint: Q5_0's 16, Q6_K's 32, else 0; IQ4_XS's q is its
+// non-uniform level, signed). Which bytes a unit reads, and which columns its groups cover:
 // - Q4_1, Q5_0, Q5_1: the block; group 0 the low nibbles (columns 0..15), group 1 the high.
 // - Q4_K, Q5_K: unit k reads 16 bytes of qs, 32c + 16h .. + 15 (c = k / 2, h = k % 2): their
 //   low nibbles are columns 64c + 16h + i of sub-block 2c, their high nibbles columns
@@ -183,17 +186,6 @@ __device__ __forceinline__ UnitBytes load_unit(const uint8_t* row, int unit) {
     return u;
 }
 
-// The nibbles of 16 bytes: q[0][i] the low nibble of byte i, q[1][i] the high.
-__device__ __forceinline__ void split_nibbles(const uint32_t (&words)[4],
-                                              int (&q)[2][kGroupWeights]) {
-#pragma unroll
-    for (int i = 0; i < kGroupWeights; ++i) {
-        const int b = byte_of(words, i);
-        q[0][i] = b & 15;
-        q[1][i] = b >> 4;
-    }
-}
-
 // Sub-block j's 6-bit scale and min of a Q4_K/Q5_K header (scales at bytes 4..15 of head),
 // as k_scale_min reads them, from words.
 __device__ __forceinline__ void k_scale_min_of(const uint32_t (&head)[4], int j, int* scale,
@@ -209,9 +201,71 @@ __device__ __forceinline__ void k_scale_min_of(const uint32_t (&head)[4], int j,
     }
 }
 
-// IQ4_XS's level of q (0..15), kIq4Values[q], from four words of packed int8 (no table
-// in memory: two selects and a shift).
-__device__ __forceinline__ int iq4_level(int q) {
+// The integer a type's stored values are centred on: w = scale · (q − kMidpoint) + offset.
+template <DType D>
+constexpr int kMidpoint = D == DType::Q5_0   ? 16
+                          : D == DType::Q6_K ? 32
+                                             : 0;
+
+// The factors of a unit's two groups: weight i of group g is
+// scale[g] · (q_i − kMidpoint<D>) + offset[g], q_i its stored value (group_words).
+struct UnitFactors {
+    float scale[2];
+    float offset[2];
+};
+
+template <DType D>
+__device__ __forceinline__ UnitFactors unit_factors(const UnitBytes& u, int unit) {
+    constexpr int kUnits = BlockLayout<D>::kWeights / kUnitWeights;
+    const int k = unit % kUnits;
+    UnitFactors f;
+    if constexpr (D == DType::Q4_1 || D == DType::Q5_0 || D == DType::Q5_1) {
+        const float d = half_bits_to_float(u.head[0] & 0xffffu);
+        const float m = D == DType::Q5_0 ? 0.0f : half_bits_to_float(u.head[0] >> 16);
+        f.scale[0] = f.scale[1] = d;
+        f.offset[0] = f.offset[1] = m;
+    } else if constexpr (D == DType::Q4_K || D == DType::Q5_K) {
+        const float d = half_bits_to_float(u.head[0] & 0xffffu);
+        const float dmin = half_bits_to_float(u.head[0] >> 16);
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+            int scale, min;
+            k_scale_min_of(u.head, 2 * (k / 2) + g, &scale, &min);
+            f.scale[g] = d * float(scale);
+            f.offset[g] = -(dmin * float(min));
+        }
+    } else if constexpr (D == DType::Q6_K) {
+        const float d = half_bits_to_float(u.head[0] >> 16);
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+            f.scale[g] = d * float(int8_t(uint8_t(u.head[0] >> (8 * g))));
+            f.offset[g] = 0.0f;
+        }
+    } else {
+        static_assert(D == DType::IQ4_XS, "a block type");
+        const float d = half_bits_to_float(u.head[0] & 0xffffu);
+        const int low = byte_of(u.head, 4 + k / 2) >> (4 * (k % 2)) & 15;
+        const int high = int(u.head[0] >> 16 >> (2 * k) & 3u);
+        f.scale[0] = f.scale[1] = d * float((low | high << 4) - 32);
+        f.offset[0] = f.offset[1] = 0.0f;
+    }
+    return f;
+}
+
+constexpr uint32_t kLowNibbleBytes = 0x0f0f0f0fu;  // the low nibble of each byte of a word
+constexpr uint32_t kLowBitBytes = 0x01010101u;     // bit 0 of each byte
+constexpr uint32_t kLowTwoBitBytes = 0x03030303u;  // bits 0-1 of each byte
+
+// Bits 0-3 of `bits` as bit 0 of bytes 0-3 (the multiply places bit i at bit 8i + i, and the
+// four shifted copies cannot overlap).
+__device__ __forceinline__ uint32_t spread_four_bits(uint32_t bits) {
+    return ((bits & 0xfu) * 0x00204081u) & kLowBitBytes;
+}
+
+// IQ4_XS's levels (kIq4Values) of four indices 0..15, one a byte, as four int8 bytes: each
+// half of the table is four bytes of two words, selected by the index's low three bits (two
+// byte permutes), the index's bit 3 picking the half.
+__device__ __forceinline__ uint32_t iq4_levels(uint32_t indices) {
     constexpr uint32_t kLevels[4] = {
         uint32_t(uint8_t(kIq4Values[0])) | uint32_t(uint8_t(kIq4Values[1])) << 8 |
             uint32_t(uint8_t(kIq4Values[2])) << 16 | uint32_t(uint8_t(kIq4Values[3])) << 24,
@@ -221,89 +275,78 @@ __device__ __forceinline__ int iq4_level(int q) {
             uint32_t(uint8_t(kIq4Values[10])) << 16 | uint32_t(uint8_t(kIq4Values[11])) << 24,
         uint32_t(uint8_t(kIq4Values[12])) | uint32_t(uint8_t(kIq4Values[13])) << 8 |
             uint32_t(uint8_t(kIq4Values[14])) << 16 | uint32_t(uint8_t(kIq4Values[15])) << 24};
-    const uint32_t word =
-        q & 8 ? (q & 4 ? kLevels[3] : kLevels[2]) : (q & 4 ? kLevels[1] : kLevels[0]);
-    return int(int8_t(uint8_t(word >> (8 * (q & 3)))));
+    // The permute's selector: the four low-three-bit indices as nibbles 0-3 (bytes 0 and 2
+    // of low | low >> 4 hold indices 0, 1 and 2, 3 as two nibbles each).
+    const uint32_t low = indices & 0x07070707u;
+    const uint32_t selector = __byte_perm(low | low >> 4, 0, 0x0020);
+    const uint32_t first_half = __byte_perm(kLevels[0], kLevels[1], selector);
+    const uint32_t second_half = __byte_perm(kLevels[2], kLevels[3], selector);
+    const uint32_t in_second = (indices >> 3 & kLowBitBytes) * 0xffu;  // 0xff where bit 3
+    return (second_half & in_second) | (first_half & ~in_second);
+}
+
+// The stored values q of group g of unit `unit`, in column order, four a word (byte i of
+// word j: column group_column + 4j + i), each a non-negative int8 (IQ4_XS: its signed
+// level): what dp4a multiplies with the int8 input, and decode_unit unpacks.
+template <DType D>
+__device__ __forceinline__ void group_words(const UnitBytes& u, int unit, int g, uint32_t (&q)[4]) {
+    constexpr int kUnits = BlockLayout<D>::kWeights / kUnitWeights;
+    const int k = unit % kUnits;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) q[j] = u.low[j] >> (4 * g) & kLowNibbleBytes;  // low, high nibbles
+    if constexpr (D == DType::Q5_0 || D == DType::Q5_1) {
+        // qh: a u32 after d (Q5_0: bytes 2..5) or after d and m (Q5_1: bytes 4..7); bit c of
+        // it is column c's fifth bit.
+        const uint32_t qh = D == DType::Q5_0 ? (u.head[0] >> 16 | u.head[1] << 16) : u.head[1];
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            q[j] |= spread_four_bits(qh >> (kGroupWeights * g + 4 * j)) << 4;
+    } else if constexpr (D == DType::Q5_K) {  // bit 2c + g of each byte of qh
+#pragma unroll
+        for (int j = 0; j < 4; ++j) q[j] |= (u.high[j] >> (2 * (k / 2) + g) & kLowBitBytes) << 4;
+    } else if constexpr (D == DType::Q6_K) {  // bits 2t, 2t + 1 of qh, t = p + 2g
+        const int t = k / 2 % 2 + 2 * g;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) q[j] |= (u.high[j] >> (2 * t) & kLowTwoBitBytes) << 4;
+    } else if constexpr (D == DType::IQ4_XS) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) q[j] = iq4_levels(q[j]);
+    }
+}
+
+// The first of the 16 columns (of the row) that group g of unit `unit` covers (the map of
+// the header above).
+template <DType D>
+__device__ __forceinline__ int group_column(int unit, int g) {
+    using Layout = BlockLayout<D>;
+    constexpr int kUnits = Layout::kWeights / kUnitWeights;
+    const int base = unit / kUnits * Layout::kWeights, k = unit % kUnits;
+    if constexpr (D == DType::Q4_K || D == DType::Q5_K) {
+        return base + 64 * (k / 2) + 32 * g + 16 * (k % 2);
+    } else if constexpr (D == DType::Q6_K) {
+        const int n = k / 4, p = k / 2 % 2, g16 = k % 2;
+        return base + 128 * n + 32 * (p + 2 * g) + 16 * g16;
+    } else {  // the small blocks (one unit a block) and IQ4_XS
+        return base + kUnitWeights * k + kGroupWeights * g;
+    }
 }
 
 // Unit `unit` of a row of block type D, from its bytes (load_unit), as scales, offsets and
 // integers: the weights src/weights/weight_blocks.cpp's dequantize_row gives.
 template <DType D>
 __device__ __forceinline__ WeightUnit decode_unit(const UnitBytes& u, int unit) {
-    using Layout = BlockLayout<D>;
-    constexpr int kUnits = Layout::kWeights / kUnitWeights;
-    const int base = unit / kUnits * Layout::kWeights, k = unit % kUnits;
+    const UnitFactors f = unit_factors<D>(u, unit);
     WeightUnit w;
-    split_nibbles(u.low, w.q);
-    if constexpr (D == DType::Q4_1 || D == DType::Q5_0 || D == DType::Q5_1) {
-        const float d = half_bits_to_float(u.head[0] & 0xffffu);
-        w.column[0] = base;
-        w.column[1] = base + kGroupWeights;
-        if constexpr (D != DType::Q4_1) {
-            // qh: a u32 after d (Q5_0: bytes 2..5) or after d and m (Q5_1: bytes 4..7).
-            const uint32_t qh = D == DType::Q5_0 ? (u.head[0] >> 16 | u.head[1] << 16) : u.head[1];
 #pragma unroll
-            for (int i = 0; i < kGroupWeights; ++i) {
-                w.q[0][i] |= int(qh >> i & 1u) << 4;
-                w.q[1][i] |= int(qh >> (i + kGroupWeights) & 1u) << 4;
-            }
-        }
-        if constexpr (D == DType::Q5_0) {
+    for (int g = 0; g < 2; ++g) {
+        w.column[g] = group_column<D>(unit, g);
+        w.scale[g] = f.scale[g];
+        w.offset[g] = f.offset[g];
+        uint32_t q[4];
+        group_words<D>(u, unit, g, q);
 #pragma unroll
-            for (int g = 0; g < 2; ++g) {
-#pragma unroll
-                for (int i = 0; i < kGroupWeights; ++i) w.q[g][i] -= 16;
-                w.scale[g] = d;
-                w.offset[g] = 0.0f;
-            }
-        } else {
-            const float m = half_bits_to_float(u.head[0] >> 16);
-            w.scale[0] = w.scale[1] = d;
-            w.offset[0] = w.offset[1] = m;
-        }
-    } else if constexpr (D == DType::Q4_K || D == DType::Q5_K) {
-        const int c = k / 2, h = k % 2;
-        const float d = half_bits_to_float(u.head[0] & 0xffffu);
-        const float dmin = half_bits_to_float(u.head[0] >> 16);
-#pragma unroll
-        for (int g = 0; g < 2; ++g) {
-            int scale, min;
-            k_scale_min_of(u.head, 2 * c + g, &scale, &min);
-            w.column[g] = base + 64 * c + 32 * g + 16 * h;
-            w.scale[g] = d * float(scale);
-            w.offset[g] = -(dmin * float(min));
-            if constexpr (D == DType::Q5_K) {
-#pragma unroll
-                for (int i = 0; i < kGroupWeights; ++i)
-                    w.q[g][i] |= (byte_of(u.high, i) >> (2 * c + g) & 1) << 4;
-            }
-        }
-    } else if constexpr (D == DType::Q6_K) {
-        const int n = k / 4, p = k / 2 % 2, g16 = k % 2;
-        const float d = half_bits_to_float(u.head[0] >> 16);
-#pragma unroll
-        for (int g = 0; g < 2; ++g) {
-            const int t = p + 2 * g;  // the quarter of the half: low nibbles p, high p + 2
-            w.column[g] = base + 128 * n + 32 * t + 16 * g16;
-            w.scale[g] = d * float(int8_t(uint8_t(u.head[0] >> (8 * g))));
-            w.offset[g] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < kGroupWeights; ++i)
-                w.q[g][i] = (w.q[g][i] | (byte_of(u.high, i) >> (2 * t) & 3) << 4) - 32;
-        }
-    } else {
-        const float d = half_bits_to_float(u.head[0] & 0xffffu);
-        const int low = byte_of(u.head, 4 + k / 2) >> (4 * (k % 2)) & 15;
-        const int high = int(u.head[0] >> 16 >> (2 * k) & 3u);
-        const float scale = d * float((low | high << 4) - 32);
-#pragma unroll
-        for (int g = 0; g < 2; ++g) {
-            w.column[g] = base + kUnitWeights * k + kGroupWeights * g;
-            w.scale[g] = scale;
-            w.offset[g] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < kGroupWeights; ++i) w.q[g][i] = iq4_level(w.q[g][i]);
-        }
+        for (int i = 0; i < kGroupWeights; ++i)
+            w.q[g][i] = int(int8_t(uint8_t(q[i / 4] >> (8 * (i % 4))))) - kMidpoint<D>;
     }
     return w;
 }

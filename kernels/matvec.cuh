@@ -381,20 +381,22 @@ void launch_quantized_matvec_swiglu(float* out, const DeviceMatrix& w1, const De
 inline size_t quantized_staging_bytes(int pitch);
 void prepare_quantized_matvec(size_t bytes);
 // The block types (matvec_blocks.cuh): the launches matvec and matvec_swiglu hand them to,
-// and the shared-memory allowance of their kernels (their staging is the f32 input's).
+// their staging's shared memory, and the shared-memory allowance of their kernels.
 void launch_block_matvec(float* out, const DeviceMatrix& w, const float* in,
                          const float* norm_weight, float eps, const float* bias, bool accumulate,
                          cudaStream_t stream);
 void launch_block_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                                 const float* in, const float* norm_weight, float eps,
                                 Activation activation, cudaStream_t stream);
+inline size_t block_staging_bytes(int pitch);
 void prepare_block_matvec(size_t bytes);
 // The experts' matvecs (moe.cuh): the shared-memory allowance of their kernels.
 void prepare_expert_matvec(size_t bytes);
 
 size_t matvec_shared_bytes(int cols, DType dtype) {
     const int pitch = padded_cols(cols, dtype);
-    return is_quantized(dtype) ? quantized_staging_bytes(pitch) : staged_input_bytes(pitch);
+    if (is_quantized(dtype)) return quantized_staging_bytes(pitch);
+    return is_block_type(dtype) ? block_staging_bytes(pitch) : staged_input_bytes(pitch);
 }
 
 void matvec(float* out, const DeviceMatrix& w, const float* in, const float* norm_weight, float eps,

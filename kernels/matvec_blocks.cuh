@@ -1,20 +1,35 @@
 // Decode matrix-vector products of matrices stored as ggml's blocks (block_units.cuh: how
-// their units of 32 weights are loaded and dequantized in registers): matvec.cuh's kernels
-// with the unit in place of the 16-byte vector.
+// their units of 32 weights are loaded, and read as int8 words): matvec.cuh's kernels with
+// the unit in place of the 16-byte vector, and int8 products as matvec_quantized.cuh's.
 //
 // - One warp per row (8 or 16 rows a block: matvec_warps); lane l takes units l, l + 32, ...
 //   of its row, kBlockMatvecUnroll units' loads in flight before any math. A warp-wide load
 //   covers 32 consecutive units: 32 small blocks, or 4 super-blocks.
-// - The input stays f32, staged once per block in shared memory in plain order with RMSNorm
-//   fused (matvec.cuh: stage_input); each group of 16 weights adds
-//   scale · Σ q·x + offset · Σ x to the lane's sum (unit_dot): 16 FMAs on integers converted
-//   to f32, no int8 copy of the input.
+// - The input is staged once per block in shared memory with RMSNorm fused (matvec.cuh:
+//   stage_input), then quantized to int8 as the CPU's matvecs of the same type quantize it
+//   (stage_block_input): per 32 columns by the Q8 rule (cpu::quantize_q8) for Q4_1, Q5_0 and
+//   Q5_1, per super-block of 256 by the Q8_K rule (cpu::quantize_q8_k) for Q4_K, Q5_K, Q6_K
+//   and IQ4_XS. So the GPU's sums follow the CPU's, as the Q8/Q4 matvecs' do.
+// - Each group of 16 weights is four dp4a of its stored values (group_words: the nibbles
+//   masked four at a time, the high bits spread into them) with the 16 int8 inputs it
+//   multiplies, one 16-byte shared load; the lane's f32 sum gains
+//   x_scale · (scale · (dot − midpoint · Σx) + offset · Σx), Σx the group's sum of int8 inputs
+//   (Q6_K's midpoint of 32 and Q5_0's of 16 subtracted in integers, Q4_K's and Q5_K's mins
+//   and Q4_1's and Q5_1's m as offsets).
+// - Why int8 rather than each weight converted to f32 against the f32 input: an integer to
+//   f32 conversion runs at a fraction of the FMA rate, and with one per weight, an FMA and 4
+//   bytes of shared input per weight, the SM rather than memory sets the pace. The Q8/Q4
+//   matvecs measured their f32 form 1.1-1.5x slower than int8 products on an H100
+//   (docs/benchmarks-history.md). Here 16 weights cost four dp4a, a few integer operations
+//   and one 16-byte shared load.
+// - The int8 input is laid out in two planes (group 0 of every unit, then group 1), unit u's
+//   16 values of a plane at 16u: a warp's 16-byte shared loads of one group read 512
+//   consecutive bytes (no bank conflicts).
 // - The row sums meet in shared memory and are stored with the bias and the residual
 //   (store_warp_rows); w1 and w3 are read by one warp with SwiGLU applied before the store.
 // Not yet timed on a GPU (cuda_kernel_check --bench times them): what it has to decide is
-// whether the plain staging order (a super-block's lanes read input columns 16 or 64 apart,
-// so their 16-byte shared loads meet in the same banks), the 2-byte loads of Q5_0 and Q6_K
-// (blocks of 22 and 210 bytes) and the f32 products keep these kernels at memory speed.
+// whether the 2-byte loads of Q5_0 and Q6_K (blocks of 22 and 210 bytes) and the per-unit
+// headers keep these kernels at memory speed.
 #pragma once
 #include <cstdint>
 
@@ -23,60 +38,169 @@
 #include "cuda_check.h"
 #include "kernels.h"
 #include "matvec.cuh"
+#include "matvec_quantized.cuh"  // q8_group_scale, kInt8Largest, kLanesPerBlock
 
 namespace barellm::cuda {
 
 constexpr int kBlockMatvecUnroll = 2;  // units' loads in flight per lane and row
 
-// Σ over the unit's 32 weights of weight · xs[column] (xs: the staged input, plain order).
+// Shared memory of a block-type matvec over rows of `pitch` columns (a whole number of
+// blocks): the f32 staged input [pitch], its int8 copy [pitch] (two planes), each unit's
+// input scale and multiplier (float2) [pitch / 32], each group's Σ int8 inputs [pitch / 16].
+inline size_t block_staging_bytes(int pitch) {
+    const size_t units = size_t(pitch) / kUnitWeights;
+    return size_t(pitch) * (sizeof(float) + sizeof(int8_t)) +
+           units * (sizeof(float2) + 2 * sizeof(int));
+}
+
+// The staged input of a block-type matvec, in shared memory.
+struct BlockInput {
+    const int8_t* values;   // [2, units, 16]: group g of unit u at g * 16 * units + 16 * u
+    const float2* factors;  // [units]: x ≈ scale · value, value = rint(x · multiplier)
+    const int* sums;        // [2, units]: Σ values of group g of unit u at g * units + u
+    int units;
+};
+
+// Each unit's input scale and multiplier (factors) from the staged f32 input xs (plain
+// order), by the CPU's rule for type D: Q8 per 32 columns (q8_group_scale; 8 lanes a unit)
+// for the small blocks, Q8_K per super-block (cpu::quantize_q8_k: the first value of
+// largest magnitude, sign kept, gives −127 / it; a warp a super-block, 8 values a lane) for
+// the others. Every thread of the block calls it.
 template <DType D>
-__device__ __forceinline__ float unit_dot(const WeightUnit& w, const float* xs) {
+__device__ __forceinline__ void block_input_factors(const float* xs, float2* factors, int units) {
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int warps = blockDim.x / kWarpSize;
+    if constexpr (BlockLayout<D>::kWeights == kUnitWeights) {
+        for (int first = warp * kBlocksPerWarpPass; first < units;
+             first += warps * kBlocksPerWarpPass) {
+            const int unit = first + lane / kLanesPerBlock;  // the same for 8 lanes
+            const float4 x = unit < units ? reinterpret_cast<const float4*>(
+                                                xs)[unit * kLanesPerBlock + lane % kLanesPerBlock]
+                                          : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const float largest = group_max<kLanesPerBlock>(
+                fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w))));
+            if (unit < units && lane % kLanesPerBlock == 0) factors[unit] = q8_group_scale(largest);
+        }
+    } else {
+        constexpr int kUnitsPerSuperBlock = BlockLayout<D>::kWeights / kUnitWeights;
+        constexpr int kValuesPerLane = BlockLayout<D>::kWeights / kWarpSize;
+        static_assert(kValuesPerLane == 8, "two float4s a lane");
+        for (int block = warp; block < units / kUnitsPerSuperBlock; block += warps) {
+            const float4* x = reinterpret_cast<const float4*>(xs) + 2 * (block * kWarpSize + lane);
+            const float4 a = x[0], b = x[1];
+            const float values[kValuesPerLane] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+            float largest = 0.0f;  // the lane's first of largest magnitude, then the warp's
+            int at = 0;
+#pragma unroll
+            for (int i = 0; i < kValuesPerLane; ++i)
+                if (fabsf(values[i]) > fabsf(largest)) largest = values[i], at = i;
+            at += lane * kValuesPerLane;
+#pragma unroll
+            for (int offset = kWarpSize / 2; offset > 0; offset /= 2) {
+                const float other = __shfl_xor_sync(kFullMask, largest, offset);
+                const int other_at = __shfl_xor_sync(kFullMask, at, offset);
+                if (fabsf(other) > fabsf(largest) ||
+                    (fabsf(other) == fabsf(largest) && other_at < at))
+                    largest = other, at = other_at;
+            }
+            if (lane < kUnitsPerSuperBlock) {
+                const float inverse = -kInt8Largest / largest;
+                factors[block * kUnitsPerSuperBlock + lane] =
+                    largest == 0.0f ? make_float2(0.0f, 0.0f)
+                                    : make_float2(1.0f / inverse, inverse);
+            }
+        }
+    }
+}
+
+// Stages in[0, cols) (normed with norm_weight when given, as stage_input) into shared
+// memory for a matvec over rows of block type D, quantized to int8 (BlockInput). Every thread
+// of the block must call it; it ends with a barrier.
+template <DType D>
+__device__ __forceinline__ BlockInput stage_block_input(const float* __restrict__ in, int cols,
+                                                        const float* __restrict__ norm_weight,
+                                                        float eps, float* scratch) {
+    const int units = cols / kUnitWeights;
+    float* xs = dynamic_shared_floats();
+    int8_t* values = reinterpret_cast<int8_t*>(xs + cols);
+    float2* factors = reinterpret_cast<float2*>(values + cols);
+    int* sums = reinterpret_cast<int*>(factors + units);
+    stage_input<4>(xs, in, cols, cols, norm_weight, eps, scratch);
+    block_input_factors<D>(xs, factors, units);
+    __syncthreads();
+    // Each thread quantizes groups of 16 (group g of unit u: i = g * units + u).
+    for (int i = threadIdx.x; i < 2 * units; i += blockDim.x) {
+        const int g = i / units, unit = i % units;
+        const float4* x = reinterpret_cast<const float4*>(xs + group_column<D>(unit, g));
+        const float multiplier = factors[unit].y;
+        uint32_t words[4];
+        int sum = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float4 v = x[j];
+            const float parts[4] = {v.x, v.y, v.z, v.w};
+            words[j] = 0;
+#pragma unroll
+            for (int b = 0; b < 4; ++b) {
+                // Capped at 127 as cpu::quantize_q8_k caps (the Q8 rule's never pass it).
+                const int q = min(int(kInt8Largest), int(rintf(parts[b] * multiplier)));
+                sum += q;
+                words[j] |= (uint32_t(q) & 0xffu) << (8 * b);
+            }
+        }
+        reinterpret_cast<uint4*>(values)[i] = make_uint4(words[0], words[1], words[2], words[3]);
+        sums[i] = sum;
+    }
+    __syncthreads();
+    return {values, factors, sums, units};
+}
+
+// The unit's part of a row's dot product with the staged input:
+// x_scale · Σ_g (scale_g · (dot_g − midpoint · Σx_g) + offset_g · Σx_g).
+template <DType D>
+__device__ __forceinline__ float unit_dot(const UnitBytes& raw, int unit, const BlockInput& x) {
+    const UnitFactors f = unit_factors<D>(raw, unit);
     float total = 0.0f;
 #pragma unroll
     for (int g = 0; g < 2; ++g) {
-        const float4* x = reinterpret_cast<const float4*>(xs + w.column[g]);
-        float dot = 0.0f, sum = 0.0f;
-#pragma unroll
-        for (int v = 0; v < kGroupWeights / 4; ++v) {
-            const float4 part = x[v];
-            dot = fmaf(float(w.q[g][4 * v]), part.x, dot);
-            dot = fmaf(float(w.q[g][4 * v + 1]), part.y, dot);
-            dot = fmaf(float(w.q[g][4 * v + 2]), part.z, dot);
-            dot = fmaf(float(w.q[g][4 * v + 3]), part.w, dot);
-            sum += (part.x + part.y) + (part.z + part.w);
-        }
-        total = fmaf(w.scale[g], dot, total);
-        if constexpr (kHasOffset<D>) total = fmaf(w.offset[g], sum, total);
+        uint32_t q[4];
+        group_words<D>(raw, unit, g, q);
+        const int4 in = reinterpret_cast<const int4*>(x.values)[g * x.units + unit];
+        int dot = __dp4a(int(q[0]), in.x, 0);
+        dot = __dp4a(int(q[1]), in.y, dot);
+        dot = __dp4a(int(q[2]), in.z, dot);
+        dot = __dp4a(int(q[3]), in.w, dot);
+        const int sum = x.sums[g * x.units + unit];
+        total = fmaf(f.scale[g], float(dot - kMidpoint<D> * sum), total);
+        if constexpr (kHasOffset<D>) total = fmaf(f.offset[g], float(sum), total);
     }
-    return total;
+    return x.factors[unit].x * total;
 }
 
 // Dot products of kRows rows of block type D (each 16-byte aligned, `cols` columns) with
 // the staged input, for the calling warp; every lane gets the sums. All 32 lanes call it.
 template <DType D, int kRows>
-__device__ __forceinline__ void dot_block_rows(const uint8_t* const (&rows)[kRows], const float* xs,
-                                               int cols, float (&sums)[kRows]) {
-    const int units = cols / kUnitWeights;
+__device__ __forceinline__ void dot_block_rows(const uint8_t* const (&rows)[kRows],
+                                               const BlockInput& x, float (&sums)[kRows]) {
     const int lane = threadIdx.x % kWarpSize;
     float acc[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) acc[r] = 0.0f;
-    for (int first = lane; first < units; first += kWarpSize * kBlockMatvecUnroll) {
+    for (int first = lane; first < x.units; first += kWarpSize * kBlockMatvecUnroll) {
         UnitBytes raw[kRows][kBlockMatvecUnroll];  // all loads of the round, then the math
 #pragma unroll
         for (int u = 0; u < kBlockMatvecUnroll; ++u) {
             const int unit = first + u * kWarpSize;
 #pragma unroll
             for (int r = 0; r < kRows; ++r)
-                raw[r][u] = unit < units ? load_unit<D>(rows[r], unit) : UnitBytes{};
+                raw[r][u] = unit < x.units ? load_unit<D>(rows[r], unit) : UnitBytes{};
         }
 #pragma unroll
         for (int u = 0; u < kBlockMatvecUnroll; ++u) {
             const int unit = first + u * kWarpSize;
-            if (unit < units) {
+            if (unit < x.units) {
 #pragma unroll
-                for (int r = 0; r < kRows; ++r)
-                    acc[r] += unit_dot<D>(decode_unit<D>(raw[r][u], unit), xs);
+                for (int r = 0; r < kRows; ++r) acc[r] += unit_dot<D>(raw[r][u], unit, x);
             }
         }
     }
@@ -99,18 +223,17 @@ __device__ __forceinline__ void block_matvec_rows_of_block(
     const uint8_t* const row_pointer[1] = {block_row<D>(weights, has_row ? row : 0, cols)};
     finish_prologue();  // the input and out: the kernels ahead wrote them
 
-    float* xs = dynamic_shared_floats();
-    stage_input<4>(xs, in, cols, cols, norm_weight, eps, scratch);
+    const BlockInput x = stage_block_input<D>(in, cols, norm_weight, eps, scratch);
 
     float sum[1] = {0.0f};
-    if (has_row) dot_block_rows<D, 1>(row_pointer, xs, cols, sum);
+    if (has_row) dot_block_rows<D, 1>(row_pointer, x, sum);
     store_warp_rows<kAccumulate>(out, sum[0], results, bias, rows);
 }
 
 // out[r] = (kAccumulate ? out[r] : 0) + (W[r, :] · stage(in) + bias[r]), r in [0, rows), no
 // bias term when bias is null; W of block type D [rows, cols].
 // Launch: grid matvec_grid(rows, cols), block matvec_block(cols) (one warp per row), dynamic
-// shared memory staged_input_bytes(cols).
+// shared memory block_staging_bytes(cols).
 template <DType D, bool kAccumulate>
 __global__ void __launch_bounds__(kMatvecThreadsMax)
     block_matvec_kernel(float* __restrict__ out, const void* __restrict__ weights, int rows,
@@ -139,13 +262,12 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
                                             block_row<D>(w3, safe_row, cols)};
     finish_prologue();
 
-    float* xs = dynamic_shared_floats();
-    stage_input<4>(xs, in, cols, cols, norm_weight, eps, scratch);
+    const BlockInput x = stage_block_input<D>(in, cols, norm_weight, eps, scratch);
 
     float value = 0.0f;
     if (has_row) {
         float sums[2];
-        dot_block_rows<D, 2>(row_pointers, xs, cols, sums);
+        dot_block_rows<D, 2>(row_pointers, x, sums);
         value = gated_value<A>(/*gate=*/sums[0], /*up=*/sums[1]);
     }
     store_warp_rows</*kAccumulate=*/false>(out, value, results, /*bias=*/nullptr, rows);
@@ -170,7 +292,7 @@ void launch_block_matvec(float* out, const DeviceMatrix& w, const float* in,
                          cudaStream_t stream) {
     check_block_matrix(w, "matvec");
     const dim3 grid = matvec_grid(w.rows, w.cols), block = matvec_block(w.cols);
-    const size_t shared = staged_input_bytes(w.cols);
+    const size_t shared = block_staging_bytes(w.cols);
     with_block_dtype(w.dtype, [&](auto dtype) {
         constexpr DType D = decltype(dtype)::value;
         const auto kernel =
@@ -191,7 +313,7 @@ void launch_block_matvec_swiglu(float* out, const DeviceMatrix& w1, const Device
         with_activation(activation, [&](auto act) {
             launch_after_previous(
                 block_matvec_swiglu_kernel<decltype(dtype)::value, decltype(act)::value>, grid,
-                block, staged_input_bytes(w1.cols), stream, out, w1.data, w3.data, w1.rows, in,
+                block, block_staging_bytes(w1.cols), stream, out, w1.data, w3.data, w1.rows, in,
                 w1.cols, norm_weight, eps);
         });
     });

@@ -192,7 +192,8 @@ inline dim3 expert_matvec_block(DType dtype, int pitch) {
     return is_quantized(dtype) ? dim3(kQuantizedMatvecThreads) : matvec_block(pitch);
 }
 inline size_t expert_matvec_shared_bytes(DType dtype, int pitch) {
-    return is_quantized(dtype) ? quantized_staging_bytes(pitch) : staged_input_bytes(pitch);
+    if (is_quantized(dtype)) return quantized_staging_bytes(pitch);
+    return is_block_type(dtype) ? block_staging_bytes(pitch) : staged_input_bytes(pitch);
 }
 inline dim3 moe_combine_grid(int dim, int tokens) {
     return dim3((dim + kCombineThreads - 1) / kCombineThreads, tokens);

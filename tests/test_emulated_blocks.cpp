@@ -1,10 +1,12 @@
 // The block-type kernels (block_units.cuh, matvec_blocks.cuh, the block embedding of
 // embedding.cuh and the f16 dequantization of dequantize.cuh), run on the CPU emulation of
-// CUDA, against the scalar dequantization of src/weights/weight_blocks.cpp times the input in double:
-// random blocks whose f16 scales (d, dmin, m) are drawn across their range with both signs,
-// rows not a multiple of a block's 8 or 16 warps, rows of more units than a warp takes in one
-// round. The matvecs run under an EarlyLaunchCheck (dependent_launch.cuh): what the kernels
-// ahead wrote reads as NaN until their finish_prologue.
+// CUDA, against the scalar dequantization of src/weights/weight_blocks.cpp: the embedding and
+// the f16 copy exactly, the matvecs times the input quantized by the CPU's quantizer of their
+// type (cpu::quantize_q8, cpu::quantize_q8_k), in double. Random blocks whose f16 scales (d,
+// dmin, m) are drawn across their range with both signs, rows not a multiple of a block's 8
+// or 16 warps, rows of more units than a warp takes in one round. The matvecs run under an
+// EarlyLaunchCheck (dependent_launch.cuh): what the kernels ahead wrote reads as NaN until
+// their finish_prologue.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -12,13 +14,14 @@
 #include <random>
 #include <vector>
 
+#include "cpu/kernels.h"
 #include "dequantize.cuh"
 #include "embedding.cuh"
 #include "emulated_inputs.h"
 #include "gated_reference.h"
-#include "weights/half.h"
 #include "matvec_blocks.cuh"
 #include "test_block_matrices.h"
+#include "weights/half.h"
 #include "weights/weight_blocks.h"
 
 using namespace barellm;
@@ -128,21 +131,68 @@ std::vector<double> staged_input(const float* x, int n, const float* norm_weight
     return out;
 }
 
+// The input as a block-type matvec multiplies it: the staged input rounded to f32,
+// quantized as the CPU's matvecs of type `dtype` quantize it (Q8 per 32 columns for the small
+// blocks, Q8_K per 256 for the others), each value times its scale. With `normed`, slack[c]
+// is one step of column c's scale where x · multiplier lies within kRoundingSlack of a
+// rounding boundary (else 0): the kernel's f32 norm, a last bit away from the reference's,
+// may round it the other way.
+struct QuantizedInput {
+    std::vector<double> x, slack;
+};
+constexpr double kRoundingSlack = 1e-3;
+
+QuantizedInput quantized_input(DType dtype, const std::vector<double>& staged, bool normed) {
+    const int n = int(staged.size());
+    const std::vector<float> x(staged.begin(), staged.end());
+    QuantizedInput out{std::vector<double>(n), std::vector<double>(n, 0.0)};
+    std::vector<float> multipliers(n);
+    if (block_weights(dtype) == kSmallBlock) {
+        cpu::QuantizedVector q;
+        cpu::quantize_q8(&q, x.data(), n);
+        for (int c = 0; c < n; ++c) out.x[c] = double(q.values[c]) * q.scales[c / kQ8Group];
+        for (int g = 0; g < n / kQ8Group; ++g) {
+            float largest = 0.0f;
+            for (int i = 0; i < kQ8Group; ++i)
+                largest = std::max(largest, std::fabs(x[g * kQ8Group + i]));
+            std::fill_n(&multipliers[g * kQ8Group], kQ8Group,
+                        cpu::q8_group_scale(largest).multiplier);
+        }
+    } else {
+        cpu::Q8KVector q;
+        cpu::quantize_q8_k(&q, x.data(), n);
+        for (int c = 0; c < n; ++c) out.x[c] = double(q.values[c]) * q.d[c / kSuperBlock];
+        for (int b = 0; b < n / kSuperBlock; ++b) {
+            const float inverse = q.d[b] == 0.0f ? 0.0f : 1.0f / q.d[b];
+            std::fill_n(&multipliers[b * kSuperBlock], kSuperBlock, inverse);
+        }
+    }
+    if (normed)
+        for (int c = 0; c < n; ++c) {
+            const double scaled = double(x[c]) * multipliers[c];
+            const double from_half = std::fabs(scaled - std::floor(scaled) - 0.5);
+            if (from_half < kRoundingSlack && multipliers[c] != 0.0f)
+                out.slack[c] = 1.0 / std::fabs(multipliers[c]);
+        }
+    return out;
+}
+
 struct Sum {
-    double value = 0, magnitude = 0;
+    double value = 0, magnitude = 0, slack = 0;
 };
 
-Sum row_sum(const BlockMatrix& w, int r, const std::vector<double>& x) {
+Sum row_sum(const BlockMatrix& w, int r, const QuantizedInput& x) {
     Sum sum;
     for (int c = 0; c < w.cols; ++c) {
-        sum.value += double(w.weight(r, c)) * x[c];
-        sum.magnitude += w.magnitude(r, c) * std::fabs(x[c]);
+        sum.value += double(w.weight(r, c)) * x.x[c];
+        sum.magnitude += w.magnitude(r, c) * std::fabs(x.x[c]);
+        sum.slack += std::fabs(w.weight(r, c)) * x.slack[c];
     }
     return sum;
 }
 
 bool close_sum(double got, const Sum& want) {
-    return std::fabs(got - want.value) <= kSumError * want.magnitude + kTiny;
+    return std::fabs(got - want.value) <= kSumError * want.magnitude + want.slack + kTiny;
 }
 
 // act(gate) * up against sums with their magnitudes (kActivationSlope bounds act's slope).
@@ -150,7 +200,9 @@ bool close_gated(Activation activation, double got, const Sum& gate, const Sum& 
     const double act = activation_reference(activation, gate.value);
     const double want = act * up.value;
     const double bound = kSumError * (kActivationSlope * gate.magnitude * std::fabs(up.value) +
-                                      std::fabs(act) * up.magnitude);
+                                      std::fabs(act) * up.magnitude) +
+                         kActivationSlope * gate.slack * std::fabs(up.value) +
+                         std::fabs(act) * up.slack;
     return std::fabs(got - want) <= bound + kTiny * (1.0 + std::fabs(want));
 }
 
@@ -176,7 +228,7 @@ void check_block_matvec(int rows, int cols, const Fusion& f, std::mt19937& rng) 
     std::vector<float> out = f.accumulate ? old : std::vector<float>(size_t(rows), NAN);
     std::vector<float> swiglu(size_t(rows), NAN), geglu(size_t(rows), NAN);
     const dim3 grid = matvec_grid(rows, cols), block = matvec_block(cols);
-    const size_t shared = staged_input_bytes(cols);
+    const size_t shared = block_staging_bytes(cols);
     const auto kernel = f.accumulate ? block_matvec_kernel<D, true> : block_matvec_kernel<D, false>;
     {
         // The input and the outputs come from the kernels ahead (dependent_launch.cuh).
@@ -192,8 +244,9 @@ void check_block_matvec(int rows, int cols, const Fusion& f, std::mt19937& rng) 
                        norm.data(), kEps);
     }
 
-    const std::vector<double> x = staged_input(in.data(), cols, norm_weight);
-    const std::vector<double> normed = staged_input(in.data(), cols, norm.data());
+    const QuantizedInput x = quantized_input(D, staged_input(in.data(), cols, norm_weight), f.norm);
+    const QuantizedInput normed =
+        quantized_input(D, staged_input(in.data(), cols, norm.data()), /*normed=*/true);
     int wrong = 0;
     for (int r = 0; r < rows; ++r) {
         Sum want = row_sum(w, r, x);
@@ -229,24 +282,24 @@ void for_each_block_type(Check&& check) {
 
 }  // namespace
 
-TEST_CASE("emulated block-type matvecs match the scalar dequantization in double",
+TEST_CASE("emulated block-type matvecs match the scalar dequantization times the CPU's int8 input",
           "[cuda_emulation][decode][blocks]") {
     std::mt19937 rng(57);
     for_each_block_type([&](auto d) { check_block_matvecs<decltype(d)::value>(rng); });
 }
 
 TEST_CASE("a unit's groups cover each column of its block once", "[cuda_emulation][blocks]") {
-    // decode_unit's column map, without the data: every column of a super-block (or block)
-    // belongs to exactly one group of one unit.
+    // group_column's map: every column of a super-block (or block) belongs to exactly one
+    // group of one unit.
     for_each_block_type([&](auto d) {
         constexpr DType D = decltype(d)::value;
         INFO(dtype_name(D));
         const int n = block_weights(D), units = n / kUnitWeights;
         std::vector<int> covered(size_t(n) * 2, 0);  // two blocks: the second's base too
         for (int unit = 0; unit < 2 * units; ++unit) {
-            const WeightUnit w = decode_unit<D>(UnitBytes{}, unit);
             for (int g = 0; g < 2; ++g)
-                for (int i = 0; i < kGroupWeights; ++i) ++covered.at(size_t(w.column[g] + i));
+                for (int i = 0; i < kGroupWeights; ++i)
+                    ++covered.at(size_t(group_column<D>(unit, g) + i));
         }
         CHECK(std::count(covered.begin(), covered.end(), 1) == 2 * n);
     });

@@ -209,7 +209,8 @@ void launch_expert_matvec(float* out, const ExpertLaunch& w, DType dtype, int ro
     });
 }
 
-// The plain matvec of one matrix (matvec.cuh, matvec_quantized.cuh), unnormed, no bias.
+// The plain matvec of one matrix (matvec.cuh, matvec_quantized.cuh, matvec_blocks.cuh),
+// unnormed, no bias.
 void launch_plain_matvec(float* out, const DeviceMatrix& m, DType dtype, const float* in,
                          const float* norm_weight) {
     if (is_quantized(dtype)) {
@@ -226,13 +227,16 @@ void launch_plain_matvec(float* out, const DeviceMatrix& m, DType dtype, const f
         return;
     }
     const dim3 grid = matvec_grid(m.rows, m.pitch), block = matvec_block(m.pitch);
-    const size_t shared = staged_input_bytes(m.pitch);
     if (is_block_type(dtype)) {
         with_block_dtype(dtype, [&](auto d) {
+            const size_t shared = block_staging_bytes(m.pitch);
             emulate_launch(grid, block, shared, block_matvec_kernel<decltype(d)::value, false>, out,
                            m.data, m.rows, in, m.cols, norm_weight, kEps, nullptr);
         });
-    } else if (dtype == DType::F32)
+        return;
+    }
+    const size_t shared = staged_input_bytes(m.pitch);
+    if (dtype == DType::F32)
         emulate_launch(grid, block, shared, matvec_kernel<DType::F32, false>, out, m.data, m.rows,
                        m.pitch, in, m.cols, norm_weight, kEps, nullptr);
     else
@@ -294,8 +298,9 @@ void check_expert_matvec(DType dtype, int rows, int cols, bool shared_input, std
                 sum += term;
                 magnitude += std::fabs(term);
             }
-            // Q8/Q4 multiply the input rounded to int8 (half a step of max|x| / 127 a block).
-            const double error = is_quantized(dtype) ? 1.0 / 127 : 1e-5;
+            // Q8/Q4 and the block types multiply the input rounded to int8 (half a step of
+            // max|x| / 127 a block of 32 or 256).
+            const double error = is_quantized(dtype) || is_block_type(dtype) ? 1.0 / 127 : 1e-5;
             far += std::fabs(got - sum) > error * magnitude + 1e-6;
         }
         for (int i = rows; i < out_pitch; ++i)

@@ -108,7 +108,8 @@
 #                 128 tokens each, 2 alternated rounds (scripts/load_test.py, on the `openai`
 #                 package of the staged wheels; not yet timed on a GPU machine)
 #   ab            prefill and decode speed (pp512 and tg128 on the Mistral-7B f16 and q4
-#                 files) of other trees beside this one, alternated in one run: each
+#                 files, and the Q4_K_M file where the kquants step runs too) of other
+#                 trees beside this one, alternated in one run: each
 #                 gpu_data/ab/NAME.tgz (made by `git archive -o gpu_data/ab/NAME.tgz REV`)
 #                 is built (a later run keeps the build of an unchanged archive) and must
 #                 give this tree's greedy text first
@@ -961,6 +962,9 @@ if wants ab; then
     if [ "${#trees[@]}" -gt 0 ] && ready "$MISTRAL" 120; then
         files=("$MISTRAL")
         ready "$MISTRAL_Q4" 60 && files+=("$MISTRAL_Q4")
+        if [ -f "$MISTRAL_Q4KM" ] || planned "$MISTRAL_Q4KM"; then  # the kquants step's
+            ready "$MISTRAL_Q4KM" 60 && files+=("$MISTRAL_Q4KM")
+        fi
         for round in 1 2; do
             for file in "${files[@]}"; do
                 label=$(basename "$file" .bin)

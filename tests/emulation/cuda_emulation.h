@@ -223,6 +223,20 @@ inline int __dp4a(int a, int b, int c) {
     return int(sum);
 }
 
+// The bytes of x (bytes 0-3) and y (bytes 4-7) that the low 16 bits of s select, a nibble for
+// each byte of the result; a nibble with bit 3 set gives its byte's sign bit in all 8 bits.
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+    const uint64_t bytes = uint64_t(x) | uint64_t(y) << 32;
+    unsigned result = 0;
+    for (int byte = 0; byte < 4; ++byte) {
+        const unsigned selector = s >> (4 * byte) & 0xfu;
+        unsigned value = unsigned(bytes >> (8 * (selector & 7u))) & 0xffu;
+        if (selector & 8u) value = value & 0x80u ? 0xffu : 0u;
+        result |= value << (8 * byte);
+    }
+    return result;
+}
+
 // One fiber runs at a time: atomics are plain read-modify-writes (unsigned arithmetic for
 // int, as the hardware wraps).
 inline int atomicAdd(int* address, int value) {
