@@ -2,9 +2,12 @@
 // their units of 32 weights are loaded, and read as int8 words): matvec.cuh's kernels with
 // the unit in place of the 16-byte vector, and int8 products as matvec_quantized.cuh's.
 //
-// - One warp per row (8 or 16 rows a block: matvec_warps); lane l takes units l, l + 32, ...
-//   of its row, kBlockMatvecUnroll units' loads in flight before any math. A warp-wide load
-//   covers 32 consecutive units: 32 small blocks, or 4 super-blocks.
+// - One warp per row, 16 rows (a row set) a block, the Q8/Q4 matvecs' shape with one row per
+//   warp: a block per set, or, where that would be more blocks than the GPU holds at once,
+//   one wave of blocks each staging the input once for several sets (launch_block_sets, the
+//   Q8/Q4 matvecs' measured rule). Lane l takes units l, l + 32, ... of its row,
+//   kBlockMatvecUnroll units' loads in flight before any math. A warp-wide load covers 32
+//   consecutive units: 32 small blocks, or 4 super-blocks.
 // - The input is staged once per block in shared memory with RMSNorm fused (matvec.cuh:
 //   stage_input), then quantized to int8 as the CPU's matvecs of the same type quantize it
 //   (stage_block_input): per 32 columns by the Q8 rule (cpu::quantize_q8) for Q4_1, Q5_0 and
@@ -208,69 +211,75 @@ __device__ __forceinline__ void dot_block_rows(const uint8_t* const (&rows)[kRow
     for (int r = 0; r < kRows; ++r) sums[r] = warp_sum(acc[r]);
 }
 
-// The block's part of block_matvec_kernel: out[r] for its row set (rows blockIdx.x * warps
-// ..), one warp per row. Every thread of the block calls it.
-template <DType D, bool kAccumulate>
-__device__ __forceinline__ void block_matvec_rows_of_block(
-    float* __restrict__ out, const void* __restrict__ weights, int rows,
-    const float* __restrict__ in, int cols, const float* __restrict__ norm_weight, float eps,
-    const float* __restrict__ bias) {
+// A block's part of a block-type matvec over kMatrices matrices (w1 and w3 for SwiGLU):
+// stages the input (normed with norm_weight when given) once, then for each of its row sets
+// of kQuantizedMatvecWarps rows (kOneWave: blockIdx.x, blockIdx.x + gridDim.x, ...; else
+// the one set blockIdx.x), one row a warp, computes the calling warp's row sums (zeros for a
+// warp past the last row) and hands them to store(set, sums), which every thread of the
+// block calls: the Q8/Q4 matvecs' shape with one row per warp (matvec_quantized.cuh).
+template <DType D, bool kOneWave, int kMatrices, typename Store>
+__device__ __forceinline__ void block_row_sets_of_block(const void* const (&matrices)[kMatrices],
+                                                        int rows, const float* __restrict__ in,
+                                                        int cols,
+                                                        const float* __restrict__ norm_weight,
+                                                        float eps, Store&& store) {
     __shared__ float scratch[kWarpSize];
-    __shared__ float results[kMatvecMaxWarps];
-    const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
-    const int row = blockIdx.x * warps + warp;
-    const bool has_row = row < rows;  // the same for the whole warp
-    const uint8_t* const row_pointer[1] = {block_row<D>(weights, has_row ? row : 0, cols)};
+    const int warp = threadIdx.x / kWarpSize;
+    const int sets = quantized_row_sets(rows, /*rows_per_warp=*/1);
     finish_prologue();  // the input and out: the kernels ahead wrote them
 
     const BlockInput x = stage_block_input<D>(in, cols, norm_weight, eps, scratch);
-
-    float sum[1] = {0.0f};
-    if (has_row) dot_block_rows<D, 1>(row_pointer, x, sum);
-    store_warp_rows<kAccumulate>(out, sum[0], results, bias, rows);
+    for (int set = blockIdx.x; set < sets; set += gridDim.x) {
+        const int row = set * kQuantizedMatvecWarps + warp;  // the same for the whole warp
+        float sums[kMatrices] = {};
+        if (row < rows) {
+            const uint8_t* row_pointers[kMatrices];
+#pragma unroll
+            for (int m = 0; m < kMatrices; ++m)
+                row_pointers[m] = block_row<D>(matrices[m], row, cols);
+            dot_block_rows<D, kMatrices>(row_pointers, x, sums);
+        }
+        store(set, sums);
+        if (!kOneWave) break;  // one pass, no loop to keep registers for
+        __syncthreads();       // the next set's store reuses store's shared memory
+    }
 }
 
 // out[r] = (kAccumulate ? out[r] : 0) + (W[r, :] · stage(in) + bias[r]), r in [0, rows), no
 // bias term when bias is null; W of block type D [rows, cols].
-// Launch: grid matvec_grid(rows, cols), block matvec_block(cols) (one warp per row), dynamic
-// shared memory block_staging_bytes(cols).
-template <DType D, bool kAccumulate>
-__global__ void __launch_bounds__(kMatvecThreadsMax)
+// Launch: grid quantized_matvec_grid(rows, 1) (kOneWave: with the blocks the GPU holds at
+// once), block kQuantizedMatvecThreads (one warp per row), dynamic shared memory
+// block_staging_bytes(cols).
+template <DType D, bool kOneWave, bool kAccumulate>
+__global__ void __launch_bounds__(kMatvecThreadsMax, kOneWave ? kOneWaveBlocksPerMultiprocessor : 0)
     block_matvec_kernel(float* __restrict__ out, const void* __restrict__ weights, int rows,
                         const float* __restrict__ in, int cols,
                         const float* __restrict__ norm_weight, float eps,
                         const float* __restrict__ bias) {
-    block_matvec_rows_of_block<D, kAccumulate>(out, weights, rows, in, cols, norm_weight, eps,
-                                               bias);
+    __shared__ float results[kQuantizedMatvecWarps];
+    const void* const matrices[1] = {weights};
+    block_row_sets_of_block<D, kOneWave>(
+        matrices, rows, in, cols, norm_weight, eps, [&](int set, const float(&sums)[1]) {
+            store_warp_rows<kAccumulate, 1>(out, sums, results, bias, rows, set);
+        });
 }
 
 // out[r] = act(W1[r, :] · stage(in)) * (W3[r, :] · stage(in)), W1 and W3 of block type D,
 // act of A (gated_value).
 // Launch: as block_matvec_kernel; each warp reads its row of both matrices.
-template <DType D, Activation A>
-__global__ void __launch_bounds__(kMatvecThreadsMax)
+template <DType D, bool kOneWave, Activation A>
+__global__ void __launch_bounds__(kMatvecThreadsMax, kOneWave ? kOneWaveBlocksPerMultiprocessor : 0)
     block_matvec_swiglu_kernel(float* __restrict__ out, const void* __restrict__ w1,
                                const void* __restrict__ w3, int rows, const float* __restrict__ in,
                                int cols, const float* __restrict__ norm_weight, float eps) {
-    __shared__ float scratch[kWarpSize];
-    __shared__ float results[kMatvecMaxWarps];
-    const int warps = blockDim.x / kWarpSize, warp = threadIdx.x / kWarpSize;
-    const int row = blockIdx.x * warps + warp;
-    const bool has_row = row < rows;
-    const int safe_row = has_row ? row : 0;
-    const uint8_t* const row_pointers[2] = {block_row<D>(w1, safe_row, cols),
-                                            block_row<D>(w3, safe_row, cols)};
-    finish_prologue();
-
-    const BlockInput x = stage_block_input<D>(in, cols, norm_weight, eps, scratch);
-
-    float value = 0.0f;
-    if (has_row) {
-        float sums[2];
-        dot_block_rows<D, 2>(row_pointers, x, sums);
-        value = gated_value<A>(/*gate=*/sums[0], /*up=*/sums[1]);
-    }
-    store_warp_rows</*kAccumulate=*/false>(out, value, results, /*bias=*/nullptr, rows);
+    __shared__ float results[kQuantizedMatvecWarps];
+    const void* const matrices[2] = {w1, w3};
+    block_row_sets_of_block<D, kOneWave>(
+        matrices, rows, in, cols, norm_weight, eps, [&](int set, const float(&sums)[2]) {
+            const float values[1] = {gated_value<A>(/*gate=*/sums[0], /*up=*/sums[1])};
+            store_warp_rows</*kAccumulate=*/false, 1>(out, values, results, /*bias=*/nullptr, rows,
+                                                      set);
+        });
 }
 
 #ifdef BARELLM_LAUNCH_FUNCTIONS
@@ -279,10 +288,29 @@ namespace {
 
 template <DType D>
 void allow_block_shared_bytes(size_t bytes) {
-    allow_shared_bytes(block_matvec_kernel<D, false>, bytes);
-    allow_shared_bytes(block_matvec_kernel<D, true>, bytes);
-    allow_shared_bytes(block_matvec_swiglu_kernel<D, Activation::Silu>, bytes);
-    allow_shared_bytes(block_matvec_swiglu_kernel<D, Activation::GeluTanh>, bytes);
+    for (const bool one_wave : {false, true})
+        with_one_wave(one_wave, [&](auto wave) {
+            constexpr bool kOneWave = decltype(wave)::value;
+            allow_shared_bytes(block_matvec_kernel<D, kOneWave, false>, bytes);
+            allow_shared_bytes(block_matvec_kernel<D, kOneWave, true>, bytes);
+            allow_shared_bytes(block_matvec_swiglu_kernel<D, kOneWave, Activation::Silu>, bytes);
+            allow_shared_bytes(block_matvec_swiglu_kernel<D, kOneWave, Activation::GeluTanh>,
+                               bytes);
+        });
+}
+
+// The grid of `kernel<kOneWave = true>` and `kernel<false>` over `rows` rows: one wave where
+// a block per row set would be more blocks than the GPU holds at once, as the Q8/Q4
+// matvecs choose (quantized_takes_one_wave: each block then stages the input once for
+// several sets); use(grid, kernel) launches the one chosen.
+template <typename OneWaveKernel, typename SetKernel, typename Use>
+void launch_block_sets(OneWaveKernel one_wave, SetKernel per_set, int rows, size_t shared,
+                       Use&& use) {
+    const int blocks = blocks_at_once(one_wave, shared);
+    if (quantized_takes_one_wave(rows, /*rows_per_warp=*/1, blocks))
+        use(quantized_matvec_grid(rows, 1, blocks), one_wave);
+    else
+        use(quantized_matvec_grid(rows, 1), per_set);
 }
 
 }  // namespace
@@ -291,14 +319,16 @@ void launch_block_matvec(float* out, const DeviceMatrix& w, const float* in,
                          const float* norm_weight, float eps, const float* bias, bool accumulate,
                          cudaStream_t stream) {
     check_block_matrix(w, "matvec");
-    const dim3 grid = matvec_grid(w.rows, w.cols), block = matvec_block(w.cols);
     const size_t shared = block_staging_bytes(w.cols);
     with_block_dtype(w.dtype, [&](auto dtype) {
         constexpr DType D = decltype(dtype)::value;
-        const auto kernel =
-            accumulate ? block_matvec_kernel<D, true> : block_matvec_kernel<D, false>;
-        launch_after_previous(kernel, grid, block, shared, stream, out, w.data, w.rows, in, w.cols,
-                              norm_weight, eps, bias);
+        launch_block_sets(
+            accumulate ? block_matvec_kernel<D, true, true> : block_matvec_kernel<D, true, false>,
+            accumulate ? block_matvec_kernel<D, false, true> : block_matvec_kernel<D, false, false>,
+            w.rows, shared, [&](dim3 grid, auto kernel) {
+                launch_after_previous(kernel, grid, dim3(kQuantizedMatvecThreads), shared, stream,
+                                      out, w.data, w.rows, in, w.cols, norm_weight, eps, bias);
+            });
     });
     CUDA_CHECK_LAUNCH("block_matvec_kernel");
 }
@@ -308,13 +338,18 @@ void launch_block_matvec_swiglu(float* out, const DeviceMatrix& w1, const Device
                                 Activation activation, cudaStream_t stream) {
     check_block_matrix(w1, "matvec_swiglu");
     check_block_matrix(w3, "matvec_swiglu");
-    const dim3 grid = matvec_grid(w1.rows, w1.cols), block = matvec_block(w1.cols);
+    const size_t shared = block_staging_bytes(w1.cols);
     with_block_dtype(w1.dtype, [&](auto dtype) {
         with_activation(activation, [&](auto act) {
-            launch_after_previous(
-                block_matvec_swiglu_kernel<decltype(dtype)::value, decltype(act)::value>, grid,
-                block, block_staging_bytes(w1.cols), stream, out, w1.data, w3.data, w1.rows, in,
-                w1.cols, norm_weight, eps);
+            constexpr DType D = decltype(dtype)::value;
+            constexpr Activation A = decltype(act)::value;
+            launch_block_sets(block_matvec_swiglu_kernel<D, true, A>,
+                              block_matvec_swiglu_kernel<D, false, A>, w1.rows, shared,
+                              [&](dim3 grid, auto kernel) {
+                                  launch_after_previous(kernel, grid, dim3(kQuantizedMatvecThreads),
+                                                        shared, stream, out, w1.data, w3.data,
+                                                        w1.rows, in, w1.cols, norm_weight, eps);
+                              });
         });
     });
     CUDA_CHECK_LAUNCH("block_matvec_swiglu_kernel");

@@ -149,17 +149,23 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
         });
 }
 
-// The same for the block types (block_matvec_kernel's shape).
-// Launch: grid (matvec_grid(rows, cols).x, routes), block matvec_block(cols), dynamic shared
-// memory staged_input_bytes(cols).
+// The same for the block types (block_matvec_kernel's block per row set).
+// Launch: grid (quantized_matvec_grid(rows, 1).x, routes), block kQuantizedMatvecThreads,
+// dynamic shared memory block_staging_bytes(cols).
 template <DType D>
 __global__ void __launch_bounds__(kMatvecThreadsMax)
     expert_block_matvec_kernel(float* __restrict__ out, ExpertLaunch w,
                                const float* __restrict__ in, const float* __restrict__ norm_weight,
                                float eps) {
-    block_matvec_rows_of_block<D, /*kAccumulate=*/false>(route_output(w, out), route_weights(w),
-                                                         w.rows, route_input(w, in), w.cols,
-                                                         norm_weight, eps, /*bias=*/nullptr);
+    __shared__ float results[kQuantizedMatvecWarps];
+    const void* const matrices[1] = {route_weights(w)};
+    float* route_out = route_output(w, out);
+    block_row_sets_of_block<D, /*kOneWave=*/false>(
+        matrices, w.rows, route_input(w, in), w.cols, norm_weight, eps,
+        [&](int set, const float(&sums)[1]) {
+            store_warp_rows</*kAccumulate=*/false, 1>(route_out, sums, results, /*bias=*/nullptr,
+                                                      w.rows, set);
+        });
 }
 
 // x[t, i] += Σ_j weights[t * k + j] · expert_out[slot(t * k + j), i] for i < dim: the sum
@@ -183,13 +189,18 @@ __global__ void __launch_bounds__(kCombineThreads)
 
 // ---- Launch shapes (the expert matvecs: their matvec's, with a grid row per route)
 
+// Q8/Q4 and the block types: a row per warp, kQuantizedMatvecWarps rows a block.
+inline bool expert_takes_quantized_shape(DType dtype) {
+    return is_quantized(dtype) || is_block_type(dtype);
+}
 inline dim3 expert_matvec_grid(DType dtype, int rows, int pitch, int routes) {
-    const unsigned sets =
-        is_quantized(dtype) ? quantized_matvec_grid(rows, 1).x : matvec_grid(rows, pitch).x;
+    const unsigned sets = expert_takes_quantized_shape(dtype) ? quantized_matvec_grid(rows, 1).x
+                                                              : matvec_grid(rows, pitch).x;
     return dim3(sets, routes);
 }
 inline dim3 expert_matvec_block(DType dtype, int pitch) {
-    return is_quantized(dtype) ? dim3(kQuantizedMatvecThreads) : matvec_block(pitch);
+    return expert_takes_quantized_shape(dtype) ? dim3(kQuantizedMatvecThreads)
+                                               : matvec_block(pitch);
 }
 inline size_t expert_matvec_shared_bytes(DType dtype, int pitch) {
     if (is_quantized(dtype)) return quantized_staging_bytes(pitch);

@@ -215,10 +215,19 @@ constexpr Fusion kFusions[] = {{false, false, false},
                                {false, false, true},
                                {true, true, true}};
 
-template <DType D>
+// The grid of a block-type matvec: a block per row set, or (kOneWave) as if the GPU held
+// kBlocksAtOnce blocks at once, so that a block takes several sets where there are more.
+constexpr int kBlocksAtOnce = 2;
+template <bool kOneWave>
+dim3 block_matvec_grid(int rows) {
+    return kOneWave ? quantized_matvec_grid(rows, 1, kBlocksAtOnce)
+                    : quantized_matvec_grid(rows, 1);
+}
+
+template <DType D, bool kOneWave>
 void check_block_matvec(int rows, int cols, const Fusion& f, std::mt19937& rng) {
-    INFO(dtype_name(D) << ", " << rows << " x " << cols << ", norm " << f.norm << ", bias "
-                       << f.bias << ", accumulate " << f.accumulate);
+    INFO(dtype_name(D) << ", " << rows << " x " << cols << ", one wave " << kOneWave << ", norm "
+                       << f.norm << ", bias " << f.bias << ", accumulate " << f.accumulate);
     const BlockMatrix w(D, rows, cols, rng), w3(D, rows, cols, rng);
     AlignedArray<float> in = aligned_floats(size_t(cols), rng, 2.0f);
     const AlignedArray<float> norm = aligned_floats(size_t(cols), rng);
@@ -227,21 +236,22 @@ void check_block_matvec(int rows, int cols, const Fusion& f, std::mt19937& rng) 
     const float* norm_weight = f.norm ? norm.data() : nullptr;
     std::vector<float> out = f.accumulate ? old : std::vector<float>(size_t(rows), NAN);
     std::vector<float> swiglu(size_t(rows), NAN), geglu(size_t(rows), NAN);
-    const dim3 grid = matvec_grid(rows, cols), block = matvec_block(cols);
+    const dim3 grid = block_matvec_grid<kOneWave>(rows), block(kQuantizedMatvecThreads);
     const size_t shared = block_staging_bytes(cols);
-    const auto kernel = f.accumulate ? block_matvec_kernel<D, true> : block_matvec_kernel<D, false>;
+    const auto kernel = f.accumulate ? block_matvec_kernel<D, kOneWave, true>
+                                     : block_matvec_kernel<D, kOneWave, false>;
     {
         // The input and the outputs come from the kernels ahead (dependent_launch.cuh).
         const emulation::EarlyLaunchCheck ahead(
             {region_of(in), region_of(out), region_of(swiglu), region_of(geglu)});
         emulate_launch(grid, block, shared, kernel, out.data(), w.bytes.data(), rows, in.data(),
                        cols, norm_weight, kEps, f.bias ? bias.data() : nullptr);
-        emulate_launch(grid, block, shared, block_matvec_swiglu_kernel<D, Activation::Silu>,
-                       swiglu.data(), w.bytes.data(), w3.bytes.data(), rows, in.data(), cols,
-                       norm.data(), kEps);
-        emulate_launch(grid, block, shared, block_matvec_swiglu_kernel<D, Activation::GeluTanh>,
-                       geglu.data(), w.bytes.data(), w3.bytes.data(), rows, in.data(), cols,
-                       norm.data(), kEps);
+        emulate_launch(grid, block, shared,
+                       block_matvec_swiglu_kernel<D, kOneWave, Activation::Silu>, swiglu.data(),
+                       w.bytes.data(), w3.bytes.data(), rows, in.data(), cols, norm.data(), kEps);
+        emulate_launch(grid, block, shared,
+                       block_matvec_swiglu_kernel<D, kOneWave, Activation::GeluTanh>, geglu.data(),
+                       w.bytes.data(), w3.bytes.data(), rows, in.data(), cols, norm.data(), kEps);
     }
 
     const QuantizedInput x = quantized_input(D, staged_input(in.data(), cols, norm_weight), f.norm);
@@ -272,7 +282,10 @@ template <DType D>
 void check_block_matvecs(std::mt19937& rng) {
     int n = 0;
     for (const int cols : columns_for(D))
-        for (const int rows : kRowCounts) check_block_matvec<D>(rows, cols, kFusions[n++ % 5], rng);
+        for (const int rows : kRowCounts) {
+            check_block_matvec<D, false>(rows, cols, kFusions[n % 5], rng);
+            check_block_matvec<D, true>(rows, cols, kFusions[n++ % 5], rng);
+        }
 }
 
 template <typename Check>

@@ -226,15 +226,16 @@ void launch_plain_matvec(float* out, const DeviceMatrix& m, DType dtype, const f
                            m.scales, m.rows, m.pitch, in, m.cols, norm_weight, kEps, nullptr);
         return;
     }
-    const dim3 grid = matvec_grid(m.rows, m.pitch), block = matvec_block(m.pitch);
     if (is_block_type(dtype)) {
         with_block_dtype(dtype, [&](auto d) {
-            const size_t shared = block_staging_bytes(m.pitch);
-            emulate_launch(grid, block, shared, block_matvec_kernel<decltype(d)::value, false>, out,
-                           m.data, m.rows, in, m.cols, norm_weight, kEps, nullptr);
+            emulate_launch(quantized_matvec_grid(m.rows, 1), dim3(kQuantizedMatvecThreads),
+                           block_staging_bytes(m.pitch),
+                           block_matvec_kernel<decltype(d)::value, false, false>, out, m.data,
+                           m.rows, in, m.cols, norm_weight, kEps, nullptr);
         });
         return;
     }
+    const dim3 grid = matvec_grid(m.rows, m.pitch), block = matvec_block(m.pitch);
     const size_t shared = staged_input_bytes(m.pitch);
     if (dtype == DType::F32)
         emulate_launch(grid, block, shared, matvec_kernel<DType::F32, false>, out, m.data, m.rows,
