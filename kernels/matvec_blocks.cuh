@@ -211,37 +211,70 @@ __device__ __forceinline__ void dot_block_rows(const uint8_t* const (&rows)[kRow
     for (int r = 0; r < kRows; ++r) sums[r] = warp_sum(acc[r]);
 }
 
+// The rows of block type D that the calling warp reads in row set `set` (one of each of
+// kMatrices matrices; row 0's addresses, never read, for a warp past the last row).
+template <DType D, int kMatrices>
+struct BlockWarpRows {
+    const uint8_t* rows[kMatrices];
+    bool has_row;  // the same for the whole warp
+
+    __device__ __forceinline__ BlockWarpRows(const void* const (&matrices)[kMatrices],
+                                             int total_rows, int cols, int set) {
+        const int row = set * kQuantizedMatvecWarps + threadIdx.x / kWarpSize;
+        has_row = row < total_rows;
+#pragma unroll
+        for (int m = 0; m < kMatrices; ++m)
+            rows[m] = block_row<D>(matrices[m], has_row ? row : 0, cols);
+    }
+
+    // Asks L2 for the bytes of the rows' first round of units (dot_block_rows: units 0 ..
+    // 32 * kBlockMatvecUnroll - 1), without waiting, as the Q8/Q4 matvecs ask for theirs.
+    __device__ __forceinline__ void prefetch(int cols) const {
+        using Layout = BlockLayout<D>;
+        constexpr int kRoundBytes =
+            kWarpSize * kBlockMatvecUnroll * Layout::kBytes / (Layout::kWeights / kUnitWeights);
+        static_assert(kRoundBytes <= kMatvecUnroll * kWarpSize * 16,
+                      "prefetch_first_round reaches the round's bytes");
+        if (!has_row) return;
+        const uint4* vectors[kMatrices];
+#pragma unroll
+        for (int m = 0; m < kMatrices; ++m) vectors[m] = reinterpret_cast<const uint4*>(rows[m]);
+        const int bytes = min(int(block_row_bytes<D>(cols)), kRoundBytes);
+        prefetch_first_round<kMatrices>(vectors, threadIdx.x % kWarpSize, (bytes + 15) / 16);
+    }
+};
+
 // A block's part of a block-type matvec over kMatrices matrices (w1 and w3 for SwiGLU):
 // stages the input (normed with norm_weight when given) once, then for each of its row sets
 // of kQuantizedMatvecWarps rows (kOneWave: blockIdx.x, blockIdx.x + gridDim.x, ...; else
 // the one set blockIdx.x), one row a warp, computes the calling warp's row sums (zeros for a
 // warp past the last row) and hands them to store(set, sums), which every thread of the
-// block calls: the Q8/Q4 matvecs' shape with one row per warp (matvec_quantized.cuh).
+// block calls: the Q8/Q4 matvecs' shape with one row per warp (matvec_quantized.cuh). The
+// first set's weights are asked for before the staging, each next set's before the current
+// set's products.
 template <DType D, bool kOneWave, int kMatrices, typename Store>
 __device__ __forceinline__ void block_row_sets_of_block(const void* const (&matrices)[kMatrices],
                                                         int rows, const float* __restrict__ in,
                                                         int cols,
                                                         const float* __restrict__ norm_weight,
                                                         float eps, Store&& store) {
+    using WarpRows = BlockWarpRows<D, kMatrices>;
     __shared__ float scratch[kWarpSize];
-    const int warp = threadIdx.x / kWarpSize;
     const int sets = quantized_row_sets(rows, /*rows_per_warp=*/1);
+    const int first_set = blockIdx.x, set_step = gridDim.x;
+    WarpRows(matrices, rows, cols, first_set).prefetch(cols);
     finish_prologue();  // the input and out: the kernels ahead wrote them
 
     const BlockInput x = stage_block_input<D>(in, cols, norm_weight, eps, scratch);
-    for (int set = blockIdx.x; set < sets; set += gridDim.x) {
-        const int row = set * kQuantizedMatvecWarps + warp;  // the same for the whole warp
+    for (int set = first_set; set < sets; set += set_step) {
+        const WarpRows warp_rows(matrices, rows, cols, set);
+        const bool more = kOneWave && set + set_step < sets;  // the same for the whole block
+        if (more) WarpRows(matrices, rows, cols, set + set_step).prefetch(cols);
         float sums[kMatrices] = {};
-        if (row < rows) {
-            const uint8_t* row_pointers[kMatrices];
-#pragma unroll
-            for (int m = 0; m < kMatrices; ++m)
-                row_pointers[m] = block_row<D>(matrices[m], row, cols);
-            dot_block_rows<D, kMatrices>(row_pointers, x, sums);
-        }
+        if (warp_rows.has_row) dot_block_rows<D, kMatrices>(warp_rows.rows, x, sums);
         store(set, sums);
-        if (!kOneWave) break;  // one pass, no loop to keep registers for
-        __syncthreads();       // the next set's store reuses store's shared memory
+        if (!more) break;  // without kOneWave: one pass, no loop to keep registers for
+        __syncthreads();   // the next set's store reuses store's shared memory
     }
 }
 
