@@ -637,7 +637,6 @@ void check_quantized_matvec() {
     }
 }
 
-// The GPU ladder's separate RMSNorm, residual add and SwiGLU kernels against the CPU's.
 // x as the block-type matvecs multiply it: quantized to int8 as the CPU's matvecs of `dtype`
 // quantize it (cpu::quantize_q8 per 32 columns for the small blocks, cpu::quantize_q8_k per
 // 256 for the others), each value times its scale.
@@ -661,9 +660,10 @@ std::vector<double> block_matvec_input(DType dtype, const std::vector<float>& x)
 // RMSNorm with a bias, the residual added) against products in double with the input as
 // the CPU quantizes it (block_matvec_input), their errors measured against Σ |w·x| as
 // check_matvec's. Rows not a multiple of a block's warps, rows of fewer units than a warp's
-// lanes and of many rounds.
+// lanes and of many rounds; one block's columns also 20000 rows at a time, more row sets
+// than a wave of blocks, so that matvec takes its one-wave grid.
 void check_block_types() {
-    const std::vector<int> row_counts = {1, 37, 300};
+    const std::vector<int> row_counts = {1, 37, 300}, short_row_counts = {1, 37, 300, 20000};
     cuda::prepare_matvec(
         std::min(cuda::matvec_shared_bytes(14336, DType::Q4_K), shared_memory_limit));
     cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
@@ -682,7 +682,7 @@ void check_block_types() {
                     dtype_label(dtype), cols);
                 continue;
             }
-            for (const int rows : row_counts) {
+            for (const int rows : cols == block_weights(dtype) ? short_row_counts : row_counts) {
                 const std::string shape = std::string(dtype_label(dtype)) + " " +
                                           std::to_string(rows) + "x" + std::to_string(cols);
                 const HostMatrix w = random_block_matrix(rows, cols, dtype);
@@ -792,6 +792,7 @@ void check_block_types() {
     }
 }
 
+// The GPU ladder's separate RMSNorm, residual add and SwiGLU kernels against the CPU's.
 void check_elementwise() {
     for (int n : {1, 45, 172, 4097, 14339}) {
         const std::vector<float> x = random_floats(n, 2.0f), y = random_floats(n);
