@@ -110,11 +110,6 @@ __device__ __forceinline__ float unit_weight(const WeightUnit& w, int g, int i) 
         return product;
 }
 
-// Byte i (0..15) of 16 bytes held as 4 little-endian words.
-__device__ __forceinline__ int byte_of(const uint32_t (&words)[4], int i) {
-    return int(words[i / 4] >> (8 * (i % 4)) & 0xffu);
-}
-
 // `bytes` bytes (a multiple of kAlign, at most 16) from p (kAlign-aligned) into words,
 // in loads of kAlign bytes.
 template <int kAlign, int kBytes = 16>
@@ -186,18 +181,22 @@ __device__ __forceinline__ UnitBytes load_unit(const uint8_t* row, int unit) {
     return u;
 }
 
-// Sub-block j's 6-bit scale and min of a Q4_K/Q5_K header (scales at bytes 4..15 of head),
-// as k_scale_min reads them, from words.
+// Sub-block j's 6-bit scale and min of a Q4_K/Q5_K header (scales[0..11] at bytes 4..15 of
+// head: words 1, 2 and 3), as k_scale_min reads them. Byte j % 4 of each of the three words
+// is read by shifts, not by indexing the words with j: an index known only at run time would
+// put the unit's bytes in local memory.
 __device__ __forceinline__ void k_scale_min_of(const uint32_t (&head)[4], int j, int* scale,
                                                int* min) {
-    // scales[i] is byte 4 + i of the header.
-    const auto s = [&](int i) { return byte_of(head, 4 + i); };
+    const int shift = 8 * (j % 4);
+    const int first = int(head[1] >> shift & 0xffu);   // scales[j % 4]
+    const int second = int(head[2] >> shift & 0xffu);  // scales[4 + j % 4]
+    const int third = int(head[3] >> shift & 0xffu);   // scales[8 + j % 4]
     if (j < 4) {
-        *scale = s(j) & 63;
-        *min = s(j + 4) & 63;
+        *scale = first & 63;
+        *min = second & 63;
     } else {
-        *scale = (s(j + 4) & 15) | ((s(j - 4) >> 6) << 4);
-        *min = (s(j + 4) >> 4) | ((s(j) >> 6) << 4);
+        *scale = (third & 15) | ((first >> 6) << 4);
+        *min = (third >> 4) | ((second >> 6) << 4);
     }
 }
 
@@ -244,7 +243,8 @@ __device__ __forceinline__ UnitFactors unit_factors(const UnitBytes& u, int unit
     } else {
         static_assert(D == DType::IQ4_XS, "a block type");
         const float d = half_bits_to_float(u.head[0] & 0xffffu);
-        const int low = byte_of(u.head, 4 + k / 2) >> (4 * (k % 2)) & 15;
+        // scales_l[k / 2] (byte 4 + k / 2 of the header: word 1), nibble k % 2.
+        const int low = int(u.head[1] >> (8 * (k / 2) + 4 * (k % 2)) & 15u);
         const int high = int(u.head[0] >> 16 >> (2 * k) & 3u);
         f.scale[0] = f.scale[1] = d * float((low | high << 4) - 32);
         f.offset[0] = f.offset[1] = 0.0f;
