@@ -3,8 +3,9 @@
 // CUDA, against the scalar dequantization of src/weights/weight_blocks.cpp: the embedding and
 // the f16 copy exactly, the matvecs times the input quantized by the CPU's quantizer of their
 // type (cpu::quantize_q8, cpu::quantize_q8_k), in double. Random blocks whose f16 scales (d,
-// dmin, m) are drawn across their range with both signs, rows not a multiple of a block's 8
-// or 16 warps, rows of more units than a warp takes in one round. The matvecs run under an
+// dmin, m) are drawn across their range with both signs, rows not a multiple of a block's 16
+// warps, rows of more units than a warp takes in one round, the matvecs' grid a block per row
+// set and one wave of two blocks each taking several sets. The matvecs run under an
 // EarlyLaunchCheck (dependent_launch.cuh): what the kernels ahead wrote reads as NaN until
 // their finish_prologue.
 #include <algorithm>
@@ -271,8 +272,8 @@ void check_block_matvec(int rows, int cols, const Fusion& f, std::mt19937& rng) 
 }
 
 // Columns for each block type: one block, more units than a warp's lanes, and more than one
-// round of kBlockMatvecUnroll units per lane (with a last round only partly filled); rows
-// past 4096 columns take 16 warps a block.
+// round of kBlockMatvecUnroll units per lane (with a last round only partly filled), and
+// rows past 4096 columns.
 std::vector<int> columns_for(DType dtype) {
     if (block_weights(dtype) == kSmallBlock) return {32, 96 * 12, 32 * 71, 4160};
     return {256, 256 * 5, 256 * 9, 4352};
