@@ -213,6 +213,7 @@ struct UnitFactors {
     float offset[2];
 };
 
+// Unit `unit`'s factors, from its bytes (load_unit).
 template <DType D>
 __device__ __forceinline__ UnitFactors unit_factors(const UnitBytes& u, int unit) {
     constexpr int kUnits = BlockLayout<D>::kWeights / kUnitWeights;
@@ -256,8 +257,9 @@ constexpr uint32_t kLowNibbleBytes = 0x0f0f0f0fu;  // the low nibble of each byt
 constexpr uint32_t kLowBitBytes = 0x01010101u;     // bit 0 of each byte
 constexpr uint32_t kLowTwoBitBytes = 0x03030303u;  // bits 0-1 of each byte
 
-// Bits 0-3 of `bits` as bit 0 of bytes 0-3 (the multiply places bit i at bit 8i + i, and the
-// four shifted copies cannot overlap).
+// Bits 0-3 of `bits` as bit 0 of bytes 0-3: the multiply adds four copies of the four bits,
+// shifted left by 0, 7, 14 and 21 (no two overlap: no carries), and the copy shifted by 7i
+// holds bit i at bit 8i.
 __device__ __forceinline__ uint32_t spread_four_bits(uint32_t bits) {
     return ((bits & 0xfu) * 0x00204081u) & kLowBitBytes;
 }
