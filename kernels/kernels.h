@@ -114,7 +114,8 @@ void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, c
 // matvec's choice of both; quantized_launch says what it is for the Q8/Q4 matrix w on this
 // GPU (swiglu: matvec_swiglu's, w being w1), and matvec_quantized_launch /
 // matvec_swiglu_quantized_launch are matvec / matvec_swiglu launched as given
-// (cuda_kernel_check checks and times each).
+// (cuda_kernel_check checks and times each). They take the block types' matrices too
+// (matvec_blocks.cuh: int8 products, one row per warp, the grid as given).
 enum class QuantizedGrid { kChosen, kBlockPerSet, kOneWave };
 struct QuantizedLaunch {
     int rows_per_warp = 0;  // 0: matvec's choice

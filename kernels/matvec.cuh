@@ -384,10 +384,10 @@ void prepare_quantized_matvec(size_t bytes);
 // their staging's shared memory, and the shared-memory allowance of their kernels.
 void launch_block_matvec(float* out, const DeviceMatrix& w, const float* in,
                          const float* norm_weight, float eps, const float* bias, bool accumulate,
-                         cudaStream_t stream);
+                         QuantizedGrid grid, cudaStream_t stream);
 void launch_block_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                                 const float* in, const float* norm_weight, float eps,
-                                Activation activation, cudaStream_t stream);
+                                Activation activation, QuantizedGrid grid, cudaStream_t stream);
 inline size_t block_staging_bytes(int pitch);
 void prepare_block_matvec(size_t bytes);
 // The experts' matvecs (moe.cuh): the shared-memory allowance of their kernels.
@@ -406,7 +406,8 @@ void matvec(float* out, const DeviceMatrix& w, const float* in, const float* nor
         return launch_quantized_matvec(out, w, in, norm_weight, eps, bias, accumulate,
                                        QuantizedLaunch{}, stream);
     if (is_block_type(w.dtype))
-        return launch_block_matvec(out, w, in, norm_weight, eps, bias, accumulate, stream);
+        return launch_block_matvec(out, w, in, norm_weight, eps, bias, accumulate,
+                                   QuantizedGrid::kChosen, stream);
     with_weight_dtype(w.dtype, [&](auto dtype) {
         launch_matvec<decltype(dtype)::value>(out, w, in, norm_weight, eps, bias, accumulate,
                                               stream);
@@ -423,7 +424,8 @@ void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, c
         return launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps, activation,
                                               QuantizedLaunch{}, stream);
     if (is_block_type(w1.dtype))
-        return launch_block_matvec_swiglu(out, w1, w3, in, norm_weight, eps, activation, stream);
+        return launch_block_matvec_swiglu(out, w1, w3, in, norm_weight, eps, activation,
+                                          QuantizedGrid::kChosen, stream);
     with_weight_dtype(w1.dtype, [&](auto dtype) {
         with_activation(activation, [&](auto act) {
             launch_matvec_swiglu<decltype(dtype)::value, decltype(act)::value>(

@@ -332,15 +332,19 @@ void allow_block_shared_bytes(size_t bytes) {
         });
 }
 
-// The grid of `kernel<kOneWave = true>` and `kernel<false>` over `rows` rows: one wave where
-// a block per row set would be more blocks than the GPU holds at once, as the Q8/Q4
-// matvecs choose (quantized_takes_one_wave: each block then stages the input once for
-// several sets); use(grid, kernel) launches the one chosen.
+// The grid of `kernel<kOneWave = true>` and `kernel<false>` over `rows` rows, as `grid` says
+// (kChosen: one wave where a block per row set would be more blocks than the GPU holds at
+// once, as the Q8/Q4 matvecs choose: quantized_takes_one_wave, each block then staging the
+// input once for several sets); use(blocks, kernel) launches the one taken.
 template <typename OneWaveKernel, typename SetKernel, typename Use>
-void launch_block_sets(OneWaveKernel one_wave, SetKernel per_set, int rows, size_t shared,
-                       Use&& use) {
+void launch_block_sets(QuantizedGrid grid, OneWaveKernel one_wave, SetKernel per_set, int rows,
+                       size_t shared, Use&& use) {
     const int blocks = blocks_at_once(one_wave, shared);
-    if (quantized_takes_one_wave(rows, /*rows_per_warp=*/1, blocks))
+    if (grid == QuantizedGrid::kChosen)
+        grid = quantized_takes_one_wave(rows, /*rows_per_warp=*/1, blocks)
+                   ? QuantizedGrid::kOneWave
+                   : QuantizedGrid::kBlockPerSet;
+    if (grid == QuantizedGrid::kOneWave)
         use(quantized_matvec_grid(rows, 1, blocks), one_wave);
     else
         use(quantized_matvec_grid(rows, 1), per_set);
@@ -350,16 +354,17 @@ void launch_block_sets(OneWaveKernel one_wave, SetKernel per_set, int rows, size
 
 void launch_block_matvec(float* out, const DeviceMatrix& w, const float* in,
                          const float* norm_weight, float eps, const float* bias, bool accumulate,
-                         cudaStream_t stream) {
+                         QuantizedGrid grid, cudaStream_t stream) {
     check_block_matrix(w, "matvec");
     const size_t shared = block_staging_bytes(w.cols);
     with_block_dtype(w.dtype, [&](auto dtype) {
         constexpr DType D = decltype(dtype)::value;
         launch_block_sets(
+            grid,
             accumulate ? block_matvec_kernel<D, true, true> : block_matvec_kernel<D, true, false>,
             accumulate ? block_matvec_kernel<D, false, true> : block_matvec_kernel<D, false, false>,
-            w.rows, shared, [&](dim3 grid, auto kernel) {
-                launch_after_previous(kernel, grid, dim3(kQuantizedMatvecThreads), shared, stream,
+            w.rows, shared, [&](dim3 blocks, auto kernel) {
+                launch_after_previous(kernel, blocks, dim3(kQuantizedMatvecThreads), shared, stream,
                                       out, w.data, w.rows, in, w.cols, norm_weight, eps, bias);
             });
     });
@@ -368,7 +373,7 @@ void launch_block_matvec(float* out, const DeviceMatrix& w, const float* in,
 
 void launch_block_matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3,
                                 const float* in, const float* norm_weight, float eps,
-                                Activation activation, cudaStream_t stream) {
+                                Activation activation, QuantizedGrid grid, cudaStream_t stream) {
     check_block_matrix(w1, "matvec_swiglu");
     check_block_matrix(w3, "matvec_swiglu");
     const size_t shared = block_staging_bytes(w1.cols);
@@ -376,12 +381,13 @@ void launch_block_matvec_swiglu(float* out, const DeviceMatrix& w1, const Device
         with_activation(activation, [&](auto act) {
             constexpr DType D = decltype(dtype)::value;
             constexpr Activation A = decltype(act)::value;
-            launch_block_sets(block_matvec_swiglu_kernel<D, true, A>,
+            launch_block_sets(grid, block_matvec_swiglu_kernel<D, true, A>,
                               block_matvec_swiglu_kernel<D, false, A>, w1.rows, shared,
-                              [&](dim3 grid, auto kernel) {
-                                  launch_after_previous(kernel, grid, dim3(kQuantizedMatvecThreads),
-                                                        shared, stream, out, w1.data, w3.data,
-                                                        w1.rows, in, w1.cols, norm_weight, eps);
+                              [&](dim3 blocks, auto kernel) {
+                                  launch_after_previous(kernel, blocks,
+                                                        dim3(kQuantizedMatvecThreads), shared,
+                                                        stream, out, w1.data, w3.data, w1.rows, in,
+                                                        w1.cols, norm_weight, eps);
                               });
         });
     });

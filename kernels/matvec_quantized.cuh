@@ -597,10 +597,25 @@ QuantizedLaunch quantized_launch(const DeviceMatrix& w, bool swiglu) {
     return choose_quantized_launch(QuantizedLaunch{}, w, swiglu);
 }
 
+namespace {
+
+// The block types' int8 kernels take one row per warp (matvec_blocks.cuh).
+void check_block_launch(const QuantizedLaunch& launch, const char* what) {
+    if (launch.rows_per_warp > 1)
+        throw Error(std::string(what) + ": block-type matrices take one row per warp");
+}
+
+}  // namespace
+
 void matvec_quantized_launch(QuantizedLaunch launch, float* out, const DeviceMatrix& w,
                              const float* in, const float* norm_weight, float eps,
                              const float* bias, bool accumulate, cudaStream_t stream) {
     check_input_alignment(in, norm_weight);
+    if (is_block_type(w.dtype)) {
+        check_block_launch(launch, "matvec_quantized_launch");
+        return launch_block_matvec(out, w, in, norm_weight, eps, bias, accumulate, launch.grid,
+                                   stream);
+    }
     launch_quantized_matvec(out, w, in, norm_weight, eps, bias, accumulate, launch, stream);
 }
 
@@ -610,6 +625,11 @@ void matvec_swiglu_quantized_launch(QuantizedLaunch launch, float* out, const De
                                     cudaStream_t stream) {
     check_swiglu_shapes(w1, w3);
     check_input_alignment(in, norm_weight);
+    if (is_block_type(w1.dtype)) {
+        check_block_launch(launch, "matvec_swiglu_quantized_launch");
+        return launch_block_matvec_swiglu(out, w1, w3, in, norm_weight, eps, activation,
+                                          launch.grid, stream);
+    }
     launch_quantized_matvec_swiglu(out, w1, w3, in, norm_weight, eps, activation, launch, stream);
 }
 

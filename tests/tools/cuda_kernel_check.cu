@@ -660,8 +660,9 @@ std::vector<double> block_matvec_input(DType dtype, const std::vector<float>& x)
 // RMSNorm with a bias, the residual added) against products in double with the input as
 // the CPU quantizes it (block_matvec_input), their errors measured against Σ |w·x| as
 // check_matvec's. Rows not a multiple of a block's warps, rows of fewer units than a warp's
-// lanes and of many rounds; one block's columns also 20000 rows at a time, more row sets
-// than a wave of blocks, so that matvec takes its one-wave grid.
+// lanes and of many rounds (one block's columns also 20000 rows at a time: more row sets
+// than a wave of blocks, so that a one-wave block takes several); each matvec on both
+// grids.
 void check_block_types() {
     const std::vector<int> row_counts = {1, 37, 300}, short_row_counts = {1, 37, 300, 20000};
     cuda::prepare_matvec(
@@ -754,39 +755,52 @@ void check_block_types() {
                 product(weights, quantized_normed, &with_norm, &with_norm_size);
                 product(weights3, quantized_normed, &up, &up_size);
 
-                DeviceBuffer out = poisoned(rows);
-                cuda::matvec(out.as<float>(), device_w, device_x.as<float>(), nullptr, eps, nullptr,
-                             false, 0);
-                report_scaled("matvec " + shape, to_host(out.as(), rows), plain, plain_size,
-                              kTolerance);
+                // Each grid the matvecs may take: a block per row set, and one wave of
+                // blocks, each taking several sets where there are more than a wave.
+                for (const cuda::QuantizedGrid grid : {kBlockPerSet, kOneWave}) {
+                    const cuda::QuantizedLaunch launch{1, grid};
+                    const std::string suffix =
+                        std::string(grid == kOneWave ? " (one wave) " : " (block per set) ") +
+                        shape;
+                    DeviceBuffer out = poisoned(rows);
+                    cuda::matvec_quantized_launch(launch, out.as<float>(), device_w,
+                                                  device_x.as<float>(), nullptr, eps, nullptr,
+                                                  false, 0);
+                    report_scaled("matvec" + suffix, to_host(out.as(), rows), plain, plain_size,
+                                  kTolerance);
 
-                out = poisoned(rows);
-                cuda::matvec(out.as<float>(), device_w, device_x.as<float>(),
-                             device_norm.as<float>(), eps, device_bias.as<float>(), false, 0);
-                std::vector<float> want = with_norm, scale = with_norm_size;
-                for (int r = 0; r < rows; ++r) want[r] += bias[r], scale[r] += std::fabs(bias[r]);
-                report_scaled("matvec " + shape + " rmsnorm +bias", to_host(out.as(), rows), want,
-                              scale, kNormedTolerance);
+                    out = poisoned(rows);
+                    cuda::matvec_quantized_launch(launch, out.as<float>(), device_w,
+                                                  device_x.as<float>(), device_norm.as<float>(),
+                                                  eps, device_bias.as<float>(), false, 0);
+                    std::vector<float> want = with_norm, scale = with_norm_size;
+                    for (int r = 0; r < rows; ++r)
+                        want[r] += bias[r], scale[r] += std::fabs(bias[r]);
+                    report_scaled("matvec rmsnorm +bias" + suffix, to_host(out.as(), rows), want,
+                                  scale, kNormedTolerance);
 
-                out = to_device(residual);
-                cuda::matvec(out.as<float>(), device_w, device_x.as<float>(), nullptr, eps, nullptr,
-                             true, 0);
-                want = plain, scale = plain_size;
-                for (int r = 0; r < rows; ++r)
-                    want[r] += residual[r], scale[r] += std::fabs(residual[r]);
-                report_scaled("matvec " + shape + " +=", to_host(out.as(), rows), want, scale,
-                              kTolerance);
+                    out = to_device(residual);
+                    cuda::matvec_quantized_launch(launch, out.as<float>(), device_w,
+                                                  device_x.as<float>(), nullptr, eps, nullptr, true,
+                                                  0);
+                    want = plain, scale = plain_size;
+                    for (int r = 0; r < rows; ++r)
+                        want[r] += residual[r], scale[r] += std::fabs(residual[r]);
+                    report_scaled("matvec +=" + suffix, to_host(out.as(), rows), want, scale,
+                                  kTolerance);
 
-                out = poisoned(rows);
-                cuda::matvec_swiglu(out.as<float>(), device_w, device_w3, device_x.as<float>(),
-                                    device_norm.as<float>(), eps, Activation::Silu, 0);
-                want = with_norm;
-                cpu::swiglu(want.data(), up.data(), rows);
-                for (int r = 0; r < rows; ++r)
-                    scale[r] = 1.1f * std::fabs(up[r]) * with_norm_size[r] +
-                               std::fabs(with_norm[r]) * up_size[r];
-                report_scaled("matvec_swiglu " + shape, to_host(out.as(), rows), want, scale,
-                              kNormedTolerance);
+                    out = poisoned(rows);
+                    cuda::matvec_swiglu_quantized_launch(
+                        launch, out.as<float>(), device_w, device_w3, device_x.as<float>(),
+                        device_norm.as<float>(), eps, Activation::Silu, 0);
+                    want = with_norm;
+                    cpu::swiglu(want.data(), up.data(), rows);
+                    for (int r = 0; r < rows; ++r)
+                        scale[r] = 1.1f * std::fabs(up[r]) * with_norm_size[r] +
+                                   std::fabs(with_norm[r]) * up_size[r];
+                    report_scaled("matvec_swiglu" + suffix, to_host(out.as(), rows), want, scale,
+                                  kNormedTolerance);
+                }
             }
         }
     }
@@ -1958,27 +1972,34 @@ void bench(int multiprocessors) {
         const DeviceMatrix dqkv = cuda::upload_matrix(wqkv.matrix, mqkv, staging, "wqkv");
         DeviceBuffer x = to_device(random_floats(14336)), norm = to_device(random_floats(14336));
         DeviceBuffer out = poisoned(14336);
-        const std::string label = std::string("matvec ") + dtype_label(dtype);
-        line((label + " (w2, +residual)").c_str(), "4096x14336", time_ms([&](int) {
-                 cuda::matvec(out.as<float>(), d2, x.as<float>(), nullptr, 0, nullptr, true, 0);
-             }),
-             double(d2.bytes()));
-        line((label + " (rmsnorm)").c_str(), "14336x4096", time_ms([&](int) {
-                 cuda::matvec(out.as<float>(), d1, x.as<float>(), norm.as<float>(), 1e-5f, nullptr,
-                              false, 0);
-             }),
-             double(d1.bytes()));
-        line((label + " (qkv, rmsnorm)").c_str(), "6144x4096", time_ms([&](int) {
-                 cuda::matvec(out.as<float>(), dqkv, x.as<float>(), norm.as<float>(), 1e-5f,
-                              nullptr, false, 0);
-             }),
-             double(dqkv.bytes()));
-        line((std::string("matvec_swiglu ") + dtype_label(dtype)).c_str(), "2 x 14336x4096",
-             time_ms([&](int) {
-                 cuda::matvec_swiglu(out.as<float>(), d1, d3, x.as<float>(), norm.as<float>(),
-                                     1e-5f, Activation::Silu, 0);
-             }),
-             double(d1.bytes() + d3.bytes()));
+        // Each grid: the one matvec takes at these shapes on this GPU, and the other.
+        for (const cuda::QuantizedGrid grid : {kBlockPerSet, kOneWave}) {
+            const cuda::QuantizedLaunch launch{1, grid};
+            const std::string type = std::string(dtype_label(dtype)) +
+                                     (grid == kOneWave ? ", one wave" : ", block per set");
+            const std::string label = "matvec " + type;
+            line((label + " (w2, +residual)").c_str(), "4096x14336", time_ms([&](int) {
+                     cuda::matvec_quantized_launch(launch, out.as<float>(), d2, x.as<float>(),
+                                                   nullptr, 0, nullptr, true, 0);
+                 }),
+                 double(d2.bytes()));
+            line((label + " (rmsnorm)").c_str(), "14336x4096", time_ms([&](int) {
+                     cuda::matvec_quantized_launch(launch, out.as<float>(), d1, x.as<float>(),
+                                                   norm.as<float>(), 1e-5f, nullptr, false, 0);
+                 }),
+                 double(d1.bytes()));
+            line((label + " (qkv, rmsnorm)").c_str(), "6144x4096", time_ms([&](int) {
+                     cuda::matvec_quantized_launch(launch, out.as<float>(), dqkv, x.as<float>(),
+                                                   norm.as<float>(), 1e-5f, nullptr, false, 0);
+                 }),
+                 double(dqkv.bytes()));
+            line(("matvec_swiglu " + type).c_str(), "2 x 14336x4096", time_ms([&](int) {
+                     cuda::matvec_swiglu_quantized_launch(launch, out.as<float>(), d1, d3,
+                                                          x.as<float>(), norm.as<float>(), 1e-5f,
+                                                          Activation::Silu, 0);
+                 }),
+                 double(d1.bytes() + d3.bytes()));
+        }
     }
 
     // Attention at Mistral 7B's shape, position 4095, rotating over 8 layers' caches.
