@@ -41,7 +41,7 @@
 #include "cuda_check.h"
 #include "kernels.h"
 #include "matvec.cuh"
-#include "matvec_quantized.cuh"  // q8_group_scale, kInt8Largest, kLanesPerBlock
+#include "matvec_quantized.cuh"  // q8_block_rule, kInt8Largest, kLanesPerBlock
 
 namespace barellm::cuda {
 
@@ -65,7 +65,7 @@ struct BlockInput {
 };
 
 // Each unit's input scale and multiplier (factors) from the staged f32 input xs (plain
-// order), by the CPU's rule for type D: Q8 per 32 columns (q8_group_scale; 8 lanes a unit)
+// order), by the CPU's rule for type D: Q8 per 32 columns (q8_block_rule; 8 lanes a unit)
 // for the small blocks, Q8_K per super-block (cpu::quantize_q8_k: the first value of
 // largest magnitude, sign kept, gives −127 / it; a warp a super-block, 8 values a lane) for
 // the others. Every thread of the block calls it.
@@ -80,9 +80,8 @@ __device__ __forceinline__ void block_input_factors(const float* xs, float2* fac
             const float4 x = unit < units ? reinterpret_cast<const float4*>(
                                                 xs)[unit * kLanesPerBlock + lane % kLanesPerBlock]
                                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            const float largest = group_max<kLanesPerBlock>(
-                fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w))));
-            if (unit < units && lane % kLanesPerBlock == 0) factors[unit] = q8_group_scale(largest);
+            const float2 rule = q8_block_rule(x);  // every lane of the 8 calls it
+            if (unit < units && lane % kLanesPerBlock == 0) factors[unit] = rule;
         }
     } else {
         constexpr int kUnitsPerSuperBlock = BlockLayout<D>::kWeights / kUnitWeights;

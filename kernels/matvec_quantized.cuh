@@ -97,6 +97,13 @@ __device__ __forceinline__ float2 q8_group_scale(float largest) {
     return make_float2(scale, kInt8Largest / largest);
 }
 
+// The Q8 rule (q8_group_scale) of a block of 32 values, each of its 8 lanes holding a
+// float4 of them (x): {scale, multiplier}, the same in all 8 lanes.
+__device__ __forceinline__ float2 q8_block_rule(float4 x) {
+    return q8_group_scale(group_max<kLanesPerBlock>(
+        fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w)))));
+}
+
 // Quantizes the staged f32 input xs[pitch] (plain order) per block of 32 as cpu::quantize_q8
 // does (cpu/kernels.h, q8_group_scale): scale = max |x| / 127 rounded to f16 (f32 where f16
 // has no normal number for it), value = x × (127 / max |x|) rounded to even (0 for zeros).
@@ -114,9 +121,7 @@ __device__ __forceinline__ void quantize_staged(const float* xs, int8_t* values,
         const int c = block * kQuantizedBlock + lane % kLanesPerBlock * 4;
         const float4 x =
             inside ? *reinterpret_cast<const float4*>(xs + c) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        const float largest = group_max<kLanesPerBlock>(
-            fmaxf(fmaxf(fabsf(x.x), fabsf(x.y)), fmaxf(fabsf(x.z), fabsf(x.w))));
-        const float2 rule = q8_group_scale(largest);  // scale, multiplier
+        const float2 rule = q8_block_rule(x);  // scale, multiplier
         const float scale = rule.x, multiplier = rule.y;
         const int q[4] = {int(rintf(x.x * multiplier)), int(rintf(x.y * multiplier)),
                           int(rintf(x.z * multiplier)), int(rintf(x.w * multiplier))};
