@@ -13,16 +13,24 @@
 //   and (max, sum) per query head.
 // - The last block of a (KV head, head group) to finish, known by an arrival counter, merges
 //   the partials: it rescales them to a common max and divides by the total sum (no second
-//   kernel).
+//   kernel). A lone non-empty split (pos within the first split's length) divides its own
+//   sums and writes the output: no partials, no arrival.
 // - The grid is fixed for a context (splits does not depend on pos). Blocks whose range is
 //   empty at this pos exit at once and do not arrive, so a captured CUDA graph replays for
 //   every position; the merging block sets its counter back to zero for the next launch.
-// - Keys: a group of kKeyLanes lanes reads one key row (contiguous, head_dim elements, as
-//   half2/float2 pairs), all pairs of a lane loaded before use; the group's partial dot
-//   products meet by shuffles within the group.
-// - Values: a whole warp reads one value row (lane l takes pairs l, l + 32, ...), two rows
-//   in flight. Each warp keeps its partial output in registers; the warps' partials are
-//   summed in shared memory at the end.
+// - Decode attention is latency-bound: a block's work is a chain of loads (keys, then
+//   values, tile after tile), so each link loads as much at once as registers allow, and L2
+//   is asked for a tile's rows before they are needed (the first tile's during the prologue,
+//   the next tile's while one is used).
+// - Keys: a group of kKeyLanes lanes reads one key row (contiguous, head_dim elements) in
+//   16-byte chunks, a lane every kKeyLanes-th chunk; a lane loads the chunks of up to a whole
+//   tile's keys before using any. The group's partial dot products meet by shuffles within
+//   the group.
+// - Values: a whole warp reads one value row, lane l its elements l * head_dim_max / 32..
+//   (one load of 4-32 bytes), several rows loaded before use. Each warp keeps its partial
+//   output in registers; the warps' partials are summed in shared memory at the end.
+// - Rows whose head_dim is not a multiple of a load's elements (the tests' 34, 68 and 130)
+//   are read element by element.
 // - The only atomic is the arrival count (an integer): no float is ever added atomically.
 #pragma once
 #include <algorithm>
@@ -39,12 +47,17 @@ namespace barellm::cuda {
 
 constexpr int kAttentionWarps = 4;
 constexpr int kAttentionThreads = kAttentionWarps * kWarpSize;
-constexpr int kAttentionTile = 64;      // positions scored, softmaxed and mixed per round
-constexpr int kKeyLanes = 8;            // lanes reading one key row in the scoring phase
-constexpr int kValueKeysInFlight = 2;   // value rows each warp loads before using them
-constexpr int kMaxHeadsPerBlock = 4;    // query heads (of one KV head) per block
-constexpr int kMinSplitPositions = 32;  // a split covers at least this many positions
-constexpr int kMaxSplits = 256;         // a multiple of 32 (merge_splits)
+constexpr int kAttentionBlocksPerSM = 4;  // attention_splits' aim: registers capped to hold them
+constexpr int kAttentionTile = 64;        // positions scored, softmaxed and mixed per round
+constexpr int kKeyLanes = 8;              // lanes reading one key row in the scoring phase
+constexpr int kKeyChunkBytes = 16;        // what a lane loads of a key row at once
+constexpr int kKeyChunksInFlight = 8;     // key chunks a lane loads before using them
+constexpr int kValueWordsInFlight = 32;   // registers of value rows a lane loads before use
+constexpr int kMaxHeadsPerBlock = 4;      // query heads (of one KV head) per block
+constexpr int kMinSplitPositions = 32;    // a split covers at least this many positions
+constexpr int kMaxSplits = 256;           // a multiple of 32 (merge_splits)
+constexpr int kL2SectorBytes = 32;        // what one L2 prefetch request asks for, at least
+constexpr int kMergeLoadsInFlight = 16;   // splits' partials a merging thread loads at once
 
 struct AttentionArgs {
     const float* qkv;                  // [heads * head_dim + 2 * kv_dim]: q, k, v before RoPE
@@ -97,13 +110,43 @@ __device__ __forceinline__ void store_new_kv_row(KvT* keys, KvT* values, size_t 
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) kv_store(value_row + d, v[d]);
 }
 
+__device__ __forceinline__ float2 add_scaled(float2 sum, float2 v, float scale) {
+    return make_float2(fmaf(v.x, scale, sum.x), fmaf(v.y, scale, sum.y));
+}
+__device__ __forceinline__ float4 add_scaled(float4 sum, float4 v, float scale) {
+    return make_float4(fmaf(v.x, scale, sum.x), fmaf(v.y, scale, sum.y), fmaf(v.z, scale, sum.z),
+                       fmaf(v.w, scale, sum.w));
+}
+
+// The merge's sums: out[h] = inverse_total[h] * sum_s weight[h][s] * o_s for the block's
+// heads_here query heads (from head0) over the `active` splits, a Vector (float2 or float4,
+// head_dim a multiple of its floats) of one head's output per thread and round, the splits'
+// loads kMergeLoadsInFlight at a time.
+template <typename Vector>
+__device__ __forceinline__ void weigh_partials(const AttentionArgs& a, int head0, int heads_here,
+                                               int active, const float (*weight)[kMaxSplits],
+                                               const float* inverse_total) {
+    const int vectors = a.head_dim / int(sizeof(Vector) / sizeof(float));  // per head
+    for (int i = threadIdx.x; i < heads_here * vectors; i += blockDim.x) {
+        const int h = i / vectors, j = i % vectors;
+        const Vector* partial = reinterpret_cast<const Vector*>(
+            a.partial_out + size_t(head0 + h) * a.splits * a.head_dim);
+        Vector sum{};
+#pragma unroll kMergeLoadsInFlight
+        for (int s = 0; s < active; ++s)
+            sum = add_scaled(sum, __ldcg(partial + size_t(s) * vectors + j), weight[h][s]);
+        reinterpret_cast<Vector*>(a.out + size_t(head0 + h) * a.head_dim)[j] =
+            add_scaled(Vector{}, sum, inverse_total[h]);
+    }
+}
+
 // The merge, run by the last block of a (KV head, head group) to finish, for each of its
 // heads_here query heads h (from head0), over the `active` non-empty splits s:
 //   out[h] = sum_s exp(m_s - M) * o_s / sum_s exp(m_s - M) * l_s,  M = max_s m_s.
 // - Warp h loads head h's (max, sum) per split once and writes the weights exp(m_s - M) to
 //   shared memory.
-// - Then each thread sums pairs of the output over the splits (reads of one split's pairs
-//   are coalesced).
+// - Then each thread sums four (or two) floats of the output over the splits
+//   (weigh_partials; reads of one split's row are coalesced).
 // - Partials written by other blocks are read through L2 (__ldcg), past this SM's L1.
 template <int kHeadDimMax>
 __device__ __forceinline__ void merge_splits(const AttentionArgs& a, int head0, int heads_here,
@@ -111,7 +154,6 @@ __device__ __forceinline__ void merge_splits(const AttentionArgs& a, int head0, 
     __shared__ float weight_shared[kMaxHeadsPerBlock][kMaxSplits];  // exp(m_s - M)
     __shared__ float inverse_total_shared[kMaxHeadsPerBlock];
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
-    const int head_dim = a.head_dim, pairs = head_dim / 2;
     for (int h = warp; h < heads_here; h += kAttentionWarps) {
         // Lane l holds the (max, sum) of splits l, l + 32, ...: loaded once, all at once.
         constexpr int kSplitsPerLane = kMaxSplits / kWarpSize;
@@ -139,21 +181,66 @@ __device__ __forceinline__ void merge_splits(const AttentionArgs& a, int head0, 
         if (lane == 0) inverse_total_shared[h] = 1.0f / total;
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < heads_here * pairs; i += blockDim.x) {
-        const int h = i / pairs, j = i % pairs;
-        const float2* partial = reinterpret_cast<const float2*>(
-            a.partial_out + size_t(head0 + h) * a.splits * head_dim);
-        float2 sum = make_float2(0.0f, 0.0f);
-#pragma unroll 8
-        for (int s = 0; s < active; ++s) {
-            const float2 o = __ldcg(partial + size_t(s) * pairs + j);
-            const float weight = weight_shared[h][s];
-            sum.x += o.x * weight;
-            sum.y += o.y * weight;
-        }
-        const float inverse_total = inverse_total_shared[h];
-        reinterpret_cast<float2*>(a.out + size_t(head0 + h) * head_dim)[j] =
-            make_float2(sum.x * inverse_total, sum.y * inverse_total);
+    // Four floats a thread where the rows allow it, else two.
+    const size_t addresses =
+        reinterpret_cast<size_t>(a.partial_out) | reinterpret_cast<size_t>(a.out);
+    if (a.head_dim % 4 == 0 && addresses % sizeof(float4) == 0)
+        weigh_partials<float4>(a, head0, heads_here, active, weight_shared, inverse_total_shared);
+    else
+        weigh_partials<float2>(a, head0, heads_here, active, weight_shared, inverse_total_shared);
+}
+
+// `value` clamped to [low, high], for the kernels' compile-time shapes.
+__host__ __device__ constexpr int clamp_constant(int value, int low, int high) {
+    return value < low ? low : value > high ? high : value;
+}
+
+// kCount consecutive elements of a cache row, held as stored (f16 or f32) until used: one
+// load of kCount * sizeof(KvT) bytes (4 to 32) where the row's layout allows it.
+template <typename KvT, int kCount>
+struct alignas(kCount * sizeof(KvT) < 16 ? kCount * sizeof(KvT) : 16) RowSlice {
+    KvT element[kCount];
+};
+
+// Elements first..first + kCount - 1 of a cache row (first < head_dim). `whole`: the slice is
+// aligned and inside the row (head_dim and the cache's start are multiples of kCount
+// elements), so it is one load; otherwise element by element, zero past head_dim.
+template <int kCount, typename KvT>
+__device__ __forceinline__ RowSlice<KvT, kCount> load_row_slice(const KvT* row, int first,
+                                                                int head_dim, bool whole) {
+    if (whole) return *reinterpret_cast<const RowSlice<KvT, kCount>*>(row + first);
+    RowSlice<KvT, kCount> slice;
+#pragma unroll
+    for (int e = 0; e < kCount; ++e)
+        slice.element[e] = first + e < head_dim ? row[first + e] : KvT{};
+    return slice;
+}
+
+__device__ __forceinline__ float kv_float(float element) { return element; }
+__device__ __forceinline__ float kv_float(__half element) { return __half2float(element); }
+
+// True when every row of the cache slices into aligned loads of kCount elements: head_dim a
+// multiple of kCount and both caches starting at such a boundary (rows are kv_dim apart).
+template <int kCount, typename KvT>
+__device__ __forceinline__ bool whole_slices(const KvT* keys, const KvT* values, int head_dim) {
+    constexpr size_t kBytes = kCount * sizeof(KvT) < 16 ? kCount * sizeof(KvT) : 16;
+    const size_t addresses = reinterpret_cast<size_t>(keys) | reinterpret_cast<size_t>(values);
+    return head_dim % kCount == 0 && addresses % kBytes == 0;
+}
+
+// Asks L2 for the key and value rows of positions [from, to) of one KV head (keys and values
+// at that head's columns of row 0), one request per kL2SectorBytes of a row, spread over the
+// block's threads: a hint, issued before the loads that use the rows.
+template <typename KvT>
+__device__ __forceinline__ void prefetch_kv_rows(const KvT* keys, const KvT* values,
+                                                 size_t row_stride, int from, int to,
+                                                 int head_dim) {
+    const int sectors = (head_dim * int(sizeof(KvT)) + kL2SectorBytes - 1) / kL2SectorBytes;
+    for (int i = threadIdx.x; i < (to - from) * sectors; i += blockDim.x) {
+        const size_t row = size_t(from + i / sectors) * row_stride;
+        const int offset = (i % sectors) * kL2SectorBytes;
+        prefetch_l2(reinterpret_cast<const char*>(keys + row) + offset);
+        prefetch_l2(reinterpret_cast<const char*>(values + row) + offset);
     }
 }
 
@@ -163,13 +250,27 @@ __device__ __forceinline__ void merge_splits(const AttentionArgs& a, int head0, 
 // bytes and a flag (about 15.6 KiB for kHeadDimMax 128). kHeadDimMax is the smallest of 64,
 // 128, 256 that holds head_dim; head_dim must be even.
 template <typename KvT, int kHeadDimMax>
-__global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(AttentionArgs a) {
+__global__ void __launch_bounds__(kAttentionThreads, kAttentionBlocksPerSM)
+    attention_split_kernel(AttentionArgs a) {
     constexpr int kPairsMax = kHeadDimMax / 2;
-    constexpr int kKeyPairsPerLane = (kPairsMax + kKeyLanes - 1) / kKeyLanes;
-    constexpr int kValuePairsPerLane = (kPairsMax + kWarpSize - 1) / kWarpSize;
+    // Keys: a group of kKeyLanes lanes per key row, lane i of the group loading chunks i,
+    // i + kKeyLanes, ... of kKeyChunk elements; a block scores kKeysPerPass keys a pass and
+    // loads kPassesInFlight passes' chunks before using them.
+    constexpr int kKeyChunk = kKeyChunkBytes / int(sizeof(KvT));
+    constexpr int kKeyChunksPerLane = kHeadDimMax / kKeyChunk / kKeyLanes;
     constexpr int kKeysPerPass = kAttentionWarps * (kWarpSize / kKeyLanes);
+    constexpr int kPassesInFlight =
+        clamp_constant(kKeyChunksInFlight / kKeyChunksPerLane, 1, kAttentionTile / kKeysPerPass);
+    // Values: a warp per value row, lane l holding elements l * kValueSlice.. of the head (its
+    // part of the output too); each warp loads kValueRowsInFlight rows before using them.
+    constexpr int kValueSlice = kHeadDimMax / kWarpSize;
+    constexpr int kValueRowWords = (kValueSlice * int(sizeof(KvT)) + 3) / 4;
+    constexpr int kValueRowsInFlight =
+        clamp_constant(kValueWordsInFlight / kValueRowWords, 1, kAttentionTile / kAttentionWarps);
+    static_assert(kKeyChunksPerLane * kKeyChunk * kKeyLanes == kHeadDimMax,
+                  "the key lanes' chunks cover kHeadDimMax exactly");
 
-    __shared__ __align__(16) float q_shared[kMaxHeadsPerBlock][kHeadDimMax];
+    __shared__ __align__(16) float q_shared[kMaxHeadsPerBlock][kHeadDimMax];  // 0 past head_dim
     __shared__ float2 rope_shared[kPairsMax];  // (cos, sin) of pair j's angle at pos
     __shared__ float p_shared[kMaxHeadsPerBlock][kAttentionTile];  // scores, then exp()
     __shared__ float max_shared[kMaxHeadsPerBlock];
@@ -199,7 +300,12 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(Atte
     const size_t row_stride = size_t(kv_dim);  // cache row, in elements
     KvT* const keys = static_cast<KvT*>(a.keys) + size_t(kv_head) * head_dim;
     KvT* const values = static_cast<KvT*>(a.values) + size_t(kv_head) * head_dim;
+    const bool whole_key_chunks = whole_slices<kKeyChunk>(keys, values, head_dim);
+    const bool whole_value_slices = whole_slices<kValueSlice>(keys, values, head_dim);
 
+    // The first tile's rows are asked of L2 now, while the query is rotated (the kernels
+    // ahead wrote none of them but row pos, which this block writes itself).
+    prefetch_kv_rows(keys, values, row_stride, begin, min(begin + kAttentionTile, end), head_dim);
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
     for (int j = threadIdx.x; j < pairs; j += blockDim.x)
         rope_shared[j] = rope_cos_sin(pos, a.inverse_frequencies[j]);
@@ -211,7 +317,8 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(Atte
     finish_prologue();  // qkv, the cache and the merge's buffers: the kernels ahead wrote them
     __syncthreads();
     // The query heads of this block (consecutive: q starts at qkv + head0 * head_dim), normed
-    // (with q_norm) and rotated, warp h taking head h.
+    // (with q_norm) and rotated, warp h taking head h; zero past head_dim, where the key
+    // chunks are zero too.
     for (int h = warp; h < heads_here; h += kAttentionWarps) {
         const float* q = a.qkv + size_t(head0 + h) * head_dim;
         const float scale = a.q_norm != nullptr ? head_rms_scale(q, head_dim, a.norm_eps) : 1.0f;
@@ -222,6 +329,7 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(Atte
             q_shared[h][j] = rotated.x;
             q_shared[h][j + pairs] = rotated.y;
         }
+        for (int d = head_dim + lane; d < kHeadDimMax; d += kWarpSize) q_shared[h][d] = 0.0f;
     }
     // The token's own key and value, which this block attends to last. With more than one
     // head group per KV head, each group's last block stores the same row (identical values).
@@ -229,49 +337,62 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(Atte
         store_new_kv_row(keys, values, row_stride, pos, a.qkv + q_dim + size_t(kv_head) * head_dim,
                          a.qkv + q_dim + kv_dim + size_t(kv_head) * head_dim, rope_shared, head_dim,
                          a.k_norm, a.norm_eps);
-    // This warp's unnormalised output, pair i of lane = pair lane + 32 i of the head.
-    float2 acc[kMaxHeadsPerBlock][kValuePairsPerLane];
+    // This warp's unnormalised output: elements lane * kValueSlice.. of each head.
+    float acc[kMaxHeadsPerBlock][kValueSlice];
 #pragma unroll
     for (int h = 0; h < kMaxHeadsPerBlock; ++h)
 #pragma unroll
-        for (int i = 0; i < kValuePairsPerLane; ++i) acc[h][i] = make_float2(0.0f, 0.0f);
+        for (int e = 0; e < kValueSlice; ++e) acc[h][e] = 0.0f;
     __syncthreads();
 
-    const int key_lane = lane % kKeyLanes;  // which pairs of the key row this lane reads
+    const int key_lane = lane % kKeyLanes;  // which chunks of the key row this lane reads
     const int key_slot = warp * (kWarpSize / kKeyLanes) + lane / kKeyLanes;  // which key
+    const int key_chunks = (head_dim + kKeyChunk - 1) / kKeyChunk;           // per row
+    const int value_first = lane * kValueSlice;  // this lane's elements of a value row
 
     for (int tile = begin; tile < end; tile += kAttentionTile) {
         const int count = min(kAttentionTile, end - tile);
+        // The next tile's rows, asked of L2 while this one is used.
+        if (tile + kAttentionTile < end)
+            prefetch_kv_rows(keys, values, row_stride, tile + kAttentionTile,
+                             min(tile + 2 * kAttentionTile, end), head_dim);
 
-        // 1. Scores p_shared[h][k] = q_h · key(tile + k) * scale. The loop bound is the same
-        //    for the whole warp (the shuffles need all 32 lanes); lanes past count load
-        //    nothing and store nothing.
-        for (int pass = 0; pass < count; pass += kKeysPerPass) {
-            const int k = pass + key_slot;
-            const bool valid = k < count;
-            const KvT* key = keys + size_t(tile + (valid ? k : 0)) * row_stride;
-            float2 key_pairs[kKeyPairsPerLane];
+        // 1. Scores p_shared[h][k] = q_h · key(tile + k) * scale, kPassesInFlight passes
+        //    loaded at once. The loop bound is the same for the whole warp (the shuffles need
+        //    all 32 lanes); lanes past count load nothing and store nothing.
+        for (int pass0 = 0; pass0 < count; pass0 += kKeysPerPass * kPassesInFlight) {
+            RowSlice<KvT, kKeyChunk> chunks[kPassesInFlight][kKeyChunksPerLane];
 #pragma unroll
-            for (int i = 0; i < kKeyPairsPerLane; ++i) {
-                const int j = key_lane + i * kKeyLanes;
-                key_pairs[i] = valid && j < pairs ? kv_load_pair(key, j) : make_float2(0.0f, 0.0f);
+            for (int p = 0; p < kPassesInFlight; ++p) {
+                const int k = pass0 + p * kKeysPerPass + key_slot;
+                const KvT* key = keys + size_t(tile + min(k, count - 1)) * row_stride;
+#pragma unroll
+                for (int i = 0; i < kKeyChunksPerLane; ++i) {
+                    const int c = key_lane + i * kKeyLanes;
+                    chunks[p][i] = k < count && c < key_chunks
+                                       ? load_row_slice<kKeyChunk>(key, c * kKeyChunk, head_dim,
+                                                                   whole_key_chunks)
+                                       : RowSlice<KvT, kKeyChunk>{};
+                }
             }
 #pragma unroll
-            for (int h = 0; h < kMaxHeadsPerBlock; ++h) {
-                if (h < heads_here) {  // uniform across the block
-                    const float2* q_pairs = reinterpret_cast<const float2*>(q_shared[h]);
-                    float dot = 0.0f;
+            for (int p = 0; p < kPassesInFlight; ++p) {
+                const int k = pass0 + p * kKeysPerPass + key_slot;
 #pragma unroll
-                    for (int i = 0; i < kKeyPairsPerLane; ++i) {
-                        const int j = key_lane + i * kKeyLanes;
-                        if (j < pairs) {
-                            const float2 qv = q_pairs[j];
-                            dot = fmaf(qv.x, key_pairs[i].x, dot);
-                            dot = fmaf(qv.y, key_pairs[i].y, dot);
+                for (int h = 0; h < kMaxHeadsPerBlock; ++h) {
+                    if (h < heads_here) {  // uniform across the block
+                        float dot = 0.0f;
+#pragma unroll
+                        for (int i = 0; i < kKeyChunksPerLane; ++i) {
+                            const int c = key_lane + i * kKeyLanes;
+                            const float* q = &q_shared[h][c * kKeyChunk];
+#pragma unroll
+                            for (int e = 0; e < kKeyChunk; ++e)
+                                dot = fmaf(q[e], kv_float(chunks[p][i].element[e]), dot);
                         }
+                        dot = group_sum<kKeyLanes>(dot);
+                        if (k < count && key_lane == 0) p_shared[h][k] = dot * a.scale;
                     }
-                    dot = group_sum<kKeyLanes>(dot);
-                    if (valid && key_lane == 0) p_shared[h][k] = dot * a.scale;
                 }
             }
         }
@@ -303,33 +424,29 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(Atte
         }
         __syncthreads();
 
-        // 3. acc = acc * rescale + sum_k p[k] * value(tile + k); warp w takes keys w, w + 4, ...
+        // 3. acc = acc * rescale + sum_k p[k] * value(tile + k); warp w takes keys w, w + 4,
+        //    ..., kValueRowsInFlight rows loaded at once.
 #pragma unroll
         for (int h = 0; h < kMaxHeadsPerBlock; ++h) {
             if (h < heads_here) {
                 const float rescale = rescale_shared[h];
 #pragma unroll
-                for (int i = 0; i < kValuePairsPerLane; ++i) {
-                    acc[h][i].x *= rescale;
-                    acc[h][i].y *= rescale;
-                }
+                for (int e = 0; e < kValueSlice; ++e) acc[h][e] *= rescale;
             }
         }
-        for (int k0 = warp; k0 < count; k0 += kAttentionWarps * kValueKeysInFlight) {
-            float2 value_pairs[kValueKeysInFlight][kValuePairsPerLane];
+        for (int k0 = warp; k0 < count; k0 += kAttentionWarps * kValueRowsInFlight) {
+            RowSlice<KvT, kValueSlice> rows[kValueRowsInFlight];
 #pragma unroll
-            for (int r = 0; r < kValueKeysInFlight; ++r) {
+            for (int r = 0; r < kValueRowsInFlight; ++r) {
                 const int k = k0 + r * kAttentionWarps;
-                const KvT* value = values + size_t(tile + (k < count ? k : 0)) * row_stride;
-#pragma unroll
-                for (int i = 0; i < kValuePairsPerLane; ++i) {
-                    const int j = lane + i * kWarpSize;
-                    value_pairs[r][i] =
-                        k < count && j < pairs ? kv_load_pair(value, j) : make_float2(0.0f, 0.0f);
-                }
+                rows[r] =
+                    k < count && value_first < head_dim
+                        ? load_row_slice<kValueSlice>(values + size_t(tile + k) * row_stride,
+                                                      value_first, head_dim, whole_value_slices)
+                        : RowSlice<KvT, kValueSlice>{};
             }
 #pragma unroll
-            for (int r = 0; r < kValueKeysInFlight; ++r) {
+            for (int r = 0; r < kValueRowsInFlight; ++r) {
                 const int k = k0 + r * kAttentionWarps;
                 if (k >= count) continue;
 #pragma unroll
@@ -337,10 +454,8 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(Atte
                     if (h < heads_here) {
                         const float p = p_shared[h][k];
 #pragma unroll
-                        for (int i = 0; i < kValuePairsPerLane; ++i) {
-                            acc[h][i].x = fmaf(p, value_pairs[r][i].x, acc[h][i].x);
-                            acc[h][i].y = fmaf(p, value_pairs[r][i].y, acc[h][i].y);
-                        }
+                        for (int e = 0; e < kValueSlice; ++e)
+                            acc[h][e] = fmaf(p, kv_float(rows[r].element[e]), acc[h][e]);
                     }
                 }
             }
@@ -354,13 +469,9 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(Atte
     for (int h = 0; h < kMaxHeadsPerBlock; ++h) {
         if (h < heads_here) {
 #pragma unroll
-            for (int i = 0; i < kValuePairsPerLane; ++i) {
-                const int j = lane + i * kWarpSize;
-                if (j < pairs) {
-                    partial_shared[warp][h][2 * j] = acc[h][i].x;
-                    partial_shared[warp][h][2 * j + 1] = acc[h][i].y;
-                }
-            }
+            for (int e = 0; e < kValueSlice; ++e)
+                if (value_first + e < head_dim)
+                    partial_shared[warp][h][value_first + e] = acc[h][e];
         }
     }
     __syncthreads();
@@ -369,8 +480,12 @@ __global__ void __launch_bounds__(kAttentionThreads) attention_split_kernel(Atte
         float sum = 0.0f;
 #pragma unroll
         for (int w = 0; w < kAttentionWarps; ++w) sum += partial_shared[w][h][d];
-        a.partial_out[(size_t(head0 + h) * a.splits + split) * head_dim + d] = sum;
+        if (active == 1)  // a lone split's sums are the output once divided by the total
+            a.out[size_t(head0 + h) * head_dim + d] = sum * (1.0f / sum_shared[h]);
+        else
+            a.partial_out[(size_t(head0 + h) * a.splits + split) * head_dim + d] = sum;
     }
+    if (active == 1) return;  // nothing to merge: no partials, no arrival
     if (int(threadIdx.x) < heads_here)
         a.partial_stats[size_t(head0 + threadIdx.x) * a.splits + split] =
             make_float2(max_shared[threadIdx.x], sum_shared[threadIdx.x]);

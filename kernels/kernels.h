@@ -160,7 +160,7 @@ void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache
 // - The positions are split across `splits` blocks per KV head (the grid is fixed for a
 //   given context: it does not depend on pos). Each block writes a partial output and its
 //   (max, sum); the last block of each KV head to finish merges them into out
-//   [heads * head_dim].
+//   [heads * head_dim]. Where pos leaves one split non-empty, that block writes out itself.
 // - Scratch: partial_out [heads, splits, head_dim] and partial_stats [heads, splits, 2];
 //   arrivals [attention_arrival_counters(shape)] must be zero before the first call and is
 //   zero again after each.

@@ -5,9 +5,9 @@
 // norm), the flash-decoding attention (splits merged by the last block, GQA, windows, q/k
 // norm, Gemma 3's heads of 256), and the GPU ladder's simple kernels. Odd sizes throughout:
 // rows 1, 37, 70; columns off the 16-byte vector and off the 32-column block; head_dim 8, 34,
-// 64, 72, 130, 256. The matvecs and the attention, which may start before the kernel ahead
-// of them ends (dependent_launch.cuh), run under an EarlyLaunchCheck: what the kernels ahead
-// wrote reads as NaN until their finish_prologue.
+// 64, 68, 72, 128, 130, 256. The matvecs and the attention, which may start before the
+// kernel ahead of them ends (dependent_launch.cuh), run under an EarlyLaunchCheck: what the
+// kernels ahead wrote reads as NaN until their finish_prologue.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -687,6 +687,8 @@ constexpr AttentionCase kAttentionCases[] = {
     {2, 1, 130, 40, 0, 2, true, 2.0f},     // kHeadDimMax 256
     {4, 1, 256, 600, 512, 4, true, 2.0f},  // Gemma 3 1B's heads, its window of 512
     {8, 2, 64, 150, 0, 5, false, 12.0f},   // scores past 88: exp overflows without the max
+    {16, 4, 128, 200, 0, 3, true, 2.0f},   // Mistral's heads: splits of two tiles
+    {4, 2, 68, 90, 0, 1, false, 2.0f},     // f16 keys in pieces (68 not a multiple of 8)
 };
 
 }  // namespace

@@ -74,7 +74,8 @@
 #                 against transformers' on the GPU in f32, within 1e-2 at every position
 #                 (the Hugging Face checkpoint is then kept; about 2 minutes)
 #   decode        `barellm bench --device cuda -p 0` on stories260K (f16, q8, q4) and on the
-#                 Mistral-7B f16 file, at short and long context
+#                 Mistral-7B f16 file, at short and long context (tg128 after 4096
+#                 positions, -d 4096)
 #   ladder        `barellm ladder --device cuda -n 64` on stories260K and Mistral-7B f16
 #   wgmma         the GEMMs with and without the warpgroup GEMM of sm_90a (gemm takes it
 #                 where its grid fills the GPU; BARELLM_CUDA_WGMMA=0 turns it off, =always
@@ -114,7 +115,7 @@
 #                 is built (a later run keeps the build of an unchanged archive) and must
 #                 give this tree's greedy text first
 #   qwen3-8b      `barellm bench --device cuda -p 0` on a Qwen3-8B-shaped f16 checkpoint at
-#                 short and long context (16.4 GB: run it alone)
+#                 short and long context (-d 4096; 16.4 GB: run it alone)
 #   llama3-prefill  pp512 of a Llama-3-8B-shaped f16 pair against llama.cpp (48 GiB of
 #                 files: run it alone, on a machine without the Mistral-7B files)
 # The Mistral-7B checkpoints are made in the background from the start, on every core, while
@@ -256,6 +257,8 @@ if rows:
     print("| --- | --- | ---: | ---: | ---: | ---: |")
 for r in rows:
     test = f"pp{r['n_prompt']}" if r["n_prompt"] else f"tg{r['n_gen']}"
+    if r.get("n_depth"):
+        test += f" @ d{r['n_depth']}"
     print(f"| {r['label']} | {test} | {r['avg_ts']:.1f} ± {r['stddev_ts']:.1f} "
           f"| {r['gbps']:.0f} | {r['bw_pct']:.1f}% | {r['bandwidth_gbps']:.0f} |")
 EOF
@@ -757,7 +760,7 @@ if wants decode; then
     bench stories260K-q4 build/barellm "$WORK/stories260K-q4.bin" 20 -p 0 -n 128 -r 5
     if ready "$MISTRAL" 90; then
         bench mistral-7b-f16 build/barellm "$MISTRAL" 30 -p 0 -n 128 -r 3
-        bench mistral-7b-f16 build/barellm "$MISTRAL" 60 -p 0 -n 4096 -r 1
+        bench mistral-7b-f16 build/barellm "$MISTRAL" 30 -p 0 -n 128 -d 4096 -r 3
     fi
 fi
 
@@ -975,6 +978,7 @@ if wants ab; then
                 bench "this-$label-$round" build/barellm "$file" 30 -p 512 -n 128 -r 3
             done
         done
+        # Long context as every tree can time it (bench -d is newer than some).
         for name in "${trees[@]}"; do
             bench "$name" "$WORK/ab/$name/build/barellm" "$MISTRAL" 60 -p 0 -n 4096 -r 1
         done
@@ -995,7 +999,7 @@ if wants qwen3-8b; then
     if [ -f "$QWEN3" ]; then
         note "Qwen3-8B checkpoint ready at ${SECONDS}s"
         bench qwen3-8b-f16 build/barellm "$QWEN3" 30 -p 0 -n 128 -r 3
-        bench qwen3-8b-f16 build/barellm "$QWEN3" 60 -p 0 -n 4096 -r 1
+        bench qwen3-8b-f16 build/barellm "$QWEN3" 30 -p 0 -n 128 -d 4096 -r 3
     else
         note "Qwen3-8B checkpoint not made: $(tail -1 "$LOG/qwen3_synth.log")"
     fi

@@ -2002,11 +2002,13 @@ void bench(int multiprocessors) {
         }
     }
 
-    // Attention at Mistral 7B's shape, position 4095, rotating over 8 layers' caches.
+    // Attention at Mistral 7B's shape with a context of 4096, rotating over 8 layers' caches:
+    // at position 4095 (every split busy), and at 31 (a lone split: the fixed cost).
     const AttentionShape shape{32, 8, 128, 4096, 1.0f / std::sqrt(128.0f)};
     const int context = 4096, layers = 8;
     for (KvType type : {KvType::F16, KvType::F32}) {
-        const size_t layer_bytes = size_t(context) * 1024 * kv_element_bytes(type);
+        const size_t row_bytes = size_t(1024) * kv_element_bytes(type);
+        const size_t layer_bytes = size_t(context) * row_bytes;
         DeviceBuffer keys(layer_bytes * layers, "keys"), values(layer_bytes * layers, "values");
         CUDA_CHECK(cudaMemset(keys.as(), 0, layer_bytes * layers));
         CUDA_CHECK(cudaMemset(values.as(), 0, layer_bytes * layers));
@@ -2016,19 +2018,22 @@ void bench(int multiprocessors) {
         DeviceBuffer arrivals = zeroed_counters(cuda::attention_arrival_counters(shape));
         DeviceBuffer partial_out = poisoned(size_t(32) * splits * 128),
                      partial_stats = poisoned(size_t(32) * splits * 2);
-        const int step[2] = {0, context - 1};
-        DeviceBuffer device_step = to_device(step, sizeof step);
-        const double ms = time_ms([&](int r) {
-            const size_t offset = size_t(r % layers) * layer_bytes;
-            cuda::attention(out.as<float>(), qkv.as<float>(), frequencies.as<float>(), nullptr,
-                            nullptr, 0.0f, keys.as<uint8_t>() + offset,
-                            values.as<uint8_t>() + offset, device_step.as<int>(),
-                            partial_out.as<float>(), partial_stats.as<float>(),
-                            arrivals.as<unsigned>(), shape, splits, type, 0);
-        });
-        const std::string name = std::string("attention kv ") + kv_label(type) + " (" +
-                                 std::to_string(splits) + " splits)";
-        line(name.c_str(), "32/8x128 pos 4095", ms, 2.0 * layer_bytes);
+        for (int pos : {context - 1, 31}) {
+            const int step[2] = {0, pos};
+            DeviceBuffer device_step = to_device(step, sizeof step);
+            const double ms = time_ms([&](int r) {
+                const size_t offset = size_t(r % layers) * layer_bytes;
+                cuda::attention(out.as<float>(), qkv.as<float>(), frequencies.as<float>(), nullptr,
+                                nullptr, 0.0f, keys.as<uint8_t>() + offset,
+                                values.as<uint8_t>() + offset, device_step.as<int>(),
+                                partial_out.as<float>(), partial_stats.as<float>(),
+                                arrivals.as<unsigned>(), shape, splits, type, 0);
+            });
+            const std::string name = std::string("attention kv ") + kv_label(type) + " (" +
+                                     std::to_string(splits) + " splits)";
+            const std::string at = "32/8x128 pos " + std::to_string(pos);
+            line(name.c_str(), at.c_str(), ms, 2.0 * row_bytes * (pos + 1));
+        }
     }
 
     // Prefill attention of a 512-token prompt at Mistral 7B's shape: time and the rate of
