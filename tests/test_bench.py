@@ -158,3 +158,62 @@ def test_threads_follow_the_flag_then_omp_num_threads(model, args, env, threads)
     result = bench(model, "-o", "json", *args, threads_env=env)
     assert result.returncode == 0, result.stderr
     assert {t["n_threads"] for t in json.loads(result.stdout)} == {threads}
+
+
+def bytes_per_run(test):
+    """The bytes bench counts for one run of a test: gbps is those bytes over the mean
+    seconds of a run, and each run's seconds are its tokens over its t/s."""
+    tokens = test["n_prompt"] + test["n_gen"]
+    seconds = [tokens / s for s in test["samples_ts"]]
+    return test["gbps"] * 1e9 * sum(seconds) / len(seconds)
+
+
+def kv_bytes_per_position():
+    """A position's keys and values over all layers in the default f16 cache, from the
+    checkpoint's config."""
+    with open(os.path.join(STORIES, "config.json")) as f:
+        config = json.load(f)
+    return 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"] * 2
+
+
+def test_depth_names_the_tests_as_llama_bench_does(model):
+    deep = bench(model, "-d", "32", "-o", "json")
+    assert deep.returncode == 0, deep.stderr
+    assert [(t["n_prompt"], t["n_gen"], t["n_depth"]) for t in json.loads(deep.stdout)] == [
+        (9, 0, 32), (0, 5, 32)]
+    plain = bench(model, "-o", "json")
+    assert plain.returncode == 0, plain.stderr
+    assert [t["n_depth"] for t in json.loads(plain.stdout)] == [0, 0]
+    for args, names in ((["-d", "32"], ["pp9 @ d32", "tg5 @ d32"]), ([], ["pp9", "tg5"])):
+        result = bench(model, *args)
+        assert result.returncode == 0, result.stderr
+        rows = [line.split("|") for line in result.stdout.splitlines()
+                if line.startswith("| llama ")]
+        assert [cells[6].strip() for cells in rows] == names, result.stdout
+
+
+def test_a_test_at_depth_counts_the_deeper_kv_reads(model):
+    """Each position of pp9 and tg5 at depth 100 attends to 100 positions more than at depth
+    0: bench's bytes per run (its GB/s times its seconds) grow by tokens x 100 positions'
+    keys and values, the weights' bytes being the same."""
+    depth = 100
+    runs = {}
+    for d in (0, depth):
+        result = bench(model, "-d", str(d), "-o", "json")
+        assert result.returncode == 0, result.stderr
+        runs[d] = {(t["n_prompt"], t["n_gen"]): t for t in json.loads(result.stdout)}
+    for key, test in runs[depth].items():
+        tokens = sum(key)
+        added = bytes_per_run(test) - bytes_per_run(runs[0][key])
+        assert added == pytest.approx(tokens * depth * kv_bytes_per_position(), rel=1e-6), key
+
+
+def test_depth_fills_up_to_the_context_and_no_further(model):
+    """stories260K holds 512 positions: -d 503 with -p 9 runs its last prefill row at 511;
+    -d 504 would need 513 and is refused in one line."""
+    full = bench(model, "-d", "503", "-o", "json")
+    assert full.returncode == 0, full.stderr
+    assert [t["n_depth"] for t in json.loads(full.stdout)] == [503, 503]
+    beyond = bench(model, "-d", "504")
+    assert beyond.returncode == 1 and beyond.stdout == ""
+    assert beyond.stderr == "barellm: bench needs 513 positions, beyond the model's 512\n"

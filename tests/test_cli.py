@@ -136,6 +136,10 @@ def test_barellm_run_bare_prints_its_usage():
     (["ppl", "m.bin", "--chunks", "2x"], "--chunks needs an integer"),
     (["bench", "m.bin", "-r", "0x1"], "-r needs an integer"),
     (["bench", "m.bin", "-p", " 8"], "-p needs an integer"),
+    (["bench", "m.bin", "-d", "4k"], "-d needs an integer, got '4k'"),
+    (["bench", "m.bin", "-d", "1.5"], "-d needs an integer"),
+    (["bench", "m.bin", "-d", "-1"], "-d must be in [0, 1073741824], got '-1'"),
+    (["bench", "m.bin", "-d"], "-d needs a value"),
     # A value quoted in the message is an excerpt of it.
     (["run", "m.bin", "-n", "9" * 5000 + "x"], "-n needs an integer, got '" + "9" * 60 + "...'"),
     (["run", "m.bin", "--kv", "f8"], "--kv takes f16 or f32"),

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -68,7 +69,7 @@ Stats mean_and_stddev(const std::vector<double>& samples) {
 }
 
 struct TestResult {
-    std::string name;  // pp512, tg128
+    std::string name;  // pp512, tg128; at a depth "pp512 @ d4096"
     int prompt_tokens, gen_tokens;
     std::vector<double> tokens_per_second;
     double bytes_per_run;  // weights and KV cache the run must read
@@ -150,10 +151,15 @@ double measure_read_bandwidth() {
 void run_bench(const BenchOptions& options) {
     const Model model = Model::load(options.model_path);
     const Config& config = model.config;
-    const int context = std::max(1, std::max(options.prompt_tokens, options.gen_tokens));
-    if (context > config.max_context)
-        throw Error("bench needs " + std::to_string(context) + " positions, beyond the model's " +
+    // The tests run after `depth` filled positions (-d): pp<P> at positions depth..depth+P-1,
+    // tg<N> at depth..depth+N-1.
+    const int depth = options.depth;
+    const int64_t positions =
+        int64_t(depth) + std::max(1, std::max(options.prompt_tokens, options.gen_tokens));
+    if (positions > config.max_context)
+        throw Error("bench needs " + std::to_string(positions) + " positions, beyond the model's " +
                     std::to_string(config.max_context));
+    const int context = int(positions);
     std::string device_choice;
     auto backend = make_backend(model, BackendOptions{context, options.kv_type, options.device},
                                 &device_choice);
@@ -170,6 +176,12 @@ void run_bench(const BenchOptions& options) {
         check_finite(backend->prefill(tokens.data(), options.prompt_tokens, 0, false),
                      config.vocab_size, options.prompt_tokens - 1);
     check_finite(backend->forward(tokens[0], 0), config.vocab_size, 0);
+    // The depth: positions 0..depth-1 filled by one untimed prefill after the warm-up (which
+    // wrote from position 0). The tests write only from position depth on, so this one fill
+    // is what every repetition reads.
+    if (depth > 0)
+        check_finite(backend->prefill(tokens.data(), depth, 0, false), config.vocab_size,
+                     depth - 1);
 
     // The peak memory of the model, the buffers and the KV cache, comparable with another
     // engine's: the peak before the first bandwidth measurement, whose buffer of up to 1 GiB
@@ -187,29 +199,32 @@ void run_bench(const BenchOptions& options) {
     };
 
     const double weight_bytes = double(model.weight_bytes_per_token());
+    // llama-bench's markdown names: "pp512", and "pp512 @ d4096" at a depth.
+    const std::string depth_suffix = depth > 0 ? " @ d" + std::to_string(depth) : "";
     std::vector<TestResult> results;
     if (options.prompt_tokens > 0) {
         const int p = options.prompt_tokens;
-        TestResult test{"pp" + std::to_string(p), p, 0, {}, 0, 0, {}};
+        TestResult test{"pp" + std::to_string(p) + depth_suffix, p, 0, {}, 0, 0, {}};
         // Weights once per prefill batch (a lower bound) plus every query's KV reads.
         const int batches = (p + backend->max_batch() - 1) / backend->max_batch();
         test.bytes_per_run = weight_bytes * batches;
-        for (int pos = 0; pos < p; ++pos) test.bytes_per_run += backend->kv_bytes_read(pos);
+        for (int pos = depth; pos < depth + p; ++pos)
+            test.bytes_per_run += backend->kv_bytes_read(pos);
         for (int r = 0; r < options.repetitions; ++r) {
             const auto start = Clock::now();
-            backend->prefill(tokens.data(), p, 0, false);
+            backend->prefill(tokens.data() + depth, p, depth, false);
             record_run(&test, seconds_since(start));
         }
         results.push_back(test);
     }
     if (options.gen_tokens > 0) {
         const int n = options.gen_tokens;
-        TestResult test{"tg" + std::to_string(n), 0, n, {}, 0, 0, {}};
-        for (int pos = 0; pos < n; ++pos)
+        TestResult test{"tg" + std::to_string(n) + depth_suffix, 0, n, {}, 0, 0, {}};
+        for (int pos = depth; pos < depth + n; ++pos)
             test.bytes_per_run += weight_bytes + backend->kv_bytes_read(pos);
         for (int r = 0; r < options.repetitions; ++r) {
             const auto start = Clock::now();
-            for (int pos = 0; pos < n; ++pos) backend->forward(tokens[pos], pos);
+            for (int pos = depth; pos < depth + n; ++pos) backend->forward(tokens[pos], pos);
             record_run(&test, seconds_since(start));
         }
         results.push_back(test);
@@ -237,6 +252,7 @@ void run_bench(const BenchOptions& options) {
                              {"cpu_extensions", extensions},
                              {"n_prompt", test.prompt_tokens},
                              {"n_gen", test.gen_tokens},
+                             {"n_depth", depth},
                              {"avg_ts", stats.mean},
                              {"stddev_ts", stats.stddev},
                              {"samples_ts", test.tokens_per_second},

@@ -11,6 +11,7 @@ struct BenchOptions {
     std::string model_path;
     int prompt_tokens = 512;  // pp<P>; 0 skips the test
     int gen_tokens = 128;     // tg<N>; 0 skips the test
+    int depth = 0;            // -d: positions of the KV cache filled before the tests
     int repetitions = 5;
     bool json = false;  // -o json instead of a markdown table
     KvType kv_type = KvType::F16;

@@ -48,6 +48,8 @@ commands:
   bench MODEL              prefill and decode speed, llama-bench style
       -p P                 prompt tokens for the pp test (default 512, 0 skips)
       -n N                 decode steps for the tg test (default 128, 0 skips)
+      -d D                 depth: both tests run after D positions of the KV cache,
+                           filled by one untimed prefill (default 0)
       -r R                 repetitions (default 5)
       -o md|json           output format (default md)
   ladder MODEL             optimisation ladder: speed per rung (docs/TOUR.md), on the
@@ -241,6 +243,8 @@ Options parse_options(int argc, const char* const* argv) {
         } else if (arg == "-n") {
             options.generate = int(parse_integer(arg, value(), 0, 1 << 30));
             options.has_generate = true;
+        } else if (arg == "-d") {
+            options.depth = int(parse_integer(arg, value(), 0, 1 << 30));
         } else if (arg == "-r") {
             options.repetitions = int(parse_integer(arg, value(), 1, 1000));
         } else if (arg == "-o") {

@@ -28,6 +28,7 @@ struct Options {
     int generate = kDefaultGenerate;
     bool has_generate = false;
     int repetitions = 5;
+    int depth = 0;  // bench -d: positions of the KV cache filled before the tests
     bool json_output = false;
     SamplingOptions sampling;
     std::vector<std::string> stop_strings;  // --stop, in the order given

@@ -281,6 +281,7 @@ int command_bench(const Options& options) {
     if (options.has_generate) bench.gen_tokens = options.generate;
     if (bench.prompt_tokens == 0 && bench.gen_tokens == 0)
         throw UsageError("bench has nothing to run with -p 0 -n 0");
+    bench.depth = options.depth;
     bench.repetitions = options.repetitions;
     bench.json = options.json_output;
     bench.kv_type = options.kv_type;
