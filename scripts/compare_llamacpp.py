@@ -7,8 +7,8 @@ LLAMA_BENCH is a llama-bench binary (scripts/build_llamacpp.sh builds one); each
 BARELLM_FILE pair is one checkpoint written by scripts/gguf_from_hf.py and
 convert/convert.py with matching types (f16 with f16, q8_0 with q8, ...). For every pair
 and every thread count it runs, alternating the two tools and never both at once,
-    build/barellm bench BARELLM_FILE --threads T -p P -n N -r R -o json [--simd LEVEL]
-    llama-bench -m GGUF -t T -p P -n N -r R -o json
+    build/barellm bench BARELLM_FILE --threads T -p P -n N -d D -r R -o json [--simd LEVEL]
+    llama-bench -m GGUF -t T -p P -n N -d D -r R -o json
 --rounds times, with a check of the machine before the first round and after each.
 With --device cuda both run on the GPU: barellm with `--device cuda`, llama-bench with
 every layer offloaded (`-ngl 99`; LLAMA_BENCH must then be a CUDA build), and the header
@@ -18,6 +18,8 @@ copy, measured by barellm bench in the same run.
 Options:
   -t, --threads LIST   thread counts, comma-separated (default: the physical cores)
   -p P, -n N, -r R     prompt tokens, decode steps, repetitions (default 512, 128, 5)
+  -d D                 depth: both tools run each test after D positions of the KV
+                       cache, filled untimed (default 0); rows read "tg128 @ d4096"
   --rounds K           rounds per pair and thread count (default 2)
   --order alternate|blocks
                        alternate: barellm, llama.cpp, barellm, ... (default);
@@ -259,16 +261,20 @@ def parse_results(text, tool):
 
 
 def test_key(result):
-    return int(result.get("n_prompt") or 0), int(result.get("n_gen") or 0)
+    return (int(result.get("n_prompt") or 0), int(result.get("n_gen") or 0),
+            int(result.get("n_depth") or 0))
 
 
 def test_label(key):
-    n_prompt, n_gen = key
+    """llama-bench's markdown name of a test: pp512, tg128, tg128 @ d4096."""
+    n_prompt, n_gen, n_depth = key
     if n_gen == 0:
-        return f"pp{n_prompt}"
-    if n_prompt == 0:
-        return f"tg{n_gen}"
-    return f"pp{n_prompt}+tg{n_gen}"
+        name = f"pp{n_prompt}"
+    elif n_prompt == 0:
+        name = f"tg{n_gen}"
+    else:
+        name = f"pp{n_prompt}+tg{n_gen}"
+    return f"{name} @ d{n_depth}" if n_depth else name
 
 
 FEATURE = re.compile(r"\b(AVX512[A-Z0-9_]*|AVX_VNNI|AVX2|AVX|FMA|F16C|SSE3|AMX_[A-Z0-9]+)"
@@ -355,11 +361,12 @@ def run_group(args, pair_index, gguf, model, threads, checks, work, header):
     ours, theirs = [], []  # per round: ({test key: result}, peak RSS bytes)
     group_checks = [checks.check(threads, f"{label}, before the first run")]
     barellm_cmd = [args.barellm, "bench", model, "--threads", str(threads), "-p",
-                   str(args.p), "-n", str(args.n), "-r", str(args.r), "-o", "json"]
+                   str(args.p), "-n", str(args.n), "-d", str(args.d), "-r", str(args.r),
+                   "-o", "json"]
     if args.simd:
         barellm_cmd += ["--simd", args.simd]
     llama_cmd = [args.llama_bench, "-m", gguf, "-t", str(threads), "-p", str(args.p),
-                 "-n", str(args.n), "-r", str(args.r), "-o", "json"]
+                 "-n", str(args.n), "-d", str(args.d), "-r", str(args.r), "-o", "json"]
     if args.device == "cuda":
         barellm_cmd += ["--device", "cuda"]
         llama_cmd += ["-ngl", str(ALL_LAYERS)]
@@ -470,8 +477,9 @@ def markdown(document):
     print(f"- barellm {h['barellm_commit']}, SIMD {h['barellm_simd']} "
           f"(the CPU offers {h['cpu_extensions']})", file=out)
     print(f"- llama.cpp {h['llamacpp_commit']}, SIMD {h['llamacpp_simd']}", file=out)
+    depth = f"-d {h['n_depth']} " if h["n_depth"] else ""
     print(f"- {h['date']}; {h['rounds']} rounds, {h['order']}; -p {h['n_prompt']} "
-          f"-n {h['n_gen']} -r {h['repetitions']}", file=out)
+          f"-n {h['n_gen']} {depth}-r {h['repetitions']}", file=out)
     busy = [c for c in document["checks"] if c["busy"]]
     print(f"- machine checks: {len(document['checks'])}, "
           + (f"BUSY in {len(busy)}" if busy else "all idle") + " (" + checks_summary(
@@ -601,6 +609,7 @@ def parse_args(argv):
     parser.add_argument("-t", "--threads", type=thread_list)
     parser.add_argument("-p", type=positive, default=512)
     parser.add_argument("-n", type=positive, default=128)
+    parser.add_argument("-d", type=positive, default=0)
     parser.add_argument("-r", type=positive, default=5)
     parser.add_argument("--rounds", type=positive, default=2)
     parser.add_argument("--order", choices=("alternate", "blocks"), default="alternate")
@@ -675,7 +684,7 @@ def compare(args, argv):
         "barellm_commit": git_commit(args.barellm),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "rounds": args.rounds, "order": args.order, "n_prompt": args.p, "n_gen": args.n,
-        "repetitions": args.r, "threshold": args.threshold,
+        "n_depth": args.d, "repetitions": args.r, "threshold": args.threshold,
         "command": shlex.join(["scripts/compare_llamacpp.sh", *argv]),
     }
     if max(threads) > cores:

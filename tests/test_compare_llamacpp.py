@@ -43,6 +43,7 @@ def option(*names):
 model = args[1] if TOOL == "barellm" else option("-m")
 threads, prompt, gen = int(option("-t", "--threads")), int(option("-p")), int(option("-n"))
 reps = int(option("-r"))
+depth = int(option("-d")) if "-d" in args else 0
 counter = os.path.join(here, TOOL + ".calls")
 calls = int(open(counter).read()) + 1 if os.path.exists(counter) else 1
 open(counter, "w").write(str(calls))
@@ -76,7 +77,7 @@ for kind, n_prompt, n_gen in (("pp", prompt, 0), ("tg", 0, gen)):
     values = [value] * reps
     if "spread" in behaviour:
         values = [value * (0.8 if i % 2 else 1.2) for i in range(reps)]
-    test = {{"n_prompt": n_prompt, "n_gen": n_gen, "n_threads": threads,
+    test = {{"n_prompt": n_prompt, "n_gen": n_gen, "n_depth": depth, "n_threads": threads,
             "avg_ts": sum(values) / reps, "samples_ts": values,
             "model_type": "llama 0.01B " + ("F16" if TOOL == "llama-bench" else "f16")}}
     if TOOL == "llama-bench":
@@ -140,7 +141,8 @@ def table_rows(markdown):
     rows = {}
     for line in markdown.splitlines():
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
-        if line.startswith("| ") and len(cells) == 13 and re.fullmatch(r"(pp|tg)\d+", cells[3]):
+        if line.startswith("| ") and len(cells) == 13 and re.fullmatch(r"(pp|tg)\d+( @ d\d+)?",
+                                                                         cells[3]):
             rows[cells[0], int(cells[2]), cells[3]] = cells
     return rows
 
@@ -187,6 +189,33 @@ def test_markdown_names_the_machine_tools_and_ratios(tools):
         assert (cells[10], cells[11]) == (f"{1.5 * threads:.2f}", "50%")
         assert cells[12] == "ok"
     assert "in parentheses" not in out
+
+
+def test_depth_reaches_both_tools_and_names_the_rows(tools):
+    result = compare(tools, "-t", "1", "-d", "32")
+    assert result.returncode == 0, result.stderr
+    assert "2 rounds, alternate; -p 9 -n 5 -d 32 -r 2" in result.stdout
+    rows = table_rows(result.stdout)
+    assert set(rows) == {("small.bin", 1, "pp9 @ d32"), ("small.bin", 1, "tg5 @ d32")}
+    for (_, _, test), cells in rows.items():
+        kind = test[:2]
+        assert cells[6] == f"{BARELLM_BASE[kind] / LLAMA_BASE[kind]:.2f} ± 0.00"  # paired
+    bin_dir, _ = tools
+    for tool in ("barellm", "llama-bench"):
+        calls = (bin_dir / f"{tool}.args").read_text().splitlines()
+        assert len(calls) == 2 and all(" -d 32 " in call for call in calls), calls
+    document = compare_json(tools, "-t", "1", "-d", "32")
+    assert document["header"]["n_depth"] == 32
+    assert [row["test"] for row in document["rows"]] == ["pp9 @ d32", "tg5 @ d32"]
+
+
+def test_depth_is_part_of_a_tests_key_and_label():
+    module = load_module()
+    assert module.test_key({"n_prompt": 0, "n_gen": 128}) == (0, 128, 0)  # no n_depth: 0
+    assert module.test_key({"n_prompt": 0, "n_gen": 128, "n_depth": 4096}) == (0, 128, 4096)
+    assert [module.test_label(key) for key in ((512, 0, 0), (0, 128, 0), (0, 128, 4096),
+                                               (512, 0, 4096), (16, 8, 32))] == [
+        "pp512", "tg128", "tg128 @ d4096", "pp512 @ d4096", "pp16+tg8 @ d32"]
 
 
 def test_device_cuda_runs_both_tools_on_the_gpu(tools):
@@ -407,6 +436,8 @@ def test_an_illegal_instruction_names_the_likely_cause(tools):
     (["--plot", "out.svg"], "--plot writes a .png file"),
     (["--threshold", "0"], "--threshold is a percentage between 0 and 100"),
     (["-p", "0", "-n", "0"], "-p 0 -n 0 leaves nothing to measure"),
+    (["-d", "-1"], "'-1' is negative"),
+    (["-d", "deep"], "'deep' is not a number"),
 ])
 def test_bad_options_are_refused(tools, args, message):
     result = compare(tools, *args)
@@ -447,6 +478,25 @@ def test_with_the_real_barellm(tools, tmp_path):
     for row in document["rows"]:
         assert row["dtype"] == "f32" and row["barellm_ts"] > 0
         assert row["barellm_peak_rss_mib"] == round(peak / 2**20, 1)  # the larger round's
+
+
+def test_depth_reaches_the_real_barellm(tools, tmp_path):
+    """-d D reaches the real bench, whose n_depth pairs its rows with llama-bench's."""
+    need_shared(STORIES)
+    if not os.path.exists(BARELLM):
+        pytest.fail(f"{BARELLM} is missing: run `make` first")
+    model = str(tmp_path / "stories-f32.bin")
+    assert run(CONVERT, STORIES, "-o", model, "--dtype", "f32").returncode == 0
+    bin_dir, models = tools
+    result = subprocess.run(
+        [SCRIPT, str(bin_dir / "llama-bench"), models[0][0], model, "-t", "1", "-p", "9",
+         "-n", "5", "-d", "16", "-r", "1", "--rounds", "1", "--json"],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "COMPARE_LLAMACPP_FAKE_CHECKS": json.dumps([IDLE])})
+    assert result.returncode == 0, result.stderr
+    rows = json.loads(result.stdout)["rows"]
+    assert [row["test"] for row in rows] == ["pp9 @ d16", "tg5 @ d16"]
+    assert all(row["barellm_ts"] > 0 and row["ratio"] is not None for row in rows), rows
 
 
 def test_simd_reaches_the_real_barellm(tools, tmp_path):
