@@ -620,6 +620,14 @@ def test_bench_reports_device_to_device_bandwidth(cuda, models):
     assert "device-to-device copy" in result.stdout
 
 
+def test_bench_at_a_depth_runs(cuda, models):
+    result = subprocess.run([BARELLM, "bench", models("stories260K", "f16"), "--device", "cuda",
+                             "-p", "16", "-n", "16", "-d", "300", "-r", "2"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "| pp16 @ d300 |" in result.stdout and "| tg16 @ d300 |" in result.stdout
+
+
 @pytest.mark.parametrize("dtype", ["q8", "q4"])
 def test_bench_runs_quantized_weights(cuda, models, dtype):
     result = subprocess.run([BARELLM, "bench", models("stories260K", dtype), "--device", "cuda",

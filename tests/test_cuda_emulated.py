@@ -202,6 +202,15 @@ def test_bench_runs(models):
     assert "| cuda |" in result.stdout and "device-to-device copy" in result.stdout
 
 
+def test_bench_at_a_depth_runs(models):
+    """bench -d on the CUDA backend: the fill's prefill, then pp and tg from position 40."""
+    result = subprocess.run([gpu.BARELLM, "bench", models("stories260K", "f16"), "--device",
+                             "cuda", "-p", "8", "-n", "4", "-d", "40", "-r", "1"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "| pp8 @ d40 |" in result.stdout and "| tg4 @ d40 |" in result.stdout
+
+
 def test_every_gpu_rung_runs_qwen_as_the_cpu(models):
     gpu.test_every_gpu_rung_runs_qwen_as_the_cpu(None, models, "qwen3-attention-bias")
 
