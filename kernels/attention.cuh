@@ -57,7 +57,7 @@ constexpr int kMaxHeadsPerBlock = 4;      // query heads (of one KV head) per bl
 constexpr int kMinSplitPositions = 32;    // a split covers at least this many positions
 constexpr int kMaxSplits = 256;           // a multiple of 32 (merge_splits)
 constexpr int kL2SectorBytes = 32;        // what one L2 prefetch request asks for, at least
-constexpr int kMergeLoadsInFlight = 16;   // splits' partials a merging thread loads at once
+constexpr int kMergeLoadsInFlight = 8;    // splits' partials a merging thread loads at once
 
 struct AttentionArgs {
     const float* qkv;                  // [heads * head_dim + 2 * kv_dim]: q, k, v before RoPE
