@@ -303,8 +303,8 @@ __global__ void __launch_bounds__(kAttentionThreads, kAttentionBlocksPerSM)
     const bool whole_key_chunks = whole_slices<kKeyChunk>(keys, values, head_dim);
     const bool whole_value_slices = whole_slices<kValueSlice>(keys, values, head_dim);
 
-    // The first tile's rows are asked of L2 now, while the query is rotated (the kernels
-    // ahead wrote none of them but row pos, which this block writes itself).
+    // The first tile's rows are asked of L2 now, while the query is rotated: a prefetch
+    // changes no value read, so it may come before finish_prologue.
     prefetch_kv_rows(keys, values, row_stride, begin, min(begin + kAttentionTile, end), head_dim);
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
     for (int j = threadIdx.x; j < pairs; j += blockDim.x)

@@ -453,8 +453,9 @@ def test_a_missing_model_or_an_odd_pair_is_refused(tools):
         assert result.returncode == 2 and len(result.stderr.splitlines()) == 1, result.stderr
 
 
-def test_with_the_real_barellm(tools, tmp_path):
-    """The real bench's JSON goes through: its SIMD level and its measured t/s."""
+def compare_with_the_real_barellm(tools, tmp_path, *options):
+    """The script on the stand-in llama-bench and the real barellm (stories260K in f32):
+    one thread, pp9 and tg5, with `options`, as --json; the finished process."""
     need_shared(STORIES)
     if not os.path.exists(BARELLM):
         pytest.fail(f"{BARELLM} is missing: run `make` first")
@@ -462,11 +463,16 @@ def test_with_the_real_barellm(tools, tmp_path):
     result = run(CONVERT, STORIES, "-o", model, "--dtype", "f32")
     assert result.returncode == 0, result.stderr
     bin_dir, models = tools
-    raw = tmp_path / "raw"
-    result = subprocess.run(
+    return subprocess.run(
         [SCRIPT, str(bin_dir / "llama-bench"), models[0][0], model, "-t", "1", "-p", "9",
-         "-n", "5", "-r", "2", "--json", "--raw", str(raw)], capture_output=True, text=True,
-        timeout=300, env={**os.environ, "COMPARE_LLAMACPP_FAKE_CHECKS": json.dumps([IDLE])})
+         "-n", "5", *options, "--json"], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "COMPARE_LLAMACPP_FAKE_CHECKS": json.dumps([IDLE])})
+
+
+def test_with_the_real_barellm(tools, tmp_path):
+    """The real bench's JSON goes through: its SIMD level and its measured t/s."""
+    raw = tmp_path / "raw"
+    result = compare_with_the_real_barellm(tools, tmp_path, "-r", "2", "--raw", str(raw))
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     ours = json.loads((raw / "barellm-1-t1-1.json").read_text())
@@ -482,17 +488,8 @@ def test_with_the_real_barellm(tools, tmp_path):
 
 def test_depth_reaches_the_real_barellm(tools, tmp_path):
     """-d D reaches the real bench, whose n_depth pairs its rows with llama-bench's."""
-    need_shared(STORIES)
-    if not os.path.exists(BARELLM):
-        pytest.fail(f"{BARELLM} is missing: run `make` first")
-    model = str(tmp_path / "stories-f32.bin")
-    assert run(CONVERT, STORIES, "-o", model, "--dtype", "f32").returncode == 0
-    bin_dir, models = tools
-    result = subprocess.run(
-        [SCRIPT, str(bin_dir / "llama-bench"), models[0][0], model, "-t", "1", "-p", "9",
-         "-n", "5", "-d", "16", "-r", "1", "--rounds", "1", "--json"],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "COMPARE_LLAMACPP_FAKE_CHECKS": json.dumps([IDLE])})
+    result = compare_with_the_real_barellm(tools, tmp_path, "-d", "16", "-r", "1", "--rounds",
+                                           "1")
     assert result.returncode == 0, result.stderr
     rows = json.loads(result.stdout)["rows"]
     assert [row["test"] for row in rows] == ["pp9 @ d16", "tg5 @ d16"]
@@ -501,17 +498,8 @@ def test_depth_reaches_the_real_barellm(tools, tmp_path):
 
 def test_simd_reaches_the_real_barellm(tools, tmp_path):
     """--simd LEVEL runs barellm's kernels of that level, which its bench reports."""
-    need_shared(STORIES)
-    if not os.path.exists(BARELLM):
-        pytest.fail(f"{BARELLM} is missing: run `make` first")
-    model = str(tmp_path / "stories-f32.bin")
-    assert run(CONVERT, STORIES, "-o", model, "--dtype", "f32").returncode == 0
-    bin_dir, models = tools
-    result = subprocess.run(
-        [SCRIPT, str(bin_dir / "llama-bench"), models[0][0], model, "-t", "1", "-p", "9",
-         "-n", "5", "-r", "1", "--rounds", "1", "--simd", "scalar", "--json"],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "COMPARE_LLAMACPP_FAKE_CHECKS": json.dumps([IDLE])})
+    result = compare_with_the_real_barellm(tools, tmp_path, "-r", "1", "--rounds", "1",
+                                           "--simd", "scalar")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["header"]["barellm_simd"] == "scalar"
 
