@@ -13,7 +13,9 @@
 //   Inside a block, warp w takes positions w, w + 4, ... of the run: its lanes hold each
 //   head's query as pairs (lane l: pairs l, l + 32, ...), read the key's pairs once for all
 //   the heads, meet in a warp sum per head for the scores, and mix the value's pairs, read
-//   once, into each head's output. The four warps' states are merged in shared memory.
+//   once, into each head's output. A warp loads the keys and values of several positions
+//   (2-8, as head_dim allows) before using the first: the run is a chain of loads, each
+//   waited for. The four warps' states are merged in shared memory.
 // - attention_paged_merge_kernel: per (query head, row), rescales the runs' partials to a
 //   common max, divides by the total sum and stores the head's output in the wo product's
 //   input dtype.
@@ -34,6 +36,7 @@ namespace barellm::cuda {
 constexpr int kPagedWarps = 4;
 constexpr int kPagedThreads = kPagedWarps * kWarpSize;
 constexpr int kPagedHeadsPerBlock = 4;  // query heads of one KV head per block
+constexpr int kPagedPairsInFlight = 8;  // key and value pairs a lane loads before using them
 
 struct PagedAttentionArgs {
     const float* qkv;  // [rows, qkv_pitch]: each row's rotated q first
@@ -109,37 +112,49 @@ __global__ void __launch_bounds__(kPagedThreads)
         running_max[h] = -INFINITY;
         running_sum[h] = 0.0f;
     }
-    for (int p = range.x + warp; p <= range.y; p += kPagedWarps) {
-        const size_t slot = size_t(table[p / a.block_size]) * a.block_size + p % a.block_size;
-        float2 k[kPairs];  // the key, read once for every head
+    // Positions p0, p0 + 4, ... of this warp, kPositions at a time: their keys and values are
+    // all loaded before the first is used.
+    constexpr int kPositions = kPagedPairsInFlight / kPairs;
+    for (int p0 = range.x + warp; p0 <= range.y; p0 += kPagedWarps * kPositions) {
+        float2 k[kPositions][kPairs], v[kPositions][kPairs];  // read once for every head
 #pragma unroll
-        for (int i = 0; i < kPairs; ++i) {
-            const int pair = lane + i * kWarpSize;
-            k[i] = pair < half_dim ? kv_load_pair(keys + slot * kv_dim, pair)
-                                   : make_float2(0.0f, 0.0f);
-        }
-        float rescale[kHeads], weight[kHeads];
+        for (int r = 0; r < kPositions; ++r) {
+            const int p = p0 + r * kPagedWarps;
+            const bool here = p <= range.y;
+            const size_t slot =
+                here ? size_t(table[p / a.block_size]) * a.block_size + p % a.block_size : 0;
 #pragma unroll
-        for (int h = 0; h < kHeads; ++h) {
-            float dot = 0.0f;
-#pragma unroll
-            for (int i = 0; i < kPairs; ++i) dot += q[h][i].x * k[i].x + q[h][i].y * k[i].y;
-            const float score = warp_sum(dot) * a.scale;
-            const float new_max = fmaxf(running_max[h], score);
-            rescale[h] = expf(running_max[h] - new_max);  // 0 the first time
-            weight[h] = expf(score - new_max);
-            running_sum[h] = running_sum[h] * rescale[h] + weight[h];
-            running_max[h] = new_max;
+            for (int i = 0; i < kPairs; ++i) {
+                const int pair = lane + i * kWarpSize;
+                const bool load = here && pair < half_dim;
+                k[r][i] = load ? kv_load_pair(keys + slot * kv_dim, pair) : make_float2(0.0f, 0.0f);
+                v[r][i] =
+                    load ? kv_load_pair(values + slot * kv_dim, pair) : make_float2(0.0f, 0.0f);
+            }
         }
 #pragma unroll
-        for (int i = 0; i < kPairs; ++i) {
-            const int pair = lane + i * kWarpSize;
-            if (pair < half_dim) {
-                const float2 v = kv_load_pair(values + slot * kv_dim, pair);  // read once
+        for (int r = 0; r < kPositions; ++r) {
+            if (p0 + r * kPagedWarps > range.y) break;  // the same for the whole warp
+            float rescale[kHeads], weight[kHeads];
+#pragma unroll
+            for (int h = 0; h < kHeads; ++h) {
+                float dot = 0.0f;
+#pragma unroll
+                for (int i = 0; i < kPairs; ++i)
+                    dot += q[h][i].x * k[r][i].x + q[h][i].y * k[r][i].y;
+                const float score = warp_sum(dot) * a.scale;
+                const float new_max = fmaxf(running_max[h], score);
+                rescale[h] = expf(running_max[h] - new_max);  // 0 the first time
+                weight[h] = expf(score - new_max);
+                running_sum[h] = running_sum[h] * rescale[h] + weight[h];
+                running_max[h] = new_max;
+            }
+#pragma unroll
+            for (int i = 0; i < kPairs; ++i) {
 #pragma unroll
                 for (int h = 0; h < kHeads; ++h) {
-                    acc[h][i].x = acc[h][i].x * rescale[h] + weight[h] * v.x;
-                    acc[h][i].y = acc[h][i].y * rescale[h] + weight[h] * v.y;
+                    acc[h][i].x = acc[h][i].x * rescale[h] + weight[h] * v[r][i].x;
+                    acc[h][i].y = acc[h][i].y * rescale[h] + weight[h] * v[r][i].y;
                 }
             }
         }
