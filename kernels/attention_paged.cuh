@@ -14,8 +14,9 @@
 //   head's query as pairs (lane l: pairs l, l + 32, ...), read the key's pairs once for all
 //   the heads, meet in a warp sum per head for the scores, and mix the value's pairs, read
 //   once, into each head's output. A warp loads the keys and values of several positions
-//   (2-8, as head_dim allows) before using the first: the run is a chain of loads, each
-//   waited for. The four warps' states are merged in shared memory.
+//   (2-8, as head_dim allows) before using the first, so that it waits on its loads once
+//   per several positions, not once per position. The four warps' states are merged in
+//   shared memory.
 // - attention_paged_merge_kernel: per (query head, row), rescales the runs' partials to a
 //   common max, divides by the total sum and stores the head's output in the wo product's
 //   input dtype.
