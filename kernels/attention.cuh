@@ -216,16 +216,12 @@ __device__ __forceinline__ RowSlice<KvT, kCount> load_row_slice(const KvT* row, 
     return slice;
 }
 
-__device__ __forceinline__ float kv_float(float element) { return element; }
-__device__ __forceinline__ float kv_float(__half element) { return __half2float(element); }
-
 // True when every row of the cache slices into aligned loads of kCount elements: head_dim a
 // multiple of kCount and both caches starting at such a boundary (rows are kv_dim apart).
 template <int kCount, typename KvT>
 __device__ __forceinline__ bool whole_slices(const KvT* keys, const KvT* values, int head_dim) {
-    constexpr size_t kBytes = kCount * sizeof(KvT) < 16 ? kCount * sizeof(KvT) : 16;
     const size_t addresses = reinterpret_cast<size_t>(keys) | reinterpret_cast<size_t>(values);
-    return head_dim % kCount == 0 && addresses % kBytes == 0;
+    return head_dim % kCount == 0 && addresses % alignof(RowSlice<KvT, kCount>) == 0;
 }
 
 // Asks L2 for the key and value rows of positions [from, to) of one KV head (keys and values

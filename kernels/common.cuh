@@ -342,8 +342,12 @@ __device__ __forceinline__ void kv_store(float* slot, float value) { *slot = val
 __device__ __forceinline__ void kv_store(__half* slot, float value) {
     *slot = __float2half_rn(value);
 }
-__device__ __forceinline__ float kv_load(const float* row, int i) { return row[i]; }
-__device__ __forceinline__ float kv_load(const __half* row, int i) { return __half2float(row[i]); }
+__device__ __forceinline__ float kv_float(float element) { return element; }
+__device__ __forceinline__ float kv_float(__half element) { return __half2float(element); }
+template <typename KvT>
+__device__ __forceinline__ float kv_load(const KvT* row, int i) {
+    return kv_float(row[i]);
+}
 __device__ __forceinline__ float2 kv_load_pair(const float* row, int pair) {
     return reinterpret_cast<const float2*>(row)[pair];
 }

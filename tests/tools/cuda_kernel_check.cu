@@ -2018,6 +2018,8 @@ void bench(int multiprocessors) {
         DeviceBuffer arrivals = zeroed_counters(cuda::attention_arrival_counters(shape));
         DeviceBuffer partial_out = poisoned(size_t(32) * splits * 128),
                      partial_stats = poisoned(size_t(32) * splits * 2);
+        const std::string name = std::string("attention kv ") + kv_label(type) + " (" +
+                                 std::to_string(splits) + " splits)";
         for (int pos : {context - 1, 31}) {
             const int step[2] = {0, pos};
             DeviceBuffer device_step = to_device(step, sizeof step);
@@ -2029,8 +2031,6 @@ void bench(int multiprocessors) {
                                 partial_out.as<float>(), partial_stats.as<float>(),
                                 arrivals.as<unsigned>(), shape, splits, type, 0);
             });
-            const std::string name = std::string("attention kv ") + kv_label(type) + " (" +
-                                     std::to_string(splits) + " splits)";
             const std::string at = "32/8x128 pos " + std::to_string(pos);
             line(name.c_str(), at.c_str(), ms, 2.0 * row_bytes * (pos + 1));
         }
