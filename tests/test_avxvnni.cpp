@@ -1,11 +1,12 @@
-// The AVX-VNNI kernels (the Q8/Q4 GEMM, the block types' GEMM) called directly, on x quantized
-// by the scalar quantize_q8, against a double-precision reference: built on SIMDe (namespace
-// avxvnni_simde, any CPU) and, where the CPU has AVX-VNNI, natively (avxvnni). Sizes cover every
-// tail: columns in short last groups, rows past whole panels and tiles, tokens past whole
-// 3-token tiles.
+// The AVX-VNNI kernels (the Q8/Q4 decode matvec and GEMM, the block types' GEMM) called
+// directly, on x quantized by the scalar quantize_q8, against a double-precision reference: built
+// on SIMDe (namespace avxvnni_simde, any CPU) and, where the CPU has AVX-VNNI, natively
+// (avxvnni). Sizes cover every tail: columns in short last groups, rows past whole panels and
+// tiles, tokens past whole 3-token tiles.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -27,6 +28,8 @@ namespace {
 // One build of the AVX-VNNI kernels.
 struct AvxVnniBuild {
     std::string name;
+    decltype(&cpu::avxvnni::matvec_rows_q8) matvec_rows_q8;
+    decltype(&cpu::avxvnni::matvec_rows_q4) matvec_rows_q4;
     decltype(&cpu::avxvnni::gemm_rows_quantized) gemm_rows_quantized;
     decltype(&cpu::avxvnni::gemm_rows_blocks) gemm_rows_blocks;
 };
@@ -34,7 +37,8 @@ struct AvxVnniBuild {
 // SIMDe's always; the native one where this CPU has AVX-VNNI (printed once).
 std::vector<AvxVnniBuild> builds() {
     std::vector<AvxVnniBuild> list = {
-        {"simde", cpu::avxvnni_simde::gemm_rows_quantized, cpu::avxvnni_simde::gemm_rows_blocks}};
+        {"simde", cpu::avxvnni_simde::matvec_rows_q8, cpu::avxvnni_simde::matvec_rows_q4,
+         cpu::avxvnni_simde::gemm_rows_quantized, cpu::avxvnni_simde::gemm_rows_blocks}};
     const bool native = cpu::cpu_has_avx_vnni();
     static bool said = false;
     if (!said) {
@@ -43,25 +47,65 @@ std::vector<AvxVnniBuild> builds() {
         said = true;
     }
     if (native)
-        list.push_back(
-            {"native", cpu::avxvnni::gemm_rows_quantized, cpu::avxvnni::gemm_rows_blocks});
+        list.push_back({"native", cpu::avxvnni::matvec_rows_q8, cpu::avxvnni::matvec_rows_q4,
+                        cpu::avxvnni::gemm_rows_quantized, cpu::avxvnni::gemm_rows_blocks});
     return list;
 }
 
 }  // namespace
 
-TEST_CASE("AVX-VNNI Q8 and Q4 prefill GEMM matches a reference on quantized x") {
+TEST_CASE("AVX-VNNI Q8 and Q4 decode matvec from tiles matches a reference") {
+    std::mt19937 rng(614);
+    const auto dtype = GENERATE(DType::Q8_0, DType::Q4_0);
+    for (const AvxVnniBuild& build : builds()) {
+        // Q8: any width (a short last group); Q4: whole blocks of 32. Odd and even group
+        // counts: a tile's blocks hold two groups, the last one maybe only one.
+        const std::vector<int> widths =
+            dtype == DType::Q8_0
+                ? std::vector<int>{1, 5, 31, 32, 33, 63, 64, 65, 100, 511, 512, 513, 600, 1100}
+                : std::vector<int>{32, 64, 96, 160, 512, 544, 608, 1056};
+        for (int cols : widths) {
+            // Three tiles of 16 rows, the last partial; runs of rows from a tile's middle to
+            // another's and within one half of 8 rows, as threads are given.
+            const int rows = 37;
+            const TestMatrix m = make_matrix(rows, cols, dtype, rng);
+            // Large values: the int8 products then reach their extremes (±127 × 127).
+            const std::vector<float> x = random_floats(cols, rng, 50.0f);
+            cpu::QuantizedVector quantized;
+            cpu::quantize_q8(&quantized, x.data(), cols);
+            const std::vector<double> want = reference_gemm(m, quantized_like_the_kernel(x), 1);
+            for (auto [first, count] : {std::pair{1, rows - 2}, {17, 3}, {5, 11}, {9, 26}}) {
+                std::vector<float> got(rows, NAN);
+                (dtype == DType::Q8_0 ? build.matvec_rows_q8 : build.matvec_rows_q4)(
+                    got.data(), m.matrix, quantized, first, count);
+                INFO(build.name << " " << dtype_name(dtype) << " cols " << cols << " rows " << first
+                                << ".." << first + count - 1);
+                CHECK(relative_error(row_range(got, first, count), row_range(want, first, count)) <
+                      1e-6);
+                CHECK(std::isnan(got[first - 1]));
+                CHECK(std::isnan(got[first + count]));
+            }
+        }
+    }
+}
+
+TEST_CASE(
+    "AVX-VNNI Q8 and Q4 GEMM matches a reference, from tiles and rows alike, and each "
+    "token the matvec's bits") {
     std::mt19937 rng(615);
     const auto dtype = GENERATE(DType::Q8_0, DType::Q4_0);
     for (const AvxVnniBuild& build : builds()) {
         // Q8: short last groups; Q4: whole blocks. Rows are not multiples of the 16-row
-        // panel, batches not multiples of the 3-token tile.
+        // panel, batches not multiples of the 3-token tile; up to 16 tokens read the tiles
+        // directly, more pack panels.
         const std::vector<int> widths = dtype == DType::Q8_0 ? std::vector<int>{5, 33, 100, 600}
                                                              : std::vector<int>{32, 96, 608};
-        for (int batch : {1, 2, 4, 17, 70})
+        for (int batch : {1, 2, 4, 8, 16, 17, 70})
             for (int cols : widths) {
                 const int rows = 43;
                 const TestMatrix m = make_matrix(rows, cols, dtype, rng);
+                Matrix rows_only = m.matrix;
+                rows_only.row_tiles = nullptr;
                 // Large values: the int8 products then reach their extremes (±127 × 127).
                 const std::vector<float> x = random_floats(size_t(batch) * cols, rng, 50.0f);
                 const std::vector<double> want =
@@ -75,6 +119,22 @@ TEST_CASE("AVX-VNNI Q8 and Q4 prefill GEMM matches a reference on quantized x") 
                     std::vector<float> got(size_t(batch) * rows, NAN);
                     build.gemm_rows_quantized(got.data(), m.matrix, quantized, first, count);
                     check_row_run(got, want, batch, rows, first, count, 1e-6);
+                    // The rows packed into the same panels: the same bits.
+                    std::vector<float> from_rows(size_t(batch) * rows, NAN);
+                    build.gemm_rows_quantized(from_rows.data(), rows_only, quantized, first, count);
+                    CHECK(std::memcmp(from_rows.data(), got.data(), got.size() * sizeof(float)) ==
+                          0);
+                    // Each token alone through the decode matvec: the same bits.
+                    for (int b = 0; b < batch; ++b) {
+                        cpu::QuantizedVector token;
+                        cpu::quantize_q8(&token, x.data() + size_t(b) * cols, cols);
+                        std::vector<float> alone(rows, NAN);
+                        (dtype == DType::Q8_0 ? build.matvec_rows_q8 : build.matvec_rows_q4)(
+                            alone.data(), m.matrix, token, first, count);
+                        CHECK(std::memcmp(alone.data() + first,
+                                          got.data() + size_t(b) * rows + first,
+                                          count * sizeof(float)) == 0);
+                    }
                 }
             }
     }

@@ -39,8 +39,9 @@ bool matvec_on_q8_groups(DType dtype) {
     return dtype == DType::Q4_1 || dtype == DType::Q5_0 || dtype == DType::Q5_1;
 }
 
-// Whether the kernels in use are AVX-512's with AVX512_VNNI.
+// Whether the kernels in use are AVX-512's with AVX512_VNNI, or AVX2's with AVX-VNNI.
 bool on_avx512_vnni() { return active_level == SimdLevel::Avx512 && has_avx512_vnni; }
+bool on_avx_vnni() { return active_level == SimdLevel::Avx2 && has_avx_vnni; }
 
 // Whether w is read from its tiles at the level in use.
 bool reads_tiles(const Matrix& w) { return w.row_tiles && uses_row_tiles(w.dtype); }
@@ -51,7 +52,8 @@ void set_simd_level(SimdLevel level) { active_level = level; }
 
 bool uses_row_tiles(DType dtype) {
     if (!has_row_tiles(dtype)) return false;
-    return is_quantized(dtype) ? on_avx512_vnni() : active_level >= SimdLevel::Avx2;
+    return is_quantized(dtype) ? on_avx512_vnni() || on_avx_vnni()
+                               : active_level >= SimdLevel::Avx2;
 }
 SimdLevel simd_level() { return active_level; }
 const char* simd_level_name(SimdLevel level) {
@@ -189,11 +191,15 @@ void matvec_many(const MatvecTask* task_list, int task_count) {
                 else if (!use_simd || is_block_type(dtype))
                     scalar::matvec_rows(task.out, *task.w, task.x, row, count);
                 else if (dtype == DType::Q8_0)
-                    (tiled ? avx512::matvec_rows_q8 : avx2::matvec_rows_q8)(
-                        task.out, *task.w, *quantized_x[t], row, count);
+                    (!tiled ? avx2::matvec_rows_q8
+                     : use_avx512_vnni
+                         ? avx512::matvec_rows_q8
+                         : avxvnni::matvec_rows_q8)(task.out, *task.w, *quantized_x[t], row, count);
                 else if (dtype == DType::Q4_0)
-                    (tiled ? avx512::matvec_rows_q4 : avx2::matvec_rows_q4)(
-                        task.out, *task.w, *quantized_x[t], row, count);
+                    (!tiled ? avx2::matvec_rows_q4
+                     : use_avx512_vnni
+                         ? avx512::matvec_rows_q4
+                         : avxvnni::matvec_rows_q4)(task.out, *task.w, *quantized_x[t], row, count);
                 else if (use_bf16_x[t])
                     avx512::matvec_rows_bf16_x(task.out, *task.w, halves[t].data(), row, count);
                 else if (use_half_x[t])
@@ -337,7 +343,7 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
     }
     const int threads = threads_for(total_rows * row_work);
     std::atomic<int> next_row{0};  // rows of all outputs, one matrix after another
-    // Q8 and Q4 weights with VNNI (from their tiles with AVX-512 VNNI, their rows with AVX-VNNI),
+    // Q8 and Q4 weights with VNNI (from their tiles, AVX-512's or AVX-VNNI's kernel),
     // Q4 on AVX2 without it (vpmaddubsw), and the block types (with AVX-512 VNNI on its kernel,
     // else on AVX2's; each output on its own type's kernel): x is quantized once, a token at a
     // time, the threads sharing the work and the result; the buffers belong to the calling
@@ -346,7 +352,7 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
         return (is_quantized(o.w->dtype) && o.w->row_tiles) || is_block_type(o.w->dtype);
     });
     const bool avx512_vnni = on_avx512_vnni() && all_tiled;
-    const bool avx_vnni = active_level == SimdLevel::Avx2 && has_avx_vnni;
+    const bool avx_vnni = on_avx_vnni();
     const bool q4_maddubs = active_level == SimdLevel::Avx2 && !has_avx_vnni;
     const bool avx2_integer =
         !avx512_vnni && std::all_of(outputs.begin(), outputs.end(), [&](const BatchOutput& o) {
@@ -354,17 +360,16 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
                    (q4_maddubs && o.w->dtype == DType::Q4_0);
         });
     // Fewer Q8 and Q4 tokens than the f32 GEMM's tile where no VNNI GEMM runs (AVX2 without
-    // VNNI: Q4 on vpmaddubsw's GEMM from that tile on), and Q8 with AVX-VNNI's, go faster
-    // through the decode matvec's integer dot products, each row read once for all of them (a
-    // server step of 8 TinyLlama sequences on Zen 4 with --simd avx2: Q4 57 tok/s against the
-    // f32 GEMM's 25.5, Q8 53 against 31; Q8 with AVX-VNNI 64 against its GEMM's 41, Q4 62
-    // against 70, kept on the GEMM). Q4's switch stays at the tile: a token's result has the
-    // same bits in every batch on one side of it (as the server's step needs).
+    // VNNI: Q4 on vpmaddubsw's GEMM from that tile on) go faster through the decode matvec's
+    // integer dot products, each row read once for all of them (a server step of 8 TinyLlama
+    // sequences on Zen 4 with --simd avx2: Q4 57 tok/s against the f32 GEMM's 25.5, Q8 53
+    // against 31). Q4's switch stays at the tile: a token's result has the same bits in every
+    // batch on one side of it (as the server's step needs). The VNNI GEMMs read such batches
+    // from the tiles directly.
     const bool small_quantized =
-        batch < avx2::kTokenTile &&
+        !avx_vnni && batch < avx2::kTokenTile &&
         std::all_of(outputs.begin(), outputs.end(), [&](const BatchOutput& o) {
-            return o.w->dtype == DType::Q8_0 ||
-                   (o.w->dtype == DType::Q4_0 && (!avx2_integer || q4_maddubs));
+            return o.w->dtype == DType::Q8_0 || o.w->dtype == DType::Q4_0;
         });
     if (!avx512_vnni && small_quantized) {
         quantized_matvecs(x, batch, std::vector<BatchOutput>(outputs));

@@ -54,7 +54,8 @@ const char* simd_level_name(SimdLevel level);
 // The level for a name of simd_level_name ("scalar", "avx2", "avx512"); false if none.
 bool parse_simd_level(const std::string& name, SimdLevel* level);
 // Whether the decode kernels of the level in use read matrices of `dtype` in tiles of 16 rows
-// (Matrix::row_tiles): Q8 and Q4 on AVX-512 with AVX512_VNNI (cpu/quantized_tiles.h), Q4_K, Q5_K,
+// (Matrix::row_tiles): Q8 and Q4 on AVX-512 with AVX512_VNNI and on AVX2 with AVX-VNNI
+// (cpu/quantized_tiles.h), Q4_K, Q5_K,
 // Q6_K and IQ4_XS on AVX2 and AVX-512 (cpu/super_block_tiles.h). Elsewhere, and for matrices
 // without tiles, they read the rows.
 bool uses_row_tiles(DType dtype);
@@ -175,7 +176,8 @@ void store_q8_k_token(QuantizedBatch* x, const Q8KVector& q8_k, int token);
 // depend on the other tokens of the batch or their number, with two exceptions, faster through
 // the matvec, whose sums differ from the GEMM's by rounding: block-type weights (Q4_K, Q6_K, ...)
 // meet batches of up to 8 tokens there, and Q8 and Q4 weights where no integer GEMM runs (AVX2
-// without VNNI; Q8 with AVX-VNNI's) batches of fewer than 16.
+// without VNNI) batches of fewer than 16. (With AVX-VNNI, Q8 and Q4 tokens have the same bits
+// in a GEMM as through the matvec.)
 void gemm(float* out, const float* x, int batch, const Matrix& w);
 
 // Several GEMMs of the same x (e.g. q, k and v) in one parallel region: x is transposed

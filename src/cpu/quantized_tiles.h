@@ -1,6 +1,8 @@
-// Q8 and Q4 matrices re-laid out in tiles of 16 rows for the AVX-512 VNNI kernels
-// (matvec_quantized_avx512vnni.cpp, gemm_quantized_avx512vnni.cpp). The CPU backend makes them
-// once, when it takes the model on the AVX-512 path of a CPU with AVX512_VNNI
+// Q8 and Q4 matrices re-laid out in tiles of 16 rows for the VNNI kernels: AVX-512's
+// (matvec_quantized_avx512vnni.cpp, gemm_quantized_avx512vnni.cpp) and AVX-VNNI's
+// (matvec_quantized_avxvnni.cpp, gemm_quantized_panels.h), which read a 64-byte register of a
+// tile as two halves of 8 rows. The CPU backend makes them once, when it takes the model on the
+// AVX-512 path of a CPU with AVX512_VNNI or the AVX2 path of a CPU with AVX-VNNI
 // (cpu/resident_weights.h), and points Matrix::row_tiles at them; the row-major values and scales
 // stay in the file's mapping for the other paths. (Q4_K's, Q5_K's, Q6_K's and IQ4_XS's tiles:
 // cpu/super_block_tiles.h.)

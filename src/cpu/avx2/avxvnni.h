@@ -12,12 +12,21 @@
 
 namespace barellm::cpu::avxvnni {
 
-// ---- The prefill GEMM for Q8 and Q4 weights (gemm_quantized_avxvnni.cpp), in two steps, as the
-// AVX-512 VNNI one:
+// ---- Decode matvecs for Q8 and Q4 weights read from their tiles (Matrix::row_tiles,
+// cpu/quantized_tiles.h), x quantized by quantize_q8 (matvec_quantized_avxvnni.cpp): out[r] =
+// W[r] · x for each row r of the run.
+void matvec_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+                    int row_count);
+void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+                    int row_count);
+
+// ---- The GEMM for Q8 and Q4 weights (gemm_quantized_avxvnni.cpp), for a server step's few
+// tokens and a prompt's many, in two steps, as the AVX-512 VNNI one:
 // - x [batch, cols] is quantized to Q8 a token at a time (avx2::quantize_token, exactly as
 //   quantize_q8 does) into a QuantizedBatch (resize_quantized_batch) the threads share;
-// - then any run of weight rows, read as the file stores them, is computed from it
-//   (gemm_rows_quantized, out [batch, w.rows]), each group's dot product in int32.
+// - then any run of weight rows, read from their tiles (or from the rows where w has none), is
+//   computed from it (gemm_rows_quantized, out [batch, w.rows]), each group's dot product in
+//   int32; a token's sums are the bits of the matvec above.
 
 constexpr int kQuantizedRowTile = 16;   // weight rows packed and computed together: two registers
 constexpr int kQuantizedTokenTile = 3;  // tokens per micro-kernel call

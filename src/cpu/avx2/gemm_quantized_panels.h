@@ -3,16 +3,20 @@
 // int32 dot product), shared by its two builds:
 // - gemm_quantized_avxvnni.cpp, AVX2 + AVX-VNNI: Q8 and Q4 on the 256-bit vpdpbusd; the design
 //   of the AVX-512 VNNI GEMM (gemm_quantized_avx512vnni.cpp, whose comment explains the
-//   unsigned weights and each group's start) on ymm registers, and on the weights as the file
-//   stores them;
+//   unsigned weights and each group's start) on ymm registers, the weights read from their
+//   tiles of 16 rows (cpu/quantized_tiles.h), which the CPU backend makes on this level, or
+//   from their rows where a matrix has no tiles;
 // - gemm_quantized_avx2.cpp, plain AVX2 (no VNNI, e.g. AMD Zen 3): Q4 on vpmaddubsw, whose
-//   int16 sums hold a whole group of nibble products.
+//   int16 sums hold a whole group of nibble products, from the rows.
 // kQuantizedRowTile = 16 rows at a time are packed (pack_panel) into a panel of bytes laid out
 // for the micro-kernel: per group, per step of four columns, the four bytes of each row side
-// by side, 8 rows a register (an 8 × 8 transpose of 32-bit words), and the group's scales as
-// f32. The panel (16 KB for 1024 columns) stays in L1/L2 while every token of the batch meets
-// it. The micro-kernel (tile_kernel) holds kQuantizedTokenTile = 3 tokens × 16 rows; see its
-// comment for the register budget.
+// by side, 8 rows a register, and the group's scales as f32. From rows that is an 8 × 8
+// transpose of 32-bit words; a tile is laid out so already (its registers copied, Q4's nibbles
+// expanded to bytes). The panel (16 KB for 1024 columns) stays in L1/L2 while every token of
+// the batch meets it. A batch of up to kDirectBatch tokens (a server step of a few decoding
+// sequences) skips the panel and reads the tiles as they are, with the same sums. The
+// micro-kernel (tile_kernel) holds kQuantizedTokenTile = 3 tokens × 16 rows; see its comment
+// for the register budget.
 //
 // Included by those two files alone, after the intrinsics (immintrin.h, or SIMDe's in the unit
 // tests): everything here has internal linkage, each file compiling it for its own
@@ -24,6 +28,8 @@
 #include <vector>
 
 #include "cpu/kernels.h"
+#include "cpu/panel_prefetcher.h"
+#include "cpu/quantized_tiles.h"
 #include "weights/half.h"
 
 namespace barellm::cpu {
@@ -43,6 +49,8 @@ constexpr int kGroupBytes = kGroupSteps * kStepBytes;          // panel bytes of
 constexpr int kUnsignedOffset = 128;                           // stored weight = value + 128
 constexpr char kZeroWeight = char(kUnsignedOffset);            // the stored form of 0
 constexpr size_t kAlignment = 32;                              // bytes: one register
+static_assert(kQuantizedRowTile == kTileRows && kStepBytes == kTileRegisterBytes,
+              "a tile's register is a panel's step");
 // vpmaddubsw's form of Q4: a nibble q stored as is (0..15), its value q − kQ4Offset; each
 // group's int32 start is then −kQ4Offset · Σx, the VNNI form's (−128 · Σx, which
 // QuantizedBatch::starts holds) divided exactly by kStartDivisor.
@@ -65,6 +73,15 @@ constexpr NibbleTable unsigned_nibbles() {
     return table;
 }
 constexpr NibbleTable kUnsignedNibbles = unsigned_nibbles();
+
+// Batches of up to this many tokens (a server step of a few decoding sequences) read the
+// weights from their tiles, with no panel: packing one costs more than the few kernel calls that
+// would read it gain (the AVX-512 VNNI GEMM's bound, gemm_quantized_avx512vnni.cpp).
+constexpr int kDirectBatch = 16;
+// How far ahead of the block being read a batch reading the tiles directly asks for cache
+// lines (the AVX-512 VNNI GEMM's distance, measured there: a few tokens take long enough over
+// each byte that the hardware prefetcher alone leaves the loads waiting on memory).
+constexpr int kTilePrefetchBytes = 48 * kCacheLine;
 
 // Stored weights, value + 128 for vpdpbusd (Q8 and Q4), or Q4's nibbles as they are for
 // vpmaddubsw.
@@ -137,12 +154,76 @@ inline void transpose8x8_words(__m256i rows[8]) {
     }
 }
 
+// Where the micro-kernel reads the stored weight bytes of a step (register of step s of group
+// g, rows 8h..8h+7) and the f32 scales: a packed panel (pack_panel), or a tile as it is
+// (vpdpbusd's form only), for a batch that meets it a few times (no panel worth packing). Both
+// give the same values, so a token's sums do not depend on which one its batch used.
+struct PanelWeights {
+    const uint8_t* panel;
+    const float* scales;
+    __m256i values(int g, int s, int h) const {
+        return _mm256_load_si256(reinterpret_cast<const __m256i*>(
+            panel + size_t(g) * kGroupBytes + s * kStepBytes + h * kLanes * kBytesPerLane));
+    }
+    __m256 group_scales(int g, int h) const {
+        return _mm256_load_ps(scales + g * kQuantizedRowTile + h * kLanes);
+    }
+    static constexpr bool kFromMemory = false;  // the panel is in cache already
+};
+template <DType kType>
+struct TileWeights {
+    const uint8_t* tile;
+    __m256i values(int g, int s, int h) const {
+        const uint8_t* group = tile_group_values(tile, kType, g) + h * kLanes * kTileLaneBytes;
+        if constexpr (kType == DType::Q8_0) {
+            return _mm256_load_si256(reinterpret_cast<const __m256i*>(group + s * kStepBytes));
+        } else {
+            // Register j holds steps j (low nibbles) and j + 4 (high); a nibble q stands for
+            // q − 8, stored as q + 120 (vpdpbusd's unsigned form) through the 16-byte table.
+            constexpr int kHighSteps = kGroupSteps / 2;
+            const __m256i bytes = _mm256_load_si256(
+                reinterpret_cast<const __m256i*>(group + (s % kHighSteps) * kStepBytes));
+            const __m256i nibbles = _mm256_and_si256(
+                s < kHighSteps ? bytes : _mm256_srli_epi16(bytes, 4), _mm256_set1_epi8(0x0f));
+            return _mm256_shuffle_epi8(
+                _mm256_broadcastsi128_si256(
+                    _mm_load_si128(reinterpret_cast<const __m128i*>(kUnsignedNibbles.bytes))),
+                nibbles);
+        }
+    }
+    __m256 group_scales(int g, int h) const {
+        return _mm256_cvtph_ps(_mm_load_si128(
+            reinterpret_cast<const __m128i*>(tile_group_scales(tile, kType, g) + h * kLanes)));
+    }
+    // The block of scales and values of group g (and its neighbour).
+    static constexpr bool kFromMemory = true;
+    static constexpr int kBlockBytes = int(tile_block_bytes(kType));
+    const uint8_t* block(int g) const { return tile_group_block(tile, kType, g); }
+};
+
 // The panel of rows first_row .. first_row + 15: panel[g][s][r][4] = the stored bytes of
 // columns 4s..4s+3 of group g of row r (the stored zero past the matrix); scales[g][r] = that
-// row's scale of group g (0 past the matrix).
+// row's scale of group g (0 past the matrix). From the matrix's tile where it has tiles
+// (vpdpbusd's form), else from its rows.
 template <DType kType, GroupDot kDot>
 void pack_panel(uint8_t* panel, float* scales, const Matrix& w, int first_row) {
     const int groups = w.scale_count_per_row();
+    if constexpr (kDot == GroupDot::Vnni)
+        if (w.row_tiles) {
+            const TileWeights<kType> tile{w.row_tiles +
+                                          size_t(first_row / kTileRows) * tile_bytes(w)};
+            for (int g = 0; g < groups; ++g)
+                for (int h = 0; h < kRowRegisters; ++h) {
+                    for (int s = 0; s < kGroupSteps; ++s)
+                        _mm256_store_si256(
+                            reinterpret_cast<__m256i*>(panel + size_t(g) * kGroupBytes +
+                                                       s * kStepBytes + h * kLanes * kBytesPerLane),
+                            tile.values(g, s, h));
+                    _mm256_store_ps(scales + g * kQuantizedRowTile + h * kLanes,
+                                    tile.group_scales(g, h));
+                }
+            return;
+        }
     for (int h = 0; h < kRowRegisters; ++h)
         for (int g = 0; g < groups; ++g) {
             __m256i rows[kLanes];
@@ -162,22 +243,23 @@ void pack_panel(uint8_t* panel, float* scales, const Matrix& w, int first_row) {
         }
 }
 
-// out[first_token + k][row] = Σ_g panel scale[g][row] × x scale[k][g] × (exact int32 dot of
-// group g) for TOKENS tokens and the panel's 16 rows (store_masks[h]: those of rows
-// 8h..8h+7 to write); out has `stride` floats a token.
+// out[first_token + k][row] = Σ_g (exact int32 dot of group g) × (weight scale[g][row] × x
+// scale[k][g]) for TOKENS tokens and 16 rows (store_masks[h]: those of rows 8h..8h+7 to write),
+// summed in the order of the AVX-VNNI decode matvec (matvec_quantized_avxvnni.cpp), so that a
+// token's bits are the same alone or in a batch; out has `stride` floats a token.
 //
 // Register tile: TOKENS ≤ kQuantizedTokenTile = 3 tokens × 16 rows (two registers of 8): 6
 // int32 dot registers and 6 f32 sum registers, plus the step's two weight registers and one
 // broadcast of x: 15 of the 16. Each step (four columns) loads two panel registers and
 // broadcasts four bytes of each token's x: 6 vpdpbusd for 2 + 3 loads. After a group's eight
-// steps its dots are converted, scaled and added to the sums.
+// steps its dots are converted, scaled and added to the sums. Weights read from memory (a tile,
+// not a panel) ask for the cache lines kTilePrefetchBytes ahead of each block of two groups.
 // With vpmaddubsw (kDot Maddubs, Q4) each step adds its pairs of products to int16 sums, in
 // the registers of the dots, and the group's end widens them to int32 with vpmaddwd (exact:
 // kLargestNibble above) and adds the group's start.
-template <int TOKENS, GroupDot kDot>
-void tile_kernel(float* out, int stride, const __m256i store_masks[kRowRegisters],
-                 const uint8_t* panel, const float* panel_scales, const QuantizedBatch& x,
-                 int first_token) {
+template <int TOKENS, GroupDot kDot, typename Weights>
+void tile_kernel(float* out, int stride, const __m256i store_masks[kRowRegisters], const Weights& w,
+                 const QuantizedBatch& x, int first_token) {
     const int8_t* values[TOKENS];
     const float* x_scales[TOKENS];
     const int32_t* starts[TOKENS];
@@ -193,6 +275,9 @@ void tile_kernel(float* out, int stride, const __m256i store_masks[kRowRegisters
 #pragma GCC unroll 4
         for (int h = 0; h < kRowRegisters; ++h) sums[k][h] = _mm256_setzero_ps();
     for (int g = 0; g < x.groups; ++g) {
+        if constexpr (Weights::kFromMemory)
+            if (g % kTileBlockGroups == 0)
+                prefetch_ahead(w.block(g), kTilePrefetchBytes, Weights::kBlockBytes);
         __m256i dots[TOKENS][kRowRegisters];
 #pragma GCC unroll 4
         for (int k = 0; k < TOKENS; ++k)
@@ -200,14 +285,11 @@ void tile_kernel(float* out, int stride, const __m256i store_masks[kRowRegisters
             for (int h = 0; h < kRowRegisters; ++h)
                 dots[k][h] = kDot == GroupDot::Vnni ? _mm256_set1_epi32(starts[k][g])
                                                     : _mm256_setzero_si256();
-        const uint8_t* group_panel = panel + size_t(g) * kGroupBytes;
 #pragma GCC unroll 8
         for (int s = 0; s < kGroupSteps; ++s) {
             __m256i weights[kRowRegisters];
 #pragma GCC unroll 4
-            for (int h = 0; h < kRowRegisters; ++h)
-                weights[h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(
-                    group_panel + s * kStepBytes + h * kLanes * kBytesPerLane));
+            for (int h = 0; h < kRowRegisters; ++h) weights[h] = w.values(g, s, h);
 #pragma GCC unroll 4
             for (int k = 0; k < TOKENS; ++k) {
                 int32_t word;
@@ -234,16 +316,14 @@ void tile_kernel(float* out, int stride, const __m256i store_masks[kRowRegisters
         }
         __m256 weight_scales[kRowRegisters];
 #pragma GCC unroll 4
-        for (int h = 0; h < kRowRegisters; ++h)
-            weight_scales[h] = _mm256_load_ps(panel_scales + g * kQuantizedRowTile + h * kLanes);
+        for (int h = 0; h < kRowRegisters; ++h) weight_scales[h] = w.group_scales(g, h);
 #pragma GCC unroll 4
         for (int k = 0; k < TOKENS; ++k) {
             const __m256 x_scale = _mm256_set1_ps(x_scales[k][g]);
 #pragma GCC unroll 4
             for (int h = 0; h < kRowRegisters; ++h)
-                sums[k][h] =
-                    _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dots[k][h]), weight_scales[h]),
-                                    x_scale, sums[k][h]);
+                sums[k][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[k][h]),
+                                             _mm256_mul_ps(weight_scales[h], x_scale), sums[k][h]);
         }
     }
 #pragma GCC unroll 4
@@ -254,11 +334,21 @@ void tile_kernel(float* out, int stride, const __m256i store_masks[kRowRegisters
                                 sums[k][h]);
 }
 
-using TileKernel = void (*)(float*, int, const __m256i*, const uint8_t*, const float*,
-                            const QuantizedBatch&, int);
-template <GroupDot kDot>
-constexpr TileKernel kTileKernels[kQuantizedTokenTile] = {
-    tile_kernel<1, kDot>, tile_kernel<2, kDot>, tile_kernel<3, kDot>};
+template <GroupDot kDot, typename Weights>
+using TileKernel = void (*)(float*, int, const __m256i*, const Weights&, const QuantizedBatch&,
+                            int);
+template <GroupDot kDot, typename Weights>
+constexpr TileKernel<kDot, Weights> kTileKernels[kQuantizedTokenTile] = {
+    tile_kernel<1, kDot, Weights>, tile_kernel<2, kDot, Weights>, tile_kernel<3, kDot, Weights>};
+
+// tile_kernel for `tokens` (1 ≤ tokens) tokens from token 0 on, kQuantizedTokenTile a call.
+template <GroupDot kDot, typename Weights>
+void run_tile_kernels(float* out, int stride, const __m256i store_masks[kRowRegisters],
+                      const Weights& w, const QuantizedBatch& x) {
+    for (int token = 0; token < x.batch; token += kQuantizedTokenTile)
+        kTileKernels<kDot, Weights>[std::min(kQuantizedTokenTile, x.batch - token) - 1](
+            out, stride, store_masks, w, x, token);
+}
 
 // The lanes i of 8 with base + i in [first, end), as a maskstore mask.
 inline __m256i lanes_in(int base, int first, int end) {
@@ -274,6 +364,22 @@ inline __m256i lanes_in(int base, int first, int end) {
 template <DType kType, GroupDot kDot>
 void gemm_rows_typed(float* out, const Matrix& w, const QuantizedBatch& x, int first_row,
                      int row_count) {
+    const int end_row = first_row + row_count;
+    // A small batch reads the tiles as they are: one tile a run of calls.
+    if constexpr (kDot == GroupDot::Vnni)
+        if (w.row_tiles && x.batch <= kDirectBatch) {
+            for (int tile_row = first_row / kTileRows * kTileRows; tile_row < end_row;
+                 tile_row += kTileRows) {
+                const __m256i store_masks[kRowRegisters] = {
+                    lanes_in(tile_row, first_row, end_row),
+                    lanes_in(tile_row + kLanes, first_row, end_row)};
+                run_tile_kernels<kDot>(
+                    out + tile_row, w.rows, store_masks,
+                    TileWeights<kType>{w.row_tiles + size_t(tile_row / kTileRows) * tile_bytes(w)},
+                    x);
+            }
+            return;
+        }
     // One panel and its scales, 32-byte aligned, kept from call to call.
     static thread_local std::vector<uint8_t> panel_storage;
     static thread_local std::vector<float> scale_storage;
@@ -281,7 +387,6 @@ void gemm_rows_typed(float* out, const Matrix& w, const QuantizedBatch& x, int f
     scale_storage.resize(size_t(x.groups) * kQuantizedRowTile + kAlignment / sizeof(float));
     uint8_t* panel = align32(panel_storage.data());
     float* scales = align32(scale_storage.data());
-    const int end_row = first_row + row_count;
     // Panels of 16 rows from a multiple of 16; one the run shares with another thread's is
     // computed by both, each storing its own rows.
     for (int panel_row = first_row / kQuantizedRowTile * kQuantizedRowTile; panel_row < end_row;
@@ -290,9 +395,8 @@ void gemm_rows_typed(float* out, const Matrix& w, const QuantizedBatch& x, int f
         const __m256i store_masks[kRowRegisters] = {
             lanes_in(panel_row, first_row, end_row),
             lanes_in(panel_row + kLanes, first_row, end_row)};
-        for (int token = 0; token < x.batch; token += kQuantizedTokenTile)
-            kTileKernels<kDot>[std::min(kQuantizedTokenTile, x.batch - token) - 1](
-                out + panel_row, w.rows, store_masks, panel, scales, x, token);
+        run_tile_kernels<kDot>(out + panel_row, w.rows, store_masks, PanelWeights{panel, scales},
+                               x);
     }
 }
 
