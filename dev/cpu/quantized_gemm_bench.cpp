@@ -6,7 +6,8 @@
 // quantized_matvec_bench.cpp says:
 //   g++ -std=c++17 -O2 -fopenmp -Isrc -o build/quantized_gemm_bench
 //       dev/cpu/quantized_gemm_bench.cpp build/objects.a        (one command)
-//   OMP_NUM_THREADS=2 build/quantized_gemm_bench [COLS (default 2048)]
+//   OMP_NUM_THREADS=2 build/quantized_gemm_bench [COLS (default 2048)] [LEVEL (avx2, avx512;
+//       default the best this CPU runs)]
 #include <omp.h>
 #include <time.h>
 
@@ -52,8 +53,16 @@ double gemm_gbps(const Matrix& m, int batch, std::mt19937& rng) {
 
 int main(int argc, char** argv) {
     const int cols = argc > 1 ? std::atoi(argv[1]) : 2048;
-    std::printf("%d columns, %d threads, GB/s of weights from memory (median); tokens × GB/s\n",
-                cols, omp_get_max_threads());
+    if (argc > 2) {
+        cpu::SimdLevel level;
+        if (!cpu::parse_simd_level(argv[2], &level) || level > cpu::detect_simd_level()) {
+            std::fprintf(stderr, "quantized_gemm_bench: no level %s on this CPU\n", argv[2]);
+            return 1;
+        }
+        cpu::set_simd_level(level);
+    }
+    std::printf("%d columns, %d threads, %s, GB/s of weights from memory (median); tokens × GB/s\n",
+                cols, omp_get_max_threads(), cpu::simd_description().c_str());
     std::printf("| weights | tokens | GB/s | tokens × GB/s |\n| --- | ---: | ---: | ---: |\n");
     std::mt19937 rng(1);
     for (DType dtype : {DType::Q8_0, DType::Q4_0}) {

@@ -76,11 +76,15 @@ constexpr NibbleTable kUnsignedNibbles = unsigned_nibbles();
 
 // Batches of up to this many tokens (a server step of a few decoding sequences) read the
 // weights from their tiles, with no panel: packing one costs more than the few kernel calls that
-// would read it gain (the AVX-512 VNNI GEMM's bound, gemm_quantized_avx512vnni.cpp).
+// would read it gain. On the Intel Xeon of docs/BENCHMARKS.md at the AVX2 level, 2 threads, a
+// 600 MB matrix of 2048 columns (dev/cpu/quantized_gemm_bench.cpp): Q4 at 6, 8 and 12 tokens
+// 12.5, 10.0 and 7.6 GB/s from the tiles against 9.8, 8.6 and 7.2 through panels; at 16, 5.9
+// against 6.1 (Q8 10.1 against 10.2).
 constexpr int kDirectBatch = 16;
 // How far ahead of the block being read a batch reading the tiles directly asks for cache
-// lines (the AVX-512 VNNI GEMM's distance, measured there: a few tokens take long enough over
-// each byte that the hardware prefetcher alone leaves the loads waiting on memory).
+// lines: a few tokens take long enough over each byte that the hardware prefetcher alone
+// leaves the loads waiting on memory. Same machine and matrix, 8 tokens: Q8 13.2 GB/s with no
+// prefetch, 14.3 with 12 lines, 14.6 with 48; Q4 8.2, 9.5 and 10.0.
 constexpr int kTilePrefetchBytes = 48 * kCacheLine;
 
 // Stored weights, value + 128 for vpdpbusd (Q8 and Q4), or Q4's nibbles as they are for
@@ -156,8 +160,11 @@ inline void transpose8x8_words(__m256i rows[8]) {
 
 // Where the micro-kernel reads the stored weight bytes of a step (register of step s of group
 // g, rows 8h..8h+7) and the f32 scales: a packed panel (pack_panel), or a tile as it is
-// (vpdpbusd's form only), for a batch that meets it a few times (no panel worth packing). Both
-// give the same values, so a token's sums do not depend on which one its batch used.
+// (vpdpbusd only), for a batch that meets it a few times (no panel worth packing). A group's
+// int32 dot starts from x's start (−128 · Σx) divided by kStartDivisor: 1 where weights are
+// stored value + 128, kStartDivisor where they are Q4's nibbles as they are (a tile's, which
+// saves a table lookup per register). Both give the same exact dots, so a token's sums do not
+// depend on which one its batch used.
 struct PanelWeights {
     const uint8_t* panel;
     const float* scales;
@@ -169,6 +176,7 @@ struct PanelWeights {
         return _mm256_load_ps(scales + g * kQuantizedRowTile + h * kLanes);
     }
     static constexpr bool kFromMemory = false;  // the panel is in cache already
+    static constexpr int kStartDivisor = 1;
 };
 template <DType kType>
 struct TileWeights {
@@ -178,23 +186,19 @@ struct TileWeights {
         if constexpr (kType == DType::Q8_0) {
             return _mm256_load_si256(reinterpret_cast<const __m256i*>(group + s * kStepBytes));
         } else {
-            // Register j holds steps j (low nibbles) and j + 4 (high); a nibble q stands for
-            // q − 8, stored as q + 120 (vpdpbusd's unsigned form) through the 16-byte table.
+            // Register j holds steps j (low nibbles) and j + 4 (high).
             constexpr int kHighSteps = kGroupSteps / 2;
             const __m256i bytes = _mm256_load_si256(
                 reinterpret_cast<const __m256i*>(group + (s % kHighSteps) * kStepBytes));
-            const __m256i nibbles = _mm256_and_si256(
-                s < kHighSteps ? bytes : _mm256_srli_epi16(bytes, 4), _mm256_set1_epi8(0x0f));
-            return _mm256_shuffle_epi8(
-                _mm256_broadcastsi128_si256(
-                    _mm_load_si128(reinterpret_cast<const __m128i*>(kUnsignedNibbles.bytes))),
-                nibbles);
+            return _mm256_and_si256(s < kHighSteps ? bytes : _mm256_srli_epi16(bytes, 4),
+                                    _mm256_set1_epi8(0x0f));
         }
     }
     __m256 group_scales(int g, int h) const {
         return _mm256_cvtph_ps(_mm_load_si128(
             reinterpret_cast<const __m128i*>(tile_group_scales(tile, kType, g) + h * kLanes)));
     }
+    static constexpr int kStartDivisor = kType == DType::Q4_0 ? cpu::kStartDivisor : 1;
     // The block of scales and values of group g (and its neighbour).
     static constexpr bool kFromMemory = true;
     static constexpr int kBlockBytes = int(tile_block_bytes(kType));
@@ -204,7 +208,8 @@ struct TileWeights {
 // The panel of rows first_row .. first_row + 15: panel[g][s][r][4] = the stored bytes of
 // columns 4s..4s+3 of group g of row r (the stored zero past the matrix); scales[g][r] = that
 // row's scale of group g (0 past the matrix). From the matrix's tile where it has tiles
-// (vpdpbusd's form), else from its rows.
+// (vpdpbusd's form: Q4's nibbles q stored as q + 120 through the 16-byte table), else from its
+// rows.
 template <DType kType, GroupDot kDot>
 void pack_panel(uint8_t* panel, float* scales, const Matrix& w, int first_row) {
     const int groups = w.scale_count_per_row();
@@ -214,11 +219,18 @@ void pack_panel(uint8_t* panel, float* scales, const Matrix& w, int first_row) {
                                           size_t(first_row / kTileRows) * tile_bytes(w)};
             for (int g = 0; g < groups; ++g)
                 for (int h = 0; h < kRowRegisters; ++h) {
-                    for (int s = 0; s < kGroupSteps; ++s)
+                    for (int s = 0; s < kGroupSteps; ++s) {
+                        __m256i values = tile.values(g, s, h);
+                        if constexpr (kType == DType::Q4_0)
+                            values = _mm256_shuffle_epi8(
+                                _mm256_broadcastsi128_si256(_mm_load_si128(
+                                    reinterpret_cast<const __m128i*>(kUnsignedNibbles.bytes))),
+                                values);
                         _mm256_store_si256(
                             reinterpret_cast<__m256i*>(panel + size_t(g) * kGroupBytes +
                                                        s * kStepBytes + h * kLanes * kBytesPerLane),
-                            tile.values(g, s, h));
+                            values);
+                    }
                     _mm256_store_ps(scales + g * kQuantizedRowTile + h * kLanes,
                                     tile.group_scales(g, h));
                 }
@@ -283,8 +295,9 @@ void tile_kernel(float* out, int stride, const __m256i store_masks[kRowRegisters
         for (int k = 0; k < TOKENS; ++k)
 #pragma GCC unroll 4
             for (int h = 0; h < kRowRegisters; ++h)
-                dots[k][h] = kDot == GroupDot::Vnni ? _mm256_set1_epi32(starts[k][g])
-                                                    : _mm256_setzero_si256();
+                dots[k][h] = kDot == GroupDot::Vnni
+                                 ? _mm256_set1_epi32(starts[k][g] / Weights::kStartDivisor)
+                                 : _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int s = 0; s < kGroupSteps; ++s) {
             __m256i weights[kRowRegisters];
