@@ -57,36 +57,9 @@ std::vector<AvxVnniBuild> builds() {
 TEST_CASE("AVX-VNNI Q8 and Q4 decode matvec from tiles matches a reference") {
     std::mt19937 rng(614);
     const auto dtype = GENERATE(DType::Q8_0, DType::Q4_0);
-    for (const AvxVnniBuild& build : builds()) {
-        // Q8: any width (a short last group); Q4: whole blocks of 32. Odd and even group
-        // counts: a tile's blocks hold two groups, the last one maybe only one.
-        const std::vector<int> widths =
-            dtype == DType::Q8_0
-                ? std::vector<int>{1, 5, 31, 32, 33, 63, 64, 65, 100, 511, 512, 513, 600, 1100}
-                : std::vector<int>{32, 64, 96, 160, 512, 544, 608, 1056};
-        for (int cols : widths) {
-            // Three tiles of 16 rows, the last partial; runs of rows from a tile's middle to
-            // another's and within one half of 8 rows, as threads are given.
-            const int rows = 37;
-            const TestMatrix m = make_matrix(rows, cols, dtype, rng);
-            // Large values: the int8 products then reach their extremes (±127 × 127).
-            const std::vector<float> x = random_floats(cols, rng, 50.0f);
-            cpu::QuantizedVector quantized;
-            cpu::quantize_q8(&quantized, x.data(), cols);
-            const std::vector<double> want = reference_gemm(m, quantized_like_the_kernel(x), 1);
-            for (auto [first, count] : {std::pair{1, rows - 2}, {17, 3}, {5, 11}, {9, 26}}) {
-                std::vector<float> got(rows, NAN);
-                (dtype == DType::Q8_0 ? build.matvec_rows_q8 : build.matvec_rows_q4)(
-                    got.data(), m.matrix, quantized, first, count);
-                INFO(build.name << " " << dtype_name(dtype) << " cols " << cols << " rows " << first
-                                << ".." << first + count - 1);
-                CHECK(relative_error(row_range(got, first, count), row_range(want, first, count)) <
-                      1e-6);
-                CHECK(std::isnan(got[first - 1]));
-                CHECK(std::isnan(got[first + count]));
-            }
-        }
-    }
+    for (const AvxVnniBuild& build : builds())
+        check_tile_matvec(dtype, dtype == DType::Q8_0 ? build.matvec_rows_q8 : build.matvec_rows_q4,
+                          build.name, rng);
 }
 
 TEST_CASE(

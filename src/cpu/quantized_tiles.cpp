@@ -1,10 +1,12 @@
 // Q8 and Q4 matrices in tiles of 16 rows (the layout: cpu/quantized_tiles.h).
 #include "cpu/quantized_tiles.h"
 
+#include <algorithm>
 #include <cstring>
 #include <new>
 #include <string>
 
+#include "cpu/panel_prefetcher.h"
 #include "cpu/super_block_tiles.h"
 #include "util/error.h"
 #include "weights/safetensors.h"
@@ -72,6 +74,22 @@ void write_row_tiles(const Matrix& w, uint8_t* tiles) {
                                 group + j * kTileLaneBytes, kTileLaneBytes);
             }
         }
+}
+
+const TileX& prepare_tile_x(const QuantizedVector& x, int offset) {
+    static thread_local TileX prepared;
+    const int groups = int(x.scales.size());
+    prepared.values.assign(size_t(groups) * kQ8Group, 0);
+    std::copy(x.values.begin(), x.values.end(), prepared.values.begin());
+    prepared.starts.resize(groups);
+    for (int g = 0; g < groups; ++g) prepared.starts[g] = -offset * int(x.group_sums[g]);
+    return prepared;
+}
+
+int tile_prefetch_bytes() {
+    constexpr int kIntelPrefetchLines = 12;
+    static const int bytes = cpu_prefetches_tiles_unaided() ? 0 : kIntelPrefetchLines * kCacheLine;
+    return bytes;
 }
 
 AlignedBytes make_row_tiles(const Matrix& w) {

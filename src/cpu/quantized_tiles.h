@@ -33,6 +33,7 @@
 #include <memory>
 #include <vector>
 
+#include "cpu/kernels.h"
 #include "weights/model.h"
 
 namespace barellm::cpu {
@@ -82,6 +83,23 @@ inline bool has_row_tiles(DType dtype) {
 int tile_count(const Matrix& w);          // ceil(rows / 16)
 size_t tile_bytes(const Matrix& w);       // bytes of one tile
 size_t row_tiles_bytes(const Matrix& w);  // bytes of all the tiles of w
+
+// x as the tile matvecs (avx512::matvec_rows_q8/_q4, avxvnni::matvec_rows_q8/_q4) read it: its
+// values padded with zeros to whole groups, and each group's start, −offset × Σ of its values.
+// A tile's weights are unsigned, Q8's value + 128 and Q4's nibble q standing for q − 8, so each
+// dot product is offset × Σx too large: starting from `start` (offset 128 for Q8, 8 for Q4)
+// makes its int32 result exact.
+struct TileX {
+    std::vector<int8_t> values;
+    std::vector<int32_t> starts;
+};
+// The calling thread's TileX of x, rewritten at each call.
+const TileX& prepare_tile_x(const QuantizedVector& x, int offset);
+// How far ahead of the block being read the tile matvecs ask for cache lines, in bytes: on
+// Intel, where the loads waited for memory without it, 12 lines; 0 where the hardware
+// prefetcher streams the tiles faster alone (cpu_prefetches_tiles_unaided;
+// docs/benchmarks-history.md: "CPU: software prefetch distances of the decode matvecs").
+int tile_prefetch_bytes();
 
 // A 64-byte aligned buffer of bytes.
 struct FreeBytes {

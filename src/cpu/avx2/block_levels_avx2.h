@@ -2,10 +2,11 @@
 // 32 unsigned levels (or IQ4_XS's signed values) in column order, and Q4_K's, Q5_K's, Q6_K's
 // and IQ4_XS's tiles (cpu/super_block_tiles.h) as registers of four columns of 8 rows, shared by
 // the AVX2 decode matvecs (matvec_super_blocks_avx2.cpp, matvec_small_blocks_avx2.cpp,
-// matvec_super_block_tiles_avx2.cpp) and the prefill GEMM on 256-bit registers
-// (gemm_blocks_panels.h). Include it only from the *_avx2.cpp and *_avxvnni.cpp files.
+// matvec_super_block_tiles_avx2.cpp; the Q8 and Q4 tiles' matvec_quantized_avxvnni.cpp) and the
+// prefill GEMM on 256-bit registers (gemm_blocks_panels.h). Include it only from the *_avx2.cpp and *_avxvnni.cpp files.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -185,9 +186,30 @@ inline void iq4_xs_tile_values(const uint8_t* block, int j, int k, int h, __m256
     *high = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble));
 }
 
-// The 8 f16 at p (a tile's d or dmin of 8 rows) as f32.
+// The four bytes at p in every 32-bit lane: four columns of x against a tile's register.
+inline __m256i broadcast_word(const int8_t* p) {
+    int32_t word;
+    std::memcpy(&word, p, sizeof word);
+    return _mm256_set1_epi32(word);
+}
+
+// The 8 f16 at p (a tile's d or dmin of 8 rows, or a Q8/Q4 tile's scales of 8 rows) as f32.
 inline __m256 tile_halves(const uint8_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// Sums of the 8 rows of a half tile, row_base..row_base + 7, into out[row], those in [first,
+// end).
+inline void store_rows(float* out, __m256 sums, int row_base, int first, int end) {
+    if (row_base >= first && row_base + kTileHalfRows <= end) {
+        _mm256_storeu_ps(out + row_base, sums);
+        return;
+    }
+    alignas(32) float lanes[kTileHalfRows];
+    _mm256_store_ps(lanes, sums);
+    for (int lane = std::max(0, first - row_base); lane < std::min(kTileHalfRows, end - row_base);
+         ++lane)
+        out[row_base + lane] = lanes[lane];
 }
 
 }  // namespace barellm::cpu::avx2

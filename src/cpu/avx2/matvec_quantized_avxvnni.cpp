@@ -12,17 +12,9 @@
 // exact int32 dot of each group, then sum += dot × (weight scale × x scale) in the same order. So
 // a sequence's logits do not depend on whether the server's step decoded it alone or beside
 // others.
-#ifdef BARELLM_SIMDE
-#include "simde_avx512.h"  // tests/simde/: SIMDe's AVX2, and vpdpbusd
-#else
-#include <immintrin.h>
-#endif
-
-#include <algorithm>
-#include <cstring>
-#include <vector>
-
 #include "cpu/avx2/avxvnni.h"
+#include "cpu/avx2/block_levels_avx2.h"
+#include "cpu/avx2/intrinsics_avx2.h"
 #include "cpu/panel_prefetcher.h"
 #include "cpu/quantized_tiles.h"
 
@@ -30,52 +22,20 @@ namespace barellm::cpu::avxvnni {
 
 namespace {
 
+using avx2::broadcast_word;
+using avx2::kTileHalfBytes;
+using avx2::kTileHalfRows;
+using avx2::kTileHalves;
+using avx2::store_rows;
+using avx2::tile_halves;
+
 constexpr int kGroup = kQ8Group;  // columns per scale (Q4's blocks are as wide)
 static_assert(kQ4Block == kGroup);
 constexpr int kHalfGroup = kGroup / 2;  // Q4: the high nibbles are columns 16-31
-constexpr int kLanes = 8;               // 32-bit lanes of a ymm register: rows of a half tile
-constexpr int kTileHalves = kTileRows / kLanes;              // 2
-constexpr int kHalfRegisterBytes = kLanes * kTileLaneBytes;  // 32
-static_assert(kTileHalves * kHalfRegisterBytes == kTileRegisterBytes);
 
-// How far ahead of the block being read each block of two groups asks for cache lines: the
-// AVX-512 matvec's distance (measured there on Intel, where the loads waited for memory
-// without it); 0 where the hardware prefetcher streams the tiles alone.
-int tile_prefetch_bytes() {
-    static const int bytes = cpu_prefetches_tiles_unaided() ? 0 : 12 * kCacheLine;
-    return bytes;
-}
-
-// The four bytes at p in every 32-bit lane.
-inline __m256i broadcast_word(const int8_t* p) {
-    int32_t word;
-    std::memcpy(&word, p, sizeof word);
-    return _mm256_set1_epi32(word);
-}
-
-// Half h (rows 8h..8h+7) of a tile register, or of a group's 16 f16 scales, as f32.
+// Half h (rows 8h..8h+7) of a tile register.
 inline __m256i half_register(const uint8_t* reg, int h) {
-    return _mm256_load_si256(reinterpret_cast<const __m256i*>(reg + h * kHalfRegisterBytes));
-}
-inline __m256 half_scales(const uint16_t* scales, int h) {
-    return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(scales + h * kLanes)));
-}
-
-// x as the kernel reads it: its values padded with zeros to whole groups, and each group's
-// start, −offset × Σ of its values (offset 128 for Q8, 8 for Q4).
-struct TileX {
-    std::vector<int8_t> values;
-    std::vector<int32_t> starts;
-};
-
-const TileX& prepare_x(const QuantizedVector& x, int offset) {
-    static thread_local TileX prepared;
-    const int groups = int(x.scales.size());
-    prepared.values.assign(size_t(groups) * kGroup, 0);
-    std::copy(x.values.begin(), x.values.end(), prepared.values.begin());
-    prepared.starts.resize(groups);
-    for (int g = 0; g < groups; ++g) prepared.starts[g] = -offset * int(x.group_sums[g]);
-    return prepared;
+    return _mm256_load_si256(reinterpret_cast<const __m256i*>(reg + h * kTileHalfBytes));
 }
 
 // The group's 16 exact int32 dot products of a tile, rows 8h..8h+7 in dots[h]: `values` are
@@ -119,23 +79,11 @@ inline void group_dots(__m256i dots[kTileHalves], const uint8_t* values, const i
     for (int h = 0; h < kTileHalves; ++h) dots[h] = _mm256_add_epi32(even[h], odd[h]);
 }
 
-// Sums of rows row_base..row_base + 7 into out, those of [first, end).
-inline void store_rows(float* out, __m256 sums, int row_base, int first, int end) {
-    if (row_base >= first && row_base + kLanes <= end) {
-        _mm256_storeu_ps(out + row_base, sums);
-        return;
-    }
-    alignas(32) float lanes[kLanes];
-    _mm256_store_ps(lanes, sums);
-    for (int lane = std::max(0, first - row_base); lane < std::min(kLanes, end - row_base); ++lane)
-        out[row_base + lane] = lanes[lane];
-}
-
 template <DType kType>
 void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                  int row_count) {
     constexpr int kOffset = kType == DType::Q8_0 ? kTileQ8Zero : kQ4Offset;
-    const TileX& prepared = prepare_x(x, kOffset);
+    const TileX& prepared = prepare_tile_x(x, kOffset);
     const int groups = w.scale_count_per_row();
     const size_t bytes_per_tile = tile_bytes(w);
     const int prefetch_bytes = tile_prefetch_bytes();
@@ -156,11 +104,13 @@ void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int firs
             for (int h = 0; h < kTileHalves; ++h)
                 sums[h] = _mm256_fmadd_ps(
                     _mm256_cvtepi32_ps(dots[h]),
-                    _mm256_mul_ps(half_scales(tile_group_scales(tile, kType, g), h), x_scale),
+                    _mm256_mul_ps(tile_halves(reinterpret_cast<const uint8_t*>(
+                                      tile_group_scales(tile, kType, g) + h * kTileHalfRows)),
+                                  x_scale),
                     sums[h]);
         }
         for (int h = 0; h < kTileHalves; ++h)
-            store_rows(out, sums[h], t * kTileRows + h * kLanes, first_row, end_row);
+            store_rows(out, sums[h], t * kTileRows + h * kTileHalfRows, first_row, end_row);
     }
 }
 

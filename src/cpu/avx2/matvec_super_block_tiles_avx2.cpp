@@ -58,13 +58,6 @@ constexpr int kMinPairs = kKSubBlocks / 2;  // pairs of sub-blocks a super-block
 // (pair_sums_of_32), Q6_K's of 16 (pair_sums_of_16); none for IQ4_XS.
 using TokenX = TileTokenX;
 
-// The four bytes at p in every 32-bit lane.
-inline __m256i broadcast_word(const int8_t* p) {
-    int32_t word;
-    std::memcpy(&word, p, sizeof word);
-    return _mm256_set1_epi32(word);
-}
-
 // Eight bytes at p, one a lane, unsigned (Q4_K's scales) or signed (Q6_K's), in both 16-bit
 // words of the lane: a vpmaddwd multiplier.
 inline __m256i scale_words(const uint8_t* p) {
@@ -76,19 +69,6 @@ inline __m256i signed_scale_words(const uint8_t* p) {
     const __m256i scales =
         _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
     return _mm256_blend_epi16(scales, _mm256_slli_epi32(scales, 16), 0xaa);
-}
-
-// Sums of 8 rows into out[t · out_stride + row], the rows of [first, end) of row_base..+7.
-inline void store_rows(float* out, __m256 sums, int row_base, int first, int end) {
-    if (row_base >= first && row_base + kTileHalfRows <= end) {
-        _mm256_storeu_ps(out + row_base, sums);
-        return;
-    }
-    alignas(32) float lanes[kTileHalfRows];
-    _mm256_store_ps(lanes, sums);
-    for (int lane = std::max(0, first - row_base); lane < std::min(kTileHalfRows, end - row_base);
-         ++lane)
-        out[row_base + lane] = lanes[lane];
 }
 
 // Halves h0..h0 + kHalves − 1 of super-block b of a Q4_K (kFifthBit false) or Q5_K tile against

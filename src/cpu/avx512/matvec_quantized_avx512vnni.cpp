@@ -34,29 +34,6 @@ constexpr int kGroup = kQ8Group;  // columns per scale (Q4's blocks are as wide)
 static_assert(kQ4Block == kGroup && kTileRows == kLanes);
 constexpr int kHalfGroup = kGroup / 2;  // Q4: the high nibbles are columns 16-31
 
-// How far ahead of the block being read the software prefetch asks, in bytes; 0: none.
-int tile_prefetch_bytes() {
-    static const int bytes = cpu_prefetches_tiles_unaided() ? 0 : 12 * kCacheLine;
-    return bytes;
-}
-
-// x as the kernels read it: its values padded with zeros to whole groups, and each group's
-// start, −offset × Σ of its values (offset 128 for Q8, 8 for Q4).
-struct TileX {
-    std::vector<int8_t> values;
-    std::vector<int32_t> starts;
-};
-
-const TileX& prepare_x(const QuantizedVector& x, int offset) {
-    static thread_local TileX prepared;
-    const int groups = int(x.scales.size());
-    prepared.values.assign(size_t(groups) * kGroup, 0);
-    std::copy(x.values.begin(), x.values.end(), prepared.values.begin());
-    prepared.starts.resize(groups);
-    for (int g = 0; g < groups; ++g) prepared.starts[g] = -offset * int(x.group_sums[g]);
-    return prepared;
-}
-
 // The group's 16 exact int32 dot products, one a row: `values` are the group's registers in
 // the tile, x_group its 32 values. Two accumulators halve the chain of dependent vpdpbusd.
 template <DType kType>
@@ -89,7 +66,7 @@ template <DType kType>
 void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                  int row_count) {
     constexpr int kOffset = kType == DType::Q8_0 ? kTileQ8Zero : kQ4Offset;
-    const TileX& prepared = prepare_x(x, kOffset);
+    const TileX& prepared = prepare_tile_x(x, kOffset);
     const int groups = w.scale_count_per_row();
     const size_t bytes_per_tile = tile_bytes(w);
     const int prefetch_bytes = tile_prefetch_bytes();
