@@ -10,8 +10,8 @@
 //
 // A token's sums are those of the AVX-VNNI GEMM (gemm_quantized_panels.h) to the bit: the same
 // exact int32 dot of each group, then sum += dot × (weight scale × x scale) in the same order. So
-// a sequence's logits do not depend on whether the server's step decoded it alone or beside
-// others.
+// a sequence's Q8 and Q4 products have the same bits whether the server's step decoded it alone
+// or beside others.
 #include "cpu/avx2/avxvnni.h"
 #include "cpu/avx2/block_levels_avx2.h"
 #include "cpu/avx2/intrinsics_avx2.h"
