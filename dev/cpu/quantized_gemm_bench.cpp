@@ -1,8 +1,8 @@
 // The GEMM of a few tokens on Q8 and Q4 weights (cpu::gemm, as a server step of a few decoding
-// sequences runs it: on AVX-512 VNNI the tiles read as they are, no panel), in GB/s of weights
-// read from memory (a 600 MB matrix, far past any last-level cache) and in tokens × GB/s, for
-// batches of 1 to 16 tokens, on the threads OMP_NUM_THREADS gives. A batch that keeps the GB/s
-// of one token multiplies the tokens a pass of the weights serves. After `make`, linked as
+// sequences runs it: with AVX-512 VNNI or AVX-VNNI the tiles read as they are, no panel), in GB/s
+// of weights read from memory (a 600 MB matrix, far past any last-level cache) and in tokens ×
+// GB/s, for batches of 1 to 16 tokens, on the threads OMP_NUM_THREADS gives. A batch that keeps the
+// GB/s of one token multiplies the tokens a pass of the weights serves. After `make`, linked as
 // quantized_matvec_bench.cpp says:
 //   g++ -std=c++17 -O2 -fopenmp -Isrc -o build/quantized_gemm_bench
 //       dev/cpu/quantized_gemm_bench.cpp build/objects.a        (one command)

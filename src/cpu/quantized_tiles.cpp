@@ -76,14 +76,11 @@ void write_row_tiles(const Matrix& w, uint8_t* tiles) {
         }
 }
 
-const TileX& prepare_tile_x(const QuantizedVector& x, int offset) {
-    static thread_local TileX prepared;
-    const int groups = int(x.scales.size());
-    prepared.values.assign(size_t(groups) * kQ8Group, 0);
-    std::copy(x.values.begin(), x.values.end(), prepared.values.begin());
-    prepared.starts.resize(groups);
-    for (int g = 0; g < groups; ++g) prepared.starts[g] = -offset * int(x.group_sums[g]);
-    return prepared;
+const std::vector<int8_t>& padded_tile_x(const QuantizedVector& x) {
+    static thread_local std::vector<int8_t> padded;
+    padded.assign(x.scales.size() * kQ8Group, 0);
+    std::copy(x.values.begin(), x.values.end(), padded.begin());
+    return padded;
 }
 
 int tile_prefetch_bytes() {

@@ -84,17 +84,15 @@ int tile_count(const Matrix& w);          // ceil(rows / 16)
 size_t tile_bytes(const Matrix& w);       // bytes of one tile
 size_t row_tiles_bytes(const Matrix& w);  // bytes of all the tiles of w
 
-// x as the tile matvecs (avx512::matvec_rows_q8/_q4, avxvnni::matvec_rows_q8/_q4) read it: its
-// values padded with zeros to whole groups, and each group's start, −offset × Σ of its values.
+// x's values as the tile matvecs (avx512::matvec_rows_q8/_q4, avxvnni::matvec_rows_q8/_q4) read
+// them, padded with zeros to whole groups: the calling thread's copy, rewritten at each call.
 // A tile's weights are unsigned, Q8's value + 128 and Q4's nibble q standing for q − 8, so each
-// dot product is offset × Σx too large: starting from `start` (offset 128 for Q8, 8 for Q4)
-// makes its int32 result exact.
-struct TileX {
-    std::vector<int8_t> values;
-    std::vector<int32_t> starts;
-};
-// The calling thread's TileX of x, rewritten at each call.
-const TileX& prepare_tile_x(const QuantizedVector& x, int offset);
+// group's dot product is offset × Σx too large: it starts from tile_group_start (offset 128 for
+// Q8, 8 for Q4), which makes its int32 result exact.
+const std::vector<int8_t>& padded_tile_x(const QuantizedVector& x);
+inline int32_t tile_group_start(const QuantizedVector& x, int g, int offset) {
+    return -offset * int32_t(x.group_sums[g]);
+}
 // How far ahead of the block being read the tile matvecs ask for cache lines, in bytes: on
 // Intel, where the loads waited for memory without it, 12 lines; 0 where the hardware
 // prefetcher streams the tiles faster alone (cpu_prefetches_tiles_unaided;

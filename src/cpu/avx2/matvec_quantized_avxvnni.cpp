@@ -83,7 +83,7 @@ template <DType kType>
 void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                  int row_count) {
     constexpr int kOffset = kType == DType::Q8_0 ? kTileQ8Zero : kQ4Offset;
-    const TileX& prepared = prepare_tile_x(x, kOffset);
+    const std::vector<int8_t>& x_values = padded_tile_x(x);
     const int groups = w.scale_count_per_row();
     const size_t bytes_per_tile = tile_bytes(w);
     const int prefetch_bytes = tile_prefetch_bytes();
@@ -98,8 +98,8 @@ void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int firs
                 prefetch_ahead(tile_group_block(tile, kType, g), prefetch_bytes,
                                int(tile_block_bytes(kType)));
             __m256i dots[kTileHalves];
-            group_dots<kType>(dots, tile_group_values(tile, kType, g),
-                              prepared.values.data() + g * kGroup, prepared.starts[g]);
+            group_dots<kType>(dots, tile_group_values(tile, kType, g), x_values.data() + g * kGroup,
+                              tile_group_start(x, g, kOffset));
             const __m256 x_scale = _mm256_set1_ps(x.scales[g]);
             for (int h = 0; h < kTileHalves; ++h)
                 sums[h] = _mm256_fmadd_ps(

@@ -66,7 +66,7 @@ template <DType kType>
 void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                  int row_count) {
     constexpr int kOffset = kType == DType::Q8_0 ? kTileQ8Zero : kQ4Offset;
-    const TileX& prepared = prepare_tile_x(x, kOffset);
+    const std::vector<int8_t>& x_values = padded_tile_x(x);
     const int groups = w.scale_count_per_row();
     const size_t bytes_per_tile = tile_bytes(w);
     const int prefetch_bytes = tile_prefetch_bytes();
@@ -83,8 +83,8 @@ void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int firs
             const __m512 weight_scales = _mm512_cvtph_ps(_mm256_load_si256(
                 reinterpret_cast<const __m256i*>(tile_group_scales(tile, kType, g))));
             const __m512i dots =
-                group_dots<kType>(tile_group_values(tile, kType, g),
-                                  prepared.values.data() + g * kGroup, prepared.starts[g]);
+                group_dots<kType>(tile_group_values(tile, kType, g), x_values.data() + g * kGroup,
+                                  tile_group_start(x, g, kOffset));
             sums = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots),
                                    _mm512_mul_ps(weight_scales, _mm512_set1_ps(x.scales[g])), sums);
         }
