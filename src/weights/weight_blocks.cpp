@@ -16,6 +16,7 @@ int block_weights(DType dtype) {
         case DType::Q5_0:
         case DType::Q5_1:
             return kSmallBlock;
+        case DType::Q3_K:
         case DType::Q4_K:
         case DType::Q5_K:
         case DType::Q6_K:
@@ -34,6 +35,8 @@ size_t block_bytes(DType dtype) {
             return sizeof(BlockQ5_0);
         case DType::Q5_1:
             return sizeof(BlockQ5_1);
+        case DType::Q3_K:
+            return sizeof(BlockQ3_K);
         case DType::Q4_K:
             return sizeof(BlockQ4_K);
         case DType::Q5_K:
@@ -74,6 +77,12 @@ void dequantize(const BlockQ5_1& b, float* out) {
     const float d = half_to_float(b.d), m = half_to_float(b.m);
     for (int j = 0; j < kSmallBlock; ++j)
         out[j] = d * (nibble(b.qs, j) | fifth_bit(b.qh, j) << 4) + m;
+}
+
+void dequantize(const BlockQ3_K& b, float* out) {
+    const float d = half_to_float(b.d);
+    for (int i = 0; i < kSuperBlock; ++i)
+        out[i] = d * (q3k_scale(b, i / kQ6SubBlock) - 32) * (q3k_value(b, i) - 4);
 }
 
 // Q4_K and Q5_K: sub-block j's weights are d·sc·q − dmin·m; `qh` null for Q4_K.
@@ -140,6 +149,8 @@ void dequantize_row(DType dtype, const void* row, float* out, int cols) {
             return dequantize_blocks<BlockQ5_0>(row, out, blocks, n);
         case DType::Q5_1:
             return dequantize_blocks<BlockQ5_1>(row, out, blocks, n);
+        case DType::Q3_K:
+            return dequantize_blocks<BlockQ3_K>(row, out, blocks, n);
         case DType::Q4_K:
             return dequantize_blocks<BlockQ4_K>(row, out, blocks, n);
         case DType::Q5_K:

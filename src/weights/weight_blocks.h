@@ -16,9 +16,9 @@
 namespace barellm {
 
 constexpr int kSmallBlock = 32;   // weights in a Q4_1, Q5_0 or Q5_1 block
-constexpr int kSuperBlock = 256;  // weights in a Q4_K, Q5_K, Q6_K or IQ4_XS super-block
+constexpr int kSuperBlock = 256;  // weights in a Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS super-block
 constexpr int kSubBlock = 32;     // weights under one 6-bit scale of Q4_K/Q5_K, 4-bit of IQ4_XS
-constexpr int kQ6SubBlock = 16;   // weights under one int8 scale of Q6_K
+constexpr int kQ6SubBlock = 16;   // weights under one int8 scale of Q6_K (6-bit of Q3_K)
 
 // Q4_1: w = d·q + m, q in 0..15 (byte j: weight j low nibble, weight j + 16 high nibble).
 struct BlockQ4_1 {
@@ -37,6 +37,15 @@ struct BlockQ5_1 {
     uint16_t d, m;  // f16
     uint8_t qh[4];
     uint8_t qs[kSmallBlock / 2];
+};
+// Q3_K: 16 sub-blocks i of 16; w = d·(sc_i − 32)·(q − 4), q in 0..7, sc_i 6-bit
+// (q3k_scale). Weight 128h + 32t + l (h 0..1, t 0..3, l 0..31) has the low 2 bits of q in bits
+// 2t, 2t + 1 of qs[32h + l] and the top bit in bit 4h + t of hmask[l] (q3k_value).
+struct BlockQ3_K {
+    uint8_t hmask[kSuperBlock / 8];
+    uint8_t qs[kSuperBlock / 4];
+    uint8_t scales[12];
+    uint16_t d;  // f16
 };
 // Q4_K: 8 sub-blocks j of 32; w = d·sc_j·q − dmin·m_j, q in 0..15, sc_j and m_j 6-bit
 // (k_scale_min). qs: 4 chunks of 32 bytes, chunk c holding sub-block 2c in its low nibbles
@@ -76,7 +85,7 @@ constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                    1,    13,   25,  38,  53,  69,  89,  113};
 
 static_assert(sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24);
-static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
 static_assert(sizeof(BlockIQ4_XS) == 136);
 
 // Whether matrices of this type are stored as ggml blocks in one U8 tensor (the types
@@ -85,6 +94,22 @@ bool is_block_type(DType dtype);
 // Weights per block and bytes per block of a block type.
 int block_weights(DType dtype);
 size_t block_bytes(DType dtype);
+
+// q of weight i (0..255) of a Q3_K super-block, 0..7 (the weight is d·(sc − 32)·(q − 4)).
+inline int q3k_value(const BlockQ3_K& block, int i) {
+    const int half = i / 128, t = (i % 128) / 32, l = i % 32;
+    const int low_bits = (block.qs[32 * half + l] >> (2 * t)) & 3;
+    const int top_bit = (block.hmask[l] >> (4 * half + t)) & 1;
+    return low_bits | top_bit << 2;
+}
+
+// Sub-block i's 6-bit scale sc_i (0..63) of a Q3_K super-block: the low 4 bits in nibble i / 8
+// of scales[i % 8], the top 2 in bits 2(i / 4), 2(i / 4) + 1 of scales[8 + i % 4].
+inline int q3k_scale(const BlockQ3_K& block, int i) {
+    const int low = (block.scales[i % 8] >> (4 * (i / 8))) & 15;
+    const int high = (block.scales[8 + i % 4] >> (2 * (i / 4))) & 3;
+    return low | high << 4;
+}
 
 // Sub-block j's 6-bit scale and min of a Q4_K or Q5_K super-block: j < 4 in the low 6 bits
 // of scales[j] and scales[j + 4]; j ≥ 4 the low 4 bits in scales[j + 4] (scale low nibble,
