@@ -23,8 +23,8 @@
 
 namespace barellm::test {
 
-constexpr DType kBlockTypes[] = {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS,
-                                 DType::Q4_1, DType::Q5_0, DType::Q5_1};
+constexpr DType kBlockTypes[] = {DType::Q3_K,   DType::Q4_K, DType::Q5_K, DType::Q6_K,
+                                 DType::IQ4_XS, DType::Q4_1, DType::Q5_0, DType::Q5_1};
 
 // A random finite f16 of either sign: mostly ± 2^e for e in [−12, 4) times a random
 // mantissa; one time in 16 each, 0, the largest f16 (65504) or a subnormal.
@@ -46,6 +46,10 @@ inline uint16_t random_block_scale(std::mt19937& rng) {
     return float_to_half(sign * std::ldexp(mantissa(rng), exponent(rng)));
 }
 
+// Whether the block GEMMs also read a matrix of this type from its rows of blocks (Q3_K's only
+// from its tiles).
+inline bool gemm_reads_rows(DType dtype) { return dtype != DType::Q3_K; }
+
 // Byte offsets of a block's f16 scales (d, and dmin or m where the type has one).
 inline std::vector<size_t> block_scale_offsets(DType dtype) {
     switch (dtype) {
@@ -56,6 +60,8 @@ inline std::vector<size_t> block_scale_offsets(DType dtype) {
             return {0, 2};
         case DType::Q6_K:
             return {offsetof(BlockQ6_K, d)};
+        case DType::Q3_K:
+            return {offsetof(BlockQ3_K, d)};
         default:  // Q5_0, IQ4_XS
             return {0};
     }
@@ -265,7 +271,7 @@ inline void check_block_gemm(BlockGemmRows gemm, const std::string& name,
                     gemm(got.data(), m.matrix, quantized, first, count);
                     // The super-block types from their tiles (those of make_block_matrix) and
                     // from their rows: the same panel, the same bits.
-                    if (m.matrix.row_tiles) {
+                    if (m.matrix.row_tiles && gemm_reads_rows(dtype)) {
                         Matrix rows_only = m.matrix;
                         rows_only.row_tiles = nullptr;
                         std::vector<float> from_rows(size_t(batch) * rows, NAN);

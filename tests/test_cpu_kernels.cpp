@@ -483,11 +483,13 @@ TEST_CASE("GEMMs of matrices of mixed block types each match their own reference
         GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
     const int threads = GENERATE(1, 3);
     if (level > cpu::detect_simd_level()) return;
-    // q, k, v of a Q4_K_M file (Q4_K, Q4_K, Q6_K), a fallback mix (Q5_0 beside Q8_0 and Q5_1),
-    // and super-block types beside a type of blocks of 32 (IQ4_XS and Q5_K, on x quantized per
-    // 256, beside Q4_1, on x per 32); row counts off every tile, so that the threads' runs
-    // straddle the boundaries between matrices; a batch off the 6-token tile.
+    // q, k, v of a Q4_K_M file (Q4_K, Q4_K, Q6_K) and of a Q3_K_M file (Q3_K, Q3_K, Q5_K), a
+    // fallback mix (Q5_0 beside Q8_0 and Q5_1), and super-block types beside a type of blocks of
+    // 32 (IQ4_XS and Q5_K, on x quantized per 256, beside Q4_1, on x per 32); row counts off every
+    // tile, so that the threads' runs straddle the boundaries between matrices; a batch off the
+    // 6-token tile.
     const std::vector<std::vector<DType>> mixes = {{DType::Q4_K, DType::Q4_K, DType::Q6_K},
+                                                   {DType::Q3_K, DType::Q3_K, DType::Q5_K},
                                                    {DType::Q5_0, DType::Q8_0, DType::Q5_1},
                                                    {DType::IQ4_XS, DType::Q5_K, DType::Q4_1}};
     const std::vector<int> row_counts = {197, 37, 45};
@@ -784,7 +786,7 @@ TEST_CASE("block-type matvecs of mixed types in one matvec_many call, every leve
     const auto mix = GENERATE(0, 1);
     const std::vector<DType> types =
         mix == 0 ? std::vector<DType>{DType::Q4_K, DType::Q6_K, DType::Q5_K, DType::IQ4_XS}
-                 : std::vector<DType>{DType::Q4_1, DType::Q6_K, DType::Q5_0, DType::Q5_1};
+                 : std::vector<DType>{DType::Q4_1, DType::Q3_K, DType::Q5_0, DType::Q5_1};
     if (level > cpu::detect_simd_level()) return;
     // Large enough that threads_for gives each of 3 threads rows.
     const int cols = 1280;
@@ -827,11 +829,11 @@ TEST_CASE("block-type matvecs of mixed types in one matvec_many call, every leve
 }
 
 TEST_CASE(
-    "AVX2 super-block matvecs from tiles (Q4_K, Q5_K, Q6_K, IQ4_XS) equal the dequantized rows "
-    "times Q8_K x") {
+    "AVX2 super-block matvecs from tiles (Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) equal the dequantized "
+    "rows times Q8_K x") {
     if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
     std::mt19937 rng(703);
-    const auto dtype = GENERATE(DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS);
+    const auto dtype = GENERATE(DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS);
     check_block_tile_matvec(cpu::avx2::matvec_rows_block_tiles, "avx2", dtype, rng);
 }
 

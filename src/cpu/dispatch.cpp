@@ -31,8 +31,13 @@ const bool bf16_dot_products = cpu_prefers_bf16_dot_products();
 
 // Whether the SIMD matvecs of weights of this type read x quantized per 256 as Q8_K.
 bool matvec_on_q8_k(DType dtype) {
-    return dtype == DType::Q4_K || dtype == DType::Q5_K || dtype == DType::Q6_K ||
-           dtype == DType::IQ4_XS;
+    return dtype == DType::Q3_K || dtype == DType::Q4_K || dtype == DType::Q5_K ||
+           dtype == DType::Q6_K || dtype == DType::IQ4_XS;
+}
+// Whether the SIMD matvecs also read this type's rows of super-blocks where it has no tiles
+// (Q3_K's are read from tiles only).
+bool matvec_on_super_block_rows(DType dtype) {
+    return matvec_on_q8_k(dtype) && dtype != DType::Q3_K;
 }
 // Whether they read x quantized per 32 (quantize_q8), as Q8 and Q4 weights do.
 bool matvec_on_q8_groups(DType dtype) {
@@ -45,6 +50,10 @@ bool on_avx_vnni() { return active_level == SimdLevel::Avx2 && has_avx_vnni; }
 
 // Whether w is read from its tiles at the level in use.
 bool reads_tiles(const Matrix& w) { return w.row_tiles && uses_row_tiles(w.dtype); }
+// Whether the integer GEMMs of the block types read w: Q3_K's only from its tiles.
+bool block_gemm_reads(const Matrix& w) {
+    return is_block_type(w.dtype) && (w.dtype != DType::Q3_K || w.row_tiles);
+}
 
 }  // namespace
 
@@ -182,7 +191,7 @@ void matvec_many(const MatvecTask* task_list, int task_count) {
                     (use_avx512_vnni ? avx512::matvec_rows_block_tiles
                                      : avx2::matvec_rows_block_tiles)(task.out, 0, *task.w,
                                                                       q8_k_x[t], 1, row, count);
-                else if (use_simd && matvec_on_q8_k(dtype))
+                else if (use_simd && matvec_on_super_block_rows(dtype))
                     (use_avx512_vnni ? avx512::matvec_rows_super_blocks
                                      : avx2::matvec_rows_super_blocks)(task.out, *task.w,
                                                                        *q8_k_x[t], row, count);
@@ -349,14 +358,14 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
     // time, the threads sharing the work and the result; the buffers belong to the calling
     // thread.
     const bool all_tiled = std::all_of(outputs.begin(), outputs.end(), [](const BatchOutput& o) {
-        return (is_quantized(o.w->dtype) && o.w->row_tiles) || is_block_type(o.w->dtype);
+        return (is_quantized(o.w->dtype) && o.w->row_tiles) || block_gemm_reads(*o.w);
     });
     const bool avx512_vnni = on_avx512_vnni() && all_tiled;
     const bool avx_vnni = on_avx_vnni();
     const bool q4_maddubs = active_level == SimdLevel::Avx2 && !has_avx_vnni;
     const bool avx2_integer =
         !avx512_vnni && std::all_of(outputs.begin(), outputs.end(), [&](const BatchOutput& o) {
-            return is_block_type(o.w->dtype) || (avx_vnni && is_quantized(o.w->dtype)) ||
+            return block_gemm_reads(*o.w) || (avx_vnni && is_quantized(o.w->dtype)) ||
                    (q4_maddubs && o.w->dtype == DType::Q4_0);
         });
     // Fewer Q8 and Q4 tokens than the f32 GEMM's tile where no VNNI GEMM runs (AVX2 without

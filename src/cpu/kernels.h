@@ -55,9 +55,9 @@ const char* simd_level_name(SimdLevel level);
 bool parse_simd_level(const std::string& name, SimdLevel* level);
 // Whether the decode kernels of the level in use read matrices of `dtype` in tiles of 16 rows
 // (Matrix::row_tiles): Q8 and Q4 on AVX-512 with AVX512_VNNI and on AVX2 with AVX-VNNI
-// (cpu/quantized_tiles.h), Q4_K, Q5_K,
-// Q6_K and IQ4_XS on AVX2 and AVX-512 (cpu/super_block_tiles.h). Elsewhere, and for matrices
-// without tiles, they read the rows.
+// (cpu/quantized_tiles.h), Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS on AVX2 and AVX-512
+// (cpu/super_block_tiles.h). Elsewhere, and for matrices without tiles, they read the rows
+// (Q3_K's on the scalar path).
 bool uses_row_tiles(DType dtype);
 // The level in use and its optional features, e.g. "avx512+vnni+bf16" or "avx2+avxvnni".
 std::string simd_description();
@@ -74,8 +74,8 @@ int threads_for(size_t work);
 void for_each_row(int rows, size_t row_work, const std::function<void(int)>& work);
 
 // out[rows] = W[rows, cols] · x[cols]; rows split across OpenMP threads. With AVX2 and
-// Q8, Q4, Q4_1, Q5_0 or Q5_1 weights, x is first quantized to Q8 (per 32), with Q4_K, Q5_K,
-// Q6_K or IQ4_XS weights to Q8_K (per 256), and the dot products are integer.
+// Q8, Q4, Q4_1, Q5_0 or Q5_1 weights, x is first quantized to Q8 (per 32), with Q3_K, Q4_K,
+// Q5_K, Q6_K or IQ4_XS weights to Q8_K (per 256), and the dot products are integer.
 void matvec(float* out, const float* x, const Matrix& w);
 
 // Several independent matvecs (e.g. q, k and v of one input, or the chosen experts' of a
@@ -134,10 +134,10 @@ void order_q4_pairs(QuantizedVector* x);
 // Sizes x's buffers for n values (the quantize_q8s).
 void resize_quantized_vector(QuantizedVector* x, int n);
 
-// A vector quantized per super-block of 256 as llama.cpp's Q8_K, the x of the Q4_K, Q5_K,
-// Q6_K and IQ4_XS matvecs: x[i] ≈ d[i / 256] × values[i]. Per super-block, max is the value of
-// largest magnitude (the first such, sign kept), values = nearest integer (ties to even) to
-// x × (−127 / max), capped at 127, and d = 1 / (−127 / max); all zero where max is 0.
+// A vector quantized per super-block of 256 as llama.cpp's Q8_K, the x of the Q3_K, Q4_K,
+// Q5_K, Q6_K and IQ4_XS matvecs: x[i] ≈ d[i / 256] × values[i]. Per super-block, max is the value
+// of largest magnitude (the first such, sign kept), values = nearest integer (ties to even) to x ×
+// (−127 / max), capped at 127, and d = 1 / (−127 / max); all zero where max is 0.
 struct Q8KVector {
     std::vector<float> d;        // [n / 256]
     std::vector<int8_t> values;  // [n]

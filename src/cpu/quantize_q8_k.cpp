@@ -1,7 +1,7 @@
 // x quantized per super-block of 256 as llama.cpp's Q8_K (cpu/kernels.h, Q8KVector) for the
-// integer dot products of the Q4_K, Q5_K, Q6_K and IQ4_XS matvecs: the scalar quantizer, which the
-// SIMD levels' (avx2::quantize_q8_k, avx512::quantize_q8_k) match byte for byte; and the same
-// x laid out for their prefill GEMMs (store_q8_k_token).
+// integer dot products of the Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS matvecs: the scalar quantizer,
+// which the SIMD levels' (avx2::quantize_q8_k, avx512::quantize_q8_k) match byte for byte; and the
+// same x laid out for their prefill GEMMs (store_q8_k_token).
 #include <algorithm>
 #include <cmath>
 #include <cstring>

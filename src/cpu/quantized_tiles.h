@@ -72,11 +72,11 @@ inline const uint8_t* tile_group_values(const uint8_t* tile, DType type, int g) 
            (g % kTileBlockGroups) * tile_group_bytes(type);
 }
 
-// Whether matrices of this type can have tiles: Q8 and Q4 (here), Q4_K, Q5_K, Q6_K and IQ4_XS
-// (cpu/super_block_tiles.h); which level reads them: uses_row_tiles (cpu/kernels.h).
+// Whether matrices of this type can have tiles: Q8 and Q4 (here), Q3_K, Q4_K, Q5_K, Q6_K and
+// IQ4_XS (cpu/super_block_tiles.h); which level reads them: uses_row_tiles (cpu/kernels.h).
 inline bool has_row_tiles(DType dtype) {
-    return is_quantized(dtype) || dtype == DType::Q4_K || dtype == DType::Q5_K ||
-           dtype == DType::Q6_K || dtype == DType::IQ4_XS;
+    return is_quantized(dtype) || dtype == DType::Q3_K || dtype == DType::Q4_K ||
+           dtype == DType::Q5_K || dtype == DType::Q6_K || dtype == DType::IQ4_XS;
 }
 
 // Of a matrix of a type that has tiles:

@@ -19,7 +19,7 @@ struct ResidentWeights {
 };
 
 // Copies the layer and output matrices of `model` (each expert's as a matrix of its own): f32, f16
-// and bf16 values as they are; Q8, Q4, Q4_K, Q5_K, Q6_K and IQ4_XS in tiles of 16 rows
+// and bf16 values as they are; Q8, Q4, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS in tiles of 16 rows
 // (Matrix::row_tiles) where the level in use reads them so (uses_row_tiles), else their values and
 // scales (or blocks) as they are. The embedding table, read a row at a time, and the norm weights
 // stay in the file's mapping, as do the rows of tiled matrices (for the other paths). The pages of

@@ -1,4 +1,5 @@
-// Q4_K, Q5_K, Q6_K and IQ4_XS matrices in tiles of 16 rows (the layout: cpu/super_block_tiles.h).
+// Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS matrices in tiles of 16 rows (the layout:
+// cpu/super_block_tiles.h).
 #include "cpu/super_block_tiles.h"
 
 #include <cstring>
@@ -69,6 +70,26 @@ void write_row(uint8_t* tile_block, int lane, const BlockQ6_K& block) {
     }
 }
 
+void write_row(uint8_t* tile_block, int lane, const BlockQ3_K& block) {
+    std::memcpy(tile_block + kQ3KTileDOffset + 2 * lane, &block.d, sizeof block.d);
+    constexpr int kLowBits = 2;
+    for (int i = 0; i < kQ3KSubBlocks; ++i) {
+        tile_block[kQ3KTileScalesOffset + kTileRows * i + lane] =
+            uint8_t(int8_t(q3k_scale(block, i) - 32));
+        const int pair = i / 2, half = i % 2;
+        uint8_t* registers =
+            tile_block + kQ3KTileValuesOffset + pair * kQ3KTilePairBytes + lane * kTileLaneBytes;
+        for (int s = 0; s < 4; ++s)
+            for (int m = 0; m < kTileLaneBytes; ++m) {
+                const int q = q3k_value(block, kQ6SubBlock * i + 4 * s + m);
+                registers[half * kTileRegisterBytes + m] |=  // the tiles start zeroed
+                    uint8_t((q & 3) << (kLowBits * s));
+                registers[kQ3KTileTopRegister * kTileRegisterBytes + m] |=
+                    uint8_t((q >> kLowBits) << (4 * half + s));
+            }
+    }
+}
+
 void write_row(uint8_t* tile_block, int lane, const BlockIQ4_XS& block) {
     std::memcpy(tile_block + kIq4XSTileDOffset + 2 * lane, &block.d, sizeof block.d);
     for (int j = 0; j < kIq4XSSubBlocks; ++j) {
@@ -103,7 +124,9 @@ size_t super_block_tile_bytes(const Matrix& w) {
 
 void write_super_block_tiles(const Matrix& w, uint8_t* tiles) {
     std::memset(tiles, 0, row_tiles_bytes(w));
-    if (w.dtype == DType::Q4_K)
+    if (w.dtype == DType::Q3_K)
+        write_tiles<BlockQ3_K>(w, tiles);
+    else if (w.dtype == DType::Q4_K)
         write_tiles<BlockQ4_K>(w, tiles);
     else if (w.dtype == DType::Q5_K)
         write_tiles<BlockQ5_K>(w, tiles);
@@ -112,7 +135,7 @@ void write_super_block_tiles(const Matrix& w, uint8_t* tiles) {
     else if (w.dtype == DType::IQ4_XS)
         write_tiles<BlockIQ4_XS>(w, tiles);
     else
-        throw Error("write_super_block_tiles: not a Q4_K, Q5_K, Q6_K or IQ4_XS matrix");
+        throw Error("write_super_block_tiles: not a Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS matrix");
 }
 
 void pair_sums_of_32(std::vector<int32_t>* pairs, const Q8KVector& x) {

@@ -1,5 +1,5 @@
-// Q4_K, Q5_K, Q6_K and IQ4_XS matrices re-laid out in tiles of 16 rows for the decode matvecs on
-// AVX-512 VNNI (matvec_super_block_tiles_avx512vnni.cpp) and AVX2
+// Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS matrices re-laid out in tiles of 16 rows for the decode matvecs
+// on AVX-512 VNNI (matvec_super_block_tiles_avx512vnni.cpp) and AVX2
 // (matvec_super_block_tiles_avx2.cpp, a tile's register read as two halves of 8 rows) and the
 // prefill GEMMs (gemm_blocks_avx512vnni.cpp, avx2/gemm_blocks_panels.h), as Q8 and Q4 are
 // (cpu/quantized_tiles.h). The CPU backend makes them once, when it takes the model on the AVX2
@@ -52,6 +52,19 @@
 //                   holds q of column 16i + 4s + m in bits 0-5 and two bits of q of column
 //                   16i + 12 + m in bits 6-7: its bits 2s and 2s + 1. So three levels come
 //                   out by one AND each, and the fourth is gathered from the three top pairs.
+//
+// Q3_K: a super-block kQ3KTileBlockBytes (1856, 29 cache lines; the 16 rows' blocks take 1760):
+//
+//   bytes 0-31      the 16 rows' f16 d, in row order
+//   bytes 32-63     zero
+//   bytes 64-319    the scales: byte 16i + r the int8 scale sc − 32 of sub-block i (0..15) of
+//                   row r
+//   bytes 320-1855  the levels q (0..7), a pair of sub-blocks 2p, 2p + 1 (32 columns) after
+//                   another, 192 bytes each: three registers. In lane r, byte m (0..3) of
+//                   register h (0, 1) holds the low two bits of q of column 16(2p + h) + 4s + m
+//                   in its bits 2s, 2s + 1 (s 0..3); byte m of register 2 holds their top bits,
+//                   sub-block 2p's in bits 0-3 (bit s: column 32p + 4s + m) and 2p + 1's in bits
+//                   4-7. So a level comes out by a shift and an AND of each part and an OR.
 //
 // IQ4_XS: a super-block kIq4XSTileBlockBytes (2240, 35 cache lines; the 16 rows' blocks take
 // 2176):
@@ -112,6 +125,16 @@ constexpr int kQ6KTileSubBlockBytes = 3 * kTileRegisterBytes;                   
 constexpr int kQ6KTileBlockBytes = kQ6KTileValuesOffset + kQ6KSubBlocks * kQ6KTileSubBlockBytes;
 static_assert(kQ6KTileBlockBytes == 3392 && kQ6KTileBlockBytes % 64 == 0);
 
+constexpr int kQ3KSubBlocks = kSuperBlock / kQ6SubBlock;  // 16 sub-blocks of 16 columns
+constexpr int kQ3KOffset = 4;                             // w = d·(sc − 32)·(q − kQ3KOffset)
+constexpr int kQ3KTileDOffset = 0;
+constexpr int kQ3KTileScalesOffset = 64;
+constexpr int kQ3KTileValuesOffset = kQ3KTileScalesOffset + kQ3KSubBlocks * kTileRows;  // 320
+constexpr int kQ3KTilePairBytes = 3 * kTileRegisterBytes;  // two registers of low bits, one of top
+constexpr int kQ3KTileTopRegister = 2;
+constexpr int kQ3KTileBlockBytes = kQ3KTileValuesOffset + kQ3KSubBlocks / 2 * kQ3KTilePairBytes;
+static_assert(kQ3KTileBlockBytes == 1856 && kQ3KTileBlockBytes % 64 == 0);
+
 constexpr int kIq4XSSubBlocks = kSuperBlock / kSubBlock;  // 8 sub-blocks of 32 columns
 constexpr int kIq4XSSubBlockRegisters = kSubBlock / 2 / kTileLaneBytes;  // 4
 constexpr int kIq4XSTileDOffset = 0;
@@ -124,21 +147,23 @@ static_assert(kIq4XSTileBlockBytes == 2240 && kIq4XSTileBlockBytes % 64 == 0);
 
 // The largest super-block of a tile, of any type.
 constexpr int kLargestTileBlockBytes = kQ6KTileBlockBytes;
-static_assert(kLargestTileBlockBytes >= kQ4KTileBlockBytes &&
+static_assert(kLargestTileBlockBytes >= kQ3KTileBlockBytes &&
+              kLargestTileBlockBytes >= kQ4KTileBlockBytes &&
               kLargestTileBlockBytes >= kQ5KTileBlockBytes &&
               kLargestTileBlockBytes >= kIq4XSTileBlockBytes);
 
-// Bytes of one super-block of a tile: Q4_K's, Q5_K's, Q6_K's or IQ4_XS's.
+// Bytes of one super-block of a tile: Q3_K's, Q4_K's, Q5_K's, Q6_K's or IQ4_XS's.
 constexpr int super_block_tile_bytes(DType type) {
-    return type == DType::Q4_K   ? kQ4KTileBlockBytes
+    return type == DType::Q3_K   ? kQ3KTileBlockBytes
+           : type == DType::Q4_K ? kQ4KTileBlockBytes
            : type == DType::Q5_K ? kQ5KTileBlockBytes
            : type == DType::Q6_K ? kQ6KTileBlockBytes
                                  : kIq4XSTileBlockBytes;
 }
 
-// For tile_bytes and write_row_tiles (cpu/quantized_tiles.h): bytes of one tile of a Q4_K,
-// Q5_K, Q6_K or IQ4_XS matrix, and its tiles written to the row_tiles_bytes(w) bytes at `tiles`,
-// 64-byte aligned.
+// For tile_bytes and write_row_tiles (cpu/quantized_tiles.h): bytes of one tile of a Q3_K,
+// Q4_K, Q5_K, Q6_K or IQ4_XS matrix, and its tiles written to the row_tiles_bytes(w) bytes at
+// `tiles`, 64-byte aligned.
 size_t super_block_tile_bytes(const Matrix& w);
 void write_super_block_tiles(const Matrix& w, uint8_t* tiles);
 
@@ -166,7 +191,7 @@ inline LinesAhead lines_ahead(const uint8_t* block, TilePrefetch prefetch) {
 
 // x's sums by pairs as the tile kernels read them, two int16 in an int32 (the lower one
 // first): of 32 values (Q4_K's and Q5_K's mins are applied with them), into `pairs` [n / 64], and
-// of 16 (Q6_K's offset of 32), into `pairs` [n / 32].
+// of 16 (Q6_K's offset of 32, Q3_K's of 4), into `pairs` [n / 32].
 void pair_sums_of_32(std::vector<int32_t>* pairs, const Q8KVector& x);
 void pair_sums_of_16(std::vector<int32_t>* pairs, const Q8KVector& x);
 

@@ -28,7 +28,7 @@ void matvec_rows_q4_tokens(float* out, size_t out_stride, const Matrix& w, const
 void quantize_q8_k(Q8KVector* out, const float* x, int n);
 void matvec_rows_super_blocks(float* out, const Matrix& w, const Q8KVector& x, int first_row,
                               int row_count);
-// Q4_K, Q5_K, Q6_K and IQ4_XS weights read from their tiles (Matrix::row_tiles,
+// Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS weights read from their tiles (Matrix::row_tiles,
 // cpu/super_block_tiles.h) against `tokens` vectors x[t] quantized as Q8_K, out[t · out_stride + r]
 // for each of them, each tile read once for a few tokens (matvec_super_block_tiles_avx2.cpp).
 void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, const Q8KVector* x,

@@ -3,7 +3,8 @@
 // and IQ4_XS's tiles (cpu/super_block_tiles.h) as registers of four columns of 8 rows, shared by
 // the AVX2 decode matvecs (matvec_super_blocks_avx2.cpp, matvec_small_blocks_avx2.cpp,
 // matvec_super_block_tiles_avx2.cpp; the Q8 and Q4 tiles' matvec_quantized_avxvnni.cpp) and the
-// prefill GEMM on 256-bit registers (gemm_blocks_panels.h). Include it only from the *_avx2.cpp and *_avxvnni.cpp files.
+// prefill GEMM on 256-bit registers (gemm_blocks_panels.h). Include it only from the *_avx2.cpp and
+// *_avxvnni.cpp files.
 #pragma once
 
 #include <algorithm>
@@ -171,6 +172,25 @@ inline void q6_k_tile_levels(const uint8_t* block, int i, int h, __m256i q[4]) {
             _mm256_and_si256(_mm256_srli_epi16(registers[0], 6), _mm256_set1_epi8(0x03)),
             _mm256_and_si256(_mm256_srli_epi16(registers[1], 4), _mm256_set1_epi8(0x0c))),
         _mm256_and_si256(_mm256_srli_epi16(registers[2], 2), _mm256_set1_epi8(0x30)));
+}
+
+// Half h of sub-block i of a Q3_K tile's super-block `block`: q[s] the levels (0..7) of columns
+// 16i + 4s..16i + 4s + 3, four a lane, rows 8h..8h + 7. Each joins bits 2s, 2s + 1 of the
+// sub-block's register of low bits to bit 4(i % 2) + s of its pair's register of top bits, each
+// shifted into place (the word shifts carry a neighbouring byte's bits in, which the masks drop).
+inline void q3_k_tile_levels(const uint8_t* block, int i, int h, __m256i q[4]) {
+    const uint8_t* pair =
+        block + kQ3KTileValuesOffset + i / 2 * kQ3KTilePairBytes + h * kTileHalfBytes;
+    const __m256i low =
+        _mm256_load_si256(reinterpret_cast<const __m256i*>(pair + i % 2 * kTileRegisterBytes));
+    const __m256i top_bits = _mm256_load_si256(
+        reinterpret_cast<const __m256i*>(pair + kQ3KTileTopRegister * kTileRegisterBytes));
+    const __m256i low_two_bits = _mm256_set1_epi8(0x03), bit_two = _mm256_set1_epi8(0x04);
+#pragma GCC unroll 4
+    for (int s = 0; s < 4; ++s)
+        q[s] = _mm256_or_si256(
+            _mm256_and_si256(shift_words(low, -2 * s), low_two_bits),
+            _mm256_and_si256(shift_words(top_bits, 2 - (4 * (i % 2) + s)), bit_two));
 }
 
 // Half h of register k of sub-block j of an IQ4_XS tile's super-block `block`: the signed

@@ -1,5 +1,5 @@
-// The prefill GEMM for the block types (weight_blocks.h: Q4_K, Q5_K, Q6_K, IQ4_XS, Q4_1, Q5_0,
-// Q5_1) on 256-bit registers: out[token][row] = Σ_col W[row][col] · x[token][col], x in int8
+// The prefill GEMM for the block types (weight_blocks.h: Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, Q4_1,
+// Q5_0, Q5_1) on 256-bit registers: out[token][row] = Σ_col W[row][col] · x[token][col], x in int8
 // with a scale per group of 32 columns (QuantizedBatch: quantized per 32 by avx2::quantize_token,
 // or per 256 as Q8_K for the super-block types), each sub-block an exact int32 dot product.
 // Two builds share it, each computing that dot in its own instructions (BlockDot):
@@ -10,7 +10,8 @@
 // of a row, w = A_s · u + B, and
 // - "min" types (Q4_K, Q5_K: A = d·sc, B = −dmin·m; Q4_1, Q5_1: A = d, B = m): the group's sum
 //   is A · sx · Σ u·q + B · sx · Σ q, the second term from x's sums of 16;
-// - "offset" types (Q5_0: offset 16; Q6_K: offset 32, sub-blocks of 16): the int32 dot starts
+// - "offset" types (Q5_0: offset 16; Q6_K: offset 32, Q3_K: offset 4, sub-blocks of 16): the
+//   int32 dot starts
 //   from −offset · Σ q, so it is Σ (u − offset)·q exactly, then scaled by A · sx;
 // - IQ4_XS keeps its signed values (−127..113): vpmaddubsw multiplies |value| by x with the
 //   value's sign; for vpdpbusd the panel holds value + 128 (the lookup table's sign bits
@@ -30,9 +31,9 @@
 // micro-kernel: per group, per step of four columns, the four levels of each row side by
 // side, 8 rows a register. Q4_K, Q5_K, Q6_K and IQ4_XS come from their tiles of 16 rows where they
 // have them (cpu/super_block_tiles.h, the decode matvec's), already in that order: no transposes,
-// and the rows stay out of memory. The micro-kernel (block_tile_kernel) meets kDepthGroups groups
-// of the panel (16 KB, in L1) with every token before the next groups, its f32 sums kept per tile
-// and token between the calls.
+// and the rows stay out of memory; Q3_K only from its tiles. The micro-kernel (block_tile_kernel)
+// meets kDepthGroups groups of the panel (16 KB, in L1) with every token before the next groups,
+// its f32 sums kept per tile and token between the calls.
 //
 // Included by those two files alone (the SIMDe build of the second in the unit tests too, on
 // SIMDe's intrinsics: intrinsics_avx2.h): everything here has internal linkage, each file
@@ -87,7 +88,7 @@ __m256i iq4_panel_table() {
 
 // How the micro-kernel reads a type's levels (see the file comment).
 struct LevelShape {
-    int sub_cols;       // columns under one A: 32, or 16 (Q6_K)
+    int sub_cols;       // columns under one A: 32, or 16 (Q6_K, Q3_K)
     bool has_min;       // w = A·u + B; else w = A·(u − offset)
     bool is_signed;     // IQ4_XS: signed values, offset 0
     int offset;         // (offset types) u stands for u − offset
@@ -105,6 +106,8 @@ constexpr LevelShape level_shape(DType dtype) {
             return {kGroup, false, false, kQ5Offset, 31};
         case DType::Q6_K:
             return {kQ6SubBlock, false, false, kQ6Offset, 63};
+        case DType::Q3_K:
+            return {kQ6SubBlock, false, false, kQ3KOffset, 7};
         default:  // IQ4_XS
             return {kGroup, false, true, 0, 127};
     }
@@ -273,7 +276,8 @@ void unpack_tile_typed(const Panel& panel, const Matrix& w, int tile_row) {
         }
 }
 
-// The 16 rows of one Q4_K, Q5_K, Q6_K or IQ4_XS tile (cpu/super_block_tiles.h) into row registers
+// The 16 rows of one Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS tile (cpu/super_block_tiles.h) into row
+// registers
 // first_register and first_register + 1 of the panel, with no transposes: a half of a tile's
 // register is already a step of 8 rows. The same levels, A and B as from the rows, bit for bit.
 // No tile (past the matrix): levels 0, A = B = 0.
@@ -355,12 +359,15 @@ void unpack_from_tile(const Panel& panel, const Matrix& w, const uint8_t* tile,
                                                           true),
                                                   d));
                 }
-            } else {  // Q6_K: group g holds sub-blocks 2g and 2g + 1, four steps each
+            } else {  // Q6_K, Q3_K: group g holds sub-blocks 2g and 2g + 1, four steps each
+                static_assert(kQ6KTileDOffset == kQ3KTileDOffset &&
+                              kQ6KTileScalesOffset == kQ3KTileScalesOffset &&
+                              kQ6KSubBlocks == kQ3KSubBlocks);
                 const int first_sub_block = b * kQ6KSubBlocks;
                 const __m256 d = tile_halves(block + kQ6KTileDOffset + 2 * kTileHalfRows * h);
                 for (int i = 0; i < kQ6KSubBlocks; ++i) {
                     __m256i q[4];
-                    q6_k_tile_levels(block, i, h, q);
+                    (w.dtype == DType::Q6_K ? q6_k_tile_levels : q3_k_tile_levels)(block, i, h, q);
                     const int group = (first_sub_block + i) / 2;
                     for (int s = 0; s < 4; ++s)
                         _mm256_store_si256(levels_at(group, i % 2 * 4 + s), q[s]);
@@ -377,7 +384,8 @@ void unpack_from_tile(const Panel& panel, const Matrix& w, const uint8_t* tile,
 
 // The panel of rows [tile_row, tile_row + 32) of w; rows past the matrix hold levels 0 and
 // A = B = 0. Q4_K, Q5_K, Q6_K and IQ4_XS are read from their tiles where they have them (the rows
-// may then be out of memory).
+// may then be out of memory), Q3_K always (the CPU backend makes them on every path that reaches
+// here).
 template <BlockDot kDot>
 void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
     if (w.row_tiles) {
@@ -588,6 +596,7 @@ BlockTileKernel kernel_for(DType dtype, int tokens) {
         case DType::Q5_0:
             return kernel_of<DType::Q5_0, kDot>(tokens);
         case DType::Q6_K:
+        case DType::Q3_K:  // its levels (0..7) widen as Q6_K's do, and sooner would be exact too
             return kernel_of<DType::Q6_K, kDot>(tokens);
         default:  // IQ4_XS
             return kernel_of<DType::IQ4_XS, kDot>(tokens);

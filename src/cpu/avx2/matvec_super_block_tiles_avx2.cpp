@@ -1,4 +1,5 @@
-// The decode matvec on AVX2 + FMA + F16C for Q4_K, Q5_K, Q6_K and IQ4_XS weights read from their
+// The decode matvec on AVX2 + FMA + F16C for Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS weights read from
+// their
 // tiles of 16 rows (cpu/super_block_tiles.h): out[t][r] = W[r] · x_t for one token or a few, each
 // x_t quantized per 256 as Q8_K (quantize_q8_k), each super-block's dot products in integers.
 //
@@ -22,6 +23,8 @@
 //   2 · 2 · 63 · 128 = 32256); the offset of 32 comes in once a super-block as
 //   −32 · Σ_i sc_i · Σ x_i, the int8 scales of two sub-blocks side by side in a lane's words
 //   against x's sums of 16 by pairs.
+// - Q3_K: as Q6_K, on levels 0..7 (two int16 sums of two at most 2 · 2 · 7 · 128 = 3584), the
+//   offset of 4.
 // - IQ4_XS: its signed values (−127..113, looked up by vpshufb) are multiplied as
 //   |value| by x with the value's sign (vpsignb), two products into int16 (at most
 //   2 · 127 · 127 = 32258), which vpmaddwd widens at once by the sub-block's ls − 32.
@@ -55,7 +58,7 @@ namespace {
 constexpr int kTileTokens = 4;              // tokens a pass over a tile
 constexpr int kMinPairs = kKSubBlocks / 2;  // pairs of sub-blocks a super-block
 // A token's x (TileTokenX) carries in `sums` its sums by pairs: Q4_K's and Q5_K's of 32
-// (pair_sums_of_32), Q6_K's of 16 (pair_sums_of_16); none for IQ4_XS.
+// (pair_sums_of_32), Q6_K's and Q3_K's of 16 (pair_sums_of_16); none for IQ4_XS.
 using TokenX = TileTokenX;
 
 // Eight bytes at p, one a lane, unsigned (Q4_K's scales) or signed (Q6_K's), in both 16-bit
@@ -171,15 +174,19 @@ inline void k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b,
     }
 }
 
-// Halves h0..h0 + kHalves − 1 of super-block b of a Q6_K tile against kTokens tokens:
-// sums[h][t] gains the 8 rows' x.d · d · Σ_i sc_i · Σ (q − 32) · x. Both halves at once
-// (kHalves 2, one token) share x's broadcasts.
-template <int kTokens, int kHalves>
-inline void q6_k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b, int h0,
-                              const TokenX* x, LinesAhead ahead) {
+// Halves h0..h0 + kHalves − 1 of super-block b of a Q6_K or Q3_K tile (sub-blocks of 16 columns,
+// an int8 scale each) against kTokens tokens: sums[h][t] gains the 8 rows' x.d · d · Σ_i sc_i ·
+// Σ (q − offset) · x. Both halves at once (kHalves 2, one token) share x's broadcasts.
+template <DType kType, int kTokens, int kHalves>
+inline void sixteen_column_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b,
+                                        int h0, const TokenX* x, LinesAhead ahead) {
+    static_assert(kQ6KTileDOffset == kQ3KTileDOffset &&
+                  kQ6KTileScalesOffset == kQ3KTileScalesOffset && kQ6KSubBlocks == kQ3KSubBlocks);
+    constexpr int kOffset = kType == DType::Q6_K ? kQ6Offset : kQ3KOffset;
+    constexpr int kBlockBytes = super_block_tile_bytes(kType);
     const uint8_t* scales = block + kQ6KTileScalesOffset;
-    // dots start at −32 · Σ_i sc_i · Σ x_i: the scales lie before the values.
-    __m256i dots[kHalves][kTokens];  // Σ_i sc_i · Σ (q − 32) · x
+    // dots start at −offset · Σ_i sc_i · Σ x_i: the scales lie before the values.
+    __m256i dots[kHalves][kTokens];  // Σ_i sc_i · Σ (q − offset) · x
 #pragma GCC unroll 2
     for (int i = 0; i < kHalves; ++i) {
         const int h = h0 + i;
@@ -201,11 +208,11 @@ inline void q6_k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int
                     scaled_sums,
                     _mm256_madd_epi16(scale_pairs[p],
                                       _mm256_set1_epi32(x[t].sums[b * kQ6KSubBlocks / 2 + p])));
-            dots[i][t] = _mm256_mullo_epi32(scaled_sums, _mm256_set1_epi32(-kQ6Offset));
+            dots[i][t] = _mm256_mullo_epi32(scaled_sums, _mm256_set1_epi32(-kOffset));
         }
     }
     for (int s = 0; s < kQ6KSubBlocks; ++s) {
-        prefetch_share<kQ6KTileBlockBytes / kCacheLine, kQ6KSubBlocks>(ahead, s);
+        prefetch_share<kBlockBytes / kCacheLine, kQ6KSubBlocks>(ahead, s);
         __m256i x_words[kTokens][4];  // x of columns 4m..4m + 3 of the sub-block, broadcast
 #pragma GCC unroll 4
         for (int t = 0; t < kTokens; ++t)
@@ -216,7 +223,10 @@ inline void q6_k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int
 #pragma GCC unroll 2
         for (int i = 0; i < kHalves; ++i) {
             __m256i q[4];  // levels of columns 4m..4m + 3 of the sub-block
-            q6_k_tile_levels(block, s, h0 + i, q);
+            if constexpr (kType == DType::Q6_K)
+                q6_k_tile_levels(block, s, h0 + i, q);
+            else
+                q3_k_tile_levels(block, s, h0 + i, q);
             const __m256i scale =
                 signed_scale_words(scales + kTileRows * s + (h0 + i) * kTileHalfRows);
 #pragma GCC unroll 4
@@ -310,8 +320,8 @@ inline void halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b, i
                          const TokenX* x, LinesAhead ahead) {
     if constexpr (kType == DType::Q4_K || kType == DType::Q5_K)
         k_halves_block<kTokens, kHalves, kType == DType::Q5_K>(sums, block, b, h0, x, ahead);
-    else if constexpr (kType == DType::Q6_K)
-        q6_k_halves_block<kTokens, kHalves>(sums, block, b, h0, x, ahead);
+    else if constexpr (kType == DType::Q6_K || kType == DType::Q3_K)
+        sixteen_column_halves_block<kType, kTokens, kHalves>(sums, block, b, h0, x, ahead);
     else
         iq4_xs_halves_block<kTokens, kHalves>(sums, block, b, h0, x, ahead);
 }
@@ -364,15 +374,16 @@ void no_sums(std::vector<int32_t>* sums, const Q8KVector&) { sums->clear(); }
 
 void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, const Q8KVector* x,
                              int tokens, int first_row, int row_count) {
-    const TileKernel* kernels = w.dtype == DType::Q4_K   ? kKernels<DType::Q4_K>
+    const TileKernel* kernels = w.dtype == DType::Q3_K   ? kKernels<DType::Q3_K>
+                                : w.dtype == DType::Q4_K ? kKernels<DType::Q4_K>
                                 : w.dtype == DType::Q5_K ? kKernels<DType::Q5_K>
                                 : w.dtype == DType::Q6_K ? kKernels<DType::Q6_K>
                                                          : kKernels<DType::IQ4_XS>;
     const TokenX* token_x =
         tile_tokens(x, tokens,
-                    w.dtype == DType::Q4_K || w.dtype == DType::Q5_K ? pair_sums_of_32
-                    : w.dtype == DType::Q6_K                         ? pair_sums_of_16
-                                                                     : no_sums);
+                    w.dtype == DType::Q4_K || w.dtype == DType::Q5_K   ? pair_sums_of_32
+                    : w.dtype == DType::Q6_K || w.dtype == DType::Q3_K ? pair_sums_of_16
+                                                                       : no_sums);
     const int blocks = w.cols / kSuperBlock;
     const TilePrefetch prefetch = super_block_prefetch(w.dtype);
     const size_t bytes_per_tile = tile_bytes(w);

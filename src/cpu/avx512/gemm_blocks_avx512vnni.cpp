@@ -1,5 +1,5 @@
-// The prefill GEMM on AVX-512 + VNNI for the block types (weight_blocks.h: Q4_K, Q5_K, Q6_K,
-// IQ4_XS, Q4_1, Q5_0, Q5_1): out[token][row] = Σ_col W[row][col] · x[token][col], x in int8
+// The prefill GEMM on AVX-512 + VNNI for the block types (weight_blocks.h: Q3_K, Q4_K, Q5_K,
+// Q6_K, IQ4_XS, Q4_1, Q5_0, Q5_1): out[token][row] = Σ_col W[row][col] · x[token][col], x in int8
 // with a scale per group of 32 columns (QuantizedBatch: quantized per 32 as for the Q8/Q4 GEMM,
 // or per 256 as Q8_K for the super-block types), each sub-block an exact int32 dot product by
 // vpdpbusd.
@@ -9,16 +9,16 @@
 // - "min" types (Q4_K, Q5_K: A = d·sc, B = −dmin·m; Q4_1, Q5_1: A = d, B = m), sub-blocks of
 //   32: the group's sum is A · sx · Σ u·q + B · sx · Σ q, the second term from x's sums;
 // - "offset" types, B = −offset · A (Q5_0: offset 16; IQ4_XS: u = level + 128, offset 128;
-//   Q6_K: offset 32, sub-blocks of 16): the int32 dot starts from −offset · Σ q, so it is
-//   Σ (u − offset)·q exactly, then scaled by A · sx.
+//   Q6_K: offset 32, sub-blocks of 16; Q3_K: offset 4, sub-blocks of 16): the int32 dot starts from
+//   −offset · Σ q, so it is Σ (u − offset)·q exactly, then scaled by A · sx.
 //
 // The layout: per tile of kQuantizedRowTile (32) rows, the blocks are unpacked once into a
 // panel laid out as the Q8/Q4 GEMM's (per group of 32 columns, per step of four columns, the
 // four levels of each row side by side, 16 rows a register) and the sub-blocks' A and B as
 // f32, 16 rows at a time with gathers of one 32-bit word of each row's block (the rows'
 // blocks are row_bytes apart; Q4_K, Q5_K, Q6_K and IQ4_XS from their tiles of 16 rows where they
-// have them, with no gathers). The panel (33 KB a 1024 columns) stays in L2 while every token
-// of the batch meets it in the micro-kernel (block_tile_kernel).
+// have them, with no gathers; Q3_K only from its tiles). The panel (33 KB a 1024 columns) stays in
+// L2 while every token of the batch meets it in the micro-kernel (block_tile_kernel).
 #include <algorithm>
 #include <vector>
 
@@ -43,7 +43,7 @@ constexpr size_t kAlignment = 64;
 
 // How the micro-kernel reads a type's levels (see the file comment).
 struct LevelShape {
-    int sub_cols;  // columns under one A: 32, or 16 (Q6_K)
+    int sub_cols;  // columns under one A: 32, or 16 (Q6_K, Q3_K)
     bool has_min;  // w = A·u + B; else w = A·(u − offset)
     int offset;
 };
@@ -51,6 +51,8 @@ constexpr LevelShape level_shape(DType dtype) {
     switch (dtype) {
         case DType::Q6_K:
             return {kQ6SubBlock, false, 32};
+        case DType::Q3_K:
+            return {kQ6SubBlock, false, kQ3KOffset};
         case DType::Q5_0:
             return {kGroup, false, 16};
         case DType::IQ4_XS:
@@ -304,9 +306,12 @@ void unpack_k_tile(const HalfPanel& out, const uint8_t* block, int b) {
         }
 }
 
-// Q6_K super-block b of 16 rows from its tile (`block`, cpu/super_block_tiles.h), as
-// unpack_q6_k gives it from the rows: step s of a group is step s % 4 of sub-block 2g + s / 4.
-void unpack_q6_k_tile(const HalfPanel& out, const uint8_t* block, int b) {
+// Q6_K or Q3_K super-block b of 16 rows from its tile (`block`, cpu/super_block_tiles.h), as
+// unpack_q6_k gives Q6_K's from the rows: step s of a group is step s % 4 of sub-block 2g + s / 4.
+template <DType kType>
+void unpack_sixteen_column_tile(const HalfPanel& out, const uint8_t* block, int b) {
+    static_assert(kQ6KTileDOffset == kQ3KTileDOffset &&
+                  kQ6KTileScalesOffset == kQ3KTileScalesOffset && kQ6KSubBlocks == kQ3KSubBlocks);
     const __m512 d = _mm512_cvtph_ps(
         _mm256_load_si256(reinterpret_cast<const __m256i*>(block + kQ6KTileDOffset)));
     for (int i = 0; i < kQ6KSubBlocks; ++i) {
@@ -314,7 +319,10 @@ void unpack_q6_k_tile(const HalfPanel& out, const uint8_t* block, int b) {
             reinterpret_cast<const __m128i*>(block + kQ6KTileScalesOffset + kTileRows * i)));
         out.scale(kQ6KSubBlocks * b + i, _mm512_mul_ps(d, to_float(scale)));
         __m512i q[4];
-        q6_k_tile_levels(block, i, q);
+        if constexpr (kType == DType::Q6_K)
+            q6_k_tile_levels(block, i, q);
+        else
+            q3_k_tile_levels(block, i, q);
         const int group = (kQ6KSubBlocks * b + i) / 2, step = i % 2 * 4;
         for (int s = 0; s < 4; ++s) out.levels(group, step + s, q[s]);
     }
@@ -344,7 +352,7 @@ void unpack_iq4_xs_tile(const HalfPanel& out, const uint8_t* block, int b) {
 
 // The panel of rows [tile_row, tile_row + 32) of w; rows past the matrix hold A = B = 0. Q4_K,
 // Q5_K, Q6_K and IQ4_XS are read from their tiles where they have them (the rows may then be out of
-// memory).
+// memory), Q3_K always (the CPU backend makes them on every path that reaches here).
 void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
     const int blocks = w.cols / block_weights(w.dtype);
     const int row_bytes = int(w.row_bytes());
@@ -352,11 +360,13 @@ void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
     for (int half = 0; half < kHalves; ++half) {
         const int first = tile_row + half * kLanes;
         const HalfPanel out{panel, half};
-        if (w.row_tiles) {  // Q4_K, Q5_K, Q6_K, IQ4_XS
-            const auto unpack_block = w.dtype == DType::Q4_K   ? unpack_k_tile<false>
-                                      : w.dtype == DType::Q5_K ? unpack_k_tile<true>
-                                      : w.dtype == DType::Q6_K ? unpack_q6_k_tile
-                                                               : unpack_iq4_xs_tile;
+        if (w.row_tiles) {  // Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS
+            const auto unpack_block =
+                w.dtype == DType::Q3_K   ? unpack_sixteen_column_tile<DType::Q3_K>
+                : w.dtype == DType::Q4_K ? unpack_k_tile<false>
+                : w.dtype == DType::Q5_K ? unpack_k_tile<true>
+                : w.dtype == DType::Q6_K ? unpack_sixteen_column_tile<DType::Q6_K>
+                                         : unpack_iq4_xs_tile;
             const int block_bytes = super_block_tile_bytes(w.dtype);
             alignas(64) static const uint8_t zeros[kLargestTileBlockBytes] = {};  // past the matrix
             const uint8_t* tile =

@@ -1,6 +1,6 @@
-// The decode matvec on AVX-512 + VNNI for Q4_K, Q5_K, Q6_K and IQ4_XS weights read from their tiles
-// of 16 rows (cpu/super_block_tiles.h): out[t][r] = W[r] · x_t for one token or a few, each x_t
-// quantized per 256 as Q8_K (quantize_q8_k), each super-block's dot products in integers.
+// The decode matvec on AVX-512 + VNNI for Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS weights read from their
+// tiles of 16 rows (cpu/super_block_tiles.h): out[t][r] = W[r] · x_t for one token or a few, each
+// x_t quantized per 256 as Q8_K (quantize_q8_k), each super-block's dot products in integers.
 //
 // Each int32 lane is a row. Q4_K: a register of a chunk holds four bytes of each row:
 // vpdpbusd multiplies their low nibbles (q, unsigned 0..15; sub-block 2c) by four of x's
@@ -24,6 +24,10 @@
 // starts from −32 · Σ x (x's sums of 16), so that vpdpbusd leaves Σ (q − 32) · x, which vpmulld
 // scales by the int8 sub-block scales (at most 16 · 16 · 32 · 127 · 128 over a super-block); per
 // super-block the f32 sums gain x.d · d · that.
+//
+// Q3_K: as Q6_K, on levels 0..7 with an offset of 4 (at most 16 · 32 · 16 · 4 · 128 over a
+// super-block): a pair of sub-blocks is three registers, one of low bits for each and one of
+// their top bits, which make four registers of levels for each sub-block (q3_k_tile_levels).
 //
 // IQ4_XS: a sub-block of 32 columns is four registers, each of whose nibbles a vpshufb table
 // turns into the level + 128 (1..241, unsigned), four columns of 16 rows a register; the dot
@@ -59,15 +63,17 @@ constexpr int kHighNibbleShift = 4;
 
 // A token's x (TileTokenX) carries in `sums`, per type:
 // - Q4_K, Q5_K: per pair of sub-blocks (2p, 2p + 1) their sums of 32 values (pair_sums_of_32);
-// - Q6_K: per 16 values −32 · their sum (q6_k_offsets);
+// - Q6_K, Q3_K: per 16 values −32 or −4 · their sum (offsets_of_16);
 // - IQ4_XS: per 32 values −128 · their sum (iq4_xs_offsets).
 using TokenX = TileTokenX;
 
-// −32 · x's sums of 16 into `offsets` [n / 16].
-void q6_k_offsets(std::vector<int32_t>* offsets, const Q8KVector& x) {
+// −kOffset · x's sums of 16 into `offsets` [n / 16].
+template <int kOffset>
+void offsets_of_16(std::vector<int32_t>* offsets, const Q8KVector& x) {
     offsets->resize(x.sums.size());
-    for (size_t i = 0; i < x.sums.size(); ++i) (*offsets)[i] = -32 * x.sums[i];
+    for (size_t i = 0; i < x.sums.size(); ++i) (*offsets)[i] = -kOffset * x.sums[i];
 }
+constexpr int kQ6KOffset = 32;
 
 // The 16 rows of one Q4_K (kFifthBit false) or Q5_K tile against kTokens tokens:
 // out[t · out_stride + lane] for the lanes of `store`.
@@ -177,23 +183,30 @@ inline void add_block_sums(__m512* sums, const __m512i* dots, const uint8_t* d_a
                                   _mm512_mul_ps(d, _mm512_set1_ps(x[t].d[b])), sums[t]);
 }
 
-// The 16 rows of one Q6_K tile against kTokens tokens, as k_tile_rows.
-template <int kTokens>
-void q6_k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* tile, int blocks,
-                    const TokenX* x, TilePrefetch prefetch) {
+// The 16 rows of one Q6_K or Q3_K tile (sub-blocks of 16 columns, an int8 scale each) against
+// kTokens tokens, as k_tile_rows.
+template <int kTokens, DType kType>
+void sixteen_column_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* tile,
+                              int blocks, const TokenX* x, TilePrefetch prefetch) {
+    static_assert(kQ6KTileDOffset == kQ3KTileDOffset &&
+                  kQ6KTileScalesOffset == kQ3KTileScalesOffset && kQ6KSubBlocks == kQ3KSubBlocks);
+    constexpr int kBlockBytes = super_block_tile_bytes(kType);
     __m512 sums[kTokens];
 #pragma GCC unroll 8
     for (int t = 0; t < kTokens; ++t) sums[t] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
-        const uint8_t* block = tile + size_t(b) * kQ6KTileBlockBytes;
+        const uint8_t* block = tile + size_t(b) * kBlockBytes;
         const LinesAhead ahead = lines_ahead(block, prefetch);
-        __m512i dots[kTokens];  // Σ_i sc_i · Σ (q − 32) · x
+        __m512i dots[kTokens];  // Σ_i sc_i · Σ (q − offset) · x
 #pragma GCC unroll 8
         for (int t = 0; t < kTokens; ++t) dots[t] = _mm512_setzero_si512();
         for (int i = 0; i < kQ6KSubBlocks; ++i) {
-            prefetch_share<kQ6KTileBlockBytes / kCacheLine, kQ6KSubBlocks>(ahead, i);
+            prefetch_share<kBlockBytes / kCacheLine, kQ6KSubBlocks>(ahead, i);
             __m512i q[4];  // levels of columns 4s..4s + 3 of the sub-block
-            q6_k_tile_levels(block, i, q);
+            if constexpr (kType == DType::Q6_K)
+                q6_k_tile_levels(block, i, q);
+            else
+                q3_k_tile_levels(block, i, q);
             const __m512i scales = _mm512_cvtepi8_epi32(_mm_load_si128(
                 reinterpret_cast<const __m128i*>(block + kQ6KTileScalesOffset + kTileRows * i)));
 #pragma GCC unroll 8
@@ -277,9 +290,12 @@ constexpr TileKernel kKKernels[kTileTokens] = {
     k_tile_rows<1, kFifthBit>, k_tile_rows<2, kFifthBit>, k_tile_rows<3, kFifthBit>,
     k_tile_rows<4, kFifthBit>, k_tile_rows<5, kFifthBit>, k_tile_rows<6, kFifthBit>,
     k_tile_rows<7, kFifthBit>, k_tile_rows<8, kFifthBit>};
-constexpr TileKernel kQ6KKernels[kTileTokens] = {
-    q6_k_tile_rows<1>, q6_k_tile_rows<2>, q6_k_tile_rows<3>, q6_k_tile_rows<4>,
-    q6_k_tile_rows<5>, q6_k_tile_rows<6>, q6_k_tile_rows<7>, q6_k_tile_rows<8>};
+template <DType kType>
+constexpr TileKernel kSixteenColumnKernels[kTileTokens] = {
+    sixteen_column_tile_rows<1, kType>, sixteen_column_tile_rows<2, kType>,
+    sixteen_column_tile_rows<3, kType>, sixteen_column_tile_rows<4, kType>,
+    sixteen_column_tile_rows<5, kType>, sixteen_column_tile_rows<6, kType>,
+    sixteen_column_tile_rows<7, kType>, sixteen_column_tile_rows<8, kType>};
 constexpr TileKernel kIq4XSKernels[kTileTokens] = {
     iq4_xs_tile_rows<1>, iq4_xs_tile_rows<2>, iq4_xs_tile_rows<3>, iq4_xs_tile_rows<4>,
     iq4_xs_tile_rows<5>, iq4_xs_tile_rows<6>, iq4_xs_tile_rows<7>, iq4_xs_tile_rows<8>};
@@ -290,13 +306,15 @@ void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, con
                              int tokens, int first_row, int row_count) {
     static_assert(kSumsPerBlock == 4 * kMinPairs && kSumsPerBlock == kQ6KSubBlocks);
     const bool with_mins = w.dtype == DType::Q4_K || w.dtype == DType::Q5_K;
-    const TileKernel* kernels = w.dtype == DType::Q4_K   ? kKKernels<false>
+    const TileKernel* kernels = w.dtype == DType::Q3_K   ? kSixteenColumnKernels<DType::Q3_K>
+                                : w.dtype == DType::Q4_K ? kKKernels<false>
                                 : w.dtype == DType::Q5_K ? kKKernels<true>
-                                : w.dtype == DType::Q6_K ? kQ6KKernels
+                                : w.dtype == DType::Q6_K ? kSixteenColumnKernels<DType::Q6_K>
                                                          : kIq4XSKernels;
     const TokenX* token_x = tile_tokens(x, tokens,
                                         with_mins                ? pair_sums_of_32
-                                        : w.dtype == DType::Q6_K ? q6_k_offsets
+                                        : w.dtype == DType::Q6_K ? offsets_of_16<kQ6KOffset>
+                                        : w.dtype == DType::Q3_K ? offsets_of_16<kQ3KOffset>
                                                                  : iq4_xs_offsets);
     const int blocks = w.cols / kSuperBlock;
     const TilePrefetch prefetch = super_block_prefetch(w.dtype);
