@@ -129,6 +129,8 @@ def quantize_q4(values):
     rows, cols = values.shape
     blocks = values.reshape(rows, cols // Q4_BLOCK, Q4_BLOCK)
     largest = np.take_along_axis(blocks, np.abs(blocks).argmax(axis=2)[..., None], axis=2)
+    # ggml starts from +0: a block of zeros has d = +0 / -8 = -0, whatever its zeros' signs.
+    largest = np.where(largest != 0, largest, np.float32(0))
     d = largest / np.float32(-Q4_OFFSET)
     with np.errstate(divide="ignore"):
         inverse = np.where(d == 0, np.float32(0), np.float32(1) / d).astype(np.float32)

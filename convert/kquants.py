@@ -1,6 +1,7 @@
 """llama.cpp's reference quantizers (quantize_row_*_ref of ggml, the ones llama-quantize uses
-without an importance matrix) for the block types the mixes of mixes.py choose: Q4_K, Q5_K,
-Q6_K, IQ4_XS, and the fallbacks Q5_0, Q5_1 and Q8_0. numpy, vectorised over blocks.
+without an importance matrix) for the block types the mixes of mixes.py choose: Q3_K, Q4_K,
+Q5_K, Q6_K, IQ4_XS, and the fallbacks Q5_0, Q5_1 and Q8_0 (Q3_K's fallback Q4_0 is
+dtypes.quantize_q4). numpy, vectorised over blocks.
 
 Every step is float32 in ggml's order of operations, sums included (accumulated element
 after element, never pairwise), and rounding is ggml's: nearest_int (to nearest, ties to
@@ -265,6 +266,96 @@ def quantize_q6_k(x):
     return out
 
 
+# ------------------------------------------------------------------------------ Q3_K
+
+Q3K_SUB = 16  # weights per Q3_K sub-block (16 of them, a 6-bit scale each)
+Q3K_LEVELS = 4  # make_q3_quants' nmax: q - 4 in -4..3
+Q3K_TRIES = 5  # make_q3_quants' passes of its coordinate descent
+Q3K_SCALE_LEVELS = 32  # a sub-block scale l in -32..31 is stored as l + 32 (6 bits)
+
+
+def make_q3_quants(x):
+    """ggml's make_q3_quants(16, 4, x, L, do_rmse true) on sub-blocks given as columns
+    (float32 [16, count]): levels from the multiplier -4 / max (max: the first value of the
+    largest magnitude, sign kept), then up to five passes over the weights, each weight
+    moved to nearest_int(x * sl2 / slx) (sums without it, weights x²) where that raises
+    sumlx² / suml2; the least-squares scale sumlx / suml2. ggml stops after a pass that
+    changes nothing; such a pass leaves the state as it was, so every later one would
+    change nothing either: all five run here. Returns (scale [count], L uint8 [16, count]
+    in 0..7); sub-blocks whose largest |x| is below GROUP_MAX_EPS get scale 0 and L 0 (not
+    4)."""
+    nmax = Q3K_LEVELS
+    largest, amax = first_largest_magnitude(x)
+    zero = amax < GROUP_MAX_EPS
+    largest = np.where(zero, F32(1), largest)
+    iscale = (F32(-nmax) / largest).astype(F32)
+    levels = np.clip(nearest_int(iscale * x), -nmax, nmax - 1).astype(F32)
+    weights = x * x
+    weighted_x = weights * x  # ggml's w*x[i]*l is (w * x) * l
+    sumlx = running_sum(weighted_x * levels)
+    suml2 = running_sum(weights * levels * levels)
+    for _ in range(Q3K_TRIES):
+        for i in range(len(x)):
+            wx, w, l = weighted_x[i], weights[i], levels[i]
+            slx = sumlx - wx * l
+            sl2 = suml2 - w * l * l
+            positive = slx > 0
+            new_l = np.clip(nearest_int(x[i] * sl2 / np.where(positive, slx, F32(1))),
+                            -nmax, nmax - 1).astype(F32)
+            slx = slx + wx * new_l
+            sl2 = sl2 + w * new_l * new_l
+            better = (positive & (new_l != l) & (sl2 > 0) &
+                      (slx * slx * suml2 > sumlx * sumlx * sl2))
+            levels[i] = np.where(better, new_l, l)
+            sumlx = np.where(better, slx, sumlx)
+            suml2 = np.where(better, sl2, suml2)
+    scale = np.where(zero, F32(0), np.where(suml2 > 0, divide(sumlx, suml2), F32(0)))
+    levels = np.where(zero, 0, levels + nmax).astype(np.uint8)
+    return scale.astype(F32), levels
+
+
+def quantize_q3_k(x):
+    """Q3_K blocks (uint8 [n, 110]) of float32 super-blocks x [n, 256]: quantize_row_q3_K_ref.
+    Each sub-block's scale from make_q3_quants; the 16 scales as l in -32..31 of d =
+    1 / (-32 / max) (max: the first scale of the largest magnitude), stored l + 32; the
+    weights again as nearest_int(x / (d * l)) in -4..3 with d rounded to f16, where that
+    is not 0. A block whose scales are all 0 stores 0 for each (not 32) and d 0."""
+    count = x.shape[0]
+    subs = SUPER_BLOCK // Q3K_SUB
+    columns = np.ascontiguousarray(x.reshape(count * subs, Q3K_SUB).T)  # [16, n * 16]
+    scales, first = make_q3_quants(columns)
+    scales = scales.reshape(count, subs)
+    max_scale, _ = first_largest_magnitude(scales.T)
+    nonzero = max_scale != 0
+    iscale = (F32(-Q3K_SCALE_LEVELS) / np.where(nonzero, max_scale, F32(1))).astype(F32)
+    l = np.clip(nearest_int(iscale[:, None] * scales), -Q3K_SCALE_LEVELS,
+                Q3K_SCALE_LEVELS - 1)
+    stored = np.where(nonzero[:, None], l + Q3K_SCALE_LEVELS, 0).astype(np.uint8)
+    d = to_f16(np.where(nonzero, F32(1) / iscale, F32(0)))
+    sub_d = d.astype(F32)[:, None] * (stored.astype(F32) - F32(Q3K_SCALE_LEVELS))  # [n, 16]
+    grouped = x.reshape(count, subs, Q3K_SUB)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ratio = grouped / sub_d[..., None]
+    usable = (sub_d != 0)[..., None]
+    q = np.where(usable, np.clip(nearest_int(np.where(usable, ratio, F32(0))), -Q3K_LEVELS,
+                                 Q3K_LEVELS - 1) + Q3K_LEVELS,
+                 first.T.reshape(count, subs, Q3K_SUB)).astype(np.uint8)
+    quarters = q.reshape(count, 2, 4, 32)  # weight 128h + 32t + l
+    # qs[32h + l]: bits 2t, 2t + 1 the low 2 bits of weight 128h + 32t + l.
+    qs = np.bitwise_or.reduce((quarters & 3) << (2 * np.arange(4, dtype=np.uint8))[:, None],
+                              axis=2).reshape(count, 64)
+    # hmask[l]: bit 4h + t the top bit of weight 128h + 32t + l.
+    hmask = np.bitwise_or.reduce((quarters >> 2).reshape(count, 8, 32)
+                                 << np.arange(8, dtype=np.uint8)[:, None], axis=1)
+    # scales[j] (j < 8): low nibble sub-block j's low 4 bits, high nibble sub-block j + 8's;
+    # scales[8 + k]: bits 2g, 2g + 1 the top 2 bits of sub-block 4g + k.
+    low = (stored[:, :8] & 15) | ((stored[:, 8:] & 15) << 4)
+    high = np.bitwise_or.reduce((stored >> 4).reshape(count, 4, 4)
+                                << (2 * np.arange(4, dtype=np.uint8))[:, None], axis=1)
+    return np.concatenate([hmask.astype(np.uint8), qs.astype(np.uint8), low.astype(np.uint8),
+                           high.astype(np.uint8), d.view(np.uint8).reshape(-1, 2)], axis=1)
+
+
 # ------------------------------------------------------------------ Q5_0, Q5_1, Q8_0
 
 def pack_5_bit(q):
@@ -394,8 +485,9 @@ def quantize_iq4_xs(x):
                            scales_h.view(np.uint8).reshape(-1, 2), scales_l, qs], axis=1)
 
 
-BLOCK_QUANTIZERS = {"IQ4_XS": quantize_iq4_xs, "Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k,
-                    "Q6_K": quantize_q6_k, "Q5_0": quantize_q5_0, "Q5_1": quantize_q5_1}
+BLOCK_QUANTIZERS = {"IQ4_XS": quantize_iq4_xs, "Q3_K": quantize_q3_k, "Q4_K": quantize_q4_k,
+                    "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k, "Q5_0": quantize_q5_0,
+                    "Q5_1": quantize_q5_1}
 
 
 def quantize(values, type_name):

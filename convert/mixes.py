@@ -1,21 +1,27 @@
-"""The type of each matrix under llama-quantize's mixes Q4_K_M, Q5_K_M, Q6_K and IQ4_XS
-(without an importance matrix), for the models barellm runs.
+"""The type of each matrix under llama-quantize's mixes Q3_K_S, Q3_K_M, Q3_K_L, Q4_K_M,
+Q5_K_M, Q6_K and IQ4_XS (without an importance matrix; llama.cpp's llama_tensor_get_type),
+for the models barellm runs.
 
-- Each mix has a base type (Q4_K, Q5_K, Q6_K, IQ4_XS).
+- Each mix has a base type (Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS).
 - The output matrix (or the token embedding when it is tied to the output) is Q6_K; Q8_0
   where its rows are not whole blocks of the base type.
 - Q4_K_M and Q5_K_M give Q6_K to attn_v (wv) and ffn_down (w2) in the "more bits" layers:
   the first and last eighth of the layers and every third layer between them
-  (more_bits). For a Llama of 80 layers with grouped-query attention (llama.cpp's 70B),
-  the other wv of Q4_K_M are Q5_K.
+  (more_bits).
+- Q3_K_S has no other rule. Q3_K_M gives attn_v (wv) Q5_K in layers 0 and 1 and Q4_K in
+  the others, ffn_down (w2) Q5_K in the first sixteenth of the layers and Q4_K in the
+  others, and attn_output (wo) Q4_K. Q3_K_L gives Q5_K to wv, w2 and wo.
 - IQ4_XS gives Q5_K to attn_v (wv) where four or more query heads share a KV head, and to
   ffn_down (w2) in the first eighth of the layers.
+- For a Llama of 80 layers with grouped-query attention (llama.cpp's 70B), a wv that
+  would be Q3_K or Q4_K is Q5_K.
 - A model of exactly 8 experts (Mixtral) has its wk and wv in Q8_0 under every mix, and its
-  wo in Q5_K under Q4_K_M and IQ4_XS.
+  wo in Q5_K under Q3_K_S, Q3_K_M, Q4_K_M and IQ4_XS; under Q3_K_L its wo stays Q3_K
+  (llama.cpp's rule for Q3_K_L's wo is for the other models only).
 - A matrix whose rows are not a multiple of 256 falls back to a type of 32-weight
-  blocks: Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0; rows not a multiple of 32 either
-  stay F16. IQ4_XS would fall back to IQ4_NL, which barellm does not run: such a
-  matrix is refused.
+  blocks: Q3_K to Q4_0, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0; rows not a multiple of
+  32 either stay F16. IQ4_XS would fall back to IQ4_NL, which barellm does not run: such
+  a matrix is refused.
 """
 
 from typing import NamedTuple
@@ -29,7 +35,9 @@ class Mix(NamedTuple):
     more_bits: bool  # wv and w2 of the more_bits layers become Q6_K
 
 
-MIXES = {"Q4_K_M": Mix("Q4_K", True), "Q5_K_M": Mix("Q5_K", True), "Q6_K": Mix("Q6_K", False),
+MIXES = {"Q3_K_S": Mix("Q3_K", False), "Q3_K_M": Mix("Q3_K", False),
+         "Q3_K_L": Mix("Q3_K", False), "Q4_K_M": Mix("Q4_K", True),
+         "Q5_K_M": Mix("Q5_K", True), "Q6_K": Mix("Q6_K", False),
          "IQ4_XS": Mix("IQ4_XS", False)}
 # --dtype spelling -> mix.
 CLI_NAMES = {name.lower(): name for name in MIXES}
@@ -37,12 +45,22 @@ OUTPUT_TYPE = "Q6_K"
 MORE_BITS_TYPE = "Q6_K"
 WIDE_OUTPUT_TYPE = "Q8_0"  # an output matrix whose rows are not whole base blocks
 # A K-quant whose row is not whole super-blocks -> its 32-weight counterpart.
-FALLBACKS = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+FALLBACKS = {"Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 FALLBACK_BLOCK = 32
 UNQUANTIZED_TYPE = "F16"  # rows that are not whole blocks of 32 either
 # llama.cpp's 70B (a Llama of this many layers with grouped-query attention): its wv of
-# Q4_K become Q5_K.
+# Q3_K or Q4_K become Q5_K.
 LLAMA_70B_LAYERS = 80
+LLAMA_70B_WV_RAISED = ("Q3_K", "Q4_K")
+LLAMA_70B_WV_TYPE = "Q5_K"
+# Q3_K_M and Q3_K_L: the type of wv, w2 and wo (Q3_K_S: the base type for all three).
+# Q3_K_M's wv is Q5_K in its first Q3_K_M_WIDER_WV layers, and its w2 in the first
+# sixteenth of the layers; Q4_K elsewhere.
+Q3_K_M_WIDER_TYPE = "Q5_K"
+Q3_K_M_WIDER_WV = 2
+Q3_K_M_WIDER_W2_PART = 16
+Q3_K_M_TYPE = "Q4_K"
+Q3_K_L_TYPE = "Q5_K"
 # IQ4_XS's wv where at least this many query heads share a KV head, and its w2 in the first
 # eighth of the layers, are of this type.
 IQ4_XS_WIDER_TYPE = "Q5_K"
@@ -52,7 +70,7 @@ IQ4_XS_WIDER_WV_GROUP = 4
 EIGHT_EXPERTS = 8
 EIGHT_EXPERTS_KV_TYPE = "Q8_0"
 EIGHT_EXPERTS_WO_TYPE = "Q5_K"
-EIGHT_EXPERTS_WO_MIXES = ("Q4_K_M", "IQ4_XS")
+EIGHT_EXPERTS_WO_MIXES = ("Q3_K_S", "Q3_K_M", "Q4_K_M", "IQ4_XS")
 
 
 def more_bits(layer, layers):
@@ -74,6 +92,18 @@ def with_fallback(type_name, cols):
     return fallback if cols % FALLBACK_BLOCK == 0 else UNQUANTIZED_TYPE
 
 
+def q3_k_type(mix, short, layer, config):
+    """The type of wv, w2 or wo (`short`) of layer `layer` under Q3_K_M or Q3_K_L."""
+    if mix == "Q3_K_L":
+        return Q3_K_L_TYPE
+    if short == "wv":
+        return Q3_K_M_WIDER_TYPE if layer < Q3_K_M_WIDER_WV else Q3_K_M_TYPE
+    if short == "w2":
+        return (Q3_K_M_WIDER_TYPE if layer < config["layers"] // Q3_K_M_WIDER_W2_PART
+                else Q3_K_M_TYPE)
+    return Q3_K_M_TYPE
+
+
 def matrix_type(mix, name, cols, config):
     """The type of the matrix `name` (barellm's name) of `cols` columns under `mix`."""
     base = MIXES[mix].base
@@ -81,6 +111,9 @@ def matrix_type(mix, name, cols, config):
     is_output = name == "output" or (name == "token_embedding" and config["tied_embeddings"])
     if is_output:
         chosen = WIDE_OUTPUT_TYPE if cols % block_weights(base) else OUTPUT_TYPE
+    elif (mix in ("Q3_K_M", "Q3_K_L") and short in ("wv", "w2", "wo")
+          and not (short == "wo" and config.get("experts") == EIGHT_EXPERTS)):
+        chosen = q3_k_type(mix, short, int(name.split(".")[1]), config)
     elif short in ("wv", "w2") and base == "IQ4_XS":
         layer = int(name.split(".")[1])
         wider = (config["heads"] // config["kv_heads"] >= IQ4_XS_WIDER_WV_GROUP if short == "wv"
@@ -89,12 +122,11 @@ def matrix_type(mix, name, cols, config):
     elif short in ("wv", "w2") and MIXES[mix].more_bits:
         layer = int(name.split(".")[1])
         chosen = MORE_BITS_TYPE if more_bits(layer, config["layers"]) else base
-        if (short == "wv" and chosen == "Q4_K" and config["architecture"] == "llama"
-                and config["layers"] == LLAMA_70B_LAYERS
-                and config["heads"] != config["kv_heads"]):
-            chosen = "Q5_K"
     else:
         chosen = base
+    if (short == "wv" and chosen in LLAMA_70B_WV_RAISED and config["architecture"] == "llama"
+            and config["layers"] == LLAMA_70B_LAYERS and config["heads"] != config["kv_heads"]):
+        chosen = LLAMA_70B_WV_TYPE
     if config.get("experts") == EIGHT_EXPERTS and short in ("wk", "wv"):
         chosen = EIGHT_EXPERTS_KV_TYPE
     elif config.get("experts") == EIGHT_EXPERTS and short == "wo" and mix in EIGHT_EXPERTS_WO_MIXES:

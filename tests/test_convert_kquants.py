@@ -1,7 +1,7 @@
 """ggml's block types in the converter: GGUF tensors of the types barellm runs (Q4_1, Q5_0,
-Q5_1, Q4_K, Q5_K, Q6_K, IQ4_XS, beside Q8_0 and Q4_0) kept byte for byte in a file of
-per-matrix types; q4_k_m, q5_k_m and q6_k of a Hugging Face checkpoint (llama-quantize's
-mixes, ggml's reference quantizers); hostile blocks refused.
+Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, beside Q8_0 and Q4_0) kept byte for byte in a file of
+per-matrix types; q3_k_s, q3_k_m, q3_k_l, q4_k_m, q5_k_m, q6_k and iq4_xs of a Hugging Face
+checkpoint (llama-quantize's mixes, ggml's reference quantizers); hostile blocks refused.
 
 The dequantization of every block type is written here from ggml's layouts
 (docs/FORMAT.md), independently of the converter, and checked against the gguf package's."""
@@ -21,6 +21,9 @@ from convert_testlib import (BUILD, CONVERT, REPO, TINY_CONFIG, make_checkpoint,
 gguf = pytest.importorskip("gguf", reason="pip package gguf missing")
 
 GGUF_FROM_HF = os.path.join(REPO, "scripts", "gguf_from_hf.py")
+# llama.cpp's llama-quantize, where it is built (scripts/build_llamacpp.sh): the mixes of a
+# checkpoint are compared with its files, block for block.
+LLAMA_QUANTIZE = os.environ.get("LLAMA_QUANTIZE", "/work/llama/bin/llama-quantize")
 F32 = np.float32
 IQ4_VALUES = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89,
                        113], dtype=F32)
@@ -117,6 +120,25 @@ def dequantize_iq4_xs(b):
     return out
 
 
+def dequantize_q3_k(b):
+    """Q3_K super-blocks: hmask[32], qs[64], scales[12], f16 d. Weight 128h + 32t + l has
+    its low 2 bits at bits 2t, 2t + 1 of qs[32h + l] and its top bit at bit 4h + t of
+    hmask[l] (q in 0..7); sub-block i (weights 16i..16i + 15) has a 6-bit scale, its low 4
+    bits in nibble i // 8 of scales[i % 8], its top 2 bits at bits 2(i // 4), 2(i // 4) + 1
+    of scales[8 + i % 4]; w = d * (scale - 32) * (q - 4)."""
+    hmask, qs, scales, d = b[:, :32], b[:, 32:96], b[:, 96:108], half(b, 108)
+    out = np.zeros((len(b), 256), dtype=F32)
+    for i in range(16):
+        low = (scales[:, i % 8] >> (4 * (i // 8))) & 15
+        top = (scales[:, 8 + i % 4] >> (2 * (i // 4))) & 3
+        dl = d[:, 0] * ((low | (top << 4)).astype(F32) - 32)
+        for w in range(16 * i, 16 * i + 16):
+            h, t, l = w // 128, (w // 32) % 4, w % 32
+            q = ((qs[:, 32 * h + l] >> (2 * t)) & 3) | (((hmask[:, l] >> (4 * h + t)) & 1) << 2)
+            out[:, w] = dl * (q.astype(F32) - 4)
+    return out
+
+
 def dequantize_q8_0(b):
     return half(b, 0) * b[:, 2:].view(np.int8).astype(F32)
 
@@ -130,6 +152,7 @@ TYPES = {
     "Q4_1": (32, 20, (0, 2), dequantize_q4_1),
     "Q5_0": (32, 22, (0,), dequantize_q5_0),
     "Q5_1": (32, 24, (0, 2), dequantize_q5_1),
+    "Q3_K": (256, 110, (108,), dequantize_q3_k),
     "Q4_K": (256, 144, (0, 2), lambda b: dequantize_k(b, 16, None)),
     "Q5_K": (256, 176, (0, 2), lambda b: dequantize_k(b, 48, 16)),
     "Q6_K": (256, 210, (208,), dequantize_q6_k),
@@ -137,7 +160,7 @@ TYPES = {
     "Q8_0": (32, 34, (0,), dequantize_q8_0),
     "Q4_0": (32, 18, (0,), dequantize_q4_0),
 }
-BLOCK_TYPES = ("Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
+BLOCK_TYPES = ("Q4_1", "Q5_0", "Q5_1", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 
 
 def dequantize(raw, type_name):
@@ -350,20 +373,22 @@ def test_types_barellm_does_not_run_become_f16_in_one_line(tmp_path, f32_gguf):
     replaced = {}
     for layer in range(2):
         for part, rows in (("attn_q", 256), ("attn_k", 128)):
-            raw = rng.integers(0, 256, (rows, 110), dtype=np.uint8)  # Q3_K: 110 bytes
-            raw[:, 108:110] = rng.uniform(0.001, 0.01, (rows, 1)).astype("<f2").view(np.uint8)
-            replaced[f"blk.{layer}.{part}.weight"] = ("Q3_K", raw)
+            raw = rng.integers(0, 256, (rows, 84), dtype=np.uint8)  # Q2_K: 84 bytes
+            for field in (80, 82):  # d and dmin
+                raw[:, field:field + 2] = rng.uniform(0.001, 0.01, (rows, 1)).astype(
+                    "<f2").view(np.uint8)
+            replaced[f"blk.{layer}.{part}.weight"] = ("Q2_K", raw)
     replaced["blk.0.ffn_gate.weight"] = ("Q4_K", random_matrix_blocks("Q4_K", 288, 256, rng))
     source = rewritten_gguf(f32_gguf, tmp_path / "m.gguf", replaced,
-                            file_type=gguf.LlamaFileType.MOSTLY_Q3_K_M)
+                            file_type=gguf.LlamaFileType.MOSTLY_Q2_K)
     out, log = convert(source, tmp_path / "m.bin")
     assert log.count("\n") == 1, log
-    assert log.startswith("convert: dequantized to F16") and "4 Q3_K (blk.0.attn_q.weight" in log
+    assert log.startswith("convert: dequantized to F16") and "4 Q2_K (blk.0.attn_q.weight" in log
     types = json.loads(metadata(out)["barellm.matrix_types"])
-    assert json.loads(metadata(out)["barellm.config"])["weight_dtype"] == "Q3_K_M"
+    assert json.loads(metadata(out)["barellm.config"])["weight_dtype"] == "Q2_K"
     assert types["layers.1.wk"] == "F16" and types["layers.0.w1"] == "Q4_K"
     expected = gguf.quants.dequantize(replaced["blk.1.attn_k.weight"][1],
-                                      gguf.GGMLQuantizationType.Q3_K)
+                                      gguf.GGMLQuantizationType.Q2_K)
     assert np.array_equal(read_raw(out)[2]["layers.1.wk"],
                           rotate_half(expected, 64).astype(np.float16))
 
@@ -426,12 +451,18 @@ def test_a_non_finite_f16_field_is_refused(tmp_path, f32_gguf, field, value, kin
                    f"tensor 'blk.1.attn_v.weight' has a {kind} f16 field (byte {field})")
 
 
-def test_a_non_finite_q6_k_scale_is_refused(tmp_path, f32_gguf):
-    raw = random_matrix_blocks("Q6_K", 128, 256, np.random.default_rng(8))
-    raw[5, 208:210] = np.array([np.nan], dtype="<f2").view(np.uint8)
+@pytest.mark.parametrize("type_name", BLOCK_TYPES)
+def test_a_nan_in_the_last_f16_field_of_each_block_type_is_refused(tmp_path, f32_gguf,
+                                                                    type_name):
+    """The last f16 field of block 5 (Q6_K's and Q3_K's d, at the block's end) is NaN."""
+    raw = random_matrix_blocks(type_name, 128, 256, np.random.default_rng(8))
+    field = TYPES[type_name][2][-1]
+    size = TYPES[type_name][1]
+    blocks_of = raw.reshape(-1, size)
+    blocks_of[5, field:field + 2] = np.array([np.nan], dtype="<f2").view(np.uint8)
     data = rewritten_gguf(f32_gguf, tmp_path / "q.gguf",
-                          {"blk.0.attn_k.weight": ("Q6_K", raw)}).read_bytes()
-    assert_refused(tmp_path, data, "NaN f16 field (byte 208) in Q6_K block 5")
+                          {"blk.0.attn_k.weight": (type_name, raw)}).read_bytes()
+    assert_refused(tmp_path, data, f"NaN f16 field (byte {field}) in {type_name} block 5")
 
 
 def tensor_info_at(data, name):
@@ -478,29 +509,40 @@ def more_bits(layer, layers):
 
 def expected_type(mix, name, cols, tied, layers, query_heads_per_kv=1):
     """llama-quantize's choice for a dense llama (docs/FORMAT.md), written here."""
-    base = {"q4_k_m": "Q4_K", "q5_k_m": "Q5_K", "q6_k": "Q6_K", "iq4_xs": "IQ4_XS"}[mix]
+    base = {"q3_k_s": "Q3_K", "q3_k_m": "Q3_K", "q3_k_l": "Q3_K", "q4_k_m": "Q4_K",
+            "q5_k_m": "Q5_K", "q6_k": "Q6_K", "iq4_xs": "IQ4_XS"}[mix]
     short = name.rsplit(".", 1)[-1]
+    layer = int(name.split(".")[1]) if name.startswith("layers.") else None
     if name == "output" or (tied and name == "token_embedding"):
         kind = "Q6_K" if cols % 256 == 0 else "Q8_0"
+    elif mix == "q3_k_l" and short in ("wv", "w2", "wo"):
+        kind = "Q5_K"
+    elif mix == "q3_k_m" and short == "wv":
+        kind = "Q5_K" if layer < 2 else "Q4_K"
+    elif mix == "q3_k_m" and short == "w2":
+        kind = "Q5_K" if layer < layers // 16 else "Q4_K"
+    elif mix == "q3_k_m" and short == "wo":
+        kind = "Q4_K"
     elif mix == "iq4_xs" and short == "wv":
         kind = "Q5_K" if query_heads_per_kv >= 4 else base
     elif mix == "iq4_xs" and short == "w2":
         kind = "Q5_K" if int(name.split(".")[1]) < layers // 8 else base
-    elif mix != "q6_k" and short in ("wv", "w2") and more_bits(int(name.split(".")[1]), layers):
+    elif mix in ("q4_k_m", "q5_k_m") and short in ("wv", "w2") and more_bits(layer, layers):
         kind = "Q6_K"
     else:
         kind = base
     if cols % TYPES.get(kind, (256,))[0]:
-        kind = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}.get(kind, kind)
+        kind = {"Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}.get(kind, kind)
     if cols % 32:
         kind = "F16"
     return kind
 
 
 # Relative RMS error of each type on Gaussian weights, with a margin (measured: IQ4_XS
-# 0.077, Q4_K 0.072, Q5_K 0.036, Q6_K 0.018, Q5_0 0.043, Q5_1 0.038, Q8_0 0.004).
-RELATIVE_ERROR = {"IQ4_XS": 0.09, "Q4_K": 0.09, "Q5_K": 0.045, "Q6_K": 0.023, "Q5_0": 0.055,
-                  "Q5_1": 0.048, "Q8_0": 0.006, "F16": 0.001}
+# 0.077, Q3_K 0.152, Q4_K 0.072, Q5_K 0.036, Q6_K 0.018, Q4_0 0.088, Q5_0 0.043, Q5_1
+# 0.038, Q8_0 0.004).
+RELATIVE_ERROR = {"IQ4_XS": 0.09, "Q3_K": 0.18, "Q4_K": 0.09, "Q5_K": 0.045, "Q6_K": 0.023,
+                  "Q4_0": 0.105, "Q5_0": 0.055, "Q5_1": 0.048, "Q8_0": 0.006, "F16": 0.001}
 
 
 MIX_CONFIGS = {
@@ -518,7 +560,8 @@ MIX_CONFIGS = {
 IQ4_CONFIG = {**TINY_CONFIG, "hidden_size": 256, "intermediate_size": 512,
               "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 41,
               "num_hidden_layers": 9}
-MIX_CASES = [(mix, shape) for mix in ("q4_k_m", "q5_k_m", "q6_k") for shape in MIX_CONFIGS]
+MIX_CASES = [(mix, shape) for mix in ("q3_k_s", "q3_k_m", "q3_k_l", "q4_k_m", "q5_k_m", "q6_k")
+             for shape in MIX_CONFIGS]
 MIX_CASES.append(("iq4_xs", "iq4"))
 
 
@@ -563,10 +606,14 @@ def test_mixes_of_a_checkpoint(tmp_path, mix, shape):
 
 
 @pytest.mark.parametrize("mix,base,wo", [("Q4_K_M", "Q4_K", "Q5_K"), ("Q5_K_M", "Q5_K", "Q5_K"),
-                                         ("Q6_K", "Q6_K", "Q6_K"), ("IQ4_XS", "IQ4_XS", "Q5_K")])
+                                         ("Q6_K", "Q6_K", "Q6_K"), ("IQ4_XS", "IQ4_XS", "Q5_K"),
+                                         ("Q3_K_S", "Q3_K", "Q5_K"), ("Q3_K_M", "Q3_K", "Q5_K"),
+                                         ("Q3_K_L", "Q3_K", "Q3_K")])
 def test_eight_experts_keep_wk_and_wv_in_q8_0(mix, base, wo):
     """llama-quantize's rules for a model of 8 experts (Mixtral): wk and wv Q8_0 under every
-    mix, wo Q5_K under Q4_K_M and IQ4_XS; the experts' w2 follow the dense rules."""
+    mix, wo Q5_K under Q3_K_S, Q3_K_M, Q4_K_M and IQ4_XS (under Q3_K_L it stays Q3_K:
+    llama.cpp's Q5_K for Q3_K_L's wo is in the branch of the other models); the experts' w2
+    follow the dense rules."""
     sys.path.insert(0, os.path.join(REPO, "convert"))
     import mixes
     config = {"layers": 32, "tied_embeddings": False, "architecture": "mixtral", "heads": 32,
@@ -576,10 +623,53 @@ def test_eight_experts_keep_wk_and_wv_in_q8_0(mix, base, wo):
     assert mixes.matrix_type(mix, "layers.5.wo", 4096, config) == wo
     assert mixes.matrix_type(mix, "layers.5.wq", 4096, config) == base
     assert mixes.matrix_type(mix, "layers.5.experts.w1", 4096, config) == base
-    more_bits_w2 = {"Q4_K_M": "Q6_K", "Q5_K_M": "Q6_K", "Q6_K": "Q6_K", "IQ4_XS": "Q5_K"}[mix]
+    more_bits_w2 = {"Q4_K_M": "Q6_K", "Q5_K_M": "Q6_K", "Q6_K": "Q6_K", "IQ4_XS": "Q5_K",
+                    "Q3_K_S": "Q3_K", "Q3_K_M": "Q5_K", "Q3_K_L": "Q5_K"}[mix]
     assert mixes.matrix_type(mix, "layers.0.experts.w2", 14336, config) == more_bits_w2
     sixteen = {**config, "experts": 16}
     assert mixes.matrix_type(mix, "layers.5.wk", 4096, sixteen) == base
+    dense_wo = {"Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K"}.get(mix, base)
+    assert mixes.matrix_type(mix, "layers.5.wo", 4096, sixteen) == dense_wo
+
+
+def test_q3_k_mixes_of_a_deep_model():
+    """Q3_K_M: wv Q5_K in layers 0 and 1, Q4_K after; w2 Q5_K in the first sixteenth of the
+    layers, Q4_K after; wo Q4_K. Q3_K_L: wv, w2 and wo Q5_K. Q3_K_S: all Q3_K. The others
+    (wq, wk, w1, w3, an untied token embedding) Q3_K; output Q6_K; llama.cpp's 70B raises
+    every Q3_K or Q4_K wv to Q5_K; rows not whole super-blocks fall back to Q4_0, F16 when
+    not whole blocks of 32 either."""
+    sys.path.insert(0, os.path.join(REPO, "convert"))
+    import mixes
+    config = {"layers": 40, "tied_embeddings": False, "architecture": "llama", "heads": 40,
+              "kv_heads": 8}
+
+    def types(mix, short, cols=5120, of=config):
+        return [mixes.matrix_type(mix, f"layers.{layer}.{short}", cols, of)
+                for layer in range(of["layers"])]
+
+    assert types("Q3_K_M", "wv") == ["Q5_K"] * 2 + ["Q4_K"] * 38
+    assert types("Q3_K_M", "w2", 13824) == ["Q5_K"] * 2 + ["Q4_K"] * 38  # 40 // 16 = 2
+    assert types("Q3_K_M", "wo") == ["Q4_K"] * 40
+    for short in ("wv", "w2", "wo"):
+        assert types("Q3_K_L", short) == ["Q5_K"] * 40
+        assert types("Q3_K_S", short) == ["Q3_K"] * 40
+    for mix in ("Q3_K_S", "Q3_K_M", "Q3_K_L"):
+        for short in ("wq", "wk", "w1", "w3"):
+            assert types(mix, short) == ["Q3_K"] * 40
+        assert mixes.matrix_type(mix, "token_embedding", 5120, config) == "Q3_K"
+        assert mixes.matrix_type(mix, "output", 5120, config) == "Q6_K"
+        assert mixes.matrix_type(mix, "output", 5120 + 32, config) == "Q8_0"
+        assert mixes.matrix_type(mix, "layers.3.wq", 5120 + 32, config) == "Q4_0"
+        assert mixes.matrix_type(mix, "layers.3.wq", 5120 + 16, config) == "F16"
+    assert mixes.matrix_type("Q3_K_M", "layers.0.wv", 5120 + 32, config) == "Q5_1"
+    assert mixes.matrix_type("Q3_K_M", "layers.9.wo", 5120 + 32, config) == "Q5_0"
+    seventy = {**config, "layers": 80, "heads": 64, "kv_heads": 8}
+    for mix in ("Q3_K_S", "Q3_K_M", "Q3_K_L"):
+        assert types(mix, "wv", 8192, seventy) == ["Q5_K"] * 80
+        assert mixes.matrix_type(mix, "layers.11.wq", 8192, seventy) == "Q3_K"
+    sixty_five = {**seventy, "kv_heads": 64}  # no grouped-query attention: not the 70B
+    assert mixes.matrix_type("Q3_K_S", "layers.11.wv", 8192, sixty_five) == "Q3_K"
+    assert mixes.matrix_type("Q3_K_M", "layers.11.wv", 8192, sixty_five) == "Q4_K"
 
 
 def test_q4_k_m_more_bits_layers_of_tinyllama():
@@ -755,6 +845,76 @@ def scalar_q6_k(x):
     return bytes(ql) + bytes(qh) + np.array(sub_scales, dtype=np.int8).tobytes() + d.tobytes()
 
 
+def scalar_q3(x):
+    """make_q3_quants(16, 4, do_rmse true) value by value: (scale, levels + 4), with ggml's
+    early stop after a pass that changes nothing."""
+    amax, largest = F32(0), F32(0)
+    for value in x:
+        if abs(value) > amax:
+            amax, largest = abs(value), value
+    if amax < F32(1e-15):
+        return F32(0), [0] * len(x)
+    iscale = F32(-4) / largest
+    levels = [min(3, max(-4, nearest(iscale * value))) for value in x]
+    sumlx = suml2 = F32(0)
+    for value, l in zip(x, levels):
+        w = F32(value * value)
+        sumlx = F32(sumlx + F32(w * value) * F32(l))
+        suml2 = F32(suml2 + F32(w * F32(l)) * F32(l))
+    for _ in range(5):
+        changed = 0
+        for i, value in enumerate(x):
+            w = F32(value * value)
+            slx = F32(sumlx - F32(w * value) * F32(levels[i]))
+            if slx > 0:
+                sl2 = F32(suml2 - F32(w * F32(levels[i])) * F32(levels[i]))
+                new_l = min(3, max(-4, nearest(F32(value * sl2) / slx)))
+                if new_l != levels[i]:
+                    slx = F32(slx + F32(w * value) * F32(new_l))
+                    sl2 = F32(sl2 + F32(w * F32(new_l)) * F32(new_l))
+                    if sl2 > 0 and F32(F32(slx * slx) * suml2) > F32(F32(sumlx * sumlx) * sl2):
+                        levels[i], sumlx, suml2 = new_l, slx, sl2
+                        changed += 1
+        if not changed:
+            break
+    return (sumlx / suml2 if suml2 > 0 else F32(0)), [l + 4 for l in levels]
+
+
+def scalar_q3_k(x):
+    """One Q3_K super-block (256 float32) as bytes, value by value (quantize_row_q3_K_ref of
+    ggml-quants.c)."""
+    scales, levels = [], []
+    for j in range(16):
+        scale, sub = scalar_q3(x[16 * j:16 * j + 16])
+        scales.append(scale)
+        levels += sub
+    max_scale, max_abs = F32(0), F32(0)
+    for scale in scales:
+        if abs(scale) > max_abs:
+            max_abs, max_scale = abs(scale), scale
+    stored = [0] * 16
+    d = np.array(0, dtype="<f2")
+    if max_scale:
+        iscale = F32(-32) / max_scale
+        stored = [max(-32, min(31, nearest(iscale * scale))) + 32 for scale in scales]
+        d = np.array(F32(1) / iscale, dtype="<f2")
+    for j in range(16):
+        dl = F32(d) * F32(stored[j] - 32)
+        if dl == 0:
+            continue
+        for i in range(16):
+            levels[16 * j + i] = max(-4, min(3, nearest(x[16 * j + i] / dl))) + 4
+    hmask, qs = [0] * 32, [0] * 64
+    for j, l in enumerate(levels):
+        hmask[j % 32] |= (l >> 2) << (j // 32)
+        qs[32 * (j // 128) + j % 32] |= (l & 3) << (2 * ((j // 32) % 4))
+    packed = [0] * 12
+    for j, l in enumerate(stored):
+        packed[j % 8] |= (l & 15) << (4 * (j // 8))
+        packed[8 + j % 4] |= (l >> 4) << (2 * (j // 4))
+    return bytes(hmask) + bytes(qs) + bytes(packed) + d.tobytes()
+
+
 IQ4_LEVELS = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113]
 
 
@@ -837,7 +997,7 @@ def edge_super_blocks(rng):
                      steps]).astype(F32)
 
 
-@pytest.mark.parametrize("type_name", ["Q4_K", "Q5_K", "Q6_K", "IQ4_XS"])
+@pytest.mark.parametrize("type_name", ["Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"])
 def test_k_quantizers_match_a_scalar_reference(type_name):
     """The converter's vectorised quantizers (convert/kquants.py) give the bytes of ggml's
     reference rules computed here one value at a time in float32."""
@@ -845,17 +1005,26 @@ def test_k_quantizers_match_a_scalar_reference(type_name):
     import kquants
     rng = np.random.default_rng(12)
     x = edge_super_blocks(rng)
-    if type_name == "IQ4_XS":  # the outermost tries of its search win on some uniform blocks
+    if type_name in ("IQ4_XS", "Q3_K"):  # IQ4_XS: the outermost tries of its search win on
+        # some uniform blocks; Q3_K: blocks of small integers (ties of nearest_int), tiny
+        # weights (sub-blocks below GROUP_MAX_EPS beside others), sparse blocks
         x = np.concatenate([x, rng.uniform(-1, 1, (24, 256)).astype(F32),
                             rng.standard_normal((24, 256)).astype(F32)])
+    if type_name == "Q3_K":
+        tiny = rng.standard_normal((4, 256)).astype(F32)
+        tiny[:, :128] *= F32(1e-16)
+        x = np.concatenate([x, rng.integers(-4, 4, (8, 256)).astype(F32), tiny,
+                            (rng.standard_normal((8, 256)) * (rng.random((8, 256)) < 0.05)
+                             ).astype(F32)])
     got = kquants.quantize(x, type_name)
+    scalar = {"Q3_K": scalar_q3_k, "Q6_K": scalar_q6_k, "IQ4_XS": scalar_iq4_xs}
     for row, block in zip(x, got):
-        expected = (scalar_q6_k(row) if type_name == "Q6_K" else scalar_iq4_xs(row)
-                    if type_name == "IQ4_XS" else scalar_q45_k(row, type_name))
+        expected = (scalar[type_name](row) if type_name in scalar
+                    else scalar_q45_k(row, type_name))
         assert block.tobytes() == expected
 
 
-@pytest.mark.parametrize("mix,kind", [("q4_k_m", "Q4_K"), ("q6_k", "Q6_K")])
+@pytest.mark.parametrize("mix,kind", [("q3_k_s", "Q3_K"), ("q4_k_m", "Q4_K"), ("q6_k", "Q6_K")])
 def test_weights_beyond_the_f16_scales_are_refused(tmp_path, mix, kind):
     config = MIX_CONFIGS["untied"]
     tensors = tiny_tensors(config, seed=3)
@@ -869,6 +1038,44 @@ def test_weights_beyond_the_f16_scales_are_refused(tmp_path, mix, kind):
     assert lines[0].startswith("convert: tensor 'model.layers.1.self_attn.o_proj.weight' has "
                                f"values beyond the {kind} range"), lines[0]
     assert os.listdir(out_dir) == []
+
+
+# 16 layers (Q3_K_M's w2 of layer 0 is Q5_K: 16 // 16 = 1), w2 rows of 288 (fallbacks).
+LLAMA_QUANTIZE_CONFIG = {**MIX_CONFIGS["untied"], "num_hidden_layers": 16}
+
+
+@pytest.fixture(scope="module")
+def llama_quantize_model(tmp_path_factory):
+    """(Hugging Face checkpoint, its f32 GGUF) of LLAMA_QUANTIZE_CONFIG; skipped where
+    llama-quantize is not built."""
+    if not os.path.exists(LLAMA_QUANTIZE):
+        pytest.skip(f"{LLAMA_QUANTIZE} is not built (scripts/build_llamacpp.sh)")
+    path = tmp_path_factory.mktemp("llama-quantize")
+    config = LLAMA_QUANTIZE_CONFIG
+    hf = make_checkpoint(path / "hf", config=config, tensors=tiny_tensors(config, seed=7))
+    return hf, gguf_from_hf(hf, path / "f32.gguf")
+
+
+@pytest.mark.parametrize("mix", ["q3_k_s", "q3_k_m", "q3_k_l", "q4_k_m", "q5_k_m", "q6_k"])
+def test_mixes_equal_llama_quantize(tmp_path, llama_quantize_model, mix):
+    """The converter's mix of a checkpoint and llama-quantize's file of its f32 GGUF
+    (converted as it is) have the same type for every matrix and the same bytes in every
+    tensor (blocks, Q4_0/Q8_0 values and scales)."""
+    hf, f32 = llama_quantize_model
+    theirs = tmp_path / "theirs.gguf"
+    result = subprocess.run([LLAMA_QUANTIZE, str(f32), str(theirs), mix.upper(), "1"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    ours, _ = convert(hf, tmp_path / "ours.bin", "--dtype", mix)
+    kept, _ = convert(theirs, tmp_path / "theirs.bin")
+    types = json.loads(metadata(ours)["barellm.matrix_types"])
+    assert json.loads(metadata(kept)["barellm.matrix_types"]) == types
+    ours_tensors, kept_tensors = read_raw(ours)[2], read_raw(kept)[2]
+    assert set(ours_tensors) == set(kept_tensors)
+    for name, values in ours_tensors.items():
+        assert values.dtype == kept_tensors[name].dtype, name
+        assert np.array_equal(values.view(np.uint8), kept_tensors[name].view(np.uint8)), name
+    print(mix, sorted(set(types.values())))
 
 
 def test_iq4_xs_of_rows_not_whole_super_blocks_is_refused(tmp_path):
