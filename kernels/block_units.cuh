@@ -1,5 +1,5 @@
 // How the device code reads matrices stored as ggml's blocks (src/weights/weight_blocks.h: Q4_1,
-// Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_XS): the blocks as the file holds them, each device row
+// Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS): the blocks as the file holds them, each device row
 // padded to 16 bytes (kernels.h: DeviceMatrix), unpacked in registers only. Every reader
 // loads a unit's bytes with load_unit; its stored values come out four to a word, in column
 // order (group_words), and its scales as floats (unit_factors). The decode matvecs
@@ -10,9 +10,16 @@
 // Every block type is read in "units" of 32 weights: a small block is one unit, a super-block
 // of 256 weights eight. A unit is two groups of 16 weights, each group 16 consecutive columns
 // (group_column) sharing one f32 scale and offset: w = scale · (q − midpoint) + offset, q a
-// small non-negative integer (the midpoint: Q5_0's 16, Q6_K's 32, else 0; IQ4_XS's q is its
-// non-uniform level, signed). Which bytes a unit reads, and which columns its groups cover:
+// small non-negative integer (the midpoint: Q5_0's 16, Q6_K's 32, Q3_K's 4, else 0; IQ4_XS's
+// q is its non-uniform level, signed). Which bytes a unit reads, and which columns its groups
+// cover:
 // - Q4_1, Q5_0, Q5_1: the block; group 0 the low nibbles (columns 0..15), group 1 the high.
+// - Q3_K: a group is a sub-block of 16. Unit k = 4h + 2p + m reads 16 bytes of qs,
+//   32h + 16m .. + 15, and 16 of hmask, 16m .. + 15: its group g (t = 2p + g) takes bits 2t,
+//   2t + 1 of the qs bytes and bit 4h + t of the hmask bytes, columns 128h + 32t + 16m + i
+//   (sub-block 8h + 2t + m): Q4_K's map of columns, 64(k / 2) + 32g + 16(k % 2) + i. So each
+//   byte of qs is read by two units and each of hmask by four; of the twelve bytes of scales
+//   a unit reads the four that hold its groups' 6-bit scales, and d.
 // - Q4_K, Q5_K: unit k reads 16 bytes of qs, 32c + 16h .. + 15 (c = k / 2, h = k % 2): their
 //   low nibbles are columns 64c + 16h + i of sub-block 2c, their high nibbles columns
 //   64c + 32 + 16h + i of sub-block 2c + 1; Q5_K's fifth bits are bits 2c and 2c + 1 of
@@ -24,9 +31,10 @@
 // - IQ4_XS: unit k is sub-block k: its 16 bytes of qs, low nibbles columns 32k + i, high
 //   nibbles 32k + 16 + i.
 // A unit's loads are as wide as its alignment allows (BlockLayout::kLoadBytes): 16 bytes for
-// Q4_K and Q5_K, 8 for Q5_1 and IQ4_XS, 4 for Q4_1, 2 for Q5_0 and Q6_K (blocks of 22 and
-// 210 bytes).
+// Q4_K and Q5_K, 8 for Q5_1 and IQ4_XS, 4 for Q4_1, 2 for Q5_0, Q3_K and Q6_K (blocks of 22,
+// 110 and 210 bytes).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -60,6 +68,10 @@ struct BlockLayout<DType::Q5_1> {
     static constexpr int kWeights = 32, kBytes = 24, kLoadBytes = 8;
 };
 template <>
+struct BlockLayout<DType::Q3_K> {
+    static constexpr int kWeights = 256, kBytes = 110, kLoadBytes = 2;
+};
+template <>
 struct BlockLayout<DType::Q4_K> {
     static constexpr int kWeights = 256, kBytes = 144, kLoadBytes = 16;
 };
@@ -76,9 +88,14 @@ struct BlockLayout<DType::IQ4_XS> {
     static constexpr int kWeights = 256, kBytes = 136, kLoadBytes = 8;
 };
 
+// Q3_K's 6-bit sub-block scales sc stand for sc − kQ3ScaleBias; scales[kQ3TopBitsByte ..]
+// hold their top two bits (weight_blocks.h: q3k_scale).
+constexpr int kQ3ScaleBias = 32;
+constexpr int kQ3TopBitsByte = 8;
+
 // The raw bytes of one unit: up to 16 of its block's header (scales; Q5_0's and Q5_1's fifth
-// bits), 16 of packed low bits and 16 of high bits (Q5_K's fifth bits, Q6_K's qh), as
-// little-endian words.
+// bits), 16 of packed low bits and 16 of high bits (Q5_K's fifth bits, Q6_K's qh, Q3_K's
+// hmask), as little-endian words.
 struct UnitBytes {
     uint32_t head[4];
     uint32_t low[4];
@@ -158,6 +175,18 @@ __device__ __forceinline__ UnitBytes load_unit(const uint8_t* row, int unit) {
     } else if constexpr (D == DType::Q5_1) {  // d, m | qh[4] | qs[16]
         load_words<kAlign, 8>(block, u.head);
         load_words<kAlign>(block + 8, u.low);
+    } else if constexpr (D == DType::Q3_K) {  // hmask[32] | qs[64] | scales[12] | d
+        const int h = k / 4, p = k / 2 % 2, m = k % 2;
+        load_words<kAlign>(block + offsetof(BlockQ3_K, qs) + 32 * h + 16 * m, u.low);
+        load_words<kAlign>(block + offsetof(BlockQ3_K, hmask) + 16 * m, u.high);
+        // head[0]: byte g is scales[4p + 2g + m], which holds the low nibble of group g's
+        // scale, byte 2 + g scales[8 + 2g + m], its top two bits; head[1]: d.
+        const uint8_t* scales = block + offsetof(BlockQ3_K, scales);
+#pragma unroll
+        for (int g = 0; g < 2; ++g)
+            u.head[0] |= uint32_t(__ldcs(scales + 4 * p + 2 * g + m)) << (8 * g) |
+                         uint32_t(__ldcs(scales + kQ3TopBitsByte + 2 * g + m)) << (16 + 8 * g);
+        u.head[1] = __ldcs(reinterpret_cast<const unsigned short*>(block + offsetof(BlockQ3_K, d)));
     } else if constexpr (D == DType::Q4_K) {  // d, dmin, scales[12] | qs[128]
         load_words<kAlign>(block, u.head);
         load_words<kAlign>(block + 16 + 16 * k, u.low);
@@ -204,6 +233,7 @@ __device__ __forceinline__ void k_scale_min_of(const uint32_t (&head)[4], int j,
 template <DType D>
 constexpr int kMidpoint = D == DType::Q5_0   ? 16
                           : D == DType::Q6_K ? 32
+                          : D == DType::Q3_K ? 4
                                              : 0;
 
 // The factors of a unit's two groups: weight i of group g is
@@ -224,6 +254,18 @@ __device__ __forceinline__ UnitFactors unit_factors(const UnitBytes& u, int unit
         const float m = D == DType::Q5_0 ? 0.0f : half_bits_to_float(u.head[0] >> 16);
         f.scale[0] = f.scale[1] = d;
         f.offset[0] = f.offset[1] = m;
+    } else if constexpr (D == DType::Q3_K) {
+        // Group g's 6-bit scale sc of sub-block 8h + 2t + m (t = 2p + g): its low nibble is
+        // nibble h of head byte g, its top two bits bits 2(2h + p) of head byte 2 + g.
+        const float d = half_bits_to_float(u.head[1] & 0xffffu);
+        const int h = k / 4, p = k / 2 % 2;
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+            const int low = int(u.head[0] >> (8 * g + 4 * h) & 15u);
+            const int top = int(u.head[0] >> (16 + 8 * g + 2 * (2 * h + p)) & 3u);
+            f.scale[g] = d * float((low | top << 4) - kQ3ScaleBias);
+            f.offset[g] = 0.0f;
+        }
     } else if constexpr (D == DType::Q4_K || D == DType::Q5_K) {
         const float d = half_bits_to_float(u.head[0] & 0xffffu);
         const float dmin = half_bits_to_float(u.head[0] >> 16);
@@ -294,8 +336,18 @@ template <DType D>
 __device__ __forceinline__ void group_words(const UnitBytes& u, int unit, int g, uint32_t (&q)[4]) {
     constexpr int kUnits = BlockLayout<D>::kWeights / kUnitWeights;
     const int k = unit % kUnits;
+    if constexpr (D == DType::Q3_K) {
+        // k = 4h + 2p + m: bits 2t, 2t + 1 of qs and bit 4h + t of hmask, t = 2p + g.
+        const int h = k / 4, t = 2 * (k / 2 % 2) + g;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) q[j] = u.low[j] >> (4 * g) & kLowNibbleBytes;  // low, high nibbles
+        for (int j = 0; j < 4; ++j)
+            q[j] = (u.low[j] >> (2 * t) & kLowTwoBitBytes) |
+                   (u.high[j] >> (4 * h + t) & kLowBitBytes) << 2;
+    } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            q[j] = u.low[j] >> (4 * g) & kLowNibbleBytes;  // low, high nibbles
+    }
     if constexpr (D == DType::Q5_0 || D == DType::Q5_1) {
         // qh: a u32 after d (Q5_0: bytes 2..5) or after d and m (Q5_1: bytes 4..7); bit c of
         // it is column c's fifth bit.
@@ -323,7 +375,7 @@ __device__ __forceinline__ int group_column(int unit, int g) {
     using Layout = BlockLayout<D>;
     constexpr int kUnits = Layout::kWeights / kUnitWeights;
     const int base = unit / kUnits * Layout::kWeights, k = unit % kUnits;
-    if constexpr (D == DType::Q4_K || D == DType::Q5_K) {
+    if constexpr (D == DType::Q3_K || D == DType::Q4_K || D == DType::Q5_K) {
         return base + 64 * (k / 2) + 32 * g + 16 * (k % 2);
     } else if constexpr (D == DType::Q6_K) {
         const int n = k / 4, p = k / 2 % 2, g16 = k % 2;
@@ -374,6 +426,8 @@ void with_block_dtype(DType dtype, Use&& use) {
             return use(std::integral_constant<DType, DType::Q5_0>{});
         case DType::Q5_1:
             return use(std::integral_constant<DType, DType::Q5_1>{});
+        case DType::Q3_K:
+            return use(std::integral_constant<DType, DType::Q3_K>{});
         case DType::Q4_K:
             return use(std::integral_constant<DType, DType::Q4_K>{});
         case DType::Q5_K:
