@@ -58,6 +58,8 @@ inline std::vector<size_t> block_scale_offsets(DType dtype) {
         case DType::Q4_1:
         case DType::Q5_1:
             return {0, 2};
+        case DType::Q3_K:
+            return {offsetof(BlockQ3_K, d)};
         case DType::Q6_K:
             return {offsetof(BlockQ6_K, d)};
         case DType::Q3_K:
