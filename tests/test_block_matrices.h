@@ -62,8 +62,6 @@ inline std::vector<size_t> block_scale_offsets(DType dtype) {
             return {offsetof(BlockQ3_K, d)};
         case DType::Q6_K:
             return {offsetof(BlockQ6_K, d)};
-        case DType::Q3_K:
-            return {offsetof(BlockQ3_K, d)};
         default:  // Q5_0, IQ4_XS
             return {0};
     }

@@ -291,7 +291,7 @@ void check_block_matvecs(std::mt19937& rng) {
 
 template <typename Check>
 void for_each_block_type(Check&& check) {
-    for (const DType dtype : kCudaBlockTypes) with_block_dtype(dtype, [&](auto d) { check(d); });
+    for (const DType dtype : kBlockTypes) with_block_dtype(dtype, [&](auto d) { check(d); });
 }
 
 }  // namespace

@@ -164,7 +164,7 @@ TEST_CASE("emulated matvec_rows of f32, f16, bf16, Q8 and Q4 weights matches dou
 TEST_CASE("emulated matvec_rows of ggml's block types matches their scalar dequantization",
           "[cuda_emulation][paged][blocks]") {
     std::mt19937 rng(63);
-    for (const DType dtype : kCudaBlockTypes) {
+    for (const DType dtype : kBlockTypes) {
         const int block = block_weights(dtype);
         // More units than a warp's lanes for the small blocks; several super-blocks.
         for (const int cols : {block * 3, block == 32 ? 32 * 37 : 256 * 5})

@@ -310,8 +310,9 @@ struct MixedModel {
     void matrix(const std::string& name, const std::string& type, int64_t rows, int64_t cols) {
         types[name] = type;
         const std::map<std::string, std::pair<int, int>> blocks = {
-            {"Q4_1", {32, 20}},   {"Q5_0", {32, 22}},   {"Q5_1", {32, 24}},    {"Q4_K", {256, 144}},
-            {"Q5_K", {256, 176}}, {"Q6_K", {256, 210}}, {"IQ4_XS", {256, 136}}};
+            {"Q4_1", {32, 20}},   {"Q5_0", {32, 22}},    {"Q5_1", {32, 24}},
+            {"Q3_K", {256, 110}}, {"Q4_K", {256, 144}},  {"Q5_K", {256, 176}},
+            {"Q6_K", {256, 210}}, {"IQ4_XS", {256, 136}}};
         if (type == "F16" || type == "F32") {
             add(name, type, {rows, cols}, size_t(rows * cols) * (type == "F16" ? 2 : 4));
         } else if (type == "Q8_0") {
@@ -404,10 +405,10 @@ TEST_CASE("files of mixed types that disagree with their matrix types are refuse
     }
     SECTION("a type barellm does not run") {
         MixedModel mixed;
-        mixed.types["layers.0.wq"] = "Q3_K";
+        mixed.types["layers.0.wq"] = "Q2_K";
         CHECK_THAT(
-            load_error(mixed.write("q3k")),
-            Catch::Contains("gives 'layers.0.wq' the type \"Q3_K\", which barellm does not run"));
+            load_error(mixed.write("q2k")),
+            Catch::Contains("gives 'layers.0.wq' the type \"Q2_K\", which barellm does not run"));
     }
     SECTION("a matrix without a type") {
         MixedModel mixed;

@@ -9,18 +9,12 @@
 #include <vector>
 
 #include "cuda_emulation.h"
-#include "kernels.h"  // padded_cols
-#include "test_matrices.h"
 #include "weights/half.h"
+#include "kernels.h"  // padded_cols
 #include "weights/safetensors.h"
+#include "test_matrices.h"
 
 namespace barellm::test {
-
-// The block types the CUDA kernels read (block_units.cuh: with_block_dtype): those of the CPU
-// tests' list (test_block_matrices.h: kBlockTypes), in its order, then Q3_K, which that list
-// does not hold.
-constexpr DType kCudaBlockTypes[] = {DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS,
-                                     DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q3_K};
 
 // `value` rounded to nearest even in the 16-bit format `dtype` (f16 or bf16).
 inline uint16_t to_16bit(DType dtype, float value) {
