@@ -596,7 +596,7 @@ BlockTileKernel kernel_for(DType dtype, int tokens) {
         case DType::Q5_0:
             return kernel_of<DType::Q5_0, kDot>(tokens);
         case DType::Q6_K:
-        case DType::Q3_K:  // its levels (0..7) widen as Q6_K's do, and sooner would be exact too
+        case DType::Q3_K:  // on Q6_K's kernel (its levels 0..7 widen as safely; the offset is passed)
             return kernel_of<DType::Q6_K, kDot>(tokens);
         default:  // IQ4_XS
             return kernel_of<DType::IQ4_XS, kDot>(tokens);
