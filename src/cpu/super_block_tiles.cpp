@@ -72,21 +72,24 @@ void write_row(uint8_t* tile_block, int lane, const BlockQ6_K& block) {
 
 void write_row(uint8_t* tile_block, int lane, const BlockQ3_K& block) {
     std::memcpy(tile_block + kQ3KTileDOffset + 2 * lane, &block.d, sizeof block.d);
-    constexpr int kLowBits = 2;
-    for (int i = 0; i < kQ3KSubBlocks; ++i) {
+    for (int i = 0; i < kQ3KSubBlocks; ++i)
         tile_block[kQ3KTileScalesOffset + kTileRows * i + lane] =
             uint8_t(int8_t(q3k_scale(block, i) - 32));
-        const int pair = i / 2, half = i % 2;
+    constexpr int kLevelBits = 3, kSpareShift = 2 * kLevelBits;  // bits 6-7: the spare pair
+    for (int pair = 0; pair < kQ3KSubBlocks / 2; ++pair) {
         uint8_t* registers =
             tile_block + kQ3KTileValuesOffset + pair * kQ3KTilePairBytes + lane * kTileLaneBytes;
-        for (int s = 0; s < 4; ++s)
-            for (int m = 0; m < kTileLaneBytes; ++m) {
-                const int q = q3k_value(block, kQ6SubBlock * i + 4 * s + m);
-                registers[half * kTileRegisterBytes + m] |=  // the tiles start zeroed
-                    uint8_t((q & 3) << (kLowBits * s));
-                registers[kQ3KTileTopRegister * kTileRegisterBytes + m] |=
-                    uint8_t((q >> kLowBits) << (4 * half + s));
-            }
+        const int a = kQ6SubBlock * 2 * pair, b = a + kQ6SubBlock;  // sub-blocks A, B
+        for (int m = 0; m < kTileLaneBytes; ++m) {
+            auto q = [&](int column) { return q3k_value(block, column); };
+            const int b8 = q(b + 8 + m), b12 = q(b + 12 + m);
+            registers[m] = uint8_t(q(a + m) | q(a + 4 + m) << kLevelBits | (b8 & 3) << kSpareShift);
+            registers[kTileRegisterBytes + m] =
+                uint8_t(q(a + 8 + m) | q(a + 12 + m) << kLevelBits | (b8 >> 2) << kSpareShift |
+                        (b12 & 1) << (kSpareShift + 1));
+            registers[2 * kTileRegisterBytes + m] =
+                uint8_t(q(b + m) | q(b + 4 + m) << kLevelBits | (b12 >> 1) << kSpareShift);
+        }
     }
 }
 

@@ -59,12 +59,15 @@
 //   bytes 32-63     zero
 //   bytes 64-319    the scales: byte 16i + r the int8 scale sc − 32 of sub-block i (0..15) of
 //                   row r
-//   bytes 320-1855  the levels q (0..7), a pair of sub-blocks 2p, 2p + 1 (32 columns) after
-//                   another, 192 bytes each: three registers. In lane r, byte m (0..3) of
-//                   register h (0, 1) holds the low two bits of q of column 16(2p + h) + 4s + m
-//                   in its bits 2s, 2s + 1 (s 0..3); byte m of register 2 holds their top bits,
-//                   sub-block 2p's in bits 0-3 (bit s: column 32p + 4s + m) and 2p + 1's in bits
-//                   4-7. So a level comes out by a shift and an AND of each part and an OR.
+//   bytes 320-1855  the levels q (0..7), a pair of sub-blocks A = 2p and B = 2p + 1 (32 columns)
+//                   after another, 192 bytes each: three registers R0, R1, R2. In lane r, byte m
+//                   (0..3) of each holds two levels whole, in bits 0-2 and 3-5, and two bits of
+//                   another in bits 6-7; with q(X, c) the level of column c of sub-block X:
+//                     R0: q(A, m), q(A, 4 + m), bits 0-1 of q(B, 8 + m)
+//                     R1: q(A, 8 + m), q(A, 12 + m), bit 2 of q(B, 8 + m), bit 0 of q(B, 12 + m)
+//                     R2: q(B, m), q(B, 4 + m), bits 1-2 of q(B, 12 + m)
+//                   So six registers of levels come out by an AND (and a shift) each, and two
+//                   are gathered from the top bits.
 //
 // IQ4_XS: a super-block kIq4XSTileBlockBytes (2240, 35 cache lines; the 16 rows' blocks take
 // 2176):
@@ -130,8 +133,7 @@ constexpr int kQ3KOffset = 4;                             // w = d·(sc − 32)�
 constexpr int kQ3KTileDOffset = 0;
 constexpr int kQ3KTileScalesOffset = 64;
 constexpr int kQ3KTileValuesOffset = kQ3KTileScalesOffset + kQ3KSubBlocks * kTileRows;  // 320
-constexpr int kQ3KTilePairBytes = 3 * kTileRegisterBytes;  // two registers of low bits, one of top
-constexpr int kQ3KTileTopRegister = 2;
+constexpr int kQ3KTilePairBytes = 3 * kTileRegisterBytes;  // R0, R1, R2
 constexpr int kQ3KTileBlockBytes = kQ3KTileValuesOffset + kQ3KSubBlocks / 2 * kQ3KTilePairBytes;
 static_assert(kQ3KTileBlockBytes == 1856 && kQ3KTileBlockBytes % 64 == 0);
 

@@ -175,22 +175,31 @@ inline void q6_k_tile_levels(const uint8_t* block, int i, int h, __m256i q[4]) {
 }
 
 // Half h of sub-block i of a Q3_K tile's super-block `block`: q[s] the levels (0..7) of columns
-// 16i + 4s..16i + 4s + 3, four a lane, rows 8h..8h + 7. Each joins bits 2s, 2s + 1 of the
-// sub-block's register of low bits to bit 4(i % 2) + s of its pair's register of top bits, each
-// shifted into place (the word shifts carry a neighbouring byte's bits in, which the masks drop).
+// 16i + 4s..16i + 4s + 3, four a lane, rows 8h..8h + 7. Sub-block 2p's four are bits 0-2 and 3-5
+// of its pair's R0 and R1; 2p + 1's first two those of R2, its last two gathered from the three
+// registers' bits 6-7 (the word shifts carry the next byte's bits in above them, which the masks
+// drop).
 inline void q3_k_tile_levels(const uint8_t* block, int i, int h, __m256i q[4]) {
     const uint8_t* pair =
         block + kQ3KTileValuesOffset + i / 2 * kQ3KTilePairBytes + h * kTileHalfBytes;
-    const __m256i low =
-        _mm256_load_si256(reinterpret_cast<const __m256i*>(pair + i % 2 * kTileRegisterBytes));
-    const __m256i top_bits = _mm256_load_si256(
-        reinterpret_cast<const __m256i*>(pair + kQ3KTileTopRegister * kTileRegisterBytes));
-    const __m256i low_two_bits = _mm256_set1_epi8(0x03), bit_two = _mm256_set1_epi8(0x04);
-#pragma GCC unroll 4
-    for (int s = 0; s < 4; ++s)
-        q[s] = _mm256_or_si256(
-            _mm256_and_si256(shift_words(low, -2 * s), low_two_bits),
-            _mm256_and_si256(shift_words(top_bits, 2 - (4 * (i % 2) + s)), bit_two));
+    auto load = [&](int r) {
+        return _mm256_load_si256(reinterpret_cast<const __m256i*>(pair + r * kTileRegisterBytes));
+    };
+    const __m256i r0 = load(0), r1 = load(1), level = _mm256_set1_epi8(0x07);
+    if (i % 2 == 0) {
+        q[0] = _mm256_and_si256(r0, level);
+        q[1] = _mm256_and_si256(_mm256_srli_epi16(r0, 3), level);
+        q[2] = _mm256_and_si256(r1, level);
+        q[3] = _mm256_and_si256(_mm256_srli_epi16(r1, 3), level);
+        return;
+    }
+    const __m256i r2 = load(2);
+    q[0] = _mm256_and_si256(r2, level);
+    q[1] = _mm256_and_si256(_mm256_srli_epi16(r2, 3), level);
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(r0, 6), _mm256_set1_epi8(0x03)),
+                           _mm256_and_si256(_mm256_srli_epi16(r1, 4), _mm256_set1_epi8(0x04)));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(r1, 7), _mm256_set1_epi8(0x01)),
+                           _mm256_and_si256(_mm256_srli_epi16(r2, 5), _mm256_set1_epi8(0x06)));
 }
 
 // Half h of register k of sub-block j of an IQ4_XS tile's super-block `block`: the signed

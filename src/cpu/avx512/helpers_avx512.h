@@ -64,25 +64,29 @@ inline void q6_k_tile_levels(const uint8_t* block, int i, __m512i q[4]) {
 
 // The levels (0..7) of sub-block i of a Q3_K tile's super-block `block`
 // (cpu/super_block_tiles.h): q[s] those of columns 16i + 4s..16i + 4s + 3, four a lane, the
-// tile's 16 rows. Each joins bits 2s, 2s + 1 of the sub-block's register of low bits to bit
-// 4(i % 2) + s of its pair's register of top bits, each shifted into place (the word shifts carry
-// a neighbouring byte's bits in, which the masks drop).
+// tile's 16 rows. Sub-block 2p's four are bits 0-2 and 3-5 of its pair's R0 and R1; 2p + 1's
+// first two those of R2, its last two gathered from the three registers' bits 6-7 (the word
+// shifts carry the next byte's bits in above them, which the masks drop).
 inline void q3_k_tile_levels(const uint8_t* block, int i, __m512i q[4]) {
     const uint8_t* pair = block + kQ3KTileValuesOffset + i / 2 * kQ3KTilePairBytes;
-    const __m512i low = _mm512_load_si512(pair + i % 2 * kTileRegisterBytes);
-    // The sub-block's top bits in bits 0-3 of each byte.
-    const __m512i top =
-        _mm512_srl_epi16(_mm512_load_si512(pair + kQ3KTileTopRegister * kTileRegisterBytes),
-                         _mm_cvtsi32_si128(4 * (i % 2)));
-    const __m512i low_two_bits = _mm512_set1_epi8(0x03), bit_two = _mm512_set1_epi8(0x04);
-    q[0] = _mm512_ternarylogic_epi32(low, low_two_bits,
-                                     _mm512_and_si512(_mm512_slli_epi16(top, 2), bit_two), kAndOr);
-    q[1] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(low, 2), low_two_bits,
-                                     _mm512_and_si512(_mm512_slli_epi16(top, 1), bit_two), kAndOr);
-    q[2] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(low, 4), low_two_bits,
-                                     _mm512_and_si512(top, bit_two), kAndOr);
-    q[3] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(low, 6), low_two_bits,
-                                     _mm512_and_si512(_mm512_srli_epi16(top, 1), bit_two), kAndOr);
+    const __m512i r0 = _mm512_load_si512(pair), r1 = _mm512_load_si512(pair + kTileRegisterBytes);
+    const __m512i level = _mm512_set1_epi8(0x07);
+    if (i % 2 == 0) {
+        q[0] = _mm512_and_si512(r0, level);
+        q[1] = _mm512_and_si512(_mm512_srli_epi16(r0, 3), level);
+        q[2] = _mm512_and_si512(r1, level);
+        q[3] = _mm512_and_si512(_mm512_srli_epi16(r1, 3), level);
+        return;
+    }
+    const __m512i r2 = _mm512_load_si512(pair + 2 * kTileRegisterBytes);
+    q[0] = _mm512_and_si512(r2, level);
+    q[1] = _mm512_and_si512(_mm512_srli_epi16(r2, 3), level);
+    q[2] = _mm512_ternarylogic_epi32(
+        _mm512_srli_epi16(r1, 4), _mm512_set1_epi8(0x04),
+        _mm512_and_si512(_mm512_srli_epi16(r0, 6), _mm512_set1_epi8(0x03)), kAndOr);
+    q[3] = _mm512_ternarylogic_epi32(
+        _mm512_srli_epi16(r2, 5), _mm512_set1_epi8(0x06),
+        _mm512_and_si512(_mm512_srli_epi16(r1, 7), _mm512_set1_epi8(0x01)), kAndOr);
 }
 
 // The first `count` bytes of 64.

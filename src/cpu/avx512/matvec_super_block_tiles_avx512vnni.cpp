@@ -26,8 +26,8 @@
 // super-block the f32 sums gain x.d · d · that.
 //
 // Q3_K: as Q6_K, on levels 0..7 with an offset of 4 (at most 16 · 32 · 16 · 4 · 128 over a
-// super-block): a pair of sub-blocks is three registers, one of low bits for each and one of
-// their top bits, which make four registers of levels for each sub-block (q3_k_tile_levels).
+// super-block): a pair of sub-blocks is three registers, which hold six registers of levels in
+// 3-bit fields and two more in their top bits (q3_k_tile_levels).
 //
 // IQ4_XS: a sub-block of 32 columns is four registers, each of whose nibbles a vpshufb table
 // turns into the level + 128 (1..241, unsigned), four columns of 16 rows a register; the dot
