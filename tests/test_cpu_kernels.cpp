@@ -775,6 +775,37 @@ TEST_CASE("quantize_q8_k gives the bytes of llama.cpp's Q8_K rule, scalar and AV
     }
 }
 
+TEST_CASE("a Q3_K matrix without tiles is multiplied from its dequantized rows at every level") {
+    // Q3_K has no row-by-row SIMD kernels: without tiles, decode takes the scalar matvec and a
+    // batch the matvec (up to 8 tokens) or the f32 GEMM, each on x itself.
+    std::mt19937 rng(731);
+    const auto level =
+        GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
+    if (level > cpu::detect_simd_level()) return;
+    const int rows = 37, cols = 768;
+    const TestMatrix m = make_block_matrix(rows, cols, DType::Q3_K, rng);
+    Matrix rows_only = m.matrix;
+    rows_only.row_tiles = nullptr;
+    for (int batch : {1, 5, 13}) {
+        const std::vector<float> x = random_floats(size_t(batch) * cols, rng, 3.0f);
+        std::vector<float> got(size_t(batch) * rows, NAN);
+        cpu::set_simd_level(level);
+        if (batch == 1)
+            cpu::matvec(got.data(), x.data(), rows_only);
+        else
+            cpu::gemm_many(x.data(), batch, {{got.data(), &rows_only}});
+        cpu::set_simd_level(cpu::detect_simd_level());
+        for (int b = 0; b < batch; ++b) {
+            INFO(cpu::simd_level_name(level) << " batch " << batch << " token " << b);
+            const std::vector<float> token(x.begin() + size_t(b) * cols,
+                                           x.begin() + size_t(b + 1) * cols);
+            const std::vector<float> token_got(got.begin() + size_t(b) * rows,
+                                               got.begin() + size_t(b + 1) * rows);
+            CHECK(worst_row_error(token_got, block_reference(m, token), m, token, 0, rows) < 1e-5);
+        }
+    }
+}
+
 TEST_CASE("block-type matvecs of mixed types in one matvec_many call, every level and threads") {
     // Each matrix against its dequantized rows: times x itself at the scalar level; where the
     // SIMD levels' integer dot products quantize x, times x quantized as Q8_K (K-quants) or
