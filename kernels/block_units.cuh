@@ -88,9 +88,8 @@ struct BlockLayout<DType::IQ4_XS> {
     static constexpr int kWeights = 256, kBytes = 136, kLoadBytes = 8;
 };
 
-// Q3_K's 6-bit sub-block scales sc stand for sc − kQ3ScaleBias; scales[kQ3TopBitsByte ..]
-// hold their top two bits (weight_blocks.h: q3k_scale).
-constexpr int kQ3ScaleBias = 32;
+// scales[kQ3TopBitsByte ..] of a Q3_K block hold its sub-block scales' top two bits
+// (weight_blocks.h: q3k_scale).
 constexpr int kQ3TopBitsByte = 8;
 
 // The raw bytes of one unit: up to 16 of its block's header (scales; Q5_0's and Q5_1's fifth
@@ -232,8 +231,8 @@ __device__ __forceinline__ void k_scale_min_of(const uint32_t (&head)[4], int j,
 // The integer a type's stored values are centred on: w = scale · (q − kMidpoint) + offset.
 template <DType D>
 constexpr int kMidpoint = D == DType::Q5_0   ? 16
-                          : D == DType::Q6_K ? 32
-                          : D == DType::Q3_K ? 4
+                          : D == DType::Q6_K ? kQ6KLevelOffset
+                          : D == DType::Q3_K ? kQ3KLevelOffset
                                              : 0;
 
 // The factors of a unit's two groups: weight i of group g is
@@ -263,7 +262,7 @@ __device__ __forceinline__ UnitFactors unit_factors(const UnitBytes& u, int unit
         for (int g = 0; g < 2; ++g) {
             const int low = int(u.head[0] >> (8 * g + 4 * h) & 15u);
             const int top = int(u.head[0] >> (16 + 8 * g + 2 * (2 * h + p)) & 3u);
-            f.scale[g] = d * float((low | top << 4) - kQ3ScaleBias);
+            f.scale[g] = d * float((low | top << 4) - kQ3KScaleBias);
             f.offset[g] = 0.0f;
         }
     } else if constexpr (D == DType::Q4_K || D == DType::Q5_K) {

@@ -596,7 +596,7 @@ TEST_CASE("AVX-512 VNNI prefill GEMM of the block types matches a reference on q
                                     << " cols " << cols);
                     // The super-block types from their tiles (those of make_block_matrix) and from
                     // their rows: the same panel, the same bits.
-                    if (m.matrix.row_tiles && gemm_reads_rows(dtype)) {
+                    if (m.matrix.row_tiles && !cpu::read_from_tiles_only(dtype)) {
                         Matrix rows_only = m.matrix;
                         rows_only.row_tiles = nullptr;
                         std::vector<float> from_rows(size_t(batch) * rows, NAN);

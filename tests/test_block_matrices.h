@@ -46,10 +46,6 @@ inline uint16_t random_block_scale(std::mt19937& rng) {
     return float_to_half(sign * std::ldexp(mantissa(rng), exponent(rng)));
 }
 
-// Whether the block GEMMs also read a matrix of this type from its rows of blocks (Q3_K's only
-// from its tiles).
-inline bool gemm_reads_rows(DType dtype) { return dtype != DType::Q3_K; }
-
 // Byte offsets of a block's f16 scales (d, and dmin or m where the type has one).
 inline std::vector<size_t> block_scale_offsets(DType dtype) {
     switch (dtype) {
@@ -271,7 +267,7 @@ inline void check_block_gemm(BlockGemmRows gemm, const std::string& name,
                     gemm(got.data(), m.matrix, quantized, first, count);
                     // The super-block types from their tiles (those of make_block_matrix) and
                     // from their rows: the same panel, the same bits.
-                    if (m.matrix.row_tiles && gemm_reads_rows(dtype)) {
+                    if (m.matrix.row_tiles && !cpu::read_from_tiles_only(dtype)) {
                         Matrix rows_only = m.matrix;
                         rows_only.row_tiles = nullptr;
                         std::vector<float> from_rows(size_t(batch) * rows, NAN);

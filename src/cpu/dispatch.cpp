@@ -34,10 +34,9 @@ bool matvec_on_q8_k(DType dtype) {
     return dtype == DType::Q3_K || dtype == DType::Q4_K || dtype == DType::Q5_K ||
            dtype == DType::Q6_K || dtype == DType::IQ4_XS;
 }
-// Whether the SIMD matvecs also read this type's rows of super-blocks where it has no tiles
-// (Q3_K's are read from tiles only).
+// Whether the SIMD matvecs also read this type's rows of super-blocks where it has no tiles.
 bool matvec_on_super_block_rows(DType dtype) {
-    return matvec_on_q8_k(dtype) && dtype != DType::Q3_K;
+    return matvec_on_q8_k(dtype) && !read_from_tiles_only(dtype);
 }
 // Whether they read x quantized per 32 (quantize_q8), as Q8 and Q4 weights do.
 bool matvec_on_q8_groups(DType dtype) {
@@ -50,9 +49,9 @@ bool on_avx_vnni() { return active_level == SimdLevel::Avx2 && has_avx_vnni; }
 
 // Whether w is read from its tiles at the level in use.
 bool reads_tiles(const Matrix& w) { return w.row_tiles && uses_row_tiles(w.dtype); }
-// Whether the integer GEMMs of the block types read w: Q3_K's only from its tiles.
+// Whether the integer GEMMs of the block types read w (from its rows or its tiles).
 bool block_gemm_reads(const Matrix& w) {
-    return is_block_type(w.dtype) && (w.dtype != DType::Q3_K || w.row_tiles);
+    return is_block_type(w.dtype) && (w.row_tiles || !read_from_tiles_only(w.dtype));
 }
 
 }  // namespace

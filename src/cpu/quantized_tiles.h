@@ -78,6 +78,9 @@ inline bool has_row_tiles(DType dtype) {
     return is_quantized(dtype) || dtype == DType::Q3_K || dtype == DType::Q4_K ||
            dtype == DType::Q5_K || dtype == DType::Q6_K || dtype == DType::IQ4_XS;
 }
+// Whether the SIMD kernels read matrices of this type from their tiles only, having none for
+// their rows (Q3_K): without tiles such a matrix takes the scalar matvec and the f32 GEMM.
+inline bool read_from_tiles_only(DType dtype) { return dtype == DType::Q3_K; }
 
 // Of a matrix of a type that has tiles:
 int tile_count(const Matrix& w);          // ceil(rows / 16)

@@ -74,7 +74,7 @@ void write_row(uint8_t* tile_block, int lane, const BlockQ3_K& block) {
     std::memcpy(tile_block + kQ3KTileDOffset + 2 * lane, &block.d, sizeof block.d);
     for (int i = 0; i < kQ3KSubBlocks; ++i)
         tile_block[kQ3KTileScalesOffset + kTileRows * i + lane] =
-            uint8_t(int8_t(q3k_scale(block, i) - 32));
+            uint8_t(int8_t(q3k_scale(block, i) - kQ3KScaleBias));
     constexpr int kLevelBits = 3, kSpareShift = 2 * kLevelBits;  // bits 6-7: the spare pair
     for (int pair = 0; pair < kQ3KSubBlocks / 2; ++pair) {
         uint8_t* registers =

@@ -129,7 +129,6 @@ constexpr int kQ6KTileBlockBytes = kQ6KTileValuesOffset + kQ6KSubBlocks * kQ6KTi
 static_assert(kQ6KTileBlockBytes == 3392 && kQ6KTileBlockBytes % 64 == 0);
 
 constexpr int kQ3KSubBlocks = kSuperBlock / kQ6SubBlock;  // 16 sub-blocks of 16 columns
-constexpr int kQ3KOffset = 4;                             // w = d·(sc − 32)·(q − kQ3KOffset)
 constexpr int kQ3KTileDOffset = 0;
 constexpr int kQ3KTileScalesOffset = 64;
 constexpr int kQ3KTileValuesOffset = kQ3KTileScalesOffset + kQ3KSubBlocks * kTileRows;  // 320

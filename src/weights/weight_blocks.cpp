@@ -81,8 +81,11 @@ void dequantize(const BlockQ5_1& b, float* out) {
 
 void dequantize(const BlockQ3_K& b, float* out) {
     const float d = half_to_float(b.d);
-    for (int i = 0; i < kSuperBlock; ++i)
-        out[i] = d * (q3k_scale(b, i / kQ6SubBlock) - 32) * (q3k_value(b, i) - 4);
+    for (int i = 0; i < kSuperBlock / kQ6SubBlock; ++i) {
+        const float scale = d * (q3k_scale(b, i) - kQ3KScaleBias);
+        for (int l = kQ6SubBlock * i; l < kQ6SubBlock * (i + 1); ++l)
+            out[l] = scale * (q3k_value(b, l) - kQ3KLevelOffset);
+    }
 }
 
 // Q4_K and Q5_K: sub-block j's weights are d·sc·q − dmin·m; `qh` null for Q4_K.
@@ -112,7 +115,7 @@ void dequantize(const BlockQ5_K& b, float* out) {
 void dequantize(const BlockQ6_K& b, float* out) {
     const float d = half_to_float(b.d);
     for (int i = 0; i < kSuperBlock; ++i)
-        out[i] = d * b.scales[i / kQ6SubBlock] * (q6k_value(b, i) - 32);
+        out[i] = d * b.scales[i / kQ6SubBlock] * (q6k_value(b, i) - kQ6KLevelOffset);
 }
 
 void dequantize(const BlockIQ4_XS& b, float* out) {

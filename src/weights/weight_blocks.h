@@ -47,6 +47,8 @@ struct BlockQ3_K {
     uint8_t scales[12];
     uint16_t d;  // f16
 };
+constexpr int kQ3KScaleBias = 32;   // a Q3_K sub-block's sc (0..63) stands for sc − 32
+constexpr int kQ3KLevelOffset = 4;  // a Q3_K level q (0..7) stands for q − 4
 // Q4_K: 8 sub-blocks j of 32; w = d·sc_j·q − dmin·m_j, q in 0..15, sc_j and m_j 6-bit
 // (k_scale_min). qs: 4 chunks of 32 bytes, chunk c holding sub-block 2c in its low nibbles
 // and 2c + 1 in its high nibbles.
@@ -71,6 +73,7 @@ struct BlockQ6_K {
     int8_t scales[kSuperBlock / kQ6SubBlock];
     uint16_t d;  // f16
 };
+constexpr int kQ6KLevelOffset = 32;  // a Q6_K level q (0..63) stands for q − 32
 // IQ4_XS: 8 sub-blocks j of 32; w = d·(ls_j − 32)·kIq4Values[q], q in 0..15, ls_j 6-bit
 // (low 4 bits in scales_l, high 2 in scales_h); byte l of sub-block j's 16 holds weight
 // 32j + l in its low nibble and 32j + 16 + l in its high nibble.

@@ -18,7 +18,6 @@
 namespace barellm::cpu::avx2 {
 
 constexpr int kQ5Offset = 16;  // Q5_0's q stands for q − 16
-constexpr int kQ6Offset = 32;  // Q6_K's q stands for q − 32
 // Byte offsets in a block (weight_blocks.h).
 constexpr int kKScalesOffset = 4, kQ4KValuesOffset = 16, kQ5KHighOffset = 16, kQ5KValuesOffset = 48;
 constexpr int kQ6HighOffset = 128, kQ6ScalesOffset = 192, kQ6DOffset = 208;

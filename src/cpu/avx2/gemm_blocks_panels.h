@@ -105,9 +105,9 @@ constexpr LevelShape level_shape(DType dtype) {
         case DType::Q5_0:
             return {kGroup, false, false, kQ5Offset, 31};
         case DType::Q6_K:
-            return {kQ6SubBlock, false, false, kQ6Offset, 63};
+            return {kQ6SubBlock, false, false, kQ6KLevelOffset, 63};
         case DType::Q3_K:
-            return {kQ6SubBlock, false, false, kQ3KOffset, 7};
+            return {kQ6SubBlock, false, false, kQ3KLevelOffset, 7};
         default:  // IQ4_XS
             return {kGroup, false, true, 0, 127};
     }
@@ -596,7 +596,8 @@ BlockTileKernel kernel_for(DType dtype, int tokens) {
         case DType::Q5_0:
             return kernel_of<DType::Q5_0, kDot>(tokens);
         case DType::Q6_K:
-        case DType::Q3_K:  // on Q6_K's kernel (its levels 0..7 widen as safely; the offset is passed)
+        case DType::Q3_K:  // on Q6_K's kernel (its levels 0..7 widen as safely; the offset is
+                           // passed)
             return kernel_of<DType::Q6_K, kDot>(tokens);
         default:  // IQ4_XS
             return kernel_of<DType::IQ4_XS, kDot>(tokens);

@@ -182,7 +182,7 @@ inline void sixteen_column_halves_block(__m256 (*sums)[kTokens], const uint8_t* 
                                         int h0, const TokenX* x, LinesAhead ahead) {
     static_assert(kQ6KTileDOffset == kQ3KTileDOffset &&
                   kQ6KTileScalesOffset == kQ3KTileScalesOffset && kQ6KSubBlocks == kQ3KSubBlocks);
-    constexpr int kOffset = kType == DType::Q6_K ? kQ6Offset : kQ3KOffset;
+    constexpr int kOffset = kType == DType::Q6_K ? kQ6KLevelOffset : kQ3KLevelOffset;
     constexpr int kBlockBytes = super_block_tile_bytes(kType);
     const uint8_t* scales = block + kQ6KTileScalesOffset;
     // dots start at −offset · Σ_i sc_i · Σ x_i: the scales lie before the values.

@@ -50,9 +50,9 @@ struct LevelShape {
 constexpr LevelShape level_shape(DType dtype) {
     switch (dtype) {
         case DType::Q6_K:
-            return {kQ6SubBlock, false, 32};
+            return {kQ6SubBlock, false, kQ6KLevelOffset};
         case DType::Q3_K:
-            return {kQ6SubBlock, false, kQ3KOffset};
+            return {kQ6SubBlock, false, kQ3KLevelOffset};
         case DType::Q5_0:
             return {kGroup, false, 16};
         case DType::IQ4_XS:

@@ -73,7 +73,6 @@ void offsets_of_16(std::vector<int32_t>* offsets, const Q8KVector& x) {
     offsets->resize(x.sums.size());
     for (size_t i = 0; i < x.sums.size(); ++i) (*offsets)[i] = -kOffset * x.sums[i];
 }
-constexpr int kQ6KOffset = 32;
 
 // The 16 rows of one Q4_K (kFifthBit false) or Q5_K tile against kTokens tokens:
 // out[t · out_stride + lane] for the lanes of `store`.
@@ -313,8 +312,8 @@ void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, con
                                                          : kIq4XSKernels;
     const TokenX* token_x = tile_tokens(x, tokens,
                                         with_mins                ? pair_sums_of_32
-                                        : w.dtype == DType::Q6_K ? offsets_of_16<kQ6KOffset>
-                                        : w.dtype == DType::Q3_K ? offsets_of_16<kQ3KOffset>
+                                        : w.dtype == DType::Q6_K ? offsets_of_16<kQ6KLevelOffset>
+                                        : w.dtype == DType::Q3_K ? offsets_of_16<kQ3KLevelOffset>
                                                                  : iq4_xs_offsets);
     const int blocks = w.cols / kSuperBlock;
     const TilePrefetch prefetch = super_block_prefetch(w.dtype);
