@@ -405,10 +405,10 @@ TEST_CASE("files of mixed types that disagree with their matrix types are refuse
     }
     SECTION("a type barellm does not run") {
         MixedModel mixed;
-        mixed.types["layers.0.wq"] = "Q2_K";
+        mixed.types["layers.0.wq"] = "IQ2_XS";
         CHECK_THAT(
-            load_error(mixed.write("q2k")),
-            Catch::Contains("gives 'layers.0.wq' the type \"Q2_K\", which barellm does not run"));
+            load_error(mixed.write("iq2_xs")),
+            Catch::Contains("gives 'layers.0.wq' the type \"IQ2_XS\", which barellm does not run"));
     }
     SECTION("a matrix without a type") {
         MixedModel mixed;

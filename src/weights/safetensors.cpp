@@ -69,6 +69,8 @@ const char* dtype_name(DType dtype) {
             return "Q5_0";
         case DType::Q5_1:
             return "Q5_1";
+        case DType::Q2_K:
+            return "Q2_K";
         case DType::Q3_K:
             return "Q3_K";
         case DType::Q4_K:

@@ -15,7 +15,11 @@ namespace barellm {
 // dtype_name gives the stored name ("I8", "U8"). The others are matrix types only: ggml's
 // block types (weight_blocks.h), stored as U8 tensors of whole blocks, that a file's
 // `barellm.matrix_types` names; dtype_name gives their ggml name ("Q4_K").
-enum class DType { F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS };
+enum class DType {
+    // clang-format off
+    F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS
+    // clang-format on
+};
 
 const char* dtype_name(DType dtype);
 size_t dtype_size(DType dtype);

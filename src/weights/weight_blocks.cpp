@@ -16,6 +16,7 @@ int block_weights(DType dtype) {
         case DType::Q5_0:
         case DType::Q5_1:
             return kSmallBlock;
+        case DType::Q2_K:
         case DType::Q3_K:
         case DType::Q4_K:
         case DType::Q5_K:
@@ -35,6 +36,8 @@ size_t block_bytes(DType dtype) {
             return sizeof(BlockQ5_0);
         case DType::Q5_1:
             return sizeof(BlockQ5_1);
+        case DType::Q2_K:
+            return sizeof(BlockQ2_K);
         case DType::Q3_K:
             return sizeof(BlockQ3_K);
         case DType::Q4_K:
@@ -77,6 +80,15 @@ void dequantize(const BlockQ5_1& b, float* out) {
     const float d = half_to_float(b.d), m = half_to_float(b.m);
     for (int j = 0; j < kSmallBlock; ++j)
         out[j] = d * (nibble(b.qs, j) | fifth_bit(b.qh, j) << 4) + m;
+}
+
+void dequantize(const BlockQ2_K& b, float* out) {
+    const float d = half_to_float(b.d), dmin = half_to_float(b.dmin);
+    for (int i = 0; i < kSuperBlock / kQ6SubBlock; ++i) {
+        const float scale = d * (b.scales[i] & 15), min = dmin * (b.scales[i] >> 4);
+        for (int l = kQ6SubBlock * i; l < kQ6SubBlock * (i + 1); ++l)
+            out[l] = scale * q2k_value(b, l) - min;
+    }
 }
 
 void dequantize(const BlockQ3_K& b, float* out) {
@@ -152,6 +164,8 @@ void dequantize_row(DType dtype, const void* row, float* out, int cols) {
             return dequantize_blocks<BlockQ5_0>(row, out, blocks, n);
         case DType::Q5_1:
             return dequantize_blocks<BlockQ5_1>(row, out, blocks, n);
+        case DType::Q2_K:
+            return dequantize_blocks<BlockQ2_K>(row, out, blocks, n);
         case DType::Q3_K:
             return dequantize_blocks<BlockQ3_K>(row, out, blocks, n);
         case DType::Q4_K:

@@ -16,9 +16,9 @@
 namespace barellm {
 
 constexpr int kSmallBlock = 32;   // weights in a Q4_1, Q5_0 or Q5_1 block
-constexpr int kSuperBlock = 256;  // weights in a Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS super-block
+constexpr int kSuperBlock = 256;  // weights in a super-block of a "K" type or IQ4_XS
 constexpr int kSubBlock = 32;     // weights under one 6-bit scale of Q4_K/Q5_K, 4-bit of IQ4_XS
-constexpr int kQ6SubBlock = 16;   // weights under one int8 scale of Q6_K (6-bit of Q3_K)
+constexpr int kQ6SubBlock = 16;   // weights under one scale of Q6_K, Q3_K and Q2_K
 
 // Q4_1: w = d·q + m, q in 0..15 (byte j: weight j low nibble, weight j + 16 high nibble).
 struct BlockQ4_1 {
@@ -37,6 +37,14 @@ struct BlockQ5_1 {
     uint16_t d, m;  // f16
     uint8_t qh[4];
     uint8_t qs[kSmallBlock / 2];
+};
+// Q2_K: 16 sub-blocks i of 16; w = d·sc_i·q − dmin·m_i, q in 0..3, sc_i and m_i 4-bit, the
+// low and high nibble of scales[i]. Weight 128h + 32t + l (h 0..1, t 0..3, l 0..31) has q in
+// bits 2t, 2t + 1 of qs[32h + l] (q2k_value), as Q3_K's low bits.
+struct BlockQ2_K {
+    uint8_t scales[kSuperBlock / kQ6SubBlock];
+    uint8_t qs[kSuperBlock / 4];
+    uint16_t d, dmin;  // f16
 };
 // Q3_K: 16 sub-blocks i of 16; w = d·(sc_i − 32)·(q − 4), q in 0..7, sc_i 6-bit
 // (q3k_scale). Weight 128h + 32t + l (h 0..1, t 0..3, l 0..31) has the low 2 bits of q in bits
@@ -88,8 +96,8 @@ constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                    1,    13,   25,  38,  53,  69,  89,  113};
 
 static_assert(sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24);
-static_assert(sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176 &&
-              sizeof(BlockQ6_K) == 210);
+static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144 &&
+              sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
 static_assert(sizeof(BlockIQ4_XS) == 136);
 
 // Whether matrices of this type are stored as ggml blocks in one U8 tensor (the types
@@ -98,6 +106,12 @@ bool is_block_type(DType dtype);
 // Weights per block and bytes per block of a block type.
 int block_weights(DType dtype);
 size_t block_bytes(DType dtype);
+
+// q of weight i (0..255) of a Q2_K super-block, 0..3 (the weight is d·sc·q − dmin·m).
+inline int q2k_value(const BlockQ2_K& block, int i) {
+    const int half = i / 128, t = (i % 128) / 32, l = i % 32;
+    return (block.qs[32 * half + l] >> (2 * t)) & 3;
+}
 
 // q of weight i (0..255) of a Q3_K super-block, 0..7 (the weight is d·(sc − 32)·(q − 4)).
 inline int q3k_value(const BlockQ3_K& block, int i) {
