@@ -24,6 +24,7 @@ BLOCK_TYPES = {
     "Q4_1": BlockType(32, 20, (0, 2)),
     "Q5_0": BlockType(32, 22, (0,)),
     "Q5_1": BlockType(32, 24, (0, 2)),
+    "Q2_K": BlockType(256, 84, (80, 82)),
     "Q3_K": BlockType(256, 110, (108,)),
     "Q4_K": BlockType(256, 144, (0, 2)),
     "Q5_K": BlockType(256, 176, (0, 2)),

@@ -499,7 +499,7 @@ DECODE_ONLY_SCALES = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": 
 
 
 # The decode-only types barellm runs, and those it dequantizes.
-KEPT_DECODE_ONLY = {"Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"}
+KEPT_DECODE_ONLY = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"}
 
 
 @pytest.mark.parametrize("type_name", sorted(DECODE_ONLY_SCALES))

@@ -1,6 +1,6 @@
 """ggml's block types in the converter: GGUF tensors of the types barellm runs (Q4_1, Q5_0,
-Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, beside Q8_0 and Q4_0) kept byte for byte in a file of
-per-matrix types; q3_k_s, q3_k_m, q3_k_l, q4_k_m, q5_k_m, q6_k and iq4_xs of a Hugging Face
+Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, beside Q8_0 and Q4_0) kept byte for byte in a
+file of per-matrix types; q3_k_s, q3_k_m, q3_k_l, q4_k_m, q5_k_m, q6_k and iq4_xs of a Hugging Face
 checkpoint (llama-quantize's mixes, ggml's reference quantizers); hostile blocks refused.
 
 The dequantization of every block type is written here from ggml's layouts
@@ -120,6 +120,23 @@ def dequantize_iq4_xs(b):
     return out
 
 
+def dequantize_q2_k(b):
+    """Q2_K super-blocks: scales[16], qs[64], f16 d, f16 dmin. Weight 128h + 32t + l has q
+    (0..3) at bits 2t, 2t + 1 of qs[32h + l]; sub-block i (weights 16i..16i + 15) has a
+    4-bit scale, the low nibble of scales[i], and a 4-bit min, its high nibble;
+    w = d * scale * q - dmin * min."""
+    scales, qs, d, dmin = b[:, :16], b[:, 16:80], half(b, 80), half(b, 82)
+    out = np.zeros((len(b), 256), dtype=F32)
+    for i in range(16):
+        dl = d[:, 0] * (scales[:, i] & 15).astype(F32)
+        ml = dmin[:, 0] * (scales[:, i] >> 4).astype(F32)
+        for w in range(16 * i, 16 * i + 16):
+            h, t, l = w // 128, (w // 32) % 4, w % 32
+            q = (qs[:, 32 * h + l] >> (2 * t)) & 3
+            out[:, w] = dl * q.astype(F32) - ml
+    return out
+
+
 def dequantize_q3_k(b):
     """Q3_K super-blocks: hmask[32], qs[64], scales[12], f16 d. Weight 128h + 32t + l has
     its low 2 bits at bits 2t, 2t + 1 of qs[32h + l] and its top bit at bit 4h + t of
@@ -152,6 +169,7 @@ TYPES = {
     "Q4_1": (32, 20, (0, 2), dequantize_q4_1),
     "Q5_0": (32, 22, (0,), dequantize_q5_0),
     "Q5_1": (32, 24, (0, 2), dequantize_q5_1),
+    "Q2_K": (256, 84, (80, 82), dequantize_q2_k),
     "Q3_K": (256, 110, (108,), dequantize_q3_k),
     "Q4_K": (256, 144, (0, 2), lambda b: dequantize_k(b, 16, None)),
     "Q5_K": (256, 176, (0, 2), lambda b: dequantize_k(b, 48, 16)),
@@ -160,7 +178,7 @@ TYPES = {
     "Q8_0": (32, 34, (0,), dequantize_q8_0),
     "Q4_0": (32, 18, (0,), dequantize_q4_0),
 }
-BLOCK_TYPES = ("Q4_1", "Q5_0", "Q5_1", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
+BLOCK_TYPES = ("Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 
 
 def dequantize(raw, type_name):
@@ -368,29 +386,41 @@ def test_file_order_and_alignment(tmp_path, f32_gguf):
             assert (8 + length + begin) % 2 == 0 and (end - begin) % 2 == 0, name
 
 
-def test_types_barellm_does_not_run_become_f16_in_one_line(tmp_path, f32_gguf):
+def test_q2_k_is_kept_and_a_type_barellm_does_not_run_becomes_f16_in_one_line(tmp_path,
+                                                                               f32_gguf):
+    """A file of llama.cpp's Q2_K type: its Q2_K matrices are kept byte for byte (q and k
+    rows moved whole into rotate-half order); an IQ4_NL matrix, a type barellm does not
+    run, is dequantized to F16 and named in one line."""
     rng = np.random.default_rng(7)
-    replaced = {}
+    kept = {}
     for layer in range(2):
-        for part, rows in (("attn_q", 256), ("attn_k", 128)):
-            raw = rng.integers(0, 256, (rows, 84), dtype=np.uint8)  # Q2_K: 84 bytes
-            for field in (80, 82):  # d and dmin
-                raw[:, field:field + 2] = rng.uniform(0.001, 0.01, (rows, 1)).astype(
-                    "<f2").view(np.uint8)
-            replaced[f"blk.{layer}.{part}.weight"] = ("Q2_K", raw)
+        for part, short, rows in (("attn_q", "wq", 256), ("attn_k", "wk", 128)):
+            kept[f"layers.{layer}.{short}"] = (f"blk.{layer}.{part}.weight", (
+                "Q2_K", random_matrix_blocks("Q2_K", rows, 256, rng)))
+    iq4_nl_weights, iq4_nl_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.IQ4_NL]
+    rows = 128
+    iq4_nl = rng.integers(0, 256, (rows * 256 // iq4_nl_weights, iq4_nl_bytes), dtype=np.uint8)
+    iq4_nl[:, 0:2] = rng.uniform(0.001, 0.01, (len(iq4_nl), 1)).astype("<f2").view(np.uint8)
+    iq4_nl = iq4_nl.reshape(rows, -1)
+    replaced = dict(kept.values())
+    replaced["blk.1.attn_v.weight"] = ("IQ4_NL", iq4_nl)
     replaced["blk.0.ffn_gate.weight"] = ("Q4_K", random_matrix_blocks("Q4_K", 288, 256, rng))
     source = rewritten_gguf(f32_gguf, tmp_path / "m.gguf", replaced,
                             file_type=gguf.LlamaFileType.MOSTLY_Q2_K)
     out, log = convert(source, tmp_path / "m.bin")
     assert log.count("\n") == 1, log
-    assert log.startswith("convert: dequantized to F16") and "4 Q2_K (blk.0.attn_q.weight" in log
+    assert log.startswith("convert: dequantized to F16") and "1 IQ4_NL (blk.1.attn_v" in log
+    assert "Q2_K" not in log, log
     types = json.loads(metadata(out)["barellm.matrix_types"])
     assert json.loads(metadata(out)["barellm.config"])["weight_dtype"] == "Q2_K"
-    assert types["layers.1.wk"] == "F16" and types["layers.0.w1"] == "Q4_K"
-    expected = gguf.quants.dequantize(replaced["blk.1.attn_k.weight"][1],
-                                      gguf.GGMLQuantizationType.Q2_K)
-    assert np.array_equal(read_raw(out)[2]["layers.1.wk"],
-                          rotate_half(expected, 64).astype(np.float16))
+    assert {name for name, kind in types.items() if kind == "Q2_K"} == set(kept)
+    assert types["layers.1.wv"] == "F16" and types["layers.0.w1"] == "Q4_K"
+    tensors = read_raw(out)[2]
+    for name, (_, (_, raw)) in kept.items():
+        assert tensors[name].dtype == np.uint8
+        assert np.array_equal(tensors[name], rotate_half(raw, 64)), name
+    expected = gguf.quants.dequantize(iq4_nl, gguf.GGMLQuantizationType.IQ4_NL)
+    assert np.array_equal(tensors["layers.1.wv"], expected.astype(np.float16))
 
 
 def test_a_uniform_gguf_stays_a_uniform_file(tmp_path, f32_gguf):
@@ -454,7 +484,8 @@ def test_a_non_finite_f16_field_is_refused(tmp_path, f32_gguf, field, value, kin
 @pytest.mark.parametrize("type_name", BLOCK_TYPES)
 def test_a_nan_in_the_last_f16_field_of_each_block_type_is_refused(tmp_path, f32_gguf,
                                                                     type_name):
-    """The last f16 field of block 5 (Q6_K's and Q3_K's d, at the block's end) is NaN."""
+    """The last f16 field of block 5 (Q2_K's dmin, Q3_K's and Q6_K's d, at the block's
+    end) is NaN."""
     raw = random_matrix_blocks(type_name, 128, 256, np.random.default_rng(8))
     field = TYPES[type_name][2][-1]
     size = TYPES[type_name][1]
