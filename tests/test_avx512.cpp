@@ -713,10 +713,11 @@ TEST_CASE("AVX-512 quantize_q8_k gives the bytes of llama.cpp's Q8_K rule") {
 }
 
 TEST_CASE(
-    "AVX-512 VNNI super-block matvecs from tiles (Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) equal the "
+    "AVX-512 VNNI super-block matvecs from tiles (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) equal the "
     "dequantized rows times Q8_K x") {
     std::mt19937 rng(519);
-    const auto dtype = GENERATE(DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS);
+    const auto dtype =
+        GENERATE(DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS);
     for (const Avx512Build& build : builds())
         if (build.has_vnni)
             check_block_tile_matvec(build.matvec_rows_block_tiles, build.name, dtype, rng);

@@ -23,7 +23,7 @@
 
 namespace barellm::test {
 
-constexpr DType kBlockTypes[] = {DType::Q3_K,   DType::Q4_K, DType::Q5_K, DType::Q6_K,
+constexpr DType kBlockTypes[] = {DType::Q2_K,   DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K,
                                  DType::IQ4_XS, DType::Q4_1, DType::Q5_0, DType::Q5_1};
 
 // A random finite f16 of either sign: mostly ± 2^e for e in [−12, 4) times a random
@@ -54,6 +54,8 @@ inline std::vector<size_t> block_scale_offsets(DType dtype) {
         case DType::Q4_1:
         case DType::Q5_1:
             return {0, 2};
+        case DType::Q2_K:
+            return {offsetof(BlockQ2_K, d), offsetof(BlockQ2_K, dmin)};
         case DType::Q3_K:
             return {offsetof(BlockQ3_K, d)};
         case DType::Q6_K:
@@ -88,9 +90,9 @@ inline TestMatrix make_block_matrix(int rows, int cols, DType dtype, std::mt1993
 }
 
 // Rows `rows` of m made of the largest levels, scales and mins: every byte but the f16 scales
-// 0xff (levels 15, 31, 63, IQ4_XS's 113; 6-bit scales and mins 63) where `fill` is 0xff, or
-// 0 (IQ4_XS's −127); their values and tiles follow. With x of one sign the integer sums of
-// the kernels then reach their bounds.
+// 0xff (levels 3, 7, 15, 31, 63, IQ4_XS's 113; 6-bit scales and mins 63, Q2_K's 4-bit 15) where
+// `fill` is 0xff, or 0 (IQ4_XS's −127); their values and tiles follow. With x of one sign the
+// integer sums of the kernels then reach their bounds.
 inline void fill_rows(TestMatrix* m, std::initializer_list<int> rows, uint8_t fill) {
     const DType dtype = m->matrix.dtype;
     const std::vector<size_t> scales = block_scale_offsets(dtype);

@@ -31,8 +31,8 @@ const bool bf16_dot_products = cpu_prefers_bf16_dot_products();
 
 // Whether the SIMD matvecs of weights of this type read x quantized per 256 as Q8_K.
 bool matvec_on_q8_k(DType dtype) {
-    return dtype == DType::Q3_K || dtype == DType::Q4_K || dtype == DType::Q5_K ||
-           dtype == DType::Q6_K || dtype == DType::IQ4_XS;
+    return dtype == DType::Q2_K || dtype == DType::Q3_K || dtype == DType::Q4_K ||
+           dtype == DType::Q5_K || dtype == DType::Q6_K || dtype == DType::IQ4_XS;
 }
 // Whether the SIMD matvecs also read this type's rows of super-blocks where it has no tiles.
 bool matvec_on_super_block_rows(DType dtype) {

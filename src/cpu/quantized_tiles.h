@@ -72,15 +72,18 @@ inline const uint8_t* tile_group_values(const uint8_t* tile, DType type, int g) 
            (g % kTileBlockGroups) * tile_group_bytes(type);
 }
 
-// Whether matrices of this type can have tiles: Q8 and Q4 (here), Q3_K, Q4_K, Q5_K, Q6_K and
-// IQ4_XS (cpu/super_block_tiles.h); which level reads them: uses_row_tiles (cpu/kernels.h).
+// Whether matrices of this type can have tiles: Q8 and Q4 (here), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K
+// and IQ4_XS (cpu/super_block_tiles.h); which level reads them: uses_row_tiles (cpu/kernels.h).
 inline bool has_row_tiles(DType dtype) {
-    return is_quantized(dtype) || dtype == DType::Q3_K || dtype == DType::Q4_K ||
-           dtype == DType::Q5_K || dtype == DType::Q6_K || dtype == DType::IQ4_XS;
+    return is_quantized(dtype) || dtype == DType::Q2_K || dtype == DType::Q3_K ||
+           dtype == DType::Q4_K || dtype == DType::Q5_K || dtype == DType::Q6_K ||
+           dtype == DType::IQ4_XS;
 }
 // Whether the SIMD kernels read matrices of this type from their tiles only, having none for
-// their rows (Q3_K): without tiles such a matrix takes the scalar matvec and the f32 GEMM.
-inline bool read_from_tiles_only(DType dtype) { return dtype == DType::Q3_K; }
+// their rows (Q2_K, Q3_K): without tiles such a matrix takes the scalar matvec and the f32 GEMM.
+inline bool read_from_tiles_only(DType dtype) {
+    return dtype == DType::Q2_K || dtype == DType::Q3_K;
+}
 
 // Of a matrix of a type that has tiles:
 int tile_count(const Matrix& w);          // ceil(rows / 16)

@@ -1,4 +1,4 @@
-// Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS matrices in tiles of 16 rows (the layout:
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS matrices in tiles of 16 rows (the layout:
 // cpu/super_block_tiles.h).
 #include "cpu/super_block_tiles.h"
 
@@ -70,6 +70,21 @@ void write_row(uint8_t* tile_block, int lane, const BlockQ6_K& block) {
     }
 }
 
+void write_row(uint8_t* tile_block, int lane, const BlockQ2_K& block) {
+    std::memcpy(tile_block + kQ2KTileDOffset + 2 * lane, &block.d, sizeof block.d);
+    std::memcpy(tile_block + kQ2KTileDMinOffset + 2 * lane, &block.dmin, sizeof block.dmin);
+    for (int i = 0; i < kQ2KSubBlocks; ++i) {
+        tile_block[kQ2KTileScalesOffset + 2 * kTileRows * (i / 2) + 2 * lane + i % 2] =
+            block.scales[i];
+        uint8_t* lane_bytes =
+            tile_block + kQ2KTileValuesOffset + i * kTileRegisterBytes + lane * kTileLaneBytes;
+        for (int m = 0; m < kTileLaneBytes; ++m)
+            for (int s = 0; s < kTileLaneBytes; ++s)
+                lane_bytes[m] |= uint8_t(q2k_value(block, kQ6SubBlock * i + 4 * s + m)
+                                         << (kQ2KLevelBits * s));  // the tiles start zeroed
+    }
+}
+
 void write_row(uint8_t* tile_block, int lane, const BlockQ3_K& block) {
     std::memcpy(tile_block + kQ3KTileDOffset + 2 * lane, &block.d, sizeof block.d);
     for (int i = 0; i < kQ3KSubBlocks; ++i)
@@ -127,7 +142,9 @@ size_t super_block_tile_bytes(const Matrix& w) {
 
 void write_super_block_tiles(const Matrix& w, uint8_t* tiles) {
     std::memset(tiles, 0, row_tiles_bytes(w));
-    if (w.dtype == DType::Q3_K)
+    if (w.dtype == DType::Q2_K)
+        write_tiles<BlockQ2_K>(w, tiles);
+    else if (w.dtype == DType::Q3_K)
         write_tiles<BlockQ3_K>(w, tiles);
     else if (w.dtype == DType::Q4_K)
         write_tiles<BlockQ4_K>(w, tiles);
@@ -138,7 +155,7 @@ void write_super_block_tiles(const Matrix& w, uint8_t* tiles) {
     else if (w.dtype == DType::IQ4_XS)
         write_tiles<BlockIQ4_XS>(w, tiles);
     else
-        throw Error("write_super_block_tiles: not a Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS matrix");
+        throw Error("write_super_block_tiles: not a Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS matrix");
 }
 
 void pair_sums_of_32(std::vector<int32_t>* pairs, const Q8KVector& x) {

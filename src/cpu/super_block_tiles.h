@@ -1,5 +1,5 @@
-// Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS matrices re-laid out in tiles of 16 rows for the decode matvecs
-// on AVX-512 VNNI (matvec_super_block_tiles_avx512vnni.cpp) and AVX2
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS matrices re-laid out in tiles of 16 rows for the decode
+// matvecs on AVX-512 VNNI (matvec_super_block_tiles_avx512vnni.cpp) and AVX2
 // (matvec_super_block_tiles_avx2.cpp, a tile's register read as two halves of 8 rows) and the
 // prefill GEMMs (gemm_blocks_avx512vnni.cpp, avx2/gemm_blocks_panels.h), as Q8 and Q4 are
 // (cpu/quantized_tiles.h). The CPU backend makes them once, when it takes the model on the AVX2
@@ -69,6 +69,19 @@
 //                   So six registers of levels come out by an AND (and a shift) each, and two
 //                   are gathered from the top bits.
 //
+// Q2_K: a super-block kQ2KTileBlockBytes (1344, 21 cache lines, as many bytes as the 16 rows'
+// blocks):
+//
+//   bytes 0-31      the 16 rows' f16 d, in row order
+//   bytes 32-63     the 16 rows' f16 dmin
+//   bytes 64-319    the scales and mins by pairs of sub-blocks: bytes 32p + 2r and 32p + 2r + 1
+//                   the block's bytes scales[2p] and scales[2p + 1] of row r (p 0..7): the
+//                   4-bit scale in the low nibble, the 4-bit min in the high
+//   bytes 320-1343  the levels q (0..3), sub-block i (16 columns) after another, one register
+//                   each: in lane r, byte m (0..3) holds q of column 16i + 4s + m in bits 2s
+//                   and 2s + 1 (s 0..3). So each register of levels comes out by a shift and
+//                   an AND.
+//
 // IQ4_XS: a super-block kIq4XSTileBlockBytes (2240, 35 cache lines; the 16 rows' blocks take
 // 2176):
 //
@@ -136,6 +149,17 @@ constexpr int kQ3KTilePairBytes = 3 * kTileRegisterBytes;  // R0, R1, R2
 constexpr int kQ3KTileBlockBytes = kQ3KTileValuesOffset + kQ3KSubBlocks / 2 * kQ3KTilePairBytes;
 static_assert(kQ3KTileBlockBytes == 1856 && kQ3KTileBlockBytes % 64 == 0);
 
+constexpr int kQ2KSubBlocks = kSuperBlock / kQ6SubBlock;  // 16 sub-blocks of 16 columns
+constexpr int kQ2KTileDOffset = 0;
+constexpr int kQ2KTileDMinOffset = kTileRows * 2;                                       // 32
+constexpr int kQ2KTileScalesOffset = 2 * kTileRows * 2;                                 // 64
+constexpr int kQ2KTileValuesOffset = kQ2KTileScalesOffset + kQ2KSubBlocks * kTileRows;  // 320
+constexpr int kQ2KLevelBits = 2;  // bits of a level in a value byte
+constexpr int kQ2KMinShift = 4;   // a scales byte: the scale in bits 0-3, the min in bits 4-7
+constexpr int kQ2KTileBlockBytes = kQ2KTileValuesOffset + kQ2KSubBlocks * kTileRegisterBytes;
+static_assert(kQ2KTileBlockBytes == 1344 && kQ2KTileBlockBytes % 64 == 0 &&
+              kQ2KTileBlockBytes == kTileRows * int(sizeof(BlockQ2_K)));
+
 constexpr int kIq4XSSubBlocks = kSuperBlock / kSubBlock;  // 8 sub-blocks of 32 columns
 constexpr int kIq4XSSubBlockRegisters = kSubBlock / 2 / kTileLaneBytes;  // 4
 constexpr int kIq4XSTileDOffset = 0;
@@ -148,22 +172,24 @@ static_assert(kIq4XSTileBlockBytes == 2240 && kIq4XSTileBlockBytes % 64 == 0);
 
 // The largest super-block of a tile, of any type.
 constexpr int kLargestTileBlockBytes = kQ6KTileBlockBytes;
-static_assert(kLargestTileBlockBytes >= kQ3KTileBlockBytes &&
+static_assert(kLargestTileBlockBytes >= kQ2KTileBlockBytes &&
+              kLargestTileBlockBytes >= kQ3KTileBlockBytes &&
               kLargestTileBlockBytes >= kQ4KTileBlockBytes &&
               kLargestTileBlockBytes >= kQ5KTileBlockBytes &&
               kLargestTileBlockBytes >= kIq4XSTileBlockBytes);
 
-// Bytes of one super-block of a tile: Q3_K's, Q4_K's, Q5_K's, Q6_K's or IQ4_XS's.
+// Bytes of one super-block of a tile: Q2_K's, Q3_K's, Q4_K's, Q5_K's, Q6_K's or IQ4_XS's.
 constexpr int super_block_tile_bytes(DType type) {
-    return type == DType::Q3_K   ? kQ3KTileBlockBytes
+    return type == DType::Q2_K   ? kQ2KTileBlockBytes
+           : type == DType::Q3_K ? kQ3KTileBlockBytes
            : type == DType::Q4_K ? kQ4KTileBlockBytes
            : type == DType::Q5_K ? kQ5KTileBlockBytes
            : type == DType::Q6_K ? kQ6KTileBlockBytes
                                  : kIq4XSTileBlockBytes;
 }
 
-// For tile_bytes and write_row_tiles (cpu/quantized_tiles.h): bytes of one tile of a Q3_K,
-// Q4_K, Q5_K, Q6_K or IQ4_XS matrix, and its tiles written to the row_tiles_bytes(w) bytes at
+// For tile_bytes and write_row_tiles (cpu/quantized_tiles.h): bytes of one tile of a Q2_K,
+// Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS matrix, and its tiles written to the row_tiles_bytes(w) bytes at
 // `tiles`, 64-byte aligned.
 size_t super_block_tile_bytes(const Matrix& w);
 void write_super_block_tiles(const Matrix& w, uint8_t* tiles);
@@ -192,7 +218,7 @@ inline LinesAhead lines_ahead(const uint8_t* block, TilePrefetch prefetch) {
 
 // x's sums by pairs as the tile kernels read them, two int16 in an int32 (the lower one
 // first): of 32 values (Q4_K's and Q5_K's mins are applied with them), into `pairs` [n / 64], and
-// of 16 (Q6_K's offset of 32, Q3_K's of 4), into `pairs` [n / 32].
+// of 16 (Q2_K's mins; Q6_K's offset of 32, Q3_K's of 4), into `pairs` [n / 32].
 void pair_sums_of_32(std::vector<int32_t>* pairs, const Q8KVector& x);
 void pair_sums_of_16(std::vector<int32_t>* pairs, const Q8KVector& x);
 

@@ -1,6 +1,6 @@
 // Inline AVX2 helpers that read the block types' weights (weight_blocks.h) as registers of
-// 32 unsigned levels (or IQ4_XS's signed values) in column order, and Q4_K's, Q5_K's, Q6_K's
-// and IQ4_XS's tiles (cpu/super_block_tiles.h) as registers of four columns of 8 rows, shared by
+// 32 unsigned levels (or IQ4_XS's signed values) in column order, and the super-block types'
+// tiles (cpu/super_block_tiles.h) as registers of four columns of 8 rows, shared by
 // the AVX2 decode matvecs (matvec_super_blocks_avx2.cpp, matvec_small_blocks_avx2.cpp,
 // matvec_super_block_tiles_avx2.cpp; the Q8 and Q4 tiles' matvec_quantized_avxvnni.cpp) and the
 // prefill GEMM on 256-bit registers (gemm_blocks_panels.h). Include it only from the *_avx2.cpp and
@@ -171,6 +171,20 @@ inline void q6_k_tile_levels(const uint8_t* block, int i, int h, __m256i q[4]) {
             _mm256_and_si256(_mm256_srli_epi16(registers[0], 6), _mm256_set1_epi8(0x03)),
             _mm256_and_si256(_mm256_srli_epi16(registers[1], 4), _mm256_set1_epi8(0x0c))),
         _mm256_and_si256(_mm256_srli_epi16(registers[2], 2), _mm256_set1_epi8(0x30)));
+}
+
+// Half h of sub-block i of a Q2_K tile's super-block `block`: q[s] the levels (0..3) of columns
+// 16i + 4s..16i + 4s + 3, four a lane, rows 8h..8h + 7: bits 2s and 2s + 1 of each byte of the
+// sub-block's register (the word shifts carry the next byte's bits in above them, which the mask
+// drops).
+inline void q2_k_tile_levels(const uint8_t* block, int i, int h, __m256i q[4]) {
+    const __m256i levels = _mm256_load_si256(reinterpret_cast<const __m256i*>(
+        block + kQ2KTileValuesOffset + i * kTileRegisterBytes + h * kTileHalfBytes));
+    const __m256i level = _mm256_set1_epi8(0x03);
+    q[0] = _mm256_and_si256(levels, level);
+#pragma GCC unroll 3
+    for (int s = 1; s < 4; ++s)
+        q[s] = _mm256_and_si256(_mm256_srli_epi16(levels, kQ2KLevelBits * s), level);
 }
 
 // Half h of sub-block i of a Q3_K tile's super-block `block`: q[s] the levels (0..7) of columns

@@ -1,15 +1,17 @@
-// The prefill GEMM for the block types (weight_blocks.h: Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, Q4_1,
-// Q5_0, Q5_1) on 256-bit registers: out[token][row] = Σ_col W[row][col] · x[token][col], x in int8
-// with a scale per group of 32 columns (QuantizedBatch: quantized per 32 by avx2::quantize_token,
-// or per 256 as Q8_K for the super-block types), each sub-block an exact int32 dot product.
-// Two builds share it, each computing that dot in its own instructions (BlockDot):
+// The prefill GEMM for the block types (weight_blocks.h: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS,
+// Q4_1, Q5_0, Q5_1) on 256-bit registers: out[token][row] = Σ_col W[row][col] · x[token][col], x in
+// int8 with a scale per group of 32 columns (QuantizedBatch: quantized per 32 by
+// avx2::quantize_token, or per 256 as Q8_K for the super-block types), each sub-block an exact
+// int32 dot product. Two builds share it, each computing that dot in its own instructions
+// (BlockDot):
 // - gemm_blocks_avx2.cpp, plain AVX2: vpmaddubsw and vpmaddwd;
 // - gemm_blocks_avxvnni.cpp, AVX2 + AVX-VNNI: the 256-bit vpdpbusd, four u8 × s8 products added
 //   straight into int32, one instruction a step where vpmaddubsw takes two to four.
 // The arithmetic is that of the AVX-512 VNNI GEMM (gemm_blocks_avx512vnni.cpp): per sub-block s
 // of a row, w = A_s · u + B, and
-// - "min" types (Q4_K, Q5_K: A = d·sc, B = −dmin·m; Q4_1, Q5_1: A = d, B = m): the group's sum
-//   is A · sx · Σ u·q + B · sx · Σ q, the second term from x's sums of 16;
+// - "min" types (Q4_K, Q5_K: A = d·sc, B = −dmin·m; Q4_1, Q5_1: A = d, B = m; Q2_K: A = d·sc,
+//   B = −dmin·m, sub-blocks of 16): the sub-block's sum is A · sx · Σ u·q + B · sx · Σ q, the
+//   second term from x's sums of 16;
 // - "offset" types (Q5_0: offset 16; Q6_K: offset 32, Q3_K: offset 4, sub-blocks of 16): the
 //   int32 dot starts
 //   from −offset · Σ q, so it is Σ (u − offset)·q exactly, then scaled by A · sx;
@@ -31,9 +33,9 @@
 // micro-kernel: per group, per step of four columns, the four levels of each row side by
 // side, 8 rows a register. Q4_K, Q5_K, Q6_K and IQ4_XS come from their tiles of 16 rows where they
 // have them (cpu/super_block_tiles.h, the decode matvec's), already in that order: no transposes,
-// and the rows stay out of memory; Q3_K only from its tiles. The micro-kernel (block_tile_kernel)
-// meets kDepthGroups groups of the panel (16 KB, in L1) with every token before the next groups,
-// its f32 sums kept per tile and token between the calls.
+// and the rows stay out of memory; Q2_K and Q3_K only from their tiles. The micro-kernel
+// (block_tile_kernel) meets kDepthGroups groups of the panel (16 KB, in L1) with every token before
+// the next groups, its f32 sums kept per tile and token between the calls.
 //
 // Included by those two files alone (the SIMDe build of the second in the unit tests too, on
 // SIMDe's intrinsics: intrinsics_avx2.h): everything here has internal linkage, each file
@@ -88,7 +90,7 @@ __m256i iq4_panel_table() {
 
 // How the micro-kernel reads a type's levels (see the file comment).
 struct LevelShape {
-    int sub_cols;       // columns under one A: 32, or 16 (Q6_K, Q3_K)
+    int sub_cols;       // columns under one A (and B): 32, or 16 (Q6_K, Q3_K, Q2_K)
     bool has_min;       // w = A·u + B; else w = A·(u − offset)
     bool is_signed;     // IQ4_XS: signed values, offset 0
     int offset;         // (offset types) u stands for u − offset
@@ -108,6 +110,8 @@ constexpr LevelShape level_shape(DType dtype) {
             return {kQ6SubBlock, false, false, kQ6KLevelOffset, 63};
         case DType::Q3_K:
             return {kQ6SubBlock, false, false, kQ3KLevelOffset, 7};
+        case DType::Q2_K:
+            return {kQ6SubBlock, true, false, 0, 3};
         default:  // IQ4_XS
             return {kGroup, false, true, 0, 127};
     }
@@ -126,8 +130,8 @@ static_assert(widen_steps(level_shape(DType::Q4_K)) == 8 &&
               widen_steps(level_shape(DType::Q6_K)) == 2 &&
               widen_steps(level_shape(DType::IQ4_XS)) == 1);
 
-// One row tile unpacked, 32-byte aligned: levels [groups][steps][32 rows][4 bytes], A
-// [sub-blocks][32 rows], B [groups][32 rows] (min types).
+// One row tile unpacked, 32-byte aligned: levels [groups][steps][32 rows][4 bytes], A and B
+// (min types) [sub-blocks][32 rows].
 struct Panel {
     uint8_t* levels;
     float* scales;
@@ -276,11 +280,10 @@ void unpack_tile_typed(const Panel& panel, const Matrix& w, int tile_row) {
         }
 }
 
-// The 16 rows of one Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS tile (cpu/super_block_tiles.h) into row
-// registers
-// first_register and first_register + 1 of the panel, with no transposes: a half of a tile's
-// register is already a step of 8 rows. The same levels, A and B as from the rows, bit for bit.
-// No tile (past the matrix): levels 0, A = B = 0.
+// The 16 rows of one Q2_K, Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS tile (cpu/super_block_tiles.h) into
+// row registers first_register and first_register + 1 of the panel, with no transposes: a half of a
+// tile's register is already a step of 8 rows. The same levels, A and B as from the rows, bit for
+// bit. No tile (past the matrix): levels 0, A = B = 0.
 template <BlockDot kDot>
 void unpack_from_tile(const Panel& panel, const Matrix& w, const uint8_t* tile,
                       int first_register) {
@@ -359,6 +362,36 @@ void unpack_from_tile(const Panel& panel, const Matrix& w, const uint8_t* tile,
                                                           true),
                                                   d));
                 }
+            } else if (w.dtype == DType::Q2_K) {  // group g: sub-blocks 2g and 2g + 1, as Q6_K's
+                const int first_sub_block = b * kQ2KSubBlocks;
+                const __m256 d = tile_halves(block + kQ2KTileDOffset + 2 * kTileHalfRows * h);
+                const __m256 minus_dmin =
+                    _mm256_sub_ps(_mm256_setzero_ps(),
+                                  tile_halves(block + kQ2KTileDMinOffset + 2 * kTileHalfRows * h));
+                for (int i = 0; i < kQ2KSubBlocks; ++i) {
+                    __m256i q[4];
+                    q2_k_tile_levels(block, i, h, q);
+                    const int group = (first_sub_block + i) / 2;
+                    for (int s = 0; s < 4; ++s)
+                        _mm256_store_si256(levels_at(group, i % 2 * 4 + s), q[s]);
+                    // The scales bytes of a pair of sub-blocks sit side by side: sub-block i's
+                    // are every other byte.
+                    const __m128i pair = _mm_load_si128(reinterpret_cast<const __m128i*>(
+                        block + kQ2KTileScalesOffset + 2 * kTileRows * (i / 2) +
+                        2 * kTileHalfRows * h));
+                    const __m256i packed = _mm256_cvtepu8_epi32(_mm_shuffle_epi8(
+                        pair,
+                        _mm_setr_epi8(i % 2, i % 2 + 2, i % 2 + 4, i % 2 + 6, i % 2 + 8, i % 2 + 10,
+                                      i % 2 + 12, i % 2 + 14, -1, -1, -1, -1, -1, -1, -1, -1)));
+                    const __m256i four_bits = _mm256_set1_epi32(15);
+                    _mm256_store_ps(
+                        scales_at(first_sub_block + i),
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(packed, four_bits)), d));
+                    _mm256_store_ps(
+                        panel.mins + size_t(first_sub_block + i) * kBlockRowTile + reg * kLanes,
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(packed, kQ2KMinShift)),
+                                      minus_dmin));
+                }
             } else {  // Q6_K, Q3_K: group g holds sub-blocks 2g and 2g + 1, four steps each
                 static_assert(kQ6KTileDOffset == kQ3KTileDOffset &&
                               kQ6KTileScalesOffset == kQ3KTileScalesOffset &&
@@ -384,8 +417,8 @@ void unpack_from_tile(const Panel& panel, const Matrix& w, const uint8_t* tile,
 
 // The panel of rows [tile_row, tile_row + 32) of w; rows past the matrix hold levels 0 and
 // A = B = 0. Q4_K, Q5_K, Q6_K and IQ4_XS are read from their tiles where they have them (the rows
-// may then be out of memory), Q3_K always (the CPU backend makes them on every path that reaches
-// here).
+// may then be out of memory), Q2_K and Q3_K always (the CPU backend makes them on every path that
+// reaches here).
 template <BlockDot kDot>
 void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
     if (w.row_tiles) {
@@ -450,7 +483,8 @@ inline void add_steps_vnni(__m256i (&dots)[TOKENS][kKernelRegisters], const uint
 // 16). Per kWidenSteps steps: their vpmaddubsw pairs added in int16, then widened by
 // vpmaddwd into the sub-block's int32 dot; on vpdpbusd, each step straight into it (IQ4_XS's
 // levels there value + 128, `offset` then 128). Per sub-block each dot converted
-// and added to the sums times A × x's scale; min types then add B × x's scale × x's group sum.
+// and added to the sums times A × x's scale; min types then add B × x's scale × x's sum over
+// the sub-block.
 template <int TOKENS, int kSubCols, bool kHasMin, bool kSigned, int kWidenSteps, BlockDot kDot>
 void block_tile_kernel(float* sums, const Panel& panel, int row_register, const QuantizedBatch& x,
                        int first_token, int first_group, int end_group, int offset) {
@@ -547,17 +581,20 @@ void block_tile_kernel(float* sums, const Panel& panel, int row_register, const 
                         _mm256_cvtepi32_ps(dots[k][h]),
                         _mm256_mul_ps(_mm256_load_ps(scales + h * kLanes), x_scale), acc[k][h]);
             }
-        }
-        if constexpr (kHasMin) {
-            const float* mins = panel.mins + size_t(g) * kBlockRowTile + row_register * kLanes;
+            if constexpr (kHasMin) {
+                const float* mins =
+                    panel.mins + size_t(g * kSubs + sub) * kBlockRowTile + row_register * kLanes;
 #pragma GCC unroll 4
-            for (int k = 0; k < TOKENS; ++k) {
-                const int32_t* sums16 = half_sums[k] + 2 * g;
-                const __m256 x_sum = _mm256_set1_ps(x_scales[k][g] * float(sums16[0] + sums16[1]));
+                for (int k = 0; k < TOKENS; ++k) {
+                    // x's sum over the sub-block: the group's two sums of 16, or one of them.
+                    const int32_t* sums16 = half_sums[k] + 2 * g;
+                    const int x_sum_int = kSubs == 1 ? sums16[0] + sums16[1] : sums16[sub];
+                    const __m256 x_sum = _mm256_set1_ps(x_scales[k][g] * float(x_sum_int));
 #pragma GCC unroll 4
-                for (int h = 0; h < R; ++h)
-                    acc[k][h] =
-                        _mm256_fmadd_ps(_mm256_load_ps(mins + h * kLanes), x_sum, acc[k][h]);
+                    for (int h = 0; h < R; ++h)
+                        acc[k][h] =
+                            _mm256_fmadd_ps(_mm256_load_ps(mins + h * kLanes), x_sum, acc[k][h]);
+                }
             }
         }
     }
@@ -599,6 +636,8 @@ BlockTileKernel kernel_for(DType dtype, int tokens) {
         case DType::Q3_K:  // on Q6_K's kernel (its levels 0..7 widen as safely; the offset is
                            // passed)
             return kernel_of<DType::Q6_K, kDot>(tokens);
+        case DType::Q2_K:
+            return kernel_of<DType::Q2_K, kDot>(tokens);
         default:  // IQ4_XS
             return kernel_of<DType::IQ4_XS, kDot>(tokens);
     }
@@ -629,7 +668,7 @@ void gemm_rows_blocks_on(float* out, const Matrix& w, const QuantizedBatch& x, i
     static thread_local std::vector<float> scale_storage, min_storage, sum_storage;
     const Panel panel{aligned32(level_storage, size_t(groups) * kGroupBytes),
                       aligned32(scale_storage, size_t(sub_blocks) * kBlockRowTile),
-                      aligned32(min_storage, size_t(groups) * kBlockRowTile)};
+                      aligned32(min_storage, size_t(sub_blocks) * kBlockRowTile)};
     float* sums = aligned32(sum_storage, size_t(x.batch) * kBlockRowTile);
     const int end_row = first_row + row_count;
     // Panels of whole tiles; one the run shares with another thread's is unpacked by both,

@@ -1,7 +1,7 @@
-// The decode matvec on AVX2 + FMA + F16C for Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS weights read from
-// their
-// tiles of 16 rows (cpu/super_block_tiles.h): out[t][r] = W[r] · x_t for one token or a few, each
-// x_t quantized per 256 as Q8_K (quantize_q8_k), each super-block's dot products in integers.
+// The decode matvec on AVX2 + FMA + F16C for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS weights read
+// from their tiles of 16 rows (cpu/super_block_tiles.h): out[t][r] = W[r] · x_t for one token or a
+// few, each x_t quantized per 256 as Q8_K (quantize_q8_k), each super-block's dot products in
+// integers.
 //
 // The tiles are the AVX-512 VNNI kernel's (matvec_super_block_tiles_avx512vnni.cpp); here a
 // 64-byte register of a tile is two halves of 8 rows, one 256-bit register each. For one token
@@ -25,15 +25,18 @@
 //   against x's sums of 16 by pairs.
 // - Q3_K: as Q6_K, on levels 0..7 (two int16 sums of two at most 2 · 2 · 7 · 128 = 3584), the
 //   offset of 4.
+// - Q2_K: a sub-block's four registers of levels (0..3) in one int16 sum (at most
+//   4 · 2 · 3 · 128 = 3072); the 4-bit scales and mins come a pair of sub-blocks to a lane's
+//   words, the mins meeting x's sums of 16 by pairs through vpmaddwd, as Q4_K's.
 // - IQ4_XS: its signed values (−127..113, looked up by vpshufb) are multiplied as
 //   |value| by x with the value's sign (vpsignb), two products into int16 (at most
 //   2 · 127 · 127 = 32258), which vpmaddwd widens at once by the sub-block's ls − 32.
 // Per super-block the f32 sums of 8 rows gain x.d · (d · Σ sc · q · x − dmin · Σ m · Σ x), d and
 // dmin those of the rows.
 //
-// A super-block is read front to back: the mins (Q4_K, Q5_K) and the scales' part of the offset
-// (Q6_K), which lie before the values, are taken first. Where super_block_prefetch says so, each
-// step over a super-block's values asks for its share of the lines of the next super-block
+// A super-block is read front to back: the mins (Q4_K, Q5_K, Q2_K) and the scales' part of the
+// offset (Q6_K), which lie before the values, are taken first. Where super_block_prefetch says so,
+// each step over a super-block's values asks for its share of the lines of the next super-block
 // (prefetch_share), a line or two at a time: on the Zen 3 and on Intel the kernel then reads its
 // tiles from memory about as fast as a plain streaming read, where all of a super-block's lines
 // asked for at once at its start, or none, left it waiting on memory (docs/BENCHMARKS.md: "CPU:
@@ -58,7 +61,7 @@ namespace {
 constexpr int kTileTokens = 4;              // tokens a pass over a tile
 constexpr int kMinPairs = kKSubBlocks / 2;  // pairs of sub-blocks a super-block
 // A token's x (TileTokenX) carries in `sums` its sums by pairs: Q4_K's and Q5_K's of 32
-// (pair_sums_of_32), Q6_K's and Q3_K's of 16 (pair_sums_of_16); none for IQ4_XS.
+// (pair_sums_of_32), Q6_K's, Q3_K's and Q2_K's of 16 (pair_sums_of_16); none for IQ4_XS.
 using TokenX = TileTokenX;
 
 // Eight bytes at p, one a lane, unsigned (Q4_K's scales) or signed (Q6_K's), in both 16-bit
@@ -254,6 +257,92 @@ inline void sixteen_column_halves_block(__m256 (*sums)[kTokens], const uint8_t* 
     }
 }
 
+// Halves h0..h0 + kHalves − 1 of super-block b of a Q2_K tile against kTokens tokens:
+// sums[h][t] gains the 8 rows' x.d · (d · Σ sc · q · x − dmin · Σ m · Σ x). Both halves at
+// once (kHalves 2, one token) share x's broadcasts.
+template <int kTokens, int kHalves>
+inline void q2_k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b, int h0,
+                              const TokenX* x, LinesAhead ahead) {
+    constexpr int kPairs = kQ2KSubBlocks / 2;
+    // Each lane's pair of words (the scales bytes of sub-blocks 2p and 2p + 1 of its row, a
+    // word each) as the 4-bit scale of the first, or of the second, in both words.
+    const __m256i first_scale =
+        _mm256_setr_epi8(0, -1, 0, -1, 4, -1, 4, -1, 8, -1, 8, -1, 12, -1, 12, -1,  //
+                         0, -1, 0, -1, 4, -1, 4, -1, 8, -1, 8, -1, 12, -1, 12, -1);
+    const __m256i second_scale =
+        _mm256_setr_epi8(2, -1, 2, -1, 6, -1, 6, -1, 10, -1, 10, -1, 14, -1, 14, -1,  //
+                         2, -1, 2, -1, 6, -1, 6, -1, 10, -1, 10, -1, 14, -1, 14, -1);
+    const __m256i low_nibbles = _mm256_set1_epi16(0x0f);
+    __m256i scales[kHalves][kQ2KSubBlocks];
+    // − dmin · Σ m · Σ x first: the scales and mins lie before the values.
+#pragma GCC unroll 2
+    for (int i = 0; i < kHalves; ++i) {
+        const int h = h0 + i;
+        __m256i mins[kPairs];  // a lane's words: the mins of sub-blocks 2p and 2p + 1
+#pragma GCC unroll 8
+        for (int p = 0; p < kPairs; ++p) {
+            const __m256i packed =
+                _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(
+                    block + kQ2KTileScalesOffset + 2 * kTileRows * p + 2 * kTileHalfRows * h)));
+            mins[p] = _mm256_srli_epi16(packed, kQ2KMinShift);
+            const __m256i pair_scales = _mm256_and_si256(packed, low_nibbles);
+            scales[i][2 * p] = _mm256_shuffle_epi8(pair_scales, first_scale);
+            scales[i][2 * p + 1] = _mm256_shuffle_epi8(pair_scales, second_scale);
+        }
+        const __m256 dmin = tile_halves(block + kQ2KTileDMinOffset + 2 * kTileHalfRows * h);
+#pragma GCC unroll 4
+        for (int t = 0; t < kTokens; ++t) {
+            __m256i min_dots = _mm256_setzero_si256();  // Σ_i m_i · Σ x
+#pragma GCC unroll 8
+            for (int p = 0; p < kPairs; ++p)
+                min_dots = _mm256_add_epi32(
+                    min_dots,
+                    _mm256_madd_epi16(mins[p], _mm256_set1_epi32(x[t].sums[b * kPairs + p])));
+            const __m256 x_d = _mm256_set1_ps(x[t].d[b]);
+            sums[h][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(min_dots), _mm256_mul_ps(dmin, x_d),
+                                          sums[h][t]);
+        }
+    }
+    __m256i dots[kHalves][kTokens];  // Σ_i sc_i · Σ q · x
+#pragma GCC unroll 2
+    for (int i = 0; i < kHalves; ++i)
+#pragma GCC unroll 4
+        for (int t = 0; t < kTokens; ++t) dots[i][t] = _mm256_setzero_si256();
+    for (int s = 0; s < kQ2KSubBlocks; ++s) {
+        prefetch_share<kQ2KTileBlockBytes / kCacheLine, kQ2KSubBlocks>(ahead, s);
+        __m256i x_words[kTokens][4];  // x of columns 4m..4m + 3 of the sub-block, broadcast
+#pragma GCC unroll 4
+        for (int t = 0; t < kTokens; ++t)
+#pragma GCC unroll 4
+            for (int m = 0; m < 4; ++m)
+                x_words[t][m] =
+                    broadcast_word(x[t].values + size_t(b) * kSuperBlock + s * kQ6SubBlock + 4 * m);
+#pragma GCC unroll 2
+        for (int i = 0; i < kHalves; ++i) {
+            __m256i q[4];  // levels of columns 4m..4m + 3 of the sub-block
+            q2_k_tile_levels(block, s, h0 + i, q);
+#pragma GCC unroll 4
+            for (int t = 0; t < kTokens; ++t) {
+                const __m256i pairs =
+                    _mm256_add_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(q[0], x_words[t][0]),
+                                                      _mm256_maddubs_epi16(q[1], x_words[t][1])),
+                                     _mm256_add_epi16(_mm256_maddubs_epi16(q[2], x_words[t][2]),
+                                                      _mm256_maddubs_epi16(q[3], x_words[t][3])));
+                dots[i][t] = _mm256_add_epi32(dots[i][t], _mm256_madd_epi16(pairs, scales[i][s]));
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < kHalves; ++i) {
+        const int h = h0 + i;
+        const __m256 d = tile_halves(block + kQ2KTileDOffset + 2 * kTileHalfRows * h);
+#pragma GCC unroll 4
+        for (int t = 0; t < kTokens; ++t)
+            sums[h][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[i][t]),
+                                         _mm256_mul_ps(d, _mm256_set1_ps(x[t].d[b])), sums[h][t]);
+    }
+}
+
 // Halves h0..h0 + kHalves − 1 of super-block b of an IQ4_XS tile against kTokens tokens:
 // sums[h][t] gains the 8 rows' x.d · d · Σ_j (ls_j − 32) · Σ value · x. Both halves at once
 // (kHalves 2, one token) share x's broadcasts.
@@ -322,6 +411,8 @@ inline void halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b, i
         k_halves_block<kTokens, kHalves, kType == DType::Q5_K>(sums, block, b, h0, x, ahead);
     else if constexpr (kType == DType::Q6_K || kType == DType::Q3_K)
         sixteen_column_halves_block<kType, kTokens, kHalves>(sums, block, b, h0, x, ahead);
+    else if constexpr (kType == DType::Q2_K)
+        q2_k_halves_block<kTokens, kHalves>(sums, block, b, h0, x, ahead);
     else
         iq4_xs_halves_block<kTokens, kHalves>(sums, block, b, h0, x, ahead);
 }
@@ -374,16 +465,18 @@ void no_sums(std::vector<int32_t>* sums, const Q8KVector&) { sums->clear(); }
 
 void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, const Q8KVector* x,
                              int tokens, int first_row, int row_count) {
-    const TileKernel* kernels = w.dtype == DType::Q3_K   ? kKernels<DType::Q3_K>
+    const TileKernel* kernels = w.dtype == DType::Q2_K   ? kKernels<DType::Q2_K>
+                                : w.dtype == DType::Q3_K ? kKernels<DType::Q3_K>
                                 : w.dtype == DType::Q4_K ? kKernels<DType::Q4_K>
                                 : w.dtype == DType::Q5_K ? kKernels<DType::Q5_K>
                                 : w.dtype == DType::Q6_K ? kKernels<DType::Q6_K>
                                                          : kKernels<DType::IQ4_XS>;
     const TokenX* token_x =
         tile_tokens(x, tokens,
-                    w.dtype == DType::Q4_K || w.dtype == DType::Q5_K   ? pair_sums_of_32
-                    : w.dtype == DType::Q6_K || w.dtype == DType::Q3_K ? pair_sums_of_16
-                                                                       : no_sums);
+                    w.dtype == DType::Q4_K || w.dtype == DType::Q5_K ? pair_sums_of_32
+                    : w.dtype == DType::Q6_K || w.dtype == DType::Q3_K || w.dtype == DType::Q2_K
+                        ? pair_sums_of_16
+                        : no_sums);
     const int blocks = w.cols / kSuperBlock;
     const TilePrefetch prefetch = super_block_prefetch(w.dtype);
     const size_t bytes_per_tile = tile_bytes(w);

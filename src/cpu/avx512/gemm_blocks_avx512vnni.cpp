@@ -1,4 +1,4 @@
-// The prefill GEMM on AVX-512 + VNNI for the block types (weight_blocks.h: Q3_K, Q4_K, Q5_K,
+// The prefill GEMM on AVX-512 + VNNI for the block types (weight_blocks.h: Q2_K, Q3_K, Q4_K, Q5_K,
 // Q6_K, IQ4_XS, Q4_1, Q5_0, Q5_1): out[token][row] = Σ_col W[row][col] · x[token][col], x in int8
 // with a scale per group of 32 columns (QuantizedBatch: quantized per 32 as for the Q8/Q4 GEMM,
 // or per 256 as Q8_K for the super-block types), each sub-block an exact int32 dot product by
@@ -7,7 +7,8 @@
 // Every block type reads, per sub-block s of a row, w = A_s · u + B (u an unsigned level
 // 0..255):
 // - "min" types (Q4_K, Q5_K: A = d·sc, B = −dmin·m; Q4_1, Q5_1: A = d, B = m), sub-blocks of
-//   32: the group's sum is A · sx · Σ u·q + B · sx · Σ q, the second term from x's sums;
+//   32 (Q2_K: A = d·sc, B = −dmin·m, sub-blocks of 16): the sub-block's sum is
+//   A · sx · Σ u·q + B · sx · Σ q, the second term from x's sums;
 // - "offset" types, B = −offset · A (Q5_0: offset 16; IQ4_XS: u = level + 128, offset 128;
 //   Q6_K: offset 32, sub-blocks of 16; Q3_K: offset 4, sub-blocks of 16): the int32 dot starts from
 //   −offset · Σ q, so it is Σ (u − offset)·q exactly, then scaled by A · sx.
@@ -17,8 +18,9 @@
 // four levels of each row side by side, 16 rows a register) and the sub-blocks' A and B as
 // f32, 16 rows at a time with gathers of one 32-bit word of each row's block (the rows'
 // blocks are row_bytes apart; Q4_K, Q5_K, Q6_K and IQ4_XS from their tiles of 16 rows where they
-// have them, with no gathers; Q3_K only from its tiles). The panel (33 KB a 1024 columns) stays in
-// L2 while every token of the batch meets it in the micro-kernel (block_tile_kernel).
+// have them, with no gathers; Q2_K and Q3_K only from their tiles). The panel (33 KB a 1024
+// columns) stays in L2 while every token of the batch meets it in the micro-kernel
+// (block_tile_kernel).
 #include <algorithm>
 #include <vector>
 
@@ -43,7 +45,7 @@ constexpr size_t kAlignment = 64;
 
 // How the micro-kernel reads a type's levels (see the file comment).
 struct LevelShape {
-    int sub_cols;  // columns under one A: 32, or 16 (Q6_K, Q3_K)
+    int sub_cols;  // columns under one A (and B): 32, or 16 (Q6_K, Q3_K, Q2_K)
     bool has_min;  // w = A·u + B; else w = A·(u − offset)
     int offset;
 };
@@ -53,6 +55,8 @@ constexpr LevelShape level_shape(DType dtype) {
             return {kQ6SubBlock, false, kQ6KLevelOffset};
         case DType::Q3_K:
             return {kQ6SubBlock, false, kQ3KLevelOffset};
+        case DType::Q2_K:
+            return {kQ6SubBlock, true, 0};
         case DType::Q5_0:
             return {kGroup, false, 16};
         case DType::IQ4_XS:
@@ -62,8 +66,8 @@ constexpr LevelShape level_shape(DType dtype) {
     }
 }
 
-// One row tile unpacked: levels [groups][steps][32 rows][4 bytes], A [sub-blocks][32 rows],
-// B [groups][32 rows] (min types).
+// One row tile unpacked: levels [groups][steps][32 rows][4 bytes], A and B (min types)
+// [sub-blocks][32 rows].
 struct Panel {
     uint8_t* levels;
     float* scales;
@@ -117,8 +121,8 @@ struct HalfPanel {
     void scale(int sub_block, __m512 v) const {
         _mm512_store_ps(panel.scales + size_t(sub_block) * kQuantizedRowTile + half * kLanes, v);
     }
-    void min(int group, __m512 v) const {
-        _mm512_store_ps(panel.mins + size_t(group) * kQuantizedRowTile + half * kLanes, v);
+    void min(int sub_block, __m512 v) const {
+        _mm512_store_ps(panel.mins + size_t(sub_block) * kQuantizedRowTile + half * kLanes, v);
     }
 };
 
@@ -328,6 +332,32 @@ void unpack_sixteen_column_tile(const HalfPanel& out, const uint8_t* block, int 
     }
 }
 
+// Q2_K super-block b of 16 rows from its tile (`block`, cpu/super_block_tiles.h): 16 sub-blocks
+// of 16, A = d·sc_i, B = −dmin·m_i; step s of a group is step s % 4 of sub-block 2g + s / 4.
+void unpack_q2_k_tile(const HalfPanel& out, const uint8_t* block, int b) {
+    const __m512 d = _mm512_cvtph_ps(
+        _mm256_load_si256(reinterpret_cast<const __m256i*>(block + kQ2KTileDOffset)));
+    const __m512 minus_dmin = _mm512_sub_ps(
+        _mm512_setzero_ps(), _mm512_cvtph_ps(_mm256_load_si256(
+                                 reinterpret_cast<const __m256i*>(block + kQ2KTileDMinOffset))));
+    const __m512i four_bits = _mm512_set1_epi32(15);
+    for (int i = 0; i < kQ2KSubBlocks; ++i) {
+        // Lane r: the scales bytes of sub-blocks 2p and 2p + 1 of row r, a word each.
+        const __m512i pair =
+            _mm512_cvtepu8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(
+                block + kQ2KTileScalesOffset + 2 * kTileRows * (i / 2))));
+        const __m512i packed = i % 2 == 0 ? pair : shift_right(pair, 16);
+        const __m512i scale = _mm512_and_si512(packed, four_bits);
+        const __m512i min = _mm512_and_si512(shift_right(packed, kQ2KMinShift), four_bits);
+        out.scale(kQ2KSubBlocks * b + i, _mm512_mul_ps(d, to_float(scale)));
+        out.min(kQ2KSubBlocks * b + i, _mm512_mul_ps(minus_dmin, to_float(min)));
+        __m512i q[4];
+        q2_k_tile_levels(block, i, q);
+        const int group = (kQ2KSubBlocks * b + i) / 2, step = i % 2 * 4;
+        for (int s = 0; s < 4; ++s) out.levels(group, step + s, q[s]);
+    }
+}
+
 // IQ4_XS super-block b of 16 rows from its tile (`block`, cpu/super_block_tiles.h), as
 // unpack_iq4_xs gives it from the rows: register k of sub-block j holds steps k (low nibbles)
 // and k + 4 (high) of group j.
@@ -352,7 +382,7 @@ void unpack_iq4_xs_tile(const HalfPanel& out, const uint8_t* block, int b) {
 
 // The panel of rows [tile_row, tile_row + 32) of w; rows past the matrix hold A = B = 0. Q4_K,
 // Q5_K, Q6_K and IQ4_XS are read from their tiles where they have them (the rows may then be out of
-// memory), Q3_K always (the CPU backend makes them on every path that reaches here).
+// memory), Q2_K and Q3_K always (the CPU backend makes them on every path that reaches here).
 void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
     const int blocks = w.cols / block_weights(w.dtype);
     const int row_bytes = int(w.row_bytes());
@@ -360,9 +390,10 @@ void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
     for (int half = 0; half < kHalves; ++half) {
         const int first = tile_row + half * kLanes;
         const HalfPanel out{panel, half};
-        if (w.row_tiles) {  // Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS
+        if (w.row_tiles) {  // Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS
             const auto unpack_block =
-                w.dtype == DType::Q3_K   ? unpack_sixteen_column_tile<DType::Q3_K>
+                w.dtype == DType::Q2_K   ? unpack_q2_k_tile
+                : w.dtype == DType::Q3_K ? unpack_sixteen_column_tile<DType::Q3_K>
                 : w.dtype == DType::Q4_K ? unpack_k_tile<false>
                 : w.dtype == DType::Q5_K ? unpack_k_tile<true>
                 : w.dtype == DType::Q6_K ? unpack_sixteen_column_tile<DType::Q6_K>
@@ -414,7 +445,8 @@ void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
 // Register tile: TOKENS ≤ kQuantizedTokenTile = 6 tokens × 32 rows: 12 int32 dot registers
 // and 12 f32 sums, the step's two level registers and one broadcast of x (27 of 32). Per
 // sub-block: its steps (two loads, 6 broadcasts, 12 vpdpbusd each), then each dot converted
-// and added to the sums times A × x's scale; min types then add B × x's scale × x's group sum.
+// and added to the sums times A × x's scale; min types then add B × x's scale × x's sum over
+// the sub-block.
 template <int TOKENS, int kSubCols, bool kHasMin>
 void block_tile_kernel(float* out, int stride, const __mmask16 store_masks[kHalves],
                        const Panel& panel, const QuantizedBatch& x, int first_token, int offset) {
@@ -472,19 +504,21 @@ void block_tile_kernel(float* out, int stride, const __mmask16 store_masks[kHalv
                     sums[k][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[k][h]),
                                                  _mm512_mul_ps(row_scales[h], x_scale), sums[k][h]);
             }
-        }
-        if constexpr (kHasMin) {
-            const float* mins = panel.mins + size_t(g) * kQuantizedRowTile;
-            __m512 row_mins[kHalves];
+            if constexpr (kHasMin) {
+                const float* mins = panel.mins + size_t(g * kSubs + sub) * kQuantizedRowTile;
+                __m512 row_mins[kHalves];
 #pragma GCC unroll 8
-            for (int h = 0; h < kHalves; ++h) row_mins[h] = _mm512_load_ps(mins + h * kLanes);
+                for (int h = 0; h < kHalves; ++h) row_mins[h] = _mm512_load_ps(mins + h * kLanes);
 #pragma GCC unroll 8
-            for (int k = 0; k < TOKENS; ++k) {
-                const int32_t* sums16 = half_sums[k] + 2 * g;
-                const __m512 x_sum = _mm512_set1_ps(x_scales[k][g] * float(sums16[0] + sums16[1]));
+                for (int k = 0; k < TOKENS; ++k) {
+                    // x's sum over the sub-block: the group's two sums of 16, or one of them.
+                    const int32_t* sums16 = half_sums[k] + 2 * g;
+                    const int x_sum_int = kSubs == 1 ? sums16[0] + sums16[1] : sums16[sub];
+                    const __m512 x_sum = _mm512_set1_ps(x_scales[k][g] * float(x_sum_int));
 #pragma GCC unroll 8
-                for (int h = 0; h < kHalves; ++h)
-                    sums[k][h] = _mm512_fmadd_ps(row_mins[h], x_sum, sums[k][h]);
+                    for (int h = 0; h < kHalves; ++h)
+                        sums[k][h] = _mm512_fmadd_ps(row_mins[h], x_sum, sums[k][h]);
+                }
             }
         }
     }
@@ -505,7 +539,8 @@ constexpr BlockTileKernel kKernels[kQuantizedTokenTile] = {
     block_tile_kernel<5, kSubCols, kHasMin>, block_tile_kernel<6, kSubCols, kHasMin>};
 
 const BlockTileKernel* kernels_for(const LevelShape& shape) {
-    if (shape.sub_cols == kQ6SubBlock) return kKernels<kQ6SubBlock, false>;
+    if (shape.sub_cols == kQ6SubBlock)
+        return shape.has_min ? kKernels<kQ6SubBlock, true> : kKernels<kQ6SubBlock, false>;
     return shape.has_min ? kKernels<kGroup, true> : kKernels<kGroup, false>;
 }
 
@@ -521,7 +556,7 @@ void gemm_rows_blocks(float* out, const Matrix& w, const QuantizedBatch& x, int 
     static thread_local std::vector<float> scale_storage, min_storage;
     level_storage.resize(size_t(x.groups) * kGroupBytes + kAlignment);
     scale_storage.resize(size_t(sub_blocks) * kQuantizedRowTile + kAlignment / sizeof(float));
-    min_storage.resize(size_t(x.groups) * kQuantizedRowTile + kAlignment / sizeof(float));
+    min_storage.resize(size_t(sub_blocks) * kQuantizedRowTile + kAlignment / sizeof(float));
     const Panel panel{align64(level_storage.data()), align64(scale_storage.data()),
                       align64(min_storage.data())};
     const int end_row = first_row + row_count;

@@ -62,6 +62,19 @@ inline void q6_k_tile_levels(const uint8_t* block, int i, __m512i q[4]) {
                                      bits_0_3, kAndOr);
 }
 
+// The levels (0..3) of sub-block i of a Q2_K tile's super-block `block`
+// (cpu/super_block_tiles.h): q[s] those of columns 16i + 4s..16i + 4s + 3, four a lane, the
+// tile's 16 rows, bits 2s and 2s + 1 of each byte of the sub-block's register (the word shifts
+// carry the next byte's bits in above them, which the mask drops).
+inline void q2_k_tile_levels(const uint8_t* block, int i, __m512i q[4]) {
+    const __m512i levels = _mm512_load_si512(block + kQ2KTileValuesOffset + i * kTileRegisterBytes);
+    const __m512i level = _mm512_set1_epi8(0x03);
+    q[0] = _mm512_and_si512(levels, level);
+#pragma GCC unroll 3
+    for (int s = 1; s < 4; ++s)
+        q[s] = _mm512_and_si512(_mm512_srli_epi16(levels, kQ2KLevelBits * s), level);
+}
+
 // The levels (0..7) of sub-block i of a Q3_K tile's super-block `block`
 // (cpu/super_block_tiles.h): q[s] those of columns 16i + 4s..16i + 4s + 3, four a lane, the
 // tile's 16 rows. Sub-block 2p's four are bits 0-2 and 3-5 of its pair's R0 and R1; 2p + 1's

@@ -1,6 +1,6 @@
-// The decode matvec on AVX-512 + VNNI for Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS weights read from their
-// tiles of 16 rows (cpu/super_block_tiles.h): out[t][r] = W[r] · x_t for one token or a few, each
-// x_t quantized per 256 as Q8_K (quantize_q8_k), each super-block's dot products in integers.
+// The decode matvec on AVX-512 + VNNI for Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS weights read from
+// their tiles of 16 rows (cpu/super_block_tiles.h): out[t][r] = W[r] · x_t for one token or a few,
+// each x_t quantized per 256 as Q8_K (quantize_q8_k), each super-block's dot products in integers.
 //
 // Each int32 lane is a row. Q4_K: a register of a chunk holds four bytes of each row:
 // vpdpbusd multiplies their low nibbles (q, unsigned 0..15; sub-block 2c) by four of x's
@@ -28,6 +28,13 @@
 // Q3_K: as Q6_K, on levels 0..7 with an offset of 4 (at most 16 · 32 · 16 · 4 · 128 over a
 // super-block): a pair of sub-blocks is three registers, which hold six registers of levels in
 // 3-bit fields and two more in their top bits (q3_k_tile_levels).
+//
+// Q2_K: a sub-block of 16 columns is one register, whose pairs of bits make four registers of
+// levels q (0..3) (q2_k_tile_levels); vpdpbusd gives Σ q · x, which vpmulld scales by the 4-bit
+// scales (at most 16 · 15 · 16 · 3 · 127 over a super-block). The scales and mins come a pair of
+// sub-blocks a register, widened to words: the mins' high nibbles meet x's sums of each 16 by
+// vpdpwssd, Σ_i m_i · Σ x. Per super-block, as Q4_K, the f32 sums gain
+// x.d · (d · Σ sc · q · x − dmin · Σ m · Σ x).
 //
 // IQ4_XS: a sub-block of 32 columns is four registers, each of whose nibbles a vpshufb table
 // turns into the level + 128 (1..241, unsigned), four columns of 16 rows a register; the dot
@@ -63,6 +70,7 @@ constexpr int kHighNibbleShift = 4;
 
 // A token's x (TileTokenX) carries in `sums`, per type:
 // - Q4_K, Q5_K: per pair of sub-blocks (2p, 2p + 1) their sums of 32 values (pair_sums_of_32);
+// - Q2_K: per pair of sub-blocks (2p, 2p + 1) their sums of 16 values (pair_sums_of_16);
 // - Q6_K, Q3_K: per 16 values −32 or −4 · their sum (offsets_of_16);
 // - IQ4_XS: per 32 values −128 · their sum (iq4_xs_offsets).
 using TokenX = TileTokenX;
@@ -224,6 +232,67 @@ void sixteen_column_tile_rows(float* out, size_t out_stride, __mmask16 store, co
     for (int t = 0; t < kTokens; ++t) _mm512_mask_storeu_ps(out + t * out_stride, store, sums[t]);
 }
 
+// The 16 rows of one Q2_K tile against kTokens tokens, as k_tile_rows.
+template <int kTokens>
+void q2_k_tile_rows(float* out, size_t out_stride, __mmask16 store, const uint8_t* tile, int blocks,
+                    const TokenX* x, TilePrefetch prefetch) {
+    constexpr int kPairs = kQ2KSubBlocks / 2;
+    const __m512i low_word_nibble = _mm512_set1_epi32(0x0f);
+    __m512 sums[kTokens];
+#pragma GCC unroll 8
+    for (int t = 0; t < kTokens; ++t) sums[t] = _mm512_setzero_ps();
+    for (int b = 0; b < blocks; ++b) {
+        const uint8_t* block = tile + size_t(b) * kQ2KTileBlockBytes;
+        const LinesAhead ahead = lines_ahead(block, prefetch);
+        __m512i dots[kTokens], min_dots[kTokens];  // Σ_i sc_i · Σ q · x; Σ_i m_i · Σ x
+#pragma GCC unroll 8
+        for (int t = 0; t < kTokens; ++t) dots[t] = min_dots[t] = _mm512_setzero_si512();
+        for (int p = 0; p < kPairs; ++p) {
+            // Lane r: the scales bytes of sub-blocks 2p and 2p + 1 of row r, a word each.
+            const __m512i packed =
+                _mm512_cvtepu8_epi16(_mm256_load_si256(reinterpret_cast<const __m256i*>(
+                    block + kQ2KTileScalesOffset + 2 * kTileRows * p)));
+            const __m512i scales[2] = {
+                _mm512_and_si512(packed, low_word_nibble),
+                _mm512_and_si512(_mm512_srli_epi32(packed, 16), low_word_nibble)};
+#pragma GCC unroll 2
+            for (int half = 0; half < 2; ++half) {
+                const int i = 2 * p + half;
+                prefetch_share<kQ2KTileBlockBytes / kCacheLine, kQ2KSubBlocks>(ahead, i);
+                __m512i q[4];  // levels of columns 4s..4s + 3 of the sub-block
+                q2_k_tile_levels(block, i, q);
+#pragma GCC unroll 8
+                for (int t = 0; t < kTokens; ++t) {
+                    const int8_t* xi = x[t].values + size_t(b) * kSuperBlock + i * kQ6SubBlock;
+                    __m512i dot = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                    for (int s = 0; s < 4; ++s)
+                        dot = _mm512_dpbusd_epi32(dot, q[s], broadcast_word(xi + 4 * s));
+                    dots[t] = _mm512_add_epi32(dots[t], _mm512_mullo_epi32(dot, scales[half]));
+                }
+            }
+            const __m512i mins = _mm512_srli_epi16(packed, kQ2KMinShift);
+#pragma GCC unroll 8
+            for (int t = 0; t < kTokens; ++t)
+                min_dots[t] = _mm512_dpwssd_epi32(min_dots[t], mins,
+                                                  _mm512_set1_epi32(x[t].sums[b * kPairs + p]));
+        }
+        const __m512 d = _mm512_cvtph_ps(
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(block + kQ2KTileDOffset)));
+        const __m512 dmin = _mm512_cvtph_ps(
+            _mm256_load_si256(reinterpret_cast<const __m256i*>(block + kQ2KTileDMinOffset)));
+#pragma GCC unroll 8
+        for (int t = 0; t < kTokens; ++t) {
+            const __m512 x_d = _mm512_set1_ps(x[t].d[b]);
+            sums[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[t]), _mm512_mul_ps(d, x_d), sums[t]);
+            sums[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(min_dots[t]), _mm512_mul_ps(dmin, x_d),
+                                       sums[t]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int t = 0; t < kTokens; ++t) _mm512_mask_storeu_ps(out + t * out_stride, store, sums[t]);
+}
+
 // −128 · x's sums of 32 into `offsets` [n / 32].
 void iq4_xs_offsets(std::vector<int32_t>* offsets, const Q8KVector& x) {
     offsets->resize(x.sums.size() / 2);
@@ -295,6 +364,9 @@ constexpr TileKernel kSixteenColumnKernels[kTileTokens] = {
     sixteen_column_tile_rows<3, kType>, sixteen_column_tile_rows<4, kType>,
     sixteen_column_tile_rows<5, kType>, sixteen_column_tile_rows<6, kType>,
     sixteen_column_tile_rows<7, kType>, sixteen_column_tile_rows<8, kType>};
+constexpr TileKernel kQ2KKernels[kTileTokens] = {
+    q2_k_tile_rows<1>, q2_k_tile_rows<2>, q2_k_tile_rows<3>, q2_k_tile_rows<4>,
+    q2_k_tile_rows<5>, q2_k_tile_rows<6>, q2_k_tile_rows<7>, q2_k_tile_rows<8>};
 constexpr TileKernel kIq4XSKernels[kTileTokens] = {
     iq4_xs_tile_rows<1>, iq4_xs_tile_rows<2>, iq4_xs_tile_rows<3>, iq4_xs_tile_rows<4>,
     iq4_xs_tile_rows<5>, iq4_xs_tile_rows<6>, iq4_xs_tile_rows<7>, iq4_xs_tile_rows<8>};
@@ -305,13 +377,15 @@ void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, con
                              int tokens, int first_row, int row_count) {
     static_assert(kSumsPerBlock == 4 * kMinPairs && kSumsPerBlock == kQ6KSubBlocks);
     const bool with_mins = w.dtype == DType::Q4_K || w.dtype == DType::Q5_K;
-    const TileKernel* kernels = w.dtype == DType::Q3_K   ? kSixteenColumnKernels<DType::Q3_K>
+    const TileKernel* kernels = w.dtype == DType::Q2_K   ? kQ2KKernels
+                                : w.dtype == DType::Q3_K ? kSixteenColumnKernels<DType::Q3_K>
                                 : w.dtype == DType::Q4_K ? kKKernels<false>
                                 : w.dtype == DType::Q5_K ? kKKernels<true>
                                 : w.dtype == DType::Q6_K ? kSixteenColumnKernels<DType::Q6_K>
                                                          : kIq4XSKernels;
     const TokenX* token_x = tile_tokens(x, tokens,
                                         with_mins                ? pair_sums_of_32
+                                        : w.dtype == DType::Q2_K ? pair_sums_of_16
                                         : w.dtype == DType::Q6_K ? offsets_of_16<kQ6KLevelOffset>
                                         : w.dtype == DType::Q3_K ? offsets_of_16<kQ3KLevelOffset>
                                                                  : iq4_xs_offsets);
