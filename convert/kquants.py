@@ -1,7 +1,7 @@
 """llama.cpp's reference quantizers (quantize_row_*_ref of ggml, the ones llama-quantize uses
-without an importance matrix) for the block types the mixes of mixes.py choose: Q3_K, Q4_K,
-Q5_K, Q6_K, IQ4_XS, and the fallbacks Q5_0, Q5_1 and Q8_0 (Q3_K's fallback Q4_0 is
-dtypes.quantize_q4). numpy, vectorised over blocks.
+without an importance matrix) for the block types the mixes of mixes.py choose: Q2_K, Q3_K,
+Q4_K, Q5_K, Q6_K, IQ4_XS, and the fallbacks Q5_0, Q5_1 and Q8_0 (Q2_K's and Q3_K's fallback
+Q4_0 is dtypes.quantize_q4). numpy, vectorised over blocks.
 
 Every step is float32 in ggml's order of operations, sums included (accumulated element
 after element, never pairwise), and rounding is ggml's: nearest_int (to nearest, ties to
@@ -13,6 +13,8 @@ quantize(values, type_name) takes float32 rows whose length is a multiple of the
 returns uint8 rows of blocks, or None when a block's f16 scale overflows.
 """
 
+from typing import NamedTuple
+
 import numpy as np
 
 import blocks
@@ -23,8 +25,22 @@ SUPER_BLOCK = 256
 Q4K_SUB = 32  # weights per Q4_K/Q5_K sub-block (8 of them, 6-bit scale and min each)
 Q6K_SUB = 16  # weights per Q6_K sub-block (16 of them, an int8 scale each)
 SCALE_LEVELS = 63  # the largest 6-bit scale or min of Q4_K/Q5_K
-# make_qkx2_quants' search of Q4_K and Q5_K: (levels, rmin, rdelta, nstep).
-QKX2_SEARCH = {"Q4_K": (15, -1.0, 0.1, 20), "Q5_K": (31, -0.5, 0.1, 15)}
+
+
+class Qkx2Search(NamedTuple):
+    """make_qkx2_quants' arguments for one type: the levels L in 0..levels (nmax), the
+    trials' multipliers levels + rmin + rdelta * step for step in 0..nstep, and whether a
+    trial's error is the weighted sum of |error| (use_mad) rather than of error²."""
+    levels: int
+    rmin: float
+    rdelta: float
+    nstep: int
+    absolute_error: bool
+
+
+QKX2_SEARCH = {"Q2_K": Qkx2Search(3, -0.5, 0.1, 15, True),
+               "Q4_K": Qkx2Search(15, -1.0, 0.1, 20, False),
+               "Q5_K": Qkx2Search(31, -0.5, 0.1, 15, False)}
 Q6K_LEVELS = 32  # Q6_K's q - 32 in -32..31
 Q6K_STEPS = range(-9, 10)  # make_qx_quants tries nmax + 0.1 * step, step != 0
 GROUP_MAX_EPS = F32(1e-15)  # ggml: a Q6_K sub-block or block smaller than this is zero
@@ -81,14 +97,17 @@ def running_sum(terms):
     return total
 
 
-# -------------------------------------------------------------------- Q4_K and Q5_K
+# ------------------------------------------------------------ Q4_K and Q5_K (and Q2_K)
 
-def make_qkx2_quants(x, weights, levels, rmin, rdelta, nstep):
+def make_qkx2_quants(x, weights, levels, rmin, rdelta, nstep, absolute_error):
     """ggml's make_qkx2_quants on sub-blocks given as columns (x, weights: float32
     [n, count]): a scale and a min (min <= 0, returned negated) fitted by weighted least
-    squares over nstep + 1 trial scales, and the levels L in 0..`levels`. As in ggml, a
-    trial that lowers the error replaces the min that the next trials measure from.
-    Returns (scale [count], -min [count], L uint8 [n, count])."""
+    squares over nstep + 1 trial scales, and the levels L in 0..`levels`; the trial kept is
+    the one of the least weighted squared error, or with `absolute_error` the least
+    weighted absolute error. As in ggml, a trial that lowers the error replaces the min
+    that the next trials measure from. Returns (scale [count], -min [count], L uint8
+    [n, count])."""
+    deviation = np.abs if absolute_error else np.square
     low = first_extreme(x, np.less)
     low = np.where(low > 0, F32(0), low)
     high = first_extreme(x, np.greater)
@@ -99,7 +118,7 @@ def make_qkx2_quants(x, weights, levels, rmin, rdelta, nstep):
     iscale = (F32(levels) / (high - low)).astype(F32)
     scale = (F32(1) / iscale).astype(F32)
     best_l = np.clip(nearest_int(iscale * (x - low)), 0, levels).astype(F32)
-    best_error = running_sum(weights * np.square(scale * best_l + low - x))
+    best_error = running_sum(weights * deviation(scale * best_l + low - x))
     # The trials reuse these buffers (in-place operations: the same values, less traffic).
     levels_f = np.empty_like(x)
     weighted_l = np.empty_like(x)
@@ -120,10 +139,10 @@ def make_qkx2_quants(x, weights, levels, rmin, rdelta, nstep):
         positive = this_min > 0
         this_min = np.where(positive, F32(0), this_min)
         this_scale = np.where(positive, divide(sum_xl, sum_l2), this_scale)
-        np.multiply(this_scale, levels_f, out=work)  # (scale * l + min - x)^2 * w
+        np.multiply(this_scale, levels_f, out=work)  # deviation(scale * l + min - x) * w
         work += this_min
         work -= x
-        np.square(work, out=work)
+        deviation(work, out=work)
         work *= weights
         error = running_sum(work)
         better = (det > 0) & (error < best_error)
@@ -148,14 +167,15 @@ def pack_scales_mins(ls, lm):
 def quantize_k_scaled(x, type_name):
     """Q4_K or Q5_K super-blocks (float32 x [n, 256]): the f16 d and dmin, the 12 scale
     bytes, and the levels L (uint8 [n, 256], 0..15 or 0..31)."""
-    levels, rmin, rdelta, nstep = QKX2_SEARCH[type_name]
+    search = QKX2_SEARCH[type_name]
+    levels = search.levels
     count = x.shape[0]
     subs = SUPER_BLOCK // Q4K_SUB
     columns = np.ascontiguousarray(x.reshape(count * subs, Q4K_SUB).T)  # [32, n * 8]
     sum_x2 = running_sum(columns * columns)
     average = np.sqrt(sum_x2 / F32(Q4K_SUB)).astype(F32)
     weights = average + np.abs(columns)
-    scales, mins, levels_l = make_qkx2_quants(columns, weights, levels, rmin, rdelta, nstep)
+    scales, mins, levels_l = make_qkx2_quants(columns, weights, *search)
     scales, mins = scales.reshape(count, subs), mins.reshape(count, subs)
     max_scale = np.maximum(scales.max(axis=1), F32(0))
     max_min = np.maximum(mins.max(axis=1), F32(0))
@@ -264,6 +284,60 @@ def quantize_q6_k(x):
                           sub_scales.view(np.uint8), d.view(np.uint8).reshape(-1, 2)], axis=1)
     out[zero] = 0
     return out
+
+
+# ------------------------------------------------------------------------------ Q2_K
+
+Q2K_SUB = 16  # weights per Q2_K sub-block (16 of them, a 4-bit scale and min each)
+Q2K_SCALE_LEVELS = 15  # the largest 4-bit scale or min
+NIBBLE = 4  # bits of a sub-block's scale (low nibble) or min (high nibble)
+LOW_NIBBLE = 0x0F
+LEVEL_BITS = 2  # bits of a Q2_K level
+
+
+def quantize_q2_k(x):
+    """Q2_K blocks (uint8 [n, 84]) of float32 super-blocks x [n, 256]: quantize_row_q2_K_ref.
+    Each sub-block's scale and min from make_qkx2_quants (weights |x|, absolute errors);
+    the 16 scales as nearest_int(15 / max * scale) of d = max / 15 (max: the largest scale,
+    at least 0), the mins likewise of dmin; a block whose largest scale (min) is not above
+    0 stores 0 for each and d (dmin) 0. The weights again as nearest_int((x + dmin * m) /
+    (d * s)) in 0..3 with d and dmin rounded to f16, where d * s is not 0."""
+    count = x.shape[0]
+    subs = SUPER_BLOCK // Q2K_SUB
+    columns = np.ascontiguousarray(x.reshape(count * subs, Q2K_SUB).T)  # [16, n * 16]
+    search = QKX2_SEARCH["Q2_K"]
+    scales, mins, first = make_qkx2_quants(columns, np.abs(columns), *search)
+    scales, mins = scales.reshape(count, subs), mins.reshape(count, subs)
+
+    def four_bit_levels(values):
+        """(each block's scales or mins [n, 16] as 4-bit levels, uint8 [n, 16]; the f16
+        step of those levels [n])."""
+        largest = np.maximum(values.max(axis=1), F32(0))
+        positive = largest > 0
+        inverse = divide(F32(Q2K_SCALE_LEVELS), largest)
+        # C's conversion of nearest_int to uint8 wraps.
+        stored = np.where(positive[:, None], nearest_int(inverse[:, None] * values) & 0xFF, 0)
+        step = to_f16(np.where(positive, largest / F32(Q2K_SCALE_LEVELS), F32(0)))
+        return stored.astype(np.uint8), step
+
+    ls, d = four_bit_levels(scales)
+    lm, dmin = four_bit_levels(mins)
+    packed = ls | (lm << NIBBLE)  # scales[i]: the scale's level low, the min's high (8 bits)
+    sub_d = d.astype(F32)[:, None] * (packed & LOW_NIBBLE).astype(F32)  # [n, 16]
+    sub_m = dmin.astype(F32)[:, None] * (packed >> NIBBLE).astype(F32)
+    grouped = x.reshape(count, subs, Q2K_SUB)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        ratio = (grouped + sub_m[..., None]) / sub_d[..., None]
+    usable = (sub_d != 0)[..., None]
+    q = np.where(usable, np.clip(nearest_int(np.where(usable, ratio, F32(0))), 0,
+                                 search.levels),
+                 first.T.reshape(count, subs, Q2K_SUB)).astype(np.uint8)
+    quarters = q.reshape(count, 2, 4, 32)  # weight 128h + 32t + l
+    # qs[32h + l]: bits 2t, 2t + 1 the level of weight 128h + 32t + l.
+    shifts = (LEVEL_BITS * np.arange(4, dtype=np.uint8))[:, None]
+    qs = np.bitwise_or.reduce(quarters << shifts, axis=2).reshape(count, 64)
+    return np.concatenate([packed, qs.astype(np.uint8), d.view(np.uint8).reshape(-1, 2),
+                           dmin.view(np.uint8).reshape(-1, 2)], axis=1)
 
 
 # ------------------------------------------------------------------------------ Q3_K
@@ -485,9 +559,9 @@ def quantize_iq4_xs(x):
                            scales_h.view(np.uint8).reshape(-1, 2), scales_l, qs], axis=1)
 
 
-BLOCK_QUANTIZERS = {"IQ4_XS": quantize_iq4_xs, "Q3_K": quantize_q3_k, "Q4_K": quantize_q4_k,
-                    "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k, "Q5_0": quantize_q5_0,
-                    "Q5_1": quantize_q5_1}
+BLOCK_QUANTIZERS = {"IQ4_XS": quantize_iq4_xs, "Q2_K": quantize_q2_k, "Q3_K": quantize_q3_k,
+                    "Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k,
+                    "Q5_0": quantize_q5_0, "Q5_1": quantize_q5_1}
 
 
 def quantize(values, type_name):

@@ -726,8 +726,13 @@ def nearest(value):
     return int(np.rint(F32(value)))
 
 
-def scalar_qkx2(x, w, nmax, rmin, rdelta, nstep):
-    """make_qkx2_quants, one value at a time in float32 (ggml-quants.c's published rule)."""
+def scalar_qkx2(x, w, nmax, rmin, rdelta, nstep, use_mad):
+    """make_qkx2_quants, one value at a time in float32 (ggml-quants.c's published rule);
+    with use_mad the error of a trial is the weighted sum of |error|, else of error²."""
+
+    def deviation(diff):
+        return abs(diff) if use_mad else diff * diff
+
     low, high = x[0], x[0]
     sum_w, sum_x = w[0], w[0] * x[0]
     for i in range(1, len(x)):
@@ -744,7 +749,7 @@ def scalar_qkx2(x, w, nmax, rmin, rdelta, nstep):
     best = F32(0)
     for i in range(len(x)):
         diff = scale * F32(levels[i]) + low - x[i]
-        best = F32(best + w[i] * (diff * diff))
+        best = F32(best + w[i] * deviation(diff))
     for step in range(nstep + 1):
         iscale = (F32(rmin) + F32(rdelta) * F32(step) + F32(nmax)) / (high - low)
         trial = [min(nmax, max(0, nearest(iscale * (x[i] - low)))) for i in range(len(x))]
@@ -762,7 +767,7 @@ def scalar_qkx2(x, w, nmax, rmin, rdelta, nstep):
             error = F32(0)
             for i in range(len(x)):
                 diff = this_scale * F32(trial[i]) + this_min - x[i]
-                error = F32(error + w[i] * (diff * diff))
+                error = F32(error + w[i] * deviation(diff))
             if error < best:
                 levels, best, scale, low = trial, error, this_scale, this_min
     return scale, -low, levels
@@ -779,7 +784,7 @@ def scalar_q45_k(x, type_name):
             sum_x2 = F32(sum_x2 + value * value)
         average = np.sqrt(sum_x2 / F32(32))
         w = [average + abs(value) for value in xs]
-        scale, the_min, sub = scalar_qkx2(xs, w, nmax, rmin, F32(0.1), nstep)
+        scale, the_min, sub = scalar_qkx2(xs, w, nmax, rmin, F32(0.1), nstep, False)
         scales.append(scale)
         mins.append(the_min)
         levels += sub
@@ -813,6 +818,40 @@ def scalar_q45_k(x, type_name):
           for l in range(32)]
     head = d.tobytes() + dmin.tobytes() + bytes(packed)
     return head + (bytes(qh) if type_name == "Q5_K" else b"") + bytes(qs)
+
+
+def scalar_q2_k(x):
+    """One Q2_K super-block (256 float32) as bytes, value by value (quantize_row_q2_K_ref of
+    ggml-quants.c)."""
+    scales, mins, levels = [], [], []
+    for j in range(16):
+        xs = x[16 * j:16 * j + 16]
+        scale, the_min, sub = scalar_qkx2(xs, [abs(value) for value in xs], 3, -0.5, F32(0.1),
+                                          15, True)
+        scales.append(scale)
+        mins.append(the_min)
+        levels += sub
+    max_scale = max([F32(0)] + scales)
+    max_min = max([F32(0)] + mins)
+    packed = [0] * 16
+    d = dmin = np.array(0, dtype="<f2")
+    if max_scale > 0:
+        packed = [nearest(F32(15) / max_scale * scale) & 255 for scale in scales]
+        d = np.array(max_scale / F32(15), dtype="<f2")
+    if max_min > 0:
+        packed = [(p | nearest(F32(15) / max_min * m) << 4) & 255 for p, m in zip(packed, mins)]
+        dmin = np.array(max_min / F32(15), dtype="<f2")
+    for j in range(16):
+        dj = F32(d) * F32(packed[j] & 15)
+        if dj == 0:
+            continue
+        mj = F32(dmin) * F32(packed[j] >> 4)
+        for i in range(16):
+            levels[16 * j + i] = min(3, max(0, nearest((x[16 * j + i] + mj) / dj)))
+    qs = [0] * 64
+    for j, l in enumerate(levels):
+        qs[32 * (j // 128) + j % 32] |= l << (2 * ((j // 32) % 4))
+    return bytes(packed) + bytes(qs) + d.tobytes() + dmin.tobytes()
 
 
 def scalar_qx(x):
@@ -1028,27 +1067,30 @@ def edge_super_blocks(rng):
                      steps]).astype(F32)
 
 
-@pytest.mark.parametrize("type_name", ["Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"])
+@pytest.mark.parametrize("type_name", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"])
 def test_k_quantizers_match_a_scalar_reference(type_name):
     """The converter's vectorised quantizers (convert/kquants.py) give the bytes of ggml's
-    reference rules computed here one value at a time in float32."""
+    reference rules computed here one value at a time in float32; the super-blocks are
+    quantized as one row."""
     sys.path.insert(0, os.path.join(REPO, "convert"))
     import kquants
     rng = np.random.default_rng(12)
     x = edge_super_blocks(rng)
-    if type_name in ("IQ4_XS", "Q3_K"):  # IQ4_XS: the outermost tries of its search win on
-        # some uniform blocks; Q3_K: blocks of small integers (ties of nearest_int), tiny
-        # weights (sub-blocks below GROUP_MAX_EPS beside others), sparse blocks
+    if type_name in ("IQ4_XS", "Q2_K", "Q3_K"):  # IQ4_XS: the outermost tries of its search
+        # win on some uniform blocks; Q2_K and Q3_K: blocks of small integers (ties of
+        # nearest_int), tiny weights (sub-blocks below GROUP_MAX_EPS beside others), sparse
+        # blocks
         x = np.concatenate([x, rng.uniform(-1, 1, (24, 256)).astype(F32),
                             rng.standard_normal((24, 256)).astype(F32)])
-    if type_name == "Q3_K":
+    if type_name in ("Q2_K", "Q3_K"):
         tiny = rng.standard_normal((4, 256)).astype(F32)
         tiny[:, :128] *= F32(1e-16)
         x = np.concatenate([x, rng.integers(-4, 4, (8, 256)).astype(F32), tiny,
                             (rng.standard_normal((8, 256)) * (rng.random((8, 256)) < 0.05)
                              ).astype(F32)])
-    got = kquants.quantize(x, type_name)
-    scalar = {"Q3_K": scalar_q3_k, "Q6_K": scalar_q6_k, "IQ4_XS": scalar_iq4_xs}
+    got = kquants.quantize(x.reshape(1, -1), type_name).reshape(len(x), -1)
+    scalar = {"Q2_K": scalar_q2_k, "Q3_K": scalar_q3_k, "Q6_K": scalar_q6_k,
+              "IQ4_XS": scalar_iq4_xs}
     for row, block in zip(x, got):
         expected = (scalar[type_name](row) if type_name in scalar
                     else scalar_q45_k(row, type_name))
