@@ -5,9 +5,9 @@ GGUF file of llama.cpp, into one barellm weight file.
     python3 convert/convert.py HF_DIR -o OUT [--dtype DTYPE] [--barellm PATH]
     python3 convert/convert.py MODEL.gguf -o OUT [--dtype DTYPE] [--barellm PATH]
 
-DTYPE is f32, f16, bf16, q8 or q4 (one type for every matrix), or q3_k_s, q3_k_m, q3_k_l,
-q4_k_m, q5_k_m, q6_k or iq4_xs (llama-quantize's mixes: a type per matrix, mixes.py,
-quantized by kquants.py).
+DTYPE is f32, f16, bf16, q8 or q4 (one type for every matrix), or q2_k, q3_k_s, q3_k_m,
+q3_k_l, q4_k_m, q5_k_m, q6_k or iq4_xs (llama-quantize's mixes: a type per matrix,
+mixes.py, quantized by kquants.py).
 The output is described in docs/FORMAT.md; q8 stores every matrix as int8 values in
 groups of 32 columns with f16 scales (tensors NAME and NAME.scale); q4 stores every
 matrix whose columns are a multiple of 32 as llama.cpp's Q4_0 (4-bit values, two per
@@ -1080,9 +1080,9 @@ def parse_args(argv):
                         "file, each matrix's own type where barellm runs it, else f16); "
                         "q8 is int8 with one f16 scale per 32 columns of a row; q4 is "
                         "llama.cpp's Q4_0 (4-bit, one f16 scale per 32 columns), f16 for "
-                        "matrices whose columns are not a multiple of 32; q3_k_s, q3_k_m, "
-                        "q3_k_l, q4_k_m, q5_k_m, q6_k and iq4_xs are llama-quantize's mixes "
-                        "of those names (a type per matrix)")
+                        "matrices whose columns are not a multiple of 32; q2_k, q3_k_s, "
+                        "q3_k_m, q3_k_l, q4_k_m, q5_k_m, q6_k and iq4_xs are llama-quantize's "
+                        "mixes of those names (a type per matrix)")
     parser.add_argument("--barellm", metavar="PATH",
                         help="the barellm program that loads the output before it is put in "
                         "place, so that a file barellm refuses is never written (default: "

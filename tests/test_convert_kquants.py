@@ -1,7 +1,8 @@
 """ggml's block types in the converter: GGUF tensors of the types barellm runs (Q4_1, Q5_0,
 Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, beside Q8_0 and Q4_0) kept byte for byte in a
-file of per-matrix types; q3_k_s, q3_k_m, q3_k_l, q4_k_m, q5_k_m, q6_k and iq4_xs of a Hugging Face
-checkpoint (llama-quantize's mixes, ggml's reference quantizers); hostile blocks refused.
+file of per-matrix types; q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_m, q5_k_m, q6_k and iq4_xs of
+a Hugging Face checkpoint (llama-quantize's mixes, ggml's reference quantizers); hostile
+blocks refused.
 
 The dequantization of every block type is written here from ggml's layouts
 (docs/FORMAT.md), independently of the converter, and checked against the gguf package's."""
@@ -540,12 +541,16 @@ def more_bits(layer, layers):
 
 def expected_type(mix, name, cols, tied, layers, query_heads_per_kv=1):
     """llama-quantize's choice for a dense llama (docs/FORMAT.md), written here."""
-    base = {"q3_k_s": "Q3_K", "q3_k_m": "Q3_K", "q3_k_l": "Q3_K", "q4_k_m": "Q4_K",
-            "q5_k_m": "Q5_K", "q6_k": "Q6_K", "iq4_xs": "IQ4_XS"}[mix]
+    base = {"q2_k": "Q2_K", "q3_k_s": "Q3_K", "q3_k_m": "Q3_K", "q3_k_l": "Q3_K",
+            "q4_k_m": "Q4_K", "q5_k_m": "Q5_K", "q6_k": "Q6_K", "iq4_xs": "IQ4_XS"}[mix]
     short = name.rsplit(".", 1)[-1]
     layer = int(name.split(".")[1]) if name.startswith("layers.") else None
     if name == "output" or (tied and name == "token_embedding"):
         kind = "Q6_K" if cols % 256 == 0 else "Q8_0"
+    elif mix == "q2_k" and short == "wv":
+        kind = "Q4_K" if query_heads_per_kv >= 4 else "Q3_K"
+    elif mix == "q2_k" and short in ("w2", "wo"):
+        kind = "Q3_K"
     elif mix == "q3_k_l" and short in ("wv", "w2", "wo"):
         kind = "Q5_K"
     elif mix == "q3_k_m" and short == "wv":
@@ -563,17 +568,19 @@ def expected_type(mix, name, cols, tied, layers, query_heads_per_kv=1):
     else:
         kind = base
     if cols % TYPES.get(kind, (256,))[0]:
-        kind = {"Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}.get(kind, kind)
+        kind = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1",
+                "Q6_K": "Q8_0"}.get(kind, kind)
     if cols % 32:
         kind = "F16"
     return kind
 
 
 # Relative RMS error of each type on Gaussian weights, with a margin (measured: IQ4_XS
-# 0.077, Q3_K 0.152, Q4_K 0.072, Q5_K 0.036, Q6_K 0.018, Q4_0 0.088, Q5_0 0.043, Q5_1
-# 0.038, Q8_0 0.004).
-RELATIVE_ERROR = {"IQ4_XS": 0.09, "Q3_K": 0.18, "Q4_K": 0.09, "Q5_K": 0.045, "Q6_K": 0.023,
-                  "Q4_0": 0.105, "Q5_0": 0.055, "Q5_1": 0.048, "Q8_0": 0.006, "F16": 0.001}
+# 0.077, Q2_K 0.295, Q3_K 0.152, Q4_K 0.072, Q5_K 0.036, Q6_K 0.018, Q4_0 0.088, Q5_0
+# 0.043, Q5_1 0.038, Q8_0 0.004).
+RELATIVE_ERROR = {"IQ4_XS": 0.09, "Q2_K": 0.34, "Q3_K": 0.18, "Q4_K": 0.09, "Q5_K": 0.045,
+                  "Q6_K": 0.023, "Q4_0": 0.105, "Q5_0": 0.055, "Q5_1": 0.048, "Q8_0": 0.006,
+                  "F16": 0.001}
 
 
 MIX_CONFIGS = {
@@ -591,9 +598,11 @@ MIX_CONFIGS = {
 IQ4_CONFIG = {**TINY_CONFIG, "hidden_size": 256, "intermediate_size": 512,
               "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 41,
               "num_hidden_layers": 9}
-MIX_CASES = [(mix, shape) for mix in ("q3_k_s", "q3_k_m", "q3_k_l", "q4_k_m", "q5_k_m", "q6_k")
+MIX_CASES = [(mix, shape)
+             for mix in ("q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_m", "q5_k_m", "q6_k")
              for shape in MIX_CONFIGS]
-MIX_CASES.append(("iq4_xs", "iq4"))
+# IQ4_CONFIG's 4 query heads a KV head also give Q2_K's wv Q4_K.
+MIX_CASES += [("iq4_xs", "iq4"), ("q2_k", "iq4")]
 
 
 def mix_config(shape):
@@ -639,10 +648,10 @@ def test_mixes_of_a_checkpoint(tmp_path, mix, shape):
 @pytest.mark.parametrize("mix,base,wo", [("Q4_K_M", "Q4_K", "Q5_K"), ("Q5_K_M", "Q5_K", "Q5_K"),
                                          ("Q6_K", "Q6_K", "Q6_K"), ("IQ4_XS", "IQ4_XS", "Q5_K"),
                                          ("Q3_K_S", "Q3_K", "Q5_K"), ("Q3_K_M", "Q3_K", "Q5_K"),
-                                         ("Q3_K_L", "Q3_K", "Q3_K")])
+                                         ("Q3_K_L", "Q3_K", "Q3_K"), ("Q2_K", "Q2_K", "Q5_K")])
 def test_eight_experts_keep_wk_and_wv_in_q8_0(mix, base, wo):
     """llama-quantize's rules for a model of 8 experts (Mixtral): wk and wv Q8_0 under every
-    mix, wo Q5_K under Q3_K_S, Q3_K_M, Q4_K_M and IQ4_XS (under Q3_K_L it stays Q3_K:
+    mix, wo Q5_K under Q2_K, Q3_K_S, Q3_K_M, Q4_K_M and IQ4_XS (under Q3_K_L it stays Q3_K:
     llama.cpp's Q5_K for Q3_K_L's wo is in the branch of the other models); the experts' w2
     follow the dense rules."""
     sys.path.insert(0, os.path.join(REPO, "convert"))
@@ -655,11 +664,11 @@ def test_eight_experts_keep_wk_and_wv_in_q8_0(mix, base, wo):
     assert mixes.matrix_type(mix, "layers.5.wq", 4096, config) == base
     assert mixes.matrix_type(mix, "layers.5.experts.w1", 4096, config) == base
     more_bits_w2 = {"Q4_K_M": "Q6_K", "Q5_K_M": "Q6_K", "Q6_K": "Q6_K", "IQ4_XS": "Q5_K",
-                    "Q3_K_S": "Q3_K", "Q3_K_M": "Q5_K", "Q3_K_L": "Q5_K"}[mix]
+                    "Q3_K_S": "Q3_K", "Q3_K_M": "Q5_K", "Q3_K_L": "Q5_K", "Q2_K": "Q3_K"}[mix]
     assert mixes.matrix_type(mix, "layers.0.experts.w2", 14336, config) == more_bits_w2
     sixteen = {**config, "experts": 16}
     assert mixes.matrix_type(mix, "layers.5.wk", 4096, sixteen) == base
-    dense_wo = {"Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K"}.get(mix, base)
+    dense_wo = {"Q3_K_M": "Q4_K", "Q3_K_L": "Q5_K", "Q2_K": "Q3_K"}.get(mix, base)
     assert mixes.matrix_type(mix, "layers.5.wo", 4096, sixteen) == dense_wo
 
 
@@ -701,6 +710,43 @@ def test_q3_k_mixes_of_a_deep_model():
     sixty_five = {**seventy, "kv_heads": 64}  # no grouped-query attention: not the 70B
     assert mixes.matrix_type("Q3_K_S", "layers.11.wv", 8192, sixty_five) == "Q3_K"
     assert mixes.matrix_type("Q3_K_M", "layers.11.wv", 8192, sixty_five) == "Q4_K"
+
+
+def test_q2_k_mix_of_a_deep_model():
+    """Q2_K: wv Q4_K where four or more query heads share a KV head, else Q3_K; w2 and wo
+    Q3_K in every layer; wq, wk, w1, w3 and an untied token embedding Q2_K; output Q6_K;
+    llama.cpp's 70B raises wv to Q5_K; rows not whole super-blocks fall back to Q4_0 (from
+    Q2_K and Q3_K) or Q5_0 (from Q4_K), F16 when not whole blocks of 32 either."""
+    sys.path.insert(0, os.path.join(REPO, "convert"))
+    import mixes
+    five_a_kv_head = {"layers": 40, "tied_embeddings": False, "architecture": "llama",
+                      "heads": 40, "kv_heads": 8}
+    three_a_kv_head = {**five_a_kv_head, "heads": 24}
+
+    def types(short, config, cols=5120):
+        return [mixes.matrix_type("Q2_K", f"layers.{layer}.{short}", cols, config)
+                for layer in range(config["layers"])]
+
+    assert types("wv", five_a_kv_head) == ["Q4_K"] * 40
+    assert types("wv", three_a_kv_head) == ["Q3_K"] * 40
+    for config in (five_a_kv_head, three_a_kv_head):
+        assert types("w2", config, 13824) == ["Q3_K"] * 40
+        assert types("wo", config) == ["Q3_K"] * 40
+        for short in ("wq", "wk", "w1", "w3"):
+            assert types(short, config) == ["Q2_K"] * 40
+        assert mixes.matrix_type("Q2_K", "token_embedding", 5120, config) == "Q2_K"
+        assert mixes.matrix_type("Q2_K", "output", 5120, config) == "Q6_K"
+        assert mixes.matrix_type("Q2_K", "output", 5120 + 32, config) == "Q8_0"
+        assert mixes.matrix_type("Q2_K", "layers.3.wq", 5120 + 32, config) == "Q4_0"
+        assert mixes.matrix_type("Q2_K", "layers.3.w2", 13824 + 32, config) == "Q4_0"
+        assert mixes.matrix_type("Q2_K", "layers.3.wq", 5120 + 16, config) == "F16"
+    assert mixes.matrix_type("Q2_K", "layers.3.wv", 5120 + 32, five_a_kv_head) == "Q5_0"
+    assert mixes.matrix_type("Q2_K", "layers.3.wv", 5120 + 32, three_a_kv_head) == "Q4_0"
+    seventy = {**five_a_kv_head, "layers": 80, "heads": 64, "kv_heads": 8}
+    assert types("wv", seventy, 8192) == ["Q5_K"] * 80
+    assert mixes.matrix_type("Q2_K", "layers.11.wq", 8192, seventy) == "Q2_K"
+    sixty_five = {**seventy, "kv_heads": 64}  # no grouped-query attention: not the 70B
+    assert mixes.matrix_type("Q2_K", "layers.11.wv", 8192, sixty_five) == "Q3_K"
 
 
 def test_q4_k_m_more_bits_layers_of_tinyllama():
@@ -1097,39 +1143,49 @@ def test_k_quantizers_match_a_scalar_reference(type_name):
         assert block.tobytes() == expected
 
 
-@pytest.mark.parametrize("mix,kind", [("q3_k_s", "Q3_K"), ("q4_k_m", "Q4_K"), ("q6_k", "Q6_K")])
-def test_weights_beyond_the_f16_scales_are_refused(tmp_path, mix, kind):
+@pytest.mark.parametrize("mix,part,kind", [
+    ("q2_k", "q_proj", "Q2_K"), ("q3_k_s", "o_proj", "Q3_K"), ("q4_k_m", "o_proj", "Q4_K"),
+    ("q6_k", "o_proj", "Q6_K")])
+def test_weights_beyond_the_f16_scales_are_refused(tmp_path, mix, part, kind):
     config = MIX_CONFIGS["untied"]
     tensors = tiny_tensors(config, seed=3)
-    tensors["model.layers.1.self_attn.o_proj.weight"][1][7, 3] = 3e9
+    name = f"model.layers.1.self_attn.{part}.weight"
+    tensors[name][1][7, 3] = 3e9
     hf = make_checkpoint(tmp_path / "hf", config=config, tensors=tensors)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     result = run(CONVERT, hf, "-o", out_dir / "m.bin", "--dtype", mix)
     lines = result.stderr.splitlines()
     assert result.returncode == 1 and len(lines) == 1, result.stderr
-    assert lines[0].startswith("convert: tensor 'model.layers.1.self_attn.o_proj.weight' has "
-                               f"values beyond the {kind} range"), lines[0]
+    assert lines[0].startswith(f"convert: tensor '{name}' has values beyond the {kind} range"), \
+        lines[0]
     assert os.listdir(out_dir) == []
 
 
-# 16 layers (Q3_K_M's w2 of layer 0 is Q5_K: 16 // 16 = 1), w2 rows of 288 (fallbacks).
-LLAMA_QUANTIZE_CONFIG = {**MIX_CONFIGS["untied"], "num_hidden_layers": 16}
+# The models compared with llama-quantize's files, by the query heads a KV head: 2, with
+# 16 layers (Q3_K_M's w2 of layer 0 is Q5_K: 16 // 16 = 1) and w2 rows of 288 (fallbacks);
+# 4 (Q2_K's wv Q4_K), with w2 rows of two super-blocks.
+LLAMA_QUANTIZE_CONFIGS = {"2-per-kv": {**MIX_CONFIGS["untied"], "num_hidden_layers": 16}}
+LLAMA_QUANTIZE_CONFIGS["4-per-kv"] = {**LLAMA_QUANTIZE_CONFIGS["2-per-kv"],
+                                      "num_attention_heads": 8, "intermediate_size": 512}
 
 
 @pytest.fixture(scope="module")
-def llama_quantize_model(tmp_path_factory):
-    """(Hugging Face checkpoint, its f32 GGUF) of LLAMA_QUANTIZE_CONFIG; skipped where
-    llama-quantize is not built."""
+def llama_quantize_model(tmp_path_factory, request):
+    """(Hugging Face checkpoint, its f32 GGUF) of LLAMA_QUANTIZE_CONFIGS[request.param];
+    skipped where llama-quantize is not built."""
     if not os.path.exists(LLAMA_QUANTIZE):
         pytest.skip(f"{LLAMA_QUANTIZE} is not built (scripts/build_llamacpp.sh)")
     path = tmp_path_factory.mktemp("llama-quantize")
-    config = LLAMA_QUANTIZE_CONFIG
+    config = LLAMA_QUANTIZE_CONFIGS[request.param]
     hf = make_checkpoint(path / "hf", config=config, tensors=tiny_tensors(config, seed=7))
     return hf, gguf_from_hf(hf, path / "f32.gguf")
 
 
-@pytest.mark.parametrize("mix", ["q3_k_s", "q3_k_m", "q3_k_l", "q4_k_m", "q5_k_m", "q6_k"])
+@pytest.mark.parametrize("mix,llama_quantize_model",
+                         [(mix, "2-per-kv") for mix in ("q2_k", "q3_k_s", "q3_k_m", "q3_k_l",
+                                                        "q4_k_m", "q5_k_m", "q6_k")]
+                         + [("q2_k", "4-per-kv")], indirect=["llama_quantize_model"])
 def test_mixes_equal_llama_quantize(tmp_path, llama_quantize_model, mix):
     """The converter's mix of a checkpoint and llama-quantize's file of its f32 GGUF
     (converted as it is) have the same type for every matrix and the same bytes in every
