@@ -1,8 +1,8 @@
 // How the device code reads matrices stored as ggml's blocks (src/weights/weight_blocks.h: Q4_1,
-// Q5_0, Q5_1, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS): the blocks as the file holds them, each device row
-// padded to 16 bytes (kernels.h: DeviceMatrix), unpacked in registers only. Every reader
-// loads a unit's bytes with load_unit; its stored values come out four to a word, in column
-// order (group_words), and its scales as floats (unit_factors). The decode matvecs
+// Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS): the blocks as the file holds them, each
+// device row padded to 16 bytes (kernels.h: DeviceMatrix), unpacked in registers only. Every
+// reader loads a unit's bytes with load_unit; its stored values come out four to a word, in
+// column order (group_words), and its scales as floats (unit_factors). The decode matvecs
 // (matvec_blocks.cuh) multiply the words with an int8 input (dp4a); the embedding
 // (embedding.cuh), the f16 copy for the prefill's GEMMs (dequantize.cuh) and the server
 // step's batched matvec (matvec_rows.cuh) take the weights in f32 (decode_unit).
@@ -14,6 +14,10 @@
 // q is its non-uniform level, signed). Which bytes a unit reads, and which columns its groups
 // cover:
 // - Q4_1, Q5_0, Q5_1: the block; group 0 the low nibbles (columns 0..15), group 1 the high.
+// - Q2_K: Q3_K's units without hmask. Unit k = 4h + 2p + m reads 16 bytes of qs,
+//   32h + 16m .. + 15: its group g (t = 2p + g) takes bits 2t, 2t + 1 of them, columns
+//   128h + 32t + 16m + i (sub-block 8h + 2t + m); of scales it reads the word
+//   4(2h + p) .. + 3, whose bytes 2g + m hold its groups' 4-bit scales and mins, and d, dmin.
 // - Q3_K: a group is a sub-block of 16. Unit k = 4h + 2p + m reads 16 bytes of qs,
 //   32h + 16m .. + 15, and 16 of hmask, 16m .. + 15: its group g (t = 2p + g) takes bits 2t,
 //   2t + 1 of the qs bytes and bit 4h + t of the hmask bytes, columns 128h + 32t + 16m + i
@@ -31,8 +35,8 @@
 // - IQ4_XS: unit k is sub-block k: its 16 bytes of qs, low nibbles columns 32k + i, high
 //   nibbles 32k + 16 + i.
 // A unit's loads are as wide as its alignment allows (BlockLayout::kLoadBytes): 16 bytes for
-// Q4_K and Q5_K, 8 for Q5_1 and IQ4_XS, 4 for Q4_1, 2 for Q5_0, Q3_K and Q6_K (blocks of 22,
-// 110 and 210 bytes).
+// Q4_K and Q5_K, 8 for Q5_1 and IQ4_XS, 4 for Q4_1 and Q2_K (blocks of 20 and 84 bytes), 2 for
+// Q5_0, Q3_K and Q6_K (blocks of 22, 110 and 210 bytes).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -66,6 +70,10 @@ struct BlockLayout<DType::Q5_0> {
 template <>
 struct BlockLayout<DType::Q5_1> {
     static constexpr int kWeights = 32, kBytes = 24, kLoadBytes = 8;
+};
+template <>
+struct BlockLayout<DType::Q2_K> {
+    static constexpr int kWeights = 256, kBytes = 84, kLoadBytes = 4;
 };
 template <>
 struct BlockLayout<DType::Q3_K> {
@@ -112,8 +120,8 @@ struct WeightUnit {
 
 // Whether the weights of type D have an offset (a min) beside scale · q.
 template <DType D>
-constexpr bool kHasOffset =
-    D == DType::Q4_1 || D == DType::Q5_1 || D == DType::Q4_K || D == DType::Q5_K;
+constexpr bool kHasOffset = D == DType::Q4_1 || D == DType::Q5_1 || D == DType::Q2_K ||
+                            D == DType::Q4_K || D == DType::Q5_K;
 
 // Weight i of group g of a decoded unit, as dequantize_row computes it in f32: scale · q,
 // plus the offset where the type has one (adding a zero offset would turn −0 into +0).
@@ -174,6 +182,15 @@ __device__ __forceinline__ UnitBytes load_unit(const uint8_t* row, int unit) {
     } else if constexpr (D == DType::Q5_1) {  // d, m | qh[4] | qs[16]
         load_words<kAlign, 8>(block, u.head);
         load_words<kAlign>(block + 8, u.low);
+    } else if constexpr (D == DType::Q2_K) {  // scales[16] | qs[64] | d, dmin
+        static_assert(Layout::kBytes % kAlign == 0 && offsetof(BlockQ2_K, qs) % kAlign == 0 &&
+                          offsetof(BlockQ2_K, d) % kAlign == 0,
+                      "aligned loads in every block of a row");
+        load_words<kAlign>(block + offsetof(BlockQ2_K, qs) + 32 * (k / 4) + 16 * (k % 2), u.low);
+        // head[0]: d, dmin; head[1]: scales[4(k / 2) .. + 3].
+        load_words<kAlign, 4>(block + offsetof(BlockQ2_K, d), u.head);
+        u.head[1] = __ldcs(
+            reinterpret_cast<const unsigned int*>(block + offsetof(BlockQ2_K, scales)) + k / 2);
     } else if constexpr (D == DType::Q3_K) {  // hmask[32] | qs[64] | scales[12] | d
         const int h = k / 4, p = k / 2 % 2, m = k % 2;
         load_words<kAlign>(block + offsetof(BlockQ3_K, qs) + 32 * h + 16 * m, u.low);
@@ -253,6 +270,17 @@ __device__ __forceinline__ UnitFactors unit_factors(const UnitBytes& u, int unit
         const float m = D == DType::Q5_0 ? 0.0f : half_bits_to_float(u.head[0] >> 16);
         f.scale[0] = f.scale[1] = d;
         f.offset[0] = f.offset[1] = m;
+    } else if constexpr (D == DType::Q2_K) {
+        // Byte 2g + m of head[1] (m = k % 2): group g's scale in its low nibble, its min in the
+        // high one.
+        const float d = half_bits_to_float(u.head[0] & 0xffffu);
+        const float dmin = half_bits_to_float(u.head[0] >> 16);
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+            const uint32_t scale_min = u.head[1] >> (8 * (2 * g + k % 2));
+            f.scale[g] = d * float(int(scale_min & 15u));
+            f.offset[g] = -(dmin * float(int(scale_min >> 4 & 15u)));
+        }
     } else if constexpr (D == DType::Q3_K) {
         // Group g's 6-bit scale sc of sub-block 8h + 2t + m (t = 2p + g): its low nibble is
         // nibble h of head byte g, its top two bits bits 2(2h + p) of head byte 2 + g.
@@ -335,13 +363,11 @@ template <DType D>
 __device__ __forceinline__ void group_words(const UnitBytes& u, int unit, int g, uint32_t (&q)[4]) {
     constexpr int kUnits = BlockLayout<D>::kWeights / kUnitWeights;
     const int k = unit % kUnits;
-    if constexpr (D == DType::Q3_K) {
-        // k = 4h + 2p + m: bits 2t, 2t + 1 of qs and bit 4h + t of hmask, t = 2p + g.
-        const int h = k / 4, t = 2 * (k / 2 % 2) + g;
+    if constexpr (D == DType::Q2_K || D == DType::Q3_K) {
+        // k = 4h + 2p + m: bits 2t, 2t + 1 of qs, t = 2p + g.
+        const int t = 2 * (k / 2 % 2) + g;
 #pragma unroll
-        for (int j = 0; j < 4; ++j)
-            q[j] = (u.low[j] >> (2 * t) & kLowTwoBitBytes) |
-                   (u.high[j] >> (4 * h + t) & kLowBitBytes) << 2;
+        for (int j = 0; j < 4; ++j) q[j] = u.low[j] >> (2 * t) & kLowTwoBitBytes;
     } else {
 #pragma unroll
         for (int j = 0; j < 4; ++j)
@@ -354,6 +380,10 @@ __device__ __forceinline__ void group_words(const UnitBytes& u, int unit, int g,
 #pragma unroll
         for (int j = 0; j < 4; ++j)
             q[j] |= spread_four_bits(qh >> (kGroupWeights * g + 4 * j)) << 4;
+    } else if constexpr (D == DType::Q3_K) {  // bit 4h + t of each byte of hmask
+        const int h = k / 4, t = 2 * (k / 2 % 2) + g;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) q[j] |= (u.high[j] >> (4 * h + t) & kLowBitBytes) << 2;
     } else if constexpr (D == DType::Q5_K) {  // bit 2c + g of each byte of qh
 #pragma unroll
         for (int j = 0; j < 4; ++j) q[j] |= (u.high[j] >> (2 * (k / 2) + g) & kLowBitBytes) << 4;
@@ -374,7 +404,7 @@ __device__ __forceinline__ int group_column(int unit, int g) {
     using Layout = BlockLayout<D>;
     constexpr int kUnits = Layout::kWeights / kUnitWeights;
     const int base = unit / kUnits * Layout::kWeights, k = unit % kUnits;
-    if constexpr (D == DType::Q3_K || D == DType::Q4_K || D == DType::Q5_K) {
+    if constexpr (D == DType::Q2_K || D == DType::Q3_K || D == DType::Q4_K || D == DType::Q5_K) {
         return base + 64 * (k / 2) + 32 * g + 16 * (k % 2);
     } else if constexpr (D == DType::Q6_K) {
         const int n = k / 4, p = k / 2 % 2, g16 = k % 2;
@@ -425,6 +455,8 @@ void with_block_dtype(DType dtype, Use&& use) {
             return use(std::integral_constant<DType, DType::Q5_0>{});
         case DType::Q5_1:
             return use(std::integral_constant<DType, DType::Q5_1>{});
+        case DType::Q2_K:
+            return use(std::integral_constant<DType, DType::Q2_K>{});
         case DType::Q3_K:
             return use(std::integral_constant<DType, DType::Q3_K>{});
         case DType::Q4_K:

@@ -31,8 +31,8 @@
 //   (gemm_warpgroup.cuh: TMA copies, wgmma, clusters sharing their operand tiles), where
 //   warpgroup_gemm_enabled says so; so can Q8 and Q4 weights, each matrix dequantized to f16
 //   in device memory the caller lends (dequantize.cuh, kernels.h: DequantizeScratch) first.
-// - The block types (Q3_K, Q4_K, Q6_K, ...: block_units.cuh) are always dequantized whole to f16 in
-//   that scratch first, then multiplied on the tiles f16 weights would take.
+// - The block types (Q2_K, Q3_K, Q4_K, Q6_K, ...: block_units.cuh) are always dequantized
+//   whole to f16 in that scratch first, then multiplied on the tiles f16 weights would take.
 // - f32 weights, and bf16 weights on sm_75 (no bf16 mma there), run on a SIMT tiled GEMM
 //   (gemm_simt_kernel): shared-memory tiles of both operands, each thread a 4 x 4 block of
 //   outputs in registers.
