@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -94,7 +95,7 @@ struct BlockMatrix {
 
 private:
     // The offset (min) part of each weight of a block: m (Q4_1, Q5_1), dmin · m_j (Q4_K,
-    // Q5_K), none for the other types.
+    // Q5_K), dmin · m_i (Q2_K), none for the other types.
     void record_offsets(const uint8_t* block, float* out) const {
         auto half_at = [&](int offset) {
             uint16_t h;
@@ -108,6 +109,12 @@ private:
                 int scale, min;
                 k_scale_min(block + 4, j, &scale, &min);
                 for (int l = 0; l < kSubBlock; ++l) out[kSubBlock * j + l] = half_at(2) * min;
+            }
+        if (dtype == DType::Q2_K)
+            for (int i = 0; i < kSuperBlock / kQ6SubBlock; ++i) {
+                const int min = block[offsetof(BlockQ2_K, scales) + i] >> 4;
+                for (int l = 0; l < kQ6SubBlock; ++l)
+                    out[kQ6SubBlock * i + l] = half_at(offsetof(BlockQ2_K, dmin)) * min;
             }
     }
 };

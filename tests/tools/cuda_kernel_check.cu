@@ -140,8 +140,8 @@ HostMatrix random_quantized_matrix(int rows, int cols, DType dtype, bool cheap =
 }
 
 // The block types the CUDA backend runs (src/weights/weight_blocks.h).
-constexpr DType kBlockTypes[] = {DType::Q4_K, DType::Q6_K, DType::Q5_K,   DType::Q4_1,
-                                 DType::Q5_0, DType::Q5_1, DType::IQ4_XS, DType::Q3_K};
+constexpr DType kBlockTypes[] = {DType::Q4_K, DType::Q6_K,   DType::Q5_K, DType::Q4_1, DType::Q5_0,
+                                 DType::Q5_1, DType::IQ4_XS, DType::Q3_K, DType::Q2_K};
 
 // Byte offsets of a block's f16 fields (d, and dmin or m where the type has them).
 std::vector<int> block_half_fields(DType dtype) {
@@ -151,6 +151,8 @@ std::vector<int> block_half_fields(DType dtype) {
         case DType::Q4_K:
         case DType::Q5_K:
             return {0, 2};
+        case DType::Q2_K:
+            return {int(offsetof(BlockQ2_K, d)), int(offsetof(BlockQ2_K, dmin))};
         case DType::Q3_K:
             return {int(offsetof(BlockQ3_K, d))};
         case DType::Q6_K:
@@ -1263,10 +1265,10 @@ void check_gemm() {
     constexpr int kPitchSlack = 5;  // output columns past the rows, left alone
     constexpr double kTolerance = 1e-5;
     cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
-    // Of the block types, those of a Q4_K_M file (Q5_0 where a row is not whole super-blocks)
-    // and Q3_K, a Q3_K_M file's.
+    // Of the block types, those of a Q4_K_M file (Q5_0 where a row is not whole super-blocks),
+    // Q3_K, a Q3_K_M file's, and Q2_K.
     for (DType dtype : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K,
-                        DType::Q6_K, DType::Q5_0, DType::Q3_K}) {
+                        DType::Q6_K, DType::Q5_0, DType::Q3_K, DType::Q2_K}) {
         const std::vector<cuda::GemmTiles> tiles = runnable_tiles(dtype);
         const DType in_dtype = cuda::gemm_input_dtype(dtype);
         for (Case test : cases) {
