@@ -1,5 +1,5 @@
 // One core of the decode matvec on the super-block types' tiles (cpu/super_block_tiles.h:
-// Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS), on AVX2 (avx2::matvec_rows_block_tiles) and AVX-512 VNNI
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS), on AVX2 (avx2::matvec_rows_block_tiles) and AVX-512 VNNI
 // (avx512::matvec_rows_block_tiles), x quantized once beforehand as Q8_K: GB/s of the weights'
 // bytes in the file, from L2 (a 0.3 MB matrix read again and again: the kernel's own speed) and
 // from memory (a 600 MB matrix: what decode meets), beside the streaming read `barellm bench`
@@ -66,6 +66,10 @@ std::vector<uint8_t> random_blocks(DType dtype, size_t blocks, std::mt19937* rng
     for (size_t b = 0; b < blocks; ++b) {
         uint8_t* block = values.data() + b * bytes;
         switch (dtype) {
+            case DType::Q2_K:  // d, dmin last
+                std::memcpy(block + bytes - 2 * sizeof kSmallScale, &kSmallScale,
+                            sizeof kSmallScale);
+                [[fallthrough]];
             case DType::Q3_K:  // d last
             case DType::Q6_K:
                 std::memcpy(block + bytes - sizeof kSmallScale, &kSmallScale, sizeof kSmallScale);
@@ -118,7 +122,8 @@ int main(int argc, char** argv) {
     omp_set_num_threads(1);  // one core, the streaming read's too
     std::printf("%d columns, one thread, GB/s of weights (best)\n", cols);
     std::printf("| weights | kernel | from L2 | from memory |\n| --- | --- | ---: | ---: |\n");
-    for (DType dtype : {DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS}) {
+    for (DType dtype :
+         {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS}) {
         const std::string name = matrix_type_name(dtype);
         if (!only.empty() && name != only) continue;
         for (bool avx512 : {false, true}) {
