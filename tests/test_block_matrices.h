@@ -23,8 +23,9 @@
 
 namespace barellm::test {
 
-constexpr DType kBlockTypes[] = {DType::Q2_K,   DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K,
-                                 DType::IQ4_XS, DType::Q4_1, DType::Q5_0, DType::Q5_1};
+constexpr DType kBlockTypes[] = {DType::Q2_K, DType::Q3_K,   DType::Q4_K, DType::Q5_K,
+                                 DType::Q6_K, DType::IQ4_XS, DType::Q4_1, DType::Q5_0,
+                                 DType::Q5_1, DType::IQ4_NL};
 
 // A random finite f16 of either sign: mostly ± 2^e for e in [−12, 4) times a random
 // mantissa; one time in 16 each, 0, the largest f16 (65504) or a subnormal.
@@ -60,7 +61,7 @@ inline std::vector<size_t> block_scale_offsets(DType dtype) {
             return {offsetof(BlockQ3_K, d)};
         case DType::Q6_K:
             return {offsetof(BlockQ6_K, d)};
-        default:  // Q5_0, IQ4_XS
+        default:  // Q5_0, IQ4_XS, IQ4_NL
             return {0};
     }
 }

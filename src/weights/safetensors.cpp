@@ -81,6 +81,8 @@ const char* dtype_name(DType dtype) {
             return "Q6_K";
         case DType::IQ4_XS:
             return "IQ4_XS";
+        case DType::IQ4_NL:
+            return "IQ4_NL";
     }
     return "?";
 }

@@ -15,6 +15,7 @@ int block_weights(DType dtype) {
         case DType::Q4_1:
         case DType::Q5_0:
         case DType::Q5_1:
+        case DType::IQ4_NL:
             return kSmallBlock;
         case DType::Q2_K:
         case DType::Q3_K:
@@ -48,6 +49,8 @@ size_t block_bytes(DType dtype) {
             return sizeof(BlockQ6_K);
         case DType::IQ4_XS:
             return sizeof(BlockIQ4_XS);
+        case DType::IQ4_NL:
+            return sizeof(BlockIQ4_NL);
         default:
             return 0;
     }
@@ -142,6 +145,11 @@ void dequantize(const BlockIQ4_XS& b, float* out) {
     }
 }
 
+void dequantize(const BlockIQ4_NL& b, float* out) {
+    const float d = half_to_float(b.d);
+    for (int j = 0; j < kSmallBlock; ++j) out[j] = d * kIq4Values[nibble(b.qs, j)];
+}
+
 // Each block of a row, copied out first (a row's blocks are only 2-byte aligned).
 template <typename Block>
 void dequantize_blocks(const void* row, float* out, int blocks, int weights_per_block) {
@@ -176,6 +184,8 @@ void dequantize_row(DType dtype, const void* row, float* out, int cols) {
             return dequantize_blocks<BlockQ6_K>(row, out, blocks, n);
         case DType::IQ4_XS:
             return dequantize_blocks<BlockIQ4_XS>(row, out, blocks, n);
+        case DType::IQ4_NL:
+            return dequantize_blocks<BlockIQ4_NL>(row, out, blocks, n);
         default:
             return;
     }

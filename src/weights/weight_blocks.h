@@ -15,7 +15,7 @@
 
 namespace barellm {
 
-constexpr int kSmallBlock = 32;   // weights in a Q4_1, Q5_0 or Q5_1 block
+constexpr int kSmallBlock = 32;   // weights in a Q4_1, Q5_0, Q5_1 or IQ4_NL block
 constexpr int kSuperBlock = 256;  // weights in a super-block of a "K" type or IQ4_XS
 constexpr int kSubBlock = 32;     // weights under one 6-bit scale of Q4_K/Q5_K, 4-bit of IQ4_XS
 constexpr int kQ6SubBlock = 16;   // weights under one scale of Q6_K, Q3_K and Q2_K
@@ -91,14 +91,20 @@ struct BlockIQ4_XS {
     uint8_t scales_l[kSuperBlock / kSubBlock / 2];
     uint8_t qs[kSuperBlock / 2];
 };
-// The 16 non-uniform levels of IQ4_XS (and IQ4_NL), denser near zero.
+// IQ4_NL: w = d·kIq4Values[q], q in 0..15, the nibbles as Q4_1's (byte j: weight j low nibble,
+// weight j + 16 high nibble).
+struct BlockIQ4_NL {
+    uint16_t d;  // f16
+    uint8_t qs[kSmallBlock / 2];
+};
+// The 16 non-uniform levels of IQ4_XS and IQ4_NL, denser near zero.
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                    1,    13,   25,  38,  53,  69,  89,  113};
 
 static_assert(sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24);
 static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144 &&
               sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
-static_assert(sizeof(BlockIQ4_XS) == 136);
+static_assert(sizeof(BlockIQ4_XS) == 136 && sizeof(BlockIQ4_NL) == 18);
 
 // Whether matrices of this type are stored as ggml blocks in one U8 tensor (the types
 // above); F32/F16/BF16 are plain and Q8_0/Q4_0 keep their values and scales apart.

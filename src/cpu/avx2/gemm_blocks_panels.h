@@ -1,7 +1,7 @@
 // The prefill GEMM for the block types (weight_blocks.h: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS,
-// Q4_1, Q5_0, Q5_1) on 256-bit registers: out[token][row] = Σ_col W[row][col] · x[token][col], x in
-// int8 with a scale per group of 32 columns (QuantizedBatch: quantized per 32 by
-// avx2::quantize_token, or per 256 as Q8_K for the super-block types), each sub-block an exact
+// Q4_1, Q5_0, Q5_1, IQ4_NL) on 256-bit registers: out[token][row] = Σ_col W[row][col] ·
+// x[token][col], x in int8 with a scale per group of 32 columns (QuantizedBatch: quantized per 32
+// by avx2::quantize_token, or per 256 as Q8_K for the super-block types), each sub-block an exact
 // int32 dot product. Two builds share it, each computing that dot in its own instructions
 // (BlockDot):
 // - gemm_blocks_avx2.cpp, plain AVX2: vpmaddubsw and vpmaddwd;
@@ -13,11 +13,11 @@
 //   B = −dmin·m, sub-blocks of 16): the sub-block's sum is A · sx · Σ u·q + B · sx · Σ q, the
 //   second term from x's sums of 16;
 // - "offset" types (Q5_0: offset 16; Q6_K: offset 32, Q3_K: offset 4, sub-blocks of 16): the
-//   int32 dot starts
-//   from −offset · Σ q, so it is Σ (u − offset)·q exactly, then scaled by A · sx;
-// - IQ4_XS keeps its signed values (−127..113): vpmaddubsw multiplies |value| by x with the
-//   value's sign; for vpdpbusd the panel holds value + 128 (the lookup table's sign bits
-//   flipped) as unsigned, an offset type of offset 128.
+//   int32 dot starts from −offset · Σ q, so it is Σ (u − offset)·q exactly, then scaled by
+//   A · sx;
+// - IQ4_XS and IQ4_NL keep their signed values (−127..113): vpmaddubsw multiplies |value| by x
+//   with the value's sign; for vpdpbusd the panel holds value + 128 (the lookup table's sign
+//   bits flipped) as unsigned, an offset type of offset 128.
 // Both builds give the same int32 dots and add them to the same f32 sums in the same order:
 // the same bits.
 //
@@ -43,6 +43,7 @@
 #pragma once
 #include <algorithm>
 #include <array>
+#include <cstddef>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -112,7 +113,7 @@ constexpr LevelShape level_shape(DType dtype) {
             return {kQ6SubBlock, false, false, kQ3KLevelOffset, 7};
         case DType::Q2_K:
             return {kQ6SubBlock, true, false, 0, 3};
-        default:  // IQ4_XS
+        default:  // IQ4_XS, IQ4_NL
             return {kGroup, false, true, 0, 127};
     }
 }
@@ -214,6 +215,19 @@ void unpack_small(const RowSpan& out, const uint8_t* first_block, int blocks) {
     out.mins8(_mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(m))));
 }
 
+// `blocks` (≤ 8) IQ4_NL blocks, a group each: A = d; the signed values kIq4Values[q].
+template <BlockDot kDot>
+void unpack_iq4_nl(const RowSpan& out, const uint8_t* first_block, int blocks) {
+    alignas(16) uint16_t d[kSpanGroups] = {};
+    const __m256i table = iq4_panel_table<kDot>();
+    for (int b = 0; b < blocks; ++b) {
+        const uint8_t* block = first_block + b * sizeof(BlockIQ4_NL);
+        std::memcpy(&d[b], block, sizeof d[b]);
+        out.level(b, _mm256_shuffle_epi8(table, nibbles(block + offsetof(BlockIQ4_NL, qs))));
+    }
+    out.scales8(0, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(d))));
+}
+
 // `groups` (≤ kSpanGroups) groups of one row from `block` (a whole super-block for the K
 // types and IQ4_XS).
 template <DType kType, BlockDot kDot>
@@ -224,6 +238,7 @@ void unpack_row_span(const RowSpan& out, const uint8_t* block, int groups) {
     if constexpr (kType == DType::IQ4_XS) unpack_iq4_xs<kDot>(out, block);
     if constexpr (kType == DType::Q4_1 || kType == DType::Q5_0 || kType == DType::Q5_1)
         unpack_small<kType>(out, block, groups);
+    if constexpr (kType == DType::IQ4_NL) unpack_iq4_nl<kDot>(out, block, groups);
 }
 
 // Transposes 8 rows of 8 words at `rows` (`row_stride` words apart) and stores the first
@@ -444,6 +459,8 @@ void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
             return unpack_tile_typed<DType::Q4_1, kDot>(panel, w, tile_row);
         case DType::Q5_0:
             return unpack_tile_typed<DType::Q5_0, kDot>(panel, w, tile_row);
+        case DType::IQ4_NL:
+            return unpack_tile_typed<DType::IQ4_NL, kDot>(panel, w, tile_row);
         default:  // Q5_1
             return unpack_tile_typed<DType::Q5_1, kDot>(panel, w, tile_row);
     }
@@ -638,7 +655,7 @@ BlockTileKernel kernel_for(DType dtype, int tokens) {
             return kernel_of<DType::Q6_K, kDot>(tokens);
         case DType::Q2_K:
             return kernel_of<DType::Q2_K, kDot>(tokens);
-        default:  // IQ4_XS
+        default:  // IQ4_XS, IQ4_NL
             return kernel_of<DType::IQ4_XS, kDot>(tokens);
     }
 }

@@ -1,14 +1,18 @@
-// The decode matvecs on AVX2 + FMA + F16C for Q4_1, Q5_0 and Q5_1 weights (weight_blocks.h),
-// the blocks of 32 that K-quant files hold where a row is no multiple of 256: out = W · x
-// for one token, x quantized per 32 to Q8 (cpu::quantize_q8, whose groups are these blocks),
-// each block's dot product in integers. The AVX-512 level runs them too.
+// The decode matvecs on AVX2 + FMA + F16C for Q4_1, Q5_0, Q5_1 and IQ4_NL weights
+// (weight_blocks.h), the blocks of 32 that K-quant and IQ4_XS files hold where a row is no
+// multiple of 256 (and all of an IQ4_NL file): out = W · x for one token, x quantized per 32 to
+// Q8 (cpu::quantize_q8, whose groups are these blocks), each block's dot product in integers.
+// The AVX-512 level runs them too.
 //
 // A block's 32 q (unsigned: 0..15, or 0..31 with the fifth bits of qh) widen to one register
 // in x's order; vpmaddubsw multiplies them by x's signed bytes into int16 pairs and vpmaddwd
 // adds those into 8 int32 lanes, exact. What q stands for comes in through x's group sum:
 // Q4_1/Q5_1's w = d·q + m adds m · Σx, Q5_0's w = d·(q − 16) subtracts 16 · d · Σx.
+// IQ4_NL's values (−127..113, looked up by vpshufb) are signed: vpmaddubsw multiplies |value|
+// by x with the value's sign (vpsignb), two products into int16 (at most 2 · 127 · 127).
 #include <immintrin.h>
 
+#include <cstddef>
 #include <cstring>
 
 #include "cpu/avx2/avx2.h"
@@ -42,6 +46,23 @@ float small_block_row_dot(const uint8_t* row, int blocks, const QuantizedVector&
     return horizontal_sum(sums) + offsets;
 }
 
+float iq4_nl_row_dot(const uint8_t* row, int blocks, const QuantizedVector& x) {
+    const __m256i ones = _mm256_set1_epi16(1), table = iq4_table();
+    __m256 sums = _mm256_setzero_ps();
+    for (int b = 0; b < blocks; ++b) {
+        const uint8_t* block = row + size_t(b) * sizeof(BlockIQ4_NL);
+        const __m256i levels =
+            _mm256_shuffle_epi8(table, nibbles(block + offsetof(BlockIQ4_NL, qs)));
+        const __m256i values =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.values.data() + b * kSmallBlock));
+        const __m256i dot = _mm256_madd_epi16(
+            _mm256_maddubs_epi16(_mm256_abs_epi8(levels), _mm256_sign_epi8(values, levels)), ones);
+        sums = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(f16_at(block) * x.scales[b]),
+                               sums);
+    }
+    return horizontal_sum(sums);
+}
+
 }  // namespace
 
 void matvec_rows_small_blocks(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
@@ -51,7 +72,8 @@ void matvec_rows_small_blocks(float* out, const Matrix& w, const QuantizedVector
         const uint8_t* row = w.row_data(r);
         out[r] = w.dtype == DType::Q4_1   ? small_block_row_dot<DType::Q4_1>(row, blocks, x)
                  : w.dtype == DType::Q5_0 ? small_block_row_dot<DType::Q5_0>(row, blocks, x)
-                                          : small_block_row_dot<DType::Q5_1>(row, blocks, x);
+                 : w.dtype == DType::Q5_1 ? small_block_row_dot<DType::Q5_1>(row, blocks, x)
+                                          : iq4_nl_row_dot(row, blocks, x);
     }
 }
 

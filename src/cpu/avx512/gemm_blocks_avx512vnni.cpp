@@ -1,7 +1,7 @@
 // The prefill GEMM on AVX-512 + VNNI for the block types (weight_blocks.h: Q2_K, Q3_K, Q4_K, Q5_K,
-// Q6_K, IQ4_XS, Q4_1, Q5_0, Q5_1): out[token][row] = Σ_col W[row][col] · x[token][col], x in int8
-// with a scale per group of 32 columns (QuantizedBatch: quantized per 32 as for the Q8/Q4 GEMM,
-// or per 256 as Q8_K for the super-block types), each sub-block an exact int32 dot product by
+// Q6_K, IQ4_XS, Q4_1, Q5_0, Q5_1, IQ4_NL): out[token][row] = Σ_col W[row][col] · x[token][col], x
+// in int8 with a scale per group of 32 columns (QuantizedBatch: quantized per 32 as for the Q8/Q4
+// GEMM, or per 256 as Q8_K for the super-block types), each sub-block an exact int32 dot product by
 // vpdpbusd.
 //
 // Every block type reads, per sub-block s of a row, w = A_s · u + B (u an unsigned level
@@ -9,7 +9,7 @@
 // - "min" types (Q4_K, Q5_K: A = d·sc, B = −dmin·m; Q4_1, Q5_1: A = d, B = m), sub-blocks of
 //   32 (Q2_K: A = d·sc, B = −dmin·m, sub-blocks of 16): the sub-block's sum is
 //   A · sx · Σ u·q + B · sx · Σ q, the second term from x's sums;
-// - "offset" types, B = −offset · A (Q5_0: offset 16; IQ4_XS: u = level + 128, offset 128;
+// - "offset" types, B = −offset · A (Q5_0: offset 16; IQ4_XS, IQ4_NL: u = level + 128, offset 128;
 //   Q6_K: offset 32, sub-blocks of 16; Q3_K: offset 4, sub-blocks of 16): the int32 dot starts from
 //   −offset · Σ q, so it is Σ (u − offset)·q exactly, then scaled by A · sx.
 //
@@ -22,6 +22,7 @@
 // columns) stays in L2 while every token of the batch meets it in the micro-kernel
 // (block_tile_kernel).
 #include <algorithm>
+#include <cstddef>
 #include <vector>
 
 #include "cpu/avx512/avx512.h"
@@ -60,6 +61,7 @@ constexpr LevelShape level_shape(DType dtype) {
         case DType::Q5_0:
             return {kGroup, false, 16};
         case DType::IQ4_XS:
+        case DType::IQ4_NL:
             return {kGroup, false, kIq4Excess};
         default:  // Q4_K, Q5_K, Q4_1, Q5_1
             return {kGroup, true, 0};
@@ -264,6 +266,20 @@ void unpack_small(const HalfPanel& out, const RowWords& words, int b) {
     }
 }
 
+// IQ4_NL block b (one group): A = d; levels kIq4Values + 128, offset 128.
+void unpack_iq4_nl(const HalfPanel& out, const RowWords& words, int b) {
+    const size_t at = size_t(b) * sizeof(BlockIQ4_NL);
+    const __m512i table = iq4_unsigned_levels();
+    // d, and the first two bytes of qs: the block is only 2-byte aligned, and d its first field.
+    out.scale(b, low_half(words.at(at)));
+    constexpr int kHalfSteps = kGroupSteps / 2;
+    for (int step = 0; step < kHalfSteps; ++step) {
+        const __m512i q = words.at(at + offsetof(BlockIQ4_NL, qs) + kLaneBytes * step);
+        out.levels(b, step, _mm512_shuffle_epi8(table, low_nibbles(q)));
+        out.levels(b, step + kHalfSteps, _mm512_shuffle_epi8(table, high_nibbles(q)));
+    }
+}
+
 // Q4_K (kFifthBit false) or Q5_K super-block b of 16 rows from its tile (`block`,
 // cpu/super_block_tiles.h), as unpack_k gives it from the rows: the scales and mins are a byte a
 // row already, and each register of a chunk holds one step of two groups (sub-blocks 2c, 2c + 1
@@ -432,6 +448,9 @@ void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
                     break;
                 case DType::Q5_1:
                     unpack_small<BlockQ5_1, true, true>(out, words, b);
+                    break;
+                case DType::IQ4_NL:
+                    unpack_iq4_nl(out, words, b);
                     break;
                 default:
                     break;
