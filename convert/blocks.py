@@ -30,6 +30,7 @@ BLOCK_TYPES = {
     "Q5_K": BlockType(256, 176, (0, 2)),
     "Q6_K": BlockType(256, 210, (208,)),
     "IQ4_XS": BlockType(256, 136, (0,)),
+    "IQ4_NL": BlockType(32, 18, (0,)),
 }
 # Types a matrix of a file with per-matrix types may have (barellm.matrix_types). Q8_0 and
 # Q4_0 are stored as the uniform Q8 and Q4 files store their matrices (NAME and NAME.scale).

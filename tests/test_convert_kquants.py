@@ -1,7 +1,7 @@
 """ggml's block types in the converter: GGUF tensors of the types barellm runs (Q4_1, Q5_0,
-Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, beside Q8_0 and Q4_0) kept byte for byte in a
-file of per-matrix types; q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_m, q5_k_m, q6_k and iq4_xs of
-a Hugging Face checkpoint (llama-quantize's mixes, ggml's reference quantizers); hostile
+Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ4_NL, beside Q8_0 and Q4_0) kept byte for byte
+in a file of per-matrix types; q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_m, q5_k_m, q6_k and iq4_xs
+of a Hugging Face checkpoint (llama-quantize's mixes, ggml's reference quantizers); hostile
 blocks refused.
 
 The dequantization of every block type is written here from ggml's layouts
@@ -121,6 +121,12 @@ def dequantize_iq4_xs(b):
     return out
 
 
+def dequantize_iq4_nl(b):
+    """IQ4_NL blocks: f16 d, qs[16] (weight j the low nibble of qs[j], j + 16 its high);
+    w = d * IQ4_VALUES[nibble]."""
+    return half(b, 0) * IQ4_VALUES[nibbles(b[:, 2:18]).astype(np.uint8)]
+
+
 def dequantize_q2_k(b):
     """Q2_K super-blocks: scales[16], qs[64], f16 d, f16 dmin. Weight 128h + 32t + l has q
     (0..3) at bits 2t, 2t + 1 of qs[32h + l]; sub-block i (weights 16i..16i + 15) has a
@@ -176,10 +182,12 @@ TYPES = {
     "Q5_K": (256, 176, (0, 2), lambda b: dequantize_k(b, 48, 16)),
     "Q6_K": (256, 210, (208,), dequantize_q6_k),
     "IQ4_XS": (256, 136, (0,), dequantize_iq4_xs),
+    "IQ4_NL": (32, 18, (0,), dequantize_iq4_nl),
     "Q8_0": (32, 34, (0,), dequantize_q8_0),
     "Q4_0": (32, 18, (0,), dequantize_q4_0),
 }
-BLOCK_TYPES = ("Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
+BLOCK_TYPES = ("Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS",
+               "IQ4_NL")
 
 
 def dequantize(raw, type_name):
@@ -390,7 +398,7 @@ def test_file_order_and_alignment(tmp_path, f32_gguf):
 def test_q2_k_is_kept_and_a_type_barellm_does_not_run_becomes_f16_in_one_line(tmp_path,
                                                                                f32_gguf):
     """A file of llama.cpp's Q2_K type: its Q2_K matrices are kept byte for byte (q and k
-    rows moved whole into rotate-half order); an IQ4_NL matrix, a type barellm does not
+    rows moved whole into rotate-half order); an IQ3_S matrix, a type barellm does not
     run, is dequantized to F16 and named in one line."""
     rng = np.random.default_rng(7)
     kept = {}
@@ -398,19 +406,19 @@ def test_q2_k_is_kept_and_a_type_barellm_does_not_run_becomes_f16_in_one_line(tm
         for part, short, rows in (("attn_q", "wq", 256), ("attn_k", "wk", 128)):
             kept[f"layers.{layer}.{short}"] = (f"blk.{layer}.{part}.weight", (
                 "Q2_K", random_matrix_blocks("Q2_K", rows, 256, rng)))
-    iq4_nl_weights, iq4_nl_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.IQ4_NL]
+    iq3_s_weights, iq3_s_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.IQ3_S]
     rows = 128
-    iq4_nl = rng.integers(0, 256, (rows * 256 // iq4_nl_weights, iq4_nl_bytes), dtype=np.uint8)
-    iq4_nl[:, 0:2] = rng.uniform(0.001, 0.01, (len(iq4_nl), 1)).astype("<f2").view(np.uint8)
-    iq4_nl = iq4_nl.reshape(rows, -1)
+    iq3_s = rng.integers(0, 256, (rows * 256 // iq3_s_weights, iq3_s_bytes), dtype=np.uint8)
+    iq3_s[:, 0:2] = rng.uniform(0.001, 0.01, (len(iq3_s), 1)).astype("<f2").view(np.uint8)  # d
+    iq3_s = iq3_s.reshape(rows, -1)
     replaced = dict(kept.values())
-    replaced["blk.1.attn_v.weight"] = ("IQ4_NL", iq4_nl)
+    replaced["blk.1.attn_v.weight"] = ("IQ3_S", iq3_s)
     replaced["blk.0.ffn_gate.weight"] = ("Q4_K", random_matrix_blocks("Q4_K", 288, 256, rng))
     source = rewritten_gguf(f32_gguf, tmp_path / "m.gguf", replaced,
                             file_type=gguf.LlamaFileType.MOSTLY_Q2_K)
     out, log = convert(source, tmp_path / "m.bin")
     assert log.count("\n") == 1, log
-    assert log.startswith("convert: dequantized to F16") and "1 IQ4_NL (blk.1.attn_v" in log
+    assert log.startswith("convert: dequantized to F16") and "1 IQ3_S (blk.1.attn_v" in log
     assert "Q2_K" not in log, log
     types = json.loads(metadata(out)["barellm.matrix_types"])
     assert json.loads(metadata(out)["barellm.config"])["weight_dtype"] == "Q2_K"
@@ -420,7 +428,7 @@ def test_q2_k_is_kept_and_a_type_barellm_does_not_run_becomes_f16_in_one_line(tm
     for name, (_, (_, raw)) in kept.items():
         assert tensors[name].dtype == np.uint8
         assert np.array_equal(tensors[name], rotate_half(raw, 64)), name
-    expected = gguf.quants.dequantize(iq4_nl, gguf.GGMLQuantizationType.IQ4_NL)
+    expected = gguf.quants.dequantize(iq3_s, gguf.GGMLQuantizationType.IQ3_S)
     assert np.array_equal(tensors["layers.1.wv"], expected.astype(np.float16))
 
 
