@@ -1,7 +1,8 @@
-"""llama.cpp's reference quantizers (quantize_row_*_ref of ggml, the ones llama-quantize uses
-without an importance matrix) for the block types the mixes of mixes.py choose: Q2_K, Q3_K,
-Q4_K, Q5_K, Q6_K, IQ4_XS, and the fallbacks Q5_0, Q5_1 and Q8_0 (Q2_K's and Q3_K's fallback
-Q4_0 is dtypes.quantize_q4). numpy, vectorised over blocks.
+"""llama.cpp's reference quantizers (quantize_row_*_ref of ggml; for IQ4_NL quantize_iq4_nl,
+whose search quantize_row_iq4_nl_ref skips: the ones llama-quantize uses without an
+importance matrix) for the block types the mixes of mixes.py choose: Q2_K, Q3_K, Q4_K,
+Q5_K, Q6_K, IQ4_XS, IQ4_NL, and the fallbacks Q5_0, Q5_1, Q8_0 and IQ4_NL (Q2_K's and
+Q3_K's fallback Q4_0 is dtypes.quantize_q4). numpy, vectorised over blocks.
 
 Every step is float32 in ggml's order of operations, sums included (accumulated element
 after element, never pairwise), and rounding is ggml's: nearest_int (to nearest, ties to
@@ -483,13 +484,13 @@ def quantize_q8_0(values):
     return values.reshape(rows, cols), to_f16(d)
 
 
-# ------------------------------------------------------------------------------ IQ4_XS
+# ---------------------------------------------------------------------- IQ4_XS, IQ4_NL
 
 # kvalues_iq4nl: the 16 levels of IQ4_XS (and IQ4_NL), non-uniform, as float32.
 IQ4_LEVELS = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
                       dtype=F32)
-IQ4_SUB = 32  # weights per IQ4_XS sub-block (8 of them, a 6-bit scale each)
-IQ4_TRIES = range(-7, 8)  # quantize_iq4_xs's search: a multiplier of (try + levels[0]) / max
+IQ4_SUB = 32  # weights per IQ4_XS sub-block (8 of them, a 6-bit scale each) and IQ4_NL block
+IQ4_TRIES = range(-7, 8)  # quantize_iq4_xs's and _nl's search: multipliers (try + levels[0]) / max
 IQ4_SCALE_OFFSET = 32  # a sub-block scale l in -32..31 is stored as l + 32 (6 bits)
 
 
@@ -508,11 +509,11 @@ def nearest_level(x):
 
 
 def iq4_sub_block_scales(x):
-    """quantize_row_iq4_nl_impl's scale of each sub-block given as a column (float32 [32,
-    count]), without an importance matrix: weights x², a first multiplier 127 / max (max: the
-    first value of the largest magnitude, sign kept), the least-squares scale of its levels,
-    then those of the multipliers (try − 127) / max for each try, the best kept. Sub-blocks
-    whose largest |x| is below GROUP_MAX_EPS get 0."""
+    """quantize_row_iq4_nl_impl's scale of each sub-block (of IQ4_NL: each block) given as a
+    column (float32 [32, count]), without an importance matrix: weights x², a first
+    multiplier 127 / max (max: the first value of the largest magnitude, sign kept), the
+    least-squares scale of its levels, then those of the multipliers (try − 127) / max for
+    each try, the best kept. Sub-blocks whose largest |x| is below GROUP_MAX_EPS get 0."""
     largest, amax = first_largest_magnitude(x)
     zero = amax < GROUP_MAX_EPS
     largest = np.where(zero, F32(1), largest)
@@ -559,7 +560,21 @@ def quantize_iq4_xs(x):
                            scales_h.view(np.uint8).reshape(-1, 2), scales_l, qs], axis=1)
 
 
-BLOCK_QUANTIZERS = {"IQ4_XS": quantize_iq4_xs, "Q2_K": quantize_q2_k, "Q3_K": quantize_q3_k,
+def quantize_iq4_nl(x):
+    """IQ4_NL blocks (uint8 [n, 18]) of float32 blocks x [n, 32]: ggml's quantize_iq4_nl
+    without an importance matrix. The block's scale d from iq4_sub_block_scales, stored as
+    f16; the weights again as the nearest level of x × (1 / d), d in float32 (x × 0 where
+    d is 0)."""
+    scales = iq4_sub_block_scales(np.ascontiguousarray(x.T))
+    levels = nearest_level(divide(F32(1), scales)[:, None] * x).astype(np.uint8)
+    # Byte j: weight j in the low nibble, weight j + 16 in the high.
+    half = IQ4_SUB // 2
+    qs = levels[:, :half] | levels[:, half:] << 4
+    return np.concatenate([to_f16(scales).view(np.uint8).reshape(-1, 2), qs], axis=1)
+
+
+BLOCK_QUANTIZERS = {"IQ4_XS": quantize_iq4_xs, "IQ4_NL": quantize_iq4_nl,
+                    "Q2_K": quantize_q2_k, "Q3_K": quantize_q3_k,
                     "Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k,
                     "Q5_0": quantize_q5_0, "Q5_1": quantize_q5_1}
 

@@ -1054,38 +1054,41 @@ def scalar_best_index(value):
     return upper - 1 if below < above else upper
 
 
+def scalar_iq4_scale(xs):
+    """The scale of 32 float32 weights (an IQ4_XS sub-block, an IQ4_NL block) by
+    quantize_row_iq4_nl_impl of ggml-quants.c without an importance matrix: seven tries
+    either side."""
+    amax, largest = F32(0), F32(0)
+    for value in xs:
+        if abs(value) > amax:
+            amax, largest = abs(value), value
+    if amax < F32(1e-15):
+        return F32(0)
+
+    def sums(inverse):
+        sumqx = sumq2 = F32(0)
+        for value in xs:
+            q = F32(IQ4_LEVELS[scalar_best_index(F32(inverse * value))])
+            w = F32(value * value)
+            sumqx = F32(sumqx + F32(w * q) * value)
+            sumq2 = F32(sumq2 + F32(w * q) * q)
+        return sumqx, sumq2
+
+    sumqx, sumq2 = sums(F32(1) / (-largest / F32(-127)))
+    d = sumqx / sumq2 if sumq2 > 0 else F32(0)
+    best = F32(d * sumqx)
+    for attempt in range(-7, 8):
+        sumqx, sumq2 = sums(F32(attempt - 127) / largest)
+        if sumq2 > 0 and F32(sumqx * sumqx) > F32(best * sumq2):
+            d = F32(sumqx / sumq2)
+            best = F32(d * sumqx)
+    return F32(d)
+
+
 def scalar_iq4_xs(x):
     """One IQ4_XS super-block (256 float32) as bytes, value by value (quantize_iq4_xs of
-    ggml-quants.c without an importance matrix: seven tries either side)."""
-    scales = []
-    for j in range(8):
-        xs = x[32 * j:32 * j + 32]
-        amax, largest = F32(0), F32(0)
-        for value in xs:
-            if abs(value) > amax:
-                amax, largest = abs(value), value
-        if amax < F32(1e-15):
-            scales.append(F32(0))
-            continue
-
-        def sums(inverse):
-            sumqx = sumq2 = F32(0)
-            for value in xs:
-                q = F32(IQ4_LEVELS[scalar_best_index(F32(inverse * value))])
-                w = F32(value * value)
-                sumqx = F32(sumqx + F32(w * q) * value)
-                sumq2 = F32(sumq2 + F32(w * q) * q)
-            return sumqx, sumq2
-
-        sumqx, sumq2 = sums(F32(1) / (-largest / F32(-127)))
-        d = sumqx / sumq2 if sumq2 > 0 else F32(0)
-        best = F32(d * sumqx)
-        for attempt in range(-7, 8):
-            sumqx, sumq2 = sums(F32(attempt - 127) / largest)
-            if sumq2 > 0 and F32(sumqx * sumqx) > F32(best * sumq2):
-                d = F32(sumqx / sumq2)
-                best = F32(d * sumqx)
-        scales.append(F32(d))
+    ggml-quants.c without an importance matrix)."""
+    scales = [scalar_iq4_scale(x[32 * j:32 * j + 32]) for j in range(8)]
     max_abs, max_scale = F32(0), F32(0)
     for scale in scales:
         if abs(scale) > max_abs:
@@ -1106,6 +1109,21 @@ def scalar_iq4_xs(x):
             bytes(scales_l) + bytes(qs))
 
 
+def scalar_iq4_nl(x):
+    """Consecutive IQ4_NL blocks (32 float32 each) as bytes, value by value (quantize_iq4_nl
+    of ggml-quants.c without an importance matrix): each block's scale d stored as f16, its
+    weights the levels nearest x * (1 / d), d in float32."""
+    out = b""
+    for start in range(0, len(x), 32):
+        xs = x[start:start + 32]
+        d = scalar_iq4_scale(xs)
+        inverse = F32(1) / d if d else F32(0)
+        levels = [scalar_best_index(F32(inverse * value)) for value in xs]
+        out += np.array(d, dtype="<f2").tobytes() + bytes(
+            levels[j] | levels[j + 16] << 4 for j in range(16))
+    return out
+
+
 def edge_super_blocks(rng):
     """Super-blocks (float32 [n, 256]) with the cases the rules single out: Gaussian,
     heavy-tailed, all positive, all negative, a constant sub-block, zero sub-blocks with
@@ -1121,22 +1139,23 @@ def edge_super_blocks(rng):
                      steps]).astype(F32)
 
 
-@pytest.mark.parametrize("type_name", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"])
+@pytest.mark.parametrize("type_name", ["Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS",
+                                       "IQ4_NL"])
 def test_k_quantizers_match_a_scalar_reference(type_name):
     """The converter's vectorised quantizers (convert/kquants.py) give the bytes of ggml's
-    reference rules computed here one value at a time in float32; the super-blocks are
-    quantized as one row."""
+    reference rules computed here one value at a time in float32; the super-blocks (of
+    IQ4_NL: 8 blocks each, a block of zeros among them) are quantized as one row."""
     sys.path.insert(0, os.path.join(REPO, "convert"))
     import kquants
     rng = np.random.default_rng(12)
     x = edge_super_blocks(rng)
-    if type_name in ("IQ4_XS", "Q2_K", "Q3_K"):  # IQ4_XS: the outermost tries of its search
-        # win on some uniform blocks; Q2_K and Q3_K: blocks of small integers (ties of
-        # nearest_int), tiny weights (sub-blocks below GROUP_MAX_EPS beside others), sparse
-        # blocks
+    if type_name in ("IQ4_XS", "IQ4_NL", "Q2_K", "Q3_K"):  # IQ4_XS and IQ4_NL: the outermost
+        # tries of their search win on some uniform blocks; IQ4_NL, Q2_K and Q3_K: blocks of
+        # small integers (ties of nearest_int), tiny weights (blocks or sub-blocks below
+        # GROUP_MAX_EPS beside others), sparse blocks
         x = np.concatenate([x, rng.uniform(-1, 1, (24, 256)).astype(F32),
                             rng.standard_normal((24, 256)).astype(F32)])
-    if type_name in ("Q2_K", "Q3_K"):
+    if type_name in ("IQ4_NL", "Q2_K", "Q3_K"):
         tiny = rng.standard_normal((4, 256)).astype(F32)
         tiny[:, :128] *= F32(1e-16)
         x = np.concatenate([x, rng.integers(-4, 4, (8, 256)).astype(F32), tiny,
@@ -1144,7 +1163,7 @@ def test_k_quantizers_match_a_scalar_reference(type_name):
                              ).astype(F32)])
     got = kquants.quantize(x.reshape(1, -1), type_name).reshape(len(x), -1)
     scalar = {"Q2_K": scalar_q2_k, "Q3_K": scalar_q3_k, "Q6_K": scalar_q6_k,
-              "IQ4_XS": scalar_iq4_xs}
+              "IQ4_XS": scalar_iq4_xs, "IQ4_NL": scalar_iq4_nl}
     for row, block in zip(x, got):
         expected = (scalar[type_name](row) if type_name in scalar
                     else scalar_q45_k(row, type_name))
