@@ -6,7 +6,7 @@ GGUF file of llama.cpp, into one barellm weight file.
     python3 convert/convert.py MODEL.gguf -o OUT [--dtype DTYPE] [--barellm PATH]
 
 DTYPE is f32, f16, bf16, q8 or q4 (one type for every matrix), or q2_k, q3_k_s, q3_k_m,
-q3_k_l, q4_k_m, q5_k_m, q6_k or iq4_xs (llama-quantize's mixes: a type per matrix,
+q3_k_l, q4_k_m, q5_k_m, q6_k, iq4_xs or iq4_nl (llama-quantize's mixes: a type per matrix,
 mixes.py, quantized by kquants.py).
 The output is described in docs/FORMAT.md; q8 stores every matrix as int8 values in
 groups of 32 columns with f16 scales (tensors NAME and NAME.scale); q4 stores every
@@ -1081,8 +1081,8 @@ def parse_args(argv):
                         "q8 is int8 with one f16 scale per 32 columns of a row; q4 is "
                         "llama.cpp's Q4_0 (4-bit, one f16 scale per 32 columns), f16 for "
                         "matrices whose columns are not a multiple of 32; q2_k, q3_k_s, "
-                        "q3_k_m, q3_k_l, q4_k_m, q5_k_m, q6_k and iq4_xs are llama-quantize's "
-                        "mixes of those names (a type per matrix)")
+                        "q3_k_m, q3_k_l, q4_k_m, q5_k_m, q6_k, iq4_xs and iq4_nl are "
+                        "llama-quantize's mixes of those names (a type per matrix)")
     parser.add_argument("--barellm", metavar="PATH",
                         help="the barellm program that loads the output before it is put in "
                         "place, so that a file barellm refuses is never written (default: "

@@ -1,8 +1,8 @@
 """The type of each matrix under llama-quantize's mixes Q2_K, Q3_K_S, Q3_K_M, Q3_K_L,
-Q4_K_M, Q5_K_M, Q6_K and IQ4_XS (without an importance matrix; llama.cpp's
+Q4_K_M, Q5_K_M, Q6_K, IQ4_XS and IQ4_NL (without an importance matrix; llama.cpp's
 llama_tensor_get_type), for the models barellm runs.
 
-- Each mix has a base type (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS).
+- Each mix has a base type (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ4_NL).
 - The output matrix (or the token embedding when it is tied to the output) is Q6_K; Q8_0
   where its rows are not whole blocks of the base type.
 - Q4_K_M and Q5_K_M give Q6_K to attn_v (wv) and ffn_down (w2) in the "more bits" layers:
@@ -13,23 +13,21 @@ llama_tensor_get_type), for the models barellm runs.
 - Q3_K_S has no other rule. Q3_K_M gives attn_v (wv) Q5_K in layers 0 and 1 and Q4_K in
   the others, ffn_down (w2) Q5_K in the first sixteenth of the layers and Q4_K in the
   others, and attn_output (wo) Q4_K. Q3_K_L gives Q5_K to wv, w2 and wo.
-- IQ4_XS gives Q5_K to attn_v (wv) where four or more query heads share a KV head, and to
-  ffn_down (w2) in the first eighth of the layers.
+- IQ4_XS and IQ4_NL give Q5_K to attn_v (wv) where four or more query heads share a KV
+  head, and to ffn_down (w2) in the first eighth of the layers.
 - For a Llama of 80 layers with grouped-query attention (llama.cpp's 70B), a wv that
   would be Q3_K or Q4_K is Q5_K.
 - A model of exactly 8 experts (Mixtral) has its wk and wv in Q8_0 under every mix, and its
-  wo in Q5_K under Q2_K, Q3_K_S, Q3_K_M, Q4_K_M and IQ4_XS; under Q3_K_L its wo stays Q3_K
-  (llama.cpp's rule for Q3_K_L's wo is for the other models only).
+  wo in Q5_K under Q2_K, Q3_K_S, Q3_K_M, Q4_K_M, IQ4_XS and IQ4_NL; under Q3_K_L its wo
+  stays Q3_K (llama.cpp's rule for Q3_K_L's wo is for the other models only).
 - A matrix whose rows are not a multiple of 256 falls back to a type of 32-weight
-  blocks: Q2_K and Q3_K to Q4_0, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0; rows not a
-  multiple of 32 either stay F16. IQ4_XS would fall back to IQ4_NL, which barellm does not
-  run: such a matrix is refused.
+  blocks: Q2_K and Q3_K to Q4_0, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0, IQ4_XS to
+  IQ4_NL; rows not a multiple of 32 stay F16 (also those of a 32-weight type chosen).
 """
 
 from typing import NamedTuple
 
 import blocks
-from common import ConvertError
 
 
 class Mix(NamedTuple):
@@ -40,14 +38,16 @@ class Mix(NamedTuple):
 MIXES = {"Q2_K": Mix("Q2_K", False), "Q3_K_S": Mix("Q3_K", False),
          "Q3_K_M": Mix("Q3_K", False), "Q3_K_L": Mix("Q3_K", False),
          "Q4_K_M": Mix("Q4_K", True), "Q5_K_M": Mix("Q5_K", True), "Q6_K": Mix("Q6_K", False),
-         "IQ4_XS": Mix("IQ4_XS", False)}
+         "IQ4_XS": Mix("IQ4_XS", False), "IQ4_NL": Mix("IQ4_NL", False)}
 # --dtype spelling -> mix.
 CLI_NAMES = {name.lower(): name for name in MIXES}
 OUTPUT_TYPE = "Q6_K"
 MORE_BITS_TYPE = "Q6_K"
 WIDE_OUTPUT_TYPE = "Q8_0"  # an output matrix whose rows are not whole base blocks
-# A K-quant whose row is not whole super-blocks -> its 32-weight counterpart.
-FALLBACKS = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+# A type of 256-weight super-blocks whose row is not whole super-blocks -> its 32-weight
+# counterpart.
+FALLBACKS = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0",
+             "IQ4_XS": "IQ4_NL"}
 FALLBACK_BLOCK = 32
 UNQUANTIZED_TYPE = "F16"  # rows that are not whole blocks of 32 either
 # llama.cpp's 70B (a Llama of this many layers with grouped-query attention): its wv of
@@ -63,21 +63,22 @@ Q3_K_M_WIDER_WV = 2
 Q3_K_M_WIDER_W2_PART = 16
 Q3_K_M_TYPE = "Q4_K"
 Q3_K_L_TYPE = "Q5_K"
-# Where at least this many query heads share each KV head (grouped_wv), Q2_K's and IQ4_XS's
-# wv have more bits.
+# Where at least this many query heads share each KV head (grouped_wv), the wv of Q2_K and
+# of IQ4_MIXES have more bits.
 GROUPED_WV_HEADS = 4
 # Q2_K's wv, w2 and wo are Q2_K_WIDER_TYPE; its wv Q2_K_GROUPED_WV_TYPE where grouped_wv.
 Q2_K_WIDER_TYPE = "Q3_K"
 Q2_K_GROUPED_WV_TYPE = "Q4_K"
-# IQ4_XS's wv where grouped_wv, and its w2 in the first eighth of the layers, are of this
-# type.
-IQ4_XS_WIDER_TYPE = "Q5_K"
+# The wv of IQ4_MIXES where grouped_wv, and their w2 in the first eighth of the layers, are
+# of IQ4_WIDER_TYPE.
+IQ4_MIXES = ("IQ4_XS", "IQ4_NL")
+IQ4_WIDER_TYPE = "Q5_K"
 # A model of this many experts per sparse layer: wk and wv of this type, and wo of the
 # listed mixes of the other.
 EIGHT_EXPERTS = 8
 EIGHT_EXPERTS_KV_TYPE = "Q8_0"
 EIGHT_EXPERTS_WO_TYPE = "Q5_K"
-EIGHT_EXPERTS_WO_MIXES = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_M", "IQ4_XS")
+EIGHT_EXPERTS_WO_MIXES = ("Q2_K", "Q3_K_S", "Q3_K_M", "Q4_K_M", "IQ4_XS", "IQ4_NL")
 
 
 def more_bits(layer, layers):
@@ -136,10 +137,10 @@ def matrix_type(mix, name, cols, config):
     elif (mix in ("Q3_K_M", "Q3_K_L") and short in ("wv", "w2", "wo")
           and not (short == "wo" and config.get("experts") == EIGHT_EXPERTS)):
         chosen = q3_k_type(mix, short, int(name.split(".")[1]), config)
-    elif short in ("wv", "w2") and base == "IQ4_XS":
+    elif short in ("wv", "w2") and mix in IQ4_MIXES:
         layer = int(name.split(".")[1])
         wider = grouped_wv(config) if short == "wv" else layer < config["layers"] // 8
-        chosen = IQ4_XS_WIDER_TYPE if wider else base
+        chosen = IQ4_WIDER_TYPE if wider else base
     elif short in ("wv", "w2") and MIXES[mix].more_bits:
         layer = int(name.split(".")[1])
         chosen = MORE_BITS_TYPE if more_bits(layer, config["layers"]) else base
@@ -152,10 +153,6 @@ def matrix_type(mix, name, cols, config):
         chosen = EIGHT_EXPERTS_KV_TYPE
     elif config.get("experts") == EIGHT_EXPERTS and short == "wo" and mix in EIGHT_EXPERTS_WO_MIXES:
         chosen = EIGHT_EXPERTS_WO_TYPE
-    if chosen == "IQ4_XS" and cols % block_weights(chosen):
-        raise ConvertError(f"--dtype iq4_xs: matrix '{name}' has rows of {cols} columns, not "
-                           f"whole blocks of {block_weights(chosen)}; llama-quantize would "
-                           "store it as IQ4_NL, which barellm does not run")
     return with_fallback(chosen, cols)
 
 

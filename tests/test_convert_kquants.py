@@ -1,8 +1,8 @@
 """ggml's block types in the converter: GGUF tensors of the types barellm runs (Q4_1, Q5_0,
 Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ4_NL, beside Q8_0 and Q4_0) kept byte for byte
-in a file of per-matrix types; q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_m, q5_k_m, q6_k and iq4_xs
-of a Hugging Face checkpoint (llama-quantize's mixes, ggml's reference quantizers); hostile
-blocks refused.
+in a file of per-matrix types; q2_k, q3_k_s, q3_k_m, q3_k_l, q4_k_m, q5_k_m, q6_k, iq4_xs and
+iq4_nl of a Hugging Face checkpoint (llama-quantize's mixes, ggml's reference quantizers);
+hostile blocks refused.
 
 The dequantization of every block type is written here from ggml's layouts
 (docs/FORMAT.md), independently of the converter, and checked against the gguf package's."""
@@ -550,7 +550,8 @@ def more_bits(layer, layers):
 def expected_type(mix, name, cols, tied, layers, query_heads_per_kv=1):
     """llama-quantize's choice for a dense llama (docs/FORMAT.md), written here."""
     base = {"q2_k": "Q2_K", "q3_k_s": "Q3_K", "q3_k_m": "Q3_K", "q3_k_l": "Q3_K",
-            "q4_k_m": "Q4_K", "q5_k_m": "Q5_K", "q6_k": "Q6_K", "iq4_xs": "IQ4_XS"}[mix]
+            "q4_k_m": "Q4_K", "q5_k_m": "Q5_K", "q6_k": "Q6_K", "iq4_xs": "IQ4_XS",
+            "iq4_nl": "IQ4_NL"}[mix]
     short = name.rsplit(".", 1)[-1]
     layer = int(name.split(".")[1]) if name.startswith("layers.") else None
     if name == "output" or (tied and name == "token_embedding"):
@@ -567,9 +568,9 @@ def expected_type(mix, name, cols, tied, layers, query_heads_per_kv=1):
         kind = "Q5_K" if layer < layers // 16 else "Q4_K"
     elif mix == "q3_k_m" and short == "wo":
         kind = "Q4_K"
-    elif mix == "iq4_xs" and short == "wv":
+    elif mix in ("iq4_xs", "iq4_nl") and short == "wv":
         kind = "Q5_K" if query_heads_per_kv >= 4 else base
-    elif mix == "iq4_xs" and short == "w2":
+    elif mix in ("iq4_xs", "iq4_nl") and short == "w2":
         kind = "Q5_K" if int(name.split(".")[1]) < layers // 8 else base
     elif mix in ("q4_k_m", "q5_k_m") and short in ("wv", "w2") and more_bits(layer, layers):
         kind = "Q6_K"
@@ -577,18 +578,18 @@ def expected_type(mix, name, cols, tied, layers, query_heads_per_kv=1):
         kind = base
     if cols % TYPES.get(kind, (256,))[0]:
         kind = {"Q2_K": "Q4_0", "Q3_K": "Q4_0", "Q4_K": "Q5_0", "Q5_K": "Q5_1",
-                "Q6_K": "Q8_0"}.get(kind, kind)
+                "Q6_K": "Q8_0", "IQ4_XS": "IQ4_NL"}.get(kind, kind)
     if cols % 32:
         kind = "F16"
     return kind
 
 
 # Relative RMS error of each type on Gaussian weights, with a margin (measured: IQ4_XS
-# 0.077, Q2_K 0.295, Q3_K 0.152, Q4_K 0.072, Q5_K 0.036, Q6_K 0.018, Q4_0 0.088, Q5_0
-# 0.043, Q5_1 0.038, Q8_0 0.004).
-RELATIVE_ERROR = {"IQ4_XS": 0.09, "Q2_K": 0.34, "Q3_K": 0.18, "Q4_K": 0.09, "Q5_K": 0.045,
-                  "Q6_K": 0.023, "Q4_0": 0.105, "Q5_0": 0.055, "Q5_1": 0.048, "Q8_0": 0.006,
-                  "F16": 0.001}
+# 0.077, IQ4_NL 0.076, Q2_K 0.295, Q3_K 0.152, Q4_K 0.072, Q5_K 0.036, Q6_K 0.018, Q4_0
+# 0.088, Q5_0 0.043, Q5_1 0.038, Q8_0 0.004).
+RELATIVE_ERROR = {"IQ4_XS": 0.09, "IQ4_NL": 0.09, "Q2_K": 0.34, "Q3_K": 0.18, "Q4_K": 0.09,
+                  "Q5_K": 0.045, "Q6_K": 0.023, "Q4_0": 0.105, "Q5_0": 0.055, "Q5_1": 0.048,
+                  "Q8_0": 0.006, "F16": 0.001}
 
 
 MIX_CONFIGS = {
@@ -601,16 +602,17 @@ MIX_CONFIGS = {
                 "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 41,
                 "num_hidden_layers": 3, "tie_word_embeddings": True},
 }
-# IQ4_XS needs rows of whole super-blocks; 4 query heads a KV head give wv Q5_K, 9 layers
-# w2 of layer 0 Q5_K.
+# Rows of whole super-blocks (IQ4_XS falls back nowhere); 4 query heads a KV head give wv
+# Q5_K under IQ4_XS and IQ4_NL, 9 layers w2 of layer 0 Q5_K.
 IQ4_CONFIG = {**TINY_CONFIG, "hidden_size": 256, "intermediate_size": 512,
               "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 41,
               "num_hidden_layers": 9}
 MIX_CASES = [(mix, shape)
-             for mix in ("q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_m", "q5_k_m", "q6_k")
+             for mix in ("q2_k", "q3_k_s", "q3_k_m", "q3_k_l", "q4_k_m", "q5_k_m", "q6_k",
+                         "iq4_xs", "iq4_nl")
              for shape in MIX_CONFIGS]
 # IQ4_CONFIG's 4 query heads a KV head also give Q2_K's wv Q4_K.
-MIX_CASES += [("iq4_xs", "iq4"), ("q2_k", "iq4")]
+MIX_CASES += [("iq4_xs", "iq4"), ("iq4_nl", "iq4"), ("q2_k", "iq4")]
 
 
 def mix_config(shape):
@@ -656,12 +658,13 @@ def test_mixes_of_a_checkpoint(tmp_path, mix, shape):
 @pytest.mark.parametrize("mix,base,wo", [("Q4_K_M", "Q4_K", "Q5_K"), ("Q5_K_M", "Q5_K", "Q5_K"),
                                          ("Q6_K", "Q6_K", "Q6_K"), ("IQ4_XS", "IQ4_XS", "Q5_K"),
                                          ("Q3_K_S", "Q3_K", "Q5_K"), ("Q3_K_M", "Q3_K", "Q5_K"),
-                                         ("Q3_K_L", "Q3_K", "Q3_K"), ("Q2_K", "Q2_K", "Q5_K")])
+                                         ("Q3_K_L", "Q3_K", "Q3_K"), ("Q2_K", "Q2_K", "Q5_K"),
+                                         ("IQ4_NL", "IQ4_NL", "Q5_K")])
 def test_eight_experts_keep_wk_and_wv_in_q8_0(mix, base, wo):
     """llama-quantize's rules for a model of 8 experts (Mixtral): wk and wv Q8_0 under every
-    mix, wo Q5_K under Q2_K, Q3_K_S, Q3_K_M, Q4_K_M and IQ4_XS (under Q3_K_L it stays Q3_K:
-    llama.cpp's Q5_K for Q3_K_L's wo is in the branch of the other models); the experts' w2
-    follow the dense rules."""
+    mix, wo Q5_K under Q2_K, Q3_K_S, Q3_K_M, Q4_K_M, IQ4_XS and IQ4_NL (under Q3_K_L it
+    stays Q3_K: llama.cpp's Q5_K for Q3_K_L's wo is in the branch of the other models); the
+    experts' w2 follow the dense rules."""
     sys.path.insert(0, os.path.join(REPO, "convert"))
     import mixes
     config = {"layers": 32, "tied_embeddings": False, "architecture": "mixtral", "heads": 32,
@@ -672,7 +675,8 @@ def test_eight_experts_keep_wk_and_wv_in_q8_0(mix, base, wo):
     assert mixes.matrix_type(mix, "layers.5.wq", 4096, config) == base
     assert mixes.matrix_type(mix, "layers.5.experts.w1", 4096, config) == base
     more_bits_w2 = {"Q4_K_M": "Q6_K", "Q5_K_M": "Q6_K", "Q6_K": "Q6_K", "IQ4_XS": "Q5_K",
-                    "Q3_K_S": "Q3_K", "Q3_K_M": "Q5_K", "Q3_K_L": "Q5_K", "Q2_K": "Q3_K"}[mix]
+                    "Q3_K_S": "Q3_K", "Q3_K_M": "Q5_K", "Q3_K_L": "Q5_K", "Q2_K": "Q3_K",
+                    "IQ4_NL": "Q5_K"}[mix]
     assert mixes.matrix_type(mix, "layers.0.experts.w2", 14336, config) == more_bits_w2
     sixteen = {**config, "experts": 16}
     assert mixes.matrix_type(mix, "layers.5.wk", 4096, sixteen) == base
@@ -755,6 +759,40 @@ def test_q2_k_mix_of_a_deep_model():
     assert mixes.matrix_type("Q2_K", "layers.11.wq", 8192, seventy) == "Q2_K"
     sixty_five = {**seventy, "kv_heads": 64}  # no grouped-query attention: not the 70B
     assert mixes.matrix_type("Q2_K", "layers.11.wv", 8192, sixty_five) == "Q3_K"
+
+
+@pytest.mark.parametrize("mix", ["IQ4_XS", "IQ4_NL"])
+def test_iq4_mixes_of_a_deep_model(mix):
+    """IQ4_XS and IQ4_NL: wv Q5_K where four or more query heads share a KV head, else the
+    base type; w2 Q5_K in the first eighth of the layers; wq, wk, wo, w1, w3 and an untied
+    token embedding the base type; output Q6_K. Rows not whole super-blocks fall back:
+    IQ4_XS to IQ4_NL, Q5_K to Q5_1, the output to Q8_0; rows not whole blocks of 32 stay
+    F16."""
+    sys.path.insert(0, os.path.join(REPO, "convert"))
+    import mixes
+    five_a_kv_head = {"layers": 40, "tied_embeddings": False, "architecture": "llama",
+                      "heads": 40, "kv_heads": 8}
+    three_a_kv_head = {**five_a_kv_head, "heads": 24}
+
+    def types(short, config, cols=5120):
+        return [mixes.matrix_type(mix, f"layers.{layer}.{short}", cols, config)
+                for layer in range(config["layers"])]
+
+    assert types("wv", five_a_kv_head) == ["Q5_K"] * 40
+    assert types("wv", three_a_kv_head) == [mix] * 40
+    for config in (five_a_kv_head, three_a_kv_head):
+        assert types("w2", config, 13824) == ["Q5_K"] * 5 + [mix] * 35
+        assert types("w2", config, 13824 + 32) == ["Q5_1"] * 5 + ["IQ4_NL"] * 35
+        assert types("w2", config, 13824 + 16) == ["F16"] * 40
+        for short in ("wq", "wk", "wo", "w1", "w3"):
+            assert types(short, config) == [mix] * 40
+            assert types(short, config, 5120 + 32) == ["IQ4_NL"] * 40
+        assert mixes.matrix_type(mix, "token_embedding", 5120, config) == mix
+        assert mixes.matrix_type(mix, "output", 5120, config) == "Q6_K"
+        assert mixes.matrix_type(mix, "output", 5120 + 32, config) == "Q8_0"
+        assert mixes.matrix_type(mix, "output", 5120 + 16, config) == "F16"
+    assert mixes.matrix_type(mix, "layers.3.wv", 5120 + 32, five_a_kv_head) == "Q5_1"
+    assert mixes.matrix_type(mix, "layers.3.wv", 5120 + 32, three_a_kv_head) == "IQ4_NL"
 
 
 def test_q4_k_m_more_bits_layers_of_tinyllama():
@@ -1172,7 +1210,7 @@ def test_k_quantizers_match_a_scalar_reference(type_name):
 
 @pytest.mark.parametrize("mix,part,kind", [
     ("q2_k", "q_proj", "Q2_K"), ("q3_k_s", "o_proj", "Q3_K"), ("q4_k_m", "o_proj", "Q4_K"),
-    ("q6_k", "o_proj", "Q6_K")])
+    ("q6_k", "o_proj", "Q6_K"), ("iq4_nl", "q_proj", "IQ4_NL")])
 def test_weights_beyond_the_f16_scales_are_refused(tmp_path, mix, part, kind):
     config = MIX_CONFIGS["untied"]
     tensors = tiny_tensors(config, seed=3)
@@ -1190,8 +1228,9 @@ def test_weights_beyond_the_f16_scales_are_refused(tmp_path, mix, part, kind):
 
 
 # The models compared with llama-quantize's files, by the query heads a KV head: 2, with
-# 16 layers (Q3_K_M's w2 of layer 0 is Q5_K: 16 // 16 = 1) and w2 rows of 288 (fallbacks);
-# 4 (Q2_K's wv Q4_K), with w2 rows of two super-blocks.
+# 16 layers (Q3_K_M's w2 of layer 0 is Q5_K: 16 // 16 = 1) and w2 rows of 288 (fallbacks:
+# IQ4_XS's to IQ4_NL in layers 2 to 15); 4 (the wv of Q2_K Q4_K, of IQ4_NL Q5_K), with w2
+# rows of two super-blocks.
 LLAMA_QUANTIZE_CONFIGS = {"2-per-kv": {**MIX_CONFIGS["untied"], "num_hidden_layers": 16}}
 LLAMA_QUANTIZE_CONFIGS["4-per-kv"] = {**LLAMA_QUANTIZE_CONFIGS["2-per-kv"],
                                       "num_attention_heads": 8, "intermediate_size": 512}
@@ -1211,8 +1250,10 @@ def llama_quantize_model(tmp_path_factory, request):
 
 @pytest.mark.parametrize("mix,llama_quantize_model",
                          [(mix, "2-per-kv") for mix in ("q2_k", "q3_k_s", "q3_k_m", "q3_k_l",
-                                                        "q4_k_m", "q5_k_m", "q6_k")]
-                         + [("q2_k", "4-per-kv")], indirect=["llama_quantize_model"])
+                                                        "q4_k_m", "q5_k_m", "q6_k", "iq4_xs",
+                                                        "iq4_nl")]
+                         + [("q2_k", "4-per-kv"), ("iq4_nl", "4-per-kv")],
+                         indirect=["llama_quantize_model"])
 def test_mixes_equal_llama_quantize(tmp_path, llama_quantize_model, mix):
     """The converter's mix of a checkpoint and llama-quantize's file of its f32 GGUF
     (converted as it is) have the same type for every matrix and the same bytes in every
@@ -1232,19 +1273,6 @@ def test_mixes_equal_llama_quantize(tmp_path, llama_quantize_model, mix):
         assert values.dtype == kept_tensors[name].dtype, name
         assert np.array_equal(values.view(np.uint8), kept_tensors[name].view(np.uint8)), name
     print(mix, sorted(set(types.values())))
-
-
-def test_iq4_xs_of_rows_not_whole_super_blocks_is_refused(tmp_path):
-    """llama-quantize stores such rows as IQ4_NL, which barellm does not run: one line."""
-    hf = make_checkpoint(tmp_path / "hf", config=MIX_CONFIGS["untied"],
-                         tensors=tiny_tensors(MIX_CONFIGS["untied"], seed=3))
-    out_dir = tmp_path / "out"
-    out_dir.mkdir()
-    result = run(CONVERT, hf, "-o", out_dir / "m.bin", "--dtype", "iq4_xs")
-    lines = result.stderr.splitlines()
-    assert result.returncode == 1 and len(lines) == 1, result.stderr
-    assert "rows of 288 columns" in lines[0] and "IQ4_NL" in lines[0], lines[0]
-    assert os.listdir(out_dir) == []
 
 
 # ------------------------------------------- running a mix (needs barellm's per-matrix types)
