@@ -18,8 +18,8 @@ batched matvec and on the GEMMs, scattered block tables, copied blocks), graph r
 decode with programmatic dependent launch (BARELLM_CUDA_PDL=1) against plain launches, every
 rung of the GPU ladder on Qwen (and its refusal of Gemma on rungs 1-4), `run` and `bench`;
 synthetic Mixtral and Qwen3-MoE checkpoints (decode, prefill and the server's step); files
-of ggml's block types, a type per matrix (Q2_K, Q3_K_M, Q4_K_M, Q5_K_M, Q6_K and IQ4_XS
-mixes: decode, prefill and the server's step against the CPU's scalar path).
+of ggml's block types, a type per matrix (Q2_K, Q3_K_M, Q4_K_M, Q5_K_M, Q6_K, IQ4_XS and
+IQ4_NL mixes: decode, prefill and the server's step against the CPU's scalar path).
 
 Every test but the last skips, printing why, on a machine without a usable CUDA GPU (CI
 never has one); the last checks what `--device cuda` says there.
@@ -394,17 +394,19 @@ def test_warpgroup_gemm_quantized_prefill_matches_cpu(cuda, models, name, dtype,
 # Every text of ../shared/eval; f32 weights (the SIMT GEMM) and f16 (the tensor cores, with an
 # f16 KV cache: the tensor-core prefill attention).
 # Files of ggml's block types, each matrix its own type (convert.py's q2_k, q3_k_m, q4_k_m,
-# q5_k_m, q6_k and iq4_xs of a checkpoint, llama-quantize's mixes): rows of 256 (whole
+# q5_k_m, q6_k, iq4_xs and iq4_nl of a checkpoint, llama-quantize's mixes): rows of 256 (whole
 # super-blocks), 9 layers (the mixes' more-bits layers Q6_K; q2_k's wq, wk, w1 and w3 Q2_K, its
-# wv and wo Q3_K; q3_k_m's wq, wk, w1 and w3 Q3_K). KQUANT_SHAPE's w2 has 288 columns, so it
-# falls back (Q3_K to Q4_0, Q4_K to Q5_0, Q5_K to Q5_1, Q6_K to Q8_0); IQ4_SHAPE's fall back
-# nowhere (IQ4_XS, Q5_K, Q6_K). The vocabulary of 41 is off every tile.
+# wv and wo Q3_K; q3_k_m's wq, wk, w1 and w3 Q3_K; iq4_nl's IQ4_NL but for w2 of layer 0 and
+# the output). KQUANT_SHAPE's w2 has 288 columns, so it falls back (Q3_K to Q4_0, Q4_K to
+# Q5_0, Q5_K to Q5_1, Q6_K to Q8_0) or is IQ4_NL of 9 blocks; IQ4_SHAPE's fall back nowhere
+# (IQ4_XS, Q5_K, Q6_K). The vocabulary of 41 is off every tile.
 KQUANT_SHAPE = {**TINY_CONFIG, "hidden_size": 256, "intermediate_size": 288,
                 "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 41,
                 "num_hidden_layers": 9, "max_position_embeddings": 128}
 IQ4_SHAPE = {**KQUANT_SHAPE, "intermediate_size": 512, "num_attention_heads": 8}
 BLOCK_MIXES = {"q2_k": KQUANT_SHAPE, "q3_k_m": KQUANT_SHAPE, "q4_k_m": KQUANT_SHAPE,
-               "q5_k_m": KQUANT_SHAPE, "q6_k": KQUANT_SHAPE, "iq4_xs": IQ4_SHAPE}
+               "q5_k_m": KQUANT_SHAPE, "q6_k": KQUANT_SHAPE, "iq4_xs": IQ4_SHAPE,
+               "iq4_nl": KQUANT_SHAPE}
 
 
 @pytest.fixture(scope="module")
