@@ -1,8 +1,8 @@
 // How the device code reads matrices stored as ggml's blocks (src/weights/weight_blocks.h: Q4_1,
-// Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS): the blocks as the file holds them, each
-// device row padded to 16 bytes (kernels.h: DeviceMatrix), unpacked in registers only. Every
-// reader loads a unit's bytes with load_unit; its stored values come out four to a word, in
-// column order (group_words), and its scales as floats (unit_factors). The decode matvecs
+// Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS): the blocks as the file holds them,
+// each device row padded to 16 bytes (kernels.h: DeviceMatrix), unpacked in registers only.
+// Every reader loads a unit's bytes with load_unit; its stored values come out four to a word,
+// in column order (group_words), and its scales as floats (unit_factors). The decode matvecs
 // (matvec_blocks.cuh) multiply the words with an int8 input (dp4a); the embedding
 // (embedding.cuh), the f16 copy for the prefill's GEMMs (dequantize.cuh) and the server
 // step's batched matvec (matvec_rows.cuh) take the weights in f32 (decode_unit).
@@ -11,9 +11,10 @@
 // of 256 weights eight. A unit is two groups of 16 weights, each group 16 consecutive columns
 // (group_column) sharing one f32 scale and offset: w = scale · (q − midpoint) + offset, q a
 // small non-negative integer (the midpoint: Q5_0's 16, Q6_K's 32, Q3_K's 4, else 0; IQ4_XS's
-// q is its non-uniform level, signed). Which bytes a unit reads, and which columns its groups
-// cover:
-// - Q4_1, Q5_0, Q5_1: the block; group 0 the low nibbles (columns 0..15), group 1 the high.
+// and IQ4_NL's q is the non-uniform level its nibble picks, signed). Which bytes a unit reads,
+// and which columns its groups cover:
+// - Q4_1, Q5_0, Q5_1, IQ4_NL: the block; group 0 the low nibbles (columns 0..15), group 1 the
+//   high.
 // - Q2_K: Q3_K's units without hmask. Unit k = 4h + 2p + m reads 16 bytes of qs,
 //   32h + 16m .. + 15: its group g (t = 2p + g) takes bits 2t, 2t + 1 of them, columns
 //   128h + 32t + 16m + i (sub-block 8h + 2t + m); of scales it reads the word
@@ -36,7 +37,7 @@
 //   nibbles 32k + 16 + i.
 // A unit's loads are as wide as its alignment allows (BlockLayout::kLoadBytes): 16 bytes for
 // Q4_K and Q5_K, 8 for Q5_1 and IQ4_XS, 4 for Q4_1 and Q2_K (blocks of 20 and 84 bytes), 2 for
-// Q5_0, Q3_K and Q6_K (blocks of 22, 110 and 210 bytes).
+// IQ4_NL, Q5_0, Q3_K and Q6_K (blocks of 18, 22, 110 and 210 bytes).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -70,6 +71,10 @@ struct BlockLayout<DType::Q5_0> {
 template <>
 struct BlockLayout<DType::Q5_1> {
     static constexpr int kWeights = 32, kBytes = 24, kLoadBytes = 8;
+};
+template <>
+struct BlockLayout<DType::IQ4_NL> {
+    static constexpr int kWeights = 32, kBytes = 18, kLoadBytes = 2;
 };
 template <>
 struct BlockLayout<DType::Q2_K> {
@@ -182,6 +187,9 @@ __device__ __forceinline__ UnitBytes load_unit(const uint8_t* row, int unit) {
     } else if constexpr (D == DType::Q5_1) {  // d, m | qh[4] | qs[16]
         load_words<kAlign, 8>(block, u.head);
         load_words<kAlign>(block + 8, u.low);
+    } else if constexpr (D == DType::IQ4_NL) {  // d | qs[16]
+        load_words<kAlign, 2>(block + offsetof(BlockIQ4_NL, d), u.head);
+        load_words<kAlign>(block + offsetof(BlockIQ4_NL, qs), u.low);
     } else if constexpr (D == DType::Q2_K) {  // scales[16] | qs[64] | d, dmin
         static_assert(Layout::kBytes % kAlign == 0 && offsetof(BlockQ2_K, qs) % kAlign == 0 &&
                           offsetof(BlockQ2_K, d) % kAlign == 0,
@@ -265,9 +273,9 @@ __device__ __forceinline__ UnitFactors unit_factors(const UnitBytes& u, int unit
     constexpr int kUnits = BlockLayout<D>::kWeights / kUnitWeights;
     const int k = unit % kUnits;
     UnitFactors f;
-    if constexpr (D == DType::Q4_1 || D == DType::Q5_0 || D == DType::Q5_1) {
+    if constexpr (D == DType::Q4_1 || D == DType::Q5_0 || D == DType::Q5_1 || D == DType::IQ4_NL) {
         const float d = half_bits_to_float(u.head[0] & 0xffffu);
-        const float m = D == DType::Q5_0 ? 0.0f : half_bits_to_float(u.head[0] >> 16);
+        const float m = kHasOffset<D> ? half_bits_to_float(u.head[0] >> 16) : 0.0f;
         f.scale[0] = f.scale[1] = d;
         f.offset[0] = f.offset[1] = m;
     } else if constexpr (D == DType::Q2_K) {
@@ -333,9 +341,9 @@ __device__ __forceinline__ uint32_t spread_four_bits(uint32_t bits) {
     return ((bits & 0xfu) * 0x00204081u) & kLowBitBytes;
 }
 
-// IQ4_XS's levels (kIq4Values) of four indices 0..15, one a byte, as four int8 bytes: each
-// half of the table is four bytes of two words, selected by the index's low three bits (two
-// byte permutes), the index's bit 3 picking the half.
+// IQ4_XS's and IQ4_NL's levels (kIq4Values) of four indices 0..15, one a byte, as four int8
+// bytes: each half of the table is four bytes of two words, selected by the index's low three
+// bits (two byte permutes), the index's bit 3 picking the half.
 __device__ __forceinline__ uint32_t iq4_levels(uint32_t indices) {
     constexpr uint32_t kLevels[4] = {
         uint32_t(uint8_t(kIq4Values[0])) | uint32_t(uint8_t(kIq4Values[1])) << 8 |
@@ -357,7 +365,7 @@ __device__ __forceinline__ uint32_t iq4_levels(uint32_t indices) {
 }
 
 // The stored values q of group g of unit `unit`, in column order, four a word (byte i of
-// word j: column group_column + 4j + i), each a non-negative int8 (IQ4_XS: its signed
+// word j: column group_column + 4j + i), each a non-negative int8 (IQ4_XS, IQ4_NL: its signed
 // level): what dp4a multiplies with the int8 input, and decode_unit unpacks.
 template <DType D>
 __device__ __forceinline__ void group_words(const UnitBytes& u, int unit, int g, uint32_t (&q)[4]) {
@@ -391,7 +399,7 @@ __device__ __forceinline__ void group_words(const UnitBytes& u, int unit, int g,
         const int t = k / 2 % 2 + 2 * g;
 #pragma unroll
         for (int j = 0; j < 4; ++j) q[j] |= (u.high[j] >> (2 * t) & kLowTwoBitBytes) << 4;
-    } else if constexpr (D == DType::IQ4_XS) {
+    } else if constexpr (D == DType::IQ4_XS || D == DType::IQ4_NL) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) q[j] = iq4_levels(q[j]);
     }
@@ -455,6 +463,8 @@ void with_block_dtype(DType dtype, Use&& use) {
             return use(std::integral_constant<DType, DType::Q5_0>{});
         case DType::Q5_1:
             return use(std::integral_constant<DType, DType::Q5_1>{});
+        case DType::IQ4_NL:
+            return use(std::integral_constant<DType, DType::IQ4_NL>{});
         case DType::Q2_K:
             return use(std::integral_constant<DType, DType::Q2_K>{});
         case DType::Q3_K:

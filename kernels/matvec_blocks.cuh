@@ -10,12 +10,14 @@
 //   consecutive units: 32 small blocks, or 4 super-blocks.
 // - The input is staged once per block in shared memory with RMSNorm fused (matvec.cuh:
 //   stage_input), then quantized to int8 as the CPU's matvecs of the same type quantize it
-//   (stage_block_input): per 32 columns by the Q8 rule (cpu::quantize_q8) for Q4_1, Q5_0 and
-//   Q5_1, per super-block of 256 by the Q8_K rule (cpu::quantize_q8_k) for Q2_K, Q3_K, Q4_K,
-//   Q5_K, Q6_K and IQ4_XS. So the GPU's sums follow the CPU's, as the Q8/Q4 matvecs' do.
+//   (stage_block_input): per 32 columns by the Q8 rule (cpu::quantize_q8) for Q4_1, Q5_0,
+//   Q5_1 and IQ4_NL, per super-block of 256 by the Q8_K rule (cpu::quantize_q8_k) for Q2_K,
+//   Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS. So the GPU's sums follow the CPU's, as the Q8/Q4
+//   matvecs' do.
 // - Each group of 16 weights is four dp4a of its stored values (group_words: the nibbles, or
-//   Q2_K's and Q3_K's bit pairs, masked four at a time, the high bits spread into them) with
-//   the 16 int8 inputs it multiplies, one 16-byte shared load; the lane's f32 sum gains
+//   Q2_K's and Q3_K's bit pairs, masked four at a time, the high bits spread into them; IQ4_XS's
+//   and IQ4_NL's nibbles looked up as their signed levels) with the 16 int8 inputs it
+//   multiplies, one 16-byte shared load; the lane's f32 sum gains
 //   x_scale · (scale · (dot − midpoint · Σx) + offset · Σx), Σx the group's sum of int8 inputs
 //   (Q6_K's midpoint of 32, Q5_0's of 16 and Q3_K's of 4 subtracted in integers, Q2_K's,
 //   Q4_K's and Q5_K's mins and Q4_1's and Q5_1's m as offsets).
@@ -31,8 +33,8 @@
 // - The row sums meet in shared memory and are stored with the bias and the residual
 //   (store_warp_rows); w1 and w3 are read by one warp with SwiGLU applied before the store.
 // Not yet timed on a GPU (cuda_kernel_check --bench times them): what it has to decide is
-// whether the 2-byte loads of Q5_0, Q3_K and Q6_K (blocks of 22, 110 and 210 bytes) and the
-// per-unit headers keep these kernels at memory speed.
+// whether the 2-byte loads of IQ4_NL, Q5_0, Q3_K and Q6_K (blocks of 18, 22, 110 and 210 bytes)
+// and the per-unit headers keep these kernels at memory speed.
 #pragma once
 #include <cstdint>
 
@@ -397,6 +399,7 @@ void prepare_block_matvec(size_t bytes) {
     allow_block_shared_bytes<DType::Q4_1>(bytes);
     allow_block_shared_bytes<DType::Q5_0>(bytes);
     allow_block_shared_bytes<DType::Q5_1>(bytes);
+    allow_block_shared_bytes<DType::IQ4_NL>(bytes);
     allow_block_shared_bytes<DType::Q2_K>(bytes);
     allow_block_shared_bytes<DType::Q3_K>(bytes);
     allow_block_shared_bytes<DType::Q4_K>(bytes);

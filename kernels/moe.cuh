@@ -278,8 +278,8 @@ void prepare_expert_matvec(size_t bytes) {
     allow_shared_bytes(expert_matvec_kernel<DType::BF16>, bytes);
     allow_shared_bytes(expert_quantized_matvec_kernel<DType::Q8_0>, bytes);
     allow_shared_bytes(expert_quantized_matvec_kernel<DType::Q4_0>, bytes);
-    for (const DType dtype : {DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::Q2_K, DType::Q3_K,
-                              DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS})
+    for (const DType dtype : {DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4_NL, DType::Q2_K,
+                              DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS})
         with_block_dtype(dtype, [&](auto d) {
             allow_shared_bytes(expert_block_matvec_kernel<decltype(d)::value>, bytes);
         });
