@@ -3,10 +3,10 @@
 // lower index winning an exact tie, renormalised or not; exact ties, near-ties one ulp apart,
 // 8, 60 and 128 experts; NaN and infinite logits, whose picks must stay in range, on the
 // kernel and the CPU's route_token), the expert matvecs (each route's expert read from device
-// memory; f32, f16, Q8, Q4, and random Q4_K, Q6_K, Q5_0, Q3_K and Q2_K blocks) against the plain
-// matvec kernels on that expert's matrix and a double reference, and a whole sparse feed-forward
-// for one token, launched as CudaBackend::record_experts launches it, against the CPU backend's
-// cpu::MixtureOfExperts::decode (f32 and Q8 weights). A prefill
+// memory; f32, f16, Q8, Q4, and random Q4_K, Q6_K, Q5_0, Q3_K, Q2_K and IQ4_NL blocks) against
+// the plain matvec kernels on that expert's matrix and a double reference, and a whole sparse
+// feed-forward for one token, launched as CudaBackend::record_experts launches it, against the
+// CPU backend's cpu::MixtureOfExperts::decode (f32 and Q8 weights). A prefill
 // batch: the grouping of its routes by expert (expert_groups.h), the gather of each grouped
 // row's input and the weighted scatter back (moe_combine_kernel with grouped rows) against
 // scalar references written here (empty experts, one expert in every token's routes), and a
@@ -798,6 +798,7 @@ TEST_CASE("emulated expert matvecs read each route's expert from device memory",
         check_expert_matvec(DType::Q5_0, 9, 96, shared_input, rng);
         check_expert_matvec(DType::Q3_K, 7, 512, shared_input, rng);
         check_expert_matvec(DType::Q2_K, 5, 256, shared_input, rng);
+        check_expert_matvec(DType::IQ4_NL, 15, 160, shared_input, rng);
     }
 }
 

@@ -140,8 +140,9 @@ HostMatrix random_quantized_matrix(int rows, int cols, DType dtype, bool cheap =
 }
 
 // The block types the CUDA backend runs (src/weights/weight_blocks.h).
-constexpr DType kBlockTypes[] = {DType::Q4_K, DType::Q6_K,   DType::Q5_K, DType::Q4_1, DType::Q5_0,
-                                 DType::Q5_1, DType::IQ4_XS, DType::Q3_K, DType::Q2_K};
+constexpr DType kBlockTypes[] = {DType::Q4_K, DType::Q6_K,  DType::Q5_K,   DType::Q4_1,
+                                 DType::Q5_0, DType::Q5_1,  DType::IQ4_XS, DType::Q3_K,
+                                 DType::Q2_K, DType::IQ4_NL};
 
 // Byte offsets of a block's f16 fields (d, and dmin or m where the type has them).
 std::vector<int> block_half_fields(DType dtype) {
@@ -157,7 +158,7 @@ std::vector<int> block_half_fields(DType dtype) {
             return {int(offsetof(BlockQ3_K, d))};
         case DType::Q6_K:
             return {208};
-        default:  // Q5_0, IQ4_XS
+        default:  // Q5_0, IQ4_XS, IQ4_NL
             return {0};
     }
 }
@@ -165,8 +166,9 @@ std::vector<int> block_half_fields(DType dtype) {
 // A random host matrix of block type `dtype` (cols a multiple of its block): random bytes,
 // each block's f16 fields of either sign, sized so that the weights are about
 // 1 / sqrt(cols) (the largest integer factor of a weight, sub-block scales included, is
-// about 1000 for the K types and 30 for the small blocks). cheap: xorshift bytes, for timing
-// (the f16 fields still set: random bytes would hold infinities and NaNs).
+// about 1000 for the K types, 30 for Q4_1, Q5_0 and Q5_1, 127 for IQ4_NL: its largest level).
+// cheap: xorshift bytes, for timing (the f16 fields still set: random bytes would hold
+// infinities and NaNs).
 HostMatrix random_block_matrix(int rows, int cols, DType dtype, bool cheap = false) {
     HostMatrix m;
     m.matrix = Matrix{nullptr, dtype, rows, cols};
@@ -184,7 +186,9 @@ HostMatrix random_block_matrix(int rows, int cols, DType dtype, bool cheap = fal
             b = uint8_t(byte(rng));
         }
     }
-    const float integer_size = block_weights(dtype) == kSuperBlock ? 1000.0f : 30.0f;
+    const float integer_size = block_weights(dtype) == kSuperBlock ? 1000.0f
+                               : dtype == DType::IQ4_NL            ? -float(kIq4Values[0])
+                                                                   : 30.0f;
     const float scale_size = 1.0f / (integer_size * std::sqrt(float(cols)));
     std::normal_distribution<float> normal(0.0f, scale_size);
     const size_t blocks = size_t(rows) * (cols / block_weights(dtype));
@@ -1266,9 +1270,10 @@ void check_gemm() {
     constexpr double kTolerance = 1e-5;
     cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
     // Of the block types, those of a Q4_K_M file (Q5_0 where a row is not whole super-blocks),
-    // Q3_K, a Q3_K_M file's, and Q2_K.
+    // Q3_K, a Q3_K_M file's, Q2_K, and IQ4_NL, an IQ4_XS file's where a row is not whole
+    // super-blocks.
     for (DType dtype : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K,
-                        DType::Q6_K, DType::Q5_0, DType::Q3_K, DType::Q2_K}) {
+                        DType::Q6_K, DType::Q5_0, DType::Q3_K, DType::Q2_K, DType::IQ4_NL}) {
         const std::vector<cuda::GemmTiles> tiles = runnable_tiles(dtype);
         const DType in_dtype = cuda::gemm_input_dtype(dtype);
         for (Case test : cases) {
