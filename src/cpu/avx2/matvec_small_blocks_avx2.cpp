@@ -24,6 +24,12 @@ namespace barellm::cpu::avx2 {
 
 namespace {
 
+// IQ4_NL rows read side by side: a whole IQ4_NL file's matrices are mostly these rows, and
+// one row at a time left the loads waiting on memory. One core, 2048 columns, from memory
+// (230 MB) and from cache (6.5 MB): one row 3.4 and 8.2 GB/s, 4 rows 4.3 and 11.5, 8 rows 5.9
+// and 11.5, 16 rows 7.3 and 11.6; asking for the lines 0.75-6 KB ahead changed nothing.
+constexpr int kIq4NLRows = 16;
+
 template <DType kType>
 float small_block_row_dot(const uint8_t* row, int blocks, const QuantizedVector& x) {
     constexpr size_t kBytes = kType == DType::Q4_1   ? sizeof(BlockQ4_1)
@@ -46,21 +52,32 @@ float small_block_row_dot(const uint8_t* row, int blocks, const QuantizedVector&
     return horizontal_sum(sums) + offsets;
 }
 
-float iq4_nl_row_dot(const uint8_t* row, int blocks, const QuantizedVector& x) {
+// IQ4_NL rows r..r + kRows − 1 (rows row_bytes apart from `first`) · x, into out[0..kRows):
+// the rows side by side, each block of x loaded once for all of them, each row its own
+// accumulator and its own stream of loads.
+template <int kRows>
+void iq4_nl_rows_dot(float* out, const uint8_t* first, size_t row_bytes, int blocks,
+                     const QuantizedVector& x) {
     const __m256i ones = _mm256_set1_epi16(1), table = iq4_table();
-    __m256 sums = _mm256_setzero_ps();
+    __m256 sums[kRows];
+    for (int k = 0; k < kRows; ++k) sums[k] = _mm256_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
-        const uint8_t* block = row + size_t(b) * sizeof(BlockIQ4_NL);
-        const __m256i levels =
-            _mm256_shuffle_epi8(table, nibbles(block + offsetof(BlockIQ4_NL, qs)));
         const __m256i values =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.values.data() + b * kSmallBlock));
-        const __m256i dot = _mm256_madd_epi16(
-            _mm256_maddubs_epi16(_mm256_abs_epi8(levels), _mm256_sign_epi8(values, levels)), ones);
-        sums = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(f16_at(block) * x.scales[b]),
-                               sums);
+        const float x_scale = x.scales[b];
+#pragma GCC unroll 16
+        for (int k = 0; k < kRows; ++k) {
+            const uint8_t* block = first + k * row_bytes + size_t(b) * sizeof(BlockIQ4_NL);
+            const __m256i levels =
+                _mm256_shuffle_epi8(table, nibbles(block + offsetof(BlockIQ4_NL, qs)));
+            const __m256i dot = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(_mm256_abs_epi8(levels), _mm256_sign_epi8(values, levels)),
+                ones);
+            sums[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
+                                      _mm256_set1_ps(f16_at(block) * x_scale), sums[k]);
+        }
     }
-    return horizontal_sum(sums);
+    for (int k = 0; k < kRows; ++k) out[k] = horizontal_sum(sums[k]);
 }
 
 }  // namespace
@@ -68,12 +85,19 @@ float iq4_nl_row_dot(const uint8_t* row, int blocks, const QuantizedVector& x) {
 void matvec_rows_small_blocks(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                               int row_count) {
     const int blocks = w.cols / kSmallBlock;
+    if (w.dtype == DType::IQ4_NL) {
+        int r = first_row;
+        for (; r + kIq4NLRows <= first_row + row_count; r += kIq4NLRows)
+            iq4_nl_rows_dot<kIq4NLRows>(out + r, w.row_data(r), w.row_bytes(), blocks, x);
+        for (; r < first_row + row_count; ++r)
+            iq4_nl_rows_dot<1>(out + r, w.row_data(r), w.row_bytes(), blocks, x);
+        return;
+    }
     for (int r = first_row; r < first_row + row_count; ++r) {
         const uint8_t* row = w.row_data(r);
         out[r] = w.dtype == DType::Q4_1   ? small_block_row_dot<DType::Q4_1>(row, blocks, x)
                  : w.dtype == DType::Q5_0 ? small_block_row_dot<DType::Q5_0>(row, blocks, x)
-                 : w.dtype == DType::Q5_1 ? small_block_row_dot<DType::Q5_1>(row, blocks, x)
-                                          : iq4_nl_row_dot(row, blocks, x);
+                                          : small_block_row_dot<DType::Q5_1>(row, blocks, x);
     }
 }
 
