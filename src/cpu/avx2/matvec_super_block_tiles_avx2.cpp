@@ -77,6 +77,35 @@ inline __m256i signed_scale_words(const uint8_t* p) {
     return _mm256_blend_epi16(scales, _mm256_slli_epi32(scales, 16), 0xaa);
 }
 
+// x_words[t][m]: x_t's columns 4m..4m + 3 of sub-block s (16 columns) of super-block b,
+// broadcast to every lane.
+template <int kTokens>
+inline void sub_block_x_words(__m256i (*x_words)[4], const TokenX* x, int b, int s) {
+#pragma GCC unroll 4
+    for (int t = 0; t < kTokens; ++t)
+#pragma GCC unroll 4
+        for (int m = 0; m < 4; ++m)
+            x_words[t][m] =
+                broadcast_word(x[t].values + size_t(b) * kSuperBlock + s * kQ6SubBlock + 4 * m);
+}
+
+// sums[t] gains −x_t.d[b] · dmin · Σ_p mins[p] · x_t's sums of pair p (a lane's two words, the
+// mins of a pair of sub-blocks of its row, against the pair's two sums): the mins' term of
+// super-block b for 8 rows, kPairs pairs of sub-blocks (Q4_K, Q5_K, Q2_K).
+template <int kTokens, int kPairs>
+inline void subtract_mins(__m256* sums, const __m256i* mins, __m256 dmin, const TokenX* x, int b) {
+#pragma GCC unroll 4
+    for (int t = 0; t < kTokens; ++t) {
+        __m256i min_dots = _mm256_setzero_si256();  // Σ m · Σ x
+#pragma GCC unroll 8
+        for (int p = 0; p < kPairs; ++p)
+            min_dots = _mm256_add_epi32(
+                min_dots, _mm256_madd_epi16(mins[p], _mm256_set1_epi32(x[t].sums[b * kPairs + p])));
+        const __m256 x_d = _mm256_set1_ps(x[t].d[b]);
+        sums[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(min_dots), _mm256_mul_ps(dmin, x_d), sums[t]);
+    }
+}
+
 // Halves h0..h0 + kHalves − 1 of super-block b of a Q4_K (kFifthBit false) or Q5_K tile against
 // kTokens tokens: sums[h][t] gains the 8 rows' x.d · (d · Σ sc · q · x − dmin · Σ m · Σ x). Both
 // halves at once (kHalves 2, one token) share x's broadcasts.
@@ -97,19 +126,8 @@ inline void k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int b,
         for (int p = 0; p < kMinPairs; ++p)
             mins[p] = _mm256_cvtepu8_epi16(_mm_load_si128(reinterpret_cast<const __m128i*>(
                 block + kQ4KTileMinsOffset + 2 * kTileRows * p + 2 * kTileHalfRows * h)));
-        const __m256 dmin = tile_halves(block + kQ4KTileDMinOffset + 2 * kTileHalfRows * h);
-#pragma GCC unroll 4
-        for (int t = 0; t < kTokens; ++t) {
-            __m256i min_dots = _mm256_setzero_si256();  // Σ_j m_j · Σ x
-#pragma GCC unroll 4
-            for (int p = 0; p < kMinPairs; ++p)
-                min_dots = _mm256_add_epi32(
-                    min_dots,
-                    _mm256_madd_epi16(mins[p], _mm256_set1_epi32(x[t].sums[b * kMinPairs + p])));
-            const __m256 x_d = _mm256_set1_ps(x[t].d[b]);
-            sums[h][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(min_dots), _mm256_mul_ps(dmin, x_d),
-                                          sums[h][t]);
-        }
+        subtract_mins<kTokens, kMinPairs>(
+            sums[h], mins, tile_halves(block + kQ4KTileDMinOffset + 2 * kTileHalfRows * h), x, b);
     }
     __m256i dots[kHalves][kTokens];  // Σ_j sc_j · Σ q · x
 #pragma GCC unroll 2
@@ -217,12 +235,7 @@ inline void sixteen_column_halves_block(__m256 (*sums)[kTokens], const uint8_t* 
     for (int s = 0; s < kQ6KSubBlocks; ++s) {
         prefetch_share<kBlockBytes / kCacheLine, kQ6KSubBlocks>(ahead, s);
         __m256i x_words[kTokens][4];  // x of columns 4m..4m + 3 of the sub-block, broadcast
-#pragma GCC unroll 4
-        for (int t = 0; t < kTokens; ++t)
-#pragma GCC unroll 4
-            for (int m = 0; m < 4; ++m)
-                x_words[t][m] =
-                    broadcast_word(x[t].values + size_t(b) * kSuperBlock + s * kQ6SubBlock + 4 * m);
+        sub_block_x_words<kTokens>(x_words, x, b, s);
 #pragma GCC unroll 2
         for (int i = 0; i < kHalves; ++i) {
             __m256i q[4];  // levels of columns 4m..4m + 3 of the sub-block
@@ -289,19 +302,8 @@ inline void q2_k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int
             scales[i][2 * p] = _mm256_shuffle_epi8(pair_scales, first_scale);
             scales[i][2 * p + 1] = _mm256_shuffle_epi8(pair_scales, second_scale);
         }
-        const __m256 dmin = tile_halves(block + kQ2KTileDMinOffset + 2 * kTileHalfRows * h);
-#pragma GCC unroll 4
-        for (int t = 0; t < kTokens; ++t) {
-            __m256i min_dots = _mm256_setzero_si256();  // Σ_i m_i · Σ x
-#pragma GCC unroll 8
-            for (int p = 0; p < kPairs; ++p)
-                min_dots = _mm256_add_epi32(
-                    min_dots,
-                    _mm256_madd_epi16(mins[p], _mm256_set1_epi32(x[t].sums[b * kPairs + p])));
-            const __m256 x_d = _mm256_set1_ps(x[t].d[b]);
-            sums[h][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(min_dots), _mm256_mul_ps(dmin, x_d),
-                                          sums[h][t]);
-        }
+        subtract_mins<kTokens, kPairs>(
+            sums[h], mins, tile_halves(block + kQ2KTileDMinOffset + 2 * kTileHalfRows * h), x, b);
     }
     __m256i dots[kHalves][kTokens];  // Σ_i sc_i · Σ q · x
 #pragma GCC unroll 2
@@ -311,12 +313,7 @@ inline void q2_k_halves_block(__m256 (*sums)[kTokens], const uint8_t* block, int
     for (int s = 0; s < kQ2KSubBlocks; ++s) {
         prefetch_share<kQ2KTileBlockBytes / kCacheLine, kQ2KSubBlocks>(ahead, s);
         __m256i x_words[kTokens][4];  // x of columns 4m..4m + 3 of the sub-block, broadcast
-#pragma GCC unroll 4
-        for (int t = 0; t < kTokens; ++t)
-#pragma GCC unroll 4
-            for (int m = 0; m < 4; ++m)
-                x_words[t][m] =
-                    broadcast_word(x[t].values + size_t(b) * kSuperBlock + s * kQ6SubBlock + 4 * m);
+        sub_block_x_words<kTokens>(x_words, x, b, s);
 #pragma GCC unroll 2
         for (int i = 0; i < kHalves; ++i) {
             __m256i q[4];  // levels of columns 4m..4m + 3 of the sub-block
