@@ -778,7 +778,7 @@ TEST_CASE("quantize_q8_k gives the bytes of llama.cpp's Q8_K rule, scalar and AV
 TEST_CASE(
     "a Q2_K or Q3_K matrix without tiles is multiplied from its dequantized rows at every level") {
     // Q2_K and Q3_K have no row-by-row SIMD kernels: without tiles, decode takes the scalar
-    // matvec and a batch the matvec (up to 8 tokens) or the f32 GEMM, each on x itself.
+    // matvec and a batch the f32 GEMM, each on x itself.
     std::mt19937 rng(731);
     const auto level =
         GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);

@@ -174,10 +174,10 @@ void store_q8_k_token(QuantizedBatch* x, const Q8KVector& q8_k, int token);
 // Prefill: out[batch, rows] = x[batch, cols] · W[rows, cols]ᵀ, a GEMM blocked so
 // that each weight row is read from memory once for the whole batch. Each token's sums do not
 // depend on the other tokens of the batch or their number, with two exceptions, faster through
-// the matvec, whose sums differ from the GEMM's by rounding: block-type weights (Q4_K, Q6_K, ...)
-// meet batches of up to 8 tokens there, and Q8 and Q4 weights where no integer GEMM runs (AVX2
-// without VNNI) batches of fewer than 16. (With AVX-VNNI, Q8 and Q4 tokens have the same bits
-// in a GEMM as through the matvec.)
+// the matvec, whose sums differ from the GEMM's by rounding: block-type weights read from tiles
+// (Q4_K, Q6_K, ...) meet batches of up to 8 tokens there, and Q8 and Q4 weights where no integer
+// GEMM runs (AVX2 without VNNI) batches of fewer than 16. (With AVX-VNNI, Q8 and Q4 tokens have
+// the same bits in a GEMM as through the matvec.)
 void gemm(float* out, const float* x, int batch, const Matrix& w);
 
 // Several GEMMs of the same x (e.g. q, k and v) in one parallel region: x is transposed
