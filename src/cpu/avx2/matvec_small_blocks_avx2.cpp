@@ -24,81 +24,83 @@ namespace barellm::cpu::avx2 {
 
 namespace {
 
-// IQ4_NL rows read side by side: a whole IQ4_NL file's matrices are mostly these rows, and
-// one row at a time left the loads waiting on memory. One core, 2048 columns, from memory
+// Rows read side by side: a whole IQ4_NL file's matrices are mostly these rows, and one row
+// at a time left the loads waiting on memory. IQ4_NL, one core, 2048 columns, from memory
 // (230 MB) and from cache (6.5 MB): one row 3.4 and 8.2 GB/s, 4 rows 4.3 and 11.5, 8 rows 5.9
 // and 11.5, 16 rows 7.3 and 11.6; asking for the lines 0.75-6 KB ahead changed nothing.
-constexpr int kIq4NLRows = 16;
+constexpr int kRowsAtOnce = 16;
 
 template <DType kType>
-float small_block_row_dot(const uint8_t* row, int blocks, const QuantizedVector& x) {
-    constexpr size_t kBytes = kType == DType::Q4_1   ? sizeof(BlockQ4_1)
-                              : kType == DType::Q5_0 ? sizeof(BlockQ5_0)
-                                                     : sizeof(BlockQ5_1);
-    constexpr bool kHasMin = kType != DType::Q5_0;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 sums = _mm256_setzero_ps();
-    float offsets = 0.0f;  // Σ of the m · Σx (or −16 · d · Σx) terms, times x's scales
-    for (int b = 0; b < blocks; ++b) {
-        const uint8_t* block = row + size_t(b) * kBytes;
-        const __m256i q = small_block_levels<kType>(block);
-        const __m256i values =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.values.data() + b * kSmallBlock));
-        const __m256i dot = _mm256_madd_epi16(_mm256_maddubs_epi16(q, values), ones);
-        const float x_scale = x.scales[b], d = f16_at(block);
-        sums = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * x_scale), sums);
-        offsets += (kHasMin ? f16_at(block + 2) : -kQ5Offset * d) * x_scale * x.group_sums[b];
-    }
-    return horizontal_sum(sums) + offsets;
+constexpr size_t small_block_bytes() {
+    return kType == DType::Q4_1   ? sizeof(BlockQ4_1)
+           : kType == DType::Q5_0 ? sizeof(BlockQ5_0)
+           : kType == DType::Q5_1 ? sizeof(BlockQ5_1)
+                                  : sizeof(BlockIQ4_NL);
 }
 
-// IQ4_NL rows r..r + kRows − 1 (rows row_bytes apart from `first`) · x, into out[0..kRows):
-// the rows side by side, each block of x loaded once for all of them, each row its own
-// accumulator and its own stream of loads.
-template <int kRows>
-void iq4_nl_rows_dot(float* out, const uint8_t* first, size_t row_bytes, int blocks,
-                     const QuantizedVector& x) {
+// Rows r..r + kRows − 1 (row_bytes apart from `first`) · x, into out[0..kRows): the rows side
+// by side, each block of x loaded once for all of them, each row its own accumulators and its
+// own stream of loads.
+template <DType kType, int kRows>
+void small_block_rows_dot(float* out, const uint8_t* first, size_t row_bytes, int blocks,
+                          const QuantizedVector& x) {
+    constexpr bool kSigned = kType == DType::IQ4_NL;
+    constexpr bool kHasMin = kType == DType::Q4_1 || kType == DType::Q5_1;
     const __m256i ones = _mm256_set1_epi16(1), table = iq4_table();
     __m256 sums[kRows];
-    for (int k = 0; k < kRows; ++k) sums[k] = _mm256_setzero_ps();
+    float offsets[kRows];  // Σ of the m · Σx (or −16 · d · Σx) terms, times x's scales
+    for (int k = 0; k < kRows; ++k) {
+        sums[k] = _mm256_setzero_ps();
+        offsets[k] = 0.0f;
+    }
     for (int b = 0; b < blocks; ++b) {
         const __m256i values =
             _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.values.data() + b * kSmallBlock));
         const float x_scale = x.scales[b];
 #pragma GCC unroll 16
         for (int k = 0; k < kRows; ++k) {
-            const uint8_t* block = first + k * row_bytes + size_t(b) * sizeof(BlockIQ4_NL);
-            const __m256i levels =
-                _mm256_shuffle_epi8(table, nibbles(block + offsetof(BlockIQ4_NL, qs)));
-            const __m256i dot = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(_mm256_abs_epi8(levels), _mm256_sign_epi8(values, levels)),
-                ones);
-            sums[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot),
-                                      _mm256_set1_ps(f16_at(block) * x_scale), sums[k]);
+            const uint8_t* block = first + k * row_bytes + size_t(b) * small_block_bytes<kType>();
+            __m256i pairs;
+            if constexpr (kSigned) {
+                const __m256i levels =
+                    _mm256_shuffle_epi8(table, nibbles(block + offsetof(BlockIQ4_NL, qs)));
+                pairs =
+                    _mm256_maddubs_epi16(_mm256_abs_epi8(levels), _mm256_sign_epi8(values, levels));
+            } else {
+                pairs = _mm256_maddubs_epi16(small_block_levels<kType>(block), values);
+            }
+            const __m256i dot = _mm256_madd_epi16(pairs, ones);
+            const float d = f16_at(block);
+            sums[k] =
+                _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * x_scale), sums[k]);
+            if constexpr (!kSigned)
+                offsets[k] +=
+                    (kHasMin ? f16_at(block + 2) : -kQ5Offset * d) * x_scale * x.group_sums[b];
         }
     }
-    for (int k = 0; k < kRows; ++k) out[k] = horizontal_sum(sums[k]);
+    for (int k = 0; k < kRows; ++k) out[k] = horizontal_sum(sums[k]) + offsets[k];
+}
+
+// Rows [first_row, first_row + row_count) of w, kRowsAtOnce at a time, then the rest one by one.
+template <DType kType>
+void small_block_rows(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+                      int row_count) {
+    const int blocks = w.cols / kSmallBlock;
+    int r = first_row;
+    for (; r + kRowsAtOnce <= first_row + row_count; r += kRowsAtOnce)
+        small_block_rows_dot<kType, kRowsAtOnce>(out + r, w.row_data(r), w.row_bytes(), blocks, x);
+    for (; r < first_row + row_count; ++r)
+        small_block_rows_dot<kType, 1>(out + r, w.row_data(r), w.row_bytes(), blocks, x);
 }
 
 }  // namespace
 
 void matvec_rows_small_blocks(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                               int row_count) {
-    const int blocks = w.cols / kSmallBlock;
-    if (w.dtype == DType::IQ4_NL) {
-        int r = first_row;
-        for (; r + kIq4NLRows <= first_row + row_count; r += kIq4NLRows)
-            iq4_nl_rows_dot<kIq4NLRows>(out + r, w.row_data(r), w.row_bytes(), blocks, x);
-        for (; r < first_row + row_count; ++r)
-            iq4_nl_rows_dot<1>(out + r, w.row_data(r), w.row_bytes(), blocks, x);
-        return;
-    }
-    for (int r = first_row; r < first_row + row_count; ++r) {
-        const uint8_t* row = w.row_data(r);
-        out[r] = w.dtype == DType::Q4_1   ? small_block_row_dot<DType::Q4_1>(row, blocks, x)
-                 : w.dtype == DType::Q5_0 ? small_block_row_dot<DType::Q5_0>(row, blocks, x)
-                                          : small_block_row_dot<DType::Q5_1>(row, blocks, x);
-    }
+    (w.dtype == DType::Q4_1   ? small_block_rows<DType::Q4_1>
+     : w.dtype == DType::Q5_0 ? small_block_rows<DType::Q5_0>
+     : w.dtype == DType::Q5_1 ? small_block_rows<DType::Q5_1>
+                              : small_block_rows<DType::IQ4_NL>)(out, w, x, first_row, row_count);
 }
 
 }  // namespace barellm::cpu::avx2
