@@ -52,7 +52,8 @@ bool on_avx_vnni() { return active_level == SimdLevel::Avx2 && has_avx_vnni; }
 bool reads_tiles(const Matrix& w) { return w.row_tiles && uses_row_tiles(w.dtype); }
 // Whether the integer GEMMs of the block types read w (from its rows or its tiles).
 bool block_gemm_reads(const Matrix& w) {
-    return is_block_type(w.dtype) && (w.row_tiles || !read_from_tiles_only(w.dtype));
+    return is_block_type(w.dtype) && !is_iq_grid_type(w.dtype) &&
+           (w.row_tiles || !read_from_tiles_only(w.dtype));
 }
 
 }  // namespace

@@ -5,10 +5,17 @@
 #include <cstring>
 
 #include "weights/half.h"
+#include "weights/iq_grids.h"
 
 namespace barellm {
 
 bool is_block_type(DType dtype) { return block_weights(dtype) != 0; }
+
+bool is_iq_grid_type(DType dtype) {
+    return dtype == DType::IQ2_XXS || dtype == DType::IQ2_XS || dtype == DType::IQ2_S ||
+           dtype == DType::IQ3_XXS || dtype == DType::IQ3_S || dtype == DType::IQ1_S ||
+           dtype == DType::IQ1_M;
+}
 
 int block_weights(DType dtype) {
     switch (dtype) {
@@ -23,6 +30,13 @@ int block_weights(DType dtype) {
         case DType::Q5_K:
         case DType::Q6_K:
         case DType::IQ4_XS:
+        case DType::IQ2_XXS:
+        case DType::IQ2_XS:
+        case DType::IQ2_S:
+        case DType::IQ3_XXS:
+        case DType::IQ3_S:
+        case DType::IQ1_S:
+        case DType::IQ1_M:
             return kSuperBlock;
         default:
             return 0;
@@ -51,6 +65,20 @@ size_t block_bytes(DType dtype) {
             return sizeof(BlockIQ4_XS);
         case DType::IQ4_NL:
             return sizeof(BlockIQ4_NL);
+        case DType::IQ2_XXS:
+            return sizeof(BlockIQ2_XXS);
+        case DType::IQ2_XS:
+            return sizeof(BlockIQ2_XS);
+        case DType::IQ2_S:
+            return sizeof(BlockIQ2_S);
+        case DType::IQ3_XXS:
+            return sizeof(BlockIQ3_XXS);
+        case DType::IQ3_S:
+            return sizeof(BlockIQ3_S);
+        case DType::IQ1_S:
+            return sizeof(BlockIQ1_S);
+        case DType::IQ1_M:
+            return sizeof(BlockIQ1_M);
         default:
             return 0;
     }
@@ -150,6 +178,107 @@ void dequantize(const BlockIQ4_NL& b, float* out) {
     for (int j = 0; j < kSmallBlock; ++j) out[j] = d * kIq4Values[nibble(b.qs, j)];
 }
 
+// Byte i of a grid point.
+int grid_value(uint64_t point, int i) { return int((point >> (8 * i)) & 0xff); }
+
+// Column group k (8 columns) of an IQ2 type: its grid point times its signs, times `scale`.
+void iq2_group(float* out, float scale, uint64_t point, uint8_t signs) {
+    for (int i = 0; i < kIqGridGroup; ++i)
+        out[i] = scale * grid_value(point, i) * ((signs >> i) & 1 ? -1 : 1);
+}
+
+void dequantize(const BlockIQ2_XXS& b, float* out) {
+    const float d = half_to_float(b.d);
+    for (int j = 0; j < kSuperBlock / kSubBlock; ++j) {
+        uint32_t indices, signs_scale;
+        std::memcpy(&indices, b.qs + 4 * j, 4);
+        std::memcpy(&signs_scale, b.qs + 4 * j + 2, 4);
+        const float scale = d * float(2 * (signs_scale >> 28) + 1) / 8;
+        for (int k = 0; k < 4; ++k)
+            iq2_group(out + kSubBlock * j + kIqGridGroup * k, scale,
+                      kIq2XxsGrid[(indices >> (8 * k)) & 0xff],
+                      iq_signs_of_seven(signs_scale >> (7 * k)));
+    }
+}
+
+// IQ2_XS's and IQ2_S's scale of sub-block i (16 columns).
+float iq2_sub_block_scale(float d, const uint8_t* scales, int i) {
+    return d * float(2 * ((scales[i / 2] >> (4 * (i % 2))) & 15) + 1) / 8;
+}
+
+void dequantize(const BlockIQ2_XS& b, float* out) {
+    const float d = half_to_float(b.d);
+    for (int k = 0; k < kSuperBlock / kIqGridGroup; ++k)
+        iq2_group(out + kIqGridGroup * k, iq2_sub_block_scale(d, b.scales, k / 2),
+                  kIq2XsGrid[b.qs[k] & 511], iq_signs_of_seven(b.qs[k] >> 9));
+}
+
+void dequantize(const BlockIQ2_S& b, float* out) {
+    const float d = half_to_float(b.d);
+    for (int k = 0; k < kSuperBlock / kIqGridGroup; ++k) {
+        const int index = b.qs[k] | ((b.qh[k / 4] >> (2 * (k % 4))) & 3) << 8;
+        iq2_group(out + kIqGridGroup * k, iq2_sub_block_scale(d, b.scales, k / 2), kIq2SGrid[index],
+                  b.signs[k]);
+    }
+}
+
+// Four columns of an IQ3 type: a grid point times the signs' bits `first`..`first` + 3.
+void iq3_quad(float* out, float scale, uint32_t point, uint8_t signs, int first) {
+    for (int i = 0; i < kIq3GridGroup; ++i)
+        out[i] = scale * grid_value(point, i) * ((signs >> (first + i)) & 1 ? -1 : 1);
+}
+
+void dequantize(const BlockIQ3_XXS& b, float* out) {
+    const float d = half_to_float(b.d);
+    for (int j = 0; j < kSuperBlock / kSubBlock; ++j) {
+        uint32_t signs_scale;
+        std::memcpy(&signs_scale, b.scales_signs + 4 * j, 4);
+        const float scale = d * float(2 * (signs_scale >> 28) + 1) / 4;
+        for (int q = 0; q < kSubBlock / kIq3GridGroup; ++q)
+            iq3_quad(out + kSubBlock * j + kIq3GridGroup * q, scale,
+                     kIq3XxsGrid[b.qs[kSubBlock / kIq3GridGroup * j + q]],
+                     iq_signs_of_seven(signs_scale >> (7 * (q / 2))), kIq3GridGroup * (q % 2));
+    }
+}
+
+void dequantize(const BlockIQ3_S& b, float* out) {
+    const float d = half_to_float(b.d);
+    for (int q = 0; q < kSuperBlock / kIq3GridGroup; ++q) {
+        const int j = q / (kSubBlock / kIq3GridGroup);
+        const float scale = d * float(2 * ((b.scales[j / 2] >> (4 * (j % 2))) & 15) + 1);
+        const int index = b.qs[q] | ((b.qh[q / 8] >> (q % 8)) & 1) << 8;
+        iq3_quad(out + kIq3GridGroup * q, scale, kIq3SGrid[index], b.signs[q / 2],
+                 kIq3GridGroup * (q % 2));
+    }
+}
+
+// Column group k of an IQ1 type: (level − 1 + shift/8) times `scale`.
+void iq1_group(float* out, float scale, int index, bool negative_shift) {
+    const float shift = float(negative_shift ? -kIq1ShiftEighths : kIq1ShiftEighths) / 8;
+    for (int i = 0; i < kIqGridGroup; ++i)
+        out[i] = scale * (float(grid_value(kIq1Grid[index], i) - 1) + shift);
+}
+
+void dequantize(const BlockIQ1_S& b, float* out) {
+    const float d = half_to_float(b.d);
+    for (int k = 0; k < kSuperBlock / kIqGridGroup; ++k) {
+        const int high = b.qh[k / 4];
+        const float scale = d * float(2 * ((high >> 12) & 7) + 1);
+        iq1_group(out + kIqGridGroup * k, scale, b.qs[k] | ((high >> (3 * (k % 4))) & 7) << 8,
+                  (high >> 15) & 1);
+    }
+}
+
+void dequantize(const BlockIQ1_M& b, float* out) {
+    const float d = half_to_float(iq1m_d(b));
+    for (int k = 0; k < kSuperBlock / kIqGridGroup; ++k) {
+        const int i = k / 2;  // sub-block of 16
+        const float scale = d * float(2 * ((b.scales[i / 4] >> (3 * (i % 4))) & 7) + 1);
+        const int nibble = (b.qh[k / 2] >> (4 * (k % 2))) & 15;
+        iq1_group(out + kIqGridGroup * k, scale, b.qs[k] | (nibble & 7) << 8, nibble >> 3);
+    }
+}
+
 // Each block of a row, copied out first (a row's blocks are only 2-byte aligned).
 template <typename Block>
 void dequantize_blocks(const void* row, float* out, int blocks, int weights_per_block) {
@@ -186,6 +315,20 @@ void dequantize_row(DType dtype, const void* row, float* out, int cols) {
             return dequantize_blocks<BlockIQ4_XS>(row, out, blocks, n);
         case DType::IQ4_NL:
             return dequantize_blocks<BlockIQ4_NL>(row, out, blocks, n);
+        case DType::IQ2_XXS:
+            return dequantize_blocks<BlockIQ2_XXS>(row, out, blocks, n);
+        case DType::IQ2_XS:
+            return dequantize_blocks<BlockIQ2_XS>(row, out, blocks, n);
+        case DType::IQ2_S:
+            return dequantize_blocks<BlockIQ2_S>(row, out, blocks, n);
+        case DType::IQ3_XXS:
+            return dequantize_blocks<BlockIQ3_XXS>(row, out, blocks, n);
+        case DType::IQ3_S:
+            return dequantize_blocks<BlockIQ3_S>(row, out, blocks, n);
+        case DType::IQ1_S:
+            return dequantize_blocks<BlockIQ1_S>(row, out, blocks, n);
+        case DType::IQ1_M:
+            return dequantize_blocks<BlockIQ1_M>(row, out, blocks, n);
         default:
             return;
     }

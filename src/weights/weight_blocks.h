@@ -97,6 +97,74 @@ struct BlockIQ4_NL {
     uint16_t d;  // f16
     uint8_t qs[kSmallBlock / 2];
 };
+// The i-quants: super-blocks of 256 whose weights are looked up 8 or 4 at a time in a lattice
+// grid (weights/iq_grids.h), each point's values non-negative with a sign bit per weight (IQ1_*:
+// values −1, 0, +1 and a shift of ±1/8 instead). Indices and signs of column group g (8
+// columns, 4 for the IQ3 types' indices) come in column order.
+constexpr int kIqGridGroup = 8;   // columns of an IQ2 or IQ1 grid point, and under one sign byte
+constexpr int kIq3GridGroup = 4;  // columns of an IQ3 grid point
+// IQ2_XXS: 8 sub-blocks j of 32, each two u32 words: word 0 the four 8-bit grid indices (into
+// kIq2XxsGrid) of its groups of 8, word 1 the four groups' 7-bit signs (iq_signs_of_seven) in
+// bits 7k..7k + 6 and the 4-bit scale s in bits 28..31; w = d·(2s + 1)/8 · grid · sign.
+struct BlockIQ2_XXS {
+    uint16_t d;  // f16
+    uint16_t qs[kSuperBlock / 8];
+};
+// IQ2_XS: a u16 per group of 8: a 9-bit index into kIq2XsGrid and 7-bit signs above it; 16
+// sub-blocks i of 16, the 4-bit scale s_i in nibble i % 2 of scales[i / 2]; w = d·(2s_i + 1)/8 ·
+// grid · sign.
+struct BlockIQ2_XS {
+    uint16_t d;  // f16
+    uint16_t qs[kSuperBlock / 8];
+    uint8_t scales[kSuperBlock / 32];
+};
+// IQ2_S: group k's 10-bit index into kIq2SGrid is qs[k] with bits 2(k % 4), +1 of qh[k / 4] above
+// it; its signs the whole byte signs[k] (qs[32 + k] in ggml's struct); scales as IQ2_XS's.
+struct BlockIQ2_S {
+    uint16_t d;  // f16
+    uint8_t qs[kSuperBlock / 8];
+    uint8_t signs[kSuperBlock / 8];
+    uint8_t qh[kSuperBlock / 32];
+    uint8_t scales[kSuperBlock / 32];
+};
+// IQ3_XXS: 64 8-bit indices into kIq3XxsGrid, one per 4 columns; then 8 u32 words, one per
+// sub-block j of 32: its four groups' 7-bit signs (iq_signs_of_seven) in bits 7k..7k + 6 and
+// the 4-bit scale s in bits 28..31; w = d·(2s + 1)/4 · grid · sign.
+struct BlockIQ3_XXS {
+    uint16_t d;  // f16
+    uint8_t qs[kSuperBlock / 4];
+    uint8_t scales_signs[kSuperBlock / 8];
+};
+// IQ3_S: index k (4 columns) is qs[k] with bit k % 8 of qh[k / 8] above it, into kIq3SGrid;
+// group k's signs the byte signs[k]; 8 sub-blocks j of 32, the 4-bit scale s_j in nibble j % 2
+// of scales[j / 2]; w = d·(2s_j + 1) · grid · sign.
+struct BlockIQ3_S {
+    uint16_t d;  // f16
+    uint8_t qs[kSuperBlock / 4];
+    uint8_t qh[kSuperBlock / 32];
+    uint8_t signs[kSuperBlock / 8];
+    uint8_t scales[kSuperBlock / 64];
+};
+// IQ1_S: group k's 11-bit index into kIq1Grid is qs[k] with bits 3(k % 4)..3(k % 4) + 2 of
+// qh[k / 4] above it; qh[j] of sub-block j (32 columns) also holds its 3-bit scale s_j in bits
+// 12..14 and the sign of its shift in bit 15; w = d·(2s_j + 1)·(level − 1 ± 1/8).
+struct BlockIQ1_S {
+    uint16_t d;  // f16
+    uint8_t qs[kSuperBlock / 8];
+    uint16_t qh[kSuperBlock / 32];
+};
+// IQ1_M: no d field. Group k's index is qs[k] with bits 0..2 of nibble k % 2 of qh[k / 2] above
+// it; bit 3 of that nibble is the sign of the group's shift. 16 sub-blocks i of 16, the 3-bit
+// scale s_i in bits 3(i % 4)..+2 of the u16 scales word i / 4; the top nibbles of the four words
+// make the f16 d (iq1m_d); w = d·(2s_i + 1)·(level − 1 ± 1/8).
+struct BlockIQ1_M {
+    uint8_t qs[kSuperBlock / 8];
+    uint8_t qh[kSuperBlock / 16];
+    uint16_t scales[kSuperBlock / 64];
+};
+// IQ1_S's and IQ1_M's shift, in eighths of a level.
+constexpr int kIq1ShiftEighths = 1;
+
 // The 16 non-uniform levels of IQ4_XS and IQ4_NL, denser near zero.
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                    1,    13,   25,  38,  53,  69,  89,  113};
@@ -105,13 +173,25 @@ static_assert(sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 && sizeof(Block
 static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144 &&
               sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
 static_assert(sizeof(BlockIQ4_XS) == 136 && sizeof(BlockIQ4_NL) == 18);
+static_assert(sizeof(BlockIQ2_XXS) == 66 && sizeof(BlockIQ2_XS) == 74 && sizeof(BlockIQ2_S) == 82 &&
+              sizeof(BlockIQ3_XXS) == 98 && sizeof(BlockIQ3_S) == 110 && sizeof(BlockIQ1_S) == 50 &&
+              sizeof(BlockIQ1_M) == 56);
 
 // Whether matrices of this type are stored as ggml blocks in one U8 tensor (the types
 // above); F32/F16/BF16 are plain and Q8_0/Q4_0 keep their values and scales apart.
 bool is_block_type(DType dtype);
+// Whether a block type looks its weights up in a lattice grid (IQ2_*, IQ3_*, IQ1_*).
+bool is_iq_grid_type(DType dtype);
 // Weights per block and bytes per block of a block type.
 int block_weights(DType dtype);
 size_t block_bytes(DType dtype);
+
+// IQ1_M's f16 d: the top nibble of scales word i is bits 4i..4i + 3 of d.
+inline uint16_t iq1m_d(const BlockIQ1_M& block) {
+    uint16_t d = 0;
+    for (int i = 0; i < 4; ++i) d |= uint16_t((block.scales[i] >> 12) << (4 * i));
+    return d;
+}
 
 // q of weight i (0..255) of a Q2_K super-block, 0..3 (the weight is d·sc·q − dmin·m).
 inline int q2k_value(const BlockQ2_K& block, int i) {
