@@ -26,6 +26,9 @@ namespace barellm::test {
 constexpr DType kBlockTypes[] = {DType::Q2_K, DType::Q3_K,   DType::Q4_K, DType::Q5_K,
                                  DType::Q6_K, DType::IQ4_XS, DType::Q4_1, DType::Q5_0,
                                  DType::Q5_1, DType::IQ4_NL};
+// The i-quants: their grids looked up, signs and scales per 16 or 32 columns.
+constexpr DType kIqGridTypes[] = {DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS,
+                                  DType::IQ3_S,   DType::IQ1_S,  DType::IQ1_M};
 
 // A random finite f16 of either sign: mostly ± 2^e for e in [−12, 4) times a random
 // mantissa; one time in 16 each, 0, the largest f16 (65504) or a subnormal.
@@ -61,9 +64,37 @@ inline std::vector<size_t> block_scale_offsets(DType dtype) {
             return {offsetof(BlockQ3_K, d)};
         case DType::Q6_K:
             return {offsetof(BlockQ6_K, d)};
-        default:  // Q5_0, IQ4_XS, IQ4_NL
+        case DType::IQ1_M:  // d lies in the top nibbles of its scales (set_block_scale)
+            return {offsetof(BlockIQ1_M, scales)};
+        default:  // Q5_0, IQ4_XS, IQ4_NL, the other i-quants
             return {0};
     }
+}
+
+// Writes the f16 `scale` at byte `offset` of `block`; IQ1_M's d goes to the top nibbles of its
+// four scales words, their other bits kept.
+inline void set_block_scale(DType dtype, uint8_t* block, size_t offset, uint16_t scale) {
+    if (dtype != DType::IQ1_M) {
+        std::memcpy(block + offset, &scale, sizeof scale);
+        return;
+    }
+    for (int i = 0; i < 4; ++i) {
+        uint16_t word;
+        std::memcpy(&word, block + offset + 2 * i, sizeof word);
+        word = uint16_t((word & 0x0fff) | ((scale >> 4 * i) & 15) << 12);
+        std::memcpy(block + offset + 2 * i, &word, sizeof word);
+    }
+}
+// The f16 at byte `offset` of `block`, as set_block_scale writes it.
+inline uint16_t block_scale(DType dtype, const uint8_t* block, size_t offset) {
+    if (dtype == DType::IQ1_M) {
+        BlockIQ1_M b;
+        std::memcpy(&b, block, sizeof b);
+        return iq1m_d(b);
+    }
+    uint16_t scale;
+    std::memcpy(&scale, block + offset, sizeof scale);
+    return scale;
 }
 
 // rows × cols (a multiple of the type's block) of random blocks. The rows start 2 bytes past
@@ -77,10 +108,8 @@ inline TestMatrix make_block_matrix(int rows, int cols, DType dtype, std::mt1993
     for (uint8_t& b : m.storage) b = uint8_t(byte(rng));
     uint8_t* data = m.storage.data() + kMisalignment;
     for (int b = 0; b < blocks; ++b)
-        for (size_t offset : block_scale_offsets(dtype)) {
-            const uint16_t scale = random_block_scale(rng);
-            std::memcpy(data + b * block_bytes(dtype) + offset, &scale, sizeof scale);
-        }
+        for (size_t offset : block_scale_offsets(dtype))
+            set_block_scale(dtype, data + b * block_bytes(dtype), offset, random_block_scale(rng));
     m.matrix = Matrix{data, dtype, rows, cols};
     m.values.resize(size_t(rows) * cols);
     for (int r = 0; r < rows; ++r)
@@ -97,14 +126,21 @@ inline TestMatrix make_block_matrix(int rows, int cols, DType dtype, std::mt1993
 inline void fill_rows(TestMatrix* m, std::initializer_list<int> rows, uint8_t fill) {
     const DType dtype = m->matrix.dtype;
     const std::vector<size_t> scales = block_scale_offsets(dtype);
+    const size_t bytes = block_bytes(dtype);
     for (int r : rows) {
         uint8_t* row = m->storage.data() + (m->matrix.row_data(r) - m->storage.data());
+        std::vector<uint16_t> kept;  // IQ1_M's d, spread over bytes that are filled too
+        for (size_t b = 0; b < m->matrix.row_bytes() / bytes; ++b)
+            for (size_t at : scales) kept.push_back(block_scale(dtype, row + b * bytes, at));
         for (size_t i = 0; i < m->matrix.row_bytes(); ++i)
             if (std::none_of(scales.begin(), scales.end(), [&](size_t at) {
-                    const size_t in_block = i % block_bytes(dtype);
+                    const size_t in_block = i % bytes;
                     return in_block == at || in_block == at + 1;
                 }))
                 row[i] = fill;
+        if (dtype == DType::IQ1_M)
+            for (size_t b = 0; b < m->matrix.row_bytes() / bytes; ++b)
+                set_block_scale(dtype, row + b * bytes, scales[0], kept[b]);
         dequantize_row(dtype, row, &m->values[size_t(r) * m->matrix.cols], m->matrix.cols);
     }
     if (m->row_tiles) add_row_tiles(m);
