@@ -49,6 +49,7 @@ namespace {
     X(quantize_q8)              \
     X(quantize_q8_k)            \
     X(matvec_rows_super_blocks) \
+    X(matvec_rows_iq)           \
     X(matvec_rows_block_tiles)  \
     X(gemm_rows_quantized)      \
     X(gemm_rows_blocks)         \
@@ -570,7 +571,9 @@ TEST_CASE("AVX-512 VNNI Q8 and Q4 prefill GEMM matches a reference on quantized 
 
 TEST_CASE("AVX-512 VNNI prefill GEMM of the block types matches a reference on quantized x") {
     std::mt19937 rng(517);
-    for (const DType dtype : kBlockTypes)
+    std::vector<DType> types(std::begin(kBlockTypes), std::end(kBlockTypes));
+    types.insert(types.end(), std::begin(kIqGridTypes), std::end(kIqGridTypes));
+    for (const DType dtype : types)
         for (const Avx512Build& build : builds()) {
             if (!build.has_vnni) continue;
             // Rows not a multiple of the 32-row tile, batches not of the 6-token tile; one and
@@ -721,6 +724,42 @@ TEST_CASE(
     for (const Avx512Build& build : builds())
         if (build.has_vnni)
             check_block_tile_matvec(build.matvec_rows_block_tiles, build.name, dtype, rng);
+}
+
+TEST_CASE("AVX-512 VNNI i-quant matvecs equal the dequantized rows times Q8_K x") {
+    std::mt19937 rng(520);
+    const DType dtype = GENERATE(from_range(std::begin(kIqGridTypes), std::end(kIqGridTypes)));
+    for (const Avx512Build& build : builds()) {
+        if (!build.has_vnni) continue;
+        for (int cols : {256, 1280}) {
+            // Rows a multiple of no tile; rows of the largest levels, scales and index bits (and
+            // of the smallest) among them, against x of one sign: the int32 sums at their bounds.
+            const int rows = 37;
+            TestMatrix m = make_block_matrix(rows, cols, dtype, rng);
+            fill_rows(&m, {16, 36}, 0xff);
+            fill_rows(&m, {20}, 0);
+            for (bool one_sign : {false, true}) {
+                std::vector<float> x = q8_k_test_input(cols, rng);
+                if (one_sign)
+                    for (float& v : x) v = std::fabs(v) + 1.0f;
+                const Q8K quantized = q8_k_by_rule(x);
+                cpu::Q8KVector x_q8_k;
+                cpu::quantize_q8_k(&x_q8_k, x.data(), cols);
+                const std::vector<double> want = block_reference(m, quantized.dequantized);
+                for (auto [first, count] : {std::pair{1, rows - 2}, {17, 3}, {5, 11}}) {
+                    std::vector<float> got(rows, NAN);
+                    build.matvec_rows_iq(got.data(), m.matrix, x_q8_k, first, count);
+                    INFO(build.name << " " << matrix_type_name(dtype) << " cols " << cols
+                                    << " one sign " << one_sign << " rows " << first << ".."
+                                    << first + count - 1);
+                    CHECK(worst_row_error(got, want, m, quantized.dequantized, first, count) <
+                          1e-6);
+                    CHECK(std::isnan(got[first - 1]));
+                    CHECK(std::isnan(got[first + count]));
+                }
+            }
+        }
+    }
 }
 
 TEST_CASE("AVX-512 VNNI super-block matvecs equal the dequantized rows times Q8_K x") {

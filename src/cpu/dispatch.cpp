@@ -32,11 +32,13 @@ const bool bf16_dot_products = cpu_prefers_bf16_dot_products();
 // Whether the SIMD matvecs of weights of this type read x quantized per 256 as Q8_K.
 bool matvec_on_q8_k(DType dtype) {
     return dtype == DType::Q2_K || dtype == DType::Q3_K || dtype == DType::Q4_K ||
-           dtype == DType::Q5_K || dtype == DType::Q6_K || dtype == DType::IQ4_XS;
+           dtype == DType::Q5_K || dtype == DType::Q6_K || dtype == DType::IQ4_XS ||
+           is_iq_grid_type(dtype);
 }
-// Whether the SIMD matvecs also read this type's rows of super-blocks where it has no tiles.
+// Whether the SIMD matvecs also read this type's rows of super-blocks where it has no tiles
+// (the i-quants have a matvec of their own).
 bool matvec_on_super_block_rows(DType dtype) {
-    return matvec_on_q8_k(dtype) && !read_from_tiles_only(dtype);
+    return matvec_on_q8_k(dtype) && !read_from_tiles_only(dtype) && !is_iq_grid_type(dtype);
 }
 // Whether they read x quantized per 32 (quantize_q8), as Q8 and Q4 weights do.
 bool matvec_on_q8_groups(DType dtype) {
@@ -52,7 +54,7 @@ bool on_avx_vnni() { return active_level == SimdLevel::Avx2 && has_avx_vnni; }
 bool reads_tiles(const Matrix& w) { return w.row_tiles && uses_row_tiles(w.dtype); }
 // Whether the integer GEMMs of the block types read w (from its rows or its tiles).
 bool block_gemm_reads(const Matrix& w) {
-    return is_block_type(w.dtype) && !is_iq_grid_type(w.dtype) &&
+    return is_block_type(w.dtype) && (!is_iq_grid_type(w.dtype) || on_avx512_vnni()) &&
            (w.row_tiles || !read_from_tiles_only(w.dtype));
 }
 
@@ -192,6 +194,8 @@ void matvec_many(const MatvecTask* task_list, int task_count) {
                     (use_avx512_vnni ? avx512::matvec_rows_block_tiles
                                      : avx2::matvec_rows_block_tiles)(task.out, 0, *task.w,
                                                                       q8_k_x[t], 1, row, count);
+                else if (use_avx512_vnni && is_iq_grid_type(dtype))
+                    avx512::matvec_rows_iq(task.out, *task.w, *q8_k_x[t], row, count);
                 else if (use_simd && matvec_on_super_block_rows(dtype))
                     (use_avx512_vnni ? avx512::matvec_rows_super_blocks
                                      : avx2::matvec_rows_super_blocks)(task.out, *task.w,

@@ -43,6 +43,26 @@ constexpr IqShape iq_shape(DType dtype) {
     }
 }
 
+// Bytes of a super-block (block_bytes, known at compile time).
+constexpr size_t iq_block_bytes(DType dtype) {
+    switch (dtype) {
+        case DType::IQ2_XXS:
+            return sizeof(BlockIQ2_XXS);
+        case DType::IQ2_XS:
+            return sizeof(BlockIQ2_XS);
+        case DType::IQ2_S:
+            return sizeof(BlockIQ2_S);
+        case DType::IQ3_XXS:
+            return sizeof(BlockIQ3_XXS);
+        case DType::IQ3_S:
+            return sizeof(BlockIQ3_S);
+        case DType::IQ1_S:
+            return sizeof(BlockIQ1_S);
+        default:  // IQ1_M
+            return sizeof(BlockIQ1_M);
+    }
+}
+
 // Columns under one multiplier slot of iq_multipliers.
 constexpr int kIqMultiplierCols = 16;
 constexpr int kIqMultipliers = kSuperBlock / kIqMultiplierCols;

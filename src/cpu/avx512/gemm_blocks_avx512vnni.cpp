@@ -27,6 +27,7 @@
 
 #include "cpu/avx512/avx512.h"
 #include "cpu/avx512/helpers_avx512.h"
+#include "cpu/avx512/iq_levels_avx512.h"
 #include "cpu/block_sub_blocks.h"
 #include "cpu/super_block_tiles.h"
 #include "weights/weight_blocks.h"
@@ -63,6 +64,14 @@ constexpr LevelShape level_shape(DType dtype) {
         case DType::IQ4_XS:
         case DType::IQ4_NL:
             return {kGroup, false, kIq4Excess};
+        case DType::IQ2_XXS:
+        case DType::IQ2_XS:
+        case DType::IQ2_S:
+        case DType::IQ3_XXS:
+        case DType::IQ3_S:
+        case DType::IQ1_S:
+        case DType::IQ1_M:
+            return {iq_shape(dtype).scale_cols, false, iq_shape(dtype).offset};
         default:  // Q4_K, Q5_K, Q4_1, Q5_1
             return {kGroup, true, 0};
     }
@@ -396,6 +405,49 @@ void unpack_iq4_xs_tile(const HalfPanel& out, const uint8_t* block, int b) {
     }
 }
 
+// The i-quant super-block b of the row in lane `lane` of a half panel (`block`): its registers
+// of 64 levels (iq_levels_avx512.h) scattered to steps 0..7 of their two groups, and A = d ·
+// factor · m per sub-block of 16 or 32 columns.
+template <DType kType>
+void unpack_iq_row(const HalfPanel& out, const uint8_t* block, int lane, int b) {
+    constexpr IqShape kShape = iq_shape(kType);
+    constexpr int kGroupsPerRegister = 64 / kGroup;
+    // Lane l of a register: step l % 8 of the register's group l / 8.
+    alignas(64) int32_t offsets[kLanes];
+    for (int l = 0; l < kLanes; ++l)
+        offsets[l] = l / kGroupSteps * kGroupBytes + l % kGroupSteps * kStepBytes;
+    const __m512i step_offsets = _mm512_load_si512(offsets);
+    for (int r = 0; r < kIqRegisters; ++r) {
+        const int group = kSuperBlock / kGroup * b + kGroupsPerRegister * r;
+        uint8_t* base = out.panel.levels + size_t(group) * kGroupBytes + out.half * kRegisterBytes +
+                        lane * kLaneBytes;
+        _mm512_i32scatter_epi32(base, step_offsets, iq_levels<kType>(block, r), 1);
+    }
+    alignas(64) int32_t multipliers[kIqMultipliers];
+    iq_multipliers<kType>(block, multipliers);
+    const float d = iq_d(kType, block) * kShape.factor;
+    constexpr int kSubBlocks = kSuperBlock / kShape.scale_cols;
+    constexpr int kSlotsPerSubBlock = kShape.scale_cols / kIqMultiplierCols;
+    for (int j = 0; j < kSubBlocks; ++j)
+        out.panel
+            .scales[size_t(kSubBlocks * b + j) * kQuantizedRowTile + out.half * kLanes + lane] =
+            d * float(multipliers[kSlotsPerSubBlock * j]);
+}
+
+// The i-quant rows of a half panel (rows first..first + 15), a row at a time; rows past the
+// matrix read a block of zeros (A = 0).
+template <DType kType>
+void unpack_iq_rows(const HalfPanel& out, const Matrix& w, int first) {
+    alignas(64) static const uint8_t zeros[iq_block_bytes(kType)] = {};
+    const int blocks = w.cols / kSuperBlock;
+    for (int lane = 0; lane < kLanes; ++lane) {
+        const uint8_t* row = first + lane < w.rows ? w.row_data(first + lane) : nullptr;
+        for (int b = 0; b < blocks; ++b)
+            unpack_iq_row<kType>(out, row ? row + size_t(b) * iq_block_bytes(kType) : zeros, lane,
+                                 b);
+    }
+}
+
 // The panel of rows [tile_row, tile_row + 32) of w; rows past the matrix hold A = B = 0. Q4_K,
 // Q5_K, Q6_K and IQ4_XS are read from their tiles where they have them (the rows may then be out of
 // memory), Q2_K and Q3_K always (the CPU backend makes them on every path that reaches here).
@@ -406,6 +458,17 @@ void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
     for (int half = 0; half < kHalves; ++half) {
         const int first = tile_row + half * kLanes;
         const HalfPanel out{panel, half};
+        if (is_iq_grid_type(w.dtype)) {
+            const auto unpack_rows = w.dtype == DType::IQ2_XXS   ? unpack_iq_rows<DType::IQ2_XXS>
+                                     : w.dtype == DType::IQ2_XS  ? unpack_iq_rows<DType::IQ2_XS>
+                                     : w.dtype == DType::IQ2_S   ? unpack_iq_rows<DType::IQ2_S>
+                                     : w.dtype == DType::IQ3_XXS ? unpack_iq_rows<DType::IQ3_XXS>
+                                     : w.dtype == DType::IQ3_S   ? unpack_iq_rows<DType::IQ3_S>
+                                     : w.dtype == DType::IQ1_S   ? unpack_iq_rows<DType::IQ1_S>
+                                                                 : unpack_iq_rows<DType::IQ1_M>;
+            unpack_rows(out, w, first);
+            continue;
+        }
         if (w.row_tiles) {  // Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS
             const auto unpack_block =
                 w.dtype == DType::Q2_K   ? unpack_q2_k_tile

@@ -1,0 +1,91 @@
+// The decode matvec on AVX-512 + VNNI for the i-quant types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+// IQ3_S, IQ1_S, IQ1_M): out = W · x for one token, x quantized per 256 as Q8_K, a row at a time.
+//
+// Each weight is d · factor · m · (u − offset) (cpu/iq_levels.h). Per register of 64 columns
+// (iq_levels_avx512.h): vpdpbusd multiplies the unsigned levels u by x's int8 values and adds
+// each four into an int32 lane (at most 4 · 127 · 127); the lane's multiplier m (2s + 1 ≤ 31,
+// one per 16 columns, vpermd'd to the lanes) multiplies it (vpmulld). The offset comes off once
+// per super-block as offset · Σ m · (x's sums of 16). The super-block's int32 lanes
+// (at most 4 · 4 · 127 · 127 · 31 + 64 · 16 · 31 · 2032: below 2^31) are scaled by d · factor ·
+// x's d into 16 f32 sums, reduced at the end of the row.
+#include "cpu/avx512/avx512.h"
+#include "cpu/avx512/helpers_avx512.h"
+#include "cpu/avx512/iq_levels_avx512.h"
+#include "cpu/iq_levels.h"
+
+namespace barellm::cpu::avx512 {
+
+namespace {
+
+constexpr int kLaneColumns = 4;  // columns of one int32 lane of vpdpbusd
+
+// One row of kType · x.
+template <DType kType>
+float iq_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
+    constexpr IqShape kShape = iq_shape(kType);
+    constexpr size_t kBlockBytes = iq_block_bytes(kType);
+    // Lane l of register r: columns 64r + 4l.., multiplier slot (64r + 4l) / 16.
+    constexpr int kLanesPerSlot = kIqMultiplierCols / kLaneColumns;
+    __m512i slot_picks[kIqRegisters];
+    for (int r = 0; r < kIqRegisters; ++r) {
+        alignas(64) int32_t picks[kLanes];
+        for (int l = 0; l < kLanes; ++l)
+            picks[l] = r * (kLanes / kLanesPerSlot) + l / kLanesPerSlot;
+        slot_picks[r] = _mm512_load_si512(picks);
+    }
+    __m512 sums = _mm512_setzero_ps();
+    for (int b = 0; b < blocks; ++b) {
+        const uint8_t* block = row + size_t(b) * kBlockBytes;
+        const int8_t* xb = x.values.data() + size_t(b) * kSuperBlock;
+        alignas(64) int32_t multipliers[kIqMultipliers];
+        iq_multipliers<kType>(block, multipliers);
+        const __m512i m = _mm512_load_si512(multipliers);
+        const __m512i x_sums = _mm512_cvtepi16_epi32(_mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(x.sums.data() + size_t(b) * kIqMultipliers)));
+        __m512i dots =
+            _mm512_mullo_epi32(_mm512_mullo_epi32(m, x_sums), _mm512_set1_epi32(-kShape.offset));
+#pragma GCC unroll 4
+        for (int r = 0; r < kIqRegisters; ++r) {
+            const __m512i levels = iq_levels<kType>(block, r);
+            const __m512i lane_dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), levels,
+                                                          _mm512_loadu_si512(xb + 64 * r));
+            dots = _mm512_add_epi32(
+                dots, _mm512_mullo_epi32(lane_dots, _mm512_permutexvar_epi32(slot_picks[r], m)));
+        }
+        sums = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots),
+                               _mm512_set1_ps(x.d[b] * iq_d(kType, block) * kShape.factor), sums);
+    }
+    return _mm512_reduce_add_ps(sums);
+}
+
+template <DType kType>
+void iq_rows(float* out, const Matrix& w, const Q8KVector& x, int first_row, int row_count) {
+    const int blocks = w.cols / kSuperBlock;
+    for (int r = first_row; r < first_row + row_count; ++r)
+        out[r] = iq_row_dot<kType>(w.row_data(r), blocks, x);
+}
+
+}  // namespace
+
+void matvec_rows_iq(float* out, const Matrix& w, const Q8KVector& x, int first_row, int row_count) {
+    switch (w.dtype) {
+        case DType::IQ2_XXS:
+            return iq_rows<DType::IQ2_XXS>(out, w, x, first_row, row_count);
+        case DType::IQ2_XS:
+            return iq_rows<DType::IQ2_XS>(out, w, x, first_row, row_count);
+        case DType::IQ2_S:
+            return iq_rows<DType::IQ2_S>(out, w, x, first_row, row_count);
+        case DType::IQ3_XXS:
+            return iq_rows<DType::IQ3_XXS>(out, w, x, first_row, row_count);
+        case DType::IQ3_S:
+            return iq_rows<DType::IQ3_S>(out, w, x, first_row, row_count);
+        case DType::IQ1_S:
+            return iq_rows<DType::IQ1_S>(out, w, x, first_row, row_count);
+        case DType::IQ1_M:
+            return iq_rows<DType::IQ1_M>(out, w, x, first_row, row_count);
+        default:
+            return;
+    }
+}
+
+}  // namespace barellm::cpu::avx512
