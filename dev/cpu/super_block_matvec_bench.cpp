@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -78,7 +79,13 @@ std::vector<uint8_t> random_blocks(DType dtype, size_t blocks, std::mt19937* rng
             case DType::Q5_K:  // d, dmin first
                 std::memcpy(block + sizeof kSmallScale, &kSmallScale, sizeof kSmallScale);
                 [[fallthrough]];
-            default:  // IQ4_XS: d first
+            case DType::IQ1_M:  // d in the top nibbles of the four scales words
+                for (int i = 0; i < 4; ++i) {
+                    uint8_t* top = block + offsetof(BlockIQ1_M, scales) + 2 * i + 1;
+                    *top = uint8_t((*top & 0x0f) | ((kSmallScale >> (4 * i)) & 15) << 4);
+                }
+                break;
+            default:  // IQ4_XS and the other i-quants: d first
                 std::memcpy(block, &kSmallScale, sizeof kSmallScale);
         }
     }
@@ -92,12 +99,17 @@ double matvec_gbps(DType dtype, bool avx512, int cols, double bytes) {
     const std::vector<uint8_t> values =
         random_blocks(dtype, size_t(m.rows) * (cols / kSuperBlock), &rng);
     m.data = values.data();
-    const cpu::AlignedBytes tiles = cpu::make_row_tiles(m);
-    m.row_tiles = tiles.get();
     std::vector<float> x(cols), out(m.rows);
     for (float& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
     cpu::Q8KVector quantized;
     cpu::quantize_q8_k(&quantized, x.data(), cols);
+    if (is_iq_grid_type(dtype)) {  // read from their rows
+        const auto kernel = avx512 ? cpu::avx512::matvec_rows_iq : cpu::avx2::matvec_rows_iq;
+        return best_gbps(double(m.bytes()),
+                         [&] { kernel(out.data(), m, quantized, 0, m.rows); });
+    }
+    const cpu::AlignedBytes tiles = cpu::make_row_tiles(m);
+    m.row_tiles = tiles.get();
     const auto kernel =
         avx512 ? cpu::avx512::matvec_rows_block_tiles : cpu::avx2::matvec_rows_block_tiles;
     return best_gbps(double(m.bytes()),
@@ -122,8 +134,9 @@ int main(int argc, char** argv) {
     omp_set_num_threads(1);  // one core, the streaming read's too
     std::printf("%d columns, one thread, GB/s of weights (best)\n", cols);
     std::printf("| weights | kernel | from L2 | from memory |\n| --- | --- | ---: | ---: |\n");
-    for (DType dtype :
-         {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS}) {
+    for (DType dtype : {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K,
+                        DType::IQ4_XS, DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS,
+                        DType::IQ3_S, DType::IQ1_S, DType::IQ1_M}) {
         const std::string name = matrix_type_name(dtype);
         if (!only.empty() && name != only) continue;
         for (bool avx512 : {false, true}) {

@@ -67,8 +67,8 @@ constexpr size_t iq_block_bytes(DType dtype) {
 constexpr int kIqMultiplierCols = 16;
 constexpr int kIqMultipliers = kSuperBlock / kIqMultiplierCols;
 
-// The f16 d of an i-quant super-block as f32 (IQ1_M's from its scales' top nibbles).
-inline float iq_d(DType dtype, const uint8_t* block) {
+// The f16 d of an i-quant super-block (IQ1_M's from its scales' top nibbles).
+inline uint16_t iq_d_bits(DType dtype, const uint8_t* block) {
     uint16_t d;
     if (dtype == DType::IQ1_M) {
         BlockIQ1_M b;
@@ -77,7 +77,10 @@ inline float iq_d(DType dtype, const uint8_t* block) {
     } else {
         std::memcpy(&d, block, sizeof d);  // every other i-quant block starts with d
     }
-    return half_to_float(d);
+    return d;
+}
+inline float iq_d(DType dtype, const uint8_t* block) {
+    return half_to_float(iq_d_bits(dtype, block));
 }
 
 // m = 2s + 1 of each 16 columns of an i-quant super-block (twice the same m for sub-blocks of

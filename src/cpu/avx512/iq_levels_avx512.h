@@ -5,7 +5,6 @@
 // become a 64-bit mask, under which u = offset − grid value, elsewhere offset + grid value.
 // Blocks are only 2-byte aligned: every load is unaligned.
 #pragma once
-#include <array>
 #include <cstdint>
 #include <cstring>
 
@@ -18,13 +17,6 @@ namespace barellm::cpu::avx512 {
 
 constexpr int kIqRegisters = kSuperBlock / 64;  // registers of 64 levels in a super-block
 constexpr int kIqGroupsPerRegister = 64 / kIqGridGroup;
-
-// iq_signs_of_seven of every 7 bits.
-constexpr std::array<uint8_t, 128> kIqSignsOfSeven = [] {
-    std::array<uint8_t, 128> table{};
-    for (unsigned i = 0; i < table.size(); ++i) table[i] = iq_signs_of_seven(i);
-    return table;
-}();
 
 template <typename T>
 inline T load_at(const uint8_t* p) {
@@ -39,13 +31,25 @@ inline __m512i signed_levels(__m512i grid, __mmask64 negative, int offset) {
     return _mm512_mask_sub_epi8(_mm512_add_epi8(offsets, grid), negative, offsets, grid);
 }
 
-// The sign bytes of the four groups of one 32-bit word of 7-bit signs (IQ2_XXS, IQ3_XXS), as
-// the low 32 bits of a mask.
-inline uint64_t signs_of_word(uint32_t word) {
-    uint64_t bytes = 0;
-    for (int k = 0; k < 4; ++k)
-        bytes |= uint64_t(kIqSignsOfSeven[(word >> (7 * k)) & 0x7f]) << (8 * k);
-    return bytes;
+// The sign bytes (iq_signs_of_seven) of 8 groups whose 7 stored sign bits are the low 7 bits of
+// the bytes of `sevens`: each byte's parity into its bit 7. The shifts fold each byte onto its
+// bit 0 (bit 7 is clear, so a byte's bit 0 takes no bit of its neighbour).
+inline uint64_t signs_of_sevens(uint64_t sevens) {
+    constexpr uint64_t kBitZeros = 0x0101010101010101ull;
+    uint64_t parity = sevens ^ (sevens >> 4);
+    parity ^= parity >> 2;
+    parity ^= parity >> 1;
+    return sevens | (parity & kBitZeros) << 7;
+}
+
+// The sign bytes of the four groups of each of two 32-bit words of 7-bit signs (bits
+// 7k..7k + 6: IQ2_XXS, IQ3_XXS), the first word's in the low 32 bits.
+inline uint64_t signs_of_words(uint32_t first, uint32_t second) {
+    const uint64_t words = first | uint64_t(second) << 32;
+    constexpr uint64_t kField = 0x0000007f0000007full;  // bits 0..6 of each word
+    const uint64_t sevens = (words & kField) | (words << 1 & kField << 8) |
+                            (words << 2 & kField << 16) | (words << 3 & kField << 24);
+    return signs_of_sevens(sevens);
 }
 
 // The 8 points of 8 values whose indices are the 64-bit lanes of `indices`.
@@ -60,7 +64,7 @@ inline __m512i iq2_xxs_levels(const uint8_t* block, int r) {
     const uint32_t signs[2] = {load_at<uint32_t>(first + 4), load_at<uint32_t>(first + 12)};
     const __m512i points = gather_points8(
         _mm512_cvtepu8_epi64(_mm_setr_epi32(int(indices[0]), int(indices[1]), 0, 0)), kIq2XxsGrid);
-    return signed_levels(points, signs_of_word(signs[0]) | signs_of_word(signs[1]) << 32,
+    return signed_levels(points, signs_of_words(signs[0], signs[1]),
                          iq_shape(DType::IQ2_XXS).offset);
 }
 
@@ -72,11 +76,10 @@ inline __m512i iq2_xs_levels(const uint8_t* block, int r) {
     constexpr int kIndexBits = 9;
     const __m512i points = gather_points8(
         _mm512_and_si512(words, _mm512_set1_epi64((1 << kIndexBits) - 1)), kIq2XsGrid);
-    uint64_t signs = 0;
-    for (int k = 0; k < kIqGroupsPerRegister; ++k)
-        signs |= uint64_t(kIqSignsOfSeven[load_at<uint16_t>(first + 2 * k) >> kIndexBits])
-                 << (8 * k);
-    return signed_levels(points, signs, iq_shape(DType::IQ2_XS).offset);
+    // The 7 bits above each index, a byte each.
+    const __m128i sevens = _mm512_cvtepi64_epi8(_mm512_srli_epi64(words, kIndexBits));
+    return signed_levels(points, signs_of_sevens(uint64_t(_mm_cvtsi128_si64(sevens))),
+                         iq_shape(DType::IQ2_XS).offset);
 }
 
 // IQ2_S: groups 8r..8r + 7: qs[k] and bits 2(k % 4), +1 of qh[k / 4] make the 10-bit index; the
@@ -101,10 +104,9 @@ inline __m512i iq3_xxs_levels(const uint8_t* block, int r) {
         reinterpret_cast<const __m128i*>(block + offsetof(BlockIQ3_XXS, qs) + 16 * r)));
     const __m512i points = _mm512_i32gather_epi32(indices, kIq3XxsGrid, 4);
     const uint8_t* words = block + offsetof(BlockIQ3_XXS, scales_signs) + 8 * r;
-    return signed_levels(
-        points,
-        signs_of_word(load_at<uint32_t>(words)) | signs_of_word(load_at<uint32_t>(words + 4)) << 32,
-        iq_shape(DType::IQ3_XXS).offset);
+    return signed_levels(points,
+                         signs_of_words(load_at<uint32_t>(words), load_at<uint32_t>(words + 4)),
+                         iq_shape(DType::IQ3_XXS).offset);
 }
 
 // IQ3_S: 16 indices of 4 columns, the ninth bit of index i bit i of qh's two bytes; the sign
@@ -120,12 +122,13 @@ inline __m512i iq3_s_levels(const uint8_t* block, int r) {
                          iq_shape(DType::IQ3_S).offset);
 }
 
-// IQ1_*: u = 8·level + 1 ± 1 of the levels 0..2 of `points`, + 1 where the group's shift is
-// +1/8 (`positive`, a bit a column), − 1 elsewhere.
-inline __m512i iq1_levels(__m512i points, uint64_t positive) {
+// IQ1_*: u = 8·level + 1 ± 1 of the levels 0..2 of `points`: + 1 in the groups (64-bit lanes)
+// whose shift is +1/8 (`positive`), − 1 in the others.
+inline __m512i iq1_levels(__m512i points, __mmask8 positive) {
     constexpr int kEighths = 3;  // u counts eighths of a level: × 8
     const __m512i eighths = _mm512_slli_epi64(points, kEighths);
-    return _mm512_mask_add_epi8(eighths, positive, eighths, _mm512_set1_epi8(2 * kIq1ShiftEighths));
+    return _mm512_mask_add_epi64(eighths, positive, eighths,
+                                 _mm512_set1_epi8(2 * kIq1ShiftEighths));
 }
 
 // IQ1_S: groups 8r..8r + 7 of sub-blocks 2r and 2r + 1; sub-block j's qh word holds the top 3
@@ -141,28 +144,79 @@ inline __m512i iq1_s_levels(const uint8_t* block, int r) {
         _mm512_srlv_epi64(words, _mm512_setr_epi64(0, 3, 6, 9, 0, 3, 6, 9)), _mm512_set1_epi64(7));
     const __m512i points =
         gather_points8(_mm512_or_si512(low, _mm512_slli_epi64(top, 8)), kIq1Grid);
-    constexpr uint64_t kHalf = 0xffffffffull;  // the 32 columns of one sub-block
-    const uint64_t positive = (high[0] >> 15 ? 0 : kHalf) | (high[1] >> 15 ? 0 : kHalf << 32);
-    return iq1_levels(points, positive);
+    constexpr int kShiftSignBit = 15;
+    const __mmask8 negative = _mm512_test_epi64_mask(words, _mm512_set1_epi64(1 << kShiftSignBit));
+    return iq1_levels(points, __mmask8(~negative));
 }
 
 // IQ1_M: groups 8r..8r + 7, group k's nibble k % 2 of qh[k / 2]: 3 index bits, then its shift's
 // sign.
 inline __m512i iq1_m_levels(const uint8_t* block, int r) {
-    const uint32_t nibbles = load_at<uint32_t>(block + offsetof(BlockIQ1_M, qh) + 4 * r);
+    const __m512i nibbles =
+        _mm512_set1_epi64(load_at<uint32_t>(block + offsetof(BlockIQ1_M, qh) + 4 * r));
     const __m512i low = _mm512_cvtepu8_epi64(_mm_loadl_epi64(
         reinterpret_cast<const __m128i*>(block + offsetof(BlockIQ1_M, qs) + 8 * r)));
-    const __m512i top =
-        _mm512_and_si512(_mm512_srlv_epi64(_mm512_set1_epi64(nibbles),
-                                           _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28)),
-                         _mm512_set1_epi64(7));
+    const __m512i nibble =
+        _mm512_srlv_epi64(nibbles, _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28));
+    const __m512i top = _mm512_and_si512(nibble, _mm512_set1_epi64(7));
     const __m512i points =
         gather_points8(_mm512_or_si512(low, _mm512_slli_epi64(top, 8)), kIq1Grid);
     constexpr int kShiftSignBit = 3;
-    uint64_t positive = 0;
-    for (int k = 0; k < kIqGroupsPerRegister; ++k)
-        if (!((nibbles >> (4 * k + kShiftSignBit)) & 1)) positive |= uint64_t(0xff) << (8 * k);
-    return iq1_levels(points, positive);
+    const __mmask8 negative = _mm512_test_epi64_mask(nibble, _mm512_set1_epi64(1 << kShiftSignBit));
+    return iq1_levels(points, __mmask8(~negative));
+}
+
+// m = 2s + 1 (iq_multipliers) of each lane, s the low `bits` bits of the lane of `scales`.
+inline __m512i multipliers_of(__m512i scales, int bits) {
+    const __m512i s = _mm512_and_si512(scales, _mm512_set1_epi32((1 << bits) - 1));
+    return _mm512_add_epi32(_mm512_add_epi32(s, s), _mm512_set1_epi32(1));
+}
+
+// iq_multipliers of a super-block of type kType: lane i that of columns 16i..16i + 15.
+template <DType kType>
+inline __m512i iq_multiplier_lanes(const uint8_t* block) {
+    constexpr int kScaleBits = 4, kIq1ScaleBits = 3;
+    constexpr int kTopNibble = 28;  // of IQ2_XXS's and IQ3_XXS's words of signs and scale
+    // Lane i: lane picks[i] of v.
+    auto pick = [](__m512i v, __m512i picks) { return _mm512_permutexvar_epi32(picks, v); };
+    const __m512i halves = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    const __m512i quarters = _mm512_srli_epi32(halves, 1);
+    if constexpr (kType == DType::IQ2_XXS) {  // sub-block j: word 2j + 1 of qs, top nibble
+        const __m512i words = _mm512_loadu_si512(block + offsetof(BlockIQ2_XXS, qs));
+        const __m512i odd =
+            _mm512_add_epi32(_mm512_add_epi32(halves, halves), _mm512_set1_epi32(1));
+        return multipliers_of(_mm512_srli_epi32(pick(words, odd), kTopNibble), kScaleBits);
+    } else if constexpr (kType == DType::IQ3_XXS) {  // sub-block j: word j, top nibble
+        const __m512i words = _mm512_castsi256_si512(_mm256_loadu_si256(
+            reinterpret_cast<const __m256i*>(block + offsetof(BlockIQ3_XXS, scales_signs))));
+        return multipliers_of(_mm512_srli_epi32(pick(words, halves), kTopNibble), kScaleBits);
+    } else if constexpr (kType == DType::IQ2_XS || kType == DType::IQ2_S) {
+        // nibble i % 2 of scales byte i / 2
+        const size_t at =
+            kType == DType::IQ2_XS ? offsetof(BlockIQ2_XS, scales) : offsetof(BlockIQ2_S, scales);
+        const __m512i bytes =
+            _mm512_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + at)));
+        const __m512i nibble_shifts =
+            _mm512_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4, 0, 4);
+        return multipliers_of(_mm512_srlv_epi32(pick(bytes, halves), nibble_shifts), kScaleBits);
+    } else if constexpr (kType ==
+                         DType::IQ3_S) {  // sub-block i / 2: nibble (i / 2) % 2 of byte i / 4
+        const __m512i bytes = _mm512_cvtepu8_epi32(
+            _mm_cvtsi32_si128(load_at<int32_t>(block + offsetof(BlockIQ3_S, scales))));
+        const __m512i nibble_shifts =
+            _mm512_setr_epi32(0, 0, 4, 4, 0, 0, 4, 4, 0, 0, 4, 4, 0, 0, 4, 4);
+        return multipliers_of(_mm512_srlv_epi32(pick(bytes, quarters), nibble_shifts), kScaleBits);
+    } else if constexpr (kType == DType::IQ1_S) {  // sub-block i / 2: bits 12..14 of its qh word
+        constexpr int kScaleShift = 12;
+        const __m512i words = _mm512_cvtepu16_epi32(_mm256_zextsi128_si256(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + offsetof(BlockIQ1_S, qh)))));
+        return multipliers_of(_mm512_srli_epi32(pick(words, halves), kScaleShift), kIq1ScaleBits);
+    } else {  // IQ1_M: bits 3(i % 4)..3(i % 4) + 2 of scales word i / 4
+        const __m512i words = _mm512_cvtepu16_epi32(_mm256_zextsi128_si256(_mm_loadl_epi64(
+            reinterpret_cast<const __m128i*>(block + offsetof(BlockIQ1_M, scales)))));
+        const __m512i shifts = _mm512_setr_epi32(0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9, 0, 3, 6, 9);
+        return multipliers_of(_mm512_srlv_epi32(pick(words, quarters), shifts), kIq1ScaleBits);
+    }
 }
 
 // The levels of register r of a super-block of type kType.

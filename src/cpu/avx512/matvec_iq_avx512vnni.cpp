@@ -19,6 +19,14 @@ namespace {
 
 constexpr int kLaneColumns = 4;  // columns of one int32 lane of vpdpbusd
 
+inline float f16_to_float(uint16_t bits) {
+#ifdef BARELLM_SIMDE
+    return half_to_float(bits);
+#else
+    return _cvtsh_ss(bits);  // F16C
+#endif
+}
+
 // One row of kType · x.
 template <DType kType>
 float iq_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
@@ -37,9 +45,7 @@ float iq_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = row + size_t(b) * kBlockBytes;
         const int8_t* xb = x.values.data() + size_t(b) * kSuperBlock;
-        alignas(64) int32_t multipliers[kIqMultipliers];
-        iq_multipliers<kType>(block, multipliers);
-        const __m512i m = _mm512_load_si512(multipliers);
+        const __m512i m = iq_multiplier_lanes<kType>(block);
         const __m512i x_sums = _mm512_cvtepi16_epi32(_mm256_loadu_si256(
             reinterpret_cast<const __m256i*>(x.sums.data() + size_t(b) * kIqMultipliers)));
         __m512i dots =
@@ -52,8 +58,9 @@ float iq_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
             dots = _mm512_add_epi32(
                 dots, _mm512_mullo_epi32(lane_dots, _mm512_permutexvar_epi32(slot_picks[r], m)));
         }
-        sums = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots),
-                               _mm512_set1_ps(x.d[b] * iq_d(kType, block) * kShape.factor), sums);
+        sums = _mm512_fmadd_ps(
+            _mm512_cvtepi32_ps(dots),
+            _mm512_set1_ps(x.d[b] * f16_to_float(iq_d_bits(kType, block)) * kShape.factor), sums);
     }
     return _mm512_reduce_add_ps(sums);
 }
