@@ -2,8 +2,10 @@
 among them, which a barellm file holds byte for byte as ggml lays them out.
 
 A block type's matrix is one U8 tensor [rows, cols / WEIGHTS * BYTES]: each row is its
-blocks back to back. BLOCK_TYPES gives, per type, the weights and bytes of a block and the
-byte offsets of its f16 fields (scales and mins), which must be finite.
+blocks back to back. BLOCK_TYPES gives, per type, the weights and bytes of a block and where
+its f16 fields (scales and mins) are, which must be finite: at byte offsets, and for IQ1_M,
+whose block has no d field, in the top nibbles of its four u16 scales words (d's bits 4i..4i
++ 3 in word i).
 """
 
 from typing import NamedTuple
@@ -18,6 +20,8 @@ class BlockType(NamedTuple):
     weights: int  # weights per block
     bytes: int  # bytes per block
     f16_fields: tuple  # byte offsets of the block's f16 values
+    # Byte offset of the four u16 words whose top nibbles make an f16 value, or None.
+    nibble_f16: int = None
 
 
 BLOCK_TYPES = {
@@ -31,6 +35,13 @@ BLOCK_TYPES = {
     "Q6_K": BlockType(256, 210, (208,)),
     "IQ4_XS": BlockType(256, 136, (0,)),
     "IQ4_NL": BlockType(32, 18, (0,)),
+    "IQ2_XXS": BlockType(256, 66, (0,)),
+    "IQ2_XS": BlockType(256, 74, (0,)),
+    "IQ2_S": BlockType(256, 82, (0,)),
+    "IQ3_XXS": BlockType(256, 98, (0,)),
+    "IQ3_S": BlockType(256, 110, (0,)),
+    "IQ1_S": BlockType(256, 50, (0,)),
+    "IQ1_M": BlockType(256, 56, (), nibble_f16=48),
 }
 # Types a matrix of a file with per-matrix types may have (barellm.matrix_types). Q8_0 and
 # Q4_0 are stored as the uniform Q8 and Q4 files store their matrices (NAME and NAME.scale).
@@ -54,15 +65,28 @@ def row_bytes(type_name, cols):
     return cols // block.weights * block.bytes
 
 
+def f16_fields(blocks, block):
+    """(where, f16 values [n, 1]) of each f16 field of `blocks` (uint8 [n, block.bytes]) of
+    the BlockType `block`; `where` names the field's bytes."""
+    for offset in block.f16_fields:
+        yield f"byte {offset}", blocks[:, offset:offset + 2].copy().view("<f2")
+    if block.nibble_f16 is not None:
+        offset = block.nibble_f16
+        words = blocks[:, offset:offset + 8].copy().view("<u2")
+        bits = np.zeros((len(blocks), 1), dtype="<u2")
+        for i in range(4):
+            bits |= (words[:, i:i + 1] >> 12) << (4 * i)
+        yield f"top nibbles of bytes {offset}..{offset + 7}", bits.view("<f2")
+
+
 def check_blocks(raw, type_name, tensor_name):
     """Refuse rows of blocks (uint8 [rows, row bytes]) holding a NaN or Inf f16 field."""
     block = BLOCK_TYPES[type_name]
     blocks = np.ascontiguousarray(raw).reshape(-1, block.bytes)
-    for offset in block.f16_fields:
-        values = blocks[:, offset:offset + 2].copy().view("<f2")
+    for where, values in f16_fields(blocks, block):
         finite = np.isfinite(values)
         if not finite.all():
             index = int(np.argmin(finite))
             kind = "NaN" if np.isnan(values[index, 0]) else "Inf"
-            raise ConvertError(f"tensor '{tensor_name}' has a {kind} f16 field (byte "
-                               f"{offset}) in {type_name} block {index}")
+            raise ConvertError(f"tensor '{tensor_name}' has a {kind} f16 field ({where}) "
+                               f"in {type_name} block {index}")

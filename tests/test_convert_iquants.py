@@ -1,0 +1,241 @@
+"""ggml's i-quant block types in the converter: GGUF matrices of IQ2_XXS, IQ2_XS, IQ2_S,
+IQ3_XXS, IQ3_S, IQ1_S and IQ1_M kept byte for byte beside K-quant ones, as llama.cpp's files
+mix them; barellm's logits on such a file those of the numpy reference forward pass
+(reference/model.py) on the weights that the gguf package dequantizes; hostile blocks
+refused; the lattice grids of src/weights/iq_grids.inc the gguf package's; llama-quantize's
+IQ3 files (where it is built) kept matrix for matrix."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf", reason="pip package gguf missing")
+
+import model as reference  # noqa: E402
+from convert_testlib import (REPO, TINY_CONFIG, make_checkpoint, read_raw,  # noqa: E402
+                             tiny_tensors)
+from test_convert_kquants import (LLAMA_QUANTIZE, assert_refused, convert,  # noqa: E402
+                                  gguf_from_hf, logits, metadata, rewritten_gguf, rotate_half)
+
+IQ_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
+# Rows of 512 and 768 weights (2 and 3 super-blocks); head_dim 64, 4 query heads a KV head.
+IQ_CONFIG = {**TINY_CONFIG, "hidden_size": 512, "intermediate_size": 768,
+             "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 41,
+             "num_hidden_layers": 2}
+HEAD_DIM = 64
+GGUF_PARTS = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output",
+              "w1": "ffn_gate", "w3": "ffn_up", "w2": "ffn_down"}
+# Byte offsets of the f16 fields of each type's block; IQ1_M's d is the top nibbles of its
+# four u16 scales words at IQ1_M_SCALES (d's bits 4i..4i + 3 in word i).
+F16_FIELDS = {"Q2_K": (80, 82), "Q4_K": (0, 2), "Q6_K": (208,), "IQ2_XXS": (0,),
+              "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,), "IQ1_S": (0,),
+              "IQ1_M": ()}
+IQ1_M_SCALES = 48
+# The matrices of the file of each i-quant that are not of that type (a barellm name, or a
+# layer suffix for every layer), as llama-quantize's mixes of it place their companions;
+# F32 keeps the source's values.
+COMPANIONS = {
+    "IQ2_XXS": {"wv": "Q4_K", "layers.1.w2": "Q2_K", "token_embedding": "Q2_K",
+                "output": "Q6_K"},
+    "IQ2_XS": {"wv": "Q4_K", "w2": "Q2_K", "token_embedding": "F32", "output": "Q6_K"},
+    "IQ2_S": {"wv": "IQ3_S", "layers.0.w2": "IQ3_S", "output": "Q6_K"},
+    "IQ3_XXS": {"wv": "IQ3_S", "w2": "Q4_K", "token_embedding": "IQ3_S", "output": "Q6_K"},
+    "IQ3_S": {"wv": "Q4_K", "layers.0.w2": "Q4_K", "output": "F32"},
+    "IQ1_S": {"wv": "Q4_K", "w2": "IQ2_XXS", "token_embedding": "Q2_K", "output": "Q6_K"},
+    "IQ1_M": {"wv": "Q4_K", "wo": "IQ2_XXS", "layers.0.w2": "IQ2_XXS",
+              "token_embedding": "Q2_K", "output": "Q6_K"},
+}
+IDS = [1, 5, 9, 30, 31, 7, 2, 17, 3, 12, 40]
+
+
+def qtype(type_name):
+    return gguf.GGMLQuantizationType[type_name]
+
+
+def matrices(config):
+    """(barellm name, GGUF name, [rows, cols]) of every matrix of a Llama `config`."""
+    dim, hidden, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    kv = config["num_key_value_heads"] * HEAD_DIM
+    shapes = {"wq": (dim, dim), "wk": (kv, dim), "wv": (kv, dim), "wo": (dim, dim),
+              "w1": (hidden, dim), "w3": (hidden, dim), "w2": (dim, hidden)}
+    yield "token_embedding", "token_embd.weight", (vocab, dim)
+    yield "output", "output.weight", (vocab, dim)
+    for layer in range(config["num_hidden_layers"]):
+        for short, shape in shapes.items():
+            yield f"layers.{layer}.{short}", f"blk.{layer}.{GGUF_PARTS[short]}.weight", shape
+
+
+def matrix_type(type_name, name):
+    """The type of the matrix `name` in the file of the i-quant `type_name` (COMPANIONS)."""
+    companions = COMPANIONS[type_name]
+    return companions.get(name, companions.get(name.rsplit(".", 1)[-1], type_name))
+
+
+def set_f16_fields(raw, type_name, values):
+    """Write `values` (one a block) as f16 into every f16 field of the blocks `raw`
+    (uint8 [n, block bytes])."""
+    bits = values.astype("<f2").view("<u2")
+    if type_name == "IQ1_M":
+        words = raw[:, IQ1_M_SCALES:IQ1_M_SCALES + 8].copy().view("<u2")
+        for i in range(4):
+            words[:, i] = (words[:, i] & 0x0FFF) | (((bits >> (4 * i)) & 0xF) << 12)
+        raw[:, IQ1_M_SCALES:IQ1_M_SCALES + 8] = words.view(np.uint8)
+    for offset in F16_FIELDS[type_name]:
+        raw[:, offset:offset + 2] = bits.view(np.uint8).reshape(-1, 2)
+
+
+def random_matrix(type_name, rows, cols, rng):
+    """Rows of blocks of `type_name` (uint8 [rows, row bytes]) of random bytes but for the
+    f16 fields: positive, one value a block, sized for weights of RMS about cols^-1/2 (as
+    tiny_tensors' matrices)."""
+    weights, size = gguf.GGML_QUANT_SIZES[qtype(type_name)]
+    count = rows * cols // weights
+    raw = rng.integers(0, 256, (count, size), dtype=np.uint8)
+    set_f16_fields(raw, type_name, np.ones(count))
+    rms = np.sqrt(np.mean(gguf.quants.dequantize(raw, qtype(type_name)) ** 2))
+    set_f16_fields(raw, type_name, rng.uniform(0.5, 1.5, count) / (rms * np.sqrt(cols)))
+    return raw.reshape(rows, -1)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """(Hugging Face checkpoint of IQ_CONFIG, its f32 GGUF)."""
+    path = tmp_path_factory.mktemp("iq")
+    hf = make_checkpoint(path / "hf", config=IQ_CONFIG, tensors=tiny_tensors(IQ_CONFIG, seed=3))
+    return hf, gguf_from_hf(hf, path / "f32.gguf")
+
+
+@pytest.fixture(scope="module", params=IQ_TYPES)
+def iq_file(request, checkpoint, tmp_path_factory):
+    """The file of one i-quant: (its type, {GGUF name: (type, blocks)} of the matrices of
+    random blocks, the GGUF, the converted file, the converter's stderr)."""
+    type_name = request.param
+    path = tmp_path_factory.mktemp(type_name.lower())
+    rng = np.random.default_rng(IQ_TYPES.index(type_name))
+    replaced = {}
+    for name, gguf_name, (rows, cols) in matrices(IQ_CONFIG):
+        kind = matrix_type(type_name, name)
+        if kind != "F32":
+            replaced[gguf_name] = (kind, random_matrix(kind, rows, cols, rng))
+    source = rewritten_gguf(checkpoint[1], path / "m.gguf", replaced,
+                            file_type=gguf.LlamaFileType[f"MOSTLY_{type_name}"])
+    out, log = convert(source, path / "m.bin")
+    return type_name, replaced, source, out, log
+
+
+def test_iquant_blocks_are_kept_byte_for_byte(iq_file):
+    """Every matrix keeps its GGUF type, named in barellm.matrix_types, and its blocks (q
+    and k rows moved whole into rotate-half order); the file is named after the GGUF's
+    file type and nothing is dequantized."""
+    type_name, replaced, _, out, log = iq_file
+    assert log == "", log
+    assert json.loads(metadata(out)["barellm.config"])["weight_dtype"] == type_name
+    types = json.loads(metadata(out)["barellm.matrix_types"])
+    assert types == {name: matrix_type(type_name, name) for name, _, _ in matrices(IQ_CONFIG)}
+    assert sum(kind == type_name for kind in types.values()) >= 9
+    tensors = read_raw(out)[2]
+    for name, gguf_name, _ in matrices(IQ_CONFIG):
+        if gguf_name not in replaced:
+            continue
+        raw = replaced[gguf_name][1]
+        if name.endswith((".wq", ".wk")):
+            raw = rotate_half(raw, HEAD_DIM)
+        assert tensors[name].dtype == np.uint8
+        assert np.array_equal(tensors[name], raw), name
+
+
+def reference_logits(hf, replaced):
+    """reference/model.py's logits of IDS on the checkpoint `hf`'s norms and matrices but
+    those of `replaced` ({GGUF name: (type, blocks)}), dequantized by the gguf package (q
+    and k rows put in rotate-half order)."""
+    config, weights = reference.load_hf(hf)
+    for name, gguf_name, _ in matrices(IQ_CONFIG):
+        if gguf_name in replaced:
+            kind, raw = replaced[gguf_name]
+            values = gguf.quants.dequantize(raw, qtype(kind))
+            assert np.isfinite(values).all()
+            weights[name] = rotate_half(values, HEAD_DIM) if name.endswith((".wq", ".wk")) \
+                else values
+    return reference.forward(config, weights, IDS)
+
+
+def test_iquant_logits_are_the_references(iq_file, checkpoint):
+    """barellm's logits (the scalar CPU, and the default SIMD level one token at a time and
+    as one prefill) are those of reference/model.py on the checkpoint's norms and F32
+    matrices and the others' blocks dequantized by the gguf package."""
+    type_name, replaced, _, out, _ = iq_file
+    want = reference_logits(checkpoint[0], replaced)
+    # The scalar path multiplies the dequantized weights exactly (in float32).
+    scalar = logits(out, IDS, "--kv", "f32", "--simd", "scalar")
+    relative = np.linalg.norm(scalar - want) / np.linalg.norm(want)
+    print(f"{type_name} scalar: logits relative error {relative:.2e}")
+    assert relative < 1e-4
+    # The K-quant companions' SIMD kernels quantize the activations to 8 bits.
+    for flags in ([], ["--prefill"]):
+        got = logits(out, IDS, "--kv", "f32", *flags)
+        relative = np.linalg.norm(got - want) / np.linalg.norm(want)
+        print(f"{type_name} {' '.join(flags)}: logits relative error {relative:.2e}")
+        assert relative < 5e-2
+        assert (got.argmax(axis=1) == want.argmax(axis=1)).mean() > 0.8
+
+
+@pytest.mark.parametrize("type_name,bits,kind,where", [
+    ("IQ2_XS", 0x7E00, "NaN", "byte 0"),
+    ("IQ3_XXS", 0xFC00, "Inf", "byte 0"),
+    ("IQ1_M", 0x7C00, "Inf", "top nibbles of bytes 48..55")])
+def test_a_non_finite_iquant_d_is_refused(tmp_path, checkpoint, type_name, bits, kind, where):
+    """Block 5's d is NaN or Inf (IQ1_M's from the top nibbles of its scales words)."""
+    raw = random_matrix(type_name, 128, 512, np.random.default_rng(8))
+    size = gguf.GGML_QUANT_SIZES[qtype(type_name)][1]
+    blocks_of = raw.reshape(-1, size)
+    d = np.ones(len(blocks_of), dtype="<u2")
+    d[5] = bits
+    set_f16_fields(blocks_of, type_name, d.view("<f2"))
+    data = rewritten_gguf(checkpoint[1], tmp_path / "q.gguf",
+                          {"blk.0.attn_k.weight": (type_name, raw)}).read_bytes()
+    assert_refused(tmp_path, data, f"{kind} f16 field ({where}) in {type_name} block 5")
+
+
+def test_iq_grids_are_the_gguf_packages():
+    """src/weights/iq_grids.inc is what scripts/gen_iq_grids.py makes of the gguf
+    package's tables."""
+    result = subprocess.run([sys.executable, os.path.join(REPO, "scripts", "gen_iq_grids.py"),
+                             "--check"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_llama_quantize_iq3_m_is_kept(tmp_path, checkpoint):
+    """llama-quantize's IQ3_M file of the checkpoint (IQ3_S, Q4_K and Q6_K matrices; IQ3_XXS
+    and the IQ2 and IQ1 types need an importance matrix, which llama-imatrix makes from
+    text) keeps every matrix's type and blocks, and runs as the reference on them."""
+    if not os.path.exists(LLAMA_QUANTIZE):
+        pytest.skip(f"{LLAMA_QUANTIZE} is not built (scripts/build_llamacpp.sh)")
+    theirs = tmp_path / "iq3_m.gguf"
+    result = subprocess.run([LLAMA_QUANTIZE, str(checkpoint[1]), str(theirs), "IQ3_M", "1"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    tensors = {tensor.name: tensor for tensor in gguf.GGUFReader(str(theirs)).tensors}
+    kinds = {gguf_name: tensors[gguf_name].tensor_type.name
+             for _, gguf_name, _ in matrices(IQ_CONFIG)}
+    blocks = {gguf_name: (kind, np.asarray(tensors[gguf_name].data))
+              for gguf_name, kind in kinds.items() if kind != "F32"}
+    assert "IQ3_S" in {kind for kind, _ in blocks.values()}
+    out, log = convert(theirs, tmp_path / "m.bin")
+    assert log == "", log
+    assert json.loads(metadata(out)["barellm.config"])["weight_dtype"] == "IQ3_M"
+    types = json.loads(metadata(out)["barellm.matrix_types"])
+    assert types == {name: kinds[gguf_name] for name, gguf_name, _ in matrices(IQ_CONFIG)}
+    stored = read_raw(out)[2]
+    for name, gguf_name, _ in matrices(IQ_CONFIG):
+        if gguf_name in blocks:
+            raw = blocks[gguf_name][1]
+            if name.endswith((".wq", ".wk")):
+                raw = rotate_half(raw, HEAD_DIM)
+            assert np.array_equal(stored[name], raw), name
+    want = reference_logits(checkpoint[0], blocks)
+    got = logits(out, IDS, "--kv", "f32", "--simd", "scalar")
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-4
