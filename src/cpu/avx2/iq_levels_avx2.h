@@ -1,0 +1,216 @@
+// The i-quant types' levels on AVX2 (cpu/iq_levels.h): the 32 unsigned levels u of columns
+// 32r..32r + 31 of a super-block (register r, 0..7), for the decode matvec
+// (matvec_iq_avx2.cpp) and the prefill GEMM on 256-bit registers (gemm_blocks_panels.h). The grid
+// points of a register (4 of 8 values, or 8 of 4) come from gathers; the signs, a byte per 8
+// columns, become a byte mask, under which u = offset − grid value, elsewhere offset + grid value.
+// Blocks are only 2-byte aligned: every load is unaligned. Include it only from the *_avx2.cpp
+// and *_avxvnni.cpp files.
+#pragma once
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/avx2/intrinsics_avx2.h"
+#include "cpu/iq_levels.h"
+#include "weights/iq_grids.h"
+#include "weights/weight_blocks.h"
+
+namespace barellm::cpu::avx2 {
+
+constexpr int kIqRegisterCols = 32;                                   // levels in a register
+constexpr int kIqRegisters = kSuperBlock / kIqRegisterCols;           // 8
+constexpr int kIqGroupsPerRegister = kIqRegisterCols / kIqGridGroup;  // groups of 8: 4
+constexpr int kIqSevenBits = 7;  // stored sign bits per group (IQ2_XXS, IQ2_XS, IQ3_XXS)
+constexpr int kIqSevenMask = (1 << kIqSevenBits) - 1;
+
+// iq_signs_of_seven of every 7 bits.
+constexpr std::array<uint8_t, 1 << kIqSevenBits> kIqSignsOfSevenTable = [] {
+    std::array<uint8_t, 1 << kIqSevenBits> table{};
+    for (unsigned i = 0; i < table.size(); ++i) table[i] = iq_signs_of_seven(i);
+    return table;
+}();
+
+template <typename T>
+inline T iq_load(const uint8_t* p) {
+    T value;
+    std::memcpy(&value, p, sizeof value);
+    return value;
+}
+
+// The vpshufb control that repeats byte k of the low 32-bit word over the 8 bytes of 64-bit lane
+// k: a byte per group of 8 columns spread over its columns.
+inline __m256i spread_group_bytes() {
+    return _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202,
+                              0x0303030303030303);
+}
+
+// 0xff in column i of group k where bit i of byte k of `signs` is set (that weight negative),
+// else 0: byte k spread over its group's 8 bytes, each keeping its own bit, compared with it.
+inline __m256i negative_columns(uint32_t signs) {
+    const __m256i spread =
+        _mm256_shuffle_epi8(_mm256_set1_epi32(int32_t(signs)), spread_group_bytes());
+    const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
+    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+}
+
+// u = offset + grid value, or offset − grid value where `negative` is 0xff: (g ^ −1) − (−1) is
+// −g, (g ^ 0) − 0 is g.
+inline __m256i signed_levels(__m256i grid, __m256i negative, int offset) {
+    return _mm256_add_epi8(_mm256_set1_epi8(char(offset)),
+                           _mm256_sub_epi8(_mm256_xor_si256(grid, negative), negative));
+}
+
+// The sign bytes (iq_signs_of_seven) of four groups whose 7-bit signs are bits 7k..7k + 6 of
+// `sevens` (IQ2_XXS, IQ3_XXS), byte k of the result for group k.
+inline uint32_t signs_of_sevens(uint32_t sevens) {
+    uint32_t bytes = 0;
+    for (int k = 0; k < kIqGroupsPerRegister; ++k)
+        bytes |= uint32_t(kIqSignsOfSevenTable[(sevens >> (kIqSevenBits * k)) & kIqSevenMask])
+                 << (8 * k);
+    return bytes;
+}
+
+// The 4 points of 8 values whose indices are the 32-bit lanes of `indices`, in 64-bit lanes.
+inline __m256i gather_points8(__m128i indices, const uint64_t* grid) {
+    return _mm256_i32gather_epi64(reinterpret_cast<const long long*>(grid), indices, 8);
+}
+// The 8 points of 4 values whose indices are the 32-bit lanes of `indices`.
+inline __m256i gather_points4(__m256i indices, const uint32_t* grid) {
+    return _mm256_i32gather_epi32(reinterpret_cast<const int*>(grid), indices, 4);
+}
+
+// IQ2_XXS, sub-block r: at qs + 8r its word of four 8-bit indices into kIq2XxsGrid, then its word
+// of four 7-bit signs (bits 7k..7k + 6, group k) below the scale.
+inline __m256i iq2_xxs_levels(const uint8_t* block, int r) {
+    const uint8_t* sub_block = block + offsetof(BlockIQ2_XXS, qs) + 8 * r;
+    const __m256i points = gather_points8(
+        _mm_cvtepu8_epi32(_mm_cvtsi32_si128(iq_load<int32_t>(sub_block))), kIq2XxsGrid);
+    return signed_levels(points,
+                         negative_columns(signs_of_sevens(iq_load<uint32_t>(sub_block + 4))),
+                         iq_shape(DType::IQ2_XXS).offset);
+}
+
+// IQ2_XS, groups 4r..4r + 3: a u16 each at qs + 8r, its 9-bit index into kIq2XsGrid and 7-bit
+// signs above it.
+inline __m256i iq2_xs_levels(const uint8_t* block, int r) {
+    constexpr int kIndexBits = 9;
+    const uint8_t* groups = block + offsetof(BlockIQ2_XS, qs) + 8 * r;
+    const __m128i words =
+        _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(groups)));
+    const __m256i points =
+        gather_points8(_mm_and_si128(words, _mm_set1_epi32((1 << kIndexBits) - 1)), kIq2XsGrid);
+    uint32_t signs = 0;
+    for (int k = 0; k < kIqGroupsPerRegister; ++k)
+        signs |= uint32_t(kIqSignsOfSevenTable[iq_load<uint16_t>(groups + 2 * k) >> kIndexBits])
+                 << (8 * k);
+    return signed_levels(points, negative_columns(signs), iq_shape(DType::IQ2_XS).offset);
+}
+
+// IQ2_S, groups 4r..4r + 3: group k's 10-bit index into kIq2SGrid is qs[4r + k] with bits 2k,
+// 2k + 1 of qh[r] above it; its signs the byte signs[4r + k].
+inline __m256i iq2_s_levels(const uint8_t* block, int r) {
+    constexpr int kHighBits = 2;
+    const __m128i low = _mm_cvtepu8_epi32(
+        _mm_cvtsi32_si128(iq_load<int32_t>(block + offsetof(BlockIQ2_S, qs) + 4 * r)));
+    // qh[r] shifted right by 2k in lane k, its two bits moved to bits 8, 9.
+    const __m128i high =
+        _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(block[offsetof(BlockIQ2_S, qh) + r] << 8),
+                                     _mm_setr_epi32(0, kHighBits, 2 * kHighBits, 3 * kHighBits)),
+                      _mm_set1_epi32(((1 << kHighBits) - 1) << 8));
+    const __m256i points = gather_points8(_mm_or_si128(low, high), kIq2SGrid);
+    return signed_levels(
+        points, negative_columns(iq_load<uint32_t>(block + offsetof(BlockIQ2_S, signs) + 4 * r)),
+        iq_shape(DType::IQ2_S).offset);
+}
+
+// IQ3_XXS, sub-block r: the 8-bit indices into kIq3XxsGrid of its 8 quads at qs + 8r; its word
+// of four 7-bit signs (a group of 8 columns, two quads, each) below the scale at scales_signs + 4r.
+inline __m256i iq3_xxs_levels(const uint8_t* block, int r) {
+    const __m256i points = gather_points4(
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+            reinterpret_cast<const __m128i*>(block + offsetof(BlockIQ3_XXS, qs) + 8 * r))),
+        kIq3XxsGrid);
+    const uint32_t sevens = iq_load<uint32_t>(block + offsetof(BlockIQ3_XXS, scales_signs) + 4 * r);
+    return signed_levels(points, negative_columns(signs_of_sevens(sevens)),
+                         iq_shape(DType::IQ3_XXS).offset);
+}
+
+// IQ3_S, quads 8r..8r + 7: quad i's 9-bit index into kIq3SGrid is qs[8r + i] with bit i of
+// qh[r] above it; group k's signs (two quads) the byte signs[4r + k].
+inline __m256i iq3_s_levels(const uint8_t* block, int r) {
+    constexpr int kIndexHighBit = 1 << 8;
+    const __m256i low = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+        reinterpret_cast<const __m128i*>(block + offsetof(BlockIQ3_S, qs) + 8 * r)));
+    // qh[r] shifted left by 8 − i in lane i: its bit i lands on bit 8.
+    const __m256i high =
+        _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(block[offsetof(BlockIQ3_S, qh) + r]),
+                                           _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1)),
+                         _mm256_set1_epi32(kIndexHighBit));
+    const __m256i points = gather_points4(_mm256_or_si256(low, high), kIq3SGrid);
+    return signed_levels(
+        points, negative_columns(iq_load<uint32_t>(block + offsetof(BlockIQ3_S, signs) + 4 * r)),
+        iq_shape(DType::IQ3_S).offset);
+}
+
+// IQ1_*: u = 8·level + 1 ± 1 of grid levels 0..2 (`points`), the shift's sign byte k (0xff for
+// −1/8) over group k: the levels shifted up by 3 within their bytes, plus 1 + shift.
+inline __m256i iq1_levels(__m256i points, uint32_t negative_shifts) {
+    constexpr int kEighthsBits = 3;  // 8·level
+    const __m256i negative =
+        _mm256_shuffle_epi8(_mm256_set1_epi32(int32_t(negative_shifts)), spread_group_bytes());
+    const __m256i positive_shift = _mm256_set1_epi8(1 + kIq1ShiftEighths);
+    const __m256i shift = _mm256_add_epi8(
+        positive_shift, _mm256_and_si256(negative, _mm256_set1_epi8(char(-2 * kIq1ShiftEighths))));
+    return _mm256_add_epi8(_mm256_slli_epi64(points, kEighthsBits), shift);
+}
+
+// IQ1_S, sub-block r: group k's 11-bit index into kIq1Grid is qs[4r + k] with bits 3k..3k + 2 of
+// the u16 qh[r] above it; bit 15 of qh[r] the sign of the sub-block's shift.
+inline __m256i iq1_s_levels(const uint8_t* block, int r) {
+    constexpr int kHighBits = 3, kShiftSignBit = 15;
+    const __m128i low = _mm_cvtepu8_epi32(
+        _mm_cvtsi32_si128(iq_load<int32_t>(block + offsetof(BlockIQ1_S, qs) + 4 * r)));
+    const uint16_t high_bits = iq_load<uint16_t>(block + offsetof(BlockIQ1_S, qh) + 2 * r);
+    // qh[r] shifted right by 3k in lane k, its three bits moved to bits 8..10.
+    const __m128i high =
+        _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(high_bits << 8),
+                                     _mm_setr_epi32(0, kHighBits, 2 * kHighBits, 3 * kHighBits)),
+                      _mm_set1_epi32(((1 << kHighBits) - 1) << 8));
+    const __m256i points = gather_points8(_mm_or_si128(low, high), kIq1Grid);
+    return iq1_levels(points, high_bits >> kShiftSignBit ? ~0u : 0u);
+}
+
+// IQ1_M, groups 4r..4r + 3: group k's index into kIq1Grid is qs[4r + k] with bits 0..2 of nibble
+// k of the u16 at qh + 2r above it; bit 3 of that nibble the sign of the group's shift.
+inline __m256i iq1_m_levels(const uint8_t* block, int r) {
+    constexpr int kNibbleBits = 4, kHighBits = 3;
+    const __m128i low = _mm_cvtepu8_epi32(
+        _mm_cvtsi32_si128(iq_load<int32_t>(block + offsetof(BlockIQ1_M, qs) + 4 * r)));
+    const uint16_t nibbles = iq_load<uint16_t>(block + offsetof(BlockIQ1_M, qh) + 2 * r);
+    // The u16 shifted right by 4k in lane k: nibble k's index bits moved to bits 8..10.
+    const __m128i shifted =
+        _mm_srlv_epi32(_mm_set1_epi32(nibbles << 8),
+                       _mm_setr_epi32(0, kNibbleBits, 2 * kNibbleBits, 3 * kNibbleBits));
+    const __m128i high = _mm_and_si128(shifted, _mm_set1_epi32(((1 << kHighBits) - 1) << 8));
+    const __m256i points = gather_points8(_mm_or_si128(low, high), kIq1Grid);
+    // Bit 3 of each nibble (bit 11 of its lane) as a byte of 0xff per group.
+    const __m128i sign_bit = _mm_set1_epi32(1 << (8 + kHighBits));
+    const __m128i negative = _mm_cmpeq_epi32(_mm_and_si128(shifted, sign_bit), sign_bit);
+    return iq1_levels(points, uint32_t(_mm_cvtsi128_si32(_mm_packs_epi16(
+                                  _mm_packs_epi32(negative, negative), _mm_setzero_si128()))));
+}
+
+// Register r of a super-block of kType.
+template <DType kType>
+inline __m256i iq_levels(const uint8_t* block, int r) {
+    if constexpr (kType == DType::IQ2_XXS) return iq2_xxs_levels(block, r);
+    if constexpr (kType == DType::IQ2_XS) return iq2_xs_levels(block, r);
+    if constexpr (kType == DType::IQ2_S) return iq2_s_levels(block, r);
+    if constexpr (kType == DType::IQ3_XXS) return iq3_xxs_levels(block, r);
+    if constexpr (kType == DType::IQ3_S) return iq3_s_levels(block, r);
+    if constexpr (kType == DType::IQ1_S) return iq1_s_levels(block, r);
+    if constexpr (kType == DType::IQ1_M) return iq1_m_levels(block, r);
+}
+
+}  // namespace barellm::cpu::avx2
