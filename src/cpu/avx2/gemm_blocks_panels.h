@@ -207,24 +207,23 @@ void unpack_iq4_xs(const RowSpan& out, const uint8_t* block) {
     for (int j = 0; j < kSpanGroups; ++j) out.level(j, iq4_xs_values(block, j, table));
 }
 
-// An i-quant super-block: A = d · factor · m of each sub-block of 16 or 32 (cpu/iq_levels.h); the
-// unsigned levels u (iq_levels_avx2.h).
+// An i-quant super-block: A = d · factor · m of each sub-block of 16 or 32 (cpu/iq_levels.h), m
+// from iq_multiplier_words; the unsigned levels u (iq_levels_avx2.h).
 template <DType kType>
 void unpack_iq(const RowSpan& out, const uint8_t* block) {
     constexpr IqShape kShape = iq_shape(kType);
-    alignas(32) int32_t m[kIqMultipliers];
-    iq_multipliers<kType>(block, m);
+    const __m256i m = iq_multiplier_words<kType>(block);  // m of each 16 columns
     const __m256 d_factor = _mm256_set1_ps(iq_d(kType, block) * kShape.factor);
-    auto multipliers8 = [&](const int32_t* first) {
-        return _mm256_cvtepi32_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(first)));
-    };
     if constexpr (kShape.scale_cols == kIqMultiplierCols) {
-        out.scales8(0, _mm256_mul_ps(multipliers8(m), d_factor));
-        out.scales8(1, _mm256_mul_ps(multipliers8(m + kLanes), d_factor));
-    } else {  // sub-blocks of 32: every other m (each twice in iq_multipliers)
-        alignas(32) int32_t sub_block_m[kSpanGroups];
-        for (int j = 0; j < kSpanGroups; ++j) sub_block_m[j] = m[2 * j];
-        out.scales8(0, _mm256_mul_ps(multipliers8(sub_block_m), d_factor));
+        for (int r = 0; r < 2; ++r) {
+            const __m128i half =
+                r == 0 ? _mm256_castsi256_si128(m) : _mm256_extracti128_si256(m, 1);
+            out.scales8(r,
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(half)), d_factor));
+        }
+    } else {  // sub-blocks of 32: the low word of each 32-bit lane (each m twice in the words)
+        const __m256i sub_block_m = _mm256_and_si256(m, _mm256_set1_epi32(0xffff));
+        out.scales8(0, _mm256_mul_ps(_mm256_cvtepi32_ps(sub_block_m), d_factor));
     }
     for (int r = 0; r < kIqRegisters; ++r) out.level(r, iq_levels<kType>(block, r));
 }

@@ -3,6 +3,8 @@
 // (matvec_iq_avx2.cpp) and the prefill GEMM on 256-bit registers (gemm_blocks_panels.h). The grid
 // points of a register (4 of 8 values, or 8 of 4) come from gathers; the signs, a byte per 8
 // columns, become a byte mask, under which u = offset − grid value, elsewhere offset + grid value.
+// The multipliers m = 2s + 1 of a super-block come as 16 words, one per 16 columns
+// (iq_multiplier_words).
 // Blocks are only 2-byte aligned: every load is unaligned. Include it only from the *_avx2.cpp
 // and *_avxvnni.cpp files.
 #pragma once
@@ -11,6 +13,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "cpu/avx2/block_levels_avx2.h"
 #include "cpu/avx2/intrinsics_avx2.h"
 #include "cpu/iq_levels.h"
 #include "weights/iq_grids.h"
@@ -199,6 +202,72 @@ inline __m256i iq1_m_levels(const uint8_t* block, int r) {
     const __m128i negative = _mm_cmpeq_epi32(_mm_and_si128(shifted, sign_bit), sign_bit);
     return iq1_levels(points, uint32_t(_mm_cvtsi128_si32(_mm_packs_epi16(
                                   _mm_packs_epi32(negative, negative), _mm_setzero_si128()))));
+}
+
+// The 16-bit word 2s + 1 from each word s (0..15) of `s`.
+inline __m256i odd_multipliers(__m256i s) {
+    return _mm256_add_epi16(_mm256_add_epi16(s, s), _mm256_set1_epi16(1));
+}
+// Each 32-bit lane's low 16 bits in both its words: a sub-block of 32's s for its two slots of 16.
+inline __m256i both_words(__m256i lanes) {
+    return _mm256_or_si256(lanes, _mm256_slli_epi32(lanes, 16));
+}
+
+// The 16 m = 2s + 1 of a super-block (iq_multipliers) as 16-bit words, m of columns
+// 16i..16i + 15 in word i.
+template <DType kType>
+inline __m256i iq_multiplier_words(const uint8_t* block) {
+    constexpr int kNibble = 15, kThreeBits = 7, kNibbleBits = 4;
+    constexpr int kTopNibbleShift = 28;  // the 4-bit s atop IQ2_XXS's and IQ3_XXS's sign words
+    __m256i s;
+    if constexpr (kType == DType::IQ2_XXS) {
+        // The 64-bit word of sub-block j (indices, then signs and scale) at qs + 8j: s_j is its
+        // top nibble. packs_epi32 interleaves the two loads by 128-bit lanes (sub-blocks 0, 1,
+        // 4, 5 | 2, 3, 6, 7); the permute restores the order.
+        const uint8_t* qs = block + offsetof(BlockIQ2_XXS, qs);
+        constexpr int kTop = 64 - kNibbleBits;
+        s = both_words(
+            _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_srli_epi64(load256(qs), kTop),
+                                                        _mm256_srli_epi64(load256(qs + 32), kTop)),
+                                     0xd8));
+    } else if constexpr (kType == DType::IQ3_XXS) {  // the top nibbles of 8 words
+        s = both_words(_mm256_srli_epi32(load256(block + offsetof(BlockIQ3_XXS, scales_signs)),
+                                         kTopNibbleShift));
+    } else if constexpr (kType == DType::IQ2_XS || kType == DType::IQ2_S) {
+        // s_2j the low nibble of scales[j], s_2j+1 its high nibble.
+        const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(
+            block + (kType == DType::IQ2_XS ? offsetof(BlockIQ2_XS, scales)
+                                            : offsetof(BlockIQ2_S, scales)))));
+        s = _mm256_or_si256(_mm256_and_si256(bytes, _mm256_set1_epi32(kNibble)),
+                            _mm256_slli_epi32(_mm256_srli_epi32(bytes, kNibbleBits), 16));
+    } else if constexpr (kType == DType::IQ3_S) {
+        // s_2k the low nibble of scales[k], s_2k+1 its high nibble, each for two slots of 16.
+        const __m256i bytes = _mm256_cvtepu8_epi64(
+            _mm_cvtsi32_si128(iq_load<int32_t>(block + offsetof(BlockIQ3_S, scales))));
+        s = both_words(
+            _mm256_or_si256(_mm256_and_si256(bytes, _mm256_set1_epi64x(kNibble)),
+                            _mm256_slli_epi64(_mm256_srli_epi64(bytes, kNibbleBits), 32)));
+    } else if constexpr (kType == DType::IQ1_S) {  // s_j bits 12..14 of the u16 qh[j]
+        constexpr int kScaleShift = 12;
+        s = both_words(_mm256_and_si256(
+            _mm256_srli_epi32(
+                _mm256_cvtepu16_epi32(_mm_loadu_si128(
+                    reinterpret_cast<const __m128i*>(block + offsetof(BlockIQ1_S, qh)))),
+                kScaleShift),
+            _mm256_set1_epi32(kThreeBits)));
+    } else {  // IQ1_M: s_i bits 3(i % 4)..+2 of the u16 scales word i / 4
+        // Word i / 4 in word i (the low lane words 0, 1, the high lane 2, 3), its bits
+        // 3(i % 4)..+2 moved to the top by a multiply by 2^(13 − 3(i % 4)), then down.
+        constexpr int kTopThree = 16 - 3;
+        const __m256i words = _mm256_shuffle_epi8(
+            _mm256_set1_epi64x(iq_load<int64_t>(block + offsetof(BlockIQ1_M, scales))),
+            _mm256_setr_epi64x(0x0100010001000100, 0x0302030203020302, 0x0504050405040504,
+                               0x0706070607060706));
+        const __m256i to_top =
+            _mm256_set1_epi64x(0x0010008004002000);  // words 2^13, 2^10, 2^7, 2^4
+        s = _mm256_srli_epi16(_mm256_mullo_epi16(words, to_top), kTopThree);
+    }
+    return odd_multipliers(s);
 }
 
 // Register r of a super-block of kType.

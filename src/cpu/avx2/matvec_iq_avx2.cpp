@@ -25,19 +25,6 @@ namespace {
 constexpr int kSumsPerBlock = kSuperBlock / kIqMultiplierCols;  // Q8KVector::sums a super-block
 constexpr int kWordsPerLane = 8;                                // 16-bit words in a 128-bit lane
 
-// The 16 m of a super-block (iq_multipliers) as 16-bit words, m of columns 16i..16i + 15 in
-// word i.
-template <DType kType>
-inline __m256i multiplier_words(const uint8_t* block) {
-    alignas(32) int32_t m[kIqMultipliers];
-    iq_multipliers<kType>(block, m);
-    // packs_epi32 interleaves the halves by 128-bit lanes; the permute restores the order.
-    return _mm256_permute4x64_epi64(
-        _mm256_packs_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(m)),
-                           _mm256_load_si256(reinterpret_cast<const __m256i*>(m + kLanes))),
-        0xd8);
-}
-
 // One row of kType · x: Σ over super-blocks b of x.d[b] · d · factor · Σ_i m_i · Σ (u − offset)·q.
 template <DType kType>
 float iq_row_dot(const uint8_t* row, size_t block_bytes, int blocks, const Q8KVector& x) {
@@ -46,7 +33,7 @@ float iq_row_dot(const uint8_t* row, size_t block_bytes, int blocks, const Q8KVe
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = row + size_t(b) * block_bytes;
         const int8_t* xb = x.values.data() + size_t(b) * kSuperBlock;
-        const __m256i m = multiplier_words<kType>(block);
+        const __m256i m = iq_multiplier_words<kType>(block);
         // Words 0-7 and 8-15, each repeated in both lanes.
         const __m256i first_m = _mm256_permute2x128_si256(m, m, 0x00);
         const __m256i last_m = _mm256_permute2x128_si256(m, m, 0x11);
