@@ -8,7 +8,6 @@
 // Blocks are only 2-byte aligned: every load is unaligned. Include it only from the *_avx2.cpp
 // and *_avxvnni.cpp files.
 #pragma once
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -23,16 +22,8 @@ namespace barellm::cpu::avx2 {
 
 constexpr int kIqRegisterCols = 32;                                   // levels in a register
 constexpr int kIqRegisters = kSuperBlock / kIqRegisterCols;           // 8
-constexpr int kIqGroupsPerRegister = kIqRegisterCols / kIqGridGroup;  // groups of 8: 4
 constexpr int kIqSevenBits = 7;  // stored sign bits per group (IQ2_XXS, IQ2_XS, IQ3_XXS)
 constexpr int kIqSevenMask = (1 << kIqSevenBits) - 1;
-
-// iq_signs_of_seven of every 7 bits.
-constexpr std::array<uint8_t, 1 << kIqSevenBits> kIqSignsOfSevenTable = [] {
-    std::array<uint8_t, 1 << kIqSevenBits> table{};
-    for (unsigned i = 0; i < table.size(); ++i) table[i] = iq_signs_of_seven(i);
-    return table;
-}();
 
 template <typename T>
 inline T iq_load(const uint8_t* p) {
@@ -64,14 +55,28 @@ inline __m256i signed_levels(__m256i grid, __m256i negative, int offset) {
                            _mm256_sub_epi8(_mm256_xor_si256(grid, negative), negative));
 }
 
-// The sign bytes (iq_signs_of_seven) of four groups whose 7-bit signs are bits 7k..7k + 6 of
-// `sevens` (IQ2_XXS, IQ3_XXS), byte k of the result for group k.
-inline uint32_t signs_of_sevens(uint32_t sevens) {
-    uint32_t bytes = 0;
-    for (int k = 0; k < kIqGroupsPerRegister; ++k)
-        bytes |= uint32_t(kIqSignsOfSevenTable[(sevens >> (kIqSevenBits * k)) & kIqSevenMask])
-                 << (8 * k);
-    return bytes;
+// negative_columns of four groups whose 7 stored sign bits (iq_signs_of_seven) are the low bits
+// of 64-bit lane k, the rest 0: the eighth sign, the parity of the seven, folded down to bit 0
+// by shifts and xors, then set as bit 7 of the lane's sign byte, which spreads over its 8 bytes.
+inline __m256i negative_columns_of_sevens(__m256i sevens) {
+    __m256i parity = _mm256_xor_si256(sevens, _mm256_srli_epi64(sevens, 4));
+    parity = _mm256_xor_si256(parity, _mm256_srli_epi64(parity, 2));
+    parity = _mm256_xor_si256(parity, _mm256_srli_epi64(parity, 1));
+    const __m256i signs = _mm256_or_si256(
+        sevens,
+        _mm256_and_si256(_mm256_slli_epi64(parity, kIqSevenBits), _mm256_set1_epi64x(0x80)));
+    // Byte 0 of each 64-bit lane over the lane.
+    const __m256i spread = _mm256_shuffle_epi8(
+        signs, _mm256_setr_epi64x(0, 0x0808080808080808, 0, 0x0808080808080808));
+    const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
+    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+}
+// The 7-bit signs of group k, bits 7k..7k + 6 of `word` (IQ2_XXS, IQ3_XXS), in 64-bit lane k.
+inline __m256i sevens_of_word(uint32_t word) {
+    return _mm256_and_si256(
+        _mm256_srlv_epi64(_mm256_set1_epi64x(word),
+                          _mm256_setr_epi64x(0, kIqSevenBits, 2 * kIqSevenBits, 3 * kIqSevenBits)),
+        _mm256_set1_epi64x(kIqSevenMask));
 }
 
 // The 4 points of 8 values whose indices are the 32-bit lanes of `indices`, in 64-bit lanes.
@@ -89,9 +94,9 @@ inline __m256i iq2_xxs_levels(const uint8_t* block, int r) {
     const uint8_t* sub_block = block + offsetof(BlockIQ2_XXS, qs) + 8 * r;
     const __m256i points = gather_points8(
         _mm_cvtepu8_epi32(_mm_cvtsi32_si128(iq_load<int32_t>(sub_block))), kIq2XxsGrid);
-    return signed_levels(points,
-                         negative_columns(signs_of_sevens(iq_load<uint32_t>(sub_block + 4))),
-                         iq_shape(DType::IQ2_XXS).offset);
+    return signed_levels(
+        points, negative_columns_of_sevens(sevens_of_word(iq_load<uint32_t>(sub_block + 4))),
+        iq_shape(DType::IQ2_XXS).offset);
 }
 
 // IQ2_XS, groups 4r..4r + 3: a u16 each at qs + 8r, its 9-bit index into kIq2XsGrid and 7-bit
@@ -103,11 +108,9 @@ inline __m256i iq2_xs_levels(const uint8_t* block, int r) {
         _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(groups)));
     const __m256i points =
         gather_points8(_mm_and_si128(words, _mm_set1_epi32((1 << kIndexBits) - 1)), kIq2XsGrid);
-    uint32_t signs = 0;
-    for (int k = 0; k < kIqGroupsPerRegister; ++k)
-        signs |= uint32_t(kIqSignsOfSevenTable[iq_load<uint16_t>(groups + 2 * k) >> kIndexBits])
-                 << (8 * k);
-    return signed_levels(points, negative_columns(signs), iq_shape(DType::IQ2_XS).offset);
+    const __m256i sevens = _mm256_srli_epi64(_mm256_cvtepu32_epi64(words), kIndexBits);
+    return signed_levels(points, negative_columns_of_sevens(sevens),
+                         iq_shape(DType::IQ2_XS).offset);
 }
 
 // IQ2_S, groups 4r..4r + 3: group k's 10-bit index into kIq2SGrid is qs[4r + k] with bits 2k,
@@ -135,7 +138,7 @@ inline __m256i iq3_xxs_levels(const uint8_t* block, int r) {
             reinterpret_cast<const __m128i*>(block + offsetof(BlockIQ3_XXS, qs) + 8 * r))),
         kIq3XxsGrid);
     const uint32_t sevens = iq_load<uint32_t>(block + offsetof(BlockIQ3_XXS, scales_signs) + 4 * r);
-    return signed_levels(points, negative_columns(signs_of_sevens(sevens)),
+    return signed_levels(points, negative_columns_of_sevens(sevens_of_word(sevens)),
                          iq_shape(DType::IQ3_XXS).offset);
 }
 
