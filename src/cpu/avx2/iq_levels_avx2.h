@@ -20,8 +20,8 @@
 
 namespace barellm::cpu::avx2 {
 
-constexpr int kIqRegisterCols = 32;                                   // levels in a register
-constexpr int kIqRegisters = kSuperBlock / kIqRegisterCols;           // 8
+constexpr int kIqRegisterCols = 32;                          // levels in a register
+constexpr int kIqRegisters = kSuperBlock / kIqRegisterCols;  // 8
 constexpr int kIqSevenBits = 7;  // stored sign bits per group (IQ2_XXS, IQ2_XS, IQ3_XXS)
 constexpr int kIqSevenMask = (1 << kIqSevenBits) - 1;
 
@@ -39,13 +39,17 @@ inline __m256i spread_group_bytes() {
                               0x0303030303030303);
 }
 
-// 0xff in column i of group k where bit i of byte k of `signs` is set (that weight negative),
-// else 0: byte k spread over its group's 8 bytes, each keeping its own bit, compared with it.
-inline __m256i negative_columns(uint32_t signs) {
-    const __m256i spread =
-        _mm256_shuffle_epi8(_mm256_set1_epi32(int32_t(signs)), spread_group_bytes());
+// 0xff in column i of each group of 8 where bit i of its sign byte, in each of its 8 bytes of
+// `spread`, is set (that weight negative), else 0: each byte keeps its own bit, compared with it.
+inline __m256i negative_of_spread_signs(__m256i spread) {
     const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
     return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+}
+
+// negative_of_spread_signs of group k's sign byte, byte k of `signs`.
+inline __m256i negative_columns(uint32_t signs) {
+    return negative_of_spread_signs(
+        _mm256_shuffle_epi8(_mm256_set1_epi32(int32_t(signs)), spread_group_bytes()));
 }
 
 // u = offset + grid value, or offset − grid value where `negative` is 0xff: (g ^ −1) − (−1) is
@@ -62,14 +66,13 @@ inline __m256i negative_columns_of_sevens(__m256i sevens) {
     __m256i parity = _mm256_xor_si256(sevens, _mm256_srli_epi64(sevens, 4));
     parity = _mm256_xor_si256(parity, _mm256_srli_epi64(parity, 2));
     parity = _mm256_xor_si256(parity, _mm256_srli_epi64(parity, 1));
+    constexpr int kEighthSign = 1 << kIqSevenBits;
     const __m256i signs = _mm256_or_si256(
         sevens,
-        _mm256_and_si256(_mm256_slli_epi64(parity, kIqSevenBits), _mm256_set1_epi64x(0x80)));
+        _mm256_and_si256(_mm256_slli_epi64(parity, kIqSevenBits), _mm256_set1_epi64x(kEighthSign)));
     // Byte 0 of each 64-bit lane over the lane.
-    const __m256i spread = _mm256_shuffle_epi8(
-        signs, _mm256_setr_epi64x(0, 0x0808080808080808, 0, 0x0808080808080808));
-    const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
-    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return negative_of_spread_signs(_mm256_shuffle_epi8(
+        signs, _mm256_setr_epi64x(0, 0x0808080808080808, 0, 0x0808080808080808)));
 }
 // The 7-bit signs of group k, bits 7k..7k + 6 of `word` (IQ2_XXS, IQ3_XXS), in 64-bit lane k.
 inline __m256i sevens_of_word(uint32_t word) {
