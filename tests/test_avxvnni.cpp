@@ -118,6 +118,13 @@ TEST_CASE("AVX-VNNI prefill GEMM of the block types matches a reference and the 
     // The native build gives the plain AVX2 build's results: the same int32 dots in the same f32
     // order. (SIMDe's fused multiply-add rounds twice, so its build only comes near them.)
     for (const AvxVnniBuild& build : builds())
-        check_block_gemm(build.gemm_rows_blocks, build.name, quantized_batch_by_rule,
+        check_block_gemm(kBlockTypes, build.gemm_rows_blocks, build.name, quantized_batch_by_rule,
+                         build.name == "native" ? cpu::avx2::gemm_rows_blocks : nullptr, rng);
+}
+
+TEST_CASE("AVX-VNNI prefill GEMM of the i-quants matches a reference and the AVX2 one's bits") {
+    std::mt19937 rng(529);
+    for (const AvxVnniBuild& build : builds())
+        check_block_gemm(kIqGridTypes, build.gemm_rows_blocks, build.name, quantized_batch_by_rule,
                          build.name == "native" ? cpu::avx2::gemm_rows_blocks : nullptr, rng);
 }

@@ -38,6 +38,13 @@ inline __m256i shift_words(__m256i v, int shift) {
                       : _mm256_srl_epi16(v, _mm_cvtsi32_si128(-shift));
 }
 
+// The vpshufb control that repeats 16-bit word `lower` of the low 128-bit lane over that
+// lane and word `upper` of the high lane over the high lane.
+inline __m256i pick_words(int lower, int upper) {
+    return _mm256_setr_m128i(_mm_set1_epi16(int16_t(0x0100 + 0x0202 * lower)),
+                             _mm_set1_epi16(int16_t(0x0100 + 0x0202 * upper)));
+}
+
 // The 32 nibbles of 16 bytes in column order: low nibbles are columns 0-15, high 16-31 (the
 // small blocks' and an IQ4_XS sub-block's arrangement).
 inline __m256i nibbles(const uint8_t* qs) {

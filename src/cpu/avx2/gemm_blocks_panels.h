@@ -1,9 +1,9 @@
 // The prefill GEMM for the block types (weight_blocks.h: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS,
-// Q4_1, Q5_0, Q5_1, IQ4_NL) on 256-bit registers: out[token][row] = Σ_col W[row][col] ·
-// x[token][col], x in int8 with a scale per group of 32 columns (QuantizedBatch: quantized per 32
-// by avx2::quantize_token, or per 256 as Q8_K for the super-block types), each sub-block an exact
-// int32 dot product. Two builds share it, each computing that dot in its own instructions
-// (BlockDot):
+// Q4_1, Q5_0, Q5_1, IQ4_NL and the i-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M)
+// on 256-bit registers: out[token][row] = Σ_col W[row][col] · x[token][col], x in int8 with a scale
+// per group of 32 columns (QuantizedBatch: quantized per 32 by avx2::quantize_token, or per 256 as
+// Q8_K for the super-block types and the i-quants), each sub-block an exact int32 dot product. Two
+// builds share it, each computing that dot in its own instructions (BlockDot):
 // - gemm_blocks_avx2.cpp, plain AVX2: vpmaddubsw and vpmaddwd;
 // - gemm_blocks_avxvnni.cpp, AVX2 + AVX-VNNI: the 256-bit vpdpbusd, four u8 × s8 products added
 //   straight into int32, one instruction a step where vpmaddubsw takes two to four.
@@ -12,7 +12,8 @@
 // - "min" types (Q4_K, Q5_K: A = d·sc, B = −dmin·m; Q4_1, Q5_1: A = d, B = m; Q2_K: A = d·sc,
 //   B = −dmin·m, sub-blocks of 16): the sub-block's sum is A · sx · Σ u·q + B · sx · Σ q, the
 //   second term from x's sums of 16;
-// - "offset" types (Q5_0: offset 16; Q6_K: offset 32, Q3_K: offset 4, sub-blocks of 16): the
+// - "offset" types (Q5_0: offset 16; Q6_K: offset 32, Q3_K: offset 4, sub-blocks of 16; the
+//   i-quants, cpu/iq_levels.h: their offset, A = d · factor · m per sub-block of 16 or 32): the
 //   int32 dot starts from −offset · Σ q, so it is Σ (u − offset)·q exactly, then scaled by
 //   A · sx;
 // - IQ4_XS and IQ4_NL keep their signed values (−127..113): vpmaddubsw multiplies |value| by x
@@ -23,12 +24,13 @@
 //
 // vpmaddubsw adds two u8 × s8 products into a saturating int16; |q| ≤ 127, so a pair is at
 // most 2 · 127 · (largest level): 3810 for 4-bit levels, 7874 for 5-bit, 16002 for Q6_K's
-// 6-bit, 32258 for IQ4_XS's magnitudes. The pairs of kWidenSteps steps (4 columns each) add up
-// in int16 below 32767 (8 steps for 4 bits, 4 for 5, 2 for 6, 1 for IQ4_XS) before vpmaddwd
-// widens them to int32.
+// 6-bit, 32258 for IQ4_XS's magnitudes and the i-quants' levels (up to 127). The pairs of
+// kWidenSteps steps (4 columns each) add up in int16 below 32767 (8 steps for 4 bits, 4 for 5, 2
+// for 6, 1 for IQ4_XS and the i-quants) before vpmaddwd widens them to int32.
 //
 // The layout: per tile of kBlockRowTile (32) rows, each row's blocks are unpacked once
-// (block_levels_avx2.h, the matvecs' unpacking) to 32 levels a group and f32 A and B; 8 rows'
+// (block_levels_avx2.h and iq_levels_avx2.h, the matvecs' unpacking) to 32 levels a group and f32
+// A and B; 8 rows'
 // groups then go through an 8 × 8 transpose of 32-bit words into a panel laid out for the
 // micro-kernel: per group, per step of four columns, the four levels of each row side by
 // side, 8 rows a register. Q4_K, Q5_K, Q6_K and IQ4_XS come from their tiles of 16 rows where they
@@ -52,7 +54,9 @@
 #include "cpu/avx2/block_levels_avx2.h"
 #include "cpu/avx2/helpers_avx2.h"
 #include "cpu/avx2/intrinsics_avx2.h"
+#include "cpu/avx2/iq_levels_avx2.h"
 #include "cpu/block_sub_blocks.h"
+#include "cpu/iq_levels.h"
 #include "cpu/kquant_scales.h"
 #include "cpu/panel_prefetcher.h"
 #include "cpu/super_block_tiles.h"
@@ -113,8 +117,11 @@ constexpr LevelShape level_shape(DType dtype) {
             return {kQ6SubBlock, false, false, kQ3KLevelOffset, 7};
         case DType::Q2_K:
             return {kQ6SubBlock, true, false, 0, 3};
-        default:  // IQ4_XS, IQ4_NL
+        case DType::IQ4_XS:
+        case DType::IQ4_NL:
             return {kGroup, false, true, 0, 127};
+        default:  // the i-quants: levels 0..127, one A per 16 or 32 columns
+            return {iq_shape(dtype).scale_cols, false, false, iq_shape(dtype).offset, 127};
     }
 }
 
@@ -129,7 +136,9 @@ constexpr int widen_steps(const LevelShape& shape) {
 static_assert(widen_steps(level_shape(DType::Q4_K)) == 8 &&
               widen_steps(level_shape(DType::Q5_0)) == 4 &&
               widen_steps(level_shape(DType::Q6_K)) == 2 &&
-              widen_steps(level_shape(DType::IQ4_XS)) == 1);
+              widen_steps(level_shape(DType::IQ4_XS)) == 1 &&
+              widen_steps(level_shape(DType::IQ2_XXS)) == 1 &&
+              widen_steps(level_shape(DType::IQ2_XS)) == 1);
 
 // One row tile unpacked, 32-byte aligned: levels [groups][steps][32 rows][4 bytes], A and B
 // (min types) [sub-blocks][32 rows].
@@ -198,6 +207,27 @@ void unpack_iq4_xs(const RowSpan& out, const uint8_t* block) {
     for (int j = 0; j < kSpanGroups; ++j) out.level(j, iq4_xs_values(block, j, table));
 }
 
+// An i-quant super-block: A = d · factor · m of each sub-block of 16 or 32 (cpu/iq_levels.h), m
+// from iq_multiplier_words; the unsigned levels u (iq_levels_avx2.h).
+template <DType kType>
+void unpack_iq(const RowSpan& out, const uint8_t* block) {
+    constexpr IqShape kShape = iq_shape(kType);
+    const __m256i m = iq_multiplier_words<kType>(block);  // m of each 16 columns
+    const __m256 d_factor = _mm256_set1_ps(iq_d(kType, block) * kShape.factor);
+    if constexpr (kShape.scale_cols == kIqMultiplierCols) {
+        for (int r = 0; r < 2; ++r) {
+            const __m128i half =
+                r == 0 ? _mm256_castsi256_si128(m) : _mm256_extracti128_si256(m, 1);
+            out.scales8(r,
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi16_epi32(half)), d_factor));
+        }
+    } else {  // sub-blocks of 32: the low word of each 32-bit lane (each m twice in the words)
+        const __m256i sub_block_m = _mm256_and_si256(m, _mm256_set1_epi32(0xffff));
+        out.scales8(0, _mm256_mul_ps(_mm256_cvtepi32_ps(sub_block_m), d_factor));
+    }
+    for (int r = 0; r < kIqRegisters; ++r) out.level(r, iq_levels<kType>(block, r));
+}
+
 // `blocks` (≤ 8) Q4_1, Q5_0 or Q5_1 blocks, a group each: A = d, B = m (Q4_1, Q5_1).
 template <DType kType>
 void unpack_small(const RowSpan& out, const uint8_t* first_block, int blocks) {
@@ -239,6 +269,10 @@ void unpack_row_span(const RowSpan& out, const uint8_t* block, int groups) {
     if constexpr (kType == DType::Q4_1 || kType == DType::Q5_0 || kType == DType::Q5_1)
         unpack_small<kType>(out, block, groups);
     if constexpr (kType == DType::IQ4_NL) unpack_iq4_nl<kDot>(out, block, groups);
+    if constexpr (kType == DType::IQ2_XXS || kType == DType::IQ2_XS || kType == DType::IQ2_S ||
+                  kType == DType::IQ3_XXS || kType == DType::IQ3_S || kType == DType::IQ1_S ||
+                  kType == DType::IQ1_M)
+        unpack_iq<kType>(out, block);
 }
 
 // Transposes 8 rows of 8 words at `rows` (`row_stride` words apart) and stores the first
@@ -461,6 +495,20 @@ void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
             return unpack_tile_typed<DType::Q5_0, kDot>(panel, w, tile_row);
         case DType::IQ4_NL:
             return unpack_tile_typed<DType::IQ4_NL, kDot>(panel, w, tile_row);
+        case DType::IQ2_XXS:
+            return unpack_tile_typed<DType::IQ2_XXS, kDot>(panel, w, tile_row);
+        case DType::IQ2_XS:
+            return unpack_tile_typed<DType::IQ2_XS, kDot>(panel, w, tile_row);
+        case DType::IQ2_S:
+            return unpack_tile_typed<DType::IQ2_S, kDot>(panel, w, tile_row);
+        case DType::IQ3_XXS:
+            return unpack_tile_typed<DType::IQ3_XXS, kDot>(panel, w, tile_row);
+        case DType::IQ3_S:
+            return unpack_tile_typed<DType::IQ3_S, kDot>(panel, w, tile_row);
+        case DType::IQ1_S:
+            return unpack_tile_typed<DType::IQ1_S, kDot>(panel, w, tile_row);
+        case DType::IQ1_M:
+            return unpack_tile_typed<DType::IQ1_M, kDot>(panel, w, tile_row);
         default:  // Q5_1
             return unpack_tile_typed<DType::Q5_1, kDot>(panel, w, tile_row);
     }
@@ -655,8 +703,16 @@ BlockTileKernel kernel_for(DType dtype, int tokens) {
             return kernel_of<DType::Q6_K, kDot>(tokens);
         case DType::Q2_K:
             return kernel_of<DType::Q2_K, kDot>(tokens);
-        default:  // IQ4_XS, IQ4_NL
+        case DType::IQ4_XS:
+        case DType::IQ4_NL:
             return kernel_of<DType::IQ4_XS, kDot>(tokens);
+        case DType::IQ2_XXS:  // the i-quants with sub-blocks of 32 (the offset is passed)
+        case DType::IQ3_XXS:
+        case DType::IQ3_S:
+        case DType::IQ1_S:
+            return kernel_of<DType::IQ2_XXS, kDot>(tokens);
+        default:  // the i-quants with sub-blocks of 16: IQ2_XS, IQ2_S, IQ1_M
+            return kernel_of<DType::IQ2_XS, kDot>(tokens);
     }
 }
 

@@ -27,13 +27,6 @@ namespace {
 
 constexpr int kSumsPerBlock = kSuperBlock / kQ6SubBlock;  // Q8KVector::sums a super-block
 
-// The vpshufb control that repeats 16-bit word `lower` of the low 128-bit lane over that
-// lane and word `upper` of the high lane over the high lane.
-inline __m256i pick_words(int lower, int upper) {
-    return _mm256_setr_m128i(_mm_set1_epi16(int16_t(0x0100 + 0x0202 * lower)),
-                             _mm_set1_epi16(int16_t(0x0100 + 0x0202 * upper)));
-}
-
 // One Q4_K (kFifthBit false) or Q5_K row · x: Σ over super-blocks b of x.d[b] · (d · Σ sc·q·x −
 // dmin · Σ m · Σx).
 template <bool kFifthBit>

@@ -1,0 +1,291 @@
+// The i-quant types' levels on AVX2 (cpu/iq_levels.h): the 32 unsigned levels u of columns
+// 32r..32r + 31 of a super-block (register r, 0..7), for the decode matvec
+// (matvec_iq_avx2.cpp) and the prefill GEMM on 256-bit registers (gemm_blocks_panels.h). The grid
+// points of a register (4 of 8 values, or 8 of 4) come from gathers; the signs, a byte per 8
+// columns, become a byte mask, under which u = offset − grid value, elsewhere offset + grid value.
+// The multipliers m = 2s + 1 of a super-block come as 16 words, one per 16 columns
+// (iq_multiplier_words).
+// Blocks are only 2-byte aligned: every load is unaligned. Include it only from the *_avx2.cpp
+// and *_avxvnni.cpp files.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "cpu/avx2/block_levels_avx2.h"
+#include "cpu/avx2/intrinsics_avx2.h"
+#include "cpu/iq_levels.h"
+#include "weights/iq_grids.h"
+#include "weights/weight_blocks.h"
+
+namespace barellm::cpu::avx2 {
+
+constexpr int kIqRegisterCols = 32;                          // levels in a register
+constexpr int kIqRegisters = kSuperBlock / kIqRegisterCols;  // 8
+constexpr int kIqSevenBits = 7;  // stored sign bits per group (IQ2_XXS, IQ2_XS, IQ3_XXS)
+constexpr int kIqSevenMask = (1 << kIqSevenBits) - 1;
+
+template <typename T>
+inline T iq_load(const uint8_t* p) {
+    T value;
+    std::memcpy(&value, p, sizeof value);
+    return value;
+}
+
+// The vpshufb control that repeats byte k of the low 32-bit word over the 8 bytes of 64-bit lane
+// k: a byte per group of 8 columns spread over its columns.
+inline __m256i spread_group_bytes() {
+    return _mm256_setr_epi64x(0x0000000000000000, 0x0101010101010101, 0x0202020202020202,
+                              0x0303030303030303);
+}
+
+// 0xff in column i of each group of 8 where bit i of its sign byte, in each of its 8 bytes of
+// `spread`, is set (that weight negative), else 0: each byte keeps its own bit, compared with it.
+inline __m256i negative_of_spread_signs(__m256i spread) {
+    const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
+    return _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+}
+
+// negative_of_spread_signs of group k's sign byte, byte k of `signs`.
+inline __m256i negative_columns(uint32_t signs) {
+    return negative_of_spread_signs(
+        _mm256_shuffle_epi8(_mm256_set1_epi32(int32_t(signs)), spread_group_bytes()));
+}
+
+// u = offset + grid value, or offset − grid value where `negative` is 0xff: (g ^ −1) − (−1) is
+// −g, (g ^ 0) − 0 is g.
+inline __m256i signed_levels(__m256i grid, __m256i negative, int offset) {
+    return _mm256_add_epi8(_mm256_set1_epi8(char(offset)),
+                           _mm256_sub_epi8(_mm256_xor_si256(grid, negative), negative));
+}
+
+// negative_columns of four groups whose 7 stored sign bits (iq_signs_of_seven) are the low bits
+// of 64-bit lane k, the rest 0: the eighth sign, the parity of the seven, folded down to bit 0
+// by shifts and xors, then set as bit 7 of the lane's sign byte, which spreads over its 8 bytes.
+inline __m256i negative_columns_of_sevens(__m256i sevens) {
+    __m256i parity = _mm256_xor_si256(sevens, _mm256_srli_epi64(sevens, 4));
+    parity = _mm256_xor_si256(parity, _mm256_srli_epi64(parity, 2));
+    parity = _mm256_xor_si256(parity, _mm256_srli_epi64(parity, 1));
+    constexpr int kEighthSign = 1 << kIqSevenBits;
+    const __m256i signs = _mm256_or_si256(
+        sevens,
+        _mm256_and_si256(_mm256_slli_epi64(parity, kIqSevenBits), _mm256_set1_epi64x(kEighthSign)));
+    // Byte 0 of each 64-bit lane over the lane.
+    return negative_of_spread_signs(_mm256_shuffle_epi8(
+        signs, _mm256_setr_epi64x(0, 0x0808080808080808, 0, 0x0808080808080808)));
+}
+// The 7-bit signs of group k, bits 7k..7k + 6 of `word` (IQ2_XXS, IQ3_XXS), in 64-bit lane k.
+inline __m256i sevens_of_word(uint32_t word) {
+    return _mm256_and_si256(
+        _mm256_srlv_epi64(_mm256_set1_epi64x(word),
+                          _mm256_setr_epi64x(0, kIqSevenBits, 2 * kIqSevenBits, 3 * kIqSevenBits)),
+        _mm256_set1_epi64x(kIqSevenMask));
+}
+
+// The 4 points of 8 values whose indices are the 32-bit lanes of `indices`, in 64-bit lanes.
+inline __m256i gather_points8(__m128i indices, const uint64_t* grid) {
+    return _mm256_i32gather_epi64(reinterpret_cast<const long long*>(grid), indices, 8);
+}
+// The 8 points of 4 values whose indices are the 32-bit lanes of `indices`.
+inline __m256i gather_points4(__m256i indices, const uint32_t* grid) {
+    return _mm256_i32gather_epi32(reinterpret_cast<const int*>(grid), indices, 4);
+}
+
+// IQ2_XXS, sub-block r: at qs + 8r its word of four 8-bit indices into kIq2XxsGrid, then its word
+// of four 7-bit signs (bits 7k..7k + 6, group k) below the scale.
+inline __m256i iq2_xxs_levels(const uint8_t* block, int r) {
+    const uint8_t* sub_block = block + offsetof(BlockIQ2_XXS, qs) + 8 * r;
+    const __m256i points = gather_points8(
+        _mm_cvtepu8_epi32(_mm_cvtsi32_si128(iq_load<int32_t>(sub_block))), kIq2XxsGrid);
+    return signed_levels(
+        points, negative_columns_of_sevens(sevens_of_word(iq_load<uint32_t>(sub_block + 4))),
+        iq_shape(DType::IQ2_XXS).offset);
+}
+
+// IQ2_XS, groups 4r..4r + 3: a u16 each at qs + 8r, its 9-bit index into kIq2XsGrid and 7-bit
+// signs above it.
+inline __m256i iq2_xs_levels(const uint8_t* block, int r) {
+    constexpr int kIndexBits = 9;
+    const uint8_t* groups = block + offsetof(BlockIQ2_XS, qs) + 8 * r;
+    const __m128i words =
+        _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(groups)));
+    const __m256i points =
+        gather_points8(_mm_and_si128(words, _mm_set1_epi32((1 << kIndexBits) - 1)), kIq2XsGrid);
+    const __m256i sevens = _mm256_srli_epi64(_mm256_cvtepu32_epi64(words), kIndexBits);
+    return signed_levels(points, negative_columns_of_sevens(sevens),
+                         iq_shape(DType::IQ2_XS).offset);
+}
+
+// IQ2_S, groups 4r..4r + 3: group k's 10-bit index into kIq2SGrid is qs[4r + k] with bits 2k,
+// 2k + 1 of qh[r] above it; its signs the byte signs[4r + k].
+inline __m256i iq2_s_levels(const uint8_t* block, int r) {
+    constexpr int kHighBits = 2;
+    const __m128i low = _mm_cvtepu8_epi32(
+        _mm_cvtsi32_si128(iq_load<int32_t>(block + offsetof(BlockIQ2_S, qs) + 4 * r)));
+    // qh[r] shifted right by 2k in lane k, its two bits moved to bits 8, 9.
+    const __m128i high =
+        _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(block[offsetof(BlockIQ2_S, qh) + r] << 8),
+                                     _mm_setr_epi32(0, kHighBits, 2 * kHighBits, 3 * kHighBits)),
+                      _mm_set1_epi32(((1 << kHighBits) - 1) << 8));
+    const __m256i points = gather_points8(_mm_or_si128(low, high), kIq2SGrid);
+    return signed_levels(
+        points, negative_columns(iq_load<uint32_t>(block + offsetof(BlockIQ2_S, signs) + 4 * r)),
+        iq_shape(DType::IQ2_S).offset);
+}
+
+// IQ3_XXS, sub-block r: the 8-bit indices into kIq3XxsGrid of its 8 quads at qs + 8r; its word
+// of four 7-bit signs (a group of 8 columns, two quads, each) below the scale at scales_signs + 4r.
+inline __m256i iq3_xxs_levels(const uint8_t* block, int r) {
+    const __m256i points = gather_points4(
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+            reinterpret_cast<const __m128i*>(block + offsetof(BlockIQ3_XXS, qs) + 8 * r))),
+        kIq3XxsGrid);
+    const uint32_t sevens = iq_load<uint32_t>(block + offsetof(BlockIQ3_XXS, scales_signs) + 4 * r);
+    return signed_levels(points, negative_columns_of_sevens(sevens_of_word(sevens)),
+                         iq_shape(DType::IQ3_XXS).offset);
+}
+
+// IQ3_S, quads 8r..8r + 7: quad i's 9-bit index into kIq3SGrid is qs[8r + i] with bit i of
+// qh[r] above it; group k's signs (two quads) the byte signs[4r + k].
+inline __m256i iq3_s_levels(const uint8_t* block, int r) {
+    constexpr int kIndexHighBit = 1 << 8;
+    const __m256i low = _mm256_cvtepu8_epi32(_mm_loadl_epi64(
+        reinterpret_cast<const __m128i*>(block + offsetof(BlockIQ3_S, qs) + 8 * r)));
+    // qh[r] shifted left by 8 − i in lane i: its bit i lands on bit 8.
+    const __m256i high =
+        _mm256_and_si256(_mm256_sllv_epi32(_mm256_set1_epi32(block[offsetof(BlockIQ3_S, qh) + r]),
+                                           _mm256_setr_epi32(8, 7, 6, 5, 4, 3, 2, 1)),
+                         _mm256_set1_epi32(kIndexHighBit));
+    const __m256i points = gather_points4(_mm256_or_si256(low, high), kIq3SGrid);
+    return signed_levels(
+        points, negative_columns(iq_load<uint32_t>(block + offsetof(BlockIQ3_S, signs) + 4 * r)),
+        iq_shape(DType::IQ3_S).offset);
+}
+
+// IQ1_*: u = 8·level + 1 ± 1 of grid levels 0..2 (`points`), the shift's sign byte k (0xff for
+// −1/8) over group k: the levels shifted up by 3 within their bytes, plus 1 + shift.
+inline __m256i iq1_levels(__m256i points, uint32_t negative_shifts) {
+    constexpr int kEighthsBits = 3;  // 8·level
+    const __m256i negative =
+        _mm256_shuffle_epi8(_mm256_set1_epi32(int32_t(negative_shifts)), spread_group_bytes());
+    const __m256i positive_shift = _mm256_set1_epi8(1 + kIq1ShiftEighths);
+    const __m256i shift = _mm256_add_epi8(
+        positive_shift, _mm256_and_si256(negative, _mm256_set1_epi8(char(-2 * kIq1ShiftEighths))));
+    return _mm256_add_epi8(_mm256_slli_epi64(points, kEighthsBits), shift);
+}
+
+// IQ1_S, sub-block r: group k's 11-bit index into kIq1Grid is qs[4r + k] with bits 3k..3k + 2 of
+// the u16 qh[r] above it; bit 15 of qh[r] the sign of the sub-block's shift.
+inline __m256i iq1_s_levels(const uint8_t* block, int r) {
+    constexpr int kHighBits = 3, kShiftSignBit = 15;
+    const __m128i low = _mm_cvtepu8_epi32(
+        _mm_cvtsi32_si128(iq_load<int32_t>(block + offsetof(BlockIQ1_S, qs) + 4 * r)));
+    const uint16_t high_bits = iq_load<uint16_t>(block + offsetof(BlockIQ1_S, qh) + 2 * r);
+    // qh[r] shifted right by 3k in lane k, its three bits moved to bits 8..10.
+    const __m128i high =
+        _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(high_bits << 8),
+                                     _mm_setr_epi32(0, kHighBits, 2 * kHighBits, 3 * kHighBits)),
+                      _mm_set1_epi32(((1 << kHighBits) - 1) << 8));
+    const __m256i points = gather_points8(_mm_or_si128(low, high), kIq1Grid);
+    return iq1_levels(points, high_bits >> kShiftSignBit ? ~0u : 0u);
+}
+
+// IQ1_M, groups 4r..4r + 3: group k's index into kIq1Grid is qs[4r + k] with bits 0..2 of nibble
+// k of the u16 at qh + 2r above it; bit 3 of that nibble the sign of the group's shift.
+inline __m256i iq1_m_levels(const uint8_t* block, int r) {
+    constexpr int kNibbleBits = 4, kHighBits = 3;
+    const __m128i low = _mm_cvtepu8_epi32(
+        _mm_cvtsi32_si128(iq_load<int32_t>(block + offsetof(BlockIQ1_M, qs) + 4 * r)));
+    const uint16_t nibbles = iq_load<uint16_t>(block + offsetof(BlockIQ1_M, qh) + 2 * r);
+    // The u16 shifted right by 4k in lane k: nibble k's index bits moved to bits 8..10.
+    const __m128i shifted =
+        _mm_srlv_epi32(_mm_set1_epi32(nibbles << 8),
+                       _mm_setr_epi32(0, kNibbleBits, 2 * kNibbleBits, 3 * kNibbleBits));
+    const __m128i high = _mm_and_si128(shifted, _mm_set1_epi32(((1 << kHighBits) - 1) << 8));
+    const __m256i points = gather_points8(_mm_or_si128(low, high), kIq1Grid);
+    // Bit 3 of each nibble (bit 11 of its lane) as a byte of 0xff per group.
+    const __m128i sign_bit = _mm_set1_epi32(1 << (8 + kHighBits));
+    const __m128i negative = _mm_cmpeq_epi32(_mm_and_si128(shifted, sign_bit), sign_bit);
+    return iq1_levels(points, uint32_t(_mm_cvtsi128_si32(_mm_packs_epi16(
+                                  _mm_packs_epi32(negative, negative), _mm_setzero_si128()))));
+}
+
+// The 16-bit word 2s + 1 from each word s (0..15) of `s`.
+inline __m256i odd_multipliers(__m256i s) {
+    return _mm256_add_epi16(_mm256_add_epi16(s, s), _mm256_set1_epi16(1));
+}
+// Each 32-bit lane's low 16 bits in both its words: a sub-block of 32's s for its two slots of 16.
+inline __m256i both_words(__m256i lanes) {
+    return _mm256_or_si256(lanes, _mm256_slli_epi32(lanes, 16));
+}
+
+// The 16 m = 2s + 1 of a super-block (iq_multipliers) as 16-bit words, m of columns
+// 16i..16i + 15 in word i.
+template <DType kType>
+inline __m256i iq_multiplier_words(const uint8_t* block) {
+    constexpr int kNibble = 15, kThreeBits = 7, kNibbleBits = 4;
+    constexpr int kTopNibbleShift = 28;  // the 4-bit s atop IQ2_XXS's and IQ3_XXS's sign words
+    __m256i s;
+    if constexpr (kType == DType::IQ2_XXS) {
+        // The 64-bit word of sub-block j (indices, then signs and scale) at qs + 8j: s_j is its
+        // top nibble. packs_epi32 interleaves the two loads by 128-bit lanes (sub-blocks 0, 1,
+        // 4, 5 | 2, 3, 6, 7); the permute restores the order.
+        const uint8_t* qs = block + offsetof(BlockIQ2_XXS, qs);
+        constexpr int kTop = 64 - kNibbleBits;
+        s = both_words(
+            _mm256_permute4x64_epi64(_mm256_packs_epi32(_mm256_srli_epi64(load256(qs), kTop),
+                                                        _mm256_srli_epi64(load256(qs + 32), kTop)),
+                                     0xd8));
+    } else if constexpr (kType == DType::IQ3_XXS) {  // the top nibbles of 8 words
+        s = both_words(_mm256_srli_epi32(load256(block + offsetof(BlockIQ3_XXS, scales_signs)),
+                                         kTopNibbleShift));
+    } else if constexpr (kType == DType::IQ2_XS || kType == DType::IQ2_S) {
+        // s_2j the low nibble of scales[j], s_2j+1 its high nibble.
+        const __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(
+            block + (kType == DType::IQ2_XS ? offsetof(BlockIQ2_XS, scales)
+                                            : offsetof(BlockIQ2_S, scales)))));
+        s = _mm256_or_si256(_mm256_and_si256(bytes, _mm256_set1_epi32(kNibble)),
+                            _mm256_slli_epi32(_mm256_srli_epi32(bytes, kNibbleBits), 16));
+    } else if constexpr (kType == DType::IQ3_S) {
+        // s_2k the low nibble of scales[k], s_2k+1 its high nibble, each for two slots of 16.
+        const __m256i bytes = _mm256_cvtepu8_epi64(
+            _mm_cvtsi32_si128(iq_load<int32_t>(block + offsetof(BlockIQ3_S, scales))));
+        s = both_words(
+            _mm256_or_si256(_mm256_and_si256(bytes, _mm256_set1_epi64x(kNibble)),
+                            _mm256_slli_epi64(_mm256_srli_epi64(bytes, kNibbleBits), 32)));
+    } else if constexpr (kType == DType::IQ1_S) {  // s_j bits 12..14 of the u16 qh[j]
+        constexpr int kScaleShift = 12;
+        s = both_words(_mm256_and_si256(
+            _mm256_srli_epi32(
+                _mm256_cvtepu16_epi32(_mm_loadu_si128(
+                    reinterpret_cast<const __m128i*>(block + offsetof(BlockIQ1_S, qh)))),
+                kScaleShift),
+            _mm256_set1_epi32(kThreeBits)));
+    } else {  // IQ1_M: s_i bits 3(i % 4)..+2 of the u16 scales word i / 4
+        // Word i / 4 in word i (the low lane words 0, 1, the high lane 2, 3), its bits
+        // 3(i % 4)..+2 moved to the top by a multiply by 2^(13 − 3(i % 4)), then down.
+        constexpr int kTopThree = 16 - 3;
+        const __m256i words = _mm256_shuffle_epi8(
+            _mm256_set1_epi64x(iq_load<int64_t>(block + offsetof(BlockIQ1_M, scales))),
+            _mm256_setr_epi64x(0x0100010001000100, 0x0302030203020302, 0x0504050405040504,
+                               0x0706070607060706));
+        const __m256i to_top =
+            _mm256_set1_epi64x(0x0010008004002000);  // words 2^13, 2^10, 2^7, 2^4
+        s = _mm256_srli_epi16(_mm256_mullo_epi16(words, to_top), kTopThree);
+    }
+    return odd_multipliers(s);
+}
+
+// Register r of a super-block of kType.
+template <DType kType>
+inline __m256i iq_levels(const uint8_t* block, int r) {
+    if constexpr (kType == DType::IQ2_XXS) return iq2_xxs_levels(block, r);
+    if constexpr (kType == DType::IQ2_XS) return iq2_xs_levels(block, r);
+    if constexpr (kType == DType::IQ2_S) return iq2_s_levels(block, r);
+    if constexpr (kType == DType::IQ3_XXS) return iq3_xxs_levels(block, r);
+    if constexpr (kType == DType::IQ3_S) return iq3_s_levels(block, r);
+    if constexpr (kType == DType::IQ1_S) return iq1_s_levels(block, r);
+    if constexpr (kType == DType::IQ1_M) return iq1_m_levels(block, r);
+}
+
+}  // namespace barellm::cpu::avx2
