@@ -1,6 +1,7 @@
 // How the device code reads matrices stored as ggml's blocks (src/weights/weight_blocks.h: Q4_1,
-// Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS): the blocks as the file holds them,
-// each device row padded to 16 bytes (kernels.h: DeviceMatrix), unpacked in registers only.
+// Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, and the i-quants IQ2_XXS, IQ2_XS,
+// IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M): the blocks as the file holds them, each device row padded
+// to 16 bytes (kernels.h: DeviceMatrix), unpacked in registers only.
 // Every reader loads a unit's bytes with load_unit; its stored values come out four to a word,
 // in column order (group_words), and its scales as floats (unit_factors). The decode matvecs
 // (matvec_blocks.cuh) multiply the words with an int8 input (dp4a); the embedding
@@ -11,8 +12,9 @@
 // of 256 weights eight. A unit is two groups of 16 weights, each group 16 consecutive columns
 // (group_column) sharing one f32 scale and offset: w = scale · (q − midpoint) + offset, q a
 // small non-negative integer (the midpoint: Q5_0's 16, Q6_K's 32, Q3_K's 4, else 0; IQ4_XS's
-// and IQ4_NL's q is the non-uniform level its nibble picks, signed). Which bytes a unit reads,
-// and which columns its groups cover:
+// and IQ4_NL's q is the non-uniform level its nibble picks, signed; an i-quant's q is its grid
+// value times its sign, iq_group_words). Which bytes a unit reads, and which columns its groups
+// cover:
 // - Q4_1, Q5_0, Q5_1, IQ4_NL: the block; group 0 the low nibbles (columns 0..15), group 1 the
 //   high.
 // - Q2_K: Q3_K's units without hmask. Unit k = 4h + 2p + m reads 16 bytes of qs,
@@ -35,9 +37,17 @@
 //   nibbles with bits 2p + 4 columns 128n + 32(p + 2) + 16g + i.
 // - IQ4_XS: unit k is sub-block k: its 16 bytes of qs, low nibbles columns 32k + i, high
 //   nibbles 32k + 16 + i.
+// - The i-quants: unit k is columns 32k .. 32k + 31 of the super-block, group g columns
+//   32k + 16g + i: grid points 4k + 2g, 4k + 2g + 1 of 8 columns (IQ2, IQ1), or 8k + 4g .. + 3 of
+//   4 (IQ3). Unit k reads its points' indices, signs and scales: IQ2_XXS the 8 bytes of sub-block
+//   k; IQ2_XS qs[4k .. 4k + 3] (u16) and scales[k]; IQ2_S qs[4k ..], signs[4k ..] (4 bytes each),
+//   qh[k], scales[k]; IQ3_XXS qs[8k .. 8k + 7] and the signs-and-scale word k; IQ3_S qs[8k ..],
+//   qh[k], signs[4k ..], scales[k / 2]; IQ1_S qs[4k ..] and qh[k] (u16); IQ1_M qs[4k ..],
+//   qh[2k], qh[2k + 1] and the four scales words (they hold d).
 // A unit's loads are as wide as its alignment allows (BlockLayout::kLoadBytes): 16 bytes for
-// Q4_K and Q5_K, 8 for Q5_1 and IQ4_XS, 4 for Q4_1 and Q2_K (blocks of 20 and 84 bytes), 2 for
-// IQ4_NL, Q5_0, Q3_K and Q6_K (blocks of 18, 22, 110 and 210 bytes).
+// Q4_K and Q5_K, 8 for Q5_1 and IQ4_XS (IQ1_M's scales words; its qs 4, its qh 2), 4 for Q4_1
+// and Q2_K (blocks of 20 and 84 bytes), 2 for IQ4_NL, Q5_0, Q3_K and Q6_K (blocks of 18, 22, 110
+// and 210 bytes) and the other i-quants (blocks of 50 to 110 bytes, each 2 past a multiple of 4).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -45,6 +55,7 @@
 #include <type_traits>
 
 #include "common.cuh"
+#include "iq_grids.cuh"
 #include "kernels.h"
 #include "util/error.h"
 #include "weights/weight_blocks.h"
@@ -100,6 +111,40 @@ template <>
 struct BlockLayout<DType::IQ4_XS> {
     static constexpr int kWeights = 256, kBytes = 136, kLoadBytes = 8;
 };
+template <>
+struct BlockLayout<DType::IQ2_XXS> {
+    static constexpr int kWeights = 256, kBytes = 66, kLoadBytes = 2;
+};
+template <>
+struct BlockLayout<DType::IQ2_XS> {
+    static constexpr int kWeights = 256, kBytes = 74, kLoadBytes = 2;
+};
+template <>
+struct BlockLayout<DType::IQ2_S> {
+    static constexpr int kWeights = 256, kBytes = 82, kLoadBytes = 2;
+};
+template <>
+struct BlockLayout<DType::IQ3_XXS> {
+    static constexpr int kWeights = 256, kBytes = 98, kLoadBytes = 2;
+};
+template <>
+struct BlockLayout<DType::IQ3_S> {
+    static constexpr int kWeights = 256, kBytes = 110, kLoadBytes = 2;
+};
+template <>
+struct BlockLayout<DType::IQ1_S> {
+    static constexpr int kWeights = 256, kBytes = 50, kLoadBytes = 2;
+};
+template <>
+struct BlockLayout<DType::IQ1_M> {
+    static constexpr int kWeights = 256, kBytes = 56, kLoadBytes = 8;
+};
+
+// Whether D is an i-quant, its weights looked up in a lattice grid (iq_grids.cuh).
+template <DType D>
+constexpr bool kIsIqGrid =
+    D == DType::IQ2_XXS || D == DType::IQ2_XS || D == DType::IQ2_S || D == DType::IQ3_XXS ||
+    D == DType::IQ3_S || D == DType::IQ1_S || D == DType::IQ1_M;
 
 // scales[kQ3TopBitsByte ..] of a Q3_K block hold its sub-block scales' top two bits
 // (weight_blocks.h: q3k_scale).
@@ -107,7 +152,8 @@ constexpr int kQ3TopBitsByte = 8;
 
 // The raw bytes of one unit: up to 16 of its block's header (scales; Q5_0's and Q5_1's fifth
 // bits), 16 of packed low bits and 16 of high bits (Q5_K's fifth bits, Q6_K's qh, Q3_K's
-// hmask), as little-endian words.
+// hmask), as little-endian words. The i-quants: d and small fields in head, the grid indices in
+// low, the signs (IQ1_M: qh) in high (load_unit).
 struct UnitBytes {
     uint32_t head[4];
     uint32_t low[4];
@@ -226,10 +272,54 @@ __device__ __forceinline__ UnitBytes load_unit(const uint8_t* row, int unit) {
         u.head[0] = __ldcs(block + 192 + 8 * n + g + 2 * p) |
                     uint32_t(__ldcs(block + 192 + 8 * n + g + 2 * p + 4)) << 8 |
                     uint32_t(__ldcs(reinterpret_cast<const unsigned short*>(block + 208))) << 16;
-    } else {
-        static_assert(D == DType::IQ4_XS, "a block type");
+    } else if constexpr (D == DType::IQ4_XS) {
         load_words<kAlign, 8>(block, u.head);  // d, scales_h | scales_l[4]
         load_words<kAlign>(block + 8 + 16 * k, u.low);
+    } else if constexpr (D == DType::IQ2_XXS) {  // d | qs[32] (u16)
+        // head[0]: d; low[0]: the four grid indices of sub-block k, low[1]: its signs and scale.
+        load_words<kAlign, 2>(block + offsetof(BlockIQ2_XXS, d), u.head);
+        load_words<kAlign, 8>(block + offsetof(BlockIQ2_XXS, qs) + 8 * k, u.low);
+    } else if constexpr (D == DType::IQ2_XS) {  // d | qs[32] (u16) | scales[8]
+        // head[0]: d, scales[k] in byte 2; low[0], low[1]: group g's two u16 (index, signs).
+        load_words<kAlign, 2>(block + offsetof(BlockIQ2_XS, d), u.head);
+        u.head[0] |= uint32_t(__ldcs(block + offsetof(BlockIQ2_XS, scales) + k)) << 16;
+        load_words<kAlign, 8>(block + offsetof(BlockIQ2_XS, qs) + 8 * k, u.low);
+    } else if constexpr (D == DType::IQ2_S) {  // d | qs[32] | signs[32] | qh[8] | scales[8]
+        // head[0]: d, scales[k] in byte 2, qh[k] in byte 3; low[0]: qs[4k ..]; high[0]:
+        // signs[4k ..].
+        load_words<kAlign, 2>(block + offsetof(BlockIQ2_S, d), u.head);
+        u.head[0] |= uint32_t(__ldcs(block + offsetof(BlockIQ2_S, scales) + k)) << 16 |
+                     uint32_t(__ldcs(block + offsetof(BlockIQ2_S, qh) + k)) << 24;
+        load_words<kAlign, 4>(block + offsetof(BlockIQ2_S, qs) + 4 * k, u.low);
+        load_words<kAlign, 4>(block + offsetof(BlockIQ2_S, signs) + 4 * k, u.high);
+    } else if constexpr (D == DType::IQ3_XXS) {  // d | qs[64] | scales_signs[32]
+        // head[0]: d; low[0..1]: qs[8k ..]; high[0]: sub-block k's signs-and-scale word.
+        load_words<kAlign, 2>(block + offsetof(BlockIQ3_XXS, d), u.head);
+        load_words<kAlign, 8>(block + offsetof(BlockIQ3_XXS, qs) + 8 * k, u.low);
+        load_words<kAlign, 4>(block + offsetof(BlockIQ3_XXS, scales_signs) + 4 * k, u.high);
+    } else if constexpr (D == DType::IQ3_S) {  // d | qs[64] | qh[8] | signs[32] | scales[4]
+        // head[0]: d, scales[k / 2] in byte 2, qh[k] in byte 3; low[0..1]: qs[8k ..];
+        // high[0]: signs[4k ..].
+        load_words<kAlign, 2>(block + offsetof(BlockIQ3_S, d), u.head);
+        u.head[0] |= uint32_t(__ldcs(block + offsetof(BlockIQ3_S, scales) + k / 2)) << 16 |
+                     uint32_t(__ldcs(block + offsetof(BlockIQ3_S, qh) + k)) << 24;
+        load_words<kAlign, 8>(block + offsetof(BlockIQ3_S, qs) + 8 * k, u.low);
+        load_words<kAlign, 4>(block + offsetof(BlockIQ3_S, signs) + 4 * k, u.high);
+    } else if constexpr (D == DType::IQ1_S) {  // d | qs[32] | qh[8] (u16)
+        // head[0]: d, qh[k] in bytes 2-3; low[0]: qs[4k ..].
+        load_words<kAlign, 2>(block + offsetof(BlockIQ1_S, d), u.head);
+        const auto* qh = reinterpret_cast<const unsigned short*>(block + offsetof(BlockIQ1_S, qh));
+        u.head[0] |= uint32_t(__ldcs(qh + k)) << 16;
+        load_words<kAlign, 4>(block + offsetof(BlockIQ1_S, qs) + 4 * k, u.low);
+    } else {
+        static_assert(D == DType::IQ1_M, "a block type");  // qs[32] | qh[16] | scales[4] (u16)
+        static_assert(Layout::kBytes % kAlign == 0 && offsetof(BlockIQ1_M, scales) % kAlign == 0,
+                      "8-byte loads of the scales words in every block of a row");
+        // head[0..1]: the four scales words; low[0]: qs[4k ..]; high[0]: qh[2k], qh[2k + 1].
+        load_words<kAlign, 8>(block + offsetof(BlockIQ1_M, scales), u.head);
+        load_words<4, 4>(block + offsetof(BlockIQ1_M, qs) + 4 * k, u.low);
+        const auto* qh = reinterpret_cast<const unsigned short*>(block + offsetof(BlockIQ1_M, qh));
+        u.high[0] = __ldcs(qh + k);
     }
     return u;
 }
@@ -259,6 +349,20 @@ constexpr int kMidpoint = D == DType::Q5_0   ? 16
                           : D == DType::Q6_K ? kQ6KLevelOffset
                           : D == DType::Q3_K ? kQ3KLevelOffset
                                              : 0;
+
+// IQ1_M's f16 d from its four scales words (head[0..1]): the top nibble of word i is bits
+// 4i .. 4i + 3 of d (weight_blocks.h: iq1m_d).
+__device__ __forceinline__ uint32_t iq1m_d_bits(const uint32_t (&head)[4]) {
+    return (head[0] >> 12 & 15u) | (head[0] >> 28) << 4 | (head[1] >> 12 & 15u) << 8 |
+           (head[1] >> 28) << 12;
+}
+
+// What an i-quant's group scale d·(2s + 1) is divided by (weight_blocks.h): IQ2's 8, IQ3_XXS's
+// 4, IQ3_S's 1, and IQ1's 8, its values being eighths (iq1_values).
+template <DType D>
+constexpr int kIqScaleDivisor = D == DType::IQ3_XXS ? 4
+                                : D == DType::IQ3_S ? 1
+                                                    : 8;
 
 // The factors of a unit's two groups: weight i of group g is
 // scale[g] · (q_i − kMidpoint<D>) + offset[g], q_i its stored value (group_words).
@@ -318,14 +422,38 @@ __device__ __forceinline__ UnitFactors unit_factors(const UnitBytes& u, int unit
             f.scale[g] = d * float(int8_t(uint8_t(u.head[0] >> (8 * g))));
             f.offset[g] = 0.0f;
         }
-    } else {
-        static_assert(D == DType::IQ4_XS, "a block type");
+    } else if constexpr (D == DType::IQ4_XS) {
         const float d = half_bits_to_float(u.head[0] & 0xffffu);
         // scales_l[k / 2] (byte 4 + k / 2 of the header: word 1), nibble k % 2.
         const int low = int(u.head[1] >> (8 * (k / 2) + 4 * (k % 2)) & 15u);
         const int high = int(u.head[0] >> 16 >> (2 * k) & 3u);
         f.scale[0] = f.scale[1] = d * float((low | high << 4) - 32);
         f.offset[0] = f.offset[1] = 0.0f;
+    } else {
+        static_assert(kIsIqGrid<D>, "a block type");
+        // The sub-block scale s of each group: IQ2_XXS's and IQ3_XXS's in bits 28..31 of the
+        // sub-block's signs-and-scale word; IQ2_XS's and IQ2_S's nibble g of scales[k];
+        // IQ3_S's nibble k % 2 of scales[k / 2]; IQ1_S's bits 12..14 of qh[k]; IQ1_M's bits
+        // 3i .. 3i + 2 (i = 2k + g, a sub-block of 16) of scales word k / 2.
+        const float d =
+            half_bits_to_float(D == DType::IQ1_M ? iq1m_d_bits(u.head) : u.head[0] & 0xffffu);
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+            uint32_t s;
+            if constexpr (D == DType::IQ2_XXS || D == DType::IQ3_XXS)
+                s = (D == DType::IQ2_XXS ? u.low[1] : u.high[0]) >> 28;
+            else if constexpr (D == DType::IQ2_XS || D == DType::IQ2_S)
+                s = u.head[0] >> (16 + 4 * g) & 15u;
+            else if constexpr (D == DType::IQ3_S)
+                s = u.head[0] >> (16 + 4 * (k % 2)) & 15u;
+            else if constexpr (D == DType::IQ1_S)
+                s = u.head[0] >> 28 & 7u;
+            else  // IQ1_M: word k / 2 is half k / 2 % 2 of head[k / 4]
+                s = (k < 4 ? u.head[0] : u.head[1]) >> (16 * (k / 2 % 2) + 3 * (2 * (k % 2) + g)) &
+                    7u;
+            f.scale[g] = d * float(2 * int(s) + 1) / kIqScaleDivisor<D>;
+            f.offset[g] = 0.0f;
+        }
     }
     return f;
 }
@@ -364,9 +492,117 @@ __device__ __forceinline__ uint32_t iq4_levels(uint32_t indices) {
     return (second_half & in_second) | (first_half & ~in_second);
 }
 
+// The 8 sign bits of IQ2_XXS's, IQ2_XS's and IQ3_XXS's 8 weights from the 7 stored in the low
+// bits of `seven` (weights/iq_grids.h: iq_signs_of_seven): the eighth makes the count of set
+// bits even.
+__device__ __forceinline__ uint32_t signs_of_seven(uint32_t seven) {
+    const uint32_t bits = seven & 0x7fu;
+    return bits | (uint32_t(__popc(bits)) & 1u) << 7;
+}
+
+// Four grid values (0..127, one a byte) with bits 0-3 of `signs` as their signs (bit i set:
+// byte i negated), as int8 bytes. A byte's negation is 0x80 − v with bit 7 flipped: 0x80 − v
+// never borrows from the next byte, and flipping bit 7 subtracts the 0x80 again.
+__device__ __forceinline__ uint32_t signed_bytes(uint32_t values, uint32_t signs) {
+    constexpr uint32_t kTopBitBytes = 0x80808080u;
+    const uint32_t negated = (kTopBitBytes - values) ^ kTopBitBytes;
+    const uint32_t negative = spread_four_bits(signs) * 0xffu;  // 0xff where negated
+    return (negated & negative) | (values & ~negative);
+}
+
+// Four IQ1 levels (0..2, one a byte) as int8 bytes 8·(level − 1) ± kIq1ShiftEighths: eighths of
+// a level, the group's shift of ±1/8 made an integer (its scale d·(2s + 1) / 8). 0x80 + 8·level
+// − (8 ∓ 1) stays within its byte, and flipping bit 7 subtracts the 0x80 again.
+__device__ __forceinline__ uint32_t iq1_values(uint32_t levels, bool negative_shift) {
+    constexpr uint32_t kTopBitBytes = 0x80808080u;
+    const uint32_t below =
+        uint32_t(negative_shift ? 8 + kIq1ShiftEighths : 8 - kIq1ShiftEighths) * kLowBitBytes;
+    return ((levels << 3 | kTopBitBytes) - below) ^ kTopBitBytes;
+}
+
+// Point `index` of i-quant D's grid (iq_grids.cuh), through the read-only data cache: 8 values a
+// u64 (IQ2, IQ1), 4 a u32 (IQ3), byte i value i.
+template <DType D>
+__device__ __forceinline__ auto iq_grid_point(uint32_t index) {
+    if constexpr (D == DType::IQ2_XXS)
+        return __ldg(kIq2XxsGrid + index);
+    else if constexpr (D == DType::IQ2_XS)
+        return __ldg(kIq2XsGrid + index);
+    else if constexpr (D == DType::IQ2_S)
+        return __ldg(kIq2SGrid + index);
+    else if constexpr (D == DType::IQ3_XXS)
+        return __ldg(kIq3XxsGrid + index);
+    else if constexpr (D == DType::IQ3_S)
+        return __ldg(kIq3SGrid + index);
+    else
+        return __ldg(kIq1Grid + index);  // IQ1_S, IQ1_M
+}
+
+// Group g's int8 values of unit k (k of its super-block) of i-quant D, four a word in column
+// order: grid value times sign (IQ2: ±8, ±25, ±43; IQ3_XXS: ±4..62; IQ3_S: ±1..15), IQ1's
+// 8·(level − 1) ± 1 (−9..9). Their dp4a with 16 int8 inputs of at most 127 stays below 2^17.
+// IQ2 and IQ1 read points n = 2g, 2g + 1 of the unit (8 columns each), IQ3 points 4g .. 4g + 3
+// (4 columns each); the unit's bytes as load_unit lays them out.
+template <DType D>
+__device__ __forceinline__ void iq_group_words(const UnitBytes& u, int g, uint32_t (&q)[4]) {
+    if constexpr (D == DType::IQ3_XXS || D == DType::IQ3_S) {
+        // The group's 16 sign bits: IQ3_XXS's two sevens at bits 14g, 14g + 7 of the
+        // signs-and-scale word, IQ3_S's bytes 2g, 2g + 1 of signs[4k ..].
+        const uint32_t signs = D == DType::IQ3_XXS
+                                   ? signs_of_seven(u.high[0] >> (14 * g)) |
+                                         signs_of_seven(u.high[0] >> (14 * g + 7)) << 8
+                                   : u.high[0] >> (16 * g) & 0xffffu;
+        const uint32_t indices = g == 0 ? u.low[0] : u.low[1];  // qs[8k + 4g + j], byte j
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            uint32_t index = indices >> (8 * j) & 0xffu;
+            if constexpr (D == DType::IQ3_S)  // bit 4g + j of qh[k] (head byte 3)
+                index |= (u.head[0] >> (24 + 4 * g + j) & 1u) << 8;
+            q[j] = signed_bytes(iq_grid_point<D>(index), signs >> (4 * j));
+        }
+    } else {
+#pragma unroll
+        for (int p = 0; p < 2; ++p) {
+            const int n = 2 * g + p;
+            // IQ2: the point's 8 sign bits; IQ1: the sign of its group's shift.
+            uint32_t index, signs;
+            if constexpr (D == DType::IQ2_XXS) {  // index byte n of low[0], signs 7n of low[1]
+                index = u.low[0] >> (8 * n) & 0xffu;
+                signs = signs_of_seven(u.low[1] >> (7 * n));
+            } else if constexpr (D == DType::IQ2_XS) {  // u16 p of low[g]: index 9 bits, signs 7
+                const uint32_t entry = (g == 0 ? u.low[0] : u.low[1]) >> (16 * p) & 0xffffu;
+                index = entry & 511u;
+                signs = signs_of_seven(entry >> 9);
+            } else if constexpr (D == DType::IQ2_S) {  // qs byte n, bits 2n of qh[k], signs byte n
+                index = (u.low[0] >> (8 * n) & 0xffu) | (u.head[0] >> (24 + 2 * n) & 3u) << 8;
+                signs = u.high[0] >> (8 * n) & 0xffu;
+            } else if constexpr (D == DType::IQ1_S) {  // qs byte n, bits 3n of qh[k]; bit 15
+                index = (u.low[0] >> (8 * n) & 0xffu) | (u.head[0] >> (16 + 3 * n) & 7u) << 8;
+                signs = u.head[0] >> 31;
+            } else {
+                static_assert(D == DType::IQ1_M, "an i-quant");
+                // Nibble p of qh[2k + g]: bits 0..2 the index's top bits, bit 3 the shift's sign.
+                const uint32_t nibble = u.high[0] >> (8 * g + 4 * p) & 15u;
+                index = (u.low[0] >> (8 * n) & 0xffu) | (nibble & 7u) << 8;
+                signs = nibble >> 3;
+            }
+            const uint64_t point = iq_grid_point<D>(index);
+            const uint32_t low = uint32_t(point), high = uint32_t(point >> 32);
+            if constexpr (D == DType::IQ1_S || D == DType::IQ1_M) {
+                q[2 * p] = iq1_values(low, signs != 0);
+                q[2 * p + 1] = iq1_values(high, signs != 0);
+            } else {
+                q[2 * p] = signed_bytes(low, signs);
+                q[2 * p + 1] = signed_bytes(high, signs >> 4);
+            }
+        }
+    }
+}
+
 // The stored values q of group g of unit `unit`, in column order, four a word (byte i of
 // word j: column group_column + 4j + i), each a non-negative int8 (IQ4_XS, IQ4_NL: its signed
-// level): what dp4a multiplies with the int8 input, and decode_unit unpacks.
+// level; the i-quants: iq_group_words): what dp4a multiplies with the int8 input, and
+// decode_unit unpacks.
 template <DType D>
 __device__ __forceinline__ void group_words(const UnitBytes& u, int unit, int g, uint32_t (&q)[4]) {
     constexpr int kUnits = BlockLayout<D>::kWeights / kUnitWeights;
@@ -376,6 +612,8 @@ __device__ __forceinline__ void group_words(const UnitBytes& u, int unit, int g,
         const int t = 2 * (k / 2 % 2) + g;
 #pragma unroll
         for (int j = 0; j < 4; ++j) q[j] = u.low[j] >> (2 * t) & kLowTwoBitBytes;
+    } else if constexpr (kIsIqGrid<D>) {
+        iq_group_words<D>(u, g, q);
     } else {
 #pragma unroll
         for (int j = 0; j < 4; ++j)
@@ -477,6 +715,20 @@ void with_block_dtype(DType dtype, Use&& use) {
             return use(std::integral_constant<DType, DType::Q6_K>{});
         case DType::IQ4_XS:
             return use(std::integral_constant<DType, DType::IQ4_XS>{});
+        case DType::IQ2_XXS:
+            return use(std::integral_constant<DType, DType::IQ2_XXS>{});
+        case DType::IQ2_XS:
+            return use(std::integral_constant<DType, DType::IQ2_XS>{});
+        case DType::IQ2_S:
+            return use(std::integral_constant<DType, DType::IQ2_S>{});
+        case DType::IQ3_XXS:
+            return use(std::integral_constant<DType, DType::IQ3_XXS>{});
+        case DType::IQ3_S:
+            return use(std::integral_constant<DType, DType::IQ3_S>{});
+        case DType::IQ1_S:
+            return use(std::integral_constant<DType, DType::IQ1_S>{});
+        case DType::IQ1_M:
+            return use(std::integral_constant<DType, DType::IQ1_M>{});
         default:
             throw Error("with_block_dtype: not a block type");
     }

@@ -12,12 +12,13 @@
 //   stage_input), then quantized to int8 as the CPU's matvecs of the same type quantize it
 //   (stage_block_input): per 32 columns by the Q8 rule (cpu::quantize_q8) for Q4_1, Q5_0,
 //   Q5_1 and IQ4_NL, per super-block of 256 by the Q8_K rule (cpu::quantize_q8_k) for Q2_K,
-//   Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS. So the GPU's sums follow the CPU's, as the Q8/Q4
-//   matvecs' do.
+//   Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS and the i-quants. So the GPU's sums follow the CPU's, as the
+//   Q8/Q4 matvecs' do.
 // - Each group of 16 weights is four dp4a of its stored values (group_words: the nibbles, or
 //   Q2_K's and Q3_K's bit pairs, masked four at a time, the high bits spread into them; IQ4_XS's
-//   and IQ4_NL's nibbles looked up as their signed levels) with the 16 int8 inputs it
-//   multiplies, one 16-byte shared load; the lane's f32 sum gains
+//   and IQ4_NL's nibbles looked up as their signed levels; the i-quants' grid points looked up
+//   and signed, iq_group_words) with the 16 int8 inputs it multiplies, one 16-byte shared load;
+//   the lane's f32 sum gains
 //   x_scale · (scale · (dot − midpoint · Σx) + offset · Σx), Σx the group's sum of int8 inputs
 //   (Q6_K's midpoint of 32, Q5_0's of 16 and Q3_K's of 4 subtracted in integers, Q2_K's,
 //   Q4_K's and Q5_K's mins and Q4_1's and Q5_1's m as offsets).
@@ -33,8 +34,9 @@
 // - The row sums meet in shared memory and are stored with the bias and the residual
 //   (store_warp_rows); w1 and w3 are read by one warp with SwiGLU applied before the store.
 // Not yet timed on a GPU (cuda_kernel_check --bench times them): what it has to decide is
-// whether the 2-byte loads of IQ4_NL, Q5_0, Q3_K and Q6_K (blocks of 18, 22, 110 and 210 bytes)
-// and the per-unit headers keep these kernels at memory speed.
+// whether the 2-byte loads of IQ4_NL, Q5_0, Q3_K, Q6_K and most i-quants (blocks of 18, 22, 110,
+// 210 and 50 to 110 bytes), the per-unit headers and the i-quants' grid lookups (4 or 8 a unit,
+// through the L1) keep these kernels at memory speed. The i-quants have not run on a GPU at all.
 #pragma once
 #include <cstdint>
 
@@ -406,6 +408,13 @@ void prepare_block_matvec(size_t bytes) {
     allow_block_shared_bytes<DType::Q5_K>(bytes);
     allow_block_shared_bytes<DType::Q6_K>(bytes);
     allow_block_shared_bytes<DType::IQ4_XS>(bytes);
+    allow_block_shared_bytes<DType::IQ2_XXS>(bytes);
+    allow_block_shared_bytes<DType::IQ2_XS>(bytes);
+    allow_block_shared_bytes<DType::IQ2_S>(bytes);
+    allow_block_shared_bytes<DType::IQ3_XXS>(bytes);
+    allow_block_shared_bytes<DType::IQ3_S>(bytes);
+    allow_block_shared_bytes<DType::IQ1_S>(bytes);
+    allow_block_shared_bytes<DType::IQ1_M>(bytes);
 }
 
 #endif  // BARELLM_LAUNCH_FUNCTIONS

@@ -1,9 +1,9 @@
 // Test inputs for the kernels of the block types (weight_blocks.h): matrices of random
 // blocks (every byte random, except the f16 scales, which are finite, of both signs, from
 // subnormal to the largest f16, and now and then zero), so that sub-block scales and mins
-// reach 0 and 63 (int8 −128 and 127 for Q6_K) and levels every value, with the values
-// dequantize_row gives them; and x quantized per 256 by llama.cpp's Q8_K rule written out
-// here, independently of the kernels.
+// reach 0 and 63 (int8 −128 and 127 for Q6_K), levels every value and the i-quants' grid
+// indices every point, with the values dequantize_row gives them; and x quantized per 256 by
+// llama.cpp's Q8_K rule written out here, independently of the kernels.
 #pragma once
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstring>
 #include <initializer_list>
+#include <iterator>
 #include <random>
 #include <string>
 #include <utility>
@@ -29,6 +30,13 @@ constexpr DType kBlockTypes[] = {DType::Q2_K, DType::Q3_K,   DType::Q4_K, DType:
 // The i-quants: their grids looked up, signs and scales per 16 or 32 columns.
 constexpr DType kIqGridTypes[] = {DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS,
                                   DType::IQ3_S,   DType::IQ1_S,  DType::IQ1_M};
+
+// Every block type the CUDA backend reads: kBlockTypes, then kIqGridTypes.
+inline std::vector<DType> cuda_block_types() {
+    std::vector<DType> types(std::begin(kBlockTypes), std::end(kBlockTypes));
+    types.insert(types.end(), std::begin(kIqGridTypes), std::end(kIqGridTypes));
+    return types;
+}
 
 // A random finite f16 of either sign: mostly ± 2^e for e in [−12, 4) times a random
 // mantissa; one time in 16 each, 0, the largest f16 (65504) or a subnormal.
@@ -50,7 +58,8 @@ inline uint16_t random_block_scale(std::mt19937& rng) {
     return float_to_half(sign * std::ldexp(mantissa(rng), exponent(rng)));
 }
 
-// Byte offsets of a block's f16 scales (d, and dmin or m where the type has one).
+// Byte offsets of a block's f16 scales (d, and dmin or m where the type has one; IQ1_M's d is
+// spread over its scales words: set_block_scale).
 inline std::vector<size_t> block_scale_offsets(DType dtype) {
     switch (dtype) {
         case DType::Q4_K:
@@ -122,7 +131,8 @@ inline TestMatrix make_block_matrix(int rows, int cols, DType dtype, std::mt1993
 // Rows `rows` of m made of the largest levels, scales and mins: every byte but the f16 scales
 // 0xff (levels 3, 7, 15, 31, 63, IQ4_XS's 113; 6-bit scales and mins 63, Q2_K's 4-bit 15) where
 // `fill` is 0xff, or 0 (IQ4_XS's −127); their values and tiles follow. With x of one sign the
-// integer sums of the kernels then reach their bounds.
+// integer sums of the kernels then reach their bounds. IQ1_M's d, spread over its scales words,
+// is kept.
 inline void fill_rows(TestMatrix* m, std::initializer_list<int> rows, uint8_t fill) {
     const DType dtype = m->matrix.dtype;
     const std::vector<size_t> scales = block_scale_offsets(dtype);

@@ -77,10 +77,8 @@ struct BlockMatrix {
             for (size_t i = 0; i < blocks_bytes; ++i) row[i] = uint8_t(byte(rng));
             for (int b = 0; b < blocks; ++b) {
                 uint8_t* block = row + size_t(b) * block_bytes(dtype);
-                for (const size_t field : block_scale_offsets(dtype)) {
-                    const uint16_t h = random_scale(rng);
-                    std::memcpy(block + field, &h, 2);
-                }
+                for (const size_t field : block_scale_offsets(dtype))
+                    set_block_scale(dtype, block, field, random_scale(rng));
                 record_offsets(block, &offsets[size_t(r) * cols + size_t(b) * n]);
             }
             dequantize_row(dtype, row, &weights[size_t(r) * cols], cols);
@@ -298,7 +296,7 @@ void check_block_matvecs(std::mt19937& rng) {
 
 template <typename Check>
 void for_each_block_type(Check&& check) {
-    for (const DType dtype : kBlockTypes) with_block_dtype(dtype, [&](auto d) { check(d); });
+    for (const DType dtype : cuda_block_types()) with_block_dtype(dtype, [&](auto d) { check(d); });
 }
 
 }  // namespace

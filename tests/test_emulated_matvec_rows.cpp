@@ -57,8 +57,8 @@ struct RowsMatrix {
                 for (size_t b = 0; b < blocks; ++b)
                     for (const size_t field : block_scale_offsets(dtype)) {
                         const float scale = (rng() % 2 ? 1.0f : -1.0f) * magnitude(rng);
-                        const uint16_t h = float_to_half(scale);
-                        std::memcpy(row + b * block_bytes(dtype) + field, &h, 2);
+                        set_block_scale(dtype, row + b * block_bytes(dtype), field,
+                                        float_to_half(scale));
                     }
                 dequantize_row(dtype, row, row_weights.data(), cols);
                 std::copy(row_weights.begin(), row_weights.end(), &weights[size_t(r) * cols]);
@@ -164,7 +164,7 @@ TEST_CASE("emulated matvec_rows of f32, f16, bf16, Q8 and Q4 weights matches dou
 TEST_CASE("emulated matvec_rows of ggml's block types matches their scalar dequantization",
           "[cuda_emulation][paged][blocks]") {
     std::mt19937 rng(63);
-    for (const DType dtype : kBlockTypes) {
+    for (const DType dtype : cuda_block_types()) {
         const int block = block_weights(dtype);
         // More units than a warp's lanes for the small blocks; several super-blocks.
         for (const int cols : {block * 3, block == 32 ? 32 * 37 : 256 * 5})

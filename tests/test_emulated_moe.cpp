@@ -3,12 +3,12 @@
 // lower index winning an exact tie, renormalised or not; exact ties, near-ties one ulp apart,
 // 8, 60 and 128 experts; NaN and infinite logits, whose picks must stay in range, on the
 // kernel and the CPU's route_token), the expert matvecs (each route's expert read from device
-// memory; f32, f16, Q8, Q4, and random Q4_K, Q6_K, Q5_0, Q3_K, Q2_K and IQ4_NL blocks) against
-// the plain matvec kernels on that expert's matrix and a double reference, and a whole sparse
-// feed-forward for one token, launched as CudaBackend::record_experts launches it, against the
-// CPU backend's cpu::MixtureOfExperts::decode (f32 and Q8 weights). A prefill
-// batch: the grouping of its routes by expert (expert_groups.h), the gather of each grouped
-// row's input and the weighted scatter back (moe_combine_kernel with grouped rows) against
+// memory; f32, f16, Q8, Q4, and random Q4_K, Q6_K, Q5_0, Q3_K, Q2_K, IQ4_NL blocks and each
+// i-quant's) against the plain matvec kernels on that expert's matrix and a double reference,
+// and a whole sparse feed-forward for one token, launched as CudaBackend::record_experts
+// launches it, against the CPU backend's cpu::MixtureOfExperts::decode (f32 and Q8 weights). A
+// prefill batch: the grouping of its routes by expert (expert_groups.h), the gather of each
+// grouped row's input and the weighted scatter back (moe_combine_kernel with grouped rows) against
 // scalar references written here (empty experts, one expert in every token's routes), and a
 // whole sparse feed-forward of a few tokens, launched as CudaBackend::prefill_experts runs it
 // (f32: the SIMT GEMM of each expert over its rows; Q8: the expert matvec of each grouped row),
@@ -799,6 +799,13 @@ TEST_CASE("emulated expert matvecs read each route's expert from device memory",
         check_expert_matvec(DType::Q3_K, 7, 512, shared_input, rng);
         check_expert_matvec(DType::Q2_K, 5, 256, shared_input, rng);
         check_expert_matvec(DType::IQ4_NL, 15, 160, shared_input, rng);
+        check_expert_matvec(DType::IQ2_XXS, 5, 512, shared_input, rng);
+        check_expert_matvec(DType::IQ2_XS, 7, 256, shared_input, rng);
+        check_expert_matvec(DType::IQ2_S, 3, 256, shared_input, rng);
+        check_expert_matvec(DType::IQ3_XXS, 6, 256, shared_input, rng);
+        check_expert_matvec(DType::IQ3_S, 9, 512, shared_input, rng);
+        check_expert_matvec(DType::IQ1_S, 4, 256, shared_input, rng);
+        check_expert_matvec(DType::IQ1_M, 11, 256, shared_input, rng);
     }
 }
 

@@ -54,8 +54,7 @@ bool on_avx_vnni() { return active_level == SimdLevel::Avx2 && has_avx_vnni; }
 bool reads_tiles(const Matrix& w) { return w.row_tiles && uses_row_tiles(w.dtype); }
 // Whether the integer GEMMs of the block types read w (from its rows or its tiles).
 bool block_gemm_reads(const Matrix& w) {
-    return is_block_type(w.dtype) && (!is_iq_grid_type(w.dtype) || on_avx512_vnni()) &&
-           (w.row_tiles || !read_from_tiles_only(w.dtype));
+    return is_block_type(w.dtype) && (w.row_tiles || !read_from_tiles_only(w.dtype));
 }
 
 }  // namespace
@@ -194,8 +193,9 @@ void matvec_many(const MatvecTask* task_list, int task_count) {
                     (use_avx512_vnni ? avx512::matvec_rows_block_tiles
                                      : avx2::matvec_rows_block_tiles)(task.out, 0, *task.w,
                                                                       q8_k_x[t], 1, row, count);
-                else if (use_avx512_vnni && is_iq_grid_type(dtype))
-                    avx512::matvec_rows_iq(task.out, *task.w, *q8_k_x[t], row, count);
+                else if (use_simd && is_iq_grid_type(dtype))
+                    (use_avx512_vnni ? avx512::matvec_rows_iq : avx2::matvec_rows_iq)(
+                        task.out, *task.w, *q8_k_x[t], row, count);
                 else if (use_simd && matvec_on_super_block_rows(dtype))
                     (use_avx512_vnni ? avx512::matvec_rows_super_blocks
                                      : avx2::matvec_rows_super_blocks)(task.out, *task.w,

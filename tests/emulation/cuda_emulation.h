@@ -237,6 +237,9 @@ inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
     return result;
 }
 
+// The number of bits set in x.
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+
 // One fiber runs at a time: atomics are plain read-modify-writes (unsigned arithmetic for
 // int, as the hardware wraps).
 inline int atomicAdd(int* address, int value) {

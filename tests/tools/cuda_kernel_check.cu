@@ -140,11 +140,13 @@ HostMatrix random_quantized_matrix(int rows, int cols, DType dtype, bool cheap =
 }
 
 // The block types the CUDA backend runs (src/weights/weight_blocks.h).
-constexpr DType kBlockTypes[] = {DType::Q4_K, DType::Q6_K,  DType::Q5_K,   DType::Q4_1,
-                                 DType::Q5_0, DType::Q5_1,  DType::IQ4_XS, DType::Q3_K,
-                                 DType::Q2_K, DType::IQ4_NL};
+constexpr DType kBlockTypes[] = {
+    DType::Q4_K,   DType::Q6_K,    DType::Q5_K,  DType::Q4_1,   DType::Q5_0,    DType::Q5_1,
+    DType::IQ4_XS, DType::Q3_K,    DType::Q2_K,  DType::IQ4_NL, DType::IQ2_XXS, DType::IQ2_XS,
+    DType::IQ2_S,  DType::IQ3_XXS, DType::IQ3_S, DType::IQ1_S,  DType::IQ1_M};
 
-// Byte offsets of a block's f16 fields (d, and dmin or m where the type has them).
+// Byte offsets of a block's f16 fields (d, and dmin or m where the type has them; IQ1_M's d is
+// spread over its scales words: set_block_half).
 std::vector<int> block_half_fields(DType dtype) {
     switch (dtype) {
         case DType::Q4_1:
@@ -158,17 +160,56 @@ std::vector<int> block_half_fields(DType dtype) {
             return {int(offsetof(BlockQ3_K, d))};
         case DType::Q6_K:
             return {208};
-        default:  // Q5_0, IQ4_XS, IQ4_NL
+        case DType::IQ1_M:
+            return {int(offsetof(BlockIQ1_M, scales))};
+        default:  // Q5_0, IQ4_XS, IQ4_NL, the other i-quants
             return {0};
+    }
+}
+
+// Sets the f16 field at `field` (block_half_fields) of a block of `dtype` to `bits`; IQ1_M's d
+// as the top nibbles of its four scales words (iq1m_d), their sub-block scales kept.
+void set_block_half(DType dtype, uint8_t* block, int field, uint16_t bits) {
+    if (dtype != DType::IQ1_M) {
+        std::memcpy(block + field, &bits, 2);
+        return;
+    }
+    for (int i = 0; i < 4; ++i) {
+        uint16_t word;
+        std::memcpy(&word, block + field + 2 * i, 2);
+        word = uint16_t((word & 0x0fffu) | ((bits >> (4 * i)) & 15u) << 12);
+        std::memcpy(block + field + 2 * i, &word, 2);
+    }
+}
+
+// About the largest integer factor of a block type's weights (sub-block scales included): about
+// 1000 for the K types, 30 for Q4_1, Q5_0 and Q5_1, 127 for IQ4_NL (its largest level), and for
+// the i-quants the largest (2s + 1) / divisor times the largest grid value: IQ2's 31 / 8 · 43,
+// IQ3_XXS's 31 / 4 · 62, IQ3_S's 31 · 15, IQ1's 15 · 9 / 8.
+float largest_integer_factor(DType dtype) {
+    switch (dtype) {
+        case DType::IQ4_NL:
+            return -float(kIq4Values[0]);
+        case DType::IQ2_XXS:
+        case DType::IQ2_XS:
+        case DType::IQ2_S:
+            return 31.0f / 8 * 43;
+        case DType::IQ3_XXS:
+            return 31.0f / 4 * 62;
+        case DType::IQ3_S:
+            return 31.0f * 15;
+        case DType::IQ1_S:
+        case DType::IQ1_M:
+            return 15.0f * 9 / 8;
+        default:
+            return block_weights(dtype) == kSuperBlock ? 1000.0f : 30.0f;
     }
 }
 
 // A random host matrix of block type `dtype` (cols a multiple of its block): random bytes,
 // each block's f16 fields of either sign, sized so that the weights are about
-// 1 / sqrt(cols) (the largest integer factor of a weight, sub-block scales included, is
-// about 1000 for the K types, 30 for Q4_1, Q5_0 and Q5_1, 127 for IQ4_NL: its largest level).
-// cheap: xorshift bytes, for timing (the f16 fields still set: random bytes would hold
-// infinities and NaNs).
+// 1 / sqrt(cols) (largest_integer_factor). cheap: xorshift bytes, for timing (the f16 fields
+// still set: random bytes would hold infinities and NaNs).
 HostMatrix random_block_matrix(int rows, int cols, DType dtype, bool cheap = false) {
     HostMatrix m;
     m.matrix = Matrix{nullptr, dtype, rows, cols};
@@ -186,17 +227,13 @@ HostMatrix random_block_matrix(int rows, int cols, DType dtype, bool cheap = fal
             b = uint8_t(byte(rng));
         }
     }
-    const float integer_size = block_weights(dtype) == kSuperBlock ? 1000.0f
-                               : dtype == DType::IQ4_NL            ? -float(kIq4Values[0])
-                                                                   : 30.0f;
-    const float scale_size = 1.0f / (integer_size * std::sqrt(float(cols)));
+    const float scale_size = 1.0f / (largest_integer_factor(dtype) * std::sqrt(float(cols)));
     std::normal_distribution<float> normal(0.0f, scale_size);
     const size_t blocks = size_t(rows) * (cols / block_weights(dtype));
     for (size_t b = 0; b < blocks; ++b)
-        for (const int field : block_half_fields(dtype)) {
-            const uint16_t bits = float_to_half(cheap ? scale_size : normal(rng));
-            std::memcpy(&m.bytes[b * block_bytes(dtype) + field], &bits, 2);
-        }
+        for (const int field : block_half_fields(dtype))
+            set_block_half(dtype, &m.bytes[b * block_bytes(dtype)], field,
+                           float_to_half(cheap ? scale_size : normal(rng)));
     m.matrix.data = m.bytes.data();
     return m;
 }
@@ -1270,10 +1307,11 @@ void check_gemm() {
     constexpr double kTolerance = 1e-5;
     cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
     // Of the block types, those of a Q4_K_M file (Q5_0 where a row is not whole super-blocks),
-    // Q3_K, a Q3_K_M file's, Q2_K, and IQ4_NL, an IQ4_XS file's where a row is not whole
-    // super-blocks.
+    // Q3_K, a Q3_K_M file's, Q2_K, IQ4_NL, an IQ4_XS file's where a row is not whole
+    // super-blocks, and the i-quants that name the IQ2_XXS, IQ3_XXS, IQ1_S and IQ1_M files.
     for (DType dtype : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K,
-                        DType::Q6_K, DType::Q5_0, DType::Q3_K, DType::Q2_K, DType::IQ4_NL}) {
+                        DType::Q6_K, DType::Q5_0, DType::Q3_K, DType::Q2_K, DType::IQ4_NL,
+                        DType::IQ2_XXS, DType::IQ3_XXS, DType::IQ1_S, DType::IQ1_M}) {
         const std::vector<cuda::GemmTiles> tiles = runnable_tiles(dtype);
         const DType in_dtype = cuda::gemm_input_dtype(dtype);
         for (Case test : cases) {
