@@ -12,6 +12,7 @@
 #include "cpu/avx512/helpers_avx512.h"
 #include "cpu/avx512/iq_levels_avx512.h"
 #include "cpu/iq_levels.h"
+#include "cpu/panel_prefetcher.h"
 
 namespace barellm::cpu::avx512 {
 
@@ -41,9 +42,11 @@ float iq_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
             picks[l] = r * (kLanes / kLanesPerSlot) + l / kLanesPerSlot;
         slot_picks[r] = _mm512_load_si512(picks);
     }
+    const int prefetch_bytes = matvec_prefetch_bytes();
     __m512 sums = _mm512_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = row + size_t(b) * kBlockBytes;
+        prefetch_ahead(block, prefetch_bytes, kBlockBytes);
         const int8_t* xb = x.values.data() + size_t(b) * kSuperBlock;
         const __m512i m = iq_multiplier_lanes<kType>(block);
         const __m512i x_sums = _mm512_cvtepi16_epi32(_mm256_loadu_si256(
