@@ -405,46 +405,49 @@ void unpack_iq4_xs_tile(const HalfPanel& out, const uint8_t* block, int b) {
     }
 }
 
-// The i-quant super-block b of the row in lane `lane` of a half panel (`block`): its registers
-// of 64 levels (iq_levels_avx512.h) scattered to steps 0..7 of their two groups, and A = d ·
-// factor · m per sub-block of 16 or 32 columns.
+// Super-block b of the i-quant rows of a half panel (`blocks`: each row's block, a block of zeros
+// past the matrix, so A = 0): each row's registers of 64 levels (iq_levels_avx512.h), 16 rows
+// transposed so that register l holds step l % 8 of the register's group l / 8 for every row; and
+// A = d · factor · m per sub-block of 16 or 32 columns, transposed the same way.
 template <DType kType>
-void unpack_iq_row(const HalfPanel& out, const uint8_t* block, int lane, int b) {
+void unpack_iq_super_block(const HalfPanel& out, const uint8_t* const (&blocks)[kLanes], int b) {
     constexpr IqShape kShape = iq_shape(kType);
     constexpr int kGroupsPerRegister = 64 / kGroup;
-    // Lane l of a register: step l % 8 of the register's group l / 8.
-    alignas(64) int32_t offsets[kLanes];
-    for (int l = 0; l < kLanes; ++l)
-        offsets[l] = l / kGroupSteps * kGroupBytes + l % kGroupSteps * kStepBytes;
-    const __m512i step_offsets = _mm512_load_si512(offsets);
+    __m512 v[kLanes];
     for (int r = 0; r < kIqRegisters; ++r) {
+#pragma GCC unroll 16
+        for (int i = 0; i < kLanes; ++i) v[i] = _mm512_castsi512_ps(iq_levels<kType>(blocks[i], r));
+        transpose16x16(v);
         const int group = kSuperBlock / kGroup * b + kGroupsPerRegister * r;
-        uint8_t* base = out.panel.levels + size_t(group) * kGroupBytes + out.half * kRegisterBytes +
-                        lane * kLaneBytes;
-        _mm512_i32scatter_epi32(base, step_offsets, iq_levels<kType>(block, r), 1);
+#pragma GCC unroll 16
+        for (int l = 0; l < kLanes; ++l)
+            out.levels(group + l / kGroupSteps, l % kGroupSteps, _mm512_castps_si512(v[l]));
     }
-    alignas(64) int32_t multipliers[kIqMultipliers];
-    iq_multipliers<kType>(block, multipliers);
-    const float d = iq_d(kType, block) * kShape.factor;
+    alignas(64) float d[kLanes];
+#pragma GCC unroll 16
+    for (int i = 0; i < kLanes; ++i) {
+        d[i] = iq_d(kType, blocks[i]) * kShape.factor;
+        v[i] = _mm512_cvtepi32_ps(iq_multiplier_lanes<kType>(blocks[i]));
+    }
+    transpose16x16(v);  // v[slot]: the slot's m of each row
     constexpr int kSubBlocks = kSuperBlock / kShape.scale_cols;
     constexpr int kSlotsPerSubBlock = kShape.scale_cols / kIqMultiplierCols;
     for (int j = 0; j < kSubBlocks; ++j)
-        out.panel
-            .scales[size_t(kSubBlocks * b + j) * kQuantizedRowTile + out.half * kLanes + lane] =
-            d * float(multipliers[kSlotsPerSubBlock * j]);
+        out.scale(kSubBlocks * b + j, _mm512_mul_ps(_mm512_load_ps(d), v[kSlotsPerSubBlock * j]));
 }
 
-// The i-quant rows of a half panel (rows first..first + 15), a row at a time; rows past the
-// matrix read a block of zeros (A = 0).
+// The i-quant rows first..first + 15 of w into a half panel.
 template <DType kType>
 void unpack_iq_rows(const HalfPanel& out, const Matrix& w, int first) {
     alignas(64) static const uint8_t zeros[iq_block_bytes(kType)] = {};
     const int blocks = w.cols / kSuperBlock;
-    for (int lane = 0; lane < kLanes; ++lane) {
-        const uint8_t* row = first + lane < w.rows ? w.row_data(first + lane) : nullptr;
-        for (int b = 0; b < blocks; ++b)
-            unpack_iq_row<kType>(out, row ? row + size_t(b) * iq_block_bytes(kType) : zeros, lane,
-                                 b);
+    for (int b = 0; b < blocks; ++b) {
+        const uint8_t* row_blocks[kLanes];
+        for (int i = 0; i < kLanes; ++i)
+            row_blocks[i] = first + i < w.rows
+                                ? w.row_data(first + i) + size_t(b) * iq_block_bytes(kType)
+                                : zeros;
+        unpack_iq_super_block<kType>(out, row_blocks, b);
     }
 }
 

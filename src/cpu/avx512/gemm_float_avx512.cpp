@@ -30,38 +30,6 @@ constexpr int kRowBlock = 8 * kRowTile;            // weight rows converted to f
 constexpr int kDepthBlock = 256;   // weight columns converted together (96 KB of L2)
 constexpr int kPackAheadRows = 8;  // packing asks for the weights of the row this far ahead
 
-// Transposes the 16 × 16 block held in rows[0..15] (rows[i] lane j becomes rows[j] lane i):
-// pairs of rows interleaved, then 4 × 4 blocks within each 128-bit lane, then those lanes.
-// The loops are unrolled so that the arrays live in registers, not on the stack.
-inline void transpose16x16(__m512 rows[16]) {
-    __m512 pairs[16], quads[16];
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; i += 2) {
-        pairs[i] = _mm512_unpacklo_ps(rows[i], rows[i + 1]);
-        pairs[i + 1] = _mm512_unpackhi_ps(rows[i], rows[i + 1]);
-    }
-    // quads[4i + j], 128-bit lane l: rows 4i .. 4i + 3 of column 4l + j.
-#pragma GCC unroll 16
-    for (int i = 0; i < 16; i += 4) {
-        quads[i] = _mm512_shuffle_ps(pairs[i], pairs[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
-        quads[i + 1] = _mm512_shuffle_ps(pairs[i], pairs[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
-        quads[i + 2] = _mm512_shuffle_ps(pairs[i + 1], pairs[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
-        quads[i + 3] = _mm512_shuffle_ps(pairs[i + 1], pairs[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
-    }
-    constexpr int kEvenLanes = _MM_SHUFFLE(2, 0, 2, 0), kOddLanes = _MM_SHUFFLE(3, 1, 3, 1);
-#pragma GCC unroll 16
-    for (int j = 0; j < 4; ++j) {
-        const __m512 low_even = _mm512_shuffle_f32x4(quads[j], quads[4 + j], kEvenLanes);
-        const __m512 low_odd = _mm512_shuffle_f32x4(quads[j], quads[4 + j], kOddLanes);
-        const __m512 high_even = _mm512_shuffle_f32x4(quads[8 + j], quads[12 + j], kEvenLanes);
-        const __m512 high_odd = _mm512_shuffle_f32x4(quads[8 + j], quads[12 + j], kOddLanes);
-        rows[j] = _mm512_shuffle_f32x4(low_even, high_even, kEvenLanes);
-        rows[4 + j] = _mm512_shuffle_f32x4(low_odd, high_odd, kEvenLanes);
-        rows[8 + j] = _mm512_shuffle_f32x4(low_even, high_even, kOddLanes);
-        rows[12 + j] = _mm512_shuffle_f32x4(low_odd, high_odd, kOddLanes);
-    }
-}
-
 // panel[r][i] = W[first_row + r][first_col + i] as f32, for `rows` rows.
 template <DType kType>
 void pack_rows(float* panel, const Matrix& w, int first_row, int rows, int first_col, int depth) {

@@ -102,6 +102,38 @@ inline void q3_k_tile_levels(const uint8_t* block, int i, __m512i q[4]) {
         _mm512_and_si512(_mm512_srli_epi16(r1, 7), _mm512_set1_epi8(0x01)), kAndOr);
 }
 
+// Transposes the 16 × 16 block held in rows[0..15] (rows[i] lane j becomes rows[j] lane i):
+// pairs of rows interleaved, then 4 × 4 blocks within each 128-bit lane, then those lanes.
+// The loops are unrolled so that the arrays live in registers, not on the stack.
+inline void transpose16x16(__m512 rows[16]) {
+    __m512 pairs[16], quads[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i += 2) {
+        pairs[i] = _mm512_unpacklo_ps(rows[i], rows[i + 1]);
+        pairs[i + 1] = _mm512_unpackhi_ps(rows[i], rows[i + 1]);
+    }
+    // quads[4i + j], 128-bit lane l: rows 4i .. 4i + 3 of column 4l + j.
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i += 4) {
+        quads[i] = _mm512_shuffle_ps(pairs[i], pairs[i + 2], _MM_SHUFFLE(1, 0, 1, 0));
+        quads[i + 1] = _mm512_shuffle_ps(pairs[i], pairs[i + 2], _MM_SHUFFLE(3, 2, 3, 2));
+        quads[i + 2] = _mm512_shuffle_ps(pairs[i + 1], pairs[i + 3], _MM_SHUFFLE(1, 0, 1, 0));
+        quads[i + 3] = _mm512_shuffle_ps(pairs[i + 1], pairs[i + 3], _MM_SHUFFLE(3, 2, 3, 2));
+    }
+    constexpr int kEvenLanes = _MM_SHUFFLE(2, 0, 2, 0), kOddLanes = _MM_SHUFFLE(3, 1, 3, 1);
+#pragma GCC unroll 16
+    for (int j = 0; j < 4; ++j) {
+        const __m512 low_even = _mm512_shuffle_f32x4(quads[j], quads[4 + j], kEvenLanes);
+        const __m512 low_odd = _mm512_shuffle_f32x4(quads[j], quads[4 + j], kOddLanes);
+        const __m512 high_even = _mm512_shuffle_f32x4(quads[8 + j], quads[12 + j], kEvenLanes);
+        const __m512 high_odd = _mm512_shuffle_f32x4(quads[8 + j], quads[12 + j], kOddLanes);
+        rows[j] = _mm512_shuffle_f32x4(low_even, high_even, kEvenLanes);
+        rows[4 + j] = _mm512_shuffle_f32x4(low_odd, high_odd, kEvenLanes);
+        rows[8 + j] = _mm512_shuffle_f32x4(low_even, high_even, kOddLanes);
+        rows[12 + j] = _mm512_shuffle_f32x4(low_odd, high_odd, kOddLanes);
+    }
+}
+
 // The first `count` bytes of 64.
 inline __mmask64 first_bytes(int count) {
     return count >= 64 ? ~__mmask64(0) : (__mmask64(1) << count) - 1;
