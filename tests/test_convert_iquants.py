@@ -3,7 +3,9 @@ IQ3_XXS, IQ3_S, IQ1_S and IQ1_M kept byte for byte beside K-quant ones, as llama
 mix them; barellm's logits on such a file those of the numpy reference forward pass
 (reference/model.py) on the weights that the gguf package dequantizes; hostile blocks
 refused; the lattice grids of src/weights/iq_grids.inc the gguf package's; llama-quantize's
-IQ3 files (where it is built) kept matrix for matrix."""
+IQ3 files (where it is built) kept matrix for matrix; the CUDA backend on the CPU emulation
+of CUDA (build/emulated/) on two files holding the seven types between them, against the
+CPU."""
 
 import json
 import os
@@ -16,7 +18,8 @@ import pytest
 gguf = pytest.importorskip("gguf", reason="pip package gguf missing")
 
 import model as reference  # noqa: E402
-from convert_testlib import (REPO, TINY_CONFIG, make_checkpoint, read_raw,  # noqa: E402
+import test_cuda as gpu  # noqa: E402
+from convert_testlib import (BUILD, REPO, TINY_CONFIG, make_checkpoint, read_raw,  # noqa: E402
                              tiny_tensors)
 from test_convert_kquants import (LLAMA_QUANTIZE, assert_refused, convert,  # noqa: E402
                                   gguf_from_hf, logits, metadata, rewritten_gguf, rotate_half)
@@ -50,6 +53,15 @@ COMPANIONS = {
               "token_embedding": "Q2_K", "output": "Q6_K"},
 }
 IDS = [1, 5, 9, 30, 31, 7, 2, 17, 3, 12, 40]
+# Two files holding the seven i-quants between them for the emulated CUDA backend: a type per
+# matrix (a barellm name, or a layer suffix for every layer), the rest of each file's type.
+EMULATED_MIXES = {
+    "IQ2_XXS": {"wq": "IQ3_S", "wv": "IQ3_S", "w1": "IQ1_M", "layers.1.w2": "IQ1_M",
+                "token_embedding": "IQ3_S", "output": "IQ1_M"},
+    "IQ2_XS": {"wq": "IQ2_S", "wk": "IQ3_XXS", "w3": "IQ1_S", "layers.0.w2": "IQ2_S",
+               "token_embedding": "IQ3_XXS", "output": "IQ1_S"},
+}
+EMULATED = os.path.join(BUILD, "emulated")
 
 
 def qtype(type_name):
@@ -69,9 +81,9 @@ def matrices(config):
             yield f"layers.{layer}.{short}", f"blk.{layer}.{GGUF_PARTS[short]}.weight", shape
 
 
-def matrix_type(type_name, name):
-    """The type of the matrix `name` in the file of the i-quant `type_name` (COMPANIONS)."""
-    companions = COMPANIONS[type_name]
+def matrix_type(type_name, name, mixes=COMPANIONS):
+    """The type of the matrix `name` in the file of the i-quant `type_name` (`mixes`)."""
+    companions = mixes[type_name]
     return companions.get(name, companions.get(name.rsplit(".", 1)[-1], type_name))
 
 
@@ -239,3 +251,68 @@ def test_llama_quantize_iq3_m_is_kept(tmp_path, checkpoint):
     want = reference_logits(checkpoint[0], blocks)
     got = logits(out, IDS, "--kv", "f32", "--simd", "scalar")
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-4
+
+
+
+@pytest.fixture(scope="module")
+def mix_file(checkpoint, tmp_path_factory):
+    """mix_file(mix) -> the converted file of EMULATED_MIXES[mix] (random blocks of each
+    matrix's type), made once per module."""
+    made = {}
+
+    def get(mix):
+        if mix not in made:
+            path = tmp_path_factory.mktemp(f"mix_{mix.lower()}")
+            rng = np.random.default_rng(20 + IQ_TYPES.index(mix))
+            replaced = {}
+            for name, gguf_name, (rows, cols) in matrices(IQ_CONFIG):
+                kind = matrix_type(mix, name, EMULATED_MIXES)
+                replaced[gguf_name] = (kind, random_matrix(kind, rows, cols, rng))
+            source = rewritten_gguf(checkpoint[1], path / "m.gguf", replaced,
+                                    file_type=gguf.LlamaFileType[f"MOSTLY_{mix}"])
+            out, log = convert(source, path / "m.bin")
+            assert log == "", log
+            types = json.loads(metadata(out)["barellm.matrix_types"])
+            assert types == {name: matrix_type(mix, name, EMULATED_MIXES)
+                             for name, _, _ in matrices(IQ_CONFIG)}
+            made[mix] = str(out)
+        return made[mix]
+
+    return get
+
+
+@pytest.mark.parametrize("mix", sorted(EMULATED_MIXES))
+def test_iquants_on_the_emulated_cuda_backend(mix_file, mix):
+    """The CUDA backend (build/emulated/dump_logits: every kernel run on the CPU emulation of
+    CUDA) on a file of a type per matrix, the seven i-quants across the two mixes, held as
+    tests/test_cuda.py holds the other block types: decode (the input rounded to int8 per
+    256 columns) within QUANTIZED_TOLERANCE of the CPU's AVX2 path and within int8_limit of
+    its scalar path (the dequantized weights exactly); prefill (each matrix dequantized to
+    f16 for the GEMM) within QUANTIZED_PREFILL_SCALAR_TOLERANCE of the scalar path."""
+    emulated = os.path.join(EMULATED, "dump_logits")
+    if not os.path.exists(emulated):
+        pytest.skip(f"{emulated} is not built (`make emulated`)")
+    assert {matrix_type(other, name, EMULATED_MIXES) for other in EMULATED_MIXES
+            for name, _, _ in matrices(IQ_CONFIG)} == set(IQ_TYPES)
+    model = mix_file(mix)
+    ids = gpu.token_ids(7, seed=7, vocab=IQ_CONFIG["vocab_size"])
+    scalar = gpu.dump_logits(model, ids, "--kv", "f32", "--simd", "scalar")
+    cpu = gpu.dump_logits(model, ids, "--kv", "f32", *gpu.CPU_REFERENCE)
+    original = gpu.DUMP_LOGITS
+    gpu.DUMP_LOGITS = emulated
+    try:
+        decode = gpu.dump_logits(model, ids, "--kv", "f32", "--device", "cuda")
+        prefill = gpu.dump_logits(model, ids, "--kv", "f32", "--prefill", "--device", "cuda")
+    finally:
+        gpu.DUMP_LOGITS = original
+    types = sorted(set(json.loads(metadata(model)["barellm.matrix_types"]).values()))
+    what = f"{mix} mix ({', '.join(types)})"
+    print(f"{what}: decode {gpu.relative_errors(decode, cpu).max():.2e} from the CPU, "
+          f"{gpu.relative_errors(decode, scalar).max():.2e} from its scalar path; prefill "
+          f"{gpu.relative_errors(prefill, scalar).max():.2e}")
+    gpu.assert_close(decode, cpu, what + " decode", gpu.QUANTIZED_TOLERANCE)
+    gpu.assert_close(decode, scalar, what + " decode against the CPU's scalar path",
+                     gpu.int8_limit(cpu, scalar))
+    gpu.assert_close(prefill, scalar, what + " prefill against the CPU's scalar path",
+                     gpu.QUANTIZED_PREFILL_SCALAR_TOLERANCE)
+
