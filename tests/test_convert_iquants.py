@@ -19,6 +19,7 @@ gguf = pytest.importorskip("gguf", reason="pip package gguf missing")
 
 import model as reference  # noqa: E402
 import test_cuda as gpu  # noqa: E402
+from test_cli import assert_refused as assert_barellm_refused, barellm  # noqa: E402
 from convert_testlib import (BUILD, REPO, TINY_CONFIG, make_checkpoint, read_raw,  # noqa: E402
                              tiny_tensors)
 from test_convert_kquants import (LLAMA_QUANTIZE, assert_refused, convert,  # noqa: E402
@@ -316,3 +317,44 @@ def test_iquants_on_the_emulated_cuda_backend(mix_file, mix):
     gpu.assert_close(prefill, scalar, what + " prefill against the CPU's scalar path",
                      gpu.QUANTIZED_PREFILL_SCALAR_TOLERANCE)
 
+
+def with_matrix_type(source, out, name, was, now):
+    """A copy of the barellm file `source` whose barellm.matrix_types gives the matrix `name`
+    (of type `was`) the type `now`; the header keeps its length (padded with spaces), so the
+    data keeps its offsets."""
+    data = open(source, "rb").read()
+    length = int.from_bytes(data[:8], "little")
+    entry = '\\"{}\\":\\"{}\\"'
+    text = data[8:8 + length].rstrip(b" ")
+    assert text.count(entry.format(name, was).encode()) == 1
+    text = text.replace(entry.format(name, was).encode(), entry.format(name, now).encode())
+    assert len(text) <= length
+    out.write_bytes(data[:8] + text + b" " * (length - len(text)) + data[8 + length:])
+    assert json.loads(metadata(out)["barellm.matrix_types"])[name] == now
+    return out
+
+
+@pytest.mark.parametrize("case", ["IQ1_M named IQ1_S", "IQ2_XXS named IQ1_M", "cut"])
+def test_a_hostile_iq1_m_matrix_is_refused_in_one_line(tmp_path, mix_file, case):
+    """The loader refuses, in one line and exit 1, a file whose matrix_types give an IQ1_M
+    matrix (56 bytes a block) the type IQ1_S (50) or an IQ2_XXS matrix (66) the type IQ1_M,
+    and a file cut inside its last tensor, the IQ1_M output matrix."""
+    model = mix_file("IQ2_XXS")
+    if case == "cut":
+        data = open(model, "rb").read()
+        header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+        last = max((entry["data_offsets"][1], name) for name, entry in header.items()
+                   if name != "__metadata__")[1]
+        assert last == "output" and matrix_type("IQ2_XXS", last, EMULATED_MIXES) == "IQ1_M"
+        bad = tmp_path / "cut.bin"
+        bad.write_bytes(data[:-100])
+        message = "tensor 'output': data_offsets"
+    elif case == "IQ1_M named IQ1_S":
+        bad = with_matrix_type(model, tmp_path / "bad.bin", "layers.0.w1", "IQ1_M", "IQ1_S")
+        message = "'layers.0.w1' has shape [768, 112], the config needs [768, 100]"
+    else:
+        bad = with_matrix_type(model, tmp_path / "bad.bin", "layers.0.wo", "IQ2_XXS", "IQ1_M")
+        message = "'layers.0.wo' has shape [512, 132], the config needs [512, 112]"
+    result = barellm("run", bad, "-p", "a", "-n", "1")
+    assert_barellm_refused(result, message)
+    assert case != "cut" or "(file truncated?)" in result.stderr
