@@ -1,6 +1,8 @@
 // One core of the decode matvec on the super-block types' tiles (cpu/super_block_tiles.h:
 // Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS), on AVX2 (avx2::matvec_rows_block_tiles) and AVX-512 VNNI
-// (avx512::matvec_rows_block_tiles), x quantized once beforehand as Q8_K: GB/s of the weights'
+// (avx512::matvec_rows_block_tiles), and on the i-quants' rows (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
+// IQ3_S, IQ1_S, IQ1_M: avx2:: and avx512::matvec_rows_iq), x quantized once beforehand as Q8_K:
+// GB/s of the weights'
 // bytes in the file, from L2 (a 0.3 MB matrix read again and again: the kernel's own speed) and
 // from memory (a 600 MB matrix: what decode meets), beside the streaming read `barellm bench`
 // measures. Each figure is the best of its repetitions: on a shared machine the best run is the
