@@ -63,7 +63,9 @@ constexpr size_t iq_block_bytes(DType dtype) {
     }
 }
 
-// Columns under one multiplier slot of iq_multipliers.
+// The kernels hold m per 16 columns (a slot), each sub-block of 32 in two slots:
+// iq_multiplier_lanes on AVX-512, iq_multiplier_words on AVX2, from the scale bits weight_blocks.h
+// describes.
 constexpr int kIqMultiplierCols = 16;
 constexpr int kIqMultipliers = kSuperBlock / kIqMultiplierCols;
 
@@ -81,42 +83,6 @@ inline uint16_t iq_d_bits(DType dtype, const uint8_t* block) {
 }
 inline float iq_d(DType dtype, const uint8_t* block) {
     return half_to_float(iq_d_bits(dtype, block));
-}
-
-// m = 2s + 1 of each 16 columns of an i-quant super-block (twice the same m for sub-blocks of
-// 32), in `m`.
-template <DType kType>
-void iq_multipliers(const uint8_t* block, int32_t (&m)[kIqMultipliers]) {
-    auto four_bits = [&](const uint8_t* scales, int i) {
-        return (scales[i / 2] >> 4 * (i % 2)) & 15;
-    };
-    for (int i = 0; i < kIqMultipliers; ++i) {
-        int s;
-        if constexpr (kType == DType::IQ2_XXS || kType == DType::IQ3_XXS) {
-            // the top nibble of sub-block i / 2's word of signs and scale
-            const size_t words = kType == DType::IQ2_XXS ? offsetof(BlockIQ2_XXS, qs) + 4
-                                                         : offsetof(BlockIQ3_XXS, scales_signs);
-            const size_t stride = kType == DType::IQ2_XXS ? 8 : 4;
-            uint32_t word;
-            std::memcpy(&word, block + words + stride * (i / 2), sizeof word);
-            s = int(word >> 28);
-        } else if constexpr (kType == DType::IQ2_XS) {
-            s = four_bits(block + offsetof(BlockIQ2_XS, scales), i);
-        } else if constexpr (kType == DType::IQ2_S) {
-            s = four_bits(block + offsetof(BlockIQ2_S, scales), i);
-        } else if constexpr (kType == DType::IQ3_S) {
-            s = four_bits(block + offsetof(BlockIQ3_S, scales), i / 2);
-        } else if constexpr (kType == DType::IQ1_S) {
-            uint16_t high;
-            std::memcpy(&high, block + offsetof(BlockIQ1_S, qh) + 2 * (i / 2), sizeof high);
-            s = (high >> 12) & 7;
-        } else {  // IQ1_M
-            uint16_t word;
-            std::memcpy(&word, block + offsetof(BlockIQ1_M, scales) + 2 * (i / 4), sizeof word);
-            s = (word >> 3 * (i % 4)) & 7;
-        }
-        m[i] = 2 * s + 1;
-    }
 }
 
 }  // namespace barellm::cpu

@@ -219,7 +219,7 @@ inline __m256i both_words(__m256i lanes) {
     return _mm256_or_si256(lanes, _mm256_slli_epi32(lanes, 16));
 }
 
-// The 16 m = 2s + 1 of a super-block (iq_multipliers) as 16-bit words, m of columns
+// The 16 m = 2s + 1 of a super-block (cpu/iq_levels.h) as 16-bit words, m of columns
 // 16i..16i + 15 in word i.
 template <DType kType>
 inline __m256i iq_multiplier_words(const uint8_t* block) {

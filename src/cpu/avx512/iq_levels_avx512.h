@@ -166,13 +166,14 @@ inline __m512i iq1_m_levels(const uint8_t* block, int r) {
     return iq1_levels(points, __mmask8(~negative));
 }
 
-// m = 2s + 1 (iq_multipliers) of each lane, s the low `bits` bits of the lane of `scales`.
+// m = 2s + 1 of each lane, s the low `bits` bits of the lane of `scales`.
 inline __m512i multipliers_of(__m512i scales, int bits) {
     const __m512i s = _mm512_and_si512(scales, _mm512_set1_epi32((1 << bits) - 1));
     return _mm512_add_epi32(_mm512_add_epi32(s, s), _mm512_set1_epi32(1));
 }
 
-// iq_multipliers of a super-block of type kType: lane i that of columns 16i..16i + 15.
+// The multipliers m = 2s + 1 of a super-block of type kType: lane i that of columns
+// 16i..16i + 15.
 template <DType kType>
 inline __m512i iq_multiplier_lanes(const uint8_t* block) {
     constexpr int kScaleBits = 4, kIq1ScaleBits = 3;
