@@ -1,8 +1,8 @@
 // The prefill GEMM on AVX-512 + VNNI for the block types (weight_blocks.h: Q2_K, Q3_K, Q4_K, Q5_K,
-// Q6_K, IQ4_XS, Q4_1, Q5_0, Q5_1, IQ4_NL): out[token][row] = Σ_col W[row][col] · x[token][col], x
-// in int8 with a scale per group of 32 columns (QuantizedBatch: quantized per 32 as for the Q8/Q4
-// GEMM, or per 256 as Q8_K for the super-block types), each sub-block an exact int32 dot product by
-// vpdpbusd.
+// Q6_K, IQ4_XS, Q4_1, Q5_0, Q5_1, IQ4_NL and the i-quants): out[token][row] = Σ_col W[row][col] ·
+// x[token][col], x in int8 with a scale per group of 32 columns (QuantizedBatch: quantized per 32
+// as for the Q8/Q4 GEMM, or per 256 as Q8_K for the super-block types), each sub-block an exact
+// int32 dot product by vpdpbusd.
 //
 // Every block type reads, per sub-block s of a row, w = A_s · u + B (u an unsigned level
 // 0..255):
@@ -10,15 +10,17 @@
 //   32 (Q2_K: A = d·sc, B = −dmin·m, sub-blocks of 16): the sub-block's sum is
 //   A · sx · Σ u·q + B · sx · Σ q, the second term from x's sums;
 // - "offset" types, B = −offset · A (Q5_0: offset 16; IQ4_XS, IQ4_NL: u = level + 128, offset 128;
-//   Q6_K: offset 32, sub-blocks of 16; Q3_K: offset 4, sub-blocks of 16): the int32 dot starts from
-//   −offset · Σ q, so it is Σ (u − offset)·q exactly, then scaled by A · sx.
+//   Q6_K: offset 32, sub-blocks of 16; Q3_K: offset 4, sub-blocks of 16; the i-quants, their
+//   offset and A = d · factor · m per sub-block of 16 or 32, cpu/iq_levels.h): the int32 dot
+//   starts from −offset · Σ q, so it is Σ (u − offset)·q exactly, then scaled by A · sx.
 //
 // The layout: per tile of kQuantizedRowTile (32) rows, the blocks are unpacked once into a
 // panel laid out as the Q8/Q4 GEMM's (per group of 32 columns, per step of four columns, the
 // four levels of each row side by side, 16 rows a register) and the sub-blocks' A and B as
 // f32, 16 rows at a time with gathers of one 32-bit word of each row's block (the rows'
 // blocks are row_bytes apart; Q4_K, Q5_K, Q6_K and IQ4_XS from their tiles of 16 rows where they
-// have them, with no gathers; Q2_K and Q3_K only from their tiles). The panel (33 KB a 1024
+// have them, with no gathers; Q2_K and Q3_K only from their tiles; the i-quants a row at a time,
+// 16 rows' registers of levels transposed). The panel (33 KB a 1024
 // columns) stays in L2 while every token of the batch meets it in the micro-kernel
 // (block_tile_kernel).
 #include <algorithm>

@@ -5,9 +5,9 @@
 // (iq_levels_avx512.h): vpdpbusd multiplies the unsigned levels u by x's int8 values and adds
 // each four into an int32 lane (at most 4 · 127 · 127); the lane's multiplier m (2s + 1 ≤ 31,
 // one per 16 columns, vpermd'd to the lanes) multiplies it (vpmulld). The offset comes off once
-// per super-block as offset · Σ m · (x's sums of 16). The super-block's int32 lanes
-// (at most 4 · 4 · 127 · 127 · 31 + 64 · 16 · 31 · 2032: below 2^31) are scaled by d · factor ·
-// x's d into 16 f32 sums, reduced at the end of the row.
+// per super-block as offset · m · (x's sum of 16), a lane per 16 columns. The super-block's
+// int32 lanes (at most 4 · 4 · 127 · 127 · 31 + 64 · 31 · 16 · 127: below 2^24) are scaled by
+// d · factor · x's d into 16 f32 sums, reduced at the end of the row.
 #include "cpu/avx512/avx512.h"
 #include "cpu/avx512/helpers_avx512.h"
 #include "cpu/avx512/iq_levels_avx512.h"
