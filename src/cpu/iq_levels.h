@@ -13,6 +13,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "weights/half.h"
 #include "weights/weight_blocks.h"
@@ -43,23 +44,25 @@ constexpr IqShape iq_shape(DType dtype) {
     }
 }
 
-// Bytes of a super-block (block_bytes, known at compile time).
-constexpr size_t iq_block_bytes(DType dtype) {
+// f(std::integral_constant<DType, T>{}) for the i-quant type T that `dtype` names (IQ1_M for any
+// other type): the kernels' dispatch to their code for each type.
+template <typename F>
+decltype(auto) with_iq_type(DType dtype, F&& f) {
     switch (dtype) {
         case DType::IQ2_XXS:
-            return sizeof(BlockIQ2_XXS);
+            return f(std::integral_constant<DType, DType::IQ2_XXS>{});
         case DType::IQ2_XS:
-            return sizeof(BlockIQ2_XS);
+            return f(std::integral_constant<DType, DType::IQ2_XS>{});
         case DType::IQ2_S:
-            return sizeof(BlockIQ2_S);
+            return f(std::integral_constant<DType, DType::IQ2_S>{});
         case DType::IQ3_XXS:
-            return sizeof(BlockIQ3_XXS);
+            return f(std::integral_constant<DType, DType::IQ3_XXS>{});
         case DType::IQ3_S:
-            return sizeof(BlockIQ3_S);
+            return f(std::integral_constant<DType, DType::IQ3_S>{});
         case DType::IQ1_S:
-            return sizeof(BlockIQ1_S);
-        default:  // IQ1_M
-            return sizeof(BlockIQ1_M);
+            return f(std::integral_constant<DType, DType::IQ1_S>{});
+        default:
+            return f(std::integral_constant<DType, DType::IQ1_M>{});
     }
 }
 

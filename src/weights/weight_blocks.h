@@ -182,9 +182,73 @@ static_assert(sizeof(BlockIQ2_XXS) == 66 && sizeof(BlockIQ2_XS) == 74 && sizeof(
 bool is_block_type(DType dtype);
 // Whether a block type looks its weights up in a lattice grid (IQ2_*, IQ3_*, IQ1_*).
 bool is_iq_grid_type(DType dtype);
-// Weights per block and bytes per block of a block type.
-int block_weights(DType dtype);
-size_t block_bytes(DType dtype);
+// Weights per block and bytes per block of a block type (0 for any other type).
+constexpr int block_weights(DType dtype) {
+    switch (dtype) {
+        case DType::Q4_1:
+        case DType::Q5_0:
+        case DType::Q5_1:
+        case DType::IQ4_NL:
+            return kSmallBlock;
+        case DType::Q2_K:
+        case DType::Q3_K:
+        case DType::Q4_K:
+        case DType::Q5_K:
+        case DType::Q6_K:
+        case DType::IQ4_XS:
+        case DType::IQ2_XXS:
+        case DType::IQ2_XS:
+        case DType::IQ2_S:
+        case DType::IQ3_XXS:
+        case DType::IQ3_S:
+        case DType::IQ1_S:
+        case DType::IQ1_M:
+            return kSuperBlock;
+        default:
+            return 0;
+    }
+}
+
+constexpr size_t block_bytes(DType dtype) {
+    switch (dtype) {
+        case DType::Q4_1:
+            return sizeof(BlockQ4_1);
+        case DType::Q5_0:
+            return sizeof(BlockQ5_0);
+        case DType::Q5_1:
+            return sizeof(BlockQ5_1);
+        case DType::Q2_K:
+            return sizeof(BlockQ2_K);
+        case DType::Q3_K:
+            return sizeof(BlockQ3_K);
+        case DType::Q4_K:
+            return sizeof(BlockQ4_K);
+        case DType::Q5_K:
+            return sizeof(BlockQ5_K);
+        case DType::Q6_K:
+            return sizeof(BlockQ6_K);
+        case DType::IQ4_XS:
+            return sizeof(BlockIQ4_XS);
+        case DType::IQ4_NL:
+            return sizeof(BlockIQ4_NL);
+        case DType::IQ2_XXS:
+            return sizeof(BlockIQ2_XXS);
+        case DType::IQ2_XS:
+            return sizeof(BlockIQ2_XS);
+        case DType::IQ2_S:
+            return sizeof(BlockIQ2_S);
+        case DType::IQ3_XXS:
+            return sizeof(BlockIQ3_XXS);
+        case DType::IQ3_S:
+            return sizeof(BlockIQ3_S);
+        case DType::IQ1_S:
+            return sizeof(BlockIQ1_S);
+        case DType::IQ1_M:
+            return sizeof(BlockIQ1_M);
+        default:
+            return 0;
+    }
+}
 
 // IQ1_M's f16 d: the top nibble of scales word i is bits 4i..4i + 3 of d.
 inline uint16_t iq1m_d(const BlockIQ1_M& block) {

@@ -19,6 +19,7 @@
 using __mmask16 = simde__mmask16;
 using __mmask32 = simde__mmask32;
 using __mmask64 = simde__mmask64;
+using __mmask8 = simde__mmask8;
 
 namespace barellm::simde_extra {
 
@@ -42,6 +43,31 @@ struct U16x16 {
 struct I8x64 {
     int8_t lane[64];
 };
+struct I64x8 {
+    int64_t lane[8];
+};
+
+// Lane i of `count` lanes of `size` bytes: the `size` bytes at base + index(i) × scale
+// (memcpy: no alignment needed).
+template <typename Result, typename Index>
+inline Result gather(const void* base, Index index, int count, int size, int scale) {
+    unsigned char bytes[sizeof(Result)] = {};
+    for (int i = 0; i < count; ++i)
+        std::memcpy(bytes + i * size, static_cast<const char*>(base) + int64_t(index(i)) * scale,
+                    size);
+    return bits<Result>(bytes);
+}
+
+// The `count` values of `From` at the start of `in`, each widened (zero- or sign-extended
+// by the types) to `To`, as one register `Result`.
+template <typename Result, typename To, typename From, typename In>
+inline Result widen(const In& in, int count) {
+    From from[sizeof(In) / sizeof(From)];
+    std::memcpy(from, &in, sizeof from);
+    To to[sizeof(Result) / sizeof(To)] = {};
+    for (int i = 0; i < count; ++i) to[i] = To(from[i]);
+    return bits<Result>(to);
+}
 
 // Lanes of `count` elements of `size` bytes from p where `mask` has a bit, else zero.
 template <typename Result>
@@ -330,5 +356,48 @@ inline simde__m512i _mm512_srai_epi32(simde__m512i values, unsigned count) {
     I32x16 lanes = bits<I32x16>(values);
     for (int& lane : lanes.lane) lane = count > 31 ? (lane < 0 ? -1 : 0) : lane >> count;
     return bits<simde__m512i>(lanes);
+}
+#endif
+#ifndef _mm512_i32gather_epi32
+// Lane i: the 32-bit word at base + index[i] × scale.
+inline simde__m512i _mm512_i32gather_epi32(simde__m512i index, const void* base, int scale) {
+    using namespace barellm::simde_extra;
+    const I32x16 offsets = bits<I32x16>(index);
+    return gather<simde__m512i>(
+        base, [&](int i) { return offsets.lane[i]; }, 16, 4, scale);
+}
+#endif
+#ifndef _mm512_i64gather_epi64
+// Lane i: the 64-bit word at base + index[i] × scale.
+inline simde__m512i _mm512_i64gather_epi64(simde__m512i index, const void* base, int scale) {
+    using namespace barellm::simde_extra;
+    const I64x8 offsets = bits<I64x8>(index);
+    return gather<simde__m512i>(
+        base, [&](int i) { return offsets.lane[i]; }, 8, 8, scale);
+}
+#endif
+#ifndef _mm512_cvtepu8_epi64
+inline simde__m512i _mm512_cvtepu8_epi64(simde__m128i bytes) {
+    return barellm::simde_extra::widen<simde__m512i, uint64_t, uint8_t>(bytes, 8);
+}
+#endif
+#ifndef _mm512_cvtepu16_epi64
+inline simde__m512i _mm512_cvtepu16_epi64(simde__m128i words) {
+    return barellm::simde_extra::widen<simde__m512i, uint64_t, uint16_t>(words, 8);
+}
+#endif
+#ifndef _mm512_cvtepi16_epi32
+inline simde__m512i _mm512_cvtepi16_epi32(simde__m256i words) {
+    return barellm::simde_extra::widen<simde__m512i, int32_t, int16_t>(words, 16);
+}
+#endif
+#ifndef _mm512_cvtepi64_epi8
+// Each lane's low 8 bits (truncation), in the low 8 bytes.
+inline simde__m128i _mm512_cvtepi64_epi8(simde__m512i values) {
+    using namespace barellm::simde_extra;
+    const I64x8 in = bits<I64x8>(values);
+    uint8_t out[16] = {};
+    for (int i = 0; i < 8; ++i) out[i] = uint8_t(uint64_t(in.lane[i]) & 0xff);
+    return bits<simde__m128i>(out);
 }
 #endif

@@ -56,8 +56,9 @@ float iq_row_dot(const uint8_t* row, size_t block_bytes, int blocks, const Q8KVe
                 _mm256_maddubs_epi16(iq_levels<kType>(block, r), load256(xb + kIqRegisterCols * r));
             dots = _mm256_add_epi32(dots, _mm256_madd_epi16(products, register_m));
         }
-        sums = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots),
-                               _mm256_set1_ps(x.d[b] * _cvtsh_ss(iq_d_bits(kType, block)) * kShape.factor), sums);
+        sums = _mm256_fmadd_ps(
+            _mm256_cvtepi32_ps(dots),
+            _mm256_set1_ps(x.d[b] * _cvtsh_ss(iq_d_bits(kType, block)) * kShape.factor), sums);
     }
     return horizontal_sum(sums);
 }
@@ -73,22 +74,7 @@ void iq_rows(float* out, const Matrix& w, const Q8KVector& x, int first_row, int
 }  // namespace
 
 void matvec_rows_iq(float* out, const Matrix& w, const Q8KVector& x, int first_row, int row_count) {
-    switch (w.dtype) {
-        case DType::IQ2_XXS:
-            return iq_rows<DType::IQ2_XXS>(out, w, x, first_row, row_count);
-        case DType::IQ2_XS:
-            return iq_rows<DType::IQ2_XS>(out, w, x, first_row, row_count);
-        case DType::IQ2_S:
-            return iq_rows<DType::IQ2_S>(out, w, x, first_row, row_count);
-        case DType::IQ3_XXS:
-            return iq_rows<DType::IQ3_XXS>(out, w, x, first_row, row_count);
-        case DType::IQ3_S:
-            return iq_rows<DType::IQ3_S>(out, w, x, first_row, row_count);
-        case DType::IQ1_S:
-            return iq_rows<DType::IQ1_S>(out, w, x, first_row, row_count);
-        default:  // IQ1_M
-            return iq_rows<DType::IQ1_M>(out, w, x, first_row, row_count);
-    }
+    with_iq_type(w.dtype, [&](auto type) { iq_rows<type()>(out, w, x, first_row, row_count); });
 }
 
 }  // namespace barellm::cpu::avx2

@@ -441,14 +441,13 @@ void unpack_iq_super_block(const HalfPanel& out, const uint8_t* const (&blocks)[
 // The i-quant rows first..first + 15 of w into a half panel.
 template <DType kType>
 void unpack_iq_rows(const HalfPanel& out, const Matrix& w, int first) {
-    alignas(64) static const uint8_t zeros[iq_block_bytes(kType)] = {};
+    alignas(64) static const uint8_t zeros[block_bytes(kType)] = {};
     const int blocks = w.cols / kSuperBlock;
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* row_blocks[kLanes];
         for (int i = 0; i < kLanes; ++i)
-            row_blocks[i] = first + i < w.rows
-                                ? w.row_data(first + i) + size_t(b) * iq_block_bytes(kType)
-                                : zeros;
+            row_blocks[i] =
+                first + i < w.rows ? w.row_data(first + i) + size_t(b) * block_bytes(kType) : zeros;
         unpack_iq_super_block<kType>(out, row_blocks, b);
     }
 }
@@ -464,14 +463,7 @@ void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
         const int first = tile_row + half * kLanes;
         const HalfPanel out{panel, half};
         if (is_iq_grid_type(w.dtype)) {
-            const auto unpack_rows = w.dtype == DType::IQ2_XXS   ? unpack_iq_rows<DType::IQ2_XXS>
-                                     : w.dtype == DType::IQ2_XS  ? unpack_iq_rows<DType::IQ2_XS>
-                                     : w.dtype == DType::IQ2_S   ? unpack_iq_rows<DType::IQ2_S>
-                                     : w.dtype == DType::IQ3_XXS ? unpack_iq_rows<DType::IQ3_XXS>
-                                     : w.dtype == DType::IQ3_S   ? unpack_iq_rows<DType::IQ3_S>
-                                     : w.dtype == DType::IQ1_S   ? unpack_iq_rows<DType::IQ1_S>
-                                                                 : unpack_iq_rows<DType::IQ1_M>;
-            unpack_rows(out, w, first);
+            with_iq_type(w.dtype, [&](auto type) { unpack_iq_rows<type()>(out, w, first); });
             continue;
         }
         if (w.row_tiles) {  // Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS

@@ -32,7 +32,7 @@ inline float f16_to_float(uint16_t bits) {
 template <DType kType>
 float iq_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
     constexpr IqShape kShape = iq_shape(kType);
-    constexpr size_t kBlockBytes = iq_block_bytes(kType);
+    constexpr size_t kBlockBytes = block_bytes(kType);
     // Lane l of register r: columns 64r + 4l.., multiplier slot (64r + 4l) / 16.
     constexpr int kLanesPerSlot = kIqMultiplierCols / kLaneColumns;
     __m512i slot_picks[kIqRegisters];
@@ -78,24 +78,7 @@ void iq_rows(float* out, const Matrix& w, const Q8KVector& x, int first_row, int
 }  // namespace
 
 void matvec_rows_iq(float* out, const Matrix& w, const Q8KVector& x, int first_row, int row_count) {
-    switch (w.dtype) {
-        case DType::IQ2_XXS:
-            return iq_rows<DType::IQ2_XXS>(out, w, x, first_row, row_count);
-        case DType::IQ2_XS:
-            return iq_rows<DType::IQ2_XS>(out, w, x, first_row, row_count);
-        case DType::IQ2_S:
-            return iq_rows<DType::IQ2_S>(out, w, x, first_row, row_count);
-        case DType::IQ3_XXS:
-            return iq_rows<DType::IQ3_XXS>(out, w, x, first_row, row_count);
-        case DType::IQ3_S:
-            return iq_rows<DType::IQ3_S>(out, w, x, first_row, row_count);
-        case DType::IQ1_S:
-            return iq_rows<DType::IQ1_S>(out, w, x, first_row, row_count);
-        case DType::IQ1_M:
-            return iq_rows<DType::IQ1_M>(out, w, x, first_row, row_count);
-        default:
-            return;
-    }
+    with_iq_type(w.dtype, [&](auto type) { iq_rows<type()>(out, w, x, first_row, row_count); });
 }
 
 }  // namespace barellm::cpu::avx512
