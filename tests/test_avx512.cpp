@@ -729,37 +729,8 @@ TEST_CASE(
 TEST_CASE("AVX-512 VNNI i-quant matvecs equal the dequantized rows times Q8_K x") {
     std::mt19937 rng(520);
     const DType dtype = GENERATE(from_range(std::begin(kIqGridTypes), std::end(kIqGridTypes)));
-    for (const Avx512Build& build : builds()) {
-        if (!build.has_vnni) continue;
-        for (int cols : {256, 1280}) {
-            // Rows a multiple of no tile; rows of the largest levels, scales and index bits (and
-            // of the smallest) among them, against x of one sign: the int32 sums at their bounds.
-            const int rows = 37;
-            TestMatrix m = make_block_matrix(rows, cols, dtype, rng);
-            fill_rows(&m, {16, 36}, 0xff);
-            fill_rows(&m, {20}, 0);
-            for (bool one_sign : {false, true}) {
-                std::vector<float> x = q8_k_test_input(cols, rng);
-                if (one_sign)
-                    for (float& v : x) v = std::fabs(v) + 1.0f;
-                const Q8K quantized = q8_k_by_rule(x);
-                cpu::Q8KVector x_q8_k;
-                cpu::quantize_q8_k(&x_q8_k, x.data(), cols);
-                const std::vector<double> want = block_reference(m, quantized.dequantized);
-                for (auto [first, count] : {std::pair{1, rows - 2}, {17, 3}, {5, 11}}) {
-                    std::vector<float> got(rows, NAN);
-                    build.matvec_rows_iq(got.data(), m.matrix, x_q8_k, first, count);
-                    INFO(build.name << " " << matrix_type_name(dtype) << " cols " << cols
-                                    << " one sign " << one_sign << " rows " << first << ".."
-                                    << first + count - 1);
-                    CHECK(worst_row_error(got, want, m, quantized.dequantized, first, count) <
-                          1e-6);
-                    CHECK(std::isnan(got[first - 1]));
-                    CHECK(std::isnan(got[first + count]));
-                }
-            }
-        }
-    }
+    for (const Avx512Build& build : builds())
+        if (build.has_vnni) check_iq_matvec(build.matvec_rows_iq, build.name, dtype, rng);
 }
 
 TEST_CASE("AVX-512 VNNI super-block matvecs equal the dequantized rows times Q8_K x") {

@@ -277,6 +277,41 @@ inline void check_block_tile_matvec(BlockTileMatvec kernel, const std::string& n
         }
 }
 
+// An i-quant decode matvec (avx2:: or avx512::matvec_rows_iq) against the dequantized rows times
+// x quantized by the Q8_K rule: rows a multiple of nothing, one and five super-blocks a row, rows
+// 16 and 36 of the largest bytes and 20 of zeros (fill_rows) against x of one sign (every sum at
+// its bound) and x of both; runs of rows as threads are given, the rows outside left alone.
+using IqMatvec = void (*)(float* out, const Matrix& w, const cpu::Q8KVector& x, int first_row,
+                          int row_count);
+inline void check_iq_matvec(IqMatvec kernel, const std::string& name, DType dtype,
+                            std::mt19937& rng) {
+    for (auto [rows, cols] : {std::pair{37, 256}, {53, 1280}}) {
+        TestMatrix m = make_block_matrix(rows, cols, dtype, rng);
+        fill_rows(&m, {16, 36}, 0xff);
+        fill_rows(&m, {20}, 0);
+        for (bool one_sign : {false, true}) {
+            std::vector<float> x = q8_k_test_input(cols, rng);
+            if (one_sign)
+                for (float& v : x) v = std::fabs(v) + 1.0f;
+            const Q8K quantized = q8_k_by_rule(x);
+            cpu::Q8KVector x_q8_k;
+            cpu::quantize_q8_k(&x_q8_k, x.data(), cols);
+            const std::vector<double> want = block_reference(m, quantized.dequantized);
+            for (auto [first, count] : {std::pair{1, rows - 2}, {17, 3}, {5, 11}, {36, 1}}) {
+                std::vector<float> got(rows, NAN);
+                kernel(got.data(), m.matrix, x_q8_k, first, count);
+                INFO(name << " " << matrix_type_name(dtype) << " cols " << cols << " one sign "
+                          << one_sign << " rows " << first << ".." << first + count - 1);
+                CHECK(worst_row_error(got, want, m, quantized.dequantized, first, count) < 1e-6);
+                CHECK(std::all_of(got.begin(), got.begin() + first,
+                                  [](float v) { return std::isnan(v); }));
+                CHECK(std::all_of(got.begin() + first + count, got.end(),
+                                  [](float v) { return std::isnan(v); }));
+            }
+        }
+    }
+}
+
 // A prefill GEMM of the block types on 256-bit registers (avx2::gemm_rows_blocks,
 // avxvnni::gemm_rows_blocks): out [batch, w.rows] for a run of rows.
 using BlockGemmRows = void (*)(float* out, const Matrix& w, const cpu::QuantizedBatch& x,

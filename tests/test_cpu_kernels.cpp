@@ -881,35 +881,7 @@ TEST_CASE("AVX2 i-quant matvecs equal the dequantized rows times Q8_K x") {
     if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
     std::mt19937 rng(704);
     for (const DType dtype : kIqGridTypes)
-        for (auto [rows, cols] : {std::pair{37, 256}, {53, 1280}}) {
-            // Rows a multiple of nothing; rows 16 and 36 of the largest bytes, 20 of zeros
-            // (fill_rows), against x of one sign (every sum at its bound) and x of both.
-            TestMatrix m = make_block_matrix(rows, cols, dtype, rng);
-            fill_rows(&m, {16, 36}, 0xff);
-            fill_rows(&m, {20}, 0);
-            for (bool one_sign : {false, true}) {
-                std::vector<float> x = q8_k_test_input(cols, rng);
-                if (one_sign)
-                    for (float& v : x) v = std::fabs(v) + 1.0f;
-                const Q8K quantized = q8_k_by_rule(x);
-                cpu::Q8KVector x_q8_k;
-                cpu::quantize_q8_k(&x_q8_k, x.data(), cols);
-                const std::vector<double> want = block_reference(m, quantized.dequantized);
-                // Runs of rows as threads are given.
-                for (auto [first, count] : {std::pair{1, rows - 2}, {17, 3}, {5, 11}, {36, 1}}) {
-                    std::vector<float> got(rows, NAN);
-                    cpu::avx2::matvec_rows_iq(got.data(), m.matrix, x_q8_k, first, count);
-                    INFO(matrix_type_name(dtype) << " cols " << cols << " one sign " << one_sign
-                                                 << " rows " << first << ".." << first + count - 1);
-                    CHECK(worst_row_error(got, want, m, quantized.dequantized, first, count) <
-                          1e-6);
-                    CHECK(std::all_of(got.begin(), got.begin() + first,
-                                      [](float v) { return std::isnan(v); }));
-                    CHECK(std::all_of(got.begin() + first + count, got.end(),
-                                      [](float v) { return std::isnan(v); }));
-                }
-            }
-        }
+        check_iq_matvec(cpu::avx2::matvec_rows_iq, "avx2", dtype, rng);
 }
 
 TEST_CASE("AVX2 quantize_token quantizes each token exactly as quantize_q8") {

@@ -11,12 +11,6 @@ namespace barellm {
 
 bool is_block_type(DType dtype) { return block_weights(dtype) != 0; }
 
-bool is_iq_grid_type(DType dtype) {
-    return dtype == DType::IQ2_XXS || dtype == DType::IQ2_XS || dtype == DType::IQ2_S ||
-           dtype == DType::IQ3_XXS || dtype == DType::IQ3_S || dtype == DType::IQ1_S ||
-           dtype == DType::IQ1_M;
-}
-
 namespace {
 
 // The 4-bit value of weight j (0..31) of a 32-weight block's 16 bytes.

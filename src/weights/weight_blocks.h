@@ -181,7 +181,11 @@ static_assert(sizeof(BlockIQ2_XXS) == 66 && sizeof(BlockIQ2_XS) == 74 && sizeof(
 // above); F32/F16/BF16 are plain and Q8_0/Q4_0 keep their values and scales apart.
 bool is_block_type(DType dtype);
 // Whether a block type looks its weights up in a lattice grid (IQ2_*, IQ3_*, IQ1_*).
-bool is_iq_grid_type(DType dtype);
+constexpr bool is_iq_grid_type(DType dtype) {
+    return dtype == DType::IQ2_XXS || dtype == DType::IQ2_XS || dtype == DType::IQ2_S ||
+           dtype == DType::IQ3_XXS || dtype == DType::IQ3_S || dtype == DType::IQ1_S ||
+           dtype == DType::IQ1_M;
+}
 // Weights per block and bytes per block of a block type (0 for any other type).
 constexpr int block_weights(DType dtype) {
     switch (dtype) {

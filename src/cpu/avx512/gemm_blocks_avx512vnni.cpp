@@ -54,6 +54,7 @@ struct LevelShape {
     int offset;
 };
 constexpr LevelShape level_shape(DType dtype) {
+    if (is_iq_grid_type(dtype)) return {iq_shape(dtype).scale_cols, false, iq_shape(dtype).offset};
     switch (dtype) {
         case DType::Q6_K:
             return {kQ6SubBlock, false, kQ6KLevelOffset};
@@ -66,14 +67,6 @@ constexpr LevelShape level_shape(DType dtype) {
         case DType::IQ4_XS:
         case DType::IQ4_NL:
             return {kGroup, false, kIq4Excess};
-        case DType::IQ2_XXS:
-        case DType::IQ2_XS:
-        case DType::IQ2_S:
-        case DType::IQ3_XXS:
-        case DType::IQ3_S:
-        case DType::IQ1_S:
-        case DType::IQ1_M:
-            return {iq_shape(dtype).scale_cols, false, iq_shape(dtype).offset};
         default:  // Q4_K, Q5_K, Q4_1, Q5_1
             return {kGroup, true, 0};
     }
