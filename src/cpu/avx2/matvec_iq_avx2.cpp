@@ -31,12 +31,13 @@ constexpr int kPrefetchBytes = 1536;
 
 // One row of kType · x: Σ over super-blocks b of x.d[b] · d · factor · Σ_i m_i · Σ (u − offset)·q.
 template <DType kType>
-float iq_row_dot(const uint8_t* row, size_t block_bytes, int blocks, const Q8KVector& x) {
+float iq_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
+    constexpr size_t kBlockBytes = block_bytes(kType);
     constexpr IqShape kShape = iq_shape(kType);
     __m256 sums = _mm256_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
-        const uint8_t* block = row + size_t(b) * block_bytes;
-        prefetch_ahead(block, kPrefetchBytes, int(block_bytes));
+        const uint8_t* block = row + size_t(b) * kBlockBytes;
+        prefetch_ahead(block, kPrefetchBytes, int(kBlockBytes));
         const int8_t* xb = x.values.data() + size_t(b) * kSuperBlock;
         const __m256i m = iq_multiplier_words<kType>(block);
         // Words 0-7 and 8-15, each repeated in both lanes.
@@ -65,10 +66,9 @@ float iq_row_dot(const uint8_t* row, size_t block_bytes, int blocks, const Q8KVe
 
 template <DType kType>
 void iq_rows(float* out, const Matrix& w, const Q8KVector& x, int first_row, int row_count) {
-    const size_t bytes = block_bytes(kType);
     const int blocks = w.cols / kSuperBlock;
     for (int r = first_row; r < first_row + row_count; ++r)
-        out[r] = iq_row_dot<kType>(w.row_data(r), bytes, blocks, x);
+        out[r] = iq_row_dot<kType>(w.row_data(r), blocks, x);
 }
 
 }  // namespace
