@@ -97,6 +97,8 @@ const char* dtype_name(DType dtype) {
             return "IQ1_S";
         case DType::IQ1_M:
             return "IQ1_M";
+        case DType::MXFP4:
+            return "MXFP4";
     }
     return "?";
 }

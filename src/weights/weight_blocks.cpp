@@ -105,6 +105,11 @@ void dequantize(const BlockIQ4_NL& b, float* out) {
     for (int j = 0; j < kSmallBlock; ++j) out[j] = d * kIq4Values[nibble(b.qs, j)];
 }
 
+void dequantize(const BlockMXFP4& b, float* out) {
+    const float scale = mxfp4_scale(b.e);
+    for (int j = 0; j < kSmallBlock; ++j) out[j] = scale * kMxfp4Values[nibble(b.qs, j)];
+}
+
 // Byte i of a grid point.
 int grid_value(uint64_t point, int i) { return int((point >> (8 * i)) & 0xff); }
 
@@ -256,6 +261,8 @@ void dequantize_row(DType dtype, const void* row, float* out, int cols) {
             return dequantize_blocks<BlockIQ1_S>(row, out, blocks, n);
         case DType::IQ1_M:
             return dequantize_blocks<BlockIQ1_M>(row, out, blocks, n);
+        case DType::MXFP4:
+            return dequantize_blocks<BlockMXFP4>(row, out, blocks, n);
         default:
             return;
     }

@@ -10,12 +10,13 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "weights/safetensors.h"
 
 namespace barellm {
 
-constexpr int kSmallBlock = 32;   // weights in a Q4_1, Q5_0, Q5_1 or IQ4_NL block
+constexpr int kSmallBlock = 32;   // weights in a Q4_1, Q5_0, Q5_1, IQ4_NL or MXFP4 block
 constexpr int kSuperBlock = 256;  // weights in a super-block of a "K" type or IQ4_XS
 constexpr int kSubBlock = 32;     // weights under one 6-bit scale of Q4_K/Q5_K, 4-bit of IQ4_XS
 constexpr int kQ6SubBlock = 16;   // weights under one scale of Q6_K, Q3_K and Q2_K
@@ -97,6 +98,13 @@ struct BlockIQ4_NL {
     uint16_t d;  // f16
     uint8_t qs[kSmallBlock / 2];
 };
+// MXFP4 (the OCP microscaling format's FP4, E2M1, under a power-of-two scale):
+// w = mxfp4_scale(e)·kMxfp4Values[q], q in 0..15, the nibbles as Q4_1's. The levels are the E2M1
+// values doubled, so that they are integers; the scale halves them again.
+struct BlockMXFP4 {
+    uint8_t e;  // E8M0: the exponent of the scale
+    uint8_t qs[kSmallBlock / 2];
+};
 // The i-quants: super-blocks of 256 whose weights are looked up 8 or 4 at a time in a lattice
 // grid (weights/iq_grids.h), each point's values non-negative with a sign bit per weight (IQ1_*:
 // values −1, 0, +1 and a shift of ±1/8 instead). Indices and signs of column group g (8
@@ -169,10 +177,21 @@ constexpr int kIq1ShiftEighths = 1;
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                    1,    13,   25,  38,  53,  69,  89,  113};
 
+// MXFP4's 16 levels: the E2M1 values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, doubled.
+constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+// An MXFP4 block's scale: 2^(e − 128), half the E8M0 value 2^(e − 127), exact in f32 (e < 2
+// gives a subnormal).
+inline float mxfp4_scale(uint8_t e) {
+    const uint32_t bits = e < 2 ? uint32_t(0x00200000) << e : uint32_t(e - 1) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, sizeof scale);
+    return scale;
+}
+
 static_assert(sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 && sizeof(BlockQ5_1) == 24);
 static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144 &&
               sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
-static_assert(sizeof(BlockIQ4_XS) == 136 && sizeof(BlockIQ4_NL) == 18);
+static_assert(sizeof(BlockIQ4_XS) == 136 && sizeof(BlockIQ4_NL) == 18 && sizeof(BlockMXFP4) == 17);
 static_assert(sizeof(BlockIQ2_XXS) == 66 && sizeof(BlockIQ2_XS) == 74 && sizeof(BlockIQ2_S) == 82 &&
               sizeof(BlockIQ3_XXS) == 98 && sizeof(BlockIQ3_S) == 110 && sizeof(BlockIQ1_S) == 50 &&
               sizeof(BlockIQ1_M) == 56);
@@ -193,6 +212,7 @@ constexpr int block_weights(DType dtype) {
         case DType::Q5_0:
         case DType::Q5_1:
         case DType::IQ4_NL:
+        case DType::MXFP4:
             return kSmallBlock;
         case DType::Q2_K:
         case DType::Q3_K:
@@ -235,6 +255,8 @@ constexpr size_t block_bytes(DType dtype) {
             return sizeof(BlockIQ4_XS);
         case DType::IQ4_NL:
             return sizeof(BlockIQ4_NL);
+        case DType::MXFP4:
+            return sizeof(BlockMXFP4);
         case DType::IQ2_XXS:
             return sizeof(BlockIQ2_XXS);
         case DType::IQ2_XS:
