@@ -5,7 +5,8 @@ A block type's matrix is one U8 tensor [rows, cols / WEIGHTS * BYTES]: each row 
 blocks back to back. BLOCK_TYPES gives, per type, the weights and bytes of a block and where
 its f16 fields (scales and mins) are, which must be finite: at byte offsets, and for IQ1_M,
 whose block has no d field, in the top nibbles of its four u16 scales words (d's bits 4i..4i
-+ 3 in word i).
++ 3 in word i). MXFP4's scale is a power of two, an E8M0 exponent byte e: 2^(e - 128) times
+its levels (up to 12) must be a finite f32, so e is at most 252.
 """
 
 from typing import NamedTuple
@@ -22,6 +23,12 @@ class BlockType(NamedTuple):
     f16_fields: tuple  # byte offsets of the block's f16 values
     # Byte offset of the four u16 words whose top nibbles make an f16 value, or None.
     nibble_f16: int = None
+    # Byte offset of an E8M0 scale exponent (MXFP4), or None.
+    e8m0: int = None
+
+
+# The largest MXFP4 scale exponent whose weights are finite: 12 * 2^(252 - 128) < 2^128.
+LARGEST_MXFP4_EXPONENT = 252
 
 
 BLOCK_TYPES = {
@@ -42,6 +49,7 @@ BLOCK_TYPES = {
     "IQ3_S": BlockType(256, 110, (0,)),
     "IQ1_S": BlockType(256, 50, (0,)),
     "IQ1_M": BlockType(256, 56, (), nibble_f16=48),
+    "MXFP4": BlockType(32, 17, (), e8m0=0),
 }
 # Types a matrix of a file with per-matrix types may have (barellm.matrix_types). Q8_0 and
 # Q4_0 are stored as the uniform Q8 and Q4 files store their matrices (NAME and NAME.scale).
@@ -80,9 +88,17 @@ def f16_fields(blocks, block):
 
 
 def check_blocks(raw, type_name, tensor_name):
-    """Refuse rows of blocks (uint8 [rows, row bytes]) holding a NaN or Inf f16 field."""
+    """Refuse rows of blocks (uint8 [rows, row bytes]) holding a NaN or Inf f16 field, or an
+    E8M0 exponent under which a weight would not be a finite f32."""
     block = BLOCK_TYPES[type_name]
     blocks = np.ascontiguousarray(raw).reshape(-1, block.bytes)
+    if block.e8m0 is not None:
+        exponents = blocks[:, block.e8m0]
+        if (exponents > LARGEST_MXFP4_EXPONENT).any():
+            index = int(np.argmax(exponents > LARGEST_MXFP4_EXPONENT))
+            raise ConvertError(f"tensor '{tensor_name}' has scale exponent {exponents[index]} "
+                               f"(byte {block.e8m0}) in {type_name} block {index}: its weights "
+                               f"would not be finite (at most {LARGEST_MXFP4_EXPONENT})")
     for where, values in f16_fields(blocks, block):
         finite = np.isfinite(values)
         if not finite.all():

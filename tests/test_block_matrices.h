@@ -26,7 +26,7 @@ namespace barellm::test {
 
 constexpr DType kBlockTypes[] = {DType::Q2_K, DType::Q3_K,   DType::Q4_K, DType::Q5_K,
                                  DType::Q6_K, DType::IQ4_XS, DType::Q4_1, DType::Q5_0,
-                                 DType::Q5_1, DType::IQ4_NL};
+                                 DType::Q5_1, DType::IQ4_NL, DType::MXFP4};
 // The i-quants: their grids looked up, signs and scales per 16 or 32 columns.
 constexpr DType kIqGridTypes[] = {DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS,
                                   DType::IQ3_S,   DType::IQ1_S,  DType::IQ1_M};
@@ -59,7 +59,7 @@ inline uint16_t random_block_scale(std::mt19937& rng) {
 }
 
 // Byte offsets of a block's f16 scales (d, and dmin or m where the type has one; IQ1_M's d is
-// spread over its scales words: set_block_scale).
+// spread over its scales words, MXFP4's scale is an exponent byte: set_block_scale).
 inline std::vector<size_t> block_scale_offsets(DType dtype) {
     switch (dtype) {
         case DType::Q4_K:
@@ -75,14 +75,31 @@ inline std::vector<size_t> block_scale_offsets(DType dtype) {
             return {offsetof(BlockQ6_K, d)};
         case DType::IQ1_M:  // d lies in the top nibbles of its scales (set_block_scale)
             return {offsetof(BlockIQ1_M, scales)};
+        case DType::MXFP4:
+            return {offsetof(BlockMXFP4, e)};
         default:  // Q5_0, IQ4_XS, IQ4_NL, the other i-quants
             return {0};
     }
 }
 
+// Bytes of a scale field at a block_scale_offsets offset.
+inline size_t block_scale_bytes(DType dtype) { return dtype == DType::MXFP4 ? 1 : 2; }
+
+// The largest MXFP4 exponent whose weights are finite (12 · 2^(252 − 128) < 2^128), as the
+// converter allows.
+constexpr int kLargestMxfp4Exponent = 252;
+
 // Writes the f16 `scale` at byte `offset` of `block`; IQ1_M's d goes to the top nibbles of its
-// four scales words, their other bits kept.
+// four scales words, their other bits kept; MXFP4 takes the exponent e of |scale|'s power of
+// two, 2^(e − 128) (e = 0, a subnormal scale, for 0).
 inline void set_block_scale(DType dtype, uint8_t* block, size_t offset, uint16_t scale) {
+    if (dtype == DType::MXFP4) {
+        const float value = std::fabs(half_to_float(scale));
+        block[offset] =
+            value == 0.0f ? 0
+                          : uint8_t(std::clamp(std::ilogb(value) + 128, 0, kLargestMxfp4Exponent));
+        return;
+    }
     if (dtype != DType::IQ1_M) {
         std::memcpy(block + offset, &scale, sizeof scale);
         return;
@@ -94,8 +111,9 @@ inline void set_block_scale(DType dtype, uint8_t* block, size_t offset, uint16_t
         std::memcpy(block + offset + 2 * i, &word, sizeof word);
     }
 }
-// The f16 at byte `offset` of `block`, as set_block_scale writes it.
+// The f16 at byte `offset` of `block`, as set_block_scale writes it (MXFP4: its exponent).
 inline uint16_t block_scale(DType dtype, const uint8_t* block, size_t offset) {
+    if (dtype == DType::MXFP4) return block[offset];
     if (dtype == DType::IQ1_M) {
         BlockIQ1_M b;
         std::memcpy(&b, block, sizeof b);
@@ -130,9 +148,9 @@ inline TestMatrix make_block_matrix(int rows, int cols, DType dtype, std::mt1993
 
 // Rows `rows` of m made of the largest levels, scales and mins: every byte but the f16 scales
 // 0xff (levels 3, 7, 15, 31, 63, IQ4_XS's 113; 6-bit scales and mins 63, Q2_K's 4-bit 15) where
-// `fill` is 0xff, or 0 (IQ4_XS's −127); their values and tiles follow. With x of one sign the
-// integer sums of the kernels then reach their bounds. IQ1_M's d, spread over its scales words,
-// is kept.
+// `fill` is 0xff, or 0 (IQ4_XS's −127; MXFP4's −12 is 0xff); their values and tiles follow.
+// With x of one sign the integer sums of the kernels then reach their bounds. IQ1_M's d, spread
+// over its scales words, is kept.
 inline void fill_rows(TestMatrix* m, std::initializer_list<int> rows, uint8_t fill) {
     const DType dtype = m->matrix.dtype;
     const std::vector<size_t> scales = block_scale_offsets(dtype);
@@ -145,7 +163,7 @@ inline void fill_rows(TestMatrix* m, std::initializer_list<int> rows, uint8_t fi
         for (size_t i = 0; i < m->matrix.row_bytes(); ++i)
             if (std::none_of(scales.begin(), scales.end(), [&](size_t at) {
                     const size_t in_block = i % bytes;
-                    return in_block == at || in_block == at + 1;
+                    return in_block >= at && in_block < at + block_scale_bytes(dtype);
                 }))
                 row[i] = fill;
         if (dtype == DType::IQ1_M)

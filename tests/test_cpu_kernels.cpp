@@ -486,12 +486,14 @@ TEST_CASE("GEMMs of matrices of mixed block types each match their own reference
     // q, k, v of a Q4_K_M file (Q4_K, Q4_K, Q6_K), of a Q3_K_M file (Q3_K, Q3_K, Q5_K) and of a
     // Q2_K file (Q2_K, Q2_K, Q3_K), a fallback mix (Q5_0 beside Q8_0 and Q5_1), and super-block
     // types beside a type of blocks of 32 (IQ4_XS and Q5_K, on x quantized per 256, beside Q4_1,
-    // on x per 32; IQ4_XS beside its fallback IQ4_NL); row counts off every tile, so that the
+    // on x per 32; IQ4_XS beside its fallback IQ4_NL; the experts' MXFP4 beside Q8_0 and Q4_K, as
+    // an MXFP4 MoE file mixes them); row counts off every tile, so that the
     // threads' runs straddle the boundaries between matrices; a batch off the 6-token tile.
     const std::vector<std::vector<DType>> mixes = {
         {DType::Q4_K, DType::Q4_K, DType::Q6_K}, {DType::Q3_K, DType::Q3_K, DType::Q5_K},
         {DType::Q2_K, DType::Q2_K, DType::Q3_K}, {DType::IQ4_XS, DType::IQ4_NL, DType::Q6_K},
-        {DType::Q5_0, DType::Q8_0, DType::Q5_1}, {DType::IQ4_XS, DType::Q5_K, DType::Q4_1}};
+        {DType::Q5_0, DType::Q8_0, DType::Q5_1}, {DType::IQ4_XS, DType::Q5_K, DType::Q4_1},
+        {DType::MXFP4, DType::Q8_0, DType::Q4_K}};
     const std::vector<int> row_counts = {197, 37, 45};
     // 13 tokens on the GEMM; 5 on the matvecs (Q4_K's from its tiles, every token at once).
     const int batch = GENERATE(5, 13), cols = 512;
@@ -817,12 +819,13 @@ TEST_CASE("block-type matvecs of mixed types in one matvec_many call, every leve
     const auto level =
         GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
     const auto threads = GENERATE(1, 3);
-    const auto mix = GENERATE(0, 1, 2, 3);
+    const auto mix = GENERATE(0, 1, 2, 3, 4);
     const std::vector<DType> types =
         mix == 0   ? std::vector<DType>{DType::Q4_K, DType::Q6_K, DType::Q5_K, DType::IQ4_XS}
         : mix == 1 ? std::vector<DType>{DType::Q4_1, DType::Q3_K, DType::Q5_0, DType::Q5_1}
         : mix == 2 ? std::vector<DType>{DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q6_K}
-                   : std::vector<DType>{DType::IQ4_XS, DType::IQ4_NL, DType::Q5_K, DType::Q4_1};
+        : mix == 3 ? std::vector<DType>{DType::IQ4_XS, DType::IQ4_NL, DType::Q5_K, DType::Q4_1}
+                   : std::vector<DType>{DType::MXFP4, DType::Q6_K, DType::IQ4_NL, DType::MXFP4};
     if (level > cpu::detect_simd_level()) return;
     // Large enough that threads_for gives each of 3 threads rows.
     const int cols = 1280;

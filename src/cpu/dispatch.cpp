@@ -43,7 +43,7 @@ bool matvec_on_super_block_rows(DType dtype) {
 // Whether they read x quantized per 32 (quantize_q8), as Q8 and Q4 weights do.
 bool matvec_on_q8_groups(DType dtype) {
     return dtype == DType::Q4_1 || dtype == DType::Q5_0 || dtype == DType::Q5_1 ||
-           dtype == DType::IQ4_NL;
+           dtype == DType::IQ4_NL || dtype == DType::MXFP4;
 }
 
 // Whether the kernels in use are AVX-512's with AVX512_VNNI, or AVX2's with AVX-VNNI.

@@ -74,8 +74,9 @@ int threads_for(size_t work);
 void for_each_row(int rows, size_t row_work, const std::function<void(int)>& work);
 
 // out[rows] = W[rows, cols] · x[cols]; rows split across OpenMP threads. With AVX2 and
-// Q8, Q4, Q4_1, Q5_0 or Q5_1 weights, x is first quantized to Q8 (per 32), with Q3_K, Q4_K,
-// Q5_K, Q6_K or IQ4_XS weights to Q8_K (per 256), and the dot products are integer.
+// Q8, Q4, Q4_1, Q5_0, Q5_1, IQ4_NL or MXFP4 weights, x is first quantized to Q8 (per 32), with
+// Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS or the i-quants to Q8_K (per 256), and the dot products
+// are integer.
 void matvec(float* out, const float* x, const Matrix& w);
 
 // Several independent matvecs (e.g. q, k and v of one input, or the chosen experts' of a

@@ -123,6 +123,11 @@ inline __m256i iq4_table() {
     return _mm256_broadcastsi128_si256(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(kIq4Values)));
 }
+// The table of kMxfp4Values in both 128-bit lanes.
+inline __m256i mxfp4_table() {
+    return _mm256_broadcastsi128_si256(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(kMxfp4Values)));
+}
 
 // The signed values kIq4Values[q] of IQ4_XS sub-block j (table: iq4_table()).
 inline __m256i iq4_xs_values(const uint8_t* block, int j, __m256i table) {

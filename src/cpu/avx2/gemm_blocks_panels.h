@@ -1,9 +1,9 @@
 // The prefill GEMM for the block types (weight_blocks.h: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS,
-// Q4_1, Q5_0, Q5_1, IQ4_NL and the i-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M)
-// on 256-bit registers: out[token][row] = Σ_col W[row][col] · x[token][col], x in int8 with a scale
-// per group of 32 columns (QuantizedBatch: quantized per 32 by avx2::quantize_token, or per 256 as
-// Q8_K for the super-block types and the i-quants), each sub-block an exact int32 dot product. Two
-// builds share it, each computing that dot in its own instructions (BlockDot):
+// Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 and the i-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S,
+// IQ1_M) on 256-bit registers: out[token][row] = Σ_col W[row][col] · x[token][col], x in int8 with
+// a scale per group of 32 columns (QuantizedBatch: quantized per 32 by avx2::quantize_token, or per
+// 256 as Q8_K for the super-block types and the i-quants), each sub-block an exact int32 dot
+// product. Two builds share it, each computing that dot in its own instructions (BlockDot):
 // - gemm_blocks_avx2.cpp, plain AVX2: vpmaddubsw and vpmaddwd;
 // - gemm_blocks_avxvnni.cpp, AVX2 + AVX-VNNI: the 256-bit vpdpbusd, four u8 × s8 products added
 //   straight into int32, one instruction a step where vpmaddubsw takes two to four.
@@ -16,9 +16,9 @@
 //   i-quants, cpu/iq_levels.h: their offset, A = d · factor · m per sub-block of 16 or 32): the
 //   int32 dot starts from −offset · Σ q, so it is Σ (u − offset)·q exactly, then scaled by
 //   A · sx;
-// - IQ4_XS and IQ4_NL keep their signed values (−127..113): vpmaddubsw multiplies |value| by x
-//   with the value's sign; for vpdpbusd the panel holds value + 128 (the lookup table's sign
-//   bits flipped) as unsigned, an offset type of offset 128.
+// - IQ4_XS and IQ4_NL keep their signed values (−127..113), MXFP4 its (−12..12): vpmaddubsw
+//   multiplies |value| by x with the value's sign; for vpdpbusd the panel holds value + 128 (the
+//   lookup table's sign bits flipped) as unsigned, an offset type of offset 128.
 // Both builds give the same int32 dots and add them to the same f32 sums in the same order:
 // the same bits.
 //
@@ -84,22 +84,26 @@ constexpr int kSignFlip = 128;
 // How a build computes a sub-block's int32 dot (see the file comment).
 enum class BlockDot { Maddubs, Vnni };
 
-// The vpshufb table of IQ4_XS's 16 values as the panel holds them: signed for vpmaddubsw, each
-// plus 128 (its sign bit flipped) for vpdpbusd.
+// A vpshufb table of 16 signed values (iq4_table(), mxfp4_table()) as the panel holds them:
+// signed for vpmaddubsw, each plus 128 (its sign bit flipped) for vpdpbusd.
+template <BlockDot kDot>
+__m256i panel_table(__m256i table) {
+    if constexpr (kDot == BlockDot::Vnni)
+        return _mm256_xor_si256(table, _mm256_set1_epi8(char(kSignFlip)));
+    return table;
+}
 template <BlockDot kDot>
 __m256i iq4_panel_table() {
-    if constexpr (kDot == BlockDot::Vnni)
-        return _mm256_xor_si256(iq4_table(), _mm256_set1_epi8(char(kSignFlip)));
-    return iq4_table();
+    return panel_table<kDot>(iq4_table());
 }
 
 // How the micro-kernel reads a type's levels (see the file comment).
 struct LevelShape {
     int sub_cols;       // columns under one A (and B): 32, or 16 (Q6_K, Q3_K, Q2_K)
     bool has_min;       // w = A·u + B; else w = A·(u − offset)
-    bool is_signed;     // IQ4_XS: signed values, offset 0
+    bool is_signed;     // IQ4_XS, IQ4_NL, MXFP4: signed values, offset 0
     int offset;         // (offset types) u stands for u − offset
-    int largest_level;  // of u (of |value| for IQ4_XS)
+    int largest_level;  // of u (of |value| for the signed types)
 };
 constexpr LevelShape level_shape(DType dtype) {
     switch (dtype) {
@@ -120,6 +124,8 @@ constexpr LevelShape level_shape(DType dtype) {
         case DType::IQ4_XS:
         case DType::IQ4_NL:
             return {kGroup, false, true, 0, 127};
+        case DType::MXFP4:
+            return {kGroup, false, true, 0, kMxfp4Values[7]};
         default:  // the i-quants: levels 0..127, one A per 16 or 32 columns
             return {iq_shape(dtype).scale_cols, false, false, iq_shape(dtype).offset, 127};
     }
@@ -137,6 +143,7 @@ static_assert(widen_steps(level_shape(DType::Q4_K)) == 8 &&
               widen_steps(level_shape(DType::Q5_0)) == 4 &&
               widen_steps(level_shape(DType::Q6_K)) == 2 &&
               widen_steps(level_shape(DType::IQ4_XS)) == 1 &&
+              widen_steps(level_shape(DType::MXFP4)) == 8 &&
               widen_steps(level_shape(DType::IQ2_XXS)) == 1 &&
               widen_steps(level_shape(DType::IQ2_XS)) == 1);
 
@@ -258,6 +265,20 @@ void unpack_iq4_nl(const RowSpan& out, const uint8_t* first_block, int blocks) {
     out.scales8(0, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(d))));
 }
 
+// `blocks` (≤ 8) MXFP4 blocks, a group each: A = 2^(e − 128); the signed values
+// kMxfp4Values[q].
+template <BlockDot kDot>
+void unpack_mxfp4(const RowSpan& out, const uint8_t* first_block, int blocks) {
+    alignas(32) float scales[kSpanGroups] = {};
+    const __m256i table = panel_table<kDot>(mxfp4_table());
+    for (int b = 0; b < blocks; ++b) {
+        const uint8_t* block = first_block + b * sizeof(BlockMXFP4);
+        scales[b] = mxfp4_scale(block[offsetof(BlockMXFP4, e)]);
+        out.level(b, _mm256_shuffle_epi8(table, nibbles(block + offsetof(BlockMXFP4, qs))));
+    }
+    out.scales8(0, _mm256_load_ps(scales));
+}
+
 // `groups` (≤ kSpanGroups) groups of one row from `block` (a whole super-block for the K
 // types and IQ4_XS).
 template <DType kType, BlockDot kDot>
@@ -269,6 +290,7 @@ void unpack_row_span(const RowSpan& out, const uint8_t* block, int groups) {
     if constexpr (kType == DType::Q4_1 || kType == DType::Q5_0 || kType == DType::Q5_1)
         unpack_small<kType>(out, block, groups);
     if constexpr (kType == DType::IQ4_NL) unpack_iq4_nl<kDot>(out, block, groups);
+    if constexpr (kType == DType::MXFP4) unpack_mxfp4<kDot>(out, block, groups);
     if constexpr (kType == DType::IQ2_XXS || kType == DType::IQ2_XS || kType == DType::IQ2_S ||
                   kType == DType::IQ3_XXS || kType == DType::IQ3_S || kType == DType::IQ1_S ||
                   kType == DType::IQ1_M)
@@ -495,6 +517,8 @@ void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
             return unpack_tile_typed<DType::Q5_0, kDot>(panel, w, tile_row);
         case DType::IQ4_NL:
             return unpack_tile_typed<DType::IQ4_NL, kDot>(panel, w, tile_row);
+        case DType::MXFP4:
+            return unpack_tile_typed<DType::MXFP4, kDot>(panel, w, tile_row);
         case DType::IQ2_XXS:
             return unpack_tile_typed<DType::IQ2_XXS, kDot>(panel, w, tile_row);
         case DType::IQ2_XS:
@@ -706,6 +730,8 @@ BlockTileKernel kernel_for(DType dtype, int tokens) {
         case DType::IQ4_XS:
         case DType::IQ4_NL:
             return kernel_of<DType::IQ4_XS, kDot>(tokens);
+        case DType::MXFP4:
+            return kernel_of<DType::MXFP4, kDot>(tokens);
         case DType::IQ2_XXS:  // the i-quants with sub-blocks of 32 (the offset is passed)
         case DType::IQ3_XXS:
         case DType::IQ3_S:

@@ -1,15 +1,16 @@
 // The prefill GEMM on AVX-512 + VNNI for the block types (weight_blocks.h: Q2_K, Q3_K, Q4_K, Q5_K,
-// Q6_K, IQ4_XS, Q4_1, Q5_0, Q5_1, IQ4_NL and the i-quants): out[token][row] = Σ_col W[row][col] ·
-// x[token][col], x in int8 with a scale per group of 32 columns (QuantizedBatch: quantized per 32
-// as for the Q8/Q4 GEMM, or per 256 as Q8_K for the super-block types), each sub-block an exact
-// int32 dot product by vpdpbusd.
+// Q6_K, IQ4_XS, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 and the i-quants): out[token][row] = Σ_col
+// W[row][col] · x[token][col], x in int8 with a scale per group of 32 columns (QuantizedBatch:
+// quantized per 32 as for the Q8/Q4 GEMM, or per 256 as Q8_K for the super-block types), each
+// sub-block an exact int32 dot product by vpdpbusd.
 //
 // Every block type reads, per sub-block s of a row, w = A_s · u + B (u an unsigned level
 // 0..255):
 // - "min" types (Q4_K, Q5_K: A = d·sc, B = −dmin·m; Q4_1, Q5_1: A = d, B = m), sub-blocks of
 //   32 (Q2_K: A = d·sc, B = −dmin·m, sub-blocks of 16): the sub-block's sum is
 //   A · sx · Σ u·q + B · sx · Σ q, the second term from x's sums;
-// - "offset" types, B = −offset · A (Q5_0: offset 16; IQ4_XS, IQ4_NL: u = level + 128, offset 128;
+// - "offset" types, B = −offset · A (Q5_0: offset 16; IQ4_XS, IQ4_NL, MXFP4: u = level + 128,
+//   offset 128;
 //   Q6_K: offset 32, sub-blocks of 16; Q3_K: offset 4, sub-blocks of 16; the i-quants, their
 //   offset and A = d · factor · m per sub-block of 16 or 32, cpu/iq_levels.h): the int32 dot
 //   starts from −offset · Σ q, so it is Σ (u − offset)·q exactly, then scaled by A · sx.
@@ -66,6 +67,7 @@ constexpr LevelShape level_shape(DType dtype) {
             return {kGroup, false, 16};
         case DType::IQ4_XS:
         case DType::IQ4_NL:
+        case DType::MXFP4:
             return {kGroup, false, kIq4Excess};
         default:  // Q4_K, Q5_K, Q4_1, Q5_1
             return {kGroup, true, 0};
@@ -279,6 +281,30 @@ void unpack_iq4_nl(const HalfPanel& out, const RowWords& words, int b) {
     constexpr int kHalfSteps = kGroupSteps / 2;
     for (int step = 0; step < kHalfSteps; ++step) {
         const __m512i q = words.at(at + offsetof(BlockIQ4_NL, qs) + kLaneBytes * step);
+        out.levels(b, step, _mm512_shuffle_epi8(table, low_nibbles(q)));
+        out.levels(b, step + kHalfSteps, _mm512_shuffle_epi8(table, high_nibbles(q)));
+    }
+}
+
+// MXFP4's scales 2^(e − 128) (mxfp4_scale) of the exponents e (0..255), a lane each: the f32
+// bits (e − 1) << 23, or a subnormal 0x00200000 << e for e < 2.
+__m512 mxfp4_scales(__m512i e) {
+    const __m512i one = _mm512_set1_epi32(1);
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, one), 23);
+    const __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    const __mmask16 small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, subnormal));
+}
+
+// MXFP4 block b (one group): A = 2^(e − 128); levels kMxfp4Values + 128, offset 128.
+void unpack_mxfp4(const HalfPanel& out, const RowWords& words, int b) {
+    const size_t at = size_t(b) * sizeof(BlockMXFP4);
+    const __m512i table = unsigned_levels(kMxfp4Values);
+    // e, and the first three bytes of qs: the block is only byte-aligned, e its first field.
+    out.scale(b, mxfp4_scales(byte_at(words.at(at + offsetof(BlockMXFP4, e)), 0)));
+    constexpr int kHalfSteps = kGroupSteps / 2;
+    for (int step = 0; step < kHalfSteps; ++step) {
+        const __m512i q = words.at(at + offsetof(BlockMXFP4, qs) + kLaneBytes * step);
         out.levels(b, step, _mm512_shuffle_epi8(table, low_nibbles(q)));
         out.levels(b, step + kHalfSteps, _mm512_shuffle_epi8(table, high_nibbles(q)));
     }
@@ -504,6 +530,9 @@ void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
                     break;
                 case DType::IQ4_NL:
                     unpack_iq4_nl(out, words, b);
+                    break;
+                case DType::MXFP4:
+                    unpack_mxfp4(out, words, b);
                     break;
                 default:
                     break;

@@ -34,13 +34,15 @@ inline __m512i broadcast_word(const int8_t* p) {
     return _mm512_broadcastd_epi32(_mm_loadu_si32(p));
 }
 // IQ4_XS's levels + kIq4Excess (1..241, unsigned), a vpshufb table in each 128-bit lane: what
-// the VNNI kernels multiply by x, taking kIq4Excess · Σ x off through x's sums.
+// the VNNI kernels multiply by x, taking kIq4Excess · Σ x off through x's sums. MXFP4's levels
+// (kMxfp4Values) likewise, + kIq4Excess.
 constexpr int kIq4Excess = 128;
-inline __m512i iq4_unsigned_levels() {
+inline __m512i unsigned_levels(const int8_t (&values)[16]) {
     alignas(16) uint8_t levels[16];
-    for (int i = 0; i < 16; ++i) levels[i] = uint8_t(kIq4Values[i] + kIq4Excess);
+    for (int i = 0; i < 16; ++i) levels[i] = uint8_t(values[i] + kIq4Excess);
     return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(levels)));
 }
+inline __m512i iq4_unsigned_levels() { return unsigned_levels(kIq4Values); }
 // The levels (0..63) of sub-block i of a Q6_K tile's super-block `block`
 // (cpu/super_block_tiles.h): q[s] those of columns 16i + 4s..16i + 4s + 3, four a lane, the
 // tile's 16 rows. Registers 0-2 hold levels 0-2 in their low 6 bits; level 3's pairs of bits,
