@@ -1,22 +1,23 @@
 // How the device code reads matrices stored as ggml's blocks (src/weights/weight_blocks.h: Q4_1,
-// Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, and the i-quants IQ2_XXS, IQ2_XS,
-// IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M): the blocks as the file holds them, each device row padded
-// to 16 bytes (kernels.h: DeviceMatrix), unpacked in registers only.
-// Every reader loads a unit's bytes with load_unit; its stored values come out four to a word,
-// in column order (group_words), and its scales as floats (unit_factors). The decode matvecs
-// (matvec_blocks.cuh) multiply the words with an int8 input (dp4a); the embedding
-// (embedding.cuh), the f16 copy for the prefill's GEMMs (dequantize.cuh) and the server
-// step's batched matvec (matvec_rows.cuh) take the weights in f32 (decode_unit).
+// Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, and the i-quants IQ2_XXS,
+// IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M): the blocks as the file holds them, each device row
+// padded to 16 bytes (kernels.h: DeviceMatrix), unpacked in registers only. Every reader loads a
+// unit's bytes with load_unit; its stored values come out four to a word, in column order
+// (group_words), and its scales as floats (unit_factors). The decode matvecs (matvec_blocks.cuh)
+// multiply the words with an int8 input (dp4a); the embedding (embedding.cuh), the f16 copy for the
+// prefill's GEMMs (dequantize.cuh) and the server step's batched matvec (matvec_rows.cuh) take the
+// weights in f32 (decode_unit).
 //
 // Every block type is read in "units" of 32 weights: a small block is one unit, a super-block
 // of 256 weights eight. A unit is two groups of 16 weights, each group 16 consecutive columns
 // (group_column) sharing one f32 scale and offset: w = scale · (q − midpoint) + offset, q a
 // small non-negative integer (the midpoint: Q5_0's 16, Q6_K's 32, Q3_K's 4, else 0; IQ4_XS's
-// and IQ4_NL's q is the non-uniform level its nibble picks, signed; an i-quant's q is its grid
+// and IQ4_NL's q is the non-uniform level its nibble picks, signed, MXFP4's its doubled E2M1
+// value; an i-quant's q is its grid
 // value times its sign, iq_group_words). Which bytes a unit reads, and which columns its groups
 // cover:
-// - Q4_1, Q5_0, Q5_1, IQ4_NL: the block; group 0 the low nibbles (columns 0..15), group 1 the
-//   high.
+// - Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4: the block; group 0 the low nibbles (columns 0..15), group 1
+//   the high.
 // - Q2_K: Q3_K's units without hmask. Unit k = 4h + 2p + m reads 16 bytes of qs,
 //   32h + 16m .. + 15: its group g (t = 2p + g) takes bits 2t, 2t + 1 of them, columns
 //   128h + 32t + 16m + i (sub-block 8h + 2t + m); of scales it reads the word
@@ -47,7 +48,8 @@
 // A unit's loads are as wide as its alignment allows (BlockLayout::kLoadBytes): 16 bytes for
 // Q4_K and Q5_K, 8 for Q5_1 and IQ4_XS (IQ1_M's scales words; its qs 4, its qh 2), 4 for Q4_1
 // and Q2_K (blocks of 20 and 84 bytes), 2 for IQ4_NL, Q5_0, Q3_K and Q6_K (blocks of 18, 22, 110
-// and 210 bytes) and the other i-quants (blocks of 50 to 110 bytes, each 2 past a multiple of 4).
+// and 210 bytes) and the other i-quants (blocks of 50 to 110 bytes, each 2 past a multiple of 4),
+// 1 for MXFP4 (blocks of 17 bytes).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -86,6 +88,10 @@ struct BlockLayout<DType::Q5_1> {
 template <>
 struct BlockLayout<DType::IQ4_NL> {
     static constexpr int kWeights = 32, kBytes = 18, kLoadBytes = 2;
+};
+template <>
+struct BlockLayout<DType::MXFP4> {
+    static constexpr int kWeights = 32, kBytes = 17, kLoadBytes = 1;
 };
 template <>
 struct BlockLayout<DType::Q2_K> {
@@ -203,8 +209,7 @@ __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t (&words)[4
 #pragma unroll
         for (int i = 0; i < kBytes / 4; ++i)
             words[i] = __ldcs(reinterpret_cast<const unsigned int*>(p) + i);
-    } else {
-        static_assert(kAlign == 2, "loads of 2, 4, 8 or 16 bytes");
+    } else if constexpr (kAlign == 2) {
 #pragma unroll
         for (int i = 0; i < kBytes / 2; ++i) {
             const uint32_t half = __ldcs(reinterpret_cast<const unsigned short*>(p) + i);
@@ -212,6 +217,16 @@ __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t (&words)[4
                 words[i / 2] = half;
             else
                 words[i / 2] |= half << 16;
+        }
+    } else {
+        static_assert(kAlign == 1, "loads of 1, 2, 4, 8 or 16 bytes");
+#pragma unroll
+        for (int i = 0; i < kBytes; ++i) {
+            const uint32_t byte = __ldcs(p + i);
+            if (i % 4 == 0)
+                words[i / 4] = byte;
+            else
+                words[i / 4] |= byte << (8 * (i % 4));
         }
     }
 }
@@ -236,6 +251,9 @@ __device__ __forceinline__ UnitBytes load_unit(const uint8_t* row, int unit) {
     } else if constexpr (D == DType::IQ4_NL) {  // d | qs[16]
         load_words<kAlign, 2>(block + offsetof(BlockIQ4_NL, d), u.head);
         load_words<kAlign>(block + offsetof(BlockIQ4_NL, qs), u.low);
+    } else if constexpr (D == DType::MXFP4) {  // e | qs[16]
+        load_words<kAlign, 1>(block + offsetof(BlockMXFP4, e), u.head);
+        load_words<kAlign>(block + offsetof(BlockMXFP4, qs), u.low);
     } else if constexpr (D == DType::Q2_K) {  // scales[16] | qs[64] | d, dmin
         static_assert(Layout::kBytes % kAlign == 0 && offsetof(BlockQ2_K, qs) % kAlign == 0 &&
                           offsetof(BlockQ2_K, d) % kAlign == 0,
@@ -357,6 +375,12 @@ __device__ __forceinline__ uint32_t iq1m_d_bits(const uint32_t (&head)[4]) {
            (head[1] >> 28) << 12;
 }
 
+// MXFP4's scale 2^(e − 128) (weight_blocks.h: mxfp4_scale) from its exponent e: the f32 bits
+// (e − 1) << 23, or a subnormal 0x00200000 << e for e < 2.
+__device__ __forceinline__ float mxfp4_scale_of(uint32_t e) {
+    return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+
 // What an i-quant's group scale d·(2s + 1) is divided by (weight_blocks.h): IQ2's 8, IQ3_XXS's
 // 4, IQ3_S's 1, and IQ1's 8, its values being eighths (iq1_values).
 template <DType D>
@@ -382,6 +406,9 @@ __device__ __forceinline__ UnitFactors unit_factors(const UnitBytes& u, int unit
         const float m = kHasOffset<D> ? half_bits_to_float(u.head[0] >> 16) : 0.0f;
         f.scale[0] = f.scale[1] = d;
         f.offset[0] = f.offset[1] = m;
+    } else if constexpr (D == DType::MXFP4) {
+        f.scale[0] = f.scale[1] = mxfp4_scale_of(u.head[0] & 0xffu);
+        f.offset[0] = f.offset[1] = 0.0f;
     } else if constexpr (D == DType::Q2_K) {
         // Byte 2g + m of head[1] (m = k % 2): group g's scale in its low nibble, its min in the
         // high one.
@@ -469,19 +496,18 @@ __device__ __forceinline__ uint32_t spread_four_bits(uint32_t bits) {
     return ((bits & 0xfu) * 0x00204081u) & kLowBitBytes;
 }
 
-// IQ4_XS's and IQ4_NL's levels (kIq4Values) of four indices 0..15, one a byte, as four int8
-// bytes: each half of the table is four bytes of two words, selected by the index's low three
-// bits (two byte permutes), the index's bit 3 picking the half.
-__device__ __forceinline__ uint32_t iq4_levels(uint32_t indices) {
-    constexpr uint32_t kLevels[4] = {
-        uint32_t(uint8_t(kIq4Values[0])) | uint32_t(uint8_t(kIq4Values[1])) << 8 |
-            uint32_t(uint8_t(kIq4Values[2])) << 16 | uint32_t(uint8_t(kIq4Values[3])) << 24,
-        uint32_t(uint8_t(kIq4Values[4])) | uint32_t(uint8_t(kIq4Values[5])) << 8 |
-            uint32_t(uint8_t(kIq4Values[6])) << 16 | uint32_t(uint8_t(kIq4Values[7])) << 24,
-        uint32_t(uint8_t(kIq4Values[8])) | uint32_t(uint8_t(kIq4Values[9])) << 8 |
-            uint32_t(uint8_t(kIq4Values[10])) << 16 | uint32_t(uint8_t(kIq4Values[11])) << 24,
-        uint32_t(uint8_t(kIq4Values[12])) | uint32_t(uint8_t(kIq4Values[13])) << 8 |
-            uint32_t(uint8_t(kIq4Values[14])) << 16 | uint32_t(uint8_t(kIq4Values[15])) << 24};
+// Four values of a 16-entry int8 table (IQ4_XS's and IQ4_NL's kIq4Values, MXFP4's
+// kMxfp4Values) picked by four indices 0..15, one a byte, as four int8 bytes: each half of the
+// table is four bytes of two words, selected by the index's low three bits (two byte
+// permutes), the index's bit 3 picking the half.
+template <const int8_t (&kValues)[16]>
+__device__ __forceinline__ uint32_t table_levels(uint32_t indices) {
+    constexpr auto word = [](int first) {
+        return uint32_t(uint8_t(kValues[first])) | uint32_t(uint8_t(kValues[first + 1])) << 8 |
+               uint32_t(uint8_t(kValues[first + 2])) << 16 |
+               uint32_t(uint8_t(kValues[first + 3])) << 24;
+    };
+    constexpr uint32_t kLevels[4] = {word(0), word(4), word(8), word(12)};
     // The permute's selector: the four low-three-bit indices as nibbles 0-3 (bytes 0 and 2
     // of low | low >> 4 hold indices 0, 1 and 2, 3 as two nibbles each).
     const uint32_t low = indices & 0x07070707u;
@@ -600,8 +626,8 @@ __device__ __forceinline__ void iq_group_words(const UnitBytes& u, int g, uint32
 }
 
 // The stored values q of group g of unit `unit`, in column order, four a word (byte i of
-// word j: column group_column + 4j + i), each a non-negative int8 (IQ4_XS, IQ4_NL: its signed
-// level; the i-quants: iq_group_words): what dp4a multiplies with the int8 input, and
+// word j: column group_column + 4j + i), each a non-negative int8 (IQ4_XS, IQ4_NL, MXFP4: its
+// signed level; the i-quants: iq_group_words): what dp4a multiplies with the int8 input, and
 // decode_unit unpacks.
 template <DType D>
 __device__ __forceinline__ void group_words(const UnitBytes& u, int unit, int g, uint32_t (&q)[4]) {
@@ -639,7 +665,10 @@ __device__ __forceinline__ void group_words(const UnitBytes& u, int unit, int g,
         for (int j = 0; j < 4; ++j) q[j] |= (u.high[j] >> (2 * t) & kLowTwoBitBytes) << 4;
     } else if constexpr (D == DType::IQ4_XS || D == DType::IQ4_NL) {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) q[j] = iq4_levels(q[j]);
+        for (int j = 0; j < 4; ++j) q[j] = table_levels<kIq4Values>(q[j]);
+    } else if constexpr (D == DType::MXFP4) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) q[j] = table_levels<kMxfp4Values>(q[j]);
     }
 }
 
@@ -703,6 +732,8 @@ void with_block_dtype(DType dtype, Use&& use) {
             return use(std::integral_constant<DType, DType::Q5_1>{});
         case DType::IQ4_NL:
             return use(std::integral_constant<DType, DType::IQ4_NL>{});
+        case DType::MXFP4:
+            return use(std::integral_constant<DType, DType::MXFP4>{});
         case DType::Q2_K:
             return use(std::integral_constant<DType, DType::Q2_K>{});
         case DType::Q3_K:

@@ -11,7 +11,7 @@
 // - The input is staged once per block in shared memory with RMSNorm fused (matvec.cuh:
 //   stage_input), then quantized to int8 as the CPU's matvecs of the same type quantize it
 //   (stage_block_input): per 32 columns by the Q8 rule (cpu::quantize_q8) for Q4_1, Q5_0,
-//   Q5_1 and IQ4_NL, per super-block of 256 by the Q8_K rule (cpu::quantize_q8_k) for Q2_K,
+//   Q5_1, IQ4_NL and MXFP4, per super-block of 256 by the Q8_K rule (cpu::quantize_q8_k) for Q2_K,
 //   Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS and the i-quants. So the GPU's sums follow the CPU's, as the
 //   Q8/Q4 matvecs' do.
 // - Each group of 16 weights is four dp4a of its stored values (group_words: the nibbles, or
@@ -35,8 +35,9 @@
 //   (store_warp_rows); w1 and w3 are read by one warp with SwiGLU applied before the store.
 // Not yet timed on a GPU (cuda_kernel_check --bench times them): what it has to decide is
 // whether the 2-byte loads of IQ4_NL, Q5_0, Q3_K, Q6_K and most i-quants (blocks of 18, 22, 110,
-// 210 and 50 to 110 bytes), the per-unit headers and the i-quants' grid lookups (4 or 8 a unit,
-// through the L1) keep these kernels at memory speed. The i-quants have not run on a GPU at all.
+// 210 and 50 to 110 bytes) and MXFP4's byte loads (blocks of 17), the per-unit headers and the
+// i-quants' grid lookups (4 or 8 a unit, through the L1) keep these kernels at memory speed. The
+// i-quants have not run on a GPU at all.
 #pragma once
 #include <cstdint>
 
@@ -402,6 +403,7 @@ void prepare_block_matvec(size_t bytes) {
     allow_block_shared_bytes<DType::Q5_0>(bytes);
     allow_block_shared_bytes<DType::Q5_1>(bytes);
     allow_block_shared_bytes<DType::IQ4_NL>(bytes);
+    allow_block_shared_bytes<DType::MXFP4>(bytes);
     allow_block_shared_bytes<DType::Q2_K>(bytes);
     allow_block_shared_bytes<DType::Q3_K>(bytes);
     allow_block_shared_bytes<DType::Q4_K>(bytes);

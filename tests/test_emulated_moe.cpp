@@ -3,8 +3,8 @@
 // lower index winning an exact tie, renormalised or not; exact ties, near-ties one ulp apart,
 // 8, 60 and 128 experts; NaN and infinite logits, whose picks must stay in range, on the
 // kernel and the CPU's route_token), the expert matvecs (each route's expert read from device
-// memory; f32, f16, Q8, Q4, and random Q4_K, Q6_K, Q5_0, Q3_K, Q2_K, IQ4_NL blocks and each
-// i-quant's) against the plain matvec kernels on that expert's matrix and a double reference,
+// memory; f32, f16, Q8, Q4, and random Q4_K, Q6_K, Q5_0, Q3_K, Q2_K, IQ4_NL, MXFP4 blocks and
+// each i-quant's) against the plain matvec kernels on that expert's matrix and a double reference,
 // and a whole sparse feed-forward for one token, launched as CudaBackend::record_experts
 // launches it, against the CPU backend's cpu::MixtureOfExperts::decode (f32 and Q8 weights). A
 // prefill batch: the grouping of its routes by expert (expert_groups.h), the gather of each
@@ -806,6 +806,7 @@ TEST_CASE("emulated expert matvecs read each route's expert from device memory",
         check_expert_matvec(DType::IQ3_S, 9, 512, shared_input, rng);
         check_expert_matvec(DType::IQ1_S, 4, 256, shared_input, rng);
         check_expert_matvec(DType::IQ1_M, 11, 256, shared_input, rng);
+        check_expert_matvec(DType::MXFP4, 13, 224, shared_input, rng);
     }
 }
 

@@ -143,10 +143,10 @@ HostMatrix random_quantized_matrix(int rows, int cols, DType dtype, bool cheap =
 constexpr DType kBlockTypes[] = {
     DType::Q4_K,   DType::Q6_K,    DType::Q5_K,  DType::Q4_1,   DType::Q5_0,    DType::Q5_1,
     DType::IQ4_XS, DType::Q3_K,    DType::Q2_K,  DType::IQ4_NL, DType::IQ2_XXS, DType::IQ2_XS,
-    DType::IQ2_S,  DType::IQ3_XXS, DType::IQ3_S, DType::IQ1_S,  DType::IQ1_M};
+    DType::IQ2_S,  DType::IQ3_XXS, DType::IQ3_S, DType::IQ1_S,  DType::IQ1_M,   DType::MXFP4};
 
 // Byte offsets of a block's f16 fields (d, and dmin or m where the type has them; IQ1_M's d is
-// spread over its scales words: set_block_half).
+// spread over its scales words, MXFP4's scale is an exponent byte: set_block_half).
 std::vector<int> block_half_fields(DType dtype) {
     switch (dtype) {
         case DType::Q4_1:
@@ -162,14 +162,26 @@ std::vector<int> block_half_fields(DType dtype) {
             return {208};
         case DType::IQ1_M:
             return {int(offsetof(BlockIQ1_M, scales))};
-        default:  // Q5_0, IQ4_XS, IQ4_NL, the other i-quants
+        default:  // Q5_0, IQ4_XS, IQ4_NL, the other i-quants, MXFP4
             return {0};
     }
 }
 
+// The largest MXFP4 exponent whose weights are finite (12 · 2^(252 − 128) < 2^128), as the
+// converter allows.
+constexpr int kLargestMxfp4Exponent = 252;
+
 // Sets the f16 field at `field` (block_half_fields) of a block of `dtype` to `bits`; IQ1_M's d
-// as the top nibbles of its four scales words (iq1m_d), their sub-block scales kept.
+// as the top nibbles of its four scales words (iq1m_d), their sub-block scales kept; MXFP4's
+// exponent to that of the power of two nearest below |bits| (0 for 0).
 void set_block_half(DType dtype, uint8_t* block, int field, uint16_t bits) {
+    if (dtype == DType::MXFP4) {
+        const float value = std::fabs(half_to_float(bits));
+        block[field] = value == 0.0f
+                           ? 0
+                           : uint8_t(std::clamp(std::ilogb(value) + 128, 0, kLargestMxfp4Exponent));
+        return;
+    }
     if (dtype != DType::IQ1_M) {
         std::memcpy(block + field, &bits, 2);
         return;
@@ -183,13 +195,16 @@ void set_block_half(DType dtype, uint8_t* block, int field, uint16_t bits) {
 }
 
 // About the largest integer factor of a block type's weights (sub-block scales included): about
-// 1000 for the K types, 30 for Q4_1, Q5_0 and Q5_1, 127 for IQ4_NL (its largest level), and for
+// 1000 for the K types, 30 for Q4_1, Q5_0 and Q5_1, 127 for IQ4_NL and 12 for MXFP4 (their
+// largest levels), and for
 // the i-quants the largest (2s + 1) / divisor times the largest grid value: IQ2's 31 / 8 · 43,
 // IQ3_XXS's 31 / 4 · 62, IQ3_S's 31 · 15, IQ1's 15 · 9 / 8.
 float largest_integer_factor(DType dtype) {
     switch (dtype) {
         case DType::IQ4_NL:
             return -float(kIq4Values[0]);
+        case DType::MXFP4:
+            return float(kMxfp4Values[7]);
         case DType::IQ2_XXS:
         case DType::IQ2_XS:
         case DType::IQ2_S:
@@ -1308,10 +1323,11 @@ void check_gemm() {
     cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
     // Of the block types, those of a Q4_K_M file (Q5_0 where a row is not whole super-blocks),
     // Q3_K, a Q3_K_M file's, Q2_K, IQ4_NL, an IQ4_XS file's where a row is not whole
-    // super-blocks, and the i-quants that name the IQ2_XXS, IQ3_XXS, IQ1_S and IQ1_M files.
+    // super-blocks, the i-quants that name the IQ2_XXS, IQ3_XXS, IQ1_S and IQ1_M files, and
+    // MXFP4, an MXFP4 MoE file's experts.
     for (DType dtype : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K,
                         DType::Q6_K, DType::Q5_0, DType::Q3_K, DType::Q2_K, DType::IQ4_NL,
-                        DType::IQ2_XXS, DType::IQ3_XXS, DType::IQ1_S, DType::IQ1_M}) {
+                        DType::IQ2_XXS, DType::IQ3_XXS, DType::IQ1_S, DType::IQ1_M, DType::MXFP4}) {
         const std::vector<cuda::GemmTiles> tiles = runnable_tiles(dtype);
         const DType in_dtype = cuda::gemm_input_dtype(dtype);
         for (Case test : cases) {
