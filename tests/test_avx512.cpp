@@ -29,32 +29,33 @@ using namespace barellm::test;
 namespace {
 
 // The kernels under test, each a function of both builds.
-#define AVX512_KERNELS(X)       \
-    X(matvec_rows)              \
-    X(matvec_rows_half_x)       \
-    X(matvec_rows_bf16_x)       \
-    X(round_to_bf16)            \
-    X(round_to_half)            \
-    X(matvec_rows_q8)           \
-    X(matvec_rows_q4)           \
-    X(swiglu)                   \
-    X(geglu)                    \
-    X(rmsnorm)                  \
-    X(dot_kv)                   \
-    X(add_scaled_kv)            \
-    X(softmax)                  \
-    X(attention_scratch_floats) \
-    X(attention_rows)           \
-    X(quantize_token)           \
-    X(quantize_q8)              \
-    X(quantize_q8_k)            \
-    X(matvec_rows_super_blocks) \
-    X(matvec_rows_iq)           \
-    X(matvec_rows_block_tiles)  \
-    X(gemm_rows_quantized)      \
-    X(gemm_rows_blocks)         \
-    X(gemm_rows)                \
-    X(pack_token_pair_tile)     \
+#define AVX512_KERNELS(X)        \
+    X(matvec_rows)               \
+    X(matvec_rows_half_x)        \
+    X(matvec_rows_bf16_x)        \
+    X(round_to_bf16)             \
+    X(round_to_half)             \
+    X(matvec_rows_q8)            \
+    X(matvec_rows_q4)            \
+    X(swiglu)                    \
+    X(geglu)                     \
+    X(rmsnorm)                   \
+    X(dot_kv)                    \
+    X(add_scaled_kv)             \
+    X(softmax)                   \
+    X(attention_scratch_floats)  \
+    X(attention_rows)            \
+    X(quantize_token)            \
+    X(quantize_q8)               \
+    X(quantize_q8_k)             \
+    X(matvec_rows_super_blocks)  \
+    X(matvec_rows_iq)            \
+    X(matvec_rows_lookup_blocks) \
+    X(matvec_rows_block_tiles)   \
+    X(gemm_rows_quantized)       \
+    X(gemm_rows_blocks)          \
+    X(gemm_rows)                 \
+    X(pack_token_pair_tile)      \
     X(gemm_rows_bf16)
 
 // One build of the AVX-512 kernels.
@@ -731,6 +732,45 @@ TEST_CASE("AVX-512 VNNI i-quant matvecs equal the dequantized rows times Q8_K x"
     const DType dtype = GENERATE(from_range(std::begin(kIqGridTypes), std::end(kIqGridTypes)));
     for (const Avx512Build& build : builds())
         if (build.has_vnni) check_iq_matvec(build.matvec_rows_iq, build.name, dtype, rng);
+}
+
+TEST_CASE(
+    "AVX-512 VNNI matvec of the looked-up blocks of 32 (IQ4_NL, MXFP4) equals the dequantized "
+    "rows times x quantized per 32") {
+    std::mt19937 rng(522);
+    const DType dtype = GENERATE(DType::IQ4_NL, DType::MXFP4);
+    for (const Avx512Build& build : builds()) {
+        if (!build.has_vnni) continue;
+        // Rows past one run of 16 and off it; an odd and an even count of blocks (two a
+        // register), one block alone.
+        for (const int cols : {32, 64, 96, 1280}) {
+            const int rows = 37;
+            TestMatrix m = make_block_matrix(rows, cols, dtype, rng);
+            fill_rows(&m, {16, 36}, 0xff);
+            fill_rows(&m, {20}, 0);
+            for (const bool one_sign : {false, true}) {
+                std::vector<float> x = random_floats(cols, rng, 4.0f);
+                if (one_sign)
+                    for (float& v : x) v = std::fabs(v) + 1.0f;
+                const std::vector<float> x_used = quantized_like_the_kernel(x);
+                cpu::QuantizedVector quantized;
+                build.quantize_q8(&quantized, x.data(), cols);
+                const std::vector<double> want = block_reference(m, x_used);
+                for (auto [first, count] : {std::pair{1, rows - 2}, {17, 3}, {3, 16}, {36, 1}}) {
+                    std::vector<float> got(rows, NAN);
+                    build.matvec_rows_lookup_blocks(got.data(), m.matrix, quantized, first, count);
+                    INFO(build.name << " " << matrix_type_name(dtype) << " cols " << cols
+                                    << " one sign " << one_sign << " rows " << first << ".."
+                                    << first + count - 1);
+                    CHECK(worst_row_error(got, want, m, x_used, first, count) < 1e-6);
+                    CHECK(std::all_of(got.begin(), got.begin() + first,
+                                      [](float v) { return std::isnan(v); }));
+                    CHECK(std::all_of(got.begin() + first + count, got.end(),
+                                      [](float v) { return std::isnan(v); }));
+                }
+            }
+        }
+    }
 }
 
 TEST_CASE("AVX-512 VNNI super-block matvecs equal the dequantized rows times Q8_K x") {

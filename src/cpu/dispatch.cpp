@@ -200,6 +200,9 @@ void matvec_many(const MatvecTask* task_list, int task_count) {
                     (use_avx512_vnni ? avx512::matvec_rows_super_blocks
                                      : avx2::matvec_rows_super_blocks)(task.out, *task.w,
                                                                        *q8_k_x[t], row, count);
+                else if (use_avx512_vnni && (dtype == DType::IQ4_NL || dtype == DType::MXFP4))
+                    avx512::matvec_rows_lookup_blocks(task.out, *task.w, *quantized_x[t], row,
+                                                      count);
                 else if (use_simd && matvec_on_q8_groups(dtype))
                     avx2::matvec_rows_small_blocks(task.out, *task.w, *quantized_x[t], row, count);
                 else if (!use_simd || is_block_type(dtype))

@@ -54,6 +54,10 @@ void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int f
 void quantize_q8_k(Q8KVector* out, const float* x, int n);
 void matvec_rows_super_blocks(float* out, const Matrix& w, const Q8KVector& x, int first_row,
                               int row_count);
+// IQ4_NL and MXFP4 weights (their nibbles looked up in a table) against x quantized per 32 as Q8,
+// 16 rows side by side (matvec_lookup_blocks_avx512vnni.cpp).
+void matvec_rows_lookup_blocks(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+                               int row_count);
 // The i-quant types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) against x quantized as
 // Q8_K, a row at a time (matvec_iq_avx512vnni.cpp).
 void matvec_rows_iq(float* out, const Matrix& w, const Q8KVector& x, int first_row, int row_count);

@@ -286,16 +286,6 @@ void unpack_iq4_nl(const HalfPanel& out, const RowWords& words, int b) {
     }
 }
 
-// MXFP4's scales 2^(e − 128) (mxfp4_scale) of the exponents e (0..255), a lane each: the f32
-// bits (e − 1) << 23, or a subnormal 0x00200000 << e for e < 2.
-__m512 mxfp4_scales(__m512i e) {
-    const __m512i one = _mm512_set1_epi32(1);
-    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, one), 23);
-    const __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
-    const __mmask16 small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
-    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, subnormal));
-}
-
 // MXFP4 block b (one group): A = 2^(e − 128); levels kMxfp4Values + 128, offset 128.
 void unpack_mxfp4(const HalfPanel& out, const RowWords& words, int b) {
     const size_t at = size_t(b) * sizeof(BlockMXFP4);
