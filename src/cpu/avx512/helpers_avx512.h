@@ -49,7 +49,7 @@ inline __m512 mxfp4_scales(__m512i e) {
     const __m512i one = _mm512_set1_epi32(1);
     const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, one), 23);
     const __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
-    const __mmask16 small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    const __mmask16 small = _mm512_cmple_epu32_mask(e, one);
     return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, subnormal));
 }
 // The levels (0..63) of sub-block i of a Q6_K tile's super-block `block`

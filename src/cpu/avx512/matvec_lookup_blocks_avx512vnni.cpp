@@ -83,7 +83,7 @@ void lookup_rows_dot(float* out, const uint8_t* first, size_t row_bytes, int row
         const int8_t* xb = x.values.data() + size_t(b) * kSmallBlock;
         __m512i xv =
             pair ? _mm512_loadu_si512(xb) : _mm512_maskz_loadu_epi8(__mmask64(0xffffffffull), xb);
-        xv = _mm512_shuffle_i64x2(xv, xv, _MM_SHUFFLE(3, 1, 2, 0));
+        xv = _mm512_shuffle_i32x4(xv, xv, _MM_SHUFFLE(3, 1, 2, 0));
         // −128 · Σ x of each lane's four columns: the dots' starting value.
         const __m512i start = _mm512_sub_epi32(
             _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), excess, xv));
