@@ -22,8 +22,9 @@ import test_cuda as gpu  # noqa: E402
 from test_cli import assert_refused as assert_barellm_refused, barellm  # noqa: E402
 from convert_testlib import (BUILD, REPO, TINY_CONFIG, make_checkpoint, read_raw,  # noqa: E402
                              tiny_tensors)
-from test_convert_kquants import (LLAMA_QUANTIZE, assert_refused, convert,  # noqa: E402
-                                  gguf_from_hf, logits, metadata, rewritten_gguf, rotate_half)
+from test_convert_kquants import (assert_logits_match, llama_quantize,  # noqa: E402
+                                  assert_refused, convert, gguf_from_hf, logits, metadata,
+                                  rewritten_gguf, rotate_half)
 
 IQ_TYPES = ("IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ1_S", "IQ1_M")
 # Rows of 512 and 768 weights (2 and 3 super-blocks); head_dim 64, 4 query heads a KV head.
@@ -177,23 +178,11 @@ def reference_logits(hf, replaced):
 
 
 def test_iquant_logits_are_the_references(iq_file, checkpoint):
-    """barellm's logits (the scalar CPU, and the default SIMD level one token at a time and
-    as one prefill) are those of reference/model.py on the checkpoint's norms and F32
-    matrices and the others' blocks dequantized by the gguf package."""
+    """barellm's logits (the scalar CPU, and the SIMD levels one token at a time and as one
+    prefill) are those of reference/model.py on the checkpoint's norms and F32 matrices and
+    the others' blocks dequantized by the gguf package."""
     type_name, replaced, _, out, _ = iq_file
-    want = reference_logits(checkpoint[0], replaced)
-    # The scalar path multiplies the dequantized weights exactly (in float32).
-    scalar = logits(out, IDS, "--kv", "f32", "--simd", "scalar")
-    relative = np.linalg.norm(scalar - want) / np.linalg.norm(want)
-    print(f"{type_name} scalar: logits relative error {relative:.2e}")
-    assert relative < 1e-4
-    # The K-quant companions' SIMD kernels quantize the activations to 8 bits.
-    for flags in ([], ["--prefill"]):
-        got = logits(out, IDS, "--kv", "f32", *flags)
-        relative = np.linalg.norm(got - want) / np.linalg.norm(want)
-        print(f"{type_name} {' '.join(flags)}: logits relative error {relative:.2e}")
-        assert relative < 5e-2
-        assert (got.argmax(axis=1) == want.argmax(axis=1)).mean() > 0.8
+    assert_logits_match(out, IDS, reference_logits(checkpoint[0], replaced), type_name)
 
 
 @pytest.mark.parametrize("type_name,bits,kind,where", [
@@ -225,12 +214,7 @@ def test_llama_quantize_iq3_m_is_kept(tmp_path, checkpoint):
     """llama-quantize's IQ3_M file of the checkpoint (IQ3_S, Q4_K and Q6_K matrices; IQ3_XXS
     and the IQ2 and IQ1 types need an importance matrix, which llama-imatrix makes from
     text) keeps every matrix's type and blocks, and runs as the reference on them."""
-    if not os.path.exists(LLAMA_QUANTIZE):
-        pytest.skip(f"{LLAMA_QUANTIZE} is not built (scripts/build_llamacpp.sh)")
-    theirs = tmp_path / "iq3_m.gguf"
-    result = subprocess.run([LLAMA_QUANTIZE, str(checkpoint[1]), str(theirs), "IQ3_M", "1"],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
+    theirs = llama_quantize(checkpoint[1], tmp_path / "iq3_m.gguf", "IQ3_M")
     tensors = {tensor.name: tensor for tensor in gguf.GGUFReader(str(theirs)).tensors}
     kinds = {gguf_name: tensors[gguf_name].tensor_type.name
              for _, gguf_name, _ in matrices(IQ_CONFIG)}
@@ -297,25 +281,9 @@ def test_iquants_on_the_emulated_cuda_backend(mix_file, mix):
             for name, _, _ in matrices(IQ_CONFIG)} == set(IQ_TYPES)
     model = mix_file(mix)
     ids = gpu.token_ids(7, seed=7, vocab=IQ_CONFIG["vocab_size"])
-    scalar = gpu.dump_logits(model, ids, "--kv", "f32", "--simd", "scalar")
-    cpu = gpu.dump_logits(model, ids, "--kv", "f32", *gpu.CPU_REFERENCE)
-    original = gpu.DUMP_LOGITS
-    gpu.DUMP_LOGITS = emulated
-    try:
-        decode = gpu.dump_logits(model, ids, "--kv", "f32", "--device", "cuda")
-        prefill = gpu.dump_logits(model, ids, "--kv", "f32", "--prefill", "--device", "cuda")
-    finally:
-        gpu.DUMP_LOGITS = original
     types = sorted(set(json.loads(metadata(model)["barellm.matrix_types"]).values()))
-    what = f"{mix} mix ({', '.join(types)})"
-    print(f"{what}: decode {gpu.relative_errors(decode, cpu).max():.2e} from the CPU, "
-          f"{gpu.relative_errors(decode, scalar).max():.2e} from its scalar path; prefill "
-          f"{gpu.relative_errors(prefill, scalar).max():.2e}")
-    gpu.assert_close(decode, cpu, what + " decode", gpu.QUANTIZED_TOLERANCE)
-    gpu.assert_close(decode, scalar, what + " decode against the CPU's scalar path",
-                     gpu.int8_limit(cpu, scalar))
-    gpu.assert_close(prefill, scalar, what + " prefill against the CPU's scalar path",
-                     gpu.QUANTIZED_PREFILL_SCALAR_TOLERANCE)
+    gpu.compare_block_types_with_cpu(model, ids, f"{mix} mix ({', '.join(types)})",
+                                     program=emulated)
 
 
 def with_matrix_type(source, out, name, was, now):

@@ -1236,6 +1236,17 @@ LLAMA_QUANTIZE_CONFIGS["4-per-kv"] = {**LLAMA_QUANTIZE_CONFIGS["2-per-kv"],
                                       "num_attention_heads": 8, "intermediate_size": 512}
 
 
+def llama_quantize(source, out, type_name):
+    """llama-quantize's `type_name` file (`out`) of the GGUF `source`; the test is skipped
+    where llama-quantize is not built."""
+    if not os.path.exists(LLAMA_QUANTIZE):
+        pytest.skip(f"{LLAMA_QUANTIZE} is not built (scripts/build_llamacpp.sh)")
+    result = subprocess.run([LLAMA_QUANTIZE, str(source), str(out), type_name, "1"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return out
+
+
 @pytest.fixture(scope="module")
 def llama_quantize_model(tmp_path_factory, request):
     """(Hugging Face checkpoint, its f32 GGUF) of LLAMA_QUANTIZE_CONFIGS[request.param];
@@ -1259,10 +1270,7 @@ def test_mixes_equal_llama_quantize(tmp_path, llama_quantize_model, mix):
     (converted as it is) have the same type for every matrix and the same bytes in every
     tensor (blocks, Q4_0/Q8_0 values and scales)."""
     hf, f32 = llama_quantize_model
-    theirs = tmp_path / "theirs.gguf"
-    result = subprocess.run([LLAMA_QUANTIZE, str(f32), str(theirs), mix.upper(), "1"],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
+    theirs = llama_quantize(f32, tmp_path / "theirs.gguf", mix.upper())
     ours, _ = convert(hf, tmp_path / "ours.bin", "--dtype", mix)
     kept, _ = convert(theirs, tmp_path / "theirs.bin")
     types = json.loads(metadata(ours)["barellm.matrix_types"])
@@ -1286,6 +1294,23 @@ def logits(model, ids, *flags):
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     return np.fromfile(out, dtype="<f4").reshape(len(ids), -1)
+
+
+def assert_logits_match(model, ids, want, what):
+    """barellm's logits of `ids` on `model` against `want`, the reference's on its dequantized
+    weights: the scalar path multiplies those exactly (in float32); SIMD decode and prefill,
+    native and at --simd avx2, quantize the activations to 8 bits for their integer dot
+    products (per 256 as Q8_K, or per 32): over a few layers a few percent, as q8's."""
+    scalar = logits(model, ids, "--kv", "f32", "--simd", "scalar")
+    relative = np.linalg.norm(scalar - want) / np.linalg.norm(want)
+    print(f"{what} scalar: logits relative error {relative:.2e}")
+    assert relative < 1e-4
+    for flags in ([], ["--prefill"], ["--simd", "avx2"], ["--simd", "avx2", "--prefill"]):
+        got = logits(model, ids, "--kv", "f32", *flags)
+        relative = np.linalg.norm(got - want) / np.linalg.norm(want)
+        print(f"{what} {' '.join(flags)}: logits relative error {relative:.2e}")
+        assert relative < 5e-2
+        assert (got.argmax(axis=1) == want.argmax(axis=1)).mean() > 0.8
 
 
 @pytest.mark.parametrize("mix,shape", MIX_CASES)
@@ -1313,14 +1338,4 @@ def test_a_mix_runs_as_its_dequantized_weights(tmp_path, mix, shape):
     exact, _ = convert(exact_hf, tmp_path / "f32.bin", "--dtype", "f32")
     ids = [1, 5, 9, 30, 31, 7, 2, 17, 3, 12, 40]
     want = logits(exact, ids, "--kv", "f32")
-    # The scalar path multiplies the dequantized weights exactly.
-    scalar = logits(mixed, ids, "--kv", "f32", "--simd", "scalar")
-    assert np.linalg.norm(scalar - want) / np.linalg.norm(want) < 1e-4
-    # SIMD decode and prefill quantize the activations to 8 bits for their integer dot
-    # products (per 256 as Q8_K, or per 32): over 9 layers a few percent, as q8's.
-    for flags in ([], ["--prefill"], ["--simd", "avx2"], ["--simd", "avx2", "--prefill"]):
-        got = logits(mixed, ids, "--kv", "f32", *flags)
-        relative = np.linalg.norm(got - want) / np.linalg.norm(want)
-        print(f"{mix} {shape} {' '.join(flags)}: logits relative error {relative:.2e}")
-        assert relative < 5e-2
-        assert (got.argmax(axis=1) == want.argmax(axis=1)).mean() > 0.8
+    assert_logits_match(mixed, ids, want, f"{mix} {shape}")

@@ -9,7 +9,6 @@ llama-quantize's own MXFP4_MOE file (where it is built) is kept matrix for matri
 
 import json
 import os
-import subprocess
 
 import numpy as np
 import pytest
@@ -19,8 +18,9 @@ gguf = pytest.importorskip("gguf", reason="pip package gguf missing")
 import model as reference  # noqa: E402
 import test_cuda as gpu  # noqa: E402
 from convert_testlib import TINY_CONFIG, make_checkpoint, read_raw, tiny_tensors  # noqa: E402
-from test_convert_kquants import (LLAMA_QUANTIZE, assert_refused, convert,  # noqa: E402
-                                  gguf_from_hf, logits, metadata, rewritten_gguf, rotate_half)
+from test_convert_kquants import (assert_logits_match, llama_quantize,  # noqa: E402
+                                  assert_refused, convert, gguf_from_hf, logits, metadata,
+                                  rewritten_gguf, rotate_half)
 from test_moe import CONFIGS as MOE_CONFIGS, moe_tensors  # noqa: E402
 
 MXFP4 = gguf.GGMLQuantizationType.MXFP4
@@ -130,24 +130,9 @@ def dense_reference(hf, replaced):
     return reference.forward(config, weights, IDS)
 
 
-def assert_logits_match(model, want, what):
-    """The scalar path multiplies the dequantized weights exactly (in float32); the SIMD paths
-    (native and AVX2, decode and prefill) quantize the activations to 8 bits."""
-    scalar = logits(model, IDS, "--kv", "f32", "--simd", "scalar")
-    relative = np.linalg.norm(scalar - want) / np.linalg.norm(want)
-    print(f"{what} scalar: logits relative error {relative:.2e}")
-    assert relative < 1e-4
-    for flags in ([], ["--prefill"], ["--simd", "avx2"], ["--simd", "avx2", "--prefill"]):
-        got = logits(model, IDS, "--kv", "f32", *flags)
-        relative = np.linalg.norm(got - want) / np.linalg.norm(want)
-        print(f"{what} {' '.join(flags)}: logits relative error {relative:.2e}")
-        assert relative < 5e-2
-        assert (got.argmax(axis=1) == want.argmax(axis=1)).mean() > 0.8
-
-
 def test_mxfp4_logits_are_the_references(dense):
     hf, replaced, _, out = dense
-    assert_logits_match(out, dense_reference(hf, replaced), "dense MXFP4 and Q8_0")
+    assert_logits_match(out, IDS, dense_reference(hf, replaced), "dense MXFP4 and Q8_0")
 
 
 @pytest.fixture(scope="module")
@@ -197,39 +182,19 @@ def test_mxfp4_experts_are_kept_and_run_as_the_reference(moe):
             raw = replaced[f"blk.{layer}.{part}.weight"][1]
             assert np.array_equal(tensors[f"layers.{layer}.experts.{short}"],
                                   raw.reshape(-1, raw.shape[-1]))
-    assert_logits_match(out, moe_reference(out), "MXFP4 experts")
+    assert_logits_match(out, IDS, moe_reference(out), "MXFP4 experts")
 
 
 @pytest.mark.parametrize("which", ["dense", "moe"])
 def test_mxfp4_on_the_emulated_cuda_backend(dense, moe, which):
-    """The CUDA backend (build/emulated/dump_logits: every kernel run on the CPU emulation of
-    CUDA), held as tests/test_cuda.py holds the other block types: decode within
-    QUANTIZED_TOLERANCE of the CPU's AVX2 path and within int8_limit of its scalar path;
-    prefill (each matrix dequantized to f16 for the GEMM) within
-    QUANTIZED_PREFILL_SCALAR_TOLERANCE of the scalar path."""
+    """The CUDA backend on the CPU emulation of CUDA (build/emulated/dump_logits), held as
+    tests/test_cuda.py holds the other block types (compare_block_types_with_cpu)."""
     emulated = os.path.join(gpu.BUILD, "emulated", "dump_logits")
     if not os.path.exists(emulated):
         pytest.skip(f"{emulated} is not built (`make emulated`)")
     model = str(dense[3] if which == "dense" else moe[2])
     ids = gpu.token_ids(7, seed=7, vocab=DENSE_CONFIG["vocab_size"])
-    scalar = gpu.dump_logits(model, ids, "--kv", "f32", "--simd", "scalar")
-    cpu = gpu.dump_logits(model, ids, "--kv", "f32", *gpu.CPU_REFERENCE)
-    original = gpu.DUMP_LOGITS
-    gpu.DUMP_LOGITS = emulated
-    try:
-        decode = gpu.dump_logits(model, ids, "--kv", "f32", "--device", "cuda")
-        prefill = gpu.dump_logits(model, ids, "--kv", "f32", "--prefill", "--device", "cuda")
-    finally:
-        gpu.DUMP_LOGITS = original
-    what = f"{which} MXFP4"
-    print(f"{what}: decode {gpu.relative_errors(decode, cpu).max():.2e} from the CPU, "
-          f"{gpu.relative_errors(decode, scalar).max():.2e} from its scalar path; prefill "
-          f"{gpu.relative_errors(prefill, scalar).max():.2e}")
-    gpu.assert_close(decode, cpu, what + " decode", gpu.QUANTIZED_TOLERANCE)
-    gpu.assert_close(decode, scalar, what + " decode against the CPU's scalar path",
-                     gpu.int8_limit(cpu, scalar))
-    gpu.assert_close(prefill, scalar, what + " prefill against the CPU's scalar path",
-                     gpu.QUANTIZED_PREFILL_SCALAR_TOLERANCE)
+    gpu.compare_block_types_with_cpu(model, ids, f"{which} MXFP4", program=emulated)
 
 
 @pytest.mark.parametrize("exponent", [LARGEST_EXPONENT + 1, 255])
@@ -253,12 +218,7 @@ def test_an_mxfp4_exponent_beyond_f32_is_refused(tmp_path, dense, exponent):
 def test_llama_quantize_mxfp4_moe_is_kept(tmp_path, moe):
     """llama-quantize's MXFP4_MOE file of the Qwen3-MoE checkpoint keeps every matrix's type
     and blocks and runs as the reference on them."""
-    if not os.path.exists(LLAMA_QUANTIZE):
-        pytest.skip(f"{LLAMA_QUANTIZE} is not built (scripts/build_llamacpp.sh)")
-    theirs = tmp_path / "mxfp4_moe.gguf"
-    result = subprocess.run([LLAMA_QUANTIZE, str(moe[0]), str(theirs), "MXFP4_MOE", "1"],
-                            capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
+    theirs = llama_quantize(moe[0], tmp_path / "mxfp4_moe.gguf", "MXFP4_MOE")
     tensors = {tensor.name: tensor for tensor in gguf.GGUFReader(str(theirs)).tensors}
     kinds = {name: tensor.tensor_type.name for name, tensor in tensors.items()}
     assert {kinds[name] for name in kinds if name.split(".")[-2] in EXPERT_PARTS} == {"MXFP4"}

@@ -95,10 +95,10 @@ def cuda():
     require_cuda()
 
 
-def dump_logits(model, ids, *flags, env=None):
-    """Logits [len(ids), vocab] from build/dump_logits."""
+def dump_logits(model, ids, *flags, env=None, program=None):
+    """Logits [len(ids), vocab] from build/dump_logits (or `program`, another build of it)."""
     out = f"{model}.{os.getpid()}.logits"
-    result = subprocess.run([DUMP_LOGITS, model, out, *map(str, ids), *flags],
+    result = subprocess.run([program or DUMP_LOGITS, model, out, *map(str, ids), *flags],
                             capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr
     logits = np.fromfile(out, dtype=np.float32).reshape(len(ids), -1)
@@ -438,17 +438,30 @@ def test_block_types_cuda_match_cpu(cuda, block_mix, mix, length):
     logits far, the CPU's own AVX2 path 5.1e-2 from its scalar path on the iq4_xs mix over 30
     positions. Prefill dequantizes each matrix to f16 for the GEMM: as q8 and q4 prefill
     are."""
-    model = block_mix(mix)
     ids = token_ids(length, seed=length, vocab=BLOCK_MIXES[mix]["vocab_size"])
+    compare_block_types_with_cpu(block_mix(mix), ids, f"{mix}, {length} positions")
+
+
+def compare_block_types_with_cpu(model, ids, what, program=None):
+    """The CUDA backend (build/dump_logits, or `program`: build/emulated/dump_logits runs it
+    on the CPU emulation of CUDA) on a file of block types, as test_block_types_cuda_match_cpu
+    holds it: decode within QUANTIZED_TOLERANCE of the CPU's AVX2 path and within int8_limit
+    of its scalar path; prefill (of more than one position) within
+    QUANTIZED_PREFILL_SCALAR_TOLERANCE of the scalar path."""
     scalar = dump_logits(model, ids, "--kv", "f32", "--simd", "scalar")
     cpu = dump_logits(model, ids, "--kv", "f32", *CPU_REFERENCE)
-    gpu = dump_logits(model, ids, "--kv", "f32", "--device", "cuda")
-    what = f"{mix} decode, {length} positions"
-    assert_close(gpu, cpu, what, QUANTIZED_TOLERANCE)
-    assert_close(gpu, scalar, what + " against the CPU's scalar path", int8_limit(cpu, scalar))
-    if length > 1:
-        prefill = dump_logits(model, ids, "--kv", "f32", "--prefill", "--device", "cuda")
-        assert_close(prefill, scalar, f"{mix} prefill, {length} positions",
+    gpu = dump_logits(model, ids, "--kv", "f32", "--device", "cuda", program=program)
+    print(f"{what}: decode {relative_errors(gpu, cpu).max():.2e} from the CPU, "
+          f"{relative_errors(gpu, scalar).max():.2e} from its scalar path")
+    assert_close(gpu, cpu, what + " decode", QUANTIZED_TOLERANCE)
+    assert_close(gpu, scalar, what + " decode against the CPU's scalar path",
+                 int8_limit(cpu, scalar))
+    if len(ids) > 1:
+        prefill = dump_logits(model, ids, "--kv", "f32", "--prefill", "--device", "cuda",
+                              program=program)
+        print(f"{what}: prefill {relative_errors(prefill, scalar).max():.2e} from the scalar "
+              f"path")
+        assert_close(prefill, scalar, what + " prefill against the CPU's scalar path",
                      QUANTIZED_PREFILL_SCALAR_TOLERANCE)
 
 
