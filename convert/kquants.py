@@ -1,7 +1,7 @@
 """llama.cpp's reference quantizers (quantize_row_*_ref of ggml; for IQ4_NL quantize_iq4_nl,
 whose search quantize_row_iq4_nl_ref skips: the ones llama-quantize uses without an
 importance matrix) for the block types the mixes of mixes.py choose: Q2_K, Q3_K, Q4_K,
-Q5_K, Q6_K, IQ4_XS, IQ4_NL, and the fallbacks Q5_0, Q5_1, Q8_0 and IQ4_NL (Q2_K's and
+Q5_K, Q6_K, IQ4_XS, IQ4_NL, MXFP4, and the fallbacks Q5_0, Q5_1, Q8_0 and IQ4_NL (Q2_K's and
 Q3_K's fallback Q4_0 is dtypes.quantize_q4). numpy, vectorised over blocks.
 
 Every step is float32 in ggml's order of operations, sums included (accumulated element
@@ -573,10 +573,48 @@ def quantize_iq4_nl(x):
     return np.concatenate([to_f16(scales).view(np.uint8).reshape(-1, 2), qs], axis=1)
 
 
+# ---------------------------------------------------------------------- MXFP4
+
+# kvalues_mxfp4: the E2M1 values doubled, as float32 (the scale halves them again).
+MXFP4_LEVELS = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=F32)
+MXFP4_BLOCK = 32
+E8M0_BIAS = 127
+# The exponent is that of the block's largest magnitude less this: its largest level, 12 under
+# 2^(e − 128), then lies near 2^(e − 128 + 3.6), above it.
+MXFP4_LARGEST_LEVEL_EXPONENT = 2
+E8M0_SUBNORMAL_BELOW = 2  # exponents below this give a subnormal f32 scale
+
+
+def mxfp4_scale(exponents):
+    """2^(e − 128) as float32 of uint8 exponents e (ggml's GGML_E8M0_TO_FP32_HALF)."""
+    e = exponents.astype(np.uint32)
+    bits = np.where(e < E8M0_SUBNORMAL_BELOW, np.uint32(0x00200000) << e,
+                    (e - np.uint32(1)) << np.uint32(23))
+    return bits.astype(np.uint32).view(F32)
+
+
+def quantize_mxfp4(x):
+    """MXFP4 blocks (uint8 [n, 17]) of float32 blocks x [n, 32]: ggml's quantize_row_mxfp4_ref.
+    The exponent e = floor(log2(max |x|)) − 2 + 127 (0 for a block of zeros); each weight the
+    index of the level nearest x in units of 2^(e − 128) (the distances in float32; the first
+    of two equally near)."""
+    amax = np.max(np.abs(x), axis=1)
+    with np.errstate(divide="ignore"):
+        exponents = np.where(amax > 0, np.floor(np.log2(amax)) - MXFP4_LARGEST_LEVEL_EXPONENT
+                             + E8M0_BIAS, 0).astype(np.uint8)
+    scale = mxfp4_scale(exponents)
+    distances = np.abs(scale[:, None, None] * MXFP4_LEVELS - x[:, :, None])
+    levels = np.argmin(distances, axis=2).astype(np.uint8)
+    # Byte j: weight j in the low nibble, weight j + 16 in the high.
+    half = MXFP4_BLOCK // 2
+    qs = levels[:, :half] | levels[:, half:] << 4
+    return np.concatenate([exponents[:, None], qs], axis=1)
+
+
 BLOCK_QUANTIZERS = {"IQ4_XS": quantize_iq4_xs, "IQ4_NL": quantize_iq4_nl,
                     "Q2_K": quantize_q2_k, "Q3_K": quantize_q3_k,
                     "Q4_K": quantize_q4_k, "Q5_K": quantize_q5_k, "Q6_K": quantize_q6_k,
-                    "Q5_0": quantize_q5_0, "Q5_1": quantize_q5_1}
+                    "Q5_0": quantize_q5_0, "Q5_1": quantize_q5_1, "MXFP4": quantize_mxfp4}
 
 
 def quantize(values, type_name):

@@ -1,6 +1,9 @@
 """The type of each matrix under llama-quantize's mixes Q2_K, Q3_K_S, Q3_K_M, Q3_K_L,
-Q4_K_M, Q5_K_M, Q6_K, IQ4_XS and IQ4_NL (without an importance matrix; llama.cpp's
-llama_tensor_get_type), for the models barellm runs.
+Q4_K_M, Q5_K_M, Q6_K, IQ4_XS, IQ4_NL and MXFP4_MOE (without an importance matrix;
+llama.cpp's llama_tensor_get_type), for the models barellm runs.
+
+- MXFP4_MOE has the experts' matrices in MXFP4 and every other matrix in Q8_0; none of the
+  rules below applies to it.
 
 - Each mix has a base type (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ4_NL).
 - The output matrix (or the token embedding when it is tied to the output) is Q6_K; Q8_0
@@ -38,7 +41,8 @@ class Mix(NamedTuple):
 MIXES = {"Q2_K": Mix("Q2_K", False), "Q3_K_S": Mix("Q3_K", False),
          "Q3_K_M": Mix("Q3_K", False), "Q3_K_L": Mix("Q3_K", False),
          "Q4_K_M": Mix("Q4_K", True), "Q5_K_M": Mix("Q5_K", True), "Q6_K": Mix("Q6_K", False),
-         "IQ4_XS": Mix("IQ4_XS", False), "IQ4_NL": Mix("IQ4_NL", False)}
+         "IQ4_XS": Mix("IQ4_XS", False), "IQ4_NL": Mix("IQ4_NL", False),
+         "MXFP4_MOE": Mix("Q8_0", False)}
 # --dtype spelling -> mix.
 CLI_NAMES = {name.lower(): name for name in MIXES}
 OUTPUT_TYPE = "Q6_K"
@@ -73,6 +77,9 @@ Q2_K_GROUPED_WV_TYPE = "Q4_K"
 # of IQ4_WIDER_TYPE.
 IQ4_MIXES = ("IQ4_XS", "IQ4_NL")
 IQ4_WIDER_TYPE = "Q5_K"
+# MXFP4_MOE: its experts' type (its other matrices have its base type, Q8_0).
+MXFP4_MOE = "MXFP4_MOE"
+MXFP4_MOE_EXPERTS_TYPE = "MXFP4"
 # A model of this many experts per sparse layer: wk and wv of this type, and wo of the
 # listed mixes of the other.
 EIGHT_EXPERTS = 8
@@ -128,6 +135,8 @@ def q3_k_type(mix, short, layer, config):
 def matrix_type(mix, name, cols, config):
     """The type of the matrix `name` (barellm's name) of `cols` columns under `mix`."""
     base = MIXES[mix].base
+    if mix == MXFP4_MOE:
+        return with_fallback(MXFP4_MOE_EXPERTS_TYPE if ".experts." in name else base, cols)
     short = name.rsplit(".", 1)[-1]
     is_output = name == "output" or (name == "token_embedding" and config["tied_embeddings"])
     if is_output:

@@ -5,10 +5,13 @@ MXFP4_MOE layout), keep every block byte for byte; barellm's logits on them are 
 numpy reference forward pass (reference/model.py) on the weights the gguf package dequantizes
 (scalar, SIMD decode and prefill, and the CUDA backend on the CPU emulation of CUDA against the
 CPU); a scale exponent under which a weight would not be a finite f32 is refused in one line;
-llama-quantize's own MXFP4_MOE file (where it is built) is kept matrix for matrix."""
+llama-quantize's own MXFP4_MOE file (where it is built) is kept matrix for matrix. The
+converter's own `--dtype mxfp4_moe` quantizes as the gguf package does, and gives
+llama-quantize's file byte for byte."""
 
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -17,7 +20,8 @@ gguf = pytest.importorskip("gguf", reason="pip package gguf missing")
 
 import model as reference  # noqa: E402
 import test_cuda as gpu  # noqa: E402
-from convert_testlib import TINY_CONFIG, make_checkpoint, read_raw, tiny_tensors  # noqa: E402
+from convert_testlib import (REPO, TINY_CONFIG, make_checkpoint, read_raw,  # noqa: E402
+                             tiny_tensors)
 from test_convert_kquants import (assert_logits_match, llama_quantize,  # noqa: E402
                                   assert_refused, convert, gguf_from_hf, logits, metadata,
                                   rewritten_gguf, rotate_half)
@@ -233,3 +237,68 @@ def test_llama_quantize_mxfp4_moe_is_kept(tmp_path, moe):
     want = moe_reference(out)
     got = logits(out, IDS, "--kv", "f32", "--simd", "scalar")
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 1e-4
+
+
+def test_quantize_mxfp4_is_the_gguf_packages():
+    """The converter's MXFP4 quantizer (convert/kquants.py, ggml's quantize_row_mxfp4_ref)
+    gives the gguf package's blocks byte for byte: blocks of magnitudes from 2^-20 to 2^20, a
+    block of zeros, one holding a single value, and blocks of values midway between two levels
+    (the first of two equally near wins)."""
+    sys.path.insert(0, os.path.join(REPO, "convert"))
+    import kquants
+    rng = np.random.default_rng(13)
+    gaussian = rng.standard_normal((64, 32)) * np.exp2(rng.integers(-20, 20, (64, 1)))
+    single = np.zeros((1, 32))
+    single[0, 7] = -3.0
+    levels = np.array(gguf.quants.MXFP4.kvalues[:8], dtype=np.float64) / 2
+    midway = (levels[:-1] + levels[1:]) / 2  # E2M1 values midway between two levels
+    ties = rng.choice(np.concatenate([midway, -midway, [6.0]]), (8, 32)) * np.exp2(
+        rng.integers(-4, 4, (8, 1)))
+    x = np.concatenate([gaussian, np.zeros((1, 32)), single, ties]).astype(np.float32)
+    got = kquants.quantize(x.reshape(1, -1), "MXFP4").reshape(len(x), -1)
+    assert np.array_equal(got, gguf.quants.quantize(x, MXFP4))
+
+
+@pytest.fixture(scope="module")
+def moe_checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mxfp4_moe_hf")
+    return make_checkpoint(path / "hf", config=MOE_CONFIG,
+                           tensors=moe_tensors(MOE_CONFIG, seed=2, near_tie=False))
+
+
+def test_dtype_mxfp4_moe_quantizes_the_experts(tmp_path, moe_checkpoint):
+    """--dtype mxfp4_moe of a Qwen3-MoE checkpoint: the experts in MXFP4, the gguf package's
+    blocks of their weights; every other matrix Q8_0; the router F32; the logits the
+    reference's on the file's weights."""
+    out, log = convert(moe_checkpoint, tmp_path / "m.bin", "--dtype", "mxfp4_moe")
+    assert log == "", log
+    types = json.loads(metadata(out)["barellm.matrix_types"])
+    assert {kind for name, kind in types.items() if ".experts." in name} == {"MXFP4"}
+    assert {kind for name, kind in types.items() if ".experts." not in name} == {"Q8_0"}
+    assert json.loads(metadata(out)["barellm.config"])["weight_dtype"] == "MXFP4_MOE"
+    hf = reference.read_safetensors(os.path.join(moe_checkpoint, "model.safetensors"))[0]
+    stored = read_raw(out)[2]
+    for layer in range(MOE_CONFIG["num_hidden_layers"]):
+        for short, part in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+            experts = np.stack([hf[f"model.layers.{layer}.mlp.experts.{e}.{part}.weight"]
+                                for e in range(MOE_CONFIG["num_experts"])])
+            blocks = gguf.quants.quantize(experts.astype(np.float32), MXFP4)
+            assert np.array_equal(stored[f"layers.{layer}.experts.{short}"],
+                                  blocks.reshape(-1, blocks.shape[-1])), (layer, short)
+    assert_logits_match(out, IDS, moe_reference(out), "--dtype mxfp4_moe")
+
+
+def test_dtype_mxfp4_moe_is_llama_quantizes(tmp_path, moe_checkpoint):
+    """The converter's MXFP4_MOE file of the checkpoint and llama-quantize's of its F32 GGUF
+    (converted as it is) have the same type for every matrix and the same bytes in every
+    tensor."""
+    f32 = gguf_from_hf(moe_checkpoint, tmp_path / "f32.gguf")
+    theirs = llama_quantize(f32, tmp_path / "theirs.gguf", "MXFP4_MOE")
+    ours, _ = convert(moe_checkpoint, tmp_path / "ours.bin", "--dtype", "mxfp4_moe")
+    kept, _ = convert(theirs, tmp_path / "theirs.bin")
+    types = json.loads(metadata(ours)["barellm.matrix_types"])
+    assert json.loads(metadata(kept)["barellm.matrix_types"]) == types
+    ours_tensors, kept_tensors = read_raw(ours)[2], read_raw(kept)[2]
+    assert set(ours_tensors) == set(kept_tensors)
+    for name, values in ours_tensors.items():
+        assert np.array_equal(values.view(np.uint8), kept_tensors[name].view(np.uint8)), name
