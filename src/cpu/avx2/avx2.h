@@ -37,8 +37,9 @@ void matvec_rows_iq(float* out, const Matrix& w, const Q8KVector& x, int first_r
 void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, const Q8KVector* x,
                              int tokens, int first_row, int row_count);
 
-// Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 weights against x quantized per 32 (matvec_small_blocks_avx2.cpp; the
-// AVX-512 level runs them too).
+// Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 weights against x quantized per 32
+// (matvec_small_blocks_avx2.cpp; the AVX-512 level runs them too, but for IQ4_NL and MXFP4 where
+// it has VNNI: avx512::matvec_rows_lookup_blocks).
 void matvec_rows_small_blocks(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                               int row_count);
 
