@@ -35,10 +35,11 @@ constexpr DType kIqGridTypes[] = {DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, D
 // i-quants' CPU kernels.
 constexpr DType kTernaryTypes[] = {DType::TQ1_0, DType::TQ2_0};
 
-// Every block type the CUDA backend reads: kBlockTypes, then kIqGridTypes.
+// Every block type the CUDA backend reads: kBlockTypes, then kIqGridTypes and kTernaryTypes.
 inline std::vector<DType> cuda_block_types() {
     std::vector<DType> types(std::begin(kBlockTypes), std::end(kBlockTypes));
     types.insert(types.end(), std::begin(kIqGridTypes), std::end(kIqGridTypes));
+    types.insert(types.end(), std::begin(kTernaryTypes), std::end(kTernaryTypes));
     return types;
 }
 
