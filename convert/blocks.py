@@ -50,6 +50,8 @@ BLOCK_TYPES = {
     "IQ1_S": BlockType(256, 50, (0,)),
     "IQ1_M": BlockType(256, 56, (), nibble_f16=48),
     "MXFP4": BlockType(32, 17, (), e8m0=0),
+    "TQ1_0": BlockType(256, 54, (52,)),
+    "TQ2_0": BlockType(256, 66, (64,)),
 }
 # Types a matrix of a file with per-matrix types may have (barellm.matrix_types). Q8_0 and
 # Q4_0 are stored as the uniform Q8 and Q4 files store their matrices (NAME and NAME.scale).

@@ -1,19 +1,19 @@
 // How the device code reads matrices stored as ggml's blocks (src/weights/weight_blocks.h: Q4_1,
-// Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, and the i-quants IQ2_XXS,
-// IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M): the blocks as the file holds them, each device row
-// padded to 16 bytes (kernels.h: DeviceMatrix), unpacked in registers only. Every reader loads a
-// unit's bytes with load_unit; its stored values come out four to a word, in column order
-// (group_words), and its scales as floats (unit_factors). The decode matvecs (matvec_blocks.cuh)
-// multiply the words with an int8 input (dp4a); the embedding (embedding.cuh), the f16 copy for the
-// prefill's GEMMs (dequantize.cuh) and the server step's batched matvec (matvec_rows.cuh) take the
-// weights in f32 (decode_unit).
+// Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, the i-quants IQ2_XXS, IQ2_XS,
+// IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, and the ternary types TQ1_0, TQ2_0): the blocks as the file
+// holds them, each device row padded to 16 bytes (kernels.h: DeviceMatrix), unpacked in registers
+// only. Every reader loads a unit's bytes with load_unit; its stored values come out four to a
+// word, in column order (group_words), and its scales as floats (unit_factors). The decode matvecs
+// (matvec_blocks.cuh) multiply the words with an int8 input (dp4a); the embedding (embedding.cuh),
+// the f16 copy for the prefill's GEMMs (dequantize.cuh) and the server step's batched matvec
+// (matvec_rows.cuh) take the weights in f32 (decode_unit).
 //
 // Every block type is read in "units" of 32 weights: a small block is one unit, a super-block
 // of 256 weights eight. A unit is two groups of 16 weights, each group 16 consecutive columns
 // (group_column) sharing one f32 scale and offset: w = scale · (q − midpoint) + offset, q a
-// small non-negative integer (the midpoint: Q5_0's 16, Q6_K's 32, Q3_K's 4, else 0; IQ4_XS's
-// and IQ4_NL's q is the non-uniform level its nibble picks, signed, MXFP4's its doubled E2M1
-// value; an i-quant's q is its grid
+// small non-negative integer (the midpoint: Q5_0's 16, Q6_K's 32, Q3_K's 4, TQ1_0's and TQ2_0's 1,
+// else 0; IQ4_XS's and IQ4_NL's q is the non-uniform level its nibble picks, signed, MXFP4's its
+// doubled E2M1 value; an i-quant's q is its grid
 // value times its sign, iq_group_words). Which bytes a unit reads, and which columns its groups
 // cover:
 // - Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4: the block; group 0 the low nibbles (columns 0..15), group 1
@@ -45,11 +45,16 @@
 //   qh[k], scales[k]; IQ3_XXS qs[8k .. 8k + 7] and the signs-and-scale word k; IQ3_S qs[8k ..],
 //   qh[k], signs[4k ..], scales[k / 2]; IQ1_S qs[4k ..] and qh[k] (u16); IQ1_M qs[4k ..],
 //   qh[2k], qh[2k + 1] and the four scales words (they hold d).
+// - TQ2_0: Q2_K's units (its bit pairs lie as Q2_K's), with d alone as header.
+// - TQ1_0: unit k is columns 32k .. 32k + 31, group g columns 32k + 16g + i. Units 0..4 read
+//   qs[0..31], trit k of each byte (group 0 qs[0..15], group 1 qs[16..31]); units 5 and 6 read
+//   qs[32..47], trit 2(k − 5) + g; unit 7 reads qs[32..47], trit 4 (group 0), and qh[0..3], word j
+//   of group 1 their trit j (tq1_group_words). Each unit also reads d.
 // A unit's loads are as wide as its alignment allows (BlockLayout::kLoadBytes): 16 bytes for
 // Q4_K and Q5_K, 8 for Q5_1 and IQ4_XS (IQ1_M's scales words; its qs 4, its qh 2), 4 for Q4_1
 // and Q2_K (blocks of 20 and 84 bytes), 2 for IQ4_NL, Q5_0, Q3_K and Q6_K (blocks of 18, 22, 110
-// and 210 bytes) and the other i-quants (blocks of 50 to 110 bytes, each 2 past a multiple of 4),
-// 1 for MXFP4 (blocks of 17 bytes).
+// and 210 bytes), the other i-quants (blocks of 50 to 110 bytes, each 2 past a multiple of 4) and
+// the ternary types (blocks of 54 and 66 bytes), 1 for MXFP4 (blocks of 17 bytes).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -145,12 +150,26 @@ template <>
 struct BlockLayout<DType::IQ1_M> {
     static constexpr int kWeights = 256, kBytes = 56, kLoadBytes = 8;
 };
+template <>
+struct BlockLayout<DType::TQ1_0> {
+    static constexpr int kWeights = 256, kBytes = 54, kLoadBytes = 2;
+};
+template <>
+struct BlockLayout<DType::TQ2_0> {
+    static constexpr int kWeights = 256, kBytes = 66, kLoadBytes = 2;
+};
 
 // Whether D is an i-quant, its weights looked up in a lattice grid (iq_grids.cuh).
 template <DType D>
 constexpr bool kIsIqGrid =
     D == DType::IQ2_XXS || D == DType::IQ2_XS || D == DType::IQ2_S || D == DType::IQ3_XXS ||
     D == DType::IQ3_S || D == DType::IQ1_S || D == DType::IQ1_M;
+// Whether D is a ternary type: w = d·(q − 1), one d a super-block.
+template <DType D>
+constexpr bool kIsTernary = D == DType::TQ1_0 || D == DType::TQ2_0;
+// TQ1_0's units that read qs[0..31] (one a trit), and its last unit, which reads qh.
+constexpr int kTq1WideUnits = kTq1QsTrits;
+constexpr int kTq1LastUnit = 7;
 
 // scales[kQ3TopBitsByte ..] of a Q3_K block hold its sub-block scales' top two bits
 // (weight_blocks.h: q3k_scale).
@@ -329,8 +348,7 @@ __device__ __forceinline__ UnitBytes load_unit(const uint8_t* row, int unit) {
         const auto* qh = reinterpret_cast<const unsigned short*>(block + offsetof(BlockIQ1_S, qh));
         u.head[0] |= uint32_t(__ldcs(qh + k)) << 16;
         load_words<kAlign, 4>(block + offsetof(BlockIQ1_S, qs) + 4 * k, u.low);
-    } else {
-        static_assert(D == DType::IQ1_M, "a block type");  // qs[32] | qh[16] | scales[4] (u16)
+    } else if constexpr (D == DType::IQ1_M) {  // qs[32] | qh[16] | scales[4] (u16)
         static_assert(Layout::kBytes % kAlign == 0 && offsetof(BlockIQ1_M, scales) % kAlign == 0,
                       "8-byte loads of the scales words in every block of a row");
         // head[0..1]: the four scales words; low[0]: qs[4k ..]; high[0]: qh[2k], qh[2k + 1].
@@ -338,6 +356,24 @@ __device__ __forceinline__ UnitBytes load_unit(const uint8_t* row, int unit) {
         load_words<4, 4>(block + offsetof(BlockIQ1_M, qs) + 4 * k, u.low);
         const auto* qh = reinterpret_cast<const unsigned short*>(block + offsetof(BlockIQ1_M, qh));
         u.high[0] = __ldcs(qh + k);
+    } else if constexpr (D == DType::TQ2_0) {  // qs[64] | d
+        // head[0]: d; low: qs[32h + 16m ..], k = 4h + 2p + m (Q2_K's units).
+        load_words<kAlign, 2>(block + offsetof(BlockTQ2_0, d), u.head);
+        load_words<kAlign>(block + offsetof(BlockTQ2_0, qs) + 32 * (k / 4) + 16 * (k % 2), u.low);
+    } else {
+        static_assert(D == DType::TQ1_0, "a block type");  // qs[48] | qh[4] | d
+        // head[0]: d; units 0..4 low qs[0..15], high qs[16..31]; units 5..7 low qs[32..47], the
+        // last high[0] qh[0..3].
+        load_words<kAlign, 2>(block + offsetof(BlockTQ1_0, d), u.head);
+        const uint8_t* qs = block + offsetof(BlockTQ1_0, qs);
+        if (k < kTq1WideUnits) {
+            load_words<kAlign>(qs, u.low);
+            load_words<kAlign>(qs + kGroupWeights, u.high);
+        } else {
+            load_words<kAlign>(qs + kTq1WideRun, u.low);
+            if (k == kTq1LastUnit)
+                load_words<kAlign, kTq1QhBytes>(block + offsetof(BlockTQ1_0, qh), u.high);
+        }
     }
     return u;
 }
@@ -366,6 +402,7 @@ template <DType D>
 constexpr int kMidpoint = D == DType::Q5_0   ? 16
                           : D == DType::Q6_K ? kQ6KLevelOffset
                           : D == DType::Q3_K ? kQ3KLevelOffset
+                          : kIsTernary<D>    ? kTernaryOffset
                                              : 0;
 
 // IQ1_M's f16 d from its four scales words (head[0..1]): the top nibble of word i is bits
@@ -376,9 +413,10 @@ __device__ __forceinline__ uint32_t iq1m_d_bits(const uint32_t (&head)[4]) {
 }
 
 // MXFP4's scale 2^(e − 128) (weight_blocks.h: mxfp4_scale) from its exponent e: the f32 bits
-// (e − 1) << 23, or a subnormal 0x00200000 << e for e < 2.
+// (e − 1) << 23, or a subnormal kMxfp4SmallestScaleBits << e for e < 2.
 __device__ __forceinline__ float mxfp4_scale_of(uint32_t e) {
-    return __uint_as_float(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+    return __uint_as_float(e < kMxfp4SubnormalBelow ? kMxfp4SmallestScaleBits << e
+                                                    : (e - 1) << kF32MantissaBits);
 }
 
 // What an i-quant's group scale d·(2s + 1) is divided by (weight_blocks.h): IQ2's 8, IQ3_XXS's
@@ -455,6 +493,9 @@ __device__ __forceinline__ UnitFactors unit_factors(const UnitBytes& u, int unit
         const int low = int(u.head[1] >> (8 * (k / 2) + 4 * (k % 2)) & 15u);
         const int high = int(u.head[0] >> 16 >> (2 * k) & 3u);
         f.scale[0] = f.scale[1] = d * float((low | high << 4) - 32);
+        f.offset[0] = f.offset[1] = 0.0f;
+    } else if constexpr (kIsTernary<D>) {
+        f.scale[0] = f.scale[1] = half_bits_to_float(u.head[0] & 0xffffu);
         f.offset[0] = f.offset[1] = 0.0f;
     } else {
         static_assert(kIsIqGrid<D>, "a block type");
@@ -625,6 +666,46 @@ __device__ __forceinline__ void iq_group_words(const UnitBytes& u, int g, uint32
     }
 }
 
+// 3^n (n 0..4) for TQ1_0's trit n: kTq1TritMultipliers, a byte each, in one word that device code
+// indexes by shifts.
+constexpr uint64_t tq1_packed_multipliers() {
+    uint64_t packed = 0;
+    for (int n = 0; n < kTq1QsTrits; ++n) packed |= uint64_t(kTq1TritMultipliers[n]) << (8 * n);
+    return packed;
+}
+constexpr uint64_t kTq1PackedMultipliers = tq1_packed_multipliers();
+__device__ __forceinline__ uint32_t tq1_multiplier(int n) {
+    return uint32_t(kTq1PackedMultipliers >> (8 * n)) & 0xffu;
+}
+
+// Trit n of each byte of `word` (weight_blocks.h: tq1_0_trit), one a byte, `power` = 3^n: the even
+// and the odd bytes each in a 16-bit half of their own, where v·3^n stays below 2^16, kept modulo
+// 256; times 3, the trit is the half's bits 8-9.
+__device__ __forceinline__ uint32_t tq1_trits(uint32_t word, uint32_t power) {
+    constexpr uint32_t kEvenBytes = 0x00ff00ffu, kTritBits = 0x00030003u;
+    const uint32_t even = (word & kEvenBytes) * power & kEvenBytes;
+    const uint32_t odd = (word >> 8 & kEvenBytes) * power & kEvenBytes;
+    return (even * kTritBase >> 8 & kTritBits) | (odd * kTritBase & kTritBits << 8);
+}
+
+// Group g's levels (0..2) of unit k of a TQ1_0 super-block, four a word in column order, from the
+// unit's bytes (load_unit): word j is trit n of four bytes, the bytes and n as the header says.
+__device__ __forceinline__ void tq1_group_words(const UnitBytes& u, int k, int g,
+                                                uint32_t (&q)[4]) {
+    if (k == kTq1LastUnit && g == 1) {  // qh[0..3]: columns 240 + 4j + l are trit j of qh[l]
+#pragma unroll
+        for (int j = 0; j < 4; ++j) q[j] = tq1_trits(u.high[0], tq1_multiplier(j));
+        return;
+    }
+    const int n = k < kTq1WideUnits   ? k
+                  : k == kTq1LastUnit ? kTq1QsTrits - 1
+                                      : 2 * (k - kTq1WideUnits) + g;
+    const uint32_t power = tq1_multiplier(n);
+    const bool from_high = k < kTq1WideUnits && g == 1;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) q[j] = tq1_trits(from_high ? u.high[j] : u.low[j], power);
+}
+
 // The stored values q of group g of unit `unit`, in column order, four a word (byte i of
 // word j: column group_column + 4j + i), each a non-negative int8 (IQ4_XS, IQ4_NL, MXFP4: its
 // signed level; the i-quants: iq_group_words): what dp4a multiplies with the int8 input, and
@@ -633,13 +714,15 @@ template <DType D>
 __device__ __forceinline__ void group_words(const UnitBytes& u, int unit, int g, uint32_t (&q)[4]) {
     constexpr int kUnits = BlockLayout<D>::kWeights / kUnitWeights;
     const int k = unit % kUnits;
-    if constexpr (D == DType::Q2_K || D == DType::Q3_K) {
+    if constexpr (D == DType::Q2_K || D == DType::Q3_K || D == DType::TQ2_0) {
         // k = 4h + 2p + m: bits 2t, 2t + 1 of qs, t = 2p + g.
         const int t = 2 * (k / 2 % 2) + g;
 #pragma unroll
         for (int j = 0; j < 4; ++j) q[j] = u.low[j] >> (2 * t) & kLowTwoBitBytes;
     } else if constexpr (kIsIqGrid<D>) {
         iq_group_words<D>(u, g, q);
+    } else if constexpr (D == DType::TQ1_0) {
+        tq1_group_words(u, k, g, q);
     } else {
 #pragma unroll
         for (int j = 0; j < 4; ++j)
@@ -679,12 +762,13 @@ __device__ __forceinline__ int group_column(int unit, int g) {
     using Layout = BlockLayout<D>;
     constexpr int kUnits = Layout::kWeights / kUnitWeights;
     const int base = unit / kUnits * Layout::kWeights, k = unit % kUnits;
-    if constexpr (D == DType::Q2_K || D == DType::Q3_K || D == DType::Q4_K || D == DType::Q5_K) {
+    if constexpr (D == DType::Q2_K || D == DType::Q3_K || D == DType::Q4_K || D == DType::Q5_K ||
+                  D == DType::TQ2_0) {
         return base + 64 * (k / 2) + 32 * g + 16 * (k % 2);
     } else if constexpr (D == DType::Q6_K) {
         const int n = k / 4, p = k / 2 % 2, g16 = k % 2;
         return base + 128 * n + 32 * (p + 2 * g) + 16 * g16;
-    } else {  // the small blocks (one unit a block) and IQ4_XS
+    } else {  // the small blocks (one unit a block), IQ4_XS, the i-quants and TQ1_0
         return base + kUnitWeights * k + kGroupWeights * g;
     }
 }
@@ -760,6 +844,10 @@ void with_block_dtype(DType dtype, Use&& use) {
             return use(std::integral_constant<DType, DType::IQ1_S>{});
         case DType::IQ1_M:
             return use(std::integral_constant<DType, DType::IQ1_M>{});
+        case DType::TQ1_0:
+            return use(std::integral_constant<DType, DType::TQ1_0>{});
+        case DType::TQ2_0:
+            return use(std::integral_constant<DType, DType::TQ2_0>{});
         default:
             throw Error("with_block_dtype: not a block type");
     }

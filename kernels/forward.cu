@@ -5,9 +5,9 @@
 // kernels.h).
 //
 // - Weights (f32, f16, bf16, Q8, Q4, or ggml's block types: Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K,
-//   Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, and the i-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S,
-//   IQ1_S, IQ1_M) are uploaded once, each matrix in its own type; decode activations are f32;
-//   the KV cache is f16 or f32. Q8/Q4 matrices run through the int8 matvecs of
+//   Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, the i-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S,
+//   IQ1_M, and TQ1_0, TQ2_0) are uploaded once, each matrix in its own type; decode activations
+//   are f32; the KV cache is f16 or f32. Q8/Q4 matrices run through the int8 matvecs of
 //   matvec_quantized.cuh in decode (kernels.h: matvec and matvec_swiglu dispatch on the dtype)
 //   and through the GEMM's quantized tensor-core kernel in prefill; block-type matrices through
 //   matvec_blocks.cuh in decode and, dequantized to f16 first, through the f16 GEMM in prefill.

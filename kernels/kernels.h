@@ -11,9 +11,9 @@
 // - Decode activations are f32 in device memory, the batched prefill's GEMM inputs f32, f16 or bf16
 //   (DeviceActivations); weights are f32, f16, bf16, Q8 (I8), Q4 (U8) or one of ggml's block types
 //   (Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, IQ2_XXS, IQ2_XS, IQ2_S,
-//   IQ3_XXS, IQ3_S, IQ1_S, IQ1_M), each matrix its own: the decode kernels (embedding, matvec,
-//   matvec_swiglu) and the batched prefill's GEMM (gemm, embedding_rows) read them all, the GPU
-//   ladder's simple kernels the first three.
+//   IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0), each matrix its own: the decode kernels
+//   (embedding, matvec, matvec_swiglu) and the batched prefill's GEMM (gemm, embedding_rows) read
+//   them all, the GPU ladder's simple kernels the first three.
 // - Every launch goes on `stream` and is checked with cudaGetLastError (a failure throws
 //   barellm::Error).
 // - Kernels that depend on the token or the position read them from `step`, a device array
@@ -51,7 +51,8 @@ constexpr int kQuantizedBlock = 32;
 //   block's f16 scale, in the same allocation as the values, right after them (16-byte
 //   aligned). A Q8 row's last group may be shorter in the file; padded, it is a whole block.
 // - The block types (Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS and the
-//   i-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M; src/weights/weight_blocks.h):
+//   i-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0;
+//   src/weights/weight_blocks.h):
 //   a row holds its cols / block_weights blocks as the file does, padded with zero bytes to a
 //   multiple of 16 bytes (so every row starts 16-byte aligned); pitch is cols, a whole number of
 //   blocks, and there are no separate scales.

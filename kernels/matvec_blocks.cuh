@@ -12,16 +12,16 @@
 //   stage_input), then quantized to int8 as the CPU's matvecs of the same type quantize it
 //   (stage_block_input): per 32 columns by the Q8 rule (cpu::quantize_q8) for Q4_1, Q5_0,
 //   Q5_1, IQ4_NL and MXFP4, per super-block of 256 by the Q8_K rule (cpu::quantize_q8_k) for Q2_K,
-//   Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS and the i-quants. So the GPU's sums follow the CPU's, as the
-//   Q8/Q4 matvecs' do.
+//   Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, the i-quants and the ternary types. So the GPU's sums follow
+//   the CPU's, as the Q8/Q4 matvecs' do.
 // - Each group of 16 weights is four dp4a of its stored values (group_words: the nibbles, or
 //   Q2_K's and Q3_K's bit pairs, masked four at a time, the high bits spread into them; IQ4_XS's
 //   and IQ4_NL's nibbles looked up as their signed levels; the i-quants' grid points looked up
-//   and signed, iq_group_words) with the 16 int8 inputs it multiplies, one 16-byte shared load;
-//   the lane's f32 sum gains
+//   and signed, iq_group_words; TQ1_0's trits by multiplies, tq1_group_words) with the 16 int8
+//   inputs it multiplies, one 16-byte shared load; the lane's f32 sum gains
 //   x_scale · (scale · (dot − midpoint · Σx) + offset · Σx), Σx the group's sum of int8 inputs
-//   (Q6_K's midpoint of 32, Q5_0's of 16 and Q3_K's of 4 subtracted in integers, Q2_K's,
-//   Q4_K's and Q5_K's mins and Q4_1's and Q5_1's m as offsets).
+//   (Q6_K's midpoint of 32, Q5_0's of 16, Q3_K's of 4 and the ternary types' of 1 subtracted in
+//   integers, Q2_K's, Q4_K's and Q5_K's mins and Q4_1's and Q5_1's m as offsets).
 // - Why int8 rather than each weight converted to f32 against the f32 input: an integer to
 //   f32 conversion runs at a fraction of the FMA rate, and with one per weight, an FMA and 4
 //   bytes of shared input per weight, the SM rather than memory sets the pace. The Q8/Q4
@@ -417,6 +417,8 @@ void prepare_block_matvec(size_t bytes) {
     allow_block_shared_bytes<DType::IQ3_S>(bytes);
     allow_block_shared_bytes<DType::IQ1_S>(bytes);
     allow_block_shared_bytes<DType::IQ1_M>(bytes);
+    allow_block_shared_bytes<DType::TQ1_0>(bytes);
+    allow_block_shared_bytes<DType::TQ2_0>(bytes);
 }
 
 #endif  // BARELLM_LAUNCH_FUNCTIONS

@@ -279,9 +279,10 @@ void prepare_expert_matvec(size_t bytes) {
     allow_shared_bytes(expert_quantized_matvec_kernel<DType::Q8_0>, bytes);
     allow_shared_bytes(expert_quantized_matvec_kernel<DType::Q4_0>, bytes);
     for (const DType dtype :
-         {DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4_NL, DType::Q2_K, DType::Q3_K,
-          DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS, DType::IQ2_XXS, DType::IQ2_XS,
-          DType::IQ2_S, DType::IQ3_XXS, DType::IQ3_S, DType::IQ1_S, DType::IQ1_M, DType::MXFP4})
+         {DType::Q4_1,    DType::Q5_0,   DType::Q5_1,  DType::IQ4_NL,  DType::Q2_K,
+          DType::Q3_K,    DType::Q4_K,   DType::Q5_K,  DType::Q6_K,    DType::IQ4_XS,
+          DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS, DType::IQ3_S,
+          DType::IQ1_S,   DType::IQ1_M,  DType::TQ1_0, DType::TQ2_0,   DType::MXFP4})
         with_block_dtype(dtype, [&](auto d) {
             allow_shared_bytes(expert_block_matvec_kernel<decltype(d)::value>, bytes);
         });

@@ -55,6 +55,9 @@ SANITIZE = {
     "test_convert_mxfp4.py": ["test_mxfp4_logits_are_the_references",
                               "test_mxfp4_experts_are_kept_and_run_as_the_reference",
                               "test_mxfp4_on_the_emulated_cuda_backend"],
+    "test_convert_ternary.py": ["test_ternary_logits_are_the_references",
+                                "test_ternary_types_on_the_emulated_cuda_backend",
+                                "test_a_hostile_ternary_file_is_refused_in_one_line"],
     "test_serve.py": None,
     # The CUDA backend on the emulation: its device memory is heap memory of the exact size
     # asked for, so a kernel or host step that reads or writes past a buffer fails here.

@@ -574,6 +574,7 @@ TEST_CASE("AVX-512 VNNI prefill GEMM of the block types matches a reference on q
     std::mt19937 rng(517);
     std::vector<DType> types(std::begin(kBlockTypes), std::end(kBlockTypes));
     types.insert(types.end(), std::begin(kIqGridTypes), std::end(kIqGridTypes));
+    types.insert(types.end(), std::begin(kTernaryTypes), std::end(kTernaryTypes));
     for (const DType dtype : types)
         for (const Avx512Build& build : builds()) {
             if (!build.has_vnni) continue;
@@ -771,6 +772,13 @@ TEST_CASE(
             }
         }
     }
+}
+
+TEST_CASE("AVX-512 VNNI ternary matvecs equal the dequantized rows times Q8_K x") {
+    std::mt19937 rng(521);
+    const DType dtype = GENERATE(from_range(std::begin(kTernaryTypes), std::end(kTernaryTypes)));
+    for (const Avx512Build& build : builds())
+        if (build.has_vnni) check_iq_matvec(build.matvec_rows_iq, build.name, dtype, rng);
 }
 
 TEST_CASE("AVX-512 VNNI super-block matvecs equal the dequantized rows times Q8_K x") {

@@ -128,3 +128,11 @@ TEST_CASE("AVX-VNNI prefill GEMM of the i-quants matches a reference and the AVX
         check_block_gemm(kIqGridTypes, build.gemm_rows_blocks, build.name, quantized_batch_by_rule,
                          build.name == "native" ? cpu::avx2::gemm_rows_blocks : nullptr, rng);
 }
+
+TEST_CASE(
+    "AVX-VNNI prefill GEMM of the ternary types matches a reference and the AVX2 one's bits") {
+    std::mt19937 rng(530);
+    for (const AvxVnniBuild& build : builds())
+        check_block_gemm(kTernaryTypes, build.gemm_rows_blocks, build.name, quantized_batch_by_rule,
+                         build.name == "native" ? cpu::avx2::gemm_rows_blocks : nullptr, rng);
+}

@@ -31,10 +31,15 @@ constexpr DType kBlockTypes[] = {DType::Q2_K, DType::Q3_K,   DType::Q4_K, DType:
 constexpr DType kIqGridTypes[] = {DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS,
                                   DType::IQ3_S,   DType::IQ1_S,  DType::IQ1_M};
 
-// Every block type the CUDA backend reads: kBlockTypes, then kIqGridTypes.
+// The ternary types: trits (TQ1_0) or bit pairs (TQ2_0) under one d a super-block, on the
+// i-quants' CPU kernels.
+constexpr DType kTernaryTypes[] = {DType::TQ1_0, DType::TQ2_0};
+
+// Every block type the CUDA backend reads: kBlockTypes, then kIqGridTypes and kTernaryTypes.
 inline std::vector<DType> cuda_block_types() {
     std::vector<DType> types(std::begin(kBlockTypes), std::end(kBlockTypes));
     types.insert(types.end(), std::begin(kIqGridTypes), std::end(kIqGridTypes));
+    types.insert(types.end(), std::begin(kTernaryTypes), std::end(kTernaryTypes));
     return types;
 }
 
@@ -77,6 +82,10 @@ inline std::vector<size_t> block_scale_offsets(DType dtype) {
             return {offsetof(BlockIQ1_M, scales)};
         case DType::MXFP4:
             return {offsetof(BlockMXFP4, e)};
+        case DType::TQ1_0:
+            return {offsetof(BlockTQ1_0, d)};
+        case DType::TQ2_0:
+            return {offsetof(BlockTQ2_0, d)};
         default:  // Q5_0, IQ4_XS, IQ4_NL, the other i-quants
             return {0};
     }
@@ -147,10 +156,10 @@ inline TestMatrix make_block_matrix(int rows, int cols, DType dtype, std::mt1993
 }
 
 // Rows `rows` of m made of the largest levels, scales and mins: every byte but the f16 scales
-// 0xff (levels 3, 7, 15, 31, 63, IQ4_XS's 113; 6-bit scales and mins 63, Q2_K's 4-bit 15) where
-// `fill` is 0xff, or 0 (IQ4_XS's −127; MXFP4's −12 is 0xff); their values and tiles follow.
-// With x of one sign the integer sums of the kernels then reach their bounds. IQ1_M's d, spread
-// over its scales words, is kept.
+// 0xff (levels 3, 7, 15, 31, 63, IQ4_XS's 113, TQ1_0's trits 2; 6-bit scales and mins 63, Q2_K's
+// 4-bit 15) where `fill` is 0xff, or 0 (IQ4_XS's −127, the ternary types' −1; MXFP4's −12 is
+// 0xff); their values and tiles follow. With x of one sign the integer sums of the kernels then
+// reach their bounds. IQ1_M's d, spread over its scales words, is kept.
 inline void fill_rows(TestMatrix* m, std::initializer_list<int> rows, uint8_t fill) {
     const DType dtype = m->matrix.dtype;
     const std::vector<size_t> scales = block_scale_offsets(dtype);
@@ -335,9 +344,9 @@ inline void check_iq_matvec(IqMatvec kernel, const std::string& name, DType dtyp
 using BlockGemmRows = void (*)(float* out, const Matrix& w, const cpu::QuantizedBatch& x,
                                int first_row, int row_count);
 
-// Checks `gemm` on each of `types` (kBlockTypes, kIqGridTypes) against the double-precision
-// reference, on x quantized per 32 by `quantize` (avx2::quantize_token's rule); where
-// `same_bits_as` is given, its results must also equal that GEMM's bit for bit.
+// Checks `gemm` on each of `types` (kBlockTypes, kIqGridTypes, kTernaryTypes) against the
+// double-precision reference, on x quantized per 32 by `quantize` (avx2::quantize_token's rule);
+// where `same_bits_as` is given, its results must also equal that GEMM's bit for bit.
 template <size_t kTypes>
 void check_block_gemm(const DType (&types)[kTypes], BlockGemmRows gemm, const std::string& name,
                       cpu::QuantizedBatch (*quantize)(const std::vector<float>&, int, int),
@@ -386,10 +395,11 @@ void check_block_gemm(const DType (&types)[kTypes], BlockGemmRows gemm, const st
                     }
                     // f32 sums of terms scaled from subnormal to 65504, which cancel in part
                     // (as for the AVX-512 VNNI kernel). The i-quants' values lie evenly about 0
-                    // (IQ1's −1, 0, +1), so that their rows cancel further even against x of one
-                    // sign: SIMDe's fused multiply-add, rounding twice, came to 3.2e-5 on IQ1_M.
+                    // (IQ1's −1, 0, +1; the ternary types' too), so that their rows cancel further
+                    // even against x of one sign: SIMDe's fused multiply-add, rounding twice, came
+                    // to 3.2e-5 on IQ1_M.
                     check_row_run(got, want, batch, rows, first, count,
-                                  is_iq_grid_type(dtype) ? 1e-4 : 3e-5);
+                                  is_iq_grid_type(dtype) || is_ternary_type(dtype) ? 1e-4 : 3e-5);
                 }
             }
     }

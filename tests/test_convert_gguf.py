@@ -493,14 +493,16 @@ def test_chat_template_is_kept(tmp_path):
 
 
 # Types the gguf package decodes but cannot write: the byte offsets of the f16 scales in
-# each block (set to small values here; the other bytes are random).
+# each block (set to small values here; the other bytes are random). NVFP4's are the bytes of
+# its four UE4M3 scales, finite whatever they hold.
 DECODE_ONLY_SCALES = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2),
                       "Q6_K": (208,), "IQ4_NL": (0,), "IQ4_XS": (0,), "IQ3_S": (0,),
-                      "TQ2_0": (64,)}
+                      "TQ1_0": (52,), "TQ2_0": (64,), "NVFP4": (0, 2)}
 
 
 # The decode-only types barellm runs, and those it dequantizes.
-KEPT_DECODE_ONLY = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ4_NL", "IQ3_S"}
+KEPT_DECODE_ONLY = {"Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ4_NL", "IQ3_S", "TQ1_0",
+                    "TQ2_0"}
 
 
 @pytest.mark.parametrize("type_name", sorted(DECODE_ONLY_SCALES))

@@ -398,7 +398,7 @@ def test_file_order_and_alignment(tmp_path, f32_gguf):
 def test_q2_k_is_kept_and_a_type_barellm_does_not_run_becomes_f16_in_one_line(tmp_path,
                                                                                f32_gguf):
     """A file of llama.cpp's Q2_K type: its Q2_K matrices are kept byte for byte (q and k
-    rows moved whole into rotate-half order); a TQ2_0 matrix, a type barellm does not
+    rows moved whole into rotate-half order); an NVFP4 matrix, a type barellm does not
     run, is dequantized to F16 and named in one line."""
     rng = np.random.default_rng(7)
     kept = {}
@@ -406,19 +406,20 @@ def test_q2_k_is_kept_and_a_type_barellm_does_not_run_becomes_f16_in_one_line(tm
         for part, short, rows in (("attn_q", "wq", 256), ("attn_k", "wk", 128)):
             kept[f"layers.{layer}.{short}"] = (f"blk.{layer}.{part}.weight", (
                 "Q2_K", random_matrix_blocks("Q2_K", rows, 256, rng)))
-    tq2_0_weights, tq2_0_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.TQ2_0]
+    nvfp4_weights, nvfp4_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType.NVFP4]
     rows = 128
-    tq2_0 = rng.integers(0, 256, (rows * 256 // tq2_0_weights, tq2_0_bytes), dtype=np.uint8)
-    tq2_0[:, 64:66] = rng.uniform(0.001, 0.01, (len(tq2_0), 1)).astype("<f2").view(np.uint8)  # d
-    tq2_0 = tq2_0.reshape(rows, -1)
+    nvfp4 = rng.integers(0, 256, (rows * 256 // nvfp4_weights, nvfp4_bytes), dtype=np.uint8)
+    # The four UE4M3 scales of each block of 64, 2^-4 to 2^-1.
+    nvfp4[:, :4] = rng.integers(0x18, 0x30, (len(nvfp4), 4), dtype=np.uint8)
+    nvfp4 = nvfp4.reshape(rows, -1)
     replaced = dict(kept.values())
-    replaced["blk.1.attn_v.weight"] = ("TQ2_0", tq2_0)
+    replaced["blk.1.attn_v.weight"] = ("NVFP4", nvfp4)
     replaced["blk.0.ffn_gate.weight"] = ("Q4_K", random_matrix_blocks("Q4_K", 288, 256, rng))
     source = rewritten_gguf(f32_gguf, tmp_path / "m.gguf", replaced,
                             file_type=gguf.LlamaFileType.MOSTLY_Q2_K)
     out, log = convert(source, tmp_path / "m.bin")
     assert log.count("\n") == 1, log
-    assert log.startswith("convert: dequantized to F16") and "1 TQ2_0 (blk.1.attn_v" in log
+    assert log.startswith("convert: dequantized to F16") and "1 NVFP4 (blk.1.attn_v" in log
     assert "Q2_K" not in log, log
     types = json.loads(metadata(out)["barellm.matrix_types"])
     assert json.loads(metadata(out)["barellm.config"])["weight_dtype"] == "Q2_K"
@@ -428,7 +429,7 @@ def test_q2_k_is_kept_and_a_type_barellm_does_not_run_becomes_f16_in_one_line(tm
     for name, (_, (_, raw)) in kept.items():
         assert tensors[name].dtype == np.uint8
         assert np.array_equal(tensors[name], rotate_half(raw, 64)), name
-    expected = gguf.quants.dequantize(tq2_0, gguf.GGMLQuantizationType.TQ2_0)
+    expected = gguf.quants.dequantize(nvfp4, gguf.GGMLQuantizationType.NVFP4)
     assert np.array_equal(tensors["layers.1.wv"], expected.astype(np.float16))
 
 

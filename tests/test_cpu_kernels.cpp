@@ -887,6 +887,13 @@ TEST_CASE("AVX2 i-quant matvecs equal the dequantized rows times Q8_K x") {
         check_iq_matvec(cpu::avx2::matvec_rows_iq, "avx2", dtype, rng);
 }
 
+TEST_CASE("AVX2 ternary matvecs equal the dequantized rows times Q8_K x") {
+    if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
+    std::mt19937 rng(705);
+    for (const DType dtype : kTernaryTypes)
+        check_iq_matvec(cpu::avx2::matvec_rows_iq, "avx2", dtype, rng);
+}
+
 TEST_CASE("AVX2 quantize_token quantizes each token exactly as quantize_q8") {
     if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
     std::mt19937 rng(614);
@@ -907,6 +914,13 @@ TEST_CASE("AVX2 prefill GEMM of the i-quants matches a reference on quantized x"
     if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
     std::mt19937 rng(527);
     check_block_gemm(kIqGridTypes, cpu::avx2::gemm_rows_blocks, "avx2", quantized_on_avx2, nullptr,
+                     rng);
+}
+
+TEST_CASE("AVX2 prefill GEMM of the ternary types matches a reference on quantized x") {
+    if (cpu::detect_simd_level() < cpu::SimdLevel::Avx2) return;
+    std::mt19937 rng(528);
+    check_block_gemm(kTernaryTypes, cpu::avx2::gemm_rows_blocks, "avx2", quantized_on_avx2, nullptr,
                      rng);
 }
 

@@ -807,6 +807,8 @@ TEST_CASE("emulated expert matvecs read each route's expert from device memory",
         check_expert_matvec(DType::IQ1_S, 4, 256, shared_input, rng);
         check_expert_matvec(DType::IQ1_M, 11, 256, shared_input, rng);
         check_expert_matvec(DType::MXFP4, 13, 224, shared_input, rng);
+        check_expert_matvec(DType::TQ1_0, 6, 512, shared_input, rng);
+        check_expert_matvec(DType::TQ2_0, 5, 256, shared_input, rng);
     }
 }
 

@@ -405,10 +405,10 @@ TEST_CASE("files of mixed types that disagree with their matrix types are refuse
     }
     SECTION("a type barellm does not run") {
         MixedModel mixed;
-        mixed.types["layers.0.wq"] = "TQ2_0";
+        mixed.types["layers.0.wq"] = "NVFP4";
         CHECK_THAT(
-            load_error(mixed.write("tq2_0")),
-            Catch::Contains("gives 'layers.0.wq' the type \"TQ2_0\", which barellm does not run"));
+            load_error(mixed.write("nvfp4")),
+            Catch::Contains("gives 'layers.0.wq' the type \"NVFP4\", which barellm does not run"));
     }
     SECTION("a matrix without a type") {
         MixedModel mixed;

@@ -1,7 +1,8 @@
 // One core of the decode matvec on the super-block types' tiles (cpu/super_block_tiles.h:
 // Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS), on AVX2 (avx2::matvec_rows_block_tiles) and AVX-512 VNNI
-// (avx512::matvec_rows_block_tiles), and on the i-quants' rows (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
-// IQ3_S, IQ1_S, IQ1_M: avx2:: and avx512::matvec_rows_iq), x quantized once beforehand as Q8_K:
+// (avx512::matvec_rows_block_tiles), and on the i-quants' and the ternary types' rows (IQ2_XXS,
+// IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0: avx2:: and avx512::matvec_rows_iq),
+// x quantized once beforehand as Q8_K:
 // GB/s of the weights'
 // bytes in the file, from L2 (a 0.3 MB matrix read again and again: the kernel's own speed) and
 // from memory (a 600 MB matrix: what decode meets), beside the streaming read `barellm bench`
@@ -17,8 +18,8 @@
 #include <time.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <random>
@@ -75,6 +76,8 @@ std::vector<uint8_t> random_blocks(DType dtype, size_t blocks, std::mt19937* rng
                 [[fallthrough]];
             case DType::Q3_K:  // d last
             case DType::Q6_K:
+            case DType::TQ1_0:
+            case DType::TQ2_0:
                 std::memcpy(block + bytes - sizeof kSmallScale, &kSmallScale, sizeof kSmallScale);
                 break;
             case DType::Q4_K:
@@ -105,10 +108,9 @@ double matvec_gbps(DType dtype, bool avx512, int cols, double bytes) {
     for (float& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
     cpu::Q8KVector quantized;
     cpu::quantize_q8_k(&quantized, x.data(), cols);
-    if (is_iq_grid_type(dtype)) {  // read from their rows
+    if (is_iq_grid_type(dtype) || is_ternary_type(dtype)) {  // read from their rows
         const auto kernel = avx512 ? cpu::avx512::matvec_rows_iq : cpu::avx2::matvec_rows_iq;
-        return best_gbps(double(m.bytes()),
-                         [&] { kernel(out.data(), m, quantized, 0, m.rows); });
+        return best_gbps(double(m.bytes()), [&] { kernel(out.data(), m, quantized, 0, m.rows); });
     }
     const cpu::AlignedBytes tiles = cpu::make_row_tiles(m);
     m.row_tiles = tiles.get();
@@ -138,7 +140,7 @@ int main(int argc, char** argv) {
     std::printf("| weights | kernel | from L2 | from memory |\n| --- | --- | ---: | ---: |\n");
     for (DType dtype : {DType::Q2_K, DType::Q3_K, DType::Q4_K, DType::Q5_K, DType::Q6_K,
                         DType::IQ4_XS, DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS,
-                        DType::IQ3_S, DType::IQ1_S, DType::IQ1_M}) {
+                        DType::IQ3_S, DType::IQ1_S, DType::IQ1_M, DType::TQ1_0, DType::TQ2_0}) {
         const std::string name = matrix_type_name(dtype);
         if (!only.empty() && name != only) continue;
         for (bool avx512 : {false, true}) {

@@ -12,6 +12,7 @@
 #include "cpu/avx2/avx2.h"
 #include "cpu/avx2/avxvnni.h"
 #include "cpu/avx512/avx512.h"
+#include "cpu/iq_levels.h"
 #include "cpu/kernels.h"
 #include "cpu/quantized_tiles.h"
 #include "cpu/scalar.h"
@@ -33,12 +34,12 @@ const bool bf16_dot_products = cpu_prefers_bf16_dot_products();
 bool matvec_on_q8_k(DType dtype) {
     return dtype == DType::Q2_K || dtype == DType::Q3_K || dtype == DType::Q4_K ||
            dtype == DType::Q5_K || dtype == DType::Q6_K || dtype == DType::IQ4_XS ||
-           is_iq_grid_type(dtype);
+           is_iq_level_type(dtype);
 }
 // Whether the SIMD matvecs also read this type's rows of super-blocks where it has no tiles
-// (the i-quants have a matvec of their own).
+// (the i-quants and the ternary types have a matvec of their own).
 bool matvec_on_super_block_rows(DType dtype) {
-    return matvec_on_q8_k(dtype) && !read_from_tiles_only(dtype) && !is_iq_grid_type(dtype);
+    return matvec_on_q8_k(dtype) && !read_from_tiles_only(dtype) && !is_iq_level_type(dtype);
 }
 // Whether they read x quantized per 32 (quantize_q8), as Q8 and Q4 weights do.
 bool matvec_on_q8_groups(DType dtype) {
@@ -193,7 +194,7 @@ void matvec_many(const MatvecTask* task_list, int task_count) {
                     (use_avx512_vnni ? avx512::matvec_rows_block_tiles
                                      : avx2::matvec_rows_block_tiles)(task.out, 0, *task.w,
                                                                       q8_k_x[t], 1, row, count);
-                else if (use_simd && is_iq_grid_type(dtype))
+                else if (use_simd && is_iq_level_type(dtype))
                     (use_avx512_vnni ? avx512::matvec_rows_iq : avx2::matvec_rows_iq)(
                         task.out, *task.w, *q8_k_x[t], row, count);
                 else if (use_simd && matvec_on_super_block_rows(dtype))

@@ -19,11 +19,11 @@ std::string matrix_type_name(DType dtype) {
 }
 
 std::optional<DType> matrix_type(const std::string& name) {
-    for (DType dtype :
-         {DType::F32,     DType::F16,    DType::BF16,   DType::Q8_0,    DType::Q4_0,   DType::Q4_1,
-          DType::Q5_0,    DType::Q5_1,   DType::Q2_K,   DType::Q3_K,    DType::Q4_K,   DType::Q5_K,
-          DType::Q6_K,    DType::IQ4_XS, DType::IQ4_NL, DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S,
-          DType::IQ3_XXS, DType::IQ3_S,  DType::IQ1_S,  DType::IQ1_M, DType::MXFP4})
+    for (DType dtype : {DType::F32,     DType::F16,    DType::BF16,  DType::Q8_0,    DType::Q4_0,
+                        DType::Q4_1,    DType::Q5_0,   DType::Q5_1,  DType::Q2_K,    DType::Q3_K,
+                        DType::Q4_K,    DType::Q5_K,   DType::Q6_K,  DType::IQ4_XS,  DType::IQ4_NL,
+                        DType::IQ2_XXS, DType::IQ2_XS, DType::IQ2_S, DType::IQ3_XXS, DType::IQ3_S,
+                        DType::IQ1_S,   DType::IQ1_M,  DType::MXFP4, DType::TQ1_0,   DType::TQ2_0})
         if (name == matrix_type_name(dtype)) return dtype;
     return std::nullopt;
 }

@@ -99,6 +99,10 @@ const char* dtype_name(DType dtype) {
             return "IQ1_M";
         case DType::MXFP4:
             return "MXFP4";
+        case DType::TQ1_0:
+            return "TQ1_0";
+        case DType::TQ2_0:
+            return "TQ2_0";
     }
     return "?";
 }

@@ -211,6 +211,16 @@ void dequantize(const BlockIQ1_M& b, float* out) {
     }
 }
 
+void dequantize(const BlockTQ2_0& b, float* out) {
+    const float d = half_to_float(b.d);
+    for (int i = 0; i < kSuperBlock; ++i) out[i] = d * float(tq2_0_value(b, i) - kTernaryOffset);
+}
+
+void dequantize(const BlockTQ1_0& b, float* out) {
+    const float d = half_to_float(b.d);
+    for (int i = 0; i < kSuperBlock; ++i) out[i] = d * float(tq1_0_value(b, i) - kTernaryOffset);
+}
+
 // Each block of a row, copied out first (a row's blocks are only 2-byte aligned).
 template <typename Block>
 void dequantize_blocks(const void* row, float* out, int blocks, int weights_per_block) {
@@ -263,6 +273,10 @@ void dequantize_row(DType dtype, const void* row, float* out, int cols) {
             return dequantize_blocks<BlockIQ1_M>(row, out, blocks, n);
         case DType::MXFP4:
             return dequantize_blocks<BlockMXFP4>(row, out, blocks, n);
+        case DType::TQ1_0:
+            return dequantize_blocks<BlockTQ1_0>(row, out, blocks, n);
+        case DType::TQ2_0:
+            return dequantize_blocks<BlockTQ2_0>(row, out, blocks, n);
         default:
             return;
     }

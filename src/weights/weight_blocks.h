@@ -173,16 +173,52 @@ struct BlockIQ1_M {
 // IQ1_S's and IQ1_M's shift, in eighths of a level.
 constexpr int kIq1ShiftEighths = 1;
 
+// The ternary types (TriLM's and BitNet b1.58's weights): super-blocks of 256 under one f16 d,
+// w = d·(q − 1), q a trit 0..2 (TQ2_0's 2 bits may also hold 3: w = 2d).
+constexpr int kTernaryOffset = 1;  // a ternary level q stands for q − 1
+// TQ2_0: weight 128h + 32t + l (h 0..1, t 0..3, l 0..31) has q in bits 2t, 2t + 1 of qs[32h + l]
+// (tq2_0_value), as Q2_K's levels.
+struct BlockTQ2_0 {
+    uint8_t qs[kSuperBlock / 4];
+    uint16_t d;  // f16
+};
+// TQ1_0: trits packed in base 3, 5 a byte in qs, 4 a byte in qh, the first the most significant:
+// trit n of byte v is ((v·3^n mod 256)·3) >> 8 (tq1_0_trit), as the byte holds the trits'
+// base-3 number scaled to 0..255. Weight 32n + l (n 0..4, l 0..31) is trit n of qs[l]; weight
+// 160 + 16n + l (l 0..15) trit n of qs[32 + l]; weight 240 + 4n + l (n 0..3, l 0..3) trit n of
+// qh[l] (tq1_0_value).
+constexpr int kTritBase = 3;
+constexpr int kTq1QsTrits = 5;     // trits in a byte of qs
+constexpr int kTq1QhTrits = 4;     // trits in a byte of qh
+constexpr int kTq1WideRun = 32;    // the bytes of qs whose trits are weights 32n + l
+constexpr int kTq1NarrowRun = 16;  // the bytes of qs after them, weights 160 + 16n + l
+constexpr int kTq1QhBytes = 4;
+struct BlockTQ1_0 {
+    uint8_t qs[kTq1WideRun + kTq1NarrowRun];
+    uint8_t qh[kTq1QhBytes];
+    uint16_t d;  // f16
+};
+static_assert((kTq1WideRun + kTq1NarrowRun) * kTq1QsTrits + kTq1QhBytes * kTq1QhTrits ==
+              kSuperBlock);
+// 3^n, the multiplier that brings trit n of a TQ1_0 byte to the top.
+constexpr uint8_t kTq1TritMultipliers[kTq1QsTrits] = {1, 3, 9, 27, 81};
+
 // The 16 non-uniform levels of IQ4_XS and IQ4_NL, denser near zero.
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                    1,    13,   25,  38,  53,  69,  89,  113};
 
 // MXFP4's 16 levels: the E2M1 values 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives, doubled.
 constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
-// An MXFP4 block's scale: 2^(e − 128), half the E8M0 value 2^(e − 127), exact in f32 (e < 2
-// gives a subnormal).
+constexpr int kMxfp4LargestLevel = 12;
+// An MXFP4 block's scale: 2^(e − 128), half the E8M0 value 2^(e − 127), exact in f32: the f32
+// whose biased exponent is e − 1, or for e < kMxfp4SubnormalBelow the subnormal
+// kMxfp4SmallestScaleBits << e (2^−128 · 2^e).
+constexpr int kF32MantissaBits = 23;
+constexpr uint32_t kMxfp4SubnormalBelow = 2;
+constexpr uint32_t kMxfp4SmallestScaleBits = uint32_t(1) << 21;  // 2^−128, a subnormal f32
 inline float mxfp4_scale(uint8_t e) {
-    const uint32_t bits = e < 2 ? uint32_t(0x00200000) << e : uint32_t(e - 1) << 23;
+    const uint32_t bits = e < kMxfp4SubnormalBelow ? kMxfp4SmallestScaleBits << e
+                                                   : uint32_t(e - 1) << kF32MantissaBits;
     float scale;
     std::memcpy(&scale, &bits, sizeof scale);
     return scale;
@@ -192,6 +228,7 @@ static_assert(sizeof(BlockQ4_1) == 20 && sizeof(BlockQ5_0) == 22 && sizeof(Block
 static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110 && sizeof(BlockQ4_K) == 144 &&
               sizeof(BlockQ5_K) == 176 && sizeof(BlockQ6_K) == 210);
 static_assert(sizeof(BlockIQ4_XS) == 136 && sizeof(BlockIQ4_NL) == 18 && sizeof(BlockMXFP4) == 17);
+static_assert(sizeof(BlockTQ2_0) == 66 && sizeof(BlockTQ1_0) == 54);
 static_assert(sizeof(BlockIQ2_XXS) == 66 && sizeof(BlockIQ2_XS) == 74 && sizeof(BlockIQ2_S) == 82 &&
               sizeof(BlockIQ3_XXS) == 98 && sizeof(BlockIQ3_S) == 110 && sizeof(BlockIQ1_S) == 50 &&
               sizeof(BlockIQ1_M) == 56);
@@ -204,6 +241,10 @@ constexpr bool is_iq_grid_type(DType dtype) {
     return dtype == DType::IQ2_XXS || dtype == DType::IQ2_XS || dtype == DType::IQ2_S ||
            dtype == DType::IQ3_XXS || dtype == DType::IQ3_S || dtype == DType::IQ1_S ||
            dtype == DType::IQ1_M;
+}
+// Whether a block type holds ternary levels (TQ1_0, TQ2_0).
+constexpr bool is_ternary_type(DType dtype) {
+    return dtype == DType::TQ1_0 || dtype == DType::TQ2_0;
 }
 // Weights per block and bytes per block of a block type (0 for any other type).
 constexpr int block_weights(DType dtype) {
@@ -227,6 +268,8 @@ constexpr int block_weights(DType dtype) {
         case DType::IQ3_S:
         case DType::IQ1_S:
         case DType::IQ1_M:
+        case DType::TQ1_0:
+        case DType::TQ2_0:
             return kSuperBlock;
         default:
             return 0;
@@ -271,6 +314,10 @@ constexpr size_t block_bytes(DType dtype) {
             return sizeof(BlockIQ1_S);
         case DType::IQ1_M:
             return sizeof(BlockIQ1_M);
+        case DType::TQ1_0:
+            return sizeof(BlockTQ1_0);
+        case DType::TQ2_0:
+            return sizeof(BlockTQ2_0);
         default:
             return 0;
     }
@@ -295,6 +342,32 @@ inline int q3k_value(const BlockQ3_K& block, int i) {
     const int low_bits = (block.qs[32 * half + l] >> (2 * t)) & 3;
     const int top_bit = (block.hmask[l] >> (4 * half + t)) & 1;
     return low_bits | top_bit << 2;
+}
+
+// q of weight i (0..255) of a TQ2_0 super-block, 0..3 (the weight is d·(q − 1)).
+inline int tq2_0_value(const BlockTQ2_0& block, int i) {
+    const int half = i / 128, t = (i % 128) / 32, l = i % 32;
+    return (block.qs[32 * half + l] >> (2 * t)) & 3;
+}
+
+// Trit n (0..4) of a TQ1_0 byte, 0..2: v·3^n modulo 256 holds the trits from n on at the top,
+// and times 3, over 256, the first of them.
+inline int tq1_0_trit(uint8_t byte, int n) {
+    const uint8_t shifted = uint8_t(byte * kTq1TritMultipliers[n]);
+    return (shifted * kTritBase) >> 8;
+}
+
+// q of weight i (0..255) of a TQ1_0 super-block, 0..2 (the weight is d·(q − 1)).
+inline int tq1_0_value(const BlockTQ1_0& block, int i) {
+    constexpr int kWideWeights = kTq1WideRun * kTq1QsTrits;                 // 160
+    constexpr int kQsWeights = kWideWeights + kTq1NarrowRun * kTq1QsTrits;  // 240
+    if (i < kWideWeights) return tq1_0_trit(block.qs[i % kTq1WideRun], i / kTq1WideRun);
+    if (i < kQsWeights) {
+        const int j = i - kWideWeights;
+        return tq1_0_trit(block.qs[kTq1WideRun + j % kTq1NarrowRun], j / kTq1NarrowRun);
+    }
+    const int j = i - kQsWeights;
+    return tq1_0_trit(block.qh[j % kTq1QhBytes], j / kTq1QhBytes);
 }
 
 // Sub-block i's 6-bit scale sc_i (0..63) of a Q3_K super-block: the low 4 bits in nibble i / 8

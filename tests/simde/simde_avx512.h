@@ -401,3 +401,14 @@ inline simde__m128i _mm512_cvtepi64_epi8(simde__m512i values) {
     return bits<simde__m128i>(out);
 }
 #endif
+#ifndef _mm512_mulhi_epu16
+// The high 16 bits of each unsigned 16-bit lane's 32-bit product.
+inline simde__m512i _mm512_mulhi_epu16(simde__m512i a, simde__m512i b) {
+    using namespace barellm::simde_extra;
+    uint16_t x[32], y[32], out[32];
+    std::memcpy(x, &a, sizeof x);
+    std::memcpy(y, &b, sizeof y);
+    for (int i = 0; i < 32; ++i) out[i] = uint16_t((uint32_t(x[i]) * y[i]) >> 16);
+    return bits<simde__m512i>(out);
+}
+#endif

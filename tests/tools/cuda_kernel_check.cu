@@ -140,10 +140,11 @@ HostMatrix random_quantized_matrix(int rows, int cols, DType dtype, bool cheap =
 }
 
 // The block types the CUDA backend runs (src/weights/weight_blocks.h).
-constexpr DType kBlockTypes[] = {
-    DType::Q4_K,   DType::Q6_K,    DType::Q5_K,  DType::Q4_1,   DType::Q5_0,    DType::Q5_1,
-    DType::IQ4_XS, DType::Q3_K,    DType::Q2_K,  DType::IQ4_NL, DType::IQ2_XXS, DType::IQ2_XS,
-    DType::IQ2_S,  DType::IQ3_XXS, DType::IQ3_S, DType::IQ1_S,  DType::IQ1_M,   DType::MXFP4};
+constexpr DType kBlockTypes[] = {DType::Q4_K,  DType::Q6_K,    DType::Q5_K,    DType::Q4_1,
+                                 DType::Q5_0,  DType::Q5_1,    DType::IQ4_XS,  DType::Q3_K,
+                                 DType::Q2_K,  DType::IQ4_NL,  DType::IQ2_XXS, DType::IQ2_XS,
+                                 DType::IQ2_S, DType::IQ3_XXS, DType::IQ3_S,   DType::IQ1_S,
+                                 DType::IQ1_M, DType::TQ1_0,   DType::TQ2_0,   DType::MXFP4};
 
 // Byte offsets of a block's f16 fields (d, and dmin or m where the type has them; IQ1_M's d is
 // spread over its scales words, MXFP4's scale is an exponent byte: set_block_half).
@@ -162,6 +163,10 @@ std::vector<int> block_half_fields(DType dtype) {
             return {208};
         case DType::IQ1_M:
             return {int(offsetof(BlockIQ1_M, scales))};
+        case DType::TQ1_0:
+            return {int(offsetof(BlockTQ1_0, d))};
+        case DType::TQ2_0:
+            return {int(offsetof(BlockTQ2_0, d))};
         default:  // Q5_0, IQ4_XS, IQ4_NL, the other i-quants, MXFP4
             return {0};
     }
@@ -198,13 +203,14 @@ void set_block_half(DType dtype, uint8_t* block, int field, uint16_t bits) {
 // 1000 for the K types, 30 for Q4_1, Q5_0 and Q5_1, 127 for IQ4_NL and 12 for MXFP4 (their
 // largest levels), and for
 // the i-quants the largest (2s + 1) / divisor times the largest grid value: IQ2's 31 / 8 · 43,
-// IQ3_XXS's 31 / 4 · 62, IQ3_S's 31 · 15, IQ1's 15 · 9 / 8.
+// IQ3_XXS's 31 / 4 · 62, IQ3_S's 31 · 15, IQ1's 15 · 9 / 8; 2 for the ternary types (TQ2_0's
+// level 3).
 float largest_integer_factor(DType dtype) {
     switch (dtype) {
         case DType::IQ4_NL:
             return -float(kIq4Values[0]);
         case DType::MXFP4:
-            return float(kMxfp4Values[7]);
+            return float(kMxfp4LargestLevel);
         case DType::IQ2_XXS:
         case DType::IQ2_XS:
         case DType::IQ2_S:
@@ -216,6 +222,9 @@ float largest_integer_factor(DType dtype) {
         case DType::IQ1_S:
         case DType::IQ1_M:
             return 15.0f * 9 / 8;
+        case DType::TQ1_0:
+        case DType::TQ2_0:
+            return 2.0f;
         default:
             return block_weights(dtype) == kSuperBlock ? 1000.0f : 30.0f;
     }
@@ -1323,11 +1332,12 @@ void check_gemm() {
     cuda::PinnedBuffer staging(size_t(64) << 20, "staging");
     // Of the block types, those of a Q4_K_M file (Q5_0 where a row is not whole super-blocks),
     // Q3_K, a Q3_K_M file's, Q2_K, IQ4_NL, an IQ4_XS file's where a row is not whole
-    // super-blocks, the i-quants that name the IQ2_XXS, IQ3_XXS, IQ1_S and IQ1_M files, and
-    // MXFP4, an MXFP4 MoE file's experts.
-    for (DType dtype : {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K,
-                        DType::Q6_K, DType::Q5_0, DType::Q3_K, DType::Q2_K, DType::IQ4_NL,
-                        DType::IQ2_XXS, DType::IQ3_XXS, DType::IQ1_S, DType::IQ1_M, DType::MXFP4}) {
+    // super-blocks, the i-quants that name the IQ2_XXS, IQ3_XXS, IQ1_S and IQ1_M files, the
+    // ternary types, and MXFP4, an MXFP4 MoE file's experts.
+    for (DType dtype :
+         {DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K,
+          DType::Q5_0, DType::Q3_K, DType::Q2_K, DType::IQ4_NL, DType::IQ2_XXS, DType::IQ3_XXS,
+          DType::IQ1_S, DType::IQ1_M, DType::TQ1_0, DType::TQ2_0, DType::MXFP4}) {
         const std::vector<cuda::GemmTiles> tiles = runnable_tiles(dtype);
         const DType in_dtype = cuda::gemm_input_dtype(dtype);
         for (Case test : cases) {

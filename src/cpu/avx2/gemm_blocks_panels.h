@@ -1,9 +1,10 @@
 // The prefill GEMM for the block types (weight_blocks.h: Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS,
-// Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 and the i-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S,
-// IQ1_M) on 256-bit registers: out[token][row] = Σ_col W[row][col] · x[token][col], x in int8 with
-// a scale per group of 32 columns (QuantizedBatch: quantized per 32 by avx2::quantize_token, or per
-// 256 as Q8_K for the super-block types and the i-quants), each sub-block an exact int32 dot
-// product. Two builds share it, each computing that dot in its own instructions (BlockDot):
+// Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, the i-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S,
+// IQ1_M and the ternary types TQ1_0, TQ2_0) on 256-bit registers: out[token][row] = Σ_col
+// W[row][col] · x[token][col], x in int8 with a scale per group of 32 columns (QuantizedBatch:
+// quantized per 32 by avx2::quantize_token, or per 256 as Q8_K for the super-block types and the
+// i-quants), each sub-block an exact int32 dot product. Two builds share it, each computing that
+// dot in its own instructions (BlockDot):
 // - gemm_blocks_avx2.cpp, plain AVX2: vpmaddubsw and vpmaddwd;
 // - gemm_blocks_avxvnni.cpp, AVX2 + AVX-VNNI: the 256-bit vpdpbusd, four u8 × s8 products added
 //   straight into int32, one instruction a step where vpmaddubsw takes two to four.
@@ -13,9 +14,9 @@
 //   B = −dmin·m, sub-blocks of 16): the sub-block's sum is A · sx · Σ u·q + B · sx · Σ q, the
 //   second term from x's sums of 16;
 // - "offset" types (Q5_0: offset 16; Q6_K: offset 32, Q3_K: offset 4, sub-blocks of 16; the
-//   i-quants, cpu/iq_levels.h: their offset, A = d · factor · m per sub-block of 16 or 32): the
-//   int32 dot starts from −offset · Σ q, so it is Σ (u − offset)·q exactly, then scaled by
-//   A · sx;
+//   i-quants, cpu/iq_levels.h: their offset, A = d · factor · m per sub-block of 16 or 32; the
+//   ternary types: offset 1, A = d): the int32 dot starts from −offset · Σ q, so it is
+//   Σ (u − offset)·q exactly, then scaled by A · sx;
 // - IQ4_XS and IQ4_NL keep their signed values (−127..113), MXFP4 its (−12..12): vpmaddubsw
 //   multiplies |value| by x with the value's sign; for vpdpbusd the panel holds value + 128 (the
 //   lookup table's sign bits flipped) as unsigned, an offset type of offset 128.
@@ -26,7 +27,8 @@
 // most 2 · 127 · (largest level): 3810 for 4-bit levels, 7874 for 5-bit, 16002 for Q6_K's
 // 6-bit, 32258 for IQ4_XS's magnitudes and the i-quants' levels (up to 127). The pairs of
 // kWidenSteps steps (4 columns each) add up in int16 below 32767 (8 steps for 4 bits, 4 for 5, 2
-// for 6, 1 for IQ4_XS and the i-quants) before vpmaddwd widens them to int32.
+// for 6, 1 for IQ4_XS and the i-quants, 8 for the ternary types' levels up to 3) before vpmaddwd
+// widens them to int32.
 //
 // The layout: per tile of kBlockRowTile (32) rows, each row's blocks are unpacked once
 // (block_levels_avx2.h and iq_levels_avx2.h, the matvecs' unpacking) to 32 levels a group and f32
@@ -125,7 +127,10 @@ constexpr LevelShape level_shape(DType dtype) {
         case DType::IQ4_NL:
             return {kGroup, false, true, 0, 127};
         case DType::MXFP4:
-            return {kGroup, false, true, 0, kMxfp4Values[7]};
+            return {kGroup, false, true, 0, kMxfp4LargestLevel};
+        case DType::TQ1_0:
+        case DType::TQ2_0:  // levels 0..2 (TQ2_0's bit pairs 0..3), A = d a super-block
+            return {kGroup, false, false, kTernaryOffset, 3};
         default:  // the i-quants: levels 0..127, one A per 16 or 32 columns
             return {iq_shape(dtype).scale_cols, false, false, iq_shape(dtype).offset, 127};
     }
@@ -139,13 +144,11 @@ constexpr int widen_steps(const LevelShape& shape) {
     while (sub_steps % steps != 0) --steps;
     return steps;
 }
-static_assert(widen_steps(level_shape(DType::Q4_K)) == 8 &&
-              widen_steps(level_shape(DType::Q5_0)) == 4 &&
-              widen_steps(level_shape(DType::Q6_K)) == 2 &&
-              widen_steps(level_shape(DType::IQ4_XS)) == 1 &&
-              widen_steps(level_shape(DType::MXFP4)) == 8 &&
-              widen_steps(level_shape(DType::IQ2_XXS)) == 1 &&
-              widen_steps(level_shape(DType::IQ2_XS)) == 1);
+static_assert(
+    widen_steps(level_shape(DType::Q4_K)) == 8 && widen_steps(level_shape(DType::Q5_0)) == 4 &&
+    widen_steps(level_shape(DType::Q6_K)) == 2 && widen_steps(level_shape(DType::IQ4_XS)) == 1 &&
+    widen_steps(level_shape(DType::MXFP4)) == 8 && widen_steps(level_shape(DType::IQ2_XXS)) == 1 &&
+    widen_steps(level_shape(DType::IQ2_XS)) == 1 && widen_steps(level_shape(DType::TQ2_0)) == 8);
 
 // One row tile unpacked, 32-byte aligned: levels [groups][steps][32 rows][4 bytes], A and B
 // (min types) [sub-blocks][32 rows].
@@ -214,14 +217,16 @@ void unpack_iq4_xs(const RowSpan& out, const uint8_t* block) {
     for (int j = 0; j < kSpanGroups; ++j) out.level(j, iq4_xs_values(block, j, table));
 }
 
-// An i-quant super-block: A = d · factor · m of each sub-block of 16 or 32 (cpu/iq_levels.h), m
-// from iq_multiplier_words; the unsigned levels u (iq_levels_avx2.h).
+// An i-quant or ternary super-block: A = d · factor · m of each sub-block of 16 or 32
+// (cpu/iq_levels.h), m from iq_multiplier_words; the unsigned levels u (iq_levels_avx2.h).
 template <DType kType>
 void unpack_iq(const RowSpan& out, const uint8_t* block) {
     constexpr IqShape kShape = iq_shape(kType);
     const __m256i m = iq_multiplier_words<kType>(block);  // m of each 16 columns
     const __m256 d_factor = _mm256_set1_ps(iq_d(kType, block) * kShape.factor);
-    if constexpr (kShape.scale_cols == kIqMultiplierCols) {
+    if constexpr (!has_multipliers(kType)) {  // the ternary types: A = d · factor
+        out.scales8(0, d_factor);
+    } else if constexpr (kShape.scale_cols == kIqMultiplierCols) {
         for (int r = 0; r < 2; ++r) {
             const __m128i half =
                 r == 0 ? _mm256_castsi256_si128(m) : _mm256_extracti128_si256(m, 1);
@@ -293,7 +298,7 @@ void unpack_row_span(const RowSpan& out, const uint8_t* block, int groups) {
     if constexpr (kType == DType::MXFP4) unpack_mxfp4<kDot>(out, block, groups);
     if constexpr (kType == DType::IQ2_XXS || kType == DType::IQ2_XS || kType == DType::IQ2_S ||
                   kType == DType::IQ3_XXS || kType == DType::IQ3_S || kType == DType::IQ1_S ||
-                  kType == DType::IQ1_M)
+                  kType == DType::IQ1_M || kType == DType::TQ1_0 || kType == DType::TQ2_0)
         unpack_iq<kType>(out, block);
 }
 
@@ -533,6 +538,10 @@ void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
             return unpack_tile_typed<DType::IQ1_S, kDot>(panel, w, tile_row);
         case DType::IQ1_M:
             return unpack_tile_typed<DType::IQ1_M, kDot>(panel, w, tile_row);
+        case DType::TQ1_0:
+            return unpack_tile_typed<DType::TQ1_0, kDot>(panel, w, tile_row);
+        case DType::TQ2_0:
+            return unpack_tile_typed<DType::TQ2_0, kDot>(panel, w, tile_row);
         default:  // Q5_1
             return unpack_tile_typed<DType::Q5_1, kDot>(panel, w, tile_row);
     }
@@ -737,6 +746,9 @@ BlockTileKernel kernel_for(DType dtype, int tokens) {
         case DType::IQ3_S:
         case DType::IQ1_S:
             return kernel_of<DType::IQ2_XXS, kDot>(tokens);
+        case DType::TQ1_0:  // levels up to 3 (the offset is passed)
+        case DType::TQ2_0:
+            return kernel_of<DType::TQ2_0, kDot>(tokens);
         default:  // the i-quants with sub-blocks of 16: IQ2_XS, IQ2_S, IQ1_M
             return kernel_of<DType::IQ2_XS, kDot>(tokens);
     }

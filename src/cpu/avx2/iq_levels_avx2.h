@@ -4,7 +4,8 @@
 // points of a register (4 of 8 values, or 8 of 4) come from gathers; the signs, a byte per 8
 // columns, become a byte mask, under which u = offset − grid value, elsewhere offset + grid value.
 // The multipliers m = 2s + 1 of a super-block come as 16 words, one per 16 columns
-// (iq_multiplier_words).
+// (iq_multiplier_words). The ternary types' levels are their bit pairs or trits, unpacked in
+// registers, their m 1.
 // Blocks are only 2-byte aligned: every load is unaligned. Include it only from the *_avx2.cpp
 // and *_avxvnni.cpp files.
 #pragma once
@@ -210,6 +211,50 @@ inline __m256i iq1_m_levels(const uint8_t* block, int r) {
                                   _mm_packs_epi32(negative, negative), _mm_setzero_si128()))));
 }
 
+// TQ2_0: columns 32r..32r + 31 are the bit pairs 2t, t = r % 4, of qs[32(r / 4) ..].
+inline __m256i tq2_0_levels(const uint8_t* block, int r) {
+    constexpr int kLevelBits = 2, kPairs = 4;  // bit pairs in a byte
+    const __m256i bytes = load256(block + offsetof(BlockTQ2_0, qs) + 32 * (r / kPairs));
+    return _mm256_and_si256(_mm256_srli_epi16(bytes, kLevelBits * (r % kPairs)),
+                            _mm256_set1_epi8(3));
+}
+
+// The trits of `bytes` (tq1_0_trit), trit n of each byte where the byte's 16-bit word of `powers`
+// is 3^n: v·3^n mod 256 of the low byte by vpmullw kept to its byte, of the high byte from the
+// word without its low byte (the product's carries fall off the top); then each (t·3) >> 8, the
+// high half of the word times 3·256, the high byte's kept to its byte's place.
+inline __m256i tq1_0_trits(__m256i bytes, __m256i powers) {
+    const __m256i low_byte = _mm256_set1_epi16(0x00ff);
+    const __m256i low = _mm256_and_si256(_mm256_mullo_epi16(bytes, powers), low_byte);
+    const __m256i high = _mm256_mullo_epi16(_mm256_andnot_si256(low_byte, bytes), powers);
+    const __m256i base_shifted = _mm256_set1_epi16(kTritBase << 8);
+    return _mm256_or_si256(_mm256_mulhi_epu16(low, base_shifted),
+                           _mm256_andnot_si256(low_byte, _mm256_mulhi_epu16(high, base_shifted)));
+}
+
+// TQ1_0: columns 32r..32r + 31 (weight_blocks.h's order): r = 0..4 trit r of qs[0..31]; r = 5, 6
+// trits 2(r − 5) and 2(r − 5) + 1 of qs[32..47], one a 128-bit lane; r = 7 trit 4 of qs[32..47],
+// then the four trits of qh[0..3], 4 columns each.
+inline __m256i tq1_0_levels(const uint8_t* block, int r) {
+    const uint8_t* qs = block + offsetof(BlockTQ1_0, qs);
+    constexpr int kWideRegisters = kTq1QsTrits;  // registers of qs[0..31]'s trits
+    if (r < kWideRegisters)
+        return tq1_0_trits(load256(qs), _mm256_set1_epi16(kTq1TritMultipliers[r]));
+    const __m128i narrow = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + kTq1WideRun));
+    if (r < kIqRegisters - 1) {
+        const int n = 2 * (r - kWideRegisters);
+        return tq1_0_trits(_mm256_set_m128i(narrow, narrow),
+                           _mm256_set_m128i(_mm_set1_epi16(kTq1TritMultipliers[n + 1]),
+                                            _mm_set1_epi16(kTq1TritMultipliers[n])));
+    }
+    // qh's 4 bytes repeated: trit n in bytes 4n..4n + 3, words 2n and 2n + 1.
+    const __m128i qh = _mm_set1_epi32(iq_load<int32_t>(block + offsetof(BlockTQ1_0, qh)));
+    constexpr const uint8_t* p = kTq1TritMultipliers;
+    return tq1_0_trits(_mm256_set_m128i(qh, narrow),
+                       _mm256_setr_epi16(p[4], p[4], p[4], p[4], p[4], p[4], p[4], p[4], p[0], p[0],
+                                         p[1], p[1], p[2], p[2], p[3], p[3]));
+}
+
 // The 16-bit word 2s + 1 from each word s (0..15) of `s`.
 inline __m256i odd_multipliers(__m256i s) {
     return _mm256_add_epi16(_mm256_add_epi16(s, s), _mm256_set1_epi16(1));
@@ -261,6 +306,8 @@ inline __m256i iq_multiplier_words(const uint8_t* block) {
                     reinterpret_cast<const __m128i*>(block + offsetof(BlockIQ1_S, qh)))),
                 kScaleShift),
             _mm256_set1_epi32(kThreeBits)));
+    } else if constexpr (!has_multipliers(kType)) {  // the ternary types: m = 1
+        return _mm256_set1_epi16(1);
     } else {  // IQ1_M: s_i bits 3(i % 4)..+2 of the u16 scales word i / 4
         // Word i / 4 in word i (the low lane words 0, 1, the high lane 2, 3), its bits
         // 3(i % 4)..+2 moved to the top by a multiply by 2^(13 − 3(i % 4)), then down.
@@ -286,6 +333,8 @@ inline __m256i iq_levels(const uint8_t* block, int r) {
     if constexpr (kType == DType::IQ3_S) return iq3_s_levels(block, r);
     if constexpr (kType == DType::IQ1_S) return iq1_s_levels(block, r);
     if constexpr (kType == DType::IQ1_M) return iq1_m_levels(block, r);
+    if constexpr (kType == DType::TQ1_0) return tq1_0_levels(block, r);
+    if constexpr (kType == DType::TQ2_0) return tq2_0_levels(block, r);
 }
 
 }  // namespace barellm::cpu::avx2

@@ -1,6 +1,7 @@
 // The decode matvec on AVX2 for the i-quant types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S,
-// IQ1_S, IQ1_M; cpu/iq_levels.h): out = W · x for one token, x quantized per 256 as Q8_K
-// (cpu::quantize_q8_k), each super-block's dot product in integers, a row at a time.
+// IQ1_S, IQ1_M) and the ternary types (TQ1_0, TQ2_0; cpu/iq_levels.h): out = W · x for one
+// token, x quantized per 256 as Q8_K (cpu::quantize_q8_k), each super-block's dot product in
+// integers, a row at a time.
 //
 // A register holds the 32 unsigned levels u of columns 32r..32r + 31 (iq_levels_avx2.h):
 // vpmaddubsw multiplies them by x's signed bytes into int16 pairs (u ≤ 127 and |q| ≤ 127: at
@@ -8,7 +9,7 @@
 // word a 128-bit lane (16 columns), into int32 lanes: m applied for free. The offset comes in
 // through x's sums of 16: the super-block's int32 dot starts from −offset · Σ_i m_i · Σx_i, so
 // that it ends as Σ m · (u − offset) · q exactly (below 2^24 in each lane), scaled once by
-// d · factor · x's d.
+// d · factor · x's d. The ternary types' m is 1: vpmaddwd only widens their pairs.
 #include <immintrin.h>
 
 #include "cpu/avx2/avx2.h"

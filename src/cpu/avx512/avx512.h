@@ -58,8 +58,8 @@ void matvec_rows_super_blocks(float* out, const Matrix& w, const Q8KVector& x, i
 // 16 rows side by side (matvec_lookup_blocks_avx512vnni.cpp).
 void matvec_rows_lookup_blocks(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                                int row_count);
-// The i-quant types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) against x quantized as
-// Q8_K, a row at a time (matvec_iq_avx512vnni.cpp).
+// The i-quant types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) and the ternary types
+// (TQ1_0, TQ2_0) against x quantized as Q8_K, a row at a time (matvec_iq_avx512vnni.cpp).
 void matvec_rows_iq(float* out, const Matrix& w, const Q8KVector& x, int first_row, int row_count);
 // Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS weights read from their tiles (Matrix::row_tiles,
 // cpu/super_block_tiles.h) against `tokens` vectors x[t] quantized as Q8_K, out[t · out_stride + r]

@@ -1,8 +1,8 @@
 // The prefill GEMM on AVX-512 + VNNI for the block types (weight_blocks.h: Q2_K, Q3_K, Q4_K, Q5_K,
-// Q6_K, IQ4_XS, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4 and the i-quants): out[token][row] = Σ_col
-// W[row][col] · x[token][col], x in int8 with a scale per group of 32 columns (QuantizedBatch:
-// quantized per 32 as for the Q8/Q4 GEMM, or per 256 as Q8_K for the super-block types), each
-// sub-block an exact int32 dot product by vpdpbusd.
+// Q6_K, IQ4_XS, Q4_1, Q5_0, Q5_1, IQ4_NL, MXFP4, the i-quants, TQ1_0 and TQ2_0): out[token][row] =
+// Σ_col W[row][col] · x[token][col], x in int8 with a scale per group of 32 columns
+// (QuantizedBatch: quantized per 32 as for the Q8/Q4 GEMM, or per 256 as Q8_K for the super-block
+// types), each sub-block an exact int32 dot product by vpdpbusd.
 //
 // Every block type reads, per sub-block s of a row, w = A_s · u + B (u an unsigned level
 // 0..255):
@@ -12,16 +12,17 @@
 // - "offset" types, B = −offset · A (Q5_0: offset 16; IQ4_XS, IQ4_NL, MXFP4: u = level + 128,
 //   offset 128;
 //   Q6_K: offset 32, sub-blocks of 16; Q3_K: offset 4, sub-blocks of 16; the i-quants, their
-//   offset and A = d · factor · m per sub-block of 16 or 32, cpu/iq_levels.h): the int32 dot
-//   starts from −offset · Σ q, so it is Σ (u − offset)·q exactly, then scaled by A · sx.
+//   offset and A = d · factor · m per sub-block of 16 or 32, cpu/iq_levels.h; the ternary types
+//   TQ1_0 and TQ2_0, offset 1 and A = d): the int32 dot starts from −offset · Σ q, so it is
+//   Σ (u − offset)·q exactly, then scaled by A · sx.
 //
 // The layout: per tile of kQuantizedRowTile (32) rows, the blocks are unpacked once into a
 // panel laid out as the Q8/Q4 GEMM's (per group of 32 columns, per step of four columns, the
 // four levels of each row side by side, 16 rows a register) and the sub-blocks' A and B as
 // f32, 16 rows at a time with gathers of one 32-bit word of each row's block (the rows'
 // blocks are row_bytes apart; Q4_K, Q5_K, Q6_K and IQ4_XS from their tiles of 16 rows where they
-// have them, with no gathers; Q2_K and Q3_K only from their tiles; the i-quants a row at a time,
-// 16 rows' registers of levels transposed). The panel (33 KB a 1024
+// have them, with no gathers; Q2_K and Q3_K only from their tiles; the i-quants and the ternary
+// types a row at a time, 16 rows' registers of levels transposed). The panel (33 KB a 1024
 // columns) stays in L2 while every token of the batch meets it in the micro-kernel
 // (block_tile_kernel).
 #include <algorithm>
@@ -55,7 +56,7 @@ struct LevelShape {
     int offset;
 };
 constexpr LevelShape level_shape(DType dtype) {
-    if (is_iq_grid_type(dtype)) return {iq_shape(dtype).scale_cols, false, iq_shape(dtype).offset};
+    if (is_iq_level_type(dtype)) return {iq_shape(dtype).scale_cols, false, iq_shape(dtype).offset};
     switch (dtype) {
         case DType::Q6_K:
             return {kQ6SubBlock, false, kQ6KLevelOffset};
@@ -416,10 +417,11 @@ void unpack_iq4_xs_tile(const HalfPanel& out, const uint8_t* block, int b) {
     }
 }
 
-// Super-block b of the i-quant rows of a half panel (`blocks`: each row's block, a block of zeros
-// past the matrix, so A = 0): each row's registers of 64 levels (iq_levels_avx512.h), 16 rows
-// transposed so that register l holds step l % 8 of the register's group l / 8 for every row; and
-// A = d · factor · m per sub-block of 16 or 32 columns, transposed the same way.
+// Super-block b of the i-quant or ternary rows of a half panel (`blocks`: each row's block, a block
+// of zeros past the matrix, so A = 0): each row's registers of 64 levels (iq_levels_avx512.h), 16
+// rows transposed so that register l holds step l % 8 of the register's group l / 8 for every row;
+// and A = d · factor · m per sub-block of 16 or 32 columns, transposed the same way (the ternary
+// types: A = d).
 template <DType kType>
 void unpack_iq_super_block(const HalfPanel& out, const uint8_t* const (&blocks)[kLanes], int b) {
     constexpr IqShape kShape = iq_shape(kType);
@@ -435,19 +437,25 @@ void unpack_iq_super_block(const HalfPanel& out, const uint8_t* const (&blocks)[
             out.levels(group + l / kGroupSteps, l % kGroupSteps, _mm512_castps_si512(v[l]));
     }
     alignas(64) float d[kLanes];
+    constexpr int kSubBlocks = kSuperBlock / kShape.scale_cols;
+    if constexpr (!has_multipliers(kType)) {  // the ternary types: A = d · factor throughout
+#pragma GCC unroll 16
+        for (int i = 0; i < kLanes; ++i) d[i] = iq_d(kType, blocks[i]) * kShape.factor;
+        for (int j = 0; j < kSubBlocks; ++j) out.scale(kSubBlocks * b + j, _mm512_load_ps(d));
+        return;
+    }
 #pragma GCC unroll 16
     for (int i = 0; i < kLanes; ++i) {
         d[i] = iq_d(kType, blocks[i]) * kShape.factor;
         v[i] = _mm512_cvtepi32_ps(iq_multiplier_lanes<kType>(blocks[i]));
     }
     transpose16x16(v);  // v[slot]: the slot's m of each row
-    constexpr int kSubBlocks = kSuperBlock / kShape.scale_cols;
     constexpr int kSlotsPerSubBlock = kShape.scale_cols / kIqMultiplierCols;
     for (int j = 0; j < kSubBlocks; ++j)
         out.scale(kSubBlocks * b + j, _mm512_mul_ps(_mm512_load_ps(d), v[kSlotsPerSubBlock * j]));
 }
 
-// The i-quant rows first..first + 15 of w into a half panel.
+// The i-quant or ternary rows first..first + 15 of w into a half panel.
 template <DType kType>
 void unpack_iq_rows(const HalfPanel& out, const Matrix& w, int first) {
     alignas(64) static const uint8_t zeros[block_bytes(kType)] = {};
@@ -471,7 +479,7 @@ void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
     for (int half = 0; half < kHalves; ++half) {
         const int first = tile_row + half * kLanes;
         const HalfPanel out{panel, half};
-        if (is_iq_grid_type(w.dtype)) {
+        if (is_iq_level_type(w.dtype)) {
             with_iq_type(w.dtype, [&](auto type) { unpack_iq_rows<type()>(out, w, first); });
             continue;
         }

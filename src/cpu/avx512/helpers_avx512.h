@@ -44,12 +44,13 @@ inline __m512i unsigned_levels(const int8_t (&values)[16]) {
 }
 inline __m512i iq4_unsigned_levels() { return unsigned_levels(kIq4Values); }
 // MXFP4's scales 2^(e − 128) (mxfp4_scale) of the exponents e (0..255), a lane each: the f32
-// bits (e − 1) << 23, or a subnormal 0x00200000 << e for e < 2.
+// bits (e − 1) << 23, or a subnormal kMxfp4SmallestScaleBits << e for e < 2.
 inline __m512 mxfp4_scales(__m512i e) {
     const __m512i one = _mm512_set1_epi32(1);
-    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, one), 23);
-    const __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
-    const __mmask16 small = _mm512_cmple_epu32_mask(e, one);
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, one), kF32MantissaBits);
+    const __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(int(kMxfp4SmallestScaleBits)), e);
+    const __mmask16 small =
+        _mm512_cmple_epu32_mask(e, _mm512_set1_epi32(int(kMxfp4SubnormalBelow) - 1));
     return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, subnormal));
 }
 // The levels (0..63) of sub-block i of a Q6_K tile's super-block `block`

@@ -2,7 +2,8 @@
 // 64r..64r + 63 of a super-block (register r, 0..3), for the decode matvec
 // (matvec_iq_avx512vnni.cpp) and the prefill GEMM (gemm_blocks_avx512vnni.cpp). The grid points
 // come from gathers (8 points of 8 values, or 16 of 4, a register); the signs, a bit a column,
-// become a 64-bit mask, under which u = offset − grid value, elsewhere offset + grid value.
+// become a 64-bit mask, under which u = offset − grid value, elsewhere offset + grid value. The
+// ternary types' levels are their bit pairs or trits, unpacked in registers.
 // Blocks are only 2-byte aligned: every load is unaligned.
 #pragma once
 #include <cstdint>
@@ -166,6 +167,69 @@ inline __m512i iq1_m_levels(const uint8_t* block, int r) {
     return iq1_levels(points, __mmask8(~negative));
 }
 
+// TQ2_0: columns 64r..64r + 63 are the bit pairs 2t (the low half) and 2t + 2 (the high half),
+// t = 2(r % 2), of the 32 bytes qs[32(r / 2) ..]: the bytes in both halves, each shifted by its
+// own count.
+inline __m512i tq2_0_levels(const uint8_t* block, int r) {
+    constexpr int kLevelBits = 2;
+    const __m512i bytes = _mm512_broadcast_i64x4(_mm256_loadu_si256(
+        reinterpret_cast<const __m256i*>(block + offsetof(BlockTQ2_0, qs) + 32 * (r / 2))));
+    const int low_shift = kLevelBits * 2 * (r % 2);
+    const __m512i shifts = _mm512_inserti64x4(_mm512_set1_epi16(short(low_shift)),
+                                              _mm256_set1_epi16(short(low_shift + kLevelBits)), 1);
+    return _mm512_and_si512(_mm512_srlv_epi16(bytes, shifts), _mm512_set1_epi8(3));
+}
+
+// 16-bit words a, a, b, b in a 64-bit lane.
+constexpr long long tq1_0_words(int a, int b) {
+    return (long long)(0x0000000000010001ull * unsigned(a) + 0x0001000100000000ull * unsigned(b));
+}
+
+// The trits of `bytes` (tq1_0_trit), trit n of each byte where the byte's 16-bit word of `powers`
+// is 3^n: v·3^n mod 256 of the low byte by vpmullw kept to its byte, of the high byte from the
+// word without its low byte (the product's carries fall off the top); then each (t·3) >> 8, the
+// high half of the word times 3·256, the high byte's kept to its byte's place.
+inline __m512i tq1_0_trits(__m512i bytes, __m512i powers) {
+    const __m512i low_byte = _mm512_set1_epi16(0x00ff);
+    const __m512i low = _mm512_and_si512(_mm512_mullo_epi16(bytes, powers), low_byte);
+    const __m512i high = _mm512_mullo_epi16(_mm512_andnot_si512(low_byte, bytes), powers);
+    const __m512i base_shifted = _mm512_set1_epi16(kTritBase << 8);
+    return _mm512_or_si512(_mm512_mulhi_epu16(low, base_shifted),
+                           _mm512_andnot_si512(low_byte, _mm512_mulhi_epu16(high, base_shifted)));
+}
+
+// TQ1_0: columns 64r..64r + 63 (weight_blocks.h's order): r = 0, 1 trits 2r and 2r + 1 of
+// qs[0..31], one a half; r = 2 trit 4 of qs[0..31], then trits 0 and 1 of qs[32..47]; r = 3 trits
+// 2, 3 and 4 of qs[32..47], then the four trits of qh[0..3], 4 columns each.
+inline __m512i tq1_0_levels(const uint8_t* block, int r) {
+    const uint8_t* qs = block + offsetof(BlockTQ1_0, qs);
+    const __m256i wide = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
+    const __m128i narrow = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + kTq1WideRun));
+    const __m128i qh = _mm_set1_epi32(load_at<int32_t>(block + offsetof(BlockTQ1_0, qh)));
+    // p_n: 3^n in every word of a 64-bit lane.
+    constexpr const uint8_t* p = kTq1TritMultipliers;
+    constexpr long long p0 = tq1_0_words(p[0], p[0]), p1 = tq1_0_words(p[1], p[1]),
+                        p2 = tq1_0_words(p[2], p[2]), p3 = tq1_0_words(p[3], p[3]),
+                        p4 = tq1_0_words(p[4], p[4]);
+    // qh's 4 bytes repeated: trit n in bytes 4n..4n + 3, words 2n and 2n + 1.
+    constexpr long long qh_low = tq1_0_words(p[0], p[1]), qh_high = tq1_0_words(p[2], p[3]);
+    switch (r) {
+        case 0:
+            return tq1_0_trits(_mm512_broadcast_i64x4(wide),
+                               _mm512_setr_epi64(p0, p0, p0, p0, p1, p1, p1, p1));
+        case 1:
+            return tq1_0_trits(_mm512_broadcast_i64x4(wide),
+                               _mm512_setr_epi64(p2, p2, p2, p2, p3, p3, p3, p3));
+        case 2:
+            return tq1_0_trits(_mm512_inserti64x4(_mm512_castsi256_si512(wide),
+                                                  _mm256_broadcastsi128_si256(narrow), 1),
+                               _mm512_setr_epi64(p4, p4, p4, p4, p0, p0, p1, p1));
+        default:
+            return tq1_0_trits(_mm512_inserti32x4(_mm512_broadcast_i32x4(narrow), qh, 3),
+                               _mm512_setr_epi64(p2, p2, p3, p3, p4, p4, qh_low, qh_high));
+    }
+}
+
 // m = 2s + 1 of each lane, s the low `bits` bits of the lane of `scales`.
 inline __m512i multipliers_of(__m512i scales, int bits) {
     const __m512i s = _mm512_and_si512(scales, _mm512_set1_epi32((1 << bits) - 1));
@@ -230,6 +294,8 @@ inline __m512i iq_levels(const uint8_t* block, int r) {
     if constexpr (kType == DType::IQ3_S) return iq3_s_levels(block, r);
     if constexpr (kType == DType::IQ1_S) return iq1_s_levels(block, r);
     if constexpr (kType == DType::IQ1_M) return iq1_m_levels(block, r);
+    if constexpr (kType == DType::TQ1_0) return tq1_0_levels(block, r);
+    if constexpr (kType == DType::TQ2_0) return tq2_0_levels(block, r);
 }
 
 }  // namespace barellm::cpu::avx512

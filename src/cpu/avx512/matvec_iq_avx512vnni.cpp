@@ -1,5 +1,6 @@
 // The decode matvec on AVX-512 + VNNI for the i-quant types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS,
-// IQ3_S, IQ1_S, IQ1_M): out = W · x for one token, x quantized per 256 as Q8_K, a row at a time.
+// IQ3_S, IQ1_S, IQ1_M) and the ternary types (TQ1_0, TQ2_0): out = W · x for one token, x
+// quantized per 256 as Q8_K, a row at a time.
 //
 // Each weight is d · factor · m · (u − offset) (cpu/iq_levels.h). Per register of 64 columns
 // (iq_levels_avx512.h): vpdpbusd multiplies the unsigned levels u by x's int8 values and adds
@@ -7,7 +8,8 @@
 // one per 16 columns, vpermd'd to the lanes) multiplies it (vpmulld). The offset comes off once
 // per super-block as offset · m · (x's sum of 16), a lane per 16 columns. The super-block's
 // int32 lanes (at most 4 · 4 · 127 · 127 · 31 + 64 · 31 · 16 · 127: below 2^24) are scaled by
-// d · factor · x's d into 16 f32 sums, reduced at the end of the row.
+// d · factor · x's d into 16 f32 sums, reduced at the end of the row. The ternary types have no
+// m: vpdpbusd adds their levels' products straight into the super-block's lanes.
 #include "cpu/avx512/avx512.h"
 #include "cpu/avx512/helpers_avx512.h"
 #include "cpu/avx512/iq_levels_avx512.h"
@@ -48,18 +50,28 @@ float iq_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
         const uint8_t* block = row + size_t(b) * kBlockBytes;
         prefetch_ahead(block, prefetch_bytes, kBlockBytes);
         const int8_t* xb = x.values.data() + size_t(b) * kSuperBlock;
-        const __m512i m = iq_multiplier_lanes<kType>(block);
         const __m512i x_sums = _mm512_cvtepi16_epi32(_mm256_loadu_si256(
             reinterpret_cast<const __m256i*>(x.sums.data() + size_t(b) * kIqMultipliers)));
-        __m512i dots =
-            _mm512_mullo_epi32(_mm512_mullo_epi32(m, x_sums), _mm512_set1_epi32(-kShape.offset));
+        __m512i dots;
+        if constexpr (has_multipliers(kType)) {
+            const __m512i m = iq_multiplier_lanes<kType>(block);
+            dots = _mm512_mullo_epi32(_mm512_mullo_epi32(m, x_sums),
+                                      _mm512_set1_epi32(-kShape.offset));
 #pragma GCC unroll 4
-        for (int r = 0; r < kIqRegisters; ++r) {
-            const __m512i levels = iq_levels<kType>(block, r);
-            const __m512i lane_dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), levels,
-                                                          _mm512_loadu_si512(xb + 64 * r));
-            dots = _mm512_add_epi32(
-                dots, _mm512_mullo_epi32(lane_dots, _mm512_permutexvar_epi32(slot_picks[r], m)));
+            for (int r = 0; r < kIqRegisters; ++r) {
+                const __m512i levels = iq_levels<kType>(block, r);
+                const __m512i lane_dots = _mm512_dpbusd_epi32(_mm512_setzero_si512(), levels,
+                                                              _mm512_loadu_si512(xb + 64 * r));
+                dots = _mm512_add_epi32(
+                    dots,
+                    _mm512_mullo_epi32(lane_dots, _mm512_permutexvar_epi32(slot_picks[r], m)));
+            }
+        } else {  // the ternary types: m = 1, the levels' dots added straight into the lanes
+            dots = _mm512_mullo_epi32(x_sums, _mm512_set1_epi32(-kShape.offset));
+#pragma GCC unroll 4
+            for (int r = 0; r < kIqRegisters; ++r)
+                dots = _mm512_dpbusd_epi32(dots, iq_levels<kType>(block, r),
+                                           _mm512_loadu_si512(xb + 64 * r));
         }
         sums = _mm512_fmadd_ps(
             _mm512_cvtepi32_ps(dots),

@@ -1,0 +1,206 @@
+"""ggml's ternary block types in the converter: GGUF matrices of TQ1_0 and TQ2_0 (TriLM's and
+BitNet b1.58's weights) kept byte for byte beside K-quant ones; barellm's logits on such a file
+(the scalar path, the SIMD kernels of this CPU and of AVX2, one token at a time and as one
+prefill) those of the numpy reference forward pass (reference/model.py) on the weights that the
+gguf package dequantizes; a non-finite d and hostile files refused in one line; the CUDA backend
+on the CPU emulation of CUDA (build/emulated/) against the CPU."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf", reason="pip package gguf missing")
+
+import test_cuda as gpu  # noqa: E402
+from test_cli import assert_refused as assert_barellm_refused, barellm  # noqa: E402
+from convert_testlib import read_raw  # noqa: E402
+from test_convert_iquants import (EMULATED, HEAD_DIM, IDS, IQ_CONFIG, checkpoint,  # noqa: E402,F401
+                                  matrices, reference_logits, with_matrix_type)
+from test_convert_kquants import (assert_refused, convert, logits, metadata,  # noqa: E402
+                                  rewritten_gguf, rotate_half)
+
+TQ_TYPES = ("TQ1_0", "TQ2_0")
+# Byte offsets of the f16 fields of each type's block.
+F16_FIELDS = {"Q2_K": (80, 82), "Q4_K": (0, 2), "Q6_K": (208,), "TQ1_0": (52,), "TQ2_0": (64,)}
+# The matrices of the file of each ternary type that are not of that type (a barellm name, or a
+# layer suffix for every layer); F32 keeps the source's values. Each file holds both ternary
+# types, one of them in its token embedding.
+COMPANIONS = {
+    "TQ1_0": {"wv": "Q4_K", "layers.1.w2": "TQ2_0", "output": "Q6_K"},
+    "TQ2_0": {"wk": "TQ1_0", "w2": "Q2_K", "layers.0.w3": "Q4_K", "output": "TQ1_0"},
+}
+
+
+def qtype(type_name):
+    return gguf.GGMLQuantizationType[type_name]
+
+
+def matrix_type(type_name, name):
+    """The type of the matrix `name` in the file of the ternary type `type_name`."""
+    companions = COMPANIONS[type_name]
+    return companions.get(name, companions.get(name.rsplit(".", 1)[-1], type_name))
+
+
+def set_f16_fields(raw, type_name, values):
+    """Write `values` (one a block) as f16 into every f16 field of the blocks `raw`
+    (uint8 [n, block bytes])."""
+    bits = values.astype("<f2").view("<u2")
+    for offset in F16_FIELDS[type_name]:
+        raw[:, offset:offset + 2] = bits.view(np.uint8).reshape(-1, 2)
+
+
+def random_matrix(type_name, rows, cols, rng):
+    """Rows of blocks of `type_name` (uint8 [rows, row bytes]) of random bytes (every byte a
+    valid TQ1_0 or TQ2_0 one; TQ2_0's level 3 among them) but for the f16 fields: positive, one
+    value a block, sized for weights of RMS about cols^-1/2."""
+    weights, size = gguf.GGML_QUANT_SIZES[qtype(type_name)]
+    count = rows * cols // weights
+    raw = rng.integers(0, 256, (count, size), dtype=np.uint8)
+    set_f16_fields(raw, type_name, np.ones(count))
+    rms = np.sqrt(np.mean(gguf.quants.dequantize(raw, qtype(type_name)) ** 2))
+    set_f16_fields(raw, type_name, rng.uniform(0.5, 1.5, count) / (rms * np.sqrt(cols)))
+    return raw.reshape(rows, -1)
+
+
+@pytest.fixture(scope="module", params=TQ_TYPES)
+def tq_file(request, checkpoint, tmp_path_factory):  # noqa: F811
+    """The file of one ternary type: (its type, {GGUF name: (type, blocks)} of the matrices of
+    random blocks, the converted file, the converter's stderr)."""
+    type_name = request.param
+    path = tmp_path_factory.mktemp(type_name.lower())
+    rng = np.random.default_rng(40 + TQ_TYPES.index(type_name))
+    replaced = {}
+    for name, gguf_name, (rows, cols) in matrices(IQ_CONFIG):
+        kind = matrix_type(type_name, name)
+        if kind != "F32":
+            replaced[gguf_name] = (kind, random_matrix(kind, rows, cols, rng))
+    source = rewritten_gguf(checkpoint[1], path / "m.gguf", replaced,
+                            file_type=gguf.LlamaFileType[f"MOSTLY_{type_name}"])
+    out, log = convert(source, path / "m.bin")
+    return type_name, replaced, out, log
+
+
+def test_ternary_blocks_are_kept_byte_for_byte(tq_file):
+    """Every matrix keeps its GGUF type, named in barellm.matrix_types, and its blocks (q and
+    k rows moved whole into rotate-half order); the file is named after the GGUF's file type
+    and nothing is dequantized."""
+    type_name, replaced, out, log = tq_file
+    assert log == "", log
+    assert json.loads(metadata(out)["barellm.config"])["weight_dtype"] == type_name
+    types = json.loads(metadata(out)["barellm.matrix_types"])
+    assert types == {name: matrix_type(type_name, name) for name, _, _ in matrices(IQ_CONFIG)}
+    assert set(TQ_TYPES) <= set(types.values())
+    tensors = read_raw(out)[2]
+    for name, gguf_name, _ in matrices(IQ_CONFIG):
+        if gguf_name not in replaced:
+            continue
+        raw = replaced[gguf_name][1]
+        if name.endswith((".wq", ".wk")):
+            raw = rotate_half(raw, HEAD_DIM)
+        assert tensors[name].dtype == np.uint8
+        assert np.array_equal(tensors[name], raw), name
+
+
+def test_ternary_logits_are_the_references(tq_file, checkpoint):  # noqa: F811
+    """barellm's logits (the scalar CPU; this CPU's SIMD level and AVX2's, one token at a time
+    and as one prefill) are those of reference/model.py on the checkpoint's norms and F32
+    matrices and the others' blocks dequantized by the gguf package."""
+    type_name, replaced, out, _ = tq_file
+    want = reference_logits(checkpoint[0], replaced)
+    # The scalar path multiplies the dequantized weights exactly (in float32).
+    scalar = logits(out, IDS, "--kv", "f32", "--simd", "scalar")
+    relative = np.linalg.norm(scalar - want) / np.linalg.norm(want)
+    print(f"{type_name} scalar: logits relative error {relative:.2e}")
+    assert relative < 1e-4
+    # The SIMD kernels quantize the activations to 8 bits.
+    for flags in ([], ["--prefill"], ["--simd", "avx2"], ["--simd", "avx2", "--prefill"]):
+        got = logits(out, IDS, "--kv", "f32", *flags)
+        relative = np.linalg.norm(got - want) / np.linalg.norm(want)
+        print(f"{type_name} {' '.join(flags)}: logits relative error {relative:.2e}")
+        assert relative < 5e-2
+        assert (got.argmax(axis=1) == want.argmax(axis=1)).mean() > 0.8
+
+
+@pytest.mark.parametrize("type_name,bits,kind,where", [
+    ("TQ1_0", 0x7E00, "NaN", "byte 52"),
+    ("TQ2_0", 0xFC00, "Inf", "byte 64")])
+def test_a_non_finite_ternary_d_is_refused(tmp_path, checkpoint, type_name, bits, kind,  # noqa: F811
+                                           where):
+    """Block 5's d is NaN or Inf: the converter refuses the file in one line."""
+    raw = random_matrix(type_name, 128, 512, np.random.default_rng(8))
+    size = gguf.GGML_QUANT_SIZES[qtype(type_name)][1]
+    blocks_of = raw.reshape(-1, size)
+    d = np.ones(len(blocks_of), dtype="<u2")
+    d[5] = bits
+    set_f16_fields(blocks_of, type_name, d.view("<f2"))
+    data = rewritten_gguf(checkpoint[1], tmp_path / "q.gguf",
+                          {"blk.0.attn_k.weight": (type_name, raw)}).read_bytes()
+    assert_refused(tmp_path, data, f"{kind} f16 field ({where}) in {type_name} block 5")
+
+
+def row_bytes(type_name, cols):
+    weights, size = gguf.GGML_QUANT_SIZES[qtype(type_name)]
+    return cols // weights * size
+
+
+@pytest.mark.parametrize("case", ["TQ1_0 named TQ2_0", "TQ2_0 named TQ1_0", "cut"])
+def test_a_hostile_ternary_file_is_refused_in_one_line(tmp_path, tq_file, case):
+    """The loader refuses, in one line and exit 1, a file whose matrix_types give a TQ1_0
+    matrix (54 bytes a block) the type TQ2_0 (66) or the reverse, and a file cut inside its
+    last tensor, the output matrix."""
+    type_name, _, model, _ = tq_file
+    if case == "cut":
+        data = open(model, "rb").read()
+        header = json.loads(data[8:8 + int.from_bytes(data[:8], "little")])
+        last = max((entry["data_offsets"][1], name) for name, entry in header.items()
+                   if name != "__metadata__")[1]
+        assert last == "output"
+        bad = tmp_path / "cut.bin"
+        bad.write_bytes(data[:-100])
+        result = barellm("run", bad, "-p", "a", "-n", "1")
+        assert_barellm_refused(result, "tensor 'output': data_offsets")
+        assert "(file truncated?)" in result.stderr
+        return
+    was, now = case.split(" named ")
+    name = next(name for name, _, _ in matrices(IQ_CONFIG)
+                if name.startswith("layers.") and matrix_type(type_name, name) == was)
+    rows, cols = next(shape for other, _, shape in matrices(IQ_CONFIG) if other == name)
+    bad = with_matrix_type(model, tmp_path / "bad.bin", name, was, now)
+    result = barellm("run", bad, "-p", "a", "-n", "1")
+    assert_barellm_refused(result, f"'{name}' has shape [{rows}, {row_bytes(was, cols)}], "
+                           f"the config needs [{rows}, {row_bytes(now, cols)}]")
+
+
+def test_ternary_types_on_the_emulated_cuda_backend(tq_file):
+    """The CUDA backend (build/emulated/dump_logits: every kernel run on the CPU emulation of
+    CUDA) on each file, both ternary types in each, held as tests/test_cuda.py holds the other
+    block types: decode (the input rounded to int8 per 256 columns) within
+    QUANTIZED_TOLERANCE of the CPU's AVX2 path and within int8_limit of its scalar path (the
+    dequantized weights exactly); prefill (each matrix dequantized to f16 for the GEMM) within
+    QUANTIZED_PREFILL_SCALAR_TOLERANCE of the scalar path."""
+    emulated = os.path.join(EMULATED, "dump_logits")
+    if not os.path.exists(emulated):
+        pytest.skip(f"{emulated} is not built (`make emulated`)")
+    type_name, _, model, _ = tq_file
+    ids = gpu.token_ids(7, seed=7, vocab=IQ_CONFIG["vocab_size"])
+    scalar = gpu.dump_logits(model, ids, "--kv", "f32", "--simd", "scalar")
+    cpu = gpu.dump_logits(model, ids, "--kv", "f32", *gpu.CPU_REFERENCE)
+    original = gpu.DUMP_LOGITS
+    gpu.DUMP_LOGITS = emulated
+    try:
+        decode = gpu.dump_logits(model, ids, "--kv", "f32", "--device", "cuda")
+        prefill = gpu.dump_logits(model, ids, "--kv", "f32", "--prefill", "--device", "cuda")
+    finally:
+        gpu.DUMP_LOGITS = original
+    types = sorted(set(json.loads(metadata(model)["barellm.matrix_types"]).values()))
+    what = f"{type_name} file ({', '.join(types)})"
+    print(f"{what}: decode {gpu.relative_errors(decode, cpu).max():.2e} from the CPU, "
+          f"{gpu.relative_errors(decode, scalar).max():.2e} from its scalar path; prefill "
+          f"{gpu.relative_errors(prefill, scalar).max():.2e}")
+    gpu.assert_close(decode, cpu, what + " decode", gpu.QUANTIZED_TOLERANCE)
+    gpu.assert_close(decode, scalar, what + " decode against the CPU's scalar path",
+                     gpu.int8_limit(cpu, scalar))
+    gpu.assert_close(prefill, scalar, what + " prefill against the CPU's scalar path",
+                     gpu.QUANTIZED_PREFILL_SCALAR_TOLERANCE)
