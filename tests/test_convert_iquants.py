@@ -19,8 +19,9 @@ gguf = pytest.importorskip("gguf", reason="pip package gguf missing")
 
 import model as reference  # noqa: E402
 import test_cuda as gpu  # noqa: E402
+from test_cuda import cuda_program  # noqa: E402,F401
 from test_cli import assert_refused as assert_barellm_refused, barellm  # noqa: E402
-from convert_testlib import (BUILD, REPO, TINY_CONFIG, make_checkpoint, read_raw,  # noqa: E402
+from convert_testlib import (REPO, TINY_CONFIG, make_checkpoint, read_raw,  # noqa: E402
                              tiny_tensors)
 from test_convert_kquants import (assert_logits_match, llama_quantize,  # noqa: E402
                                   assert_refused, convert, gguf_from_hf, logits, metadata,
@@ -63,7 +64,6 @@ EMULATED_MIXES = {
     "IQ2_XS": {"wq": "IQ2_S", "wk": "IQ3_XXS", "w3": "IQ1_S", "layers.0.w2": "IQ2_S",
                "token_embedding": "IQ3_XXS", "output": "IQ1_S"},
 }
-EMULATED = os.path.join(BUILD, "emulated")
 
 
 def qtype(type_name):
@@ -267,23 +267,20 @@ def mix_file(checkpoint, tmp_path_factory):
 
 
 @pytest.mark.parametrize("mix", sorted(EMULATED_MIXES))
-def test_iquants_on_the_emulated_cuda_backend(mix_file, mix):
-    """The CUDA backend (build/emulated/dump_logits: every kernel run on the CPU emulation of
-    CUDA) on a file of a type per matrix, the seven i-quants across the two mixes, held as
+def test_iquants_on_the_cuda_backend(mix_file, mix, cuda_program):  # noqa: F811
+    """The CUDA backend (on the CPU emulation of CUDA, and on the GPU where there is one) on a
+    file of a type per matrix, the seven i-quants across the two mixes, held as
     tests/test_cuda.py holds the other block types: decode (the input rounded to int8 per
     256 columns) within QUANTIZED_TOLERANCE of the CPU's AVX2 path and within int8_limit of
     its scalar path (the dequantized weights exactly); prefill (each matrix dequantized to
     f16 for the GEMM) within QUANTIZED_PREFILL_SCALAR_TOLERANCE of the scalar path."""
-    emulated = os.path.join(EMULATED, "dump_logits")
-    if not os.path.exists(emulated):
-        pytest.skip(f"{emulated} is not built (`make emulated`)")
     assert {matrix_type(other, name, EMULATED_MIXES) for other in EMULATED_MIXES
             for name, _, _ in matrices(IQ_CONFIG)} == set(IQ_TYPES)
     model = mix_file(mix)
     ids = gpu.token_ids(7, seed=7, vocab=IQ_CONFIG["vocab_size"])
     types = sorted(set(json.loads(metadata(model)["barellm.matrix_types"]).values()))
     gpu.compare_block_types_with_cpu(model, ids, f"{mix} mix ({', '.join(types)})",
-                                     program=emulated)
+                                     program=cuda_program)
 
 
 def with_matrix_type(source, out, name, was, now):

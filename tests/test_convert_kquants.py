@@ -1260,6 +1260,19 @@ def llama_quantize_model(tmp_path_factory, request):
     return hf, gguf_from_hf(hf, path / "f32.gguf")
 
 
+def assert_same_matrices(ours, kept):
+    """Two converted files have the same type for every matrix and the same dtype and bytes in
+    every tensor; returns their barellm.matrix_types."""
+    types = json.loads(metadata(ours)["barellm.matrix_types"])
+    assert json.loads(metadata(kept)["barellm.matrix_types"]) == types
+    ours_tensors, kept_tensors = read_raw(ours)[2], read_raw(kept)[2]
+    assert set(ours_tensors) == set(kept_tensors)
+    for name, values in ours_tensors.items():
+        assert values.dtype == kept_tensors[name].dtype, name
+        assert np.array_equal(values.view(np.uint8), kept_tensors[name].view(np.uint8)), name
+    return types
+
+
 @pytest.mark.parametrize("mix,llama_quantize_model",
                          [(mix, "2-per-kv") for mix in ("q2_k", "q3_k_s", "q3_k_m", "q3_k_l",
                                                         "q4_k_m", "q5_k_m", "q6_k", "iq4_xs",
@@ -1274,13 +1287,7 @@ def test_mixes_equal_llama_quantize(tmp_path, llama_quantize_model, mix):
     theirs = llama_quantize(f32, tmp_path / "theirs.gguf", mix.upper())
     ours, _ = convert(hf, tmp_path / "ours.bin", "--dtype", mix)
     kept, _ = convert(theirs, tmp_path / "theirs.bin")
-    types = json.loads(metadata(ours)["barellm.matrix_types"])
-    assert json.loads(metadata(kept)["barellm.matrix_types"]) == types
-    ours_tensors, kept_tensors = read_raw(ours)[2], read_raw(kept)[2]
-    assert set(ours_tensors) == set(kept_tensors)
-    for name, values in ours_tensors.items():
-        assert values.dtype == kept_tensors[name].dtype, name
-        assert np.array_equal(values.view(np.uint8), kept_tensors[name].view(np.uint8)), name
+    types = assert_same_matrices(ours, kept)
     print(mix, sorted(set(types.values())))
 
 

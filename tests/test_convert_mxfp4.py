@@ -20,11 +20,12 @@ gguf = pytest.importorskip("gguf", reason="pip package gguf missing")
 
 import model as reference  # noqa: E402
 import test_cuda as gpu  # noqa: E402
+from test_cuda import cuda_program  # noqa: E402,F401
 from convert_testlib import (REPO, TINY_CONFIG, make_checkpoint, read_raw,  # noqa: E402
                              tiny_tensors)
-from test_convert_kquants import (assert_logits_match, llama_quantize,  # noqa: E402
-                                  assert_refused, convert, gguf_from_hf, logits, metadata,
-                                  rewritten_gguf, rotate_half)
+from test_convert_kquants import (assert_logits_match, assert_refused,  # noqa: E402
+                                  assert_same_matrices, convert, gguf_from_hf, llama_quantize,
+                                  logits, metadata, rewritten_gguf, rotate_half)
 from test_moe import CONFIGS as MOE_CONFIGS, moe_tensors  # noqa: E402
 
 MXFP4 = gguf.GGMLQuantizationType.MXFP4
@@ -190,15 +191,12 @@ def test_mxfp4_experts_are_kept_and_run_as_the_reference(moe):
 
 
 @pytest.mark.parametrize("which", ["dense", "moe"])
-def test_mxfp4_on_the_emulated_cuda_backend(dense, moe, which):
-    """The CUDA backend on the CPU emulation of CUDA (build/emulated/dump_logits), held as
-    tests/test_cuda.py holds the other block types (compare_block_types_with_cpu)."""
-    emulated = os.path.join(gpu.BUILD, "emulated", "dump_logits")
-    if not os.path.exists(emulated):
-        pytest.skip(f"{emulated} is not built (`make emulated`)")
+def test_mxfp4_on_the_cuda_backend(dense, moe, which, cuda_program):  # noqa: F811
+    """The CUDA backend (on the CPU emulation of CUDA, and on the GPU where there is one),
+    held as tests/test_cuda.py holds the other block types (compare_block_types_with_cpu)."""
     model = str(dense[3] if which == "dense" else moe[2])
     ids = gpu.token_ids(7, seed=7, vocab=DENSE_CONFIG["vocab_size"])
-    gpu.compare_block_types_with_cpu(model, ids, f"{which} MXFP4", program=emulated)
+    gpu.compare_block_types_with_cpu(model, ids, f"{which} MXFP4", program=cuda_program)
 
 
 @pytest.mark.parametrize("exponent", [LARGEST_EXPONENT + 1, 255])
@@ -296,9 +294,4 @@ def test_dtype_mxfp4_moe_is_llama_quantizes(tmp_path, moe_checkpoint):
     theirs = llama_quantize(f32, tmp_path / "theirs.gguf", "MXFP4_MOE")
     ours, _ = convert(moe_checkpoint, tmp_path / "ours.bin", "--dtype", "mxfp4_moe")
     kept, _ = convert(theirs, tmp_path / "theirs.bin")
-    types = json.loads(metadata(ours)["barellm.matrix_types"])
-    assert json.loads(metadata(kept)["barellm.matrix_types"]) == types
-    ours_tensors, kept_tensors = read_raw(ours)[2], read_raw(kept)[2]
-    assert set(ours_tensors) == set(kept_tensors)
-    for name, values in ours_tensors.items():
-        assert np.array_equal(values.view(np.uint8), kept_tensors[name].view(np.uint8)), name
+    assert_same_matrices(ours, kept)

@@ -6,7 +6,6 @@ gguf package dequantizes; a non-finite d and hostile files refused in one line; 
 on the CPU emulation of CUDA (build/emulated/) against the CPU."""
 
 import json
-import os
 
 import numpy as np
 import pytest
@@ -14,12 +13,13 @@ import pytest
 gguf = pytest.importorskip("gguf", reason="pip package gguf missing")
 
 import test_cuda as gpu  # noqa: E402
+from test_cuda import cuda_program  # noqa: E402,F401
 from test_cli import assert_refused as assert_barellm_refused, barellm  # noqa: E402
 from convert_testlib import read_raw  # noqa: E402
-from test_convert_iquants import (EMULATED, HEAD_DIM, IDS, IQ_CONFIG, checkpoint,  # noqa: E402,F401
+from test_convert_iquants import (HEAD_DIM, IDS, IQ_CONFIG, checkpoint,  # noqa: E402,F401
                                   matrices, reference_logits, with_matrix_type)
-from test_convert_kquants import (assert_refused, convert, logits, metadata,  # noqa: E402
-                                  rewritten_gguf, rotate_half)
+from test_convert_kquants import (assert_logits_match, assert_refused, convert,  # noqa: E402
+                                  metadata, rewritten_gguf, rotate_half)
 
 TQ_TYPES = ("TQ1_0", "TQ2_0")
 # Byte offsets of the f16 fields of each type's block.
@@ -108,19 +108,7 @@ def test_ternary_logits_are_the_references(tq_file, checkpoint):  # noqa: F811
     and as one prefill) are those of reference/model.py on the checkpoint's norms and F32
     matrices and the others' blocks dequantized by the gguf package."""
     type_name, replaced, out, _ = tq_file
-    want = reference_logits(checkpoint[0], replaced)
-    # The scalar path multiplies the dequantized weights exactly (in float32).
-    scalar = logits(out, IDS, "--kv", "f32", "--simd", "scalar")
-    relative = np.linalg.norm(scalar - want) / np.linalg.norm(want)
-    print(f"{type_name} scalar: logits relative error {relative:.2e}")
-    assert relative < 1e-4
-    # The SIMD kernels quantize the activations to 8 bits.
-    for flags in ([], ["--prefill"], ["--simd", "avx2"], ["--simd", "avx2", "--prefill"]):
-        got = logits(out, IDS, "--kv", "f32", *flags)
-        relative = np.linalg.norm(got - want) / np.linalg.norm(want)
-        print(f"{type_name} {' '.join(flags)}: logits relative error {relative:.2e}")
-        assert relative < 5e-2
-        assert (got.argmax(axis=1) == want.argmax(axis=1)).mean() > 0.8
+    assert_logits_match(out, IDS, reference_logits(checkpoint[0], replaced), type_name)
 
 
 @pytest.mark.parametrize("type_name,bits,kind,where", [
@@ -173,34 +161,15 @@ def test_a_hostile_ternary_file_is_refused_in_one_line(tmp_path, tq_file, case):
                            f"the config needs [{rows}, {row_bytes(now, cols)}]")
 
 
-def test_ternary_types_on_the_emulated_cuda_backend(tq_file):
-    """The CUDA backend (build/emulated/dump_logits: every kernel run on the CPU emulation of
-    CUDA) on each file, both ternary types in each, held as tests/test_cuda.py holds the other
-    block types: decode (the input rounded to int8 per 256 columns) within
-    QUANTIZED_TOLERANCE of the CPU's AVX2 path and within int8_limit of its scalar path (the
-    dequantized weights exactly); prefill (each matrix dequantized to f16 for the GEMM) within
+def test_ternary_types_on_the_cuda_backend(tq_file, cuda_program):  # noqa: F811
+    """The CUDA backend (on the CPU emulation of CUDA, and on the GPU where there is one) on
+    each file, both ternary types in each, held as tests/test_cuda.py holds the other block
+    types: decode (the input rounded to int8 per 256 columns) within QUANTIZED_TOLERANCE of
+    the CPU's AVX2 path and within int8_limit of its scalar path (the dequantized weights
+    exactly); prefill (each matrix dequantized to f16 for the GEMM) within
     QUANTIZED_PREFILL_SCALAR_TOLERANCE of the scalar path."""
-    emulated = os.path.join(EMULATED, "dump_logits")
-    if not os.path.exists(emulated):
-        pytest.skip(f"{emulated} is not built (`make emulated`)")
     type_name, _, model, _ = tq_file
     ids = gpu.token_ids(7, seed=7, vocab=IQ_CONFIG["vocab_size"])
-    scalar = gpu.dump_logits(model, ids, "--kv", "f32", "--simd", "scalar")
-    cpu = gpu.dump_logits(model, ids, "--kv", "f32", *gpu.CPU_REFERENCE)
-    original = gpu.DUMP_LOGITS
-    gpu.DUMP_LOGITS = emulated
-    try:
-        decode = gpu.dump_logits(model, ids, "--kv", "f32", "--device", "cuda")
-        prefill = gpu.dump_logits(model, ids, "--kv", "f32", "--prefill", "--device", "cuda")
-    finally:
-        gpu.DUMP_LOGITS = original
     types = sorted(set(json.loads(metadata(model)["barellm.matrix_types"]).values()))
-    what = f"{type_name} file ({', '.join(types)})"
-    print(f"{what}: decode {gpu.relative_errors(decode, cpu).max():.2e} from the CPU, "
-          f"{gpu.relative_errors(decode, scalar).max():.2e} from its scalar path; prefill "
-          f"{gpu.relative_errors(prefill, scalar).max():.2e}")
-    gpu.assert_close(decode, cpu, what + " decode", gpu.QUANTIZED_TOLERANCE)
-    gpu.assert_close(decode, scalar, what + " decode against the CPU's scalar path",
-                     gpu.int8_limit(cpu, scalar))
-    gpu.assert_close(prefill, scalar, what + " prefill against the CPU's scalar path",
-                     gpu.QUANTIZED_PREFILL_SCALAR_TOLERANCE)
+    gpu.compare_block_types_with_cpu(model, ids, f"{type_name} file ({', '.join(types)})",
+                                     program=cuda_program)

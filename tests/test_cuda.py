@@ -44,6 +44,7 @@ from test_qwen import CONFIGS as QWEN_CPU_CONFIGS, qwen_tensors  # noqa: E402
 
 BARELLM = os.path.join(BUILD, "barellm")
 DUMP_LOGITS = os.path.join(BUILD, "dump_logits")
+EMULATED_DUMP_LOGITS = os.path.join(BUILD, "emulated", "dump_logits")
 STEP_LOGITS = os.path.join(BUILD, "step_logits")
 KERNEL_CHECK = os.path.join(BUILD, "cuda_kernel_check")
 
@@ -93,6 +94,19 @@ def tolerance(dtype):
 @pytest.fixture(scope="module")
 def cuda():
     require_cuda()
+
+
+@pytest.fixture(params=["emulated", "gpu"])
+def cuda_program(request):
+    """The dump_logits that runs the CUDA backend: build/emulated/dump_logits, every kernel on
+    the CPU emulation of CUDA (skipped where `make emulated` has not built it), or
+    build/dump_logits on this machine's GPU (skipped, printing why, where there is none)."""
+    if request.param == "gpu":
+        require_cuda()
+        return DUMP_LOGITS
+    if not os.path.exists(EMULATED_DUMP_LOGITS):
+        pytest.skip(f"{EMULATED_DUMP_LOGITS} is not built (`make emulated`)")
+    return EMULATED_DUMP_LOGITS
 
 
 def dump_logits(model, ids, *flags, env=None, program=None):
