@@ -51,9 +51,10 @@
 #   matvec-ncu    Nsight Compute's report on the Q4 matvec (one row per warp, Mistral-7B's
 #                 w2 with the residual) and the Q4 SwiGLU matvec, their first launches in
 #                 `cuda_kernel_check --bench-only` (about 90 s)
-#   tests         tests/test_cuda.py (CUDA logits against CPU logits at every position)
-#                 and tests/test_ladder.py -k gpu (every GPU rung gives the fast path's
-#                 text), cut at 180 and 30 s
+#   tests         tests/test_cuda.py (CUDA logits against CPU logits at every position),
+#                 tests/test_ladder.py -k gpu (every GPU rung gives the fast path's text)
+#                 and the GPU cases of the i-quant, MXFP4 and ternary files' tests (with
+#                 llama.cpp's gguf package), cut at 180, 30 and 90 s
 #   compare       Mistral-7B shape: scripts/compare_llamacpp.py --device cuda (pp512 and
 #                 tg128, 2 alternated rounds) on the f16 and q4 pairs (barellm file and
 #                 GGUF of the same weights: llama.cpp's Q4_0 is barellm's q4), then barellm
@@ -98,9 +99,10 @@
 #                 Not yet timed on a GPU machine: run it alone
 #   moe           mixture of experts: the Qwen3-30B-A3B shape with its first 8 layers
 #                 (convert/synth.py --preset qwen3-30b-a3b --layers 8: 5.61 B parameters, 2
-#                 bytes each in f16), llama-quantize's Q4_K_M and Q4_0 of its f16 GGUF, each
-#                 converted to barellm's file (every matrix in its type), against llama.cpp
-#                 (pp512, tg128, 2 alternated rounds; the share of the copy counts the active
+#                 bytes each in f16), llama-quantize's Q4_K_M, Q4_0 and MXFP4_MOE (the
+#                 experts in MXFP4, gpt-oss's type) of its f16 GGUF, each converted to
+#                 barellm's file (every matrix in its type), against llama.cpp (pp512,
+#                 tg128, 2 alternated rounds; the share of the copy counts the active
 #                 experts' bytes). Not yet timed on a GPU machine: run it alone, on a
 #                 machine without the Mistral-7B files; without llama.cpp, barellm's q4 of
 #                 the checkpoint alone
@@ -595,7 +597,7 @@ xdist=()
 python3 -c "import xdist" 2>/dev/null && xdist=(-n $(($(nproc) * 3 / 4)))
 
 if wants tests && fits 60 "tests"; then
-    step "tests/test_cuda.py, tests/test_ladder.py -k gpu"
+    step "tests/test_cuda.py, tests/test_ladder.py -k gpu, the GGUF block types' tests"
     # The kernels step already ran cuda_kernel_check, which one test wraps.
     deselect=()
     wants kernels &&
@@ -608,7 +610,17 @@ if wants tests && fits 60 "tests"; then
             >"$LOG/test_ladder.log" 2>&1
         note "tests/test_ladder.py -k gpu: $(tail -1 "$LOG/test_ladder.log")"
     fi
-    grep -h "^FAILED" "$LOG/test_cuda.log" "$LOG/test_ladder.log" 2>/dev/null | head -10
+    # The types kept as GGUF blocks (the i-quants, MXFP4, TQ1_0 and TQ2_0) on the GPU; their
+    # tests need the gguf package: llama.cpp's, where it is staged.
+    if [ -n "$GGUF_PY" ] && fits 60 "the GGUF block types' tests"; then
+        PYTHONPATH=$GGUF_PY OMP_NUM_THREADS=2 timeout "$(capped 90)" python3 -m pytest -q -rs \
+            "${xdist[@]}" -k "cuda_backend and gpu" tests/test_convert_iquants.py \
+            tests/test_convert_mxfp4.py tests/test_convert_ternary.py \
+            >"$LOG/test_block_types.log" 2>&1
+        note "i-quant, MXFP4 and ternary files on the GPU: $(tail -1 "$LOG/test_block_types.log")"
+    fi
+    grep -h "^FAILED" "$LOG/test_cuda.log" "$LOG/test_ladder.log" \
+        "$LOG/test_block_types.log" 2>/dev/null | head -10
 fi
 
 # One row per test of `barellm bench --device cuda` in the summary table.
@@ -870,13 +882,13 @@ fi
 if wants moe; then
     step "mixture of experts: the Qwen3-30B-A3B shape, 8 layers, against llama.cpp"
     MOE=$WORK/qwen3-30b-a3b-8l MOE_GIB=11  # the f16 checkpoint or GGUF, rounded up
-    moe_files() {  # the f16 GGUF, its Q4_K_M and Q4_0, and their barellm files
+    moe_files() {  # the f16 GGUF, its Q4_K_M, Q4_0 and MXFP4_MOE, and their barellm files
         rm -rf "$MOE-hf" &&
             python3 convert/synth.py --preset qwen3-30b-a3b --layers 8 --dtype f16 -o "$MOE-hf" &&
             gguf_from_hf "$MOE-hf" "$MOE-f16.gguf" f16 || return 1
         rm -rf "$MOE-hf"
         local type
-        for type in q4_k_m q4_0; do
+        for type in q4_k_m q4_0 mxfp4_moe; do
             quantize_gguf "$MOE-f16.gguf" "$MOE-$type.gguf" "${type^^}" "$MOE-$type.bin" || return 1
         done
         rm -f "$MOE-f16.gguf"
@@ -892,14 +904,15 @@ if wants moe; then
         [ -f "$MOE-q4.bin" ] && bench qwen3-30b-a3b-8l-q4 build/barellm "$MOE-q4.bin" 60 -p 512 \
             -n 128 -r 3
     else
-        if { [ ! -f "$MOE-q4_k_m.bin" ] || [ ! -f "$MOE-q4_0.bin" ]; } && fits 420 "moe files" &&
-            disk_has $((3 * MOE_GIB)) "moe files"; then
+        if { [ ! -f "$MOE-q4_k_m.bin" ] || [ ! -f "$MOE-q4_0.bin" ] ||
+            [ ! -f "$MOE-mxfp4_moe.bin" ]; } && fits 480 "moe files" &&
+            disk_has $((4 * MOE_GIB)) "moe files"; then
             moe_files >"$LOG/moe_files.log" 2>&1
             made_files=()
             for file in "$MOE"-*.bin; do [ -f "$file" ] && made_files+=("$(basename "$file")"); done
             note "moe files: ${made_files[*]:-none} at ${SECONDS}s ($(tail -1 "$LOG/moe_files.log"))"
         fi
-        for type in q4_k_m q4_0; do
+        for type in q4_k_m q4_0 mxfp4_moe; do
             [ -f "$MOE-$type.bin" ] && compare "qwen3-30b-a3b-8l-$type" "$MOE-$type.gguf" \
                 "$MOE-$type.bin" 120 512 128
         done
