@@ -3,9 +3,9 @@ IQ3_XXS, IQ3_S, IQ1_S and IQ1_M kept byte for byte beside K-quant ones, as llama
 mix them; barellm's logits on such a file those of the numpy reference forward pass
 (reference/model.py) on the weights that the gguf package dequantizes; hostile blocks
 refused; the lattice grids of src/weights/iq_grids.inc the gguf package's; llama-quantize's
-IQ3 files (where it is built) kept matrix for matrix; the CUDA backend on the CPU emulation
-of CUDA (build/emulated/) on two files holding the seven types between them, against the
-CPU."""
+IQ3 files (where it is built) kept matrix for matrix; the CUDA backend (on the CPU emulation
+of CUDA, and on the GPU where there is one) on two files holding the seven types between
+them, against the CPU."""
 
 import json
 import os
@@ -39,7 +39,7 @@ GGUF_PARTS = {"wq": "attn_q", "wk": "attn_k", "wv": "attn_v", "wo": "attn_output
 # four u16 scales words at IQ1_M_SCALES (d's bits 4i..4i + 3 in word i).
 F16_FIELDS = {"Q2_K": (80, 82), "Q4_K": (0, 2), "Q6_K": (208,), "IQ2_XXS": (0,),
               "IQ2_XS": (0,), "IQ2_S": (0,), "IQ3_XXS": (0,), "IQ3_S": (0,), "IQ1_S": (0,),
-              "IQ1_M": ()}
+              "IQ1_M": (), "TQ1_0": (52,), "TQ2_0": (64,)}
 IQ1_M_SCALES = 48
 # The matrices of the file of each i-quant that are not of that type (a barellm name, or a
 # layer suffix for every layer), as llama-quantize's mixes of it place their companions;
@@ -103,9 +103,9 @@ def set_f16_fields(raw, type_name, values):
 
 
 def random_matrix(type_name, rows, cols, rng):
-    """Rows of blocks of `type_name` (uint8 [rows, row bytes]) of random bytes but for the
-    f16 fields: positive, one value a block, sized for weights of RMS about cols^-1/2 (as
-    tiny_tensors' matrices)."""
+    """Rows of blocks of `type_name` (uint8 [rows, row bytes]) of random bytes (every byte is
+    a valid one of these types: TQ2_0's level 3 among them) but for the f16 fields: positive,
+    one value a block, sized for weights of RMS about cols^-1/2 (as tiny_tensors' matrices)."""
     weights, size = gguf.GGML_QUANT_SIZES[qtype(type_name)]
     count = rows * cols // weights
     raw = rng.integers(0, 256, (count, size), dtype=np.uint8)
@@ -128,17 +128,26 @@ def iq_file(request, checkpoint, tmp_path_factory):
     """The file of one i-quant: (its type, {GGUF name: (type, blocks)} of the matrices of
     random blocks, the GGUF, the converted file, the converter's stderr)."""
     type_name = request.param
-    path = tmp_path_factory.mktemp(type_name.lower())
-    rng = np.random.default_rng(IQ_TYPES.index(type_name))
+    made = random_blocks_file(checkpoint[1], tmp_path_factory.mktemp(type_name.lower()),
+                              type_name, COMPANIONS,
+                              np.random.default_rng(IQ_TYPES.index(type_name)))
+    return (type_name, *made)
+
+
+def random_blocks_file(source, path, type_name, mixes, rng):
+    """The f32 GGUF `source` rewritten in `path` as a file of type `type_name` whose matrices
+    are random blocks of their type in `mixes` (matrix_type; F32 ones keep their values), and
+    that file converted: ({GGUF name: (type, blocks)}, the GGUF, the converted file, the
+    converter's stderr)."""
     replaced = {}
     for name, gguf_name, (rows, cols) in matrices(IQ_CONFIG):
-        kind = matrix_type(type_name, name)
+        kind = matrix_type(type_name, name, mixes)
         if kind != "F32":
             replaced[gguf_name] = (kind, random_matrix(kind, rows, cols, rng))
-    source = rewritten_gguf(checkpoint[1], path / "m.gguf", replaced,
-                            file_type=gguf.LlamaFileType[f"MOSTLY_{type_name}"])
-    out, log = convert(source, path / "m.bin")
-    return type_name, replaced, source, out, log
+    gguf_file = rewritten_gguf(source, path / "m.gguf", replaced,
+                               file_type=gguf.LlamaFileType[f"MOSTLY_{type_name}"])
+    out, log = convert(gguf_file, path / "m.bin")
+    return replaced, gguf_file, out, log
 
 
 def test_iquant_blocks_are_kept_byte_for_byte(iq_file):
@@ -147,10 +156,19 @@ def test_iquant_blocks_are_kept_byte_for_byte(iq_file):
     file type and nothing is dequantized."""
     type_name, replaced, _, out, log = iq_file
     assert log == "", log
+    types = assert_blocks_kept(out, type_name, replaced, {
+        name: matrix_type(type_name, name) for name, _, _ in matrices(IQ_CONFIG)})
+    assert sum(kind == type_name for kind in types.values()) >= 9
+
+
+def assert_blocks_kept(out, type_name, replaced, want_types):
+    """The converted file `out` of a GGUF of file type `type_name` is named after that type,
+    its barellm.matrix_types are `want_types`, and every matrix of `replaced` ({GGUF name:
+    (type, blocks)}) has its blocks byte for byte (q and k rows moved whole into rotate-half
+    order). Returns the matrix types."""
     assert json.loads(metadata(out)["barellm.config"])["weight_dtype"] == type_name
     types = json.loads(metadata(out)["barellm.matrix_types"])
-    assert types == {name: matrix_type(type_name, name) for name, _, _ in matrices(IQ_CONFIG)}
-    assert sum(kind == type_name for kind in types.values()) >= 9
+    assert types == want_types
     tensors = read_raw(out)[2]
     for name, gguf_name, _ in matrices(IQ_CONFIG):
         if gguf_name not in replaced:
@@ -160,6 +178,7 @@ def test_iquant_blocks_are_kept_byte_for_byte(iq_file):
             raw = rotate_half(raw, HEAD_DIM)
         assert tensors[name].dtype == np.uint8
         assert np.array_equal(tensors[name], raw), name
+    return types
 
 
 def reference_logits(hf, replaced):
@@ -191,15 +210,20 @@ def test_iquant_logits_are_the_references(iq_file, checkpoint):
     ("IQ1_M", 0x7C00, "Inf", "top nibbles of bytes 48..55")])
 def test_a_non_finite_iquant_d_is_refused(tmp_path, checkpoint, type_name, bits, kind, where):
     """Block 5's d is NaN or Inf (IQ1_M's from the top nibbles of its scales words)."""
+    data = gguf_with_a_non_finite_d(checkpoint[1], tmp_path / "q.gguf", type_name, bits)
+    assert_refused(tmp_path, data, f"{kind} f16 field ({where}) in {type_name} block 5")
+
+
+def gguf_with_a_non_finite_d(source, out, type_name, bits):
+    """The bytes of the GGUF `source` rewritten as `out` with blk.0.attn_k a random matrix of
+    `type_name` whose block 5 has the f16 d `bits`."""
     raw = random_matrix(type_name, 128, 512, np.random.default_rng(8))
     size = gguf.GGML_QUANT_SIZES[qtype(type_name)][1]
     blocks_of = raw.reshape(-1, size)
     d = np.ones(len(blocks_of), dtype="<u2")
     d[5] = bits
     set_f16_fields(blocks_of, type_name, d.view("<f2"))
-    data = rewritten_gguf(checkpoint[1], tmp_path / "q.gguf",
-                          {"blk.0.attn_k.weight": (type_name, raw)}).read_bytes()
-    assert_refused(tmp_path, data, f"{kind} f16 field ({where}) in {type_name} block 5")
+    return rewritten_gguf(source, out, {"blk.0.attn_k.weight": (type_name, raw)}).read_bytes()
 
 
 def test_iq_grids_are_the_gguf_packages():
@@ -247,15 +271,9 @@ def mix_file(checkpoint, tmp_path_factory):
 
     def get(mix):
         if mix not in made:
-            path = tmp_path_factory.mktemp(f"mix_{mix.lower()}")
-            rng = np.random.default_rng(20 + IQ_TYPES.index(mix))
-            replaced = {}
-            for name, gguf_name, (rows, cols) in matrices(IQ_CONFIG):
-                kind = matrix_type(mix, name, EMULATED_MIXES)
-                replaced[gguf_name] = (kind, random_matrix(kind, rows, cols, rng))
-            source = rewritten_gguf(checkpoint[1], path / "m.gguf", replaced,
-                                    file_type=gguf.LlamaFileType[f"MOSTLY_{mix}"])
-            out, log = convert(source, path / "m.bin")
+            _, _, out, log = random_blocks_file(
+                checkpoint[1], tmp_path_factory.mktemp(f"mix_{mix.lower()}"), mix,
+                EMULATED_MIXES, np.random.default_rng(20 + IQ_TYPES.index(mix)))
             assert log == "", log
             types = json.loads(metadata(out)["barellm.matrix_types"])
             assert types == {name: matrix_type(mix, name, EMULATED_MIXES)

@@ -3,8 +3,8 @@ nibbles) in the converter and both backends: a Llama GGUF mixing random MXFP4 ma
 ones, and a Qwen3-MoE GGUF whose experts are MXFP4 and the rest Q8_0 or F32 (llama-quantize's
 MXFP4_MOE layout), keep every block byte for byte; barellm's logits on them are those of the
 numpy reference forward pass (reference/model.py) on the weights the gguf package dequantizes
-(scalar, SIMD decode and prefill, and the CUDA backend on the CPU emulation of CUDA against the
-CPU); a scale exponent under which a weight would not be a finite f32 is refused in one line;
+(scalar, SIMD decode and prefill, and the CUDA backend, on the CPU emulation of CUDA and on the
+GPU where there is one, against the CPU); a scale exponent under which a weight would not be a finite f32 is refused in one line;
 llama-quantize's own MXFP4_MOE file (where it is built) is kept matrix for matrix. The
 converter's own `--dtype mxfp4_moe` quantizes as the gguf package does, and gives
 llama-quantize's file byte for byte."""

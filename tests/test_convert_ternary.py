@@ -3,7 +3,7 @@ BitNet b1.58's weights) kept byte for byte beside K-quant ones; barellm's logits
 (the scalar path, the SIMD kernels of this CPU and of AVX2, one token at a time and as one
 prefill) those of the numpy reference forward pass (reference/model.py) on the weights that the
 gguf package dequantizes; a non-finite d and hostile files refused in one line; the CUDA backend
-on the CPU emulation of CUDA (build/emulated/) against the CPU."""
+(on the CPU emulation of CUDA, and on the GPU where there is one) against the CPU."""
 
 import json
 
@@ -15,15 +15,13 @@ gguf = pytest.importorskip("gguf", reason="pip package gguf missing")
 import test_cuda as gpu  # noqa: E402
 from test_cuda import cuda_program  # noqa: E402,F401
 from test_cli import assert_refused as assert_barellm_refused, barellm  # noqa: E402
-from convert_testlib import read_raw  # noqa: E402
-from test_convert_iquants import (HEAD_DIM, IDS, IQ_CONFIG, checkpoint,  # noqa: E402,F401
-                                  matrices, reference_logits, with_matrix_type)
-from test_convert_kquants import (assert_logits_match, assert_refused, convert,  # noqa: E402
-                                  metadata, rewritten_gguf, rotate_half)
+from test_convert_iquants import (IDS, IQ_CONFIG, assert_blocks_kept,  # noqa: E402,F401
+                                  checkpoint, gguf_with_a_non_finite_d, matrices,
+                                  matrix_type as iq_matrix_type, qtype, random_blocks_file,
+                                  reference_logits, with_matrix_type)
+from test_convert_kquants import assert_logits_match, assert_refused, metadata  # noqa: E402
 
 TQ_TYPES = ("TQ1_0", "TQ2_0")
-# Byte offsets of the f16 fields of each type's block.
-F16_FIELDS = {"Q2_K": (80, 82), "Q4_K": (0, 2), "Q6_K": (208,), "TQ1_0": (52,), "TQ2_0": (64,)}
 # The matrices of the file of each ternary type that are not of that type (a barellm name, or a
 # layer suffix for every layer); F32 keeps the source's values. Each file holds both ternary
 # types, one of them in its token embedding.
@@ -33,35 +31,9 @@ COMPANIONS = {
 }
 
 
-def qtype(type_name):
-    return gguf.GGMLQuantizationType[type_name]
-
-
 def matrix_type(type_name, name):
     """The type of the matrix `name` in the file of the ternary type `type_name`."""
-    companions = COMPANIONS[type_name]
-    return companions.get(name, companions.get(name.rsplit(".", 1)[-1], type_name))
-
-
-def set_f16_fields(raw, type_name, values):
-    """Write `values` (one a block) as f16 into every f16 field of the blocks `raw`
-    (uint8 [n, block bytes])."""
-    bits = values.astype("<f2").view("<u2")
-    for offset in F16_FIELDS[type_name]:
-        raw[:, offset:offset + 2] = bits.view(np.uint8).reshape(-1, 2)
-
-
-def random_matrix(type_name, rows, cols, rng):
-    """Rows of blocks of `type_name` (uint8 [rows, row bytes]) of random bytes (every byte a
-    valid TQ1_0 or TQ2_0 one; TQ2_0's level 3 among them) but for the f16 fields: positive, one
-    value a block, sized for weights of RMS about cols^-1/2."""
-    weights, size = gguf.GGML_QUANT_SIZES[qtype(type_name)]
-    count = rows * cols // weights
-    raw = rng.integers(0, 256, (count, size), dtype=np.uint8)
-    set_f16_fields(raw, type_name, np.ones(count))
-    rms = np.sqrt(np.mean(gguf.quants.dequantize(raw, qtype(type_name)) ** 2))
-    set_f16_fields(raw, type_name, rng.uniform(0.5, 1.5, count) / (rms * np.sqrt(cols)))
-    return raw.reshape(rows, -1)
+    return iq_matrix_type(type_name, name, COMPANIONS)
 
 
 @pytest.fixture(scope="module", params=TQ_TYPES)
@@ -69,16 +41,9 @@ def tq_file(request, checkpoint, tmp_path_factory):  # noqa: F811
     """The file of one ternary type: (its type, {GGUF name: (type, blocks)} of the matrices of
     random blocks, the converted file, the converter's stderr)."""
     type_name = request.param
-    path = tmp_path_factory.mktemp(type_name.lower())
-    rng = np.random.default_rng(40 + TQ_TYPES.index(type_name))
-    replaced = {}
-    for name, gguf_name, (rows, cols) in matrices(IQ_CONFIG):
-        kind = matrix_type(type_name, name)
-        if kind != "F32":
-            replaced[gguf_name] = (kind, random_matrix(kind, rows, cols, rng))
-    source = rewritten_gguf(checkpoint[1], path / "m.gguf", replaced,
-                            file_type=gguf.LlamaFileType[f"MOSTLY_{type_name}"])
-    out, log = convert(source, path / "m.bin")
+    replaced, _, out, log = random_blocks_file(
+        checkpoint[1], tmp_path_factory.mktemp(type_name.lower()), type_name, COMPANIONS,
+        np.random.default_rng(40 + TQ_TYPES.index(type_name)))
     return type_name, replaced, out, log
 
 
@@ -88,19 +53,9 @@ def test_ternary_blocks_are_kept_byte_for_byte(tq_file):
     and nothing is dequantized."""
     type_name, replaced, out, log = tq_file
     assert log == "", log
-    assert json.loads(metadata(out)["barellm.config"])["weight_dtype"] == type_name
-    types = json.loads(metadata(out)["barellm.matrix_types"])
-    assert types == {name: matrix_type(type_name, name) for name, _, _ in matrices(IQ_CONFIG)}
+    types = assert_blocks_kept(out, type_name, replaced, {
+        name: matrix_type(type_name, name) for name, _, _ in matrices(IQ_CONFIG)})
     assert set(TQ_TYPES) <= set(types.values())
-    tensors = read_raw(out)[2]
-    for name, gguf_name, _ in matrices(IQ_CONFIG):
-        if gguf_name not in replaced:
-            continue
-        raw = replaced[gguf_name][1]
-        if name.endswith((".wq", ".wk")):
-            raw = rotate_half(raw, HEAD_DIM)
-        assert tensors[name].dtype == np.uint8
-        assert np.array_equal(tensors[name], raw), name
 
 
 def test_ternary_logits_are_the_references(tq_file, checkpoint):  # noqa: F811
@@ -117,14 +72,7 @@ def test_ternary_logits_are_the_references(tq_file, checkpoint):  # noqa: F811
 def test_a_non_finite_ternary_d_is_refused(tmp_path, checkpoint, type_name, bits, kind,  # noqa: F811
                                            where):
     """Block 5's d is NaN or Inf: the converter refuses the file in one line."""
-    raw = random_matrix(type_name, 128, 512, np.random.default_rng(8))
-    size = gguf.GGML_QUANT_SIZES[qtype(type_name)][1]
-    blocks_of = raw.reshape(-1, size)
-    d = np.ones(len(blocks_of), dtype="<u2")
-    d[5] = bits
-    set_f16_fields(blocks_of, type_name, d.view("<f2"))
-    data = rewritten_gguf(checkpoint[1], tmp_path / "q.gguf",
-                          {"blk.0.attn_k.weight": (type_name, raw)}).read_bytes()
+    data = gguf_with_a_non_finite_d(checkpoint[1], tmp_path / "q.gguf", type_name, bits)
     assert_refused(tmp_path, data, f"{kind} f16 field ({where}) in {type_name} block 5")
 
 
