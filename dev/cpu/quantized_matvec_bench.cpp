@@ -1,6 +1,8 @@
 // One core of the decode matvec on Q8 and Q4 weights, x quantized once beforehand
 // (quantize_q8): AVX2 (avx2::matvec_rows_q8 / _q4, row by row) and AVX-512 VNNI
-// (avx512::matvec_rows_q8 / _q4 on weights in tiles of 16 rows, cpu/quantized_tiles.h), in
+// (avx512::matvec_rows_q8 / _q4 on weights in tiles of 16 rows, cpu/quantized_tiles.h); and on
+// the blocks of 32 whose nibbles pick a level in a table, IQ4_NL and MXFP4, read as the file
+// has them (avx2::matvec_rows_small_blocks, avx512::matvec_rows_lookup_blocks); in
 // GB/s of weights read: from L2 (a 0.3 MB matrix read again and again: the kernel's own speed)
 // and from memory (a 600 MB matrix: what decode meets), beside the streaming read `barellm
 // bench` measures (measure_read_bandwidth). A matvec well above the streaming read from L2
@@ -18,6 +20,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -26,14 +29,18 @@
 #include "cpu/avx512/avx512.h"
 #include "cpu/kernels.h"
 #include "cpu/quantized_tiles.h"
+#include "weights/model.h"
+#include "weights/weight_blocks.h"
 
 using namespace barellm;
 
 namespace {
 
-constexpr double kInCacheBytes = 0.3e6;   // well inside a 1 MB L2
-constexpr double kInMemoryBytes = 600e6;  // far past any last-level cache
-constexpr double kBytesPerRun = 3e9;      // repetitions: about this much read in all
+constexpr double kInCacheBytes = 0.3e6;              // well inside a 1 MB L2
+constexpr double kInMemoryBytes = 600e6;             // far past any last-level cache
+constexpr double kBytesPerRun = 3e9;                 // repetitions: about this much read in all
+constexpr uint16_t kScale = 0x2c00;                  // f16 1/16: every scale
+constexpr uint8_t kMxfp4ScaleOfSixteenth = 128 - 4;  // MXFP4's e of the same 1/16
 
 double seconds() {
     timespec now;
@@ -62,17 +69,29 @@ double matvec_gbps(DType dtype, bool avx512, int cols, double bytes) {
     m.rows = int(bytes / row_bytes);
     std::vector<uint8_t> values(size_t(m.rows) * m.row_bytes());
     for (uint8_t& v : values) v = uint8_t(rng());
-    const uint16_t kScale = 0x2c00;  // f16 1/16
     std::vector<uint16_t> scales(size_t(m.rows) * m.scale_count_per_row(), kScale);
     m.data = values.data();
     m.scales = scales.data();
-    const cpu::AlignedBytes tiles = avx512 ? cpu::make_row_tiles(m) : cpu::AlignedBytes();
+    const bool lookup = dtype == DType::IQ4_NL || dtype == DType::MXFP4;
+    if (lookup) {  // every block's scale 1/16: IQ4_NL's f16 d, MXFP4's exponent 2^(e − 128)
+        const size_t block_bytes =
+            dtype == DType::IQ4_NL ? sizeof(BlockIQ4_NL) : sizeof(BlockMXFP4);
+        for (size_t at = 0; at < values.size(); at += block_bytes)
+            if (dtype == DType::IQ4_NL)
+                std::memcpy(&values[at], &kScale, sizeof(kScale));
+            else
+                values[at] = kMxfp4ScaleOfSixteenth;
+    }
+    const cpu::AlignedBytes tiles =
+        avx512 && !lookup ? cpu::make_row_tiles(m) : cpu::AlignedBytes();
     m.row_tiles = tiles.get();
     std::vector<float> x(cols), out(m.rows);
     for (float& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
     cpu::QuantizedVector quantized;
     cpu::quantize_q8(&quantized, x.data(), cols);
-    const auto kernel = dtype == DType::Q8_0
+    const auto kernel = lookup ? (avx512 ? cpu::avx512::matvec_rows_lookup_blocks
+                                         : cpu::avx2::matvec_rows_small_blocks)
+                        : dtype == DType::Q8_0
                             ? (avx512 ? cpu::avx512::matvec_rows_q8 : cpu::avx2::matvec_rows_q8)
                             : (avx512 ? cpu::avx512::matvec_rows_q4 : cpu::avx2::matvec_rows_q4);
     return median_gbps(double(m.bytes()), [&] { kernel(out.data(), m, quantized, 0, m.rows); });
@@ -91,10 +110,10 @@ int main(int argc, char** argv) {
     omp_set_num_threads(1);  // one core, the streaming read's too
     std::printf("%d columns, one thread, GB/s of weights (median)\n", cols);
     std::printf("| weights | kernel | from L2 | from memory |\n| --- | --- | ---: | ---: |\n");
-    for (DType dtype : {DType::Q8_0, DType::Q4_0})
+    for (DType dtype : {DType::Q8_0, DType::Q4_0, DType::IQ4_NL, DType::MXFP4})
         for (bool avx512 : {false, true}) {
             if (avx512 && !has_avx512) continue;
-            std::printf("| %s | %s | %.1f | %.1f |\n", dtype == DType::Q8_0 ? "Q8" : "Q4",
+            std::printf("| %s | %s | %.1f | %.1f |\n", matrix_type_name(dtype).c_str(),
                         avx512 ? "AVX-512 VNNI" : "AVX2",
                         matvec_gbps(dtype, avx512, cols, kInCacheBytes),
                         matvec_gbps(dtype, avx512, cols, kInMemoryBytes));
