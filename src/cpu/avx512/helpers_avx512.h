@@ -44,7 +44,10 @@ inline __m512i unsigned_levels(const int8_t (&values)[16]) {
 }
 inline __m512i iq4_unsigned_levels() { return unsigned_levels(kIq4Values); }
 // MXFP4's scales 2^(e − 128) (mxfp4_scale) of the exponents e (0..255), a lane each: the f32
-// bits (e − 1) << 23, or a subnormal kMxfp4SmallestScaleBits << e for e < 2.
+// bits (e − 1) << 23, or a subnormal kMxfp4SmallestScaleBits << e for e < 2. The lanes of rows
+// past a matrix's last take kMxfp4UnitExponent (the scale 1), not a gather's 0: on Intel CPUs
+// arithmetic on subnormals is several times slower.
+constexpr int kMxfp4UnitExponent = 128;
 inline __m512 mxfp4_scales(__m512i e) {
     const __m512i one = _mm512_set1_epi32(1);
     const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, one), kF32MantissaBits);
