@@ -292,9 +292,7 @@ void unpack_mxfp4(const HalfPanel& out, const RowWords& words, int b) {
     const size_t at = size_t(b) * sizeof(BlockMXFP4);
     const __m512i table = unsigned_levels(kMxfp4Values);
     // e, and the first three bytes of qs: the block is only byte-aligned, e its first field.
-    out.scale(
-        b, mxfp4_scales(_mm512_mask_mov_epi32(_mm512_set1_epi32(kMxfp4UnitExponent), words.rows,
-                                              byte_at(words.at(at + offsetof(BlockMXFP4, e)), 0))));
+    out.scale(b, mxfp4_row_scales(byte_at(words.at(at + offsetof(BlockMXFP4, e)), 0), words.rows));
     constexpr int kHalfSteps = kGroupSteps / 2;
     for (int step = 0; step < kHalfSteps; ++step) {
         const __m512i q = words.at(at + offsetof(BlockMXFP4, qs) + kLaneBytes * step);

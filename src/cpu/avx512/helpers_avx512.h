@@ -44,10 +44,7 @@ inline __m512i unsigned_levels(const int8_t (&values)[16]) {
 }
 inline __m512i iq4_unsigned_levels() { return unsigned_levels(kIq4Values); }
 // MXFP4's scales 2^(e − 128) (mxfp4_scale) of the exponents e (0..255), a lane each: the f32
-// bits (e − 1) << 23, or a subnormal kMxfp4SmallestScaleBits << e for e < 2. The lanes of rows
-// past a matrix's last take kMxfp4UnitExponent (the scale 1), not a gather's 0: on Intel CPUs
-// arithmetic on subnormals is several times slower.
-constexpr int kMxfp4UnitExponent = 128;
+// bits (e − 1) << 23, or a subnormal kMxfp4SmallestScaleBits << e for e < 2.
 inline __m512 mxfp4_scales(__m512i e) {
     const __m512i one = _mm512_set1_epi32(1);
     const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, one), kF32MantissaBits);
@@ -55,6 +52,13 @@ inline __m512 mxfp4_scales(__m512i e) {
     const __mmask16 small =
         _mm512_cmple_epu32_mask(e, _mm512_set1_epi32(int(kMxfp4SubnormalBelow) - 1));
     return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, subnormal));
+}
+// The same of the exponents of 16 rows' blocks, of which only the `rows` lanes hold a row: the
+// others (a gather's 0 past a matrix's last row) take kMxfp4UnitExponent, the scale 1, not
+// e = 0's subnormal: on Intel CPUs arithmetic on subnormals is several times slower.
+constexpr int kMxfp4UnitExponent = 128;
+inline __m512 mxfp4_row_scales(__m512i e, __mmask16 rows) {
+    return mxfp4_scales(_mm512_mask_mov_epi32(_mm512_set1_epi32(kMxfp4UnitExponent), rows, e));
 }
 // The levels (0..63) of sub-block i of a Q6_K tile's super-block `block`
 // (cpu/super_block_tiles.h): q[s] those of columns 16i + 4s..16i + 4s + 3, four a lane, the

@@ -34,25 +34,23 @@ constexpr int kLevelExcess = kIq4Excess;
 constexpr int kPrefetchBytes = 4 * kCacheLine;
 
 // Where a type's block keeps its nibbles, and its scale from the 32-bit word at the block's
-// start (IQ4_NL: the f16 d; MXFP4: the exponent byte e), one lane a row. kNoRowWord is the
-// word of the lanes past the last row: a scale that is not a subnormal f32 (MXFP4's e = 0
-// would be one: see kMxfp4UnitExponent).
+// start (IQ4_NL: the f16 d; MXFP4: the exponent byte e), one lane a row, `rows` of them read.
 template <DType kType>
 struct LookupBlock;
 template <>
 struct LookupBlock<DType::IQ4_NL> {
     static constexpr size_t kBytes = sizeof(BlockIQ4_NL), kNibbles = offsetof(BlockIQ4_NL, qs);
-    static constexpr int kNoRowWord = 0;  // d = 0
     static __m512i levels() { return unsigned_levels(kIq4Values); }
-    static __m512 scales(__m512i words) { return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words)); }
+    static __m512 scales(__m512i words, __mmask16) {
+        return _mm512_cvtph_ps(_mm512_cvtepi32_epi16(words));
+    }
 };
 template <>
 struct LookupBlock<DType::MXFP4> {
     static constexpr size_t kBytes = sizeof(BlockMXFP4), kNibbles = offsetof(BlockMXFP4, qs);
-    static constexpr int kNoRowWord = kMxfp4UnitExponent;
     static __m512i levels() { return unsigned_levels(kMxfp4Values); }
-    static __m512 scales(__m512i words) {
-        return mxfp4_scales(_mm512_and_si512(words, _mm512_set1_epi32(0xff)));
+    static __m512 scales(__m512i words, __mmask16 rows) {
+        return mxfp4_row_scales(_mm512_and_si512(words, _mm512_set1_epi32(0xff)), rows);
     }
 };
 
@@ -79,7 +77,12 @@ void lookup_rows_dot(float* out, const uint8_t* first, size_t row_bytes, int row
         _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                            _mm512_set1_epi32(int(row_bytes)));
     const __mmask16 row_lanes = first_lanes(rows);
-    const __m512i no_rows = _mm512_set1_epi32(Block::kNoRowWord);
+    // The rows' scales of the blocks at `blocks` (one a row), times x's scale.
+    const auto row_scales = [&](const uint8_t* blocks, float x_scale) {
+        const __m512i words =
+            _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), row_lanes, row_offsets, blocks, 1);
+        return _mm512_mul_ps(Block::scales(words, row_lanes), _mm512_set1_ps(x_scale));
+    };
     __m512 sums[kRowsAtOnce];
     for (int k = 0; k < kRowsAtOnce; ++k) sums[k] = _mm512_setzero_ps();
     for (int b = 0; b < blocks; b += kPair) {
@@ -94,15 +97,9 @@ void lookup_rows_dot(float* out, const uint8_t* first, size_t row_bytes, int row
             _mm512_setzero_si512(), _mm512_dpbusd_epi32(_mm512_setzero_si512(), excess, xv));
         // The rows' scales of both blocks, times x's.
         const uint8_t* blocks_at = first + size_t(b) * Block::kBytes;
-        const __m512 scales_b = _mm512_mul_ps(Block::scales(_mm512_mask_i32gather_epi32(
-                                                  no_rows, row_lanes, row_offsets, blocks_at, 1)),
-                                              _mm512_set1_ps(x.scales[b]));
+        const __m512 scales_b = row_scales(blocks_at, x.scales[b]);
         const __m512 scales_next =
-            pair
-                ? _mm512_mul_ps(Block::scales(_mm512_mask_i32gather_epi32(
-                                    no_rows, row_lanes, row_offsets, blocks_at + Block::kBytes, 1)),
-                                _mm512_set1_ps(x.scales[b + 1]))
-                : _mm512_setzero_ps();
+            pair ? row_scales(blocks_at + Block::kBytes, x.scales[b + 1]) : _mm512_setzero_ps();
 #pragma GCC unroll 16
         for (int k = 0; k < kRowsAtOnce; ++k) {
             if (k >= rows) break;
