@@ -413,10 +413,9 @@ __device__ __forceinline__ uint32_t iq1m_d_bits(const uint32_t (&head)[4]) {
 }
 
 // MXFP4's scale 2^(e − 128) (weight_blocks.h: mxfp4_scale) from its exponent e: the f32 bits
-// (e − 1) << 23, or a subnormal kMxfp4SmallestScaleBits << e for e < 2.
+// (e − 1) << 23, or 0 for e < 2 (where it would be subnormal).
 __device__ __forceinline__ float mxfp4_scale_of(uint32_t e) {
-    return __uint_as_float(e < kMxfp4SubnormalBelow ? kMxfp4SmallestScaleBits << e
-                                                    : (e - 1) << kF32MantissaBits);
+    return __uint_as_float(e < kMxfp4SubnormalBelow ? 0u : (e - 1) << kF32MantissaBits);
 }
 
 // What an i-quant's group scale d·(2s + 1) is divided by (weight_blocks.h): IQ2's 8, IQ3_XXS's

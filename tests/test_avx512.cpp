@@ -736,14 +736,14 @@ TEST_CASE("AVX-512 VNNI i-quant matvecs equal the dequantized rows times Q8_K x"
 }
 
 TEST_CASE(
-    "AVX-512 VNNI matvec of the looked-up blocks of 32 (IQ4_NL, MXFP4) equals the dequantized "
-    "rows times x quantized per 32") {
+    "AVX-512 VNNI matvec of the looked-up blocks of 32 (IQ4_NL, MXFP4) from their tiles equals "
+    "the dequantized rows times x quantized per 32") {
     std::mt19937 rng(522);
     const DType dtype = GENERATE(DType::IQ4_NL, DType::MXFP4);
     for (const Avx512Build& build : builds()) {
         if (!build.has_vnni) continue;
-        // Rows past one run of 16 and off it; an odd and an even count of blocks (two a
-        // register), one block alone.
+        // Rows past one tile of 16 and off it; an odd and an even count of blocks (two a tile's
+        // block), one block alone.
         for (const int cols : {32, 64, 96, 1280}) {
             const int rows = 37;
             TestMatrix m = make_block_matrix(rows, cols, dtype, rng);

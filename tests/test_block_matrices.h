@@ -151,7 +151,7 @@ inline TestMatrix make_block_matrix(int rows, int cols, DType dtype, std::mt1993
     for (int r = 0; r < rows; ++r)
         dequantize_row(dtype, m.matrix.row_data(r), &m.values[size_t(r) * cols], cols);
     if (cpu::has_row_tiles(dtype))
-        add_row_tiles(&m);  // the super-block types, as the CPU backend's
+        add_row_tiles(&m);  // the super-block types, IQ4_NL and MXFP4, as the CPU backend's
     return m;
 }
 

@@ -1,8 +1,8 @@
-// One core of the decode matvec on Q8 and Q4 weights, x quantized once beforehand
-// (quantize_q8): AVX2 (avx2::matvec_rows_q8 / _q4, row by row) and AVX-512 VNNI
-// (avx512::matvec_rows_q8 / _q4 on weights in tiles of 16 rows, cpu/quantized_tiles.h); and on
-// the blocks of 32 whose nibbles pick a level in a table, IQ4_NL and MXFP4, read as the file
-// has them (avx2::matvec_rows_small_blocks, avx512::matvec_rows_lookup_blocks); in
+// One core of the decode matvec on Q8 and Q4 weights and on the blocks of 32 whose nibbles pick
+// a level in a table, IQ4_NL and MXFP4, x quantized once beforehand (quantize_q8): AVX2 on the
+// rows as the file has them (avx2::matvec_rows_q8 / _q4 / _small_blocks) and AVX-512 VNNI on
+// weights in tiles of 16 rows (avx512::matvec_rows_q8 / _q4 / _lookup_blocks,
+// cpu/quantized_tiles.h); in
 // GB/s of weights read: from L2 (a 0.3 MB matrix read again and again: the kernel's own speed)
 // and from memory (a 600 MB matrix: what decode meets), beside the streaming read `barellm
 // bench` measures (measure_read_bandwidth). A matvec well above the streaming read from L2
@@ -82,8 +82,7 @@ double matvec_gbps(DType dtype, bool avx512, int cols, double bytes) {
             else
                 values[at] = kMxfp4ScaleOfSixteenth;
     }
-    const cpu::AlignedBytes tiles =
-        avx512 && !lookup ? cpu::make_row_tiles(m) : cpu::AlignedBytes();
+    const cpu::AlignedBytes tiles = avx512 ? cpu::make_row_tiles(m) : cpu::AlignedBytes();
     m.row_tiles = tiles.get();
     std::vector<float> x(cols), out(m.rows);
     for (float& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);

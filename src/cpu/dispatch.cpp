@@ -64,8 +64,9 @@ void set_simd_level(SimdLevel level) { active_level = level; }
 
 bool uses_row_tiles(DType dtype) {
     if (!has_row_tiles(dtype)) return false;
-    return is_quantized(dtype) ? on_avx512_vnni() || on_avx_vnni()
-                               : active_level >= SimdLevel::Avx2;
+    if (is_quantized(dtype)) return on_avx512_vnni() || on_avx_vnni();
+    if (looks_up_levels(dtype)) return on_avx512_vnni();
+    return active_level >= SimdLevel::Avx2;
 }
 SimdLevel simd_level() { return active_level; }
 const char* simd_level_name(SimdLevel level) {
@@ -190,7 +191,7 @@ void matvec_many(const MatvecTask* task_list, int task_count) {
                 const int row = int(begin - task_start), count = int(end - begin);
                 const DType dtype = task.w->dtype;
                 const bool tiled = reads_tiles(*task.w);
-                if (tiled && is_block_type(dtype))  // the super-block types
+                if (tiled && !has_group_tiles(dtype))  // the super-block types
                     (use_avx512_vnni ? avx512::matvec_rows_block_tiles
                                      : avx2::matvec_rows_block_tiles)(task.out, 0, *task.w,
                                                                       q8_k_x[t], 1, row, count);
@@ -201,7 +202,7 @@ void matvec_many(const MatvecTask* task_list, int task_count) {
                     (use_avx512_vnni ? avx512::matvec_rows_super_blocks
                                      : avx2::matvec_rows_super_blocks)(task.out, *task.w,
                                                                        *q8_k_x[t], row, count);
-                else if (use_avx512_vnni && (dtype == DType::IQ4_NL || dtype == DType::MXFP4))
+                else if (tiled && looks_up_levels(dtype))  // IQ4_NL, MXFP4 on AVX-512 VNNI
                     avx512::matvec_rows_lookup_blocks(task.out, *task.w, *quantized_x[t], row,
                                                       count);
                 else if (use_simd && matvec_on_q8_groups(dtype))
@@ -334,16 +335,17 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
         total_rows += o.w->rows;
     }
     const size_t row_work = size_t(cols) * batch;
-    // Block-type weights read from tiles (the super-block types) meet a few tokens faster
-    // through their decode matvec, every token at once, each tile read once: the GEMM unpacks
-    // each tile of weights to levels and f32 scales, which costs about as much as
-    // kBlockMatvecBatch matvecs (measured on TinyLlama Q4_K_M and Q6_K). The blocks of 32, read
-    // from their rows a token at a time, do not: the GEMM meets them faster from 2 tokens on
-    // (TinyLlama IQ4_NL, 2 threads, 2, 4 and 8 tokens: 42.8, 80.9 and 138-142 tok/s against
-    // 27.7, 33.7 and 36.2-36.7 through the matvec).
-    const bool all_tiled_blocks = std::all_of(
-        outputs.begin(), outputs.end(),
-        [](const BatchOutput& o) { return is_block_type(o.w->dtype) && reads_tiles(*o.w); });
+    // The super-block types read from tiles meet a few tokens faster through their decode
+    // matvec, every token at once, each tile read once: the GEMM unpacks each tile of weights to
+    // levels and f32 scales, which costs about as much as kBlockMatvecBatch matvecs (measured on
+    // TinyLlama Q4_K_M and Q6_K). The blocks of 32, whose matvec reads a token at a time, do
+    // not: the GEMM meets them faster from 2 tokens on (TinyLlama IQ4_NL from its rows, 2
+    // threads, 2, 4 and 8 tokens: 42.8, 80.9 and 138-142 tok/s against 27.7, 33.7 and 36.2-36.7
+    // through the matvec).
+    const bool all_tiled_blocks =
+        std::all_of(outputs.begin(), outputs.end(), [](const BatchOutput& o) {
+            return is_block_type(o.w->dtype) && !has_group_tiles(o.w->dtype) && reads_tiles(*o.w);
+        });
     if (active_level >= SimdLevel::Avx2 && all_tiled_blocks && batch <= kBlockMatvecBatch) {
         tiled_block_matvecs(x, batch, std::vector<BatchOutput>(outputs));
         return;

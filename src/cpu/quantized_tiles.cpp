@@ -1,4 +1,4 @@
-// Q8 and Q4 matrices in tiles of 16 rows (the layout: cpu/quantized_tiles.h).
+// Q8, Q4, IQ4_NL and MXFP4 matrices in tiles of 16 rows (the layout: cpu/quantized_tiles.h).
 #include "cpu/quantized_tiles.h"
 
 #include <algorithm>
@@ -9,7 +9,9 @@
 #include "cpu/panel_prefetcher.h"
 #include "cpu/super_block_tiles.h"
 #include "util/error.h"
+#include "weights/half.h"
 #include "weights/safetensors.h"
+#include "weights/weight_blocks.h"
 
 namespace barellm::cpu {
 
@@ -18,16 +20,41 @@ namespace {
 constexpr size_t kAlignment = 64;  // bytes: a register, a cache line
 
 int tile_blocks(const Matrix& w) {
-    return (w.scale_count_per_row() + kTileBlockGroups - 1) / kTileBlockGroups;
+    return (tile_groups(w) + kTileBlockGroups - 1) / kTileBlockGroups;
+}
+
+// Block g of row r of an IQ4_NL or MXFP4 matrix.
+const uint8_t* lookup_block(const Matrix& w, int r, int g) {
+    return w.row_data(r) + size_t(g) * block_bytes(w.dtype);
+}
+
+// The scale of group g of row r as a tile stores it (cpu/quantized_tiles.h).
+uint16_t stored_scale(const Matrix& w, int r, int g) {
+    if (w.dtype == DType::MXFP4)
+        return mxfp4_tile_scale(lookup_block(w, r, g)[offsetof(BlockMXFP4, e)]);
+    if (w.dtype == DType::IQ4_NL) {
+        BlockIQ4_NL block;
+        std::memcpy(&block.d, lookup_block(w, r, g) + offsetof(BlockIQ4_NL, d), sizeof block.d);
+        return block.d;
+    }
+    return w.scales[size_t(r) * tile_groups(w) + g];
 }
 
 // The bytes of group g of row r as a tile stores them: Q8 unsigned (value + 128, zero past
-// the row's end), Q4 as they are.
+// the row's end), the nibbles of the others as they are.
 void stored_group(uint8_t* dest, const Matrix& w, int r, int g) {
     const int group_bytes = tile_row_group_bytes(w.dtype);
     const uint8_t* row = static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes();
     if (w.dtype == DType::Q4_0) {
         std::memcpy(dest, row + size_t(g) * group_bytes, group_bytes);
+        return;
+    }
+    if (w.dtype == DType::IQ4_NL) {
+        std::memcpy(dest, lookup_block(w, r, g) + offsetof(BlockIQ4_NL, qs), group_bytes);
+        return;
+    }
+    if (w.dtype == DType::MXFP4) {
+        std::memcpy(dest, lookup_block(w, r, g) + offsetof(BlockMXFP4, qs), group_bytes);
         return;
     }
     for (int i = 0; i < group_bytes; ++i) {
@@ -40,19 +67,27 @@ void stored_group(uint8_t* dest, const Matrix& w, int r, int g) {
 
 int tile_count(const Matrix& w) { return (w.rows + kTileRows - 1) / kTileRows; }
 
+int tile_groups(const Matrix& w) {
+    return looks_up_levels(w.dtype) ? w.cols / kSmallBlock : w.scale_count_per_row();
+}
+
 size_t tile_bytes(const Matrix& w) {
-    if (is_block_type(w.dtype)) return super_block_tile_bytes(w);
+    if (!has_group_tiles(w.dtype)) return super_block_tile_bytes(w);
     return size_t(tile_blocks(w)) * tile_block_bytes(w.dtype);
 }
 
 size_t row_tiles_bytes(const Matrix& w) { return size_t(tile_count(w)) * tile_bytes(w); }
 
+uint16_t mxfp4_tile_scale(uint8_t e) {
+    // A power of two (or 0): its f32's low half is zero, and the top half is the bf16.
+    return uint16_t(float_to_bits(mxfp4_scale(e)) >> 16);
+}
+
 void write_row_tiles(const Matrix& w, uint8_t* tiles) {
-    if (is_block_type(w.dtype)) return write_super_block_tiles(w, tiles);
-    if (!is_quantized(w.dtype)) throw Error("write_row_tiles: not a Q8 or Q4 matrix");
+    if (!has_group_tiles(w.dtype)) return write_super_block_tiles(w, tiles);
     const size_t bytes = row_tiles_bytes(w);
     const DType type = w.dtype;
-    const int groups = w.scale_count_per_row();
+    const int groups = tile_groups(w);
     const uint8_t zero = type == DType::Q8_0 ? kTileQ8Zero : kTileQ4Zero;
     std::memset(tiles, zero, bytes);
     uint8_t group[kQ8Group];
@@ -67,7 +102,7 @@ void write_row_tiles(const Matrix& w, uint8_t* tiles) {
                     scales[lane] = 0;
                     continue;
                 }
-                scales[lane] = w.scales[size_t(r) * groups + g];
+                scales[lane] = stored_scale(w, r, g);
                 stored_group(group, w, r, g);
                 for (int j = 0; j < tile_registers(type); ++j)
                     std::memcpy(values + j * kTileRegisterBytes + lane * kTileLaneBytes,

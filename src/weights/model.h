@@ -44,9 +44,9 @@ struct Matrix {
     int rows = 0;
     int cols = 0;
     const uint16_t* scales = nullptr;  // f16, I8 and U8 only
-    // Q8 and Q4 (I8, U8) and the super-block types (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) on the
-    // CPU backend's paths that read them so (cpu::uses_row_tiles): the same weights in tiles of 16
-    // rows (cpu/quantized_tiles.h, cpu/super_block_tiles.h), else nullptr.
+    // Q8 and Q4 (I8, U8), IQ4_NL, MXFP4 and the super-block types (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K,
+    // IQ4_XS) on the CPU backend's paths that read them so (cpu::uses_row_tiles): the same weights
+    // in tiles of 16 rows (cpu/quantized_tiles.h, cpu/super_block_tiles.h), else nullptr.
     const uint8_t* row_tiles = nullptr;
 
     int q8_groups() const { return (cols + kQ8Group - 1) / kQ8Group; }

@@ -211,14 +211,14 @@ constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
 constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 constexpr int kMxfp4LargestLevel = 12;
 // An MXFP4 block's scale: 2^(e − 128), half the E8M0 value 2^(e − 127), exact in f32: the f32
-// whose biased exponent is e − 1, or for e < kMxfp4SubnormalBelow the subnormal
-// kMxfp4SmallestScaleBits << e (2^−128 · 2^e).
+// whose biased exponent is e − 1. Below kMxfp4SubnormalBelow it would be a subnormal f32 (2^−128,
+// 2^−127): every path of barellm takes it as 0 instead. llama.cpp writes e = 0 only for a block
+// of zeros, a block of e = 1 holds weights below 2^−123, and arithmetic on subnormals is several
+// times slower on Intel CPUs.
 constexpr int kF32MantissaBits = 23;
 constexpr uint32_t kMxfp4SubnormalBelow = 2;
-constexpr uint32_t kMxfp4SmallestScaleBits = uint32_t(1) << 21;  // 2^−128, a subnormal f32
 inline float mxfp4_scale(uint8_t e) {
-    const uint32_t bits = e < kMxfp4SubnormalBelow ? kMxfp4SmallestScaleBits << e
-                                                   : uint32_t(e - 1) << kF32MantissaBits;
+    const uint32_t bits = e < kMxfp4SubnormalBelow ? 0 : uint32_t(e - 1) << kF32MantissaBits;
     float scale;
     std::memcpy(&scale, &bits, sizeof scale);
     return scale;

@@ -39,7 +39,7 @@ void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, con
 
 // Q4_1, Q5_0, Q5_1, IQ4_NL and MXFP4 weights against x quantized per 32
 // (matvec_small_blocks_avx2.cpp; the AVX-512 level runs them too, but for IQ4_NL and MXFP4 where
-// it has VNNI: avx512::matvec_rows_lookup_blocks).
+// it has VNNI: avx512::matvec_rows_lookup_blocks, from their tiles).
 void matvec_rows_small_blocks(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                               int row_count);
 

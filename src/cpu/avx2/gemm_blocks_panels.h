@@ -497,7 +497,7 @@ void unpack_from_tile(const Panel& panel, const Matrix& w, const uint8_t* tile,
 // reaches here).
 template <BlockDot kDot>
 void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
-    if (w.row_tiles) {
+    if (has_super_block_tiles(w)) {
         for (int t = 0; t < kBlockRowTile / kTileRows; ++t) {
             const int first = tile_row + t * kTileRows;
             unpack_from_tile<kDot>(
@@ -801,13 +801,14 @@ void gemm_rows_blocks_on(float* out, const Matrix& w, const QuantizedBatch& x, i
                           ((end_register - first_register) / kKernelRegisters);
         const int next_rows = std::max(0, std::min(next_tile + kBlockRowTile, end_row) - next_tile);
         PanelPrefetcher prefetcher =
-            w.row_tiles ? PanelPrefetcher(
-                              w.row_tiles + size_t(std::min(next_tile, w.rows - 1) / kTileRows) *
-                                                tile_bytes(w),
-                              tile_bytes(w), (next_rows + kTileRows - 1) / kTileRows,
-                              int(tile_bytes(w)), calls)
-                        : PanelPrefetcher(w.row_data(std::min(next_tile, w.rows - 1)),
-                                          w.row_bytes(), next_rows, int(w.row_bytes()), calls);
+            has_super_block_tiles(w)
+                ? PanelPrefetcher(
+                      w.row_tiles +
+                          size_t(std::min(next_tile, w.rows - 1) / kTileRows) * tile_bytes(w),
+                      tile_bytes(w), (next_rows + kTileRows - 1) / kTileRows, int(tile_bytes(w)),
+                      calls)
+                : PanelPrefetcher(w.row_data(std::min(next_tile, w.rows - 1)), w.row_bytes(),
+                                  next_rows, int(w.row_bytes()), calls);
         for (int first_group = 0; first_group < groups; first_group += kDepthGroups) {
             const int end_group = std::min(groups, first_group + kDepthGroups);
             for (int token = 0; token < x.batch; token += kBlockTokenTile) {

@@ -3,7 +3,7 @@
 // multiple of 256 (and all of an IQ4_NL file, the experts of an MXFP4 one): out = W · x for one
 // token, x quantized per 32 to Q8 (cpu::quantize_q8, whose groups are these blocks), each block's
 // dot product in integers. The AVX-512 level runs them too, but for IQ4_NL and MXFP4 where it has
-// VNNI (matvec_lookup_blocks_avx512vnni.cpp).
+// VNNI (from their tiles: matvec_quantized_avx512vnni.cpp).
 //
 // A block's 32 q (unsigned: 0..15, or 0..31 with the fifth bits of qh) widen to one register
 // in x's order; vpmaddubsw multiplies them by x's signed bytes into int16 pairs and vpmaddwd

@@ -39,14 +39,17 @@ void matvec_rows_bf16_x(float* out, const Matrix& w, const uint16_t* bf16_x, int
 // bf16_x[n] = x rounded to bf16 (nearest even).
 void round_to_bf16(uint16_t* bf16_x, const float* x, int n);
 
-// Q8 and Q4 weights, read from their tiles (Matrix::row_tiles, cpu/quantized_tiles.h),
-// against x quantized to Q8, as vpdpbusd integer dot products (matvec_quantized_avx512vnni.cpp).
-// quantize_q8 quantizes x for them exactly as cpu::quantize_q8 does, 16 values at a time.
+// Q8, Q4, and IQ4_NL and MXFP4 (their nibbles looked up in a table) weights, read from their
+// tiles (Matrix::row_tiles, cpu/quantized_tiles.h), against x quantized to Q8, as vpdpbusd integer
+// dot products (matvec_quantized_avx512vnni.cpp). quantize_q8 quantizes x for them exactly as
+// cpu::quantize_q8 does, 16 values at a time.
 void quantize_q8(QuantizedVector* out, const float* x, int n);
 void matvec_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
 void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
+void matvec_rows_lookup_blocks(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+                               int row_count);
 
 // Q4_K, Q5_K, Q6_K and IQ4_XS weights, a row at a time, against x quantized per 256 as Q8_K, as
 // integer dot products (matvec_super_blocks_avx512vnni.cpp). quantize_q8_k quantizes x for them
@@ -54,10 +57,6 @@ void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int f
 void quantize_q8_k(Q8KVector* out, const float* x, int n);
 void matvec_rows_super_blocks(float* out, const Matrix& w, const Q8KVector& x, int first_row,
                               int row_count);
-// IQ4_NL and MXFP4 weights (their nibbles looked up in a table) against x quantized per 32 as Q8,
-// 16 rows side by side (matvec_lookup_blocks_avx512vnni.cpp).
-void matvec_rows_lookup_blocks(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
-                               int row_count);
 // The i-quant types (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) and the ternary types
 // (TQ1_0, TQ2_0) against x quantized as Q8_K, a row at a time (matvec_iq_avx512vnni.cpp).
 void matvec_rows_iq(float* out, const Matrix& w, const Q8KVector& x, int first_row, int row_count);

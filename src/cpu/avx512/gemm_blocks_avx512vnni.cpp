@@ -20,10 +20,10 @@
 // panel laid out as the Q8/Q4 GEMM's (per group of 32 columns, per step of four columns, the
 // four levels of each row side by side, 16 rows a register) and the sub-blocks' A and B as
 // f32, 16 rows at a time with gathers of one 32-bit word of each row's block (the rows'
-// blocks are row_bytes apart; Q4_K, Q5_K, Q6_K and IQ4_XS from their tiles of 16 rows where they
-// have them, with no gathers; Q2_K and Q3_K only from their tiles; the i-quants and the ternary
-// types a row at a time, 16 rows' registers of levels transposed). The panel (33 KB a 1024
-// columns) stays in L2 while every token of the batch meets it in the micro-kernel
+// blocks are row_bytes apart; Q4_K, Q5_K, Q6_K, IQ4_XS, IQ4_NL and MXFP4 from their tiles of 16
+// rows where they have them, with no gathers; Q2_K and Q3_K only from their tiles; the i-quants and
+// the ternary types a row at a time, 16 rows' registers of levels transposed). The panel (33 KB a
+// 1024 columns) stays in L2 while every token of the batch meets it in the micro-kernel
 // (block_tile_kernel).
 #include <algorithm>
 #include <cstddef>
@@ -292,7 +292,7 @@ void unpack_mxfp4(const HalfPanel& out, const RowWords& words, int b) {
     const size_t at = size_t(b) * sizeof(BlockMXFP4);
     const __m512i table = unsigned_levels(kMxfp4Values);
     // e, and the first three bytes of qs: the block is only byte-aligned, e its first field.
-    out.scale(b, mxfp4_row_scales(byte_at(words.at(at + offsetof(BlockMXFP4, e)), 0), words.rows));
+    out.scale(b, mxfp4_scales(byte_at(words.at(at + offsetof(BlockMXFP4, e)), 0)));
     constexpr int kHalfSteps = kGroupSteps / 2;
     for (int step = 0; step < kHalfSteps; ++step) {
         const __m512i q = words.at(at + offsetof(BlockMXFP4, qs) + kLaneBytes * step);
@@ -417,6 +417,26 @@ void unpack_iq4_xs_tile(const HalfPanel& out, const uint8_t* block, int b) {
     }
 }
 
+// The groups of an IQ4_NL or MXFP4 tile (`tile`, cpu/quantized_tiles.h; nullptr past the matrix:
+// A = 0, levels 0), as unpack_iq4_nl and unpack_mxfp4 give them from the rows: register k of a
+// group holds steps k (low nibbles) and k + 4 (high).
+template <DType kType>
+void unpack_lookup_tile(const HalfPanel& out, const uint8_t* tile, int groups) {
+    const __m512i table = unsigned_levels(kType == DType::MXFP4 ? kMxfp4Values : kIq4Values);
+    constexpr int kHalfSteps = kGroupSteps / 2;
+    static_assert(tile_registers(kType) == kHalfSteps);
+    for (int g = 0; g < groups; ++g) {
+        out.scale(g, tile ? group_tile_scales<kType>(tile, g) : _mm512_setzero_ps());
+        const uint8_t* values = tile ? tile_group_values(tile, kType, g) : nullptr;
+        for (int k = 0; k < kHalfSteps; ++k) {
+            const __m512i q =
+                tile ? _mm512_load_si512(values + k * kTileRegisterBytes) : _mm512_setzero_si512();
+            out.levels(g, k, _mm512_shuffle_epi8(table, low_nibbles(q)));
+            out.levels(g, k + kHalfSteps, _mm512_shuffle_epi8(table, high_nibbles(q)));
+        }
+    }
+}
+
 // Super-block b of the i-quant or ternary rows of a half panel (`blocks`: each row's block, a block
 // of zeros past the matrix, so A = 0): each row's registers of 64 levels (iq_levels_avx512.h), 16
 // rows transposed so that register l holds step l % 8 of the register's group l / 8 for every row;
@@ -470,8 +490,9 @@ void unpack_iq_rows(const HalfPanel& out, const Matrix& w, int first) {
 }
 
 // The panel of rows [tile_row, tile_row + 32) of w; rows past the matrix hold A = B = 0. Q4_K,
-// Q5_K, Q6_K and IQ4_XS are read from their tiles where they have them (the rows may then be out of
-// memory), Q2_K and Q3_K always (the CPU backend makes them on every path that reaches here).
+// Q5_K, Q6_K, IQ4_XS, IQ4_NL and MXFP4 are read from their tiles where they have them (the rows may
+// then be out of memory), Q2_K and Q3_K always (the CPU backend makes them on every path that
+// reaches here).
 void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
     const int blocks = w.cols / block_weights(w.dtype);
     const int row_bytes = int(w.row_bytes());
@@ -481,6 +502,14 @@ void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
         const HalfPanel out{panel, half};
         if (is_iq_level_type(w.dtype)) {
             with_iq_type(w.dtype, [&](auto type) { unpack_iq_rows<type()>(out, w, first); });
+            continue;
+        }
+        const uint8_t* tile = w.row_tiles && first < w.rows
+                                  ? w.row_tiles + size_t(first / kTileRows) * tile_bytes(w)
+                                  : nullptr;
+        if (w.row_tiles && has_group_tiles(w.dtype)) {  // IQ4_NL, MXFP4
+            (w.dtype == DType::MXFP4 ? unpack_lookup_tile<DType::MXFP4>
+                                     : unpack_lookup_tile<DType::IQ4_NL>)(out, tile, blocks);
             continue;
         }
         if (w.row_tiles) {  // Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS
@@ -493,8 +522,6 @@ void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
                                          : unpack_iq4_xs_tile;
             const int block_bytes = super_block_tile_bytes(w.dtype);
             alignas(64) static const uint8_t zeros[kLargestTileBlockBytes] = {};  // past the matrix
-            const uint8_t* tile =
-                first < w.rows ? w.row_tiles + size_t(first / kTileRows) * tile_bytes(w) : nullptr;
             for (int b = 0; b < blocks; ++b)
                 unpack_block(out, tile ? tile + size_t(b) * block_bytes : zeros, b);
             continue;

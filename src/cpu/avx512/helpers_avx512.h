@@ -43,22 +43,24 @@ inline __m512i unsigned_levels(const int8_t (&values)[16]) {
     return _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(levels)));
 }
 inline __m512i iq4_unsigned_levels() { return unsigned_levels(kIq4Values); }
-// MXFP4's scales 2^(e − 128) (mxfp4_scale) of the exponents e (0..255), a lane each: the f32
-// bits (e − 1) << 23, or a subnormal kMxfp4SmallestScaleBits << e for e < 2.
+// MXFP4's scales mxfp4_scale(e) of the exponents e (0..255), a lane each: the f32 bits
+// (e − 1) << 23, 0 for e < 2 (also a gather's 0 past a matrix's last row).
 inline __m512 mxfp4_scales(__m512i e) {
     const __m512i one = _mm512_set1_epi32(1);
     const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, one), kF32MantissaBits);
-    const __m512i subnormal = _mm512_sllv_epi32(_mm512_set1_epi32(int(kMxfp4SmallestScaleBits)), e);
     const __mmask16 small =
         _mm512_cmple_epu32_mask(e, _mm512_set1_epi32(int(kMxfp4SubnormalBelow) - 1));
-    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, subnormal));
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, _mm512_setzero_si512()));
 }
-// The same of the exponents of 16 rows' blocks, of which only the `rows` lanes hold a row: the
-// others (a gather's 0 past a matrix's last row) take kMxfp4UnitExponent, the scale 1, not
-// e = 0's subnormal: on Intel CPUs arithmetic on subnormals is several times slower.
-constexpr int kMxfp4UnitExponent = 128;
-inline __m512 mxfp4_row_scales(__m512i e, __mmask16 rows) {
-    return mxfp4_scales(_mm512_mask_mov_epi32(_mm512_set1_epi32(kMxfp4UnitExponent), rows, e));
+// The 16 rows' scales of group g of a tile of cpu/quantized_tiles.h, as f32: f16, or MXFP4's
+// bf16 (the top half of an f32).
+template <DType kType>
+inline __m512 group_tile_scales(const uint8_t* tile, int g) {
+    const __m256i bits =
+        _mm256_load_si256(reinterpret_cast<const __m256i*>(tile_group_scales(tile, kType, g)));
+    if constexpr (kType == DType::MXFP4)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+    return _mm512_cvtph_ps(bits);
 }
 // The levels (0..63) of sub-block i of a Q6_K tile's super-block `block`
 // (cpu/super_block_tiles.h): q[s] those of columns 16i + 4s..16i + 4s + 3, four a lane, the

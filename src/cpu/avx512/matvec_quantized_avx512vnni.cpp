@@ -1,13 +1,14 @@
-// The decode matvecs on AVX-512 + VNNI for Q8 and Q4 weights: out = W · x for one token,
-// x quantized to Q8 (quantize_q8, as cpu::quantize_q8 but 16 values at a time), each group's dot
-// product in integers with vpdpbusd, the weights read from their tiles of 16 rows
+// The decode matvecs on AVX-512 + VNNI for Q8, Q4, IQ4_NL and MXFP4 weights: out = W · x for
+// one token, x quantized to Q8 (quantize_q8, as cpu::quantize_q8 but 16 values at a time), each
+// group's dot product in integers with vpdpbusd, the weights read from their tiles of 16 rows
 // (cpu/quantized_tiles.h).
 //
 // vpdpbusd multiplies unsigned bytes by signed bytes, four products into each int32 lane.
 // x supplies the signed bytes, four of them broadcast to every lane; the weights are
 // unsigned:
 // - a tile holds a Q8 value w (-127..127) as w + 128: 128 · Σx too many;
-// - a Q4 nibble q (0..15) is unsigned already, but stands for q − 8: 8 · Σx too many.
+// - a Q4 nibble q (0..15) is unsigned already, but stands for q − 8: 8 · Σx too many;
+// - an IQ4_NL or MXFP4 nibble picks its level + 128 from a table (vpshufb): 128 · Σx too many.
 // That excess depends on x alone: each group's dot product starts from its negative, so
 // the int32 result is exact.
 //
@@ -35,9 +36,11 @@ static_assert(kQ4Block == kGroup && kTileRows == kLanes);
 constexpr int kHalfGroup = kGroup / 2;  // Q4: the high nibbles are columns 16-31
 
 // The group's 16 exact int32 dot products, one a row: `values` are the group's registers in
-// the tile, x_group its 32 values. Two accumulators halve the chain of dependent vpdpbusd.
+// the tile, x_group its 32 values; `levels` the table of IQ4_NL's or MXFP4's levels + 128. Two
+// accumulators halve the chain of dependent vpdpbusd.
 template <DType kType>
-inline __m512i group_dots(const uint8_t* values, const int8_t* x_group, int32_t start) {
+inline __m512i group_dots(const uint8_t* values, const int8_t* x_group, int32_t start,
+                          __m512i levels) {
     __m512i even = _mm512_set1_epi32(start), odd = _mm512_setzero_si512();
     if constexpr (kType == DType::Q8_0) {
         // Register j: columns 4j..4j+3.
@@ -52,8 +55,12 @@ inline __m512i group_dots(const uint8_t* values, const int8_t* x_group, int32_t 
         const __m512i low_nibble = _mm512_set1_epi8(0x0f);
         for (int j = 0; j < tile_registers(kType); ++j) {
             const __m512i bytes = _mm512_load_si512(values + j * kTileRegisterBytes);
-            const __m512i low = _mm512_and_si512(bytes, low_nibble);
-            const __m512i high = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_nibble);
+            __m512i low = _mm512_and_si512(bytes, low_nibble);
+            __m512i high = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), low_nibble);
+            if constexpr (looks_up_levels(kType)) {
+                low = _mm512_shuffle_epi8(levels, low);
+                high = _mm512_shuffle_epi8(levels, high);
+            }
             even = _mm512_dpbusd_epi32(even, low, broadcast_word(x_group + j * kTileLaneBytes));
             odd = _mm512_dpbusd_epi32(odd, high,
                                       broadcast_word(x_group + kHalfGroup + j * kTileLaneBytes));
@@ -62,12 +69,20 @@ inline __m512i group_dots(const uint8_t* values, const int8_t* x_group, int32_t 
     return _mm512_add_epi32(even, odd);
 }
 
+// What a tile's weights of each type stand for more than their values (see the file comment).
+constexpr int tile_offset(DType type) {
+    return type == DType::Q8_0 ? kTileQ8Zero : type == DType::Q4_0 ? kQ4Offset : kIq4Excess;
+}
+
 template <DType kType>
 void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                  int row_count) {
-    constexpr int kOffset = kType == DType::Q8_0 ? kTileQ8Zero : kQ4Offset;
+    constexpr int kOffset = tile_offset(kType);
+    const __m512i levels = kType == DType::IQ4_NL  ? unsigned_levels(kIq4Values)
+                           : kType == DType::MXFP4 ? unsigned_levels(kMxfp4Values)
+                                                   : _mm512_setzero_si512();
     const std::vector<int8_t>& x_values = padded_tile_x(x);
-    const int groups = w.scale_count_per_row();
+    const int groups = tile_groups(w);
     const size_t bytes_per_tile = tile_bytes(w);
     const int prefetch_bytes = tile_prefetch_bytes();
     const int end_row = first_row + row_count;
@@ -80,11 +95,10 @@ void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int firs
             if (prefetch_bytes > 0 && g % kTileBlockGroups == 0)
                 prefetch_ahead(tile_group_block(tile, kType, g), prefetch_bytes,
                                int(tile_block_bytes(kType)));
-            const __m512 weight_scales = _mm512_cvtph_ps(_mm256_load_si256(
-                reinterpret_cast<const __m256i*>(tile_group_scales(tile, kType, g))));
+            const __m512 weight_scales = group_tile_scales<kType>(tile, g);
             const __m512i dots =
                 group_dots<kType>(tile_group_values(tile, kType, g), x_values.data() + g * kGroup,
-                                  tile_group_start(x, g, kOffset));
+                                  tile_group_start(x, g, kOffset), levels);
             sums = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots),
                                    _mm512_mul_ps(weight_scales, _mm512_set1_ps(x.scales[g])), sums);
         }
@@ -117,6 +131,12 @@ void matvec_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int f
 void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count) {
     rows_kernel<DType::Q4_0>(out, w, x, first_row, row_count);
+}
+
+void matvec_rows_lookup_blocks(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+                               int row_count) {
+    (w.dtype == DType::MXFP4 ? rows_kernel<DType::MXFP4>
+                             : rows_kernel<DType::IQ4_NL>)(out, w, x, first_row, row_count);
 }
 
 }  // namespace barellm::cpu::avx512
