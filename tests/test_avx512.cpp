@@ -740,38 +740,9 @@ TEST_CASE(
     "the dequantized rows times x quantized per 32") {
     std::mt19937 rng(522);
     const DType dtype = GENERATE(DType::IQ4_NL, DType::MXFP4);
-    for (const Avx512Build& build : builds()) {
-        if (!build.has_vnni) continue;
-        // Rows past one tile of 16 and off it; an odd and an even count of blocks (two a tile's
-        // block), one block alone.
-        for (const int cols : {32, 64, 96, 1280}) {
-            const int rows = 37;
-            TestMatrix m = make_block_matrix(rows, cols, dtype, rng);
-            fill_rows(&m, {16, 36}, 0xff);
-            fill_rows(&m, {20}, 0);
-            for (const bool one_sign : {false, true}) {
-                std::vector<float> x = random_floats(cols, rng, 4.0f);
-                if (one_sign)
-                    for (float& v : x) v = std::fabs(v) + 1.0f;
-                const std::vector<float> x_used = quantized_like_the_kernel(x);
-                cpu::QuantizedVector quantized;
-                build.quantize_q8(&quantized, x.data(), cols);
-                const std::vector<double> want = block_reference(m, x_used);
-                for (auto [first, count] : {std::pair{1, rows - 2}, {17, 3}, {3, 16}, {36, 1}}) {
-                    std::vector<float> got(rows, NAN);
-                    build.matvec_rows_lookup_blocks(got.data(), m.matrix, quantized, first, count);
-                    INFO(build.name << " " << matrix_type_name(dtype) << " cols " << cols
-                                    << " one sign " << one_sign << " rows " << first << ".."
-                                    << first + count - 1);
-                    CHECK(worst_row_error(got, want, m, x_used, first, count) < 1e-6);
-                    CHECK(std::all_of(got.begin(), got.begin() + first,
-                                      [](float v) { return std::isnan(v); }));
-                    CHECK(std::all_of(got.begin() + first + count, got.end(),
-                                      [](float v) { return std::isnan(v); }));
-                }
-            }
-        }
-    }
+    for (const Avx512Build& build : builds())
+        if (build.has_vnni)
+            check_lookup_matvec(build.matvec_rows_lookup_blocks, build.name, dtype, rng);
 }
 
 TEST_CASE("AVX-512 VNNI ternary matvecs equal the dequantized rows times Q8_K x") {

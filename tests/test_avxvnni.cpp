@@ -1,8 +1,8 @@
-// The AVX-VNNI kernels (the Q8/Q4 decode matvec and GEMM, the block types' GEMM) called
-// directly, on x quantized by the scalar quantize_q8, against a double-precision reference: built
-// on SIMDe (namespace avxvnni_simde, any CPU) and, where the CPU has AVX-VNNI, natively
-// (avxvnni). Sizes cover every tail: columns in short last groups, rows past whole panels and
-// tiles, tokens past whole 3-token tiles.
+// The AVX-VNNI kernels (the Q8/Q4/IQ4_NL/MXFP4 decode matvec, the Q8/Q4 GEMM, the block types'
+// GEMM) called directly, on x quantized by the scalar quantize_q8, against a double-precision
+// reference: built on SIMDe (namespace avxvnni_simde, any CPU) and, where the CPU has AVX-VNNI,
+// natively (avxvnni). Sizes cover every tail: columns in short last groups, rows past whole panels
+// and tiles, tokens past whole 3-token tiles.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +30,7 @@ struct AvxVnniBuild {
     std::string name;
     decltype(&cpu::avxvnni::matvec_rows_q8) matvec_rows_q8;
     decltype(&cpu::avxvnni::matvec_rows_q4) matvec_rows_q4;
+    decltype(&cpu::avxvnni::matvec_rows_lookup_blocks) matvec_rows_lookup_blocks;
     decltype(&cpu::avxvnni::gemm_rows_quantized) gemm_rows_quantized;
     decltype(&cpu::avxvnni::gemm_rows_blocks) gemm_rows_blocks;
 };
@@ -38,7 +39,8 @@ struct AvxVnniBuild {
 std::vector<AvxVnniBuild> builds() {
     std::vector<AvxVnniBuild> list = {
         {"simde", cpu::avxvnni_simde::matvec_rows_q8, cpu::avxvnni_simde::matvec_rows_q4,
-         cpu::avxvnni_simde::gemm_rows_quantized, cpu::avxvnni_simde::gemm_rows_blocks}};
+         cpu::avxvnni_simde::matvec_rows_lookup_blocks, cpu::avxvnni_simde::gemm_rows_quantized,
+         cpu::avxvnni_simde::gemm_rows_blocks}};
     const bool native = cpu::cpu_has_avx_vnni();
     static bool said = false;
     if (!said) {
@@ -48,7 +50,8 @@ std::vector<AvxVnniBuild> builds() {
     }
     if (native)
         list.push_back({"native", cpu::avxvnni::matvec_rows_q8, cpu::avxvnni::matvec_rows_q4,
-                        cpu::avxvnni::gemm_rows_quantized, cpu::avxvnni::gemm_rows_blocks});
+                        cpu::avxvnni::matvec_rows_lookup_blocks, cpu::avxvnni::gemm_rows_quantized,
+                        cpu::avxvnni::gemm_rows_blocks});
     return list;
 }
 
@@ -60,6 +63,15 @@ TEST_CASE("AVX-VNNI Q8 and Q4 decode matvec from tiles matches a reference") {
     for (const AvxVnniBuild& build : builds())
         check_tile_matvec(dtype, dtype == DType::Q8_0 ? build.matvec_rows_q8 : build.matvec_rows_q4,
                           build.name, rng);
+}
+
+TEST_CASE(
+    "AVX-VNNI matvec of the looked-up blocks of 32 (IQ4_NL, MXFP4) from their tiles equals the "
+    "dequantized rows times x quantized per 32") {
+    std::mt19937 rng(616);
+    const DType dtype = GENERATE(DType::IQ4_NL, DType::MXFP4);
+    for (const AvxVnniBuild& build : builds())
+        check_lookup_matvec(build.matvec_rows_lookup_blocks, build.name, dtype, rng);
 }
 
 TEST_CASE(

@@ -304,6 +304,43 @@ inline void check_block_tile_matvec(BlockTileMatvec kernel, const std::string& n
         }
 }
 
+// A decode matvec of IQ4_NL or MXFP4 tiles (avx512:: or avxvnni::matvec_rows_lookup_blocks)
+// against the dequantized rows times x quantized per 32 (quantize_q8): rows past one tile of 16
+// and off it; an odd and an even count of blocks (two a tile's block), one block alone; rows 16
+// and 36 of the largest levels and 20 of zeros (fill_rows) against x of one sign and of both;
+// runs of rows as threads are given, the rows outside left alone.
+using LookupMatvec = void (*)(float* out, const Matrix& w, const cpu::QuantizedVector& x,
+                              int first_row, int row_count);
+inline void check_lookup_matvec(LookupMatvec kernel, const std::string& name, DType dtype,
+                                std::mt19937& rng) {
+    for (const int cols : {32, 64, 96, 1280}) {
+        const int rows = 37;
+        TestMatrix m = make_block_matrix(rows, cols, dtype, rng);
+        fill_rows(&m, {16, 36}, 0xff);
+        fill_rows(&m, {20}, 0);
+        for (const bool one_sign : {false, true}) {
+            std::vector<float> x = random_floats(cols, rng, 4.0f);
+            if (one_sign)
+                for (float& v : x) v = std::fabs(v) + 1.0f;
+            const std::vector<float> x_used = quantized_like_the_kernel(x);
+            cpu::QuantizedVector quantized;
+            cpu::quantize_q8(&quantized, x.data(), cols);
+            const std::vector<double> want = block_reference(m, x_used);
+            for (auto [first, count] : {std::pair{1, rows - 2}, {17, 3}, {3, 16}, {36, 1}}) {
+                std::vector<float> got(rows, NAN);
+                kernel(got.data(), m.matrix, quantized, first, count);
+                INFO(name << " " << matrix_type_name(dtype) << " cols " << cols << " one sign "
+                          << one_sign << " rows " << first << ".." << first + count - 1);
+                CHECK(worst_row_error(got, want, m, x_used, first, count) < 1e-6);
+                CHECK(std::all_of(got.begin(), got.begin() + first,
+                                  [](float v) { return std::isnan(v); }));
+                CHECK(std::all_of(got.begin() + first + count, got.end(),
+                                  [](float v) { return std::isnan(v); }));
+            }
+        }
+    }
+}
+
 // An i-quant decode matvec (avx2:: or avx512::matvec_rows_iq) against the dequantized rows times
 // x quantized by the Q8_K rule: rows a multiple of nothing, one and five super-blocks a row, rows
 // 16 and 36 of the largest bytes and 20 of zeros (fill_rows) against x of one sign (every sum at

@@ -1,8 +1,8 @@
 // One core of the decode matvec on Q8 and Q4 weights and on the blocks of 32 whose nibbles pick
 // a level in a table, IQ4_NL and MXFP4, x quantized once beforehand (quantize_q8): AVX2 on the
-// rows as the file has them (avx2::matvec_rows_q8 / _q4 / _small_blocks) and AVX-512 VNNI on
-// weights in tiles of 16 rows (avx512::matvec_rows_q8 / _q4 / _lookup_blocks,
-// cpu/quantized_tiles.h); in
+// rows as the file has them (avx2::matvec_rows_q8 / _q4 / _small_blocks), and AVX-VNNI and
+// AVX-512 VNNI where the CPU has them, on weights in tiles of 16 rows (avxvnni:: and
+// avx512::matvec_rows_q8 / _q4 / _lookup_blocks, cpu/quantized_tiles.h); in
 // GB/s of weights read: from L2 (a 0.3 MB matrix read again and again: the kernel's own speed)
 // and from memory (a 600 MB matrix: what decode meets), beside the streaming read `barellm
 // bench` measures (measure_read_bandwidth). A matvec well above the streaming read from L2
@@ -26,6 +26,7 @@
 
 #include "commands/bench.h"
 #include "cpu/avx2/avx2.h"
+#include "cpu/avx2/avxvnni.h"
 #include "cpu/avx512/avx512.h"
 #include "cpu/kernels.h"
 #include "cpu/quantized_tiles.h"
@@ -62,7 +63,15 @@ double median_gbps(double bytes, Run run) {
     return rates[rates.size() / 2];
 }
 
-double matvec_gbps(DType dtype, bool avx512, int cols, double bytes) {
+// The kernels measured: AVX2's on the rows, AVX-VNNI's and AVX-512 VNNI's on the tiles.
+enum class Kernel { Avx2, AvxVnni, Avx512Vnni };
+const char* kernel_name(Kernel kernel) {
+    return kernel == Kernel::Avx2      ? "AVX2"
+           : kernel == Kernel::AvxVnni ? "AVX-VNNI"
+                                       : "AVX-512 VNNI";
+}
+
+double matvec_gbps(DType dtype, Kernel kernel, int cols, double bytes) {
     std::mt19937 rng(1);
     Matrix m{nullptr, dtype, 1, cols, nullptr};
     const size_t row_bytes = m.row_bytes() + m.scale_count_per_row() * sizeof(uint16_t);
@@ -82,18 +91,25 @@ double matvec_gbps(DType dtype, bool avx512, int cols, double bytes) {
             else
                 values[at] = kMxfp4ScaleOfSixteenth;
     }
-    const cpu::AlignedBytes tiles = avx512 ? cpu::make_row_tiles(m) : cpu::AlignedBytes();
+    const bool tiled = kernel != Kernel::Avx2;
+    const cpu::AlignedBytes tiles = tiled ? cpu::make_row_tiles(m) : cpu::AlignedBytes();
     m.row_tiles = tiles.get();
     std::vector<float> x(cols), out(m.rows);
     for (float& v : x) v = std::uniform_real_distribution<float>(-1, 1)(rng);
     cpu::QuantizedVector quantized;
     cpu::quantize_q8(&quantized, x.data(), cols);
-    const auto kernel = lookup ? (avx512 ? cpu::avx512::matvec_rows_lookup_blocks
-                                         : cpu::avx2::matvec_rows_small_blocks)
-                        : dtype == DType::Q8_0
-                            ? (avx512 ? cpu::avx512::matvec_rows_q8 : cpu::avx2::matvec_rows_q8)
-                            : (avx512 ? cpu::avx512::matvec_rows_q4 : cpu::avx2::matvec_rows_q4);
-    return median_gbps(double(m.bytes()), [&] { kernel(out.data(), m, quantized, 0, m.rows); });
+    using Matvec = void (*)(float*, const Matrix&, const cpu::QuantizedVector&, int, int);
+    const auto pick = [&](Matvec avx2, Matvec avx_vnni, Matvec avx512_vnni) {
+        return kernel == Kernel::Avx2 ? avx2 : kernel == Kernel::AvxVnni ? avx_vnni : avx512_vnni;
+    };
+    const Matvec matvec =
+        lookup ? pick(cpu::avx2::matvec_rows_small_blocks, cpu::avxvnni::matvec_rows_lookup_blocks,
+                      cpu::avx512::matvec_rows_lookup_blocks)
+        : dtype == DType::Q8_0 ? pick(cpu::avx2::matvec_rows_q8, cpu::avxvnni::matvec_rows_q8,
+                                      cpu::avx512::matvec_rows_q8)
+                               : pick(cpu::avx2::matvec_rows_q4, cpu::avxvnni::matvec_rows_q4,
+                                      cpu::avx512::matvec_rows_q4);
+    return median_gbps(double(m.bytes()), [&] { matvec(out.data(), m, quantized, 0, m.rows); });
 }
 
 }  // namespace
@@ -104,18 +120,17 @@ int main(int argc, char** argv) {
         std::printf("this CPU has no AVX2: nothing to measure\n");
         return 1;
     }
-    const bool has_avx512 =
-        cpu::detect_simd_level() >= cpu::SimdLevel::Avx512 && cpu::cpu_has_avx512_vnni();
+    std::vector<Kernel> kernels = {Kernel::Avx2};
+    if (cpu::cpu_has_avx_vnni()) kernels.push_back(Kernel::AvxVnni);
+    if (cpu::detect_simd_level() >= cpu::SimdLevel::Avx512 && cpu::cpu_has_avx512_vnni())
+        kernels.push_back(Kernel::Avx512Vnni);
     omp_set_num_threads(1);  // one core, the streaming read's too
     std::printf("%d columns, one thread, GB/s of weights (median)\n", cols);
     std::printf("| weights | kernel | from L2 | from memory |\n| --- | --- | ---: | ---: |\n");
     for (DType dtype : {DType::Q8_0, DType::Q4_0, DType::IQ4_NL, DType::MXFP4})
-        for (bool avx512 : {false, true}) {
-            if (avx512 && !has_avx512) continue;
+        for (Kernel kernel : kernels)
             std::printf("| %s | %s | %.1f | %.1f |\n", matrix_type_name(dtype).c_str(),
-                        avx512 ? "AVX-512 VNNI" : "AVX2",
-                        matvec_gbps(dtype, avx512, cols, kInCacheBytes),
-                        matvec_gbps(dtype, avx512, cols, kInMemoryBytes));
-        }
+                        kernel_name(kernel), matvec_gbps(dtype, kernel, cols, kInCacheBytes),
+                        matvec_gbps(dtype, kernel, cols, kInMemoryBytes));
     std::printf("| streaming read | | | %.1f |\n", measure_read_bandwidth());
 }

@@ -64,8 +64,7 @@ void set_simd_level(SimdLevel level) { active_level = level; }
 
 bool uses_row_tiles(DType dtype) {
     if (!has_row_tiles(dtype)) return false;
-    if (is_quantized(dtype)) return on_avx512_vnni() || on_avx_vnni();
-    if (looks_up_levels(dtype)) return on_avx512_vnni();
+    if (is_quantized(dtype) || looks_up_levels(dtype)) return on_avx512_vnni() || on_avx_vnni();
     return active_level >= SimdLevel::Avx2;
 }
 SimdLevel simd_level() { return active_level; }
@@ -202,9 +201,10 @@ void matvec_many(const MatvecTask* task_list, int task_count) {
                     (use_avx512_vnni ? avx512::matvec_rows_super_blocks
                                      : avx2::matvec_rows_super_blocks)(task.out, *task.w,
                                                                        *q8_k_x[t], row, count);
-                else if (tiled && looks_up_levels(dtype))  // IQ4_NL, MXFP4 on AVX-512 VNNI
-                    avx512::matvec_rows_lookup_blocks(task.out, *task.w, *quantized_x[t], row,
-                                                      count);
+                else if (tiled && looks_up_levels(dtype))  // IQ4_NL, MXFP4
+                    (use_avx512_vnni ? avx512::matvec_rows_lookup_blocks
+                                     : avxvnni::matvec_rows_lookup_blocks)(
+                        task.out, *task.w, *quantized_x[t], row, count);
                 else if (use_simd && matvec_on_q8_groups(dtype))
                     avx2::matvec_rows_small_blocks(task.out, *task.w, *quantized_x[t], row, count);
                 else if (!use_simd || is_block_type(dtype))

@@ -188,11 +188,6 @@ constexpr int super_block_tile_bytes(DType type) {
                                  : kIq4XSTileBlockBytes;
 }
 
-// Whether w has tiles of this layout (IQ4_NL's and MXFP4's are of cpu/quantized_tiles.h's).
-inline bool has_super_block_tiles(const Matrix& w) {
-    return w.row_tiles && !has_group_tiles(w.dtype);
-}
-
 // For tile_bytes and write_row_tiles (cpu/quantized_tiles.h): bytes of one tile of a Q2_K,
 // Q3_K, Q4_K, Q5_K, Q6_K or IQ4_XS matrix, and its tiles written to the row_tiles_bytes(w) bytes at
 // `tiles`, 64-byte aligned.

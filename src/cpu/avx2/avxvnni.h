@@ -12,13 +12,15 @@
 
 namespace barellm::cpu::avxvnni {
 
-// ---- Decode matvecs for Q8 and Q4 weights read from their tiles (Matrix::row_tiles,
-// cpu/quantized_tiles.h), x quantized by quantize_q8 (matvec_quantized_avxvnni.cpp): out[r] =
-// W[r] · x for each row r of the run.
+// ---- Decode matvecs for Q8, Q4, and IQ4_NL and MXFP4 (lookup_blocks) weights read from their
+// tiles (Matrix::row_tiles, cpu/quantized_tiles.h), x quantized by quantize_q8
+// (matvec_quantized_avxvnni.cpp): out[r] = W[r] · x for each row r of the run.
 void matvec_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
 void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count);
+void matvec_rows_lookup_blocks(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+                               int row_count);
 
 // ---- The GEMM for Q8 and Q4 weights (gemm_quantized_avxvnni.cpp), for a server step's few
 // tokens and a prompt's many, in two steps, as the AVX-512 VNNI one:

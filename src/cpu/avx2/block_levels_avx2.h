@@ -251,6 +251,17 @@ inline __m256i broadcast_word(const int8_t* p) {
 inline __m256 tile_halves(const uint8_t* p) {
     return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
 }
+// The 8 rows' scales of half h of group g of a tile of cpu/quantized_tiles.h, as f32: f16, or
+// MXFP4's bf16 (the top half of an f32).
+template <DType kType>
+inline __m256 group_tile_halves(const uint8_t* tile, int g, int h) {
+    const uint8_t* p =
+        reinterpret_cast<const uint8_t*>(tile_group_scales(tile, kType, g) + h * kTileHalfRows);
+    if constexpr (kType == DType::MXFP4)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(p))), 16));
+    return tile_halves(p);
+}
 
 // Sums of the 8 rows of a half tile, row_base..row_base + 7, into out[row], those in [first,
 // end).

@@ -35,11 +35,12 @@
 // A and B; 8 rows'
 // groups then go through an 8 × 8 transpose of 32-bit words into a panel laid out for the
 // micro-kernel: per group, per step of four columns, the four levels of each row side by
-// side, 8 rows a register. Q4_K, Q5_K, Q6_K and IQ4_XS come from their tiles of 16 rows where they
-// have them (cpu/super_block_tiles.h, the decode matvec's), already in that order: no transposes,
-// and the rows stay out of memory; Q2_K and Q3_K only from their tiles. The micro-kernel
-// (block_tile_kernel) meets kDepthGroups groups of the panel (16 KB, in L1) with every token before
-// the next groups, its f32 sums kept per tile and token between the calls.
+// side, 8 rows a register. Q4_K, Q5_K, Q6_K, IQ4_XS, IQ4_NL and MXFP4 come from their tiles of 16
+// rows where they have them (cpu/super_block_tiles.h, cpu/quantized_tiles.h: the decode matvec's),
+// already in that order: no transposes, and the rows stay out of memory; Q2_K and Q3_K only from
+// their tiles. The micro-kernel (block_tile_kernel) meets kDepthGroups groups of the panel (16 KB,
+// in L1) with every token before the next groups, its f32 sums kept per tile and token between the
+// calls.
 //
 // Included by those two files alone (the SIMDe build of the second in the unit tests too, on
 // SIMDe's intrinsics: intrinsics_avx2.h): everything here has internal linkage, each file
@@ -491,16 +492,53 @@ void unpack_from_tile(const Panel& panel, const Matrix& w, const uint8_t* tile,
     }
 }
 
+// The 16 rows of one IQ4_NL or MXFP4 tile (cpu/quantized_tiles.h) into row registers
+// first_register and first_register + 1 of the panel, as unpack_from_tile does for the super-block
+// types: half h of register k of a group holds steps k (low nibbles) and k + 4 (high) of 8 rows.
+// The same levels and A as from the rows, bit for bit. No tile (past the matrix): levels 0, A = 0.
+template <DType kType, BlockDot kDot>
+void unpack_from_lookup_tile(const Panel& panel, const Matrix& w, const uint8_t* tile,
+                             int first_register) {
+    const __m256i table = panel_table<kDot>(kType == DType::MXFP4 ? mxfp4_table() : iq4_table());
+    const __m256i nibble = _mm256_set1_epi8(0x0f);
+    constexpr int kHalfSteps = kGroupSteps / 2;
+    static_assert(tile_registers(kType) == kHalfSteps);
+    for (int g = 0; g < w.cols / kGroup; ++g)
+        for (int h = 0; h < kTileHalves; ++h) {
+            const int reg = first_register + h;
+            uint8_t* levels = panel.levels + size_t(g) * kGroupBytes + reg * kRegisterBytes;
+            _mm256_store_ps(panel.scales + size_t(g) * kBlockRowTile + reg * kLanes,
+                            tile ? group_tile_halves<kType>(tile, g, h) : _mm256_setzero_ps());
+            for (int k = 0; k < kHalfSteps; ++k) {
+                __m256i low = _mm256_setzero_si256(), high = _mm256_setzero_si256();
+                if (tile) {
+                    const __m256i bytes = _mm256_load_si256(reinterpret_cast<const __m256i*>(
+                        tile_group_values(tile, kType, g) + k * kTileRegisterBytes +
+                        h * kTileHalfBytes));
+                    low = _mm256_shuffle_epi8(table, _mm256_and_si256(bytes, nibble));
+                    high = _mm256_shuffle_epi8(
+                        table, _mm256_and_si256(_mm256_srli_epi16(bytes, 4), nibble));
+                }
+                _mm256_store_si256(reinterpret_cast<__m256i*>(levels + k * kStepBytes), low);
+                _mm256_store_si256(
+                    reinterpret_cast<__m256i*>(levels + (k + kHalfSteps) * kStepBytes), high);
+            }
+        }
+}
+
 // The panel of rows [tile_row, tile_row + 32) of w; rows past the matrix hold levels 0 and
-// A = B = 0. Q4_K, Q5_K, Q6_K and IQ4_XS are read from their tiles where they have them (the rows
-// may then be out of memory), Q2_K and Q3_K always (the CPU backend makes them on every path that
-// reaches here).
+// A = B = 0. Q4_K, Q5_K, Q6_K, IQ4_XS, IQ4_NL and MXFP4 are read from their tiles where they have
+// them (the rows may then be out of memory), Q2_K and Q3_K always (the CPU backend makes them on
+// every path that reaches here).
 template <BlockDot kDot>
 void unpack_tile(const Panel& panel, const Matrix& w, int tile_row) {
-    if (has_super_block_tiles(w)) {
+    if (w.row_tiles) {
+        const auto unpack = w.dtype == DType::IQ4_NL  ? unpack_from_lookup_tile<DType::IQ4_NL, kDot>
+                            : w.dtype == DType::MXFP4 ? unpack_from_lookup_tile<DType::MXFP4, kDot>
+                                                      : unpack_from_tile<kDot>;
         for (int t = 0; t < kBlockRowTile / kTileRows; ++t) {
             const int first = tile_row + t * kTileRows;
-            unpack_from_tile<kDot>(
+            unpack(
                 panel, w,
                 first < w.rows ? w.row_tiles + size_t(first / kTileRows) * tile_bytes(w) : nullptr,
                 t * kTileHalves);
@@ -793,7 +831,7 @@ void gemm_rows_blocks_on(float* out, const Matrix& w, const QuantizedBatch& x, i
             std::max(0, first_row - tile_row) / kernel_rows * kKernelRegisters;
         const int end_register = std::min(
             kRowRegisters, (end_row - tile_row + kernel_rows - 1) / kernel_rows * kKernelRegisters);
-        // The next tile's blocks (or Q4_K/Q6_K tiles of 16 rows), fetched into L2 over this
+        // The next tile's blocks (or its tiles of 16 rows), fetched into L2 over this
         // tile's kernel calls: the unpacking then reads them from cache, not from memory.
         const int next_tile = tile_row + kBlockRowTile;
         const int calls = (groups + kDepthGroups - 1) / kDepthGroups *
@@ -801,14 +839,13 @@ void gemm_rows_blocks_on(float* out, const Matrix& w, const QuantizedBatch& x, i
                           ((end_register - first_register) / kKernelRegisters);
         const int next_rows = std::max(0, std::min(next_tile + kBlockRowTile, end_row) - next_tile);
         PanelPrefetcher prefetcher =
-            has_super_block_tiles(w)
-                ? PanelPrefetcher(
-                      w.row_tiles +
-                          size_t(std::min(next_tile, w.rows - 1) / kTileRows) * tile_bytes(w),
-                      tile_bytes(w), (next_rows + kTileRows - 1) / kTileRows, int(tile_bytes(w)),
-                      calls)
-                : PanelPrefetcher(w.row_data(std::min(next_tile, w.rows - 1)), w.row_bytes(),
-                                  next_rows, int(w.row_bytes()), calls);
+            w.row_tiles ? PanelPrefetcher(
+                              w.row_tiles + size_t(std::min(next_tile, w.rows - 1) / kTileRows) *
+                                                tile_bytes(w),
+                              tile_bytes(w), (next_rows + kTileRows - 1) / kTileRows,
+                              int(tile_bytes(w)), calls)
+                        : PanelPrefetcher(w.row_data(std::min(next_tile, w.rows - 1)),
+                                          w.row_bytes(), next_rows, int(w.row_bytes()), calls);
         for (int first_group = 0; first_group < groups; first_group += kDepthGroups) {
             const int end_group = std::min(groups, first_group + kDepthGroups);
             for (int token = 0; token < x.batch; token += kBlockTokenTile) {

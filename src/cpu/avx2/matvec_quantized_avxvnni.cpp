@@ -1,6 +1,6 @@
-// The decode matvecs on AVX2 + AVX-VNNI for Q8 and Q4 weights: out = W · x for one token, x
-// quantized to Q8 (cpu::quantize_q8), each group's dot product in integers with the 256-bit
-// vpdpbusd, the weights read from their tiles of 16 rows (cpu/quantized_tiles.h).
+// The decode matvecs on AVX2 + AVX-VNNI for Q8, Q4, IQ4_NL and MXFP4 weights: out = W · x for one
+// token, x quantized to Q8 (cpu::quantize_q8), each group's dot product in integers with the
+// 256-bit vpdpbusd, the weights read from their tiles of 16 rows (cpu/quantized_tiles.h).
 //
 // The design of the AVX-512 VNNI matvec (matvec_quantized_avx512vnni.cpp, whose comment explains
 // the unsigned weights and each group's start), on ymm registers: a tile's 64-byte register is
@@ -8,10 +8,10 @@
 // and each broadcast word of x serves both. Each lane is a row: no horizontal sums, and 8 rows
 // scaled by one multiply.
 //
-// A token's sums are those of the AVX-VNNI GEMM (gemm_quantized_panels.h) to the bit: the same
-// exact int32 dot of each group, then sum += dot × (weight scale × x scale) in the same order. So
-// a sequence's Q8 and Q4 products have the same bits whether the server's step decoded it alone
-// or beside others.
+// A token's Q8 and Q4 sums are those of the AVX-VNNI GEMM (gemm_quantized_panels.h) to the bit:
+// the same exact int32 dot of each group, then sum += dot × (weight scale × x scale) in the same
+// order. So a sequence's Q8 and Q4 products have the same bits whether the server's step decoded
+// it alone or beside others.
 #include "cpu/avx2/avxvnni.h"
 #include "cpu/avx2/block_levels_avx2.h"
 #include "cpu/avx2/intrinsics_avx2.h"
@@ -23,6 +23,7 @@ namespace barellm::cpu::avxvnni {
 namespace {
 
 using avx2::broadcast_word;
+using avx2::group_tile_halves;
 using avx2::kTileHalfBytes;
 using avx2::kTileHalfRows;
 using avx2::kTileHalves;
@@ -32,6 +33,7 @@ using avx2::tile_halves;
 constexpr int kGroup = kQ8Group;  // columns per scale (Q4's blocks are as wide)
 static_assert(kQ4Block == kGroup);
 constexpr int kHalfGroup = kGroup / 2;  // Q4: the high nibbles are columns 16-31
+constexpr int kLevelExcess = 128;       // IQ4_NL's and MXFP4's levels, + 128 in the table
 
 // Half h (rows 8h..8h+7) of a tile register.
 inline __m256i half_register(const uint8_t* reg, int h) {
@@ -39,11 +41,11 @@ inline __m256i half_register(const uint8_t* reg, int h) {
 }
 
 // The group's 16 exact int32 dot products of a tile, rows 8h..8h+7 in dots[h]: `values` are
-// the group's registers in the tile, x_group its 32 values. Two accumulators a half halve the
-// chain of dependent vpdpbusd.
+// the group's registers in the tile, x_group its 32 values; `levels` the table of IQ4_NL's or
+// MXFP4's levels + 128. Two accumulators a half halve the chain of dependent vpdpbusd.
 template <DType kType>
 inline void group_dots(__m256i dots[kTileHalves], const uint8_t* values, const int8_t* x_group,
-                       int32_t start) {
+                       int32_t start, __m256i levels) {
     __m256i even[kTileHalves], odd[kTileHalves];
     for (int h = 0; h < kTileHalves; ++h) {
         even[h] = _mm256_set1_epi32(start);
@@ -69,8 +71,12 @@ inline void group_dots(__m256i dots[kTileHalves], const uint8_t* values, const i
             const __m256i x_high = broadcast_word(x_group + kHalfGroup + j * kTileLaneBytes);
             for (int h = 0; h < kTileHalves; ++h) {
                 const __m256i bytes = half_register(values + j * kTileRegisterBytes, h);
-                const __m256i low = _mm256_and_si256(bytes, low_nibble);
-                const __m256i high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low_nibble);
+                __m256i low = _mm256_and_si256(bytes, low_nibble);
+                __m256i high = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low_nibble);
+                if constexpr (looks_up_levels(kType)) {
+                    low = _mm256_shuffle_epi8(levels, low);
+                    high = _mm256_shuffle_epi8(levels, high);
+                }
                 even[h] = _mm256_dpbusd_avx_epi32(even[h], low, x_low);
                 odd[h] = _mm256_dpbusd_avx_epi32(odd[h], high, x_high);
             }
@@ -79,12 +85,28 @@ inline void group_dots(__m256i dots[kTileHalves], const uint8_t* values, const i
     for (int h = 0; h < kTileHalves; ++h) dots[h] = _mm256_add_epi32(even[h], odd[h]);
 }
 
+// What a tile's weights of each type stand for more than their values: Q8's 128, Q4's 8, the
+// looked-up levels' 128 (matvec_quantized_avx512vnni.cpp).
+constexpr int tile_offset(DType type) {
+    return type == DType::Q8_0 ? kTileQ8Zero : type == DType::Q4_0 ? kQ4Offset : kLevelExcess;
+}
+
+// IQ4_NL's or MXFP4's table of levels + 128 (their sign bits flipped: unsigned), in both 128-bit
+// lanes; nothing for the other types.
+template <DType kType>
+inline __m256i unsigned_levels() {
+    if constexpr (!looks_up_levels(kType)) return _mm256_setzero_si256();
+    const __m256i table = kType == DType::MXFP4 ? avx2::mxfp4_table() : avx2::iq4_table();
+    return _mm256_xor_si256(table, _mm256_set1_epi8(char(kLevelExcess)));
+}
+
 template <DType kType>
 void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                  int row_count) {
-    constexpr int kOffset = kType == DType::Q8_0 ? kTileQ8Zero : kQ4Offset;
+    constexpr int kOffset = tile_offset(kType);
+    const __m256i levels = unsigned_levels<kType>();
     const std::vector<int8_t>& x_values = padded_tile_x(x);
-    const int groups = w.scale_count_per_row();
+    const int groups = tile_groups(w);
     const size_t bytes_per_tile = tile_bytes(w);
     const int prefetch_bytes = tile_prefetch_bytes();
     const int end_row = first_row + row_count;
@@ -99,15 +121,12 @@ void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int firs
                                int(tile_block_bytes(kType)));
             __m256i dots[kTileHalves];
             group_dots<kType>(dots, tile_group_values(tile, kType, g), x_values.data() + g * kGroup,
-                              tile_group_start(x, g, kOffset));
+                              tile_group_start(x, g, kOffset), levels);
             const __m256 x_scale = _mm256_set1_ps(x.scales[g]);
             for (int h = 0; h < kTileHalves; ++h)
                 sums[h] = _mm256_fmadd_ps(
                     _mm256_cvtepi32_ps(dots[h]),
-                    _mm256_mul_ps(tile_halves(reinterpret_cast<const uint8_t*>(
-                                      tile_group_scales(tile, kType, g) + h * kTileHalfRows)),
-                                  x_scale),
-                    sums[h]);
+                    _mm256_mul_ps(group_tile_halves<kType>(tile, g, h), x_scale), sums[h]);
         }
         for (int h = 0; h < kTileHalves; ++h)
             store_rows(out, sums[h], t * kTileRows + h * kTileHalfRows, first_row, end_row);
@@ -124,6 +143,12 @@ void matvec_rows_q8(float* out, const Matrix& w, const QuantizedVector& x, int f
 void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                     int row_count) {
     rows_kernel<DType::Q4_0>(out, w, x, first_row, row_count);
+}
+
+void matvec_rows_lookup_blocks(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
+                               int row_count) {
+    (w.dtype == DType::MXFP4 ? rows_kernel<DType::MXFP4>
+                             : rows_kernel<DType::IQ4_NL>)(out, w, x, first_row, row_count);
 }
 
 }  // namespace barellm::cpu::avxvnni
