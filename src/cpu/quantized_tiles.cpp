@@ -28,14 +28,16 @@ const uint8_t* lookup_block(const Matrix& w, int r, int g) {
     return w.row_data(r) + size_t(g) * block_bytes(w.dtype);
 }
 
-// The scale of group g of row r as a tile stores it (cpu/quantized_tiles.h).
+// The scale of group g of row r as a tile stores it: f16, MXFP4's mxfp4_scale(e) as a bf16 (a
+// power of two or 0: its f32's low half is zero, and the top half is the bf16).
 uint16_t stored_scale(const Matrix& w, int r, int g) {
     if (w.dtype == DType::MXFP4)
-        return mxfp4_tile_scale(lookup_block(w, r, g)[offsetof(BlockMXFP4, e)]);
+        return uint16_t(
+            float_to_bits(mxfp4_scale(lookup_block(w, r, g)[offsetof(BlockMXFP4, e)])) >> 16);
     if (w.dtype == DType::IQ4_NL) {
-        BlockIQ4_NL block;
-        std::memcpy(&block.d, lookup_block(w, r, g) + offsetof(BlockIQ4_NL, d), sizeof block.d);
-        return block.d;
+        uint16_t d;
+        std::memcpy(&d, lookup_block(w, r, g) + offsetof(BlockIQ4_NL, d), sizeof d);
+        return d;
     }
     return w.scales[size_t(r) * tile_groups(w) + g];
 }
@@ -49,12 +51,10 @@ void stored_group(uint8_t* dest, const Matrix& w, int r, int g) {
         std::memcpy(dest, row + size_t(g) * group_bytes, group_bytes);
         return;
     }
-    if (w.dtype == DType::IQ4_NL) {
-        std::memcpy(dest, lookup_block(w, r, g) + offsetof(BlockIQ4_NL, qs), group_bytes);
-        return;
-    }
-    if (w.dtype == DType::MXFP4) {
-        std::memcpy(dest, lookup_block(w, r, g) + offsetof(BlockMXFP4, qs), group_bytes);
+    if (looks_up_levels(w.dtype)) {
+        const size_t nibbles =
+            w.dtype == DType::IQ4_NL ? offsetof(BlockIQ4_NL, qs) : offsetof(BlockMXFP4, qs);
+        std::memcpy(dest, lookup_block(w, r, g) + nibbles, group_bytes);
         return;
     }
     for (int i = 0; i < group_bytes; ++i) {
@@ -77,11 +77,6 @@ size_t tile_bytes(const Matrix& w) {
 }
 
 size_t row_tiles_bytes(const Matrix& w) { return size_t(tile_count(w)) * tile_bytes(w); }
-
-uint16_t mxfp4_tile_scale(uint8_t e) {
-    // A power of two (or 0): its f32's low half is zero, and the top half is the bf16.
-    return uint16_t(float_to_bits(mxfp4_scale(e)) >> 16);
-}
 
 void write_row_tiles(const Matrix& w, uint8_t* tiles) {
     if (!has_group_tiles(w.dtype)) return write_super_block_tiles(w, tiles);

@@ -1,9 +1,9 @@
 // Q8, Q4, IQ4_NL and MXFP4 matrices (the types of groups of 32 columns under one scale)
 // re-laid out in tiles of 16 rows for the VNNI kernels: AVX-512's
-// (matvec_quantized_avx512vnni.cpp, gemm_quantized_avx512vnni.cpp for Q8 and Q4,
-// gemm_blocks_avx512vnni.cpp for IQ4_NL and MXFP4) and, for Q8 and Q4, AVX-VNNI's
-// (matvec_quantized_avxvnni.cpp, gemm_quantized_panels.h), which read a 64-byte register of a
-// tile as two halves of 8 rows. The CPU backend makes them once, when it takes the model on a
+// (matvec_quantized_avx512vnni.cpp; the GEMMs gemm_quantized_avx512vnni.cpp for Q8 and Q4,
+// gemm_blocks_avx512vnni.cpp for IQ4_NL and MXFP4) and AVX-VNNI's (matvec_quantized_avxvnni.cpp;
+// gemm_quantized_panels.h, gemm_blocks_panels.h), which read a 64-byte register of a tile as two
+// halves of 8 rows. The CPU backend makes them once, when it takes the model on a
 // path that reads them (uses_row_tiles, cpu/resident_weights.h), and points Matrix::row_tiles at
 // them; the rows stay in the file's mapping for the other paths. (Q4_K's, Q5_K's, Q6_K's and
 // IQ4_XS's tiles: cpu/super_block_tiles.h.)
@@ -106,8 +106,8 @@ int tile_groups(const Matrix& w);         // groups of 32 of a row (this layout'
 size_t tile_bytes(const Matrix& w);       // bytes of one tile
 size_t row_tiles_bytes(const Matrix& w);  // bytes of all the tiles of w
 
-// x's values as the tile matvecs (avx512::matvec_rows_q8/_q4/_lookup_blocks,
-// avxvnni::matvec_rows_q8/_q4) read them, padded with zeros to whole groups: the calling
+// x's values as the tile matvecs (avx512:: and avxvnni::matvec_rows_q8/_q4/_lookup_blocks) read
+// them, padded with zeros to whole groups: the calling
 // thread's copy, rewritten at each call. A tile's weights are unsigned, Q8's value + 128, Q4's
 // nibble q standing for q − 8, IQ4_NL's and MXFP4's levels looked up as level + 128, so each
 // group's dot product is offset × Σx too large: it starts from tile_group_start (offset 128 for
@@ -127,9 +127,6 @@ struct FreeBytes {
     void operator()(uint8_t* p) const { std::free(p); }
 };
 using AlignedBytes = std::unique_ptr<uint8_t, FreeBytes>;
-
-// MXFP4's scale mxfp4_scale(e) as its tiles hold it: bf16 bits.
-uint16_t mxfp4_tile_scale(uint8_t e);
 
 // Writes the tiles of w (a type of this layout or of cpu/super_block_tiles.h) to the
 // row_tiles_bytes(w) bytes at `tiles`, 64-byte aligned.
