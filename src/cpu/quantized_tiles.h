@@ -107,12 +107,15 @@ size_t tile_bytes(const Matrix& w);       // bytes of one tile
 size_t row_tiles_bytes(const Matrix& w);  // bytes of all the tiles of w
 
 // x's values as the tile matvecs (avx512:: and avxvnni::matvec_rows_q8/_q4/_lookup_blocks) read
-// them, padded with zeros to whole groups: the calling
-// thread's copy, rewritten at each call. A tile's weights are unsigned, Q8's value + 128, Q4's
-// nibble q standing for q − 8, IQ4_NL's and MXFP4's levels looked up as level + 128, so each
-// group's dot product is offset × Σx too large: it starts from tile_group_start (offset 128 for
-// Q8, IQ4_NL and MXFP4, 8 for Q4), which makes its int32 result exact.
+// them, padded with zeros to whole groups: the calling thread's copy, rewritten at each call.
+// A tile's weights are unsigned, Q8's value + 128, Q4's nibble q standing for q − 8, IQ4_NL's
+// and MXFP4's levels looked up as level + 128, so each group's dot product is tile_offset × Σx
+// too large: it starts from tile_group_start, which makes its int32 result exact.
 const std::vector<int8_t>& padded_tile_x(const QuantizedVector& x);
+constexpr int kTileLevelExcess = 128;  // IQ4_NL's and MXFP4's looked-up levels, + 128
+constexpr int tile_offset(DType type) {
+    return type == DType::Q8_0 ? kTileQ8Zero : type == DType::Q4_0 ? kQ4Offset : kTileLevelExcess;
+}
 inline int32_t tile_group_start(const QuantizedVector& x, int g, int offset) {
     return -offset * int32_t(x.group_sums[g]);
 }

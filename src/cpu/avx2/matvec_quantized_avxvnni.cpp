@@ -33,7 +33,6 @@ using avx2::tile_halves;
 constexpr int kGroup = kQ8Group;  // columns per scale (Q4's blocks are as wide)
 static_assert(kQ4Block == kGroup);
 constexpr int kHalfGroup = kGroup / 2;  // Q4: the high nibbles are columns 16-31
-constexpr int kLevelExcess = 128;       // IQ4_NL's and MXFP4's levels, + 128 in the table
 
 // Half h (rows 8h..8h+7) of a tile register.
 inline __m256i half_register(const uint8_t* reg, int h) {
@@ -85,19 +84,14 @@ inline void group_dots(__m256i dots[kTileHalves], const uint8_t* values, const i
     for (int h = 0; h < kTileHalves; ++h) dots[h] = _mm256_add_epi32(even[h], odd[h]);
 }
 
-// What a tile's weights of each type stand for more than their values: Q8's 128, Q4's 8, the
-// looked-up levels' 128 (matvec_quantized_avx512vnni.cpp).
-constexpr int tile_offset(DType type) {
-    return type == DType::Q8_0 ? kTileQ8Zero : type == DType::Q4_0 ? kQ4Offset : kLevelExcess;
-}
-
 // IQ4_NL's or MXFP4's table of levels + 128 (their sign bits flipped: unsigned), in both 128-bit
 // lanes; nothing for the other types.
 template <DType kType>
 inline __m256i unsigned_levels() {
     if constexpr (!looks_up_levels(kType)) return _mm256_setzero_si256();
     const __m256i table = kType == DType::MXFP4 ? avx2::mxfp4_table() : avx2::iq4_table();
-    return _mm256_xor_si256(table, _mm256_set1_epi8(char(kLevelExcess)));
+    static_assert(kTileLevelExcess == 128);  // + 128: the sign bit flipped
+    return _mm256_xor_si256(table, _mm256_set1_epi8(char(kTileLevelExcess)));
 }
 
 template <DType kType>

@@ -69,10 +69,7 @@ inline __m512i group_dots(const uint8_t* values, const int8_t* x_group, int32_t 
     return _mm512_add_epi32(even, odd);
 }
 
-// What a tile's weights of each type stand for more than their values (see the file comment).
-constexpr int tile_offset(DType type) {
-    return type == DType::Q8_0 ? kTileQ8Zero : type == DType::Q4_0 ? kQ4Offset : kIq4Excess;
-}
+static_assert(kTileLevelExcess == kIq4Excess);  // the tables of unsigned_levels
 
 template <DType kType>
 void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
