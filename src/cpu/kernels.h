@@ -54,8 +54,8 @@ const char* simd_level_name(SimdLevel level);
 // The level for a name of simd_level_name ("scalar", "avx2", "avx512"); false if none.
 bool parse_simd_level(const std::string& name, SimdLevel* level);
 // Whether the decode kernels of the level in use read matrices of `dtype` in tiles of 16 rows
-// (Matrix::row_tiles): Q8 and Q4 on AVX-512 with AVX512_VNNI and on AVX2 with AVX-VNNI
-// (cpu/quantized_tiles.h), Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS on AVX2 and AVX-512
+// (Matrix::row_tiles): Q8, Q4, IQ4_NL and MXFP4 on AVX-512 with AVX512_VNNI and on AVX2 with
+// AVX-VNNI (cpu/quantized_tiles.h), Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS on AVX2 and AVX-512
 // (cpu/super_block_tiles.h). Elsewhere, and for matrices without tiles, they read the rows
 // (Q3_K's on the scalar path).
 bool uses_row_tiles(DType dtype);

@@ -19,12 +19,13 @@ struct ResidentWeights {
 };
 
 // Copies the layer and output matrices of `model` (each expert's as a matrix of its own): f32, f16
-// and bf16 values as they are; Q8, Q4, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS in tiles of 16 rows
-// (Matrix::row_tiles) where the level in use reads them so (uses_row_tiles), else their values and
-// scales (or blocks) as they are. The embedding table, read a row at a time, and the norm weights
-// stay in the file's mapping, as do the rows of tiled matrices (for the other paths). The pages of
-// the file that held each copied matrix are handed back to the system (Model::file), so resident
-// memory holds the weights once. Throws Error where memory does not suffice.
+// and bf16 values as they are; Q8, Q4, IQ4_NL, MXFP4, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K and IQ4_XS in
+// tiles of 16 rows (Matrix::row_tiles) where the level in use reads them so (uses_row_tiles), else
+// their values and scales (or blocks) as they are. The embedding table, read a row at a time, and
+// the norm weights stay in the file's mapping, as do the rows of tiled matrices (for the other
+// paths). The pages of the file that held each copied matrix are handed back to the system
+// (Model::file), so resident memory holds the weights once. Throws Error where memory does not
+// suffice.
 ResidentWeights resident_weights(const Model& model);
 
 }  // namespace barellm::cpu
