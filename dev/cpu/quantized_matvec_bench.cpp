@@ -3,11 +3,12 @@
 // rows as the file has them (avx2::matvec_rows_q8 / _q4 / _small_blocks), and AVX-VNNI and
 // AVX-512 VNNI where the CPU has them, on weights in tiles of 16 rows (avxvnni:: and
 // avx512::matvec_rows_q8 / _q4 / _lookup_blocks, cpu/quantized_tiles.h); in
-// GB/s of weights read: from L2 (a 0.3 MB matrix read again and again: the kernel's own speed)
-// and from memory (a 600 MB matrix: what decode meets), beside the streaming read `barellm
-// bench` measures (measure_read_bandwidth). A matvec well above the streaming read from L2
-// leaves the memory to set decode's pace. After `make`, linked against an archive of its
-// objects (only what is used is taken):
+// GB/s of the file's bytes (MXFP4's tiles hold 18 bytes a block of 32 where the file has 17): from
+// L2 (a 0.3 MB matrix read again and again: the kernel's own speed) and from memory (a 600 MB
+// matrix: what decode meets), beside the streaming read `barellm bench` measures
+// (measure_read_bandwidth). A matvec well above the streaming read from L2 leaves the memory to set
+// decode's pace. After `make`, linked against an archive of its objects (only what is used is
+// taken):
 //   ar rcs build/objects.a build/src/*.o build/src/*/*.o build/src/*/*/*.o
 //   g++ -std=c++17 -O2 -fopenmp -Isrc -o build/quantized_matvec_bench
 //       dev/cpu/quantized_matvec_bench.cpp build/objects.a        (one command)
