@@ -342,10 +342,9 @@ void gemm_many(const float* x, int batch, std::initializer_list<BatchOutput> out
     // not: the GEMM meets them faster from 2 tokens on (TinyLlama IQ4_NL from its rows, 2
     // threads, 2, 4 and 8 tokens: 42.8, 80.9 and 138-142 tok/s against 27.7, 33.7 and 36.2-36.7
     // through the matvec).
-    const bool all_tiled_blocks =
-        std::all_of(outputs.begin(), outputs.end(), [](const BatchOutput& o) {
-            return is_block_type(o.w->dtype) && !has_group_tiles(o.w->dtype) && reads_tiles(*o.w);
-        });
+    const bool all_tiled_blocks = std::all_of(
+        outputs.begin(), outputs.end(),
+        [](const BatchOutput& o) { return !has_group_tiles(o.w->dtype) && reads_tiles(*o.w); });
     if (active_level >= SimdLevel::Avx2 && all_tiled_blocks && batch <= kBlockMatvecBatch) {
         tiled_block_matvecs(x, batch, std::vector<BatchOutput>(outputs));
         return;

@@ -36,7 +36,7 @@ inline __m512i broadcast_word(const int8_t* p) {
 // IQ4_XS's levels + kIq4Excess (1..241, unsigned), a vpshufb table in each 128-bit lane: what
 // the VNNI kernels multiply by x, taking kIq4Excess · Σ x off through x's sums. MXFP4's levels
 // (kMxfp4Values) likewise, + kIq4Excess.
-constexpr int kIq4Excess = 128;
+constexpr int kIq4Excess = kTileLevelExcess;  // 128, as the tiles' (cpu/quantized_tiles.h)
 inline __m512i unsigned_levels(const int8_t (&values)[16]) {
     alignas(16) uint8_t levels[16];
     for (int i = 0; i < 16; ++i) levels[i] = uint8_t(values[i] + kIq4Excess);

@@ -69,8 +69,6 @@ inline __m512i group_dots(const uint8_t* values, const int8_t* x_group, int32_t 
     return _mm512_add_epi32(even, odd);
 }
 
-static_assert(kTileLevelExcess == kIq4Excess);  // the tables of unsigned_levels
-
 template <DType kType>
 void rows_kernel(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                  int row_count) {
