@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "weights/half.h"
+#include "weights/iq_grids.h"
 #include "weights/weight_blocks.h"
 
 namespace barellm::cpu {
@@ -82,6 +83,27 @@ decltype(auto) with_iq_type(DType dtype, F&& f) {
             return f(std::integral_constant<DType, DType::IQ1_M>{});
     }
 }
+
+// The signs of a group of 8 weights as byte masks, for each of the 128 values of the 7 stored
+// sign bits (IQ2_XXS, IQ2_XS, IQ3_XXS; iq_signs_of_seven): byte i 0xff where weight i is
+// negative, else 0. The AVX2 kernels load a group's mask where the parity and the spreading of
+// the bits took some fifteen instructions a register.
+constexpr int kIqSevenBits = 7;  // stored sign bits per group (IQ2_XXS, IQ2_XS, IQ3_XXS)
+constexpr int kIqSevenMask = (1 << kIqSevenBits) - 1;
+struct IqSignMasks {
+    alignas(64) uint64_t of_seven[1 << kIqSevenBits];
+};
+constexpr IqSignMasks make_iq_sign_masks() {
+    IqSignMasks masks{};
+    constexpr uint64_t kNegativeByte = 0xff;
+    constexpr int kByteBits = 8;
+    for (unsigned seven = 0; seven <= kIqSevenMask; ++seven)
+        for (int i = 0; i < kIqGridGroup; ++i)
+            if (iq_signs_of_seven(seven) >> i & 1)
+                masks.of_seven[seven] |= kNegativeByte << (kByteBits * i);
+    return masks;
+}
+inline constexpr IqSignMasks kIqSignMasks = make_iq_sign_masks();
 
 // The kernels hold m per 16 columns (a slot), each sub-block of 32 in two slots:
 // iq_multiplier_lanes on AVX-512, iq_multiplier_words on AVX2, from the scale bits weight_blocks.h

@@ -1,8 +1,9 @@
 // The i-quant types' levels on AVX2 (cpu/iq_levels.h): the 32 unsigned levels u of columns
 // 32r..32r + 31 of a super-block (register r, 0..7), for the decode matvec
-// (matvec_iq_avx2.cpp) and the prefill GEMM on 256-bit registers (gemm_blocks_panels.h). The grid
-// points of a register (4 of 8 values, or 8 of 4) come from gathers; the signs, a byte per 8
-// columns, become a byte mask, under which u = offset − grid value, elsewhere offset + grid value.
+// (matvec_iq_avx2.cpp) and the prefill GEMM on 256-bit registers (gemm_blocks_panels.h). The 4
+// grid points of 8 values of a register are loaded one by one, the 8 points of 4 values
+// (IQ3_*) gathered; the signs, a byte per 8 columns, become a byte mask (the 7-bit ones looked
+// up in kIqSignMasks), under which u = offset − grid value, elsewhere offset + grid value.
 // The multipliers m = 2s + 1 of a super-block come as 16 words, one per 16 columns
 // (iq_multiplier_words). The ternary types' levels are their bit pairs or trits, unpacked in
 // registers, their m 1.
@@ -23,8 +24,6 @@ namespace barellm::cpu::avx2 {
 
 constexpr int kIqRegisterCols = 32;                          // levels in a register
 constexpr int kIqRegisters = kSuperBlock / kIqRegisterCols;  // 8
-constexpr int kIqSevenBits = 7;  // stored sign bits per group (IQ2_XXS, IQ2_XS, IQ3_XXS)
-constexpr int kIqSevenMask = (1 << kIqSevenBits) - 1;
 
 template <typename T>
 inline T iq_load(const uint8_t* p) {
@@ -60,77 +59,70 @@ inline __m256i signed_levels(__m256i grid, __m256i negative, int offset) {
                            _mm256_sub_epi8(_mm256_xor_si256(grid, negative), negative));
 }
 
-// negative_columns of four groups whose 7 stored sign bits (iq_signs_of_seven) are the low bits
-// of 64-bit lane k, the rest 0: the eighth sign, the parity of the seven, folded down to bit 0
-// by shifts and xors, then set as bit 7 of the lane's sign byte, which spreads over its 8 bytes.
-inline __m256i negative_columns_of_sevens(__m256i sevens) {
-    __m256i parity = _mm256_xor_si256(sevens, _mm256_srli_epi64(sevens, 4));
-    parity = _mm256_xor_si256(parity, _mm256_srli_epi64(parity, 2));
-    parity = _mm256_xor_si256(parity, _mm256_srli_epi64(parity, 1));
-    constexpr int kEighthSign = 1 << kIqSevenBits;
-    const __m256i signs = _mm256_or_si256(
-        sevens,
-        _mm256_and_si256(_mm256_slli_epi64(parity, kIqSevenBits), _mm256_set1_epi64x(kEighthSign)));
-    // Byte 0 of each 64-bit lane over the lane.
-    return negative_of_spread_signs(_mm256_shuffle_epi8(
-        signs, _mm256_setr_epi64x(0, 0x0808080808080808, 0, 0x0808080808080808)));
-}
-// The 7-bit signs of group k, bits 7k..7k + 6 of `word` (IQ2_XXS, IQ3_XXS), in 64-bit lane k.
-inline __m256i sevens_of_word(uint32_t word) {
-    return _mm256_and_si256(
-        _mm256_srlv_epi64(_mm256_set1_epi64x(word),
-                          _mm256_setr_epi64x(0, kIqSevenBits, 2 * kIqSevenBits, 3 * kIqSevenBits)),
-        _mm256_set1_epi64x(kIqSevenMask));
+// The 8-byte entries i0..i3 of `table` (grid points, or sign masks) in 64-bit lanes 0..3: a
+// broadcast load each, then blends, which leave the shuffle port free. A gather (vpgatherdq) took
+// longer on the Intel Xeon of docs/BENCHMARKS.md, and the microcode against Gather Data Sampling
+// slows gathers on many other Intel CPUs.
+inline __m256i table_entries(const uint64_t* table, unsigned i0, unsigned i1, unsigned i2,
+                             unsigned i3) {
+    constexpr int kLane1 = 0x0c, kLane3 = 0xc0, kHighLanes = 0xf0;  // vpblendd's 32-bit lanes
+    const __m256i low = _mm256_blend_epi32(_mm256_set1_epi64x(int64_t(table[i0])),
+                                           _mm256_set1_epi64x(int64_t(table[i1])), kLane1);
+    const __m256i high = _mm256_blend_epi32(_mm256_set1_epi64x(int64_t(table[i2])),
+                                            _mm256_set1_epi64x(int64_t(table[i3])), kLane3);
+    return _mm256_blend_epi32(low, high, kHighLanes);
 }
 
-// The 4 points of 8 values whose indices are the 32-bit lanes of `indices`, in 64-bit lanes.
-inline __m256i gather_points8(__m128i indices, const uint64_t* grid) {
-    return _mm256_i32gather_epi64(reinterpret_cast<const long long*>(grid), indices, 8);
+// The sign masks (kIqSignMasks) of four groups whose 7-bit signs are bits 7k..7k + 6 of `word`
+// (IQ2_XXS, IQ3_XXS), group k's in 64-bit lane k.
+inline __m256i sign_masks_of_word(uint32_t word) {
+    return table_entries(
+        kIqSignMasks.of_seven, word & kIqSevenMask, word >> kIqSevenBits & kIqSevenMask,
+        word >> 2 * kIqSevenBits & kIqSevenMask, word >> 3 * kIqSevenBits & kIqSevenMask);
 }
+
 // The 8 points of 4 values whose indices are the 32-bit lanes of `indices`.
 inline __m256i gather_points4(__m256i indices, const uint32_t* grid) {
     return _mm256_i32gather_epi32(reinterpret_cast<const int*>(grid), indices, 4);
 }
 
-// IQ2_XXS, sub-block r: at qs + 8r its word of four 8-bit indices into kIq2XxsGrid, then its word
-// of four 7-bit signs (bits 7k..7k + 6, group k) below the scale.
+// IQ2_XXS, sub-block r: at qs + 8r its four 8-bit indices into kIq2XxsGrid, then its word of
+// four 7-bit signs (bits 7k..7k + 6, group k) below the scale.
 inline __m256i iq2_xxs_levels(const uint8_t* block, int r) {
-    const uint8_t* sub_block = block + offsetof(BlockIQ2_XXS, qs) + 8 * r;
-    const __m256i points = gather_points8(
-        _mm_cvtepu8_epi32(_mm_cvtsi32_si128(iq_load<int32_t>(sub_block))), kIq2XxsGrid);
-    return signed_levels(
-        points, negative_columns_of_sevens(sevens_of_word(iq_load<uint32_t>(sub_block + 4))),
-        iq_shape(DType::IQ2_XXS).offset);
+    const uint8_t* indices = block + offsetof(BlockIQ2_XXS, qs) + 8 * r;
+    const __m256i points =
+        table_entries(kIq2XxsGrid, indices[0], indices[1], indices[2], indices[3]);
+    return signed_levels(points, sign_masks_of_word(iq_load<uint32_t>(indices + 4)),
+                         iq_shape(DType::IQ2_XXS).offset);
 }
 
 // IQ2_XS, groups 4r..4r + 3: a u16 each at qs + 8r, its 9-bit index into kIq2XsGrid and 7-bit
 // signs above it.
 inline __m256i iq2_xs_levels(const uint8_t* block, int r) {
-    constexpr int kIndexBits = 9;
-    const uint8_t* groups = block + offsetof(BlockIQ2_XS, qs) + 8 * r;
-    const __m128i words =
-        _mm_cvtepu16_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(groups)));
-    const __m256i points =
-        gather_points8(_mm_and_si128(words, _mm_set1_epi32((1 << kIndexBits) - 1)), kIq2XsGrid);
-    const __m256i sevens = _mm256_srli_epi64(_mm256_cvtepu32_epi64(words), kIndexBits);
-    return signed_levels(points, negative_columns_of_sevens(sevens),
+    constexpr int kIndexBits = 9, kWordBits = 16;
+    constexpr unsigned kIndexMask = (1 << kIndexBits) - 1;
+    const uint64_t words = iq_load<uint64_t>(block + offsetof(BlockIQ2_XS, qs) + 8 * r);
+    const auto index = [&](int k) { return unsigned(words >> kWordBits * k) & kIndexMask; };
+    const auto signs = [&](int k) {
+        return unsigned(words >> (kWordBits * k + kIndexBits)) & kIqSevenMask;
+    };
+    const uint64_t* masks = kIqSignMasks.of_seven;
+    return signed_levels(table_entries(kIq2XsGrid, index(0), index(1), index(2), index(3)),
+                         table_entries(masks, signs(0), signs(1), signs(2), signs(3)),
                          iq_shape(DType::IQ2_XS).offset);
 }
 
 // IQ2_S, groups 4r..4r + 3: group k's 10-bit index into kIq2SGrid is qs[4r + k] with bits 2k,
 // 2k + 1 of qh[r] above it; its signs the byte signs[4r + k].
 inline __m256i iq2_s_levels(const uint8_t* block, int r) {
-    constexpr int kHighBits = 2;
-    const __m128i low = _mm_cvtepu8_epi32(
-        _mm_cvtsi32_si128(iq_load<int32_t>(block + offsetof(BlockIQ2_S, qs) + 4 * r)));
-    // qh[r] shifted right by 2k in lane k, its two bits moved to bits 8, 9.
-    const __m128i high =
-        _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(block[offsetof(BlockIQ2_S, qh) + r] << 8),
-                                     _mm_setr_epi32(0, kHighBits, 2 * kHighBits, 3 * kHighBits)),
-                      _mm_set1_epi32(((1 << kHighBits) - 1) << 8));
-    const __m256i points = gather_points8(_mm_or_si128(low, high), kIq2SGrid);
+    constexpr int kHighBits = 2, kLowBits = 8;
+    constexpr unsigned kHighMask = ((1 << kHighBits) - 1) << kLowBits;
+    const uint8_t* low = block + offsetof(BlockIQ2_S, qs) + 4 * r;
+    const unsigned high = unsigned(block[offsetof(BlockIQ2_S, qh) + r]) << kLowBits;
+    const auto index = [&](int k) { return low[k] | (high >> kHighBits * k & kHighMask); };
     return signed_levels(
-        points, negative_columns(iq_load<uint32_t>(block + offsetof(BlockIQ2_S, signs) + 4 * r)),
+        table_entries(kIq2SGrid, index(0), index(1), index(2), index(3)),
+        negative_columns(iq_load<uint32_t>(block + offsetof(BlockIQ2_S, signs) + 4 * r)),
         iq_shape(DType::IQ2_S).offset);
 }
 
@@ -141,9 +133,8 @@ inline __m256i iq3_xxs_levels(const uint8_t* block, int r) {
         _mm256_cvtepu8_epi32(_mm_loadl_epi64(
             reinterpret_cast<const __m128i*>(block + offsetof(BlockIQ3_XXS, qs) + 8 * r))),
         kIq3XxsGrid);
-    const uint32_t sevens = iq_load<uint32_t>(block + offsetof(BlockIQ3_XXS, scales_signs) + 4 * r);
-    return signed_levels(points, negative_columns_of_sevens(sevens_of_word(sevens)),
-                         iq_shape(DType::IQ3_XXS).offset);
+    const uint32_t signs = iq_load<uint32_t>(block + offsetof(BlockIQ3_XXS, scales_signs) + 4 * r);
+    return signed_levels(points, sign_masks_of_word(signs), iq_shape(DType::IQ3_XXS).offset);
 }
 
 // IQ3_S, quads 8r..8r + 7: quad i's 9-bit index into kIq3SGrid is qs[8r + i] with bit i of
@@ -178,32 +169,31 @@ inline __m256i iq1_levels(__m256i points, uint32_t negative_shifts) {
 // IQ1_S, sub-block r: group k's 11-bit index into kIq1Grid is qs[4r + k] with bits 3k..3k + 2 of
 // the u16 qh[r] above it; bit 15 of qh[r] the sign of the sub-block's shift.
 inline __m256i iq1_s_levels(const uint8_t* block, int r) {
-    constexpr int kHighBits = 3, kShiftSignBit = 15;
-    const __m128i low = _mm_cvtepu8_epi32(
-        _mm_cvtsi32_si128(iq_load<int32_t>(block + offsetof(BlockIQ1_S, qs) + 4 * r)));
-    const uint16_t high_bits = iq_load<uint16_t>(block + offsetof(BlockIQ1_S, qh) + 2 * r);
-    // qh[r] shifted right by 3k in lane k, its three bits moved to bits 8..10.
-    const __m128i high =
-        _mm_and_si128(_mm_srlv_epi32(_mm_set1_epi32(high_bits << 8),
-                                     _mm_setr_epi32(0, kHighBits, 2 * kHighBits, 3 * kHighBits)),
-                      _mm_set1_epi32(((1 << kHighBits) - 1) << 8));
-    const __m256i points = gather_points8(_mm_or_si128(low, high), kIq1Grid);
-    return iq1_levels(points, high_bits >> kShiftSignBit ? ~0u : 0u);
+    constexpr int kHighBits = 3, kLowBits = 8, kShiftSignBit = 15;
+    constexpr unsigned kHighMask = ((1 << kHighBits) - 1) << kLowBits;
+    const uint8_t* low = block + offsetof(BlockIQ1_S, qs) + 4 * r;
+    const unsigned high_bits = iq_load<uint16_t>(block + offsetof(BlockIQ1_S, qh) + 2 * r);
+    const unsigned high = high_bits << kLowBits;
+    const auto index = [&](int k) { return low[k] | (high >> kHighBits * k & kHighMask); };
+    return iq1_levels(table_entries(kIq1Grid, index(0), index(1), index(2), index(3)),
+                      high_bits >> kShiftSignBit ? ~0u : 0u);
 }
 
 // IQ1_M, groups 4r..4r + 3: group k's index into kIq1Grid is qs[4r + k] with bits 0..2 of nibble
 // k of the u16 at qh + 2r above it; bit 3 of that nibble the sign of the group's shift.
 inline __m256i iq1_m_levels(const uint8_t* block, int r) {
-    constexpr int kNibbleBits = 4, kHighBits = 3;
-    const __m128i low = _mm_cvtepu8_epi32(
-        _mm_cvtsi32_si128(iq_load<int32_t>(block + offsetof(BlockIQ1_M, qs) + 4 * r)));
-    const uint16_t nibbles = iq_load<uint16_t>(block + offsetof(BlockIQ1_M, qh) + 2 * r);
-    // The u16 shifted right by 4k in lane k: nibble k's index bits moved to bits 8..10.
+    constexpr int kNibbleBits = 4, kHighBits = 3, kLowBits = 8;
+    constexpr unsigned kHighMask = ((1 << kHighBits) - 1) << kLowBits;
+    const uint8_t* low = block + offsetof(BlockIQ1_M, qs) + 4 * r;
+    const unsigned nibbles = iq_load<uint16_t>(block + offsetof(BlockIQ1_M, qh) + 2 * r);
+    const auto index = [&](int k) {
+        return low[k] | (nibbles << kLowBits >> kNibbleBits * k & kHighMask);
+    };
+    // The u16 shifted right by 4k in lane k: nibble k's sign bit moved to bit 11.
     const __m128i shifted =
         _mm_srlv_epi32(_mm_set1_epi32(nibbles << 8),
                        _mm_setr_epi32(0, kNibbleBits, 2 * kNibbleBits, 3 * kNibbleBits));
-    const __m128i high = _mm_and_si128(shifted, _mm_set1_epi32(((1 << kHighBits) - 1) << 8));
-    const __m256i points = gather_points8(_mm_or_si128(low, high), kIq1Grid);
+    const __m256i points = table_entries(kIq1Grid, index(0), index(1), index(2), index(3));
     // Bit 3 of each nibble (bit 11 of its lane) as a byte of 0xff per group.
     const __m128i sign_bit = _mm_set1_epi32(1 << (8 + kHighBits));
     const __m128i negative = _mm_cmpeq_epi32(_mm_and_si128(shifted, sign_bit), sign_bit);
