@@ -60,9 +60,9 @@ inline __m256i signed_levels(__m256i grid, __m256i negative, int offset) {
 }
 
 // The 8-byte entries i0..i3 of `table` (grid points, or sign masks) in 64-bit lanes 0..3: a
-// broadcast load each, then blends, which leave the shuffle port free. A gather (vpgatherdq) took
-// longer on the Intel Xeon of docs/BENCHMARKS.md, and the microcode against Gather Data Sampling
-// slows gathers on many other Intel CPUs.
+// broadcast load each, then blends, which leave the shuffle port free. A gather (vpgatherdq) was
+// no faster on the Intel Xeon of docs/BENCHMARKS.md, and the microcode against Gather Data
+// Sampling slows gathers on many other Intel CPUs.
 inline __m256i table_entries(const uint64_t* table, unsigned i0, unsigned i1, unsigned i2,
                              unsigned i3) {
     constexpr int kLane1 = 0x0c, kLane3 = 0xc0, kHighLanes = 0xf0;  // vpblendd's 32-bit lanes
