@@ -73,6 +73,18 @@ inline __m256i table_entries(const uint64_t* table, unsigned i0, unsigned i1, un
     return _mm256_blend_epi32(low, high, kHighLanes);
 }
 
+// The 4 points of `grid` whose index k is the byte low[k] with bits kStride·k .. kStride·k +
+// kWidth − 1 of `high_bits` above it (IQ2_S, IQ1_S, IQ1_M).
+template <int kStride, int kWidth>
+inline __m256i points_of_split_indices(const uint64_t* grid, const uint8_t* low,
+                                       unsigned high_bits) {
+    constexpr int kLowBits = 8;
+    constexpr unsigned kHighMask = ((1u << kWidth) - 1) << kLowBits;
+    const unsigned high = high_bits << kLowBits;
+    const auto index = [&](int k) { return low[k] | (high >> kStride * k & kHighMask); };
+    return table_entries(grid, index(0), index(1), index(2), index(3));
+}
+
 // The sign masks (kIqSignMasks) of four groups whose 7-bit signs are bits 7k..7k + 6 of `word`
 // (IQ2_XXS, IQ3_XXS), group k's in 64-bit lane k.
 inline __m256i sign_masks_of_word(uint32_t word) {
@@ -115,13 +127,11 @@ inline __m256i iq2_xs_levels(const uint8_t* block, int r) {
 // IQ2_S, groups 4r..4r + 3: group k's 10-bit index into kIq2SGrid is qs[4r + k] with bits 2k,
 // 2k + 1 of qh[r] above it; its signs the byte signs[4r + k].
 inline __m256i iq2_s_levels(const uint8_t* block, int r) {
-    constexpr int kHighBits = 2, kLowBits = 8;
-    constexpr unsigned kHighMask = ((1 << kHighBits) - 1) << kLowBits;
-    const uint8_t* low = block + offsetof(BlockIQ2_S, qs) + 4 * r;
-    const unsigned high = unsigned(block[offsetof(BlockIQ2_S, qh) + r]) << kLowBits;
-    const auto index = [&](int k) { return low[k] | (high >> kHighBits * k & kHighMask); };
+    constexpr int kHighBits = 2;
     return signed_levels(
-        table_entries(kIq2SGrid, index(0), index(1), index(2), index(3)),
+        points_of_split_indices<kHighBits, kHighBits>(kIq2SGrid,
+                                                      block + offsetof(BlockIQ2_S, qs) + 4 * r,
+                                                      block[offsetof(BlockIQ2_S, qh) + r]),
         negative_columns(iq_load<uint32_t>(block + offsetof(BlockIQ2_S, signs) + 4 * r)),
         iq_shape(DType::IQ2_S).offset);
 }
@@ -169,31 +179,24 @@ inline __m256i iq1_levels(__m256i points, uint32_t negative_shifts) {
 // IQ1_S, sub-block r: group k's 11-bit index into kIq1Grid is qs[4r + k] with bits 3k..3k + 2 of
 // the u16 qh[r] above it; bit 15 of qh[r] the sign of the sub-block's shift.
 inline __m256i iq1_s_levels(const uint8_t* block, int r) {
-    constexpr int kHighBits = 3, kLowBits = 8, kShiftSignBit = 15;
-    constexpr unsigned kHighMask = ((1 << kHighBits) - 1) << kLowBits;
-    const uint8_t* low = block + offsetof(BlockIQ1_S, qs) + 4 * r;
+    constexpr int kHighBits = 3, kShiftSignBit = 15;
     const unsigned high_bits = iq_load<uint16_t>(block + offsetof(BlockIQ1_S, qh) + 2 * r);
-    const unsigned high = high_bits << kLowBits;
-    const auto index = [&](int k) { return low[k] | (high >> kHighBits * k & kHighMask); };
-    return iq1_levels(table_entries(kIq1Grid, index(0), index(1), index(2), index(3)),
+    return iq1_levels(points_of_split_indices<kHighBits, kHighBits>(
+                          kIq1Grid, block + offsetof(BlockIQ1_S, qs) + 4 * r, high_bits),
                       high_bits >> kShiftSignBit ? ~0u : 0u);
 }
 
 // IQ1_M, groups 4r..4r + 3: group k's index into kIq1Grid is qs[4r + k] with bits 0..2 of nibble
 // k of the u16 at qh + 2r above it; bit 3 of that nibble the sign of the group's shift.
 inline __m256i iq1_m_levels(const uint8_t* block, int r) {
-    constexpr int kNibbleBits = 4, kHighBits = 3, kLowBits = 8;
-    constexpr unsigned kHighMask = ((1 << kHighBits) - 1) << kLowBits;
-    const uint8_t* low = block + offsetof(BlockIQ1_M, qs) + 4 * r;
+    constexpr int kNibbleBits = 4, kHighBits = 3;
     const unsigned nibbles = iq_load<uint16_t>(block + offsetof(BlockIQ1_M, qh) + 2 * r);
-    const auto index = [&](int k) {
-        return low[k] | (nibbles << kLowBits >> kNibbleBits * k & kHighMask);
-    };
     // The u16 shifted right by 4k in lane k: nibble k's sign bit moved to bit 11.
     const __m128i shifted =
         _mm_srlv_epi32(_mm_set1_epi32(nibbles << 8),
                        _mm_setr_epi32(0, kNibbleBits, 2 * kNibbleBits, 3 * kNibbleBits));
-    const __m256i points = table_entries(kIq1Grid, index(0), index(1), index(2), index(3));
+    const __m256i points = points_of_split_indices<kNibbleBits, kHighBits>(
+        kIq1Grid, block + offsetof(BlockIQ1_M, qs) + 4 * r, nibbles);
     // Bit 3 of each nibble (bit 11 of its lane) as a byte of 0xff per group.
     const __m128i sign_bit = _mm_set1_epi32(1 << (8 + kHighBits));
     const __m128i negative = _mm_cmpeq_epi32(_mm_and_si128(shifted, sign_bit), sign_bit);
