@@ -212,40 +212,55 @@ inline __m256i tq2_0_levels(const uint8_t* block, int r) {
                             _mm256_set1_epi8(3));
 }
 
-// The trits of `bytes` (tq1_0_trit), trit n of each byte where the byte's 16-bit word of `powers`
-// is 3^n: v·3^n mod 256 of the low byte by vpmullw kept to its byte, of the high byte from the
-// word without its low byte (the product's carries fall off the top); then each (t·3) >> 8, the
-// high half of the word times 3·256, the high byte's kept to its byte's place.
-inline __m256i tq1_0_trits(__m256i bytes, __m256i powers) {
-    const __m256i low_byte = _mm256_set1_epi16(0x00ff);
-    const __m256i low = _mm256_and_si256(_mm256_mullo_epi16(bytes, powers), low_byte);
-    const __m256i high = _mm256_mullo_epi16(_mm256_andnot_si256(low_byte, bytes), powers);
-    const __m256i base_shifted = _mm256_set1_epi16(kTritBase << 8);
-    return _mm256_or_si256(_mm256_mulhi_epu16(low, base_shifted),
-                           _mm256_andnot_si256(low_byte, _mm256_mulhi_epu16(high, base_shifted)));
+// Each byte times 3, modulo 256: a TQ1_0 byte's trits moved up one place (tq1_0_trit).
+inline __m256i bytes_times_three(__m256i v) { return _mm256_add_epi8(_mm256_add_epi8(v, v), v); }
+inline __m128i bytes_times_three(__m128i v) { return _mm_add_epi8(_mm_add_epi8(v, v), v); }
+
+// TQ1_0 bytes v as v − 128, the form in which the trits are read by signed compares: times 3
+// keeps it, as 3(v − 128) = 3v − 128 − 256.
+inline __m256i tq1_0_centred(__m256i v) {
+    return _mm256_xor_si256(v, _mm256_set1_epi8(char(0x80)));
+}
+inline __m128i tq1_0_centred(__m128i v) { return _mm_xor_si128(v, _mm_set1_epi8(char(0x80))); }
+
+// The bytes of TQ1_0's register r (columns 32r..32r + 31, weight_blocks.h's order) times 3^n, n
+// the trit each column takes from its byte, less 128 (tq1_0_centred): r = 0..4 trit r of
+// qs[0..31]; r = 5, 6 trits 2(r − 5) and 2(r − 5) + 1 of qs[32..47], one a 128-bit lane; r = 7
+// trit 4 of qs[32..47], then the four trits of qh[0..3], 4 columns each. Each power of 3 is
+// reached by adds, without a multiply (the decode loop, unrolled, shares the repeated adds).
+inline __m256i tq1_0_shifted_bytes(const uint8_t* block, int r) {
+    const uint8_t* qs = block + offsetof(BlockTQ1_0, qs);
+    __m256i v;
+    int n;  // the power of 3 still to apply
+    if (r < kTq1QsTrits) {
+        v = tq1_0_centred(load256(qs));
+        n = r;
+    } else {
+        const __m256i narrow = _mm256_broadcastsi128_si256(
+            tq1_0_centred(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + kTq1WideRun))));
+        v = _mm256_blend_epi32(narrow, bytes_times_three(narrow), 0xf0);  // trits 0 | 1
+        n = 2 * (r - kTq1QsTrits);
+    }
+    for (int i = 0; i < n; ++i) v = bytes_times_three(v);
+    if (r < kIqRegisters - 1) return v;
+    // Register 7's high lane: qh's 4 bytes repeated, bytes 4n..4n + 3 times 3^n.
+    const __m128i qh =
+        tq1_0_centred(_mm_set1_epi32(iq_load<int32_t>(block + offsetof(BlockTQ1_0, qh))));
+    const __m128i qh_3 = bytes_times_three(qh), qh_9 = bytes_times_three(qh_3);
+    const __m128i qh_shifted =
+        _mm_blend_epi32(_mm_blend_epi32(_mm_blend_epi32(qh, qh_3, 0b0010), qh_9, 0b0100),
+                        bytes_times_three(qh_9), 0b1000);
+    return _mm256_inserti128_si256(v, qh_shifted, 1);
 }
 
-// TQ1_0: columns 32r..32r + 31 (weight_blocks.h's order): r = 0..4 trit r of qs[0..31]; r = 5, 6
-// trits 2(r − 5) and 2(r − 5) + 1 of qs[32..47], one a 128-bit lane; r = 7 trit 4 of qs[32..47],
-// then the four trits of qh[0..3], 4 columns each.
+// TQ1_0 register r's levels, the trits ⌊3v/256⌋ (tq1_0_trit) of its shifted bytes v: 0 where
+// v ≤ 85, 2 where v ≥ 171, else 1; each a compare of the centred bytes v − 128 giving −1.
 inline __m256i tq1_0_levels(const uint8_t* block, int r) {
-    const uint8_t* qs = block + offsetof(BlockTQ1_0, qs);
-    constexpr int kWideRegisters = kTq1QsTrits;  // registers of qs[0..31]'s trits
-    if (r < kWideRegisters)
-        return tq1_0_trits(load256(qs), _mm256_set1_epi16(kTq1TritMultipliers[r]));
-    const __m128i narrow = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + kTq1WideRun));
-    if (r < kIqRegisters - 1) {
-        const int n = 2 * (r - kWideRegisters);
-        return tq1_0_trits(_mm256_set_m128i(narrow, narrow),
-                           _mm256_set_m128i(_mm_set1_epi16(kTq1TritMultipliers[n + 1]),
-                                            _mm_set1_epi16(kTq1TritMultipliers[n])));
-    }
-    // qh's 4 bytes repeated: trit n in bytes 4n..4n + 3, words 2n and 2n + 1.
-    const __m128i qh = _mm_set1_epi32(iq_load<int32_t>(block + offsetof(BlockTQ1_0, qh)));
-    constexpr const uint8_t* p = kTq1TritMultipliers;
-    return tq1_0_trits(_mm256_set_m128i(qh, narrow),
-                       _mm256_setr_epi16(p[4], p[4], p[4], p[4], p[4], p[4], p[4], p[4], p[0], p[0],
-                                         p[1], p[1], p[2], p[2], p[3], p[3]));
+    constexpr int kLastOfZero = 85 - 128, kFirstOfTwo = 171 - 128;  // centred
+    const __m256i centred = tq1_0_shifted_bytes(block, r);
+    const __m256i zero = _mm256_cmpgt_epi8(_mm256_set1_epi8(kLastOfZero + 1), centred);
+    const __m256i two = _mm256_cmpgt_epi8(centred, _mm256_set1_epi8(kFirstOfTwo - 1));
+    return _mm256_sub_epi8(_mm256_add_epi8(_mm256_set1_epi8(1), zero), two);
 }
 
 // The 16-bit word 2s + 1 from each word s (0..15) of `s`.

@@ -9,7 +9,8 @@
 // word a 128-bit lane (16 columns), into int32 lanes: m applied for free. The offset comes in
 // through x's sums of 16: the super-block's int32 dot starts from −offset · Σ_i m_i · Σx_i, so
 // that it ends as Σ m · (u − offset) · q exactly (below 2^24 in each lane), scaled once by
-// d · factor · x's d. The ternary types' m is 1: vpmaddwd only widens their pairs.
+// d · factor · x's d. The ternary types' m is 1: their pairs are summed as int16 over the
+// super-block, and one vpmaddwd widens them.
 #include <immintrin.h>
 
 #include "cpu/avx2/avx2.h"
@@ -41,22 +42,32 @@ float iq_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
         prefetch_ahead(block, kPrefetchBytes, int(kBlockBytes));
         const int8_t* xb = x.values.data() + size_t(b) * kSuperBlock;
         const __m256i m = iq_multiplier_words<kType>(block);
-        // Words 0-7 and 8-15, each repeated in both lanes.
-        const __m256i first_m = _mm256_permute2x128_si256(m, m, 0x00);
-        const __m256i last_m = _mm256_permute2x128_si256(m, m, 0x11);
         // −offset · Σ_i m_i · Σx_i, in pairs.
         __m256i dots = _mm256_mullo_epi32(
             _mm256_madd_epi16(m, load256(x.sums.data() + size_t(b) * kSumsPerBlock)),
             _mm256_set1_epi32(-kShape.offset));
+        if constexpr (has_multipliers(kType)) {
+            // Words 0-7 and 8-15, each repeated in both lanes.
+            const __m256i first_m = _mm256_permute2x128_si256(m, m, 0x00);
+            const __m256i last_m = _mm256_permute2x128_si256(m, m, 0x11);
 #pragma GCC unroll 8
-        for (int r = 0; r < kIqRegisters; ++r) {
-            // Columns 32r..32r + 15 under m_2r, 32r + 16..32r + 31 under m_2r+1.
-            const int i = 2 * r % kWordsPerLane;
-            const __m256i register_m =
-                _mm256_shuffle_epi8(2 * r < kWordsPerLane ? first_m : last_m, pick_words(i, i + 1));
-            const __m256i products =
-                _mm256_maddubs_epi16(iq_levels<kType>(block, r), load256(xb + kIqRegisterCols * r));
-            dots = _mm256_add_epi32(dots, _mm256_madd_epi16(products, register_m));
+            for (int r = 0; r < kIqRegisters; ++r) {
+                // Columns 32r..32r + 15 under m_2r, 32r + 16..32r + 31 under m_2r+1.
+                const int i = 2 * r % kWordsPerLane;
+                const __m256i register_m = _mm256_shuffle_epi8(
+                    2 * r < kWordsPerLane ? first_m : last_m, pick_words(i, i + 1));
+                const __m256i products = _mm256_maddubs_epi16(iq_levels<kType>(block, r),
+                                                              load256(xb + kIqRegisterCols * r));
+                dots = _mm256_add_epi32(dots, _mm256_madd_epi16(products, register_m));
+            }
+        } else {  // the ternary types, m = 1: the pairs summed as int16 (at most 8 · 2 · 3 · 127)
+            __m256i pairs = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int r = 0; r < kIqRegisters; ++r)
+                pairs = _mm256_add_epi16(pairs,
+                                         _mm256_maddubs_epi16(iq_levels<kType>(block, r),
+                                                              load256(xb + kIqRegisterCols * r)));
+            dots = _mm256_add_epi32(dots, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
         }
         sums = _mm256_fmadd_ps(
             _mm256_cvtepi32_ps(dots),
