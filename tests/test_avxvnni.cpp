@@ -1,8 +1,8 @@
-// The AVX-VNNI kernels (the Q8/Q4/IQ4_NL/MXFP4 decode matvec, the Q8/Q4 GEMM, the block types'
-// GEMM) called directly, on x quantized by the scalar quantize_q8, against a double-precision
-// reference: built on SIMDe (namespace avxvnni_simde, any CPU) and, where the CPU has AVX-VNNI,
-// natively (avxvnni). Sizes cover every tail: columns in short last groups, rows past whole panels
-// and tiles, tokens past whole 3-token tiles.
+// The AVX-VNNI kernels (the Q8/Q4/IQ4_NL/MXFP4 and TQ1_0 decode matvecs, the Q8/Q4 GEMM, the
+// block types' GEMM) called directly, on x quantized by the scalar quantize_q8 (quantize_q8_k for
+// TQ1_0), against a double-precision reference: built on SIMDe (namespace avxvnni_simde, any CPU)
+// and, where the CPU has AVX-VNNI, natively (avxvnni). Sizes cover every tail: columns in short
+// last groups, rows past whole panels and tiles, tokens past whole 3-token tiles.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -31,6 +31,7 @@ struct AvxVnniBuild {
     decltype(&cpu::avxvnni::matvec_rows_q8) matvec_rows_q8;
     decltype(&cpu::avxvnni::matvec_rows_q4) matvec_rows_q4;
     decltype(&cpu::avxvnni::matvec_rows_lookup_blocks) matvec_rows_lookup_blocks;
+    decltype(&cpu::avxvnni::matvec_rows_tq1_0) matvec_rows_tq1_0;
     decltype(&cpu::avxvnni::gemm_rows_quantized) gemm_rows_quantized;
     decltype(&cpu::avxvnni::gemm_rows_blocks) gemm_rows_blocks;
 };
@@ -39,8 +40,8 @@ struct AvxVnniBuild {
 std::vector<AvxVnniBuild> builds() {
     std::vector<AvxVnniBuild> list = {
         {"simde", cpu::avxvnni_simde::matvec_rows_q8, cpu::avxvnni_simde::matvec_rows_q4,
-         cpu::avxvnni_simde::matvec_rows_lookup_blocks, cpu::avxvnni_simde::gemm_rows_quantized,
-         cpu::avxvnni_simde::gemm_rows_blocks}};
+         cpu::avxvnni_simde::matvec_rows_lookup_blocks, cpu::avxvnni_simde::matvec_rows_tq1_0,
+         cpu::avxvnni_simde::gemm_rows_quantized, cpu::avxvnni_simde::gemm_rows_blocks}};
     const bool native = cpu::cpu_has_avx_vnni();
     static bool said = false;
     if (!said) {
@@ -50,8 +51,8 @@ std::vector<AvxVnniBuild> builds() {
     }
     if (native)
         list.push_back({"native", cpu::avxvnni::matvec_rows_q8, cpu::avxvnni::matvec_rows_q4,
-                        cpu::avxvnni::matvec_rows_lookup_blocks, cpu::avxvnni::gemm_rows_quantized,
-                        cpu::avxvnni::gemm_rows_blocks});
+                        cpu::avxvnni::matvec_rows_lookup_blocks, cpu::avxvnni::matvec_rows_tq1_0,
+                        cpu::avxvnni::gemm_rows_quantized, cpu::avxvnni::gemm_rows_blocks});
     return list;
 }
 
@@ -72,6 +73,12 @@ TEST_CASE(
     const DType dtype = GENERATE(DType::IQ4_NL, DType::MXFP4);
     for (const AvxVnniBuild& build : builds())
         check_lookup_matvec(build.matvec_rows_lookup_blocks, build.name, dtype, rng);
+}
+
+TEST_CASE("AVX-VNNI TQ1_0 matvec equals the dequantized rows times Q8_K x") {
+    std::mt19937 rng(706);
+    for (const AvxVnniBuild& build : builds())
+        check_iq_matvec(build.matvec_rows_tq1_0, build.name, DType::TQ1_0, rng);
 }
 
 TEST_CASE(

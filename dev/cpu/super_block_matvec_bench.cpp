@@ -1,7 +1,8 @@
 // One core of the decode matvec on the super-block types' tiles (cpu/super_block_tiles.h:
 // Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS), on AVX2 (avx2::matvec_rows_block_tiles) and AVX-512 VNNI
 // (avx512::matvec_rows_block_tiles), and on the i-quants' and the ternary types' rows (IQ2_XXS,
-// IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0: avx2:: and avx512::matvec_rows_iq),
+// IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M, TQ1_0, TQ2_0: avx2:: and avx512::matvec_rows_iq,
+// and TQ1_0's avxvnni::matvec_rows_tq1_0),
 // x quantized once beforehand as Q8_K:
 // GB/s of the weights'
 // bytes in the file, from L2 (a 0.3 MB matrix read again and again: the kernel's own speed) and
@@ -28,6 +29,7 @@
 
 #include "commands/bench.h"
 #include "cpu/avx2/avx2.h"
+#include "cpu/avx2/avxvnni.h"
 #include "cpu/avx512/avx512.h"
 #include "cpu/kernels.h"
 #include "cpu/quantized_tiles.h"
@@ -97,7 +99,10 @@ std::vector<uint8_t> random_blocks(DType dtype, size_t blocks, std::mt19937* rng
     return values;
 }
 
-double matvec_gbps(DType dtype, bool avx512, int cols, double bytes) {
+enum class Kernel { Avx2, AvxVnni, Avx512Vnni };
+
+double matvec_gbps(DType dtype, Kernel kernel_set, int cols, double bytes) {
+    const bool avx512 = kernel_set == Kernel::Avx512Vnni;
     std::mt19937 rng(1);
     Matrix m{nullptr, dtype, 1, cols, nullptr};
     m.rows = std::max(1, int(bytes / m.row_bytes()));
@@ -109,7 +114,9 @@ double matvec_gbps(DType dtype, bool avx512, int cols, double bytes) {
     cpu::Q8KVector quantized;
     cpu::quantize_q8_k(&quantized, x.data(), cols);
     if (is_iq_grid_type(dtype) || is_ternary_type(dtype)) {  // read from their rows
-        const auto kernel = avx512 ? cpu::avx512::matvec_rows_iq : cpu::avx2::matvec_rows_iq;
+        const auto kernel = avx512                          ? cpu::avx512::matvec_rows_iq
+                            : kernel_set == Kernel::AvxVnni ? cpu::avxvnni::matvec_rows_tq1_0
+                                                            : cpu::avx2::matvec_rows_iq;
         return best_gbps(double(m.bytes()), [&] { kernel(out.data(), m, quantized, 0, m.rows); });
     }
     const cpu::AlignedBytes tiles = cpu::make_row_tiles(m);
@@ -143,12 +150,16 @@ int main(int argc, char** argv) {
                         DType::IQ3_S, DType::IQ1_S, DType::IQ1_M, DType::TQ1_0, DType::TQ2_0}) {
         const std::string name = matrix_type_name(dtype);
         if (!only.empty() && name != only) continue;
-        for (bool avx512 : {false, true}) {
-            if (avx512 && !has_avx512) continue;
+        for (Kernel kernel : {Kernel::Avx2, Kernel::AvxVnni, Kernel::Avx512Vnni}) {
+            if (kernel == Kernel::Avx512Vnni && !has_avx512) continue;
+            if (kernel == Kernel::AvxVnni && (dtype != DType::TQ1_0 || !cpu::cpu_has_avx_vnni()))
+                continue;
             std::printf("| %s | %s | %.1f | %.1f |\n", name.c_str(),
-                        avx512 ? "AVX-512 VNNI" : "AVX2",
-                        matvec_gbps(dtype, avx512, cols, kInCacheBytes),
-                        matvec_gbps(dtype, avx512, cols, kInMemoryBytes));
+                        kernel == Kernel::Avx512Vnni ? "AVX-512 VNNI"
+                        : kernel == Kernel::AvxVnni  ? "AVX-VNNI"
+                                                     : "AVX2",
+                        matvec_gbps(dtype, kernel, cols, kInCacheBytes),
+                        matvec_gbps(dtype, kernel, cols, kInMemoryBytes));
         }
     }
     std::printf("| streaming read | | | %.1f |\n", measure_read_bandwidth());

@@ -141,7 +141,7 @@ void matvec_many(const MatvecTask* task_list, int task_count) {
     const Q8KVector* const* q8_k_x = task_q8_k.data();
     const bool use_simd = active_level >= SimdLevel::Avx2;
     const bool use_avx512 = active_level == SimdLevel::Avx512;
-    const bool use_avx512_vnni = on_avx512_vnni();
+    const bool use_avx512_vnni = on_avx512_vnni(), avx_vnni = on_avx_vnni();
     size_t total_rows = 0, work = 0;
     for (int t = 0; t < task_count; ++t) {
         const Matrix& w = *task_list[t].w;
@@ -195,8 +195,10 @@ void matvec_many(const MatvecTask* task_list, int task_count) {
                                      : avx2::matvec_rows_block_tiles)(task.out, 0, *task.w,
                                                                       q8_k_x[t], 1, row, count);
                 else if (use_simd && is_iq_level_type(dtype))
-                    (use_avx512_vnni ? avx512::matvec_rows_iq : avx2::matvec_rows_iq)(
-                        task.out, *task.w, *q8_k_x[t], row, count);
+                    (use_avx512_vnni ? avx512::matvec_rows_iq
+                     : avx_vnni && dtype == DType::TQ1_0
+                         ? avxvnni::matvec_rows_tq1_0
+                         : avx2::matvec_rows_iq)(task.out, *task.w, *q8_k_x[t], row, count);
                 else if (use_simd && matvec_on_super_block_rows(dtype))
                     (use_avx512_vnni ? avx512::matvec_rows_super_blocks
                                      : avx2::matvec_rows_super_blocks)(task.out, *task.w,

@@ -22,6 +22,12 @@ void matvec_rows_q4(float* out, const Matrix& w, const QuantizedVector& x, int f
 void matvec_rows_lookup_blocks(float* out, const Matrix& w, const QuantizedVector& x, int first_row,
                                int row_count);
 
+// ---- The decode matvec for TQ1_0 weights read from their rows, x quantized per 256 as Q8_K
+// (cpu::quantize_q8_k; matvec_tq1_0_avxvnni.cpp): avx2::matvec_rows_iq's results for TQ1_0, the
+// trits' dot taken by vpdpbusd on their bytes without unpacking them.
+void matvec_rows_tq1_0(float* out, const Matrix& w, const Q8KVector& x, int first_row,
+                       int row_count);
+
 // ---- The GEMM for Q8 and Q4 weights (gemm_quantized_avxvnni.cpp), for a server step's few
 // tokens and a prompt's many, in two steps, as the AVX-512 VNNI one:
 // - x [batch, cols] is quantized to Q8 a token at a time (avx2::quantize_token, exactly as

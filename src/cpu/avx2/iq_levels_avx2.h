@@ -216,28 +216,34 @@ inline __m256i tq2_0_levels(const uint8_t* block, int r) {
 inline __m256i bytes_times_three(__m256i v) { return _mm256_add_epi8(_mm256_add_epi8(v, v), v); }
 inline __m128i bytes_times_three(__m128i v) { return _mm_add_epi8(_mm_add_epi8(v, v), v); }
 
-// TQ1_0 bytes v as v − 128, the form in which the trits are read by signed compares: times 3
-// keeps it, as 3(v − 128) = 3v − 128 − 256.
-inline __m256i tq1_0_centred(__m256i v) {
-    return _mm256_xor_si256(v, _mm256_set1_epi8(char(0x80)));
+// TQ1_0 bytes v as v − 128 where kCentred, the form in which the trits are read by signed
+// compares (times 3 keeps it, as 3(v − 128) = 3v − 128 − 256); as they are otherwise.
+template <bool kCentred, typename Vector>
+inline Vector tq1_0_bytes(Vector v) {
+    if constexpr (!kCentred) return v;
+    if constexpr (sizeof(Vector) == sizeof(__m256i))
+        return _mm256_xor_si256(v, _mm256_set1_epi8(char(0x80)));
+    else
+        return _mm_xor_si128(v, _mm_set1_epi8(char(0x80)));
 }
-inline __m128i tq1_0_centred(__m128i v) { return _mm_xor_si128(v, _mm_set1_epi8(char(0x80))); }
 
-// The bytes of TQ1_0's register r (columns 32r..32r + 31, weight_blocks.h's order) times 3^n, n
-// the trit each column takes from its byte, less 128 (tq1_0_centred): r = 0..4 trit r of
-// qs[0..31]; r = 5, 6 trits 2(r − 5) and 2(r − 5) + 1 of qs[32..47], one a 128-bit lane; r = 7
-// trit 4 of qs[32..47], then the four trits of qh[0..3], 4 columns each. Each power of 3 is
-// reached by adds, without a multiply (the decode loop, unrolled, shares the repeated adds).
+// The bytes of TQ1_0's register r (columns 32r..32r + 31, weight_blocks.h's order) times 3^n
+// modulo 256, n the trit each column takes from its byte, the trit that the product brings to
+// the top (tq1_0_trit); less 128 where kCentred (tq1_0_bytes). r = 0..4 trit r of qs[0..31];
+// r = 5, 6 trits 2(r − 5) and 2(r − 5) + 1 of qs[32..47], one a 128-bit lane; r = 7 trit 4 of
+// qs[32..47], then the four trits of qh[0..3], 4 columns each. Each power of 3 is reached by
+// adds, without a multiply (the decode loops, unrolled, share the repeated adds).
+template <bool kCentred>
 inline __m256i tq1_0_shifted_bytes(const uint8_t* block, int r) {
     const uint8_t* qs = block + offsetof(BlockTQ1_0, qs);
     __m256i v;
     int n;  // the power of 3 still to apply
     if (r < kTq1QsTrits) {
-        v = tq1_0_centred(load256(qs));
+        v = tq1_0_bytes<kCentred>(load256(qs));
         n = r;
     } else {
-        const __m256i narrow = _mm256_broadcastsi128_si256(
-            tq1_0_centred(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + kTq1WideRun))));
+        const __m256i narrow = _mm256_broadcastsi128_si256(tq1_0_bytes<kCentred>(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs + kTq1WideRun))));
         v = _mm256_blend_epi32(narrow, bytes_times_three(narrow), 0xf0);  // trits 0 | 1
         n = 2 * (r - kTq1QsTrits);
     }
@@ -245,7 +251,7 @@ inline __m256i tq1_0_shifted_bytes(const uint8_t* block, int r) {
     if (r < kIqRegisters - 1) return v;
     // Register 7's high lane: qh's 4 bytes repeated, bytes 4n..4n + 3 times 3^n.
     const __m128i qh =
-        tq1_0_centred(_mm_set1_epi32(iq_load<int32_t>(block + offsetof(BlockTQ1_0, qh))));
+        tq1_0_bytes<kCentred>(_mm_set1_epi32(iq_load<int32_t>(block + offsetof(BlockTQ1_0, qh))));
     const __m128i qh_3 = bytes_times_three(qh), qh_9 = bytes_times_three(qh_3);
     const __m128i qh_shifted =
         _mm_blend_epi32(_mm_blend_epi32(_mm_blend_epi32(qh, qh_3, 0b0010), qh_9, 0b0100),
@@ -257,7 +263,7 @@ inline __m256i tq1_0_shifted_bytes(const uint8_t* block, int r) {
 // v ≤ 85, 2 where v ≥ 171, else 1; each a compare of the centred bytes v − 128 giving −1.
 inline __m256i tq1_0_levels(const uint8_t* block, int r) {
     constexpr int kLastOfZero = 85 - 128, kFirstOfTwo = 171 - 128;  // centred
-    const __m256i centred = tq1_0_shifted_bytes(block, r);
+    const __m256i centred = tq1_0_shifted_bytes<true>(block, r);
     const __m256i zero = _mm256_cmpgt_epi8(_mm256_set1_epi8(kLastOfZero + 1), centred);
     const __m256i two = _mm256_cmpgt_epi8(centred, _mm256_set1_epi8(kFirstOfTwo - 1));
     return _mm256_sub_epi8(_mm256_add_epi8(_mm256_set1_epi8(1), zero), two);
