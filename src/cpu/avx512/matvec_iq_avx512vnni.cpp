@@ -24,6 +24,7 @@ namespace {
 
 constexpr int kLaneColumns = 4;  // columns of one int32 lane of vpdpbusd or vpdpwssd
 constexpr int kWordBits = 16;
+constexpr int kTernaryPrefetchBytes = 1536;
 
 inline float f16_to_float(uint16_t bits) {
 #ifdef BARELLM_SIMDE
@@ -47,7 +48,11 @@ float iq_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
             picks[l] = r * (kLanes / kLanesPerSlot) + l / kLanesPerSlot;
         slot_picks[r] = _mm512_load_si512(picks);
     }
-    const int prefetch_bytes = matvec_prefetch_bytes();
+    // The cache lines this far ahead are asked for as a block is read: the float matvec's
+    // distance for the i-quants, and for the ternary types, whose kernels read two to three times
+    // faster, the AVX2 iq matvec's (matvec_iq_avx2.cpp), as their lines are needed sooner.
+    const int prefetch_bytes =
+        is_ternary_type(kType) ? kTernaryPrefetchBytes : matvec_prefetch_bytes();
     __m512 sums = _mm512_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = row + size_t(b) * kBlockBytes;
