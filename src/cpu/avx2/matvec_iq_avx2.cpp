@@ -27,9 +27,6 @@ namespace {
 
 constexpr int kSumsPerBlock = kSuperBlock / kIqMultiplierCols;  // Q8KVector::sums a super-block
 constexpr int kWordsPerLane = 8;                                // 16-bit words in a 128-bit lane
-// The cache lines this far ahead of the block being read are asked for as it is read (the
-// hardware prefetcher alone leaves the loads waiting on memory), the Q8 and Q4 matvecs' distance.
-constexpr int kPrefetchBytes = 1536;
 
 // One row of kType · x: Σ over super-blocks b of x.d[b] · d · factor · Σ_i m_i · Σ (u − offset)·q.
 template <DType kType>
@@ -39,7 +36,7 @@ float iq_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
     __m256 sums = _mm256_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = row + size_t(b) * kBlockBytes;
-        prefetch_ahead(block, kPrefetchBytes, int(kBlockBytes));
+        prefetch_ahead(block, kRowPrefetchBytes, int(kBlockBytes));
         const int8_t* xb = x.values.data() + size_t(b) * kSuperBlock;
         const __m256i m = iq_multiplier_words<kType>(block);
         // −offset · Σ_i m_i · Σx_i, in pairs.

@@ -15,11 +15,10 @@ namespace barellm::cpu::avx2 {
 namespace {
 
 // The Q8 and Q4 matvecs read each row's values and its scales as two streams, front to back,
-// and ask for the cache lines kPrefetchBytes ahead of the values (kScalePrefetchBytes ahead
+// and ask for the cache lines kRowPrefetchBytes ahead of the values (kScalePrefetchBytes ahead
 // of the scales) as they go: the hardware prefetcher alone left the loads waiting on memory.
 // The distances are the best measured (docs/benchmarks-history.md:
 // "CPU: software prefetch distances of the decode matvecs").
-constexpr int kPrefetchBytes = 1536;
 constexpr int kScalePrefetchBytes = 256;
 
 // Sum over one group of 32 of w[i] * x[i] as int32 lanes: |w| (unsigned, `magnitudes`) times
@@ -77,7 +76,7 @@ inline void q8_row_dots(float* totals, const int8_t* row, const uint16_t* row_sc
     // Eight groups at a time: their eight scales (weight × x) in one register, each
     // broadcast to the lanes of its group's sum.
     for (; g + kLanes <= whole_groups; g += kLanes) {
-        prefetch_ahead(row + g * kQ8Group, kPrefetchBytes, kLanes * kQ8Group);
+        prefetch_ahead(row + g * kQ8Group, kRowPrefetchBytes, kLanes * kQ8Group);
         prefetch_ahead(row_scales + g, kScalePrefetchBytes, kLanes * sizeof(uint16_t));
         const __m256 weight_scales =
             _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row_scales + g)));
@@ -131,7 +130,7 @@ inline void q4_row_dots(float* totals, const uint8_t* row, const uint16_t* row_s
     for (int t = 0; t < TOKENS; ++t) sums[t] = offsets[t] = _mm256_setzero_ps();
     int b = 0;
     for (; b + kLanes <= blocks; b += kLanes) {
-        prefetch_ahead(row + b * kQ4BlockBytes, kPrefetchBytes, kLanes * kQ4BlockBytes);
+        prefetch_ahead(row + b * kQ4BlockBytes, kRowPrefetchBytes, kLanes * kQ4BlockBytes);
         prefetch_ahead(row_scales + b, kScalePrefetchBytes, kLanes * sizeof(uint16_t));
         const __m256 weight_scales =
             _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row_scales + b)));

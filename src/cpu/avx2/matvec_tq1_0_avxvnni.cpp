@@ -30,8 +30,6 @@ using avx2::load256;
 constexpr int kSumsPerBlock = kSuperBlock / kIqMultiplierCols;  // Q8KVector::sums a super-block
 constexpr int kChains = 2;                                      // accumulators of each sum
 constexpr int kByteBits = 8;
-// The matvec_iq_avx2.cpp distance: the cache lines this far ahead are asked for as a block is read.
-constexpr int kPrefetchBytes = 1536;
 
 // One row of TQ1_0 · x: Σ over super-blocks b of x.d[b] · d · Σ (t − 1)·q.
 float tq1_0_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
@@ -41,7 +39,7 @@ float tq1_0_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
     __m256 sums = _mm256_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = row + size_t(b) * kBlockBytes;
-        prefetch_ahead(block, kPrefetchBytes, int(kBlockBytes));
+        prefetch_ahead(block, kRowPrefetchBytes, int(kBlockBytes));
         const int8_t* xb = x.values.data() + size_t(b) * kSuperBlock;
         __m256i byte_dots[kChains], tripled_dots[kChains];  // Σ v·q, Σ (3v mod 256)·q
         for (int c = 0; c < kChains; ++c) byte_dots[c] = tripled_dots[c] = _mm256_setzero_si256();

@@ -24,7 +24,6 @@ namespace {
 
 constexpr int kLaneColumns = 4;  // columns of one int32 lane of vpdpbusd or vpdpwssd
 constexpr int kWordBits = 16;
-constexpr int kTernaryPrefetchBytes = 1536;
 
 inline float f16_to_float(uint16_t bits) {
 #ifdef BARELLM_SIMDE
@@ -50,9 +49,8 @@ float iq_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
     }
     // The cache lines this far ahead are asked for as a block is read: the float matvec's
     // distance for the i-quants, and for the ternary types, whose kernels read two to three times
-    // faster, the AVX2 iq matvec's (matvec_iq_avx2.cpp), as their lines are needed sooner.
-    const int prefetch_bytes =
-        is_ternary_type(kType) ? kTernaryPrefetchBytes : matvec_prefetch_bytes();
+    // faster, the AVX2 iq matvec's, as their lines are needed sooner.
+    const int prefetch_bytes = is_ternary_type(kType) ? kRowPrefetchBytes : matvec_prefetch_bytes();
     __m512 sums = _mm512_setzero_ps();
     for (int b = 0; b < blocks; ++b) {
         const uint8_t* block = row + size_t(b) * kBlockBytes;
