@@ -23,8 +23,8 @@ void matvec_rows_lookup_blocks(float* out, const Matrix& w, const QuantizedVecto
                                int row_count);
 
 // ---- The decode matvec for TQ1_0 weights read from their rows, x quantized per 256 as Q8_K
-// (cpu::quantize_q8_k; matvec_tq1_0_avxvnni.cpp): avx2::matvec_rows_iq's results for TQ1_0, the
-// trits' dot taken by vpdpbusd on their bytes without unpacking them.
+// (cpu::quantize_q8_k; matvec_tq1_0_avxvnni.cpp): avx2::matvec_rows_iq for TQ1_0, each
+// super-block's int32 dot taken by vpdpbusd on the trits' bytes without unpacking them.
 void matvec_rows_tq1_0(float* out, const Matrix& w, const Q8KVector& x, int first_row,
                        int row_count);
 

@@ -8,8 +8,8 @@
 // 256 · Σ t·q = 3 · Σ v·q − Σ (3v mod 256)·q: two vpdpbusd of unsigned bytes a register, and the
 // bytes times 3 are the next trit's shifted bytes, which the loop makes anyway. The weight is
 // d · (t − 1): the offset comes off once per super-block as x's sum. Two pairs of accumulators
-// take alternate registers, so that each chain of dependent vpdpbusd is half as long. In a lane:
-// at most 4 registers · 4 bytes · 255 · 127 in Σ v·q, three times that below 2^31.
+// take alternate registers, so that each chain of dependent vpdpbusd is half as long. In a lane,
+// Σ v·q is at most 8 registers · 4 bytes · 255 · 127, and three times that far below 2^31.
 #include "cpu/avx2/avxvnni.h"
 #include "cpu/avx2/helpers_avx2.h"
 #include "cpu/avx2/intrinsics_avx2.h"
