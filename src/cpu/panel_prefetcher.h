@@ -10,9 +10,9 @@ namespace barellm::cpu {
 constexpr int kCacheLine = 64;  // bytes
 
 // How far ahead of a row the AVX2 matvecs that read rows (Q8, Q4, the i-quants and the ternary
-// types) ask for its lines, and the AVX-512 ternary one: the hardware prefetcher alone leaves
-// their loads waiting on memory. The best distance measured for Q8 and Q4
-// (docs/benchmarks-history.md: "CPU: software prefetch distances of the decode matvecs").
+// types) ask for its lines: the hardware prefetcher alone leaves their loads waiting on memory. The
+// best distance measured for Q8 and Q4 (docs/benchmarks-history.md: "CPU: software prefetch
+// distances of the decode matvecs").
 constexpr int kRowPrefetchBytes = 1536;
 
 // Asks for the cache lines of [p + distance, p + distance + bytes) (a hint: it never faults,
