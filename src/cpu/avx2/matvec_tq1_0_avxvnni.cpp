@@ -51,10 +51,14 @@ float tq1_0_row_dot(const uint8_t* row, int blocks, const Q8KVector& x) {
             tripled_dots[r % kChains] =
                 _mm256_dpbusd_avx_epi32(tripled_dots[r % kChains], bytes_times_three(v), xr);
         }
-        const __m256i byte_dot = _mm256_add_epi32(byte_dots[0], byte_dots[1]);
+        __m256i byte_dot = byte_dots[0], tripled_dot = tripled_dots[0];
+        for (int c = 1; c < kChains; ++c) {
+            byte_dot = _mm256_add_epi32(byte_dot, byte_dots[c]);
+            tripled_dot = _mm256_add_epi32(tripled_dot, tripled_dots[c]);
+        }
         const __m256i trit_dots = _mm256_srai_epi32(
             _mm256_sub_epi32(_mm256_add_epi32(_mm256_slli_epi32(byte_dot, 1), byte_dot),
-                             _mm256_add_epi32(tripled_dots[0], tripled_dots[1])),
+                             tripled_dot),
             kByteBits);
         // −offset · Σx, x's 16 sums of 16 in pairs.
         const __m256i offset_dots =
