@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 3/Mixtral/Qwen3-MoE checkpoint, or a
-GGUF file of llama.cpp, into one barellm weight file.
+"""Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 2/Gemma 3/Mixtral/Qwen3-MoE
+checkpoint, or a GGUF file of llama.cpp, into one barellm weight file.
 
     python3 convert/convert.py HF_DIR -o OUT [--dtype DTYPE] [--barellm PATH]
     python3 convert/convert.py MODEL.gguf -o OUT [--dtype DTYPE] [--barellm PATH]
@@ -88,13 +88,29 @@ CONFIG_DEFAULTS["gemma3_text"] = GEMMA3_DEFAULTS
 # Keys of a multimodal config's top level that its text part inherits when it lacks them.
 GEMMA3_INHERITED_KEYS = ("bos_token_id", "eos_token_id", "tie_word_embeddings", "torch_dtype",
                          "dtype")
-# Gemma 3's GeGLU: GELU with the tanh approximation (transformers' name).
-GEMMA3_ACTIVATION = "gelu_pytorch_tanh"
-# Gemma 2's soft-capping, which barellm does not compute; Gemma 3 sets neither.
-SOFTCAPPING_KEYS = ("attn_logit_softcapping", "final_logit_softcapping")
+# transformers' Gemma2Config defaults (the 2B model's shape): every other layer slides,
+# from layer 0 (sliding_window_pattern below), and both soft-cappings are on.
+GEMMA2_DEFAULTS = {
+    "vocab_size": 256000, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+    "max_position_embeddings": 8192, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+    "sliding_window": 4096, "sliding_window_pattern": 2, "query_pre_attn_scalar": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True,
+    "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+    "bos_token_id": 2, "eos_token_id": 1,
+}
+CONFIG_DEFAULTS["gemma2"] = GEMMA2_DEFAULTS
+# Gemma's GeGLU: GELU with the tanh approximation (transformers' name).
+GEMMA_ACTIVATION = "gelu_pytorch_tanh"
+# Gemma 2's soft-capping of the attention scores and of the logits (barellm.config's
+# attn_logit_softcap and final_logit_softcap); Gemma 3 sets neither (null), but computes them
+# where a config does.
+SOFTCAPPING_KEYS = {"attn_logit_softcapping": "attn_logit_softcap",
+                    "final_logit_softcapping": "final_logit_softcap"}
 # The barellm architecture (docs/FORMAT.md) of each model_type.
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-                 "gemma3_text": "gemma3", "mixtral": "mixtral", "qwen3_moe": "qwen3_moe"}
+                 "gemma2": "gemma2", "gemma3_text": "gemma3", "mixtral": "mixtral",
+                 "qwen3_moe": "qwen3_moe"}
+GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
 # Mixture-of-experts model types barellm does not run, with what it lacks for them.
 UNSUPPORTED_MOE = {
     "qwen2_moe": "Qwen2-MoE's shared expert and its sigmoid gate are not implemented (mixtral "
@@ -141,9 +157,10 @@ LAYER_TENSORS = (
     ("w3", "mlp.up_proj.weight", False, None),
     ("w2", "mlp.down_proj.weight", False, None),
 )
-# Gemma 3's layer: four norms, two of them on the outputs of attention and feed-forward
+# Gemma's layer: four norms, two of them on the outputs of attention and feed-forward
 # (transformers' post_attention_layernorm is barellm's post_attn_norm, its
-# pre_feedforward_layernorm barellm's ffn_norm).
+# pre_feedforward_layernorm barellm's ffn_norm); Gemma 3's has q and k norms too, Gemma 2's
+# not.
 GEMMA3_LAYER_TENSORS = (
     ("attn_norm", "input_layernorm.weight", True, None),
     ("wq", "self_attn.q_proj.weight", False, None),
@@ -159,6 +176,9 @@ GEMMA3_LAYER_TENSORS = (
     ("w2", "mlp.down_proj.weight", False, None),
     ("post_ffn_norm", "post_feedforward_layernorm.weight", True, None),
 )
+GEMMA2_LAYER_TENSORS = tuple(entry for entry in GEMMA3_LAYER_TENSORS
+                             if entry[0] not in ("q_norm", "k_norm"))
+LAYER_TABLES = {"gemma2": GEMMA2_LAYER_TENSORS, "gemma3": GEMMA3_LAYER_TENSORS}
 
 
 class Layout(NamedTuple):
@@ -199,8 +219,8 @@ def json_object(path, required):
 def language_model_config(cfg):
     """The config of the language model of config.json: the text part of a multimodal
     Gemma 3 config (`text_config`, with the top level's BOS/EOS ids, tying and dtype where
-    it lacks them), else the config itself; Gemma 3's omitted keys take transformers'
-    defaults (GEMMA3_DEFAULTS)."""
+    it lacks them), else the config itself; Gemma's omitted keys take transformers'
+    defaults (GEMMA2_DEFAULTS, GEMMA3_DEFAULTS)."""
     if cfg.get("model_type") == "gemma3":
         text = cfg.get("text_config")
         if not isinstance(text, dict):
@@ -211,36 +231,30 @@ def language_model_config(cfg):
                                f"'{text.get('model_type')}', not gemma3_text")
         inherited = {key: cfg[key] for key in GEMMA3_INHERITED_KEYS if key in cfg}
         cfg = {**inherited, **text, "model_type": "gemma3_text"}
-    if cfg.get("model_type") == "gemma3_text":
-        cfg = {**GEMMA3_DEFAULTS, **cfg}
+    if cfg.get("model_type") in ("gemma2", "gemma3_text"):
+        cfg = {**CONFIG_DEFAULTS[cfg["model_type"]], **cfg}
     return cfg
 
 
-def check_gemma3(cfg):
-    """Refuse Gemma 3 configurations barellm does not implement, naming the key."""
-    for key in SOFTCAPPING_KEYS:
-        if cfg.get(key) is not None:
-            raise ConvertError(f"{key}={cfg[key]} is not supported (barellm has no logit "
-                               "soft-capping)")
+def check_gemma(cfg):
+    """Refuse Gemma 2 and Gemma 3 configurations barellm does not implement, naming the
+    key. `cfg` has the model type's defaults."""
+    model_type = cfg["model_type"]
     act = cfg.get("hidden_activation")
-    if act != GEMMA3_ACTIVATION:
+    if act != GEMMA_ACTIVATION:
         raise ConvertError(f"hidden_activation '{act}' is not supported (only "
-                           f"{GEMMA3_ACTIVATION} for gemma3)")
+                           f"{GEMMA_ACTIVATION} for {model_type})")
     if cfg.get("use_bidirectional_attention"):
         raise ConvertError("use_bidirectional_attention=true is not supported (barellm "
                            "attends causally)")
     if cfg.get("attention_bias"):
-        raise ConvertError("attention_bias=true is not supported for gemma3")
+        raise ConvertError(f"attention_bias=true is not supported for {model_type}")
 
 
 def check_architecture(cfg):
     """Refuse configurations barellm does not implement, naming the feature. `cfg` is
     config.json as read (a multimodal Gemma 3 one is checked on its text part)."""
     model_type = cfg.get("model_type")
-    if model_type == "gemma2":
-        raise ConvertError("model_type 'gemma2' is not supported: Gemma 2's logit "
-                           "soft-capping (attn_logit_softcapping, final_logit_softcapping) "
-                           "is not implemented (gemma3 is)")
     if model_type == "gemma3":
         cfg = language_model_config(cfg)
         model_type = cfg["model_type"]
@@ -249,7 +263,7 @@ def check_architecture(cfg):
                            f"{UNSUPPORTED_MOE[model_type]}")
     if model_type not in CONFIG_DEFAULTS:
         raise ConvertError(f"model_type '{model_type}' is not supported (only llama, mistral, "
-                           "qwen2, qwen3, gemma3_text, gemma3, mixtral and qwen3_moe)")
+                           "qwen2, qwen3, gemma2, gemma3_text, gemma3, mixtral and qwen3_moe)")
     if cfg.get("quantization_config"):
         raise ConvertError("quantized checkpoints (quantization_config) are not supported")
     if cfg.get("mlp_bias"):
@@ -265,8 +279,8 @@ def check_architecture(cfg):
     if model_type == "mixtral" and cfg.get("router_jitter_noise"):
         raise ConvertError(f"router_jitter_noise={cfg['router_jitter_noise']} is not supported "
                            "(it only perturbs training)")
-    if model_type == "gemma3_text":
-        check_gemma3(language_model_config(cfg))
+    if model_type in ("gemma2", "gemma3_text"):
+        check_gemma(language_model_config(cfg))
         return
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
@@ -418,10 +432,10 @@ def gemma3_rope(cfg):
     return theta, scaling, positive_number(local_theta, "rope_local_base_freq")
 
 
-def gemma3_layer_types(cfg, layers):
+def gemma_layer_types(cfg, layers):
     """"sliding" or "full" for each layer: config.json's layer_types, else its
     sliding_window_pattern P (layer l is global when (l + 1) % P == 0, as transformers
-    derives layer_types)."""
+    derives layer_types; Gemma 2's P is 2)."""
     names = {"sliding_attention": "sliding", "full_attention": "full"}
     given = cfg.get("layer_types")
     if given is not None:
@@ -434,31 +448,41 @@ def gemma3_layer_types(cfg, layers):
     return ["full" if (layer + 1) % pattern == 0 else "sliding" for layer in range(layers)]
 
 
-def gemma3_fields(cfg, dim, head_dim, layers):
-    """The fields a Gemma 3 config adds (docs/FORMAT.md), with rope_theta, rope_scaling
-    and sliding_window: √dim scales the embedding, post-norms, GeGLU, the layers'
-    pattern of sliding and global attention, the sliding layers' RoPE base, and queries
-    scaled by query_pre_attn_scalar^-1/2 (in float32, as computed)."""
-    theta, scaling, local_theta = gemma3_rope(cfg)
+def gemma_fields(cfg, dim, head_dim, layers):
+    """The fields a Gemma 2 or Gemma 3 config adds (docs/FORMAT.md), with rope_theta,
+    rope_scaling and sliding_window: √dim scales the embedding, post-norms, GeGLU, the
+    layers' pattern of sliding and global attention, and queries scaled by
+    query_pre_attn_scalar^-1/2 (in float32, as computed); Gemma 3's q and k norms and its
+    sliding layers' RoPE base; the soft-capping of the scores and the logits where the
+    config has it (Gemma 2)."""
+    gemma3 = cfg["model_type"] == "gemma3_text"
+    if gemma3:
+        theta, scaling, local_theta = gemma3_rope(cfg)
+        check_rope_frequencies(local_theta, None, head_dim)
+    else:
+        theta, scaling = rope_settings(cfg)
     check_rope_frequencies(theta, scaling, head_dim)
-    check_rope_frequencies(local_theta, None, head_dim)
-    layer_types = gemma3_layer_types(cfg, layers)
+    layer_types = gemma_layer_types(cfg, layers)
     window = None
     if "sliding" in layer_types:
         window = positive_int(cfg, "sliding_window")
     scalar = positive_number(cfg.get("query_pre_attn_scalar"), "query_pre_attn_scalar")
-    return {
+    fields = {
         "rope_theta": theta,
         "rope_scaling": scaling,
         "sliding_window": window,
-        "qk_norm": True,
         "activation": "gelu_tanh",
         "embedding_scale": float(np.float32(math.sqrt(dim))),
         "post_norms": True,
         "layer_types": layer_types,
-        "rope_theta_local": local_theta,
         "attention_scale": float(np.float32(scalar ** -0.5)),
     }
+    if gemma3:
+        fields.update(qk_norm=True, rope_theta_local=local_theta)
+    for key, field in SOFTCAPPING_KEYS.items():
+        if cfg.get(key) is not None:
+            fields[field] = positive_number(cfg[key], key)
+    return fields
 
 
 def moe_fields(cfg, layers):
@@ -530,13 +554,13 @@ def model_config(cfg, gen):
     if head_dim % 2:
         raise ConvertError(f"head_dim {head_dim} is odd (RoPE needs an even head_dim)")
     layers = positive_int(cfg, "num_hidden_layers")
-    if cfg["model_type"] == "gemma3_text":
-        gemma3 = gemma3_fields(cfg, dim, head_dim, layers)
-        theta, scaling, window = (gemma3.pop(key) for key in
+    if cfg["model_type"] in ("gemma2", "gemma3_text"):
+        gemma = gemma_fields(cfg, dim, head_dim, layers)
+        theta, scaling, window = (gemma.pop(key) for key in
                                   ("rope_theta", "rope_scaling", "sliding_window"))
         window_first_layer = 0
     else:
-        gemma3 = {}
+        gemma = {}
         theta, scaling = rope_settings(cfg)
         check_rope_frequencies(theta, scaling, head_dim)
         window, window_first_layer = sliding_window(cfg, defaults, layers)
@@ -565,7 +589,7 @@ def model_config(cfg, gen):
                           qkv_bias=model_type == "qwen2" or attention_bias,
                           o_bias=attention_bias,
                           qk_norm=model_type in ("qwen3", "qwen3_moe")),
-        **gemma3,
+        **gemma,
         **moe_fields(cfg, layers),
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         "bos_id": bos_ids[0] if bos_ids else None,
@@ -601,7 +625,7 @@ def expected_tensors(config, layout=TEXT_LAYOUT):
               "q_norm": (config["head_dim"],), "k_norm": (config["head_dim"],),
               "post_attn_norm": (dim,), "post_ffn_norm": (dim,)}
     prefix = layout.prefix
-    table = GEMMA3_LAYER_TENSORS if config["architecture"] == "gemma3" else LAYER_TENSORS
+    table = LAYER_TABLES.get(config["architecture"], LAYER_TENSORS)
     expected = {f"{prefix}embed_tokens.weight": ("token_embedding", (vocab, dim), False)}
     for layer in range(config["layers"]):
         for short, hf, is_vector, flag in table:
@@ -694,7 +718,7 @@ def tensor_plan(config, tensors, layout=TEXT_LAYOUT):
     """Check the checkpoint holds exactly the expected tensors (under `layout`, whose
     skipped parts are left out) with the right shapes and dtypes; return [(barellm name,
     source, is_norm)] in output order, the source a TensorInfo, or NormPlusOne for a
-    Gemma 3 norm."""
+    Gemma norm."""
     expected = expected_tensors(config, layout)
     if layout.skipped:
         tensors = {name: info for name, info in tensors.items()
@@ -726,7 +750,7 @@ def tensor_plan(config, tensors, layout=TEXT_LAYOUT):
         if info.dtype not in dtypes.STORAGE:
             raise ConvertError(f"tensor '{hf_name}' has dtype {info.dtype} "
                                "(only F32, F16 and BF16 are supported)")
-        if is_norm and config["architecture"] == "gemma3":
+        if is_norm and config["architecture"] in GEMMA_ARCHITECTURES:
             info = NormPlusOne(info)
         plan.append((name, info, is_norm))
     return plan
@@ -1071,8 +1095,8 @@ def parse_args(argv):
     """Command-line arguments."""
     parser = OneLineParser(
         prog="convert.py",
-        description="Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 3/Mixtral/Qwen3-MoE "
-        "checkpoint or a llama.cpp GGUF file to a barellm file.")
+        description="Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 2/Gemma 3/Mixtral/"
+        "Qwen3-MoE checkpoint or a llama.cpp GGUF file to a barellm file.")
     parser.add_argument("source", help="Hugging Face checkpoint directory, or GGUF file")
     parser.add_argument("-o", "--output", required=True, help="barellm file to write")
     parser.add_argument("--dtype", choices=sorted(dtypes.CLI_NAMES) + sorted(mixes.CLI_NAMES),

@@ -1,12 +1,13 @@
 """A GGUF file (llama.cpp) as the converter's input: its config, tokenizer and tensors in
 barellm's terms.
 
-- Architectures: ARCHITECTURES maps `general.architecture` (llama, qwen2, qwen3, gemma3,
-  qwen3moe; llama with `llama.expert_count` is Mixtral) to
+- Architectures: ARCHITECTURES maps `general.architecture` (llama, qwen2, qwen3, gemma2,
+  gemma3, qwen3moe; llama with `llama.expert_count` is Mixtral) to
   what differs between them (tensor names, the config flags of q/k/v biases, per-head q/k
   norms and Gemma's post-norms, whether llama.cpp stored q and k rows interleaved for its
-  RoPE: llama yes, the Qwens and Gemma 3 no); another architecture is refused, naming it.
-  Gemma 3's further fields follow llama.cpp's rules for gemma3 (_gemma3_fields).
+  RoPE: llama yes, the Qwens and Gemma no); another architecture is refused, naming it.
+  Gemma's further fields follow llama.cpp's rules for gemma2 and gemma3 (_gemma2_fields,
+  _gemma3_fields).
 - Config: from the `{arch}.*` keys (CONFIG_KEYS); RoPE scaling from `rope.scaling.*` or,
   for Llama 3, from the `rope_freqs` tensor.
 - Tokenizer: gguf_tokenizer.py.
@@ -97,7 +98,7 @@ class Architecture(NamedTuple):
     optional_flags: dict = {}
 
 
-# Gemma 3's norms on the outputs of attention and of the feed-forward network.
+# Gemma's norms on the outputs of attention and of the feed-forward network.
 POST_NORM_TENSORS = {"post_attn_norm": "post_attention_norm.weight",
                      "post_ffn_norm": "post_ffw_norm.weight"}
 # llama.cpp's rules for gemma3 (src/models/gemma3.cpp): without a
@@ -109,20 +110,32 @@ POST_NORM_TENSORS = {"post_attn_norm": "post_attention_norm.weight",
 GEMMA3_SWA_PATTERN = 6
 GEMMA3_LOCAL_ROPE_THETA = 10000.0
 GEMMA3_27B_LAYERS = 62
-SOFTCAPPING_KEYS = ("attn_logit_softcapping", "final_logit_softcapping")
+# llama.cpp's rules for gemma2 (src/models/gemma2.cpp): a window of GEMMA2_WINDOW positions
+# without `attention.sliding_window`; of each GEMMA2_SWA_PATTERN layers all but the last
+# slide (every other layer, from layer 0); the sliding layers' RoPE base is the model's unless
+# `rope.freq_base_swa` says; the queries' scale is gemma3's rule with the 27B model's
+# GEMMA2_27B_LAYERS; the scores and the logits are always soft-capped, with the caps of
+# GEMMA2_SOFTCAPS without their keys.
+GEMMA2_WINDOW = 4096
+GEMMA2_SWA_PATTERN = 2
+GEMMA2_27B_LAYERS = 46
+# GGUF key suffix -> (barellm.config field, llama.cpp's gemma2 default).
+GEMMA2_SOFTCAPS = {"attn_logit_softcapping": ("attn_logit_softcap", 50.0),
+                   "final_logit_softcapping": ("final_logit_softcap", 30.0)}
 
 
-def gemma3_query_scalar(dim, heads, head_dim, layers):
-    """The s of the scale s^-1/2 llama.cpp's gemma3 gives the queries (the rules above)."""
-    return dim // heads if layers == GEMMA3_27B_LAYERS else head_dim
+def gemma_query_scalar(dim, heads, head_dim, layers, layers_27b=GEMMA3_27B_LAYERS):
+    """The s of the scale s^-1/2 llama.cpp's gemma3 (gemma2: layers_27b GEMMA2_27B_LAYERS)
+    gives the queries (the rules above)."""
+    return dim // heads if layers == layers_27b else head_dim
 
 
-def gemma3_attention_scale(dim, heads, head_dim, layers):
+def gemma_attention_scale(dim, heads, head_dim, layers, layers_27b=GEMMA3_27B_LAYERS):
     """That scale, as an f32 value."""
-    scalar = gemma3_query_scalar(dim, heads, head_dim, layers)
+    scalar = gemma_query_scalar(dim, heads, head_dim, layers, layers_27b)
     return float(np.float32(1) / np.sqrt(np.float32(scalar)))
 # What barellm lacks for architectures close to those it runs.
-UNSUPPORTED = {"gemma2": "Gemma 2's logit soft-capping is not implemented"}
+UNSUPPORTED = {"qwen2moe": "Qwen2-MoE's shared expert is not implemented"}
 
 ARCHITECTURES = {
     "llama": Architecture("llama", LLAMA_GLOBAL_TENSORS, {**LLAMA_LAYER_TENSORS, **MOE_TENSORS},
@@ -134,8 +147,11 @@ ARCHITECTURES = {
                           {**LLAMA_LAYER_TENSORS, **QKV_BIAS_TENSORS, **QK_NORM_TENSORS},
                           False, flags=("qk_norm",),
                           optional_flags={"qkv_bias": QKV_BIAS_TENSORS["bq"]}),
-    # llama.cpp's gemma3 norms already hold the multiplier 1 + w (its converter adds 1),
-    # as barellm files do.
+    # llama.cpp's gemma2 and gemma3 norms already hold the multiplier 1 + w (its converter
+    # adds 1), as barellm files do.
+    "gemma2": Architecture("gemma2", LLAMA_GLOBAL_TENSORS,
+                           {**LLAMA_LAYER_TENSORS, **POST_NORM_TENSORS}, False,
+                           flags=("post_norms",)),
     "gemma3": Architecture("gemma3", LLAMA_GLOBAL_TENSORS,
                            {**LLAMA_LAYER_TENSORS, **QK_NORM_TENSORS, **POST_NORM_TENSORS},
                            False, flags=("qk_norm", "post_norms")),
@@ -412,11 +428,13 @@ class GGUFModel:
             raise ConvertError(f"head size {head_dim} is odd (RoPE needs it even)")
         theta = self.keys.number(k("rope.freq_base"), 10000.0)
         layers = integer(k("block_count"))
-        if self.arch_name == "gemma3":
-            window, gemma3 = self._gemma3_fields(dim, heads, head_dim, layers)
+        if self.arch_name == "gemma2":
+            window, gemma = self._gemma2_fields(dim, heads, head_dim, layers, theta)
+        elif self.arch_name == "gemma3":
+            window, gemma = self._gemma3_fields(dim, heads, head_dim, layers)
         else:
             window = integer(k("attention.sliding_window"), required=False)
-            gemma3 = {}
+            gemma = {}
         flags = {flag: True for flag in self.arch.flags}
         flags.update({flag: True for flag, suffix in self.arch.optional_flags.items()
                       if f"blk.0.{suffix}" in self.tensors})
@@ -441,7 +459,7 @@ class GGUFModel:
             "norm_eps": self.keys.number(k("attention.layer_norm_rms_epsilon")),
             "sliding_window": window,
             **flags,
-            **gemma3,
+            **gemma,
             **experts,
             "tied_embeddings": self.arch.global_tensors["output"] not in self.tensors,
             "bos_id": None,
@@ -480,36 +498,71 @@ class GGUFModel:
         return {"experts": count, "experts_per_token": per_token, "moe_hidden_dim": width,
                 "norm_topk_prob": True}
 
-    def _gemma3_fields(self, dim, heads, head_dim, layers):
-        """(sliding_window, the fields gemma3 adds to the config) by llama.cpp's rules
-        (GEMMA3_*); a soft-capping key is refused."""
+    def _gemma_window(self, default=None):
+        """`attention.sliding_window`, else `default`; None where it is 0 or absent."""
         k = self._key
-        for key in SOFTCAPPING_KEYS:
-            value = self.keys.any_number(k(key))
-            if value:
-                raise ConvertError(f"GGUF key '{k(key)}' is {value:g}: logit soft-capping is "
-                                   "not supported")
         window = self.keys.whole_number(k("attention.sliding_window"))
+        window = default if window is None else window
         if window is not None and window < 0:
             raise ConvertError(f"GGUF key '{k('attention.sliding_window')}' must not be "
                                f"negative, not {window}")
-        if window:
-            sliding = self._gemma3_sliding_layers(layers)
-        else:
-            window, sliding = None, [False] * layers
-        return window, {
+        return window or None
+
+    @staticmethod
+    def _gemma_common_fields(dim, sliding):
+        """The fields gemma2 and gemma3 both add: GeGLU, √dim scaling the embedding, each
+        layer's attention (`sliding`: one flag per layer)."""
+        return {
             "activation": "gelu_tanh",
             "embedding_scale": float(np.sqrt(np.float32(dim))),
             "layer_types": ["sliding" if is_sliding else "full" for is_sliding in sliding],
-            "rope_theta_local": self.keys.number(k("rope.freq_base_swa"),
-                                                 GEMMA3_LOCAL_ROPE_THETA),
-            "attention_scale": gemma3_attention_scale(dim, heads, head_dim, layers),
         }
 
-    def _gemma3_sliding_layers(self, layers):
+    def _gemma2_fields(self, dim, heads, head_dim, layers, theta):
+        """(sliding_window, the fields gemma2 adds to the config) by llama.cpp's rules
+        (GEMMA2_*)."""
+        k = self._key
+        window = self._gemma_window(GEMMA2_WINDOW)
+        sliding = (self._sliding_layers(layers, GEMMA2_SWA_PATTERN) if window
+                   else [False] * layers)
+        window = window if any(sliding) else None
+        fields = self._gemma_common_fields(dim, sliding)
+        fields["attention_scale"] = gemma_attention_scale(dim, heads, head_dim, layers,
+                                                          GEMMA2_27B_LAYERS)
+        local_theta = self.keys.number(k("rope.freq_base_swa"), theta)
+        if local_theta != theta:
+            fields["rope_theta_local"] = local_theta
+        for key, (field, default) in GEMMA2_SOFTCAPS.items():
+            fields[field] = self.keys.number(k(key), default)
+        return window, fields
+
+    def _gemma3_fields(self, dim, heads, head_dim, layers):
+        """(sliding_window, the fields gemma3 adds to the config) by llama.cpp's rules
+        (GEMMA3_*): the logits soft-capped where `final_logit_softcapping` is set; an
+        `attn_logit_softcapping`, which llama.cpp's gemma3 does not read, is refused."""
+        k = self._key
+        attention_cap = self.keys.any_number(k("attn_logit_softcapping"))
+        if attention_cap:
+            raise ConvertError(f"GGUF key '{k('attn_logit_softcapping')}' is "
+                               f"{attention_cap:g}: gemma3 with soft-capped attention scores "
+                               "is not supported (gemma2 is)")
+        window = self._gemma_window()
+        sliding = (self._sliding_layers(layers, GEMMA3_SWA_PATTERN) if window
+                   else [False] * layers)
+        fields = {
+            **self._gemma_common_fields(dim, sliding),
+            "rope_theta_local": self.keys.number(k("rope.freq_base_swa"),
+                                                 GEMMA3_LOCAL_ROPE_THETA),
+            "attention_scale": gemma_attention_scale(dim, heads, head_dim, layers),
+        }
+        if self.keys.any_number(k("final_logit_softcapping")):
+            fields["final_logit_softcap"] = self.keys.number(k("final_logit_softcapping"))
+        return window, fields
+
+    def _sliding_layers(self, layers, default_period):
         """Whether each layer is sliding: `attention.sliding_window_pattern` as one flag per
         layer, or as a period N (layer l slides unless l % N == N - 1; N = 0: every layer
-        slides), GEMMA3_SWA_PATTERN when absent."""
+        slides), default_period when absent."""
         key = self._key("attention.sliding_window_pattern")
         types, value = self.keys.entries.get(key, (None, None))
         if types and types[0] == ARRAY_TYPE:
@@ -519,7 +572,7 @@ class GGUFModel:
                                    "layers")
             return [bool(flag) for flag in flags]
         period = self.keys.whole_number(key)
-        period = GEMMA3_SWA_PATTERN if period is None else period
+        period = default_period if period is None else period
         if period < 0:
             raise ConvertError(f"GGUF key '{key}' must not be negative, not {period}")
         return [period == 0 or layer % period < period - 1 for layer in range(layers)]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write a Hugging Face Llama/Mistral/Qwen/Gemma 3/Mixtral/Qwen3-MoE checkpoint with
+"""Write a Hugging Face Llama/Mistral/Qwen/Gemma 2/Gemma 3/Mixtral/Qwen3-MoE checkpoint with
 deterministic random weights.
 
     python3 convert/synth.py --preset NAME -o HF_DIR [--tokenizer DIR|FILE.gguf] [--dtype D]
@@ -7,17 +7,16 @@ deterministic random weights.
     python3 convert/synth.py --config CONFIG_JSON --tokenizer DIR|FILE.gguf -o HF_DIR [...]
 
 Presets carry the config.json of real models (tinyllama-1.1b, mistral-7b, llama3-8b,
-smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, qwen3-8b, gemma3-270m, gemma3-1b, gemma3-4b,
-mixtral-8x7b, qwen3-30b-a3b) so that speed and memory can be measured at their exact shapes;
---layers N keeps the first N layers of the shape (a 30B model with 8 layers fits a small
-machine, its per-layer speed unchanged). A mixture-of-experts checkpoint holds each expert's
-matrices as Hugging Face's do, one tensor per expert; its routers are random matrices like
-the others. Weights
-are generated per tensor from numpy's Generator seeded by (seed, tensor name) and written
-in row blocks, a tensor on each core (parallel.py), so multi-GB checkpoints never sit in
-memory. Checkpoints larger than the shard limit (4 GB) are split into
-model-0000i-of-0000n.safetensors files with a model.safetensors.index.json, as Hugging
-Face does.
+smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, qwen3-8b, gemma2-2b, gemma2-9b, gemma3-270m,
+gemma3-1b, gemma3-4b, mixtral-8x7b, qwen3-30b-a3b) so that speed and memory can be measured at
+their exact shapes; --layers N keeps the first N layers of the shape (a 30B model with 8
+layers fits a small machine, its per-layer speed unchanged). A mixture-of-experts checkpoint
+holds each expert's matrices as Hugging Face's do, one tensor per expert; its routers are
+random matrices like the others. Weights are generated per tensor from numpy's Generator
+seeded by (seed, tensor name) and written in row blocks, a tensor on each core (parallel.py),
+so multi-GB checkpoints never sit in memory. Checkpoints larger than the shard limit (4 GB)
+are split into model-0000i-of-0000n.safetensors files with a model.safetensors.index.json, as
+Hugging Face does.
 
 The tokenizer is copied from a Hugging Face directory (tokenizer.json and/or
 tokenizer.model), or taken from a GGUF file's `tokenizer.ggml.*` keys (a vocabulary-only
@@ -140,6 +139,26 @@ PRESETS.update({
         "rope_scaling": {"rope_type": "linear", "factor": 8.0}, "sliding_window": 1024,
         "vocab_size": 262208}),
 })
+# Gemma 2 checkpoints as their config.json files give them (google/gemma-2-2b,
+# google/gemma-2-9b), but with Gemma 3's vocabulary of 262,144 pieces: Gemma 2's own 256,000
+# are not at hand, and its ids are Gemma 3's first ones (the embedding and the logits 2.4%
+# larger than the real model's).
+_GEMMA2 = {"architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+           "attention_bias": False, "attention_dropout": 0.0, "attn_logit_softcapping": 50.0,
+           "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+           "hidden_activation": "gelu_pytorch_tanh", "initializer_range": 0.02,
+           "max_position_embeddings": 8192, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-6,
+           "rope_theta": 10000.0, "sliding_window": 4096, "use_cache": True,
+           "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0, "tie_word_embeddings": True,
+           "vocab_size": 262144}
+PRESETS.update({
+    "gemma2-2b": (GEMMA3_TOKENIZER, {
+        **_GEMMA2, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+        "num_attention_heads": 8, "num_key_value_heads": 4}),
+    "gemma2-9b": (GEMMA3_TOKENIZER, {
+        **_GEMMA2, "hidden_size": 3584, "intermediate_size": 14336, "num_hidden_layers": 42,
+        "num_attention_heads": 16, "num_key_value_heads": 8}),
+})
 # Mixture-of-experts checkpoints as their config.json files give them
 # (mistralai/Mixtral-8x7B-v0.1, Qwen/Qwen3-30B-A3B; the latter with the SmolLM2 tokenizer, as
 # the Qwen presets above).
@@ -259,7 +278,7 @@ def write_weights(out_dir, config, layout, weight_dtype, seed, max_shard_bytes):
             entries.append((hf, "F32" if is_norm else weight_dtype, shape, is_norm))
     groups = shard_groups(entries, max_shard_bytes)
     # Gemma's checkpoints hold norm weights w for the multipliers 1 + w.
-    norm_offset = 0.0 if config["architecture"] == "gemma3" else 1.0
+    norm_offset = 0.0 if config["architecture"] in convert.GEMMA_ARCHITECTURES else 1.0
     if len(groups) == 1:
         write_shards([(os.path.join(out_dir, "model.safetensors"), groups[0])], seed,
                      norm_offset)

@@ -73,6 +73,7 @@ struct AttentionArgs {
     float* out;                        // [heads * head_dim]
     int heads, kv_heads, head_dim, window, splits;
     float scale;     // of q·k (AttentionShape::scale)
+    float softcap;   // of the scores (AttentionShape::softcap), 0 for none
     float norm_eps;  // of q_norm and k_norm
 };
 
@@ -387,7 +388,8 @@ __global__ void __launch_bounds__(kAttentionThreads, kAttentionBlocksPerSM)
                                 dot = fmaf(q[e], kv_float(chunks[p][i].element[e]), dot);
                         }
                         dot = group_sum<kKeyLanes>(dot);
-                        if (k < count && key_lane == 0) p_shared[h][k] = dot * a.scale;
+                        if (k < count && key_lane == 0)
+                            p_shared[h][k] = soft_capped(dot * a.scale, a.softcap);
                     }
                 }
             }
@@ -550,6 +552,7 @@ inline AttentionArgs attention_args(float* out, const float* qkv, const float* i
     args.window = shape.window;
     args.splits = splits;
     args.scale = shape.scale;
+    args.softcap = shape.softcap;
     args.norm_eps = eps;
     return args;
 }

@@ -50,7 +50,8 @@ struct PagedAttentionArgs {
     float* partial_out;    // [rows, heads, splits, head_dim]
     float* partial_stats;  // [rows, heads, splits, 2]: (max, sum of exp(score - max))
     int heads, kv_heads, head_dim, window, splits;
-    float scale;  // of q·k
+    float scale;    // of q·k
+    float softcap;  // of the scores, 0 for none
 };
 
 // Positions first .. last (inclusive) that run `split` of a row covers: the row sees
@@ -143,7 +144,7 @@ __global__ void __launch_bounds__(kPagedThreads)
 #pragma unroll
                 for (int i = 0; i < kPairs; ++i)
                     dot += q[h][i].x * k[r][i].x + q[h][i].y * k[r][i].y;
-                const float score = warp_sum(dot) * a.scale;
+                const float score = soft_capped(warp_sum(dot) * a.scale, a.softcap);
                 const float new_max = fmaxf(running_max[h], score);
                 rescale[h] = expf(running_max[h] - new_max);  // 0 the first time
                 weight[h] = expf(score - new_max);
@@ -271,7 +272,7 @@ void attention_paged(const DeviceActivations& out, const float* qkv, int qkv_pit
         qkv,          qkv_pitch,      keys,           values,       positions,
         block_tables, table_stride,   block_size,     partial_out,  partial_stats,
         shape.heads,  shape.kv_heads, shape.head_dim, shape.window, splits,
-        shape.scale};
+        shape.scale,  shape.softcap};
     with_kv_type(kv_type, [&](auto element) {
         with_paged_pairs(shape.head_dim, [&](auto pairs) {
             launch_kernel(attention_paged_split_kernel<decltype(element), decltype(pairs)::value>,

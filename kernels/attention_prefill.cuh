@@ -70,7 +70,8 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
     attention_prefill_kernel(void* __restrict__ out, int out_pitch, const float* __restrict__ qkv,
                              int qkv_pitch, const KvT* __restrict__ key_cache,
                              const KvT* __restrict__ value_cache, int first_pos, int count,
-                             int heads, int kv_heads, int head_dim, int window, float scale) {
+                             int heads, int kv_heads, int head_dim, int window, float scale,
+                             float softcap) {
     constexpr int kRowsPerWarp = kPrefillRowsPerWarp<kDimsPerLane>;
     constexpr int kBlockRows = kAttentionPrefillWarps * kRowsPerWarp;
     const int group = heads / kv_heads, kv_head = blockIdx.y;
@@ -163,7 +164,7 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
 #pragma unroll
         for (int r = 0; r < kRowsPerWarp; ++r) {
             const bool visible = key >= row_first_key[r] && key <= row_pos[r];
-            const float s = visible ? score[r] * scale : -INFINITY;
+            const float s = visible ? soft_capped(score[r] * scale, softcap) : -INFINITY;
             const float new_max = fmaxf(running_max[r], warp_max(s));
             float p = 0.0f, correction = 1.0f;
             if (new_max != -INFINITY) {  // the same for the whole warp
@@ -264,7 +265,7 @@ struct MmaLaneRows {
 template <int kDims>
 __device__ __forceinline__ void attend_key_tile(const uint32_t (&q)[kDims / 16][4],
                                                 const __half* key_tile, const __half* value_tile,
-                                                int tile, int head_dim, float scale,
+                                                int tile, int head_dim, float scale, float softcap,
                                                 const MmaLaneRows& lane_rows,
                                                 float (&running_max)[2], float (&partial_sum)[2],
                                                 float (&acc)[kDims / 8][4]) {
@@ -304,7 +305,7 @@ __device__ __forceinline__ void attend_key_tile(const uint32_t (&q)[kDims / 16][
             for (int e = 2 * half; e < 2 * half + 2; ++e) {
                 const int key = tile + 8 * n + 2 * t + e % 2;
                 const bool visible = key >= lane_rows.first_key[half] && key <= lane_rows.pos[half];
-                score[n][e] = visible ? score[n][e] * scale : -INFINITY;
+                score[n][e] = visible ? soft_capped(score[n][e] * scale, softcap) : -INFINITY;
                 tile_max = fmaxf(tile_max, score[n][e]);
             }
         const float new_max = fmaxf(running_max[half], quad_max(tile_max));
@@ -375,7 +376,8 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
                                  const float* __restrict__ qkv, int qkv_pitch,
                                  const __half* __restrict__ key_cache,
                                  const __half* __restrict__ value_cache, int first_pos, int count,
-                                 int heads, int kv_heads, int head_dim, int window, float scale) {
+                                 int heads, int kv_heads, int head_dim, int window, float scale,
+                                 float softcap) {
     static_assert(kBuffers == 1 || kBuffers == 2, "one tile buffer, or two taking turns");
     constexpr int kStride = kDims + kMmaRowPad;  // halves per staged row
     constexpr int kDimTiles = kDims / 8;         // n-tiles of the output
@@ -475,7 +477,7 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
         if (tile <= warp_key_end && tile + kMmaKeyTile > warp_key_begin) {
             const __half* key_tile = keys_of_tile(index);
             attend_key_tile<kDims>(q, key_tile, key_tile + kTileHalves, tile, head_dim, scale,
-                                   lane_rows, running_max, partial_sum, acc);
+                                   softcap, lane_rows, running_max, partial_sum, acc);
         }
         __syncthreads();  // every warp is done with the buffer: the copies may overwrite it
     }
@@ -600,7 +602,8 @@ void attention_prefill(const DeviceActivations& out, const float* qkv, int qkv_p
             launch_kernel(kernel, grid, kAttentionPrefillThreads, shared, stream, out.data,
                           out.pitch, qkv, qkv_pitch, static_cast<const __half*>(key_cache),
                           static_cast<const __half*>(value_cache), first_pos, out.tokens,
-                          shape.heads, shape.kv_heads, shape.head_dim, shape.window, shape.scale);
+                          shape.heads, shape.kv_heads, shape.head_dim, shape.window, shape.scale,
+                          shape.softcap);
         });
         CUDA_CHECK_LAUNCH("attention_prefill_mma_kernel");
         return;
@@ -618,7 +621,7 @@ void attention_prefill(const DeviceActivations& out, const float* qkv, int qkv_p
                               out.pitch, qkv, qkv_pitch, static_cast<const KvT*>(key_cache),
                               static_cast<const KvT*>(value_cache), first_pos, out.tokens,
                               shape.heads, shape.kv_heads, shape.head_dim, shape.window,
-                              shape.scale);
+                              shape.scale, shape.softcap);
             });
         });
     });

@@ -25,7 +25,7 @@ namespace barellm::cuda {
 
 constexpr int kNaiveAttentionThreads = 128;
 
-// out[h] = sum_t softmax(q_h · key(t) * scale)_t * value(t) over the attended positions t
+// out[h] = sum_t softmax(softcap(q_h · key(t) * scale))_t * value(t) over the attended positions t
 // of pos = step[1], key/value rows of KV head h / (heads / kv_heads). scores [heads,
 // context] is scratch (global memory). Launch: grid heads, block 128, no dynamic shared
 // memory.
@@ -34,7 +34,8 @@ __global__ void __launch_bounds__(kNaiveAttentionThreads)
     attention_naive_kernel(float* __restrict__ out, const float* __restrict__ q,
                            const KvT* __restrict__ keys, const KvT* __restrict__ values,
                            const int* __restrict__ step, float* __restrict__ scores, int context,
-                           int heads, int kv_heads, int head_dim, int window, float scale) {
+                           int heads, int kv_heads, int head_dim, int window, float scale,
+                           float softcap) {
     __shared__ float scratch[kWarpSize];
     const int pos = step[1];
     const int first = attention_first(pos, window);
@@ -51,7 +52,7 @@ __global__ void __launch_bounds__(kNaiveAttentionThreads)
         const KvT* key = keys + size_t(first + t) * row_stride + head_offset;
         float dot = 0.0f;
         for (int d = 0; d < head_dim; ++d) dot = fmaf(q_head[d], kv_load(key, d), dot);
-        head_scores[t] = dot * scale;
+        head_scores[t] = soft_capped(dot * scale, softcap);
         max_score = fmaxf(max_score, head_scores[t]);
     }
 
@@ -86,7 +87,7 @@ void attention_naive(float* out, const float* q, const void* key_cache, const vo
         launch_kernel(attention_naive_kernel<KvT>, shape.heads, kNaiveAttentionThreads, 0, stream,
                       out, q, static_cast<const KvT*>(key_cache),
                       static_cast<const KvT*>(value_cache), step, scores, context, shape.heads,
-                      shape.kv_heads, shape.head_dim, shape.window, shape.scale);
+                      shape.kv_heads, shape.head_dim, shape.window, shape.scale, shape.softcap);
     });
     CUDA_CHECK_LAUNCH("attention_naive_kernel");
 }

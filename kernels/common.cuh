@@ -146,6 +146,12 @@ __device__ __forceinline__ float rms_scale(const float* __restrict__ in, int n, 
     return block_rms_scale(squares, in, n, eps, scratch);
 }
 
+// A score soft-capped, cap * tanh(score / cap), where cap > 0 (Gemma 2's attention scores and
+// logits); the score itself where cap is 0.
+__device__ __forceinline__ float soft_capped(float score, float cap) {
+    return cap > 0.0f ? cap * tanhf(score / cap) : score;
+}
+
 // The gated feed-forward's value act(gate) * up: SwiGLU, silu(g) = g / (1 + e^-g), or GeGLU
 // (Gemma), GELU's tanh approximation gelu(g) = g / 2 * (1 + tanh(sqrt(2 / pi) (g + 0.044715
 // g³))). The activation is a template parameter of every kernel that applies it.

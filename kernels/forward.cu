@@ -382,6 +382,7 @@ public:
                                stream);
             step_product(s.logits, c.vocab_size, weights_.output, final_normed, /*bias=*/nullptr,
                          /*accumulate=*/false);
+            softcap_logits(s.logits, wanting);
             CUDA_CHECK(cudaMemcpyAsync(host, s.logits,
                                        size_t(wanting) * c.vocab_size * sizeof(float),
                                        cudaMemcpyDeviceToHost, stream));
@@ -502,9 +503,10 @@ private:
                 record_feed_forward(layer);
         }
 
-        // logits = output · norm(x)
+        // logits = output · norm(x)   (Gemma 2: soft-capped, cap · tanh(logits / cap))
         cuda::matvec(s.logits, weights_.output, s.x, weights_.final_norm, c.norm_eps,
                      /*bias=*/nullptr, /*accumulate=*/false, stream);
+        softcap_logits(s.logits, 1);
     }
 
     // A dense layer's feed-forward for one token: x += w2 · (act(w1 · norm(x)) * (w3 ·
@@ -630,6 +632,7 @@ private:
                            c.norm_eps, stream);
         cuda::gemm(s.logits, c.vocab_size, weights_.output, final_normed, /*bias=*/nullptr,
                    /*accumulate=*/false, stream, s.dequantized);
+        softcap_logits(s.logits, rows);
         float* host = logits_out ? logits_out : host_logits_.as<float>();
         CUDA_CHECK(cudaMemcpyAsync(host, s.logits, size_t(rows) * c.vocab_size * sizeof(float),
                                    cudaMemcpyDeviceToHost, stream));
@@ -1446,7 +1449,17 @@ private:
             const int window = c.layer_window(l);
             widest = widest == 0 || window == 0 ? 0 : std::max(widest, window);
         }
-        return AttentionShape{c.heads, c.kv_heads, c.head_dim, widest, c.attention_scale};
+        return AttentionShape{c.heads, c.kv_heads,        c.head_dim,
+                              widest,  c.attention_scale, c.attn_logit_softcap};
+    }
+
+    // logits [rows, vocab_size] on the device = cap · tanh(logits / cap) with
+    // final_logit_softcap (Gemma 2), in stream order; nothing when the model has none.
+    void softcap_logits(float* logits, int rows) const {
+        const Config& c = model_.config;
+        if (c.final_logit_softcap > 0)
+            cuda::softcap(logits, size_t(rows) * c.vocab_size, c.final_logit_softcap,
+                          stream_.get());
     }
 
     const Model& model_;

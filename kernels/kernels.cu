@@ -20,6 +20,7 @@
 #include "post_norm.cuh"
 #include "prefill.cuh"
 #include "rope.cuh"
+#include "softcap.cuh"
 
 namespace barellm::cuda {
 

@@ -294,6 +294,10 @@ void swiglu_rows(const DeviceActivations& out, const float* gate, const float* u
 void add_rmsnorm_rows(float* x, const float* y, const float* weight, int cols, int count, float eps,
                       cudaStream_t stream);
 
+// x[i] = cap * tanh(x[i] / cap) for i < n, f32 (Gemma 2's logits; final_logit_softcap).
+// (kernels/softcap.cuh)
+void softcap(float* x, size_t n, float cap, cudaStream_t stream);
+
 // RoPE and the KV-cache write of `count` tokens, as rope_kv_store does for one: row t of qkv
 // [count, qkv_pitch] (f32, as the qkv GEMM leaves it) holds q, k and v of the token at
 // first_pos + t; q is rotated in place, rotated k and unchanged v are stored into cache row

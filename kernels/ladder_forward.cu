@@ -27,10 +27,12 @@ DeviceBuffer zeroed_floats(size_t count, const std::string& what) {
 
 void check_ladder_model(CudaKernels kernels, const Config& config) {
     const bool gemma_steps = config.activation != Activation::Silu || config.post_norms ||
-                             config.embedding_scale != 1.0f || config.rope_theta_local > 0;
+                             config.embedding_scale != 1.0f || config.rope_theta_local > 0 ||
+                             config.attn_logit_softcap > 0 || config.final_logit_softcap > 0;
     if (kernels != CudaKernels::Fast && gemma_steps)
         throw Error("the GPU ladder's rungs 1-4 run the Llama-family layer, not " +
-                    config.architecture + "'s (GeGLU, post norms, scaled embeddings, local RoPE)");
+                    config.architecture +
+                    "'s (GeGLU, post norms, scaled embeddings, local RoPE, soft-capping)");
     if (kernels != CudaKernels::Fast && config.experts > 0)
         throw Error("the GPU ladder's rungs 1-4 run dense feed-forwards, not " +
                     config.architecture + "'s mixture of experts");

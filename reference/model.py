@@ -2,27 +2,28 @@
 """Independent numpy reference of the Llama forward pass.
 
 Computes what transformers' LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM /
-Qwen3ForCausalLM / Gemma3ForCausalLM / MixtralForCausalLM / Qwen3MoeForCausalLM compute (with
-the weights upcast, math in float64):
-RMSNorm, rotate-half RoPE (default, linear and llama3 scaling), grouped-query causal attention
-(Mistral's sliding window, Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm before RoPE, a
-sliding window on the layers from max_window_layers on), SwiGLU MLP, tied or separate output
-projection. Gemma 3 changes: the embedding times sqrt(dim); every RMSNorm x * (1 + w) (the
-Hugging Face weights hold w; a barellm file holds 1 + w and says nothing, its norms are plain);
-the attention and MLP outputs RMS-normed before the residual add; GeGLU (GELU, tanh
-approximation); per-head q/k RMSNorm; scores scaled by query_pre_attn_scalar^-1/2; sliding
-and full layers in the config's pattern, the sliding ones with RoPE base rope_local_base_freq
-and no scaling. Mixtral and Qwen3-MoE (a mixture of experts in place of the MLP of their sparse
-layers): the router's logits, a softmax over all experts, the experts_per_token most probable
-(an exact tie to the lower index), their probabilities rescaled to sum to 1 (Mixtral always,
-Qwen3-MoE with norm_topk_prob), and the sum of those experts' SwiGLU MLPs weighted by them
-(Mixtral's softmax over the chosen logits is this renormalised softmax over all). It shares
-no code with convert/: it has its own
-safetensors reader and reads either a Hugging Face directory or a barellm file; a
-barellm Q8 matrix (I8 values NAME, F16 scales NAME.scale per 32 columns of a row) is
-dequantized to value * scale, and a Q4 matrix (U8 NAME holding two 4-bit q per byte,
-F16 scales per block of 32 columns) to scale * (q - 8), so the reference of a Q8 or Q4
-file is the model it stores.
+Qwen3ForCausalLM / Gemma2ForCausalLM / Gemma3ForCausalLM / MixtralForCausalLM /
+Qwen3MoeForCausalLM compute (with the weights upcast, math in float64): RMSNorm, rotate-half
+RoPE (default, linear and llama3 scaling), grouped-query causal attention (Mistral's sliding
+window, Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm before RoPE, a sliding window on
+the layers from max_window_layers on), SwiGLU MLP, tied or separate output projection. Gemma 3
+changes: the embedding times sqrt(dim); every RMSNorm x * (1 + w) (the Hugging Face weights
+hold w; a barellm file holds 1 + w and says nothing, its norms are plain); the attention and
+MLP outputs RMS-normed before the residual add; GeGLU (GELU, tanh approximation); per-head q/k
+RMSNorm; scores scaled by query_pre_attn_scalar^-1/2; sliding and full layers in the config's
+pattern, the sliding ones with RoPE base rope_local_base_freq and no scaling. Gemma 2: as
+Gemma 3 without the q/k norms and the local RoPE base, every other layer sliding, and the
+scores (after their scale) and the logits soft-capped, cap * tanh(x / cap), with
+attn_logit_softcapping and final_logit_softcapping. Mixtral and Qwen3-MoE (a mixture of
+experts in place of the MLP of their sparse layers): the router's logits, a softmax over all
+experts, the experts_per_token most probable (an exact tie to the lower index), their
+probabilities rescaled to sum to 1 (Mixtral always, Qwen3-MoE with norm_topk_prob), and the
+sum of those experts' SwiGLU MLPs weighted by them (Mixtral's softmax over the chosen logits
+is this renormalised softmax over all). It shares no code with convert/: it has its own
+safetensors reader and reads either a Hugging Face directory or a barellm file; a barellm Q8
+matrix (I8 values NAME, F16 scales NAME.scale per 32 columns of a row) is dequantized to value
+* scale, and a Q4 matrix (U8 NAME holding two 4-bit q per byte, F16 scales per block of 32
+columns) to scale * (q - 8), so the reference of a Q8 or Q4 file is the model it stores.
 
     python3 reference/model.py PATH (--ids 1,2,3 | --text "Once upon a time")
                                [--generate N] [--top K]
@@ -79,7 +80,7 @@ def read_safetensors(path):
 
 # Gemma 3's layers: the four norms (HF's post_attention_layernorm normalises the attention
 # OUTPUT, barellm's post_attn_norm; pre_feedforward_layernorm is barellm's ffn_norm) and q/k
-# norms, besides the projections.
+# norms, besides the projections; Gemma 2's the same without the q/k norms.
 GEMMA3_LAYER_NAMES = {
     "attn_norm": "input_layernorm.weight", "wq": "self_attn.q_proj.weight",
     "wk": "self_attn.k_proj.weight", "wv": "self_attn.v_proj.weight",
@@ -89,12 +90,20 @@ GEMMA3_LAYER_NAMES = {
     "post_ffn_norm": "post_feedforward_layernorm.weight", "w1": "mlp.gate_proj.weight",
     "w3": "mlp.up_proj.weight", "w2": "mlp.down_proj.weight",
 }
-# Gemma3TextConfig's defaults, for the fields a config.json may leave out.
+# Gemma3TextConfig's and Gemma2Config's defaults, for the fields a config.json may leave out
+# (Gemma 2 slides every other layer from layer 0: a pattern of 2).
 GEMMA3_DEFAULTS = {
     "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
     "rms_norm_eps": 1e-6, "rope_theta": 1_000_000.0, "rope_local_base_freq": 10_000.0,
     "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6,
     "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "bos_token_id": 2,
+}
+GEMMA2_DEFAULTS = {
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+    "rms_norm_eps": 1e-6, "rope_theta": 10_000.0, "query_pre_attn_scalar": 256,
+    "sliding_window": 4096, "sliding_window_pattern": 2,
+    "hidden_activation": "gelu_pytorch_tanh", "tie_word_embeddings": True, "bos_token_id": 2,
+    "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
 }
 
 
@@ -143,8 +152,8 @@ def load_hf(hf_dir):
     raw = {}
     for path in sorted(glob.glob(os.path.join(hf_dir, "*.safetensors"))):
         raw.update(read_safetensors(path)[0])
-    if hf["model_type"] in ("gemma3", "gemma3_text"):
-        return load_hf_gemma3(hf, raw)
+    if hf["model_type"] in ("gemma2", "gemma3", "gemma3_text"):
+        return load_hf_gemma(hf, raw)
     dim, heads = hf["hidden_size"], hf["num_attention_heads"]
     model_type = hf["model_type"]
     scaling = hf.get("rope_scaling")
@@ -183,19 +192,21 @@ def load_hf(hf_dir):
     return config, weights
 
 
-def load_hf_gemma3(hf, raw):
-    """(config, weights) of a Gemma 3 checkpoint: Gemma3ForCausalLM (gemma3_text), or the
-    text part of Gemma3ForConditionalGeneration (gemma3: text_config, tensors under
-    language_model.model. or model.language_model.; the vision tower's are left unread)."""
+def load_hf_gemma(hf, raw):
+    """(config, weights) of a Gemma 2 or Gemma 3 checkpoint: Gemma2ForCausalLM (gemma2),
+    Gemma3ForCausalLM (gemma3_text), or the text part of Gemma3ForConditionalGeneration
+    (gemma3: text_config, tensors under language_model.model. or model.language_model.; the
+    vision tower's are left unread)."""
+    gemma2 = hf["model_type"] == "gemma2"
     if hf["model_type"] == "gemma3":
         tied = hf.get("tie_word_embeddings", True)
         hf = dict(hf.get("text_config") or {}, tie_word_embeddings=tied)
-    hf = dict(GEMMA3_DEFAULTS, **{key: value for key, value in hf.items() if value is not None})
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        if key in hf:
-            raise ValueError(f"Gemma 3 reference: {key} (soft-capping) is not supported")
+    # A soft-capping key set to null turns it off: it does not take the default.
+    given = {key: value for key, value in hf.items()
+             if value is not None or key.endswith("_softcapping")}
+    hf = dict(GEMMA2_DEFAULTS if gemma2 else GEMMA3_DEFAULTS, **given)
     if hf["hidden_activation"] != "gelu_pytorch_tanh":
-        raise ValueError(f"Gemma 3 reference: activation {hf['hidden_activation']!r}")
+        raise ValueError(f"Gemma reference: activation {hf['hidden_activation']!r}")
     prefix = next(p for p in ("model.", "language_model.model.", "model.language_model.")
                   if p + "embed_tokens.weight" in raw)
     layers = hf["num_hidden_layers"]
@@ -207,11 +218,14 @@ def load_hf_gemma3(hf, raw):
     if scaling and scaling.get("rope_type", scaling.get("type")) == "default":
         scaling = None
     config = {
-        "architecture": "gemma3", "dim": hf["hidden_size"], "layers": layers,
-        "heads": hf["num_attention_heads"], "kv_heads": hf["num_key_value_heads"],
-        "head_dim": hf["head_dim"], "rope_theta": hf["rope_theta"], "rope_scaling": scaling,
-        "rope_theta_local": hf["rope_local_base_freq"], "norm_eps": hf["rms_norm_eps"],
-        "sliding_window": hf["sliding_window"],
+        "architecture": "gemma2" if gemma2 else "gemma3", "dim": hf["hidden_size"],
+        "layers": layers, "heads": hf["num_attention_heads"],
+        "kv_heads": hf["num_key_value_heads"], "head_dim": hf["head_dim"],
+        "rope_theta": hf["rope_theta"], "rope_scaling": scaling,
+        "rope_theta_local": None if gemma2 else hf["rope_local_base_freq"],
+        "attn_logit_softcap": hf.get("attn_logit_softcapping"),
+        "final_logit_softcap": hf.get("final_logit_softcapping"),
+        "norm_eps": hf["rms_norm_eps"], "sliding_window": hf["sliding_window"],
         "layer_types": ["sliding" if s else "full" for s in sliding],
         "attention_scale": hf["query_pre_attn_scalar"] ** -0.5,
         "embedding_scale": math.sqrt(hf["hidden_size"]), "activation": "gelu_tanh",
@@ -224,7 +238,8 @@ def load_hf_gemma3(hf, raw):
         weights["output"] = raw["lm_head.weight"]
     for layer in range(layers):
         for short, hf_name in GEMMA3_LAYER_NAMES.items():
-            weights[f"layers.{layer}.{short}"] = raw[f"{prefix}layers.{layer}.{hf_name}"]
+            if not (gemma2 and short in ("q_norm", "k_norm")):
+                weights[f"layers.{layer}.{short}"] = raw[f"{prefix}layers.{layer}.{hf_name}"]
     return config, weights
 
 
@@ -367,8 +382,8 @@ def projection(weights, prefix, name, h):
 
 def attention(config, weights, prefix, h, cos, sin, mask):
     """Grouped-query causal self-attention of the normed hidden states h [T, dim]. Qwen3 and
-    Gemma 3 RMS-normalise each head of q and k (q_norm, k_norm) before RoPE; Gemma 3 scales
-    the scores by attention_scale rather than 1/sqrt(head_dim)."""
+    Gemma 3 RMS-normalise each head of q and k (q_norm, k_norm) before RoPE; Gemma scales
+    the scores by attention_scale rather than 1/sqrt(head_dim), and Gemma 2 soft-caps them."""
     length, heads, kv_heads, hd = len(h), config["heads"], config["kv_heads"], config["head_dim"]
     q = projection(weights, prefix, "q", h).reshape(length, heads, hd).transpose(1, 0, 2)
     k = projection(weights, prefix, "k", h).reshape(length, kv_heads, hd).transpose(1, 0, 2)
@@ -380,11 +395,17 @@ def attention(config, weights, prefix, h, cos, sin, mask):
     group = heads // kv_heads
     k, v = np.repeat(k, group, axis=0), np.repeat(v, group, axis=0)
     scores = q @ k.transpose(0, 2, 1) * config.get("attention_scale", 1 / math.sqrt(hd))
+    scores = soft_cap(scores, config.get("attn_logit_softcap"))
     scores = np.where(mask, scores, -np.inf)
     scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
     probs = scores / scores.sum(axis=-1, keepdims=True)
     out = (probs @ v).transpose(1, 0, 2).reshape(length, heads * hd)
     return projection(weights, prefix, "o", out)
+
+
+def soft_cap(x, cap):
+    """cap * tanh(x / cap) (Gemma 2's soft-capping); x itself where cap is None or 0."""
+    return cap * np.tanh(x / cap) if cap else x
 
 
 def mlp(config, weights, prefix, h):
@@ -457,7 +478,7 @@ def forward(config, weights, token_ids, dtype=np.float64):
         x = x + post_norm(config, w, prefix + "post_ffn_norm", mixed)
     x = norm(config, x, w["final_norm"])
     output = w["token_embedding"] if config["tied_embeddings"] else w["output"]
-    return x @ output.T
+    return soft_cap(x @ output.T, config.get("final_logit_softcap"))
 
 
 def logits_for(path, token_ids):

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Write a GGUF file for llama.cpp from a Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 3/Mixtral/
-Qwen3-MoE checkpoint.
+"""Write a GGUF file for llama.cpp from a Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 2/Gemma 3/
+Mixtral/Qwen3-MoE checkpoint.
 
     python3 scripts/gguf_from_hf.py HF_DIR -o OUT.gguf [--type TYPE] [--pre NAME]
 
@@ -29,7 +29,13 @@ What is written (GGUF v3, through the `gguf` package, scripts/requirements.txt):
   RoPE), the sliding window, which layers slide (`attention.sliding_window_pattern`, one
   flag per layer) and their RoPE base (`rope.freq_base_swa`). llama.cpp scales queries by
   head_dim^-1/2 (by (dim / heads)^-1/2 with 62 layers, the 27B model): another
-  query_pre_attn_scalar is refused.
+  query_pre_attn_scalar is refused. The logits' soft-capping as
+  `final_logit_softcapping`; soft-capped attention scores are refused (llama.cpp's gemma3
+  does not read them).
+- Gemma 2 as llama.cpp's `gemma2`, as Gemma 3 but without q and k norms: the sliding
+  layers (every other one) and their window, and both soft-cappings
+  (`attn_logit_softcapping`, `final_logit_softcapping`; llama.cpp's gemma2 always applies
+  them, so a checkpoint without one is refused); the 27B model has 46 layers.
 - mixtures of experts as llama.cpp writes them: Mixtral as `llama` and Qwen3-MoE as
   `qwen3moe`, with `expert_count`, `expert_used_count` and `expert_feed_forward_length`;
   each sparse layer's router as `ffn_gate_inp` (F32) and its experts' matrices stacked into
@@ -497,26 +503,41 @@ def add_hparams(writer, config, name):
     if kind == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(scaling["factor"]))
-    if config["architecture"] == "gemma3":
-        add_gemma3_hparams(writer, config)
+    if config["architecture"] in ("gemma2", "gemma3"):
+        add_gemma_hparams(writer, config)
 
 
-def add_gemma3_hparams(writer, config):
-    """Gemma 3's keys (read back by convert/gguf_in.py as llama.cpp reads them), after
-    refusing a query scale llama.cpp would not take."""
+def add_gemma_hparams(writer, config):
+    """Gemma 2's or Gemma 3's keys (read back by convert/gguf_in.py as llama.cpp reads
+    them), after refusing what llama.cpp would compute otherwise (see the top)."""
+    arch = writer.arch
+    gemma2 = arch == "gemma2"
     shape = config["dim"], config["heads"], config["head_dim"], config["layers"]
-    llama_scale = gguf_in.gemma3_attention_scale(*shape)
+    layers_27b = gguf_in.GEMMA2_27B_LAYERS if gemma2 else gguf_in.GEMMA3_27B_LAYERS
+    llama_scale = gguf_in.gemma_attention_scale(*shape, layers_27b)
     if config["attention_scale"] != llama_scale:
         raise ConvertError(f"query_pre_attn_scalar gives the scale {config['attention_scale']:g}; "
-                           f"llama.cpp's gemma3 takes {llama_scale:g} "
-                           f"(1/sqrt({gguf_in.gemma3_query_scalar(*shape)})) for "
+                           f"llama.cpp's {arch} takes {llama_scale:g} "
+                           f"(1/sqrt({gguf_in.gemma_query_scalar(*shape, layers_27b)})) for "
                            f"{config['layers']} layers: cannot write this checkpoint as GGUF")
+    if gemma2 and not (config.get("attn_logit_softcap") and config.get("final_logit_softcap")):
+        raise ConvertError("llama.cpp's gemma2 soft-caps both the attention scores and the "
+                           "logits; a checkpoint without attn_logit_softcapping or "
+                           "final_logit_softcapping cannot be written as GGUF")
+    if not gemma2 and config.get("attn_logit_softcap"):
+        raise ConvertError("llama.cpp's gemma3 does not soft-cap the attention scores "
+                           "(attn_logit_softcapping): cannot write this checkpoint as GGUF")
     sliding = [kind == "sliding" for kind in config["layer_types"]]
-    arch = writer.arch
     if any(sliding):
         writer.add_uint32(f"{arch}.attention.sliding_window", config["sliding_window"])
         writer.add_array(f"{arch}.attention.sliding_window_pattern", sliding)
-        writer.add_float32(f"{arch}.rope.freq_base_swa", config["rope_theta_local"])
+        if "rope_theta_local" in config:
+            writer.add_float32(f"{arch}.rope.freq_base_swa", config["rope_theta_local"])
+    elif gemma2:  # llama.cpp's gemma2 slides every other layer unless told
+        writer.add_array(f"{arch}.attention.sliding_window_pattern", sliding)
+    for key, (field, _) in gguf_in.GEMMA2_SOFTCAPS.items():
+        if config.get(field):
+            writer.add_float32(f"{arch}.{key}", config[field])
 
 
 def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
@@ -526,7 +547,7 @@ def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
     cfg = convert.json_object(os.path.join(hf_dir, "config.json"), required=True)
     gen = convert.json_object(os.path.join(hf_dir, "generation_config.json"), required=False)
     convert.check_architecture(cfg)
-    config = convert.model_config(cfg, gen)
+    config = convert.model_config(convert.language_model_config(cfg), gen)
     arch_name = GGUF_ARCHITECTURES.get(config["architecture"], config["architecture"])
     check_experts(config)
     check_layer_flags(config, arch_name)

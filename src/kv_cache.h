@@ -15,11 +15,13 @@ inline size_t kv_element_bytes(KvType type) { return type == KvType::F32 ? 4 : 2
 // Causal attention over one layer's KV cache, laid out [context, kv_heads * head_dim].
 // - Query head h reads KV head h / (heads / kv_heads) (grouped-query attention).
 // - A query at position pos attends to cache rows attention_start(pos, window) .. pos.
-// - Scores are q·k × scale (Config::attention_scale: 1/sqrt(head_dim) unless the model says).
+// - Scores are q·k × scale (Config::attention_scale: 1/sqrt(head_dim) unless the model says),
+//   then, where softcap > 0 (Gemma 2), softcap · tanh(score / softcap), before the softmax.
 struct AttentionShape {
     int heads, kv_heads, head_dim;
-    int window;   // sliding window in positions, 0 for none
-    float scale;  // of q·k before the softmax
+    int window;            // sliding window in positions, 0 for none
+    float scale;           // of q·k before the softmax
+    float softcap = 0.0f;  // bound of the scores (Config::attn_logit_softcap), 0 for none
 };
 
 // The first cache row a query at `pos` attends to (window 0: all of them, from row 0).

@@ -1,8 +1,8 @@
-"""convert/convert.py on Gemma 3: Hugging Face checkpoints (gemma3_text, and the text part
-of a multimodal gemma3 in both of transformers' layouts) and GGUF files written here with the
-`gguf` package under llama.cpp's names and rules, and by scripts/gguf_from_hf.py. The barellm
-file's config holds Gemma's fields (docs/FORMAT.md) and its norms the multipliers 1 + w;
-refusals are one line."""
+"""convert/convert.py on Gemma 3 and Gemma 2: Hugging Face checkpoints (gemma3_text, the text
+part of a multimodal gemma3 in both of transformers' layouts, gemma2) and GGUF files written
+here with the `gguf` package under llama.cpp's names and rules, and by scripts/gguf_from_hf.py.
+The barellm file's config holds Gemma's fields (docs/FORMAT.md) and its norms the multipliers
+1 + w; refusals are one line."""
 
 import json
 import math
@@ -219,13 +219,13 @@ def test_multimodal_text_part(tmp_path, prefix, lm_head):
 
 # ------------------------------------------------------------------------------------ GGUF
 
-def write_gemma3_gguf(path, config, tensors, keys=()):
-    """A gemma3 GGUF file as llama.cpp's converter writes one from the checkpoint
-    (config, tensors): names by the gguf package's map, norms stored as 1 + w, the keys it
-    writes (sliding_window only when some layer slides), then `keys` ((method, value)
-    of GGUFWriter's add_* methods)."""
+def write_gemma3_gguf(path, config, tensors, keys=(), arch="gemma3", window_and_caps=True):
+    """A gemma3 (or gemma2) GGUF file as llama.cpp's converter writes one from the
+    checkpoint (config, tensors): names by the gguf package's map, norms stored as 1 + w, the
+    keys it writes (sliding_window only when some layer slides; gemma2: its soft-caps; neither
+    without window_and_caps), then `keys` ((method, value) of GGUFWriter's add_* methods)."""
     layers = config["num_hidden_layers"]
-    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer = gguf.GGUFWriter(str(path), arch)
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
     writer.add_block_count(layers)
@@ -236,8 +236,11 @@ def write_gemma3_gguf(path, config, tensors, keys=()):
     writer.add_key_length(config["head_dim"])
     writer.add_value_length(config["head_dim"])
     writer.add_rope_freq_base(config["rope_theta"])
-    if config.get("sliding_window_pattern") != 1:
+    if config.get("sliding_window_pattern") != 1 and window_and_caps:
         writer.add_sliding_window(config["sliding_window"])
+    if arch == "gemma2" and window_and_caps:
+        writer.add_attn_logit_softcapping(config["attn_logit_softcapping"])
+        writer.add_final_logit_softcapping(config["final_logit_softcapping"])
     for method, value in keys:
         getattr(writer, method)(value)
     tok = tiny_tokenizer_json()["model"]["vocab"]
@@ -251,7 +254,7 @@ def write_gemma3_gguf(path, config, tensors, keys=()):
     writer.add_eos_token_id(2)
     writer.add_add_bos_token(True)
     writer.add_add_space_prefix(False)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3, layers)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], layers)
     for name, (_, values) in tensors.items():
         gguf_name = names.get_name(name, try_suffixes=(".weight",))
         assert gguf_name is not None, name
@@ -319,11 +322,17 @@ def test_gguf_27b_queries_scaled_by_dim_over_heads(tmp_path):
     assert config["layer_types"][:6] == ["sliding"] * 5 + ["full"]
 
 
+def test_gguf_final_logit_softcapping_of_gemma3_is_read(tmp_path):
+    """llama.cpp's gemma3 soft-caps the logits where the key says (not the scores)."""
+    source = write_gemma3_gguf(tmp_path / "m.gguf", GEMMA3_CONFIG, gemma3_tensors(GEMMA3_CONFIG),
+                               [("add_final_logit_softcapping", 30.0)])
+    config, _, _ = converted(source, tmp_path / "m.barellm")
+    assert config["final_logit_softcap"] == 30.0 and "attn_logit_softcap" not in config
+
+
 @pytest.mark.parametrize("keys, message", [
-    ([("add_final_logit_softcapping", 30.0)], "GGUF key 'gemma3.final_logit_softcapping' "
-     "is 30: logit soft-capping is not supported"),
     ([("add_attn_logit_softcapping", 50.0)], "GGUF key 'gemma3.attn_logit_softcapping' "
-     "is 50: logit soft-capping is not supported"),
+     "is 50: gemma3 with soft-capped attention scores is not supported (gemma2 is)"),
     ([("add_sliding_window_pattern", [True, False])], "GGUF key "
      "'gemma3.attention.sliding_window_pattern' has 2 entries for 7 layers"),
 ])
@@ -385,13 +394,120 @@ def test_gguf_without_post_norms_is_refused(tmp_path):
             "missing tensors: blk.0.post_ffw_norm.weight")
 
 
+# -------------------------------------------------------------------------------- Gemma 2
+
+# A tiny Gemma 2: as GEMMA3_CONFIG without q/k norms and the local RoPE base, 5 layers (0, 2
+# and 4 slide), its two soft-caps.
+GEMMA2_CONFIG = {
+    **{key: value for key, value in GEMMA3_CONFIG.items()
+       if key not in ("rope_local_base_freq", "sliding_window_pattern")},
+    "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "num_hidden_layers": 5,
+    "rope_theta": 10000.0, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+}
+GEMMA2_FIELDS = tuple(field for field in GEMMA3_FIELDS if field != "rope_theta_local") + (
+    "attn_logit_softcap", "final_logit_softcap", "qk_norm")
+
+
+def gemma2_tensors(config, seed=0):
+    return {name: value for name, value in gemma3_tensors(config, seed).items()
+            if "_norm." not in name or "layernorm" in name or name == "model.norm.weight"}
+
+
+def test_gemma2_hf_config_and_tensors(tmp_path):
+    tensors = gemma2_tensors(GEMMA2_CONFIG)
+    assert not any("q_norm" in name for name in tensors)
+    hf = make_checkpoint(tmp_path / "hf", GEMMA2_CONFIG, tensors)
+    config, arrays, _ = converted(hf, tmp_path / "out.barellm")
+    assert config["architecture"] == "gemma2"
+    assert config["layer_types"] == ["sliding", "full"] * 2 + ["sliding"]
+    assert config["sliding_window"] == 4 and config["rope_theta"] == 1e4
+    assert (config["attn_logit_softcap"], config["final_logit_softcap"]) == (50.0, 30.0)
+    assert config["attention_scale"] == f32(8 ** -0.5)
+    assert config["post_norms"] is True and config["activation"] == "gelu_tanh"
+    assert "qk_norm" not in config and "rope_theta_local" not in config
+    assert sorted(arrays) == sorted(barellm_name(name) for name in tensors)
+    for name, (_, values) in tensors.items():
+        want = np.float32(1) + values if values.ndim == 1 else values
+        assert np.array_equal(arrays[barellm_name(name)], want), name
+    # transformers' defaults where config.json leaves them out; a null cap turns it off.
+    cfg = {key: value for key, value in GEMMA2_CONFIG.items()
+           if key not in ("attn_logit_softcapping", "sliding_window")}
+    hf = make_checkpoint(tmp_path / "defaults", {**cfg, "final_logit_softcapping": None},
+                         tensors)
+    config, _, _ = converted(hf, tmp_path / "defaults.barellm")
+    assert config["attn_logit_softcap"] == 50.0 and "final_logit_softcap" not in config
+    assert config["sliding_window"] == 4096
+
+
+def test_gemma2_gguf_gives_the_checkpoints_file(tmp_path):
+    tensors = gemma2_tensors(GEMMA2_CONFIG, seed=1)
+    hf = make_checkpoint(tmp_path / "hf", GEMMA2_CONFIG, tensors)
+    from_hf, hf_arrays, _ = converted(hf, tmp_path / "hf.barellm")
+    source = write_gemma3_gguf(tmp_path / "m.gguf", GEMMA2_CONFIG, tensors, arch="gemma2")
+    from_gguf, arrays, _ = converted(source, tmp_path / "gguf.barellm")
+    for field in GEMMA2_FIELDS:
+        assert from_gguf.get(field) == from_hf.get(field), field
+    assert sorted(arrays) == sorted(hf_arrays)
+    for name, values in hf_arrays.items():
+        assert np.array_equal(arrays[name], values), name
+
+
+def test_gemma2_gguf_takes_llama_cpps_defaults(tmp_path):
+    """Without the keys, llama.cpp's gemma2 slides every other layer over 4096 positions and
+    caps the scores at 50 and the logits at 30; its 27B model (46 layers) scales queries by
+    (dim / heads)^-1/2, the others by head_dim^-1/2."""
+    cfg = {**GEMMA2_CONFIG, "hidden_size": 12, "intermediate_size": 8, "num_hidden_layers": 46,
+           "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4}
+    source = write_gemma3_gguf(tmp_path / "m.gguf", cfg, gemma2_tensors(cfg), arch="gemma2",
+                               window_and_caps=False)
+    config, _, _ = converted(source, tmp_path / "m.barellm")
+    assert config["attention_scale"] == float(np.float32(1) / np.sqrt(np.float32(6)))
+    assert config["layer_types"] == ["sliding", "full"] * 23
+    assert config["sliding_window"] == 4096
+    assert (config["attn_logit_softcap"], config["final_logit_softcap"]) == (50.0, 30.0)
+    cfg = {**cfg, "num_hidden_layers": 5}
+    source = write_gemma3_gguf(tmp_path / "n.gguf", cfg, gemma2_tensors(cfg), arch="gemma2",
+                               keys=[("add_sliding_window_pattern", [False] * 5)])
+    config, _, _ = converted(source, tmp_path / "n.barellm")
+    assert config["attention_scale"] == f32(4 ** -0.5)
+    assert config["layer_types"] == ["full"] * 5 and config["sliding_window"] is None
+
+
+def test_gguf_from_hf_writes_llama_cpps_gemma2(tmp_path):
+    """scripts/gguf_from_hf.py writes Gemma 2 as llama.cpp's gemma2, which converts back to
+    the checkpoint's own file; without one of the caps it cannot (llama.cpp's gemma2
+    always applies both)."""
+    tensors = gemma2_tensors(GEMMA2_CONFIG, seed=4)
+    hf = make_checkpoint(tmp_path / "hf", GEMMA2_CONFIG, tensors)
+    result = run(GGUF_FROM_HF, hf, "-o", tmp_path / "m.gguf")
+    assert result.returncode == 0, result.stderr
+    fields = {name: field.contents()
+              for name, field in gguf.GGUFReader(str(tmp_path / "m.gguf")).fields.items()}
+    assert fields["general.architecture"] == "gemma2"
+    assert fields["gemma2.attn_logit_softcapping"] == 50.0
+    assert fields["gemma2.final_logit_softcapping"] == 30.0
+    assert fields["gemma2.attention.sliding_window_pattern"] == [True, False] * 2 + [True]
+    from_hf, hf_arrays, _ = converted(hf, tmp_path / "hf.barellm", "--dtype", "f32")
+    from_gguf, arrays, _ = converted(tmp_path / "m.gguf", tmp_path / "gguf.barellm")
+    for field in GEMMA2_FIELDS:
+        assert from_gguf.get(field) == from_hf.get(field), field
+    for name, values in hf_arrays.items():
+        assert np.array_equal(arrays[name], values), name
+    uncapped = make_checkpoint(tmp_path / "uncapped",
+                               {**GEMMA2_CONFIG, "attn_logit_softcapping": None}, tensors)
+    result = run(GGUF_FROM_HF, uncapped, "-o", tmp_path / "u.gguf")
+    assert result.returncode == 1
+    assert result.stderr.startswith("gguf_from_hf: llama.cpp's gemma2 soft-caps both")
+    assert not (tmp_path / "u.gguf").exists()
+
+
 # ------------------------------------------------------------------------------- refusals
 
 @pytest.mark.parametrize("changes, message", [
-    ({"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0 is not supported"),
-    ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0 is not supported"),
-    ({"model_type": "gemma2"}, "model_type 'gemma2' is not supported: Gemma 2's logit "
-     "soft-capping"),
+    ({"final_logit_softcapping": -30.0}, "config.json: final_logit_softcapping must be a "
+     "positive number"),
+    ({"attn_logit_softcapping": "50"}, "config.json: attn_logit_softcapping must be a "
+     "positive number"),
     ({"hidden_activation": "gelu"}, "hidden_activation 'gelu' is not supported"),
     ({"use_bidirectional_attention": True}, "use_bidirectional_attention=true"),
     ({"attention_bias": True}, "attention_bias=true is not supported for gemma3"),

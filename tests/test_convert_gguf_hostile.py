@@ -267,10 +267,10 @@ HOSTILE = {
     "overlapping tensors": (overlapping, "overlap"),
     "huge dimensions": (with_tensor("blk.0.ffn_up.weight", 0, (2**31, 2**31, 2**31)),
                         "ends at byte"),
-    "other architecture": (with_key("general.architecture", STRING, "gemma2"),
-                           "architecture 'gemma2' is not supported: Gemma 2's logit "
-                           "soft-capping is not implemented (only gemma3, llama, qwen2, qwen3, "
-                           "qwen3moe)"),
+    "other architecture": (with_key("general.architecture", STRING, "qwen2moe"),
+                           "architecture 'qwen2moe' is not supported: Qwen2-MoE's shared "
+                           "expert is not implemented (only gemma2, gemma3, llama, qwen2, "
+                           "qwen3, qwen3moe)"),
     "no architecture": (without_key("general.architecture"), "general.architecture"),
     "missing config key": (without_key("llama.block_count"), "'llama.block_count' is missing"),
     "config key of the wrong type": (with_key("llama.block_count", STRING, "1"),

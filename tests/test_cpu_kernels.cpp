@@ -277,6 +277,32 @@ TEST_CASE("geglu matches its formula in double at every SIMD level, far into bot
     }
 }
 
+TEST_CASE("softcap matches cap · tanh(x / cap) in double at every SIMD level, small to saturated") {
+    std::mt19937 rng(10);
+    const auto level =
+        GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
+    if (level > cpu::detect_simd_level()) return;
+    for (int n : {1, 9, 17, 250}) {
+        for (float cap : {30.0f, 50.0f}) {
+            // Scores from far inside the cap (tanh nearly linear) to far past it (saturated).
+            for (float scale : {0.01f * cap, cap, 100.0f * cap}) {
+                const auto in = random_floats(n, rng, scale);
+                std::vector<float> x = in;
+                cpu::set_simd_level(level);
+                cpu::softcap(x.data(), n, cap);
+                cpu::set_simd_level(cpu::detect_simd_level());
+                INFO(cpu::simd_level_name(level)
+                     << " n " << n << " cap " << cap << " scale " << scale);
+                for (int i = 0; i < n; ++i) {
+                    const double want = cap * std::tanh(double(in[i]) / cap);
+                    CHECK(std::abs(x[i] - want) <= 1e-6 * std::abs(want) + 4e-7 * cap);
+                    CHECK(std::abs(x[i]) <= cap);
+                }
+            }
+        }
+    }
+}
+
 TEST_CASE("rope rotates pair (i, i + head_dim/2) by pos * theta^(-2i/head_dim)") {
     std::mt19937 rng(99);
     const int heads = 3, head_dim = 10, pos = 17;
@@ -299,11 +325,13 @@ TEST_CASE("rope rotates pair (i, i + head_dim/2) by pos * theta^(-2i/head_dim)")
 }
 
 // Direct double-precision attention of query position `pos` over stored (rounded) keys
-// and values [positions, kv_dim], attending to rows first..pos.
+// and values [positions, kv_dim], attending to rows first..pos; the scores soft-capped where
+// softcap > 0.
 static std::vector<double> reference_attention(const float* q, int pos, int first,
                                                const std::vector<float>& keys,
                                                const std::vector<float>& values, int heads,
-                                               int kv_heads, int head_dim, double scale) {
+                                               int kv_heads, int head_dim, double scale,
+                                               double softcap) {
     const int kv_dim = kv_heads * head_dim;
     std::vector<double> out(heads * head_dim, 0.0);
     for (int h = 0; h < heads; ++h) {
@@ -315,6 +343,7 @@ static std::vector<double> reference_attention(const float* q, int pos, int firs
                 scores[t] +=
                     double(q[h * head_dim + i]) * keys[size_t(t) * kv_dim + kv_head * head_dim + i];
             scores[t] *= scale;
+            if (softcap > 0) scores[t] = softcap * std::tanh(scores[t] / softcap);
             max_score = std::max(max_score, scores[t]);
         }
         for (int t = first; t <= pos; ++t) total += (scores[t] = std::exp(scores[t] - max_score));
@@ -334,6 +363,8 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
     if (level > cpu::detect_simd_level()) return;
     // head_dim 20: one whole and one partial tile of 16 value columns in the AVX2 prefill.
     const int head_dim = GENERATE(12, 20);
+    // Gemma 2's soft-capped scores: a cap of 0.2 bends most of these (|score| up to about 1).
+    const float softcap = GENERATE(0.0f, 0.2f);
     const int heads = 6, kv_heads = 2, kv_dim = kv_heads * head_dim;
     const size_t element = kv_element_bytes(type);
     for (int window : {0, 5, 37}) {
@@ -358,10 +389,11 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
             // A scale other than 1/√head_dim (as Gemma's query_pre_attn_scalar gives), so
             // that a kernel which recomputes it fails.
             const float scale = 1.25f / std::sqrt(float(head_dim));
-            const AttentionShape shape{heads, kv_heads, head_dim, window, scale};
+            const AttentionShape shape{heads, kv_heads, head_dim, window, scale, softcap};
             const int pos = positions - 1;
             const int first = window ? std::max(0, pos + 1 - window) : 0;
-            INFO("positions " << positions << " window " << window << " head_dim " << head_dim);
+            INFO("positions " << positions << " window " << window << " head_dim " << head_dim
+                              << " softcap " << softcap);
             cpu::set_simd_level(level);
 
             // Decode: the last position alone.
@@ -371,7 +403,7 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
                            scores.data(), shape, type);
             CHECK(relative_error(
                       out, reference_attention(q.data(), pos, first, stored_keys, stored_values,
-                                               heads, kv_heads, head_dim, scale)) < 1e-5);
+                                               heads, kv_heads, head_dim, scale, softcap)) < 1e-5);
 
             // Prefill: the last `count` positions as one batch, each causal (40 tokens ×
             // 3 heads per KV head: several blocks of query rows and tiles of keys).
@@ -389,7 +421,7 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
                           row, reference_attention(&queries[i * heads * head_dim], p,
                                                    window ? std::max(0, p + 1 - window) : 0,
                                                    stored_keys, stored_values, heads, kv_heads,
-                                                   head_dim, scale)) < 1e-5);
+                                                   head_dim, scale, softcap)) < 1e-5);
             }
             cpu::set_simd_level(cpu::detect_simd_level());
         }

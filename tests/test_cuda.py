@@ -4,7 +4,8 @@ query heads per KV head, head_dim 34/64/128, a sliding window shorter than the p
 llama3 RoPE scaling, tied and untied output), synthetic Qwen2 and Qwen3 checkpoints (q/k/v
 and o biases, per-head q/k norms, a sliding window on some layers only), synthetic Gemma 3
 checkpoints (scaled embeddings, post norms, GeGLU, sliding and full layers with their own
-RoPE, query_pre_attn_scalar; Gemma 3 1B's heads of 256), f32/f16/bf16/q8/q4
+RoPE, query_pre_attn_scalar; Gemma 3 1B's heads of 256) and Gemma 2 ones (soft-capped
+scores and logits), f32/f16/bf16/q8/q4
 weights (q8 and q4: the GPU quantizes the activations to int8 as the CPU does, and the
 logits follow the CPU's within QUANTIZED_TOLERANCE; a q4 file keeps f16 the matrices whose
 columns are not a multiple of 32), f32/f16 KV cache, contexts of 1, 7, 100 and 4096
@@ -248,9 +249,9 @@ QWEN = {
 }
 
 
-# Gemma 3 as tests/test_gemma.py makes them (gemma_tensors: norms 1 + w around 1, the tied
-# embedding scaled so that the logits are far from uniform), with a context for the long
-# prompts, and Gemma 3 1B's attention: 4 query heads of 256 on one KV head.
+# Gemma 3 and Gemma 2 as tests/test_gemma.py makes them (gemma_tensors: norms 1 + w around 1,
+# the tied embedding scaled so that the logits are far from uniform), with a context for the
+# long prompts, and Gemma 3 1B's attention: 4 query heads of 256 on one KV head.
 GEMMA = {
     # Windows of 5 (layers 2 and 5 full), head_dim 18, scale 24^-1/2.
     "gemma3": {**GEMMA_CPU_CONFIGS["gemma3"], "max_position_embeddings": 4096},
@@ -263,6 +264,8 @@ GEMMA = {
         "intermediate_size": 301, "num_hidden_layers": 3, "num_attention_heads": 4,
         "num_key_value_heads": 1, "head_dim": 256, "sliding_window": 50,
         "sliding_window_pattern": 3, "query_pre_attn_scalar": 168},
+    # Gemma 2: no q/k norms, layers 0, 2, 4 sliding; the scores and the logits soft-capped.
+    "gemma2": {**GEMMA_CPU_CONFIGS["gemma2"], "max_position_embeddings": 4096},
 }
 
 

@@ -4,7 +4,7 @@ by cuda_runtime_emulation.h) runs `--device cuda` with every kernel of the forwa
 the CPU. tests/test_cuda.py's checks run on it here, on every machine, with prompts short
 enough for the emulation (a fraction of a second per token): logits at every position
 against the CPU backend, for decode and the batched prefill of every weight type (and a
-prompt of two batches), the block-type mixes, the Qwen, Gemma 3 and mixture-of-experts
+prompt of two batches), the block-type mixes, the Qwen, Gemma and mixture-of-experts
 shapes, the server's step over the paged KV cache, graph replay against direct launches,
 dependent launch and the warpgroup GEMM of an emulated sm_90, the simple tiles of an sm_75,
 `run`, `bench`, `serve` (four clients at once) and the GPU ladder.
@@ -93,7 +93,7 @@ def test_shapes_decode_and_prefill(models, name, dtype, kv):
 @pytest.mark.parametrize("dtype,kv", [("bf16", "f16"), ("q8", "f32")])
 def test_gemma_decode_and_prefill(models, name, dtype, kv):
     """Scaled embeddings, post norms, GeGLU, sliding and full layers (heads of 256 in
-    gemma3-1b-heads)."""
+    gemma3-1b-heads), Gemma 2's soft-capped scores and logits."""
     decode_and_prefill(models(name, dtype), dtype, kv, token_ids(LENGTH, seed=3))
 
 
@@ -120,7 +120,7 @@ def short_steps(monkeypatch):
 
 
 @pytest.mark.parametrize("name,dtype,kv", [("stories260K", "f32", "f32"),
-                                           ("gemma3", "f32", "f16"),
+                                           ("gemma3", "f32", "f16"), ("gemma2", "f16", "f32"),
                                            ("qwen3-attention-bias", "f16", "f16"),
                                            ("group-of-8", "q4", "f32")])
 def test_step_matches_cpu_forward(short_steps, models, name, dtype, kv):

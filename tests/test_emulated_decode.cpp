@@ -553,6 +553,7 @@ struct AttentionCase {
     int heads, kv_heads, head_dim, pos, window, splits;
     bool norms;
     float magnitude;  // of the token's q, k, v and the cached keys: scores grow with its square
+    float softcap = 0.0f;  // of the scores (Gemma 2), 0 for none
 };
 
 // The cache: random rows 0..pos-1 (attended ones) and NaN elsewhere, row pos written by the
@@ -574,8 +575,8 @@ std::vector<KvT> attention_cache(int context, int kv_dim, int first, int pos, st
 // instead of taking the shape's scale fails.
 double case_scale(int head_dim) { return 1.25 / std::sqrt(double(head_dim)); }
 
-// Σ_t softmax(q · key(t) × case_scale)_t value(t) over the cache rows t = first..pos of
-// query head h's KV head, in double; q [head_dim].
+// Σ_t softmax(q · key(t) × case_scale, soft-capped where the case says)_t value(t) over the
+// cache rows t = first..pos of query head h's KV head, in double; q [head_dim].
 template <typename KvT>
 std::vector<double> attend(const std::vector<double>& q, int h, const AttentionCase& c,
                            const std::vector<KvT>& keys, const std::vector<KvT>& values,
@@ -587,7 +588,8 @@ std::vector<double> attend(const std::vector<double>& q, int h, const AttentionC
         double dot = 0;
         for (int d = 0; d < head_dim; ++d)
             dot += q[d] * from_kv(keys[size_t(t) * kv_dim + head_offset + d]);
-        p.push_back(dot * float(case_scale(head_dim)));
+        const double score = dot * float(case_scale(head_dim));
+        p.push_back(c.softcap > 0 ? c.softcap * std::tanh(score / c.softcap) : score);
     }
     const double largest = *std::max_element(p.begin(), p.end());
     double total = 0;
@@ -608,9 +610,10 @@ template <typename KvT>
 void check_attention(const AttentionCase& c, std::mt19937& rng) {
     INFO(c.heads << "/" << c.kv_heads << " heads of " << c.head_dim << ", pos " << c.pos
                  << ", window " << c.window << ", " << c.splits << " splits, norms " << c.norms
-                 << ", kv " << (std::is_same_v<KvT, float> ? "f32" : "f16"));
-    const AttentionShape shape{c.heads, c.kv_heads, c.head_dim, c.window,
-                               float(case_scale(c.head_dim))};
+                 << ", softcap " << c.softcap << ", kv "
+                 << (std::is_same_v<KvT, float> ? "f32" : "f16"));
+    const AttentionShape shape{
+        c.heads, c.kv_heads, c.head_dim, c.window, float(case_scale(c.head_dim)), c.softcap};
     const int head_dim = c.head_dim, q_dim = c.heads * head_dim, kv_dim = c.kv_heads * head_dim;
     const int context = c.pos + 3, first = attention_start(c.pos, c.window);
     const std::vector<float> inverse_frequencies = inverse_frequencies_for(head_dim);
@@ -689,6 +692,10 @@ constexpr AttentionCase kAttentionCases[] = {
     {8, 2, 64, 150, 0, 5, false, 12.0f},   // scores past 88: exp overflows without the max
     {16, 4, 128, 200, 0, 3, true, 2.0f},   // Mistral's heads: splits of two tiles
     {4, 2, 68, 90, 0, 1, false, 2.0f},     // f16 keys in pieces (68 not a multiple of 8)
+    // Gemma 2's soft-capped scores, a cap below the largest so that it bends them: 2B's heads
+    // (8 of 256 over 4), sliding over splits, and a cap small enough to flatten most scores.
+    {8, 4, 256, 300, 100, 3, false, 2.0f, 2.5f},
+    {6, 2, 34, 70, 0, 3, false, 4.0f, 0.75f},
 };
 
 }  // namespace
@@ -710,7 +717,7 @@ namespace {
 template <typename KvT>
 void check_attention_naive(const AttentionCase& c, std::mt19937& rng) {
     INFO(c.heads << "/" << c.kv_heads << " heads of " << c.head_dim << ", pos " << c.pos
-                 << ", window " << c.window << ", kv "
+                 << ", window " << c.window << ", softcap " << c.softcap << ", kv "
                  << (std::is_same_v<KvT, float> ? "f32" : "f16"));
     const int head_dim = c.head_dim, q_dim = c.heads * head_dim, kv_dim = c.kv_heads * head_dim;
     const int context = c.pos + 3, first = attention_start(c.pos, c.window);
@@ -725,7 +732,7 @@ void check_attention_naive(const AttentionCase& c, std::mt19937& rng) {
     const int step[2] = {1, c.pos};
     emulate_launch(dim3(c.heads), dim3(kNaiveAttentionThreads), 0, attention_naive_kernel<KvT>,
                    out.data(), q.data(), keys.data(), values.data(), step, scores.data(), context,
-                   c.heads, c.kv_heads, head_dim, c.window, float(case_scale(head_dim)));
+                   c.heads, c.kv_heads, head_dim, c.window, float(case_scale(head_dim)), c.softcap);
     // The reference from q as given (this kernel takes it rotated already).
     int wrong = 0;
     for (int h = 0; h < c.heads; ++h) {

@@ -105,8 +105,9 @@ void check_attention_paged(const PagedCase& c, std::mt19937& rng) {
     const int rows = step.rows();
     const int splits = c.splits > 0 ? c.splits : attention_paged_splits(rows, step.longest(), 1024);
     INFO(shape.heads << "/" << shape.kv_heads << " heads of " << shape.head_dim << ", window "
-                     << shape.window << ", blocks of " << c.block_size << ", " << rows << " rows, "
-                     << splits << " splits, out " << dtype_name(c.out_dtype) << ", kv "
+                     << shape.window << ", softcap " << shape.softcap << ", blocks of "
+                     << c.block_size << ", " << rows << " rows, " << splits << " splits, out "
+                     << dtype_name(c.out_dtype) << ", kv "
                      << (std::is_same_v<KvT, float> ? "f32" : "f16"));
     const int group = shape.heads / shape.kv_heads, head_dim = shape.head_dim;
     const int q_dim = shape.heads * head_dim, kv_dim = shape.kv_heads * head_dim;
@@ -138,7 +139,8 @@ void check_attention_paged(const PagedCase& c, std::mt19937& rng) {
                                   head_dim,
                                   shape.window,
                                   splits,
-                                  shape.scale};
+                                  shape.scale,
+                                  shape.softcap};
     with_paged_pairs(head_dim, [&](auto pairs) {
         emulate_launch(attention_paged_split_grid(rows, shape, splits), dim3(kPagedThreads), 0,
                        attention_paged_split_kernel<KvT, decltype(pairs)::value>, args);
@@ -166,6 +168,9 @@ void check_attention_paged(const PagedCase& c, std::mt19937& rng) {
                     dot +=
                         double(q[d]) * pool_value(keys, step.slot(t, p) * kv_dim + head_offset + d);
                 scores[p - first] = dot * shape.scale;
+                if (shape.softcap > 0)
+                    scores[p - first] =
+                        shape.softcap * std::tanh(scores[p - first] / shape.softcap);
                 largest = std::max(largest, scores[p - first]);
             }
             double total = 0;
@@ -216,6 +221,9 @@ TEST_CASE("emulated attention_paged matches a double reference over scattered bl
         {{8, 1, 64, 0, 0.16f}, 32, {700, 12}, {1, 1}, DType::F32, 0},
         // Groups of 5 query heads (a block of 4 and a block of 1), a chunk and a window.
         {{10, 2, 16, 20, 0.3f}, 16, {90, 50}, {6, 1}, DType::BF16, 4},
+        // Gemma 2's soft-capped scores (a cap of 1.5 bends them): a chunk and decode rows,
+        // head_dim 256, a window.
+        {{8, 4, 256, 40, 0.2f, 1.5f}, 16, {120, 30}, {1, 5}, DType::F16, 3},
     };
     for (const PagedCase& c : cases) {
         check_attention_paged<float>(c, rng);

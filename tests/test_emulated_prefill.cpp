@@ -341,9 +341,9 @@ template <typename KvT>
 void check_attention_prefill(const AttentionCase& c, int mma_buffers, std::mt19937& rng) {
     const AttentionShape& shape = c.shape;
     INFO(shape.heads << "/" << shape.kv_heads << " heads of " << shape.head_dim << ", window "
-                     << shape.window << ", " << c.count << " tokens from " << c.first_pos
-                     << ", out " << dtype_name(c.out_dtype) << ", kv "
-                     << (c.kv_type == KvType::F32 ? "f32" : "f16") << ", " << mma_buffers
+                     << shape.window << ", softcap " << shape.softcap << ", " << c.count
+                     << " tokens from " << c.first_pos << ", out " << dtype_name(c.out_dtype)
+                     << ", kv " << (c.kv_type == KvType::F32 ? "f32" : "f16") << ", " << mma_buffers
                      << " tile buffers");
     const int group = shape.heads / shape.kv_heads, head_dim = shape.head_dim;
     const int q_dim = shape.heads * head_dim, kv_dim = shape.kv_heads * head_dim;
@@ -369,7 +369,7 @@ void check_attention_prefill(const AttentionCase& c, int mma_buffers, std::mt199
                                attention_prefill_mma_shared_bytes(head_dim, mma_buffers), kernel,
                                static_cast<void*>(out.data()), out_pitch, qkv.data(), qkv_pitch,
                                keys.data(), values.data(), c.first_pos, c.count, shape.heads,
-                               shape.kv_heads, head_dim, shape.window, shape.scale);
+                               shape.kv_heads, head_dim, shape.window, shape.scale, shape.softcap);
                 return;
             }
         }
@@ -379,7 +379,7 @@ void check_attention_prefill(const AttentionCase& c, int mma_buffers, std::mt199
                            attention_prefill_kernel<KvT, kOut, decltype(dims)::value>,
                            static_cast<void*>(out.data()), out_pitch, qkv.data(), qkv_pitch,
                            keys.data(), values.data(), c.first_pos, c.count, shape.heads,
-                           shape.kv_heads, head_dim, shape.window, shape.scale);
+                           shape.kv_heads, head_dim, shape.window, shape.scale, shape.softcap);
         });
     });
     // The tensor-core kernel rounds the queries to f16 (an input of the reference below) and
@@ -406,6 +406,9 @@ void check_attention_prefill(const AttentionCase& c, int mma_buffers, std::mt199
                 for (int d = 0; d < head_dim; ++d)
                     dot += q[d] * cache_value(keys.data(), size_t(key) * kv_dim + head_offset + d);
                 scores[key - first] = dot * shape.scale;
+                if (shape.softcap > 0)
+                    scores[key - first] =
+                        shape.softcap * std::tanh(scores[key - first] / shape.softcap);
                 largest = std::max(largest, scores[key - first]);
             }
             double total = 0;
@@ -464,6 +467,11 @@ TEST_CASE("emulated attention_prefill matches a double reference", "[cuda_emulat
         {{4, 1, 256, 37, 0.0772f}, 70, 10, KvType::F16, DType::BF16},
         {{4, 1, 256, 21, 0.0625f}, 17, 40, KvType::F32, DType::F16},
         {{4, 1, 256, 0, 0.0772f}, 5, 33, KvType::F16, DType::F32},
+        // Gemma 2's soft-capped scores (a cap of 1.5, below the largest scores, so that it
+        // bends them): on tensor cores, sliding, and on CUDA cores at 2B's head_dim 256.
+        {{4, 2, 64, 9, 0.3f, 1.5f}, 70, 20, KvType::F16, DType::F16},
+        {{6, 2, 8, 0, 0.9f, 1.5f}, 17, 3, KvType::F32, DType::F32},
+        {{4, 2, 256, 21, 0.1f, 1.5f}, 33, 10, KvType::F16, DType::BF16},
     };
     for (const AttentionCase& c : cases) {
         if (c.kv_type == KvType::F32) {

@@ -1,6 +1,7 @@
 """Gemma 3 checkpoints (the embedding times sqrt(dim), x * (1 + w) norms, post-attention and
 post-feed-forward norms before the residual add, GeGLU, per-head q/k norms, sliding and full
-layers with their own RoPE bases, query_pre_attn_scalar): the converter's output run by the
+layers with their own RoPE bases, query_pre_attn_scalar) and Gemma 2 ones (no q/k norms, every
+other layer sliding, the scores and the logits soft-capped): the converter's output run by the
 C++ CPU backend, logits at every position against the independent numpy reference
 (reference/model.py, which reads the Hugging Face directory itself), decode (one token at a
 time) and prefill (one batch), every SIMD level, every weight dtype; the loader's checks of
@@ -45,6 +46,14 @@ CONFIGS = {
                       "rope_scaling": {"rope_type": "linear", "factor": 8.0},
                       "layer_types": ["sliding_attention", "full_attention",
                                       "sliding_attention", "full_attention"]},
+    # Gemma 2: no q/k norms, layers 0, 2, 4 sliding (its default pattern), one RoPE base; caps
+    # low enough to bend most scores (up to about 3 here) and logits (about 10).
+    "gemma2": {**{key: value for key, value in _GEMMA3.items() if key != "rope_local_base_freq"},
+               "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2",
+               "rope_theta": 10000.0, "hidden_size": 36, "intermediate_size": 70,
+               "num_hidden_layers": 5, "num_attention_heads": 4, "num_key_value_heads": 2,
+               "head_dim": 18, "query_pre_attn_scalar": 20, "attn_logit_softcapping": 1.5,
+               "final_logit_softcapping": 6.0},
 }
 # The logits' spread: large enough that the softmax is far from uniform.
 LOGIT_GAIN = 4.0
@@ -80,7 +89,7 @@ def gemma_tensors(config, seed=0, prefix="model."):
             p + "mlp.up_proj.weight": matrix(hidden, dim),
             p + "mlp.down_proj.weight": matrix(dim, hidden),
         })
-        for name in ("q_norm", "k_norm"):
+        for name in ("q_norm", "k_norm") if config["model_type"] != "gemma2" else ():
             tensors[p + f"self_attn.{name}.weight"] = ("F32",
                                                        rng.uniform(-0.5, 1.5, hd).astype("<f4"))
     tensors[prefix + "norm.weight"] = norm(dim)
@@ -182,6 +191,10 @@ def rewritten(tmp_path, model, edit_config=None, drop=None):
     ("gemma3", {"sliding_window": 9}),
     ("gemma3-scaled", {"rope_scaling": None}),
     ("gemma3-scaled", {"rope_theta_local": None}),
+    ("gemma2", {"attn_logit_softcap": None}),
+    ("gemma2", {"final_logit_softcap": None}),
+    ("gemma2", {"attn_logit_softcap": 3.0}),
+    ("gemma2", {"layer_types": ["full"] * 5}),
 ])
 def test_each_gemma_field_moves_the_logits(tmp_path, name, edit):
     """Each of Gemma's config fields, changed in the converted file, changes the reference
@@ -228,11 +241,41 @@ def test_the_loader_refuses_bad_gemma_fields(tmp_path, edit_config, drop, messag
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
-def test_the_reference_refuses_soft_capping(tmp_path):
-    config = {**CONFIGS["gemma3"], "final_logit_softcapping": 30.0}
-    hf = make_checkpoint(str(tmp_path / "hf"), config, gemma_tensors(config))
-    with pytest.raises(ValueError, match="final_logit_softcapping"):
-        reference.load(hf)
+def test_the_reference_soft_caps_where_the_config_says(tmp_path):
+    """The reference's soft-capping: the logits stay within the cap; a soft-capping key set
+    to null turns it off rather than taking Gemma2Config's default; Gemma 3 with a
+    final_logit_softcapping caps its logits too."""
+    config, weights = reference.load(checkpoint(tmp_path, "gemma2"))
+    capped = reference.forward(config, weights, GEMMA_IDS)
+    assert config["final_logit_softcap"] == 6.0 and np.abs(capped).max() < 6.0
+    assert np.abs(capped).max() > 5.0  # the cap bends the largest logits
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        edited = {**CONFIGS["gemma2"], key: None}
+        hf = make_checkpoint(str(tmp_path / f"hf-{key}"), edited, gemma_tensors(edited))
+        assert relative_error(reference.logits_for(hf, GEMMA_IDS), capped) > 0.01
+    gemma3 = {**CONFIGS["gemma3"], "final_logit_softcapping": 2.0}
+    hf = make_checkpoint(str(tmp_path / "hf-gemma3"), gemma3, gemma_tensors(gemma3))
+    assert np.abs(reference.logits_for(hf, GEMMA_IDS)).max() < 2.0
+
+
+def test_gemma3_with_a_final_logit_cap_matches_the_reference(tmp_path):
+    """transformers' Gemma 3 soft-caps its logits where the config says: so does barellm."""
+    gemma3 = {**CONFIGS["gemma3"], "final_logit_softcapping": 2.0}
+    hf = make_checkpoint(str(tmp_path / "hf-gemma3"), gemma3, gemma_tensors(gemma3))
+    model = convert(hf, tmp_path / "model.bin", "f32")
+    want = reference.logits_for(hf, GEMMA_IDS)
+    assert relative_error(barellm_logits(model, GEMMA_IDS, "--kv", "f32"), want) < 1e-4
+
+
+def test_info_shows_gemma2s_soft_capping(tmp_path):
+    result = barellm("info", convert(checkpoint(tmp_path, "gemma2"), tmp_path / "model.bin",
+                                     "f32"))
+    assert result.returncode == 0, result.stderr
+    for line in ("architecture    gemma2", "sliding_window  5 (layers 0 2 4)",
+                 "attention_scale 0.223607", "softcap         attention scores 1.5",
+                 "softcap         logits 6"):
+        assert line + "\n" in result.stdout
+    assert "rope_theta_local" not in result.stdout
 
 
 def test_info_shows_gemmas_fields(tmp_path):

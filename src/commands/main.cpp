@@ -369,6 +369,10 @@ int command_info(const Options& options) {
     if (c.embedding_scale != 1.0f) std::printf("\nembedding_scale %g", c.embedding_scale);
     if (c.post_norms) std::printf("\npost_norms      attention and feed-forward outputs");
     if (c.activation == Activation::GeluTanh) std::printf("\nactivation      gelu_tanh (GeGLU)");
+    if (c.attn_logit_softcap > 0)
+        std::printf("\nsoftcap         attention scores %g", c.attn_logit_softcap);
+    if (c.final_logit_softcap > 0)
+        std::printf("\nsoftcap         logits %g", c.final_logit_softcap);
     std::printf("\ntied_embeddings %s\n", c.tied_embeddings ? "yes" : "no");
     std::printf("bos_id          %d\neos_ids        ", c.bos_id);
     for (int id : c.eos_ids) std::printf(" %d", id);

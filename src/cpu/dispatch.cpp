@@ -525,6 +525,15 @@ void geglu(float* gate, const float* up, int n) {
         scalar::geglu(gate, up, n);
 }
 
+void softcap(float* x, int n, float cap) {
+    if (active_level == SimdLevel::Avx512)
+        avx512::softcap(x, n, cap);
+    else if (active_level == SimdLevel::Avx2)
+        avx2::softcap(x, n, cap);
+    else
+        scalar::softcap(x, n, cap);
+}
+
 void embedding_row(float* out, const Matrix& table, int row) {
     matrix_row_to_float(out, table, row);
 }
@@ -540,7 +549,8 @@ void kv_store(void* slot, const float* values, int n, KvType type) {
 
 namespace {
 
-// One query head attending to cache rows [first, pos]: softmax(q·k × scale) · v. The cache
+// One query head attending to cache rows [first, pos]: softmax(q·k × scale) · v, the scores
+// soft-capped where the shape says. The cache
 // row of position p is row_of(p): p itself in the contiguous cache, the row its block table
 // gives in the paged one.
 //   out_head [head_dim], q_head [head_dim], scores [pos - first + 1] scratch
@@ -564,6 +574,7 @@ void attend_one_head(float* out_head, const float* q_head, int head, int pos, Ro
     for (int t = 0; t < positions; ++t)
         scores[t] =
             dot(q_head, keys + row_of(first + t) * row_bytes, shape.head_dim, type) * shape.scale;
+    if (shape.softcap > 0) softcap(scores, positions, shape.softcap);
     softmax(scores, positions);
     std::fill(out_head, out_head + shape.head_dim, 0.0f);
     for (int t = 0; t < positions; ++t)

@@ -1,8 +1,9 @@
 // The CPU forward pass: tokens through the Llama transformer, top to bottom, with what the
 // other families change where the model has it: Qwen2's q/k/v biases, Qwen3's per-head q/k
-// norms, and Gemma 3's scaled embedding, norms of the sub-blocks' outputs, GeGLU, sliding
-// layers with their own RoPE base, and attention scale (Gemma's norms, x · (1 + w), are plain
-// RMSNorms here: the weight file holds the multipliers 1 + w); and Mixtral's and Qwen3-MoE's
+// norms, and Gemma's scaled embedding, norms of the sub-blocks' outputs, GeGLU, sliding
+// layers (Gemma 3's with their own RoPE base), and attention scale (Gemma's norms, x · (1 + w),
+// are plain RMSNorms here: the weight file holds the multipliers 1 + w), Gemma 2's soft-capped
+// attention scores and logits; and Mixtral's and Qwen3-MoE's
 // sparse layers, whose feed-forward is a mixture of experts (cpu/moe.h).
 // `forward` runs one token (decode); `prefill` runs a batch of tokens of one sequence as
 // matrices; `step` (the server's) runs a batch of rows of many sequences as matrices, over the
@@ -127,10 +128,11 @@ public:
             const LayerWeights& w = weights_.layers[l];
             const float* rope_frequencies = layer_rope_frequencies(l);
             // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
-            //   (Qwen2: + bq, bk, bv after the projections; Qwen3 and Gemma: each head of q and
+            //   (Qwen2: + bq, bk, bv after the projections; Qwen3 and Gemma 3: each head of q and
             //    k RMS-normed before RoPE; with attention_bias: + bo after wo; Gemma: wo's
             //    output RMS-normed before the add, and scores scaled by attention_scale, not
-            //    1/√head_dim; sliding layers attend to the last `window` positions, and Gemma's
+            //    1/√head_dim (Gemma 2: then soft-capped, cap · tanh(score / cap));
+            //    sliding layers attend to the last `window` positions, and Gemma 3's
             //    rotate with their own RoPE base)
             cpu::rmsnorm(s.xb.data(), s.x.data(), w.attn_norm, c.dim, c.norm_eps);
             cpu::matvec_many({{s.q.data(), s.xb.data(), &w.wq},
@@ -166,9 +168,10 @@ public:
             for (int i = 0; i < c.dim; ++i) s.x[i] += s.proj[i];
         }
 
-        // logits = output · norm(x)
+        // logits = output · norm(x)   (Gemma 2: soft-capped, cap · tanh(logits / cap))
         cpu::rmsnorm(s.x.data(), s.x.data(), model_.final_norm, c.dim, c.norm_eps);
         cpu::matvec(s.logits.data(), s.x.data(), weights_.output);
+        softcap_logits(s.logits.data(), 1);
         return s.logits.data();
     }
 
@@ -228,6 +231,7 @@ public:
             cpu::gemm(step_logits_.data(), s.xb.data(), wanting, weights_.output);
         else
             multiply(s.xb.data(), 1, {{step_logits_.data(), &weights_.output}});
+        softcap_logits(step_logits_.data(), wanting);
         return step_logits_.data();
     }
 
@@ -272,11 +276,13 @@ private:
         if (logits_out) {
             rmsnorm_rows(s.x.data(), s.x.data(), model_.final_norm, B);
             cpu::gemm(logits_out, s.x.data(), B, weights_.output);
+            softcap_logits(logits_out, B);
             return logits_out + size_t(B - 1) * c.vocab_size;
         }
         float* last_x = &s.x[size_t(B - 1) * c.dim];
         cpu::rmsnorm(last_x, last_x, model_.final_norm, c.dim, c.norm_eps);
         cpu::matvec(s.logits.data(), last_x, weights_.output);
+        softcap_logits(s.logits.data(), 1);
         return s.logits.data();
     }
 
@@ -442,6 +448,17 @@ private:
         for (size_t i = 0; i < size_t(rows) * model_.config.dim; ++i) x[i] *= scale;
     }
 
+    // logits [rows, vocab_size] = cap · tanh(logits / cap) with final_logit_softcap (Gemma 2);
+    // nothing when the model has none.
+    void softcap_logits(float* logits, int rows) const {
+        const Config& c = model_.config;
+        if (c.final_logit_softcap > 0)
+            cpu::for_each_row(rows, c.vocab_size, [&](int r) {
+                cpu::softcap(logits + size_t(r) * c.vocab_size, c.vocab_size,
+                             c.final_logit_softcap);
+            });
+    }
+
     // A sub-block's output y [rows, dim] RMS-normed in place with `weight` before the residual
     // add (Gemma's post_attn_norm and post_ffn_norm); nothing when weight is nullptr.
     void post_norm(float* y, const float* weight, int rows) const {
@@ -491,8 +508,9 @@ private:
 
     AttentionShape attention_shape(int layer) const {
         const Config& c = model_.config;
-        return AttentionShape{c.heads, c.kv_heads, c.head_dim, c.layer_window(layer),
-                              c.attention_scale};
+        return AttentionShape{c.heads,           c.kv_heads,
+                              c.head_dim,        c.layer_window(layer),
+                              c.attention_scale, c.attn_logit_softcap};
     }
 
     // The contiguous KV cache's row of layer `layer` at position `pos`.

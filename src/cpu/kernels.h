@@ -239,6 +239,10 @@ void swiglu(float* gate, const float* up, int n);
 // gate[n] = gelu_tanh(gate) * up (Gemma), gelu_tanh(g) = g/2 (1 + tanh(√(2/π) (g + 0.044715 g³)))
 void geglu(float* gate, const float* up, int n);
 
+// In place: x[n] = cap · tanh(x / cap), within (-cap, cap) (Gemma 2's soft-capping of the
+// attention scores and the logits).
+void softcap(float* x, int n, float cap);
+
 // One embedding row as f32: out[cols] = table[row].
 void embedding_row(float* out, const Matrix& table, int row);
 

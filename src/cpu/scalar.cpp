@@ -82,4 +82,8 @@ void scalar::geglu(float* gate, const float* up, int n) {
     }
 }
 
+void scalar::softcap(float* x, int n, float cap) {
+    for (int i = 0; i < n; ++i) x[i] = cap * std::tanh(x[i] / cap);
+}
+
 }  // namespace barellm::cpu

@@ -14,6 +14,7 @@ void add_scaled_kv(float* out, float scale, const void* values, int n, KvType ty
 void softmax(float* x, int n);
 void swiglu(float* gate, const float* up, int n);
 void geglu(float* gate, const float* up, int n);
+void softcap(float* x, int n, float cap);
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps);
 
 }  // namespace barellm::cpu::scalar

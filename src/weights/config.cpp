@@ -44,8 +44,8 @@ float read_positive_float(const json& object, const char* key, const std::string
 }
 
 bool is_known_architecture(const json& value) {
-    return value == "llama" || value == "qwen2" || value == "qwen3" || value == "gemma3" ||
-           value == "mixtral" || value == "qwen3_moe";
+    return value == "llama" || value == "qwen2" || value == "qwen3" || value == "gemma2" ||
+           value == "gemma3" || value == "mixtral" || value == "qwen3_moe";
 }
 
 // A boolean field that is false when absent.
@@ -155,8 +155,8 @@ Config Config::from_json(const std::string& json_text, const std::string& source
         throw Error(
             source + ": architecture " +
             (object.contains("architecture") ? json_excerpt(object["architecture"]) : "(missing)") +
-            " is not supported (barellm runs llama, qwen2, qwen3, gemma3, mixtral and "
-            "qwen3_moe)");
+            " is not supported (barellm runs llama, qwen2, qwen3, gemma2, gemma3, mixtral "
+            "and qwen3_moe)");
     Config config;
     config.architecture = object["architecture"].get<std::string>();
     config.dim = read_int(object, "dim", source, 1, kMaxDim);
@@ -221,6 +221,11 @@ Config Config::from_json(const std::string& json_text, const std::string& source
         config.rope_theta_local = read_positive_float(object, "rope_theta_local", source);
         check_rope_frequencies(rope_local_inverse_frequencies(config), "rope_theta_local", source);
     }
+
+    if (object.contains("attn_logit_softcap"))
+        config.attn_logit_softcap = read_positive_float(object, "attn_logit_softcap", source);
+    if (object.contains("final_logit_softcap"))
+        config.final_logit_softcap = read_positive_float(object, "final_logit_softcap", source);
 
     read_experts(object, source, &config);
     const bool moe_architecture =

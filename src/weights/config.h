@@ -33,7 +33,7 @@ struct Config {
     float norm_eps = 1e-5f;
     int sliding_window = 0;              // 0: attend to the whole context
     int sliding_window_first_layer = 0;  // layers before it attend to the whole context
-    std::string architecture = "llama";  // llama, qwen2, qwen3, gemma3 (`info`)
+    std::string architecture = "llama";  // llama, qwen2, qwen3, gemma2, gemma3 (`info`)
     bool qkv_bias = false;  // q, k and v projections add a bias (Qwen2, attention_bias)
     bool o_bias = false;    // the output projection adds a bias (attention_bias)
     bool qk_norm = false;   // RMSNorm over each head of q and of k before RoPE (Qwen3)
@@ -48,6 +48,9 @@ struct Config {
     std::vector<bool> sliding_layers;  // per layer (Gemma); empty: sliding_window_first_layer
     float rope_theta_local = 0.0f;     // RoPE base of sliding layers, unscaled; 0: rope_theta
     float attention_scale = 0.0f;      // multiplies q·k; from_json: given or 1/sqrt(head_dim)
+    // Soft-capping (Gemma 2): a score s becomes cap · tanh(s / cap), within (-cap, cap); 0: none.
+    float attn_logit_softcap = 0.0f;   // of the attention scores, after attention_scale
+    float final_logit_softcap = 0.0f;  // of the logits
     // Mixture of experts (Mixtral, Qwen3-MoE); experts 0: every layer dense. A sparse layer's
     // feed-forward is `experts` networks of width moe_hidden_dim and a router that sends
     // each token to experts_per_token of them; the dense ones (dense_layers) keep hidden_dim.

@@ -202,11 +202,13 @@ void attention_rows(float* out, const float* q, int first_row, int rows, int fir
             std::copy_n(sums + r * kTokenTile, kTokenTile,
                         scores + size_t(r) * tiles.padded_keys + tile * kTokenTile);
     }
-    // Causal softmax: exp over each row's keys, zero around them; normalised at the end.
+    // Causal softmax (the scores soft-capped first where the shape says): exp over each row's
+    // keys, zero around them; normalised at the end.
     const int key_begin = first_tile * kTokenTile, key_end = end_tile * kTokenTile;
     float inverse_sums[kRowTile];
     for (int r = 0; r < rows; ++r) {
         float* row = scores + size_t(r) * tiles.padded_keys;
+        if (shape.softcap > 0) softcap(row + begin[r], end[r] - begin[r], shape.softcap);
         inverse_sums[r] = 1.0f / exp_in_place(row, begin[r], end[r]);
         std::fill(row + key_begin, row + begin[r], 0.0f);
         std::fill(row + end[r], row + key_end, 0.0f);

@@ -131,5 +131,6 @@ void attention_rows(float* out, const float* q, int first_row, int rows, int fir
 void swiglu(float* gate, const float* up, int n);
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps);
 void geglu(float* gate, const float* up, int n);
+void softcap(float* x, int n, float cap);
 
 }  // namespace barellm::cpu::avx2

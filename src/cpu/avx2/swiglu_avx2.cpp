@@ -1,5 +1,6 @@
 // The feed-forward block's gated activations on AVX2 + FMA, with a vectorised e^x: SwiGLU,
-// silu(gate) · up (Llama, Qwen), and GeGLU, gelu_tanh(gate) · up (Gemma).
+// silu(gate) · up (Llama, Qwen), and GeGLU, gelu_tanh(gate) · up (Gemma); and Gemma 2's
+// soft-capping of scores, cap · tanh(x / cap), on the same e^x.
 #include <immintrin.h>
 
 #include "cpu/avx2/avx2.h"
@@ -46,6 +47,25 @@ void geglu(float* gate, const float* up, int n) {
                          _mm256_mul_ps(_mm256_mul_ps(g, sigmoid(two_u)), _mm256_loadu_ps(up + i)));
     }
     scalar::geglu(gate + i, up + i, n - i);
+}
+
+// x[n] = cap · tanh(x / cap), where tanh(y) = sign(y) · (1 - e) / (1 + e) with e = e^-2|y| ≤ 1
+// (no overflow).
+void softcap(float* x, int n, float cap) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 cap_vector = _mm256_set1_ps(cap);
+    const __m256 minus_two_over_cap = _mm256_set1_ps(-2.0f / cap);
+    const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+    int i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+        const __m256 v = _mm256_loadu_ps(x + i);
+        const __m256 e =
+            exp_nonpositive(_mm256_mul_ps(minus_two_over_cap, _mm256_andnot_ps(sign_bit, v)));
+        const __m256 magnitude =
+            _mm256_mul_ps(cap_vector, _mm256_div_ps(_mm256_sub_ps(one, e), _mm256_add_ps(one, e)));
+        _mm256_storeu_ps(x + i, _mm256_or_ps(magnitude, _mm256_and_ps(v, sign_bit)));
+    }
+    scalar::softcap(x + i, n - i, cap);
 }
 
 }  // namespace barellm::cpu::avx2

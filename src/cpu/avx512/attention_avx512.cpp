@@ -116,11 +116,13 @@ void attention_rows(float* out, const float* q, int first_row, int rows, int fir
                 _mm512_storeu_ps(scores + size_t(r) * tiles.padded_keys + (tile + t) * kTileFloats,
                                  _mm512_loadu_ps(sums + t * sums_tile_stride + r * kTileFloats));
     }
-    // Causal softmax: exp over each row's keys, zero around them; normalised at the end.
+    // Causal softmax (the scores soft-capped first where the shape says): exp over each row's
+    // keys, zero around them; normalised at the end.
     const int key_begin = first_tile * kTileFloats, key_end = end_tile * kTileFloats;
     float inverse_sums[kAttentionRowTile];
     for (int r = 0; r < rows; ++r) {
         float* row = scores + size_t(r) * tiles.padded_keys;
+        if (shape.softcap > 0) softcap(row + begin[r], end[r] - begin[r], shape.softcap);
         inverse_sums[r] = 1.0f / exp_in_place(row, begin[r], end[r]);
         std::fill(row + key_begin, row + begin[r], 0.0f);
         std::fill(row + end[r], row + key_end, 0.0f);

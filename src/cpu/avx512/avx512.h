@@ -79,10 +79,12 @@ size_t attention_scratch_floats(int keys, int head_dim);  // per thread
 void attention_rows(float* out, const float* q, int first_row, int rows, int first_pos, int kv_head,
                     const avx2::KvTiles& tiles, const AttentionShape& shape, float* scratch);
 
-// ---- Element-wise: SwiGLU and GeGLU (swiglu_avx512.cpp), RMSNorm (rmsnorm_avx512.cpp).
+// ---- Element-wise: SwiGLU, GeGLU and soft-capping (swiglu_avx512.cpp), RMSNorm
+// (rmsnorm_avx512.cpp).
 
 void swiglu(float* gate, const float* up, int n);
 void geglu(float* gate, const float* up, int n);
+void softcap(float* x, int n, float cap);
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps);
 
 // ---- The prefill GEMM for Q8 and Q4 weights (gemm_quantized_avx512vnni.cpp), in two steps:

@@ -1,6 +1,6 @@
 // The feed-forward block's gated activations on AVX-512, with a vectorised e^x, 16 lanes at a
 // time, the tail masked: SwiGLU, silu(gate) · up (Llama, Qwen), and GeGLU, gelu_tanh(gate) ·
-// up (Gemma).
+// up (Gemma); and Gemma 2's soft-capping of scores, cap · tanh(x / cap), on the same e^x.
 #include "cpu/avx512/avx512.h"
 #include "cpu/avx512/helpers_avx512.h"
 
@@ -44,6 +44,23 @@ void geglu(float* gate, const float* up, int n) {
         _mm512_mask_storeu_ps(
             gate + i, mask,
             _mm512_mul_ps(_mm512_mul_ps(g, sigmoid(two_u)), _mm512_maskz_loadu_ps(mask, up + i)));
+    }
+}
+
+// x[n] = cap · tanh(x / cap), where tanh(y) = sign(y) · (1 - e) / (1 + e) with e = e^-2|y| ≤ 1
+// (no overflow).
+void softcap(float* x, int n, float cap) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 cap_vector = _mm512_set1_ps(cap);
+    const __m512 minus_two_over_cap = _mm512_set1_ps(-2.0f / cap);
+    const __m512 sign_bit = _mm512_set1_ps(-0.0f);
+    for (int i = 0; i < n; i += kLanes) {
+        const __mmask16 mask = first_lanes(n - i);
+        const __m512 v = _mm512_maskz_loadu_ps(mask, x + i);
+        const __m512 e = exp_nonpositive(_mm512_mul_ps(minus_two_over_cap, _mm512_abs_ps(v)));
+        const __m512 magnitude =
+            _mm512_mul_ps(cap_vector, _mm512_div_ps(_mm512_sub_ps(one, e), _mm512_add_ps(one, e)));
+        _mm512_mask_storeu_ps(x + i, mask, _mm512_or_ps(magnitude, _mm512_and_ps(v, sign_bit)));
     }
 }
 
