@@ -23,9 +23,11 @@ struct ResidentWeights {
 // tiles of 16 rows (Matrix::row_tiles) where the level in use reads them so (uses_row_tiles), else
 // their values and scales (or blocks) as they are. The embedding table, read a row at a time, and
 // the norm weights stay in the file's mapping, as do the rows of tiled matrices (for the other
-// paths). The pages of the file that held each copied matrix are handed back to the system
-// (Model::file), so resident memory holds the weights once. Throws Error where memory does not
-// suffice.
-ResidentWeights resident_weights(const Model& model);
+// paths). A matrix is copied chunk_bytes of the file at a time (whole tiles of 16 rows), and the
+// pages of the file that held each chunk are handed back to the system (Model::file) before the
+// next, so resident memory holds the weights once, and a chunk twice at the peak. Throws Error
+// where memory does not suffice.
+constexpr size_t kResidentCopyChunkBytes = size_t(64) << 20;
+ResidentWeights resident_weights(const Model& model, size_t chunk_bytes = kResidentCopyChunkBytes);
 
 }  // namespace barellm::cpu
