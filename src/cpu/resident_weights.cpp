@@ -58,6 +58,7 @@ void copy_matrix(Matrix* w, uint8_t* at, const SafetensorsFile* file, size_t chu
     const size_t rows_in_chunk = std::min(chunk_bytes / row_bytes, size_t(source.rows));
     const int chunk_rows = std::max(kTileRows, int(rows_in_chunk) / kTileRows * kTileRows);
     uint8_t* scale_copy = at + aligned(values_bytes(source));
+    int previous = 0;  // the first row of the chunk before
     for (int first = 0; first < source.rows; first += chunk_rows) {
         const Matrix part = matrix_rows(source, first, std::min(chunk_rows, source.rows - first));
         if (tiles) {
@@ -67,13 +68,16 @@ void copy_matrix(Matrix* w, uint8_t* at, const SafetensorsFile* file, size_t chu
             if (source.scales)
                 std::memcpy(scale_copy + first * scale_row_bytes, part.scales, scales_bytes(part));
         }
-        // All rows copied so far, from the matrix's start: release_pages keeps a page the
-        // range covers only in part, so a chunk's last page goes back with the next chunk.
+        // This chunk and the one before: release_pages keeps a page the range covers only in
+        // part, so the page two chunks share goes back with the second.
         if (file) {
-            const size_t done = size_t(first) + part.rows;
-            file->release_pages(source.data, done * source.row_bytes());
-            if (source.scales) file->release_pages(source.scales, done * scale_row_bytes);
+            const size_t rows = size_t(first - previous) + part.rows;
+            file->release_pages(source.row_data(previous), rows * source.row_bytes());
+            if (source.scales)
+                file->release_pages(source.scales + size_t(previous) * source.scale_count_per_row(),
+                                    rows * scale_row_bytes);
         }
+        previous = first;
     }
     if (tiles) {
         w->row_tiles = at;  // the rows stay in the mapping, for the other paths
