@@ -45,6 +45,7 @@ import hf_tokenizer
 import kquants
 import mixes
 import parallel
+import rotary
 import safetensors_io as st
 
 # transformers' defaults for config.json keys a checkpoint may omit. Qwen2 and Qwen3 have
@@ -63,6 +64,11 @@ CONFIG_DEFAULTS = {
                 "sliding_window": None},
     "qwen3_moe": {"max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
                   "sliding_window": 4096},
+    # Phi-3 and Phi-4 (Phi3Config): fused q/k/v and gate/up matrices, a window on every
+    # layer where sliding_window is set, LongRoPE, Phi-4-mini's partial rotary.
+    "phi3": {"max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "sliding_window": None,
+             "original_max_position_embeddings": 4096, "partial_rotary_factor": 1.0,
+             "vocab_size": 32064, "bos_token_id": 1, "eos_token_id": 32000},
 }
 # transformers' defaults of the mixture-of-experts keys: Mixtral routes each token to 2 of 8
 # experts of width intermediate_size and always rescales their weights to sum to 1; Qwen3-MoE
@@ -109,7 +115,7 @@ SOFTCAPPING_KEYS = {"attn_logit_softcapping": "attn_logit_softcap",
 # The barellm architecture (docs/FORMAT.md) of each model_type.
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
                  "gemma2": "gemma2", "gemma3_text": "gemma3", "mixtral": "mixtral",
-                 "qwen3_moe": "qwen3_moe"}
+                 "qwen3_moe": "qwen3_moe", "phi3": "phi3"}
 GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
 # Mixture-of-experts model types barellm does not run, with what it lacks for them.
 UNSUPPORTED_MOE = {
@@ -133,6 +139,8 @@ MOE_TENSORS = {
                    "w3": "mlp.experts.{expert}.up_proj.weight",
                    "w2": "mlp.experts.{expert}.down_proj.weight"}),
 }
+# Phi3Config's names of LongRoPE (it renames "su" and "yarn" to "longrope").
+LONGROPE_TYPES = ("longrope", "su", "yarn")
 ROPE_SCALING_KEYS = {
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor",
@@ -219,8 +227,8 @@ def json_object(path, required):
 def language_model_config(cfg):
     """The config of the language model of config.json: the text part of a multimodal
     Gemma 3 config (`text_config`, with the top level's BOS/EOS ids, tying and dtype where
-    it lacks them), else the config itself; Gemma's omitted keys take transformers'
-    defaults (GEMMA2_DEFAULTS, GEMMA3_DEFAULTS)."""
+    it lacks them), else the config itself; Gemma's and Phi-3's omitted keys take
+    transformers' defaults (CONFIG_DEFAULTS)."""
     if cfg.get("model_type") == "gemma3":
         text = cfg.get("text_config")
         if not isinstance(text, dict):
@@ -231,7 +239,7 @@ def language_model_config(cfg):
                                f"'{text.get('model_type')}', not gemma3_text")
         inherited = {key: cfg[key] for key in GEMMA3_INHERITED_KEYS if key in cfg}
         cfg = {**inherited, **text, "model_type": "gemma3_text"}
-    if cfg.get("model_type") in ("gemma2", "gemma3_text"):
+    if cfg.get("model_type") in ("gemma2", "gemma3_text", "phi3"):
         cfg = {**CONFIG_DEFAULTS[cfg["model_type"]], **cfg}
     return cfg
 
@@ -263,13 +271,14 @@ def check_architecture(cfg):
                            f"{UNSUPPORTED_MOE[model_type]}")
     if model_type not in CONFIG_DEFAULTS:
         raise ConvertError(f"model_type '{model_type}' is not supported (only llama, mistral, "
-                           "qwen2, qwen3, gemma2, gemma3_text, gemma3, mixtral and qwen3_moe)")
+                           "qwen2, qwen3, phi3, gemma2, gemma3_text, gemma3, mixtral and "
+                           "qwen3_moe)")
     if cfg.get("quantization_config"):
         raise ConvertError("quantized checkpoints (quantization_config) are not supported")
     if cfg.get("mlp_bias"):
         raise ConvertError("mlp_bias=true is not supported (no feed-forward bias tensors)")
-    if model_type == "mistral" and cfg.get("attention_bias"):
-        raise ConvertError("attention_bias=true is not supported for mistral")
+    if model_type in ("mistral", "phi3") and cfg.get("attention_bias"):
+        raise ConvertError(f"attention_bias=true is not supported for {model_type}")
     for key in MOE_KEYS:
         if cfg.get(key) and model_type not in MOE_DEFAULTS:
             raise ConvertError(f"mixture-of-experts models ({key}={cfg[key]}) are not supported "
@@ -342,9 +351,15 @@ def rope_settings(cfg):
 
 
 def rope_frequencies(theta, scaling, head_dim):
-    """The RoPE inverse frequencies barellm derives from these settings, computed as
-    rope_inverse_frequencies in src/weights/config.cpp does: float32 settings, float64 arithmetic."""
+    """The RoPE inverse frequencies of the rotated pairs barellm derives from these settings
+    (head_dim: the elements rotated), computed as rope_table in src/weights/config.cpp does:
+    float32 settings, float64 arithmetic; LongRoPE's with each factor set, one after the
+    other."""
     kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
+    if kind == "longrope":  # both factor sets, each frequency divided by its pair's factor
+        plain = rope_frequencies(theta, None, head_dim)
+        return [frequency / float32(factors[i]) for key in ("short_factor", "long_factor")
+                for factors in (scaling[key],) for i, frequency in enumerate(plain)]
     frequencies = []
     for i in range(head_dim // 2):
         frequency = float32(theta) ** (-2 * i / head_dim)
@@ -401,7 +416,7 @@ def sliding_window(cfg, defaults, layers):
         if cfg.get("layer_types") is not None and cfg["layer_types"] != derived:
             raise ConvertError("config.json: 'layer_types' differs from what use_sliding_window "
                                "and max_window_layers give; barellm cannot run that layer mix")
-    elif cfg["model_type"] not in ("mistral", "mixtral"):
+    elif cfg["model_type"] not in ("mistral", "mixtral", "phi3"):
         return None, 0
     if window is None:
         return None, 0
@@ -430,6 +445,61 @@ def gemma3_rope(cfg):
         theta, scaling = rope_settings(cfg)
         local_theta = cfg.get("rope_local_base_freq")
     return theta, scaling, positive_number(local_theta, "rope_local_base_freq")
+
+
+def phi3_rope(cfg, head_dim):
+    """(rotary_dim, rope_theta, rope_scaling) of a Phi-3 config as transformers computes
+    them: int(head_dim * partial_rotary_factor) elements rotated; LongRoPE's factor per
+    rotated pair (short_factor, long_factor), its original context (in rope_scaling, else
+    the config's original_max_position_embeddings) and its attention factor (given, else
+    sqrt(1 + ln(factor) / ln(original)), factor = max_position_embeddings / original where
+    not given, 1 for a factor up to 1)."""
+    params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
+    theta = positive_number(cfg.get("rope_theta", params.get("rope_theta", 10000.0)),
+                            "rope_theta")
+    partial = cfg.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0))
+    if isinstance(partial, bool) or not isinstance(partial, (int, float)) or not 0 < partial <= 1:
+        raise ConvertError(f"config.json: partial_rotary_factor must be a number in (0, 1], "
+                           f"not {partial!r}")
+    rotary_dim = int(head_dim * partial)
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise ConvertError(f"config.json: partial_rotary_factor {partial} rotates {rotary_dim} "
+                           f"of {head_dim} elements; RoPE needs an even number, at least 2")
+    scaling = cfg.get("rope_scaling")
+    if scaling is None:
+        scaling = {k: v for k, v in params.items()
+                   if k not in ("rope_theta", "partial_rotary_factor")}
+    if not isinstance(scaling, dict):
+        raise ConvertError("config.json: rope_scaling must be an object or null")
+    kind = scaling.get("rope_type", scaling.get("type"))
+    if kind in (None, "default"):
+        check_rope_frequencies(theta, None, rotary_dim)
+        return rotary_dim, theta, None
+    if kind not in LONGROPE_TYPES:
+        raise ConvertError(f"rope_scaling type '{kind}' is not supported for phi3 (only "
+                           "longrope)")
+    factors = {}
+    for key in ("short_factor", "long_factor"):
+        values = scaling.get(key)
+        if not isinstance(values, list) or len(values) != rotary_dim // 2:
+            raise ConvertError(f"config.json: rope_scaling '{key}' must list {rotary_dim // 2} "
+                               "numbers, one per rotated pair")
+        factors[key] = [positive_number(v, f"rope_scaling '{key}'") for v in values]
+    original = positive_int({"original": scaling.get(
+        "original_max_position_embeddings", cfg.get("original_max_position_embeddings"))},
+        "original")
+    factor = scaling.get("factor")
+    if factor is None:
+        factor = positive_int(cfg, "max_position_embeddings") / original
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (1.0 if positive_number(factor, "rope_scaling 'factor'") <= 1
+                            else math.sqrt(1 + math.log(factor) / math.log(original)))
+    scaling = {"rope_type": "longrope", **factors, "original_max_position_embeddings": original,
+               "attention_factor": positive_number(attention_factor,
+                                                   "rope_scaling 'attention_factor'")}
+    check_rope_frequencies(theta, scaling, rotary_dim)
+    return rotary_dim, theta, scaling
 
 
 def gemma_layer_types(cfg, layers):
@@ -555,12 +625,18 @@ def model_config(cfg, gen):
         raise ConvertError(f"head_dim {head_dim} is odd (RoPE needs an even head_dim)")
     layers = positive_int(cfg, "num_hidden_layers")
     if cfg["model_type"] in ("gemma2", "gemma3_text"):
-        gemma = gemma_fields(cfg, dim, head_dim, layers)
-        theta, scaling, window = (gemma.pop(key) for key in
+        extra = gemma_fields(cfg, dim, head_dim, layers)
+        theta, scaling, window = (extra.pop(key) for key in
                                   ("rope_theta", "rope_scaling", "sliding_window"))
         window_first_layer = 0
+    elif cfg["model_type"] == "phi3":
+        rotary_dim, theta, scaling = phi3_rope(cfg, head_dim)
+        extra = {"rotary_dim": rotary_dim} if rotary_dim != head_dim else {}
+        window, window_first_layer = sliding_window(cfg, defaults, layers)
+        if window is not None and window >= positive_int(cfg, "max_position_embeddings"):
+            window = None  # wider than any context: every layer attends to all of it
     else:
-        gemma = {}
+        extra = {}
         theta, scaling = rope_settings(cfg)
         check_rope_frequencies(theta, scaling, head_dim)
         window, window_first_layer = sliding_window(cfg, defaults, layers)
@@ -589,7 +665,7 @@ def model_config(cfg, gen):
                           qkv_bias=model_type == "qwen2" or attention_bias,
                           o_bias=attention_bias,
                           qk_norm=model_type in ("qwen3", "qwen3_moe")),
-        **gemma,
+        **extra,
         **moe_fields(cfg, layers),
         "tied_embeddings": bool(cfg.get("tie_word_embeddings", False)),
         "bos_id": bos_ids[0] if bos_ids else None,
@@ -683,6 +759,62 @@ class NormPlusOne:
     def f32_blocks(self):
         for values in safetensors_f32_blocks(self.info):
             yield np.float32(1) + values
+
+
+class RowSelection:
+    """Rows `rows` (in that order) of a safetensors tensor, as a tensor of their own: a
+    source for the writer, like a safetensors TensorInfo."""
+
+    def __init__(self, info, rows, name):
+        self.info, self.rows, self.name = info, np.asarray(rows), name
+        self.shape = (len(self.rows),) + tuple(info.shape[1:])
+        self.dtype, self.path = info.dtype, info.path
+
+    def f32_blocks(self):
+        try:
+            source = st.map_tensor(self.info)
+        except (OSError, ValueError) as e:
+            raise ConvertError(f"{os.path.basename(self.path)}: cannot map tensor "
+                               f"'{self.info.name}' ({e})") from None
+        step = max(1, CHUNK_ELEMENTS // max(1, math.prod(self.shape[1:])))
+        for start in range(0, len(self.rows), step):
+            block = np.ascontiguousarray(source[self.rows[start:start + step]])
+            yield dtypes.to_f32(block, self.dtype)
+
+
+# Phi-3's fused matrices: qkv_proj holds the rows of q, k then v; gate_up_proj those of the
+# gate, then the up projection.
+PHI3_QKV, PHI3_GATE_UP = "self_attn.qkv_proj.weight", "mlp.gate_up_proj.weight"
+
+
+def split_phi3(config, tensors, prefix=TEXT_LAYOUT.prefix):
+    """The checkpoint's tensors with Phi-3's fused matrices split into Llama's (q_proj,
+    k_proj, v_proj, gate_proj, up_proj: RowSelections), the rows of each q and k head put in
+    barellm's order for a partial rotary (rotary.py)."""
+    head_dim, dim, hidden = config["head_dim"], config["dim"], config["hidden_dim"]
+    q_rows, kv_rows = config["heads"] * head_dim, config["kv_heads"] * head_dim
+    order = rotary.partial_rotary_order(head_dim, config.get("rotary_dim", head_dim))
+    tensors = dict(tensors)
+    for layer in range(config["layers"]):
+        p = f"{prefix}layers.{layer}."
+        parts = {PHI3_QKV: ((q_rows + 2 * kv_rows, dim), {
+                     "self_attn.q_proj.weight": rotary.head_rows(q_rows, head_dim, order),
+                     "self_attn.k_proj.weight": q_rows + rotary.head_rows(kv_rows, head_dim,
+                                                                          order),
+                     "self_attn.v_proj.weight": q_rows + kv_rows + np.arange(kv_rows)}),
+                 PHI3_GATE_UP: ((2 * hidden, dim), {
+                     "mlp.gate_proj.weight": np.arange(hidden),
+                     "mlp.up_proj.weight": hidden + np.arange(hidden)})}
+        for fused, (shape, pieces) in parts.items():
+            info = tensors.pop(p + fused, None)
+            if info is None:
+                raise ConvertError(f"missing tensors: {p + fused}")
+            if info.shape != shape:
+                raise ConvertError(f"tensor '{p + fused}' has shape {list(info.shape)}, "
+                                   f"expected {list(shape)}")
+            for name, rows in pieces.items():
+                tensors[p + name] = RowSelection(info, rows, f"{p + fused} ({name})")
+    return tensors
 
 
 def checkpoint_layout(cfg, tensors):
@@ -1003,6 +1135,8 @@ def read_checkpoint(hf_dir, output, weight_dtype):
     refuse_output_among_inputs(output, [os.path.join(hf_dir, name) for name in SIDE_FILES] +
                                sorted({info.path for info in tensors.values()}))
     layout = checkpoint_layout(cfg, tensors)
+    if config["architecture"] == "phi3":
+        tensors = split_phi3(config, tensors)
     plan = tensor_plan(config, tensors, layout)
     config["weight_dtype"] = weight_dtype or default_weight_dtype(language_model_config(cfg),
                                                                   plan)

@@ -36,6 +36,7 @@ from common import ConvertError, float32
 import blocks
 import gguf_file
 import gguf_tokenizer
+import rotary
 
 # Elements converted at a time (as convert.py's CHUNK_ELEMENTS).
 CHUNK_ELEMENTS = 1 << 23
@@ -158,7 +159,16 @@ ARCHITECTURES = {
     "qwen3moe": Architecture("qwen3_moe", LLAMA_GLOBAL_TENSORS,
                              {**LLAMA_LAYER_TENSORS, **QK_NORM_TENSORS, **MOE_TENSORS},
                              False, flags=("qk_norm",)),
+    # Phi-3 and Phi-4: q, k and v fused (PHI3_FUSED_QKV) unless the file holds them apart;
+    # the gate and up rows always fused in ffn_up (PHI3_FUSED_GATE_UP).
+    "phi3": Architecture("phi3", LLAMA_GLOBAL_TENSORS, LLAMA_LAYER_TENSORS, False),
 }
+PHI3_FUSED_QKV = "attn_qkv.weight"
+PHI3_FUSED_GATE_UP = "ffn_up.weight"
+# Phi-3's LongRoPE: the divisors of the rotated pairs' frequencies beyond the original
+# context and within it.
+ROPE_FACTORS = {"long_factor": "rope_factors_long.weight",
+                "short_factor": "rope_factors_short.weight"}
 
 
 def rope_row_order(rows, head_dim):
@@ -267,14 +277,19 @@ class GGUFTensor:
     name. f32_blocks() and quantized_blocks() are what convert.py's writer asks of a
     source."""
 
-    def __init__(self, path, layout, head_dim_of_rows):
+    def __init__(self, path, layout, head_order=None, rows=None):
         self.name = layout.name
         self.qtype = layout.ggml_type
         self.dtype = self.qtype.name
         self.shape = tuple(reversed(layout.dims))
         self.path, self.layout = path, layout
-        # Rows reordered per head of this many rows (q and k), else None.
-        self.head_dim = head_dim_of_rows
+        # The order of each head's rows (q and k: an order within one head), else None.
+        self.head_order = None if head_order is None else np.asarray(head_order)
+        # [first, last) of the stored rows this tensor is (a part of a fused one), else None.
+        self.rows = rows
+        if rows is not None:
+            self.name = f"{layout.name} (rows {rows[0]} to {rows[1] - 1})"
+            self.shape = (rows[1] - rows[0],) + self.shape[1:]
 
     def _row_slices(self):
         """(slice, row order within it or None) of consecutive row blocks; with a row
@@ -283,13 +298,15 @@ class GGUFTensor:
             yield slice(None), None
             return
         rows, cols = math.prod(self.shape[:-1]), self.shape[-1]
+        first = self.rows[0] if self.rows is not None else 0
         step = max(1, CHUNK_ELEMENTS // cols)
-        if self.head_dim:
-            step = max(1, step // self.head_dim) * self.head_dim
+        head_dim = None if self.head_order is None else len(self.head_order)
+        if head_dim:
+            step = max(1, step // head_dim) * head_dim
         for start in range(0, rows, step):
             count = min(step, rows - start)
-            order = rope_row_order(count, self.head_dim) if self.head_dim else None
-            yield slice(start, start + count), order
+            order = rotary.head_rows(count, head_dim, self.head_order) if head_dim else None
+            yield slice(first + start, first + start + count), order
 
     def _bytes(self):
         return gguf_file.map_tensor(self.path, self.layout)
@@ -419,22 +436,34 @@ class GGUFModel:
         if not self.keys.has(k("attention.key_length")) and dim % heads:
             raise ConvertError(f"embedding length {dim} is not a multiple of {heads} heads")
         head_dim = integer(k("attention.key_length"), dim // heads)
-        for other in ("attention.value_length", "rope.dimension_count"):
-            value = integer(k(other), head_dim)
-            if value != head_dim:
-                raise ConvertError(f"GGUF key '{k(other)}' is {value}, not the head size "
-                                   f"{head_dim} (not supported)")
+        value = integer(k("attention.value_length"), head_dim)
+        if value != head_dim:
+            raise ConvertError(f"GGUF key '{k('attention.value_length')}' is {value}, not the "
+                               f"head size {head_dim} (not supported)")
+        rotary_dim = integer(k("rope.dimension_count"), head_dim)
+        partial_allowed = self.arch_name == "phi3" and rotary_dim < head_dim and rotary_dim % 2 == 0
+        if rotary_dim != head_dim and not partial_allowed:
+            raise ConvertError(f"GGUF key '{k('rope.dimension_count')}' is {rotary_dim}, not "
+                               f"the head size {head_dim} (not supported; phi3 may rotate an "
+                               "even number of elements below it)")
         if head_dim % 2:
             raise ConvertError(f"head size {head_dim} is odd (RoPE needs it even)")
         theta = self.keys.number(k("rope.freq_base"), 10000.0)
         layers = integer(k("block_count"))
+        context = integer(k("context_length"))
+        extra = {"rotary_dim": rotary_dim} if rotary_dim != head_dim else {}
         if self.arch_name == "gemma2":
             window, gemma = self._gemma2_fields(dim, heads, head_dim, layers, theta)
+            extra.update(gemma)
         elif self.arch_name == "gemma3":
             window, gemma = self._gemma3_fields(dim, heads, head_dim, layers)
+            extra.update(gemma)
+        elif self.arch_name == "phi3":
+            # 0 (llama.cpp's converter writes it for Phi-4) or wider than the context: none.
+            window = self.keys.whole_number(k("attention.sliding_window"))
+            window = window if window and 0 < window < context else None
         else:
             window = integer(k("attention.sliding_window"), required=False)
-            gemma = {}
         flags = {flag: True for flag in self.arch.flags}
         flags.update({flag: True for flag, suffix in self.arch.optional_flags.items()
                       if f"blk.0.{suffix}" in self.tensors})
@@ -453,13 +482,13 @@ class GGUFModel:
             "kv_heads": kv_heads,
             "head_dim": head_dim,
             "vocab_size": self.vocab_size(),
-            "max_context": integer(k("context_length")),
+            "max_context": context,
             "rope_theta": theta,
-            "rope_scaling": self._rope_scaling(theta, head_dim),
+            "rope_scaling": self._rope_scaling(theta, rotary_dim),
             "norm_eps": self.keys.number(k("attention.layer_norm_rms_epsilon")),
             "sliding_window": window,
             **flags,
-            **gemma,
+            **extra,
             **experts,
             "tied_embeddings": self.arch.global_tensors["output"] not in self.tensors,
             "bos_id": None,
@@ -578,8 +607,11 @@ class GGUFModel:
         return [period == 0 or layer % period < period - 1 for layer in range(layers)]
 
     def _rope_scaling(self, theta, head_dim):
-        """rope_scaling from `rope.scaling.type` (none or linear) or the rope_freqs tensor
-        (Llama 3)."""
+        """rope_scaling from `rope.scaling.type` (none or linear), the rope_freqs tensor
+        (Llama 3) or the rope_factors_long and rope_factors_short tensors (Phi-3's LongRoPE).
+        `head_dim`: the elements rotated."""
+        if any(name in self.tensors for name in ROPE_FACTORS.values()):
+            return self._longrope_scaling(head_dim)
         kind = self.keys.string(self._key("rope.scaling.type")) or "none"
         if kind not in ("none", "linear"):
             raise ConvertError(f"RoPE scaling type '{kind}' is not supported (none, linear, "
@@ -594,6 +626,32 @@ class GGUFModel:
             return {"rope_type": "linear", "factor": factor}
         return None
 
+    def _longrope_scaling(self, rotary_dim):
+        """LongRoPE as llama.cpp's phi3 computes it: a divisor per rotated pair from
+        rope_factors_long beyond `rope.scaling.original_context_length` positions (else the
+        context length), from rope_factors_short within; cos and sin times
+        `rope.scaling.attn_factor` (default 1)."""
+        if self.arch_name != "phi3":
+            raise ConvertError(f"{ROPE_FACTORS['long_factor']} (LongRoPE) is not supported for "
+                               f"architecture '{self.arch_name}' (only phi3)")
+        scaling = {"rope_type": "longrope"}
+        for key, name in ROPE_FACTORS.items():
+            if name not in self.tensors:
+                raise ConvertError(f"missing tensors: {name} (LongRoPE needs both factor sets)")
+            source = GGUFTensor(self.path, self.tensors[name])
+            if source.shape != (rotary_dim // 2,):
+                raise ConvertError(f"{name} has shape {list(source.shape)}, expected "
+                                   f"[{rotary_dim // 2}]")
+            factors = next(source.f32_blocks()).astype(np.float64)
+            if not (np.isfinite(factors).all() and (factors > 0).all()):
+                raise ConvertError(f"{name} holds values that are not positive numbers")
+            scaling[key] = [float(value) for value in factors]
+        k = self._key
+        scaling["original_max_position_embeddings"] = self.keys.integer(
+            k("rope.scaling.original_context_length"), self.keys.integer(k("context_length")))
+        scaling["attention_factor"] = self.keys.number(k("rope.scaling.attn_factor"), 1.0)
+        return scaling
+
     def _llama3_scaling(self, theta, head_dim):
         """The llama3 rope_scaling whose frequency divisors are the rope_freqs tensor.
 
@@ -602,7 +660,7 @@ class GGUFModel:
         the largest divisor; the other three are the GGUF's `rope.scaling.*` where given,
         else Llama 3.1's (1, 4, 8192); the tensor must then match to float32 rounding."""
         tensor = self.tensors[ROPE_FREQS]
-        source = GGUFTensor(self.path, tensor, None)
+        source = GGUFTensor(self.path, tensor)
         if source.shape != (head_dim // 2,):
             raise ConvertError(f"{ROPE_FREQS} has shape {list(source.shape)}, expected "
                                f"[{head_dim // 2}]")
@@ -628,6 +686,39 @@ class GGUFModel:
                                f"{scaling['original_max_position_embeddings']}")
         return scaling
 
+    def _source(self, name, config):
+        """(llama.cpp tensor name, [first, last) of its rows or None: all) of the barellm
+        tensor `name`: Phi-3's q, k and v are rows of attn_qkv where the file fuses them,
+        its gate and up projections the first and second half of ffn_up's rows."""
+        gguf_name = self._gguf_name(name)
+        if self.arch_name != "phi3" or not name.startswith("layers."):
+            return gguf_name, None
+        _, layer, short = name.split(".", 2)
+        q_rows = config["heads"] * config["head_dim"]
+        kv_rows = config["kv_heads"] * config["head_dim"]
+        fused_qkv = f"blk.{layer}.{PHI3_FUSED_QKV}"
+        parts = {"wq": (fused_qkv, (0, q_rows)),
+                 "wk": (fused_qkv, (q_rows, q_rows + kv_rows)),
+                 "wv": (fused_qkv, (q_rows + kv_rows, q_rows + 2 * kv_rows)),
+                 "w1": (f"blk.{layer}.{PHI3_FUSED_GATE_UP}", (0, config["hidden_dim"])),
+                 "w3": (f"blk.{layer}.{PHI3_FUSED_GATE_UP}",
+                        (config["hidden_dim"], 2 * config["hidden_dim"]))}
+        if short in ("wq", "wk", "wv") and fused_qkv not in self.tensors:
+            return gguf_name, None
+        return parts.get(short, (gguf_name, None))
+
+    def _check_fused(self, sources):
+        """A fused tensor must have exactly the rows of its parts."""
+        ends = {}
+        for gguf_name, rows in sources.values():
+            if rows is not None:
+                ends[gguf_name] = max(ends.get(gguf_name, 0), rows[1])
+        for gguf_name, end in ends.items():
+            stored = tuple(reversed(self.tensors[gguf_name].dims))
+            if len(stored) != 2 or stored[0] != end:
+                raise ConvertError(f"tensor '{gguf_name}' has shape {list(stored)}, expected "
+                                   f"{end} rows from the config")
+
     def _gguf_name(self, name):
         if name.startswith("layers."):
             _, layer, short = name.split(".", 2)
@@ -638,20 +729,30 @@ class GGUFModel:
         """[(barellm name, GGUFTensor, is_norm)] in output order, checking the file holds
         exactly these tensors with the shapes of `expected` ({barellm name: (shape,
         is_norm)}, in output order)."""
-        names = {self._gguf_name(name): name for name in expected}
-        missing = [gguf_name for gguf_name in names if gguf_name not in self.tensors]
+        sources = {name: self._source(name, config) for name in expected}
+        used = list(dict.fromkeys(gguf_name for gguf_name, _ in sources.values()))
+        missing = [gguf_name for gguf_name in used if gguf_name not in self.tensors]
         if missing:
             raise ConvertError(f"missing tensors: {', '.join(missing[:5])}")
-        extra = sorted(n for n in self.tensors if n not in names and n != ROPE_FREQS)
+        extra = sorted(n for n in self.tensors if n not in used and n != ROPE_FREQS
+                       and n not in ROPE_FACTORS.values())
         if extra:
             raise ConvertError(f"unexpected tensors: {', '.join(extra[:5])}")
+        self._check_fused(sources)
+        head_dim = config["head_dim"]
+        partial = rotary.partial_rotary_order(head_dim, config.get("rotary_dim", head_dim))
         plan = []
-        for gguf_name, name in names.items():
+        for name, (gguf_name, rows) in sources.items():
             shape, is_norm = expected[name]
             tensor = self.tensors[gguf_name]
             short = name.rsplit(".", 1)[-1]
-            interleaved = self.arch.interleaved_qk and short in ("wq", "wk")
-            source = GGUFTensor(self.path, tensor, config["head_dim"] if interleaved else None)
+            head_order = None
+            if short in ("wq", "wk"):
+                if self.arch.interleaved_qk:
+                    head_order = rope_row_order(head_dim, head_dim)
+                elif "rotary_dim" in config:
+                    head_order = partial
+            source = GGUFTensor(self.path, tensor, head_order, rows)
             if short in ("w1", "w3", "w2") and len(source.shape) == 3:
                 # Stacked experts [experts, rows, cols]: one matrix, expert after expert.
                 source.shape = (source.shape[0] * source.shape[1], source.shape[2])

@@ -30,6 +30,13 @@ GPT2_REGEX = (r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_REGEX = LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")
+# GPT-4o's (o200k; Phi-4-mini's tokenizer): a word's upper-case letters go with its
+# lower-case ones, and a contraction with its word.
+_WORD_CASES = (r"[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]", r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]")
+_CONTRACTION = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+GPT4O_REGEX = (rf"[^\r\n\p{{L}}\p{{N}}]?{_WORD_CASES[0]}*{_WORD_CASES[1]}+{_CONTRACTION}|"
+               rf"[^\r\n\p{{L}}\p{{N}}]?{_WORD_CASES[0]}+{_WORD_CASES[1]}*{_CONTRACTION}|"
+               r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def _byte_level(use_regex, trim_offsets=True):
@@ -56,7 +63,7 @@ class PreTokenizer(NamedTuple):
 
 
 # tokenizer.ggml.pre -> the Hugging Face tokenizer of that family (GPT-2, Llama 3, SmolLM,
-# Qwen2 tokenizer.json files).
+# Qwen2, GPT-4o tokenizer.json files).
 _LLAMA3 = PreTokenizer(None, _sequence(_split(LLAMA3_REGEX), _byte_level(False)), True, True)
 PRE_TOKENIZERS = {
     "gpt-2": PreTokenizer(None, _byte_level(True), False, False),
@@ -68,6 +75,8 @@ PRE_TOKENIZERS = {
     "qwen2": PreTokenizer({"type": "NFC"},
                           _sequence(_split(QWEN2_REGEX), _byte_level(False, False)), False,
                           False),
+    "gpt-4o": PreTokenizer(None, _sequence(_split(GPT4O_REGEX), _byte_level(False)), False,
+                           False),
 }
 BYTE_LEVEL_DECODER = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
                       "use_regex": True}

@@ -1,18 +1,19 @@
 #!/usr/bin/env python3
-"""Write a Hugging Face Llama/Mistral/Qwen/Gemma 2/Gemma 3/Mixtral/Qwen3-MoE checkpoint with
-deterministic random weights.
+"""Write a Hugging Face Llama/Mistral/Qwen/Phi-3/Gemma 2/Gemma 3/Mixtral/Qwen3-MoE checkpoint
+with deterministic random weights.
 
     python3 convert/synth.py --preset NAME -o HF_DIR [--tokenizer DIR|FILE.gguf] [--dtype D]
                              [--seed N] [--layers N]
     python3 convert/synth.py --config CONFIG_JSON --tokenizer DIR|FILE.gguf -o HF_DIR [...]
 
 Presets carry the config.json of real models (tinyllama-1.1b, mistral-7b, llama3-8b,
-smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, qwen3-8b, gemma2-2b, gemma2-9b, gemma3-270m,
-gemma3-1b, gemma3-4b, mixtral-8x7b, qwen3-30b-a3b) so that speed and memory can be measured at
-their exact shapes; --layers N keeps the first N layers of the shape (a 30B model with 8
-layers fits a small machine, its per-layer speed unchanged). A mixture-of-experts checkpoint
-holds each expert's matrices as Hugging Face's do, one tensor per expert; its routers are
-random matrices like the others. Weights are generated per tensor from numpy's Generator
+smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, qwen3-8b, phi3-mini, phi4-mini, gemma2-2b,
+gemma2-9b, gemma3-270m, gemma3-1b, gemma3-4b, mixtral-8x7b, qwen3-30b-a3b) so that speed and
+memory can be measured at their exact shapes; --layers N keeps the first N layers of the
+shape (a 30B model with 8 layers fits a small machine, its per-layer speed unchanged). A
+mixture-of-experts checkpoint holds each expert's matrices as Hugging Face's do, one tensor
+per expert; its routers are random matrices like the others; a Phi-3 one its fused qkv_proj
+and gate_up_proj. Weights are generated per tensor from numpy's Generator
 seeded by (seed, tensor name) and written in row blocks, a tensor on each core (parallel.py),
 so multi-GB checkpoints never sit in memory. Checkpoints larger than the shard limit (4 GB)
 are split into model-0000i-of-0000n.safetensors files with a model.safetensors.index.json, as
@@ -181,6 +182,35 @@ PRESETS.update({
         "output_router_logits": False, "router_aux_loss_coef": 0.001,
         "tie_word_embeddings": False}),
 })
+# Phi checkpoints as their config.json files give them (microsoft/Phi-3-mini-4k-instruct with
+# the Llama 2 tokenizer it extends; microsoft/Phi-4-mini-instruct, whose GPT-4o-style
+# tokenizer is not at hand, with the SmolLM2 one as the Qwen presets).
+_PHI3 = {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_act": "silu",
+         "attention_bias": False, "attention_dropout": 0.0, "initializer_range": 0.02,
+         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "use_cache": True,
+         "original_max_position_embeddings": 4096}
+PRESETS.update({
+    "phi3-mini": ("llama2", {
+        **_PHI3, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+        "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32064,
+        "max_position_embeddings": 4096, "rope_scaling": None, "sliding_window": 2047,
+        "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 32000,
+        "pad_token_id": 32000}),
+    "phi4-mini": ("smollm2-135m", {
+        **_PHI3, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 32,
+        "num_attention_heads": 24, "num_key_value_heads": 8, "vocab_size": 200064,
+        "max_position_embeddings": 131072, "partial_rotary_factor": 0.75,
+        "rope_scaling": {"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [
+            1, 1.118320672, 1.250641126, 1.398617824, 1.564103225, 1.74916897, 1.956131817,
+            2.187582649, 2.446418898, 2.735880826, 3.059592084, 3.421605075, 3.826451687,
+            4.279200023, 4.785517845, 5.351743533, 5.984965424, 6.693110555, 7.485043894,
+            8.370679318, 9.36110372, 10.4687158, 11.70738129, 13.09260651, 14.64173252,
+            16.37415215, 18.31155283, 20.47818807, 22.90118105, 25.61086418, 28.64115884,
+            32.03, 32.1, 32.13, 32.23, 32.6, 32.61, 32.64, 32.66, 32.7, 32.71, 32.93, 32.97,
+            33.28, 33.49, 33.5, 44.16, 47.77]},
+        "sliding_window": 262144, "tie_word_embeddings": True, "bos_token_id": 199999,
+        "eos_token_id": 199999, "pad_token_id": 199999}),
+})
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
                    "special_tokens_map.json")
 MAX_SHARD_BYTES = 4 * 10**9
@@ -276,6 +306,8 @@ def write_weights(out_dir, config, layout, weight_dtype, seed, max_shard_bytes):
             entries.append((hf, weight_dtype, shape, False))
         else:
             entries.append((hf, "F32" if is_norm else weight_dtype, shape, is_norm))
+    if config["architecture"] == "phi3":
+        entries = phi3_fused_entries(entries)
     groups = shard_groups(entries, max_shard_bytes)
     # Gemma's checkpoints hold norm weights w for the multipliers 1 + w.
     norm_offset = 0.0 if config["architecture"] in convert.GEMMA_ARCHITECTURES else 1.0
@@ -293,6 +325,24 @@ def write_weights(out_dir, config, layout, weight_dtype, seed, max_shard_bytes):
             total += math.prod(shape) * st.ITEM_SIZES[dtype]
     write_json(os.path.join(out_dir, "model.safetensors.index.json"),
                {"metadata": {"total_size": total}, "weight_map": weight_map})
+
+
+def phi3_fused_entries(entries):
+    """Phi-3's checkpoint entries: each layer's q_proj, k_proj and v_proj as one qkv_proj,
+    its gate_proj and up_proj as one gate_up_proj (convert.py splits them back)."""
+    kv_rows = {name: shape[0] for name, _, shape, _ in entries}
+    out = []
+    for name, dtype, shape, is_norm in entries:
+        prefix, _, short = name.partition("self_attn.")
+        if short == "q_proj.weight":
+            rows = shape[0] + 2 * kv_rows[prefix + "self_attn.k_proj.weight"]
+            out.append((prefix + convert.PHI3_QKV, dtype, (rows, shape[1]), False))
+        elif name.endswith("mlp.gate_proj.weight"):
+            prefix = name[:-len("mlp.gate_proj.weight")]
+            out.append((prefix + convert.PHI3_GATE_UP, dtype, (2 * shape[0], shape[1]), False))
+        elif not name.endswith(("k_proj.weight", "v_proj.weight", "mlp.up_proj.weight")):
+            out.append((name, dtype, shape, is_norm))
+    return out
 
 
 def write_json(path, value):

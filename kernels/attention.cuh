@@ -60,17 +60,17 @@ constexpr int kL2SectorBytes = 32;        // what one L2 prefetch request asks f
 constexpr int kMergeLoadsInFlight = 8;    // splits' partials a merging thread loads at once
 
 struct AttentionArgs {
-    const float* qkv;                  // [heads * head_dim + 2 * kv_dim]: q, k, v before RoPE
-    const float* inverse_frequencies;  // [head_dim / 2]  RoPE
-    const float* q_norm;               // [head_dim]  per-head RMSNorm of q (Qwen3), or null
-    const float* k_norm;               // [head_dim]  the same of k, or null
-    void* keys;                        // [context, kv_dim], this layer's; row pos written
-    void* values;                      // [context, kv_dim]
-    const int* step;                   // {token, pos}
-    float* partial_out;                // [heads, splits, head_dim]
-    float2* partial_stats;             // [heads, splits]: (running max, sum of exp(score - max))
-    unsigned* arrivals;                // [kv_heads * head groups]: blocks done; 0 between launches
-    float* out;                        // [heads * head_dim]
+    const float* qkv;         // [heads * head_dim + 2 * kv_dim]: q, k, v before RoPE
+    const float* rope_table;  // [head_dim]  RoPE: frequencies, then magnitudes
+    const float* q_norm;      // [head_dim]  per-head RMSNorm of q (Qwen3), or null
+    const float* k_norm;      // [head_dim]  the same of k, or null
+    void* keys;               // [context, kv_dim], this layer's; row pos written
+    void* values;             // [context, kv_dim]
+    const int* step;          // {token, pos}
+    float* partial_out;       // [heads, splits, head_dim]
+    float2* partial_stats;    // [heads, splits]: (running max, sum of exp(score - max))
+    unsigned* arrivals;       // [kv_heads * head groups]: blocks done; 0 between launches
+    float* out;               // [heads * head_dim]
     int heads, kv_heads, head_dim, window, splits;
     float scale;     // of q·k (AttentionShape::scale)
     float softcap;   // of the scores (AttentionShape::softcap), 0 for none
@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(kAttentionThreads, kAttentionBlocksPerSM)
     prefetch_kv_rows(keys, values, row_stride, begin, min(begin + kAttentionTile, end), head_dim);
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
     for (int j = threadIdx.x; j < pairs; j += blockDim.x)
-        rope_shared[j] = rope_cos_sin(pos, a.inverse_frequencies[j]);
+        rope_shared[j] = rope_cos_sin(pos, a.rope_table, j, pairs);
     if (threadIdx.x < kMaxHeadsPerBlock) {
         max_shared[threadIdx.x] = -INFINITY;
         sum_shared[threadIdx.x] = 0.0f;
@@ -529,14 +529,14 @@ void with_attention_head_dim_max(int head_dim, Launch launch) {
 }
 
 // The kernel's arguments for attention() (kernels.h) with `splits` splits.
-inline AttentionArgs attention_args(float* out, const float* qkv, const float* inverse_frequencies,
+inline AttentionArgs attention_args(float* out, const float* qkv, const float* rope_table,
                                     const float* q_norm, const float* k_norm, float eps,
                                     void* key_cache, void* value_cache, const int* step,
                                     float* partial_out, float* partial_stats, unsigned* arrivals,
                                     const AttentionShape& shape, int splits) {
     AttentionArgs args;
     args.qkv = qkv;
-    args.inverse_frequencies = inverse_frequencies;
+    args.rope_table = rope_table;
     args.q_norm = q_norm;
     args.k_norm = k_norm;
     args.keys = key_cache;
@@ -588,7 +588,7 @@ int attention_arrival_counters(const AttentionShape& shape) {
     return shape.kv_heads * attention_head_blocks(shape.heads, shape.kv_heads);
 }
 
-void attention(float* out, const float* qkv, const float* inverse_frequencies, const float* q_norm,
+void attention(float* out, const float* qkv, const float* rope_table, const float* q_norm,
                const float* k_norm, float eps, void* key_cache, void* value_cache, const int* step,
                float* partial_out, float* partial_stats, unsigned* arrivals,
                const AttentionShape& shape, int splits, KvType kv_type, cudaStream_t stream) {
@@ -599,8 +599,8 @@ void attention(float* out, const float* qkv, const float* inverse_frequencies, c
     if (splits < 1 || splits > kMaxSplits)
         throw Error("attention: splits must be in [1, " + std::to_string(kMaxSplits) + "]");
     const AttentionArgs args =
-        attention_args(out, qkv, inverse_frequencies, q_norm, k_norm, eps, key_cache, value_cache,
-                       step, partial_out, partial_stats, arrivals, shape, splits);
+        attention_args(out, qkv, rope_table, q_norm, k_norm, eps, key_cache, value_cache, step,
+                       partial_out, partial_stats, arrivals, shape, splits);
     with_kv_type(kv_type, [&](auto element) { launch_attention<decltype(element)>(args, stream); });
 }
 

@@ -39,9 +39,9 @@ struct DeviceLayer {
     void* key_cache;
     void* value_cache;  // the same of the value cache
     int window;         // sliding window of this layer, 0 for none (Config::layer_window)
-    // [head_dim / 2]  the layer's RoPE: DeviceState::rope_frequencies, or for a sliding layer
-    // of a model with rope_theta_local (Gemma 3) DeviceState::rope_local_frequencies
-    const float* rope_frequencies;
+    // [head_dim]  the layer's RoPE table: DeviceState::rope_table, or for a sliding layer
+    // of a model with rope_theta_local (Gemma 3) DeviceState::rope_local_table
+    const float* rope_table;
 
     // Whether the feed-forward is a mixture of experts.
     bool sparse() const { return router.data != nullptr; }
@@ -75,8 +75,8 @@ struct DeviceState {
     float* partial_out;       // [heads, splits, head_dim]  flash-decoding partial outputs
     float* partial_stats;     // [heads, splits, 2]  their running (max, sum)
     unsigned* arrivals;       // [kv_heads * head groups]  attention blocks done (0 between steps)
-    float* rope_frequencies;  // [head_dim / 2]  rope_inverse_frequencies
-    float* rope_local_frequencies;  // [head_dim / 2]  rope_local_inverse_frequencies, or null
+    float* rope_table;        // [head_dim]  barellm::rope_table
+    float* rope_local_table;  // [head_dim]  barellm::rope_local_table, or null
 };
 
 }  // namespace barellm::cuda

@@ -66,14 +66,14 @@ __global__ void __launch_bounds__(kElementwiseThreads)
 // k) for position step[1]: thread t rotates pair (j, j + head_dim/2), j = t mod half, of
 // head t / half. Launch: grid ceil((heads + kv_heads) * head_dim/2 / 256), block 256.
 __global__ void __launch_bounds__(kElementwiseThreads)
-    rope_kernel(float* __restrict__ qk, const float* __restrict__ inverse_frequencies,
+    rope_kernel(float* __restrict__ qk, const float* __restrict__ rope_table,
                 const int* __restrict__ step, int rotated_heads, int head_dim) {
     const int half = head_dim / 2;
     const int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= rotated_heads * half) return;
     const int j = t % half;
     float* vec = qk + size_t(t / half) * head_dim;
-    const float2 rotated = rope_rotated_pair(vec, j, half, step[1], inverse_frequencies);
+    const float2 rotated = rope_rotated_pair(vec, j, half, step[1], rope_table);
     vec[j] = rotated.x;
     vec[j + half] = rotated.y;
 }
@@ -123,10 +123,10 @@ void swiglu(float* gate, const float* up, int n, Activation activation, cudaStre
     CUDA_CHECK_LAUNCH("swiglu_kernel");
 }
 
-void rope(float* qk, const float* inverse_frequencies, const int* step, int heads, int kv_heads,
+void rope(float* qk, const float* rope_table, const int* step, int heads, int kv_heads,
           int head_dim, cudaStream_t stream) {
     launch_kernel(rope_kernel, rope_grid(heads, kv_heads, head_dim), kElementwiseThreads, 0, stream,
-                  qk, inverse_frequencies, step, heads + kv_heads, head_dim);
+                  qk, rope_table, step, heads + kv_heads, head_dim);
     CUDA_CHECK_LAUNCH("rope_kernel");
 }
 

@@ -480,8 +480,8 @@ private:
                              /*accumulate=*/false, stream);
                 first_row += part.rows;
             }
-            cuda::attention(s.att, s.qkv, layer.rope_frequencies, layer.q_norm, layer.k_norm,
-                            c.norm_eps, layer.key_cache, layer.value_cache, s.step, s.partial_out,
+            cuda::attention(s.att, s.qkv, layer.rope_table, layer.q_norm, layer.k_norm, c.norm_eps,
+                            layer.key_cache, layer.value_cache, s.step, s.partial_out,
                             s.partial_stats, s.arrivals, shape, splits_, kv_type_, stream);
             if (layer.post_attn_norm) {  // Gemma: the output normed before the residual add
                 cuda::matvec(s.projected, layer.wo, s.att, /*norm_weight=*/nullptr, c.norm_eps,
@@ -597,7 +597,7 @@ private:
                            /*accumulate=*/false, stream, s.dequantized);
                 first_row += part.rows;
             }
-            cuda::rope_kv_store_rows(s.qkv, qkv_pitch, layer.rope_frequencies, layer.key_cache,
+            cuda::rope_kv_store_rows(s.qkv, qkv_pitch, layer.rope_table, layer.key_cache,
                                      layer.value_cache, first_pos, B, c.heads, c.kv_heads,
                                      c.head_dim, layer.q_norm, layer.k_norm, c.norm_eps, kv_type_,
                                      stream);
@@ -763,7 +763,7 @@ private:
                              /*accumulate=*/false);
                 first_row += part.rows;
             }
-            cuda::rope_kv_store_paged(s.qkv, qkv_pitch, layer.rope_frequencies, layer.key_cache,
+            cuda::rope_kv_store_paged(s.qkv, qkv_pitch, layer.rope_table, layer.key_cache,
                                       layer.value_cache, positions, tables, layout.table_stride,
                                       kv_block_size_, count, c.heads, c.kv_heads, c.head_dim,
                                       layer.q_norm, layer.k_norm, c.norm_eps, kv_type_, stream);
@@ -1362,18 +1362,18 @@ private:
             weights_.layers[l].key_cache = key_cache + l * layer_bytes;
             weights_.layers[l].value_cache = value_cache + l * layer_bytes;
         }
-        const std::vector<float> frequencies = rope_inverse_frequencies(c);
-        memory_.push_back(cuda::upload_floats(frequencies.data(), frequencies.size(), "RoPE"));
-        state_.rope_frequencies = memory_.back().as<float>();
-        state_.rope_local_frequencies = nullptr;
+        const std::vector<float> rope = rope_table(c, context_);
+        memory_.push_back(cuda::upload_floats(rope.data(), rope.size(), "RoPE"));
+        state_.rope_table = memory_.back().as<float>();
+        state_.rope_local_table = nullptr;
         if (c.rope_theta_local > 0) {  // Gemma 3's sliding layers
-            const std::vector<float> local = rope_local_inverse_frequencies(c);
+            const std::vector<float> local = rope_local_table(c);
             memory_.push_back(cuda::upload_floats(local.data(), local.size(), "the local RoPE"));
-            state_.rope_local_frequencies = memory_.back().as<float>();
+            state_.rope_local_table = memory_.back().as<float>();
         }
         for (int l = 0; l < c.layers; ++l)
-            weights_.layers[l].rope_frequencies =
-                c.uses_local_rope(l) ? state_.rope_local_frequencies : state_.rope_frequencies;
+            weights_.layers[l].rope_table =
+                c.uses_local_rope(l) ? state_.rope_local_table : state_.rope_table;
     }
 
     // PrefillState for batches of prefill_batch_ tokens (zeroed: the padding columns of the

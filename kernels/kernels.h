@@ -143,11 +143,11 @@ void prepare_matvec(size_t bytes);
 // holds q, k and v of the token (heads then kv_heads then kv_heads vectors of head_dim):
 // q is rotated in place, rotated k and unchanged v are stored (as kv_type) into row pos of
 // key_cache and value_cache [context, kv_dim] (one layer's). Rotate-half pairs (i,
-// i + head_dim/2) with angle pos * inverse_frequencies[i], computed in double as the CPU
-// does; inverse_frequencies [head_dim/2] come from barellm::rope_inverse_frequencies.
+// i + head_dim/2) with angle pos * rope_table[i] and magnitude rope_table[head_dim/2 + i],
+// computed in double as the CPU does; rope_table [head_dim] comes from barellm::rope_table.
 // With q_norm and k_norm (Qwen3; [head_dim] each, or both null) each head's q and k vector x
 // becomes x * rsqrt(mean(x²) + eps) * weight before the rotation, as the CPU orders it.
-void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache, void* value_cache,
+void rope_kv_store(float* qkv, const float* rope_table, void* key_cache, void* value_cache,
                    const int* step, int heads, int kv_heads, int head_dim, const float* q_norm,
                    const float* k_norm, float eps, KvType kv_type, cudaStream_t stream);
 
@@ -166,7 +166,7 @@ void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache
 // - Scratch: partial_out [heads, splits, head_dim] and partial_stats [heads, splits, 2];
 //   arrivals [attention_arrival_counters(shape)] must be zero before the first call and is
 //   zero again after each.
-void attention(float* out, const float* qkv, const float* inverse_frequencies, const float* q_norm,
+void attention(float* out, const float* qkv, const float* rope_table, const float* q_norm,
                const float* k_norm, float eps, void* key_cache, void* value_cache, const int* step,
                float* partial_out, float* partial_stats, unsigned* arrivals,
                const AttentionShape& shape, int splits, KvType kv_type, cudaStream_t stream);
@@ -304,10 +304,10 @@ void softcap(float* x, size_t n, float cap, cudaStream_t stream);
 // first_pos + t (one layer's key_cache / value_cache [context, kv_dim]). With q_norm and
 // k_norm (Qwen3; [head_dim] each, or both null) each head's q and k vector is RMSNormed
 // with them (eps) before the rotation. (kernels/prefill.cuh)
-void rope_kv_store_rows(float* qkv, int qkv_pitch, const float* inverse_frequencies,
-                        void* key_cache, void* value_cache, int first_pos, int count, int heads,
-                        int kv_heads, int head_dim, const float* q_norm, const float* k_norm,
-                        float eps, KvType kv_type, cudaStream_t stream);
+void rope_kv_store_rows(float* qkv, int qkv_pitch, const float* rope_table, void* key_cache,
+                        void* value_cache, int first_pos, int count, int heads, int kv_heads,
+                        int head_dim, const float* q_norm, const float* k_norm, float eps,
+                        KvType kv_type, cudaStream_t stream);
 
 // Causal attention of out.tokens query tokens at positions first_pos.. over one layer's cache
 // [context, kv_dim]: the query at pos attends to rows attention_start(pos, shape.window) ..
@@ -348,11 +348,11 @@ void matvec_rows(float* out, int out_pitch, const DeviceMatrix& w, const DeviceA
 
 // As rope_kv_store_rows, row t at position positions[t], its key and value stored into its
 // slot of one layer's key_pool / value_pool through its block table. (kernels/prefill.cuh)
-void rope_kv_store_paged(float* qkv, int qkv_pitch, const float* inverse_frequencies,
-                         void* key_pool, void* value_pool, const int* positions,
-                         const int* block_tables, int table_stride, int block_size, int count,
-                         int heads, int kv_heads, int head_dim, const float* q_norm,
-                         const float* k_norm, float eps, KvType kv_type, cudaStream_t stream);
+void rope_kv_store_paged(float* qkv, int qkv_pitch, const float* rope_table, void* key_pool,
+                         void* value_pool, const int* positions, const int* block_tables,
+                         int table_stride, int block_size, int count, int heads, int kv_heads,
+                         int head_dim, const float* q_norm, const float* k_norm, float eps,
+                         KvType kv_type, cudaStream_t stream);
 
 // out[t, 0..cols) = x[rows[t], 0..cols) for t < count; x and out f32 with pitch cols, rows in
 // device memory. (kernels/prefill.cuh)
@@ -451,7 +451,7 @@ void residual_add(float* x, const float* y, int n, cudaStream_t stream);
 void swiglu(float* gate, const float* up, int n, Activation activation, cudaStream_t stream);
 // RoPE, in place, on the heads q vectors then kv_heads k vectors at the start of qk, for
 // pos = step[1] (the rotation of rope_kv_store).
-void rope(float* qk, const float* inverse_frequencies, const int* step, int heads, int kv_heads,
+void rope(float* qk, const float* rope_table, const int* step, int heads, int kv_heads,
           int head_dim, cudaStream_t stream);
 // Qwen3's per-head norm on its own, in place, before rope: each of the heads q vectors then
 // kv_heads k vectors of head_dim at the start of qk RMSNormed with q_norm or k_norm

@@ -122,12 +122,12 @@ void LadderForward::attention(const DeviceLayer& layer, cudaStream_t stream) con
         if (layer.q_norm)
             cuda::rmsnorm_heads(s.qkv, layer.q_norm, layer.k_norm, c.heads, c.kv_heads, c.head_dim,
                                 c.norm_eps, stream);
-        cuda::rope(s.qkv, s.rope_frequencies, s.step, c.heads, c.kv_heads, c.head_dim, stream);
+        cuda::rope(s.qkv, s.rope_table, s.step, c.heads, c.kv_heads, c.head_dim, stream);
         const float* k = s.qkv + c.q_dim();
         cuda::store_kv_row(k, k + c.kv_dim(), layer.key_cache, layer.value_cache, s.step,
                            c.kv_dim(), kv_type_, stream);
     } else {  // rope_kv_store (with the q/k norm) rotates q in place and writes k and v
-        cuda::rope_kv_store(s.qkv, s.rope_frequencies, layer.key_cache, layer.value_cache, s.step,
+        cuda::rope_kv_store(s.qkv, s.rope_table, layer.key_cache, layer.value_cache, s.step,
                             c.heads, c.kv_heads, c.head_dim, layer.q_norm, layer.k_norm, c.norm_eps,
                             kv_type_, stream);
     }

@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(kRowsThreads)
 //   angle in double); with a norm, the warp first sums the squares of the whole vector.
 template <typename KvT>
 __device__ __forceinline__ void rope_kv_store_vector(float* qkv_row, int vector, int pos,
-                                                     const float* inverse_frequencies, KvT* key_row,
+                                                     const float* rope_table, KvT* key_row,
                                                      KvT* value_row, int heads, int kv_heads,
                                                      int head_dim, const float* q_norm,
                                                      const float* k_norm, float eps) {
@@ -146,7 +146,7 @@ __device__ __forceinline__ void rope_kv_store_vector(float* qkv_row, int vector,
             a = a * scale * norm[j];
             b = b * scale * norm[j + half];
         }
-        const float2 rotated = rope_rotate(a, b, rope_cos_sin(pos, inverse_frequencies[j]));
+        const float2 rotated = rope_rotate(a, b, rope_cos_sin(pos, rope_table, j, half));
         if (is_q) {
             vec[j] = rotated.x;
             vec[j + half] = rotated.y;
@@ -164,16 +164,15 @@ __device__ __forceinline__ void rope_kv_store_vector(float* qkv_row, int vector,
 template <typename KvT>
 __global__ void __launch_bounds__(kRopeRowsThreads)
     rope_kv_store_rows_kernel(float* __restrict__ qkv, int qkv_pitch,
-                              const float* __restrict__ inverse_frequencies,
-                              KvT* __restrict__ key_cache, KvT* __restrict__ value_cache,
-                              int first_pos, int heads, int kv_heads, int head_dim,
-                              const float* __restrict__ q_norm, const float* __restrict__ k_norm,
-                              float eps) {
+                              const float* __restrict__ rope_table, KvT* __restrict__ key_cache,
+                              KvT* __restrict__ value_cache, int first_pos, int heads, int kv_heads,
+                              int head_dim, const float* __restrict__ q_norm,
+                              const float* __restrict__ k_norm, float eps) {
     const int vector = blockIdx.x * kRopeRowsWarps + threadIdx.x / kWarpSize;
     if (vector >= heads + 2 * kv_heads) return;  // the whole warp
     const int t = blockIdx.y, pos = first_pos + t;
     const size_t cache_row = size_t(pos) * kv_heads * head_dim;
-    rope_kv_store_vector(qkv + size_t(t) * qkv_pitch, vector, pos, inverse_frequencies,
+    rope_kv_store_vector(qkv + size_t(t) * qkv_pitch, vector, pos, rope_table,
                          key_cache + cache_row, value_cache + cache_row, heads, kv_heads, head_dim,
                          q_norm, k_norm, eps);
 }
@@ -185,20 +184,22 @@ __global__ void __launch_bounds__(kRopeRowsThreads)
 // Launch: as rope_kv_store_rows_kernel (grid (ceil((heads + 2 * kv_heads) / 4), count),
 // block 128, no shared memory).
 template <typename KvT>
-__global__ void __launch_bounds__(kRopeRowsThreads) rope_kv_store_paged_kernel(
-    float* __restrict__ qkv, int qkv_pitch, const float* __restrict__ inverse_frequencies,
-    KvT* __restrict__ key_pool, KvT* __restrict__ value_pool, const int* __restrict__ positions,
-    const int* __restrict__ block_tables, int table_stride, int block_size, int heads, int kv_heads,
-    int head_dim, const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps) {
+__global__ void __launch_bounds__(kRopeRowsThreads)
+    rope_kv_store_paged_kernel(float* __restrict__ qkv, int qkv_pitch,
+                               const float* __restrict__ rope_table, KvT* __restrict__ key_pool,
+                               KvT* __restrict__ value_pool, const int* __restrict__ positions,
+                               const int* __restrict__ block_tables, int table_stride,
+                               int block_size, int heads, int kv_heads, int head_dim,
+                               const float* __restrict__ q_norm, const float* __restrict__ k_norm,
+                               float eps) {
     const int vector = blockIdx.x * kRopeRowsWarps + threadIdx.x / kWarpSize;
     if (vector >= heads + 2 * kv_heads) return;  // the whole warp
     const int t = blockIdx.y, pos = positions[t];
     const int block = block_tables[size_t(t) * table_stride + pos / block_size];
     const size_t slot = size_t(block) * block_size + pos % block_size;
     const size_t cache_row = slot * kv_heads * head_dim;
-    rope_kv_store_vector(qkv + size_t(t) * qkv_pitch, vector, pos, inverse_frequencies,
-                         key_pool + cache_row, value_pool + cache_row, heads, kv_heads, head_dim,
-                         q_norm, k_norm, eps);
+    rope_kv_store_vector(qkv + size_t(t) * qkv_pitch, vector, pos, rope_table, key_pool + cache_row,
+                         value_pool + cache_row, heads, kv_heads, head_dim, q_norm, k_norm, eps);
 }
 
 // out[t, 0..cols) = x[rows[t], 0..cols) for t < count (the rows of a step that want logits).
@@ -273,10 +274,10 @@ void swiglu_rows(const DeviceActivations& out, const float* gate, const float* u
     CUDA_CHECK_LAUNCH("swiglu_rows_kernel");
 }
 
-void rope_kv_store_rows(float* qkv, int qkv_pitch, const float* inverse_frequencies,
-                        void* key_cache, void* value_cache, int first_pos, int count, int heads,
-                        int kv_heads, int head_dim, const float* q_norm, const float* k_norm,
-                        float eps, KvType kv_type, cudaStream_t stream) {
+void rope_kv_store_rows(float* qkv, int qkv_pitch, const float* rope_table, void* key_cache,
+                        void* value_cache, int first_pos, int count, int heads, int kv_heads,
+                        int head_dim, const float* q_norm, const float* k_norm, float eps,
+                        KvType kv_type, cudaStream_t stream) {
     if ((q_norm == nullptr) != (k_norm == nullptr))
         throw Error("rope_kv_store_rows: q_norm and k_norm are given together or not at all");
     if (count == 0) return;
@@ -284,18 +285,18 @@ void rope_kv_store_rows(float* qkv, int qkv_pitch, const float* inverse_frequenc
         using KvT = decltype(element);
         launch_kernel(rope_kv_store_rows_kernel<KvT>,
                       rope_kv_store_rows_grid(heads, kv_heads, count), kRopeRowsThreads, 0, stream,
-                      qkv, qkv_pitch, inverse_frequencies, static_cast<KvT*>(key_cache),
+                      qkv, qkv_pitch, rope_table, static_cast<KvT*>(key_cache),
                       static_cast<KvT*>(value_cache), first_pos, heads, kv_heads, head_dim, q_norm,
                       k_norm, eps);
     });
     CUDA_CHECK_LAUNCH("rope_kv_store_rows_kernel");
 }
 
-void rope_kv_store_paged(float* qkv, int qkv_pitch, const float* inverse_frequencies,
-                         void* key_pool, void* value_pool, const int* positions,
-                         const int* block_tables, int table_stride, int block_size, int count,
-                         int heads, int kv_heads, int head_dim, const float* q_norm,
-                         const float* k_norm, float eps, KvType kv_type, cudaStream_t stream) {
+void rope_kv_store_paged(float* qkv, int qkv_pitch, const float* rope_table, void* key_pool,
+                         void* value_pool, const int* positions, const int* block_tables,
+                         int table_stride, int block_size, int count, int heads, int kv_heads,
+                         int head_dim, const float* q_norm, const float* k_norm, float eps,
+                         KvType kv_type, cudaStream_t stream) {
     if ((q_norm == nullptr) != (k_norm == nullptr))
         throw Error("rope_kv_store_paged: q_norm and k_norm are given together or not at all");
     if (count == 0) return;
@@ -303,7 +304,7 @@ void rope_kv_store_paged(float* qkv, int qkv_pitch, const float* inverse_frequen
         using KvT = decltype(element);
         launch_kernel(rope_kv_store_paged_kernel<KvT>,
                       rope_kv_store_rows_grid(heads, kv_heads, count), kRopeRowsThreads, 0, stream,
-                      qkv, qkv_pitch, inverse_frequencies, static_cast<KvT*>(key_pool),
+                      qkv, qkv_pitch, rope_table, static_cast<KvT*>(key_pool),
                       static_cast<KvT*>(value_pool), positions, block_tables, table_stride,
                       block_size, heads, kv_heads, head_dim, q_norm, k_norm, eps);
     });

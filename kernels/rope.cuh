@@ -11,12 +11,14 @@ namespace barellm::cuda {
 constexpr int kRopeThreads = 256;
 constexpr int kRopeWarps = kRopeThreads / kWarpSize;
 
-// (cos, sin) of the angle pos * inverse_frequency, computed in double as cpu::rope computes
-// it, so that long contexts keep their digits.
-__device__ __forceinline__ float2 rope_cos_sin(int pos, float inverse_frequency) {
+// (cos, sin) of pair j's angle pos * rope_table[j], times the pair's magnitude
+// rope_table[pairs + j] (barellm::rope_table's layout, pairs = head_dim / 2), computed in
+// double as cpu::rope computes it, so that long contexts keep their digits.
+__device__ __forceinline__ float2 rope_cos_sin(int pos, const float* rope_table, int j, int pairs) {
     double sin_angle, cos_angle;
-    sincos(double(pos) * double(inverse_frequency), &sin_angle, &cos_angle);
-    return make_float2(float(cos_angle), float(sin_angle));
+    sincos(double(pos) * double(rope_table[j]), &sin_angle, &cos_angle);
+    const double magnitude = rope_table[pairs + j];
+    return make_float2(float(cos_angle * magnitude), float(sin_angle * magnitude));
 }
 
 // The pair (a, b) rotated by the angle whose (cos, sin) is cos_sin.
@@ -25,11 +27,11 @@ __device__ __forceinline__ float2 rope_rotate(float a, float b, float2 cos_sin) 
     return make_float2(a * c - b * s, b * c + a * s);
 }
 
-// Pair (j, j + half) of the head vector `vec` rotated by the angle pos *
-// inverse_frequencies[j]. half = head_dim / 2.
+// Pair (j, j + half) of the head vector `vec` rotated by the angle pos * rope_table[j] (and
+// scaled by its magnitude). half = head_dim / 2.
 __device__ __forceinline__ float2 rope_rotated_pair(const float* vec, int j, int half, int pos,
-                                                    const float* inverse_frequencies) {
-    return rope_rotate(vec[j], vec[j + half], rope_cos_sin(pos, inverse_frequencies[j]));
+                                                    const float* rope_table) {
+    return rope_rotate(vec[j], vec[j + half], rope_cos_sin(pos, rope_table, j, half));
 }
 
 // RMSNorm's scale rsqrt(mean(x²) + eps) of one head vector x[head_dim], for the calling warp
@@ -74,7 +76,7 @@ __device__ __forceinline__ float2 head_pair(const float* x, int j, int half,
 // Launch: grid ceil((heads + kv_heads) / 8), block 256 (8 warps), no shared memory.
 template <typename KvT>
 __global__ void __launch_bounds__(kRopeThreads)
-    rope_kv_kernel(float* __restrict__ qkv, const float* __restrict__ inverse_frequencies,
+    rope_kv_kernel(float* __restrict__ qkv, const float* __restrict__ rope_table,
                    KvT* __restrict__ key_cache, KvT* __restrict__ value_cache,
                    const int* __restrict__ step, int heads, int kv_heads, int head_dim,
                    const float* __restrict__ q_norm, const float* __restrict__ k_norm, float eps) {
@@ -93,8 +95,7 @@ __global__ void __launch_bounds__(kRopeThreads)
     const size_t cache_row = size_t(pos) * kv_dim + size_t(kv_head) * head_dim;
     for (int j = lane; j < half; j += kWarpSize) {
         const float2 pair = head_pair(vec, j, half, norm_weight, scale);
-        const float2 rotated =
-            rope_rotate(pair.x, pair.y, rope_cos_sin(pos, inverse_frequencies[j]));
+        const float2 rotated = rope_rotate(pair.x, pair.y, rope_cos_sin(pos, rope_table, j, half));
         if (is_q) {
             vec[j] = rotated.x;
             vec[j + half] = rotated.y;
@@ -118,7 +119,7 @@ inline dim3 rope_kv_grid(int heads, int kv_heads) {
 
 #ifdef BARELLM_LAUNCH_FUNCTIONS
 
-void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache, void* value_cache,
+void rope_kv_store(float* qkv, const float* rope_table, void* key_cache, void* value_cache,
                    const int* step, int heads, int kv_heads, int head_dim, const float* q_norm,
                    const float* k_norm, float eps, KvType kv_type, cudaStream_t stream) {
     if ((q_norm == nullptr) != (k_norm == nullptr))
@@ -126,7 +127,7 @@ void rope_kv_store(float* qkv, const float* inverse_frequencies, void* key_cache
     const dim3 grid = rope_kv_grid(heads, kv_heads);
     with_kv_type(kv_type, [&](auto element) {
         using KvT = decltype(element);
-        launch_kernel(rope_kv_kernel<KvT>, grid, kRopeThreads, 0, stream, qkv, inverse_frequencies,
+        launch_kernel(rope_kv_kernel<KvT>, grid, kRopeThreads, 0, stream, qkv, rope_table,
                       static_cast<KvT*>(key_cache), static_cast<KvT*>(value_cache), step, heads,
                       kv_heads, head_dim, q_norm, k_norm, eps);
     });

@@ -2,8 +2,8 @@
 """Independent numpy reference of the Llama forward pass.
 
 Computes what transformers' LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM /
-Qwen3ForCausalLM / Gemma2ForCausalLM / Gemma3ForCausalLM / MixtralForCausalLM /
-Qwen3MoeForCausalLM compute (with the weights upcast, math in float64): RMSNorm, rotate-half
+Qwen3ForCausalLM / Phi3ForCausalLM / Gemma2ForCausalLM / Gemma3ForCausalLM /
+MixtralForCausalLM / Qwen3MoeForCausalLM compute (with the weights upcast, math in float64): RMSNorm, rotate-half
 RoPE (default, linear and llama3 scaling), grouped-query causal attention (Mistral's sliding
 window, Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm before RoPE, a sliding window on
 the layers from max_window_layers on), SwiGLU MLP, tied or separate output projection. Gemma 3
@@ -19,7 +19,13 @@ experts in place of the MLP of their sparse layers): the router's logits, a soft
 experts, the experts_per_token most probable (an exact tie to the lower index), their
 probabilities rescaled to sum to 1 (Mixtral always, Qwen3-MoE with norm_topk_prob), and the
 sum of those experts' SwiGLU MLPs weighted by them (Mixtral's softmax over the chosen logits
-is this renormalised softmax over all). It shares no code with convert/: it has its own
+is this renormalised softmax over all). Phi-3: q, k, v and the gate and up projections split
+from its fused matrices; RoPE on the first int(head_dim * partial_rotary_factor) elements of
+each head (rotate-half among them), LongRoPE's long factors where the sequence is longer than
+the original context, else its short ones, and cos and sin times its attention factor; a
+window on every layer where sliding_window is set. A barellm file's rotary_dim is its own
+layout (docs/FORMAT.md): rotate-half over the whole head, the pairs past rotary_dim / 2
+unrotated. It shares no code with convert/: it has its own
 safetensors reader and reads either a Hugging Face directory or a barellm file; a barellm Q8
 matrix (I8 values NAME, F16 scales NAME.scale per 32 columns of a row) is dequantized to value
 * scale, and a Q4 matrix (U8 NAME holding two 4-bit q per byte, F16 scales per block of 32
@@ -145,6 +151,45 @@ def is_sparse(config, layer):
     return bool(config.get("experts")) and layer not in config.get("dense_layers", [])
 
 
+def phi3_rope(hf, head_dim):
+    """(rotary_dim, rope_scaling) of a Phi-3 config as transformers computes them:
+    int(head_dim * partial_rotary_factor) rotated elements; LongRoPE ("longrope", or "su" and
+    "yarn", which Phi3Config renames) with transformers' default attention factor
+    sqrt(1 + ln(factor) / ln(original)), factor = max_position_embeddings / original."""
+    params = hf.get("rope_parameters") or {}
+    partial = hf.get("partial_rotary_factor", params.get("partial_rotary_factor", 1.0))
+    rotary_dim = int(head_dim * partial)
+    scaling = hf.get("rope_scaling") or params
+    if scaling.get("rope_type", scaling.get("type")) not in ("longrope", "su", "yarn"):
+        return rotary_dim, None
+    original = scaling.get("original_max_position_embeddings",
+                           hf.get("original_max_position_embeddings", 4096))
+    factor = scaling.get("factor") or hf.get("max_position_embeddings", 4096) / original
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = (1.0 if factor <= 1 else
+                            math.sqrt(1 + math.log(factor) / math.log(original)))
+    return rotary_dim, {"rope_type": "longrope", "short_factor": scaling["short_factor"],
+                        "long_factor": scaling["long_factor"],
+                        "original_max_position_embeddings": original,
+                        "attention_factor": attention_factor}
+
+
+def split_phi3(raw, config):
+    """Phi-3's fused matrices as Llama's: qkv_proj's rows are q, k then v; gate_up_proj's
+    the gate then the up projection."""
+    q_rows = config["heads"] * config["head_dim"]
+    kv_rows = config["kv_heads"] * config["head_dim"]
+    for layer in range(config["layers"]):
+        prefix = f"model.layers.{layer}."
+        qkv = raw.pop(prefix + "self_attn.qkv_proj.weight")
+        raw[prefix + "self_attn.q_proj.weight"] = qkv[:q_rows]
+        raw[prefix + "self_attn.k_proj.weight"] = qkv[q_rows:q_rows + kv_rows]
+        raw[prefix + "self_attn.v_proj.weight"] = qkv[q_rows + kv_rows:]
+        gate, up = np.split(raw.pop(prefix + "mlp.gate_up_proj.weight"), 2)
+        raw[prefix + "mlp.gate_proj.weight"], raw[prefix + "mlp.up_proj.weight"] = gate, up
+
+
 def load_hf(hf_dir):
     """Load a Hugging Face checkpoint as (config, weights) with barellm tensor names."""
     with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
@@ -159,10 +204,16 @@ def load_hf(hf_dir):
     scaling = hf.get("rope_scaling")
     if scaling and scaling.get("rope_type", scaling.get("type")) == "default":
         scaling = None
+    head_dim = hf.get("head_dim") or (128 if model_type == "qwen3" else dim // heads)
+    rotary = {}
+    if model_type == "phi3":
+        rotary_dim, scaling = phi3_rope(hf, head_dim)
+        # Hugging Face's partial rotary: rotate-half within the first rotary_dim elements.
+        rotary = {"rotary_dim": rotary_dim, "rotary_first": True}
     config = {
         "dim": dim, "layers": hf["num_hidden_layers"], "heads": heads,
         "kv_heads": hf.get("num_key_value_heads") or heads,
-        "head_dim": hf.get("head_dim") or (128 if model_type == "qwen3" else dim // heads),
+        "head_dim": head_dim, **rotary,
         **hf_experts(hf),
         "rope_theta": hf.get("rope_theta", 10000.0), "rope_scaling": scaling,
         "norm_eps": hf.get("rms_norm_eps", 1e-6),
@@ -170,6 +221,8 @@ def load_hf(hf_dir):
         "bos_id": hf.get("bos_token_id"),
     }
     config["sliding_window"], config["sliding_window_first_layer"] = hf_sliding_window(hf)
+    if model_type == "phi3":
+        split_phi3(raw, config)
     weights = {"token_embedding": raw["model.embed_tokens.weight"],
                "final_norm": raw["model.norm.weight"]}
     if not config["tied_embeddings"]:
@@ -249,7 +302,7 @@ def hf_sliding_window(hf):
     on layers max_window_layers (default 28) and up."""
     if hf["model_type"] == "mistral":
         return hf.get("sliding_window", 4096), 0
-    if hf["model_type"] == "mixtral":
+    if hf["model_type"] in ("mixtral", "phi3"):
         return hf.get("sliding_window"), 0
     if hf["model_type"] in ("qwen2", "qwen3") and hf.get("use_sliding_window"):
         return hf.get("sliding_window", 4096), hf.get("max_window_layers", 28)
@@ -328,17 +381,23 @@ def layer_window(config, layer):
     return None
 
 
-def inverse_frequencies(config, layer=0):
-    """RoPE inverse frequencies for one head of `layer`, with linear or llama3 scaling applied;
+def inverse_frequencies(config, layer=0, length=1):
+    """RoPE inverse frequencies of the rotary_dim / 2 rotated pairs of one head of `layer`
+    at a sequence of `length` tokens, with linear, llama3 or LongRoPE scaling applied (the
+    long factors where length exceeds the original context, as transformers picks them);
     Gemma 3's sliding layers: from rope_theta_local, unscaled."""
-    head_dim = config["head_dim"]
+    rotary_dim = config.get("rotary_dim") or config["head_dim"]
+    exponents = np.arange(0, rotary_dim, 2) / rotary_dim
     if config.get("rope_theta_local") and layer_window(config, layer):
-        return 1.0 / config["rope_theta_local"] ** (np.arange(0, head_dim, 2) / head_dim)
-    inv = 1.0 / config["rope_theta"] ** (np.arange(0, head_dim, 2) / head_dim)
+        return 1.0 / config["rope_theta_local"] ** exponents
+    inv = 1.0 / config["rope_theta"] ** exponents
     scaling = config.get("rope_scaling")
     if not scaling:
         return inv
     kind = scaling.get("rope_type", scaling.get("type"))
+    if kind == "longrope":
+        long = length > scaling["original_max_position_embeddings"]
+        return inv / np.array(scaling["long_factor" if long else "short_factor"])
     factor = scaling["factor"]
     if kind == "linear":
         return inv / factor
@@ -355,10 +414,12 @@ def inverse_frequencies(config, layer=0):
 
 
 def rope(x, cos, sin):
-    """Rotate-half RoPE of x [heads, T, head_dim]: pairs element i with i + head_dim/2."""
-    half = x.shape[-1] // 2
-    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos + rotated * sin
+    """Rotate-half RoPE of x [heads, T, head_dim] by tables [T, n]: pairs element i with
+    i + n/2 among the first n elements (Hugging Face's partial rotary), the others unchanged."""
+    n = cos.shape[-1]
+    part, rest = x[..., :n], x[..., n:]
+    rotated = np.concatenate([-part[..., n // 2:], part[..., :n // 2]], axis=-1)
+    return np.concatenate([part * cos + rotated * sin, rest], axis=-1)
 
 
 def attention_mask(config, length, layer=0):
@@ -457,10 +518,21 @@ def post_norm(config, weights, name, y):
 
 
 def rope_tables(config, layer, length, dtype):
-    """(cos, sin) [T, head_dim] of `layer`'s RoPE at positions 0 .. length - 1."""
-    angles = np.arange(length)[:, None] * inverse_frequencies(config, layer)[None, :]
-    angles = np.concatenate([angles, angles], axis=-1).astype(dtype)
-    return np.cos(angles), np.sin(angles)
+    """(cos, sin) of `layer`'s RoPE at positions 0 .. length - 1, times LongRoPE's attention
+    factor: [T, rotary_dim] for a Hugging Face checkpoint's partial rotary (the first
+    rotary_dim elements), else [T, head_dim], the pairs (i, i + head_dim/2) past
+    rotary_dim / 2 not rotated (barellm's layout, docs/FORMAT.md)."""
+    frequencies = inverse_frequencies(config, layer, length)
+    scaling = config.get("rope_scaling") or {}
+    magnitude = scaling.get("attention_factor", 1.0) if not (
+        config.get("rope_theta_local") and layer_window(config, layer)) else 1.0
+    pairs = len(frequencies) if config.get("rotary_first") else config["head_dim"] // 2
+    angles = np.zeros((length, pairs))
+    angles[:, :len(frequencies)] = np.arange(length)[:, None] * frequencies[None, :]
+    scale = np.ones(pairs)
+    scale[:len(frequencies)] = magnitude
+    angles, scale = np.concatenate([angles, angles], axis=-1), np.concatenate([scale, scale])
+    return (np.cos(angles) * scale).astype(dtype), (np.sin(angles) * scale).astype(dtype)
 
 
 def forward(config, weights, token_ids, dtype=np.float64):

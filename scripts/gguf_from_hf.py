@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Write a GGUF file for llama.cpp from a Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 2/Gemma 3/
-Mixtral/Qwen3-MoE checkpoint.
+"""Write a GGUF file for llama.cpp from a Hugging Face Llama/Mistral/Qwen2/Qwen3/Phi-3/Gemma 2/
+Gemma 3/Mixtral/Qwen3-MoE checkpoint.
 
     python3 scripts/gguf_from_hf.py HF_DIR -o OUT.gguf [--type TYPE] [--pre NAME]
 
@@ -36,6 +36,12 @@ What is written (GGUF v3, through the `gguf` package, scripts/requirements.txt):
   layers (every other one) and their window, and both soft-cappings
   (`attn_logit_softcapping`, `final_logit_softcapping`; llama.cpp's gemma2 always applies
   them, so a checkpoint without one is refused); the 27B model has 46 layers.
+- Phi-3 and Phi-4 as llama.cpp's `phi3`: the fused `attn_qkv` and `ffn_up` (gate rows, then
+  up rows) as the checkpoint holds them (NEOX RoPE: q and k rows in Hugging Face's order),
+  the rotated elements as `rope.dimension_count`, LongRoPE's factors as the
+  `rope_factors_long` and `rope_factors_short` tensors with `rope.scaling.attn_factor` and
+  `rope.scaling.original_context_length`, the window as `attention.sliding_window` (0 for
+  none; llama.cpp reads it but does not apply it).
 - mixtures of experts as llama.cpp writes them: Mixtral as `llama` and Qwen3-MoE as
   `qwen3moe`, with `expert_count`, `expert_used_count` and `expert_feed_forward_length`;
   each sparse layer's router as `ffn_gate_inp` (F32) and its experts' matrices stacked into
@@ -121,13 +127,37 @@ LAYER_FLAGS = ("qkv_bias", "o_bias", "qk_norm")
 GGUF_ARCHITECTURES = {barellm: gguf for gguf, barellm in gguf_in.MOE_ARCHITECTURES.items()}
 
 
+# Phi-3's fused matrices (phi3_fused_plan's names): q, k and v; the gate and up projections.
+PHI3_FUSED = {"qkv": gguf_in.PHI3_FUSED_QKV, "gate_up": gguf_in.PHI3_FUSED_GATE_UP}
+
+
 def gguf_name(name, arch):
     """llama.cpp's name of the barellm tensor `name` (docs/FORMAT.md) in the
     architecture `arch` (a gguf_in.Architecture)."""
     if name.startswith("layers."):
         _, layer, short = name.split(".", 2)
-        return f"blk.{layer}.{arch.layer_tensors[short]}"
+        return f"blk.{layer}.{PHI3_FUSED.get(short) or arch.layer_tensors[short]}"
     return arch.global_tensors[name]
+
+
+def phi3_fused_plan(config, tensors):
+    """The plan of a Phi-3 checkpoint (checked as convert.py checks it) with its fused
+    matrices kept whole, as llama.cpp's phi3 reads them: layers.N.qkv (q, k then v, each
+    head's rows in Hugging Face's order, which llama.cpp's NEOX RoPE rotates as they are)
+    in place of wq, wk and wv, layers.N.gate_up in place of w1 and w3."""
+    plan = convert.tensor_plan(config, convert.split_phi3(config, tensors))
+    fused = []
+    for name, info, is_norm in plan:
+        layer_prefix, _, short = name.rpartition(".")
+        hf_prefix = f"model.{layer_prefix}."
+        if short == "wq":
+            fused.append((f"{layer_prefix}.qkv", tensors[hf_prefix + convert.PHI3_QKV], False))
+        elif short == "w1":
+            fused.append((f"{layer_prefix}.gate_up", tensors[hf_prefix + convert.PHI3_GATE_UP],
+                          False))
+        elif short not in ("wk", "wv", "w3"):
+            fused.append((name, info, is_norm))
+    return fused
 
 
 def check_experts(config):
@@ -294,6 +324,8 @@ def detect_pre(tokenizer):
             return "llama-bpe"
         if pattern == gguf_tokenizer.QWEN2_REGEX:
             return "qwen2"
+        if pattern == gguf_tokenizer.GPT4O_REGEX:
+            return "gpt-4o"
     return None
 
 
@@ -491,7 +523,7 @@ def add_hparams(writer, config, name):
     writer.add_head_count_kv(config["kv_heads"])
     writer.add_key_length(config["head_dim"])
     writer.add_value_length(config["head_dim"])
-    writer.add_rope_dimension_count(config["head_dim"])
+    writer.add_rope_dimension_count(config.get("rotary_dim", config["head_dim"]))
     writer.add_rope_freq_base(config["rope_theta"])
     writer.add_layer_norm_rms_eps(config["norm_eps"])
     if config.get("experts"):
@@ -503,6 +535,11 @@ def add_hparams(writer, config, name):
     if kind == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(scaling["factor"]))
+    if kind == "longrope":  # the factors are tensors (rope_factors_long, rope_factors_short)
+        writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+        writer.add_rope_scaling_attn_factors(scaling["attention_factor"])
+    if config["architecture"] == "phi3":  # 0: none, as llama.cpp's converter writes it
+        writer.add_sliding_window(config["sliding_window"] or 0)
     if config["architecture"] in ("gemma2", "gemma3"):
         add_gemma_hparams(writer, config)
 
@@ -555,7 +592,10 @@ def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
     tensors = st.open_checkpoint(hf_dir)
     refuse_output_among_inputs(output, [os.path.join(hf_dir, name) for name in convert.SIDE_FILES]
                                + sorted({info.path for info in tensors.values()}))
-    plan = convert.tensor_plan(config, tensors)
+    if config["architecture"] == "phi3":
+        plan = phi3_fused_plan(config, tensors)
+    else:
+        plan = convert.tensor_plan(config, tensors)
     type_name = type_name or DEFAULT_TYPES[convert.default_weight_dtype(cfg, plan)]
     qtype, file_type = TYPES[type_name]
     refuse_output_in_place_of(output)
@@ -576,6 +616,10 @@ def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
         if scaling and scaling.get("rope_type", scaling.get("type")) == "llama3":
             factors = llama3_rope_factors(config)
             jobs.append(("rope_freqs.weight", factors, QT.F32, None, factors.shape))
+        if scaling and scaling.get("rope_type") == "longrope":
+            for key, gname in gguf_in.ROPE_FACTORS.items():
+                factors = np.array(scaling[key], dtype=np.float32)
+                jobs.append((gname, factors, QT.F32, None, factors.shape))
         kept_f16 = []
         for name, info, is_norm in plan:
             ttype = tensor_type(name, info, is_norm, qtype)

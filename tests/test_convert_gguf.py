@@ -452,6 +452,11 @@ def split_then_byte_level(regex, trim_offsets=True):
 LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
                 r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_REGEX = LLAMA3_REGEX.replace(r"\p{N}{1,3}", r"\p{N}")
+# GPT-4o's (Phi-4-mini's), as its tokenizer.json gives it.
+GPT4O_REGEX = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+               r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
+               r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}|"
+               r" ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 # tokenizer.ggml.pre -> the Hugging Face tokenizer of that family, on SmolLM2's vocabulary.
 BYTE_LEVEL_FAMILIES = {
     "smollm": lambda: smollm2_variant(None),
@@ -460,6 +465,7 @@ BYTE_LEVEL_FAMILIES = {
                                          ignore_merges=True),
     "qwen2": lambda: smollm2_variant(split_then_byte_level(QWEN2_REGEX, False),
                                      normalizer={"type": "NFC"}),
+    "gpt-4o": lambda: smollm2_variant(split_then_byte_level(GPT4O_REGEX)),
 }
 
 

@@ -13,6 +13,7 @@
 #include "cpu/kernels.h"
 #include "test_block_matrices.h"
 #include "test_matrices.h"
+#include "weights/config.h"
 #include "weights/half.h"
 
 using namespace barellm;
@@ -307,12 +308,13 @@ TEST_CASE("rope rotates pair (i, i + head_dim/2) by pos * theta^(-2i/head_dim)")
     std::mt19937 rng(99);
     const int heads = 3, head_dim = 10, pos = 17;
     const double theta = 10000;
-    std::vector<float> frequencies(head_dim / 2);
-    for (int i = 0; i < head_dim / 2; ++i)
-        frequencies[i] = float(std::pow(theta, -2.0 * i / head_dim));
+    Config config;
+    config.head_dim = config.rotary_dim = head_dim;
+    config.rope_theta = float(theta);
+    const std::vector<float> table = rope_table(config, 1);
     const auto vec = random_floats(heads * head_dim, rng);
     std::vector<float> got = vec;
-    cpu::rope(got.data(), heads, head_dim, pos, frequencies.data());
+    cpu::rope(got.data(), heads, head_dim, pos, table.data());
     std::vector<double> want(vec.size());
     for (int h = 0; h < heads; ++h)
         for (int i = 0; i < head_dim / 2; ++i) {
@@ -322,6 +324,46 @@ TEST_CASE("rope rotates pair (i, i + head_dim/2) by pos * theta^(-2i/head_dim)")
             want[h * head_dim + i + head_dim / 2] = b * std::cos(angle) + a * std::sin(angle);
         }
     CHECK(relative_error(got, want) < 1e-6);
+}
+
+TEST_CASE("rope with a partial rotary_dim and LongRoPE: the first pairs rotated and scaled") {
+    // Pairs i < rotary_dim / 2 turn by pos / (factor_i * theta^(2i/rotary_dim)), their cos and
+    // sin times the attention factor; the other pairs pass unchanged.
+    std::mt19937 rng(7);
+    const int heads = 2, head_dim = 14, rotary_dim = 8, original = 32;
+    const double theta = 500, attention_factor = 1.19;
+    Config config;
+    config.head_dim = head_dim;
+    config.rotary_dim = rotary_dim;
+    config.rope_theta = float(theta);
+    config.rope_scaling.kind = RopeScaling::Kind::LongRope;
+    config.rope_scaling.short_factors = {1.0f, 1.5f, 2.0f, 3.0f};
+    config.rope_scaling.long_factors = {1.25f, 4.0f, 9.0f, 20.0f};
+    config.rope_scaling.original_context = original;
+    config.rope_scaling.attention_factor = float(attention_factor);
+    const auto vec = random_floats(heads * head_dim, rng);
+    for (const int context : {original, original + 1}) {
+        const auto& factors = context > original ? config.rope_scaling.long_factors
+                                                 : config.rope_scaling.short_factors;
+        for (const int pos : {0, 3, 29}) {
+            INFO("context " << context << " pos " << pos);
+            const std::vector<float> table = rope_table(config, context);
+            std::vector<float> got = vec;
+            cpu::rope(got.data(), heads, head_dim, pos, table.data());
+            std::vector<double> want(vec.begin(), vec.end());
+            for (int h = 0; h < heads; ++h)
+                for (int i = 0; i < rotary_dim / 2; ++i) {
+                    const double angle = pos / (factors[i] * std::pow(theta, 2.0 * i / rotary_dim));
+                    const double c = std::cos(angle) * attention_factor;
+                    const double s = std::sin(angle) * attention_factor;
+                    const double a = vec[h * head_dim + i],
+                                 b = vec[h * head_dim + i + head_dim / 2];
+                    want[h * head_dim + i] = a * c - b * s;
+                    want[h * head_dim + i + head_dim / 2] = b * c + a * s;
+                }
+            CHECK(relative_error(got, want) < 1e-6);
+        }
+    }
 }
 
 // Direct double-precision attention of query position `pos` over stored (rounded) keys

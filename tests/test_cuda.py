@@ -213,6 +213,19 @@ SYNTHETIC = {
         "max_position_embeddings": 4096, "rope_theta": 10000.0, "rms_norm_eps": 1e-5,
         "hidden_act": "silu", "tie_word_embeddings": True, "bos_token_id": 1,
         "eos_token_id": 2},
+    # Phi-4-mini's attention: 38 of each head's 50 elements rotated (partial rotary, q and k
+    # rows reordered), LongRoPE's factors (the long ones where a prompt outgrows the original
+    # 4 positions) and attention factor; fused matrices in the checkpoint.
+    "phi3-partial": {
+        "architectures": ["Phi3ForCausalLM"], "model_type": "phi3", "hidden_size": 200,
+        "intermediate_size": 301, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": 515, "max_position_embeddings": 4096,
+        "original_max_position_embeddings": 4, "partial_rotary_factor": 0.76,
+        "rope_scaling": {"type": "longrope", "short_factor": [1 + 0.1 * i for i in range(19)],
+                         "long_factor": [1 + 0.5 * i for i in range(19)]},
+        "rope_theta": 10000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+        "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2,
+        "pad_token_id": 0},
 }
 
 

@@ -130,22 +130,16 @@ bool close_kv(KvT got, double want, double f32_error) {
 
 // ---- RoPE
 
-std::vector<float> inverse_frequencies_for(int head_dim) {
-    std::vector<float> out(head_dim / 2);
-    for (int j = 0; j < head_dim / 2; ++j) out[j] = float(std::pow(10000.0, -2.0 * j / head_dim));
-    return out;
-}
-
 // Head vector x[head_dim] RMSNormed with norm (when given), then rotated at pos, in double.
 std::vector<double> rope_reference(const float* x, int head_dim, const float* norm, int pos,
-                                   const std::vector<float>& inverse_frequencies) {
+                                   const std::vector<float>& rope_table) {
     std::vector<double> v = normed_input(x, head_dim, norm);
     const int half = head_dim / 2;
     for (int j = 0; j < half; ++j) {
-        const double angle = double(pos) * double(inverse_frequencies[j]);
+        const auto [cos_angle, sin_angle] = rope_cos_sin_reference(rope_table, j, pos);
         const double a = v[j], b = v[j + half];
-        v[j] = a * std::cos(angle) - b * std::sin(angle);
-        v[j + half] = b * std::cos(angle) + a * std::sin(angle);
+        v[j] = a * cos_angle - b * sin_angle;
+        v[j + half] = b * cos_angle + a * sin_angle;
     }
     return v;
 }
@@ -504,7 +498,7 @@ void check_rope_kv(const HeadsCase& c, std::mt19937& rng) {
                  << (std::is_same_v<KvT, float> ? "f32" : "f16"));
     const int q_dim = c.heads * c.head_dim, kv_dim = c.kv_heads * c.head_dim;
     const int context = c.pos + 2;
-    const std::vector<float> inverse_frequencies = inverse_frequencies_for(c.head_dim);
+    const std::vector<float> rope_table = test_rope_table(c.head_dim);
     const std::vector<float> qkv_in = random_floats(size_t(q_dim + 2 * kv_dim), rng, 2.0f);
     const std::vector<float> q_norm = random_floats(size_t(c.head_dim), rng);
     const std::vector<float> k_norm = random_floats(size_t(c.head_dim), rng);
@@ -514,15 +508,15 @@ void check_rope_kv(const HeadsCase& c, std::mt19937& rng) {
     std::vector<KvT> keys(size_t(context) * kv_dim, sentinel), values(keys);
     const int step[2] = {1, c.pos};
     emulate_launch(rope_kv_grid(c.heads, c.kv_heads), dim3(kRopeThreads), 0, rope_kv_kernel<KvT>,
-                   qkv.data(), inverse_frequencies.data(), keys.data(), values.data(), step,
-                   c.heads, c.kv_heads, c.head_dim, c.norms ? q_norm.data() : nullptr,
+                   qkv.data(), rope_table.data(), keys.data(), values.data(), step, c.heads,
+                   c.kv_heads, c.head_dim, c.norms ? q_norm.data() : nullptr,
                    c.norms ? k_norm.data() : nullptr, kEps);
     int wrong = 0;
     for (int h = 0; h < c.heads + c.kv_heads; ++h) {
         const bool is_q = h < c.heads;
         const float* norm = c.norms ? (is_q ? q_norm.data() : k_norm.data()) : nullptr;
-        const std::vector<double> want = rope_reference(&qkv_in[size_t(h) * c.head_dim], c.head_dim,
-                                                        norm, c.pos, inverse_frequencies);
+        const std::vector<double> want =
+            rope_reference(&qkv_in[size_t(h) * c.head_dim], c.head_dim, norm, c.pos, rope_table);
         const size_t row = size_t(c.pos) * kv_dim + size_t(h - c.heads) * c.head_dim;
         for (int i = 0; i < c.head_dim; ++i)
             wrong += is_q ? !close(qkv[size_t(h) * c.head_dim + i], want[i], kRopeError)
@@ -616,7 +610,7 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
         c.heads, c.kv_heads, c.head_dim, c.window, float(case_scale(c.head_dim)), c.softcap};
     const int head_dim = c.head_dim, q_dim = c.heads * head_dim, kv_dim = c.kv_heads * head_dim;
     const int context = c.pos + 3, first = attention_start(c.pos, c.window);
-    const std::vector<float> inverse_frequencies = inverse_frequencies_for(head_dim);
+    const std::vector<float> rope_table = test_rope_table(head_dim);
     std::vector<float> qkv = random_floats(size_t(q_dim + 2 * kv_dim), rng, c.magnitude);
     const std::vector<float> q_norm = random_floats(size_t(head_dim), rng);
     const std::vector<float> k_norm = random_floats(size_t(head_dim), rng);
@@ -629,10 +623,10 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
     std::vector<unsigned> arrivals(size_t(c.kv_heads) * attention_head_blocks(c.heads, c.kv_heads),
                                    0);
     const int step[2] = {1, c.pos};
-    const AttentionArgs args = attention_args(
-        out.data(), qkv.data(), inverse_frequencies.data(), c.norms ? q_norm.data() : nullptr,
-        c.norms ? k_norm.data() : nullptr, kEps, keys.data(), values.data(), step,
-        partial_out.data(), partial_stats.data(), arrivals.data(), shape, c.splits);
+    const AttentionArgs args =
+        attention_args(out.data(), qkv.data(), rope_table.data(), c.norms ? q_norm.data() : nullptr,
+                       c.norms ? k_norm.data() : nullptr, kEps, keys.data(), values.data(), step,
+                       partial_out.data(), partial_stats.data(), arrivals.data(), shape, c.splits);
     {
         // All but the weights, the RoPE frequencies and the step come from kernels ahead
         // (dependent_launch.cuh).
@@ -650,7 +644,7 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
     for (int kv_head = 0; kv_head < c.kv_heads; ++kv_head) {
         const std::vector<double> key =
             rope_reference(&qkv[q_dim + size_t(kv_head) * head_dim], head_dim,
-                           c.norms ? k_norm.data() : nullptr, c.pos, inverse_frequencies);
+                           c.norms ? k_norm.data() : nullptr, c.pos, rope_table);
         for (int d = 0; d < head_dim; ++d) {
             const size_t e = size_t(c.pos) * kv_dim + size_t(kv_head) * head_dim + d;
             wrong += !close_kv(keys[e], key[d], kRopeError);
@@ -668,7 +662,7 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
     for (int h = 0; h < c.heads; ++h) {
         const std::vector<double> q =
             rope_reference(&qkv[size_t(h) * head_dim], head_dim, c.norms ? q_norm.data() : nullptr,
-                           c.pos, inverse_frequencies);
+                           c.pos, rope_table);
         const std::vector<double> want = attend(q, h, c, keys, values, first);
         for (int d = 0; d < head_dim; ++d)
             wrong += !close(out[size_t(h) * head_dim + d], want[d], kAttentionError);
@@ -916,7 +910,7 @@ TEST_CASE("emulated rmsnorm_heads, rope and store_kv_row kernels match double re
         INFO(c.heads << "/" << c.kv_heads << " heads of " << c.head_dim << ", pos " << c.pos);
         const int q_dim = c.heads * c.head_dim, kv_dim = c.kv_heads * c.head_dim;
         const int rotated = q_dim + kv_dim;
-        const std::vector<float> inverse_frequencies = inverse_frequencies_for(c.head_dim);
+        const std::vector<float> rope_table = test_rope_table(c.head_dim);
         const std::vector<float> qkv = random_floats(size_t(rotated + kv_dim), rng, 2.0f);
         const std::vector<float> q_norm = random_floats(size_t(c.head_dim), rng);
         const std::vector<float> k_norm = random_floats(size_t(c.head_dim), rng);
@@ -926,15 +920,15 @@ TEST_CASE("emulated rmsnorm_heads, rope and store_kv_row kernels match double re
                        rmsnorm_heads_kernel, normed.data(), q_norm.data(), k_norm.data(), c.heads,
                        c.kv_heads, c.head_dim, kEps);
         emulate_launch(rope_grid(c.heads, c.kv_heads, c.head_dim), dim3(kElementwiseThreads), 0,
-                       rope_kernel, rope.data(), inverse_frequencies.data(), step,
-                       c.heads + c.kv_heads, c.head_dim);
+                       rope_kernel, rope.data(), rope_table.data(), step, c.heads + c.kv_heads,
+                       c.head_dim);
         int wrong = 0;
         for (int h = 0; h < c.heads + c.kv_heads; ++h) {
             const float* x = &qkv[size_t(h) * c.head_dim];
             const float* norm = h < c.heads ? q_norm.data() : k_norm.data();
             const std::vector<double> want_norm = normed_input(x, c.head_dim, norm);
             const std::vector<double> want_rope =
-                rope_reference(x, c.head_dim, nullptr, c.pos, inverse_frequencies);
+                rope_reference(x, c.head_dim, nullptr, c.pos, rope_table);
             for (int i = 0; i < c.head_dim; ++i) {
                 wrong += !close(normed[size_t(h) * c.head_dim + i], want_norm[i], 1e-6);
                 wrong += !close(rope[size_t(h) * c.head_dim + i], want_rope[i], kRopeError);

@@ -252,9 +252,7 @@ void check_rope_kv_store_paged(int heads, int kv_heads, int head_dim, int block_
     const PagedStep step(block_size, {40, 7, 100}, {1, 5, 2}, rng);
     const int rows = step.rows(), half = head_dim / 2, kv_dim = kv_heads * head_dim;
     const int vectors = heads + 2 * kv_heads, qkv_pitch = vectors * head_dim + 3;
-    std::vector<float> inverse_frequencies(half);
-    for (int j = 0; j < half; ++j)
-        inverse_frequencies[j] = float(std::pow(10000.0, -2.0 * j / head_dim));
+    const std::vector<float> rope_table = test_rope_table(head_dim);
     const std::vector<float> qkv_in = random_floats(size_t(rows) * qkv_pitch, rng, 2.0f);
     const std::vector<float> q_norm = random_floats(size_t(head_dim), rng);
     const std::vector<float> k_norm = random_floats(size_t(head_dim), rng);
@@ -264,9 +262,9 @@ void check_rope_kv_store_paged(int heads, int kv_heads, int head_dim, int block_
     const size_t pool_elements = size_t(step.pool_blocks) * block_size * kv_dim;
     std::vector<KvT> keys(pool_elements, sentinel), values(keys);
     emulate_launch(rope_kv_store_rows_grid(heads, kv_heads, rows), dim3(kRopeRowsThreads), 0,
-                   rope_kv_store_paged_kernel<KvT>, qkv.data(), qkv_pitch,
-                   inverse_frequencies.data(), keys.data(), values.data(), step.positions.data(),
-                   step.tables.data(), step.table_stride, block_size, heads, kv_heads, head_dim,
+                   rope_kv_store_paged_kernel<KvT>, qkv.data(), qkv_pitch, rope_table.data(),
+                   keys.data(), values.data(), step.positions.data(), step.tables.data(),
+                   step.table_stride, block_size, heads, kv_heads, head_dim,
                    norms ? q_norm.data() : nullptr, norms ? k_norm.data() : nullptr, kEps);
 
     const double kv_rounding = std::is_same_v<KvT, float> ? 0.0 : std::ldexp(1.0, -11);
@@ -304,9 +302,9 @@ void check_rope_kv_store_paged(int heads, int kv_heads, int head_dim, int block_
                     a *= scale * norm[j];
                     b *= scale * norm[j + half];
                 }
-                const double angle = double(pos) * double(inverse_frequencies[j]);
-                const double x = a * std::cos(angle) - b * std::sin(angle);
-                const double y = b * std::cos(angle) + a * std::sin(angle);
+                const auto [cos_angle, sin_angle] = rope_cos_sin_reference(rope_table, j, pos);
+                const double x = a * cos_angle - b * sin_angle;
+                const double y = b * cos_angle + a * sin_angle;
                 if (is_q) {
                     const float* q = &qkv[size_t(t) * qkv_pitch + size_t(n) * head_dim];
                     wrong += !close(q[j], x, 0.0) + !close(q[j + half], y, 0.0);

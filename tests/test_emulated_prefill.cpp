@@ -194,9 +194,7 @@ void check_rope_kv_store_rows(const RopeCase& c, std::mt19937& rng, float input_
     const int half = c.head_dim / 2, kv_dim = c.kv_heads * c.head_dim;
     const int vectors = c.heads + 2 * c.kv_heads, qkv_pitch = vectors * c.head_dim + 3;
     const int context = c.first_pos + c.count + 2;
-    std::vector<float> inverse_frequencies(half);
-    for (int j = 0; j < half; ++j)
-        inverse_frequencies[j] = float(std::pow(10000.0, -2.0 * j / c.head_dim));
+    const std::vector<float> rope_table = test_rope_table(c.head_dim);
     const std::vector<float> qkv_in = random_floats(size_t(c.count) * qkv_pitch, rng, input_scale);
     const std::vector<float> q_norm = random_floats(size_t(c.head_dim), rng);
     const std::vector<float> k_norm = random_floats(size_t(c.head_dim), rng);
@@ -205,10 +203,9 @@ void check_rope_kv_store_rows(const RopeCase& c, std::mt19937& rng, float input_
     std::memset(&sentinel, 0x55, sizeof sentinel);
     std::vector<KvT> keys(size_t(context) * kv_dim, sentinel), values(keys);
     emulate_launch(rope_kv_store_rows_grid(c.heads, c.kv_heads, c.count), dim3(kRopeRowsThreads), 0,
-                   rope_kv_store_rows_kernel<KvT>, qkv.data(), qkv_pitch,
-                   inverse_frequencies.data(), keys.data(), values.data(), c.first_pos, c.heads,
-                   c.kv_heads, c.head_dim, c.norms ? q_norm.data() : nullptr,
-                   c.norms ? k_norm.data() : nullptr, kEps);
+                   rope_kv_store_rows_kernel<KvT>, qkv.data(), qkv_pitch, rope_table.data(),
+                   keys.data(), values.data(), c.first_pos, c.heads, c.kv_heads, c.head_dim,
+                   c.norms ? q_norm.data() : nullptr, c.norms ? k_norm.data() : nullptr, kEps);
 
     const DType kv_dtype = kv_type == KvType::F32 ? DType::F32 : DType::F16;
     int wrong = 0;
@@ -241,9 +238,9 @@ void check_rope_kv_store_rows(const RopeCase& c, std::mt19937& rng, float input_
                     a *= scale * norm[j];
                     b *= scale * norm[j + half];
                 }
-                const double angle = double(pos) * double(inverse_frequencies[j]);
-                const double x = a * std::cos(angle) - b * std::sin(angle);
-                const double y = b * std::cos(angle) + a * std::sin(angle);
+                const auto [cos_angle, sin_angle] = rope_cos_sin_reference(rope_table, j, pos);
+                const double x = a * cos_angle - b * sin_angle;
+                const double y = b * cos_angle + a * sin_angle;
                 const double error = 1e-5;  // f32 rotation (and norm)
                 if (is_q) {
                     const float* q = got_q + size_t(n) * c.head_dim;

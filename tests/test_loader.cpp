@@ -264,6 +264,51 @@ TEST_CASE("config numbers are checked as the floats the model computes with") {
     }
 }
 
+TEST_CASE("rotary_dim and LongRoPE are read and checked") {
+    const auto with = [](const json& fields) {
+        TinyModel tiny;
+        tiny.config["head_dim"] = 4;
+        for (const auto& [key, value] : fields.items()) tiny.config[key] = value;
+        return tiny;
+    };
+    const json longrope = {{"rope_type", "longrope"},
+                           {"short_factor", {1.5}},
+                           {"long_factor", {3.0}},
+                           {"original_max_position_embeddings", 8},
+                           {"attention_factor", 1.25}};
+    SECTION("a valid partial rotary_dim with LongRoPE loads; its table picks factors by context") {
+        TinyModel tiny = with({{"rotary_dim", 2}, {"rope_scaling", longrope}});
+        const Model model = Model::load(tiny.write("longrope"));
+        CHECK(model.config.rotary_dim == 2);
+        const std::vector<float> short_table = rope_table(model.config, 8);
+        const std::vector<float> long_table = rope_table(model.config, 9);
+        CHECK(short_table == std::vector<float>{float(1 / 1.5), 0.0f, 1.25f, 1.0f});
+        CHECK(long_table == std::vector<float>{float(1 / 3.0), 0.0f, 1.25f, 1.0f});
+    }
+    SECTION("rotary_dim defaults to head_dim") {
+        TinyModel tiny;
+        CHECK(Model::load(tiny.write("rotary_default")).config.rotary_dim == 4);
+    }
+    CHECK_THAT(load_error(with({{"rotary_dim", 3}}).write("rotary_odd")),
+               Catch::Contains("rotary_dim 3 is odd"));
+    CHECK_THAT(load_error(with({{"rotary_dim", 6}}).write("rotary_wide")),
+               Catch::Contains("'rotary_dim' = 6 is outside [2, 4]"));
+    json short_list = longrope;
+    short_list["long_factor"] = {3.0, 3.0};  // 2 rotated pairs, rotary_dim 2 has one
+    CHECK_THAT(load_error(with({{"rotary_dim", 2}, {"rope_scaling", short_list}}).write("lr_n")),
+               Catch::Contains("'long_factor' is not a list of 1 numbers"));
+    json zero = longrope;
+    zero["short_factor"] = {0.0, 1.0};
+    CHECK_THAT(load_error(with({{"rope_scaling", zero}}).write("lr_zero")),
+               Catch::Contains("'short_factor' holds 0.0, not a positive number"));
+    json no_factor = longrope;
+    no_factor.erase("attention_factor");
+    no_factor["short_factor"] = {1.0, 1.0};
+    no_factor["long_factor"] = {1.0, 1.0};
+    CHECK_THAT(load_error(with({{"rope_scaling", no_factor}}).write("lr_attention")),
+               Catch::Contains("'attention_factor' is missing"));
+}
+
 namespace {
 
 // A valid tiny model whose matrices each have their own type (barellm.matrix_types): dim 256,

@@ -300,6 +300,29 @@ std::string attention_features(const Config& c) {
     return features.empty() ? "no biases, no q/k norm" : features;
 }
 
+// How RoPE's frequencies are rescaled, in one line: "llama3, factor 8, original context
+// 8192", "longrope, long factors beyond 4096 positions, attention factor 1.19".
+std::string rope_scaling_summary(const RopeScaling& s) {
+    char text[160];
+    switch (s.kind) {
+        case RopeScaling::Kind::Linear:
+            std::snprintf(text, sizeof text, "linear, factor %g", s.factor);
+            break;
+        case RopeScaling::Kind::Llama3:
+            std::snprintf(text, sizeof text, "llama3, factor %g, original context %d", s.factor,
+                          s.original_context);
+            break;
+        case RopeScaling::Kind::LongRope:
+            std::snprintf(text, sizeof text,
+                          "longrope, long factors beyond %d positions, attention factor %g",
+                          s.original_context, s.attention_factor);
+            break;
+        case RopeScaling::Kind::None:
+            return "none";
+    }
+    return text;
+}
+
 // The table of matrix types: for each type, how many matrices, which, and their bytes.
 void print_matrix_types(const Model& model) {
     struct Row {
@@ -351,6 +374,10 @@ int command_info(const Options& options) {
     }
     std::printf("vocab_size      %d\nmax_context     %d\n", c.vocab_size, c.max_context);
     std::printf("rope_theta      %g\n", c.rope_theta);
+    if (c.rotary_dim != c.head_dim)
+        std::printf("rotary_dim      %d of each head's %d elements\n", c.rotary_dim, c.head_dim);
+    if (c.rope_scaling.kind != RopeScaling::Kind::None)
+        std::printf("rope_scaling    %s\n", rope_scaling_summary(c.rope_scaling).c_str());
     if (c.rope_theta_local > 0)
         std::printf("rope_theta_local %g (sliding layers)\n", c.rope_theta_local);
     std::printf("norm_eps        %g\n", c.norm_eps);

@@ -481,13 +481,15 @@ void rmsnorm(float* out, const float* x, const float* weight, int n, float eps) 
         scalar::rmsnorm(out, x, weight, n, eps);
 }
 
-void rope(float* vec, int heads, int head_dim, int pos, const float* inverse_frequencies) {
+void rope(float* vec, int heads, int head_dim, int pos, const float* rope_table) {
     const int half = head_dim / 2;
+    const float* inverse_frequencies = rope_table;
+    const float* magnitudes = rope_table + half;
     for (int i = 0; i < half; ++i) {
         // The angle in double: pos * frequency loses digits in float at long context.
         const double angle = double(pos) * inverse_frequencies[i];
-        const float cos_angle = float(std::cos(angle));
-        const float sin_angle = float(std::sin(angle));
+        const float cos_angle = float(std::cos(angle) * magnitudes[i]);
+        const float sin_angle = float(std::sin(angle) * magnitudes[i]);
         for (int h = 0; h < heads; ++h) {
             float* head = vec + size_t(h) * head_dim;
             const float a = head[i];

@@ -32,21 +32,21 @@ constexpr size_t kGegluCost = 12;  // one tanh-approximated GELU (SiLU's and a c
 // prefill and step use up to kMaxBatch rows (B below). The KV cache is the contiguous one
 // (run, chat, ppl, bench) or, with BackendOptions::kv_blocks, the paged one (the server).
 struct InferenceState {
-    std::vector<float> x;                       // [B, dim]           residual stream
-    std::vector<float> xb;                      // [B, dim]           normed input of a sub-block
-    std::vector<float> q;                       // [B, heads * head_dim]
-    std::vector<float> k;                       // [B, kv_heads * head_dim]
-    std::vector<float> v;                       // [B, kv_heads * head_dim]
-    std::vector<float> att;                     // [B, heads * head_dim]  attention output
-    std::vector<float> scores;                  // [heads, context]   decode attention scratch
-    std::vector<float> proj;                    // [B, dim]           output of wo or w2
-    std::vector<float> gate;                    // [B, hidden_dim]    w1 x, then act(w1 x) * w3 x
-    std::vector<float> up;                      // [B, hidden_dim]    w3 x
-    std::vector<float> logits;                  // [vocab_size]       of the last token
-    std::vector<uint8_t> key_cache;             // [layers, context, kv_dim] of kv_type,
-    std::vector<uint8_t> value_cache;           //   or [layers, kv_blocks, block_size, kv_dim]
-    std::vector<float> rope_frequencies;        // [head_dim / 2]
-    std::vector<float> rope_local_frequencies;  // [head_dim / 2] with rope_theta_local, else empty
+    std::vector<float> x;              // [B, dim]           residual stream
+    std::vector<float> xb;             // [B, dim]           normed input of a sub-block
+    std::vector<float> q;              // [B, heads * head_dim]
+    std::vector<float> k;              // [B, kv_heads * head_dim]
+    std::vector<float> v;              // [B, kv_heads * head_dim]
+    std::vector<float> att;            // [B, heads * head_dim]  attention output
+    std::vector<float> scores;         // [heads, context]   decode attention scratch
+    std::vector<float> proj;           // [B, dim]           output of wo or w2
+    std::vector<float> gate;           // [B, hidden_dim]    w1 x, then act(w1 x) * w3 x
+    std::vector<float> up;             // [B, hidden_dim]    w3 x
+    std::vector<float> logits;         // [vocab_size]       of the last token
+    std::vector<uint8_t> key_cache;    // [layers, context, kv_dim] of kv_type,
+    std::vector<uint8_t> value_cache;  //   or [layers, kv_blocks, block_size, kv_dim]
+    std::vector<float> rope;           // [head_dim]  rope_table: frequencies, magnitudes
+    std::vector<float> rope_local;     // [head_dim] with rope_theta_local, else empty
 };
 
 class CpuBackend : public Backend {
@@ -97,8 +97,8 @@ public:
         s.logits.resize(c.vocab_size);
         s.key_cache.resize(cache_bytes);
         s.value_cache.resize(cache_bytes);
-        s.rope_frequencies = rope_inverse_frequencies(c);
-        if (c.rope_theta_local > 0) s.rope_local_frequencies = rope_local_inverse_frequencies(c);
+        s.rope = rope_table(c, context_);
+        if (c.rope_theta_local > 0) s.rope_local = rope_local_table(c);
         all_logits_.resize(all_logits_floats);
     }
 
@@ -126,7 +126,7 @@ public:
 
         for (int l = 0; l < c.layers; ++l) {
             const LayerWeights& w = weights_.layers[l];
-            const float* rope_frequencies = layer_rope_frequencies(l);
+            const float* layer_rope = layer_rope_table(l);
             // Attention: x += wo · attention(rope(wq · norm(x)), rope(wk · norm(x)), wv · norm(x))
             //   (Qwen2: + bq, bk, bv after the projections; Qwen3 and Gemma 3: each head of q and
             //    k RMS-normed before RoPE; with attention_bias: + bo after wo; Gemma: wo's
@@ -143,8 +143,8 @@ public:
             add_bias(s.v.data(), w.bv, c.kv_dim());
             rmsnorm_heads(s.q.data(), w.q_norm, c.heads);
             rmsnorm_heads(s.k.data(), w.k_norm, c.kv_heads);
-            cpu::rope(s.q.data(), c.heads, c.head_dim, pos, rope_frequencies);
-            cpu::rope(s.k.data(), c.kv_heads, c.head_dim, pos, rope_frequencies);
+            cpu::rope(s.q.data(), c.heads, c.head_dim, pos, layer_rope);
+            cpu::rope(s.k.data(), c.kv_heads, c.head_dim, pos, layer_rope);
             cpu::kv_store(cache_row(s.key_cache, l, pos), s.k.data(), c.kv_dim(), kv_type_);
             cpu::kv_store(cache_row(s.value_cache, l, pos), s.v.data(), c.kv_dim(), kv_type_);
             cpu::attention(s.att.data(), s.q.data(), pos, cache_row(s.key_cache, l, 0),
@@ -293,7 +293,7 @@ private:
         InferenceState& s = state_;
         for (int l = 0; l < c.layers; ++l) {
             const LayerWeights& w = weights_.layers[l];
-            const float* rope_frequencies = layer_rope_frequencies(l);
+            const float* layer_rope = layer_rope_table(l);
             rmsnorm_rows(s.xb.data(), s.x.data(), w.attn_norm, B);
             multiply(s.xb.data(), B,
                      {{s.q.data(), &w.wq}, {s.k.data(), &w.wk}, {s.v.data(), &w.wv}});
@@ -307,8 +307,8 @@ private:
                 add_bias(v_row, w.bv, c.kv_dim());
                 rmsnorm_heads(q_row, w.q_norm, c.heads);
                 rmsnorm_heads(k_row, w.k_norm, c.kv_heads);
-                cpu::rope(q_row, c.heads, c.head_dim, pos, rope_frequencies);
-                cpu::rope(k_row, c.kv_heads, c.head_dim, pos, rope_frequencies);
+                cpu::rope(q_row, c.heads, c.head_dim, pos, layer_rope);
+                cpu::rope(k_row, c.kv_heads, c.head_dim, pos, layer_rope);
                 cpu::kv_store(kv_slot(s.key_cache, l, places, b), k_row, c.kv_dim(), kv_type_);
                 cpu::kv_store(kv_slot(s.value_cache, l, places, b), v_row, c.kv_dim(), kv_type_);
             });
@@ -476,9 +476,8 @@ private:
 
     // The RoPE table of layer `layer`: the sliding layers' own with rope_theta_local (Gemma 3),
     // else the model's.
-    const float* layer_rope_frequencies(int layer) const {
-        return model_.config.uses_local_rope(layer) ? state_.rope_local_frequencies.data()
-                                                    : state_.rope_frequencies.data();
+    const float* layer_rope_table(int layer) const {
+        return model_.config.uses_local_rope(layer) ? state_.rope_local.data() : state_.rope.data();
     }
 
     // x += y, both [rows, dim]: the residual connection.

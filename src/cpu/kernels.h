@@ -227,8 +227,9 @@ inline bool mean_of_squares_settled(double sum, int n) {
 }
 
 // Rotates each head of vec[heads * head_dim] for position `pos` (rotate-half pairs i,
-// i+head_dim/2).
-void rope(float* vec, int heads, int head_dim, int pos, const float* inverse_frequencies);
+// i+head_dim/2) by the RoPE table rope[head_dim] (barellm::rope_table: the pairs' inverse
+// frequencies, then their magnitudes).
+void rope(float* vec, int heads, int head_dim, int pos, const float* rope_table);
 
 // In place: x = exp(x - max) / sum.
 void softmax(float* x, int n);

@@ -45,7 +45,7 @@ float read_positive_float(const json& object, const char* key, const std::string
 
 bool is_known_architecture(const json& value) {
     return value == "llama" || value == "qwen2" || value == "qwen3" || value == "gemma2" ||
-           value == "gemma3" || value == "mixtral" || value == "qwen3_moe";
+           value == "gemma3" || value == "mixtral" || value == "qwen3_moe" || value == "phi3";
 }
 
 // A boolean field that is false when absent.
@@ -56,7 +56,24 @@ bool read_optional_bool(const json& object, const char* key, const std::string& 
     return object[key].get<bool>();
 }
 
-RopeScaling read_rope_scaling(const json& config, const std::string& source) {
+// A list of `count` positive finite floats (LongRoPE's factors of the rotated pairs).
+std::vector<float> read_positive_floats(const json& object, const char* key, size_t count,
+                                        const std::string& source) {
+    if (!object.contains(key) || !object[key].is_array() || object[key].size() != count)
+        throw Error(source + ": config field '" + key + "' is not a list of " +
+                    std::to_string(count) + " numbers (one per rotated pair)");
+    std::vector<float> values;
+    for (const json& item : object[key]) {
+        const float value = item.is_number() ? float(item.get<double>()) : 0.0f;
+        if (!(value > 0) || !std::isfinite(value))
+            throw Error(source + ": config field '" + key + "' holds " + json_excerpt(item) +
+                        ", not a positive number within the float range");
+        values.push_back(value);
+    }
+    return values;
+}
+
+RopeScaling read_rope_scaling(const json& config, int rotary_dim, const std::string& source) {
     RopeScaling scaling;
     if (!config.contains("rope_scaling") || config["rope_scaling"].is_null()) return scaling;
     const json& object = config["rope_scaling"];
@@ -77,20 +94,28 @@ RopeScaling read_rope_scaling(const json& config, const std::string& source) {
             read_int(object, "original_max_position_embeddings", source, 1, kMaxContext);
         if (scaling.high_freq_factor <= scaling.low_freq_factor)
             throw Error(source + ": rope_scaling needs high_freq_factor > low_freq_factor");
+    } else if (type == "longrope") {
+        scaling.kind = RopeScaling::Kind::LongRope;
+        scaling.short_factors =
+            read_positive_floats(object, "short_factor", rotary_dim / 2, source);
+        scaling.long_factors = read_positive_floats(object, "long_factor", rotary_dim / 2, source);
+        scaling.original_context =
+            read_int(object, "original_max_position_embeddings", source, 1, kMaxContext);
+        scaling.attention_factor = read_positive_float(object, "attention_factor", source);
     } else {
         throw Error(source + ": rope_scaling type " + quoted_excerpt(type) + " is not supported");
     }
     return scaling;
 }
 
-// Every RoPE inverse frequency must be a positive finite float; `key` names the config
-// field blamed when one is not.
-void check_rope_frequencies(const std::vector<float>& frequencies, const char* key,
-                            const std::string& source) {
-    for (float frequency : frequencies)
-        if (!(frequency > 0) || !std::isfinite(frequency))
+// Every RoPE inverse frequency of a rotated pair in `table` (rope_table's layout) must be a
+// positive finite float; `key` names the config field blamed when one is not.
+void check_rope_table(const std::vector<float>& table, const Config& config, const char* key,
+                      const std::string& source) {
+    for (int j = 0; j < config.rotary_dim / 2; ++j)
+        if (!(table[j] > 0) || !std::isfinite(table[j]))
             throw Error(source + ": config field '" + key + "' makes a RoPE frequency " +
-                        (frequency > 0 ? "overflow" : "round to 0") + " as a float");
+                        (table[j] > 0 ? "overflow" : "round to 0") + " as a float");
 }
 
 // "layer_types": one "sliding" or "full" per layer, in place of sliding_window_first_layer.
@@ -165,12 +190,19 @@ Config Config::from_json(const std::string& json_text, const std::string& source
     config.heads = read_int(object, "heads", source, 1, kMaxDim);
     config.kv_heads = read_int(object, "kv_heads", source, 1, config.heads);
     config.head_dim = read_int(object, "head_dim", source, 2, kMaxDim);
+    config.rotary_dim = object.contains("rotary_dim")
+                            ? read_int(object, "rotary_dim", source, 2, config.head_dim)
+                            : config.head_dim;
+    if (config.rotary_dim % 2 != 0)
+        throw Error(source + ": rotary_dim " + std::to_string(config.rotary_dim) +
+                    " is odd; RoPE rotates pairs");
     config.vocab_size = read_int(object, "vocab_size", source, 1, Tokenizer::kMaxVocabSize);
     config.max_context = read_int(object, "max_context", source, 1, kMaxContext);
     config.rope_theta = read_positive_float(object, "rope_theta", source);
-    check_rope_frequencies(rope_inverse_frequencies(config), "rope_theta", source);
-    config.rope_scaling = read_rope_scaling(object, source);
-    check_rope_frequencies(rope_inverse_frequencies(config), "rope_scaling", source);
+    check_rope_table(rope_table(config, 1), config, "rope_theta", source);
+    config.rope_scaling = read_rope_scaling(object, config.rotary_dim, source);
+    for (int context : {1, kMaxContext})  // both of LongRoPE's factor sets
+        check_rope_table(rope_table(config, context), config, "rope_scaling", source);
     config.norm_eps = read_positive_float(object, "norm_eps", source);
     if (object.contains("sliding_window") && !object["sliding_window"].is_null())
         config.sliding_window = read_int(object, "sliding_window", source, 1, kMaxContext);
@@ -219,7 +251,7 @@ Config Config::from_json(const std::string& json_text, const std::string& source
     config.post_norms = read_optional_bool(object, "post_norms", source);
     if (object.contains("rope_theta_local")) {
         config.rope_theta_local = read_positive_float(object, "rope_theta_local", source);
-        check_rope_frequencies(rope_local_inverse_frequencies(config), "rope_theta_local", source);
+        check_rope_table(rope_local_table(config), config, "rope_theta_local", source);
     }
 
     if (object.contains("attn_logit_softcap"))
@@ -250,21 +282,26 @@ Config Config::from_json(const std::string& json_text, const std::string& source
     return config;
 }
 
-std::vector<float> rope_local_inverse_frequencies(const Config& config) {
+std::vector<float> rope_local_table(const Config& config) {
     if (!(config.rope_theta_local > 0))
-        throw Error("rope_local_inverse_frequencies: the model has no rope_theta_local");
+        throw Error("rope_local_table: the model has no rope_theta_local");
     Config local = config;
     local.rope_theta = config.rope_theta_local;
     local.rope_scaling = RopeScaling{};
-    return rope_inverse_frequencies(local);
+    return rope_table(local, 1);
 }
 
-std::vector<float> rope_inverse_frequencies(const Config& config) {
-    const int pairs = config.head_dim / 2;
-    std::vector<float> inverse(pairs);
+std::vector<float> rope_table(const Config& config, int context) {
+    const int rotary_dim = config.rotary_dim > 0 ? config.rotary_dim : config.head_dim;
+    const int pairs = config.head_dim / 2, rotated_pairs = rotary_dim / 2;
+    std::vector<float> table(2 * pairs, 0.0f);
+    float* inverse = table.data();
+    float* magnitude = table.data() + pairs;
     const RopeScaling& scaling = config.rope_scaling;
     for (int i = 0; i < pairs; ++i) {
-        double frequency = std::pow(double(config.rope_theta), -2.0 * i / config.head_dim);
+        magnitude[i] = 1.0f;
+        if (i >= rotated_pairs) continue;  // past rotary_dim: frequency 0, not rotated
+        double frequency = std::pow(double(config.rope_theta), -2.0 * i / rotary_dim);
         if (scaling.kind == RopeScaling::Kind::Linear) {
             frequency /= scaling.factor;
         } else if (scaling.kind == RopeScaling::Kind::Llama3) {
@@ -280,10 +317,15 @@ std::vector<float> rope_inverse_frequencies(const Config& config) {
                     (scaling.high_freq_factor - scaling.low_freq_factor);
                 frequency = (1 - smooth) * frequency / scaling.factor + smooth * frequency;
             }
+        } else if (scaling.kind == RopeScaling::Kind::LongRope) {
+            // Phi-3: a factor per pair, the long set once the context outgrows the original.
+            const bool long_context = context > scaling.original_context;
+            frequency /= (long_context ? scaling.long_factors : scaling.short_factors)[i];
+            magnitude[i] = scaling.attention_factor;
         }
         inverse[i] = float(frequency);
     }
-    return inverse;
+    return table;
 }
 
 }  // namespace barellm

@@ -8,11 +8,16 @@ namespace barellm {
 
 // How RoPE frequencies are rescaled for long context (Hugging Face `rope_scaling`).
 struct RopeScaling {
-    enum class Kind { None, Linear, Llama3 } kind = Kind::None;
+    enum class Kind { None, Linear, Llama3, LongRope } kind = Kind::None;
     float factor = 1.0f;
     float low_freq_factor = 1.0f;   // llama3 only
     float high_freq_factor = 1.0f;  // llama3 only
-    int original_context = 0;       // llama3 only: original_max_position_embeddings
+    int original_context = 0;       // llama3, longrope: original_max_position_embeddings
+    // LongRoPE (Phi-3, Phi-4): rotated pair j's frequency is divided by short_factors[j], or by
+    // long_factors[j] when the context allocated exceeds original_context; cos and sin are
+    // multiplied by attention_factor.
+    std::vector<float> short_factors, long_factors;  // rotary_dim / 2 each
+    float attention_factor = 1.0f;
 };
 
 // The feed-forward gate's activation: SiLU (SwiGLU, Llama and Qwen) or GELU with the tanh
@@ -26,6 +31,10 @@ struct Config {
     int heads = 0;     // query heads
     int kv_heads = 0;  // key/value heads (GQA when fewer than heads)
     int head_dim = 0;
+    // Elements of each q and k head RoPE rotates (partial_rotary_factor · head_dim): the pairs
+    // (j, j + head_dim/2) for j < rotary_dim/2; the others pass unchanged. from_json: given or
+    // head_dim; 0 counts as head_dim.
+    int rotary_dim = 0;
     int vocab_size = 0;
     int max_context = 0;
     float rope_theta = 10000.0f;
@@ -81,12 +90,18 @@ struct Config {
     static Config from_json(const std::string& json_text, const std::string& source);
 };
 
-// The inverse frequency of each rotated pair (head_dim / 2 values) from rope_theta, with
-// rope_scaling applied: the RoPE of every layer, or of the full-attention layers of a model
-// with rope_theta_local.
-std::vector<float> rope_inverse_frequencies(const Config& config);
+// A RoPE table, as every rope kernel reads it: head_dim floats, the inverse frequency of each
+// pair j < head_dim/2 (elements j and j + head_dim/2 of a head), then each pair's magnitude.
+// Pair j at position pos is rotated by the angle pos · inverse_frequency[j], and its cos and
+// sin are multiplied by magnitude[j]. The pairs past rotary_dim / 2 have frequency 0 and
+// magnitude 1: they pass unchanged.
+//
+// The table of every layer, or of the full-attention layers of a model with
+// rope_theta_local: from rope_theta, with rope_scaling applied; `context` is the number of
+// positions allocated (LongRoPE picks its long factors beyond original_context).
+std::vector<float> rope_table(const Config& config, int context);
 // The same from rope_theta_local, unscaled: the RoPE of the sliding layers (Gemma 3).
 // Requires rope_theta_local > 0.
-std::vector<float> rope_local_inverse_frequencies(const Config& config);
+std::vector<float> rope_local_table(const Config& config);
 
 }  // namespace barellm

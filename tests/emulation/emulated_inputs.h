@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "cuda_emulation.h"
@@ -105,6 +106,28 @@ int cache_writes_outside(const std::vector<KvT>& keys, const std::vector<KvT>& v
         written += std::memcmp(&values[e], &sentinel, sizeof sentinel) != 0;
     }
     return written;
+}
+
+// A RoPE table in barellm::rope_table's layout (head_dim / 2 inverse frequencies, then as
+// many magnitudes) that exercises all of it: the last quarter of the pairs not rotated
+// (frequency 0 and magnitude 1, a partial rotary_dim), the others at theta 10000 with
+// LongRoPE's attention factor 1.19 as their magnitude.
+inline std::vector<float> test_rope_table(int head_dim) {
+    const int pairs = head_dim / 2, rotated = pairs - pairs / 4;
+    constexpr float kAttentionFactor = 1.19f;
+    std::vector<float> table(head_dim, 0.0f);
+    for (int j = 0; j < pairs; ++j) {
+        if (j < rotated) table[j] = float(std::pow(10000.0, -2.0 * j / (2 * rotated)));
+        table[pairs + j] = j < rotated ? kAttentionFactor : 1.0f;
+    }
+    return table;
+}
+
+// (cos, sin) of pair j's rotation at `pos` by such a table, in double.
+inline std::pair<double, double> rope_cos_sin_reference(const std::vector<float>& table, int j,
+                                                        int pos) {
+    const double angle = double(pos) * double(table[j]), magnitude = table[table.size() / 2 + j];
+    return {std::cos(angle) * magnitude, std::sin(angle) * magnitude};
 }
 
 }  // namespace barellm::test

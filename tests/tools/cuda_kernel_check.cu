@@ -924,12 +924,12 @@ struct HeadShape {
     int heads, kv_heads, head_dim;
 };
 
-// RoPE's inverse frequencies for head_dim, theta 10000.
-std::vector<float> test_rope_frequencies(int head_dim) {
+// RoPE's table for head_dim, theta 10000, every element rotated.
+std::vector<float> test_rope_table(int head_dim) {
     Config config;
     config.head_dim = head_dim;
     config.rope_theta = 10000.0f;
-    return rope_inverse_frequencies(config);
+    return rope_table(config, 1);
 }
 
 // Qwen3's per-head q/k RMSNorm weights ([head_dim] each; both empty: no norm) on the host
@@ -1025,7 +1025,7 @@ constexpr double kNormedRopeTolerance = 2e-6;
 void check_rope() {
     const HeadShape shapes[] = {{8, 4, 8}, {6, 2, 34}, {5, 5, 18}, {32, 8, 128}, {4, 1, 256}};
     for (const HeadShape& s : shapes) {
-        const std::vector<float> frequencies = test_rope_frequencies(s.head_dim);
+        const std::vector<float> frequencies = test_rope_table(s.head_dim);
         DeviceBuffer device_frequencies = to_device(frequencies);
         const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
         for (bool qk_norm : {false, true}) {
@@ -1131,7 +1131,7 @@ void check_attention(int multiprocessors) {
         const AttentionShape shape{s.heads, s.kv_heads, s.head_dim, test.window,
                                    1.25f / std::sqrt(float(s.head_dim))};
         const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
-        const std::vector<float> frequencies = test_rope_frequencies(s.head_dim);
+        const std::vector<float> frequencies = test_rope_table(s.head_dim);
         DeviceBuffer device_frequencies = to_device(frequencies);
         const HeadNorms norms = head_norms(s.head_dim, test.qk_norm);
         const size_t counters = cuda::attention_arrival_counters(shape);
@@ -1710,7 +1710,7 @@ void check_rope_kv_store_rows() {
     const HeadShape shapes[] = {{6, 2, 34}, {8, 1, 64}, {5, 5, 72}, {32, 8, 128}, {4, 1, 256}};
     const float eps = 1e-6f;
     for (const HeadShape& s : shapes) {
-        const std::vector<float> frequencies = test_rope_frequencies(s.head_dim);
+        const std::vector<float> frequencies = test_rope_table(s.head_dim);
         DeviceBuffer device_frequencies = to_device(frequencies);
         const int q_dim = s.heads * s.head_dim, kv_dim = s.kv_heads * s.head_dim;
         const int qkv_pitch = q_dim + 2 * kv_dim + 2;  // rows with a pitch of their own
@@ -2089,7 +2089,7 @@ void bench(int multiprocessors) {
         CUDA_CHECK(cudaMemset(values.as(), 0, layer_bytes * layers));
         const int splits = cuda::attention_splits(shape, context, multiprocessors);
         DeviceBuffer qkv = to_device(random_floats(4096 + 2 * 1024)), out = poisoned(4096);
-        DeviceBuffer frequencies = to_device(test_rope_frequencies(128));
+        DeviceBuffer frequencies = to_device(test_rope_table(128));
         DeviceBuffer arrivals = zeroed_counters(cuda::attention_arrival_counters(shape));
         DeviceBuffer partial_out = poisoned(size_t(32) * splits * 128),
                      partial_stats = poisoned(size_t(32) * splits * 2);
