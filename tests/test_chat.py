@@ -132,6 +132,9 @@ def test_the_exact_renderings(tmp_path):
         "mistral-instruct-v0.1": "<s>[INST] Hi [/INST]",
         "gemma3-it": "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n",
         "gemma2-it": "<bos><start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n",
+        "phi3-mini-4k-instruct": "<|user|>\nHi<|end|>\n<|assistant|>\n",
+        "phi4-mini-instruct": "<|user|>Hi<|end|><|assistant|>",
+        "phi4": "<|im_start|>user<|im_sep|>Hi<|im_end|><|im_start|>assistant<|im_sep|>",
     }
     for name, text in want.items():
         entry = TEMPLATES[name]
@@ -197,6 +200,16 @@ def test_no_think_is_refused_where_the_template_has_no_switch(tmp_path, name):
      "Gemma-style chat template"),
     ("{{ bos_token }}{% for message in messages %}{{ '<start_of_turn>' + message['role'] + "
      "'\n' + message['content'] + '<end_of_turn>\n' }}{% endfor %}", "| trim"),
+    # Phi-3-mini's template of April 2024: no generation prompt, the assistant's tag written
+    # after each user turn.
+    ("{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') %}"
+     "{{'<|user|>' + '\n' + message['content'] + '<|end|>' + '\n' + '<|assistant|>' + '\n'}}"
+     "{% elif (message['role'] == 'assistant') %}{{message['content'] + '<|end|>' + '\n'}}"
+     "{% endif %}{% endfor %}", "Phi-style chat template"),
+    # ChatML with <|im_sep|>, but with newlines after the turns.
+    ("{% for message in messages %}{{'<|im_start|>' + message['role'] + '<|im_sep|>' + "
+     "message['content'] + '<|im_end|>\n'}}{% endfor %}{% if add_generation_prompt %}"
+     "{{ '<|im_start|>assistant<|im_sep|>' }}{% endif %}", "<|im_sep|>"),
 ])
 def test_unknown_templates_are_refused(tmp_path, template, message):
     code, out, err = chat_render(tmp_path, template, "Hi", "<s>")

@@ -174,6 +174,7 @@ std::string message_content(const json& content, size_t index) {
 std::string assistant_text(const ChatTemplate& chat, const std::string& content) {
     switch (chat.family) {
         case ChatFamily::ChatML:
+        case ChatFamily::Phi:
             return content;
         case ChatFamily::Llama3:
         case ChatFamily::Llama31:

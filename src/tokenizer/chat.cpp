@@ -246,6 +246,44 @@ void recognise_gemma(const std::string& text, ChatTemplate& chat) {
             "messages[0]['content'] + '\\n\\n') or Gemma 2's refusal of one");
 }
 
+// Phi's <|user|>/<|end|> templates: Phi-3 and Phi-3.5 spell each role's turn out, with a
+// newline after the role and after the turn; Phi-4-mini writes every role as
+// '<|' + message['role'] + '|>', without newlines. Fills `chat` or throws naming what is
+// missing.
+void recognise_phi(const std::string& text, ChatTemplate& chat) {
+    chat.family = ChatFamily::Phi;
+    const auto refuse = [](const std::string& what) {
+        throw Error("--chat: a Phi-style chat template (<|user|>, <|end|>) without " + what +
+                    " is not recognised");
+    };
+    if (contains(text, "'<|' + message['role'] + '|>' + message['content'] + '<|end|>'")) {
+        chat.role_separator = chat.turn_separator = "";  // Phi-4-mini
+        if (!contains(text, "'<|assistant|>'")) refuse("an '<|assistant|>' generation prompt");
+        return;
+    }
+    if (!contains_literal(text, "'<|user|>\n' + message['content'] + '<|end|>\n'"))
+        refuse(
+            "'<|user|>\\n' + message['content'] + '<|end|>\\n' (Phi-3) or '<|' + "
+            "message['role'] + '|>' + message['content'] + '<|end|>' (Phi-4-mini)");
+    if (!contains_literal(text, "'<|assistant|>\n'"))
+        refuse("an '<|assistant|>\\n' generation prompt");
+    chat.system_role = contains_literal(text, "'<|system|>\n' + message['content'] + '<|end|>\n'");
+    chat.skip_empty_system = contains(text, "message['role'] == 'system' and message['content']");
+}
+
+// Phi-4's ChatML: '<|im_start|>' ROLE '<|im_sep|>' + message['content'] + '<|im_end|>', no
+// newlines. Fills `chat` or throws naming what is missing.
+void recognise_chatml_im_sep(const std::string& text, ChatTemplate& chat) {
+    if (!contains(text, "'<|im_start|>assistant<|im_sep|>'") ||
+        !contains(text, "<|im_sep|>' + message['content'] + '<|im_end|>'"))
+        throw Error(
+            "--chat: a ChatML chat template with <|im_sep|> but without Phi-4's "
+            "'<|im_start|>assistant<|im_sep|>' generation prompt and turns ending in "
+            "'<|im_end|>' is not recognised");
+    chat.role_separator = "<|im_sep|>";
+    chat.turn_separator = "";
+}
+
 }  // namespace
 
 std::string ThinkBlockFilter::feed(const std::string& piece) {
@@ -314,6 +352,10 @@ ChatTemplate recognise_chat_template(const std::string& text) {
     ChatTemplate chat;
     if (contains(text, "<|im_start|>") && contains(text, "<|im_end|>")) {
         chat.family = ChatFamily::ChatML;
+        if (contains(text, "<|im_sep|>")) {
+            recognise_chatml_im_sep(text, chat);
+            return chat;
+        }
         if (!contains(text, "<|im_start|>assistant\n") &&
             !contains(text, "<|im_start|>assistant\\n"))
             throw Error(
@@ -342,6 +384,11 @@ ChatTemplate recognise_chat_template(const std::string& text) {
         recognise_gemma(text, chat);
         return chat;
     }
+    if (contains(text, "<|end|>") &&
+        (contains(text, "<|user|>") || contains(text, "'<|' + message['role'] + '|>'"))) {
+        recognise_phi(text, chat);
+        return chat;
+    }
     if (contains(text, "[INST]")) {
         chat.family = ChatFamily::Llama2;
         chat.needs_bos = true;
@@ -364,7 +411,8 @@ ChatTemplate recognise_chat_template(const std::string& text) {
     throw Error(
         "--chat: the model's chat template is not one barellm knows (no ChatML "
         "<|im_start|>/<|im_end|>, Llama 3 <|start_header_id|>/<|eot_id|>, "
-        "Llama 2/Mistral [INST] or Gemma <start_of_turn>/<end_of_turn> markers)");
+        "Llama 2/Mistral [INST], Gemma <start_of_turn>/<end_of_turn> or Phi <|user|>/<|end|> "
+        "markers)");
 }
 
 namespace {
@@ -378,6 +426,30 @@ std::string llama3_user_turn(const std::string& content) {
 // The Gemma user turn with the generation prompt.
 std::string gemma_user_turn(const std::string& content) {
     return "<start_of_turn>user\n" + content + "<end_of_turn>\n<start_of_turn>model\n";
+}
+
+// One ChatML turn: <|im_start|>ROLE, the role separator, the content, <|im_end|> and the turn
+// separator.
+std::string chatml_turn(const ChatTemplate& chat, const std::string& role,
+                        const std::string& content) {
+    return "<|im_start|>" + role + chat.role_separator + content + "<|im_end|>" +
+           chat.turn_separator;
+}
+
+// The ChatML user turn with the generation prompt.
+std::string chatml_user_turn(const ChatTemplate& chat, const std::string& content) {
+    return chatml_turn(chat, "user", content) + "<|im_start|>assistant" + chat.role_separator;
+}
+
+// One Phi turn: <|ROLE|>, the role separator, the content, <|end|> and the turn separator.
+std::string phi_turn(const ChatTemplate& chat, const std::string& role,
+                     const std::string& content) {
+    return "<|" + role + "|>" + chat.role_separator + content + "<|end|>" + chat.turn_separator;
+}
+
+// The Phi user turn with the generation prompt.
+std::string phi_user_turn(const ChatTemplate& chat, const std::string& content) {
+    return phi_turn(chat, "user", content) + "<|assistant|>" + chat.role_separator;
 }
 
 }  // namespace
@@ -403,8 +475,8 @@ std::string render_chat(const ChatTemplate& chat, const std::optional<std::strin
             std::string out;
             const std::string& system_text = system ? *system : chat.default_system;
             if (system || !chat.default_system.empty())
-                out += "<|im_start|>system\n" + system_text + "<|im_end|>\n";
-            return out + "<|im_start|>user\n" + content + "<|im_end|>\n<|im_start|>assistant\n" +
+                out += chatml_turn(chat, "system", system_text);
+            return out + chatml_user_turn(chat, content) +
                    (enable_thinking ? "" : kEmptyThinkBlock);
         }
         case ChatFamily::Llama3:
@@ -423,6 +495,11 @@ std::string render_chat(const ChatTemplate& chat, const std::optional<std::strin
         }
         case ChatFamily::Gemma:
             return bos_token + gemma_user_turn(system ? *system + "\n\n" + content : content);
+        case ChatFamily::Phi: {
+            const bool with_system = system && !(chat.skip_empty_system && system->empty());
+            return (with_system ? phi_turn(chat, "system", *system) : "") +
+                   phi_user_turn(chat, content);
+        }
     }
     return "";
 }
@@ -432,8 +509,7 @@ std::string render_next_turn(const ChatTemplate& chat, const std::string& prompt
     const std::string content = chat.strip_prompt ? python_strip(prompt) : prompt;
     switch (chat.family) {
         case ChatFamily::ChatML:
-            return "<|im_end|>\n<|im_start|>user\n" + content +
-                   "<|im_end|>\n<|im_start|>assistant\n";
+            return "<|im_end|>" + chat.turn_separator + chatml_user_turn(chat, content);
         case ChatFamily::Llama3:
         case ChatFamily::Llama31:
             return "<|eot_id|>" + llama3_user_turn(content);
@@ -448,6 +524,8 @@ std::string render_next_turn(const ChatTemplate& chat, const std::string& prompt
         }
         case ChatFamily::Gemma:
             return "<end_of_turn>\n" + gemma_user_turn(content);
+        case ChatFamily::Phi:
+            return "<|end|>" + chat.turn_separator + phi_user_turn(chat, content);
     }
     return "";
 }
@@ -463,6 +541,8 @@ std::string chat_end_of_turn(ChatFamily family) {
             return "";
         case ChatFamily::Gemma:
             return "<end_of_turn>";
+        case ChatFamily::Phi:
+            return "<|end|>";
     }
     return "";
 }
@@ -479,6 +559,8 @@ const char* chat_family_name(ChatFamily family) {
             return "Llama 2";
         case ChatFamily::Gemma:
             return "Gemma";
+        case ChatFamily::Phi:
+            return "Phi";
     }
     return "";
 }

@@ -18,6 +18,9 @@
 //            helpful assistant."). End of turn: <|im_end|>.
 //            Qwen3's template has a thinking switch: with enable_thinking=False (--no-think)
 //            the generation prompt is followed by an empty "<think>\n\n</think>\n\n".
+//            Phi-4's separates the role with <|im_sep|> and the turns with nothing:
+//              [<|im_start|>system<|im_sep|>{system}<|im_end|>]
+//              <|im_start|>user<|im_sep|>{prompt}<|im_end|><|im_start|>assistant<|im_sep|>
 //   Llama3   Meta-Llama-3-Instruct (`message['content'] | trim`):
 //              {bos}[<|start_header_id|>system<|end_header_id|>\n\n{trim(system)}<|eot_id|>]
 //              <|start_header_id|>user<|end_header_id|>\n\n{trim(prompt)}<|eot_id|>
@@ -41,17 +44,23 @@
 //              <start_of_turn>model\n
 //            Gemma 3 folds the system message (untrimmed) into the first user turn; Gemma 1
 //            and 2 refuse one. End of turn: <end_of_turn>.
+//   Phi      <|user|> ... <|end|> templates (Phi-3, Phi-3.5, Phi-4-mini):
+//              [<|system|>\n{system}<|end|>\n]<|user|>\n{prompt}<|end|>\n<|assistant|>\n
+//            Phi-4-mini writes no newlines; Phi-3.5 leaves out an empty system message.
+//            End of turn: <|end|>.
 // A conversation goes on after the assistant's reply with render_next_turn: the end of the
 // reply's turn, then the next user message and the generation prompt, as the template
 // writes them between an assistant message and the next user message (the system message
 // only ever comes first):
 //   ChatML   <|im_end|>\n<|im_start|>user\n{prompt}<|im_end|>\n<|im_start|>assistant\n
+//            (Phi-4: <|im_end|><|im_start|>user<|im_sep|>{prompt}<|im_end|>...)
 //   Llama3, Llama31   <|eot_id|>{user turn as Llama3}
 //   Llama2   Llama-2-chat:       " " eos {bos}[INST] {strip(prompt)} [/INST]
 //            Mistral-Instruct:   eos[ ][INST] {prompt} [/INST]  (v0.1 writes the space,
 //                                Mixtral-Instruct v0.1 does not)
 //   Gemma    <end_of_turn>\n<start_of_turn>user\n{trim(prompt)}<end_of_turn>\n
 //              <start_of_turn>model\n
+//   Phi      <|end|>\n<|user|>\n{prompt}<|end|>\n<|assistant|>\n
 // The reply itself is what the model generated, as the KV cache holds it; Llama-2-chat,
 // the Llama 3 families and Gemma write it stripped, so a reply with surrounding spaces (other than
 // the one Llama-2-chat writes before it) renders differently there.
@@ -62,7 +71,7 @@
 
 namespace barellm {
 
-enum class ChatFamily { ChatML, Llama3, Llama31, Llama2, Gemma };
+enum class ChatFamily { ChatML, Llama3, Llama31, Llama2, Gemma, Phi };
 
 struct ChatTemplate {
     ChatFamily family = ChatFamily::ChatML;
@@ -77,6 +86,11 @@ struct ChatTemplate {
     std::string date;              // Llama31: the date_string default, unless...
     bool date_from_clock = false;  // ...Llama31: the template writes today's date
     bool thinking_switch = false;  // ChatML: the template honours enable_thinking=False
+    // ChatML and Phi: what follows a role's marker ("\n"; Phi-4's "<|im_sep|>", Phi-4-mini's
+    // "") and what follows a turn's end ("\n"; Phi-4's and Phi-4-mini's "").
+    std::string role_separator = "\n";
+    std::string turn_separator = "\n";
+    bool skip_empty_system = false;  // Phi-3.5: an empty system message is not written
 };
 
 // Recognises `template_text`; throws Error naming what it did not recognise.
@@ -115,8 +129,7 @@ std::string render_next_turn(const ChatTemplate& chat, const std::string& prompt
                              const std::string& bos_token, const std::string& eos_token);
 
 // The token text that ends the assistant's turn ("<|im_end|>", "<|eot_id|>",
-// "<end_of_turn>"), or "" for
-// families whose turn ends with EOS.
+// "<end_of_turn>", "<|end|>"), or "" for families whose turn ends with EOS.
 std::string chat_end_of_turn(ChatFamily family);
 
 const char* chat_family_name(ChatFamily family);
