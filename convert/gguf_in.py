@@ -638,19 +638,23 @@ class GGUFModel:
         for key, name in ROPE_FACTORS.items():
             if name not in self.tensors:
                 raise ConvertError(f"missing tensors: {name} (LongRoPE needs both factor sets)")
-            source = GGUFTensor(self.path, self.tensors[name])
-            if source.shape != (rotary_dim // 2,):
-                raise ConvertError(f"{name} has shape {list(source.shape)}, expected "
-                                   f"[{rotary_dim // 2}]")
-            factors = next(source.f32_blocks()).astype(np.float64)
-            if not (np.isfinite(factors).all() and (factors > 0).all()):
-                raise ConvertError(f"{name} holds values that are not positive numbers")
-            scaling[key] = [float(value) for value in factors]
+            scaling[key] = [float(value) for value in self._rope_divisors(name, rotary_dim // 2)]
         k = self._key
         scaling["original_max_position_embeddings"] = self.keys.integer(
             k("rope.scaling.original_context_length"), self.keys.integer(k("context_length")))
         scaling["attention_factor"] = self.keys.number(k("rope.scaling.attn_factor"), 1.0)
         return scaling
+
+    def _rope_divisors(self, name, pairs):
+        """The vector tensor `name` of a divisor per rotated pair (rope_freqs,
+        rope_factors_long, rope_factors_short), float64; each must be a positive number."""
+        source = GGUFTensor(self.path, self.tensors[name])
+        if source.shape != (pairs,):
+            raise ConvertError(f"{name} has shape {list(source.shape)}, expected [{pairs}]")
+        divisors = next(source.f32_blocks()).astype(np.float64)
+        if not (np.isfinite(divisors).all() and (divisors > 0).all()):
+            raise ConvertError(f"{name} holds values that are not positive numbers")
+        return divisors
 
     def _llama3_scaling(self, theta, head_dim):
         """The llama3 rope_scaling whose frequency divisors are the rope_freqs tensor.
@@ -659,14 +663,7 @@ class GGUFModel:
         factor, low_freq_factor, high_freq_factor and the original context. The factor is
         the largest divisor; the other three are the GGUF's `rope.scaling.*` where given,
         else Llama 3.1's (1, 4, 8192); the tensor must then match to float32 rounding."""
-        tensor = self.tensors[ROPE_FREQS]
-        source = GGUFTensor(self.path, tensor)
-        if source.shape != (head_dim // 2,):
-            raise ConvertError(f"{ROPE_FREQS} has shape {list(source.shape)}, expected "
-                               f"[{head_dim // 2}]")
-        divisors = next(source.f32_blocks()).astype(np.float64)
-        if not (np.isfinite(divisors).all() and (divisors > 0).all()):
-            raise ConvertError(f"{ROPE_FREQS} holds values that are not positive numbers")
+        divisors = self._rope_divisors(ROPE_FREQS, head_dim // 2)
         if (divisors == 1).all():
             return None
         scaling = {"rope_type": "llama3", "factor": float(divisors.max())}

@@ -267,3 +267,67 @@ def test_info_shows_the_rotary_and_longrope(tmp_path):
     assert "rotary_dim      6 of each head's 10 elements\n" in result.stdout
     assert ("rope_scaling    longrope, long factors beyond 8 positions, attention factor "
             "1.41421\n") in result.stdout
+
+
+def rewritten_gguf(source, out, keys=None, tensors=None):
+    """A copy of the GGUF file `source` with keys set ({name: (value, GGUFValueType)}; None
+    drops the key) and tensors replaced ({name: float32 array}; None drops the tensor)."""
+    keys, tensors = keys or {}, tensors or {}
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(out), reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name in keys:
+            continue
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), field.types[0], sub_type)
+    for name, value in keys.items():
+        if value is not None:
+            writer.add_key_value(name, *value)
+    for tensor in reader.tensors:
+        data = tensors.get(tensor.name, np.array(tensor.data))
+        if data is not None:
+            writer.add_tensor(tensor.name, data, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+U32 = gguf.GGUFValueType.UINT32
+
+
+def test_a_gguf_rewritten_unchanged_converts_to_the_same_file(tmp_path):
+    """rewritten_gguf with nothing changed breaks nothing (so the refusals below are the
+    changes')."""
+    result = run(GGUF_FROM_HF, checkpoint(tmp_path, "phi4-mini"), "-o", tmp_path / "m.gguf")
+    assert result.returncode == 0, result.stderr
+    same = rewritten_gguf(tmp_path / "m.gguf", tmp_path / "same.gguf")
+    for source, out in ((tmp_path / "m.gguf", "a.bin"), (same, "b.bin")):
+        result = run(CONVERT, source, "-o", tmp_path / out)
+        assert result.returncode == 0, result.stderr
+    assert (tmp_path / "a.bin").read_bytes() == (tmp_path / "b.bin").read_bytes()
+
+
+@pytest.mark.parametrize("keys,tensors,message", [
+    ({}, {"rope_factors_long.weight": None},
+     "missing tensors: rope_factors_long.weight (LongRoPE needs both factor sets)"),
+    ({}, {"rope_factors_short.weight": np.array([1.0, 0.0, 2.0], dtype=np.float32)},
+     "rope_factors_short.weight holds values that are not positive numbers"),
+    ({}, {"rope_factors_long.weight": np.ones(4, dtype=np.float32)},
+     "rope_factors_long.weight has shape [4], expected [3]"),
+    ({"phi3.rope.dimension_count": (5, U32)}, {},
+     "'phi3.rope.dimension_count' is 5, not the head size 10 (not supported; phi3 may rotate"),
+    ({}, {"blk.1.attn_qkv.weight": np.zeros((79, 40), dtype=np.float32)},
+     "tensor 'blk.1.attn_qkv.weight' has shape [79, 40], expected 80 rows from the config"),
+    ({}, {"blk.0.ffn_up.weight": None}, "missing tensors: blk.0.ffn_up.weight"),
+])
+def test_the_converter_refuses_broken_phi3_ggufs(tmp_path, keys, tensors, message):
+    """A phi3 GGUF (gguf_from_hf.py's) with one thing broken: one line, no file."""
+    result = run(GGUF_FROM_HF, checkpoint(tmp_path, "phi4-mini"), "-o", tmp_path / "m.gguf")
+    assert result.returncode == 0, result.stderr
+    broken = rewritten_gguf(tmp_path / "m.gguf", tmp_path / "broken.gguf", keys, tensors)
+    result = run(CONVERT, broken, "-o", tmp_path / "out.bin")
+    assert result.returncode == 1 and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out.bin").exists()

@@ -92,9 +92,10 @@
 #                 then tg128 on a Llama-3.2-1B-shaped f16 file (made here), the Mistral-7B
 #                 f16 and q4 files (and the Q4_K_M file where the kquants step made it) with
 #                 it off and on, alternated, 2 rounds (not yet timed on a GPU machine)
-#   gemma3        Gemma 3 at the 1B and 4B shapes and Gemma 2 at the 2B shape (convert/synth.py
-#                 --preset gemma3-1b, gemma3-4b and gemma2-2b, Gemma 3's vocabulary of 262,144
-#                 pieces): an f16 GGUF written by
+#   gemma3        Gemma 3 at the 1B and 4B shapes, Gemma 2 at the 2B shape and Phi-4-mini
+#                 (convert/synth.py --preset gemma3-1b, gemma3-4b, gemma2-2b and phi4-mini,
+#                 Gemma 3's vocabulary of 262,144 pieces; Phi-4-mini's partial rotary and
+#                 LongRoPE): an f16 GGUF written by
 #                 scripts/gguf_from_hf.py and llama-quantize's Q4_K_M of it, each converted
 #                 to barellm's file, against llama.cpp (pp512, tg128, 2 alternated rounds).
 #                 Not yet timed on a GPU machine: run it alone
@@ -853,7 +854,7 @@ if wants pdl; then
 fi
 
 if wants gemma3; then
-    step "Gemma 3 at the 1B and 4B shapes and Gemma 2 at 2B, f16 and Q4_K_M, against llama.cpp"
+    step "Gemma 3 at the 1B and 4B shapes, Gemma 2 at 2B and Phi-4-mini, f16 and Q4_K_M, against llama.cpp"
     gemma_files() {  # PRESET: the f16 GGUF and barellm file, Q4_K_M GGUF and barellm file
         local base=$WORK/$1
         rm -rf "$base-hf" &&
@@ -863,7 +864,7 @@ if wants gemma3; then
         rm -rf "$base-hf"
         quantize_gguf "$base-f16.gguf" "$base-q4_k_m.gguf" Q4_K_M "$base-q4_k_m.bin"
     }
-    presets=(gemma3-1b gemma3-4b gemma2-2b)
+    presets=(gemma3-1b gemma3-4b gemma2-2b phi4-mini)
     if ! can_quantize; then
         note "gemma3: skipped, no llama.cpp (llama-bench and llama-quantize) staged"
         presets=()
