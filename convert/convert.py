@@ -450,10 +450,10 @@ def gemma3_rope(cfg):
 def phi3_rope(cfg, head_dim):
     """(rotary_dim, rope_theta, rope_scaling) of a Phi-3 config as transformers computes
     them: int(head_dim * partial_rotary_factor) elements rotated; LongRoPE's factor per
-    rotated pair (short_factor, long_factor), its original context (in rope_scaling, else
-    the config's original_max_position_embeddings) and its attention factor (given, else
-    sqrt(1 + ln(factor) / ln(original)), factor = max_position_embeddings / original where
-    not given, 1 for a factor up to 1)."""
+    rotated pair (short_factor, long_factor), its original context (the config's
+    original_max_position_embeddings, before rope_scaling's) and its attention factor
+    (given, else sqrt(1 + ln(factor) / ln(original)), factor = max_position_embeddings /
+    original where not given, 1 for a factor up to 1)."""
     params = cfg.get("rope_parameters") if isinstance(cfg.get("rope_parameters"), dict) else {}
     theta = positive_number(cfg.get("rope_theta", params.get("rope_theta", 10000.0)),
                             "rope_theta")
@@ -485,9 +485,9 @@ def phi3_rope(cfg, head_dim):
             raise ConvertError(f"config.json: rope_scaling '{key}' must list {rotary_dim // 2} "
                                "numbers, one per rotated pair")
         factors[key] = [positive_number(v, f"rope_scaling '{key}'") for v in values]
-    original = positive_int({"original": scaling.get(
-        "original_max_position_embeddings", cfg.get("original_max_position_embeddings"))},
-        "original")
+    # transformers gives the config's own original_max_position_embeddings (Phi3Config's
+    # default 4096 where absent) priority over rope_scaling's.
+    original = positive_int(cfg, "original_max_position_embeddings")
     factor = scaling.get("factor")
     if factor is None:
         factor = positive_int(cfg, "max_position_embeddings") / original

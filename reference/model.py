@@ -162,8 +162,9 @@ def phi3_rope(hf, head_dim):
     scaling = hf.get("rope_scaling") or params
     if scaling.get("rope_type", scaling.get("type")) not in ("longrope", "su", "yarn"):
         return rotary_dim, None
-    original = scaling.get("original_max_position_embeddings",
-                           hf.get("original_max_position_embeddings", 4096))
+    # The config's own original_max_position_embeddings (Phi3Config's default 4096) has
+    # priority over rope_scaling's, as transformers reads them.
+    original = hf.get("original_max_position_embeddings", 4096)
     factor = scaling.get("factor") or hf.get("max_position_embeddings", 4096) / original
     attention_factor = scaling.get("attention_factor")
     if attention_factor is None:

@@ -195,6 +195,18 @@ def test_the_context_picks_the_factor_set(tmp_path):
     assert relative_error(barellm_logits(edited, PHI3_IDS, "--kv", "f32"), want) < 1e-4
 
 
+def test_the_configs_original_context_comes_before_rope_scalings(tmp_path):
+    """As transformers reads a Phi-3 config: its own original_max_position_embeddings (32
+    here: the short factors at 24 tokens) has priority over one in rope_scaling (8)."""
+    config = {**CONFIGS["phi4-mini-short"],
+              "rope_scaling": {**_LONGROPE, "original_max_position_embeddings": 8}}
+    hf = checkpoint(tmp_path, "both", config)
+    want = reference.logits_for(checkpoint(tmp_path, "phi4-mini-short"), PHI3_IDS)
+    assert relative_error(reference.logits_for(hf, PHI3_IDS), want) < 1e-12
+    model = convert(hf, tmp_path / "model.bin", "f32")
+    assert relative_error(barellm_logits(model, PHI3_IDS, "--kv", "f32"), want) < 1e-4
+
+
 @pytest.mark.parametrize("change,message", [
     ({"partial_rotary_factor": 0.5}, "rotates 5 of 10 elements; RoPE needs an even number"),
     ({"partial_rotary_factor": 0}, "partial_rotary_factor must be a number in (0, 1]"),
