@@ -318,8 +318,44 @@ def positive_number(value, what):
     return float(value)
 
 
+def yarn_scaling(cfg, scaling):
+    """rope_scaling of a YaRN config as transformers computes it: `factor`; the original
+    context from the config's own original_max_position_embeddings, else rope_scaling's,
+    else max_position_embeddings; beta_fast and beta_slow (32 and 1 where absent or 0);
+    `truncate` (true where absent); the attention factor given, else mscale / mscale_all_dim's
+    (0.1 m ln(factor) + 1 for each m), else 0.1 ln(factor) + 1 (1 for a factor up to 1)."""
+    factor = positive_number(scaling.get("factor"), "rope_scaling 'factor' of type yarn")
+    original = cfg.get("original_max_position_embeddings",
+                       scaling.get("original_max_position_embeddings",
+                                   cfg.get("max_position_embeddings")))
+    original = positive_int({"original_max_position_embeddings": original},
+                            "original_max_position_embeddings")
+
+    def mscale(m=1.0):
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        if m and m_all:
+            attention_factor = (mscale(positive_number(m, "rope_scaling 'mscale'")) /
+                                mscale(positive_number(m_all, "rope_scaling 'mscale_all_dim'")))
+        else:
+            attention_factor = mscale()
+    truncate = scaling.get("truncate", True)
+    if not isinstance(truncate, bool):
+        raise ConvertError(f"config.json: rope_scaling 'truncate' must be true or false, not "
+                           f"{truncate!r}")
+    betas = {key: positive_number(scaling.get(key) or default, f"rope_scaling '{key}'")
+             for key, default in (("beta_fast", 32.0), ("beta_slow", 1.0))}
+    return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original,
+            **betas, "truncate": truncate,
+            "attention_factor": positive_number(attention_factor,
+                                                "rope_scaling 'attention_factor'")}
+
+
 def rope_settings(cfg):
-    """Return (rope_theta, rope_scaling) with rope_scaling null, linear or llama3.
+    """Return (rope_theta, rope_scaling) with rope_scaling null, linear, llama3 or yarn.
 
     Newer transformers keep both in `rope_parameters`; older ones use `rope_theta`
     and `rope_scaling`. A "default" rope type means no scaling.
@@ -337,9 +373,11 @@ def rope_settings(cfg):
     kind = scaling.get("rope_type", scaling.get("type"))
     if kind == "default":
         return theta, None
+    if kind == "yarn":
+        return theta, yarn_scaling(cfg, scaling)
     if kind not in ROPE_SCALING_KEYS:
         raise ConvertError(f"rope_scaling type '{kind}' is not supported "
-                           "(only linear and llama3)")
+                           "(only linear, llama3 and yarn)")
     for key in ROPE_SCALING_KEYS[kind]:
         positive_number(scaling.get(key), f"rope_scaling '{key}' of type {kind}")
     if kind == "llama3":
@@ -354,8 +392,12 @@ def rope_frequencies(theta, scaling, head_dim):
     """The RoPE inverse frequencies of the rotated pairs barellm derives from these settings
     (head_dim: the elements rotated), computed as rope_table in src/weights/config.cpp does:
     float32 settings, float64 arithmetic; LongRoPE's with each factor set, one after the
-    other."""
+    other; for YaRN the unscaled ones, then those divided by its factor (each YaRN frequency
+    lies between the two)."""
     kind = scaling.get("rope_type", scaling.get("type")) if scaling else None
+    if kind == "yarn":  # each of YaRN's frequencies lies between these two
+        plain = rope_frequencies(theta, None, head_dim)
+        return plain + [frequency / float32(scaling["factor"]) for frequency in plain]
     if kind == "longrope":  # both factor sets, each frequency divided by its pair's factor
         plain = rope_frequencies(theta, None, head_dim)
         return [frequency / float32(factors[i]) for key in ("short_factor", "long_factor")

@@ -607,15 +607,17 @@ class GGUFModel:
         return [period == 0 or layer % period < period - 1 for layer in range(layers)]
 
     def _rope_scaling(self, theta, head_dim):
-        """rope_scaling from `rope.scaling.type` (none or linear), the rope_freqs tensor
+        """rope_scaling from `rope.scaling.type` (none, linear or yarn), the rope_freqs tensor
         (Llama 3) or the rope_factors_long and rope_factors_short tensors (Phi-3's LongRoPE).
         `head_dim`: the elements rotated."""
         if any(name in self.tensors for name in ROPE_FACTORS.values()):
             return self._longrope_scaling(head_dim)
         kind = self.keys.string(self._key("rope.scaling.type")) or "none"
+        if kind == "yarn":
+            return self._yarn_scaling()
         if kind not in ("none", "linear"):
             raise ConvertError(f"RoPE scaling type '{kind}' is not supported (none, linear, "
-                               "or Llama 3 rope_freqs)")
+                               "yarn, or Llama 3 rope_freqs)")
         if ROPE_FREQS in self.tensors:
             if kind != "none":
                 raise ConvertError(f"both {ROPE_FREQS} and {kind} RoPE scaling (not "
@@ -644,6 +646,32 @@ class GGUFModel:
             k("rope.scaling.original_context_length"), self.keys.integer(k("context_length")))
         scaling["attention_factor"] = self.keys.number(k("rope.scaling.attn_factor"), 1.0)
         return scaling
+
+    def _yarn_scaling(self):
+        """YaRN as llama.cpp applies it: `rope.scaling.factor`, the original context
+        `rope.scaling.original_context_length` (default `context_length`), `yarn_beta_fast`
+        and `yarn_beta_slow` (32 and 1), the ramp's ends rounded outward; cos and sin times
+        0.1 ln(factor) + 1 (1 for a factor up to 1) and `rope.scaling.attn_factor` (1).
+        The keys that change llama.cpp's mix or scale otherwise (`yarn_ext_factor` other
+        than 1, `yarn_log_multiplier`, `yarn_attn_factor`) are refused."""
+        k = self._key
+        for key, allowed in (("rope.scaling.yarn_ext_factor", (None, 1)),
+                             ("rope.scaling.yarn_log_multiplier", (None, 0)),
+                             ("rope.scaling.yarn_attn_factor", (None, 1))):
+            value = self.keys.any_number(k(key))
+            if value not in allowed:
+                raise ConvertError(f"GGUF key '{k(key)}' is {value:g}: YaRN with it is not "
+                                   "supported")
+        factor = self.keys.number(k("rope.scaling.factor"))
+        mscale = 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+        return {"rope_type": "yarn", "factor": factor,
+                "original_max_position_embeddings": self.keys.integer(
+                    k("rope.scaling.original_context_length"),
+                    self.keys.integer(k("context_length"))),
+                "beta_fast": self.keys.number(k("rope.scaling.yarn_beta_fast"), 32.0),
+                "beta_slow": self.keys.number(k("rope.scaling.yarn_beta_slow"), 1.0),
+                "truncate": True,
+                "attention_factor": mscale * self.keys.number(k("rope.scaling.attn_factor"), 1.0)}
 
     def _rope_divisors(self, name, pairs):
         """The vector tensor `name` of a divisor per rotated pair (rope_freqs,

@@ -3,33 +3,34 @@
 
 Computes what transformers' LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM /
 Qwen3ForCausalLM / Phi3ForCausalLM / Gemma2ForCausalLM / Gemma3ForCausalLM /
-MixtralForCausalLM / Qwen3MoeForCausalLM compute (with the weights upcast, math in float64): RMSNorm, rotate-half
-RoPE (default, linear and llama3 scaling), grouped-query causal attention (Mistral's sliding
-window, Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm before RoPE, a sliding window on
-the layers from max_window_layers on), SwiGLU MLP, tied or separate output projection. Gemma 3
-changes: the embedding times sqrt(dim); every RMSNorm x * (1 + w) (the Hugging Face weights
-hold w; a barellm file holds 1 + w and says nothing, its norms are plain); the attention and
-MLP outputs RMS-normed before the residual add; GeGLU (GELU, tanh approximation); per-head q/k
-RMSNorm; scores scaled by query_pre_attn_scalar^-1/2; sliding and full layers in the config's
-pattern, the sliding ones with RoPE base rope_local_base_freq and no scaling. Gemma 2: as
-Gemma 3 without the q/k norms and the local RoPE base, every other layer sliding, and the
-scores (after their scale) and the logits soft-capped, cap * tanh(x / cap), with
-attn_logit_softcapping and final_logit_softcapping. Mixtral and Qwen3-MoE (a mixture of
-experts in place of the MLP of their sparse layers): the router's logits, a softmax over all
-experts, the experts_per_token most probable (an exact tie to the lower index), their
-probabilities rescaled to sum to 1 (Mixtral always, Qwen3-MoE with norm_topk_prob), and the
-sum of those experts' SwiGLU MLPs weighted by them (Mixtral's softmax over the chosen logits
-is this renormalised softmax over all). Phi-3: q, k, v and the gate and up projections split
-from its fused matrices; RoPE on the first int(head_dim * partial_rotary_factor) elements of
-each head (rotate-half among them), LongRoPE's long factors where the sequence is longer than
-the original context, else its short ones, and cos and sin times its attention factor; a
-window on every layer where sliding_window is set. A barellm file's rotary_dim is its own
-layout (docs/FORMAT.md): rotate-half over the whole head, the pairs past rotary_dim / 2
-unrotated. It shares no code with convert/: it has its own
-safetensors reader and reads either a Hugging Face directory or a barellm file; a barellm Q8
-matrix (I8 values NAME, F16 scales NAME.scale per 32 columns of a row) is dequantized to value
-* scale, and a Q4 matrix (U8 NAME holding two 4-bit q per byte, F16 scales per block of 32
-columns) to scale * (q - 8), so the reference of a Q8 or Q4 file is the model it stores.
+MixtralForCausalLM / Qwen3MoeForCausalLM compute (with the weights upcast, math in float64):
+RMSNorm, rotate-half RoPE (default, linear, llama3 and YaRN scaling), grouped-query causal
+attention (Mistral's sliding window, Qwen2's q/k/v biases, Qwen3's per-head q/k RMSNorm
+before RoPE, a sliding window on the layers from max_window_layers on), SwiGLU MLP, tied or
+separate output projection. Gemma 3 changes: the embedding times sqrt(dim); every RMSNorm x
+* (1 + w) (the Hugging Face weights hold w; a barellm file holds 1 + w and says nothing, its
+norms are plain); the attention and MLP outputs RMS-normed before the residual add; GeGLU
+(GELU, tanh approximation); per-head q/k RMSNorm; scores scaled by
+query_pre_attn_scalar^-1/2; sliding and full layers in the config's pattern, the sliding
+ones with RoPE base rope_local_base_freq and no scaling. Gemma 2: as Gemma 3 without the q/k
+norms and the local RoPE base, every other layer sliding, and the scores (after their scale)
+and the logits soft-capped, cap * tanh(x / cap), with attn_logit_softcapping and
+final_logit_softcapping. Mixtral and Qwen3-MoE (a mixture of experts in place of the MLP of
+their sparse layers): the router's logits, a softmax over all experts, the experts_per_token
+most probable (an exact tie to the lower index), their probabilities rescaled to sum to 1
+(Mixtral always, Qwen3-MoE with norm_topk_prob), and the sum of those experts' SwiGLU MLPs
+weighted by them (Mixtral's softmax over the chosen logits is this renormalised softmax over
+all). Phi-3: q, k, v and the gate and up projections split from its fused matrices; RoPE on
+the first int(head_dim * partial_rotary_factor) elements of each head (rotate-half among
+them), LongRoPE's long factors where the sequence is longer than the original context, else
+its short ones, and cos and sin times its attention factor; a window on every layer where
+sliding_window is set. A barellm file's rotary_dim is its own layout (docs/FORMAT.md):
+rotate-half over the whole head, the pairs past rotary_dim / 2 unrotated. It shares no code
+with convert/: it has its own safetensors reader and reads either a Hugging Face directory
+or a barellm file; a barellm Q8 matrix (I8 values NAME, F16 scales NAME.scale per 32 columns
+of a row) is dequantized to value * scale, and a Q4 matrix (U8 NAME holding two 4-bit q per
+byte, F16 scales per block of 32 columns) to scale * (q - 8), so the reference of a Q8 or Q4
+file is the model it stores.
 
     python3 reference/model.py PATH (--ids 1,2,3 | --text "Once upon a time")
                                [--generate N] [--top K]
@@ -176,6 +177,28 @@ def phi3_rope(hf, head_dim):
                         "attention_factor": attention_factor}
 
 
+def hf_yarn(hf, scaling):
+    """YaRN's settings as transformers reads them: the config's own
+    original_max_position_embeddings before rope_scaling's, then max_position_embeddings;
+    beta_fast 32 and beta_slow 1 where absent or 0; the attention factor given, else
+    mscale / mscale_all_dim's, else 0.1 ln(factor) + 1 (1 for a factor up to 1)."""
+    factor = scaling["factor"]
+
+    def mscale(m=1.0):
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    attention_factor = scaling.get("attention_factor")
+    if attention_factor is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention_factor = mscale(m) / mscale(m_all) if m and m_all else mscale()
+    original = hf.get("original_max_position_embeddings",
+                      scaling.get("original_max_position_embeddings",
+                                  hf.get("max_position_embeddings")))
+    return {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original,
+            "beta_fast": scaling.get("beta_fast") or 32, "beta_slow": scaling.get("beta_slow") or 1,
+            "truncate": scaling.get("truncate", True), "attention_factor": attention_factor}
+
+
 def split_phi3(raw, config):
     """Phi-3's fused matrices as Llama's: qkv_proj's rows are q, k then v; gate_up_proj's
     the gate then the up projection."""
@@ -206,6 +229,8 @@ def load_hf(hf_dir):
     if scaling and scaling.get("rope_type", scaling.get("type")) == "default":
         scaling = None
     head_dim = hf.get("head_dim") or (128 if model_type == "qwen3" else dim // heads)
+    if scaling and scaling.get("rope_type", scaling.get("type")) == "yarn":
+        scaling = hf_yarn(hf, scaling)
     rotary = {}
     if model_type == "phi3":
         rotary_dim, scaling = phi3_rope(hf, head_dim)
@@ -399,6 +424,19 @@ def inverse_frequencies(config, layer=0, length=1):
     if kind == "longrope":
         long = length > scaling["original_max_position_embeddings"]
         return inv / np.array(scaling["long_factor" if long else "short_factor"])
+    if kind == "yarn":  # the pair index turning `turns` times over the original context
+        def pair_of(turns):
+            return (rotary_dim * math.log(scaling["original_max_position_embeddings"] /
+                                          (turns * 2 * math.pi)) /
+                    (2 * math.log(config["rope_theta"])))
+        low, high = pair_of(scaling["beta_fast"]), pair_of(scaling["beta_slow"])
+        if scaling["truncate"]:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, rotary_dim - 1)
+        if low == high:
+            high += 0.001
+        scaled = np.clip((np.arange(len(inv)) - low) / (high - low), 0, 1)
+        return inv / scaling["factor"] * scaled + inv * (1 - scaled)
     factor = scaling["factor"]
     if kind == "linear":
         return inv / factor

@@ -509,6 +509,18 @@ def llama3_rope_factors(config):
     return np.array(factors, dtype=np.float32)
 
 
+def check_yarn(scaling):
+    """Refuse the YaRN settings llama.cpp computes otherwise: its ramp's ends are always
+    rounded outward (truncate), and its attention factor is 0.1 ln(factor) + 1."""
+    factor = scaling["factor"]
+    llama_factor = 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+    if not scaling["truncate"] or not math.isclose(scaling["attention_factor"], llama_factor,
+                                                   rel_tol=1e-6):
+        raise ConvertError("YaRN with truncate false or an attention factor other than "
+                           "0.1 ln(factor) + 1: llama.cpp computes it otherwise; cannot write "
+                           "this checkpoint as GGUF")
+
+
 # ------------------------------------------------------------------------------- driver
 
 def add_hparams(writer, config, name):
@@ -535,6 +547,13 @@ def add_hparams(writer, config, name):
     if kind == "linear":
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(float(scaling["factor"]))
+    if kind == "yarn":
+        check_yarn(scaling)
+        writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        writer.add_rope_scaling_factor(float(scaling["factor"]))
+        writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+        writer.add_float32(f"{writer.arch}.rope.scaling.yarn_beta_fast", scaling["beta_fast"])
+        writer.add_float32(f"{writer.arch}.rope.scaling.yarn_beta_slow", scaling["beta_slow"])
     if kind == "longrope":  # the factors are tensors (rope_factors_long, rope_factors_short)
         writer.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
         writer.add_rope_scaling_attn_factors(scaling["attention_factor"])

@@ -309,6 +309,35 @@ TEST_CASE("rotary_dim and LongRoPE are read and checked") {
                Catch::Contains("'attention_factor' is missing"));
 }
 
+TEST_CASE("YaRN's settings are read and checked") {
+    const json yarn = {
+        {"rope_type", "yarn"}, {"factor", 4.0},    {"original_max_position_embeddings", 256},
+        {"beta_fast", 8.0},    {"beta_slow", 1.0}, {"attention_factor", 1.25},
+        {"truncate", false}};
+    const auto with = [](const json& scaling) {
+        TinyModel tiny;
+        tiny.config["rope_scaling"] = scaling;
+        return tiny;
+    };
+    SECTION("a valid one loads; every rotated pair's magnitude is the attention factor") {
+        TinyModel tiny = with(yarn);
+        const Model model = Model::load(tiny.write("yarn"));
+        CHECK(model.config.rope_scaling.kind == RopeScaling::Kind::Yarn);
+        CHECK_FALSE(model.config.rope_scaling.truncate);
+        const std::vector<float> table = rope_table(model.config, 1);
+        CHECK(table[2] == 1.25f);
+        CHECK(table[3] == 1.25f);
+    }
+    json no_beta = yarn;
+    no_beta.erase("beta_slow");
+    CHECK_THAT(load_error(with(no_beta).write("yarn_beta")),
+               Catch::Contains("'beta_slow' is missing"));
+    json bad_truncate = yarn;
+    bad_truncate["truncate"] = "yes";
+    CHECK_THAT(load_error(with(bad_truncate).write("yarn_truncate")),
+               Catch::Contains("'truncate' is not a boolean"));
+}
+
 namespace {
 
 // A valid tiny model whose matrices each have their own type (barellm.matrix_types): dim 256,

@@ -1,20 +1,22 @@
 """Qwen2/Qwen2.5 (q/k/v biases, a sliding window from max_window_layers on) and Qwen3 (per-head
-q/k RMSNorm before RoPE, explicit head_dim, attention_bias) checkpoints: the converter's
-output, the loader's checks, and the C++ CPU backend's logits at every position against the
-independent numpy reference (reference/model.py), decode (one token at a time) and prefill
-(one batch), for every weight dtype."""
+q/k RMSNorm before RoPE, explicit head_dim, attention_bias) checkpoints, and YaRN's RoPE
+scaling (their long-context setting): the converter's output, the loader's checks, and the
+C++ CPU backend's logits at every position against the independent numpy reference
+(reference/model.py), decode (one token at a time) and prefill (one batch), for every weight
+dtype."""
 
 import json
 import math
 import os
 import subprocess
 
+import gguf
 import numpy as np
 import pytest
 
 import model as reference
-from convert_testlib import (BARELLM, CONVERT, make_checkpoint, read_raw, require_cuda, run,
-                             write_safetensors)
+from convert_testlib import (BARELLM, CONVERT, REPO, make_checkpoint, read_raw, require_cuda,
+                             run, write_safetensors)
 from test_convert import check_layout
 from test_end_to_end import (IDS, barellm_logits, bf16_tolerance, check_quantized_logits,
                              relative_error)
@@ -45,6 +47,23 @@ CONFIGS = {
                              "num_hidden_layers": 2, "num_attention_heads": 4,
                              "num_key_value_heads": 2, "head_dim": 18, "attention_bias": True,
                              "tie_word_embeddings": True},
+    # YaRN (Qwen's long context), with an original context that puts its ramp inside these
+    # small heads: pairs 0 and 1 keep their frequency, 3 to 5 are divided by 4, 2 between.
+    "qwen2-yarn": {**_QWEN, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+                   "hidden_size": 36, "intermediate_size": 70, "num_hidden_layers": 2,
+                   "num_attention_heads": 3, "num_key_value_heads": 1, "rope_theta": 10000.0,
+                   "tie_word_embeddings": True,
+                   "rope_scaling": {"type": "yarn", "factor": 4.0, "beta_fast": 8,
+                                    "original_max_position_embeddings": 256}},
+    # The ramp's ends not rounded (truncate false: pairs 3 and 4 blended), the attention
+    # factor from mscale and mscale_all_dim.
+    "qwen3-yarn": {**_QWEN, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+                   "hidden_size": 40, "intermediate_size": 70, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 18,
+                   "rope_theta": 10000.0, "attention_bias": False, "tie_word_embeddings": False,
+                   "rope_scaling": {"rope_type": "yarn", "factor": 3.0, "beta_fast": 4,
+                                    "original_max_position_embeddings": 512, "truncate": False,
+                                    "mscale": 1.0, "mscale_all_dim": 0.5}},
 }
 # The logits' spread: large enough that the softmax is far from uniform.
 LOGIT_GAIN = 4.0
@@ -327,3 +346,99 @@ def test_cuda_decode_matches_the_reference(tmp_path, name):
     got = barellm_logits(model, IDS, "--kv", "f32", "--device", "cuda")
     assert relative_error(got, want) < 1e-4
     assert (got.argmax(axis=1) == want.argmax(axis=1)).all()
+
+
+# ---- YaRN --------------------------------------------------------------------------------
+
+GGUF_FROM_HF = os.path.join(REPO, "scripts", "gguf_from_hf.py")
+
+def numbers_close(got, want):
+    """The same keys and values, numbers equal to float32 rounding."""
+    return got.keys() == want.keys() and all(
+        got[key] == want[key] if isinstance(want[key], (str, bool))
+        else math.isclose(got[key], want[key], rel_tol=1e-6) for key in want)
+
+
+def test_yarn_settings_follow_transformers(tmp_path):
+    """The file's rope_scaling is YaRN's as transformers completes it: beta_slow 1, truncate
+    true and the attention factor 0.1 ln(factor) + 1 where absent; mscale / mscale_all_dim's
+    ratio where given."""
+    want = {"qwen2-yarn": {"rope_type": "yarn", "factor": 4.0,
+                           "original_max_position_embeddings": 256, "beta_fast": 8.0,
+                           "beta_slow": 1.0, "truncate": True,
+                           "attention_factor": 0.1 * math.log(4.0) + 1},
+            "qwen3-yarn": {"rope_type": "yarn", "factor": 3.0,
+                           "original_max_position_embeddings": 512, "beta_fast": 4.0,
+                           "beta_slow": 1.0, "truncate": False,
+                           "attention_factor": (0.1 * math.log(3.0) + 1) /
+                                               (0.05 * math.log(3.0) + 1)}}
+    for name, scaling in want.items():
+        model = convert(checkpoint(tmp_path, name), tmp_path / f"{name}.bin", "f32")
+        stored = json.loads(read_raw(model)[1]["__metadata__"]["barellm.config"])
+        assert numbers_close(stored["rope_scaling"], scaling)
+    config = {**CONFIGS["qwen2-yarn"], "original_max_position_embeddings": 128}
+    hf = make_checkpoint(str(tmp_path / "top"), config, qwen_tensors(config))
+    stored = json.loads(read_raw(convert(hf, tmp_path / "top.bin", "f32"))[1]["__metadata__"]
+                        ["barellm.config"])
+    assert stored["rope_scaling"]["original_max_position_embeddings"] == 128  # the config's
+
+
+@pytest.mark.parametrize("name,edit", [("qwen2-yarn", {"attention_factor": 1.0}),
+                                       ("qwen3-yarn", {"truncate": True}),
+                                       ("qwen2-yarn", {"factor": 2.0}),
+                                       ("qwen2-yarn", {"beta_fast": 32.0})])
+def test_each_yarn_setting_moves_the_logits(tmp_path, name, edit):
+    """YaRN itself, and each of its settings changed in the converted file, change the
+    reference logits far beyond the 1e-4 tolerance (a backend that ignored one would fail
+    test_f32_logits_match_the_reference), and barellm follows each change."""
+    model = convert(checkpoint(tmp_path, name), tmp_path / "model.bin", "f32")
+    full = reference.logits_for(model, IDS)
+    stored = json.loads(read_raw(model)[1]["__metadata__"]["barellm.config"])
+    unscaled = reference.logits_for(rewritten(tmp_path, model, {"rope_scaling": None}), IDS)
+    assert relative_error(unscaled, full) > 0.01
+    edited_model = str(rewritten(tmp_path, model, {"rope_scaling": {**stored["rope_scaling"],
+                                                                    **edit}}))
+    edited = reference.logits_for(edited_model, IDS)
+    assert relative_error(edited, full) > 0.01
+    for flags in ([], ["--prefill"]):
+        got = barellm_logits(edited_model, IDS, "--kv", "f32", *flags)
+        assert relative_error(got, edited) < 1e-4
+
+
+def test_a_yarn_gguf_converts_to_the_checkpoints_file(tmp_path):
+    """gguf_from_hf.py writes YaRN as llama.cpp reads it (rope.scaling.type yarn, factor,
+    original context, betas); convert.py reads it back to the checkpoint's own file. A YaRN
+    that llama.cpp computes otherwise (truncate false) is refused."""
+    hf = checkpoint(tmp_path, "qwen2-yarn")
+    result = run(GGUF_FROM_HF, hf, "-o", tmp_path / "m.gguf")
+    assert result.returncode == 0, result.stderr
+    fields = {key: field.contents()
+              for key, field in gguf.GGUFReader(str(tmp_path / "m.gguf")).fields.items()}
+    assert fields["qwen2.rope.scaling.type"] == "yarn"
+    assert fields["qwen2.rope.scaling.original_context_length"] == 256
+    from_hf = read_raw(convert(hf, tmp_path / "hf.bin", "f32"))
+    result = run(CONVERT, tmp_path / "m.gguf", "-o", tmp_path / "gguf.bin")
+    assert result.returncode == 0, result.stderr
+    from_gguf = read_raw(tmp_path / "gguf.bin")
+    want, got = (json.loads(raw[1]["__metadata__"]["barellm.config"])["rope_scaling"]
+                 for raw in (from_hf, from_gguf))
+    assert numbers_close(got, want)
+    for name, values in from_hf[2].items():
+        assert np.array_equal(from_gguf[2][name], values), name
+    result = run(GGUF_FROM_HF, checkpoint(tmp_path, "qwen3-yarn"), "-o", tmp_path / "q3.gguf")
+    assert result.returncode == 1 and "YaRN with truncate false" in result.stderr
+
+
+@pytest.mark.parametrize("scaling,message", [
+    ({"type": "yarn"}, "rope_scaling 'factor' of type yarn must be a positive number"),
+    ({"type": "yarn", "factor": 4.0, "truncate": "yes"}, "'truncate' must be true or false"),
+    ({"type": "yarn", "factor": 4.0, "beta_fast": -1}, "rope_scaling 'beta_fast' must be"),
+    ({"type": "yarn", "factor": 4.0, "mscale": "1", "mscale_all_dim": 1},
+     "rope_scaling 'mscale' must be a positive number"),
+])
+def test_the_converter_refuses_broken_yarn_settings(tmp_path, scaling, message):
+    config = {**CONFIGS["qwen2-yarn"], "rope_scaling": scaling}
+    hf = make_checkpoint(str(tmp_path / "hf"), config, qwen_tensors(config))
+    result = run(CONVERT, hf, "-o", tmp_path / "model.bin")
+    assert result.returncode == 1 and message in result.stderr, result.stderr
+    assert not os.path.exists(tmp_path / "model.bin")

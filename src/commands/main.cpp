@@ -301,7 +301,7 @@ std::string attention_features(const Config& c) {
 }
 
 // How RoPE's frequencies are rescaled, in one line: "llama3, factor 8, original context
-// 8192", "longrope, long factors beyond 4096 positions, attention factor 1.19".
+// 8192", "longrope, long factors beyond 4096 positions, attention factor 1.19", "yarn, ...".
 std::string rope_scaling_summary(const RopeScaling& s) {
     char text[160];
     switch (s.kind) {
@@ -311,6 +311,11 @@ std::string rope_scaling_summary(const RopeScaling& s) {
         case RopeScaling::Kind::Llama3:
             std::snprintf(text, sizeof text, "llama3, factor %g, original context %d", s.factor,
                           s.original_context);
+            break;
+        case RopeScaling::Kind::Yarn:
+            std::snprintf(text, sizeof text,
+                          "yarn, factor %g, original context %d, attention factor %g", s.factor,
+                          s.original_context, s.attention_factor);
             break;
         case RopeScaling::Kind::LongRope:
             std::snprintf(text, sizeof text,

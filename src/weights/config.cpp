@@ -102,10 +102,42 @@ RopeScaling read_rope_scaling(const json& config, int rotary_dim, const std::str
         scaling.original_context =
             read_int(object, "original_max_position_embeddings", source, 1, kMaxContext);
         scaling.attention_factor = read_positive_float(object, "attention_factor", source);
+    } else if (type == "yarn") {
+        scaling.kind = RopeScaling::Kind::Yarn;
+        scaling.factor = read_positive_float(object, "factor", source);
+        scaling.original_context =
+            read_int(object, "original_max_position_embeddings", source, 1, kMaxContext);
+        scaling.beta_fast = read_positive_float(object, "beta_fast", source);
+        scaling.beta_slow = read_positive_float(object, "beta_slow", source);
+        scaling.attention_factor = read_positive_float(object, "attention_factor", source);
+        scaling.truncate =
+            !object.contains("truncate") || read_optional_bool(object, "truncate", source);
     } else {
         throw Error(source + ": rope_scaling type " + quoted_excerpt(type) + " is not supported");
     }
     return scaling;
+}
+
+// YaRN's frequency of rotated pair i (of rotary_dim / 2) whose unscaled one is `frequency`:
+// a pair turning `turns` times over the original context has the index
+// rotary_dim · ln(original / (2π turns)) / (2 ln theta); below the index of beta_fast turns
+// the frequency is kept, past that of beta_slow it is divided by `factor`, and between the
+// two the weights of both ramp linearly (transformers' _compute_yarn_parameters).
+double yarn_frequency(const RopeScaling& s, int i, double frequency, int rotary_dim, float theta) {
+    const auto pair_of = [&](double turns) {
+        return rotary_dim * std::log(s.original_context / (turns * 2 * M_PI)) /
+               (2 * std::log(double(theta)));
+    };
+    double low = pair_of(s.beta_fast), high = pair_of(s.beta_slow);
+    if (s.truncate) {
+        low = std::floor(low);
+        high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, double(rotary_dim - 1));
+    if (low == high) high += 0.001;  // transformers' guard against a ramp of width 0
+    const double scaled = std::clamp((i - low) / (high - low), 0.0, 1.0);
+    return frequency / s.factor * scaled + frequency * (1 - scaled);
 }
 
 // Every RoPE inverse frequency of a rotated pair in `table` (rope_table's layout) must be a
@@ -180,7 +212,7 @@ Config Config::from_json(const std::string& json_text, const std::string& source
         throw Error(
             source + ": architecture " +
             (object.contains("architecture") ? json_excerpt(object["architecture"]) : "(missing)") +
-            " is not supported (barellm runs llama, qwen2, qwen3, gemma2, gemma3, mixtral "
+            " is not supported (barellm runs llama, qwen2, qwen3, phi3, gemma2, gemma3, mixtral "
             "and qwen3_moe)");
     Config config;
     config.architecture = object["architecture"].get<std::string>();
@@ -317,6 +349,9 @@ std::vector<float> rope_table(const Config& config, int context) {
                     (scaling.high_freq_factor - scaling.low_freq_factor);
                 frequency = (1 - smooth) * frequency / scaling.factor + smooth * frequency;
             }
+        } else if (scaling.kind == RopeScaling::Kind::Yarn) {
+            frequency = yarn_frequency(scaling, i, frequency, rotary_dim, config.rope_theta);
+            magnitude[i] = scaling.attention_factor;
         } else if (scaling.kind == RopeScaling::Kind::LongRope) {
             // Phi-3: a factor per pair, the long set once the context outgrows the original.
             const bool long_context = context > scaling.original_context;

@@ -8,16 +8,22 @@ namespace barellm {
 
 // How RoPE frequencies are rescaled for long context (Hugging Face `rope_scaling`).
 struct RopeScaling {
-    enum class Kind { None, Linear, Llama3, LongRope } kind = Kind::None;
+    enum class Kind { None, Linear, Llama3, LongRope, Yarn } kind = Kind::None;
     float factor = 1.0f;
     float low_freq_factor = 1.0f;   // llama3 only
     float high_freq_factor = 1.0f;  // llama3 only
-    int original_context = 0;       // llama3, longrope: original_max_position_embeddings
+    int original_context = 0;       // llama3, longrope, yarn: original_max_position_embeddings
+    // YaRN (Qwen's long context): the pairs that turn fewer than beta_slow times over the
+    // original context divided by `factor`, those that turn more than beta_fast times kept,
+    // a linear ramp over the pair index between (its ends rounded outward with `truncate`);
+    // cos and sin multiplied by attention_factor.
+    float beta_fast = 32.0f, beta_slow = 1.0f;
+    bool truncate = true;
     // LongRoPE (Phi-3, Phi-4): rotated pair j's frequency is divided by short_factors[j], or by
     // long_factors[j] when the context allocated exceeds original_context; cos and sin are
     // multiplied by attention_factor.
     std::vector<float> short_factors, long_factors;  // rotary_dim / 2 each
-    float attention_factor = 1.0f;
+    float attention_factor = 1.0f;                   // longrope, yarn
 };
 
 // The feed-forward gate's activation: SiLU (SwiGLU, Llama and Qwen) or GELU with the tanh
