@@ -357,7 +357,9 @@ CONFIG_REFUSALS = [
     ({"mlp_bias": True}, "mlp_bias=true is not supported"),
     ({"num_local_experts": 8}, "mixture-of-experts models (num_local_experts=8)"),
     ({"hidden_act": "gelu"}, "hidden_act 'gelu' is not supported"),
-    ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, "rope_scaling type 'yarn'"),
+    # LongRoPE is Phi-3's: a Llama config with it is refused.
+    ({"rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}},
+     "rope_scaling type 'longrope' is not supported (only linear, llama3 and yarn)"),
     ({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}},
      "rope_scaling type 'dynamic'"),
     ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
