@@ -460,8 +460,8 @@ class GGUFModel:
             extra.update(gemma)
         elif self.arch_name == "phi3":
             # 0 (llama.cpp's converter writes it for Phi-4) or wider than the context: none.
-            window = self.keys.whole_number(k("attention.sliding_window"))
-            window = window if window and 0 < window < context else None
+            window = self._gemma_window()
+            window = window if window and window < context else None
         else:
             window = integer(k("attention.sliding_window"), required=False)
         flags = {flag: True for flag in self.arch.flags}
@@ -528,7 +528,8 @@ class GGUFModel:
                 "norm_topk_prob": True}
 
     def _gemma_window(self, default=None):
-        """`attention.sliding_window`, else `default`; None where it is 0 or absent."""
+        """`attention.sliding_window`, else `default`; None where it is 0 or absent (Gemma's
+        and Phi-3's; a negative one is refused)."""
         k = self._key
         window = self.keys.whole_number(k("attention.sliding_window"))
         window = default if window is None else window

@@ -333,6 +333,8 @@ def test_a_gguf_rewritten_unchanged_converts_to_the_same_file(tmp_path):
     ({}, {"blk.1.attn_qkv.weight": np.zeros((79, 40), dtype=np.float32)},
      "tensor 'blk.1.attn_qkv.weight' has shape [79, 40], expected 80 rows from the config"),
     ({}, {"blk.0.ffn_up.weight": None}, "missing tensors: blk.0.ffn_up.weight"),
+    ({"phi3.attention.sliding_window": (-5, gguf.GGUFValueType.INT32)}, {},
+     "'phi3.attention.sliding_window' must not be negative"),
 ])
 def test_the_converter_refuses_broken_phi3_ggufs(tmp_path, keys, tensors, message):
     """A phi3 GGUF (gguf_from_hf.py's) with one thing broken: one line, no file."""
