@@ -460,7 +460,7 @@ class GGUFModel:
             extra.update(gemma)
         elif self.arch_name == "phi3":
             # 0 (llama.cpp's converter writes it for Phi-4) or wider than the context: none.
-            window = self._gemma_window()
+            window = self._window_key()
             window = window if window and window < context else None
         else:
             window = integer(k("attention.sliding_window"), required=False)
@@ -527,9 +527,9 @@ class GGUFModel:
         return {"experts": count, "experts_per_token": per_token, "moe_hidden_dim": width,
                 "norm_topk_prob": True}
 
-    def _gemma_window(self, default=None):
-        """`attention.sliding_window`, else `default`; None where it is 0 or absent (Gemma's
-        and Phi-3's; a negative one is refused)."""
+    def _window_key(self, default=None):
+        """`attention.sliding_window` (Gemma's and Phi-3's), else `default`; None where it is 0
+        or absent; a negative one is refused."""
         k = self._key
         window = self.keys.whole_number(k("attention.sliding_window"))
         window = default if window is None else window
@@ -552,7 +552,7 @@ class GGUFModel:
         """(sliding_window, the fields gemma2 adds to the config) by llama.cpp's rules
         (GEMMA2_*)."""
         k = self._key
-        window = self._gemma_window(GEMMA2_WINDOW)
+        window = self._window_key(GEMMA2_WINDOW)
         sliding = (self._sliding_layers(layers, GEMMA2_SWA_PATTERN) if window
                    else [False] * layers)
         window = window if any(sliding) else None
@@ -576,7 +576,7 @@ class GGUFModel:
             raise ConvertError(f"GGUF key '{k('attn_logit_softcapping')}' is "
                                f"{attention_cap:g}: gemma3 with soft-capped attention scores "
                                "is not supported (gemma2 is)")
-        window = self._gemma_window()
+        window = self._window_key()
         sliding = (self._sliding_layers(layers, GEMMA3_SWA_PATTERN) if window
                    else [False] * layers)
         fields = {

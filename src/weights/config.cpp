@@ -118,26 +118,29 @@ RopeScaling read_rope_scaling(const json& config, int rotary_dim, const std::str
     return scaling;
 }
 
-// YaRN's frequency of rotated pair i (of rotary_dim / 2) whose unscaled one is `frequency`:
-// a pair turning `turns` times over the original context has the index
-// rotary_dim · ln(original / (2π turns)) / (2 ln theta); below the index of beta_fast turns
-// the frequency is kept, past that of beta_slow it is divided by `factor`, and between the
-// two the weights of both ramp linearly (transformers' _compute_yarn_parameters).
-double yarn_frequency(const RopeScaling& s, int i, double frequency, int rotary_dim, float theta) {
+// YaRN's ramp over the rotated pairs' index: a pair turning `turns` times over the original
+// context has the index rotary_dim · ln(original / (2π turns)) / (2 ln theta); pairs below
+// `low` (beta_fast turns) keep their frequency, those past `high` (beta_slow turns) have it
+// divided by `factor`, and between the two the weights of both ramp linearly (transformers'
+// _compute_yarn_parameters).
+struct YarnRamp {
+    double low = 0, high = 1;
+};
+
+YarnRamp yarn_ramp(const RopeScaling& s, int rotary_dim, float theta) {
     const auto pair_of = [&](double turns) {
         return rotary_dim * std::log(s.original_context / (turns * 2 * M_PI)) /
                (2 * std::log(double(theta)));
     };
-    double low = pair_of(s.beta_fast), high = pair_of(s.beta_slow);
+    YarnRamp ramp{pair_of(s.beta_fast), pair_of(s.beta_slow)};
     if (s.truncate) {
-        low = std::floor(low);
-        high = std::ceil(high);
+        ramp.low = std::floor(ramp.low);
+        ramp.high = std::ceil(ramp.high);
     }
-    low = std::max(low, 0.0);
-    high = std::min(high, double(rotary_dim - 1));
-    if (low == high) high += 0.001;  // transformers' guard against a ramp of width 0
-    const double scaled = std::clamp((i - low) / (high - low), 0.0, 1.0);
-    return frequency / s.factor * scaled + frequency * (1 - scaled);
+    ramp.low = std::max(ramp.low, 0.0);
+    ramp.high = std::min(ramp.high, double(rotary_dim - 1));
+    if (ramp.low == ramp.high) ramp.high += 0.001;  // transformers' guard against a width of 0
+    return ramp;
 }
 
 // Every RoPE inverse frequency of a rotated pair in `table` (rope_table's layout) must be a
@@ -330,6 +333,9 @@ std::vector<float> rope_table(const Config& config, int context) {
     float* inverse = table.data();
     float* magnitude = table.data() + pairs;
     const RopeScaling& scaling = config.rope_scaling;
+    const YarnRamp ramp = scaling.kind == RopeScaling::Kind::Yarn
+                              ? yarn_ramp(scaling, rotary_dim, config.rope_theta)
+                              : YarnRamp{};
     for (int i = 0; i < pairs; ++i) {
         magnitude[i] = 1.0f;
         if (i >= rotated_pairs) continue;  // past rotary_dim: frequency 0, not rotated
@@ -350,7 +356,8 @@ std::vector<float> rope_table(const Config& config, int context) {
                 frequency = (1 - smooth) * frequency / scaling.factor + smooth * frequency;
             }
         } else if (scaling.kind == RopeScaling::Kind::Yarn) {
-            frequency = yarn_frequency(scaling, i, frequency, rotary_dim, config.rope_theta);
+            const double scaled = std::clamp((i - ramp.low) / (ramp.high - ramp.low), 0.0, 1.0);
+            frequency = frequency / scaling.factor * scaled + frequency * (1 - scaled);
             magnitude[i] = scaling.attention_factor;
         } else if (scaling.kind == RopeScaling::Kind::LongRope) {
             // Phi-3: a factor per pair, the long set once the context outgrows the original.
