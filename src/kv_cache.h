@@ -22,6 +22,10 @@ struct AttentionShape {
     int window;            // sliding window in positions, 0 for none
     float scale;           // of q·k before the softmax
     float softcap = 0.0f;  // bound of the scores (Config::attn_logit_softcap), 0 for none
+    // Attention sinks (Config::attention_sinks): [heads] logits, one per query head, that
+    // join its softmax beside the scores and weigh a zero value; nullptr for none. In the
+    // backend's memory (the GPU's for CUDA).
+    const float* sinks = nullptr;
 };
 
 // The first cache row a query at `pos` attends to (window 0: all of them, from row 0).

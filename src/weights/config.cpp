@@ -45,7 +45,8 @@ float read_positive_float(const json& object, const char* key, const std::string
 
 bool is_known_architecture(const json& value) {
     return value == "llama" || value == "qwen2" || value == "qwen3" || value == "gemma2" ||
-           value == "gemma3" || value == "mixtral" || value == "qwen3_moe" || value == "phi3";
+           value == "gemma3" || value == "mixtral" || value == "qwen3_moe" || value == "phi3" ||
+           value == "gpt_oss";
 }
 
 // A boolean field that is false when absent.
@@ -180,8 +181,8 @@ void read_layer_types(const json& object, const std::string& source, Config* con
 // dense_layers (the indices of the layers that keep a dense feed-forward), all or none.
 void read_experts(const json& object, const std::string& source, Config* config) {
     if (!object.contains("experts")) {
-        for (const char* key :
-             {"experts_per_token", "moe_hidden_dim", "norm_topk_prob", "dense_layers"})
+        for (const char* key : {"experts_per_token", "moe_hidden_dim", "norm_topk_prob",
+                                "expert_biases", "dense_layers"})
             if (object.contains(key))
                 throw Error(source + ": config field '" + key + "' needs 'experts'");
         return;
@@ -191,6 +192,7 @@ void read_experts(const json& object, const std::string& source, Config* config)
     config->experts_per_token = read_int(object, "experts_per_token", source, 1, config->experts);
     config->moe_hidden_dim = read_int(object, "moe_hidden_dim", source, 1, 4 * kMaxDim);
     config->norm_topk_prob = read_optional_bool(object, "norm_topk_prob", source);
+    config->expert_biases = read_optional_bool(object, "expert_biases", source);
     if (!object.contains("dense_layers")) return;
     const json& dense = object["dense_layers"];
     if (!dense.is_array())
@@ -215,8 +217,8 @@ Config Config::from_json(const std::string& json_text, const std::string& source
         throw Error(
             source + ": architecture " +
             (object.contains("architecture") ? json_excerpt(object["architecture"]) : "(missing)") +
-            " is not supported (barellm runs llama, qwen2, qwen3, phi3, gemma2, gemma3, mixtral "
-            "and qwen3_moe)");
+            " is not supported (barellm runs llama, qwen2, qwen3, phi3, gemma2, gemma3, mixtral, "
+            "qwen3_moe and gpt_oss)");
     Config config;
     config.architecture = object["architecture"].get<std::string>();
     config.dim = read_int(object, "dim", source, 1, kMaxDim);
@@ -248,6 +250,7 @@ Config Config::from_json(const std::string& json_text, const std::string& source
     config.qkv_bias = read_optional_bool(object, "qkv_bias", source);
     config.o_bias = read_optional_bool(object, "o_bias", source);
     config.qk_norm = read_optional_bool(object, "qk_norm", source);
+    config.attention_sinks = read_optional_bool(object, "attention_sinks", source);
     if (!object.contains("tied_embeddings") || !object["tied_embeddings"].is_boolean())
         throw Error(source + ": config field 'tied_embeddings' is missing or not a boolean");
     config.tied_embeddings = object["tied_embeddings"].get<bool>();
@@ -277,10 +280,16 @@ Config Config::from_json(const std::string& json_text, const std::string& source
             config.activation = Activation::Silu;
         else if (name == "gelu_tanh")
             config.activation = Activation::GeluTanh;
+        else if (name == "swiglu_oai")
+            config.activation = Activation::SwigluOai;
         else
             throw Error(source + ": config field 'activation' " + json_excerpt(name) +
-                        " is not \"silu\" or \"gelu_tanh\"");
+                        " is not \"silu\", \"gelu_tanh\" or \"swiglu_oai\"");
     }
+    if (config.activation == Activation::SwigluOai)
+        config.swiglu_limit = read_positive_float(object, "swiglu_limit", source);
+    else if (object.contains("swiglu_limit"))
+        throw Error(source + ": config field 'swiglu_limit' needs activation \"swiglu_oai\"");
     if (object.contains("embedding_scale"))
         config.embedding_scale = read_positive_float(object, "embedding_scale", source);
     config.post_norms = read_optional_bool(object, "post_norms", source);
@@ -295,13 +304,14 @@ Config Config::from_json(const std::string& json_text, const std::string& source
         config.final_logit_softcap = read_positive_float(object, "final_logit_softcap", source);
 
     read_experts(object, source, &config);
-    const bool moe_architecture =
-        config.architecture == "mixtral" || config.architecture == "qwen3_moe";
+    const bool moe_architecture = config.architecture == "mixtral" ||
+                                  config.architecture == "qwen3_moe" ||
+                                  config.architecture == "gpt_oss";
     if (moe_architecture && config.experts == 0)
         throw Error(source + ": architecture " + config.architecture + " needs 'experts'");
     if (!moe_architecture && config.experts > 0)
         throw Error(source + ": architecture " + config.architecture +
-                    " has no experts (mixtral and qwen3_moe have)");
+                    " has no experts (mixtral, qwen3_moe and gpt_oss have)");
 
     if (config.heads % config.kv_heads != 0)
         throw Error(source + ": heads (" + std::to_string(config.heads) +

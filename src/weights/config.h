@@ -26,9 +26,11 @@ struct RopeScaling {
     float attention_factor = 1.0f;                   // longrope, yarn
 };
 
-// The feed-forward gate's activation: SiLU (SwiGLU, Llama and Qwen) or GELU with the tanh
-// approximation (GeGLU, Gemma).
-enum class Activation { Silu, GeluTanh };
+// The feed-forward gate's activation: SiLU (SwiGLU, Llama and Qwen), GELU with the tanh
+// approximation (GeGLU, Gemma), or gpt-oss's clamped SwiGLU (SwigluOai): with g = min(gate,
+// limit) and u = clamp(up, -limit, limit), act(gate) * up is g · σ(kSwigluOaiAlpha · g) · (u + 1).
+enum class Activation { Silu, GeluTanh, SwigluOai };
+constexpr float kSwigluOaiAlpha = 1.702f;
 
 struct Config {
     int dim = 0;         // residual stream width (hidden_size)
@@ -48,16 +50,20 @@ struct Config {
     float norm_eps = 1e-5f;
     int sliding_window = 0;              // 0: attend to the whole context
     int sliding_window_first_layer = 0;  // layers before it attend to the whole context
-    std::string architecture = "llama";  // llama, qwen2, qwen3, gemma2, gemma3 (`info`)
+    std::string architecture = "llama";  // llama, qwen2, qwen3, gemma2, gemma3, ... (`info`)
     bool qkv_bias = false;  // q, k and v projections add a bias (Qwen2, attention_bias)
     bool o_bias = false;    // the output projection adds a bias (attention_bias)
     bool qk_norm = false;   // RMSNorm over each head of q and of k before RoPE (Qwen3)
+    // Attention sinks (gpt-oss): each query head's softmax has one more logit, the head's
+    // learned `sinks` value, whose value vector is zero: it takes a share of the probability.
+    bool attention_sinks = false;
     bool tied_embeddings = false;
     int bos_id = -1;  // -1: the model has none
     std::vector<int> eos_ids;
     bool add_bos = true;
     std::string weight_dtype;
     Activation activation = Activation::Silu;
+    float swiglu_limit = 0.0f;         // SwigluOai's clamp of the gate and the up projection
     float embedding_scale = 1.0f;      // multiplies the embedding row (Gemma: sqrt(dim))
     bool post_norms = false;           // RMSNorm of the attention and feed-forward outputs (Gemma)
     std::vector<bool> sliding_layers;  // per layer (Gemma); empty: sliding_window_first_layer
@@ -73,6 +79,7 @@ struct Config {
     int experts_per_token = 0;
     int moe_hidden_dim = 0;
     bool norm_topk_prob = false;     // the chosen experts' weights rescaled to sum to 1
+    bool expert_biases = false;      // the router and each expert's three matrices add biases
     std::vector<bool> dense_layers;  // per layer with experts; empty: every layer sparse
 
     int q_dim() const { return heads * head_dim; }

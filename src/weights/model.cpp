@@ -195,7 +195,12 @@ Matrix matrix_rows(const Matrix& w, int first_row, int rows) {
 size_t layer_vector_floats(const Config& c) {
     return (c.qkv_bias ? size_t(c.q_dim()) + 2 * size_t(c.kv_dim()) : 0) +
            (c.o_bias ? size_t(c.dim) : 0) + (c.qk_norm ? 2 * size_t(c.head_dim) : 0) +
-           (c.post_norms ? 2 * size_t(c.dim) : 0);
+           (c.attention_sinks ? size_t(c.heads) : 0) + (c.post_norms ? 2 * size_t(c.dim) : 0);
+}
+
+size_t expert_bias_floats(const Config& c, int experts_used) {
+    if (!c.expert_biases) return 0;
+    return c.experts + size_t(experts_used) * (2 * size_t(c.moe_hidden_dim) + c.dim);
 }
 
 Model Model::load(const std::string& path) {
@@ -234,6 +239,7 @@ Model Model::load(const std::string& path) {
             layer.q_norm = f32_vector(file, prefix + "q_norm", c.head_dim);
             layer.k_norm = f32_vector(file, prefix + "k_norm", c.head_dim);
         }
+        if (c.attention_sinks) layer.sinks = f32_vector(file, prefix + "sinks", c.heads);
         layer.ffn_norm = f32_vector(file, prefix + "ffn_norm", c.dim);
         if (c.is_sparse(l)) {
             layer.router = static_cast<const float*>(
@@ -248,6 +254,12 @@ Model Model::load(const std::string& path) {
                 layer.expert_w1.push_back(matrix_rows(w1, e * H, H));
                 layer.expert_w3.push_back(matrix_rows(w3, e * H, H));
                 layer.expert_w2.push_back(matrix_rows(w2, e * c.dim, c.dim));
+            }
+            if (c.expert_biases) {
+                layer.router_bias = f32_vector(file, prefix + "router_bias", E);
+                layer.expert_b1 = f32_vector(file, prefix + "experts.b1", E * H);
+                layer.expert_b3 = f32_vector(file, prefix + "experts.b3", E * H);
+                layer.expert_b2 = f32_vector(file, prefix + "experts.b2", E * c.dim);
             }
         } else {
             layer.w1 = matrix(file, prefix + "w1", c.hidden_dim, c.dim, dtype);
@@ -270,14 +282,15 @@ Model Model::load(const std::string& path) {
     }
     dtype.check_nothing_left();
     const size_t vectors_per_layer = 2 + (c.qkv_bias ? 3 : 0) + (c.o_bias ? 1 : 0) +
-                                     (c.qk_norm ? 2 : 0) + (c.post_norms ? 2 : 0);  // norms, biases
+                                     (c.qk_norm ? 2 : 0) + (c.attention_sinks ? 1 : 0) +
+                                     (c.post_norms ? 2 : 0);  // norms, biases, sinks
     size_t expected_tensors = 1 + vectors_per_layer * size_t(c.layers);
     for (const Matrix* m : model.matrices()) expected_tensors += m->scales ? 2 : 1;
     // A sparse layer's tensors are its router and three stacked ones, not one per expert.
     for (int l = 0; l < c.layers; ++l) {
         if (!c.is_sparse(l)) continue;
         const LayerWeights& layer = model.layers[l];
-        expected_tensors += 1;
+        expected_tensors += c.expert_biases ? 5 : 1;  // the router (its bias, the experts')
         for (const Matrix* first : {&layer.expert_w1[0], &layer.expert_w3[0], &layer.expert_w2[0]})
             expected_tensors -= (first->scales ? 2 : 1) * (size_t(c.experts) - 1);
     }
@@ -329,7 +342,8 @@ size_t Model::weight_bytes_per_token() const {
             bytes += size_t(c.experts) * c.dim * sizeof(float) +
                      size_t(c.experts_per_token) *
                          (layer.expert_w1[0].bytes() + layer.expert_w3[0].bytes() +
-                          layer.expert_w2[0].bytes());
+                          layer.expert_w2[0].bytes()) +
+                     expert_bias_floats(c, c.experts_per_token) * sizeof(float);
         else
             bytes += layer.w1.bytes() + layer.w3.bytes() + layer.w2.bytes();
     }
@@ -346,7 +360,8 @@ size_t parameters(const Config& c, int experts_used) {
     for (int l = 0; l < c.layers; ++l)
         total +=
             attention + (c.is_sparse(l) ? size_t(c.experts) * c.dim +
-                                              size_t(experts_used) * 3 * c.dim * c.moe_hidden_dim
+                                              size_t(experts_used) * 3 * c.dim * c.moe_hidden_dim +
+                                              expert_bias_floats(c, experts_used)
                                         : 3 * size_t(c.dim) * c.hidden_dim);
     return total;
 }

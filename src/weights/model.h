@@ -87,6 +87,7 @@ struct LayerWeights {
     const float* bo = nullptr;      // [dim]                  o_bias
     const float* q_norm = nullptr;  // [head_dim]             qk_norm
     const float* k_norm = nullptr;  // [head_dim]             qk_norm
+    const float* sinks = nullptr;   // [heads]                attention_sinks: each head's logit
     const float* ffn_norm;          // [dim]
     // A dense layer's feed-forward (empty in a sparse one):
     Matrix w1;  // [hidden_dim, dim]  gate
@@ -98,6 +99,12 @@ struct LayerWeights {
     std::vector<Matrix> expert_w1;  // [experts] of [moe_hidden_dim, dim]  gate
     std::vector<Matrix> expert_w3;  // [experts] of [moe_hidden_dim, dim]  up
     std::vector<Matrix> expert_w2;  // [experts] of [dim, moe_hidden_dim]  down
+    // With expert_biases, f32: the router's bias and each expert's biases, expert e's at
+    // e × moe_hidden_dim (b1, b3) or e × dim (b2); else nullptr.
+    const float* router_bias = nullptr;  // [experts]
+    const float* expert_b1 = nullptr;    // [experts * moe_hidden_dim]  gate
+    const float* expert_b3 = nullptr;    // [experts * moe_hidden_dim]  up
+    const float* expert_b2 = nullptr;    // [experts * dim]             down
     // Present only with post_norms (Gemma), f32: the RMSNorm weights of wo's and w2's outputs,
     // applied before the residual add.
     const float* post_attn_norm = nullptr;  // [dim]
@@ -135,7 +142,11 @@ struct Model {
 // a stacked tensor).
 Matrix matrix_rows(const Matrix& w, int first_row, int rows);
 
-// Floats per layer of the optional biases, q/k norms and post norms the config asks for.
+// Floats per layer of the optional biases, q/k norms, sinks and post norms the config asks for
+// (the experts' biases aside).
 size_t layer_vector_floats(const Config& config);
+// Floats of a sparse layer's biases (expert_biases) with `experts_used` experts counted: the
+// router's and those experts' b1, b3, b2.
+size_t expert_bias_floats(const Config& config, int experts_used);
 
 }  // namespace barellm
