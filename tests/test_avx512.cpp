@@ -39,6 +39,7 @@ namespace {
     X(matvec_rows_q4)            \
     X(swiglu)                    \
     X(geglu)                     \
+    X(swiglu_oai)                \
     X(rmsnorm)                   \
     X(dot_kv)                    \
     X(add_scaled_kv)             \
@@ -282,6 +283,28 @@ TEST_CASE("AVX-512 swiglu matches its formula, far into both tails") {
             }
 }
 
+TEST_CASE("AVX-512 swiglu_oai matches its formula, the clamps included") {
+    std::mt19937 rng(520);
+    const float limit = 7.0f;
+    for (const Avx512Build& build : builds())
+        for (int n : {1, 15, 16, 17, 172})
+            for (float scale : {3.0f, 12.0f}) {
+                const std::vector<float> gate_in = random_floats(n, rng, scale);
+                const std::vector<float> up = random_floats(n, rng, scale);
+                std::vector<float> gate = gate_in;
+                gate.push_back(NAN);  // past the end: must stay untouched
+                build.swiglu_oai(gate.data(), up.data(), n, limit);
+                INFO(build.name << " n " << n << " scale " << scale);
+                for (int i = 0; i < n; ++i) {
+                    const double g = std::min(double(gate_in[i]), double(limit));
+                    const double u = std::clamp(double(up[i]), -double(limit), double(limit));
+                    const double want = g / (1 + std::exp(-1.702 * g)) * (u + 1);
+                    CHECK(std::abs(gate[i] - want) <= 2e-6 * std::abs(want) + 1e-6 * std::abs(g));
+                }
+                CHECK(std::isnan(gate[n]));
+            }
+}
+
 TEST_CASE("AVX-512 rmsnorm matches its formula in double, every tail") {
     std::mt19937 rng(519);
     for (const Avx512Build& build : builds())
@@ -383,23 +406,25 @@ TEST_CASE("AVX-512 decode attention rows: q · key and out += scale · value, f3
         }
 }
 
-TEST_CASE("AVX-512 softmax matches its formula in double, every tail") {
+TEST_CASE("AVX-512 softmax matches its formula in double, every tail, with and without a sink") {
     std::mt19937 rng(517);
     for (const Avx512Build& build : builds())
         for (int n : {1, 2, 15, 16, 17, 33, 300})
-            for (float scale : {1.0f, 40.0f}) {
-                const std::vector<float> in = random_floats(n, rng, scale);
-                std::vector<float> x = in;
-                x.push_back(NAN);  // past the end: must stay untouched
-                build.softmax(x.data(), n);
-                const double largest = *std::max_element(in.begin(), in.end());
-                double sum = 0;
-                for (float v : in) sum += std::exp(double(v) - largest);
-                INFO(build.name << " n " << n << " scale " << scale);
-                for (int i = 0; i < n; ++i)
-                    CHECK(std::abs(x[i] - std::exp(double(in[i]) - largest) / sum) <= 1e-6);
-                CHECK(std::isnan(x[n]));
-            }
+            for (float scale : {1.0f, 40.0f})
+                for (float sink : {-INFINITY, 0.5f * scale}) {
+                    const std::vector<float> in = random_floats(n, rng, scale);
+                    std::vector<float> x = in;
+                    x.push_back(NAN);  // past the end: must stay untouched
+                    build.softmax(x.data(), n, sink);
+                    const double largest =
+                        std::max<double>(sink, *std::max_element(in.begin(), in.end()));
+                    double sum = std::exp(double(sink) - largest);
+                    for (float v : in) sum += std::exp(double(v) - largest);
+                    INFO(build.name << " n " << n << " scale " << scale << " sink " << sink);
+                    for (int i = 0; i < n; ++i)
+                        CHECK(std::abs(x[i] - std::exp(double(in[i]) - largest) / sum) <= 1e-6);
+                    CHECK(std::isnan(x[n]));
+                }
 }
 
 namespace {
@@ -434,9 +459,10 @@ TestKvTiles pack_kv_tiles(const std::vector<float>& keys, const std::vector<floa
 
 }  // namespace
 
-TEST_CASE("AVX-512 prefill attention rows match softmax(q·k/√d)·v in double") {
+TEST_CASE("AVX-512 prefill attention rows match softmax(q·k/√d)·v in double, sinks or none") {
     std::mt19937 rng(518);
     const int heads = 6, kv_heads = 2, group = heads / kv_heads;
+    const float head_sinks[heads] = {-2.0f, 3.0f, 0.25f, 1.5f, -0.5f, 5.0f};  // gpt-oss's
     for (const Avx512Build& build : builds())
         for (int head_dim : {16, 40, 64, 72})
             for (int window : {0, 5, 37})
@@ -448,7 +474,10 @@ TEST_CASE("AVX-512 prefill attention rows match softmax(q·k/√d)·v in double"
                     const auto q = random_floats(size_t(count) * q_dim, rng, 2.0f);
                     // Not 1/√head_dim: the kernel must take the shape's scale.
                     const float scale = 1.25f / std::sqrt(float(head_dim));
-                    const AttentionShape shape{heads, kv_heads, head_dim, window, scale};
+                    // Sinks on half of the head sizes.
+                    const float* sinks = head_dim == 40 || head_dim == 72 ? head_sinks : nullptr;
+                    const AttentionShape shape{heads, kv_heads, head_dim, window,
+                                               scale, 0.0f,     sinks};
                     const int first_key = attention_start(first_pos, window);
                     const int kv_head = 1, rows = count * group;
                     const TestKvTiles packed = pack_kv_tiles(
@@ -481,8 +510,10 @@ TEST_CASE("AVX-512 prefill attention rows match softmax(q·k/√d)·v in double"
                                            keys[size_t(k) * kv_dim + kv_head * head_dim + d];
                                 scores.push_back(dot * scale);
                             }
-                            const double largest = *std::max_element(scores.begin(), scores.end());
-                            double sum = 0;
+                            const double sink = sinks ? sinks[head] : -INFINITY;
+                            const double largest =
+                                std::max(sink, *std::max_element(scores.begin(), scores.end()));
+                            double sum = std::exp(sink - largest);
                             for (double& score : scores) sum += score = std::exp(score - largest);
                             for (int d = 0; d < head_dim; ++d) {
                                 double want = 0;

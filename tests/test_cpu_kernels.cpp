@@ -206,6 +206,17 @@ TEST_CASE("rmsnorm and softmax match their formulas") {
         for (float v : x) total += std::exp(double(v));
         for (int i = 0; i < n; ++i) want[i] = std::exp(double(x[i])) / total;
         CHECK(relative_error(probabilities, want) < 1e-6);
+
+        // With a sink logit (attention sinks) below, among and above the values (|x| < 3):
+        // its exp joins the sum, and the n probabilities sum to less than 1.
+        for (float sink : {-5.0f, 0.3f, 6.0f}) {
+            std::vector<float> with_sink = x;
+            cpu::softmax(with_sink.data(), n, sink);
+            for (int i = 0; i < n; ++i)
+                want[i] = std::exp(double(x[i])) / (total + std::exp(double(sink)));
+            INFO("sink " << sink);
+            CHECK(relative_error(with_sink, want) < 1e-6);
+        }
     }
     // The sampler's masked tokens: -inf has probability exactly 0 (and 97 below the largest,
     // e^-97 ≈ 7e-43, next to nothing).
@@ -240,6 +251,34 @@ TEST_CASE("swiglu matches its formula at every SIMD level, far into both tails")
             CHECK(relative_error(gate, want) < 1e-6);
             for (int i = 0; i < n; ++i)
                 CHECK(std::abs(gate[i] - want[i]) <= 1e-6 * std::abs(want[i]) + 1e-30);
+        }
+    }
+}
+
+TEST_CASE("swiglu_oai (gpt-oss) matches its formula at every SIMD level, clamps included") {
+    std::mt19937 rng(11);
+    const auto level =
+        GENERATE(cpu::SimdLevel::Scalar, cpu::SimdLevel::Avx2, cpu::SimdLevel::Avx512);
+    if (level > cpu::detect_simd_level()) return;
+    const float limit = 7.0f;
+    for (int n : {1, 9, 172}) {
+        // Scale 12: many gates above the limit and ups beyond ±limit.
+        for (float scale : {3.0f, 12.0f}) {
+            const auto gate_in = random_floats(n, rng, scale), up = random_floats(n, rng, scale);
+            std::vector<float> gate = gate_in;
+            cpu::set_simd_level(level);
+            cpu::swiglu_oai(gate.data(), up.data(), n, limit);
+            cpu::set_simd_level(cpu::detect_simd_level());
+            std::vector<double> want(n);
+            for (int i = 0; i < n; ++i) {
+                const double g = std::min(double(gate_in[i]), double(limit));
+                const double u = std::clamp(double(up[i]), -double(limit), double(limit));
+                want[i] = g / (1 + std::exp(-1.702 * g)) * (u + 1);
+            }
+            INFO(cpu::simd_level_name(level) << " n " << n << " scale " << scale);
+            for (int i = 0; i < n; ++i)
+                CHECK(std::abs(gate[i] - want[i]) <=
+                      2e-6 * std::abs(want[i]) + 1e-6 * std::abs(std::min(gate_in[i], limit)));
         }
     }
 }
@@ -368,12 +407,12 @@ TEST_CASE("rope with a partial rotary_dim and LongRoPE: the first pairs rotated 
 
 // Direct double-precision attention of query position `pos` over stored (rounded) keys
 // and values [positions, kv_dim], attending to rows first..pos; the scores soft-capped where
-// softcap > 0.
+// softcap > 0; with sinks [heads], head h's sink logit joins its softmax's denominator.
 static std::vector<double> reference_attention(const float* q, int pos, int first,
                                                const std::vector<float>& keys,
                                                const std::vector<float>& values, int heads,
                                                int kv_heads, int head_dim, double scale,
-                                               double softcap) {
+                                               double softcap, const float* sinks) {
     const int kv_dim = kv_heads * head_dim;
     std::vector<double> out(heads * head_dim, 0.0);
     for (int h = 0; h < heads; ++h) {
@@ -389,6 +428,7 @@ static std::vector<double> reference_attention(const float* q, int pos, int firs
             max_score = std::max(max_score, scores[t]);
         }
         for (int t = first; t <= pos; ++t) total += (scores[t] = std::exp(scores[t] - max_score));
+        if (sinks) total += std::exp(sinks[h] - max_score);
         for (int t = first; t <= pos; ++t)
             for (int i = 0; i < head_dim; ++i)
                 out[h * head_dim + i] +=
@@ -397,7 +437,7 @@ static std::vector<double> reference_attention(const float* q, int pos, int firs
     return out;
 }
 
-TEST_CASE("attention with GQA and sliding window matches a direct softmax-weighted sum") {
+TEST_CASE("attention with GQA, sliding window and sinks matches a direct softmax-weighted sum") {
     std::mt19937 rng(42);
     const auto type = GENERATE(KvType::F32, KvType::F16);
     const auto level =
@@ -408,6 +448,11 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
     // Gemma 2's soft-capped scores: a cap of 0.2 bends most of these (|score| up to about 1).
     const float softcap = GENERATE(0.0f, 0.2f);
     const int heads = 6, kv_heads = 2, kv_dim = kv_heads * head_dim;
+    // gpt-oss's attention sinks, below and above the scores (|score| up to about 1): the
+    // largest takes most of the probability.
+    const std::vector<float> head_sinks = {-3.0f, 0.5f, 2.5f, -0.25f, 1.0f, 4.0f};
+    const bool with_sinks = GENERATE(false, true);
+    const float* sinks = with_sinks ? head_sinks.data() : nullptr;
     const size_t element = kv_element_bytes(type);
     for (int window : {0, 5, 37}) {
         for (int positions : {1, 7, 45, 300}) {
@@ -431,11 +476,11 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
             // A scale other than 1/√head_dim (as Gemma's query_pre_attn_scalar gives), so
             // that a kernel which recomputes it fails.
             const float scale = 1.25f / std::sqrt(float(head_dim));
-            const AttentionShape shape{heads, kv_heads, head_dim, window, scale, softcap};
+            const AttentionShape shape{heads, kv_heads, head_dim, window, scale, softcap, sinks};
             const int pos = positions - 1;
             const int first = window ? std::max(0, pos + 1 - window) : 0;
             INFO("positions " << positions << " window " << window << " head_dim " << head_dim
-                              << " softcap " << softcap);
+                              << " softcap " << softcap << " sinks " << (sinks != nullptr));
             cpu::set_simd_level(level);
 
             // Decode: the last position alone.
@@ -443,9 +488,9 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
             std::vector<float> out(heads * head_dim, NAN), scores(size_t(heads) * positions);
             cpu::attention(out.data(), q.data(), pos, key_cache.data(), value_cache.data(),
                            scores.data(), shape, type);
-            CHECK(relative_error(
-                      out, reference_attention(q.data(), pos, first, stored_keys, stored_values,
-                                               heads, kv_heads, head_dim, scale, softcap)) < 1e-5);
+            CHECK(relative_error(out, reference_attention(q.data(), pos, first, stored_keys,
+                                                          stored_values, heads, kv_heads, head_dim,
+                                                          scale, softcap, sinks)) < 1e-5);
 
             // Prefill: the last `count` positions as one batch, each causal (40 tokens ×
             // 3 heads per KV head: several blocks of query rows and tiles of keys).
@@ -463,7 +508,7 @@ TEST_CASE("attention with GQA and sliding window matches a direct softmax-weight
                           row, reference_attention(&queries[i * heads * head_dim], p,
                                                    window ? std::max(0, p + 1 - window) : 0,
                                                    stored_keys, stored_values, heads, kv_heads,
-                                                   head_dim, scale, softcap)) < 1e-5);
+                                                   head_dim, scale, softcap, sinks)) < 1e-5);
             }
             cpu::set_simd_level(cpu::detect_simd_level());
         }

@@ -375,6 +375,7 @@ int command_info(const Options& options) {
         std::printf("experts         %d, %d active per token, moe_hidden_dim %d, weights %s\n",
                     c.experts, c.experts_per_token, c.moe_hidden_dim,
                     c.norm_topk_prob ? "rescaled to sum to 1" : "as the softmax gives them");
+        if (c.expert_biases) std::printf("expert_biases   router and experts\n");
         std::printf("sparse layers   %d of %d\n", sparse, c.layers);
     }
     std::printf("vocab_size      %d\nmax_context     %d\n", c.vocab_size, c.max_context);
@@ -395,12 +396,15 @@ int command_info(const Options& options) {
     } else if (c.sliding_window_first_layer > 0) {
         std::printf(" (layers %d and up)", c.sliding_window_first_layer);
     }
-    // Gemma's departures from Llama, shown where the model has them.
+    // Gemma's and gpt-oss's departures from Llama, shown where the model has them.
     if (c.attention_scale != float(1.0 / std::sqrt(double(c.head_dim))))
         std::printf("\nattention_scale %g", c.attention_scale);
     if (c.embedding_scale != 1.0f) std::printf("\nembedding_scale %g", c.embedding_scale);
     if (c.post_norms) std::printf("\npost_norms      attention and feed-forward outputs");
     if (c.activation == Activation::GeluTanh) std::printf("\nactivation      gelu_tanh (GeGLU)");
+    if (c.activation == Activation::SwigluOai)
+        std::printf("\nactivation      swiglu_oai (clamped SwiGLU, limit %g)", c.swiglu_limit);
+    if (c.attention_sinks) std::printf("\nattention_sinks one per query head");
     if (c.attn_logit_softcap > 0)
         std::printf("\nsoftcap         attention scores %g", c.attn_logit_softcap);
     if (c.final_logit_softcap > 0)

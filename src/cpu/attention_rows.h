@@ -4,6 +4,7 @@
 // its own instruction set (one shared copy could carry AVX-512 instructions into the AVX2
 // path).
 #pragma once
+#include <cmath>
 #include <cstddef>
 
 #include "kv_cache.h"
@@ -15,11 +16,11 @@ namespace {
 // The query rows first_row .. first_row + rows of KV head kv_head, token-major (row ρ is
 // token ρ / group, query head kv_head · group + ρ % group), for queries q [count, heads *
 // head_dim] at positions first_pos..: row r attends to keys [begin[r], end[r]) counted from
-// the cache row first_key, writes out_rows[r] (in out, shaped like q), and its query times
-// shape.scale is queries[r · head_dim ..].
+// the cache row first_key, writes out_rows[r] (in out, shaped like q), its query times
+// shape.scale is queries[r · head_dim ..], and its head's sink logit sinks[r] (-inf: none).
 inline void gather_query_rows(const float* q, float* out, int first_row, int rows, int first_pos,
                               int kv_head, int first_key, const AttentionShape& shape, int* begin,
-                              int* end, float** out_rows, float* queries) {
+                              int* end, float** out_rows, float* queries, float* sinks) {
     const int head_dim = shape.head_dim, group = shape.heads / shape.kv_heads;
     const size_t q_dim = size_t(shape.heads) * head_dim;
     for (int r = 0; r < rows; ++r) {
@@ -31,6 +32,7 @@ inline void gather_query_rows(const float* q, float* out, int first_row, int row
         const float* query = q + token * q_dim + size_t(head) * head_dim;
         for (int d = 0; d < head_dim; ++d) queries[r * head_dim + d] = query[d] * shape.scale;
         out_rows[r] = out + token * q_dim + size_t(head) * head_dim;
+        sinks[r] = shape.sinks ? shape.sinks[head] : -INFINITY;
     }
 }
 

@@ -500,13 +500,13 @@ void rope(float* vec, int heads, int head_dim, int pos, const float* rope_table)
     }
 }
 
-void softmax(float* x, int n) {
+void softmax(float* x, int n, float sink) {
     if (active_level == SimdLevel::Avx512)
-        avx512::softmax(x, n);
+        avx512::softmax(x, n, sink);
     else if (active_level == SimdLevel::Avx2)
-        avx2::softmax(x, n);
+        avx2::softmax(x, n, sink);
     else
-        scalar::softmax(x, n);
+        scalar::softmax(x, n, sink);
 }
 
 void swiglu(float* gate, const float* up, int n) {
@@ -525,6 +525,26 @@ void geglu(float* gate, const float* up, int n) {
         avx2::geglu(gate, up, n);
     else
         scalar::geglu(gate, up, n);
+}
+
+void swiglu_oai(float* gate, const float* up, int n, float limit) {
+    if (active_level == SimdLevel::Avx512)
+        avx512::swiglu_oai(gate, up, n, limit);
+    else if (active_level == SimdLevel::Avx2)
+        avx2::swiglu_oai(gate, up, n, limit);
+    else
+        scalar::swiglu_oai(gate, up, n, limit);
+}
+
+void gated_activation(float* gate, const float* up, int n, const Config& config) {
+    switch (config.activation) {
+        case Activation::GeluTanh:
+            return geglu(gate, up, n);
+        case Activation::SwigluOai:
+            return swiglu_oai(gate, up, n, config.swiglu_limit);
+        case Activation::Silu:
+            return swiglu(gate, up, n);
+    }
 }
 
 void softcap(float* x, int n, float cap) {
@@ -552,7 +572,8 @@ void kv_store(void* slot, const float* values, int n, KvType type) {
 namespace {
 
 // One query head attending to cache rows [first, pos]: softmax(q·k × scale) · v, the scores
-// soft-capped where the shape says. The cache
+// soft-capped where the shape says, the head's sink logit in the softmax where it has one. The
+// cache
 // row of position p is row_of(p): p itself in the contiguous cache, the row its block table
 // gives in the paged one.
 //   out_head [head_dim], q_head [head_dim], scores [pos - first + 1] scratch
@@ -577,7 +598,7 @@ void attend_one_head(float* out_head, const float* q_head, int head, int pos, Ro
         scores[t] =
             dot(q_head, keys + row_of(first + t) * row_bytes, shape.head_dim, type) * shape.scale;
     if (shape.softcap > 0) softcap(scores, positions, shape.softcap);
-    softmax(scores, positions);
+    softmax(scores, positions, shape.sinks ? shape.sinks[head] : -INFINITY);
     std::fill(out_head, out_head + shape.head_dim, 0.0f);
     for (int t = 0; t < positions; ++t)
         add_scaled(out_head, scores[t], values + row_of(first + t) * row_bytes, shape.head_dim,

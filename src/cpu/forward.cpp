@@ -3,8 +3,9 @@
 // norms, and Gemma's scaled embedding, norms of the sub-blocks' outputs, GeGLU, sliding
 // layers (Gemma 3's with their own RoPE base), and attention scale (Gemma's norms, x · (1 + w),
 // are plain RMSNorms here: the weight file holds the multipliers 1 + w), Gemma 2's soft-capped
-// attention scores and logits; and Mixtral's and Qwen3-MoE's
-// sparse layers, whose feed-forward is a mixture of experts (cpu/moe.h).
+// attention scores and logits; Mixtral's, Qwen3-MoE's and gpt-oss's
+// sparse layers, whose feed-forward is a mixture of experts (cpu/moe.h), and gpt-oss's
+// attention sinks.
 // `forward` runs one token (decode); `prefill` runs a batch of tokens of one sequence as
 // matrices; `step` (the server's) runs a batch of rows of many sequences as matrices, over the
 // paged KV cache. prefill and step share the layers (run_layers): only where the keys and
@@ -133,7 +134,8 @@ public:
             //    output RMS-normed before the add, and scores scaled by attention_scale, not
             //    1/√head_dim (Gemma 2: then soft-capped, cap · tanh(score / cap));
             //    sliding layers attend to the last `window` positions, and Gemma 3's
-            //    rotate with their own RoPE base)
+            //    rotate with their own RoPE base; gpt-oss: each head's softmax has one more
+            //    logit, its sink, which weighs no value)
             cpu::rmsnorm(s.xb.data(), s.x.data(), w.attn_norm, c.dim, c.norm_eps);
             cpu::matvec_many({{s.q.data(), s.xb.data(), &w.wq},
                               {s.k.data(), s.xb.data(), &w.wk},
@@ -158,7 +160,8 @@ public:
             // Feed-forward: x += w2 · (act(w1 · norm(x)) * (w3 · norm(x)))
             //   (act: silu, SwiGLU; Gemma: gelu_tanh, GeGLU, and w2's output RMS-normed
             //    before the add; a sparse layer: the router picks k experts, and the sum of
-            //    their feed-forwards, weighted by the router, takes the place of w1, w3, w2)
+            //    their feed-forwards, weighted by the router, takes the place of w1, w3, w2;
+            //    gpt-oss: the router and the experts add biases, and act is a clamped SwiGLU)
             cpu::rmsnorm(s.xb.data(), s.x.data(), w.ffn_norm, c.dim, c.norm_eps);
             if (c.is_sparse(l))
                 experts_.decode(s.proj.data(), s.xb.data(), w);
@@ -465,13 +468,10 @@ private:
         if (weight) rmsnorm_rows(y, y, weight, rows);
     }
 
-    // gate[hidden_dim] = act(gate) * up: SwiGLU, or GeGLU where the config says (Gemma).
+    // gate[hidden_dim] = act(gate) * up: SwiGLU, or GeGLU (Gemma) or the clamped SwiGLU
+    // (gpt-oss) where the config says.
     void gated_activation(float* gate, const float* up) const {
-        const Config& c = model_.config;
-        if (c.activation == Activation::GeluTanh)
-            cpu::geglu(gate, up, c.hidden_dim);
-        else
-            cpu::swiglu(gate, up, c.hidden_dim);
+        cpu::gated_activation(gate, up, model_.config.hidden_dim, model_.config);
     }
 
     // The RoPE table of layer `layer`: the sliding layers' own with rope_theta_local (Gemma 3),
@@ -507,9 +507,13 @@ private:
 
     AttentionShape attention_shape(int layer) const {
         const Config& c = model_.config;
-        return AttentionShape{c.heads,           c.kv_heads,
-                              c.head_dim,        c.layer_window(layer),
-                              c.attention_scale, c.attn_logit_softcap};
+        return AttentionShape{c.heads,
+                              c.kv_heads,
+                              c.head_dim,
+                              c.layer_window(layer),
+                              c.attention_scale,
+                              c.attn_logit_softcap,
+                              model_.layers[layer].sinks};
     }
 
     // The contiguous KV cache's row of layer `layer` at position `pos`.

@@ -231,14 +231,23 @@ inline bool mean_of_squares_settled(double sum, int n) {
 // frequencies, then their magnitudes).
 void rope(float* vec, int heads, int head_dim, int pos, const float* rope_table);
 
-// In place: x = exp(x - max) / sum.
-void softmax(float* x, int n);
+// In place: x = exp(x - max) / sum. With a `sink` logit (attention sinks, gpt-oss) the sum
+// also holds exp(sink - max), and max is over x and the sink: the n probabilities then sum to
+// less than 1; -inf adds nothing.
+void softmax(float* x, int n, float sink = -INFINITY);
 
 // gate[n] = silu(gate) * up (Llama, Qwen), silu(g) = g / (1 + e^-g)
 void swiglu(float* gate, const float* up, int n);
 
 // gate[n] = gelu_tanh(gate) * up (Gemma), gelu_tanh(g) = g/2 (1 + tanh(√(2/π) (g + 0.044715 g³)))
 void geglu(float* gate, const float* up, int n);
+
+// gate[n] = gpt-oss's clamped SwiGLU: with g = min(gate, limit) and u = clamp(up, -limit,
+// limit), g · σ(kSwigluOaiAlpha · g) · (u + 1)
+void swiglu_oai(float* gate, const float* up, int n, float limit);
+
+// gate[n] = act(gate) * up with the model's activation (Config::activation).
+void gated_activation(float* gate, const float* up, int n, const Config& config);
 
 // In place: x[n] = cap · tanh(x / cap), within (-cap, cap) (Gemma 2's soft-capping of the
 // attention scores and the logits).

@@ -14,6 +14,23 @@ Matrix router_matrix(const LayerWeights& w, const Config& c) {
     return Matrix{w.router, DType::F32, c.experts, c.dim, nullptr};
 }
 
+// rows [count, n] += expert e's bias, biases + e · n, in each row (gpt-oss's expert_b1, b3, b2);
+// nothing where the model has none (biases nullptr).
+void add_expert_bias(float* rows, int count, int n, const float* biases, int e) {
+    if (!biases) return;
+    const float* bias = biases + size_t(e) * n;
+    for_each_row(count, n, [&](int r) {
+        float* row = rows + size_t(r) * n;
+        for (int i = 0; i < n; ++i) row[i] += bias[i];
+    });
+}
+
+// logits [rows, experts] += the router's bias (gpt-oss); nothing where it has none.
+void add_router_bias(float* logits, int rows, const LayerWeights& w, const Config& c) {
+    if (!w.router_bias) return;
+    for (size_t i = 0; i < size_t(rows) * c.experts; ++i) logits[i] += w.router_bias[i % c.experts];
+}
+
 }  // namespace
 
 void route_token(int* experts, float* weights, float* logits, const Config& config) {
@@ -61,10 +78,7 @@ void MixtureOfExperts::activate_rows(float* gate, const float* up, int rows) con
     const int H = config_.moe_hidden_dim;
     for_each_row(rows, size_t(H) * 8, [&](int r) {
         const size_t row = size_t(r) * H;
-        if (config_.activation == Activation::GeluTanh)
-            geglu(gate + row, up + row, H);
-        else
-            swiglu(gate + row, up + row, H);
+        gated_activation(gate + row, up + row, H, config_);
     });
 }
 
@@ -73,6 +87,7 @@ void MixtureOfExperts::decode(float* out, const float* x, const LayerWeights& w)
     const int k = c.experts_per_token, H = c.moe_hidden_dim;
     // The router: which k experts, with what weights.
     matvec(logits_.data(), x, router_matrix(w, c));
+    add_router_bias(logits_.data(), 1, w, c);
     route_token(chosen_.data(), weights_.data(), logits_.data(), c);
     // gate_j = w1_j · x and up_j = w3_j · x for the k experts, all rows in one region...
     tasks_.clear();
@@ -82,6 +97,10 @@ void MixtureOfExperts::decode(float* out, const float* x, const LayerWeights& w)
         tasks_.push_back({&up_[size_t(j) * H], x, &w.expert_w3[e]});
     }
     matvec_many(tasks_.data(), int(tasks_.size()));
+    for (int j = 0; j < k; ++j) {
+        add_expert_bias(&gate_[size_t(j) * H], 1, H, w.expert_b1, chosen_[j]);
+        add_expert_bias(&up_[size_t(j) * H], 1, H, w.expert_b3, chosen_[j]);
+    }
     activate_rows(gate_.data(), up_.data(), k);
     // ... then down_j = w2_j · act(gate_j) * up_j likewise...
     tasks_.clear();
@@ -89,6 +108,8 @@ void MixtureOfExperts::decode(float* out, const float* x, const LayerWeights& w)
         tasks_.push_back(
             {&expert_out_[size_t(j) * c.dim], &gate_[size_t(j) * H], &w.expert_w2[chosen_[j]]});
     matvec_many(tasks_.data(), int(tasks_.size()));
+    for (int j = 0; j < k; ++j)
+        add_expert_bias(&expert_out_[size_t(j) * c.dim], 1, c.dim, w.expert_b2, chosen_[j]);
     // ... and out = Σ_j weight_j down_j.
     for (int i = 0; i < c.dim; ++i) {
         float sum = 0;
@@ -102,6 +123,7 @@ void MixtureOfExperts::prefill(float* out, const float* x, int B, const LayerWei
     const int k = c.experts_per_token, H = c.moe_hidden_dim, dim = c.dim;
     // Route every token.
     gemm(logits_.data(), x, B, router_matrix(w, c));
+    add_router_bias(logits_.data(), B, w, c);
     for_each_row(B, size_t(c.experts) * 16, [&](int b) {
         route_token(&chosen_[size_t(b) * k], &weights_[size_t(b) * k],
                     &logits_[size_t(b) * c.experts], c);
@@ -124,8 +146,12 @@ void MixtureOfExperts::prefill(float* out, const float* x, int B, const LayerWei
         float* up = &up_[size_t(first) * H];
         gemm_many(&grouped_x_[size_t(first) * dim], count,
                   {{gate, &w.expert_w1[e]}, {up, &w.expert_w3[e]}});
+        add_expert_bias(gate, count, H, w.expert_b1, e);
+        add_expert_bias(up, count, H, w.expert_b3, e);
         activate_rows(gate, up, count);
-        gemm(&expert_out_[size_t(first) * dim], gate, count, w.expert_w2[e]);
+        float* down = &expert_out_[size_t(first) * dim];
+        gemm(down, gate, count, w.expert_w2[e]);
+        add_expert_bias(down, count, dim, w.expert_b2, e);
     }
     // Each token's k outputs back, weighted.
     for_each_row(B, size_t(dim) * k, [&](int b) {

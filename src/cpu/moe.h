@@ -1,7 +1,8 @@
-// The feed-forward of a sparse layer, a mixture of experts (Mixtral, Qwen3-MoE), on the CPU.
-// A router scores the layer's experts for each token (f32 logits, softmax), the token goes to
-// the experts_per_token best (route_token), and the layer's output is the sum of those
-// experts' SwiGLU outputs, each times its routing weight. Only the chosen experts' matrices
+// The feed-forward of a sparse layer, a mixture of experts (Mixtral, Qwen3-MoE, gpt-oss), on
+// the CPU. A router scores the layer's experts for each token (f32 logits, plus a bias in
+// gpt-oss; softmax), the token goes to the experts_per_token best (route_token), and the
+// layer's output is the sum of those experts' gated feed-forward outputs (gpt-oss: each matrix
+// adding its expert's bias), each times its routing weight. Only the chosen experts' matrices
 // are read: decode runs the k experts' matvecs in one parallel region, so the threads share
 // their rows; prefill groups the batch's tokens by expert and runs one GEMM per expert over
 // its tokens, then adds each token's k results back, weighted.
@@ -28,7 +29,8 @@ public:
     void reserve(int max_batch);
 
     // Decode: out[dim] = Σ_j weight_j · w2_j (act(w1_j · x) * (w3_j · x)) over the k experts
-    // j the router of layer `w` picks for x [dim] (the normed residual).
+    // j the router of layer `w` picks for x [dim] (the normed residual); with expert_biases,
+    // each of w1_j, w3_j and w2_j adds expert j's bias.
     void decode(float* out, const float* x, const LayerWeights& w);
 
     // Prefill: the same for each of the B rows of x [B, dim], into out [B, dim].

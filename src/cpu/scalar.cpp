@@ -59,18 +59,27 @@ void scalar::rmsnorm(float* out, const float* x, const float* weight, int n, flo
     for (int i = 0; i < n; ++i) out[i] = x[i] * scale * weight[i];
 }
 
-void scalar::softmax(float* x, int n) {
-    const float max_value = *std::max_element(x, x + n);
+void scalar::softmax(float* x, int n, float sink) {
+    const float max_value = std::max(sink, *std::max_element(x, x + n));
     float sum = 0.0f;
     for (int i = 0; i < n; ++i) {
         x[i] = std::exp(x[i] - max_value);
         sum += x[i];
     }
+    sum += std::exp(sink - max_value);
     for (int i = 0; i < n; ++i) x[i] /= sum;
 }
 
 void scalar::swiglu(float* gate, const float* up, int n) {
     for (int i = 0; i < n; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+void scalar::swiglu_oai(float* gate, const float* up, int n, float limit) {
+    for (int i = 0; i < n; ++i) {
+        const float g = std::min(gate[i], limit);
+        const float u = std::clamp(up[i], -limit, limit);
+        gate[i] = g / (1.0f + std::exp(-kSwigluOaiAlpha * g)) * (u + 1.0f);
+    }
 }
 
 void scalar::geglu(float* gate, const float* up, int n) {

@@ -11,9 +11,10 @@ void gemm_rows(float* out, const Matrix& w, const float* x, int batch, int first
                int row_count);
 float dot_kv(const float* q, const void* keys, int n, KvType type);
 void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);
-void softmax(float* x, int n);
+void softmax(float* x, int n, float sink);
 void swiglu(float* gate, const float* up, int n);
 void geglu(float* gate, const float* up, int n);
+void swiglu_oai(float* gate, const float* up, int n, float limit);
 void softcap(float* x, int n, float cap);
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps);
 

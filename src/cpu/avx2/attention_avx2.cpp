@@ -22,9 +22,10 @@ inline float horizontal_max(__m256 v) {
     return _mm_cvtss_f32(_mm_max_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
 }
 
-// row[begin, end) = exp(row - max) in place; returns their sum.
-float exp_in_place(float* row, int begin, int end) {
-    __m256 largest = _mm256_set1_ps(-INFINITY);
+// row[begin, end) = exp(row - max) in place; returns their sum, plus exp(sink - max) where the
+// row has a sink logit (attention sinks; -inf: none), max being over the row and the sink.
+float exp_in_place(float* row, int begin, int end, float sink) {
+    __m256 largest = _mm256_set1_ps(sink);
     int i = begin;
     for (; i + kLanes <= end; i += kLanes)
         largest = _mm256_max_ps(largest, _mm256_loadu_ps(row + i));
@@ -39,7 +40,7 @@ float exp_in_place(float* row, int begin, int end) {
     }
     float total = horizontal_sum(sum);
     for (; i < end; ++i) total += (row[i] = std::exp(row[i] - max_value));
-    return total;
+    return total + std::exp(sink - max_value);
 }
 
 }  // namespace
@@ -84,8 +85,8 @@ void add_scaled_kv(float* out, float scale, const void* values, int n, KvType ty
     }
 }
 
-void softmax(float* x, int n) {
-    const float inverse_sum = 1.0f / exp_in_place(x, 0, n);
+void softmax(float* x, int n, float sink) {
+    const float inverse_sum = 1.0f / exp_in_place(x, 0, n, sink);
     const __m256 inverse_sum_vector = _mm256_set1_ps(inverse_sum);
     int i = 0;
     for (; i + kLanes <= n; i += kLanes)
@@ -187,8 +188,9 @@ void attention_rows(float* out, const float* q, int first_row, int rows, int fir
     float* queries = scores + size_t(kRowTile) * tiles.padded_keys;
     int begin[kRowTile] = {}, end[kRowTile] = {};  // each row's keys, from first_key
     float* out_rows[kRowTile];
+    float sinks[kRowTile];
     gather_query_rows(q, out, first_row, rows, first_pos, kv_head, tiles.first_key, shape, begin,
-                      end, out_rows, queries);
+                      end, out_rows, queries, sinks);
     const int first_tile = *std::min_element(begin, begin + rows) / kTokenTile;
     const int end_tile = kv_tile_count(*std::max_element(end, end + rows));
     const OuterProductKernel kernel = outer_product_kernel_for(rows);
@@ -203,13 +205,13 @@ void attention_rows(float* out, const float* q, int first_row, int rows, int fir
                         scores + size_t(r) * tiles.padded_keys + tile * kTokenTile);
     }
     // Causal softmax (the scores soft-capped first where the shape says): exp over each row's
-    // keys, zero around them; normalised at the end.
+    // keys, zero around them; normalised at the end (by a sum holding the sink's share, if any).
     const int key_begin = first_tile * kTokenTile, key_end = end_tile * kTokenTile;
     float inverse_sums[kRowTile];
     for (int r = 0; r < rows; ++r) {
         float* row = scores + size_t(r) * tiles.padded_keys;
         if (shape.softcap > 0) softcap(row + begin[r], end[r] - begin[r], shape.softcap);
-        inverse_sums[r] = 1.0f / exp_in_place(row, begin[r], end[r]);
+        inverse_sums[r] = 1.0f / exp_in_place(row, begin[r], end[r], sinks[r]);
         std::fill(row + key_begin, row + begin[r], 0.0f);
         std::fill(row + end[r], row + key_end, 0.0f);
     }

@@ -102,7 +102,7 @@ inline OuterProductKernel outer_product_kernel_for(int rows) {
 // Decode: one query head against one cache row.
 float dot_kv(const float* q, const void* keys, int n, KvType type);
 void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);
-void softmax(float* x, int n);  // in place
+void softmax(float* x, int n, float sink);  // in place (cpu::softmax)
 
 // Prefill, one KV head at a time:
 // - its cache rows [first_key, first_key + keys) are converted to f32 tiles (pack_kv_tile,
@@ -131,6 +131,7 @@ void attention_rows(float* out, const float* q, int first_row, int rows, int fir
 void swiglu(float* gate, const float* up, int n);
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps);
 void geglu(float* gate, const float* up, int n);
+void swiglu_oai(float* gate, const float* up, int n, float limit);
 void softcap(float* x, int n, float cap);
 
 }  // namespace barellm::cpu::avx2

@@ -1,5 +1,6 @@
 // The feed-forward block's gated activations on AVX2 + FMA, with a vectorised e^x: SwiGLU,
-// silu(gate) · up (Llama, Qwen), and GeGLU, gelu_tanh(gate) · up (Gemma); and Gemma 2's
+// silu(gate) · up (Llama, Qwen), GeGLU, gelu_tanh(gate) · up (Gemma), and gpt-oss's clamped
+// SwiGLU; and Gemma 2's
 // soft-capping of scores, cap · tanh(x / cap), on the same e^x.
 #include <immintrin.h>
 
@@ -47,6 +48,22 @@ void geglu(float* gate, const float* up, int n) {
                          _mm256_mul_ps(_mm256_mul_ps(g, sigmoid(two_u)), _mm256_loadu_ps(up + i)));
     }
     scalar::geglu(gate + i, up + i, n - i);
+}
+
+// gate[n] = g · σ(α g) · (u + 1) with g = min(gate, limit), u = clamp(up, -limit, limit) and
+// α = kSwigluOaiAlpha (gpt-oss).
+void swiglu_oai(float* gate, const float* up, int n, float limit) {
+    const __m256 alpha = _mm256_set1_ps(kSwigluOaiAlpha);
+    const __m256 high = _mm256_set1_ps(limit), low = _mm256_set1_ps(-limit);
+    const __m256 one = _mm256_set1_ps(1.0f);
+    int i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+        const __m256 g = _mm256_min_ps(_mm256_loadu_ps(gate + i), high);
+        const __m256 u = _mm256_min_ps(_mm256_max_ps(_mm256_loadu_ps(up + i), low), high);
+        const __m256 glu = _mm256_mul_ps(g, sigmoid(_mm256_mul_ps(alpha, g)));
+        _mm256_storeu_ps(gate + i, _mm256_mul_ps(glu, _mm256_add_ps(u, one)));
+    }
+    scalar::swiglu_oai(gate + i, up + i, n - i, limit);
 }
 
 // x[n] = cap · tanh(x / cap), where tanh(y) = sign(y) · (1 - e) / (1 + e) with e = e^-2|y| ≤ 1

@@ -22,14 +22,16 @@ inline __m512 load_kv(const void* p, int i, KvType type, __mmask16 mask) {
                                : widen16<DType::F16>(static_cast<const uint16_t*>(p) + i, mask);
 }
 
-// row[begin, end) = e^(row - its max) in place; returns their sum.
-float exp_in_place(float* row, int begin, int end) {
-    __m512 largest = _mm512_set1_ps(-INFINITY);
+// row[begin, end) = e^(row - max) in place; returns their sum, plus e^(sink - max) where the
+// row has a sink logit (attention sinks; -inf: none), max being over the row and the sink.
+float exp_in_place(float* row, int begin, int end, float sink) {
+    __m512 largest = _mm512_set1_ps(sink);
     for (int i = begin; i < end; i += kLanes) {
         const __mmask16 mask = first_lanes(end - i);
         largest = _mm512_mask_max_ps(largest, mask, largest, _mm512_maskz_loadu_ps(mask, row + i));
     }
-    const __m512 max_vector = _mm512_set1_ps(_mm512_reduce_max_ps(largest));
+    const float max_value = _mm512_reduce_max_ps(largest);
+    const __m512 max_vector = _mm512_set1_ps(max_value);
     __m512 sum = _mm512_setzero_ps();
     for (int i = begin; i < end; i += kLanes) {
         const __mmask16 mask = first_lanes(end - i);
@@ -38,7 +40,7 @@ float exp_in_place(float* row, int begin, int end) {
         _mm512_mask_storeu_ps(row + i, mask, e);
         sum = _mm512_mask_add_ps(sum, mask, sum, e);
     }
-    return _mm512_reduce_add_ps(sum);
+    return _mm512_reduce_add_ps(sum) + std::exp(sink - max_value);
 }
 
 int tiles_of_16(int n) { return (n + kTileFloats - 1) / kTileFloats; }
@@ -69,8 +71,8 @@ void add_scaled_kv(float* out, float scale, const void* values, int n, KvType ty
     }
 }
 
-void softmax(float* x, int n) {
-    const __m512 inverse_sum = _mm512_set1_ps(1.0f / exp_in_place(x, 0, n));
+void softmax(float* x, int n, float sink) {
+    const __m512 inverse_sum = _mm512_set1_ps(1.0f / exp_in_place(x, 0, n, sink));
     for (int i = 0; i < n; i += kLanes) {
         const __mmask16 mask = first_lanes(n - i);
         _mm512_mask_storeu_ps(x + i, mask,
@@ -98,8 +100,9 @@ void attention_rows(float* out, const float* q, int first_row, int rows, int fir
     // Each row's keys, from first_key.
     int begin[kAttentionRowTile] = {}, end[kAttentionRowTile] = {};
     float* out_rows[kAttentionRowTile];
+    float sinks[kAttentionRowTile];
     gather_query_rows(q, out, first_row, rows, first_pos, kv_head, tiles.first_key, shape, begin,
-                      end, out_rows, queries);
+                      end, out_rows, queries, sinks);
     const int first_tile = *std::min_element(begin, begin + rows) / kTileFloats;
     const int end_tile = tiles_of_16(*std::max_element(end, end + rows));
 
@@ -117,13 +120,13 @@ void attention_rows(float* out, const float* q, int first_row, int rows, int fir
                                  _mm512_loadu_ps(sums + t * sums_tile_stride + r * kTileFloats));
     }
     // Causal softmax (the scores soft-capped first where the shape says): exp over each row's
-    // keys, zero around them; normalised at the end.
+    // keys, zero around them; normalised at the end (by a sum holding the sink's share, if any).
     const int key_begin = first_tile * kTileFloats, key_end = end_tile * kTileFloats;
     float inverse_sums[kAttentionRowTile];
     for (int r = 0; r < rows; ++r) {
         float* row = scores + size_t(r) * tiles.padded_keys;
         if (shape.softcap > 0) softcap(row + begin[r], end[r] - begin[r], shape.softcap);
-        inverse_sums[r] = 1.0f / exp_in_place(row, begin[r], end[r]);
+        inverse_sums[r] = 1.0f / exp_in_place(row, begin[r], end[r], sinks[r]);
         std::fill(row + key_begin, row + begin[r], 0.0f);
         std::fill(row + end[r], row + key_end, 0.0f);
     }

@@ -70,7 +70,7 @@ void matvec_rows_block_tiles(float* out, size_t out_stride, const Matrix& w, con
 // Decode: one query head against one cache row, and the softmax of its scores in place.
 float dot_kv(const float* q, const void* keys, int n, KvType type);
 void add_scaled_kv(float* out, float scale, const void* values, int n, KvType type);
-void softmax(float* x, int n);
+void softmax(float* x, int n, float sink);  // cpu::softmax
 
 // Prefill, as avx2::attention_rows (the same steps and KvTiles, packed by avx2::pack_kv_tile
 // with key_tiles 64-byte aligned), for blocks of at most kAttentionRowTile query rows.
@@ -84,6 +84,7 @@ void attention_rows(float* out, const float* q, int first_row, int rows, int fir
 
 void swiglu(float* gate, const float* up, int n);
 void geglu(float* gate, const float* up, int n);
+void swiglu_oai(float* gate, const float* up, int n, float limit);
 void softcap(float* x, int n, float cap);
 void rmsnorm(float* out, const float* x, const float* weight, int n, float eps);
 

@@ -1,6 +1,7 @@
 // The feed-forward block's gated activations on AVX-512, with a vectorised e^x, 16 lanes at a
-// time, the tail masked: SwiGLU, silu(gate) · up (Llama, Qwen), and GeGLU, gelu_tanh(gate) ·
-// up (Gemma); and Gemma 2's soft-capping of scores, cap · tanh(x / cap), on the same e^x.
+// time, the tail masked: SwiGLU, silu(gate) · up (Llama, Qwen), GeGLU, gelu_tanh(gate) · up
+// (Gemma), and gpt-oss's clamped SwiGLU; and Gemma 2's soft-capping of scores, cap · tanh(x / cap),
+// on the same e^x.
 #include "cpu/avx512/avx512.h"
 #include "cpu/avx512/helpers_avx512.h"
 
@@ -44,6 +45,22 @@ void geglu(float* gate, const float* up, int n) {
         _mm512_mask_storeu_ps(
             gate + i, mask,
             _mm512_mul_ps(_mm512_mul_ps(g, sigmoid(two_u)), _mm512_maskz_loadu_ps(mask, up + i)));
+    }
+}
+
+// gate[n] = g · σ(α g) · (u + 1) with g = min(gate, limit), u = clamp(up, -limit, limit) and
+// α = kSwigluOaiAlpha (gpt-oss).
+void swiglu_oai(float* gate, const float* up, int n, float limit) {
+    const __m512 alpha = _mm512_set1_ps(kSwigluOaiAlpha);
+    const __m512 high = _mm512_set1_ps(limit), low = _mm512_set1_ps(-limit);
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int i = 0; i < n; i += kLanes) {
+        const __mmask16 mask = first_lanes(n - i);
+        const __m512 g = _mm512_min_ps(_mm512_maskz_loadu_ps(mask, gate + i), high);
+        const __m512 u =
+            _mm512_min_ps(_mm512_max_ps(_mm512_maskz_loadu_ps(mask, up + i), low), high);
+        const __m512 glu = _mm512_mul_ps(g, sigmoid(_mm512_mul_ps(alpha, g)));
+        _mm512_mask_storeu_ps(gate + i, mask, _mm512_mul_ps(glu, _mm512_add_ps(u, one)));
     }
 }
 
