@@ -401,6 +401,14 @@ def chat_render_next(tmp_path, template, prompt, bos, eos):
     return result.returncode, result.stdout, result.stderr.decode()
 
 
+def chat_render_reply(tmp_path, template, content):
+    (tmp_path / "template").write_bytes(template.encode("utf-8"))
+    (tmp_path / "content").write_bytes(content.encode("utf-8"))
+    result = subprocess.run([CHAT_RENDER, "--reply", tmp_path / "template", tmp_path / "content"],
+                            capture_output=True, timeout=60)
+    return result.returncode, result.stdout, result.stderr.decode()
+
+
 def hf_render_conversation(entry, messages):
     """apply_chat_template of a whole conversation, as hf_render does for one message."""
     def raise_exception(message):
@@ -421,12 +429,12 @@ REPLIES = ["Paris.", "Sure, here it is:\n\n- one\n- two", "caf\u00e9 \U0001f600"
 @pytest.mark.parametrize("prompt", PROMPTS[:6])
 @pytest.mark.parametrize("name", sorted(TEMPLATES))
 def test_later_turns_match_jinja(tmp_path, name, prompt):
-    """The first turn's rendering, the reply as generated, then render_next_turn, equal
-    jinja2's rendering of the whole conversation, with and without a system message, over
-    three turns. Llama-2-chat writes a space before the reply, which the model generates
-    (its replies start with a space)."""
+    """The first turn's rendering, the reply as render_reply writes it, then
+    render_next_turn, equal jinja2's rendering of the whole conversation, with and without a
+    system message, over three turns. render_reply writes the reply as generated but for
+    Llama-2-chat's space before it (which the model generates: its replies start with a
+    space) and harmony's final channel header (the analysis channel of past turns dropped)."""
     entry = TEMPLATES[name]
-    reply_prefix = " " if entry["chat_template"].count("' '  + content.strip()") else ""
     systems = [None] if name in NO_SYSTEM_ROLE else [None, "Be brief."]
     for system in systems:
         messages = [] if system is None else [{"role": "system", "content": system}]
@@ -441,8 +449,12 @@ def test_later_turns_match_jinja(tmp_path, name, prompt):
             code, out, err = chat_render_next(tmp_path, entry["chat_template"], user,
                                               entry["bos_token"], entry["eos_token"])
             assert code == 0, err
-            text += reply_prefix + reply + out.decode("utf-8")
+            code, written_reply, err = chat_render_reply(tmp_path, entry["chat_template"], reply)
+            assert code == 0, err
+            text += written_reply.decode("utf-8") + out.decode("utf-8")
             assert text == hf_render_conversation(entry, messages)
+            if name != "gpt-oss":  # as generated, but for Llama-2-chat's leading space
+                assert written_reply.decode("utf-8").lstrip(" ") == reply
 
 
 @pytest.mark.parametrize("model_type,template", [("qwen2", "qwen2.5-instruct"),
@@ -484,3 +496,65 @@ def test_chat_runs_on_qwen_shaped_models(tmp_path, model_type, template):
     for flag in ("--no-think", "--show-think"):
         result = barellm("run", model, "-p", prompt, flag)
         assert result.returncode == 2 and f"{flag} needs --chat".encode() in result.stderr
+
+
+# ---- harmony (gpt-oss) ---------------------------------------------------------------------
+
+GPT_OSS = TEMPLATES["gpt-oss"]
+
+
+def test_the_harmony_rendering_spelled_out(tmp_path):
+    """The dated system message, the system message as a developer message, the user turn
+    and the generation prompt, written out by hand from the template."""
+    today = datetime.date.today().strftime("%Y-%m-%d")
+    head = ("<|start|>system<|message|>You are ChatGPT, a large language model trained by "
+            f"OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: {today}\n\nReasoning: medium"
+            "\n\n# Valid channels: analysis, commentary, final. Channel must be included for "
+            "every message.<|end|>")
+    turn = "<|start|>user<|message|> Hi <|end|><|start|>assistant"
+    code, out, err = chat_render(tmp_path, GPT_OSS["chat_template"], " Hi ", "")
+    assert code == 0, err
+    assert out.decode() == head + turn
+    code, out, err = chat_render(tmp_path, GPT_OSS["chat_template"], " Hi ", "", " Be brief.")
+    assert code == 0, err
+    assert out.decode() == (head + "<|start|>developer<|message|># Instructions\n\n Be brief."
+                            "\n\n<|end|>" + turn)
+    code, out, err = chat_render_reply(tmp_path, GPT_OSS["chat_template"], "Paris.")
+    assert code == 0, err
+    assert out.decode() == "<|channel|>final<|message|>Paris."
+    code, out, err = chat_render_next(tmp_path, GPT_OSS["chat_template"], "And?", "", "")
+    assert code == 0, err
+    assert out.decode() == "<|end|><|start|>user<|message|>And?<|end|><|start|>assistant"
+
+
+@pytest.mark.parametrize("reply", ["<|channel|>analysis<|message|>x",
+                                   "a<|channel|>final<|message|>"])
+def test_a_reply_holding_channel_markers_is_refused_as_the_template_refuses_it(tmp_path, reply):
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": reply},
+                {"role": "user", "content": "And?"}]
+    with pytest.raises(jinja2.exceptions.TemplateError):
+        hf_render_conversation(GPT_OSS, messages)
+    code, out, err = chat_render_reply(tmp_path, GPT_OSS["chat_template"], reply)
+    assert code == 1 and out == b""
+    assert "refuses an assistant message holding" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("edit,message", [
+    (("set model_identity = ", "set identity = "), "a model_identity default"),
+    (("Knowledge cutoff: 2024-06\\n", "Knowledge cutoff: 2024-06"), "a knowledge cutoff"),
+    (('strftime_now("%Y-%m-%d")', 'strftime_now("%d %b %Y")'), "strftime_now"),
+    (("set reasoning_effort = ", "set effort = "), "a reasoning_effort default"),
+    (("Channel must be included", "Channels must be included"), "# Valid channels"),
+    (("# Instructions", "# Rules"), "a developer message"),
+    (('"<|start|>user<|message|>" + message.content', '"<|start|>user<|message|>" + message.text'),
+     '"<|start|>user<|message|>" + message.content'),
+    (('final<|message|>" + message.content + "<|end|>"', 'final<|message|>" + message.text'),
+     "<|channel|>final<|message|>"),
+])
+def test_harmony_variants_barellm_cannot_render_are_refused(tmp_path, edit, message):
+    template = GPT_OSS["chat_template"]
+    assert edit[0] in template
+    code, out, err = chat_render(tmp_path, template.replace(edit[0], edit[1]), "Hi", "")
+    assert code == 1 and out == b""
+    assert "a harmony chat template" in err and message in err, err
+    assert len(err.strip().splitlines()) == 1

@@ -81,11 +81,15 @@ int command_run(const Options& options) {
     // --chat: the prompt rendered by the model's chat template (src/generation/chat_session.h).
     std::vector<int> prompt;
     int end_of_turn = -1;
+    ReasoningMarkup reasoning = ReasoningMarkup::ThinkBlock;
+    bool markup_is_special = false;
     if (options.chat) {
         const ChatFormat format = load_chat_format(model, tokenizer, "--chat");
         prompt = first_turn_ids(format, tokenizer, config, options.system, prompt_text,
                                 !options.no_think);
         end_of_turn = format.end_of_turn;
+        reasoning = chat_reasoning_markup(format.chat.family);
+        markup_is_special = chat_markup_is_special(format.chat.family);
     } else {
         prompt =
             encode_prompt(tokenizer, config, prompt_text, config.add_bos, options.parse_special);
@@ -103,6 +107,7 @@ int command_run(const Options& options) {
     generation.context = context;
     generation.end_of_turn = end_of_turn;
     generation.stop_strings = options.stop_strings;
+    generation.keep_special_text = markup_is_special;
     generation.interrupted = &interrupted;
     catch_interrupts();
 
@@ -110,14 +115,15 @@ int command_run(const Options& options) {
         const bool color = options.color && is_terminal(STDOUT_FILENO);
         write_now(color ? kColorPrompt + prompt_text + kColorReset : prompt_text);
     }
-    // --chat hides a reasoning reply's <think>...</think> block unless --show-think.
-    ThinkBlockFilter think_filter;
-    const bool hide_think = options.chat && !options.show_think;
+    // --chat hides a reasoning reply's <think>...</think> block (harmony: every channel but
+    // the final one) unless --show-think, which prints the reply as generated.
+    ReasoningFilter reasoning_filter(reasoning);
+    const bool hide_reasoning = options.chat && !options.show_think;
     const GenerateStats stats = generate(
         *backend, config, tokenizer, sampler, prompt, generation, [&](const std::string& piece) {
-            write_now(hide_think ? think_filter.feed(piece) : piece);
+            write_now(hide_reasoning ? reasoning_filter.feed(piece) : piece);
         });
-    write_now(think_filter.finish() + "\n");
+    write_now(reasoning_filter.finish() + "\n");
     std::fprintf(stderr, "\n%s\n", stats_line(stats, context).c_str());
     return interrupted ? kInterruptedExit : 0;
 }

@@ -7,9 +7,9 @@
 
 #include <cstdio>
 
+#include "tokenizer/unicode.h"
 #include "util/json.h"
 #include "util/terminal.h"
-#include "tokenizer/unicode.h"
 
 namespace barellm {
 
@@ -47,6 +47,7 @@ public:
     void reset() {
         next_pos_ = 0;
         unfed_token_ = -1;
+        rewritten_reply_.clear();
         messages_.clear();
         sampler_.clear_history();
     }
@@ -67,6 +68,9 @@ private:
     const ChatSettings& settings_;
     int next_pos_ = 0;      // the first position the KV cache does not hold
     int unfed_token_ = -1;  // the last reply's last token, when the model has not run it
+    // The last reply as the template writes it, for templates that rewrite replies
+    // (chat_rewrites_replies): the KV cache holds the conversation up to the reply's start.
+    std::string rewritten_reply_;
     std::vector<Message> messages_;
 };
 
@@ -76,6 +80,7 @@ std::vector<int> Conversation::turn_ids(const std::string& message) const {
     std::vector<int> ids;
     if (unfed_token_ >= 0) ids.push_back(unfed_token_);
     const std::string text =
+        rewritten_reply_ +
         render_next_turn(format_.chat, message, format_.bos_text, format_.eos_text);
     for (int id : tokenizer_.encode(text, /*parse_special=*/true)) ids.push_back(id);
     return ids;
@@ -96,18 +101,36 @@ bool Conversation::take_turn(const std::string& message) {
     generation.first_pos = next_pos_;
     generation.end_of_turn = format_.end_of_turn;
     generation.stop_strings = settings_.stop_strings;
+    // A reply whose markup is written with special tokens (harmony's channels) is shown as
+    // its answer only; other replies as they are generated.
+    const ChatFamily family = format_.chat.family;
+    const bool answer_only = chat_markup_is_special(family);
+    generation.keep_special_text = answer_only;
     generation.interrupted = &interrupted;
     interrupted = false;
+    ReasoningFilter reasoning_filter(chat_reasoning_markup(family));
     std::string reply;
-    const GenerateStats stats = generate(backend_, model_.config, tokenizer_, sampler_, ids,
-                                         generation, [&reply](const std::string& piece) {
-                                             write_now(piece);
-                                             reply += piece;
-                                         });
+    const auto show = [&reply](const std::string& text) {
+        write_now(text);
+        reply += text;
+    };
+    const GenerateStats stats =
+        generate(backend_, model_.config, tokenizer_, sampler_, ids, generation,
+                 [&](const std::string& piece) {
+                     show(answer_only ? reasoning_filter.feed(piece) : piece);
+                 });
+    show(reasoning_filter.finish());
     write_now("\n");
     interrupted = false;
-    next_pos_ = stats.end_pos;
-    unfed_token_ = stats.unfed_token;
+    if (chat_rewrites_replies(family)) {
+        // The next turn writes the reply again as the template does, from the reply's start.
+        next_pos_ += int(ids.size());
+        unfed_token_ = -1;
+        rewritten_reply_ = render_reply(format_.chat, reply);
+    } else {
+        next_pos_ = stats.end_pos;
+        unfed_token_ = stats.unfed_token;
+    }
     if (settings_.system && messages_.empty()) messages_.push_back({"system", *settings_.system});
     messages_.push_back({"user", message});
     messages_.push_back({"assistant", reply});

@@ -5,8 +5,8 @@
 #include <cmath>
 #include <cstdio>
 
-#include "util/error.h"
 #include "generation/stop_strings.h"
+#include "util/error.h"
 #include "util/timing.h"
 
 namespace barellm {
@@ -64,7 +64,7 @@ GenerateStats generate(Backend& backend, const Config& config, const Tokenizer& 
                        const std::function<void(const std::string&)>& on_text) {
     GenerateStats stats;
     stats.prompt_tokens = int(prompt.size());
-    StreamDecoder decoder(tokenizer, /*skip_special=*/true);
+    StreamDecoder decoder(tokenizer, /*skip_special=*/!options.keep_special_text);
     for (int id : prompt) {
         decoder.push(id);  // so the continuation decodes in context
         sampler.accept(id);

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "backend.h"
-#include "weights/model.h"
 #include "generation/sampler.h"
 #include "tokenizer/tokenizer.h"
+#include "weights/model.h"
 
 namespace barellm {
 
@@ -44,6 +44,8 @@ struct GenerateOptions {
     int end_of_turn = -1;  // a token that also stops, besides the model's EOS ids; -1: none
     // Texts that end the output before them (--stop), even when split across tokens.
     std::vector<std::string> stop_strings;
+    // The special tokens' texts are streamed too (harmony's channel markers), not skipped.
+    bool keep_special_text = false;
     const std::atomic<bool>* interrupted = nullptr;  // set (Ctrl-C): stop before the next token
 };
 

@@ -269,7 +269,8 @@ private:
             prompt = encode_prompt(tokenizer_, config_, request.prompt_text, config_.add_bos,
                                    /*parse_special=*/true);
         }
-        answer(res, /*chat=*/false, std::move(prompt), request.fields, /*end_of_turn=*/-1);
+        answer(res, /*chat=*/false, std::move(prompt), request.fields, /*end_of_turn=*/-1,
+               /*answer_only=*/false);
     }
 
     void chat_completions(const httplib::Request& req, httplib::Response& res) {
@@ -284,7 +285,7 @@ private:
                              text.compare(0, format.bos_text.size(), format.bos_text) != 0;
         answer(res, /*chat=*/true,
                encode_prompt(tokenizer_, config_, text, add_bos, /*parse_special=*/true),
-               request.fields, format.end_of_turn);
+               request.fields, format.end_of_turn, chat_markup_is_special(format.chat.family));
     }
 
     void check_model(const GenerationFields& fields) const {
@@ -335,17 +336,27 @@ private:
         return request;
     }
 
-    // Submits the request and answers it, at once or as a stream.
+    // Submits the request and answers it, at once or as a stream. `answer_only`: the reply is
+    // decoded with its special tokens' texts and only its answer is sent (harmony's final
+    // channel, HarmonyChannelFilter).
     void answer(httplib::Response& res, bool chat, std::vector<int> prompt,
-                const GenerationFields& fields, int end_of_turn) {
+                const GenerationFields& fields, int end_of_turn, bool answer_only) {
         Request request = scheduler_request(std::move(prompt), fields, end_of_turn);
+        request.keep_special_text = answer_only;
         auto channel = std::make_shared<Channel>();
-        request.on_text = [channel](const std::string& text) {
+        // on_text and on_done run on the scheduler's thread, one after the other.
+        auto filter = std::make_shared<HarmonyChannelFilter>();
+        const auto send = [channel](const std::string& text) {
+            if (text.empty()) return;
             std::lock_guard<std::mutex> lock(channel->mutex);
             channel->pieces.push_back(text);
             channel->changed.notify_all();
         };
-        request.on_done = [channel](const Completion& completion) {
+        request.on_text = [send, filter, answer_only](const std::string& text) {
+            send(answer_only ? filter->feed(text) : text);
+        };
+        request.on_done = [channel, send, filter](const Completion& completion) {
+            send(filter->finish());
             std::lock_guard<std::mutex> lock(channel->mutex);
             channel->done = true;
             channel->completion = completion;

@@ -169,23 +169,6 @@ std::string message_content(const json& content, size_t index) {
     return text;
 }
 
-// An assistant message as the template writes it between two user turns: trimmed where the
-// template trims contents, after the space Llama-2-chat writes before a reply.
-std::string assistant_text(const ChatTemplate& chat, const std::string& content) {
-    switch (chat.family) {
-        case ChatFamily::ChatML:
-        case ChatFamily::Phi:
-            return content;
-        case ChatFamily::Llama3:
-        case ChatFamily::Llama31:
-        case ChatFamily::Gemma:
-            return python_strip(content);
-        case ChatFamily::Llama2:
-            return chat.strip_prompt ? " " + python_strip(content) : content;
-    }
-    return content;
-}
-
 json finish_reason_value(const std::string& finish_reason) {
     return finish_reason.empty() ? json(nullptr) : json(finish_reason);
 }
@@ -279,7 +262,7 @@ std::string render_conversation(const ChatTemplate& chat, const std::vector<Chat
     try {
         std::string text = render_chat(chat, system, messages[at].content, bos_text);
         for (size_t i = at + 1; i < messages.size(); i += 2)
-            text += assistant_text(chat, messages[i].content) +
+            text += render_reply(chat, messages[i].content) +
                     render_next_turn(chat, messages[i + 1].content, bos_text, eos_text);
         return text;
     } catch (const ApiError&) {

@@ -53,7 +53,7 @@ struct Sequence {
           tokens(request.prompt),
           submitted(Clock::now()),
           sampler(config.vocab_size, request.sampling, request.seed),
-          decoder(tokenizer, /*skip_special=*/true),
+          decoder(tokenizer, /*skip_special=*/!request.keep_special_text),
           stops(request.stop_strings) {
         for (int token : tokens) {
             decoder.push(token);  // so that the continuation decodes in context

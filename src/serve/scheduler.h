@@ -40,6 +40,7 @@ struct Request {
     uint64_t seed = 0;
     std::vector<std::string> stop_strings;  // end the text before them (held back as in `run`)
     int end_of_turn = -1;                   // a chat template's end-of-turn token, -1: none
+    bool keep_special_text = false;         // on_text gets the special tokens' texts too (harmony)
     // Called on the scheduler's thread; must return at once (no blocking I/O).
     // on_text: each new piece of text, complete UTF-8, stop strings held back.
     // on_done: once, last.

@@ -147,11 +147,14 @@ bool is_python_space(uint32_t cp) {
            cp == 0x202f || cp == 0x205f || cp == 0x3000;
 }
 
+constexpr const char* kLlama31DateFormat = "%d %b %Y";  // "26 Jul 2024"
+constexpr const char* kHarmonyDateFormat = "%Y-%m-%d";  // "2024-07-26"
+
 // The date a Llama 3.1+ template writes in its system header: strftime_now("%d %b %Y")
 // when it asks for the current date (Llama 3.2), else its `set date_string = "..."`
 // default (Llama 3.1, 3.3: "26 Jul 2024"). Empty when neither is there.
 std::string llama31_date_default(const std::string& text, bool* from_clock) {
-    *from_clock = contains(text, "strftime_now(\"%d %b %Y\")");
+    *from_clock = contains(text, std::string("strftime_now(\"") + kLlama31DateFormat + "\")");
     if (*from_clock) return "";
     const std::string assignment = "set date_string = \"";
     const size_t at = text.find(assignment);
@@ -182,6 +185,7 @@ void recognise_dated_system_header(const std::string& text, ChatTemplate& chat) 
     if (!contains(text, "\"Today Date: \" + date_string + \"\\n\\n\""))
         refuse("\"Today Date: \" + date_string + \"\\n\\n\"");
     chat.date = llama31_date_default(text, &chat.date_from_clock);
+    chat.date_format = kLlama31DateFormat;
     if (chat.date.empty() && !chat.date_from_clock)
         refuse("a date_string default (set date_string = \"...\" or strftime_now(\"%d %b %Y\"))");
     if (!contains(text, "messages[0]['content']|trim") ||
@@ -189,14 +193,105 @@ void recognise_dated_system_header(const std::string& text, ChatTemplate& chat) 
         refuse("Llama 3.1's bos_token and trimmed system and user messages");
 }
 
-// Today's date as Python's strftime("%d %b %Y") in the C locale, e.g. "22 Nov 2026".
-std::string today() {
+// Today's date as Python's strftime(format) writes it in the C locale, e.g. "22 Nov 2026"
+// for "%d %b %Y".
+std::string today(const std::string& format) {
     const std::time_t now = std::time(nullptr);
     std::tm local{};
     localtime_r(&now, &local);
-    char text[32];
-    std::strftime(text, sizeof text, "%d %b %Y", &local);
+    char text[64];
+    if (std::strftime(text, sizeof text, format.c_str(), &local) == 0)
+        throw Error("--chat: the chat template's date format \"" + format + "\" is too long");
     return text;
+}
+
+// The date a dated system message writes: today, or the template's fixed date.
+std::string template_date(const ChatTemplate& chat) {
+    return chat.date_from_clock ? today(chat.date_format) : chat.date;
+}
+
+// Harmony's markers and the channel line of its system message.
+constexpr const char* kHarmonyStart = "<|start|>";
+constexpr const char* kHarmonyMessage = "<|message|>";
+constexpr const char* kHarmonyChannel = "<|channel|>";
+constexpr const char* kHarmonyFinalChannel = "final";
+constexpr const char* kHarmonyFinalHeader = "<|channel|>final<|message|>";
+constexpr const char* kHarmonyAnalysisHeader = "<|channel|>analysis<|message|>";
+constexpr const char* kHarmonyChannels =
+    "# Valid channels: analysis, commentary, final. Channel must be included for every "
+    "message.";
+// The texts that end a message: <|end|> (another message follows), <|return|> (the
+// answer is complete), <|call|> (a tool call).
+const char* const kHarmonyMessageEnds[] = {"<|end|>", "<|return|>", "<|call|>"};
+
+// The body of the double-quoted Jinja string literal that `prefix` (which ends with its
+// opening quote) starts in the template; "" when `prefix` is missing, the literal never
+// closes or it holds an escape.
+std::string literal_after(const std::string& text, const std::string& prefix) {
+    const size_t at = text.find(prefix);
+    if (at == std::string::npos) return "";
+    const size_t begin = at + prefix.size(), end = text.find('"', begin);
+    if (end == std::string::npos) return "";
+    const std::string body = text.substr(begin, end - begin);
+    return contains(body, "\\") ? "" : body;
+}
+
+// OpenAI's harmony template (gpt-oss): a system message built from the template's
+// model_identity, knowledge cutoff, today's date and reasoning_effort; the system message of
+// the conversation as a developer message; user and assistant (final channel) messages.
+// Fills `chat` or throws naming what is missing.
+void recognise_harmony(const std::string& text, ChatTemplate& chat) {
+    chat.family = ChatFamily::Harmony;
+    const auto refuse = [](const std::string& what) {
+        throw Error(
+            "--chat: a harmony chat template (<|start|>, <|channel|>, <|message|>) without " +
+            what + " is not recognised");
+    };
+    if (!contains(text, "\"<|start|>system<|message|>\""))
+        refuse("a \"<|start|>system<|message|>\"");
+    chat.model_identity = literal_after(text, "set model_identity = \"");
+    if (chat.model_identity.empty())
+        refuse("a model_identity default (set model_identity = \"...\")");
+    // "Knowledge cutoff: 2024-06\n": the literal up to its newline escape.
+    const std::string cutoff_prefix = "\"Knowledge cutoff: ";
+    const size_t cutoff_at = text.find(cutoff_prefix);
+    std::string cutoff;
+    if (cutoff_at != std::string::npos) {
+        const size_t begin = cutoff_at + cutoff_prefix.size();
+        const size_t end = text.find("\\n\"", begin);
+        if (end != std::string::npos) cutoff = text.substr(begin, end - begin);
+    }
+    if (cutoff.empty() || contains(cutoff, "\"") || contains(cutoff, "\\"))
+        refuse("a knowledge cutoff (\"Knowledge cutoff: ...\\n\")");
+    chat.knowledge_date = cutoff;
+    if (!contains(text,
+                  std::string("\"Current date: \" + strftime_now(\"") + kHarmonyDateFormat + "\")"))
+        refuse("\"Current date: \" + strftime_now(\"%Y-%m-%d\")");
+    chat.date_from_clock = true;
+    chat.date_format = kHarmonyDateFormat;
+    chat.reasoning_effort = literal_after(text, "set reasoning_effort = \"");
+    if (chat.reasoning_effort.empty() || !contains(text, "\"Reasoning: \" + reasoning_effort"))
+        refuse("a reasoning_effort default (set reasoning_effort = \"...\") and its line");
+    if (!contains(text, kHarmonyChannels)) refuse(std::string("\"") + kHarmonyChannels + "\"");
+    if (!contains(text, "\"<|start|>developer<|message|>\"") ||
+        !contains_literal(text, "\"# Instructions\n\n\""))
+        refuse("a developer message \"<|start|>developer<|message|>\" \"# Instructions\\n\\n\"");
+    if (!contains(text, "\"<|start|>user<|message|>\" + message.content + \"<|end|>\""))
+        refuse("\"<|start|>user<|message|>\" + message.content + \"<|end|>\"");
+    if (!contains(text,
+                  "\"<|start|>assistant<|channel|>final<|message|>\" + message.content + "
+                  "\"<|end|>\""))
+        refuse("\"<|start|>assistant<|channel|>final<|message|>\" + message.content + \"<|end|>\"");
+}
+
+// The channel a Harmony message's header names ("<|channel|>final" gives "final"), "" when it
+// names none.
+std::string harmony_channel(const std::string& header) {
+    const size_t at = header.find(kHarmonyChannel);
+    if (at == std::string::npos) return "";
+    const size_t begin = at + std::string(kHarmonyChannel).size();
+    const size_t end = header.find_first_of(" <", begin);
+    return header.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
 }
 
 // Qwen3's "{%- if enable_thinking is defined and enable_thinking is false %}
@@ -327,6 +422,69 @@ std::string ThinkBlockFilter::finish() {
     return rest;
 }
 
+std::string HarmonyChannelFilter::feed(const std::string& piece) {
+    std::string text = held_ + piece, shown;
+    held_.clear();
+    const size_t message_length = std::string(kHarmonyMessage).size();
+    while (!text.empty()) {
+        if (!in_body_) {
+            // The header held back was searched before, but for a marker's start at its end.
+            const size_t body = text.find(kHarmonyMessage, header_searched_);
+            if (body == std::string::npos) {
+                held_ = text;
+                header_searched_ =
+                    text.size() >= message_length ? text.size() - message_length + 1 : 0;
+                return shown;
+            }
+            shown_ = harmony_channel(text.substr(0, body)) == kHarmonyFinalChannel;
+            text.erase(0, body + message_length);
+            header_searched_ = 0;
+            in_body_ = true;
+            continue;
+        }
+        size_t end = std::string::npos, end_length = 0, partial = 0;
+        for (const char* marker : kHarmonyMessageEnds) {
+            const size_t at = text.find(marker);
+            if (at < end) {
+                end = at;
+                end_length = std::string(marker).size();
+            }
+            partial = std::max(partial, partial_marker_length(text, marker));
+        }
+        if (end == std::string::npos) {  // keep only what may start a marker
+            if (shown_) shown += text.substr(0, text.size() - partial);
+            held_ = text.substr(text.size() - partial);
+            return shown;
+        }
+        if (shown_) shown += text.substr(0, end);
+        text.erase(0, end + end_length);
+        in_body_ = false;
+    }
+    return shown;
+}
+
+std::string HarmonyChannelFilter::finish() {
+    std::string rest = in_body_ && shown_ ? held_ : "";
+    held_.clear();
+    header_searched_ = 0;
+    return rest;
+}
+
+ReasoningMarkup chat_reasoning_markup(ChatFamily family) {
+    return family == ChatFamily::Harmony ? ReasoningMarkup::HarmonyChannels
+                                         : ReasoningMarkup::ThinkBlock;
+}
+
+bool chat_markup_is_special(ChatFamily family) { return family == ChatFamily::Harmony; }
+
+std::string ReasoningFilter::feed(const std::string& piece) {
+    return markup_ == ReasoningMarkup::HarmonyChannels ? harmony_.feed(piece) : think_.feed(piece);
+}
+
+std::string ReasoningFilter::finish() {
+    return markup_ == ReasoningMarkup::HarmonyChannels ? harmony_.finish() : think_.finish();
+}
+
 std::string python_strip(const std::string& text) {
     // Split into characters; invalid bytes count as non-space characters of one byte.
     size_t begin = 0, end = text.size();
@@ -380,6 +538,11 @@ ChatTemplate recognise_chat_template(const std::string& text) {
                 "\"bos_token + ... message['content'] | trim\" is not recognised");
         return chat;
     }
+    if (contains(text, kHarmonyStart) && contains(text, kHarmonyChannel) &&
+        contains(text, kHarmonyMessage)) {
+        recognise_harmony(text, chat);
+        return chat;
+    }
     if (contains(text, "<start_of_turn>") && contains(text, "<end_of_turn>")) {
         recognise_gemma(text, chat);
         return chat;
@@ -411,8 +574,8 @@ ChatTemplate recognise_chat_template(const std::string& text) {
     throw Error(
         "--chat: the model's chat template is not one barellm knows (no ChatML "
         "<|im_start|>/<|im_end|>, Llama 3 <|start_header_id|>/<|eot_id|>, "
-        "Llama 2/Mistral [INST], Gemma <start_of_turn>/<end_of_turn> or Phi <|user|>/<|end|> "
-        "markers)");
+        "Llama 2/Mistral [INST], Gemma <start_of_turn>/<end_of_turn>, Phi <|user|>/<|end|> or "
+        "harmony <|start|>/<|channel|>/<|message|> markers)");
 }
 
 namespace {
@@ -452,6 +615,23 @@ std::string phi_user_turn(const ChatTemplate& chat, const std::string& content) 
     return phi_turn(chat, "user", content) + "<|assistant|>" + chat.role_separator;
 }
 
+// The Harmony user turn with the generation prompt.
+std::string harmony_user_turn(const std::string& content) {
+    return "<|start|>user<|message|>" + content + "<|end|><|start|>assistant";
+}
+
+// Harmony's system message, always written, and the system message of the conversation as a
+// developer message when it is not empty.
+std::string harmony_system(const ChatTemplate& chat, const std::optional<std::string>& system) {
+    std::string out =
+        "<|start|>system<|message|>" + chat.model_identity +
+        "\nKnowledge cutoff: " + chat.knowledge_date + "\nCurrent date: " + template_date(chat) +
+        "\n\nReasoning: " + chat.reasoning_effort + "\n\n" + kHarmonyChannels + "<|end|>";
+    if (system && !system->empty())
+        out += "<|start|>developer<|message|># Instructions\n\n" + *system + "\n\n<|end|>";
+    return out;
+}
+
 }  // namespace
 
 std::string render_chat(const ChatTemplate& chat, const std::optional<std::string>& system,
@@ -484,7 +664,7 @@ std::string render_chat(const ChatTemplate& chat, const std::optional<std::strin
             return bos_token + llama3_system + python_strip(*system) + "<|eot_id|>" + llama3_turns;
         case ChatFamily::Llama31:
             return bos_token + llama3_system + "Cutting Knowledge Date: " + chat.knowledge_date +
-                   "\nToday Date: " + (chat.date_from_clock ? today() : chat.date) + "\n\n" +
+                   "\nToday Date: " + template_date(chat) + "\n\n" +
                    (system ? python_strip(*system) : "") + "<|eot_id|>" + llama3_turns;
         case ChatFamily::Llama2: {
             // Llama-2-chat strips the whole content, system block included.
@@ -500,8 +680,33 @@ std::string render_chat(const ChatTemplate& chat, const std::optional<std::strin
             return (with_system ? phi_turn(chat, "system", *system) : "") +
                    phi_user_turn(chat, content);
         }
+        case ChatFamily::Harmony:
+            return harmony_system(chat, system) + harmony_user_turn(content);
     }
     return "";
+}
+
+bool chat_rewrites_replies(ChatFamily family) { return family == ChatFamily::Harmony; }
+
+std::string render_reply(const ChatTemplate& chat, const std::string& content) {
+    switch (chat.family) {
+        case ChatFamily::ChatML:
+        case ChatFamily::Phi:
+            return content;
+        case ChatFamily::Llama3:
+        case ChatFamily::Llama31:
+        case ChatFamily::Gemma:
+            return python_strip(content);
+        case ChatFamily::Llama2:
+            return chat.strip_prompt ? " " + python_strip(content) : content;
+        case ChatFamily::Harmony:
+            if (contains(content, kHarmonyAnalysisHeader) || contains(content, kHarmonyFinalHeader))
+                throw Error(std::string("the harmony chat template refuses an assistant message "
+                                        "holding ") +
+                            kHarmonyAnalysisHeader + " or " + kHarmonyFinalHeader);
+            return kHarmonyFinalHeader + content;
+    }
+    return content;
 }
 
 std::string render_next_turn(const ChatTemplate& chat, const std::string& prompt,
@@ -526,6 +731,8 @@ std::string render_next_turn(const ChatTemplate& chat, const std::string& prompt
             return "<end_of_turn>\n" + gemma_user_turn(content);
         case ChatFamily::Phi:
             return "<|end|>" + chat.turn_separator + phi_user_turn(chat, content);
+        case ChatFamily::Harmony:
+            return "<|end|>" + harmony_user_turn(content);
     }
     return "";
 }
@@ -543,6 +750,8 @@ std::string chat_end_of_turn(ChatFamily family) {
             return "<end_of_turn>";
         case ChatFamily::Phi:
             return "<|end|>";
+        case ChatFamily::Harmony:
+            return "<|return|>";
     }
     return "";
 }
@@ -561,6 +770,8 @@ const char* chat_family_name(ChatFamily family) {
             return "Gemma";
         case ChatFamily::Phi:
             return "Phi";
+        case ChatFamily::Harmony:
+            return "Harmony";
     }
     return "";
 }

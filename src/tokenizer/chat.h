@@ -48,6 +48,22 @@
 //              [<|system|>\n{system}<|end|>\n]<|user|>\n{prompt}<|end|>\n<|assistant|>\n
 //            Phi-4-mini writes no newlines; Phi-3.5 leaves out an empty system message.
 //            End of turn: <|end|>.
+//   Harmony  OpenAI's gpt-oss (<|start|>ROLE<|message|>...<|end|>, the assistant's messages on
+//            channels): a system message is always written, dated, and --system becomes a
+//            developer message (left out when empty):
+//              <|start|>system<|message|>{identity}\nKnowledge cutoff: {knowledge}\n
+//              Current date: {date}\n\nReasoning: {effort}\n\n# Valid channels: analysis,
+//              commentary, final. Channel must be included for every message.<|end|>
+//              [<|start|>developer<|message|># Instructions\n\n{system}\n\n<|end|>]
+//              <|start|>user<|message|>{prompt}<|end|><|start|>assistant
+//            {identity}, {knowledge} and {effort} are the template's (model_identity "You are
+//            ChatGPT, a large language model trained by OpenAI.", "2024-06", reasoning_effort
+//            "medium"); {date} is today as strftime("%Y-%m-%d"). The model answers
+//              <|channel|>analysis<|message|>{reasoning}<|end|>
+//              <|start|>assistant<|channel|>final<|message|>{answer}<|return|>
+//            and the turn ends with <|return|> (or <|call|>, a tool call). Only the final
+//            channel is the answer (HarmonyChannelFilter); the template drops the reasoning
+//            of past turns. Tool use is not rendered (barellm passes no tools).
 // A conversation goes on after the assistant's reply with render_next_turn: the end of the
 // reply's turn, then the next user message and the generation prompt, as the template
 // writes them between an assistant message and the next user message (the system message
@@ -61,9 +77,12 @@
 //   Gemma    <end_of_turn>\n<start_of_turn>user\n{trim(prompt)}<end_of_turn>\n
 //              <start_of_turn>model\n
 //   Phi      <|end|>\n<|user|>\n{prompt}<|end|>\n<|assistant|>\n
-// The reply itself is what the model generated, as the KV cache holds it; Llama-2-chat,
-// the Llama 3 families and Gemma write it stripped, so a reply with surrounding spaces (other than
-// the one Llama-2-chat writes before it) renders differently there.
+//   Harmony  <|end|><|start|>user<|message|>{prompt}<|end|><|start|>assistant
+// The reply itself is written between the two as render_reply gives it: what the model
+// generated, as the KV cache holds it, except where the template rewrites it
+// (chat_rewrites_replies). Llama-2-chat, the Llama 3 families and Gemma write it stripped, so a
+// reply with surrounding spaces (other than the one Llama-2-chat writes before it) renders
+// differently there; Harmony writes only the answer, as <|channel|>final<|message|>{answer}.
 // trim/strip remove leading and trailing whitespace as Python's str.strip() does.
 #pragma once
 #include <optional>
@@ -71,7 +90,7 @@
 
 namespace barellm {
 
-enum class ChatFamily { ChatML, Llama3, Llama31, Llama2, Gemma, Phi };
+enum class ChatFamily { ChatML, Llama3, Llama31, Llama2, Gemma, Phi, Harmony };
 
 struct ChatTemplate {
     ChatFamily family = ChatFamily::ChatML;
@@ -82,9 +101,12 @@ struct ChatTemplate {
                                    // true where it folds one into the first user turn)
     bool space_after_eos = false;  // Mistral-Instruct v0.1: a space between a reply's EOS
                                    // and the next [INST]
-    std::string knowledge_date;    // Llama31: "December 2023"
+    std::string knowledge_date;    // Llama31: "December 2023"; Harmony: "2024-06"
     std::string date;              // Llama31: the date_string default, unless...
-    bool date_from_clock = false;  // ...Llama31: the template writes today's date
+    bool date_from_clock = false;  // ...Llama31, Harmony: the template writes today's date
+    std::string date_format;       // as strftime writes it: "%d %b %Y" (Llama31), "%Y-%m-%d"
+    std::string model_identity;    // Harmony: the system message's first line
+    std::string reasoning_effort;  // Harmony: "medium"
     bool thinking_switch = false;  // ChatML: the template honours enable_thinking=False
     // ChatML and Phi: what follows a role's marker ("\n"; Phi-4's "<|im_sep|>", Phi-4-mini's
     // "") and what follows a turn's end ("\n"; Phi-4's and Phi-4-mini's "").
@@ -122,14 +144,70 @@ private:
     bool after_block_ = false;  // right after </think>: leading whitespace is dropped
 };
 
-// The text that follows a generated reply: the end of its turn, then `prompt` as the next
-// user message, and the generation prompt. `bos_token` and `eos_token` are the texts of the
-// BOS and EOS tokens (Error if the Llama2 family needs one that is empty).
+// Whether the template writes a past reply other than as the model generated it, so that a
+// conversation goes on from the reply's start with render_reply rather than from its end
+// (Harmony: the analysis channel is dropped).
+bool chat_rewrites_replies(ChatFamily family);
+
+// An assistant message as the template writes it between the generation prompt and the text
+// of render_next_turn: trimmed where the template trims contents (after the space Llama-2-chat
+// writes before a reply); Harmony: "<|channel|>final<|message|>" + content, an Error for a
+// content holding channel markers as the template refuses it.
+std::string render_reply(const ChatTemplate& chat, const std::string& content);
+
+// Keeps only the answer of a Harmony reply (the final channel), which arrives in pieces with
+// the texts of its special tokens: messages
+//     [<|start|>assistant]<|channel|>NAME[ ...]<|message|>TEXT<|end|>
+// follow one another, and TEXT is shown where NAME is "final" (a message without a channel
+// is not shown). <|return|> and <|call|> end a message as <|end|> does. A marker split across
+// pieces is recognised.
+class HarmonyChannelFilter {
+public:
+    // The part of `piece` that can be shown now.
+    std::string feed(const std::string& piece);
+    // What was held back at the end of the final channel (a partial marker that never
+    // completed); "" elsewhere.
+    std::string finish();
+
+private:
+    std::string held_;            // a message's header so far, or text that may start a marker
+    size_t header_searched_ = 0;  // where the header's search for <|message|> goes on
+    bool in_body_ = false;        // after <|message|>, before the message's end
+    bool shown_ = false;          // the body is the final channel's
+};
+
+// How a family's replies hold their reasoning: a <think>...</think> block (Qwen3 and other
+// ChatML models; none elsewhere) or Harmony's channels.
+enum class ReasoningMarkup { ThinkBlock, HarmonyChannels };
+ReasoningMarkup chat_reasoning_markup(ChatFamily family);
+
+// Whether the reply's markup is written with special tokens (Harmony), so that it reaches a
+// ReasoningFilter only when the reply is decoded with the special tokens' text.
+bool chat_markup_is_special(ChatFamily family);
+
+// The answer of a reply that arrives in pieces, its reasoning hidden: ThinkBlockFilter or
+// HarmonyChannelFilter, as the markup says.
+class ReasoningFilter {
+public:
+    explicit ReasoningFilter(ReasoningMarkup markup) : markup_(markup) {}
+    std::string feed(const std::string& piece);
+    std::string finish();
+
+private:
+    ReasoningMarkup markup_;
+    ThinkBlockFilter think_;
+    HarmonyChannelFilter harmony_;
+};
+
+// The text that follows a reply written by render_reply: the end of its turn, then `prompt` as
+// the next user message, and the generation prompt. `bos_token` and `eos_token` are the texts of
+// the BOS and EOS tokens (Error if the Llama2 family needs one that is empty).
 std::string render_next_turn(const ChatTemplate& chat, const std::string& prompt,
                              const std::string& bos_token, const std::string& eos_token);
 
 // The token text that ends the assistant's turn ("<|im_end|>", "<|eot_id|>",
-// "<end_of_turn>", "<|end|>"), or "" for families whose turn ends with EOS.
+// "<end_of_turn>", "<|end|>", Harmony's "<|return|>"), or "" for families whose turn ends with
+// EOS.
 std::string chat_end_of_turn(ChatFamily family);
 
 const char* chat_family_name(ChatFamily family);

@@ -8,6 +8,9 @@
 //   chat_render --next TEMPLATE_FILE PROMPT_FILE BOS_TOKEN EOS_TOKEN
 // prints instead the text that follows a reply, with PROMPT as the next user message
 // (render_next_turn).
+//   chat_render --reply TEMPLATE_FILE CONTENT_FILE
+// prints instead an assistant message as the template writes it after the generation prompt
+// (render_reply).
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -15,8 +18,8 @@
 #include <sstream>
 #include <string>
 
-#include "util/error.h"
 #include "tokenizer/chat.h"
+#include "util/error.h"
 
 namespace {
 
@@ -37,11 +40,13 @@ int main(int argc, char** argv) {
         ++argv;
     }
     const bool next_turn = argc == 6 && std::string(argv[1]) == "--next";
+    const bool reply = argc == 4 && std::string(argv[1]) == "--reply";
     if (argc != 4 && argc != 5 && !next_turn) {
         std::fputs(
             "usage: chat_render [--no-think] TEMPLATE_FILE PROMPT_FILE BOS_TOKEN "
             "[SYSTEM_FILE]\n"
-            "       chat_render --next TEMPLATE_FILE PROMPT_FILE BOS_TOKEN EOS_TOKEN\n",
+            "       chat_render --next TEMPLATE_FILE PROMPT_FILE BOS_TOKEN EOS_TOKEN\n"
+            "       chat_render --reply TEMPLATE_FILE CONTENT_FILE\n",
             stderr);
         return 2;
     }
@@ -50,6 +55,12 @@ int main(int argc, char** argv) {
             const auto chat = barellm::recognise_chat_template(read_file(argv[2]));
             const std::string text =
                 barellm::render_next_turn(chat, read_file(argv[3]), argv[4], argv[5]);
+            std::cout.write(text.data(), std::streamsize(text.size()));
+            return 0;
+        }
+        if (reply) {
+            const auto chat = barellm::recognise_chat_template(read_file(argv[2]));
+            const std::string text = barellm::render_reply(chat, read_file(argv[3]));
             std::cout.write(text.data(), std::streamsize(text.size()));
             return 0;
         }
