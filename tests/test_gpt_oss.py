@@ -426,3 +426,143 @@ def test_mxfp4_experts_match_the_reference(tmp_path, mode):
                                                       else []))
     assert relative_error(got, want) < 1e-1
     assert (got.argmax(axis=1) == want.argmax(axis=1)).mean() >= 0.8
+
+
+# ---- GGUF (llama.cpp's gpt-oss) ------------------------------------------------------
+
+# llama.cpp's gpt-oss: YaRN's ramp rounded outward (truncate) and a SwiGLU limit of 7.
+GGUF_CONFIG = {**CONFIG, "swiglu_limit": 7.0,
+               "rope_scaling": {**CONFIG["rope_scaling"], "truncate": True}}
+
+
+def gguf_checkpoint(tmp_path, config=GGUF_CONFIG):
+    """(HF directory, its GGUF written by scripts/gguf_from_hf.py)."""
+    from test_convert_gguf import gguf_from_hf
+    hf = checkpoint(tmp_path, config, gpt_oss_tensors(config, mxfp4="quantization_config"
+                                                      in config))
+    return hf, gguf_from_hf(hf, tmp_path / "m.gguf", "--type", "f32")
+
+
+@pytest.mark.parametrize("config", [GGUF_CONFIG, {**MXFP4_CONFIG, "swiglu_limit": 7.0,
+                                                   "rope_scaling": GGUF_CONFIG["rope_scaling"]}],
+                         ids=["f32", "mxfp4"])
+def test_a_gguf_file_converts_to_the_checkpoints_file(tmp_path, config):
+    """The checkpoint as llama.cpp's GGUF (gpt-oss: attn_sinks, post_attention_norm, the
+    experts stacked in ffn_*_exps with their biases [experts, rows], the router's bias) converts
+    back to the checkpoint's own f32 file: config and every tensor."""
+    gguf = pytest.importorskip("gguf", reason="pip package gguf missing")
+    hf, source = gguf_checkpoint(tmp_path, config)
+    reader = gguf.GGUFReader(str(source))
+    assert reader.fields["general.architecture"].contents() == "gpt-oss"
+    assert reader.fields["gpt-oss.attention.sliding_window"].contents() == 5
+    assert reader.fields["gpt-oss.attention.sliding_window_pattern"].contents() == [
+        True, False, True]
+    shapes = {t.name: tuple(int(d) for d in t.shape) for t in reader.tensors}
+    dim, width = config["hidden_size"], config["intermediate_size"]
+    assert shapes["blk.0.ffn_gate_exps.weight"] == (dim, width, 6)
+    assert shapes["blk.0.ffn_down_exps.weight"] == (width, dim, 6)
+    assert shapes["blk.0.ffn_gate_exps.bias"] == (width, 6)
+    assert shapes["blk.0.attn_sinks.weight"] == (4,)
+    assert shapes["blk.2.post_attention_norm.weight"] == (dim,)
+    from_gguf = str(tmp_path / "gguf.bin")
+    result = run(CONVERT, source, "-o", from_gguf)
+    assert result.returncode == 0, result.stderr
+    direct = convert(hf, tmp_path / "hf.bin", "f32")
+    header_a, a = read_raw(from_gguf)[1:3]
+    header_b, b = read_raw(direct)[1:3]
+    config_a, config_b = (json.loads(h["__metadata__"]["barellm.config"])
+                          for h in (header_a, header_b))
+    for key in ("architecture", "dim", "hidden_dim", "heads", "kv_heads", "head_dim",
+                "experts", "experts_per_token", "moe_hidden_dim", "norm_topk_prob",
+                "expert_biases", "attention_sinks", "qkv_bias", "o_bias", "activation",
+                "swiglu_limit", "sliding_window", "layer_types", "rope_theta", "norm_eps"):
+        assert config_a.get(key) == config_b.get(key), key
+    for key in ("rope_type", "factor", "original_max_position_embeddings", "beta_fast",
+                "beta_slow", "truncate"):
+        assert config_a["rope_scaling"][key] == config_b["rope_scaling"][key], key
+    assert config_a["rope_scaling"]["attention_factor"] == pytest.approx(
+        config_b["rope_scaling"]["attention_factor"])
+    assert sorted(a) == sorted(b)
+    for tensor in a:
+        assert np.array_equal(a[tensor], b[tensor]), tensor
+
+
+def rewritten_gguf(source, out, drop_key=None, drop_tensor=None, keys=None, tensors=None):
+    """A copy of the GGUF `source` without one key or tensor, with `keys` ({name: (value,
+    type)}) set and `tensors` ({name: array}) replaced."""
+    gguf = pytest.importorskip("gguf")
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(out), "gpt-oss")
+    for field in reader.fields.values():
+        if (field.name.startswith("GGUF.") or field.name == "general.architecture"
+                or field.name == drop_key or field.name in (keys or {})):
+            continue
+        writer.add_key_value(field.name, field.contents(), field.types[0],
+                             field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY
+                             else None)
+    for name, (value, kind) in (keys or {}).items():
+        writer.add_key_value(name, value, kind)
+    for tensor in reader.tensors:
+        if tensor.name == drop_tensor:
+            continue
+        data = (tensors or {}).get(tensor.name, np.asarray(tensor.data))
+        writer.add_tensor(tensor.name, data, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def hostile_cases():
+    gguf = pytest.importorskip("gguf")
+    u32, f32 = gguf.GGUFValueType.UINT32, gguf.GGUFValueType.FLOAT32
+    return {
+        "no sinks": ({"drop_tensor": "blk.1.attn_sinks.weight"},
+                     "missing tensors: blk.1.attn_sinks.weight"),
+        "no router bias": ({"drop_tensor": "blk.0.ffn_gate_inp.bias"},
+                           "missing tensors: blk.0.ffn_gate_inp.bias"),
+        "no expert bias": ({"drop_tensor": "blk.2.ffn_down_exps.bias"},
+                           "missing tensors: blk.2.ffn_down_exps.bias"),
+        "no window": ({"drop_key": "gpt-oss.attention.sliding_window"},
+                      "'gpt-oss.attention.sliding_window' is missing"),
+        "no experts": ({"drop_key": "gpt-oss.expert_count"},
+                       "'gpt-oss.expert_count' is missing"),
+        "sliding RoPE base": ({"keys": {"gpt-oss.rope.freq_base_swa": (500.0, f32)}},
+                              "'gpt-oss.rope.freq_base_swa' is 500"),
+        "too many experts used": ({"keys": {"gpt-oss.expert_used_count": (9, u32)}},
+                                  "'gpt-oss.expert_used_count' is 9, more than the 6"),
+        "short sinks": ({"tensors": {"blk.0.attn_sinks.weight": np.ones(3, np.float32)}},
+                        "tensor 'blk.0.attn_sinks.weight' has shape [3], expected [4]"),
+        "short expert bias": ({"tensors": {"blk.0.ffn_up_exps.bias":
+                                           np.ones((6, 27), np.float32)}},
+                              "tensor 'blk.0.ffn_up_exps.bias' has shape [162], expected "
+                              "[168]"),
+    }
+
+
+@pytest.mark.parametrize("case", ["no sinks", "no router bias", "no expert bias", "no window",
+                                  "no experts", "sliding RoPE base", "too many experts used",
+                                  "short sinks", "short expert bias"])
+def test_broken_gguf_files_are_refused_in_one_line(tmp_path, case):
+    edit, message = hostile_cases()[case]
+    _, source = gguf_checkpoint(tmp_path)
+    broken = rewritten_gguf(source, tmp_path / "broken.gguf", **edit)
+    result = run(CONVERT, broken, "-o", tmp_path / "m.bin")
+    assert result.returncode == 1
+    assert message in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert not (tmp_path / "m.bin").exists()
+
+
+@pytest.mark.parametrize("edit,message", [
+    ({"swiglu_limit": 5.0}, "swiglu_limit 5: llama.cpp's gpt-oss clamps at 7"),
+    ({"rope_scaling": CONFIG["rope_scaling"]}, "YaRN with truncate false"),
+])
+def test_gguf_from_hf_refuses_what_llama_cpp_computes_otherwise(tmp_path, edit, message):
+    from convert_testlib import REPO
+    config = {**GGUF_CONFIG, **edit}
+    result = run(f"{REPO}/scripts/gguf_from_hf.py", checkpoint(tmp_path, config, TENSORS),
+                 "-o", tmp_path / "m.gguf")
+    assert result.returncode == 1 and message in result.stderr
+    assert result.stderr.count("\n") == 1
