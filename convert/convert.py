@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 2/Gemma 3/Mixtral/Qwen3-MoE
+"""Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 2/Gemma 3/Mixtral/Qwen3-MoE/gpt-oss
 checkpoint, or a GGUF file of llama.cpp, into one barellm weight file.
 
     python3 convert/convert.py HF_DIR -o OUT [--dtype DTYPE] [--barellm PATH]
@@ -1322,7 +1322,7 @@ def parse_args(argv):
     parser = OneLineParser(
         prog="convert.py",
         description="Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 2/Gemma 3/Mixtral/"
-        "Qwen3-MoE checkpoint or a llama.cpp GGUF file to a barellm file.")
+        "Qwen3-MoE/gpt-oss checkpoint or a llama.cpp GGUF file to a barellm file.")
     parser.add_argument("source", help="Hugging Face checkpoint directory, or GGUF file")
     parser.add_argument("-o", "--output", required=True, help="barellm file to write")
     parser.add_argument("--dtype", choices=sorted(dtypes.CLI_NAMES) + sorted(mixes.CLI_NAMES),
