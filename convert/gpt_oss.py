@@ -24,7 +24,6 @@ import numpy as np
 from blocks import check_blocks
 from common import ConvertError, float32
 import dtypes
-import safetensors_io as st
 
 # GptOssConfig's defaults (gpt-oss-120b's shape).
 DEFAULTS = {

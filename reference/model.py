@@ -28,9 +28,10 @@ with q/k/v/o biases and a sink per head (one more logit in the softmax, not scal
 value is zero); sliding and full layers from layer_types; YaRN. Its experts are fused in
 the checkpoint (gate_up_proj [experts, dim, 2 H] used as x @ W, the gate in its even
 columns, the up projection in its odd ones), or MXFP4 blocks of 32 weights (an E8M0 scale
-byte, weight 2j in the low nibble of byte j, 2j + 1 in its high one). Phi-3: q, k, v and the gate and up projections split from its fused matrices; RoPE on
-the first int(head_dim * partial_rotary_factor) elements of each head (rotate-half among
-them), LongRoPE's long factors where the sequence is longer than the original context, else
+byte, weight 2j in the low nibble of byte j, 2j + 1 in its high one). Phi-3: q, k, v and
+the gate and up projections split from its fused matrices; RoPE on the first
+int(head_dim * partial_rotary_factor) elements of each head (rotate-half among them),
+LongRoPE's long factors where the sequence is longer than the original context, else
 its short ones, and cos and sin times its attention factor; a window on every layer where
 sliding_window is set. A barellm file's rotary_dim is its own layout (docs/FORMAT.md):
 rotate-half over the whole head, the pairs past rotary_dim / 2 unrotated. It shares no code
