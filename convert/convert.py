@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 2/Gemma 3/Mixtral/Qwen3-MoE
+"""Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 2/Gemma 3/Mixtral/Qwen3-MoE/gpt-oss
 checkpoint, or a GGUF file of llama.cpp, into one barellm weight file.
 
     python3 convert/convert.py HF_DIR -o OUT [--dtype DTYPE] [--barellm PATH]
@@ -41,6 +41,7 @@ from common import (ConvertError, OneLineParser, compact_json, float32, read_jso
                     stop_signals_held, umask_applied)
 import dtypes
 import gguf_in
+import gpt_oss
 import hf_tokenizer
 import kquants
 import mixes
@@ -105,6 +106,8 @@ GEMMA2_DEFAULTS = {
     "bos_token_id": 2, "eos_token_id": 1,
 }
 CONFIG_DEFAULTS["gemma2"] = GEMMA2_DEFAULTS
+# gpt-oss: GptOssConfig's defaults (gpt_oss.with_defaults).
+CONFIG_DEFAULTS["gpt_oss"] = gpt_oss.DEFAULTS
 # Gemma's GeGLU: GELU with the tanh approximation (transformers' name).
 GEMMA_ACTIVATION = "gelu_pytorch_tanh"
 # Gemma 2's soft-capping of the attention scores and of the logits (barellm.config's
@@ -115,7 +118,7 @@ SOFTCAPPING_KEYS = {"attn_logit_softcapping": "attn_logit_softcap",
 # The barellm architecture (docs/FORMAT.md) of each model_type.
 ARCHITECTURES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
                  "gemma2": "gemma2", "gemma3_text": "gemma3", "mixtral": "mixtral",
-                 "qwen3_moe": "qwen3_moe", "phi3": "phi3"}
+                 "qwen3_moe": "qwen3_moe", "phi3": "phi3", "gpt_oss": "gpt_oss"}
 GEMMA_ARCHITECTURES = ("gemma2", "gemma3")
 # Mixture-of-experts model types barellm does not run, with what it lacks for them.
 UNSUPPORTED_MOE = {
@@ -160,6 +163,7 @@ LAYER_TENSORS = (
     ("k_norm", "self_attn.k_norm.weight", True, "qk_norm"),
     ("wo", "self_attn.o_proj.weight", False, None),
     ("bo", "self_attn.o_proj.bias", True, "o_bias"),
+    ("sinks", "self_attn.sinks", True, "attention_sinks"),
     ("ffn_norm", "post_attention_layernorm.weight", True, None),
     ("w1", "mlp.gate_proj.weight", False, None),
     ("w3", "mlp.up_proj.weight", False, None),
@@ -241,6 +245,8 @@ def language_model_config(cfg):
         cfg = {**inherited, **text, "model_type": "gemma3_text"}
     if cfg.get("model_type") in ("gemma2", "gemma3_text", "phi3"):
         cfg = {**CONFIG_DEFAULTS[cfg["model_type"]], **cfg}
+    if cfg.get("model_type") == "gpt_oss":
+        cfg = gpt_oss.with_defaults(cfg)
     return cfg
 
 
@@ -271,8 +277,11 @@ def check_architecture(cfg):
                            f"{UNSUPPORTED_MOE[model_type]}")
     if model_type not in CONFIG_DEFAULTS:
         raise ConvertError(f"model_type '{model_type}' is not supported (only llama, mistral, "
-                           "qwen2, qwen3, phi3, gemma2, gemma3_text, gemma3, mixtral and "
-                           "qwen3_moe)")
+                           "qwen2, qwen3, phi3, gemma2, gemma3_text, gemma3, mixtral, "
+                           "qwen3_moe and gpt_oss)")
+    if model_type == "gpt_oss":
+        gpt_oss.check(cfg)
+        return
     if cfg.get("quantization_config"):
         raise ConvertError("quantized checkpoints (quantization_config) are not supported")
     if cfg.get("mlp_bias"):
@@ -634,6 +643,32 @@ def moe_fields(cfg, layers):
     return fields
 
 
+def gpt_oss_fields(cfg, layers):
+    """The barellm.config fields of a gpt-oss config (with its defaults) beyond the common
+    ones: sliding_window (None where no layer slides) and layer_types, attention sinks, the
+    clamped SwiGLU and its limit, every layer's experts with their biases, the chosen ones'
+    weights a softmax over their logits (norm_topk_prob)."""
+    kinds = gpt_oss.layer_types(cfg, layers)
+    window = None
+    if "sliding" in kinds and cfg.get("sliding_window") is not None:
+        window = positive_int(cfg, "sliding_window")
+    if window is None:  # transformers' sliding layers without a window attend to everything
+        kinds = ["full"] * layers
+    experts = positive_int(cfg, "num_local_experts")
+    per_token = positive_int(cfg, "num_experts_per_tok")
+    if per_token > experts:
+        raise ConvertError(f"config.json: num_experts_per_tok {per_token} is more than the "
+                           f"{experts} experts")
+    fields = {"sliding_window": window}
+    if window is not None:
+        fields["layer_types"] = kinds
+    return {**fields, "attention_sinks": True, "activation": "swiglu_oai",
+            "swiglu_limit": positive_number(cfg.get("swiglu_limit"), "swiglu_limit"),
+            "experts": experts, "experts_per_token": per_token,
+            "moe_hidden_dim": positive_int(cfg, "intermediate_size"), "norm_topk_prob": True,
+            "expert_biases": True}
+
+
 def is_sparse(config, layer):
     """Whether `layer` of barellm.config `config` is a mixture of experts."""
     return bool(config.get("experts")) and layer not in config.get("dense_layers", [])
@@ -671,6 +706,11 @@ def model_config(cfg, gen):
         theta, scaling, window = (extra.pop(key) for key in
                                   ("rope_theta", "rope_scaling", "sliding_window"))
         window_first_layer = 0
+    elif cfg["model_type"] == "gpt_oss":
+        theta, scaling = rope_settings(cfg)
+        check_rope_frequencies(theta, scaling, head_dim)
+        extra = gpt_oss_fields(cfg, layers)
+        window, window_first_layer = extra.pop("sliding_window"), 0
     elif cfg["model_type"] == "phi3":
         rotary_dim, theta, scaling = phi3_rope(cfg, head_dim)
         extra = {"rotary_dim": rotary_dim} if rotary_dim != head_dim else {}
@@ -741,7 +781,7 @@ def expected_tensors(config, layout=TEXT_LAYOUT):
               "w1": (hidden, dim), "w3": (hidden, dim), "w2": (dim, hidden),
               "bq": (q_rows,), "bk": (kv_rows,), "bv": (kv_rows,), "bo": (dim,),
               "q_norm": (config["head_dim"],), "k_norm": (config["head_dim"],),
-              "post_attn_norm": (dim,), "post_ffn_norm": (dim,)}
+              "post_attn_norm": (dim,), "post_ffn_norm": (dim,), "sinks": (config["heads"],)}
     prefix = layout.prefix
     table = LAYER_TABLES.get(config["architecture"], LAYER_TENSORS)
     expected = {f"{prefix}embed_tokens.weight": ("token_embedding", (vocab, dim), False)}
@@ -753,7 +793,9 @@ def expected_tensors(config, layout=TEXT_LAYOUT):
                 expected[f"{prefix}layers.{layer}.{hf}"] = (
                     f"layers.{layer}.{short}", shapes[short], is_vector)
             if short == "ffn_norm" and is_sparse(config, layer):
-                expected.update(moe_layer_tensors(config, prefix, layer))
+                expected.update(gpt_oss.layer_tensors(config, prefix, layer)
+                                if config["architecture"] == "gpt_oss"
+                                else moe_layer_tensors(config, prefix, layer))
     expected[f"{prefix}norm.weight"] = ("final_norm", (dim,), True)
     if not config["tied_embeddings"]:
         expected[layout.lm_head] = ("output", (vocab, dim), False)
@@ -921,7 +963,7 @@ def tensor_plan(config, tensors, layout=TEXT_LAYOUT):
         if info.shape != shape:
             raise ConvertError(f"tensor '{hf_name}' has shape {list(info.shape)}, "
                                f"expected {list(shape)}")
-        if info.dtype not in dtypes.STORAGE:
+        if info.dtype not in dtypes.STORAGE and not isinstance(info, gpt_oss.Mxfp4Experts):
             raise ConvertError(f"tensor '{hf_name}' has dtype {info.dtype} "
                                "(only F32, F16 and BF16 are supported)")
         if is_norm and config["architecture"] in GEMMA_ARCHITECTURES:
@@ -1179,11 +1221,19 @@ def read_checkpoint(hf_dir, output, weight_dtype):
     layout = checkpoint_layout(cfg, tensors)
     if config["architecture"] == "phi3":
         tensors = split_phi3(config, tensors)
+    if config["architecture"] == "gpt_oss":
+        tensors = gpt_oss.split_experts(config, tensors, layout.prefix)
     plan = tensor_plan(config, tensors, layout)
-    config["weight_dtype"] = weight_dtype or default_weight_dtype(language_model_config(cfg),
-                                                                  plan)
-    return config, tokenizer, hf_tokenizer.chat_template(tok_cfg), plan, \
-        requested_types(config, plan), skipped_note(layout, tensors)
+    if weight_dtype is None and gpt_oss.is_mxfp4(plan):
+        # MXFP4 experts are kept as they are, the other matrices in their own dtype.
+        config["weight_dtype"] = gguf_in.UNKNOWN_MIX
+        types = gpt_oss.own_types(plan)
+    else:
+        config["weight_dtype"] = weight_dtype or default_weight_dtype(
+            language_model_config(cfg), plan)
+        types = requested_types(config, plan)
+    return config, tokenizer, hf_tokenizer.chat_template(tok_cfg), plan, types, \
+        skipped_note(layout, tensors)
 
 
 def requested_types(config, plan):
@@ -1272,7 +1322,7 @@ def parse_args(argv):
     parser = OneLineParser(
         prog="convert.py",
         description="Convert a Hugging Face Llama/Mistral/Qwen2/Qwen3/Gemma 2/Gemma 3/Mixtral/"
-        "Qwen3-MoE checkpoint or a llama.cpp GGUF file to a barellm file.")
+        "Qwen3-MoE/gpt-oss checkpoint or a llama.cpp GGUF file to a barellm file.")
     parser.add_argument("source", help="Hugging Face checkpoint directory, or GGUF file")
     parser.add_argument("-o", "--output", required=True, help="barellm file to write")
     parser.add_argument("--dtype", choices=sorted(dtypes.CLI_NAMES) + sorted(mixes.CLI_NAMES),

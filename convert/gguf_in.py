@@ -2,7 +2,7 @@
 barellm's terms.
 
 - Architectures: ARCHITECTURES maps `general.architecture` (llama, qwen2, qwen3, gemma2,
-  gemma3, qwen3moe; llama with `llama.expert_count` is Mixtral) to
+  gemma3, qwen3moe, gpt-oss; llama with `llama.expert_count` is Mixtral) to
   what differs between them (tensor names, the config flags of q/k/v biases, per-head q/k
   norms and Gemma's post-norms, whether llama.cpp stored q and k rows interleaved for its
   RoPE: llama yes, the Qwens and Gemma no); another architecture is refused, naming it.
@@ -21,7 +21,12 @@ barellm's terms.
   matrix (ffn_gate_exps, ffn_up_exps, ffn_down_exps), expert after expert, which is
   barellm's stacked matrix with the first two dimensions merged; its router
   (ffn_gate_inp) becomes the F32 `router`. llama.cpp rescales the chosen experts' weights
-  to sum to 1 for both Mixtral and Qwen3-MoE (norm_topk_prob).
+  to sum to 1 for Mixtral, Qwen3-MoE and gpt-oss (norm_topk_prob).
+- gpt-oss (llama.cpp's openai-moe): q/k/v/o biases, attention sinks (attn_sinks), its
+  `post_attention_norm` the feed-forward's norm, the router's and the experts' biases
+  (ffn_gate_inp.bias; ffn_*_exps.bias [experts, rows], flattened expert after expert), the
+  clamped SwiGLU with llama.cpp's fixed limit GPT_OSS_SWIGLU_LIMIT, sliding layers by
+  `attention.sliding_window_pattern` (default: the even layers), YaRN.
 - Matrix types: without --dtype, a file whose matrices one uniform weight_dtype keeps
   exactly becomes that uniform file; any other keeps each matrix in its own type where
   barellm runs it (blocks.MATRIX_TYPES) and dequantizes the rest to F16, naming them.
@@ -72,7 +77,21 @@ LLAMA_LAYER_TENSORS = {"attn_norm": "attn_norm.weight", "wq": "attn_q.weight",
 MOE_TENSORS = {"router": "ffn_gate_inp.weight", "experts.w1": "ffn_gate_exps.weight",
                "experts.w3": "ffn_up_exps.weight", "experts.w2": "ffn_down_exps.weight"}
 # The barellm architecture of a GGUF architecture whose layers have experts.
-MOE_ARCHITECTURES = {"llama": "mixtral", "qwen3moe": "qwen3_moe"}
+MOE_ARCHITECTURES = {"llama": "mixtral", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss"}
+# gpt-oss's layer beyond Llama's attention and experts: biases, sinks, its feed-forward norm
+# named post_attention_norm, the router's and experts' biases.
+GPT_OSS_LAYER_TENSORS = {
+    **{short: name for short, name in LLAMA_LAYER_TENSORS.items()
+       if short not in ("w1", "w3", "w2", "ffn_norm")},
+    "bq": "attn_q.bias", "bk": "attn_k.bias", "bv": "attn_v.bias", "bo": "attn_output.bias",
+    "sinks": "attn_sinks.weight", "ffn_norm": "post_attention_norm.weight", **MOE_TENSORS,
+    "router_bias": "ffn_gate_inp.bias", "experts.b1": "ffn_gate_exps.bias",
+    "experts.b3": "ffn_up_exps.bias", "experts.b2": "ffn_down_exps.bias",
+}
+# llama.cpp's gpt-oss: the SwiGLU's limit is a constant; of each GPT_OSS_SWA_PATTERN layers
+# all but the last slide.
+GPT_OSS_SWIGLU_LIMIT = 7.0
+GPT_OSS_SWA_PATTERN = 2
 # Mixture-of-experts keys of what barellm does not compute: shared experts (Qwen2-MoE,
 # DeepSeek), dense leading layers (DeepSeek).
 UNSUPPORTED_MOE_KEYS = {"expert_shared_count": "shared experts",
@@ -162,6 +181,8 @@ ARCHITECTURES = {
     # Phi-3 and Phi-4: q, k and v fused (PHI3_FUSED_QKV) unless the file holds them apart;
     # the gate and up rows always fused in ffn_up (PHI3_FUSED_GATE_UP).
     "phi3": Architecture("phi3", LLAMA_GLOBAL_TENSORS, LLAMA_LAYER_TENSORS, False),
+    "gpt-oss": Architecture("gpt_oss", LLAMA_GLOBAL_TENSORS, GPT_OSS_LAYER_TENSORS, False,
+                            flags=("qkv_bias", "o_bias", "attention_sinks")),
 }
 PHI3_FUSED_QKV = "attn_qkv.weight"
 PHI3_FUSED_GATE_UP = "ffn_up.weight"
@@ -458,6 +479,9 @@ class GGUFModel:
         elif self.arch_name == "gemma3":
             window, gemma = self._gemma3_fields(dim, heads, head_dim, layers)
             extra.update(gemma)
+        elif self.arch_name == "gpt-oss":
+            window, fields = self._gpt_oss_fields(layers, theta)
+            extra.update(fields)
         elif self.arch_name == "phi3":
             # 0 (llama.cpp's converter writes it for Phi-4) or wider than the context: none.
             window = self._window_key()
@@ -471,7 +495,7 @@ class GGUFModel:
         architecture = self.arch.barellm_name
         if experts:
             architecture = MOE_ARCHITECTURES[self.arch_name]
-        elif self.arch_name == "qwen3moe":
+        elif self.arch_name in ("qwen3moe", "gpt-oss"):
             raise ConvertError(f"GGUF key '{k('expert_count')}' is missing")
         return {
             "architecture": architecture,
@@ -507,7 +531,7 @@ class GGUFModel:
             return {}
         if self.arch_name not in MOE_ARCHITECTURES:
             raise ConvertError(f"architecture '{self.arch_name}' with experts is not supported "
-                               "(only llama, as Mixtral, and qwen3moe)")
+                               "(only llama, as Mixtral, qwen3moe and gpt-oss)")
         for key, what in UNSUPPORTED_MOE_KEYS.items():
             if self.keys.whole_number(k(key)):
                 raise ConvertError(f"GGUF key '{k(key)}': {what} are not supported")
@@ -524,8 +548,33 @@ class GGUFModel:
         width = self.keys.integer(k("expert_feed_forward_length"), required=False)
         if width is None:
             width = self.keys.integer(k("feed_forward_length"))
-        return {"experts": count, "experts_per_token": per_token, "moe_hidden_dim": width,
-                "norm_topk_prob": True}
+        fields = {"experts": count, "experts_per_token": per_token, "moe_hidden_dim": width,
+                  "norm_topk_prob": True}
+        if self.arch_name == "gpt-oss":
+            fields["expert_biases"] = True
+        return fields
+
+    def _gpt_oss_fields(self, layers, theta):
+        """(sliding_window, the fields gpt-oss adds to the config) as llama.cpp reads them: a
+        window (`attention.sliding_window`, required) on the layers of
+        `attention.sliding_window_pattern` (default GPT_OSS_SWA_PATTERN); a sliding layers'
+        RoPE base other than the model's (`rope.freq_base_swa`) is refused."""
+        k = self._key
+        window = self._window_key()
+        if window is None:
+            raise ConvertError(f"GGUF key '{k('attention.sliding_window')}' is missing or 0 "
+                               "(gpt-oss slides on some layers)")
+        local_theta = self.keys.number(k("rope.freq_base_swa"), theta)
+        if local_theta != theta:
+            raise ConvertError(f"GGUF key '{k('rope.freq_base_swa')}' is {local_theta:g}, not "
+                               f"the model's {theta:g}: gpt-oss with another RoPE base on its "
+                               "sliding layers is not supported")
+        sliding = self._sliding_layers(layers, GPT_OSS_SWA_PATTERN)
+        window = window if any(sliding) else None
+        fields = {"activation": "swiglu_oai", "swiglu_limit": GPT_OSS_SWIGLU_LIMIT}
+        if window is not None:
+            fields["layer_types"] = ["sliding" if flag else "full" for flag in sliding]
+        return window, fields
 
     def _window_key(self, default=None):
         """`attention.sliding_window` (Gemma's and Phi-3's), else `default`; None where it is 0
@@ -782,11 +831,27 @@ class GGUFModel:
             if short in ("w1", "w3", "w2") and len(source.shape) == 3:
                 # Stacked experts [experts, rows, cols]: one matrix, expert after expert.
                 source.shape = (source.shape[0] * source.shape[1], source.shape[2])
+            if short in ("b1", "b3", "b2") and len(source.shape) == 2:
+                # The experts' biases [experts, rows]: one vector, expert after expert.
+                source = FlatVector(source)
             if source.shape != tuple(shape):
                 raise ConvertError(f"tensor '{gguf_name}' has shape {list(source.shape)}, "
                                    f"expected {list(shape)} from the config")
             plan.append((name, source, is_norm))
         return plan
+
+
+class FlatVector:
+    """A GGUFTensor of several rows as one vector, row after row: a source for
+    convert.py's writer."""
+
+    def __init__(self, source):
+        self.source, self.name, self.dtype = source, source.name, source.dtype
+        self.shape = (math.prod(source.shape),)
+
+    def f32_blocks(self):
+        for values in self.source.f32_blocks():
+            yield values.reshape(-1)
 
 
 def llama3_divisors(theta, scaling, head_dim):

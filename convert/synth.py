@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Write a Hugging Face Llama/Mistral/Qwen/Phi-3/Gemma 2/Gemma 3/Mixtral/Qwen3-MoE checkpoint
-with deterministic random weights.
+"""Write a Hugging Face Llama/Mistral/Qwen/Phi-3/Gemma 2/Gemma 3/Mixtral/Qwen3-MoE/gpt-oss
+checkpoint with deterministic random weights.
 
     python3 convert/synth.py --preset NAME -o HF_DIR [--tokenizer DIR|FILE.gguf] [--dtype D]
                              [--seed N] [--layers N]
@@ -8,12 +8,15 @@ with deterministic random weights.
 
 Presets carry the config.json of real models (tinyllama-1.1b, mistral-7b, llama3-8b,
 smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, qwen3-8b, phi3-mini, phi4-mini, gemma2-2b,
-gemma2-9b, gemma3-270m, gemma3-1b, gemma3-4b, mixtral-8x7b, qwen3-30b-a3b) so that speed and
+gemma2-9b, gemma3-270m, gemma3-1b, gemma3-4b, mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b) so that
+speed and
 memory can be measured at their exact shapes; --layers N keeps the first N layers of the
 shape (a 30B model with 8 layers fits a small machine, its per-layer speed unchanged). A
 mixture-of-experts checkpoint holds each expert's matrices as Hugging Face's do, one tensor
 per expert; its routers are random matrices like the others; a Phi-3 one its fused qkv_proj
-and gate_up_proj. Weights are generated per tensor from numpy's Generator
+and gate_up_proj; a gpt-oss one its experts fused as transformers keeps them (gate_up_proj
+[experts, dim, 2 H], down_proj [experts, H, dim] and their biases), with random non-zero
+biases and attention sinks. Weights are generated per tensor from numpy's Generator
 seeded by (seed, tensor name) and written in row blocks, a tensor on each core (parallel.py),
 so multi-GB checkpoints never sit in memory. Checkpoints larger than the shard limit (4 GB)
 are split into model-0000i-of-0000n.safetensors files with a model.safetensors.index.json, as
@@ -211,6 +214,24 @@ PRESETS.update({
         "sliding_window": 262144, "tie_word_embeddings": True, "bos_token_id": 199999,
         "eos_token_id": 199999, "pad_token_id": 199999}),
 })
+# openai/gpt-oss-20b's config.json (its experts in BF16 rather than MXFP4); its o200k
+# tokenizer is not at hand, the SmolLM2 one stands in, as for phi4-mini.
+PRESETS.update({
+    "gpt-oss-20b": ("smollm2-135m", {
+        "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_act": "silu",
+        "attention_bias": True, "attention_dropout": 0.0, "initializer_range": 0.02,
+        "hidden_size": 2880, "intermediate_size": 2880, "num_hidden_layers": 24,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+        "num_local_experts": 32, "num_experts_per_tok": 4, "experts_per_token": 4,
+        "vocab_size": 201088, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+        "rope_theta": 150000, "rope_scaling": {
+            "rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": False, "original_max_position_embeddings": 4096},
+        "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 12,
+        "swiglu_limit": 7.0, "router_aux_loss_coef": 0.9, "output_router_logits": False,
+        "initial_context_length": 4096, "tie_word_embeddings": False, "use_cache": True,
+        "eos_token_id": 200002, "pad_token_id": 199999}),
+})
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json",
                    "special_tokens_map.json")
 MAX_SHARD_BYTES = 4 * 10**9
@@ -225,18 +246,23 @@ def tensor_blocks(name, shape, is_norm, seed, norm_offset=1.0):
     Gemma's weights w are with norm_offset 0 (it multiplies by 1 + w); biases are
     N(0, 0.25); matrices (embeddings included) are N(0, 1/in_features), which keeps
     activations O(1) through any number of pre-norm residual layers and logits with a
-    standard deviation near 1.
+    standard deviation near 1. A gpt-oss fused experts' tensor [experts, in, out] is
+    multiplied from the left, x @ W: its in_features are its second dimension, and its
+    attention sinks are norm-like, near norm_offset.
     """
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
-    if name.endswith(".bias"):
+    if name.endswith((".bias", "_bias")):
         yield np.float32(0.25) * rng.standard_normal(shape, dtype=np.float32)
         return
     if is_norm:
         yield np.float32(norm_offset) + np.float32(0.05) * rng.standard_normal(
             shape, dtype=np.float32)
         return
-    rows, cols = shape
-    scale = np.float32(1.0 / math.sqrt(cols))
+    if len(shape) == 3:
+        rows, cols, fan_in = shape[0] * shape[1], shape[2], shape[1]
+    else:
+        (rows, cols), fan_in = shape, shape[1]
+    scale = np.float32(1.0 / math.sqrt(fan_in))
     step = max(1, BLOCK_ELEMENTS // cols)
     for start in range(0, rows, step):
         yield scale * rng.standard_normal((min(step, rows - start), cols), dtype=np.float32)
@@ -308,6 +334,8 @@ def write_weights(out_dir, config, layout, weight_dtype, seed, max_shard_bytes):
             entries.append((hf, "F32" if is_norm else weight_dtype, shape, is_norm))
     if config["architecture"] == "phi3":
         entries = phi3_fused_entries(entries)
+    if config["architecture"] == "gpt_oss":
+        entries = gpt_oss_fused_entries(entries, config, weight_dtype)
     groups = shard_groups(entries, max_shard_bytes)
     # Gemma's checkpoints hold norm weights w for the multipliers 1 + w.
     norm_offset = 0.0 if config["architecture"] in convert.GEMMA_ARCHITECTURES else 1.0
@@ -341,6 +369,26 @@ def phi3_fused_entries(entries):
             prefix = name[:-len("mlp.gate_proj.weight")]
             out.append((prefix + convert.PHI3_GATE_UP, dtype, (2 * shape[0], shape[1]), False))
         elif not name.endswith(("k_proj.weight", "v_proj.weight", "mlp.up_proj.weight")):
+            out.append((name, dtype, shape, is_norm))
+    return out
+
+
+def gpt_oss_fused_entries(entries, config, weight_dtype):
+    """gpt-oss's checkpoint entries: each layer's experts as transformers' fused tensors
+    (gpt_oss.py), in place of the converter's sources of barellm's stacked ones."""
+    experts, dim, width = config["experts"], config["dim"], config["moe_hidden_dim"]
+    out = []
+    for name, dtype, shape, is_norm in entries:
+        prefix, _, short = name.partition("mlp.experts.")
+        if short.startswith("w1 "):
+            out += [(prefix + "mlp.experts.gate_up_proj", weight_dtype,
+                     (experts, dim, 2 * width), False),
+                    (prefix + "mlp.experts.gate_up_proj_bias", weight_dtype,
+                     (experts, 2 * width), True)]
+        elif short.startswith("w2 "):
+            out += [(prefix + "mlp.experts.down_proj", weight_dtype, (experts, width, dim), False),
+                    (prefix + "mlp.experts.down_proj_bias", weight_dtype, (experts, dim), True)]
+        elif not short:
             out.append((name, dtype, shape, is_norm))
     return out
 

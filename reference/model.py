@@ -20,9 +20,18 @@ their sparse layers): the router's logits, a softmax over all experts, the exper
 most probable (an exact tie to the lower index), their probabilities rescaled to sum to 1
 (Mixtral always, Qwen3-MoE with norm_topk_prob), and the sum of those experts' SwiGLU MLPs
 weighted by them (Mixtral's softmax over the chosen logits is this renormalised softmax over
-all). Phi-3: q, k, v and the gate and up projections split from its fused matrices; RoPE on
-the first int(head_dim * partial_rotary_factor) elements of each head (rotate-half among
-them), LongRoPE's long factors where the sequence is longer than the original context, else
+all). gpt-oss: every layer a mixture of experts whose router adds a bias before the
+routing (the softmax over the k largest logits: the renormalised one above), each expert
+adding biases to its gate, up and down projections and computing the clamped SwiGLU
+g sigmoid(1.702 g) (u + 1), g = min(gate, limit), u = clamp(up, -limit, limit); attention
+with q/k/v/o biases and a sink per head (one more logit in the softmax, not scaled, whose
+value is zero); sliding and full layers from layer_types; YaRN. Its experts are fused in
+the checkpoint (gate_up_proj [experts, dim, 2 H] used as x @ W, the gate in its even
+columns, the up projection in its odd ones), or MXFP4 blocks of 32 weights (an E8M0 scale
+byte, weight 2j in the low nibble of byte j, 2j + 1 in its high one). Phi-3: q, k, v and
+the gate and up projections split from its fused matrices; RoPE on the first
+int(head_dim * partial_rotary_factor) elements of each head (rotate-half among them),
+LongRoPE's long factors where the sequence is longer than the original context, else
 its short ones, and cos and sin times its attention factor; a window on every layer where
 sliding_window is set. A barellm file's rotary_dim is its own layout (docs/FORMAT.md):
 rotate-half over the whole head, the pairs past rotary_dim / 2 unrotated. It shares no code
@@ -214,6 +223,82 @@ def split_phi3(raw, config):
         raw[prefix + "mlp.gate_proj.weight"], raw[prefix + "mlp.up_proj.weight"] = gate, up
 
 
+# GptOssConfig's defaults, and the E2M1 values of an MXFP4 nibble.
+GPT_OSS_DEFAULTS = {
+    "num_local_experts": 128, "num_experts_per_tok": 4, "head_dim": 64,
+    "num_key_value_heads": 8, "sliding_window": 128, "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False, "swiglu_limit": 7.0, "attention_bias": True,
+}
+GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                "truncate": False, "original_max_position_embeddings": 4096,
+                "rope_theta": 150000.0}
+FP4_VALUES = [0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6]
+
+
+def gpt_oss_experts(raw, prefix, name):
+    """The fused expert matrix `name` as transformers uses it, x @ W per expert: the float
+    tensor, or its MXFP4 `_blocks` [experts, rows, groups, 16] and `_scales` [experts, rows,
+    groups] dequantized and transposed to [experts, cols, rows]."""
+    if prefix + name in raw:
+        return raw[prefix + name]
+    blocks = raw[prefix + name + "_blocks"].astype(np.uint8)
+    scales = raw[prefix + name + "_scales"].astype(np.int64)
+    values = np.zeros(blocks.shape[:-1] + (2 * blocks.shape[-1],))
+    values[..., 0::2] = np.array(FP4_VALUES)[blocks & 15]
+    values[..., 1::2] = np.array(FP4_VALUES)[blocks >> 4]
+    values *= 2.0 ** (scales[..., None] - 127)
+    return values.reshape(values.shape[0], values.shape[1], -1).transpose(0, 2, 1)
+
+
+def load_hf_gpt_oss(hf, raw):
+    """(config, weights) of a gpt-oss checkpoint, its fused experts split into barellm's
+    stacked w1, w3, w2 and b1, b3, b2."""
+    hf = {**GPT_OSS_DEFAULTS, **{k: v for k, v in hf.items() if v is not None}}
+    rope = hf.get("rope_scaling") or hf.get("rope_parameters") or GPT_OSS_ROPE
+    theta = hf.get("rope_theta", rope.get("rope_theta", GPT_OSS_ROPE["rope_theta"]))
+    scaling = hf_yarn(hf, rope) if rope.get("rope_type") == "yarn" else None
+    layers = hf["num_hidden_layers"]
+    kinds = hf.get("layer_types") or ["sliding_attention" if layer % 2 == 0
+                                      else "full_attention" for layer in range(layers)]
+    config = {
+        "architecture": "gpt_oss", "dim": hf["hidden_size"], "layers": layers,
+        "heads": hf["num_attention_heads"], "kv_heads": hf["num_key_value_heads"],
+        "head_dim": hf["head_dim"], "rope_theta": theta, "rope_scaling": scaling,
+        "norm_eps": hf["rms_norm_eps"], "sliding_window": hf["sliding_window"],
+        "layer_types": ["sliding" if kind == "sliding_attention" else "full" for kind in kinds],
+        "experts": hf["num_local_experts"], "experts_per_token": hf["num_experts_per_tok"],
+        "moe_hidden_dim": hf["intermediate_size"], "norm_topk_prob": True,
+        "activation": "swiglu_oai", "swiglu_limit": hf["swiglu_limit"],
+        "tied_embeddings": hf["tie_word_embeddings"], "bos_id": hf.get("bos_token_id"),
+    }
+    weights = {"token_embedding": raw["model.embed_tokens.weight"],
+               "final_norm": raw["model.norm.weight"]}
+    if not config["tied_embeddings"]:
+        weights["output"] = raw["lm_head.weight"]
+    for layer in range(layers):
+        prefix, short = f"model.layers.{layer}.", f"layers.{layer}."
+        for name, hf_name in HF_LAYER_NAMES.items():
+            if name not in ("w1", "w3", "w2"):
+                weights[short + name] = raw[prefix + hf_name]
+        for name, hf_name in HF_OPTIONAL_LAYER_NAMES.items():
+            if prefix + hf_name in raw:
+                weights[short + name] = raw[prefix + hf_name]
+        weights[short + "sinks"] = raw[prefix + "self_attn.sinks"]
+        weights[short + "router"] = raw[prefix + "mlp.router.weight"]
+        weights[short + "router_bias"] = raw[prefix + "mlp.router.bias"]
+        experts = prefix + "mlp.experts."
+        gate_up = gpt_oss_experts(raw, experts, "gate_up_proj")
+        down = gpt_oss_experts(raw, experts, "down_proj")
+        weights[short + "experts.w1"] = np.concatenate(gate_up[:, :, 0::2].transpose(0, 2, 1))
+        weights[short + "experts.w3"] = np.concatenate(gate_up[:, :, 1::2].transpose(0, 2, 1))
+        weights[short + "experts.w2"] = np.concatenate(down.transpose(0, 2, 1))
+        biases = raw[experts + "gate_up_proj_bias"]
+        weights[short + "experts.b1"] = biases[:, 0::2].reshape(-1)
+        weights[short + "experts.b3"] = biases[:, 1::2].reshape(-1)
+        weights[short + "experts.b2"] = raw[experts + "down_proj_bias"].reshape(-1)
+    return config, weights
+
+
 def load_hf(hf_dir):
     """Load a Hugging Face checkpoint as (config, weights) with barellm tensor names."""
     with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
@@ -223,6 +308,8 @@ def load_hf(hf_dir):
         raw.update(read_safetensors(path)[0])
     if hf["model_type"] in ("gemma2", "gemma3", "gemma3_text"):
         return load_hf_gemma(hf, raw)
+    if hf["model_type"] == "gpt_oss":
+        return load_hf_gpt_oss(hf, raw)
     dim, heads = hf["hidden_size"], hf["num_attention_heads"]
     model_type = hf["model_type"]
     scaling = hf.get("rope_scaling")
@@ -497,8 +584,15 @@ def attention(config, weights, prefix, h, cos, sin, mask):
     scores = q @ k.transpose(0, 2, 1) * config.get("attention_scale", 1 / math.sqrt(hd))
     scores = soft_cap(scores, config.get("attn_logit_softcap"))
     scores = np.where(mask, scores, -np.inf)
-    scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    probs = scores / scores.sum(axis=-1, keepdims=True)
+    sinks = weights.get(prefix + "sinks")
+    if sinks is None:
+        scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        probs = scores / scores.sum(axis=-1, keepdims=True)
+    else:  # one more logit per head, the sink's, whose value vector is zero
+        sink = sinks[:, None, None]
+        top = np.maximum(scores.max(axis=-1, keepdims=True), sink)
+        scores = np.exp(scores - top)
+        probs = scores / (scores.sum(axis=-1, keepdims=True) + np.exp(sink - top))
     out = (probs @ v).transpose(1, 0, 2).reshape(length, heads * hd)
     return projection(weights, prefix, "o", out)
 
@@ -521,6 +615,14 @@ def mlp(config, weights, prefix, h):
     return (activated * up) @ weights[prefix + "w2"].T
 
 
+def swiglu_oai(config, gate, up):
+    """gpt-oss's clamped SwiGLU: g sigmoid(1.702 g) (u + 1), g = min(gate, limit),
+    u = clamp(up, -limit, limit)."""
+    limit = config["swiglu_limit"]
+    g, u = np.minimum(gate, limit), np.clip(up, -limit, limit)
+    return g / (1.0 + np.exp(-1.702 * g)) * (u + 1)
+
+
 def route(config, logits):
     """(experts [k], weights [k]) of one token from its router logits [experts]: softmax
     over all experts, the k = experts_per_token most probable (a stable sort: an exact tie
@@ -537,16 +639,25 @@ def route(config, logits):
 def mixture_of_experts(config, weights, prefix, h):
     """A sparse layer's MLP of the normed hidden states h [T, dim]: for each token, the sum
     over the experts route() picks of weight * SwiGLU MLP of that expert (its rows of the
-    stacked experts.w1, experts.w3 and experts.w2)."""
+    stacked experts.w1, experts.w3 and experts.w2). With the experts' biases (gpt-oss) the
+    router's logits and each projection add theirs, and the activation is swiglu_oai."""
     width, dim = config["moe_hidden_dim"], config["dim"]
     w1, w3, w2 = (weights[prefix + "experts." + short] for short in ("w1", "w3", "w2"))
+    zeros = {"router_bias": np.zeros(config["experts"]), "experts.b1": np.zeros(len(w1)),
+             "experts.b3": np.zeros(len(w3)), "experts.b2": np.zeros(len(w2))}
+    b1, b3, b2, router_bias = (weights.get(prefix + name, zeros[name]) for name in
+                               ("experts.b1", "experts.b3", "experts.b2", "router_bias"))
     out = np.zeros_like(h)
-    for t, logits in enumerate(h @ weights[prefix + "router"].T):
+    for t, logits in enumerate(h @ weights[prefix + "router"].T + router_bias):
         for expert, weight in zip(*route(config, logits)):
             rows = slice(expert * width, (expert + 1) * width)
-            gate, up = w1[rows] @ h[t], w3[rows] @ h[t]
-            activated = gate / (1.0 + np.exp(-gate)) * up
-            out[t] += weight * (w2[expert * dim:(expert + 1) * dim] @ activated)
+            gate, up = w1[rows] @ h[t] + b1[rows], w3[rows] @ h[t] + b3[rows]
+            if config.get("activation") == "swiglu_oai":
+                activated = swiglu_oai(config, gate, up)
+            else:
+                activated = gate / (1.0 + np.exp(-gate)) * up
+            down = slice(expert * dim, (expert + 1) * dim)
+            out[t] += weight * (w2[down] @ activated + b2[down])
     return out
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Write a GGUF file for llama.cpp from a Hugging Face Llama/Mistral/Qwen2/Qwen3/Phi-3/Gemma 2/
-Gemma 3/Mixtral/Qwen3-MoE checkpoint.
+Gemma 3/Mixtral/Qwen3-MoE/gpt-oss checkpoint.
 
     python3 scripts/gguf_from_hf.py HF_DIR -o OUT.gguf [--type TYPE] [--pre NAME]
 
@@ -48,6 +48,12 @@ What is written (GGUF v3, through the `gguf` package, scripts/requirements.txt):
   the 3-dimensional `ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps`. llama.cpp has no dense
   layers among sparse ones, and rescales the chosen experts' weights always: a checkpoint
   with dense layers or without norm_topk_prob is refused.
+- gpt-oss as llama.cpp's `gpt-oss`: q/k/v/o biases, `attn_sinks`, the feed-forward norm as
+  `post_attention_norm`, the router's bias `ffn_gate_inp.bias`, the experts split from
+  transformers' fused tensors (convert/gpt_oss.py; MXFP4 ones dequantized) into
+  `ffn_gate_exps`, `ffn_up_exps`, `ffn_down_exps` with their biases [experts, rows], the
+  window and which layers slide (`attention.sliding_window_pattern`, one flag per layer).
+  llama.cpp's SwiGLU limit is 7: another swiglu_limit is refused.
 - the tokenizer: SentencePiece (`llama`: pieces, scores, types, from tokenizer.model
   decoded by convert/spm.py, or from a byte-fallback BPE tokenizer.json with scores
   taken from the merge ranks) or byte-level BPE (`gpt2`: tokens, types, merges, and the
@@ -92,6 +98,7 @@ from common import (ConvertError, refuse_output_among_inputs,  # noqa: E402
 import convert  # noqa: E402
 import dtypes  # noqa: E402
 import gguf_in  # noqa: E402
+import gpt_oss  # noqa: E402
 import gguf_tokenizer  # noqa: E402
 import hf_tokenizer  # noqa: E402
 import parallel  # noqa: E402
@@ -561,6 +568,22 @@ def add_hparams(writer, config, name):
         writer.add_sliding_window(config["sliding_window"] or 0)
     if config["architecture"] in ("gemma2", "gemma3"):
         add_gemma_hparams(writer, config)
+    if config["architecture"] == "gpt_oss":
+        add_gpt_oss_hparams(writer, config)
+
+
+def add_gpt_oss_hparams(writer, config):
+    """gpt-oss's keys (read back by convert/gguf_in.py as llama.cpp reads them): the window
+    and the flag of each layer, after refusing a SwiGLU limit llama.cpp does not compute."""
+    if config["swiglu_limit"] != gguf_in.GPT_OSS_SWIGLU_LIMIT:
+        raise ConvertError(f"swiglu_limit {config['swiglu_limit']:g}: llama.cpp's gpt-oss "
+                           f"clamps at {gguf_in.GPT_OSS_SWIGLU_LIMIT:g}; cannot write this "
+                           "checkpoint as GGUF")
+    kinds = config.get("layer_types") or ["full"] * config["layers"]
+    # llama.cpp requires the window; with no sliding layer its value does not matter.
+    writer.add_sliding_window(config["sliding_window"] or config["max_context"])
+    writer.add_array(f"{writer.arch}.attention.sliding_window_pattern",
+                     [kind == "sliding" for kind in kinds])
 
 
 def add_gemma_hparams(writer, config):
@@ -614,6 +637,8 @@ def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
     if config["architecture"] == "phi3":
         plan = phi3_fused_plan(config, tensors)
     else:
+        if config["architecture"] == "gpt_oss":
+            tensors = gpt_oss.split_experts(config, tensors, convert.TEXT_LAYOUT.prefix)
         plan = convert.tensor_plan(config, tensors)
     type_name = type_name or DEFAULT_TYPES[convert.default_weight_dtype(cfg, plan)]
     qtype, file_type = TYPES[type_name]
@@ -650,8 +675,8 @@ def gguf_from_hf(hf_dir, output, type_name=None, pre=None, log=print):
                 assert info.shape[0] == heads * config["head_dim"]
                 order = gguf_in.rope_row_order(info.shape[0], config["head_dim"])
             shape = info.shape
-            if ".experts." in name:  # [experts, rows, cols]
-                shape = (config["experts"], shape[0] // config["experts"], shape[1])
+            if ".experts." in name:  # [experts, rows, cols]; a bias [experts, rows]
+                shape = (config["experts"], shape[0] // config["experts"], *shape[1:])
             jobs.append((gguf_name(name, arch), info, ttype, order, shape))
         for gname, source, ttype, _, shape in jobs:
             nbytes = math.prod(byte_shape(shape, ttype)) * np.dtype(numpy_type(ttype)).itemsize

@@ -269,8 +269,8 @@ HOSTILE = {
                         "ends at byte"),
     "other architecture": (with_key("general.architecture", STRING, "qwen2moe"),
                            "architecture 'qwen2moe' is not supported: Qwen2-MoE's shared "
-                           "expert is not implemented (only gemma2, gemma3, llama, phi3, qwen2, "
-                           "qwen3, qwen3moe)"),
+                           "expert is not implemented (only gemma2, gemma3, gpt-oss, llama, "
+                           "phi3, qwen2, qwen3, qwen3moe)"),
     "no architecture": (without_key("general.architecture"), "general.architecture"),
     "missing config key": (without_key("llama.block_count"), "'llama.block_count' is missing"),
     "config key of the wrong type": (with_key("llama.block_count", STRING, "1"),

@@ -426,3 +426,49 @@ def test_tokenizer_model_refusals():
     assert model["pieces"] == [("<pad>", 0.0, 3), ("<unk>", 0.0, 2), ("a", 0.0, 1)]
     assert model["model_type"] == 2 and model["bos_id"] is None
     assert model["add_dummy_prefix"] is True  # the GGUF does not say: SentencePiece's default
+
+
+def test_gpt_oss_preset_is_gpt_oss_20b():
+    """openai/gpt-oss-20b's shape: 20.9 B parameters, of which 3.6 B active apart from the
+    embedding (4 of 32 experts), as OpenAI's model card gives them."""
+    _, cfg = synth.PRESETS["gpt-oss-20b"]
+    convert.check_architecture(cfg)
+    config = convert.model_config(convert.language_model_config(cfg), None)
+    keys = ("dim", "layers", "heads", "kv_heads", "head_dim", "experts", "experts_per_token",
+            "moe_hidden_dim", "vocab_size", "sliding_window", "swiglu_limit", "rope_theta")
+    assert tuple(config[k] for k in keys) == (2880, 24, 64, 8, 64, 32, 4, 2880, 201088, 128,
+                                              7.0, 150000.0)
+    assert config["layer_types"] == ["sliding", "full"] * 12
+    scaling = config["rope_scaling"]
+    assert (scaling["factor"], scaling["original_max_position_embeddings"],
+            scaling["truncate"]) == (32.0, 4096, False)
+    sizes = {name: math.prod(shape) for name, shape, _ in convert.expected_tensors(config).values()}
+    experts = sum(size for name, size in sizes.items() if ".experts." in name)
+    total = sum(sizes.values())
+    assert round(total / 1e9, 1) == 20.9
+    active = total - experts + experts * 4 // 32 - sizes["token_embedding"]
+    assert round(active / 1e9, 1) == 3.6
+
+
+def test_a_gpt_oss_checkpoint_has_fused_experts_and_non_zero_biases(tmp_path, inputs):
+    """A small gpt-oss shape: transformers' fused expert tensors, every bias and sink random
+    and non-zero, and a file the converter reads and the reference runs."""
+    config, tok = inputs
+    config.write_text(json.dumps({
+        "architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", "hidden_size": 32,
+        "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 8, "num_local_experts": 4,
+        "num_experts_per_tok": 2, "vocab_size": 64, "max_position_embeddings": 256,
+        "sliding_window": 4}))
+    hf = synthesize(tmp_path / "hf", config, tok, "--dtype", "bf16")
+    header, arrays = read_raw(hf / "model.safetensors")[1:3]
+    assert header["model.layers.1.mlp.experts.gate_up_proj"]["shape"] == [4, 32, 48]
+    assert header["model.layers.1.mlp.experts.down_proj"]["shape"] == [4, 24, 32]
+    for name in ("mlp.experts.gate_up_proj_bias", "mlp.experts.down_proj_bias",
+                 "mlp.router.bias", "self_attn.sinks", "self_attn.q_proj.bias"):
+        assert (arrays[f"model.layers.1.{name}"] != 0).all(), name
+    out = tmp_path / "model.barellm"
+    result = run(CONVERT, hf, "-o", out)
+    assert result.returncode == 0, result.stderr
+    logits = reference.logits_for(str(out), list(range(1, 20)))
+    assert np.isfinite(logits).all() and logits.std() > 0.1
