@@ -7,19 +7,18 @@ checkpoint with deterministic random weights.
     python3 convert/synth.py --config CONFIG_JSON --tokenizer DIR|FILE.gguf -o HF_DIR [...]
 
 Presets carry the config.json of real models (tinyllama-1.1b, mistral-7b, llama3-8b,
-smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, qwen3-8b, phi3-mini, phi4-mini, gemma2-2b,
-gemma2-9b, gemma3-270m, gemma3-1b, gemma3-4b, mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b) so that
-speed and
-memory can be measured at their exact shapes; --layers N keeps the first N layers of the
-shape (a 30B model with 8 layers fits a small machine, its per-layer speed unchanged). A
-mixture-of-experts checkpoint holds each expert's matrices as Hugging Face's do, one tensor
-per expert; its routers are random matrices like the others; a Phi-3 one its fused qkv_proj
-and gate_up_proj; a gpt-oss one its experts fused as transformers keeps them (gate_up_proj
-[experts, dim, 2 H], down_proj [experts, H, dim] and their biases), with random non-zero
-biases and attention sinks. Weights are generated per tensor from numpy's Generator
+smollm2-135m, qwen2.5-0.5b, qwen3-0.6b, qwen3-8b, phi3-mini, phi4-mini, gemma2-2b, gemma2-9b,
+gemma3-270m, gemma3-1b, gemma3-4b, mixtral-8x7b, qwen3-30b-a3b, gpt-oss-20b) so that speed and
+memory can be measured at their exact shapes; --layers N keeps the first N layers of the shape
+and of its layer_types (a 30B model with 8 layers fits a small machine, its per-layer speed
+unchanged). A mixture-of-experts checkpoint holds each expert's matrices as Hugging Face's do,
+one tensor per expert; its routers are random matrices like the others; a Phi-3 one its fused
+qkv_proj and gate_up_proj; a gpt-oss one its experts fused as transformers keeps them
+(gate_up_proj [experts, dim, 2 H], down_proj [experts, H, dim] and their biases), with random
+non-zero biases and attention sinks. Weights are generated per tensor from numpy's Generator
 seeded by (seed, tensor name) and written in row blocks, a tensor on each core (parallel.py),
-so multi-GB checkpoints never sit in memory. Checkpoints larger than the shard limit (4 GB)
-are split into model-0000i-of-0000n.safetensors files with a model.safetensors.index.json, as
+so multi-GB checkpoints never sit in memory. Checkpoints larger than the shard limit (4 GB) are
+split into model-0000i-of-0000n.safetensors files with a model.safetensors.index.json, as
 Hugging Face does.
 
 The tokenizer is copied from a Hugging Face directory (tokenizer.json and/or
@@ -509,6 +508,17 @@ def synthesize(cfg, tokenizer_dir, out_dir, weight_dtype, seed, max_shard_bytes)
             f"vocab {config['vocab_size']}, {weight_dtype}, seed {seed}")
 
 
+def first_layers(cfg, layers):
+    """The config of a preset's first `layers` layers (and of its layer_types)."""
+    if not 0 < layers <= cfg["num_hidden_layers"]:
+        raise ConvertError(f"--layers {layers} is not between 1 and the "
+                           f"preset's {cfg['num_hidden_layers']}")
+    cfg = {**cfg, "num_hidden_layers": layers}
+    if "layer_types" in cfg:
+        cfg["layer_types"] = cfg["layer_types"][:layers]
+    return cfg
+
+
 def parse_args(argv):
     """Command-line arguments."""
     parser = OneLineParser(
@@ -541,10 +551,7 @@ def main(argv=None):
             tokenizer_name, cfg = PRESETS[args.preset]
             tokenizer_dir = args.tokenizer or os.path.join(SHARED_TOKENIZERS, tokenizer_name)
             if args.layers is not None:
-                if not 0 < args.layers <= cfg["num_hidden_layers"]:
-                    raise ConvertError(f"--layers {args.layers} is not between 1 and the "
-                                       f"preset's {cfg['num_hidden_layers']}")
-                cfg = {**cfg, "num_hidden_layers": args.layers}
+                cfg = first_layers(cfg, args.layers)
         else:
             cfg = convert.json_object(args.config, required=True)
             if not args.tokenizer:

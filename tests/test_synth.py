@@ -225,6 +225,13 @@ def test_layers_keeps_the_first_layers_of_the_shape(tmp_path):
     assert cfg["num_hidden_layers"] == 2 and cfg["hidden_size"] == 576
 
 
+def test_layers_keeps_the_first_layer_types():
+    """gpt-oss-20b's layer_types (sliding, full, ...) cut to the layers kept."""
+    cfg = synth.first_layers(synth.PRESETS["gpt-oss-20b"][1], 3)
+    assert cfg["num_hidden_layers"] == 3
+    assert cfg["layer_types"] == ["sliding_attention", "full_attention", "sliding_attention"]
+
+
 def test_bias_scale():
     bias = next(synth.tensor_blocks("model.layers.0.self_attn.q_proj.bias", (4000,), True, 0))
     assert abs(bias.mean()) < 0.02 and abs(bias.std() - 0.25) < 0.01
