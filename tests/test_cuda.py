@@ -39,6 +39,10 @@ from convert_testlib import (BUILD, CONVERT, SHARED, STORIES, SYNTH,  # noqa: E4
                              TINY_CONFIG, cuda_unavailable_reason, make_checkpoint,
                              need_shared, require_cuda, run, tiny_tensors, tiny_tokenizer_json)
 from test_gemma import CONFIGS as GEMMA_CPU_CONFIGS, gemma_tensors  # noqa: E402
+from test_gpt_oss import BLOCK_SHAPE as GPT_OSS_BLOCK_SHAPE  # noqa: E402
+from test_gpt_oss import CONFIG as GPT_OSS_CONFIG  # noqa: E402
+from test_gpt_oss import MXFP4_CONFIG as GPT_OSS_MXFP4_CONFIG  # noqa: E402
+from test_gpt_oss import checkpoint as gpt_oss_checkpoint, gpt_oss_tensors  # noqa: E402
 from test_moe import checkpoint as moe_checkpoint  # noqa: E402
 from test_qwen import convert as convert_model  # noqa: E402
 from test_qwen import CONFIGS as QWEN_CPU_CONFIGS, qwen_tensors  # noqa: E402
@@ -739,6 +743,56 @@ def test_mixture_of_experts_cuda_matches_cpu(cuda, tmp_path, name, dtype, length
         compare_quantized_prefill_with_cpu(model, ids, "f32")
     else:
         compare_prefill_with_cpu(model, dtype, ids, "f32")
+
+
+def gpt_oss_model(tmp_path, dtype):
+    """A tiny gpt-oss (tests/test_gpt_oss.py's: sinks, every bias, the clamped SwiGLU, sliding
+    layers of 5 positions, YaRN) converted to dtype; "mxfp4" is its MXFP4 checkpoint, the
+    experts kept in ggml's blocks and the rest F32. Whole blocks of 32 for the quantized
+    types."""
+    if dtype == "mxfp4":
+        hf = gpt_oss_checkpoint(tmp_path, GPT_OSS_MXFP4_CONFIG,
+                                gpt_oss_tensors(GPT_OSS_MXFP4_CONFIG, mxfp4=True))
+        result = run(CONVERT, hf, "-o", tmp_path / "model.bin")
+        assert result.returncode == 0, result.stderr
+        return str(tmp_path / "model.bin")
+    config = {**GPT_OSS_CONFIG, **GPT_OSS_BLOCK_SHAPE}
+    return convert_model(gpt_oss_checkpoint(tmp_path, config, gpt_oss_tensors(config)),
+                         tmp_path / "model.bin", dtype)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16", "q8", "mxfp4"])
+@pytest.mark.parametrize("length", [1, 7, 60])
+def test_gpt_oss_cuda_matches_cpu(cuda, tmp_path, dtype, length):
+    """gpt-oss on the device: each head's sink in the decode, prefill and split attention, the
+    router's bias before the routing, the experts' biases around the clamped SwiGLU; 60
+    positions cross the sliding layers' window many times over."""
+    model = gpt_oss_model(tmp_path, dtype)
+    ids = token_ids(length, seed=length)
+    if dtype == "mxfp4":
+        compare_block_types_with_cpu(model, ids, f"gpt-oss mxfp4, {length} positions")
+        return
+    compare_with_cpu(model, ids, "f32", tolerance(dtype))
+    if dtype == "q8":
+        compare_quantized_prefill_with_cpu(model, ids, "f32")
+    else:
+        compare_prefill_with_cpu(model, dtype, ids, "f32")
+
+
+def test_step_gpt_oss_matches_cpu(cuda, tmp_path):
+    """The CUDA step of gpt-oss (the paged attention with sinks), several sequences at once,
+    against each sequence alone on the CPU backend, as test_step_matches_cpu_forward."""
+    model = gpt_oss_model(tmp_path, "f32")
+    sequences = [token_ids(n, seed=300 + n) for n in STEP_LENGTHS]
+    gpu = step_logits(model, sequences, "--chunks", STEP_CHUNKS, "--block-size", "16",
+                      "--kv", "f32", "--device", "cuda")
+    assert np.isfinite(gpu).all()
+    first = 0
+    for ids in sequences:
+        cpu = dump_logits(model, ids, "--kv", "f32", *CPU_REFERENCE)
+        assert_close(gpu[first:first + len(ids)], cpu,
+                     f"gpt-oss step, {len(ids)} positions", PREFILL_TOLERANCE["f32"])
+        first += len(ids)
 
 
 def step_logits(model, sequences, *flags, env=None):

@@ -108,6 +108,11 @@ def test_mixture_of_experts_decode_and_prefill(tmp_path, name, dtype):
     gpu.test_mixture_of_experts_cuda_matches_cpu(None, tmp_path, name, dtype, LENGTH)
 
 
+@pytest.mark.parametrize("dtype", ["f32", "mxfp4"])
+def test_gpt_oss_decode_and_prefill(tmp_path, dtype):
+    gpu.test_gpt_oss_cuda_matches_cpu(None, tmp_path, dtype, LENGTH)
+
+
 # The server's step: four sequences, the first steps of 1 + 5 + 24 + 1 rows (the GEMMs),
 # the later ones fewer than 16 (the batched matvec). The longest, 24 positions a step, fills
 # a block of 64 over three steps: a block copied between them must be copied whole.
@@ -130,6 +135,10 @@ def test_step_matches_cpu_forward(short_steps, models, name, dtype, kv):
 def test_step_mixture_of_experts_and_block_types(short_steps, tmp_path, block_mix):
     gpu.test_step_mixture_of_experts_matches_cpu(None, tmp_path, "qwen3_moe", "q8")
     gpu.test_step_block_types_match_cpu(None, block_mix, "q4_k_m")
+
+
+def test_step_gpt_oss(short_steps, tmp_path):
+    gpu.test_step_gpt_oss_matches_cpu(None, tmp_path)
 
 
 def test_step_graphs_and_copied_blocks(short_steps, models):
