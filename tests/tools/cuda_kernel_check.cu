@@ -899,7 +899,8 @@ void check_elementwise() {
         report("residual_add" + size, to_host(sum.as(), n), want, 0.0);
 
         DeviceBuffer gate = to_device(x);
-        cuda::swiglu(gate.as<float>(), device_y.as<float>(), n, Activation::Silu, 0);
+        cuda::swiglu(gate.as<float>(), device_y.as<float>(), n, Activation::Silu, /*limit=*/0.0f,
+                     0);
         want = x;
         cpu::swiglu(want.data(), y.data(), n);
         report("swiglu" + size, to_host(gate.as(), n), want, 1e-6);
