@@ -906,7 +906,8 @@ void check_elementwise() {
         report("swiglu" + size, to_host(gate.as(), n), want, 1e-6);
 
         gate = to_device(x);
-        cuda::swiglu(gate.as<float>(), device_y.as<float>(), n, Activation::GeluTanh, 0);
+        cuda::swiglu(gate.as<float>(), device_y.as<float>(), n, Activation::GeluTanh,
+                     /*limit=*/0.0f, 0);
         want = x;
         cpu::geglu(want.data(), y.data(), n);
         report("swiglu (GeGLU)" + size, to_host(gate.as(), n), want, 1e-6);
@@ -1580,7 +1581,7 @@ void check_prefill_rows() {
 
                 out = poisoned_activations(memory, count, cols, dtype);
                 cuda::swiglu_rows(out, device_gate.as<float>(), device_up.as<float>(), in_pitch,
-                                  Activation::Silu, 0);
+                                  Activation::Silu, /*limit=*/0.0f, 0);
                 report("swiglu_rows " + shape, activations_to_host(out),
                        with_pitch(rounded(gated, dtype), count, cols, pitch),
                        rounding_tolerance(dtype, 1e-6));
