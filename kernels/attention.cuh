@@ -15,6 +15,9 @@
 //   the partials: it rescales them to a common max and divides by the total sum (no second
 //   kernel). A lone non-empty split (pos within the first split's length) divides its own
 //   sums and writes the output: no partials, no arrival.
+// - Attention sinks (gpt-oss; AttentionShape::sinks): each query head's softmax has one more
+//   logit, its sink, whose value is zero. It joins once, where the sums are divided: in the
+//   merge, or in a lone split's output; the splits' partials know nothing of it.
 // - The grid is fixed for a context (splits does not depend on pos). Blocks whose range is
 //   empty at this pos exit at once and do not arrive, so a captured CUDA graph replays for
 //   every position; the merging block sets its counter back to zero for the next launch.
@@ -71,6 +74,7 @@ struct AttentionArgs {
     float2* partial_stats;    // [heads, splits]: (running max, sum of exp(score - max))
     unsigned* arrivals;       // [kv_heads * head groups]: blocks done; 0 between launches
     float* out;               // [heads * head_dim]
+    const float* sinks;       // [heads]  each query head's sink logit, or null
     int heads, kv_heads, head_dim, window, splits;
     float scale;     // of q·k (AttentionShape::scale)
     float softcap;   // of the scores (AttentionShape::softcap), 0 for none
@@ -111,6 +115,18 @@ __device__ __forceinline__ void store_new_kv_row(KvT* keys, KvT* values, size_t 
     for (int d = threadIdx.x; d < head_dim; d += blockDim.x) kv_store(value_row + d, v[d]);
 }
 
+// What turns a query head's unnormalised output, with running max m and sum l of its scores'
+// exp(score - m), into its attention output: 1 / l, or with a sink logit s (sinks given: the
+// head's sinks[head]) e^(m - M) / (l e^(m - M) + e^(s - M)), M = max(m, s), so that neither
+// exponential overflows whichever of the two is larger.
+__device__ __forceinline__ float output_factor(float m, float l, const float* sinks, int head) {
+    if (sinks == nullptr) return 1.0f / l;
+    const float sink = sinks[head];
+    const float largest = fmaxf(m, sink);
+    const float kept = expf(m - largest);
+    return kept / (l * kept + expf(sink - largest));
+}
+
 __device__ __forceinline__ float2 add_scaled(float2 sum, float2 v, float scale) {
     return make_float2(fmaf(v.x, scale, sum.x), fmaf(v.y, scale, sum.y));
 }
@@ -143,7 +159,9 @@ __device__ __forceinline__ void weigh_partials(const AttentionArgs& a, int head0
 
 // The merge, run by the last block of a (KV head, head group) to finish, for each of its
 // heads_here query heads h (from head0), over the `active` non-empty splits s:
-//   out[h] = sum_s exp(m_s - M) * o_s / sum_s exp(m_s - M) * l_s,  M = max_s m_s.
+//   out[h] = sum_s exp(m_s - M) * o_s / sum_s exp(m_s - M) * l_s,  M = max_s m_s,
+// and with sinks, the head's sink logit σ joins the max and the total once:
+//   M = max(σ, max_s m_s), the denominator + exp(σ - M).
 // - Warp h loads head h's (max, sum) per split once and writes the weights exp(m_s - M) to
 //   shared memory.
 // - Then each thread sums four (or two) floats of the output over the splits
@@ -168,6 +186,7 @@ __device__ __forceinline__ void merge_splits(const AttentionArgs& a, int head0, 
             max_all = fmaxf(max_all, lane_stats[i].x);
         }
         max_all = warp_max(max_all);
+        if (a.sinks != nullptr) max_all = fmaxf(max_all, a.sinks[head0 + h]);
         float total = 0.0f;
 #pragma unroll
         for (int i = 0; i < kSplitsPerLane; ++i) {
@@ -179,6 +198,7 @@ __device__ __forceinline__ void merge_splits(const AttentionArgs& a, int head0, 
             }
         }
         total = warp_sum(total);
+        if (a.sinks != nullptr) total += expf(a.sinks[head0 + h] - max_all);
         if (lane == 0) inverse_total_shared[h] = 1.0f / total;
     }
     __syncthreads();
@@ -479,7 +499,8 @@ __global__ void __launch_bounds__(kAttentionThreads, kAttentionBlocksPerSM)
 #pragma unroll
         for (int w = 0; w < kAttentionWarps; ++w) sum += partial_shared[w][h][d];
         if (active == 1)  // a lone split's sums are the output once divided by the total
-            a.out[size_t(head0 + h) * head_dim + d] = sum * (1.0f / sum_shared[h]);
+            a.out[size_t(head0 + h) * head_dim + d] =
+                sum * output_factor(max_shared[h], sum_shared[h], a.sinks, head0 + h);
         else
             a.partial_out[(size_t(head0 + h) * a.splits + split) * head_dim + d] = sum;
     }
@@ -546,6 +567,7 @@ inline AttentionArgs attention_args(float* out, const float* qkv, const float* r
     args.partial_stats = reinterpret_cast<float2*>(partial_stats);
     args.arrivals = arrivals;
     args.out = out;
+    args.sinks = shape.sinks;
     args.heads = shape.heads;
     args.kv_heads = shape.kv_heads;
     args.head_dim = shape.head_dim;

@@ -19,7 +19,9 @@
 //   shared memory.
 // - attention_paged_merge_kernel: per (query head, row), rescales the runs' partials to a
 //   common max, divides by the total sum and stores the head's output in the wo product's
-//   input dtype.
+//   input dtype. With attention sinks (gpt-oss; AttentionShape::sinks), the head's sink logit
+//   σ, whose value is zero, joins there once: in the common max and as exp(σ - max) in the
+//   total; the runs know nothing of it.
 //
 // Device code first; the launch shapes as host functions outside the CUDA-only part, so that
 // the emulated unit tests launch the kernels exactly as attention_paged does.
@@ -204,21 +206,23 @@ __global__ void __launch_bounds__(kPagedThreads)
 
 // out[row, head * head_dim + d] for query head blockIdx.x of row blockIdx.y: the runs'
 // partials (attention_paged_split_kernel) rescaled to their common max, summed and divided
-// by the total sum, stored as D. The blocks of head 0 also zero columns heads * head_dim ..
-// out_pitch - 1 (the GEMM input's padding).
+// by the total sum (with sinks [heads], the head's sink counted in both), stored as D. The
+// blocks of head 0 also zero columns heads * head_dim .. out_pitch - 1 (the GEMM input's
+// padding).
 // Launch: grid (heads, rows), block 128, no dynamic shared memory.
 template <DType D>
 __global__ void __launch_bounds__(kPagedThreads)
     attention_paged_merge_kernel(void* __restrict__ out, int out_pitch,
                                  const float* __restrict__ partial_out,
-                                 const float* __restrict__ partial_stats, int heads, int head_dim,
+                                 const float* __restrict__ partial_stats,
+                                 const float* __restrict__ sinks, int heads, int head_dim,
                                  int splits) {
     const int head = blockIdx.x, row = blockIdx.y;
     const size_t first = (size_t(row) * heads + head) * splits;
-    float max_of_runs = -INFINITY;
+    float max_of_runs = sinks != nullptr ? sinks[head] : -INFINITY;
     for (int s = 0; s < splits; ++s)
         max_of_runs = fmaxf(max_of_runs, partial_stats[2 * (first + s)]);
-    float total = 0.0f;
+    float total = sinks != nullptr ? expf(sinks[head] - max_of_runs) : 0.0f;
     for (int s = 0; s < splits; ++s) {
         const float run_max = partial_stats[2 * (first + s)];
         if (run_max != -INFINITY)
@@ -284,8 +288,8 @@ void attention_paged(const DeviceActivations& out, const float* qkv, int qkv_pit
     with_weight_dtype(out.dtype, [&](auto dtype) {
         launch_kernel(attention_paged_merge_kernel<decltype(dtype)::value>,
                       attention_paged_merge_grid(out.tokens, shape.heads), kPagedThreads, 0, stream,
-                      out.data, out.pitch, partial_out, partial_stats, shape.heads, shape.head_dim,
-                      splits);
+                      out.data, out.pitch, partial_out, partial_stats, shape.sinks, shape.heads,
+                      shape.head_dim, splits);
     });
     CUDA_CHECK_LAUNCH("attention_paged_merge_kernel");
 }

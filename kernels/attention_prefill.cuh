@@ -22,6 +22,11 @@
 //   - PV: lane l accumulates output dimensions l, l + 32, ... (kDimsPerLane of them) of
 //     every row of the warp, reading the probabilities from shared memory.
 //
+// Attention sinks (gpt-oss; AttentionShape::sinks, [heads] or null): each query head's softmax
+// has one more logit, its sink σ, with a zero value. Both kernels start a row's online softmax
+// from it: running max σ, running sum exp(σ - σ) = 1, output 0; the keys then rescale it as
+// they raise the max. Without sinks the max starts at -inf and the sum at 0.
+//
 // Device code first; the launch shape as host functions outside the CUDA-only part, so that
 // the emulated unit tests launch the kernel exactly as attention_prefill does.
 #pragma once
@@ -58,6 +63,7 @@ __device__ __forceinline__ int prefill_first_key(int pos, int window) {
 // - key_cache, value_cache [context, kv_heads * head_dim] of KvT, rows up to first_pos +
 //   count - 1 written; the token at pos = first_pos + t attends to rows
 //   prefill_first_key(pos, window) .. pos.
+// - sinks [heads]: each query head's sink logit, or null.
 // - out [count, out_pitch] of kOut: columns head * head_dim .. + head_dim - 1 of row t; the
 //   blocks of KV head 0 also zero columns heads * head_dim .. out_pitch - 1.
 // Launch: attention_prefill (below; attention_prefill_grid): grid (ceil(count * group /
@@ -71,7 +77,7 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
                              int qkv_pitch, const KvT* __restrict__ key_cache,
                              const KvT* __restrict__ value_cache, int first_pos, int count,
                              int heads, int kv_heads, int head_dim, int window, float scale,
-                             float softcap) {
+                             float softcap, const float* __restrict__ sinks) {
     constexpr int kRowsPerWarp = kPrefillRowsPerWarp<kDimsPerLane>;
     constexpr int kBlockRows = kAttentionPrefillWarps * kRowsPerWarp;
     const int group = heads / kv_heads, kv_head = blockIdx.y;
@@ -119,8 +125,10 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
     float acc[kRowsPerWarp][kDimsPerLane];
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
-        running_max[r] = -INFINITY;
-        running_sum[r] = 0.0f;
+        const int row = warp_row + r;
+        const bool sunk = sinks != nullptr && row < rows;  // the row's softmax starts at its sink
+        running_max[r] = sunk ? sinks[kv_head * group + row % group] : -INFINITY;
+        running_sum[r] = sunk ? 1.0f : 0.0f;
 #pragma unroll
         for (int i = 0; i < kDimsPerLane; ++i) acc[r][i] = 0.0f;
     }
@@ -377,7 +385,7 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
                                  const __half* __restrict__ key_cache,
                                  const __half* __restrict__ value_cache, int first_pos, int count,
                                  int heads, int kv_heads, int head_dim, int window, float scale,
-                                 float softcap) {
+                                 float softcap, const float* __restrict__ sinks) {
     static_assert(kBuffers == 1 || kBuffers == 2, "one tile buffer, or two taking turns");
     constexpr int kStride = kDims + kMmaRowPad;  // halves per staged row
     constexpr int kDimTiles = kDims / 8;         // n-tiles of the output
@@ -432,7 +440,16 @@ __global__ void __launch_bounds__(kAttentionPrefillThreads)
         warp_row < rows ? prefill_first_key(first_pos + warp_row / group, window) : key_end + 1;
     const int warp_key_end = warp_row < rows ? first_pos + warp_last_row / group : -1;
 
+    // Each row's softmax starts at its sink where there are sinks: max σ, and the sum's 1 held
+    // by the quad's lane t = 0 (the lanes' partial sums meet at the end).
     float running_max[2] = {-INFINITY, -INFINITY}, partial_sum[2] = {0.0f, 0.0f};
+    if (sinks != nullptr)
+        for (int half = 0; half < 2; ++half) {
+            const int row = warp_row + g + 8 * half;
+            if (row >= rows) continue;
+            running_max[half] = sinks[kv_head * group + row % group];
+            partial_sum[half] = t == 0 ? 1.0f : 0.0f;
+        }
     float acc[kDimTiles][4];
 #pragma unroll
     for (int n = 0; n < kDimTiles; ++n)
@@ -603,7 +620,7 @@ void attention_prefill(const DeviceActivations& out, const float* qkv, int qkv_p
                           out.pitch, qkv, qkv_pitch, static_cast<const __half*>(key_cache),
                           static_cast<const __half*>(value_cache), first_pos, out.tokens,
                           shape.heads, shape.kv_heads, shape.head_dim, shape.window, shape.scale,
-                          shape.softcap);
+                          shape.softcap, shape.sinks);
         });
         CUDA_CHECK_LAUNCH("attention_prefill_mma_kernel");
         return;
@@ -621,7 +638,7 @@ void attention_prefill(const DeviceActivations& out, const float* qkv, int qkv_p
                               out.pitch, qkv, qkv_pitch, static_cast<const KvT*>(key_cache),
                               static_cast<const KvT*>(value_cache), first_pos, out.tokens,
                               shape.heads, shape.kv_heads, shape.head_dim, shape.window,
-                              shape.scale, shape.softcap);
+                              shape.scale, shape.softcap, shape.sinks);
             });
         });
     });

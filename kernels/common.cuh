@@ -154,9 +154,12 @@ __device__ __forceinline__ float soft_capped(float score, float cap) {
 
 // The gated feed-forward's value act(gate) * up: SwiGLU, silu(g) = g / (1 + e^-g), or GeGLU
 // (Gemma), GELU's tanh approximation gelu(g) = g / 2 * (1 + tanh(sqrt(2 / pi) (g + 0.044715
-// g³))). The activation is a template parameter of every kernel that applies it.
+// g³))). The activation is a template parameter of every kernel that applies it; the fused
+// matvec and GEMM kernels take these two (with_activation), the elementwise ones SwigluOai
+// too (the three-argument form, with_any_activation).
 template <Activation A>
 __device__ __forceinline__ float gated_value(float gate, float up) {
+    static_assert(A != Activation::SwigluOai, "SwigluOai takes its limit: gated_value(g, u, l)");
     if constexpr (A == Activation::Silu) {
         return gate / (1.0f + expf(-gate)) * up;
     } else {
@@ -166,12 +169,44 @@ __device__ __forceinline__ float gated_value(float gate, float up) {
     }
 }
 
-// Host side: calls launch(std::integral_constant<Activation, A>{}) for the activation A.
+// gpt-oss's clamped SwiGLU (Activation::SwigluOai): with g = min(gate, limit) and u =
+// clamp(up, -limit, limit), g · σ(kSwigluOaiAlpha · g) · (u + 1).
+__device__ __forceinline__ float swiglu_oai_value(float gate, float up, float limit) {
+    const float g = fminf(gate, limit);
+    const float u = fminf(fmaxf(up, -limit), limit);
+    return g / (1.0f + expf(-kSwigluOaiAlpha * g)) * (u + 1.0f);
+}
+
+// act(gate) * up of any activation; `limit` is SwigluOai's (Config::swiglu_limit), unused by
+// the others.
+template <Activation A>
+__device__ __forceinline__ float gated_value(float gate, float up, float limit) {
+    if constexpr (A == Activation::SwigluOai)
+        return swiglu_oai_value(gate, up, limit);
+    else
+        return gated_value<A>(gate, up);
+}
+
+// Host side: calls launch(std::integral_constant<Activation, A>{}) for the activation A of a
+// fused kernel (SiLU or GeLU; SwigluOai, with its limit, runs as two products and the
+// elementwise swiglu or swiglu_rows: refused here, throwing).
 template <typename Launch>
 void with_activation(Activation activation, Launch launch) {
+    if (activation == Activation::SwigluOai)
+        throw Error(
+            "the fused gate kernels take SiLU and GeLU; SwigluOai runs as two products and "
+            "swiglu (or swiglu_rows)");
     if (activation == Activation::GeluTanh)
         return launch(std::integral_constant<Activation, Activation::GeluTanh>{});
     return launch(std::integral_constant<Activation, Activation::Silu>{});
+}
+
+// The same for the elementwise kernels, which take SwigluOai too.
+template <typename Launch>
+void with_any_activation(Activation activation, Launch launch) {
+    if (activation == Activation::SwigluOai)
+        return launch(std::integral_constant<Activation, Activation::SwigluOai>{});
+    with_activation(activation, launch);
 }
 
 #ifdef BARELLM_LAUNCH_FUNCTIONS

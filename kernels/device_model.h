@@ -19,6 +19,7 @@ struct DeviceLayer {
     const float* qkv_bias;  // [heads * head_dim + 2 * kv_heads * head_dim]: bq, bk, bv (qkv_bias)
     const float* q_norm;    // [head_dim]  per-head RMSNorm of q before RoPE (qk_norm)
     const float* k_norm;    // [head_dim]  the same of k (qk_norm)
+    const float* sinks;     // [heads]  each query head's attention sink logit (attention_sinks)
     DeviceMatrix wo;        // [dim, heads * head_dim]
     const float* o_bias;    // [dim]  (o_bias; else nullptr)
     const float* post_attn_norm;  // [dim]  RMSNorm of wo's output (post_norms; else nullptr)
@@ -29,10 +30,16 @@ struct DeviceLayer {
     DeviceMatrix w2;  // [dim, hidden_dim]  down
     // A sparse layer's (Config::is_sparse; empty in a dense one): the router, f32, and the
     // experts' matrices, each role's stacked in expert order
-    DeviceMatrix router;         // [experts, dim]
-    DeviceExperts experts_w1;    // [experts * moe_hidden_dim, dim]  gate
-    DeviceExperts experts_w3;    // [experts * moe_hidden_dim, dim]  up
-    DeviceExperts experts_w2;    // [experts * dim, moe_hidden_dim]  down
+    DeviceMatrix router;       // [experts, dim]
+    DeviceExperts experts_w1;  // [experts * moe_hidden_dim, dim]  gate
+    DeviceExperts experts_w3;  // [experts * moe_hidden_dim, dim]  up
+    DeviceExperts experts_w2;  // [experts * dim, moe_hidden_dim]  down
+    // With expert_biases (else nullptr): the router's bias and each expert's, expert e's at
+    // e * moe_hidden_dim (b1, b3) or e * dim (b2)
+    const float* router_bias;    // [experts]
+    const float* expert_b1;      // [experts * moe_hidden_dim]  gate
+    const float* expert_b3;      // [experts * moe_hidden_dim]  up
+    const float* expert_b2;      // [experts * dim]  down
     const float* post_ffn_norm;  // [dim]  RMSNorm of w2's output (post_norms; else nullptr)
     // [context, kv_dim] of kv_type: this layer's part of the key cache; with the server's
     // paged cache (BackendOptions::kv_blocks) its pool [kv_blocks * kv_block_size, kv_dim]

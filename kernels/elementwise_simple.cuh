@@ -36,12 +36,13 @@ __global__ void __launch_bounds__(kElementwiseThreads)
     if (i < n) x[i] += y[i];
 }
 
-// gate[i] = act(gate[i]) * up[i], act of A (gated_value). Launch: grid ceil(n / 256), block 256.
+// gate[i] = act(gate[i]) * up[i], act of A (gated_value; limit: SwigluOai's). Launch: grid
+// ceil(n / 256), block 256.
 template <Activation A>
 __global__ void __launch_bounds__(kElementwiseThreads)
-    swiglu_kernel(float* __restrict__ gate, const float* __restrict__ up, int n) {
+    swiglu_kernel(float* __restrict__ gate, const float* __restrict__ up, int n, float limit) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) gate[i] = gated_value<A>(gate[i], up[i]);
+    if (i < n) gate[i] = gated_value<A>(gate[i], up[i], limit);
 }
 
 // Each of the heads + kv_heads vectors of head_dim at the start of qk (q then k) RMSNormed in
@@ -115,10 +116,11 @@ void residual_add(float* x, const float* y, int n, cudaStream_t stream) {
     CUDA_CHECK_LAUNCH("residual_add_kernel");
 }
 
-void swiglu(float* gate, const float* up, int n, Activation activation, cudaStream_t stream) {
-    with_activation(activation, [&](auto act) {
+void swiglu(float* gate, const float* up, int n, Activation activation, float limit,
+            cudaStream_t stream) {
+    with_any_activation(activation, [&](auto act) {
         launch_kernel(swiglu_kernel<decltype(act)::value>, elementwise_grid(n), kElementwiseThreads,
-                      0, stream, gate, up, n);
+                      0, stream, gate, up, n, limit);
     });
     CUDA_CHECK_LAUNCH("swiglu_kernel");
 }

@@ -1,6 +1,7 @@
 // The CUDA backend: tokens through the Llama transformer on the GPU (with Qwen2's q/k/v
 // biases, Qwen3's per-head q/k norms and per-layer sliding windows where the model has them,
-// and Gemma 3's scaled embeddings, post norms, GeGLU and local RoPE), step by step as
+// Gemma 3's scaled embeddings, post norms, GeGLU and local RoPE, and gpt-oss's attention
+// sinks, clamped SwiGLU and biased router and experts), step by step as
 // src/cpu/forward.cpp runs them, with the kernels of kernels/*.cuh (launched through
 // kernels.h).
 //
@@ -473,6 +474,7 @@ private:
             //    k RMS-normed before RoPE; with attention_bias: + bo after wo; Gemma: the
             //    layer's RoPE table and window, and x += rmsnorm(wo · a) * post_attn_norm)
             shape.window = layer.window;
+            shape.sinks = layer.sinks;
             int first_row = 0;  // of qkv: wq, wk and wv in runs of one type
             for (const DeviceMatrix& part : layer.wqkv) {
                 cuda::matvec(s.qkv + first_row, part, s.x, layer.attn_norm, c.norm_eps,
@@ -516,15 +518,15 @@ private:
         const Config& c = model_.config;
         const DeviceState& s = state_;
         cudaStream_t stream = stream_.get();
-        if (layer.w1.dtype == layer.w3.dtype) {
+        if (fuses_gate(layer.w1, layer.w3)) {
             cuda::matvec_swiglu(s.hidden, layer.w1, layer.w3, s.x, layer.ffn_norm, c.norm_eps,
                                 c.activation, stream);
-        } else {  // two types: two matvecs, then the activation
+        } else {  // two types, or SwigluOai: two matvecs, then the activation
             cuda::matvec(s.hidden, layer.w1, s.x, layer.ffn_norm, c.norm_eps,
                          /*bias=*/nullptr, /*accumulate=*/false, stream);
             cuda::matvec(s.up, layer.w3, s.x, layer.ffn_norm, c.norm_eps, /*bias=*/nullptr,
                          /*accumulate=*/false, stream);
-            cuda::swiglu(s.hidden, s.up, c.hidden_dim, c.activation, stream);
+            cuda::swiglu(s.hidden, s.up, c.hidden_dim, c.activation, c.swiglu_limit, stream);
         }
         if (layer.post_ffn_norm) {  // Gemma
             cuda::matvec(s.projected, layer.w2, s.hidden, /*norm_weight=*/nullptr, c.norm_eps,
@@ -540,28 +542,30 @@ private:
     // A sparse layer's feed-forward for one token (src/cpu/moe.h): the router's logits of
     // norm(x), the k experts and their weights picked on the device, then
     // x += Σ_j weight_j · w2_j (act(w1_j · norm(x)) * (w3_j · norm(x))), each expert matvec
-    // reading its expert from s.chosen.
+    // reading its expert from s.chosen (gpt-oss: the router's logits + router_bias, and each
+    // product + its expert's bias, b1, b3 or b2).
     void record_experts(const DeviceLayer& layer) {
         const Config& c = model_.config;
         const DeviceState& s = state_;
         cudaStream_t stream = stream_.get();
         const int k = c.experts_per_token, hidden_pitch = expert_hidden_pitch(c);
         cuda::matvec(s.router_logits, layer.router, s.x, layer.ffn_norm, c.norm_eps,
-                     /*bias=*/nullptr, /*accumulate=*/false, stream);
+                     layer.router_bias, /*accumulate=*/false, stream);
         cuda::route_tokens(s.chosen, s.route_weights, s.router_logits, /*tokens=*/1, c.experts, k,
                            c.norm_topk_prob, stream);
         // gate_j = w1_j · norm(x), up_j = w3_j · norm(x): the one input for all k routes
         cuda::expert_matvec(s.expert_gate, hidden_pitch, layer.experts_w1, s.chosen, k,
                             /*routes_per_input=*/k, s.x, /*in_pitch=*/0, layer.ffn_norm, c.norm_eps,
-                            stream);
+                            layer.expert_b1, stream);
         cuda::expert_matvec(s.expert_up, hidden_pitch, layer.experts_w3, s.chosen, k,
                             /*routes_per_input=*/k, s.x, /*in_pitch=*/0, layer.ffn_norm, c.norm_eps,
-                            stream);
-        cuda::swiglu(s.expert_gate, s.expert_up, k * hidden_pitch, c.activation, stream);
+                            layer.expert_b3, stream);
+        cuda::swiglu(s.expert_gate, s.expert_up, k * hidden_pitch, c.activation, c.swiglu_limit,
+                     stream);
         // out_j = w2_j · hidden_j, then x += Σ_j weight_j out_j
         cuda::expert_matvec(s.expert_out, c.dim, layer.experts_w2, s.chosen, k,
                             /*routes_per_input=*/1, s.expert_gate, hidden_pitch,
-                            /*norm_weight=*/nullptr, c.norm_eps, stream);
+                            /*norm_weight=*/nullptr, c.norm_eps, layer.expert_b2, stream);
         cuda::moe_combine(s.x, c.dim, s.expert_out, /*slots=*/nullptr, s.route_weights, k, c.dim,
                           /*tokens=*/1, stream);
     }
@@ -589,6 +593,7 @@ private:
             //   (the biases, q/k norms, RoPE table, window and post norm of the layer where it
             //    has them, as decode)
             shape.window = layer.window;
+            shape.sinks = layer.sinks;
             cuda::rmsnorm_rows(normed, s.x, layer.attn_norm, c.norm_eps, stream);
             int first_row = 0;  // of qkv's rows: wq, wk and wv in runs of one type
             for (const DeviceMatrix& part : layer.wqkv) {
@@ -648,15 +653,16 @@ private:
         const cuda::DeviceActivations normed = first_rows(s.normed, B);
         const cuda::DeviceActivations hidden = first_rows(s.hidden, B);
         cuda::rmsnorm_rows(normed, s.x, layer.ffn_norm, c.norm_eps, stream);
-        if (layer.w1.dtype == layer.w3.dtype) {
+        if (fuses_gate(layer.w1, layer.w3)) {
             cuda::gemm_swiglu(hidden, layer.w1, layer.w3, normed, s.gate, s.up, c.hidden_dim,
                               c.activation, stream, s.dequantized);
-        } else {  // two types: two GEMMs, then the activation
+        } else {  // two types, or SwigluOai: two GEMMs, then the activation
             cuda::gemm(s.gate, c.hidden_dim, layer.w1, normed, /*bias=*/nullptr,
                        /*accumulate=*/false, stream, s.dequantized);
             cuda::gemm(s.up, c.hidden_dim, layer.w3, normed, /*bias=*/nullptr,
                        /*accumulate=*/false, stream, s.dequantized);
-            cuda::swiglu_rows(hidden, s.gate, s.up, c.hidden_dim, c.activation, stream);
+            cuda::swiglu_rows(hidden, s.gate, s.up, c.hidden_dim, c.activation, c.swiglu_limit,
+                              stream);
         }
         if (layer.post_ffn_norm) {  // Gemma
             cuda::gemm(s.projected, c.dim, layer.w2, hidden, /*bias=*/nullptr,
@@ -681,7 +687,7 @@ private:
         // Route every token (the router's input in f32, as its weights).
         const cuda::DeviceActivations router_input = first_rows(s.router_input, B);
         cuda::rmsnorm_rows(router_input, s.x, layer.ffn_norm, c.norm_eps, stream);
-        cuda::gemm(s.router_logits, c.experts, layer.router, router_input, /*bias=*/nullptr,
+        cuda::gemm(s.router_logits, c.experts, layer.router, router_input, layer.router_bias,
                    /*accumulate=*/false, stream);
         cuda::route_tokens(s.chosen, s.route_weights, s.router_logits, B, c.experts, k,
                            c.norm_topk_prob, stream);
@@ -710,18 +716,19 @@ private:
             float* gate = s.expert_gate + size_t(first) * H;
             float* up = s.expert_up + size_t(first) * H;
             const DeviceMatrix w1 = layer.experts_w1.expert(e), w3 = layer.experts_w3.expert(e);
-            if (w1.dtype == w3.dtype) {
+            if (fuses_gate(w1, w3) && !layer.expert_b1) {
                 cuda::gemm_swiglu(hidden, w1, w3, normed, gate, up, H, c.activation, stream,
                                   s.dequantized);
-            } else {  // two types: two GEMMs, then the activation
-                cuda::gemm(gate, H, w1, normed, /*bias=*/nullptr, /*accumulate=*/false, stream,
-                           s.dequantized);
-                cuda::gemm(up, H, w3, normed, /*bias=*/nullptr, /*accumulate=*/false, stream,
-                           s.dequantized);
-                cuda::swiglu_rows(hidden, gate, up, H, c.activation, stream);
+            } else {  // two types, SwigluOai or biases: two GEMMs, then the activation
+                cuda::gemm(gate, H, w1, normed, expert_bias(layer.expert_b1, e, H),
+                           /*accumulate=*/false, stream, s.dequantized);
+                cuda::gemm(up, H, w3, normed, expert_bias(layer.expert_b3, e, H),
+                           /*accumulate=*/false, stream, s.dequantized);
+                cuda::swiglu_rows(hidden, gate, up, H, c.activation, c.swiglu_limit, stream);
             }
             cuda::gemm(s.expert_out + size_t(first) * c.dim, c.dim, layer.experts_w2.expert(e),
-                       hidden, /*bias=*/nullptr, /*accumulate=*/false, stream, s.dequantized);
+                       hidden, expert_bias(layer.expert_b2, e, c.dim), /*accumulate=*/false, stream,
+                       s.dequantized);
         }
         // x += Σ_j weight_j · (token's j-th expert's output)
         cuda::moe_combine(s.x, c.dim, s.expert_out, s.route_rows, s.route_weights, k, c.dim, B,
@@ -755,6 +762,7 @@ private:
             //   (the biases, q/k norms, RoPE table, window and post norm of the layer where it
             //    has them, as decode); keys and values through the rows' block tables
             shape.window = layer.window;
+            shape.sinks = layer.sinks;
             cuda::rmsnorm_rows(normed, s.x, layer.attn_norm, c.norm_eps, stream);
             int first_row = 0;  // of qkv's rows: wq, wk and wv in runs of one type
             for (const DeviceMatrix& part : layer.wqkv) {
@@ -797,7 +805,7 @@ private:
         cudaStream_t stream = stream_.get();
         const int count = normed.tokens;
         cuda::rmsnorm_rows(normed, s.x, layer.ffn_norm, c.norm_eps, stream);
-        if (count >= kStepGemmRows && layer.w1.dtype == layer.w3.dtype) {
+        if (count >= kStepGemmRows && fuses_gate(layer.w1, layer.w3)) {
             cuda::gemm_swiglu(hidden, layer.w1, layer.w3, normed, s.gate, s.up, c.hidden_dim,
                               c.activation, stream, s.dequantized);
         } else {  // two products, then the activation
@@ -805,7 +813,8 @@ private:
                          /*accumulate=*/false);
             step_product(s.up, c.hidden_dim, layer.w3, normed, /*bias=*/nullptr,
                          /*accumulate=*/false);
-            cuda::swiglu_rows(hidden, s.gate, s.up, c.hidden_dim, c.activation, stream);
+            cuda::swiglu_rows(hidden, s.gate, s.up, c.hidden_dim, c.activation, c.swiglu_limit,
+                              stream);
         }
         if (layer.post_ffn_norm) {  // Gemma
             step_product(s.projected, c.dim, layer.w2, hidden, /*bias=*/nullptr,
@@ -831,7 +840,7 @@ private:
         // norm(x) in f32: the router's input (as its weights) and the expert matvecs'.
         const cuda::DeviceActivations normed = first_rows(s.router_input, count);
         cuda::rmsnorm_rows(normed, s.x, layer.ffn_norm, c.norm_eps, stream);
-        cuda::gemm(s.router_logits, c.experts, layer.router, normed, /*bias=*/nullptr,
+        cuda::gemm(s.router_logits, c.experts, layer.router, normed, layer.router_bias,
                    /*accumulate=*/false, stream);
         cuda::route_tokens(s.chosen, s.route_weights, s.router_logits, count, c.experts, k,
                            c.norm_topk_prob, stream);
@@ -839,21 +848,34 @@ private:
         const float* normed_rows = static_cast<const float*>(normed.data);
         cuda::expert_matvec(step_.expert_gate, hidden_pitch, layer.experts_w1, s.chosen, routes,
                             /*routes_per_input=*/k, normed_rows, normed.pitch,
-                            /*norm_weight=*/nullptr, c.norm_eps, stream);
+                            /*norm_weight=*/nullptr, c.norm_eps, layer.expert_b1, stream);
         cuda::expert_matvec(step_.expert_up, hidden_pitch, layer.experts_w3, s.chosen, routes,
                             /*routes_per_input=*/k, normed_rows, normed.pitch,
-                            /*norm_weight=*/nullptr, c.norm_eps, stream);
+                            /*norm_weight=*/nullptr, c.norm_eps, layer.expert_b3, stream);
         cuda::swiglu(step_.expert_gate, step_.expert_up, routes * hidden_pitch, c.activation,
-                     stream);
+                     c.swiglu_limit, stream);
         // out_r = w2_e · hidden_r, then x_t += Σ_j weight_j out_(t k + j)
         cuda::expert_matvec(s.expert_out, c.dim, layer.experts_w2, s.chosen, routes,
                             /*routes_per_input=*/1, step_.expert_gate, hidden_pitch,
-                            /*norm_weight=*/nullptr, c.norm_eps, stream);
+                            /*norm_weight=*/nullptr, c.norm_eps, layer.expert_b2, stream);
         cuda::moe_combine(s.x, c.dim, s.expert_out, /*slots=*/nullptr, s.route_weights, k, c.dim,
                           count, stream);
     }
 
     bool paged() const { return kv_blocks_ > 0; }
+
+    // Whether a feed-forward's w1 and w3 run as one product with the activation fused
+    // (matvec_swiglu, gemm_swiglu): they share a type and the activation is SiLU or GeLU
+    // (SwigluOai, with its limit, runs as two products and swiglu or swiglu_rows).
+    bool fuses_gate(const DeviceMatrix& w1, const DeviceMatrix& w3) const {
+        return w1.dtype == w3.dtype && model_.config.activation != Activation::SwigluOai;
+    }
+
+    // Expert e's part of a layer's stacked expert biases (`rows` floats per expert), or
+    // nullptr where the layer has none.
+    static const float* expert_bias(const float* biases, int e, int rows) {
+        return biases ? biases + size_t(e) * rows : nullptr;
+    }
 
     // out = W · in (+ bias; out += with accumulate) for `in.tokens` rows of a step: the
     // batched matvec below kStepGemmRows rows (in: StepState's f32 rows), the GEMM from there.
@@ -1074,7 +1096,8 @@ private:
                      (2 * size_t(c.dim) + layer_vector_floats(c)) * sizeof(float);
             if (c.is_sparse(l)) {
                 const Matrix router = router_matrix(w);
-                bytes += cuda::stacked_bytes({&router});
+                bytes += cuda::stacked_bytes({&router}) +
+                         expert_bias_floats(c, c.experts) * sizeof(float);
                 for (const std::vector<Matrix>* experts :
                      {&w.expert_w1, &w.expert_w3, &w.expert_w2})
                     bytes += cuda::stacked_bytes(expert_parts(*experts));
@@ -1292,6 +1315,7 @@ private:
             }
             layer.q_norm = upload_vector(w.q_norm, c.head_dim, prefix + "q_norm");
             layer.k_norm = upload_vector(w.k_norm, c.head_dim, prefix + "k_norm");
+            layer.sinks = upload_vector(w.sinks, c.heads, prefix + "sinks");
             layer.wo = upload({&w.wo}, prefix + "wo");
             layer.o_bias = upload_vector(w.bo, c.dim, prefix + "bo");
             layer.post_attn_norm =
@@ -1303,6 +1327,12 @@ private:
                 layer.experts_w1 = upload_experts(w.expert_w1, prefix + "experts.w1");
                 layer.experts_w3 = upload_experts(w.expert_w3, prefix + "experts.w3");
                 layer.experts_w2 = upload_experts(w.expert_w2, prefix + "experts.w2");
+                const size_t hidden_floats = size_t(c.experts) * c.moe_hidden_dim;
+                layer.router_bias = upload_vector(w.router_bias, c.experts, prefix + "router_bias");
+                layer.expert_b1 = upload_vector(w.expert_b1, hidden_floats, prefix + "experts.b1");
+                layer.expert_b3 = upload_vector(w.expert_b3, hidden_floats, prefix + "experts.b3");
+                layer.expert_b2 =
+                    upload_vector(w.expert_b2, size_t(c.experts) * c.dim, prefix + "experts.b2");
             } else {
                 layer.w1 = upload({&w.w1}, prefix + "w1");
                 layer.w3 = upload({&w.w3}, prefix + "w3");

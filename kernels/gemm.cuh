@@ -1125,6 +1125,8 @@ void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const Dev
                  int warpgroup_rows) {
     if (w1.dtype != w3.dtype || w1.rows != w3.rows || w1.cols != w3.cols)
         throw Error("gemm_swiglu: w1 and w3 differ in dtype or shape");
+    if (activation == Activation::SwigluOai)
+        throw Error("gemm_swiglu: SwigluOai runs as two GEMMs and swiglu_rows (its limit)");
     if (out.tokens != in.tokens || out.cols != w1.rows)
         throw Error("gemm_swiglu: the output is not tokens x w1's rows");
     // Given rows, the warpgroup GEMM runs wherever it can (tests); else where gemm takes it.
@@ -1137,7 +1139,7 @@ void gemm_swiglu(const DeviceActivations& out, const DeviceMatrix& w1, const Dev
     if (!fused) {
         gemm(gate, gate_pitch, w1, in, /*bias=*/nullptr, /*accumulate=*/false, stream, scratch);
         gemm(up, gate_pitch, w3, in, /*bias=*/nullptr, /*accumulate=*/false, stream, scratch);
-        swiglu_rows(out, gate, up, gate_pitch, activation, stream);
+        swiglu_rows(out, gate, up, gate_pitch, activation, /*limit=*/0.0f, stream);
         return;
     }
     check_gemm_inputs(w1, in);

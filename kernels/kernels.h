@@ -103,7 +103,8 @@ void matvec(float* out, const DeviceMatrix& w, const float* in, const float* nor
 
 // The feed-forward's first half in one pass: out[rows] = act(W1 · in') * (W3 · in'), in' as
 // for matvec with norm_weight (always given), act silu (SwiGLU) or gelu_tanh (GeGLU, Gemma)
-// by `activation`. W1 and W3 have the same shape.
+// by `activation` (SwigluOai, whose clamp needs its limit, is refused: its feed-forward runs
+// as two matvecs and swiglu). W1 and W3 have the same shape.
 void matvec_swiglu(float* out, const DeviceMatrix& w1, const DeviceMatrix& w3, const float* in,
                    const float* norm_weight, float eps, Activation activation, cudaStream_t stream);
 
@@ -166,6 +167,9 @@ void rope_kv_store(float* qkv, const float* rope_table, void* key_cache, void* v
 // - Scratch: partial_out [heads, splits, head_dim] and partial_stats [heads, splits, 2];
 //   arrivals [attention_arrival_counters(shape)] must be zero before the first call and is
 //   zero again after each.
+// - Attention sinks: with shape.sinks ([heads], device memory; gpt-oss), each query head's
+//   softmax has one more logit, sinks[head] (not scaled, not soft-capped), whose value is
+//   zero; the attention kernels below take them too.
 void attention(float* out, const float* qkv, const float* rope_table, const float* q_norm,
                const float* k_norm, float eps, void* key_cache, void* value_cache, const int* step,
                float* partial_out, float* partial_stats, unsigned* arrivals,
@@ -262,7 +266,8 @@ void gemm_with_tiles(GemmTiles tiles, float* out, int out_pitch, const DeviceMat
                      int warpgroup_rows = 0);
 // The feed-forward's gate of a prefill batch: out[t, i] = act(in[t, :] · W1[i, :]) ·
 // (in[t, :] · W3[i, :]) as out's dtype, i < W1's rows (out's padding columns 0), act by
-// `activation` (matvec_swiglu). Where gemm would run the warpgroup GEMM (or with
+// `activation` (matvec_swiglu's two; SwigluOai is refused, as there). Where gemm would run
+// the warpgroup GEMM (or with
 // warpgroup_rows, as for gemm_with_tiles, wherever it runs; Q8/Q4 weights where the scratch
 // holds both as f16) and out has the dtype of the GEMM's input, one pass computes both
 // products and applies the activation before its stores; otherwise gemm writes them into
@@ -283,10 +288,11 @@ void rmsnorm_rows(const DeviceActivations& out, const float* x, const float* wei
                   cudaStream_t stream);
 
 // out[t, i] = act(gate[t, i]) * up[t, i] rounded to out.dtype, i < out.cols, t < out.tokens,
-// act by `activation` (matvec_swiglu); gate and up are f32 [out.tokens, in_pitch].
+// act by `activation` (matvec_swiglu's, or SwigluOai with its clamp `limit`:
+// Config::swiglu_limit, unused by the others); gate and up are f32 [out.tokens, in_pitch].
 // (kernels/prefill.cuh)
 void swiglu_rows(const DeviceActivations& out, const float* gate, const float* up, int in_pitch,
-                 Activation activation, cudaStream_t stream);
+                 Activation activation, float limit, cudaStream_t stream);
 
 // Gemma's post norms, the residual add of its attention and feed-forward outputs:
 // x[t] += y[t] * rsqrt(mean(y[t]²) + eps) * weight for t < count, x and y f32 [count, cols]
@@ -414,10 +420,11 @@ void route_tokens(int* chosen, float* weights, const float* logits, int tokens, 
 // out[r * out_pitch + i] = W_e[i, :] · in'_r for each route r < routes and row i < w.rows, W_e
 // the matrix of expert e = experts[r] (device memory), in'_r row r / routes_per_input of in
 // (f32, in_pitch floats apart, 16-byte aligned), RMSNormed with norm_weight when given (as
-// matvec). Every weight dtype matvec takes.
+// matvec), plus biases[e * w.rows + i] where biases (f32 [experts * w.rows]: gpt-oss's
+// expert biases) is given. Every weight dtype matvec takes.
 void expert_matvec(float* out, int out_pitch, const DeviceExperts& w, const int* experts,
                    int routes, int routes_per_input, const float* in, int in_pitch,
-                   const float* norm_weight, float eps, cudaStream_t stream);
+                   const float* norm_weight, float eps, const float* biases, cudaStream_t stream);
 // x[t * x_pitch + i] += Σ_j weights[t * k + j] · expert_out[slot * dim + i] for t < tokens,
 // i < dim, slot = slots[t * k + j] (device memory), or t * k + j without slots.
 void moe_combine(float* x, int x_pitch, const float* expert_out, const int* slots,
@@ -446,9 +453,11 @@ void rmsnorm(float* out, const float* in, const float* weight, int n, float eps,
              cudaStream_t stream);
 // x[n] += y (the residual connection).
 void residual_add(float* x, const float* y, int n, cudaStream_t stream);
-// gate[n] = act(gate) * up, act by `activation` (matvec_swiglu; the fast path's
-// feed-forward runs it where w1 and w3 differ in type).
-void swiglu(float* gate, const float* up, int n, Activation activation, cudaStream_t stream);
+// gate[n] = act(gate) * up, act by `activation` as for swiglu_rows (`limit`: SwigluOai's; the
+// fast path's feed-forward runs it where w1 and w3 differ in type, for SwigluOai and for the
+// experts).
+void swiglu(float* gate, const float* up, int n, Activation activation, float limit,
+            cudaStream_t stream);
 // RoPE, in place, on the heads q vectors then kv_heads k vectors at the start of qk, for
 // pos = step[1] (the rotation of rope_kv_store).
 void rope(float* qk, const float* rope_table, const int* step, int heads, int kv_heads,

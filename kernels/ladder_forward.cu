@@ -26,6 +26,12 @@ DeviceBuffer zeroed_floats(size_t count, const std::string& what) {
 }  // namespace
 
 void check_ladder_model(CudaKernels kernels, const Config& config) {
+    const bool gpt_oss_steps = config.attention_sinks || config.expert_biases ||
+                               config.activation == Activation::SwigluOai;
+    if (kernels != CudaKernels::Fast && gpt_oss_steps)
+        throw Error("the GPU ladder's rungs 1-4 run the Llama-family layer, not " +
+                    config.architecture +
+                    "'s (attention sinks, clamped SwiGLU, the router's and experts' biases)");
     const bool gemma_steps = config.activation != Activation::Silu || config.post_norms ||
                              config.embedding_scale != 1.0f || config.rope_theta_local > 0 ||
                              config.attn_logit_softcap > 0 || config.final_logit_softcap > 0;
@@ -164,7 +170,7 @@ void LadderForward::norm_swiglu(float* out, const DeviceMatrix& w1, const Device
         cuda::rmsnorm(normed, x, norm_weight, c.dim, c.norm_eps, stream);
         plain_matvec(out, w1, normed, stream);  // gate
         plain_matvec(up, w3, normed, stream);
-        cuda::swiglu(out, up, c.hidden_dim, Activation::Silu, stream);
+        cuda::swiglu(out, up, c.hidden_dim, Activation::Silu, /*limit=*/0.0f, stream);
     } else if (kernels_ == CudaKernels::Fused) {  // one matvec_swiglu with RMSNorm
         cuda::matvec_swiglu_warp_per_row(out, w1, w3, x, norm_weight, c.norm_eps, stream);
     } else {

@@ -102,6 +102,7 @@ struct ExpertLaunch {
     size_t expert_scales;    // scales of one expert (Q8/Q4; else 0)
     int rows, cols, pitch;   // one expert's matrix
     const int* experts;      // [routes]  the expert of each route
+    const float* biases;     // [experts * rows]  expert e's bias at e * rows, or null
     int routes_per_input;
     int in_pitch, out_pitch;
 };
@@ -116,8 +117,12 @@ __device__ __forceinline__ const float* route_input(const ExpertLaunch& w, const
 __device__ __forceinline__ float* route_output(const ExpertLaunch& w, float* out) {
     return out + size_t(blockIdx.y) * w.out_pitch;
 }
+__device__ __forceinline__ const float* route_bias(const ExpertLaunch& w) {
+    return w.biases != nullptr ? w.biases + size_t(route_expert(w)) * w.rows : nullptr;
+}
 
-// out_r = W_e · stage(in_r) for each route r (ExpertLaunch), W of f32, f16 or bf16.
+// out_r = W_e · stage(in_r) (+ expert e's bias, where the launch has biases) for each route r
+// (ExpertLaunch), W of f32, f16 or bf16.
 // Launch: grid (matvec_grid(rows, pitch).x, routes), block matvec_block(pitch), dynamic shared
 // memory staged_input_bytes(pitch): matvec_kernel's for one expert, once per route.
 template <DType D>
@@ -126,7 +131,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
                          const float* __restrict__ norm_weight, float eps) {
     matvec_rows_of_block<D, /*kAccumulate=*/false>(route_output(w, out), route_weights(w), w.rows,
                                                    w.pitch, route_input(w, in), w.cols, norm_weight,
-                                                   eps, /*bias=*/nullptr);
+                                                   eps, route_bias(w));
 }
 
 // The same for Q8/Q4 weights (quantized_matvec_kernel's block per row set, a row per warp).
@@ -144,7 +149,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     quantized_row_sets_of_block<D, /*kOneWave=*/false, /*kRowsPerWarp=*/1>(
         matrices, scales, w.rows, w.pitch, route_input(w, in), w.cols, norm_weight, eps,
         [&](int set, const float(&sums)[1]) {
-            store_warp_rows</*kAccumulate=*/false, 1>(route_out, sums, results, /*bias=*/nullptr,
+            store_warp_rows</*kAccumulate=*/false, 1>(route_out, sums, results, route_bias(w),
                                                       w.rows, set);
         });
 }
@@ -163,7 +168,7 @@ __global__ void __launch_bounds__(kMatvecThreadsMax)
     block_row_sets_of_block<D, /*kOneWave=*/false>(
         matrices, w.rows, route_input(w, in), w.cols, norm_weight, eps,
         [&](int set, const float(&sums)[1]) {
-            store_warp_rows</*kAccumulate=*/false, 1>(route_out, sums, results, /*bias=*/nullptr,
+            store_warp_rows</*kAccumulate=*/false, 1>(route_out, sums, results, route_bias(w),
                                                       w.rows, set);
         });
 }
@@ -224,7 +229,7 @@ void route_tokens(int* chosen, float* weights, const float* logits, int tokens, 
 
 void expert_matvec(float* out, int out_pitch, const DeviceExperts& w, const int* experts,
                    int routes, int routes_per_input, const float* in, int in_pitch,
-                   const float* norm_weight, float eps, cudaStream_t stream) {
+                   const float* norm_weight, float eps, const float* biases, cudaStream_t stream) {
     const DeviceMatrix& m = w.stacked;
     check_input_alignment(in, norm_weight);
     if (in_pitch % 4 != 0)
@@ -239,6 +244,7 @@ void expert_matvec(float* out, int out_pitch, const DeviceExperts& w, const int*
     launch.cols = m.cols;
     launch.pitch = m.pitch;
     launch.experts = experts;
+    launch.biases = biases;
     launch.routes_per_input = routes_per_input;
     launch.in_pitch = in_pitch;
     launch.out_pitch = out_pitch;

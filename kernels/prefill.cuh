@@ -96,18 +96,18 @@ __global__ void __launch_bounds__(kRowsThreads)
 }
 
 // out[t, i] = act(gate[t, i]) * up[t, i] as D for i < cols, 0 for cols <= i < pitch, act of
-// A (gated_value); gate and up are f32 [tokens, in_pitch].
+// A (gated_value; limit: SwigluOai's); gate and up are f32 [tokens, in_pitch].
 // Launch: grid (ceil(pitch / 256), tokens), block 256, no shared memory; one element a thread.
 template <DType D, Activation A>
 __global__ void __launch_bounds__(kRowsThreads)
     swiglu_rows_kernel(void* __restrict__ out, int cols, int pitch, const float* __restrict__ gate,
-                       const float* __restrict__ up, int in_pitch) {
+                       const float* __restrict__ up, int in_pitch, float limit) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= pitch) return;
     const int t = blockIdx.y;
     const size_t in = size_t(t) * in_pitch + i;
     store_activation<D>(activation_row<D>(out, pitch, t), i,
-                        i < cols ? gated_value<A>(gate[in], up[in]) : 0.0f);
+                        i < cols ? gated_value<A>(gate[in], up[in], limit) : 0.0f);
 }
 
 // RoPE and the cache write of one token at `pos`: `qkv_row` holds heads q vectors, kv_heads k
@@ -262,13 +262,13 @@ void rmsnorm_rows(const DeviceActivations& out, const float* x, const float* wei
 }
 
 void swiglu_rows(const DeviceActivations& out, const float* gate, const float* up, int in_pitch,
-                 Activation activation, cudaStream_t stream) {
+                 Activation activation, float limit, cudaStream_t stream) {
     if (out.tokens == 0) return;
     with_weight_dtype(out.dtype, [&](auto dtype) {
-        with_activation(activation, [&](auto act) {
+        with_any_activation(activation, [&](auto act) {
             launch_kernel(swiglu_rows_kernel<decltype(dtype)::value, decltype(act)::value>,
                           swiglu_rows_grid(out.pitch, out.tokens), kRowsThreads, 0, stream,
-                          out.data, out.cols, out.pitch, gate, up, in_pitch);
+                          out.data, out.cols, out.pitch, gate, up, in_pitch, limit);
         });
     });
     CUDA_CHECK_LAUNCH("swiglu_rows_kernel");

@@ -570,11 +570,13 @@ std::vector<KvT> attention_cache(int context, int kv_dim, int first, int pos, st
 double case_scale(int head_dim) { return 1.25 / std::sqrt(double(head_dim)); }
 
 // Σ_t softmax(q · key(t) × case_scale, soft-capped where the case says)_t value(t) over the
-// cache rows t = first..pos of query head h's KV head, in double; q [head_dim].
+// cache rows t = first..pos of query head h's KV head, in double; q [head_dim]. With a sink
+// (sinks[h], sinks not empty) the softmax has one more logit, the sink, whose value is zero:
+// p_t = e^(s_t) / (Σ_u e^(s_u) + e^(sink)).
 template <typename KvT>
 std::vector<double> attend(const std::vector<double>& q, int h, const AttentionCase& c,
-                           const std::vector<KvT>& keys, const std::vector<KvT>& values,
-                           int first) {
+                           const std::vector<KvT>& keys, const std::vector<KvT>& values, int first,
+                           const std::vector<float>& sinks = {}) {
     const int head_dim = c.head_dim, kv_dim = c.kv_heads * head_dim;
     const size_t head_offset = size_t(h / (c.heads / c.kv_heads)) * head_dim;
     std::vector<double> p;
@@ -585,8 +587,9 @@ std::vector<double> attend(const std::vector<double>& q, int h, const AttentionC
         const double score = dot * float(case_scale(head_dim));
         p.push_back(c.softcap > 0 ? c.softcap * std::tanh(score / c.softcap) : score);
     }
-    const double largest = *std::max_element(p.begin(), p.end());
-    double total = 0;
+    double largest = *std::max_element(p.begin(), p.end());
+    if (!sinks.empty()) largest = std::max(largest, double(sinks[h]));
+    double total = sinks.empty() ? 0.0 : std::exp(sinks[h] - largest);
     for (double& s : p) total += s = std::exp(s - largest);
     std::vector<double> out(head_dim);
     for (int d = 0; d < head_dim; ++d) {
@@ -600,14 +603,17 @@ std::vector<double> attend(const std::vector<double>& q, int h, const AttentionC
 
 constexpr double kAttentionError = 1e-4;  // f32 scores, exp and sums; outputs up to ~2
 
+// With sinks ([heads]; empty: none), shape.sinks points at them.
 template <typename KvT>
-void check_attention(const AttentionCase& c, std::mt19937& rng) {
+void check_attention(const AttentionCase& c, std::mt19937& rng,
+                     const std::vector<float>& sinks = {}) {
     INFO(c.heads << "/" << c.kv_heads << " heads of " << c.head_dim << ", pos " << c.pos
                  << ", window " << c.window << ", " << c.splits << " splits, norms " << c.norms
-                 << ", softcap " << c.softcap << ", kv "
+                 << ", softcap " << c.softcap << ", sinks " << !sinks.empty() << ", kv "
                  << (std::is_same_v<KvT, float> ? "f32" : "f16"));
-    const AttentionShape shape{
-        c.heads, c.kv_heads, c.head_dim, c.window, float(case_scale(c.head_dim)), c.softcap};
+    AttentionShape shape{c.heads,  c.kv_heads, c.head_dim, c.window, float(case_scale(c.head_dim)),
+                         c.softcap};
+    if (!sinks.empty()) shape.sinks = sinks.data();
     const int head_dim = c.head_dim, q_dim = c.heads * head_dim, kv_dim = c.kv_heads * head_dim;
     const int context = c.pos + 3, first = attention_start(c.pos, c.window);
     const std::vector<float> rope_table = test_rope_table(head_dim);
@@ -663,7 +669,7 @@ void check_attention(const AttentionCase& c, std::mt19937& rng) {
         const std::vector<double> q =
             rope_reference(&qkv[size_t(h) * head_dim], head_dim, c.norms ? q_norm.data() : nullptr,
                            c.pos, rope_table);
-        const std::vector<double> want = attend(q, h, c, keys, values, first);
+        const std::vector<double> want = attend(q, h, c, keys, values, first, sinks);
         for (int d = 0; d < head_dim; ++d)
             wrong += !close(out[size_t(h) * head_dim + d], want[d], kAttentionError);
     }
@@ -700,6 +706,44 @@ TEST_CASE("emulated attention_split_kernel matches a double reference",
     for (const AttentionCase& c : kAttentionCases) {
         check_attention<float>(c, rng);
         check_attention<__half>(c, rng);
+    }
+}
+
+namespace {
+
+// gpt-oss's attention sinks, one per query head, against scores of about ±`spread`: heads
+// in turn far above every score (the sink takes nearly all the probability), far below (it
+// takes almost none), and among them.
+std::vector<float> test_sinks(int heads, float spread, std::mt19937& rng) {
+    std::vector<float> sinks = random_floats(size_t(heads), rng, spread);
+    for (int h = 0; h < heads; ++h)
+        if (h % 3 == 0)
+            sinks[h] += 3 * spread;
+        else if (h % 3 == 1)
+            sinks[h] -= 3 * spread;
+    return sinks;
+}
+
+}  // namespace
+
+TEST_CASE("emulated attention_split_kernel with attention sinks matches a double reference",
+          "[cuda_emulation][decode]") {
+    std::mt19937 rng(23);
+    // Splits merged, a lone split, GQA groups of 5 and windows (gpt-oss's sliding layers);
+    // heads 5 and head_dim 72 and 80 off every tile; scores past 88 with sinks past them.
+    const AttentionCase cases[] = {
+        {8, 4, 8, 0, 0, 1, false, 2.0f},        // the first token: a lone split
+        {5, 1, 72, 150, 0, 5, false, 2.0f},     // five splits merged
+        {10, 2, 80, 130, 128, 3, false, 2.0f},  // gpt-oss's window of 128, head groups of 4 and 1
+        {5, 5, 64, 70, 0, 1, false, 2.0f},      // one split of two tiles
+        {8, 2, 64, 150, 0, 5, false, 12.0f},    // scores and sinks past 88
+        {6, 2, 34, 70, 0, 3, false, 4.0f, 0.75f},  // soft-capped scores; the sinks are not
+    };
+    for (const AttentionCase& c : cases) {
+        const float spread = c.magnitude * c.magnitude;
+        const std::vector<float> sinks = test_sinks(c.heads, spread, rng);
+        check_attention<float>(c, rng, sinks);
+        check_attention<__half>(c, rng, sinks);
     }
 }
 
@@ -814,23 +858,29 @@ TEST_CASE("emulated ladder matvecs match double references", "[cuda_emulation][d
         }
 }
 
-TEST_CASE("emulated rmsnorm, residual_add and swiglu kernels match double references",
-          "[cuda_emulation][decode]") {
+TEST_CASE(
+    "emulated rmsnorm, residual_add and swiglu kernels (SwiGLU, GeGLU, gpt-oss's) match double "
+    "references",
+    "[cuda_emulation][decode]") {
     std::mt19937 rng(20);
     for (const int n : {45, 300, 1000}) {
         INFO(n << " elements");
         const std::vector<float> x = random_floats(size_t(n), rng, 3.0f);
         const std::vector<float> y = random_floats(size_t(n), rng);
         const std::vector<float> weight = random_floats(size_t(n), rng);
-        std::vector<float> normed = nan_floats(size_t(n)), sum = x, swiglu = x, geglu = x;
+        std::vector<float> normed = nan_floats(size_t(n)), sum = x, swiglu = x, geglu = x,
+                           swiglu_oai = x;
         emulate_launch(dim3(1), dim3(kElementwiseThreads), 0, rmsnorm_kernel, normed.data(),
                        x.data(), weight.data(), n, kEps);
         emulate_launch(elementwise_grid(n), dim3(kElementwiseThreads), 0, residual_add_kernel,
                        sum.data(), y.data(), n);
         emulate_launch(elementwise_grid(n), dim3(kElementwiseThreads), 0,
-                       swiglu_kernel<Activation::Silu>, swiglu.data(), y.data(), n);
+                       swiglu_kernel<Activation::Silu>, swiglu.data(), y.data(), n, 0.0f);
         emulate_launch(elementwise_grid(n), dim3(kElementwiseThreads), 0,
-                       swiglu_kernel<Activation::GeluTanh>, geglu.data(), y.data(), n);
+                       swiglu_kernel<Activation::GeluTanh>, geglu.data(), y.data(), n, 0.0f);
+        emulate_launch(elementwise_grid(n), dim3(kElementwiseThreads), 0,
+                       swiglu_kernel<Activation::SwigluOai>, swiglu_oai.data(), y.data(), n,
+                       float(kTestSwigluLimit));
         const std::vector<double> want = normed_input(x.data(), n, weight.data());
         int wrong = 0;
         for (int i = 0; i < n; ++i) {
@@ -839,6 +889,9 @@ TEST_CASE("emulated rmsnorm, residual_add and swiglu kernels match double refere
             wrong += !close(swiglu[i], activation_reference(Activation::Silu, x[i]) * y[i], 1e-6);
             wrong +=
                 !close(geglu[i], activation_reference(Activation::GeluTanh, x[i]) * y[i], 1e-6);
+            wrong +=
+                !close(swiglu_oai[i],
+                       gated_reference(Activation::SwigluOai, x[i], y[i], kTestSwigluLimit), 1e-6);
         }
         CHECK(wrong == 0);
     }

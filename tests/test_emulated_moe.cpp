@@ -210,20 +210,20 @@ void launch_expert_matvec(float* out, const ExpertLaunch& w, DType dtype, int ro
 }
 
 // The plain matvec of one matrix (matvec.cuh, matvec_quantized.cuh, matvec_blocks.cuh),
-// unnormed, no bias.
+// normed with norm_weight where given, + bias where given.
 void launch_plain_matvec(float* out, const DeviceMatrix& m, DType dtype, const float* in,
-                         const float* norm_weight) {
+                         const float* norm_weight, const float* bias = nullptr) {
     if (is_quantized(dtype)) {
         const dim3 grid = quantized_matvec_grid(m.rows, 1);
         const size_t shared = quantized_staging_bytes(m.pitch);
         if (dtype == DType::Q8_0)
             emulate_launch(grid, dim3(kQuantizedMatvecThreads), shared,
                            quantized_matvec_kernel<DType::Q8_0, false, false, 1>, out, m.data,
-                           m.scales, m.rows, m.pitch, in, m.cols, norm_weight, kEps, nullptr);
+                           m.scales, m.rows, m.pitch, in, m.cols, norm_weight, kEps, bias);
         else
             emulate_launch(grid, dim3(kQuantizedMatvecThreads), shared,
                            quantized_matvec_kernel<DType::Q4_0, false, false, 1>, out, m.data,
-                           m.scales, m.rows, m.pitch, in, m.cols, norm_weight, kEps, nullptr);
+                           m.scales, m.rows, m.pitch, in, m.cols, norm_weight, kEps, bias);
         return;
     }
     if (is_block_type(dtype)) {
@@ -231,7 +231,7 @@ void launch_plain_matvec(float* out, const DeviceMatrix& m, DType dtype, const f
             emulate_launch(quantized_matvec_grid(m.rows, 1), dim3(kQuantizedMatvecThreads),
                            block_staging_bytes(m.pitch),
                            block_matvec_kernel<decltype(d)::value, false, false>, out, m.data,
-                           m.rows, in, m.cols, norm_weight, kEps, nullptr);
+                           m.rows, in, m.cols, norm_weight, kEps, bias);
         });
         return;
     }
@@ -239,10 +239,10 @@ void launch_plain_matvec(float* out, const DeviceMatrix& m, DType dtype, const f
     const size_t shared = staged_input_bytes(m.pitch);
     if (dtype == DType::F32)
         emulate_launch(grid, block, shared, matvec_kernel<DType::F32, false>, out, m.data, m.rows,
-                       m.pitch, in, m.cols, norm_weight, kEps, nullptr);
+                       m.pitch, in, m.cols, norm_weight, kEps, bias);
     else
         emulate_launch(grid, block, shared, matvec_kernel<DType::F16, false>, out, m.data, m.rows,
-                       m.pitch, in, m.cols, norm_weight, kEps, nullptr);
+                       m.pitch, in, m.cols, norm_weight, kEps, bias);
 }
 
 // DeviceExperts::expert's view, of a stacked copy.
@@ -253,9 +253,11 @@ DeviceMatrix expert_view(const DeviceMatrix& stacked, int e, int rows) {
     return experts.expert(e);
 }
 
-void check_expert_matvec(DType dtype, int rows, int cols, bool shared_input, std::mt19937& rng) {
+// With `biased`, each expert's rows add its bias (gpt-oss's expert biases).
+void check_expert_matvec(DType dtype, int rows, int cols, bool shared_input, std::mt19937& rng,
+                         bool biased = false) {
     INFO(dtype_name(dtype) << ", experts of " << rows << " x " << cols << ", shared input "
-                           << shared_input);
+                           << shared_input << ", biased " << biased);
     const int experts = 5, routes = 6, k = 3;
     const TestMatrix stacked = is_block_type(dtype)
                                    ? make_block_matrix(experts * rows, cols, dtype, rng)
@@ -274,8 +276,10 @@ void check_expert_matvec(DType dtype, int rows, int cols, bool shared_input, std
     const float* norm_weight = shared_input ? norm.data() : nullptr;
     const int out_pitch = rows + 3;
     std::vector<float> out(size_t(routes) * out_pitch, NAN);
-    const ExpertLaunch w = expert_launch(device.matrix, rows, chosen.data(), shared_input ? k : 1,
-                                         in_pitch, out_pitch);
+    const std::vector<float> biases = random_floats(size_t(experts) * rows, rng, 3.0f);
+    ExpertLaunch w = expert_launch(device.matrix, rows, chosen.data(), shared_input ? k : 1,
+                                   in_pitch, out_pitch);
+    if (biased) w.biases = biases.data();
     launch_expert_matvec(out.data(), w, dtype, routes, in.data(), norm_weight);
 
     int different = 0, far = 0;
@@ -283,8 +287,9 @@ void check_expert_matvec(DType dtype, int rows, int cols, bool shared_input, std
         const int e = chosen[r];
         const float* route_in = in.data() + size_t(shared_input ? r / k : r) * in_pitch;
         std::vector<float> plain(rows, NAN);
+        const float* bias = biased ? &biases[size_t(e) * rows] : nullptr;
         launch_plain_matvec(plain.data(), expert_view(device.matrix, e, rows), dtype, route_in,
-                            norm_weight);
+                            norm_weight, bias);
         // The double reference: the normed input (as the kernels stage it) times the weights.
         double squares = 0;
         for (int c = 0; c < cols; ++c) squares += double(route_in[c]) * route_in[c];
@@ -292,7 +297,7 @@ void check_expert_matvec(DType dtype, int rows, int cols, bool shared_input, std
         for (int i = 0; i < rows; ++i) {
             const float got = out[size_t(r) * out_pitch + i];
             different += got != plain[i];
-            double sum = 0, magnitude = 0;
+            double sum = bias ? bias[i] : 0.0, magnitude = std::fabs(sum);
             for (int c = 0; c < cols; ++c) {
                 const double x = route_in[c] * scale * (norm_weight ? norm_weight[c] : 1.0f);
                 const double term = stacked.values[size_t(e * rows + i) * cols + c] * x;
@@ -515,7 +520,7 @@ void check_sparse_feed_forward(int experts, int k, bool normalize, int dim, int 
     const int n = k * hidden_pitch;
     emulate_launch(dim3((n + kElementwiseThreads - 1) / kElementwiseThreads),
                    dim3(kElementwiseThreads), 0, swiglu_kernel<Activation::Silu>, gate.data(),
-                   up.data(), n);
+                   up.data(), n, /*limit=*/0.0f);
     launch_expert_matvec(expert_out.data(),
                          expert_launch(w2.matrix, dim, chosen.data(), 1, hidden_pitch, dim), dtype,
                          k, gate.data(), nullptr);
@@ -558,7 +563,7 @@ void experts_by_gemm(float* expert_out, const SparseLayer& layer, const DeviceMa
         emulate_launch(swiglu_rows_grid(hidden_pitch, count), dim3(kRowsThreads), 0,
                        swiglu_rows_kernel<DType::F32, Activation::Silu>, expert_hidden, H,
                        hidden_pitch, gate.data() + size_t(first) * H, up.data() + size_t(first) * H,
-                       H);
+                       H, /*limit=*/0.0f);
         const DeviceMatrix m2 = expert_view(w2, e, c.dim);
         emulate_launch(gemm_simt_grid(count, c.dim), dim3(kSimtThreads), 0,
                        gemm_simt_kernel<DType::F32>, expert_out + size_t(first) * c.dim, c.dim,
@@ -591,7 +596,7 @@ void experts_by_matvec(float* expert_out, const SparseLayer& layer, const Device
     const int n = routes * hidden_pitch;
     emulate_launch(dim3((n + kElementwiseThreads - 1) / kElementwiseThreads),
                    dim3(kElementwiseThreads), 0, swiglu_kernel<Activation::Silu>, gate.data(),
-                   up.data(), n);
+                   up.data(), n, /*limit=*/0.0f);
     launch_expert_matvec(expert_out,
                          expert_launch(w2, dim, expert_of_row.data(), 1, hidden_pitch, dim),
                          w2.dtype, routes, gate.data(), nullptr);
@@ -719,7 +724,7 @@ void check_sparse_step(int tokens, int experts, int k, bool normalize, int dim, 
     const int n = routes * hidden_pitch;
     emulate_launch(dim3((n + kElementwiseThreads - 1) / kElementwiseThreads),
                    dim3(kElementwiseThreads), 0, swiglu_kernel<Activation::Silu>, gate.data(),
-                   up.data(), n);
+                   up.data(), n, /*limit=*/0.0f);
     std::vector<float> expert_out(size_t(routes) * dim, NAN);
     launch_expert_matvec(expert_out.data(),
                          expert_launch(w2.matrix, dim, chosen.data(), 1, hidden_pitch, dim), dtype,
@@ -809,6 +814,16 @@ TEST_CASE("emulated expert matvecs read each route's expert from device memory",
         check_expert_matvec(DType::MXFP4, 13, 224, shared_input, rng);
         check_expert_matvec(DType::TQ1_0, 6, 512, shared_input, rng);
         check_expert_matvec(DType::TQ2_0, 5, 256, shared_input, rng);
+    }
+}
+
+TEST_CASE("emulated expert matvecs add each route's expert's bias", "[cuda_emulation][moe]") {
+    std::mt19937 rng(67);
+    for (const bool shared_input : {true, false}) {
+        check_expert_matvec(DType::F32, 37, 44, shared_input, rng, /*biased=*/true);
+        check_expert_matvec(DType::F16, 19, 40, shared_input, rng, /*biased=*/true);
+        check_expert_matvec(DType::Q8_0, 37, 45, shared_input, rng, /*biased=*/true);
+        check_expert_matvec(DType::MXFP4, 13, 224, shared_input, rng, /*biased=*/true);
     }
 }
 

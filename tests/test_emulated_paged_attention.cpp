@@ -98,16 +98,19 @@ struct PagedCase {
     int splits;  // 0: attention_paged_splits' choice
 };
 
+// With sinks ([heads]; empty: none) each head's softmax has its sink logit, whose value is 0.
 template <typename KvT>
-void check_attention_paged(const PagedCase& c, std::mt19937& rng) {
+void check_attention_paged(const PagedCase& c, std::mt19937& rng,
+                           const std::vector<float>& sinks = {}) {
     const AttentionShape& shape = c.shape;
+    const float* sink_logits = sinks.empty() ? nullptr : sinks.data();
     const PagedStep step(c.block_size, c.lengths, c.rows_of, rng);
     const int rows = step.rows();
     const int splits = c.splits > 0 ? c.splits : attention_paged_splits(rows, step.longest(), 1024);
     INFO(shape.heads << "/" << shape.kv_heads << " heads of " << shape.head_dim << ", window "
-                     << shape.window << ", softcap " << shape.softcap << ", blocks of "
-                     << c.block_size << ", " << rows << " rows, " << splits << " splits, out "
-                     << dtype_name(c.out_dtype) << ", kv "
+                     << shape.window << ", softcap " << shape.softcap << ", sinks "
+                     << !sinks.empty() << ", blocks of " << c.block_size << ", " << rows
+                     << " rows, " << splits << " splits, out " << dtype_name(c.out_dtype) << ", kv "
                      << (std::is_same_v<KvT, float> ? "f32" : "f16"));
     const int group = shape.heads / shape.kv_heads, head_dim = shape.head_dim;
     const int q_dim = shape.heads * head_dim, kv_dim = shape.kv_heads * head_dim;
@@ -149,7 +152,7 @@ void check_attention_paged(const PagedCase& c, std::mt19937& rng) {
         emulate_launch(attention_paged_merge_grid(rows, shape.heads), dim3(kPagedThreads), 0,
                        attention_paged_merge_kernel<decltype(dtype)::value>,
                        static_cast<void*>(out.data()), out_pitch, partial_out.data(),
-                       partial_stats.data(), shape.heads, head_dim, splits);
+                       partial_stats.data(), sink_logits, shape.heads, head_dim, splits);
     });
 
     int wrong = 0;
@@ -173,7 +176,8 @@ void check_attention_paged(const PagedCase& c, std::mt19937& rng) {
                         shape.softcap * std::tanh(scores[p - first] / shape.softcap);
                 largest = std::max(largest, scores[p - first]);
             }
-            double total = 0;
+            if (sink_logits) largest = std::max(largest, double(sink_logits[h]));
+            double total = sink_logits ? std::exp(sink_logits[h] - largest) : 0.0;
             for (double& s : scores) total += (s = std::exp(s - largest));
             for (int d = 0; d < head_dim; ++d) {
                 double want = 0, magnitude = 0;
@@ -228,6 +232,28 @@ TEST_CASE("emulated attention_paged matches a double reference over scattered bl
     for (const PagedCase& c : cases) {
         check_attention_paged<float>(c, rng);
         check_attention_paged<__half>(c, rng);
+    }
+}
+
+TEST_CASE("emulated attention_paged with attention sinks matches a double reference",
+          "[cuda_emulation][paged]") {
+    std::mt19937 rng(62);
+    const PagedCase cases[] = {
+        // Groups of 5 query heads, head_dim 72, a chunk beside decode rows, runs merged, some
+        // empty for the short row.
+        {{10, 2, 72, 0, 0.15f}, 16, {150, 41, 9}, {1, 9, 1}, DType::F16, 5},
+        // gpt-oss's window of 128 over blocks of 32, head_dim 80, the chosen splits.
+        {{5, 1, 80, 128, 0.14f}, 32, {300, 130}, {2, 3}, DType::BF16, 0},
+        // One run per row: the sink meets a single partial.
+        {{6, 2, 8, 0, 0.44f}, 16, {37, 5}, {1, 1}, DType::F32, 1},
+    };
+    for (const PagedCase& c : cases) {
+        // Heads in turn: a sink far above the scores (about ±1.5), far below, and among them.
+        std::vector<float> sinks = random_floats(size_t(c.shape.heads), rng, 1.5f);
+        for (int h = 0; h < c.shape.heads; ++h)
+            sinks[h] += h % 3 == 0 ? 6.0f : h % 3 == 1 ? -6.0f : 0.0f;
+        check_attention_paged<float>(c, rng, sinks);
+        check_attention_paged<__half>(c, rng, sinks);
     }
 }
 

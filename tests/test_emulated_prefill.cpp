@@ -75,12 +75,13 @@ TEST_CASE("emulated embedding_rows copies the tokens' rows, scaled", "[cuda_emul
             }
 }
 
-TEST_CASE("emulated rmsnorm_rows and swiglu_rows (SwiGLU, GeGLU) match double references",
-          "[cuda_emulation][prefill]") {
+TEST_CASE(
+    "emulated rmsnorm_rows and swiglu_rows (SwiGLU, GeGLU, gpt-oss's) match double references",
+    "[cuda_emulation][prefill]") {
     std::mt19937 rng(2);
     for (const DType dtype : kActivationTypes)
         for (const int cols : kColumns)
-            for (const Activation activation : kActivations) {
+            for (const Activation activation : kElementwiseActivations) {
                 const int tokens = kCounts[rng() % std::size(kCounts)];
                 const int pitch = padded_cols(cols, dtype);
                 const int in_pitch = cols + 3;  // the GEMM output's pitch may exceed cols
@@ -89,7 +90,7 @@ TEST_CASE("emulated rmsnorm_rows and swiglu_rows (SwiGLU, GeGLU) match double re
                 const std::vector<float> x = random_floats(size_t(tokens) * cols, rng, 3.0f);
                 const std::vector<float> weight = random_floats(size_t(cols), rng);
                 const std::vector<float> gate = random_floats(size_t(tokens) * in_pitch, rng, 4.0f);
-                const std::vector<float> up = random_floats(size_t(tokens) * in_pitch, rng);
+                const std::vector<float> up = random_floats(size_t(tokens) * in_pitch, rng, 2.0f);
                 AlignedArray<uint8_t> normed(size_t(tokens) * pitch * dtype_size(dtype), 0xee);
                 AlignedArray<uint8_t> gated(size_t(tokens) * pitch * dtype_size(dtype), 0xee);
                 with_weight_dtype(dtype, [&](auto d) {
@@ -97,10 +98,11 @@ TEST_CASE("emulated rmsnorm_rows and swiglu_rows (SwiGLU, GeGLU) match double re
                     emulate_launch(rmsnorm_rows_grid(tokens), dim3(kRowsThreads), 0,
                                    rmsnorm_rows_kernel<D>, normed.data(), cols, pitch, x.data(),
                                    weight.data(), kEps);
-                    with_activation(activation, [&](auto act) {
+                    with_any_activation(activation, [&](auto act) {
                         emulate_launch(swiglu_rows_grid(pitch, tokens), dim3(kRowsThreads), 0,
                                        swiglu_rows_kernel<D, decltype(act)::value>, gated.data(),
-                                       cols, pitch, gate.data(), up.data(), in_pitch);
+                                       cols, pitch, gate.data(), up.data(), in_pitch,
+                                       float(kTestSwigluLimit));
                     });
                 });
                 int wrong = 0;
@@ -122,7 +124,8 @@ TEST_CASE("emulated rmsnorm_rows and swiglu_rows (SwiGLU, GeGLU) match double re
                         const double g = gate[size_t(t) * in_pitch + i];
                         const double want_norm = x[t * cols + i] * scale * weight[i];
                         const double u = up[size_t(t) * in_pitch + i];
-                        const double want_swiglu = activation_reference(activation, g) * u;
+                        const double want_swiglu =
+                            gated_reference(activation, g, u, kTestSwigluLimit);
                         wrong += !close(got_norm, want_norm, dtype, kF32Error);
                         // GeGLU's 1 + tanh cancels for negative gates: f32's error there is
                         // absolute, about an ulp of 1 times |g u|.
@@ -334,13 +337,17 @@ void store_cache(std::vector<KvT>& cache, const std::vector<float>& values) {
 }
 
 // The tensor-core kernel runs with `mma_buffers` tile buffers (1 or 2) where it applies.
+// With sinks ([heads]; empty: none) each head's softmax has its sink logit, whose value is 0.
 template <typename KvT>
-void check_attention_prefill(const AttentionCase& c, int mma_buffers, std::mt19937& rng) {
+void check_attention_prefill(const AttentionCase& c, int mma_buffers, std::mt19937& rng,
+                             const std::vector<float>& sinks = {}) {
     const AttentionShape& shape = c.shape;
+    const float* sink_logits = sinks.empty() ? nullptr : sinks.data();
     INFO(shape.heads << "/" << shape.kv_heads << " heads of " << shape.head_dim << ", window "
-                     << shape.window << ", softcap " << shape.softcap << ", " << c.count
-                     << " tokens from " << c.first_pos << ", out " << dtype_name(c.out_dtype)
-                     << ", kv " << (c.kv_type == KvType::F32 ? "f32" : "f16") << ", " << mma_buffers
+                     << shape.window << ", softcap " << shape.softcap << ", sinks "
+                     << !sinks.empty() << ", " << c.count << " tokens from " << c.first_pos
+                     << ", out " << dtype_name(c.out_dtype) << ", kv "
+                     << (c.kv_type == KvType::F32 ? "f32" : "f16") << ", " << mma_buffers
                      << " tile buffers");
     const int group = shape.heads / shape.kv_heads, head_dim = shape.head_dim;
     const int q_dim = shape.heads * head_dim, kv_dim = shape.kv_heads * head_dim;
@@ -361,12 +368,12 @@ void check_attention_prefill(const AttentionCase& c, int mma_buffers, std::mt199
         if constexpr (std::is_same_v<KvT, __half>) {
             if (mma) {
                 const auto kernel = attention_prefill_mma_kernel_for<kOut>(head_dim, mma_buffers);
-                emulate_launch(attention_prefill_mma_grid(c.count, shape),
-                               dim3(kAttentionPrefillThreads),
-                               attention_prefill_mma_shared_bytes(head_dim, mma_buffers), kernel,
-                               static_cast<void*>(out.data()), out_pitch, qkv.data(), qkv_pitch,
-                               keys.data(), values.data(), c.first_pos, c.count, shape.heads,
-                               shape.kv_heads, head_dim, shape.window, shape.scale, shape.softcap);
+                emulate_launch(
+                    attention_prefill_mma_grid(c.count, shape), dim3(kAttentionPrefillThreads),
+                    attention_prefill_mma_shared_bytes(head_dim, mma_buffers), kernel,
+                    static_cast<void*>(out.data()), out_pitch, qkv.data(), qkv_pitch, keys.data(),
+                    values.data(), c.first_pos, c.count, shape.heads, shape.kv_heads, head_dim,
+                    shape.window, shape.scale, shape.softcap, sink_logits);
                 return;
             }
         }
@@ -376,7 +383,8 @@ void check_attention_prefill(const AttentionCase& c, int mma_buffers, std::mt199
                            attention_prefill_kernel<KvT, kOut, decltype(dims)::value>,
                            static_cast<void*>(out.data()), out_pitch, qkv.data(), qkv_pitch,
                            keys.data(), values.data(), c.first_pos, c.count, shape.heads,
-                           shape.kv_heads, head_dim, shape.window, shape.scale, shape.softcap);
+                           shape.kv_heads, head_dim, shape.window, shape.scale, shape.softcap,
+                           sink_logits);
         });
     });
     // The tensor-core kernel rounds the queries to f16 (an input of the reference below) and
@@ -408,7 +416,8 @@ void check_attention_prefill(const AttentionCase& c, int mma_buffers, std::mt199
                         shape.softcap * std::tanh(scores[key - first] / shape.softcap);
                 largest = std::max(largest, scores[key - first]);
             }
-            double total = 0;
+            if (sink_logits) largest = std::max(largest, double(sink_logits[h]));
+            double total = sink_logits ? std::exp(sink_logits[h] - largest) : 0.0;
             for (double& s : scores) total += (s = std::exp(s - largest));
             for (int d = 0; d < head_dim; ++d) {
                 double want = 0, magnitude = 0;
@@ -477,6 +486,34 @@ TEST_CASE("emulated attention_prefill matches a double reference", "[cuda_emulat
             check_attention_prefill<__half>(c, 1, rng);  // sm_75's one tile buffer
             if (attention_prefill_uses_mma(c.kv_type, c.shape.head_dim))
                 check_attention_prefill<__half>(c, 2, rng);  // two, from sm_80
+        }
+    }
+}
+
+TEST_CASE("emulated attention_prefill with attention sinks matches a double reference",
+          "[cuda_emulation][prefill]") {
+    std::mt19937 rng(5);
+    // gpt-oss's shapes, scaled down: heads in groups of 5 (not a multiple of a warp's rows),
+    // head_dim 72 (CUDA cores) and 64 or 80 (tensor cores), its window of 128 and a shorter
+    // one, batches off the tiles, first_pos > 0.
+    const AttentionCase cases[] = {
+        {{10, 2, 72, 0, 0.15f}, 37, 5, KvType::F32, DType::F32},
+        {{5, 1, 72, 9, 0.15f}, 33, 40, KvType::F16, DType::BF16},
+        {{10, 2, 64, 128, 0.16f}, 70, 100, KvType::F16, DType::F16},
+        {{5, 1, 80, 0, 0.14f}, 17, 3, KvType::F16, DType::F32},
+        {{6, 2, 8, 0, 0.44f}, 17, 0, KvType::F16, DType::F16},
+    };
+    for (const AttentionCase& c : cases) {
+        // Heads in turn: a sink far above the scores (about ±1.5), far below, and among them.
+        std::vector<float> sinks = random_floats(size_t(c.shape.heads), rng, 1.5f);
+        for (int h = 0; h < c.shape.heads; ++h)
+            sinks[h] += h % 3 == 0 ? 6.0f : h % 3 == 1 ? -6.0f : 0.0f;
+        if (c.kv_type == KvType::F32) {
+            check_attention_prefill<float>(c, 1, rng, sinks);
+        } else {
+            check_attention_prefill<__half>(c, 1, rng, sinks);
+            if (attention_prefill_uses_mma(c.kv_type, c.shape.head_dim))
+                check_attention_prefill<__half>(c, 2, rng, sinks);
         }
     }
 }

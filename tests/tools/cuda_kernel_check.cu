@@ -899,13 +899,15 @@ void check_elementwise() {
         report("residual_add" + size, to_host(sum.as(), n), want, 0.0);
 
         DeviceBuffer gate = to_device(x);
-        cuda::swiglu(gate.as<float>(), device_y.as<float>(), n, Activation::Silu, 0);
+        cuda::swiglu(gate.as<float>(), device_y.as<float>(), n, Activation::Silu, /*limit=*/0.0f,
+                     0);
         want = x;
         cpu::swiglu(want.data(), y.data(), n);
         report("swiglu" + size, to_host(gate.as(), n), want, 1e-6);
 
         gate = to_device(x);
-        cuda::swiglu(gate.as<float>(), device_y.as<float>(), n, Activation::GeluTanh, 0);
+        cuda::swiglu(gate.as<float>(), device_y.as<float>(), n, Activation::GeluTanh,
+                     /*limit=*/0.0f, 0);
         want = x;
         cpu::geglu(want.data(), y.data(), n);
         report("swiglu (GeGLU)" + size, to_host(gate.as(), n), want, 1e-6);
@@ -1579,7 +1581,7 @@ void check_prefill_rows() {
 
                 out = poisoned_activations(memory, count, cols, dtype);
                 cuda::swiglu_rows(out, device_gate.as<float>(), device_up.as<float>(), in_pitch,
-                                  Activation::Silu, 0);
+                                  Activation::Silu, /*limit=*/0.0f, 0);
                 report("swiglu_rows " + shape, activations_to_host(out),
                        with_pitch(rounded(gated, dtype), count, cols, pitch),
                        rounding_tolerance(dtype, 1e-6));
