@@ -25,30 +25,47 @@ class ConvertError(Exception):
     """A conversion failure with a message meant for the user (no traceback)."""
 
 
-def read_json(path, required=True):
-    """Parse the JSON file at `path` (see parse_json); return None when it is absent and
-    not required."""
+def read_bytes(path, required=True):
+    """The bytes of the file at `path`; None when it is absent and not required."""
     if not os.path.exists(path):
         if required:
             raise ConvertError(f"{path}: file not found")
         return None
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            return f.read()
     except OSError as e:
         raise ConvertError(f"{path}: cannot read ({e.strerror})") from None
-    return parse_json(data, path)
+
+
+def read_json(path, required=True):
+    """Parse the JSON file at `path` (see parse_json); return None when it is absent and
+    not required."""
+    data = read_bytes(path, required)
+    return None if data is None else parse_json(data, path)
+
+
+def read_text(path, required=True):
+    """The UTF-8 text of the file at `path` (see utf8_text); None when it is absent and not
+    required."""
+    data = read_bytes(path, required)
+    return None if data is None else utf8_text(data, path)
+
+
+def utf8_text(data, name):
+    """The bytes `data` decoded as UTF-8, refused otherwise; `name` starts the message."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        byte = data[e.start]
+        raise ConvertError(f"{name}: not UTF-8 text (byte {e.start} is {byte:#04x})") from None
 
 
 def parse_json(data, name):
     """The JSON value in the bytes `data`, refused unless barellm can read it back once
     written: UTF-8 text, no NaN or Infinity, at most MAX_JSON_NESTING levels deep, no
     half of a surrogate pair. `name` starts the error messages."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        byte = data[e.start]
-        raise ConvertError(f"{name}: not UTF-8 text (byte {e.start} is {byte:#04x})") from None
+    text = utf8_text(data, name)
 
     def refuse_constant(literal):
         raise ConvertError(f"{name}: {literal} is not valid JSON")

@@ -215,7 +215,8 @@ MULTIMODAL_LAYOUTS = (
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 # The files of a checkpoint besides its *.safetensors, which -o must not overwrite.
 SIDE_FILES = ("config.json", "generation_config.json", "tokenizer_config.json",
-              "tokenizer.json", "tokenizer.model", "model.safetensors.index.json")
+              "tokenizer.json", "tokenizer.model", hf_tokenizer.CHAT_TEMPLATE_FILE,
+              "model.safetensors.index.json")
 CHUNK_ELEMENTS = 1 << 23
 ALIGNMENT = 64
 
@@ -1232,7 +1233,7 @@ def read_checkpoint(hf_dir, output, weight_dtype):
         config["weight_dtype"] = weight_dtype or default_weight_dtype(
             language_model_config(cfg), plan)
         types = requested_types(config, plan)
-    return config, tokenizer, hf_tokenizer.chat_template(tok_cfg), plan, types, \
+    return config, tokenizer, hf_tokenizer.chat_template(hf_dir, tok_cfg), plan, types, \
         skipped_note(layout, tensors)
 
 

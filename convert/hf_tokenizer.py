@@ -3,7 +3,7 @@ model and component types are ones barellm's tokenizer implements."""
 
 import os
 
-from common import ConvertError, read_json
+from common import ConvertError, read_json, read_text
 import spm
 
 # component key of tokenizer.json -> (key holding a Sequence's children, supported types)
@@ -15,6 +15,10 @@ SUPPORTED = {
                 {"Sequence", "Replace", "ByteFallback", "Fuse", "Strip", "ByteLevel",
                  "Metaspace"}),
 }
+
+# A chat template in a file of its own beside tokenizer_config.json (transformers writes it so
+# since 4.43; openai/gpt-oss-20b's, Qwen3-2507's).
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 LLAMA_TOKENIZER_CLASSES = {"LlamaTokenizer", "LlamaTokenizerFast",
                            "CodeLlamaTokenizer", "CodeLlamaTokenizerFast"}
@@ -135,12 +139,16 @@ def _template_starts_with_special(processor):
     return False
 
 
-def chat_template(tokenizer_config):
-    """The `chat_template` of tokenizer_config.json, verbatim, or None when there is none.
-
-    It is a string, or a list of {"name", "template"} of which the one named "default" is
-    taken (None when no entry is named so).
+def chat_template(hf_dir, tokenizer_config):
+    """The checkpoint's chat template, verbatim, or None when it has none: the file
+    chat_template.jinja where there is one (it takes the place of tokenizer_config.json's, as
+    transformers reads them), else the `chat_template` of tokenizer_config.json, a string or
+    a list of {"name", "template"} of which the one named "default" is taken (None when no
+    entry is named so).
     """
+    template_file = read_text(os.path.join(hf_dir, CHAT_TEMPLATE_FILE), required=False)
+    if template_file is not None:
+        return template_file
     template = (tokenizer_config or {}).get("chat_template")
     if isinstance(template, list):
         template = next((entry.get("template") for entry in template

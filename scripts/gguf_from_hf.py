@@ -403,7 +403,7 @@ def add_tokenizer(writer, hf_dir, config, pre_override):
         writer.add_pad_token_id(pad)
     writer.add_add_bos_token(bool(add_bos))
     writer.add_add_eos_token(False)
-    template = hf_tokenizer.chat_template(tok_cfg)
+    template = hf_tokenizer.chat_template(hf_dir, tok_cfg)
     if template is not None:
         writer.add_chat_template(template)
     return source

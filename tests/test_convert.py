@@ -280,6 +280,21 @@ def test_explicit_head_dim_and_null_defaults(tmp_path):
                                reference.logits_for(str(hf), ids), rtol=0, atol=1e-9)
 
 
+@pytest.mark.parametrize("in_config", [False, True])
+def test_a_chat_template_file_is_kept_verbatim_before_the_tokenizer_configs(tmp_path, in_config):
+    """chat_template.jinja (transformers' file since 4.43: openai/gpt-oss-20b's) is the
+    template, in place of tokenizer_config.json's where both are, as transformers reads
+    them."""
+    hf = make_checkpoint(tmp_path / "hf")
+    template = "{% for m in messages %}<|start|>{{ m['role'] }}: «{{ m['content'] }}»\n{% endfor %}"
+    (hf / "chat_template.jinja").write_text(template, encoding="utf-8")
+    if in_config:
+        with open(hf / "tokenizer_config.json", "w") as f:
+            json.dump({"chat_template": "{{ 'the other one' }}"}, f)
+    header, _ = check_layout(converted(tmp_path, hf))
+    assert header["__metadata__"]["barellm.chat_template"] == template
+
+
 def test_mistral_config_fields(tmp_path):
     config = {**TINY_CONFIG, "model_type": "mistral", "sliding_window": 32,
               "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,

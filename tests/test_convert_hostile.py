@@ -52,7 +52,7 @@ def with_config(tmp_path, **changes):
 
 def sharded_checkpoint(path):
     """The tiny checkpoint with every file the converter may read: two shards and their
-    index, tokenizer_config.json and generation_config.json."""
+    index, tokenizer_config.json, generation_config.json and chat_template.jinja."""
     hf = make_checkpoint(path)
     os.remove(hf / "model.safetensors")
     tensors = list(tiny_tensors(TINY_CONFIG).items())
@@ -66,12 +66,13 @@ def sharded_checkpoint(path):
                         ("generation_config.json", {"eos_token_id": 2})):
         with open(hf / name, "w") as f:
             json.dump(value, f)
+    (hf / "chat_template.jinja").write_text("{{ messages[0]['content'] }}")
     return hf
 
 
 @pytest.mark.parametrize("name", ["config.json", "generation_config.json",
                                   "tokenizer_config.json", "tokenizer.json",
-                                  "model.safetensors.index.json",
+                                  "chat_template.jinja", "model.safetensors.index.json",
                                   "model-00002-of-00002.safetensors"])
 def test_refuses_an_output_that_is_an_input(tmp_path, name):
     hf = sharded_checkpoint(tmp_path / "hf")
@@ -189,6 +190,11 @@ def checkpoint_with(tmp_path, name, data):
     hf = make_checkpoint(tmp_path / "hf")
     (hf / name).write_bytes(data)
     return hf
+
+
+def test_refuses_a_chat_template_file_that_is_not_utf8(tmp_path):
+    hf = checkpoint_with(tmp_path, "chat_template.jinja", b"{{ 'caf\xe9' }}")
+    refused_leaving_nothing(tmp_path, hf, "chat_template.jinja: not UTF-8 text (byte 7 is 0xe9)")
 
 
 @pytest.mark.parametrize("name", JSON_FILES)
