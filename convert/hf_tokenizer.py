@@ -16,8 +16,8 @@ SUPPORTED = {
                  "Metaspace"}),
 }
 
-# A chat template in a file of its own beside tokenizer_config.json (transformers writes it so
-# since 4.43; openai/gpt-oss-20b's, Qwen3-2507's).
+# A chat template in a file of its own beside tokenizer_config.json: the file transformers
+# saves a single template to (openai/gpt-oss-20b's is there).
 CHAT_TEMPLATE_FILE = "chat_template.jinja"
 
 LLAMA_TOKENIZER_CLASSES = {"LlamaTokenizer", "LlamaTokenizerFast",

@@ -282,9 +282,9 @@ def test_explicit_head_dim_and_null_defaults(tmp_path):
 
 @pytest.mark.parametrize("in_config", [False, True])
 def test_a_chat_template_file_is_kept_verbatim_before_the_tokenizer_configs(tmp_path, in_config):
-    """chat_template.jinja (transformers' file since 4.43: openai/gpt-oss-20b's) is the
-    template, in place of tokenizer_config.json's where both are, as transformers reads
-    them."""
+    """chat_template.jinja (the file transformers saves a template to: openai/gpt-oss-20b's)
+    is the template, in place of tokenizer_config.json's where both are, as transformers
+    reads them."""
     hf = make_checkpoint(tmp_path / "hf")
     template = "{% for m in messages %}<|start|>{{ m['role'] }}: «{{ m['content'] }}»\n{% endfor %}"
     (hf / "chat_template.jinja").write_text(template, encoding="utf-8")
