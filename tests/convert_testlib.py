@@ -203,3 +203,29 @@ def make_checkpoint(path, config=None, tensors=None, tokenizer=None):
     write_safetensors(os.path.join(path, "model.safetensors"),
                       tiny_tensors(config) if tensors is None else tensors)
     return path
+
+
+def rewritten_gguf(source, out, keys=None, tensors=None):
+    """A copy of the GGUF file `source` with keys set ({name: (value, GGUFValueType)}; None
+    drops the key) and tensors replaced ({name: float32 array}; None drops the tensor)."""
+    keys, tensors = keys or {}, tensors or {}
+    gguf = pytest.importorskip("gguf", reason="pip package gguf missing")
+    reader = gguf.GGUFReader(str(source))
+    writer = gguf.GGUFWriter(str(out), reader.fields["general.architecture"].contents())
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture" or name in keys:
+            continue
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), field.types[0], sub_type)
+    for name, value in keys.items():
+        if value is not None:
+            writer.add_key_value(name, *value)
+    for tensor in reader.tensors:
+        data = tensors.get(tensor.name, np.array(tensor.data))
+        if data is not None:
+            writer.add_tensor(tensor.name, data, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out

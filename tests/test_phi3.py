@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import model as reference
-from convert_testlib import CONVERT, REPO, make_checkpoint, read_raw, run
+from convert_testlib import CONVERT, REPO, make_checkpoint, read_raw, rewritten_gguf, run
 from test_end_to_end import (IDS, barellm_logits, bf16_tolerance, check_quantized_logits,
                              relative_error)
 from test_gemma import rewritten
@@ -279,31 +279,6 @@ def test_info_shows_the_rotary_and_longrope(tmp_path):
     assert "rotary_dim      6 of each head's 10 elements\n" in result.stdout
     assert ("rope_scaling    longrope, long factors beyond 8 positions, attention factor "
             "1.41421\n") in result.stdout
-
-
-def rewritten_gguf(source, out, keys=None, tensors=None):
-    """A copy of the GGUF file `source` with keys set ({name: (value, GGUFValueType)}; None
-    drops the key) and tensors replaced ({name: float32 array}; None drops the tensor)."""
-    keys, tensors = keys or {}, tensors or {}
-    reader = gguf.GGUFReader(str(source))
-    writer = gguf.GGUFWriter(str(out), reader.fields["general.architecture"].contents())
-    for name, field in reader.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture" or name in keys:
-            continue
-        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), field.types[0], sub_type)
-    for name, value in keys.items():
-        if value is not None:
-            writer.add_key_value(name, *value)
-    for tensor in reader.tensors:
-        data = tensors.get(tensor.name, np.array(tensor.data))
-        if data is not None:
-            writer.add_tensor(tensor.name, data, raw_dtype=tensor.tensor_type)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return out
 
 
 U32 = gguf.GGUFValueType.UINT32
