@@ -105,9 +105,11 @@
 #                 experts in MXFP4, gpt-oss's type) of its f16 GGUF, each converted to
 #                 barellm's file (every matrix in its type), against llama.cpp (pp512,
 #                 tg128, 2 alternated rounds; the share of the copy counts the active
-#                 experts' bytes). Not yet timed on a GPU machine: run it alone, on a
+#                 experts' bytes); then the gpt-oss-20b shape with its first 8 layers
+#                 (--preset gpt-oss-20b --layers 8, bf16) in llama-quantize's MXFP4_MOE, the
+#                 same way. Not yet timed on a GPU machine: run it alone, on a
 #                 machine without the Mistral-7B files; without llama.cpp, barellm's q4 of
-#                 the checkpoint alone
+#                 the Qwen3 checkpoint alone
 #   serve         `barellm serve --device cuda` against `llama-server -np 32` (every layer on
 #                 the GPU) on the Mistral-7B f16 file and its GGUF: 32 streaming clients of
 #                 128 tokens each, 2 alternated rounds (scripts/load_test.py, on the `openai`
@@ -882,7 +884,7 @@ if wants gemma3; then
 fi
 
 if wants moe; then
-    step "mixture of experts: the Qwen3-30B-A3B shape, 8 layers, against llama.cpp"
+    step "mixture of experts: the Qwen3-30B-A3B and gpt-oss-20b shapes, 8 layers, against llama.cpp"
     MOE=$WORK/qwen3-30b-a3b-8l MOE_GIB=11  # the f16 checkpoint or GGUF, rounded up
     moe_files() {  # the f16 GGUF, its Q4_K_M, Q4_0 and MXFP4_MOE, and their barellm files
         rm -rf "$MOE-hf" &&
@@ -918,6 +920,29 @@ if wants moe; then
             [ -f "$MOE-$type.bin" ] && compare "qwen3-30b-a3b-8l-$type" "$MOE-$type.gguf" \
                 "$MOE-$type.bin" 120 512 128
         done
+        # gpt-oss-20b's shape with 8 of its 24 layers in MXFP4_MOE (the experts in OpenAI's
+        # type, the rest Q8_0), YaRN's ramp rounded as llama.cpp rounds it (truncate true).
+        GPT_OSS=$WORK/gpt-oss-20b-8l GPT_OSS_GIB=15  # the bf16 checkpoint or GGUF, rounded up
+        gpt_oss_files() {
+            rm -rf "$GPT_OSS-hf" &&
+                python3 convert/synth.py --preset gpt-oss-20b --layers 8 -o "$GPT_OSS-hf" &&
+                python3 -c 'import json, sys
+path = sys.argv[1]; config = json.load(open(path))
+config["rope_scaling"]["truncate"] = True
+json.dump(config, open(path, "w"))' "$GPT_OSS-hf/config.json" &&
+                gguf_from_hf "$GPT_OSS-hf" "$GPT_OSS-bf16.gguf" bf16 || return 1
+            rm -rf "$GPT_OSS-hf"
+            quantize_gguf "$GPT_OSS-bf16.gguf" "$GPT_OSS-mxfp4_moe.gguf" MXFP4_MOE \
+                "$GPT_OSS-mxfp4_moe.bin" || return 1
+            rm -f "$GPT_OSS-bf16.gguf"
+        }
+        if [ ! -f "$GPT_OSS-mxfp4_moe.bin" ] && fits 420 "gpt-oss files" &&
+            disk_has $((2 * GPT_OSS_GIB)) "gpt-oss files"; then
+            gpt_oss_files >"$LOG/gpt_oss_files.log" 2>&1
+            note "gpt-oss files at ${SECONDS}s ($(tail -1 "$LOG/gpt_oss_files.log"))"
+        fi
+        [ -f "$GPT_OSS-mxfp4_moe.bin" ] && compare gpt-oss-20b-8l-mxfp4_moe \
+            "$GPT_OSS-mxfp4_moe.gguf" "$GPT_OSS-mxfp4_moe.bin" 120 512 128
     fi
 fi
 
