@@ -62,13 +62,14 @@ def hf_render(entry, prompt, system=None, **variables):
         bos_token=entry["bos_token"], eos_token=entry["eos_token"], **variables)
 
 
-def chat_render(tmp_path, template, prompt, bos, system=None, no_think=False):
+def chat_render(tmp_path, template, prompt, bos, system=None, no_think=False, effort=None):
     """(returncode, stdout bytes, stderr text) of build/chat_render."""
     if not os.path.exists(CHAT_RENDER):
         pytest.fail(f"{CHAT_RENDER} is missing: run `make` first")
     (tmp_path / "template").write_bytes(template.encode("utf-8"))
     (tmp_path / "prompt").write_bytes(prompt.encode("utf-8"))
-    args = [CHAT_RENDER, *(["--no-think"] if no_think else []), tmp_path / "template",
+    args = [CHAT_RENDER, *(["--no-think"] if no_think else []),
+            *(["--effort", effort] if effort is not None else []), tmp_path / "template",
             tmp_path / "prompt", bos]
     if system is not None:
         (tmp_path / "system").write_bytes(system.encode("utf-8"))
@@ -525,6 +526,31 @@ def test_the_harmony_rendering_spelled_out(tmp_path):
     code, out, err = chat_render_next(tmp_path, GPT_OSS["chat_template"], "And?", "", "")
     assert code == 0, err
     assert out.decode() == "<|end|><|start|>user<|message|>And?<|end|><|start|>assistant"
+
+
+@pytest.mark.parametrize("effort", ["low", "medium", "high"])
+@pytest.mark.parametrize("system", [None, "Be brief."])
+def test_the_harmony_reasoning_effort_matches_jinja(tmp_path, effort, system):
+    """A reasoning effort in place of the template's default, as apply_chat_template(...,
+    reasoning_effort=...) renders it."""
+    code, out, err = chat_render(tmp_path, GPT_OSS["chat_template"], "Hi", "", system,
+                                 effort=effort)
+    assert code == 0, err
+    assert out.decode() == hf_render(GPT_OSS, "Hi", system, reasoning_effort=effort)
+    assert f"Reasoning: {effort}\n" in out.decode()
+
+
+@pytest.mark.parametrize("name,effort,message", [
+    ("gpt-oss", "extreme", "--effort 'extreme' is not low, medium or high"),
+    ("gpt-oss", "", "--effort '' is not low, medium or high"),
+    ("smollm2-instruct", "low", "--effort needs a harmony chat template (gpt-oss); this "
+                                "model's is ChatML"),
+])
+def test_a_reasoning_effort_is_refused_where_it_means_nothing(tmp_path, name, effort, message):
+    code, out, err = chat_render(tmp_path, TEMPLATES[name]["chat_template"], "Hi",
+                                 TEMPLATES[name]["bos_token"], effort=effort)
+    assert code == 1 and out == b""
+    assert message in err and len(err.strip().splitlines()) == 1, err
 
 
 @pytest.mark.parametrize("reply", ["<|channel|>analysis<|message|>x",

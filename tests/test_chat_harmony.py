@@ -129,6 +129,31 @@ def test_run_chat_with_a_system_message_renders_a_developer_message(model):
     assert no_think.returncode == 1 and "has no enable_thinking switch" in no_think.stderr
 
 
+def test_a_reasoning_effort_is_rendered_as_jinja2_renders_it(model):
+    """--reasoning-effort in run --chat and chat: the prompt is as long as
+    apply_chat_template(..., reasoning_effort=...) writes it (test_chat.py holds the text
+    itself through set_reasoning_effort); refused without a chat, and for a level that is not
+    OpenAI's."""
+    for effort in ("low", "high"):
+        rendered = hf_render(GPT_OSS, "Hi", reasoning_effort=effort)
+        result = barellm("run", model, "-p", "Hi", "--chat", "--reasoning-effort", effort,
+                         "-n", "1")
+        assert result.returncode == 0, result.stderr
+        assert f"prompt: {token_count(model, rendered)} tokens" in result.stderr
+        result = barellm("chat", model, "--reasoning-effort", effort, "-n", "1",
+                         input_text="Hi\n")
+        assert result.returncode == 0, result.stderr
+        assert stats(result.stderr)[0][0] == token_count(model, rendered)
+    for args, message in (
+            (("run", model, "-p", "Hi", "--reasoning-effort", "low"),
+             "--reasoning-effort needs --chat (or the chat command)"),
+            (("run", model, "-p", "Hi", "--chat", "--reasoning-effort", "max"),
+             "--reasoning-effort 'max' is not low, medium or high")):
+        result = barellm(*args)
+        assert result.returncode != 0 and message in result.stderr, result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 def test_chat_holds_what_jinja2_renders_of_the_conversation(model, tmp_path):
     """Each turn shows the answer; the KV cache holds the template's rendering of the
     conversation, the reasoning of the past reply dropped: the second turn prefills the
@@ -180,6 +205,18 @@ def test_the_server_answers_with_the_final_channel(model):
                                                max_tokens=5)
         assert reply.usage.prompt_tokens == token_count(
             model, hf_render_conversation(GPT_OSS, conversation))
+        # OpenAI's reasoning_effort: the system message's level, as jinja2 writes it.
+        reply = client.chat.completions.create(model="harmony.bin", messages=messages,
+                                               max_tokens=1, reasoning_effort="high")
+        assert reply.usage.prompt_tokens == token_count(
+            model, hf_render(GPT_OSS, "Hi", "Be brief.", reasoning_effort="high"))
+        status, body = server.request("POST", "/v1/chat/completions", json.dumps(
+            {"messages": messages, "reasoning_effort": "max"}))
+        assert status == 400 and body["error"]["param"] == "reasoning_effort", body
+        assert "'max' is not low, medium or high" in body["error"]["message"]
+        status, body = server.request("POST", "/v1/chat/completions", json.dumps(
+            {"messages": messages, "reasoning_effort": 3}))
+        assert status == 400 and body["error"]["param"] == "reasoning_effort", body
         # The template refuses a past reply holding channel markers; so does the server.
         bad = messages + [{"role": "assistant", "content": "<|channel|>final<|message|>x"},
                           {"role": "user", "content": "Sure?"}]

@@ -25,6 +25,9 @@ commands:
                            switch (Qwen3): the reply starts after an empty think block
       --show-think         with --chat: also print the <think>...</think> block of a
                            reasoning reply (hidden by default)
+      --reasoning-effort L
+                           with --chat, a harmony template (gpt-oss): low, medium or
+                           high in place of the template's default (medium)
       and the sampling options below
   chat MODEL               a conversation in the model's chat template: type a message,
                            the reply streams; each turn adds to the KV cache, so only
@@ -41,6 +44,8 @@ commands:
                            followed by a newline; the exit status is 1 when a turn
                            or /save failed, the last stderr line naming the lines.
       --system TEXT        a system message before the conversation
+      --reasoning-effort L
+                           a harmony template's (gpt-oss): low, medium or high
       -n N                 the most tokens of one reply (default 256)
       --stop TEXT, --color and the sampling options below
   ppl MODEL -f FILE        perplexity, llama.cpp's llama-perplexity convention
@@ -303,6 +308,8 @@ Options parse_options(int argc, const char* const* argv) {
             options.system = utf8_text(arg, value());
         } else if (arg == "--no-think") {
             options.no_think = true;
+        } else if (arg == "--reasoning-effort") {
+            options.reasoning_effort = value();
         } else if (arg == "--show-think") {
             options.show_think = true;
         } else if (arg == "--no-special") {
@@ -348,6 +355,8 @@ Options parse_options(int argc, const char* const* argv) {
         throw UsageError(
             "serve takes its prompts, lengths and stop strings over HTTP: no -p, -f, -n, --stop "
             "or --chat");
+    if (options.reasoning_effort && !options.chat && options.command != "chat")
+        throw UsageError("--reasoning-effort needs --chat (or the chat command)");
     if ((options.no_think || options.show_think) && !options.chat)
         throw UsageError(std::string(options.no_think ? "--no-think" : "--show-think") +
                          " needs --chat");

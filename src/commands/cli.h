@@ -46,7 +46,9 @@ struct Options {
     std::optional<std::string> system;  // run --chat, chat: the system message
     bool no_think = false;              // run --chat --no-think: enable_thinking=False
     bool show_think = false;            // run --chat --show-think: print <think> blocks
-    std::string check_text;             // ladder --check-text
+    // run --chat, chat: a harmony template's reasoning effort (gpt-oss: low, medium, high)
+    std::optional<std::string> reasoning_effort;
+    std::string check_text;  // ladder --check-text
     bool has_check_text = false;
     // serve:
     std::string host = "127.0.0.1";

@@ -84,7 +84,9 @@ int command_run(const Options& options) {
     ReasoningMarkup reasoning = ReasoningMarkup::ThinkBlock;
     bool markup_is_special = false;
     if (options.chat) {
-        const ChatFormat format = load_chat_format(model, tokenizer, "--chat");
+        ChatFormat format = load_chat_format(model, tokenizer, "--chat");
+        if (options.reasoning_effort)
+            set_reasoning_effort(format.chat, *options.reasoning_effort, "--reasoning-effort");
         prompt = first_turn_ids(format, tokenizer, config, options.system, prompt_text,
                                 !options.no_think);
         end_of_turn = format.end_of_turn;
@@ -134,7 +136,9 @@ int command_chat(const Options& options) {
     if (options.chat) throw UsageError("--chat is for run; chat is a conversation already");
     const auto [model, tokenizer] = load_model_and_tokenizer(options.model_path);
     const int context = context_length(options, model.config, kDefaultContextCap);
-    const ChatFormat format = load_chat_format(model, tokenizer, "chat");
+    ChatFormat format = load_chat_format(model, tokenizer, "chat");
+    if (options.reasoning_effort)
+        set_reasoning_effort(format.chat, *options.reasoning_effort, "--reasoning-effort");
     auto backend =
         make_backend_saying_device(model, BackendOptions{context, options.kv_type, options.device});
     Sampler sampler = make_sampler(options, model.config);

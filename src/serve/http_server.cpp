@@ -278,8 +278,16 @@ private:
         check_model(request.fields);
         if (!options_.chat) throw ApiError(400, options_.no_chat, "messages");
         const ChatFormat& format = *options_.chat;
+        ChatTemplate chat = format.chat;
+        if (request.reasoning_effort) {
+            try {
+                set_reasoning_effort(chat, *request.reasoning_effort, "'reasoning_effort'");
+            } catch (const Error& e) {
+                throw ApiError(400, e.what(), "reasoning_effort");
+            }
+        }
         const std::string text =
-            render_conversation(format.chat, request.messages, format.bos_text, format.eos_text);
+            render_conversation(chat, request.messages, format.bos_text, format.eos_text);
         // BOS as the first turn of `run --chat` gets it: unless the rendering starts with it.
         const bool add_bos = config_.add_bos && config_.bos_id >= 0 &&
                              text.compare(0, format.bos_text.size(), format.bos_text) != 0;

@@ -239,6 +239,11 @@ ChatRequest parse_chat_request(std::string_view body) {
         request.messages.push_back({*role == "developer" ? "system" : role->get<std::string>(),
                                     message_content(*content, i)});
     }
+    if (const json* effort = field(object, "reasoning_effort")) {
+        if (!effort->is_string())
+            throw wrong_field("reasoning_effort", "\"low\", \"medium\" or \"high\"", *effort);
+        request.reasoning_effort = effort->get<std::string>();
+    }
     return request;
 }
 

@@ -58,6 +58,7 @@ struct ChatMessage {
 struct ChatRequest {
     GenerationFields fields;
     std::vector<ChatMessage> messages;
+    std::optional<std::string> reasoning_effort;  // OpenAI's field: a harmony template's level
 };
 
 // Parse a request body; ApiError 400 for anything malformed: not JSON, not an object, a

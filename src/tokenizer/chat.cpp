@@ -7,6 +7,7 @@
 #include <ctime>
 
 #include "util/error.h"
+#include "util/json.h"
 
 namespace barellm {
 
@@ -684,6 +685,18 @@ std::string render_chat(const ChatTemplate& chat, const std::optional<std::strin
             return harmony_system(chat, system) + harmony_user_turn(content);
     }
     return "";
+}
+
+void set_reasoning_effort(ChatTemplate& chat, const std::string& effort, const std::string& what) {
+    if (chat.family != ChatFamily::Harmony)
+        throw Error(what + " needs a harmony chat template (gpt-oss); this model's is " +
+                    chat_family_name(chat.family));
+    for (const char* level : {"low", "medium", "high"})
+        if (effort == level) {
+            chat.reasoning_effort = effort;
+            return;
+        }
+    throw Error(what + " " + quoted_excerpt(effort) + " is not low, medium or high");
 }
 
 bool chat_rewrites_replies(ChatFamily family) { return family == ChatFamily::Harmony; }

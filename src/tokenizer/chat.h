@@ -144,6 +144,11 @@ private:
     bool after_block_ = false;  // right after </think>: leading whitespace is dropped
 };
 
+// The reasoning effort a harmony template (gpt-oss) writes in its system message in place of
+// its default: "low", "medium" or "high" (OpenAI's levels). Error for another value or another
+// family, naming `what` (the option or field that asked).
+void set_reasoning_effort(ChatTemplate& chat, const std::string& effort, const std::string& what);
+
 // Whether the template writes a past reply other than as the model generated it, so that a
 // conversation goes on from the reply's start with render_reply rather than from its end
 // (Harmony: the analysis channel is dropped).

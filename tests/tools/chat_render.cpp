@@ -1,8 +1,9 @@
 // Test tool: renders one user message, after a system message when SYSTEM_FILE is given,
 // with barellm's built-in chat templates (src/tokenizer/chat.h), for comparison with jinja2 on the
 // real template (tests/test_chat.py).
-//   chat_render [--no-think] TEMPLATE_FILE PROMPT_FILE BOS_TOKEN [SYSTEM_FILE]
-// (--no-think: rendered with enable_thinking=False)
+//   chat_render [--no-think | --effort LEVEL] TEMPLATE_FILE PROMPT_FILE BOS_TOKEN [SYSTEM_FILE]
+// (--no-think: rendered with enable_thinking=False; --effort: a harmony template's
+// reasoning_effort, set_reasoning_effort)
 // prints the recognised family on stderr and the rendering on stdout (bytes exactly);
 // an unrecognised template prints the error and exits with 1.
 //   chat_render --next TEMPLATE_FILE PROMPT_FILE BOS_TOKEN EOS_TOKEN
@@ -39,11 +40,17 @@ int main(int argc, char** argv) {
         --argc;
         ++argv;
     }
+    std::optional<std::string> effort;
+    if (argc > 2 && std::string(argv[1]) == "--effort") {
+        effort = argv[2];
+        argc -= 2;
+        argv += 2;
+    }
     const bool next_turn = argc == 6 && std::string(argv[1]) == "--next";
     const bool reply = argc == 4 && std::string(argv[1]) == "--reply";
     if (argc != 4 && argc != 5 && !next_turn) {
         std::fputs(
-            "usage: chat_render [--no-think] TEMPLATE_FILE PROMPT_FILE BOS_TOKEN "
+            "usage: chat_render [--no-think | --effort LEVEL] TEMPLATE_FILE PROMPT_FILE BOS_TOKEN "
             "[SYSTEM_FILE]\n"
             "       chat_render --next TEMPLATE_FILE PROMPT_FILE BOS_TOKEN EOS_TOKEN\n"
             "       chat_render --reply TEMPLATE_FILE CONTENT_FILE\n",
@@ -64,7 +71,8 @@ int main(int argc, char** argv) {
             std::cout.write(text.data(), std::streamsize(text.size()));
             return 0;
         }
-        const barellm::ChatTemplate chat = barellm::recognise_chat_template(read_file(argv[1]));
+        barellm::ChatTemplate chat = barellm::recognise_chat_template(read_file(argv[1]));
+        if (effort) barellm::set_reasoning_effort(chat, *effort, "--effort");
         std::optional<std::string> system;
         if (argc == 5) system = read_file(argv[4]);
         const std::string text =
