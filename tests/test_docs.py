@@ -261,7 +261,8 @@ def test_the_help_groups_are_read_as_barellm_prints_them():
     assert {"run", "chat", "ppl", "bench", "ladder", "info", "tokenize", "detokenize",
             "sampling", "common"} <= set(groups)
     assert {"-p", "-f", "-n", "--stop", "--chat", "--no-think"} <= groups["run"]
-    assert groups["chat"] == {"--system", "--reasoning-effort", "-n"}  # --stop, --color: referred to only
+    # chat's --stop and --color: referred to only
+    assert groups["chat"] == {"--system", "--reasoning-effort", "-n"}
     assert {"--temp", "--top-p", "--min-p", "--seed"} <= groups["sampling"]
     assert {"--ctx", "--device", "--simd", "-h", "--help"} <= groups["common"]
     assert groups["tokenize"] == {"-p", "-f", "--bos", "--no-special"}
