@@ -24,6 +24,7 @@ import numpy as np
 from blocks import check_blocks
 from common import ConvertError, float32
 import dtypes
+import kquants
 
 # GptOssConfig's defaults (gpt-oss-120b's shape).
 DEFAULTS = {
@@ -44,12 +45,12 @@ SWIGLU_ALPHA = 1.702
 QUANT_METHOD = "mxfp4"
 LAYER_TYPES = {"sliding_attention": "sliding", "full_attention": "full"}
 
-MXFP4_WEIGHTS = 32  # weights per block
+MXFP4_WEIGHTS = kquants.MXFP4_BLOCK  # weights per block
 MXFP4_HALF = MXFP4_WEIGHTS // 2  # bytes of nibbles per block
-# E2M1 values of the 16 nibbles, and the exponent bias of an E8M0 scale byte.
+# E2M1 values of the 16 nibbles as transformers decodes them (-0.0 for code 8; ggml's
+# kquants.MXFP4_LEVELS are these doubled, +0 there).
 FP4_VALUES = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6],
                       dtype=np.float32)
-E8M0_BIAS = 127
 
 
 def with_defaults(cfg):
@@ -278,7 +279,7 @@ class Mxfp4Experts:
     def f32_blocks(self):
         for codes, exponents in self._experts():
             values = np.ldexp(FP4_VALUES[codes],
-                              exponents.astype(np.int32)[..., None] - E8M0_BIAS)
+                              exponents.astype(np.int32)[..., None] - kquants.E8M0_BIAS)
             yield values.astype(np.float32).reshape(len(codes), -1)
 
 

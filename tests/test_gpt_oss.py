@@ -17,6 +17,7 @@ import model as reference
 from convert_testlib import CONVERT, make_checkpoint, read_raw, rewritten_gguf, run
 from test_end_to_end import IDS, barellm_logits, relative_error
 from test_convert_kquants import matrix_values
+from test_moe import check_experts_quantized_logits
 from test_qwen import convert
 
 # 3 layers (sliding, full, sliding: a window of 5 of the 19 ids), head_dim 10 apart from
@@ -396,13 +397,7 @@ def test_quantized_logits_match_the_reference_on_the_dequantized_weights(tmp_pat
     config = {**CONFIG, **BLOCK_SHAPE, "num_experts_per_tok": CONFIG["num_local_experts"]}
     model = convert(checkpoint(tmp_path, config, gpt_oss_tensors(config)), tmp_path / "m.bin",
                     dtype)
-    want = reference.logits_for(model, IDS)
-    scalar = barellm_logits(model, IDS, "--kv", "f32", "--simd", "scalar")
-    assert relative_error(scalar, want) < 1e-4
-    for flags in ([], ["--prefill"], ["--simd", "avx2"], ["--simd", "avx2", "--prefill"]):
-        got = barellm_logits(model, IDS, "--kv", "f32", *flags)
-        assert relative_error(got, want) < 1e-1
-        assert (got.argmax(axis=1) == want.argmax(axis=1)).mean() >= 0.8
+    check_experts_quantized_logits(model, reference.logits_for(model, IDS))
 
 
 @pytest.mark.parametrize("mode", ["decode", "prefill"])

@@ -202,7 +202,14 @@ def test_quantized_matches_the_reference_on_the_dequantized_weights(tmp_path, na
     config = {**CONFIGS[name], **QUANTIZED_SHAPES[name]}
     hf = checkpoint(tmp_path, name, config, moe_tensors(config, near_tie=False))
     model = convert(hf, tmp_path / "model.bin", dtype)
-    want = reference.logits_for(model, IDS)
+    check_experts_quantized_logits(model, reference.logits_for(model, IDS))
+
+
+def check_experts_quantized_logits(model, want):
+    """The logits of a q8/q4 mixture of experts at IDS against `want`, the reference fed its
+    dequantized weights: the scalar path within 1e-4; decode and prefill at the best level
+    and on AVX2, whose 8-bit activations every expert's matrices add to, within 1e-1 with the
+    argmax at 80% of the positions or more."""
     scalar = barellm_logits(model, IDS, "--kv", "f32", "--simd", "scalar")
     assert relative_error(scalar, want) < 1e-4
     for flags in ([], ["--prefill"], ["--simd", "avx2"], ["--simd", "avx2", "--prefill"]):
