@@ -177,7 +177,7 @@ TEST_CASE("chat requests: messages, roles and content parts", "[openai]") {
     for (const char* body :
          {R"({})", R"({"messages": []})", R"({"messages": "hi"})", R"({"messages": [1]})",
           R"({"messages": [{"content": "x"}]})",
-          R"({"messages": [{"role": "tool", "content": "x"}]})",
+          R"({"messages": [{"role": "function", "content": "x"}]})",
           R"({"messages": [{"role": "user"}]})",
           R"({"messages": [{"role": "user", "content": 5}]})",
           R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})",
@@ -276,7 +276,7 @@ TEST_CASE("responses, chunks and errors have the fields of OpenAI's objects", "[
     CHECK(chunk["choices"][0]["text"] == "piece");
     CHECK_FALSE(chunk.contains("usage"));
 
-    const json chat = chat_response(header, "reply", "stop", {2, 1});
+    const json chat = chat_response(header, "reply", {}, "stop", {2, 1});
     CHECK(chat["object"] == "chat.completion");
     CHECK(chat["choices"][0]["message"] == json{{"role", "assistant"}, {"content", "reply"}});
     CHECK(chat["choices"][0]["finish_reason"] == "stop");
@@ -292,6 +292,23 @@ TEST_CASE("responses, chunks and errors have the fields of OpenAI's objects", "[
     const json usage = usage_chunk(header, true, {4, 6});
     CHECK(usage["choices"] == json::array());
     CHECK(usage["usage"]["completion_tokens"] == 6);
+
+    // A reply that calls: the calls, and a null content where it has no text.
+    const ToolCall call{"call_7_0", "get_weather", R"({"city": "Paris"})"};
+    const json called = chat_response(header, "", {call}, "tool_calls", {2, 1});
+    const json tool_call = {{"id", "call_7_0"},
+                            {"type", "function"},
+                            {"function", {{"name", "get_weather"}, {"arguments", call.arguments}}}};
+    CHECK(called["choices"][0]["message"] ==
+          json{{"role", "assistant"}, {"content", nullptr}, {"tool_calls", {tool_call}}});
+    CHECK(called["choices"][0]["finish_reason"] == "tool_calls");
+    CHECK(chat_response(header, "Checking.", {call}, "tool_calls",
+                        {2, 1})["choices"][0]["message"]["content"] == "Checking.");
+    json delta_call = tool_call;
+    delta_call["index"] = 1;
+    const json call_chunk = chat_tool_call_chunk(header, call, 1);
+    CHECK(call_chunk["choices"][0]["delta"] == json{{"tool_calls", {delta_call}}});
+    CHECK(call_chunk["choices"][0]["finish_reason"].is_null());
 
     const json models = models_response("stories.bin", 1700000000);
     CHECK(models["object"] == "list");

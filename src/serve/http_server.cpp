@@ -48,7 +48,7 @@ constexpr size_t kLoggedPathBytes = 200;
 struct Channel {
     std::mutex mutex;
     std::condition_variable changed;
-    std::vector<std::string> pieces;  // arrived, not sent yet: one per token's text
+    std::vector<ReplyPart> pieces;  // arrived, not sent yet: a token's text or a call
     bool done = false;
     Completion completion;
 };
@@ -64,8 +64,16 @@ thread_local RequestRecord request_record;
 
 void on_terminate(int) { interrupted = true; }
 
-std::string finish_reason_name(FinishReason reason) {
+// "tool_calls" when the reply called a function.
+std::string finish_reason_name(FinishReason reason, int calls) {
+    if (calls > 0) return "tool_calls";
     return reason == FinishReason::Length ? "length" : "stop";
+}
+
+// The call as the response names it: its id made of the request's and its place in the reply.
+ToolCall with_call_id(ToolCall call, uint64_t request_id, int index) {
+    call.id = "call_" + std::to_string(request_id) + "_" + std::to_string(index);
+    return call;
 }
 
 // The error a request that did not end with Stop or Length is answered with.
@@ -270,7 +278,7 @@ private:
                                    /*parse_special=*/true);
         }
         answer(res, /*chat=*/false, std::move(prompt), request.fields, /*end_of_turn=*/-1,
-               /*answer_only=*/false);
+               /*answer_only=*/false, ToolFormat::None);
     }
 
     void chat_completions(const httplib::Request& req, httplib::Response& res) {
@@ -287,13 +295,14 @@ private:
             }
         }
         const std::string text =
-            render_conversation(chat, request.messages, format.bos_text, format.eos_text);
+            render_chat_request(chat, request, format.bos_text, format.eos_text);
         // BOS as the first turn of `run --chat` gets it: unless the rendering starts with it.
         const bool add_bos = config_.add_bos && config_.bos_id >= 0 &&
                              text.compare(0, format.bos_text.size(), format.bos_text) != 0;
         answer(res, /*chat=*/true,
                encode_prompt(tokenizer_, config_, text, add_bos, /*parse_special=*/true),
-               request.fields, format.end_of_turn, chat_markup_is_special(format.chat.family));
+               request.fields, format.end_of_turn, chat_markup_is_special(format.chat.family),
+               request_calls_tools(request) ? chat.tool_format : ToolFormat::None);
     }
 
     void check_model(const GenerationFields& fields) const {
@@ -346,25 +355,37 @@ private:
 
     // Submits the request and answers it, at once or as a stream. `answer_only`: the reply is
     // decoded with its special tokens' texts and only its answer is sent (harmony's final
-    // channel, HarmonyChannelFilter).
+    // channel, HarmonyChannelFilter). `tools`: the format the reply's calls are read in
+    // (ToolCallReader), None when it is not read for calls.
     void answer(httplib::Response& res, bool chat, std::vector<int> prompt,
-                const GenerationFields& fields, int end_of_turn, bool answer_only) {
+                const GenerationFields& fields, int end_of_turn, bool answer_only,
+                ToolFormat tools) {
         Request request = scheduler_request(std::move(prompt), fields, end_of_turn);
         request.keep_special_text = answer_only;
         auto channel = std::make_shared<Channel>();
         // on_text and on_done run on the scheduler's thread, one after the other.
         auto filter = std::make_shared<HarmonyChannelFilter>();
-        const auto send = [channel](const std::string& text) {
-            if (text.empty()) return;
+        auto reader = std::make_shared<ToolCallReader>(tools);
+        const auto send = [channel](std::vector<ReplyPart> parts) {
+            if (parts.empty()) return;
             std::lock_guard<std::mutex> lock(channel->mutex);
-            channel->pieces.push_back(text);
+            for (ReplyPart& part : parts) channel->pieces.push_back(std::move(part));
             channel->changed.notify_all();
         };
-        request.on_text = [send, filter, answer_only](const std::string& text) {
-            send(answer_only ? filter->feed(text) : text);
+        // The text of a token (or of what a filter held back), through the call reader.
+        const auto pass = [send, reader, tools](const std::string& text) {
+            if (tools != ToolFormat::None)
+                send(reader->feed(text));
+            else if (!text.empty())
+                send({{text, std::nullopt}});
         };
-        request.on_done = [channel, send, filter](const Completion& completion) {
-            send(filter->finish());
+        request.on_text = [pass, filter, answer_only](const std::string& text) {
+            pass(answer_only ? filter->feed(text) : text);
+        };
+        request.on_done = [channel, pass, send, filter, reader,
+                           tools](const Completion& completion) {
+            pass(filter->finish());
+            if (tools != ToolFormat::None) send(reader->finish());
             std::lock_guard<std::mutex> lock(channel->mutex);
             channel->done = true;
             channel->completion = completion;
@@ -400,17 +421,22 @@ private:
             completion.finish_reason == FinishReason::Failed)
             throw unfinished_error(completion);
         const Usage usage{completion.prompt_tokens, completion.completion_tokens};
-        const std::string reason = finish_reason_name(completion.finish_reason);
         std::string text;
-        for (const std::string& piece : channel.pieces) text += piece;
+        std::vector<ToolCall> calls;
+        for (const ReplyPart& part : channel.pieces) {
+            text += part.text;
+            if (part.call) calls.push_back(with_call_id(*part.call, id, int(calls.size())));
+        }
+        const std::string reason = finish_reason_name(completion.finish_reason, int(calls.size()));
         send_json(res, 200,
-                  chat ? chat_response(header, text, reason, usage)
+                  chat ? chat_response(header, text, calls, reason, usage)
                        : completion_response(header, text, reason, usage));
     }
 
     void stream(httplib::Response& res, bool chat, bool include_usage, const ResponseHeader& header,
                 const std::shared_ptr<Channel>& channel, uint64_t id) {
         auto role_sent = std::make_shared<bool>(!chat);
+        auto calls_sent = std::make_shared<int>(0);
         res.set_header("Cache-Control", "no-cache");
         res.set_chunked_content_provider(
             "text/event-stream",
@@ -424,17 +450,25 @@ private:
                 channel->changed.wait_for(lock, kStreamHeartbeat, [&] {
                     return !channel->pieces.empty() || channel->done;
                 });
-                const std::vector<std::string> pieces = std::move(channel->pieces);
+                const std::vector<ReplyPart> pieces = std::move(channel->pieces);
                 channel->pieces.clear();
                 const bool done = channel->done;
                 const Completion completion = channel->completion;
                 lock.unlock();
-                // An event per token's text, even when several arrived since the last write.
+                // An event per token's text (or call), even when several arrived since the last
+                // write.
                 std::string out;
-                for (const std::string& text : pieces)
-                    out += sse_event(chat ? chat_chunk(header, text, "")
-                                          : completion_chunk(header, text, ""));
-                if (done) out += last_events(chat, include_usage, header, completion);
+                for (const ReplyPart& part : pieces) {
+                    if (part.call) {
+                        const int index = (*calls_sent)++;
+                        out += sse_event(chat_tool_call_chunk(
+                            header, with_call_id(*part.call, id, index), index));
+                    } else {
+                        out += sse_event(chat ? chat_chunk(header, part.text, "")
+                                              : completion_chunk(header, part.text, ""));
+                    }
+                }
+                if (done) out += last_events(chat, include_usage, header, completion, *calls_sent);
                 if (out.empty()) out = ": waiting\n\n";
                 if (!sink.write(out.data(), out.size())) return false;
                 if (done) {
@@ -451,11 +485,11 @@ private:
     }
 
     static std::string last_events(bool chat, bool include_usage, const ResponseHeader& header,
-                                   const Completion& completion) {
+                                   const Completion& completion, int calls) {
         if (completion.finish_reason == FinishReason::Cancelled ||
             completion.finish_reason == FinishReason::Failed)
             return sse_event(error_body(unfinished_error(completion)));
-        const std::string reason = finish_reason_name(completion.finish_reason);
+        const std::string reason = finish_reason_name(completion.finish_reason, calls);
         std::string out =
             sse_event(chat ? chat_chunk(header, "", reason) : completion_chunk(header, "", reason));
         if (include_usage)

@@ -7,6 +7,7 @@
 namespace barellm::serve {
 
 using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
 
 namespace {
 
@@ -169,6 +170,100 @@ std::string message_content(const json& content, size_t index) {
     return text;
 }
 
+// A call of an assistant message: {"id", "type": "function", "function": {"name",
+// "arguments"}}, the arguments as a JSON string (OpenAI's) or an object.
+ToolCall message_tool_call(const json& call, const std::string& name) {
+    const std::string needs =
+        "a call {\"type\": \"function\", \"function\": {\"name\": ..., \"arguments\": ...}}";
+    if (!call.is_object()) throw wrong_field(name, needs, call);
+    const json* type = field(call, "type");
+    const json* function = field(call, "function");
+    if ((type && *type != "function") || !function || !function->is_object())
+        throw wrong_field(name, needs, call);
+    const json* function_name = field(*function, "name");
+    const json* arguments = field(*function, "arguments");
+    if (!function_name || !function_name->is_string() ||
+        function_name->get_ref<const std::string&>().empty())
+        throw wrong_field(name + ".function.name", "a non-empty string",
+                          function_name ? *function_name : json(nullptr));
+    ToolCall tool_call;
+    tool_call.name = function_name->get<std::string>();
+    if (arguments && arguments->is_string())
+        tool_call.arguments = arguments->get<std::string>();
+    else if (arguments && arguments->is_object())
+        tool_call.arguments = arguments->dump();
+    else if (arguments)
+        throw wrong_field(name + ".function.arguments", "a string of JSON or an object",
+                          *arguments);
+    else
+        tool_call.arguments = "{}";
+    if (const json* id = field(call, "id")) {
+        if (!id->is_string()) throw wrong_field(name + ".id", "a string", *id);
+        tool_call.id = id->get<std::string>();
+    }
+    return tool_call;
+}
+
+// messages[index]: a role, a content (optional for an assistant message with calls) and an
+// assistant message's tool_calls.
+ChatMessage chat_message(const json& message, size_t index) {
+    const std::string name = "messages[" + std::to_string(index) + "]";
+    if (!message.is_object())
+        throw wrong_field(name, "an object with a role and a content", message);
+    const json* role = field(message, "role");
+    const char* roles = "\"system\", \"user\", \"assistant\" or \"tool\"";
+    if (!role || !role->is_string())
+        throw wrong_field(name + ".role", roles, role ? *role : json(nullptr));
+    ChatMessage parsed;
+    parsed.role = *role == "developer" ? "system" : role->get<std::string>();
+    if (parsed.role != "system" && parsed.role != "user" && parsed.role != "assistant" &&
+        parsed.role != "tool")
+        throw wrong_field(name + ".role", roles, *role);
+    if (const json* calls = field(message, "tool_calls")) {
+        if (parsed.role != "assistant" || !calls->is_array())
+            throw wrong_field(name + ".tool_calls", "a list of calls, in an assistant message",
+                              *calls);
+        for (size_t i = 0; i < calls->size(); ++i)
+            parsed.tool_calls.push_back(
+                message_tool_call((*calls)[i], name + ".tool_calls[" + std::to_string(i) + "]"));
+    }
+    const json* content = field(message, "content");
+    if (content)
+        parsed.content = message_content(*content, index);
+    else if (parsed.tool_calls.empty())
+        throw ApiError(400, "'" + name + ".content' is missing", name + ".content",
+                       "missing_required_field");
+    return parsed;
+}
+
+// tools[index]: {"type": "function", "function": {"name", "description", "parameters"}}.
+void check_tool(const json& tool, size_t index) {
+    const std::string name = "tools[" + std::to_string(index) + "]";
+    const std::string needs =
+        "a function {\"type\": \"function\", \"function\": {\"name\": ..., \"parameters\": {...}}}";
+    const json* type = tool.is_object() ? field(tool, "type") : nullptr;
+    const json* function = tool.is_object() ? field(tool, "function") : nullptr;
+    if (!type || *type != "function" || !function || !function->is_object())
+        throw wrong_field(name, needs, tool);
+    const json* function_name = field(*function, "name");
+    if (!function_name || !function_name->is_string() ||
+        function_name->get_ref<const std::string&>().empty())
+        throw wrong_field(name + ".function.name", "a non-empty string",
+                          function_name ? *function_name : json(nullptr));
+    const json* description = field(*function, "description");
+    if (description && !description->is_string())
+        throw wrong_field(name + ".function.description", "a string", *description);
+    const json* parameters = field(*function, "parameters");
+    if (parameters && !parameters->is_object())
+        throw wrong_field(name + ".function.parameters", "a JSON Schema object", *parameters);
+}
+
+json tool_call_object(const ToolCall& call) {
+    return {{"id", call.id},
+            {"type", "function"},
+            {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
+}
+
 json finish_reason_value(const std::string& finish_reason) {
     return finish_reason.empty() ? json(nullptr) : json(finish_reason);
 }
@@ -222,29 +317,58 @@ ChatRequest parse_chat_request(std::string_view body) {
         throw ApiError(400, "'messages' is missing", "messages", "missing_required_field");
     if (!messages->is_array() || messages->empty())
         throw wrong_field("messages", "a non-empty list of messages", *messages);
-    for (size_t i = 0; i < messages->size(); ++i) {
-        const json& message = (*messages)[i];
-        const std::string name = "messages[" + std::to_string(i) + "]";
-        if (!message.is_object())
-            throw wrong_field(name, "an object with a role and a content", message);
-        const json* role = field(message, "role");
-        if (!role || !role->is_string() ||
-            (*role != "system" && *role != "developer" && *role != "user" && *role != "assistant"))
-            throw wrong_field(name + ".role", "\"system\", \"user\" or \"assistant\"",
-                              role ? *role : json(nullptr));
-        const json* content = field(message, "content");
-        if (!content)
-            throw ApiError(400, "'" + name + ".content' is missing", name + ".content",
-                           "missing_required_field");
-        request.messages.push_back({*role == "developer" ? "system" : role->get<std::string>(),
-                                    message_content(*content, i)});
-    }
+    for (size_t i = 0; i < messages->size(); ++i)
+        request.messages.push_back(chat_message((*messages)[i], i));
     if (const json* effort = field(object, "reasoning_effort")) {
         if (!effort->is_string())
             throw wrong_field("reasoning_effort", "\"low\", \"medium\" or \"high\"", *effort);
         request.reasoning_effort = effort->get<std::string>();
     }
+    if (const json* choice = field(object, "tool_choice")) {
+        if (*choice != "auto" && *choice != "none")
+            throw wrong_field("tool_choice",
+                              "\"auto\" or \"none\" (barellm does not constrain generation to "
+                              "force a call)",
+                              *choice);
+        request.tool_choice = *choice == "none" ? ToolChoice::None : ToolChoice::Auto;
+    }
+    if (const json* tools = field(object, "tools")) {
+        if (!tools->is_array()) throw wrong_field("tools", "a list of functions", *tools);
+        for (size_t i = 0; i < tools->size(); ++i) check_tool((*tools)[i], i);
+        // The definitions again, their keys in the client's order: the template writes them.
+        const ordered_json ordered = parse_ordered_json(body, "the request body");
+        for (const ordered_json& tool : ordered.at("tools")) request.tools.push_back(tool);
+    }
     return request;
+}
+
+bool request_calls_tools(const ChatRequest& request) {
+    return !request.tools.empty() && request.tool_choice == ToolChoice::Auto;
+}
+
+std::string render_chat_request(const ChatTemplate& chat, const ChatRequest& request,
+                                const std::string& bos_text, const std::string& eos_text) {
+    if (chat_renders_tools(chat)) {
+        try {
+            return render_tool_conversation(
+                chat, request.messages,
+                request_calls_tools(request) ? request.tools : std::vector<ordered_json>{},
+                bos_text);
+        } catch (const Error& e) {
+            throw ApiError(
+                400,
+                std::string("the model's chat template cannot render these messages: ") + e.what(),
+                "messages");
+        }
+    }
+    const char* cannot =
+        "the model's chat template does not write tools (barellm writes those of "
+        "Qwen2.5, Qwen3, Llama 3.1 and Llama 3.2's templates)";
+    if (request_calls_tools(request)) throw ApiError(400, cannot, "tools");
+    for (const ChatMessage& message : request.messages)
+        if (message.role == "tool" || !message.tool_calls.empty())
+            throw ApiError(400, std::string(cannot) + ": no calls or results", "messages");
+    return render_conversation(chat, request.messages, bos_text, eos_text);
 }
 
 std::string render_conversation(const ChatTemplate& chat, const std::vector<ChatMessage>& messages,
@@ -307,10 +431,17 @@ json completion_chunk(const ResponseHeader& header, const std::string& text,
 }
 
 json chat_response(const ResponseHeader& header, const std::string& text,
-                   const std::string& finish_reason, const Usage& usage) {
+                   const std::vector<ToolCall>& calls, const std::string& finish_reason,
+                   const Usage& usage) {
     json response = header_object(header, "chat.completion");
+    json message = {{"role", "assistant"},
+                    {"content", calls.empty() || !text.empty() ? json(text) : json(nullptr)}};
+    if (!calls.empty()) {
+        message["tool_calls"] = json::array();
+        for (const ToolCall& call : calls) message["tool_calls"].push_back(tool_call_object(call));
+    }
     response["choices"] = json::array({{{"index", 0},
-                                        {"message", {{"role", "assistant"}, {"content", text}}},
+                                        {"message", message},
                                         {"logprobs", nullptr},
                                         {"finish_reason", finish_reason_value(finish_reason)}}});
     response["usage"] = usage_object(usage);
@@ -334,6 +465,17 @@ json chat_chunk(const ResponseHeader& header, const std::string& text,
                                      {"delta", delta},
                                      {"logprobs", nullptr},
                                      {"finish_reason", finish_reason_value(finish_reason)}}});
+    return chunk;
+}
+
+json chat_tool_call_chunk(const ResponseHeader& header, const ToolCall& call, int index) {
+    json chunk = header_object(header, "chat.completion.chunk");
+    json delta_call = tool_call_object(call);
+    delta_call["index"] = index;
+    chunk["choices"] = json::array({{{"index", 0},
+                                     {"delta", {{"tool_calls", json::array({delta_call})}}},
+                                     {"logprobs", nullptr},
+                                     {"finish_reason", nullptr}}});
     return chunk;
 }
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tokenizer/chat.h"
+#include "tokenizer/chat_tools.h"
 #include "util/error.h"
 
 namespace barellm::serve {
@@ -49,17 +50,28 @@ struct CompletionRequest {
     bool has_prompt_ids = false;
 };
 
-struct ChatMessage {
-    std::string role;  // "system" ("developer" is read as "system"), "user" or "assistant"
-    std::string content;
-};
+// A message's role is "system" ("developer" is read as "system"), "user", "assistant" or
+// "tool"; an assistant message may carry calls (tool_calls, its content then optional).
+using barellm::ChatMessage;
+using barellm::ToolCall;
+
+// tool_choice: "auto" (the model may call the tools) or "none" (the tools are not rendered).
+// "required" and a named function are refused: barellm does not constrain generation.
+enum class ToolChoice { Auto, None };
 
 // POST /v1/chat/completions.
 struct ChatRequest {
     GenerationFields fields;
     std::vector<ChatMessage> messages;
     std::optional<std::string> reasoning_effort;  // OpenAI's field: a harmony template's level
+    // Function definitions ({"type": "function", "function": {"name", ...}}), each object's
+    // keys in the order the client sent them.
+    std::vector<nlohmann::ordered_json> tools;
+    ToolChoice tool_choice = ToolChoice::Auto;
 };
+
+// Whether the reply to `request` is read for calls: tools given, tool_choice "auto".
+bool request_calls_tools(const ChatRequest& request);
 
 // Parse a request body; ApiError 400 for anything malformed: not JSON, not an object, a
 // field of the wrong type or out of range, n other than 1, more than 4 stop strings.
@@ -77,6 +89,12 @@ ChatRequest parse_chat_request(std::string_view body);
 std::string render_conversation(const ChatTemplate& chat, const std::vector<ChatMessage>& messages,
                                 const std::string& bos_text, const std::string& eos_text);
 
+// The text a chat template renders for a request: with the tools (request_calls_tools) and
+// any order of messages by render_tool_conversation where the template writes tools; else by
+// render_conversation, and ApiError 400 for tools, calls or results the template cannot write.
+std::string render_chat_request(const ChatTemplate& chat, const ChatRequest& request,
+                                const std::string& bos_text, const std::string& eos_text);
+
 // What every response object names.
 struct ResponseHeader {
     std::string id;       // "cmpl-..." or "chatcmpl-..."
@@ -89,19 +107,24 @@ struct Usage {
     int completion_tokens = 0;
 };
 
-// finish_reason is "stop" or "length"; "" writes null (a chunk before the last).
+// finish_reason is "stop", "length" or "tool_calls"; "" writes null (a chunk before the
+// last).
 nlohmann::json completion_response(const ResponseHeader& header, const std::string& text,
                                    const std::string& finish_reason, const Usage& usage);
 nlohmann::json completion_chunk(const ResponseHeader& header, const std::string& text,
                                 const std::string& finish_reason);
+// A reply with calls has their list in tool_calls, and a null content when it has no text.
 nlohmann::json chat_response(const ResponseHeader& header, const std::string& text,
-                             const std::string& finish_reason, const Usage& usage);
+                             const std::vector<ToolCall>& calls, const std::string& finish_reason,
+                             const Usage& usage);
 // The first chunk of a chat stream carries the role: {"role": "assistant", "content": ""}.
 nlohmann::json chat_role_chunk(const ResponseHeader& header);
 // A chunk with `text` as its delta's content, or with an empty delta when finish_reason is
 // given.
 nlohmann::json chat_chunk(const ResponseHeader& header, const std::string& text,
                           const std::string& finish_reason);
+// A chunk with one whole call as its delta's tool_calls[0], `index` counting the calls.
+nlohmann::json chat_tool_call_chunk(const ResponseHeader& header, const ToolCall& call, int index);
 // The chunk after the last when stream_options.include_usage: no choices, the usage.
 nlohmann::json usage_chunk(const ResponseHeader& header, bool chat, const Usage& usage);
 nlohmann::json usage_object(const Usage& usage);

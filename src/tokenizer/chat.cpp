@@ -206,11 +206,6 @@ std::string today(const std::string& format) {
     return text;
 }
 
-// The date a dated system message writes: today, or the template's fixed date.
-std::string template_date(const ChatTemplate& chat) {
-    return chat.date_from_clock ? today(chat.date_format) : chat.date;
-}
-
 // Harmony's markers and the channel line of its system message.
 constexpr const char* kHarmonyStart = "<|start|>";
 constexpr const char* kHarmonyMessage = "<|message|>";
@@ -307,13 +302,6 @@ constexpr const char* kThinkOpen = "<think>";
 constexpr const char* kThinkClose = "</think>";
 constexpr const char* kEmptyThinkBlock = "<think>\n\n</think>\n\n";
 
-// The length of the longest end of `text` that is a proper prefix of `marker`.
-size_t partial_marker_length(const std::string& text, const std::string& marker) {
-    for (size_t length = std::min(text.size(), marker.size() - 1); length > 0; --length)
-        if (text.compare(text.size() - length, length, marker, 0, length) == 0) return length;
-    return 0;
-}
-
 // Gemma's <start_of_turn>/<end_of_turn> templates. Fills `chat` or throws naming what is
 // missing.
 void recognise_gemma(const std::string& text, ChatTemplate& chat) {
@@ -378,6 +366,44 @@ void recognise_chatml_im_sep(const std::string& text, ChatTemplate& chat) {
             "'<|im_end|>' is not recognised");
     chat.role_separator = "<|im_sep|>";
     chat.turn_separator = "";
+}
+
+// The tool formats of chat_tools.h, recognised by the texts they write: each piece the
+// renderer writes must be in the template (as a Jinja literal, its newlines real or escaped).
+// A template that writes tools otherwise keeps ToolFormat::None, and tools are refused.
+void recognise_tool_format(const std::string& text, ChatTemplate& chat) {
+    const auto holds_all = [&](std::initializer_list<const char*> parts) {
+        for (const char* part : parts)
+            if (!contains_literal(text, part)) return false;
+        return true;
+    };
+    if (chat.family == ChatFamily::ChatML &&
+        holds_all({"# Tools\n\nYou may call one or more functions to assist with the user "
+                   "query.\n\nYou are provided with function signatures within <tools></tools> "
+                   "XML tags:\n<tools>",
+                   "\n</tools>\n\nFor each function call, return a json object with function name "
+                   "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n",
+                   "<args-json-object>}\n</tool_call><|im_end|>\n", "tool | tojson",
+                   "<tool_call>\n{\"name\": \"", "\", \"arguments\": ", "}\n</tool_call>",
+                   "\n<tool_response>\n", "\n</tool_response>", "'<|im_start|>user'"})) {
+        chat.splits_think_blocks = contains(text, "message.content.split('</think>')[-1]");
+        // Qwen3's think blocks and string arguments come together; a thinking switch without
+        // them is a variant not known here.
+        if (chat.thinking_switch != chat.splits_think_blocks) return;
+        chat.verbatim_string_arguments = contains(text, "tool_call.arguments is string");
+        chat.tool_format = ToolFormat::Hermes;
+    }
+    if (chat.family == ChatFamily::Llama31 &&
+        holds_all({"Given the following functions, please respond with a JSON for a function "
+                   "call ",
+                   "with its proper arguments that best answers the given prompt.\n\n",
+                   "Respond in the format {\"name\": function name, \"parameters\": dictionary "
+                   "of argument name and its value}.",
+                   "Do not use variables.\n\n", "t | tojson(indent=4)", "Environment: ipython\n",
+                   "set tools_in_user_message = true", "message.tool_calls[0].function",
+                   "<|start_header_id|>ipython<|end_header_id|>\n\n", "'\"parameters\": '",
+                   "tool_call.arguments | tojson"}))
+        chat.tool_format = ToolFormat::Llama31;
 }
 
 }  // namespace
@@ -522,6 +548,7 @@ ChatTemplate recognise_chat_template(const std::string& text) {
                 "generation prompt");
         chat.default_system = chatml_default_system(text);
         chat.thinking_switch = has_thinking_switch(text);
+        recognise_tool_format(text, chat);
         return chat;
     }
     if (contains(text, "<|start_header_id|>") && contains(text, "<|end_header_id|>") &&
@@ -530,6 +557,7 @@ ChatTemplate recognise_chat_template(const std::string& text) {
         chat.needs_bos = true;
         if (contains(text, "Cutting Knowledge Date: ")) {
             recognise_dated_system_header(text, chat);
+            recognise_tool_format(text, chat);
             return chat;
         }
         chat.family = ChatFamily::Llama3;
@@ -624,10 +652,11 @@ std::string harmony_user_turn(const std::string& content) {
 // Harmony's system message, always written, and the system message of the conversation as a
 // developer message when it is not empty.
 std::string harmony_system(const ChatTemplate& chat, const std::optional<std::string>& system) {
-    std::string out =
-        "<|start|>system<|message|>" + chat.model_identity +
-        "\nKnowledge cutoff: " + chat.knowledge_date + "\nCurrent date: " + template_date(chat) +
-        "\n\nReasoning: " + chat.reasoning_effort + "\n\n" + kHarmonyChannels + "<|end|>";
+    std::string out = "<|start|>system<|message|>" + chat.model_identity +
+                      "\nKnowledge cutoff: " + chat.knowledge_date +
+                      "\nCurrent date: " + chat_template_date(chat) +
+                      "\n\nReasoning: " + chat.reasoning_effort + "\n\n" + kHarmonyChannels +
+                      "<|end|>";
     if (system && !system->empty())
         out += "<|start|>developer<|message|># Instructions\n\n" + *system + "\n\n<|end|>";
     return out;
@@ -665,7 +694,7 @@ std::string render_chat(const ChatTemplate& chat, const std::optional<std::strin
             return bos_token + llama3_system + python_strip(*system) + "<|eot_id|>" + llama3_turns;
         case ChatFamily::Llama31:
             return bos_token + llama3_system + "Cutting Knowledge Date: " + chat.knowledge_date +
-                   "\nToday Date: " + template_date(chat) + "\n\n" +
+                   "\nToday Date: " + chat_template_date(chat) + "\n\n" +
                    (system ? python_strip(*system) : "") + "<|eot_id|>" + llama3_turns;
         case ChatFamily::Llama2: {
             // Llama-2-chat strips the whole content, system block included.
@@ -767,6 +796,16 @@ std::string chat_end_of_turn(ChatFamily family) {
             return "<|return|>";
     }
     return "";
+}
+
+size_t partial_marker_length(const std::string& text, const std::string& marker) {
+    for (size_t length = std::min(text.size(), marker.size() - 1); length > 0; --length)
+        if (text.compare(text.size() - length, length, marker, 0, length) == 0) return length;
+    return 0;
+}
+
+std::string chat_template_date(const ChatTemplate& chat) {
+    return chat.date_from_clock ? today(chat.date_format) : chat.date;
 }
 
 const char* chat_family_name(ChatFamily family) {

@@ -31,8 +31,8 @@
 //              {bos}<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date:
 //              {knowledge}\nToday Date: {date}\n\n{trim(system)}<|eot_id|>{user turn as Llama3}
 //            {date} is the template's date_string default ("26 Jul 2024" in 3.1 and 3.3),
-//            or today as strftime("%d %b %Y") where it calls strftime_now (3.2). Tool use
-//            is not rendered (barellm passes no tools).
+//            or today as strftime("%d %b %Y") where it calls strftime_now (3.2). Tools:
+//            chat_tools.h (the server's function calling).
 //   Llama2   [INST] templates, two variants:
 //              Llama-2-chat (`content.strip()`):
 //                {bos}[INST] {strip([<<SYS>>\n{system}\n<</SYS>>\n\n]prompt)} [/INST]
@@ -63,7 +63,7 @@
 //              <|start|>assistant<|channel|>final<|message|>{answer}<|return|>
 //            and the turn ends with <|return|> (or <|call|>, a tool call). Only the final
 //            channel is the answer (HarmonyChannelFilter); the template drops the reasoning
-//            of past turns. Tool use is not rendered (barellm passes no tools).
+//            of past turns. Its tools are not rendered.
 // A conversation goes on after the assistant's reply with render_next_turn: the end of the
 // reply's turn, then the next user message and the generation prompt, as the template
 // writes them between an assistant message and the next user message (the system message
@@ -92,6 +92,10 @@ namespace barellm {
 
 enum class ChatFamily { ChatML, Llama3, Llama31, Llama2, Gemma, Phi, Harmony };
 
+// How a template writes tools, calls and their results (chat_tools.h): not at all, Qwen2.5's
+// and Qwen3's Hermes-style <tool_call> tags (ChatML), or Llama 3.1's and 3.2's JSON calls.
+enum class ToolFormat { None, Hermes, Llama31 };
+
 struct ChatTemplate {
     ChatFamily family = ChatFamily::ChatML;
     std::string default_system;    // ChatML: the system turn written when none is given
@@ -113,6 +117,11 @@ struct ChatTemplate {
     std::string role_separator = "\n";
     std::string turn_separator = "\n";
     bool skip_empty_system = false;  // Phi-3.5: an empty system message is not written
+    ToolFormat tool_format = ToolFormat::None;
+    bool verbatim_string_arguments = false;  // Hermes (Qwen3): a call's arguments that are a
+                                             // string (not JSON) are written as they are
+    bool splits_think_blocks = false;        // Hermes (Qwen3): a past reply's <think> block is
+                                             // dropped, or kept after the last user query
 };
 
 // Recognises `template_text`; throws Error naming what it did not recognise.
@@ -216,6 +225,13 @@ std::string render_next_turn(const ChatTemplate& chat, const std::string& prompt
 std::string chat_end_of_turn(ChatFamily family);
 
 const char* chat_family_name(ChatFamily family);
+
+// The length of the longest end of `text` that is a proper prefix of `marker`: what a
+// filter of text arriving in pieces holds back, as it may start the marker.
+size_t partial_marker_length(const std::string& text, const std::string& marker);
+
+// The date the template writes in its system message: today in its format, or its fixed date.
+std::string chat_template_date(const ChatTemplate& chat);
 
 // `text` without leading and trailing whitespace, as Python's str.strip() (Unicode
 // White_Space plus \x1c-\x1f). Invalid UTF-8 is left as is.

@@ -50,24 +50,38 @@ void append_json(const json& value, std::string& out) {
 
 }  // namespace
 
-json parse_json(std::string_view text, const std::string& what) {
+namespace {
+
+// parse_json and parse_ordered_json, for nlohmann's json (keys sorted) or ordered_json.
+template <class Json>
+Json parse_limited(std::string_view text, const std::string& what) {
     // The callback sees each array and object as it opens, at its depth (the outermost at 0).
-    const auto limit_depth = [&](int depth, json::parse_event_t event, json&) {
+    const auto limit_depth = [&](int depth, typename Json::parse_event_t event, Json&) {
         const bool opens =
-            event == json::parse_event_t::object_start || event == json::parse_event_t::array_start;
+            event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start;
         if (opens && depth >= kMaxJsonDepth)
             throw Error(what + ": JSON nested deeper than " + std::to_string(kMaxJsonDepth) +
                         " levels");
         return true;
     };
     try {
-        return json::parse(text.begin(), text.end(), limit_depth);
-    } catch (const json::parse_error& e) {
+        return Json::parse(text.begin(), text.end(), limit_depth);
+    } catch (const typename Json::parse_error& e) {
         throw Error(what + ": not valid JSON (syntax error at byte " + std::to_string(e.byte) +
                     ")");
-    } catch (const json::out_of_range&) {  // a number beyond double's range, e.g. 2e880
+    } catch (const typename Json::out_of_range&) {  // a number beyond double's range, e.g. 2e880
         throw Error(what + ": not valid JSON (a number is out of range)");
     }
+}
+
+}  // namespace
+
+json parse_json(std::string_view text, const std::string& what) {
+    return parse_limited<json>(text, what);
+}
+
+nlohmann::ordered_json parse_ordered_json(std::string_view text, const std::string& what) {
+    return parse_limited<nlohmann::ordered_json>(text, what);
 }
 
 std::string json_excerpt(const json& value) {

@@ -20,6 +20,9 @@ constexpr size_t kExcerptBytes = 60;
 // syntax breaks, or "<what>: JSON nested deeper than ... levels".
 nlohmann::json parse_json(std::string_view text, const std::string& what);
 
+// The same, keeping each object's keys in the order of the text.
+nlohmann::ordered_json parse_ordered_json(std::string_view text, const std::string& what);
+
 // `value` as JSON text, cut after about kExcerptBytes bytes with "..." when longer.
 std::string json_excerpt(const nlohmann::json& value);
 

@@ -12,6 +12,10 @@
 //   chat_render --reply TEMPLATE_FILE CONTENT_FILE
 // prints instead an assistant message as the template writes it after the generation prompt
 // (render_reply).
+//   chat_render --request TEMPLATE_FILE REQUEST_FILE BOS_TOKEN EOS_TOKEN
+// prints instead the prompt `barellm serve` renders for a /v1/chat/completions request body
+// (its messages, tools and tool_choice: serve::render_chat_request), and on stderr whether the
+// reply would be read for calls ("calls: yes" or "calls: no").
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -19,6 +23,7 @@
 #include <sstream>
 #include <string>
 
+#include "serve/openai_api.h"
 #include "tokenizer/chat.h"
 #include "util/error.h"
 
@@ -48,12 +53,14 @@ int main(int argc, char** argv) {
     }
     const bool next_turn = argc == 6 && std::string(argv[1]) == "--next";
     const bool reply = argc == 4 && std::string(argv[1]) == "--reply";
-    if (argc != 4 && argc != 5 && !next_turn) {
+    const bool request = argc == 6 && std::string(argv[1]) == "--request";
+    if (argc != 4 && argc != 5 && !next_turn && !request) {
         std::fputs(
             "usage: chat_render [--no-think | --effort LEVEL] TEMPLATE_FILE PROMPT_FILE BOS_TOKEN "
             "[SYSTEM_FILE]\n"
             "       chat_render --next TEMPLATE_FILE PROMPT_FILE BOS_TOKEN EOS_TOKEN\n"
-            "       chat_render --reply TEMPLATE_FILE CONTENT_FILE\n",
+            "       chat_render --reply TEMPLATE_FILE CONTENT_FILE\n"
+            "       chat_render --request TEMPLATE_FILE REQUEST_FILE BOS_TOKEN EOS_TOKEN\n",
             stderr);
         return 2;
     }
@@ -62,6 +69,19 @@ int main(int argc, char** argv) {
             const auto chat = barellm::recognise_chat_template(read_file(argv[2]));
             const std::string text =
                 barellm::render_next_turn(chat, read_file(argv[3]), argv[4], argv[5]);
+            std::cout.write(text.data(), std::streamsize(text.size()));
+            return 0;
+        }
+        if (request) {
+            const auto chat = barellm::recognise_chat_template(read_file(argv[2]));
+            const auto parsed = barellm::serve::parse_chat_request(read_file(argv[3]));
+            const std::string text =
+                barellm::serve::render_chat_request(chat, parsed, argv[4], argv[5]);
+            std::fprintf(
+                stderr, "calls: %s\n",
+                barellm::serve::request_calls_tools(parsed) && barellm::chat_renders_tools(chat)
+                    ? "yes"
+                    : "no");
             std::cout.write(text.data(), std::streamsize(text.size()));
             return 0;
         }
