@@ -274,7 +274,7 @@ bench: $(BUILD)/barellm $(BUILD)/tokenize_json
 # targets run side by side, one per core (make -j).
 FUZZ_CXX     ?= clang++
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := model_file tokenizer_encode tokenizer_decode command_line regex
+FUZZ_TARGETS := model_file tokenizer_encode tokenizer_decode command_line regex chat_request
 FUZZ_SRCS    := $(filter-out src/serve/http_server.cpp,$(LIB_SRCS)) tests/fuzz/targets.cpp
 FUZZ_OBJS    := $(FUZZ_SRCS:%.cpp=$(BUILD)/fuzz/obj/%.o)
 FUZZ_FLAGS   := -std=c++17 -O1 -g -fopenmp -Isrc -Itests $(CPPFLAGS) \

@@ -17,7 +17,8 @@ TEST_CASE("fuzz corpus and crash regressions replay cleanly") {
         {"tokenizer_encode", barellm::fuzz::tokenizer_encode},
         {"tokenizer_decode", barellm::fuzz::tokenizer_decode},
         {"command_line", barellm::fuzz::command_line},
-        {"regex", barellm::fuzz::regex}};
+        {"regex", barellm::fuzz::regex},
+        {"chat_request", barellm::fuzz::chat_request}};
     int replayed = 0;
     for (const char* root : {"tests/fuzz/corpus", "tests/fuzz/regressions"}) {
         if (!fs::is_directory(root)) continue;

@@ -13,6 +13,9 @@
 
 #include "backend.h"
 #include "commands/cli.h"
+#include "serve/openai_api.h"
+#include "tokenizer/chat.h"
+#include "tokenizer/chat_tools.h"
 #include "tokenizer/regex.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/unicode.h"
@@ -64,6 +67,27 @@ const Tokenizer& fuzz_tokenizer() {
     }();
     return tokenizer;
 }
+
+// The templates chat_request renders with: those of tests/data/chat_templates.json that barellm
+// recognises (the fuzzer and the unit tests run from the repository's root), none elsewhere.
+const std::vector<ChatTemplate>& fuzz_chat_templates() {
+    static const std::vector<ChatTemplate> templates = [] {
+        std::vector<ChatTemplate> recognised;
+        const std::string text = read_file("tests/data/chat_templates.json");
+        if (text.empty()) return recognised;
+        for (const nlohmann::json& entry : nlohmann::json::parse(text)) {
+            try {
+                recognised.push_back(recognise_chat_template(entry.at("chat_template")));
+            } catch (const Error&) {
+            }
+        }
+        return recognised;
+    }();
+    return templates;
+}
+
+// chat_request feeds a reply to the call readers this many bytes at a time.
+constexpr size_t kReplyPieceBytes = 3;
 
 }  // namespace
 
@@ -169,6 +193,35 @@ void regex(const uint8_t* data, size_t size) {
             end = match.end;
         }
     } catch (const Error&) {  // an unsupported pattern, or too much backtracking
+    }
+}
+
+void chat_request(const uint8_t* data, size_t size) {
+    const std::string bytes(reinterpret_cast<const char*>(data), size);
+    try {
+        const serve::ChatRequest request = serve::parse_chat_request(bytes);
+        for (const ChatTemplate& chat : fuzz_chat_templates()) {
+            try {
+                serve::render_chat_request(chat, request, "<s>", "</s>");
+            } catch (const Error&) {  // what the template refuses
+            }
+        }
+    } catch (const Error&) {  // a malformed request
+    }
+    for (const ToolFormat format : {ToolFormat::Hermes, ToolFormat::Llama31}) {
+        ToolCallReader reader(format);
+        std::string passed;
+        bool called = false;
+        const auto collect = [&](const std::vector<ReplyPart>& parts) {
+            for (const ReplyPart& part : parts) {
+                passed += part.text;
+                called = called || part.call.has_value();
+            }
+        };
+        for (size_t at = 0; at < size; at += kReplyPieceBytes)
+            collect(reader.feed(bytes.substr(at, kReplyPieceBytes)));
+        collect(reader.finish());
+        if (!called && passed != bytes) __builtin_trap();
     }
 }
 

@@ -20,5 +20,9 @@ void tokenizer_decode(const uint8_t* data, size_t size);
 void command_line(const uint8_t* data, size_t size);
 // The bytes as a pre-tokenizer regex, a NUL byte, and a text to find its matches in.
 void regex(const uint8_t* data, size_t size);
+// The bytes as a /v1/chat/completions body (messages, tools, calls and results) rendered with
+// each of tests/data/chat_templates.json's templates; then as a reply, in pieces, through the
+// call reader of each tool format, whose text must be the reply itself where it reads no call.
+void chat_request(const uint8_t* data, size_t size);
 
 }  // namespace barellm::fuzz
