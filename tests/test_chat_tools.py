@@ -194,6 +194,29 @@ def test_tool_choice_none_renders_without_the_tools(tmp_path, name):
     assert text == hf_render_tools(TEMPLATES[name], messages, None)
 
 
+# What a reply is made to start with for tool_choice "required" and a named function.
+FORCED_STARTS = {
+    "qwen2.5-instruct": ("<tool_call>\n", '<tool_call>\n{"name": "add", "arguments": '),
+    "qwen3": ("<tool_call>\n", '<tool_call>\n{"name": "add", "arguments": '),
+    "llama3.1-instruct": ('{"name": "', '{"name": "add", "parameters": '),
+    "llama3.2-instruct": ('{"name": "', '{"name": "add", "parameters": '),
+}
+
+
+@pytest.mark.parametrize("name", TOOL_TEMPLATES)
+def test_a_forced_call_starts_the_reply_with_the_start_of_one(tmp_path, name):
+    """tool_choice "required" and a named function: jinja2's rendering with the tools, then the
+    start of a call in the template's format."""
+    messages = [SYSTEM, QUESTION]
+    required, named = FORCED_STARTS[name]
+    for choice, start in [("required", required),
+                          ({"type": "function", "function": {"name": "add"}}, named)]:
+        code, text, err = render_request(tmp_path, TEMPLATES[name],
+                                         request_body(messages, TOOLS, tool_choice=choice))
+        assert code == 0 and "calls: yes" in err, err
+        assert text == hf_render_tools(TEMPLATES[name], messages, TOOLS) + start
+
+
 @pytest.mark.parametrize("name", sorted(set(TEMPLATES) - set(TOOL_TEMPLATES)))
 def test_templates_that_do_not_write_tools_refuse_them(tmp_path, name):
     """Among them Phi-4-mini's and gpt-oss's, whose tool formats barellm does not write."""
@@ -215,8 +238,11 @@ def test_templates_that_do_not_write_tools_refuse_them(tmp_path, name):
     ({"messages": [QUESTION], "tools": [{"type": "function", "function": {
         "name": "f", "parameters": []}}]}, "tools[0].function.parameters"),
     ({"messages": [QUESTION], "tool_choice": "required"}, "tool_choice"),
-    ({"messages": [QUESTION], "tool_choice": {"type": "function", "function": {"name": "f"}}},
+    ({"messages": [QUESTION], "tools": TOOLS, "tool_choice": "any"}, "tool_choice"),
+    ({"messages": [QUESTION], "tools": TOOLS, "tool_choice": {"type": "function"}},
      "tool_choice"),
+    ({"messages": [QUESTION], "tools": TOOLS,
+      "tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice"),
     ({"messages": [QUESTION, {"role": "assistant", "tool_calls": [{"function": {}}]}]},
      "messages[1].tool_calls[0].function.name"),
     ({"messages": [QUESTION, {"role": "assistant", "tool_calls": [

@@ -3,7 +3,8 @@ whose greedy reply is a chosen text (tests/scripted_model.py) write a call as Qw
 Llama 3.1 do, and the client gets it in message.tool_calls, at once and streamed, with the
 text before it as content; the next request, with the call and its result, is rendered as
 jinja2 renders it; without tools (or with tool_choice "none") the same reply is plain text; a
-template that does not write tools refuses them with a 400."""
+template that does not write tools refuses them with a 400; tool_choice "required" and a named
+function make the reply a call."""
 
 import json
 import os
@@ -23,9 +24,11 @@ LLAMA = TEMPLATES["llama3.1-instruct"]
 QUESTION = {"role": "user", "content": "What's the weather in Paris?"}
 ARGUMENTS = {"city": "Paris"}
 # Qwen writes some text, then the call; Llama only the call.
-QWEN_REPLY = ["Let me check.\n", "<tool_call>\n", '{"name": "get_weather", ',
-              '"arguments": {"city": "Paris"}}', "\n</tool_call>"]
-LLAMA_REPLY = ['{"name": "get_weather", ', '"parameters": {"city": "Paris"}}']
+# The pieces end where tool_choice's starts of a call end, so that a reply made to begin with
+# one goes on as scripted.
+QWEN_REPLY = ["Let me check.\n", "<tool_call>\n", '{"name": "get_weather", "arguments": ',
+              '{"city": "Paris"}}', "\n</tool_call>"]
+LLAMA_REPLY = ['{"name": "get_weather", "parameters": ', '{"city": "Paris"}}']
 LLAMA_SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
 
 
@@ -96,6 +99,28 @@ def test_a_call_comes_back_in_tool_calls(request, which):
     assert [c["name"] for c in calls] == ["get_weather"]
     assert json.loads(calls[0]["arguments"]) == ARGUMENTS
     assert calls[0]["id"].startswith("call_")
+
+
+@pytest.mark.parametrize("which, choice", [
+    ("qwen", "required"), ("qwen", {"type": "function", "function": {"name": "get_weather"}}),
+    ("llama", {"type": "function", "function": {"name": "get_weather"}})])
+def test_a_forced_call_is_the_whole_reply(request, which, choice):
+    """The reply starts with the start of a call (Qwen's text before it is skipped)."""
+    server, _ = request.getfixturevalue(f"{which}_server")
+    for stream in (False, True):
+        fields = {"model": server.model_id, "messages": [QUESTION], "tools": TOOLS,
+                  "tool_choice": choice}
+        if stream:
+            content, calls, finish = streamed(server.client(), **fields)
+        else:
+            response = server.client().chat.completions.create(**fields)
+            message = response.choices[0].message
+            content, finish = message.content, response.choices[0].finish_reason
+            calls = [{"name": c.function.name, "arguments": c.function.arguments}
+                     for c in message.tool_calls]
+        assert finish == "tool_calls" and content in (None, "")
+        assert [c["name"] for c in calls] == ["get_weather"]
+        assert json.loads(calls[0]["arguments"]) == ARGUMENTS
 
 
 @pytest.mark.parametrize("which", ["qwen", "llama"])

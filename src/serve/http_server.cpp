@@ -278,7 +278,7 @@ private:
                                    /*parse_special=*/true);
         }
         answer(res, /*chat=*/false, std::move(prompt), request.fields, /*end_of_turn=*/-1,
-               /*answer_only=*/false, ToolFormat::None);
+               /*answer_only=*/false, ToolFormat::None, /*call_prefix=*/"");
     }
 
     void chat_completions(const httplib::Request& req, httplib::Response& res) {
@@ -302,7 +302,8 @@ private:
         answer(res, /*chat=*/true,
                encode_prompt(tokenizer_, config_, text, add_bos, /*parse_special=*/true),
                request.fields, format.end_of_turn, chat_markup_is_special(format.chat.family),
-               request_calls_tools(request) ? chat.tool_format : ToolFormat::None);
+               request_calls_tools(request) ? chat.tool_format : ToolFormat::None,
+               forced_call_prefix(chat, request));
     }
 
     void check_model(const GenerationFields& fields) const {
@@ -356,16 +357,18 @@ private:
     // Submits the request and answers it, at once or as a stream. `answer_only`: the reply is
     // decoded with its special tokens' texts and only its answer is sent (harmony's final
     // channel, HarmonyChannelFilter). `tools`: the format the reply's calls are read in
-    // (ToolCallReader), None when it is not read for calls.
+    // (ToolCallReader), None when it is not read for calls; `call_prefix`: the start of a call
+    // the prompt ends with, which the reply goes on.
     void answer(httplib::Response& res, bool chat, std::vector<int> prompt,
-                const GenerationFields& fields, int end_of_turn, bool answer_only,
-                ToolFormat tools) {
+                const GenerationFields& fields, int end_of_turn, bool answer_only, ToolFormat tools,
+                const std::string& call_prefix) {
         Request request = scheduler_request(std::move(prompt), fields, end_of_turn);
         request.keep_special_text = answer_only;
         auto channel = std::make_shared<Channel>();
         // on_text and on_done run on the scheduler's thread, one after the other.
         auto filter = std::make_shared<HarmonyChannelFilter>();
         auto reader = std::make_shared<ToolCallReader>(tools);
+        reader->feed(call_prefix);  // the start of a call: read, never shown
         const auto send = [channel](std::vector<ReplyPart> parts) {
             if (parts.empty()) return;
             std::lock_guard<std::mutex> lock(channel->mutex);

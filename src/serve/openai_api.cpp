@@ -2,6 +2,8 @@
 // building the responses, chunks and errors.
 #include "serve/openai_api.h"
 
+#include <algorithm>
+
 #include "util/json.h"
 
 namespace barellm::serve {
@@ -258,6 +260,38 @@ void check_tool(const json& tool, size_t index) {
         throw wrong_field(name + ".function.parameters", "a JSON Schema object", *parameters);
 }
 
+// tool_choice: "auto", "none", "required" or {"type": "function", "function": {"name"}}
+// naming one of the request's tools.
+void parse_tool_choice(const json& choice, ChatRequest& request) {
+    const std::string needs =
+        "\"auto\", \"none\", \"required\" or {\"type\": \"function\", \"function\": "
+        "{\"name\": ...}}";
+    if (choice == "auto" || choice == "none" || choice == "required") {
+        request.tool_choice = choice == "auto"   ? ToolChoice::Auto
+                              : choice == "none" ? ToolChoice::None
+                                                 : ToolChoice::Required;
+    } else {
+        const json* type = choice.is_object() ? field(choice, "type") : nullptr;
+        const json* function = choice.is_object() ? field(choice, "function") : nullptr;
+        const json* name = function && function->is_object() ? field(*function, "name") : nullptr;
+        if (!type || *type != "function" || !name || !name->is_string())
+            throw wrong_field("tool_choice", needs, choice);
+        request.tool_choice = ToolChoice::Function;
+        request.forced_function = name->get<std::string>();
+        const bool known =
+            std::any_of(request.tools.begin(), request.tools.end(), [&](const ordered_json& tool) {
+                return tool["function"]["name"] == request.forced_function;
+            });
+        if (!known)
+            throw ApiError(400,
+                           "'tool_choice' names the function " +
+                               quoted_excerpt(request.forced_function) + ", which 'tools' has not",
+                           "tool_choice");
+    }
+    if (request.tool_choice == ToolChoice::Required && request.tools.empty())
+        throw ApiError(400, "'tool_choice' \"required\" needs 'tools'", "tool_choice");
+}
+
 json tool_call_object(const ToolCall& call) {
     return {{"id", call.id},
             {"type", "function"},
@@ -324,14 +358,6 @@ ChatRequest parse_chat_request(std::string_view body) {
             throw wrong_field("reasoning_effort", "\"low\", \"medium\" or \"high\"", *effort);
         request.reasoning_effort = effort->get<std::string>();
     }
-    if (const json* choice = field(object, "tool_choice")) {
-        if (*choice != "auto" && *choice != "none")
-            throw wrong_field("tool_choice",
-                              "\"auto\" or \"none\" (barellm does not constrain generation to "
-                              "force a call)",
-                              *choice);
-        request.tool_choice = *choice == "none" ? ToolChoice::None : ToolChoice::Auto;
-    }
     if (const json* tools = field(object, "tools")) {
         if (!tools->is_array()) throw wrong_field("tools", "a list of functions", *tools);
         for (size_t i = 0; i < tools->size(); ++i) check_tool((*tools)[i], i);
@@ -339,36 +365,41 @@ ChatRequest parse_chat_request(std::string_view body) {
         const ordered_json ordered = parse_ordered_json(body, "the request body");
         for (const ordered_json& tool : ordered.at("tools")) request.tools.push_back(tool);
     }
+    if (const json* choice = field(object, "tool_choice")) parse_tool_choice(*choice, request);
     return request;
 }
 
 bool request_calls_tools(const ChatRequest& request) {
-    return !request.tools.empty() && request.tool_choice == ToolChoice::Auto;
+    return !request.tools.empty() && request.tool_choice != ToolChoice::None;
+}
+
+std::string forced_call_prefix(const ChatTemplate& chat, const ChatRequest& request) {
+    if (!chat_renders_tools(chat)) return "";
+    if (request.tool_choice == ToolChoice::Required) return forced_call_start(chat.tool_format, "");
+    if (request.tool_choice == ToolChoice::Function)
+        return forced_call_start(chat.tool_format, request.forced_function);
+    return "";
 }
 
 std::string render_chat_request(const ChatTemplate& chat, const ChatRequest& request,
                                 const std::string& bos_text, const std::string& eos_text) {
-    if (chat_renders_tools(chat)) {
-        try {
-            return render_tool_conversation(
-                chat, request.messages,
-                request_calls_tools(request) ? request.tools : std::vector<ordered_json>{},
-                bos_text);
-        } catch (const Error& e) {
-            throw ApiError(
-                400,
-                std::string("the model's chat template cannot render these messages: ") + e.what(),
-                "messages");
-        }
+    const bool calls_or_results = std::any_of(
+        request.messages.begin(), request.messages.end(), [](const ChatMessage& message) {
+            return message.role == "tool" || !message.tool_calls.empty();
+        });
+    if (!chat_renders_tools(chat) && !request_calls_tools(request) && !calls_or_results)
+        return render_conversation(chat, request.messages, bos_text, eos_text);
+    try {
+        return render_tool_conversation(
+                   chat, request.messages,
+                   request_calls_tools(request) ? request.tools : std::vector<ordered_json>{},
+                   bos_text) +
+               forced_call_prefix(chat, request);
+    } catch (const Error& e) {
+        throw ApiError(
+            400, std::string("the model's chat template cannot render these messages: ") + e.what(),
+            request_calls_tools(request) && !chat_renders_tools(chat) ? "tools" : "messages");
     }
-    const char* cannot =
-        "the model's chat template does not write tools (barellm writes those of "
-        "Qwen2.5, Qwen3, Llama 3.1 and Llama 3.2's templates)";
-    if (request_calls_tools(request)) throw ApiError(400, cannot, "tools");
-    for (const ChatMessage& message : request.messages)
-        if (message.role == "tool" || !message.tool_calls.empty())
-            throw ApiError(400, std::string(cannot) + ": no calls or results", "messages");
-    return render_conversation(chat, request.messages, bos_text, eos_text);
 }
 
 std::string render_conversation(const ChatTemplate& chat, const std::vector<ChatMessage>& messages,

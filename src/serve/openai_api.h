@@ -55,9 +55,11 @@ struct CompletionRequest {
 using barellm::ChatMessage;
 using barellm::ToolCall;
 
-// tool_choice: "auto" (the model may call the tools) or "none" (the tools are not rendered).
-// "required" and a named function are refused: barellm does not constrain generation.
-enum class ToolChoice { Auto, None };
+// tool_choice: "auto" (the model may call the tools), "none" (the tools are not rendered),
+// "required" (a call) or {"type": "function", "function": {"name": NAME}} (a call of NAME). A
+// call is asked for by starting the reply with the start of one (forced_call_prefix); what
+// follows is the model's: barellm does not constrain generation.
+enum class ToolChoice { Auto, None, Required, Function };
 
 // POST /v1/chat/completions.
 struct ChatRequest {
@@ -68,10 +70,15 @@ struct ChatRequest {
     // keys in the order the client sent them.
     std::vector<nlohmann::ordered_json> tools;
     ToolChoice tool_choice = ToolChoice::Auto;
+    std::string forced_function;  // ToolChoice::Function: the function's name
 };
 
-// Whether the reply to `request` is read for calls: tools given, tool_choice "auto".
+// Whether the reply to `request` is read for calls: tools given, tool_choice other than "none".
 bool request_calls_tools(const ChatRequest& request);
+
+// The start of a call the reply is made to begin with, for tool_choice "required" or a named
+// function (forced_call_start of the template's format); "" otherwise.
+std::string forced_call_prefix(const ChatTemplate& chat, const ChatRequest& request);
 
 // Parse a request body; ApiError 400 for anything malformed: not JSON, not an object, a
 // field of the wrong type or out of range, n other than 1, more than 4 stop strings.
@@ -90,8 +97,9 @@ std::string render_conversation(const ChatTemplate& chat, const std::vector<Chat
                                 const std::string& bos_text, const std::string& eos_text);
 
 // The text a chat template renders for a request: with the tools (request_calls_tools) and
-// any order of messages by render_tool_conversation where the template writes tools; else by
-// render_conversation, and ApiError 400 for tools, calls or results the template cannot write.
+// any order of messages by render_tool_conversation where the template writes tools, followed by
+// forced_call_prefix; else by render_conversation, and ApiError 400 for tools, calls or results
+// the template cannot write.
 std::string render_chat_request(const ChatTemplate& chat, const ChatRequest& request,
                                 const std::string& bos_text, const std::string& eos_text);
 

@@ -282,6 +282,19 @@ std::string render_tool_conversation(const ChatTemplate& chat,
                 "Llama 3.1 and Llama 3.2)");
 }
 
+std::string forced_call_start(ToolFormat format, const std::string& name) {
+    switch (format) {
+        case ToolFormat::Hermes:
+            return std::string(kCallOpen) + "\n" +
+                   (name.empty() ? "" : "{\"name\": \"" + name + "\", \"arguments\": ");
+        case ToolFormat::Llama31:
+            return "{\"name\": \"" + (name.empty() ? "" : name + "\", \"parameters\": ");
+        case ToolFormat::None:
+            break;
+    }
+    return "";
+}
+
 std::vector<ReplyPart> ToolCallReader::feed(const std::string& piece) {
     held_ += piece;
     return format_ == ToolFormat::Llama31 ? feed_llama31(false) : feed_hermes(false);

@@ -64,6 +64,12 @@ std::string render_tool_conversation(const ChatTemplate& chat,
                                      const std::vector<nlohmann::ordered_json>& tools,
                                      const std::string& bos_token);
 
+// The start of a call in the template's format, which a reply made to begin with it goes on
+// (tool_choice "required" or a named function): Hermes "<tool_call>\n", with `name`
+// "<tool_call>\n{"name": NAME, "arguments": "; Llama31 "{"name": "", with `name`
+// "{"name": NAME, "parameters": ". Its name is written as the templates write names.
+std::string forced_call_start(ToolFormat format, const std::string& name);
+
 // `value` as Python's json.dumps(value, ensure_ascii=False, indent=indent) writes it (the
 // templates' `tojson`): ", " and ": " between items without an indent (indent < 0), each item
 // on its own line with one.
