@@ -25,6 +25,8 @@ SANITIZE = {
     "test_cli.py": None,
     "test_cli_hostile.py": None,
     "test_chat.py": None,
+    "test_chat_harmony.py": None,
+    "test_chat_tools.py": None,
     "test_chat_command.py": None,
     "test_chat_hostile.py": None,
     "test_run_options.py": None,
@@ -59,6 +61,7 @@ SANITIZE = {
                                 "test_ternary_types_on_the_cuda_backend",
                                 "test_a_hostile_ternary_file_is_refused_in_one_line"],
     "test_serve.py": None,
+    "test_serve_tools.py": None,
     # The CUDA backend on the emulation: its device memory is heap memory of the exact size
     # asked for, so a kernel or host step that reads or writes past a buffer fails here.
     "test_cuda_emulated.py": ["test_stories260k_decode_and_prefill",
