@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "cpu/avx2/avx2.h"
 #include "cpu/avx2/helpers_avx2.h"
@@ -34,6 +35,8 @@ void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token) 
         std::fill(std::copy_n(x_row + first, count, tail), tail + kGroup, 0.0f);
         return static_cast<const float*>(tail);
     };
+    const __m256i byte_largest = _mm256_set1_epi32(INT8_MAX);
+    const __m256i byte_smallest = _mm256_set1_epi32(INT8_MIN);
     // Eight groups at a time: their largest |x|, their scales and multipliers, their values.
     for (int first_group = 0; first_group < x->groups; first_group += kLanes) {
         const int count = std::min(kLanes, x->groups - first_group);
@@ -52,11 +55,16 @@ void quantize_token(QuantizedBatch* x, const float* x_row, int cols, int token) 
             const float* group = group_values(g);
             const __m256 multiplier = _mm256_set1_ps(multipliers[j]);
             // cvtps2dq rounds to the nearest integer, ties to even (the default MXCSR mode).
+            // |q| ≤ 127 for finite x; a NaN or infinity converts to INT32_MIN, clamped here to
+            // the byte the packs saturate it to, so that the sums below are the stored bytes'.
             __m256i q[kRegisters];
             for (int r = 0; r < kRegisters; ++r)
-                q[r] = _mm256_cvtps_epi32(
-                    _mm256_mul_ps(_mm256_loadu_ps(group + r * kLanes), multiplier));
-            // int32 -> int8 (|q| ≤ 127: no saturation). The packs work within 128-bit halves:
+                q[r] = _mm256_max_epi32(
+                    _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_mul_ps(
+                                         _mm256_loadu_ps(group + r * kLanes), multiplier)),
+                                     byte_largest),
+                    byte_smallest);
+            // int32 -> int8. The packs work within 128-bit halves:
             // their word k (four bytes) holds the first (k < 4) or second half of q[k % 4].
             const __m256i bytes =
                 _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
