@@ -298,8 +298,6 @@ bool has_thinking_switch(const std::string& text) {
             contains(text, "'<think>\n\n</think>\n\n'"));
 }
 
-constexpr const char* kThinkOpen = "<think>";
-constexpr const char* kThinkClose = "</think>";
 constexpr const char* kEmptyThinkBlock = "<think>\n\n</think>\n\n";
 
 // Gemma's <start_of_turn>/<end_of_turn> templates. Fills `chat` or throws naming what is

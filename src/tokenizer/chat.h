@@ -226,6 +226,10 @@ std::string chat_end_of_turn(ChatFamily family);
 
 const char* chat_family_name(ChatFamily family);
 
+// The markers of a reasoning reply's block (Qwen3 and other ChatML models).
+inline constexpr const char* kThinkOpen = "<think>";
+inline constexpr const char* kThinkClose = "</think>";
+
 // The length of the longest end of `text` that is a proper prefix of `marker`: what a
 // filter of text arriving in pieces holds back, as it may start the marker.
 size_t partial_marker_length(const std::string& text, const std::string& marker);

@@ -23,8 +23,6 @@ constexpr const char* kHermesToolsOutro =
     "<function-name>, \"arguments\": <args-json-object>}\n</tool_call>";
 constexpr const char* kCallOpen = "<tool_call>";
 constexpr const char* kCallClose = "</tool_call>";
-constexpr const char* kThinkOpen = "<think>";
-constexpr const char* kThinkClose = "</think>";
 constexpr const char* kToolResponseOpen = "<tool_response>";
 constexpr const char* kToolResponseClose = "</tool_response>";
 
@@ -128,7 +126,7 @@ std::string hermes_assistant(const ChatTemplate& chat, const ChatMessage& messag
     }
     std::string out = "<|im_start|>assistant\n";
     if (after_last_query && !reasoning.empty())
-        out += "<think>\n" + lstrip_newlines(rstrip_newlines(reasoning)) + "\n</think>\n\n";
+        out += "<think>\n" + rstrip_newlines(reasoning) + "\n</think>\n\n";  // strip('\n')
     out += content;
     for (size_t i = 0; i < message.tool_calls.size(); ++i) {
         const ToolCall& call = message.tool_calls[i];
