@@ -11,8 +11,11 @@
 # The CUDA backend (kernels/*.cu) is built too when nvcc is found; variables:
 #   CUDA=0             build for the CPU only, even where nvcc exists
 #   NVCC=PATH          the nvcc to use (default: nvcc on PATH, else /usr/local/cuda/bin/nvcc)
-#   CUDA_ARCHS="..."   GPU architectures compiled to machine code (default 75 80 86 89 90a;
-#                      90a: the H100/H200 code with the warpgroup GEMM)
+#   CUDA_ARCHS="..."   GPU architectures compiled to machine code (default 75 80 90a;
+#                      90a: the H100/H200 code with the warpgroup GEMM). The kernels branch
+#                      at sm_80 and sm_90 only, and sm_80's machine code runs on every 8.x
+#                      GPU (8.6, 8.9: RTX 30 and 40, A10, L4, L40); each architecture more
+#                      costs nvcc about 3.5 minutes of CPU (add 86 89 for their own builds)
 #   CUDA_PTX_ARCH=N    the architecture also embedded as PTX, which the driver compiles for
 #                      GPUs newer than CUDA_ARCHS (default 90)
 #   CUDA_LIBDIR=DIR    where libcudart_static.a is (default: next to nvcc)
@@ -70,11 +73,12 @@ SIMDE_OBJS := $(SIMDE_SRCS:src/cpu/%.cpp=$(BUILD)/simde/%.o)
 # passed differently in code built with -mavx (none is: these objects call only each other).
 # -Davx512=avx512_simde -Davxvnni=avxvnni_simde: the SIMDe objects define their kernels in
 # namespaces avx512_simde and avxvnni_simde, beside the native ones.
-# -O1: at -O2 GCC unrolls the tile kernels' SIMDe loops (every intrinsic a loop of its own)
-# inside every kernel for 1..8 tokens; under the sanitizers one such file took 50 minutes to
-# compile, at -O1 5. These objects check results, not speed.
+# -DSIMDE_NO_INLINE -O1 -g1: SIMDe's intrinsics are always-inline loops; inlined into every
+# kernel for 1..8 tokens, GCC compiled the largest file in 9 minutes (50 under the sanitizers
+# at -O2). Called instead, each intrinsic is compiled once per file: 16 s, line tables only.
+# These objects check results, not speed.
 SIMDE_FLAGS := -DBARELLM_SIMDE -Davx512=avx512_simde -Davxvnni=avxvnni_simde -Itests/simde \
-               -DSIMDE_ENABLE_NATIVE_ALIASES -Wno-psabi -O1
+               -DSIMDE_ENABLE_NATIVE_ALIASES -DSIMDE_NO_INLINE -Wno-psabi -O1 -g1
 TEST_SRCS := $(wildcard tests/*.cpp) tests/fuzz/targets.cpp
 # The CUDA emulation (tests/emulation/: CUDA's execution model on the CPU) and the tests that
 # run device code of kernels/ on it, compiled by $(CXX) with BARELLM_CUDA_EMULATION: they
@@ -99,7 +103,7 @@ override CUDA := 0
 endif
 
 CUDA          ?= 1
-CUDA_ARCHS    ?= 75 80 86 89 90a
+CUDA_ARCHS    ?= 75 80 90a
 CUDA_PTX_ARCH ?= 90
 ifeq ($(CUDA),0)
 override NVCC :=
