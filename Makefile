@@ -95,9 +95,11 @@ TEST_OBJS := $(TEST_SRCS:tests/%.cpp=$(BUILD)/tests/%.o)
 TOOL_SRCS := $(wildcard tests/tools/*.cpp)
 TOOLS     := $(TOOL_SRCS:tests/tools/%.cpp=$(BUILD)/%)
 
+# -O1 -g1 under the sanitizers: their usual level, with line tables for their reports; the
+# build takes half the time of -O2 -g.
 ifeq ($(SAN),1)
 SANITIZE  := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
-CXXFLAGS  += $(SANITIZE)
+CXXFLAGS  += $(SANITIZE) -O1 -g1
 LDFLAGS   += $(SANITIZE)
 override CUDA := 0
 endif
@@ -210,6 +212,11 @@ $(BUILD)/src/serve/http_server.o: CXXFLAGS += $(HTTPLIB_CFLAGS)
 $(BUILD)/tests/catch_main.o: CXXFLAGS += -Wno-maybe-uninitialized
 
 $(EMULATION_SRCS:tests/%.cpp=$(BUILD)/tests/%.o): CXXFLAGS += $(EMULATION_FLAGS)
+
+# The test files (Catch2's macros, the references, the emulated kernels they instantiate) at
+# -O1 with line tables: half the compile time of -O2 -g, in both passes. The library and the
+# emulation's runtime (tests/emulation/) keep -O2 -g.
+$(BUILD)/tests/test_%.o $(BUILD)/tests/catch_main.o: CXXFLAGS += -O1 -g1
 
 $(BUILD)/tests/%.o: tests/%.cpp $(CONFIG)
 	@mkdir -p $(dir $@)
