@@ -74,9 +74,9 @@ SIMDE_OBJS := $(SIMDE_SRCS:src/cpu/%.cpp=$(BUILD)/simde/%.o)
 # -Davx512=avx512_simde -Davxvnni=avxvnni_simde: the SIMDe objects define their kernels in
 # namespaces avx512_simde and avxvnni_simde, beside the native ones.
 # -DSIMDE_NO_INLINE -O1 -g1: SIMDe's intrinsics are always-inline loops; inlined into every
-# kernel for 1..8 tokens, GCC compiled the largest file in 9 minutes (50 under the sanitizers
-# at -O2). Called instead, each intrinsic is compiled once per file: 16 s, line tables only.
-# These objects check results, not speed.
+# kernel for 1..8 tokens, GCC took 21 minutes on the largest file (AMD EPYC Zen 3). Called
+# instead, each intrinsic is compiled once per file: 20 s, with line tables only. These
+# objects check results, not speed.
 SIMDE_FLAGS := -DBARELLM_SIMDE -Davx512=avx512_simde -Davxvnni=avxvnni_simde -Itests/simde \
                -DSIMDE_ENABLE_NATIVE_ALIASES -DSIMDE_NO_INLINE -Wno-psabi -O1 -g1
 TEST_SRCS := $(wildcard tests/*.cpp) tests/fuzz/targets.cpp
