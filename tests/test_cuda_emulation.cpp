@@ -496,6 +496,25 @@ TEST_CASE("the emulation reports broken barriers and misused warp instructions",
                                          }),
                           Contains("returned"));
     }
+    SECTION("a warp instruction after a lane of the warp returned") {
+        CHECK_THROWS_WITH(emulate_launch(dim3(1), dim3(2 * kLanes), 0,
+                                         [] {
+                                             if (threadIdx.x == kLanes) return;
+                                             __shfl_xor_sync(kFullMask, 1.0f, 1);
+                                         }),
+                          Contains("after lane 0 of the warp returned"));
+    }
+    SECTION("a warp that returned whole does not stop another's warp instructions") {
+        std::vector<float> sums(2 * kLanes, 0.0f);
+        float* out = sums.data();
+        emulate_launch(dim3(1), dim3(3 * kLanes), 0, [out] {
+            if (threadIdx.x < kLanes) return;
+            const float value = float(threadIdx.x);
+            out[threadIdx.x - kLanes] = value + __shfl_xor_sync(kFullMask, value, 1);
+        });
+        for (int i = 0; i < 2 * kLanes; ++i)
+            CHECK(sums[size_t(i)] == float(2 * (i + kLanes)) + (i % 2 ? -1.0f : 1.0f));
+    }
     SECTION("lanes of one warp at different warp instructions") {
         CHECK_THROWS_WITH(emulate_launch(dim3(1), dim3(kLanes), 0,
                                          [] {

@@ -166,6 +166,7 @@ void thread_returned(Launch& l, Fiber& f) {
     f.copies.clear();
     f.group_ends.clear();
     Block& b = l.blocks[size_t(f.block)];
+    ++warp_of(l, f).exited;
     --b.live;
     --l.cluster_live;
     // A returned thread no longer counts at the cluster barrier, nor does its arrival.
@@ -366,7 +367,7 @@ void start_fibers(Launch& l) {
         make_fiber_stack(f);
     }
     for (Block& b : l.blocks) {
-        for (Warp& w : b.warps) w.arrived = 0;
+        for (Warp& w : b.warps) w.arrived = w.exited = 0;
         for (Warpgroup& g : b.warpgroups) g = Warpgroup{};
         b.live = l.threads;
         b.at_barrier = 0;
@@ -419,30 +420,56 @@ void run_cluster(Launch& l) {
         if (f.state != FiberState::kExited) resume(l, f);
 }
 
-struct StackMapping {
-    Launch& l;
-    explicit StackMapping(Launch& launch_) : l(launch_) {
+// The fiber stacks, one after another, each above a guard page (an overflow faults instead of
+// corrupting its neighbour). A host thread keeps its stacks from launch to launch, growing them
+// when a launch has more threads: a decode step is hundreds of launches, and mapping, guarding
+// and faulting in fresh stacks for each took a third of the emulation's time.
+class StackPool {
+public:
+    StackPool() {
         const long page = sysconf(_SC_PAGESIZE);
-        l.guard_bytes = size_t(page > 0 ? page : 4096);
-        const size_t per_fiber = kFiberStackBytes + l.guard_bytes;
-        l.stacks_bytes = per_fiber * l.fibers.size();
-        void* mapping = mmap(nullptr, l.stacks_bytes, PROT_READ | PROT_WRITE,
-                             MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-        if (mapping == MAP_FAILED) throw Error("CUDA emulation: cannot map the fiber stacks");
-        l.stacks = static_cast<char*>(mapping);
-        for (size_t i = 0; i < l.fibers.size(); ++i) {
-            char* base = l.stacks + per_fiber * i;
-            mprotect(base, l.guard_bytes, PROT_NONE);  // an overflow faults instead of corrupting
-            l.fibers[i].stack = base + l.guard_bytes;
+        guard_bytes_ = size_t(page > 0 ? page : 4096);
+    }
+    StackPool(const StackPool&) = delete;
+    StackPool& operator=(const StackPool&) = delete;
+    ~StackPool() { release(); }
+
+    // Gives each of the fibers its stack (as the last launch left it: every fiber starts
+    // from make_fiber_stack).
+    void assign(std::vector<Fiber>& fibers) {
+        if (fibers.size() > count_) {
+            release();
+            void* mapping = mmap(nullptr, per_fiber() * fibers.size(), PROT_READ | PROT_WRITE,
+                                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (mapping == MAP_FAILED) throw Error("CUDA emulation: cannot map the fiber stacks");
+            base_ = static_cast<char*>(mapping);
+            count_ = fibers.size();
+            for (size_t i = 0; i < count_; ++i)
+                mprotect(base_ + per_fiber() * i, guard_bytes_, PROT_NONE);
         }
+        for (size_t i = 0; i < fibers.size(); ++i)
+            fibers[i].stack = base_ + per_fiber() * i + guard_bytes_;
     }
-    ~StackMapping() {
+
+private:
+    size_t per_fiber() const { return kFiberStackBytes + guard_bytes_; }
+    void release() {
+        if (!base_) return;
 #ifdef BARELLM_EMULATION_ASAN
-        for (const Fiber& f : l.fibers) ASAN_UNPOISON_MEMORY_REGION(f.stack, kFiberStackBytes);
+        for (size_t i = 0; i < count_; ++i)
+            ASAN_UNPOISON_MEMORY_REGION(base_ + per_fiber() * i + guard_bytes_, kFiberStackBytes);
 #endif
-        munmap(l.stacks, l.stacks_bytes);
+        munmap(base_, per_fiber() * count_);
+        base_ = nullptr;
+        count_ = 0;
     }
+
+    char* base_ = nullptr;
+    size_t count_ = 0;
+    size_t guard_bytes_ = 0;
 };
+
+thread_local StackPool stack_pool;
 
 void check_shape(dim3 grid, dim3 cluster, dim3 block, size_t dynamic_shared_bytes) {
     const auto bad = [](const std::string& what) {
@@ -595,6 +622,13 @@ int collective_lane(const char* instruction, const char* group, int lanes) {
         fail(std::string(instruction) + " in a " + group + " of " +
              std::to_string(l.threads - first) + " threads (all " + std::to_string(lanes) +
              " lanes must take part)");
+    // The group's warps count their returned lanes: a collective instruction looks at each
+    // warp once, not at each lane (it runs once per lane).
+    const std::vector<Warp>& warps = l.blocks[size_t(f.block)].warps;
+    int exited = 0;
+    for (int warp = first / kWarpLanes; warp < (first + lanes) / kWarpLanes; ++warp)
+        exited += warps[size_t(warp)].exited;
+    if (exited == 0) return lane;
     const Fiber* threads = block_fibers(l, size_t(f.block));
     for (int other = first; other < first + lanes; ++other)
         if (threads[other].state == FiberState::kExited)
@@ -810,7 +844,7 @@ void run_grid(dim3 grid, dim3 cluster, dim3 block, size_t dynamic_shared_bytes,
         f.linear_index = int(t);
         f.thread_index = {t % block.x, t / block.x % block.y, t / (block.x * block.y)};
     }
-    const StackMapping stacks(l);
+    stack_pool.assign(l.fibers);
 
     struct ActiveLaunch {
         explicit ActiveLaunch(Launch* l) { active_launch = l; }

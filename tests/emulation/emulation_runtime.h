@@ -65,6 +65,7 @@ struct Fiber {
 
 struct Warp {
     int arrived = 0;
+    int exited = 0;  // lanes that have returned
     WarpOp op = WarpOp::kSyncwarp;
     LaneOperands operands[kWarpLanes];
     LaneResult results[kWarpLanes];
@@ -111,11 +112,8 @@ struct Launch {
     int threads = 0;  // per block
     const std::function<void()>* body = nullptr;
     size_t dynamic_shared_bytes = 0;
-    std::vector<Block> blocks;  // the running cluster's, by rank
-    std::vector<Fiber> fibers;  // block after block
-    char* stacks = nullptr;
-    size_t stacks_bytes = 0;
-    size_t guard_bytes = 0;
+    std::vector<Block> blocks;                // the running cluster's, by rank
+    std::vector<Fiber> fibers;                // block after block
     void* scheduler_stack_pointer = nullptr;  // likewise, the scheduler's
     Fiber* current = nullptr;
     int cluster_live = 0;  // threads of the cluster that have not returned
