@@ -264,11 +264,12 @@ $(EMULATED)/%: $(EMULATED)/tools/%.o $(EMULATED_LIB)
 	$(CXX) $^ $(LDFLAGS) $(HTTPLIB_LIBS) -o $@
 
 # The C++ unit tests, then pytest on every core (pytest-xdist, a test file per worker at a
-# time; one worker where xdist is not installed). SAN=1 runs the unit tests and the Python
+# time, or a test function for the files tests/conftest.py names; one worker where xdist is
+# not installed). SAN=1 runs the unit tests and the Python
 # tests marked `sanitize` (tests/conftest.py says which and why).
 PYTEST_WORKERS ?= $(NPROC)
 PYTEST_PARALLEL = $(shell $(PYTHON) -c 'import xdist' 2>/dev/null && \
-                    printf -- '-n %s --dist loadfile' $(PYTEST_WORKERS))
+                    printf -- '-n %s --dist loadgroup' $(PYTEST_WORKERS))
 PYTEST_SELECT   := $(if $(filter 1,$(SAN)),-m sanitize)
 test: all
 	$(BUILD)/unit_tests
