@@ -265,8 +265,8 @@ $(EMULATED)/%: $(EMULATED)/tools/%.o $(EMULATED_LIB)
 
 # The C++ unit tests, then pytest on every core (pytest-xdist, a test file per worker at a
 # time, or a test function for the files tests/conftest.py names; one worker where xdist is
-# not installed). SAN=1 runs the unit tests and the Python
-# tests marked `sanitize` (tests/conftest.py says which and why).
+# not installed). SAN=1 runs the unit tests and the Python tests marked `sanitize`
+# (tests/conftest.py says which and why).
 PYTEST_WORKERS ?= $(NPROC)
 PYTEST_PARALLEL = $(shell $(PYTHON) -c 'import xdist' 2>/dev/null && \
                     printf -- '-n %s --dist loadgroup' $(PYTEST_WORKERS))
