@@ -263,13 +263,13 @@ $(EMULATED)/barellm: $(EMULATED)/src/commands/main.o $(EMULATED_LIB)
 $(EMULATED)/%: $(EMULATED)/tools/%.o $(EMULATED_LIB)
 	$(CXX) $^ $(LDFLAGS) $(HTTPLIB_LIBS) -o $@
 
-# The C++ unit tests, then pytest on every core (pytest-xdist, a test file per worker at a
-# time, or a test function for the files tests/conftest.py names; one worker where xdist is
-# not installed). SAN=1 runs the unit tests and the Python tests marked `sanitize`
+# The C++ unit tests, then pytest on every core (pytest-xdist's workers take the tests one at
+# a time, so that no file's minutes end the run on one worker; one worker where xdist is not
+# installed). SAN=1 runs the unit tests and the Python tests marked `sanitize`
 # (tests/conftest.py says which and why).
 PYTEST_WORKERS ?= $(NPROC)
 PYTEST_PARALLEL = $(shell $(PYTHON) -c 'import xdist' 2>/dev/null && \
-                    printf -- '-n %s --dist loadgroup' $(PYTEST_WORKERS))
+                    printf -- '-n %s --dist load' $(PYTEST_WORKERS))
 PYTEST_SELECT   := $(if $(filter 1,$(SAN)),-m sanitize)
 test: all
 	$(BUILD)/unit_tests

@@ -79,28 +79,13 @@ SANITIZE = {
 def pytest_configure(config):
     config.addinivalue_line("markers", "sanitize: also run in the sanitizer pass "
                             "(make test SAN=1); see tests/conftest.py")
-    # pytest-xdist's (also declared where it is not installed: pytest then runs on one worker)
-    config.addinivalue_line("markers", "xdist_group(name): the tests an xdist worker takes "
-                            "together")
 
 
-# pytest-xdist's workers (`make test`: --dist loadgroup) take a test file at a time, so that a
-# file's module fixtures (converted models) are made once; these files are shared out a test
-# function at a time, each taking minutes (under the sanitizers most of all) that would
-# otherwise end the run on one worker.
-SHARED_BY_FUNCTION = {"test_cuda_emulated.py"}
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups and -m selects
 def pytest_collection_modifyitems(config, items):
     modules = {}
     for item in items:
         file_name = os.path.basename(item.fspath)
         modules.setdefault(file_name, item.module)
-        group = file_name
-        if file_name in SHARED_BY_FUNCTION:
-            group += "::" + item.originalname
-        item.add_marker(pytest.mark.xdist_group(group))
         names = SANITIZE.get(file_name, ())
         if names is None or item.originalname in names:
             item.add_marker(pytest.mark.sanitize)
